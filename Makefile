@@ -1,0 +1,63 @@
+# baton - thin wrapper over CMake.  On a fresh Debian 12 machine:
+#   make demo   installs missing packages, builds, serves a real model
+#   make test   installs missing packages, builds, runs every test (ctest),
+#               then the unit tests again under AddressSanitizer + UBSan
+JOBS ?= $(shell nproc)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+CMAKE_FLAGS ?=
+SHARED ?= $(abspath ../shared)
+
+DEB_PACKAGES = build-essential cmake pkg-config git clang \
+  libcjson-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
+  libucx-dev libpcre2-dev
+SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build build-asan test test-asan demo fuzz clean format
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) -DBT_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+build-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DBT_WERROR=ON -DBATON_CUDA=OFF \
+	  -DBT_ASAN=ON -DBT_UBSAN=ON -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+# Everything, then the fast unit tests once more under ASan + UBSan.
+test: build build-asan
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j$(JOBS) -LE slow
+
+demo: build
+	bash deploy/demo.sh $(BUILD)/bin $(SHARED)/models
+
+# libFuzzer for FUZZ_SECONDS per target (clang).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	CC=clang cmake -S . -B build-fuzz -DBT_FUZZ=ON -DBATON_CUDA=OFF
+	cmake --build build-fuzz -j$(JOBS)
+	for f in build-fuzz/fuzz/fuzz_*; do \
+	  mkdir -p tests/fuzz/artifacts; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=tests/fuzz/artifacts/ \
+	    tests/fuzz/corpus/$$(basename $$f) || exit 1; done
+
+format:
+	find common worker client router prefill decode tests -name '*.[ch]' \
+	  -o -name '*.cu' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

@@ -1,0 +1,49 @@
+/*
+ * baton.c - the `baton` command line: dispatches to subcommands.
+ * Each subcommand lives in client/cli_<name>.c and declares its entry in
+ * cli.h.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_log.h"
+#include "cli.h"
+
+static const cli_command_t cli_commands[] = {
+    { "run", "generate text from a model in one process", cli_run_main },
+    { "model", "inspect, synthesize or convert model files", cli_model_main },
+    { "bench-engine", "measure engine prefill/decode tokens/s",
+      cli_bench_engine_main },
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: baton COMMAND [options]   (baton COMMAND --help)\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof(cli_commands) / sizeof(cli_commands[0]);
+         i++)
+        fprintf(out, "  %-14s %s\n", cli_commands[i].name,
+                cli_commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    bt_log_init("baton");
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(cli_commands) / sizeof(cli_commands[0]);
+         i++) {
+        if (strcmp(argv[1], cli_commands[i].name) == 0)
+            return cli_commands[i].main(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "baton: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

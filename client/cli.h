@@ -1,0 +1,19 @@
+/*
+ * cli.h - subcommands of the `baton` CLI.  Each takes argv starting at
+ * the subcommand name and returns the process exit code (0 ok, 1 runtime
+ * error, 2 usage error).
+ */
+#ifndef BT_CLIENT_CLI_H
+#define BT_CLIENT_CLI_H
+
+typedef struct {
+    const char *name;
+    const char *help;
+    int (*main)(int argc, char **argv);
+} cli_command_t;
+
+int cli_run_main(int argc, char **argv);          /* cli_run.c */
+int cli_model_main(int argc, char **argv);        /* cli_model.c */
+int cli_bench_engine_main(int argc, char **argv); /* cli_bench_engine.c */
+
+#endif /* BT_CLIENT_CLI_H */

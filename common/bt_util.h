@@ -1,0 +1,59 @@
+/*
+ * bt_util.h - small helpers used everywhere: assertions that never compile
+ * out, monotonic time, checked integer parsing, overflow-safe size math.
+ */
+#ifndef BT_COMMON_UTIL_H
+#define BT_COMMON_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BT_ARRAY_SIZE(_a) (sizeof(_a) / sizeof((_a)[0]))
+#define BT_MIN(_a, _b) ((_a) < (_b) ? (_a) : (_b))
+#define BT_MAX(_a, _b) ((_a) > (_b) ? (_a) : (_b))
+#define BT_DIV_UP(_a, _b) (((_a) + (_b) - 1) / (_b))
+
+void bt_assert_fail(const char *expr, const char *file, int line,
+                    const char *func) __attribute__((noreturn));
+
+/* Checks an invariant; never compiled out.  Not for validating input. */
+#define BT_ASSERT(_expr)                                                    \
+    do {                                                                    \
+        if (!(_expr))                                                       \
+            bt_assert_fail(#_expr, __FILE__, __LINE__, __func__);           \
+    } while (0)
+
+/* Monotonic clock. */
+uint64_t bt_time_ns(void);
+double bt_time_s(void);
+
+/* Whole-string parses; return BT_ERR_INVALID_ARG on junk or overflow. */
+bt_status_t bt_parse_i64(const char *s, int64_t *out_p);
+bt_status_t bt_parse_int(const char *s, int *out_p);
+bt_status_t bt_parse_u64(const char *s, uint64_t *out_p);
+bt_status_t bt_parse_double(const char *s, double *out_p);
+bt_status_t bt_parse_float(const char *s, float *out_p);
+
+/* Parses "1 2 3" or "1,2,3" into a newly bt_malloc'ed array (caller frees).
+ * An empty list is an error. */
+bt_status_t bt_parse_int_list(const char *s, int **vals_p, int *n_p);
+
+/* a*b and a+b with overflow detection (false on overflow). */
+bool bt_mul_overflow_size(size_t a, size_t b, size_t *out_p);
+bool bt_add_overflow_size(size_t a, size_t b, size_t *out_p);
+
+/* Reads a whole file into a bt_malloc'ed, NUL-terminated buffer. */
+bt_status_t bt_read_file(const char *path, size_t max_bytes, char **data_p,
+                         size_t *len_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_COMMON_UTIL_H */

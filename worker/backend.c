@@ -1,0 +1,194 @@
+/*
+ * backend.c - picks a backend implementation by name and forwards calls
+ * to its function table; validates batches for every implementation.
+ */
+#include "backend.h"
+
+#include <string.h>
+
+#include "backend_int.h"
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_util.h"
+
+struct backend_s {
+    const backend_ops_t *ops;
+    void *impl;
+    const model_t *model;
+    backend_config_t cfg;
+};
+
+static const backend_ops_t *backend_find(const char *name)
+{
+#ifdef BATON_HAVE_CUDA
+    if (strcmp(name, "cuda") == 0)
+        return &cuda_backend_ops;
+    if (strcmp(name, "auto") == 0 && cuda_backend_ops.is_available())
+        return &cuda_backend_ops;
+#endif
+    if (strcmp(name, "cpu") == 0 || strcmp(name, "auto") == 0)
+        return &cpu_backend_ops;
+    return NULL;
+}
+
+void backend_config_init(backend_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->n_kv_blocks = 256;
+    cfg->block_size = 16;
+    cfg->max_batch_tokens = 2048;
+    cfg->max_seqs = 64;
+    cfg->n_threads = 0;
+    cfg->device_index = 0;
+    cfg->precision = BACKEND_PRECISION_DEFAULT;
+}
+
+bt_status_t backend_create(const char *name, const model_t *model,
+                           const backend_config_t *cfg, backend_t **backend_p)
+{
+    const backend_ops_t *ops = backend_find(name ? name : "auto");
+    backend_t *backend;
+    bt_status_t status;
+
+    if (ops == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "unknown or unavailable device '%s' (this build "
+                        "has: cpu%s)", name,
+#ifdef BATON_HAVE_CUDA
+                        ", cuda"
+#else
+                        ""
+#endif
+        );
+    if (!ops->is_available())
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
+                        "device '%s' is not available on this machine",
+                        ops->name);
+    if (cfg->n_kv_blocks <= 0 || cfg->block_size <= 0 ||
+        cfg->max_batch_tokens <= 0 || cfg->max_seqs <= 0 ||
+        cfg->n_threads < 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "backend sizes must be positive (kv blocks %d, "
+                        "block size %d, batch tokens %d, seqs %d)",
+                        cfg->n_kv_blocks, cfg->block_size,
+                        cfg->max_batch_tokens, cfg->max_seqs);
+    backend = bt_calloc(1, sizeof(*backend), "backend");
+    if (backend == NULL)
+        return BT_ERR_NO_MEMORY;
+    backend->ops = ops;
+    backend->model = model;
+    backend->cfg = *cfg;
+    status = ops->create(model, cfg, &backend->impl);
+    if (status != BT_OK) {
+        bt_free(backend);
+        return status;
+    }
+    *backend_p = backend;
+    return BT_OK;
+}
+
+void backend_destroy(backend_t **backend_p)
+{
+    backend_t *backend = *backend_p;
+
+    if (backend == NULL)
+        return;
+    backend->ops->destroy(backend->impl);
+    bt_free(backend);
+    *backend_p = NULL;
+}
+
+const char *backend_name(const backend_t *backend)
+{
+    return backend->ops->name;
+}
+
+bt_status_t backend_forward(backend_t *backend, const backend_batch_t *batch,
+                            float *logits, float *hidden)
+{
+    bt_status_t status;
+
+    status = backend_batch_validate(batch, model_config(backend->model),
+                                    &backend->cfg);
+    if (status != BT_OK)
+        return status;
+    return backend->ops->forward(backend->impl, batch, logits, hidden);
+}
+
+const kv_layout_t *backend_kv_layout(const backend_t *backend)
+{
+    return backend->ops->kv_layout(backend->impl);
+}
+
+void *backend_kv_data(backend_t *backend, int layer, int kv)
+{
+    BT_ASSERT(kv == 0 || kv == 1);
+    return backend->ops->kv_data(backend->impl, layer, kv);
+}
+
+bt_status_t backend_kv_copy_block(backend_t *backend, int src_block,
+                                  int dst_block)
+{
+    if (src_block < 0 || src_block >= backend->cfg.n_kv_blocks ||
+        dst_block < 0 || dst_block >= backend->cfg.n_kv_blocks)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                        "block copy %d -> %d outside the pool of %d",
+                        src_block, dst_block, backend->cfg.n_kv_blocks);
+    return backend->ops->kv_copy_block(backend->impl, src_block, dst_block);
+}
+
+bt_status_t backend_batch_validate(const backend_batch_t *batch,
+                                   const model_config_t *mcfg,
+                                   const backend_config_t *cfg)
+{
+    long total = 0;
+
+    if (batch == NULL || batch->n_seqs <= 0 || batch->seqs == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE", "empty batch");
+    if (batch->n_seqs > cfg->max_seqs)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "batch of %d sequences exceeds max_seqs %d",
+                        batch->n_seqs, cfg->max_seqs);
+    for (int s = 0; s < batch->n_seqs; s++) {
+        const backend_seq_t *seq = &batch->seqs[s];
+        long end;
+        int n_blocks;
+
+        if (seq->n_tokens <= 0 || seq->ctx_len < 0 || seq->tokens == NULL ||
+            seq->block_table == NULL || seq->n_logits < 0 ||
+            seq->n_logits > seq->n_tokens)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                            "sequence %d of the batch is malformed "
+                            "(n_tokens %d, ctx_len %d, n_logits %d)", s,
+                            seq->n_tokens, seq->ctx_len, seq->n_logits);
+        total += seq->n_tokens;
+        end = (long)seq->ctx_len + seq->n_tokens;
+        n_blocks = (int)BT_DIV_UP(end, cfg->block_size);
+        if (n_blocks > cfg->n_kv_blocks)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                            "sequence %d needs %d KV blocks, pool has %d",
+                            s, n_blocks, cfg->n_kv_blocks);
+        for (int i = 0; i < n_blocks; i++) {
+            if (seq->block_table[i] < 0 ||
+                seq->block_table[i] >= cfg->n_kv_blocks)
+                return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                                "sequence %d: block id %d out of range", s,
+                                seq->block_table[i]);
+        }
+        for (int i = 0; i < seq->n_tokens; i++) {
+            if (seq->tokens[i] < 0 || seq->tokens[i] >= mcfg->vocab_size)
+                return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                                "sequence %d: token id %d outside the "
+                                "vocabulary of %d", s, seq->tokens[i],
+                                mcfg->vocab_size);
+            if (seq->positions != NULL && seq->positions[i] < 0)
+                return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                                "sequence %d: negative position", s);
+        }
+    }
+    if (total > cfg->max_batch_tokens)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "batch of %ld tokens exceeds max_batch_tokens %d",
+                        total, cfg->max_batch_tokens);
+    return BT_OK;
+}

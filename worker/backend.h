@@ -1,0 +1,121 @@
+/*
+ * backend.h - the compute interface every engine backend implements.
+ *
+ * A backend owns the model weights in its own format and the paged KV pool
+ * (kv.h), and runs one forward pass over a *batch* of sequences per call:
+ * prompt chunks and single decode tokens mixed freely.  Callers (the
+ * engine, prefill and decode workers) build a backend_batch_t and never
+ * see which implementation runs it.
+ *
+ * Attention semantics for one sequence in a batch:
+ *   - slots [0, ctx_len) of its block table already hold K/V from earlier
+ *     steps;
+ *   - its n_tokens new tokens are written to slots [ctx_len, ctx_len+n);
+ *   - new token i attends to every cached slot and to new token j when
+ *     mask[i*n + j] != 0, or when j <= i if mask is NULL (causal).
+ *     A mask lets a chunk carry an EAGLE draft tree: siblings share a
+ *     position but not a slot, and see only their ancestors.
+ *   - RoPE uses positions[i], or ctx_len + i when positions is NULL.
+ *   - the last n_logits new tokens produce a row of logits (and of hidden
+ *     state when asked), in batch order.
+ */
+#ifndef BT_WORKER_BACKEND_H
+#define BT_WORKER_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int n_tokens;           /* new tokens in this step (>= 1) */
+    int ctx_len;            /* tokens already cached for this sequence */
+    const int *tokens;      /* (n_tokens) token ids */
+    const int *positions;   /* (n_tokens) RoPE positions or NULL */
+    const int *block_table; /* (DIV_UP(ctx_len + n_tokens, block_size)) */
+    const uint8_t *mask;    /* (n_tokens, n_tokens) or NULL for causal */
+    int n_logits;           /* last n_logits tokens emit logits, 0..n */
+} backend_seq_t;
+
+typedef struct {
+    int n_seqs;
+    const backend_seq_t *seqs; /* (n_seqs) */
+} backend_batch_t;
+
+typedef enum {
+    BACKEND_PRECISION_DEFAULT = 0, /* CPU: f32, CUDA: bf16 */
+    BACKEND_PRECISION_F32,         /* float32 weights and activations */
+    BACKEND_PRECISION_BF16
+} backend_precision_t;
+
+typedef struct {
+    int n_kv_blocks;       /* KV pool size in blocks */
+    int block_size;        /* tokens per KV block */
+    int max_batch_tokens;  /* most new tokens one forward may carry */
+    int max_seqs;          /* most sequences one forward may carry */
+    int n_threads;         /* CPU worker threads (0 = all cores) */
+    int device_index;      /* CUDA device ordinal */
+    backend_precision_t precision;
+} backend_config_t;
+
+/* Defaults: 256 blocks of 16 tokens, 2048 batch tokens, 64 seqs, all cores. */
+void backend_config_init(backend_config_t *cfg);
+
+typedef struct backend_s backend_t;
+
+/* The function table an implementation provides (see cpu/cpu_backend.c).
+ * `impl` is the implementation's own state. */
+typedef struct {
+    const char *name;
+    bool (*is_available)(void);
+    bt_status_t (*create)(const model_t *model, const backend_config_t *cfg,
+                          void **impl_p);
+    void (*destroy)(void *impl);
+    bt_status_t (*forward)(void *impl, const backend_batch_t *batch,
+                           float *logits, float *hidden);
+    void *(*kv_data)(void *impl, int layer, int kv); /* kv: 0 = K, 1 = V */
+    bt_status_t (*kv_copy_block)(void *impl, int src_block, int dst_block);
+    const kv_layout_t *(*kv_layout)(void *impl);
+} backend_ops_t;
+
+/* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
+ * present and the binary was built with CUDA, else cpu).  The model must
+ * outlive the backend. */
+bt_status_t backend_create(const char *name, const model_t *model,
+                           const backend_config_t *cfg, backend_t **backend_p);
+void backend_destroy(backend_t **backend_p);
+const char *backend_name(const backend_t *backend);
+
+/* Runs one forward pass.  `logits` receives (sum of n_logits, vocab)
+ * float32 rows; `hidden`, when not NULL, the matching (rows, dim) final
+ * hidden states (before the final norm), for speculative drafting.
+ * The batch is validated first (token ids, block ids, sizes, mask):
+ * BT_ERR_INVALID_ARG and no state change when it is malformed.
+ * Not thread-safe: one caller at a time. */
+bt_status_t backend_forward(backend_t *backend, const backend_batch_t *batch,
+                            float *logits, float *hidden);
+
+/* The KV pool: its layout and the base of layer `layer`'s K (kv=0) or V
+ * (kv=1) array (host memory for cpu, device memory for cuda). */
+const kv_layout_t *backend_kv_layout(const backend_t *backend);
+void *backend_kv_data(backend_t *backend, int layer, int kv);
+
+/* Copies one block's K and V in every layer (copy-on-write, compaction). */
+bt_status_t backend_kv_copy_block(backend_t *backend, int src_block,
+                                  int dst_block);
+
+/* Shared batch check used by every implementation. */
+bt_status_t backend_batch_validate(const backend_batch_t *batch,
+                                   const model_config_t *mcfg,
+                                   const backend_config_t *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_BACKEND_H */

@@ -1,0 +1,84 @@
+/*
+ * engine.h - one model ready to serve: weights, tokenizer, backend, KV
+ * block allocator, and per-request sequences.
+ *
+ * The engine is what `baton run`, the prefill worker and the decode worker
+ * share.  A sequence holds its tokens, its block table and its sampler;
+ * engine_step() feeds every given sequence its pending tokens (prompt
+ * chunks under a token budget, or the last sampled token) in one batched
+ * forward and samples the next token for each sequence whose input is
+ * complete.  Schedulers decide *which* sequences step together; the
+ * engine does the work.  Not thread-safe: one scheduler thread drives it.
+ */
+#ifndef BT_WORKER_ENGINE_H
+#define BT_WORKER_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "bt_status.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *model_path;     /* .bin file, HF directory or synth:NAME */
+    const char *tokenizer_path; /* NULL: none (ids only) */
+    const char *device;         /* "auto", "cpu" or "cuda" */
+    backend_config_t backend;
+} engine_config_t;
+
+void engine_config_init(engine_config_t *cfg);
+
+typedef struct engine_s engine_t;
+typedef struct engine_seq_s engine_seq_t;
+
+bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p);
+void engine_destroy(engine_t **engine_p);
+
+const model_t *engine_model(const engine_t *engine);
+const tok_t *engine_tokenizer(const engine_t *engine); /* NULL when none */
+backend_t *engine_backend(engine_t *engine);
+kv_allocator_t *engine_kv(engine_t *engine);
+int engine_block_size(const engine_t *engine);
+
+/* Longest sequence (prompt + generated) the engine accepts. */
+int engine_max_context(const engine_t *engine);
+
+/* Creates a sequence for `prompt` (copied).  Checks that the prompt is not
+ * empty, its ids are in the vocabulary and it fits the context, and that
+ * the sampling parameters are valid (BT_ERR_INVALID_ARG with a message).
+ * KV blocks are taken lazily by engine_step. */
+bt_status_t engine_seq_create(engine_t *engine, const int *prompt,
+                              int n_prompt, const sampler_params_t *params,
+                              engine_seq_t **seq_p);
+
+/* Releases the sequence's KV blocks and frees it.  NULL-safe. */
+void engine_seq_destroy(engine_t *engine, engine_seq_t **seq_p);
+
+int engine_seq_len(const engine_seq_t *seq);      /* all tokens */
+int engine_seq_cached(const engine_seq_t *seq);   /* tokens in KV */
+int engine_seq_prompt_len(const engine_seq_t *seq);
+const int *engine_seq_tokens(const engine_seq_t *seq);
+/* Tokens generated so far (those after the prompt). */
+int engine_seq_n_generated(const engine_seq_t *seq);
+
+/* Runs one forward over `n` sequences.  Each feeds up to its pending
+ * tokens, with at most `token_budget` new tokens in all (0 = backend
+ * limit); a sequence left without budget is skipped this step.  For each
+ * sequence whose pending tokens were all fed, the next token is sampled,
+ * appended to it, and written to sampled[i]; others get -1.
+ * BT_ERR_NO_RESOURCE when the KV pool cannot hold the new tokens (nothing
+ * changes then). */
+bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
+                        int token_budget, int *sampled);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_ENGINE_H */

@@ -1,0 +1,147 @@
+/*
+ * model.h - a Llama-family transformer: its configuration and a read-only
+ * view of its weights, loaded from a llama2.c v0 checkpoint or a Hugging
+ * Face directory (config.json + safetensors).
+ *
+ * Weights are mmap'ed and left in the file's dtype (F32/F16/BF16); each
+ * backend converts what it needs when it is created (the CPU backend to
+ * float32, the CUDA backend to bf16 on the device).  Every tensor's shape
+ * and byte range is validated against the file at load time, so backends
+ * may trust them.
+ *
+ * Conventions: a matrix [out, in] maps an input of length `in` to an output
+ * of length `out` (row-major, one output per row).  q/k rows follow the
+ * RoPE layout named in the config: MODEL_ROPE_ADJACENT rotates pairs
+ * (2i, 2i+1) of each head (llama2.c), MODEL_ROPE_HALF rotates (i, i+hd/2)
+ * (Hugging Face).
+ */
+#ifndef BT_WORKER_MODEL_MODEL_H
+#define BT_WORKER_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MODEL_MAX_EOS 8
+
+typedef enum {
+    MODEL_DTYPE_F32 = 0,
+    MODEL_DTYPE_F16,
+    MODEL_DTYPE_BF16
+} model_dtype_t;
+
+typedef enum {
+    MODEL_ROPE_ADJACENT = 0, /* llama2.c: rotate (2i, 2i+1) */
+    MODEL_ROPE_HALF          /* Hugging Face: rotate (i, i + head_dim/2) */
+} model_rope_layout_t;
+
+typedef enum {
+    MODEL_ROPE_SCALING_NONE = 0,
+    MODEL_ROPE_SCALING_LINEAR,  /* positions divided by factor */
+    MODEL_ROPE_SCALING_LLAMA3   /* Llama 3.1 frequency-dependent scaling */
+} model_rope_scaling_t;
+
+typedef enum {
+    MODEL_FORMAT_LLAMA2C = 0,
+    MODEL_FORMAT_HF
+} model_format_t;
+
+typedef struct {
+    int dim;          /* hidden size */
+    int hidden_dim;   /* feed-forward (intermediate) size */
+    int n_layers;
+    int n_heads;      /* query heads */
+    int n_kv_heads;   /* key/value heads (GQA when < n_heads) */
+    int head_dim;     /* usually dim / n_heads */
+    int vocab_size;
+    int max_seq_len;  /* context length the model was trained for */
+    float rope_theta;
+    float rms_eps;
+    model_rope_layout_t rope_layout;
+    model_rope_scaling_t rope_scaling;
+    float rope_factor;            /* LINEAR and LLAMA3 */
+    float rope_low_freq_factor;   /* LLAMA3 */
+    float rope_high_freq_factor;  /* LLAMA3 */
+    int rope_orig_max_pos;        /* LLAMA3: original_max_position_embeddings */
+    bool tied_embeddings; /* classifier shares the token embedding table */
+    bool qkv_bias;        /* Qwen2-style q/k/v projection biases */
+    int bos_id;           /* -1 when none */
+    int eos_ids[MODEL_MAX_EOS]; /* default stop ids */
+    int n_eos;
+} model_config_t;
+
+/* A read-only view of one weight tensor inside the mapped file. */
+typedef struct {
+    const void *data;   /* first element, NULL when absent (optional bias) */
+    model_dtype_t dtype;
+    int64_t rows;       /* 1 for vectors */
+    int64_t cols;
+} model_tensor_t;
+
+typedef struct {
+    model_tensor_t attn_norm; /* (dim) */
+    model_tensor_t wq;        /* (n_heads*head_dim, dim) */
+    model_tensor_t wk;        /* (n_kv_heads*head_dim, dim) */
+    model_tensor_t wv;        /* (n_kv_heads*head_dim, dim) */
+    model_tensor_t bq;        /* (n_heads*head_dim) or absent */
+    model_tensor_t bk;        /* (n_kv_heads*head_dim) or absent */
+    model_tensor_t bv;        /* (n_kv_heads*head_dim) or absent */
+    model_tensor_t wo;        /* (dim, n_heads*head_dim) */
+    model_tensor_t ffn_norm;  /* (dim) */
+    model_tensor_t w_gate;    /* (hidden_dim, dim)   llama2.c w1 */
+    model_tensor_t w_down;    /* (dim, hidden_dim)   llama2.c w2 */
+    model_tensor_t w_up;      /* (hidden_dim, dim)   llama2.c w3 */
+} model_layer_t;
+
+typedef struct model_s model_t;
+
+/* Loads a model.  `path` is a llama2.c .bin file or a Hugging Face
+ * directory (or its config.json).  The special form "synth:NAME" or
+ * "synth:NAME:SEED" builds seeded random weights of a named shape in
+ * memory (see model_synth.h) without touching the disk.
+ * Returns BT_ERR_IO, BT_ERR_FORMAT (the message names the tensor or field),
+ * BT_ERR_UNSUPPORTED (unknown architecture or dtype) or BT_OK. */
+bt_status_t model_load(const char *path, model_t **model_p);
+
+/* Unmaps and frees; NULL-safe; sets *model_p to NULL. */
+void model_destroy(model_t **model_p);
+
+const model_config_t *model_config(const model_t *model);
+model_format_t model_format(const model_t *model);
+const model_tensor_t *model_tok_embedding(const model_t *model); /* (vocab, dim) */
+const model_layer_t *model_layer(const model_t *model, int layer);
+const model_tensor_t *model_final_norm(const model_t *model);    /* (dim) */
+const model_tensor_t *model_classifier(const model_t *model);    /* (vocab, dim) */
+
+/* Parameter count and bytes of all weights as stored. */
+int64_t model_param_count(const model_t *model);
+int64_t model_weight_bytes(const model_t *model);
+
+/* Element size of a dtype and its name ("F32", "BF16"...). */
+size_t model_dtype_size(model_dtype_t dtype);
+const char *model_dtype_name(model_dtype_t dtype);
+
+/* Converts `n` elements starting at element `offset` of `t` to float32. */
+void model_tensor_to_f32(const model_tensor_t *t, int64_t offset, int64_t n,
+                         float *out);
+
+/* bf16/f16 <-> f32 helpers shared by loaders, writers and backends. */
+float model_bf16_to_f32(uint16_t h);
+uint16_t model_f32_to_bf16(float f); /* round to nearest even */
+float model_f16_to_f32(uint16_t h);
+uint16_t model_f32_to_f16(float f);
+
+/* Checks a config for internal consistency (positive sizes, heads divide,
+ * etc).  Loaders call it; exposed for tests and synth. */
+bt_status_t model_config_validate(const model_config_t *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_MODEL_MODEL_H */

@@ -1,0 +1,76 @@
+/*
+ * tokenizer.h - text <-> token ids.
+ *
+ * Today: the llama2.c tokenizer format (sentencepiece-style BPE with merge
+ * scores and byte fallback, ../shared/models/README.md).  The Hugging Face
+ * tokenizer.json forms arrive behind this same interface later.
+ *
+ * Streaming: tok_stream_t turns generated ids into text incrementally and
+ * never emits part of a UTF-8 character; bytes of an incomplete character
+ * are held until it completes (or flushed as U+FFFD at the end).
+ */
+#ifndef BT_WORKER_MODEL_TOKENIZER_H
+#define BT_WORKER_MODEL_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "bt_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tok_s tok_t;
+
+/* Loads a llama2.c tokenizer file holding `vocab_size` pieces (the model's
+ * vocab size).  BT_ERR_FORMAT names what is wrong with a corrupt file. */
+bt_status_t tok_load_llama2c(const char *path, int vocab_size, tok_t **tok_p);
+
+/* Same, from a memory buffer (fuzzing, tests). */
+bt_status_t tok_load_llama2c_mem(const void *data, size_t len, int vocab_size,
+                                 tok_t **tok_p);
+
+void tok_destroy(tok_t **tok_p);
+
+int tok_vocab_size(const tok_t *tok);
+int tok_bos_id(const tok_t *tok); /* -1 when none */
+int tok_eos_id(const tok_t *tok); /* -1 when none */
+
+/* Encodes `len` bytes of UTF-8 (invalid bytes fall back to byte pieces).
+ * Prepends BOS when add_bos.  Returns a bt_malloc'ed array the caller frees
+ * with bt_free. */
+bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
+                       bool add_bos, int **ids_p, int *n_p);
+
+/* The raw piece of an id (NULL when out of range). */
+const char *tok_piece(const tok_t *tok, int id);
+
+/* Decodes ids to a bt_malloc'ed NUL-terminated string.  `prev_id` is the
+ * token before ids[0] (-1 for none), which decides whether the first
+ * piece's leading space is dropped (it is, after BOS). */
+bt_status_t tok_decode(const tok_t *tok, int prev_id, const int *ids, int n,
+                       char **text_p);
+
+typedef struct tok_stream_s tok_stream_t;
+
+/* A streaming detokenizer whose first token follows `prev_id` (usually the
+ * prompt's last id). */
+bt_status_t tok_stream_create(const tok_t *tok, int prev_id,
+                              tok_stream_t **stream_p);
+void tok_stream_destroy(tok_stream_t **stream_p);
+
+/* Feeds one id.  Appends only complete UTF-8 characters to `out` (NUL
+ * terminated, capacity `cap`, at least 64 bytes) and returns their length
+ * in *len_p (0 when the bytes so far end mid-character). */
+bt_status_t tok_stream_push(tok_stream_t *stream, int id, char *out,
+                            size_t cap, size_t *len_p);
+
+/* Emits held bytes of an unfinished character as U+FFFD. */
+bt_status_t tok_stream_flush(tok_stream_t *stream, char *out, size_t cap,
+                             size_t *len_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_MODEL_TOKENIZER_H */
