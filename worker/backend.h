@@ -46,6 +46,12 @@ typedef struct {
 typedef struct {
     int n_seqs;
     const backend_seq_t *seqs; /* (n_seqs) */
+    /* Optional: called once per layer, in order, as soon as that layer's
+     * K/V for this batch are written to the pool (for CUDA: recorded on
+     * the compute stream).  Lets a prefill worker ship layer l's KV while
+     * layer l+1 computes.  NULL = no callback. */
+    void (*on_layer_done)(void *arg, int layer);
+    void *on_layer_arg;
 } backend_batch_t;
 
 typedef enum {
