@@ -49,7 +49,8 @@ typedef enum {
 
 typedef enum {
     MODEL_FORMAT_LLAMA2C = 0,
-    MODEL_FORMAT_HF
+    MODEL_FORMAT_HF,
+    MODEL_FORMAT_SYNTH       /* seeded random weights built in memory */
 } model_format_t;
 
 typedef struct {
@@ -136,6 +137,32 @@ float model_bf16_to_f32(uint16_t h);
 uint16_t model_f32_to_bf16(float f); /* round to nearest even */
 float model_f16_to_f32(uint16_t h);
 uint16_t model_f32_to_f16(float f);
+
+/* The architecture name: "llama2c" for v0 checkpoints, the config.json
+ * architecture ("LlamaForCausalLM", ...) for Hugging Face directories and
+ * synthesized models. */
+const char *model_architecture(const model_t *model);
+
+/* Name of a format ("llama2c", "hf", "synth"). */
+const char *model_format_name(model_format_t format);
+
+/* Parses a llama2.c v0 checkpoint held in memory (`size` bytes, the whole
+ * file): validates the header and that `size` is exactly what it implies.
+ * Fills *cfg_p and *shared_classifier_p (true when the classifier is the
+ * embedding table).  Used by the loader and the fuzz target. */
+bt_status_t model_llama2c_parse(const void *data, size_t size,
+                                model_config_t *cfg_p,
+                                bool *shared_classifier_p);
+
+/* Parses a Hugging Face config.json (and optionally generation_config.json,
+ * gen_json may be NULL) held in memory into *cfg_p, and copies the
+ * architecture name into arch (arch_len bytes, may be NULL).  Returns
+ * BT_ERR_FORMAT naming the bad field, BT_ERR_UNSUPPORTED naming an unknown
+ * architecture or rope type. */
+bt_status_t model_hf_config_parse(const char *json, size_t len,
+                                  const char *gen_json, size_t gen_len,
+                                  model_config_t *cfg_p, char *arch,
+                                  size_t arch_len);
 
 /* Checks a config for internal consistency (positive sizes, heads divide,
  * etc).  Loaders call it; exposed for tests and synth. */
