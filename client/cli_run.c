@@ -1,11 +1,209 @@
-/* cli_run.c - placeholder until the subcommand lands. */
+/*
+ * cli_run.c - `baton run`: one process, no cluster.  Loads a model, encodes
+ * the prompt, generates with the engine and streams the continuation.
+ * This is the reference path every cluster test compares against.
+ */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_util.h"
 #include "cli.h"
+#include "cli_common.h"
+#include "engine.h"
+#include "stop.h"
+
+static void run_usage(FILE *out)
+{
+    fprintf(out,
+"usage: baton run --model PATH [--tokenizer PATH]\n"
+"                 (--prompt TEXT | --prompt-ids \"1 2 3\") [options]\n"
+"\n"
+"Generates a continuation in this process and streams it to stdout.\n"
+"\n"
+"  --model PATH           llama2.c .bin, Hugging Face directory, or synth:NAME\n"
+"  --tokenizer PATH       llama2.c tokenizer .bin (needed for --prompt)\n"
+"  --prompt TEXT          prompt text (BOS is prepended)\n"
+"  --prompt-ids IDS       prompt token ids, space or comma separated\n"
+"  --ids                  print generated ids on one line instead of text\n"
+"  --stats                print timing and tokens/s to stderr\n"
+CLI_SAMPLING_HELP
+CLI_ENGINE_HELP);
+}
 
 int cli_run_main(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "baton %s: not built yet\n", argv[0]);
-    return 1;
+    engine_config_t ecfg;
+    sampler_params_t sp;
+    stop_config_t scfg;
+    cli_gen_opts_t gen;
+    const char *prompt = NULL, *prompt_ids = NULL;
+    bool print_ids = false, stats = false;
+    engine_t *engine = NULL;
+    engine_seq_t *seq = NULL;
+    stop_t *stop = NULL;
+    tok_stream_t *stream = NULL;
+    int *ids = NULL, n_ids = 0, ret = 1;
+    stop_reason_t reason = STOP_NONE;
+    uint64_t t_start, t_first = 0, t_end;
+    int n_gen = 0;
+    bt_status_t status;
+    static const struct option long_opts[] = {
+        CLI_ENGINE_OPTIONS,
+        CLI_SAMPLING_OPTIONS,
+        { "prompt", required_argument, NULL, 'p' },
+        { "prompt-ids", required_argument, NULL, 'I' },
+        { "ids", no_argument, NULL, 'i' },
+        { "stats", no_argument, NULL, 'S' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+
+    engine_config_init(&ecfg);
+    cli_gen_opts_init(&gen);
+    optind = 1;
+    for (;;) {
+        int c = getopt_long(argc, argv, "", long_opts, NULL);
+        if (c == -1)
+            break;
+        switch (c) {
+        case 'p': prompt = optarg; break;
+        case 'I': prompt_ids = optarg; break;
+        case 'i': print_ids = true; break;
+        case 'S': stats = true; break;
+        case 'h': run_usage(stdout); return 0;
+        default:
+            if (cli_engine_option(c, optarg, &ecfg) == 0 ||
+                cli_sampling_option(c, optarg, &gen) == 0)
+                break;
+            if (c != '?')
+                fprintf(stderr, "baton run: bad value '%s'\n", optarg);
+            run_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "baton run: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (ecfg.model_path == NULL || (prompt == NULL) == (prompt_ids == NULL)) {
+        fprintf(stderr, "baton run: need --model and exactly one of --prompt "
+                        "or --prompt-ids\n");
+        run_usage(stderr);
+        return 2;
+    }
+    if (prompt != NULL && ecfg.tokenizer_path == NULL) {
+        fprintf(stderr, "baton run: --prompt needs --tokenizer (or use "
+                        "--prompt-ids)\n");
+        return 2;
+    }
+    sp = gen.sampling;
+    if (sampler_params_validate(&sp) != BT_OK) {
+        fprintf(stderr, "baton run: %s\n", bt_error_last());
+        return 2;
+    }
+    if (prompt_ids != NULL &&
+        bt_parse_int_list(prompt_ids, &ids, &n_ids) != BT_OK) {
+        fprintf(stderr, "baton run: --prompt-ids must be a list of integers\n");
+        return 2;
+    }
+
+    status = engine_create(&ecfg, &engine);
+    if (status != BT_OK)
+        goto out;
+    if (prompt != NULL) {
+        if (prompt[0] == '\0') {
+            BT_ERROR(BT_ERR_INVALID_ARG, "CLI", "empty prompt");
+            goto out;
+        }
+        status = tok_encode(engine_tokenizer(engine), prompt, strlen(prompt),
+                            true, &ids, &n_ids);
+        if (status != BT_OK)
+            goto out;
+    }
+    status = cli_stop_config(&gen, model_config(engine_model(engine)),
+                             engine_max_context(engine), n_ids, &scfg);
+    if (status != BT_OK)
+        goto out;
+    status = stop_create(&scfg, &stop);
+    if (status != BT_OK)
+        goto out;
+    status = engine_seq_create(engine, ids, n_ids, &sp, &seq);
+    if (status != BT_OK)
+        goto out;
+    if (!print_ids && engine_tokenizer(engine) != NULL) {
+        status = tok_stream_create(engine_tokenizer(engine), ids[n_ids - 1],
+                                   &stream);
+        if (status != BT_OK)
+            goto out;
+    }
+
+    t_start = bt_time_ns();
+    while (reason == STOP_NONE) {
+        int tok;
+        char piece[512], shown[2048];
+        size_t piece_len = 0, shown_len = 0;
+
+        status = engine_step(engine, &seq, 1, 0, &tok);
+        if (status != BT_OK)
+            goto out;
+        if (tok < 0)
+            continue; /* a prompt chunk without a sample */
+        if (n_gen++ == 0)
+            t_first = bt_time_ns();
+        if (stream != NULL) {
+            status = tok_stream_push(stream, tok, piece, sizeof(piece),
+                                     &piece_len);
+            if (status != BT_OK)
+                goto out;
+        }
+        reason = stop_feed(stop, tok, piece, piece_len, shown, sizeof(shown),
+                           &shown_len);
+        if (print_ids) {
+            if (reason != STOP_EOS)
+                printf("%s%d", n_gen > 1 ? " " : "", tok);
+        } else if (stream != NULL) {
+            fwrite(shown, 1, shown_len, stdout);
+        } else if (reason != STOP_EOS) {
+            printf("%s%d", n_gen > 1 ? " " : "", tok);
+        }
+        fflush(stdout);
+        if (reason == STOP_NONE && engine_seq_len(seq) > engine_max_context(engine))
+            reason = STOP_LENGTH;
+    }
+    if (stream != NULL) {
+        char tail[64];
+        size_t tail_len = 0;
+        if (reason != STOP_STRING &&
+            tok_stream_flush(stream, tail, sizeof(tail), &tail_len) == BT_OK)
+            fwrite(tail, 1, tail_len, stdout);
+    }
+    printf("\n");
+    t_end = bt_time_ns();
+    if (stats) {
+        double total = (double)(t_end - t_start) * 1e-9;
+        double decode = (double)(t_end - t_first) * 1e-9;
+        fprintf(stderr,
+                "prompt_tokens:%d generated:%d finish:%s ttft_ms:%.3f "
+                "decode_tok_s:%.1f total_s:%.4f\n",
+                n_ids, engine_seq_n_generated(seq), stop_reason_str(reason),
+                (double)(t_first - t_start) * 1e-6,
+                n_gen > 1 ? (double)(n_gen - 1) / decode : 0.0, total);
+    }
+    ret = 0;
+
+out:
+    if (ret != 0)
+        fprintf(stderr, "baton run: %s\n",
+                bt_error_last()[0] ? bt_error_last() : "failed");
+    tok_stream_destroy(&stream);
+    engine_seq_destroy(engine, &seq);
+    stop_destroy(&stop);
+    engine_destroy(&engine);
+    bt_free(ids);
+    cli_gen_opts_cleanup(&gen);
+    return ret;
 }

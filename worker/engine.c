@@ -1,0 +1,353 @@
+/*
+ * engine.c - model + tokenizer + backend + KV allocator, and sequences
+ * stepped together through one batched forward.
+ */
+#include "engine.h"
+
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+
+struct engine_s {
+    engine_config_t cfg;
+    model_t *model;
+    tok_t *tok;               /* NULL when no tokenizer was given */
+    backend_t *backend;
+    kv_allocator_t *kv;
+    int block_size;
+    int max_context;
+    int vocab_size;
+    float *logits;            /* (max_seqs, vocab) one row per sampled seq */
+    backend_seq_t *batch_seqs;/* (max_seqs) */
+    int *batch_index;         /* (max_seqs) engine_step slot of each row */
+};
+
+struct engine_seq_s {
+    int *tokens;      /* (cap) prompt then generated ids */
+    int n_tokens;
+    int cap;
+    int n_prompt;
+    int n_cached;     /* tokens whose K/V are in the pool */
+    int *blocks;      /* (max_blocks) block table */
+    int n_blocks;
+    int max_blocks;
+    sampler_t *sampler;
+};
+
+void engine_config_init(engine_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->device = "auto";
+    backend_config_init(&cfg->backend);
+}
+
+bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
+{
+    engine_t *engine;
+    const model_config_t *mcfg;
+    bt_status_t status;
+
+    if (cfg->model_path == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE", "no model given");
+    engine = bt_calloc(1, sizeof(*engine), "engine");
+    if (engine == NULL)
+        return BT_ERR_NO_MEMORY;
+    engine->cfg = *cfg;
+    status = model_load(cfg->model_path, &engine->model);
+    if (status != BT_OK)
+        goto err_free;
+    mcfg = model_config(engine->model);
+    engine->vocab_size = mcfg->vocab_size;
+    if (cfg->tokenizer_path != NULL) {
+        status = tok_load_llama2c(cfg->tokenizer_path, mcfg->vocab_size,
+                                  &engine->tok);
+        if (status != BT_OK)
+            goto err_model;
+    }
+    status = backend_create(cfg->device, engine->model, &cfg->backend,
+                            &engine->backend);
+    if (status != BT_OK)
+        goto err_tok;
+    status = kv_allocator_create(cfg->backend.n_kv_blocks, &engine->kv);
+    if (status != BT_OK)
+        goto err_backend;
+    engine->block_size = cfg->backend.block_size;
+    engine->max_context = mcfg->max_seq_len;
+    engine->logits = bt_malloc(sizeof(float) * (size_t)cfg->backend.max_seqs *
+                                   (size_t)mcfg->vocab_size,
+                               "engine_logits");
+    engine->batch_seqs = bt_calloc((size_t)cfg->backend.max_seqs,
+                                   sizeof(*engine->batch_seqs),
+                                   "engine_batch");
+    engine->batch_index = bt_calloc((size_t)cfg->backend.max_seqs,
+                                    sizeof(int), "engine_batch");
+    if (engine->logits == NULL || engine->batch_seqs == NULL ||
+        engine->batch_index == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto err_bufs;
+    }
+    BT_LOG_INFO("ENGINE", "model %s on %s: %d layers, dim %d, vocab %d, "
+                "context %d, KV %d blocks x %d tokens",
+                cfg->model_path, backend_name(engine->backend),
+                mcfg->n_layers, mcfg->dim, mcfg->vocab_size,
+                engine->max_context, cfg->backend.n_kv_blocks,
+                engine->block_size);
+    *engine_p = engine;
+    return BT_OK;
+
+err_bufs:
+    bt_free(engine->logits);
+    bt_free(engine->batch_seqs);
+    bt_free(engine->batch_index);
+    kv_allocator_destroy(&engine->kv);
+err_backend:
+    backend_destroy(&engine->backend);
+err_tok:
+    tok_destroy(&engine->tok);
+err_model:
+    model_destroy(&engine->model);
+err_free:
+    bt_free(engine);
+    return status;
+}
+
+void engine_destroy(engine_t **engine_p)
+{
+    engine_t *engine = *engine_p;
+
+    if (engine == NULL)
+        return;
+    bt_free(engine->logits);
+    bt_free(engine->batch_seqs);
+    bt_free(engine->batch_index);
+    kv_allocator_destroy(&engine->kv);
+    backend_destroy(&engine->backend);
+    tok_destroy(&engine->tok);
+    model_destroy(&engine->model);
+    bt_free(engine);
+    *engine_p = NULL;
+}
+
+const model_t *engine_model(const engine_t *engine)
+{
+    return engine->model;
+}
+
+const tok_t *engine_tokenizer(const engine_t *engine)
+{
+    return engine->tok;
+}
+
+backend_t *engine_backend(engine_t *engine)
+{
+    return engine->backend;
+}
+
+kv_allocator_t *engine_kv(engine_t *engine)
+{
+    return engine->kv;
+}
+
+int engine_block_size(const engine_t *engine)
+{
+    return engine->block_size;
+}
+
+int engine_max_context(const engine_t *engine)
+{
+    return engine->max_context;
+}
+
+bt_status_t engine_seq_create(engine_t *engine, const int *prompt,
+                              int n_prompt, const sampler_params_t *params,
+                              engine_seq_t **seq_p)
+{
+    engine_seq_t *seq;
+    bt_status_t status;
+
+    if (prompt == NULL || n_prompt <= 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE", "empty prompt");
+    if (n_prompt > engine->max_context)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "prompt of %d tokens exceeds the model context of "
+                        "%d tokens", n_prompt, engine->max_context);
+    for (int i = 0; i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= engine->vocab_size)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                            "prompt token %d (id %d) is outside the "
+                            "vocabulary of %d", i, prompt[i],
+                            engine->vocab_size);
+    }
+    seq = bt_calloc(1, sizeof(*seq), "engine_seq");
+    if (seq == NULL)
+        return BT_ERR_NO_MEMORY;
+    status = sampler_create(params, engine->vocab_size, &seq->sampler);
+    if (status != BT_OK)
+        goto err_free;
+    seq->cap = engine->max_context + 1;
+    seq->tokens = bt_malloc(sizeof(int) * (size_t)seq->cap, "engine_seq");
+    seq->max_blocks = (int)BT_DIV_UP(seq->cap, engine->block_size);
+    seq->blocks = bt_malloc(sizeof(int) * (size_t)seq->max_blocks,
+                            "engine_seq");
+    if (seq->tokens == NULL || seq->blocks == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto err_bufs;
+    }
+    memcpy(seq->tokens, prompt, sizeof(int) * (size_t)n_prompt);
+    seq->n_tokens = n_prompt;
+    seq->n_prompt = n_prompt;
+    for (int i = 0; i < n_prompt; i++)
+        sampler_observe(seq->sampler, prompt[i]);
+    *seq_p = seq;
+    return BT_OK;
+
+err_bufs:
+    bt_free(seq->tokens);
+    bt_free(seq->blocks);
+    sampler_destroy(&seq->sampler);
+err_free:
+    bt_free(seq);
+    return status;
+}
+
+void engine_seq_destroy(engine_t *engine, engine_seq_t **seq_p)
+{
+    engine_seq_t *seq = *seq_p;
+
+    if (seq == NULL)
+        return;
+    kv_allocator_release(engine->kv, seq->n_blocks, seq->blocks);
+    sampler_destroy(&seq->sampler);
+    bt_free(seq->tokens);
+    bt_free(seq->blocks);
+    bt_free(seq);
+    *seq_p = NULL;
+}
+
+int engine_seq_len(const engine_seq_t *seq)
+{
+    return seq->n_tokens;
+}
+
+int engine_seq_cached(const engine_seq_t *seq)
+{
+    return seq->n_cached;
+}
+
+int engine_seq_prompt_len(const engine_seq_t *seq)
+{
+    return seq->n_prompt;
+}
+
+const int *engine_seq_tokens(const engine_seq_t *seq)
+{
+    return seq->tokens;
+}
+
+int engine_seq_n_generated(const engine_seq_t *seq)
+{
+    return seq->n_tokens - seq->n_prompt;
+}
+
+/* Tokens to feed for seq this step, given the remaining budget. */
+static int engine_seq_take(const engine_seq_t *seq, int budget)
+{
+    return BT_MIN(seq->n_tokens - seq->n_cached, budget);
+}
+
+bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
+                        int token_budget, int *sampled)
+{
+    const backend_config_t *bcfg = &engine->cfg.backend;
+    int budget, need_blocks = 0, n_batch = 0, n_rows = 0;
+    backend_batch_t batch;
+    bt_status_t status;
+
+    if (n <= 0 || n > bcfg->max_seqs)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "step over %d sequences (1..%d allowed)", n,
+                        bcfg->max_seqs);
+    budget = token_budget > 0 ? BT_MIN(token_budget, bcfg->max_batch_tokens)
+                              : bcfg->max_batch_tokens;
+
+    /* Plan: how many tokens each sequence feeds and the blocks it needs.
+     * Blocks are checked for all sequences before any is taken, so a full
+     * pool changes nothing. */
+    for (int i = 0, left = budget; i < n; i++) {
+        engine_seq_t *seq = seqs[i];
+        int take = engine_seq_take(seq, left);
+
+        sampled[i] = -1;
+        if (take <= 0)
+            continue;
+        if (seq->n_cached + take > engine->max_context)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                            "sequence %d would exceed the context of %d", i,
+                            engine->max_context);
+        need_blocks += (int)BT_DIV_UP(seq->n_cached + take,
+                                      engine->block_size) - seq->n_blocks;
+        left -= take;
+    }
+    if (need_blocks > kv_allocator_free_count(engine->kv))
+        return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
+                        "KV pool full: step needs %d blocks, %d free",
+                        need_blocks, kv_allocator_free_count(engine->kv));
+
+    for (int i = 0, left = budget; i < n; i++) {
+        engine_seq_t *seq = seqs[i];
+        int take = engine_seq_take(seq, left);
+        int want;
+        backend_seq_t *bs;
+
+        if (take <= 0)
+            continue;
+        want = (int)BT_DIV_UP(seq->n_cached + take, engine->block_size);
+        if (want > seq->n_blocks) {
+            status = kv_allocator_alloc(engine->kv, want - seq->n_blocks,
+                                        seq->blocks + seq->n_blocks);
+            BT_ASSERT(status == BT_OK); /* checked above */
+            seq->n_blocks = want;
+        }
+        bs = &engine->batch_seqs[n_batch];
+        memset(bs, 0, sizeof(*bs));
+        bs->n_tokens = take;
+        bs->ctx_len = seq->n_cached;
+        bs->tokens = seq->tokens + seq->n_cached;
+        bs->block_table = seq->blocks;
+        bs->n_logits = (seq->n_cached + take == seq->n_tokens) ? 1 : 0;
+        engine->batch_index[n_batch] = i;
+        n_rows += bs->n_logits;
+        n_batch++;
+        left -= take;
+    }
+    if (n_batch == 0)
+        return BT_OK;
+    memset(&batch, 0, sizeof(batch));
+    batch.n_seqs = n_batch;
+    batch.seqs = engine->batch_seqs;
+    status = backend_forward(engine->backend, &batch, engine->logits, NULL);
+    if (status != BT_OK)
+        return status;
+
+    for (int b = 0, row = 0; b < n_batch; b++) {
+        engine_seq_t *seq = seqs[engine->batch_index[b]];
+        const backend_seq_t *bs = &engine->batch_seqs[b];
+        int tok;
+
+        seq->n_cached += bs->n_tokens;
+        if (bs->n_logits == 0)
+            continue;
+        tok = sampler_sample(seq->sampler,
+                             engine->logits + (size_t)row * engine->vocab_size);
+        row++;
+        sampler_observe(seq->sampler, tok);
+        BT_ASSERT(seq->n_tokens < seq->cap);
+        seq->tokens[seq->n_tokens++] = tok;
+        sampled[engine->batch_index[b]] = tok;
+    }
+    (void)n_rows;
+    return BT_OK;
+}

@@ -1,0 +1,67 @@
+/*
+ * stop.h - when a generation ends, and which text is safe to stream.
+ *
+ * A stop checker watches each generated token and its text.  It ends the
+ * request on a stop token id (the token itself is not emitted), on a stop
+ * string (text up to the match is emitted, the match is not), or after
+ * max_tokens.  Text that might be the start of a stop string is held back
+ * until it is known not to be, so a client never sees half of a stop
+ * string that later matched.
+ */
+#ifndef BT_WORKER_STOP_H
+#define BT_WORKER_STOP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "bt_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STOP_MAX_IDS 64
+#define STOP_MAX_STRINGS 16
+#define STOP_MAX_STRING_LEN 256
+
+typedef enum {
+    STOP_NONE = 0,   /* keep generating */
+    STOP_EOS,        /* a stop token id was generated */
+    STOP_STRING,     /* a stop string matched */
+    STOP_LENGTH      /* max_tokens reached (or the context is full) */
+} stop_reason_t;
+
+typedef struct {
+    int ids[STOP_MAX_IDS]; /* stop token ids */
+    int n_ids;
+    const char *strings[STOP_MAX_STRINGS]; /* not owned; copied at create */
+    int n_strings;
+    int max_tokens; /* > 0 */
+} stop_config_t;
+
+void stop_config_init(stop_config_t *cfg);
+
+typedef struct stop_s stop_t;
+
+/* Validates (non-empty strings no longer than STOP_MAX_STRING_LEN,
+ * max_tokens > 0) and copies the config. */
+bt_status_t stop_create(const stop_config_t *cfg, stop_t **stop_p);
+void stop_destroy(stop_t **stop_p);
+
+/* Feeds one generated token id and its decoded text.  Appends the text
+ * that may be shown now to `out` (capacity cap, NUL-terminated; text is
+ * never longer than what was fed plus the held-back tail) and returns the
+ * reason to stop, STOP_NONE to continue. */
+stop_reason_t stop_feed(stop_t *stop, int token, const char *text,
+                        size_t len, char *out, size_t cap, size_t *out_len);
+
+/* At the end (any reason but STOP_STRING), the held-back text. */
+void stop_flush(stop_t *stop, char *out, size_t cap, size_t *out_len);
+
+/* Name for finish reasons: "stop" (EOS and strings), "length". */
+const char *stop_reason_str(stop_reason_t reason);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_STOP_H */
