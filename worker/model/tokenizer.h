@@ -46,6 +46,14 @@ bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
 /* The raw piece of an id (NULL when out of range). */
 const char *tok_piece(const tok_t *tok, int id);
 
+/* The merge score of an id (0 when out of range). */
+float tok_score(const tok_t *tok, int id);
+
+/* The longest piece in bytes (the file's max_token_length).  A stream push
+ * writes at most 3 * (tok_max_piece_len + 3) + 1 bytes, since invalid
+ * bytes become 3-byte U+FFFDs. */
+int tok_max_piece_len(const tok_t *tok);
+
 /* Decodes ids to a bt_malloc'ed NUL-terminated string.  `prev_id` is the
  * token before ids[0] (-1 for none), which decides whether the first
  * piece's leading space is dropped (it is, after BOS). */
