@@ -1,0 +1,220 @@
+/* proto_msg.c - envelope decode/validate/send (see proto_msg.h). */
+#include "proto_msg.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include <zmq.h>
+
+#include "bt_proto.h"
+
+bt_status_t proto_client_decode(const void *data, size_t len,
+                                Baton__ClientMessage **msg_p, char *err,
+                                size_t err_len)
+{
+    ProtobufCMessage *raw = NULL;
+    Baton__ClientMessage *msg;
+
+    if (bt_proto_unpack(&baton__client_message__descriptor, data, len,
+                        PROTO_CLIENT_MAX_BYTES, &raw) != BT_OK) {
+        snprintf(err, err_len, "undecodable client message (%zu bytes)",
+                 len);
+        return BT_ERR_FORMAT;
+    }
+    msg = (Baton__ClientMessage *)raw;
+    if (msg->version != BT_PROTO_VERSION) {
+        snprintf(err, err_len, "protocol version %u not supported (want %u)",
+                 msg->version, BT_PROTO_VERSION);
+        *msg_p = msg;
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (msg->body_case == BATON__CLIENT_MESSAGE__BODY__NOT_SET) {
+        snprintf(err, err_len, "client message without a body");
+        bt_proto_free(&raw);
+        return BT_ERR_FORMAT;
+    }
+    *msg_p = msg;
+    return BT_OK;
+}
+
+void proto_client_free(Baton__ClientMessage **msg_p)
+{
+    bt_proto_free((ProtobufCMessage **)msg_p);
+}
+
+bt_status_t proto_control_decode(const void *data, size_t len,
+                                 Baton__ControlMessage **msg_p, char *err,
+                                 size_t err_len)
+{
+    ProtobufCMessage *raw = NULL;
+    Baton__ControlMessage *msg;
+
+    if (bt_proto_unpack(&baton__control_message__descriptor, data, len,
+                        PROTO_CONTROL_MAX_BYTES, &raw) != BT_OK) {
+        snprintf(err, err_len, "undecodable control message (%zu bytes)",
+                 len);
+        return BT_ERR_FORMAT;
+    }
+    msg = (Baton__ControlMessage *)raw;
+    if (msg->version != BT_PROTO_VERSION) {
+        snprintf(err, err_len, "protocol version %u not supported (want %u)",
+                 msg->version, BT_PROTO_VERSION);
+        *msg_p = msg;
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (msg->body_case == BATON__CONTROL_MESSAGE__BODY__NOT_SET) {
+        snprintf(err, err_len, "control message without a body");
+        bt_proto_free(&raw);
+        return BT_ERR_FORMAT;
+    }
+    *msg_p = msg;
+    return BT_OK;
+}
+
+void proto_control_free(Baton__ControlMessage **msg_p)
+{
+    bt_proto_free((ProtobufCMessage **)msg_p);
+}
+
+bt_status_t proto_client_send(void *sock, const void *id, size_t id_len,
+                              Baton__ClientMessage *msg)
+{
+    msg->version = BT_PROTO_VERSION;
+    return bt_proto_send(sock, id, id_len, &msg->base, ZMQ_DONTWAIT);
+}
+
+bt_status_t proto_control_send(void *sock, const void *id, size_t id_len,
+                               Baton__ControlMessage *msg)
+{
+    msg->version = BT_PROTO_VERSION;
+    return bt_proto_send(sock, id, id_len, &msg->base, ZMQ_DONTWAIT);
+}
+
+bt_status_t proto_client_send_error(void *sock, const void *id,
+                                    size_t id_len, uint64_t rid,
+                                    Baton__ErrorCode code, const char *fmt,
+                                    ...)
+{
+    Baton__ClientMessage msg = BATON__CLIENT_MESSAGE__INIT;
+    Baton__Error e = BATON__ERROR__INIT;
+    char text[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    e.has_client_request_id = 1;
+    e.client_request_id = rid;
+    e.has_code = 1;
+    e.code = code;
+    e.message = text;
+    msg.body_case = BATON__CLIENT_MESSAGE__BODY_ERROR;
+    msg.error = &e;
+    return proto_client_send(sock, id, id_len, &msg);
+}
+
+bt_status_t proto_sampling_validate(const Baton__SamplingParams *sp,
+                                    char *err, size_t err_len)
+{
+    const char *bad = NULL;
+
+    if (!isfinite(sp->temperature) || sp->temperature < 0 ||
+        sp->temperature > 100)
+        bad = "temperature must be in [0, 100]";
+    else if (sp->top_k < 0)
+        bad = "top_k must be >= 0";
+    else if (!isfinite(sp->top_p) || sp->top_p <= 0 || sp->top_p > 1)
+        bad = "top_p must be in (0, 1]";
+    else if (!isfinite(sp->min_p) || sp->min_p < 0 || sp->min_p > 1)
+        bad = "min_p must be in [0, 1]";
+    else if (!isfinite(sp->repetition_penalty) ||
+             sp->repetition_penalty <= 0)
+        bad = "repetition_penalty must be > 0";
+    else if (!isfinite(sp->presence_penalty) || sp->presence_penalty < -2 ||
+             sp->presence_penalty > 2)
+        bad = "presence_penalty must be in [-2, 2]";
+    else if (!isfinite(sp->frequency_penalty) ||
+             sp->frequency_penalty < -2 || sp->frequency_penalty > 2)
+        bad = "frequency_penalty must be in [-2, 2]";
+    if (bad != NULL) {
+        snprintf(err, err_len, "invalid sampling: %s", bad);
+        return BT_ERR_INVALID_ARG;
+    }
+    return BT_OK;
+}
+
+bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
+                                    char *err, size_t err_len)
+{
+    if (req->n_prompt_ids == 0 && (!req->has_prompt || req->prompt.len == 0)) {
+        snprintf(err, err_len, "empty prompt");
+        return BT_ERR_INVALID_ARG;
+    }
+    if (req->n_prompt_ids > PROTO_MAX_PROMPT_TOKENS ||
+        req->prompt.len > PROTO_MAX_PROMPT_TOKENS) {
+        snprintf(err, err_len, "prompt too long");
+        return BT_ERR_INVALID_ARG;
+    }
+    for (size_t i = 0; i < req->n_prompt_ids; i++) {
+        if (req->prompt_ids[i] < 0) {
+            snprintf(err, err_len, "negative prompt id at %zu", i);
+            return BT_ERR_INVALID_ARG;
+        }
+    }
+    if (req->max_tokens <= 0) {
+        snprintf(err, err_len, "max_tokens must be > 0 (got %d)",
+                 req->max_tokens);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (req->n_stop_ids > PROTO_MAX_STOP ||
+        req->n_stop_strings > PROTO_MAX_STOP) {
+        snprintf(err, err_len, "too many stop conditions (max %d)",
+                 PROTO_MAX_STOP);
+        return BT_ERR_INVALID_ARG;
+    }
+    for (size_t i = 0; i < req->n_stop_strings; i++) {
+        if (req->stop_strings[i].len == 0 ||
+            req->stop_strings[i].len > PROTO_MAX_STOP_BYTES) {
+            snprintf(err, err_len, "stop string %zu empty or too long", i);
+            return BT_ERR_INVALID_ARG;
+        }
+    }
+    if (req->sampling != NULL)
+        return proto_sampling_validate(req->sampling, err, err_len);
+    return BT_OK;
+}
+
+Baton__ErrorCode proto_error_code(bt_status_t status)
+{
+    switch (status) {
+    case BT_OK:
+        return BATON__ERROR_CODE__ERROR_NONE;
+    case BT_ERR_INVALID_ARG:
+        return BATON__ERROR_CODE__ERROR_INVALID;
+    case BT_ERR_FORMAT:
+        return BATON__ERROR_CODE__ERROR_MALFORMED;
+    case BT_ERR_UNSUPPORTED:
+        return BATON__ERROR_CODE__ERROR_VERSION;
+    case BT_ERR_OVERLOADED:
+        return BATON__ERROR_CODE__ERROR_OVERLOADED;
+    case BT_ERR_TIMEOUT:
+        return BATON__ERROR_CODE__ERROR_TIMEOUT;
+    case BT_ERR_REMOTE:
+        return BATON__ERROR_CODE__ERROR_WORKER;
+    default:
+        return BATON__ERROR_CODE__ERROR_INTERNAL;
+    }
+}
+
+const char *proto_control_body_name(Baton__ControlMessage__BodyCase body)
+{
+    static const char *const names[] = {
+        "none", "?", "register", "register_ack", "heartbeat", "kv_reserve",
+        "kv_grant", "kv_release", "prefill_task", "prefill_done", "kv_ready",
+        "token_out", "cancel_task", "task_error", "drain", "shutdown",
+    };
+    if ((unsigned)body < sizeof(names) / sizeof(names[0]))
+        return names[body];
+    return "?";
+}

@@ -1,0 +1,82 @@
+/*
+ * proto_msg.h - baton's two envelopes (ClientMessage, ControlMessage):
+ * decode with version check and body validation, send with the version
+ * stamped, and small reply builders.  The generated protobuf-c code
+ * (client.pb-c.h, control.pb-c.h) is produced at build time from
+ * proto/client.proto and proto/control.proto.
+ *
+ * Everything decoded here came from the network: it is validated and an
+ * error is returned, never asserted.
+ */
+#ifndef BT_PROTO_PROTO_MSG_H
+#define BT_PROTO_PROTO_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "client.pb-c.h"
+#include "control.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The protocol version every message carries. */
+#define BT_PROTO_VERSION 1
+
+/* Sizes a peer may send.  Larger values are rejected as malformed. */
+#define PROTO_CLIENT_MAX_BYTES (16u << 20)
+#define PROTO_CONTROL_MAX_BYTES (256u << 20)
+#define PROTO_MAX_PROMPT_TOKENS (1 << 20)
+#define PROTO_MAX_STOP 64
+#define PROTO_MAX_STOP_BYTES 256
+
+/* Decodes a client message.  BT_ERR_FORMAT when it does not parse or has
+ * no body (nothing returned); BT_ERR_UNSUPPORTED when its version is not
+ * BT_PROTO_VERSION (the message is returned in *msg_p so that the caller
+ * can name the request in its reply).  `err` receives a reason. */
+bt_status_t proto_client_decode(const void *data, size_t len,
+                                Baton__ClientMessage **msg_p, char *err,
+                                size_t err_len);
+void proto_client_free(Baton__ClientMessage **msg_p);
+
+/* Same for control messages. */
+bt_status_t proto_control_decode(const void *data, size_t len,
+                                 Baton__ControlMessage **msg_p, char *err,
+                                 size_t err_len);
+void proto_control_free(Baton__ControlMessage **msg_p);
+
+/* Stamps the version and sends (routing id frame first when id != NULL). */
+bt_status_t proto_client_send(void *sock, const void *id, size_t id_len,
+                              Baton__ClientMessage *msg);
+bt_status_t proto_control_send(void *sock, const void *id, size_t id_len,
+                               Baton__ControlMessage *msg);
+
+/* Sends an Error reply for client request `rid`. */
+bt_status_t proto_client_send_error(void *sock, const void *id,
+                                    size_t id_len, uint64_t rid,
+                                    Baton__ErrorCode code, const char *fmt,
+                                    ...) __attribute__((format(printf, 6, 7)));
+
+/* Checks the fields of a GenerateRequest that do not need the model:
+ * sampling ranges (as sampler_params_validate), sizes of the prompt and
+ * stop lists, max_tokens.  BT_ERR_INVALID_ARG with a reason in `err`. */
+bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
+                                    char *err, size_t err_len);
+
+/* Checks sampling values against worker/sampler.h's ranges. */
+bt_status_t proto_sampling_validate(const Baton__SamplingParams *sp,
+                                    char *err, size_t err_len);
+
+/* Maps a status to the client error code that best describes it. */
+Baton__ErrorCode proto_error_code(bt_status_t status);
+
+/* A name for a control body case (logs). */
+const char *proto_control_body_name(Baton__ControlMessage__BodyCase body);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_PROTO_PROTO_MSG_H */
