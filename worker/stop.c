@@ -120,7 +120,8 @@ stop_reason_t stop_feed(stop_t *stop, int token, const char *text,
     stop->n_tokens++;
     for (int i = 0; i < stop->n_ids; i++) {
         if (token == stop->ids[i]) {
-            stop_flush(stop, out, cap, out_len);
+            stop_emit(stop->held, stop->n_held, out, cap, out_len);
+            stop->n_held = 0;
             return STOP_EOS;
         }
     }
@@ -160,7 +161,8 @@ stop_reason_t stop_feed(stop_t *stop, int token, const char *text,
         }
     }
     if (stop->n_tokens >= stop->max_tokens) {
-        stop_flush(stop, out, cap, out_len);
+        stop_emit(stop->held, stop->n_held, out, cap, out_len);
+        stop->n_held = 0;
         return STOP_LENGTH;
     }
     return STOP_NONE;
@@ -168,6 +170,9 @@ stop_reason_t stop_feed(stop_t *stop, int token, const char *text,
 
 void stop_flush(stop_t *stop, char *out, size_t cap, size_t *out_len)
 {
+    *out_len = 0;
+    if (cap > 0)
+        out[0] = '\0';
     stop_emit(stop->held, stop->n_held, out, cap, out_len);
     stop->n_held = 0;
 }
