@@ -1,0 +1,259 @@
+/*
+ * kv_transport.h - KV hand-off from a prefill worker to a decode worker's
+ * paged pool over UCX one-sided puts (ucp RMA).
+ *
+ * Roles and flow:
+ *   decode  kv_ucx_create -> kv_ucx_pool_register(pool memory) ->
+ *           kv_ucx_pool_desc() bytes travel to prefill workers in control
+ *           messages (register / KV grant) -> on grant of reservation slot
+ *           s with epoch e: kv_ucx_pool_slot_reset(s) -> poll
+ *           kv_ucx_pool_has_arrived(s, e) after each kv_ucx_progress ->
+ *           decode -> on free: kv_ucx_pool_slot_reset(s).
+ *   prefill kv_ucx_create -> kv_ucx_connect(desc bytes) (cached: the same
+ *           descriptor returns the same peer) -> for each layer l as soon
+ *           as it is computed: kv_ucx_put_layer(peer, l, ...) ->
+ *           kv_ucx_commit(peer, s, e, cb) -> cb / kv_ucx_peer_pending()==0
+ *           says the KV and the epoch have landed in the decode pool.
+ *
+ * Data path: K and V live in separate arrays laid out as in kv.h,
+ * (n_layers, n_blocks, block_size, n_kv_heads, head_dim), so a run of
+ * consecutive block ids is one contiguous byte range in one layer.
+ * kv_ucx_put_layer coalesces runs where BOTH the source and destination ids
+ * are consecutive into a single ucp_put_nbx per run, per K and per V.
+ *
+ * Arrival and epochs: the descriptor also exposes an "arrival" array of
+ * n_slots uint64 (host memory, registered), one per reservation slot.  The
+ * decode side gives each reservation a fresh, never reused, non-zero 64-bit
+ * epoch.  kv_ucx_commit writes that epoch into the slot as the LAST step:
+ *     1. ucp_ep_flush_nbx(ep)   - completes when every put issued on the
+ *        endpoint before it is *remotely* complete (the bytes are in the
+ *        decode pool), on every lane and transport the endpoint uses;
+ *     2. ucp_put_nbx(epoch -> arrival[slot]);
+ *     3. ucp_ep_flush_nbx(ep)   - completes when the epoch has landed;
+ *        then the commit callback runs.
+ * We flush rather than ucp_worker_fence: a fence only orders operations,
+ * and UCX may send the 8-byte epoch on a different lane (e.g. tcp or shm
+ * short puts) than the bulk data (e.g. cma zero-copy), where a fence is
+ * implemented by the transport and has been weaker than a flush in some
+ * UCX versions; a flush is a remote-completion guarantee everywhere.  So
+ * whenever the decode side reads arrival[slot] == e (an acquire load), all
+ * of that reservation's puts issued before the commit have landed.
+ * Because epochs are never reused, a stale writer (one whose reservation
+ * timed out and whose slot was reset and granted again with a new epoch)
+ * writes an old epoch, so it can never make the new reservation look
+ * complete: has_arrived(s, e_new) stays false.
+ *
+ * What epochs can NOT do: one-sided RMA cannot be refused by the target, so
+ * a writer that is still running after its reservation timed out could
+ * still put *data* into blocks that were freed and re-granted.  The decode
+ * side must therefore not re-grant the blocks of a timed-out reservation
+ * until that writer is fenced: the prefill worker acknowledged an abort on
+ * the control plane, or it is known dead (heartbeat lost; UCX endpoints of
+ * a dead process fail).  A quarantine period covers in-flight bytes.
+ *
+ * Progress: all progress is driven by the caller (no UCX thread).  Both
+ * sides must call kv_ucx_progress() regularly: on transports without true
+ * one-sided RMA in hardware (tcp, and UCX's software RMA emulation) the
+ * *target* worker writes the incoming bytes into its memory during its own
+ * progress, so a decode worker that never progresses never receives KV.
+ * To sleep instead of spinning, poll kv_ucx_event_fd() for POLLIN after
+ * kv_ucx_arm() returned BT_OK, or call kv_ucx_wait().
+ *
+ * Transports: UCX chooses them (UCX_TLS).  Over loopback without
+ * InfiniBand the usual choice is shm (posix/sysv + cma) and tcp; the tests
+ * and `baton bench-kv` set UCX_TLS=tcp,sm,self unless it is already set.
+ *
+ * Memory: host memory today (CPU backend).  The pool and the put source
+ * carry a kv_ucx_mem_type_t so CUDA memory can be passed later (UCX
+ * cuda_copy / cuda_ipc); the arrival array is always host memory.
+ *
+ * Threading: a kv_ucx_t and everything made from it belong to one thread
+ * at a time (UCS_THREAD_MODE_SINGLE); with cfg.serialized the caller may
+ * use it from several threads provided it serialises the calls itself.
+ */
+#ifndef BT_WORKER_KV_KV_TRANSPORT_H
+#define BT_WORKER_KV_KV_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "kv/kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Descriptor wire format version; a descriptor with another is rejected. */
+#define KV_UCX_DESC_VERSION 1
+/* Upper bound on descriptor size accepted by the parser. */
+#define KV_UCX_DESC_MAX_BYTES (1u << 20)
+
+typedef enum {
+    KV_UCX_MEM_HOST = 0, /* ordinary host memory */
+    KV_UCX_MEM_CUDA = 1  /* CUDA device memory (not yet exercised) */
+} kv_ucx_mem_type_t;
+
+typedef struct kv_ucx_s kv_ucx_t;           /* ucp context + worker */
+typedef struct kv_ucx_pool_s kv_ucx_pool_t; /* decode: registered pool */
+typedef struct kv_ucx_peer_s kv_ucx_peer_t; /* prefill: one decode pool */
+typedef struct kv_ucx_desc_s kv_ucx_desc_t; /* a parsed descriptor */
+
+typedef struct {
+    bool serialized; /* UCS_THREAD_MODE_SERIALIZED instead of SINGLE */
+    bool wakeup;     /* request UCP_FEATURE_WAKEUP (event fd); default on */
+} kv_ucx_config_t;
+
+/* Fills `cfg` with the defaults (single thread, wakeup on). */
+void kv_ucx_config_init(kv_ucx_config_t *cfg);
+
+/* ------------------------------------------------------------------------
+ * Context
+ * --------------------------------------------------------------------- */
+
+/* Creates a UCX context and worker.  Call after fork(), never before.
+ * BT_ERR_NET when UCX cannot start. */
+bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p);
+
+/* Destroys the context.  Pools and peers made from it must be destroyed
+ * first (asserted).  NULL-safe; sets *ctx_p = NULL. */
+void kv_ucx_destroy(kv_ucx_t **ctx_p);
+
+/* Runs UCX progress until it has nothing more to do right now and runs
+ * the transport's completion steps (commit state machine, callbacks).
+ * Returns true if anything happened. */
+bool kv_ucx_progress(kv_ucx_t *ctx);
+
+/* The worker's event fd (-1 if wakeup is off): readable when there may be
+ * progress to make.  Arm before sleeping on it. */
+int kv_ucx_event_fd(const kv_ucx_t *ctx);
+
+/* Arms the event fd.  BT_OK: armed, safe to sleep on the fd.
+ * BT_IN_PROGRESS: events are pending, call kv_ucx_progress() first. */
+bt_status_t kv_ucx_arm(kv_ucx_t *ctx);
+
+/* Progresses, then sleeps on the event fd at most `timeout_ms` (0: do not
+ * sleep) if nothing happened.  BT_OK in every non-error case; BT_ERR_NET
+ * on a UCX or poll failure. */
+bt_status_t kv_ucx_wait(kv_ucx_t *ctx, int timeout_ms);
+
+/* ------------------------------------------------------------------------
+ * Decode side: the registered pool
+ * --------------------------------------------------------------------- */
+
+/* Registers the KV pool memory and builds its descriptor.
+ * `k_layers[l]` / `v_layers[l]` are the base of layer l's K / V array
+ * (n_blocks * block_bytes each, as backend_kv_data returns them).  Layers
+ * that are adjacent in memory are merged, so a backend that allocates K
+ * (or V) as one array for all layers costs one ucp_mem_map for K and one
+ * for V; `n_slots` arrival slots are allocated and registered too (all 0).
+ * The pool does not own the KV memory, which must outlive it.
+ * BT_ERR_INVALID_ARG on a bad layout or overlapping layers. */
+bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
+                                 void *const *k_layers,
+                                 void *const *v_layers,
+                                 kv_ucx_mem_type_t mem_type, int n_slots,
+                                 kv_ucx_pool_t **pool_p);
+
+/* Unmaps and frees the pool's registrations and arrival slots.  Writers
+ * must have stopped (see "What epochs can NOT do").  NULL-safe. */
+void kv_ucx_pool_deregister(kv_ucx_pool_t **pool_p);
+
+/* The serialized descriptor, valid while the pool lives.  Send it as an
+ * opaque byte string; kv_ucx_connect on the prefill side consumes it. */
+const uint8_t *kv_ucx_pool_desc(const kv_ucx_pool_t *pool, size_t *len_p);
+
+/* True when reservation slot `slot` holds `epoch`, i.e. a commit for this
+ * epoch completed and every put issued before it landed.  Does not
+ * progress UCX itself (call kv_ucx_progress first).  False for an
+ * out-of-range slot or epoch 0. */
+bool kv_ucx_pool_has_arrived(const kv_ucx_pool_t *pool, int slot,
+                             uint64_t epoch);
+
+/* The raw value of an arrival slot (0 after reset), for diagnostics. */
+uint64_t kv_ucx_pool_slot_value(const kv_ucx_pool_t *pool, int slot);
+
+/* Clears an arrival slot to 0.  Call when a reservation is granted and
+ * when it is freed, so a reused slot never carries an old arrival. */
+void kv_ucx_pool_slot_reset(kv_ucx_pool_t *pool, int slot);
+
+/* ------------------------------------------------------------------------
+ * Descriptors (exposed for tests, fuzzing and the control plane)
+ * --------------------------------------------------------------------- */
+
+/* Parses and validates descriptor bytes: magic, version, every length and
+ * count against the bytes present and sane bounds, layout sizes without
+ * overflow, every layer inside its region, and a trailing checksum.
+ * Never trusts a field before checking it.  BT_ERR_FORMAT on any defect
+ * (logged once), BT_ERR_NO_MEMORY.  `buf` is copied. */
+bt_status_t kv_ucx_desc_parse(const void *buf, size_t len,
+                              kv_ucx_desc_t **desc_p);
+void kv_ucx_desc_destroy(kv_ucx_desc_t **desc_p);
+
+/* The remote pool's layout, slot count and identity (random per pool). */
+const kv_layout_t *kv_ucx_desc_layout(const kv_ucx_desc_t *desc);
+int kv_ucx_desc_n_slots(const kv_ucx_desc_t *desc);
+uint64_t kv_ucx_desc_pool_id(const kv_ucx_desc_t *desc);
+
+/* ------------------------------------------------------------------------
+ * Prefill side: peers, puts, commits
+ * --------------------------------------------------------------------- */
+
+/* Commit completion: status BT_OK when the epoch landed, an error when the
+ * endpoint failed (the decode worker died).  Runs inside kv_ucx_progress. */
+typedef void (*kv_ucx_commit_cb_t)(void *arg, int slot, uint64_t epoch,
+                                   bt_status_t status);
+
+/* Connects to the pool described by `desc` (parses it first; BT_ERR_FORMAT
+ * for a bad one).  Peers are cached in `ctx` by pool id: connecting to a
+ * pool already connected returns the same peer and takes a reference. */
+bt_status_t kv_ucx_connect(kv_ucx_t *ctx, const void *desc, size_t len,
+                           kv_ucx_peer_t **peer_p);
+
+/* Drops a reference; the last one waits (bounded, 2 s) for outstanding
+ * operations, then closes the endpoint.  NULL-safe; sets *peer_p = NULL. */
+void kv_ucx_disconnect(kv_ucx_peer_t **peer_p);
+
+/* The remote layout (blocks per layer, slot count...). */
+const kv_ucx_desc_t *kv_ucx_peer_desc(const kv_ucx_peer_t *peer);
+
+/* Puts layer `layer` of `n` blocks: source block src_ids[i] of
+ * `src_k`/`src_v` (this layer's K / V base, laid out by `src_layout`,
+ * whose block shape must equal the remote one; n_blocks may differ) goes
+ * to destination block dst_ids[i] of the remote pool.  Runs consecutive in
+ * both lists become one put each.  Non-blocking: the source memory must
+ * stay unchanged until the next kv_ucx_commit on this peer completes (or
+ * kv_ucx_peer_pending() == 0).  Every id is bounds-checked
+ * (BT_ERR_INVALID_ARG); BT_ERR_NET if the endpoint failed. */
+bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
+                             const void *src_k, const void *src_v,
+                             const kv_layout_t *src_layout,
+                             kv_ucx_mem_type_t src_mem, const int *src_ids,
+                             const int *dst_ids, int n);
+
+/* Marks reservation `slot` complete with `epoch` (non-zero) after every
+ * put issued so far on this peer: flush, put epoch, flush (see top).
+ * Non-blocking; `cb` (may be NULL) runs from kv_ucx_progress when done.
+ * An error return means `cb` will never run. */
+bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
+                          kv_ucx_commit_cb_t cb, void *arg);
+
+/* Operations still in flight on this peer (puts + commits). */
+int kv_ucx_peer_pending(const kv_ucx_peer_t *peer);
+
+/* Puts issued and bytes put since connect (after coalescing). */
+uint64_t kv_ucx_peer_puts(const kv_ucx_peer_t *peer);
+uint64_t kv_ucx_peer_bytes(const kv_ucx_peer_t *peer);
+
+/* BT_OK, or the error that failed the endpoint (sticky). */
+bt_status_t kv_ucx_peer_status(const kv_ucx_peer_t *peer);
+
+/* Progresses until kv_ucx_peer_pending(peer) == 0, at most `timeout_ms`.
+ * BT_ERR_TIMEOUT when time ran out, the peer's error if it failed. */
+bt_status_t kv_ucx_peer_wait(kv_ucx_peer_t *peer, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_KV_KV_TRANSPORT_H */

@@ -1,0 +1,1293 @@
+/*
+ * kv_transport_ucx.c - KV hand-off over UCX RMA (see kv_transport.h for
+ * the protocol, the descriptor contents and the ordering argument).
+ *
+ * Descriptor wire format, little-endian, every field fixed-width:
+ *   off  size
+ *     0     4  magic "BTKV"
+ *     4     1  version (KV_UCX_DESC_VERSION)
+ *     5     1  memory type (kv_ucx_mem_type_t)
+ *     6     2  reserved, 0
+ *     8     4  total length in bytes (== the buffer length)
+ *    12     4  reserved, 0
+ *    16     8  pool id (random per registration)
+ *    24    24  layout: n_layers, n_blocks, block_size, n_kv_heads,
+ *              head_dim, elem_size (u32 each)
+ *    48     4  n_slots          52  4  slot region index
+ *    56     8  slot offset inside that region (8-aligned)
+ *    64     4  n_regions        68  4  worker address length
+ *    72        regions: n_regions x { base u64, length u64, rkey_len u32,
+ *              rkey bytes }
+ *              layers: n_layers x { k_region u32, k_offset u64,
+ *              v_region u32, v_offset u64 }
+ *              worker address bytes
+ *   end-8   8  FNV-1a 64 of every byte before it
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "kv/kv_transport.h"
+
+#define KV_UCX_SUBSYS "KV"
+#define KV_UCX_MAGIC "BTKV"
+#define KV_UCX_HDR_BYTES 72
+#define KV_UCX_REGION_HDR 20 /* base, length, rkey_len */
+#define KV_UCX_LAYER_BYTES 24
+#define KV_UCX_MAX_LAYERS 4096
+#define KV_UCX_MAX_BLOCKS (1 << 24)
+#define KV_UCX_MAX_SLOTS (1 << 24)
+#define KV_UCX_MAX_RKEY 65536
+#define KV_UCX_MAX_ADDR 65536
+#define KV_UCX_CLOSE_MS 2000
+
+/* Converts a UCX status at the boundary: logs once and evaluates to a
+ * bt_status_t (BT_OK for UCS_OK). */
+#define KV_UCX_CHECK(_call, _what)                                          \
+    kv_ucx_status_from((_call), (_what), __FILE__, __LINE__, __func__)
+
+static bt_status_t kv_ucx_status_from(ucs_status_t ucs, const char *what,
+                                      const char *file, int line,
+                                      const char *func)
+{
+    if (ucs == UCS_OK)
+        return BT_OK;
+    return bt_error_record(BT_ERR_NET, KV_UCX_SUBSYS, file, line, func,
+                           "%s failed: %s", what, ucs_status_string(ucs));
+}
+
+// ----------------------------------------------------------------------------
+// Types
+
+typedef struct kv_ucx_commit_s kv_ucx_commit_t;
+
+struct kv_ucx_s {
+    ucp_context_h context;   /* UCX context (RMA [+ wakeup]) */
+    ucp_worker_h worker;     /* the one worker, progressed by the caller */
+    int efd;                 /* worker event fd, -1 without wakeup */
+    int n_pools;             /* live pools made from this context */
+    kv_ucx_peer_t *peers;    /* live peers (cache by pool id) */
+    kv_ucx_peer_t *zombies;  /* closed peers with callbacks still due */
+    kv_ucx_commit_t *ready;  /* commits whose current stage finished */
+    kv_ucx_commit_t *ready_tail; /* last of `ready` (FIFO) */
+};
+
+typedef struct {
+    uint64_t base;        /* remote virtual address of the region */
+    uint64_t length;      /* bytes */
+    const uint8_t *rkey;  /* packed rkey, points into the descriptor copy */
+    uint32_t rkey_len;    /* bytes of rkey */
+} kv_ucx_region_t;
+
+typedef struct {
+    uint32_t region;      /* index into regions */
+    uint64_t offset;      /* byte offset of the layer's array in it */
+} kv_ucx_ref_t;
+
+struct kv_ucx_desc_s {
+    uint8_t *buf;              /* (len) private copy of the bytes */
+    size_t len;                /* descriptor length */
+    uint64_t pool_id;          /* random identity of the pool */
+    kv_ucx_mem_type_t mem_type;/* memory type of the KV regions */
+    kv_layout_t layout;        /* remote pool layout */
+    size_t block_bytes;        /* bytes of one block of one layer's K */
+    size_t layer_bytes;        /* n_blocks * block_bytes */
+    int n_slots;               /* arrival slots */
+    kv_ucx_ref_t slots;        /* where arrival[0] lives */
+    int n_regions;             /* registered regions */
+    kv_ucx_region_t *regions;  /* (n_regions) */
+    kv_ucx_ref_t *k;           /* (n_layers) K array of each layer */
+    kv_ucx_ref_t *v;           /* (n_layers) V array of each layer */
+    const uint8_t *addr;       /* worker address, points into buf */
+    uint32_t addr_len;         /* bytes of addr */
+};
+
+struct kv_ucx_pool_s {
+    kv_ucx_t *ctx;             /* owner context */
+    kv_layout_t layout;        /* local pool layout */
+    int n_regions;             /* mapped regions (last: arrival slots) */
+    ucp_mem_h *memh;           /* (n_regions) */
+    uint64_t *arrival;         /* (n_slots) epoch per reservation slot */
+    int n_slots;               /* reservation slots */
+    uint8_t *desc;             /* (desc_len) serialized descriptor */
+    size_t desc_len;           /* bytes */
+};
+
+struct kv_ucx_peer_s {
+    kv_ucx_t *ctx;             /* owner context */
+    kv_ucx_desc_t *desc;       /* the remote pool */
+    ucp_ep_h ep;               /* endpoint to the decode worker */
+    ucp_rkey_h *rkeys;         /* (desc->n_regions) unpacked rkeys */
+    int refs;                  /* kv_ucx_connect references */
+    int pending;               /* puts + commits in flight */
+    bt_status_t status;        /* sticky endpoint error */
+    uint64_t n_puts;           /* puts issued (after coalescing) */
+    uint64_t n_bytes;          /* bytes put */
+    kv_ucx_peer_t *next;       /* ctx->peers / ctx->zombies list */
+};
+
+typedef enum {
+    KV_UCX_COMMIT_FLUSH_DATA = 0, /* flushing the reservation's data */
+    KV_UCX_COMMIT_PUT_EPOCH,      /* putting the epoch */
+    KV_UCX_COMMIT_FLUSH_EPOCH,    /* flushing the epoch */
+    KV_UCX_COMMIT_DONE
+} kv_ucx_commit_stage_t;
+
+struct kv_ucx_commit_s {
+    kv_ucx_peer_t *peer;          /* the peer (holds one pending count) */
+    int slot;                     /* reservation slot */
+    uint64_t epoch;               /* put source: must live until done */
+    kv_ucx_commit_stage_t stage;  /* stage in progress */
+    bt_status_t status;           /* first error */
+    kv_ucx_commit_cb_t cb;        /* user completion, may be NULL */
+    void *arg;                    /* for cb */
+    kv_ucx_commit_t *next;        /* ctx->ready list */
+};
+
+// ----------------------------------------------------------------------------
+// Little helpers
+
+static ucs_memory_type_t kv_ucx_mem_type(kv_ucx_mem_type_t t)
+{
+    return t == KV_UCX_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+}
+
+static uint64_t kv_ucx_fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static uint64_t kv_ucx_random_id(void)
+{
+    static uint64_t counter;
+    uint64_t z = bt_time_ns() ^ ((uint64_t)getpid() << 32) ^
+                 (++counter * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (z ^ (z >> 31)) | 1;
+}
+
+static void kv_ucx_put_u32(uint8_t **p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        *(*p)++ = (uint8_t)(v >> (8 * i));
+}
+
+static void kv_ucx_put_u64(uint8_t **p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        *(*p)++ = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t kv_ucx_get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+           (uint32_t)p[3] << 24;
+}
+
+static uint64_t kv_ucx_get_u64(const uint8_t *p)
+{
+    return (uint64_t)kv_ucx_get_u32(p) | (uint64_t)kv_ucx_get_u32(p + 4)
+                                             << 32;
+}
+
+/* Block and layer bytes of a layout, with range and overflow checks
+ * (the layout may come from the network). */
+static bool kv_ucx_layout_sizes(const kv_layout_t *l, size_t *block_p,
+                                size_t *layer_p)
+{
+    size_t b;
+    if (l->n_layers < 1 || l->n_layers > KV_UCX_MAX_LAYERS ||
+        l->n_blocks < 1 || l->n_blocks > KV_UCX_MAX_BLOCKS ||
+        l->block_size < 1 || l->block_size > 65536 || l->n_kv_heads < 1 ||
+        l->n_kv_heads > 65536 || l->head_dim < 1 || l->head_dim > 65536 ||
+        l->elem_size < 1 || l->elem_size > 8)
+        return false;
+    if (bt_mul_overflow_size((size_t)l->block_size, (size_t)l->n_kv_heads,
+                             &b) ||
+        bt_mul_overflow_size(b, (size_t)l->head_dim, &b) ||
+        bt_mul_overflow_size(b, l->elem_size, &b) ||
+        bt_mul_overflow_size(b, (size_t)l->n_blocks, layer_p))
+        return false;
+    *block_p = b;
+    return true;
+}
+
+// ----------------------------------------------------------------------------
+// Context
+
+void kv_ucx_config_init(kv_ucx_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->wakeup = true;
+}
+
+bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p)
+{
+    kv_ucx_config_t defaults;
+    ucp_config_t *config;
+    ucp_params_t params;
+    ucp_worker_params_t wparams;
+    bt_status_t status;
+    kv_ucx_t *ctx;
+
+    if (cfg == NULL) {
+        kv_ucx_config_init(&defaults);
+        cfg = &defaults;
+    }
+    ctx = bt_calloc(1, sizeof(*ctx), "kv_ucx");
+    if (ctx == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "kv_ucx context");
+    ctx->efd = -1;
+
+    status = KV_UCX_CHECK(ucp_config_read(NULL, NULL, &config),
+                          "ucp_config_read");
+    if (status != BT_OK)
+        goto err_free_ctx;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_RMA;
+    if (cfg->wakeup)
+        params.features |= UCP_FEATURE_WAKEUP;
+    status = KV_UCX_CHECK(ucp_init(&params, config, &ctx->context),
+                          "ucp_init");
+    ucp_config_release(config);
+    if (status != BT_OK)
+        goto err_free_ctx;
+
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = cfg->serialized ? UCS_THREAD_MODE_SERIALIZED
+                                          : UCS_THREAD_MODE_SINGLE;
+    status = KV_UCX_CHECK(
+        ucp_worker_create(ctx->context, &wparams, &ctx->worker),
+        "ucp_worker_create");
+    if (status != BT_OK)
+        goto err_cleanup_context;
+    if (cfg->wakeup) {
+        status = KV_UCX_CHECK(ucp_worker_get_efd(ctx->worker, &ctx->efd),
+                              "ucp_worker_get_efd");
+        if (status != BT_OK)
+            goto err_destroy_worker;
+    }
+    *ctx_p = ctx;
+    return BT_OK;
+
+err_destroy_worker:
+    ucp_worker_destroy(ctx->worker);
+err_cleanup_context:
+    ucp_cleanup(ctx->context);
+err_free_ctx:
+    bt_free(ctx);
+    return status;
+}
+
+static void kv_ucx_peer_free(kv_ucx_peer_t *peer);
+
+void kv_ucx_destroy(kv_ucx_t **ctx_p)
+{
+    kv_ucx_t *ctx = *ctx_p;
+    if (ctx == NULL)
+        return;
+    BT_ASSERT(ctx->n_pools == 0);
+    BT_ASSERT(ctx->peers == NULL);
+    ucp_worker_destroy(ctx->worker);
+    /* Zombie peers had callbacks outstanding when closed; the worker is
+     * gone now, so nothing can reach them any more. */
+    while (ctx->zombies != NULL) {
+        kv_ucx_peer_t *z = ctx->zombies;
+        ctx->zombies = z->next;
+        kv_ucx_peer_free(z);
+    }
+    ucp_cleanup(ctx->context);
+    bt_free(ctx);
+    *ctx_p = NULL;
+}
+
+static void kv_ucx_commit_advance(kv_ucx_commit_t *c);
+
+bool kv_ucx_progress(kv_ucx_t *ctx)
+{
+    bool any = false;
+    while (ucp_worker_progress(ctx->worker) != 0)
+        any = true;
+    while (ctx->ready != NULL) {
+        kv_ucx_commit_t *c = ctx->ready;
+        ctx->ready = c->next;
+        if (ctx->ready == NULL)
+            ctx->ready_tail = NULL;
+        c->next = NULL;
+        kv_ucx_commit_advance(c);
+        any = true;
+    }
+    return any;
+}
+
+int kv_ucx_event_fd(const kv_ucx_t *ctx)
+{
+    return ctx->efd;
+}
+
+bt_status_t kv_ucx_arm(kv_ucx_t *ctx)
+{
+    ucs_status_t ucs;
+    if (ctx->efd < 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_arm without wakeup");
+    if (ctx->ready != NULL)
+        return BT_IN_PROGRESS;
+    ucs = ucp_worker_arm(ctx->worker);
+    if (ucs == UCS_ERR_BUSY)
+        return BT_IN_PROGRESS;
+    return KV_UCX_CHECK(ucs, "ucp_worker_arm");
+}
+
+bt_status_t kv_ucx_wait(kv_ucx_t *ctx, int timeout_ms)
+{
+    struct pollfd pfd;
+    bt_status_t status;
+    int ret;
+
+    if (kv_ucx_progress(ctx) || timeout_ms <= 0)
+        return BT_OK;
+    if (ctx->efd < 0) {
+        /* No event fd: a short sleep bounds the spin. */
+        struct timespec ts = { 0, 200 * 1000 };
+        nanosleep(&ts, NULL);
+        return BT_OK;
+    }
+    status = kv_ucx_arm(ctx);
+    if (status != BT_OK)
+        return status == BT_IN_PROGRESS ? BT_OK : status;
+    pfd.fd = ctx->efd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    ret = poll(&pfd, 1, timeout_ms);
+    if (ret < 0 && errno != EINTR)
+        return BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS, "poll: %s",
+                        strerror(errno));
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Decode side: registration and the descriptor
+
+typedef struct {
+    uintptr_t start;  /* first byte */
+    size_t len;       /* bytes */
+} kv_ucx_span_t;
+
+static int kv_ucx_span_cmp(const void *a, const void *b)
+{
+    const kv_ucx_span_t *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Finds the region holding [p, p+len) among `n` sorted spans. */
+static bool kv_ucx_find_region(const kv_ucx_span_t *regs, int n,
+                               const void *p, size_t len,
+                               kv_ucx_ref_t *ref_p)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (int i = 0; i < n; i++) {
+        if (a >= regs[i].start && a - regs[i].start + len <= regs[i].len) {
+            ref_p->region = (uint32_t)i;
+            ref_p->offset = a - regs[i].start;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Merges the 2 * n_layers layer arrays into maximal contiguous spans,
+ * followed by one span for the arrival slots.  Returns the span count in
+ * *n_p and a bt_malloc'ed array. */
+static bt_status_t kv_ucx_pool_spans(const kv_layout_t *layout,
+                                     size_t layer_bytes,
+                                     void *const *k_layers,
+                                     void *const *v_layers,
+                                     const uint64_t *arrival, int n_slots,
+                                     kv_ucx_span_t **spans_p, int *n_p)
+{
+    int n_arrays = 2 * layout->n_layers, n = 0;
+    kv_ucx_span_t *all;
+
+    all = bt_calloc((size_t)n_arrays + 1, sizeof(*all), "kv_ucx_spans");
+    if (all == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "spans");
+    for (int l = 0; l < layout->n_layers; l++) {
+        if (k_layers[l] == NULL || v_layers[l] == NULL) {
+            bt_free(all);
+            return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                            "layer %d has a NULL K or V base", l);
+        }
+        all[2 * l].start = (uintptr_t)k_layers[l];
+        all[2 * l].len = layer_bytes;
+        all[2 * l + 1].start = (uintptr_t)v_layers[l];
+        all[2 * l + 1].len = layer_bytes;
+    }
+    qsort(all, (size_t)n_arrays, sizeof(*all), kv_ucx_span_cmp);
+    for (int i = 0; i < n_arrays; i++) {
+        if (n > 0 && all[i].start < all[n - 1].start + all[n - 1].len) {
+            bt_free(all);
+            return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                            "KV layer arrays overlap");
+        }
+        if (n > 0 && all[i].start == all[n - 1].start + all[n - 1].len)
+            all[n - 1].len += all[i].len;
+        else
+            all[n++] = all[i];
+    }
+    all[n].start = (uintptr_t)arrival;
+    all[n].len = (size_t)n_slots * sizeof(uint64_t);
+    n++;
+    *spans_p = all;
+    *n_p = n;
+    return BT_OK;
+}
+
+bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
+                                 void *const *k_layers,
+                                 void *const *v_layers,
+                                 kv_ucx_mem_type_t mem_type, int n_slots,
+                                 kv_ucx_pool_t **pool_p)
+{
+    size_t block_bytes, layer_bytes, rkey_total = 0, len;
+    kv_ucx_span_t *spans = NULL;
+    void **rkeys = NULL;
+    size_t *rkey_lens = NULL;
+    ucp_address_t *addr = NULL;
+    size_t addr_len = 0;
+    kv_ucx_pool_t *pool;
+    bt_status_t status;
+    uint8_t *p;
+    int n_spans = 0, mapped = 0;
+
+    if (!kv_ucx_layout_sizes(layout, &block_bytes, &layer_bytes))
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "invalid KV layout");
+    if (n_slots < 1 || n_slots > KV_UCX_MAX_SLOTS)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "n_slots %d out of range", n_slots);
+    pool = bt_calloc(1, sizeof(*pool), "kv_ucx_pool");
+    if (pool == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "pool");
+    pool->ctx = ctx;
+    pool->layout = *layout;
+    pool->n_slots = n_slots;
+    pool->arrival = bt_malloc_aligned((size_t)n_slots * sizeof(uint64_t),
+                                      "kv_ucx_arrival");
+    if (pool->arrival == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "arrival");
+        goto err_free_pool;
+    }
+    memset(pool->arrival, 0, (size_t)n_slots * sizeof(uint64_t));
+
+    status = kv_ucx_pool_spans(layout, layer_bytes, k_layers, v_layers,
+                               pool->arrival, n_slots, &spans, &n_spans);
+    if (status != BT_OK)
+        goto err_free_arrival;
+    pool->memh = bt_calloc((size_t)n_spans, sizeof(*pool->memh),
+                           "kv_ucx_memh");
+    rkeys = bt_calloc((size_t)n_spans, sizeof(*rkeys), "kv_ucx_rkeys");
+    rkey_lens = bt_calloc((size_t)n_spans, sizeof(*rkey_lens),
+                          "kv_ucx_rkeys");
+    if (pool->memh == NULL || rkeys == NULL || rkey_lens == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "memh");
+        goto err_free_arrays;
+    }
+    for (mapped = 0; mapped < n_spans; mapped++) {
+        ucp_mem_map_params_t mp;
+        bool is_slots = mapped == n_spans - 1;
+        memset(&mp, 0, sizeof(mp));
+        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                        UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.address = (void *)spans[mapped].start;
+        mp.length = spans[mapped].len;
+        mp.memory_type = is_slots ? UCS_MEMORY_TYPE_HOST
+                                  : kv_ucx_mem_type(mem_type);
+        status = KV_UCX_CHECK(
+            ucp_mem_map(ctx->context, &mp, &pool->memh[mapped]),
+            "ucp_mem_map");
+        if (status != BT_OK)
+            goto err_unmap;
+        status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, pool->memh[mapped],
+                                            &rkeys[mapped],
+                                            &rkey_lens[mapped]),
+                              "ucp_rkey_pack");
+        if (status != BT_OK) {
+            ucp_mem_unmap(ctx->context, pool->memh[mapped]);
+            goto err_unmap;
+        }
+        rkey_total += KV_UCX_REGION_HDR + rkey_lens[mapped];
+    }
+    pool->n_regions = n_spans;
+    status = KV_UCX_CHECK(ucp_worker_get_address(ctx->worker, &addr,
+                                                 &addr_len),
+                          "ucp_worker_get_address");
+    if (status != BT_OK)
+        goto err_unmap;
+
+    /* Serialize (format at the top of this file). */
+    len = KV_UCX_HDR_BYTES + rkey_total +
+          (size_t)layout->n_layers * KV_UCX_LAYER_BYTES + addr_len + 8;
+    pool->desc = bt_malloc(len, "kv_ucx_desc");
+    if (pool->desc == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "descriptor");
+        goto err_release_addr;
+    }
+    pool->desc_len = len;
+    p = pool->desc;
+    memcpy(p, KV_UCX_MAGIC, 4);
+    p += 4;
+    *p++ = KV_UCX_DESC_VERSION;
+    *p++ = (uint8_t)mem_type;
+    *p++ = 0;
+    *p++ = 0;
+    kv_ucx_put_u32(&p, (uint32_t)len);
+    kv_ucx_put_u32(&p, 0);
+    kv_ucx_put_u64(&p, kv_ucx_random_id());
+    kv_ucx_put_u32(&p, (uint32_t)layout->n_layers);
+    kv_ucx_put_u32(&p, (uint32_t)layout->n_blocks);
+    kv_ucx_put_u32(&p, (uint32_t)layout->block_size);
+    kv_ucx_put_u32(&p, (uint32_t)layout->n_kv_heads);
+    kv_ucx_put_u32(&p, (uint32_t)layout->head_dim);
+    kv_ucx_put_u32(&p, (uint32_t)layout->elem_size);
+    kv_ucx_put_u32(&p, (uint32_t)n_slots);
+    kv_ucx_put_u32(&p, (uint32_t)(n_spans - 1));
+    kv_ucx_put_u64(&p, 0);
+    kv_ucx_put_u32(&p, (uint32_t)n_spans);
+    kv_ucx_put_u32(&p, (uint32_t)addr_len);
+    for (int i = 0; i < n_spans; i++) {
+        kv_ucx_put_u64(&p, (uint64_t)spans[i].start);
+        kv_ucx_put_u64(&p, (uint64_t)spans[i].len);
+        kv_ucx_put_u32(&p, (uint32_t)rkey_lens[i]);
+        memcpy(p, rkeys[i], rkey_lens[i]);
+        p += rkey_lens[i];
+    }
+    for (int l = 0; l < layout->n_layers; l++) {
+        kv_ucx_ref_t k, v;
+        bool ok_k = kv_ucx_find_region(spans, n_spans - 1, k_layers[l],
+                                       layer_bytes, &k);
+        bool ok_v = kv_ucx_find_region(spans, n_spans - 1, v_layers[l],
+                                       layer_bytes, &v);
+        BT_ASSERT(ok_k && ok_v);
+        kv_ucx_put_u32(&p, k.region);
+        kv_ucx_put_u64(&p, k.offset);
+        kv_ucx_put_u32(&p, v.region);
+        kv_ucx_put_u64(&p, v.offset);
+    }
+    memcpy(p, addr, addr_len);
+    p += addr_len;
+    kv_ucx_put_u64(&p, kv_ucx_fnv1a(pool->desc, len - 8));
+    BT_ASSERT((size_t)(p - pool->desc) == len);
+
+    ucp_worker_release_address(ctx->worker, addr);
+    for (int i = 0; i < n_spans; i++)
+        ucp_rkey_buffer_release(rkeys[i]);
+    bt_free(rkeys);
+    bt_free(rkey_lens);
+    BT_LOG_INFO(KV_UCX_SUBSYS,
+                "registered KV pool: %d layers x %d blocks x %zu B, %d "
+                "regions, %d slots, descriptor %zu B",
+                layout->n_layers, layout->n_blocks, block_bytes,
+                n_spans, n_slots, len);
+    bt_free(spans);
+    ctx->n_pools++;
+    *pool_p = pool;
+    return BT_OK;
+
+err_release_addr:
+    ucp_worker_release_address(ctx->worker, addr);
+err_unmap:
+    for (int i = 0; i < mapped; i++) {
+        ucp_rkey_buffer_release(rkeys[i]);
+        ucp_mem_unmap(ctx->context, pool->memh[i]);
+    }
+err_free_arrays:
+    bt_free(rkeys);
+    bt_free(rkey_lens);
+    bt_free(pool->memh);
+    bt_free(spans);
+err_free_arrival:
+    bt_free(pool->arrival);
+err_free_pool:
+    bt_free(pool);
+    return status;
+}
+
+void kv_ucx_pool_deregister(kv_ucx_pool_t **pool_p)
+{
+    kv_ucx_pool_t *pool = *pool_p;
+    if (pool == NULL)
+        return;
+    for (int i = 0; i < pool->n_regions; i++)
+        ucp_mem_unmap(pool->ctx->context, pool->memh[i]);
+    pool->ctx->n_pools--;
+    bt_free(pool->memh);
+    bt_free(pool->arrival);
+    bt_free(pool->desc);
+    bt_free(pool);
+    *pool_p = NULL;
+}
+
+const uint8_t *kv_ucx_pool_desc(const kv_ucx_pool_t *pool, size_t *len_p)
+{
+    *len_p = pool->desc_len;
+    return pool->desc;
+}
+
+bool kv_ucx_pool_has_arrived(const kv_ucx_pool_t *pool, int slot,
+                             uint64_t epoch)
+{
+    if (slot < 0 || slot >= pool->n_slots || epoch == 0)
+        return false;
+    /* Acquire: pairs with the flush before the epoch put (header). */
+    return __atomic_load_n(&pool->arrival[slot], __ATOMIC_ACQUIRE) == epoch;
+}
+
+uint64_t kv_ucx_pool_slot_value(const kv_ucx_pool_t *pool, int slot)
+{
+    if (slot < 0 || slot >= pool->n_slots)
+        return 0;
+    return __atomic_load_n(&pool->arrival[slot], __ATOMIC_ACQUIRE);
+}
+
+void kv_ucx_pool_slot_reset(kv_ucx_pool_t *pool, int slot)
+{
+    BT_ASSERT(slot >= 0 && slot < pool->n_slots);
+    __atomic_store_n(&pool->arrival[slot], 0, __ATOMIC_RELEASE);
+}
+
+// ----------------------------------------------------------------------------
+// Descriptor parsing: every byte is untrusted
+
+#define KV_UCX_BAD(...)                                                     \
+    BT_ERROR(BT_ERR_FORMAT, KV_UCX_SUBSYS, "KV descriptor: " __VA_ARGS__)
+
+/* Bytes left from offset `off` of a `len`-byte buffer. */
+static bool kv_ucx_has(size_t off, size_t len, size_t need)
+{
+    return off <= len && len - off >= need;
+}
+
+static bool kv_ucx_ref_ok(const kv_ucx_desc_t *d, const kv_ucx_ref_t *r,
+                          size_t bytes)
+{
+    const kv_ucx_region_t *reg;
+    if (r->region >= (uint32_t)d->n_regions)
+        return false;
+    reg = &d->regions[r->region];
+    return r->offset <= reg->length && reg->length - r->offset >= bytes;
+}
+
+bt_status_t kv_ucx_desc_parse(const void *buf, size_t len,
+                              kv_ucx_desc_t **desc_p)
+{
+    const uint8_t *b;
+    kv_ucx_desc_t *d;
+    bt_status_t status;
+    uint32_t n_regions, addr_len, v;
+    size_t off;
+
+    if (buf == NULL || len < KV_UCX_HDR_BYTES + 8)
+        return KV_UCX_BAD("%zu bytes is too short", len);
+    if (len > KV_UCX_DESC_MAX_BYTES)
+        return KV_UCX_BAD("%zu bytes is too long", len);
+    b = buf;
+    if (memcmp(b, KV_UCX_MAGIC, 4) != 0)
+        return KV_UCX_BAD("bad magic");
+    if (b[4] != KV_UCX_DESC_VERSION)
+        return KV_UCX_BAD("version %u, expected %u", b[4],
+                          KV_UCX_DESC_VERSION);
+    if (b[5] > KV_UCX_MEM_CUDA)
+        return KV_UCX_BAD("memory type %u", b[5]);
+    if (b[6] != 0 || b[7] != 0 || kv_ucx_get_u32(b + 12) != 0)
+        return KV_UCX_BAD("reserved bytes set");
+    if (kv_ucx_get_u32(b + 8) != len)
+        return KV_UCX_BAD("length field %u, have %zu bytes",
+                          kv_ucx_get_u32(b + 8), len);
+
+    d = bt_calloc(1, sizeof(*d), "kv_ucx_desc");
+    if (d == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "descriptor");
+    d->buf = bt_malloc(len, "kv_ucx_desc");
+    if (d->buf == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "descriptor");
+        goto err_free_desc;
+    }
+    memcpy(d->buf, buf, len);
+    b = d->buf;
+    d->len = len;
+    d->mem_type = (kv_ucx_mem_type_t)b[5];
+    d->pool_id = kv_ucx_get_u64(b + 16);
+
+    /* Layout: each u32 must fit an int before the range checks. */
+    for (int i = 0; i < 7; i++) {
+        if (kv_ucx_get_u32(b + 24 + 4 * i) > (uint32_t)KV_UCX_MAX_SLOTS) {
+            status = KV_UCX_BAD("layout field %d out of range", i);
+            goto err_free_buf;
+        }
+    }
+    d->layout.n_layers = (int)kv_ucx_get_u32(b + 24);
+    d->layout.n_blocks = (int)kv_ucx_get_u32(b + 28);
+    d->layout.block_size = (int)kv_ucx_get_u32(b + 32);
+    d->layout.n_kv_heads = (int)kv_ucx_get_u32(b + 36);
+    d->layout.head_dim = (int)kv_ucx_get_u32(b + 40);
+    d->layout.elem_size = kv_ucx_get_u32(b + 44);
+    if (!kv_ucx_layout_sizes(&d->layout, &d->block_bytes,
+                             &d->layer_bytes)) {
+        status = KV_UCX_BAD("invalid layout");
+        goto err_free_buf;
+    }
+    v = kv_ucx_get_u32(b + 48);
+    if (v < 1 || v > KV_UCX_MAX_SLOTS) {
+        status = KV_UCX_BAD("n_slots %u out of range", v);
+        goto err_free_buf;
+    }
+    d->n_slots = (int)v;
+    d->slots.region = kv_ucx_get_u32(b + 52);
+    d->slots.offset = kv_ucx_get_u64(b + 56);
+    n_regions = kv_ucx_get_u32(b + 64);
+    addr_len = kv_ucx_get_u32(b + 68);
+    if (n_regions < 2 ||
+        n_regions > 2 * (uint32_t)d->layout.n_layers + 1) {
+        status = KV_UCX_BAD("%u regions for %d layers", n_regions,
+                            d->layout.n_layers);
+        goto err_free_buf;
+    }
+    if (addr_len < 1 || addr_len > KV_UCX_MAX_ADDR) {
+        status = KV_UCX_BAD("worker address length %u", addr_len);
+        goto err_free_buf;
+    }
+    d->n_regions = (int)n_regions;
+    d->regions = bt_calloc(n_regions, sizeof(*d->regions),
+                           "kv_ucx_desc");
+    d->k = bt_calloc((size_t)d->layout.n_layers, sizeof(*d->k),
+                     "kv_ucx_desc");
+    d->v = bt_calloc((size_t)d->layout.n_layers, sizeof(*d->v),
+                     "kv_ucx_desc");
+    if (d->regions == NULL || d->k == NULL || d->v == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "descriptor");
+        goto err_free_arrays;
+    }
+
+    off = KV_UCX_HDR_BYTES;
+    for (uint32_t i = 0; i < n_regions; i++) {
+        kv_ucx_region_t *r = &d->regions[i];
+        if (!kv_ucx_has(off, len, KV_UCX_REGION_HDR)) {
+            status = KV_UCX_BAD("truncated in region %u", i);
+            goto err_free_arrays;
+        }
+        r->base = kv_ucx_get_u64(b + off);
+        r->length = kv_ucx_get_u64(b + off + 8);
+        r->rkey_len = kv_ucx_get_u32(b + off + 16);
+        off += KV_UCX_REGION_HDR;
+        if (r->length == 0 || r->base + r->length < r->base) {
+            status = KV_UCX_BAD("region %u: bad extent", i);
+            goto err_free_arrays;
+        }
+        if (r->rkey_len < 1 || r->rkey_len > KV_UCX_MAX_RKEY ||
+            !kv_ucx_has(off, len, r->rkey_len)) {
+            status = KV_UCX_BAD("region %u: rkey length %u", i, r->rkey_len);
+            goto err_free_arrays;
+        }
+        r->rkey = b + off;
+        off += r->rkey_len;
+    }
+    for (int l = 0; l < d->layout.n_layers; l++) {
+        if (!kv_ucx_has(off, len, KV_UCX_LAYER_BYTES)) {
+            status = KV_UCX_BAD("truncated in layer %d", l);
+            goto err_free_arrays;
+        }
+        d->k[l].region = kv_ucx_get_u32(b + off);
+        d->k[l].offset = kv_ucx_get_u64(b + off + 4);
+        d->v[l].region = kv_ucx_get_u32(b + off + 12);
+        d->v[l].offset = kv_ucx_get_u64(b + off + 16);
+        off += KV_UCX_LAYER_BYTES;
+        if (!kv_ucx_ref_ok(d, &d->k[l], d->layer_bytes) ||
+            !kv_ucx_ref_ok(d, &d->v[l], d->layer_bytes)) {
+            status = KV_UCX_BAD("layer %d outside its region", l);
+            goto err_free_arrays;
+        }
+    }
+    if (!kv_ucx_ref_ok(d, &d->slots, (size_t)d->n_slots * sizeof(uint64_t))
+        || (d->regions[d->slots.region].base + d->slots.offset) % 8 != 0) {
+        status = KV_UCX_BAD("arrival slots outside their region");
+        goto err_free_arrays;
+    }
+    if (!kv_ucx_has(off, len, (size_t)addr_len + 8) ||
+        len - off != (size_t)addr_len + 8) {
+        status = KV_UCX_BAD("worker address: %u bytes, %zu left", addr_len,
+                            len - off);
+        goto err_free_arrays;
+    }
+    d->addr = b + off;
+    d->addr_len = addr_len;
+    off += addr_len;
+    if (kv_ucx_get_u64(b + off) != kv_ucx_fnv1a(b, off)) {
+        status = KV_UCX_BAD("checksum mismatch");
+        goto err_free_arrays;
+    }
+    *desc_p = d;
+    return BT_OK;
+
+err_free_arrays:
+    bt_free(d->regions);
+    bt_free(d->k);
+    bt_free(d->v);
+err_free_buf:
+    bt_free(d->buf);
+err_free_desc:
+    bt_free(d);
+    return status;
+}
+
+void kv_ucx_desc_destroy(kv_ucx_desc_t **desc_p)
+{
+    kv_ucx_desc_t *d = *desc_p;
+    if (d == NULL)
+        return;
+    bt_free(d->regions);
+    bt_free(d->k);
+    bt_free(d->v);
+    bt_free(d->buf);
+    bt_free(d);
+    *desc_p = NULL;
+}
+
+const kv_layout_t *kv_ucx_desc_layout(const kv_ucx_desc_t *desc)
+{
+    return &desc->layout;
+}
+
+int kv_ucx_desc_n_slots(const kv_ucx_desc_t *desc)
+{
+    return desc->n_slots;
+}
+
+uint64_t kv_ucx_desc_pool_id(const kv_ucx_desc_t *desc)
+{
+    return desc->pool_id;
+}
+
+// ----------------------------------------------------------------------------
+// Prefill side: peers
+
+static void kv_ucx_ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t ucs)
+{
+    kv_ucx_peer_t *peer = arg;
+    if (peer->status == BT_OK)
+        peer->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
+                                "KV endpoint to pool %016llx failed: %s",
+                                (unsigned long long)peer->desc->pool_id,
+                                ucs_status_string(ucs));
+}
+
+static void kv_ucx_peer_free(kv_ucx_peer_t *peer)
+{
+    kv_ucx_desc_destroy(&peer->desc);
+    bt_free(peer->rkeys);
+    bt_free(peer);
+}
+
+bt_status_t kv_ucx_connect(kv_ucx_t *ctx, const void *desc, size_t len,
+                           kv_ucx_peer_t **peer_p)
+{
+    ucp_ep_params_t ep_params;
+    kv_ucx_desc_t *d = NULL;
+    kv_ucx_peer_t *peer;
+    bt_status_t status;
+    int unpacked = 0;
+
+    status = kv_ucx_desc_parse(desc, len, &d);
+    if (status != BT_OK)
+        return status;
+    for (peer = ctx->peers; peer != NULL; peer = peer->next) {
+        if (peer->desc->pool_id == d->pool_id && peer->desc->len == len &&
+            memcmp(peer->desc->buf, d->buf, len) == 0) {
+            kv_ucx_desc_destroy(&d);
+            peer->refs++;
+            *peer_p = peer;
+            return BT_OK;
+        }
+    }
+    peer = bt_calloc(1, sizeof(*peer), "kv_ucx_peer");
+    if (peer == NULL) {
+        kv_ucx_desc_destroy(&d);
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "peer");
+    }
+    peer->ctx = ctx;
+    peer->desc = d;
+    peer->refs = 1;
+    peer->rkeys = bt_calloc((size_t)d->n_regions, sizeof(*peer->rkeys),
+                            "kv_ucx_peer");
+    if (peer->rkeys == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "rkeys");
+        goto err_free_peer;
+    }
+    memset(&ep_params, 0, sizeof(ep_params));
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = (const ucp_address_t *)d->addr;
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = kv_ucx_ep_error_cb;
+    ep_params.err_handler.arg = peer;
+    status = KV_UCX_CHECK(ucp_ep_create(ctx->worker, &ep_params, &peer->ep),
+                          "ucp_ep_create");
+    if (status != BT_OK)
+        goto err_free_peer;
+    for (unpacked = 0; unpacked < d->n_regions; unpacked++) {
+        status = KV_UCX_CHECK(ucp_ep_rkey_unpack(peer->ep,
+                                                 d->regions[unpacked].rkey,
+                                                 &peer->rkeys[unpacked]),
+                              "ucp_ep_rkey_unpack");
+        if (status != BT_OK)
+            goto err_close_ep;
+    }
+    peer->next = ctx->peers;
+    ctx->peers = peer;
+    BT_LOG_DEBUG(KV_UCX_SUBSYS, "connected to KV pool %016llx",
+                 (unsigned long long)d->pool_id);
+    *peer_p = peer;
+    return BT_OK;
+
+err_close_ep:
+    for (int i = 0; i < unpacked; i++)
+        ucp_rkey_destroy(peer->rkeys[i]);
+    {
+        ucp_request_param_t prm;
+        void *req;
+        memset(&prm, 0, sizeof(prm));
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        req = ucp_ep_close_nbx(peer->ep, &prm);
+        if (UCS_PTR_IS_PTR(req))
+            ucp_request_free(req);
+    }
+err_free_peer:
+    kv_ucx_peer_free(peer);
+    return status;
+}
+
+void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
+{
+    kv_ucx_peer_t *peer = *peer_p, **pp;
+    ucp_request_param_t prm;
+    uint64_t deadline;
+    void *req;
+
+    if (peer == NULL)
+        return;
+    *peer_p = NULL;
+    if (--peer->refs > 0)
+        return;
+    for (pp = &peer->ctx->peers; *pp != peer; pp = &(*pp)->next)
+        BT_ASSERT(*pp != NULL);
+    *pp = peer->next;
+    peer->next = NULL;
+
+    if (peer->pending > 0 && peer->status == BT_OK &&
+        kv_ucx_peer_wait(peer, KV_UCX_CLOSE_MS) != BT_OK)
+        BT_LOG_WARN(KV_UCX_SUBSYS, "closing KV peer with %d operations "
+                    "in flight", peer->pending);
+    for (int i = 0; i < peer->desc->n_regions; i++)
+        ucp_rkey_destroy(peer->rkeys[i]);
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = peer->status == BT_OK && peer->pending == 0
+                    ? 0
+                    : UCP_EP_CLOSE_FLAG_FORCE;
+    req = ucp_ep_close_nbx(peer->ep, &prm);
+    if (UCS_PTR_IS_PTR(req)) {
+        deadline = bt_time_ns() + (uint64_t)KV_UCX_CLOSE_MS * 1000000;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+               bt_time_ns() < deadline)
+            kv_ucx_wait(peer->ctx, 10);
+        ucp_request_free(req);
+    }
+    deadline = bt_time_ns() + (uint64_t)KV_UCX_CLOSE_MS * 1000000;
+    while (peer->pending > 0 && bt_time_ns() < deadline)
+        kv_ucx_wait(peer->ctx, 10);
+    if (peer->pending > 0) {
+        /* Callbacks may still name this peer: keep it until the worker is
+         * destroyed. */
+        peer->next = peer->ctx->zombies;
+        peer->ctx->zombies = peer;
+        return;
+    }
+    kv_ucx_peer_free(peer);
+}
+
+const kv_ucx_desc_t *kv_ucx_peer_desc(const kv_ucx_peer_t *peer)
+{
+    return peer->desc;
+}
+
+int kv_ucx_peer_pending(const kv_ucx_peer_t *peer)
+{
+    return peer->pending;
+}
+
+uint64_t kv_ucx_peer_puts(const kv_ucx_peer_t *peer)
+{
+    return peer->n_puts;
+}
+
+uint64_t kv_ucx_peer_bytes(const kv_ucx_peer_t *peer)
+{
+    return peer->n_bytes;
+}
+
+bt_status_t kv_ucx_peer_status(const kv_ucx_peer_t *peer)
+{
+    return peer->status;
+}
+
+bt_status_t kv_ucx_peer_wait(kv_ucx_peer_t *peer, int timeout_ms)
+{
+    uint64_t deadline = bt_time_ns() + (uint64_t)timeout_ms * 1000000;
+    bt_status_t status;
+
+    for (;;) {
+        uint64_t now;
+        kv_ucx_progress(peer->ctx);
+        if (peer->pending == 0)
+            return peer->status;
+        now = bt_time_ns();
+        if (now >= deadline)
+            return BT_ERROR(BT_ERR_TIMEOUT, KV_UCX_SUBSYS,
+                            "KV peer: %d operations still in flight after "
+                            "%d ms", peer->pending, timeout_ms);
+        status = kv_ucx_wait(peer->ctx,
+                             (int)BT_MIN((deadline - now) / 1000000 + 1, 10));
+        if (status != BT_OK)
+            return status;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Prefill side: puts
+
+static void kv_ucx_put_done_cb(void *request, ucs_status_t ucs,
+                               void *user_data)
+{
+    kv_ucx_peer_t *peer = user_data;
+    if (ucs != UCS_OK && peer->status == BT_OK)
+        peer->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS, "KV put failed: %s",
+                                ucs_status_string(ucs));
+    peer->pending--;
+    ucp_request_free(request);
+}
+
+/* Issues one put; completion is counted in peer->pending. */
+static bt_status_t kv_ucx_put(kv_ucx_peer_t *peer, const void *src,
+                              size_t bytes, uint64_t raddr, ucp_rkey_h rkey,
+                              ucs_memory_type_t mem)
+{
+    ucp_request_param_t prm;
+    ucs_status_ptr_t req;
+
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    prm.cb.send = kv_ucx_put_done_cb;
+    prm.user_data = peer;
+    prm.memory_type = mem;
+    req = ucp_put_nbx(peer->ep, src, bytes, raddr, rkey, &prm);
+    peer->n_puts++;
+    peer->n_bytes += bytes;
+    if (req == NULL)
+        return BT_OK;
+    if (UCS_PTR_IS_ERR(req)) {
+        if (peer->status == BT_OK)
+            peer->status = KV_UCX_CHECK(UCS_PTR_STATUS(req), "ucp_put_nbx");
+        return peer->status;
+    }
+    peer->pending++;
+    return BT_OK;
+}
+
+bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
+                             const void *src_k, const void *src_v,
+                             const kv_layout_t *src_layout,
+                             kv_ucx_mem_type_t src_mem, const int *src_ids,
+                             const int *dst_ids, int n)
+{
+    const kv_ucx_desc_t *d = peer->desc;
+    const kv_layout_t *dl = &d->layout;
+    size_t bb = d->block_bytes;
+    ucs_memory_type_t mem = kv_ucx_mem_type(src_mem);
+    bt_status_t status;
+    int i, run;
+
+    if (peer->status != BT_OK)
+        return peer->status;
+    if (layer < 0 || layer >= dl->n_layers || n < 0 ||
+        (n > 0 && (src_k == NULL || src_v == NULL || src_ids == NULL ||
+                   dst_ids == NULL)))
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_put_layer: layer %d of %d, n %d", layer,
+                        dl->n_layers, n);
+    if (src_layout->block_size != dl->block_size ||
+        src_layout->n_kv_heads != dl->n_kv_heads ||
+        src_layout->head_dim != dl->head_dim ||
+        src_layout->elem_size != dl->elem_size)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "source block shape (%d x %d x %d x %zu B) differs "
+                        "from the remote pool's (%d x %d x %d x %zu B)",
+                        src_layout->block_size, src_layout->n_kv_heads,
+                        src_layout->head_dim, src_layout->elem_size,
+                        dl->block_size, dl->n_kv_heads, dl->head_dim,
+                        dl->elem_size);
+    for (i = 0; i < n; i++) {
+        if (src_ids[i] < 0 || src_ids[i] >= src_layout->n_blocks ||
+            dst_ids[i] < 0 || dst_ids[i] >= dl->n_blocks)
+            return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                            "block pair %d: %d -> %d out of range (%d, %d)",
+                            i, src_ids[i], dst_ids[i], src_layout->n_blocks,
+                            dl->n_blocks);
+    }
+    for (i = 0; i < n; i += run) {
+        uint64_t kbase = d->regions[d->k[layer].region].base +
+                         d->k[layer].offset;
+        uint64_t vbase = d->regions[d->v[layer].region].base +
+                         d->v[layer].offset;
+        size_t soff = (size_t)src_ids[i] * bb;
+        uint64_t doff = (uint64_t)dst_ids[i] * bb;
+        size_t bytes;
+
+        for (run = 1; i + run < n && src_ids[i + run] == src_ids[i] + run &&
+                      dst_ids[i + run] == dst_ids[i] + run;
+             run++)
+            ;
+        bytes = (size_t)run * bb;
+        status = kv_ucx_put(peer, (const uint8_t *)src_k + soff, bytes,
+                            kbase + doff, peer->rkeys[d->k[layer].region],
+                            mem);
+        if (status != BT_OK)
+            return status;
+        status = kv_ucx_put(peer, (const uint8_t *)src_v + soff, bytes,
+                            vbase + doff, peer->rkeys[d->v[layer].region],
+                            mem);
+        if (status != BT_OK)
+            return status;
+    }
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Prefill side: commits (flush -> put epoch -> flush)
+
+static void kv_ucx_commit_stage_cb(void *request, ucs_status_t ucs,
+                                   void *user_data)
+{
+    kv_ucx_commit_t *c = user_data;
+    kv_ucx_t *ctx = c->peer->ctx;
+
+    if (ucs != UCS_OK && c->status == BT_OK)
+        c->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
+                             "KV commit of slot %d epoch %llu failed: %s",
+                             c->slot, (unsigned long long)c->epoch,
+                             ucs_status_string(ucs));
+    ucp_request_free(request);
+    c->stage++;
+    /* Advance outside UCX's callback, in kv_ucx_progress. */
+    c->next = NULL;
+    if (ctx->ready_tail != NULL)
+        ctx->ready_tail->next = c;
+    else
+        ctx->ready = c;
+    ctx->ready_tail = c;
+}
+
+/* Starts the current stage of `c`; stages that complete at once are
+ * chained here; the last one reports to the user and frees `c`. */
+static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
+{
+    kv_ucx_peer_t *peer = c->peer;
+    const kv_ucx_desc_t *d = peer->desc;
+    ucp_request_param_t prm;
+    ucs_status_ptr_t req;
+
+    while (c->status == BT_OK && c->stage != KV_UCX_COMMIT_DONE) {
+        memset(&prm, 0, sizeof(prm));
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                           UCP_OP_ATTR_FIELD_USER_DATA;
+        prm.cb.send = kv_ucx_commit_stage_cb;
+        prm.user_data = c;
+        if (c->stage == KV_UCX_COMMIT_PUT_EPOCH) {
+            uint64_t raddr = d->regions[d->slots.region].base +
+                             d->slots.offset +
+                             (uint64_t)c->slot * sizeof(uint64_t);
+            prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+            prm.memory_type = UCS_MEMORY_TYPE_HOST;
+            req = ucp_put_nbx(peer->ep, &c->epoch, sizeof(c->epoch), raddr,
+                              peer->rkeys[d->slots.region], &prm);
+        } else {
+            req = ucp_ep_flush_nbx(peer->ep, &prm);
+        }
+        if (UCS_PTR_IS_PTR(req))
+            return; /* kv_ucx_commit_stage_cb continues */
+        if (UCS_PTR_IS_ERR(req))
+            c->status = KV_UCX_CHECK(UCS_PTR_STATUS(req),
+                                     "KV commit flush/put");
+        else
+            c->stage++;
+    }
+    if (c->status != BT_OK && peer->status == BT_OK)
+        peer->status = c->status;
+    peer->pending--;
+    if (c->cb != NULL)
+        c->cb(c->arg, c->slot, c->epoch, c->status);
+    bt_free(c);
+}
+
+bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
+                          kv_ucx_commit_cb_t cb, void *arg)
+{
+    kv_ucx_commit_t *c;
+
+    if (peer->status != BT_OK)
+        return peer->status;
+    if (slot < 0 || slot >= peer->desc->n_slots || epoch == 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_commit: slot %d of %d, epoch %llu", slot,
+                        peer->desc->n_slots, (unsigned long long)epoch);
+    c = bt_calloc(1, sizeof(*c), "kv_ucx_commit");
+    if (c == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "commit");
+    c->peer = peer;
+    c->slot = slot;
+    c->epoch = epoch;
+    c->stage = KV_UCX_COMMIT_FLUSH_DATA;
+    c->cb = cb;
+    c->arg = arg;
+    peer->pending++;
+    /* Always defer to kv_ucx_progress, so `cb` never runs inside this
+     * call (callers may hold state that the callback touches). */
+    c->stage = KV_UCX_COMMIT_FLUSH_DATA;
+    if (peer->ctx->ready_tail != NULL)
+        peer->ctx->ready_tail->next = c;
+    else
+        peer->ctx->ready = c;
+    peer->ctx->ready_tail = c;
+    return BT_OK;
+}
