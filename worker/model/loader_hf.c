@@ -239,6 +239,16 @@ bt_status_t model_hf_config_parse(const char *json, size_t len,
                               &cfg.tied_embeddings)) ||
         (status = hf_get_bool(root, "attention_bias", &cfg.qkv_bias)))
         goto out;
+    {
+        bool mlp_bias = false;
+        if ((status = hf_get_bool(root, "mlp_bias", &mlp_bias)))
+            goto out;
+        if (mlp_bias) {
+            status = BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL",
+                              "config.json: mlp_bias is not supported");
+            goto out;
+        }
+    }
     if (cfg.n_heads <= 0) {
         status = BT_ERROR(BT_ERR_FORMAT, "MODEL",
                           "config.json: num_attention_heads = %d is not > 0",
@@ -411,6 +421,12 @@ static bt_status_t hf_resolve_all(hf_loader_t *ld)
             return status;                                                  \
     } while (0)
 
+    /* Llama's attention_bias also adds an o_proj bias, which baton's
+     * layer struct does not carry: refuse rather than ignore it. */
+    if (hf_lookup(ld, "model.layers.0.self_attn.o_proj.bias") != NULL)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL",
+                        "%s: tensor model.layers.0.self_attn.o_proj.bias: "
+                        "o_proj biases are not supported", ld->dir);
     HF_T(&m->tok_embedding, c->vocab_size, dim, "model.embed_tokens.weight");
     for (int l = 0; l < c->n_layers; l++) {
         model_layer_t *ly = &m->layers[l];

@@ -1,0 +1,38 @@
+/*
+ * model_write.h - writes any loaded or synthesized model to disk, as a
+ * Hugging Face directory or a llama2.c v0 checkpoint.
+ *
+ * q/k rows are permuted between the RoPE layouts as needed: a Hugging Face
+ * directory always holds the half-split layout, a llama2.c file the
+ * adjacent-pair layout (the permutation llama2.c's export.py and the
+ * shared -hf directories use).
+ */
+#ifndef BT_WORKER_MODEL_MODEL_WRITE_H
+#define BT_WORKER_MODEL_MODEL_WRITE_H
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Writes config.json, generation_config.json and model.safetensors (all
+ * tensors converted to `dtype`, sorted by name, header padded to 8 bytes,
+ * as the Python safetensors library writes them) into `dir`, creating it
+ * if needed.  Returns BT_ERR_IO naming the file on failure. */
+bt_status_t model_write_hf(const model_t *model, const char *dir,
+                           model_dtype_t dtype);
+
+/* Whether the llama2.c v0 format can express the model; when it cannot,
+ * returns BT_ERR_UNSUPPORTED naming the reason (q/k/v biases, rope
+ * scaling, theta != 10000, eps != 1e-5, head_dim * n_heads != dim). */
+bt_status_t model_llama2c_check(const model_t *model);
+
+/* Writes a float32 llama2.c v0 checkpoint (shared classifier when the
+ * model's embeddings are tied), including the legacy RoPE tables. */
+bt_status_t model_write_llama2c(const model_t *model, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_MODEL_MODEL_WRITE_H */
