@@ -310,7 +310,7 @@ bt_status_t model_hf_config_parse(const char *json, size_t len,
         if (found)
             cfg.bos_id = n_bos > 0 ? bos[0] : -1;
         {
-            int ids[MODEL_MAX_EOS];
+            int ids[MODEL_MAX_EOS] = { 0 };
             int n_ids = 0;
             if ((status = hf_get_token_ids(gen, "eos_token_id", ids,
                                            MODEL_MAX_EOS, &n_ids, &found)))
