@@ -1,0 +1,412 @@
+/* test_cpu_ops.c - worker/cpu ops against naive double-precision
+ * references written here: matmul (every tile shape, tails, strides,
+ * bias, accumulate, row ranges), RMSNorm, RoPE (both layouts, linear and
+ * Llama 3 scaling), SwiGLU, paged attention (shuffled blocks, masks), and
+ * the thread pool.
+ *
+ * Tolerance (abs + rel, llm.c style): |got - ref| <= 1e-6 + 1e-5 * scale,
+ * where scale is the sum of |terms| of a reduction (matmul, attention) or
+ * |ref| for elementwise ops. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "bt_alloc.h"
+#include "bt_test.h"
+#include "bt_util.h"
+#include "cpu/cpu_int.h"
+
+static unsigned long long rng_state = 88172645463325252ull;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+static void fill(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand();
+}
+
+#define CHECK_CLOSE(_got, _ref, _scale, ...)                                \
+    do {                                                                    \
+        double _g = (_got), _r = (_ref);                                    \
+        if (!(fabs(_g - _r) <= 1e-6 + 1e-5 * (_scale))) {                   \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            BT_TEST_FAIL("got %.9g want %.9g (scale %g)", _g, _r,           \
+                         (double)(_scale));                                 \
+        }                                                                   \
+    } while (0)
+
+// ----------------------------------------------------------------------------
+
+static void check_matmul(int n_tok, int k, int n_out, int n0, int n1,
+                         bool bias_on, bool acc)
+{
+    int ldx = k + 3, ldo = n_out + 5;
+    float *x = malloc(sizeof(float) * n_tok * ldx);
+    float *w = malloc(sizeof(float) * n_out * k);
+    float *b = malloc(sizeof(float) * n_out);
+    float *out = malloc(sizeof(float) * n_tok * ldo);
+    float *out0 = malloc(sizeof(float) * n_tok * ldo);
+    float *outr = malloc(sizeof(float) * n_tok * ldo);
+
+    fill(x, (size_t)n_tok * ldx);
+    fill(w, (size_t)n_out * k);
+    fill(b, n_out);
+    fill(out0, (size_t)n_tok * ldo);
+    for (int pass = 0; pass < 2; pass++) {
+        memcpy(out, out0, sizeof(float) * n_tok * ldo);
+        if (pass == 0)
+            cpu__matmul(out, ldo, x, ldx, w, bias_on ? b : NULL, n_tok, k,
+                        n0, n1, acc);
+        else
+            cpu__matmul_ref(out, ldo, x, ldx, w, bias_on ? b : NULL, n_tok,
+                            k, n0, n1, acc);
+        for (int t = 0; t < n_tok; t++) {
+            for (int n = 0; n < ldo; n++) {
+                double ref = out0[t * ldo + n], scale = fabs(ref);
+
+                if (n >= n0 && n < n1) {
+                    double s = bias_on ? b[n] : 0.0;
+
+                    scale = bias_on ? fabs(b[n]) : 0.0;
+                    for (int j = 0; j < k; j++) {
+                        s += (double)x[t * ldx + j] * w[n * k + j];
+                        scale += fabs((double)x[t * ldx + j] * w[n * k + j]);
+                    }
+                    if (acc) {
+                        scale += fabs(ref);
+                        ref += s;
+                    } else {
+                        ref = s;
+                    }
+                }
+                CHECK_CLOSE(out[t * ldo + n], ref, scale,
+                            "matmul pass %d T=%d K=%d N=%d [%d,%d) bias %d "
+                            "acc %d at t=%d n=%d\n", pass, n_tok, k, n_out,
+                            n0, n1, bias_on, acc, t, n);
+            }
+        }
+    }
+    free(x); free(w); free(b); free(out); free(out0); free(outr);
+}
+
+static void test_matmul(void)
+{
+    static const int toks[] = { 1, 2, 3, 4, 5, 7, 32, 33 };
+    static const int ks[] = { 1, 5, 8, 16, 64, 172, 173 };
+    static const int ns[] = { 1, 3, 4, 7, 8, 9, 17, 64, 172 };
+    int cases = 0;
+
+    for (size_t a = 0; a < BT_ARRAY_SIZE(toks); a++)
+        for (size_t b = 0; b < BT_ARRAY_SIZE(ks); b++)
+            for (size_t c = 0; c < BT_ARRAY_SIZE(ns); c++) {
+                int n = ns[c];
+
+                check_matmul(toks[a], ks[b], n, 0, n, (a + c) % 2, false);
+                check_matmul(toks[a], ks[b], n, n / 3, n - n / 4, c % 2,
+                             true);
+                cases += 2;
+            }
+    fprintf(stderr, "matmul: %d shapes (avx2 kernel: %s)\n", cases,
+            cpu__have_avx2() ? "yes" : "no");
+    BT_TEST_PASS("matmul");
+}
+
+// ----------------------------------------------------------------------------
+
+static void test_rmsnorm_embed_swiglu(void)
+{
+    static const int dims[] = { 1, 7, 64, 100, 4096 };
+
+    for (size_t d = 0; d < BT_ARRAY_SIZE(dims); d++) {
+        int dim = dims[d];
+        float *x = malloc(sizeof(float) * dim), *w = malloc(sizeof(float) *
+                                                           dim);
+        float *o = malloc(sizeof(float) * dim);
+        double ss = 0;
+
+        fill(x, dim);
+        fill(w, dim);
+        for (int j = 0; j < dim; j++)
+            ss += (double)x[j] * x[j];
+        cpu__rmsnorm(o, x, w, dim, 1e-5f);
+        for (int j = 0; j < dim; j++) {
+            double ref = w[j] * x[j] / sqrt(ss / dim + 1e-5);
+
+            CHECK_CLOSE(o[j], ref, fabs(ref), "rmsnorm dim %d j %d\n", dim,
+                        j);
+        }
+        cpu__rmsnorm(x, x, w, dim, 1e-5f); /* in place */
+        for (int j = 0; j < dim; j++)
+            BT_ASSERT_NEAR(x[j], o[j], 0);
+        free(x); free(w); free(o);
+    }
+
+    {
+        float table[4 * 3], out[3];
+
+        fill(table, 12);
+        cpu__embed(out, table, 3, 2);
+        for (int j = 0; j < 3; j++)
+            BT_ASSERT_NEAR(out[j], table[6 + j], 0);
+    }
+
+    {
+        enum { N = 257 };
+        float gu[2 * N], out[N];
+
+        fill(gu, 2 * N);
+        for (int i = 0; i < 2 * N; i++)
+            gu[i] *= 8.0f;
+        cpu__swiglu(out, gu, N);
+        for (int i = 0; i < N; i++) {
+            double g = gu[2 * i], ref = g / (1.0 + exp(-g)) * gu[2 * i + 1];
+
+            CHECK_CLOSE(out[i], ref, fabs(ref), "swiglu %d\n", i);
+        }
+    }
+    BT_TEST_PASS("rmsnorm_embed_swiglu");
+}
+
+// ----------------------------------------------------------------------------
+
+/* transformers' _compute_llama3_parameters, in double. */
+static double llama3_freq(double f, double factor, double low, double high,
+                          double old_len)
+{
+    double wavelen = 2 * M_PI / f;
+    double low_wl = old_len / low, high_wl = old_len / high;
+
+    if (wavelen < high_wl)
+        return f;
+    if (wavelen > low_wl)
+        return f / factor;
+    double smooth = (old_len / wavelen - low) / (high - low);
+    return (1 - smooth) * f / factor + smooth * f;
+}
+
+static void test_rope(void)
+{
+    model_config_t c;
+    enum { HD = 128, NH = 3 };
+    float inv[HD / 2], cs[HD / 2], sn[HD / 2];
+    float v[NH * HD], orig[NH * HD];
+
+    memset(&c, 0, sizeof(c));
+    c.head_dim = HD;
+    c.rope_theta = 500000.0f;
+    for (int scaling = 0; scaling < 3; scaling++) {
+        c.rope_scaling = (model_rope_scaling_t)scaling;
+        c.rope_factor = 8.0f;
+        c.rope_low_freq_factor = 1.0f;
+        c.rope_high_freq_factor = 4.0f;
+        c.rope_orig_max_pos = 8192;
+        cpu__rope_inv_freq(&c, inv);
+        for (int i = 0; i < HD / 2; i++) {
+            double f = 1.0 / pow(500000.0, 2.0 * i / HD);
+
+            if (scaling == MODEL_ROPE_SCALING_LINEAR)
+                f /= 8.0;
+            else if (scaling == MODEL_ROPE_SCALING_LLAMA3)
+                f = llama3_freq(f, 8.0, 1.0, 4.0, 8192.0);
+            CHECK_CLOSE(inv[i], f, 10 * f, "inv_freq scaling %d i %d\n",
+                        scaling, i);
+        }
+        if (scaling == MODEL_ROPE_SCALING_LLAMA3) {
+            /* highest frequency kept, lowest divided by the factor */
+            BT_ASSERT_NEAR(inv[0], 1.0, 0);
+            BT_ASSERT_NEAR(inv[HD / 2 - 1] * 8.0,
+                           1.0 / pow(500000.0, (HD - 2.0) / HD), 1e-9);
+        }
+        for (int layout = 0; layout < 2; layout++) {
+            int pos = 37 + 1000 * scaling;
+
+            fill(orig, NH * HD);
+            memcpy(v, orig, sizeof(v));
+            cpu__rope_cos_sin(pos, inv, HD / 2, cs, sn);
+            cpu__rope_apply(v, NH, HD, (model_rope_layout_t)layout, cs, sn);
+            for (int h = 0; h < NH; h++) {
+                for (int i = 0; i < HD / 2; i++) {
+                    int a = layout == 0 ? 2 * i : i;
+                    int b = layout == 0 ? 2 * i + 1 : i + HD / 2;
+                    /* the angle is a float product, as in llama2.c and
+                     * transformers; only cos/sin are checked here */
+                    double ang = (float)pos * inv[i];
+                    double x0 = orig[h * HD + a], x1 = orig[h * HD + b];
+                    double r0 = x0 * cos(ang) - x1 * sin(ang);
+                    double r1 = x0 * sin(ang) + x1 * cos(ang);
+
+                    CHECK_CLOSE(v[h * HD + a], r0, 1.0, "rope %d/%d\n",
+                                scaling, layout);
+                    CHECK_CLOSE(v[h * HD + b], r1, 1.0, "rope %d/%d\n",
+                                scaling, layout);
+                }
+            }
+        }
+    }
+    BT_TEST_PASS("rope");
+}
+
+// ----------------------------------------------------------------------------
+
+static void check_attention(int bs, int n_kv, int hd, int ctx_len, int n_new,
+                            bool use_mask)
+{
+    int n_slots = ctx_len + n_new;
+    int n_blocks_seq = (n_slots + bs - 1) / bs;
+    int n_blocks = n_blocks_seq + 3;
+    int kv_row = n_kv * hd;
+    float *kc = malloc(sizeof(float) * n_blocks * bs * kv_row);
+    float *vc = malloc(sizeof(float) * n_blocks * bs * kv_row);
+    float *q = malloc(sizeof(float) * hd), *out = malloc(sizeof(float) * hd);
+    float *scores = malloc(sizeof(float) * n_slots);
+    double *p = malloc(sizeof(double) * n_slots);
+    int *table = malloc(sizeof(int) * n_blocks_seq);
+    uint8_t *mask = malloc((size_t)n_new * n_new);
+    cpu_attn_seq_t s;
+
+    fill(kc, (size_t)n_blocks * bs * kv_row);
+    fill(vc, (size_t)n_blocks * bs * kv_row);
+    /* a shuffled block table into a pool larger than the sequence */
+    for (int i = 0; i < n_blocks_seq; i++)
+        table[i] = n_blocks - 1 - i;
+    for (int i = n_blocks_seq - 1; i > 0; i--) {
+        int j = (int)(rng_state % (unsigned)(i + 1)), t;
+
+        frand();
+        t = table[i]; table[i] = table[j]; table[j] = t;
+    }
+    for (int i = 0; i < n_new * n_new; i++)
+        mask[i] = (rng_state >> 20) & 1, frand();
+    s = (cpu_attn_seq_t){ kc, vc, table, bs, kv_row, hd, ctx_len, n_new };
+
+    for (int kvh = 0; kvh < n_kv; kvh++) {
+        for (int i = 0; i < n_new; i++) {
+            const uint8_t *mrow = use_mask ? mask + i * n_new : NULL;
+            double max = -INFINITY, sum = 0;
+
+            fill(q, hd);
+            for (int t = 0; t < hd; t++)
+                q[t] *= 3.0f;
+            cpu__attention_row(out, q, &s, kvh, i, mrow, scores);
+            for (int slot = 0; slot < n_slots; slot++) {
+                int j = slot - ctx_len;
+                bool vis = slot < ctx_len ||
+                           (mrow != NULL ? mrow[j] != 0 : j <= i);
+                const float *k = kc + ((size_t)table[slot / bs] * bs +
+                                       slot % bs) * kv_row + kvh * hd;
+                double d = 0;
+
+                for (int t = 0; t < hd; t++)
+                    d += (double)q[t] * k[t];
+                p[slot] = vis ? d / sqrt(hd) : -INFINITY;
+                if (p[slot] > max)
+                    max = p[slot];
+            }
+            for (int slot = 0; slot < n_slots; slot++) {
+                p[slot] = p[slot] == -INFINITY ? 0 : exp(p[slot] - max);
+                sum += p[slot];
+            }
+            for (int t = 0; t < hd; t++) {
+                double ref = 0;
+
+                for (int slot = 0; slot < n_slots; slot++)
+                    ref += p[slot] / sum *
+                           vc[((size_t)table[slot / bs] * bs + slot % bs) *
+                              kv_row + kvh * hd + t];
+                if (sum == 0)
+                    ref = 0;
+                CHECK_CLOSE(out[t], ref, 1.0,
+                            "attention bs %d ctx %d new %d mask %d i %d\n",
+                            bs, ctx_len, n_new, use_mask, i);
+            }
+        }
+    }
+    free(kc); free(vc); free(q); free(out); free(scores); free(p);
+    free(table); free(mask);
+}
+
+static void test_attention(void)
+{
+    static const int bss[] = { 1, 3, 16 };
+    static const int ctxs[] = { 0, 1, 15, 16, 17, 50 };
+    static const int news[] = { 1, 2, 7 };
+
+    for (size_t a = 0; a < BT_ARRAY_SIZE(bss); a++)
+        for (size_t b = 0; b < BT_ARRAY_SIZE(ctxs); b++)
+            for (size_t c = 0; c < BT_ARRAY_SIZE(news); c++)
+                for (int m = 0; m < 2; m++)
+                    check_attention(bss[a], 2, a == 1 ? 16 : 8, ctxs[b],
+                                    news[c], m);
+    check_attention(16, 1, 128, 300, 5, false);
+    BT_TEST_PASS("attention");
+}
+
+// ----------------------------------------------------------------------------
+
+typedef struct {
+    atomic_int calls[8];
+    atomic_long sum;
+} pool_probe_t;
+
+static void pool_task(void *arg, int ith, int nth)
+{
+    pool_probe_t *p = arg;
+
+    atomic_fetch_add(&p->calls[ith], 1);
+    atomic_fetch_add(&p->sum, (long)nth * 100 + ith);
+}
+
+static void test_pool(void)
+{
+    for (int size = 1; size <= 4; size++) {
+        cpu_pool_t *pool = NULL;
+        pool_probe_t probe;
+        long want = 0;
+
+        BT_ASSERT_OK(cpu__pool_create(size, &pool));
+        BT_ASSERT_EQ(cpu__pool_size(pool), size);
+        memset(&probe, 0, sizeof(probe));
+        for (int iter = 0; iter < 3000; iter++) {
+            int nth = 1 + iter % 5; /* sometimes more than the pool */
+            int eff = nth > size ? size : nth;
+
+            cpu__pool_run(pool, nth, pool_task, &probe);
+            for (int i = 0; i < eff; i++)
+                want += (long)eff * 100 + i;
+        }
+        BT_ASSERT_EQ(atomic_load(&probe.sum), want);
+        cpu__pool_destroy(&pool);
+        BT_CHECK(pool == NULL);
+    }
+    {
+        cpu_pool_t *pool = NULL;
+
+        BT_ASSERT_OK(cpu__pool_create(0, &pool)); /* all cores */
+        BT_CHECK(cpu__pool_size(pool) >= 1);
+        cpu__pool_destroy(&pool);
+    }
+    BT_TEST_PASS("pool");
+}
+
+int main(void)
+{
+    size_t before = bt_alloc_live_count();
+
+    test_matmul();
+    cpu__matmul_force_portable(true);
+    test_matmul();
+    cpu__matmul_force_portable(false);
+    test_rmsnorm_embed_swiglu();
+    test_rope();
+    test_attention();
+    test_pool();
+    BT_ASSERT_EQ(bt_alloc_live_count(), before);
+    return 0;
+}

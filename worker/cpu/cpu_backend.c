@@ -1,0 +1,655 @@
+/*
+ * cpu_backend.c - the float32 CPU backend: weights, the paged KV pool and
+ * the batched forward pass (see backend.h for the attention semantics).
+ *
+ * create() converts every weight to float32 once (F32 tensors are used in
+ * place, straight from the model's mapping) and fuses wq/wk/wv into one
+ * matrix and w_gate/w_up into another (rows interleaved gate_i, up_i), so
+ * one weight-stationary pass over the normed activations computes all of
+ * them.  The forward pass flattens the batch into one (n_tok, dim) matrix:
+ * the matmuls see every token of every sequence at once, and only
+ * attention and the KV writes look at sequence boundaries.
+ *
+ * Threads: every op is split across the pool by a work estimate, so tiny
+ * ops (a 64-dim model at batch 1) stay on the calling thread and cost no
+ * synchronisation, while batches and big models use every core.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "backend_int.h"
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "cpu_int.h"
+
+/* Multiply-adds below which an op is not worth waking another thread for
+ * (a wake-up and join costs about a microsecond; measured on aidreams260K
+ * with bench-engine). */
+#define CPU_MIN_WORK_PER_THREAD 32768
+
+typedef struct {
+    const float *attn_norm; /* (dim) */
+    const float *wqkv;      /* (q_dim + 2 * kv_dim, dim) rows q, k, v */
+    const float *bqkv;      /* (q_dim + 2 * kv_dim) or NULL */
+    const float *wo;        /* (dim, q_dim) */
+    const float *ffn_norm;  /* (dim) */
+    const float *wgu;       /* (2 * hidden_dim, dim) rows gate_0, up_0, ... */
+    const float *w_down;    /* (dim, hidden_dim) */
+} cpu_layer_t;
+
+typedef struct {
+    model_config_t cfg;       /* the model's shape */
+    backend_config_t bcfg;    /* sizes this backend was created with */
+    int q_dim;                /* n_heads * head_dim */
+    int kv_dim;               /* n_kv_heads * head_dim */
+    int qkv_dim;              /* q_dim + 2 * kv_dim */
+    int max_ctx;              /* most slots one sequence can have */
+    const float *tok_emb;     /* (vocab, dim) */
+    const float *final_norm;  /* (dim) */
+    const float *cls;         /* (vocab, dim) */
+    cpu_layer_t *layers;      /* (n_layers) */
+    void **owned;             /* (n_owned) weight buffers we allocated */
+    int n_owned;
+    kv_layout_t kv_layout;    /* f32, (layers, blocks, bs, kv_heads, hd) */
+    float *k_cache;           /* (n_layers, n_blocks, bs, n_kv_heads, hd) */
+    float *v_cache;           /* (n_layers, n_blocks, bs, n_kv_heads, hd) */
+    float *inv_freq;          /* (head_dim / 2) RoPE frequencies */
+    cpu_pool_t *pool;
+
+    /* scratch for max_batch_tokens rows */
+    float *x;                 /* (max_tok, dim) residual stream */
+    float *xb;                /* (max_tok, dim) normed input of a block */
+    float *qkv;               /* (max_tok, qkv_dim) */
+    float *att;               /* (max_tok, q_dim) attention output */
+    float *gu;                /* (max_tok, 2 * hidden_dim) gate/up pairs */
+    float *hb;                /* (max_tok, hidden_dim) SwiGLU output */
+    float *rope_cos;          /* (max_tok, head_dim / 2) */
+    float *rope_sin;          /* (max_tok, head_dim / 2) */
+    int *tok_seq;             /* (max_tok) sequence of each batch token */
+    int *tok_idx;             /* (max_tok) index inside its sequence */
+    int *logit_tok;           /* (max_tok) batch token of each logits row */
+    cpu_attn_seq_t *attn_seqs;/* (max_seqs) per-sequence attention view */
+    float *scores;            /* (n_threads, max_ctx) attention scratch */
+} cpu_backend_t;
+
+// ----------------------------------------------------------------------------
+// parallel op wrappers
+
+/* Threads worth using for `work` multiply-adds. */
+static int cpu_nth(const cpu_backend_t *be, double work)
+{
+    int n = (int)(work / CPU_MIN_WORK_PER_THREAD);
+    int size = cpu__pool_size(be->pool);
+
+    return n < 1 ? 1 : n > size ? size : n;
+}
+
+typedef struct {
+    float *out;          /* (n_tok, ldo) */
+    int ldo;
+    const float *x;      /* (n_tok, ldx) */
+    int ldx;
+    const float *w;      /* (n_out, k) */
+    const float *bias;   /* (n_out) or NULL */
+    int n_tok;
+    int k;
+    int n_out;
+    bool accumulate;
+    float *swiglu_out;   /* (n_tok, n_out / 2) or NULL: apply SwiGLU */
+} cpu_matmul_job_t;
+
+static void cpu_matmul_task(void *arg, int ith, int nth)
+{
+    const cpu_matmul_job_t *j = arg;
+    int chunk = BT_DIV_UP(BT_DIV_UP(j->n_out, nth), 8) * 8;
+    int n0 = BT_MIN(ith * chunk, j->n_out);
+    int n1 = BT_MIN(n0 + chunk, j->n_out);
+
+    if (n0 >= n1)
+        return;
+    cpu__matmul(j->out, j->ldo, j->x, j->ldx, j->w, j->bias, j->n_tok, j->k,
+                n0, n1, j->accumulate);
+    if (j->swiglu_out != NULL) {
+        int half = j->n_out / 2;
+
+        for (int t = 0; t < j->n_tok; t++)
+            cpu__swiglu(j->swiglu_out + (size_t)t * half + n0 / 2,
+                        j->out + (size_t)t * j->ldo + n0, (n1 - n0) / 2);
+    }
+}
+
+static void cpu_matmul_run(cpu_backend_t *be, cpu_matmul_job_t *j)
+{
+    double work = (double)j->n_tok * j->n_out * j->k;
+
+    cpu__pool_run(be->pool, cpu_nth(be, work), cpu_matmul_task, j);
+}
+
+typedef struct {
+    cpu_backend_t *be;
+    const float *in;     /* (n_tok, dim) */
+    float *out;          /* (n_tok, dim) */
+    const float *weight; /* (dim) */
+    int n_tok;
+} cpu_norm_job_t;
+
+static void cpu_norm_task(void *arg, int ith, int nth)
+{
+    const cpu_norm_job_t *j = arg;
+    int dim = j->be->cfg.dim;
+    int t0 = (int)((long)j->n_tok * ith / nth);
+    int t1 = (int)((long)j->n_tok * (ith + 1) / nth);
+
+    for (int t = t0; t < t1; t++)
+        cpu__rmsnorm(j->out + (size_t)t * dim, j->in + (size_t)t * dim,
+                     j->weight, dim, j->be->cfg.rms_eps);
+}
+
+static void cpu_norm_run(cpu_backend_t *be, const float *in, float *out,
+                         const float *weight, int n_tok)
+{
+    cpu_norm_job_t j = { be, in, out, weight, n_tok };
+
+    cpu__pool_run(be->pool, cpu_nth(be, 4.0 * n_tok * be->cfg.dim),
+                  cpu_norm_task, &j);
+}
+
+typedef struct {
+    cpu_backend_t *be;
+    const backend_batch_t *batch;
+    int layer;
+    int n_tok;
+} cpu_layer_job_t;
+
+/* RoPE on q and k of each token, then K/V into the token's cache slot. */
+static void cpu_rope_kv_task(void *arg, int ith, int nth)
+{
+    const cpu_layer_job_t *j = arg;
+    cpu_backend_t *be = j->be;
+    const model_config_t *c = &be->cfg;
+    int half = c->head_dim / 2;
+    int t0 = (int)((long)j->n_tok * ith / nth);
+    int t1 = (int)((long)j->n_tok * (ith + 1) / nth);
+
+    for (int t = t0; t < t1; t++) {
+        const backend_seq_t *seq = &j->batch->seqs[be->tok_seq[t]];
+        float *q = be->qkv + (size_t)t * be->qkv_dim;
+        float *k = q + be->q_dim;
+        float *v = k + be->kv_dim;
+        int slot = seq->ctx_len + be->tok_idx[t];
+        int block = seq->block_table[slot / be->bcfg.block_size];
+        size_t off = kv_layout_offset(&be->kv_layout, j->layer, block,
+                                      slot % be->bcfg.block_size);
+
+        cpu__rope_apply(q, c->n_heads, c->head_dim, c->rope_layout,
+                        be->rope_cos + (size_t)t * half,
+                        be->rope_sin + (size_t)t * half);
+        cpu__rope_apply(k, c->n_kv_heads, c->head_dim, c->rope_layout,
+                        be->rope_cos + (size_t)t * half,
+                        be->rope_sin + (size_t)t * half);
+        memcpy(be->k_cache + off, k, (size_t)be->kv_dim * sizeof(float));
+        memcpy(be->v_cache + off, v, (size_t)be->kv_dim * sizeof(float));
+    }
+}
+
+/* Attention for a contiguous range of (token, query head) rows. */
+static void cpu_attention_task(void *arg, int ith, int nth)
+{
+    const cpu_layer_job_t *j = arg;
+    cpu_backend_t *be = j->be;
+    const model_config_t *c = &be->cfg;
+    long n_rows = (long)j->n_tok * c->n_heads;
+    long r0 = n_rows * ith / nth;
+    long r1 = n_rows * (ith + 1) / nth;
+    int group = c->n_heads / c->n_kv_heads;
+    float *scores = be->scores + (size_t)ith * be->max_ctx;
+
+    for (long r = r0; r < r1; r++) {
+        int t = (int)(r / c->n_heads);
+        int h = (int)(r % c->n_heads);
+        int s = be->tok_seq[t];
+        int i = be->tok_idx[t];
+        const backend_seq_t *seq = &j->batch->seqs[s];
+        const uint8_t *mask = seq->mask != NULL ?
+            seq->mask + (size_t)i * seq->n_tokens : NULL;
+
+        cpu__attention_row(be->att + (size_t)t * be->q_dim +
+                               (size_t)h * c->head_dim,
+                           be->qkv + (size_t)t * be->qkv_dim +
+                               (size_t)h * c->head_dim,
+                           &be->attn_seqs[s], h / group, i, mask, scores);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
+                               float *logits, float *hidden)
+{
+    cpu_backend_t *be = impl;
+    const model_config_t *c = &be->cfg;
+    int dim = c->dim;
+    int half = c->head_dim / 2;
+    int n_tok = 0, n_rows = 0;
+    double attn_work = 0;
+
+    /* flatten the batch; RoPE angles once per token for every layer */
+    for (int s = 0; s < batch->n_seqs; s++) {
+        const backend_seq_t *seq = &batch->seqs[s];
+
+        for (int i = 0; i < seq->n_tokens; i++, n_tok++) {
+            int pos = seq->positions != NULL ? seq->positions[i]
+                                             : seq->ctx_len + i;
+
+            be->tok_seq[n_tok] = s;
+            be->tok_idx[n_tok] = i;
+            cpu__embed(be->x + (size_t)n_tok * dim, be->tok_emb, dim,
+                       seq->tokens[i]);
+            cpu__rope_cos_sin(pos, be->inv_freq, half,
+                              be->rope_cos + (size_t)n_tok * half,
+                              be->rope_sin + (size_t)n_tok * half);
+            if (i >= seq->n_tokens - seq->n_logits)
+                be->logit_tok[n_rows++] = n_tok;
+        }
+        attn_work += (double)seq->n_tokens *
+                     (seq->ctx_len + seq->n_tokens) * 2.0 * be->q_dim;
+    }
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const cpu_layer_t *w = &be->layers[l];
+        cpu_layer_job_t lj = { be, batch, l, n_tok };
+        cpu_matmul_job_t mj;
+
+        /* attention block */
+        cpu_norm_run(be, be->x, be->xb, w->attn_norm, n_tok);
+        mj = (cpu_matmul_job_t){ be->qkv, be->qkv_dim, be->xb, dim, w->wqkv,
+                                 w->bqkv, n_tok, dim, be->qkv_dim, false,
+                                 NULL };
+        cpu_matmul_run(be, &mj);
+        cpu__pool_run(be->pool,
+                      cpu_nth(be, 8.0 * n_tok * (be->q_dim + be->kv_dim)),
+                      cpu_rope_kv_task, &lj);
+        if (batch->on_layer_done != NULL)
+            batch->on_layer_done(batch->on_layer_arg, l);
+        for (int s = 0; s < batch->n_seqs; s++) {
+            const backend_seq_t *seq = &batch->seqs[s];
+            cpu_attn_seq_t *as = &be->attn_seqs[s];
+
+            as->k_layer = be->k_cache + kv_layout_offset(&be->kv_layout, l,
+                                                         0, 0);
+            as->v_layer = be->v_cache + kv_layout_offset(&be->kv_layout, l,
+                                                         0, 0);
+            as->block_table = seq->block_table;
+            as->block_size = be->bcfg.block_size;
+            as->kv_row = be->kv_dim;
+            as->head_dim = c->head_dim;
+            as->ctx_len = seq->ctx_len;
+            as->n_new = seq->n_tokens;
+        }
+        cpu__pool_run(be->pool, cpu_nth(be, attn_work), cpu_attention_task,
+                      &lj);
+        mj = (cpu_matmul_job_t){ be->x, dim, be->att, be->q_dim, w->wo, NULL,
+                                 n_tok, be->q_dim, dim, true, NULL };
+        cpu_matmul_run(be, &mj);
+
+        /* feed-forward block */
+        cpu_norm_run(be, be->x, be->xb, w->ffn_norm, n_tok);
+        mj = (cpu_matmul_job_t){ be->gu, 2 * c->hidden_dim, be->xb, dim,
+                                 w->wgu, NULL, n_tok, dim, 2 * c->hidden_dim,
+                                 false, be->hb };
+        cpu_matmul_run(be, &mj);
+        mj = (cpu_matmul_job_t){ be->x, dim, be->hb, c->hidden_dim,
+                                 w->w_down, NULL, n_tok, c->hidden_dim, dim,
+                                 true, NULL };
+        cpu_matmul_run(be, &mj);
+    }
+
+    if (n_rows == 0)
+        return BT_OK;
+    /* gather the logits rows, final norm, classifier */
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = be->x + (size_t)be->logit_tok[r] * dim;
+
+        if (hidden != NULL)
+            memcpy(hidden + (size_t)r * dim, xr, (size_t)dim * sizeof(float));
+        cpu__rmsnorm(be->xb + (size_t)r * dim, xr, be->final_norm, dim,
+                     c->rms_eps);
+    }
+    cpu_matmul_job_t cj = { logits, c->vocab_size, be->xb, dim, be->cls, NULL,
+                            n_rows, dim, c->vocab_size, false, NULL };
+    cpu_matmul_run(be, &cj);
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// create / destroy
+
+/* Remembers a buffer to free in destroy.  Takes ownership of `buf`. */
+static bt_status_t cpu_own(cpu_backend_t *be, void *buf)
+{
+    void **owned = bt_realloc(be->owned, (size_t)(be->n_owned + 1) *
+                                             sizeof(*owned), "cpu_weights");
+
+    if (owned == NULL) {
+        bt_free(buf);
+        return BT_ERR_NO_MEMORY;
+    }
+    be->owned = owned;
+    be->owned[be->n_owned++] = buf;
+    return BT_OK;
+}
+
+/* A float32 view of `t`: the mapping itself when it is already F32, else
+ * a converted copy owned by the backend. */
+static bt_status_t cpu_weight_f32(cpu_backend_t *be, const model_tensor_t *t,
+                                  const float **out_p)
+{
+    int64_t n = t->rows * t->cols;
+    float *buf;
+    bt_status_t status;
+
+    if (t->dtype == MODEL_DTYPE_F32) {
+        *out_p = t->data;
+        return BT_OK;
+    }
+    buf = bt_malloc_aligned((size_t)n * sizeof(float), "cpu_weights");
+    if (buf == NULL)
+        return BT_ERR_NO_MEMORY;
+    model_tensor_to_f32(t, 0, n, buf);
+    status = cpu_own(be, buf);
+    if (status != BT_OK)
+        return status;
+    *out_p = buf;
+    return BT_OK;
+}
+
+/* Fused q/k/v weights (and biases when the model has them). */
+static bt_status_t cpu_fuse_qkv(cpu_backend_t *be, const model_layer_t *ml,
+                                cpu_layer_t *cl)
+{
+    int dim = be->cfg.dim;
+    const model_tensor_t *parts[3] = { &ml->wq, &ml->wk, &ml->wv };
+    const model_tensor_t *biases[3] = { &ml->bq, &ml->bk, &ml->bv };
+    int rows[3] = { be->q_dim, be->kv_dim, be->kv_dim };
+    float *w, *b;
+    bt_status_t status;
+    size_t off = 0;
+
+    w = bt_malloc_aligned((size_t)be->qkv_dim * dim * sizeof(float),
+                          "cpu_weights");
+    if (w == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int p = 0; p < 3; p++) {
+        model_tensor_to_f32(parts[p], 0, (int64_t)rows[p] * dim, w + off);
+        off += (size_t)rows[p] * dim;
+    }
+    status = cpu_own(be, w);
+    if (status != BT_OK)
+        return status;
+    cl->wqkv = w;
+    cl->bqkv = NULL;
+    if (!be->cfg.qkv_bias)
+        return BT_OK;
+    b = bt_calloc((size_t)be->qkv_dim, sizeof(float), "cpu_weights");
+    if (b == NULL)
+        return BT_ERR_NO_MEMORY;
+    off = 0;
+    for (int p = 0; p < 3; p++) {
+        if (biases[p]->data != NULL)
+            model_tensor_to_f32(biases[p], 0, rows[p], b + off);
+        off += (size_t)rows[p];
+    }
+    status = cpu_own(be, b);
+    if (status != BT_OK)
+        return status;
+    cl->bqkv = b;
+    return BT_OK;
+}
+
+/* Fused gate/up weights, rows interleaved gate_0, up_0, gate_1, ... */
+static bt_status_t cpu_fuse_gate_up(cpu_backend_t *be,
+                                    const model_layer_t *ml, cpu_layer_t *cl)
+{
+    int dim = be->cfg.dim;
+    int hidden = be->cfg.hidden_dim;
+    float *w = bt_malloc_aligned((size_t)2 * hidden * dim * sizeof(float),
+                                 "cpu_weights");
+    bt_status_t status;
+
+    if (w == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int i = 0; i < hidden; i++) {
+        model_tensor_to_f32(&ml->w_gate, (int64_t)i * dim, dim,
+                            w + (size_t)(2 * i) * dim);
+        model_tensor_to_f32(&ml->w_up, (int64_t)i * dim, dim,
+                            w + (size_t)(2 * i + 1) * dim);
+    }
+    status = cpu_own(be, w);
+    if (status != BT_OK)
+        return status;
+    cl->wgu = w;
+    return BT_OK;
+}
+
+static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
+{
+    bt_status_t status;
+
+    status = cpu_weight_f32(be, model_tok_embedding(model), &be->tok_emb);
+    if (status != BT_OK)
+        return status;
+    status = cpu_weight_f32(be, model_final_norm(model), &be->final_norm);
+    if (status != BT_OK)
+        return status;
+    if (be->cfg.tied_embeddings ||
+        model_classifier(model)->data == model_tok_embedding(model)->data)
+        be->cls = be->tok_emb;
+    else if ((status = cpu_weight_f32(be, model_classifier(model),
+                                      &be->cls)) != BT_OK)
+        return status;
+    for (int l = 0; l < be->cfg.n_layers; l++) {
+        const model_layer_t *ml = model_layer(model, l);
+        cpu_layer_t *cl = &be->layers[l];
+
+        if ((status = cpu_weight_f32(be, &ml->attn_norm, &cl->attn_norm)) ||
+            (status = cpu_fuse_qkv(be, ml, cl)) ||
+            (status = cpu_weight_f32(be, &ml->wo, &cl->wo)) ||
+            (status = cpu_weight_f32(be, &ml->ffn_norm, &cl->ffn_norm)) ||
+            (status = cpu_fuse_gate_up(be, ml, cl)) ||
+            (status = cpu_weight_f32(be, &ml->w_down, &cl->w_down)))
+            return status;
+    }
+    return BT_OK;
+}
+
+static void cpu_destroy(void *impl)
+{
+    cpu_backend_t *be = impl;
+
+    if (be == NULL)
+        return;
+    cpu__pool_destroy(&be->pool);
+    for (int i = 0; i < be->n_owned; i++)
+        bt_free(be->owned[i]);
+    bt_free(be->owned);
+    bt_free(be->layers);
+    bt_free(be->k_cache);
+    bt_free(be->v_cache);
+    bt_free(be->inv_freq);
+    bt_free(be->x);
+    bt_free(be->xb);
+    bt_free(be->qkv);
+    bt_free(be->att);
+    bt_free(be->gu);
+    bt_free(be->hb);
+    bt_free(be->rope_cos);
+    bt_free(be->rope_sin);
+    bt_free(be->tok_seq);
+    bt_free(be->tok_idx);
+    bt_free(be->logit_tok);
+    bt_free(be->attn_seqs);
+    bt_free(be->scores);
+    bt_free(be);
+}
+
+/* bt_malloc_aligned of rows * cols floats, false on overflow or failure. */
+static bool cpu_alloc_f32(float **p, size_t rows, size_t cols,
+                          const char *name)
+{
+    size_t n;
+
+    if (bt_mul_overflow_size(rows, cols, &n) ||
+        bt_mul_overflow_size(n, sizeof(float), &n))
+        return false;
+    *p = bt_malloc_aligned(n > 0 ? n : 1, name);
+    return *p != NULL;
+}
+
+static bt_status_t cpu_create(const model_t *model,
+                              const backend_config_t *cfg, void **impl_p)
+{
+    const model_config_t *mc = model_config(model);
+    cpu_backend_t *be;
+    size_t max_tok = (size_t)cfg->max_batch_tokens;
+    size_t kv_elems;
+    bt_status_t status;
+
+    if (cfg->precision == BACKEND_PRECISION_BF16)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CPU",
+                        "the cpu backend computes in float32 only");
+    if ((long)cfg->n_kv_blocks * cfg->block_size > INT32_MAX / 2)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CPU",
+                        "KV pool of %d blocks x %d tokens is too large",
+                        cfg->n_kv_blocks, cfg->block_size);
+    be = bt_calloc(1, sizeof(*be), "cpu_backend");
+    if (be == NULL)
+        return BT_ERR_NO_MEMORY;
+    be->cfg = *mc;
+    be->bcfg = *cfg;
+    be->q_dim = mc->n_heads * mc->head_dim;
+    be->kv_dim = mc->n_kv_heads * mc->head_dim;
+    be->qkv_dim = be->q_dim + 2 * be->kv_dim;
+    be->max_ctx = cfg->n_kv_blocks * cfg->block_size;
+    be->kv_layout = (kv_layout_t){ mc->n_layers, cfg->n_kv_blocks,
+                                   cfg->block_size, mc->n_kv_heads,
+                                   mc->head_dim, sizeof(float) };
+
+    status = cpu__pool_create(cfg->n_threads, &be->pool);
+    if (status != BT_OK)
+        goto err_destroy;
+    status = BT_ERR_NO_MEMORY;
+    be->layers = bt_calloc((size_t)mc->n_layers, sizeof(*be->layers),
+                           "cpu_backend");
+    if (be->layers == NULL)
+        goto err_destroy;
+    status = cpu_load_weights(be, model);
+    if (status != BT_OK)
+        goto err_destroy;
+
+    status = BT_ERR_NO_MEMORY;
+    kv_elems = kv_layout_layer_bytes(&be->kv_layout) / sizeof(float);
+    BT_LOG_INFO("CPU", "allocating %.1f MiB for the KV cache (%d blocks of "
+                "%d tokens), %d threads",
+                2.0 * mc->n_layers * kv_elems * sizeof(float) / 1048576.0,
+                cfg->n_kv_blocks, cfg->block_size, cpu__pool_size(be->pool));
+    if (!cpu_alloc_f32(&be->k_cache, (size_t)mc->n_layers, kv_elems,
+                       "kv_cache") ||
+        !cpu_alloc_f32(&be->v_cache, (size_t)mc->n_layers, kv_elems,
+                       "kv_cache") ||
+        !cpu_alloc_f32(&be->inv_freq, 1, (size_t)mc->head_dim / 2 + 1,
+                       "cpu_backend") ||
+        !cpu_alloc_f32(&be->x, max_tok, (size_t)mc->dim, "cpu_scratch") ||
+        !cpu_alloc_f32(&be->xb, max_tok, (size_t)mc->dim, "cpu_scratch") ||
+        !cpu_alloc_f32(&be->qkv, max_tok, (size_t)be->qkv_dim,
+                       "cpu_scratch") ||
+        !cpu_alloc_f32(&be->att, max_tok, (size_t)be->q_dim,
+                       "cpu_scratch") ||
+        !cpu_alloc_f32(&be->gu, max_tok, 2 * (size_t)mc->hidden_dim,
+                       "cpu_scratch") ||
+        !cpu_alloc_f32(&be->hb, max_tok, (size_t)mc->hidden_dim,
+                       "cpu_scratch") ||
+        !cpu_alloc_f32(&be->rope_cos, max_tok, (size_t)mc->head_dim / 2 + 1,
+                       "cpu_scratch") ||
+        !cpu_alloc_f32(&be->rope_sin, max_tok, (size_t)mc->head_dim / 2 + 1,
+                       "cpu_scratch") ||
+        !cpu_alloc_f32(&be->scores, (size_t)cpu__pool_size(be->pool),
+                       (size_t)be->max_ctx, "cpu_scratch"))
+        goto err_destroy;
+    /* A fresh pool reads as zeros, never as garbage. */
+    memset(be->k_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
+    memset(be->v_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
+    be->tok_seq = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
+    be->tok_idx = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
+    be->logit_tok = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
+    be->attn_seqs = bt_calloc((size_t)cfg->max_seqs, sizeof(*be->attn_seqs),
+                              "cpu_scratch");
+    if (be->tok_seq == NULL || be->tok_idx == NULL ||
+        be->logit_tok == NULL || be->attn_seqs == NULL)
+        goto err_destroy;
+    cpu__rope_inv_freq(mc, be->inv_freq);
+    *impl_p = be;
+    return BT_OK;
+
+err_destroy:
+    cpu_destroy(be);
+    if (status == BT_ERR_NO_MEMORY)
+        return BT_ERROR(status, "CPU", "out of memory creating the cpu "
+                        "backend (%d KV blocks, %d batch tokens)",
+                        cfg->n_kv_blocks, cfg->max_batch_tokens);
+    return status;
+}
+
+// ----------------------------------------------------------------------------
+// KV pool access
+
+static void *cpu_kv_data(void *impl, int layer, int kv)
+{
+    cpu_backend_t *be = impl;
+    size_t off = kv_layout_offset(&be->kv_layout, layer, 0, 0);
+
+    return (kv == 0 ? be->k_cache : be->v_cache) + off;
+}
+
+static bt_status_t cpu_kv_copy_block(void *impl, int src_block,
+                                     int dst_block)
+{
+    cpu_backend_t *be = impl;
+    size_t bytes = kv_layout_block_bytes(&be->kv_layout);
+
+    if (src_block == dst_block)
+        return BT_OK;
+    for (int l = 0; l < be->cfg.n_layers; l++) {
+        size_t src = kv_layout_offset(&be->kv_layout, l, src_block, 0);
+        size_t dst = kv_layout_offset(&be->kv_layout, l, dst_block, 0);
+
+        memcpy(be->k_cache + dst, be->k_cache + src, bytes);
+        memcpy(be->v_cache + dst, be->v_cache + src, bytes);
+    }
+    return BT_OK;
+}
+
+static const kv_layout_t *cpu_kv_layout(void *impl)
+{
+    cpu_backend_t *be = impl;
+
+    return &be->kv_layout;
+}
+
+static bool cpu_is_available(void)
+{
+    return true;
+}
+
+const backend_ops_t cpu_backend_ops = {
+    .name = "cpu",
+    .is_available = cpu_is_available,
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .forward = cpu_forward,
+    .kv_data = cpu_kv_data,
+    .kv_copy_block = cpu_kv_copy_block,
+    .kv_layout = cpu_kv_layout,
+};

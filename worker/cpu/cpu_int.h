@@ -1,0 +1,113 @@
+/*
+ * cpu_int.h - the float32 CPU backend's internals: a small persistent
+ * thread pool and the ops the forward pass is built from.
+ *
+ * Every op is a plain single-threaded function over an explicit range, so
+ * tests can check it against a naive reference and the backend decides how
+ * to split it across threads (cpu_backend.c).  All tensors are float32,
+ * row-major.
+ */
+#ifndef BT_WORKER_CPU_CPU_INT_H
+#define BT_WORKER_CPU_CPU_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ----------------------------------------------------------------------------
+// thread pool (cpu_pool.c)
+
+typedef struct cpu_pool_s cpu_pool_t;
+
+/* A job: thread `ith` of `nth` does its share of the work behind `arg`. */
+typedef void (*cpu_task_fn_t)(void *arg, int ith, int nth);
+
+/* Starts n_threads - 1 workers (the caller is thread 0); n_threads 0 means
+ * one per online core.  Workers spin briefly after each job, then sleep. */
+bt_status_t cpu__pool_create(int n_threads, cpu_pool_t **pool_p);
+/* Stops and joins the workers; NULL-safe; sets *pool_p to NULL. */
+void cpu__pool_destroy(cpu_pool_t **pool_p);
+/* Threads in the pool, the caller included. */
+int cpu__pool_size(const cpu_pool_t *pool);
+/* Runs fn(arg, i, nth) for i in [0, nth) on nth threads (nth is clamped to
+ * the pool size) and returns when all are done.  With nth == 1 it is a
+ * plain call.  One caller at a time. */
+void cpu__pool_run(cpu_pool_t *pool, int nth, cpu_task_fn_t fn, void *arg);
+
+// ----------------------------------------------------------------------------
+// ops
+
+/* Matrix product against a weight matrix w (n_out rows of k floats):
+ *     out[t*ldo + n] = sum_j x[t*ldx + j] * w[n*k + j] + bias[n]
+ * for t in [0, n_tok) and n in [n_begin, n_end); bias may be NULL; with
+ * `accumulate` the result is added to out instead of stored.  Weight
+ * stationary: each weight row is read once per call and dotted with every
+ * token row (AVX2+FMA when the CPU has it, portable C otherwise). */
+void cpu__matmul(float *out, int ldo, const float *x, int ldx,
+                 const float *w, const float *bias, int n_tok, int k,
+                 int n_begin, int n_end, bool accumulate);
+/* The same in the obvious scalar order; for tests and as the fallback. */
+void cpu__matmul_ref(float *out, int ldo, const float *x, int ldx,
+                     const float *w, const float *bias, int n_tok, int k,
+                     int n_begin, int n_end, bool accumulate);
+/* True when cpu__matmul uses the AVX2+FMA kernel on this CPU. */
+bool cpu__have_avx2(void);
+/* Tests: makes cpu__matmul use the portable kernel even on AVX2 CPUs. */
+void cpu__matmul_force_portable(bool on);
+
+/* Copies row `token` of the (vocab, dim) table into out (dim). */
+void cpu__embed(float *out, const float *table, int dim, int token);
+
+/* out = x / sqrt(mean(x^2) + eps) * weight, one row of `dim`. out may be
+ * x. */
+void cpu__rmsnorm(float *out, const float *x, const float *weight, int dim,
+                  float eps);
+
+/* Fills inv_freq (head_dim / 2) with the rotation frequency of each pair:
+ * theta^(-2i/head_dim), rescaled for LINEAR (divided by the factor) or
+ * LLAMA3 (Llama 3.1 frequency-dependent) scaling. */
+void cpu__rope_inv_freq(const model_config_t *cfg, float *inv_freq);
+/* cos/sin of pos * inv_freq[i] for i < head_dim / 2. */
+void cpu__rope_cos_sin(int pos, const float *inv_freq, int half,
+                       float *cos_out, float *sin_out);
+/* Rotates n_heads heads of head_dim in vec by the precomputed cos/sin:
+ * ADJACENT pairs (2i, 2i+1) or HALF pairs (i, i + head_dim/2). */
+void cpu__rope_apply(float *vec, int n_heads, int head_dim,
+                     model_rope_layout_t layout, const float *cos_v,
+                     const float *sin_v);
+
+/* SwiGLU on interleaved gate/up values: out[i] = silu(gu[2i]) * gu[2i+1]
+ * for i in [0, n). */
+void cpu__swiglu(float *out, const float *gu, int n);
+
+/* One query row of paged attention (one token, one query head).
+ * Keys/values of slot p live at k_layer/v_layer + ((block_table[p / bs] *
+ * bs + p % bs) * kv_row + kv_head * head_dim).  The query attends to the
+ * cached slots [0, ctx_len) and to new token j (slot ctx_len + j, j <
+ * n_new) when mask_row[j] != 0, or when j <= i if mask_row is NULL.
+ * `scores` is scratch of ctx_len + n_new floats.  out: (head_dim). */
+typedef struct {
+    const float *k_layer;    /* this layer's K base (n_blocks, bs, kv_row) */
+    const float *v_layer;    /* this layer's V base, same layout */
+    const int *block_table;  /* the sequence's block ids */
+    int block_size;          /* tokens per block */
+    int kv_row;              /* n_kv_heads * head_dim */
+    int head_dim;
+    int ctx_len;             /* cached slots before the new tokens */
+    int n_new;               /* new tokens of the sequence in this step */
+} cpu_attn_seq_t;
+
+void cpu__attention_row(float *out, const float *q, const cpu_attn_seq_t *s,
+                        int kv_head, int i, const uint8_t *mask_row,
+                        float *scores);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CPU_CPU_INT_H */
