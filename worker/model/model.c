@@ -181,7 +181,7 @@ int64_t model__tensor_numel(const model_tensor_t *t)
     return t->data == NULL ? 0 : t->rows * t->cols;
 }
 
-bt_status_t model__for_each_tensor(const model_t *model, model_tensor_fn fn,
+bt_status_t model_for_each_tensor(const model_t *model, model_tensor_fn fn,
                                    void *arg)
 {
     static const char *const names[] = {
@@ -240,14 +240,14 @@ static bt_status_t model_count_fn(const char *name, const model_tensor_t *t,
 int64_t model_param_count(const model_t *model)
 {
     model_count_t c = { 0, 0 };
-    model__for_each_tensor(model, model_count_fn, &c);
+    model_for_each_tensor(model, model_count_fn, &c);
     return c.params;
 }
 
 int64_t model_weight_bytes(const model_t *model)
 {
     model_count_t c = { 0, 0 };
-    model__for_each_tensor(model, model_count_fn, &c);
+    model_for_each_tensor(model, model_count_fn, &c);
     return c.bytes;
 }
 

@@ -143,6 +143,14 @@ uint16_t model_f32_to_f16(float f);
  * synthesized models. */
 const char *model_architecture(const model_t *model);
 
+/* Calls fn on every present tensor, in layer order, with its Hugging Face
+ * name ("model.layers.3.self_attn.q_proj.weight"); the classifier is
+ * skipped when tied.  Stops at and returns the first non-OK status. */
+typedef bt_status_t (*model_tensor_fn)(const char *name,
+                                       const model_tensor_t *t, void *arg);
+bt_status_t model_for_each_tensor(const model_t *model, model_tensor_fn fn,
+                                  void *arg);
+
 /* Name of a format ("llama2c", "hf", "synth"). */
 const char *model_format_name(model_format_t format);
 

@@ -54,15 +54,6 @@ bt_status_t model__map_file(model_t *model, const char *path,
 /* Number of elements of a tensor view (rows * cols), 0 when absent. */
 int64_t model__tensor_numel(const model_tensor_t *t);
 
-/* Calls fn on every present tensor with a stable name following the
- * Hugging Face naming ("model.layers.3.self_attn.q_proj.weight").  The
- * classifier is skipped when tied.  Stops at and returns the first
- * non-OK status. */
-typedef bt_status_t (*model_tensor_fn)(const char *name,
-                                       const model_tensor_t *t, void *arg);
-bt_status_t model__for_each_tensor(const model_t *model, model_tensor_fn fn,
-                                   void *arg);
-
 /* Loaders and the synthesizer (model.c dispatches to them). */
 bt_status_t model__load_llama2c(const char *path, model_t **model_p);
 bt_status_t model__load_hf(const char *path, model_t **model_p);

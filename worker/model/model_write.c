@@ -331,7 +331,7 @@ static bt_status_t write_st(const model_t *m, const char *dir,
     bt_status_t status;
 
     memset(&w, 0, sizeof(w));
-    status = model__for_each_tensor(m, write_collect, &list);
+    status = model_for_each_tensor(m, write_collect, &list);
     if (status != BT_OK)
         goto out;
     qsort(list.e, (size_t)list.n, sizeof(*list.e), write_cmp_entry);
