@@ -421,6 +421,13 @@ static void test_stream_cases(const tok_t *tok)
 // ----------------------------------------------------------------------------
 // corrupt files
 
+static int32_t get_i32(const char *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 static void put_i32(uint8_t *p, int32_t v)
 {
     memcpy(p, &v, 4);
@@ -470,8 +477,7 @@ static void test_bad_files(void)
     {
         size_t off = 4;
         for (int i = 0; i < 17; i++)
-            off += 8 + (size_t)((const int32_t *)(const void *)
-                                    (data + off + 4))[0];
+            off += 8 + (size_t)get_i32(data + off + 4);
         snprintf(want, sizeof(want), "piece 17 truncated at byte %zu",
                  off + 8);
         expect_bad(data, off + 8 + 3, 512, want);
@@ -518,8 +524,7 @@ static void test_bad_files(void)
     {
         size_t off = 4;
         for (int i = 0; i < 3 + 0x41; i++)
-            off += 8 + (size_t)((const int32_t *)(const void *)
-                                    (data + off + 4))[0];
+            off += 8 + (size_t)get_i32(data + off + 4);
         BT_CHECK(memcmp(copy + off + 8, "<0x41>", 6) == 0);
         copy[off + 8 + 4] = '2';
         expect_bad(copy, len, 512, "piece 68 at byte");

@@ -432,11 +432,11 @@ static tok_pair_t tok_heap_pop(tok_heap_t *h)
 }
 
 /* Queues the merge of symbols l and r when their concatenation is a piece
- * that run.c would accept (score above its -1e10 starting best). */
+ * that run.c would accept (score above its -1e10 starting best).  buf
+ * holds max_piece_len bytes (scratch for the concatenation). */
 static void tok_queue_pair(const tok_t *tok, const tok_sym_t *syms, int l,
-                           int r, tok_heap_t *heap)
+                           int r, char *buf, tok_heap_t *heap)
 {
-    char buf[2 * TOK_MAX_PIECE_LEN];
     size_t nl, nr;
     tok_pair_t p;
     int id;
@@ -496,7 +496,7 @@ bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
 {
     tok_heap_t heap = {NULL, 0, 0};
     tok_sym_t *syms = NULL;
-    size_t bytes;
+    char *buf = NULL;
     int *ids;
     int n = 0;
     int n_out = 0;
@@ -520,11 +520,12 @@ bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
         goto out;
 
     /* Each merge queues at most two new pairs: n - 1 + 2 * (n - 1). */
-    bytes = (size_t)n * sizeof(*syms);
-    syms = bt_malloc(bytes, "tok_encode");
+    syms = bt_malloc((size_t)n * sizeof(*syms), "tok_encode");
     heap.cap = 3 * (size_t)n;
     heap.items = bt_malloc(heap.cap * sizeof(*heap.items), "tok_encode");
-    if (syms == NULL || heap.items == NULL) {
+    buf = bt_malloc((size_t)tok->max_piece_len, "tok_encode");
+    if (syms == NULL || heap.items == NULL || buf == NULL) {
+        bt_free(buf);
         bt_free(syms);
         bt_free(heap.items);
         bt_free(ids);
@@ -537,7 +538,7 @@ bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
         syms[i].ver = 0;
     }
     for (int i = 0; i + 1 < n; i++)
-        tok_queue_pair(tok, syms, i, i + 1, &heap);
+        tok_queue_pair(tok, syms, i, i + 1, buf, &heap);
 
     while (heap.n > 0) {
         tok_pair_t p = tok_heap_pop(&heap);
@@ -553,12 +554,13 @@ bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
         l->next = r->next;
         if (r->next >= 0)
             syms[r->next].prev = p.left;
-        tok_queue_pair(tok, syms, l->prev, p.left, &heap);
-        tok_queue_pair(tok, syms, p.left, l->next, &heap);
+        tok_queue_pair(tok, syms, l->prev, p.left, buf, &heap);
+        tok_queue_pair(tok, syms, p.left, l->next, buf, &heap);
     }
     for (int i = 0; i >= 0; i = syms[i].next)
         ids[n_out++] = syms[i].id;
     n = n_out;
+    bt_free(buf);
     bt_free(heap.items);
     bt_free(syms);
 
