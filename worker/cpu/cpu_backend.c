@@ -15,6 +15,7 @@
  * synchronisation, while batches and big models use every core.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend_int.h"
@@ -26,8 +27,10 @@
 
 /* Multiply-adds below which an op is not worth waking another thread for
  * (a wake-up and join costs about a microsecond; measured on aidreams260K
- * with bench-engine). */
+ * with bench-engine).  BT_CPU_MIN_WORK overrides it (tests set 1 to split
+ * every op). */
 #define CPU_MIN_WORK_PER_THREAD 32768
+#define CPU_MIN_WORK_ENV "BT_CPU_MIN_WORK"
 
 typedef struct {
     const float *attn_norm; /* (dim) */
@@ -46,6 +49,7 @@ typedef struct {
     int kv_dim;               /* n_kv_heads * head_dim */
     int qkv_dim;              /* q_dim + 2 * kv_dim */
     int max_ctx;              /* most slots one sequence can have */
+    double min_work;          /* multiply-adds per extra thread */
     const float *tok_emb;     /* (vocab, dim) */
     const float *final_norm;  /* (dim) */
     const float *cls;         /* (vocab, dim) */
@@ -80,10 +84,10 @@ typedef struct {
 /* Threads worth using for `work` multiply-adds. */
 static int cpu_nth(const cpu_backend_t *be, double work)
 {
-    int n = (int)(work / CPU_MIN_WORK_PER_THREAD);
+    double n = work / be->min_work;
     int size = cpu__pool_size(be->pool);
 
-    return n < 1 ? 1 : n > size ? size : n;
+    return n < 1.0 ? 1 : n > (double)size ? size : (int)n;
 }
 
 typedef struct {
@@ -533,6 +537,16 @@ static bt_status_t cpu_create(const model_t *model,
     be->kv_dim = mc->n_kv_heads * mc->head_dim;
     be->qkv_dim = be->q_dim + 2 * be->kv_dim;
     be->max_ctx = cfg->n_kv_blocks * cfg->block_size;
+    be->min_work = CPU_MIN_WORK_PER_THREAD;
+    if (getenv(CPU_MIN_WORK_ENV) != NULL) {
+        double v;
+
+        if (bt_parse_double(getenv(CPU_MIN_WORK_ENV), &v) == BT_OK && v > 0)
+            be->min_work = v;
+        else
+            BT_LOG_WARN("CPU", "ignoring %s=%s (want a positive number)",
+                        CPU_MIN_WORK_ENV, getenv(CPU_MIN_WORK_ENV));
+    }
     be->kv_layout = (kv_layout_t){ mc->n_layers, cfg->n_kv_blocks,
                                    cfg->block_size, mc->n_kv_heads,
                                    mc->head_dim, sizeof(float) };

@@ -65,7 +65,9 @@ static void *cpu_pool_worker_main(void *arg)
         while ((go = atomic_load(&w->go)) == seen &&
                !atomic_load(&pool->stop)) {
             CPU_RELAX();
-            if (++spins % 256 == 0 && bt_time_ns() > deadline) {
+            if (++spins % 1024 == 0)
+                sched_yield(); /* let a preempted sibling finish its share */
+            if (spins % 256 == 0 && bt_time_ns() > deadline) {
                 pthread_mutex_lock(&pool->mutex);
                 atomic_fetch_add(&pool->n_sleeping, 1);
                 while (atomic_load(&w->go) == seen &&
