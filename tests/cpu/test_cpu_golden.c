@@ -1,0 +1,132 @@
+/* test_cpu_golden.c - greedy decoding with the cpu backend reproduces
+ * every greedy_ids line of shared/models/golden.jsonl (made by llama2.c's
+ * run.c), on the llama2.c .bin files and on their -hf conversions.
+ *
+ * llama2.c semantics: positions 0..steps-1; prompt tokens are forced, the
+ * argmax is taken from the last prompt position on; generation stops when
+ * the next token is 1 (BOS).  The prompt goes in as one prefill chunk,
+ * then one decode step per token. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+
+#include "backend.h"
+#include "bt_alloc.h"
+#include "bt_test.h"
+#include "bt_util.h"
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Generates greedily; returns the number of ids written to out. */
+static int greedy(backend_t *be, int vocab, int bs, const int *prompt,
+                  int n_prompt, int steps, int *out)
+{
+    int table[64], n_out = 0, pos = n_prompt - 1, next;
+    float *logits = malloc(sizeof(float) * vocab);
+    backend_seq_t seq = { .n_tokens = n_prompt, .ctx_len = 0,
+                          .tokens = prompt, .block_table = table,
+                          .n_logits = 1 };
+    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
+
+    for (int i = 0; i < 64; i++)
+        table[i] = 63 - i; /* any block order must do */
+    BT_CHECK(steps <= 64 * bs);
+    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+    for (;;) {
+        next = argmax(logits, vocab);
+        pos++;
+        if (next == 1)
+            break;
+        out[n_out++] = next;
+        if (pos >= steps)
+            break;
+        seq = (backend_seq_t){ .n_tokens = 1, .ctx_len = pos,
+                               .tokens = &out[n_out - 1],
+                               .block_table = table, .n_logits = 1 };
+        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+    }
+    free(logits);
+    return n_out;
+}
+
+static int *json_ints(const cJSON *arr, int *n_p)
+{
+    int n = cJSON_GetArraySize(arr);
+    int *v = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+
+    for (int i = 0; i < n; i++)
+        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
+    *n_p = n;
+    return v;
+}
+
+int main(void)
+{
+    char *text, *line, *save = NULL;
+    size_t len;
+    int lines = 0, checked = 0;
+    size_t before = bt_alloc_live_count();
+
+    BT_ASSERT_OK(bt_read_file(BT_SHARED_DIR "/models/golden.jsonl",
+                              1 << 24, &text, &len));
+    for (line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        const char *name;
+        int *prompt, *want, n_prompt, n_want, steps;
+
+        BT_CHECK(j != NULL);
+        name = cJSON_GetObjectItem(j, "model")->valuestring;
+        steps = cJSON_GetObjectItem(j, "steps")->valueint;
+        prompt = json_ints(cJSON_GetObjectItem(j, "prompt_ids"), &n_prompt);
+        want = json_ints(cJSON_GetObjectItem(j, "greedy_ids"), &n_want);
+        for (int variant = 0; variant < 2; variant++) {
+            char path[512];
+            model_t *m = NULL;
+            backend_t *be = NULL;
+            backend_config_t cfg;
+            int *got = malloc(sizeof(int) * (size_t)(steps + 1));
+            int n_got;
+
+            /* "x.bin" or its Hugging Face conversion "x-hf" */
+            snprintf(path, sizeof(path), "%s/models/%.*s%s", BT_SHARED_DIR,
+                     (int)strlen(name) - (variant ? 4 : 0), name,
+                     variant ? "-hf" : "");
+            BT_ASSERT_OK(model_load(path, &m));
+            backend_config_init(&cfg);
+            cfg.n_kv_blocks = 64;
+            cfg.block_size = 8;
+            cfg.max_batch_tokens = 512;
+            cfg.n_threads = 1 + (lines + variant) % 2;
+            BT_ASSERT_OK(backend_create("cpu", m, &cfg, &be));
+            n_got = greedy(be, model_config(m)->vocab_size, cfg.block_size,
+                           prompt, n_prompt, steps, got);
+            for (int i = 0; i < n_want && i < n_got; i++)
+                if (got[i] != want[i])
+                    BT_TEST_FAIL("%s line %d: id %d is %d, golden %d", path,
+                                 lines, i, got[i], want[i]);
+            BT_ASSERT_EQ(n_got, n_want);
+            checked++;
+            backend_destroy(&be);
+            model_destroy(&m);
+            free(got);
+        }
+        free(prompt);
+        free(want);
+        cJSON_Delete(j);
+        lines++;
+    }
+    bt_free(text);
+    BT_CHECK(lines >= 2);
+    fprintf(stderr, "golden: %d lines, %d model runs\n", lines, checked);
+    BT_ASSERT_EQ(bt_alloc_live_count(), before);
+    BT_TEST_PASS("golden");
+    return 0;
+}
