@@ -397,6 +397,15 @@ static bt_status_t hf_tensor(const hf_loader_t *ld, const char *name,
                         ld->dir, name, got, (long long)rows, (long long)cols);
     }
     t->data = st->data;
+    if ((uintptr_t)st->data % model_dtype_size(st->dtype) != 0) {
+        bt_status_t status;
+        BT_LOG_WARN("MODEL", "%s: tensor %s is unaligned in its file; "
+                    "copying it", ld->dir, name);
+        status = model__copy_aligned(ld->model, st->data,
+                                     (size_t)(st->end - st->begin), &t->data);
+        if (status != BT_OK)
+            return status;
+    }
     t->dtype = st->dtype;
     t->rows = rows == 0 ? 1 : rows;
     t->cols = cols;

@@ -52,6 +52,9 @@ void model_destroy(model_t **model_p)
             munmap(model->maps[i].addr, model->maps[i].len);
     }
     bt_free(model->maps);
+    for (int i = 0; i < model->n_copies; i++)
+        bt_free(model->copies[i]);
+    bt_free(model->copies);
     bt_free(model->arena);
     bt_free(model->layers);
     bt_free(model);
@@ -97,6 +100,27 @@ bt_status_t model__map_file(model_t *model, const char *path,
     model->n_maps++;
     *data_p = addr;
     *size_p = (size_t)st.st_size;
+    return BT_OK;
+}
+
+bt_status_t model__copy_aligned(model_t *model, const void *src, size_t bytes,
+                                const void **copy_p)
+{
+    void **copies;
+    void *copy;
+
+    copies = bt_realloc(model->copies,
+                        sizeof(*copies) * (size_t)(model->n_copies + 1),
+                        "model_copies");
+    if (copies == NULL)
+        return BT_ERR_NO_MEMORY;
+    model->copies = copies;
+    copy = bt_malloc_aligned(bytes > 0 ? bytes : 1, "model_unaligned");
+    if (copy == NULL)
+        return BT_ERR_NO_MEMORY;
+    memcpy(copy, src, bytes);
+    model->copies[model->n_copies++] = copy;
+    *copy_p = copy;
     return BT_OK;
 }
 

@@ -41,7 +41,15 @@ struct model_s {
     void *arena;                  /* synthesized weights (bt_malloc_aligned),
                                      NULL for loaded files */
     size_t arena_bytes;           /* size of arena */
+    void **copies;                /* (n_copies) aligned copies of tensors
+                                     that were unaligned in their file */
+    int n_copies;                 /* entries in copies */
 };
+
+/* Makes an aligned, model-owned copy of `bytes` bytes at `src` (for
+ * tensors whose file offset is not a multiple of their element size). */
+bt_status_t model__copy_aligned(model_t *model, const void *src, size_t bytes,
+                                const void **copy_p);
 
 /* Allocates an empty model with `n_layers` zeroed layers. */
 bt_status_t model__create(int n_layers, model_t **model_p);

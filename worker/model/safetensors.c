@@ -136,10 +136,6 @@ static bt_status_t st_parse_entry(const cJSON *item, const char *what,
                             "data_offsets give %llu", what, name,
                             t->dtype_name, (unsigned long long)bytes,
                             (unsigned long long)(t->end - t->begin));
-        if (((uintptr_t)(st->data + t->begin)) % esize != 0)
-            return BT_ERROR(BT_ERR_FORMAT, "MODEL",
-                            "%s: tensor %s: data is not aligned to its "
-                            "%zu-byte elements", what, name, esize);
     }
     t->data = st->data + t->begin;
     t->name = bt_strdup(name, "st_name");

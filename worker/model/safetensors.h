@@ -6,7 +6,9 @@
  * The parser only reads memory (the loader mmaps the file), so the fuzz
  * target can drive it directly.  Every range is checked against the data
  * area, ranges may not overlap, and a tensor's byte size must match its
- * shape for every dtype whose element size is known.
+ * shape for every dtype whose element size is known.  Data may be
+ * unaligned (old writers did not pad the header); the loader copies such
+ * tensors.
  */
 #ifndef BT_WORKER_MODEL_SAFETENSORS_H
 #define BT_WORKER_MODEL_SAFETENSORS_H
