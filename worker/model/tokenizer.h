@@ -24,7 +24,11 @@ extern "C" {
 typedef struct tok_s tok_t;
 
 /* Loads a llama2.c tokenizer file holding `vocab_size` pieces (the model's
- * vocab size).  BT_ERR_FORMAT names what is wrong with a corrupt file. */
+ * vocab size).  BT_ERR_FORMAT names what is wrong with a corrupt file
+ * (truncation with its byte offset, negative or oversized lengths,
+ * max_token_length outside [1, 1024], ids 3..258 not <0x00>..<0xFF>,
+ * trailing bytes).  A loaded tok_t is immutable: every function below may
+ * be called on it from several threads at once. */
 bt_status_t tok_load_llama2c(const char *path, int vocab_size, tok_t **tok_p);
 
 /* Same, from a memory buffer (fuzzing, tests). */
@@ -39,7 +43,9 @@ int tok_eos_id(const tok_t *tok); /* -1 when none */
 
 /* Encodes `len` bytes of UTF-8 (invalid bytes fall back to byte pieces).
  * Prepends BOS when add_bos.  Returns a bt_malloc'ed array the caller frees
- * with bt_free. */
+ * with bt_free.  Gives exactly llama2.c run.c's `encode` ids (dummy prefix
+ * " " before non-empty text; on a piece listed twice, the lower id) in
+ * O(n log n). */
 bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
                        bool add_bos, int **ids_p, int *n_p);
 
@@ -56,7 +62,12 @@ int tok_max_piece_len(const tok_t *tok);
 
 /* Decodes ids to a bt_malloc'ed NUL-terminated string.  `prev_id` is the
  * token before ids[0] (-1 for none), which decides whether the first
- * piece's leading space is dropped (it is, after BOS). */
+ * piece's leading space is dropped (it is, after BOS).  As in run.c, BOS
+ * prints nothing, `<0xXX>` pieces are raw bytes and other pieces (EOS's
+ * "\n</s>\n" included) print as stored; unlike run.c's safe_printf,
+ * control bytes are kept.  The result is always valid UTF-8: invalid
+ * sequences become U+FFFD and NUL bytes are dropped.  Equals streaming
+ * the same ids and flushing.  BT_ERR_INVALID_ARG for an id out of range. */
 bt_status_t tok_decode(const tok_t *tok, int prev_id, const int *ids, int n,
                        char **text_p);
 
@@ -70,7 +81,10 @@ void tok_stream_destroy(tok_stream_t **stream_p);
 
 /* Feeds one id.  Appends only complete UTF-8 characters to `out` (NUL
  * terminated, capacity `cap`, at least 64 bytes) and returns their length
- * in *len_p (0 when the bytes so far end mid-character). */
+ * in *len_p (0 when the bytes so far end mid-character).  An invalid
+ * sequence comes out as U+FFFD at once.  BT_ERR_INVALID_ARG (stream
+ * unchanged) for an id out of range or output larger than cap, which
+ * 3 * (tok_max_piece_len() + 3) + 1 bytes always hold. */
 bt_status_t tok_stream_push(tok_stream_t *stream, int id, char *out,
                             size_t cap, size_t *len_p);
 
