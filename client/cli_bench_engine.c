@@ -1,11 +1,315 @@
-/* cli_bench_engine.c - placeholder until the subcommand lands. */
+/*
+ * cli_bench_engine.c - `baton bench-engine`: prefill and decode tokens/s
+ * of a backend at several batch sizes.
+ *
+ * Drives backend_forward directly with a kv_allocator (no engine, no
+ * sampler): for each batch size B it times a prefill of B prompts of
+ * prompt-len tokens, then `steps` decode steps in which all B sequences
+ * advance one token together starting from context ctx (each sequence
+ * feeds back its own argmax).  Every measurement repeats until it has run
+ * for at least --seconds, and reports the mean.
+ */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "backend.h"
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_util.h"
 #include "cli.h"
+#include "kv/kv.h"
+
+typedef struct {
+    const char *model_path;
+    const char *device;
+    int *batches;         /* (n_batches) batch sizes */
+    int n_batches;
+    int ctx;              /* decode starts at this context length */
+    int prompt_len;       /* prefill prompt length (default ctx) */
+    int steps;            /* decode steps per timed window */
+    int threads;          /* 0 = backend default (all cores) */
+    int block_size;
+    double seconds;       /* minimum time per measurement */
+} bench_opts_t;
+
+typedef struct {
+    double prefill_tps;   /* prompt tokens per second */
+    double prefill_ms;    /* per prefill batch */
+    double decode_tps;    /* generated tokens per second, all sequences */
+    double step_ms;       /* per decode step */
+} bench_result_t;
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out,
+"usage: baton bench-engine --model PATH [options]\n"
+"\n"
+"Measures prefill and decode tokens/s of the compute backend.\n"
+"\n"
+"  --model PATH        llama2.c .bin, Hugging Face directory, or synth:NAME\n"
+"  --device DEV        cpu, cuda or auto (default auto)\n"
+"  --batch LIST        batch sizes, e.g. 1,8,32 (default 1,8,32)\n"
+"  --ctx N             context length decode steps start from (default 64)\n"
+"  --prompt-len P      prefill prompt length (default: ctx)\n"
+"  --steps S           decode steps per timed window (default 32)\n"
+"  --threads T         CPU threads, 0 = all cores (default 0)\n"
+"  --block-size B      KV block size in tokens (default 16)\n"
+"  --seconds X         minimum time per measurement (default 0.5)\n");
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Runs one batch size; returns BT_OK and fills *res. */
+static bt_status_t bench_one(backend_t *be, kv_allocator_t *alloc,
+                             const model_config_t *mc,
+                             const bench_opts_t *o, int B,
+                             bench_result_t *res)
+{
+    int P = o->prompt_len, ctx = o->ctx, S = o->steps;
+    int bs = o->block_size;
+    int span = BT_MAX(P, ctx + S);
+    int blocks_per_seq = BT_DIV_UP(span, bs);
+    int *tables = NULL, *prompt = NULL, *cur = NULL;
+    float *logits = NULL;
+    backend_seq_t *seqs = NULL;
+    backend_batch_t batch = { .n_seqs = B };
+    bt_status_t status = BT_ERR_NO_MEMORY;
+    double t0, elapsed = 0;
+    long reps;
+
+    tables = bt_malloc((size_t)B * blocks_per_seq * sizeof(int), "bench");
+    prompt = bt_malloc((size_t)BT_MAX(P, ctx) * sizeof(int), "bench");
+    cur = bt_malloc((size_t)B * sizeof(int), "bench");
+    logits = bt_malloc((size_t)B * mc->vocab_size * sizeof(float), "bench");
+    seqs = bt_calloc((size_t)B, sizeof(*seqs), "bench");
+    if (tables == NULL || prompt == NULL || cur == NULL || logits == NULL ||
+        seqs == NULL)
+        goto out;
+    status = kv_allocator_alloc(alloc, B * blocks_per_seq, tables);
+    if (status != BT_OK) {
+        status = BT_ERROR(status, "BENCH", "KV pool too small for batch %d",
+                          B);
+        goto out;
+    }
+    prompt[0] = BT_MAX(mc->bos_id, 0);
+    for (int i = 1; i < BT_MAX(P, ctx); i++)
+        prompt[i] = (int)((1103515245u * (unsigned)i + 12345u) >> 8) %
+                    mc->vocab_size;
+    batch.seqs = seqs;
+
+    /* prefill: B prompts of P tokens */
+    for (int s = 0; s < B; s++)
+        seqs[s] = (backend_seq_t){ .n_tokens = P, .ctx_len = 0,
+                                   .tokens = prompt,
+                                   .block_table = tables +
+                                       (size_t)s * blocks_per_seq,
+                                   .n_logits = 1 };
+    status = backend_forward(be, &batch, logits, NULL); /* warm-up */
+    if (status != BT_OK)
+        goto out_release;
+    t0 = bt_time_s();
+    reps = 0;
+    do {
+        status = backend_forward(be, &batch, logits, NULL);
+        if (status != BT_OK)
+            goto out_release;
+        reps++;
+        elapsed = bt_time_s() - t0;
+    } while (elapsed < o->seconds);
+    res->prefill_ms = elapsed * 1e3 / (double)reps;
+    res->prefill_tps = (double)B * P * reps / elapsed;
+
+    /* context [0, ctx) must be cached before decoding from ctx */
+    if (ctx > 0 && ctx != P) {
+        for (int s = 0; s < B; s++)
+            seqs[s].n_tokens = ctx;
+        status = backend_forward(be, &batch, logits, NULL);
+        if (status != BT_OK)
+            goto out_release;
+    }
+
+    /* decode: all B sequences advance S steps together from ctx */
+    reps = 0;
+    t0 = 0;
+    for (long window = 0;; window++) {
+        if (window == 1)
+            t0 = bt_time_s(); /* window 0 is the warm-up */
+        for (int s = 0; s < B; s++)
+            cur[s] = prompt[BT_MAX(ctx, 1) - 1];
+        for (int step = 0; step < S; step++) {
+            for (int s = 0; s < B; s++)
+                seqs[s] = (backend_seq_t){ .n_tokens = 1,
+                                           .ctx_len = ctx + step,
+                                           .tokens = &cur[s],
+                                           .block_table = tables +
+                                               (size_t)s * blocks_per_seq,
+                                           .n_logits = 1 };
+            status = backend_forward(be, &batch, logits, NULL);
+            if (status != BT_OK)
+                goto out_release;
+            for (int s = 0; s < B; s++)
+                cur[s] = argmax(logits + (size_t)s * mc->vocab_size,
+                                mc->vocab_size);
+        }
+        if (window >= 1) {
+            reps++;
+            elapsed = bt_time_s() - t0;
+            if (elapsed >= o->seconds)
+                break;
+        }
+    }
+    res->step_ms = elapsed * 1e3 / ((double)reps * S);
+    res->decode_tps = (double)B * S * reps / elapsed;
+    status = BT_OK;
+
+out_release:
+    kv_allocator_release(alloc, B * blocks_per_seq, tables);
+out:
+    bt_free(seqs);
+    bt_free(logits);
+    bt_free(cur);
+    bt_free(prompt);
+    bt_free(tables);
+    return status;
+}
 
 int cli_bench_engine_main(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "baton %s: not built yet\n", argv[0]);
-    return 1;
+    bench_opts_t o = { .device = "auto", .ctx = 64, .prompt_len = -1,
+                       .steps = 32, .threads = 0, .block_size = 16,
+                       .seconds = 0.5 };
+    const char *batch_list = "1,8,32";
+    static const struct option long_opts[] = {
+        { "model", required_argument, NULL, 'm' },
+        { "device", required_argument, NULL, 'd' },
+        { "batch", required_argument, NULL, 'b' },
+        { "ctx", required_argument, NULL, 'c' },
+        { "prompt-len", required_argument, NULL, 'p' },
+        { "steps", required_argument, NULL, 's' },
+        { "threads", required_argument, NULL, 't' },
+        { "block-size", required_argument, NULL, 'B' },
+        { "seconds", required_argument, NULL, 'S' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    model_t *model = NULL;
+    backend_t *be = NULL;
+    kv_allocator_t *alloc = NULL;
+    backend_config_t cfg;
+    const model_config_t *mc;
+    int max_b = 0, ret = 1;
+    bt_status_t status;
+
+    optind = 1;
+    for (;;) {
+        int c = getopt_long(argc, argv, "", long_opts, NULL), bad = 0;
+
+        if (c == -1)
+            break;
+        switch (c) {
+        case 'm': o.model_path = optarg; break;
+        case 'd': o.device = optarg; break;
+        case 'b': batch_list = optarg; break;
+        case 'c': bad = bt_parse_int(optarg, &o.ctx) || o.ctx < 0; break;
+        case 'p':
+            bad = bt_parse_int(optarg, &o.prompt_len) || o.prompt_len < 1;
+            break;
+        case 's': bad = bt_parse_int(optarg, &o.steps) || o.steps < 1; break;
+        case 't':
+            bad = bt_parse_int(optarg, &o.threads) || o.threads < 0;
+            break;
+        case 'B':
+            bad = bt_parse_int(optarg, &o.block_size) || o.block_size < 1;
+            break;
+        case 'S':
+            bad = bt_parse_double(optarg, &o.seconds) || o.seconds < 0;
+            break;
+        case 'h': bench_usage(stdout); return 0;
+        default: bench_usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "baton bench-engine: bad value '%s'\n", optarg);
+            return 2;
+        }
+    }
+    if (o.model_path == NULL || optind != argc) {
+        bench_usage(stderr);
+        return 2;
+    }
+    if (bt_parse_int_list(batch_list, &o.batches, &o.n_batches) != BT_OK) {
+        fprintf(stderr, "baton bench-engine: bad --batch '%s'\n", batch_list);
+        return 2;
+    }
+    for (int i = 0; i < o.n_batches; i++) {
+        if (o.batches[i] < 1) {
+            fprintf(stderr, "baton bench-engine: batch sizes must be >= 1\n");
+            ret = 2;
+            goto out;
+        }
+        max_b = BT_MAX(max_b, o.batches[i]);
+    }
+    if (o.prompt_len < 0)
+        o.prompt_len = BT_MAX(o.ctx, 1);
+
+    status = model_load(o.model_path, &model);
+    if (status != BT_OK)
+        goto out;
+    mc = model_config(model);
+    if (o.ctx + o.steps > mc->max_seq_len)
+        fprintf(stderr, "baton bench-engine: note: ctx + steps = %d is past "
+                "the model's trained context %d\n", o.ctx + o.steps,
+                mc->max_seq_len);
+    backend_config_init(&cfg);
+    cfg.block_size = o.block_size;
+    cfg.n_kv_blocks = max_b * BT_DIV_UP(BT_MAX(o.prompt_len,
+                                               o.ctx + o.steps),
+                                        o.block_size);
+    cfg.max_batch_tokens = max_b * BT_MAX(o.prompt_len, o.ctx);
+    cfg.max_seqs = max_b;
+    cfg.n_threads = o.threads;
+    status = backend_create(o.device, model, &cfg, &be);
+    if (status != BT_OK)
+        goto out;
+    status = kv_allocator_create(cfg.n_kv_blocks, &alloc);
+    if (status != BT_OK)
+        goto out;
+
+    printf("model %s: dim %d, %d layers, %d/%d heads, vocab %d\n",
+           o.model_path, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads,
+           mc->vocab_size);
+    printf("device %s, threads %d (0 = all cores), block size %d, prompt "
+           "%d tokens, decode ctx %d..%d\n\n", backend_name(be), o.threads,
+           o.block_size, o.prompt_len, o.ctx, o.ctx + o.steps - 1);
+    printf("%6s %14s %12s %14s %10s\n", "batch", "prefill tok/s",
+           "prefill ms", "decode tok/s", "ms/step");
+    for (int i = 0; i < o.n_batches; i++) {
+        bench_result_t r = { 0 };
+
+        status = bench_one(be, alloc, mc, &o, o.batches[i], &r);
+        if (status != BT_OK)
+            goto out;
+        printf("%6d %14.0f %12.3f %14.0f %10.4f\n", o.batches[i],
+               r.prefill_tps, r.prefill_ms, r.decode_tps, r.step_ms);
+        fflush(stdout);
+    }
+    ret = 0;
+
+out:
+    if (ret == 1 && bt_error_last()[0] != '\0')
+        fprintf(stderr, "baton bench-engine: %s\n", bt_error_last());
+    kv_allocator_destroy(&alloc);
+    backend_destroy(&be);
+    model_destroy(&model);
+    bt_free(o.batches);
+    return ret;
 }

@@ -47,26 +47,26 @@ static void fill(float *p, size_t n)
 static void check_matmul(int n_tok, int k, int n_out, int n0, int n1,
                          bool bias_on, bool acc)
 {
-    int ldx = k + 3, ldo = n_out + 5;
+    int ldx = k + 3, ldo = n_out + 5, ldw = k + (n_out % 3);
     float *x = malloc(sizeof(float) * n_tok * ldx);
-    float *w = malloc(sizeof(float) * n_out * k);
+    float *w = malloc(sizeof(float) * n_out * ldw);
     float *b = malloc(sizeof(float) * n_out);
     float *out = malloc(sizeof(float) * n_tok * ldo);
     float *out0 = malloc(sizeof(float) * n_tok * ldo);
     float *outr = malloc(sizeof(float) * n_tok * ldo);
 
     fill(x, (size_t)n_tok * ldx);
-    fill(w, (size_t)n_out * k);
+    fill(w, (size_t)n_out * ldw);
     fill(b, n_out);
     fill(out0, (size_t)n_tok * ldo);
     for (int pass = 0; pass < 2; pass++) {
         memcpy(out, out0, sizeof(float) * n_tok * ldo);
         if (pass == 0)
-            cpu__matmul(out, ldo, x, ldx, w, bias_on ? b : NULL, n_tok, k,
-                        n0, n1, acc);
+            cpu__matmul(out, ldo, x, ldx, w, ldw, bias_on ? b : NULL, n_tok,
+                        k, n0, n1, acc);
         else
-            cpu__matmul_ref(out, ldo, x, ldx, w, bias_on ? b : NULL, n_tok,
-                            k, n0, n1, acc);
+            cpu__matmul_ref(out, ldo, x, ldx, w, ldw, bias_on ? b : NULL,
+                            n_tok, k, n0, n1, acc);
         for (int t = 0; t < n_tok; t++) {
             for (int n = 0; n < ldo; n++) {
                 double ref = out0[t * ldo + n], scale = fabs(ref);
@@ -76,8 +76,8 @@ static void check_matmul(int n_tok, int k, int n_out, int n0, int n1,
 
                     scale = bias_on ? fabs(b[n]) : 0.0;
                     for (int j = 0; j < k; j++) {
-                        s += (double)x[t * ldx + j] * w[n * k + j];
-                        scale += fabs((double)x[t * ldx + j] * w[n * k + j]);
+                        s += (double)x[t * ldx + j] * w[n * ldw + j];
+                        scale += fabs((double)x[t * ldx + j] * w[n * ldw + j]);
                     }
                     if (acc) {
                         scale += fabs(ref);
@@ -159,12 +159,14 @@ static void test_rmsnorm_embed_swiglu(void)
 
     {
         enum { N = 257 };
-        float gu[2 * N], out[N];
+        float gu[2 * N], out[N], tmp[N];
 
         fill(gu, 2 * N);
         for (int i = 0; i < 2 * N; i++)
             gu[i] *= 8.0f;
-        cpu__swiglu(out, gu, N);
+        gu[0] = 200.0f; /* exp(-200) underflows */
+        gu[2] = -200.0f; /* exp(200) is clamped */
+        cpu__swiglu(out, gu, N, tmp);
         for (int i = 0; i < N; i++) {
             double g = gu[2 * i], ref = g / (1.0 + exp(-g)) * gu[2 * i + 1];
 
@@ -255,17 +257,22 @@ static void test_rope(void)
 
 // ----------------------------------------------------------------------------
 
-static void check_attention(int bs, int n_kv, int hd, int ctx_len, int n_new,
-                            bool use_mask)
+/* Attention of new tokens [i0, i0 + n_q) of a sequence with ctx_len
+ * cached slots and n_new new ones, over a shuffled block table, for the
+ * `group` query heads of every KV head, against double precision. */
+static void check_attention(int bs, int n_kv, int group, int hd, int ctx_len,
+                            int n_new, int i0, int n_q, bool use_mask,
+                            bool adjacent)
 {
     int n_slots = ctx_len + n_new;
     int n_blocks_seq = (n_slots + bs - 1) / bs;
     int n_blocks = n_blocks_seq + 3;
-    int kv_row = n_kv * hd;
+    int kv_row = n_kv * hd, q_row = n_kv * group * hd + 5;
     float *kc = malloc(sizeof(float) * n_blocks * bs * kv_row);
     float *vc = malloc(sizeof(float) * n_blocks * bs * kv_row);
-    float *q = malloc(sizeof(float) * hd), *out = malloc(sizeof(float) * hd);
-    float *scores = malloc(sizeof(float) * n_slots);
+    float *q = malloc(sizeof(float) * n_q * q_row);
+    float *out = malloc(sizeof(float) * n_q * q_row);
+    float *scratch = malloc(sizeof(float) * n_q * n_slots);
     double *p = malloc(sizeof(double) * n_slots);
     int *table = malloc(sizeof(int) * n_blocks_seq);
     uint8_t *mask = malloc((size_t)n_new * n_new);
@@ -273,62 +280,75 @@ static void check_attention(int bs, int n_kv, int hd, int ctx_len, int n_new,
 
     fill(kc, (size_t)n_blocks * bs * kv_row);
     fill(vc, (size_t)n_blocks * bs * kv_row);
-    /* a shuffled block table into a pool larger than the sequence */
+    fill(q, (size_t)n_q * q_row);
+    for (int i = 0; i < n_q * q_row; i++)
+        q[i] *= 3.0f;
+    /* adjacent ids (one contiguous run) or a shuffled table */
     for (int i = 0; i < n_blocks_seq; i++)
-        table[i] = n_blocks - 1 - i;
-    for (int i = n_blocks_seq - 1; i > 0; i--) {
-        int j = (int)(rng_state % (unsigned)(i + 1)), t;
+        table[i] = adjacent ? i + 1 : n_blocks - 1 - i;
+    for (int i = n_blocks_seq - 1; i > 0 && !adjacent; i--) {
+        int j = (int)((rng_state >> 16) % (unsigned)(i + 1)), t;
 
         frand();
         t = table[i]; table[i] = table[j]; table[j] = t;
     }
-    for (int i = 0; i < n_new * n_new; i++)
-        mask[i] = (rng_state >> 20) & 1, frand();
-    s = (cpu_attn_seq_t){ kc, vc, table, bs, kv_row, hd, ctx_len, n_new };
+    for (int i = 0; i < n_new * n_new; i++) {
+        mask[i] = (rng_state >> 20) & 1;
+        frand();
+    }
+    if (use_mask && n_new > 2)
+        memset(mask + 2 * n_new, 0, n_new); /* row 2 sees only the cache */
+    s = (cpu_attn_seq_t){ kc, vc, table, bs, kv_row, hd, ctx_len, n_new,
+                          use_mask ? mask : NULL };
 
     for (int kvh = 0; kvh < n_kv; kvh++) {
-        for (int i = 0; i < n_new; i++) {
-            const uint8_t *mrow = use_mask ? mask + i * n_new : NULL;
-            double max = -INFINITY, sum = 0;
+        size_t head0 = (size_t)kvh * group * hd;
 
-            fill(q, hd);
-            for (int t = 0; t < hd; t++)
-                q[t] *= 3.0f;
-            cpu__attention_row(out, q, &s, kvh, i, mrow, scores);
-            for (int slot = 0; slot < n_slots; slot++) {
-                int j = slot - ctx_len;
-                bool vis = slot < ctx_len ||
-                           (mrow != NULL ? mrow[j] != 0 : j <= i);
-                const float *k = kc + ((size_t)table[slot / bs] * bs +
-                                       slot % bs) * kv_row + kvh * hd;
-                double d = 0;
+        memset(out, 0, sizeof(float) * n_q * q_row);
+        cpu__attention(out + head0, q_row, q + head0, q_row, &s, kvh, group,
+                       i0, n_q, scratch);
+        for (int r = 0; r < n_q; r++) {
+            for (int hh = 0; hh < group; hh++) {
+                const float *qv = q + (size_t)r * q_row + head0 + hh * hd;
+                int i = i0 + r;
+                double max = -INFINITY, sum = 0;
 
-                for (int t = 0; t < hd; t++)
-                    d += (double)q[t] * k[t];
-                p[slot] = vis ? d / sqrt(hd) : -INFINITY;
-                if (p[slot] > max)
-                    max = p[slot];
-            }
-            for (int slot = 0; slot < n_slots; slot++) {
-                p[slot] = p[slot] == -INFINITY ? 0 : exp(p[slot] - max);
-                sum += p[slot];
-            }
-            for (int t = 0; t < hd; t++) {
-                double ref = 0;
+                for (int slot = 0; slot < n_slots; slot++) {
+                    int j = slot - ctx_len;
+                    bool vis = slot < ctx_len ||
+                               (use_mask ? mask[i * n_new + j] != 0 : j <= i);
+                    const float *k = kc + ((size_t)table[slot / bs] * bs +
+                                           slot % bs) * kv_row + kvh * hd;
+                    double d = 0;
 
-                for (int slot = 0; slot < n_slots; slot++)
-                    ref += p[slot] / sum *
-                           vc[((size_t)table[slot / bs] * bs + slot % bs) *
-                              kv_row + kvh * hd + t];
-                if (sum == 0)
-                    ref = 0;
-                CHECK_CLOSE(out[t], ref, 1.0,
-                            "attention bs %d ctx %d new %d mask %d i %d\n",
-                            bs, ctx_len, n_new, use_mask, i);
+                    for (int t = 0; t < hd; t++)
+                        d += (double)qv[t] * k[t];
+                    p[slot] = vis ? d / sqrt(hd) : -INFINITY;
+                    if (p[slot] > max)
+                        max = p[slot];
+                }
+                for (int slot = 0; slot < n_slots; slot++) {
+                    p[slot] = p[slot] == -INFINITY ? 0 : exp(p[slot] - max);
+                    sum += p[slot];
+                }
+                for (int t = 0; t < hd; t++) {
+                    double ref = 0;
+
+                    for (int slot = 0; slot < n_slots; slot++)
+                        ref += p[slot] / (sum > 0 ? sum : 1) *
+                               vc[((size_t)table[slot / bs] * bs + slot % bs) *
+                                  kv_row + kvh * hd + t];
+                    CHECK_CLOSE(out[(size_t)r * q_row + head0 + hh * hd + t],
+                                ref, 1.0,
+                                "attention bs %d ctx %d new %d [%d,+%d) "
+                                "mask %d group %d adjacent %d\n", bs,
+                                ctx_len, n_new, i0, n_q, use_mask, group,
+                                adjacent);
+                }
             }
         }
     }
-    free(kc); free(vc); free(q); free(out); free(scores); free(p);
+    free(kc); free(vc); free(q); free(out); free(scratch); free(p);
     free(table); free(mask);
 }
 
@@ -336,16 +356,53 @@ static void test_attention(void)
 {
     static const int bss[] = { 1, 3, 16 };
     static const int ctxs[] = { 0, 1, 15, 16, 17, 50 };
-    static const int news[] = { 1, 2, 7 };
+    static const int news[] = { 1, 2, 7, 20 };
+    int cases = 0;
 
     for (size_t a = 0; a < BT_ARRAY_SIZE(bss); a++)
         for (size_t b = 0; b < BT_ARRAY_SIZE(ctxs); b++)
             for (size_t c = 0; c < BT_ARRAY_SIZE(news); c++)
-                for (int m = 0; m < 2; m++)
-                    check_attention(bss[a], 2, a == 1 ? 16 : 8, ctxs[b],
-                                    news[c], m);
-    check_attention(16, 1, 128, 300, 5, false);
+                for (int m = 0; m < 4; m++) {
+                    int n = news[c];
+                    int i0 = (m & 2) ? n / 3 : 0;
+                    int n_q = (m & 2) ? n - n / 3 - (n > 3) : n;
+
+                    check_attention(bss[a], 2, 1 + (int)(c % 3),
+                                    a == 1 ? 16 : 8, ctxs[b], n, i0, n_q,
+                                    m & 1, (b + c) % 2);
+                    cases++;
+                }
+    check_attention(16, 1, 4, 128, 300, 5, 0, 5, false, false);
+    check_attention(16, 2, 2, 64, 40, 33, 16, 16, false, true);
+    fprintf(stderr, "attention: %d cases\n", cases + 2);
     BT_TEST_PASS("attention");
+}
+
+static void test_exp(void)
+{
+    enum { N = 4001 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    double max_rel = 0;
+
+    for (int i = 0; i < N; i++)
+        x[i] = -100.0f + 190.0f * (float)i / (N - 1);
+    x[7] = -INFINITY;
+    memcpy(y, x, sizeof(float) * N);
+    cpu__exp_inplace(y, N);
+    BT_ASSERT_NEAR(y[7], 0.0, 0);
+    for (int i = 0; i < N; i++) {
+        double ref = exp((double)x[i]);
+
+        if (i == 7 || x[i] < -87.0f || x[i] > 88.0f)
+            continue;
+        if (fabs(y[i] - ref) / ref > max_rel)
+            max_rel = fabs(y[i] - ref) / ref;
+    }
+    fprintf(stderr, "exp: max relative error %.3g\n", max_rel);
+    BT_CHECK(max_rel < 4e-7);
+    free(x);
+    free(y);
+    BT_TEST_PASS("exp");
 }
 
 // ----------------------------------------------------------------------------
@@ -405,6 +462,7 @@ int main(void)
     cpu__matmul_force_portable(false);
     test_rmsnorm_embed_swiglu();
     test_rope();
+    test_exp();
     test_attention();
     test_pool();
     BT_ASSERT_EQ(bt_alloc_live_count(), before);

@@ -15,6 +15,7 @@
  * synchronisation, while batches and big models use every core.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,11 @@
 #define CPU_MIN_WORK_PER_THREAD 32768
 #define CPU_MIN_WORK_ENV "BT_CPU_MIN_WORK"
 
+/* Query tokens of one sequence per attention work item: bounds the score
+ * scratch (CPU_ATTN_CHUNK x context per thread) and splits long prompts
+ * into pieces the threads can share. */
+#define CPU_ATTN_CHUNK 16
+
 typedef struct {
     const float *attn_norm; /* (dim) */
     const float *wqkv;      /* (q_dim + 2 * kv_dim, dim) rows q, k, v */
@@ -41,6 +47,15 @@ typedef struct {
     const float *wgu;       /* (2 * hidden_dim, dim) rows gate_0, up_0, ... */
     const float *w_down;    /* (dim, hidden_dim) */
 } cpu_layer_t;
+
+/* One attention work item: query tokens [i0, i0 + n_q) of sequence seq,
+ * the query heads of KV head kv_head. */
+typedef struct {
+    int seq;
+    int kv_head;
+    int i0;
+    int n_q;
+} cpu_attn_item_t;
 
 typedef struct {
     model_config_t cfg;       /* the model's shape */
@@ -73,9 +88,13 @@ typedef struct {
     float *rope_sin;          /* (max_tok, head_dim / 2) */
     int *tok_seq;             /* (max_tok) sequence of each batch token */
     int *tok_idx;             /* (max_tok) index inside its sequence */
+    int *seq_first_tok;       /* (max_seqs) batch row of a sequence's first
+                                 new token */
     int *logit_tok;           /* (max_tok) batch token of each logits row */
     cpu_attn_seq_t *attn_seqs;/* (max_seqs) per-sequence attention view */
-    float *scores;            /* (n_threads, max_ctx) attention scratch */
+    cpu_attn_item_t *items;   /* (max_tok * n_kv_heads) attention work */
+    float *scores;            /* (n_threads, CPU_ATTN_CHUNK * max_ctx) */
+    float *tmp;               /* (n_threads, hidden_dim) SwiGLU scratch */
 } cpu_backend_t;
 
 // ----------------------------------------------------------------------------
@@ -102,6 +121,7 @@ typedef struct {
     int n_out;
     bool accumulate;
     float *swiglu_out;   /* (n_tok, n_out / 2) or NULL: apply SwiGLU */
+    float *tmp;          /* (nth, n_out / 2) SwiGLU scratch */
 } cpu_matmul_job_t;
 
 static void cpu_matmul_task(void *arg, int ith, int nth)
@@ -113,14 +133,15 @@ static void cpu_matmul_task(void *arg, int ith, int nth)
 
     if (n0 >= n1)
         return;
-    cpu__matmul(j->out, j->ldo, j->x, j->ldx, j->w, j->bias, j->n_tok, j->k,
-                n0, n1, j->accumulate);
+    cpu__matmul(j->out, j->ldo, j->x, j->ldx, j->w, j->k, j->bias,
+                j->n_tok, j->k, n0, n1, j->accumulate);
     if (j->swiglu_out != NULL) {
         int half = j->n_out / 2;
 
         for (int t = 0; t < j->n_tok; t++)
             cpu__swiglu(j->swiglu_out + (size_t)t * half + n0 / 2,
-                        j->out + (size_t)t * j->ldo + n0, (n1 - n0) / 2);
+                        j->out + (size_t)t * j->ldo + n0, (n1 - n0) / 2,
+                        j->tmp + (size_t)ith * half);
     }
 }
 
@@ -165,6 +186,8 @@ typedef struct {
     const backend_batch_t *batch;
     int layer;
     int n_tok;
+    int n_items;         /* attention work items */
+    atomic_int next;     /* next attention item to take */
 } cpu_layer_job_t;
 
 /* RoPE on q and k of each token, then K/V into the token's cache slot. */
@@ -198,32 +221,32 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
     }
 }
 
-/* Attention for a contiguous range of (token, query head) rows. */
+/* Attention items, taken dynamically: their costs differ (context
+ * lengths, causal chunks), and each item's result does not depend on the
+ * thread that computes it. */
 static void cpu_attention_task(void *arg, int ith, int nth)
 {
-    const cpu_layer_job_t *j = arg;
+    cpu_layer_job_t *j = arg;
     cpu_backend_t *be = j->be;
     const model_config_t *c = &be->cfg;
-    long n_rows = (long)j->n_tok * c->n_heads;
-    long r0 = n_rows * ith / nth;
-    long r1 = n_rows * (ith + 1) / nth;
     int group = c->n_heads / c->n_kv_heads;
-    float *scores = be->scores + (size_t)ith * be->max_ctx;
+    float *scratch = be->scores + (size_t)ith * CPU_ATTN_CHUNK * be->max_ctx;
+    int it;
 
-    for (long r = r0; r < r1; r++) {
-        int t = (int)(r / c->n_heads);
-        int h = (int)(r % c->n_heads);
-        int s = be->tok_seq[t];
-        int i = be->tok_idx[t];
-        const backend_seq_t *seq = &j->batch->seqs[s];
-        const uint8_t *mask = seq->mask != NULL ?
-            seq->mask + (size_t)i * seq->n_tokens : NULL;
+    (void)nth;
+    while ((it = atomic_fetch_add_explicit(&j->next, 1,
+                                           memory_order_relaxed)) <
+           j->n_items) {
+        const cpu_attn_item_t *item = &be->items[it];
+        const cpu_attn_seq_t *as = &be->attn_seqs[item->seq];
+        /* batch row of the item's first token */
+        int t = be->seq_first_tok[item->seq] + item->i0;
+        size_t head = (size_t)item->kv_head * group * c->head_dim;
 
-        cpu__attention_row(be->att + (size_t)t * be->q_dim +
-                               (size_t)h * c->head_dim,
-                           be->qkv + (size_t)t * be->qkv_dim +
-                               (size_t)h * c->head_dim,
-                           &be->attn_seqs[s], h / group, i, mask, scores);
+        cpu__attention(be->att + (size_t)t * be->q_dim + head, be->q_dim,
+                       be->qkv + (size_t)t * be->qkv_dim + head, be->qkv_dim,
+                       as, item->kv_head, group, item->i0, item->n_q,
+                       scratch);
     }
 }
 
@@ -237,13 +260,24 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
     const model_config_t *c = &be->cfg;
     int dim = c->dim;
     int half = c->head_dim / 2;
-    int n_tok = 0, n_rows = 0;
+    int n_tok = 0, n_rows = 0, n_items = 0;
     double attn_work = 0;
 
-    /* flatten the batch; RoPE angles once per token for every layer */
+    /* flatten the batch; RoPE angles once per token for every layer;
+     * attention views and work items once for every layer */
     for (int s = 0; s < batch->n_seqs; s++) {
         const backend_seq_t *seq = &batch->seqs[s];
 
+        be->attn_seqs[s] = (cpu_attn_seq_t){
+            .block_table = seq->block_table,
+            .block_size = be->bcfg.block_size, .kv_row = be->kv_dim,
+            .head_dim = c->head_dim, .ctx_len = seq->ctx_len,
+            .n_new = seq->n_tokens, .mask = seq->mask };
+        be->seq_first_tok[s] = n_tok;
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (int i0 = 0; i0 < seq->n_tokens; i0 += CPU_ATTN_CHUNK)
+                be->items[n_items++] = (cpu_attn_item_t){
+                    s, h, i0, BT_MIN(CPU_ATTN_CHUNK, seq->n_tokens - i0) };
         for (int i = 0; i < seq->n_tokens; i++, n_tok++) {
             int pos = seq->positions != NULL ? seq->positions[i]
                                              : seq->ctx_len + i;
@@ -264,14 +298,14 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
 
     for (int l = 0; l < c->n_layers; l++) {
         const cpu_layer_t *w = &be->layers[l];
-        cpu_layer_job_t lj = { be, batch, l, n_tok };
+        cpu_layer_job_t lj = { be, batch, l, n_tok, n_items, 0 };
         cpu_matmul_job_t mj;
 
         /* attention block */
         cpu_norm_run(be, be->x, be->xb, w->attn_norm, n_tok);
         mj = (cpu_matmul_job_t){ be->qkv, be->qkv_dim, be->xb, dim, w->wqkv,
                                  w->bqkv, n_tok, dim, be->qkv_dim, false,
-                                 NULL };
+                                 NULL, NULL };
         cpu_matmul_run(be, &mj);
         cpu__pool_run(be->pool,
                       cpu_nth(be, 8.0 * n_tok * (be->q_dim + be->kv_dim)),
@@ -279,35 +313,26 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
         if (batch->on_layer_done != NULL)
             batch->on_layer_done(batch->on_layer_arg, l);
         for (int s = 0; s < batch->n_seqs; s++) {
-            const backend_seq_t *seq = &batch->seqs[s];
-            cpu_attn_seq_t *as = &be->attn_seqs[s];
-
-            as->k_layer = be->k_cache + kv_layout_offset(&be->kv_layout, l,
-                                                         0, 0);
-            as->v_layer = be->v_cache + kv_layout_offset(&be->kv_layout, l,
-                                                         0, 0);
-            as->block_table = seq->block_table;
-            as->block_size = be->bcfg.block_size;
-            as->kv_row = be->kv_dim;
-            as->head_dim = c->head_dim;
-            as->ctx_len = seq->ctx_len;
-            as->n_new = seq->n_tokens;
+            be->attn_seqs[s].k_layer = be->k_cache +
+                kv_layout_offset(&be->kv_layout, l, 0, 0);
+            be->attn_seqs[s].v_layer = be->v_cache +
+                kv_layout_offset(&be->kv_layout, l, 0, 0);
         }
         cpu__pool_run(be->pool, cpu_nth(be, attn_work), cpu_attention_task,
                       &lj);
         mj = (cpu_matmul_job_t){ be->x, dim, be->att, be->q_dim, w->wo, NULL,
-                                 n_tok, be->q_dim, dim, true, NULL };
+                                 n_tok, be->q_dim, dim, true, NULL, NULL };
         cpu_matmul_run(be, &mj);
 
         /* feed-forward block */
         cpu_norm_run(be, be->x, be->xb, w->ffn_norm, n_tok);
         mj = (cpu_matmul_job_t){ be->gu, 2 * c->hidden_dim, be->xb, dim,
                                  w->wgu, NULL, n_tok, dim, 2 * c->hidden_dim,
-                                 false, be->hb };
+                                 false, be->hb, be->tmp };
         cpu_matmul_run(be, &mj);
         mj = (cpu_matmul_job_t){ be->x, dim, be->hb, c->hidden_dim,
                                  w->w_down, NULL, n_tok, c->hidden_dim, dim,
-                                 true, NULL };
+                                 true, NULL, NULL };
         cpu_matmul_run(be, &mj);
     }
 
@@ -323,7 +348,7 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
                      c->rms_eps);
     }
     cpu_matmul_job_t cj = { logits, c->vocab_size, be->xb, dim, be->cls, NULL,
-                            n_rows, dim, c->vocab_size, false, NULL };
+                            n_rows, dim, c->vocab_size, false, NULL, NULL };
     cpu_matmul_run(be, &cj);
     return BT_OK;
 }
@@ -493,6 +518,9 @@ static void cpu_destroy(void *impl)
     bt_free(be->rope_sin);
     bt_free(be->tok_seq);
     bt_free(be->tok_idx);
+    bt_free(be->seq_first_tok);
+    bt_free(be->items);
+    bt_free(be->tmp);
     bt_free(be->logit_tok);
     bt_free(be->attn_seqs);
     bt_free(be->scores);
@@ -589,18 +617,25 @@ static bt_status_t cpu_create(const model_t *model,
                        "cpu_scratch") ||
         !cpu_alloc_f32(&be->rope_sin, max_tok, (size_t)mc->head_dim / 2 + 1,
                        "cpu_scratch") ||
-        !cpu_alloc_f32(&be->scores, (size_t)cpu__pool_size(be->pool),
-                       (size_t)be->max_ctx, "cpu_scratch"))
+        !cpu_alloc_f32(&be->scores, (size_t)cpu__pool_size(be->pool) *
+                       CPU_ATTN_CHUNK, (size_t)be->max_ctx, "cpu_scratch") ||
+        !cpu_alloc_f32(&be->tmp, (size_t)cpu__pool_size(be->pool),
+                       (size_t)mc->hidden_dim, "cpu_scratch"))
         goto err_destroy;
     /* A fresh pool reads as zeros, never as garbage. */
     memset(be->k_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
     memset(be->v_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
     be->tok_seq = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
     be->tok_idx = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
+    be->seq_first_tok = bt_malloc((size_t)cfg->max_seqs * sizeof(int),
+                                  "cpu_scratch");
+    be->items = bt_malloc(max_tok * (size_t)mc->n_kv_heads *
+                          sizeof(*be->items), "cpu_scratch");
     be->logit_tok = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
     be->attn_seqs = bt_calloc((size_t)cfg->max_seqs, sizeof(*be->attn_seqs),
                               "cpu_scratch");
     if (be->tok_seq == NULL || be->tok_idx == NULL ||
+        be->seq_first_tok == NULL || be->items == NULL ||
         be->logit_tok == NULL || be->attn_seqs == NULL)
         goto err_destroy;
     cpu__rope_inv_freq(mc, be->inv_freq);

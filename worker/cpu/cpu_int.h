@@ -43,19 +43,19 @@ void cpu__pool_run(cpu_pool_t *pool, int nth, cpu_task_fn_t fn, void *arg);
 // ----------------------------------------------------------------------------
 // ops
 
-/* Matrix product against a weight matrix w (n_out rows of k floats):
- *     out[t*ldo + n] = sum_j x[t*ldx + j] * w[n*k + j] + bias[n]
+/* Matrix product against a weight matrix w (rows of k floats, ldw apart):
+ *     out[t*ldo + n] = sum_j x[t*ldx + j] * w[n*ldw + j] + bias[n]
  * for t in [0, n_tok) and n in [n_begin, n_end); bias may be NULL; with
  * `accumulate` the result is added to out instead of stored.  Weight
  * stationary: each weight row is read once per call and dotted with every
  * token row (AVX2+FMA when the CPU has it, portable C otherwise). */
 void cpu__matmul(float *out, int ldo, const float *x, int ldx,
-                 const float *w, const float *bias, int n_tok, int k,
+                 const float *w, int ldw, const float *bias, int n_tok, int k,
                  int n_begin, int n_end, bool accumulate);
-/* The same in the obvious scalar order; for tests and as the fallback. */
+/* The same in the obvious scalar order; for tests. */
 void cpu__matmul_ref(float *out, int ldo, const float *x, int ldx,
-                     const float *w, const float *bias, int n_tok, int k,
-                     int n_begin, int n_end, bool accumulate);
+                     const float *w, int ldw, const float *bias, int n_tok,
+                     int k, int n_begin, int n_end, bool accumulate);
 /* True when cpu__matmul uses the AVX2+FMA kernel on this CPU. */
 bool cpu__have_avx2(void);
 /* Tests: makes cpu__matmul use the portable kernel even on AVX2 CPUs. */
@@ -82,16 +82,17 @@ void cpu__rope_apply(float *vec, int n_heads, int head_dim,
                      model_rope_layout_t layout, const float *cos_v,
                      const float *sin_v);
 
-/* SwiGLU on interleaved gate/up values: out[i] = silu(gu[2i]) * gu[2i+1]
- * for i in [0, n). */
-void cpu__swiglu(float *out, const float *gu, int n);
+/* x[i] = exp(x[i]) for i < n (vectorized; within 2 ulp of expf; inputs
+ * below -87.3 give 0 or tiny values, -INFINITY gives 0). */
+void cpu__exp_inplace(float *x, int n);
 
-/* One query row of paged attention (one token, one query head).
- * Keys/values of slot p live at k_layer/v_layer + ((block_table[p / bs] *
- * bs + p % bs) * kv_row + kv_head * head_dim).  The query attends to the
- * cached slots [0, ctx_len) and to new token j (slot ctx_len + j, j <
- * n_new) when mask_row[j] != 0, or when j <= i if mask_row is NULL.
- * `scores` is scratch of ctx_len + n_new floats.  out: (head_dim). */
+/* SwiGLU on interleaved gate/up values: out[i] = silu(gu[2i]) * gu[2i+1]
+ * for i in [0, n).  `tmp` is scratch of n floats. */
+void cpu__swiglu(float *out, const float *gu, int n, float *tmp);
+
+/* The paged KV of one sequence in one layer.  Keys/values of slot p live
+ * at k_layer/v_layer + (block_table[p / bs] * bs + p % bs) * kv_row +
+ * kv_head * head_dim. */
 typedef struct {
     const float *k_layer;    /* this layer's K base (n_blocks, bs, kv_row) */
     const float *v_layer;    /* this layer's V base, same layout */
@@ -101,11 +102,23 @@ typedef struct {
     int head_dim;
     int ctx_len;             /* cached slots before the new tokens */
     int n_new;               /* new tokens of the sequence in this step */
+    const uint8_t *mask;     /* (n_new, n_new) or NULL for causal */
 } cpu_attn_seq_t;
 
-void cpu__attention_row(float *out, const float *q, const cpu_attn_seq_t *s,
-                        int kv_head, int i, const uint8_t *mask_row,
-                        float *scores);
+/* Attention for new tokens [i0, i0 + n_q) of one sequence and the `group`
+ * query heads that share KV head kv_head (GQA).  The new tokens' K/V must
+ * already be in their slots [ctx_len, ctx_len + n_new).  New token i sees
+ * every cached slot and new token j when mask[i*n_new + j] (or j <= i
+ * when mask is NULL).
+ *   q:   query of token i0, first head of the group; heads head_dim
+ *        apart, tokens ldq apart.
+ *   out: same layout with row stride ldo, (n_q, group * head_dim).
+ *   scratch: n_q * (ctx_len + n_new) floats.
+ * Scores come from the weight-stationary matmul (each key row read once
+ * for all n_q queries), softmax with scale 1/sqrt(head_dim). */
+void cpu__attention(float *out, int ldo, const float *q, int ldq,
+                    const cpu_attn_seq_t *s, int kv_head, int group, int i0,
+                    int n_q, float *scratch);
 
 #ifdef __cplusplus
 }

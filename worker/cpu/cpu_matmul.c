@@ -41,11 +41,12 @@ static float cpu_dot_c(const float *a, const float *b, int n)
 }
 
 static void cpu_matmul_c(float *out, int ldo, const float *x, int ldx,
-                         const float *w, const float *bias, int n_tok, int k,
-                         int n_begin, int n_end, bool accumulate)
+                         const float *w, int ldw, const float *bias,
+                         int n_tok, int k, int n_begin, int n_end,
+                         bool accumulate)
 {
     for (int n = n_begin; n < n_end; n++) {
-        const float *wr = w + (size_t)n * k;
+        const float *wr = w + (size_t)n * ldw;
         float b = bias != NULL ? bias[n] : 0.0f;
 
         for (int t = 0; t < n_tok; t++) {
@@ -58,15 +59,15 @@ static void cpu_matmul_c(float *out, int ldo, const float *x, int ldx,
 }
 
 void cpu__matmul_ref(float *out, int ldo, const float *x, int ldx,
-                     const float *w, const float *bias, int n_tok, int k,
-                     int n_begin, int n_end, bool accumulate)
+                     const float *w, int ldw, const float *bias, int n_tok,
+                     int k, int n_begin, int n_end, bool accumulate)
 {
     for (int t = 0; t < n_tok; t++) {
         for (int n = n_begin; n < n_end; n++) {
             float v = 0.0f;
 
             for (int j = 0; j < k; j++)
-                v += x[(size_t)t * ldx + j] * w[(size_t)n * k + j];
+                v += x[(size_t)t * ldx + j] * w[(size_t)n * ldw + j];
             if (bias != NULL)
                 v += bias[n];
             if (accumulate)
@@ -110,17 +111,17 @@ CPU_AVX2 static inline void cpu_store4(float *o, __m128 v, const float *bias,
 
 /* 8 weight rows x 1 token. */
 CPU_AVX2 static void cpu_tile_8x1(float *o, const float *x, const float *w,
-                                  int k, int k8, __m256i tail,
+                                  size_t ldw, int k, int k8, __m256i tail,
                                   const float *bias, bool accumulate)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     __m256 a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps();
     __m256 a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
-    const float *w0 = w, *w1 = w + k, *w2 = w + 2 * (size_t)k;
-    const float *w3 = w + 3 * (size_t)k, *w4 = w + 4 * (size_t)k;
-    const float *w5 = w + 5 * (size_t)k, *w6 = w + 6 * (size_t)k;
-    const float *w7 = w + 7 * (size_t)k;
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw;
+    const float *w3 = w + 3 * ldw, *w4 = w + 4 * ldw;
+    const float *w5 = w + 5 * ldw, *w6 = w + 6 * ldw;
+    const float *w7 = w + 7 * ldw;
     int j = 0;
 
     for (; j < k8; j += 8) {
@@ -155,16 +156,16 @@ CPU_AVX2 static void cpu_tile_8x1(float *o, const float *x, const float *w,
 /* 4 weight rows x NT tokens (NT = 1..3), unrolled by the compiler. */
 #define CPU_TILE_4XN(NT)                                                    \
 CPU_AVX2 static void cpu_tile_4x##NT(float *o, int ldo, const float *x,     \
-                                     int ldx, const float *w, int k, int k8,\
-                                     __m256i tail, const float *bias,       \
-                                     bool accumulate)                       \
+                                     int ldx, const float *w, size_t ldw,   \
+                                     int k, int k8, __m256i tail,           \
+                                     const float *bias, bool accumulate)    \
 {                                                                           \
     __m256 acc[4][NT];                                                      \
     const float *wr[4];                                                     \
     int j = 0;                                                              \
                                                                             \
     for (int r = 0; r < 4; r++) {                                           \
-        wr[r] = w + (size_t)r * k;                                          \
+        wr[r] = w + (size_t)r * ldw;                                        \
         for (int c = 0; c < NT; c++)                                        \
             acc[r][c] = _mm256_setzero_ps();                                \
     }                                                                       \
@@ -227,7 +228,7 @@ CPU_AVX2 static void cpu_row_1xn(float *out, int ldo, const float *x,
 }
 
 CPU_AVX2 static void cpu_matmul_avx2(float *out, int ldo, const float *x,
-                                     int ldx, const float *w,
+                                     int ldx, const float *w, size_t ldw,
                                      const float *bias, int n_tok, int k,
                                      int n_begin, int n_end, bool accumulate)
 {
@@ -240,29 +241,29 @@ CPU_AVX2 static void cpu_matmul_avx2(float *out, int ldo, const float *x,
 
     if (n_tok == 1) {
         for (; n + 8 <= n_end; n += 8)
-            cpu_tile_8x1(out + n, x, w + (size_t)n * k, k, k8, tail,
+            cpu_tile_8x1(out + n, x, w + (size_t)n * ldw, ldw, k, k8, tail,
                          bias != NULL ? bias + n : NULL, accumulate);
     }
     for (; n + 4 <= n_end; n += 4) {
-        const float *wr = w + (size_t)n * k;
+        const float *wr = w + (size_t)n * ldw;
         const float *b = bias != NULL ? bias + n : NULL;
         int t = 0;
 
         for (; t + 3 <= n_tok; t += 3)
             cpu_tile_4x3(out + (size_t)t * ldo + n, ldo,
-                         x + (size_t)t * ldx, ldx, wr, k, k8, tail, b,
+                         x + (size_t)t * ldx, ldx, wr, ldw, k, k8, tail, b,
                          accumulate);
         if (n_tok - t == 2)
             cpu_tile_4x2(out + (size_t)t * ldo + n, ldo,
-                         x + (size_t)t * ldx, ldx, wr, k, k8, tail, b,
+                         x + (size_t)t * ldx, ldx, wr, ldw, k, k8, tail, b,
                          accumulate);
         else if (n_tok - t == 1)
             cpu_tile_4x1(out + (size_t)t * ldo + n, ldo,
-                         x + (size_t)t * ldx, ldx, wr, k, k8, tail, b,
+                         x + (size_t)t * ldx, ldx, wr, ldw, k, k8, tail, b,
                          accumulate);
     }
     for (; n < n_end; n++)
-        cpu_row_1xn(out + n, ldo, x, ldx, w + (size_t)n * k, n_tok, k, k8,
+        cpu_row_1xn(out + n, ldo, x, ldx, w + (size_t)n * ldw, n_tok, k, k8,
                     tail, bias != NULL ? bias[n] : 0.0f, accumulate);
 }
 #endif /* x86-64 kernel */
@@ -297,16 +298,16 @@ bool cpu__have_avx2(void)
 }
 
 void cpu__matmul(float *out, int ldo, const float *x, int ldx,
-                 const float *w, const float *bias, int n_tok, int k,
+                 const float *w, int ldw, const float *bias, int n_tok, int k,
                  int n_begin, int n_end, bool accumulate)
 {
 #ifdef CPU_HAVE_X86_KERNEL
     if (cpu__have_avx2()) {
-        cpu_matmul_avx2(out, ldo, x, ldx, w, bias, n_tok, k, n_begin, n_end,
-                        accumulate);
+        cpu_matmul_avx2(out, ldo, x, ldx, w, (size_t)ldw, bias, n_tok, k,
+                        n_begin, n_end, accumulate);
         return;
     }
 #endif
-    cpu_matmul_c(out, ldo, x, ldx, w, bias, n_tok, k, n_begin, n_end,
+    cpu_matmul_c(out, ldo, x, ldx, w, ldw, bias, n_tok, k, n_begin, n_end,
                  accumulate);
 }

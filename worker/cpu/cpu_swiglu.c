@@ -5,15 +5,13 @@
  * rows alternate gate_i, up_i, so one matmul produces both and any
  * thread's slice of output rows holds matching gate/up pairs.
  */
-#include <math.h>
-
 #include "cpu_int.h"
 
-void cpu__swiglu(float *out, const float *gu, int n)
+void cpu__swiglu(float *out, const float *gu, int n, float *tmp)
 {
-    for (int i = 0; i < n; i++) {
-        float g = gu[2 * i];
-
-        out[i] = g * (1.0f / (1.0f + expf(-g))) * gu[2 * i + 1];
-    }
+    for (int i = 0; i < n; i++)
+        tmp[i] = -gu[2 * i];
+    cpu__exp_inplace(tmp, n);
+    for (int i = 0; i < n; i++)
+        out[i] = gu[2 * i] / (1.0f + tmp[i]) * gu[2 * i + 1];
 }
