@@ -1,0 +1,301 @@
+/*
+ * test_attn.cu - the paged attention kernels against attn_ref():
+ *   - cuda_attn_decode (per-token, split-K) with one split and with many,
+ *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
+ *     tokens, the rest through cuda_attn_decode, as the backend mixes them,
+ * over mixed batches: decode tokens at several context lengths, a fresh
+ * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
+ * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
+ * shuffled block ids; f32 and bf16.  Output poisoned before each run.
+ * Run: build-cuda/gpu/test_attn [--bench]   (make gpu-test; gpu-bench
+ * runs --bench: KV read bandwidth of decode, TFLOP/s of prefill)
+ */
+#include <vector>
+
+#include "kernels/attn_decode.h"
+#include "kernels/attn_prefill.h"
+#include "kernels_ref.h"
+#include "kt_common.h"
+
+typedef struct {
+    int ctx, n, masked;
+} seq_t;
+
+typedef struct {
+    int nh, nkv, hd, bs;
+    std::vector<seq_t> seqs;
+} attn_case_t;
+
+/* Host + device description of one batch. */
+typedef struct {
+    int nt, n_blocks;
+    std::vector<int> kv_len, bt_off, ctx, mask_off, bt, tiles, gen, all;
+    std::vector<uint8_t> masks;
+    float *q, *k, *v;
+    cuda_attn_args_t a;
+    int *d_tiles, *d_gen, *d_all;
+} batch_t;
+
+static void batch_build(const attn_case_t *c, cuda_dtype_t dt, batch_t *b)
+{
+    int used_blocks = 0;
+    b->nt = 0;
+    for (const seq_t &s : c->seqs) {
+        b->nt += s.n;
+        used_blocks += (s.ctx + s.n + c->bs - 1) / c->bs;
+    }
+    b->n_blocks = used_blocks + 7;
+    std::vector<int> perm(b->n_blocks);
+    for (int i = 0; i < b->n_blocks; i++)
+        perm[i] = i;
+    for (int i = b->n_blocks - 1; i > 0; i--) {
+        int j = (int)(kt_u32() % (i + 1));
+        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+    int next = 0, tok = 0;
+    for (const seq_t &s : c->seqs) {
+        int nb = (s.ctx + s.n + c->bs - 1) / c->bs;
+        int bt_off = (int)b->bt.size();
+        int moff = -1;
+        for (int i = 0; i < nb; i++)
+            b->bt.push_back(perm[next++]);
+        if (s.masked) {
+            moff = (int)b->masks.size();
+            for (int i = 0; i < s.n; i++)
+                for (int j = 0; j < s.n; j++)
+                    b->masks.push_back(j == i || (j < i && (kt_u32() & 1)));
+        }
+        if (s.n >= 16)
+            for (int i0 = 0; i0 < s.n; i0 += CUDA_PREFILL_BQ) {
+                int t[CUDA_PREFILL_TILE_INTS] = {0};
+                t[CUDA_PT_TOK0] = tok;
+                t[CUDA_PT_I0] = i0;
+                t[CUDA_PT_NQ] = s.n - i0 < CUDA_PREFILL_BQ ? s.n - i0
+                                                           : CUDA_PREFILL_BQ;
+                t[CUDA_PT_NTOK] = s.n;
+                t[CUDA_PT_CTX] = s.ctx;
+                t[CUDA_PT_BT_OFF] = bt_off;
+                t[CUDA_PT_MASK_OFF] = moff;
+                b->tiles.insert(b->tiles.end(), t, t + CUDA_PREFILL_TILE_INTS);
+            }
+        for (int i = 0; i < s.n; i++, tok++) {
+            b->kv_len.push_back(s.masked ? s.ctx + s.n : s.ctx + i + 1);
+            b->bt_off.push_back(bt_off);
+            b->ctx.push_back(s.ctx);
+            b->mask_off.push_back(s.masked ? moff + i * s.n : -1);
+            b->all.push_back(tok);
+            if (s.n < 16)
+                b->gen.push_back(tok);
+        }
+    }
+    if (b->masks.empty())
+        b->masks.push_back(0);
+    size_t cache_n = (size_t)b->n_blocks * c->bs * c->nkv * c->hd;
+    b->q = kt_rand_vec((size_t)b->nt * c->nh * c->hd, -1, 1, dt);
+    b->k = kt_rand_vec(cache_n, -1, 1, dt);
+    b->v = kt_rand_vec(cache_n, -1, 1, dt);
+
+    cuda_attn_args_t *a = &b->a;
+    memset(a, 0, sizeof(*a));
+    a->n_heads = c->nh;
+    a->n_kv_heads = c->nkv;
+    a->head_dim = c->hd;
+    a->block_size = c->bs;
+    a->scale = 1.0f / sqrtf((float)c->hd);
+    a->d_q = kt_upload(b->q, (size_t)b->nt * c->nh * c->hd, dt);
+    a->d_k_cache = kt_upload(b->k, cache_n, dt);
+    a->d_v_cache = kt_upload(b->v, cache_n, dt);
+    a->d_block_tables = (int *)kt_upload_raw(b->bt.data(),
+                                             sizeof(int) * b->bt.size());
+    a->d_masks = (uint8_t *)kt_upload_raw(b->masks.data(), b->masks.size());
+    a->d_kv_len = (int *)kt_upload_raw(b->kv_len.data(), sizeof(int) * b->nt);
+    a->d_bt_off = (int *)kt_upload_raw(b->bt_off.data(), sizeof(int) * b->nt);
+    a->d_ctx_len = (int *)kt_upload_raw(b->ctx.data(), sizeof(int) * b->nt);
+    a->d_mask_off = (int *)kt_upload_raw(b->mask_off.data(),
+                                         sizeof(int) * b->nt);
+    a->d_out = kt_poisoned((size_t)b->nt * c->nh * c->hd, dt);
+    b->d_tiles = (int *)kt_upload_raw(b->tiles.data(),
+                                      sizeof(int) * b->tiles.size());
+    b->d_gen = (int *)kt_upload_raw(b->gen.data(), sizeof(int) * b->gen.size());
+    b->d_all = (int *)kt_upload_raw(b->all.data(), sizeof(int) * b->nt);
+}
+
+static void batch_free(batch_t *b)
+{
+    cuda_attn_args_t *a = &b->a;
+    cudaFree((void *)a->d_q);
+    cudaFree((void *)a->d_k_cache);
+    cudaFree((void *)a->d_v_cache);
+    cudaFree((void *)a->d_block_tables);
+    cudaFree((void *)a->d_masks);
+    cudaFree((void *)a->d_kv_len);
+    cudaFree((void *)a->d_bt_off);
+    cudaFree((void *)a->d_ctx_len);
+    cudaFree((void *)a->d_mask_off);
+    cudaFree(a->d_out);
+    cudaFree(b->d_tiles);
+    cudaFree(b->d_gen);
+    cudaFree(b->d_all);
+    free(b->q); free(b->k); free(b->v);
+}
+
+static void run_case(const attn_case_t *c, cuda_dtype_t dt)
+{
+    batch_t b;
+    batch_build(c, dt, &b);
+    size_t n_out = (size_t)b.nt * c->nh * c->hd;
+    float *ref = (float *)malloc(sizeof(float) * n_out);
+    attn_ref(c->nh, c->nkv, c->hd, c->bs, b.a.scale, b.q, b.k, b.v,
+             b.bt.data(), b.masks.data(), b.kv_len.data(), b.bt_off.data(),
+             b.ctx.data(), b.mask_off.data(), b.nt, ref);
+    int max_kv = 1;
+    for (int t = 0; t < b.nt; t++)
+        max_kv = b.kv_len[t] > max_kv ? b.kv_len[t] : max_kv;
+    char what[160], desc[96];
+    int pos = snprintf(desc, sizeof(desc), "%s h=%d/%d hd=%d bs=%d seqs",
+                       kt_dt_name(dt), c->nh, c->nkv, c->hd, c->bs);
+    for (const seq_t &s : c->seqs)
+        if (pos < (int)sizeof(desc) - 16)
+            pos += snprintf(desc + pos, sizeof(desc) - pos, " %d+%d%s",
+                            s.ctx, s.n, s.masked ? "m" : "");
+    double tol = kt_tol(dt);
+    float *d_ws = NULL;
+
+    /* 1. Every token through the per-token kernel, one split. */
+    kt_poison(b.a.d_out, n_out, dt);
+    KT_OK(cuda_attn_decode(&b.a, b.d_all, b.nt, 1, 1 << 30, NULL, dt, 0));
+    float *out = kt_download(b.a.d_out, n_out, dt);
+    snprintf(what, sizeof(what), "attn decode 1-split %s", desc);
+    kt_compare(what, out, ref, n_out, tol);
+    free(out);
+
+    /* 2. Split-K: the planner's choice and a forced 64-key split. */
+    for (int forced = 0; forced < 2; forced++) {
+        int ns, sl;
+        cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 64, &ns, &sl);
+        if (forced) {
+            sl = 64;
+            ns = (max_kv + 63) / 64;
+        }
+        KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
+                                          b.nt, c->nh, c->hd, ns) + 4));
+        kt_poison(b.a.d_out, n_out, dt);
+        KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, sl, d_ws, dt, 0));
+        out = kt_download(b.a.d_out, n_out, dt);
+        snprintf(what, sizeof(what), "attn decode %dx%d %s", ns, sl, desc);
+        kt_compare(what, out, ref, n_out, tol);
+        free(out);
+        cudaFree(d_ws);
+    }
+
+    /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
+    if (cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty()) {
+        kt_poison(b.a.d_out, n_out, dt);
+        KT_OK(cuda_attn_prefill(&b.a, b.d_tiles,
+                                (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS,
+                                dt, 0));
+        KT_OK(cuda_attn_decode(&b.a, b.d_gen, (int)b.gen.size(), 1, 1 << 30,
+                               NULL, dt, 0));
+        out = kt_download(b.a.d_out, n_out, dt);
+        snprintf(what, sizeof(what), "attn prefill+decode %s", desc);
+        kt_compare(what, out, ref, n_out, tol);
+        free(out);
+    }
+    free(ref);
+    batch_free(&b);
+}
+
+/* Times decode attention (KV bandwidth) and prefill (TFLOP/s) at the
+ * Llama-3-8B shape. */
+static void bench(void)
+{
+    const int nh = 32, nkv = 8, hd = 128, bs = 16;
+    const int dec[][2] = {{1, 8192}, {8, 2048}, {64, 2048}, {64, 8192},
+                          {128, 512}};
+    printf("\nbench: attention at Llama-3-8B shape (32/8 heads, hd 128, "
+           "bf16, block 16), one layer\n");
+    for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++) {
+        attn_case_t c = {nh, nkv, hd, bs, {}};
+        for (int s = 0; s < dec[i][0]; s++)
+            c.seqs.push_back({dec[i][1] - 1, 1, 0});
+        batch_t b;
+        batch_build(&c, CUDA_DT_BF16, &b);
+        int ns, sl;
+        cuda_attn_decode_plan(b.nt, dec[i][1], nh, nkv, 132, 64, &ns, &sl);
+        float *d_ws = NULL;
+        KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(b.nt, nh,
+                                                                 hd, ns) + 4));
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        float ms[20];
+        for (int it = 0; it < 23; it++) {
+            kt_flush_l2();
+            cudaEventRecord(e0);
+            KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, sl, d_ws,
+                                   CUDA_DT_BF16, 0));
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            if (it >= 3)
+                cudaEventElapsedTime(&ms[it - 3], e0, e1);
+        }
+        float med = kt_median(ms, 20);
+        double bytes = 2.0 * dec[i][0] * dec[i][1] * nkv * hd * 2;
+        printf("decode attn batch %3d ctx %5d: %8.1f us  %6.0f GB/s KV "
+               "(%2.0f%% of 4.5 TB/s), %d splits of %d\n", dec[i][0],
+               dec[i][1], med * 1e3, bytes / (med * 1e-3) / 1e9,
+               100.0 * bytes / (med * 1e-3) / 4.5e12, ns, sl);
+        cudaFree(d_ws);
+        batch_free(&b);
+    }
+    const int pre[] = {512, 2048, 8192};
+    for (size_t i = 0; i < sizeof(pre) / sizeof(pre[0]); i++) {
+        attn_case_t c = {nh, nkv, hd, bs, {{0, pre[i], 0}}};
+        batch_t b;
+        batch_build(&c, CUDA_DT_BF16, &b);
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        float ms[10];
+        int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
+        for (int it = 0; it < 12; it++) {
+            cudaEventRecord(e0);
+            KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, CUDA_DT_BF16,
+                                    0));
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            if (it >= 2)
+                cudaEventElapsedTime(&ms[it - 2], e0, e1);
+        }
+        float med = kt_median(ms, 10);
+        double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
+        printf("prefill attn %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
+               "FLOPs)\n", pre[i], med * 1e3, flops / (med * 1e-3) / 1e12);
+        batch_free(&b);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    std::vector<attn_case_t> cases = {
+        /* aidreams / stories shapes: tiny heads */
+        {4, 4, 16, 8, {{0, 1, 0}, {5, 1, 0}, {0, 20, 0}, {3, 17, 0}}},
+        {8, 4, 8, 16, {{0, 7, 0}, {40, 1, 0}, {9, 5, 1}, {100, 1, 0}}},
+        /* Llama-3 GQA 4, mixed batch incl. chunked prefill and a tree */
+        {32, 8, 128, 16, {{1000, 1, 0}, {0, 100, 0}, {77, 70, 0},
+                          {20, 9, 1}, {513, 1, 0}, {0, 1, 0}}},
+        {32, 8, 128, 64, {{3000, 1, 0}, {130, 33, 1}, {64, 64, 0}}},
+        /* odd groups and sizes */
+        {28, 4, 128, 8, {{257, 1, 0}, {0, 31, 0}, {11, 3, 0}}},
+        {12, 2, 64, 16, {{0, 129, 0}, {700, 1, 0}}},
+        {16, 1, 256, 16, {{50, 1, 0}, {0, 40, 0}, {33, 20, 1}}},
+        {8, 8, 32, 64, {{5000, 1, 0}, {1, 2, 0}}},
+    };
+    kt_seed(6);
+    for (int dti = 0; dti < 2; dti++)
+        for (const attn_case_t &c : cases)
+            run_case(&c, dti ? CUDA_DT_BF16 : CUDA_DT_F32);
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0)
+        bench();
+    return kt_finish("test_attn");
+}

@@ -1,0 +1,97 @@
+/*
+ * test_gemm.cu - worker_gemm() (cuBLASLt) against gemm_ref(): f32 in/out
+ * (exactness mode, no TF32), bf16 in/out, bf16 in with f32 out added to
+ * the existing output (the residual add), odd shapes; output poisoned
+ * before each plain run.  --bench times the Llama-3-8B projection shapes.
+ * Run: build-cuda/gpu/test_gemm [--bench]   (make gpu-test)
+ */
+#include "gemm.h"
+#include "kernels_ref.h"
+#include "kt_common.h"
+
+static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
+                     cuda_dtype_t in_dt, cuda_dtype_t out_dt, int acc)
+{
+    float *x = kt_rand_vec((size_t)t * i, -1, 1, in_dt);
+    float *w = kt_rand_vec((size_t)o * i, -1, 1, in_dt);
+    float *y0 = kt_rand_vec((size_t)t * o, -1, 1, out_dt);
+    float *ref = (float *)malloc(sizeof(float) * t * o);
+    memcpy(ref, y0, sizeof(float) * t * o);
+    gemm_ref(t, o, i, x, w, ref, acc);
+    void *d_x = kt_upload(x, (size_t)t * i, in_dt);
+    void *d_w = kt_upload(w, (size_t)o * i, in_dt);
+    void *d_y = acc ? kt_upload(y0, (size_t)t * o, out_dt)
+                    : kt_poisoned((size_t)t * o, out_dt);
+    KT_OK(worker_gemm(g, t, o, i, d_x, d_w, in_dt, d_y, out_dt, acc != 0, 0));
+    float *y = kt_download(d_y, (size_t)t * o, out_dt);
+    char what[96];
+    snprintf(what, sizeof(what), "gemm %s->%s%s t=%d o=%d i=%d",
+             kt_dt_name(in_dt), kt_dt_name(out_dt), acc ? " +=" : "", t, o, i);
+    kt_compare(what, y, ref, (size_t)t * o,
+               in_dt == CUDA_DT_F32 ? 1e-5 : 1e-2);
+    cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
+    free(x); free(w); free(y0); free(ref); free(y);
+}
+
+static void bench(worker_gemm_ctx_t *g)
+{
+    /* (n_out, n_in) of Llama-3-8B: qkv, o, gate|up, down, classifier */
+    const int sh[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096},
+                         {4096, 14336}, {128256, 4096}};
+    const int toks[] = {1, 8, 64, 128, 2048};
+    printf("\nbench: bf16 GEMM (cuBLASLt), Llama-3-8B projections\n");
+    for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++)
+        for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
+            int o = sh[s][0], i = sh[s][1], t = toks[k];
+            void *d_x = kt_poisoned((size_t)t * i, CUDA_DT_BF16);
+            void *d_w = kt_poisoned((size_t)o * i, CUDA_DT_BF16);
+            void *d_y = kt_poisoned((size_t)t * o, CUDA_DT_BF16);
+            /* Non-zero data, so the timing is not of zeros. */
+            KT_CUDA(cudaMemset(d_x, 0x3c, (size_t)t * i * 2));
+            KT_CUDA(cudaMemset(d_w, 0x3c, (size_t)o * i * 2));
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0);
+            cudaEventCreate(&e1);
+            float ms[10];
+            for (int it = 0; it < 13; it++) {
+                kt_flush_l2();
+                cudaEventRecord(e0);
+                KT_OK(worker_gemm(g, t, o, i, d_x, d_w, CUDA_DT_BF16, d_y,
+                                  CUDA_DT_BF16, false, 0));
+                cudaEventRecord(e1);
+                cudaEventSynchronize(e1);
+                if (it >= 3)
+                    cudaEventElapsedTime(&ms[it - 3], e0, e1);
+            }
+            float med = kt_median(ms, 10);
+            double bytes = 2.0 * ((double)o * i + (double)t * i + (double)t * o);
+            double fl = 2.0 * t * (double)o * i;
+            printf("gemm t=%5d o=%6d i=%5d: %8.1f us  %5.2f TB/s  %6.1f "
+                   "TFLOP/s\n", t, o, i, med * 1e3, bytes / (med * 1e-3) / 1e12,
+                   fl / (med * 1e-3) / 1e12);
+            cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
+        }
+}
+
+int main(int argc, char **argv)
+{
+    worker_gemm_ctx_t *g = NULL;
+    KT_OK(worker_gemm_ctx_create(32u << 20, &g));
+    kt_seed(7);
+    const int sh[][3] = {{1, 6144, 4096}, {7, 129, 65}, {33, 512, 64},
+                         {64, 172, 64}, {130, 1000, 300}, {3, 64, 172}};
+    for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++) {
+        run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 0);
+        run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 1);
+        run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_BF16,
+                 0);
+        run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_F32,
+                 0);
+        run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_F32,
+                 1);
+    }
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0)
+        bench(g);
+    worker_gemm_ctx_destroy(&g);
+    return kt_finish("test_gemm");
+}

@@ -1,0 +1,43 @@
+/*
+ * gemm.h - the one cuBLASLt wrapper of the CUDA backend.
+ *
+ * y (n_tok, n_out) = x (n_tok, n_in) . w (n_out, n_in)^T  [+ y if
+ * accumulate], row-major, the layout of every projection in the model.
+ * x and w share a dtype (bf16 or f32); y may be that dtype or f32 (the
+ * residual stream and the logits are f32).  Accumulation is f32; the f32
+ * path uses plain FP32 compute (no TF32) so the exactness mode is exact.
+ *
+ * The context owns the cuBLASLt handle, the workspace and a cache of the
+ * heuristic's algorithm per shape, so a shape is planned once and the
+ * call is safe inside CUDA graph capture.  Not thread-safe.
+ */
+#ifndef BT_WORKER_CUDA_GEMM_H
+#define BT_WORKER_CUDA_GEMM_H
+
+#include <stdbool.h>
+
+#include "cuda_int.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct worker_gemm_ctx_s worker_gemm_ctx_t;
+
+/* Creates the handle and a device workspace of ws_bytes (32 MiB is
+ * plenty on Hopper). */
+bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
+                                   worker_gemm_ctx_t **ctx_p);
+void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p);
+
+/* Enqueues the product on `stream`.  BT_ERR_CUDA when cuBLASLt has no
+ * algorithm for the shape (logged once per shape). */
+bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                        int n_in, const void *d_x, const void *d_w,
+                        cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,
+                        bool accumulate, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CUDA_GEMM_H */

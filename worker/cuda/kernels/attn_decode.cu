@@ -1,0 +1,359 @@
+/*
+ * attn_decode.cu - paged attention, one query token per work item, for
+ * decode steps (and every other token the tiled prefill kernel does not
+ * take).  Grid (kv heads x head groups, tokens, key splits); a block of 4
+ * warps reads each key/value row of its KV head ONCE for up to MAXG query
+ * heads (GQA).  A key row is spread over L = hd/E lanes (E elements each,
+ * 16-byte loads), so a warp scores 32/L keys per step with a log2(L)-step
+ * shuffle reduction; each lane group keeps an online softmax, merged over
+ * the warp, then over warps in shared memory.  With n_splits > 1 each
+ * block writes (max, sum, acc) partials and attn_combine_kernel merges
+ * them (flash-decoding), so batch 1 at long context still fills the GPU.
+ * q (tokens, nh, hd); K/V cache (slots, nkv, hd); f32 or bf16, f32 math.
+ * Test: build-cuda/tests/kernels/test_attn (make gpu-test runs it).
+ */
+#include "attn_decode.h"
+
+#include <math.h>
+
+#include "bt_util.h"
+#include "kern_common.cuh"
+
+#define ATTN_WARPS 4
+#define ATTN_UNROLL 2
+
+template <typename T> static __device__ __forceinline__ float attn_exp(float x)
+{
+    return __expf(x);
+}
+template <> __device__ __forceinline__ float attn_exp<float>(float x)
+{
+    return expf(x); /* exactness mode: accurate exp */
+}
+
+template <typename T, int HD, int MAXG>
+static __global__ void __launch_bounds__(ATTN_WARPS * 32)
+attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
+                   int split_len, int n_splits, float *ws)
+{
+    constexpr int VE = 16 / (int)sizeof(T);
+    constexpr int E = (HD / 32 > VE) ? HD / 32 : (HD < VE ? HD : VE);
+    constexpr int L = HD / E;    /* lanes per key row */
+    constexpr int KPW = 32 / L;  /* keys per warp step */
+    constexpr int STEP = ATTN_WARPS * KPW;
+    __shared__ float sh_m[ATTN_WARPS][MAXG];
+    __shared__ float sh_l[ATTN_WARPS][MAXG];
+    __shared__ float sh_acc[ATTN_WARPS][MAXG][HD];
+
+    const int G = a.n_heads / a.n_kv_heads;
+    const int kvh = blockIdx.x / n_hgroups;
+    const int hg = blockIdx.x - kvh * n_hgroups;
+    const int h0 = kvh * G + hg * MAXG;
+    const int ng = min(MAXG, G - hg * MAXG);
+    const int ti = blockIdx.y;
+    const int tok = tok_idx ? tok_idx[ti] : ti;
+    const int split = blockIdx.z;
+    const int kv_len = a.d_kv_len[tok];
+    const int start = split * split_len;
+    const int end = min(kv_len, start + split_len);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int grp = lane / L;
+    const int li = lane - grp * L;
+    const int bs = a.block_size;
+
+    float q[MAXG][E];
+    float m[MAXG], l[MAXG], acc[MAXG][E];
+    const T *qp = (const T *)a.d_q + ((size_t)tok * a.n_heads + h0) * HD +
+                  li * E;
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        if (g < ng) {
+            kern_load_vec<T, E>(qp + g * HD, q[g]);
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                q[g][e] *= a.scale;
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                q[g][e] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            acc[g][e] = 0.0f;
+    }
+
+    const int *bt = a.d_block_tables + a.d_bt_off[tok];
+    const int ctx = a.d_ctx_len[tok];
+    const int moff = a.d_mask_off[tok];
+    const uint8_t *mrow = moff >= 0 ? a.d_masks + moff : NULL;
+    const size_t slot_stride = (size_t)a.n_kv_heads * HD;
+    const T *kbase = (const T *)a.d_k_cache + (size_t)kvh * HD + li * E;
+    const T *vbase = (const T *)a.d_v_cache + (size_t)kvh * HD + li * E;
+
+    for (int k0 = start + warp * KPW; k0 < end; k0 += ATTN_UNROLL * STEP) {
+        float kv[ATTN_UNROLL][E], vv[ATTN_UNROLL][E];
+        bool valid[ATTN_UNROLL];
+
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            int k = k0 + u * STEP + grp;
+            valid[u] = k < end;
+            if (valid[u] && mrow && k >= ctx && !mrow[k - ctx])
+                valid[u] = false;
+            if (valid[u]) {
+                int blk = k / bs;
+                size_t slot = (size_t)bt[blk] * bs + (k - blk * bs);
+                kern_load_vec<T, E>(kbase + slot * slot_stride, kv[u]);
+                kern_load_vec<T, E>(vbase + slot * slot_stride, vv[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    kv[u][e] = vv[u][e] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+#pragma unroll
+            for (int g = 0; g < MAXG; g++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    s += q[g][e] * kv[u][e];
+#pragma unroll
+                for (int o = L / 2; o > 0; o >>= 1)
+                    s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (valid[u] && g < ng) {
+                    float m_new = fmaxf(m[g], s);
+                    float corr = attn_exp<T>(m[g] - m_new);
+                    float p = attn_exp<T>(s - m_new);
+                    l[g] = l[g] * corr + p;
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        acc[g][e] = acc[g][e] * corr + p * vv[u][e];
+                    m[g] = m_new;
+                }
+            }
+        }
+    }
+
+    /* Merge the lane groups of this warp (lanes li, li+L, li+2L, ...). */
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        float mx = m[g];
+#pragma unroll
+        for (int o = L; o < 32; o <<= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sc = m[g] == -INFINITY ? 0.0f : attn_exp<T>(m[g] - mx);
+        l[g] *= sc;
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            acc[g][e] *= sc;
+#pragma unroll
+        for (int o = L; o < 32; o <<= 1) {
+            l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+        }
+        m[g] = mx;
+        if (grp == 0) {
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                sh_acc[warp][g][li * E + e] = acc[g][e];
+            if (li == 0) {
+                sh_m[warp][g] = m[g];
+                sh_l[warp][g] = l[g];
+            }
+        }
+    }
+    __syncthreads();
+
+    /* Merge the warps; write the output or this split's partial. */
+    for (int idx = threadIdx.x; idx < ng * HD; idx += blockDim.x) {
+        int g = idx / HD;
+        int d = idx - g * HD;
+        float mx = -INFINITY, ls = 0.0f, as = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++)
+            mx = fmaxf(mx, sh_m[w][g]);
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            float sc = sh_m[w][g] == -INFINITY
+                           ? 0.0f : attn_exp<T>(sh_m[w][g] - mx);
+            ls += sh_l[w][g] * sc;
+            as += sh_acc[w][g][d] * sc;
+        }
+        int h = h0 + g;
+        if (n_splits == 1) {
+            T *o = (T *)a.d_out + ((size_t)tok * a.n_heads + h) * HD;
+            o[d] = kern_from_f<T>(ls > 0.0f ? as / ls : 0.0f);
+        } else {
+            float *p = ws + (((size_t)ti * a.n_heads + h) * n_splits + split) *
+                                (HD + 2);
+            p[2 + d] = as;
+            if (d == 0) {
+                p[0] = mx;
+                p[1] = ls;
+            }
+        }
+    }
+}
+
+/* Merges the n_splits partials of each (token, head). */
+template <typename T>
+static __global__ void attn_combine_kernel(cuda_attn_args_t a,
+                                           const int *tok_idx, int n_splits,
+                                           const float *ws)
+{
+    const int hd = a.head_dim;
+    const int ti = blockIdx.x;
+    const int h = blockIdx.y;
+    const int tok = tok_idx ? tok_idx[ti] : ti;
+    const float *p0 = ws + ((size_t)ti * a.n_heads + h) * n_splits * (hd + 2);
+    float mx = -INFINITY;
+
+    for (int s = 0; s < n_splits; s++)
+        mx = fmaxf(mx, p0[s * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float ls = 0.0f, as = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float *p = p0 + s * (hd + 2);
+            float sc = p[0] == -INFINITY ? 0.0f : attn_exp<T>(p[0] - mx);
+            ls += p[1] * sc;
+            as += p[2 + d] * sc;
+        }
+        T *o = (T *)a.d_out + ((size_t)tok * a.n_heads + h) * hd;
+        o[d] = kern_from_f<T>(ls > 0.0f ? as / ls : 0.0f);
+    }
+}
+
+bool cuda_attn_head_dim_ok(int head_dim)
+{
+    return head_dim == 8 || head_dim == 16 || head_dim == 32 ||
+           head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+static int attn_maxg(int group)
+{
+    return group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
+}
+
+void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
+                           int n_sm, int max_splits, int *n_splits_p,
+                           int *split_len_p)
+{
+    int group = n_heads / n_kv_heads;
+    int maxg = attn_maxg(group);
+    long base = (long)n * n_kv_heads * BT_DIV_UP(group, maxg);
+    int split_len = 512;
+    int n_splits;
+
+    if (max_kv < 1)
+        max_kv = 1;
+    /* Shorter splits until ~4 blocks per multiprocessor, not below 64. */
+    while (split_len > 64 &&
+           base * BT_DIV_UP(max_kv, split_len) < 4L * n_sm)
+        split_len /= 2;
+    while (BT_DIV_UP(max_kv, split_len) > max_splits)
+        split_len *= 2;
+    n_splits = (int)BT_DIV_UP(max_kv, split_len);
+    if (n_splits < 1)
+        n_splits = 1;
+    *n_splits_p = n_splits;
+    *split_len_p = split_len;
+}
+
+size_t cuda_attn_decode_ws_floats(int n, int n_heads, int head_dim,
+                                  int n_splits)
+{
+    if (n_splits <= 1)
+        return 0;
+    return (size_t)n * n_heads * n_splits * (head_dim + 2);
+}
+
+template <typename T, int HD>
+static void attn_decode_launch_hd(const cuda_attn_args_t *a,
+                                  const int *tok_idx, int n, int n_splits,
+                                  int split_len, float *ws,
+                                  cudaStream_t stream)
+{
+    int group = a->n_heads / a->n_kv_heads;
+    int maxg = attn_maxg(group);
+    int n_hgroups = (int)BT_DIV_UP(group, maxg);
+    dim3 grid(a->n_kv_heads * n_hgroups, n, n_splits);
+
+    switch (maxg) {
+    case 1:
+        attn_decode_kernel<T, HD, 1><<<grid, ATTN_WARPS * 32, 0, stream>>>(
+            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        break;
+    case 2:
+        attn_decode_kernel<T, HD, 2><<<grid, ATTN_WARPS * 32, 0, stream>>>(
+            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        break;
+    case 4:
+        attn_decode_kernel<T, HD, 4><<<grid, ATTN_WARPS * 32, 0, stream>>>(
+            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        break;
+    default:
+        attn_decode_kernel<T, HD, 8><<<grid, ATTN_WARPS * 32, 0, stream>>>(
+            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        break;
+    }
+    if (n_splits > 1)
+        attn_combine_kernel<T><<<dim3(n, a->n_heads), BT_MIN(HD, 128), 0,
+                                 stream>>>(*a, tok_idx, n_splits, ws);
+}
+
+template <typename T>
+static void attn_decode_launch(const cuda_attn_args_t *a, const int *tok_idx,
+                               int n, int n_splits, int split_len, float *ws,
+                               cudaStream_t stream)
+{
+    switch (a->head_dim) {
+    case 8:
+        attn_decode_launch_hd<T, 8>(a, tok_idx, n, n_splits, split_len, ws,
+                                    stream);
+        break;
+    case 16:
+        attn_decode_launch_hd<T, 16>(a, tok_idx, n, n_splits, split_len, ws,
+                                     stream);
+        break;
+    case 32:
+        attn_decode_launch_hd<T, 32>(a, tok_idx, n, n_splits, split_len, ws,
+                                     stream);
+        break;
+    case 64:
+        attn_decode_launch_hd<T, 64>(a, tok_idx, n, n_splits, split_len, ws,
+                                     stream);
+        break;
+    case 128:
+        attn_decode_launch_hd<T, 128>(a, tok_idx, n, n_splits, split_len, ws,
+                                      stream);
+        break;
+    default:
+        attn_decode_launch_hd<T, 256>(a, tok_idx, n, n_splits, split_len, ws,
+                                      stream);
+        break;
+    }
+}
+
+bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
+                             const int *d_tok_idx, int n, int n_splits,
+                             int split_len, float *d_ws, cuda_dtype_t dt,
+                             cudaStream_t stream)
+{
+    BT_ASSERT(cuda_attn_head_dim_ok(args->head_dim));
+    BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
+    BT_ASSERT(n_splits >= 1 && split_len >= 1);
+    BT_ASSERT(n_splits == 1 || d_ws != NULL);
+    if (n == 0)
+        return BT_OK;
+    KERN_DISPATCH_DT(dt, T,
+                     attn_decode_launch<T>(args, d_tok_idx, n, n_splits,
+                                           split_len, d_ws, stream));
+    return BT_CUDA_LAUNCH_STATUS();
+}

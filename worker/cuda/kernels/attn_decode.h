@@ -1,0 +1,67 @@
+/*
+ * attn_decode.h - paged attention over the KV cache, one query token per
+ * work item (decode tokens, short chunks, masked draft trees), with the
+ * key range split across thread blocks (flash-decoding).
+ *
+ * The per-token description (cuda_attn_args_t) is shared with the tiled
+ * prefill kernel in attn_prefill.h.
+ */
+#ifndef BT_WORKER_CUDA_KERNELS_ATTN_DECODE_H
+#define BT_WORKER_CUDA_KERNELS_ATTN_DECODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../cuda_int.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int block_size;             /* tokens per KV block */
+    float scale;                /* 1/sqrt(head_dim) */
+    const void *d_q;            /* (tokens, nh, hd) rotated queries */
+    const void *d_k_cache;      /* (n_blocks * block_size, nkv, hd) layer K */
+    const void *d_v_cache;      /* (n_blocks * block_size, nkv, hd) layer V */
+    const int *d_block_tables;  /* every sequence's block table, concatenated */
+    const uint8_t *d_masks;     /* every sequence's (n, n) mask, concatenated */
+    /* Per batch token: */
+    const int *d_kv_len;        /* (tokens) attend to slots [0, kv_len) */
+    const int *d_bt_off;        /* (tokens) start of its block table */
+    const int *d_ctx_len;       /* (tokens) cached tokens of its sequence */
+    const int *d_mask_off;      /* (tokens) offset of its mask row, or -1:
+                                   slot s >= ctx_len is visible iff
+                                   mask[mask_off + s - ctx_len] != 0 */
+    void *d_out;                /* (tokens, nh, hd) attention output */
+} cuda_attn_args_t;
+
+/* True when the kernels support this head size (8, 16, ..., 256). */
+bool cuda_attn_head_dim_ok(int head_dim);
+
+/* Chooses the split of the key range for `n` query tokens whose longest
+ * key range is `max_kv`: split_len is a power of two, n_splits *
+ * split_len >= max_kv, n_splits <= max_splits, and enough blocks to fill
+ * `n_sm` multiprocessors when the context allows. */
+void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
+                           int n_sm, int max_splits, int *n_splits_p,
+                           int *split_len_p);
+
+/* Floats of workspace cuda_attn_decode needs (0 when n_splits == 1). */
+size_t cuda_attn_decode_ws_floats(int n, int n_heads, int head_dim,
+                                  int n_splits);
+
+/* Attention for the `n` batch tokens listed in d_tok_idx (NULL: tokens
+ * 0..n-1).  d_ws: cuda_attn_decode_ws_floats() floats. */
+bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
+                             const int *d_tok_idx, int n, int n_splits,
+                             int split_len, float *d_ws, cuda_dtype_t dt,
+                             cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CUDA_KERNELS_ATTN_DECODE_H */

@@ -1,0 +1,273 @@
+/*
+ * attn_prefill.cu - flash attention for prompt chunks on tensor cores.
+ * A block (4 warps) takes 64 queries of one sequence and one query head;
+ * each warp owns 16 query rows.  For each tile of 64 keys (read from the
+ * paged cache, prefix and new tokens alike): S = Q K^T with bf16 WMMA
+ * 16x16x16 (f32 accumulate), the online softmax in f32 with the causal
+ * rule or the sequence's mask, then O += P V with WMMA; O lives in
+ * accumulator fragments and is rescaled through shared memory.
+ * q (tokens, nh, hd) bf16, K/V cache (slots, nkv, hd) bf16, out like q.
+ * Test: build-cuda/tests/kernels/test_attn (make gpu-test runs it).
+ */
+#include "attn_prefill.h"
+
+#include <math.h>
+#include <mma.h>
+
+#include "bt_util.h"
+#include "kern_common.cuh"
+
+using namespace nvcuda;
+
+#define PF_BQ CUDA_PREFILL_BQ
+#define PF_BK 64
+#define PF_WARPS 4
+
+template <int HD> struct pf_smem {
+    static constexpr int LDQ = HD + 8;    /* bf16 row pitch of Q, K, V */
+    static constexpr int LDS = PF_BK + 4; /* f32 pitch of S */
+    static constexpr int LDP = PF_BK + 8; /* bf16 pitch of P */
+    static constexpr int LDO = HD + 4;    /* f32 pitch of O */
+    static constexpr size_t Q_OFF = 0;
+    static constexpr size_t K_OFF = Q_OFF + (size_t)PF_BQ * LDQ * 2;
+    static constexpr size_t V_OFF = K_OFF + (size_t)PF_BK * LDQ * 2;
+    static constexpr size_t S_OFF = V_OFF + (size_t)PF_BK * LDQ * 2;
+    static constexpr size_t P_OFF = S_OFF + (size_t)PF_BQ * LDS * 4;
+    static constexpr size_t O_OFF = P_OFF + (size_t)PF_BQ * LDP * 2;
+    static constexpr size_t C_OFF = O_OFF + (size_t)PF_BQ * LDO * 4;
+    static constexpr size_t BYTES = C_OFF + (size_t)PF_BQ * 4;
+};
+
+template <int HD>
+static __global__ void __launch_bounds__(PF_WARPS * 32)
+attn_prefill_kernel(cuda_attn_args_t a, const int *tiles)
+{
+    typedef pf_smem<HD> SM;
+    extern __shared__ __align__(128) char smem[];
+    bf16_t *Qs = (bf16_t *)(smem + SM::Q_OFF);
+    bf16_t *Ks = (bf16_t *)(smem + SM::K_OFF);
+    bf16_t *Vs = (bf16_t *)(smem + SM::V_OFF);
+    float *S = (float *)(smem + SM::S_OFF);
+    bf16_t *P = (bf16_t *)(smem + SM::P_OFF);
+    float *Os = (float *)(smem + SM::O_OFF);
+    float *corr_sh = (float *)(smem + SM::C_OFF);
+
+    const int *t = tiles + (size_t)blockIdx.x * CUDA_PREFILL_TILE_INTS;
+    const int tok0 = t[CUDA_PT_TOK0];
+    const int i0 = t[CUDA_PT_I0];
+    const int n_q = t[CUDA_PT_NQ];
+    const int n_tok = t[CUDA_PT_NTOK];
+    const int ctx = t[CUDA_PT_CTX];
+    const int *bt = a.d_block_tables + t[CUDA_PT_BT_OFF];
+    const int moff = t[CUDA_PT_MASK_OFF];
+    const uint8_t *mask = moff >= 0 ? a.d_masks + moff : NULL;
+    const int h = blockIdx.y;
+    const int kvh = h / (a.n_heads / a.n_kv_heads);
+    const int bs = a.block_size;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int half = lane >> 4;
+    const int row = warp * 16 + (lane & 15); /* this lane's query row */
+    const int qi = i0 + row;                 /* its index in the sequence */
+    const bool row_ok = row < n_q;
+    const int kv_end = mask ? ctx + n_tok : ctx + min(n_tok, i0 + n_q);
+    constexpr int CH = HD / 8; /* 16-byte chunks per row */
+
+    /* Q tile: rows past n_q are zero. */
+    for (int idx = threadIdx.x; idx < PF_BQ * CH; idx += blockDim.x) {
+        int r = idx / CH, c = idx - r * CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < n_q)
+            v = *(const uint4 *)((const bf16_t *)a.d_q +
+                                 ((size_t)(tok0 + i0 + r) * a.n_heads + h) *
+                                     HD + c * 8);
+        *(uint4 *)(Qs + r * SM::LDQ + c * 8) = v;
+    }
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[HD / 16];
+#pragma unroll
+    for (int j = 0; j < HD / 16; j++)
+        wmma::fill_fragment(o[j], 0.0f);
+    float m = -INFINITY, l = 0.0f;
+    const size_t slot_stride = (size_t)a.n_kv_heads * HD;
+    const bf16_t *kb_base = (const bf16_t *)a.d_k_cache + (size_t)kvh * HD;
+    const bf16_t *vb_base = (const bf16_t *)a.d_v_cache + (size_t)kvh * HD;
+
+    for (int kb = 0; kb < kv_end; kb += PF_BK) {
+        __syncthreads(); /* everyone is done with the previous K/V tile */
+        for (int idx = threadIdx.x; idx < PF_BK * CH; idx += blockDim.x) {
+            int r = idx / CH, c = idx - r * CH;
+            int s = kb + r;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (s < kv_end) {
+                int blk = s / bs;
+                size_t slot = (size_t)bt[blk] * bs + (s - blk * bs);
+                kv = *(const uint4 *)(kb_base + slot * slot_stride + c * 8);
+                vv = *(const uint4 *)(vb_base + slot * slot_stride + c * 8);
+            }
+            *(uint4 *)(Ks + r * SM::LDQ + c * 8) = kv;
+            *(uint4 *)(Vs + r * SM::LDQ + c * 8) = vv;
+        }
+        __syncthreads();
+
+        /* S (this warp's 16 rows x 64 keys) = Q K^T. */
+#pragma unroll
+        for (int n = 0; n < PF_BK / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc;
+            wmma::fill_fragment(sacc, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16_t,
+                               wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16_t,
+                               wmma::col_major> fb;
+                wmma::load_matrix_sync(fa, Qs + warp * 16 * SM::LDQ + kk * 16,
+                                       SM::LDQ);
+                wmma::load_matrix_sync(fb, Ks + n * 16 * SM::LDQ + kk * 16,
+                                       SM::LDQ);
+                wmma::mma_sync(sacc, fa, fb, sacc);
+            }
+            wmma::store_matrix_sync(S + warp * 16 * SM::LDS + n * 16, sacc,
+                                    SM::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        /* Online softmax: lanes r and r+16 share row r, 32 keys each. */
+        float *srow = S + row * SM::LDS + half * 32;
+        bf16_t *prow = P + row * SM::LDP + half * 32;
+        float tmax = -INFINITY;
+#pragma unroll 8
+        for (int c = 0; c < 32; c++) {
+            int s = kb + half * 32 + c;
+            bool vis = row_ok && s < kv_end &&
+                       (s < ctx || (mask ? mask[(size_t)qi * n_tok + s - ctx]
+                                         : s - ctx <= qi));
+            float v = vis ? srow[c] * a.scale : -INFINITY;
+            srow[c] = v;
+            tmax = fmaxf(tmax, v);
+        }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
+        float m_new = fmaxf(m, tmax);
+        float corr = m == -INFINITY ? 0.0f : __expf(m - m_new);
+        float psum = 0.0f;
+#pragma unroll 8
+        for (int c = 0; c < 32; c++) {
+            float v = srow[c];
+            float p = v == -INFINITY ? 0.0f : __expf(v - m_new);
+            bf16_t pb = __float2bfloat16_rn(p);
+            prow[c] = pb;
+            psum += __bfloat162float(pb); /* the P that V is weighted by */
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 16);
+        l = l * corr + psum;
+        m = m_new;
+        if (half == 0)
+            corr_sh[row] = corr;
+        __syncwarp();
+
+        /* O *= corr (per row), through shared memory. */
+        float *ow = Os + warp * 16 * SM::LDO;
+#pragma unroll
+        for (int j = 0; j < HD / 16; j++)
+            wmma::store_matrix_sync(ow + j * 16, o[j], SM::LDO,
+                                    wmma::mem_row_major);
+        __syncwarp();
+        for (int idx = lane; idx < 16 * HD; idx += 32) {
+            int r = idx / HD, d = idx - r * HD;
+            ow[r * SM::LDO + d] *= corr_sh[warp * 16 + r];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < HD / 16; j++)
+            wmma::load_matrix_sync(o[j], ow + j * 16, SM::LDO,
+                                   wmma::mem_row_major);
+
+        /* O += P V. */
+#pragma unroll
+        for (int kk = 0; kk < PF_BK / 16; kk++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16_t,
+                           wmma::row_major> fp;
+            wmma::load_matrix_sync(fp, P + warp * 16 * SM::LDP + kk * 16,
+                                   SM::LDP);
+#pragma unroll
+            for (int j = 0; j < HD / 16; j++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16_t,
+                               wmma::row_major> fv;
+                wmma::load_matrix_sync(fv, Vs + kk * 16 * SM::LDQ + j * 16,
+                                       SM::LDQ);
+                wmma::mma_sync(o[j], fp, fv, o[j]);
+            }
+        }
+    }
+
+    /* Normalise and write this warp's rows. */
+    float *ow = Os + warp * 16 * SM::LDO;
+#pragma unroll
+    for (int j = 0; j < HD / 16; j++)
+        wmma::store_matrix_sync(ow + j * 16, o[j], SM::LDO,
+                                wmma::mem_row_major);
+    __syncwarp();
+    if (row_ok) {
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        bf16_t *out = (bf16_t *)a.d_out +
+                      ((size_t)(tok0 + qi) * a.n_heads + h) * HD;
+        for (int d = half * (HD / 2); d < (half + 1) * (HD / 2); d++)
+            out[d] = __float2bfloat16_rn(Os[row * SM::LDO + d] * inv);
+    }
+}
+
+bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
+{
+    return dt == CUDA_DT_BF16 &&
+           (head_dim == 16 || head_dim == 32 || head_dim == 64 ||
+            head_dim == 128 || head_dim == 256);
+}
+
+template <int HD>
+static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
+                                       const int *tiles, int n_tiles,
+                                       cudaStream_t stream)
+{
+    size_t bytes = pf_smem<HD>::BYTES;
+    cudaError_t err = cudaFuncSetAttribute(
+        attn_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (int)bytes);
+
+    if (err != cudaSuccess)
+        return err;
+    attn_prefill_kernel<HD><<<dim3(n_tiles, a->n_heads), PF_WARPS * 32,
+                              bytes, stream>>>(*a, tiles);
+    return cudaSuccess;
+}
+
+bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
+                              const int *d_tiles, int n_tiles,
+                              cuda_dtype_t dt, cudaStream_t stream)
+{
+    cudaError_t err;
+
+    BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
+    BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
+    if (n_tiles == 0)
+        return BT_OK;
+    switch (args->head_dim) {
+    case 16:
+        err = attn_prefill_launch<16>(args, d_tiles, n_tiles, stream);
+        break;
+    case 32:
+        err = attn_prefill_launch<32>(args, d_tiles, n_tiles, stream);
+        break;
+    case 64:
+        err = attn_prefill_launch<64>(args, d_tiles, n_tiles, stream);
+        break;
+    case 128:
+        err = attn_prefill_launch<128>(args, d_tiles, n_tiles, stream);
+        break;
+    default:
+        err = attn_prefill_launch<256>(args, d_tiles, n_tiles, stream);
+        break;
+    }
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
+    return BT_CUDA_LAUNCH_STATUS();
+}

@@ -1,0 +1,44 @@
+/*
+ * attn_prefill.h - tiled paged attention for prompt chunks (flash
+ * attention on tensor cores, bf16): 64 queries of one sequence and one
+ * head per block, causal or masked, attending to the cached prefix too
+ * (chunked prefill).
+ */
+#ifndef BT_WORKER_CUDA_KERNELS_ATTN_PREFILL_H
+#define BT_WORKER_CUDA_KERNELS_ATTN_PREFILL_H
+
+#include "attn_decode.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_PREFILL_BQ 64 /* queries per tile */
+
+/* One tile of queries: ints, CUDA_PREFILL_TILE_INTS per tile. */
+enum {
+    CUDA_PT_TOK0 = 0,  /* batch index of the sequence's first new token */
+    CUDA_PT_I0,        /* first query of the tile within the sequence */
+    CUDA_PT_NQ,        /* queries in the tile (<= CUDA_PREFILL_BQ) */
+    CUDA_PT_NTOK,      /* new tokens of the sequence */
+    CUDA_PT_CTX,       /* cached tokens of the sequence */
+    CUDA_PT_BT_OFF,    /* start of its block table in d_block_tables */
+    CUDA_PT_MASK_OFF,  /* start of its (n, n) mask in d_masks, or -1 */
+    CUDA_PT_PAD,
+    CUDA_PREFILL_TILE_INTS
+};
+
+/* True when the tiled kernel supports this head size and dtype (bf16,
+ * head_dim 16, 32, 64, 128 or 256). */
+bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt);
+
+/* Runs the n_tiles tiles of d_tiles (n_tiles, CUDA_PREFILL_TILE_INTS);
+ * uses args' tensors and sizes (not its per-token arrays). */
+bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
+                              const int *d_tiles, int n_tiles,
+                              cuda_dtype_t dt, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CUDA_KERNELS_ATTN_PREFILL_H */
