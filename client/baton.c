@@ -15,6 +15,13 @@ static const cli_command_t cli_commands[] = {
     { "model", "inspect, synthesize or convert model files", cli_model_main },
     { "bench-engine", "measure engine prefill/decode tokens/s",
       cli_bench_engine_main },
+    { "generate", "stream a completion from a baton cluster",
+      cli_generate_main },
+    { "up", "start a local cluster (router + prefill + decode workers)",
+      cli_up_main },
+    { "bench", "load-test a cluster: TTFT/TPOT/ITL, throughput, goodput",
+      cli_bench_main },
+    { "bench-kv", "measure UCX KV hand-off bandwidth", cli_bench_kv_main },
 };
 
 static void usage(FILE *out)

@@ -21,7 +21,7 @@ void client_request_init(client_request_t *req)
     req->add_bos = true;
     req->top_p = 1.0f;
     req->repetition_penalty = 1.0f;
-    req->max_tokens = 64;
+    req->max_tokens = 0;
     req->want_text = true;
 }
 

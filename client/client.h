@@ -34,8 +34,8 @@ typedef struct {
     float presence_penalty;
     float frequency_penalty;
     uint64_t seed;
-    int max_tokens;            /* default 64 */
-    const int *stop_ids;       /* (n_stop_ids); none: model EOS ids */
+    int max_tokens;            /* 0 (default): until the context is full */
+    const int *stop_ids;       /* (n_stop_ids), added to the model EOS ids */
     int n_stop_ids;
     const char *const *stop_strings; /* (n_stop_strings) */
     int n_stop_strings;

@@ -7,7 +7,9 @@
 
 #include <zmq.h>
 
+#include "bt_log.h"
 #include "bt_proto.h"
+#include "bt_zmq.h"
 
 bt_status_t proto_client_decode(const void *data, size_t len,
                                 Baton__ClientMessage **msg_p, char *err,
@@ -162,8 +164,8 @@ bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
             return BT_ERR_INVALID_ARG;
         }
     }
-    if (req->max_tokens <= 0) {
-        snprintf(err, err_len, "max_tokens must be > 0 (got %d)",
+    if (req->max_tokens < 0) {
+        snprintf(err, err_len, "max_tokens must be >= 0 (got %d)",
                  req->max_tokens);
         return BT_ERR_INVALID_ARG;
     }
@@ -217,4 +219,32 @@ const char *proto_control_body_name(Baton__ControlMessage__BodyCase body)
     if ((unsigned)body < sizeof(names) / sizeof(names[0]))
         return names[body];
     return "?";
+}
+
+bt_status_t proto_control_recv(void *sock, Baton__ControlMessage **msg_p)
+{
+    bt_zmq_msg_t zm;
+    char err[256];
+    bt_status_t status;
+
+    status = bt_zmq_recv(sock, ZMQ_DONTWAIT, &zm);
+    if (status != BT_OK)
+        return status;
+    if (zm.n_frames != 1 || zm.n_dropped != 0) {
+        bt_zmq_msg_close(&zm);
+        BT_LOG_WARN("NET", "control message with %d frames dropped",
+                    zm.n_frames + zm.n_dropped);
+        return BT_ERR_FORMAT;
+    }
+    status = proto_control_decode(bt_zmq_frame_data(&zm, 0),
+                                  bt_zmq_frame_size(&zm, 0), msg_p, err,
+                                  sizeof(err));
+    bt_zmq_msg_close(&zm);
+    if (status != BT_OK) {
+        BT_LOG_WARN("NET", "control message dropped: %s", err);
+        if (status == BT_ERR_UNSUPPORTED)
+            proto_control_free(msg_p);
+        return BT_ERR_FORMAT;
+    }
+    return BT_OK;
 }

@@ -73,6 +73,23 @@ bt_status_t proto_sampling_validate(const Baton__SamplingParams *sp,
 /* Maps a status to the client error code that best describes it. */
 Baton__ErrorCode proto_error_code(bt_status_t status);
 
+/* The null model (--null-model workers): a deterministic "next token"
+ * of the previous token and its position, never 0..2, so cluster tests
+ * and overhead benchmarks run without weights and still check exact,
+ * resumable streams. */
+#define PROTO_NULL_VOCAB 512
+#define PROTO_NULL_CONTEXT 4096
+static inline int proto_null_next_token(int prev, int pos)
+{
+    uint32_t h = (uint32_t)prev * 2654435761u + (uint32_t)pos * 40503u;
+    return 3 + (int)((h >> 7) % (PROTO_NULL_VOCAB - 3));
+}
+
+/* Receives one control message from a DEALER (one frame) without
+ * waiting.  BT_ERR_TIMEOUT when none is queued; BT_ERR_FORMAT for an
+ * undecodable one (logged and dropped). */
+bt_status_t proto_control_recv(void *sock, Baton__ControlMessage **msg_p);
+
 /* A name for a control body case (logs). */
 const char *proto_control_body_name(Baton__ControlMessage__BodyCase body);
 

@@ -1,0 +1,289 @@
+/*
+ * cli_up.c - `baton up`: a whole local cluster (router + N prefill + N
+ * decode workers on 127.0.0.1) in one command.  Prints the client
+ * endpoint; Ctrl-C or SIGTERM drains the workers, then the router, and
+ * exits.  The binaries are taken from the directory of this executable.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bt_util.h"
+#include "cli.h"
+
+#define UP_MAX_PROCS 66
+#define UP_MAX_ARGS 40
+
+/* Set by the signal handler; read by the supervision loop. */
+static volatile sig_atomic_t up_stop;
+
+static void up_on_signal(int sig)
+{
+    (void)sig;
+    up_stop = 1;
+}
+
+static void up_usage(FILE *out)
+{
+    fprintf(out,
+"usage: baton up (--model PATH [--tokenizer PATH] | --null-model)\n"
+"                [--prefill N] [--decode N] [--port P] [options]\n"
+"\n"
+"Starts baton-router on 127.0.0.1:P (clients) and P+1 (workers), N prefill\n"
+"and N decode workers, prints the client endpoint, and stops them all on\n"
+"Ctrl-C or SIGTERM (workers drain first).\n"
+"\n"
+"  --prefill N          prefill workers (default 1)\n"
+"  --decode N           decode workers (default 1)\n"
+"  --port P             client port (default 5555; control is P+1)\n"
+"  --threads N          CPU threads per worker (default 1)\n"
+"  --kv-blocks N        decode KV pool blocks (default 256)\n"
+"  --block-size N       KV block size (default 16)\n"
+"  --chunk-tokens N     prefill chunk (default 512)\n"
+"  --no-ucx             KV travels inline on the control plane\n"
+"  --null-model         workers without a model (overhead benchmarks)\n"
+"  --log-dir DIR        write each process's log to DIR/NAME.log\n");
+}
+
+typedef struct {
+    pid_t pid;
+    char name[32];
+    int role; /* 0 router, 1 prefill, 2 decode */
+} up_proc_t;
+
+static pid_t up_spawn(const char *bin_dir, const char *exe, char **args,
+                      const char *log_dir, const char *name)
+{
+    char path[PATH_MAX];
+    pid_t pid;
+
+    snprintf(path, sizeof(path), "%s/%s", bin_dir, exe);
+    args[0] = path;
+    pid = fork();
+    if (pid == 0) {
+        if (log_dir != NULL) {
+            char log[PATH_MAX];
+            FILE *f;
+            snprintf(log, sizeof(log), "%s/%s.log", log_dir, name);
+            f = freopen(log, "w", stderr);
+            (void)f;
+        }
+        execv(path, args);
+        fprintf(stderr, "baton up: cannot run %s: %s\n", path,
+                strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
+static void up_signal_role(up_proc_t *procs, int n, int role, int sig)
+{
+    for (int i = 0; i < n; i++)
+        if (procs[i].pid > 0 && procs[i].role == role)
+            kill(procs[i].pid, sig);
+}
+
+/* Waits until every process of `role` exited or `ms` passed. */
+static void up_reap_role(up_proc_t *procs, int n, int role, int ms)
+{
+    struct timespec ts = { 0, 20 * 1000000 };
+
+    for (int waited = 0;; waited += 20) {
+        int alive = 0;
+        for (int i = 0; i < n; i++) {
+            if (procs[i].pid <= 0 || procs[i].role != role)
+                continue;
+            if (waitpid(procs[i].pid, NULL, WNOHANG) == procs[i].pid)
+                procs[i].pid = 0;
+            else
+                alive++;
+        }
+        if (alive == 0)
+            return;
+        if (waited >= ms) {
+            up_signal_role(procs, n, role, SIGKILL);
+            for (int i = 0; i < n; i++)
+                if (procs[i].pid > 0 && procs[i].role == role) {
+                    waitpid(procs[i].pid, NULL, 0);
+                    procs[i].pid = 0;
+                }
+            return;
+        }
+        nanosleep(&ts, NULL);
+    }
+}
+
+int cli_up_main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "model", required_argument, NULL, 'm' },
+        { "tokenizer", required_argument, NULL, 't' },
+        { "prefill", required_argument, NULL, 'P' },
+        { "decode", required_argument, NULL, 'D' },
+        { "port", required_argument, NULL, 'p' },
+        { "threads", required_argument, NULL, 'T' },
+        { "kv-blocks", required_argument, NULL, 'k' },
+        { "block-size", required_argument, NULL, 'b' },
+        { "chunk-tokens", required_argument, NULL, 'c' },
+        { "no-ucx", no_argument, NULL, 'U' },
+        { "null-model", no_argument, NULL, 'N' },
+        { "log-dir", required_argument, NULL, 'L' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    const char *model = NULL, *tokenizer = NULL, *log_dir = NULL;
+    const char *threads = "1", *kv_blocks = "256", *block_size = "16";
+    const char *chunk = "512";
+    bool null_model = false, no_ucx = false;
+    int n_prefill = 1, n_decode = 1, port = 5555, n = 0;
+    up_proc_t procs[UP_MAX_PROCS];
+    char self[PATH_MAX], bin_dir[PATH_MAX];
+    char listen_ep[64], control_ep[64];
+    struct sigaction sa;
+    ssize_t len;
+
+    optind = 1;
+    for (;;) {
+        int c = getopt_long(argc, argv, "", opts, NULL), bad = 0;
+        if (c == -1)
+            break;
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 't': tokenizer = optarg; break;
+        case 'P': bad = bt_parse_int(optarg, &n_prefill) != BT_OK; break;
+        case 'D': bad = bt_parse_int(optarg, &n_decode) != BT_OK; break;
+        case 'p': bad = bt_parse_int(optarg, &port) != BT_OK; break;
+        case 'T': threads = optarg; break;
+        case 'k': kv_blocks = optarg; break;
+        case 'b': block_size = optarg; break;
+        case 'c': chunk = optarg; break;
+        case 'U': no_ucx = true; break;
+        case 'N': null_model = true; break;
+        case 'L': log_dir = optarg; break;
+        case 'h': up_usage(stdout); return 0;
+        default: up_usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "baton up: bad value '%s'\n", optarg);
+            return 2;
+        }
+    }
+    if (optind < argc || (model == NULL) == !null_model || n_prefill < 1 ||
+        n_decode < 1 || n_prefill + n_decode + 1 > UP_MAX_PROCS ||
+        port <= 0 || port > 65534) {
+        fprintf(stderr, "baton up: need --model or --null-model, 1..32 "
+                        "workers of each role and a port\n");
+        up_usage(stderr);
+        return 2;
+    }
+    len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (len <= 0) {
+        fprintf(stderr, "baton up: cannot find my own binary\n");
+        return 1;
+    }
+    self[len] = '\0';
+    snprintf(bin_dir, sizeof(bin_dir), "%s", dirname(self));
+    snprintf(listen_ep, sizeof(listen_ep), "tcp://127.0.0.1:%d", port);
+    snprintf(control_ep, sizeof(control_ep), "tcp://127.0.0.1:%d", port + 1);
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = up_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    memset(procs, 0, sizeof(procs));
+
+    {
+        char *args[] = { NULL, "--listen", listen_ep, "--control", control_ep,
+                         NULL };
+        procs[n].pid = up_spawn(bin_dir, "baton-router", args, log_dir,
+                                "router");
+        snprintf(procs[n].name, sizeof(procs[n].name), "router");
+        procs[n++].role = 0;
+    }
+    for (int role = 1; role <= 2; role++) {
+        int count = role == 1 ? n_prefill : n_decode;
+        for (int i = 0; i < count; i++) {
+            char *args[UP_MAX_ARGS];
+            char name[32];
+            int a = 1;
+            snprintf(name, sizeof(name), "%s-%d-%d",
+                     role == 1 ? "prefill" : "decode", port, i);
+            args[a++] = "--router";
+            args[a++] = control_ep;
+            args[a++] = "--name";
+            args[a++] = name;
+            if (null_model) {
+                args[a++] = "--null-model";
+            } else {
+                args[a++] = "--model";
+                args[a++] = (char *)model;
+                if (tokenizer != NULL) {
+                    args[a++] = "--tokenizer";
+                    args[a++] = (char *)tokenizer;
+                }
+                args[a++] = "--threads";
+                args[a++] = (char *)threads;
+            }
+            args[a++] = "--block-size";
+            args[a++] = (char *)block_size;
+            if (role == 2) {
+                args[a++] = "--kv-blocks";
+                args[a++] = (char *)kv_blocks;
+            } else {
+                args[a++] = "--chunk-tokens";
+                args[a++] = (char *)chunk;
+            }
+            if (no_ucx)
+                args[a++] = "--no-ucx";
+            args[a] = NULL;
+            procs[n].pid = up_spawn(bin_dir,
+                                    role == 1 ? "baton-prefill"
+                                              : "baton-decode",
+                                    args, log_dir, name);
+            snprintf(procs[n].name, sizeof(procs[n].name), "%s", name);
+            procs[n++].role = role;
+        }
+    }
+    printf("baton up: router %s (workers on %s), %d prefill + %d decode\n",
+           listen_ep, control_ep, n_prefill, n_decode);
+    printf("endpoint: %s\n", listen_ep);
+    fflush(stdout);
+
+    while (!up_stop) {
+        int status;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            if (procs[i].pid != pid)
+                continue;
+            procs[i].pid = 0;
+            fprintf(stderr, "baton up: %s exited (%s %d)\n", procs[i].name,
+                    WIFSIGNALED(status) ? "signal" : "status",
+                    WIFSIGNALED(status) ? WTERMSIG(status)
+                                        : WEXITSTATUS(status));
+            if (procs[i].role == 0)
+                up_stop = 1; /* no router, no cluster */
+        }
+    }
+    fprintf(stderr, "baton up: stopping\n");
+    up_signal_role(procs, n, 1, SIGTERM);
+    up_signal_role(procs, n, 2, SIGTERM);
+    up_reap_role(procs, n, 1, 15000);
+    up_reap_role(procs, n, 2, 15000);
+    up_signal_role(procs, n, 0, SIGTERM);
+    up_reap_role(procs, n, 0, 5000);
+    fprintf(stderr, "baton up: stopped\n");
+    return 0;
+}

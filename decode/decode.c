@@ -1,0 +1,1012 @@
+/*
+ * decode.c - the decode worker's loop, reservations and continuous
+ * batching (see decode.h).
+ */
+#include "decode.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "bt_zmq.h"
+#include "kv/kv_transport.h"
+#include "proto_msg.h"
+#include "stop.h"
+
+#define DECODE_NAME_MAX 64
+#define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
+
+typedef struct {
+    bool used;
+    uint64_t id;        /* request id */
+    uint64_t epoch;     /* never reused */
+    int *blocks;        /* (n_blocks) */
+    int n_blocks;
+    uint64_t expires_ns;
+} decode_resv_t;
+
+typedef struct {
+    int *blocks;        /* (n_blocks) */
+    int n_blocks;
+    uint64_t release_ns;
+} decode_quarantine_t;
+
+typedef struct decode_seq_s decode_seq_t;
+struct decode_seq_s {
+    uint64_t id;
+    int *tokens;        /* (cap) prompt, generated; last one not yet fed */
+    int n_tokens;
+    int cap;
+    int n_cached;       /* tokens whose KV is in the pool */
+    int *blocks;        /* (max_blocks) block table */
+    int n_blocks;
+    int max_blocks;
+    sampler_t *sampler; /* NULL for the null model */
+    stop_t *stop;
+    tok_stream_t *stream; /* NULL without text */
+    int n_generated;    /* generated tokens of the request so far */
+    uint64_t wait_since; /* blocked on a KV block since (0 = not) */
+    decode_seq_t *next;
+};
+
+struct decode_s {
+    decode_config_t cfg;
+    char name[DECODE_NAME_MAX];
+    engine_t *engine;   /* NULL with --null-model */
+    kv_allocator_t *kv; /* engine's, or own with --null-model */
+    kv_layout_t layout;
+    int vocab;
+    int max_context;
+    int block_size;
+    int n_layers;
+    int max_seqs;
+    int budget;
+    void *ctx;
+    void *sock;
+    kv_ucx_t *ucx;
+    kv_ucx_pool_t *pool;
+    volatile sig_atomic_t stop;
+    bool draining;
+    int heartbeat_ms;
+    uint64_t last_hb_ns;
+    uint64_t last_register_ns;
+    bool registered;
+    uint64_t next_epoch;
+    decode_resv_t *resv;        /* (max_reservations) */
+    decode_quarantine_t *quar;  /* (max_reservations) */
+    decode_seq_t *seqs;         /* running batch */
+    int n_seqs;
+    float *logits;              /* (max_seqs, vocab) */
+    backend_seq_t *bseqs;       /* (max_seqs) */
+    decode_seq_t **bmap;        /* (max_seqs) */
+    uint64_t steps;
+    uint64_t tokens_out;
+};
+
+void decode_config_init(decode_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->router = "tcp://127.0.0.1:5556";
+    engine_config_init(&cfg->engine);
+    cfg->kv_timeout_ms = 30000;
+    cfg->quarantine_ms = 2000;
+    cfg->max_reservations = 1024;
+    cfg->use_ucx = true;
+}
+
+// ---------------------------------------------------------------------------
+// Messages
+
+static void send_msg(decode_t *dec, Baton__ControlMessage *msg)
+{
+    if (proto_control_send(dec->sock, NULL, 0, msg) != BT_OK)
+        BT_LOG_WARN("NET", "cannot send %s to the router",
+                    proto_control_body_name(msg->body_case));
+}
+
+static void fill_layout(const decode_t *dec, Baton__KvLayout *l)
+{
+    l->has_n_layers = 1;
+    l->n_layers = (uint32_t)dec->layout.n_layers;
+    l->has_n_blocks = 1;
+    l->n_blocks = (uint32_t)dec->layout.n_blocks;
+    l->has_block_size = 1;
+    l->block_size = (uint32_t)dec->layout.block_size;
+    l->has_n_kv_heads = 1;
+    l->n_kv_heads = (uint32_t)dec->layout.n_kv_heads;
+    l->has_head_dim = 1;
+    l->head_dim = (uint32_t)dec->layout.head_dim;
+    l->has_elem_size = 1;
+    l->elem_size = (uint32_t)dec->layout.elem_size;
+}
+
+static void send_register(decode_t *dec)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__Register reg = BATON__REGISTER__INIT;
+    Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
+    Baton__UcxDescriptor ucx = BATON__UCX_DESCRIPTOR__INIT;
+    int eos[MODEL_MAX_EOS];
+    int n_eos = 0;
+
+    reg.has_role = 1;
+    reg.role = BATON__ROLE__ROLE_DECODE;
+    reg.name = dec->name;
+    reg.model = dec->engine ? (char *)dec->cfg.engine.model_path : "null";
+    reg.has_vocab_size = 1;
+    reg.vocab_size = (uint32_t)dec->vocab;
+    reg.has_max_context = 1;
+    reg.max_context = (uint32_t)dec->max_context;
+    reg.has_pid = 1;
+    reg.pid = (uint32_t)getpid();
+    fill_layout(dec, &lay);
+    reg.kv_layout = &lay;
+    if (dec->engine != NULL) {
+        const model_config_t *mc = model_config(engine_model(dec->engine));
+        for (int i = 0; i < mc->n_eos && i < MODEL_MAX_EOS; i++)
+            eos[n_eos++] = mc->eos_ids[i];
+    }
+    reg.n_eos_ids = (size_t)n_eos;
+    reg.eos_ids = eos;
+    if (dec->pool != NULL) {
+        size_t len;
+        const uint8_t *d = kv_ucx_pool_desc(dec->pool, &len);
+        ucx.has_packed = 1;
+        ucx.packed.data = (uint8_t *)d;
+        ucx.packed.len = len;
+        reg.ucx = &ucx;
+    }
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
+    msg.register_ = &reg;
+    send_msg(dec, &msg);
+    dec->last_register_ns = bt_time_ns();
+}
+
+static int reserved_blocks(const decode_t *dec)
+{
+    int n = 0;
+    for (int i = 0; i < dec->cfg.max_reservations; i++)
+        if (dec->resv[i].used)
+            n += dec->resv[i].n_blocks;
+    return n;
+}
+
+static void send_heartbeat(decode_t *dec)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__Heartbeat hb = BATON__HEARTBEAT__INIT;
+    uint64_t owed = 0;
+
+    for (decode_seq_t *s = dec->seqs; s; s = s->next)
+        owed += 1;
+    hb.name = dec->name;
+    hb.has_free_kv_blocks = 1;
+    hb.free_kv_blocks = (uint32_t)kv_allocator_free_count(dec->kv);
+    hb.has_total_kv_blocks = 1;
+    hb.total_kv_blocks = (uint32_t)kv_allocator_total(dec->kv);
+    hb.has_running = 1;
+    hb.running = (uint32_t)dec->n_seqs;
+    hb.has_outstanding_tokens = 1;
+    hb.outstanding_tokens = owed;
+    hb.has_reserved_blocks = 1;
+    hb.reserved_blocks = (uint32_t)reserved_blocks(dec);
+    hb.has_draining = 1;
+    hb.draining = dec->draining;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_HEARTBEAT;
+    msg.heartbeat = &hb;
+    send_msg(dec, &msg);
+    dec->last_hb_ns = bt_time_ns();
+}
+
+static void send_task_error(decode_t *dec, uint64_t id, Baton__ErrorCode code,
+                            const char *text)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__TaskError te = BATON__TASK_ERROR__INIT;
+
+    te.has_request_id = 1;
+    te.request_id = id;
+    te.has_code = 1;
+    te.code = code;
+    te.message = (char *)text;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_TASK_ERROR;
+    msg.task_error = &te;
+    send_msg(dec, &msg);
+}
+
+// ---------------------------------------------------------------------------
+// Reservations
+
+static void quarantine(decode_t *dec, int *blocks, int n)
+{
+    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+        decode_quarantine_t *q = &dec->quar[i];
+        if (q->blocks != NULL)
+            continue;
+        q->blocks = blocks;
+        q->n_blocks = n;
+        q->release_ns = bt_time_ns() +
+                        (uint64_t)dec->cfg.quarantine_ms * 1000000ull;
+        return;
+    }
+    kv_allocator_release(dec->kv, n, blocks); /* table full: release now */
+    bt_free(blocks);
+}
+
+/* Frees a reservation.  `arrived_or_safe` tells that no remote writer can
+ * still target its blocks (inline KV, or its KV already landed). */
+static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
+{
+    int slot = (int)(r - dec->resv);
+
+    if (dec->pool != NULL)
+        kv_ucx_pool_slot_reset(dec->pool, slot);
+    if (r->blocks != NULL) {
+        if (!safe && dec->pool != NULL && dec->cfg.quarantine_ms > 0) {
+            quarantine(dec, r->blocks, r->n_blocks);
+        } else {
+            kv_allocator_release(dec->kv, r->n_blocks, r->blocks);
+            bt_free(r->blocks);
+        }
+    }
+    memset(r, 0, sizeof(*r));
+}
+
+static decode_resv_t *resv_find(decode_t *dec, uint64_t id)
+{
+    for (int i = 0; i < dec->cfg.max_reservations; i++)
+        if (dec->resv[i].used && dec->resv[i].id == id)
+            return &dec->resv[i];
+    return NULL;
+}
+
+static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__KvGrant g = BATON__KV_GRANT__INIT;
+    Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
+    Baton__UcxDescriptor ucx = BATON__UCX_DESCRIPTOR__INIT;
+    decode_resv_t *r = NULL;
+    int need = BT_DIV_UP((int)BT_MIN(m->n_tokens, (uint32_t)dec->max_context),
+                         dec->block_size);
+    int *blocks = NULL;
+
+    g.has_request_id = 1;
+    g.request_id = m->request_id;
+    g.has_ok = 1;
+    if (need <= 0)
+        need = 1;
+    if (resv_find(dec, m->request_id) != NULL) {
+        g.error = "duplicate reservation";
+        goto reply;
+    }
+    for (int i = 0; i < dec->cfg.max_reservations && r == NULL; i++)
+        if (!dec->resv[i].used)
+            r = &dec->resv[i];
+    if (r == NULL || dec->draining) {
+        g.error = dec->draining ? "draining" : "too many reservations";
+        goto reply;
+    }
+    blocks = bt_malloc((size_t)need * sizeof(int), "decode_resv");
+    if (blocks == NULL || kv_allocator_alloc(dec->kv, need, blocks) != BT_OK) {
+        bt_free(blocks);
+        g.error = "KV pool full";
+        goto reply;
+    }
+    r->used = true;
+    r->id = m->request_id;
+    r->epoch = ++dec->next_epoch;
+    r->blocks = blocks;
+    r->n_blocks = need;
+    r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
+    if (dec->pool != NULL) {
+        size_t len;
+        const uint8_t *d = kv_ucx_pool_desc(dec->pool, &len);
+        kv_ucx_pool_slot_reset(dec->pool, (int)(r - dec->resv));
+        ucx.has_packed = 1;
+        ucx.packed.data = (uint8_t *)d;
+        ucx.packed.len = len;
+        g.ucx = &ucx;
+    }
+    g.ok = 1;
+    g.n_block_ids = (size_t)need;
+    g.block_ids = blocks;
+    g.has_epoch = 1;
+    g.epoch = r->epoch;
+    g.has_slot = 1;
+    g.slot = (int32_t)(r - dec->resv);
+reply:
+    fill_layout(dec, &lay);
+    g.kv_layout = &lay;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_GRANT;
+    msg.kv_grant = &g;
+    send_msg(dec, &msg);
+}
+
+static void on_release(decode_t *dec, const Baton__KvRelease *m)
+{
+    decode_resv_t *r = resv_find(dec, m->request_id);
+
+    if (r != NULL && (m->epoch == 0 || m->epoch == r->epoch))
+        resv_free(dec, r, false);
+}
+
+// ---------------------------------------------------------------------------
+// Sequences
+
+static void seq_destroy(decode_t *dec, decode_seq_t *s)
+{
+    if (s->n_blocks > 0)
+        kv_allocator_release(dec->kv, s->n_blocks, s->blocks);
+    sampler_destroy(&s->sampler);
+    stop_destroy(&s->stop);
+    tok_stream_destroy(&s->stream);
+    bt_free(s->tokens);
+    bt_free(s->blocks);
+    bt_free(s);
+}
+
+static void seq_remove(decode_t *dec, decode_seq_t *s)
+{
+    for (decode_seq_t **pp = &dec->seqs; *pp; pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            dec->n_seqs--;
+            break;
+        }
+    }
+    seq_destroy(dec, s);
+}
+
+/* Writes the inline KV of tokens [0, n) into the reservation's blocks.
+ * Every size is checked against the layout (the bytes came from the
+ * network). */
+static bt_status_t unpack_inline(decode_t *dec, const Baton__KvReady *m,
+                                 const int *blocks, int n_blocks, int n)
+{
+    backend_t *be = engine_backend(dec->engine);
+    size_t row = (size_t)dec->layout.n_kv_heads * (size_t)dec->layout.head_dim *
+                 dec->layout.elem_size;
+
+    if (m->n_kv_inline != (size_t)(2 * dec->n_layers) ||
+        BT_DIV_UP(n, dec->block_size) > n_blocks)
+        return BT_ERR_FORMAT;
+    for (size_t i = 0; i < m->n_kv_inline; i++)
+        if (m->kv_inline[i].len != row * (size_t)n)
+            return BT_ERR_FORMAT;
+    for (int l = 0; l < dec->n_layers; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            uint8_t *base = backend_kv_data(be, l, kv);
+            const uint8_t *src = m->kv_inline[2 * l + kv].data;
+            for (int s = 0; s < n; s++) {
+                int blk = blocks[s / dec->block_size];
+                size_t off = ((size_t)blk * (size_t)dec->block_size +
+                              (size_t)(s % dec->block_size)) * row;
+                memcpy(base + off, src + (size_t)s * row, row);
+            }
+        }
+    }
+    return BT_OK;
+}
+
+static bool ucx_wait_arrival(decode_t *dec, int slot, uint64_t epoch)
+{
+    uint64_t until = bt_time_ns() + 2000000000ull;
+
+    while (bt_time_ns() < until) {
+        kv_ucx_progress(dec->ucx);
+        if (kv_ucx_pool_has_arrived(dec->pool, slot, epoch))
+            return true;
+        kv_ucx_wait(dec->ucx, 1);
+    }
+    return false;
+}
+
+static void on_ready(decode_t *dec, const Baton__KvReady *m)
+{
+    decode_resv_t *r = resv_find(dec, m->request_id);
+    decode_seq_t *s = NULL;
+    stop_config_t scfg;
+    int n = (int)m->n_tokens, keep;
+    const char *why = "out of memory";
+    Baton__ErrorCode code = BATON__ERROR_CODE__ERROR_INTERNAL;
+    bool arrived = false;
+
+    if (r == NULL || r->epoch != m->epoch) {
+        send_task_error(dec, m->request_id, BATON__ERROR_CODE__ERROR_WORKER,
+                        "KV reservation expired or stale epoch");
+        return;
+    }
+    if (n < 2 || n > dec->max_context + 1 || m->n_generated < 1 ||
+        m->n_generated > (uint32_t)n) {
+        code = BATON__ERROR_CODE__ERROR_INVALID;
+        why = "bad token counts in KvReady";
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        if (m->tokens[i] < 0 || m->tokens[i] >= dec->vocab) {
+            code = BATON__ERROR_CODE__ERROR_INVALID;
+            why = "token outside the vocabulary";
+            goto fail;
+        }
+    }
+    /* The KV of tokens [0, n-1) came from the prefill worker. */
+    if (dec->engine != NULL) {
+        if (m->n_kv_inline > 0) {
+            if (unpack_inline(dec, m, r->blocks, r->n_blocks, n - 1) != BT_OK) {
+                code = BATON__ERROR_CODE__ERROR_MALFORMED;
+                why = "inline KV does not match the pool layout";
+                goto fail;
+            }
+            arrived = true;
+        } else if (dec->pool != NULL &&
+                   ucx_wait_arrival(dec, (int)(r - dec->resv), r->epoch)) {
+            arrived = true;
+        } else {
+            code = BATON__ERROR_CODE__ERROR_WORKER;
+            why = "KV did not arrive";
+            goto fail;
+        }
+    }
+    s = bt_calloc(1, sizeof(*s), "decode_seq");
+    if (s == NULL)
+        goto fail;
+    s->id = m->request_id;
+    s->cap = dec->max_context + 1;
+    s->tokens = bt_malloc((size_t)s->cap * sizeof(int), "decode_seq");
+    s->max_blocks = BT_DIV_UP(s->cap, dec->block_size);
+    s->blocks = bt_malloc((size_t)s->max_blocks * sizeof(int), "decode_seq");
+    if (s->tokens == NULL || s->blocks == NULL)
+        goto fail;
+    memcpy(s->tokens, m->tokens, (size_t)n * sizeof(int));
+    s->n_tokens = n;
+    s->n_cached = n - 1;
+    s->n_generated = (int)m->n_generated;
+    stop_config_init(&scfg);
+    for (size_t i = 0; i < m->n_stop_ids && scfg.n_ids < STOP_MAX_IDS; i++)
+        scfg.ids[scfg.n_ids++] = m->stop_ids[i];
+    {
+        /* Stop strings must be NUL-terminated copies (stop_create copies
+         * them again). */
+        char strs[STOP_MAX_STRINGS][STOP_MAX_STRING_LEN + 1];
+        bt_status_t status;
+        for (size_t i = 0; i < m->n_stop_strings &&
+                           scfg.n_strings < STOP_MAX_STRINGS; i++) {
+            size_t len = m->stop_strings[i].len;
+            if (len == 0 || len > STOP_MAX_STRING_LEN)
+                continue;
+            memcpy(strs[scfg.n_strings], m->stop_strings[i].data, len);
+            strs[scfg.n_strings][len] = '\0';
+            scfg.strings[scfg.n_strings] = strs[scfg.n_strings];
+            scfg.n_strings++;
+        }
+        scfg.max_tokens = (int)m->max_tokens - s->n_generated;
+        if (scfg.max_tokens <= 0)
+            scfg.max_tokens = 1;
+        status = stop_create(&scfg, &s->stop);
+        if (status != BT_OK) {
+            code = BATON__ERROR_CODE__ERROR_INVALID;
+            why = "bad stop conditions";
+            goto fail;
+        }
+    }
+    if (dec->engine != NULL) {
+        sampler_params_t sp;
+        const Baton__SamplingParams *p = m->sampling;
+        sampler_params_init(&sp);
+        if (p != NULL) {
+            sp.temperature = p->temperature;
+            sp.top_k = p->top_k;
+            sp.top_p = p->top_p;
+            sp.min_p = p->min_p;
+            sp.repetition_penalty = p->repetition_penalty;
+            sp.presence_penalty = p->presence_penalty;
+            sp.frequency_penalty = p->frequency_penalty;
+            sp.seed = p->seed;
+        }
+        if (sampler_create(&sp, dec->vocab, &s->sampler) != BT_OK) {
+            code = BATON__ERROR_CODE__ERROR_INVALID;
+            why = "invalid sampling parameters";
+            goto fail;
+        }
+        for (int i = 0; i < n; i++)
+            sampler_observe(s->sampler, s->tokens[i]);
+        if (m->want_text && engine_tokenizer(dec->engine) != NULL &&
+            tok_stream_create(engine_tokenizer(dec->engine), s->tokens[n - 2],
+                              &s->stream) == BT_OK) {
+            char scratch[256];
+            size_t len;
+            /* The last token's text went out with the prefill's reply. */
+            tok_stream_push(s->stream, s->tokens[n - 1], scratch,
+                            sizeof(scratch), &len);
+        }
+    }
+    /* Move the reserved blocks to the sequence; trim the estimate. */
+    keep = BT_MIN(r->n_blocks, BT_DIV_UP(n, dec->block_size));
+    memcpy(s->blocks, r->blocks, (size_t)keep * sizeof(int));
+    s->n_blocks = keep;
+    if (r->n_blocks > keep)
+        kv_allocator_release(dec->kv, r->n_blocks - keep, r->blocks + keep);
+    bt_free(r->blocks);
+    r->blocks = NULL;
+    resv_free(dec, r, true);
+    s->next = dec->seqs;
+    dec->seqs = s;
+    dec->n_seqs++;
+    return;
+
+fail:
+    if (s != NULL)
+        seq_destroy(dec, s);
+    resv_free(dec, r, arrived || dec->pool == NULL);
+    send_task_error(dec, m->request_id, code, why);
+}
+
+static void on_cancel(decode_t *dec, uint64_t id)
+{
+    decode_resv_t *r = resv_find(dec, id);
+
+    if (r != NULL)
+        resv_free(dec, r, false);
+    for (decode_seq_t *s = dec->seqs; s; s = s->next) {
+        if (s->id == id) {
+            seq_remove(dec, s);
+            return;
+        }
+    }
+}
+
+static void handle_messages(decode_t *dec)
+{
+    for (int k = 0; k < 1024; k++) {
+        Baton__ControlMessage *msg = NULL;
+        bt_status_t status = proto_control_recv(dec->sock, &msg);
+
+        if (status == BT_ERR_FORMAT)
+            continue;
+        if (status != BT_OK)
+            return;
+        switch (msg->body_case) {
+        case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
+            if (msg->register_ack->reregister) {
+                send_register(dec);
+            } else {
+                dec->registered = true;
+                if (msg->register_ack->heartbeat_ms > 0)
+                    dec->heartbeat_ms = (int)msg->register_ack->heartbeat_ms;
+            }
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_KV_RESERVE:
+            on_reserve(dec, msg->kv_reserve);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_KV_RELEASE:
+            on_release(dec, msg->kv_release);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_KV_READY:
+            on_ready(dec, msg->kv_ready);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
+            on_cancel(dec, msg->cancel_task->request_id);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
+        case BATON__CONTROL_MESSAGE__BODY_DRAIN:
+            dec->stop = 1;
+            break;
+        default:
+            BT_LOG_WARN("NET", "unexpected %s dropped",
+                        proto_control_body_name(msg->body_case));
+            break;
+        }
+        proto_control_free(&msg);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The decode step
+
+static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
+                        const int *ids, int n, const char *text,
+                        size_t text_len, Baton__FinishReason finish)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__TokenOut out = BATON__TOKEN_OUT__INIT;
+
+    out.has_request_id = 1;
+    out.request_id = s->id;
+    out.has_index = 1;
+    out.index = (uint32_t)index;
+    out.n_ids = (size_t)n;
+    out.ids = (int32_t *)ids;
+    if (text_len > 0) {
+        out.has_text = 1;
+        out.text.data = (uint8_t *)text;
+        out.text.len = text_len;
+    }
+    if (finish != BATON__FINISH_REASON__FINISH_NONE) {
+        out.has_finish = 1;
+        out.finish = finish;
+    }
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_TOKEN_OUT;
+    msg.token_out = &out;
+    send_msg(dec, &msg);
+}
+
+/* Handles one sampled token of `s`; returns true when it finished. */
+static bool seq_emit(decode_t *dec, decode_seq_t *s, int tok)
+{
+    char piece[512], shown[2048];
+    size_t piece_len = 0, shown_len = 0;
+    Baton__FinishReason finish = BATON__FINISH_REASON__FINISH_NONE;
+    stop_reason_t reason;
+    int index = s->n_generated;
+    bool emit;
+
+    s->tokens[s->n_tokens++] = tok;
+    if (s->stream != NULL &&
+        tok_stream_push(s->stream, tok, piece, sizeof(piece), &piece_len) !=
+            BT_OK)
+        piece_len = 0;
+    reason = stop_feed(s->stop, tok, piece, piece_len, shown, sizeof(shown),
+                       &shown_len);
+    emit = reason != STOP_EOS;
+    if (emit)
+        s->n_generated++;
+    if (reason == STOP_NONE && s->n_tokens > dec->max_context)
+        reason = STOP_LENGTH; /* the new token cannot be fed */
+    if (reason != STOP_NONE) {
+        finish = reason == STOP_LENGTH ? BATON__FINISH_REASON__FINISH_LENGTH
+                                       : BATON__FINISH_REASON__FINISH_STOP;
+        if (reason != STOP_STRING) {
+            size_t tail = 0;
+            stop_flush(s->stop, shown + shown_len, sizeof(shown) - shown_len,
+                       &tail);
+            shown_len += tail;
+            if (s->stream != NULL &&
+                tok_stream_flush(s->stream, shown + shown_len,
+                                 sizeof(shown) - shown_len, &tail) == BT_OK)
+                shown_len += tail;
+        }
+    }
+    send_tokens(dec, s, index, &tok, emit ? 1 : 0, shown, shown_len, finish);
+    dec->tokens_out += emit ? 1 : 0;
+    return finish != BATON__FINISH_REASON__FINISH_NONE;
+}
+
+/* Takes the KV block the next token of `s` needs; false when the pool is
+ * full (the sequence waits a step). */
+static bool seq_has_room(decode_t *dec, decode_seq_t *s)
+{
+    int want = BT_DIV_UP(s->n_cached + 1, dec->block_size);
+
+    if (want <= s->n_blocks)
+        return true;
+    if (want > s->max_blocks ||
+        kv_allocator_alloc(dec->kv, 1, s->blocks + s->n_blocks) != BT_OK)
+        return false;
+    s->n_blocks++;
+    return true;
+}
+
+static void step(decode_t *dec)
+{
+    int n = 0;
+    uint64_t now = bt_time_ns();
+    decode_seq_t *s, *next;
+    bt_status_t status = BT_OK;
+
+    for (s = dec->seqs; s && n < dec->max_seqs && n < dec->budget; s = next) {
+        next = s->next;
+        if (!seq_has_room(dec, s)) {
+            if (s->wait_since == 0)
+                s->wait_since = now;
+            if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
+                send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+                                "KV pool full for too long");
+                seq_remove(dec, s);
+            }
+            continue;
+        }
+        s->wait_since = 0;
+        if (dec->engine != NULL) {
+            backend_seq_t *bs = &dec->bseqs[n];
+            memset(bs, 0, sizeof(*bs));
+            bs->n_tokens = 1;
+            bs->ctx_len = s->n_cached;
+            bs->tokens = s->tokens + s->n_cached;
+            bs->block_table = s->blocks;
+            bs->n_logits = 1;
+        }
+        dec->bmap[n++] = s;
+    }
+    if (n == 0)
+        return;
+    if (dec->engine != NULL) {
+        backend_batch_t batch;
+        memset(&batch, 0, sizeof(batch));
+        batch.n_seqs = n;
+        batch.seqs = dec->bseqs;
+        status = backend_forward(engine_backend(dec->engine), &batch,
+                                 dec->logits, NULL);
+    }
+    dec->steps++;
+    for (int i = 0; i < n; i++) {
+        int tok;
+        s = dec->bmap[i];
+        if (status != BT_OK) {
+            send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+                            bt_error_last());
+            seq_remove(dec, s);
+            continue;
+        }
+        s->n_cached++;
+        if (dec->engine != NULL) {
+            tok = sampler_sample(s->sampler,
+                                 dec->logits + (size_t)i * dec->vocab);
+            sampler_observe(s->sampler, tok);
+        } else {
+            tok = proto_null_next_token(s->tokens[s->n_tokens - 1],
+                                        s->n_tokens);
+        }
+        if (seq_emit(dec, s, tok))
+            seq_remove(dec, s);
+    }
+}
+
+static void expire(decode_t *dec)
+{
+    uint64_t now = bt_time_ns();
+
+    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+        decode_resv_t *r = &dec->resv[i];
+        decode_quarantine_t *q = &dec->quar[i];
+        if (r->used && now > r->expires_ns) {
+            BT_LOG_WARN("KV", "reservation of request %llu expired: its KV "
+                        "never arrived", (unsigned long long)r->id);
+            resv_free(dec, r, false);
+        }
+        if (q->blocks != NULL && now > q->release_ns) {
+            kv_allocator_release(dec->kv, q->n_blocks, q->blocks);
+            bt_free(q->blocks);
+            memset(q, 0, sizeof(*q));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Lifecycle
+
+bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
+{
+    bt_zmq_socket_config_t scfg;
+    decode_t *dec;
+    bt_status_t status;
+    const backend_config_t *b = &cfg->engine.backend;
+
+    dec = bt_calloc(1, sizeof(*dec), "decode");
+    if (dec == NULL)
+        return BT_ERR_NO_MEMORY;
+    dec->cfg = *cfg;
+    dec->heartbeat_ms = 250;
+    dec->next_epoch = bt_time_ns(); /* grows across restarts too */
+    if (cfg->name != NULL)
+        snprintf(dec->name, sizeof(dec->name), "%s", cfg->name);
+    else
+        snprintf(dec->name, sizeof(dec->name), "decode-%d", (int)getpid());
+    if (cfg->max_reservations <= 0 || b->max_seqs <= 0) {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "DECODE",
+                          "max reservations and seqs must be positive");
+        goto err_free;
+    }
+    dec->max_seqs = b->max_seqs;
+    dec->budget = cfg->step_tokens > 0
+                      ? BT_MIN(cfg->step_tokens, b->max_batch_tokens)
+                      : b->max_batch_tokens;
+    if (cfg->null_model) {
+        dec->vocab = PROTO_NULL_VOCAB;
+        dec->max_context = PROTO_NULL_CONTEXT;
+        dec->block_size = b->block_size;
+        dec->layout = (kv_layout_t){ 0, b->n_kv_blocks, b->block_size, 0, 0, 0 };
+        status = kv_allocator_create(b->n_kv_blocks, &dec->kv);
+        if (status != BT_OK)
+            goto err_free;
+    } else {
+        const model_config_t *mc;
+        status = engine_create(&cfg->engine, &dec->engine);
+        if (status != BT_OK)
+            goto err_free;
+        mc = model_config(engine_model(dec->engine));
+        dec->kv = engine_kv(dec->engine);
+        dec->vocab = mc->vocab_size;
+        dec->max_context = engine_max_context(dec->engine);
+        dec->block_size = engine_block_size(dec->engine);
+        dec->n_layers = mc->n_layers;
+        dec->layout = *backend_kv_layout(engine_backend(dec->engine));
+    }
+    dec->resv = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->resv),
+                          "decode_resv");
+    dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
+                          "decode_resv");
+    dec->logits = bt_malloc((size_t)dec->max_seqs * (size_t)dec->vocab *
+                                sizeof(float), "decode_logits");
+    dec->bseqs = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->bseqs),
+                           "decode_batch");
+    dec->bmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->bmap),
+                          "decode_batch");
+    if (dec->resv == NULL || dec->quar == NULL || dec->logits == NULL ||
+        dec->bseqs == NULL || dec->bmap == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto err_bufs;
+    }
+    if (cfg->use_ucx && dec->engine != NULL) {
+        kv_ucx_config_t ucfg;
+        void *k_layers[1024], *v_layers[1024];
+        backend_t *be = engine_backend(dec->engine);
+        kv_ucx_config_init(&ucfg);
+        for (int l = 0; l < dec->n_layers && l < 1024; l++) {
+            k_layers[l] = backend_kv_data(be, l, 0);
+            v_layers[l] = backend_kv_data(be, l, 1);
+        }
+        if (dec->n_layers > 1024 || kv_ucx_create(&ucfg, &dec->ucx) != BT_OK ||
+            kv_ucx_pool_register(dec->ucx, &dec->layout, k_layers, v_layers,
+                                 KV_UCX_MEM_HOST, cfg->max_reservations,
+                                 &dec->pool) != BT_OK) {
+            BT_LOG_WARN("KV", "UCX unavailable; KV arrives inline");
+            kv_ucx_destroy(&dec->ucx);
+        }
+    }
+    dec->ctx = zmq_ctx_new();
+    if (dec->ctx == NULL) {
+        status = BT_ZMQ_ERROR("zmq_ctx_new");
+        goto err_ucx;
+    }
+    bt_zmq_socket_config_init(&scfg);
+    scfg.type = ZMQ_DEALER;
+    scfg.endpoint = cfg->router;
+    scfg.identity = dec->name;
+    scfg.max_msg = PROTO_CONTROL_MAX_BYTES;
+    status = bt_zmq_socket_create(dec->ctx, &scfg, &dec->sock);
+    if (status != BT_OK)
+        goto err_ctx;
+    *dec_p = dec;
+    return BT_OK;
+
+err_ctx:
+    zmq_ctx_term(dec->ctx);
+err_ucx:
+    kv_ucx_pool_deregister(&dec->pool);
+    kv_ucx_destroy(&dec->ucx);
+err_bufs:
+    bt_free(dec->resv);
+    bt_free(dec->quar);
+    bt_free(dec->logits);
+    bt_free(dec->bseqs);
+    bt_free(dec->bmap);
+    if (dec->engine != NULL)
+        engine_destroy(&dec->engine);
+    else
+        kv_allocator_destroy(&dec->kv);
+err_free:
+    bt_free(dec);
+    return status;
+}
+
+void decode_destroy(decode_t **dec_p)
+{
+    decode_t *dec = *dec_p;
+    int linger = 500; /* let the Shutdown reach the router */
+
+    if (dec == NULL)
+        return;
+    while (dec->seqs != NULL)
+        seq_remove(dec, dec->seqs);
+    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+        if (dec->resv[i].used)
+            resv_free(dec, &dec->resv[i], true);
+        if (dec->quar[i].blocks != NULL) {
+            kv_allocator_release(dec->kv, dec->quar[i].n_blocks,
+                                 dec->quar[i].blocks);
+            bt_free(dec->quar[i].blocks);
+        }
+    }
+    zmq_setsockopt(dec->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    bt_zmq_socket_destroy(&dec->sock);
+    zmq_ctx_term(dec->ctx);
+    kv_ucx_pool_deregister(&dec->pool);
+    kv_ucx_destroy(&dec->ucx);
+    bt_free(dec->resv);
+    bt_free(dec->quar);
+    bt_free(dec->logits);
+    bt_free(dec->bseqs);
+    bt_free(dec->bmap);
+    if (dec->engine != NULL)
+        engine_destroy(&dec->engine);
+    else
+        kv_allocator_destroy(&dec->kv);
+    bt_free(dec);
+    *dec_p = NULL;
+}
+
+void decode_stop(decode_t *dec)
+{
+    dec->stop = 1;
+}
+
+static bool has_reservations(const decode_t *dec)
+{
+    for (int i = 0; i < dec->cfg.max_reservations; i++)
+        if (dec->resv[i].used)
+            return true;
+    return false;
+}
+
+bt_status_t decode_run(decode_t *dec)
+{
+    uint64_t drain_deadline = 0;
+
+    BT_LOG_INFO("DECODE", "%s serving %s via %s: %d KV blocks of %d tokens%s",
+                dec->name,
+                dec->engine ? dec->cfg.engine.model_path : "the null model",
+                dec->cfg.router, kv_allocator_total(dec->kv), dec->block_size,
+                dec->pool ? " (UCX pool registered)" : "");
+    send_register(dec);
+    send_heartbeat(dec);
+    for (;;) {
+        zmq_pollitem_t items[2];
+        int n_items = 1, timeout;
+        uint64_t now;
+
+        if (dec->stop && !dec->draining) {
+            Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+            Baton__Drain d = BATON__DRAIN__INIT;
+            d.name = dec->name;
+            msg.body_case = BATON__CONTROL_MESSAGE__BODY_DRAIN;
+            msg.drain = &d;
+            send_msg(dec, &msg);
+            dec->draining = true;
+            drain_deadline = bt_time_ns() + 60ull * 1000000000ull;
+            BT_LOG_INFO("DECODE", "draining: %d sequences running",
+                        dec->n_seqs);
+        }
+        if (dec->draining &&
+            ((dec->seqs == NULL && !has_reservations(dec)) ||
+             bt_time_ns() > drain_deadline))
+            break;
+        timeout = dec->seqs != NULL ? 0 : 50;
+        items[0] = (zmq_pollitem_t){ dec->sock, 0, ZMQ_POLLIN, 0 };
+        if (dec->ucx != NULL && timeout > 0 &&
+            kv_ucx_event_fd(dec->ucx) >= 0 && kv_ucx_arm(dec->ucx) == BT_OK) {
+            items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(dec->ucx),
+                                         ZMQ_POLLIN, 0 };
+            n_items = 2;
+        }
+        if (zmq_poll(items, n_items, timeout) < 0 && zmq_errno() != EINTR)
+            return BT_ZMQ_ERROR("zmq_poll");
+        if (dec->ucx != NULL)
+            kv_ucx_progress(dec->ucx);
+        handle_messages(dec);
+        step(dec);
+        expire(dec);
+        now = bt_time_ns();
+        if (now - dec->last_hb_ns >= (uint64_t)dec->heartbeat_ms * 1000000ull)
+            send_heartbeat(dec);
+        if (!dec->registered && now - dec->last_register_ns > 1000000000ull)
+            send_register(dec);
+    }
+    {
+        Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+        Baton__Shutdown s = BATON__SHUTDOWN__INIT;
+        s.name = dec->name;
+        msg.body_case = BATON__CONTROL_MESSAGE__BODY_SHUTDOWN;
+        msg.shutdown = &s;
+        send_msg(dec, &msg);
+    }
+    BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens", dec->name,
+                (unsigned long long)dec->steps,
+                (unsigned long long)dec->tokens_out);
+    return BT_OK;
+}

@@ -1,0 +1,52 @@
+/*
+ * decode.h - baton-decode: owns a paged KV pool, grants reservations to
+ * the router, receives prompts' KV from prefill workers, and runs the
+ * continuous-batching loop (requests join and leave the running batch at
+ * every step, under a per-step token budget), streaming tokens back.
+ *
+ * Reservations carry an epoch that is never reused; KV (UCX arrival or
+ * inline bytes) with another epoch is refused, and a reservation whose KV
+ * never arrives within --kv-timeout-ms is freed.  With UCX, blocks of a
+ * reservation freed before its KV arrived stay quarantined for a while so
+ * a late remote write cannot land in blocks granted to someone else.
+ */
+#ifndef BT_DECODE_DECODE_H
+#define BT_DECODE_DECODE_H
+
+#include <signal.h>
+#include <stdbool.h>
+
+#include "bt_status.h"
+#include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *router;      /* control endpoint of the router */
+    const char *name;        /* unique worker name (default decode-PID) */
+    engine_config_t engine;  /* model, tokenizer, --kv-blocks, --block-size */
+    bool null_model;         /* no model: deterministic instant tokens */
+    int step_tokens;         /* token budget per step (0 = max_batch_tokens) */
+    int kv_timeout_ms;       /* reservation without KV is freed (30000) */
+    int quarantine_ms;       /* UCX: blocks of an aborted reservation (2000) */
+    int max_reservations;    /* concurrent reservations = UCX slots (1024) */
+    bool use_ucx;            /* register the pool with UCX */
+} decode_config_t;
+
+void decode_config_init(decode_config_t *cfg);
+
+typedef struct decode_s decode_t;
+
+bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p);
+void decode_destroy(decode_t **dec_p);
+
+/* Serves until decode_stop(): then drains and returns. */
+bt_status_t decode_run(decode_t *dec);
+void decode_stop(decode_t *dec); /* async-signal-safe */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_DECODE_DECODE_H */

@@ -1,0 +1,126 @@
+/*
+ * decode_main.c - the baton-decode executable: options, signals, run.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "decode.h"
+
+/* The running worker, for the signal handler. */
+static decode_t *g_decode;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (g_decode != NULL)
+        decode_stop(g_decode);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+        "usage: baton-decode --router EP (--model PATH | --null-model) "
+        "[options]\n"
+        "  --router EP            router control endpoint (env BATON_ROUTER)\n"
+        "  --model PATH           llama2.c .bin, HF directory or synth:NAME\n"
+        "  --tokenizer PATH       llama2.c tokenizer (for text prompts)\n"
+        "  --null-model           no model: instant deterministic tokens\n"
+        "  --name NAME            worker name (default decode-PID)\n"
+        "  --device cpu|cuda|auto backend (default auto)\n"
+        "  --threads N            CPU threads (0 = all cores)\n"
+        "  --kv-blocks N          KV pool blocks (256)\n"
+        "  --block-size N         KV block size in tokens (16)\n"
+        "  --max-batch-tokens N   tokens per forward (2048)\n"
+        "  --max-seqs N           sequences per step (64)\n"
+        "  --step-tokens N        token budget per step (0 = max-batch-tokens)\n"
+        "  --kv-timeout-ms N      free a reservation whose KV never came (30000)\n"
+        "  --no-ucx               do not register the pool with UCX\n"
+        "SIGTERM/SIGINT: stop taking work, finish running requests, exit.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "router", required_argument, 0, 'r' },
+        { "model", required_argument, 0, 'm' },
+        { "tokenizer", required_argument, 0, 't' },
+        { "null-model", no_argument, 0, 'N' },
+        { "name", required_argument, 0, 'n' },
+        { "device", required_argument, 0, 'd' },
+        { "threads", required_argument, 0, 'T' },
+        { "kv-blocks", required_argument, 0, 'k' },
+        { "block-size", required_argument, 0, 'b' },
+        { "max-batch-tokens", required_argument, 0, 'B' },
+        { "step-tokens", required_argument, 0, 'c' },
+        { "max-seqs", required_argument, 0, 'S' },
+        { "kv-timeout-ms", required_argument, 0, 'K' },
+        { "no-ucx", no_argument, 0, 'U' },
+        { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
+    };
+    decode_config_t cfg;
+    decode_t *dec = NULL;
+    struct sigaction sa;
+    bt_status_t status;
+    int c, bad = 0;
+
+    bt_log_init("decode");
+    decode_config_init(&cfg);
+    if (getenv("BATON_ROUTER"))
+        cfg.router = getenv("BATON_ROUTER");
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        backend_config_t *b = &cfg.engine.backend;
+        switch (c) {
+        case 'r': cfg.router = optarg; break;
+        case 'm': cfg.engine.model_path = optarg; break;
+        case 't': cfg.engine.tokenizer_path = optarg; break;
+        case 'N': cfg.null_model = true; break;
+        case 'n': cfg.name = optarg; break;
+        case 'd': cfg.engine.device = optarg; break;
+        case 'T': bad = bt_parse_int(optarg, &b->n_threads) != BT_OK; break;
+        case 'k': bad = bt_parse_int(optarg, &b->n_kv_blocks) != BT_OK; break;
+        case 'b': bad = bt_parse_int(optarg, &b->block_size) != BT_OK; break;
+        case 'B': bad = bt_parse_int(optarg, &b->max_batch_tokens) != BT_OK; break;
+        case 'c': bad = bt_parse_int(optarg, &cfg.step_tokens) != BT_OK; break;
+        case 'S': bad = bt_parse_int(optarg, &b->max_seqs) != BT_OK; break;
+        case 'K': bad = bt_parse_int(optarg, &cfg.kv_timeout_ms) != BT_OK; break;
+        case 'U': cfg.use_ucx = false; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "baton-decode: bad value '%s'\n", optarg);
+            return 2;
+        }
+    }
+    if (optind != argc ||
+        (cfg.engine.model_path == NULL) == !cfg.null_model) {
+        fprintf(stderr, "baton-decode: need exactly one of --model or "
+                        "--null-model\n");
+        usage(stderr);
+        return 2;
+    }
+    status = decode_create(&cfg, &dec);
+    if (status != BT_OK) {
+        fprintf(stderr, "baton-decode: %s\n", bt_error_last());
+        return 1;
+    }
+    g_decode = dec;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    status = decode_run(dec);
+    g_decode = NULL;
+    decode_destroy(&dec);
+    bt_alloc_report();
+    return status == BT_OK ? 0 : 1;
+}

@@ -1,0 +1,911 @@
+/*
+ * prefill.c - the prefill worker's loop, batcher and KV hand-off (see
+ * prefill.h).
+ */
+#include "prefill.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "bt_zmq.h"
+#include "kv/kv_transport.h"
+#include "proto_msg.h"
+
+#define PREFILL_NAME_MAX 64
+
+typedef enum {
+    PREFILL_TASK_WAITING = 0, /* not started (needs KV blocks) */
+    PREFILL_TASK_RUNNING,     /* chunks being fed */
+    PREFILL_TASK_COMMITTING,  /* UCX commit in flight */
+    PREFILL_TASK_DONE,        /* reply sent; to be freed */
+} prefill_task_state_t;
+
+typedef struct prefill_task_s prefill_task_t;
+struct prefill_task_s {
+    uint64_t id;
+    prefill_task_state_t state;
+    int *tokens;          /* (n_tokens) prompt (+ resumed tokens) */
+    int n_tokens;
+    int n_fed;            /* tokens already in the local KV */
+    int *blocks;          /* (n_blocks) local block table */
+    int n_blocks;
+    sampler_params_t sp;
+    int *dst_blocks;      /* (n_dst) the decode worker's reserved blocks */
+    int n_dst;
+    int dst_block_size;
+    uint64_t epoch;
+    int slot;             /* UCX arrival slot of the reservation */
+    uint8_t *desc;        /* (desc_len) UCX descriptor of the decode pool */
+    size_t desc_len;
+    bool use_ucx;
+    kv_ucx_peer_t *peer;
+    bool final_in_batch;  /* its last chunk is in the running forward */
+    uint8_t **kv_inline;  /* (2 * n_layers) packed K/V per layer */
+    size_t kv_row_bytes;  /* bytes of one token's K (or V) in one layer */
+    int first_token;
+    char first_text[256];
+    size_t first_text_len;
+    bool commit_done;
+    bt_status_t commit_status;
+    uint64_t t_start;
+    uint64_t t_computed;
+    uint64_t transfer_ns;
+    prefill_task_t *next;
+};
+
+struct prefill_s {
+    prefill_config_t cfg;
+    char name[PREFILL_NAME_MAX];
+    engine_t *engine;     /* NULL with --null-model */
+    int vocab;
+    int max_context;
+    int block_size;
+    int n_layers;
+    void *ctx;
+    void *sock;           /* DEALER to the router */
+    kv_ucx_t *ucx;        /* NULL when UCX is off */
+    volatile sig_atomic_t stop;
+    bool draining;
+    int heartbeat_ms;
+    uint64_t last_hb_ns;
+    uint64_t last_register_ns;
+    bool registered;
+    prefill_task_t *head; /* tasks in arrival order */
+    prefill_task_t *tail;
+    float *logits;        /* (max_seqs, vocab) */
+    backend_seq_t *bseqs; /* (max_seqs) */
+    prefill_task_t **btasks; /* (max_seqs) task of each batch row */
+    int n_batch;
+    uint64_t served;
+};
+
+void prefill_config_init(prefill_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->router = "tcp://127.0.0.1:5556";
+    engine_config_init(&cfg->engine);
+    cfg->chunk_tokens = 512;
+    cfg->use_ucx = true;
+}
+
+// ---------------------------------------------------------------------------
+// Messages to the router
+
+static void send_msg(prefill_t *pf, Baton__ControlMessage *msg)
+{
+    if (proto_control_send(pf->sock, NULL, 0, msg) != BT_OK)
+        BT_LOG_WARN("NET", "cannot send %s to the router",
+                    proto_control_body_name(msg->body_case));
+}
+
+static void send_register(prefill_t *pf)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__Register reg = BATON__REGISTER__INIT;
+    int eos[MODEL_MAX_EOS];
+    int n_eos = 0;
+
+    reg.has_role = 1;
+    reg.role = BATON__ROLE__ROLE_PREFILL;
+    reg.name = pf->name;
+    reg.model = pf->engine ? (char *)pf->cfg.engine.model_path : "null";
+    reg.has_vocab_size = 1;
+    reg.vocab_size = (uint32_t)pf->vocab;
+    reg.has_max_context = 1;
+    reg.max_context = (uint32_t)pf->max_context;
+    reg.has_pid = 1;
+    reg.pid = (uint32_t)getpid();
+    if (pf->engine != NULL) {
+        const model_config_t *mc = model_config(engine_model(pf->engine));
+        for (int i = 0; i < mc->n_eos && i < MODEL_MAX_EOS; i++)
+            eos[n_eos++] = mc->eos_ids[i];
+    }
+    reg.n_eos_ids = (size_t)n_eos;
+    reg.eos_ids = eos;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
+    msg.register_ = &reg;
+    send_msg(pf, &msg);
+    pf->last_register_ns = bt_time_ns();
+}
+
+static void send_heartbeat(prefill_t *pf)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__Heartbeat hb = BATON__HEARTBEAT__INIT;
+    uint64_t owed = 0;
+    uint32_t n = 0;
+
+    for (prefill_task_t *t = pf->head; t; t = t->next) {
+        owed += (uint64_t)(t->n_tokens - t->n_fed);
+        n++;
+    }
+    hb.name = pf->name;
+    hb.has_running = 1;
+    hb.running = n;
+    hb.has_outstanding_tokens = 1;
+    hb.outstanding_tokens = owed;
+    if (pf->engine != NULL) {
+        kv_allocator_t *kv = engine_kv(pf->engine);
+        hb.has_free_kv_blocks = 1;
+        hb.free_kv_blocks = (uint32_t)kv_allocator_free_count(kv);
+        hb.has_total_kv_blocks = 1;
+        hb.total_kv_blocks = (uint32_t)kv_allocator_total(kv);
+    }
+    hb.has_draining = 1;
+    hb.draining = pf->draining;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_HEARTBEAT;
+    msg.heartbeat = &hb;
+    send_msg(pf, &msg);
+    pf->last_hb_ns = bt_time_ns();
+}
+
+static void send_failure(prefill_t *pf, uint64_t id, Baton__ErrorCode code,
+                         const char *text)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
+
+    done.has_request_id = 1;
+    done.request_id = id;
+    done.has_ok = 1;
+    done.ok = 0;
+    done.has_error_code = 1;
+    done.error_code = code;
+    done.error = (char *)text;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
+    msg.prefill_done = &done;
+    send_msg(pf, &msg);
+}
+
+static void send_done(prefill_t *pf, prefill_task_t *t)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
+    ProtobufCBinaryData kv[2 * 512];
+    uint64_t now = bt_time_ns();
+
+    done.has_request_id = 1;
+    done.request_id = t->id;
+    done.has_ok = 1;
+    done.ok = 1;
+    done.n_prompt_ids = (size_t)t->n_tokens;
+    done.prompt_ids = t->tokens;
+    done.has_first_token = 1;
+    done.first_token = t->first_token;
+    if (t->first_text_len > 0) {
+        done.has_first_text = 1;
+        done.first_text.data = (uint8_t *)t->first_text;
+        done.first_text.len = t->first_text_len;
+    }
+    done.has_epoch = 1;
+    done.epoch = t->epoch;
+    done.has_compute_us = 1;
+    done.compute_us = (t->t_computed - t->t_start) / 1000;
+    done.has_transfer_us = 1;
+    done.transfer_us = t->use_ucx ? (now - t->t_computed) / 1000
+                                  : t->transfer_ns / 1000;
+    if (t->kv_inline != NULL && pf->n_layers <= 512) {
+        for (int i = 0; i < 2 * pf->n_layers; i++) {
+            kv[i].data = t->kv_inline[i];
+            kv[i].len = t->kv_row_bytes * (size_t)t->n_tokens;
+        }
+        done.n_kv_inline = (size_t)(2 * pf->n_layers);
+        done.kv_inline = kv;
+    }
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
+    msg.prefill_done = &done;
+    send_msg(pf, &msg);
+    pf->served++;
+}
+
+// ---------------------------------------------------------------------------
+// Tasks
+
+static void task_free_kv(prefill_t *pf, prefill_task_t *t)
+{
+    if (t->n_blocks > 0 && pf->engine != NULL)
+        kv_allocator_release(engine_kv(pf->engine), t->n_blocks, t->blocks);
+    t->n_blocks = 0;
+}
+
+static void task_destroy(prefill_t *pf, prefill_task_t *t)
+{
+    task_free_kv(pf, t);
+    kv_ucx_disconnect(&t->peer);
+    if (t->kv_inline != NULL) {
+        for (int i = 0; i < 2 * pf->n_layers; i++)
+            bt_free(t->kv_inline[i]);
+        bt_free(t->kv_inline);
+    }
+    bt_free(t->tokens);
+    bt_free(t->blocks);
+    bt_free(t->dst_blocks);
+    bt_free(t->desc);
+    bt_free(t);
+}
+
+static void task_unlink(prefill_t *pf, prefill_task_t *t)
+{
+    prefill_task_t **pp = &pf->head;
+    prefill_task_t *prev = NULL;
+
+    while (*pp != NULL && *pp != t) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (*pp == NULL)
+        return;
+    *pp = t->next;
+    if (pf->tail == t)
+        pf->tail = prev;
+}
+
+static void params_from_proto(const Baton__SamplingParams *s,
+                              sampler_params_t *sp)
+{
+    sampler_params_init(sp);
+    if (s == NULL)
+        return;
+    sp->temperature = s->temperature;
+    sp->top_k = s->top_k;
+    sp->top_p = s->top_p;
+    sp->min_p = s->min_p;
+    sp->repetition_penalty = s->repetition_penalty;
+    sp->presence_penalty = s->presence_penalty;
+    sp->frequency_penalty = s->frequency_penalty;
+    sp->seed = s->seed;
+}
+
+/* Byte-level stand-in tokenizer of the null model. */
+static bt_status_t null_encode(const uint8_t *text, size_t len, bool bos,
+                               int **ids_p, int *n_p)
+{
+    int *ids = bt_malloc((len + 1) * sizeof(int), "prefill_tokens");
+    int n = 0;
+
+    if (ids == NULL)
+        return BT_ERR_NO_MEMORY;
+    if (bos)
+        ids[n++] = 1;
+    for (size_t i = 0; i < len; i++)
+        ids[n++] = 3 + text[i];
+    *ids_p = ids;
+    *n_p = n;
+    return BT_OK;
+}
+
+static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
+{
+    const Baton__KvGrant *g = m->grant;
+    prefill_task_t *t;
+    char err[256];
+    Baton__ErrorCode code = BATON__ERROR_CODE__ERROR_INVALID;
+    bt_status_t status;
+
+    if (g == NULL || !g->ok || g->n_block_ids == 0) {
+        send_failure(pf, m->request_id, BATON__ERROR_CODE__ERROR_INTERNAL,
+                     "prefill task without a KV grant");
+        return;
+    }
+    t = bt_calloc(1, sizeof(*t), "prefill_task");
+    if (t == NULL) {
+        send_failure(pf, m->request_id, BATON__ERROR_CODE__ERROR_INTERNAL,
+                     "out of memory");
+        return;
+    }
+    t->id = m->request_id;
+    t->t_start = bt_time_ns();
+    t->epoch = g->epoch;
+    t->slot = g->has_slot ? g->slot : -1;
+    t->dst_block_size = g->kv_layout ? (int)g->kv_layout->block_size : 0;
+    params_from_proto(m->sampling, &t->sp);
+    if (m->n_prompt_ids > 0) {
+        t->tokens = bt_malloc(m->n_prompt_ids * sizeof(int), "prefill_tokens");
+        if (t->tokens != NULL)
+            memcpy(t->tokens, m->prompt_ids, m->n_prompt_ids * sizeof(int));
+        t->n_tokens = (int)m->n_prompt_ids;
+        status = t->tokens ? BT_OK : BT_ERR_NO_MEMORY;
+    } else if (m->has_prompt_text && m->prompt_text.len > 0) {
+        if (pf->engine == NULL) {
+            status = null_encode(m->prompt_text.data, m->prompt_text.len,
+                                 m->add_bos, &t->tokens, &t->n_tokens);
+        } else if (engine_tokenizer(pf->engine) == NULL) {
+            snprintf(err, sizeof(err), "worker has no tokenizer: send "
+                     "prompt ids");
+            goto fail;
+        } else {
+            status = tok_encode(engine_tokenizer(pf->engine),
+                                (const char *)m->prompt_text.data,
+                                m->prompt_text.len, m->add_bos, &t->tokens,
+                                &t->n_tokens);
+        }
+    } else {
+        snprintf(err, sizeof(err), "empty prompt");
+        goto fail;
+    }
+    if (status != BT_OK) {
+        snprintf(err, sizeof(err), "cannot tokenize the prompt: %s",
+                 bt_error_last());
+        goto fail;
+    }
+    for (int i = 0; i < t->n_tokens; i++) {
+        if (t->tokens[i] < 0 || t->tokens[i] >= pf->vocab) {
+            snprintf(err, sizeof(err), "prompt id %d at %d is outside the "
+                     "vocabulary (%d)", t->tokens[i], i, pf->vocab);
+            goto fail;
+        }
+    }
+    if (t->n_tokens >= pf->max_context) {
+        code = BATON__ERROR_CODE__ERROR_TOO_LONG;
+        snprintf(err, sizeof(err), "prompt of %d tokens does not fit the "
+                 "context (%d)", t->n_tokens, pf->max_context);
+        goto fail;
+    }
+    if (t->dst_block_size > 0 &&
+        (size_t)t->n_tokens > g->n_block_ids * (size_t)t->dst_block_size) {
+        code = BATON__ERROR_CODE__ERROR_TOO_LONG;
+        snprintf(err, sizeof(err), "prompt of %d tokens exceeds its KV "
+                 "reservation", t->n_tokens);
+        goto fail;
+    }
+    if (pf->engine != NULL && sampler_params_validate(&t->sp) != BT_OK) {
+        snprintf(err, sizeof(err), "%s", bt_error_last());
+        goto fail;
+    }
+    t->dst_blocks = bt_malloc(g->n_block_ids * sizeof(int), "prefill_dst");
+    if (t->dst_blocks == NULL) {
+        snprintf(err, sizeof(err), "out of memory");
+        goto fail;
+    }
+    memcpy(t->dst_blocks, g->block_ids, g->n_block_ids * sizeof(int));
+    t->n_dst = (int)g->n_block_ids;
+    if (pf->ucx != NULL && g->ucx != NULL && g->ucx->has_packed &&
+        t->dst_block_size == pf->block_size && t->slot >= 0) {
+        t->desc = bt_malloc(g->ucx->packed.len, "prefill_desc");
+        if (t->desc != NULL) {
+            memcpy(t->desc, g->ucx->packed.data, g->ucx->packed.len);
+            t->desc_len = g->ucx->packed.len;
+            t->use_ucx = true;
+        }
+    }
+    if (pf->engine != NULL) {
+        t->blocks = bt_malloc((size_t)BT_DIV_UP(t->n_tokens, pf->block_size) *
+                                  sizeof(int), "prefill_blocks");
+        if (t->blocks == NULL) {
+            snprintf(err, sizeof(err), "out of memory");
+            goto fail;
+        }
+    }
+    if (pf->tail)
+        pf->tail->next = t;
+    else
+        pf->head = t;
+    pf->tail = t;
+    return;
+
+fail:
+    send_failure(pf, m->request_id, code, err);
+    task_destroy(pf, t);
+}
+
+static void on_cancel(prefill_t *pf, uint64_t id)
+{
+    for (prefill_task_t *t = pf->head; t; t = t->next) {
+        if (t->id == id && t->state != PREFILL_TASK_COMMITTING) {
+            task_unlink(pf, t);
+            task_destroy(pf, t);
+            return;
+        }
+    }
+}
+
+static void handle_messages(prefill_t *pf)
+{
+    for (int k = 0; k < 1024; k++) {
+        Baton__ControlMessage *msg = NULL;
+        bt_status_t status = proto_control_recv(pf->sock, &msg);
+
+        if (status == BT_ERR_FORMAT)
+            continue;
+        if (status != BT_OK)
+            return;
+        switch (msg->body_case) {
+        case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
+            if (msg->register_ack->reregister) {
+                send_register(pf);
+            } else {
+                pf->registered = true;
+                if (msg->register_ack->heartbeat_ms > 0)
+                    pf->heartbeat_ms = (int)msg->register_ack->heartbeat_ms;
+            }
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
+            on_task(pf, msg->prefill_task);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
+            on_cancel(pf, msg->cancel_task->request_id);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
+        case BATON__CONTROL_MESSAGE__BODY_DRAIN:
+            pf->stop = 1;
+            break;
+        default:
+            BT_LOG_WARN("NET", "unexpected %s dropped",
+                        proto_control_body_name(msg->body_case));
+            break;
+        }
+        proto_control_free(&msg);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Compute
+
+/* Copies layer `layer`'s K and V of every prompt token into the task's
+ * inline buffers, in token order. */
+static bt_status_t pack_layer_inline(prefill_t *pf, prefill_task_t *t,
+                                     int layer)
+{
+    backend_t *be = engine_backend(pf->engine);
+    const kv_layout_t *lay = backend_kv_layout(be);
+    size_t row = (size_t)lay->n_kv_heads * (size_t)lay->head_dim *
+                 lay->elem_size;
+
+    if (t->kv_inline == NULL) {
+        t->kv_inline = bt_calloc((size_t)(2 * pf->n_layers), sizeof(uint8_t *),
+                                 "prefill_inline");
+        if (t->kv_inline == NULL)
+            return BT_ERR_NO_MEMORY;
+        t->kv_row_bytes = row;
+    }
+    for (int kv = 0; kv < 2; kv++) {
+        const uint8_t *base = backend_kv_data(be, layer, kv);
+        uint8_t *out = bt_malloc(row * (size_t)t->n_tokens, "prefill_inline");
+        if (out == NULL)
+            return BT_ERR_NO_MEMORY;
+        for (int s = 0; s < t->n_tokens; s++) {
+            int blk = t->blocks[s / lay->block_size];
+            size_t off = ((size_t)blk * (size_t)lay->block_size +
+                          (size_t)(s % lay->block_size)) * row;
+            memcpy(out + (size_t)s * row, base + off, row);
+        }
+        t->kv_inline[2 * layer + kv] = out;
+    }
+    return BT_OK;
+}
+
+/* backend_batch_t.on_layer_done: ship layer `layer` of every prompt whose
+ * last chunk is in this forward, while the next layer computes. */
+static void on_layer_done(void *arg, int layer)
+{
+    prefill_t *pf = arg;
+    backend_t *be = engine_backend(pf->engine);
+
+    for (int b = 0; b < pf->n_batch; b++) {
+        prefill_task_t *t = pf->btasks[b];
+        uint64_t t0 = bt_time_ns();
+        if (!t->final_in_batch)
+            continue;
+        if (t->use_ucx) {
+            int n = BT_DIV_UP(t->n_tokens, pf->block_size);
+            bt_status_t status = kv_ucx_put_layer(
+                t->peer, layer, backend_kv_data(be, layer, 0),
+                backend_kv_data(be, layer, 1), backend_kv_layout(be),
+                KV_UCX_MEM_HOST, t->blocks, t->dst_blocks, n);
+            if (status != BT_OK) {
+                BT_LOG_WARN("KV", "UCX put of request %llu failed; falling "
+                            "back to inline", (unsigned long long)t->id);
+                t->use_ucx = false;
+                for (int l = 0; l <= layer; l++)
+                    pack_layer_inline(pf, t, l);
+            }
+        } else if (pack_layer_inline(pf, t, layer) != BT_OK) {
+            BT_LOG_WARN("KV", "out of memory packing KV");
+        }
+        t->transfer_ns += bt_time_ns() - t0;
+    }
+}
+
+static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t status)
+{
+    prefill_task_t *t = arg;
+
+    (void)slot;
+    (void)epoch;
+    t->commit_done = true;
+    t->commit_status = status;
+}
+
+static bt_status_t sample_first(prefill_t *pf, prefill_task_t *t,
+                                float *logits)
+{
+    sampler_t *sampler = NULL;
+    bt_status_t status;
+
+    status = sampler_create(&t->sp, pf->vocab, &sampler);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < t->n_tokens; i++)
+        sampler_observe(sampler, t->tokens[i]);
+    t->first_token = sampler_sample(sampler, logits);
+    sampler_destroy(&sampler);
+    return BT_OK;
+}
+
+static void first_text(prefill_t *pf, prefill_task_t *t)
+{
+    const tok_t *tok = pf->engine ? engine_tokenizer(pf->engine) : NULL;
+    tok_stream_t *stream = NULL;
+
+    t->first_text_len = 0;
+    if (tok == NULL ||
+        tok_stream_create(tok, t->tokens[t->n_tokens - 1], &stream) != BT_OK)
+        return;
+    if (tok_stream_push(stream, t->first_token, t->first_text,
+                        sizeof(t->first_text), &t->first_text_len) != BT_OK)
+        t->first_text_len = 0;
+    tok_stream_destroy(&stream);
+}
+
+/* A task whose prompt is computed: commit the KV (UCX) or reply now. */
+static void task_computed(prefill_t *pf, prefill_task_t *t)
+{
+    t->t_computed = bt_time_ns();
+    first_text(pf, t);
+    if (t->use_ucx) {
+        bt_status_t status = kv_ucx_commit(t->peer, t->slot, t->epoch,
+                                           commit_cb, t);
+        if (status == BT_OK) {
+            t->state = PREFILL_TASK_COMMITTING;
+            return;
+        }
+        send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+                     "KV commit to the decode worker failed");
+        t->state = PREFILL_TASK_DONE;
+        return;
+    }
+    send_done(pf, t);
+    t->state = PREFILL_TASK_DONE;
+}
+
+static void run_null(prefill_t *pf)
+{
+    for (prefill_task_t *t = pf->head; t; t = t->next) {
+        if (t->state != PREFILL_TASK_WAITING)
+            continue;
+        t->n_fed = t->n_tokens;
+        t->first_token = proto_null_next_token(t->tokens[t->n_tokens - 1],
+                                               t->n_tokens);
+        t->t_computed = bt_time_ns();
+        send_done(pf, t);
+        t->state = PREFILL_TASK_DONE;
+    }
+}
+
+/* One batched forward over the waiting and running prompts. */
+static void run_batch(prefill_t *pf)
+{
+    const backend_config_t *bcfg = &pf->cfg.engine.backend;
+    kv_allocator_t *kv = engine_kv(pf->engine);
+    int budget = bcfg->max_batch_tokens, rows = 0;
+    backend_batch_t batch;
+    bt_status_t status;
+
+    pf->n_batch = 0;
+    for (prefill_task_t *t = pf->head; t && pf->n_batch < bcfg->max_seqs &&
+                                       budget > 0; t = t->next) {
+        backend_seq_t *bs;
+        int take;
+
+        if (t->state == PREFILL_TASK_WAITING) {
+            int need = BT_DIV_UP(t->n_tokens, pf->block_size);
+            if (kv_allocator_alloc(kv, need, t->blocks) != BT_OK)
+                break; /* wait for blocks; keep arrival order */
+            t->n_blocks = need;
+            if (t->use_ucx &&
+                kv_ucx_connect(pf->ucx, t->desc, t->desc_len, &t->peer) !=
+                    BT_OK)
+                t->use_ucx = false;
+            t->state = PREFILL_TASK_RUNNING;
+        }
+        if (t->state != PREFILL_TASK_RUNNING)
+            continue;
+        take = BT_MIN(t->n_tokens - t->n_fed,
+                      BT_MIN(budget, pf->cfg.chunk_tokens));
+        if (take <= 0)
+            continue;
+        bs = &pf->bseqs[pf->n_batch];
+        memset(bs, 0, sizeof(*bs));
+        bs->n_tokens = take;
+        bs->ctx_len = t->n_fed;
+        bs->tokens = t->tokens + t->n_fed;
+        bs->block_table = t->blocks;
+        t->final_in_batch = t->n_fed + take == t->n_tokens;
+        bs->n_logits = t->final_in_batch ? 1 : 0;
+        rows += bs->n_logits;
+        pf->btasks[pf->n_batch++] = t;
+        budget -= take;
+    }
+    if (pf->n_batch == 0)
+        return;
+    memset(&batch, 0, sizeof(batch));
+    batch.n_seqs = pf->n_batch;
+    batch.seqs = pf->bseqs;
+    batch.on_layer_done = on_layer_done;
+    batch.on_layer_arg = pf;
+    status = backend_forward(engine_backend(pf->engine), &batch, pf->logits,
+                             NULL);
+    for (int b = 0, row = 0; b < pf->n_batch; b++) {
+        prefill_task_t *t = pf->btasks[b];
+        if (status != BT_OK) {
+            send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+                         bt_error_last());
+            t->state = PREFILL_TASK_DONE;
+            continue;
+        }
+        t->n_fed += pf->bseqs[b].n_tokens;
+        if (!t->final_in_batch)
+            continue;
+        if (sample_first(pf, t, pf->logits + (size_t)row * pf->vocab) !=
+            BT_OK) {
+            send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_INVALID,
+                         bt_error_last());
+            t->state = PREFILL_TASK_DONE;
+        } else {
+            task_computed(pf, t);
+        }
+        row++;
+        t->final_in_batch = false;
+    }
+    (void)rows;
+}
+
+static void reap(prefill_t *pf)
+{
+    prefill_task_t *t = pf->head, *next;
+
+    for (; t != NULL; t = next) {
+        next = t->next;
+        if (t->state == PREFILL_TASK_COMMITTING && t->commit_done) {
+            if (t->commit_status == BT_OK)
+                send_done(pf, t);
+            else
+                send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+                             "KV transfer to the decode worker failed");
+            t->state = PREFILL_TASK_DONE;
+        }
+        if (t->state == PREFILL_TASK_DONE) {
+            task_unlink(pf, t);
+            task_destroy(pf, t);
+        }
+    }
+}
+
+static bool has_runnable(prefill_t *pf)
+{
+    for (prefill_task_t *t = pf->head; t; t = t->next)
+        if (t->state == PREFILL_TASK_RUNNING ||
+            (t->state == PREFILL_TASK_WAITING &&
+             (pf->engine == NULL ||
+              kv_allocator_free_count(engine_kv(pf->engine)) >=
+                  BT_DIV_UP(t->n_tokens, pf->block_size))))
+            return true;
+    return false;
+}
+
+static bool has_committing(prefill_t *pf)
+{
+    for (prefill_task_t *t = pf->head; t; t = t->next)
+        if (t->state == PREFILL_TASK_COMMITTING)
+            return true;
+    return false;
+}
+
+// ---------------------------------------------------------------------------
+// Lifecycle
+
+bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
+{
+    bt_zmq_socket_config_t scfg;
+    prefill_t *pf;
+    bt_status_t status;
+
+    pf = bt_calloc(1, sizeof(*pf), "prefill");
+    if (pf == NULL)
+        return BT_ERR_NO_MEMORY;
+    pf->cfg = *cfg;
+    pf->heartbeat_ms = 250;
+    if (cfg->name != NULL)
+        snprintf(pf->name, sizeof(pf->name), "%s", cfg->name);
+    else
+        snprintf(pf->name, sizeof(pf->name), "prefill-%d", (int)getpid());
+    if (cfg->chunk_tokens <= 0) {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "PREFILL",
+                          "--chunk-tokens must be positive");
+        goto err_free;
+    }
+    if (cfg->null_model) {
+        pf->vocab = PROTO_NULL_VOCAB;
+        pf->max_context = PROTO_NULL_CONTEXT;
+        pf->block_size = cfg->engine.backend.block_size;
+    } else {
+        const model_config_t *mc;
+        const backend_config_t *b = &cfg->engine.backend;
+        status = engine_create(&cfg->engine, &pf->engine);
+        if (status != BT_OK)
+            goto err_free;
+        mc = model_config(engine_model(pf->engine));
+        pf->vocab = mc->vocab_size;
+        pf->max_context = engine_max_context(pf->engine);
+        pf->block_size = engine_block_size(pf->engine);
+        pf->n_layers = mc->n_layers;
+        pf->logits = bt_malloc((size_t)b->max_seqs * (size_t)pf->vocab *
+                                   sizeof(float), "prefill_logits");
+        pf->bseqs = bt_calloc((size_t)b->max_seqs, sizeof(*pf->bseqs),
+                              "prefill_batch");
+        pf->btasks = bt_calloc((size_t)b->max_seqs, sizeof(*pf->btasks),
+                               "prefill_batch");
+        if (pf->logits == NULL || pf->bseqs == NULL || pf->btasks == NULL) {
+            status = BT_ERR_NO_MEMORY;
+            goto err_engine;
+        }
+        if (cfg->use_ucx) {
+            kv_ucx_config_t ucfg;
+            kv_ucx_config_init(&ucfg);
+            if (kv_ucx_create(&ucfg, &pf->ucx) != BT_OK) {
+                BT_LOG_WARN("KV", "UCX unavailable; KV goes inline");
+                pf->ucx = NULL;
+            }
+        }
+    }
+    pf->ctx = zmq_ctx_new();
+    if (pf->ctx == NULL) {
+        status = BT_ZMQ_ERROR("zmq_ctx_new");
+        goto err_engine;
+    }
+    bt_zmq_socket_config_init(&scfg);
+    scfg.type = ZMQ_DEALER;
+    scfg.endpoint = cfg->router;
+    scfg.identity = pf->name;
+    scfg.max_msg = PROTO_CONTROL_MAX_BYTES;
+    status = bt_zmq_socket_create(pf->ctx, &scfg, &pf->sock);
+    if (status != BT_OK)
+        goto err_ctx;
+    *pf_p = pf;
+    return BT_OK;
+
+err_ctx:
+    zmq_ctx_term(pf->ctx);
+err_engine:
+    kv_ucx_destroy(&pf->ucx);
+    bt_free(pf->logits);
+    bt_free(pf->bseqs);
+    bt_free(pf->btasks);
+    engine_destroy(&pf->engine);
+err_free:
+    bt_free(pf);
+    return status;
+}
+
+void prefill_destroy(prefill_t **pf_p)
+{
+    prefill_t *pf = *pf_p;
+
+    if (pf == NULL)
+        return;
+    while (pf->head != NULL) {
+        prefill_task_t *t = pf->head;
+        task_unlink(pf, t);
+        task_destroy(pf, t);
+    }
+    {
+        int linger = 500; /* let the Shutdown reach the router */
+        zmq_setsockopt(pf->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    }
+    bt_zmq_socket_destroy(&pf->sock);
+    zmq_ctx_term(pf->ctx);
+    kv_ucx_destroy(&pf->ucx);
+    bt_free(pf->logits);
+    bt_free(pf->bseqs);
+    bt_free(pf->btasks);
+    engine_destroy(&pf->engine);
+    bt_free(pf);
+    *pf_p = NULL;
+}
+
+void prefill_stop(prefill_t *pf)
+{
+    pf->stop = 1;
+}
+
+bt_status_t prefill_run(prefill_t *pf)
+{
+    uint64_t drain_deadline = 0;
+
+    BT_LOG_INFO("PREFILL", "%s serving %s via %s%s", pf->name,
+                pf->engine ? pf->cfg.engine.model_path : "the null model",
+                pf->cfg.router, pf->ucx ? " (KV over UCX)" : "");
+    send_register(pf);
+    send_heartbeat(pf);
+    for (;;) {
+        zmq_pollitem_t items[2];
+        int n_items = 1, timeout;
+        uint64_t now;
+
+        if (pf->stop && !pf->draining) {
+            Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+            Baton__Drain d = BATON__DRAIN__INIT;
+            d.name = pf->name;
+            msg.body_case = BATON__CONTROL_MESSAGE__BODY_DRAIN;
+            msg.drain = &d;
+            send_msg(pf, &msg);
+            pf->draining = true;
+            drain_deadline = bt_time_ns() + 30ull * 1000000000ull;
+            BT_LOG_INFO("PREFILL", "draining");
+        }
+        if (pf->draining && (pf->head == NULL || bt_time_ns() > drain_deadline))
+            break;
+        timeout = has_runnable(pf) ? 0 : (has_committing(pf) ? 1 : 50);
+        items[0] = (zmq_pollitem_t){ pf->sock, 0, ZMQ_POLLIN, 0 };
+        if (pf->ucx != NULL && timeout > 0 && kv_ucx_event_fd(pf->ucx) >= 0 &&
+            kv_ucx_arm(pf->ucx) == BT_OK) {
+            items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(pf->ucx),
+                                         ZMQ_POLLIN, 0 };
+            n_items = 2;
+        }
+        if (zmq_poll(items, n_items, timeout) < 0 && zmq_errno() != EINTR)
+            return BT_ZMQ_ERROR("zmq_poll");
+        handle_messages(pf);
+        if (pf->ucx != NULL)
+            kv_ucx_progress(pf->ucx);
+        if (pf->engine == NULL)
+            run_null(pf);
+        else
+            run_batch(pf);
+        if (pf->ucx != NULL)
+            kv_ucx_progress(pf->ucx);
+        reap(pf);
+        now = bt_time_ns();
+        if (now - pf->last_hb_ns >= (uint64_t)pf->heartbeat_ms * 1000000ull)
+            send_heartbeat(pf);
+        if (!pf->registered && now - pf->last_register_ns > 1000000000ull)
+            send_register(pf); /* the router may not be up yet */
+    }
+    {
+        Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+        Baton__Shutdown s = BATON__SHUTDOWN__INIT;
+        s.name = pf->name;
+        msg.body_case = BATON__CONTROL_MESSAGE__BODY_SHUTDOWN;
+        msg.shutdown = &s;
+        send_msg(pf, &msg);
+    }
+    BT_LOG_INFO("PREFILL", "%s stopped after %llu prompts", pf->name,
+                (unsigned long long)pf->served);
+    return BT_OK;
+}

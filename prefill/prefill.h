@@ -1,0 +1,50 @@
+/*
+ * prefill.h - baton-prefill: computes prompts and hands their KV to the
+ * decode worker the router reserved blocks on.
+ *
+ * Loop: receive PrefillTask messages from the router, batch the waiting
+ * prompts into one forward (long ones in --chunk-tokens chunks), and as
+ * each layer of a prompt's final chunk is written, ship that layer's KV
+ * to the decode worker (UCX puts into its reserved blocks while later
+ * layers compute; or packed inline into the reply when UCX is not in
+ * use), sample the first token and send PrefillDone.  --null-model skips
+ * the model (instant, deterministic tokens) for overhead benchmarks.
+ */
+#ifndef BT_PREFILL_PREFILL_H
+#define BT_PREFILL_PREFILL_H
+
+#include <signal.h>
+#include <stdbool.h>
+
+#include "bt_status.h"
+#include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *router;      /* control endpoint of the router */
+    const char *name;        /* unique worker name (default prefill-PID) */
+    engine_config_t engine;  /* model, tokenizer, backend sizes */
+    bool null_model;         /* no model: instant deterministic tokens */
+    int chunk_tokens;        /* longest prompt chunk per forward (512) */
+    bool use_ucx;            /* push KV over UCX when the decode offers it */
+} prefill_config_t;
+
+void prefill_config_init(prefill_config_t *cfg);
+
+typedef struct prefill_s prefill_t;
+
+bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p);
+void prefill_destroy(prefill_t **pf_p);
+
+/* Serves until prefill_stop(): then drains (tells the router, finishes
+ * its tasks) and returns. */
+bt_status_t prefill_run(prefill_t *pf);
+void prefill_stop(prefill_t *pf); /* async-signal-safe */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_PREFILL_PREFILL_H */

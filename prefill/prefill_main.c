@@ -1,0 +1,121 @@
+/*
+ * prefill_main.c - the baton-prefill executable: options, signals, run.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "prefill.h"
+
+/* The running worker, for the signal handler. */
+static prefill_t *g_prefill;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (g_prefill != NULL)
+        prefill_stop(g_prefill);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+        "usage: baton-prefill --router EP (--model PATH | --null-model) "
+        "[options]\n"
+        "  --router EP            router control endpoint (env BATON_ROUTER)\n"
+        "  --model PATH           llama2.c .bin, HF directory or synth:NAME\n"
+        "  --tokenizer PATH       llama2.c tokenizer (for text prompts)\n"
+        "  --null-model           no model: instant deterministic tokens\n"
+        "  --name NAME            worker name (default prefill-PID)\n"
+        "  --device cpu|cuda|auto backend (default auto)\n"
+        "  --threads N            CPU threads (0 = all cores)\n"
+        "  --kv-blocks N          local KV pool blocks (256)\n"
+        "  --block-size N         KV block size (16; equal to the decode\n"
+        "                         workers' for UCX hand-off)\n"
+        "  --max-batch-tokens N   tokens per forward (2048)\n"
+        "  --chunk-tokens N       longest prompt chunk per forward (512)\n"
+        "  --no-ucx               always send KV inline (control plane)\n"
+        "SIGTERM/SIGINT: stop taking work, finish prompts, exit.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "router", required_argument, 0, 'r' },
+        { "model", required_argument, 0, 'm' },
+        { "tokenizer", required_argument, 0, 't' },
+        { "null-model", no_argument, 0, 'N' },
+        { "name", required_argument, 0, 'n' },
+        { "device", required_argument, 0, 'd' },
+        { "threads", required_argument, 0, 'T' },
+        { "kv-blocks", required_argument, 0, 'k' },
+        { "block-size", required_argument, 0, 'b' },
+        { "max-batch-tokens", required_argument, 0, 'B' },
+        { "chunk-tokens", required_argument, 0, 'c' },
+        { "no-ucx", no_argument, 0, 'U' },
+        { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
+    };
+    prefill_config_t cfg;
+    prefill_t *pf = NULL;
+    struct sigaction sa;
+    bt_status_t status;
+    int c, bad = 0;
+
+    bt_log_init("prefill");
+    prefill_config_init(&cfg);
+    if (getenv("BATON_ROUTER"))
+        cfg.router = getenv("BATON_ROUTER");
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        backend_config_t *b = &cfg.engine.backend;
+        switch (c) {
+        case 'r': cfg.router = optarg; break;
+        case 'm': cfg.engine.model_path = optarg; break;
+        case 't': cfg.engine.tokenizer_path = optarg; break;
+        case 'N': cfg.null_model = true; break;
+        case 'n': cfg.name = optarg; break;
+        case 'd': cfg.engine.device = optarg; break;
+        case 'T': bad = bt_parse_int(optarg, &b->n_threads) != BT_OK; break;
+        case 'k': bad = bt_parse_int(optarg, &b->n_kv_blocks) != BT_OK; break;
+        case 'b': bad = bt_parse_int(optarg, &b->block_size) != BT_OK; break;
+        case 'B': bad = bt_parse_int(optarg, &b->max_batch_tokens) != BT_OK; break;
+        case 'c': bad = bt_parse_int(optarg, &cfg.chunk_tokens) != BT_OK; break;
+        case 'U': cfg.use_ucx = false; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "baton-prefill: bad value '%s'\n", optarg);
+            return 2;
+        }
+    }
+    if (optind != argc ||
+        (cfg.engine.model_path == NULL) == !cfg.null_model) {
+        fprintf(stderr, "baton-prefill: need exactly one of --model or "
+                        "--null-model\n");
+        usage(stderr);
+        return 2;
+    }
+    status = prefill_create(&cfg, &pf);
+    if (status != BT_OK) {
+        fprintf(stderr, "baton-prefill: %s\n", bt_error_last());
+        return 1;
+    }
+    g_prefill = pf;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    status = prefill_run(pf);
+    g_prefill = NULL;
+    prefill_destroy(&pf);
+    bt_alloc_report();
+    return status == BT_OK ? 0 : 1;
+}

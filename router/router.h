@@ -1,0 +1,64 @@
+/*
+ * router.h - baton-router: the one address clients know.
+ *
+ * Keeps the registry of prefill and decode workers (they register and
+ * heartbeat over the --control socket; a worker silent for
+ * heartbeat_miss intervals is dropped), admits client requests into a
+ * bounded queue (over the bound: an immediate OVERLOADED error), picks a
+ * decode and a prefill worker for each with a pluggable policy, runs the
+ * reserve -> prefill -> decode flow of docs/DESIGN.md, relays the token
+ * stream, and handles cancellation, deadlines and worker failure
+ * (re-prefill elsewhere; the client stream continues without duplicates).
+ *
+ * Single-threaded: router_run() is the event loop (zmq_poll, no busy
+ * polling).  router_stop() may be called from a signal handler.
+ */
+#ifndef BT_ROUTER_ROUTER_H
+#define BT_ROUTER_ROUTER_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *listen;     /* client endpoint, tcp://127.0.0.1:5555 */
+    const char *control;    /* worker endpoint, tcp://127.0.0.1:5556 */
+    const char *policy;     /* "least-loaded" (default) or "round-robin" */
+    int heartbeat_ms;       /* interval workers are told to use (250) */
+    int heartbeat_miss;     /* silent intervals before a drop (4) */
+    int max_queue;          /* admission bound (1024) */
+    int queue_timeout_ms;   /* longest wait for a worker (30000) */
+    int drain_timeout_ms;   /* longest drain on SIGTERM (30000) */
+    int max_retries;        /* re-prefills after worker failures (3) */
+    int max_inflight;       /* requests past the queue (0 = no limit) */
+} router_config_t;
+
+void router_config_init(router_config_t *cfg);
+
+typedef struct router_s router_t;
+
+/* Binds both sockets.  BT_ERR_NET when an endpoint cannot be bound,
+ * BT_ERR_INVALID_ARG for an unknown policy. */
+bt_status_t router_create(const router_config_t *cfg, router_t **router_p);
+void router_destroy(router_t **router_p);
+
+/* Runs the event loop until router_stop(): then drains (no new requests;
+ * in-flight ones finish, bounded by drain_timeout_ms) and returns. */
+bt_status_t router_run(router_t *router);
+
+/* Asks the loop to drain and return.  Async-signal-safe. */
+void router_stop(router_t *router);
+
+/* The ports actually bound (useful with port 0). */
+int router_client_port(const router_t *router);
+int router_control_port(const router_t *router);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_ROUTER_ROUTER_H */

@@ -1,0 +1,145 @@
+/*
+ * router_int.h - the router's private state: workers, requests, policy.
+ */
+#ifndef BT_ROUTER_ROUTER_INT_H
+#define BT_ROUTER_ROUTER_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto_msg.h"
+#include "router.h"
+
+#define ROUTER_MAX_WORKERS 256
+#define ROUTER_NAME_MAX 64
+#define ROUTER_MAX_EOS 8
+#define ROUTER_HASH_BUCKETS 4096
+#define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
+
+typedef struct {
+    bool used;                /* slot holds a registered worker */
+    uint64_t uid;             /* registration number, never reused */
+    char name[ROUTER_NAME_MAX]; /* ZMQ routing id */
+    Baton__Role role;
+    uint64_t last_seen_ns;    /* last message from it */
+    bool draining;            /* takes no new work */
+    uint32_t vocab_size;
+    uint32_t max_context;
+    uint32_t block_size;      /* decode: KV block size */
+    uint32_t total_kv;        /* decode: pool blocks */
+    int64_t est_free_kv;      /* decode: free blocks, heartbeat minus
+                                 reservations sent since */
+    int64_t pending_reserve;  /* decode: blocks asked, grant not back */
+    uint32_t hb_free_kv;      /* decode: last heartbeat's free blocks */
+    uint32_t hb_running;      /* last heartbeat's running count */
+    uint64_t outstanding;     /* tokens assigned and not done */
+    uint32_t assigned;        /* requests currently assigned */
+    uint64_t served;          /* requests assigned so far */
+    int eos_ids[ROUTER_MAX_EOS];
+    int n_eos;
+} router_worker_t;
+
+typedef enum {
+    ROUTER_REQ_QUEUED = 0,  /* waiting for workers / KV */
+    ROUTER_REQ_RESERVING,   /* KvReserve sent to the decode worker */
+    ROUTER_REQ_PREFILLING,  /* PrefillTask sent */
+    ROUTER_REQ_DECODING,    /* KvReady sent; tokens streaming */
+} router_req_state_t;
+
+typedef struct router_req_s router_req_t;
+struct router_req_s {
+    uint64_t id;               /* router-wide request id */
+    router_req_state_t state;
+    uint8_t client_id[256]; /* client routing id */
+    size_t client_id_len;
+    uint64_t client_rid;       /* the client's request id */
+    /* what was asked */
+    int *prompt_ids;           /* (n_prompt) known ids, or NULL (text) */
+    int n_prompt;
+    uint8_t *prompt_text;      /* (text_len) when given as text */
+    size_t text_len;
+    bool add_bos;
+    Baton__SamplingParams sampling;
+    int max_tokens;
+    int *stop_ids;             /* (n_stop) from the request */
+    int n_stop;
+    ProtobufCBinaryData *stop_strings; /* (n_stop_strings), owned */
+    int n_stop_strings;
+    bool ignore_eos;
+    bool want_text;
+    int priority;
+    uint64_t deadline_ns;      /* 0 = none */
+    /* progress */
+    int *generated;            /* (cap_generated) ids sent to the client */
+    int n_generated;
+    int cap_generated;
+    uint64_t prefill_uid;      /* assigned workers (0 = none) */
+    uint64_t decode_uid;
+    int reserved_blocks;       /* blocks asked of the decode worker */
+    uint64_t task_tokens;      /* tokens counted in workers' outstanding */
+    uint8_t *grant;            /* packed KvGrant, owned */
+    size_t grant_len;
+    uint64_t epoch;            /* of the current grant */
+    int retries;
+    uint64_t retry_at_ns;      /* queued: not before this time */
+    /* timings (ns, bt_time_ns) */
+    uint64_t t_arrival;
+    uint64_t t_granted;
+    uint64_t t_prefill_sent;
+    uint64_t t_prefill_done;
+    uint64_t t_first;
+    uint64_t transfer_us;
+    /* links */
+    router_req_t *all_prev;    /* list of every live request */
+    router_req_t *all_next;
+    router_req_t *id_next;     /* hash chain by id */
+    router_req_t *cl_next;     /* hash chain by (client, client_rid) */
+    bool queued;               /* in the admission queue */
+};
+
+struct router_s;
+
+/* A policy picks workers for a request; NULL when none can take it. */
+typedef struct {
+    const char *name;
+    router_worker_t *(*pick_prefill)(struct router_s *router,
+                                     const router_req_t *req);
+    router_worker_t *(*pick_decode)(struct router_s *router,
+                                    const router_req_t *req, int n_tokens);
+} router_policy_t;
+
+const router_policy_t *router__policy_find(const char *name);
+
+/* Number of KV blocks a request of n_tokens needs on worker w. */
+int router__blocks_needed(const router_worker_t *w, int n_tokens);
+
+/* True when w may take new work of its role. */
+bool router__worker_is_usable(const router_worker_t *w);
+
+struct router_s {
+    router_config_t cfg;
+    const router_policy_t *policy;
+    void *ctx;                 /* ZeroMQ context */
+    void *client_sock;         /* ROUTER, clients */
+    void *control_sock;        /* ROUTER, workers */
+    volatile sig_atomic_t stop; /* set by router_stop() */
+    bool draining;
+    uint64_t drain_deadline_ns;
+    router_worker_t workers[ROUTER_MAX_WORKERS];
+    uint64_t next_worker_uid;
+    uint64_t next_req_id;
+    unsigned rr_prefill;       /* round-robin cursors */
+    unsigned rr_decode;
+    router_req_t *all_head;    /* every live request */
+    int n_live;
+    router_req_t **queue;      /* (queue_cap) admission queue, by priority */
+    int n_queued;
+    int queue_cap;
+    router_req_t *by_id[ROUTER_HASH_BUCKETS];
+    router_req_t *by_client[ROUTER_HASH_BUCKETS];
+    uint64_t completed;
+    uint64_t failed;
+    uint64_t last_liveness_ns;
+};
+
+#endif /* BT_ROUTER_ROUTER_INT_H */

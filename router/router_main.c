@@ -1,0 +1,121 @@
+/*
+ * router_main.c - the baton-router executable: options, signals, run.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "router.h"
+
+/* The running router, for the signal handler (process-wide by nature). */
+static router_t *g_router;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (g_router != NULL)
+        router_stop(g_router);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+        "usage: baton-router [options]\n"
+        "  --listen EP          client endpoint (tcp://127.0.0.1:5555,\n"
+        "                       env BATON_LISTEN)\n"
+        "  --control EP         worker endpoint (tcp://127.0.0.1:5556,\n"
+        "                       env BATON_CONTROL)\n"
+        "  --policy NAME        least-loaded (default) | round-robin\n"
+        "  --heartbeat-ms N     worker heartbeat interval (250)\n"
+        "  --heartbeat-miss N   silent intervals before a drop (4)\n"
+        "  --max-queue N        admission queue bound (1024)\n"
+        "  --max-inflight N     requests past the queue (0 = no limit)\n"
+        "  --queue-timeout-ms N longest wait for workers (30000)\n"
+        "  --drain-timeout-ms N longest drain on SIGTERM (30000)\n"
+        "  --max-retries N      re-prefills after worker failure (3)\n"
+        "  --help\n"
+        "SIGTERM/SIGINT: stop admitting, finish in-flight requests, exit.\n");
+}
+
+static int parse_int_opt(const char *name, const char *val, int *out)
+{
+    if (bt_parse_int(val, out) != BT_OK) {
+        fprintf(stderr, "baton-router: bad %s '%s'\n", name, val);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "listen", required_argument, 0, 'l' },
+        { "control", required_argument, 0, 'c' },
+        { "policy", required_argument, 0, 'p' },
+        { "heartbeat-ms", required_argument, 0, 'H' },
+        { "heartbeat-miss", required_argument, 0, 'M' },
+        { "max-queue", required_argument, 0, 'q' },
+        { "max-inflight", required_argument, 0, 'i' },
+        { "queue-timeout-ms", required_argument, 0, 'Q' },
+        { "drain-timeout-ms", required_argument, 0, 'D' },
+        { "max-retries", required_argument, 0, 'r' },
+        { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
+    };
+    router_config_t cfg;
+    router_t *router = NULL;
+    struct sigaction sa;
+    bt_status_t status;
+    int c, ret = 0;
+
+    bt_log_init("router");
+    router_config_init(&cfg);
+    if (getenv("BATON_LISTEN"))
+        cfg.listen = getenv("BATON_LISTEN");
+    if (getenv("BATON_CONTROL"))
+        cfg.control = getenv("BATON_CONTROL");
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'l': cfg.listen = optarg; break;
+        case 'c': cfg.control = optarg; break;
+        case 'p': cfg.policy = optarg; break;
+        case 'H': ret = parse_int_opt("--heartbeat-ms", optarg, &cfg.heartbeat_ms); break;
+        case 'M': ret = parse_int_opt("--heartbeat-miss", optarg, &cfg.heartbeat_miss); break;
+        case 'q': ret = parse_int_opt("--max-queue", optarg, &cfg.max_queue); break;
+        case 'i': ret = parse_int_opt("--max-inflight", optarg, &cfg.max_inflight); break;
+        case 'Q': ret = parse_int_opt("--queue-timeout-ms", optarg, &cfg.queue_timeout_ms); break;
+        case 'D': ret = parse_int_opt("--drain-timeout-ms", optarg, &cfg.drain_timeout_ms); break;
+        case 'r': ret = parse_int_opt("--max-retries", optarg, &cfg.max_retries); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (ret != 0)
+            return 2;
+    }
+    if (optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    status = router_create(&cfg, &router);
+    if (status != BT_OK) {
+        fprintf(stderr, "baton-router: %s\n", bt_error_last());
+        return 1;
+    }
+    g_router = router;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    status = router_run(router);
+    g_router = NULL;
+    router_destroy(&router);
+    bt_alloc_report();
+    return status == BT_OK ? 0 : 1;
+}
