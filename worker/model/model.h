@@ -79,7 +79,8 @@ typedef struct {
 
 /* A read-only view of one weight tensor inside the mapped file. */
 typedef struct {
-    const void *data;   /* first element, NULL when absent (optional bias) */
+    const void *data;   /* first element, aligned to its element size;
+                           NULL when absent (optional bias) */
     model_dtype_t dtype;
     int64_t rows;       /* 1 for vectors */
     int64_t cols;
