@@ -30,6 +30,20 @@
 #define N_SLOTS 8
 #define SENTINEL 0xEEu
 
+/* Second pass: pool 0 allocated by kv_ucx_mem_alloc (shared memory, true
+ * one-sided puts on one host) and endpoints without peer error handling,
+ * the fast single-host configuration.  First pass: malloc'ed pools and
+ * peer error handling (UCX software RMA over tcp). */
+static bool g_fast;
+
+static kv_ucx_config_t test_config(void)
+{
+    kv_ucx_config_t cfg;
+    kv_ucx_config_init(&cfg);
+    cfg.peer_errors = !g_fast;
+    return cfg;
+}
+
 enum {
     MSG_DESC = 1,   /* parent -> child: descriptor bytes follow */
     MSG_CHECK,      /* child -> parent: wait for slot/epoch, verify step */
@@ -181,9 +195,16 @@ static void dpool_init(kv_ucx_t *ctx, dpool_t *dp, bool one_array)
     int L = dst_layout.n_layers;
 
     memset(dp, 0, sizeof(*dp));
-    if (one_array) {
+    if (one_array && g_fast) {
+        BT_ASSERT_OK(kv_ucx_mem_alloc(ctx, lb * (size_t)L, KV_UCX_MEM_HOST,
+                                      (void **)&dp->owner[0]));
+        BT_ASSERT_OK(kv_ucx_mem_alloc(ctx, lb * (size_t)L, KV_UCX_MEM_HOST,
+                                      (void **)&dp->owner[1]));
+    } else if (one_array) {
         dp->owner[0] = bt_malloc_aligned(lb * (size_t)L, "test_kv");
         dp->owner[1] = bt_malloc_aligned(lb * (size_t)L, "test_kv");
+    }
+    if (one_array) {
         memset(dp->owner[0], SENTINEL, lb * (size_t)L);
         memset(dp->owner[1], SENTINEL, lb * (size_t)L);
         for (int l = 0; l < L; l++) {
@@ -206,10 +227,14 @@ static void dpool_init(kv_ucx_t *ctx, dpool_t *dp, bool one_array)
                                       N_SLOTS, &dp->pool));
 }
 
-static void dpool_cleanup(dpool_t *dp)
+static void dpool_cleanup(kv_ucx_t *ctx, dpool_t *dp)
 {
     kv_ucx_pool_deregister(&dp->pool);
-    if (dp->owner[0] != NULL) {
+    if (dp->owner[0] != NULL && g_fast) {
+        kv_ucx_mem_free(ctx, (void **)&dp->owner[0]);
+        kv_ucx_mem_free(ctx, (void **)&dp->owner[1]);
+        BT_CHECK(dp->owner[0] == NULL);
+    } else if (dp->owner[0] != NULL) {
         bt_free(dp->owner[0]);
         bt_free(dp->owner[1]);
     } else {
@@ -267,9 +292,10 @@ static int run_decode(int fd)
 {
     kv_ucx_t *ctx = NULL;
     dpool_t pools[2];
+    kv_ucx_config_t cfg = test_config();
     msg_t m, reply;
 
-    BT_ASSERT_OK(kv_ucx_create(NULL, &ctx));
+    BT_ASSERT_OK(kv_ucx_create(&cfg, &ctx));
     dpool_init(ctx, &pools[0], true);
     dpool_init(ctx, &pools[1], false);
     for (int p = 0; p < 2; p++) {
@@ -328,8 +354,8 @@ static int run_decode(int fd)
         }
         send_all(fd, &reply, sizeof(reply));
     }
-    dpool_cleanup(&pools[0]);
-    dpool_cleanup(&pools[1]);
+    dpool_cleanup(ctx, &pools[0]);
+    dpool_cleanup(ctx, &pools[1]);
     kv_ucx_destroy(&ctx);
     BT_ASSERT_EQ(bt_alloc_live_count(), 0);
     return 0;
@@ -479,9 +505,10 @@ static int run_prefill(int fd)
     size_t desc_len[2];
     kv_ucx_peer_t *peer[2], *again;
     kv_ucx_t *ctx = NULL;
+    kv_ucx_config_t cfg = test_config();
     msg_t m;
 
-    BT_ASSERT_OK(kv_ucx_create(NULL, &ctx));
+    BT_ASSERT_OK(kv_ucx_create(&cfg, &ctx));
     for (int p = 0; p < 2; p++) {
         recv_all(ctx, fd, &m, sizeof(m));
         BT_ASSERT_EQ(m.op, MSG_DESC);
@@ -573,16 +600,12 @@ static int run_prefill(int fd)
     return 0;
 }
 
-int main(void)
+static void run_pass(void)
 {
     int sv[2], wstatus = 0, rc;
     pid_t pid;
 
-    bt_log_init("test_kv_ucx");
-    bt_log_set_level(BT_LOG_LEVEL_WARN);
-    setenv("UCX_TLS", "tcp,sm,self", 0);
     BT_ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    signal(SIGPIPE, SIG_IGN);
     pid = fork();
     BT_CHECK(pid >= 0);
     if (pid == 0) {
@@ -593,11 +616,24 @@ int main(void)
     close(sv[1]);
     alarm(55);
     rc = run_decode(sv[0]);
+    alarm(0);
     close(sv[0]);
     BT_CHECK(waitpid(pid, &wstatus, 0) == pid);
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0)
         BT_TEST_FAIL("prefill process failed (status 0x%x)", wstatus);
     BT_ASSERT_EQ(rc, 0);
+}
+
+int main(void)
+{
+    bt_log_init("test_kv_ucx");
+    bt_log_set_level(BT_LOG_LEVEL_WARN);
+    setenv("UCX_TLS", "tcp,sm,self", 0);
+    signal(SIGPIPE, SIG_IGN);
+    g_fast = false;
+    run_pass();
+    g_fast = true;
+    run_pass();
     BT_TEST_PASS("kv_transport/ucx");
     return 0;
 }

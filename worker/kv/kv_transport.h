@@ -77,6 +77,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "bt_status.h"
 #include "kv/kv.h"
@@ -103,9 +104,16 @@ typedef struct kv_ucx_desc_s kv_ucx_desc_t; /* a parsed descriptor */
 typedef struct {
     bool serialized; /* UCS_THREAD_MODE_SERIALIZED instead of SINGLE */
     bool wakeup;     /* request UCP_FEATURE_WAKEUP (event fd); default on */
+    bool peer_errors;/* UCP_ERR_HANDLING_MODE_PEER on prefill endpoints:
+                      * a dead decode worker fails puts and commits
+                      * instead of hanging them; default on.  UCX 1.13
+                      * then uses no shared-memory transport (see
+                      * docs: bench-kv numbers), so off is faster on one
+                      * host but needs the caller's own timeouts. */
 } kv_ucx_config_t;
 
-/* Fills `cfg` with the defaults (single thread, wakeup on). */
+/* Fills `cfg` with the defaults (single thread, wakeup and peer error
+ * detection on). */
 void kv_ucx_config_init(kv_ucx_config_t *cfg);
 
 /* ------------------------------------------------------------------------
@@ -141,6 +149,21 @@ bt_status_t kv_ucx_wait(kv_ucx_t *ctx, int timeout_ms);
 /* ------------------------------------------------------------------------
  * Decode side: the registered pool
  * --------------------------------------------------------------------- */
+
+/* Allocates `bytes` of pool memory through UCX (ucp_mem_map ALLOCATE).
+ * On one host UCX places it in a shared-memory segment (sysv/posix), so
+ * a writer maps it and kv_ucx_put_layer becomes a one-sided memcpy with no
+ * work for the decode side; memory from malloc goes through UCX's software
+ * RMA emulation instead (tcp or shm active messages, copied by the decode
+ * worker during its progress), several times slower (bench-kv).  A
+ * backend that can place its KV arrays here should.  The memory is
+ * registered already: kv_ucx_pool_register uses this registration for
+ * layers that lie inside it.  Free with kv_ucx_mem_free after the pool
+ * using it is deregistered.  Host memory only for now. */
+bt_status_t kv_ucx_mem_alloc(kv_ucx_t *ctx, size_t bytes,
+                             kv_ucx_mem_type_t mem_type, void **ptr_p);
+/* Frees memory from kv_ucx_mem_alloc.  NULL-safe; sets *ptr_p = NULL. */
+void kv_ucx_mem_free(kv_ucx_t *ctx, void **ptr_p);
 
 /* Registers the KV pool memory and builds its descriptor.
  * `k_layers[l]` / `v_layers[l]` are the base of layer l's K / V array
@@ -245,6 +268,10 @@ int kv_ucx_peer_pending(const kv_ucx_peer_t *peer);
 /* Puts issued and bytes put since connect (after coalescing). */
 uint64_t kv_ucx_peer_puts(const kv_ucx_peer_t *peer);
 uint64_t kv_ucx_peer_bytes(const kv_ucx_peer_t *peer);
+
+/* Writes UCX's description of the endpoint (lanes, transports) to
+ * `stream`, for diagnostics. */
+void kv_ucx_peer_print_info(const kv_ucx_peer_t *peer, FILE *stream);
 
 /* BT_OK, or the error that failed the endpoint (sticky). */
 bt_status_t kv_ucx_peer_status(const kv_ucx_peer_t *peer);

@@ -74,12 +74,21 @@ struct kv_ucx_s {
     ucp_context_h context;   /* UCX context (RMA [+ wakeup]) */
     ucp_worker_h worker;     /* the one worker, progressed by the caller */
     int efd;                 /* worker event fd, -1 without wakeup */
+    bool peer_errors;        /* endpoints in UCP_ERR_HANDLING_MODE_PEER */
     int n_pools;             /* live pools made from this context */
     kv_ucx_peer_t *peers;    /* live peers (cache by pool id) */
     kv_ucx_peer_t *zombies;  /* closed peers with callbacks still due */
     kv_ucx_commit_t *ready;  /* commits whose current stage finished */
     kv_ucx_commit_t *ready_tail; /* last of `ready` (FIFO) */
+    struct kv_ucx_alloc_s *allocs; /* kv_ucx_mem_alloc blocks */
 };
+
+typedef struct kv_ucx_alloc_s {
+    uint8_t *ptr;                /* first byte */
+    size_t len;                  /* bytes */
+    ucp_mem_h memh;              /* the allocating registration */
+    struct kv_ucx_alloc_s *next; /* ctx->allocs */
+} kv_ucx_alloc_t;
 
 typedef struct {
     uint64_t base;        /* remote virtual address of the region */
@@ -116,6 +125,7 @@ struct kv_ucx_pool_s {
     kv_layout_t layout;        /* local pool layout */
     int n_regions;             /* mapped regions (last: arrival slots) */
     ucp_mem_h *memh;           /* (n_regions) */
+    bool *own;                 /* (n_regions) memh mapped by the pool */
     uint64_t *arrival;         /* (n_slots) epoch per reservation slot */
     int n_slots;               /* reservation slots */
     uint8_t *desc;             /* (desc_len) serialized descriptor */
@@ -234,6 +244,7 @@ void kv_ucx_config_init(kv_ucx_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->wakeup = true;
+    cfg->peer_errors = true;
 }
 
 bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p)
@@ -253,6 +264,7 @@ bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p)
     if (ctx == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "kv_ucx context");
     ctx->efd = -1;
+    ctx->peer_errors = cfg->peer_errors;
 
     status = KV_UCX_CHECK(ucp_config_read(NULL, NULL, &config),
                           "ucp_config_read");
@@ -305,6 +317,7 @@ void kv_ucx_destroy(kv_ucx_t **ctx_p)
         return;
     BT_ASSERT(ctx->n_pools == 0);
     BT_ASSERT(ctx->peers == NULL);
+    BT_ASSERT(ctx->allocs == NULL);
     ucp_worker_destroy(ctx->worker);
     /* Zombie peers had callbacks outstanding when closed; the worker is
      * gone now, so nothing can reach them any more. */
@@ -387,9 +400,83 @@ bt_status_t kv_ucx_wait(kv_ucx_t *ctx, int timeout_ms)
 // Decode side: registration and the descriptor
 
 typedef struct {
-    uintptr_t start;  /* first byte */
-    size_t len;       /* bytes */
+    uintptr_t start;        /* first byte */
+    size_t len;             /* bytes */
+    kv_ucx_alloc_t *alloc;  /* kv_ucx_mem_alloc block holding it, or NULL */
 } kv_ucx_span_t;
+
+bt_status_t kv_ucx_mem_alloc(kv_ucx_t *ctx, size_t bytes,
+                             kv_ucx_mem_type_t mem_type, void **ptr_p)
+{
+    ucp_mem_map_params_t mp;
+    ucp_mem_attr_t attr;
+    kv_ucx_alloc_t *a;
+    bt_status_t status;
+
+    if (bytes == 0 || mem_type != KV_UCX_MEM_HOST)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_mem_alloc: %zu bytes of type %d", bytes,
+                        (int)mem_type);
+    a = bt_calloc(1, sizeof(*a), "kv_ucx_alloc");
+    if (a == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "alloc");
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address = NULL;
+    mp.length = bytes;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    status = KV_UCX_CHECK(ucp_mem_map(ctx->context, &mp, &a->memh),
+                          "ucp_mem_map(ALLOCATE)");
+    if (status != BT_OK)
+        goto err_free;
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    status = KV_UCX_CHECK(ucp_mem_query(a->memh, &attr), "ucp_mem_query");
+    if (status != BT_OK)
+        goto err_unmap;
+    BT_ASSERT(attr.length >= bytes);
+    a->ptr = attr.address;
+    a->len = attr.length;
+    a->next = ctx->allocs;
+    ctx->allocs = a;
+    *ptr_p = a->ptr;
+    return BT_OK;
+
+err_unmap:
+    ucp_mem_unmap(ctx->context, a->memh);
+err_free:
+    bt_free(a);
+    return status;
+}
+
+void kv_ucx_mem_free(kv_ucx_t *ctx, void **ptr_p)
+{
+    kv_ucx_alloc_t **pp, *a;
+    if (*ptr_p == NULL)
+        return;
+    for (pp = &ctx->allocs; *pp != NULL && (*pp)->ptr != *ptr_p;
+         pp = &(*pp)->next)
+        ;
+    BT_ASSERT(*pp != NULL); /* not from kv_ucx_mem_alloc */
+    a = *pp;
+    *pp = a->next;
+    ucp_mem_unmap(ctx->context, a->memh);
+    bt_free(a);
+    *ptr_p = NULL;
+}
+
+/* The kv_ucx_mem_alloc block that holds all of [start, start+len). */
+static kv_ucx_alloc_t *kv_ucx_alloc_find(kv_ucx_t *ctx, uintptr_t start,
+                                         size_t len)
+{
+    for (kv_ucx_alloc_t *a = ctx->allocs; a != NULL; a = a->next)
+        if (start >= (uintptr_t)a->ptr &&
+            start - (uintptr_t)a->ptr + len <= a->len)
+            return a;
+    return NULL;
+}
 
 static int kv_ucx_span_cmp(const void *a, const void *b)
 {
@@ -416,7 +503,8 @@ static bool kv_ucx_find_region(const kv_ucx_span_t *regs, int n,
 /* Merges the 2 * n_layers layer arrays into maximal contiguous spans,
  * followed by one span for the arrival slots.  Returns the span count in
  * *n_p and a bt_malloc'ed array. */
-static bt_status_t kv_ucx_pool_spans(const kv_layout_t *layout,
+static bt_status_t kv_ucx_pool_spans(kv_ucx_t *ctx,
+                                     const kv_layout_t *layout,
                                      size_t layer_bytes,
                                      void *const *k_layers,
                                      void *const *v_layers,
@@ -439,6 +527,10 @@ static bt_status_t kv_ucx_pool_spans(const kv_layout_t *layout,
         all[2 * l].len = layer_bytes;
         all[2 * l + 1].start = (uintptr_t)v_layers[l];
         all[2 * l + 1].len = layer_bytes;
+        all[2 * l].alloc = kv_ucx_alloc_find(ctx, all[2 * l].start,
+                                             layer_bytes);
+        all[2 * l + 1].alloc = kv_ucx_alloc_find(ctx, all[2 * l + 1].start,
+                                                 layer_bytes);
     }
     qsort(all, (size_t)n_arrays, sizeof(*all), kv_ucx_span_cmp);
     for (int i = 0; i < n_arrays; i++) {
@@ -447,13 +539,17 @@ static bt_status_t kv_ucx_pool_spans(const kv_layout_t *layout,
             return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                             "KV layer arrays overlap");
         }
-        if (n > 0 && all[i].start == all[n - 1].start + all[n - 1].len)
+        /* Merge adjacent arrays, but never across two allocations: each
+         * region has exactly one registration. */
+        if (n > 0 && all[i].start == all[n - 1].start + all[n - 1].len &&
+            all[i].alloc == all[n - 1].alloc)
             all[n - 1].len += all[i].len;
         else
             all[n++] = all[i];
     }
     all[n].start = (uintptr_t)arrival;
     all[n].len = (size_t)n_slots * sizeof(uint64_t);
+    all[n].alloc = NULL;
     n++;
     *spans_p = all;
     *n_p = n;
@@ -497,16 +593,20 @@ bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
     }
     memset(pool->arrival, 0, (size_t)n_slots * sizeof(uint64_t));
 
-    status = kv_ucx_pool_spans(layout, layer_bytes, k_layers, v_layers,
+    status = kv_ucx_pool_spans(ctx, layout, layer_bytes, k_layers,
+                               v_layers,
                                pool->arrival, n_slots, &spans, &n_spans);
     if (status != BT_OK)
         goto err_free_arrival;
     pool->memh = bt_calloc((size_t)n_spans, sizeof(*pool->memh),
                            "kv_ucx_memh");
+    pool->own = bt_calloc((size_t)n_spans, sizeof(*pool->own),
+                          "kv_ucx_memh");
     rkeys = bt_calloc((size_t)n_spans, sizeof(*rkeys), "kv_ucx_rkeys");
     rkey_lens = bt_calloc((size_t)n_spans, sizeof(*rkey_lens),
                           "kv_ucx_rkeys");
-    if (pool->memh == NULL || rkeys == NULL || rkey_lens == NULL) {
+    if (pool->memh == NULL || pool->own == NULL || rkeys == NULL ||
+        rkey_lens == NULL) {
         status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "memh");
         goto err_free_arrays;
     }
@@ -521,17 +621,23 @@ bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
         mp.length = spans[mapped].len;
         mp.memory_type = is_slots ? UCS_MEMORY_TYPE_HOST
                                   : kv_ucx_mem_type(mem_type);
-        status = KV_UCX_CHECK(
-            ucp_mem_map(ctx->context, &mp, &pool->memh[mapped]),
-            "ucp_mem_map");
-        if (status != BT_OK)
-            goto err_unmap;
+        if (spans[mapped].alloc != NULL) {
+            pool->memh[mapped] = spans[mapped].alloc->memh;
+        } else {
+            status = KV_UCX_CHECK(
+                ucp_mem_map(ctx->context, &mp, &pool->memh[mapped]),
+                "ucp_mem_map");
+            if (status != BT_OK)
+                goto err_unmap;
+            pool->own[mapped] = true;
+        }
         status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, pool->memh[mapped],
                                             &rkeys[mapped],
                                             &rkey_lens[mapped]),
                               "ucp_rkey_pack");
         if (status != BT_OK) {
-            ucp_mem_unmap(ctx->context, pool->memh[mapped]);
+            if (pool->own[mapped])
+                ucp_mem_unmap(ctx->context, pool->memh[mapped]);
             goto err_unmap;
         }
         rkey_total += KV_UCX_REGION_HDR + rkey_lens[mapped];
@@ -617,12 +723,14 @@ err_release_addr:
 err_unmap:
     for (int i = 0; i < mapped; i++) {
         ucp_rkey_buffer_release(rkeys[i]);
-        ucp_mem_unmap(ctx->context, pool->memh[i]);
+        if (pool->own[i])
+            ucp_mem_unmap(ctx->context, pool->memh[i]);
     }
 err_free_arrays:
     bt_free(rkeys);
     bt_free(rkey_lens);
     bt_free(pool->memh);
+    bt_free(pool->own);
     bt_free(spans);
 err_free_arrival:
     bt_free(pool->arrival);
@@ -637,9 +745,11 @@ void kv_ucx_pool_deregister(kv_ucx_pool_t **pool_p)
     if (pool == NULL)
         return;
     for (int i = 0; i < pool->n_regions; i++)
-        ucp_mem_unmap(pool->ctx->context, pool->memh[i]);
+        if (pool->own[i])
+            ucp_mem_unmap(pool->ctx->context, pool->memh[i]);
     pool->ctx->n_pools--;
     bt_free(pool->memh);
+    bt_free(pool->own);
     bt_free(pool->arrival);
     bt_free(pool->desc);
     bt_free(pool);
@@ -946,7 +1056,8 @@ bt_status_t kv_ucx_connect(kv_ucx_t *ctx, const void *desc, size_t len,
                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                            UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep_params.address = (const ucp_address_t *)d->addr;
-    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_mode = ctx->peer_errors ? UCP_ERR_HANDLING_MODE_PEER
+                                          : UCP_ERR_HANDLING_MODE_NONE;
     ep_params.err_handler.cb = kv_ucx_ep_error_cb;
     ep_params.err_handler.arg = peer;
     status = KV_UCX_CHECK(ucp_ep_create(ctx->worker, &ep_params, &peer->ep),
@@ -1053,6 +1164,11 @@ uint64_t kv_ucx_peer_puts(const kv_ucx_peer_t *peer)
 uint64_t kv_ucx_peer_bytes(const kv_ucx_peer_t *peer)
 {
     return peer->n_bytes;
+}
+
+void kv_ucx_peer_print_info(const kv_ucx_peer_t *peer, FILE *stream)
+{
+    ucp_ep_print_info(peer->ep, stream);
 }
 
 bt_status_t kv_ucx_peer_status(const kv_ucx_peer_t *peer)
