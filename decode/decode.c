@@ -27,6 +27,7 @@ typedef struct {
     uint64_t epoch;     /* never reused */
     int *blocks;        /* (n_blocks) */
     int n_blocks;
+    int limit_blocks;   /* blocks the request may grow to */
     uint64_t expires_ns;
 } decode_resv_t;
 
@@ -46,6 +47,7 @@ struct decode_seq_s {
     int *blocks;        /* (max_blocks) block table */
     int n_blocks;
     int max_blocks;
+    int limit_blocks;   /* blocks promised to it at admission */
     sampler_t *sampler; /* NULL for the null model */
     stop_t *stop;
     tok_stream_t *stream; /* NULL without text */
@@ -176,6 +178,24 @@ static int reserved_blocks(const decode_t *dec)
     return n;
 }
 
+/* Blocks promised to admitted requests beyond what they hold now. */
+static int promised_blocks(const decode_t *dec)
+{
+    int n = 0;
+    for (int i = 0; i < dec->cfg.max_reservations; i++)
+        if (dec->resv[i].used)
+            n += BT_MAX(0, dec->resv[i].limit_blocks - dec->resv[i].n_blocks);
+    for (const decode_seq_t *s = dec->seqs; s; s = s->next)
+        n += BT_MAX(0, s->limit_blocks - s->n_blocks);
+    return n;
+}
+
+/* Free blocks not promised to anyone: what new requests may take. */
+static int available_blocks(const decode_t *dec)
+{
+    return BT_MAX(0, kv_allocator_free_count(dec->kv) - promised_blocks(dec));
+}
+
 static void send_heartbeat(decode_t *dec)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
@@ -186,7 +206,7 @@ static void send_heartbeat(decode_t *dec)
         owed += 1;
     hb.name = dec->name;
     hb.has_free_kv_blocks = 1;
-    hb.free_kv_blocks = (uint32_t)kv_allocator_free_count(dec->kv);
+    hb.free_kv_blocks = (uint32_t)available_blocks(dec);
     hb.has_total_kv_blocks = 1;
     hb.total_kv_blocks = (uint32_t)kv_allocator_total(dec->kv);
     hb.has_running = 1;
@@ -274,6 +294,10 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     decode_resv_t *r = NULL;
     int need = BT_DIV_UP((int)BT_MIN(m->n_tokens, (uint32_t)dec->max_context),
                          dec->block_size);
+    uint32_t total = m->has_max_total_tokens ? m->max_total_tokens
+                                             : (uint32_t)dec->max_context;
+    int limit = BT_DIV_UP((int)BT_MIN(total, (uint32_t)dec->max_context),
+                          dec->block_size);
     int *blocks = NULL;
 
     g.has_request_id = 1;
@@ -292,6 +316,11 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = dec->draining ? "draining" : "too many reservations";
         goto reply;
     }
+    limit = BT_MAX(limit, need);
+    if (available_blocks(dec) < limit) {
+        g.error = "KV pool full";
+        goto reply;
+    }
     blocks = bt_malloc((size_t)need * sizeof(int), "decode_resv");
     if (blocks == NULL || kv_allocator_alloc(dec->kv, need, blocks) != BT_OK) {
         bt_free(blocks);
@@ -303,6 +332,7 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     r->epoch = ++dec->next_epoch;
     r->blocks = blocks;
     r->n_blocks = need;
+    r->limit_blocks = limit;
     r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     if (dec->pool != NULL) {
         size_t len;
@@ -530,6 +560,7 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
     keep = BT_MIN(r->n_blocks, BT_DIV_UP(n, dec->block_size));
     memcpy(s->blocks, r->blocks, (size_t)keep * sizeof(int));
     s->n_blocks = keep;
+    s->limit_blocks = r->limit_blocks;
     if (r->n_blocks > keep)
         kv_allocator_release(dec->kv, r->n_blocks - keep, r->blocks + keep);
     bt_free(r->blocks);
@@ -755,6 +786,8 @@ static void step(decode_t *dec)
         if (seq_emit(dec, s, tok))
             seq_remove(dec, s);
     }
+    if (dec->cfg.step_delay_ms > 0)
+        usleep((useconds_t)dec->cfg.step_delay_ms * 1000u);
 }
 
 static void expire(decode_t *dec)

@@ -33,6 +33,7 @@ typedef struct {
     int quarantine_ms;       /* UCX: blocks of an aborted reservation (2000) */
     int max_reservations;    /* concurrent reservations = UCX slots (1024) */
     bool use_ucx;            /* register the pool with UCX */
+    int step_delay_ms;       /* tests: sleep after each step (slow streams) */
 } decode_config_t;
 
 void decode_config_init(decode_config_t *cfg);

@@ -594,8 +594,18 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
     t->state = PREFILL_TASK_DONE;
 }
 
+static bool has_waiting(prefill_t *pf)
+{
+    for (prefill_task_t *t = pf->head; t; t = t->next)
+        if (t->state == PREFILL_TASK_WAITING)
+            return true;
+    return false;
+}
+
 static void run_null(prefill_t *pf)
 {
+    if (pf->cfg.step_delay_ms > 0 && has_waiting(pf))
+        usleep((useconds_t)pf->cfg.step_delay_ms * 1000u);
     for (prefill_task_t *t = pf->head; t; t = t->next) {
         if (t->state != PREFILL_TASK_WAITING)
             continue;
@@ -654,6 +664,8 @@ static void run_batch(prefill_t *pf)
     }
     if (pf->n_batch == 0)
         return;
+    if (pf->cfg.step_delay_ms > 0)
+        usleep((useconds_t)pf->cfg.step_delay_ms * 1000u);
     memset(&batch, 0, sizeof(batch));
     batch.n_seqs = pf->n_batch;
     batch.seqs = pf->bseqs;

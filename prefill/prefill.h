@@ -30,6 +30,7 @@ typedef struct {
     bool null_model;         /* no model: instant deterministic tokens */
     int chunk_tokens;        /* longest prompt chunk per forward (512) */
     bool use_ucx;            /* push KV over UCX when the decode offers it */
+    int step_delay_ms;       /* tests: sleep before each batch */
 } prefill_config_t;
 
 void prefill_config_init(prefill_config_t *cfg);

@@ -41,6 +41,7 @@ static void usage(FILE *out)
         "  --max-batch-tokens N   tokens per forward (2048)\n"
         "  --chunk-tokens N       longest prompt chunk per forward (512)\n"
         "  --no-ucx               always send KV inline (control plane)\n"
+        "  --step-delay-ms N      tests: sleep N ms per step\n"
         "SIGTERM/SIGINT: stop taking work, finish prompts, exit.\n");
 }
 
@@ -59,6 +60,7 @@ int main(int argc, char **argv)
         { "max-batch-tokens", required_argument, 0, 'B' },
         { "chunk-tokens", required_argument, 0, 'c' },
         { "no-ucx", no_argument, 0, 'U' },
+        { "step-delay-ms", required_argument, 0, 'W' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -87,6 +89,7 @@ int main(int argc, char **argv)
         case 'B': bad = bt_parse_int(optarg, &b->max_batch_tokens) != BT_OK; break;
         case 'c': bad = bt_parse_int(optarg, &cfg.chunk_tokens) != BT_OK; break;
         case 'U': cfg.use_ucx = false; break;
+        case 'W': bad = bt_parse_int(optarg, &cfg.step_delay_ms) != BT_OK; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -448,6 +448,10 @@ static void dispatch(router_t *r)
         res.request_id = req->id;
         res.has_n_tokens = 1;
         res.n_tokens = (uint32_t)n_tokens;
+        res.has_max_total_tokens = 1;
+        res.max_total_tokens = (uint32_t)BT_MIN(
+            (int64_t)n_tokens + req->max_tokens - req->n_generated,
+            (int64_t)UINT32_MAX);
         msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RESERVE;
         msg.kv_reserve = &res;
         send_control(r, d, &msg);

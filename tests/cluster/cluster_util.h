@@ -1,0 +1,359 @@
+/*
+ * cluster_util.h - helpers for multi-process cluster tests: free ports,
+ * starting baton-router / baton-prefill / baton-decode from BT_BIN_DIR,
+ * waiting for registration, loading golden.jsonl, and running many
+ * requests concurrently through the client library.  Every process a
+ * test starts is killed at exit, so nothing outlives a failed test.
+ * Set BT_TEST_LOGS=1 to keep the processes' stderr.
+ */
+#ifndef BT_TESTS_CLUSTER_UTIL_H
+#define BT_TESTS_CLUSTER_UTIL_H
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bt_alloc.h"
+#include "bt_log.h"
+#include "bt_test.h"
+#include "bt_util.h"
+#include "client.h"
+
+#define CU_MAX_PROCS 32
+#define CU_MAX_IDS 1024
+
+static pid_t cu_pids[CU_MAX_PROCS];
+static int cu_n_pids;
+
+static void cu_kill_all(void)
+{
+    for (int i = 0; i < cu_n_pids; i++)
+        if (cu_pids[i] > 0) {
+            kill(cu_pids[i], SIGKILL);
+            waitpid(cu_pids[i], NULL, 0);
+            cu_pids[i] = 0;
+        }
+}
+
+static void cu_init(void)
+{
+    bt_log_init("test");
+    atexit(cu_kill_all);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* A TCP port that was free a moment ago (and the next one too). */
+static int cu_free_port(void)
+{
+    for (int tries = 0; tries < 100; tries++) {
+        int port = 20000 + (int)((getpid() * 7919u + (unsigned)tries * 104729u +
+                                  (unsigned)bt_time_ns()) % 30000u);
+        int ok = 1;
+        for (int k = 0; k < 2 && ok; k++) {
+            struct sockaddr_in a;
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            memset(&a, 0, sizeof(a));
+            a.sin_family = AF_INET;
+            a.sin_port = htons((uint16_t)(port + k));
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+                ok = 0;
+            close(fd);
+        }
+        if (ok)
+            return port;
+    }
+    BT_TEST_FAIL("no free port");
+    return -1;
+}
+
+/* Starts BT_BIN_DIR/exe with a NULL-terminated argument list. */
+static pid_t cu_spawn(const char *exe, ...)
+{
+    char path[512];
+    char *args[64];
+    int n = 0;
+    va_list ap;
+    pid_t pid;
+
+    snprintf(path, sizeof(path), "%s/%s", BT_BIN_DIR, exe);
+    args[n++] = path;
+    va_start(ap, exe);
+    while (n < 63 && (args[n] = va_arg(ap, char *)) != NULL)
+        n++;
+    va_end(ap);
+    args[n] = NULL;
+    pid = fork();
+    if (pid == 0) {
+        if (getenv("BT_TEST_LOGS") == NULL) {
+            int fd = open("/dev/null", O_WRONLY);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(path, args);
+        _exit(127);
+    }
+    BT_CHECK(pid > 0 && cu_n_pids < CU_MAX_PROCS);
+    cu_pids[cu_n_pids++] = pid;
+    return pid;
+}
+
+__attribute__((unused)) static void cu_kill(pid_t pid, int sig)
+{
+    kill(pid, sig);
+    if (sig == SIGKILL) {
+        waitpid(pid, NULL, 0);
+        for (int i = 0; i < cu_n_pids; i++)
+            if (cu_pids[i] == pid)
+                cu_pids[i] = 0;
+    }
+}
+
+/* Waits for a process to exit by itself; returns its exit code or -1. */
+__attribute__((unused)) static int cu_wait_exit(pid_t pid, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms; t += 10) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            for (int i = 0; i < cu_n_pids; i++)
+                if (cu_pids[i] == pid)
+                    cu_pids[i] = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+        usleep(10000);
+    }
+    return -1;
+}
+
+typedef struct {
+    int n_workers;
+    int n_prefill;
+    int n_decode;
+    int free_kv;     /* summed over decode workers */
+    int total_kv;
+    int in_flight;
+    int queued;
+    char names[16][64];
+    uint64_t served[16];
+} cu_status_t;
+
+static int cu_status(client_t *c, cu_status_t *st)
+{
+    uint64_t rid;
+    memset(st, 0, sizeof(*st));
+    if (client_status_request(c, &rid) != BT_OK)
+        return -1;
+    for (;;) {
+        Baton__ClientMessage *m = NULL;
+        if (client_recv(c, 2000, &m) != BT_OK)
+            return -1;
+        if (m->body_case == BATON__CLIENT_MESSAGE__BODY_STATUS &&
+            m->status->client_request_id == rid) {
+            for (size_t i = 0; i < m->status->n_workers; i++) {
+                Baton__WorkerStatus *w = m->status->workers[i];
+                if (i < 16) {
+                    snprintf(st->names[i], 64, "%s", w->name);
+                    st->served[i] = w->served;
+                }
+                st->n_workers++;
+                if (w->role == 1)
+                    st->n_prefill++;
+                if (w->role == 2) {
+                    st->n_decode++;
+                    st->free_kv += (int)w->free_kv_blocks;
+                    st->total_kv += (int)w->total_kv_blocks;
+                }
+            }
+            st->in_flight = (int)m->status->in_flight;
+            st->queued = (int)m->status->queued;
+            proto_client_free(&m);
+            return 0;
+        }
+        proto_client_free(&m);
+    }
+}
+
+/* Waits until the router knows exactly n_prefill + n_decode workers. */
+static void cu_wait_workers(client_t *c, int n_prefill, int n_decode,
+                            int timeout_ms)
+{
+    cu_status_t st;
+    for (int t = 0; t < timeout_ms; t += 50) {
+        if (cu_status(c, &st) == 0 && st.n_prefill == n_prefill &&
+            st.n_decode == n_decode)
+            return;
+        usleep(50000);
+    }
+    BT_TEST_FAIL("workers did not register (%d prefill, %d decode wanted)",
+                 n_prefill, n_decode);
+}
+
+/* Waits until every decode worker reports all its KV blocks free. */
+__attribute__((unused)) static void cu_wait_kv_idle(client_t *c, int timeout_ms)
+{
+    cu_status_t st;
+    for (int t = 0; t < timeout_ms; t += 50) {
+        if (cu_status(c, &st) == 0 && st.total_kv > 0 &&
+            st.free_kv == st.total_kv)
+            return;
+        usleep(50000);
+    }
+    BT_TEST_FAIL("KV blocks did not return to idle: %d of %d free",
+                 st.free_kv, st.total_kv);
+}
+
+typedef struct {
+    int prompt[CU_MAX_IDS];
+    int n_prompt;
+    int expect[CU_MAX_IDS];
+    int n_expect;
+    int max_tokens;
+} cu_golden_t;
+
+/* Loads golden.jsonl lines for `model` (e.g. "aidreams260K.bin"). */
+__attribute__((unused)) static int cu_golden_load(const char *model, cu_golden_t *out, int max)
+{
+    char path[512];
+    char *data = NULL, *line, *save = NULL;
+    size_t len;
+    int n = 0;
+
+    snprintf(path, sizeof(path), "%s/models/golden.jsonl", BT_SHARED_DIR);
+    BT_ASSERT_OK(bt_read_file(path, 1 << 24, &data, &len));
+    for (line = strtok_r(data, "\n", &save); line && n < max;
+         line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        cJSON *m, *p, *g, *s;
+        if (j == NULL)
+            continue;
+        m = cJSON_GetObjectItem(j, "model");
+        p = cJSON_GetObjectItem(j, "prompt_ids");
+        g = cJSON_GetObjectItem(j, "greedy_ids");
+        s = cJSON_GetObjectItem(j, "steps");
+        if (cJSON_IsString(m) && strcmp(m->valuestring, model) == 0 && p &&
+            g && s) {
+            cu_golden_t *e = &out[n++];
+            e->n_prompt = 0;
+            e->n_expect = 0;
+            for (cJSON *x = p->child; x && e->n_prompt < CU_MAX_IDS; x = x->next)
+                e->prompt[e->n_prompt++] = x->valueint;
+            for (cJSON *x = g->child; x && e->n_expect < CU_MAX_IDS; x = x->next)
+                e->expect[e->n_expect++] = x->valueint;
+            e->max_tokens = s->valueint - e->n_prompt + 1;
+        }
+        cJSON_Delete(j);
+    }
+    bt_free(data);
+    return n;
+}
+
+typedef struct {
+    uint64_t rid;
+    int ids[CU_MAX_IDS];
+    int n_ids;
+    int next_index;  /* chunks must arrive in order without gaps */
+    int finished;    /* 1 finished, 2 error */
+    int finish_reason;
+    int error_code;
+    int retries;
+    uint64_t ttft_us;
+} cu_result_t;
+
+/* Receives until every result in `res` finished or timeout. */
+static void cu_collect(client_t *c, cu_result_t *res, int n, int timeout_ms)
+{
+    uint64_t until = bt_time_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int done = 0;
+
+    for (int i = 0; i < n; i++)
+        done += res[i].finished != 0;
+    while (done < n) {
+        Baton__ClientMessage *m = NULL;
+        uint64_t rid;
+        cu_result_t *r = NULL;
+        if (bt_time_ns() > until)
+            BT_TEST_FAIL("%d of %d requests unfinished after %d ms", n - done,
+                         n, timeout_ms);
+        if (client_recv(c, 100, &m) != BT_OK)
+            continue;
+        rid = client_msg_request_id(m);
+        for (int i = 0; i < n; i++)
+            if (res[i].rid == rid)
+                r = &res[i];
+        if (r == NULL || r->finished) {
+            proto_client_free(&m);
+            continue;
+        }
+        if (m->body_case == BATON__CLIENT_MESSAGE__BODY_CHUNK) {
+            if ((int)m->chunk->index != r->next_index)
+                BT_TEST_FAIL("request %llu: chunk index %u, expected %d",
+                             (unsigned long long)rid, m->chunk->index,
+                             r->next_index);
+            for (size_t k = 0; k < m->chunk->n_ids && r->n_ids < CU_MAX_IDS; k++)
+                r->ids[r->n_ids++] = m->chunk->ids[k];
+            r->next_index += (int)m->chunk->n_ids;
+        } else if (m->body_case == BATON__CLIENT_MESSAGE__BODY_FINISHED) {
+            r->finished = 1;
+            r->finish_reason = m->finished->reason;
+            if (m->finished->timings) {
+                r->retries = (int)m->finished->timings->retries;
+                r->ttft_us = m->finished->timings->ttft_us;
+            }
+            done++;
+        } else if (m->body_case == BATON__CLIENT_MESSAGE__BODY_ERROR) {
+            r->finished = 2;
+            r->error_code = m->error->code;
+            fprintf(stderr, "request %llu error %s: %s\n",
+                    (unsigned long long)rid,
+                    client_error_name(m->error->code),
+                    m->error->message ? m->error->message : "");
+            done++;
+        }
+        proto_client_free(&m);
+    }
+}
+
+/* Submits golden line g as a greedy request (stop at id 1 only). */
+__attribute__((unused)) static uint64_t cu_submit_golden(client_t *c, const cu_golden_t *g)
+{
+    static const int stop1[] = { 1 };
+    client_request_t req;
+    uint64_t rid;
+
+    client_request_init(&req);
+    req.prompt_ids = g->prompt;
+    req.n_prompt_ids = g->n_prompt;
+    req.max_tokens = g->max_tokens;
+    req.ignore_eos = true;
+    req.stop_ids = stop1;
+    req.n_stop_ids = 1;
+    req.want_text = false;
+    BT_ASSERT_OK(client_submit(c, &req, &rid));
+    return rid;
+}
+
+__attribute__((unused)) static void cu_check_golden(const cu_result_t *r, const cu_golden_t *g,
+                            int which)
+{
+    if (r->finished != 1)
+        BT_TEST_FAIL("request %d did not finish (state %d)", which,
+                     r->finished);
+    if (r->n_ids != g->n_expect)
+        BT_TEST_FAIL("request %d: %d ids, golden has %d", which, r->n_ids,
+                     g->n_expect);
+    for (int k = 0; k < g->n_expect; k++)
+        if (r->ids[k] != g->expect[k])
+            BT_TEST_FAIL("request %d: id %d is %d, golden %d", which, k,
+                         r->ids[k], g->expect[k]);
+}
+
+#endif /* BT_TESTS_CLUSTER_UTIL_H */
