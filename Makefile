@@ -61,3 +61,13 @@ format:
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz
+
+# GPU tests and benchmark (CUDA backend, issue 4).  They run ON THE DEVICE
+# MACHINE from the carried build-cuda + .devlibs and never rebuild; logs
+# and result tables go to $OUT when set (see docs/PERFORMANCE.md).
+GPU_BUILD ?= build-cuda
+.PHONY: gpu-test gpu-bench
+gpu-test:
+	bash tests/gpu/run_gpu_test.sh $(GPU_BUILD)
+gpu-bench:
+	bash tests/gpu/run_gpu_bench.sh $(GPU_BUILD)

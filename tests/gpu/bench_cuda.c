@@ -1,0 +1,256 @@
+/*
+ * bench_cuda.c - the CUDA backend's decode and prefill speed against the
+ * physical floor of the H200 (run by `make gpu-bench`).
+ *
+ *   bench_cuda [--model synth:llama3-8b] [--batch 1,8,32,64,128]
+ *              [--ctx 512,2048,8192] [--prefill 512,2048,8192]
+ *              [--steps 20] [--table FILE]
+ *
+ * Decode rows: B sequences each at context C (the KV pool is filled with
+ * non-zero values; contexts are not computed, only read), one token per
+ * sequence per step, median step time over --steps steps after warm-up
+ * (the first step captures the CUDA graph).  "step" keeps the logits on
+ * the device (as an engine sampling on the GPU does); "+logits" also
+ * copies the f32 logits to the host, as backend_forward's contract does.
+ *   floor = (weight bytes + KV bytes read) / 4.5 TB/s.
+ * Prefill rows: one prompt of P tokens, logits of its last token.
+ *   floor = (2 x per-token params x P + causal attention FLOPs) /
+ *           790 TFLOP/s (per-token params: every layer matrix; the
+ *           classifier once).
+ * ratio = floor / measured (1.0 = at the floor).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend.h"
+#include "bt_alloc.h"
+#include "bt_util.h"
+#include "model/model.h"
+
+#define BW_READ 4.5e12   /* measured read bandwidth, B/s */
+#define BF16_RATE 790e12 /* measured dense bf16 rate, FLOP/s */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = "synth:llama3-8b";
+    const char *batch_s = "1,8,32,64,128", *ctx_s = "512,2048,8192";
+    const char *pre_s = "512,2048,8192", *table_path = NULL;
+    int *batches, *ctxs, *pres, nb, nc, np, steps = 20;
+    int block_size = 16, n_blocks;
+    model_t *m = NULL;
+    backend_t *be = NULL;
+    backend_config_t cfg;
+    FILE *tf = NULL;
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"batch", required_argument, NULL, 'b'},
+        {"ctx", required_argument, NULL, 'c'},
+        {"prefill", required_argument, NULL, 'p'},
+        {"steps", required_argument, NULL, 's'},
+        {"table", required_argument, NULL, 't'},
+        {NULL, 0, NULL, 0}};
+    int opt;
+
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'm': model_path = optarg; break;
+        case 'b': batch_s = optarg; break;
+        case 'c': ctx_s = optarg; break;
+        case 'p': pre_s = optarg; break;
+        case 's': steps = atoi(optarg); break;
+        case 't': table_path = optarg; break;
+        default:
+            fprintf(stderr, "usage: bench_cuda [--model M] [--batch L] "
+                    "[--ctx L] [--prefill L] [--steps N] [--table F]\n");
+            return 2;
+        }
+    }
+    if (bt_parse_int_list(batch_s, &batches, &nb) != BT_OK ||
+        bt_parse_int_list(ctx_s, &ctxs, &nc) != BT_OK ||
+        bt_parse_int_list(pre_s, &pres, &np) != BT_OK) {
+        fprintf(stderr, "bench_cuda: bad list\n");
+        return 2;
+    }
+
+    double t0 = bt_time_s();
+    if (model_load(model_path, &m) != BT_OK) {
+        fprintf(stderr, "bench_cuda: cannot load %s\n", model_path);
+        return 1;
+    }
+    const model_config_t *mc = model_config(m);
+    double t1 = bt_time_s();
+    /* KV pool: what the device has left after weights and ~6 GB for
+     * activations and workspace. */
+    {
+        size_t free_b = 0, total_b = 0;
+        double weights = (double)model_param_count(m) * 2;
+        double blk = 2.0 * mc->n_layers * block_size * mc->n_kv_heads *
+                     mc->head_dim * 2;
+        cudaMemGetInfo(&free_b, &total_b);
+        double avail = (double)free_b - weights - 6e9;
+        n_blocks = (int)(avail / blk);
+        if (n_blocks > 60000)
+            n_blocks = 60000;
+    }
+    backend_config_init(&cfg);
+    cfg.block_size = block_size;
+    cfg.n_kv_blocks = n_blocks;
+    cfg.max_seqs = 128;
+    cfg.max_batch_tokens = 8192;
+    for (int i = 0; i < np; i++)
+        cfg.max_batch_tokens = BT_MAX(cfg.max_batch_tokens, pres[i]);
+    if (backend_create("cuda", m, &cfg, &be) != BT_OK) {
+        fprintf(stderr, "bench_cuda: backend_create failed\n");
+        return 1;
+    }
+    double t2 = bt_time_s();
+    printf("model %s: %.2f B params, load %.1f s, upload %.1f s, KV pool "
+           "%d blocks of %d\n", model_path, model_param_count(m) / 1e9,
+           t1 - t0, t2 - t1, n_blocks, block_size);
+
+    /* Non-zero KV contents (the pool is read, never computed here). */
+    const kv_layout_t *kl = backend_kv_layout(be);
+    size_t layer_bytes = (size_t)kl->n_blocks * kl->block_size *
+                         kl->n_kv_heads * kl->head_dim * kl->elem_size;
+    for (int l = 0; l < kl->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            cudaMemset(backend_kv_data(be, l, kv), 0x3c, layer_bytes);
+    cudaDeviceSynchronize();
+
+    /* Weight bytes one decode step reads (every matrix but the
+     * embedding table, of which only B rows are read). */
+    double layer_params = (double)mc->n_layers *
+        ((double)mc->dim * (mc->n_heads + 2 * mc->n_kv_heads) * mc->head_dim +
+         (double)mc->n_heads * mc->head_dim * mc->dim +
+         3.0 * mc->dim * mc->hidden_dim + 2.0 * mc->dim);
+    double cls_params = (double)mc->vocab_size * mc->dim;
+    double w_bytes = 2.0 * (layer_params + cls_params);
+    double kv_tok_bytes = 2.0 * mc->n_layers * mc->n_kv_heads *
+                          mc->head_dim * 2;
+
+    if (table_path)
+        tf = fopen(table_path, "w");
+    float *logits = malloc(sizeof(float) * (size_t)mc->vocab_size * 128);
+    char line[256];
+#define EMIT(...)                                                           \
+    do {                                                                    \
+        snprintf(line, sizeof(line), __VA_ARGS__);                          \
+        fputs(line, stdout);                                                \
+        if (tf)                                                             \
+            fputs(line, tf);                                                \
+    } while (0)
+
+    EMIT("\n| decode | batch | ctx | step ms | +logits ms | TPOT ms | "
+         "floor ms | floor/step | tok/s |\n");
+    EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int ci = 0; ci < nc; ci++) {
+        for (int bi = 0; bi < nb; bi++) {
+            int B = batches[bi], C = ctxs[ci];
+            int per = (int)BT_DIV_UP(C + 1, block_size);
+            if (B > 128 || (long)B * per > n_blocks) {
+                EMIT("| decode | %d | %d | skipped: KV of %.0f GB does not "
+                     "fit | | | | | |\n", B, C, B * (double)C * kv_tok_bytes
+                     / 1e9);
+                continue;
+            }
+            backend_seq_t *seqs = calloc(B, sizeof(*seqs));
+            int *tables = malloc(sizeof(int) * (size_t)B * per);
+            int *toks = malloc(sizeof(int) * B);
+            for (int s = 0; s < B; s++) {
+                for (int i = 0; i < per; i++)
+                    tables[(size_t)s * per + i] = s * per + i;
+                toks[s] = (s * 7919 + 11) % mc->vocab_size;
+                seqs[s].n_tokens = 1;
+                seqs[s].ctx_len = C - 1;
+                seqs[s].tokens = &toks[s];
+                seqs[s].block_table = &tables[(size_t)s * per];
+                seqs[s].n_logits = 1;
+            }
+            backend_batch_t batch = { .n_seqs = B, .seqs = seqs };
+            double *dev = malloc(sizeof(double) * steps);
+            double *host = malloc(sizeof(double) * steps);
+            for (int w = 0; w < 3; w++)
+                if (backend_forward(be, &batch, NULL, NULL) != BT_OK) {
+                    fprintf(stderr, "forward failed\n");
+                    return 1;
+                }
+            for (int it = 0; it < steps; it++) {
+                double a = bt_time_s();
+                backend_forward(be, &batch, NULL, NULL);
+                dev[it] = bt_time_s() - a;
+            }
+            for (int it = 0; it < steps; it++) {
+                double a = bt_time_s();
+                backend_forward(be, &batch, logits, NULL);
+                host[it] = bt_time_s() - a;
+            }
+            double d = median(dev, steps) * 1e3, h = median(host, steps) * 1e3;
+            double floor_ms = (w_bytes + (double)B * C * kv_tok_bytes) /
+                              BW_READ * 1e3;
+            EMIT("| decode | %d | %d | %.3f | %.3f | %.3f | %.3f | %.2f | "
+                 "%.0f |\n", B, C, d, h, d, floor_ms, floor_ms / d,
+                 B / (d * 1e-3));
+            free(seqs); free(tables); free(toks); free(dev); free(host);
+        }
+    }
+
+    EMIT("\n| prefill | tokens | | TTFT ms | | | floor ms | floor/TTFT | "
+         "tok/s |\n");
+    EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int pi = 0; pi < np; pi++) {
+        int P = pres[pi], per = (int)BT_DIV_UP(P, block_size);
+        int *tables = malloc(sizeof(int) * per);
+        int *toks = malloc(sizeof(int) * P);
+        double t[5];
+        for (int i = 0; i < per; i++)
+            tables[i] = i;
+        for (int i = 0; i < P; i++)
+            toks[i] = (i * 7919 + 11) % mc->vocab_size;
+        backend_seq_t seq = { .n_tokens = P, .ctx_len = 0, .tokens = toks,
+                              .block_table = tables, .n_logits = 1 };
+        backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
+        backend_forward(be, &batch, logits, NULL);
+        for (int it = 0; it < 5; it++) {
+            double a = bt_time_s();
+            if (backend_forward(be, &batch, logits, NULL) != BT_OK) {
+                fprintf(stderr, "prefill failed\n");
+                return 1;
+            }
+            t[it] = bt_time_s() - a;
+        }
+        double ms = median(t, 5) * 1e3;
+        double flops = 2.0 * layer_params * P + 2.0 * cls_params +
+                       4.0 * mc->n_layers * mc->n_heads * mc->head_dim *
+                           (double)P * (P + 1) / 2;
+        double floor_ms = flops / BF16_RATE * 1e3;
+        EMIT("| prefill | %d | | %.2f | | | %.2f | %.2f | %.0f |\n", P, ms,
+             floor_ms, floor_ms / ms, P / (ms * 1e-3));
+        free(tables);
+        free(toks);
+    }
+    if (tf)
+        fclose(tf);
+    free(logits);
+    backend_destroy(&be);
+    model_destroy(&m);
+    bt_free(batches);
+    bt_free(ctxs);
+    bt_free(pres);
+    return 0;
+}

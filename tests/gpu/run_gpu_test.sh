@@ -1,0 +1,43 @@
+#!/bin/bash
+# run_gpu_test.sh BUILD_DIR - `make gpu-test`: every kernel test and the
+# whole-model test, ON THE DEVICE MACHINE, from a build made elsewhere
+# (nothing is rebuilt).  Writes gpu_test.log and gpu_test_table.md under
+# $OUT when set (else /tmp/baton-gpu-test); prints the table last.
+# Models: $BT_SHARED_DIR, else ./.gpushared when carried, else ../shared.
+set -u
+build=${1:-build-cuda}
+out=${OUT:-/tmp/baton-gpu-test}
+mkdir -p "$out"
+log=$out/gpu_test.log
+table=$out/gpu_test_table.md
+: > "$log"
+if [ -z "${BT_SHARED_DIR:-}" ]; then
+  if [ -d .gpushared/models ]; then export BT_SHARED_DIR=$PWD/.gpushared
+  else export BT_SHARED_DIR=$(cd .. && pwd)/shared; fi
+fi
+[ -d .devlibs ] && export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
+  >> "$log" 2>&1
+fails=0
+rows=""
+for t in test_embed test_rmsnorm test_swiglu test_rope_kv test_sample \
+         test_gemm test_attn test_cuda_model; do
+  echo "=== $t" >> "$log"
+  start=$(date +%s.%N)
+  timeout 240 "$build/gpu/$t" >> "$log" 2>&1
+  rc=$?
+  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  checks=$(sed -n "/^=== $t\$/,\$p" "$log" | grep -c '^PASS')
+  bad=$(sed -n "/^=== $t\$/,\$p" "$log" | grep -c '^FAIL')
+  if [ $rc -eq 0 ]; then res=PASS; else res="FAIL (rc $rc)"; fails=$((fails+1)); fi
+  rows="$rows| $t | $res | $checks | $bad | $(printf %.1f "$secs") |\n"
+done
+{
+  echo "| test | result | checks passed | checks failed | seconds |"
+  echo "| --- | --- | ---: | ---: | ---: |"
+  printf "$rows"
+} > "$table"
+grep -E '^(PASS|FAIL) (golden|bf16|f32)' "$log" >> "$table"
+echo
+cat "$table"
+[ $fails -eq 0 ]

@@ -1,0 +1,433 @@
+/*
+ * test_cuda_model.c - the CUDA backend on whole models (needs a GPU; run
+ * by `make gpu-test`, never by ctest):
+ *   1. float32 mode reproduces every greedy_ids line of golden.jsonl
+ *      exactly, on the llama2.c .bin files and their -hf conversions
+ *      (prompt as one chunk, then decode steps, as llama2.c run.c);
+ *   2. bf16: teacher-forced top-1 agreement with the cpu backend >= 99%
+ *      over the golden sequences, with the sequence fed as one prompt, as
+ *      chunks of 5 and token by token (CUDA-graph decode path);
+ *   3. float32 logits and hidden rows match the cpu backend on a mixed
+ *      batch (prompt chunk + decode tokens + masked tree + chunk after a
+ *      cached prefix) on the golden models and synthetic shapes with GQA,
+ *      q/k/v bias, the half-split RoPE layout and Llama-3.1 scaling; then
+ *      after backend_kv_copy_block.
+ * Prints one result line per check and a summary; exits non-zero on any
+ * failure.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "bt_alloc.h"
+#include "bt_test.h"
+#include "bt_util.h"
+#include "model/model_synth.h"
+
+static int g_fail;
+
+/* The folder holding models/ (BT_SHARED_DIR in the environment wins: the
+ * device machine gets the models in a carried folder). */
+static const char *shared_dir(void)
+{
+    const char *env = getenv("BT_SHARED_DIR");
+    return env && *env ? env : BT_SHARED_DIR;
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+static int *json_ints(const cJSON *arr, int *n_p)
+{
+    int n = cJSON_GetArraySize(arr);
+    int *v = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+
+    for (int i = 0; i < n; i++)
+        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
+    *n_p = n;
+    return v;
+}
+
+typedef struct {
+    char model[128];
+    int *prompt;
+    int n_prompt;
+    int *want;
+    int n_want;
+    int steps;
+} golden_t;
+
+static int golden_read(golden_t **g_p)
+{
+    char *text, *line, *save = NULL;
+    size_t len;
+    int n = 0;
+    golden_t *g = calloc(64, sizeof(*g));
+
+    char gpath[512];
+
+    snprintf(gpath, sizeof(gpath), "%s/models/golden.jsonl", shared_dir());
+    BT_ASSERT_OK(bt_read_file(gpath, 1 << 24, &text, &len));
+    for (line = strtok_r(text, "\n", &save); line && n < 64;
+         line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        BT_CHECK(j != NULL);
+        snprintf(g[n].model, sizeof(g[n].model), "%s",
+                 cJSON_GetObjectItem(j, "model")->valuestring);
+        g[n].steps = cJSON_GetObjectItem(j, "steps")->valueint;
+        g[n].prompt = json_ints(cJSON_GetObjectItem(j, "prompt_ids"),
+                                &g[n].n_prompt);
+        g[n].want = json_ints(cJSON_GetObjectItem(j, "greedy_ids"),
+                              &g[n].n_want);
+        cJSON_Delete(j);
+        n++;
+    }
+    bt_free(text);
+    *g_p = g;
+    return n;
+}
+
+static void cfg_small(backend_config_t *cfg, backend_precision_t prec)
+{
+    backend_config_init(cfg);
+    cfg->n_kv_blocks = 256;
+    cfg->block_size = 8;
+    cfg->max_batch_tokens = 1024;
+    cfg->max_seqs = 16;
+    cfg->precision = prec;
+}
+
+// ---------------------------------------------------------------------
+// 1. golden, float32
+
+static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
+                  int steps, int *out)
+{
+    int table[128], n_out = 0, pos = n_prompt - 1, next;
+    float *logits = malloc(sizeof(float) * vocab);
+    backend_seq_t seq = { .n_tokens = n_prompt, .ctx_len = 0,
+                          .tokens = prompt, .block_table = table,
+                          .n_logits = 1 };
+    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
+
+    for (int i = 0; i < 128; i++)
+        table[i] = 127 - i;
+    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+    for (;;) {
+        next = argmax(logits, vocab);
+        pos++;
+        if (next == 1)
+            break;
+        out[n_out++] = next;
+        if (pos >= steps)
+            break;
+        seq = (backend_seq_t){ .n_tokens = 1, .ctx_len = pos,
+                               .tokens = &out[n_out - 1],
+                               .block_table = table, .n_logits = 1 };
+        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+    }
+    free(logits);
+    return n_out;
+}
+
+static void test_golden(const golden_t *g, int n_lines)
+{
+    int runs = 0, bad = 0;
+
+    for (int li = 0; li < n_lines; li++) {
+        for (int variant = 0; variant < 2; variant++) {
+            char path[512];
+            model_t *m = NULL;
+            backend_t *be = NULL;
+            backend_config_t cfg;
+            int *got = malloc(sizeof(int) * (size_t)(g[li].steps + 1));
+            int n_got, first_bad = -1;
+
+            snprintf(path, sizeof(path), "%s/models/%.*s%s", shared_dir(),
+                     (int)strlen(g[li].model) - (variant ? 4 : 0),
+                     g[li].model, variant ? "-hf" : "");
+            BT_ASSERT_OK(model_load(path, &m));
+            cfg_small(&cfg, BACKEND_PRECISION_F32);
+            BT_ASSERT_OK(backend_create("cuda", m, &cfg, &be));
+            n_got = greedy(be, model_config(m)->vocab_size, g[li].prompt,
+                           g[li].n_prompt, g[li].steps, got);
+            for (int i = 0; i < g[li].n_want && i < n_got; i++)
+                if (got[i] != g[li].want[i]) {
+                    first_bad = i;
+                    break;
+                }
+            if (first_bad >= 0 || n_got != g[li].n_want) {
+                printf("FAIL golden f32 %s line %d: %d ids (golden %d), "
+                       "first mismatch at %d\n", path, li, n_got,
+                       g[li].n_want, first_bad);
+                bad++;
+            }
+            runs++;
+            backend_destroy(&be);
+            model_destroy(&m);
+            free(got);
+        }
+    }
+    printf("%s golden f32: %d runs (%d lines x .bin/-hf), %d mismatched\n",
+           bad ? "FAIL" : "PASS", runs, n_lines, bad);
+    g_fail += bad;
+}
+
+// ---------------------------------------------------------------------
+// 2. bf16 teacher-forced agreement
+
+/* Argmax of every position of `ids` (n), fed in chunks of `chunk` tokens
+ * (chunk 1 = decode steps). */
+static void teacher_argmax(backend_t *be, int vocab, const int *ids, int n,
+                           int chunk, int *out)
+{
+    int table[128];
+    float *logits = malloc(sizeof(float) * (size_t)vocab * n);
+
+    for (int i = 0; i < 128; i++)
+        table[i] = (i * 37) % 128;
+    for (int s = 0; s < n; s += chunk) {
+        int c = BT_MIN(chunk, n - s);
+        backend_seq_t seq = { .n_tokens = c, .ctx_len = s, .tokens = ids + s,
+                              .block_table = table, .n_logits = c };
+        backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
+
+        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+        for (int i = 0; i < c; i++)
+            out[s + i] = argmax(logits + (size_t)i * vocab, vocab);
+    }
+    free(logits);
+}
+
+static void test_agreement(const golden_t *g, int n_lines)
+{
+    const int chunks[] = {100000, 5, 1};
+    long agree[3] = {0}, total[3] = {0};
+
+    for (int li = 0; li < n_lines; li++) {
+        char path[512];
+        model_t *m = NULL;
+        backend_t *cpu = NULL, *gpu = NULL;
+        backend_config_t cfg;
+        int n = g[li].n_prompt + g[li].n_want;
+        int *ids = malloc(sizeof(int) * n);
+        int *ref = malloc(sizeof(int) * n), *got = malloc(sizeof(int) * n);
+        int vocab;
+
+        memcpy(ids, g[li].prompt, sizeof(int) * g[li].n_prompt);
+        memcpy(ids + g[li].n_prompt, g[li].want, sizeof(int) * g[li].n_want);
+        snprintf(path, sizeof(path), "%s/models/%s", shared_dir(),
+                 g[li].model);
+        BT_ASSERT_OK(model_load(path, &m));
+        vocab = model_config(m)->vocab_size;
+        cfg_small(&cfg, BACKEND_PRECISION_DEFAULT);
+        cfg.n_threads = 0;
+        BT_ASSERT_OK(backend_create("cpu", m, &cfg, &cpu));
+        BT_ASSERT_OK(backend_create("cuda", m, &cfg, &gpu));
+        teacher_argmax(cpu, vocab, ids, n, 100000, ref);
+        for (int c = 0; c < 3; c++) {
+            teacher_argmax(gpu, vocab, ids, n, chunks[c], got);
+            for (int i = 0; i < n; i++)
+                agree[c] += got[i] == ref[i];
+            total[c] += n;
+        }
+        backend_destroy(&gpu);
+        backend_destroy(&cpu);
+        model_destroy(&m);
+        free(ids);
+        free(ref);
+        free(got);
+    }
+    for (int c = 0; c < 3; c++) {
+        double pct = 100.0 * agree[c] / (double)total[c];
+        bool ok = pct >= 99.0;
+        printf("%s bf16 top-1 agreement with cpu (%s): %.2f%% of %ld "
+               "positions\n", ok ? "PASS" : "FAIL",
+               c == 0 ? "one prompt" : c == 1 ? "chunks of 5" : "decode",
+               pct, total[c]);
+        g_fail += !ok;
+    }
+}
+
+// ---------------------------------------------------------------------
+// 3. float32 logits on mixed batches vs cpu
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        if (!isfinite(a[i]))
+            return INFINITY;
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Runs the same three steps on both backends and compares logits and
+ * hidden rows: (a) prompts of 23 and 9 tokens; (b) a mixed batch: seq 0
+ * decodes one token, seq 1 adds a chunk of 6 after its 9, seq 2 is a
+ * fresh masked tree of 5, seq 3 a fresh prompt of 20; (c) a block copy,
+ * then seq 0 decodes from the copy. */
+static void mixed_one(const char *name, model_t *m)
+{
+    const model_config_t *mc = model_config(m);
+    backend_t *be[2] = {NULL, NULL};
+    backend_config_t cfg;
+    int vocab = mc->vocab_size, dim = mc->dim;
+    int toks[64], tbl[4][16];
+    uint8_t mask[25];
+    double worst = 0, worst_h = 0;
+    float *lg[2], *hd[2];
+
+    cfg_small(&cfg, BACKEND_PRECISION_F32);
+    cfg.block_size = 4;
+    BT_ASSERT_OK(backend_create("cpu", m, &cfg, &be[0]));
+    BT_ASSERT_OK(backend_create("cuda", m, &cfg, &be[1]));
+    for (int i = 0; i < 64; i++)
+        toks[i] = (i * 7919 + 13) % vocab;
+    for (int s = 0; s < 4; s++)
+        for (int i = 0; i < 16; i++)
+            tbl[s][i] = 200 - (s * 16 + i) * 3 % 190;
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 5; j++)
+            mask[i * 5 + j] = j == i || j == 0 || (j == i - 2 && i % 2);
+    for (int b = 0; b < 2; b++) {
+        lg[b] = malloc(sizeof(float) * (size_t)vocab * 64);
+        hd[b] = malloc(sizeof(float) * (size_t)dim * 64);
+    }
+    for (int step = 0; step < 3; step++) {
+        backend_seq_t seqs[4];
+        int ns = 0, rows = 0;
+
+        memset(seqs, 0, sizeof(seqs));
+        if (step == 0) {
+            seqs[ns++] = (backend_seq_t){ .n_tokens = 23, .tokens = toks,
+                                          .block_table = tbl[0],
+                                          .n_logits = 2 };
+            seqs[ns++] = (backend_seq_t){ .n_tokens = 9, .tokens = toks + 23,
+                                          .block_table = tbl[1],
+                                          .n_logits = 9 };
+        } else if (step == 1) {
+            seqs[ns++] = (backend_seq_t){ .n_tokens = 1, .ctx_len = 23,
+                                          .tokens = toks + 40,
+                                          .block_table = tbl[0],
+                                          .n_logits = 1 };
+            seqs[ns++] = (backend_seq_t){ .n_tokens = 6, .ctx_len = 9,
+                                          .tokens = toks + 41,
+                                          .block_table = tbl[1],
+                                          .n_logits = 3 };
+            seqs[ns++] = (backend_seq_t){ .n_tokens = 5, .tokens = toks + 47,
+                                          .block_table = tbl[2],
+                                          .mask = mask, .n_logits = 5 };
+            seqs[ns++] = (backend_seq_t){ .n_tokens = 20, .tokens = toks,
+                                          .block_table = tbl[3],
+                                          .n_logits = 1 };
+        } else {
+            /* seq 0's block 5 (slots 20..23) copied to a fresh block. */
+            for (int b = 0; b < 2; b++)
+                BT_ASSERT_OK(backend_kv_copy_block(be[b], tbl[0][5], 250));
+            tbl[0][5] = 250;
+            seqs[ns++] = (backend_seq_t){ .n_tokens = 1, .ctx_len = 24,
+                                          .tokens = toks + 52,
+                                          .block_table = tbl[0],
+                                          .n_logits = 1 };
+        }
+        for (int s = 0; s < ns; s++)
+            rows += seqs[s].n_logits;
+        backend_batch_t batch = { .n_seqs = ns, .seqs = seqs };
+        for (int b = 0; b < 2; b++)
+            BT_ASSERT_OK(backend_forward(be[b], &batch, lg[b], hd[b]));
+        double e = rel_err(lg[1], lg[0], (size_t)rows * vocab);
+        double eh = rel_err(hd[1], hd[0], (size_t)rows * dim);
+        worst = e > worst ? e : worst;
+        worst_h = eh > worst_h ? eh : worst_h;
+    }
+    bool ok = worst < 1e-4 && worst_h < 1e-4;
+    printf("%s f32 mixed batches vs cpu, %s: logits rel err %.2e, hidden "
+           "%.2e\n", ok ? "PASS" : "FAIL", name, worst, worst_h);
+    g_fail += !ok;
+    for (int b = 0; b < 2; b++) {
+        backend_destroy(&be[b]);
+        free(lg[b]);
+        free(hd[b]);
+    }
+}
+
+static void test_mixed(void)
+{
+    const char *files[] = {"aidreams260K.bin", "stories260K.bin",
+                           "stories260K-hf"};
+    const char *synth[] = {"tiny", "tiny-gqa", "tiny-qwen2"};
+
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char path[512];
+        model_t *m = NULL;
+
+        snprintf(path, sizeof(path), "%s/models/%s", shared_dir(), files[i]);
+        BT_ASSERT_OK(model_load(path, &m));
+        mixed_one(files[i], m);
+        model_destroy(&m);
+    }
+    for (size_t i = 0; i < sizeof(synth) / sizeof(synth[0]); i++) {
+        model_t *m = NULL;
+
+        BT_ASSERT_OK(model_synth_create(synth[i], 7, MODEL_DTYPE_F32, &m));
+        mixed_one(synth[i], m);
+        model_destroy(&m);
+    }
+    {
+        /* Llama 3.1 RoPE scaling, half-split layout, GQA 4, head 32. */
+        model_config_t c;
+        const char *arch;
+        model_t *m = NULL;
+
+        BT_ASSERT_OK(model_synth_shape_config("tiny-gqa", &c, &arch));
+        c.n_heads = 8;
+        c.n_kv_heads = 2;
+        c.head_dim = c.dim / c.n_heads;
+        c.rope_layout = MODEL_ROPE_HALF;
+        c.rope_scaling = MODEL_ROPE_SCALING_LLAMA3;
+        c.rope_factor = 8.0f;
+        c.rope_low_freq_factor = 1.0f;
+        c.rope_high_freq_factor = 4.0f;
+        c.rope_orig_max_pos = 64;
+        c.rope_theta = 500000.0f;
+        BT_ASSERT_OK(model_synth_from_cfg(&c, arch, 3, MODEL_DTYPE_F32, &m));
+        mixed_one("synth llama3.1-scaling", m);
+        model_destroy(&m);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    golden_t *g;
+    int n_lines;
+
+    (void)argc;
+    (void)argv;
+    n_lines = golden_read(&g);
+    BT_CHECK(n_lines >= 2);
+    test_golden(g, n_lines);
+    test_agreement(g, n_lines);
+    test_mixed();
+    for (int i = 0; i < n_lines; i++) {
+        free(g[i].prompt);
+        free(g[i].want);
+    }
+    free(g);
+    printf("test_cuda_model: %s\n", g_fail ? "FAILED" : "all passed");
+    return g_fail ? 1 : 0;
+}
