@@ -1,0 +1,101 @@
+/*
+ * test_failover.c - worker failure mid-request.  kill -9 of a prefill
+ * worker while it holds prompts: they are prefilled again elsewhere.
+ * kill -9 of a decode worker mid-stream: its requests are re-prefilled
+ * (prompt + tokens already streamed) on the other decode worker and each
+ * stream continues with no duplicated or missing token.  Every output
+ * must still equal golden.jsonl.  Workers are slowed (--step-delay-ms)
+ * so the kills land mid-flight.
+ */
+#include "cluster_util.h"
+
+#define N_REQ 8
+
+static void start_cluster(const char *control, const char *model,
+                          pid_t *p, pid_t *d)
+{
+    p[0] = cu_spawn("baton-prefill", "--router", control, "--model", model,
+                    "--threads", "1", "--name", "p0", "--step-delay-ms",
+                    "400", NULL);
+    d[0] = cu_spawn("baton-decode", "--router", control, "--model", model,
+                    "--threads", "1", "--name", "d0", "--step-delay-ms", "8",
+                    NULL);
+}
+
+int main(void)
+{
+    static cu_golden_t golden[32];
+    static cu_result_t res[N_REQ];
+    char listen[64], control[64], model[512];
+    client_t *c = NULL, *ctl = NULL; /* ctl: status queries only */
+    pid_t p[2], d[2];
+    int port, n_golden, retried = 0;
+
+    cu_init();
+    n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
+    BT_CHECK(n_golden > 0);
+    port = cu_free_port();
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
+    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    BT_ASSERT_OK(client_create(listen, &ctl));
+
+    /* Phase 1: the only prefill worker dies holding every prompt; a
+     * second one (started after) takes them over. */
+    start_cluster(control, model, p, d);
+    cu_wait_workers(ctl, 1, 1, 20000);
+    for (int i = 0; i < N_REQ; i++)
+        res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
+    usleep(150000);
+    cu_kill(p[0], SIGKILL);
+    p[1] = cu_spawn("baton-prefill", "--router", control, "--model", model,
+                    "--threads", "1", "--name", "p1", NULL);
+    /* Phase 2: once tokens stream from d0, start a second decode worker
+     * and kill the first mid-stream. */
+    for (;;) {
+        Baton__ClientMessage *m = NULL;
+        int got = 0;
+        if (client_recv(c, 10000, &m) != BT_OK)
+            BT_TEST_FAIL("no tokens after the prefill worker died");
+        /* Feed it to the collector's state by hand. */
+        for (int i = 0; i < N_REQ; i++) {
+            if (res[i].rid != client_msg_request_id(m) ||
+                m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK)
+                continue;
+            BT_ASSERT_EQ(m->chunk->index, res[i].next_index);
+            for (size_t k = 0; k < m->chunk->n_ids; k++)
+                res[i].ids[res[i].n_ids++] = m->chunk->ids[k];
+            res[i].next_index += (int)m->chunk->n_ids;
+        }
+        for (int i = 0; i < N_REQ; i++)
+            got += res[i].n_ids >= 10;
+        proto_client_free(&m);
+        if (got >= N_REQ / 2)
+            break;
+    }
+    d[1] = cu_spawn("baton-decode", "--router", control, "--model", model,
+                    "--threads", "1", "--name", "d1", "--step-delay-ms", "2",
+                    NULL);
+    cu_wait_workers(ctl, 1, 2, 5000);
+    for (int i = 0; i < N_REQ; i++)
+        BT_CHECK(res[i].n_ids < golden[i % n_golden].n_expect);
+    cu_kill(d[0], SIGKILL);
+    cu_collect(c, res, N_REQ, 50000);
+    for (int i = 0; i < N_REQ; i++) {
+        cu_check_golden(&res[i], &golden[i % n_golden], i);
+        retried += res[i].retries > 0;
+    }
+    for (int i = 0; i < N_REQ; i++)
+        fprintf(stderr, "request %d: %d retries\n", i, res[i].retries);
+    BT_CHECK(retried == N_REQ); /* every one lost its prefill worker */
+    for (int i = 0; i < N_REQ; i++) /* and then their decode worker */
+        BT_ASSERT_EQ(res[i].retries, 2);
+    client_destroy(&c);
+    client_destroy(&ctl);
+    (void)d;
+    BT_TEST_PASS("cluster/failover: kill -9 prefill and decode, exact");
+    return 0;
+}
