@@ -124,8 +124,10 @@ void kv_ucx_config_init(kv_ucx_config_t *cfg);
  * BT_ERR_NET when UCX cannot start. */
 bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p);
 
-/* Destroys the context.  Pools and peers made from it must be destroyed
- * first (asserted).  NULL-safe; sets *ctx_p = NULL. */
+/* Destroys the context.  Pools, peers and kv_ucx_mem_alloc blocks made
+ * from it must be released first (asserted).  Commits still in flight on
+ * a peer that died are dropped here without their callbacks.  NULL-safe;
+ * sets *ctx_p = NULL. */
 void kv_ucx_destroy(kv_ucx_t **ctx_p);
 
 /* Runs UCX progress until it has nothing more to do right now and runs

@@ -81,6 +81,7 @@ struct kv_ucx_s {
     kv_ucx_commit_t *ready;  /* commits whose current stage finished */
     kv_ucx_commit_t *ready_tail; /* last of `ready` (FIFO) */
     struct kv_ucx_alloc_s *allocs; /* kv_ucx_mem_alloc blocks */
+    kv_ucx_commit_t *commits;    /* every live commit (freed at destroy) */
 };
 
 typedef struct kv_ucx_alloc_s {
@@ -161,7 +162,20 @@ struct kv_ucx_commit_s {
     kv_ucx_commit_cb_t cb;        /* user completion, may be NULL */
     void *arg;                    /* for cb */
     kv_ucx_commit_t *next;        /* ctx->ready list */
+    kv_ucx_commit_t *all_prev;    /* ctx->commits list */
+    kv_ucx_commit_t *all_next;    /* ctx->commits list */
 };
+
+static void kv_ucx_commit_free(kv_ucx_t *ctx, kv_ucx_commit_t *c)
+{
+    if (c->all_prev != NULL)
+        c->all_prev->all_next = c->all_next;
+    else
+        ctx->commits = c->all_next;
+    if (c->all_next != NULL)
+        c->all_next->all_prev = c->all_prev;
+    bt_free(c);
+}
 
 // ----------------------------------------------------------------------------
 // Little helpers
@@ -319,6 +333,11 @@ void kv_ucx_destroy(kv_ucx_t **ctx_p)
     BT_ASSERT(ctx->peers == NULL);
     BT_ASSERT(ctx->allocs == NULL);
     ucp_worker_destroy(ctx->worker);
+    /* Commits still in flight (a peer that died and was force-closed)
+     * are dropped without their callbacks: the worker is gone. */
+    while (ctx->commits != NULL)
+        kv_ucx_commit_free(ctx, ctx->commits);
+    ctx->ready = ctx->ready_tail = NULL;
     /* Zombie peers had callbacks outstanding when closed; the worker is
      * gone now, so nothing can reach them any more. */
     while (ctx->zombies != NULL) {
@@ -1114,10 +1133,15 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
     *pp = peer->next;
     peer->next = NULL;
 
-    if (peer->pending > 0 && peer->status == BT_OK &&
-        kv_ucx_peer_wait(peer, KV_UCX_CLOSE_MS) != BT_OK)
+    /* Let in-flight operations finish (bounded): a dead peer in
+     * UCP_ERR_HANDLING_MODE_NONE never completes them. */
+    deadline = bt_time_ns() + (uint64_t)KV_UCX_CLOSE_MS * 1000000;
+    while (peer->pending > 0 && peer->status == BT_OK &&
+           bt_time_ns() < deadline)
+        kv_ucx_wait(peer->ctx, 10);
+    if (peer->pending > 0)
         BT_LOG_WARN(KV_UCX_SUBSYS, "closing KV peer with %d operations "
-                    "in flight", peer->pending);
+                    "in flight: they are cancelled", peer->pending);
     for (int i = 0; i < peer->desc->n_regions; i++)
         ucp_rkey_destroy(peer->rkeys[i]);
     memset(&prm, 0, sizeof(prm));
@@ -1373,7 +1397,7 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
     peer->pending--;
     if (c->cb != NULL)
         c->cb(c->arg, c->slot, c->epoch, c->status);
-    bt_free(c);
+    kv_ucx_commit_free(peer->ctx, c);
 }
 
 bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
@@ -1396,6 +1420,10 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
     c->stage = KV_UCX_COMMIT_FLUSH_DATA;
     c->cb = cb;
     c->arg = arg;
+    c->all_next = peer->ctx->commits;
+    if (c->all_next != NULL)
+        c->all_next->all_prev = c;
+    peer->ctx->commits = c;
     peer->pending++;
     /* Always defer to kv_ucx_progress, so `cb` never runs inside this
      * call (callers may hold state that the callback touches). */
