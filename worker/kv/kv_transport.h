@@ -3,7 +3,8 @@
  * paged pool over UCX one-sided puts (ucp RMA).
  *
  * Roles and flow:
- *   decode  kv_ucx_create -> kv_ucx_pool_register(pool memory) ->
+ *   decode  kv_ucx_create -> [kv_ucx_mem_alloc for the KV arrays] ->
+ *           kv_ucx_pool_register(pool memory) ->
  *           kv_ucx_pool_desc() bytes travel to prefill workers in control
  *           messages (register / KV grant) -> on grant of reservation slot
  *           s with epoch e: kv_ucx_pool_slot_reset(s) -> poll
@@ -31,17 +32,19 @@
  *     2. ucp_put_nbx(epoch -> arrival[slot]);
  *     3. ucp_ep_flush_nbx(ep)   - completes when the epoch has landed;
  *        then the commit callback runs.
- * We flush rather than ucp_worker_fence: a fence only orders operations,
- * and UCX may send the 8-byte epoch on a different lane (e.g. tcp or shm
- * short puts) than the bulk data (e.g. cma zero-copy), where a fence is
- * implemented by the transport and has been weaker than a flush in some
- * UCX versions; a flush is a remote-completion guarantee everywhere.  So
+ * We flush rather than ucp_worker_fence: a fence only orders operations
+ * (the 8-byte epoch may travel on another lane than the bulk data, and
+ * how a fence is enforced across lanes is up to the transports), while a
+ * flush is a remote-completion guarantee on every lane, and the prefill
+ * side needs that completion anyway to report the hand-off done.  So
  * whenever the decode side reads arrival[slot] == e (an acquire load), all
  * of that reservation's puts issued before the commit have landed.
  * Because epochs are never reused, a stale writer (one whose reservation
  * timed out and whose slot was reset and granted again with a new epoch)
  * writes an old epoch, so it can never make the new reservation look
- * complete: has_arrived(s, e_new) stays false.
+ * complete: has_arrived(s, e_new) stays false.  (A stale epoch landing
+ * after the new one can only hide an arrival: that reservation times out
+ * and is retried, never accepted early.)
  *
  * What epochs can NOT do: one-sided RMA cannot be refused by the target, so
  * a writer that is still running after its reservation timed out could
@@ -59,9 +62,21 @@
  * To sleep instead of spinning, poll kv_ucx_event_fd() for POLLIN after
  * kv_ucx_arm() returned BT_OK, or call kv_ucx_wait().
  *
- * Transports: UCX chooses them (UCX_TLS).  Over loopback without
- * InfiniBand the usual choice is shm (posix/sysv + cma) and tcp; the tests
- * and `baton bench-kv` set UCX_TLS=tcp,sm,self unless it is already set.
+ * Transports: UCX chooses them (UCX_TLS; the tests and `baton bench-kv`
+ * set UCX_TLS=tcp,sm,self unless it is already set).  What it picks here
+ * (UCX 1.13, loopback, no InfiniBand, no usable cma), with `baton
+ * bench-kv` numbers for a 64 MiB hand-off on the 2-core CI machine:
+ *   - pool from kv_ucx_mem_alloc + peer_errors off: sysv/posix shared
+ *     memory, true one-sided puts (the writer memcpys into the mapped
+ *     pool): 0.9-1.05x memcpy, ~7-11 GB/s, no decode CPU needed;
+ *   - malloc'ed pool + peer_errors off: shared-memory active messages,
+ *     software RMA copied by the decode worker: 0.07-0.8x memcpy,
+ *     depending on how much CPU the decode process gets;
+ *   - peer_errors on: UCX 1.13 refuses shared memory for endpoints with
+ *     peer error handling, so everything goes through tcp on lo with
+ *     software RMA: ~0.5-1 GB/s, 0.05-0.13x memcpy.
+ * A same-host deployment should use a kv_ucx_mem_alloc pool and
+ * peer_errors off, and bound every commit with its own timeout.
  *
  * Memory: host memory today (CPU backend).  The pool and the put source
  * carry a kv_ucx_mem_type_t so CUDA memory can be passed later (UCX
@@ -105,11 +120,12 @@ typedef struct {
     bool serialized; /* UCS_THREAD_MODE_SERIALIZED instead of SINGLE */
     bool wakeup;     /* request UCP_FEATURE_WAKEUP (event fd); default on */
     bool peer_errors;/* UCP_ERR_HANDLING_MODE_PEER on prefill endpoints:
-                      * a dead decode worker fails puts and commits
-                      * instead of hanging them; default on.  UCX 1.13
-                      * then uses no shared-memory transport (see
-                      * docs: bench-kv numbers), so off is faster on one
-                      * host but needs the caller's own timeouts. */
+                      * a dead decode worker fails puts and commits with
+                      * BT_ERR_NET at once; default on.  Off: UCX may use
+                      * shared memory (10x faster on one host, see
+                      * "Transports") but a dead peer's commits never
+                      * complete, so the caller's timeout must end them
+                      * (kv_ucx_peer_wait, then kv_ucx_disconnect). */
 } kv_ucx_config_t;
 
 /* Fills `cfg` with the defaults (single thread, wakeup and peer error
