@@ -26,11 +26,13 @@
 #include "bt_util.h"
 #include "cpu_int.h"
 
-/* Multiply-adds below which an op is not worth waking another thread for
- * (a wake-up and join costs about a microsecond; measured on aidreams260K
- * with bench-engine).  BT_CPU_MIN_WORK overrides it (tests set 1 to split
- * every op). */
-#define CPU_MIN_WORK_PER_THREAD 32768
+/* Multiply-adds below which an op is not worth waking another thread for.
+ * A join costs about a microsecond on idle cores but a scheduler time
+ * slice when the cores are shared, so the bar is high: on aidreams260K
+ * (2-core box, bench-engine) batch <= 16 stays on one thread, which was
+ * as fast or faster in every measurement.  BT_CPU_MIN_WORK overrides it
+ * (tests set 1 to split every op). */
+#define CPU_MIN_WORK_PER_THREAD 262144
 #define CPU_MIN_WORK_ENV "BT_CPU_MIN_WORK"
 
 /* Query tokens of one sequence per attention work item: bounds the score
