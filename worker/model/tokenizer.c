@@ -20,6 +20,7 @@
  * because the outputs are C strings.
  */
 #include "tokenizer.h"
+#include "tokenizer_int.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -53,6 +54,7 @@ struct tok_s {
     int *hash_ids;       /* (hash_mask + 1) open-addressing table, -1 empty */
     uint32_t hash_mask;  /* table size - 1 (a power of two) */
     int space_id;        /* id of the piece " " (dummy prefix), -1 none */
+    tokjson_t *json;     /* a tokenizer.json tokenizer: calls forward */
 };
 
 /* Strict UTF-8 validator state carried between pushes. */
@@ -306,6 +308,27 @@ bt_status_t tok_load_llama2c(const char *path, int vocab_size, tok_t **tok_p)
     return status;
 }
 
+bt_status_t tok__create_json(tokjson_t *tj, tok_t **tok_p)
+{
+    tok_t *tok = bt_calloc(1, sizeof(*tok), "tok");
+
+    if (tok == NULL) {
+        tokjson_destroy(&tj);
+        return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "tokenizer allocation");
+    }
+    tok->json = tj;
+    tok->vocab_size = tokjson_vocab_size(tj);
+    tok->max_piece_len = tokjson_max_piece_len(tj);
+    tok->space_id = -1;
+    *tok_p = tok;
+    return BT_OK;
+}
+
+tokjson_t *tok__json(const tok_t *tok)
+{
+    return tok != NULL ? tok->json : NULL;
+}
+
 void tok_destroy(tok_t **tok_p)
 {
     tok_t *tok;
@@ -313,6 +336,7 @@ void tok_destroy(tok_t **tok_p)
     if (tok_p == NULL || *tok_p == NULL)
         return;
     tok = *tok_p;
+    tokjson_destroy(&tok->json);
     bt_free(tok->hash_ids);
     bt_free(tok->scores);
     bt_free(tok->piece_lens);
@@ -329,13 +353,15 @@ int tok_vocab_size(const tok_t *tok)
 
 int tok_bos_id(const tok_t *tok)
 {
-    (void)tok;
+    if (tok->json != NULL)
+        return tokjson_bos_id(tok->json);
     return TOK_BOS_ID;
 }
 
 int tok_eos_id(const tok_t *tok)
 {
-    (void)tok;
+    if (tok->json != NULL)
+        return tokjson_eos_id(tok->json);
     return TOK_EOS_ID;
 }
 
@@ -348,12 +374,14 @@ const char *tok_piece(const tok_t *tok, int id)
 {
     if (tok == NULL || id < 0 || id >= tok->vocab_size)
         return NULL;
+    if (tok->json != NULL)
+        return tokjson_piece(tok->json, id);
     return tok->pieces[id];
 }
 
 float tok_score(const tok_t *tok, int id)
 {
-    if (tok == NULL || id < 0 || id >= tok->vocab_size)
+    if (tok == NULL || id < 0 || id >= tok->vocab_size || tok->json != NULL)
         return 0.0f;
     return tok->scores[id];
 }
@@ -504,6 +532,8 @@ bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
     if (tok == NULL || ids_p == NULL || n_p == NULL ||
         (text == NULL && len > 0))
         return BT_ERROR(BT_ERR_INVALID_ARG, "TOK", "NULL argument");
+    if (tok->json != NULL)
+        return tokjson_encode(tok->json, text, len, add_bos, ids_p, n_p);
     if (len > (size_t)INT_MAX / 4)
         return BT_ERROR(BT_ERR_INVALID_ARG, "TOK",
                         "text of %zu bytes is too long to encode", len);
@@ -577,10 +607,16 @@ out:
 static void tok_id_bytes(const tok_t *tok, int prev_id, int id,
                          const char **s_p, size_t *n_p, char *byte_buf)
 {
-    const char *s = tok->pieces[id];
-    size_t n = (size_t)tok->piece_lens[id];
+    const char *s;
+    size_t n;
     int byte;
 
+    if (tok->json != NULL) {
+        tokjson_id_bytes(tok->json, prev_id, id, s_p, n_p);
+        return;
+    }
+    s = tok->pieces[id];
+    n = (size_t)tok->piece_lens[id];
     if (id == TOK_BOS_ID) { /* a sequence delimiter, never printed */
         *s_p = s;
         *n_p = 0;

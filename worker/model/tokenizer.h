@@ -37,6 +37,51 @@ bt_status_t tok_load_llama2c_mem(const void *data, size_t len, int vocab_size,
 
 void tok_destroy(tok_t **tok_p);
 
+/* Loads any supported tokenizer (tokenizer_json.c): a Hugging Face model
+ * directory or its tokenizer.json (tokenizer_config.json and
+ * generation_config.json beside it are read when present: BOS/EOS,
+ * add_bos_token, the EOS set, the chat template), or a llama2.c tokenizer
+ * file.  vocab_size is the model's vocab size: a llama2.c file must hold
+ * exactly that many pieces (<= 0: as many as the file holds), a
+ * tokenizer.json may not use ids at or above it (<= 0: no check). */
+bt_status_t tok_load(const char *path, int vocab_size, tok_t **tok_p);
+
+/* A tokenizer.json from memory, with an optional tokenizer_config.json
+ * text (config NULL: none).  For tests and fuzzing. */
+bt_status_t tok_load_json_mem(const char *json, size_t len,
+                              const char *config, size_t config_len,
+                              tok_t **tok_p);
+
+/* "llama2.c", "tokenizer.json byte-level BPE" or "tokenizer.json
+ * sentencepiece-style BPE". */
+const char *tok_kind_name(const tok_t *tok);
+
+/* Whether encoding for the model should start with BOS / end with EOS
+ * (tokenizer_config's add_bos_token / add_eos_token, else the
+ * tokenizer.json post-processor; llama2.c: BOS yes, EOS no). */
+bool tok_adds_bos(const tok_t *tok);
+bool tok_adds_eos(const tok_t *tok);
+
+/* The EOS set used for stopping: the tokenizer's EOS plus
+ * generation_config.json's eos_token_id (an int or a list).  Writes at
+ * most cap ids and returns how many. */
+int tok_eos_ids(const tok_t *tok, int *ids, int cap);
+
+/* The id of a token string exactly as the tokenizer lists it (an added
+ * token such as "<|eot_id|>", or a vocab entry), -1 when none. */
+int tok_token_id(const tok_t *tok, const char *piece);
+
+/* Whether id is a special added token (BOS, EOS, chat markers). */
+bool tok_is_special(const tok_t *tok, int id);
+
+/* Makes decoding and streaming print nothing for special tokens (the
+ * `skip_special_tokens` of Hugging Face; default off).  Call before the
+ * tokenizer is shared between threads.  No effect on llama2.c ones. */
+void tok_set_skip_special(tok_t *tok, bool skip);
+
+/* tokenizer_config.json's chat_template text (Jinja), NULL when none. */
+const char *tok_chat_template(const tok_t *tok);
+
 int tok_vocab_size(const tok_t *tok);
 int tok_bos_id(const tok_t *tok); /* -1 when none */
 int tok_eos_id(const tok_t *tok); /* -1 when none */
