@@ -351,3 +351,64 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
     (void)n_rows;
     return BT_OK;
 }
+
+// ----------------------------------------------------------------------------
+// speculative decoding support
+
+const engine_config_t *engine_config(const engine_t *engine)
+{
+    return &engine->cfg;
+}
+
+const int *engine_seq_blocks(const engine_seq_t *seq, int *n_blocks_p)
+{
+    *n_blocks_p = seq->n_blocks;
+    return seq->blocks;
+}
+
+sampler_t *engine_seq_sampler(engine_seq_t *seq)
+{
+    return seq->sampler;
+}
+
+bt_status_t engine_seq_reserve(engine_t *engine, engine_seq_t *seq,
+                               int n_slots)
+{
+    int want;
+    bt_status_t status;
+
+    if (n_slots < 0 || n_slots > engine->max_context)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "%d KV slots exceed the context of %d", n_slots,
+                        engine->max_context);
+    want = (int)BT_DIV_UP(n_slots, engine->block_size);
+    if (want <= seq->n_blocks)
+        return BT_OK;
+    status = kv_allocator_alloc(engine->kv, want - seq->n_blocks,
+                                seq->blocks + seq->n_blocks);
+    if (status != BT_OK)
+        return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
+                        "KV pool full: need %d blocks, %d free",
+                        want - seq->n_blocks,
+                        kv_allocator_free_count(engine->kv));
+    seq->n_blocks = want;
+    return BT_OK;
+}
+
+bt_status_t engine_seq_commit(engine_t *engine, engine_seq_t *seq,
+                              const int *tokens, int n, int n_cached)
+{
+    if (n < 0 || seq->n_tokens + n > seq->cap)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "%d more tokens exceed the context", n);
+    if (n_cached < seq->n_cached || n_cached > seq->n_tokens + n ||
+        n_cached > seq->n_blocks * engine->block_size)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "cached count %d out of range", n_cached);
+    for (int i = 0; i < n; i++) {
+        sampler_observe(seq->sampler, tokens[i]);
+        seq->tokens[seq->n_tokens++] = tokens[i];
+    }
+    seq->n_cached = n_cached;
+    return BT_OK;
+}

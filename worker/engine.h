@@ -78,6 +78,33 @@ int engine_seq_n_generated(const engine_seq_t *seq);
 bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
                         int token_budget, int *sampled);
 
+
+/* ---- speculative decoding support (worker/spec/) ----
+ * The speculative decoder drives the backend itself (tree verification)
+ * and uses these to read and update a sequence's state. */
+
+/* The engine's configuration (backend sizes). */
+const engine_config_t *engine_config(const engine_t *engine);
+
+/* The sequence's block table and the number of blocks in it. */
+const int *engine_seq_blocks(const engine_seq_t *seq, int *n_blocks_p);
+
+/* The sequence's sampler (its penalties see every committed token). */
+sampler_t *engine_seq_sampler(engine_seq_t *seq);
+
+/* Makes the block table cover `n_slots` KV slots, taking blocks from the
+ * pool.  All or nothing: BT_ERR_NO_RESOURCE and no change when the pool
+ * cannot; BT_ERR_INVALID_ARG beyond the context. */
+bt_status_t engine_seq_reserve(engine_t *engine, engine_seq_t *seq,
+                               int n_slots);
+
+/* Appends `n` tokens (observing each in the sampler) and sets the count
+ * of tokens whose K/V are in the pool to `n_cached` (at most the new
+ * length; the caller has written those slots).  BT_ERR_INVALID_ARG when
+ * the tokens do not fit the context or n_cached is out of range. */
+bt_status_t engine_seq_commit(engine_t *engine, engine_seq_t *seq,
+                              const int *tokens, int n, int n_cached);
+
 #ifdef __cplusplus
 }
 #endif

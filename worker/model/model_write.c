@@ -314,26 +314,23 @@ static bt_status_t write_hf_config(const model_t *m, const char *dir,
     return BT_OK;
 }
 
-static bt_status_t write_st(const model_t *m, const char *dir,
-                            model_dtype_t dtype)
+/* Writes the tensors of `list` (sorted here by name) to the safetensors
+ * file `path` through `tmp` (renamed on success), q/k rows permuted by
+ * `perm`.  Shared by model_write_hf and model_st_write. */
+static bt_status_t write_st_list(write_list_t *list_p, const char *path,
+                                 const char *tmp, model_dtype_t dtype,
+                                 write_perm_t perm, int head_dim)
 {
-    char path[PATH_MAX + 64], tmp[PATH_MAX + 64];
-    write_list_t list = { NULL, 0, 0 };
+    write_list_t list = *list_p;
     char *hdr = NULL;
     size_t hdr_len = 0, hdr_cap = 0;
     uint64_t off = 0;
     uint8_t len8[8];
     write_out_t w;
     FILE *fp = NULL;
-    write_perm_t perm = m->cfg.rope_layout == MODEL_ROPE_ADJACENT
-                            ? WRITE_PERM_ADJ_TO_HALF
-                            : WRITE_PERM_NONE;
-    bt_status_t status;
+    bt_status_t status = BT_OK;
 
     memset(&w, 0, sizeof(w));
-    status = model_for_each_tensor(m, write_collect, &list);
-    if (status != BT_OK)
-        goto out;
     qsort(list.e, (size_t)list.n, sizeof(*list.e), write_cmp_entry);
 
     /* header: {"__metadata__":{"format":"pt"},"name":{...},...} + spaces */
@@ -369,8 +366,6 @@ static bt_status_t write_st(const model_t *m, const char *dir,
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)hdr_len >> (8 * i));
 
-    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-    snprintf(tmp, sizeof(tmp), "%s/model.safetensors.tmp", dir);
     fp = fopen(tmp, "wb");
     if (fp == NULL) {
         status = BT_ERROR(BT_ERR_IO, "MODEL", "cannot create %s: %s", tmp,
@@ -387,7 +382,7 @@ static bt_status_t write_st(const model_t *m, const char *dir,
         status = write_tensor(&w, list.e[i].t, dtype,
                               write_is_qk(list.e[i].name) ? perm
                                                           : WRITE_PERM_NONE,
-                              m->cfg.head_dim);
+                              head_dim);
         if (status != BT_OK)
             goto out;
     }
@@ -412,6 +407,43 @@ out:
         unlink(tmp);
     write_cleanup(&w);
     bt_free(hdr);
+    return status;
+}
+
+static bt_status_t write_st(const model_t *m, const char *dir,
+                            model_dtype_t dtype)
+{
+    char path[PATH_MAX + 64], tmp[PATH_MAX + 64];
+    write_list_t list = { NULL, 0, 0 };
+    write_perm_t perm = m->cfg.rope_layout == MODEL_ROPE_ADJACENT
+                            ? WRITE_PERM_ADJ_TO_HALF
+                            : WRITE_PERM_NONE;
+    bt_status_t status;
+
+    status = model_for_each_tensor(m, write_collect, &list);
+    if (status == BT_OK) {
+        snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+        snprintf(tmp, sizeof(tmp), "%s/model.safetensors.tmp", dir);
+        status = write_st_list(&list, path, tmp, dtype, perm,
+                               m->cfg.head_dim);
+    }
+    bt_free(list.e);
+    return status;
+}
+
+bt_status_t model_st_write(const char *path, int n, const char *const *names,
+                           const model_tensor_t *tensors, model_dtype_t dtype)
+{
+    char tmp[PATH_MAX + 64];
+    write_list_t list = { NULL, 0, 0 };
+    bt_status_t status = BT_OK;
+
+    for (int i = 0; i < n && status == BT_OK; i++)
+        status = write_collect(names[i], &tensors[i], &list);
+    if (status == BT_OK) {
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        status = write_st_list(&list, path, tmp, dtype, WRITE_PERM_NONE, 0);
+    }
     bt_free(list.e);
     return status;
 }

@@ -23,6 +23,15 @@ extern "C" {
 bt_status_t model_write_hf(const model_t *model, const char *dir,
                            model_dtype_t dtype);
 
+/* Writes `n` tensors (names[i] with the view tensors[i]; rows 1 = a
+ * vector) to the safetensors file `path`, converted to `dtype`, sorted by
+ * name, header padded to 8 bytes; written to path.tmp and renamed.  For
+ * files that are not whole models (EAGLE draft heads).  BT_ERR_IO names
+ * the file on failure. */
+bt_status_t model_st_write(const char *path, int n, const char *const *names,
+                           const model_tensor_t *tensors,
+                           model_dtype_t dtype);
+
 /* Whether the llama2.c v0 format can express the model; when it cannot,
  * returns BT_ERR_UNSUPPORTED naming the reason (q/k/v biases, rope
  * scaling, theta != 10000, eps != 1e-5, head_dim * n_heads != dim). */

@@ -1,0 +1,889 @@
+/*
+ * spec.c - speculative decoding: dynamic draft trees, one batched tree
+ * verification, recursive rejection sampling, KV slot compaction and
+ * adaptive tree sizing (see spec.h).
+ */
+#include "spec.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "spec_int.h"
+
+#define SPEC_PEND_CAP 64   /* target features buffered before the draft
+                              head is fed (plain decoding defers it) */
+#define SPEC_N_ARMS 4      /* off, chain 2, chain 4, configured tree */
+#define SPEC_N_BUCKETS 4   /* batch sizes 1, 2-4, 5-16, 17+ */
+#define SPEC_EXPLORE_EVERY 16
+#define SPEC_EMA 0.2
+
+enum { SPEC_MODE_SKIP = 0, SPEC_MODE_PREFILL, SPEC_MODE_PLAIN,
+       SPEC_MODE_TREE };
+
+typedef struct {
+    int tokens; /* draft tokens verified, 0 = plain decoding */
+    int depth;
+    int topk;
+} spec_shape_t;
+
+typedef struct {
+    int token;   /* drafted token id */
+    int parent;  /* node index, -1 = the root (last committed token) */
+    int depth;   /* 1 for the root's children */
+    float score; /* cumulative draft log-probability */
+    int feat;    /* row in exp_feat / draft temp slot once expanded, -1 */
+    int vidx;    /* index in the verification chunk (1..), 0 = not sent */
+} spec_node_t;
+
+struct spec_seq_s {
+    spec_t *spec;             /* owner */
+    engine_seq_t *seq;        /* borrowed */
+    spec_head_kv_t kv;        /* draft head cache: true pairs, then tree */
+    int draft_len;            /* draft slots holding true (f[t], x[t+1]) */
+    float *pend;              /* (SPEC_PEND_CAP, dim) features not yet fed */
+    int n_pend;
+    float *root_feat;         /* (dim) head output of slot draft_len - 1 */
+    spec_node_t *nodes;       /* (node_cap) this step's candidates */
+    int n_nodes;
+    int *by_score;            /* (node_cap) selected node ids, best first */
+    int n_sel;
+    float *exp_feat;          /* (exp_cap, dim) outputs of expanded nodes */
+    int *v_tokens;            /* (1 + SPEC_MAX_TOKENS) verification chunk */
+    int *v_pos;               /* (1 + SPEC_MAX_TOKENS) RoPE positions */
+    uint8_t *v_mask;          /* ((1 + SPEC_MAX_TOKENS)^2) tree mask */
+    int queue[SPEC_MAX_DEPTH + 2]; /* spec_seq_next's undelivered tokens */
+    int q_head;
+    int q_len;
+    int mode;                 /* SPEC_MODE_* this step */
+    int take;                 /* tokens fed this step */
+    int row0;                 /* first logits row of this sequence */
+};
+
+struct spec_s {
+    engine_t *engine;         /* borrowed */
+    spec_head_t *head;        /* borrowed */
+    spec_config_t cfg;
+    int dim;
+    int vocab;
+    int max_ctx;
+    int node_cap;             /* topk + (depth - 1) * topk^2 */
+    int exp_cap;              /* (depth - 1) * topk */
+    backend_seq_t *bseqs;     /* (max_seqs) */
+    float *logits;            /* (max_batch_tokens, vocab) */
+    float *hidden;            /* (max_batch_tokens, dim) */
+    float *probs;             /* (vocab) */
+    float *dlogits;           /* (max(topk, SPEC_PEND_CAP), vocab) */
+    float *dfeat;             /* (SPEC_PEND_CAP + topk, dim) draft inputs */
+    float *dout;              /* (SPEC_PEND_CAP, dim) draft outputs */
+    float *fbuf;              /* (SPEC_MAX_DEPTH + 2, dim) features */
+    int *dtok;                /* (SPEC_PEND_CAP + topk) */
+    int *dpos;                /* (SPEC_PEND_CAP + topk) */
+    uint8_t *dmask;           /* (topk, exp_cap + topk) */
+    spec_shape_t arms[SPEC_N_ARMS];
+    double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA */
+    int arm_n[SPEC_N_BUCKETS][SPEC_N_ARMS];       /* measurements */
+    uint64_t bucket_steps[SPEC_N_BUCKETS];
+    bool fixed;               /* spec_set_fixed was called */
+    spec_shape_t fixed_shape;
+    spec_stats_t stats;
+};
+
+void spec_config_init(spec_config_t *cfg)
+{
+    cfg->depth = 5;
+    cfg->topk = 4;
+    cfg->tokens = 16;
+    cfg->adaptive = true;
+}
+
+bt_status_t spec_config_validate(const spec_config_t *cfg)
+{
+    if (cfg->depth < 1 || cfg->depth > SPEC_MAX_DEPTH)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "spec depth %d out of range 1..%d", cfg->depth,
+                        SPEC_MAX_DEPTH);
+    if (cfg->topk < 1 || cfg->topk > SPEC_MAX_TOPK)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "spec top-k %d out of range 1..%d", cfg->topk,
+                        SPEC_MAX_TOPK);
+    if (cfg->tokens < 1 || cfg->tokens > SPEC_MAX_TOKENS)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "spec tokens %d out of range 1..%d", cfg->tokens,
+                        SPEC_MAX_TOKENS);
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// create / destroy
+
+bt_status_t spec_create(engine_t *engine, spec_head_t *head,
+                        const spec_config_t *cfg, spec_t **spec_p)
+{
+    const engine_config_t *ecfg = engine_config(engine);
+    const model_config_t *mc = model_config(engine_model(engine));
+    const model_config_t *hc = spec_head_config(head);
+    spec_t *spec;
+    size_t rows = (size_t)ecfg->backend.max_batch_tokens;
+    int dr;
+    bt_status_t status;
+
+    status = spec_config_validate(cfg);
+    if (status != BT_OK)
+        return status;
+    if (hc->dim != mc->dim || hc->vocab_size != mc->vocab_size)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "draft head (dim %d, vocab %d) does not fit the "
+                        "target (dim %d, vocab %d)", hc->dim,
+                        hc->vocab_size, mc->dim, mc->vocab_size);
+    if (backend_kv_layout(engine_backend(engine))->elem_size !=
+            sizeof(float) ||
+        strcmp(backend_name(engine_backend(engine)), "cpu") != 0)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "SPEC",
+                        "speculative decoding needs the cpu backend for now");
+    spec = bt_calloc(1, sizeof(*spec), "spec");
+    if (spec == NULL)
+        return BT_ERR_NO_MEMORY;
+    spec->engine = engine;
+    spec->head = head;
+    spec->cfg = *cfg;
+    spec->dim = mc->dim;
+    spec->vocab = mc->vocab_size;
+    spec->max_ctx = engine_max_context(engine);
+    spec->node_cap = cfg->topk + (cfg->depth - 1) * cfg->topk * cfg->topk;
+    spec->exp_cap = (cfg->depth - 1) * cfg->topk;
+    dr = SPEC_PEND_CAP + cfg->topk;
+    spec->bseqs = bt_calloc((size_t)ecfg->backend.max_seqs,
+                            sizeof(*spec->bseqs), "spec");
+    spec->logits = bt_malloc(rows * (size_t)spec->vocab * sizeof(float),
+                             "spec");
+    spec->hidden = bt_malloc(rows * (size_t)spec->dim * sizeof(float),
+                             "spec");
+    spec->probs = bt_malloc((size_t)spec->vocab * sizeof(float), "spec");
+    spec->dlogits = bt_malloc((size_t)cfg->topk * spec->vocab *
+                                  sizeof(float), "spec");
+    spec->dfeat = bt_malloc((size_t)dr * spec->dim * sizeof(float), "spec");
+    spec->dout = bt_malloc((size_t)dr * spec->dim * sizeof(float), "spec");
+    spec->fbuf = bt_malloc((size_t)(SPEC_MAX_DEPTH + 2) * spec->dim *
+                               sizeof(float), "spec");
+    spec->dtok = bt_malloc((size_t)dr * sizeof(int), "spec");
+    spec->dpos = bt_malloc((size_t)dr * sizeof(int), "spec");
+    spec->dmask = bt_malloc((size_t)cfg->topk *
+                                (size_t)(spec->exp_cap + cfg->topk), "spec");
+    if (spec->bseqs == NULL || spec->logits == NULL ||
+        spec->hidden == NULL || spec->probs == NULL ||
+        spec->dlogits == NULL || spec->dfeat == NULL || spec->dout == NULL ||
+        spec->fbuf == NULL || spec->dtok == NULL || spec->dpos == NULL ||
+        spec->dmask == NULL) {
+        spec_destroy(&spec);
+        return BT_ERR_NO_MEMORY;
+    }
+    spec->arms[0] = (spec_shape_t){ 0, 0, 0 };
+    spec->arms[1] = (spec_shape_t){ 2, 2, 1 };
+    spec->arms[2] = (spec_shape_t){ 4, 4, 1 };
+    spec->arms[3] = (spec_shape_t){ cfg->tokens, cfg->depth, cfg->topk };
+    for (int a = 1; a < 3; a++) { /* chains within the configured limits */
+        spec->arms[a].tokens = BT_MIN(spec->arms[a].tokens,
+                                      BT_MIN(cfg->tokens, cfg->depth));
+        spec->arms[a].depth = spec->arms[a].tokens;
+    }
+    if (!cfg->adaptive) {
+        spec->fixed = true;
+        spec->fixed_shape = spec->arms[3];
+    }
+    *spec_p = spec;
+    return BT_OK;
+}
+
+void spec_destroy(spec_t **spec_p)
+{
+    spec_t *spec = *spec_p;
+
+    if (spec == NULL)
+        return;
+    bt_free(spec->bseqs);
+    bt_free(spec->logits);
+    bt_free(spec->hidden);
+    bt_free(spec->probs);
+    bt_free(spec->dlogits);
+    bt_free(spec->dfeat);
+    bt_free(spec->dout);
+    bt_free(spec->fbuf);
+    bt_free(spec->dtok);
+    bt_free(spec->dpos);
+    bt_free(spec->dmask);
+    bt_free(spec);
+    *spec_p = NULL;
+}
+
+bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
+                            spec_seq_t **sseq_p)
+{
+    spec_seq_t *s = bt_calloc(1, sizeof(*s), "spec_seq");
+    int t1 = SPEC_MAX_TOKENS + 1;
+    bt_status_t status;
+
+    if (s == NULL)
+        return BT_ERR_NO_MEMORY;
+    s->spec = spec;
+    s->seq = seq;
+    status = spec_head_kv_init(spec->head,
+                               spec->max_ctx + spec->exp_cap + 1, &s->kv);
+    if (status != BT_OK)
+        goto err_free;
+    s->pend = bt_malloc((size_t)SPEC_PEND_CAP * spec->dim * sizeof(float),
+                        "spec_seq");
+    s->root_feat = bt_calloc((size_t)spec->dim, sizeof(float), "spec_seq");
+    s->nodes = bt_malloc((size_t)spec->node_cap * sizeof(*s->nodes),
+                         "spec_seq");
+    s->by_score = bt_malloc((size_t)spec->node_cap * sizeof(int),
+                            "spec_seq");
+    s->exp_feat = bt_malloc((size_t)(spec->exp_cap + 1) * spec->dim *
+                                sizeof(float), "spec_seq");
+    s->v_tokens = bt_malloc((size_t)t1 * sizeof(int), "spec_seq");
+    s->v_pos = bt_malloc((size_t)t1 * sizeof(int), "spec_seq");
+    s->v_mask = bt_malloc((size_t)t1 * t1, "spec_seq");
+    if (s->pend == NULL || s->root_feat == NULL || s->nodes == NULL ||
+        s->by_score == NULL || s->exp_feat == NULL || s->v_tokens == NULL ||
+        s->v_pos == NULL || s->v_mask == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    *sseq_p = s;
+    return BT_OK;
+
+err_free:
+    spec_seq_destroy(&s);
+    return status;
+}
+
+void spec_seq_destroy(spec_seq_t **sseq_p)
+{
+    spec_seq_t *s = *sseq_p;
+
+    if (s == NULL)
+        return;
+    spec_head_kv_cleanup(&s->kv);
+    bt_free(s->pend);
+    bt_free(s->root_feat);
+    bt_free(s->nodes);
+    bt_free(s->by_score);
+    bt_free(s->exp_feat);
+    bt_free(s->v_tokens);
+    bt_free(s->v_pos);
+    bt_free(s->v_mask);
+    bt_free(s);
+    *sseq_p = NULL;
+}
+
+engine_seq_t *spec_seq_engine_seq(spec_seq_t *sseq)
+{
+    return sseq->seq;
+}
+
+int spec_max_step_tokens(const spec_t *spec)
+{
+    return spec->cfg.depth + 1;
+}
+
+void spec_get_stats(const spec_t *spec, spec_stats_t *stats)
+{
+    *stats = spec->stats;
+}
+
+double spec_accept_length(const spec_t *spec)
+{
+    if (spec->stats.verify_seqs == 0)
+        return 0.0;
+    return (double)spec->stats.verify_tokens /
+           (double)spec->stats.verify_seqs;
+}
+
+void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk)
+{
+    spec->fixed = true;
+    spec->fixed_shape.tokens = BT_MAX(0, BT_MIN(tokens, spec->cfg.tokens));
+    spec->fixed_shape.depth = BT_MAX(1, BT_MIN(depth, spec->cfg.depth));
+    spec->fixed_shape.topk = BT_MAX(1, BT_MIN(topk, spec->cfg.topk));
+}
+
+// ----------------------------------------------------------------------------
+// draft head state
+
+/* Feeds the buffered features to the draft head: slot t gets the pair
+ * (f[t], x[t+1]); the last output becomes the root feature. */
+static bt_status_t spec_flush(spec_t *spec, spec_seq_t *s)
+{
+    const int *toks = engine_seq_tokens(s->seq);
+    bt_status_t status;
+
+    if (s->n_pend == 0)
+        return BT_OK;
+    for (int i = 0; i < s->n_pend; i++) {
+        spec->dtok[i] = toks[s->draft_len + i + 1];
+        spec->dpos[i] = s->draft_len + i;
+    }
+    status = spec_head_forward(spec->head, &s->kv, s->n_pend, s->pend,
+                               spec->dtok, spec->dpos, s->draft_len,
+                               s->draft_len, NULL, spec->dout, NULL);
+    if (status != BT_OK)
+        return status;
+    memcpy(s->root_feat, spec->dout + (size_t)(s->n_pend - 1) * spec->dim,
+           sizeof(float) * (size_t)spec->dim);
+    s->draft_len += s->n_pend;
+    s->n_pend = 0;
+    return BT_OK;
+}
+
+/* Queues n target hidden rows (before the final norm) of the tokens just
+ * cached, in token order. */
+static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
+                             const float *hidden, int n)
+{
+    bt_status_t status;
+
+    while (n > 0) {
+        int chunk = BT_MIN(n, SPEC_PEND_CAP - s->n_pend);
+
+        spec_head_feature(spec->head, hidden,
+                          chunk, s->pend + (size_t)s->n_pend * spec->dim);
+        s->n_pend += chunk;
+        hidden += (size_t)chunk * spec->dim;
+        n -= chunk;
+        if (s->n_pend == SPEC_PEND_CAP) {
+            status = spec_flush(spec, s);
+            if (status != BT_OK)
+                return status;
+        }
+    }
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// drafting
+
+/* Log-softmax of row in place. */
+static void spec_log_softmax(float *row, int n)
+{
+    float mx = -FLT_MAX;
+    double sum = 0.0;
+    float lse;
+
+    for (int i = 0; i < n; i++)
+        mx = BT_MAX(mx, row[i]);
+    for (int i = 0; i < n; i++)
+        sum += exp((double)(row[i] - mx));
+    lse = mx + (float)log(sum);
+    for (int i = 0; i < n; i++)
+        row[i] -= lse;
+}
+
+/* The k largest entries of row (ids best first, ties to the lower id). */
+static int spec_topk(const float *row, int n, int k, int *ids, float *vals)
+{
+    int m = 0;
+
+    for (int i = 0; i < n; i++) {
+        int j;
+
+        if (m == k && row[i] <= vals[m - 1])
+            continue;
+        j = m < k ? m++ : k - 1;
+        while (j > 0 && vals[j - 1] < row[i]) {
+            ids[j] = ids[j - 1];
+            vals[j] = vals[j - 1];
+            j--;
+        }
+        ids[j] = i;
+        vals[j] = row[i];
+    }
+    return m;
+}
+
+static void spec_add_children(spec_seq_t *s, int parent, float base,
+                              int depth, float *logp_row, int vocab,
+                              int topk)
+{
+    int ids[SPEC_MAX_TOPK];
+    float vals[SPEC_MAX_TOPK];
+    int m;
+
+    spec_log_softmax(logp_row, vocab);
+    m = spec_topk(logp_row, vocab, topk, ids, vals);
+    for (int j = 0; j < m; j++) {
+        spec_node_t *nd = &s->nodes[s->n_nodes++];
+
+        *nd = (spec_node_t){ ids[j], parent, depth, base + vals[j], -1, 0 };
+    }
+}
+
+/* Orders node ids by score, best first, ties to the lower id (parents
+ * before children).  Insertion sort: n is at most a few hundred. */
+static void spec_sort_by_score(const spec_node_t *nodes, int *ids, int n)
+{
+    for (int i = 1; i < n; i++) {
+        int v = ids[i], j = i;
+
+        while (j > 0) {
+            int u = ids[j - 1];
+            bool before = nodes[v].score > nodes[u].score ||
+                          (nodes[v].score == nodes[u].score && v < u);
+            if (!before)
+                break;
+            ids[j] = u;
+            j--;
+        }
+        ids[j] = v;
+    }
+}
+
+/* Grows this step's draft tree for s (EAGLE-2) and lays out the
+ * verification chunk: v_tokens/v_pos/v_mask of 1 + n_sel entries.
+ * Returns the number of draft tokens selected. */
+static bt_status_t spec_draft(spec_t *spec, spec_seq_t *s,
+                              const spec_shape_t *shape, int *n_sel_p)
+{
+    int cached = engine_seq_cached(s->seq);
+    int topk = BT_MIN(shape->topk, spec->vocab);
+    int depth = shape->depth;
+    int frontier[SPEC_MAX_TOPK], n_front, n_exp = 0;
+    int *order = s->by_score;
+    int n_sel = 0, t1;
+    bt_status_t status;
+
+    status = spec_flush(spec, s);
+    if (status != BT_OK)
+        return status;
+    BT_ASSERT(s->draft_len == cached);
+
+    /* level 1: the root's children */
+    s->n_nodes = 0;
+    spec_head_logits(spec->head, s->root_feat, 1, spec->dlogits);
+    spec_add_children(s, -1, 0.0f, 1, spec->dlogits, spec->vocab, topk);
+    n_front = s->n_nodes;
+    for (int i = 0; i < n_front; i++)
+        frontier[i] = i;
+
+    for (int d = 1; d < depth && n_front > 0; d++) {
+        int width = n_exp + n_front, first_new = s->n_nodes;
+        int cand[SPEC_MAX_TOPK * SPEC_MAX_TOPK], n_cand;
+
+        memset(spec->dmask, 0, (size_t)n_front * width);
+        for (int r = 0; r < n_front; r++) {
+            spec_node_t *nd = &s->nodes[frontier[r]];
+            const float *in = nd->parent < 0
+                ? s->root_feat
+                : s->exp_feat + (size_t)s->nodes[nd->parent].feat *
+                                    spec->dim;
+
+            memcpy(spec->dfeat + (size_t)r * spec->dim, in,
+                   sizeof(float) * (size_t)spec->dim);
+            spec->dtok[r] = nd->token;
+            spec->dpos[r] = cached + d - 1;
+            for (int a = nd->parent; a >= 0; a = s->nodes[a].parent)
+                spec->dmask[(size_t)r * width + s->nodes[a].feat] = 1;
+            spec->dmask[(size_t)r * width + n_exp + r] = 1;
+        }
+        status = spec_head_forward(spec->head, &s->kv, n_front, spec->dfeat,
+                                   spec->dtok, spec->dpos, cached,
+                                   cached + n_exp, spec->dmask,
+                                   s->exp_feat + (size_t)n_exp * spec->dim,
+                                   spec->dlogits);
+        if (status != BT_OK)
+            return status;
+        for (int r = 0; r < n_front; r++) {
+            spec_node_t *nd = &s->nodes[frontier[r]];
+
+            nd->feat = n_exp + r;
+            spec_add_children(s, frontier[r], nd->score, d + 1,
+                              spec->dlogits + (size_t)r * spec->vocab,
+                              spec->vocab, topk);
+        }
+        n_exp += n_front;
+        /* next frontier: the topk best new candidates */
+        n_cand = s->n_nodes - first_new;
+        for (int i = 0; i < n_cand; i++)
+            cand[i] = first_new + i;
+        spec_sort_by_score(s->nodes, cand, n_cand);
+        n_front = BT_MIN(n_cand, topk);
+        memcpy(frontier, cand, sizeof(int) * (size_t)n_front);
+    }
+
+    /* select the best `tokens` nodes; parents sort before children */
+    for (int i = 0; i < s->n_nodes; i++)
+        order[i] = i;
+    spec_sort_by_score(s->nodes, order, s->n_nodes);
+    for (int i = 0; i < s->n_nodes && n_sel < shape->tokens; i++) {
+        spec_node_t *nd = &s->nodes[order[i]];
+
+        if (nd->parent >= 0 && s->nodes[nd->parent].vidx == 0)
+            continue; /* cannot happen with log-probs <= 0; be safe */
+        nd->vidx = -1; /* selected; numbered below */
+        order[n_sel++] = order[i];
+    }
+    s->n_sel = n_sel;
+    /* verification order = node index order (parents first) */
+    t1 = 1;
+    for (int i = 0; i < s->n_nodes; i++) {
+        if (s->nodes[i].vidx != -1)
+            continue;
+        s->nodes[i].vidx = t1;
+        s->v_tokens[t1] = s->nodes[i].token;
+        s->v_pos[t1] = cached + s->nodes[i].depth;
+        t1++;
+    }
+    BT_ASSERT(t1 == n_sel + 1);
+    s->v_tokens[0] = engine_seq_tokens(s->seq)[cached];
+    s->v_pos[0] = cached;
+    memset(s->v_mask, 0, (size_t)t1 * t1);
+    s->v_mask[0] = 1;
+    for (int i = 0; i < s->n_nodes; i++) {
+        const spec_node_t *nd = &s->nodes[i];
+        uint8_t *row;
+
+        if (nd->vidx <= 0)
+            continue;
+        row = s->v_mask + (size_t)nd->vidx * t1;
+        row[0] = 1;
+        row[nd->vidx] = 1;
+        for (int a = nd->parent; a >= 0; a = s->nodes[a].parent)
+            row[s->nodes[a].vidx] = 1;
+    }
+    *n_sel_p = n_sel;
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// verification
+
+/* Moves K/V of target slot src to slot dst in every layer. */
+static void spec_kv_move(spec_t *spec, const int *blocks, int src, int dst)
+{
+    backend_t *be = engine_backend(spec->engine);
+    const kv_layout_t *lay = backend_kv_layout(be);
+    float *k0 = backend_kv_data(be, 0, 0);
+    float *v0 = backend_kv_data(be, 0, 1);
+    size_t row = (size_t)lay->n_kv_heads * lay->head_dim;
+    int bs = lay->block_size;
+
+    for (int l = 0; l < lay->n_layers; l++) {
+        size_t so = kv_layout_offset(lay, l, blocks[src / bs], src % bs);
+        size_t d_o = kv_layout_offset(lay, l, blocks[dst / bs], dst % bs);
+
+        memcpy(k0 + d_o, k0 + so, row * sizeof(float));
+        memcpy(v0 + d_o, v0 + so, row * sizeof(float));
+    }
+}
+
+/* Draws from probs (vocab) restricted to what is left, mass `mass`. */
+static int spec_draw(spec_t *spec, sampler_t *smp, const float *probs,
+                     float mass, int fallback)
+{
+    float r, cum = 0.0f;
+    int last = -1;
+
+    if (!(mass > 1e-12f))
+        return fallback;
+    r = sampler_uniform(smp) * mass;
+    for (int i = 0; i < spec->vocab; i++) {
+        if (probs[i] <= 0.0f)
+            continue;
+        cum += probs[i];
+        last = i;
+        if (r < cum)
+            return i;
+    }
+    return last >= 0 ? last : fallback;
+}
+
+/* Accepts the longest path of s's verified tree by recursive rejection
+ * sampling; commits the tokens, compacts KV, queues features.  Writes the
+ * new tokens to out; returns how many. */
+static bt_status_t spec_accept(spec_t *spec, spec_seq_t *s, int *out,
+                               int *n_out_p)
+{
+    sampler_t *smp = engine_seq_sampler(s->seq);
+    int cached = engine_seq_cached(s->seq);
+    int n_blocks;
+    const int *blocks = engine_seq_blocks(s->seq, &n_blocks);
+    int cur = -1, n_acc = 0, path[SPEC_MAX_DEPTH + 1];
+    int n_out = 0;
+    bt_status_t status;
+
+    for (;;) {
+        int row = cur < 0 ? 0 : s->nodes[cur].vidx;
+        float mass = 1.0f;
+        int best = 0, next = -1;
+
+        sampler_probs(smp, spec->logits + (size_t)(s->row0 + row) *
+                               spec->vocab, spec->probs);
+        for (int i = 1; i < spec->vocab; i++)
+            if (spec->probs[i] > spec->probs[best])
+                best = i;
+        /* children of cur, best draft score first */
+        for (int i = 0; i < s->n_sel; i++) {
+            const spec_node_t *c = &s->nodes[s->by_score[i]];
+            float p;
+
+            if (c->parent != cur)
+                continue;
+            p = spec->probs[c->token];
+            if (p > 0.0f && sampler_uniform(smp) * mass < p) {
+                next = s->by_score[i];
+                break;
+            }
+            mass -= p;
+            spec->probs[c->token] = 0.0f;
+        }
+        if (next < 0) { /* bonus token from what is left */
+            int tok = spec_draw(spec, smp, spec->probs, mass, best);
+
+            status = engine_seq_commit(spec->engine, s->seq, &tok, 1,
+                                       cached);
+            if (status != BT_OK)
+                return status;
+            out[n_out++] = tok;
+            break;
+        }
+        status = engine_seq_commit(spec->engine, s->seq,
+                                   &s->nodes[next].token, 1, cached);
+        if (status != BT_OK)
+            return status;
+        out[n_out++] = s->nodes[next].token;
+        path[n_acc++] = next;
+        cur = next;
+    }
+
+    /* keep the accepted K/V: root stays at slot cached, the node at
+     * depth j moves from slot cached + vidx to cached + j */
+    memcpy(spec->fbuf, spec->hidden + (size_t)s->row0 * spec->dim,
+           sizeof(float) * (size_t)spec->dim);
+    for (int j = 0; j < n_acc; j++) {
+        int v = s->nodes[path[j]].vidx;
+
+        if (v != j + 1)
+            spec_kv_move(spec, blocks, cached + v, cached + j + 1);
+        memcpy(spec->fbuf + (size_t)(j + 1) * spec->dim,
+               spec->hidden + (size_t)(s->row0 + v) * spec->dim,
+               sizeof(float) * (size_t)spec->dim);
+    }
+    status = engine_seq_commit(spec->engine, s->seq, NULL, 0,
+                               cached + 1 + n_acc);
+    if (status != BT_OK)
+        return status;
+    status = spec_push(spec, s, spec->fbuf, 1 + n_acc);
+    if (status != BT_OK)
+        return status;
+    *n_out_p = n_out;
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// the step
+
+static int spec_bucket(int n)
+{
+    return n <= 1 ? 0 : n <= 4 ? 1 : n <= 16 ? 2 : 3;
+}
+
+/* Picks this step's tree shape for a batch with n_dec decoding seqs. */
+static int spec_pick_arm(spec_t *spec, int bucket)
+{
+    uint64_t step = spec->bucket_steps[bucket]++;
+    int best = 3;
+
+    for (int a = SPEC_N_ARMS - 1; a >= 0; a--)
+        if (spec->arm_n[bucket][a] < 2)
+            return a;
+    if (step % SPEC_EXPLORE_EVERY == 0)
+        return (int)((step / SPEC_EXPLORE_EVERY) % SPEC_N_ARMS);
+    for (int a = 0; a < SPEC_N_ARMS; a++)
+        if (spec->arm_rate[bucket][a] > spec->arm_rate[bucket][best])
+            best = a;
+    return best;
+}
+
+bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
+                      int *out)
+{
+    const backend_config_t *bcfg = &engine_config(spec->engine)->backend;
+    int max_step = spec_max_step_tokens(spec);
+    int left = bcfg->max_batch_tokens, n_dec = 0, n_b = 0, rows = 0;
+    int arm = -1, produced = 0;
+    bool any_prefill = false;
+    spec_shape_t shape;
+    backend_batch_t batch;
+    uint64_t t0 = bt_time_ns();
+    bt_status_t status;
+
+    if (n <= 0 || n > bcfg->max_seqs)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "step over %d sequences (1..%d allowed)", n,
+                        bcfg->max_seqs);
+    for (int i = 0; i < n; i++) {
+        int pending = engine_seq_len(seqs[i]->seq) -
+                      engine_seq_cached(seqs[i]->seq);
+        n_out[i] = 0;
+        n_dec += pending == 1;
+    }
+    if (spec->fixed) {
+        shape = spec->fixed_shape;
+    } else {
+        arm = spec_pick_arm(spec, spec_bucket(n_dec));
+        shape = spec->arms[arm];
+    }
+
+    /* plan: mode, blocks and the drafted tree of every sequence */
+    for (int i = 0; i < n; i++) {
+        spec_seq_t *s = seqs[i];
+        int cached = engine_seq_cached(s->seq);
+        int pending = engine_seq_len(s->seq) - cached;
+        int n_sel = 0, tokens;
+
+        s->mode = SPEC_MODE_SKIP;
+        if (pending <= 0 || left <= 0)
+            continue;
+        if (cached + 1 > spec->max_ctx)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "sequence %d would exceed the context of %d", i,
+                            spec->max_ctx);
+        if (pending > 1) {
+            s->mode = SPEC_MODE_PREFILL;
+            s->take = BT_MIN(pending, left);
+            any_prefill = true;
+        } else {
+            tokens = BT_MIN(shape.tokens, BT_MIN(left - 1,
+                                                 spec->max_ctx - cached - 1));
+            s->mode = SPEC_MODE_PLAIN;
+            if (tokens > 0 &&
+                engine_seq_reserve(spec->engine, s->seq,
+                                   cached + 1 + tokens) == BT_OK) {
+                spec_shape_t sh = shape;
+
+                sh.tokens = tokens;
+                status = spec_draft(spec, s, &sh, &n_sel);
+                if (status != BT_OK)
+                    return status;
+                s->mode = SPEC_MODE_TREE;
+            }
+            s->take = 1 + n_sel;
+        }
+        status = engine_seq_reserve(spec->engine, s->seq, cached + s->take);
+        if (status != BT_OK)
+            return status;
+        left -= s->take;
+    }
+
+    /* one target forward for every sequence */
+    for (int i = 0; i < n; i++) {
+        spec_seq_t *s = seqs[i];
+        backend_seq_t *bs;
+        int nb;
+
+        if (s->mode == SPEC_MODE_SKIP)
+            continue;
+        bs = &spec->bseqs[n_b++];
+        memset(bs, 0, sizeof(*bs));
+        bs->n_tokens = s->take;
+        bs->ctx_len = engine_seq_cached(s->seq);
+        bs->block_table = engine_seq_blocks(s->seq, &nb);
+        bs->n_logits = s->take;
+        if (s->mode == SPEC_MODE_TREE) {
+            bs->tokens = s->v_tokens;
+            bs->positions = s->v_pos;
+            bs->mask = s->v_mask;
+        } else {
+            bs->tokens = engine_seq_tokens(s->seq) + bs->ctx_len;
+        }
+        s->row0 = rows;
+        rows += s->take;
+    }
+    if (n_b == 0)
+        return BT_OK;
+    memset(&batch, 0, sizeof(batch));
+    batch.n_seqs = n_b;
+    batch.seqs = spec->bseqs;
+    status = backend_forward(engine_backend(spec->engine), &batch,
+                             spec->logits, spec->hidden);
+    if (status != BT_OK)
+        return status;
+
+    /* accept, commit, feed the draft state */
+    for (int i = 0; i < n; i++) {
+        spec_seq_t *s = seqs[i];
+        int *o = out + (size_t)i * max_step;
+        int cached = engine_seq_cached(s->seq);
+
+        switch (s->mode) {
+        case SPEC_MODE_TREE:
+            status = spec_accept(spec, s, o, &n_out[i]);
+            if (status != BT_OK)
+                return status;
+            spec->stats.verify_seqs++;
+            spec->stats.verify_tokens += (uint64_t)n_out[i];
+            spec->stats.draft_tokens += (uint64_t)(s->take - 1);
+            produced += n_out[i];
+            break;
+        case SPEC_MODE_PLAIN:
+        case SPEC_MODE_PREFILL: {
+            bool complete = cached + s->take == engine_seq_len(s->seq);
+            float *last = spec->logits + (size_t)(s->row0 + s->take - 1) *
+                                             spec->vocab;
+
+            if (complete) {
+                o[0] = sampler_sample(engine_seq_sampler(s->seq), last);
+                n_out[i] = 1;
+            }
+            status = engine_seq_commit(spec->engine, s->seq, o, n_out[i],
+                                       cached + s->take);
+            if (status != BT_OK)
+                return status;
+            status = spec_push(spec, s, spec->hidden + (size_t)s->row0 *
+                                                           spec->dim,
+                               s->take);
+            if (status != BT_OK)
+                return status;
+            if (s->mode == SPEC_MODE_PLAIN) {
+                spec->stats.plain_seqs++;
+                produced += n_out[i];
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    spec->stats.steps++;
+    if (arm >= 0 && !any_prefill && produced > 0) {
+        int b = spec_bucket(n_dec);
+        double dt = (double)(bt_time_ns() - t0) * 1e-9;
+        double rate = produced / BT_MAX(dt, 1e-9);
+
+        spec->arm_rate[b][arm] = spec->arm_n[b][arm] == 0
+            ? rate
+            : (1.0 - SPEC_EMA) * spec->arm_rate[b][arm] + SPEC_EMA * rate;
+        spec->arm_n[b][arm]++;
+    }
+    return BT_OK;
+}
+
+bt_status_t spec_seq_next(spec_t *spec, spec_seq_t *s, int *tok_p)
+{
+    int n_out = 0;
+    bt_status_t status;
+
+    while (s->q_len == 0) {
+        status = spec_step(spec, &s, 1, &n_out, s->queue);
+        if (status != BT_OK)
+            return status;
+        s->q_head = 0;
+        s->q_len = n_out;
+    }
+    *tok_p = s->queue[s->q_head++];
+    s->q_len--;
+    return BT_OK;
+}

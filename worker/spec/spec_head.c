@@ -1,0 +1,541 @@
+/*
+ * spec_head.c - the EAGLE draft head: weights, safetensors load/save and
+ * the inference forward pass over its own contiguous KV cache (see
+ * spec_head.h).
+ */
+#include "spec_head.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "cpu/cpu_int.h"
+#include "model/model_write.h"
+#include "model/safetensors.h"
+#include "spec_int.h"
+
+const char *const spec__tensor_names[SPEC_HEAD_N_TENSORS] = {
+    "fc.weight",
+    "fc.bias",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.post_attention_layernorm.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+};
+
+struct spec_head_s {
+    model_config_t cfg;       /* the target's shape */
+    int hidden_dim;           /* the head's feed-forward width */
+    int q_dim;                /* n_heads * head_dim */
+    int kv_dim;               /* n_kv_heads * head_dim */
+    float *params;            /* (n_params) every own weight, flat */
+    size_t n_params;
+    int64_t shape[SPEC_HEAD_N_TENSORS][2]; /* rows, cols of each tensor */
+    float *views[SPEC_HEAD_N_TENSORS];     /* into params, name order */
+    spec_head_weights_t w;    /* the same views by role */
+    const float *emb;         /* (vocab, dim) target embedding */
+    const float *cls;         /* (vocab, dim) target classifier */
+    const float *final_norm;  /* (dim) target final norm */
+    float *owned[3];          /* converted copies of the three above */
+    float *inv_freq;          /* (head_dim / 2) */
+
+    /* scratch, grown on demand to scr_rows rows */
+    int scr_rows;
+    float *x2;                /* (rows, 2 * dim) fc input */
+    float *h;                 /* (rows, dim) residual stream */
+    float *xn;                /* (rows, dim) normed */
+    float *q;                 /* (rows, q_dim) */
+    float *kv;                /* (rows, 2 * kv_dim) new k then v */
+    float *att;               /* (rows, q_dim) */
+    float *gate;              /* (rows, hidden) */
+    float *up;                /* (rows, hidden) */
+    float *scores;            /* (cap) attention scratch */
+    int scores_cap;
+};
+
+// ----------------------------------------------------------------------------
+// shared helpers (spec_int.h)
+
+void spec__matmul(float *out, const float *x, const float *w,
+                  const float *bias, int n, int k, int n_out,
+                  bool accumulate)
+{
+    cpu__matmul(out, n_out, x, k, w, k, bias, n, k, 0, n_out, accumulate);
+}
+
+void spec__transpose(float *out, const float *in, int rows, int cols)
+{
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++)
+            out[(size_t)r * cols + c] = in[(size_t)c * rows + r];
+}
+
+void spec__rmsnorm(float *out, const float *x, const float *weight, int dim,
+                   float eps)
+{
+    cpu__rmsnorm(out, x, weight, dim, eps);
+}
+
+void spec__rope(float *vec, int n_heads, int head_dim, const float *inv_freq,
+                int pos, float sign)
+{
+    int half = head_dim / 2;
+    float cs[512], sn[512];
+
+    BT_ASSERT(half <= 512);
+    cpu__rope_cos_sin(pos, inv_freq, half, cs, sn);
+    if (sign < 0)
+        for (int i = 0; i < half; i++)
+            sn[i] = -sn[i];
+    cpu__rope_apply(vec, n_heads, head_dim, MODEL_ROPE_HALF, cs, sn);
+}
+
+// ----------------------------------------------------------------------------
+// create / load / save
+
+/* A float32 copy or view of a target tensor. */
+static bt_status_t head_f32(spec_head_t *head, const model_tensor_t *t,
+                            int slot, const float **out_p)
+{
+    int64_t n = t->rows * t->cols;
+
+    if (t->dtype == MODEL_DTYPE_F32) {
+        *out_p = t->data;
+        return BT_OK;
+    }
+    head->owned[slot] = bt_malloc_aligned((size_t)n * sizeof(float),
+                                          "spec_head");
+    if (head->owned[slot] == NULL)
+        return BT_ERR_NO_MEMORY;
+    model_tensor_to_f32(t, 0, n, head->owned[slot]);
+    *out_p = head->owned[slot];
+    return BT_OK;
+}
+
+/* Allocates the head for `target` with zeroed weights of feed-forward
+ * width hidden_dim. */
+static bt_status_t head_alloc(const model_t *target, int hidden_dim,
+                              spec_head_t **head_p)
+{
+    const model_config_t *c = model_config(target);
+    spec_head_t *head;
+    size_t off = 0;
+    bt_status_t status;
+
+    if (c->head_dim % 2 != 0 || c->head_dim > 1024)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "SPEC",
+                        "head_dim %d not supported by the draft head",
+                        c->head_dim);
+    head = bt_calloc(1, sizeof(*head), "spec_head");
+    if (head == NULL)
+        return BT_ERR_NO_MEMORY;
+    head->cfg = *c;
+    head->hidden_dim = hidden_dim;
+    head->q_dim = c->n_heads * c->head_dim;
+    head->kv_dim = c->n_kv_heads * c->head_dim;
+    {
+        int64_t shapes[SPEC_HEAD_N_TENSORS][2] = {
+            { c->dim, 2 * c->dim }, { 1, c->dim },
+            { head->q_dim, c->dim }, { head->kv_dim, c->dim },
+            { head->kv_dim, c->dim }, { c->dim, head->q_dim },
+            { 1, c->dim }, { hidden_dim, c->dim }, { hidden_dim, c->dim },
+            { c->dim, hidden_dim },
+        };
+        memcpy(head->shape, shapes, sizeof(shapes));
+    }
+    for (int i = 0; i < SPEC_HEAD_N_TENSORS; i++)
+        head->n_params += (size_t)(head->shape[i][0] * head->shape[i][1]);
+    head->params = bt_calloc(head->n_params, sizeof(float), "spec_head");
+    head->inv_freq = bt_malloc(sizeof(float) * (size_t)(c->head_dim / 2 + 1),
+                               "spec_head");
+    if (head->params == NULL || head->inv_freq == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto err_destroy;
+    }
+    for (int i = 0; i < SPEC_HEAD_N_TENSORS; i++) {
+        head->views[i] = head->params + off;
+        off += (size_t)(head->shape[i][0] * head->shape[i][1]);
+    }
+    head->w = (spec_head_weights_t){
+        head->views[0], head->views[1], head->views[2], head->views[3],
+        head->views[4], head->views[5], head->views[6], head->views[7],
+        head->views[8], head->views[9],
+    };
+    cpu__rope_inv_freq(c, head->inv_freq);
+    if ((status = head_f32(head, model_tok_embedding(target), 0,
+                           &head->emb)) != BT_OK ||
+        (status = head_f32(head, model_classifier(target), 1,
+                           &head->cls)) != BT_OK ||
+        (status = head_f32(head, model_final_norm(target), 2,
+                           &head->final_norm)) != BT_OK)
+        goto err_destroy;
+    *head_p = head;
+    return BT_OK;
+
+err_destroy:
+    spec_head_destroy(&head);
+    return status;
+}
+
+bt_status_t spec_head_create(const model_t *target, int hidden_dim,
+                             uint64_t seed, spec_head_t **head_p)
+{
+    spec_head_t *head = NULL;
+    uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 0x1234567ull;
+    int dim = model_config(target)->dim;
+    bt_status_t status;
+
+    if (hidden_dim <= 0)
+        hidden_dim = model_config(target)->hidden_dim;
+    status = head_alloc(target, hidden_dim, &head);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < SPEC_HEAD_N_TENSORS; i++) {
+        int64_t n = head->shape[i][0] * head->shape[i][1];
+        float bound = 1.0f / sqrtf((float)head->shape[i][1]);
+
+        if (i == 0 || i == 1)
+            continue; /* fc: pass-through below */
+        if (i == 6) { /* norm weight */
+            for (int64_t j = 0; j < n; j++)
+                head->views[i][j] = 1.0f;
+            continue;
+        }
+        for (int64_t j = 0; j < n; j++)
+            head->views[i][j] = (2.0f * spec__rng_uniform(&rng) - 1.0f) *
+                                bound;
+    }
+    for (int r = 0; r < dim; r++)
+        head->w.fc_w[(size_t)r * 2 * dim + dim + r] = 1.0f;
+    *head_p = head;
+    return BT_OK;
+}
+
+bt_status_t spec_head_load(const model_t *target, const char *path,
+                           spec_head_t **head_p)
+{
+    char *buf = NULL;
+    size_t size = 0;
+    model_st_file_t st;
+    const model_st_tensor_t *gate;
+    spec_head_t *head = NULL;
+    bt_status_t status;
+
+    memset(&st, 0, sizeof(st));
+    status = bt_read_file(path, (size_t)1 << 34, &buf, &size);
+    if (status != BT_OK)
+        return status;
+    status = model_st_parse(buf, size, path, &st);
+    if (status != BT_OK)
+        goto out;
+    gate = model_st_find(&st, spec__tensor_names[7]);
+    if (gate == NULL || gate->ndim != 2) {
+        status = BT_ERROR(BT_ERR_FORMAT, "SPEC", "%s: no 2-d tensor %s",
+                          path, spec__tensor_names[7]);
+        goto out;
+    }
+    status = head_alloc(target, (int)gate->shape[0], &head);
+    if (status != BT_OK)
+        goto out;
+    for (int i = 0; i < SPEC_HEAD_N_TENSORS; i++) {
+        const model_st_tensor_t *t = model_st_find(&st,
+                                                   spec__tensor_names[i]);
+        int64_t rows = head->shape[i][0], cols = head->shape[i][1];
+        bool vec = rows == 1;
+        model_tensor_t view;
+
+        if (t == NULL && i == 1)
+            continue; /* no fc bias: zeros */
+        if (t == NULL || !t->dtype_ok ||
+            (vec ? (t->ndim != 1 || t->shape[0] != cols)
+                 : (t->ndim != 2 || t->shape[0] != rows ||
+                    t->shape[1] != cols))) {
+            status = BT_ERROR(BT_ERR_FORMAT, "SPEC",
+                              "%s: tensor %s is missing or not (%lld, %lld) "
+                              "F32/F16/BF16 as the target needs", path,
+                              spec__tensor_names[i], (long long)rows,
+                              (long long)cols);
+            goto out;
+        }
+        view = (model_tensor_t){ t->data, t->dtype, rows, cols };
+        /* data may be unaligned: convert element by element */
+        if (t->dtype == MODEL_DTYPE_F32)
+            memcpy(head->views[i], t->data,
+                   (size_t)(rows * cols) * sizeof(float));
+        else
+            model_tensor_to_f32(&view, 0, rows * cols, head->views[i]);
+    }
+    BT_LOG_INFO("SPEC", "draft head %s: dim %d, ffn %d, %zu parameters",
+                path, head->cfg.dim, head->hidden_dim, head->n_params);
+    *head_p = head;
+    head = NULL;
+
+out:
+    spec_head_destroy(&head);
+    model_st_cleanup(&st);
+    bt_free(buf);
+    return status;
+}
+
+bt_status_t spec_head_save(const spec_head_t *head, const char *path)
+{
+    model_tensor_t t[SPEC_HEAD_N_TENSORS];
+
+    for (int i = 0; i < SPEC_HEAD_N_TENSORS; i++)
+        t[i] = (model_tensor_t){ head->views[i], MODEL_DTYPE_F32,
+                                 head->shape[i][0], head->shape[i][1] };
+    return model_st_write(path, SPEC_HEAD_N_TENSORS, spec__tensor_names, t,
+                          MODEL_DTYPE_F32);
+}
+
+void spec_head_destroy(spec_head_t **head_p)
+{
+    spec_head_t *head = *head_p;
+
+    if (head == NULL)
+        return;
+    for (int i = 0; i < 3; i++)
+        bt_free(head->owned[i]);
+    bt_free(head->params);
+    bt_free(head->inv_freq);
+    bt_free(head->x2);
+    bt_free(head->h);
+    bt_free(head->xn);
+    bt_free(head->q);
+    bt_free(head->kv);
+    bt_free(head->att);
+    bt_free(head->gate);
+    bt_free(head->up);
+    bt_free(head->scores);
+    bt_free(head);
+    *head_p = NULL;
+}
+
+const model_config_t *spec_head_config(const spec_head_t *head)
+{
+    return &head->cfg;
+}
+
+int spec_head_hidden_dim(const spec_head_t *head)
+{
+    return head->hidden_dim;
+}
+
+const spec_head_weights_t *spec_head_weights(spec_head_t *head)
+{
+    return &head->w;
+}
+
+float *spec_head_params(spec_head_t *head, size_t *n_p)
+{
+    *n_p = head->n_params;
+    return head->params;
+}
+
+const float *spec_head_embedding(const spec_head_t *head)
+{
+    return head->emb;
+}
+
+const float *spec_head_classifier(const spec_head_t *head)
+{
+    return head->cls;
+}
+
+const float *spec_head_inv_freq(const spec_head_t *head)
+{
+    return head->inv_freq;
+}
+
+void spec_head_feature(const spec_head_t *head, const float *hidden, int n,
+                       float *out)
+{
+    int dim = head->cfg.dim;
+
+    for (int i = 0; i < n; i++)
+        cpu__rmsnorm(out + (size_t)i * dim, hidden + (size_t)i * dim,
+                     head->final_norm, dim, head->cfg.rms_eps);
+}
+
+void spec_head_logits(const spec_head_t *head, const float *feat, int n,
+                      float *logits)
+{
+    spec__matmul(logits, feat, head->cls, NULL, n, head->cfg.dim,
+                 head->cfg.vocab_size, false);
+}
+
+// ----------------------------------------------------------------------------
+// KV cache and forward
+
+bt_status_t spec_head_kv_init(const spec_head_t *head, int cap,
+                              spec_head_kv_t *kv)
+{
+    memset(kv, 0, sizeof(*kv));
+    kv->k = bt_calloc((size_t)cap * (size_t)head->kv_dim, sizeof(float),
+                      "spec_kv");
+    kv->v = bt_calloc((size_t)cap * (size_t)head->kv_dim, sizeof(float),
+                      "spec_kv");
+    if (kv->k == NULL || kv->v == NULL) {
+        spec_head_kv_cleanup(kv);
+        return BT_ERR_NO_MEMORY;
+    }
+    kv->cap = cap;
+    return BT_OK;
+}
+
+void spec_head_kv_cleanup(spec_head_kv_t *kv)
+{
+    bt_free(kv->k);
+    bt_free(kv->v);
+    memset(kv, 0, sizeof(*kv));
+}
+
+static bool head_grow(float **p, size_t n)
+{
+    float *q = bt_realloc(*p, n * sizeof(float), "spec_scratch");
+
+    if (q == NULL)
+        return false;
+    *p = q;
+    return true;
+}
+
+static bt_status_t head_scratch(spec_head_t *head, int rows, int cap)
+{
+    size_t r = (size_t)rows;
+    int dim = head->cfg.dim;
+
+    if (rows > head->scr_rows) {
+        if (!head_grow(&head->x2, r * 2 * dim) ||
+            !head_grow(&head->h, r * dim) || !head_grow(&head->xn, r * dim) ||
+            !head_grow(&head->q, r * head->q_dim) ||
+            !head_grow(&head->kv, r * 2 * head->kv_dim) ||
+            !head_grow(&head->att, r * head->q_dim) ||
+            !head_grow(&head->gate, r * head->hidden_dim) ||
+            !head_grow(&head->up, r * head->hidden_dim))
+            return BT_ERR_NO_MEMORY;
+        head->scr_rows = rows;
+    }
+    if (cap > head->scores_cap) {
+        if (!head_grow(&head->scores, (size_t)cap))
+            return BT_ERR_NO_MEMORY;
+        head->scores_cap = cap;
+    }
+    return BT_OK;
+}
+
+bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
+                              const float *feat, const int *tokens,
+                              const int *pos, int ctx, int base,
+                              const uint8_t *mask, float *out_feat,
+                              float *logits)
+{
+    const model_config_t *c = &head->cfg;
+    const spec_head_weights_t *w = &head->w;
+    int dim = c->dim, hd = c->head_dim, hid = head->hidden_dim;
+    int group = c->n_heads / c->n_kv_heads;
+    int n_tree = base - ctx + n; /* temp slots a row may see */
+    float scale = 1.0f / sqrtf((float)hd);
+    bt_status_t status;
+
+    if (n <= 0 || ctx < 0 || base < ctx || base + n > kv->cap)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "draft forward of %d rows at slot %d (ctx %d) "
+                        "exceeds its cache of %d", n, base, ctx, kv->cap);
+    status = head_scratch(head, n, base + n);
+    if (status != BT_OK)
+        return status;
+
+    /* fc over [embedding; feature] */
+    for (int i = 0; i < n; i++) {
+        BT_ASSERT(tokens[i] >= 0 && tokens[i] < c->vocab_size);
+        memcpy(head->x2 + (size_t)i * 2 * dim,
+               head->emb + (size_t)tokens[i] * dim, sizeof(float) * dim);
+        memcpy(head->x2 + (size_t)i * 2 * dim + dim, feat + (size_t)i * dim,
+               sizeof(float) * dim);
+    }
+    spec__matmul(head->h, head->x2, w->fc_w, w->fc_b, n, 2 * dim, dim,
+                 false);
+
+    /* attention (layer 0: no input norm) */
+    spec__matmul(head->q, head->h, w->wq, NULL, n, dim, head->q_dim, false);
+    for (int i = 0; i < n; i++) {
+        float *k = kv->k + (size_t)(base + i) * head->kv_dim;
+        float *v = kv->v + (size_t)(base + i) * head->kv_dim;
+
+        spec__matmul(k, head->h + (size_t)i * dim, w->wk, NULL, 1, dim,
+                     head->kv_dim, false);
+        spec__matmul(v, head->h + (size_t)i * dim, w->wv, NULL, 1, dim,
+                     head->kv_dim, false);
+        spec__rope(head->q + (size_t)i * head->q_dim, c->n_heads, hd,
+                   head->inv_freq, pos[i], 1.0f);
+        spec__rope(k, c->n_kv_heads, hd, head->inv_freq, pos[i], 1.0f);
+    }
+    for (int i = 0; i < n; i++) {
+        const uint8_t *mrow = mask != NULL ? mask + (size_t)i * n_tree
+                                           : NULL;
+        int last = base - ctx + i; /* highest temp index visible */
+
+        for (int h = 0; h < c->n_heads; h++) {
+            const float *q = head->q + (size_t)i * head->q_dim +
+                             (size_t)h * hd;
+            float *o = head->att + (size_t)i * head->q_dim + (size_t)h * hd;
+            int kvh = h / group;
+            float mx = -FLT_MAX, sum = 0.0f;
+
+            for (int s = 0; s < ctx + last + 1; s++) {
+                const float *k;
+                float d = 0.0f;
+
+                if (s >= ctx && mrow != NULL && !mrow[s - ctx]) {
+                    head->scores[s] = -INFINITY;
+                    continue;
+                }
+                k = kv->k + (size_t)s * head->kv_dim + (size_t)kvh * hd;
+                for (int e = 0; e < hd; e++)
+                    d += q[e] * k[e];
+                head->scores[s] = d * scale;
+                mx = BT_MAX(mx, head->scores[s]);
+            }
+            memset(o, 0, sizeof(float) * hd);
+            for (int s = 0; s < ctx + last + 1; s++) {
+                float p;
+                const float *v;
+
+                if (head->scores[s] == -INFINITY)
+                    continue;
+                p = expf(head->scores[s] - mx);
+                sum += p;
+                v = kv->v + (size_t)s * head->kv_dim + (size_t)kvh * hd;
+                for (int e = 0; e < hd; e++)
+                    o[e] += p * v[e];
+            }
+            for (int e = 0; e < hd; e++)
+                o[e] /= sum;
+        }
+    }
+    spec__matmul(head->h, head->att, w->wo, NULL, n, head->q_dim, dim, true);
+
+    /* feed-forward */
+    for (int i = 0; i < n; i++)
+        spec__rmsnorm(head->xn + (size_t)i * dim, head->h + (size_t)i * dim,
+                      w->post_norm, dim, c->rms_eps);
+    spec__matmul(head->gate, head->xn, w->w_gate, NULL, n, dim, hid, false);
+    spec__matmul(head->up, head->xn, w->w_up, NULL, n, dim, hid, false);
+    for (size_t j = 0; j < (size_t)n * hid; j++)
+        head->gate[j] = spec__silu(head->gate[j]) * head->up[j];
+    spec__matmul(head->h, head->gate, w->w_down, NULL, n, hid, dim, true);
+
+    memcpy(out_feat, head->h, sizeof(float) * (size_t)n * dim);
+    if (logits != NULL)
+        spec_head_logits(head, out_feat, n, logits);
+    return BT_OK;
+}
