@@ -22,6 +22,9 @@ static const cli_command_t cli_commands[] = {
     { "bench", "load-test a cluster: TTFT/TPOT/ITL, throughput, goodput",
       cli_bench_main },
     { "bench-kv", "measure UCX KV hand-off bandwidth", cli_bench_kv_main },
+    { "tokenize", "text -> token ids with a model's tokenizer",
+      cli_tokenize_main },
+    { "detokenize", "token ids -> text", cli_detokenize_main },
 };
 
 static void usage(FILE *out)

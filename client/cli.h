@@ -19,5 +19,7 @@ int cli_generate_main(int argc, char **argv);     /* cli_generate.c */
 int cli_up_main(int argc, char **argv);           /* cli_up.c */
 int cli_bench_main(int argc, char **argv);        /* cli_bench.c */
 int cli_bench_kv_main(int argc, char **argv);     /* cli_bench_kv.c */
+int cli_tokenize_main(int argc, char **argv);     /* cli_tokenize.c */
+int cli_detokenize_main(int argc, char **argv);   /* cli_tokenize.c */
 
 #endif /* BT_CLIENT_CLI_H */
