@@ -44,29 +44,38 @@ static void fill(float *p, size_t n)
 
 // ----------------------------------------------------------------------------
 
-static void check_matmul(int n_tok, int k, int n_out, int n0, int n1,
+/* Pass 0: cpu__matmul, pass 1: cpu__matmul_ref, pass 2:
+ * cpu__matmul_packed over [n0 rounded down to a panel, n1). */
+static void check_matmul(int n_tok, int k, int n_out, int n0_in, int n1,
                          bool bias_on, bool acc)
 {
     int ldx = k + 3, ldo = n_out + 5, ldw = k + (n_out % 3);
     float *x = malloc(sizeof(float) * n_tok * ldx);
     float *w = malloc(sizeof(float) * n_out * ldw);
+    float *wp = bt_malloc_aligned(sizeof(float) * cpu__pack_size(n_out, k),
+                                  "test");
     float *b = malloc(sizeof(float) * n_out);
     float *out = malloc(sizeof(float) * n_tok * ldo);
     float *out0 = malloc(sizeof(float) * n_tok * ldo);
-    float *outr = malloc(sizeof(float) * n_tok * ldo);
 
     fill(x, (size_t)n_tok * ldx);
     fill(w, (size_t)n_out * ldw);
     fill(b, n_out);
     fill(out0, (size_t)n_tok * ldo);
-    for (int pass = 0; pass < 2; pass++) {
+    cpu__pack(wp, w, ldw, n_out, k);
+    for (int pass = 0; pass < 3; pass++) {
+        int n0 = pass == 2 ? n0_in - n0_in % CPU_PACK_NR : n0_in;
+
         memcpy(out, out0, sizeof(float) * n_tok * ldo);
         if (pass == 0)
             cpu__matmul(out, ldo, x, ldx, w, ldw, bias_on ? b : NULL, n_tok,
                         k, n0, n1, acc);
-        else
+        else if (pass == 1)
             cpu__matmul_ref(out, ldo, x, ldx, w, ldw, bias_on ? b : NULL,
                             n_tok, k, n0, n1, acc);
+        else
+            cpu__matmul_packed(out, ldo, x, ldx, wp, n_out,
+                               bias_on ? b : NULL, n_tok, k, n0, n1, acc);
         for (int t = 0; t < n_tok; t++) {
             for (int n = 0; n < ldo; n++) {
                 double ref = out0[t * ldo + n], scale = fabs(ref);
@@ -93,14 +102,44 @@ static void check_matmul(int n_tok, int k, int n_out, int n0, int n1,
             }
         }
     }
-    free(x); free(w); free(b); free(out); free(out0); free(outr);
+    free(x); free(w); free(b); free(out); free(out0);
+    bt_free(wp);
+}
+
+/* The packed kernel gives a token the same bits whatever its batch: one
+ * token alone, and the same token in batches of every height. */
+static void test_matmul_packed_batch_invariant(void)
+{
+    enum { K = 172, N = 344, T = 33 };
+    float *x = malloc(sizeof(float) * T * K);
+    float *w = malloc(sizeof(float) * N * K);
+    float *wp = bt_malloc_aligned(sizeof(float) * cpu__pack_size(N, K),
+                                  "test");
+    float *one = malloc(sizeof(float) * N);
+    float *all = malloc(sizeof(float) * T * N);
+
+    fill(x, (size_t)T * K);
+    fill(w, (size_t)N * K);
+    cpu__pack(wp, w, K, N, K);
+    for (int n_tok = 1; n_tok <= T; n_tok++) {
+        cpu__matmul_packed(all, N, x, K, wp, N, NULL, n_tok, K, 0, N, false);
+        for (int t = 0; t < n_tok; t++) {
+            cpu__matmul_packed(one, N, x + (size_t)t * K, K, wp, N, NULL, 1,
+                               K, 0, N, false);
+            BT_CHECK(memcmp(one, all + (size_t)t * N, sizeof(float) * N) ==
+                     0);
+        }
+    }
+    free(x); free(w); free(one); free(all);
+    bt_free(wp);
+    BT_TEST_PASS("matmul packed batch invariant");
 }
 
 static void test_matmul(void)
 {
-    static const int toks[] = { 1, 2, 3, 4, 5, 7, 32, 33 };
+    static const int toks[] = { 1, 2, 3, 4, 5, 7, 8, 13, 32, 33 };
     static const int ks[] = { 1, 5, 8, 16, 64, 172, 173 };
-    static const int ns[] = { 1, 3, 4, 7, 8, 9, 17, 64, 172 };
+    static const int ns[] = { 1, 3, 4, 7, 8, 9, 17, 33, 64, 97, 172 };
     int cases = 0;
 
     for (size_t a = 0; a < BT_ARRAY_SIZE(toks); a++)
@@ -457,8 +496,10 @@ int main(void)
     size_t before = bt_alloc_live_count();
 
     test_matmul();
+    test_matmul_packed_batch_invariant();
     cpu__matmul_force_portable(true);
     test_matmul();
+    test_matmul_packed_batch_invariant();
     cpu__matmul_force_portable(false);
     test_rmsnorm_embed_swiglu();
     test_rope();

@@ -11,6 +11,7 @@
 #define BT_WORKER_CPU_CPU_INT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "bt_status.h"
@@ -60,6 +61,28 @@ void cpu__matmul_ref(float *out, int ldo, const float *x, int ldx,
 bool cpu__have_avx2(void);
 /* Tests: makes cpu__matmul use the portable kernel even on AVX2 CPUs. */
 void cpu__matmul_force_portable(bool on);
+
+/* Packed weights: the (n_out, k) matrix cut into panels of CPU_PACK_NR
+ * output rows, each stored k-major (for j in [0, k): the panel's
+ * CPU_PACK_NR weights of column j, contiguous), the last panel padded
+ * with zero rows.  A micro-kernel then holds a block of tokens x outputs
+ * in vector registers, broadcasting one activation and loading one
+ * contiguous row of the panel per FMA step: no horizontal sums, and the
+ * outputs of a panel are stored as whole vectors. */
+#define CPU_PACK_NR 16
+/* Floats of the packed form of an (n_out, k) matrix. */
+size_t cpu__pack_size(int n_out, int k);
+/* Packs w (n_out rows of k floats, ldw apart) into dst
+ * (cpu__pack_size(n_out, k) floats). */
+void cpu__pack(float *dst, const float *w, int ldw, int n_out, int k);
+/* cpu__matmul against packed weights wp of an (n_out, k) matrix: the same
+ * result for outputs [n_begin, n_end), n_begin a multiple of CPU_PACK_NR.
+ * Each output is one sum in column order (no reassociation), so a token's
+ * result does not depend on the batch it is in or on the split. */
+void cpu__matmul_packed(float *out, int ldo, const float *x, int ldx,
+                        const float *wp, int n_out, const float *bias,
+                        int n_tok, int k, int n_begin, int n_end,
+                        bool accumulate);
 
 /* Copies row `token` of the (vocab, dim) table into out (dim). */
 void cpu__embed(float *out, const float *table, int dim, int token);

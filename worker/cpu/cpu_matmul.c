@@ -18,6 +18,7 @@
  */
 #include <string.h>
 
+#include "bt_util.h"
 #include "cpu_int.h"
 
 // ----------------------------------------------------------------------------
@@ -74,6 +75,60 @@ void cpu__matmul_ref(float *out, int ldo, const float *x, int ldx,
                 out[(size_t)t * ldo + n] += v;
             else
                 out[(size_t)t * ldo + n] = v;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// packed weights
+
+size_t cpu__pack_size(int n_out, int k)
+{
+    return (size_t)BT_DIV_UP(n_out, CPU_PACK_NR) * CPU_PACK_NR * (size_t)k;
+}
+
+void cpu__pack(float *dst, const float *w, int ldw, int n_out, int k)
+{
+    int n_panels = BT_DIV_UP(n_out, CPU_PACK_NR);
+
+    for (int p = 0; p < n_panels; p++) {
+        float *panel = dst + (size_t)p * k * CPU_PACK_NR;
+
+        for (int c = 0; c < CPU_PACK_NR; c++) {
+            int n = p * CPU_PACK_NR + c;
+
+            for (int j = 0; j < k; j++)
+                panel[(size_t)j * CPU_PACK_NR + c] =
+                    n < n_out ? w[(size_t)n * ldw + j] : 0.0f;
+        }
+    }
+}
+
+/* Portable: one panel x one token at a time; the inner loop over the
+ * panel's 16 independent sums vectorizes without reassociation. */
+static void cpu_matmul_packed_c(float *out, int ldo, const float *x, int ldx,
+                                const float *wp, const float *bias,
+                                int n_tok, int k, int n_begin, int n_end,
+                                bool accumulate)
+{
+    for (int n0 = n_begin; n0 < n_end; n0 += CPU_PACK_NR) {
+        const float *panel = wp + (size_t)(n0 / CPU_PACK_NR) * k *
+                                  CPU_PACK_NR;
+        int valid = BT_MIN(CPU_PACK_NR, n_end - n0);
+
+        for (int t = 0; t < n_tok; t++) {
+            const float *xr = x + (size_t)t * ldx;
+            float *o = out + (size_t)t * ldo + n0;
+            float acc[CPU_PACK_NR] = { 0 };
+
+            for (int j = 0; j < k; j++)
+                for (int c = 0; c < CPU_PACK_NR; c++)
+                    acc[c] += xr[j] * panel[(size_t)j * CPU_PACK_NR + c];
+            for (int c = 0; c < valid; c++) {
+                float v = acc[c] + (bias != NULL ? bias[n0 + c] : 0.0f);
+
+                o[c] = accumulate ? o[c] + v : v;
+            }
         }
     }
 }
@@ -266,6 +321,220 @@ CPU_AVX2 static void cpu_matmul_avx2(float *out, int ldo, const float *x,
         cpu_row_1xn(out + n, ldo, x, ldx, w + (size_t)n * ldw, n_tok, k, k8,
                     tail, bias != NULL ? bias[n] : 0.0f, accumulate);
 }
+/* Stores vector v of a packed tile row: columns [off, off + 8) of the
+ * row at o, of which the first `valid` (counted from column 0) exist. */
+CPU_AVX2 static inline void cpu_pk_store8(float *o, __m256 v,
+                                          const float *bias, int off,
+                                          int valid, bool accumulate)
+{
+    if (valid >= off + 8) {
+        if (bias != NULL)
+            v = _mm256_add_ps(v, _mm256_loadu_ps(bias + off));
+        if (accumulate)
+            v = _mm256_add_ps(v, _mm256_loadu_ps(o + off));
+        _mm256_storeu_ps(o + off, v);
+    } else if (valid > off) {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - off),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5,
+                                                         6, 7));
+
+        if (bias != NULL)
+            v = _mm256_add_ps(v, _mm256_maskload_ps(bias + off, m));
+        if (accumulate)
+            v = _mm256_add_ps(v, _mm256_maskload_ps(o + off, m));
+        _mm256_maskstore_ps(o + off, m, v);
+    }
+}
+
+/* Micro-kernel: MR tokens x NP panels (NP * 16 outputs) in MR * NP * 2
+ * accumulators (at most 12 of the 16 ymm registers).  Per column j: NP * 2
+ * panel loads, MR broadcasts, MR * NP * 2 FMAs.  `valid` outputs of the
+ * tile exist (the rest are the zero padding of the last panel).
+ *
+ * The accumulators are named variables, not an array: GCC keeps an array
+ * of 12 vectors in registers but also stores it to the stack on every
+ * iteration.  Tall tiles (MR 3..6, NP 1) use rows 0..5 x vectors 0..1,
+ * narrow ones (MR 1..2) vectors 0..7; the constant guards drop the rest. */
+#define CPU_PK_KERNEL(MR_, NP_)                                             \
+CPU_AVX2 static void cpu_pk_##MR_##x##NP_(float *o, int ldo,               \
+                                          const float *x, int ldx,         \
+                                          const float *wp, size_t pstride, \
+                                          int k, int valid,                \
+                                          const float *bias,               \
+                                          bool accumulate)                 \
+{                                                                           \
+    enum { MR = MR_, NP = NP_ };                                            \
+    __m256 z = _mm256_setzero_ps();                                         \
+    __m256 c00 = z, c01 = z, c02 = z, c03 = z, c04 = z, c05 = z, c06 = z;  \
+    __m256 c07 = z, c10 = z, c11 = z, c12 = z, c13 = z, c14 = z, c15 = z;  \
+    __m256 c16 = z, c17 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z;  \
+    __m256 c41 = z, c50 = z, c51 = z;                                       \
+    /* rows past MR alias row 0 (never read) */                            \
+    const float *x0 = x;                                                    \
+    const float *x1 = MR > 1 ? x + (size_t)ldx : x;                         \
+    const float *x2 = MR > 2 ? x + (size_t)2 * ldx : x;                     \
+    const float *x3 = MR > 3 ? x + (size_t)3 * ldx : x;                     \
+    const float *x4 = MR > 4 ? x + (size_t)4 * ldx : x;                     \
+    const float *x5 = MR > 5 ? x + (size_t)5 * ldx : x;                     \
+                                                                            \
+    for (int j = 0; j < k; j++) {                                           \
+        const float *w = wp + (size_t)j * CPU_PACK_NR;                      \
+        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);        \
+        __m256 w2 = z, w3 = z, w4 = z, w5 = z, w6 = z, w7 = z;              \
+        __m256 b;                                                           \
+                                                                            \
+        if (NP > 1) {                                                       \
+            w2 = _mm256_loadu_ps(w + pstride);                              \
+            w3 = _mm256_loadu_ps(w + pstride + 8);                          \
+        }                                                                   \
+        if (NP > 2) {                                                       \
+            w4 = _mm256_loadu_ps(w + 2 * pstride);                          \
+            w5 = _mm256_loadu_ps(w + 2 * pstride + 8);                      \
+        }                                                                   \
+        if (NP > 3) {                                                       \
+            w6 = _mm256_loadu_ps(w + 3 * pstride);                          \
+            w7 = _mm256_loadu_ps(w + 3 * pstride + 8);                      \
+        }                                                                   \
+        b = _mm256_broadcast_ss(x0 + j);                                    \
+        c00 = _mm256_fmadd_ps(w0, b, c00);                                  \
+        c01 = _mm256_fmadd_ps(w1, b, c01);                                  \
+        if (NP > 1) {                                                       \
+            c02 = _mm256_fmadd_ps(w2, b, c02);                              \
+            c03 = _mm256_fmadd_ps(w3, b, c03);                              \
+        }                                                                   \
+        if (NP > 2) {                                                       \
+            c04 = _mm256_fmadd_ps(w4, b, c04);                              \
+            c05 = _mm256_fmadd_ps(w5, b, c05);                              \
+        }                                                                   \
+        if (NP > 3) {                                                       \
+            c06 = _mm256_fmadd_ps(w6, b, c06);                              \
+            c07 = _mm256_fmadd_ps(w7, b, c07);                              \
+        }                                                                   \
+        if (MR > 1) {                                                       \
+            b = _mm256_broadcast_ss(x1 + j);                                \
+            c10 = _mm256_fmadd_ps(w0, b, c10);                              \
+            c11 = _mm256_fmadd_ps(w1, b, c11);                              \
+            if (NP > 1) {                                                   \
+                c12 = _mm256_fmadd_ps(w2, b, c12);                          \
+                c13 = _mm256_fmadd_ps(w3, b, c13);                          \
+            }                                                               \
+            if (NP > 2) {                                                   \
+                c14 = _mm256_fmadd_ps(w4, b, c14);                          \
+                c15 = _mm256_fmadd_ps(w5, b, c15);                          \
+            }                                                               \
+            if (NP > 3) {                                                   \
+                c16 = _mm256_fmadd_ps(w6, b, c16);                          \
+                c17 = _mm256_fmadd_ps(w7, b, c17);                          \
+            }                                                               \
+        }                                                                   \
+        if (MR > 2) {                                                       \
+            b = _mm256_broadcast_ss(x2 + j);                                \
+            c20 = _mm256_fmadd_ps(w0, b, c20);                              \
+            c21 = _mm256_fmadd_ps(w1, b, c21);                              \
+        }                                                                   \
+        if (MR > 3) {                                                       \
+            b = _mm256_broadcast_ss(x3 + j);                                \
+            c30 = _mm256_fmadd_ps(w0, b, c30);                              \
+            c31 = _mm256_fmadd_ps(w1, b, c31);                              \
+        }                                                                   \
+        if (MR > 4) {                                                       \
+            b = _mm256_broadcast_ss(x4 + j);                                \
+            c40 = _mm256_fmadd_ps(w0, b, c40);                              \
+            c41 = _mm256_fmadd_ps(w1, b, c41);                              \
+        }                                                                   \
+        if (MR > 5) {                                                       \
+            b = _mm256_broadcast_ss(x5 + j);                                \
+            c50 = _mm256_fmadd_ps(w0, b, c50);                              \
+            c51 = _mm256_fmadd_ps(w1, b, c51);                              \
+        }                                                                   \
+    }                                                                       \
+    {                                                                       \
+        __m256 row0[8] = { c00, c01, c02, c03, c04, c05, c06, c07 };        \
+        __m256 row1[8] = { c10, c11, c12, c13, c14, c15, c16, c17 };        \
+        __m256 rest[4][2] = { { c20, c21 }, { c30, c31 }, { c40, c41 },     \
+                              { c50, c51 } };                               \
+                                                                            \
+        for (int v = 0; v < 2 * NP; v++) {                                  \
+            cpu_pk_store8(o, row0[v], bias, 8 * v, valid, accumulate);      \
+            if (MR > 1)                                                     \
+                cpu_pk_store8(o + ldo, row1[v], bias, 8 * v, valid,         \
+                              accumulate);                                  \
+        }                                                                   \
+        for (int r = 2; r < MR; r++)                                        \
+            for (int v = 0; v < 2; v++)                                     \
+                cpu_pk_store8(o + (size_t)r * ldo, rest[r - 2][v], bias,    \
+                              8 * v, valid, accumulate);                    \
+    }                                                                       \
+}
+
+CPU_PK_KERNEL(1, 1)
+CPU_PK_KERNEL(1, 2)
+CPU_PK_KERNEL(1, 3)
+CPU_PK_KERNEL(1, 4)
+CPU_PK_KERNEL(2, 1)
+CPU_PK_KERNEL(2, 2)
+CPU_PK_KERNEL(2, 3)
+CPU_PK_KERNEL(3, 1)
+CPU_PK_KERNEL(4, 1)
+CPU_PK_KERNEL(5, 1)
+CPU_PK_KERNEL(6, 1)
+
+typedef void (*cpu_pk_fn_t)(float *o, int ldo, const float *x, int ldx,
+                            const float *wp, size_t pstride, int k,
+                            int valid, const float *bias, bool accumulate);
+
+/* Weight stationary over panels: each panel (k x 16 floats) is loaded
+ * into L1 once and used by every token block.  Batches of 1-2 tokens take
+ * several panels at once (GEMV: enough independent FMA chains to hide
+ * the latency); larger batches are cut into row blocks of 3-6 tokens of
+ * near-equal size (8 = 4 + 4, 32 = 6 + 6 + 5 + 5 + 5 + 5). */
+CPU_AVX2 static void cpu_matmul_packed_avx2(float *out, int ldo,
+                                            const float *x, int ldx,
+                                            const float *wp,
+                                            const float *bias, int n_tok,
+                                            int k, int n_begin, int n_end,
+                                            bool accumulate)
+{
+    static const cpu_pk_fn_t narrow[2][4] = {
+        { cpu_pk_1x1, cpu_pk_1x2, cpu_pk_1x3, cpu_pk_1x4 },
+        { cpu_pk_2x1, cpu_pk_2x2, cpu_pk_2x3, cpu_pk_2x3 },
+    };
+    static const cpu_pk_fn_t tall[7] = { /* by block height 3..6 */
+        NULL, NULL, NULL, cpu_pk_3x1, cpu_pk_4x1, cpu_pk_5x1, cpu_pk_6x1
+    };
+    size_t ps = (size_t)k * CPU_PACK_NR;
+    int n0 = n_begin;
+
+    if (n_tok <= 2) {
+        int max_np = n_tok == 1 ? 4 : 3;
+
+        while (n0 < n_end) {
+            int np = BT_MIN(max_np, BT_DIV_UP(n_end - n0, CPU_PACK_NR));
+
+            narrow[n_tok - 1][np - 1](out + n0, ldo, x, ldx,
+                                      wp + (size_t)(n0 / CPU_PACK_NR) * ps,
+                                      ps, k, n_end - n0,
+                                      bias != NULL ? bias + n0 : NULL,
+                                      accumulate);
+            n0 += np * CPU_PACK_NR;
+        }
+        return;
+    }
+    for (; n0 < n_end; n0 += CPU_PACK_NR) {
+        const float *panel = wp + (size_t)(n0 / CPU_PACK_NR) * ps;
+        const float *b = bias != NULL ? bias + n0 : NULL;
+        int n_blocks = BT_DIV_UP(n_tok, 6);
+
+        for (int blk = 0; blk < n_blocks; blk++) {
+            int t0 = (int)((long)n_tok * blk / n_blocks);
+            int t1 = (int)((long)n_tok * (blk + 1) / n_blocks);
+
+            tall[t1 - t0](out + (size_t)t0 * ldo + n0, ldo,
+                          x + (size_t)t0 * ldx, ldx, panel, ps, k,
+                          n_end - n0, b, accumulate);
+        }
+    }
+}
 #endif /* x86-64 kernel */
 
 // ----------------------------------------------------------------------------
@@ -310,4 +579,23 @@ void cpu__matmul(float *out, int ldo, const float *x, int ldx,
 #endif
     cpu_matmul_c(out, ldo, x, ldx, w, ldw, bias, n_tok, k, n_begin, n_end,
                  accumulate);
+}
+
+void cpu__matmul_packed(float *out, int ldo, const float *x, int ldx,
+                        const float *wp, int n_out, const float *bias,
+                        int n_tok, int k, int n_begin, int n_end,
+                        bool accumulate)
+{
+    BT_ASSERT(n_begin % CPU_PACK_NR == 0 && n_end <= n_out);
+    if (n_begin >= n_end || n_tok <= 0)
+        return;
+#ifdef CPU_HAVE_X86_KERNEL
+    if (cpu__have_avx2()) {
+        cpu_matmul_packed_avx2(out, ldo, x, ldx, wp, bias, n_tok, k, n_begin,
+                               n_end, accumulate);
+        return;
+    }
+#endif
+    cpu_matmul_packed_c(out, ldo, x, ldx, wp, bias, n_tok, k, n_begin, n_end,
+                        accumulate);
 }
