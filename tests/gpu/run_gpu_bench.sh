@@ -19,11 +19,11 @@ echo "=== kernels" >> "$log"
 timeout 120 "$build/gpu/test_attn" --bench 2>&1 | grep -E '^(decode|prefill|bench)' >> "$log"
 timeout 120 "$build/gpu/test_gemm" --bench 2>&1 | grep -E '^(gemm t=|bench)' >> "$log"
 echo "=== engine" >> "$log"
-timeout 300 "$build/gpu/bench_cuda" --model synth:llama3-8b \
+timeout 240 "$build/gpu/bench_cuda" --model synth:llama3-8b \
   --batch 1,8,32,64,128 --ctx 512,2048,8192 --prefill 512,2048,8192 \
   --table "$out/baton_table.md" >> "$log" 2>&1 || echo "bench_cuda rc $?" >> "$log"
 echo "=== torch" >> "$log"
-PYTHONUNBUFFERED=1 timeout 200 python3 tests/gpu/torch_bench.py \
+PYTHONUNBUFFERED=1 timeout 150 python3 tests/gpu/torch_bench.py \
   --table "$out/torch_table.md" >> "$log" 2>&1 || echo "torch_bench rc $?" >> "$log"
 {
   echo "## baton (CUDA backend), synth:llama3-8b bf16, H200"

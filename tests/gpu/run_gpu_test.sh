@@ -23,14 +23,14 @@ rows=""
 for t in test_embed test_rmsnorm test_swiglu test_rope_kv test_sample \
          test_gemm test_attn test_cuda_model; do
   echo "=== $t" >> "$log"
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   timeout 240 "$build/gpu/$t" >> "$log" 2>&1
   rc=$?
-  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  secs=$(( ($(date +%s%N) - start) / 1000000 ))
   checks=$(sed -n "/^=== $t\$/,\$p" "$log" | grep -c '^PASS')
   bad=$(sed -n "/^=== $t\$/,\$p" "$log" | grep -c '^FAIL')
   if [ $rc -eq 0 ]; then res=PASS; else res="FAIL (rc $rc)"; fails=$((fails+1)); fi
-  rows="$rows| $t | $res | $checks | $bad | $(printf %.1f "$secs") |\n"
+  rows="$rows| $t | $res | $checks | $bad | $((secs / 1000)).$(( (secs % 1000) / 100 )) |\n"
 done
 {
   echo "| test | result | checks passed | checks failed | seconds |"

@@ -33,13 +33,13 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
     free(x); free(w); free(y0); free(ref); free(y);
 }
 
-static void bench(worker_gemm_ctx_t *g)
+static void bench(worker_gemm_ctx_t *g, const char *label)
 {
     /* (n_out, n_in) of Llama-3-8B: qkv, o, gate|up, down, classifier */
     const int sh[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096},
                          {4096, 14336}, {128256, 4096}};
-    const int toks[] = {1, 8, 64, 128, 2048};
-    printf("\nbench: bf16 GEMM (cuBLASLt), Llama-3-8B projections\n");
+    const int toks[] = {1, 4, 8, 64, 2048};
+    printf("\nbench: bf16 GEMM (%s), Llama-3-8B projections\n", label);
     for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++)
         for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
             int o = sh[s][0], i = sh[s][1], t = toks[k];
@@ -66,8 +66,8 @@ static void bench(worker_gemm_ctx_t *g)
             float med = kt_median(ms, 10);
             double bytes = 2.0 * ((double)o * i + (double)t * i + (double)t * o);
             double fl = 2.0 * t * (double)o * i;
-            printf("gemm t=%5d o=%6d i=%5d: %8.1f us  %5.2f TB/s  %6.1f "
-                   "TFLOP/s\n", t, o, i, med * 1e3, bytes / (med * 1e-3) / 1e12,
+            printf("gemm %s t=%5d o=%6d i=%5d: %8.1f us  %5.2f TB/s  %6.1f "
+                   "TFLOP/s\n", label, t, o, i, med * 1e3, bytes / (med * 1e-3) / 1e12,
                    fl / (med * 1e-3) / 1e12);
             cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
         }
@@ -79,7 +79,10 @@ int main(int argc, char **argv)
     KT_OK(worker_gemm_ctx_create(32u << 20, &g));
     kt_seed(7);
     const int sh[][3] = {{1, 6144, 4096}, {7, 129, 65}, {33, 512, 64},
-                         {64, 172, 64}, {130, 1000, 300}, {3, 64, 172}};
+                         {64, 172, 64}, {130, 1000, 300}, {3, 64, 172},
+                         /* the skinny GEMV path: t <= 8, n_in % 8 == 0 */
+                         {2, 300, 1024}, {5, 1000, 4096}, {8, 77, 512},
+                         {4, 33, 14336}};
     for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++) {
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 0);
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 1);
@@ -90,8 +93,14 @@ int main(int argc, char **argv)
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_F32,
                  1);
     }
-    if (argc > 1 && strcmp(argv[1], "--bench") == 0)
-        bench(g);
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        bench(g, "worker_gemm");
+        worker_gemm_ctx_t *g2 = NULL;
+        setenv("BT_GEMV", "0", 1);
+        KT_OK(worker_gemm_ctx_create(32u << 20, &g2));
+        bench(g2, "cuBLASLt only");
+        worker_gemm_ctx_destroy(&g2);
+    }
     worker_gemm_ctx_destroy(&g);
     return kt_finish("test_gemm");
 }

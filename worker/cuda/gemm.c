@@ -11,11 +11,13 @@
 #include "gemm.h"
 
 #include <cublasLt.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "kernels/gemv.h"
 
 #define GEMM_MAX_PLANS 256
 
@@ -40,6 +42,7 @@ struct worker_gemm_ctx_s {
     size_t ws_bytes;
     gemm_plan_t *plans;            /* (GEMM_MAX_PLANS) */
     int n_plans;
+    bool use_gemv;                 /* skinny shapes to cuda_gemv (BT_GEMV) */
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -71,6 +74,10 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     if (status != BT_OK)
         goto err_destroy_handle;
     ctx->ws_bytes = ws_bytes;
+    {
+        const char *env = getenv("BT_GEMV"); /* 0: cuBLASLt for all */
+        ctx->use_gemv = env == NULL || strcmp(env, "0") != 0;
+    }
     *ctx_p = ctx;
     return BT_OK;
 
@@ -237,6 +244,10 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     BT_ASSERT(n_tok >= 0 && n_out > 0 && n_in > 0);
     if (n_tok == 0)
         return BT_OK;
+    /* Decode steps of a few tokens: the bandwidth-bound GEMV kernel. */
+    if (ctx->use_gemv && cuda_gemv_ok(n_tok, n_in, in_dt))
+        return cuda_gemv(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
+                         accumulate, stream);
     status = gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,
                             accumulate, &p);
     if (status != BT_OK)

@@ -20,7 +20,8 @@
 #include "kern_common.cuh"
 
 #define ATTN_WARPS 4
-#define ATTN_UNROLL 2
+#define ATTN_UNROLL 4
+#define ATTN_BT_SMEM 512 /* block-table entries staged in shared memory */
 
 template <typename T> static __device__ __forceinline__ float attn_exp(float x)
 {
@@ -92,11 +93,24 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
     const size_t slot_stride = (size_t)a.n_kv_heads * HD;
     const T *kbase = (const T *)a.d_k_cache + (size_t)kvh * HD + li * E;
     const T *vbase = (const T *)a.d_v_cache + (size_t)kvh * HD + li * E;
+    constexpr int NV = E * (int)sizeof(T) / 16; /* 16-byte loads per row */
+
+    /* This split's slice of the block table, staged once, so a key's
+     * address costs no dependent global load. */
+    __shared__ int sh_bt[ATTN_BT_SMEM];
+    const int blk0 = start / bs;
+    const int n_blk = end > start ? (end - 1) / bs - blk0 + 1 : 0;
+    const bool bt_sm = n_blk <= ATTN_BT_SMEM;
+    if (bt_sm)
+        for (int i = threadIdx.x; i < n_blk; i += blockDim.x)
+            sh_bt[i] = bt[blk0 + i];
+    __syncthreads();
 
     for (int k0 = start + warp * KPW; k0 < end; k0 += ATTN_UNROLL * STEP) {
-        float kv[ATTN_UNROLL][E], vv[ATTN_UNROLL][E];
+        uint4 kr[ATTN_UNROLL][NV], vr[ATTN_UNROLL][NV];
         bool valid[ATTN_UNROLL];
 
+        /* Issue every load of the step before using any. */
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
             int k = k0 + u * STEP + grp;
@@ -105,23 +119,32 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
                 valid[u] = false;
             if (valid[u]) {
                 int blk = k / bs;
-                size_t slot = (size_t)bt[blk] * bs + (k - blk * bs);
-                kern_load_vec<T, E>(kbase + slot * slot_stride, kv[u]);
-                kern_load_vec<T, E>(vbase + slot * slot_stride, vv[u]);
+                int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
+                size_t slot = (size_t)bid * bs + (k - blk * bs);
+                const uint4 *kp = (const uint4 *)(kbase + slot * slot_stride);
+                const uint4 *vp = (const uint4 *)(vbase + slot * slot_stride);
+#pragma unroll
+                for (int c = 0; c < NV; c++) {
+                    kr[u][c] = kp[c];
+                    vr[u][c] = vp[c];
+                }
             } else {
 #pragma unroll
-                for (int e = 0; e < E; e++)
-                    kv[u][e] = vv[u][e] = 0.0f;
+                for (int c = 0; c < NV; c++)
+                    kr[u][c] = vr[u][c] = make_uint4(0, 0, 0, 0);
             }
         }
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
+            float kv[E], vv[E];
+            kern_load_vec<T, E>((const T *)kr[u], kv);
+            kern_load_vec<T, E>((const T *)vr[u], vv);
 #pragma unroll
             for (int g = 0; g < MAXG; g++) {
                 float s = 0.0f;
 #pragma unroll
                 for (int e = 0; e < E; e++)
-                    s += q[g][e] * kv[u][e];
+                    s += q[g][e] * kv[e];
 #pragma unroll
                 for (int o = L / 2; o > 0; o >>= 1)
                     s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -132,7 +155,7 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
                     l[g] = l[g] * corr + p;
 #pragma unroll
                     for (int e = 0; e < E; e++)
-                        acc[g][e] = acc[g][e] * corr + p * vv[u][e];
+                        acc[g][e] = acc[g][e] * corr + p * vv[e];
                     m[g] = m_new;
                 }
             }

@@ -12,7 +12,10 @@
 #include "attn_prefill.h"
 
 #include <math.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "bt_util.h"
 #include "kern_common.cuh"
@@ -216,6 +219,234 @@ attn_prefill_kernel(cuda_attn_args_t a, const int *tiles)
     }
 }
 
+
+/*
+ * The register-resident variant (FlashAttention-2 style): Q fragments,
+ * scores, probabilities and the output accumulator stay in registers;
+ * only K and V tiles go through shared memory, double-buffered with
+ * cp.async so the next tile loads while this one computes.  Relies on
+ * the sm_80+ fragment layout of wmma 16x16x16 (the mma.m16n8k16 one):
+ * element i of a lane (g = lane/4, t = lane%4) sits at row
+ * g + 8*((i/2)%2), column 2t + i%2 + 8*(i/4), the same for f32
+ * accumulators and bf16 row-major A fragments, so a score fragment turns
+ * into a probability fragment in place.  test_attn checks it.
+ */
+template <int HD> struct fa_smem {
+    static constexpr int LD = HD + 8;
+    static constexpr size_t TILE = (size_t)PF_BK * LD; /* elements */
+    static constexpr size_t BYTES = (size_t)(PF_BQ * LD + 4 * TILE) * 2;
+};
+
+static __device__ __forceinline__ int fa_row(int lane, int i)
+{
+    return (lane >> 2) + 8 * ((i >> 1) & 1);
+}
+
+static __device__ __forceinline__ int fa_col(int lane, int i)
+{
+    return 2 * (lane & 3) + (i & 1) + 8 * (i >> 2);
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(PF_WARPS * 32)
+attn_prefill_fa_kernel(cuda_attn_args_t a, const int *tiles)
+{
+    typedef fa_smem<HD> SM;
+    constexpr int LD = SM::LD;
+    constexpr int CH = HD / 8;
+    extern __shared__ __align__(128) char smem[];
+    bf16_t *Qs = (bf16_t *)smem;
+    bf16_t *Ks = Qs + PF_BQ * LD;      /* 2 buffers */
+    bf16_t *Vs = Ks + 2 * SM::TILE;    /* 2 buffers */
+
+    const int *t = tiles + (size_t)blockIdx.x * CUDA_PREFILL_TILE_INTS;
+    const int tok0 = t[CUDA_PT_TOK0];
+    const int i0 = t[CUDA_PT_I0];
+    const int n_q = t[CUDA_PT_NQ];
+    const int n_tok = t[CUDA_PT_NTOK];
+    const int ctx = t[CUDA_PT_CTX];
+    const int *bt = a.d_block_tables + t[CUDA_PT_BT_OFF];
+    const int moff = t[CUDA_PT_MASK_OFF];
+    const uint8_t *mask = moff >= 0 ? a.d_masks + moff : NULL;
+    const int h = blockIdx.y;
+    const int kvh = h / (a.n_heads / a.n_kv_heads);
+    const int bs = a.block_size;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int kv_end = mask ? ctx + n_tok : ctx + min(n_tok, i0 + n_q);
+    const int n_kt = (kv_end + PF_BK - 1) / PF_BK;
+    const size_t slot_stride = (size_t)a.n_kv_heads * HD;
+    const bf16_t *kb_base = (const bf16_t *)a.d_k_cache + (size_t)kvh * HD;
+    const bf16_t *vb_base = (const bf16_t *)a.d_v_cache + (size_t)kvh * HD;
+
+    for (int idx = threadIdx.x; idx < PF_BQ * CH; idx += blockDim.x) {
+        int r = idx / CH, c = idx - r * CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < n_q)
+            v = *(const uint4 *)((const bf16_t *)a.d_q +
+                                 ((size_t)(tok0 + i0 + r) * a.n_heads + h) *
+                                     HD + c * 8);
+        *(uint4 *)(Qs + r * LD + c * 8) = v;
+    }
+
+    /* Starts the copy of key tile kt into buffer kt % 2. */
+    auto load_tile = [&](int kt) {
+        bf16_t *kd = Ks + (kt & 1) * SM::TILE;
+        bf16_t *vd = Vs + (kt & 1) * SM::TILE;
+        for (int idx = threadIdx.x; idx < PF_BK * CH; idx += blockDim.x) {
+            int r = idx / CH, c = idx - r * CH;
+            int s = kt * PF_BK + r;
+            if (s < kv_end) {
+                int blk = s / bs;
+                size_t slot = (size_t)bt[blk] * bs + (s - blk * bs);
+                __pipeline_memcpy_async(kd + r * LD + c * 8,
+                                        kb_base + slot * slot_stride + c * 8,
+                                        16);
+                __pipeline_memcpy_async(vd + r * LD + c * 8,
+                                        vb_base + slot * slot_stride + c * 8,
+                                        16);
+            } else {
+                *(uint4 *)(kd + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(vd + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        __pipeline_commit();
+    };
+
+    if (n_kt > 0)
+        load_tile(0);
+    __syncthreads(); /* Q is in shared memory */
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16_t, wmma::row_major>
+        qf[HD / 16];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wmma::load_matrix_sync(qf[kk], Qs + warp * 16 * LD + kk * 16, LD);
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[HD / 16];
+#pragma unroll
+    for (int j = 0; j < HD / 16; j++)
+        wmma::fill_fragment(o[j], 0.0f);
+    float m_r[2] = {-INFINITY, -INFINITY}; /* rows g and g+8 */
+    float l_r[2] = {0.0f, 0.0f};           /* this lane's partial sums */
+    const int row_base = warp * 16;
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        if (kt + 1 < n_kt) {
+            load_tile(kt + 1);
+            __pipeline_wait_prior(1);
+        } else {
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads();
+        const bf16_t *K = Ks + (kt & 1) * SM::TILE;
+        const bf16_t *V = Vs + (kt & 1) * SM::TILE;
+        const int kb0 = kt * PF_BK;
+
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf[PF_BK / 16];
+#pragma unroll
+        for (int n = 0; n < PF_BK / 16; n++) {
+            wmma::fill_fragment(sf[n], 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16_t,
+                               wmma::col_major> kf;
+                wmma::load_matrix_sync(kf, K + n * 16 * LD + kk * 16, LD);
+                wmma::mma_sync(sf[n], qf[kk], kf, sf[n]);
+            }
+        }
+
+        /* Every key of the tile visible to every row of this warp? */
+        const bool full = mask == NULL && kb0 + PF_BK <= kv_end &&
+                          kb0 + PF_BK - 1 <= ctx + i0 + row_base;
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < PF_BK / 16; n++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int rl = fa_row(lane, i);
+                int s = kb0 + n * 16 + fa_col(lane, i);
+                float v = sf[n].x[i] * a.scale;
+                if (!full) {
+                    int qrow = row_base + rl;
+                    int qi = i0 + qrow;
+                    bool vis = s < kv_end;
+                    if (vis && qrow < n_q && s >= ctx)
+                        vis = mask ? mask[(size_t)qi * n_tok + s - ctx] != 0
+                                   : s - ctx <= qi;
+                    if (!vis)
+                        v = -INFINITY;
+                }
+                sf[n].x[i] = v;
+                tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], v);
+            }
+        }
+        float corr[2], mnew[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+            mnew[r] = fmaxf(m_r[r], tmax[r]);
+            corr[r] = m_r[r] == -INFINITY ? 0.0f : __expf(m_r[r] - mnew[r]);
+            l_r[r] *= corr[r];
+            m_r[r] = mnew[r];
+        }
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16_t, wmma::row_major>
+            pf[PF_BK / 16];
+#pragma unroll
+        for (int n = 0; n < PF_BK / 16; n++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int r = (i >> 1) & 1;
+                float v = sf[n].x[i];
+                float p = v == -INFINITY ? 0.0f : __expf(v - mnew[r]);
+                bf16_t pb = __float2bfloat16_rn(p);
+                pf[n].x[i] = pb;
+                l_r[r] += __bfloat162float(pb);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < HD / 16; j++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                o[j].x[i] *= corr[(i >> 1) & 1];
+#pragma unroll
+        for (int kk = 0; kk < PF_BK / 16; kk++) {
+#pragma unroll
+            for (int j = 0; j < HD / 16; j++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16_t,
+                               wmma::row_major> vf;
+                wmma::load_matrix_sync(vf, V + kk * 16 * LD + j * 16, LD);
+                wmma::mma_sync(o[j], pf[kk], vf, o[j]);
+            }
+        }
+        __syncthreads(); /* buffer kt % 2 is reloaded next iteration */
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+    }
+#pragma unroll
+    for (int j = 0; j < HD / 16; j++) {
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+            int rl = fa_row(lane, i);
+            int qrow = row_base + rl;
+            if (qrow >= n_q)
+                continue;
+            float l = l_r[(i >> 1) & 1];
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            int col = j * 16 + fa_col(lane, i);
+            bf16_t *out = (bf16_t *)a.d_out +
+                          ((size_t)(tok0 + i0 + qrow) * a.n_heads + h) * HD +
+                          col;
+            *(__nv_bfloat162 *)out =
+                __floats2bfloat162_rn(o[j].x[i] * inv, o[j].x[i + 1] * inv);
+        }
+    }
+}
+
 bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
 {
     return dt == CUDA_DT_BF16 &&
@@ -223,11 +454,38 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
             head_dim == 128 || head_dim == 256);
 }
 
+/* BT_PREFILL_KERNEL=smem selects the shared-memory kernel everywhere
+ * (reference point for the register-resident one). */
+static bool attn_prefill_use_fa(int head_dim)
+{
+    static int fa = -1;
+
+    if (fa < 0) {
+        const char *env = getenv("BT_PREFILL_KERNEL");
+        fa = !(env && strcmp(env, "smem") == 0);
+    }
+    return fa && head_dim <= 128;
+}
+
 template <int HD>
 static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
                                        const int *tiles, int n_tiles,
                                        cudaStream_t stream)
 {
+    if constexpr (HD <= 128) {
+        if (attn_prefill_use_fa(HD)) {
+            size_t fbytes = fa_smem<HD>::BYTES;
+            cudaError_t ferr = cudaFuncSetAttribute(
+                attn_prefill_fa_kernel<HD>,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fbytes);
+            if (ferr != cudaSuccess)
+                return ferr;
+            attn_prefill_fa_kernel<HD><<<dim3(n_tiles, a->n_heads),
+                                         PF_WARPS * 32, fbytes, stream>>>(
+                *a, tiles);
+            return cudaSuccess;
+        }
+    }
     size_t bytes = pf_smem<HD>::BYTES;
     cudaError_t err = cudaFuncSetAttribute(
         attn_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -246,10 +504,10 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
 {
     cudaError_t err;
 
-    BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
-    BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
     if (n_tiles == 0)
         return BT_OK;
+    BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
+    BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
     switch (args->head_dim) {
     case 16:
         err = attn_prefill_launch<16>(args, d_tiles, n_tiles, stream);
