@@ -76,6 +76,7 @@ struct decode_s {
     bool draining;
     int heartbeat_ms;
     uint64_t last_hb_ns;
+    int last_hb_free;           /* free blocks the last heartbeat said */
     uint64_t last_register_ns;
     bool registered;
     uint64_t next_epoch;
@@ -207,6 +208,7 @@ static void send_heartbeat(decode_t *dec)
     hb.name = dec->name;
     hb.has_free_kv_blocks = 1;
     hb.free_kv_blocks = (uint32_t)available_blocks(dec);
+    dec->last_hb_free = (int)hb.free_kv_blocks;
     hb.has_total_kv_blocks = 1;
     hb.total_kv_blocks = (uint32_t)kv_allocator_total(dec->kv);
     hb.has_running = 1;
@@ -351,6 +353,8 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     g.has_slot = 1;
     g.slot = (int32_t)(r - dec->resv);
 reply:
+    g.has_free_blocks = 1;
+    g.free_blocks = (uint32_t)available_blocks(dec);
     fill_layout(dec, &lay);
     g.kv_layout = &lay;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_GRANT;
@@ -1025,7 +1029,11 @@ bt_status_t decode_run(decode_t *dec)
         step(dec);
         expire(dec);
         now = bt_time_ns();
-        if (now - dec->last_hb_ns >= (uint64_t)dec->heartbeat_ms * 1000000ull)
+        /* Heartbeat on schedule, or sooner (at most every 10 ms) when the
+         * free block count moved, so the router's view stays fresh. */
+        if (now - dec->last_hb_ns >= (uint64_t)dec->heartbeat_ms * 1000000ull ||
+            (available_blocks(dec) != dec->last_hb_free &&
+             now - dec->last_hb_ns >= 10000000ull))
             send_heartbeat(dec);
         if (!dec->registered && now - dec->last_register_ns > 1000000000ull)
             send_register(dec);

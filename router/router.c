@@ -655,9 +655,12 @@ static void on_kv_grant(router_t *r, router_worker_t *w,
         return;
     }
     w->pending_reserve -= req->reserved_blocks;
+    if (g->has_free_blocks)
+        w->est_free_kv = (int64_t)g->free_blocks - w->pending_reserve;
     if (!g->ok) {
         /* Pool full: wait for blocks (bounded by the queue timeout). */
-        w->est_free_kv = 0;
+        if (!g->has_free_blocks)
+            w->est_free_kv = 0;
         req->reserved_blocks = 0;
         req_requeue(r, req, false, 20 * 1000000ull);
         return;
