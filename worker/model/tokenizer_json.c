@@ -486,7 +486,7 @@ static bt_status_t tj_add_norm(tokjson_t *tj, const cJSON *n, int depth)
     const char *type = tj_type(n);
     tj_norm_t *norm;
 
-    if (cJSON_IsNull(n))
+    if (n == NULL || cJSON_IsNull(n))
         return BT_OK;
     if (type == NULL || depth > 8)
         return BT_ERROR(BT_ERR_FORMAT, "TOK",
@@ -597,7 +597,7 @@ static bt_status_t tj_add_pre(tokjson_t *tj, const cJSON *n, int depth)
     bt_status_t status = BT_OK;
     tj_pre_t *pre;
 
-    if (cJSON_IsNull(n))
+    if (n == NULL || cJSON_IsNull(n))
         return BT_OK;
     if (type == NULL || depth > 8)
         return BT_ERROR(BT_ERR_FORMAT, "TOK",
