@@ -25,6 +25,7 @@ static const cli_command_t cli_commands[] = {
     { "tokenize", "text -> token ids with a model's tokenizer",
       cli_tokenize_main },
     { "detokenize", "token ids -> text", cli_detokenize_main },
+    { "eagle", "train or benchmark EAGLE draft heads", cli_eagle_main },
 };
 
 static void usage(FILE *out)

@@ -21,5 +21,6 @@ int cli_bench_main(int argc, char **argv);        /* cli_bench.c */
 int cli_bench_kv_main(int argc, char **argv);     /* cli_bench_kv.c */
 int cli_tokenize_main(int argc, char **argv);     /* cli_tokenize.c */
 int cli_detokenize_main(int argc, char **argv);   /* cli_tokenize.c */
+int cli_eagle_main(int argc, char **argv);        /* cli_eagle.c */
 
 #endif /* BT_CLIENT_CLI_H */

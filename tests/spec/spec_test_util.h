@@ -26,7 +26,7 @@ typedef struct {
 } golden_t;
 
 /* Reads every golden line; returns the count. */
-static int golden_read(golden_t *g, int cap)
+static inline int golden_read(golden_t *g, int cap)
 {
     char *text, *line, *save = NULL;
     size_t len;
@@ -60,13 +60,13 @@ static int golden_read(golden_t *g, int cap)
 }
 
 /* llama2.c golden semantics: stop at id 1 or after steps positions. */
-static int golden_limit(const golden_t *g)
+static inline int golden_limit(const golden_t *g)
 {
     return g->steps - g->n_prompt + 1;
 }
 
 /* Greedy speculative generation of one golden line; returns ids count. */
-static int spec_generate(spec_t *spec, engine_t *engine, const golden_t *g,
+static inline int spec_generate(spec_t *spec, engine_t *engine, const golden_t *g,
                          int *got)
 {
     sampler_params_t sp;
@@ -91,7 +91,7 @@ static int spec_generate(spec_t *spec, engine_t *engine, const golden_t *g,
     return n;
 }
 
-static void golden_check(const golden_t *g, const int *got, int n_got,
+static inline void golden_check(const golden_t *g, const int *got, int n_got,
                          const char *what)
 {
     for (int i = 0; i < g->n_want && i < n_got; i++)

@@ -20,6 +20,7 @@
 #define SPEC_N_ARMS 4      /* off, chain 2, chain 4, configured tree */
 #define SPEC_N_BUCKETS 4   /* batch sizes 1, 2-4, 5-16, 17+ */
 #define SPEC_EXPLORE_EVERY 16
+#define SPEC_EXPLORE_MAX 2048
 #define SPEC_EMA 0.2
 
 enum { SPEC_MODE_SKIP = 0, SPEC_MODE_PREFILL, SPEC_MODE_PLAIN,
@@ -47,6 +48,9 @@ struct spec_seq_s {
     int draft_len;            /* draft slots holding true (f[t], x[t+1]) */
     float *pend;              /* (SPEC_PEND_CAP, dim) features not yet fed */
     int n_pend;
+    int pend_pos;             /* position of pend's first row; rows before
+                                 it are fed or were dropped (a gap in the
+                                 draft cache while speculation was off) */
     float *root_feat;         /* (dim) head output of slot draft_len - 1 */
     spec_node_t *nodes;       /* (node_cap) this step's candidates */
     int n_nodes;
@@ -88,6 +92,12 @@ struct spec_s {
     double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA */
     int arm_n[SPEC_N_BUCKETS][SPEC_N_ARMS];       /* measurements */
     uint64_t bucket_steps[SPEC_N_BUCKETS];
+    int explore_gap[SPEC_N_BUCKETS]; /* steps between explorations */
+    uint64_t next_explore[SPEC_N_BUCKETS];
+    int best_arm[SPEC_N_BUCKETS];
+    bool lazy;                /* speculation is off: drop old features
+                                 rather than feed the draft head */
+    bool wrong_accept;        /* tests: spec_test_wrong_accept */
     bool fixed;               /* spec_set_fixed was called */
     spec_shape_t fixed_shape;
     spec_stats_t stats;
@@ -303,6 +313,11 @@ double spec_accept_length(const spec_t *spec)
            (double)spec->stats.verify_seqs;
 }
 
+void spec_test_wrong_accept(spec_t *spec, bool on)
+{
+    spec->wrong_accept = on;
+}
+
 void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk)
 {
     spec->fixed = true;
@@ -324,8 +339,8 @@ static bt_status_t spec_flush(spec_t *spec, spec_seq_t *s)
     if (s->n_pend == 0)
         return BT_OK;
     for (int i = 0; i < s->n_pend; i++) {
-        spec->dtok[i] = toks[s->draft_len + i + 1];
-        spec->dpos[i] = s->draft_len + i;
+        spec->dtok[i] = toks[s->pend_pos + i + 1];
+        spec->dpos[i] = s->pend_pos + i;
     }
     status = spec_head_forward(spec->head, &s->kv, s->n_pend, s->pend,
                                spec->dtok, spec->dpos, s->draft_len,
@@ -335,6 +350,7 @@ static bt_status_t spec_flush(spec_t *spec, spec_seq_t *s)
     memcpy(s->root_feat, spec->dout + (size_t)(s->n_pend - 1) * spec->dim,
            sizeof(float) * (size_t)spec->dim);
     s->draft_len += s->n_pend;
+    s->pend_pos += s->n_pend;
     s->n_pend = 0;
     return BT_OK;
 }
@@ -354,7 +370,16 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
         s->n_pend += chunk;
         hidden += (size_t)chunk * spec->dim;
         n -= chunk;
-        if (s->n_pend == SPEC_PEND_CAP) {
+        if (s->n_pend == SPEC_PEND_CAP && spec->lazy) {
+            /* speculation is off: keep only the newest half */
+            int keep = SPEC_PEND_CAP / 2;
+
+            memmove(s->pend, s->pend + (size_t)(s->n_pend - keep) *
+                                           spec->dim,
+                    sizeof(float) * (size_t)keep * spec->dim);
+            s->pend_pos += s->n_pend - keep;
+            s->n_pend = keep;
+        } else if (s->n_pend == SPEC_PEND_CAP) {
             status = spec_flush(spec, s);
             if (status != BT_OK)
                 return status;
@@ -458,7 +483,7 @@ static bt_status_t spec_draft(spec_t *spec, spec_seq_t *s,
     status = spec_flush(spec, s);
     if (status != BT_OK)
         return status;
-    BT_ASSERT(s->draft_len == cached);
+    BT_ASSERT(s->pend_pos == cached && s->draft_len <= cached);
 
     /* level 1: the root's children */
     s->n_nodes = 0;
@@ -489,8 +514,8 @@ static bt_status_t spec_draft(spec_t *spec, spec_seq_t *s,
             spec->dmask[(size_t)r * width + n_exp + r] = 1;
         }
         status = spec_head_forward(spec->head, &s->kv, n_front, spec->dfeat,
-                                   spec->dtok, spec->dpos, cached,
-                                   cached + n_exp, spec->dmask,
+                                   spec->dtok, spec->dpos, s->draft_len,
+                                   s->draft_len + n_exp, spec->dmask,
                                    s->exp_feat + (size_t)n_exp * spec->dim,
                                    spec->dlogits);
         if (status != BT_OK)
@@ -632,7 +657,8 @@ static bt_status_t spec_accept(spec_t *spec, spec_seq_t *s, int *out,
             if (c->parent != cur)
                 continue;
             p = spec->probs[c->token];
-            if (p > 0.0f && sampler_uniform(smp) * mass < p) {
+            if (p > 0.0f && (spec->wrong_accept ||
+                             sampler_uniform(smp) * mass < p)) {
                 next = s->by_score[i];
                 break;
             }
@@ -691,19 +717,35 @@ static int spec_bucket(int n)
 }
 
 /* Picks this step's tree shape for a batch with n_dec decoding seqs. */
+/* Picks this step's tree shape: every arm is measured a few times, then
+ * the best measured tokens/s wins; the others are re-measured now and
+ * then, less and less often while the best stays the best (the gap
+ * doubles up to SPEC_EXPLORE_MAX steps), so a losing arm costs almost
+ * nothing in the long run. */
 static int spec_pick_arm(spec_t *spec, int bucket)
 {
     uint64_t step = spec->bucket_steps[bucket]++;
-    int best = 3;
+    int best = 0;
 
     for (int a = SPEC_N_ARMS - 1; a >= 0; a--)
-        if (spec->arm_n[bucket][a] < 2)
+        if (spec->arm_n[bucket][a] < 3)
             return a;
-    if (step % SPEC_EXPLORE_EVERY == 0)
-        return (int)((step / SPEC_EXPLORE_EVERY) % SPEC_N_ARMS);
-    for (int a = 0; a < SPEC_N_ARMS; a++)
+    for (int a = 1; a < SPEC_N_ARMS; a++)
         if (spec->arm_rate[bucket][a] > spec->arm_rate[bucket][best])
             best = a;
+    if (best != spec->best_arm[bucket]) {
+        spec->best_arm[bucket] = best;
+        spec->explore_gap[bucket] = SPEC_EXPLORE_EVERY;
+        spec->next_explore[bucket] = step + SPEC_EXPLORE_EVERY;
+    }
+    if (step >= spec->next_explore[bucket]) {
+        int a = (int)((step / 7) % (SPEC_N_ARMS - 1));
+
+        spec->explore_gap[bucket] = BT_MIN(2 * spec->explore_gap[bucket],
+                                           SPEC_EXPLORE_MAX);
+        spec->next_explore[bucket] = step + spec->explore_gap[bucket];
+        return a >= best ? a + 1 : a; /* any arm but the best */
+    }
     return best;
 }
 
@@ -717,7 +759,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     bool any_prefill = false;
     spec_shape_t shape;
     backend_batch_t batch;
-    uint64_t t0 = bt_time_ns();
+    uint64_t t0 = bt_time_ns(), t1, t2;
     bt_status_t status;
 
     if (n <= 0 || n > bcfg->max_seqs)
@@ -735,6 +777,9 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     } else {
         arm = spec_pick_arm(spec, spec_bucket(n_dec));
         shape = spec->arms[arm];
+        spec->lazy = arm == 0 &&
+                     spec->best_arm[spec_bucket(n_dec)] == 0 &&
+                     spec->arm_n[spec_bucket(n_dec)][0] >= 3;
     }
 
     /* plan: mode, blocks and the drafted tree of every sequence */
@@ -778,6 +823,9 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
         left -= s->take;
     }
 
+    t1 = bt_time_ns();
+    spec->stats.draft_ns += t1 - t0;
+
     /* one target forward for every sequence */
     for (int i = 0; i < n; i++) {
         spec_seq_t *s = seqs[i];
@@ -811,6 +859,8 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
                              spec->logits, spec->hidden);
     if (status != BT_OK)
         return status;
+    t2 = bt_time_ns();
+    spec->stats.verify_ns += t2 - t1;
 
     /* accept, commit, feed the draft state */
     for (int i = 0; i < n; i++) {
@@ -858,6 +908,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
         }
     }
     spec->stats.steps++;
+    spec->stats.accept_ns += bt_time_ns() - t2;
     if (arm >= 0 && !any_prefill && produced > 0) {
         int b = spec_bucket(n_dec);
         double dt = (double)(bt_time_ns() - t0) * 1e-9;

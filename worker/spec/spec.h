@@ -98,6 +98,9 @@ typedef struct {
     uint64_t verify_tokens; /* tokens those produced (accepted + bonus) */
     uint64_t plain_seqs;    /* sequence-steps decoded without a tree */
     uint64_t draft_tokens;  /* draft tokens sent to verification */
+    uint64_t draft_ns;      /* time planning + drafting */
+    uint64_t verify_ns;     /* time in the target forward */
+    uint64_t accept_ns;     /* time accepting, compacting, feeding */
 } spec_stats_t;
 
 void spec_get_stats(const spec_t *spec, spec_stats_t *stats);
@@ -108,6 +111,11 @@ double spec_accept_length(const spec_t *spec);
 /* Forces a fixed tree (tokens 0 = plain decoding), disabling
  * adaptation; for tests and benchmarks. */
 void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk);
+
+/* Tests only: with `on`, accept every drafted child the target could
+ * sample (a deliberately wrong rule that shows the distribution test can
+ * fail). */
+void spec_test_wrong_accept(spec_t *spec, bool on);
 
 #ifdef __cplusplus
 }
