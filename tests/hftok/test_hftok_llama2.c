@@ -256,6 +256,12 @@ int main(void)
     BT_CHECK(f != NULL);
     fputs(json, f);
     fclose(f);
+    if (getenv("BT_HFTOK_DUMP") != NULL) { /* keep a copy (benchmarks) */
+        FILE *d = fopen(getenv("BT_HFTOK_DUMP"), "w");
+        BT_CHECK(d != NULL);
+        fputs(json, d);
+        fclose(d);
+    }
     free(json);
     BT_ASSERT_OK(tok_load(dir, 0, &hf));
     BT_ASSERT_EQ(tok_vocab_size(hf), VOCAB);
