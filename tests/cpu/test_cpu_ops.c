@@ -500,6 +500,7 @@ int main(void)
     cpu__matmul_force_portable(true);
     test_matmul();
     test_matmul_packed_batch_invariant();
+    test_attention(); /* the portable softmax and P V */
     cpu__matmul_force_portable(false);
     test_rmsnorm_embed_swiglu();
     test_rope();

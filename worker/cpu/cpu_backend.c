@@ -2,17 +2,29 @@
  * cpu_backend.c - the float32 CPU backend: weights, the paged KV pool and
  * the batched forward pass (see backend.h for the attention semantics).
  *
- * create() converts every weight to float32 once (F32 tensors are used in
- * place, straight from the model's mapping) and fuses wq/wk/wv into one
- * matrix and w_gate/w_up into another (rows interleaved gate_i, up_i), so
- * one weight-stationary pass over the normed activations computes all of
- * them.  The forward pass flattens the batch into one (n_tok, dim) matrix:
- * the matmuls see every token of every sequence at once, and only
- * attention and the KV writes look at sequence boundaries.
+ * create() converts every weight to float32 once, fuses wq/wk/wv into one
+ * matrix and w_gate/w_up into another (rows interleaved gate_i, up_i), and
+ * packs every matrix into panels (cpu__pack: 16 output rows, k-major) for
+ * the register-blocked matmul kernels; the forward pass never reads the
+ * model's own tensors except the embedding rows.  The forward pass
+ * flattens the batch into one (n_tok, dim) matrix: the matmuls see many
+ * tokens at once, and only attention and the KV writes look at sequence
+ * boundaries.
  *
- * Threads: every op is split across the pool by a work estimate, so tiny
- * ops (a 64-dim model at batch 1) stay on the calling thread and cost no
- * synchronisation, while batches and big models use every core.
+ * Threads, two ways:
+ *   - sequence split (batches of several sequences, no on_layer_done):
+ *     the batch is cut into chunks of whole sequences and each thread runs
+ *     the *whole* forward pass (every layer, the classifier) for the
+ *     chunks it takes, so a step costs one pool hand-off instead of one
+ *     per op.  Sequences never read each other's new slots (backend.h),
+ *     and small models' weights stay in every core's cache, so nothing is
+ *     shared but the read-only weights.  Chunks are taken dynamically: a
+ *     thread that lost its core to another process delays the step by at
+ *     most the chunk it holds.
+ *   - op split (one long prompt, or a caller that streams KV per layer):
+ *     every op is split across the pool by a work estimate.
+ * Tiny work (a 64-dim model at batch 1) stays on the calling thread and
+ * costs no synchronisation.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -40,15 +52,35 @@
  * into pieces the threads can share. */
 #define CPU_ATTN_CHUNK 16
 
+/* Sequence split: the batch is cut into about CPU_CHUNKS_PER_THREAD
+ * chunks per thread (whole sequences, at least CPU_CHUNK_MIN_TOKENS
+ * tokens each): enough that the threads balance and a preempted one holds
+ * up little, few enough that each chunk fills the matmul tiles.
+ * BT_CPU_SPLIT=ops turns the sequence split off (tests). */
+#define CPU_CHUNKS_PER_THREAD 2
+#define CPU_CHUNK_MIN_TOKENS 4
+#define CPU_SPLIT_ENV "BT_CPU_SPLIT"
+
+/* Matrices are packed (cpu__pack) forms of the shapes given. */
 typedef struct {
     const float *attn_norm; /* (dim) */
-    const float *wqkv;      /* (q_dim + 2 * kv_dim, dim) rows q, k, v */
+    const float *wqkv;      /* packed (q_dim + 2 * kv_dim, dim) rows q, k, v */
     const float *bqkv;      /* (q_dim + 2 * kv_dim) or NULL */
-    const float *wo;        /* (dim, q_dim) */
+    const float *wo;        /* packed (dim, q_dim) */
     const float *ffn_norm;  /* (dim) */
-    const float *wgu;       /* (2 * hidden_dim, dim) rows gate_0, up_0, ... */
-    const float *w_down;    /* (dim, hidden_dim) */
+    const float *wgu;       /* packed (2 * hidden_dim, dim) rows gate_0,
+                               up_0, gate_1, ... */
+    const float *w_down;    /* packed (dim, hidden_dim) */
 } cpu_layer_t;
+
+/* A run of whole sequences of the flattened batch and what belongs to
+ * them. */
+typedef struct {
+    int s0, s1;             /* sequences [s0, s1) */
+    int t0, t1;             /* their batch tokens */
+    int r0, r1;             /* their logits rows */
+    int i0, i1;             /* their attention items */
+} cpu_range_t;
 
 /* One attention work item: query tokens [i0, i0 + n_q) of sequence seq,
  * the query heads of KV head kv_head. */
@@ -67,9 +99,11 @@ typedef struct {
     int qkv_dim;              /* q_dim + 2 * kv_dim */
     int max_ctx;              /* most slots one sequence can have */
     double min_work;          /* multiply-adds per extra thread */
+    bool split_seqs;          /* sequence split allowed (BT_CPU_SPLIT) */
+    double tok_work;          /* matmul multiply-adds per token */
     const float *tok_emb;     /* (vocab, dim) */
     const float *final_norm;  /* (dim) */
-    const float *cls;         /* (vocab, dim) */
+    const float *cls;         /* packed (vocab, dim) */
     cpu_layer_t *layers;      /* (n_layers) */
     void **owned;             /* (n_owned) weight buffers we allocated */
     int n_owned;
@@ -86,12 +120,14 @@ typedef struct {
     float *att;               /* (max_tok, q_dim) attention output */
     float *gu;                /* (max_tok, 2 * hidden_dim) gate/up pairs */
     float *hb;                /* (max_tok, hidden_dim) SwiGLU output */
+    float *xf;                /* (max_tok, dim) final-normed logits rows */
     float *rope_cos;          /* (max_tok, head_dim / 2) */
     float *rope_sin;          /* (max_tok, head_dim / 2) */
     int *tok_seq;             /* (max_tok) sequence of each batch token */
     int *tok_idx;             /* (max_tok) index inside its sequence */
     int *seq_first_tok;       /* (max_seqs) batch row of a sequence's first
                                  new token */
+    cpu_range_t *chunks;      /* (max_seqs) sequence-split chunks */
     int *logit_tok;           /* (max_tok) batch token of each logits row */
     cpu_attn_seq_t *attn_seqs;/* (max_seqs) per-sequence attention view */
     cpu_attn_item_t *items;   /* (max_tok * n_kv_heads) attention work */
@@ -100,7 +136,7 @@ typedef struct {
 } cpu_backend_t;
 
 // ----------------------------------------------------------------------------
-// parallel op wrappers
+// ops over a range of the batch
 
 /* Threads worth using for `work` multiply-adds. */
 static int cpu_nth(const cpu_backend_t *be, double work)
@@ -116,42 +152,65 @@ typedef struct {
     int ldo;
     const float *x;      /* (n_tok, ldx) */
     int ldx;
-    const float *w;      /* (n_out, k) */
+    const float *w;      /* packed (n_out, k) */
     const float *bias;   /* (n_out) or NULL */
     int n_tok;
     int k;
     int n_out;
     bool accumulate;
     float *swiglu_out;   /* (n_tok, n_out / 2) or NULL: apply SwiGLU */
-    float *tmp;          /* (nth, n_out / 2) SwiGLU scratch */
+    float *tmp;          /* (n_threads, n_out / 2) SwiGLU scratch */
 } cpu_matmul_job_t;
 
-static void cpu_matmul_task(void *arg, int ith, int nth)
+/* Part `part` of `n_parts` of a matmul (whole panels), with SwiGLU
+ * scratch row `slot`. */
+static void cpu_matmul_part(const cpu_matmul_job_t *j, int part, int n_parts,
+                            int slot)
 {
-    const cpu_matmul_job_t *j = arg;
-    int chunk = BT_DIV_UP(BT_DIV_UP(j->n_out, nth), 8) * 8;
-    int n0 = BT_MIN(ith * chunk, j->n_out);
+    int chunk = BT_DIV_UP(BT_DIV_UP(j->n_out, n_parts), CPU_PACK_NR) *
+                CPU_PACK_NR;
+    int n0 = BT_MIN(part * chunk, j->n_out);
     int n1 = BT_MIN(n0 + chunk, j->n_out);
 
     if (n0 >= n1)
         return;
-    cpu__matmul(j->out, j->ldo, j->x, j->ldx, j->w, j->k, j->bias,
-                j->n_tok, j->k, n0, n1, j->accumulate);
+    cpu__matmul_packed(j->out, j->ldo, j->x, j->ldx, j->w, j->n_out, j->bias,
+                       j->n_tok, j->k, n0, n1, j->accumulate);
     if (j->swiglu_out != NULL) {
         int half = j->n_out / 2;
 
         for (int t = 0; t < j->n_tok; t++)
             cpu__swiglu(j->swiglu_out + (size_t)t * half + n0 / 2,
                         j->out + (size_t)t * j->ldo + n0, (n1 - n0) / 2,
-                        j->tmp + (size_t)ith * half);
+                        j->tmp + (size_t)slot * half);
     }
 }
 
-static void cpu_matmul_run(cpu_backend_t *be, cpu_matmul_job_t *j)
+static void cpu_matmul_task(void *arg, int ith, int nth)
 {
-    double work = (double)j->n_tok * j->n_out * j->k;
+    cpu_matmul_part(arg, ith, nth, ith);
+}
 
-    cpu__pool_run(be->pool, cpu_nth(be, work), cpu_matmul_task, j);
+/* out[t0..t1) = x[t0..t1) @ w^T: split over the pool when `par`, else on
+ * the calling thread `ith`. */
+static void cpu_matmul_rows(cpu_backend_t *be, const cpu_range_t *r,
+                            bool par, int ith, float *out, int ldo,
+                            const float *x, int ldx, const float *w,
+                            const float *bias, int k, int n_out,
+                            bool accumulate, float *swiglu_out)
+{
+    int n_tok = r->t1 - r->t0;
+    cpu_matmul_job_t j = {
+        out + (size_t)r->t0 * ldo, ldo, x + (size_t)r->t0 * ldx, ldx, w,
+        bias, n_tok, k, n_out, accumulate,
+        swiglu_out != NULL ? swiglu_out + (size_t)r->t0 * (n_out / 2) : NULL,
+        be->tmp };
+
+    if (par)
+        cpu__pool_run(be->pool, cpu_nth(be, (double)n_tok * n_out * k),
+                      cpu_matmul_task, &j);
+    else
+        cpu_matmul_part(&j, 0, 1, ith);
 }
 
 typedef struct {
@@ -159,37 +218,41 @@ typedef struct {
     const float *in;     /* (n_tok, dim) */
     float *out;          /* (n_tok, dim) */
     const float *weight; /* (dim) */
-    int n_tok;
+    int t0, t1;          /* rows */
 } cpu_norm_job_t;
 
 static void cpu_norm_task(void *arg, int ith, int nth)
 {
     const cpu_norm_job_t *j = arg;
     int dim = j->be->cfg.dim;
-    int t0 = (int)((long)j->n_tok * ith / nth);
-    int t1 = (int)((long)j->n_tok * (ith + 1) / nth);
+    int n = j->t1 - j->t0;
+    int t0 = j->t0 + (int)((long)n * ith / nth);
+    int t1 = j->t0 + (int)((long)n * (ith + 1) / nth);
 
     for (int t = t0; t < t1; t++)
         cpu__rmsnorm(j->out + (size_t)t * dim, j->in + (size_t)t * dim,
                      j->weight, dim, j->be->cfg.rms_eps);
 }
 
-static void cpu_norm_run(cpu_backend_t *be, const float *in, float *out,
-                         const float *weight, int n_tok)
+static void cpu_norm_rows(cpu_backend_t *be, const cpu_range_t *r, bool par,
+                          const float *in, float *out, const float *weight)
 {
-    cpu_norm_job_t j = { be, in, out, weight, n_tok };
+    cpu_norm_job_t j = { be, in, out, weight, r->t0, r->t1 };
 
-    cpu__pool_run(be->pool, cpu_nth(be, 4.0 * n_tok * be->cfg.dim),
-                  cpu_norm_task, &j);
+    if (par)
+        cpu__pool_run(be->pool,
+                      cpu_nth(be, 4.0 * (r->t1 - r->t0) * be->cfg.dim),
+                      cpu_norm_task, &j);
+    else
+        cpu_norm_task(&j, 0, 1);
 }
 
 typedef struct {
     cpu_backend_t *be;
     const backend_batch_t *batch;
     int layer;
-    int n_tok;
-    int n_items;         /* attention work items */
-    atomic_int next;     /* next attention item to take */
+    cpu_range_t r;
+    atomic_int next;     /* next attention item to take (op split) */
 } cpu_layer_job_t;
 
 /* RoPE on q and k of each token, then K/V into the token's cache slot. */
@@ -199,8 +262,9 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
     cpu_backend_t *be = j->be;
     const model_config_t *c = &be->cfg;
     int half = c->head_dim / 2;
-    int t0 = (int)((long)j->n_tok * ith / nth);
-    int t1 = (int)((long)j->n_tok * (ith + 1) / nth);
+    int n = j->r.t1 - j->r.t0;
+    int t0 = j->r.t0 + (int)((long)n * ith / nth);
+    int t1 = j->r.t0 + (int)((long)n * (ith + 1) / nth);
 
     for (int t = t0; t < t1; t++) {
         const backend_seq_t *seq = &j->batch->seqs[be->tok_seq[t]];
@@ -223,32 +287,132 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
     }
 }
 
+/* Attention work item `it` with score scratch of thread `slot`. */
+static void cpu_attention_item(cpu_backend_t *be, int it, int slot)
+{
+    const model_config_t *c = &be->cfg;
+    int group = c->n_heads / c->n_kv_heads;
+    float *scratch = be->scores + (size_t)slot * CPU_ATTN_CHUNK * be->max_ctx;
+    const cpu_attn_item_t *item = &be->items[it];
+    const cpu_attn_seq_t *as = &be->attn_seqs[item->seq];
+    /* batch row of the item's first token */
+    int t = be->seq_first_tok[item->seq] + item->i0;
+    size_t head = (size_t)item->kv_head * group * c->head_dim;
+
+    cpu__attention(be->att + (size_t)t * be->q_dim + head, be->q_dim,
+                   be->qkv + (size_t)t * be->qkv_dim + head, be->qkv_dim,
+                   as, item->kv_head, group, item->i0, item->n_q, scratch);
+}
+
 /* Attention items, taken dynamically: their costs differ (context
  * lengths, causal chunks), and each item's result does not depend on the
  * thread that computes it. */
 static void cpu_attention_task(void *arg, int ith, int nth)
 {
     cpu_layer_job_t *j = arg;
-    cpu_backend_t *be = j->be;
-    const model_config_t *c = &be->cfg;
-    int group = c->n_heads / c->n_kv_heads;
-    float *scratch = be->scores + (size_t)ith * CPU_ATTN_CHUNK * be->max_ctx;
     int it;
 
     (void)nth;
     while ((it = atomic_fetch_add_explicit(&j->next, 1,
-                                           memory_order_relaxed)) <
-           j->n_items) {
-        const cpu_attn_item_t *item = &be->items[it];
-        const cpu_attn_seq_t *as = &be->attn_seqs[item->seq];
-        /* batch row of the item's first token */
-        int t = be->seq_first_tok[item->seq] + item->i0;
-        size_t head = (size_t)item->kv_head * group * c->head_dim;
+                                           memory_order_relaxed)) < j->r.i1)
+        cpu_attention_item(j->be, it, ith);
+}
 
-        cpu__attention(be->att + (size_t)t * be->q_dim + head, be->q_dim,
-                       be->qkv + (size_t)t * be->qkv_dim + head, be->qkv_dim,
-                       as, item->kv_head, group, item->i0, item->n_q,
-                       scratch);
+/* One transformer layer for the tokens of range r: every op split over
+ * the pool when `par`, else all on the calling thread `ith`. */
+static void cpu_layer(cpu_backend_t *be, const backend_batch_t *batch,
+                      int l, const cpu_range_t *r, bool par, int ith,
+                      double attn_work)
+{
+    const model_config_t *c = &be->cfg;
+    const cpu_layer_t *w = &be->layers[l];
+    int dim = c->dim;
+    cpu_layer_job_t lj = { be, batch, l, *r, r->i0 };
+    size_t layer_off = kv_layout_offset(&be->kv_layout, l, 0, 0);
+
+    /* attention block */
+    cpu_norm_rows(be, r, par, be->x, be->xb, w->attn_norm);
+    cpu_matmul_rows(be, r, par, ith, be->qkv, be->qkv_dim, be->xb, dim,
+                    w->wqkv, w->bqkv, dim, be->qkv_dim, false, NULL);
+    if (par)
+        cpu__pool_run(be->pool, cpu_nth(be, 8.0 * (r->t1 - r->t0) *
+                                            (be->q_dim + be->kv_dim)),
+                      cpu_rope_kv_task, &lj);
+    else
+        cpu_rope_kv_task(&lj, 0, 1);
+    if (batch->on_layer_done != NULL)
+        batch->on_layer_done(batch->on_layer_arg, l);
+    for (int s = r->s0; s < r->s1; s++) {
+        be->attn_seqs[s].k_layer = be->k_cache + layer_off;
+        be->attn_seqs[s].v_layer = be->v_cache + layer_off;
+    }
+    if (par) {
+        cpu__pool_run(be->pool, cpu_nth(be, attn_work), cpu_attention_task,
+                      &lj);
+    } else {
+        for (int it = r->i0; it < r->i1; it++)
+            cpu_attention_item(be, it, ith);
+    }
+    cpu_matmul_rows(be, r, par, ith, be->x, dim, be->att, be->q_dim, w->wo,
+                    NULL, be->q_dim, dim, true, NULL);
+
+    /* feed-forward block */
+    cpu_norm_rows(be, r, par, be->x, be->xb, w->ffn_norm);
+    cpu_matmul_rows(be, r, par, ith, be->gu, 2 * c->hidden_dim, be->xb, dim,
+                    w->wgu, NULL, dim, 2 * c->hidden_dim, false, be->hb);
+    cpu_matmul_rows(be, r, par, ith, be->x, dim, be->hb, c->hidden_dim,
+                    w->w_down, NULL, c->hidden_dim, dim, true, NULL);
+}
+
+/* The logits rows of range r: hidden copy, final norm, classifier. */
+static void cpu_final(cpu_backend_t *be, const cpu_range_t *r, bool par,
+                      int ith, float *logits, float *hidden)
+{
+    const model_config_t *c = &be->cfg;
+    int dim = c->dim;
+    /* the classifier reads rows [r0, r1) of xf as batch rows */
+    cpu_range_t rows = { r->s0, r->s1, r->r0, r->r1, 0, 0, 0, 0 };
+
+    if (r->r0 >= r->r1)
+        return;
+    for (int row = r->r0; row < r->r1; row++) {
+        const float *xr = be->x + (size_t)be->logit_tok[row] * dim;
+
+        if (hidden != NULL)
+            memcpy(hidden + (size_t)row * dim, xr,
+                   (size_t)dim * sizeof(float));
+        cpu__rmsnorm(be->xf + (size_t)row * dim, xr, be->final_norm, dim,
+                     c->rms_eps);
+    }
+    cpu_matmul_rows(be, &rows, par, ith, logits, c->vocab_size, be->xf, dim,
+                    be->cls, NULL, dim, c->vocab_size, false, NULL);
+}
+
+typedef struct {
+    cpu_backend_t *be;
+    const backend_batch_t *batch;
+    float *logits;
+    float *hidden;
+    int n_chunks;
+    atomic_int next;     /* next chunk to take */
+} cpu_chunk_job_t;
+
+/* Sequence split: take chunks until none are left; run every layer and
+ * the classifier for each on this thread. */
+static void cpu_chunk_task(void *arg, int ith, int nth)
+{
+    cpu_chunk_job_t *j = arg;
+    int ch;
+
+    (void)nth;
+    while ((ch = atomic_fetch_add_explicit(&j->next, 1,
+                                           memory_order_relaxed)) <
+           j->n_chunks) {
+        const cpu_range_t *r = &j->be->chunks[ch];
+
+        for (int l = 0; l < j->be->cfg.n_layers; l++)
+            cpu_layer(j->be, j->batch, l, r, false, ith, 0.0);
+        cpu_final(j->be, r, false, ith, j->logits, j->hidden);
     }
 }
 
@@ -262,14 +426,29 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
     const model_config_t *c = &be->cfg;
     int dim = c->dim;
     int half = c->head_dim / 2;
-    int n_tok = 0, n_rows = 0, n_items = 0;
+    int n_tok = 0, n_rows = 0, n_items = 0, n_chunks = 0;
     double attn_work = 0;
+    cpu_range_t all;
+    cpu_range_t *cur = NULL;   /* chunk being filled */
+    int nth, chunk_tokens = 0;
+
+    for (int s = 0; s < batch->n_seqs; s++)
+        chunk_tokens += batch->seqs[s].n_tokens;
+    chunk_tokens = BT_MAX(CPU_CHUNK_MIN_TOKENS,
+                          BT_DIV_UP(chunk_tokens, CPU_CHUNKS_PER_THREAD *
+                                                  cpu__pool_size(be->pool)));
 
     /* flatten the batch; RoPE angles once per token for every layer;
-     * attention views and work items once for every layer */
+     * attention views and work items once for every layer; chunks of
+     * whole sequences of >= chunk_tokens tokens */
     for (int s = 0; s < batch->n_seqs; s++) {
         const backend_seq_t *seq = &batch->seqs[s];
 
+        if (cur == NULL || cur->t1 - cur->t0 >= chunk_tokens) {
+            cur = &be->chunks[n_chunks++];
+            *cur = (cpu_range_t){ s, s, n_tok, n_tok, n_rows, n_rows,
+                                  n_items, n_items };
+        }
         be->attn_seqs[s] = (cpu_attn_seq_t){
             .block_table = seq->block_table,
             .block_size = be->bcfg.block_size, .kv_row = be->kv_dim,
@@ -294,64 +473,27 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
             if (i >= seq->n_tokens - seq->n_logits)
                 be->logit_tok[n_rows++] = n_tok;
         }
+        *cur = (cpu_range_t){ cur->s0, s + 1, cur->t0, n_tok, cur->r0,
+                              n_rows, cur->i0, n_items };
         attn_work += (double)seq->n_tokens *
                      (seq->ctx_len + seq->n_tokens) * 2.0 * be->q_dim;
     }
+    all = (cpu_range_t){ 0, batch->n_seqs, 0, n_tok, 0, n_rows, 0, n_items };
 
-    for (int l = 0; l < c->n_layers; l++) {
-        const cpu_layer_t *w = &be->layers[l];
-        cpu_layer_job_t lj = { be, batch, l, n_tok, n_items, 0 };
-        cpu_matmul_job_t mj;
+    /* sequence split: one pool hand-off for the whole step */
+    nth = cpu_nth(be, n_tok * be->tok_work + attn_work);
+    if (be->split_seqs && batch->on_layer_done == NULL && n_chunks >= 2 &&
+        nth >= 2) {
+        cpu_chunk_job_t j = { be, batch, logits, hidden, n_chunks, 0 };
 
-        /* attention block */
-        cpu_norm_run(be, be->x, be->xb, w->attn_norm, n_tok);
-        mj = (cpu_matmul_job_t){ be->qkv, be->qkv_dim, be->xb, dim, w->wqkv,
-                                 w->bqkv, n_tok, dim, be->qkv_dim, false,
-                                 NULL, NULL };
-        cpu_matmul_run(be, &mj);
-        cpu__pool_run(be->pool,
-                      cpu_nth(be, 8.0 * n_tok * (be->q_dim + be->kv_dim)),
-                      cpu_rope_kv_task, &lj);
-        if (batch->on_layer_done != NULL)
-            batch->on_layer_done(batch->on_layer_arg, l);
-        for (int s = 0; s < batch->n_seqs; s++) {
-            be->attn_seqs[s].k_layer = be->k_cache +
-                kv_layout_offset(&be->kv_layout, l, 0, 0);
-            be->attn_seqs[s].v_layer = be->v_cache +
-                kv_layout_offset(&be->kv_layout, l, 0, 0);
-        }
-        cpu__pool_run(be->pool, cpu_nth(be, attn_work), cpu_attention_task,
-                      &lj);
-        mj = (cpu_matmul_job_t){ be->x, dim, be->att, be->q_dim, w->wo, NULL,
-                                 n_tok, be->q_dim, dim, true, NULL, NULL };
-        cpu_matmul_run(be, &mj);
-
-        /* feed-forward block */
-        cpu_norm_run(be, be->x, be->xb, w->ffn_norm, n_tok);
-        mj = (cpu_matmul_job_t){ be->gu, 2 * c->hidden_dim, be->xb, dim,
-                                 w->wgu, NULL, n_tok, dim, 2 * c->hidden_dim,
-                                 false, be->hb, be->tmp };
-        cpu_matmul_run(be, &mj);
-        mj = (cpu_matmul_job_t){ be->x, dim, be->hb, c->hidden_dim,
-                                 w->w_down, NULL, n_tok, c->hidden_dim, dim,
-                                 true, NULL, NULL };
-        cpu_matmul_run(be, &mj);
-    }
-
-    if (n_rows == 0)
+        cpu__pool_run(be->pool, BT_MIN(nth, n_chunks), cpu_chunk_task, &j);
         return BT_OK;
-    /* gather the logits rows, final norm, classifier */
-    for (int r = 0; r < n_rows; r++) {
-        const float *xr = be->x + (size_t)be->logit_tok[r] * dim;
-
-        if (hidden != NULL)
-            memcpy(hidden + (size_t)r * dim, xr, (size_t)dim * sizeof(float));
-        cpu__rmsnorm(be->xb + (size_t)r * dim, xr, be->final_norm, dim,
-                     c->rms_eps);
     }
-    cpu_matmul_job_t cj = { logits, c->vocab_size, be->xb, dim, be->cls, NULL,
-                            n_rows, dim, c->vocab_size, false, NULL, NULL };
-    cpu_matmul_run(be, &cj);
+
+    /* op split (or one thread) */
+    for (int l = 0; l < c->n_layers; l++)
+        cpu_layer(be, batch, l, &all, true, 0, attn_work);
+    cpu_final(be, &all, true, 0, logits, hidden);
     return BT_OK;
 }
 
@@ -397,6 +539,46 @@ static bt_status_t cpu_weight_f32(cpu_backend_t *be, const model_tensor_t *t,
     return BT_OK;
 }
 
+/* The packed form of the (n_out, k) float32 matrix w, owned by the
+ * backend. */
+static bt_status_t cpu_pack_owned(cpu_backend_t *be, const float *w,
+                                  int n_out, int k, const float **out_p)
+{
+    float *buf = bt_malloc_aligned(cpu__pack_size(n_out, k) * sizeof(float),
+                                   "cpu_weights");
+    bt_status_t status;
+
+    if (buf == NULL)
+        return BT_ERR_NO_MEMORY;
+    cpu__pack(buf, w, k, n_out, k);
+    status = cpu_own(be, buf);
+    if (status != BT_OK)
+        return status;
+    *out_p = buf;
+    return BT_OK;
+}
+
+/* The packed form of matrix tensor t (any dtype). */
+static bt_status_t cpu_weight_packed(cpu_backend_t *be,
+                                     const model_tensor_t *t,
+                                     const float **out_p)
+{
+    float *tmp = NULL;
+    bt_status_t status;
+
+    if (t->dtype == MODEL_DTYPE_F32)
+        return cpu_pack_owned(be, t->data, (int)t->rows, (int)t->cols,
+                              out_p);
+    tmp = bt_malloc_aligned((size_t)(t->rows * t->cols) * sizeof(float),
+                            "cpu_weights");
+    if (tmp == NULL)
+        return BT_ERR_NO_MEMORY;
+    model_tensor_to_f32(t, 0, t->rows * t->cols, tmp);
+    status = cpu_pack_owned(be, tmp, (int)t->rows, (int)t->cols, out_p);
+    bt_free(tmp);
+    return status;
+}
+
 /* Fused q/k/v weights (and biases when the model has them). */
 static bt_status_t cpu_fuse_qkv(cpu_backend_t *be, const model_layer_t *ml,
                                 cpu_layer_t *cl)
@@ -417,10 +599,10 @@ static bt_status_t cpu_fuse_qkv(cpu_backend_t *be, const model_layer_t *ml,
         model_tensor_to_f32(parts[p], 0, (int64_t)rows[p] * dim, w + off);
         off += (size_t)rows[p] * dim;
     }
-    status = cpu_own(be, w);
+    status = cpu_pack_owned(be, w, be->qkv_dim, dim, &cl->wqkv);
+    bt_free(w);
     if (status != BT_OK)
         return status;
-    cl->wqkv = w;
     cl->bqkv = NULL;
     if (!be->cfg.qkv_bias)
         return BT_OK;
@@ -458,15 +640,14 @@ static bt_status_t cpu_fuse_gate_up(cpu_backend_t *be,
         model_tensor_to_f32(&ml->w_up, (int64_t)i * dim, dim,
                             w + (size_t)(2 * i + 1) * dim);
     }
-    status = cpu_own(be, w);
-    if (status != BT_OK)
-        return status;
-    cl->wgu = w;
-    return BT_OK;
+    status = cpu_pack_owned(be, w, 2 * hidden, dim, &cl->wgu);
+    bt_free(w);
+    return status;
 }
 
 static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
 {
+    const model_config_t *c = &be->cfg;
     bt_status_t status;
 
     status = cpu_weight_f32(be, model_tok_embedding(model), &be->tok_emb);
@@ -477,9 +658,11 @@ static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
         return status;
     if (be->cfg.tied_embeddings ||
         model_classifier(model)->data == model_tok_embedding(model)->data)
-        be->cls = be->tok_emb;
-    else if ((status = cpu_weight_f32(be, model_classifier(model),
-                                      &be->cls)) != BT_OK)
+        status = cpu_pack_owned(be, be->tok_emb, c->vocab_size, c->dim,
+                                &be->cls);
+    else
+        status = cpu_weight_packed(be, model_classifier(model), &be->cls);
+    if (status != BT_OK)
         return status;
     for (int l = 0; l < be->cfg.n_layers; l++) {
         const model_layer_t *ml = model_layer(model, l);
@@ -487,12 +670,17 @@ static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
 
         if ((status = cpu_weight_f32(be, &ml->attn_norm, &cl->attn_norm)) ||
             (status = cpu_fuse_qkv(be, ml, cl)) ||
-            (status = cpu_weight_f32(be, &ml->wo, &cl->wo)) ||
+            (status = cpu_weight_packed(be, &ml->wo, &cl->wo)) ||
             (status = cpu_weight_f32(be, &ml->ffn_norm, &cl->ffn_norm)) ||
             (status = cpu_fuse_gate_up(be, ml, cl)) ||
-            (status = cpu_weight_f32(be, &ml->w_down, &cl->w_down)))
+            (status = cpu_weight_packed(be, &ml->w_down, &cl->w_down)))
             return status;
     }
+    /* matmul multiply-adds per token, for the thread heuristics */
+    be->tok_work = (double)c->n_layers *
+                   ((double)c->dim * be->qkv_dim + (double)be->q_dim * c->dim +
+                    3.0 * c->dim * c->hidden_dim) +
+                   (double)c->vocab_size * c->dim;
     return BT_OK;
 }
 
@@ -516,6 +704,8 @@ static void cpu_destroy(void *impl)
     bt_free(be->att);
     bt_free(be->gu);
     bt_free(be->hb);
+    bt_free(be->xf);
+    bt_free(be->chunks);
     bt_free(be->rope_cos);
     bt_free(be->rope_sin);
     bt_free(be->tok_seq);
@@ -568,6 +758,8 @@ static bt_status_t cpu_create(const model_t *model,
     be->qkv_dim = be->q_dim + 2 * be->kv_dim;
     be->max_ctx = cfg->n_kv_blocks * cfg->block_size;
     be->min_work = CPU_MIN_WORK_PER_THREAD;
+    be->split_seqs = getenv(CPU_SPLIT_ENV) == NULL ||
+                     strcmp(getenv(CPU_SPLIT_ENV), "ops") != 0;
     if (getenv(CPU_MIN_WORK_ENV) != NULL) {
         double v;
 
@@ -615,6 +807,7 @@ static bt_status_t cpu_create(const model_t *model,
                        "cpu_scratch") ||
         !cpu_alloc_f32(&be->hb, max_tok, (size_t)mc->hidden_dim,
                        "cpu_scratch") ||
+        !cpu_alloc_f32(&be->xf, max_tok, (size_t)mc->dim, "cpu_scratch") ||
         !cpu_alloc_f32(&be->rope_cos, max_tok, (size_t)mc->head_dim / 2 + 1,
                        "cpu_scratch") ||
         !cpu_alloc_f32(&be->rope_sin, max_tok, (size_t)mc->head_dim / 2 + 1,
@@ -636,9 +829,11 @@ static bt_status_t cpu_create(const model_t *model,
     be->logit_tok = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
     be->attn_seqs = bt_calloc((size_t)cfg->max_seqs, sizeof(*be->attn_seqs),
                               "cpu_scratch");
+    be->chunks = bt_malloc((size_t)cfg->max_seqs * sizeof(*be->chunks),
+                           "cpu_scratch");
     if (be->tok_seq == NULL || be->tok_idx == NULL ||
         be->seq_first_tok == NULL || be->items == NULL ||
-        be->logit_tok == NULL || be->attn_seqs == NULL)
+        be->logit_tok == NULL || be->attn_seqs == NULL || be->chunks == NULL)
         goto err_destroy;
     cpu__rope_inv_freq(mc, be->inv_freq);
     *impl_p = be;
