@@ -15,6 +15,7 @@
 #include "cli_common.h"
 #include "engine.h"
 #include "stop.h"
+#include "spec/spec.h" /* --spec-head (EAGLE speculative decoding) */
 
 static void run_usage(FILE *out)
 {
@@ -30,6 +31,12 @@ static void run_usage(FILE *out)
 "  --prompt-ids IDS       prompt token ids, space or comma separated\n"
 "  --ids                  print generated ids on one line instead of text\n"
 "  --stats                print timing and tokens/s to stderr\n"
+"\nspeculative decoding (EAGLE; cpu backend):\n"
+"  --spec-head PATH       draft head .safetensors (baton eagle train)\n"
+"  --spec-depth D         draft tree depth (default 5)\n"
+"  --spec-topk K          draft children per node (default 4)\n"
+"  --spec-tokens T        draft tokens verified per step (default 16)\n"
+"  --spec-fixed           always draft the full tree (default: adaptive)\n"
 CLI_SAMPLING_HELP
 CLI_ENGINE_HELP);
 }
@@ -51,6 +58,12 @@ int cli_run_main(int argc, char **argv)
     uint64_t t_start, t_first = 0, t_end;
     int n_gen = 0;
     bt_status_t status;
+    /* speculative decoding (--spec-head) */
+    const char *spec_head_path = NULL;
+    spec_config_t spec_cfg;
+    spec_head_t *spec_head = NULL;
+    spec_t *spec = NULL;
+    spec_seq_t *sseq = NULL;
     static const struct option long_opts[] = {
         CLI_ENGINE_OPTIONS,
         CLI_SAMPLING_OPTIONS,
@@ -58,12 +71,19 @@ int cli_run_main(int argc, char **argv)
         { "prompt-ids", required_argument, NULL, 'I' },
         { "ids", no_argument, NULL, 'i' },
         { "stats", no_argument, NULL, 'S' },
+        /* speculative decoding */
+        { "spec-head", required_argument, NULL, 3000 },
+        { "spec-depth", required_argument, NULL, 3001 },
+        { "spec-topk", required_argument, NULL, 3002 },
+        { "spec-tokens", required_argument, NULL, 3003 },
+        { "spec-fixed", no_argument, NULL, 3004 },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
 
     engine_config_init(&ecfg);
     cli_gen_opts_init(&gen);
+    spec_config_init(&spec_cfg);
     optind = 1;
     for (;;) {
         int c = getopt_long(argc, argv, "", long_opts, NULL);
@@ -74,6 +94,11 @@ int cli_run_main(int argc, char **argv)
         case 'I': prompt_ids = optarg; break;
         case 'i': print_ids = true; break;
         case 'S': stats = true; break;
+        case 3000: spec_head_path = optarg; break;
+        case 3001: spec_cfg.depth = atoi(optarg); break;
+        case 3002: spec_cfg.topk = atoi(optarg); break;
+        case 3003: spec_cfg.tokens = atoi(optarg); break;
+        case 3004: spec_cfg.adaptive = false; break;
         case 'h': run_usage(stdout); return 0;
         default:
             if (cli_engine_option(c, optarg, &ecfg) == 0 ||
@@ -134,6 +159,14 @@ int cli_run_main(int argc, char **argv)
     status = engine_seq_create(engine, ids, n_ids, &sp, &seq);
     if (status != BT_OK)
         goto out;
+    if (spec_head_path != NULL) {
+        if ((status = spec_head_load(engine_model(engine), spec_head_path,
+                                     &spec_head)) != BT_OK ||
+            (status = spec_create(engine, spec_head, &spec_cfg, &spec)) !=
+                BT_OK ||
+            (status = spec_seq_create(spec, seq, &sseq)) != BT_OK)
+            goto out;
+    }
     if (!print_ids && engine_tokenizer(engine) != NULL) {
         status = tok_stream_create(engine_tokenizer(engine), ids[n_ids - 1],
                                    &stream);
@@ -147,7 +180,8 @@ int cli_run_main(int argc, char **argv)
         char piece[512], shown[2048];
         size_t piece_len = 0, shown_len = 0;
 
-        status = engine_step(engine, &seq, 1, 0, &tok);
+        status = sseq != NULL ? spec_seq_next(spec, sseq, &tok)
+                              : engine_step(engine, &seq, 1, 0, &tok);
         if (status != BT_OK)
             goto out;
         if (tok < 0)
@@ -171,7 +205,9 @@ int cli_run_main(int argc, char **argv)
             printf("%s%d", n_gen > 1 ? " " : "", tok);
         }
         fflush(stdout);
-        if (reason == STOP_NONE && engine_seq_len(seq) > engine_max_context(engine))
+        if (reason == STOP_NONE &&
+            (sseq != NULL ? n_ids + n_gen : engine_seq_len(seq)) >
+                engine_max_context(engine))
             reason = STOP_LENGTH;
     }
     if (stream != NULL) {
@@ -189,10 +225,13 @@ int cli_run_main(int argc, char **argv)
         fprintf(stderr,
                 "prompt_tokens:%d generated:%d finish:%s ttft_ms:%.3f "
                 "decode_tok_s:%.1f total_s:%.4f\n",
-                n_ids, engine_seq_n_generated(seq), stop_reason_str(reason),
+                n_ids, sseq != NULL ? n_gen : engine_seq_n_generated(seq),
+                stop_reason_str(reason),
                 (double)(t_first - t_start) * 1e-6,
                 n_gen > 1 ? (double)(n_gen - 1) / decode : 0.0, total);
     }
+    if (spec != NULL)
+        fprintf(stderr, "accept-length: %.2f\n", spec_accept_length(spec));
     ret = 0;
 
 out:
@@ -200,6 +239,9 @@ out:
         fprintf(stderr, "baton run: %s\n",
                 bt_error_last()[0] ? bt_error_last() : "failed");
     tok_stream_destroy(&stream);
+    spec_seq_destroy(&sseq);
+    spec_destroy(&spec);
+    spec_head_destroy(&spec_head);
     engine_seq_destroy(engine, &seq);
     stop_destroy(&stop);
     engine_destroy(&engine);

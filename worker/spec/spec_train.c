@@ -30,9 +30,9 @@ void spec_train_config_init(spec_train_config_t *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->n_tokens = 32768;
     cfg->seq_len = 0;
-    cfg->epochs = 6;
+    cfg->epochs = 8;
     cfg->batch_seqs = 8;
-    cfg->lr = 3e-3f;
+    cfg->lr = 1e-2f;
     cfg->weight_decay = 0.0f;
     cfg->w_feat = 1.0f;
     cfg->w_tok = 0.1f;

@@ -28,9 +28,9 @@ extern "C" {
 typedef struct {
     int n_tokens;      /* training tokens to sample (default 32768) */
     int seq_len;       /* tokens per sampled text (0 = min(128, context)) */
-    int epochs;        /* passes over the data (default 6) */
+    int epochs;        /* passes over the data (default 8) */
     int batch_seqs;    /* texts per optimizer step (default 8) */
-    float lr;          /* AdamW peak learning rate (default 3e-3) */
+    float lr;          /* AdamW peak learning rate (default 0.01) */
     float weight_decay;/* AdamW decoupled decay (default 0) */
     float w_feat;      /* feature regression weight (default 1) */
     float w_tok;       /* token cross-entropy weight (default 0.1) */
