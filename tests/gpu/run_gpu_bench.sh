@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
   --format=csv >> "$log" 2>&1
 echo "=== kernels" >> "$log"
 timeout 120 "$build/gpu/test_attn" --bench 2>&1 | grep -E '^(decode|prefill|bench)' >> "$log"
-timeout 120 "$build/gpu/test_gemm" --bench 2>&1 | grep -E '^(gemm t=|bench)' >> "$log"
+timeout 120 "$build/gpu/test_gemm" --bench 2>&1 | grep -E '^(gemm |bench)' >> "$log"
 echo "=== engine" >> "$log"
 timeout 240 "$build/gpu/bench_cuda" --model synth:llama3-8b \
   --batch 1,8,32,64,128 --ctx 512,2048,8192 --prefill 512,2048,8192 \
@@ -33,7 +33,7 @@ PYTHONUNBUFFERED=1 timeout 150 python3 tests/gpu/torch_bench.py \
   cat "$out/torch_table.md" 2>/dev/null
   echo
   echo "## kernels"
-  grep -E '^(decode attn|prefill attn)' "$log"
+  grep -E '^(decode attn|prefill attn|gemm )' "$log"
 } > "$table"
 echo
 cat "$table"

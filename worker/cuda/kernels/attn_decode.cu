@@ -134,31 +134,60 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
                     kr[u][c] = vr[u][c] = make_uint4(0, 0, 0, 0);
             }
         }
+        /* Scores of the step's keys, then ONE softmax rescale per head
+         * for all of them (fewer exps and a shorter dependent chain). */
+        float sc[ATTN_UNROLL][MAXG];
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
-            float kv[E], vv[E];
+            float kv[E];
             kern_load_vec<T, E>((const T *)kr[u], kv);
-            kern_load_vec<T, E>((const T *)vr[u], vv);
 #pragma unroll
             for (int g = 0; g < MAXG; g++) {
-                float s = 0.0f;
+                float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < E; e++)
-                    s += q[g][e] * kv[e];
-#pragma unroll
-                for (int o = L / 2; o > 0; o >>= 1)
-                    s += __shfl_xor_sync(0xffffffffu, s, o);
-                if (valid[u] && g < ng) {
-                    float m_new = fmaxf(m[g], s);
-                    float corr = attn_exp<T>(m[g] - m_new);
-                    float p = attn_exp<T>(s - m_new);
-                    l[g] = l[g] * corr + p;
-#pragma unroll
-                    for (int e = 0; e < E; e++)
-                        acc[g][e] = acc[g][e] * corr + p * vv[e];
-                    m[g] = m_new;
-                }
+                    d += q[g][e] * kv[e];
+                sc[u][g] = d;
             }
+        }
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; u++)
+#pragma unroll
+                for (int g = 0; g < MAXG; g++)
+                    sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
+        float vv[ATTN_UNROLL][E];
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++)
+            kern_load_vec<T, E>((const T *)vr[u], vv[u]);
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+            if (g >= ng)
+                continue;
+            float mx = m[g];
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; u++)
+                if (valid[u])
+                    mx = fmaxf(mx, sc[u][g]);
+            if (mx == -INFINITY)
+                continue; /* no visible key yet */
+            float corr = attn_exp<T>(m[g] - mx);
+            l[g] *= corr;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[g][e] *= corr;
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; u++) {
+                if (!valid[u])
+                    continue;
+                float p = attn_exp<T>(sc[u][g] - mx);
+                l[g] += p;
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    acc[g][e] += p * vv[u][e];
+            }
+            m[g] = mx;
         }
     }
 

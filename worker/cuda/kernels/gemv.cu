@@ -11,7 +11,7 @@
 #include "kern_common.cuh"
 
 #define GEMV_WARPS 8
-#define GEMV_UNROLL 4
+#define GEMV_UNROLL 8
 
 template <int T, typename OUT>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
