@@ -15,7 +15,7 @@
  * "longer first" makes the rank order do the same.  The merges are
  * written in the pair-array form (the hand-made tests use "a b").
  *
- * Then 20,000 mixed texts (valid UTF-8: the JSON form, like the library,
+ * Then 20,000 mixed texts (ten of them tens of KB long) (valid UTF-8: the JSON form, like the library,
  * takes only valid text) are encoded both ways and must agree; decoding
  * the tokenizer.json ids must give the text back.
  */
@@ -209,10 +209,10 @@ static char *build_json(const tok_t *l2)
 }
 
 /* A mixed text with valid UTF-8 only and no special-token strings. */
-static size_t gen_text(char *buf, size_t cap)
+static size_t gen_text(char *buf, size_t cap, int max_parts)
 {
     size_t n = 0;
-    int parts = 1 + (int)(tt_rand() % 24);
+    int parts = 1 + (int)(tt_rand() % (uint32_t)max_parts);
 
     for (int p = 0; p < parts; p++) {
         const char *s;
@@ -240,7 +240,8 @@ static size_t gen_text(char *buf, size_t cap)
 int main(void)
 {
     char dir[] = "/tmp/bt_hftok_l2_XXXXXX";
-    char path[256], buf[1024];
+    char path[256];
+    static char buf[1 << 17];
     tok_t *l2 = NULL, *hf = NULL;
     char *json;
     FILE *f;
@@ -268,7 +269,8 @@ int main(void)
     BT_ASSERT_EQ(tok_bos_id(hf), -1); /* no config: no BOS known */
 
     for (int iter = 0; iter < 20000; iter++) {
-        size_t n = gen_text(buf, sizeof(buf));
+        /* the last few are long (tens of KB, merges across the text) */
+        size_t n = gen_text(buf, sizeof(buf), iter < 19990 ? 24 : 20000);
         int *a = NULL, *b = NULL;
         int na = 0, nb = 0;
         char *dec = NULL;
@@ -282,7 +284,7 @@ int main(void)
         total_ids += na;
         if (na != nb || memcmp(a, b, sizeof(int) * (size_t)na) != 0) {
             if (mismatches++ < 5) {
-                fprintf(stderr, "MISMATCH on \"%s\":\n  llama2c:", buf);
+                fprintf(stderr, "MISMATCH on \"%.200s\":\n  llama2c:", buf);
                 for (int i = 0; i < na; i++)
                     fprintf(stderr, " %d", a[i]);
                 fprintf(stderr, "\n  json:   ");
