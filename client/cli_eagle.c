@@ -44,6 +44,8 @@ static void eagle_usage(FILE *out)
 "  --spec-topk K      draft children per node (default 4)\n"
 "  --spec-tokens T    draft tokens per step (default 16)\n"
 "  --spec-fixed       always use the full tree (no adaptation)\n"
+"  --rounds R         measured runs of each (default 3)\n"
+"  --spec-plain       run the speculative loop with speculation off\n"
 "\n"
 "common:\n"
 "  --threads N        CPU threads (default: all cores)\n");
@@ -52,7 +54,7 @@ static void eagle_usage(FILE *out)
 enum {
     EO_TARGET = 2000, EO_OUT, EO_HEAD, EO_TOKENS, EO_EPOCHS, EO_SEED,
     EO_SEQ_LEN, EO_LR, EO_BATCH, EO_TEMP, EO_THREADS, EO_GEN, EO_PROMPT,
-    EO_DEPTH, EO_TOPK, EO_STOKENS, EO_FIXED
+    EO_DEPTH, EO_TOPK, EO_STOKENS, EO_FIXED, EO_ROUNDS, EO_PLAIN
 };
 
 typedef struct {
@@ -63,7 +65,9 @@ typedef struct {
     int threads;
     int batch;
     int gen;
+    int rounds;
     bool fixed;
+    bool plain; /* speculative loop with speculation off (overhead) */
     spec_train_config_t tcfg;
     spec_config_t scfg;
 } eagle_opts_t;
@@ -88,6 +92,8 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         { "spec-topk", required_argument, NULL, EO_TOPK },
         { "spec-tokens", required_argument, NULL, EO_STOKENS },
         { "spec-fixed", no_argument, NULL, EO_FIXED },
+        { "rounds", required_argument, NULL, EO_ROUNDS },
+        { "spec-plain", no_argument, NULL, EO_PLAIN },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -105,6 +111,7 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         case EO_HEAD: o->head = optarg; break;
         case EO_PROMPT: o->prompt_ids = optarg; break;
         case EO_FIXED: o->fixed = true; break;
+        case EO_PLAIN: o->plain = true; break;
         case EO_TOKENS:
             bad = bt_parse_int(optarg, &o->tcfg.n_tokens) != BT_OK ||
                   o->tcfg.n_tokens < 16;
@@ -136,6 +143,10 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         case EO_THREADS:
             bad = bt_parse_int(optarg, &o->threads) != BT_OK ||
                   o->threads < 0;
+            break;
+        case EO_ROUNDS:
+            bad = bt_parse_int(optarg, &o->rounds) != BT_OK ||
+                  o->rounds < 1;
             break;
         case EO_GEN:
             bad = bt_parse_int(optarg, &o->gen) != BT_OK || o->gen < 1;
@@ -375,13 +386,29 @@ static int eagle_bench(const eagle_opts_t *o)
     status = spec_create(engine, head, &scfg, &spec);
     if (status != BT_OK)
         goto out;
-    /* warm-up run of each, then the measured runs */
-    if ((status = eagle_decode(engine, NULL, prompt, n_prompt, batch, gen,
-                               &t_plain, &n_plain)) != BT_OK ||
-        (status = eagle_decode(engine, NULL, prompt, n_prompt, batch, gen,
-                               &t_plain, &n_plain)) != BT_OK ||
-        (status = eagle_decode(engine, spec, prompt, n_prompt, batch, gen,
-                               &t_spec, &n_spec)) != BT_OK)
+    if (o->plain)
+        spec_set_fixed(spec, 0, 1, 1);
+    /* a warm-up run, then `rounds` measured runs of each (the adaptive
+     * decoder keeps learning across rounds, as a server would) */
+    status = eagle_decode(engine, NULL, prompt, n_prompt, batch, gen,
+                          &t_plain, &n_plain);
+    t_plain = t_spec = 0.0;
+    n_plain = n_spec = 0;
+    for (int r = 0; r < o->rounds && status == BT_OK; r++) {
+        double t;
+        long n;
+
+        status = eagle_decode(engine, NULL, prompt, n_prompt, batch, gen,
+                              &t, &n);
+        t_plain += t;
+        n_plain += n;
+        if (status == BT_OK)
+            status = eagle_decode(engine, spec, prompt, n_prompt, batch,
+                                  gen, &t, &n);
+        t_spec += t;
+        n_spec += n;
+    }
+    if (status != BT_OK)
         goto out;
     spec_get_stats(spec, &st);
     printf("batch:%d gen:%d plain_tok_s:%.1f spec_tok_s:%.1f speedup:%.2f "
@@ -419,6 +446,7 @@ int cli_eagle_main(int argc, char **argv)
     spec_train_config_init(&o.tcfg);
     spec_config_init(&o.scfg);
     o.gen = 96;
+    o.rounds = 3;
     rc = eagle_parse(argc - 1, argv + 1, &o);
     if (rc >= 0)
         return rc;

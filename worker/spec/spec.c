@@ -17,10 +17,11 @@
 
 #define SPEC_PEND_CAP 64   /* target features buffered before the draft
                               head is fed (plain decoding defers it) */
+#define SPEC_LAZY_KEEP 8   /* features kept while speculation is off */
 #define SPEC_N_ARMS 4      /* off, chain 2, chain 4, configured tree */
 #define SPEC_N_BUCKETS 4   /* batch sizes 1, 2-4, 5-16, 17+ */
-#define SPEC_EXPLORE_EVERY 16
-#define SPEC_EXPLORE_MAX 2048
+#define SPEC_EXPLORE_EVERY 64
+#define SPEC_EXPLORE_MAX 4096
 #define SPEC_EMA 0.2
 
 enum { SPEC_MODE_SKIP = 0, SPEC_MODE_PREFILL, SPEC_MODE_PLAIN,
@@ -92,8 +93,9 @@ struct spec_s {
     double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA */
     int arm_n[SPEC_N_BUCKETS][SPEC_N_ARMS];       /* measurements */
     uint64_t bucket_steps[SPEC_N_BUCKETS];
-    int explore_gap[SPEC_N_BUCKETS]; /* steps between explorations */
-    uint64_t next_explore[SPEC_N_BUCKETS];
+    int explore_gap[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* steps between
+                                                    re-measurements */
+    uint64_t next_explore[SPEC_N_BUCKETS][SPEC_N_ARMS];
     int best_arm[SPEC_N_BUCKETS];
     bool lazy;                /* speculation is off: drop old features
                                  rather than feed the draft head */
@@ -200,6 +202,11 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->arms[a].tokens = BT_MIN(spec->arms[a].tokens,
                                       BT_MIN(cfg->tokens, cfg->depth));
         spec->arms[a].depth = spec->arms[a].tokens;
+    }
+    for (int b = 0; b < SPEC_N_BUCKETS; b++) {
+        spec->best_arm[b] = -1;
+        for (int a = 0; a < SPEC_N_ARMS; a++)
+            spec->explore_gap[b][a] = SPEC_EXPLORE_EVERY;
     }
     if (!cfg->adaptive) {
         spec->fixed = true;
@@ -370,9 +377,10 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
         s->n_pend += chunk;
         hidden += (size_t)chunk * spec->dim;
         n -= chunk;
-        if (s->n_pend == SPEC_PEND_CAP && spec->lazy) {
-            /* speculation is off: keep only the newest half */
-            int keep = SPEC_PEND_CAP / 2;
+        if (s->n_pend >= SPEC_LAZY_KEEP * 2 && spec->lazy) {
+            /* speculation is off: keep only the newest few features (the
+             * draft cache gets a gap; a later draft attends around it) */
+            int keep = SPEC_LAZY_KEEP;
 
             memmove(s->pend, s->pend + (size_t)(s->n_pend - keep) *
                                            spec->dim,
@@ -727,24 +735,41 @@ static int spec_pick_arm(spec_t *spec, int bucket)
     uint64_t step = spec->bucket_steps[bucket]++;
     int best = 0;
 
-    for (int a = SPEC_N_ARMS - 1; a >= 0; a--)
-        if (spec->arm_n[bucket][a] < 3)
+    /* first measurements, cheapest arm first; an arm clearly slower
+     * than plain decoding marks the bigger ones as presumed slower (they
+     * are still re-measured by the exploration below) */
+    for (int a = 0; a < SPEC_N_ARMS; a++) {
+        if (spec->arm_n[bucket][a] < 2)
             return a;
+        if (a > 0 && spec->arm_rate[bucket][a] <
+                         0.8 * spec->arm_rate[bucket][0]) {
+            for (int b = a + 1; b < SPEC_N_ARMS; b++)
+                if (spec->arm_n[bucket][b] < 2) {
+                    spec->arm_rate[bucket][b] =
+                        0.5 * spec->arm_rate[bucket][a];
+                    spec->arm_n[bucket][b] = 2;
+                }
+        }
+    }
     for (int a = 1; a < SPEC_N_ARMS; a++)
         if (spec->arm_rate[bucket][a] > spec->arm_rate[bucket][best])
             best = a;
-    if (best != spec->best_arm[bucket]) {
+    if (best != spec->best_arm[bucket]) { /* new best: re-check soon */
         spec->best_arm[bucket] = best;
-        spec->explore_gap[bucket] = SPEC_EXPLORE_EVERY;
-        spec->next_explore[bucket] = step + SPEC_EXPLORE_EVERY;
+        for (int a = 0; a < SPEC_N_ARMS; a++) {
+            spec->explore_gap[bucket][a] = SPEC_EXPLORE_EVERY;
+            spec->next_explore[bucket][a] = step + SPEC_EXPLORE_EVERY *
+                                                       (uint64_t)(a + 1);
+        }
     }
-    if (step >= spec->next_explore[bucket]) {
-        int a = (int)((step / 7) % (SPEC_N_ARMS - 1));
-
-        spec->explore_gap[bucket] = BT_MIN(2 * spec->explore_gap[bucket],
-                                           SPEC_EXPLORE_MAX);
-        spec->next_explore[bucket] = step + spec->explore_gap[bucket];
-        return a >= best ? a + 1 : a; /* any arm but the best */
+    /* each other arm is re-measured on its own doubling schedule */
+    for (int a = 0; a < SPEC_N_ARMS; a++) {
+        if (a == best || step < spec->next_explore[bucket][a])
+            continue;
+        spec->explore_gap[bucket][a] = BT_MIN(
+            4 * spec->explore_gap[bucket][a], SPEC_EXPLORE_MAX);
+        spec->next_explore[bucket][a] = step + spec->explore_gap[bucket][a];
+        return a;
     }
     return best;
 }
@@ -774,12 +799,12 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     }
     if (spec->fixed) {
         shape = spec->fixed_shape;
+        spec->lazy = shape.tokens == 0;
     } else {
         arm = spec_pick_arm(spec, spec_bucket(n_dec));
         shape = spec->arms[arm];
         spec->lazy = arm == 0 &&
-                     spec->best_arm[spec_bucket(n_dec)] == 0 &&
-                     spec->arm_n[spec_bucket(n_dec)][0] >= 3;
+                     spec->best_arm[spec_bucket(n_dec)] == 0;
     }
 
     /* plan: mode, blocks and the drafted tree of every sequence */
@@ -918,6 +943,8 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
             ? rate
             : (1.0 - SPEC_EMA) * spec->arm_rate[b][arm] + SPEC_EMA * rate;
         spec->arm_n[b][arm]++;
+        BT_LOG_DEBUG("SPEC", "bucket %d arm %d: %.0f tok/s (ema %.0f)", b,
+                     arm, rate, spec->arm_rate[b][arm]);
     }
     return BT_OK;
 }
