@@ -693,8 +693,9 @@ static void on_kv_grant(router_t *r, router_worker_t *w,
             return;
         }
         memcpy(ids, req->prompt_ids, (size_t)req->n_prompt * sizeof(int));
-        memcpy(ids + req->n_prompt, req->generated,
-               (size_t)req->n_generated * sizeof(int));
+        if (req->n_generated > 0) /* generated is NULL until then */
+            memcpy(ids + req->n_prompt, req->generated,
+                   (size_t)req->n_generated * sizeof(int));
         task.n_prompt_ids = (size_t)n_ids;
         task.prompt_ids = ids;
     } else {
