@@ -445,8 +445,12 @@ int main(void)
     size_t before = bt_alloc_live_count();
 
     setenv("BT_CPU_MIN_WORK", "1", 1);
-    for (int pass = 0; pass < 2; pass++) {
+    /* one thread; three with the sequence split (batches of several
+     * sequences); three with every op split (BT_CPU_SPLIT=ops) */
+    for (int pass = 0; pass < 3; pass++) {
         g_threads = pass == 0 ? 1 : 3;
+        if (pass == 2)
+            setenv("BT_CPU_SPLIT", "ops", 1);
         for (size_t i = 0; i < BT_ARRAY_SIZE(models); i++) {
             model_t *m = load(models[i]);
 
@@ -456,6 +460,7 @@ int main(void)
             model_destroy(&m);
         }
     }
+    unsetenv("BT_CPU_SPLIT");
     {
         /* bf16 weights: converted once at create, same math */
         model_config_t cfg;

@@ -112,8 +112,9 @@ CPU_AVX2 static void cpu_softmax_avx2(float *row, int n, float scale)
 }
 
 /* out row r = sum over slots p < lim_r of P[r][p] * V[p], head_dim a
- * multiple of 8: 16 columns at a time in registers, two chains each
- * (even and odd slots). */
+ * multiple of 8: 16 columns at a time in registers, four chains per
+ * column vector (slots p mod 4) so the FMA latency is hidden even for a
+ * 16-wide head. */
 CPU_AVX2 static void cpu_attn_pv_avx2(float *out, int ldo, const float *S,
                                       int n_slots, const cpu_attn_seq_t *s,
                                       const float *vb, int i0, int n_q)
@@ -127,39 +128,53 @@ CPU_AVX2 static void cpu_attn_pv_avx2(float *out, int ldo, const float *S,
         float *o = out + (size_t)r * ldo;
 
         for (int c0 = 0; c0 < hd; c0 += 16) {
+            /* lo: columns c0..c0+7, hi: c0+8..c0+15 (when they exist) */
             bool two = c0 + 16 <= hd;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+            __m256 z = _mm256_setzero_ps();
+            __m256 lo0 = z, lo1 = z, lo2 = z, lo3 = z;
+            __m256 hi0 = z, hi1 = z, hi2 = z, hi3 = z;
             int len;
 
             for (int p0 = 0; p0 < lim; p0 += len) {
                 const float *v = vb + cpu_attn_run(s, p0, lim, &len) + c0;
                 int p = p0, end = p0 + len;
 
-                for (; p + 2 <= end; p += 2, v += 2 * kv_row) {
+                for (; p + 4 <= end; p += 4, v += 4 * kv_row) {
                     __m256 w0 = _mm256_broadcast_ss(P + p);
                     __m256 w1 = _mm256_broadcast_ss(P + p + 1);
+                    __m256 w2 = _mm256_broadcast_ss(P + p + 2);
+                    __m256 w3 = _mm256_broadcast_ss(P + p + 3);
+                    const float *v1 = v + kv_row, *v2 = v1 + kv_row;
+                    const float *v3 = v2 + kv_row;
 
-                    a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v), a0);
-                    a2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v + kv_row), a2);
+                    lo0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v), lo0);
+                    lo1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1), lo1);
+                    lo2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(v2), lo2);
+                    lo3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(v3), lo3);
                     if (two) {
-                        a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8), a1);
-                        a3 = _mm256_fmadd_ps(w1,
-                                             _mm256_loadu_ps(v + kv_row + 8),
-                                             a3);
+                        hi0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8), hi0);
+                        hi1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + 8),
+                                              hi1);
+                        hi2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(v2 + 8),
+                                              hi2);
+                        hi3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(v3 + 8),
+                                              hi3);
                     }
                 }
-                if (p < end) {
+                for (; p < end; p++, v += kv_row) {
                     __m256 w0 = _mm256_broadcast_ss(P + p);
 
-                    a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v), a0);
+                    lo0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v), lo0);
                     if (two)
-                        a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8), a1);
+                        hi0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8), hi0);
                 }
             }
-            _mm256_storeu_ps(o + c0, _mm256_add_ps(a0, a2));
+            _mm256_storeu_ps(o + c0, _mm256_add_ps(_mm256_add_ps(lo0, lo1),
+                                                   _mm256_add_ps(lo2, lo3)));
             if (two)
-                _mm256_storeu_ps(o + c0 + 8, _mm256_add_ps(a1, a3));
+                _mm256_storeu_ps(o + c0 + 8,
+                                 _mm256_add_ps(_mm256_add_ps(hi0, hi1),
+                                               _mm256_add_ps(hi2, hi3)));
         }
     }
 }

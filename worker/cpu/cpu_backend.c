@@ -61,6 +61,19 @@
 #define CPU_CHUNK_MIN_TOKENS 4
 #define CPU_SPLIT_ENV "BT_CPU_SPLIT"
 
+/* Contention back-off for the sequence split.  On a box whose cores are
+ * busy with other processes a worker thread is often not running when a
+ * step needs it, and the caller then waits a scheduler time slice for
+ * the chunk it holds: a step takes milliseconds instead of 100 us.  A
+ * split step is "late" when the caller waited for the others more than a
+ * quarter of the step (or they took no chunk at all); after a late step
+ * the backend runs CPU_BACKOFF_MIN, then twice as many, ... up to
+ * CPU_BACKOFF_MAX steps on the calling thread alone before it tries
+ * again (the first split step after a pause only wakes the workers and is
+ * not judged). */
+#define CPU_BACKOFF_MIN 4
+#define CPU_BACKOFF_MAX 1024
+
 /* Matrices are packed (cpu__pack) forms of the shapes given. */
 typedef struct {
     const float *attn_norm; /* (dim) */
@@ -100,6 +113,9 @@ typedef struct {
     int max_ctx;              /* most slots one sequence can have */
     double min_work;          /* multiply-adds per extra thread */
     bool split_seqs;          /* sequence split allowed (BT_CPU_SPLIT) */
+    int solo_steps;           /* split steps left to run on one thread */
+    int backoff;              /* next solo_steps after a late step */
+    bool rewarm;              /* next split step wakes workers, unjudged */
     double tok_work;          /* matmul multiply-adds per token */
     const float *tok_emb;     /* (vocab, dim) */
     const float *final_norm;  /* (dim) */
@@ -395,6 +411,8 @@ typedef struct {
     float *hidden;
     int n_chunks;
     atomic_int next;     /* next chunk to take */
+    atomic_int n_helped; /* chunks run by threads other than the caller */
+    uint64_t caller_done_ns; /* when the caller found no chunk left */
 } cpu_chunk_job_t;
 
 /* Sequence split: take chunks until none are left; run every layer and
@@ -413,6 +431,39 @@ static void cpu_chunk_task(void *arg, int ith, int nth)
         for (int l = 0; l < j->be->cfg.n_layers; l++)
             cpu_layer(j->be, j->batch, l, r, false, ith, 0.0);
         cpu_final(j->be, r, false, ith, j->logits, j->hidden);
+        if (ith != 0)
+            atomic_fetch_add_explicit(&j->n_helped, 1, memory_order_relaxed);
+    }
+    if (ith == 0)
+        j->caller_done_ns = bt_time_ns();
+}
+
+/* Runs the chunks of a sequence-split step on nth threads, or on the
+ * calling thread while backing off from contention. */
+static void cpu_run_chunks(cpu_backend_t *be, cpu_chunk_job_t *j, int nth)
+{
+    uint64_t t0, t1;
+    bool judge;
+
+    if (be->solo_steps > 0) {
+        be->solo_steps--;
+        be->rewarm = true;
+        cpu_chunk_task(j, 0, 1);
+        return;
+    }
+    judge = !be->rewarm;
+    be->rewarm = false;
+    t0 = bt_time_ns();
+    cpu__pool_run(be->pool, nth, cpu_chunk_task, j);
+    t1 = bt_time_ns();
+    if (!judge)
+        return;
+    if (atomic_load_explicit(&j->n_helped, memory_order_relaxed) == 0 ||
+        (t1 - j->caller_done_ns) * 4 > t1 - t0) {
+        be->solo_steps = be->backoff;
+        be->backoff = BT_MIN(2 * be->backoff, CPU_BACKOFF_MAX);
+    } else {
+        be->backoff = CPU_BACKOFF_MIN;
     }
 }
 
@@ -484,9 +535,9 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
     nth = cpu_nth(be, n_tok * be->tok_work + attn_work);
     if (be->split_seqs && batch->on_layer_done == NULL && n_chunks >= 2 &&
         nth >= 2) {
-        cpu_chunk_job_t j = { be, batch, logits, hidden, n_chunks, 0 };
+        cpu_chunk_job_t j = { be, batch, logits, hidden, n_chunks, 0, 0, 0 };
 
-        cpu__pool_run(be->pool, BT_MIN(nth, n_chunks), cpu_chunk_task, &j);
+        cpu_run_chunks(be, &j, BT_MIN(nth, n_chunks));
         return BT_OK;
     }
 
@@ -760,6 +811,7 @@ static bt_status_t cpu_create(const model_t *model,
     be->min_work = CPU_MIN_WORK_PER_THREAD;
     be->split_seqs = getenv(CPU_SPLIT_ENV) == NULL ||
                      strcmp(getenv(CPU_SPLIT_ENV), "ops") != 0;
+    be->backoff = CPU_BACKOFF_MIN;
     if (getenv(CPU_MIN_WORK_ENV) != NULL) {
         double v;
 
