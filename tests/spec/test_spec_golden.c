@@ -100,7 +100,8 @@ int main(void)
             ecfg.backend.n_kv_blocks = 512;
             ecfg.backend.n_threads = 1 + variant;
             BT_ASSERT_OK(engine_create(&ecfg, &engine));
-            for (int h = 0; h < 2; h++) {
+            /* the -hf conversions: one head, two shapes (time) */
+            for (int h = 0; h < 2 - variant; h++) {
                 BT_ASSERT_OK(spec_head_create(engine_model(engine), 0,
                                               7 + h, &head));
                 if (h == 1) { /* a sharper head: bigger random weights */
@@ -113,6 +114,8 @@ int main(void)
                 spec_config_init(&scfg);
                 BT_ASSERT_OK(spec_create(engine, head, &scfg, &spec));
                 for (size_t s = 0; s < BT_ARRAY_SIZE(shapes); s++) {
+                    if (variant == 1 && s != 0 && s != 3)
+                        continue;
                     if (shapes[s].depth > 0)
                         spec_set_fixed(spec, shapes[s].tokens,
                                        shapes[s].depth, shapes[s].topk);
@@ -128,9 +131,8 @@ int main(void)
                 }
                 spec_set_fixed(spec, 16, 5, 4);
                 batch_check(spec, engine, g, n_g, models[m]);
-                fprintf(stderr, "%s head %d: accept length %.3f over %llu "
-                        "verifications\n", path, h, spec_accept_length(spec),
-                        (unsigned long long)0);
+                fprintf(stderr, "%s head %d: accept length %.3f\n", path, h,
+                        spec_accept_length(spec));
                 spec_destroy(&spec);
                 spec_head_destroy(&head);
             }
