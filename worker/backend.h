@@ -23,6 +23,7 @@
 #define BT_WORKER_BACKEND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "bt_status.h"
@@ -68,6 +69,16 @@ typedef struct {
     int n_threads;         /* CPU worker threads (0 = all cores) */
     int device_index;      /* CUDA device ordinal */
     backend_precision_t precision;
+    /* Optional allocator for the KV arrays (K and V, each
+     * (n_layers, n_blocks, block_size, n_kv_heads, head_dim)), so a decode
+     * worker can place its pool in memory a transport maps, e.g.
+     * kv_ucx_mem_alloc.  NULL = the backend's own allocation.  kv_alloc
+     * returns NULL on failure; kv_free is called for each non-NULL block
+     * kv_alloc returned, when the backend is destroyed.  CPU backend only
+     * for now (others ignore it). */
+    void *(*kv_alloc)(void *arg, size_t bytes);
+    void (*kv_free)(void *arg, void *ptr);
+    void *kv_alloc_arg;    /* passed to kv_alloc / kv_free */
 } backend_config_t;
 
 /* Defaults: 256 blocks of 16 tokens, 2048 batch tokens, 64 seqs, all cores. */

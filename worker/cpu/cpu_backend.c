@@ -735,6 +735,16 @@ static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
     return BT_OK;
 }
 
+/* Frees a KV array with the allocator that made it. */
+static void cpu_free_kv(cpu_backend_t *be, float **p)
+{
+    if (*p != NULL && be->bcfg.kv_alloc != NULL)
+        be->bcfg.kv_free(be->bcfg.kv_alloc_arg, *p);
+    else
+        bt_free(*p);
+    *p = NULL;
+}
+
 static void cpu_destroy(void *impl)
 {
     cpu_backend_t *be = impl;
@@ -746,8 +756,8 @@ static void cpu_destroy(void *impl)
         bt_free(be->owned[i]);
     bt_free(be->owned);
     bt_free(be->layers);
-    bt_free(be->k_cache);
-    bt_free(be->v_cache);
+    cpu_free_kv(be, &be->k_cache);
+    cpu_free_kv(be, &be->v_cache);
     bt_free(be->inv_freq);
     bt_free(be->x);
     bt_free(be->xb);
@@ -780,6 +790,20 @@ static bool cpu_alloc_f32(float **p, size_t rows, size_t cols,
         bt_mul_overflow_size(n, sizeof(float), &n))
         return false;
     *p = bt_malloc_aligned(n > 0 ? n : 1, name);
+    return *p != NULL;
+}
+
+/* The KV arrays come from the caller's allocator when it gave one
+ * (backend_config_t.kv_alloc: e.g. transport-mapped memory), else from
+ * bt_malloc_aligned.  `n` floats. */
+static bool cpu_alloc_kv(cpu_backend_t *be, float **p, size_t n)
+{
+    if (be->bcfg.kv_alloc == NULL)
+        return cpu_alloc_f32(p, n, 1, "kv_cache");
+    if (n > SIZE_MAX / sizeof(float))
+        return false;
+    *p = be->bcfg.kv_alloc(be->bcfg.kv_alloc_arg,
+                           (n > 0 ? n : 1) * sizeof(float));
     return *p != NULL;
 }
 
@@ -843,10 +867,8 @@ static bt_status_t cpu_create(const model_t *model,
                 "%d tokens), %d threads",
                 2.0 * mc->n_layers * kv_elems * sizeof(float) / 1048576.0,
                 cfg->n_kv_blocks, cfg->block_size, cpu__pool_size(be->pool));
-    if (!cpu_alloc_f32(&be->k_cache, (size_t)mc->n_layers, kv_elems,
-                       "kv_cache") ||
-        !cpu_alloc_f32(&be->v_cache, (size_t)mc->n_layers, kv_elems,
-                       "kv_cache") ||
+    if (!cpu_alloc_kv(be, &be->k_cache, (size_t)mc->n_layers * kv_elems) ||
+        !cpu_alloc_kv(be, &be->v_cache, (size_t)mc->n_layers * kv_elems) ||
         !cpu_alloc_f32(&be->inv_freq, 1, (size_t)mc->head_dim / 2 + 1,
                        "cpu_backend") ||
         !cpu_alloc_f32(&be->x, max_tok, (size_t)mc->dim, "cpu_scratch") ||
