@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "cli_common.h"
 #include "engine.h"
+#include "model/chat_template.h"
 #include "stop.h"
 #include "spec/spec.h" /* --spec-head (EAGLE speculative decoding) */
 
@@ -26,8 +27,14 @@ static void run_usage(FILE *out)
 "Generates a continuation in this process and streams it to stdout.\n"
 "\n"
 "  --model PATH           llama2.c .bin, Hugging Face directory, or synth:NAME\n"
-"  --tokenizer PATH       llama2.c tokenizer .bin (needed for --prompt)\n"
-"  --prompt TEXT          prompt text (BOS is prepended)\n"
+"  --tokenizer PATH       llama2.c .bin, tokenizer.json or HF directory\n"
+"                         (default: the model directory's tokenizer.json)\n"
+"  --prompt TEXT          prompt text (BOS prepended when the tokenizer\n"
+"                         says so)\n"
+"  --chat                 treat --prompt as a user message in the model's\n"
+"                         chat format (tokenizer_config.json's template)\n"
+"  --system TEXT          system message for --chat\n"
+"  --chat-template NAME   llama3, chatml, qwen, mistral, llama2 or plain\n"
 "  --prompt-ids IDS       prompt token ids, space or comma separated\n"
 "  --ids                  print generated ids on one line instead of text\n"
 "  --stats                print timing and tokens/s to stderr\n"
@@ -41,6 +48,46 @@ CLI_SAMPLING_HELP
 CLI_ENGINE_HELP);
 }
 
+/* Encodes the prompt, in the chat format when asked: the prompt becomes
+ * the user message (after an optional system message), formatted by the
+ * named template or the one the tokenizer's config implies. */
+static bt_status_t run_encode(const tok_t *tok, const char *prompt, bool chat,
+                              const char *system_msg, const char *template_name,
+                              const char *arch, int **ids_p, int *n_p)
+{
+    chat_template_t tmpl;
+    chat_msg_t msgs[2];
+    int n_msgs = 0;
+    char *text = NULL;
+    bt_status_t status;
+
+    if (!chat)
+        return tok_encode(tok, prompt, strlen(prompt), tok_adds_bos(tok),
+                          ids_p, n_p);
+    if (template_name != NULL) {
+        status = chat_template_from_name(template_name, &tmpl);
+        if (status != BT_OK)
+            return status;
+    } else {
+        tmpl = chat_template_detect(tok_chat_template(tok), arch);
+    }
+    if (system_msg != NULL)
+        msgs[n_msgs++] = (chat_msg_t){ "system", system_msg };
+    msgs[n_msgs++] = (chat_msg_t){ "user", prompt };
+    status = chat_format(tmpl, msgs, n_msgs, true,
+                         tok_bos_id(tok) >= 0 ? tok_piece(tok, tok_bos_id(tok))
+                                              : NULL,
+                         tok_eos_id(tok) >= 0 ? tok_piece(tok, tok_eos_id(tok))
+                                              : NULL,
+                         &text);
+    if (status != BT_OK)
+        return status;
+    status = tok_encode(tok, text, strlen(text), tok_adds_bos(tok), ids_p,
+                        n_p);
+    bt_free(text);
+    return status;
+}
+
 int cli_run_main(int argc, char **argv)
 {
     engine_config_t ecfg;
@@ -48,6 +95,8 @@ int cli_run_main(int argc, char **argv)
     stop_config_t scfg;
     cli_gen_opts_t gen;
     const char *prompt = NULL, *prompt_ids = NULL;
+    const char *system_msg = NULL, *template_name = NULL;
+    bool chat = false;
     bool print_ids = false, stats = false;
     engine_t *engine = NULL;
     engine_seq_t *seq = NULL;
@@ -71,6 +120,9 @@ int cli_run_main(int argc, char **argv)
         { "prompt-ids", required_argument, NULL, 'I' },
         { "ids", no_argument, NULL, 'i' },
         { "stats", no_argument, NULL, 'S' },
+        { "chat", no_argument, NULL, 'c' },
+        { "system", required_argument, NULL, 's' },
+        { "chat-template", required_argument, NULL, 'C' },
         /* speculative decoding */
         { "spec-head", required_argument, NULL, 3000 },
         { "spec-depth", required_argument, NULL, 3001 },
@@ -94,6 +146,9 @@ int cli_run_main(int argc, char **argv)
         case 'I': prompt_ids = optarg; break;
         case 'i': print_ids = true; break;
         case 'S': stats = true; break;
+        case 'c': chat = true; break;
+        case 's': system_msg = optarg; break;
+        case 'C': template_name = optarg; chat = true; break;
         case 3000: spec_head_path = optarg; break;
         case 3001: spec_cfg.depth = atoi(optarg); break;
         case 3002: spec_cfg.topk = atoi(optarg); break;
@@ -120,9 +175,8 @@ int cli_run_main(int argc, char **argv)
         run_usage(stderr);
         return 2;
     }
-    if (prompt != NULL && ecfg.tokenizer_path == NULL) {
-        fprintf(stderr, "baton run: --prompt needs --tokenizer (or use "
-                        "--prompt-ids)\n");
+    if ((chat || system_msg != NULL) && prompt == NULL) {
+        fprintf(stderr, "baton run: --chat needs --prompt\n");
         return 2;
     }
     sp = gen.sampling;
@@ -144,8 +198,17 @@ int cli_run_main(int argc, char **argv)
             BT_ERROR(BT_ERR_INVALID_ARG, "CLI", "empty prompt");
             goto out;
         }
-        status = tok_encode(engine_tokenizer(engine), prompt, strlen(prompt),
-                            true, &ids, &n_ids);
+        if (engine_tokenizer(engine) == NULL) {
+            BT_ERROR(BT_ERR_INVALID_ARG, "CLI",
+                     "--prompt needs a tokenizer: pass --tokenizer, or use "
+                     "--prompt-ids");
+            ret = 2;
+            goto out;
+        }
+        status = run_encode(engine_tokenizer(engine), prompt, chat,
+                            system_msg, template_name,
+                            model_architecture(engine_model(engine)), &ids,
+                            &n_ids);
         if (status != BT_OK)
             goto out;
     }
@@ -235,7 +298,7 @@ int cli_run_main(int argc, char **argv)
     ret = 0;
 
 out:
-    if (ret != 0)
+    if (ret == 1)
         fprintf(stderr, "baton run: %s\n",
                 bt_error_last()[0] ? bt_error_last() : "failed");
     tok_stream_destroy(&stream);

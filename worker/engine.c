@@ -5,6 +5,7 @@
 #include "engine.h"
 
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bt_alloc.h"
 #include "bt_error.h"
@@ -37,6 +38,35 @@ struct engine_seq_s {
     sampler_t *sampler;
 };
 
+/* A Hugging Face model directory that holds tokenizer.json brings its own
+ * tokenizer: returns the directory (in buf) or NULL. */
+static const char *engine_find_tokenizer(const char *model_path, char *buf,
+                                         size_t cap)
+{
+    struct stat st;
+    size_t len;
+
+    if (strncmp(model_path, "synth:", 6) == 0 ||
+        stat(model_path, &st) != 0)
+        return NULL;
+    len = strlen(model_path);
+    if (!S_ISDIR(st.st_mode)) {
+        const char *slash = strrchr(model_path, '/');
+        /* .../config.json: look in its directory */
+        if (slash == NULL || strcmp(slash + 1, "config.json") != 0)
+            return NULL;
+        len = (size_t)(slash - model_path);
+    }
+    if (len + sizeof("/tokenizer.json") > cap)
+        return NULL;
+    memcpy(buf, model_path, len);
+    strcpy(buf + len, "/tokenizer.json");
+    if (stat(buf, &st) != 0 || !S_ISREG(st.st_mode))
+        return NULL;
+    buf[len] = '\0';
+    return buf;
+}
+
 void engine_config_init(engine_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -48,6 +78,8 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
 {
     engine_t *engine;
     const model_config_t *mcfg;
+    const char *tok_path;
+    char auto_tok[4096];
     bt_status_t status;
 
     if (cfg->model_path == NULL)
@@ -61,11 +93,16 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
         goto err_free;
     mcfg = model_config(engine->model);
     engine->vocab_size = mcfg->vocab_size;
-    if (cfg->tokenizer_path != NULL) {
-        status = tok_load_llama2c(cfg->tokenizer_path, mcfg->vocab_size,
-                                  &engine->tok);
+    tok_path = cfg->tokenizer_path;
+    if (tok_path == NULL)
+        tok_path = engine_find_tokenizer(cfg->model_path, auto_tok,
+                                         sizeof(auto_tok));
+    if (tok_path != NULL) {
+        status = tok_load(tok_path, mcfg->vocab_size, &engine->tok);
         if (status != BT_OK)
             goto err_model;
+        if (engine->tok != NULL && cfg->skip_special_tokens)
+            tok_set_skip_special(engine->tok, true);
     }
     status = backend_create(cfg->device, engine->model, &cfg->backend,
                             &engine->backend);

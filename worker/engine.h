@@ -28,7 +28,10 @@ extern "C" {
 
 typedef struct {
     const char *model_path;     /* .bin file, HF directory or synth:NAME */
-    const char *tokenizer_path; /* NULL: none (ids only) */
+    const char *tokenizer_path; /* llama2.c .bin, tokenizer.json or an HF
+                                 * directory; NULL: the model directory's
+                                 * tokenizer.json if any, else none */
+    bool skip_special_tokens;   /* decode special tokens as nothing */
     const char *device;         /* "auto", "cpu" or "cuda" */
     backend_config_t backend;
 } engine_config_t;

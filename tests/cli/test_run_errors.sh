@@ -27,7 +27,9 @@ A="--model $M/aidreams260K.bin"
 T="--tokenizer $M/aidreams-tok512.bin"
 expect usage "need --model" -- run --prompt-ids "1 2"
 expect usage "exactly one" -- run $A
-expect usage "needs --tokenizer" -- run $A --prompt "hi"
+expect usage "needs a tokenizer" -- run $A --prompt "hi"
+expect usage "needs --prompt" -- run $A --prompt-ids 1 --chat
+expect error "llama3" -- run $A $T --prompt "hi" --chat-template bogus
 expect error "empty prompt" -- run $A $T --prompt ""
 expect usage "temperature" -- run $A --prompt-ids 1 --temperature -1
 expect usage "top_p" -- run $A --prompt-ids 1 --top-p 0
