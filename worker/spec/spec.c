@@ -821,6 +821,20 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
             return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                             "sequence %d would exceed the context of %d", i,
                             spec->max_ctx);
+        if (s->pend_pos + s->n_pend != cached) {
+            /* tokens cached without their features (KV imported or the
+             * sequence stepped outside): leave a gap in the draft cache,
+             * decode this step plainly, draft again from the next */
+            status = spec_flush(spec, s);
+            if (status != BT_OK)
+                return status;
+            s->pend_pos = cached;
+            if (pending == 1) {
+                s->mode = SPEC_MODE_PLAIN;
+                s->take = 1;
+                goto reserve;
+            }
+        }
         if (pending > 1) {
             s->mode = SPEC_MODE_PREFILL;
             s->take = BT_MIN(pending, left);
@@ -842,6 +856,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
             }
             s->take = 1 + n_sel;
         }
+reserve:
         status = engine_seq_reserve(spec->engine, s->seq, cached + s->take);
         if (status != BT_OK)
             return status;
@@ -947,6 +962,25 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
                      arm, rate, spec->arm_rate[b][arm]);
     }
     return BT_OK;
+}
+
+bt_status_t spec_seq_import(spec_t *spec, spec_seq_t *s, const float *hidden,
+                            int n)
+{
+    int cached = engine_seq_cached(s->seq);
+    bt_status_t status;
+
+    if (n < 0 || n > cached)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "%d imported hidden rows for %d cached tokens", n,
+                        cached);
+    if (s->pend_pos + s->n_pend != cached - n) {
+        status = spec_flush(spec, s);
+        if (status != BT_OK)
+            return status;
+        s->pend_pos = cached - n;
+    }
+    return spec_push(spec, s, hidden, n);
 }
 
 bt_status_t spec_seq_next(spec_t *spec, spec_seq_t *s, int *tok_p)

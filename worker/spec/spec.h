@@ -77,6 +77,16 @@ bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
 void spec_seq_destroy(spec_seq_t **sseq_p);
 engine_seq_t *spec_seq_engine_seq(spec_seq_t *sseq);
 
+/* Seeds the draft state with the target's last hidden states (before
+ * the final norm; backend_forward's `hidden` rows) of the last n cached
+ * tokens, computed elsewhere: the speculation-aware hand-off, where the
+ * prefill worker ships them with the KV so the decode worker drafts from
+ * its first step.  A sequence whose cached tokens have no features
+ * (imported without them, or stepped by engine_step) still works: its
+ * first step decodes plainly and drafting starts from the next. */
+bt_status_t spec_seq_import(spec_t *spec, spec_seq_t *sseq,
+                            const float *hidden, int n);
+
 /* Most tokens one step may add to one sequence (depth + 1). */
 int spec_max_step_tokens(const spec_t *spec);
 
