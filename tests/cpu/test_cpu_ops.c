@@ -413,7 +413,12 @@ static void test_attention(void)
                 }
     check_attention(16, 1, 4, 128, 300, 5, 0, 5, false, false);
     check_attention(16, 2, 2, 64, 40, 33, 16, 16, false, true);
-    fprintf(stderr, "attention: %d cases\n", cases + 2);
+    /* decode-shaped: one query, the last new token, wide heads */
+    check_attention(16, 2, 1, 128, 300, 1, 0, 1, false, false);
+    check_attention(16, 2, 2, 64, 77, 1, 0, 1, false, true);
+    check_attention(16, 2, 1, 24, 45, 3, 2, 1, false, false);
+    check_attention(3, 2, 1, 16, 45, 3, 2, 1, false, false);
+    fprintf(stderr, "attention: %d cases\n", cases + 6);
     BT_TEST_PASS("attention");
 }
 

@@ -54,12 +54,15 @@ static inline size_t cpu_attn_run(const cpu_attn_seq_t *s, int p0,
     int bs = s->block_size;
     int b = p0 / bs;
     int first = s->block_table[b];
-    int end = (b + 1) * bs;
+    int nb = b + 1;           /* next block index, without a division */
+    int end = nb * bs;
 
-    while (end < limit && s->block_table[end / bs] == first + (end / bs - b))
+    while (end < limit && s->block_table[nb] == first + (nb - b)) {
+        nb++;
         end += bs;
+    }
     *len_p = (end < limit ? end : limit) - p0;
-    return ((size_t)first * bs + p0 % bs) * s->kv_row;
+    return ((size_t)first * bs + (p0 - b * bs)) * s->kv_row;
 }
 
 #ifdef CPU_ATTN_X86
@@ -111,16 +114,128 @@ CPU_AVX2 static void cpu_softmax_avx2(float *row, int n, float scale)
         row[p] *= inv;
 }
 
+/* One key's products with q, summed over 8-column chunks: a vector of 8
+ * partial sums of q . k (head_dim a multiple of 8). */
+CPU_AVX2 static inline __m256 cpu_attn_dot8(const float *k, const float *q,
+                                            int hd)
+{
+    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(k), _mm256_loadu_ps(q));
+
+    for (int c = 8; c < hd; c += 8)
+        t = _mm256_fmadd_ps(_mm256_loadu_ps(k + c), _mm256_loadu_ps(q + c),
+                            t);
+    return t;
+}
+
+/* Scores of one query against slots [0, limit), head_dim a multiple of
+ * 8: S[p] = (q . K[p]) * scale; returns their maximum.  Eight keys at a time: one vector of partial sums
+ * per key, then a transposing hadd tree turns the eight into one vector
+ * of eight scores (no scalar horizontal sums).  HD16: head_dim is 16 and
+ * q stays in two registers. */
+#define CPU_ATTN_QK1(NAME, HD16)                                            \
+CPU_AVX2 static float NAME(float *S, const float *q, const cpu_attn_seq_t *s,\
+                           const float *kb, int limit, float scale)         \
+{                                                                           \
+    int hd = HD16 ? 16 : s->head_dim;                                       \
+    size_t kv_row = (size_t)s->kv_row;                                      \
+    __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);            \
+    __m256 vscale = _mm256_set1_ps(scale);                                  \
+    __m256 vmax = _mm256_set1_ps(-INFINITY);                                \
+    __m128 m4;                                                              \
+    float max;                                                              \
+    int len;                                                                \
+                                                                            \
+    for (int p0 = 0; p0 < limit; p0 += len) {                               \
+        const float *k = kb + cpu_attn_run(s, p0, limit, &len);             \
+        int p = p0, end = p0 + len;                                         \
+                                                                            \
+        for (; p + 8 <= end; p += 8, k += 8 * kv_row) {                     \
+            __m256 t0, t1, t2, t3, t4, t5, t6, t7, a01, a23, a45, a67;      \
+            __m256 b0, b1;                                                  \
+                                                                            \
+            if (HD16) {                                                     \
+                t0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + 8), q1,            \
+                                     _mm256_mul_ps(_mm256_loadu_ps(k), q0));\
+                t1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + kv_row + 8), q1,   \
+                                     _mm256_mul_ps(                         \
+                                         _mm256_loadu_ps(k + kv_row), q0)); \
+                t2 = _mm256_fmadd_ps(_mm256_loadu_ps(k + 2 * kv_row + 8),   \
+                                     q1, _mm256_mul_ps(_mm256_loadu_ps(     \
+                                         k + 2 * kv_row), q0));             \
+                t3 = _mm256_fmadd_ps(_mm256_loadu_ps(k + 3 * kv_row + 8),   \
+                                     q1, _mm256_mul_ps(_mm256_loadu_ps(     \
+                                         k + 3 * kv_row), q0));             \
+                t4 = _mm256_fmadd_ps(_mm256_loadu_ps(k + 4 * kv_row + 8),   \
+                                     q1, _mm256_mul_ps(_mm256_loadu_ps(     \
+                                         k + 4 * kv_row), q0));             \
+                t5 = _mm256_fmadd_ps(_mm256_loadu_ps(k + 5 * kv_row + 8),   \
+                                     q1, _mm256_mul_ps(_mm256_loadu_ps(     \
+                                         k + 5 * kv_row), q0));             \
+                t6 = _mm256_fmadd_ps(_mm256_loadu_ps(k + 6 * kv_row + 8),   \
+                                     q1, _mm256_mul_ps(_mm256_loadu_ps(     \
+                                         k + 6 * kv_row), q0));             \
+                t7 = _mm256_fmadd_ps(_mm256_loadu_ps(k + 7 * kv_row + 8),   \
+                                     q1, _mm256_mul_ps(_mm256_loadu_ps(     \
+                                         k + 7 * kv_row), q0));             \
+            } else {                                                        \
+                t0 = cpu_attn_dot8(k, q, hd);                               \
+                t1 = cpu_attn_dot8(k + kv_row, q, hd);                      \
+                t2 = cpu_attn_dot8(k + 2 * kv_row, q, hd);                  \
+                t3 = cpu_attn_dot8(k + 3 * kv_row, q, hd);                  \
+                t4 = cpu_attn_dot8(k + 4 * kv_row, q, hd);                  \
+                t5 = cpu_attn_dot8(k + 5 * kv_row, q, hd);                  \
+                t6 = cpu_attn_dot8(k + 6 * kv_row, q, hd);                  \
+                t7 = cpu_attn_dot8(k + 7 * kv_row, q, hd);                  \
+            }                                                               \
+            a01 = _mm256_hadd_ps(t0, t1);                                   \
+            a23 = _mm256_hadd_ps(t2, t3);                                   \
+            a45 = _mm256_hadd_ps(t4, t5);                                   \
+            a67 = _mm256_hadd_ps(t6, t7);                                   \
+            b0 = _mm256_hadd_ps(a01, a23);                                  \
+            b1 = _mm256_hadd_ps(a45, a67);                                  \
+            b0 = _mm256_mul_ps(_mm256_add_ps(                               \
+                _mm256_permute2f128_ps(b0, b1, 0x20),                       \
+                _mm256_permute2f128_ps(b0, b1, 0x31)), vscale);             \
+            _mm256_storeu_ps(S + p, b0);                                    \
+            vmax = _mm256_max_ps(vmax, b0);                                 \
+        }                                                                   \
+        for (; p < end; p++, k += kv_row) {                                 \
+            __m256 t = cpu_attn_dot8(k, q, hd);                             \
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(t),                \
+                                  _mm256_extractf128_ps(t, 1));             \
+                                                                            \
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));                         \
+            h = _mm_mul_ss(_mm_add_ss(h, _mm_movehdup_ps(h)),               \
+                           _mm256_castps256_ps128(vscale));                 \
+            S[p] = _mm_cvtss_f32(h);                                        \
+            vmax = _mm256_max_ps(vmax, _mm256_broadcastss_ps(h));           \
+        }                                                                   \
+    }                                                                       \
+    (void)q0;                                                               \
+    (void)q1;                                                               \
+    m4 = _mm_max_ps(_mm256_castps256_ps128(vmax),                           \
+                    _mm256_extractf128_ps(vmax, 1));                        \
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));                             \
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));                               \
+    max = _mm_cvtss_f32(m4);                                                \
+    return max;                                                             \
+}
+
+CPU_ATTN_QK1(cpu_attn_qk1_avx2, false)
+CPU_ATTN_QK1(cpu_attn_qk1_hd16_avx2, true)
+
 /* out row r = sum over slots p < lim_r of P[r][p] * V[p], head_dim a
  * multiple of 8: 16 columns at a time in registers, four chains per
  * column vector (slots p mod 4) so the FMA latency is hidden even for a
- * 16-wide head. */
+ * 16-wide head; the sums are multiplied by `mul` (a softmax's 1/sum). */
 CPU_AVX2 static void cpu_attn_pv_avx2(float *out, int ldo, const float *S,
                                       int n_slots, const cpu_attn_seq_t *s,
-                                      const float *vb, int i0, int n_q)
+                                      const float *vb, int i0, int n_q,
+                                      float mul)
 {
     int hd = s->head_dim;
     size_t kv_row = (size_t)s->kv_row;
+    __m256 vmul = _mm256_set1_ps(mul);
 
     for (int r = 0; r < n_q; r++) {
         const float *P = S + (size_t)r * n_slots;
@@ -169,14 +284,49 @@ CPU_AVX2 static void cpu_attn_pv_avx2(float *out, int ldo, const float *S,
                         hi0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8), hi0);
                 }
             }
-            _mm256_storeu_ps(o + c0, _mm256_add_ps(_mm256_add_ps(lo0, lo1),
-                                                   _mm256_add_ps(lo2, lo3)));
+            _mm256_storeu_ps(o + c0, _mm256_mul_ps(
+                _mm256_add_ps(_mm256_add_ps(lo0, lo1),
+                              _mm256_add_ps(lo2, lo3)), vmul));
             if (two)
-                _mm256_storeu_ps(o + c0 + 8,
-                                 _mm256_add_ps(_mm256_add_ps(hi0, hi1),
-                                               _mm256_add_ps(hi2, hi3)));
+                _mm256_storeu_ps(o + c0 + 8, _mm256_mul_ps(
+                    _mm256_add_ps(_mm256_add_ps(hi0, hi1),
+                                  _mm256_add_ps(hi2, hi3)), vmul));
         }
     }
+}
+
+/* One query row that sees slots [0, n) (a decode token): scaled scores
+ * and their max in one pass, exp(s - max) and its sum, then P V with the
+ * unnormalized weights and 1/sum applied to the output. */
+CPU_AVX2 static void cpu_attn_decode_avx2(float *out, const float *q,
+                                          const cpu_attn_seq_t *s,
+                                          const float *kb, const float *vb,
+                                          int n, float scale, float *S)
+{
+    float max = s->head_dim == 16 ? cpu_attn_qk1_hd16_avx2(S, q, s, kb, n,
+                                                           scale)
+                                  : cpu_attn_qk1_avx2(S, q, s, kb, n, scale);
+    __m256 vmax = _mm256_set1_ps(max), vsum = _mm256_setzero_ps();
+    __m128 s4;
+    float sum;
+    int p;
+
+    for (p = 0; p + 8 <= n; p += 8)
+        _mm256_storeu_ps(S + p, _mm256_sub_ps(_mm256_loadu_ps(S + p), vmax));
+    for (; p < n; p++)
+        S[p] -= max;
+    cpu__exp_inplace(S, n);
+    for (p = 0; p + 8 <= n; p += 8)
+        vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(S + p));
+    s4 = _mm_add_ps(_mm256_castps256_ps128(vsum),
+                    _mm256_extractf128_ps(vsum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    sum = _mm_cvtss_f32(s4);
+    for (; p < n; p++)
+        sum += S[p];
+    /* i0 = n_new - 1 with no mask: the row sees exactly [0, n) */
+    cpu_attn_pv_avx2(out, 0, S, n, s, vb, s->n_new - 1, 1, 1.0f / sum);
 }
 #endif
 
@@ -193,18 +343,34 @@ static void cpu_attention_head(float *out, int ldo, const float *q, int ldq,
     bool vec = false; /* AVX2 kernels */
     int len;
 
+#ifdef CPU_ATTN_X86
+    if (cpu__have_avx2())
+        vec = true;
+#endif
+
+#ifdef CPU_ATTN_X86
+    /* the last new token of a causal sequence (decode) sees [0, limit) */
+    if (vec && n_q == 1 && hd % 8 == 0 && s->mask == NULL &&
+        i0 == s->n_new - 1) {
+        cpu_attn_decode_avx2(out, q, s, kb, vb, limit, scale, S);
+        return;
+    }
+#endif
+
     /* 1. S = Q K^T over slots [0, limit) */
+#ifdef CPU_ATTN_X86
+    if (vec && n_q == 1 && hd == 16)
+        (void)cpu_attn_qk1_hd16_avx2(S, q, s, kb, limit, 1.0f);
+    else if (vec && n_q == 1 && hd % 8 == 0)
+        (void)cpu_attn_qk1_avx2(S, q, s, kb, limit, 1.0f);
+    else
+#endif
     for (int p0 = 0; p0 < limit; p0 += len) {
         size_t off = cpu_attn_run(s, p0, limit, &len);
 
         cpu__matmul(S + p0, n_slots, q, ldq, kb + off, s->kv_row, NULL, n_q,
                     hd, 0, len, false);
     }
-
-#ifdef CPU_ATTN_X86
-    if (cpu__have_avx2())
-        vec = true;
-#endif
 
     /* 2. masked, scaled softmax per query row */
     for (int r = 0; r < n_q; r++) {
@@ -247,7 +413,7 @@ static void cpu_attention_head(float *out, int ldo, const float *q, int ldq,
     /* 3. out = P V */
 #ifdef CPU_ATTN_X86
     if (vec && hd % 8 == 0) {
-        cpu_attn_pv_avx2(out, ldo, S, n_slots, s, vb, i0, n_q);
+        cpu_attn_pv_avx2(out, ldo, S, n_slots, s, vb, i0, n_q, 1.0f);
         return;
     }
 #endif
