@@ -14,7 +14,8 @@ static const shape_t shapes[] = {
     { 16, 5, 4 }, { 4, 4, 1 }, { 10, 3, 3 }, { 0, 0, 0 }, { 1, 1, 1 },
 };
 
-/* All golden lines of `model` decoded together in one batch. */
+/* All golden lines of `model` decoded together in one batch, joining at
+ * different steps (continuous batching). */
 static void batch_check(spec_t *spec, engine_t *engine, golden_t *g, int n_g,
                         const char *model)
 {
@@ -39,16 +40,26 @@ static void batch_check(spec_t *spec, engine_t *engine, golden_t *g, int n_g,
         done[n] = false;
         n++;
     }
-    for (;;) {
+    for (int step = 0;; step++) {
         int n_live = 0, map[GOLDEN_MAX];
+        bool waiting = false;
 
-        for (int i = 0; i < n; i++)
+        /* sequence i joins at step 3 i: prompts are prefilled in the same
+         * forward as other sequences' draft trees */
+        for (int i = 0; i < n; i++) {
+            if (step < 3 * i) {
+                waiting = true;
+                continue;
+            }
             if (!done[i]) {
                 map[n_live] = i;
                 live[n_live++] = ss[i];
             }
-        if (n_live == 0)
+        }
+        if (n_live == 0 && !waiting)
             break;
+        if (n_live == 0)
+            continue;
         BT_ASSERT_OK(spec_step(spec, live, n_live, n_out, out));
         for (int b = 0; b < n_live; b++) {
             int i = map[b];
