@@ -100,6 +100,7 @@ void decode_config_init(decode_config_t *cfg)
     cfg->quarantine_ms = 2000;
     cfg->max_reservations = 1024;
     cfg->use_ucx = true;
+    cfg->ucx_shm_pool = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -817,6 +818,21 @@ static void expire(decode_t *dec)
 // ---------------------------------------------------------------------------
 // Lifecycle
 
+/* backend_config_t.kv_alloc: the KV arrays in UCX-mapped shared memory. */
+static void *ucx_kv_alloc(void *arg, size_t bytes)
+{
+    void *p = NULL;
+
+    if (kv_ucx_mem_alloc(arg, bytes, KV_UCX_MEM_HOST, &p) != BT_OK)
+        return NULL;
+    return p;
+}
+
+static void ucx_kv_free(void *arg, void *ptr)
+{
+    kv_ucx_mem_free(arg, &ptr);
+}
+
 bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
 {
     bt_zmq_socket_config_t scfg;
@@ -853,9 +869,24 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
             goto err_free;
     } else {
         const model_config_t *mc;
-        status = engine_create(&cfg->engine, &dec->engine);
+        engine_config_t ecfg = cfg->engine;
+        /* UCX first, so the backend can put its KV arrays in memory UCX
+         * maps into prefill workers: puts become one-sided memcpys. */
+        if (cfg->use_ucx) {
+            kv_ucx_config_t ucfg;
+            kv_ucx_config_init(&ucfg);
+            ucfg.peer_errors = false; /* no endpoints here */
+            if (kv_ucx_create(&ucfg, &dec->ucx) != BT_OK)
+                BT_LOG_WARN("KV", "UCX unavailable; KV arrives inline");
+            else if (cfg->ucx_shm_pool) {
+                ecfg.backend.kv_alloc = ucx_kv_alloc;
+                ecfg.backend.kv_free = ucx_kv_free;
+                ecfg.backend.kv_alloc_arg = dec->ucx;
+            }
+        }
+        status = engine_create(&ecfg, &dec->engine);
         if (status != BT_OK)
-            goto err_free;
+            goto err_free_ucx;
         mc = model_config(engine_model(dec->engine));
         dec->kv = engine_kv(dec->engine);
         dec->vocab = mc->vocab_size;
@@ -879,22 +910,19 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         status = BT_ERR_NO_MEMORY;
         goto err_bufs;
     }
-    if (cfg->use_ucx && dec->engine != NULL) {
-        kv_ucx_config_t ucfg;
+    if (dec->ucx != NULL) {
         void *k_layers[1024], *v_layers[1024];
         backend_t *be = engine_backend(dec->engine);
-        kv_ucx_config_init(&ucfg);
         for (int l = 0; l < dec->n_layers && l < 1024; l++) {
             k_layers[l] = backend_kv_data(be, l, 0);
             v_layers[l] = backend_kv_data(be, l, 1);
         }
-        if (dec->n_layers > 1024 || kv_ucx_create(&ucfg, &dec->ucx) != BT_OK ||
+        if (dec->n_layers > 1024 ||
             kv_ucx_pool_register(dec->ucx, &dec->layout, k_layers, v_layers,
                                  KV_UCX_MEM_HOST, cfg->max_reservations,
-                                 &dec->pool) != BT_OK) {
-            BT_LOG_WARN("KV", "UCX unavailable; KV arrives inline");
-            kv_ucx_destroy(&dec->ucx);
-        }
+                                 &dec->pool) != BT_OK)
+            BT_LOG_WARN("KV", "UCX pool registration failed; KV arrives "
+                        "inline");
     }
     dec->ctx = zmq_ctx_new();
     if (dec->ctx == NULL) {
@@ -916,7 +944,6 @@ err_ctx:
     zmq_ctx_term(dec->ctx);
 err_ucx:
     kv_ucx_pool_deregister(&dec->pool);
-    kv_ucx_destroy(&dec->ucx);
 err_bufs:
     bt_free(dec->resv);
     bt_free(dec->quar);
@@ -924,9 +951,11 @@ err_bufs:
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
     if (dec->engine != NULL)
-        engine_destroy(&dec->engine);
+        engine_destroy(&dec->engine); /* frees the KV through UCX */
     else
         kv_allocator_destroy(&dec->kv);
+err_free_ucx:
+    kv_ucx_destroy(&dec->ucx);
 err_free:
     bt_free(dec);
     return status;
@@ -954,16 +983,16 @@ void decode_destroy(decode_t **dec_p)
     bt_zmq_socket_destroy(&dec->sock);
     zmq_ctx_term(dec->ctx);
     kv_ucx_pool_deregister(&dec->pool);
-    kv_ucx_destroy(&dec->ucx);
     bt_free(dec->resv);
     bt_free(dec->quar);
     bt_free(dec->logits);
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
     if (dec->engine != NULL)
-        engine_destroy(&dec->engine);
+        engine_destroy(&dec->engine); /* frees the KV through UCX */
     else
         kv_allocator_destroy(&dec->kv);
+    kv_ucx_destroy(&dec->ucx);
     bt_free(dec);
     *dec_p = NULL;
 }
@@ -1016,10 +1045,17 @@ bt_status_t decode_run(decode_t *dec)
         timeout = dec->seqs != NULL ? 0 : 50;
         items[0] = (zmq_pollitem_t){ dec->sock, 0, ZMQ_POLLIN, 0 };
         if (dec->ucx != NULL && timeout > 0 &&
-            kv_ucx_event_fd(dec->ucx) >= 0 && kv_ucx_arm(dec->ucx) == BT_OK) {
-            items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(dec->ucx),
-                                         ZMQ_POLLIN, 0 };
-            n_items = 2;
+            kv_ucx_event_fd(dec->ucx) >= 0) {
+            /* Sleep on the event fd only when UCX has nothing pending
+             * (tcp software RMA needs this process's progress). */
+            bt_status_t armed = kv_ucx_arm(dec->ucx);
+            if (armed == BT_OK) {
+                items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(dec->ucx),
+                                             ZMQ_POLLIN, 0 };
+                n_items = 2;
+            } else if (armed == BT_IN_PROGRESS) {
+                timeout = 0;
+            }
         }
         if (zmq_poll(items, n_items, timeout) < 0 && zmq_errno() != EINTR)
             return BT_ZMQ_ERROR("zmq_poll");

@@ -33,6 +33,9 @@ typedef struct {
     int quarantine_ms;       /* UCX: blocks of an aborted reservation (2000) */
     int max_reservations;    /* concurrent reservations = UCX slots (1024) */
     bool use_ucx;            /* register the pool with UCX */
+    bool ucx_shm_pool;       /* KV arrays from kv_ucx_mem_alloc (shared
+                              * memory: one-sided puts, no decode CPU);
+                              * off: malloc, copied by UCX's software RMA */
     int step_delay_ms;       /* tests: sleep after each step (slow streams) */
 } decode_config_t;
 

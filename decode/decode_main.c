@@ -42,6 +42,8 @@ static void usage(FILE *out)
         "  --step-tokens N        token budget per step (0 = max-batch-tokens)\n"
         "  --kv-timeout-ms N      free a reservation whose KV never came (30000)\n"
         "  --no-ucx               do not register the pool with UCX\n"
+        "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"
+        "                         (puts then need this process's CPU)\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "SIGTERM/SIGINT: stop taking work, finish running requests, exit.\n");
 }
@@ -63,6 +65,7 @@ int main(int argc, char **argv)
         { "max-seqs", required_argument, 0, 'S' },
         { "kv-timeout-ms", required_argument, 0, 'K' },
         { "no-ucx", no_argument, 0, 'U' },
+        { "kv-pool-malloc", no_argument, 0, 'M' },
         { "step-delay-ms", required_argument, 0, 'W' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
@@ -94,6 +97,7 @@ int main(int argc, char **argv)
         case 'S': bad = bt_parse_int(optarg, &b->max_seqs) != BT_OK; break;
         case 'K': bad = bt_parse_int(optarg, &cfg.kv_timeout_ms) != BT_OK; break;
         case 'U': cfg.use_ucx = false; break;
+        case 'M': cfg.ucx_shm_pool = false; break;
         case 'W': bad = bt_parse_int(optarg, &cfg.step_delay_ms) != BT_OK; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -18,6 +18,7 @@
 #include "proto_msg.h"
 
 #define PREFILL_NAME_MAX 64
+#define PREFILL_MAX_PEERS 64 /* decode pools kept connected */
 
 typedef enum {
     PREFILL_TASK_WAITING = 0, /* not started (needs KV blocks) */
@@ -59,6 +60,15 @@ struct prefill_task_s {
     prefill_task_t *next;
 };
 
+/* A decode pool this worker keeps a UCX endpoint to, so hand-offs never
+ * pay for connecting (and closing) on a request's critical path. */
+typedef struct {
+    kv_ucx_peer_t *peer;  /* one reference, held by the worker */
+    uint64_t pool_id;     /* the pool's identity (descriptor) */
+    uint64_t last_used;   /* bt_time_ns of the last task that used it */
+    bool retiring;        /* dropped: disconnect once nothing uses it */
+} prefill_peer_t;
+
 struct prefill_s {
     prefill_config_t cfg;
     char name[PREFILL_NAME_MAX];
@@ -70,6 +80,8 @@ struct prefill_s {
     void *ctx;
     void *sock;           /* DEALER to the router */
     kv_ucx_t *ucx;        /* NULL when UCX is off */
+    prefill_peer_t peers[PREFILL_MAX_PEERS]; /* (n_peers) held endpoints */
+    int n_peers;
     volatile sig_atomic_t stop;
     bool draining;
     int heartbeat_ms;
@@ -92,6 +104,7 @@ void prefill_config_init(prefill_config_t *cfg)
     engine_config_init(&cfg->engine);
     cfg->chunk_tokens = 512;
     cfg->use_ucx = true;
+    cfg->commit_timeout_ms = 5000;
 }
 
 // ---------------------------------------------------------------------------
@@ -465,6 +478,96 @@ static void handle_messages(prefill_t *pf)
 }
 
 // ---------------------------------------------------------------------------
+// Held UCX endpoints
+
+static prefill_peer_t *peer_find(prefill_t *pf, const kv_ucx_peer_t *peer)
+{
+    for (int i = 0; i < pf->n_peers; i++)
+        if (pf->peers[i].peer == peer)
+            return &pf->peers[i];
+    return NULL;
+}
+
+static void peer_retire(prefill_t *pf, const kv_ucx_peer_t *peer)
+{
+    prefill_peer_t *h = peer_find(pf, peer);
+
+    if (h != NULL && !h->retiring) {
+        BT_LOG_INFO("KV", "dropping the endpoint to KV pool %016llx",
+                    (unsigned long long)h->pool_id);
+        h->retiring = true;
+    }
+}
+
+static bool peer_in_use(prefill_t *pf, const kv_ucx_peer_t *peer)
+{
+    for (prefill_task_t *t = pf->head; t; t = t->next)
+        if (t->peer == peer)
+            return true;
+    return false;
+}
+
+/* Connects to the decode pool of `desc` and keeps the endpoint: later
+ * tasks for that pool reuse it (kv_ucx_connect caches by pool id while a
+ * reference lives).  The first connect to a pool costs ~milliseconds
+ * (UCX endpoint, rkey unpack, shared-memory attach).  When the table is
+ * full, the least recently used endpoint is retired. */
+static void peer_hold(prefill_t *pf, const void *desc, size_t len)
+{
+    kv_ucx_peer_t *peer = NULL;
+    prefill_peer_t *h;
+
+    if (pf->ucx == NULL || kv_ucx_connect(pf->ucx, desc, len, &peer) != BT_OK)
+        return;
+    h = peer_find(pf, peer);
+    if (h != NULL) {
+        h->retiring = false; /* in use again */
+        h->last_used = bt_time_ns();
+        kv_ucx_disconnect(&peer); /* the held reference stays */
+        return;
+    }
+    if (pf->n_peers == PREFILL_MAX_PEERS) {
+        prefill_peer_t *lru = NULL;
+        for (int i = 0; i < pf->n_peers; i++)
+            if (!pf->peers[i].retiring &&
+                (lru == NULL || pf->peers[i].last_used < lru->last_used))
+                lru = &pf->peers[i];
+        if (lru != NULL)
+            lru->retiring = true;
+        kv_ucx_disconnect(&peer); /* not held: connected per task */
+        return;
+    }
+    h = &pf->peers[pf->n_peers++];
+    h->peer = peer;
+    h->pool_id = kv_ucx_desc_pool_id(kv_ucx_peer_desc(peer));
+    h->last_used = bt_time_ns();
+    h->retiring = false;
+    BT_LOG_DEBUG("KV", "connected to KV pool %016llx",
+                 (unsigned long long)h->pool_id);
+    if (bt_log_is_enabled(BT_LOG_LEVEL_DEBUG, "KV"))
+        kv_ucx_peer_print_info(peer, stderr); /* lanes and transports */
+}
+
+/* Disconnects retired endpoints that no task uses and that have nothing
+ * in flight, so closing never blocks the loop (a dead peer's operations
+ * without peer error handling never complete: those wait for
+ * prefill_destroy). */
+static void peers_reap(prefill_t *pf)
+{
+    for (int i = 0; i < pf->n_peers;) {
+        prefill_peer_t *h = &pf->peers[i];
+        if (!h->retiring || peer_in_use(pf, h->peer) ||
+            (kv_ucx_peer_pending(h->peer) > 0 &&
+             kv_ucx_peer_status(h->peer) == BT_OK)) {
+            i++;
+            continue;
+        }
+        kv_ucx_disconnect(&h->peer);
+        pf->peers[i] = pf->peers[--pf->n_peers];
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Compute
 
 /* Copies layer `layer`'s K and V of every prompt token into the task's
@@ -532,14 +635,21 @@ static void on_layer_done(void *arg, int layer)
     }
 }
 
+/* Commit completion.  The argument is the worker, not the task: a task
+ * whose hand-off timed out is freed while its commit may still complete,
+ * so the task is found by (slot, epoch), which a grant never reuses. */
 static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t status)
 {
-    prefill_task_t *t = arg;
+    prefill_t *pf = arg;
 
-    (void)slot;
-    (void)epoch;
-    t->commit_done = true;
-    t->commit_status = status;
+    for (prefill_task_t *t = pf->head; t; t = t->next) {
+        if (t->state == PREFILL_TASK_COMMITTING && t->slot == slot &&
+            t->epoch == epoch && !t->commit_done) {
+            t->commit_done = true;
+            t->commit_status = status;
+            return;
+        }
+    }
 }
 
 static bt_status_t sample_first(prefill_t *pf, prefill_task_t *t,
@@ -580,7 +690,7 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
     first_text(pf, t);
     if (t->use_ucx) {
         bt_status_t status = kv_ucx_commit(t->peer, t->slot, t->epoch,
-                                           commit_cb, t);
+                                           commit_cb, pf);
         if (status == BT_OK) {
             t->state = PREFILL_TASK_COMMITTING;
             return;
@@ -638,10 +748,12 @@ static void run_batch(prefill_t *pf)
             if (kv_allocator_alloc(kv, need, t->blocks) != BT_OK)
                 break; /* wait for blocks; keep arrival order */
             t->n_blocks = need;
-            if (t->use_ucx &&
-                kv_ucx_connect(pf->ucx, t->desc, t->desc_len, &t->peer) !=
-                    BT_OK)
-                t->use_ucx = false;
+            if (t->use_ucx) {
+                peer_hold(pf, t->desc, t->desc_len);
+                if (kv_ucx_connect(pf->ucx, t->desc, t->desc_len,
+                                   &t->peer) != BT_OK)
+                    t->use_ucx = false;
+            }
             t->state = PREFILL_TASK_RUNNING;
         }
         if (t->state != PREFILL_TASK_RUNNING)
@@ -701,15 +813,30 @@ static void run_batch(prefill_t *pf)
 static void reap(prefill_t *pf)
 {
     prefill_task_t *t = pf->head, *next;
+    uint64_t now = bt_time_ns();
+    uint64_t limit = (uint64_t)pf->cfg.commit_timeout_ms * 1000000ull;
 
     for (; t != NULL; t = next) {
         next = t->next;
         if (t->state == PREFILL_TASK_COMMITTING && t->commit_done) {
-            if (t->commit_status == BT_OK)
+            if (t->commit_status == BT_OK) {
                 send_done(pf, t);
-            else
+            } else {
                 send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
                              "KV transfer to the decode worker failed");
+                peer_retire(pf, t->peer);
+            }
+            t->state = PREFILL_TASK_DONE;
+        } else if (t->state == PREFILL_TASK_COMMITTING &&
+                   now - t->t_computed > limit) {
+            /* Without peer error handling a dead decode worker's commit
+             * never completes: give up; the router retries elsewhere. */
+            BT_LOG_WARN("KV", "request %llu: KV hand-off not complete after "
+                        "%d ms; the decode worker is presumed dead",
+                        (unsigned long long)t->id, pf->cfg.commit_timeout_ms);
+            send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+                         "KV hand-off to the decode worker timed out");
+            peer_retire(pf, t->peer);
             t->state = PREFILL_TASK_DONE;
         }
         if (t->state == PREFILL_TASK_DONE) {
@@ -729,6 +856,16 @@ static bool has_runnable(prefill_t *pf)
                   BT_DIV_UP(t->n_tokens, pf->block_size))))
             return true;
     return false;
+}
+
+/* Progresses UCX until it is idle: a commit is a chain of flush, put
+ * and flush, each step started from the previous one's completion, so
+ * over shared memory one call to kv_ucx_progress may leave the next step
+ * ready but not yet run.  Bounded, in case a transport never idles. */
+static void ucx_progress_all(prefill_t *pf)
+{
+    for (int i = 0; i < 64 && kv_ucx_progress(pf->ucx); i++)
+        ;
 }
 
 static bool has_committing(prefill_t *pf)
@@ -790,6 +927,7 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         if (cfg->use_ucx) {
             kv_ucx_config_t ucfg;
             kv_ucx_config_init(&ucfg);
+            ucfg.peer_errors = cfg->ucx_peer_errors;
             if (kv_ucx_create(&ucfg, &pf->ucx) != BT_OK) {
                 BT_LOG_WARN("KV", "UCX unavailable; KV goes inline");
                 pf->ucx = NULL;
@@ -836,6 +974,9 @@ void prefill_destroy(prefill_t **pf_p)
         task_unlink(pf, t);
         task_destroy(pf, t);
     }
+    for (int i = 0; i < pf->n_peers; i++)
+        kv_ucx_disconnect(&pf->peers[i].peer); /* bounded wait */
+    pf->n_peers = 0;
     {
         int linger = 500; /* let the Shutdown reach the router */
         zmq_setsockopt(pf->sock, ZMQ_LINGER, &linger, sizeof(linger));
@@ -885,11 +1026,18 @@ bt_status_t prefill_run(prefill_t *pf)
             break;
         timeout = has_runnable(pf) ? 0 : (has_committing(pf) ? 1 : 50);
         items[0] = (zmq_pollitem_t){ pf->sock, 0, ZMQ_POLLIN, 0 };
-        if (pf->ucx != NULL && timeout > 0 && kv_ucx_event_fd(pf->ucx) >= 0 &&
-            kv_ucx_arm(pf->ucx) == BT_OK) {
-            items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(pf->ucx),
-                                         ZMQ_POLLIN, 0 };
-            n_items = 2;
+        if (pf->ucx != NULL && timeout > 0 && kv_ucx_event_fd(pf->ucx) >= 0) {
+            /* Sleep on the event fd only when UCX has nothing pending:
+             * completions queued for the next progress must not wait for
+             * the poll timeout. */
+            bt_status_t armed = kv_ucx_arm(pf->ucx);
+            if (armed == BT_OK) {
+                items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(pf->ucx),
+                                             ZMQ_POLLIN, 0 };
+                n_items = 2;
+            } else if (armed == BT_IN_PROGRESS) {
+                timeout = 0;
+            }
         }
         if (zmq_poll(items, n_items, timeout) < 0 && zmq_errno() != EINTR)
             return BT_ZMQ_ERROR("zmq_poll");
@@ -901,8 +1049,9 @@ bt_status_t prefill_run(prefill_t *pf)
         else
             run_batch(pf);
         if (pf->ucx != NULL)
-            kv_ucx_progress(pf->ucx);
+            ucx_progress_all(pf);
         reap(pf);
+        peers_reap(pf);
         now = bt_time_ns();
         if (now - pf->last_hb_ns >= (uint64_t)pf->heartbeat_ms * 1000000ull)
             send_heartbeat(pf);

@@ -30,6 +30,13 @@ typedef struct {
     bool null_model;         /* no model: instant deterministic tokens */
     int chunk_tokens;        /* longest prompt chunk per forward (512) */
     bool use_ucx;            /* push KV over UCX when the decode offers it */
+    bool ucx_peer_errors;    /* UCX peer error handling on the endpoints:
+                              * a dead decode fails commits at once, but
+                              * UCX 1.13 then refuses shared memory (tcp,
+                              * ~10x slower); off (default): shared memory,
+                              * and commit_timeout_ms ends a dead one */
+    int commit_timeout_ms;   /* a KV hand-off not complete by then fails
+                              * (the router retries it elsewhere) (5000) */
     int step_delay_ms;       /* tests: sleep before each batch */
 } prefill_config_t;
 

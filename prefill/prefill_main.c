@@ -41,6 +41,8 @@ static void usage(FILE *out)
         "  --max-batch-tokens N   tokens per forward (2048)\n"
         "  --chunk-tokens N       longest prompt chunk per forward (512)\n"
         "  --no-ucx               always send KV inline (control plane)\n"
+        "  --ucx-peer-errors      UCX peer failure detection (forces tcp)\n"
+        "  --kv-commit-timeout-ms N  fail a KV hand-off after N ms (5000)\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "SIGTERM/SIGINT: stop taking work, finish prompts, exit.\n");
 }
@@ -60,6 +62,8 @@ int main(int argc, char **argv)
         { "max-batch-tokens", required_argument, 0, 'B' },
         { "chunk-tokens", required_argument, 0, 'c' },
         { "no-ucx", no_argument, 0, 'U' },
+        { "ucx-peer-errors", no_argument, 0, 'E' },
+        { "kv-commit-timeout-ms", required_argument, 0, 'K' },
         { "step-delay-ms", required_argument, 0, 'W' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
@@ -89,6 +93,9 @@ int main(int argc, char **argv)
         case 'B': bad = bt_parse_int(optarg, &b->max_batch_tokens) != BT_OK; break;
         case 'c': bad = bt_parse_int(optarg, &cfg.chunk_tokens) != BT_OK; break;
         case 'U': cfg.use_ucx = false; break;
+        case 'E': cfg.ucx_peer_errors = true; break;
+        case 'K': bad = bt_parse_int(optarg, &cfg.commit_timeout_ms) != BT_OK ||
+                        cfg.commit_timeout_ms <= 0; break;
         case 'W': bad = bt_parse_int(optarg, &cfg.step_delay_ms) != BT_OK; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
