@@ -148,7 +148,8 @@ typedef struct {
     cpu_attn_seq_t *attn_seqs;/* (max_seqs) per-sequence attention view */
     cpu_attn_item_t *items;   /* (max_tok * n_kv_heads) attention work */
     float *scores;            /* (n_threads, CPU_ATTN_CHUNK * max_ctx) */
-    float *tmp;               /* (n_threads, hidden_dim) SwiGLU scratch */
+    float *tmp;               /* (n_threads, tmp_ld) SwiGLU scratch */
+    int tmp_ld;               /* hidden_dim rounded up to a cache line */
 } cpu_backend_t;
 
 // ----------------------------------------------------------------------------
@@ -175,7 +176,8 @@ typedef struct {
     int n_out;
     bool accumulate;
     float *swiglu_out;   /* (n_tok, n_out / 2) or NULL: apply SwiGLU */
-    float *tmp;          /* (n_threads, n_out / 2) SwiGLU scratch */
+    float *tmp;          /* (n_threads, tmp_ld) SwiGLU scratch */
+    int tmp_ld;          /* >= n_out / 2, whole cache lines */
 } cpu_matmul_job_t;
 
 /* Part `part` of `n_parts` of a matmul (whole panels), with SwiGLU
@@ -198,7 +200,7 @@ static void cpu_matmul_part(const cpu_matmul_job_t *j, int part, int n_parts,
         for (int t = 0; t < j->n_tok; t++)
             cpu__swiglu(j->swiglu_out + (size_t)t * half + n0 / 2,
                         j->out + (size_t)t * j->ldo + n0, (n1 - n0) / 2,
-                        j->tmp + (size_t)slot * half);
+                        j->tmp + (size_t)slot * j->tmp_ld);
     }
 }
 
@@ -220,7 +222,7 @@ static void cpu_matmul_rows(cpu_backend_t *be, const cpu_range_t *r,
         out + (size_t)r->t0 * ldo, ldo, x + (size_t)r->t0 * ldx, ldx, w,
         bias, n_tok, k, n_out, accumulate,
         swiglu_out != NULL ? swiglu_out + (size_t)r->t0 * (n_out / 2) : NULL,
-        be->tmp };
+        be->tmp, be->tmp_ld };
 
     if (par)
         cpu__pool_run(be->pool, cpu_nth(be, (double)n_tok * n_out * k),
@@ -303,21 +305,28 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
     }
 }
 
-/* Attention work item `it` with score scratch of thread `slot`. */
-static void cpu_attention_item(cpu_backend_t *be, int it, int slot)
+/* Attention work item `it` in layer `layer`, with the score scratch of
+ * thread `slot`.  The sequence's view is copied and pointed at the layer
+ * here, so threads at different layers never write shared state. */
+static void cpu_attention_item(cpu_backend_t *be, int layer, int it,
+                               int slot)
 {
     const model_config_t *c = &be->cfg;
     int group = c->n_heads / c->n_kv_heads;
     float *scratch = be->scores + (size_t)slot * CPU_ATTN_CHUNK * be->max_ctx;
     const cpu_attn_item_t *item = &be->items[it];
-    const cpu_attn_seq_t *as = &be->attn_seqs[item->seq];
+    size_t layer_off = kv_layout_offset(&be->kv_layout, layer, 0, 0);
+    cpu_attn_seq_t view = be->attn_seqs[item->seq];
     /* batch row of the item's first token */
     int t = be->seq_first_tok[item->seq] + item->i0;
     size_t head = (size_t)item->kv_head * group * c->head_dim;
 
+    view.k_layer = be->k_cache + layer_off;
+    view.v_layer = be->v_cache + layer_off;
     cpu__attention(be->att + (size_t)t * be->q_dim + head, be->q_dim,
                    be->qkv + (size_t)t * be->qkv_dim + head, be->qkv_dim,
-                   as, item->kv_head, group, item->i0, item->n_q, scratch);
+                   &view, item->kv_head, group, item->i0, item->n_q,
+                   scratch);
 }
 
 /* Attention items, taken dynamically: their costs differ (context
@@ -331,7 +340,7 @@ static void cpu_attention_task(void *arg, int ith, int nth)
     (void)nth;
     while ((it = atomic_fetch_add_explicit(&j->next, 1,
                                            memory_order_relaxed)) < j->r.i1)
-        cpu_attention_item(j->be, it, ith);
+        cpu_attention_item(j->be, j->layer, it, ith);
 }
 
 /* One transformer layer for the tokens of range r: every op split over
@@ -344,7 +353,6 @@ static void cpu_layer(cpu_backend_t *be, const backend_batch_t *batch,
     const cpu_layer_t *w = &be->layers[l];
     int dim = c->dim;
     cpu_layer_job_t lj = { be, batch, l, *r, r->i0 };
-    size_t layer_off = kv_layout_offset(&be->kv_layout, l, 0, 0);
 
     /* attention block */
     cpu_norm_rows(be, r, par, be->x, be->xb, w->attn_norm);
@@ -358,16 +366,12 @@ static void cpu_layer(cpu_backend_t *be, const backend_batch_t *batch,
         cpu_rope_kv_task(&lj, 0, 1);
     if (batch->on_layer_done != NULL)
         batch->on_layer_done(batch->on_layer_arg, l);
-    for (int s = r->s0; s < r->s1; s++) {
-        be->attn_seqs[s].k_layer = be->k_cache + layer_off;
-        be->attn_seqs[s].v_layer = be->v_cache + layer_off;
-    }
     if (par) {
         cpu__pool_run(be->pool, cpu_nth(be, attn_work), cpu_attention_task,
                       &lj);
     } else {
         for (int it = r->i0; it < r->i1; it++)
-            cpu_attention_item(be, it, ith);
+            cpu_attention_item(be, l, it, ith);
     }
     cpu_matmul_rows(be, r, par, ith, be->x, dim, be->att, be->q_dim, w->wo,
                     NULL, be->q_dim, dim, true, NULL);
@@ -836,6 +840,7 @@ static bt_status_t cpu_create(const model_t *model,
     be->split_seqs = getenv(CPU_SPLIT_ENV) == NULL ||
                      strcmp(getenv(CPU_SPLIT_ENV), "ops") != 0;
     be->backoff = CPU_BACKOFF_MIN;
+    be->tmp_ld = BT_DIV_UP(mc->hidden_dim, 16) * 16;
     if (getenv(CPU_MIN_WORK_ENV) != NULL) {
         double v;
 
@@ -889,7 +894,7 @@ static bt_status_t cpu_create(const model_t *model,
         !cpu_alloc_f32(&be->scores, (size_t)cpu__pool_size(be->pool) *
                        CPU_ATTN_CHUNK, (size_t)be->max_ctx, "cpu_scratch") ||
         !cpu_alloc_f32(&be->tmp, (size_t)cpu__pool_size(be->pool),
-                       (size_t)mc->hidden_dim, "cpu_scratch"))
+                       (size_t)be->tmp_ld, "cpu_scratch"))
         goto err_destroy;
     /* A fresh pool reads as zeros, never as garbage. */
     memset(be->k_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
