@@ -215,6 +215,7 @@ static int eagle_train(const eagle_opts_t *o)
         return 2;
     }
     tcfg.verbose = 1;
+    tcfg.n_threads = o->threads;
     status = eagle_engine(o, 64, &engine);
     if (status != BT_OK)
         goto out;

@@ -23,7 +23,10 @@
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "cpu/cpu_int.h"
 #include "spec_int.h"
+
+#define SPEC_TRAIN_MAX_THREADS 64
 
 void spec_train_config_init(spec_train_config_t *cfg)
 {
@@ -588,6 +591,63 @@ bt_status_t spec_train_loss(spec_head_t *head, const int *tokens,
 // ----------------------------------------------------------------------------
 // AdamW loop
 
+/* One optimizer batch split over the pool: thread ith takes texts
+ * ith, ith + nth, ... and sums into its own gradient buffer. */
+typedef struct {
+    spec_head_t *head;
+    const spec_train_data_t *data;
+    const spec_train_config_t *cfg;
+    const int *ids;          /* (n_ids) texts of this batch */
+    int n_ids;
+    uint64_t salt;           /* noise stream: per step */
+    float **grads;           /* (nth) each (n_params) */
+    float **noise;           /* (nth) each (max_len, dim) */
+    double *loss;            /* (nth) sum of loss * rows */
+    long *rows;              /* (nth) */
+    long *top1;              /* (nth) */
+    bt_status_t *status;     /* (nth) */
+} train_job_t;
+
+static void train_task(void *arg, int ith, int nth)
+{
+    train_job_t *j = arg;
+    int dim = spec_head_config(j->head)->dim;
+    size_t np;
+
+    (void)spec_head_params(j->head, &np);
+    memset(j->grads[ith], 0, np * sizeof(float));
+    j->loss[ith] = 0.0;
+    j->rows[ith] = 0;
+    j->top1[ith] = 0;
+    j->status[ith] = BT_OK;
+    for (int k = ith; k < j->n_ids; k += nth) {
+        int id = j->ids[k];
+        int off = j->data->offsets[id];
+        int len = j->data->offsets[id + 1] - off;
+        uint64_t rng = (j->salt ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull)) |
+                       1;
+        double loss;
+        int top1;
+        bt_status_t status;
+
+        for (size_t e = 0; e < (size_t)(len - 1) * dim; e++)
+            j->noise[ith][e] = (2.0f * spec__rng_uniform(&rng) - 1.0f) *
+                               j->cfg->noise;
+        status = spec_train_loss(j->head, j->data->tokens + off,
+                                 j->data->feats + (size_t)off * dim, len,
+                                 j->cfg->noise > 0 ? j->noise[ith] : NULL,
+                                 j->cfg->w_feat, j->cfg->w_tok,
+                                 j->grads[ith], &loss, &top1);
+        if (status != BT_OK) {
+            j->status[ith] = status;
+            return;
+        }
+        j->loss[ith] += loss * (len - 1);
+        j->rows[ith] += len - 1;
+        j->top1[ith] += top1;
+    }
+}
+
 bt_status_t spec_train(spec_head_t *head, const spec_train_data_t *data,
                        const spec_train_config_t *cfg,
                        spec_train_report_t *rep)
@@ -600,7 +660,15 @@ bt_status_t spec_train(spec_head_t *head, const spec_train_data_t *data,
     int steps_per_epoch = BT_DIV_UP(n_texts, bsz);
     int total_steps = steps_per_epoch * cfg->epochs, step = 0;
     int max_len = 0;
-    float *grad = NULL, *m = NULL, *v = NULL, *noise = NULL;
+    float *grad = NULL, *m = NULL, *v = NULL;
+    float *grads[SPEC_TRAIN_MAX_THREADS] = { NULL };
+    float *noises[SPEC_TRAIN_MAX_THREADS] = { NULL };
+    double tl[SPEC_TRAIN_MAX_THREADS];
+    long tr[SPEC_TRAIN_MAX_THREADS], tt[SPEC_TRAIN_MAX_THREADS];
+    bt_status_t st[SPEC_TRAIN_MAX_THREADS];
+    cpu_pool_t *pool = NULL;
+    train_job_t job;
+    int nth;
     int *order = NULL;
     uint64_t rng = cfg->seed * 0x9e3779b97f4a7c15ull + 99;
     uint64_t t0 = bt_time_ns();
@@ -612,16 +680,29 @@ bt_status_t spec_train(spec_head_t *head, const spec_train_data_t *data,
         return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC", "nothing to train on");
     for (int i = 0; i < n_texts; i++)
         max_len = BT_MAX(max_len, data->offsets[i + 1] - data->offsets[i]);
+    status = cpu__pool_create(cfg->n_threads, &pool);
+    if (status != BT_OK)
+        return status;
+    nth = BT_MIN(BT_MIN(cpu__pool_size(pool), SPEC_TRAIN_MAX_THREADS), bsz);
     grad = bt_malloc(np * sizeof(float), "spec_train");
     m = bt_calloc(np, sizeof(float), "spec_train");
     v = bt_calloc(np, sizeof(float), "spec_train");
-    noise = bt_malloc(sizeof(float) * (size_t)max_len * dim, "spec_train");
     order = bt_malloc(sizeof(int) * (size_t)n_texts, "spec_train");
-    if (grad == NULL || m == NULL || v == NULL || noise == NULL ||
-        order == NULL) {
+    if (grad == NULL || m == NULL || v == NULL || order == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto out;
     }
+    for (int t = 0; t < nth; t++) {
+        grads[t] = bt_malloc(np * sizeof(float), "spec_train");
+        noises[t] = bt_malloc(sizeof(float) * (size_t)max_len * dim,
+                              "spec_train");
+        if (grads[t] == NULL || noises[t] == NULL) {
+            status = BT_ERR_NO_MEMORY;
+            goto out;
+        }
+    }
+    job = (train_job_t){ head, data, cfg, NULL, 0, 0, grads, noises, tl,
+                         tr, tt, st };
     for (int i = 0; i < n_texts; i++)
         order[i] = i;
 
@@ -643,27 +724,22 @@ bt_status_t spec_train(spec_head_t *head, const spec_train_data_t *data,
             float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
             float bc1, bc2;
 
+            job.ids = order + b0;
+            job.n_ids = nb;
+            job.salt = cfg->seed * 0x2545f4914f6cdd1dull +
+                       (uint64_t)step * 0x9e3779b97f4a7c15ull;
+            cpu__pool_run(pool, nth, train_task, &job);
             memset(grad, 0, np * sizeof(float));
-            for (int k = 0; k < nb; k++) {
-                int id = order[b0 + k];
-                int off = data->offsets[id];
-                int len = data->offsets[id + 1] - off;
-                double loss;
-                int top1;
-
-                for (size_t j = 0; j < (size_t)(len - 1) * dim; j++)
-                    noise[j] = (2.0f * spec__rng_uniform(&rng) - 1.0f) *
-                               cfg->noise;
-                status = spec_train_loss(head, data->tokens + off,
-                                         data->feats + (size_t)off * dim,
-                                         len, cfg->noise > 0 ? noise : NULL,
-                                         cfg->w_feat, cfg->w_tok, grad,
-                                         &loss, &top1);
-                if (status != BT_OK)
+            for (int t = 0; t < nth; t++) {
+                if (st[t] != BT_OK) {
+                    status = st[t];
                     goto out;
-                ep_loss += loss * (len - 1);
-                ep_rows += len - 1;
-                ep_top1 += top1;
+                }
+                for (size_t j = 0; j < np; j++)
+                    grad[j] += grads[t][j];
+                ep_loss += tl[t];
+                ep_rows += tr[t];
+                ep_top1 += tt[t];
             }
             for (size_t j = 0; j < np; j++) {
                 grad[j] /= (float)nb;
@@ -711,7 +787,11 @@ out:
     bt_free(grad);
     bt_free(m);
     bt_free(v);
-    bt_free(noise);
+    for (int t = 0; t < SPEC_TRAIN_MAX_THREADS; t++) {
+        bt_free(grads[t]);
+        bt_free(noises[t]);
+    }
     bt_free(order);
+    cpu__pool_destroy(&pool);
     return status;
 }

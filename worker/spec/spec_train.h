@@ -38,6 +38,7 @@ typedef struct {
     float temperature; /* sampling temperature of the texts (default 1) */
     float clip;        /* gradient norm clip (default 0.5, 0 = off) */
     uint64_t seed;     /* sampling and noise seed (default 1) */
+    int n_threads;     /* training threads (0 = all cores) */
     int verbose;       /* log one line per epoch */
 } spec_train_config_t;
 
