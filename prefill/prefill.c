@@ -438,6 +438,8 @@ static void on_cancel(prefill_t *pf, uint64_t id)
     }
 }
 
+static void on_kv_peers(prefill_t *pf, const Baton__KvPeers *m);
+
 static void handle_messages(prefill_t *pf)
 {
     for (int k = 0; k < 1024; k++) {
@@ -463,6 +465,9 @@ static void handle_messages(prefill_t *pf)
             break;
         case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
             on_cancel(pf, msg->cancel_task->request_id);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_KV_PEERS:
+            on_kv_peers(pf, msg->kv_peers);
             break;
         case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
         case BATON__CONTROL_MESSAGE__BODY_DRAIN:
@@ -512,19 +517,19 @@ static bool peer_in_use(prefill_t *pf, const kv_ucx_peer_t *peer)
  * reference lives).  The first connect to a pool costs ~milliseconds
  * (UCX endpoint, rkey unpack, shared-memory attach).  When the table is
  * full, the least recently used endpoint is retired. */
-static void peer_hold(prefill_t *pf, const void *desc, size_t len)
+static kv_ucx_peer_t *peer_hold(prefill_t *pf, const void *desc, size_t len)
 {
     kv_ucx_peer_t *peer = NULL;
     prefill_peer_t *h;
 
     if (pf->ucx == NULL || kv_ucx_connect(pf->ucx, desc, len, &peer) != BT_OK)
-        return;
+        return NULL;
     h = peer_find(pf, peer);
     if (h != NULL) {
         h->retiring = false; /* in use again */
         h->last_used = bt_time_ns();
         kv_ucx_disconnect(&peer); /* the held reference stays */
-        return;
+        return h->peer;
     }
     if (pf->n_peers == PREFILL_MAX_PEERS) {
         prefill_peer_t *lru = NULL;
@@ -535,7 +540,7 @@ static void peer_hold(prefill_t *pf, const void *desc, size_t len)
         if (lru != NULL)
             lru->retiring = true;
         kv_ucx_disconnect(&peer); /* not held: connected per task */
-        return;
+        return NULL;
     }
     h = &pf->peers[pf->n_peers++];
     h->peer = peer;
@@ -546,6 +551,35 @@ static void peer_hold(prefill_t *pf, const void *desc, size_t len)
                  (unsigned long long)h->pool_id);
     if (bt_log_is_enabled(BT_LOG_LEVEL_DEBUG, "KV"))
         kv_ucx_peer_print_info(peer, stderr); /* lanes and transports */
+    return peer;
+}
+
+/* KvPeers: the router's complete list of decode pools.  Connects to the
+ * new ones now, off any request's critical path, and retires endpoints to
+ * pools no longer listed (their decode worker is gone). */
+static void on_kv_peers(prefill_t *pf, const Baton__KvPeers *m)
+{
+    kv_ucx_peer_t *listed[PREFILL_MAX_PEERS];
+    int n_listed = 0;
+
+    if (pf->ucx == NULL)
+        return;
+    for (size_t i = 0; i < m->n_pools && n_listed < PREFILL_MAX_PEERS; i++) {
+        const Baton__UcxDescriptor *d = m->pools[i];
+        kv_ucx_peer_t *peer;
+        if (d == NULL || !d->has_packed || d->packed.len == 0)
+            continue;
+        peer = peer_hold(pf, d->packed.data, d->packed.len);
+        if (peer != NULL)
+            listed[n_listed++] = peer;
+    }
+    for (int i = 0; i < pf->n_peers; i++) {
+        bool keep = false;
+        for (int k = 0; k < n_listed && !keep; k++)
+            keep = listed[k] == pf->peers[i].peer;
+        if (!keep)
+            peer_retire(pf, pf->peers[i].peer);
+    }
 }
 
 /* Disconnects retired endpoints that no task uses and that have nothing

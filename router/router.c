@@ -464,12 +464,55 @@ static void dispatch(router_t *r)
 // ---------------------------------------------------------------------------
 // Worker failure
 
+/* Sends prefill worker `to` (or every prefill worker when NULL) the UCX
+ * pools of all registered decode workers, so it connects ahead of the
+ * first hand-off and drops endpoints of decode workers that are gone. */
+static void send_kv_peers(router_t *r, const router_worker_t *to)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__KvPeers kp = BATON__KV_PEERS__INIT;
+    Baton__UcxDescriptor descs[ROUTER_MAX_WORKERS];
+    Baton__UcxDescriptor *ptrs[ROUTER_MAX_WORKERS];
+    size_t n = 0;
+
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        const router_worker_t *d = &r->workers[i];
+        if (!d->used || d->role != BATON__ROLE__ROLE_DECODE ||
+            d->ucx_desc == NULL)
+            continue;
+        baton__ucx_descriptor__init(&descs[n]);
+        descs[n].has_packed = 1;
+        descs[n].packed.data = d->ucx_desc;
+        descs[n].packed.len = d->ucx_desc_len;
+        ptrs[n] = &descs[n];
+        n++;
+    }
+    kp.n_pools = n;
+    kp.pools = ptrs;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_PEERS;
+    msg.kv_peers = &kp;
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        const router_worker_t *p = &r->workers[i];
+        if (p->used && p->role == BATON__ROLE__ROLE_PREFILL &&
+            (to == NULL || to == p))
+            send_control(r, p, &msg);
+    }
+}
+
+/* Forgets a worker's registration (the slot becomes free). */
+static void worker_clear(router_worker_t *w)
+{
+    bt_free(w->ucx_desc);
+    memset(w, 0, sizeof(*w));
+}
+
 /* Removes a worker that died, left or went silent; its requests are
  * re-queued (prefill again elsewhere; decode: prompt + streamed tokens
  * on another decode worker). */
 static void worker_drop(router_t *r, router_worker_t *w, const char *why)
 {
     router_req_t *req, *next;
+    bool had_pool;
 
     BT_LOG_WARN("ROUTER", "worker %s (%s) dropped: %s", w->name,
                 w->role == BATON__ROLE__ROLE_PREFILL ? "prefill" : "decode",
@@ -491,7 +534,10 @@ static void worker_drop(router_t *r, router_worker_t *w, const char *why)
             req_requeue(r, req, true, 0);
         }
     }
-    memset(w, 0, sizeof(*w));
+    had_pool = w->ucx_desc != NULL;
+    worker_clear(w);
+    if (had_pool)
+        send_kv_peers(r, NULL);
 }
 
 static void check_liveness(router_t *r, uint64_t now)
@@ -567,7 +613,7 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
             BT_LOG_WARN("ROUTER", "registry full; worker refused");
             return;
         }
-        memset(w, 0, sizeof(*w));
+        worker_clear(w);
         w->used = true;
         w->uid = ++r->next_worker_uid;
         memcpy(w->name, id, id_len);
@@ -587,6 +633,19 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
     w->n_eos = (int)BT_MIN(reg->n_eos_ids, (size_t)ROUTER_MAX_EOS);
     for (int i = 0; i < w->n_eos; i++)
         w->eos_ids[i] = reg->eos_ids[i];
+    bt_free(w->ucx_desc);
+    w->ucx_desc = NULL;
+    w->ucx_desc_len = 0;
+    if (w->role == BATON__ROLE__ROLE_DECODE && reg->ucx != NULL &&
+        reg->ucx->has_packed && reg->ucx->packed.len > 0 &&
+        reg->ucx->packed.len <= ROUTER_MAX_DESC_BYTES) {
+        /* Opaque here; each prefill worker validates it. */
+        w->ucx_desc = bt_malloc(reg->ucx->packed.len, "router_desc");
+        if (w->ucx_desc != NULL) {
+            memcpy(w->ucx_desc, reg->ucx->packed.data, reg->ucx->packed.len);
+            w->ucx_desc_len = reg->ucx->packed.len;
+        }
+    }
     BT_LOG_INFO("ROUTER", "worker %s registered: %s, vocab %u, context %u, "
                 "kv %u x %u", w->name,
                 w->role == BATON__ROLE__ROLE_PREFILL ? "prefill" : "decode",
@@ -596,6 +655,10 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
     msg.register_ack = &ack;
     send_control(r, w, &msg);
+    if (w->role == BATON__ROLE__ROLE_PREFILL)
+        send_kv_peers(r, w);
+    else if (w->ucx_desc != NULL)
+        send_kv_peers(r, NULL);
 }
 
 static void on_heartbeat(router_t *r, router_worker_t *w,
@@ -1307,6 +1370,8 @@ void router_destroy(router_t **router_p)
         return;
     while (r->all_head != NULL)
         req_destroy(r, r->all_head);
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        worker_clear(&r->workers[i]);
     bt_free(r->queue);
     bt_zmq_socket_destroy(&r->client_sock);
     bt_zmq_socket_destroy(&r->control_sock);

@@ -15,6 +15,7 @@
 #define ROUTER_MAX_EOS 8
 #define ROUTER_HASH_BUCKETS 4096
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
+#define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's UCX descriptor */
 
 typedef struct {
     bool used;                /* slot holds a registered worker */
@@ -37,6 +38,10 @@ typedef struct {
     uint64_t served;          /* requests assigned so far */
     int eos_ids[ROUTER_MAX_EOS];
     int n_eos;
+    uint8_t *ucx_desc;        /* decode: (ucx_desc_len) packed UCX pool
+                                 descriptor from Register, owned; NULL
+                                 without UCX */
+    size_t ucx_desc_len;
 } router_worker_t;
 
 typedef enum {
