@@ -155,7 +155,10 @@ int cli_generate_main(int argc, char **argv)
             fflush(stdout);
         } else if (msg->body_case == BATON__CLIENT_MESSAGE__BODY_FINISHED) {
             const Baton__Finished *f = msg->finished;
+            /* End the text's line before the stats go to stderr (stdout
+             * is fully buffered when it is a pipe or a file). */
             printf("\n");
+            fflush(stdout);
             if (stats && f->usage && f->timings)
                 fprintf(stderr,
                         "prompt_tokens:%u generated:%u finish:%s "
