@@ -34,6 +34,8 @@ static void eagle_usage(FILE *out)
 "  --lr X             AdamW peak learning rate (default 0.01)\n"
 "  --batch B          texts per optimizer step (default 8)\n"
 "  --temperature T    sampling temperature of the texts (default 1)\n"
+"  --token-weight W   token cross-entropy weight (default 0.1, EAGLE)\n"
+"  --noise X          uniform feature noise half-width (default 0.1)\n"
 "\n"
 "bench: greedy decoding of --batch sequences, plain then speculative.\n"
 "  --batch B          sequences decoded together (default 1)\n"
@@ -54,7 +56,8 @@ static void eagle_usage(FILE *out)
 enum {
     EO_TARGET = 2000, EO_OUT, EO_HEAD, EO_TOKENS, EO_EPOCHS, EO_SEED,
     EO_SEQ_LEN, EO_LR, EO_BATCH, EO_TEMP, EO_THREADS, EO_GEN, EO_PROMPT,
-    EO_DEPTH, EO_TOPK, EO_STOKENS, EO_FIXED, EO_ROUNDS, EO_PLAIN
+    EO_DEPTH, EO_TOPK, EO_STOKENS, EO_FIXED, EO_ROUNDS, EO_PLAIN, EO_WTOK,
+    EO_NOISE
 };
 
 typedef struct {
@@ -94,6 +97,8 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         { "spec-fixed", no_argument, NULL, EO_FIXED },
         { "rounds", required_argument, NULL, EO_ROUNDS },
         { "spec-plain", no_argument, NULL, EO_PLAIN },
+        { "token-weight", required_argument, NULL, EO_WTOK },
+        { "noise", required_argument, NULL, EO_NOISE },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -143,6 +148,14 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         case EO_THREADS:
             bad = bt_parse_int(optarg, &o->threads) != BT_OK ||
                   o->threads < 0;
+            break;
+        case EO_WTOK:
+            bad = bt_parse_float(optarg, &o->tcfg.w_tok) != BT_OK ||
+                  o->tcfg.w_tok < 0;
+            break;
+        case EO_NOISE:
+            bad = bt_parse_float(optarg, &o->tcfg.noise) != BT_OK ||
+                  o->tcfg.noise < 0;
             break;
         case EO_ROUNDS:
             bad = bt_parse_int(optarg, &o->rounds) != BT_OK ||

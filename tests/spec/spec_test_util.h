@@ -66,8 +66,8 @@ static inline int golden_limit(const golden_t *g)
 }
 
 /* Greedy speculative generation of one golden line; returns ids count. */
-static inline int spec_generate(spec_t *spec, engine_t *engine, const golden_t *g,
-                         int *got)
+static inline int spec_generate(spec_t *spec, engine_t *engine,
+                                const golden_t *g, int *got)
 {
     sampler_params_t sp;
     engine_seq_t *seq = NULL;
