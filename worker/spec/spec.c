@@ -482,7 +482,7 @@ static bt_status_t spec_draft(spec_t *spec, spec_seq_t *s,
 {
     int cached = engine_seq_cached(s->seq);
     int topk = BT_MIN(shape->topk, spec->vocab);
-    int depth = shape->depth;
+    int depth = BT_MIN(shape->depth, shape->tokens); /* deeper is unused */
     int frontier[SPEC_MAX_TOPK], n_front, n_exp = 0;
     int *order = s->by_score;
     int n_sel = 0, t1;
