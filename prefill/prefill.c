@@ -221,8 +221,20 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
     done.has_compute_us = 1;
     done.compute_us = (t->t_computed - t->t_start) / 1000;
     done.has_transfer_us = 1;
-    done.transfer_us = t->use_ucx ? (now - t->t_computed) / 1000
-                                  : t->transfer_ns / 1000;
+    /* Time spent moving KV: issuing the layer puts (over shared memory
+     * they are the copies themselves, overlapped with later layers'
+     * compute) plus the commit after the last layer; inline: packing. */
+    done.transfer_us = (t->transfer_ns +
+                        (t->use_ucx ? now - t->t_computed : 0)) / 1000;
+    if (t->use_ucx && pf->engine != NULL) {
+        const kv_layout_t *lay = backend_kv_layout(engine_backend(pf->engine));
+        double bytes = 2.0 * pf->n_layers * (double)kv_layout_block_bytes(lay) *
+                       BT_DIV_UP(t->n_tokens, pf->block_size);
+        BT_LOG_DEBUG("KV", "kv_handoff request:%llu tokens:%d bytes:%.0f "
+                     "put_us:%.1f commit_us:%.1f",
+                     (unsigned long long)t->id, t->n_tokens, bytes,
+                     t->transfer_ns / 1e3, (now - t->t_computed) / 1e3);
+    }
     if (t->kv_inline != NULL && pf->n_layers <= 512) {
         for (int i = 0; i < 2 * pf->n_layers; i++) {
             kv[i].data = t->kv_inline[i];
