@@ -32,7 +32,8 @@ build: deps
 
 build-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DBT_WERROR=ON -DBATON_CUDA=OFF \
-	  -DBT_ASAN=ON -DBT_UBSAN=ON -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS)
+	  -DBT_ASAN=ON -DBT_UBSAN=ON -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_C_FLAGS_DEBUG="-O1 -g" $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 # Everything, then the fast unit tests once more under ASan + UBSan.
