@@ -1,6 +1,9 @@
 /*
  * test_attn.cu - the paged attention kernels against attn_ref():
- *   - cuda_attn_decode (per-token, split-K) with one split and with many,
+ *   - cuda_attn_decode (per-token, split-K) with one split and with many;
+ *     bf16 at head size 64/128 takes the tensor-core kernel
+ *     (attn_decode_tc.cu), so those runs repeat once with BT_ATTN_TC=0 to
+ *     keep the general kernel tested,
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them,
  * over mixed batches: decode tokens at several context lengths, a fresh
@@ -161,13 +164,36 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     double tol = kt_tol(dt);
     float *d_ws = NULL;
 
-    /* 1. Every token through the per-token kernel, one split. */
-    kt_poison(b.a.d_out, n_out, dt);
-    KT_OK(cuda_attn_decode(&b.a, b.d_all, b.nt, 1, 1 << 30, NULL, dt, 0));
-    float *out = kt_download(b.a.d_out, n_out, dt);
-    snprintf(what, sizeof(what), "attn decode 1-split %s", desc);
-    kt_compare(what, out, ref, n_out, tol);
-    free(out);
+    /* 1. Every token through the per-token kernel, one split; again
+     * through the general kernel when the tensor-core one took it. */
+    bool tc = cuda_attn_decode_tc_ok(&b.a, dt);
+    float *out;
+    for (int pass = 0; pass < (tc ? 2 : 1); pass++) {
+        if (pass)
+            setenv("BT_ATTN_TC", "0", 1);
+        kt_poison(b.a.d_out, n_out, dt);
+        KT_OK(cuda_attn_decode(&b.a, b.d_all, b.nt, 1, 1 << 30, NULL, dt, 0));
+        out = kt_download(b.a.d_out, n_out, dt);
+        snprintf(what, sizeof(what), "attn decode 1-split%s %s",
+                 tc && !pass ? " (tensor cores)" : "", desc);
+        kt_compare(what, out, ref, n_out, tol);
+        free(out);
+        if (pass) {
+            /* general kernel with splits too */
+            int ns = (max_kv + 63) / 64;
+            KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
+                                              b.nt, c->nh, c->hd, ns) + 4));
+            kt_poison(b.a.d_out, n_out, dt);
+            KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, 64, d_ws, dt, 0));
+            out = kt_download(b.a.d_out, n_out, dt);
+            snprintf(what, sizeof(what), "attn decode %dx64 (general) %s",
+                     ns, desc);
+            kt_compare(what, out, ref, n_out, tol);
+            free(out);
+            cudaFree(d_ws);
+            unsetenv("BT_ATTN_TC");
+        }
+    }
 
     /* 2. Split-K: the planner's choice and a forced 64-key split. */
     for (int forced = 0; forced < 2; forced++) {
@@ -228,7 +254,10 @@ static void bench(void)
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
+        for (int pass = 0; pass < 2; pass++) {
         float ms[20];
+        if (pass)
+            setenv("BT_ATTN_TC", "0", 1);
         for (int it = 0; it < 23; it++) {
             kt_flush_l2();
             cudaEventRecord(e0);
@@ -241,10 +270,13 @@ static void bench(void)
         }
         float med = kt_median(ms, 20);
         double bytes = 2.0 * dec[i][0] * dec[i][1] * nkv * hd * 2;
-        printf("decode attn batch %3d ctx %5d: %8.1f us  %6.0f GB/s KV "
-               "(%2.0f%% of 4.5 TB/s), %d splits of %d\n", dec[i][0],
+        printf("decode attn %s batch %3d ctx %5d: %8.1f us  %6.0f GB/s KV "
+               "(%2.0f%% of 4.5 TB/s), %d splits of %d\n",
+               pass ? "general" : "tc     ", dec[i][0],
                dec[i][1], med * 1e3, bytes / (med * 1e-3) / 1e9,
                100.0 * bytes / (med * 1e-3) / 4.5e12, ns, sl);
+        unsetenv("BT_ATTN_TC");
+        }
         cudaFree(d_ws);
         batch_free(&b);
     }
@@ -290,6 +322,9 @@ int main(int argc, char **argv)
         {12, 2, 64, 16, {{0, 129, 0}, {700, 1, 0}}},
         {16, 1, 256, 16, {{50, 1, 0}, {0, 40, 0}, {33, 20, 1}}},
         {8, 8, 32, 64, {{5000, 1, 0}, {1, 2, 0}}},
+        /* tensor-core decode: groups 16 and 8, long split, odd lengths */
+        {32, 2, 128, 16, {{2500, 1, 0}, {5, 1, 0}, {0, 1, 0}, {61, 7, 1}}},
+        {16, 2, 64, 8, {{4200, 1, 0}, {63, 1, 0}, {64, 1, 0}, {10, 6, 1}}},
     };
     kt_seed(6);
     for (int dti = 0; dti < 2; dti++)

@@ -82,7 +82,8 @@ int main(int argc, char **argv)
                          {64, 172, 64}, {130, 1000, 300}, {3, 64, 172},
                          /* the skinny GEMV path: t <= 8, n_in % 8 == 0 */
                          {2, 300, 1024}, {5, 1000, 4096}, {8, 77, 512},
-                         {4, 33, 14336}};
+                         {4, 33, 14336}, {1, 77, 8}, {1, 33, 264},
+                         {2, 1000, 14336}};
     for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++) {
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 0);
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 1);

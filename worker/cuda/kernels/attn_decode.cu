@@ -46,6 +46,8 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
     __shared__ float sh_l[ATTN_WARPS][MAXG];
     __shared__ float sh_acc[ATTN_WARPS][MAXG][HD];
 
+    kern_pdl_trigger();
+    kern_pdl_wait();
     const int G = a.n_heads / a.n_kv_heads;
     const int kvh = blockIdx.x / n_hgroups;
     const int hg = blockIdx.x - kvh * n_hgroups;
@@ -260,6 +262,8 @@ static __global__ void attn_combine_kernel(cuda_attn_args_t a,
                                            const int *tok_idx, int n_splits,
                                            const float *ws)
 {
+    kern_pdl_trigger();
+    kern_pdl_wait();
     const int hd = a.head_dim;
     const int ti = blockIdx.x;
     const int h = blockIdx.y;
@@ -282,6 +286,16 @@ static __global__ void attn_combine_kernel(cuda_attn_args_t a,
     }
 }
 
+template <typename T>
+static void attn_combine_launch(const cuda_attn_args_t *a, const int *tok_idx,
+                                int n, int n_splits, const float *ws,
+                                cudaStream_t stream)
+{
+    kern_launch(attn_combine_kernel<T>, dim3(n, a->n_heads),
+                dim3(BT_MIN(a->head_dim, 128)), 0, stream, *a, tok_idx,
+                n_splits, ws);
+}
+
 bool cuda_attn_head_dim_ok(int head_dim)
 {
     return head_dim == 8 || head_dim == 16 || head_dim == 32 ||
@@ -300,14 +314,16 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
     int group = n_heads / n_kv_heads;
     int maxg = attn_maxg(group);
     long base = (long)n * n_kv_heads * BT_DIV_UP(group, maxg);
-    int split_len = 512;
+    int split_len = 4096;
     int n_splits;
 
     if (max_kv < 1)
         max_kv = 1;
-    /* Shorter splits until ~4 blocks per multiprocessor, not below 64. */
+    while (split_len > 64 && split_len / 2 >= max_kv)
+        split_len /= 2;
+    /* Shorter splits until two blocks per multiprocessor, not below 64. */
     while (split_len > 64 &&
-           base * BT_DIV_UP(max_kv, split_len) < 4L * n_sm)
+           base * BT_DIV_UP(max_kv, split_len) < 2L * n_sm)
         split_len /= 2;
     while (BT_DIV_UP(max_kv, split_len) > max_splits)
         split_len *= 2;
@@ -339,25 +355,28 @@ static void attn_decode_launch_hd(const cuda_attn_args_t *a,
 
     switch (maxg) {
     case 1:
-        attn_decode_kernel<T, HD, 1><<<grid, ATTN_WARPS * 32, 0, stream>>>(
-            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        kern_launch(attn_decode_kernel<T, HD, 1>, grid, ATTN_WARPS * 32, 0,
+                    stream, *a, tok_idx, n_hgroups, split_len, n_splits,
+                    ws);
         break;
     case 2:
-        attn_decode_kernel<T, HD, 2><<<grid, ATTN_WARPS * 32, 0, stream>>>(
-            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        kern_launch(attn_decode_kernel<T, HD, 2>, grid, ATTN_WARPS * 32, 0,
+                    stream, *a, tok_idx, n_hgroups, split_len, n_splits,
+                    ws);
         break;
     case 4:
-        attn_decode_kernel<T, HD, 4><<<grid, ATTN_WARPS * 32, 0, stream>>>(
-            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        kern_launch(attn_decode_kernel<T, HD, 4>, grid, ATTN_WARPS * 32, 0,
+                    stream, *a, tok_idx, n_hgroups, split_len, n_splits,
+                    ws);
         break;
     default:
-        attn_decode_kernel<T, HD, 8><<<grid, ATTN_WARPS * 32, 0, stream>>>(
-            *a, tok_idx, n_hgroups, split_len, n_splits, ws);
+        kern_launch(attn_decode_kernel<T, HD, 8>, grid, ATTN_WARPS * 32, 0,
+                    stream, *a, tok_idx, n_hgroups, split_len, n_splits,
+                    ws);
         break;
     }
     if (n_splits > 1)
-        attn_combine_kernel<T><<<dim3(n, a->n_heads), BT_MIN(HD, 128), 0,
-                                 stream>>>(*a, tok_idx, n_splits, ws);
+        attn_combine_launch<T>(a, tok_idx, n, n_splits, ws, stream);
 }
 
 template <typename T>
@@ -404,6 +423,15 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     BT_ASSERT(n_splits == 1 || d_ws != NULL);
     if (n == 0)
         return BT_OK;
+    if (cuda_attn_decode_tc_ok(args, dt)) {
+        bt_status_t st = cuda_attn_decode_tc(args, d_tok_idx, n, n_splits,
+                                             split_len, d_ws, stream);
+        if (st != BT_OK || n_splits == 1)
+            return st;
+        attn_combine_launch<bf16_t>(args, d_tok_idx, n, n_splits, d_ws,
+                                    stream);
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     KERN_DISPATCH_DT(dt, T,
                      attn_decode_launch<T>(args, d_tok_idx, n, n_splits,
                                            split_len, d_ws, stream));

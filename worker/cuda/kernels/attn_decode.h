@@ -43,9 +43,10 @@ typedef struct {
 bool cuda_attn_head_dim_ok(int head_dim);
 
 /* Chooses the split of the key range for `n` query tokens whose longest
- * key range is `max_kv`: split_len is a power of two, n_splits *
- * split_len >= max_kv, n_splits <= max_splits, and enough blocks to fill
- * `n_sm` multiprocessors when the context allows. */
+ * key range is `max_kv`: split_len is a power of two (64 .. 4096), n_splits
+ * * split_len >= max_kv, n_splits <= max_splits, and the fewest splits
+ * that give every one of `n_sm` multiprocessors two blocks (one block per
+ * token and KV head otherwise: fewer partials to merge, longer streams). */
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int n_sm, int max_splits, int *n_splits_p,
                            int *split_len_p);
@@ -60,6 +61,15 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
                              const int *d_tok_idx, int n, int n_splits,
                              int split_len, float *d_ws, cuda_dtype_t dt,
                              cudaStream_t stream);
+
+/* The tensor-core kernel (attn_decode_tc.cu) that cuda_attn_decode()
+ * picks for bf16, head size 64/128 and up to 16 heads per KV head, unless
+ * BT_ATTN_TC=0 is set (A/B timing, tests of the general kernel). */
+bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *args, cuda_dtype_t dt);
+bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *args,
+                                const int *d_tok_idx, int n, int n_splits,
+                                int split_len, float *d_ws,
+                                cudaStream_t stream);
 
 #ifdef __cplusplus
 }

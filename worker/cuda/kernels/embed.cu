@@ -12,6 +12,8 @@ template <typename T>
 static __global__ void embed_kernel(const T *table, const int *ids, int dim,
                                     float *out)
 {
+    kern_pdl_trigger();
+    kern_pdl_wait();
     const T *src = table + (size_t)ids[blockIdx.x] * dim;
     float *dst = out + (size_t)blockIdx.x * dim;
 
@@ -27,7 +29,7 @@ bt_status_t cuda_embed(const void *d_table, cuda_dtype_t table_dt,
     if (n == 0)
         return BT_OK;
     KERN_DISPATCH_DT(table_dt, T,
-                     embed_kernel<T><<<n, 256, 0, stream>>>(
-                         (const T *)d_table, d_ids, dim, d_out));
+                     kern_launch(embed_kernel<T>, n, 256, 0, stream,
+                                 (const T *)d_table, d_ids, dim, d_out));
     return BT_CUDA_LAUNCH_STATUS();
 }

@@ -6,6 +6,9 @@
 #ifndef BT_WORKER_CUDA_KERNELS_KERN_COMMON_CUH
 #define BT_WORKER_CUDA_KERNELS_KERN_COMMON_CUH
 
+#include <stdlib.h>
+#include <string.h>
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -83,6 +86,73 @@ static __device__ __forceinline__ float kern_block_sum(float v, float *sh)
     __syncthreads();
     v = lane < n_warps ? sh[lane] : 0.0f;
     return kern_warp_sum(v);
+}
+
+/* Programmatic dependent launch (Hopper).  A kernel started through
+ * kern_launch() may begin while the kernel before it on the stream is
+ * still finishing (its blocks fill the multiprocessors the previous
+ * kernel's tail leaves idle; a GEMV can already stream its weights).  Such
+ * a kernel MUST call kern_pdl_wait() before it reads anything an earlier
+ * kernel wrote or writes anything an earlier kernel reads; the wait
+ * returns once the previous grid has completed and its memory is visible
+ * (and that grid waited for its own predecessor, so the order is
+ * transitive).  kern_pdl_trigger() lets the next kernel launch early.
+ * Both are no-ops when the kernel was launched without the attribute.
+ * BT_PDL=0 in the environment turns the attribute off (A/B timing). */
+static __device__ __forceinline__ void kern_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void kern_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* True when launches should carry the programmatic-serialization
+ * attribute: compute capability >= 9 and BT_PDL is not "0". */
+static inline bool kern_pdl_enabled(void)
+{
+    static int on = -1;
+
+    if (on < 0) {
+        const char *env = getenv("BT_PDL");
+        int dev = 0, major = 0;
+
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                   dev) != cudaSuccess)
+            major = 0;
+        on = major >= 9 && !(env && strcmp(env, "0") == 0);
+    }
+    return on != 0;
+}
+
+/* Launches kernel `k` like k<<<grid, block, smem, st>>>(args...), with the
+ * programmatic-dependent-launch attribute when kern_pdl_enabled().  Errors
+ * are left for cudaGetLastError() (BT_CUDA_LAUNCH_STATUS) as with <<<>>>. */
+template <typename... KArgs, typename... Args>
+static void kern_launch(void (*k)(KArgs...), dim3 grid, dim3 block,
+                        size_t smem, cudaStream_t st, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    if (kern_pdl_enabled()) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    (void)cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
 }
 
 /* Runs `...` with `T` bound to the C++ type of cuda_dtype_t `dt`. */

@@ -16,6 +16,8 @@ static __global__ void rmsnorm_kernel(float *x, const T *add, const T *w,
                                       T *out)
 {
     __shared__ float sh[32];
+    kern_pdl_trigger();
+    kern_pdl_wait();
     int src = rows ? rows[blockIdx.x] : blockIdx.x;
     float *xr = x + (size_t)src * dim;
     T *o = out + (size_t)blockIdx.x * dim;
@@ -52,8 +54,8 @@ bt_status_t cuda_rmsnorm(float *d_x, const void *d_add, const void *d_w,
     if (n_rows == 0)
         return BT_OK;
     KERN_DISPATCH_DT(dt, T,
-                     rmsnorm_kernel<T><<<n_rows, threads, 0, stream>>>(
-                         d_x, (const T *)d_add, (const T *)d_w, d_rows, dim,
-                         eps, (T *)d_out));
+                     kern_launch(rmsnorm_kernel<T>, n_rows, threads, 0, stream,
+                                 d_x, (const T *)d_add, (const T *)d_w,
+                                 d_rows, dim, eps, (T *)d_out));
     return BT_CUDA_LAUNCH_STATUS();
 }

@@ -14,6 +14,8 @@
 template <typename T>
 static __global__ void rope_kv_kernel(cuda_rope_kv_args_t a)
 {
+    kern_pdl_trigger();
+    kern_pdl_wait();
     int t = blockIdx.x;
     int hd = a.head_dim;
     int half = hd / 2;
@@ -73,7 +75,7 @@ bt_status_t cuda_rope_kv(const cuda_rope_kv_args_t *args, cuda_dtype_t dt,
     if (args->n_tokens == 0)
         return BT_OK;
     KERN_DISPATCH_DT(dt, T,
-                     rope_kv_kernel<T><<<args->n_tokens, 256, 0, stream>>>(
-                         *args));
+                     kern_launch(rope_kv_kernel<T>, args->n_tokens, 256, 0,
+                                 stream, *args));
     return BT_CUDA_LAUNCH_STATUS();
 }

@@ -20,6 +20,8 @@ static __global__ void swiglu_kernel(const T *gu, int n, int hidden, T *out)
 {
     size_t total = (size_t)n * hidden;
 
+    kern_pdl_trigger();
+    kern_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / hidden;
@@ -37,6 +39,8 @@ static __global__ void swiglu_vec_kernel(const bf16_t *gu, int n, int hidden,
     int per_row = hidden / 8;
     size_t total = (size_t)n * per_row;
 
+    kern_pdl_trigger();
+    kern_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / per_row;
@@ -66,13 +70,14 @@ bt_status_t cuda_swiglu(const void *d_gu, int n, int hidden, void *d_out,
         return BT_OK;
     if (dt == CUDA_DT_BF16 && hidden % 8 == 0) {
         blocks = (int)BT_MIN((total / 8 + 255) / 256, (size_t)4096);
-        swiglu_vec_kernel<<<blocks, 256, 0, stream>>>(
-            (const bf16_t *)d_gu, n, hidden, (bf16_t *)d_out);
+        kern_launch(swiglu_vec_kernel, blocks, 256, 0, stream,
+                    (const bf16_t *)d_gu, n, hidden, (bf16_t *)d_out);
     } else {
         blocks = (int)BT_MIN((total + 255) / 256, (size_t)4096);
         KERN_DISPATCH_DT(dt, T,
-                         swiglu_kernel<T><<<blocks, 256, 0, stream>>>(
-                             (const T *)d_gu, n, hidden, (T *)d_out));
+                         kern_launch(swiglu_kernel<T>, blocks, 256, 0, stream,
+                                     (const T *)d_gu, n, hidden,
+                                     (T *)d_out));
     }
     return BT_CUDA_LAUNCH_STATUS();
 }

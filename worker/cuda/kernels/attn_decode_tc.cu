@@ -1,0 +1,395 @@
+/*
+ * attn_decode_tc.cu - tensor-core paged decode attention (bf16, head size
+ * 64 or 128, up to 16 query heads per KV head).  One block of 4 warps per
+ * (KV head, query token, key split): the K and V rows of the split are
+ * streamed through shared memory in tiles of 64 keys with cp.async (16-byte
+ * copies, 3 stages, so two tiles are in flight while one is used) and
+ * every key is read from HBM once for all the query heads of its group.
+ * Each warp takes 16 keys of a tile: S = Q K^T with mma.m16n8k16 (the
+ * group's heads are the 16 rows of the A operand, zero-padded), an online
+ * softmax in base 2 on the accumulators, then O += P V with P re-packed
+ * from the accumulators as the A operand (no shared-memory round trip) and
+ * V read with ldmatrix.trans.  The warps' (max, sum, O) are merged in
+ * shared memory; with n_splits > 1 the block writes the same partial
+ * format as attn_decode.cu (max in natural-log units), merged by its
+ * combine kernel.  Padded rows (2 x 16 B per row) keep ldmatrix free of
+ * bank conflicts.  Selected by cuda_attn_decode(); tested by
+ * tests/kernels/test_attn.cu against the CPU reference.
+ */
+#include "attn_decode.h"
+
+#include <math.h>
+
+#include "bt_util.h"
+#include "kern_common.cuh"
+
+#define TC_WARPS 4
+#define TC_TK 64     /* keys per tile: 16 per warp */
+#define TC_STAGES 3
+#define TC_PAD 8     /* bf16 of padding per shared-memory row */
+#define TC_BT_SMEM 512
+#define TC_MAX_GROUP 16
+
+template <int HD> struct tc_smem {
+    static constexpr int ROW = HD + TC_PAD;
+    static constexpr int TILE = TC_TK * ROW; /* bf16 elements */
+    static constexpr size_t PIPE =
+        (size_t)TC_STAGES * 2 * TILE * sizeof(bf16_t);
+    static constexpr size_t MERGE =
+        (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
+    static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
+};
+
+static __device__ __forceinline__ void tc_cp16(void *smem, const void *gmem,
+                                               bool valid)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(s), "l"(gmem), "r"(n) : "memory");
+}
+
+static __device__ __forceinline__ void tc_cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> static __device__ __forceinline__ void tc_cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void tc_ldm(uint32_t *r, const bf16_t *p)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
+                 "{%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+static __device__ __forceinline__ void tc_ldm_t(uint32_t *r, const bf16_t *p)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
+                 "{%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+/* c (16x8 f32) += a (16x16 bf16, row) . b (16x8 bf16, col). */
+static __device__ __forceinline__ void tc_mma(float *c, const uint32_t *a,
+                                              uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ uint32_t tc_ld32(const bf16_t *p)
+{
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(TC_WARPS * 32)
+attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
+                      int n_splits, float *ws)
+{
+    constexpr int ROW = tc_smem<HD>::ROW;
+    constexpr int TILE = tc_smem<HD>::TILE;
+    constexpr int KS = HD / 16; /* k-steps of Q K^T */
+    constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
+    constexpr int CPR = HD / 8; /* 16-byte chunks per K/V row */
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __shared__ int sh_bt[TC_BT_SMEM];
+    bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
+    bf16_t *sv = sk + TC_STAGES * TILE;
+
+    const int G = a.n_heads / a.n_kv_heads;
+    const int kvh = blockIdx.x;
+    const int h0 = kvh * G;
+    const int ti = blockIdx.y;
+    const int split = blockIdx.z;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int gr = lane >> 2; /* accumulator row (and row + 8) */
+    const int tq = lane & 3;  /* accumulator column pair */
+
+    kern_pdl_trigger();
+    kern_pdl_wait();
+    const int tok = tok_idx ? tok_idx[ti] : ti;
+    const int kv_len = a.d_kv_len[tok];
+    const int start = split * split_len;
+    const int end = min(kv_len, start + split_len);
+    const int bs = a.block_size;
+    const int *bt = a.d_block_tables + a.d_bt_off[tok];
+    const int ctx = a.d_ctx_len[tok];
+    const int moff = a.d_mask_off[tok];
+    const uint8_t *mrow = moff >= 0 ? a.d_masks + moff : NULL;
+    const size_t slot_stride = (size_t)a.n_kv_heads * HD;
+    const bf16_t *kbase = (const bf16_t *)a.d_k_cache + (size_t)kvh * HD;
+    const bf16_t *vbase = (const bf16_t *)a.d_v_cache + (size_t)kvh * HD;
+
+    const int blk0 = start / bs;
+    const int n_blk = end > start ? (end - 1) / bs - blk0 + 1 : 0;
+    const bool bt_sm = n_blk <= TC_BT_SMEM;
+    if (bt_sm)
+        for (int i = threadIdx.x; i < n_blk; i += blockDim.x)
+            sh_bt[i] = bt[blk0 + i];
+
+    /* Q as the A operand: rows = the group's heads (zero beyond G). */
+    uint32_t qa[KS][4];
+    const bf16_t *qp = (const bf16_t *)a.d_q +
+                       ((size_t)tok * a.n_heads + h0) * HD;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        int c = ks * 16 + 2 * tq;
+        qa[ks][0] = gr < G ? tc_ld32(qp + gr * HD + c) : 0u;
+        qa[ks][1] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c) : 0u;
+        qa[ks][2] = gr < G ? tc_ld32(qp + gr * HD + c + 8) : 0u;
+        qa[ks][3] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c + 8) : 0u;
+    }
+    __syncthreads(); /* sh_bt */
+
+    const int n_tiles = end > start ? (end - start + TC_TK - 1) / TC_TK : 0;
+    auto load_tile = [&](int stage, int kt) {
+        const int kb = start + kt * TC_TK;
+        bf16_t *dk = sk + stage * TILE;
+        bf16_t *dv = sv + stage * TILE;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < TC_TK * CPR; i += TC_WARPS * 32) {
+            int r = i / CPR;
+            int c = i - r * CPR;
+            int k = kb + r;
+            bool ok = k < end;
+            const bf16_t *ksrc = kbase, *vsrc = vbase;
+            if (ok) {
+                int blk = k / bs;
+                int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
+                size_t off = ((size_t)bid * bs + (k - blk * bs)) *
+                                 slot_stride + c * 8;
+                ksrc = kbase + off;
+                vsrc = vbase + off;
+            }
+            tc_cp16(dk + r * ROW + c * 8, ksrc, ok);
+            tc_cp16(dv + r * ROW + c * 8, vsrc, ok);
+        }
+    };
+
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 */
+
+#pragma unroll
+    for (int s = 0; s < TC_STAGES - 1; s++) {
+        if (s < n_tiles)
+            load_tile(s, s);
+        tc_cp_commit();
+    }
+    for (int kt = 0; kt < n_tiles; kt++) {
+        tc_cp_wait<TC_STAGES - 2>();
+        __syncthreads(); /* tile kt landed; tile kt-1's stage is free */
+        {
+            int nk = kt + TC_STAGES - 1;
+            if (nk < n_tiles)
+                load_tile(nk % TC_STAGES, nk);
+            tc_cp_commit();
+        }
+        const bf16_t *tk = sk + (kt % TC_STAGES) * TILE + warp * 16 * ROW;
+        const bf16_t *tv = sv + (kt % TC_STAGES) * TILE + warp * 16 * ROW;
+        const int kb = start + kt * TC_TK + warp * 16;
+        if (kb >= end)
+            continue; /* this warp's 16 keys are all past the split */
+
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int k2 = 0; k2 < HD / 32; k2++) {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                uint32_t b[4];
+                tc_ldm(b, tk + (nt * 8 + (lane & 7)) * ROW + k2 * 32 +
+                              (lane >> 3) * 8);
+                tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
+                tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                int key = kb + nt * 8 + 2 * tq + j;
+                bool ok = key < end &&
+                          !(mrow && key >= ctx && !mrow[key - ctx]);
+                s[nt][j] = ok ? s[nt][j] * sl2 : -INFINITY;
+                s[nt][2 + j] = ok ? s[nt][2 + j] * sl2 : -INFINITY;
+                mx0 = fmaxf(mx0, s[nt][j]);
+                mx1 = fmaxf(mx1, s[nt][2 + j]);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
+        const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
+        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        m0 = mn0;
+        m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                s[nt][j] = exp2f(s[nt][j] - b0);
+                s[nt][2 + j] = exp2f(s[nt][2 + j] - b1);
+                ps0 += s[nt][j];
+                ps1 += s[nt][2 + j];
+            }
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= c0;
+            o[nt][1] *= c0;
+            o[nt][2] *= c1;
+            o[nt][3] *= c1;
+        }
+        uint32_t pa[4] = {tc_pack(s[0][0], s[0][1]), tc_pack(s[0][2], s[0][3]),
+                          tc_pack(s[1][0], s[1][1]), tc_pack(s[1][2], s[1][3])};
+#pragma unroll
+        for (int dn = 0; dn < HD / 16; dn++) {
+            uint32_t b[4];
+            tc_ldm_t(b, tv + ((lane & 7) + ((lane >> 3) & 1) * 8) * ROW +
+                            dn * 16 + (lane >> 4) * 8);
+            tc_mma(o[2 * dn], pa, b[0], b[1]);
+            tc_mma(o[2 * dn + 1], pa, b[2], b[3]);
+        }
+    }
+    tc_cp_wait<0>();
+    __syncthreads(); /* the pipeline's shared memory is reused below */
+
+    /* Row sums over the 4 lanes of a row; warps' results to shared. */
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    float *sm_o = reinterpret_cast<float *>(tc_sm); /* [W][16][HD] */
+    float *sm_m = sm_o + TC_WARPS * TC_MAX_GROUP * HD;
+    float *sm_l = sm_m + TC_WARPS * TC_MAX_GROUP;
+    float *ow = sm_o + warp * TC_MAX_GROUP * HD;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int d = nt * 8 + 2 * tq;
+        if (gr < G) {
+            ow[gr * HD + d] = o[nt][0];
+            ow[gr * HD + d + 1] = o[nt][1];
+        }
+        if (gr + 8 < G) {
+            ow[(gr + 8) * HD + d] = o[nt][2];
+            ow[(gr + 8) * HD + d + 1] = o[nt][3];
+        }
+    }
+    if (tq == 0) {
+        sm_m[warp * TC_MAX_GROUP + gr] = m0;
+        sm_m[warp * TC_MAX_GROUP + gr + 8] = m1;
+        sm_l[warp * TC_MAX_GROUP + gr] = l0;
+        sm_l[warp * TC_MAX_GROUP + gr + 8] = l1;
+    }
+    __syncthreads();
+
+    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+        int g = idx / HD;
+        int d = idx - g * HD;
+        float mx = -INFINITY, ls = 0.0f, as = 0.0f;
+#pragma unroll
+        for (int w = 0; w < TC_WARPS; w++)
+            mx = fmaxf(mx, sm_m[w * TC_MAX_GROUP + g]);
+#pragma unroll
+        for (int w = 0; w < TC_WARPS; w++) {
+            float mw = sm_m[w * TC_MAX_GROUP + g];
+            float sc = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
+            ls += sm_l[w * TC_MAX_GROUP + g] * sc;
+            as += sm_o[(w * TC_MAX_GROUP + g) * HD + d] * sc;
+        }
+        int h = h0 + g;
+        if (n_splits == 1) {
+            bf16_t *op = (bf16_t *)a.d_out + ((size_t)tok * a.n_heads + h) * HD;
+            op[d] = __float2bfloat16_rn(ls > 0.0f ? as / ls : 0.0f);
+        } else {
+            float *p = ws + (((size_t)ti * a.n_heads + h) * n_splits + split) *
+                                (HD + 2);
+            p[2 + d] = as;
+            if (d == 0) {
+                /* natural-log units, as attn_combine_kernel expects */
+                p[0] = mx == -INFINITY ? -INFINITY : mx * 0.6931471805599453f;
+                p[1] = ls;
+            }
+        }
+    }
+}
+
+bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
+{
+    const char *env = getenv("BT_ATTN_TC");
+    int group = a->n_heads / a->n_kv_heads;
+
+    if (env && strcmp(env, "0") == 0)
+        return false;
+    return dt == CUDA_DT_BF16 && (a->head_dim == 64 || a->head_dim == 128) &&
+           group >= 1 && group <= TC_MAX_GROUP;
+}
+
+template <int HD>
+static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
+                             int n, int n_splits, int split_len, float *ws,
+                             cudaStream_t stream)
+{
+    const size_t bytes = tc_smem<HD>::BYTES;
+    static bool attr_set;
+
+    if (!attr_set) {
+        cudaError_t err = cudaFuncSetAttribute(
+            attn_decode_tc_kernel<HD>,
+            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (err != cudaSuccess)
+            return err;
+        attr_set = true;
+    }
+    kern_launch(attn_decode_tc_kernel<HD>, dim3(a->n_kv_heads, n, n_splits),
+                dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
+                n_splits, ws);
+    return cudaSuccess;
+}
+
+bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
+                                int n, int n_splits, int split_len, float *ws,
+                                cudaStream_t stream)
+{
+    cudaError_t err = a->head_dim == 64
+        ? tc_launch<64>(a, tok_idx, n, n_splits, split_len, ws, stream)
+        : tc_launch<128>(a, tok_idx, n, n_splits, split_len, ws, stream);
+
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
+    return BT_CUDA_LAUNCH_STATUS();
+}
