@@ -61,18 +61,22 @@
 #define CPU_CHUNK_MIN_TOKENS 4
 #define CPU_SPLIT_ENV "BT_CPU_SPLIT"
 
-/* Contention back-off for the sequence split.  On a box whose cores are
- * busy with other processes a worker thread is often not running when a
- * step needs it, and the caller then waits a scheduler time slice for
- * the chunk it holds: a step takes milliseconds instead of 100 us.  A
- * split step is "late" when the caller waited for the others more than a
- * quarter of the step (or they took no chunk at all); after a late step
- * the backend runs CPU_BACKOFF_MIN, then twice as many, ... up to
- * CPU_BACKOFF_MAX steps on the calling thread alone before it tries
- * again (the first split step after a pause only wakes the workers and is
- * not judged). */
-#define CPU_BACKOFF_MIN 4
-#define CPU_BACKOFF_MAX 1024
+/* Sequence split or one thread: measured, not guessed.  On a box whose
+ * cores are busy with other processes a worker is often not running when
+ * a step needs it; the caller then waits up to a scheduler time slice
+ * for it, and a split step takes milliseconds instead of 100 us.  So the
+ * backend keeps a running mean of the step time per token of each mode
+ * and uses the faster.  Every `explore` steps it runs CPU_EXPLORE_STEPS
+ * steps of the other mode (the first only wakes the workers and is not
+ * timed) to refresh that mode's figure.  A swap back after the mode in
+ * use falls 10% behind, or a probe that loses, doubles the period (up to
+ * CPU_EXPLORE_MAX, about half a second), so flapping dies out and on a
+ * loaded box the probes of the split cost a few percent at most, while a
+ * box that becomes idle is noticed within a second. */
+#define CPU_EXPLORE_FIRST 8
+#define CPU_EXPLORE_MIN 32
+#define CPU_EXPLORE_MAX 2048
+#define CPU_EXPLORE_STEPS 4
 
 /* Matrices are packed (cpu__pack) forms of the shapes given. */
 typedef struct {
@@ -113,9 +117,14 @@ typedef struct {
     int max_ctx;              /* most slots one sequence can have */
     double min_work;          /* multiply-adds per extra thread */
     bool split_seqs;          /* sequence split allowed (BT_CPU_SPLIT) */
-    int solo_steps;           /* split steps left to run on one thread */
-    int backoff;              /* next solo_steps after a late step */
-    bool rewarm;              /* next split step wakes workers, unjudged */
+    /* one thread (mode 0) or the sequence split (mode 1), see above */
+    double step_ns[2];        /* mean step ns per token; 0 = not measured */
+    int mode;                 /* the faster mode, in use */
+    int explore;              /* steps between explorations */
+    int until_explore;        /* steps left before the next */
+    int exploring;            /* steps left in the current exploration */
+    double explore_sum;       /* its timed ns per token, summed */
+    int explore_n;            /* its timed steps */
     double tok_work;          /* matmul multiply-adds per token */
     const float *tok_emb;     /* (vocab, dim) */
     const float *final_norm;  /* (dim) */
@@ -415,8 +424,6 @@ typedef struct {
     float *hidden;
     int n_chunks;
     atomic_int next;     /* next chunk to take */
-    atomic_int n_helped; /* chunks run by threads other than the caller */
-    uint64_t caller_done_ns; /* when the caller found no chunk left */
 } cpu_chunk_job_t;
 
 /* Sequence split: take chunks until none are left; run every layer and
@@ -435,39 +442,64 @@ static void cpu_chunk_task(void *arg, int ith, int nth)
         for (int l = 0; l < j->be->cfg.n_layers; l++)
             cpu_layer(j->be, j->batch, l, r, false, ith, 0.0);
         cpu_final(j->be, r, false, ith, j->logits, j->hidden);
-        if (ith != 0)
-            atomic_fetch_add_explicit(&j->n_helped, 1, memory_order_relaxed);
     }
-    if (ith == 0)
-        j->caller_done_ns = bt_time_ns();
 }
 
-/* Runs the chunks of a sequence-split step on nth threads, or on the
- * calling thread while backing off from contention. */
-static void cpu_run_chunks(cpu_backend_t *be, cpu_chunk_job_t *j, int nth)
+/* Runs the chunks of a sequence-split step on nth threads or on the
+ * calling thread, whichever has been faster lately (see CPU_EXPLORE_*). */
+static void cpu_run_chunks(cpu_backend_t *be, cpu_chunk_job_t *j, int nth,
+                           int n_tok)
 {
-    uint64_t t0, t1;
-    bool judge;
+    int mode = be->mode;
+    bool timed = true;
+    uint64_t t0;
+    double per;
 
-    if (be->solo_steps > 0) {
-        be->solo_steps--;
-        be->rewarm = true;
+    if (be->exploring > 0) {
+        mode = !be->mode;
+        timed = be->exploring < CPU_EXPLORE_STEPS; /* first: warm-up */
+        be->exploring--;
+    } else if (--be->until_explore <= 0) {
+        be->exploring = CPU_EXPLORE_STEPS;
+        be->explore_sum = 0.0;
+        be->explore_n = 0;
+    }
+    t0 = bt_time_ns();
+    if (mode == 1)
+        cpu__pool_run(be->pool, nth, cpu_chunk_task, j);
+    else
         cpu_chunk_task(j, 0, 1);
+    per = (double)(bt_time_ns() - t0) / n_tok;
+
+    if (mode == be->mode) {
+        double *m = &be->step_ns[mode];
+        double other = be->step_ns[!mode];
+
+        *m = *m == 0.0 ? per : *m + (per - *m) / 16.0;
+        if (other > 0.0 && *m > 1.1 * other) { /* lost its lead: swap */
+            BT_LOG_DEBUG("CPU", "step mode %s (%.0f vs %.0f ns/token)",
+                         mode ? "one thread" : "split", other, *m);
+            be->mode = !mode;
+            be->explore = BT_MIN(2 * be->explore, CPU_EXPLORE_MAX);
+            be->until_explore = be->explore;
+        }
         return;
     }
-    judge = !be->rewarm;
-    be->rewarm = false;
-    t0 = bt_time_ns();
-    cpu__pool_run(be->pool, nth, cpu_chunk_task, j);
-    t1 = bt_time_ns();
-    if (!judge)
-        return;
-    if (atomic_load_explicit(&j->n_helped, memory_order_relaxed) == 0 ||
-        (t1 - j->caller_done_ns) * 4 > t1 - t0) {
-        be->solo_steps = be->backoff;
-        be->backoff = BT_MIN(2 * be->backoff, CPU_BACKOFF_MAX);
-    } else {
-        be->backoff = CPU_BACKOFF_MIN;
+    if (timed) {
+        be->explore_sum += per;
+        be->explore_n++;
+    }
+    if (be->exploring == 0 && be->explore_n > 0) {
+        be->step_ns[mode] = be->explore_sum / be->explore_n;
+        if (be->step_ns[mode] < be->step_ns[be->mode]) {
+            BT_LOG_DEBUG("CPU", "step mode %s (%.0f vs %.0f ns/token)",
+                         mode ? "split" : "one thread", be->step_ns[mode],
+                         be->step_ns[be->mode]);
+            be->mode = mode;
+        } else {
+            be->explore = BT_MIN(2 * be->explore, CPU_EXPLORE_MAX);
+        }
+        be->until_explore = be->explore;
     }
 }
 
@@ -539,9 +571,9 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
     nth = cpu_nth(be, n_tok * be->tok_work + attn_work);
     if (be->split_seqs && batch->on_layer_done == NULL && n_chunks >= 2 &&
         nth >= 2) {
-        cpu_chunk_job_t j = { be, batch, logits, hidden, n_chunks, 0, 0, 0 };
+        cpu_chunk_job_t j = { be, batch, logits, hidden, n_chunks, 0 };
 
-        cpu_run_chunks(be, &j, BT_MIN(nth, n_chunks));
+        cpu_run_chunks(be, &j, BT_MIN(nth, n_chunks), n_tok);
         return BT_OK;
     }
 
@@ -839,7 +871,9 @@ static bt_status_t cpu_create(const model_t *model,
     be->min_work = CPU_MIN_WORK_PER_THREAD;
     be->split_seqs = getenv(CPU_SPLIT_ENV) == NULL ||
                      strcmp(getenv(CPU_SPLIT_ENV), "ops") != 0;
-    be->backoff = CPU_BACKOFF_MIN;
+    be->mode = 1;
+    be->explore = CPU_EXPLORE_MIN;
+    be->until_explore = CPU_EXPLORE_FIRST;
     be->tmp_ld = BT_DIV_UP(mc->hidden_dim, 16) * 16;
     if (getenv(CPU_MIN_WORK_ENV) != NULL) {
         double v;
