@@ -551,6 +551,9 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
         }
         for (int i = 0; i < n; i++)
             sampler_observe(s->sampler, s->tokens[i]);
+        /* The first n_generated tokens were sampled elsewhere (prefill, a
+         * failed decode worker): continue their random stream. */
+        sampler_skip(s->sampler, s->n_generated);
         if (m->want_text && engine_tokenizer(dec->engine) != NULL &&
             tok_stream_create(engine_tokenizer(dec->engine), s->tokens[n - 2],
                               &s->stream) == BT_OK) {

@@ -49,6 +49,7 @@ struct prefill_task_s {
     bool final_in_batch;  /* its last chunk is in the running forward */
     uint8_t **kv_inline;  /* (2 * n_layers) packed K/V per layer */
     size_t kv_row_bytes;  /* bytes of one token's K (or V) in one layer */
+    int n_resumed;        /* tail of tokens generated before (failover) */
     int first_token;
     char first_text[256];
     size_t first_text_len;
@@ -350,6 +351,7 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     t->slot = g->has_slot ? g->slot : -1;
     t->dst_block_size = g->kv_layout ? (int)g->kv_layout->block_size : 0;
     params_from_proto(m->sampling, &t->sp);
+    t->n_resumed = m->has_n_generated ? (int)m->n_generated : 0;
     if (m->n_prompt_ids > 0) {
         t->tokens = bt_malloc(m->n_prompt_ids * sizeof(int), "prefill_tokens");
         if (t->tokens != NULL)
@@ -709,6 +711,8 @@ static bt_status_t sample_first(prefill_t *pf, prefill_task_t *t,
         return status;
     for (int i = 0; i < t->n_tokens; i++)
         sampler_observe(sampler, t->tokens[i]);
+    /* Tokens generated before a failover drew from the same stream. */
+    sampler_skip(sampler, t->n_resumed);
     t->first_token = sampler_sample(sampler, logits);
     sampler_destroy(&sampler);
     return BT_OK;

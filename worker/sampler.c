@@ -343,6 +343,16 @@ float sampler_uniform(sampler_t *s)
            16777216.0f;
 }
 
+void sampler_skip(sampler_t *s, int n)
+{
+    /* sampler_sample draws exactly one uniform per sampled token when
+     * temperature > 0, and none when greedy. */
+    if (s->params.temperature == 0.0f)
+        return;
+    for (int i = 0; i < n; i++)
+        (void)sampler_uniform(s);
+}
+
 int sampler_sample(sampler_t *s, float *logits)
 {
     const float *row = sampler_penalise(s, logits);

@@ -52,6 +52,12 @@ int sampler_sample(sampler_t *sampler, float *logits);
  * `probs` has vocab_size floats; greedy gives a one-hot row. */
 void sampler_probs(sampler_t *sampler, const float *logits, float *probs);
 
+/* Advances the random stream as if n tokens had been sampled: a request
+ * whose earlier tokens were sampled in another process (prefill, or a
+ * decode worker that died) continues the same stream, so a seeded request
+ * gives the same tokens in a cluster as in `baton run`. */
+void sampler_skip(sampler_t *sampler, int n);
+
 /* A uniform float in [0, 1) from the sampler's stream. */
 float sampler_uniform(sampler_t *sampler);
 

@@ -1,0 +1,123 @@
+/*
+ * test_sampled.c - seeded sampling is the same in the cluster as in
+ * `baton run`: the first token is sampled by the prefill worker, the rest
+ * by a decode worker, and after kill -9 of that decode worker mid-stream
+ * by another one after a re-prefill.  Each continues the request's random
+ * stream (sampler_skip), so every request's ids equal
+ * `baton run --temperature T --top-p P --seed S` exactly.
+ */
+#include "cluster_util.h"
+
+#define N_REQ 8
+
+/* The ids `baton run` generates for prompt g with seed `seed`. */
+static int run_reference(const cu_golden_t *g, uint64_t seed, int max_tokens,
+                         int *ids)
+{
+    char cmd[8192], *p = cmd;
+    FILE *f;
+    int n = 0;
+
+    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s/models/"
+                  "aidreams260K.bin --threads 1 --temperature 0.9 "
+                  "--top-p 0.95 --seed %llu --max-tokens %d --ids "
+                  "--prompt-ids '", BT_BIN_DIR, BT_SHARED_DIR,
+                  (unsigned long long)seed, max_tokens);
+    for (int i = 0; i < g->n_prompt; i++)
+        p += snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "%d ",
+                      g->prompt[i]);
+    snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "'");
+    f = popen(cmd, "r");
+    BT_CHECK(f != NULL);
+    while (n < CU_MAX_IDS && fscanf(f, "%d", &ids[n]) == 1)
+        n++;
+    BT_ASSERT_EQ(pclose(f), 0);
+    return n;
+}
+
+int main(void)
+{
+    static cu_golden_t golden[32];
+    static cu_result_t res[N_REQ];
+    static int want[N_REQ][CU_MAX_IDS];
+    int n_want[N_REQ];
+    char listen[64], control[64], model[512];
+    client_t *c = NULL, *ctl = NULL;
+    pid_t d0;
+    int port, n_golden, retried = 0;
+    const int max_tokens = 80;
+
+    cu_init();
+    n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
+    BT_CHECK(n_golden > 0);
+    for (int i = 0; i < N_REQ; i++)
+        n_want[i] = run_reference(&golden[i % n_golden], 1000 + (uint64_t)i,
+                                  max_tokens, want[i]);
+    port = cu_free_port();
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
+    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
+    cu_spawn("baton-prefill", "--router", control, "--model", model,
+             "--threads", "1", "--name", "p0", NULL);
+    d0 = cu_spawn("baton-decode", "--router", control, "--model", model,
+                  "--threads", "1", "--name", "d0", "--step-delay-ms", "8",
+                  NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    BT_ASSERT_OK(client_create(listen, &ctl));
+    cu_wait_workers(ctl, 1, 1, 20000);
+
+    for (int i = 0; i < N_REQ; i++) {
+        client_request_t req;
+        client_request_init(&req);
+        req.prompt_ids = golden[i % n_golden].prompt;
+        req.n_prompt_ids = golden[i % n_golden].n_prompt;
+        req.temperature = 0.9f;
+        req.top_p = 0.95f;
+        req.seed = 1000 + (uint64_t)i;
+        req.max_tokens = max_tokens;
+        req.want_text = false;
+        BT_ASSERT_OK(client_submit(c, &req, &res[i].rid));
+    }
+    /* Once every stream has some tokens, add d1 and kill d0 mid-stream. */
+    for (;;) {
+        Baton__ClientMessage *m = NULL;
+        int got = 0;
+        if (client_recv(c, 10000, &m) != BT_OK)
+            BT_TEST_FAIL("no tokens from the decode worker");
+        for (int i = 0; i < N_REQ; i++) {
+            if (res[i].rid != client_msg_request_id(m) ||
+                m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK)
+                continue;
+            BT_ASSERT_EQ(m->chunk->index, res[i].next_index);
+            for (size_t k = 0; k < m->chunk->n_ids; k++)
+                res[i].ids[res[i].n_ids++] = m->chunk->ids[k];
+            res[i].next_index += (int)m->chunk->n_ids;
+        }
+        proto_client_free(&m);
+        for (int i = 0; i < N_REQ; i++)
+            got += res[i].n_ids >= 5;
+        if (got == N_REQ)
+            break;
+    }
+    cu_spawn("baton-decode", "--router", control, "--model", model,
+             "--threads", "1", "--name", "d1", NULL);
+    cu_wait_workers(ctl, 1, 2, 5000);
+    cu_kill(d0, SIGKILL);
+    cu_collect(c, res, N_REQ, 50000);
+    for (int i = 0; i < N_REQ; i++) {
+        BT_ASSERT_EQ(res[i].finished, 1);
+        retried += res[i].retries > 0;
+        if (res[i].n_ids != n_want[i] ||
+            memcmp(res[i].ids, want[i], sizeof(int) * (size_t)n_want[i]))
+            BT_TEST_FAIL("request %d (seed %d): %d ids differ from baton "
+                         "run's %d", i, 1000 + i, res[i].n_ids, n_want[i]);
+    }
+    BT_CHECK(retried > 0); /* the kill landed mid-stream */
+    client_destroy(&c);
+    client_destroy(&ctl);
+    BT_TEST_PASS("cluster/sampled: seeded streams equal baton run, "
+                 "across a decode failover");
+    return 0;
+}
