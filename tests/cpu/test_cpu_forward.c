@@ -437,6 +437,71 @@ static model_t *load(const char *rel)
     return m;
 }
 
+/* The sequence split computes each token exactly as one thread does (the
+ * packed matmul does not depend on the batch a token is in): 8 sequences
+ * prefilled then decoded 3 steps with 1 thread and with 3 threads
+ * (BT_CPU_SPLIT=seqs) give bitwise-equal logits and hidden states. */
+static void test_split_bitwise(const model_t *m, const char *name)
+{
+    enum { NS = 8, PRE = 9, STEPS = 3, BS = 4 };
+    const model_config_t *c = model_config(m);
+    int n_blocks = NS * BT_DIV_UP(PRE + STEPS, BS) + 1;
+    size_t rows = (size_t)NS * (PRE + STEPS);
+    float *out[2][2];
+    int tok[NS][PRE + STEPS];
+    int saved = g_threads;
+
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < PRE + STEPS; i++)
+            tok[s][i] = (s * 31 + i * 7 + 1) % c->vocab_size;
+    setenv("BT_CPU_SPLIT", "seqs", 1);
+    for (int run = 0; run < 2; run++) {
+        backend_t *be;
+        kv_allocator_t *a = NULL;
+        tseq_t ts[NS];
+        backend_seq_t seqs[NS];
+        backend_batch_t batch = { .n_seqs = NS, .seqs = seqs };
+        size_t row = 0;
+
+        g_threads = run == 0 ? 1 : 3;
+        be = make_backend(m, BS, n_blocks);
+        out[run][0] = malloc(sizeof(float) * rows * c->vocab_size);
+        out[run][1] = malloc(sizeof(float) * rows * c->dim);
+        BT_ASSERT_OK(kv_allocator_create(n_blocks, &a));
+        for (int s = 0; s < NS; s++)
+            tseq_alloc(&ts[s], a, PRE + STEPS, BS);
+        for (int step = 0; step <= STEPS; step++) {
+            int ctx = step == 0 ? 0 : PRE + step - 1;
+            int n = step == 0 ? PRE : 1;
+
+            for (int s = 0; s < NS; s++)
+                seqs[s] = (backend_seq_t){ .n_tokens = n, .ctx_len = ctx,
+                                           .tokens = &tok[s][ctx],
+                                           .block_table = ts[s].table,
+                                           .n_logits = n };
+            BT_ASSERT_OK(backend_forward(be, &batch,
+                                         out[run][0] + row * c->vocab_size,
+                                         out[run][1] + row * c->dim));
+            row += (size_t)NS * n;
+        }
+        for (int s = 0; s < NS; s++)
+            tseq_free(&ts[s], a);
+        kv_allocator_destroy(&a);
+        backend_destroy(&be);
+    }
+    BT_CHECK(memcmp(out[0][0], out[1][0],
+                    sizeof(float) * rows * c->vocab_size) == 0);
+    BT_CHECK(memcmp(out[0][1], out[1][1], sizeof(float) * rows * c->dim) ==
+             0);
+    for (int run = 0; run < 2; run++) {
+        free(out[run][0]);
+        free(out[run][1]);
+    }
+    unsetenv("BT_CPU_SPLIT");
+    g_threads = saved;
+    fprintf(stderr, "PASS %s split bitwise\n", name);
+}
+
 int main(void)
 {
     static const char *models[] = { "stories260K.bin", "aidreams260K.bin",
@@ -445,12 +510,13 @@ int main(void)
     size_t before = bt_alloc_live_count();
 
     setenv("BT_CPU_MIN_WORK", "1", 1);
-    /* one thread; three with the sequence split (batches of several
-     * sequences); three with every op split (BT_CPU_SPLIT=ops) */
+    /* one thread; three with the sequence split whenever a batch has
+     * several sequences (BT_CPU_SPLIT=seqs: not left to the timing
+     * heuristic); three with every op split (BT_CPU_SPLIT=ops) */
     for (int pass = 0; pass < 3; pass++) {
         g_threads = pass == 0 ? 1 : 3;
-        if (pass == 2)
-            setenv("BT_CPU_SPLIT", "ops", 1);
+        if (pass > 0)
+            setenv("BT_CPU_SPLIT", pass == 1 ? "seqs" : "ops", 1);
         for (size_t i = 0; i < BT_ARRAY_SIZE(models); i++) {
             model_t *m = load(models[i]);
 
@@ -461,6 +527,12 @@ int main(void)
         }
     }
     unsetenv("BT_CPU_SPLIT");
+    for (size_t i = 0; i < 2; i++) {
+        model_t *m = load(models[i]);
+
+        test_split_bitwise(m, models[i]);
+        model_destroy(&m);
+    }
     {
         /* bf16 weights: converted once at create, same math */
         model_config_t cfg;

@@ -56,7 +56,8 @@
  * chunks per thread (whole sequences, at least CPU_CHUNK_MIN_TOKENS
  * tokens each): enough that the threads balance and a preempted one holds
  * up little, few enough that each chunk fills the matmul tiles.
- * BT_CPU_SPLIT=ops turns the sequence split off (tests). */
+ * BT_CPU_SPLIT=ops turns the sequence split off, BT_CPU_SPLIT=seqs uses
+ * it whenever it applies, without measuring (tests). */
 #define CPU_CHUNKS_PER_THREAD 2
 #define CPU_CHUNK_MIN_TOKENS 4
 #define CPU_SPLIT_ENV "BT_CPU_SPLIT"
@@ -117,6 +118,7 @@ typedef struct {
     int max_ctx;              /* most slots one sequence can have */
     double min_work;          /* multiply-adds per extra thread */
     bool split_seqs;          /* sequence split allowed (BT_CPU_SPLIT) */
+    bool split_always;        /* ... and always used (BT_CPU_SPLIT=seqs) */
     /* one thread (mode 0) or the sequence split (mode 1), see above */
     double step_ns[2];        /* mean step ns per token; 0 = not measured */
     int mode;                 /* the faster mode, in use */
@@ -455,6 +457,10 @@ static void cpu_run_chunks(cpu_backend_t *be, cpu_chunk_job_t *j, int nth,
     uint64_t t0;
     double per;
 
+    if (be->split_always) {
+        cpu__pool_run(be->pool, nth, cpu_chunk_task, j);
+        return;
+    }
     if (be->exploring > 0) {
         mode = !be->mode;
         timed = be->exploring < CPU_EXPLORE_STEPS; /* first: warm-up */
@@ -871,6 +877,8 @@ static bt_status_t cpu_create(const model_t *model,
     be->min_work = CPU_MIN_WORK_PER_THREAD;
     be->split_seqs = getenv(CPU_SPLIT_ENV) == NULL ||
                      strcmp(getenv(CPU_SPLIT_ENV), "ops") != 0;
+    be->split_always = getenv(CPU_SPLIT_ENV) != NULL &&
+                       strcmp(getenv(CPU_SPLIT_ENV), "seqs") == 0;
     be->mode = 1;
     be->explore = CPU_EXPLORE_MIN;
     be->until_explore = CPU_EXPLORE_FIRST;
