@@ -152,6 +152,7 @@ typedef struct {
     float *rope_sin;          /* (max_tok, head_dim / 2) */
     int *tok_seq;             /* (max_tok) sequence of each batch token */
     int *tok_idx;             /* (max_tok) index inside its sequence */
+    int *tok_pos;             /* (max_tok) RoPE position */
     int *seq_first_tok;       /* (max_seqs) batch row of a sequence's first
                                  new token */
     cpu_range_t *chunks;      /* (max_seqs) sequence-split chunks */
@@ -419,6 +420,25 @@ static void cpu_final(cpu_backend_t *be, const cpu_range_t *r, bool par,
                     be->cls, NULL, dim, c->vocab_size, false, NULL);
 }
 
+/* The tokens of range r enter the residual stream: embedding rows, and
+ * the RoPE cos/sin of their positions (shared by every layer). */
+static void cpu_embed_rows(cpu_backend_t *be, const backend_batch_t *batch,
+                           const cpu_range_t *r)
+{
+    int dim = be->cfg.dim;
+    int half = be->cfg.head_dim / 2;
+
+    for (int t = r->t0; t < r->t1; t++) {
+        const backend_seq_t *seq = &batch->seqs[be->tok_seq[t]];
+
+        cpu__embed(be->x + (size_t)t * dim, be->tok_emb, dim,
+                   seq->tokens[be->tok_idx[t]]);
+        cpu__rope_cos_sin(be->tok_pos[t], be->inv_freq, half,
+                          be->rope_cos + (size_t)t * half,
+                          be->rope_sin + (size_t)t * half);
+    }
+}
+
 typedef struct {
     cpu_backend_t *be;
     const backend_batch_t *batch;
@@ -441,6 +461,7 @@ static void cpu_chunk_task(void *arg, int ith, int nth)
            j->n_chunks) {
         const cpu_range_t *r = &j->be->chunks[ch];
 
+        cpu_embed_rows(j->be, j->batch, r);
         for (int l = 0; l < j->be->cfg.n_layers; l++)
             cpu_layer(j->be, j->batch, l, r, false, ith, 0.0);
         cpu_final(j->be, r, false, ith, j->logits, j->hidden);
@@ -517,8 +538,6 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
 {
     cpu_backend_t *be = impl;
     const model_config_t *c = &be->cfg;
-    int dim = c->dim;
-    int half = c->head_dim / 2;
     int n_tok = 0, n_rows = 0, n_items = 0, n_chunks = 0;
     double attn_work = 0;
     cpu_range_t all;
@@ -531,9 +550,10 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
                           BT_DIV_UP(chunk_tokens, CPU_CHUNKS_PER_THREAD *
                                                   cpu__pool_size(be->pool)));
 
-    /* flatten the batch; RoPE angles once per token for every layer;
-     * attention views and work items once for every layer; chunks of
-     * whole sequences of >= chunk_tokens tokens */
+    /* flatten the batch: token positions, logits rows, attention views
+     * and work items once for every layer (embedding rows and RoPE angles
+     * per chunk, in parallel: cpu_embed_rows); chunks of whole sequences
+     * of >= chunk_tokens tokens */
     for (int s = 0; s < batch->n_seqs; s++) {
         const backend_seq_t *seq = &batch->seqs[s];
 
@@ -556,13 +576,10 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
             int pos = seq->positions != NULL ? seq->positions[i]
                                              : seq->ctx_len + i;
 
+
             be->tok_seq[n_tok] = s;
             be->tok_idx[n_tok] = i;
-            cpu__embed(be->x + (size_t)n_tok * dim, be->tok_emb, dim,
-                       seq->tokens[i]);
-            cpu__rope_cos_sin(pos, be->inv_freq, half,
-                              be->rope_cos + (size_t)n_tok * half,
-                              be->rope_sin + (size_t)n_tok * half);
+            be->tok_pos[n_tok] = pos;
             if (i >= seq->n_tokens - seq->n_logits)
                 be->logit_tok[n_rows++] = n_tok;
         }
@@ -584,6 +601,7 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
     }
 
     /* op split (or one thread) */
+    cpu_embed_rows(be, batch, &all);
     for (int l = 0; l < c->n_layers; l++)
         cpu_layer(be, batch, l, &all, true, 0, attn_work);
     cpu_final(be, &all, true, 0, logits, hidden);
@@ -813,6 +831,7 @@ static void cpu_destroy(void *impl)
     bt_free(be->rope_sin);
     bt_free(be->tok_seq);
     bt_free(be->tok_idx);
+    bt_free(be->tok_pos);
     bt_free(be->seq_first_tok);
     bt_free(be->items);
     bt_free(be->tmp);
@@ -943,6 +962,7 @@ static bt_status_t cpu_create(const model_t *model,
     memset(be->v_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
     be->tok_seq = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
     be->tok_idx = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
+    be->tok_pos = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
     be->seq_first_tok = bt_malloc((size_t)cfg->max_seqs * sizeof(int),
                                   "cpu_scratch");
     be->items = bt_malloc(max_tok * (size_t)mc->n_kv_heads *
@@ -952,7 +972,7 @@ static bt_status_t cpu_create(const model_t *model,
                               "cpu_scratch");
     be->chunks = bt_malloc((size_t)cfg->max_seqs * sizeof(*be->chunks),
                            "cpu_scratch");
-    if (be->tok_seq == NULL || be->tok_idx == NULL ||
+    if (be->tok_seq == NULL || be->tok_idx == NULL || be->tok_pos == NULL ||
         be->seq_first_tok == NULL || be->items == NULL ||
         be->logit_tok == NULL || be->attn_seqs == NULL || be->chunks == NULL)
         goto err_destroy;
