@@ -14,11 +14,12 @@
  *      query row that gives it weight.
  * Causal chunks skip the slots past their last query entirely.
  *
- * With AVX2+FMA, steps 2 (without a mask) and 3 (head_dim a multiple of
- * 8) run vectorized: the output row is accumulated in registers, 16
- * columns at a time with two interleaved chains per column vector, so a
- * decode query over ~100 slots costs a few hundred FMAs instead of ~100
- * strided scalar axpys.
+ * With AVX2+FMA (head_dim a multiple of 8): a decode query (the last new
+ * token, no mask) takes one fused path: scores eight keys at a time with
+ * a transposing hadd tree, scaled and max-tracked in the same pass, one
+ * exp pass, then P V accumulated in registers with 1/sum applied at the
+ * end.  Other queries use the steps above with step 2 (without a mask)
+ * and step 3 vectorized the same way.
  */
 #include <math.h>
 #include <string.h>
@@ -128,9 +129,10 @@ CPU_AVX2 static inline __m256 cpu_attn_dot8(const float *k, const float *q,
 }
 
 /* Scores of one query against slots [0, limit), head_dim a multiple of
- * 8: S[p] = (q . K[p]) * scale; returns their maximum.  Eight keys at a time: one vector of partial sums
- * per key, then a transposing hadd tree turns the eight into one vector
- * of eight scores (no scalar horizontal sums).  HD16: head_dim is 16 and
+ * 8: S[p] = (q . K[p]) * scale; returns their maximum.  Eight keys at a
+ * time: one vector of partial sums per key, then a transposing hadd tree
+ * turns the eight into one vector of eight scores (no scalar horizontal
+ * sums).  HD16: head_dim is 16 and
  * q stays in two registers. */
 #define CPU_ATTN_QK1(NAME, HD16)                                            \
 CPU_AVX2 static float NAME(float *S, const float *q, const cpu_attn_seq_t *s,\
@@ -344,9 +346,9 @@ static void cpu_attention_head(float *out, int ldo, const float *q, int ldq,
     int len;
 
 #ifdef CPU_ATTN_X86
-    if (cpu__have_avx2())
-        vec = true;
+    vec = cpu__have_avx2();
 #endif
+    (void)vec; /* only read by the x86 paths */
 
 #ifdef CPU_ATTN_X86
     /* the last new token of a causal sequence (decode) sees [0, limit) */
