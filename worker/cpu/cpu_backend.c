@@ -78,6 +78,10 @@
 #define CPU_EXPLORE_MIN 32
 #define CPU_EXPLORE_MAX 2048
 #define CPU_EXPLORE_STEPS 4
+/* The figures are kept per batch-size class (tokens 1, 2-3, 4-7, ...,
+ * >= 128): a prefill step and a decode step of the same model differ in
+ * cost per token and in what threads buy. */
+#define CPU_MODE_CLASSES 8
 
 /* Matrices are packed (cpu__pack) forms of the shapes given. */
 typedef struct {
@@ -90,6 +94,18 @@ typedef struct {
                                up_0, gate_1, ... */
     const float *w_down;    /* packed (dim, hidden_dim) */
 } cpu_layer_t;
+
+/* Step-mode statistics of one batch-size class: one thread (mode 0) or
+ * the sequence split (mode 1), see CPU_EXPLORE_*. */
+typedef struct {
+    double step_ns[2];        /* mean step ns per token; 0 = not measured */
+    int mode;                 /* the faster mode, in use */
+    int explore;              /* steps between explorations */
+    int until_explore;        /* steps left before the next */
+    int exploring;            /* steps left in the current exploration */
+    double explore_sum;       /* its timed ns per token, summed */
+    int explore_n;            /* its timed steps */
+} cpu_mode_stat_t;
 
 /* A run of whole sequences of the flattened batch and what belongs to
  * them. */
@@ -119,14 +135,7 @@ typedef struct {
     double min_work;          /* multiply-adds per extra thread */
     bool split_seqs;          /* sequence split allowed (BT_CPU_SPLIT) */
     bool split_always;        /* ... and always used (BT_CPU_SPLIT=seqs) */
-    /* one thread (mode 0) or the sequence split (mode 1), see above */
-    double step_ns[2];        /* mean step ns per token; 0 = not measured */
-    int mode;                 /* the faster mode, in use */
-    int explore;              /* steps between explorations */
-    int until_explore;        /* steps left before the next */
-    int exploring;            /* steps left in the current exploration */
-    double explore_sum;       /* its timed ns per token, summed */
-    int explore_n;            /* its timed steps */
+    cpu_mode_stat_t modes[CPU_MODE_CLASSES]; /* by batch-size class */
     double tok_work;          /* matmul multiply-adds per token */
     const float *tok_emb;     /* (vocab, dim) */
     const float *final_norm;  /* (dim) */
@@ -473,7 +482,8 @@ static void cpu_chunk_task(void *arg, int ith, int nth)
 static void cpu_run_chunks(cpu_backend_t *be, cpu_chunk_job_t *j, int nth,
                            int n_tok)
 {
-    int mode = be->mode;
+    cpu_mode_stat_t *ms;
+    int mode, cls = 0;
     bool timed = true;
     uint64_t t0;
     double per;
@@ -482,14 +492,18 @@ static void cpu_run_chunks(cpu_backend_t *be, cpu_chunk_job_t *j, int nth,
         cpu__pool_run(be->pool, nth, cpu_chunk_task, j);
         return;
     }
-    if (be->exploring > 0) {
-        mode = !be->mode;
-        timed = be->exploring < CPU_EXPLORE_STEPS; /* first: warm-up */
-        be->exploring--;
-    } else if (--be->until_explore <= 0) {
-        be->exploring = CPU_EXPLORE_STEPS;
-        be->explore_sum = 0.0;
-        be->explore_n = 0;
+    while ((2 << cls) <= n_tok && cls < CPU_MODE_CLASSES - 1)
+        cls++;
+    ms = &be->modes[cls];
+    mode = ms->mode;
+    if (ms->exploring > 0) {
+        mode = !ms->mode;
+        timed = ms->exploring < CPU_EXPLORE_STEPS; /* first: warm-up */
+        ms->exploring--;
+    } else if (--ms->until_explore <= 0) {
+        ms->exploring = CPU_EXPLORE_STEPS;
+        ms->explore_sum = 0.0;
+        ms->explore_n = 0;
     }
     t0 = bt_time_ns();
     if (mode == 1)
@@ -498,35 +512,37 @@ static void cpu_run_chunks(cpu_backend_t *be, cpu_chunk_job_t *j, int nth,
         cpu_chunk_task(j, 0, 1);
     per = (double)(bt_time_ns() - t0) / n_tok;
 
-    if (mode == be->mode) {
-        double *m = &be->step_ns[mode];
-        double other = be->step_ns[!mode];
+    if (mode == ms->mode) {
+        double *m = &ms->step_ns[mode];
+        double other = ms->step_ns[!mode];
 
         *m = *m == 0.0 ? per : *m + (per - *m) / 16.0;
         if (other > 0.0 && *m > 1.1 * other) { /* lost its lead: swap */
-            BT_LOG_DEBUG("CPU", "step mode %s (%.0f vs %.0f ns/token)",
+            BT_LOG_DEBUG("CPU", "%d+ tokens: step mode %s (%.0f vs %.0f "
+                         "ns/token)", 1 << cls,
                          mode ? "one thread" : "split", other, *m);
-            be->mode = !mode;
-            be->explore = BT_MIN(2 * be->explore, CPU_EXPLORE_MAX);
-            be->until_explore = be->explore;
+            ms->mode = !mode;
+            ms->explore = BT_MIN(2 * ms->explore, CPU_EXPLORE_MAX);
+            ms->until_explore = ms->explore;
         }
         return;
     }
     if (timed) {
-        be->explore_sum += per;
-        be->explore_n++;
+        ms->explore_sum += per;
+        ms->explore_n++;
     }
-    if (be->exploring == 0 && be->explore_n > 0) {
-        be->step_ns[mode] = be->explore_sum / be->explore_n;
-        if (be->step_ns[mode] < be->step_ns[be->mode]) {
-            BT_LOG_DEBUG("CPU", "step mode %s (%.0f vs %.0f ns/token)",
-                         mode ? "split" : "one thread", be->step_ns[mode],
-                         be->step_ns[be->mode]);
-            be->mode = mode;
+    if (ms->exploring == 0 && ms->explore_n > 0) {
+        ms->step_ns[mode] = ms->explore_sum / ms->explore_n;
+        if (ms->step_ns[mode] < ms->step_ns[ms->mode]) {
+            BT_LOG_DEBUG("CPU", "%d+ tokens: step mode %s (%.0f vs %.0f "
+                         "ns/token)", 1 << cls,
+                         mode ? "split" : "one thread", ms->step_ns[mode],
+                         ms->step_ns[ms->mode]);
+            ms->mode = mode;
         } else {
-            be->explore = BT_MIN(2 * be->explore, CPU_EXPLORE_MAX);
+            ms->explore = BT_MIN(2 * ms->explore, CPU_EXPLORE_MAX);
         }
-        be->until_explore = be->explore;
+        ms->until_explore = ms->explore;
     }
 }
 
@@ -898,9 +914,10 @@ static bt_status_t cpu_create(const model_t *model,
                      strcmp(getenv(CPU_SPLIT_ENV), "ops") != 0;
     be->split_always = getenv(CPU_SPLIT_ENV) != NULL &&
                        strcmp(getenv(CPU_SPLIT_ENV), "seqs") == 0;
-    be->mode = 1;
-    be->explore = CPU_EXPLORE_MIN;
-    be->until_explore = CPU_EXPLORE_FIRST;
+    for (int i = 0; i < CPU_MODE_CLASSES; i++)
+        be->modes[i] = (cpu_mode_stat_t){ .mode = 1,
+                                          .explore = CPU_EXPLORE_MIN,
+                                          .until_explore = CPU_EXPLORE_FIRST };
     be->tmp_ld = BT_DIV_UP(mc->hidden_dim, 16) * 16;
     if (getenv(CPU_MIN_WORK_ENV) != NULL) {
         double v;
