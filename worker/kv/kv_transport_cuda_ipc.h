@@ -1,0 +1,241 @@
+/*
+ * kv_transport_cuda_ipc.h - KV hand-off between two processes on one host
+ * whose KV pools live in GPU memory: the decode worker exports its device
+ * pool with CUDA IPC handles, the prefill worker maps it once and copies
+ * each freshly computed layer device-to-device into the reserved blocks.
+ *
+ * Roles and flow (mirrors kv_transport.h, the UCX transport):
+ *   decode  kv_cipc_pool_export(K/V layer bases from backend_kv_data) ->
+ *           kv_cipc_pool_desc() bytes go to the router in Register and
+ *           from there to prefill workers in PrefillTask / KvPeers ->
+ *           on grant of slot s: kv_cipc_pool_slot_reset(s) -> on KvReady:
+ *           kv_cipc_pool_has_arrived(s, epoch) before the first read.
+ *   prefill kv_cipc_create (copy stream) -> kv_cipc_connect(desc) (cached
+ *           per pool: cudaIpcOpenMemHandle once per decode pool) -> in
+ *           on_layer_done(l): kv_cipc_put_layer(peer, l, ...) ->
+ *           kv_cipc_commit(peer, s, epoch) -> kv_cipc_commit_query() until
+ *           BT_OK, then PrefillDone goes to the router.
+ *
+ * Data path: K and V are each ONE cudaMalloc for all layers in the CUDA
+ * backend, (n_layers, n_blocks, block_size, n_kv_heads, head_dim), so one
+ * IPC handle per array suffices; kv_cipc_pool_export checks that the layer
+ * bases are contiguous.  kv_cipc_put_layer coalesces runs where both the
+ * source and the destination block ids are consecutive into one
+ * cudaMemcpyAsync (device to device; peer GPUs go over NVLink) per run,
+ * per K and per V, on the context's own non-blocking copy stream.  The
+ * CUDA backend calls on_layer_done only after cudaEventSynchronize on the
+ * layer's K/V-written event (cuda_backend.c), so layer l is complete in
+ * memory when its copies are enqueued: the copy stream needs no device-side
+ * wait on the compute stream, and copies of layer l overlap the compute of
+ * layers l+1.. .  (A backend that called back earlier would have to export
+ * that event so the copy stream can cudaStreamWaitEvent on it.)
+ *
+ * Completion (decode never reads a half-written block): the decode pool
+ * has an arrival array of n_slots uint64 in device memory, exported like
+ * K and V.  kv_cipc_commit enqueues, on the copy stream AFTER the layer
+ * copies, a 8-byte copy of the reservation's epoch into arrival[slot],
+ * then records an event.  Stream order makes the epoch land after every
+ * block.  The prefill worker polls that event (kv_cipc_commit_query) and
+ * only then sends PrefillDone; the router then sends KvReady, and the
+ * decode worker checks arrival[slot] == epoch (kv_cipc_pool_has_arrived)
+ * before the reservation's blocks join a batch.  Epochs are never reused,
+ * so a stale writer whose reservation was freed and re-granted can never
+ * make the new reservation look complete (as with UCX: see the epoch
+ * discussion in kv_transport.h; the decode worker's quarantine of
+ * aborted reservations covers late data copies too).  An IPC event
+ * (cudaIpcGetEventHandle) would let the decode side wait on the GPU
+ * instead, but the first token has to travel through the router anyway,
+ * so the control message is the cheaper signal and the flag is the check.
+ *
+ * Why a copy, and what writing in place would take.  The prefill worker's
+ * RoPE/KV kernel writes K/V into its OWN pool, through its own block
+ * table; the copy moves 2 * n_layers * n_tokens * n_kv_heads * head_dim *
+ * elem_size bytes once more.  To write directly into the decode worker's
+ * reserved blocks, backend_seq_t would need a per-sequence KV base
+ * override (remote K/V array bases + the remote block table for the
+ * sequence's new slots) that the CUDA backend passes to cuda_rope_kv and
+ * to the attention kernels (which must read earlier chunks of the same
+ * prompt from the remote pool too), i.e. a change to backend.h and to
+ * every kernel launch that takes d_k_cache / d_v_cache.  Cost of the copy
+ * today: a 2048-token Llama-3-8B prompt (32 layers, 8 KV heads, head_dim
+ * 128, bf16) is 2*32*2048*8*128*2 = 268 MB; a device-to-device copy runs
+ * at 4.3 TB/s (read + write counted, DEVICE.md), so 268 MB read + 268 MB
+ * written = 537 MB / 4.3 TB/s = 0.125 ms in total, spread over the layers
+ * and hidden behind the prefill compute except for the last layer's
+ * 8.4 MB, ~4 us.  The in-place write would save the bandwidth (about 0.1%
+ * of a ~100 ms prefill at that size), not latency.
+ *
+ * Without CUDA (binary built without it, or no GPU): every call fails
+ * with BT_ERR_UNSUPPORTED or BT_ERR_CUDA, logged once; the descriptor
+ * encoder and parser are plain C and always work (fuzzed).
+ *
+ * Threading: a context and its peers belong to one thread at a time.
+ */
+#ifndef BT_WORKER_KV_KV_TRANSPORT_CUDA_IPC_H
+#define BT_WORKER_KV_KV_TRANSPORT_CUDA_IPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "kv/kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KV_CIPC_DESC_VERSION 1
+#define KV_CIPC_HANDLE_BYTES 64 /* sizeof(cudaIpcMemHandle_t) */
+#define KV_CIPC_BUS_ID_LEN 32   /* "0000:19:00.0" and NUL */
+#define KV_CIPC_MAX_SLOTS (1 << 20)
+
+/* A parsed descriptor: everything a prefill worker needs to map a pool. */
+typedef struct {
+    uint64_t pool_id;                   /* random per export */
+    uint32_t pid;                       /* exporting process */
+    int32_t device;                     /* its CUDA ordinal */
+    char bus_id[KV_CIPC_BUS_ID_LEN];    /* its GPU's PCI bus id */
+    kv_layout_t layout;                 /* the pool's layout */
+    int n_slots;                        /* arrival slots */
+    uint8_t k_handle[KV_CIPC_HANDLE_BYTES];   /* K array, all layers */
+    uint8_t v_handle[KV_CIPC_HANDLE_BYTES];   /* V array, all layers */
+    uint8_t arrival_handle[KV_CIPC_HANDLE_BYTES]; /* (n_slots) uint64 */
+} kv_cipc_desc_t;
+
+/* Encoded descriptor size (fixed). */
+size_t kv_cipc_desc_size(void);
+
+/* Encodes `desc` into `buf` (kv_cipc_desc_size() bytes, checksummed). */
+bt_status_t kv_cipc_desc_encode(const kv_cipc_desc_t *desc, uint8_t *buf,
+                                size_t cap);
+
+/* Parses and validates untrusted descriptor bytes: magic, version, exact
+ * size, checksum, layout bounds and sizes without overflow, slot count,
+ * NUL-terminated bus id.  BT_ERR_FORMAT on any defect; *desc is written
+ * only on success. */
+bt_status_t kv_cipc_desc_parse(const void *buf, size_t len,
+                               kv_cipc_desc_t *desc);
+
+/* ------------------------------------------------------------------------
+ * Device facts
+ * --------------------------------------------------------------------- */
+
+typedef struct {
+    int device;                       /* CUDA ordinal */
+    char bus_id[KV_CIPC_BUS_ID_LEN];  /* PCI bus id */
+    char name[64];                    /* device name */
+    bool ipc;                         /* CUDA IPC supported here */
+} kv_cipc_gpu_info_t;
+
+/* This host's identity for transport choice: "hostname/boot-id" (the
+ * boot id tells two containers with one hostname apart only when they
+ * are on different kernels; same kernel = same host for IPC purposes). */
+void kv_cipc_host_id(char *buf, size_t len);
+
+/* True when built with CUDA and at least one device is visible. */
+bool kv_cipc_is_available(void);
+
+/* Facts about device `device`.  BT_ERR_UNSUPPORTED without CUDA. */
+bt_status_t kv_cipc_gpu_info(int device, kv_cipc_gpu_info_t *info);
+
+/* Copies `bytes` between any two of host / device memory (UVA,
+ * cudaMemcpyDefault, synchronous).  For the inline transport when the
+ * KV pool is on the device.  BT_ERR_UNSUPPORTED without CUDA. */
+bt_status_t kv_cipc_memcpy(void *dst, const void *src, size_t bytes);
+
+/* ------------------------------------------------------------------------
+ * Decode side: the exported pool
+ * --------------------------------------------------------------------- */
+
+typedef struct kv_cipc_pool_s kv_cipc_pool_t;
+
+/* Exports the device KV pool whose layer l bases are k_layers[l] /
+ * v_layers[l] (device pointers on `device`, contiguous per array, the
+ * first one the base of its cudaMalloc) and allocates `n_slots` zeroed
+ * arrival slots.  The pool does not own the KV memory, which must outlive
+ * it.  BT_ERR_INVALID_ARG for a non-contiguous layout, BT_ERR_CUDA. */
+bt_status_t kv_cipc_pool_export(const kv_layout_t *layout,
+                                void *const *k_layers, void *const *v_layers,
+                                int device, int n_slots,
+                                kv_cipc_pool_t **pool_p);
+void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p);
+
+/* The encoded descriptor, valid while the pool lives. */
+const uint8_t *kv_cipc_pool_desc(const kv_cipc_pool_t *pool, size_t *len_p);
+
+/* Reads arrival[slot] from the device: *arrived_p = (value == epoch).
+ * Synchronous (an 8-byte device-to-host copy). */
+bt_status_t kv_cipc_pool_has_arrived(kv_cipc_pool_t *pool, int slot,
+                                     uint64_t epoch, bool *arrived_p);
+
+/* Zeroes arrival[slot] (synchronous).  Call on grant and on free. */
+bt_status_t kv_cipc_pool_slot_reset(kv_cipc_pool_t *pool, int slot);
+
+/* ------------------------------------------------------------------------
+ * Prefill side: mapped pools, copies, commits
+ * --------------------------------------------------------------------- */
+
+typedef struct kv_cipc_s kv_cipc_t;           /* copy stream + peers */
+typedef struct kv_cipc_peer_s kv_cipc_peer_t; /* one mapped pool */
+typedef struct kv_cipc_commit_s kv_cipc_commit_t;
+
+/* Creates the copy stream on the current device.  BT_ERR_UNSUPPORTED
+ * without CUDA, BT_ERR_CUDA without a device. */
+bt_status_t kv_cipc_create(kv_cipc_t **ctx_p);
+
+/* Unmaps every pool (waits for the copy stream first).  Peers must have
+ * been released (asserted).  NULL-safe. */
+void kv_cipc_destroy(kv_cipc_t **ctx_p);
+
+/* Maps the pool of `desc` (cudaIpcOpenMemHandle, with lazy peer access
+ * for a pool on another GPU) or returns the cached mapping, taking a
+ * reference.  BT_ERR_FORMAT for a bad descriptor, BT_ERR_CUDA when the
+ * handles cannot be opened (other host, no P2P, same process). */
+bt_status_t kv_cipc_connect(kv_cipc_t *ctx, const void *desc, size_t len,
+                            kv_cipc_peer_t **peer_p);
+
+/* Drops a reference.  The mapping stays cached in the context until
+ * kv_cipc_retire_unlisted or kv_cipc_destroy.  NULL-safe. */
+void kv_cipc_release(kv_cipc_peer_t **peer_p);
+
+/* Unmaps cached pools with no reference whose id is not in `ids` (their
+ * decode worker left: its memory is freed only when every mapping is
+ * closed).  Waits for the copy stream first. */
+void kv_cipc_retire_unlisted(kv_cipc_t *ctx, const uint64_t *ids, int n);
+
+/* The mapped pool's descriptor. */
+const kv_cipc_desc_t *kv_cipc_peer_desc(const kv_cipc_peer_t *peer);
+
+/* Enqueues the copies of layer `layer`: source block src_ids[i] of
+ * `src_k` / `src_v` (this layer's K / V base in the prefill pool, laid
+ * out by `src_layout`, same block shape as the remote pool) to block
+ * dst_ids[i] of the remote pool.  Consecutive runs become one copy.
+ * Non-blocking; sources must stay unchanged until the commit completes.
+ * BT_ERR_INVALID_ARG for a bad id or a block shape mismatch. */
+bt_status_t kv_cipc_put_layer(kv_cipc_peer_t *peer, int layer,
+                              const void *src_k, const void *src_v,
+                              const kv_layout_t *src_layout,
+                              const int *src_ids, const int *dst_ids, int n);
+
+/* After every copy enqueued so far: writes `epoch` into the remote
+ * arrival[slot] and records an event.  *commit_p is polled with
+ * kv_cipc_commit_query and freed with kv_cipc_commit_destroy. */
+bt_status_t kv_cipc_commit(kv_cipc_peer_t *peer, int slot, uint64_t epoch,
+                           kv_cipc_commit_t **commit_p);
+
+/* BT_OK when the copies and the epoch are in the decode pool,
+ * BT_IN_PROGRESS while not, BT_ERR_CUDA on a device fault. */
+bt_status_t kv_cipc_commit_query(kv_cipc_commit_t *commit);
+
+/* Frees a commit (waits for it if still in flight).  NULL-safe. */
+void kv_cipc_commit_destroy(kv_cipc_commit_t **commit_p);
+
+/* Copies enqueued and bytes copied since the context was created. */
+uint64_t kv_cipc_copies(const kv_cipc_t *ctx);
+uint64_t kv_cipc_bytes(const kv_cipc_t *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_KV_KV_TRANSPORT_CUDA_IPC_H */
