@@ -37,7 +37,7 @@ done
   echo "| --- | --- | ---: | ---: | ---: |"
   printf "$rows"
 } > "$table"
-grep -E '^(PASS|FAIL|INFO) (golden|bf16|f32|cpu)' "$log" >> "$table"
+grep -E '^(PASS|FAIL|INFO) (golden|bf16|f32|cpu|synth)' "$log" >> "$table"
 echo
 cat "$table"
 [ $fails -eq 0 ]

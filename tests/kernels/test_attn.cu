@@ -215,7 +215,13 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
-    if (cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty()) {
+    /* (head 64/128: the mma.sync kernel, then the WMMA one) */
+    const bool two = c->hd == 64 || c->hd == 128;
+    for (int pass = 0; pass < (two ? 2 : 1) &&
+                       cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
+         pass++) {
+        if (pass)
+            setenv("BT_PREFILL_KERNEL", "wmma", 1);
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_prefill(&b.a, b.d_tiles,
                                 (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS,
@@ -223,9 +229,11 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
         KT_OK(cuda_attn_decode(&b.a, b.d_gen, (int)b.gen.size(), 1, 1 << 30,
                                NULL, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
-        snprintf(what, sizeof(what), "attn prefill+decode %s", desc);
+        snprintf(what, sizeof(what), "attn prefill%s+decode %s",
+                 two ? (pass ? " (wmma)" : " (mma)") : "", desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
+        unsetenv("BT_PREFILL_KERNEL");
     }
     free(ref);
     batch_free(&b);
@@ -288,8 +296,11 @@ static void bench(void)
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
-        float ms[10];
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
+        for (int pass = 0; pass < 2; pass++) {
+        float ms[10];
+        if (pass)
+            setenv("BT_PREFILL_KERNEL", "wmma", 1);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
             KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, CUDA_DT_BF16,
@@ -301,8 +312,11 @@ static void bench(void)
         }
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
-        printf("prefill attn %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
-               "FLOPs)\n", pre[i], med * 1e3, flops / (med * 1e-3) / 1e12);
+        printf("prefill attn %s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
+               "FLOPs)\n", pass ? "wmma" : "mma ", pre[i], med * 1e3,
+               flops / (med * 1e-3) / 1e12);
+        unsetenv("BT_PREFILL_KERNEL");
+        }
         batch_free(&b);
     }
 }
@@ -325,6 +339,9 @@ int main(int argc, char **argv)
         /* tensor-core decode: groups 16 and 8, long split, odd lengths */
         {32, 2, 128, 16, {{2500, 1, 0}, {5, 1, 0}, {0, 1, 0}, {61, 7, 1}}},
         {16, 2, 64, 8, {{4200, 1, 0}, {63, 1, 0}, {64, 1, 0}, {10, 6, 1}}},
+        /* mma prefill: several key tiles, full and diagonal, masked */
+        {32, 8, 128, 16, {{0, 300, 0}, {200, 150, 0}, {5, 3, 0}}},
+        {8, 2, 64, 8, {{0, 200, 0}, {50, 77, 1}, {300, 1, 0}}},
     };
     kt_seed(6);
     for (int dti = 0; dti < 2; dti++)

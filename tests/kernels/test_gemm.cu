@@ -6,6 +6,7 @@
  * Run: build-cuda/gpu/test_gemm [--bench]   (make gpu-test)
  */
 #include "gemm.h"
+#include "kernels/gemv.h"
 #include "kernels_ref.h"
 #include "kt_common.h"
 
@@ -25,15 +26,45 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
     KT_OK(worker_gemm(g, t, o, i, d_x, d_w, in_dt, d_y, out_dt, acc != 0, 0));
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
     char what[96];
-    snprintf(what, sizeof(what), "gemm %s->%s%s t=%d o=%d i=%d",
-             kt_dt_name(in_dt), kt_dt_name(out_dt), acc ? " +=" : "", t, o, i);
+    snprintf(what, sizeof(what), "gemm%s %s->%s%s t=%d o=%d i=%d",
+             getenv("BT_GEMV_KERNEL") ? " (gemv stream)" : "", kt_dt_name(in_dt), kt_dt_name(out_dt), acc ? " +=" : "", t, o, i);
     kt_compare(what, y, ref, (size_t)t * o,
                in_dt == CUDA_DT_F32 ? 1e-5 : 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
     free(x); free(w); free(y0); free(ref); free(y);
 }
 
-static void bench(worker_gemm_ctx_t *g, const char *label)
+/* cuda_gemv_norm: RMSNorm of f32 rows fused into the GEMV input, against
+ * rmsnorm_ref (rounded to bf16, as the unfused path stores it) then
+ * gemm_ref. */
+static void run_norm_case(int t, int o, int i, cuda_dtype_t out_dt)
+{
+    float *x = kt_rand_vec((size_t)t * i, -2, 2, CUDA_DT_F32);
+    float *gw = kt_rand_vec((size_t)i, 0.5f, 1.5f, CUDA_DT_BF16);
+    float *w = kt_rand_vec((size_t)o * i, -1, 1, CUDA_DT_BF16);
+    float *xn = (float *)malloc(sizeof(float) * t * i);
+    float *ref = (float *)malloc(sizeof(float) * t * o);
+    rmsnorm_ref(x, NULL, gw, NULL, t, i, 1e-5f, xn);
+    for (size_t k = 0; k < (size_t)t * i; k++)
+        xn[k] = kt_bf16_to_f32(kt_f32_to_bf16(xn[k]));
+    gemm_ref(t, o, i, xn, w, ref, 0);
+    void *d_x = kt_upload(x, (size_t)t * i, CUDA_DT_F32);
+    void *d_g = kt_upload(gw, (size_t)i, CUDA_DT_BF16);
+    void *d_w = kt_upload(w, (size_t)o * i, CUDA_DT_BF16);
+    void *d_y = kt_poisoned((size_t)t * o, out_dt);
+    KT_OK(cuda_gemv_norm(t, o, i, (const float *)d_x, d_g, 1e-5f, d_w, d_y,
+                         out_dt, 0));
+    KT_CUDA(cudaDeviceSynchronize());
+    float *y = kt_download(d_y, (size_t)t * o, out_dt);
+    char what[96];
+    snprintf(what, sizeof(what), "gemv+rmsnorm bf16->%s t=%d o=%d i=%d",
+             kt_dt_name(out_dt), t, o, i);
+    kt_compare(what, y, ref, (size_t)t * o, 1e-2);
+    cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_y);
+    free(x); free(gw); free(w); free(xn); free(ref); free(y);
+}
+
+static void bench(worker_gemm_ctx_t *g, const char *label, int max_t)
 {
     /* (n_out, n_in) of Llama-3-8B: qkv, o, gate|up, down, classifier */
     const int sh[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096},
@@ -43,6 +74,8 @@ static void bench(worker_gemm_ctx_t *g, const char *label)
     for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++)
         for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
             int o = sh[s][0], i = sh[s][1], t = toks[k];
+            if (t > max_t)
+                continue;
             void *d_x = kt_poisoned((size_t)t * i, CUDA_DT_BF16);
             void *d_w = kt_poisoned((size_t)o * i, CUDA_DT_BF16);
             void *d_y = kt_poisoned((size_t)t * o, CUDA_DT_BF16);
@@ -83,8 +116,17 @@ int main(int argc, char **argv)
                          /* the skinny GEMV path: t <= 8, n_in % 8 == 0 */
                          {2, 300, 1024}, {5, 1000, 4096}, {8, 77, 512},
                          {4, 33, 14336}, {1, 77, 8}, {1, 33, 264},
-                         {2, 1000, 14336}};
+                         {2, 1000, 14336}, {1, 5, 512}, {2, 20000, 256}};
+    /* Pass 1: the streaming GEMV kernel where n_in % 256 == 0
+     * (BT_GEMV_KERNEL=stream), pass 0: the default (warp-per-row). */
+    for (int pass = 1; pass >= 0; pass--) {
+    if (pass)
+        setenv("BT_GEMV_KERNEL", "stream", 1);
+    else
+        unsetenv("BT_GEMV_KERNEL");
     for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++) {
+        if (pass && !(sh[s][0] <= 2 && sh[s][2] % 256 == 0))
+            continue; /* only the shapes the two kernels share */
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 0);
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 1);
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_BF16,
@@ -94,12 +136,27 @@ int main(int argc, char **argv)
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_F32,
                  1);
     }
+    }
+    {
+        /* cuda_gemv_norm needs the streaming kernel */
+        setenv("BT_GEMV_KERNEL", "stream", 1);
+        const int nsh[][3] = {{1, 6144, 4096}, {2, 1000, 4096}, {1, 7, 256},
+                              {2, 3000, 1024}};
+        for (size_t s = 0; s < sizeof(nsh) / sizeof(nsh[0]); s++) {
+            run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_BF16);
+            run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_F32);
+        }
+        unsetenv("BT_GEMV_KERNEL");
+    }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
-        bench(g, "worker_gemm");
+        bench(g, "worker_gemm", 1 << 30);
+        setenv("BT_GEMV_KERNEL", "stream", 1);
+        bench(g, "gemv stream", 2);
+        unsetenv("BT_GEMV_KERNEL");
         worker_gemm_ctx_t *g2 = NULL;
         setenv("BT_GEMV", "0", 1);
         KT_OK(worker_gemm_ctx_create(32u << 20, &g2));
-        bench(g2, "cuBLASLt only");
+        bench(g2, "cuBLASLt only", 1 << 30);
         worker_gemm_ctx_destroy(&g2);
     }
     worker_gemm_ctx_destroy(&g);

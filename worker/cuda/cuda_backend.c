@@ -39,6 +39,7 @@
 #include "kernels/attn_prefill.h"
 #include "kernels/convert.h"
 #include "kernels/embed.h"
+#include "kernels/gemv.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope_kv.h"
 #include "kernels/swiglu.h"
@@ -653,19 +654,32 @@ static bt_status_t cuda_enqueue(cuda_backend_t *b, const cuda_plan_t *p)
     aa.d_mask_off = p->d_mask_off;
     aa.d_out = b->d_att;
 
+    /* Decode steps of <= 2 tokens in bf16 with the streaming GEMV
+     * (BT_GEMV_KERNEL=stream, not the default: see kernels/gemv.cu):
+     * RMSNorm inside the GEMV that consumes it (one kernel less per norm). */
+    const bool fuse_norm = b->dt == CUDA_DT_BF16 &&
+                           worker_gemm_gemv_enabled(b->gemm) &&
+                           cuda_gemv_norm_ok(nt, mc->dim);
+
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &b->layers[l];
         void *d_kl = (char *)b->d_k + (size_t)l * layer_kv * es;
         void *d_vl = (char *)b->d_v + (size_t)l * layer_kv * es;
 
-        status = cuda_rmsnorm(b->d_x, NULL, w->d_attn_norm, NULL, nt,
-                              mc->dim, mc->rms_eps, b->d_xn, b->dt,
-                              b->stream);
-        if (status != BT_OK)
-            return status;
-        status = worker_gemm(b->gemm, nt, b->qkv_dim, mc->dim, b->d_xn,
-                             w->d_wqkv, b->dt, b->d_qkv, b->dt, false,
-                             b->stream);
+        if (fuse_norm) {
+            status = cuda_gemv_norm(nt, b->qkv_dim, mc->dim, b->d_x,
+                                    w->d_attn_norm, mc->rms_eps, w->d_wqkv,
+                                    b->d_qkv, b->dt, b->stream);
+        } else {
+            status = cuda_rmsnorm(b->d_x, NULL, w->d_attn_norm, NULL, nt,
+                                  mc->dim, mc->rms_eps, b->d_xn, b->dt,
+                                  b->stream);
+            if (status != BT_OK)
+                return status;
+            status = worker_gemm(b->gemm, nt, b->qkv_dim, mc->dim, b->d_xn,
+                                 w->d_wqkv, b->dt, b->d_qkv, b->dt, false,
+                                 b->stream);
+        }
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -695,13 +709,20 @@ static bt_status_t cuda_enqueue(cuda_backend_t *b, const cuda_plan_t *p)
                              b->stream);
         if (status != BT_OK)
             return status;
-        status = cuda_rmsnorm(b->d_x, NULL, w->d_ffn_norm, NULL, nt, mc->dim,
-                              mc->rms_eps, b->d_xn, b->dt, b->stream);
-        if (status != BT_OK)
-            return status;
-        status = worker_gemm(b->gemm, nt, 2 * mc->hidden_dim, mc->dim,
-                             b->d_xn, w->d_wgu, b->dt, b->d_gu, b->dt, false,
-                             b->stream);
+        if (fuse_norm) {
+            status = cuda_gemv_norm(nt, 2 * mc->hidden_dim, mc->dim, b->d_x,
+                                    w->d_ffn_norm, mc->rms_eps, w->d_wgu,
+                                    b->d_gu, b->dt, b->stream);
+        } else {
+            status = cuda_rmsnorm(b->d_x, NULL, w->d_ffn_norm, NULL, nt,
+                                  mc->dim, mc->rms_eps, b->d_xn, b->dt,
+                                  b->stream);
+            if (status != BT_OK)
+                return status;
+            status = worker_gemm(b->gemm, nt, 2 * mc->hidden_dim, mc->dim,
+                                 b->d_xn, w->d_wgu, b->dt, b->d_gu, b->dt,
+                                 false, b->stream);
+        }
         if (status != BT_OK)
             return status;
         status = cuda_swiglu(b->d_gu, nt, mc->hidden_dim, b->d_h, b->dt,

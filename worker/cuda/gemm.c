@@ -231,6 +231,11 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
     return BT_OK;
 }
 
+bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx)
+{
+    return ctx->use_gemv;
+}
+
 bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                         int n_in, const void *d_x, const void *d_w,
                         cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,

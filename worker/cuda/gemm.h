@@ -37,6 +37,11 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                         cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,
                         bool accumulate, cudaStream_t stream);
 
+/* True when worker_gemm sends skinny shapes to the GEMV kernels (not
+ * disabled with BT_GEMV=0); the backend then also fuses RMSNorm into them
+ * (cuda_gemv_norm). */
+bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -321,9 +321,10 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
         max_kv = 1;
     while (split_len > 64 && split_len / 2 >= max_kv)
         split_len /= 2;
-    /* Shorter splits until two blocks per multiprocessor, not below 64. */
+    /* Shorter splits until four blocks per multiprocessor (two waves of
+     * the tensor-core kernel, which fits two per SM), not below 64. */
     while (split_len > 64 &&
-           base * BT_DIV_UP(max_kv, split_len) < 2L * n_sm)
+           base * BT_DIV_UP(max_kv, split_len) < 4L * n_sm)
         split_len /= 2;
     while (BT_DIV_UP(max_kv, split_len) > max_splits)
         split_len *= 2;

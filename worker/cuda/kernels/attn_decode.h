@@ -45,7 +45,7 @@ bool cuda_attn_head_dim_ok(int head_dim);
 /* Chooses the split of the key range for `n` query tokens whose longest
  * key range is `max_kv`: split_len is a power of two (64 .. 4096), n_splits
  * * split_len >= max_kv, n_splits <= max_splits, and the fewest splits
- * that give every one of `n_sm` multiprocessors two blocks (one block per
+ * that give every one of `n_sm` multiprocessors four blocks (one block per
  * token and KV head otherwise: fewer partials to merge, longer streams). */
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int n_sm, int max_splits, int *n_splits_p,

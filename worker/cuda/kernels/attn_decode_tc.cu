@@ -22,6 +22,7 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "tc_common.cuh"
 
 #define TC_WARPS 4
 #define TC_TK 64     /* keys per tile: 16 per warp */
@@ -39,67 +40,6 @@ template <int HD> struct tc_smem {
         (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
 };
-
-static __device__ __forceinline__ void tc_cp16(void *smem, const void *gmem,
-                                               bool valid)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
-
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(s), "l"(gmem), "r"(n) : "memory");
-}
-
-static __device__ __forceinline__ void tc_cp_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N> static __device__ __forceinline__ void tc_cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
-
-static __device__ __forceinline__ void tc_ldm(uint32_t *r, const bf16_t *p)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
-                 "{%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-
-static __device__ __forceinline__ void tc_ldm_t(uint32_t *r, const bf16_t *p)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
-                 "{%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-
-/* c (16x8 f32) += a (16x16 bf16, row) . b (16x8 bf16, col). */
-static __device__ __forceinline__ void tc_mma(float *c, const uint32_t *a,
-                                              uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                   "r"(b1));
-}
-
-static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-static __device__ __forceinline__ uint32_t tc_ld32(const bf16_t *p)
-{
-    return *reinterpret_cast<const uint32_t *>(p);
-}
 
 template <int HD>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
@@ -133,6 +73,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const int start = split * split_len;
     const int end = min(kv_len, start + split_len);
     const int bs = a.block_size;
+    const int bs_sh = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1; /* log2 */
     const int *bt = a.d_block_tables + a.d_bt_off[tok];
     const int ctx = a.d_ctx_len[tok];
     const int moff = a.d_mask_off[tok];
@@ -175,7 +116,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             bool ok = k < end;
             const bf16_t *ksrc = kbase, *vsrc = vbase;
             if (ok) {
-                int blk = k / bs;
+                int blk = bs_sh >= 0 ? k >> bs_sh : k / bs;
                 int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
                 size_t off = ((size_t)bid * bs + (k - blk * bs)) *
                                  slot_stride + c * 8;

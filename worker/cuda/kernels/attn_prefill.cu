@@ -19,6 +19,7 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "tc_common.cuh"
 
 using namespace nvcuda;
 
@@ -447,6 +448,253 @@ attn_prefill_fa_kernel(cuda_attn_args_t a, const int *tiles)
     }
 }
 
+/*
+ * The mma.sync variant (head sizes 64 and 128, the default there): the
+ * same work split (64 queries of one head per block, 16 rows per warp)
+ * and the same register-resident FlashAttention-2 scheme, written with
+ * explicit mma.m16n8k16 / ldmatrix (tc_common.cuh) instead of WMMA; K/V
+ * tiles of 64 keys stream through a 3-stage cp.async pipeline (two tiles
+ * in flight), the softmax runs in base 2 with the scale folded in, warps
+ * skip tiles that lie wholly above their causal diagonal, the mask is only
+ * evaluated on diagonal tiles, and blocks run heaviest (last) query tile
+ * first so the causal tail does not idle the GPU.
+ */
+#define PM_STAGES 3
+
+template <int HD> struct pm_smem {
+    static constexpr int ROW = HD + 8;
+    static constexpr int TILE = PF_BK * ROW;
+    static constexpr size_t BYTES = (size_t)PM_STAGES * 2 * TILE * 2;
+};
+
+template <int HD>
+static __global__ void __launch_bounds__(PF_WARPS * 32)
+attn_prefill_mma_kernel(cuda_attn_args_t a, const int *tiles)
+{
+    constexpr int ROW = pm_smem<HD>::ROW;
+    constexpr int TILE = pm_smem<HD>::TILE;
+    constexpr int KS = HD / 16;
+    constexpr int NT = HD / 8;
+    constexpr int CPR = HD / 8;
+    extern __shared__ __align__(128) char smem[];
+    bf16_t *sk = (bf16_t *)smem;          /* [STAGES][BK][ROW] */
+    bf16_t *sv = sk + PM_STAGES * TILE;
+
+    const int *t = tiles +
+                   (size_t)(gridDim.x - 1 - blockIdx.x) * CUDA_PREFILL_TILE_INTS;
+    const int tok0 = t[CUDA_PT_TOK0];
+    const int i0 = t[CUDA_PT_I0];
+    const int n_q = t[CUDA_PT_NQ];
+    const int n_tok = t[CUDA_PT_NTOK];
+    const int ctx = t[CUDA_PT_CTX];
+    const int *bt = a.d_block_tables + t[CUDA_PT_BT_OFF];
+    const int moff = t[CUDA_PT_MASK_OFF];
+    const uint8_t *mask = moff >= 0 ? a.d_masks + moff : NULL;
+    const int h = blockIdx.y;
+    const int kvh = h / (a.n_heads / a.n_kv_heads);
+    const int bs = a.block_size;
+    const int bs_sh = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int gr = lane >> 2, tq = lane & 3;
+    const int kv_end = mask ? ctx + n_tok : ctx + min(n_tok, i0 + n_q);
+    const int n_kt = (kv_end + PF_BK - 1) / PF_BK;
+    const size_t slot_stride = (size_t)a.n_kv_heads * HD;
+    const bf16_t *kbase = (const bf16_t *)a.d_k_cache + (size_t)kvh * HD;
+    const bf16_t *vbase = (const bf16_t *)a.d_v_cache + (size_t)kvh * HD;
+    const int row0 = warp * 16 + gr; /* query rows of this lane: row0, +8 */
+    const int qi0 = i0 + row0, qi1 = qi0 + 8;
+    const bool ok0 = row0 < n_q, ok1 = row0 + 8 < n_q;
+    /* Last key any row of this warp may see (causal), for tile skipping. */
+    const int warp_last = mask ? kv_end - 1
+                               : ctx + min(i0 + warp * 16 + 15, n_tok - 1);
+
+    uint32_t qa[KS][4];
+    {
+        const bf16_t *q0 = (const bf16_t *)a.d_q +
+                           ((size_t)(tok0 + qi0) * a.n_heads + h) * HD;
+        const bf16_t *q1 = q0 + (size_t)8 * a.n_heads * HD;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            int c = ks * 16 + 2 * tq;
+            qa[ks][0] = ok0 ? tc_ld32(q0 + c) : 0u;
+            qa[ks][1] = ok1 ? tc_ld32(q1 + c) : 0u;
+            qa[ks][2] = ok0 ? tc_ld32(q0 + c + 8) : 0u;
+            qa[ks][3] = ok1 ? tc_ld32(q1 + c + 8) : 0u;
+        }
+    }
+
+    auto load_tile = [&](int stage, int kt) {
+        bf16_t *dk = sk + stage * TILE;
+        bf16_t *dv = sv + stage * TILE;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < PF_BK * CPR; i += PF_WARPS * 32) {
+            int r = i / CPR, c = i - r * CPR;
+            int k = kt * PF_BK + r;
+            bool ok = k < kv_end;
+            const bf16_t *ks = kbase, *vs = vbase;
+            if (ok) {
+                int blk = bs_sh >= 0 ? k >> bs_sh : k / bs;
+                size_t off = ((size_t)bt[blk] * bs + (k - blk * bs)) *
+                                 slot_stride + c * 8;
+                ks = kbase + off;
+                vs = vbase + off;
+            }
+            tc_cp16(dk + r * ROW + c * 8, ks, ok);
+            tc_cp16(dv + r * ROW + c * 8, vs, ok);
+        }
+    };
+
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const float sl2 = a.scale * 1.4426950408889634f;
+
+#pragma unroll
+    for (int st = 0; st < PM_STAGES - 1; st++) {
+        if (st < n_kt)
+            load_tile(st, st);
+        tc_cp_commit();
+    }
+    for (int kt = 0; kt < n_kt; kt++) {
+        tc_cp_wait<PM_STAGES - 2>();
+        __syncthreads();
+        {
+            int nk = kt + PM_STAGES - 1;
+            if (nk < n_kt)
+                load_tile(nk % PM_STAGES, nk);
+            tc_cp_commit();
+        }
+        const int kb0 = kt * PF_BK;
+        if (kb0 > warp_last || warp * 16 >= n_q)
+            continue; /* every key of the tile is hidden from this warp */
+        const bf16_t *tk = sk + (kt % PM_STAGES) * TILE;
+        const bf16_t *tv = sv + (kt % PM_STAGES) * TILE;
+
+        float s[PF_BK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < PF_BK / 8; nt++)
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int k2 = 0; k2 < HD / 32; k2++) {
+#pragma unroll
+            for (int nt = 0; nt < PF_BK / 8; nt++) {
+                uint32_t b[4];
+                tc_ldm(b, tk + (nt * 8 + (lane & 7)) * ROW + k2 * 32 +
+                              (lane >> 3) * 8);
+                tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
+                tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
+            }
+        }
+        /* Every key of the tile visible to every row of this warp? */
+        const bool full = mask == NULL && kb0 + PF_BK <= kv_end &&
+                          kb0 + PF_BK - 1 <= ctx + i0 + warp * 16 &&
+                          warp * 16 + 15 < n_q;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < PF_BK / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float v0 = s[nt][j] * sl2, v1 = s[nt][2 + j] * sl2;
+                if (!full) {
+                    int key = kb0 + nt * 8 + 2 * tq + j;
+                    bool vis0 = ok0 && key < kv_end;
+                    bool vis1 = ok1 && key < kv_end;
+                    if (key >= ctx) {
+                        if (mask) {
+                            vis0 = vis0 &&
+                                   mask[(size_t)qi0 * n_tok + key - ctx];
+                            vis1 = vis1 &&
+                                   mask[(size_t)qi1 * n_tok + key - ctx];
+                        } else {
+                            vis0 = vis0 && key - ctx <= qi0;
+                            vis1 = vis1 && key - ctx <= qi1;
+                        }
+                    }
+                    if (!vis0)
+                        v0 = -INFINITY;
+                    if (!vis1)
+                        v1 = -INFINITY;
+                }
+                s[nt][j] = v0;
+                s[nt][2 + j] = v1;
+                mx0 = fmaxf(mx0, v0);
+                mx1 = fmaxf(mx1, v1);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
+        const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
+        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= c0;
+            o[nt][1] *= c0;
+            o[nt][2] *= c1;
+            o[nt][3] *= c1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < PF_BK / 16; kk++) {
+            uint32_t pa[4];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int nt = 2 * kk + hh;
+                float p0 = exp2f(s[nt][0] - b0), p1 = exp2f(s[nt][1] - b0);
+                float p2 = exp2f(s[nt][2] - b1), p3 = exp2f(s[nt][3] - b1);
+                pa[2 * hh] = tc_pack(p0, p1);
+                pa[2 * hh + 1] = tc_pack(p2, p3);
+                /* the sums of what P V really multiplies (bf16 p) */
+                __nv_bfloat162 q01 =
+                    *reinterpret_cast<__nv_bfloat162 *>(&pa[2 * hh]);
+                __nv_bfloat162 q23 =
+                    *reinterpret_cast<__nv_bfloat162 *>(&pa[2 * hh + 1]);
+                l0 += __low2float(q01) + __high2float(q01);
+                l1 += __low2float(q23) + __high2float(q23);
+            }
+#pragma unroll
+            for (int dn = 0; dn < HD / 16; dn++) {
+                uint32_t b[4];
+                tc_ldm_t(b, tv + (kk * 16 + (lane & 7) +
+                                  ((lane >> 3) & 1) * 8) * ROW +
+                                dn * 16 + (lane >> 4) * 8);
+                tc_mma(o[2 * dn], pa, b[0], b[1]);
+                tc_mma(o[2 * dn + 1], pa, b[2], b[3]);
+            }
+        }
+    }
+    tc_cp_wait<0>();
+
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    bf16_t *out0 = (bf16_t *)a.d_out +
+                   ((size_t)(tok0 + qi0) * a.n_heads + h) * HD + 2 * tq;
+    bf16_t *out1 = out0 + (size_t)8 * a.n_heads * HD;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        if (ok0)
+            *(__nv_bfloat162 *)(out0 + nt * 8) =
+                __floats2bfloat162_rn(o[nt][0] * inv0, o[nt][1] * inv0);
+        if (ok1)
+            *(__nv_bfloat162 *)(out1 + nt * 8) =
+                __floats2bfloat162_rn(o[nt][2] * inv1, o[nt][3] * inv1);
+    }
+}
+
 bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
 {
     return dt == CUDA_DT_BF16 &&
@@ -455,16 +703,23 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
 }
 
 /* BT_PREFILL_KERNEL=smem selects the shared-memory kernel everywhere
- * (reference point for the register-resident one). */
+ * (reference point for the register-resident ones), =wmma the WMMA
+ * register-resident kernel instead of the mma.sync one at head 64/128.
+ * Read at every launch, so tests can switch. */
+static int attn_prefill_kind(void)
+{
+    const char *env = getenv("BT_PREFILL_KERNEL");
+
+    if (env && strcmp(env, "smem") == 0)
+        return 0;
+    if (env && strcmp(env, "wmma") == 0)
+        return 1;
+    return 2;
+}
+
 static bool attn_prefill_use_fa(int head_dim)
 {
-    static int fa = -1;
-
-    if (fa < 0) {
-        const char *env = getenv("BT_PREFILL_KERNEL");
-        fa = !(env && strcmp(env, "smem") == 0);
-    }
-    return fa && head_dim <= 128;
+    return attn_prefill_kind() >= 1 && head_dim <= 128;
 }
 
 template <int HD>
@@ -472,6 +727,20 @@ static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
                                        const int *tiles, int n_tiles,
                                        cudaStream_t stream)
 {
+    if constexpr (HD == 64 || HD == 128) {
+        if (attn_prefill_kind() == 2) {
+            size_t mbytes = pm_smem<HD>::BYTES;
+            cudaError_t merr = cudaFuncSetAttribute(
+                attn_prefill_mma_kernel<HD>,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mbytes);
+            if (merr != cudaSuccess)
+                return merr;
+            attn_prefill_mma_kernel<HD><<<dim3(n_tiles, a->n_heads),
+                                          PF_WARPS * 32, mbytes, stream>>>(
+                *a, tiles);
+            return cudaSuccess;
+        }
+    }
     if constexpr (HD <= 128) {
         if (attn_prefill_use_fa(HD)) {
             size_t fbytes = fa_smem<HD>::BYTES;

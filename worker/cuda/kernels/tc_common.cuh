@@ -1,0 +1,78 @@
+/*
+ * tc_common.cuh - tensor-core building blocks shared by the attention
+ * kernels (attn_decode_tc.cu, attn_prefill.cu): 16-byte cp.async copies
+ * into shared memory with zero fill, ldmatrix (plain and transposed),
+ * mma.m16n8k16 bf16 -> f32 and bf16 pair packing.  Fragment layout of
+ * mma.m16n8k16 (lane = 4 g + t): A regs {row g, cols 2t..2t+1}, {row g+8},
+ * {row g, cols 2t+8..}, {row g+8, cols 2t+8..}; B regs {rows 2t..2t+1,
+ * col g}, {rows 2t+8..}; C {row g, cols 2t, 2t+1}, {row g+8, same}.
+ */
+#ifndef BT_WORKER_CUDA_KERNELS_TC_COMMON_CUH
+#define BT_WORKER_CUDA_KERNELS_TC_COMMON_CUH
+
+#include <stdint.h>
+
+#include "kern_common.cuh"
+
+static __device__ __forceinline__ void tc_cp16(void *smem, const void *gmem,
+                                               bool valid)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(s), "l"(gmem), "r"(n) : "memory");
+}
+
+static __device__ __forceinline__ void tc_cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> static __device__ __forceinline__ void tc_cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void tc_ldm(uint32_t *r, const bf16_t *p)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
+                 "{%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+static __device__ __forceinline__ void tc_ldm_t(uint32_t *r, const bf16_t *p)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
+                 "{%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+/* c (16x8 f32) += a (16x16 bf16, row) . b (16x8 bf16, col). */
+static __device__ __forceinline__ void tc_mma(float *c, const uint32_t *a,
+                                              uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ uint32_t tc_ld32(const bf16_t *p)
+{
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+
+#endif /* BT_WORKER_CUDA_KERNELS_TC_COMMON_CUH */
