@@ -15,6 +15,7 @@
 #include "bt_util.h"
 #include "bt_zmq.h"
 #include "kv/kv_transport.h"
+#include "kv/kv_transport_cuda_ipc.h"
 #include "proto_msg.h"
 #include "stop.h"
 
@@ -29,6 +30,15 @@ typedef struct {
     int n_blocks;
     int limit_blocks;   /* blocks the request may grow to */
     uint64_t expires_ns;
+    /* Aggregated mode: a PrefillTask for this reservation runs here. */
+    bool local;         /* prompt being prefilled locally */
+    bool local_done;    /* its KV is in the blocks (LOCAL arrival) */
+    int *ptokens;       /* (n_ptokens) prompt (+ resumed tokens) */
+    int n_ptokens;
+    int n_fed;          /* prompt tokens whose KV is written */
+    int n_resumed;      /* tail of ptokens generated before (failover) */
+    sampler_params_t sp;
+    uint64_t t_start;   /* PrefillTask arrival */
 } decode_resv_t;
 
 typedef struct {
@@ -72,6 +82,9 @@ struct decode_s {
     void *sock;
     kv_ucx_t *ucx;
     kv_ucx_pool_t *pool;
+    kv_cipc_pool_t *cipc;       /* device pool exported over CUDA IPC */
+    bool kv_on_device;          /* backend KV in GPU memory (cuda) */
+    int prefill_budget_left;    /* tokens local prefill may use this step */
     volatile sig_atomic_t stop;
     bool draining;
     int heartbeat_ms;
@@ -87,6 +100,7 @@ struct decode_s {
     float *logits;              /* (max_seqs, vocab) */
     backend_seq_t *bseqs;       /* (max_seqs) */
     decode_seq_t **bmap;        /* (max_seqs) */
+    decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
     uint64_t steps;
     uint64_t tokens_out;
 };
@@ -101,6 +115,8 @@ void decode_config_init(decode_config_t *cfg)
     cfg->max_reservations = 1024;
     cfg->use_ucx = true;
     cfg->ucx_shm_pool = true;
+    cfg->chunk_tokens = 512;
+    cfg->use_cuda_ipc = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -135,8 +151,12 @@ static void send_register(decode_t *dec)
     Baton__Register reg = BATON__REGISTER__INIT;
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
     Baton__UcxDescriptor ucx = BATON__UCX_DESCRIPTOR__INIT;
+    Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
+    Baton__KvTransport transports[4];
+    kv_cipc_gpu_info_t gi;
+    char host[320];
     int eos[MODEL_MAX_EOS];
-    int n_eos = 0;
+    int n_eos = 0, n_tr = 0;
 
     reg.has_role = 1;
     reg.role = BATON__ROLE__ROLE_DECODE;
@@ -164,6 +184,32 @@ static void send_register(decode_t *dec)
         ucx.packed.data = (uint8_t *)d;
         ucx.packed.len = len;
         reg.ucx = &ucx;
+        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
+    }
+    if (dec->cipc != NULL) {
+        size_t len;
+        const uint8_t *d = kv_cipc_pool_desc(dec->cipc, &len);
+        reg.has_cuda_ipc = 1;
+        reg.cuda_ipc.data = (uint8_t *)d;
+        reg.cuda_ipc.len = len;
+        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
+    }
+    transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+    reg.n_transports = (size_t)n_tr;
+    reg.transports = transports;
+    reg.has_can_prefill = 1;
+    reg.can_prefill = dec->cfg.can_prefill;
+    kv_cipc_host_id(host, sizeof(host));
+    reg.host_id = host;
+    if (dec->kv_on_device &&
+        kv_cipc_gpu_info(dec->cfg.engine.backend.device_index, &gi) == BT_OK) {
+        gpu.has_device_index = 1;
+        gpu.device_index = gi.device;
+        gpu.pci_bus_id = gi.bus_id;
+        gpu.has_ipc = 1;
+        gpu.ipc = gi.ipc && dec->cipc != NULL;
+        gpu.name = gi.name;
+        reg.gpu = &gpu;
     }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
     msg.register_ = &reg;
@@ -206,6 +252,9 @@ static void send_heartbeat(decode_t *dec)
 
     for (decode_seq_t *s = dec->seqs; s; s = s->next)
         owed += 1;
+    for (int i = 0; i < dec->cfg.max_reservations; i++)
+        if (dec->resv[i].local)
+            owed += (uint64_t)(dec->resv[i].n_ptokens - dec->resv[i].n_fed);
     hb.name = dec->name;
     hb.has_free_kv_blocks = 1;
     hb.free_kv_blocks = (uint32_t)available_blocks(dec);
@@ -266,11 +315,17 @@ static void quarantine(decode_t *dec, int *blocks, int n)
 static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
 {
     int slot = (int)(r - dec->resv);
+    bool remote = dec->pool != NULL || dec->cipc != NULL;
 
     if (dec->pool != NULL)
         kv_ucx_pool_slot_reset(dec->pool, slot);
+    if (dec->cipc != NULL)
+        kv_cipc_pool_slot_reset(dec->cipc, slot);
+    if (r->local || r->local_done)
+        safe = true; /* prefilled here: no remote writer */
+    bt_free(r->ptokens);
     if (r->blocks != NULL) {
-        if (!safe && dec->pool != NULL && dec->cfg.quarantine_ms > 0) {
+        if (!safe && remote && dec->cfg.quarantine_ms > 0) {
             quarantine(dec, r->blocks, r->n_blocks);
         } else {
             kv_allocator_release(dec->kv, r->n_blocks, r->blocks);
@@ -346,6 +401,8 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         ucx.packed.len = len;
         g.ucx = &ucx;
     }
+    if (dec->cipc != NULL)
+        kv_cipc_pool_slot_reset(dec->cipc, (int)(r - dec->resv));
     g.ok = 1;
     g.n_block_ids = (size_t)need;
     g.block_ids = blocks;
@@ -418,11 +475,20 @@ static bt_status_t unpack_inline(decode_t *dec, const Baton__KvReady *m,
         for (int kv = 0; kv < 2; kv++) {
             uint8_t *base = backend_kv_data(be, l, kv);
             const uint8_t *src = m->kv_inline[2 * l + kv].data;
-            for (int s = 0; s < n; s++) {
+            /* One copy per block: its rows are adjacent on both sides. */
+            for (int s = 0; s < n;) {
                 int blk = blocks[s / dec->block_size];
+                int in = s % dec->block_size;
+                int cnt = BT_MIN(dec->block_size - in, n - s);
                 size_t off = ((size_t)blk * (size_t)dec->block_size +
-                              (size_t)(s % dec->block_size)) * row;
-                memcpy(base + off, src + (size_t)s * row, row);
+                              (size_t)in) * row;
+                if (!dec->kv_on_device)
+                    memcpy(base + off, src + (size_t)s * row,
+                           row * (size_t)cnt);
+                else if (kv_cipc_memcpy(base + off, src + (size_t)s * row,
+                                        row * (size_t)cnt) != BT_OK)
+                    return BT_ERR_CUDA;
+                s += cnt;
             }
         }
     }
@@ -440,6 +506,26 @@ static bool ucx_wait_arrival(decode_t *dec, int slot, uint64_t epoch)
         kv_ucx_wait(dec->ucx, 1);
     }
     return false;
+}
+
+/* CUDA IPC: the prefill worker wrote the epoch after its copies and
+ * waited for them before PrefillDone, so the flag is normally set at
+ * once; a bounded wait covers a reordered control message. */
+static bool cipc_wait_arrival(decode_t *dec, int slot, uint64_t epoch)
+{
+    uint64_t until = bt_time_ns() + 2000000000ull;
+
+    for (;;) {
+        bool arrived = false;
+        if (kv_cipc_pool_has_arrived(dec->cipc, slot, epoch, &arrived) !=
+            BT_OK)
+            return false;
+        if (arrived)
+            return true;
+        if (bt_time_ns() > until)
+            return false;
+        usleep(200);
+    }
 }
 
 static void on_ready(decode_t *dec, const Baton__KvReady *m)
@@ -472,10 +558,25 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
     }
     /* The KV of tokens [0, n-1) came from the prefill worker. */
     if (dec->engine != NULL) {
-        if (m->n_kv_inline > 0) {
+        if (r->local_done) {
+            arrived = true; /* prefilled here, in place */
+        } else if (r->local) {
+            code = BATON__ERROR_CODE__ERROR_WORKER;
+            why = "KvReady before the local prefill finished";
+            goto fail;
+        } else if (m->n_kv_inline > 0) {
             if (unpack_inline(dec, m, r->blocks, r->n_blocks, n - 1) != BT_OK) {
                 code = BATON__ERROR_CODE__ERROR_MALFORMED;
                 why = "inline KV does not match the pool layout";
+                goto fail;
+            }
+            arrived = true;
+        } else if (m->has_transport &&
+                   m->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) {
+            if (dec->cipc == NULL ||
+                !cipc_wait_arrival(dec, (int)(r - dec->resv), r->epoch)) {
+                code = BATON__ERROR_CODE__ERROR_WORKER;
+                why = "KV did not arrive over CUDA IPC";
                 goto fail;
             }
             arrived = true;
@@ -582,8 +683,194 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
 fail:
     if (s != NULL)
         seq_destroy(dec, s);
-    resv_free(dec, r, arrived || dec->pool == NULL);
+    resv_free(dec, r, arrived || (dec->pool == NULL && dec->cipc == NULL));
     send_task_error(dec, m->request_id, code, why);
+}
+
+// ---------------------------------------------------------------------------
+// Aggregated mode: local prefill into the reservation's own blocks
+
+static void send_prefill_failure(decode_t *dec, uint64_t id,
+                                 Baton__ErrorCode code, const char *text)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
+
+    done.has_request_id = 1;
+    done.request_id = id;
+    done.has_ok = 1;
+    done.ok = 0;
+    done.has_error_code = 1;
+    done.error_code = code;
+    done.error = (char *)text;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
+    msg.prefill_done = &done;
+    send_msg(dec, &msg);
+}
+
+/* PrefillTask for one of our own reservations (the router chose this
+ * worker for both roles).  Validates like baton-prefill, then queues the
+ * prompt for step(). */
+static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
+{
+    const Baton__KvGrant *g = m->grant;
+    decode_resv_t *r = resv_find(dec, m->request_id);
+    Baton__ErrorCode code = BATON__ERROR_CODE__ERROR_INVALID;
+    char err[256];
+    int *ids = NULL, n = 0;
+    const Baton__SamplingParams *sp = m->sampling;
+
+    if (!dec->cfg.can_prefill || dec->engine == NULL) {
+        send_prefill_failure(dec, m->request_id,
+                             BATON__ERROR_CODE__ERROR_WORKER,
+                             "this decode worker does not prefill");
+        return;
+    }
+    if (r == NULL || g == NULL || g->epoch != r->epoch || r->local ||
+        r->local_done) {
+        send_prefill_failure(dec, m->request_id,
+                             BATON__ERROR_CODE__ERROR_WORKER,
+                             "no matching KV reservation for local prefill");
+        return;
+    }
+    if (m->n_prompt_ids > 0) {
+        ids = bt_malloc(m->n_prompt_ids * sizeof(int), "decode_prefill");
+        if (ids == NULL) {
+            code = BATON__ERROR_CODE__ERROR_INTERNAL;
+            snprintf(err, sizeof(err), "out of memory");
+            goto fail;
+        }
+        memcpy(ids, m->prompt_ids, m->n_prompt_ids * sizeof(int));
+        n = (int)m->n_prompt_ids;
+    } else if (m->has_prompt_text && m->prompt_text.len > 0 &&
+               engine_tokenizer(dec->engine) != NULL) {
+        if (tok_encode(engine_tokenizer(dec->engine),
+                       (const char *)m->prompt_text.data, m->prompt_text.len,
+                       m->add_bos, &ids, &n) != BT_OK) {
+            snprintf(err, sizeof(err), "cannot tokenize the prompt: %s",
+                     bt_error_last());
+            goto fail;
+        }
+    } else {
+        snprintf(err, sizeof(err), m->has_prompt_text
+                                       ? "worker has no tokenizer: send "
+                                         "prompt ids"
+                                       : "empty prompt");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= dec->vocab) {
+            snprintf(err, sizeof(err), "prompt id %d at %d is outside the "
+                     "vocabulary (%d)", ids[i], i, dec->vocab);
+            goto fail;
+        }
+    }
+    if (n < 1 || n >= dec->max_context ||
+        n > r->n_blocks * dec->block_size) {
+        code = BATON__ERROR_CODE__ERROR_TOO_LONG;
+        snprintf(err, sizeof(err), "prompt of %d tokens does not fit the "
+                 "context (%d) or its reservation", n, dec->max_context);
+        goto fail;
+    }
+    sampler_params_init(&r->sp);
+    if (sp != NULL) {
+        r->sp.temperature = sp->temperature;
+        r->sp.top_k = sp->top_k;
+        r->sp.top_p = sp->top_p;
+        r->sp.min_p = sp->min_p;
+        r->sp.repetition_penalty = sp->repetition_penalty;
+        r->sp.presence_penalty = sp->presence_penalty;
+        r->sp.frequency_penalty = sp->frequency_penalty;
+        r->sp.seed = sp->seed;
+    }
+    if (sampler_params_validate(&r->sp) != BT_OK) {
+        snprintf(err, sizeof(err), "%s", bt_error_last());
+        goto fail;
+    }
+    r->local = true;
+    r->ptokens = ids;
+    r->n_ptokens = n;
+    r->n_fed = 0;
+    r->n_resumed = m->has_n_generated ? (int)m->n_generated : 0;
+    r->t_start = bt_time_ns();
+    /* Our own compute, not a remote writer: no arrival timeout. */
+    r->expires_ns = UINT64_MAX;
+    return;
+
+fail:
+    bt_free(ids);
+    send_prefill_failure(dec, m->request_id, code, err);
+}
+
+static bool has_local_prefill(const decode_t *dec)
+{
+    if (!dec->cfg.can_prefill)
+        return false;
+    for (int i = 0; i < dec->cfg.max_reservations; i++)
+        if (dec->resv[i].local)
+            return true;
+    return false;
+}
+
+/* A local prompt is computed: sample its first token (continuing the
+ * request's random stream, as baton-prefill does) and reply. */
+static void local_prefill_done(decode_t *dec, decode_resv_t *r,
+                               float *logits)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
+    sampler_t *sampler = NULL;
+    tok_stream_t *stream = NULL;
+    const tok_t *tok = engine_tokenizer(dec->engine);
+    char text[256];
+    size_t text_len = 0;
+    int first;
+
+    if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
+        send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_INVALID,
+                             bt_error_last());
+        r->local = false;
+        return;
+    }
+    for (int i = 0; i < r->n_ptokens; i++)
+        sampler_observe(sampler, r->ptokens[i]);
+    sampler_skip(sampler, r->n_resumed);
+    first = sampler_sample(sampler, logits);
+    sampler_destroy(&sampler);
+    if (tok != NULL &&
+        tok_stream_create(tok, r->ptokens[r->n_ptokens - 1], &stream) ==
+            BT_OK) {
+        if (tok_stream_push(stream, first, text, sizeof(text), &text_len) !=
+            BT_OK)
+            text_len = 0;
+        tok_stream_destroy(&stream);
+    }
+    r->local = false;
+    r->local_done = true;
+    r->expires_ns = bt_time_ns() +
+                    (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
+    done.has_request_id = 1;
+    done.request_id = r->id;
+    done.has_ok = 1;
+    done.ok = 1;
+    done.n_prompt_ids = (size_t)r->n_ptokens;
+    done.prompt_ids = r->ptokens;
+    done.has_first_token = 1;
+    done.first_token = first;
+    if (text_len > 0) {
+        done.has_first_text = 1;
+        done.first_text.data = (uint8_t *)text;
+        done.first_text.len = text_len;
+    }
+    done.has_epoch = 1;
+    done.epoch = r->epoch;
+    done.has_compute_us = 1;
+    done.compute_us = (bt_time_ns() - r->t_start) / 1000;
+    done.has_transfer_us = 1;
+    done.transfer_us = 0;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
+    msg.prefill_done = &done;
+    send_msg(dec, &msg);
 }
 
 static void on_cancel(decode_t *dec, uint64_t id)
@@ -628,6 +915,9 @@ static void handle_messages(decode_t *dec)
             break;
         case BATON__CONTROL_MESSAGE__BODY_KV_READY:
             on_ready(dec, msg->kv_ready);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
+            on_prefill_task(dec, msg->prefill_task);
             break;
         case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
             on_cancel(dec, msg->cancel_task->request_id);
@@ -733,7 +1023,7 @@ static bool seq_has_room(decode_t *dec, decode_seq_t *s)
 
 static void step(decode_t *dec)
 {
-    int n = 0;
+    int n = 0, n_decode;
     uint64_t now = bt_time_ns();
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
@@ -762,6 +1052,33 @@ static void step(decode_t *dec)
         }
         dec->bmap[n++] = s;
     }
+    n_decode = n;
+    /* Aggregated mode: prompt chunks fill what the decode tokens left of
+     * the step's budget (decode first: running streams never stall). */
+    if (dec->cfg.can_prefill && dec->engine != NULL) {
+        int budget = dec->budget - n_decode;
+        for (int i = 0; i < dec->cfg.max_reservations && n < dec->max_seqs &&
+                        budget > 0; i++) {
+            decode_resv_t *r = &dec->resv[i];
+            backend_seq_t *bs = &dec->bseqs[n];
+            int take;
+            if (!r->local)
+                continue;
+            take = BT_MIN(r->n_ptokens - r->n_fed,
+                          BT_MIN(budget, dec->cfg.chunk_tokens));
+            if (take <= 0)
+                continue;
+            memset(bs, 0, sizeof(*bs));
+            bs->n_tokens = take;
+            bs->ctx_len = r->n_fed;
+            bs->tokens = r->ptokens + r->n_fed;
+            bs->block_table = r->blocks;
+            bs->n_logits = r->n_fed + take == r->n_ptokens ? 1 : 0;
+            dec->pmap[n - n_decode] = r;
+            n++;
+            budget -= take;
+        }
+    }
     if (n == 0)
         return;
     if (dec->engine != NULL) {
@@ -773,7 +1090,20 @@ static void step(decode_t *dec)
                                  dec->logits, NULL);
     }
     dec->steps++;
-    for (int i = 0; i < n; i++) {
+    for (int i = n_decode, row = n_decode; i < n; i++) {
+        decode_resv_t *r = dec->pmap[i - n_decode];
+        if (status != BT_OK) {
+            send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_WORKER,
+                                 bt_error_last());
+            r->local = false;
+            continue;
+        }
+        r->n_fed += dec->bseqs[i].n_tokens;
+        if (dec->bseqs[i].n_logits == 1)
+            local_prefill_done(dec, r, dec->logits + (size_t)row++ *
+                                                         dec->vocab);
+    }
+    for (int i = 0; i < n_decode; i++) {
         int tok;
         s = dec->bmap[i];
         if (status != BT_OK) {
@@ -897,6 +1227,13 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         dec->block_size = engine_block_size(dec->engine);
         dec->n_layers = mc->n_layers;
         dec->layout = *backend_kv_layout(engine_backend(dec->engine));
+        dec->kv_on_device =
+            strcmp(backend_name(engine_backend(dec->engine)), "cuda") == 0;
+        if (dec->kv_on_device && dec->ucx != NULL) {
+            /* UCX here has no CUDA memory support: device KV goes over
+             * CUDA IPC (same host) or inline. */
+            kv_ucx_destroy(&dec->ucx);
+        }
     }
     dec->resv = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->resv),
                           "decode_resv");
@@ -908,8 +1245,10 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                            "decode_batch");
     dec->bmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->bmap),
                           "decode_batch");
+    dec->pmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->pmap),
+                          "decode_batch");
     if (dec->resv == NULL || dec->quar == NULL || dec->logits == NULL ||
-        dec->bseqs == NULL || dec->bmap == NULL) {
+        dec->bseqs == NULL || dec->bmap == NULL || dec->pmap == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto err_bufs;
     }
@@ -926,6 +1265,25 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                                  &dec->pool) != BT_OK)
             BT_LOG_WARN("KV", "UCX pool registration failed; KV arrives "
                         "inline");
+    }
+    if (dec->kv_on_device && cfg->use_cuda_ipc) {
+        void **k_layers = bt_calloc((size_t)dec->n_layers, 2 * sizeof(void *),
+                                    "decode_layers");
+        backend_t *be = engine_backend(dec->engine);
+        if (k_layers == NULL) {
+            status = BT_ERR_NO_MEMORY;
+            goto err_ucx;
+        }
+        for (int l = 0; l < dec->n_layers; l++) {
+            k_layers[l] = backend_kv_data(be, l, 0);
+            k_layers[dec->n_layers + l] = backend_kv_data(be, l, 1);
+        }
+        if (kv_cipc_pool_export(&dec->layout, k_layers,
+                                k_layers + dec->n_layers,
+                                cfg->engine.backend.device_index,
+                                cfg->max_reservations, &dec->cipc) != BT_OK)
+            BT_LOG_WARN("KV", "CUDA IPC export failed; KV arrives inline");
+        bt_free(k_layers);
     }
     dec->ctx = zmq_ctx_new();
     if (dec->ctx == NULL) {
@@ -946,6 +1304,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
 err_ctx:
     zmq_ctx_term(dec->ctx);
 err_ucx:
+    kv_cipc_pool_destroy(&dec->cipc);
     kv_ucx_pool_deregister(&dec->pool);
 err_bufs:
     bt_free(dec->resv);
@@ -953,6 +1312,7 @@ err_bufs:
     bt_free(dec->logits);
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
+    bt_free(dec->pmap);
     if (dec->engine != NULL)
         engine_destroy(&dec->engine); /* frees the KV through UCX */
     else
@@ -986,11 +1346,13 @@ void decode_destroy(decode_t **dec_p)
     bt_zmq_socket_destroy(&dec->sock);
     zmq_ctx_term(dec->ctx);
     kv_ucx_pool_deregister(&dec->pool);
+    kv_cipc_pool_destroy(&dec->cipc);
     bt_free(dec->resv);
     bt_free(dec->quar);
     bt_free(dec->logits);
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
+    bt_free(dec->pmap);
     if (dec->engine != NULL)
         engine_destroy(&dec->engine); /* frees the KV through UCX */
     else
@@ -1017,11 +1379,13 @@ bt_status_t decode_run(decode_t *dec)
 {
     uint64_t drain_deadline = 0;
 
-    BT_LOG_INFO("DECODE", "%s serving %s via %s: %d KV blocks of %d tokens%s",
-                dec->name,
+    BT_LOG_INFO("DECODE", "%s serving %s via %s: %d KV blocks of %d "
+                "tokens%s%s%s", dec->name,
                 dec->engine ? dec->cfg.engine.model_path : "the null model",
                 dec->cfg.router, kv_allocator_total(dec->kv), dec->block_size,
-                dec->pool ? " (UCX pool registered)" : "");
+                dec->pool ? " (UCX pool registered)" : "",
+                dec->cipc ? " (CUDA IPC pool exported)" : "",
+                dec->cfg.can_prefill ? ", prefills too (role both)" : "");
     send_register(dec);
     send_heartbeat(dec);
     for (;;) {
@@ -1045,7 +1409,7 @@ bt_status_t decode_run(decode_t *dec)
             ((dec->seqs == NULL && !has_reservations(dec)) ||
              bt_time_ns() > drain_deadline))
             break;
-        timeout = dec->seqs != NULL ? 0 : 50;
+        timeout = dec->seqs != NULL || has_local_prefill(dec) ? 0 : 50;
         items[0] = (zmq_pollitem_t){ dec->sock, 0, ZMQ_POLLIN, 0 };
         if (dec->ucx != NULL && timeout > 0 &&
             kv_ucx_event_fd(dec->ucx) >= 0) {

@@ -9,6 +9,18 @@
  * never arrives within --kv-timeout-ms is freed.  With UCX, blocks of a
  * reservation freed before its KV arrived stay quarantined for a while so
  * a late remote write cannot land in blocks granted to someone else.
+ *
+ * Aggregated mode (--role both): the router may send this worker the
+ * PrefillTask of a reservation it granted; the prompt is then computed
+ * here, chunk by chunk, in the same forward as the running decode tokens
+ * (decode tokens first, prompt chunks fill the rest of the step's token
+ * budget), its KV written straight into the reserved blocks; the first
+ * token goes back in PrefillDone and the KvReady that follows finds the
+ * KV already in place (transport LOCAL).
+ *
+ * With the CUDA backend the KV pool is in device memory: it is exported
+ * over CUDA IPC (kv_transport_cuda_ipc.h) instead of UCX, and inline KV
+ * is copied to the device.
  */
 #ifndef BT_DECODE_DECODE_H
 #define BT_DECODE_DECODE_H
@@ -37,6 +49,12 @@ typedef struct {
                               * memory: one-sided puts, no decode CPU);
                               * off: malloc, copied by UCX's software RMA */
     int step_delay_ms;       /* tests: sleep after each step (slow streams) */
+    bool can_prefill;        /* --role both: also prefill prompts locally
+                              * (aggregated mode), chunked inside the
+                              * step's token budget, written in place into
+                              * the reservation's blocks */
+    int chunk_tokens;        /* longest local prefill chunk per step (512) */
+    bool use_cuda_ipc;       /* export a device KV pool over CUDA IPC */
 } decode_config_t;
 
 void decode_config_init(decode_config_t *cfg);

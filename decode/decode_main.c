@@ -44,6 +44,12 @@ static void usage(FILE *out)
         "  --no-ucx               do not register the pool with UCX\n"
         "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"
         "                         (puts then need this process's CPU)\n"
+        "  --role decode|both     both: also prefill prompts here (aggregated\n"
+        "                         mode; the router uses it when no prefill\n"
+        "                         worker is registered)\n"
+        "  --chunk-tokens N       longest local prefill chunk per step (512)\n"
+        "  --precision f32|bf16   backend precision (default: backend's)\n"
+        "  --no-cuda-ipc          do not export a device KV pool over CUDA IPC\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "SIGTERM/SIGINT: stop taking work, finish running requests, exit.\n");
 }
@@ -67,6 +73,10 @@ int main(int argc, char **argv)
         { "no-ucx", no_argument, 0, 'U' },
         { "kv-pool-malloc", no_argument, 0, 'M' },
         { "step-delay-ms", required_argument, 0, 'W' },
+        { "role", required_argument, 0, 'R' },
+        { "chunk-tokens", required_argument, 0, 'C' },
+        { "precision", required_argument, 0, 'P' },
+        { "no-cuda-ipc", no_argument, 0, 'I' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -99,6 +109,21 @@ int main(int argc, char **argv)
         case 'U': cfg.use_ucx = false; break;
         case 'M': cfg.ucx_shm_pool = false; break;
         case 'W': bad = bt_parse_int(optarg, &cfg.step_delay_ms) != BT_OK; break;
+        case 'R':
+            bad = strcmp(optarg, "both") != 0 && strcmp(optarg, "decode") != 0;
+            cfg.can_prefill = strcmp(optarg, "both") == 0;
+            break;
+        case 'C': bad = bt_parse_int(optarg, &cfg.chunk_tokens) != BT_OK ||
+                        cfg.chunk_tokens <= 0; break;
+        case 'P':
+            if (strcmp(optarg, "f32") == 0)
+                b->precision = BACKEND_PRECISION_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                b->precision = BACKEND_PRECISION_BF16;
+            else
+                bad = 1;
+            break;
+        case 'I': cfg.use_cuda_ipc = false; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -15,6 +15,7 @@
 #include "bt_util.h"
 #include "bt_zmq.h"
 #include "kv/kv_transport.h"
+#include "kv/kv_transport_cuda_ipc.h"
 #include "proto_msg.h"
 
 #define PREFILL_NAME_MAX 64
@@ -46,6 +47,11 @@ struct prefill_task_s {
     size_t desc_len;
     bool use_ucx;
     kv_ucx_peer_t *peer;
+    bool use_cipc;        /* CUDA IPC copies into the decode pool */
+    uint8_t *cdesc;       /* (cdesc_len) CUDA IPC descriptor */
+    size_t cdesc_len;
+    kv_cipc_peer_t *cpeer;      /* mapped decode pool (one reference) */
+    kv_cipc_commit_t *ccommit;  /* in flight while COMMITTING */
     bool final_in_batch;  /* its last chunk is in the running forward */
     uint8_t **kv_inline;  /* (2 * n_layers) packed K/V per layer */
     size_t kv_row_bytes;  /* bytes of one token's K (or V) in one layer */
@@ -81,6 +87,8 @@ struct prefill_s {
     void *ctx;
     void *sock;           /* DEALER to the router */
     kv_ucx_t *ucx;        /* NULL when UCX is off */
+    kv_cipc_t *cipc;      /* CUDA IPC copy context (device KV only) */
+    bool kv_on_device;    /* backend KV in GPU memory (cuda) */
     prefill_peer_t peers[PREFILL_MAX_PEERS]; /* (n_peers) held endpoints */
     int n_peers;
     volatile sig_atomic_t stop;
@@ -106,6 +114,7 @@ void prefill_config_init(prefill_config_t *cfg)
     cfg->chunk_tokens = 512;
     cfg->use_ucx = true;
     cfg->commit_timeout_ms = 5000;
+    cfg->use_cuda_ipc = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -122,8 +131,12 @@ static void send_register(prefill_t *pf)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__Register reg = BATON__REGISTER__INIT;
+    Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
+    Baton__KvTransport transports[4];
+    kv_cipc_gpu_info_t gi;
+    char host[320];
     int eos[MODEL_MAX_EOS];
-    int n_eos = 0;
+    int n_eos = 0, n_tr = 0;
 
     reg.has_role = 1;
     reg.role = BATON__ROLE__ROLE_PREFILL;
@@ -142,6 +155,25 @@ static void send_register(prefill_t *pf)
     }
     reg.n_eos_ids = (size_t)n_eos;
     reg.eos_ids = eos;
+    if (pf->ucx != NULL)
+        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
+    if (pf->cipc != NULL)
+        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
+    transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+    reg.n_transports = (size_t)n_tr;
+    reg.transports = transports;
+    kv_cipc_host_id(host, sizeof(host));
+    reg.host_id = host;
+    if (pf->kv_on_device &&
+        kv_cipc_gpu_info(pf->cfg.engine.backend.device_index, &gi) == BT_OK) {
+        gpu.has_device_index = 1;
+        gpu.device_index = gi.device;
+        gpu.pci_bus_id = gi.bus_id;
+        gpu.has_ipc = 1;
+        gpu.ipc = gi.ipc && pf->cipc != NULL;
+        gpu.name = gi.name;
+        reg.gpu = &gpu;
+    }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
     msg.register_ = &reg;
     send_msg(pf, &msg);
@@ -226,8 +258,9 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
      * they are the copies themselves, overlapped with later layers'
      * compute) plus the commit after the last layer; inline: packing. */
     done.transfer_us = (t->transfer_ns +
-                        (t->use_ucx ? now - t->t_computed : 0)) / 1000;
-    if (t->use_ucx && pf->engine != NULL) {
+                        (t->use_ucx || t->use_cipc ? now - t->t_computed
+                                                   : 0)) / 1000;
+    if ((t->use_ucx || t->use_cipc) && pf->engine != NULL) {
         const kv_layout_t *lay = backend_kv_layout(engine_backend(pf->engine));
         double bytes = 2.0 * pf->n_layers * (double)kv_layout_block_bytes(lay) *
                        BT_DIV_UP(t->n_tokens, pf->block_size);
@@ -264,6 +297,9 @@ static void task_destroy(prefill_t *pf, prefill_task_t *t)
 {
     task_free_kv(pf, t);
     kv_ucx_disconnect(&t->peer);
+    kv_cipc_commit_destroy(&t->ccommit);
+    kv_cipc_release(&t->cpeer);
+    bt_free(t->cdesc);
     if (t->kv_inline != NULL) {
         for (int i = 0; i < 2 * pf->n_layers; i++)
             bt_free(t->kv_inline[i]);
@@ -412,7 +448,24 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     }
     memcpy(t->dst_blocks, g->block_ids, g->n_block_ids * sizeof(int));
     t->n_dst = (int)g->n_block_ids;
-    if (pf->ucx != NULL && g->ucx != NULL && g->ucx->has_packed &&
+    if (m->has_transport &&
+        m->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) {
+        if (pf->cipc != NULL && m->has_cuda_ipc && m->cuda_ipc.len > 0 &&
+            t->dst_block_size == pf->block_size && t->slot >= 0) {
+            t->cdesc = bt_malloc(m->cuda_ipc.len, "prefill_desc");
+            if (t->cdesc != NULL) {
+                memcpy(t->cdesc, m->cuda_ipc.data, m->cuda_ipc.len);
+                t->cdesc_len = m->cuda_ipc.len;
+                t->use_cipc = true;
+            }
+        }
+        if (!t->use_cipc)
+            BT_LOG_WARN("KV", "request %llu: CUDA IPC not usable here; KV "
+                        "goes inline", (unsigned long long)t->id);
+    } else if (m->has_transport &&
+               m->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE) {
+        /* the router chose inline for this pair */
+    } else if (pf->ucx != NULL && g->ucx != NULL && g->ucx->has_packed &&
         t->dst_block_size == pf->block_size && t->slot >= 0) {
         t->desc = bt_malloc(g->ucx->packed.len, "prefill_desc");
         if (t->desc != NULL) {
@@ -576,6 +629,22 @@ static void on_kv_peers(prefill_t *pf, const Baton__KvPeers *m)
     kv_ucx_peer_t *listed[PREFILL_MAX_PEERS];
     int n_listed = 0;
 
+    if (pf->cipc != NULL) {
+        /* Map new device pools now (off the critical path) and unmap
+         * those of decode workers that left (frees their memory). */
+        uint64_t ids[PREFILL_MAX_PEERS];
+        int n_ids = 0;
+        for (size_t i = 0; i < m->n_cuda_ipc && n_ids < PREFILL_MAX_PEERS;
+             i++) {
+            kv_cipc_peer_t *cp = NULL;
+            if (kv_cipc_connect(pf->cipc, m->cuda_ipc[i].data,
+                                m->cuda_ipc[i].len, &cp) != BT_OK)
+                continue;
+            ids[n_ids++] = kv_cipc_peer_desc(cp)->pool_id;
+            kv_cipc_release(&cp);
+        }
+        kv_cipc_retire_unlisted(pf->cipc, ids, n_ids);
+    }
     if (pf->ucx == NULL)
         return;
     for (size_t i = 0; i < m->n_pools && n_listed < PREFILL_MAX_PEERS; i++) {
@@ -640,11 +709,21 @@ static bt_status_t pack_layer_inline(prefill_t *pf, prefill_task_t *t,
         uint8_t *out = bt_malloc(row * (size_t)t->n_tokens, "prefill_inline");
         if (out == NULL)
             return BT_ERR_NO_MEMORY;
-        for (int s = 0; s < t->n_tokens; s++) {
+        /* One copy per block: its rows are adjacent on both sides. */
+        for (int s = 0; s < t->n_tokens;) {
             int blk = t->blocks[s / lay->block_size];
+            int in = s % lay->block_size;
+            int cnt = BT_MIN(lay->block_size - in, t->n_tokens - s);
             size_t off = ((size_t)blk * (size_t)lay->block_size +
-                          (size_t)(s % lay->block_size)) * row;
-            memcpy(out + (size_t)s * row, base + off, row);
+                          (size_t)in) * row;
+            if (!pf->kv_on_device) {
+                memcpy(out + (size_t)s * row, base + off, row * (size_t)cnt);
+            } else if (kv_cipc_memcpy(out + (size_t)s * row, base + off,
+                                      row * (size_t)cnt) != BT_OK) {
+                t->kv_inline[2 * layer + kv] = out; /* freed with t */
+                return BT_ERR_CUDA;
+            }
+            s += cnt;
         }
         t->kv_inline[2 * layer + kv] = out;
     }
@@ -663,7 +742,21 @@ static void on_layer_done(void *arg, int layer)
         uint64_t t0 = bt_time_ns();
         if (!t->final_in_batch)
             continue;
-        if (t->use_ucx) {
+        if (t->use_cipc) {
+            int n = BT_DIV_UP(t->n_tokens, pf->block_size);
+            bt_status_t status = kv_cipc_put_layer(
+                t->cpeer, layer, backend_kv_data(be, layer, 0),
+                backend_kv_data(be, layer, 1), backend_kv_layout(be),
+                t->blocks, t->dst_blocks, n);
+            if (status != BT_OK) {
+                BT_LOG_WARN("KV", "CUDA IPC copy of request %llu failed; "
+                            "falling back to inline",
+                            (unsigned long long)t->id);
+                t->use_cipc = false;
+                for (int l = 0; l <= layer; l++)
+                    pack_layer_inline(pf, t, l);
+            }
+        } else if (t->use_ucx) {
             int n = BT_DIV_UP(t->n_tokens, pf->block_size);
             bt_status_t status = kv_ucx_put_layer(
                 t->peer, layer, backend_kv_data(be, layer, 0),
@@ -738,6 +831,17 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
 {
     t->t_computed = bt_time_ns();
     first_text(pf, t);
+    if (t->use_cipc) {
+        if (kv_cipc_commit(t->cpeer, t->slot, t->epoch, &t->ccommit) ==
+            BT_OK) {
+            t->state = PREFILL_TASK_COMMITTING;
+            return;
+        }
+        send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+                     "KV commit over CUDA IPC failed");
+        t->state = PREFILL_TASK_DONE;
+        return;
+    }
     if (t->use_ucx) {
         bt_status_t status = kv_ucx_commit(t->peer, t->slot, t->epoch,
                                            commit_cb, pf);
@@ -804,6 +908,14 @@ static void run_batch(prefill_t *pf)
                                    &t->peer) != BT_OK)
                     t->use_ucx = false;
             }
+            if (t->use_cipc &&
+                kv_cipc_connect(pf->cipc, t->cdesc, t->cdesc_len,
+                                &t->cpeer) != BT_OK) {
+                BT_LOG_WARN("KV", "request %llu: cannot map the decode pool "
+                            "over CUDA IPC; KV goes inline",
+                            (unsigned long long)t->id);
+                t->use_cipc = false;
+            }
             t->state = PREFILL_TASK_RUNNING;
         }
         if (t->state != PREFILL_TASK_RUNNING)
@@ -868,13 +980,21 @@ static void reap(prefill_t *pf)
 
     for (; t != NULL; t = next) {
         next = t->next;
+        if (t->state == PREFILL_TASK_COMMITTING && t->ccommit != NULL) {
+            bt_status_t status = kv_cipc_commit_query(t->ccommit);
+            if (status != BT_IN_PROGRESS) {
+                t->commit_done = true;
+                t->commit_status = status;
+            }
+        }
         if (t->state == PREFILL_TASK_COMMITTING && t->commit_done) {
             if (t->commit_status == BT_OK) {
                 send_done(pf, t);
             } else {
                 send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
                              "KV transfer to the decode worker failed");
-                peer_retire(pf, t->peer);
+                if (t->peer != NULL)
+                    peer_retire(pf, t->peer);
             }
             t->state = PREFILL_TASK_DONE;
         } else if (t->state == PREFILL_TASK_COMMITTING &&
@@ -886,7 +1006,8 @@ static void reap(prefill_t *pf)
                         (unsigned long long)t->id, pf->cfg.commit_timeout_ms);
             send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
                          "KV hand-off to the decode worker timed out");
-            peer_retire(pf, t->peer);
+            if (t->peer != NULL)
+                peer_retire(pf, t->peer);
             t->state = PREFILL_TASK_DONE;
         }
         if (t->state == PREFILL_TASK_DONE) {
@@ -974,7 +1095,12 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
             status = BT_ERR_NO_MEMORY;
             goto err_engine;
         }
-        if (cfg->use_ucx) {
+        pf->kv_on_device =
+            strcmp(backend_name(engine_backend(pf->engine)), "cuda") == 0;
+        if (pf->kv_on_device && cfg->use_cuda_ipc &&
+            kv_cipc_create(&pf->cipc) != BT_OK)
+            BT_LOG_WARN("KV", "CUDA IPC unavailable; KV goes inline");
+        if (cfg->use_ucx && !pf->kv_on_device) {
             kv_ucx_config_t ucfg;
             kv_ucx_config_init(&ucfg);
             ucfg.peer_errors = cfg->ucx_peer_errors;
@@ -1004,6 +1130,7 @@ err_ctx:
     zmq_ctx_term(pf->ctx);
 err_engine:
     kv_ucx_destroy(&pf->ucx);
+    kv_cipc_destroy(&pf->cipc);
     bt_free(pf->logits);
     bt_free(pf->bseqs);
     bt_free(pf->btasks);
@@ -1034,6 +1161,7 @@ void prefill_destroy(prefill_t **pf_p)
     bt_zmq_socket_destroy(&pf->sock);
     zmq_ctx_term(pf->ctx);
     kv_ucx_destroy(&pf->ucx);
+    kv_cipc_destroy(&pf->cipc);
     bt_free(pf->logits);
     bt_free(pf->bseqs);
     bt_free(pf->btasks);

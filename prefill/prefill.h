@@ -9,6 +9,11 @@
  * layers compute; or packed inline into the reply when UCX is not in
  * use), sample the first token and send PrefillDone.  --null-model skips
  * the model (instant, deterministic tokens) for overhead benchmarks.
+ *
+ * The router names the transport per task (PrefillTask.transport, chosen
+ * per prefill/decode pair): UCX / UCX_SHM puts, CUDA_IPC device-to-device
+ * copies into the decode worker's mapped device pool
+ * (kv_transport_cuda_ipc.h; with the CUDA backend), or INLINE bytes.
  */
 #ifndef BT_PREFILL_PREFILL_H
 #define BT_PREFILL_PREFILL_H
@@ -38,6 +43,8 @@ typedef struct {
     int commit_timeout_ms;   /* a KV hand-off not complete by then fails
                               * (the router retries it elsewhere) (5000) */
     int step_delay_ms;       /* tests: sleep before each batch */
+    bool use_cuda_ipc;       /* device KV: copy it into decode pools over
+                              * CUDA IPC when the router says so */
 } prefill_config_t;
 
 void prefill_config_init(prefill_config_t *cfg);

@@ -43,6 +43,8 @@ static void usage(FILE *out)
         "  --no-ucx               always send KV inline (control plane)\n"
         "  --ucx-peer-errors      UCX peer failure detection (forces tcp)\n"
         "  --kv-commit-timeout-ms N  fail a KV hand-off after N ms (5000)\n"
+        "  --precision f32|bf16   backend precision (default: backend's)\n"
+        "  --no-cuda-ipc          never copy KV over CUDA IPC\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "SIGTERM/SIGINT: stop taking work, finish prompts, exit.\n");
 }
@@ -65,6 +67,8 @@ int main(int argc, char **argv)
         { "ucx-peer-errors", no_argument, 0, 'E' },
         { "kv-commit-timeout-ms", required_argument, 0, 'K' },
         { "step-delay-ms", required_argument, 0, 'W' },
+        { "precision", required_argument, 0, 'P' },
+        { "no-cuda-ipc", no_argument, 0, 'I' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -83,6 +87,15 @@ int main(int argc, char **argv)
         switch (c) {
         case 'r': cfg.router = optarg; break;
         case 'm': cfg.engine.model_path = optarg; break;
+        case 'P':
+            if (strcmp(optarg, "f32") == 0)
+                b->precision = BACKEND_PRECISION_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                b->precision = BACKEND_PRECISION_BF16;
+            else
+                bad = 1;
+            break;
+        case 'I': cfg.use_cuda_ipc = false; break;
         case 't': cfg.engine.tokenizer_path = optarg; break;
         case 'N': cfg.null_model = true; break;
         case 'n': cfg.name = optarg; break;

@@ -33,6 +33,8 @@ void router_config_init(router_config_t *cfg)
     cfg->drain_timeout_ms = 30000;
     cfg->max_retries = 3;
     cfg->max_inflight = 0;
+    cfg->kv_transport = "auto";
+    cfg->aggregate = "fallback";
 }
 
 // ---------------------------------------------------------------------------
@@ -422,10 +424,28 @@ static void dispatch(router_t *r)
             continue;
         }
         n_tokens = req_prefill_tokens(req);
-        p = r->policy->pick_prefill(r, req);
-        if (p == NULL)
-            return;
-        d = r->policy->pick_decode(r, req, req->prompt_ids ? n_tokens : 1);
+        p = NULL;
+        d = NULL;
+        if (r->aggregate == 2) /* always: aggregated workers first */
+            d = r->policy->pick_decode(r, req, req->prompt_ids ? n_tokens : 1,
+                                       true);
+        if (d != NULL) {
+            p = d;
+        } else {
+            p = r->policy->pick_prefill(r, req);
+            if (p == NULL && r->aggregate >= 1) {
+                /* No prefill worker: a --role both decode worker
+                 * prefills its own request (aggregated mode). */
+                d = r->policy->pick_decode(
+                    r, req, req->prompt_ids ? n_tokens : 1, true);
+                p = d;
+            }
+            if (p == NULL)
+                return;
+            if (d == NULL)
+                d = r->policy->pick_decode(
+                    r, req, req->prompt_ids ? n_tokens : 1, false);
+        }
         if (d == NULL)
             return; /* head-of-line: keep priority order */
         if (req->prompt_ids == NULL && d->max_context > 0)
@@ -473,12 +493,19 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
     Baton__KvPeers kp = BATON__KV_PEERS__INIT;
     Baton__UcxDescriptor descs[ROUTER_MAX_WORKERS];
     Baton__UcxDescriptor *ptrs[ROUTER_MAX_WORKERS];
-    size_t n = 0;
+    ProtobufCBinaryData cipc[ROUTER_MAX_WORKERS];
+    size_t n = 0, n_cipc = 0;
 
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         const router_worker_t *d = &r->workers[i];
-        if (!d->used || d->role != BATON__ROLE__ROLE_DECODE ||
-            d->ucx_desc == NULL)
+        if (!d->used || d->role != BATON__ROLE__ROLE_DECODE)
+            continue;
+        if (d->cipc_desc != NULL) {
+            cipc[n_cipc].data = d->cipc_desc;
+            cipc[n_cipc].len = d->cipc_desc_len;
+            n_cipc++;
+        }
+        if (d->ucx_desc == NULL)
             continue;
         baton__ucx_descriptor__init(&descs[n]);
         descs[n].has_packed = 1;
@@ -489,6 +516,8 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
     }
     kp.n_pools = n;
     kp.pools = ptrs;
+    kp.n_cuda_ipc = n_cipc;
+    kp.cuda_ipc = cipc;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_PEERS;
     msg.kv_peers = &kp;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
@@ -503,6 +532,7 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
 static void worker_clear(router_worker_t *w)
 {
     bt_free(w->ucx_desc);
+    bt_free(w->cipc_desc);
     memset(w, 0, sizeof(*w));
 }
 
@@ -519,7 +549,14 @@ static void worker_drop(router_t *r, router_worker_t *w, const char *why)
                 why);
     for (req = r->all_head; req != NULL; req = next) {
         next = req->all_next;
-        if (req->prefill_uid == w->uid) {
+        /* Decode first: an aggregated worker is both of a request's. */
+        if (req->decode_uid == w->uid) {
+            if (req->state == ROUTER_REQ_PREFILLING &&
+                req->prefill_uid != w->uid)
+                send_cancel_task(r, worker_by_uid(r, req->prefill_uid),
+                                 req->id);
+            req_requeue(r, req, true, 0);
+        } else if (req->prefill_uid == w->uid) {
             if (req->state == ROUTER_REQ_RESERVING) {
                 req_unassign_prefill(r, req); /* picked again at grant */
             } else if (req->state == ROUTER_REQ_PREFILLING) {
@@ -527,14 +564,9 @@ static void worker_drop(router_t *r, router_worker_t *w, const char *why)
                                 req->id, req->epoch);
                 req_requeue(r, req, true, 0);
             }
-        } else if (req->decode_uid == w->uid) {
-            if (req->state == ROUTER_REQ_PREFILLING)
-                send_cancel_task(r, worker_by_uid(r, req->prefill_uid),
-                                 req->id);
-            req_requeue(r, req, true, 0);
         }
     }
-    had_pool = w->ucx_desc != NULL;
+    had_pool = w->ucx_desc != NULL || w->cipc_desc != NULL;
     worker_clear(w);
     if (had_pool)
         send_kv_peers(r, NULL);
@@ -561,6 +593,15 @@ static bool have_role(router_t *r, Baton__Role role)
     return false;
 }
 
+static bool have_aggregated(router_t *r)
+{
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (router__worker_is_usable(&r->workers[i]) &&
+            r->workers[i].can_prefill)
+            return true;
+    return false;
+}
+
 static void check_deadlines(router_t *r, uint64_t now)
 {
     router_req_t *req, *next;
@@ -573,7 +614,8 @@ static void check_deadlines(router_t *r, uint64_t now)
                      "deadline exceeded");
         } else if (req->state == ROUTER_REQ_QUEUED &&
                    now - req->t_arrival > qt) {
-            bool workers = have_role(r, BATON__ROLE__ROLE_PREFILL) &&
+            bool workers = (have_role(r, BATON__ROLE__ROLE_PREFILL) ||
+                            have_aggregated(r)) &&
                            have_role(r, BATON__ROLE__ROLE_DECODE);
             req_fail(r, req,
                      workers ? BATON__ERROR_CODE__ERROR_TIMEOUT
@@ -636,6 +678,30 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
     bt_free(w->ucx_desc);
     w->ucx_desc = NULL;
     w->ucx_desc_len = 0;
+    bt_free(w->cipc_desc);
+    w->cipc_desc = NULL;
+    w->cipc_desc_len = 0;
+    w->can_prefill = w->role == BATON__ROLE__ROLE_DECODE && reg->can_prefill;
+    w->transports = 0;
+    for (size_t i = 0; i < reg->n_transports; i++)
+        if ((unsigned)reg->transports[i] < 32)
+            w->transports |= 1u << (unsigned)reg->transports[i];
+    snprintf(w->host_id, sizeof(w->host_id), "%s",
+             reg->host_id != NULL ? reg->host_id : "");
+    w->has_gpu = reg->gpu != NULL;
+    w->gpu_ipc = reg->gpu != NULL && reg->gpu->ipc;
+    w->gpu_device = reg->gpu != NULL ? reg->gpu->device_index : -1;
+    snprintf(w->gpu_bus, sizeof(w->gpu_bus), "%s",
+             reg->gpu != NULL && reg->gpu->pci_bus_id != NULL
+                 ? reg->gpu->pci_bus_id : "");
+    if (w->role == BATON__ROLE__ROLE_DECODE && reg->has_cuda_ipc &&
+        reg->cuda_ipc.len > 0 && reg->cuda_ipc.len <= ROUTER_MAX_DESC_BYTES) {
+        w->cipc_desc = bt_malloc(reg->cuda_ipc.len, "router_desc");
+        if (w->cipc_desc != NULL) {
+            memcpy(w->cipc_desc, reg->cuda_ipc.data, reg->cuda_ipc.len);
+            w->cipc_desc_len = reg->cuda_ipc.len;
+        }
+    }
     if (w->role == BATON__ROLE__ROLE_DECODE && reg->ucx != NULL &&
         reg->ucx->has_packed && reg->ucx->packed.len > 0 &&
         reg->ucx->packed.len <= ROUTER_MAX_DESC_BYTES) {
@@ -647,9 +713,12 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
         }
     }
     BT_LOG_INFO("ROUTER", "worker %s registered: %s, vocab %u, context %u, "
-                "kv %u x %u", w->name,
-                w->role == BATON__ROLE__ROLE_PREFILL ? "prefill" : "decode",
-                w->vocab_size, w->max_context, w->total_kv, w->block_size);
+                "kv %u x %u, host %s%s%s", w->name,
+                w->role == BATON__ROLE__ROLE_PREFILL ? "prefill"
+                : w->can_prefill ? "decode+prefill" : "decode",
+                w->vocab_size, w->max_context, w->total_kv, w->block_size,
+                w->host_id[0] ? w->host_id : "?",
+                w->has_gpu ? ", gpu " : "", w->gpu_bus);
     ack.has_heartbeat_ms = 1;
     ack.heartbeat_ms = (uint32_t)r->cfg.heartbeat_ms;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
@@ -657,7 +726,7 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
     send_control(r, w, &msg);
     if (w->role == BATON__ROLE__ROLE_PREFILL)
         send_kv_peers(r, w);
-    else if (w->ucx_desc != NULL)
+    else if (w->ucx_desc != NULL || w->cipc_desc != NULL)
         send_kv_peers(r, NULL);
 }
 
@@ -735,6 +804,8 @@ static void on_kv_grant(router_t *r, router_worker_t *w,
     if (p == NULL || !router__worker_is_usable(p)) {
         req_unassign_prefill(r, req);
         p = r->policy->pick_prefill(r, req);
+        if (p == NULL && r->aggregate >= 1 && w->can_prefill)
+            p = w; /* aggregated: the decode worker prefills it */
         if (p == NULL) {
             send_kv_release(r, w, req->id, req->epoch);
             req->state = ROUTER_REQ_RESERVING;
@@ -779,6 +850,14 @@ static void on_kv_grant(router_t *r, router_worker_t *w,
     task.ignore_eos = req->ignore_eos;
     task.has_max_tokens = 1;
     task.max_tokens = (uint32_t)req->max_tokens;
+    req->transport = router__choose_transport(p, w, r->kv_mode);
+    task.has_transport = 1;
+    task.transport = req->transport;
+    if (req->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) {
+        task.has_cuda_ipc = 1;
+        task.cuda_ipc.data = w->cipc_desc;
+        task.cuda_ipc.len = w->cipc_desc_len;
+    }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK;
     msg.prefill_task = &task;
     send_control(r, p, &msg);
@@ -897,6 +976,10 @@ static void on_prefill_done(router_t *r, router_worker_t *w,
     ready.kv_inline = done->kv_inline;
     ready.n_stop_strings = (size_t)req->n_stop_strings;
     ready.stop_strings = req->stop_strings;
+    ready.has_transport = 1;
+    ready.transport = done->n_kv_inline > 0
+                          ? BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE
+                          : req->transport;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_READY;
     msg.kv_ready = &ready;
     send_control(r, d, &msg);
@@ -1201,7 +1284,9 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
     Baton__ClusterStatus cs = BATON__CLUSTER_STATUS__INIT;
     Baton__WorkerStatus ws[ROUTER_MAX_WORKERS];
     Baton__WorkerStatus *wp[ROUTER_MAX_WORKERS];
-    int n = 0;
+    char gpu[ROUTER_MAX_WORKERS][64];
+    Baton__PairTransport *pairs = NULL, **pp = NULL;
+    int n = 0, n_pairs = 0;
 
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &r->workers[i];
@@ -1224,9 +1309,59 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
         ws[n].draining = w->draining;
         ws[n].has_served = 1;
         ws[n].served = w->served;
+        ws[n].has_can_prefill = 1;
+        ws[n].can_prefill = w->can_prefill;
+        ws[n].host_id = w->host_id;
+        snprintf(gpu[n], sizeof(gpu[n]), "%s", "");
+        if (w->has_gpu)
+            snprintf(gpu[n], sizeof(gpu[n]), "cuda:%d %s%s", w->gpu_device,
+                     w->gpu_bus, w->gpu_ipc ? " ipc" : "");
+        ws[n].gpu = gpu[n];
         wp[n] = &ws[n];
         n++;
     }
+    /* The transport of every usable prefill/decode pair (and of every
+     * aggregated worker with itself). */
+    {
+        int np = 0, nd = 0, cap;
+        for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+            const router_worker_t *w = &r->workers[i];
+            np += w->used && (w->role == BATON__ROLE__ROLE_PREFILL ||
+                              w->can_prefill);
+            nd += w->used && w->role == BATON__ROLE__ROLE_DECODE;
+        }
+        cap = BT_MIN(np * nd, 1024);
+        if (cap > 0) {
+            pairs = bt_calloc((size_t)cap, sizeof(*pairs), "router_status");
+            pp = bt_calloc((size_t)cap, sizeof(*pp), "router_status");
+        }
+        for (int i = 0; pairs && pp && i < ROUTER_MAX_WORKERS; i++) {
+            router_worker_t *p = &r->workers[i];
+            if (!p->used || !(p->role == BATON__ROLE__ROLE_PREFILL ||
+                              p->can_prefill))
+                continue;
+            for (int k = 0; k < ROUTER_MAX_WORKERS && n_pairs < cap; k++) {
+                router_worker_t *d = &r->workers[k];
+                Baton__KvTransport t;
+                if (!d->used || d->role != BATON__ROLE__ROLE_DECODE)
+                    continue;
+                if (p->role != BATON__ROLE__ROLE_PREFILL && p != d)
+                    continue; /* aggregated workers prefill for themselves */
+                t = router__choose_transport(p, d, r->kv_mode);
+                baton__pair_transport__init(&pairs[n_pairs]);
+                pairs[n_pairs].prefill = p->name;
+                pairs[n_pairs].decode = d->name;
+                pairs[n_pairs].has_transport = 1;
+                pairs[n_pairs].transport = (uint32_t)t;
+                pairs[n_pairs].name = (char *)router__transport_name(t);
+                pp[n_pairs] = &pairs[n_pairs];
+                n_pairs++;
+            }
+        }
+    }
+    cs.n_transports = (size_t)n_pairs;
+    cs.transports = pp;
+    cs.kv_transport_mode = (char *)r->cfg.kv_transport;
     cs.has_client_request_id = 1;
     cs.client_request_id = s->client_request_id;
     cs.n_workers = (size_t)n;
@@ -1242,6 +1377,8 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
     msg.body_case = BATON__CLIENT_MESSAGE__BODY_STATUS;
     msg.status = &cs;
     proto_client_send(r->client_sock, cid, cid_len, &msg);
+    bt_free(pairs);
+    bt_free(pp);
 }
 
 static void handle_client(router_t *r, bt_zmq_msg_t *zm)
@@ -1320,6 +1457,23 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
     if (r->policy == NULL) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "unknown policy %s",
                           cfg->policy);
+        goto err_free;
+    }
+    if (!router__kv_mode_parse(cfg->kv_transport, &r->kv_mode)) {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "unknown KV "
+                          "transport %s (auto, ucx, cuda-ipc, inline)",
+                          cfg->kv_transport ? cfg->kv_transport : "(null)");
+        goto err_free;
+    }
+    if (cfg->aggregate == NULL || strcmp(cfg->aggregate, "fallback") == 0) {
+        r->aggregate = 1;
+    } else if (strcmp(cfg->aggregate, "always") == 0) {
+        r->aggregate = 2;
+    } else if (strcmp(cfg->aggregate, "never") == 0) {
+        r->aggregate = 0;
+    } else {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "unknown aggregate "
+                          "mode %s (fallback, always, never)", cfg->aggregate);
         goto err_free;
     }
     if (cfg->max_queue <= 0 || cfg->heartbeat_ms <= 0 ||

@@ -16,6 +16,7 @@
 #define ROUTER_HASH_BUCKETS 4096
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
 #define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's UCX descriptor */
+#define ROUTER_HOST_MAX 128
 
 typedef struct {
     bool used;                /* slot holds a registered worker */
@@ -42,7 +43,44 @@ typedef struct {
                                  descriptor from Register, owned; NULL
                                  without UCX */
     size_t ucx_desc_len;
+    uint8_t *cipc_desc;       /* decode: (cipc_desc_len) CUDA IPC pool
+                                 descriptor, owned; NULL without */
+    size_t cipc_desc_len;
+    bool can_prefill;         /* decode --role both */
+    uint32_t transports;      /* bit (1 << KvTransport) per one offered */
+    char host_id[ROUTER_HOST_MAX]; /* "hostname/boot-id", "" = unknown */
+    bool has_gpu;             /* KV pool in GPU memory */
+    bool gpu_ipc;             /* CUDA IPC usable on its side */
+    int gpu_device;           /* CUDA ordinal */
+    char gpu_bus[32];         /* PCI bus id */
 } router_worker_t;
+
+/* How the router chooses KV transports (router_config_t.kv_transport). */
+typedef enum {
+    ROUTER_KV_AUTO = 0,
+    ROUTER_KV_UCX,
+    ROUTER_KV_CUDA_IPC,
+    ROUTER_KV_INLINE,
+} router_kv_mode_t;
+
+/* Parses "auto", "ucx", "cuda-ipc", "inline"; false for anything else. */
+bool router__kv_mode_parse(const char *s, router_kv_mode_t *mode_p);
+
+/* The transport KV takes from prefill worker p to decode worker d:
+ *   p == d (aggregated)                         -> LOCAL
+ *   same host, both GPU pools, both IPC-capable,
+ *     decode exported its pool                  -> CUDA_IPC
+ *   same host, both offer UCX                   -> UCX_SHM
+ *   both offer UCX                              -> UCX
+ *   otherwise                                   -> INLINE
+ * A forced mode is used when the pair supports it, else the automatic
+ * choice.  A GPU pool never gets UCX (no CUDA-aware UCX yet). */
+Baton__KvTransport router__choose_transport(const router_worker_t *p,
+                                            const router_worker_t *d,
+                                            router_kv_mode_t mode);
+
+/* "cuda-ipc", "ucx-shm", "ucx", "inline", "local", "none". */
+const char *router__transport_name(Baton__KvTransport t);
 
 typedef enum {
     ROUTER_REQ_QUEUED = 0,  /* waiting for workers / KV */
@@ -85,6 +123,7 @@ struct router_req_s {
     uint8_t *grant;            /* packed KvGrant, owned */
     size_t grant_len;
     uint64_t epoch;            /* of the current grant */
+    Baton__KvTransport transport; /* of the current prefill -> decode */
     int retries;
     uint64_t retry_at_ns;      /* queued: not before this time */
     /* timings (ns, bt_time_ns) */
@@ -109,8 +148,10 @@ typedef struct {
     const char *name;
     router_worker_t *(*pick_prefill)(struct router_s *router,
                                      const router_req_t *req);
+    /* need_prefill: only --role both workers (aggregated). */
     router_worker_t *(*pick_decode)(struct router_s *router,
-                                    const router_req_t *req, int n_tokens);
+                                    const router_req_t *req, int n_tokens,
+                                    bool need_prefill);
 } router_policy_t;
 
 const router_policy_t *router__policy_find(const char *name);
@@ -124,6 +165,8 @@ bool router__worker_is_usable(const router_worker_t *w);
 struct router_s {
     router_config_t cfg;
     const router_policy_t *policy;
+    router_kv_mode_t kv_mode;  /* cfg.kv_transport parsed */
+    int aggregate;             /* 0 never, 1 fallback, 2 always */
     void *ctx;                 /* ZeroMQ context */
     void *client_sock;         /* ROUTER, clients */
     void *control_sock;        /* ROUTER, workers */

@@ -32,6 +32,13 @@ static void usage(FILE *out)
         "  --control EP         worker endpoint (tcp://127.0.0.1:5556,\n"
         "                       env BATON_CONTROL)\n"
         "  --policy NAME        least-loaded (default) | round-robin\n"
+        "  --kv-transport MODE  auto (default) | ucx | cuda-ipc | inline:\n"
+        "                       KV transport per prefill/decode pair (auto:\n"
+        "                       CUDA IPC on one host with GPU pools, UCX for\n"
+        "                       host pools, else inline)\n"
+        "  --aggregate MODE     fallback (default): --role both decode workers\n"
+        "                       prefill when no prefill worker is up; always;\n"
+        "                       never\n"
         "  --heartbeat-ms N     worker heartbeat interval (250)\n"
         "  --heartbeat-miss N   silent intervals before a drop (4)\n"
         "  --max-queue N        admission queue bound (1024)\n"
@@ -58,6 +65,8 @@ int main(int argc, char **argv)
         { "listen", required_argument, 0, 'l' },
         { "control", required_argument, 0, 'c' },
         { "policy", required_argument, 0, 'p' },
+        { "kv-transport", required_argument, 0, 'X' },
+        { "aggregate", required_argument, 0, 'A' },
         { "heartbeat-ms", required_argument, 0, 'H' },
         { "heartbeat-miss", required_argument, 0, 'M' },
         { "max-queue", required_argument, 0, 'q' },
@@ -85,6 +94,8 @@ int main(int argc, char **argv)
         case 'l': cfg.listen = optarg; break;
         case 'c': cfg.control = optarg; break;
         case 'p': cfg.policy = optarg; break;
+        case 'X': cfg.kv_transport = optarg; break;
+        case 'A': cfg.aggregate = optarg; break;
         case 'H': ret = parse_int_opt("--heartbeat-ms", optarg, &cfg.heartbeat_ms); break;
         case 'M': ret = parse_int_opt("--heartbeat-miss", optarg, &cfg.heartbeat_miss); break;
         case 'q': ret = parse_int_opt("--max-queue", optarg, &cfg.max_queue); break;

@@ -22,9 +22,12 @@ bool router__worker_is_usable(const router_worker_t *w)
     return w->used && !w->draining;
 }
 
-static bool policy_decode_fits(const router_worker_t *w, int n_tokens)
+static bool policy_decode_fits(const router_worker_t *w, int n_tokens,
+                               bool need_prefill)
 {
     if (!router__worker_is_usable(w) || w->role != BATON__ROLE__ROLE_DECODE)
+        return false;
+    if (need_prefill && !w->can_prefill)
         return false;
     if (w->max_context > 0 && (uint32_t)n_tokens > w->max_context)
         return false;
@@ -51,14 +54,14 @@ static router_worker_t *least_pick_prefill(router_t *router,
 
 static router_worker_t *least_pick_decode(router_t *router,
                                           const router_req_t *req,
-                                          int n_tokens)
+                                          int n_tokens, bool need_prefill)
 {
     router_worker_t *best = NULL;
 
     (void)req;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
-        if (!policy_decode_fits(w, n_tokens))
+        if (!policy_decode_fits(w, n_tokens, need_prefill))
             continue;
         if (best == NULL || w->est_free_kv > best->est_free_kv ||
             (w->est_free_kv == best->est_free_kv &&
@@ -69,7 +72,8 @@ static router_worker_t *least_pick_decode(router_t *router,
 }
 
 static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
-                                Baton__Role role, int n_tokens)
+                                Baton__Role role, int n_tokens,
+                                bool need_prefill)
 {
     for (int k = 0; k < ROUTER_MAX_WORKERS; k++) {
         unsigned i = (*cursor + (unsigned)k) % ROUTER_MAX_WORKERS;
@@ -77,7 +81,7 @@ static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
         if (!router__worker_is_usable(w) || w->role != role)
             continue;
         if (role == BATON__ROLE__ROLE_DECODE &&
-            !policy_decode_fits(w, n_tokens))
+            !policy_decode_fits(w, n_tokens, need_prefill))
             continue;
         *cursor = i + 1;
         return w;
@@ -89,15 +93,17 @@ static router_worker_t *rr_pick_prefill(router_t *router,
                                         const router_req_t *req)
 {
     (void)req;
-    return rr_pick(router, &router->rr_prefill, BATON__ROLE__ROLE_PREFILL, 0);
+    return rr_pick(router, &router->rr_prefill, BATON__ROLE__ROLE_PREFILL, 0,
+                   false);
 }
 
 static router_worker_t *rr_pick_decode(router_t *router,
-                                       const router_req_t *req, int n_tokens)
+                                       const router_req_t *req, int n_tokens,
+                                       bool need_prefill)
 {
     (void)req;
     return rr_pick(router, &router->rr_decode, BATON__ROLE__ROLE_DECODE,
-                   n_tokens);
+                   n_tokens, need_prefill);
 }
 
 static const router_policy_t router_policies[] = {
@@ -111,4 +117,85 @@ const router_policy_t *router__policy_find(const char *name)
         if (strcmp(router_policies[i].name, name) == 0)
             return &router_policies[i];
     return NULL;
+}
+
+// ---------------------------------------------------------------------------
+// KV transport per prefill/decode pair
+
+bool router__kv_mode_parse(const char *s, router_kv_mode_t *mode_p)
+{
+    static const struct {
+        const char *name;
+        router_kv_mode_t mode;
+    } modes[] = {
+        { "auto", ROUTER_KV_AUTO },
+        { "ucx", ROUTER_KV_UCX },
+        { "cuda-ipc", ROUTER_KV_CUDA_IPC },
+        { "inline", ROUTER_KV_INLINE },
+    };
+
+    for (size_t i = 0; s != NULL && i < BT_ARRAY_SIZE(modes); i++) {
+        if (strcmp(s, modes[i].name) == 0) {
+            *mode_p = modes[i].mode;
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool offers(const router_worker_t *w, Baton__KvTransport t)
+{
+    return (w->transports & (1u << (unsigned)t)) != 0;
+}
+
+static bool same_host(const router_worker_t *p, const router_worker_t *d)
+{
+    return p->host_id[0] != '\0' && strcmp(p->host_id, d->host_id) == 0;
+}
+
+static bool pair_cuda_ipc(const router_worker_t *p, const router_worker_t *d)
+{
+    return same_host(p, d) && p->has_gpu && d->has_gpu && p->gpu_ipc &&
+           d->gpu_ipc && d->cipc_desc != NULL &&
+           offers(p, BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) &&
+           offers(d, BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC);
+}
+
+static bool pair_ucx(const router_worker_t *p, const router_worker_t *d)
+{
+    return !p->has_gpu && !d->has_gpu && d->ucx_desc != NULL &&
+           offers(p, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX) &&
+           offers(d, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX);
+}
+
+Baton__KvTransport router__choose_transport(const router_worker_t *p,
+                                            const router_worker_t *d,
+                                            router_kv_mode_t mode)
+{
+    if (p == d)
+        return BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL;
+    if (mode == ROUTER_KV_INLINE)
+        return BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+    if (mode == ROUTER_KV_UCX && pair_ucx(p, d))
+        return same_host(p, d) ? BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM
+                               : BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
+    if (pair_cuda_ipc(p, d))
+        return BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
+    if (pair_ucx(p, d))
+        return same_host(p, d) ? BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM
+                               : BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
+    return BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+}
+
+const char *router__transport_name(Baton__KvTransport t)
+{
+    switch (t) {
+    case BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE: return "inline";
+    case BATON__KV_TRANSPORT__KV_TRANSPORT_UCX: return "ucx";
+    case BATON__KV_TRANSPORT__KV_TRANSPORT_NONE: return "none";
+    case BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC: return "cuda-ipc";
+    case BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM: return "ucx-shm";
+    case BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL: return "local";
+    default: return "unknown";
+    }
 }
