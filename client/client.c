@@ -208,6 +208,17 @@ bt_status_t client_recv(client_t *client, int timeout_ms,
     return status;
 }
 
+bt_status_t client_fd(client_t *client, int *fd_p)
+{
+    int fd = -1;
+    size_t len = sizeof(fd);
+
+    if (zmq_getsockopt(client->sock, ZMQ_FD, &fd, &len) != 0)
+        return BT_ZMQ_ERROR("zmq_getsockopt(ZMQ_FD)");
+    *fd_p = fd;
+    return BT_OK;
+}
+
 uint64_t client_msg_request_id(const Baton__ClientMessage *msg)
 {
     switch (msg->body_case) {

@@ -76,6 +76,13 @@ bt_status_t client_recv(client_t *client, int timeout_ms,
 /* The request id a received message belongs to (0 when none). */
 uint64_t client_msg_request_id(const Baton__ClientMessage *msg);
 
+/* The file descriptor that signals when the client's socket may have
+ * messages (ZeroMQ's ZMQ_FD), for callers that run their own epoll/poll
+ * loop: when it polls readable, and after every send, drain with
+ * client_recv(client, 0, ...) until BT_ERR_TIMEOUT (the fd is
+ * edge-triggered).  BT_ERR_NET when ZeroMQ cannot give it. */
+bt_status_t client_fd(client_t *client, int *fd_p);
+
 /* A human name for an error code ("overloaded"). */
 const char *client_error_name(Baton__ErrorCode code);
 const char *client_finish_name(Baton__FinishReason reason);

@@ -1,0 +1,70 @@
+/*
+ * gateway.h - baton-http: an OpenAI-compatible HTTP/1.1 front end that is
+ * a client of a baton router.
+ *
+ * One thread runs one epoll loop over the listening socket, the client
+ * connections (non-blocking, keep-alive, pipelined requests answered in
+ * order) and the router's ZeroMQ socket (client library, client.h).  A
+ * generation request becomes one router request; its TokenChunks become
+ * SSE events (stream) or are gathered into one JSON response.  A client
+ * that disconnects mid-request has its request cancelled at the router.
+ *
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions,
+ * GET /v1/models[/ID], GET /health, GET /metrics (Prometheus).
+ */
+#ifndef BT_GATEWAY_GATEWAY_H
+#define BT_GATEWAY_GATEWAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *router;          /* router client endpoint, tcp://H:P */
+    const char *listen;          /* HOST:PORT to listen on (port 0: any) */
+    const char *model_name;      /* id served in "model" (default "baton") */
+    const char *tokenizer;       /* tokenizer path for chat (may be NULL) */
+    const char *chat_template;   /* template name; NULL: detect */
+    const char *model_type;      /* config.json model_type hint, or NULL */
+    int max_connections;         /* open connections (1024) */
+    size_t max_header_bytes;     /* request line + headers (16 KiB) */
+    size_t max_body_bytes;       /* request body (4 MiB) */
+    int read_timeout_ms;         /* a started request must arrive (10 s) */
+    int idle_timeout_ms;         /* idle keep-alive connection (60 s) */
+    int write_timeout_ms;        /* output stalled this long: close (30 s) */
+    int request_timeout_ms;      /* no router answer: 504 (600 s) */
+    int status_timeout_ms;       /* /health, /metrics router wait (1 s) */
+    uint32_t deadline_ms;        /* router deadline per request (0 none) */
+    size_t max_stream_buffer;    /* unsent stream bytes before close (8 MiB) */
+} gateway_config_t;
+
+void gateway_config_init(gateway_config_t *cfg);
+
+typedef struct gateway_s gateway_t;
+
+/* Loads the tokenizer (when given), connects to the router and binds the
+ * listening socket.  BT_ERR_IO / BT_ERR_NET with a message on failure. */
+bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p);
+
+/* Closes every connection (in-flight requests are cancelled at the
+ * router) and frees everything.  NULL-safe. */
+void gateway_destroy(gateway_t **gw_p);
+
+/* The bound TCP port (useful with port 0). */
+int gateway_port(const gateway_t *gw);
+
+/* Serves until gateway_stop().  Returns BT_OK after a stop. */
+bt_status_t gateway_run(gateway_t *gw);
+
+/* Asks gateway_run to return; async-signal-safe. */
+void gateway_stop(gateway_t *gw);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_GATEWAY_GATEWAY_H */

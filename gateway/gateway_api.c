@@ -1,0 +1,720 @@
+/*
+ * gateway_api.c - OpenAI request bodies to baton requests, and baton
+ * results to OpenAI-shaped JSON (completions, chat completions, their
+ * stream chunks, errors).
+ *
+ * Unsupported OpenAI features are refused with 400 rather than silently
+ * ignored (n > 1, echo, logprobs, best_of, suffix, logit_bias, tools), so
+ * a client never gets something other than it asked for.  Unknown fields
+ * are ignored, as most OpenAI-compatible servers do.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_util.h"
+#include "gateway_int.h"
+#include "proto_msg.h"
+
+void gateway__api_error_set(gateway_api_error_t *err, int status,
+                            const char *type, const char *code,
+                            const char *param, const char *fmt, ...)
+{
+    va_list ap;
+
+    err->status = status;
+    err->type = type;
+    err->code = code;
+    snprintf(err->param, sizeof(err->param), "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+}
+
+#define BAD_PARAM(_param, ...)                                              \
+    gateway__api_error_set(err, 400, "invalid_request_error", NULL, _param, \
+                           __VA_ARGS__)
+
+// ---------------------------------------------------------------------------
+// Field readers: each returns false (err set) when the field is present
+// with a wrong type or value; an absent field (or JSON null) keeps *out.
+
+static bool get_number(const cJSON *root, const char *name, double lo,
+                       double hi, double *out, gateway_api_error_t *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+
+    if (j == NULL || cJSON_IsNull(j))
+        return true;
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble)) {
+        BAD_PARAM(name, "'%s' must be a number", name);
+        return false;
+    }
+    if (j->valuedouble < lo || j->valuedouble > hi) {
+        BAD_PARAM(name, "'%s' is %g, must be in [%g, %g]", name,
+                  j->valuedouble, lo, hi);
+        return false;
+    }
+    *out = j->valuedouble;
+    return true;
+}
+
+static bool get_float(const cJSON *root, const char *name, double lo,
+                      double hi, float *out, gateway_api_error_t *err)
+{
+    double v = *out;
+
+    if (!get_number(root, name, lo, hi, &v, err))
+        return false;
+    *out = (float)v;
+    return true;
+}
+
+static bool get_int(const cJSON *root, const char *name, double lo,
+                    double hi, double *out, gateway_api_error_t *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+
+    if (j != NULL && !cJSON_IsNull(j) &&
+        (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble))) {
+        BAD_PARAM(name, "'%s' must be an integer", name);
+        return false;
+    }
+    return get_number(root, name, lo, hi, out, err);
+}
+
+static bool get_bool(const cJSON *root, const char *name, bool *out,
+                     gateway_api_error_t *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+
+    if (j == NULL || cJSON_IsNull(j))
+        return true;
+    if (!cJSON_IsBool(j)) {
+        BAD_PARAM(name, "'%s' must be a boolean", name);
+        return false;
+    }
+    *out = cJSON_IsTrue(j);
+    return true;
+}
+
+/* Refuses a field unless absent, null, or equal to what baton does. */
+static bool refuse_unless(const cJSON *root, const char *name,
+                          bool ok_false, double ok_number,
+                          gateway_api_error_t *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+
+    if (j == NULL || cJSON_IsNull(j))
+        return true;
+    if (ok_false && cJSON_IsFalse(j))
+        return true;
+    if (!isnan(ok_number) && cJSON_IsNumber(j) &&
+        j->valuedouble == ok_number)
+        return true;
+    if ((cJSON_IsObject(j) || cJSON_IsArray(j)) && j->child == NULL)
+        return true; /* {} or [] */
+    BAD_PARAM(name, "'%s' is not supported by baton", name);
+    return false;
+}
+
+/* An array of token ids into a bt_malloc'ed array. */
+static bool get_ids(const cJSON *arr, const char *param, int max_n,
+                    int **ids_p, int *n_p, gateway_api_error_t *err)
+{
+    int n = cJSON_GetArraySize(arr), i = 0;
+    int *ids;
+    const cJSON *x;
+
+    if (n <= 0 || n > max_n) {
+        BAD_PARAM(param, "'%s' must hold 1 to %d token ids", param, max_n);
+        return false;
+    }
+    ids = bt_malloc((size_t)n * sizeof(*ids), "gateway_ids");
+    if (ids == NULL) {
+        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                               "out of memory");
+        return false;
+    }
+    cJSON_ArrayForEach(x, arr) {
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 ||
+            x->valuedouble > 2147483647.0 ||
+            x->valuedouble != floor(x->valuedouble)) {
+            bt_free(ids);
+            BAD_PARAM(param, "'%s' must hold non-negative integer token ids",
+                      param);
+            return false;
+        }
+        ids[i++] = (int)x->valuedouble;
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return true;
+}
+
+// ---------------------------------------------------------------------------
+// Prompts
+
+static bool parse_prompt(const cJSON *root, gateway_api_req_t *out,
+                         gateway_api_error_t *err)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+
+    if (p == NULL || cJSON_IsNull(p)) {
+        BAD_PARAM("prompt", "'prompt' is required");
+        return false;
+    }
+    /* ["text"] and [[ids]] are single prompts in list form */
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child;
+    else if (cJSON_IsArray(p) && p->child != NULL &&
+             !cJSON_IsNumber(p->child)) {
+        BAD_PARAM("prompt", "baton takes one prompt per request");
+        return false;
+    }
+    if (cJSON_IsString(p)) {
+        out->prompt = bt_strdup(p->valuestring, "gateway_prompt");
+        if (out->prompt == NULL) {
+            gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                                   "out of memory");
+            return false;
+        }
+        return true;
+    }
+    if (cJSON_IsArray(p))
+        return get_ids(p, "prompt", PROTO_MAX_PROMPT_TOKENS,
+                       &out->prompt_ids, &out->n_prompt_ids, err);
+    BAD_PARAM("prompt", "'prompt' must be a string or an array of token ids");
+    return false;
+}
+
+/* A message's content: a string, or an array of {"type": "text", "text"}
+ * parts joined; null for an assistant turn is "". Returns a bt_malloc'ed
+ * string or NULL with err set. */
+static char *message_content(const cJSON *content, int index,
+                             gateway_api_error_t *err)
+{
+    gateway_buf_t buf;
+    const cJSON *part;
+    char param[64];
+
+    snprintf(param, sizeof(param), "messages[%d].content", index);
+    if (content == NULL || cJSON_IsNull(content))
+        return bt_strdup("", "gateway_msg");
+    if (cJSON_IsString(content))
+        return bt_strdup(content->valuestring, "gateway_msg");
+    if (!cJSON_IsArray(content)) {
+        BAD_PARAM(param, "'%s' must be a string or an array of parts", param);
+        return NULL;
+    }
+    gateway__buf_init(&buf);
+    if (gateway__buf_reserve(&buf, 0) != BT_OK)
+        goto err_oom;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+            !cJSON_IsString(text)) {
+            gateway__buf_cleanup(&buf);
+            BAD_PARAM(param, "'%s' parts must be {\"type\": \"text\", "
+                      "\"text\": ...} (baton serves text models)", param);
+            return NULL;
+        }
+        if (gateway__buf_append(&buf, text->valuestring,
+                                strlen(text->valuestring)) != BT_OK)
+            goto err_oom;
+    }
+    return buf.data;
+
+err_oom:
+    gateway__buf_cleanup(&buf);
+    gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                           "out of memory");
+    return NULL;
+}
+
+#define MAX_CHAT_MESSAGES 4096
+
+/* messages -> chat template text -> (with a tokenizer) ids. */
+static bool parse_messages(const gateway_api_ctx_t *ctx, const cJSON *root,
+                           gateway_api_req_t *out, gateway_api_error_t *err)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    chat_msg_t *cm = NULL;
+    char **contents = NULL;
+    const cJSON *m;
+    char *text = NULL;
+    bool ok = false;
+    int n, i = 0;
+
+    if (!cJSON_IsArray(msgs) || (n = cJSON_GetArraySize(msgs)) == 0) {
+        BAD_PARAM("messages", "'messages' must be a non-empty array");
+        return false;
+    }
+    if (n > MAX_CHAT_MESSAGES) {
+        BAD_PARAM("messages", "at most %d messages", MAX_CHAT_MESSAGES);
+        return false;
+    }
+    cm = bt_calloc((size_t)n, sizeof(*cm), "gateway_chat");
+    contents = bt_calloc((size_t)n, sizeof(*contents), "gateway_chat");
+    if (cm == NULL || contents == NULL) {
+        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                               "out of memory");
+        goto out;
+    }
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        char param[64];
+
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role) ||
+            role->valuestring[0] == '\0') {
+            snprintf(param, sizeof(param), "messages[%d].role", i);
+            BAD_PARAM(param, "each message needs a 'role' string");
+            goto out;
+        }
+        contents[i] = message_content(
+            cJSON_GetObjectItemCaseSensitive(m, "content"), i, err);
+        if (contents[i] == NULL)
+            goto out;
+        /* OpenAI's "developer" role is the system prompt of newer models */
+        cm[i].role = strcmp(role->valuestring, "developer") == 0
+                         ? "system" : role->valuestring;
+        cm[i].content = contents[i];
+        i++;
+    }
+    if (chat_format(ctx->chat_template, cm, n, true, ctx->bos, ctx->eos,
+                    &text) != BT_OK) {
+        BAD_PARAM("messages", "cannot format the messages");
+        goto out;
+    }
+    if (ctx->tok != NULL) {
+        if (tok_encode(ctx->tok, text, strlen(text), tok_adds_bos(ctx->tok),
+                       &out->prompt_ids, &out->n_prompt_ids) != BT_OK) {
+            BAD_PARAM("messages", "cannot tokenize the messages");
+            goto out;
+        }
+        if (out->n_prompt_ids > PROTO_MAX_PROMPT_TOKENS) {
+            BT_FREE(out->prompt_ids);
+            out->n_prompt_ids = 0;
+            BAD_PARAM("messages", "the conversation is too long");
+            goto out;
+        }
+    } else {
+        out->prompt = text;
+        text = NULL;
+    }
+    ok = true;
+out:
+    bt_free(text);
+    for (int k = 0; contents != NULL && k < n; k++)
+        bt_free(contents[k]);
+    bt_free(contents);
+    bt_free(cm);
+    return ok;
+}
+
+static bool add_stop(const cJSON *x, gateway_api_req_t *out,
+                     gateway_api_error_t *err)
+{
+    if (!cJSON_IsString(x) || x->valuestring[0] == '\0' ||
+        strlen(x->valuestring) > STOP_MAX_STRING_LEN) {
+        BAD_PARAM("stop", "stop sequences must be non-empty strings of at "
+                  "most %d bytes", STOP_MAX_STRING_LEN);
+        return false;
+    }
+    out->stops[out->n_stops] = bt_strdup(x->valuestring, "gateway_stop");
+    if (out->stops[out->n_stops] == NULL) {
+        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                               "out of memory");
+        return false;
+    }
+    out->n_stops++;
+    return true;
+}
+
+static bool parse_stop(const cJSON *root, gateway_api_req_t *out,
+                       gateway_api_error_t *err)
+{
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    const cJSON *x;
+
+    if (s == NULL || cJSON_IsNull(s))
+        return true;
+    if (cJSON_IsString(s))
+        return add_stop(s, out, err);
+    if (!cJSON_IsArray(s)) {
+        BAD_PARAM("stop", "'stop' must be a string or an array of strings");
+        return false;
+    }
+    if (cJSON_GetArraySize(s) > STOP_MAX_STRINGS) {
+        BAD_PARAM("stop", "at most %d stop sequences", STOP_MAX_STRINGS);
+        return false;
+    }
+    cJSON_ArrayForEach(x, s) {
+        if (!add_stop(x, out, err))
+            return false;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------------------
+// The request
+
+void gateway__api_req_cleanup(gateway_api_req_t *r)
+{
+    bt_free(r->prompt);
+    bt_free(r->prompt_ids);
+    bt_free(r->stop_ids);
+    for (int i = 0; i < r->n_stops; i++)
+        bt_free(r->stops[i]);
+    memset(r, 0, sizeof(*r));
+}
+
+static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
+                         gateway_api_req_t *out, gateway_api_error_t *err)
+{
+    client_request_t *req = &out->req;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *so, *sti;
+    double v;
+
+    if (model != NULL && !cJSON_IsNull(model)) {
+        if (!cJSON_IsString(model)) {
+            BAD_PARAM("model", "'model' must be a string");
+            return false;
+        }
+        if (strcmp(model->valuestring, ctx->model_name) != 0) {
+            gateway__api_error_set(err, 404, "invalid_request_error",
+                                   "model_not_found", "model",
+                                   "The model '%.200s' does not exist "
+                                   "(this server serves '%.80s')",
+                                   model->valuestring, ctx->model_name);
+            return false;
+        }
+    }
+    if (!refuse_unless(root, "n", false, 1, err) ||
+        !refuse_unless(root, "best_of", false, 1, err) ||
+        !refuse_unless(root, "echo", true, NAN, err) ||
+        !refuse_unless(root, "logprobs", true, NAN, err) ||
+        !refuse_unless(root, "top_logprobs", false, 0, err) ||
+        !refuse_unless(root, "suffix", false, NAN, err) ||
+        !refuse_unless(root, "logit_bias", false, NAN, err) ||
+        !refuse_unless(root, "tools", false, NAN, err) ||
+        !refuse_unless(root, "functions", false, NAN, err))
+        return false;
+
+    client_request_init(req);
+    /* OpenAI's default temperature is 1; completions default to 16
+     * tokens, chat to "until the context is full". */
+    req->temperature = 1.0f;
+    req->max_tokens = out->kind == GATEWAY_API_COMPLETIONS ? 16 : 0;
+    v = req->max_tokens;
+    if (!get_int(root, "max_tokens", 1, 1 << 30, &v, err))
+        return false;
+    if (!get_int(root, "max_completion_tokens", 1, 1 << 30, &v, err))
+        return false;
+    req->max_tokens = (int)v;
+    if (!get_float(root, "temperature", 0, 2, &req->temperature, err) ||
+        !get_float(root, "top_p", 1e-6, 1, &req->top_p, err) ||
+        !get_float(root, "min_p", 0, 1, &req->min_p, err) ||
+        !get_float(root, "presence_penalty", -2, 2, &req->presence_penalty,
+                   err) ||
+        !get_float(root, "frequency_penalty", -2, 2, &req->frequency_penalty,
+                   err) ||
+        !get_float(root, "repetition_penalty", 1e-6, 10,
+                   &req->repetition_penalty, err))
+        return false;
+    v = 0;
+    if (!get_int(root, "top_k", -1, 1 << 30, &v, err))
+        return false;
+    req->top_k = v < 0 ? 0 : (int)v; /* -1 = off, as in vLLM */
+    v = 0;
+    if (!get_int(root, "seed", -9223372036854775808.0, 18446744073709549568.0,
+                 &v, err))
+        return false;
+    req->seed = v < 0 ? (uint64_t)(int64_t)v : (uint64_t)v;
+    v = 0;
+    if (!get_int(root, "priority", -1000000, 1000000, &v, err))
+        return false;
+    req->priority = (int)v;
+    v = ctx->default_deadline_ms;
+    if (!get_int(root, "deadline_ms", 0, 86400000, &v, err))
+        return false;
+    req->deadline_ms = (uint32_t)v;
+    if (!get_bool(root, "ignore_eos", &req->ignore_eos, err) ||
+        !get_bool(root, "stream", &out->stream, err))
+        return false;
+    so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so != NULL && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) {
+            BAD_PARAM("stream_options", "'stream_options' must be an object");
+            return false;
+        }
+        if (!get_bool(so, "include_usage", &out->include_usage, err))
+            return false;
+    }
+    if (!parse_stop(root, out, err))
+        return false;
+    sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
+    if (sti != NULL && !cJSON_IsNull(sti) &&
+        (!cJSON_IsArray(sti) ||
+         (sti->child != NULL &&
+          !get_ids(sti, "stop_token_ids", STOP_MAX_IDS - 8, &out->stop_ids,
+                   &out->n_stop_ids, err)))) {
+        if (!cJSON_IsArray(sti))
+            BAD_PARAM("stop_token_ids", "'stop_token_ids' must be an array");
+        return false;
+    }
+    return true;
+}
+
+bt_status_t gateway__api_parse(const gateway_api_ctx_t *ctx,
+                               gateway_api_kind_t kind, const char *body,
+                               size_t len, gateway_api_req_t *out,
+                               gateway_api_error_t *err)
+{
+    cJSON *root;
+    bool ok;
+
+    memset(out, 0, sizeof(*out));
+    memset(err, 0, sizeof(*err));
+    out->kind = kind;
+    root = cJSON_ParseWithLength(body, len);
+    if (root == NULL) {
+        BAD_PARAM(NULL, "the body is not valid JSON");
+        return BT_ERR_INVALID_ARG;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        BAD_PARAM(NULL, "the body must be a JSON object");
+        return BT_ERR_INVALID_ARG;
+    }
+    ok = parse_fields(ctx, root, out, err);
+    if (ok)
+        ok = kind == GATEWAY_API_COMPLETIONS ? parse_prompt(root, out, err)
+                                             : parse_messages(ctx, root, out,
+                                                              err);
+    cJSON_Delete(root);
+    if (!ok) {
+        gateway__api_req_cleanup(out);
+        return BT_ERR_INVALID_ARG;
+    }
+    out->kind = kind;
+    out->req.prompt = out->prompt;
+    out->req.prompt_ids = out->prompt_ids;
+    out->req.n_prompt_ids = out->n_prompt_ids;
+    out->req.stop_ids = out->stop_ids;
+    out->req.n_stop_ids = out->n_stop_ids;
+    out->req.stop_strings = (const char *const *)out->stops;
+    out->req.n_stop_strings = out->n_stops;
+    out->req.want_text = true;
+    if (out->prompt_ids != NULL && kind == GATEWAY_API_CHAT)
+        out->req.add_bos = false; /* tok_encode already decided */
+    return BT_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+/* Prints j unformatted, appends it to out and frees j. */
+static bt_status_t emit(cJSON *j, gateway_buf_t *out)
+{
+    char *s;
+    bt_status_t status;
+
+    if (j == NULL)
+        return BT_ERR_NO_MEMORY;
+    s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (s == NULL)
+        return BT_ERR_NO_MEMORY;
+    status = gateway__buf_append(out, s, strlen(s));
+    cJSON_free(s);
+    return status;
+}
+
+bt_status_t gateway__api_error_json(const gateway_api_error_t *err,
+                                    gateway_buf_t *out)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(root, "error");
+
+    if (e == NULL) {
+        cJSON_Delete(root);
+        return BT_ERR_NO_MEMORY;
+    }
+    cJSON_AddStringToObject(e, "message", err->message);
+    cJSON_AddStringToObject(e, "type", err->type ? err->type : "server_error");
+    if (err->param[0] != '\0')
+        cJSON_AddStringToObject(e, "param", err->param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (err->code != NULL)
+        cJSON_AddStringToObject(e, "code", err->code);
+    else
+        cJSON_AddNullToObject(e, "code");
+    return emit(root, out);
+}
+
+void gateway__api_error_from_router(int router_code, const char *message,
+                                    gateway_api_error_t *err)
+{
+    const char *msg = message != NULL ? message : "";
+
+    switch (router_code) {
+    case BATON__ERROR_CODE__ERROR_INVALID:
+        gateway__api_error_set(err, 400, "invalid_request_error", NULL, NULL,
+                               "%s", msg);
+        break;
+    case BATON__ERROR_CODE__ERROR_TOO_LONG:
+        gateway__api_error_set(err, 400, "invalid_request_error",
+                               "context_length_exceeded", "prompt", "%s", msg);
+        break;
+    case BATON__ERROR_CODE__ERROR_OVERLOADED:
+        gateway__api_error_set(err, 429, "rate_limit_error", "overloaded",
+                               NULL, "the server is overloaded: %s", msg);
+        break;
+    case BATON__ERROR_CODE__ERROR_NO_WORKERS:
+        gateway__api_error_set(err, 503, "service_unavailable", "no_workers",
+                               NULL, "%s", msg);
+        break;
+    case BATON__ERROR_CODE__ERROR_DRAINING:
+        gateway__api_error_set(err, 503, "service_unavailable", "draining",
+                               NULL, "%s", msg);
+        break;
+    case BATON__ERROR_CODE__ERROR_TIMEOUT:
+        gateway__api_error_set(err, 504, "timeout", "deadline_exceeded",
+                               NULL, "%s", msg);
+        break;
+    case BATON__ERROR_CODE__ERROR_WORKER:
+        gateway__api_error_set(err, 502, "server_error", "worker_failed",
+                               NULL, "%s", msg);
+        break;
+    default:
+        gateway__api_error_set(err, 500, "server_error",
+                               client_error_name(router_code), NULL, "%s",
+                               msg);
+        break;
+    }
+}
+
+static void add_usage(cJSON *root, const gateway_api_resp_t *r)
+{
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+
+    if (u == NULL)
+        return;
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", r->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens",
+                            (double)r->prompt_tokens + r->completion_tokens);
+}
+
+/* id, object, created, model: the head of every response object. */
+static cJSON *head(const gateway_api_resp_t *r, const char *object)
+{
+    cJSON *root = cJSON_CreateObject();
+
+    cJSON_AddStringToObject(root, "id", r->id);
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)r->created);
+    cJSON_AddStringToObject(root, "model", r->model);
+    return root;
+}
+
+/* A string item from bytes that may hold NUL (cut there: JSON text from
+ * the cluster is valid UTF-8 without NUL). */
+static cJSON *string_n(const char *text, size_t len)
+{
+    char small[256];
+    char *tmp = small;
+    cJSON *s;
+
+    if (len >= sizeof(small)) {
+        tmp = bt_malloc(len + 1, "gateway_text");
+        if (tmp == NULL)
+            return NULL;
+    }
+    if (len > 0)
+        memcpy(tmp, text, len);
+    tmp[len] = '\0';
+    s = cJSON_CreateString(tmp);
+    if (tmp != small)
+        bt_free(tmp);
+    return s;
+}
+
+static void add_finish(cJSON *choice, const char *finish)
+{
+    if (finish != NULL)
+        cJSON_AddStringToObject(choice, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(choice, "finish_reason");
+}
+
+bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
+                                       const char *text, size_t text_len,
+                                       const char *finish, gateway_buf_t *out)
+{
+    bool chat = r->kind == GATEWAY_API_CHAT;
+    cJSON *root = head(r, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    cJSON *c = cJSON_CreateObject();
+
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddItemToObject(m, "content", string_n(text, text_len));
+    } else {
+        cJSON_AddItemToObject(c, "text", string_n(text, text_len));
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    add_finish(c, finish);
+    add_usage(root, r);
+    return emit(root, out);
+}
+
+bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
+                                    const char *text, size_t text_len,
+                                    bool role, const char *finish,
+                                    bool usage_null, gateway_buf_t *out)
+{
+    bool chat = r->kind == GATEWAY_API_CHAT;
+    cJSON *root = head(r, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    cJSON *c = cJSON_CreateObject();
+
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role)
+            cJSON_AddStringToObject(d, "role", "assistant");
+        if (text != NULL && (text_len > 0 || role))
+            cJSON_AddItemToObject(d, "content", string_n(text, text_len));
+    } else {
+        cJSON_AddItemToObject(c, "text", string_n(text, text_len));
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    add_finish(c, finish);
+    if (usage_null)
+        cJSON_AddNullToObject(root, "usage");
+    return emit(root, out);
+}
+
+bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
+                                          gateway_buf_t *out)
+{
+    bool chat = r->kind == GATEWAY_API_CHAT;
+    cJSON *root = head(r, chat ? "chat.completion.chunk" : "text_completion");
+
+    cJSON_AddArrayToObject(root, "choices");
+    add_usage(root, r);
+    return emit(root, out);
+}

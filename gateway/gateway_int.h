@@ -1,0 +1,235 @@
+/*
+ * gateway_int.h - the pieces of baton-http shared inside gateway/: the
+ * HTTP/1.1 request parser, byte buffers, the OpenAI request parser and
+ * response builders, and the metrics registry.  The parsers are pure
+ * functions of their input (no sockets), so unit tests and the fuzz
+ * target (tests/fuzz/fuzz_http_request.c) drive them directly.
+ */
+#ifndef BT_GATEWAY_GATEWAY_INT_H
+#define BT_GATEWAY_GATEWAY_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "client.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "stop.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---------------------------------------------------------------------------
+// Byte buffers
+
+/* A growable byte string; data[len] is always NUL when data != NULL. */
+typedef struct {
+    char *data;  /* (cap) bytes, bt_malloc'ed */
+    size_t len;  /* bytes in use */
+    size_t cap;  /* bytes allocated */
+} gateway_buf_t;
+
+void gateway__buf_init(gateway_buf_t *buf);
+void gateway__buf_cleanup(gateway_buf_t *buf);
+/* Makes room for `extra` more bytes (+1 for the NUL). */
+bt_status_t gateway__buf_reserve(gateway_buf_t *buf, size_t extra);
+bt_status_t gateway__buf_append(gateway_buf_t *buf, const void *data,
+                                size_t len);
+bt_status_t gateway__buf_printf(gateway_buf_t *buf, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Drops the first n bytes (consumed input, written output). */
+void gateway__buf_consume(gateway_buf_t *buf, size_t n);
+
+// ---------------------------------------------------------------------------
+// HTTP/1.1 request parsing
+
+typedef enum {
+    GATEWAY_HTTP_GET = 0,
+    GATEWAY_HTTP_HEAD,
+    GATEWAY_HTTP_POST,
+    GATEWAY_HTTP_OTHER /* a well-formed method baton does not serve */
+} gateway_http_method_t;
+
+#define GATEWAY_HTTP_MAX_TARGET 2048 /* longer request targets: 414 */
+#define GATEWAY_HTTP_MAX_HEADERS 100 /* more header lines: 431 */
+
+typedef struct {
+    size_t max_header_bytes; /* request line + headers + blank line */
+    size_t max_body_bytes;   /* Content-Length above this: 413 */
+} gateway_http_limits_t;
+
+/* A parsed request.  Pointers point into the caller's buffer. */
+typedef struct {
+    gateway_http_method_t method;
+    const char *path;      /* request target up to '?' or '#' */
+    size_t path_len;
+    int minor;             /* HTTP/1.minor: 0 or 1 */
+    bool keep_alive;       /* after this request (version + Connection) */
+    bool expect_continue;  /* Expect: 100-continue */
+    size_t content_length; /* body bytes (0 when no Content-Length) */
+    size_t header_len;     /* bytes up to the body; 0 until known */
+    size_t total_len;      /* header_len + content_length */
+    int error_status;      /* on BT_ERR_FORMAT: the HTTP status to send */
+    const char *error;     /* on BT_ERR_FORMAT: why (static text) */
+} gateway_http_req_t;
+
+/* Parses the request at the start of buf[0..len).  BT_OK: a whole request
+ * (headers and body) is there, total_len bytes.  BT_IN_PROGRESS: more
+ * bytes are needed; header_len > 0 once the headers are complete (the
+ * caller may then answer Expect: 100-continue).  BT_ERR_FORMAT: the
+ * request is malformed or over a limit; error_status (400, 405 never,
+ * 411, 413, 414, 417, 431, 501, 505) and error say how to answer, after
+ * which the connection must close.  Chunked request bodies get 411:
+ * baton needs a Content-Length.  Never reads past buf[len-1]. */
+bt_status_t gateway__http_parse(const char *buf, size_t len,
+                                const gateway_http_limits_t *limits,
+                                gateway_http_req_t *req);
+
+/* The reason phrase of an HTTP status ("Not Found"). */
+const char *gateway__http_reason(int status);
+
+// ---------------------------------------------------------------------------
+// OpenAI request parsing and responses
+
+typedef enum {
+    GATEWAY_API_COMPLETIONS = 0, /* POST /v1/completions */
+    GATEWAY_API_CHAT             /* POST /v1/chat/completions */
+} gateway_api_kind_t;
+
+/* What the API parser needs to know about the served model. */
+typedef struct {
+    const char *model_name;      /* the one model id served */
+    const tok_t *tok;            /* NULL: chat prompts go as text */
+    chat_template_t chat_template;
+    const char *bos;             /* tokenizer BOS/EOS strings for chat */
+    const char *eos;
+    uint32_t default_deadline_ms; /* 0 = none */
+} gateway_api_ctx_t;
+
+/* An error in OpenAI's shape: {"error": {message, type, param, code}}. */
+typedef struct {
+    int status;          /* HTTP status */
+    const char *type;    /* "invalid_request_error", ... */
+    const char *code;    /* NULL -> null */
+    char param[64];      /* "" -> null */
+    char message[320];
+} gateway_api_error_t;
+
+void gateway__api_error_set(gateway_api_error_t *err, int status,
+                            const char *type, const char *code,
+                            const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* A parsed generation request; `req`'s pointers point into this struct's
+ * own storage, released by gateway__api_req_cleanup(). */
+typedef struct {
+    gateway_api_kind_t kind;
+    client_request_t req;  /* ready for client_submit() */
+    bool stream;           /* SSE response */
+    bool include_usage;    /* stream_options.include_usage */
+    char *prompt;          /* owned: text prompt or formatted chat */
+    int *prompt_ids;       /* owned: (n_prompt_ids) ids */
+    int n_prompt_ids;
+    int *stop_ids;         /* owned: (n_stop_ids) */
+    int n_stop_ids;
+    char *stops[STOP_MAX_STRINGS]; /* owned: (n_stops) stop strings */
+    int n_stops;
+} gateway_api_req_t;
+
+/* Parses and validates a JSON body of `kind`.  On BT_ERR_INVALID_ARG, err
+ * holds the OpenAI error (400 for bad values, 404 for an unknown model)
+ * and *out is left empty.  Safe on any bytes (fuzzed). */
+bt_status_t gateway__api_parse(const gateway_api_ctx_t *ctx,
+                               gateway_api_kind_t kind, const char *body,
+                               size_t len, gateway_api_req_t *out,
+                               gateway_api_error_t *err);
+void gateway__api_req_cleanup(gateway_api_req_t *r);
+
+/* The error object as JSON text appended to out. */
+bt_status_t gateway__api_error_json(const gateway_api_error_t *err,
+                                    gateway_buf_t *out);
+
+/* Maps a router error code to an OpenAI error (status, type, code). */
+void gateway__api_error_from_router(int router_code, const char *message,
+                                    gateway_api_error_t *err);
+
+/* One response or stream event of a generation, as JSON text appended to
+ * out.  `text` may be NULL (empty).  finish NULL -> null.  usage when
+ * with_usage.  For streams, `first` marks chat's role delta. */
+typedef struct {
+    gateway_api_kind_t kind;
+    const char *id;        /* "cmpl-..." / "chatcmpl-..." */
+    long long created;     /* Unix seconds */
+    const char *model;
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+} gateway_api_resp_t;
+
+bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
+                                       const char *text, size_t text_len,
+                                       const char *finish, gateway_buf_t *out);
+bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
+                                    const char *text, size_t text_len,
+                                    bool role, const char *finish,
+                                    bool usage_null, gateway_buf_t *out);
+bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
+                                          gateway_buf_t *out);
+
+// ---------------------------------------------------------------------------
+// Metrics (Prometheus text exposition format)
+
+typedef enum {
+    GATEWAY_EP_COMPLETIONS = 0,
+    GATEWAY_EP_CHAT,
+    GATEWAY_EP_MODELS,
+    GATEWAY_EP_HEALTH,
+    GATEWAY_EP_METRICS,
+    GATEWAY_EP_OTHER,
+    GATEWAY_EP_COUNT
+} gateway_endpoint_t;
+
+#define GATEWAY_METRICS_MAX_CODES 24
+#define GATEWAY_HIST_MAX_BUCKETS 20
+
+typedef struct {
+    const double *bounds;                     /* (n_bounds) upper bounds, s */
+    int n_bounds;
+    uint64_t counts[GATEWAY_HIST_MAX_BUCKETS]; /* non-cumulative per bucket,
+                                                  last one is +Inf */
+    double sum;
+    uint64_t count;
+} gateway_hist_t;
+
+typedef struct {
+    int codes[GATEWAY_METRICS_MAX_CODES];     /* statuses seen, in order */
+    int n_codes;
+    uint64_t requests[GATEWAY_EP_COUNT][GATEWAY_METRICS_MAX_CODES];
+    uint64_t prompt_tokens;
+    uint64_t completion_tokens;
+    uint64_t cancelled;       /* client went away mid-request */
+    uint64_t rejected_conns;  /* over --max-connections */
+    int in_flight;            /* generation requests at the router */
+    int connections;          /* open client connections */
+    gateway_hist_t ttft;
+    gateway_hist_t tpot;
+    gateway_hist_t e2e;
+} gateway_metrics_t;
+
+void gateway__metrics_init(gateway_metrics_t *m);
+void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
+                              int status);
+void gateway__hist_observe(gateway_hist_t *h, double v);
+
+/* Writes every metric; `cluster` (may be NULL when the router did not
+ * answer) adds the router and per-worker gauges. */
+bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
+                                    const Baton__ClusterStatus *cluster,
+                                    gateway_buf_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_GATEWAY_GATEWAY_INT_H */

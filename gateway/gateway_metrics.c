@@ -1,0 +1,250 @@
+/*
+ * gateway_metrics.c - baton-http's counters and latency histograms, and
+ * their Prometheus text exposition (format 0.0.4), together with the
+ * router's and each worker's state from the latest ClusterStatus.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bt_util.h"
+#include "gateway_int.h"
+
+/* Bucket upper bounds in seconds. */
+static const double ttft_bounds[] = { 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                      0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                                      30, 60 };
+static const double tpot_bounds[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                      0.025, 0.05, 0.1, 0.25, 0.5, 1 };
+static const double e2e_bounds[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                     0.5, 1, 2.5, 5, 10, 30, 60, 120, 300 };
+
+static const char *const endpoint_names[GATEWAY_EP_COUNT] = {
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+    "/metrics", "other",
+};
+
+void gateway__metrics_init(gateway_metrics_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->ttft.bounds = ttft_bounds;
+    m->ttft.n_bounds = (int)BT_ARRAY_SIZE(ttft_bounds);
+    m->tpot.bounds = tpot_bounds;
+    m->tpot.n_bounds = (int)BT_ARRAY_SIZE(tpot_bounds);
+    m->e2e.bounds = e2e_bounds;
+    m->e2e.n_bounds = (int)BT_ARRAY_SIZE(e2e_bounds);
+}
+
+void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
+                              int status)
+{
+    int k;
+
+    for (k = 0; k < m->n_codes; k++)
+        if (m->codes[k] == status)
+            break;
+    if (k == m->n_codes) {
+        if (m->n_codes == GATEWAY_METRICS_MAX_CODES)
+            return; /* cannot happen: the gateway sends < 24 statuses */
+        m->codes[m->n_codes++] = status;
+    }
+    m->requests[ep][k]++;
+}
+
+void gateway__hist_observe(gateway_hist_t *h, double v)
+{
+    int b = 0;
+
+    while (b < h->n_bounds && v > h->bounds[b])
+        b++;
+    h->counts[b]++;
+    h->sum += v;
+    h->count++;
+}
+
+static bt_status_t render_hist(const gateway_hist_t *h, const char *name,
+                               const char *help, gateway_buf_t *out)
+{
+    uint64_t cum = 0;
+    bt_status_t status;
+
+    status = gateway__buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n",
+                                 name, help, name);
+    for (int b = 0; status == BT_OK && b <= h->n_bounds; b++) {
+        cum += h->counts[b];
+        if (b < h->n_bounds)
+            status = gateway__buf_printf(out, "%s_bucket{le=\"%g\"} %llu\n",
+                                         name, h->bounds[b],
+                                         (unsigned long long)cum);
+        else
+            status = gateway__buf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n",
+                                         name, (unsigned long long)cum);
+    }
+    if (status == BT_OK)
+        status = gateway__buf_printf(out, "%s_sum %.9g\n%s_count %llu\n",
+                                     name, h->sum, name,
+                                     (unsigned long long)h->count);
+    return status;
+}
+
+/* A label value with \, " and newline escaped (worker names are chosen
+ * by operators). */
+static void label_escape(const char *in, char *out, size_t cap)
+{
+    size_t o = 0;
+
+    for (; in != NULL && *in != '\0' && o + 3 < cap; in++) {
+        if (*in == '\\' || *in == '"') {
+            out[o++] = '\\';
+            out[o++] = *in;
+        } else if (*in == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+        } else {
+            out[o++] = *in;
+        }
+    }
+    out[o] = '\0';
+}
+
+static const char *role_name(uint32_t role)
+{
+    return role == 1 ? "prefill" : role == 2 ? "decode" : "other";
+}
+
+/* One gauge family over the workers; `field` picks the value. */
+static bt_status_t render_workers(const Baton__ClusterStatus *cs,
+                                  const char *name, const char *type,
+                                  const char *help, int field,
+                                  gateway_buf_t *out)
+{
+    bt_status_t status;
+
+    status = gateway__buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name,
+                                 help, name, type);
+    for (size_t i = 0; status == BT_OK && i < cs->n_workers; i++) {
+        const Baton__WorkerStatus *w = cs->workers[i];
+        char wname[160];
+        unsigned long long v;
+
+        label_escape(w->name, wname, sizeof(wname));
+        switch (field) {
+        case 0: v = w->free_kv_blocks; break;
+        case 1: v = w->total_kv_blocks; break;
+        case 2: v = w->running; break;
+        case 3: v = w->outstanding_tokens; break;
+        case 4: v = w->draining; break;
+        default: v = w->served; break;
+        }
+        status = gateway__buf_printf(out, "%s{worker=\"%s\",role=\"%s\"} %llu\n",
+                                     name, wname, role_name(w->role), v);
+    }
+    return status;
+}
+
+#define P(...)                                                              \
+    do {                                                                    \
+        if (status == BT_OK)                                                \
+            status = gateway__buf_printf(out, __VA_ARGS__);                 \
+    } while (0)
+
+bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
+                                    const Baton__ClusterStatus *cluster,
+                                    gateway_buf_t *out)
+{
+    bt_status_t status = BT_OK;
+    int n_prefill = 0, n_decode = 0;
+
+    P("# HELP baton_http_requests_total HTTP requests answered, by endpoint "
+      "and status code.\n# TYPE baton_http_requests_total counter\n");
+    for (int e = 0; e < GATEWAY_EP_COUNT; e++)
+        for (int k = 0; k < m->n_codes; k++)
+            if (m->requests[e][k] > 0)
+                P("baton_http_requests_total{endpoint=\"%s\",code=\"%d\"} "
+                  "%llu\n", endpoint_names[e], m->codes[k],
+                  (unsigned long long)m->requests[e][k]);
+    P("# HELP baton_http_prompt_tokens_total Prompt tokens of finished "
+      "requests.\n# TYPE baton_http_prompt_tokens_total counter\n"
+      "baton_http_prompt_tokens_total %llu\n",
+      (unsigned long long)m->prompt_tokens);
+    P("# HELP baton_http_completion_tokens_total Generated tokens.\n"
+      "# TYPE baton_http_completion_tokens_total counter\n"
+      "baton_http_completion_tokens_total %llu\n",
+      (unsigned long long)m->completion_tokens);
+    P("# HELP baton_http_requests_cancelled_total Requests cancelled at the "
+      "router because the client went away.\n"
+      "# TYPE baton_http_requests_cancelled_total counter\n"
+      "baton_http_requests_cancelled_total %llu\n",
+      (unsigned long long)m->cancelled);
+    P("# HELP baton_http_connections_rejected_total Connections refused "
+      "over --max-connections.\n"
+      "# TYPE baton_http_connections_rejected_total counter\n"
+      "baton_http_connections_rejected_total %llu\n",
+      (unsigned long long)m->rejected_conns);
+    P("# HELP baton_http_requests_in_flight Generation requests waiting on "
+      "the router.\n# TYPE baton_http_requests_in_flight gauge\n"
+      "baton_http_requests_in_flight %d\n", m->in_flight);
+    P("# HELP baton_http_open_connections Open client connections.\n"
+      "# TYPE baton_http_open_connections gauge\n"
+      "baton_http_open_connections %d\n", m->connections);
+    if (status == BT_OK)
+        status = render_hist(&m->ttft,
+                             "baton_http_time_to_first_token_seconds",
+                             "Request parsed to first token received.", out);
+    if (status == BT_OK)
+        status = render_hist(&m->tpot,
+                             "baton_http_time_per_output_token_seconds",
+                             "Mean time between tokens after the first.",
+                             out);
+    if (status == BT_OK)
+        status = render_hist(&m->e2e, "baton_http_e2e_request_latency_seconds",
+                             "Request parsed to last byte queued.", out);
+
+    P("# HELP baton_router_up Whether the router answered the status "
+      "request.\n# TYPE baton_router_up gauge\nbaton_router_up %d\n",
+      cluster != NULL);
+    if (cluster == NULL || status != BT_OK)
+        return status;
+    for (size_t i = 0; i < cluster->n_workers; i++) {
+        n_prefill += cluster->workers[i]->role == 1;
+        n_decode += cluster->workers[i]->role == 2;
+    }
+    P("# HELP baton_router_workers Registered workers by role.\n"
+      "# TYPE baton_router_workers gauge\n"
+      "baton_router_workers{role=\"prefill\"} %d\n"
+      "baton_router_workers{role=\"decode\"} %d\n", n_prefill, n_decode);
+    P("# HELP baton_router_queued Requests waiting for KV or workers.\n"
+      "# TYPE baton_router_queued gauge\nbaton_router_queued %u\n",
+      cluster->queued);
+    P("# HELP baton_router_in_flight Requests past the queue.\n"
+      "# TYPE baton_router_in_flight gauge\nbaton_router_in_flight %u\n",
+      cluster->in_flight);
+    P("# HELP baton_router_completed_total Requests the router finished.\n"
+      "# TYPE baton_router_completed_total counter\n"
+      "baton_router_completed_total %llu\n",
+      (unsigned long long)cluster->completed);
+    P("# HELP baton_router_failed_total Requests the router failed.\n"
+      "# TYPE baton_router_failed_total counter\n"
+      "baton_router_failed_total %llu\n",
+      (unsigned long long)cluster->failed);
+    if (status == BT_OK)
+        status = render_workers(cluster, "baton_worker_free_kv_blocks",
+                                "gauge", "Free KV blocks.", 0, out);
+    if (status == BT_OK)
+        status = render_workers(cluster, "baton_worker_kv_blocks", "gauge",
+                                "KV pool size in blocks.", 1, out);
+    if (status == BT_OK)
+        status = render_workers(cluster, "baton_worker_running", "gauge",
+                                "Requests on the worker.", 2, out);
+    if (status == BT_OK)
+        status = render_workers(cluster, "baton_worker_outstanding_tokens",
+                                "gauge", "Tokens the worker still owes.", 3,
+                                out);
+    if (status == BT_OK)
+        status = render_workers(cluster, "baton_worker_draining", "gauge",
+                                "1 while the worker drains.", 4, out);
+    if (status == BT_OK)
+        status = render_workers(cluster, "baton_worker_served_total",
+                                "counter", "Requests assigned so far.", 5,
+                                out);
+    return status;
+}
