@@ -142,11 +142,14 @@ bt_status_t kv_cipc_desc_parse(const void *buf, size_t len,
     d.device = (int32_t)get_u32(&p);
     if (memchr(p, '\0', KV_CIPC_BUS_ID_LEN) == NULL)
         return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC bus id unterminated");
-    memcpy(d.bus_id, p, KV_CIPC_BUS_ID_LEN);
+    snprintf(d.bus_id, sizeof(d.bus_id), "%s", (const char *)p);
     p += KV_CIPC_BUS_ID_LEN;
     for (int i = 0; i < 6; i++)
         v[i] = get_u32(&p);
-    d.n_slots = (int)BT_MIN(get_u32(&p), (uint32_t)INT32_MAX);
+    {
+        uint32_t slots = get_u32(&p); /* BT_MIN evaluates twice */
+        d.n_slots = (int)BT_MIN(slots, (uint32_t)INT32_MAX);
+    }
     if (d.device < 0 || d.device > 1024 || v[0] < 1 || v[0] > 4096 ||
         v[1] < 1 || v[1] > (1u << 24) || v[2] < 1 || v[2] > 4096 ||
         v[3] < 1 || v[3] > 4096 || v[4] < 1 || v[4] > 4096 ||
