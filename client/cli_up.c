@@ -18,6 +18,7 @@
 
 #include "bt_util.h"
 #include "cli.h"
+#include "client.h"
 
 #define UP_MAX_PROCS 66
 #define UP_MAX_ARGS 40
@@ -41,8 +42,14 @@ static void up_usage(FILE *out)
 "and N decode workers, prints the client endpoint, and stops them all on\n"
 "Ctrl-C or SIGTERM (workers drain first).\n"
 "\n"
-"  --prefill N          prefill workers (default 1)\n"
+"  --prefill N          prefill workers (default 1); 0: aggregated mode,\n"
+"                       every decode worker runs --role both\n"
 "  --decode N           decode workers (default 1)\n"
+"  --role-both          decode workers also prefill (--role both) even\n"
+"                       with prefill workers (the router's fallback)\n"
+"  --kv-transport MODE  auto | ucx | cuda-ipc | inline (router flag)\n"
+"  --device DEV         cpu | cuda | auto, passed to every worker\n"
+"  --precision P        f32 | bf16, passed to every worker\n"
 "  --port P             client port (default 5555; control is P+1)\n"
 "  --threads N          CPU threads per worker (default 1)\n"
 "  --kv-blocks N        decode KV pool blocks (default 256)\n"
@@ -121,6 +128,58 @@ static void up_reap_role(up_proc_t *procs, int n, int role, int ms)
     }
 }
 
+/* Waits (bounded) until the router knows `n_workers` workers, then
+ * prints each worker and the KV transport of every prefill/decode pair. */
+static void up_print_status(const char *endpoint, int n_workers)
+{
+    client_t *c = NULL;
+    struct timespec ts = { 0, 100 * 1000000 };
+
+    if (client_create(endpoint, &c) != BT_OK)
+        return;
+    for (int tries = 0; tries < 600 && !up_stop; tries++) {
+        Baton__ClientMessage *m = NULL;
+        uint64_t rid;
+        bool done = false;
+        if (client_status_request(c, &rid) != BT_OK)
+            break;
+        while (client_recv(c, 1000, &m) == BT_OK) {
+            const Baton__ClusterStatus *st = m->status;
+            if (m->body_case != BATON__CLIENT_MESSAGE__BODY_STATUS ||
+                st->client_request_id != rid) {
+                proto_client_free(&m);
+                continue;
+            }
+            if ((int)st->n_workers >= n_workers) {
+                printf("workers:\n");
+                for (size_t i = 0; i < st->n_workers; i++) {
+                    const Baton__WorkerStatus *w = st->workers[i];
+                    printf("  %-24s %-15s host %s%s%s\n", w->name,
+                           w->role == 1 ? "prefill"
+                           : w->can_prefill ? "decode+prefill" : "decode",
+                           w->host_id ? w->host_id : "?",
+                           w->gpu && w->gpu[0] ? " gpu " : "",
+                           w->gpu ? w->gpu : "");
+                }
+                printf("kv transports (--kv-transport %s):\n",
+                       st->kv_transport_mode ? st->kv_transport_mode : "?");
+                for (size_t i = 0; i < st->n_transports; i++)
+                    printf("  %s -> %s: %s\n", st->transports[i]->prefill,
+                           st->transports[i]->decode,
+                           st->transports[i]->name);
+                fflush(stdout);
+                done = true;
+            }
+            proto_client_free(&m);
+            break;
+        }
+        if (done)
+            break;
+        nanosleep(&ts, NULL);
+    }
+    client_destroy(&c);
+}
+
 int cli_up_main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -136,13 +195,18 @@ int cli_up_main(int argc, char **argv)
         { "no-ucx", no_argument, NULL, 'U' },
         { "null-model", no_argument, NULL, 'N' },
         { "log-dir", required_argument, NULL, 'L' },
+        { "role-both", no_argument, NULL, 'R' },
+        { "kv-transport", required_argument, NULL, 'X' },
+        { "device", required_argument, NULL, 'd' },
+        { "precision", required_argument, NULL, 'r' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
     const char *model = NULL, *tokenizer = NULL, *log_dir = NULL;
     const char *threads = "1", *kv_blocks = "256", *block_size = "16";
-    const char *chunk = "512";
-    bool null_model = false, no_ucx = false;
+    const char *chunk = "512", *kv_transport = "auto", *device = NULL;
+    const char *precision = NULL;
+    bool null_model = false, no_ucx = false, role_both = false;
     int n_prefill = 1, n_decode = 1, port = 5555, n = 0;
     up_proc_t procs[UP_MAX_PROCS];
     char self[PATH_MAX], bin_dir[PATH_MAX];
@@ -168,6 +232,10 @@ int cli_up_main(int argc, char **argv)
         case 'U': no_ucx = true; break;
         case 'N': null_model = true; break;
         case 'L': log_dir = optarg; break;
+        case 'R': role_both = true; break;
+        case 'X': kv_transport = optarg; break;
+        case 'd': device = optarg; break;
+        case 'r': precision = optarg; break;
         case 'h': up_usage(stdout); return 0;
         default: up_usage(stderr); return 2;
         }
@@ -176,11 +244,13 @@ int cli_up_main(int argc, char **argv)
             return 2;
         }
     }
-    if (optind < argc || (model == NULL) == !null_model || n_prefill < 1 ||
+    if (n_prefill == 0)
+        role_both = true; /* aggregated: decode workers prefill */
+    if (optind < argc || (model == NULL) == !null_model || n_prefill < 0 ||
         n_decode < 1 || n_prefill + n_decode + 1 > UP_MAX_PROCS ||
         port <= 0 || port > 65534) {
-        fprintf(stderr, "baton up: need --model or --null-model, 1..32 "
-                        "workers of each role and a port\n");
+        fprintf(stderr, "baton up: need --model or --null-model, 0..32 "
+                        "prefill and 1..32 decode workers and a port\n");
         up_usage(stderr);
         return 2;
     }
@@ -202,7 +272,7 @@ int cli_up_main(int argc, char **argv)
 
     {
         char *args[] = { NULL, "--listen", listen_ep, "--control", control_ep,
-                         NULL };
+                         "--kv-transport", (char *)kv_transport, NULL };
         procs[n].pid = up_spawn(bin_dir, "baton-router", args, log_dir,
                                 "router");
         snprintf(procs[n].name, sizeof(procs[n].name), "router");
@@ -243,6 +313,20 @@ int cli_up_main(int argc, char **argv)
             }
             if (no_ucx)
                 args[a++] = "--no-ucx";
+            if (role == 2 && role_both) {
+                args[a++] = "--role";
+                args[a++] = "both";
+                args[a++] = "--chunk-tokens";
+                args[a++] = (char *)chunk;
+            }
+            if (device != NULL && !null_model) {
+                args[a++] = "--device";
+                args[a++] = (char *)device;
+            }
+            if (precision != NULL && !null_model) {
+                args[a++] = "--precision";
+                args[a++] = (char *)precision;
+            }
             args[a] = NULL;
             procs[n].pid = up_spawn(bin_dir,
                                     role == 1 ? "baton-prefill"
@@ -256,6 +340,7 @@ int cli_up_main(int argc, char **argv)
            listen_ep, control_ep, n_prefill, n_decode);
     printf("endpoint: %s\n", listen_ep);
     fflush(stdout);
+    up_print_status(listen_ep, n_prefill + n_decode);
 
     while (!up_stop) {
         int status;
