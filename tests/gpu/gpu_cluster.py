@@ -180,6 +180,7 @@ def phase_kill(mps):
 
     def spawn(name, args, pct=None):
         env = dict(base)
+        env["BT_LOG"] = "INFO"  # "CUDA IPC pool ... mapped" is INFO
         if mps is not None and pct is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(pct)
         f = open(os.path.join(logdir, name + ".log"), "w")
