@@ -708,6 +708,9 @@ static void send_prefill_failure(decode_t *dec, uint64_t id,
     send_msg(dec, &msg);
 }
 
+static void local_prefill_done(decode_t *dec, decode_resv_t *r,
+                               float *logits);
+
 /* PrefillTask for one of our own reservations (the router chose this
  * worker for both roles).  Validates like baton-prefill, then queues the
  * prompt for step(). */
@@ -720,7 +723,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     int *ids = NULL, n = 0;
     const Baton__SamplingParams *sp = m->sampling;
 
-    if (!dec->cfg.can_prefill || dec->engine == NULL) {
+    if (!dec->cfg.can_prefill) {
         send_prefill_failure(dec, m->request_id,
                              BATON__ERROR_CODE__ERROR_WORKER,
                              "this decode worker does not prefill");
@@ -743,7 +746,21 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
         memcpy(ids, m->prompt_ids, m->n_prompt_ids * sizeof(int));
         n = (int)m->n_prompt_ids;
     } else if (m->has_prompt_text && m->prompt_text.len > 0 &&
-               engine_tokenizer(dec->engine) != NULL) {
+               dec->engine == NULL) {
+        /* The null model's byte-level stand-in tokenizer (as prefill). */
+        ids = bt_malloc((m->prompt_text.len + 1) * sizeof(int),
+                        "decode_prefill");
+        if (ids == NULL) {
+            code = BATON__ERROR_CODE__ERROR_INTERNAL;
+            snprintf(err, sizeof(err), "out of memory");
+            goto fail;
+        }
+        if (m->add_bos)
+            ids[n++] = 1;
+        for (size_t i = 0; i < m->prompt_text.len; i++)
+            ids[n++] = 3 + m->prompt_text.data[i];
+    } else if (m->has_prompt_text && m->prompt_text.len > 0 &&
+               dec->engine != NULL && engine_tokenizer(dec->engine) != NULL) {
         if (tok_encode(engine_tokenizer(dec->engine),
                        (const char *)m->prompt_text.data, m->prompt_text.len,
                        m->add_bos, &ids, &n) != BT_OK) {
@@ -783,7 +800,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
         r->sp.frequency_penalty = sp->frequency_penalty;
         r->sp.seed = sp->seed;
     }
-    if (sampler_params_validate(&r->sp) != BT_OK) {
+    if (dec->engine != NULL && sampler_params_validate(&r->sp) != BT_OK) {
         snprintf(err, sizeof(err), "%s", bt_error_last());
         goto fail;
     }
@@ -795,6 +812,8 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     r->t_start = bt_time_ns();
     /* Our own compute, not a remote writer: no arrival timeout. */
     r->expires_ns = UINT64_MAX;
+    if (dec->engine == NULL) /* null model: instant */
+        local_prefill_done(dec, r, NULL);
     return;
 
 fail:
@@ -821,22 +840,28 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r,
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
     sampler_t *sampler = NULL;
     tok_stream_t *stream = NULL;
-    const tok_t *tok = engine_tokenizer(dec->engine);
+    const tok_t *tok = dec->engine ? engine_tokenizer(dec->engine) : NULL;
     char text[256];
     size_t text_len = 0;
     int first;
 
-    if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
+    if (dec->engine == NULL) {
+        first = proto_null_next_token(r->ptokens[r->n_ptokens - 1],
+                                      r->n_ptokens);
+        r->n_fed = r->n_ptokens;
+        tok = NULL;
+    } else if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
         send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_INVALID,
                              bt_error_last());
         r->local = false;
         return;
+    } else {
+        for (int i = 0; i < r->n_ptokens; i++)
+            sampler_observe(sampler, r->ptokens[i]);
+        sampler_skip(sampler, r->n_resumed);
+        first = sampler_sample(sampler, logits);
+        sampler_destroy(&sampler);
     }
-    for (int i = 0; i < r->n_ptokens; i++)
-        sampler_observe(sampler, r->ptokens[i]);
-    sampler_skip(sampler, r->n_resumed);
-    first = sampler_sample(sampler, logits);
-    sampler_destroy(&sampler);
     if (tok != NULL &&
         tok_stream_create(tok, r->ptokens[r->n_ptokens - 1], &stream) ==
             BT_OK) {
