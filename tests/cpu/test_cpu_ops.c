@@ -1,8 +1,9 @@
 /* test_cpu_ops.c - worker/cpu ops against naive double-precision
  * references written here: matmul (every tile shape, tails, strides,
  * bias, accumulate, row ranges), RMSNorm, RoPE (both layouts, linear and
- * Llama 3 scaling), SwiGLU, paged attention (shuffled blocks, masks), and
- * the thread pool.
+ * Llama 3 scaling), SwiGLU, paged attention (shuffled blocks, masks),
+ * the all-heads decode attention (every tile shape, portable, AVX2 and
+ * AVX-512VL kernels), and the thread pool.
  *
  * Tolerance (abs + rel, llm.c style): |got - ref| <= 1e-6 + 1e-5 * scale,
  * where scale is the sum of |terms| of a reduction (matmul, attention) or
@@ -391,6 +392,105 @@ static void check_attention(int bs, int n_kv, int group, int hd, int ctx_len,
     free(table); free(mask);
 }
 
+/* cpu__attention_decode: the last of n_new new tokens of a sequence
+ * with ctx_len cached slots (shuffled blocks), all n_kv * group heads at
+ * once, against double precision; a canary after the output. */
+static void check_attention_decode(int bs, int n_kv, int group, int hd,
+                                   int ctx_len, int n_new)
+{
+    int n_slots = ctx_len + n_new;
+    int n_blocks_seq = (n_slots + bs - 1) / bs;
+    int n_blocks = n_blocks_seq + 2;
+    int kv_row = n_kv * hd, q_dim = n_kv * group * hd;
+    float *kc = malloc(sizeof(float) * n_blocks * bs * kv_row);
+    float *vc = malloc(sizeof(float) * n_blocks * bs * kv_row);
+    float *q = malloc(sizeof(float) * q_dim);
+    float *out = malloc(sizeof(float) * (q_dim + 1));
+    float *scratch = malloc(sizeof(float) *
+                            CPU_ATTN_DECODE_SCRATCH(n_slots));
+    double *p = malloc(sizeof(double) * n_slots);
+    int *table = malloc(sizeof(int) * n_blocks_seq);
+    cpu_attn_seq_t s;
+
+    fill(kc, (size_t)n_blocks * bs * kv_row);
+    fill(vc, (size_t)n_blocks * bs * kv_row);
+    fill(q, (size_t)q_dim);
+    for (int i = 0; i < q_dim; i++)
+        q[i] *= 3.0f;
+    for (int i = 0; i < n_blocks_seq; i++)
+        table[i] = i + 2;
+    for (int i = n_blocks_seq - 1; i > 0 && (hd + ctx_len) % 2 == 0; i--) {
+        int j = (int)((rng_state >> 16) % (unsigned)(i + 1)), t;
+
+        frand();
+        t = table[i]; table[i] = table[j]; table[j] = t;
+    }
+    s = (cpu_attn_seq_t){ kc, vc, table, bs, kv_row, hd, ctx_len, n_new,
+                          NULL };
+    out[q_dim] = 12345.0f;
+    cpu__attention_decode(out, q, &s, n_kv, group, scratch);
+    BT_CHECK(out[q_dim] == 12345.0f);
+    for (int h = 0; h < n_kv * group; h++) {
+        const float *qv = q + (size_t)h * hd;
+        int kvh = h / group;
+        double max = -INFINITY, sum = 0;
+
+        for (int slot = 0; slot < n_slots; slot++) {
+            size_t row = ((size_t)table[slot / bs] * bs + slot % bs) *
+                         kv_row + (size_t)kvh * hd;
+            double d = 0;
+
+            for (int t = 0; t < hd; t++)
+                d += (double)qv[t] * kc[row + t];
+            p[slot] = d / sqrt(hd);
+            max = p[slot] > max ? p[slot] : max;
+        }
+        for (int slot = 0; slot < n_slots; slot++) {
+            p[slot] = exp(p[slot] - max);
+            sum += p[slot];
+        }
+        for (int t = 0; t < hd; t++) {
+            double ref = 0;
+
+            for (int slot = 0; slot < n_slots; slot++)
+                ref += p[slot] / sum *
+                       vc[((size_t)table[slot / bs] * bs + slot % bs) *
+                          kv_row + (size_t)kvh * hd + t];
+            CHECK_CLOSE(out[(size_t)h * hd + t], ref, 1.0,
+                        "attention decode bs %d kv %d group %d hd %d ctx "
+                        "%d new %d head %d\n", bs, n_kv, group, hd,
+                        ctx_len, n_new, h);
+        }
+    }
+    free(kc); free(vc); free(q); free(out); free(scratch); free(p);
+    free(table);
+}
+
+static void test_attention_decode(void)
+{
+    /* head_dim x (kv heads, group): 4/8-lane tiles, partial tiles (2 or 6
+     * heads of 16), one-lane tiles of 64 and 128 columns, and 24 (the
+     * per-head fallback) */
+    static const int shapes[][3] = {
+        { 16, 4, 1 }, { 16, 2, 2 }, { 16, 2, 4 }, { 16, 2, 1 }, { 16, 3, 2 },
+        { 8, 4, 2 }, { 8, 8, 1 }, { 8, 1, 3 }, { 32, 2, 1 }, { 32, 1, 2 },
+        { 64, 2, 2 }, { 128, 1, 2 }, { 24, 2, 1 } };
+    static const int bss[] = { 1, 3, 16 };
+    static const int ctxs[] = { 0, 1, 6, 15, 16, 17, 80, 95 };
+    int cases = 0;
+
+    for (size_t a = 0; a < BT_ARRAY_SIZE(shapes); a++)
+        for (size_t b = 0; b < BT_ARRAY_SIZE(bss); b++)
+            for (size_t c = 0; c < BT_ARRAY_SIZE(ctxs); c++) {
+                check_attention_decode(bss[b], shapes[a][1], shapes[a][2],
+                                       shapes[a][0], ctxs[c],
+                                       1 + (int)(c % 3));
+                cases++;
+            }
+    fprintf(stderr, "attention decode: %d cases\n", cases);
+    BT_TEST_PASS("attention decode");
+}
+
 static void test_attention(void)
 {
     static const int bss[] = { 1, 3, 16 };
@@ -506,7 +606,12 @@ int main(void)
     test_matmul();
     test_matmul_packed_batch_invariant();
     test_attention(); /* the portable softmax and P V */
+    test_attention_decode(); /* the per-head fallback */
     cpu__matmul_force_portable(false);
+    cpu__attention_force_avx2(true);
+    test_attention_decode(); /* AVX2 kernels without AVX-512VL */
+    cpu__attention_force_avx2(false);
+    test_attention_decode();
     test_rmsnorm_embed_swiglu();
     test_rope();
     test_exp();

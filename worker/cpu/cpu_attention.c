@@ -24,12 +24,14 @@
 #include <math.h>
 #include <string.h>
 
+#include "bt_util.h"
 #include "cpu_int.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define CPU_ATTN_X86 1
 #define CPU_AVX2 __attribute__((target("avx2,fma")))
+#define CPU_AVX512VL __attribute__((target("avx2,fma,avx512f,avx512vl")))
 #endif
 
 /* y += a * x over n floats. */
@@ -330,6 +332,353 @@ CPU_AVX2 static void cpu_attn_decode_avx2(float *out, const float *q,
     /* i0 = n_new - 1 with no mask: the row sees exactly [0, n) */
     cpu_attn_pv_avx2(out, 0, S, n, s, vb, s->n_new - 1, 1, 1.0f / sum);
 }
+
+/* ----------------------------------------------------------------------
+ * Decode attention over all heads of a sequence (cpu__attention_decode).
+ *
+ * The heads are cut into tiles of 64 output floats (8 vector
+ * accumulators): CPU_DEC_COLS / head_dim query heads, the tile's "lanes",
+ * when head_dim <= 64, else one head.  A tile walks each cached K row and
+ * V row once for all its lanes, in slot order, so the rows stream through
+ * the cache sequentially instead of once per head with a stride, and the
+ * loops are long even for 8- or 16-wide heads.  Scores are kept
+ * interleaved, W[p * lanes + i] for slot p and lane i: a group of eight
+ * (slot, lane) dot products is reduced by one transposing hadd tree
+ * straight into one vector of W, the softmax runs on whole vectors with
+ * a per-lane shift, and P V broadcasts a slot's lane weights from one
+ * place.  Lanes past the last head repeat the tile's first head: their
+ * results are computed and dropped. */
+#define CPU_DEC_COLS 64
+
+typedef struct {
+    int n_lanes;         /* query heads per tile: 8, 4, 2 or 1 */
+    int n_real;          /* lanes that are real heads */
+    int head[8];         /* query head of each lane */
+    const float *q[8];   /* its query (head_dim floats) */
+    int koff[8];         /* its KV head's first column in a KV row */
+} cpu_dec_tile_t;
+
+/* True when the CPU has AVX-512VL (32 vector registers for the AVX2
+ * code); false when cpu__matmul_force_portable or no AVX2. */
+static bool cpu_attn_force_avx2 = false; /* tests */
+
+static bool cpu_have_avx512vl(void)
+{
+    static int have = -1; /* -1 until probed; relaxed atomics: benign */
+    int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
+
+    if (__atomic_load_n(&cpu_attn_force_avx2, __ATOMIC_RELAXED))
+        return false;
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512f") &&
+            __builtin_cpu_supports("avx512vl");
+        __atomic_store_n(&have, h, __ATOMIC_RELAXED);
+    }
+    return h != 0 && cpu__have_avx2();
+}
+
+/* Horizontal sums of eight vectors: one vector [sum t0, ..., sum t7].
+ * Pairwise sums by shufps + add (cheaper than hadd on current cores). */
+CPU_AVX2 static inline __m256 cpu_attn_pairs(__m256 a, __m256 b)
+{
+    return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88),
+                         _mm256_shuffle_ps(a, b, 0xdd));
+}
+
+CPU_AVX2 static inline __m256 cpu_attn_hsum8(const __m256 t[8])
+{
+    __m256 a01 = cpu_attn_pairs(t[0], t[1]), a23 = cpu_attn_pairs(t[2], t[3]);
+    __m256 a45 = cpu_attn_pairs(t[4], t[5]), a67 = cpu_attn_pairs(t[6], t[7]);
+    __m256 b0 = cpu_attn_pairs(a01, a23), b1 = cpu_attn_pairs(a45, a67);
+
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20),
+                         _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+/* Sum of the eight lanes of t. */
+CPU_AVX2 static inline float cpu_attn_hsum(__m256 t)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t),
+                          _mm256_extractf128_ps(t, 1));
+
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* Scaled scores of a tile of LANES lanes against slots [0, n): W[p *
+ * LANES + i].  Head width 64 / LANES, or hd_rt (a multiple of 64) for
+ * one lane.  Eight (slot, lane) dots per hadd tree: 8 / LANES slots. */
+#define CPU_DEC_QK(NAME, LANES, TARGET)                                     \
+TARGET static void NAME(float *W, const cpu_dec_tile_t *tl,                 \
+                          const cpu_attn_seq_t *s, const float *kb, int n,  \
+                          int hd_rt, float scale)                           \
+{                                                                           \
+    const int hd = LANES > 1 ? CPU_DEC_COLS / LANES : hd_rt;                \
+    const int spg = 8 / LANES; /* slots per group */                       \
+    size_t kv_row = (size_t)s->kv_row;                                      \
+    __m256 vscale = _mm256_set1_ps(scale);                                  \
+    __m256 qv[8]; /* the lanes' queries, when they fit (LANES > 1) */      \
+    int koff[LANES];                                                        \
+    int len;                                                                \
+                                                                            \
+    for (int i = 0; i < LANES; i++) {                                       \
+        koff[i] = tl->koff[i];                                              \
+        for (int c = 0; LANES > 1 && c < hd; c += 8)                        \
+            qv[i * (hd / 8) + c / 8] = _mm256_loadu_ps(tl->q[i] + c);       \
+    }                                                                       \
+    for (int p0 = 0; p0 < n; p0 += len) {                                   \
+        const float *k = kb + cpu_attn_run(s, p0, n, &len);                 \
+        int p = p0, end = p0 + len;                                         \
+                                                                            \
+        for (; p + spg <= end; p += spg, k += spg * kv_row) {               \
+            __m256 t[8];                                                    \
+                                                                            \
+            for (int j = 0; j < 8; j++) {                                   \
+                const float *kr = k + (size_t)(j / LANES) * kv_row +        \
+                                  koff[j % LANES];                          \
+                const float *qr = tl->q[j % LANES];                         \
+                const __m256 *qq = qv + (j % LANES) * (hd / 8);             \
+                __m256 a = _mm256_mul_ps(_mm256_loadu_ps(kr), LANES > 1 ?   \
+                                         qq[0] : _mm256_loadu_ps(qr));      \
+                                                                            \
+                for (int c = 8; c < hd; c += 8)                             \
+                    a = _mm256_fmadd_ps(_mm256_loadu_ps(kr + c), LANES > 1 ?\
+                                        qq[c / 8] : _mm256_loadu_ps(qr + c),\
+                                        a);                                 \
+                t[j] = a;                                                   \
+            }                                                               \
+            _mm256_storeu_ps(W + (size_t)p * LANES,                         \
+                             _mm256_mul_ps(cpu_attn_hsum8(t), vscale));     \
+        }                                                                   \
+        for (; p < end; p++, k += kv_row)                                   \
+            for (int i = 0; i < LANES; i++)                                 \
+                W[(size_t)p * LANES + i] =                                  \
+                    cpu_attn_hsum(cpu_attn_dot8(k + tl->koff[i],            \
+                                                tl->q[i], hd)) * scale;     \
+    }                                                                       \
+}
+
+CPU_DEC_QK(cpu_dec_qk8, 8, CPU_AVX2)
+CPU_DEC_QK(cpu_dec_qk4, 4, CPU_AVX2)
+CPU_DEC_QK(cpu_dec_qk2, 2, CPU_AVX2)
+CPU_DEC_QK(cpu_dec_qk1, 1, CPU_AVX2)
+CPU_DEC_QK(cpu_dec_qk8_vl, 8, CPU_AVX512VL)
+CPU_DEC_QK(cpu_dec_qk4_vl, 4, CPU_AVX512VL)
+CPU_DEC_QK(cpu_dec_qk2_vl, 2, CPU_AVX512VL)
+CPU_DEC_QK(cpu_dec_qk1_vl, 1, CPU_AVX512VL)
+
+/* wl[i] = w[i] in every element, i < lanes: for 4 or 8 lanes by in-lane
+ * shuffles of one or two 128-bit loads (P V is bound by loads, and a
+ * shuffle runs on another port). */
+#define CPU_DEC_WEIGHTS(wl, w, LANES)                                       \
+    do {                                                                    \
+        if ((LANES) >= 4) {                                                 \
+            for (int h4 = 0; h4 < (LANES); h4 += 4) {                       \
+                __m256 w4 = _mm256_broadcast_ps((const __m128 *)((w) + h4));\
+                                                                            \
+                (wl)[h4] = _mm256_permute_ps(w4, 0x00);                     \
+                (wl)[h4 + 1] = _mm256_permute_ps(w4, 0x55);                 \
+                (wl)[h4 + 2] = _mm256_permute_ps(w4, 0xaa);                 \
+                (wl)[h4 + 3] = _mm256_permute_ps(w4, 0xff);                 \
+            }                                                               \
+        } else {                                                            \
+            for (int i = 0; i < (LANES); i++)                               \
+                (wl)[i] = _mm256_broadcast_ss((w) + i);                     \
+        }                                                                   \
+    } while (0)
+
+/* out (the tile's heads, head_dim apart) = sum over slots p < n of W[p]
+ * V[p] per lane, times inv[lane]: 8 vector accumulators, one FMA chain
+ * each per slot; a slot's lane weights are broadcast once. */
+#define CPU_DEC_PV(NAME, LANES)                                             \
+CPU_AVX2 static void NAME(float *out, const cpu_dec_tile_t *tl,             \
+                          const float *W, const cpu_attn_seq_t *s,          \
+                          const float *vb, int n, int hd_rt,                \
+                          const float inv[8])                               \
+{                                                                           \
+    const int hd = LANES > 1 ? CPU_DEC_COLS / LANES : hd_rt;                \
+    const int vpl = 8 / LANES; /* vectors per lane per pass */             \
+    size_t kv_row = (size_t)s->kv_row;                                      \
+                                                                            \
+    for (int c0 = 0; c0 < hd; c0 += CPU_DEC_COLS) {                         \
+        __m256 acc[8];                                                      \
+        int len;                                                            \
+                                                                            \
+        for (int j = 0; j < 8; j++)                                         \
+            acc[j] = _mm256_setzero_ps();                                   \
+        for (int p0 = 0; p0 < n; p0 += len) {                               \
+            const float *v = vb + cpu_attn_run(s, p0, n, &len) + c0;        \
+            const float *w = W + (size_t)p0 * LANES;                        \
+                                                                            \
+            for (int p = p0; p < p0 + len; p++, v += kv_row, w += LANES) {  \
+                __m256 wl[LANES];                                           \
+                                                                            \
+                CPU_DEC_WEIGHTS(wl, w, LANES);                              \
+                for (int j = 0; j < 8; j++)                                 \
+                    acc[j] = _mm256_fmadd_ps(                               \
+                        wl[j / vpl], _mm256_loadu_ps(                       \
+                            v + tl->koff[j / vpl] + (j % vpl) * 8),         \
+                        acc[j]);                                            \
+            }                                                               \
+        }                                                                   \
+        for (int j = 0; j < 8; j++) {                                       \
+            int i = j / vpl;                                                \
+                                                                            \
+            if (i < tl->n_real)                                             \
+                _mm256_storeu_ps(out + (size_t)tl->head[i] * hd + c0 +      \
+                                 (j % vpl) * 8,                             \
+                                 _mm256_mul_ps(acc[j],                      \
+                                               _mm256_set1_ps(inv[i])));    \
+        }                                                                   \
+    }                                                                       \
+}
+
+CPU_DEC_PV(cpu_dec_pv8, 8)
+CPU_DEC_PV(cpu_dec_pv4, 4)
+CPU_DEC_PV(cpu_dec_pv2, 2)
+CPU_DEC_PV(cpu_dec_pv1, 1)
+
+/* out (the tile's heads, head_dim apart) = sum over slots p < n of W[p]
+ * V[p] as above with two slots per step and 16 accumulators (even and
+ * odd slots): with AVX-512VL's 32 vector registers nothing spills, and
+ * twice the FMA chains hide the FMA latency. */
+#define CPU_DEC_PV2(NAME, LANES)                                             \
+CPU_AVX512VL static void NAME(float *out, const cpu_dec_tile_t *tl,             \
+                          const float *W, const cpu_attn_seq_t *s,          \
+                          const float *vb, int n, int hd_rt,                \
+                          const float inv[8])                               \
+{                                                                           \
+    const int hd = LANES > 1 ? CPU_DEC_COLS / LANES : hd_rt;                \
+    const int vpl = 8 / LANES; /* vectors per lane per pass */             \
+    size_t kv_row = (size_t)s->kv_row;                                      \
+                                                                            \
+    for (int c0 = 0; c0 < hd; c0 += CPU_DEC_COLS) {                         \
+        __m256 acc[8];                                                      \
+        int len;                                                            \
+                                                                            \
+        __m256 acc2[8];                                                     \
+                                                                            \
+        for (int j = 0; j < 8; j++)                                         \
+            acc[j] = acc2[j] = _mm256_setzero_ps();                         \
+        for (int p0 = 0; p0 < n; p0 += len) {                               \
+            const float *v = vb + cpu_attn_run(s, p0, n, &len) + c0;        \
+            const float *w = W + (size_t)p0 * LANES;                        \
+                                                                            \
+            int p = p0;                                                     \
+                                                                            \
+            for (; p + 2 <= p0 + len; p += 2, v += 2 * kv_row,              \
+                 w += 2 * LANES) {                                          \
+                __m256 wl[LANES], wm[LANES];                                \
+                                                                            \
+                CPU_DEC_WEIGHTS(wl, w, LANES);                              \
+                CPU_DEC_WEIGHTS(wm, w + LANES, LANES);                      \
+                for (int j = 0; j < 8; j++) {                               \
+                    size_t o = (size_t)tl->koff[j / vpl] + (j % vpl) * 8;   \
+                                                                            \
+                    acc[j] = _mm256_fmadd_ps(wl[j / vpl],                   \
+                                             _mm256_loadu_ps(v + o), acc[j]);\
+                    acc2[j] = _mm256_fmadd_ps(                              \
+                        wm[j / vpl], _mm256_loadu_ps(v + kv_row + o),       \
+                        acc2[j]);                                           \
+                }                                                           \
+            }                                                               \
+            for (; p < p0 + len; p++, v += kv_row, w += LANES) {            \
+                __m256 wl[LANES];                                           \
+                                                                            \
+                CPU_DEC_WEIGHTS(wl, w, LANES);                              \
+                for (int j = 0; j < 8; j++)                                 \
+                    acc[j] = _mm256_fmadd_ps(                               \
+                        wl[j / vpl], _mm256_loadu_ps(                       \
+                            v + tl->koff[j / vpl] + (j % vpl) * 8),         \
+                        acc[j]);                                            \
+            }                                                               \
+        }                                                                   \
+        for (int j = 0; j < 8; j++) {                                       \
+            int i = j / vpl;                                                \
+                                                                            \
+            if (i < tl->n_real)                                             \
+                _mm256_storeu_ps(out + (size_t)tl->head[i] * hd + c0 +      \
+                                 (j % vpl) * 8,                             \
+                                 _mm256_mul_ps(_mm256_add_ps(acc[j], acc2[j]),\
+                                               _mm256_set1_ps(inv[i])));    \
+        }                                                                   \
+    }                                                                       \
+}
+
+CPU_DEC_PV2(cpu_dec_pv8_vl, 8)
+CPU_DEC_PV2(cpu_dec_pv4_vl, 4)
+CPU_DEC_PV2(cpu_dec_pv2_vl, 2)
+CPU_DEC_PV2(cpu_dec_pv1_vl, 1)
+
+/* Softmax of the interleaved rows of W (n_pad slots x lanes, the padding
+ * already -INFINITY); returns 1/sum of each lane in inv. */
+CPU_AVX2 static void cpu_dec_softmax(float *W, int n_pad, int lanes,
+                                     float inv[8])
+{
+    int m = n_pad * lanes; /* a multiple of 8 */
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    float mx[8], shift[8], sum[8];
+
+    for (int p = 0; p < m; p += 8)
+        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(W + p));
+    _mm256_storeu_ps(mx, vmax);
+    for (int l = lanes; l < 8; l++) /* fold lanes of the same head */
+        mx[l % lanes] = mx[l] > mx[l % lanes] ? mx[l] : mx[l % lanes];
+    for (int l = 0; l < 8; l++)
+        shift[l] = mx[l % lanes];
+    cpu__exp_shift8(W, m, shift, sum);
+    for (int l = lanes; l < 8; l++)
+        sum[l % lanes] += sum[l];
+    for (int i = 0; i < lanes; i++)
+        inv[i] = 1.0f / sum[i];
+}
+
+/* One tile of cpu__attention_decode (AVX2). */
+static void cpu_dec_tile(float *out, const cpu_dec_tile_t *tl,
+                         const cpu_attn_seq_t *s, int n, float scale,
+                         float *W)
+{
+    int hd = s->head_dim;
+    int lanes = tl->n_lanes;
+    int n_pad = (n + 7) & ~7;
+    const float *kb = s->k_layer, *vb = s->v_layer;
+    float inv[8];
+
+    if (cpu_have_avx512vl()) {
+        switch (lanes) {
+        case 8: cpu_dec_qk8_vl(W, tl, s, kb, n, hd, scale); break;
+        case 4: cpu_dec_qk4_vl(W, tl, s, kb, n, hd, scale); break;
+        case 2: cpu_dec_qk2_vl(W, tl, s, kb, n, hd, scale); break;
+        default: cpu_dec_qk1_vl(W, tl, s, kb, n, hd, scale); break;
+        }
+    } else {
+        switch (lanes) {
+        case 8: cpu_dec_qk8(W, tl, s, kb, n, hd, scale); break;
+        case 4: cpu_dec_qk4(W, tl, s, kb, n, hd, scale); break;
+        case 2: cpu_dec_qk2(W, tl, s, kb, n, hd, scale); break;
+        default: cpu_dec_qk1(W, tl, s, kb, n, hd, scale); break;
+        }
+    }
+    for (int i = n * lanes; i < n_pad * lanes; i++)
+        W[i] = -INFINITY;
+    cpu_dec_softmax(W, n_pad, lanes, inv);
+    if (cpu_have_avx512vl()) {
+        switch (lanes) {
+        case 8: cpu_dec_pv8_vl(out, tl, W, s, vb, n, hd, inv); break;
+        case 4: cpu_dec_pv4_vl(out, tl, W, s, vb, n, hd, inv); break;
+        case 2: cpu_dec_pv2_vl(out, tl, W, s, vb, n, hd, inv); break;
+        default: cpu_dec_pv1_vl(out, tl, W, s, vb, n, hd, inv); break;
+        }
+        return;
+    }
+    switch (lanes) {
+    case 8: cpu_dec_pv8(out, tl, W, s, vb, n, hd, inv); break;
+    case 4: cpu_dec_pv4(out, tl, W, s, vb, n, hd, inv); break;
+    case 2: cpu_dec_pv2(out, tl, W, s, vb, n, hd, inv); break;
+    default: cpu_dec_pv1(out, tl, W, s, vb, n, hd, inv); break;
+    }
+}
 #endif
 
 static void cpu_attention_head(float *out, int ldo, const float *q, int ldq,
@@ -443,4 +792,50 @@ void cpu__attention(float *out, int ldo, const float *q, int ldq,
         cpu_attention_head(out + (size_t)h * s->head_dim, ldo,
                            q + (size_t)h * s->head_dim, ldq, s, kv_head, i0,
                            n_q, scratch);
+}
+
+void cpu__attention_decode(float *out, const float *q,
+                           const cpu_attn_seq_t *s, int n_kv_heads,
+                           int group, float *scratch)
+{
+    int hd = s->head_dim;
+    int n_heads = n_kv_heads * group;
+    int ld = n_heads * hd;
+
+#ifdef CPU_ATTN_X86
+    if (cpu__have_avx2() && s->mask == NULL &&
+        (hd == 8 || hd == 16 || hd == 32 || hd % CPU_DEC_COLS == 0)) {
+        int n = s->ctx_len + s->n_new;
+        int lanes = hd < CPU_DEC_COLS ? CPU_DEC_COLS / hd : 1;
+        float scale = 1.0f / sqrtf((float)hd);
+        cpu_dec_tile_t tl;
+
+        tl.n_lanes = lanes;
+        for (int h0 = 0; h0 < n_heads; h0 += lanes) {
+            tl.n_real = BT_MIN(lanes, n_heads - h0);
+            for (int i = 0; i < lanes; i++) {
+                int h = i < tl.n_real ? h0 + i : h0;
+
+                tl.head[i] = h;
+                tl.q[i] = q + (size_t)h * hd;
+                tl.koff[i] = (h / group) * hd;
+            }
+            cpu_dec_tile(out, &tl, s, n, scale, scratch);
+        }
+        return;
+    }
+#endif
+    for (int kvh = 0; kvh < n_kv_heads; kvh++)
+        cpu__attention(out + (size_t)kvh * group * hd, ld,
+                       q + (size_t)kvh * group * hd, ld, s, kvh, group,
+                       s->n_new - 1, 1, scratch);
+}
+
+void cpu__attention_force_avx2(bool on)
+{
+#ifdef CPU_ATTN_X86
+    __atomic_store_n(&cpu_attn_force_avx2, on, __ATOMIC_RELAXED);
+#else
+    (void)on;
+#endif
 }

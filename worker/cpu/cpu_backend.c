@@ -117,7 +117,8 @@ typedef struct {
 } cpu_range_t;
 
 /* One attention work item: query tokens [i0, i0 + n_q) of sequence seq,
- * the query heads of KV head kv_head. */
+ * the query heads of KV head kv_head; kv_head -1: the sequence's one
+ * decode token (no mask), every head at once (cpu__attention_decode). */
 typedef struct {
     int seq;
     int kv_head;
@@ -168,7 +169,9 @@ typedef struct {
     int *logit_tok;           /* (max_tok) batch token of each logits row */
     cpu_attn_seq_t *attn_seqs;/* (max_seqs) per-sequence attention view */
     cpu_attn_item_t *items;   /* (max_tok * n_kv_heads) attention work */
-    float *scores;            /* (n_threads, CPU_ATTN_CHUNK * max_ctx) */
+    float *scores;            /* (n_threads, scores_ld) attention scratch */
+    size_t scores_ld;         /* max(CPU_ATTN_CHUNK * max_ctx,
+                                 CPU_ATTN_DECODE_SCRATCH(max_ctx)) */
     float *tmp;               /* (n_threads, tmp_ld) SwiGLU scratch */
     int tmp_ld;               /* hidden_dim rounded up to a cache line */
 } cpu_backend_t;
@@ -334,7 +337,7 @@ static void cpu_attention_item(cpu_backend_t *be, int layer, int it,
 {
     const model_config_t *c = &be->cfg;
     int group = c->n_heads / c->n_kv_heads;
-    float *scratch = be->scores + (size_t)slot * CPU_ATTN_CHUNK * be->max_ctx;
+    float *scratch = be->scores + (size_t)slot * be->scores_ld;
     const cpu_attn_item_t *item = &be->items[it];
     size_t layer_off = kv_layout_offset(&be->kv_layout, layer, 0, 0);
     cpu_attn_seq_t view = be->attn_seqs[item->seq];
@@ -344,6 +347,12 @@ static void cpu_attention_item(cpu_backend_t *be, int layer, int it,
 
     view.k_layer = be->k_cache + layer_off;
     view.v_layer = be->v_cache + layer_off;
+    if (item->kv_head < 0) {
+        cpu__attention_decode(be->att + (size_t)t * be->q_dim,
+                              be->qkv + (size_t)t * be->qkv_dim, &view,
+                              c->n_kv_heads, group, scratch);
+        return;
+    }
     cpu__attention(be->att + (size_t)t * be->q_dim + head, be->q_dim,
                    be->qkv + (size_t)t * be->qkv_dim + head, be->qkv_dim,
                    &view, item->kv_head, group, item->i0, item->n_q,
@@ -584,10 +593,15 @@ static bt_status_t cpu_forward(void *impl, const backend_batch_t *batch,
             .head_dim = c->head_dim, .ctx_len = seq->ctx_len,
             .n_new = seq->n_tokens, .mask = seq->mask };
         be->seq_first_tok[s] = n_tok;
-        for (int h = 0; h < c->n_kv_heads; h++)
-            for (int i0 = 0; i0 < seq->n_tokens; i0 += CPU_ATTN_CHUNK)
-                be->items[n_items++] = (cpu_attn_item_t){
-                    s, h, i0, BT_MIN(CPU_ATTN_CHUNK, seq->n_tokens - i0) };
+        if (seq->n_tokens == 1 && seq->mask == NULL) { /* decode */
+            be->items[n_items++] = (cpu_attn_item_t){ s, -1, 0, 1 };
+        } else {
+            for (int h = 0; h < c->n_kv_heads; h++)
+                for (int i0 = 0; i0 < seq->n_tokens; i0 += CPU_ATTN_CHUNK)
+                    be->items[n_items++] = (cpu_attn_item_t){
+                        s, h, i0, BT_MIN(CPU_ATTN_CHUNK, seq->n_tokens - i0)
+                    };
+        }
         for (int i = 0; i < seq->n_tokens; i++, n_tok++) {
             int pos = seq->positions != NULL ? seq->positions[i]
                                              : seq->ctx_len + i;
@@ -909,6 +923,8 @@ static bt_status_t cpu_create(const model_t *model,
     be->kv_dim = mc->n_kv_heads * mc->head_dim;
     be->qkv_dim = be->q_dim + 2 * be->kv_dim;
     be->max_ctx = cfg->n_kv_blocks * cfg->block_size;
+    be->scores_ld = BT_MAX((size_t)CPU_ATTN_CHUNK * be->max_ctx,
+                           CPU_ATTN_DECODE_SCRATCH(be->max_ctx));
     be->min_work = CPU_MIN_WORK_PER_THREAD;
     be->split_seqs = getenv(CPU_SPLIT_ENV) == NULL ||
                      strcmp(getenv(CPU_SPLIT_ENV), "ops") != 0;
@@ -969,8 +985,8 @@ static bt_status_t cpu_create(const model_t *model,
                        "cpu_scratch") ||
         !cpu_alloc_f32(&be->rope_sin, max_tok, (size_t)mc->head_dim / 2 + 1,
                        "cpu_scratch") ||
-        !cpu_alloc_f32(&be->scores, (size_t)cpu__pool_size(be->pool) *
-                       CPU_ATTN_CHUNK, (size_t)be->max_ctx, "cpu_scratch") ||
+        !cpu_alloc_f32(&be->scores, (size_t)cpu__pool_size(be->pool),
+                       be->scores_ld, "cpu_scratch") ||
         !cpu_alloc_f32(&be->tmp, (size_t)cpu__pool_size(be->pool),
                        (size_t)be->tmp_ld, "cpu_scratch"))
         goto err_destroy;

@@ -108,6 +108,10 @@ void cpu__rope_apply(float *vec, int n_heads, int head_dim,
 /* x[i] = exp(x[i]) for i < n (vectorized; within 2 ulp of expf; inputs
  * below -87.3 give 0 or tiny values, -INFINITY gives 0). */
 void cpu__exp_inplace(float *x, int n);
+/* x[i] = exp(x[i] - shift[i % 8]) for i < n (a multiple of 8), as
+ * cpu__exp_inplace, and sum[l] = the sum of the results x[i] with
+ * i % 8 == l: eight interleaved softmax rows in one pass. */
+void cpu__exp_shift8(float *x, int n, const float shift[8], float sum[8]);
 
 /* SwiGLU on interleaved gate/up values: out[i] = silu(gu[2i]) * gu[2i+1]
  * for i in [0, n).  `tmp` is scratch of n floats. */
@@ -142,6 +146,28 @@ typedef struct {
 void cpu__attention(float *out, int ldo, const float *q, int ldq,
                     const cpu_attn_seq_t *s, int kv_head, int group, int i0,
                     int n_q, float *scratch);
+
+/* Floats of scratch cpu__attention_decode needs for n slots. */
+#define CPU_ATTN_DECODE_SCRATCH(n) (8 * ((size_t)(n) + 8))
+
+/* Decode attention of one sequence: its last new token, which sees every
+ * slot [0, ctx_len + n_new) (s->mask must be NULL for the fused path; with
+ * a mask it falls back to cpu__attention), for all n_kv_heads * group
+ * query heads at once.
+ *   q:   the token's query, heads head_dim apart (head h uses KV head
+ *        h / group).
+ *   out: same layout.
+ *   scratch: CPU_ATTN_DECODE_SCRATCH(ctx_len + n_new) floats.
+ * With AVX2 and head_dim 8, 16, 32 or a multiple of 64, tiles of heads
+ * (64 output floats each) walk each K and V row once in slot order; the
+ * result equals cpu__attention's within rounding.  A sequence's result
+ * depends only on the sequence. */
+void cpu__attention_decode(float *out, const float *q,
+                           const cpu_attn_seq_t *s, int n_kv_heads,
+                           int group, float *scratch);
+/* Tests: makes cpu__attention_decode use its AVX2 kernels even where the
+ * AVX-512VL builds of them (32 vector registers) would run. */
+void cpu__attention_force_avx2(bool on);
 
 #ifdef __cplusplus
 }
