@@ -37,8 +37,12 @@ void cpu__pool_destroy(cpu_pool_t **pool_p);
 /* Threads in the pool, the caller included. */
 int cpu__pool_size(const cpu_pool_t *pool);
 /* Runs fn(arg, i, nth) for i in [0, nth) on nth threads (nth is clamped to
- * the pool size) and returns when all are done.  With nth == 1 it is a
- * plain call.  One caller at a time. */
+ * the pool size) and returns when all are done.  Each share runs exactly
+ * once: on its worker, or on the caller when the worker has not started
+ * it by the time the caller finished share 0 (a worker without a core
+ * does not hold the caller up), so a share must not assume which thread
+ * runs it, only that no other share runs with the same i.  With nth == 1
+ * it is a plain call.  One caller at a time. */
 void cpu__pool_run(cpu_pool_t *pool, int nth, cpu_task_fn_t fn, void *arg);
 
 // ----------------------------------------------------------------------------

@@ -6,9 +6,13 @@
  * the caller publishes the job and bumps a per-worker "go" counter; each
  * worker spins on its counter for a while after its last job (about
  * CPU_POOL_SPIN_NS) and only then sleeps on a condition variable.  The
- * caller runs share 0 itself and spins until the others report done.
- * Only the workers a job names are woken, so a one-thread job costs a
- * plain function call.
+ * caller runs share 0 itself, then every share whose worker has not
+ * started it yet (a worker claims its share with a compare-and-swap, the
+ * caller takes it back the same way), and waits only for the workers
+ * that did start: on a box whose cores are busy with other processes a
+ * worker that has lost its core costs the step nothing, instead of a
+ * scheduler time slice.  Only the workers a job names are woken, so a
+ * one-thread job costs a plain function call.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -31,8 +35,15 @@
  * the serial gaps between ops and between decode steps. */
 #define CPU_POOL_SPIN_NS 200000ull
 
+/* A worker's claim on its share of job `gen`: (gen << 2) | state. */
+#define CPU_CLAIM_PENDING 0u  /* posted, nobody runs it yet */
+#define CPU_CLAIM_RUNNING 1u  /* the worker took it */
+#define CPU_CLAIM_TAKEN 2u    /* the caller took it back */
+#define CPU_CLAIM(gen, state) (((gen) << 2) | (state))
+
 typedef struct {
     _Alignas(64) atomic_uint go; /* bumped by the caller per job */
+    atomic_uint claim;           /* CPU_CLAIM of the current job's share */
     cpu_pool_t *pool;            /* back pointer */
     int index;                   /* 1..n_threads-1 */
     pthread_t thread;
@@ -44,6 +55,7 @@ struct cpu_pool_s {
     cpu_task_fn_t job_fn;       /* current job */
     void *job_arg;
     int job_nth;                /* threads taking part in the job */
+    unsigned gen;               /* jobs posted (caller only) */
     _Alignas(64) atomic_int n_done; /* workers finished with the job */
     atomic_int n_sleeping;      /* workers waiting on cond */
     atomic_bool stop;           /* set once by destroy */
@@ -81,8 +93,19 @@ static void *cpu_pool_worker_main(void *arg)
         if (atomic_load(&pool->stop))
             break;
         seen = go;
-        pool->job_fn(pool->job_arg, w->index, pool->job_nth);
-        atomic_fetch_add(&pool->n_done, 1);
+        /* the newest posted job's share, unless the caller took it back
+         * (or this worker already ran it); the job fields are read only
+         * after the claim */
+        {
+            unsigned c = atomic_load(&w->claim);
+
+            if ((c & 3u) == CPU_CLAIM_PENDING &&
+                atomic_compare_exchange_strong(&w->claim, &c,
+                                               c | CPU_CLAIM_RUNNING)) {
+                pool->job_fn(pool->job_arg, w->index, pool->job_nth);
+                atomic_fetch_add(&pool->n_done, 1);
+            }
+        }
     }
     return NULL;
 }
@@ -114,6 +137,7 @@ bt_status_t cpu__pool_create(int n_threads, cpu_pool_t **pool_p)
         cpu_worker_t *w = &pool->workers[i];
 
         atomic_init(&w->go, 0);
+        atomic_init(&w->claim, CPU_CLAIM(0u, CPU_CLAIM_TAKEN));
         w->pool = pool;
         w->index = i;
         if (pthread_create(&w->thread, NULL, cpu_pool_worker_main, w) != 0)
@@ -165,7 +189,8 @@ int cpu__pool_size(const cpu_pool_t *pool)
 
 void cpu__pool_run(cpu_pool_t *pool, int nth, cpu_task_fn_t fn, void *arg)
 {
-    int spins = 0;
+    int spins = 0, started;
+    unsigned gen;
 
     if (nth > pool->n_threads)
         nth = pool->n_threads;
@@ -176,6 +201,10 @@ void cpu__pool_run(cpu_pool_t *pool, int nth, cpu_task_fn_t fn, void *arg)
     pool->job_fn = fn;
     pool->job_arg = arg;
     pool->job_nth = nth;
+    gen = ++pool->gen;
+    for (int i = 1; i < nth; i++)
+        atomic_store(&pool->workers[i].claim,
+                     CPU_CLAIM(gen, CPU_CLAIM_PENDING));
     /* seq_cst stores then a seq_cst load of n_sleeping: either a worker
      * about to sleep sees its new go value, or we see it sleeping. */
     for (int i = 1; i < nth; i++)
@@ -186,7 +215,18 @@ void cpu__pool_run(cpu_pool_t *pool, int nth, cpu_task_fn_t fn, void *arg)
         pthread_mutex_unlock(&pool->mutex);
     }
     fn(arg, 0, nth);
-    while (atomic_load(&pool->n_done) != nth - 1) {
+    /* shares whose workers have not started: run them here */
+    started = nth - 1;
+    for (int i = 1; i < nth; i++) {
+        unsigned c = CPU_CLAIM(gen, CPU_CLAIM_PENDING);
+
+        if (atomic_compare_exchange_strong(&pool->workers[i].claim, &c,
+                                           CPU_CLAIM(gen, CPU_CLAIM_TAKEN))) {
+            fn(arg, i, nth);
+            started--;
+        }
+    }
+    while (atomic_load(&pool->n_done) != started) {
         CPU_RELAX();
         if (++spins % 4096 == 0)
             sched_yield(); /* a worker may have lost its core */
