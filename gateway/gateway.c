@@ -760,8 +760,6 @@ static void respond_models(gateway_t *gw, conn_t *conn, const char *one,
                            size_t one_len)
 {
     gateway_buf_t *b = &gw->scratch;
-    long long created = (long long)time(NULL);
-    char *name;
 
     b->len = 0;
     if (one != NULL && (one_len != strlen(gw->model_name) ||
@@ -770,35 +768,12 @@ static void respond_models(gateway_t *gw, conn_t *conn, const char *one,
                              "model_not_found", "no such model", NULL);
         return;
     }
-    /* the name goes through cJSON-free escaping: JSON-quote it by hand */
-    name = bt_malloc(strlen(gw->model_name) * 6 + 1, "gateway_name");
-    if (name == NULL) {
+    if (gateway__api_models_json(gw->model_name, (long long)time(NULL),
+                                 one == NULL, b) != BT_OK ||
+        gateway__buf_append(b, "\n", 1) != BT_OK) {
         conn_kill(gw, conn);
         return;
     }
-    {
-        size_t o = 0;
-        for (const char *p = gw->model_name; *p; p++) {
-            unsigned char c = (unsigned char)*p;
-            if (c == '"' || c == '\\') {
-                name[o++] = '\\';
-                name[o++] = (char)c;
-            } else if (c < 0x20) {
-                o += (size_t)sprintf(name + o, "\\u%04x", c);
-            } else {
-                name[o++] = (char)c;
-            }
-        }
-        name[o] = '\0';
-    }
-    if (one == NULL)
-        gateway__buf_printf(b, "{\"object\":\"list\",\"data\":[");
-    gateway__buf_printf(b, "{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,"
-                        "\"owned_by\":\"baton\"}", name, created);
-    if (one == NULL)
-        gateway__buf_printf(b, "]}");
-    gateway__buf_printf(b, "\n");
-    bt_free(name);
     conn_respond(gw, conn, 200, "application/json", b->data, b->len, NULL);
 }
 

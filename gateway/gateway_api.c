@@ -718,3 +718,22 @@ bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
     add_usage(root, r);
     return emit(root, out);
 }
+
+bt_status_t gateway__api_models_json(const char *model, long long created,
+                                     bool list, gateway_buf_t *out)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON *root, *data;
+
+    cJSON_AddStringToObject(m, "id", model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "baton");
+    if (!list)
+        return emit(m, out);
+    root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    data = cJSON_AddArrayToObject(root, "data");
+    cJSON_AddItemToArray(data, m);
+    return emit(root, out);
+}

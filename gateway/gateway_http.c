@@ -283,8 +283,6 @@ bt_status_t gateway__http_parse(const char *buf, size_t len,
     status = parse_request_line(buf + pos, eol - pos, req);
     if (status != BT_OK)
         return status;
-    /* request line pointers are relative to buf + pos: fine, they point
-     * into buf either way */
     pos = next;
     for (;;) {
         size_t name_end, v_start, v_end;

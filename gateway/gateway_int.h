@@ -80,8 +80,8 @@ typedef struct {
  * (headers and body) is there, total_len bytes.  BT_IN_PROGRESS: more
  * bytes are needed; header_len > 0 once the headers are complete (the
  * caller may then answer Expect: 100-continue).  BT_ERR_FORMAT: the
- * request is malformed or over a limit; error_status (400, 405 never,
- * 411, 413, 414, 417, 431, 501, 505) and error say how to answer, after
+ * request is malformed or over a limit; error_status (400, 411, 413,
+ * 414, 417, 431, 501, 505) and error say how to answer, after
  * which the connection must close.  Chunked request bodies get 411:
  * baton needs a Content-Length.  Never reads past buf[len-1]. */
 bt_status_t gateway__http_parse(const char *buf, size_t len,
@@ -177,6 +177,10 @@ bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
                                     bool usage_null, gateway_buf_t *out);
 bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
                                           gateway_buf_t *out);
+
+/* GET /v1/models (list) or /v1/models/ID (one model object). */
+bt_status_t gateway__api_models_json(const char *model, long long created,
+                                     bool list, gateway_buf_t *out);
 
 // ---------------------------------------------------------------------------
 // Metrics (Prometheus text exposition format)
