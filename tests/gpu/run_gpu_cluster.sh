@@ -16,16 +16,27 @@
 #   ../shared/tools/devlibs $C/devlibs $C/bin/*
 # then `run` with carry ["build-gpucluster-carry"] and the command
 #   bash tests/gpu/run_gpu_cluster.sh
-# Logs and the summary table land in $OUT (default /tmp/baton-gpu-cluster).
+# (tests/gpu/bench_gpu_cluster.sh runs it first, then the benchmarks).
+# $OUT (default /tmp/baton-gpu-cluster) gets gpu_cluster.log (the output
+# and the summary table) and gpu_cluster_logs.tgz (every process's log):
+# the device tool brings back at most 8 files, so the per-phase folders
+# are written under $BT_GPU_CLUSTER_WORK and packed at the end.
+# BT_GPU_CLUSTER_TIMEOUT (220) bounds the checks.
 set -u
 carry=${1:-build-gpucluster-carry}
 out=${OUT:-/tmp/baton-gpu-cluster}
-mkdir -p "$out"
+work=${BT_GPU_CLUSTER_WORK:-/tmp/baton-gpu-cluster-work}
+rm -rf "$work"
+mkdir -p "$out" "$work"
 export LD_LIBRARY_PATH=$PWD/$carry/devlibs:${LD_LIBRARY_PATH:-}
 export UCX_MODULE_DIR=$PWD/$carry/devlibs/ucx
 export BT_SHARED_DIR=${BT_SHARED_DIR:-$PWD/$carry/shared}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   > "$out/gpu_cluster.log" 2>&1
-timeout 220 python3 tests/gpu/gpu_cluster.py "$PWD/$carry/bin" "$out" \
+PYTHONUNBUFFERED=1 timeout "${BT_GPU_CLUSTER_TIMEOUT:-220}" \
+  python3 tests/gpu/gpu_cluster.py "$PWD/$carry/bin" "$work" \
   2>&1 | tee -a "$out/gpu_cluster.log"
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+tar czf "$out/gpu_cluster_logs.tgz" -C "$work" --exclude mps-pipe . \
+  2>>"$out/gpu_cluster.log"
+exit "$rc"
