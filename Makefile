@@ -57,7 +57,7 @@ fuzz: deps
 	    tests/fuzz/corpus/$$(basename $$f) || exit 1; done
 
 format:
-	find common worker client router prefill decode tests -name '*.[ch]' \
+	find common worker client router prefill decode gateway tests -name '*.[ch]' \
 	  -o -name '*.cu' | xargs clang-format -i
 
 clean:
