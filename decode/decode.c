@@ -39,6 +39,8 @@ typedef struct {
     int n_resumed;      /* tail of ptokens generated before (failover) */
     sampler_params_t sp;
     uint64_t t_start;   /* PrefillTask arrival */
+    float *feat;        /* (dim) speculation: hidden state of the last
+                           locally prefilled token, NULL when none */
 } decode_resv_t;
 
 typedef struct {
@@ -63,6 +65,11 @@ struct decode_seq_s {
     tok_stream_t *stream; /* NULL without text */
     int n_generated;    /* generated tokens of the request so far */
     uint64_t wait_since; /* blocked on a KV block since (0 = not) */
+    /* Speculative decoding: the engine sequence owns tokens, blocks and
+     * sampler for spec_step (`blocks` above stays empty). */
+    engine_seq_t *eseq;
+    spec_seq_t *sseq;
+    bool spec_started;  /* its first decode step was taken */
     decode_seq_t *next;
 };
 
@@ -103,6 +110,17 @@ struct decode_s {
     decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
     uint64_t steps;
     uint64_t tokens_out;
+    /* Speculative decoding (--spec-head) */
+    spec_head_t *head;
+    spec_t *spec;
+    spec_seq_t **sseqs;         /* (max_seqs) this step's sequences */
+    int *n_out;                 /* (max_seqs) */
+    int *out;                   /* (max_seqs, spec_max_step_tokens) */
+    float *hidden;              /* (max_seqs, dim) local prefill rows */
+    float *feat;                /* (dim) a shipped feature, aligned */
+    int dim;
+    uint64_t first_drafted;     /* requests whose first step drafted */
+    uint64_t first_plain;       /* ... decoded plainly */
 };
 
 void decode_config_init(decode_config_t *cfg)
@@ -117,6 +135,75 @@ void decode_config_init(decode_config_t *cfg)
     cfg->ucx_shm_pool = true;
     cfg->chunk_tokens = 512;
     cfg->use_cuda_ipc = true;
+    spec_config_init(&cfg->spec);
+}
+
+/* --spec-head: the draft head, the speculative decoder and its step
+ * buffers. */
+static bt_status_t spec_setup(decode_t *dec)
+{
+    int max_step;
+    bt_status_t status;
+
+    if (dec->cfg.spec_head == NULL)
+        return BT_OK;
+    if (dec->engine == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "DECODE",
+                        "--spec-head needs a model");
+    status = spec_head_load(engine_model(dec->engine), dec->cfg.spec_head,
+                            &dec->head);
+    if (status != BT_OK)
+        return status;
+    status = spec_create(dec->engine, dec->head, &dec->cfg.spec, &dec->spec);
+    if (status != BT_OK)
+        return status;
+    max_step = spec_max_step_tokens(dec->spec);
+    dec->dim = model_config(engine_model(dec->engine))->dim;
+    dec->sseqs = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->sseqs),
+                           "decode_spec");
+    dec->n_out = bt_calloc((size_t)dec->max_seqs, sizeof(int), "decode_spec");
+    dec->out = bt_calloc((size_t)dec->max_seqs * (size_t)max_step,
+                         sizeof(int), "decode_spec");
+    dec->hidden = bt_malloc((size_t)dec->max_seqs * (size_t)dec->dim *
+                                sizeof(float), "decode_spec");
+    dec->feat = bt_malloc((size_t)dec->dim * sizeof(float), "decode_spec");
+    if (dec->sseqs == NULL || dec->n_out == NULL || dec->out == NULL ||
+        dec->hidden == NULL || dec->feat == NULL)
+        return BT_ERR_NO_MEMORY;
+    BT_LOG_INFO("SPEC", "speculative decoding with %s: depth %d, top-k %d, "
+                "%d tokens, %s", dec->cfg.spec_head, dec->cfg.spec.depth,
+                dec->cfg.spec.topk, dec->cfg.spec.tokens,
+                dec->cfg.spec.adaptive ? "adaptive" : "fixed tree");
+    return BT_OK;
+}
+
+static void spec_teardown(decode_t *dec)
+{
+    if (dec->spec != NULL) {
+        spec_stats_t st;
+        spec_get_stats(dec->spec, &st);
+        BT_LOG_INFO("SPEC", "accept-length: %.2f tree_steps:%llu "
+                    "plain_steps:%llu draft_tokens:%llu "
+                    "first_step_drafted:%llu first_step_plain:%llu",
+                    spec_accept_length(dec->spec),
+                    (unsigned long long)st.verify_seqs,
+                    (unsigned long long)st.plain_seqs,
+                    (unsigned long long)st.draft_tokens,
+                    (unsigned long long)dec->first_drafted,
+                    (unsigned long long)dec->first_plain);
+    }
+    spec_destroy(&dec->spec);
+    spec_head_destroy(&dec->head);
+    bt_free(dec->sseqs);
+    bt_free(dec->n_out);
+    bt_free(dec->out);
+    bt_free(dec->hidden);
+    bt_free(dec->feat);
+    dec->sseqs = NULL;
+    dec->n_out = NULL;
+    dec->out = NULL;
+    dec->hidden = NULL;
+    dec->feat = NULL;
 }
 
 // ---------------------------------------------------------------------------
@@ -233,8 +320,12 @@ static int promised_blocks(const decode_t *dec)
     for (int i = 0; i < dec->cfg.max_reservations; i++)
         if (dec->resv[i].used)
             n += BT_MAX(0, dec->resv[i].limit_blocks - dec->resv[i].n_blocks);
-    for (const decode_seq_t *s = dec->seqs; s; s = s->next)
-        n += BT_MAX(0, s->limit_blocks - s->n_blocks);
+    for (const decode_seq_t *s = dec->seqs; s; s = s->next) {
+        int held = s->n_blocks;
+        if (s->eseq != NULL)
+            engine_seq_blocks(s->eseq, &held);
+        n += BT_MAX(0, s->limit_blocks - held);
+    }
     return n;
 }
 
@@ -324,6 +415,7 @@ static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
     if (r->local || r->local_done)
         safe = true; /* prefilled here: no remote writer */
     bt_free(r->ptokens);
+    bt_free(r->feat);
     if (r->blocks != NULL) {
         if (!safe && remote && dec->cfg.quarantine_ms > 0) {
             quarantine(dec, r->blocks, r->n_blocks);
@@ -433,7 +525,10 @@ static void on_release(decode_t *dec, const Baton__KvRelease *m)
 
 static void seq_destroy(decode_t *dec, decode_seq_t *s)
 {
-    if (s->n_blocks > 0)
+    spec_seq_destroy(&s->sseq);
+    if (s->eseq != NULL)
+        engine_seq_destroy(dec->engine, &s->eseq); /* releases its KV */
+    else if (s->n_blocks > 0)
         kv_allocator_release(dec->kv, s->n_blocks, s->blocks);
     sampler_destroy(&s->sampler);
     stop_destroy(&s->stop);
@@ -526,6 +621,31 @@ static bool cipc_wait_arrival(decode_t *dec, int slot, uint64_t epoch)
             return false;
         usleep(200);
     }
+}
+
+/* Speculation-aware hand-off: seeds the draft state of s with the last
+ * prompt token's hidden state, computed here (local prefill) or shipped
+ * by the prefill worker in KvReady; without one the first step decodes
+ * plainly and drafting starts from the next. */
+static void import_feature(decode_t *dec, decode_seq_t *s,
+                           const decode_resv_t *r, const Baton__KvReady *m)
+{
+    const float *f = NULL;
+
+    if (r->feat != NULL) {
+        f = r->feat;
+    } else if (m->has_spec_feature &&
+               m->spec_feature.len == (size_t)dec->dim * sizeof(float)) {
+        memcpy(dec->feat, m->spec_feature.data, m->spec_feature.len);
+        f = dec->feat;
+    } else if (m->has_spec_feature) {
+        BT_LOG_WARN("SPEC", "request %llu: spec feature of %zu bytes "
+                    "ignored (dim %d)", (unsigned long long)s->id,
+                    m->spec_feature.len, dec->dim);
+    }
+    if (f != NULL && spec_seq_import(dec->spec, s->sseq, f, 1) != BT_OK)
+        BT_LOG_WARN("SPEC", "request %llu: feature not imported",
+                    (unsigned long long)s->id);
 }
 
 static void on_ready(decode_t *dec, const Baton__KvReady *m)
@@ -645,16 +765,33 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
             sp.frequency_penalty = p->frequency_penalty;
             sp.seed = p->seed;
         }
-        if (sampler_create(&sp, dec->vocab, &s->sampler) != BT_OK) {
-            code = BATON__ERROR_CODE__ERROR_INVALID;
-            why = "invalid sampling parameters";
-            goto fail;
+        if (dec->spec != NULL) {
+            /* The engine sequence observes every token in its sampler. */
+            if (n > dec->max_context) {
+                code = BATON__ERROR_CODE__ERROR_TOO_LONG;
+                why = "sequence fills the context";
+                goto fail;
+            }
+            if (engine_seq_create(dec->engine, s->tokens, n, &sp,
+                                  &s->eseq) != BT_OK) {
+                code = BATON__ERROR_CODE__ERROR_INVALID;
+                why = "invalid sampling parameters";
+                goto fail;
+            }
+            sampler_skip(engine_seq_sampler(s->eseq), s->n_generated);
+        } else {
+            if (sampler_create(&sp, dec->vocab, &s->sampler) != BT_OK) {
+                code = BATON__ERROR_CODE__ERROR_INVALID;
+                why = "invalid sampling parameters";
+                goto fail;
+            }
+            for (int i = 0; i < n; i++)
+                sampler_observe(s->sampler, s->tokens[i]);
+            /* The first n_generated tokens were sampled elsewhere
+             * (prefill, a failed decode worker): continue their random
+             * stream. */
+            sampler_skip(s->sampler, s->n_generated);
         }
-        for (int i = 0; i < n; i++)
-            sampler_observe(s->sampler, s->tokens[i]);
-        /* The first n_generated tokens were sampled elsewhere (prefill, a
-         * failed decode worker): continue their random stream. */
-        sampler_skip(s->sampler, s->n_generated);
         if (m->want_text && engine_tokenizer(dec->engine) != NULL &&
             tok_stream_create(engine_tokenizer(dec->engine), s->tokens[n - 2],
                               &s->stream) == BT_OK) {
@@ -667,11 +804,31 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
     }
     /* Move the reserved blocks to the sequence; trim the estimate. */
     keep = BT_MIN(r->n_blocks, BT_DIV_UP(n, dec->block_size));
-    memcpy(s->blocks, r->blocks, (size_t)keep * sizeof(int));
-    s->n_blocks = keep;
+    if (s->eseq != NULL) {
+        if (engine_seq_adopt_kv(dec->engine, s->eseq, r->blocks, keep,
+                                n - 1) != BT_OK) {
+            code = BATON__ERROR_CODE__ERROR_WORKER;
+            why = "KV reservation does not hold the prompt";
+            goto fail;
+        }
+        /* the engine sequence owns them now */
+        memmove(r->blocks, r->blocks + keep,
+                (size_t)(r->n_blocks - keep) * sizeof(int));
+        r->n_blocks -= keep;
+        if (spec_seq_create(dec->spec, s->eseq, &s->sseq) != BT_OK)
+            goto fail;
+        spec_seq_set_max_slots(s->sseq, r->limit_blocks * dec->block_size);
+        import_feature(dec, s, r, m);
+    } else {
+        memcpy(s->blocks, r->blocks, (size_t)keep * sizeof(int));
+        s->n_blocks = keep;
+        r->n_blocks -= keep;
+        memmove(r->blocks, r->blocks + keep, (size_t)r->n_blocks *
+                                                 sizeof(int));
+    }
     s->limit_blocks = r->limit_blocks;
-    if (r->n_blocks > keep)
-        kv_allocator_release(dec->kv, r->n_blocks - keep, r->blocks + keep);
+    if (r->n_blocks > 0)
+        kv_allocator_release(dec->kv, r->n_blocks, r->blocks);
     bt_free(r->blocks);
     r->blocks = NULL;
     resv_free(dec, r, true);
@@ -990,45 +1147,76 @@ static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
     send_msg(dec, &msg);
 }
 
+/* Handles n new tokens of `s` in order (one TokenOut for all of them);
+ * stops at the first that ends the request: nothing after a stop id,
+ * stop string or the length limit goes out.  Returns true when it
+ * finished. */
+static bool seq_emit_n(decode_t *dec, decode_seq_t *s, const int *toks,
+                       int n)
+{
+    char piece[512], shown[8192];
+    size_t shown_len = 0;
+    Baton__FinishReason finish = BATON__FINISH_REASON__FINISH_NONE;
+    int index = s->n_generated, ids[SPEC_MAX_DEPTH + 2], n_ids = 0;
+
+    for (int i = 0; i < n && finish == BATON__FINISH_REASON__FINISH_NONE;
+         i++) {
+        int tok = toks[i];
+        size_t piece_len = 0, len = 0;
+        stop_reason_t reason;
+
+        /* room for this token's text and a final flush */
+        if (sizeof(shown) - shown_len < 2 * sizeof(piece) + 1024 ||
+            n_ids == (int)(sizeof(ids) / sizeof(ids[0]))) {
+            send_tokens(dec, s, index, ids, n_ids, shown, shown_len,
+                        finish);
+            index += n_ids;
+            n_ids = 0;
+            shown_len = 0;
+        }
+        s->tokens[s->n_tokens++] = tok;
+        if (s->stream != NULL &&
+            tok_stream_push(s->stream, tok, piece, sizeof(piece),
+                            &piece_len) != BT_OK)
+            piece_len = 0;
+        reason = stop_feed(s->stop, tok, piece, piece_len,
+                           shown + shown_len, sizeof(shown) - shown_len,
+                           &len);
+        shown_len += len;
+        if (reason != STOP_EOS) {
+            s->n_generated++;
+            ids[n_ids++] = tok;
+        }
+        if (reason == STOP_NONE && s->n_tokens > dec->max_context)
+            reason = STOP_LENGTH; /* the new token cannot be fed */
+        if (reason != STOP_NONE) {
+            finish = reason == STOP_LENGTH
+                         ? BATON__FINISH_REASON__FINISH_LENGTH
+                         : BATON__FINISH_REASON__FINISH_STOP;
+            if (reason != STOP_STRING) {
+                size_t tail = 0;
+                stop_flush(s->stop, shown + shown_len,
+                           sizeof(shown) - shown_len, &tail);
+                shown_len += tail;
+                if (s->stream != NULL &&
+                    tok_stream_flush(s->stream, shown + shown_len,
+                                     sizeof(shown) - shown_len,
+                                     &tail) == BT_OK)
+                    shown_len += tail;
+            }
+        }
+    }
+    if (n_ids > 0 || shown_len > 0 ||
+        finish != BATON__FINISH_REASON__FINISH_NONE)
+        send_tokens(dec, s, index, ids, n_ids, shown, shown_len, finish);
+    dec->tokens_out += (uint64_t)n_ids;
+    return finish != BATON__FINISH_REASON__FINISH_NONE;
+}
+
 /* Handles one sampled token of `s`; returns true when it finished. */
 static bool seq_emit(decode_t *dec, decode_seq_t *s, int tok)
 {
-    char piece[512], shown[2048];
-    size_t piece_len = 0, shown_len = 0;
-    Baton__FinishReason finish = BATON__FINISH_REASON__FINISH_NONE;
-    stop_reason_t reason;
-    int index = s->n_generated;
-    bool emit;
-
-    s->tokens[s->n_tokens++] = tok;
-    if (s->stream != NULL &&
-        tok_stream_push(s->stream, tok, piece, sizeof(piece), &piece_len) !=
-            BT_OK)
-        piece_len = 0;
-    reason = stop_feed(s->stop, tok, piece, piece_len, shown, sizeof(shown),
-                       &shown_len);
-    emit = reason != STOP_EOS;
-    if (emit)
-        s->n_generated++;
-    if (reason == STOP_NONE && s->n_tokens > dec->max_context)
-        reason = STOP_LENGTH; /* the new token cannot be fed */
-    if (reason != STOP_NONE) {
-        finish = reason == STOP_LENGTH ? BATON__FINISH_REASON__FINISH_LENGTH
-                                       : BATON__FINISH_REASON__FINISH_STOP;
-        if (reason != STOP_STRING) {
-            size_t tail = 0;
-            stop_flush(s->stop, shown + shown_len, sizeof(shown) - shown_len,
-                       &tail);
-            shown_len += tail;
-            if (s->stream != NULL &&
-                tok_stream_flush(s->stream, shown + shown_len,
-                                 sizeof(shown) - shown_len, &tail) == BT_OK)
-                shown_len += tail;
-        }
-    }
-    send_tokens(dec, s, index, &tok, emit ? 1 : 0, shown, shown_len, finish);
-    dec->tokens_out += emit ? 1 : 0;
-    return finish != BATON__FINISH_REASON__FINISH_NONE;
+    return seq_emit_n(dec, s, &tok, 1);
 }
 
 /* Takes the KV block the next token of `s` needs; false when the pool is
@@ -1046,6 +1234,65 @@ static bool seq_has_room(decode_t *dec, decode_seq_t *s)
     return true;
 }
 
+/* Speculative decoding: one spec_step over the running batch.  Each
+ * sequence first gets the KV slot plain decoding needs (else it waits a
+ * step, as in plain mode); the draft tree's extra slots are taken by
+ * spec_step only where the pool has them, within the request's
+ * admission promise (spec_seq_set_max_slots). */
+static void step_spec(decode_t *dec)
+{
+    int n = 0, max_step = spec_max_step_tokens(dec->spec);
+    uint64_t now = bt_time_ns();
+    decode_seq_t *s, *next;
+    bt_status_t status;
+
+    for (s = dec->seqs; s && n < dec->max_seqs && n < dec->budget; s = next) {
+        int cached = engine_seq_cached(s->eseq);
+        next = s->next;
+        if (engine_seq_reserve(dec->engine, s->eseq, cached + 1) != BT_OK) {
+            if (s->wait_since == 0)
+                s->wait_since = now;
+            if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
+                send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+                                "KV pool full for too long");
+                seq_remove(dec, s);
+            }
+            continue;
+        }
+        s->wait_since = 0;
+        dec->bmap[n] = s;
+        dec->sseqs[n++] = s->sseq;
+    }
+    if (n == 0)
+        return;
+    status = spec_step(dec->spec, dec->sseqs, n, dec->n_out, dec->out);
+    dec->steps++;
+    for (int i = 0; i < n; i++) {
+        s = dec->bmap[i];
+        if (status != BT_OK) {
+            send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+                            bt_error_last());
+            seq_remove(dec, s);
+            continue;
+        }
+        if (!s->spec_started && dec->n_out[i] > 0) {
+            int drafted = spec_seq_last_drafted(s->sseq);
+            s->spec_started = true;
+            if (drafted > 0)
+                dec->first_drafted++;
+            else
+                dec->first_plain++;
+            BT_LOG_INFO("SPEC", "request %llu first decode step: drafted %d "
+                        "accepted %d", (unsigned long long)s->id, drafted,
+                        dec->n_out[i] - 1);
+        }
+        if (dec->n_out[i] > 0 &&
+            seq_emit_n(dec, s, dec->out + (size_t)i * max_step,
+                       dec->n_out[i]))
+            seq_remove(dec, s);
+    }
+}
+
 static void step(decode_t *dec)
 {
     int n = 0, n_decode;
@@ -1053,7 +1300,10 @@ static void step(decode_t *dec)
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
 
-    for (s = dec->seqs; s && n < dec->max_seqs && n < dec->budget; s = next) {
+    if (dec->spec != NULL)
+        step_spec(dec); /* the decode batch; local prefill below */
+    for (s = dec->spec != NULL ? NULL : dec->seqs;
+         s && n < dec->max_seqs && n < dec->budget; s = next) {
         next = s->next;
         if (!seq_has_room(dec, s)) {
             if (s->wait_since == 0)
@@ -1112,7 +1362,7 @@ static void step(decode_t *dec)
         batch.n_seqs = n;
         batch.seqs = dec->bseqs;
         status = backend_forward(engine_backend(dec->engine), &batch,
-                                 dec->logits, NULL);
+                                 dec->logits, dec->hidden);
     }
     dec->steps++;
     for (int i = n_decode, row = n_decode; i < n; i++) {
@@ -1124,9 +1374,18 @@ static void step(decode_t *dec)
             continue;
         }
         r->n_fed += dec->bseqs[i].n_tokens;
-        if (dec->bseqs[i].n_logits == 1)
+        if (dec->bseqs[i].n_logits == 1) {
+            if (dec->hidden != NULL && r->feat == NULL) {
+                /* speculation: the request drafts from its first step */
+                r->feat = bt_malloc(sizeof(float) * (size_t)dec->dim,
+                                    "decode_resv");
+                if (r->feat != NULL)
+                    memcpy(r->feat, dec->hidden + (size_t)row * dec->dim,
+                           sizeof(float) * (size_t)dec->dim);
+            }
             local_prefill_done(dec, r, dec->logits + (size_t)row++ *
                                                          dec->vocab);
+        }
     }
     for (int i = 0; i < n_decode; i++) {
         int tok;
@@ -1277,6 +1536,9 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         status = BT_ERR_NO_MEMORY;
         goto err_bufs;
     }
+    status = spec_setup(dec);
+    if (status != BT_OK)
+        goto err_bufs;
     if (dec->ucx != NULL) {
         void *k_layers[1024], *v_layers[1024];
         backend_t *be = engine_backend(dec->engine);
@@ -1332,6 +1594,7 @@ err_ucx:
     kv_cipc_pool_destroy(&dec->cipc);
     kv_ucx_pool_deregister(&dec->pool);
 err_bufs:
+    spec_teardown(dec);
     bt_free(dec->resv);
     bt_free(dec->quar);
     bt_free(dec->logits);
@@ -1367,6 +1630,7 @@ void decode_destroy(decode_t **dec_p)
             bt_free(dec->quar[i].blocks);
         }
     }
+    spec_teardown(dec); /* after its sequences */
     zmq_setsockopt(dec->sock, ZMQ_LINGER, &linger, sizeof(linger));
     bt_zmq_socket_destroy(&dec->sock);
     zmq_ctx_term(dec->ctx);

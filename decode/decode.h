@@ -18,6 +18,18 @@
  * token goes back in PrefillDone and the KvReady that follows finds the
  * KV already in place (transport LOCAL).
  *
+ * Speculative decoding (--spec-head): every step runs spec_step over the
+ * running batch: each sequence may get several tokens (accepted draft +
+ * the target's own), streamed in one TokenOut in order; stop ids, stop
+ * strings and max_tokens are checked token by token so nothing after a
+ * stop goes out.  A draft tree never takes KV slots beyond the
+ * request's admission promise (prompt + max tokens).  When KvReady
+ * carries the prompt's last hidden state (spec_feature, shipped by the
+ * prefill worker) the request drafts from its first step.  Greedy
+ * output equals plain decoding; sampled output keeps the target
+ * distribution, but a seeded request draws a different random stream
+ * than plain decoding (rejection sampling draws more uniforms).
+ *
  * With the CUDA backend the KV pool is in device memory: it is exported
  * over CUDA IPC (kv_transport_cuda_ipc.h) instead of UCX, and inline KV
  * is copied to the device.
@@ -30,6 +42,7 @@
 
 #include "bt_status.h"
 #include "engine.h"
+#include "spec/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +68,11 @@ typedef struct {
                               * the reservation's blocks */
     int chunk_tokens;        /* longest local prefill chunk per step (512) */
     bool use_cuda_ipc;       /* export a device KV pool over CUDA IPC */
+    /* Speculative decoding (EAGLE; cpu backend): the running batch is
+     * stepped by spec_step (worker/spec/spec.h).  NULL: plain decoding. */
+    const char *spec_head;   /* draft head .safetensors */
+    spec_config_t spec;      /* depth, top-k, tokens; adaptive (auto)
+                              * or the configured tree (fixed) */
 } decode_config_t;
 
 void decode_config_init(decode_config_t *cfg);

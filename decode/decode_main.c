@@ -51,6 +51,15 @@ static void usage(FILE *out)
         "  --precision f32|bf16   backend precision (default: backend's)\n"
         "  --no-cuda-ipc          do not export a device KV pool over CUDA IPC\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
+        "speculative decoding (EAGLE; cpu backend):\n"
+        "  --spec-head PATH       draft head .safetensors (baton eagle train)\n"
+        "  --spec-depth D         draft tree depth (5)\n"
+        "  --spec-topk K          draft children per node (4)\n"
+        "  --spec-tokens N        draft tokens verified per step (16)\n"
+        "  --spec off|auto|fixed  off: ignore the head; auto (default): tree\n"
+        "                         size per step from measured speed, off\n"
+        "                         where it does not pay; fixed: always the\n"
+        "                         configured tree\n"
         "SIGTERM/SIGINT: stop taking work, finish running requests, exit.\n");
 }
 
@@ -77,6 +86,11 @@ int main(int argc, char **argv)
         { "chunk-tokens", required_argument, 0, 'C' },
         { "precision", required_argument, 0, 'P' },
         { "no-cuda-ipc", no_argument, 0, 'I' },
+        { "spec-head", required_argument, 0, 1000 },
+        { "spec-depth", required_argument, 0, 1001 },
+        { "spec-topk", required_argument, 0, 1002 },
+        { "spec-tokens", required_argument, 0, 1003 },
+        { "spec", required_argument, 0, 1004 },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -85,6 +99,7 @@ int main(int argc, char **argv)
     struct sigaction sa;
     bt_status_t status;
     int c, bad = 0;
+    bool spec_off = false;
 
     bt_log_init("decode");
     decode_config_init(&cfg);
@@ -124,6 +139,16 @@ int main(int argc, char **argv)
                 bad = 1;
             break;
         case 'I': cfg.use_cuda_ipc = false; break;
+        case 1000: cfg.spec_head = optarg; break;
+        case 1001: bad = bt_parse_int(optarg, &cfg.spec.depth) != BT_OK; break;
+        case 1002: bad = bt_parse_int(optarg, &cfg.spec.topk) != BT_OK; break;
+        case 1003: bad = bt_parse_int(optarg, &cfg.spec.tokens) != BT_OK; break;
+        case 1004:
+            spec_off = strcmp(optarg, "off") == 0;
+            cfg.spec.adaptive = strcmp(optarg, "fixed") != 0;
+            bad = !spec_off && strcmp(optarg, "auto") != 0 &&
+                  strcmp(optarg, "fixed") != 0;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -137,6 +162,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-decode: need exactly one of --model or "
                         "--null-model\n");
         usage(stderr);
+        return 2;
+    }
+    if (spec_off)
+        cfg.spec_head = NULL;
+    if (cfg.spec_head != NULL && spec_config_validate(&cfg.spec) != BT_OK) {
+        fprintf(stderr, "baton-decode: %s\n", bt_error_last());
         return 2;
     }
     status = decode_create(&cfg, &dec);

@@ -64,6 +64,7 @@ struct prefill_task_s {
     uint64_t t_start;
     uint64_t t_computed;
     uint64_t transfer_ns;
+    float *feat;          /* (dim) spec_features: last token's hidden */
     prefill_task_t *next;
 };
 
@@ -100,6 +101,8 @@ struct prefill_s {
     prefill_task_t *head; /* tasks in arrival order */
     prefill_task_t *tail;
     float *logits;        /* (max_seqs, vocab) */
+    float *hidden;        /* (max_seqs, dim) spec_features only */
+    int dim;
     backend_seq_t *bseqs; /* (max_seqs) */
     prefill_task_t **btasks; /* (max_seqs) task of each batch row */
     int n_batch;
@@ -277,6 +280,11 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
         done.n_kv_inline = (size_t)(2 * pf->n_layers);
         done.kv_inline = kv;
     }
+    if (t->feat != NULL) {
+        done.has_spec_feature = 1;
+        done.spec_feature.data = (uint8_t *)t->feat;
+        done.spec_feature.len = sizeof(float) * (size_t)pf->dim;
+    }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
     msg.prefill_done = &done;
     send_msg(pf, &msg);
@@ -309,6 +317,7 @@ static void task_destroy(prefill_t *pf, prefill_task_t *t)
     bt_free(t->blocks);
     bt_free(t->dst_blocks);
     bt_free(t->desc);
+    bt_free(t->feat);
     bt_free(t);
 }
 
@@ -946,7 +955,7 @@ static void run_batch(prefill_t *pf)
     batch.on_layer_done = on_layer_done;
     batch.on_layer_arg = pf;
     status = backend_forward(engine_backend(pf->engine), &batch, pf->logits,
-                             NULL);
+                             pf->hidden);
     for (int b = 0, row = 0; b < pf->n_batch; b++) {
         prefill_task_t *t = pf->btasks[b];
         if (status != BT_OK) {
@@ -964,6 +973,13 @@ static void run_batch(prefill_t *pf)
                          bt_error_last());
             t->state = PREFILL_TASK_DONE;
         } else {
+            if (pf->hidden != NULL && t->feat == NULL) {
+                t->feat = bt_malloc(sizeof(float) * (size_t)pf->dim,
+                                    "prefill_task");
+                if (t->feat != NULL)
+                    memcpy(t->feat, pf->hidden + (size_t)row * pf->dim,
+                           sizeof(float) * (size_t)pf->dim);
+            }
             task_computed(pf, t);
         }
         row++;
@@ -1107,7 +1123,12 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
                               "prefill_batch");
         pf->btasks = bt_calloc((size_t)b->max_seqs, sizeof(*pf->btasks),
                                "prefill_batch");
-        if (pf->logits == NULL || pf->bseqs == NULL || pf->btasks == NULL) {
+        pf->dim = mc->dim;
+        if (cfg->spec_features)
+            pf->hidden = bt_malloc((size_t)b->max_seqs * (size_t)pf->dim *
+                                       sizeof(float), "prefill_logits");
+        if (pf->logits == NULL || pf->bseqs == NULL || pf->btasks == NULL ||
+            (cfg->spec_features && pf->hidden == NULL)) {
             status = BT_ERR_NO_MEMORY;
             goto err_engine;
         }
@@ -1148,6 +1169,7 @@ err_engine:
     kv_ucx_destroy(&pf->ucx);
     kv_cipc_destroy(&pf->cipc);
     bt_free(pf->logits);
+    bt_free(pf->hidden);
     bt_free(pf->bseqs);
     bt_free(pf->btasks);
     engine_destroy(&pf->engine);
@@ -1179,6 +1201,7 @@ void prefill_destroy(prefill_t **pf_p)
     kv_ucx_destroy(&pf->ucx);
     kv_cipc_destroy(&pf->cipc);
     bt_free(pf->logits);
+    bt_free(pf->hidden);
     bt_free(pf->bseqs);
     bt_free(pf->btasks);
     engine_destroy(&pf->engine);

@@ -45,6 +45,10 @@ typedef struct {
     int step_delay_ms;       /* tests: sleep before each batch */
     bool use_cuda_ipc;       /* device KV: copy it into decode pools over
                               * CUDA IPC when the router says so */
+    bool spec_features;      /* speculation-aware hand-off: send the last
+                              * prompt token's hidden state (dim floats)
+                              * in PrefillDone.spec_feature, so an EAGLE
+                              * decode worker drafts from its first step */
 } prefill_config_t;
 
 void prefill_config_init(prefill_config_t *cfg);

@@ -46,6 +46,10 @@ static void usage(FILE *out)
         "  --precision f32|bf16   backend precision (default: backend's)\n"
         "  --no-cuda-ipc          never copy KV over CUDA IPC\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
+        "  --spec-features        send the last prompt token's hidden state\n"
+        "                         with the KV (EAGLE decode workers draft\n"
+        "                         from their first step)\n"
+        "  --spec-head PATH       the same (the head itself is not needed)\n"
         "SIGTERM/SIGINT: stop taking work, finish prompts, exit.\n");
 }
 
@@ -69,6 +73,8 @@ int main(int argc, char **argv)
         { "step-delay-ms", required_argument, 0, 'W' },
         { "precision", required_argument, 0, 'P' },
         { "no-cuda-ipc", no_argument, 0, 'I' },
+        { "spec-features", no_argument, 0, 1000 },
+        { "spec-head", required_argument, 0, 1001 },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -96,6 +102,8 @@ int main(int argc, char **argv)
                 bad = 1;
             break;
         case 'I': cfg.use_cuda_ipc = false; break;
+        case 1000: /* fall through */
+        case 1001: cfg.spec_features = true; break;
         case 't': cfg.engine.tokenizer_path = optarg; break;
         case 'N': cfg.null_model = true; break;
         case 'n': cfg.name = optarg; break;

@@ -974,6 +974,8 @@ static void on_prefill_done(router_t *r, router_worker_t *w,
     ready.want_text = req->want_text;
     ready.n_kv_inline = done->n_kv_inline; /* forwarded without a copy */
     ready.kv_inline = done->kv_inline;
+    ready.has_spec_feature = done->has_spec_feature; /* EAGLE hand-off */
+    ready.spec_feature = done->spec_feature;
     ready.n_stop_strings = (size_t)req->n_stop_strings;
     ready.stop_strings = req->stop_strings;
     ready.has_transport = 1;

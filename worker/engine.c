@@ -449,3 +449,19 @@ bt_status_t engine_seq_commit(engine_t *engine, engine_seq_t *seq,
     seq->n_cached = n_cached;
     return BT_OK;
 }
+
+bt_status_t engine_seq_adopt_kv(engine_t *engine, engine_seq_t *seq,
+                                const int *blocks, int n_blocks,
+                                int n_cached)
+{
+    if (seq->n_blocks != 0 || n_blocks < 0 || n_blocks > seq->max_blocks ||
+        n_cached < 0 || n_cached > seq->n_tokens ||
+        n_cached > n_blocks * engine->block_size)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "cannot adopt %d blocks for %d cached tokens",
+                        n_blocks, n_cached);
+    memcpy(seq->blocks, blocks, sizeof(int) * (size_t)n_blocks);
+    seq->n_blocks = n_blocks;
+    seq->n_cached = n_cached;
+    return BT_OK;
+}

@@ -108,6 +108,15 @@ bt_status_t engine_seq_reserve(engine_t *engine, engine_seq_t *seq,
 bt_status_t engine_seq_commit(engine_t *engine, engine_seq_t *seq,
                               const int *tokens, int n, int n_cached);
 
+/* Gives the sequence KV computed elsewhere (the decode worker's
+ * reservation): appends the `n_blocks` block ids (the sequence takes over
+ * their references; its table must be empty) and marks the first
+ * `n_cached` tokens cached.  BT_ERR_INVALID_ARG when the blocks do not
+ * fit the table or cannot hold n_cached slots. */
+bt_status_t engine_seq_adopt_kv(engine_t *engine, engine_seq_t *seq,
+                                const int *blocks, int n_blocks,
+                                int n_cached);
+
 #ifdef __cplusplus
 }
 #endif

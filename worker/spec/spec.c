@@ -17,12 +17,21 @@
 
 #define SPEC_PEND_CAP 64   /* target features buffered before the draft
                               head is fed (plain decoding defers it) */
-#define SPEC_LAZY_KEEP 8   /* features kept while speculation is off */
 #define SPEC_N_ARMS 4      /* off, chain 2, chain 4, configured tree */
 #define SPEC_N_BUCKETS 4   /* batch sizes 1, 2-4, 5-16, 17+ */
-#define SPEC_EXPLORE_EVERY 64
-#define SPEC_EXPLORE_MAX 4096
-#define SPEC_EMA 0.2
+/* The controller (spec_pick_arm): plain decoding is the baseline,
+ * measured on every plain step; a speculative arm is tried in short
+ * episodes, and each loss multiplies the wait before its next try. */
+#define SPEC_BASELINE_STEPS 8   /* plain steps measured before any try */
+#define SPEC_EPISODE 3          /* measured steps per try */
+#define SPEC_WARM 4             /* steps before a try that keep features */
+#define SPEC_EXPLORE_FIRST 32   /* wait after a first loss */
+#define SPEC_EXPLORE_MAX (1u << 22) /* longest wait: practically never */
+#define SPEC_WIN 1.03           /* a spec arm must beat plain by 3% */
+#define SPEC_LADDER 0.9         /* a bigger arm is tried only while the
+                                   next smaller one reaches 0.9x plain */
+#define SPEC_EMA_PLAIN 0.05
+#define SPEC_EMA 0.3
 
 enum { SPEC_MODE_SKIP = 0, SPEC_MODE_PREFILL, SPEC_MODE_PLAIN,
        SPEC_MODE_TREE };
@@ -67,6 +76,8 @@ struct spec_seq_s {
     int mode;                 /* SPEC_MODE_* this step */
     int take;                 /* tokens fed this step */
     int row0;                 /* first logits row of this sequence */
+    int max_slots;            /* KV slots it may grow to, 0 = context */
+    int drafted;              /* draft tokens verified in its last step */
 };
 
 struct spec_s {
@@ -90,15 +101,22 @@ struct spec_s {
     int *dpos;                /* (SPEC_PEND_CAP + topk) */
     uint8_t *dmask;           /* (topk, exp_cap + topk) */
     spec_shape_t arms[SPEC_N_ARMS];
-    double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA */
+    double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA (arm 0:
+                                                    every plain step;
+                                                    others: per episode) */
     int arm_n[SPEC_N_BUCKETS][SPEC_N_ARMS];       /* measurements */
     uint64_t bucket_steps[SPEC_N_BUCKETS];
-    int explore_gap[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* steps between
-                                                    re-measurements */
+    uint64_t explore_gap[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* wait after the
+                                                          last loss */
     uint64_t next_explore[SPEC_N_BUCKETS][SPEC_N_ARMS];
-    int best_arm[SPEC_N_BUCKETS];
-    bool lazy;                /* speculation is off: drop old features
-                                 rather than feed the draft head */
+    int best_arm[SPEC_N_BUCKETS];                 /* arm run by default */
+    int ep_arm[SPEC_N_BUCKETS];                   /* episode arm, -1 none */
+    int ep_left[SPEC_N_BUCKETS];                  /* measured steps left */
+    double ep_tokens[SPEC_N_BUCKETS];
+    double ep_ns[SPEC_N_BUCKETS];
+    bool lazy;                /* speculation is off and no try is near:
+                                 no features at all (the draft cache gets
+                                 a gap; drafting resumes around it) */
     bool wrong_accept;        /* tests: spec_test_wrong_accept */
     bool fixed;               /* spec_set_fixed was called */
     spec_shape_t fixed_shape;
@@ -204,9 +222,9 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->arms[a].depth = spec->arms[a].tokens;
     }
     for (int b = 0; b < SPEC_N_BUCKETS; b++) {
-        spec->best_arm[b] = -1;
+        spec->ep_arm[b] = -1;
         for (int a = 0; a < SPEC_N_ARMS; a++)
-            spec->explore_gap[b][a] = SPEC_EXPLORE_EVERY;
+            spec->explore_gap[b][a] = SPEC_EXPLORE_FIRST / 2;
     }
     if (!cfg->adaptive) {
         spec->fixed = true;
@@ -369,6 +387,13 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
 {
     bt_status_t status;
 
+    if (spec->lazy) {
+        /* speculation is off: no feature work at all; the draft cache
+         * gets a gap that a later draft attends around */
+        s->pend_pos += s->n_pend + n;
+        s->n_pend = 0;
+        return BT_OK;
+    }
     while (n > 0) {
         int chunk = BT_MIN(n, SPEC_PEND_CAP - s->n_pend);
 
@@ -377,17 +402,7 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
         s->n_pend += chunk;
         hidden += (size_t)chunk * spec->dim;
         n -= chunk;
-        if (s->n_pend >= SPEC_LAZY_KEEP * 2 && spec->lazy) {
-            /* speculation is off: keep only the newest few features (the
-             * draft cache gets a gap; a later draft attends around it) */
-            int keep = SPEC_LAZY_KEEP;
-
-            memmove(s->pend, s->pend + (size_t)(s->n_pend - keep) *
-                                           spec->dim,
-                    sizeof(float) * (size_t)keep * spec->dim);
-            s->pend_pos += s->n_pend - keep;
-            s->n_pend = keep;
-        } else if (s->n_pend == SPEC_PEND_CAP) {
+        if (s->n_pend == SPEC_PEND_CAP) {
             status = spec_flush(spec, s);
             if (status != BT_OK)
                 return status;
@@ -724,54 +739,115 @@ static int spec_bucket(int n)
     return n <= 1 ? 0 : n <= 4 ? 1 : n <= 16 ? 2 : 3;
 }
 
-/* Picks this step's tree shape for a batch with n_dec decoding seqs. */
-/* Picks this step's tree shape: every arm is measured a few times, then
- * the best measured tokens/s wins; the others are re-measured now and
- * then, less and less often while the best stays the best (the gap
- * doubles up to SPEC_EXPLORE_MAX steps), so a losing arm costs almost
- * nothing in the long run. */
-static int spec_pick_arm(spec_t *spec, int bucket)
+/* Picks this step's arm for a bucket.  Plain decoding is the baseline:
+ * every plain step measures it, at no cost.  A speculative arm is tried
+ * in an episode of SPEC_EPISODE measured steps, cheapest arm first (a
+ * bigger one only while the next smaller one reaches SPEC_LADDER of
+ * plain, so a losing chain of 2 rules out the trees); an arm that beats
+ * plain by SPEC_WIN becomes the default, and plain is then tried the
+ * same way.  Every lost try doubles the arm's wait (up to
+ * SPEC_EXPLORE_MAX steps), so where speculation does not pay its cost
+ * vanishes.  Sets spec->lazy: no feature work while plain runs and no
+ * try is within SPEC_WARM steps. */
+static int spec_pick_arm(spec_t *spec, int b)
 {
-    uint64_t step = spec->bucket_steps[bucket]++;
-    int best = 0;
+    uint64_t step = spec->bucket_steps[b]++;
+    int best = spec->best_arm[b], cand = -1;
+    uint64_t due = UINT64_MAX;
 
-    /* first measurements, cheapest arm first; an arm clearly slower
-     * than plain decoding marks the bigger ones as presumed slower (they
-     * are still re-measured by the exploration below) */
-    for (int a = 0; a < SPEC_N_ARMS; a++) {
-        if (spec->arm_n[bucket][a] < 2)
-            return a;
-        if (a > 0 && spec->arm_rate[bucket][a] <
-                         0.8 * spec->arm_rate[bucket][0]) {
-            for (int b = a + 1; b < SPEC_N_ARMS; b++)
-                if (spec->arm_n[bucket][b] < 2) {
-                    spec->arm_rate[bucket][b] =
-                        0.5 * spec->arm_rate[bucket][a];
-                    spec->arm_n[bucket][b] = 2;
-                }
-        }
+    if (spec->ep_arm[b] >= 0) { /* an episode runs until measured */
+        spec->lazy = false;
+        return spec->ep_arm[b];
     }
-    for (int a = 1; a < SPEC_N_ARMS; a++)
-        if (spec->arm_rate[bucket][a] > spec->arm_rate[bucket][best])
-            best = a;
-    if (best != spec->best_arm[bucket]) { /* new best: re-check soon */
-        spec->best_arm[bucket] = best;
-        for (int a = 0; a < SPEC_N_ARMS; a++) {
-            spec->explore_gap[bucket][a] = SPEC_EXPLORE_EVERY;
-            spec->next_explore[bucket][a] = step + SPEC_EXPLORE_EVERY *
-                                                       (uint64_t)(a + 1);
-        }
+    if (spec->arm_n[b][0] < SPEC_BASELINE_STEPS && best == 0) {
+        spec->lazy = spec->arm_n[b][0] + SPEC_WARM < SPEC_BASELINE_STEPS;
+        return 0;
     }
-    /* each other arm is re-measured on its own doubling schedule */
+    /* the candidate: plain when speculating, else the smallest arm that
+     * the ladder allows above the default */
     for (int a = 0; a < SPEC_N_ARMS; a++) {
-        if (a == best || step < spec->next_explore[bucket][a])
+        if (a == best)
             continue;
-        spec->explore_gap[bucket][a] = BT_MIN(
-            4 * spec->explore_gap[bucket][a], SPEC_EXPLORE_MAX);
-        spec->next_explore[bucket][a] = step + spec->explore_gap[bucket][a];
-        return a;
+        if (a > 1 && a > best + 1 &&
+            !(spec->arm_n[b][a - 1] > 0 &&
+              spec->arm_rate[b][a - 1] >= SPEC_LADDER *
+                                              spec->arm_rate[b][0]))
+            continue;
+        if (spec->next_explore[b][a] < due) {
+            due = spec->next_explore[b][a];
+            cand = a;
+        }
     }
+    if (cand >= 0 && step >= due) {
+        spec->ep_arm[b] = cand;
+        spec->ep_left[b] = SPEC_EPISODE;
+        spec->ep_tokens[b] = 0.0;
+        spec->ep_ns[b] = 0.0;
+        spec->lazy = false;
+        return cand;
+    }
+    spec->lazy = best == 0 && (cand < 0 || due > step + SPEC_WARM);
     return best;
+}
+
+/* Books one measured step of `arm` (tokens in ns) for bucket b. */
+static void spec_measure(spec_t *spec, int b, int arm, int tokens,
+                         double ns)
+{
+    double rate = tokens / BT_MAX(ns * 1e-9, 1e-12);
+    uint64_t step = spec->bucket_steps[b];
+    double r;
+    bool win;
+
+    if (arm == 0 && spec->ep_arm[b] != 0) { /* the running baseline */
+        spec->arm_rate[b][0] = spec->arm_n[b][0] == 0
+            ? rate
+            : (1.0 - SPEC_EMA_PLAIN) * spec->arm_rate[b][0] +
+                  SPEC_EMA_PLAIN * rate;
+        spec->arm_n[b][0]++;
+        return;
+    }
+    if (arm != spec->ep_arm[b] && arm != spec->best_arm[b])
+        return;
+    if (arm != spec->ep_arm[b]) { /* the speculative default */
+        spec->arm_rate[b][arm] = (1.0 - SPEC_EMA_PLAIN) *
+                                     spec->arm_rate[b][arm] +
+                                 SPEC_EMA_PLAIN * rate;
+        return;
+    }
+    spec->ep_tokens[b] += tokens;
+    spec->ep_ns[b] += ns;
+    if (--spec->ep_left[b] > 0)
+        return;
+    /* the episode is over: compare with the default arm */
+    r = spec->ep_tokens[b] / BT_MAX(spec->ep_ns[b] * 1e-9, 1e-12);
+    spec->arm_rate[b][arm] = spec->arm_n[b][arm] == 0
+        ? r
+        : (1.0 - SPEC_EMA) * spec->arm_rate[b][arm] + SPEC_EMA * r;
+    spec->arm_n[b][arm]++;
+    spec->ep_arm[b] = -1;
+    win = arm == 0
+        ? spec->arm_rate[b][0] * SPEC_WIN >
+              spec->arm_rate[b][spec->best_arm[b]]
+        : spec->arm_rate[b][arm] >
+              SPEC_WIN * spec->arm_rate[b][spec->best_arm[b]];
+    BT_LOG_DEBUG("SPEC", "bucket %d arm %d try: %.0f tok/s (ema %.0f) vs "
+                 "default %d %.0f: %s", b, arm, r, spec->arm_rate[b][arm],
+                 spec->best_arm[b], spec->arm_rate[b][spec->best_arm[b]],
+                 win ? "wins" : "loses");
+    if (win) {
+        int old = spec->best_arm[b];
+
+        spec->best_arm[b] = arm;
+        spec->explore_gap[b][arm] = SPEC_EXPLORE_FIRST / 2;
+        /* re-check the old default soon */
+        spec->explore_gap[b][old] = SPEC_EXPLORE_FIRST / 2;
+        spec->next_explore[b][old] = step + SPEC_EXPLORE_FIRST;
+    } else {
+        spec->explore_gap[b][arm] = BT_MIN(2 * spec->explore_gap[b][arm],
+                                           (uint64_t)SPEC_EXPLORE_MAX);
+        spec->next_explore[b][arm] = step + spec->explore_gap[b][arm];
+    }
 }
 
 bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
@@ -803,8 +879,6 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     } else {
         arm = spec_pick_arm(spec, spec_bucket(n_dec));
         shape = spec->arms[arm];
-        spec->lazy = arm == 0 &&
-                     spec->best_arm[spec_bucket(n_dec)] == 0;
     }
 
     /* plan: mode, blocks and the drafted tree of every sequence */
@@ -815,6 +889,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
         int n_sel = 0, tokens;
 
         s->mode = SPEC_MODE_SKIP;
+        s->drafted = 0;
         if (pending <= 0 || left <= 0)
             continue;
         if (cached + 1 > spec->max_ctx)
@@ -842,6 +917,8 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
         } else {
             tokens = BT_MIN(shape.tokens, BT_MIN(left - 1,
                                                  spec->max_ctx - cached - 1));
+            if (s->max_slots > 0)
+                tokens = BT_MIN(tokens, s->max_slots - cached - 1);
             s->mode = SPEC_MODE_PLAIN;
             if (tokens > 0 &&
                 engine_seq_reserve(spec->engine, s->seq,
@@ -855,6 +932,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
                 s->mode = SPEC_MODE_TREE;
             }
             s->take = 1 + n_sel;
+            s->drafted = n_sel;
         }
 reserve:
         status = engine_seq_reserve(spec->engine, s->seq, cached + s->take);
@@ -895,8 +973,9 @@ reserve:
     memset(&batch, 0, sizeof(batch));
     batch.n_seqs = n_b;
     batch.seqs = spec->bseqs;
+    /* lazy: nobody reads features this step (no tree, no push) */
     status = backend_forward(engine_backend(spec->engine), &batch,
-                             spec->logits, spec->hidden);
+                             spec->logits, spec->lazy ? NULL : spec->hidden);
     if (status != BT_OK)
         return status;
     t2 = bt_time_ns();
@@ -949,18 +1028,9 @@ reserve:
     }
     spec->stats.steps++;
     spec->stats.accept_ns += bt_time_ns() - t2;
-    if (arm >= 0 && !any_prefill && produced > 0) {
-        int b = spec_bucket(n_dec);
-        double dt = (double)(bt_time_ns() - t0) * 1e-9;
-        double rate = produced / BT_MAX(dt, 1e-9);
-
-        spec->arm_rate[b][arm] = spec->arm_n[b][arm] == 0
-            ? rate
-            : (1.0 - SPEC_EMA) * spec->arm_rate[b][arm] + SPEC_EMA * rate;
-        spec->arm_n[b][arm]++;
-        BT_LOG_DEBUG("SPEC", "bucket %d arm %d: %.0f tok/s (ema %.0f)", b,
-                     arm, rate, spec->arm_rate[b][arm]);
-    }
+    if (arm >= 0 && !any_prefill && produced > 0)
+        spec_measure(spec, spec_bucket(n_dec), arm, produced,
+                     (double)(bt_time_ns() - t0));
     return BT_OK;
 }
 
@@ -968,6 +1038,7 @@ bt_status_t spec_seq_import(spec_t *spec, spec_seq_t *s, const float *hidden,
                             int n)
 {
     int cached = engine_seq_cached(s->seq);
+    bool lazy;
     bt_status_t status;
 
     if (n < 0 || n > cached)
@@ -980,7 +1051,21 @@ bt_status_t spec_seq_import(spec_t *spec, spec_seq_t *s, const float *hidden,
             return status;
         s->pend_pos = cached - n;
     }
-    return spec_push(spec, s, hidden, n);
+    lazy = spec->lazy; /* shipped features are kept even while off */
+    spec->lazy = false;
+    status = spec_push(spec, s, hidden, n);
+    spec->lazy = lazy;
+    return status;
+}
+
+void spec_seq_set_max_slots(spec_seq_t *sseq, int max_slots)
+{
+    sseq->max_slots = BT_MAX(0, max_slots);
+}
+
+int spec_seq_last_drafted(const spec_seq_t *sseq)
+{
+    return sseq->drafted;
 }
 
 bt_status_t spec_seq_next(spec_t *spec, spec_seq_t *s, int *tok_p)

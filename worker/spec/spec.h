@@ -23,8 +23,11 @@
  *
  * Adaptive: every step picks one of a few tree sizes (off, chains of 2
  * and 4, the configured tree) per batch-size bucket from measured
- * tokens/s (epsilon-greedy with periodic exploration), so speculation is
- * switched off where it does not pay.
+ * tokens/s.  Plain decoding is the baseline, measured on every plain
+ * step; speculative arms are tried in short episodes, smallest first,
+ * and every lost try doubles the wait before the next, so where
+ * speculation does not pay it costs almost nothing (and while it is off
+ * no draft-head feature work is done at all).
  *
  * Designed for a decode worker's continuous batching: spec_step takes
  * any set of sequences each step; sequences join and leave freely.  Not
@@ -86,6 +89,15 @@ engine_seq_t *spec_seq_engine_seq(spec_seq_t *sseq);
  * first step decodes plainly and drafting starts from the next. */
 bt_status_t spec_seq_import(spec_t *spec, spec_seq_t *sseq,
                             const float *hidden, int n);
+
+/* Caps the KV slots a sequence's steps may take (draft tree included)
+ * at max_slots (0 = the context): a decode worker's admission promise
+ * (prompt + max tokens) then holds however much is drafted. */
+void spec_seq_set_max_slots(spec_seq_t *sseq, int max_slots);
+
+/* Draft tokens verified for the sequence in its last step (0: it was
+ * decoded plainly or fed a prompt chunk). */
+int spec_seq_last_drafted(const spec_seq_t *sseq);
 
 /* Most tokens one step may add to one sequence (depth + 1). */
 int spec_max_step_tokens(const spec_t *spec);
