@@ -1,0 +1,115 @@
+/*
+ * test_spec_failover.c - kill -9 of a speculating decode worker
+ * mid-stream.  d0 runs --spec-head (fixed tree, so every step drafts);
+ * once every request has streamed some tokens, d1 starts (plain: no
+ * head) and d0 is killed.  The router re-prefills prompt + streamed
+ * tokens on d1 and every stream continues with no duplicated or missing
+ * token: the ids equal golden.jsonl.  Then the other way round: a plain
+ * d1 dies and a speculating d2 takes over, again exact.
+ */
+#include "spec_cluster_util.h"
+
+#define N_REQ 8
+
+/* Receives until at least half the requests have `min_ids` ids. */
+static void stream_until(client_t *c, cu_result_t *res, int min_ids)
+{
+    for (;;) {
+        Baton__ClientMessage *m = NULL;
+        int got = 0;
+        if (client_recv(c, 10000, &m) != BT_OK)
+            BT_TEST_FAIL("no tokens streamed");
+        for (int i = 0; i < N_REQ; i++) {
+            if (res[i].rid != client_msg_request_id(m) ||
+                m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK)
+                continue;
+            BT_ASSERT_EQ(m->chunk->index, res[i].next_index);
+            for (size_t k = 0; k < m->chunk->n_ids; k++)
+                res[i].ids[res[i].n_ids++] = m->chunk->ids[k];
+            res[i].next_index += (int)m->chunk->n_ids;
+        }
+        for (int i = 0; i < N_REQ; i++)
+            got += res[i].n_ids >= min_ids;
+        proto_client_free(&m);
+        if (got >= N_REQ / 2)
+            return;
+    }
+}
+
+int main(void)
+{
+    static cu_golden_t golden[32];
+    static cu_result_t res[N_REQ];
+    char listen[64], control[64], model[512], head[128], log[128];
+    client_t *c = NULL, *ctl = NULL;
+    pid_t d0, d1, d2;
+    int port, n_golden;
+
+    cu_init();
+    n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
+    BT_CHECK(n_golden > 0);
+    snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
+             BT_SHARED_DIR);
+    snprintf(head, sizeof(head), "/tmp/bt_spec_failover_%d.safetensors",
+             (int)getpid());
+    snprintf(log, sizeof(log), "/tmp/bt_spec_failover_%d.log",
+             (int)getpid());
+    unlink(log);
+    scu_train_head(model, head);
+    port = cu_free_port();
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
+    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
+    cu_spawn("baton-prefill", "--router", control, "--model", model,
+             "--threads", "1", "--name", "p0", "--spec-features", NULL);
+    d0 = scu_spawn_logged(log, "baton-decode", "--router", control,
+                          "--model", model, "--threads", "1", "--name",
+                          "d0", "--spec-head", head, "--spec", "fixed",
+                          "--step-delay-ms", "10", NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    BT_ASSERT_OK(client_create(listen, &ctl));
+    cu_wait_workers(ctl, 1, 1, 20000);
+
+    /* speculating d0 dies; plain d1 continues */
+    for (int i = 0; i < N_REQ; i++)
+        res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
+    stream_until(c, res, 8);
+    d1 = cu_spawn("baton-decode", "--router", control, "--model", model,
+                  "--threads", "1", "--name", "d1", "--step-delay-ms", "10",
+                  NULL);
+    cu_wait_workers(ctl, 1, 2, 5000);
+    for (int i = 0; i < N_REQ; i++)
+        BT_CHECK(res[i].n_ids < golden[i % n_golden].n_expect);
+    cu_kill(d0, SIGKILL);
+    BT_CHECK(scu_count(log, "first decode step: drafted ") > 0);
+    cu_collect(c, res, N_REQ, 50000);
+    for (int i = 0; i < N_REQ; i++) {
+        cu_check_golden(&res[i], &golden[i % n_golden], i);
+        BT_ASSERT_EQ(res[i].retries, 1);
+    }
+
+    /* plain d1 dies; speculating d2 continues */
+    memset(res, 0, sizeof(res));
+    for (int i = 0; i < N_REQ; i++)
+        res[i].rid = cu_submit_golden(c, &golden[(i + 1) % n_golden]);
+    stream_until(c, res, 8);
+    d2 = scu_spawn_logged(log, "baton-decode", "--router", control,
+                          "--model", model, "--threads", "1", "--name",
+                          "d2", "--spec-head", head, NULL);
+    cu_wait_workers(ctl, 1, 2, 5000);
+    cu_kill(d1, SIGKILL);
+    cu_collect(c, res, N_REQ, 50000);
+    for (int i = 0; i < N_REQ; i++) {
+        cu_check_golden(&res[i], &golden[(i + 1) % n_golden], i);
+        BT_ASSERT_EQ(res[i].retries, 1);
+    }
+    client_destroy(&c);
+    client_destroy(&ctl);
+    (void)d2;
+    unlink(head);
+    unlink(log);
+    BT_TEST_PASS("cluster/spec_failover: kill -9 of a speculating decode "
+                 "worker (and of a plain one), exact");
+    return 0;
+}
