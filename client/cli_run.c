@@ -39,7 +39,9 @@ static void run_usage(FILE *out)
 "  --ids                  print generated ids on one line instead of text\n"
 "  --stats                print timing and tokens/s to stderr\n"
 "\nspeculative decoding (EAGLE; cpu backend):\n"
-"  --spec-head PATH       draft head .safetensors (baton eagle train)\n"
+"  --spec-head PATH       draft head .safetensors (baton eagle train);\n"
+"  --draft PATH           the same\n"
+"  --spec off|auto|fixed  speculation off, adaptive (default), full tree\n"
 "  --spec-depth D         draft tree depth (default 5)\n"
 "  --spec-topk K          draft children per node (default 4)\n"
 "  --spec-tokens T        draft tokens verified per step (default 16)\n"
@@ -109,6 +111,7 @@ int cli_run_main(int argc, char **argv)
     bt_status_t status;
     /* speculative decoding (--spec-head) */
     const char *spec_head_path = NULL;
+    bool spec_off = false; /* --spec off: ignore the head */
     spec_config_t spec_cfg;
     spec_head_t *spec_head = NULL;
     spec_t *spec = NULL;
@@ -129,6 +132,8 @@ int cli_run_main(int argc, char **argv)
         { "spec-topk", required_argument, NULL, 3002 },
         { "spec-tokens", required_argument, NULL, 3003 },
         { "spec-fixed", no_argument, NULL, 3004 },
+        { "draft", required_argument, NULL, 3000 },
+        { "spec", required_argument, NULL, 3005 },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -150,10 +155,38 @@ int cli_run_main(int argc, char **argv)
         case 's': system_msg = optarg; break;
         case 'C': template_name = optarg; chat = true; break;
         case 3000: spec_head_path = optarg; break;
-        case 3001: spec_cfg.depth = atoi(optarg); break;
-        case 3002: spec_cfg.topk = atoi(optarg); break;
-        case 3003: spec_cfg.tokens = atoi(optarg); break;
+        case 3001:
+        case 3002:
+        case 3003: {
+            int v;
+            if (bt_parse_int(optarg, &v) != BT_OK || v <= 0 || v > 256) {
+                fprintf(stderr, "baton run: --spec-depth/--spec-topk/"
+                                "--spec-tokens take 1..256, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            if (c == 3001)
+                spec_cfg.depth = v;
+            else if (c == 3002)
+                spec_cfg.topk = v;
+            else
+                spec_cfg.tokens = v;
+            break;
+        }
         case 3004: spec_cfg.adaptive = false; break;
+        case 3005:
+            if (strcmp(optarg, "off") == 0) {
+                spec_off = true;
+            } else if (strcmp(optarg, "auto") == 0) {
+                spec_cfg.adaptive = true;
+            } else if (strcmp(optarg, "fixed") == 0) {
+                spec_cfg.adaptive = false;
+            } else {
+                fprintf(stderr, "baton run: --spec takes off, auto or "
+                                "fixed, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'h': run_usage(stdout); return 0;
         default:
             if (cli_engine_option(c, optarg, &ecfg) == 0 ||
@@ -222,6 +255,8 @@ int cli_run_main(int argc, char **argv)
     status = engine_seq_create(engine, ids, n_ids, &sp, &seq);
     if (status != BT_OK)
         goto out;
+    if (spec_off)
+        spec_head_path = NULL;
     if (spec_head_path != NULL) {
         if ((status = spec_head_load(engine_model(engine), spec_head_path,
                                      &spec_head)) != BT_OK ||

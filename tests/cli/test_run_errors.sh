@@ -53,6 +53,9 @@ expect error "." -- run --model "$tmp/garbage.bin" --prompt-ids 1
 head -c 3000 "$M/aidreams-tok512.bin" > "$tmp/tok.bin"
 expect error "truncated\|tokenizer" -- run $A --tokenizer "$tmp/tok.bin" --prompt hi
 expect usage "unexpected argument" -- run $A --prompt-ids 1 extra
+expect usage "off, auto or fixed" -- run $A --prompt-ids 1 --spec bogus
+expect usage "1..256" -- run $A --prompt-ids 1 --spec-depth 0
+expect error "." -- run $A --prompt-ids 1 --draft "$tmp/missing.safetensors"
 
 # Sanity: a good run works and honours --max-tokens.
 out=$("$B" run $A --prompt-ids 1 --max-tokens 5 --ids 2>"$tmp/err")
