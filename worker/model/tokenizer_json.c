@@ -6,10 +6,16 @@
  * (BOS, EOS set, chat template).
  *
  * Encoding follows the `tokenizers` library step by step:
- *  1. added tokens are cut out of the raw text first (leftmost, longest
- *     match, honouring lstrip/rstrip) and become their ids unsplit;
- *  2. each remaining segment goes through the normalizer (Prepend,
- *     Replace, Sequence);
+ *  1. added tokens with `normalized: false` are cut out of the raw text
+ *     first (leftmost, longest match, honouring lstrip/rstrip) and become
+ *     their ids unsplit;
+ *  2. each remaining segment goes through the normalizer (NFC, NFD, NFKC,
+ *     NFKD, Prepend, Replace, in Sequence order); then added tokens with
+ *     `normalized: true` are cut out of the normalized segment, matched by
+ *     their content put through the same normalizer (as the library's
+ *     AddedVocabulary does: so with a Prepend normalizer such a token's
+ *     pattern starts with the prepended text).  A missing `normalized`
+ *     field means !special, as in the library's AddedToken::from;
  *  3. then the pre-tokenizer (Split with a PCRE2 regex or a string and any
  *     split behaviour, ByteLevel with its prefix space and GPT-2 regex,
  *     Metaspace with its prepend scheme and split, Sequence) cuts it into
@@ -33,10 +39,19 @@
  *
  * Not supported (refused with BT_ERR_UNSUPPORTED naming the block): other
  * models (WordPiece, Unigram), continuing_subword_prefix/end_of_word_suffix,
- * Regex normalizer patterns.  Unicode normalization forms (NFC, NFKC) are
- * accepted and treated as identity: text already in that form (nearly all
- * text) encodes the same.  Added tokens are matched in the raw text even
- * when marked `normalized`.
+ * Regex normalizer patterns, other normalizers (Lowercase, Strip, BERT's:
+ * none of the Llama/Qwen/Mistral families uses them), added tokens'
+ * single_word.
+ *
+ * Unicode normalization uses utf8proc (Debian's libutf8proc, 2.8.0 =
+ * Unicode 15.0 on Debian 12) with UTF8PROC_STABLE; the library uses the
+ * unicode-normalization-alignments crate, whose tables are older, so a
+ * character assigned after them could differ.  Pure-ASCII text is
+ * returned untouched without a call (every form leaves ASCII alone).
+ * Invalid UTF-8 (which the library can never receive: Rust strings are
+ * valid UTF-8) cannot be normalized: utf8proc rejects it, and the segment
+ * then keeps its raw bytes for that step, deterministically, and goes on
+ * to the later steps and the pre-tokenizer as before.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 
@@ -51,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "bt_alloc.h"
 #include "bt_error.h"
@@ -81,11 +97,12 @@ static const char tj_gpt2_regex[] =
 typedef enum {
     TJ_NORM_PREPEND, /* prepend str when the text is not empty */
     TJ_NORM_REPLACE, /* replace every str with to */
-    TJ_NORM_IDENTITY /* NFC/NFKC/...: accepted, not applied */
+    TJ_NORM_UNICODE  /* NFC/NFD/NFKC/NFKD through utf8proc */
 } tj_norm_type_t;
 
 typedef struct {
     tj_norm_type_t type; /* what it does */
+    int uopts;           /* Unicode form: utf8proc_option_t flags */
     char *str;           /* Prepend text / Replace pattern */
     size_t str_len;
     char *to;            /* Replace content */
@@ -124,11 +141,15 @@ typedef struct {
     bool split;             /* Metaspace: split on the replacement */
 } tj_pre_t;
 
-/* An added token: matched in raw text before anything else. */
+/* An added token: matched in the raw text before anything else, or, when
+ * normalized, in each normalized segment. */
 typedef struct {
     int id;           /* its id */
     const char *text; /* content (arena) */
     int len;          /* content bytes */
+    const char *pat;  /* what is matched: text, or text normalized */
+    int pat_len;      /* pattern bytes (0: never matched) */
+    bool normalized;  /* matched in normalized text */
     bool special;     /* skipped on decode when skip_special */
     bool lstrip;      /* swallows whitespace on its left */
     bool rstrip;      /* swallows whitespace on its right */
@@ -186,9 +207,13 @@ struct tokjson_s {
     uint32_t merge_mask;
     int n_merges;
 
-    tj_added_t *added;      /* (n_added) sorted by length desc */
+    tj_added_t *added;      /* (n_added) sorted by pattern length desc */
     int n_added;
-    int *added_first[256];  /* per first byte: indices into added, -1 end */
+    int n_raw_added;        /* of them matched in raw text */
+    int n_norm_added;       /* of them matched in normalized text */
+    int *added_first[256];  /* raw set: per first byte, indices into added,
+                               -1 ends */
+    int *nadded_first[256]; /* normalized set, the same way */
 
     tj_norm_t *norms;       /* (n_norms) normalizer steps in order */
     int n_norms;
@@ -535,8 +560,11 @@ static bt_status_t tj_add_norm(tokjson_t *tj, const cJSON *n, int depth)
         norm->to = tj_arena_str(tj, to, norm->to_len);
     } else if (strcmp(type, "NFC") == 0 || strcmp(type, "NFKC") == 0 ||
                strcmp(type, "NFD") == 0 || strcmp(type, "NFKD") == 0) {
-        BT_LOG_DEBUG("TOK", "normalizer %s treated as identity", type);
-        norm->type = TJ_NORM_IDENTITY;
+        norm->type = TJ_NORM_UNICODE;
+        norm->uopts = UTF8PROC_STABLE |
+                      (type[2] == 'C' || type[3] == 'C' ? UTF8PROC_COMPOSE
+                                                        : UTF8PROC_DECOMPOSE) |
+                      (type[2] == 'K' ? UTF8PROC_COMPAT : 0);
     } else {
         return BT_ERROR(BT_ERR_UNSUPPORTED, "TOK",
                         "tokenizer.json: normalizer type '%s' is not "
@@ -986,15 +1014,8 @@ static bt_status_t tj_fill_merges(tokjson_t *tj, const cJSON *merges,
     return status;
 }
 
-static int tj_added_cmp(const void *a, const void *b)
-{
-    const tj_added_t *x = a, *y = b;
-    if (x->len != y->len)
-        return x->len > y->len ? -1 : 1;
-    return x->id - y->id;
-}
-
-/* Reads added_tokens (ids were range-checked by the caller). */
+/* Reads added_tokens (ids were range-checked by the caller); their match
+ * patterns and lookup chains come after, from tj_prepare_added(). */
 static bt_status_t tj_fill_added(tokjson_t *tj, const cJSON *list)
 {
     const cJSON *it;
@@ -1011,39 +1032,15 @@ static bt_status_t tj_fill_added(tokjson_t *tj, const cJSON *list)
         a->special = tj_get_bool(it, "special", false);
         a->lstrip = tj_get_bool(it, "lstrip", false);
         a->rstrip = tj_get_bool(it, "rstrip", false);
+        a->normalized = tj_get_bool(it, "normalized", !a->special);
+        a->pat = a->text;
+        a->pat_len = a->len;
         tj->pieces[a->id] = a->text;
         tj->flags[a->id] |= TJ_F_PRESENT | TJ_F_ADDED |
                             (a->special ? TJ_F_SPECIAL : 0);
         i++;
     }
     tj->n_added = i;
-    qsort(tj->added, (size_t)i, sizeof(*tj->added), tj_added_cmp);
-    /* Per first byte, a -1 terminated chain of indices into added (so
-     * length-descending), all in one array. */
-    for (int b = 0; b < 256; b++)
-        tj->added_first[b] = NULL;
-    {
-        int counts[256] = {0};
-        int total = 0, pos[256];
-        int *chains;
-        for (int k = 0; k < i; k++)
-            counts[(uint8_t)tj->added[k].text[0]]++;
-        for (int b = 0; b < 256; b++) {
-            pos[b] = total;
-            total += counts[b] > 0 ? counts[b] + 1 : 0;
-        }
-        chains = tj_arena_alloc(tj, ((size_t)total + 1) * sizeof(int));
-        if (chains == NULL)
-            return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "added tokens");
-        for (int b = 0; b < 256; b++)
-            if (counts[b] > 0)
-                tj->added_first[b] = chains + pos[b];
-        for (int k = 0; k < i; k++)
-            chains[pos[(uint8_t)tj->added[k].text[0]]++] = k;
-        for (int b = 0; b < 256; b++)
-            if (counts[b] > 0)
-                chains[pos[b]] = -1;
-    }
     return BT_OK;
 }
 
@@ -1172,6 +1169,8 @@ err_no_memory:
     return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "decoded pieces");
 }
 
+static bt_status_t tj_prepare_added(tokjson_t *tj);
+
 static bt_status_t tj_load_model(tokjson_t *tj, const cJSON *root)
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -1273,6 +1272,9 @@ static bt_status_t tj_load_model(tokjson_t *tj, const cJSON *root)
     if (status != BT_OK)
         return status;
     status = tj_fill_added(tj, added);
+    if (status != BT_OK)
+        return status;
+    status = tj_prepare_added(tj);
     if (status != BT_OK)
         return status;
 
@@ -1628,6 +1630,12 @@ typedef struct {
     size_t out_cap;
     size_t n_out;
     pcre2_match_data *md; /* for every regex (sized for one pair) */
+    utf8proc_int32_t *ucs;/* code points of a Unicode normalizer step, then
+                             its UTF-8 output in the same memory */
+    size_t ucs_cap;
+    char *norm;           /* a normalized segment while normalized added
+                             tokens are cut out of it */
+    size_t norm_cap;
 } tj_work_t;
 
 static bool tj_out_push(tj_work_t *w, int id)
@@ -1901,6 +1909,50 @@ static size_t tj_replace(const char *s, size_t n, const char *pat, size_t pl,
     return w;
 }
 
+/* One Unicode normalization form over the current text into the next
+ * buffer (utf8proc_map's steps, in w's buffers).  Pure ASCII is left as it
+ * is; so is text that is not valid UTF-8 (utf8proc refuses it; see the
+ * file comment). */
+static bt_status_t tj_norm_unicode(const tj_norm_t *nm, tj_work_t *w)
+{
+    const utf8proc_uint8_t *cur = (const utf8proc_uint8_t *)w->text[w->cur];
+    size_t n = w->text_len, i = 0;
+    utf8proc_ssize_t cps, bytes;
+    char *out;
+
+    while (i < n && cur[i] < 0x80)
+        i++;
+    if (i == n || n > (size_t)INT_MAX)
+        return BT_OK;
+    for (;;) {
+        cps = utf8proc_decompose(cur, (utf8proc_ssize_t)n, w->ucs,
+                                 (utf8proc_ssize_t)w->ucs_cap,
+                                 (utf8proc_option_t)nm->uopts);
+        if (cps < 0)
+            return BT_OK; /* invalid UTF-8: the raw bytes stay */
+        /* reencode writes UTF-8 in place plus a NUL: cps * 4 + 1 bytes */
+        if ((size_t)cps + 1 <= w->ucs_cap)
+            break;
+        if ((size_t)cps > (size_t)INT_MAX / 4)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "TOK",
+                            "text too long after Unicode normalization");
+        if (!tj_grow((void **)&w->ucs, &w->ucs_cap, (size_t)cps + 1,
+                     sizeof(*w->ucs), "tok_encode"))
+            return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "normalizer");
+    }
+    bytes = utf8proc_reencode(w->ucs, cps, (utf8proc_option_t)nm->uopts);
+    if (bytes < 0)
+        return BT_OK;
+    out = tj_next_text(w, (size_t)bytes);
+    if (out == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "normalizer");
+    memcpy(out, w->ucs, (size_t)bytes);
+    w->cur = 1 - w->cur;
+    w->text_len = (size_t)bytes;
+    return BT_OK;
+}
+
+/* Runs the normalizer steps in order over the current text. */
 static bt_status_t tj_normalize(const tokjson_t *tj, tj_work_t *w)
 {
     for (int k = 0; k < tj->n_norms; k++) {
@@ -1909,8 +1961,14 @@ static bt_status_t tj_normalize(const tokjson_t *tj, tj_work_t *w)
         size_t n = w->text_len, out_n;
         char *out;
 
-        if (nm->type == TJ_NORM_IDENTITY || n == 0)
+        if (n == 0)
             continue;
+        if (nm->type == TJ_NORM_UNICODE) {
+            bt_status_t status = tj_norm_unicode(nm, w);
+            if (status != BT_OK)
+                return status;
+            continue;
+        }
         if (nm->type == TJ_NORM_PREPEND) {
             out = tj_next_text(w, n + nm->str_len);
             if (out == NULL)
@@ -2138,15 +2196,9 @@ static bt_status_t tj_split_spans(const tj_pre_t *pre, tj_work_t *w)
     return BT_OK;
 }
 
-/* Normalizes, pre-tokenizes and BPE-encodes one segment between added
- * tokens.  at_start: the segment begins the input text. */
-static bt_status_t tj_encode_segment(const tokjson_t *tj, tj_work_t *w,
-                                     const char *s, size_t n, bool at_start)
+/* Loads s[0..n) as the current text. */
+static bt_status_t tj_load_text(tj_work_t *w, const char *s, size_t n)
 {
-    bt_status_t status;
-
-    if (n == 0)
-        return BT_OK;
     w->cur = 0;
     if (!tj_grow((void **)&w->text[0], &w->text_cap[0], n + 1, 1,
                  "tok_encode") ||
@@ -2155,11 +2207,20 @@ static bt_status_t tj_encode_segment(const tokjson_t *tj, tj_work_t *w,
         return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "encode buffers");
     memcpy(w->text[0], s, n);
     w->text_len = n;
-    status = tj_normalize(tj, w);
-    if (status != BT_OK)
-        return status;
+    return BT_OK;
+}
+
+/* Pre-tokenizes and BPE-encodes the current (normalized) text.  at_start:
+ * it begins the input text. */
+static bt_status_t tj_pretok_bpe(const tokjson_t *tj, tj_work_t *w,
+                                 bool at_start)
+{
+    bt_status_t status;
+
     w->spans[0][0] = (tj_span_t){0, w->text_len};
     w->n_spans = w->text_len > 0 ? 1 : 0;
+    if (w->n_spans == 0)
+        return BT_OK;
     for (int k = 0; k < tj->n_pres; k++) {
         const tj_pre_t *pre = &tj->pres[k];
         if (pre->type == TJ_PRE_METASPACE ||
@@ -2190,27 +2251,184 @@ static bool tj_is_space(char c)
            c == '\v';
 }
 
-/* The longest added token at text[i], or NULL. */
-static const tj_added_t *tj_added_at(const tokjson_t *tj, const char *text,
-                                     size_t len, size_t i)
+/* The longest added token of one set (chains: tj->added_first or
+ * tj->nadded_first) whose pattern starts at text[i], or NULL. */
+static const tj_added_t *tj_added_at(const tokjson_t *tj,
+                                     int *const chains[256],
+                                     const char *text, size_t len, size_t i)
 {
-    const int *chain = tj->added_first[(uint8_t)text[i]];
+    const int *chain = chains[(uint8_t)text[i]];
 
     if (chain == NULL)
         return NULL;
     for (; *chain >= 0; chain++) {
         const tj_added_t *a = &tj->added[*chain];
-        if ((size_t)a->len <= len - i && memcmp(text + i, a->text,
-                                                (size_t)a->len) == 0)
+        if ((size_t)a->pat_len <= len - i &&
+            memcmp(text + i, a->pat, (size_t)a->pat_len) == 0)
             return a;
     }
     return NULL;
+}
+
+/* Normalizes, pre-tokenizes and BPE-encodes one segment between raw added
+ * tokens; added tokens marked normalized are cut out of the normalized
+ * segment first, like the library's second AddedVocabulary split.
+ * at_start: the segment begins the input text. */
+static bt_status_t tj_encode_segment(const tokjson_t *tj, tj_work_t *w,
+                                     const char *s, size_t n, bool at_start)
+{
+    bt_status_t status;
+    size_t len, seg = 0, i = 0;
+
+    if (n == 0)
+        return BT_OK;
+    status = tj_load_text(w, s, n);
+    if (status != BT_OK)
+        return status;
+    status = tj_normalize(tj, w);
+    if (status != BT_OK || tj->n_norm_added == 0)
+        return status != BT_OK ? status : tj_pretok_bpe(tj, w, at_start);
+
+    /* The pre-tokenizer reuses the text buffers: keep the normalized text
+     * aside while cutting. */
+    len = w->text_len;
+    if (!tj_grow((void **)&w->norm, &w->norm_cap, len + 1, 1, "tok_encode"))
+        return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "encode buffers");
+    memcpy(w->norm, w->text[w->cur], len);
+    while (i < len) {
+        const tj_added_t *a = tj_added_at(tj, tj->nadded_first, w->norm,
+                                          len, i);
+        size_t start = i, end;
+        if (a == NULL) {
+            i++;
+            continue;
+        }
+        end = i + (size_t)a->pat_len;
+        if (a->lstrip)
+            while (start > seg && tj_is_space(w->norm[start - 1]))
+                start--;
+        if (a->rstrip)
+            while (end < len && tj_is_space(w->norm[end]))
+                end++;
+        if (start > seg) {
+            status = tj_load_text(w, w->norm + seg, start - seg);
+            if (status == BT_OK)
+                status = tj_pretok_bpe(tj, w, at_start && seg == 0);
+            if (status != BT_OK)
+                return status;
+        }
+        if (!tj_out_push(w, a->id))
+            return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "ids");
+        seg = i = end;
+    }
+    if (len == seg)
+        return BT_OK;
+    status = tj_load_text(w, w->norm + seg, len - seg);
+    if (status != BT_OK)
+        return status;
+    return tj_pretok_bpe(tj, w, at_start && seg == 0);
+}
+
+static int tj_added_cmp(const void *a, const void *b)
+{
+    const tj_added_t *x = a, *y = b;
+    if (x->pat_len != y->pat_len)
+        return x->pat_len > y->pat_len ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* Builds one set's chains: per first byte, a -1 terminated list of
+ * indices into added (so pattern-length descending), all in one array. */
+static bt_status_t tj_chain_added(tokjson_t *tj, bool normalized,
+                                  int *chains_p[256])
+{
+    int counts[256] = {0};
+    int total = 0, pos[256];
+    int *chains;
+
+    for (int b = 0; b < 256; b++)
+        chains_p[b] = NULL;
+    for (int k = 0; k < tj->n_added; k++)
+        if (tj->added[k].normalized == normalized &&
+            tj->added[k].pat_len > 0)
+            counts[(uint8_t)tj->added[k].pat[0]]++;
+    for (int b = 0; b < 256; b++) {
+        pos[b] = total;
+        total += counts[b] > 0 ? counts[b] + 1 : 0;
+    }
+    chains = tj_arena_alloc(tj, ((size_t)total + 1) * sizeof(int));
+    if (chains == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "added tokens");
+    for (int b = 0; b < 256; b++)
+        if (counts[b] > 0)
+            chains_p[b] = chains + pos[b];
+    for (int k = 0; k < tj->n_added; k++)
+        if (tj->added[k].normalized == normalized &&
+            tj->added[k].pat_len > 0)
+            chains[pos[(uint8_t)tj->added[k].pat[0]]++] = k;
+    for (int b = 0; b < 256; b++)
+        if (counts[b] > 0)
+            chains[pos[b]] = -1;
+    total = 0;
+    for (int b = 0; b < 256; b++)
+        total += counts[b];
+    if (normalized)
+        tj->n_norm_added = total;
+    else
+        tj->n_raw_added = total;
+    return BT_OK;
+}
+
+/* Gives each normalized added token its pattern (its content through the
+ * normalizer, as the library's refresh_added_tokens does), sorts the added
+ * tokens by pattern length and builds both lookup sets.  Called once the
+ * normalizer and added_tokens are loaded. */
+static bt_status_t tj_prepare_added(tokjson_t *tj)
+{
+    tj_work_t w;
+    bt_status_t status = BT_OK;
+
+    memset(&w, 0, sizeof(w));
+    for (int k = 0; k < tj->n_added && tj->n_norms > 0; k++) {
+        tj_added_t *a = &tj->added[k];
+        if (!a->normalized)
+            continue;
+        status = tj_load_text(&w, a->text, (size_t)a->len);
+        if (status == BT_OK)
+            status = tj_normalize(tj, &w);
+        if (status != BT_OK)
+            goto out;
+        if (w.text_len > (size_t)INT_MAX) {
+            status = BT_ERROR(BT_ERR_FORMAT, "TOK",
+                              "added token %d is too long", a->id);
+            goto out;
+        }
+        a->pat_len = (int)w.text_len;
+        a->pat = tj_arena_str(tj, w.text[w.cur], w.text_len);
+        if (a->pat == NULL) {
+            status = BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "added tokens");
+            goto out;
+        }
+    }
+    qsort(tj->added, (size_t)tj->n_added, sizeof(*tj->added), tj_added_cmp);
+    status = tj_chain_added(tj, false, tj->added_first);
+    if (status == BT_OK)
+        status = tj_chain_added(tj, true, tj->nadded_first);
+out:
+    bt_free(w.norm);
+    bt_free(w.ucs);
+    bt_free(w.spans[0]);
+    bt_free(w.text[1]);
+    bt_free(w.text[0]);
+    return status;
 }
 
 static void tj_work_free(tj_work_t *w)
 {
     if (w->md != NULL)
         pcre2_match_data_free(w->md);
+    bt_free(w->norm);
+    bt_free(w->ucs);
     bt_free(w->heap);
     bt_free(w->syms);
     bt_free(w->matches);
@@ -2245,8 +2463,10 @@ bt_status_t tokjson_encode(const tokjson_t *tj, const char *text, size_t len,
 
     /* Added tokens first: the text between them is encoded normally. */
     while (i < len) {
-        const tj_added_t *a = tj->n_added > 0 ? tj_added_at(tj, text, len, i)
-                                              : NULL;
+        const tj_added_t *a =
+            tj->n_raw_added > 0 ? tj_added_at(tj, tj->added_first, text, len,
+                                              i)
+                                : NULL;
         size_t start = i, end;
         if (a == NULL) {
             i++;
