@@ -57,7 +57,11 @@ static void up_usage(FILE *out)
 "  --chunk-tokens N     prefill chunk (default 512)\n"
 "  --no-ucx             KV travels inline on the control plane\n"
 "  --null-model         workers without a model (overhead benchmarks)\n"
-"  --log-dir DIR        write each process's log to DIR/NAME.log\n");
+"  --log-dir DIR        write each process's log to DIR/NAME.log\n"
+"  --spec-head PATH     EAGLE draft head: decode workers speculate, prefill\n"
+"                       workers ship features (--spec-features)\n"
+"  --spec-depth D, --spec-topk K, --spec-tokens N, --spec off|auto|fixed\n"
+"                       passed to decode workers\n");
 }
 
 typedef struct {
@@ -199,6 +203,11 @@ int cli_up_main(int argc, char **argv)
         { "kv-transport", required_argument, NULL, 'X' },
         { "device", required_argument, NULL, 'd' },
         { "precision", required_argument, NULL, 'r' },
+        { "spec-head", required_argument, NULL, 1000 },
+        { "spec-depth", required_argument, NULL, 1001 },
+        { "spec-topk", required_argument, NULL, 1002 },
+        { "spec-tokens", required_argument, NULL, 1003 },
+        { "spec", required_argument, NULL, 1004 },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -206,6 +215,10 @@ int cli_up_main(int argc, char **argv)
     const char *threads = "1", *kv_blocks = "256", *block_size = "16";
     const char *chunk = "512", *kv_transport = "auto", *device = NULL;
     const char *precision = NULL;
+    /* speculative decoding, passed through: --spec-head and 4 values */
+    const char *spec_head = NULL, *spec_opt[4] = { NULL, NULL, NULL, NULL };
+    static const char *const spec_flag[4] = { "--spec-depth", "--spec-topk",
+                                              "--spec-tokens", "--spec" };
     bool null_model = false, no_ucx = false, role_both = false;
     int n_prefill = 1, n_decode = 1, port = 5555, n = 0;
     up_proc_t procs[UP_MAX_PROCS];
@@ -236,6 +249,10 @@ int cli_up_main(int argc, char **argv)
         case 'X': kv_transport = optarg; break;
         case 'd': device = optarg; break;
         case 'r': precision = optarg; break;
+        case 1000: spec_head = optarg; break;
+        case 1001: case 1002: case 1003: case 1004:
+            spec_opt[c - 1001] = optarg;
+            break;
         case 'h': up_usage(stdout); return 0;
         default: up_usage(stderr); return 2;
         }
@@ -326,6 +343,18 @@ int cli_up_main(int argc, char **argv)
             if (precision != NULL && !null_model) {
                 args[a++] = "--precision";
                 args[a++] = (char *)precision;
+            }
+            if (spec_head != NULL && !null_model && role == 1) {
+                args[a++] = "--spec-features";
+            } else if (spec_head != NULL && !null_model) {
+                args[a++] = "--spec-head";
+                args[a++] = (char *)spec_head;
+                for (int k = 0; k < 4; k++) {
+                    if (spec_opt[k] == NULL)
+                        continue;
+                    args[a++] = (char *)spec_flag[k];
+                    args[a++] = (char *)spec_opt[k];
+                }
             }
             args[a] = NULL;
             procs[n].pid = up_spawn(bin_dir,

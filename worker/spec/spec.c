@@ -17,14 +17,16 @@
 
 #define SPEC_PEND_CAP 64   /* target features buffered before the draft
                               head is fed (plain decoding defers it) */
-#define SPEC_N_ARMS 4      /* off, chain 2, chain 4, configured tree */
+#define SPEC_N_ARMS 5      /* off, chains of 1, 2 and 4, configured tree */
 #define SPEC_N_BUCKETS 4   /* batch sizes 1, 2-4, 5-16, 17+ */
 /* The controller (spec_pick_arm): plain decoding is the baseline,
  * measured on every plain step; a speculative arm is tried in short
  * episodes, and each loss multiplies the wait before its next try. */
 #define SPEC_BASELINE_STEPS 8   /* plain steps measured before any try */
 #define SPEC_EPISODE 3          /* measured steps per try */
-#define SPEC_WARM 4             /* steps before a try that keep features */
+#define SPEC_CLEAR 0.7          /* a try below 0.7x the default ends at
+                                   once (a clear loss) */
+#define SPEC_WARM 2             /* steps before a try that keep features */
 #define SPEC_EXPLORE_FIRST 32   /* wait after a first loss */
 #define SPEC_EXPLORE_MAX (1u << 22) /* longest wait: practically never */
 #define SPEC_WIN 1.03           /* a spec arm must beat plain by 3% */
@@ -213,10 +215,11 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         return BT_ERR_NO_MEMORY;
     }
     spec->arms[0] = (spec_shape_t){ 0, 0, 0 };
-    spec->arms[1] = (spec_shape_t){ 2, 2, 1 };
-    spec->arms[2] = (spec_shape_t){ 4, 4, 1 };
-    spec->arms[3] = (spec_shape_t){ cfg->tokens, cfg->depth, cfg->topk };
-    for (int a = 1; a < 3; a++) { /* chains within the configured limits */
+    spec->arms[1] = (spec_shape_t){ 1, 1, 1 };
+    spec->arms[2] = (spec_shape_t){ 2, 2, 1 };
+    spec->arms[3] = (spec_shape_t){ 4, 4, 1 };
+    spec->arms[4] = (spec_shape_t){ cfg->tokens, cfg->depth, cfg->topk };
+    for (int a = 1; a < 4; a++) { /* chains within the configured limits */
         spec->arms[a].tokens = BT_MIN(spec->arms[a].tokens,
                                       BT_MIN(cfg->tokens, cfg->depth));
         spec->arms[a].depth = spec->arms[a].tokens;
@@ -228,7 +231,7 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
     }
     if (!cfg->adaptive) {
         spec->fixed = true;
-        spec->fixed_shape = spec->arms[3];
+        spec->fixed_shape = spec->arms[SPEC_N_ARMS - 1];
     }
     *spec_p = spec;
     return BT_OK;
@@ -745,9 +748,10 @@ static int spec_bucket(int n)
  * bigger one only while the next smaller one reaches SPEC_LADDER of
  * plain, so a losing chain of 2 rules out the trees); an arm that beats
  * plain by SPEC_WIN becomes the default, and plain is then tried the
- * same way.  Every lost try doubles the arm's wait (up to
- * SPEC_EXPLORE_MAX steps), so where speculation does not pay its cost
- * vanishes.  Sets spec->lazy: no feature work while plain runs and no
+ * same way.  Every lost try multiplies the arm's wait (x8 for a clear
+ * loss, which also ends the try after one step; x2 for a close one; up
+ * to SPEC_EXPLORE_MAX steps, practically never), so where speculation
+ * does not pay its cost vanishes.  Sets spec->lazy: no feature work while plain runs and no
  * try is within SPEC_WARM steps. */
 static int spec_pick_arm(spec_t *spec, int b)
 {
@@ -797,13 +801,12 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
     double rate = tokens / BT_MAX(ns * 1e-9, 1e-12);
     uint64_t step = spec->bucket_steps[b];
     double r;
-    bool win;
+    bool win, clear;
 
     if (arm == 0 && spec->ep_arm[b] != 0) { /* the running baseline */
-        spec->arm_rate[b][0] = spec->arm_n[b][0] == 0
-            ? rate
-            : (1.0 - SPEC_EMA_PLAIN) * spec->arm_rate[b][0] +
-                  SPEC_EMA_PLAIN * rate;
+        double w = BT_MAX(SPEC_EMA_PLAIN, 1.0 / (spec->arm_n[b][0] + 1));
+
+        spec->arm_rate[b][0] = (1.0 - w) * spec->arm_rate[b][0] + w * rate;
         spec->arm_n[b][0]++;
         return;
     }
@@ -817,10 +820,11 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
     }
     spec->ep_tokens[b] += tokens;
     spec->ep_ns[b] += ns;
-    if (--spec->ep_left[b] > 0)
+    r = spec->ep_tokens[b] / BT_MAX(spec->ep_ns[b] * 1e-9, 1e-12);
+    clear = r < SPEC_CLEAR * spec->arm_rate[b][spec->best_arm[b]];
+    if (--spec->ep_left[b] > 0 && !clear)
         return;
     /* the episode is over: compare with the default arm */
-    r = spec->ep_tokens[b] / BT_MAX(spec->ep_ns[b] * 1e-9, 1e-12);
     spec->arm_rate[b][arm] = spec->arm_n[b][arm] == 0
         ? r
         : (1.0 - SPEC_EMA) * spec->arm_rate[b][arm] + SPEC_EMA * r;
@@ -844,7 +848,9 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
         spec->explore_gap[b][old] = SPEC_EXPLORE_FIRST / 2;
         spec->next_explore[b][old] = step + SPEC_EXPLORE_FIRST;
     } else {
-        spec->explore_gap[b][arm] = BT_MIN(2 * spec->explore_gap[b][arm],
+        /* a clear loss waits 8x longer, a close one 2x */
+        spec->explore_gap[b][arm] = BT_MIN((clear ? 8 : 2) *
+                                               spec->explore_gap[b][arm],
                                            (uint64_t)SPEC_EXPLORE_MAX);
         spec->next_explore[b][arm] = step + spec->explore_gap[b][arm];
     }
