@@ -46,8 +46,11 @@
  * Unicode normalization uses utf8proc (Debian's libutf8proc, 2.8.0 =
  * Unicode 15.0 on Debian 12) with UTF8PROC_STABLE; the library uses the
  * unicode-normalization-alignments crate, whose tables are older, so a
- * character assigned after them could differ.  Pure-ASCII text is
- * returned untouched without a call (every form leaves ASCII alone).
+ * character assigned after them could differ.  Only the regions around
+ * characters that a form might change go through utf8proc: text is cut
+ * before "inert" characters (ASCII, CJK ideographs, Hangul syllables for
+ * NFC/NFKC), which no form changes or composes with what precedes them,
+ * so mostly-ASCII text costs a scan.
  * Invalid UTF-8 (which the library can never receive: Rust strings are
  * valid UTF-8) cannot be normalized: utf8proc rejects it, and the segment
  * then keeps its raw bytes for that step, deterministically, and goes on
@@ -1909,27 +1912,39 @@ static size_t tj_replace(const char *s, size_t n, const char *pat, size_t pl,
     return w;
 }
 
-/* One Unicode normalization form over the current text into the next
- * buffer (utf8proc_map's steps, in w's buffers).  Pure ASCII is left as it
- * is; so is text that is not valid UTF-8 (utf8proc refuses it; see the
- * file comment). */
-static bt_status_t tj_norm_unicode(const tj_norm_t *nm, tj_work_t *w)
+/* Whether every normalization form f (utf8proc options) leaves cp alone
+ * whatever surrounds it, so that text can be cut before cp and each side
+ * normalized on its own: cp has canonical combining class 0, no
+ * decomposition under f, and is never the second of a canonical
+ * composition (Unicode's Quick_Check = Yes with ccc 0).  True of ASCII and
+ * of the CJK unified ideographs for every form, and of precomposed Hangul
+ * syllables for the composing forms (a syllable may compose with a jamo
+ * after it, which is not inert, so it starts that jamo's region).
+ * tests/hftok/test_hftok_norm.c checks these ranges against utf8proc. */
+static bool tj_norm_inert(int32_t cp, int f)
 {
-    const utf8proc_uint8_t *cur = (const utf8proc_uint8_t *)w->text[w->cur];
-    size_t n = w->text_len, i = 0;
+    if (cp < 0x80 || (cp >= 0x3400 && cp <= 0x4DBF) ||
+        (cp >= 0x4E00 && cp <= 0x9FFF))
+        return true;
+    return (f & UTF8PROC_COMPOSE) && cp >= 0xAC00 && cp <= 0xD7A3;
+}
+
+/* Normalizes s[0..n) (valid UTF-8) with one form and appends it to the
+ * next text buffer at *out_n (utf8proc_map's steps, in w's buffers). */
+static bt_status_t tj_norm_append(const tj_norm_t *nm, tj_work_t *w,
+                                  const char *s, size_t n, size_t *out_n)
+{
     utf8proc_ssize_t cps, bytes;
     char *out;
 
-    while (i < n && cur[i] < 0x80)
-        i++;
-    if (i == n || n > (size_t)INT_MAX)
-        return BT_OK;
     for (;;) {
-        cps = utf8proc_decompose(cur, (utf8proc_ssize_t)n, w->ucs,
+        cps = utf8proc_decompose((const utf8proc_uint8_t *)s,
+                                 (utf8proc_ssize_t)n, w->ucs,
                                  (utf8proc_ssize_t)w->ucs_cap,
                                  (utf8proc_option_t)nm->uopts);
         if (cps < 0)
-            return BT_OK; /* invalid UTF-8: the raw bytes stay */
+            return BT_ERROR(BT_ERR_INTERNAL, "TOK", "utf8proc: %s",
+                            utf8proc_errmsg(cps));
         /* reencode writes UTF-8 in place plus a NUL: cps * 4 + 1 bytes */
         if ((size_t)cps + 1 <= w->ucs_cap)
             break;
@@ -1942,13 +1957,94 @@ static bt_status_t tj_norm_unicode(const tj_norm_t *nm, tj_work_t *w)
     }
     bytes = utf8proc_reencode(w->ucs, cps, (utf8proc_option_t)nm->uopts);
     if (bytes < 0)
-        return BT_OK;
-    out = tj_next_text(w, (size_t)bytes);
+        return BT_ERROR(BT_ERR_INTERNAL, "TOK", "utf8proc: %s",
+                        utf8proc_errmsg(bytes));
+    out = tj_next_text(w, *out_n + (size_t)bytes);
     if (out == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "normalizer");
-    memcpy(out, w->ucs, (size_t)bytes);
+    memcpy(out + *out_n, w->ucs, (size_t)bytes);
+    *out_n += (size_t)bytes;
+    return BT_OK;
+}
+
+/* Appends s[0..n) unchanged to the next text buffer at *out_n. */
+static bt_status_t tj_copy_append(tj_work_t *w, const char *s, size_t n,
+                                  size_t *out_n)
+{
+    char *out = tj_next_text(w, *out_n + n);
+    if (out == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, "TOK", "normalizer");
+    memcpy(out + *out_n, s, n);
+    *out_n += n;
+    return BT_OK;
+}
+
+/* One Unicode normalization form over the current text.  Only the regions
+ * around characters that are not inert go through utf8proc (each from the
+ * last inert character before it to the next inert one); the rest is
+ * copied, and text with nothing to do (pure ASCII, say) stays where it is.
+ * Text that is not valid UTF-8 keeps its raw bytes (see the file
+ * comment). */
+static bt_status_t tj_norm_unicode(const tj_norm_t *nm, tj_work_t *w)
+{
+    const char *cur = w->text[w->cur];
+    const utf8proc_uint8_t *u = (const utf8proc_uint8_t *)cur;
+    size_t n = w->text_len, i = 0, done = 0, out_n = 0;
+    size_t last_inert = SIZE_MAX; /* start of the last inert char >= done */
+    bool any = false;
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t l;
+    bt_status_t status;
+
+    while (i < n) { /* valid UTF-8, and anything to do? */
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        l = utf8proc_iterate(u + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (l <= 0)
+            return BT_OK; /* invalid UTF-8: the raw bytes stay */
+        any = any || !tj_norm_inert(cp, nm->uopts);
+        i += (size_t)l;
+    }
+    if (!any)
+        return BT_OK;
+    for (i = 0; i < n;) {
+        size_t start, j;
+        l = u[i] < 0x80 ? 1 : utf8proc_iterate(u + i, (utf8proc_ssize_t)(n - i),
+                                               &cp);
+        if (u[i] < 0x80 || tj_norm_inert(cp, nm->uopts)) {
+            last_inert = i;
+            i += (size_t)l;
+            continue;
+        }
+        /* a region: from the last inert character (it may compose with
+         * what follows) to the next inert one */
+        start = last_inert != SIZE_MAX ? last_inert : done;
+        for (j = i + (size_t)l; j < n; j += (size_t)l) {
+            l = u[j] < 0x80 ? 1
+                            : utf8proc_iterate(u + j,
+                                               (utf8proc_ssize_t)(n - j), &cp);
+            if (u[j] < 0x80 || tj_norm_inert(cp, nm->uopts))
+                break;
+        }
+        status = tj_copy_append(w, cur + done, start - done, &out_n);
+        if (status == BT_OK)
+            status = tj_norm_append(nm, w, cur + start, j - start, &out_n);
+        if (status != BT_OK)
+            return status;
+        done = i = j;
+        last_inert = SIZE_MAX;
+    }
+    status = tj_copy_append(w, cur + done, n - done, &out_n);
+    if (status != BT_OK)
+        return status;
+    if (out_n > (size_t)INT_MAX / 2) /* ids are counted in an int */
+        return BT_ERROR(BT_ERR_INVALID_ARG, "TOK",
+                        "text of %zu bytes after Unicode normalization is "
+                        "too long to encode", out_n);
     w->cur = 1 - w->cur;
-    w->text_len = (size_t)bytes;
+    w->text_len = out_n;
     return BT_OK;
 }
 
