@@ -15,6 +15,15 @@ device machine; no network needed).
      sp_prepend  sentencepiece-style BPE: Prepend/Replace normalizer, byte
                  fallback, Replace/ByteFallback/Fuse/Strip decoder
      sp_meta     the same vocabulary with the older Metaspace pre-tokenizer
+     bl_qwen_nfc bl_qwen2 with Qwen 2.5's NFC normalizer, plus a
+                 normalized (non-special) added token "<é>"
+     bl_nfkc     bl_llama3 with an NFKC normalizer
+     sp_nfc_seq  sp_prepend with Sequence [NFC, Prepend, Replace] and
+                 "</s>" marked normalized (the library then matches it as
+                 "▁</s>" in the normalized text)
+   The corpus has non-normalized lines for these: decomposed accents,
+   reordered combining marks, Hangul jamo, kana voicing marks, ligatures,
+   full-width and circled digits, singletons (Ω, Å, CJK compatibility).
 3. Encodes every line with the library and with `baton tokenize --lines`
    and compares the ids; decodes a sample both ways (skip special tokens).
 4. Times single-core encoding of the whole corpus: baton vs the library.
@@ -99,7 +108,49 @@ CORNER_WORDS = [
     SP, SP + "x", "http://x.y/z?q=1&r=2", "a.b", "...", "!!!", "?!",
     "(x)", "[INST]", "{\"k\": [1, 2]}", "#include <stdio.h>", "->", "::",
     "snake_case", "camelCase", "ALLCAPS", "x" * 40, "ab" * 30,
+    # not normalized: NFC / NFKC change these
+    "cafe\u0301", "A\u030a", "\u212b", "\u2126", "a\u0323\u0302",
+    "a\u0302\u0323", "\u00e9\u0323", "\u1112\u1161\u11ab",
+    "\uac00\u11a8", "\u304b\u3099", "\ufb01le", "\uff11\uff12\uff13",
+    "\u2460", "\u00bd", "\u037e", "\uf900", "\u4e2d\u0301", "<\u00e9>",
+    "<e\u0301>", "\u3300", "\u00aa", "\u2075",
 ]
+
+
+def norm_lines(n, seed=99):
+    """Lines of text that is not in NFC / NFKC: base letters with random
+    combining marks (in random order), Hangul jamo sequences, kana with
+    voicing marks, compatibility characters."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 12)):
+            r = rng.random()
+            if r < 0.3:
+                parts.append(rng.choice("aeiouAEIOUnNcCsSzZ" + "\u00e9\u00c5")
+                             + "".join(chr(rng.randint(0x300, 0x36f))
+                                       for _ in range(rng.randint(1, 3))))
+            elif r < 0.45:
+                parts.append(chr(rng.randint(0x1100, 0x1112)) +
+                             chr(rng.randint(0x1161, 0x1175)) +
+                             (chr(rng.randint(0x11a8, 0x11c2))
+                              if rng.random() < 0.5 else ""))
+            elif r < 0.55:
+                parts.append(chr(rng.randint(0x3041, 0x3096)) +
+                             chr(rng.choice([0x3099, 0x309a])))
+            elif r < 0.75:
+                parts.append(chr(rng.choice([
+                    rng.randint(0xff01, 0xff5e), rng.randint(0xfb00, 0xfb06),
+                    rng.randint(0x2460, 0x2473), rng.randint(0x3300, 0x3357),
+                    rng.randint(0x2070, 0x2079), rng.randint(0xf900, 0xfa2d),
+                    0x212b, 0x2126, 0x00a0, 0x2002, 0x00bd])))
+            elif r < 0.9:
+                parts.append(rng.choice(CORNER_WORDS))
+            else:
+                parts.append(" " * rng.randint(1, 3))
+        out.append("".join(parts).replace("\n", " "))
+    return out
 
 
 def corner_lines(n, seed=1234):
@@ -210,6 +261,24 @@ def variants(bl, sp):
         {"type": "Metaspace", "replacement": SP, "prepend_scheme": "first",
          "split": True}]}
     out["sp_meta"] = m
+    qn = json.loads(json.dumps(q))
+    qn["normalizer"] = {"type": "NFC"}
+    next_id = max(list(qn["model"]["vocab"].values()) +
+                  [a["id"] for a in qn["added_tokens"]]) + 1
+    qn["added_tokens"].append({
+        "id": next_id, "content": "<\u00e9>", "single_word": False,
+        "lstrip": False, "rstrip": False, "normalized": True,
+        "special": False})
+    out["bl_qwen_nfc"] = qn
+    k = json.loads(json.dumps(bl))
+    k["normalizer"] = {"type": "NFKC"}
+    out["bl_nfkc"] = k
+    ps = json.loads(json.dumps(p))
+    ps["normalizer"]["normalizers"].insert(0, {"type": "NFC"})
+    for a in ps["added_tokens"]:
+        if a["content"] == "</s>":
+            a["normalized"] = True
+    out["sp_nfc_seq"] = ps
     return out
 
 
@@ -239,7 +308,7 @@ def baton_time_whole(path, corpus_file, repeat):
 
 def main():
     t_start = time.time()
-    lines = repo_lines() + corner_lines(6000)
+    lines = repo_lines() + corner_lines(6000) + norm_lines(3000)
     log("corpus: %d lines, %d bytes" % (
         len(lines), sum(len(l.encode()) for l in lines)))
     lines_file = os.path.join(OUT, "lines.txt")
