@@ -2557,7 +2557,8 @@ bt_status_t tokjson_encode(const tokjson_t *tj, const char *text, size_t len,
     if (add_bos && tj->bos_id >= 0)
         w.out[w.n_out++] = tj->bos_id;
 
-    /* Added tokens first: the text between them is encoded normally. */
+    /* Added tokens marked normalized:false first, in the raw text: the
+     * text between them is normalized, then cut at normalized ones. */
     while (i < len) {
         const tj_added_t *a =
             tj->n_raw_added > 0 ? tj_added_at(tj, tj->added_first, text, len,
