@@ -42,7 +42,12 @@
 #include "bt_log.h"
 #include "bt_test.h"
 #include "bt_util.h"
+#include "kv/kv_transport_cuda_ipc.h"
 #include "kv/kv_transport_stage.h"
+
+#ifdef BATON_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #define WAIT_MS 15000
 #define N_SLOTS 6
@@ -65,6 +70,48 @@ static kv_layout_t g_src = { .n_layers = 12, .n_blocks = 80, .block_size = 4,
 static int g_recv_blocks = 64;
 static int g_stage_blocks = 8;
 static bool g_peer_errors = true;
+/* --cuda (device machine): pools in GPU memory, kv_stage_ops_cuda. */
+static bool g_cuda;
+
+// ----------------------------------------------------------------------------
+// "Device" memory: GPU memory with --cuda, else host memory
+
+static void *dev_alloc(size_t bytes)
+{
+#ifdef BATON_HAVE_CUDA
+    if (g_cuda) {
+        void *p = NULL;
+        if (cudaMalloc(&p, bytes) != cudaSuccess)
+            BT_TEST_FAIL("cudaMalloc %zu", bytes);
+        return p;
+    }
+#endif
+    return bt_malloc(bytes, "test_dev_pool");
+}
+
+static void dev_free(void *p)
+{
+#ifdef BATON_HAVE_CUDA
+    if (g_cuda) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    bt_free(p);
+}
+
+static void dev_copy(void *dst, const void *src, size_t bytes)
+{
+    if (g_cuda)
+        BT_ASSERT_OK(kv_cipc_memcpy(dst, src, bytes));
+    else
+        memcpy(dst, src, bytes);
+}
+
+static const kv_stage_ops_t *dev_ops(bool threaded)
+{
+    return g_cuda ? kv_stage_ops_cuda() : kv_stage_ops_host(threaded);
+}
 
 enum {
     MSG_DESC = 1, /* decode -> prefill: descriptor bytes follow */
@@ -125,9 +172,9 @@ static void scenario_get(int scen, scenario_t *s)
     } else if (scen == 3) {
         s->n = 0;
     } else if (scen < 0) {
-        /* Benchmark: 32 contiguous blocks. */
-        s->n = 32;
-        for (int i = 0; i < 32; i++) {
+        /* Benchmark: 32 (128 with --cuda) contiguous blocks. */
+        s->n = g_cuda ? 128 : 32;
+        for (int i = 0; i < s->n; i++) {
             s->src[i] = 2 + i;
             s->dev[i] = 4 + i;
         }
@@ -247,9 +294,14 @@ static void dec_init(dec_t *d, int mode)
         BT_ASSERT_OK(kv_ucx_mem_alloc(d->ucx, 2 * lb * (size_t)L,
                                       KV_UCX_MEM_HOST, (void **)&d->d_pool));
     else
-        d->d_pool = bt_malloc(2 * lb * (size_t)L, "test_dev_pool");
+        d->d_pool = dev_alloc(2 * lb * (size_t)L);
     BT_CHECK(d->d_pool != NULL);
-    memset(d->d_pool, SENTINEL, 2 * lb * (size_t)L);
+    {
+        uint8_t *h = bt_malloc(2 * lb * (size_t)L, "test_fill");
+        memset(h, SENTINEL, 2 * lb * (size_t)L);
+        dev_copy(d->d_pool, h, 2 * lb * (size_t)L);
+        bt_free(h);
+    }
     for (int l = 0; l < L; l++) {
         d->k[l] = d->d_pool + (size_t)l * lb;
         d->v[l] = d->d_pool + (size_t)(L + l) * lb;
@@ -264,7 +316,7 @@ static void dec_init(dec_t *d, int mode)
     rc.v_layers = d->v;
     rc.recv_blocks = g_recv_blocks;
     rc.n_slots = N_SLOTS;
-    rc.ops = kv_stage_ops_host(true);
+    rc.ops = dev_ops(true);
     rc.direct = mode == MODE_DIRECT_RECV;
     BT_ASSERT_OK(kv_stage_recv_create(d->ucx, &rc, &d->recv));
 }
@@ -275,7 +327,7 @@ static void dec_fini(dec_t *d, int mode)
     if (mode == MODE_DIRECT_RECV)
         kv_ucx_mem_free(d->ucx, (void **)&d->d_pool);
     else
-        bt_free(d->d_pool);
+        dev_free(d->d_pool);
     bt_free(d->exp_tag);
     bt_free(d->exp_src);
     kv_ucx_destroy(&d->ucx);
@@ -285,11 +337,17 @@ static void dec_fini(dec_t *d, int mode)
 static void dec_verify(const dec_t *d, const char *what)
 {
     size_t bb = kv_layout_block_bytes(&g_dev);
+    size_t lb = bb * (size_t)g_dev.n_blocks;
+    size_t all = 2 * lb * (size_t)g_dev.n_layers;
+    uint8_t *h = bt_malloc(all, "test_verify");
+
+    dev_copy(h, d->d_pool, all);
     for (int l = 0; l < g_dev.n_layers; l++)
         for (int b = 0; b < g_dev.n_blocks; b++)
             for (int kv = 0; kv < 2; kv++) {
-                const uint8_t *p = (const uint8_t *)(kv ? d->v[l] : d->k[l]) +
-                                   (size_t)b * bb;
+                const uint8_t *p =
+                    h + ((size_t)(kv * g_dev.n_layers + l)) * lb +
+                    (size_t)b * bb;
                 int t = d->exp_tag[l * g_dev.n_blocks + b];
                 int s = d->exp_src[l * g_dev.n_blocks + b];
                 for (size_t j = 0; j < bb; j++) {
@@ -301,6 +359,7 @@ static void dec_verify(const dec_t *d, const char *what)
                                      s);
                 }
             }
+    bt_free(h);
 }
 
 static void dec_expect(dec_t *d, const scenario_t *sc, int tag)
@@ -386,6 +445,10 @@ static void decode_role(int fd, int mode, pid_t child)
     uint64_t t;
 
     dec_init(&d, mode);
+    if (g_cuda)
+        fprintf(stderr, "  --cuda: pools in GPU memory; UCX CUDA memory "
+                        "support: %s\n",
+                kv_stage_ucx_has_cuda() ? "yes" : "no");
     desc = kv_stage_recv_desc(d.recv, &len);
     dump_desc(desc, len, mode);
     {
@@ -550,15 +613,22 @@ static const uint8_t *pre_layer(const pre_t *p, int kv, int l)
 static void pre_fill(pre_t *p, int tag)
 {
     size_t bb = kv_layout_block_bytes(&g_src);
+    size_t lb = bb * (size_t)g_src.n_blocks;
+    size_t all = 2 * lb * (size_t)g_src.n_layers;
+    uint8_t *h;
     if (p->fill_tag == tag)
         return;
+    h = bt_malloc(all, "test_fill");
     for (int l = 0; l < g_src.n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
             for (int b = 0; b < g_src.n_blocks; b++) {
-                uint8_t *q = (uint8_t *)pre_layer(p, kv, l) + (size_t)b * bb;
+                uint8_t *q = h + (size_t)(kv * g_src.n_layers + l) * lb +
+                             (size_t)b * bb;
                 for (size_t j = 0; j < bb; j++)
                     q[j] = pattern(tag, kv, l, b, j);
             }
+    dev_copy(p->s_pool, h, all);
+    bt_free(h);
     p->fill_tag = tag;
 }
 
@@ -572,7 +642,7 @@ static void pre_init(pre_t *p, int fd, int mode, const kv_stage_ops_t *ops)
     memset(p, 0, sizeof(*p));
     p->fill_tag = -1;
     p->ucx = ucx_start();
-    p->s_pool = bt_malloc(2 * lb * (size_t)g_src.n_layers, "test_src_pool");
+    p->s_pool = dev_alloc(2 * lb * (size_t)g_src.n_layers);
     BT_CHECK(p->s_pool != NULL);
     kv_stage_send_config_init(&sc);
     sc.layout = g_src;
@@ -592,7 +662,7 @@ static void pre_fini(pre_t *p)
 {
     kv_stage_disconnect(&p->peer);
     kv_stage_send_destroy(&p->send);
-    bt_free(p->s_pool);
+    dev_free(p->s_pool);
     kv_ucx_destroy(&p->ucx);
 }
 
@@ -668,7 +738,7 @@ static void pre_transfer_pair(pre_t *p, int fd, const msg_t *g1)
 static void prefill_role(int fd, int mode)
 {
     pre_t p;
-    const kv_stage_ops_t *ops = kv_stage_ops_host(mode != MODE_DIRECT_RECV);
+    const kv_stage_ops_t *ops = dev_ops(mode != MODE_DIRECT_RECV);
     kv_stage_send_stats_t st;
 
     pre_init(&p, fd, mode, ops);
@@ -767,7 +837,7 @@ static void run_decode_death(void)
         }
     }
     close(sv[1]);
-    pre_init(&p, sv[0], MODE_STAGED, kv_stage_ops_host(true));
+    pre_init(&p, sv[0], MODE_STAGED, dev_ops(true));
     recv_all(sv[0], &g, sizeof(g), pre_progress, &p);
     BT_ASSERT_EQ(g.op, MSG_GRANT);
     scenario_get(g.scen, &sc);
@@ -837,14 +907,15 @@ static void run_bench(int reps, bool peer_errors)
     kv_layout_t saved_dev = g_dev, saved_src = g_src;
     int saved_recv = g_recv_blocks, saved_stage = g_stage_blocks;
     bool saved_pe = g_peer_errors;
-    int n = 32;
+    int n = g_cuda ? 128 : 32;
     int sv[2];
     pid_t pid;
     size_t bytes;
     double best = 1e30;
     int wstatus;
 
-    g_dev = (kv_layout_t){ .n_layers = 32, .n_blocks = 40, .block_size = 16,
+    g_dev = (kv_layout_t){ .n_layers = 32, .n_blocks = n + 8,
+                           .block_size = 16,
                            .n_kv_heads = 8, .head_dim = 128,
                            .elem_size = 2 };
     g_src = g_dev;
@@ -887,7 +958,7 @@ static void run_bench(int reps, bool peer_errors)
             m.epoch = 10 + (uint64_t)rep;
             m.n = n;
             for (int i = 0; i < n; i++)
-                dev[i] = 4 + i;
+                dev[i] = 4 + i; /* as scenario_get(-1) */
             BT_ASSERT_OK(kv_stage_recv_begin(d.recv, 0, m.epoch, dev, n,
                                              m.dst));
             send_all(sv[0], &m, sizeof(m));
@@ -923,9 +994,94 @@ static void run_bench(int reps, bool peer_errors)
     g_peer_errors = saved_pe;
 }
 
+/* With --cuda each part runs in a child of its own: a process that
+ * initialised CUDA must not fork children that use it. */
+static void run_part_fork(void (*fn)(int), int arg, bool cuda)
+{
+    pid_t pid;
+    int wstatus;
+
+    fflush(stdout);
+    pid = fork();
+    BT_CHECK(pid >= 0);
+    if (pid == 0) {
+        g_cuda = cuda;
+        alarm(55);
+        fn(arg);
+        fflush(stdout);
+        _exit(0);
+    }
+    BT_CHECK(waitpid(pid, &wstatus, 0) == pid);
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0)
+        BT_TEST_FAIL("part failed (status %#x)", wstatus);
+}
+
+static void run_part(void (*fn)(int), int arg)
+{
+    if (g_cuda)
+        run_part_fork(fn, arg, true);
+    else
+        fn(arg);
+}
+
+static void run_decode_death_part(int unused)
+{
+    (void)unused;
+    run_decode_death();
+}
+
+static int g_bench_reps;
+
+/* The CUDA copy table in a process without a usable GPU (CI): creating a
+ * sender or receiver fails with a status, nothing crashes.  With a GPU
+ * (--cuda on the device) both must succeed. */
+static void run_cuda_ops_check(int unused)
+{
+    kv_ucx_t *ucx = ucx_start();
+    kv_stage_send_config_t sc;
+    kv_stage_send_t *send = NULL;
+    bt_status_t status;
+
+    (void)unused;
+    kv_stage_send_config_init(&sc);
+    sc.layout = g_src;
+    status = kv_stage_send_create(ucx, &sc, &send);
+    if (g_cuda) {
+        BT_ASSERT_OK(status);
+        kv_stage_send_destroy(&send);
+    } else {
+        BT_CHECK(status == BT_ERR_CUDA || status == BT_ERR_UNSUPPORTED ||
+                 status == BT_OK);
+        if (status == BT_OK) /* a GPU after all */
+            kv_stage_send_destroy(&send);
+        fprintf(stderr, "  CUDA copy ops here: %s\n", bt_status_str(status));
+    }
+    BT_CHECK(send == NULL);
+    kv_ucx_destroy(&ucx);
+}
+
+static void run_forked(void (*fn)(int), int arg)
+{
+    bool saved = g_cuda;
+    g_cuda = true; /* run_part forks only in --cuda mode */
+    run_part_fork(fn, arg, saved);
+    g_cuda = saved;
+}
+
+static void run_bench_part(int peer_errors)
+{
+    run_bench(g_bench_reps, peer_errors != 0);
+}
+
 int main(int argc, char **argv)
 {
-    bool bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
+    bool bench = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--bench") == 0)
+            bench = true;
+        else if (strcmp(argv[i], "--cuda") == 0)
+            g_cuda = true;
+    }
 #if defined(__SANITIZE_THREAD__)
     if (argc > 0 && getenv("UCX_MEM_EVENTS") == NULL) {
         setenv("UCX_MEM_EVENTS", "no", 1);
@@ -937,13 +1093,20 @@ int main(int argc, char **argv)
     setenv("UCX_TLS", "tcp,sm,self", 0);
     signal(SIGPIPE, SIG_IGN);
     alarm(bench ? 300 : 58);
+#ifndef BATON_HAVE_CUDA
+    if (g_cuda)
+        BT_TEST_FAIL("--cuda: built without CUDA");
+#endif
     if (!bench) {
+        run_forked(run_cuda_ops_check, 0);
         for (int mode = 0; mode < N_MODES; mode++)
-            run_mode(mode);
-        run_decode_death();
+            if (!g_cuda || mode == MODE_STAGED)
+                run_part(run_mode, mode);
+        run_part(run_decode_death_part, 0);
     }
-    run_bench(bench ? 6 : 2, false);
-    run_bench(bench ? 6 : 2, true);
+    g_bench_reps = bench ? 6 : 2;
+    run_part(run_bench_part, 0);
+    run_part(run_bench_part, 1);
     BT_TEST_PASS("kv_transport/stage");
     return 0;
 }
