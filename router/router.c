@@ -472,6 +472,13 @@ static void dispatch(router_t *r)
         res.max_total_tokens = (uint32_t)BT_MIN(
             (int64_t)n_tokens + req->max_tokens - req->n_generated,
             (int64_t)UINT32_MAX);
+        /* Staged UCX: the decode worker reserves receive-area blocks
+         * with the device blocks (only then: they are scarce). */
+        if (router__choose_transport(p, d, r->kv_mode) ==
+            BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+            res.has_kv_stage = 1;
+            res.kv_stage = 1;
+        }
         msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RESERVE;
         msg.kv_reserve = &res;
         send_control(r, d, &msg);
@@ -494,7 +501,8 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
     Baton__UcxDescriptor descs[ROUTER_MAX_WORKERS];
     Baton__UcxDescriptor *ptrs[ROUTER_MAX_WORKERS];
     ProtobufCBinaryData cipc[ROUTER_MAX_WORKERS];
-    size_t n = 0, n_cipc = 0;
+    ProtobufCBinaryData stage[ROUTER_MAX_WORKERS];
+    size_t n = 0, n_cipc = 0, n_stage = 0;
 
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         const router_worker_t *d = &r->workers[i];
@@ -504,6 +512,11 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
             cipc[n_cipc].data = d->cipc_desc;
             cipc[n_cipc].len = d->cipc_desc_len;
             n_cipc++;
+        }
+        if (d->stage_desc != NULL) {
+            stage[n_stage].data = d->stage_desc;
+            stage[n_stage].len = d->stage_desc_len;
+            n_stage++;
         }
         if (d->ucx_desc == NULL)
             continue;
@@ -518,6 +531,8 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
     kp.pools = ptrs;
     kp.n_cuda_ipc = n_cipc;
     kp.cuda_ipc = cipc;
+    kp.n_kv_stage = n_stage;
+    kp.kv_stage = stage;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_PEERS;
     msg.kv_peers = &kp;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
@@ -533,6 +548,7 @@ static void worker_clear(router_worker_t *w)
 {
     bt_free(w->ucx_desc);
     bt_free(w->cipc_desc);
+    bt_free(w->stage_desc);
     memset(w, 0, sizeof(*w));
 }
 
@@ -566,7 +582,8 @@ static void worker_drop(router_t *r, router_worker_t *w, const char *why)
             }
         }
     }
-    had_pool = w->ucx_desc != NULL || w->cipc_desc != NULL;
+    had_pool = w->ucx_desc != NULL || w->cipc_desc != NULL ||
+               w->stage_desc != NULL;
     worker_clear(w);
     if (had_pool)
         send_kv_peers(r, NULL);
@@ -681,6 +698,9 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
     bt_free(w->cipc_desc);
     w->cipc_desc = NULL;
     w->cipc_desc_len = 0;
+    bt_free(w->stage_desc);
+    w->stage_desc = NULL;
+    w->stage_desc_len = 0;
     w->can_prefill = w->role == BATON__ROLE__ROLE_DECODE && reg->can_prefill;
     w->transports = 0;
     for (size_t i = 0; i < reg->n_transports; i++)
@@ -700,6 +720,15 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
         if (w->cipc_desc != NULL) {
             memcpy(w->cipc_desc, reg->cuda_ipc.data, reg->cuda_ipc.len);
             w->cipc_desc_len = reg->cuda_ipc.len;
+        }
+    }
+    if (w->role == BATON__ROLE__ROLE_DECODE && reg->has_kv_stage &&
+        reg->kv_stage.len > 0 && reg->kv_stage.len <= ROUTER_MAX_DESC_BYTES) {
+        /* Opaque here too; the prefill worker validates it. */
+        w->stage_desc = bt_malloc(reg->kv_stage.len, "router_desc");
+        if (w->stage_desc != NULL) {
+            memcpy(w->stage_desc, reg->kv_stage.data, reg->kv_stage.len);
+            w->stage_desc_len = reg->kv_stage.len;
         }
     }
     if (w->role == BATON__ROLE__ROLE_DECODE && reg->ucx != NULL &&
@@ -726,7 +755,8 @@ static void on_register(router_t *r, const uint8_t *id, size_t id_len,
     send_control(r, w, &msg);
     if (w->role == BATON__ROLE__ROLE_PREFILL)
         send_kv_peers(r, w);
-    else if (w->ucx_desc != NULL || w->cipc_desc != NULL)
+    else if (w->ucx_desc != NULL || w->cipc_desc != NULL ||
+             w->stage_desc != NULL)
         send_kv_peers(r, NULL);
 }
 
@@ -850,13 +880,22 @@ static void on_kv_grant(router_t *r, router_worker_t *w,
     task.ignore_eos = req->ignore_eos;
     task.has_max_tokens = 1;
     task.max_tokens = (uint32_t)req->max_tokens;
-    req->transport = router__choose_transport(p, w, r->kv_mode);
+    /* Staged UCX needs the receive-area ids of this grant (the decode
+     * worker gives none when it was not asked or has no receiver). */
+    req->transport = router__choose_transport_ex(
+        p, w, r->kv_mode,
+        g->n_stage_block_ids > 0 && g->n_stage_block_ids == g->n_block_ids);
     task.has_transport = 1;
     task.transport = req->transport;
     if (req->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) {
         task.has_cuda_ipc = 1;
         task.cuda_ipc.data = w->cipc_desc;
         task.cuda_ipc.len = w->cipc_desc_len;
+    }
+    if (req->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+        task.has_kv_stage = 1;
+        task.kv_stage.data = w->stage_desc;
+        task.kv_stage.len = w->stage_desc_len;
     }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK;
     msg.prefill_task = &task;
@@ -1463,7 +1502,8 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
     }
     if (!router__kv_mode_parse(cfg->kv_transport, &r->kv_mode)) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "unknown KV "
-                          "transport %s (auto, ucx, cuda-ipc, inline)",
+                          "transport %s (auto, ucx, cuda-ipc, ucx-stage, "
+                          "inline)",
                           cfg->kv_transport ? cfg->kv_transport : "(null)");
         goto err_free;
     }

@@ -12,9 +12,10 @@
  *
  * Per prefill/decode pair the router chooses how KV moves (see
  * router__choose_transport): CUDA IPC when both run on one host with
- * GPU KV pools, UCX (shared memory when on one host) for host pools,
- * inline otherwise, or LOCAL when a --role both decode worker prefills
- * its own request (aggregated mode).  The choice is reported per pair in
+ * GPU KV pools, staged UCX (pinned host buffers, kv_transport_stage.h)
+ * for GPU pools on different hosts, UCX (shared memory when on one host)
+ * for host pools, inline otherwise, or LOCAL when a --role both decode
+ * worker prefills its own request (aggregated mode).  The choice is reported per pair in
  * the cluster status.
  *
  * Single-threaded: router_run() is the event loop (zmq_poll, no busy
@@ -43,10 +44,10 @@ typedef struct {
     int drain_timeout_ms;   /* longest drain on SIGTERM (30000) */
     int max_retries;        /* re-prefills after worker failures (3) */
     int max_inflight;       /* requests past the queue (0 = no limit) */
-    const char *kv_transport; /* "auto" (default), "ucx", "cuda-ipc" or
-                               * "inline": KV transport per prefill/decode
-                               * pair; a forced one the pair cannot use
-                               * falls back to auto */
+    const char *kv_transport; /* "auto" (default), "ucx", "cuda-ipc",
+                               * "ucx-stage" or "inline": KV transport
+                               * per prefill/decode pair; a forced one
+                               * the pair cannot use falls back to auto */
     const char *aggregate;  /* "fallback" (default): a decode worker with
                              * --role both prefills its own requests when
                              * no prefill worker is usable; "always": such

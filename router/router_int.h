@@ -46,6 +46,9 @@ typedef struct {
     uint8_t *cipc_desc;       /* decode: (cipc_desc_len) CUDA IPC pool
                                  descriptor, owned; NULL without */
     size_t cipc_desc_len;
+    uint8_t *stage_desc;      /* decode: (stage_desc_len) staged UCX
+                                 receiver descriptor, owned; NULL without */
+    size_t stage_desc_len;
     bool can_prefill;         /* decode --role both */
     uint32_t transports;      /* bit (1 << KvTransport) per one offered */
     char host_id[ROUTER_HOST_MAX]; /* "hostname/boot-id", "" = unknown */
@@ -61,25 +64,40 @@ typedef enum {
     ROUTER_KV_UCX,
     ROUTER_KV_CUDA_IPC,
     ROUTER_KV_INLINE,
+    ROUTER_KV_UCX_STAGE,
 } router_kv_mode_t;
 
-/* Parses "auto", "ucx", "cuda-ipc", "inline"; false for anything else. */
+/* Parses "auto", "ucx", "cuda-ipc", "ucx-stage", "inline"; false for
+ * anything else. */
 bool router__kv_mode_parse(const char *s, router_kv_mode_t *mode_p);
 
 /* The transport KV takes from prefill worker p to decode worker d:
  *   p == d (aggregated)                         -> LOCAL
  *   same host, both GPU pools, both IPC-capable,
  *     decode exported its pool                  -> CUDA_IPC
- *   same host, both offer UCX                   -> UCX_SHM
- *   both offer UCX                              -> UCX
+ *   other hosts, both GPU pools, both offer the
+ *     staged transport, decode has a receiver   -> UCX_STAGE
+ *   same host, both host pools, both offer UCX  -> UCX_SHM
+ *   both host pools, both offer UCX             -> UCX
  *   otherwise                                   -> INLINE
- * A forced mode is used when the pair supports it, else the automatic
- * choice.  A GPU pool never gets UCX (no CUDA-aware UCX yet). */
+ * A forced mode is used when the pair supports it (ucx-stage: both offer
+ * it and the decode has a receiver, wherever the pools are), else the
+ * automatic choice.  A GPU pool never gets plain UCX (device memory goes
+ * through the staged transport). */
 Baton__KvTransport router__choose_transport(const router_worker_t *p,
                                             const router_worker_t *d,
                                             router_kv_mode_t mode);
 
-/* "cuda-ipc", "ucx-shm", "ucx", "inline", "local", "none". */
+/* The same, once the decode worker answered: `stage_granted` false (the
+ * grant carries no receive-area ids) rules UCX_STAGE out, and the choice
+ * falls to what the pair can do without it. */
+Baton__KvTransport router__choose_transport_ex(const router_worker_t *p,
+                                               const router_worker_t *d,
+                                               router_kv_mode_t mode,
+                                               bool stage_granted);
+
+/* "cuda-ipc", "ucx-stage", "ucx-shm", "ucx", "inline", "local",
+ * "none". */
 const char *router__transport_name(Baton__KvTransport t);
 
 typedef enum {

@@ -131,6 +131,7 @@ bool router__kv_mode_parse(const char *s, router_kv_mode_t *mode_p)
         { "auto", ROUTER_KV_AUTO },
         { "ucx", ROUTER_KV_UCX },
         { "cuda-ipc", ROUTER_KV_CUDA_IPC },
+        { "ucx-stage", ROUTER_KV_UCX_STAGE },
         { "inline", ROUTER_KV_INLINE },
     };
 
@@ -168,10 +169,23 @@ static bool pair_ucx(const router_worker_t *p, const router_worker_t *d)
            offers(d, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX);
 }
 
-Baton__KvTransport router__choose_transport(const router_worker_t *p,
-                                            const router_worker_t *d,
-                                            router_kv_mode_t mode)
+/* Both sides can run the staged UCX transport (wherever their pools are:
+ * the automatic choice adds "GPU pools on other hosts"). */
+static bool pair_stage_capable(const router_worker_t *p,
+                               const router_worker_t *d)
 {
+    return d->stage_desc != NULL &&
+           offers(p, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) &&
+           offers(d, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE);
+}
+
+Baton__KvTransport router__choose_transport_ex(const router_worker_t *p,
+                                               const router_worker_t *d,
+                                               router_kv_mode_t mode,
+                                               bool stage_granted)
+{
+    bool stage = stage_granted && pair_stage_capable(p, d);
+
     if (p == d)
         return BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL;
     if (mode == ROUTER_KV_INLINE)
@@ -179,12 +193,23 @@ Baton__KvTransport router__choose_transport(const router_worker_t *p,
     if (mode == ROUTER_KV_UCX && pair_ucx(p, d))
         return same_host(p, d) ? BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM
                                : BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
+    if (mode == ROUTER_KV_UCX_STAGE && stage)
+        return BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
     if (pair_cuda_ipc(p, d))
         return BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
+    if (stage && p->has_gpu && d->has_gpu && !same_host(p, d))
+        return BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
     if (pair_ucx(p, d))
         return same_host(p, d) ? BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM
                                : BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
     return BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+}
+
+Baton__KvTransport router__choose_transport(const router_worker_t *p,
+                                            const router_worker_t *d,
+                                            router_kv_mode_t mode)
+{
+    return router__choose_transport_ex(p, d, mode, true);
 }
 
 const char *router__transport_name(Baton__KvTransport t)
@@ -196,6 +221,7 @@ const char *router__transport_name(Baton__KvTransport t)
     case BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC: return "cuda-ipc";
     case BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM: return "ucx-shm";
     case BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL: return "local";
+    case BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE: return "ucx-stage";
     default: return "unknown";
     }
 }

@@ -2,10 +2,11 @@
  * test_transport_choice.c - router__choose_transport for the host cases
  * CI can describe without GPUs: aggregated (same worker), same host with
  * host pools (UCX over shared memory), other hosts (UCX), same host with
- * GPU pools (CUDA IPC), GPU pools on other hosts or without IPC (inline:
- * no CUDA-aware UCX yet), missing descriptors, and the --kv-transport
- * overrides.  Also the CUDA IPC descriptor codec round trip and the
- * clean failure of the CUDA calls without a GPU.
+ * GPU pools (CUDA IPC), GPU pools on other hosts (staged UCX, or inline
+ * when a side cannot stage), missing descriptors, the --kv-transport
+ * overrides (ucx-stage forced on host pools: the CI test's setup) and a
+ * grant without receive-area ids.  Also the CUDA IPC descriptor codec
+ * round trip and the clean failure of the CUDA calls without a GPU.
  */
 #include <string.h>
 
@@ -44,6 +45,80 @@ static void worker(router_worker_t *w, Baton__Role role, const char *host,
 
 #define CHOOSE(_p, _d, _m) router__transport_name( \
     router__choose_transport((_p), (_d), (_m)))
+#define CHOOSE_EX(_p, _d, _m, _g) router__transport_name( \
+    router__choose_transport_ex((_p), (_d), (_m), (_g)))
+
+/* The worker offers the staged UCX transport (a decode one has a
+ * receiver descriptor). */
+static void stage(router_worker_t *w)
+{
+    w->transports |= 1u << BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
+    if (w->role == BATON__ROLE__ROLE_DECODE) {
+        w->stage_desc = fake_desc;
+        w->stage_desc_len = sizeof(fake_desc);
+    }
+}
+
+static void test_stage_choice(void)
+{
+    router_worker_t p, d;
+    router_kv_mode_t mode;
+
+    BT_CHECK(router__kv_mode_parse("ucx-stage", &mode) &&
+             mode == ROUTER_KV_UCX_STAGE);
+    /* GPU pools on other hosts, both stage: ucx-stage (was inline). */
+    worker(&p, BATON__ROLE__ROLE_PREFILL, "h1/boot", true, true);
+    worker(&d, BATON__ROLE__ROLE_DECODE, "h2/boot", true, true);
+    stage(&p);
+    stage(&d);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "ucx-stage") == 0);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_UCX_STAGE), "ucx-stage") == 0);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_UCX), "ucx-stage") == 0);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_CUDA_IPC), "ucx-stage") == 0);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_INLINE), "inline") == 0);
+    /* The grant came without receive-area ids (area full, no receiver):
+     * whatever else the pair can do, here inline. */
+    BT_CHECK(strcmp(CHOOSE_EX(&p, &d, ROUTER_KV_AUTO, false), "inline") ==
+             0);
+    BT_CHECK(strcmp(CHOOSE_EX(&p, &d, ROUTER_KV_AUTO, true), "ucx-stage") ==
+             0);
+    /* Same host: CUDA IPC stays first; forcing ucx-stage wins. */
+    snprintf(d.host_id, sizeof(d.host_id), "h1/boot");
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "cuda-ipc") == 0);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_UCX_STAGE), "ucx-stage") == 0);
+    BT_CHECK(strcmp(CHOOSE_EX(&p, &d, ROUTER_KV_UCX_STAGE, false),
+                    "cuda-ipc") == 0);
+    /* Other hosts, one side cannot stage: inline. */
+    snprintf(d.host_id, sizeof(d.host_id), "h2/boot");
+    d.stage_desc = NULL;
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "inline") == 0);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_UCX_STAGE), "inline") == 0);
+    stage(&d);
+    p.transports &= ~(1u << BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "inline") == 0);
+    /* Mixed GPU prefill / host decode never stages automatically. */
+    worker(&p, BATON__ROLE__ROLE_PREFILL, "h1/boot", true, true);
+    worker(&d, BATON__ROLE__ROLE_DECODE, "h2/boot", false, true);
+    stage(&p);
+    stage(&d);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "inline") == 0);
+
+    /* Host pools with the host stand-in (--kv-stage-host, CI): auto
+     * keeps UCX over shared memory; forced ucx-stage takes it. */
+    worker(&p, BATON__ROLE__ROLE_PREFILL, "h1/boot", false, true);
+    worker(&d, BATON__ROLE__ROLE_DECODE, "h1/boot", false, true);
+    stage(&p);
+    stage(&d);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "ucx-shm") == 0);
+    BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_UCX_STAGE), "ucx-stage") == 0);
+    BT_CHECK(strcmp(CHOOSE_EX(&p, &d, ROUTER_KV_UCX_STAGE, false),
+                    "ucx-shm") == 0);
+    /* Aggregated stays local. */
+    BT_CHECK(strcmp(CHOOSE(&d, &d, ROUTER_KV_UCX_STAGE), "local") == 0);
+    BT_CHECK(strcmp(router__transport_name(
+                        BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE),
+                    "ucx-stage") == 0);
+}
 
 static void test_choice(void)
 {
@@ -157,8 +232,10 @@ int main(void)
 {
     bt_log_init("test");
     test_choice();
+    test_stage_choice();
     test_cipc_codec();
-    BT_TEST_PASS("router/transport_choice: per-pair KV transport, CUDA IPC "
+    BT_TEST_PASS("router/transport_choice: per-pair KV transport "
+                 "(ucx-stage too), CUDA IPC "
                  "descriptor codec");
     return 0;
 }
