@@ -16,11 +16,16 @@
 #include "bt_zmq.h"
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
+#include "kv/kv_transport_stage.h"
 #include "proto_msg.h"
 #include "stop.h"
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
+/* A KvReady over the staged transport comes after every layer's commit
+ * landed; only the last host-to-device copies may still run.  Longer
+ * than this means something broke: fail it (the router retries). */
+#define DECODE_STAGE_WAIT_NS (2000ull * 1000000ull)
 
 typedef struct {
     bool used;
@@ -41,6 +46,11 @@ typedef struct {
     uint64_t t_start;   /* PrefillTask arrival */
     float *feat;        /* (dim) speculation: hidden state of the last
                            locally prefilled token, NULL when none */
+    /* Staged UCX (kv_transport_stage.h): slot = reservation index. */
+    bool stage;         /* receive-area blocks reserved (stage slot on) */
+    Baton__ControlMessage *pending; /* KvReady waiting for the last
+                           layers' copies to the device; owned */
+    uint64_t pending_since;
 } decode_resv_t;
 
 typedef struct {
@@ -90,6 +100,11 @@ struct decode_s {
     kv_ucx_t *ucx;
     kv_ucx_pool_t *pool;
     kv_cipc_pool_t *cipc;       /* device pool exported over CUDA IPC */
+    kv_stage_recv_t *stage;     /* staged UCX receiver (device pool, or
+                                   the CPU pool with --kv-stage-host) */
+    uint64_t *stage_quar_ns;    /* (max_reservations) when the receive
+                                   blocks a cancel of slot i quarantined
+                                   are released (0: none) */
     bool kv_on_device;          /* backend KV in GPU memory (cuda) */
     int prefill_budget_left;    /* tokens local prefill may use this step */
     volatile sig_atomic_t stop;
@@ -135,6 +150,8 @@ void decode_config_init(decode_config_t *cfg)
     cfg->ucx_shm_pool = true;
     cfg->chunk_tokens = 512;
     cfg->use_cuda_ipc = true;
+    cfg->kv_stage = true;
+    cfg->kv_stage_direct = true;
     spec_config_init(&cfg->spec);
 }
 
@@ -239,7 +256,7 @@ static void send_register(decode_t *dec)
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
     Baton__UcxDescriptor ucx = BATON__UCX_DESCRIPTOR__INIT;
     Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
-    Baton__KvTransport transports[4];
+    Baton__KvTransport transports[6];
     kv_cipc_gpu_info_t gi;
     char host[320];
     int eos[MODEL_MAX_EOS];
@@ -280,6 +297,14 @@ static void send_register(decode_t *dec)
         reg.cuda_ipc.data = (uint8_t *)d;
         reg.cuda_ipc.len = len;
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
+    }
+    if (dec->stage != NULL) {
+        size_t len;
+        const uint8_t *d = kv_stage_recv_desc(dec->stage, &len);
+        reg.has_kv_stage = 1;
+        reg.kv_stage.data = (uint8_t *)d;
+        reg.kv_stage.len = len;
+        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
     }
     transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
     reg.n_transports = (size_t)n_tr;
@@ -401,12 +426,35 @@ static void quarantine(decode_t *dec, int *blocks, int n)
     bt_free(blocks);
 }
 
+/* Ends the staged-UCX side of reservation r.  A slot whose KV did not
+ * all arrive may still have a writer (`writer` true): its receive blocks
+ * stay quarantined for --quarantine time (kv_stage_recv_cancel); when no
+ * staged writer can exist they are free at once. */
+static void stage_end(decode_t *dec, decode_resv_t *r, bool writer)
+{
+    int slot = (int)(r - dec->resv);
+    bool done;
+
+    if (!r->stage || dec->stage == NULL)
+        return;
+    done = kv_stage_recv_poll(dec->stage, slot) == BT_OK;
+    kv_stage_recv_cancel(dec->stage, slot); /* waits for its copies */
+    if (!done && writer && dec->cfg.quarantine_ms > 0)
+        dec->stage_quar_ns[slot] = bt_time_ns() +
+            (uint64_t)dec->cfg.quarantine_ms * 1000000ull;
+    else if (dec->stage_quar_ns[slot] == 0)
+        kv_stage_recv_release_quarantine(dec->stage, slot);
+    /* else: an older cancel's quarantine releases these with it */
+    r->stage = false;
+}
+
 /* Frees a reservation.  `arrived_or_safe` tells that no remote writer can
  * still target its blocks (inline KV, or its KV already landed). */
 static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
 {
     int slot = (int)(r - dec->resv);
-    bool remote = dec->pool != NULL || dec->cipc != NULL;
+    bool remote = dec->pool != NULL || dec->cipc != NULL ||
+                  dec->stage != NULL;
 
     if (dec->pool != NULL)
         kv_ucx_pool_slot_reset(dec->pool, slot);
@@ -414,6 +462,8 @@ static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
         kv_cipc_pool_slot_reset(dec->cipc, slot);
     if (r->local || r->local_done)
         safe = true; /* prefilled here: no remote writer */
+    stage_end(dec, r, !safe);
+    proto_control_free(&r->pending);
     bt_free(r->ptokens);
     bt_free(r->feat);
     if (r->blocks != NULL) {
@@ -449,6 +499,7 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     int limit = BT_DIV_UP((int)BT_MIN(total, (uint32_t)dec->max_context),
                           dec->block_size);
     int *blocks = NULL;
+    int *stage_ids = NULL;
 
     g.has_request_id = 1;
     g.request_id = m->request_id;
@@ -477,9 +528,33 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = "KV pool full";
         goto reply;
     }
+    if (m->has_kv_stage && m->kv_stage && dec->stage != NULL) {
+        /* Staged UCX: receive-area blocks next to the device blocks. */
+        bt_status_t st = BT_ERR_NO_MEMORY;
+        stage_ids = bt_malloc((size_t)need * sizeof(int), "decode_resv");
+        if (stage_ids != NULL)
+            st = kv_stage_recv_begin(dec->stage, (int)(r - dec->resv),
+                                     dec->next_epoch + 1, blocks, need,
+                                     stage_ids);
+        if (st == BT_ERR_NO_RESOURCE) {
+            /* The area holds the hand-offs in flight: wait for one. */
+            kv_allocator_release(dec->kv, need, blocks);
+            bt_free(blocks);
+            g.error = "KV stage receive area full";
+            goto reply;
+        }
+        if (st != BT_OK) { /* the grant goes without: another transport */
+            BT_LOG_WARN("KV", "request %llu: no staged receive blocks (%s)",
+                        (unsigned long long)m->request_id,
+                        bt_status_str(st));
+            bt_free(stage_ids);
+            stage_ids = NULL;
+        }
+    }
     r->used = true;
     r->id = m->request_id;
     r->epoch = ++dec->next_epoch;
+    r->stage = stage_ids != NULL;
     r->blocks = blocks;
     r->n_blocks = need;
     r->limit_blocks = limit;
@@ -502,6 +577,10 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     g.epoch = r->epoch;
     g.has_slot = 1;
     g.slot = (int32_t)(r - dec->resv);
+    if (stage_ids != NULL) {
+        g.n_stage_block_ids = (size_t)need;
+        g.stage_block_ids = stage_ids;
+    }
 reply:
     g.has_free_blocks = 1;
     g.free_blocks = (uint32_t)available_blocks(dec);
@@ -510,6 +589,7 @@ reply:
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_GRANT;
     msg.kv_grant = &g;
     send_msg(dec, &msg);
+    bt_free(stage_ids);
 }
 
 static void on_release(decode_t *dec, const Baton__KvRelease *m)
@@ -648,8 +728,13 @@ static void import_feature(decode_t *dec, decode_seq_t *s,
                     (unsigned long long)s->id);
 }
 
-static void on_ready(decode_t *dec, const Baton__KvReady *m)
+/* KvReady: the request joins the running batch once its KV is in the
+ * reservation's blocks.  Returns true when it kept `msg` (staged KV whose
+ * last copies still run: r->pending, retried by stage_pending), else the
+ * caller frees it. */
+static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
 {
+    const Baton__KvReady *m = msg->kv_ready;
     decode_resv_t *r = resv_find(dec, m->request_id);
     decode_seq_t *s = NULL;
     stop_config_t scfg;
@@ -661,8 +746,11 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
     if (r == NULL || r->epoch != m->epoch) {
         send_task_error(dec, m->request_id, BATON__ERROR_CODE__ERROR_WORKER,
                         "KV reservation expired or stale epoch");
-        return;
+        return false;
     }
+    if (r->pending != NULL && r->pending != msg)
+        proto_control_free(&r->pending); /* a duplicate: the newer wins */
+    r->pending = NULL;
     if (n < 2 || n > dec->max_context + 1 || m->n_generated < 1 ||
         m->n_generated > (uint32_t)n) {
         code = BATON__ERROR_CODE__ERROR_INVALID;
@@ -697,6 +785,29 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
                 !cipc_wait_arrival(dec, (int)(r - dec->resv), r->epoch)) {
                 code = BATON__ERROR_CODE__ERROR_WORKER;
                 why = "KV did not arrive over CUDA IPC";
+                goto fail;
+            }
+            arrived = true;
+        } else if (m->has_transport &&
+                   m->transport ==
+                       BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+            /* Every layer was committed before PrefillDone; its copies to
+             * the device may still run: wait without blocking. */
+            bt_status_t st = r->stage && dec->stage != NULL
+                ? kv_stage_recv_poll(dec->stage, (int)(r - dec->resv))
+                : BT_ERR_INVALID_ARG;
+            if (st == BT_IN_PROGRESS) {
+                uint64_t now = bt_time_ns();
+                if (r->pending_since == 0)
+                    r->pending_since = now;
+                if (now - r->pending_since < DECODE_STAGE_WAIT_NS) {
+                    r->pending = msg;
+                    return true;
+                }
+            }
+            if (st != BT_OK) {
+                code = BATON__ERROR_CODE__ERROR_WORKER;
+                why = "KV did not arrive over staged UCX";
                 goto fail;
             }
             arrived = true;
@@ -835,13 +946,42 @@ static void on_ready(decode_t *dec, const Baton__KvReady *m)
     s->next = dec->seqs;
     dec->seqs = s;
     dec->n_seqs++;
-    return;
+    return false;
 
 fail:
     if (s != NULL)
         seq_destroy(dec, s);
-    resv_free(dec, r, arrived || (dec->pool == NULL && dec->cipc == NULL));
     send_task_error(dec, m->request_id, code, why);
+    resv_free(dec, r, arrived || (dec->pool == NULL && dec->cipc == NULL &&
+                                  dec->stage == NULL));
+    return false;
+}
+
+/* Retries the KvReady messages waiting for staged copies. */
+static void stage_pending(decode_t *dec)
+{
+    if (dec->stage == NULL)
+        return;
+    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+        decode_resv_t *r = &dec->resv[i];
+        Baton__ControlMessage *msg;
+        if (!r->used || r->pending == NULL)
+            continue;
+        msg = r->pending;
+        r->pending = NULL;
+        if (!on_ready(dec, msg))
+            proto_control_free(&msg);
+    }
+}
+
+static bool has_stage_pending(const decode_t *dec)
+{
+    if (dec->stage == NULL)
+        return false;
+    for (int i = 0; i < dec->cfg.max_reservations; i++)
+        if (dec->resv[i].used && dec->resv[i].pending != NULL)
+            return true;
+    return false;
 }
 
 // ---------------------------------------------------------------------------
@@ -1096,7 +1236,8 @@ static void handle_messages(decode_t *dec)
             on_release(dec, msg->kv_release);
             break;
         case BATON__CONTROL_MESSAGE__BODY_KV_READY:
-            on_ready(dec, msg->kv_ready);
+            if (on_ready(dec, msg))
+                continue; /* kept until its staged copies finished */
             break;
         case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
             on_prefill_task(dec, msg->prefill_task);
@@ -1429,11 +1570,59 @@ static void expire(decode_t *dec)
             bt_free(q->blocks);
             memset(q, 0, sizeof(*q));
         }
+        if (dec->stage != NULL && dec->stage_quar_ns[i] != 0 &&
+            now > dec->stage_quar_ns[i]) {
+            kv_stage_recv_release_quarantine(dec->stage, i);
+            dec->stage_quar_ns[i] = 0;
+        }
     }
 }
 
 // ---------------------------------------------------------------------------
 // Lifecycle
+
+/* The staged UCX receiver over the pool (kv_transport_stage.h): CUDA
+ * copies into the device pool (or, direct, the device pool registered
+ * with UCX), or host memcpys over the CPU pool with --kv-stage-host.  A
+ * receiver that cannot be made is a warning: the router then picks
+ * another transport.  BT_ERR_NO_MEMORY only. */
+static bt_status_t stage_setup(decode_t *dec)
+{
+    backend_t *be = engine_backend(dec->engine);
+    kv_stage_recv_config_t rc;
+    void **layers;
+    int prompt_blocks = BT_DIV_UP(dec->max_context, dec->block_size);
+    bt_status_t status;
+
+    layers = bt_calloc((size_t)dec->n_layers, 2 * sizeof(void *),
+                       "decode_layers");
+    if (layers == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int l = 0; l < dec->n_layers; l++) {
+        layers[l] = backend_kv_data(be, l, 0);
+        layers[dec->n_layers + l] = backend_kv_data(be, l, 1);
+    }
+    kv_stage_recv_config_init(&rc);
+    rc.layout = dec->layout;
+    rc.k_layers = layers;
+    rc.v_layers = layers + dec->n_layers;
+    rc.recv_blocks = dec->cfg.kv_stage_blocks > 0
+                         ? dec->cfg.kv_stage_blocks
+                         : BT_MIN(dec->layout.n_blocks, 4 * prompt_blocks);
+    rc.n_slots = dec->cfg.max_reservations;
+    if (dec->kv_on_device) {
+        rc.ops = kv_stage_ops_cuda();
+        rc.direct = dec->cfg.kv_stage_direct && kv_stage_ucx_has_cuda();
+    } else {
+        rc.ops = kv_stage_ops_host(true);
+    }
+    status = kv_stage_recv_create(dec->ucx, &rc, &dec->stage);
+    bt_free(layers);
+    if (status != BT_OK)
+        BT_LOG_WARN("KV", "no staged UCX receiver (%s); KV from other hosts "
+                    "arrives inline", bt_error_last());
+    return BT_OK;
+}
 
 /* backend_config_t.kv_alloc: the KV arrays in UCX-mapped shared memory. */
 static void *ucx_kv_alloc(void *arg, size_t bytes)
@@ -1513,9 +1702,9 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         dec->layout = *backend_kv_layout(engine_backend(dec->engine));
         dec->kv_on_device =
             strcmp(backend_name(engine_backend(dec->engine)), "cuda") == 0;
-        if (dec->kv_on_device && dec->ucx != NULL) {
-            /* UCX here has no CUDA memory support: device KV goes over
-             * CUDA IPC (same host) or inline. */
+        if (dec->kv_on_device && dec->ucx != NULL && !cfg->kv_stage) {
+            /* Device KV goes over CUDA IPC (same host) or inline; UCX
+             * only serves the staged receiver. */
             kv_ucx_destroy(&dec->ucx);
         }
     }
@@ -1523,6 +1712,8 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_resv");
     dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
                           "decode_resv");
+    dec->stage_quar_ns = bt_calloc((size_t)cfg->max_reservations,
+                                   sizeof(uint64_t), "decode_resv");
     dec->logits = bt_malloc((size_t)dec->max_seqs * (size_t)dec->vocab *
                                 sizeof(float), "decode_logits");
     dec->bseqs = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->bseqs),
@@ -1532,6 +1723,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     dec->pmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->pmap),
                           "decode_batch");
     if (dec->resv == NULL || dec->quar == NULL || dec->logits == NULL ||
+        dec->stage_quar_ns == NULL ||
         dec->bseqs == NULL || dec->bmap == NULL || dec->pmap == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto err_bufs;
@@ -1539,7 +1731,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     status = spec_setup(dec);
     if (status != BT_OK)
         goto err_bufs;
-    if (dec->ucx != NULL) {
+    if (dec->ucx != NULL && !dec->kv_on_device) {
         void *k_layers[1024], *v_layers[1024];
         backend_t *be = engine_backend(dec->engine);
         for (int l = 0; l < dec->n_layers && l < 1024; l++) {
@@ -1572,6 +1764,14 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
             BT_LOG_WARN("KV", "CUDA IPC export failed; KV arrives inline");
         bt_free(k_layers);
     }
+    if (dec->ucx != NULL && (dec->kv_on_device ? cfg->kv_stage
+                                               : cfg->kv_stage_host)) {
+        status = stage_setup(dec);
+        if (status != BT_OK)
+            goto err_ucx;
+    }
+    if (dec->kv_on_device && dec->stage == NULL)
+        kv_ucx_destroy(&dec->ucx); /* nothing else uses it */
     dec->ctx = zmq_ctx_new();
     if (dec->ctx == NULL) {
         status = BT_ZMQ_ERROR("zmq_ctx_new");
@@ -1591,12 +1791,14 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
 err_ctx:
     zmq_ctx_term(dec->ctx);
 err_ucx:
+    kv_stage_recv_destroy(&dec->stage);
     kv_cipc_pool_destroy(&dec->cipc);
     kv_ucx_pool_deregister(&dec->pool);
 err_bufs:
     spec_teardown(dec);
     bt_free(dec->resv);
     bt_free(dec->quar);
+    bt_free(dec->stage_quar_ns);
     bt_free(dec->logits);
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
@@ -1634,10 +1836,12 @@ void decode_destroy(decode_t **dec_p)
     zmq_setsockopt(dec->sock, ZMQ_LINGER, &linger, sizeof(linger));
     bt_zmq_socket_destroy(&dec->sock);
     zmq_ctx_term(dec->ctx);
+    kv_stage_recv_destroy(&dec->stage); /* before the device pool */
     kv_ucx_pool_deregister(&dec->pool);
     kv_cipc_pool_destroy(&dec->cipc);
     bt_free(dec->resv);
     bt_free(dec->quar);
+    bt_free(dec->stage_quar_ns);
     bt_free(dec->logits);
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
@@ -1669,11 +1873,12 @@ bt_status_t decode_run(decode_t *dec)
     uint64_t drain_deadline = 0;
 
     BT_LOG_INFO("DECODE", "%s serving %s via %s: %d KV blocks of %d "
-                "tokens%s%s%s", dec->name,
+                "tokens%s%s%s%s", dec->name,
                 dec->engine ? dec->cfg.engine.model_path : "the null model",
                 dec->cfg.router, kv_allocator_total(dec->kv), dec->block_size,
                 dec->pool ? " (UCX pool registered)" : "",
                 dec->cipc ? " (CUDA IPC pool exported)" : "",
+                dec->stage ? " (staged UCX receiver)" : "",
                 dec->cfg.can_prefill ? ", prefills too (role both)" : "");
     send_register(dec);
     send_heartbeat(dec);
@@ -1698,7 +1903,8 @@ bt_status_t decode_run(decode_t *dec)
             ((dec->seqs == NULL && !has_reservations(dec)) ||
              bt_time_ns() > drain_deadline))
             break;
-        timeout = dec->seqs != NULL || has_local_prefill(dec) ? 0 : 50;
+        timeout = dec->seqs != NULL || has_local_prefill(dec) ||
+                  has_stage_pending(dec) ? 0 : 50;
         items[0] = (zmq_pollitem_t){ dec->sock, 0, ZMQ_POLLIN, 0 };
         if (dec->ucx != NULL && timeout > 0 &&
             kv_ucx_event_fd(dec->ucx) >= 0) {
@@ -1717,6 +1923,10 @@ bt_status_t decode_run(decode_t *dec)
             return BT_ZMQ_ERROR("zmq_poll");
         if (dec->ucx != NULL)
             kv_ucx_progress(dec->ucx);
+        if (dec->stage != NULL) {
+            kv_stage_recv_progress(dec->stage);
+            stage_pending(dec);
+        }
         handle_messages(dec);
         step(dec);
         expire(dec);

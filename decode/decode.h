@@ -32,7 +32,14 @@
  *
  * With the CUDA backend the KV pool is in device memory: it is exported
  * over CUDA IPC (kv_transport_cuda_ipc.h) instead of UCX, and inline KV
- * is copied to the device.
+ * is copied to the device.  For prefill workers on other hosts it also
+ * runs a staged UCX receiver (kv_transport_stage.h): a grant the router
+ * marks KvReserve.kv_stage reserves receive-area blocks too and sends
+ * their ids; each arrived layer is copied to the device blocks, and the
+ * request joins the batch on KvReady only once every layer is there
+ * (kv_stage_recv_poll, never blocking the loop: the KvReady waits).
+ * --kv-stage-host runs the same receiver over the CPU pool with host
+ * memcpys standing in for the CUDA copies (tests, diagnostics).
  */
 #ifndef BT_DECODE_DECODE_H
 #define BT_DECODE_DECODE_H
@@ -68,6 +75,14 @@ typedef struct {
                               * the reservation's blocks */
     int chunk_tokens;        /* longest local prefill chunk per step (512) */
     bool use_cuda_ipc;       /* export a device KV pool over CUDA IPC */
+    bool kv_stage;           /* device pool: staged UCX receiver (on) */
+    bool kv_stage_direct;    /* ... registering the device pool itself
+                              * when UCX moves CUDA memory (on) */
+    int kv_stage_blocks;     /* receive-area blocks (0: 4 longest
+                              * prompts' worth, at most the pool's) */
+    bool kv_stage_host;      /* tests/diagnostics: the staged receiver
+                              * over the CPU pool, host memcpys standing
+                              * in for the CUDA copies */
     /* Speculative decoding (EAGLE; cpu backend): the running batch is
      * stepped by spec_step (worker/spec/spec.h).  NULL: plain decoding. */
     const char *spec_head;   /* draft head .safetensors */

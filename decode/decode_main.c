@@ -50,6 +50,16 @@ static void usage(FILE *out)
         "  --chunk-tokens N       longest local prefill chunk per step (512)\n"
         "  --precision f32|bf16   backend precision (default: backend's)\n"
         "  --no-cuda-ipc          do not export a device KV pool over CUDA IPC\n"
+        "  --no-kv-stage          no staged UCX receiver for a device pool\n"
+        "                         (prefill workers on other hosts: inline)\n"
+        "  --no-kv-stage-direct   always stage through pinned host memory,\n"
+        "                         even when UCX moves CUDA memory itself\n"
+        "  --kv-stage-blocks N    staged receive-area blocks per layer\n"
+        "                         (0 = 4 longest prompts' worth)\n"
+        "  --kv-stage-host        test/diagnostic: the staged UCX receiver on\n"
+        "                         the CPU pool, host memcpys standing in for\n"
+        "                         the CUDA copies (router --kv-transport\n"
+        "                         ucx-stage uses it)\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "speculative decoding (EAGLE; cpu backend):\n"
         "  --spec-head PATH       draft head .safetensors (baton eagle train)\n"
@@ -86,6 +96,10 @@ int main(int argc, char **argv)
         { "chunk-tokens", required_argument, 0, 'C' },
         { "precision", required_argument, 0, 'P' },
         { "no-cuda-ipc", no_argument, 0, 'I' },
+        { "no-kv-stage", no_argument, 0, 1010 },
+        { "no-kv-stage-direct", no_argument, 0, 1011 },
+        { "kv-stage-blocks", required_argument, 0, 1012 },
+        { "kv-stage-host", no_argument, 0, 1013 },
         { "spec-head", required_argument, 0, 1000 },
         { "spec-depth", required_argument, 0, 1001 },
         { "spec-topk", required_argument, 0, 1002 },
@@ -139,6 +153,11 @@ int main(int argc, char **argv)
                 bad = 1;
             break;
         case 'I': cfg.use_cuda_ipc = false; break;
+        case 1010: cfg.kv_stage = false; break;
+        case 1011: cfg.kv_stage_direct = false; break;
+        case 1012: bad = bt_parse_int(optarg, &cfg.kv_stage_blocks) != BT_OK ||
+                         cfg.kv_stage_blocks < 0; break;
+        case 1013: cfg.kv_stage_host = true; break;
         case 1000: cfg.spec_head = optarg; break;
         case 1001: bad = bt_parse_int(optarg, &cfg.spec.depth) != BT_OK; break;
         case 1002: bad = bt_parse_int(optarg, &cfg.spec.topk) != BT_OK; break;
