@@ -10,7 +10,8 @@ SHARED ?= $(abspath ../shared)
 
 DEB_PACKAGES = build-essential cmake pkg-config git clang \
   libcjson-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
-  libucx-dev libpcre2-dev libutf8proc-dev
+  libucx-dev libpcre2-dev libutf8proc-dev \
+  slurmctld slurmd slurm-client munge
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build build-asan test test-asan demo fuzz clean format

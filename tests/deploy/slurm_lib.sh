@@ -1,0 +1,139 @@
+# slurm_lib.sh - a throw-away one-node Slurm cluster for tests (sourced).
+#   slurm_start DIR   writes DIR/slurm.conf (node "localhost" on 127.0.0.1,
+#                     auth/none, no cgroups, state under DIR), starts
+#                     slurmctld and slurmd, waits until the node is idle,
+#                     exports SLURM_CONF.  Returns non-zero on failure.
+#   slurm_stop        stops both daemons (and what they left).
+#   free_port         prints a TCP port nobody listens on.
+# Needs root (slurmd launches jobs as the submitting user) and the
+# Debian packages slurmctld, slurmd, slurm-client.
+
+SLURM_CTLD_PID=
+SLURM_D_PID=
+
+free_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 30000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "$p"; return 0
+    fi
+  done
+  return 1
+}
+
+slurm_available() {
+  [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null &&
+    command -v slurmd >/dev/null && command -v sbatch >/dev/null
+}
+
+slurm_start() {
+  local dir=$1 ctld_port d_port cpus
+  ctld_port=$(free_port) && d_port=$(free_port) || return 1
+  cpus=8   # more than the machine has: config_overrides lets jobs share it
+  mkdir -p "$dir/state" "$dir/spool" || return 1
+  cat >"$dir/slurm.conf" <<EOF
+ClusterName=batontest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$d_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+SlurmdParameters=config_overrides
+KillWait=5
+MessageTimeout=10
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=2
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOF
+  export SLURM_CONF=$dir/slurm.conf
+  BATON_TEST_SLURM=$SLURM_CONF slurmctld -D -i -f "$SLURM_CONF" \
+    >"$dir/slurmctld.out" 2>&1 &
+  SLURM_CTLD_PID=$!
+  BATON_TEST_SLURM=$SLURM_CONF slurmd -D -N localhost -f "$SLURM_CONF" \
+    >"$dir/slurmd.out" 2>&1 &
+  SLURM_D_PID=$!
+  local state=""
+  for _ in $(seq 1 100); do
+    state=$(timeout 5 sinfo -h -N -o '%t' 2>/dev/null)
+    [ "$state" = idle ] && return 0
+    kill -0 $SLURM_CTLD_PID 2>/dev/null && kill -0 $SLURM_D_PID 2>/dev/null ||
+      break
+    sleep 0.2
+  done
+  echo "slurm_start: node state '$state'" >&2
+  tail -n 20 "$dir/slurmctld.log" "$dir/slurmd.log" "$dir/slurmctld.out" \
+    "$dir/slurmd.out" >&2 2>/dev/null
+  return 1
+}
+
+slurm_stop() {
+  local p
+  for p in $SLURM_D_PID $SLURM_CTLD_PID; do
+    kill -TERM "$p" 2>/dev/null
+  done
+  for _ in $(seq 1 50); do
+    kill -0 $SLURM_D_PID 2>/dev/null || kill -0 $SLURM_CTLD_PID 2>/dev/null ||
+      break
+    sleep 0.1
+  done
+  for p in $SLURM_D_PID $SLURM_CTLD_PID; do
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  SLURM_D_PID= SLURM_CTLD_PID=
+}
+
+# job_pids JOBID: pids of processes that run in Slurm job JOBID of this
+# test cluster (from their environment), slurmstepd aside.
+job_pids() {
+  local e pid
+  for e in /proc/[0-9]*/environ; do
+    pid=${e#/proc/}; pid=${pid%/environ}
+    grep -qzx "SLURM_JOB_ID=$1" "$e" 2>/dev/null &&
+      grep -qzx "SLURM_CONF=$SLURM_CONF" "$e" 2>/dev/null && echo "$pid"
+  done
+}
+
+# daemon_pids: the daemons of this test cluster and the slurmstepd they
+# started (marked with BATON_TEST_SLURM in their environment).
+daemon_pids() {
+  local e pid
+  for e in /proc/[0-9]*/environ; do
+    pid=${e#/proc/}; pid=${pid%/environ}
+    grep -qzx "BATON_TEST_SLURM=$SLURM_CONF" "$e" 2>/dev/null && echo "$pid"
+  done
+}
+
+# slurm_kill_leftovers JOBID...: SIGKILL whatever the jobs and the
+# daemons left (after a failure; a clean run leaves nothing).
+slurm_kill_leftovers() {
+  local j p
+  for j in "$@"; do
+    for p in $(job_pids "$j"); do kill -KILL "$p" 2>/dev/null; done
+  done
+  for p in $(daemon_pids); do kill -KILL "$p" 2>/dev/null; done
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# deploy/slurm on a real one-node Slurm (slurmctld + slurmd on 127.0.0.1,
+# auth/none, state in a temp dir), CPU backend, aidreams260K:
+#   1. sbatch deploy/slurm/baton.sbatch (1 prefill + 1 decode + baton-http)
+#      becomes ready (endpoints file) and `baton generate` through its
+#      router returns the golden greedy ids of golden.jsonl's first line;
+#      baton-http answers /health;
+#   2. deploy/slurm/baton-scale.sh out adds a decode worker as its own job
+#      (it registers with the running router), `baton-scale.sh in` drains
+#      it (the router logs it draining, its job ends);
+#   3. scancel --batch --signal=TERM: ordered drain, the job ends, every
+#      process of both jobs is gone and each process logged its stop.
+# Skipped (exit 0, "SKIP") without root or the Slurm packages.  Every wait
+# is bounded; the whole test takes ~15 s.
+set -u
+SRC=${BT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+. "$SRC/tests/deploy/slurm_lib.sh"
+if ! slurm_available; then
+  echo "SKIP deploy/slurm: needs root and slurmctld, slurmd, sbatch"; exit 0
+fi
+BIN=$BATON_BIN
+MODELS=$BT_SHARED_DIR/models
+tmp=$(mktemp -d /tmp/baton-slurm.XXXXXX)
+chmod 755 "$tmp"
+JOB= SCALE_JOB=
+fail() {
+  echo "FAIL: $*"
+  for f in "$tmp"/job/*.log "$tmp"/job.out "$tmp"/scale/*.log \
+           "$tmp"/scale.out "$tmp"/slurm/slurmctld.log; do
+    [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }
+  done
+  exit 1
+}
+cleanup() {
+  [ -n "$SCALE_JOB" ] && timeout 5 scancel "$SCALE_JOB" 2>/dev/null
+  [ -n "$JOB" ] && timeout 5 scancel "$JOB" 2>/dev/null
+  for j in $JOB $SCALE_JOB; do
+    for _ in $(seq 1 50); do
+      [ -z "$(job_pids "$j")" ] && break; sleep 0.2
+    done
+  done
+  slurm_stop
+  slurm_kill_leftovers $JOB $SCALE_JOB
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+# job_gone JOBID SECONDS: waits until squeue no longer lists JOBID.
+job_gone() {
+  for _ in $(seq 1 $(($2 * 5))); do
+    [ -z "$(timeout 5 squeue -h -j "$1" -o %i 2>/dev/null)" ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+t0=$(date +%s)
+slurm_start "$tmp/slurm" || fail "slurm daemons did not come up"
+echo "slurm up in $(( $(date +%s) - t0 )) s ($SLURM_CONF)"
+
+PORT=$(free_port); HTTP=$(free_port)
+[ "$HTTP" != "$PORT" ] && [ "$HTTP" != $((PORT + 1)) ] || HTTP=$(free_port)
+line=$(head -n 1 "$MODELS/golden.jsonl")
+ids() { echo "$line" | sed -n "s/.*\"$1\": *\[\([0-9, ]*\)\].*/\1/p" | tr -d ,; }
+PROMPT=$(ids prompt_ids); WANT=$(ids greedy_ids)
+STEPS=$(echo "$line" | sed -n 's/.*"steps": *\([0-9]*\).*/\1/p')
+n_prompt=$(echo "$PROMPT" | wc -w)
+[ -n "$WANT" ] && [ "$n_prompt" -gt 0 ] || fail "cannot read golden.jsonl"
+
+# 1. the cluster job
+JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_MODEL=$MODELS/aidreams260K.bin \
+  BATON_TOKENIZER=$MODELS/aidreams-tok512.bin BATON_PREFILL=1 \
+  BATON_DECODE=1 BATON_GPUS_PER_WORKER=0 BATON_CPUS_PER_WORKER=1 \
+  BATON_DEVICE=cpu BATON_BLOCK_SIZE=8 BATON_KV_BLOCKS=128 \
+  BATON_PORT=$PORT BATON_HTTP_PORT=$HTTP BATON_MODEL_NAME=aidreams \
+  BATON_READY_TIMEOUT=30 BATON_DRAIN_TIMEOUT=15 BATON_LOG_DIR=$tmp/job \
+  timeout 10 sbatch --parsable -N 1 --ntasks=2 --cpus-per-task=1 \
+    --output="$tmp/job.out" "$SRC/deploy/slurm/baton.sbatch") ||
+  fail "sbatch refused the job: $JOB"
+echo "cluster job $JOB"
+for _ in $(seq 1 200); do
+  [ -f "$tmp/job/endpoints" ] && break
+  [ -z "$(timeout 5 squeue -h -j "$JOB" -o %i 2>/dev/null)" ] &&
+    fail "job $JOB ended before it was ready"
+  sleep 0.2
+done
+[ -f "$tmp/job/endpoints" ] || fail "job $JOB not ready after 40 s"
+. "$tmp/job/endpoints"
+echo "ready in $(( $(date +%s) - t0 )) s: $BATON_ROUTER_CLIENT $BATON_HTTP"
+[ "$BATON_ROUTER_CLIENT" = "tcp://localhost:$PORT" ] ||
+  fail "endpoints file says $BATON_ROUTER_CLIENT"
+
+got=$(timeout 30 "$BIN/baton" generate --router "$BATON_ROUTER_CLIENT" \
+  --prompt-ids "$PROMPT" --max-tokens $((STEPS - n_prompt + 1)) \
+  --ignore-eos --stop-id 1 --ids 2>"$tmp/gen.err")
+[ "$got" = "$WANT" ] || { cat "$tmp/gen.err"
+  fail "golden ids differ:
+ got  $got
+ want $WANT"; }
+echo "ok golden greedy ids through the job's router (${#WANT} chars)"
+
+health=$(timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$HTTP
+  printf 'GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' >&3
+  cat <&3" 2>/dev/null | head -n 1)
+case "$health" in
+  *" 200 "*) echo "ok baton-http /health: $health" ;;
+  *) fail "baton-http /health answered '$health'" ;;
+esac
+
+# 2. scale out by one decode worker in its own job, then in again
+SCALE_JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_GPUS_PER_WORKER=0 \
+  BATON_DEVICE=cpu BATON_LOG_DIR=$tmp/scale \
+  timeout 10 bash "$SRC/deploy/slurm/baton-scale.sh" out decode 1 \
+    --cluster-dir "$tmp/job" -- --cpus-per-task=1 --output="$tmp/scale.out") || fail "baton-scale.sh out: $SCALE_JOB"
+echo "scale-out job $SCALE_JOB"
+for _ in $(seq 1 100); do
+  [ "$(grep -c 'registered: decode' "$tmp/job/router.log")" -ge 2 ] && break
+  sleep 0.2
+done
+[ "$(grep -c 'registered: decode' "$tmp/job/router.log")" -ge 2 ] ||
+  fail "the scale-out decode worker did not register"
+echo "ok the scale-out worker registered"
+timeout 10 bash "$SRC/deploy/slurm/baton-scale.sh" in "$SCALE_JOB" ||
+  fail "baton-scale.sh in failed"
+job_gone "$SCALE_JOB" 20 || fail "scale-out job $SCALE_JOB still queued"
+grep -q "worker decode-.*-$SCALE_JOB\..* is draining" "$tmp/job/router.log" ||
+  fail "the router never saw the scale-out worker drain"
+left=$(job_pids "$SCALE_JOB")
+[ -z "$left" ] || fail "scale-out job left processes: $left"
+echo "ok scale-in drained the worker and its job ended"
+
+# 3. ordered stop of the cluster job
+timeout 5 scancel --batch --signal=TERM "$JOB" || fail "scancel failed"
+job_gone "$JOB" 30 || fail "job $JOB still queued 30 s after SIGTERM"
+for _ in $(seq 1 25); do
+  [ -z "$(job_pids "$JOB")" ] && break; sleep 0.2
+done
+left=$(job_pids "$JOB")
+[ -z "$left" ] || { ps -o pid,args -p "$(echo $left | tr ' ' ,)"
+  fail "job $JOB left processes"; }
+grep -q "stopped: " "$tmp/job/router.log" || fail "the router did not stop cleanly"
+grep -q "stopped after" "$tmp"/job/prefill-*.log || fail "prefill did not stop cleanly"
+grep -q "stopped: " "$tmp"/job/decode-*.log || fail "decode did not stop cleanly"
+[ ! -f "$tmp/job/endpoints" ] || fail "endpoints file left behind"
+grep -q "stopping: draining" "$tmp/job.out" || fail "no ordered teardown in job output"
+# the router was still up when the workers drained: it saw them go
+for role in prefill decode; do
+  grep -q "worker $role-.*-$JOB\..* is draining" "$tmp/job/router.log" ||
+    fail "the router did not see the $role worker drain"
+done
+echo "ok scancel --batch: workers drained, router stopped, no process left"
+slurm_stop
+left=$(daemon_pids)
+[ -z "$left" ] || fail "slurm daemons left processes: $left"
+JOB= SCALE_JOB=
+echo "PASS deploy/slurm ($(( $(date +%s) - t0 )) s)"
