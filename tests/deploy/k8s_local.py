@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Runs the pods of a rendered overlay as local processes (a stand-in
+kubelet): the exact container commands and environments k8s_check.py
+--pods wrote, with the Service names mapped to 127.0.0.1 and the ports to
+free ones.  Checks that the router, workers and baton-http come up, that
+/health turns 200, that a greedy request through the router gives the
+ids `baton run` gives and that baton-http serves a completion, then stops
+the pods as Kubernetes would (SIGTERM, workers first) and checks each
+exits 0 within its terminationGracePeriodSeconds.
+
+usage: k8s_local.py PODS.json BIN_DIR
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=2.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return None, ""
+
+
+def main():
+    pods = json.load(open(sys.argv[1]))
+    bindir = sys.argv[2]
+    client, control, http = free_port(), free_port(), free_port()
+    remap = {":5555": f":{client}", ":5556": f":{control}",
+             ":8000": f":{http}", "//baton-router:": "//127.0.0.1:",
+             "0.0.0.0:": "127.0.0.1:"}
+
+    def fix(s):
+        for a, b in remap.items():
+            s = s.replace(a, b)
+        return s
+
+    logdir = tempfile.mkdtemp(prefix="baton-k8s-")
+    procs = {}
+    ok = False
+    try:
+        for name in ("baton-router", "baton-http", "baton-prefill",
+                     "baton-decode"):
+            pod = pods[name]
+            env = {k: fix(v) for k, v in pod["env"].items()}
+            env["PATH"] = bindir + ":/usr/bin:/bin"
+            cmd = [fix(c) for c in pod["command"]]
+            log = open(os.path.join(logdir, name + ".log"), "w")
+            procs[name] = (subprocess.Popen(cmd, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT,
+                                            start_new_session=True),
+                           pod["grace"], log)
+        # readiness: baton-http /health is 200 with prefill + decode workers
+        deadline = time.time() + 20
+        status = None
+        while time.time() < deadline:
+            status, body = http_get(f"http://127.0.0.1:{http}/health")
+            if status == 200:
+                break
+            dead = [n for n, (p, _, _) in procs.items()
+                    if p.poll() is not None]
+            if dead:
+                raise SystemExit(f"FAIL: {dead} exited")
+            time.sleep(0.2)
+        if status != 200:
+            raise SystemExit(f"FAIL: /health never 200 (last {status})")
+        print(f"ok /health 200: {body.strip()}")
+
+        model = pods["baton-decode"]["env"]["BATON_MODEL"]
+        ids = "1 5 9 14"
+        run = [f"{bindir}/baton", "--prompt-ids", ids, "--max-tokens", "12",
+               "--ignore-eos", "--ids"]
+        want = subprocess.run(run[:1] + ["run", "--model", model] + run[1:],
+                              capture_output=True, text=True, timeout=30)
+        got = subprocess.run(run[:1] + ["generate", "--router",
+                                        f"tcp://127.0.0.1:{client}"] +
+                             run[1:], capture_output=True, text=True,
+                             timeout=30)
+        if not want.stdout.strip() or got.stdout != want.stdout:
+            raise SystemExit(f"FAIL: cluster ids {got.stdout!r} "
+                             f"({got.stderr.strip()[-200:]}), "
+                             f"baton run {want.stdout!r}")
+        print(f"ok greedy ids through the router equal baton run: "
+              f"{got.stdout.strip()}")
+
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http}/v1/completions",
+            data=json.dumps({"prompt": [int(x) for x in ids.split()],
+                             "max_tokens": 4, "temperature": 0}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=20) as r:
+            body = json.loads(r.read())
+        if body.get("usage", {}).get("completion_tokens") != 4:
+            raise SystemExit(f"FAIL: /v1/completions answered {body}")
+        print("ok baton-http /v1/completions: 4 tokens")
+
+        # stop as Kubernetes does: SIGTERM, SIGKILL after the grace period
+        for group in (("baton-prefill", "baton-decode"),
+                      ("baton-http", "baton-router")):
+            t0 = time.time()
+            for n in group:
+                procs[n][0].send_signal(signal.SIGTERM)
+            for n in group:
+                p, grace, _ = procs[n]
+                try:
+                    rc = p.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    raise SystemExit(f"FAIL: {n} still running after its "
+                                     f"{grace} s grace period")
+                if rc != 0:
+                    raise SystemExit(f"FAIL: {n} exited {rc} on SIGTERM")
+            print(f"ok {' and '.join(group)} stopped on SIGTERM in "
+                  f"{time.time() - t0:.1f} s")
+        ok = True
+    finally:
+        for n, (p, _, log) in procs.items():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            log.close()
+            if not ok:
+                print(f"--- {n}")
+                print(open(os.path.join(logdir, n + ".log")).read()[-1500:])
+        for f in os.listdir(logdir):
+            os.unlink(os.path.join(logdir, f))
+        os.rmdir(logdir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

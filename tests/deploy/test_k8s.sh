@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# deploy/k8s: render the base and every overlay with `kubectl kustomize`
+# (when kubectl is installed; otherwise the base's files as they are) and
+# check them structurally (k8s_check.py: selectors, Services and ports,
+# BATON_ROUTER, ConfigMap/PVC references, probes, grace periods, GPUs per
+# overlay, every flag known to its binary); the checker must reject two
+# broken variants; then the cpu-tiny pods run as local processes with
+# their exact commands and environments (k8s_local.py): /health, golden
+# equality with `baton run`, an HTTP completion, SIGTERM stop in grace.
+set -u
+SRC=${BT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+K8S=$SRC/deploy/k8s
+CHECK="python3 $SRC/tests/deploy/k8s_check.py"
+if ! python3 -c 'import yaml' 2>/dev/null; then
+  echo "SKIP deploy/k8s: python3 without yaml"; exit 0
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+if kubectl kustomize "$K8S/base" >"$tmp/base.yaml" 2>"$tmp/err"; then
+  overlays=$(cd "$K8S/overlays" && ls)
+  for o in base $overlays; do
+    dir=$K8S/overlays/$o; [ $o = base ] && dir=$K8S/base
+    kubectl kustomize "$dir" >"$tmp/$o.yaml" 2>"$tmp/err" ||
+      fail "kubectl kustomize $o: $(cat "$tmp/err")"
+    $CHECK "$tmp/$o.yaml" "$o" --bin "$BATON_BIN" --pods "$tmp/$o.json" ||
+      fail "$o manifests"
+  done
+  pods=$tmp/cpu-tiny.json
+  # the checker is not vacuous: a worker pointed at the client port and
+  # a flag no binary has are both caught
+  sed 's|tcp://baton-router:5556|tcp://baton-router:5555|' \
+    "$tmp/cpu-tiny.yaml" >"$tmp/bad1.yaml"
+  sed 's|exec baton-decode |exec baton-decode --no-such-flag |' \
+    "$tmp/cpu-tiny.yaml" >"$tmp/bad2.yaml"
+  for b in bad1 bad2; do
+    if $CHECK "$tmp/$b.yaml" cpu-tiny --bin "$BATON_BIN" >"$tmp/$b.out"; then
+      fail "the checker accepted $b"
+    fi
+  done
+  echo "ok broken variants rejected: $(cat "$tmp"/bad*.out | tr '\n' ' ')"
+else
+  echo "kubectl kustomize unavailable ($(head -c 200 "$tmp/err")):" \
+    "checking the base's files as they are"
+  python3 - "$K8S" "$tmp/base.yaml" <<'EOF' || fail "base files"
+import os, sys, yaml
+k8s, out = sys.argv[1], sys.argv[2]
+docs = []
+for root, _, files in os.walk(k8s):
+    for f in files:
+        if f.endswith(".yaml"):
+            ds = list(yaml.safe_load_all(open(os.path.join(root, f))))
+            if f == "kustomization.yaml":
+                k = ds[0]
+                for r in k.get("resources", []) + [
+                        p["path"] for p in k.get("patches", []) if "path" in p]:
+                    if not os.path.exists(os.path.join(root, r)):
+                        sys.exit(f"{root}/{f}: {r} missing")
+base = yaml.safe_load(open(os.path.join(k8s, "base/kustomization.yaml")))
+for r in base["resources"]:
+    docs += [d for d in yaml.safe_load_all(open(os.path.join(k8s, "base", r))) if d]
+data = dict(l.split("=", 1) for l in open(os.path.join(k8s, "base/baton.env"))
+            .read().splitlines() if l and not l.startswith("#"))
+docs.append({"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "baton-config"}, "data": data})
+for d in docs:
+    for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        c["image"] = "baton:latest"
+yaml.safe_dump_all(docs, open(out, "w"))
+EOF
+  $CHECK "$tmp/base.yaml" base-raw --bin "$BATON_BIN" --pods "$tmp/base.json" ||
+    fail "base manifests"
+  # the base with the cpu-tiny settings, for the local run
+  python3 - "$tmp/base.json" "$tmp/pods.json" <<'EOF'
+import json, sys
+pods = json.load(open(sys.argv[1]))
+for p in pods.values():
+    p["env"].update(BATON_MODEL="synth:tiny", BATON_DEVICE="cpu",
+                    BATON_KV_BLOCKS="256", BATON_THREADS="1")
+json.dump(pods, open(sys.argv[2], "w"))
+EOF
+  pods=$tmp/pods.json
+fi
+
+timeout 80 python3 "$SRC/tests/deploy/k8s_local.py" "$pods" "$BATON_BIN" ||
+  fail "the cpu-tiny pods as local processes"
+echo "PASS deploy/k8s"
