@@ -125,6 +125,7 @@ struct decode_s {
     decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
     uint64_t steps;
     uint64_t tokens_out;
+    uint64_t staged;            /* requests admitted with staged KV */
     /* Speculative decoding (--spec-head) */
     spec_head_t *head;
     spec_t *spec;
@@ -811,6 +812,7 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
                 goto fail;
             }
             arrived = true;
+            dec->staged++;
         } else if (dec->pool != NULL &&
                    ucx_wait_arrival(dec, (int)(r - dec->resv), r->epoch)) {
             arrived = true;
@@ -1948,8 +1950,9 @@ bt_status_t decode_run(decode_t *dec)
         msg.shutdown = &s;
         send_msg(dec, &msg);
     }
-    BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens", dec->name,
-                (unsigned long long)dec->steps,
-                (unsigned long long)dec->tokens_out);
+    BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, staged "
+                "hand-offs:%llu", dec->name, (unsigned long long)dec->steps,
+                (unsigned long long)dec->tokens_out,
+                (unsigned long long)dec->staged);
     return BT_OK;
 }

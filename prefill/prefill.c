@@ -16,6 +16,7 @@
 #include "bt_zmq.h"
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
+#include "kv/kv_transport_stage.h"
 #include "proto_msg.h"
 
 #define PREFILL_NAME_MAX 64
@@ -52,6 +53,12 @@ struct prefill_task_s {
     size_t cdesc_len;
     kv_cipc_peer_t *cpeer;      /* mapped decode pool (one reference) */
     kv_cipc_commit_t *ccommit;  /* in flight while COMMITTING */
+    bool use_stage;       /* staged UCX (dst_blocks: receive-area ids) */
+    uint8_t *sdesc;       /* (sdesc_len) the decode's stage descriptor */
+    size_t sdesc_len;
+    kv_stage_peer_t *speer;     /* held in pf->speers (not owned) */
+    kv_stage_xfer_t *sxfer;     /* the hand-off, from RUNNING on */
+    bool stage_failed;    /* a layer could not be queued */
     bool final_in_batch;  /* its last chunk is in the running forward */
     uint8_t **kv_inline;  /* (2 * n_layers) packed K/V per layer */
     size_t kv_row_bytes;  /* bytes of one token's K (or V) in one layer */
@@ -77,6 +84,15 @@ typedef struct {
     bool retiring;        /* dropped: disconnect once nothing uses it */
 } prefill_peer_t;
 
+/* A staged-UCX receiver this worker keeps connected (its transfers hold
+ * their own references, so dropping one here never cuts a hand-off). */
+typedef struct {
+    kv_stage_peer_t *peer; /* one reference */
+    uint8_t *desc;         /* (desc_len) the descriptor it came from */
+    size_t desc_len;
+    uint64_t last_used;
+} prefill_speer_t;
+
 struct prefill_s {
     prefill_config_t cfg;
     char name[PREFILL_NAME_MAX];
@@ -92,6 +108,10 @@ struct prefill_s {
     bool kv_on_device;    /* backend KV in GPU memory (cuda) */
     prefill_peer_t peers[PREFILL_MAX_PEERS]; /* (n_peers) held endpoints */
     int n_peers;
+    kv_stage_send_t *stage;   /* staged UCX sender (device KV, or the CPU
+                                 pool with --kv-stage-host) */
+    prefill_speer_t speers[PREFILL_MAX_PEERS]; /* (n_speers) */
+    int n_speers;
     volatile sig_atomic_t stop;
     bool draining;
     int heartbeat_ms;
@@ -118,6 +138,8 @@ void prefill_config_init(prefill_config_t *cfg)
     cfg->use_ucx = true;
     cfg->commit_timeout_ms = 5000;
     cfg->use_cuda_ipc = true;
+    cfg->kv_stage = true;
+    cfg->kv_stage_direct = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -135,7 +157,7 @@ static void send_register(prefill_t *pf)
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__Register reg = BATON__REGISTER__INIT;
     Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
-    Baton__KvTransport transports[4];
+    Baton__KvTransport transports[6];
     kv_cipc_gpu_info_t gi;
     char host[320];
     int eos[MODEL_MAX_EOS];
@@ -158,10 +180,12 @@ static void send_register(prefill_t *pf)
     }
     reg.n_eos_ids = (size_t)n_eos;
     reg.eos_ids = eos;
-    if (pf->ucx != NULL)
+    if (pf->ucx != NULL && !pf->kv_on_device)
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
     if (pf->cipc != NULL)
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
+    if (pf->stage != NULL)
+        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
     transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
     reg.n_transports = (size_t)n_tr;
     reg.transports = transports;
@@ -261,9 +285,9 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
      * they are the copies themselves, overlapped with later layers'
      * compute) plus the commit after the last layer; inline: packing. */
     done.transfer_us = (t->transfer_ns +
-                        (t->use_ucx || t->use_cipc ? now - t->t_computed
-                                                   : 0)) / 1000;
-    if ((t->use_ucx || t->use_cipc) && pf->engine != NULL) {
+                        (t->use_ucx || t->use_cipc || t->use_stage
+                             ? now - t->t_computed : 0)) / 1000;
+    if ((t->use_ucx || t->use_cipc || t->use_stage) && pf->engine != NULL) {
         const kv_layout_t *lay = backend_kv_layout(engine_backend(pf->engine));
         double bytes = 2.0 * pf->n_layers * (double)kv_layout_block_bytes(lay) *
                        BT_DIV_UP(t->n_tokens, pf->block_size);
@@ -308,6 +332,13 @@ static void task_destroy(prefill_t *pf, prefill_task_t *t)
     kv_cipc_commit_destroy(&t->ccommit);
     kv_cipc_release(&t->cpeer);
     bt_free(t->cdesc);
+    /* A transfer still in flight is cancelled: nothing more is put, and
+     * chunks already staged finish on their own.  The local blocks are
+     * freed just above: a D2H copy of a cancelled chunk may still read
+     * them, but its bytes are never put (and nothing writes them), so a
+     * new task's KV is never harmed. */
+    kv_stage_xfer_destroy(&t->sxfer);
+    bt_free(t->sdesc);
     if (t->kv_inline != NULL) {
         for (int i = 0; i < 2 * pf->n_layers; i++)
             bt_free(t->kv_inline[i]);
@@ -472,10 +503,29 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
             BT_LOG_WARN("KV", "request %llu: CUDA IPC not usable here; KV "
                         "goes inline", (unsigned long long)t->id);
     } else if (m->has_transport &&
+               m->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+        /* The KV goes to the grant's receive-area ids. */
+        if (pf->stage != NULL && m->has_kv_stage && m->kv_stage.len > 0 &&
+            g->n_stage_block_ids == g->n_block_ids &&
+            t->dst_block_size == pf->block_size && t->slot >= 0) {
+            t->sdesc = bt_malloc(m->kv_stage.len, "prefill_desc");
+            if (t->sdesc != NULL) {
+                memcpy(t->sdesc, m->kv_stage.data, m->kv_stage.len);
+                t->sdesc_len = m->kv_stage.len;
+                memcpy(t->dst_blocks, g->stage_block_ids,
+                       g->n_stage_block_ids * sizeof(int));
+                t->use_stage = true;
+            }
+        }
+        if (!t->use_stage)
+            BT_LOG_WARN("KV", "request %llu: staged UCX not usable here; KV "
+                        "goes inline", (unsigned long long)t->id);
+    } else if (m->has_transport &&
                m->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE) {
         /* the router chose inline for this pair */
-    } else if (pf->ucx != NULL && g->ucx != NULL && g->ucx->has_packed &&
-        t->dst_block_size == pf->block_size && t->slot >= 0) {
+    } else if (pf->ucx != NULL && !pf->kv_on_device && g->ucx != NULL &&
+               g->ucx->has_packed && t->dst_block_size == pf->block_size &&
+               t->slot >= 0) {
         t->desc = bt_malloc(g->ucx->packed.len, "prefill_desc");
         if (t->desc != NULL) {
             memcpy(t->desc, g->ucx->packed.data, g->ucx->packed.len);
@@ -630,6 +680,99 @@ static kv_ucx_peer_t *peer_hold(prefill_t *pf, const void *desc, size_t len)
     return peer;
 }
 
+/* Drops held stage receiver i (its transfers keep their own reference). */
+static void speer_drop_at(prefill_t *pf, int i)
+{
+    kv_stage_disconnect(&pf->speers[i].peer);
+    bt_free(pf->speers[i].desc);
+    pf->speers[i] = pf->speers[--pf->n_speers];
+}
+
+/* Drops the held stage receiver `peer` (a failed hand-off: the next task
+ * for that decode worker connects afresh). */
+static void speer_drop(prefill_t *pf, const kv_stage_peer_t *peer)
+{
+    for (int i = 0; i < pf->n_speers; i++) {
+        if (pf->speers[i].peer == peer) {
+            speer_drop_at(pf, i);
+            return;
+        }
+    }
+}
+
+/* The staged-UCX receiver of `desc`, connected once and kept (the first
+ * connect costs an endpoint and an rkey unpack; kv_ucx_connect caches the
+ * endpoint per pool).  NULL when it cannot be reached or does not match
+ * the local pool; the least recently used one makes room when full. */
+static kv_stage_peer_t *speer_hold(prefill_t *pf, const void *desc,
+                                   size_t len)
+{
+    prefill_speer_t *h;
+    kv_stage_peer_t *peer = NULL;
+
+    if (pf->stage == NULL)
+        return NULL;
+    for (int i = 0; i < pf->n_speers; i++) {
+        h = &pf->speers[i];
+        if (h->desc_len == len && memcmp(h->desc, desc, len) == 0) {
+            h->last_used = bt_time_ns();
+            return h->peer;
+        }
+    }
+    if (kv_stage_connect(pf->stage, desc, len, &peer) != BT_OK)
+        return NULL;
+    if (pf->n_speers == PREFILL_MAX_PEERS) {
+        int lru = 0;
+        for (int i = 1; i < pf->n_speers; i++)
+            if (pf->speers[i].last_used < pf->speers[lru].last_used)
+                lru = i;
+        speer_drop_at(pf, lru);
+    }
+    h = &pf->speers[pf->n_speers];
+    h->desc = bt_malloc(len, "prefill_desc");
+    if (h->desc == NULL) {
+        kv_stage_disconnect(&peer);
+        return NULL;
+    }
+    memcpy(h->desc, desc, len);
+    h->desc_len = len;
+    h->peer = peer;
+    h->last_used = bt_time_ns();
+    pf->n_speers++;
+    BT_LOG_DEBUG("KV", "connected to a staged receiver (%s, %d receive "
+                 "blocks)", kv_stage_peer_info(peer)->direct ? "direct"
+                                                            : "staged",
+                 kv_stage_peer_info(peer)->recv_blocks);
+    return peer;
+}
+
+/* KvPeers: connects to new staged receivers now and drops those no
+ * longer listed (their decode worker is gone). */
+static void speers_sync(prefill_t *pf, const Baton__KvPeers *m)
+{
+    kv_stage_peer_t *listed[PREFILL_MAX_PEERS];
+    int n_listed = 0;
+
+    for (size_t i = 0; i < m->n_kv_stage && n_listed < PREFILL_MAX_PEERS;
+         i++) {
+        kv_stage_peer_t *p;
+        if (m->kv_stage[i].len == 0)
+            continue;
+        p = speer_hold(pf, m->kv_stage[i].data, m->kv_stage[i].len);
+        if (p != NULL)
+            listed[n_listed++] = p;
+    }
+    for (int i = 0; i < pf->n_speers;) {
+        bool keep = false;
+        for (int k = 0; k < n_listed && !keep; k++)
+            keep = listed[k] == pf->speers[i].peer;
+        if (keep)
+            i++;
+        else
+            speer_drop_at(pf, i);
+    }
+}
+
 /* KvPeers: the router's complete list of decode pools.  Connects to the
  * new ones now, off any request's critical path, and retires endpoints to
  * pools no longer listed (their decode worker is gone). */
@@ -654,7 +797,9 @@ static void on_kv_peers(prefill_t *pf, const Baton__KvPeers *m)
         }
         kv_cipc_retire_unlisted(pf->cipc, ids, n_ids);
     }
-    if (pf->ucx == NULL)
+    if (pf->stage != NULL)
+        speers_sync(pf, m);
+    if (pf->ucx == NULL || pf->kv_on_device)
         return;
     for (size_t i = 0; i < m->n_pools && n_listed < PREFILL_MAX_PEERS; i++) {
         const Baton__UcxDescriptor *d = m->pools[i];
@@ -765,6 +910,19 @@ static void on_layer_done(void *arg, int layer)
                 for (int l = 0; l <= layer; l++)
                     pack_layer_inline(pf, t, l);
             }
+        } else if (t->use_stage) {
+            /* D2H into a staging buffer now (the backend synchronised
+             * this layer's K/V first), the put when the copy is done. */
+            bt_status_t status = kv_stage_xfer_layer(
+                t->sxfer, layer, backend_kv_data(be, layer, 0),
+                backend_kv_data(be, layer, 1));
+            if (status != BT_OK && !t->stage_failed) {
+                BT_LOG_WARN("KV", "request %llu: staged KV of layer %d not "
+                            "queued (%s)", (unsigned long long)t->id, layer,
+                            bt_status_str(status));
+                t->stage_failed = true;
+            }
+            kv_stage_send_progress(pf->stage);
         } else if (t->use_ucx) {
             int n = BT_DIV_UP(t->n_tokens, pf->block_size);
             bt_status_t status = kv_ucx_put_layer(
@@ -851,6 +1009,22 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
         t->state = PREFILL_TASK_DONE;
         return;
     }
+    if (t->use_stage) {
+        /* Each layer commits itself; wait for the last (reap). */
+        if (!t->stage_failed &&
+            kv_stage_xfer_status(t->sxfer) != BT_IN_PROGRESS &&
+            kv_stage_xfer_status(t->sxfer) != BT_OK)
+            t->stage_failed = true;
+        if (!t->stage_failed) {
+            t->state = PREFILL_TASK_COMMITTING;
+            return;
+        }
+        send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+                     "staged KV transfer to the decode worker failed");
+        speer_drop(pf, t->speer);
+        t->state = PREFILL_TASK_DONE;
+        return;
+    }
     if (t->use_ucx) {
         bt_status_t status = kv_ucx_commit(t->peer, t->slot, t->epoch,
                                            commit_cb, pf);
@@ -916,6 +1090,18 @@ static void run_batch(prefill_t *pf)
                 if (kv_ucx_connect(pf->ucx, t->desc, t->desc_len,
                                    &t->peer) != BT_OK)
                     t->use_ucx = false;
+            }
+            if (t->use_stage) {
+                t->speer = speer_hold(pf, t->sdesc, t->sdesc_len);
+                if (t->speer == NULL ||
+                    kv_stage_xfer_begin(pf->stage, t->speer, t->slot,
+                                        t->epoch, t->blocks, t->dst_blocks,
+                                        need, &t->sxfer) != BT_OK) {
+                    BT_LOG_WARN("KV", "request %llu: cannot start the "
+                                "staged hand-off; KV goes inline",
+                                (unsigned long long)t->id);
+                    t->use_stage = false;
+                }
             }
             if (t->use_cipc &&
                 kv_cipc_connect(pf->cipc, t->cdesc, t->cdesc_len,
@@ -1003,6 +1189,13 @@ static void reap(prefill_t *pf)
                 t->commit_status = status;
             }
         }
+        if (t->state == PREFILL_TASK_COMMITTING && t->sxfer != NULL) {
+            bt_status_t status = kv_stage_xfer_status(t->sxfer);
+            if (status != BT_IN_PROGRESS) {
+                t->commit_done = true;
+                t->commit_status = status;
+            }
+        }
         if (t->state == PREFILL_TASK_COMMITTING && t->commit_done) {
             if (t->commit_status == BT_OK) {
                 send_done(pf, t);
@@ -1011,6 +1204,8 @@ static void reap(prefill_t *pf)
                              "KV transfer to the decode worker failed");
                 if (t->peer != NULL)
                     peer_retire(pf, t->peer);
+                if (t->speer != NULL)
+                    speer_drop(pf, t->speer);
             }
             t->state = PREFILL_TASK_DONE;
         } else if (t->state == PREFILL_TASK_COMMITTING &&
@@ -1024,6 +1219,12 @@ static void reap(prefill_t *pf)
                          "KV hand-off to the decode worker timed out");
             if (t->peer != NULL)
                 peer_retire(pf, t->peer);
+            if (t->speer != NULL) {
+                /* Its staging buffers would wait for the dead peer
+                 * forever (t->sxfer still holds the peer). */
+                kv_stage_peer_abandon(t->speer);
+                speer_drop(pf, t->speer);
+            }
             t->state = PREFILL_TASK_DONE;
         }
         if (t->state == PREFILL_TASK_DONE) {
@@ -1055,8 +1256,8 @@ static void ucx_progress_all(prefill_t *pf)
         ;
 }
 
-/* A CUDA IPC commit (device copies + epoch flag) that began less than
- * 2 ms ago: it completes in tens of microseconds to ~0.5 ms whatever the
+/* A CUDA IPC commit (device copies + epoch flag), or the last layers of
+ * a staged hand-off, that began less than 2 ms ago: it completes in tens of microseconds to ~0.5 ms whatever the
  * decode worker does, so the loop spins on it rather than sleeping a 1 ms
  * poll tick on the first-token path (measured: the tick cost ~1.1 ms in
  * most hand-offs). */
@@ -1065,7 +1266,8 @@ static bool has_fresh_cipc_commit(prefill_t *pf)
     uint64_t now = bt_time_ns();
 
     for (prefill_task_t *t = pf->head; t; t = t->next)
-        if (t->state == PREFILL_TASK_COMMITTING && t->ccommit != NULL &&
+        if (t->state == PREFILL_TASK_COMMITTING &&
+            (t->ccommit != NULL || t->sxfer != NULL) &&
             !t->commit_done && now - t->t_computed < 2000000ull)
             return true;
     return false;
@@ -1081,6 +1283,30 @@ static bool has_committing(prefill_t *pf)
 
 // ---------------------------------------------------------------------------
 // Lifecycle
+
+/* The staged UCX sender over the local pool (kv_transport_stage.h): CUDA
+ * copies (or, direct, puts from device memory) for device KV, host
+ * memcpys over the CPU pool with --kv-stage-host.  Without one the router
+ * picks another transport (a warning, not an error). */
+static void stage_setup(prefill_t *pf)
+{
+    kv_stage_send_config_t sc;
+
+    kv_stage_send_config_init(&sc);
+    sc.layout = *backend_kv_layout(engine_backend(pf->engine));
+    sc.stage_blocks = pf->cfg.kv_stage_blocks > 0
+                          ? pf->cfg.kv_stage_blocks
+                          : BT_DIV_UP(2048, pf->block_size);
+    if (pf->kv_on_device) {
+        sc.ops = kv_stage_ops_cuda();
+        sc.direct = pf->cfg.kv_stage_direct && kv_stage_ucx_has_cuda();
+    } else {
+        sc.ops = kv_stage_ops_host(true);
+    }
+    if (kv_stage_send_create(pf->ucx, &sc, &pf->stage) != BT_OK)
+        BT_LOG_WARN("KV", "no staged UCX sender (%s); KV for other hosts "
+                    "goes inline", bt_error_last());
+}
 
 bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
 {
@@ -1137,15 +1363,23 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         if (pf->kv_on_device && cfg->use_cuda_ipc &&
             kv_cipc_create(&pf->cipc) != BT_OK)
             BT_LOG_WARN("KV", "CUDA IPC unavailable; KV goes inline");
-        if (cfg->use_ucx && !pf->kv_on_device) {
+        if (cfg->use_ucx && (!pf->kv_on_device || cfg->kv_stage)) {
             kv_ucx_config_t ucfg;
             kv_ucx_config_init(&ucfg);
-            ucfg.peer_errors = cfg->ucx_peer_errors;
+            /* Device KV: UCX only carries staged hand-offs to other
+             * hosts (no shared memory to lose), and a dead decode worker
+             * must fail the puts so its staging buffers come back. */
+            ucfg.peer_errors = cfg->ucx_peer_errors || pf->kv_on_device;
             if (kv_ucx_create(&ucfg, &pf->ucx) != BT_OK) {
                 BT_LOG_WARN("KV", "UCX unavailable; KV goes inline");
                 pf->ucx = NULL;
             }
         }
+        if (pf->ucx != NULL && (pf->kv_on_device ? cfg->kv_stage
+                                                 : cfg->kv_stage_host))
+            stage_setup(pf);
+        if (pf->kv_on_device && pf->stage == NULL)
+            kv_ucx_destroy(&pf->ucx); /* nothing else uses it */
     }
     pf->ctx = zmq_ctx_new();
     if (pf->ctx == NULL) {
@@ -1166,6 +1400,7 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
 err_ctx:
     zmq_ctx_term(pf->ctx);
 err_engine:
+    kv_stage_send_destroy(&pf->stage);
     kv_ucx_destroy(&pf->ucx);
     kv_cipc_destroy(&pf->cipc);
     bt_free(pf->logits);
@@ -1192,6 +1427,9 @@ void prefill_destroy(prefill_t **pf_p)
     for (int i = 0; i < pf->n_peers; i++)
         kv_ucx_disconnect(&pf->peers[i].peer); /* bounded wait */
     pf->n_peers = 0;
+    while (pf->n_speers > 0)
+        speer_drop_at(pf, pf->n_speers - 1);
+    kv_stage_send_destroy(&pf->stage); /* bounded wait for orphans */
     {
         int linger = 500; /* let the Shutdown reach the router */
         zmq_setsockopt(pf->sock, ZMQ_LINGER, &linger, sizeof(linger));
@@ -1268,6 +1506,9 @@ bt_status_t prefill_run(prefill_t *pf)
             run_batch(pf);
         if (pf->ucx != NULL)
             ucx_progress_all(pf);
+        if (pf->stage != NULL)
+            for (int i = 0; i < 64 && kv_stage_send_progress(pf->stage); i++)
+                ;
         reap(pf);
         peers_reap(pf);
         now = bt_time_ns();

@@ -13,7 +13,14 @@
  * The router names the transport per task (PrefillTask.transport, chosen
  * per prefill/decode pair): UCX / UCX_SHM puts, CUDA_IPC device-to-device
  * copies into the decode worker's mapped device pool
- * (kv_transport_cuda_ipc.h; with the CUDA backend), or INLINE bytes.
+ * (kv_transport_cuda_ipc.h; with the CUDA backend), UCX_STAGE for a
+ * decode worker's device pool on another host (kv_transport_stage.h:
+ * each layer copied to pinned staging buffers and put into the decode
+ * worker's receive area while later layers compute; PrefillDone only
+ * once every layer's commit landed, else the task fails and the router
+ * retries it elsewhere), or INLINE bytes.  --kv-stage-host runs the
+ * staged path over the CPU pool with host memcpys standing in for the
+ * CUDA copies (tests, diagnostics).
  */
 #ifndef BT_PREFILL_PREFILL_H
 #define BT_PREFILL_PREFILL_H
@@ -45,6 +52,16 @@ typedef struct {
     int step_delay_ms;       /* tests: sleep before each batch */
     bool use_cuda_ipc;       /* device KV: copy it into decode pools over
                               * CUDA IPC when the router says so */
+    bool kv_stage;           /* device KV: staged UCX sender (on); its
+                              * UCX endpoints use peer error handling (a
+                              * dead decode worker fails the puts) */
+    bool kv_stage_direct;    /* ... putting from device memory when UCX
+                              * moves CUDA memory itself (on) */
+    int kv_stage_blocks;     /* blocks per staging buffer (0: 2048
+                              * tokens' worth) */
+    bool kv_stage_host;      /* tests/diagnostics: the staged sender over
+                              * the CPU pool, host memcpys standing in for
+                              * the CUDA copies */
     bool spec_features;      /* speculation-aware hand-off: send the last
                               * prompt token's hidden state (dim floats)
                               * in PrefillDone.spec_feature, so an EAGLE

@@ -45,6 +45,15 @@ static void usage(FILE *out)
         "  --kv-commit-timeout-ms N  fail a KV hand-off after N ms (5000)\n"
         "  --precision f32|bf16   backend precision (default: backend's)\n"
         "  --no-cuda-ipc          never copy KV over CUDA IPC\n"
+        "  --no-kv-stage          no staged UCX sender for device KV (decode\n"
+        "                         workers on other hosts: inline)\n"
+        "  --no-kv-stage-direct   always stage through pinned host memory,\n"
+        "                         even when UCX moves CUDA memory itself\n"
+        "  --kv-stage-blocks N    blocks per staging buffer (0 = 2048 tokens)\n"
+        "  --kv-stage-host        test/diagnostic: the staged UCX sender on\n"
+        "                         the CPU pool, host memcpys standing in for\n"
+        "                         the CUDA copies (router --kv-transport\n"
+        "                         ucx-stage uses it)\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "  --spec-features        send the last prompt token's hidden state\n"
         "                         with the KV (EAGLE decode workers draft\n"
@@ -73,6 +82,10 @@ int main(int argc, char **argv)
         { "step-delay-ms", required_argument, 0, 'W' },
         { "precision", required_argument, 0, 'P' },
         { "no-cuda-ipc", no_argument, 0, 'I' },
+        { "no-kv-stage", no_argument, 0, 1010 },
+        { "no-kv-stage-direct", no_argument, 0, 1011 },
+        { "kv-stage-blocks", required_argument, 0, 1012 },
+        { "kv-stage-host", no_argument, 0, 1013 },
         { "spec-features", no_argument, 0, 1000 },
         { "spec-head", required_argument, 0, 1001 },
         { "help", no_argument, 0, 'h' },
@@ -102,6 +115,11 @@ int main(int argc, char **argv)
                 bad = 1;
             break;
         case 'I': cfg.use_cuda_ipc = false; break;
+        case 1010: cfg.kv_stage = false; break;
+        case 1011: cfg.kv_stage_direct = false; break;
+        case 1012: bad = bt_parse_int(optarg, &cfg.kv_stage_blocks) != BT_OK ||
+                         cfg.kv_stage_blocks < 0; break;
+        case 1013: cfg.kv_stage_host = true; break;
         case 1000: /* fall through */
         case 1001: cfg.spec_features = true; break;
         case 't': cfg.engine.tokenizer_path = optarg; break;

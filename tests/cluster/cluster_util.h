@@ -76,26 +76,26 @@ static int cu_free_port(void)
     return -1;
 }
 
-/* Starts BT_BIN_DIR/exe with a NULL-terminated argument list. */
-static pid_t cu_spawn(const char *exe, ...)
+/* Starts BT_BIN_DIR/exe with argument list `ap`; its stderr goes to
+ * `log` when not NULL, else to /dev/null (unless BT_TEST_LOGS is set). */
+static pid_t cu_spawn_va(const char *log, const char *exe, va_list ap)
 {
     char path[512];
     char *args[64];
     int n = 0;
-    va_list ap;
     pid_t pid;
 
     snprintf(path, sizeof(path), "%s/%s", BT_BIN_DIR, exe);
     args[n++] = path;
-    va_start(ap, exe);
     while (n < 63 && (args[n] = va_arg(ap, char *)) != NULL)
         n++;
-    va_end(ap);
     args[n] = NULL;
     pid = fork();
     if (pid == 0) {
-        if (getenv("BT_TEST_LOGS") == NULL) {
-            int fd = open("/dev/null", O_WRONLY);
+        if (log != NULL || getenv("BT_TEST_LOGS") == NULL) {
+            int fd = log != NULL
+                         ? open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644)
+                         : open("/dev/null", O_WRONLY);
             dup2(fd, 2);
             close(fd);
         }
@@ -104,6 +104,31 @@ static pid_t cu_spawn(const char *exe, ...)
     }
     BT_CHECK(pid > 0 && cu_n_pids < CU_MAX_PROCS);
     cu_pids[cu_n_pids++] = pid;
+    return pid;
+}
+
+/* Starts BT_BIN_DIR/exe with a NULL-terminated argument list. */
+__attribute__((unused)) static pid_t cu_spawn(const char *exe, ...)
+{
+    va_list ap;
+    pid_t pid;
+
+    va_start(ap, exe);
+    pid = cu_spawn_va(NULL, exe, ap);
+    va_end(ap);
+    return pid;
+}
+
+/* cu_spawn with the process's stderr written to the file `log`. */
+__attribute__((unused)) static pid_t cu_spawn_log(const char *log,
+                                                  const char *exe, ...)
+{
+    va_list ap;
+    pid_t pid;
+
+    va_start(ap, exe);
+    pid = cu_spawn_va(log, exe, ap);
+    va_end(ap);
     return pid;
 }
 

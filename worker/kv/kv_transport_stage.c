@@ -1032,6 +1032,26 @@ void kv_stage_disconnect(kv_stage_peer_t **peer_p)
     *peer_p = NULL;
 }
 
+static void kv_stage_xfer_fail(kv_stage_xfer_t *x, bt_status_t status);
+
+void kv_stage_peer_abandon(kv_stage_peer_t *peer)
+{
+    kv_stage_send_t *s = peer->send;
+
+    for (int b = 0; b < s->n_buffers; b++) {
+        kv_stage_buf_t *buf = &s->bufs[b];
+        if (buf->state != KV_STAGE_BUF_PUT || buf->xfer == NULL ||
+            buf->xfer->peer != peer)
+            continue;
+        kv_stage_xfer_fail(buf->xfer, BT_ERR_NET);
+        buf->xfer->in_flight--;
+        buf->xfer = NULL;
+        buf->state = KV_STAGE_BUF_FREE;
+    }
+    if (s->orphans != NULL)
+        kv_stage_reap_orphans(s);
+}
+
 const kv_stage_desc_info_t *kv_stage_peer_info(const kv_stage_peer_t *peer)
 {
     return &peer->info;
@@ -1103,6 +1123,9 @@ static void kv_stage_xfer_layer_done(kv_stage_xfer_t *x)
         x->status = BT_OK;
 }
 
+static int kv_stage_commit_word(const kv_stage_xfer_t *x, int layer,
+                                bool last);
+
 /* Commit callback of a staged chunk: the buffer is free again. */
 static void kv_stage_buf_commit_cb(void *arg, int slot, uint64_t epoch,
                                    bt_status_t status)
@@ -1110,8 +1133,9 @@ static void kv_stage_buf_commit_cb(void *arg, int slot, uint64_t epoch,
     kv_stage_buf_t *buf = arg;
     kv_stage_xfer_t *x = buf->xfer;
 
-    (void)slot;
-    (void)epoch;
+    if (buf->state != KV_STAGE_BUF_PUT || x == NULL || epoch != x->epoch ||
+        slot != kv_stage_commit_word(x, buf->layer, buf->last))
+        return; /* abandoned (kv_stage_peer_abandon); buffer reused */
     if (status != BT_OK)
         kv_stage_xfer_fail(x, status);
     else if (buf->last)

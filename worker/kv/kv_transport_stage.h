@@ -332,6 +332,15 @@ bt_status_t kv_stage_connect(kv_stage_send_t *send, const void *desc,
  * transfer using it is gone.  NULL-safe; sets *peer_p = NULL. */
 void kv_stage_disconnect(kv_stage_peer_t **peer_p);
 
+/* Gives up on the staged chunks in flight to `peer`, whose decode worker
+ * is presumed dead (without UCX peer error handling its commits may never
+ * complete, which would hold the staging buffers forever): their
+ * transfers fail with BT_ERR_NET and the buffers are free at once.  Puts
+ * already issued may still read those buffers and reach the dead peer; a
+ * late completion of an abandoned commit is ignored.  Direct-mode layers
+ * are not affected (they hold no buffer). */
+void kv_stage_peer_abandon(kv_stage_peer_t *peer);
+
 /* The peer's parsed descriptor header. */
 const kv_stage_desc_info_t *kv_stage_peer_info(const kv_stage_peer_t *peer);
 
