@@ -26,7 +26,7 @@ case $cmd in
   out)
     [ $# -ge 2 ] || usage
     role=$1 n=$2; shift 2
-    dir= router=${BATON_ROUTER_EP:-}
+    dir='' router=${BATON_ROUTER_EP:-}
     while [ $# -gt 0 ]; do
       case $1 in
         --cluster-dir) dir=$2; shift 2 ;;

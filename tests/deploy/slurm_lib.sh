@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # slurm_lib.sh - a throw-away one-node Slurm cluster for tests (sourced).
 #   slurm_start DIR   writes DIR/slurm.conf (node "localhost" on 127.0.0.1,
 #                     auth/none, no cgroups, state under DIR), starts
@@ -104,7 +105,7 @@ slurm_stop() {
     kill -KILL "$p" 2>/dev/null
     wait "$p" 2>/dev/null
   done
-  SLURM_D_PID= SLURM_CTLD_PID=
+  SLURM_D_PID='' SLURM_CTLD_PID=''
 }
 
 # job_pids JOBID: pids of processes that run in Slurm job JOBID of this

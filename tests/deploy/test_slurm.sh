@@ -22,7 +22,7 @@ BIN=$BATON_BIN
 MODELS=$BT_SHARED_DIR/models
 tmp=$(mktemp -d /tmp/baton-slurm.XXXXXX)
 chmod 755 "$tmp"
-JOB= SCALE_JOB=
+JOB='' SCALE_JOB=''
 fail() {
   echo "FAIL: $*"
   for f in "$tmp"/job/*.log "$tmp"/job.out "$tmp"/scale/*.log \
@@ -151,5 +151,5 @@ echo "ok scancel --batch: workers drained, router stopped, no process left"
 slurm_stop
 left=$(daemon_pids)
 [ -z "$left" ] || fail "slurm daemons left processes: $left"
-JOB= SCALE_JOB=
+JOB='' SCALE_JOB=''
 echo "PASS deploy/slurm ($(( $(date +%s) - t0 )) s)"
