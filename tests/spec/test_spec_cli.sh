@@ -54,6 +54,6 @@ echo "garbage" >"$tmp/bad.safetensors"
 [ $rc -eq 1 ] && grep -qi "tensor\|fit" "$tmp/err" || { fail "wrong-shape head -> $rc"; cat "$tmp/err"; }
 "$B" run $T --prompt "a" --spec-head "$tmp/aidreams260K.safetensors" \
     --spec-depth 0 >/dev/null 2>"$tmp/err"; rc=$?
-[ $rc -eq 1 ] && grep -q "depth" "$tmp/err" || fail "bad --spec-depth -> $rc"
+[ $rc -eq 2 ] && grep -q "depth" "$tmp/err" || fail "bad --spec-depth -> $rc"
 
 [ $fails -eq 0 ] && echo "PASS spec cli" || { echo "$fails failures"; exit 1; }
