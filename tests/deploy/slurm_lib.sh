@@ -1,9 +1,15 @@
 # shellcheck shell=bash
 # slurm_lib.sh - a throw-away one-node Slurm cluster for tests (sourced).
-#   slurm_start DIR   writes DIR/slurm.conf (node "localhost" on 127.0.0.1,
+#   slurm_start DIR [NGPUS]
+#                     writes DIR/slurm.conf (node "localhost" on 127.0.0.1,
 #                     auth/none, no cgroups, state under DIR), starts
 #                     slurmctld and slurmd, waits until the node is idle,
 #                     exports SLURM_CONF.  Returns non-zero on failure.
+#                     NGPUS > 0: that many stand-in GPUs (gres/gpu on
+#                     character devices made with mknod, alike /dev/null)
+#                     so --gpus-per-task binding (CUDA_VISIBLE_DEVICES) is
+#                     real Slurm behaviour; SLURM_TEST_GPUS says how many
+#                     there are (0 where mknod is not allowed).
 #   slurm_stop        stops both daemons (and what they left).
 #   free_port         prints a TCP port nobody listens on.
 # Needs root (slurmd launches jobs as the submitting user) and the
@@ -29,12 +35,26 @@ slurm_available() {
 }
 
 slurm_start() {
-  local dir=$1 ctld_port d_port cpus
+  local dir=$1 ngpus=${2:-0} ctld_port d_port cpus gres="" i
   ctld_port=$(free_port) && d_port=$(free_port) || return 1
+  [ "$d_port" != "$ctld_port" ] || d_port=$(free_port) || return 1
   cpus=8   # more than the machine has: config_overrides lets jobs share it
   mkdir -p "$dir/state" "$dir/spool" || return 1
+  SLURM_TEST_GPUS=0
+  if [ "$ngpus" -gt 0 ]; then
+    for i in $(seq 0 $((ngpus - 1))); do
+      mknod "$dir/gpu$i" c 1 3 2>/dev/null || break
+      SLURM_TEST_GPUS=$((i + 1))
+    done
+  fi
+  if [ "$SLURM_TEST_GPUS" -gt 0 ]; then
+    gres="Gres=gpu:$SLURM_TEST_GPUS"
+    echo "NodeName=localhost Name=gpu File=$dir/gpu[0-$((SLURM_TEST_GPUS - 1))]" \
+      >"$dir/gres.conf"
+  fi
   cat >"$dir/slurm.conf" <<EOF
 ClusterName=batontest
+GresTypes=gpu
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$d_port
@@ -67,7 +87,7 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus $gres State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
   export SLURM_CONF=$dir/slurm.conf

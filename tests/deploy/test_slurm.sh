@@ -4,7 +4,9 @@
 #   1. sbatch deploy/slurm/baton.sbatch (1 prefill + 1 decode + baton-http)
 #      becomes ready (endpoints file) and `baton generate` through its
 #      router returns the golden greedy ids of golden.jsonl's first line;
-#      baton-http answers /health;
+#      baton-http answers /health; each worker task got its own GPU
+#      (CUDA_VISIBLE_DEVICES from --gpus-per-task over stand-in gres/gpu
+#      devices; the workers still run on the CPU), router and http none;
 #   2. deploy/slurm/baton-scale.sh out adds a decode worker as its own job
 #      (it registers with the running router), `baton-scale.sh in` drains
 #      it (the router logs it draining, its job ends);
@@ -54,8 +56,11 @@ job_gone() {
 }
 
 t0=$(date +%s)
-slurm_start "$tmp/slurm" || fail "slurm daemons did not come up"
-echo "slurm up in $(( $(date +%s) - t0 )) s ($SLURM_CONF)"
+slurm_start "$tmp/slurm" 4 || fail "slurm daemons did not come up"
+echo "slurm up in $(( $(date +%s) - t0 )) s ($SLURM_CONF," \
+  "$SLURM_TEST_GPUS stand-in GPUs)"
+GPUS=0 GPU_ARGS=()
+if [ "$SLURM_TEST_GPUS" -ge 3 ]; then GPUS=1 GPU_ARGS=(--gpus-per-task=1); fi
 
 PORT=$(free_port); HTTP=$(free_port)
 [ "$HTTP" != "$PORT" ] && [ "$HTTP" != $((PORT + 1)) ] || HTTP=$(free_port)
@@ -69,12 +74,12 @@ n_prompt=$(echo "$PROMPT" | wc -w)
 # 1. the cluster job
 JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_MODEL=$MODELS/aidreams260K.bin \
   BATON_TOKENIZER=$MODELS/aidreams-tok512.bin BATON_PREFILL=1 \
-  BATON_DECODE=1 BATON_GPUS_PER_WORKER=0 BATON_CPUS_PER_WORKER=1 \
+  BATON_DECODE=1 BATON_GPUS_PER_WORKER=$GPUS BATON_CPUS_PER_WORKER=1 \
   BATON_DEVICE=cpu BATON_BLOCK_SIZE=8 BATON_KV_BLOCKS=128 \
   BATON_PORT=$PORT BATON_HTTP_PORT=$HTTP BATON_MODEL_NAME=aidreams \
   BATON_READY_TIMEOUT=30 BATON_DRAIN_TIMEOUT=15 BATON_LOG_DIR=$tmp/job \
   timeout 10 sbatch --parsable -N 1 --ntasks=2 --cpus-per-task=1 \
-    --output="$tmp/job.out" "$SRC/deploy/slurm/baton.sbatch") ||
+    "${GPU_ARGS[@]}" --output="$tmp/job.out" "$SRC/deploy/slurm/baton.sbatch") ||
   fail "sbatch refused the job: $JOB"
 echo "cluster job $JOB"
 for _ in $(seq 1 200); do
@@ -106,11 +111,32 @@ case "$health" in
   *) fail "baton-http /health answered '$health'" ;;
 esac
 
+# GPU binding: one distinct device per worker task, none for the rest
+if [ $GPUS = 1 ]; then
+  seen=""
+  for p in $(job_pids "$JOB"); do
+    exe=$(readlink "/proc/$p/exe" 2>/dev/null) || continue
+    dev=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+      sed -n 's/^CUDA_VISIBLE_DEVICES=//p')
+    case $exe in
+      */baton-prefill|*/baton-decode)
+        [ -n "$dev" ] || fail "$exe has no CUDA_VISIBLE_DEVICES"
+        case " $seen " in *" $dev "*) fail "GPU $dev given twice" ;; esac
+        seen="$seen $dev" ;;
+      */baton-router|*/baton-http)
+        [ -z "$dev" ] || fail "$exe got GPU $dev" ;;
+    esac
+  done
+  [ "$(echo $seen | wc -w)" = 2 ] || fail "GPUs of the workers: '$seen'"
+  echo "ok each worker task has its own GPU:$seen; router and http none"
+fi
+
 # 2. scale out by one decode worker in its own job, then in again
-SCALE_JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_GPUS_PER_WORKER=0 \
+SCALE_JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_GPUS_PER_WORKER=$GPUS \
   BATON_DEVICE=cpu BATON_LOG_DIR=$tmp/scale \
   timeout 10 bash "$SRC/deploy/slurm/baton-scale.sh" out decode 1 \
-    --cluster-dir "$tmp/job" -- --cpus-per-task=1 --output="$tmp/scale.out") || fail "baton-scale.sh out: $SCALE_JOB"
+    --cluster-dir "$tmp/job" -- --cpus-per-task=1 "${GPU_ARGS[@]}" \
+    --output="$tmp/scale.out") || fail "baton-scale.sh out: $SCALE_JOB"
 echo "scale-out job $SCALE_JOB"
 for _ in $(seq 1 100); do
   [ "$(grep -c 'registered: decode' "$tmp/job/router.log")" -ge 2 ] && break
