@@ -1258,9 +1258,9 @@ static void ucx_progress_all(prefill_t *pf)
 
 /* A CUDA IPC commit (device copies + epoch flag), or the last layers of
  * a staged hand-off, that began less than 2 ms ago: it completes in
- * tens of microseconds to ~0.5 ms whatever the decode worker does, so the loop spins on it rather than sleeping a 1 ms
- * poll tick on the first-token path (measured: the tick cost ~1.1 ms in
- * most hand-offs). */
+ * tens of microseconds to ~0.5 ms whatever the decode worker does, so
+ * the loop spins on it rather than sleeping a 1 ms poll tick on the
+ * first-token path (measured: the tick cost ~1.1 ms in most hand-offs). */
 static bool has_fresh_cipc_commit(prefill_t *pf)
 {
     uint64_t now = bt_time_ns();
