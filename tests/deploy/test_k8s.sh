@@ -8,15 +8,17 @@
 # their exact commands and environments (k8s_local.py): /health, golden
 # equality with `baton run`, an HTTP completion, SIGTERM stop in grace.
 set -u
+fail() { echo "FAIL: $*"; exit 1; }
 SRC=${BT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 K8S=$SRC/deploy/k8s
-CHECK="python3 $SRC/tests/deploy/k8s_check.py"
-if ! python3 -c 'import yaml' 2>/dev/null; then
-  echo "SKIP deploy/k8s: python3 without yaml"; exit 0
-fi
+# Debian's python3 with python3-yaml (make deps installs both); a
+# python3 earlier on PATH (pyenv) may lack yaml.
+PY=python3
+[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+CHECK="$PY $SRC/tests/deploy/k8s_check.py"
+$PY -c 'import yaml' 2>/dev/null || fail "python3 without yaml: run make deps"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 if kubectl kustomize "$K8S/base" >"$tmp/base.yaml" 2>"$tmp/err"; then
   overlays=$(cd "$K8S/overlays" && ls)
@@ -43,7 +45,7 @@ if kubectl kustomize "$K8S/base" >"$tmp/base.yaml" 2>"$tmp/err"; then
 else
   echo "kubectl kustomize unavailable ($(head -c 200 "$tmp/err")):" \
     "checking the base's files as they are"
-  python3 - "$K8S" "$tmp/base.yaml" <<'EOF' || fail "base files"
+  $PY - "$K8S" "$tmp/base.yaml" <<'EOF' || fail "base files"
 import os, sys, yaml
 k8s, out = sys.argv[1], sys.argv[2]
 docs = []
@@ -72,7 +74,7 @@ EOF
   $CHECK "$tmp/base.yaml" base-raw --bin "$BATON_BIN" --pods "$tmp/base.json" ||
     fail "base manifests"
   # the base with the cpu-tiny settings, for the local run
-  python3 - "$tmp/base.json" "$tmp/pods.json" <<'EOF'
+  $PY - "$tmp/base.json" "$tmp/pods.json" <<'EOF'
 import json, sys
 pods = json.load(open(sys.argv[1]))
 for p in pods.values():
@@ -83,6 +85,6 @@ EOF
   pods=$tmp/pods.json
 fi
 
-timeout 80 python3 "$SRC/tests/deploy/k8s_local.py" "$pods" "$BATON_BIN" ||
+timeout 80 $PY "$SRC/tests/deploy/k8s_local.py" "$pods" "$BATON_BIN" ||
   fail "the cpu-tiny pods as local processes"
 echo "PASS deploy/k8s"
