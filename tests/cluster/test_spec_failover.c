@@ -66,17 +66,19 @@ int main(void)
     d0 = scu_spawn_logged(log, "baton-decode", "--router", control,
                           "--model", model, "--threads", "1", "--name",
                           "d0", "--spec-head", head, "--spec", "fixed",
-                          "--step-delay-ms", "10", NULL);
+                          "--step-delay-ms", "40", NULL);
     BT_ASSERT_OK(client_create(listen, &c));
     BT_ASSERT_OK(client_create(listen, &ctl));
     cu_wait_workers(ctl, 1, 1, 20000);
 
-    /* speculating d0 dies; plain d1 continues */
+    /* speculating d0 dies; plain d1 continues.  The step delays keep
+     * every stream unfinished while the next worker starts, even on a
+     * loaded machine (a speculating step emits several tokens). */
     for (int i = 0; i < N_REQ; i++)
         res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
     stream_until(c, res, 8);
     d1 = cu_spawn("baton-decode", "--router", control, "--model", model,
-                  "--threads", "1", "--name", "d1", "--step-delay-ms", "10",
+                  "--threads", "1", "--name", "d1", "--step-delay-ms", "25",
                   NULL);
     cu_wait_workers(ctl, 1, 2, 5000);
     for (int i = 0; i < N_REQ; i++)
