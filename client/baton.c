@@ -17,6 +17,8 @@ static const cli_command_t cli_commands[] = {
       cli_bench_engine_main },
     { "generate", "stream a completion from a baton cluster",
       cli_generate_main },
+    { "status", "cluster status; --wait-workers: wait until it can serve",
+      cli_status_main },
     { "up", "start a local cluster (router + prefill + decode workers)",
       cli_up_main },
     { "bench", "load-test a cluster: TTFT/TPOT/ITL, throughput, goodput",

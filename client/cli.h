@@ -22,5 +22,6 @@ int cli_bench_kv_main(int argc, char **argv);     /* cli_bench_kv.c */
 int cli_tokenize_main(int argc, char **argv);     /* cli_tokenize.c */
 int cli_detokenize_main(int argc, char **argv);   /* cli_tokenize.c */
 int cli_eagle_main(int argc, char **argv);        /* cli_eagle.c */
+int cli_status_main(int argc, char **argv);       /* cli_status.c */
 
 #endif /* BT_CLIENT_CLI_H */

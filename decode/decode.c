@@ -312,7 +312,10 @@ static void send_register(decode_t *dec)
     reg.transports = transports;
     reg.has_can_prefill = 1;
     reg.can_prefill = dec->cfg.can_prefill;
-    kv_cipc_host_id(host, sizeof(host));
+    if (dec->cfg.host_id != NULL && dec->cfg.host_id[0] != '\0')
+        snprintf(host, sizeof(host), "%s", dec->cfg.host_id);
+    else
+        kv_cipc_host_id(host, sizeof(host));
     reg.host_id = host;
     if (dec->kv_on_device &&
         kv_cipc_gpu_info(dec->cfg.engine.backend.device_index, &gi) == BT_OK) {

@@ -88,6 +88,8 @@ typedef struct {
     const char *spec_head;   /* draft head .safetensors */
     spec_config_t spec;      /* depth, top-k, tokens; adaptive (auto)
                               * or the configured tree (fixed) */
+    const char *host_id;     /* host identity sent to the router (NULL:
+                              * hostname/boot-id); see prefill.h */
 } decode_config_t;
 
 void decode_config_init(decode_config_t *cfg);

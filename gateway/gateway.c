@@ -597,7 +597,7 @@ static void on_error(gateway_t *gw, conn_t *conn, const Baton__Error *e)
 static void respond_health(gateway_t *gw, conn_t *conn,
                            const Baton__ClusterStatus *cs)
 {
-    int n_prefill = 0, n_decode = 0, status;
+    int n_prefill = 0, n_decode = 0, n_both = 0, status;
     char body[256];
     int n;
 
@@ -608,16 +608,25 @@ static void respond_health(gateway_t *gw, conn_t *conn,
                      "Retry-After: 1\r\n");
         return;
     }
+    /* Serving needs a worker that can prefill (a prefill worker, or a
+     * decode worker running --role both: aggregated clusters have no
+     * prefill worker at all) and one that decodes.  Draining workers take
+     * no new work and do not count. */
     for (size_t i = 0; i < cs->n_workers; i++) {
-        n_prefill += cs->workers[i]->role == 1;
-        n_decode += cs->workers[i]->role == 2;
+        const Baton__WorkerStatus *w = cs->workers[i];
+        if (w->draining)
+            continue;
+        n_prefill += w->role == BATON__ROLE__ROLE_PREFILL;
+        n_decode += w->role == BATON__ROLE__ROLE_DECODE;
+        n_both += w->role == BATON__ROLE__ROLE_DECODE && w->can_prefill;
     }
-    status = n_prefill > 0 && n_decode > 0 ? 200 : 503;
+    status = n_prefill + n_both > 0 && n_decode > 0 ? 200 : 503;
     n = snprintf(body, sizeof(body),
                  "{\"status\":\"%s\",\"prefill_workers\":%d,"
-                 "\"decode_workers\":%d,\"queued\":%u,\"in_flight\":%u}\n",
+                 "\"decode_workers\":%d,\"aggregated_workers\":%d,"
+                 "\"queued\":%u,\"in_flight\":%u}\n",
                  status == 200 ? "ok" : "no_workers", n_prefill, n_decode,
-                 cs->queued, cs->in_flight);
+                 n_both, cs->queued, cs->in_flight);
     conn_respond(gw, conn, status, "application/json", body, (size_t)n,
                  status == 503 ? "Retry-After: 1\r\n" : NULL);
 }
@@ -817,6 +826,22 @@ static void dispatch(gateway_t *gw, conn_t *conn, const gateway_http_req_t *req)
             respond_models(gw, conn, req->path + 11, req->path_len - 11);
         else
             respond_models(gw, conn, NULL, 0);
+        return;
+    }
+    if (path_is(req, "/livez")) {
+        /* Liveness of this process only: answered by the event loop
+         * without asking the router (a router restart or an empty
+         * cluster must not get baton-http restarted). */
+        static const char ok[] = "{\"status\":\"alive\"}\n";
+        conn->ep = GATEWAY_EP_LIVEZ;
+        if (!get) {
+            respond_simple_error(gw, conn, 405, "invalid_request_error",
+                                 "method_not_allowed", "use GET",
+                                 "Allow: GET\r\n");
+            return;
+        }
+        conn_respond(gw, conn, 200, "application/json", ok, sizeof(ok) - 1,
+                     NULL);
         return;
     }
     if (path_is(req, "/health") || path_is(req, "/metrics")) {

@@ -191,6 +191,7 @@ typedef enum {
     GATEWAY_EP_MODELS,
     GATEWAY_EP_HEALTH,
     GATEWAY_EP_METRICS,
+    GATEWAY_EP_LIVEZ,
     GATEWAY_EP_OTHER,
     GATEWAY_EP_COUNT
 } gateway_endpoint_t;

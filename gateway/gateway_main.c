@@ -50,7 +50,9 @@ static void usage(FILE *out)
         "                         a request's \"deadline_ms\" field overrides)\n"
         "  --help\n"
         "Endpoints: POST /v1/completions, POST /v1/chat/completions,\n"
-        "GET /v1/models, GET /health, GET /metrics.\n"
+        "GET /v1/models, GET /metrics, GET /health (200 once the router\n"
+        "has a worker that can prefill and one that decodes: readiness),\n"
+        "GET /livez (200 while this process serves: liveness).\n"
         "SIGTERM/SIGINT: stop (in-flight requests are cancelled).\n");
 }
 

@@ -20,7 +20,7 @@ static const double e2e_bounds[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 
 static const char *const endpoint_names[GATEWAY_EP_COUNT] = {
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-    "/metrics", "other",
+    "/metrics", "/livez", "other",
 };
 
 void gateway__metrics_init(gateway_metrics_t *m)

@@ -189,7 +189,10 @@ static void send_register(prefill_t *pf)
     transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
     reg.n_transports = (size_t)n_tr;
     reg.transports = transports;
-    kv_cipc_host_id(host, sizeof(host));
+    if (pf->cfg.host_id != NULL && pf->cfg.host_id[0] != '\0')
+        snprintf(host, sizeof(host), "%s", pf->cfg.host_id);
+    else
+        kv_cipc_host_id(host, sizeof(host));
     reg.host_id = host;
     if (pf->kv_on_device &&
         kv_cipc_gpu_info(pf->cfg.engine.backend.device_index, &gi) == BT_OK) {

@@ -66,6 +66,10 @@ typedef struct {
                               * prompt token's hidden state (dim floats)
                               * in PrefillDone.spec_feature, so an EAGLE
                               * decode worker drafts from its first step */
+    const char *host_id;     /* host identity sent to the router (NULL:
+                              * hostname/boot-id); workers with equal ids
+                              * are paired over CUDA IPC / UCX shared
+                              * memory, so they must really share them */
 } prefill_config_t;
 
 void prefill_config_init(prefill_config_t *cfg);

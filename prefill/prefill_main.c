@@ -28,7 +28,14 @@ static void usage(FILE *out)
     fprintf(out,
         "usage: baton-prefill --router EP (--model PATH | --null-model) "
         "[options]\n"
-        "  --router EP            router control endpoint (env BATON_ROUTER)\n"
+        "  --router EP            router control endpoint (env BATON_ROUTER;\n"
+        "                         the flag wins)\n"
+        "  --host-id ID           host identity for the router's transport\n"
+        "                         choice (env BATON_HOST_ID; default\n"
+        "                         hostname/boot-id): equal ids mean CUDA IPC\n"
+        "                         / UCX shared memory work between the two\n"
+        "                         (containers on one node sharing /dev/shm\n"
+        "                         and the IPC namespace); at most 127 bytes\n"
         "  --model PATH           llama2.c .bin, HF directory or synth:NAME\n"
         "  --tokenizer PATH       llama2.c tokenizer (for text prompts)\n"
         "  --null-model           no model: instant deterministic tokens\n"
@@ -66,6 +73,7 @@ int main(int argc, char **argv)
 {
     static const struct option opts[] = {
         { "router", required_argument, 0, 'r' },
+        { "host-id", required_argument, 0, 1020 },
         { "model", required_argument, 0, 'm' },
         { "tokenizer", required_argument, 0, 't' },
         { "null-model", no_argument, 0, 'N' },
@@ -101,10 +109,13 @@ int main(int argc, char **argv)
     prefill_config_init(&cfg);
     if (getenv("BATON_ROUTER"))
         cfg.router = getenv("BATON_ROUTER");
+    if (getenv("BATON_HOST_ID") && getenv("BATON_HOST_ID")[0] != '\0')
+        cfg.host_id = getenv("BATON_HOST_ID");
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         backend_config_t *b = &cfg.engine.backend;
         switch (c) {
         case 'r': cfg.router = optarg; break;
+        case 1020: cfg.host_id = optarg; break;
         case 'm': cfg.engine.model_path = optarg; break;
         case 'P':
             if (strcmp(optarg, "f32") == 0)
@@ -143,6 +154,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "baton-prefill: bad value '%s'\n", optarg);
             return 2;
         }
+    }
+    if (cfg.host_id != NULL &&
+        (cfg.host_id[0] == '\0' || strlen(cfg.host_id) > 127)) {
+        fprintf(stderr, "baton-prefill: --host-id/BATON_HOST_ID must be 1 to "
+                        "127 bytes\n");
+        return 2;
     }
     if (optind != argc ||
         (cfg.engine.model_path == NULL) == !cfg.null_model) {
