@@ -7,8 +7,11 @@
 #      baton-http answers /health; each worker task got its own GPU
 #      (CUDA_VISIBLE_DEVICES from --gpus-per-task over stand-in gres/gpu
 #      devices; the workers still run on the CPU), router and http none;
+#      the job's readiness wait is `baton status --wait-workers` (its
+#      status table is left in the log dir);
 #   2. deploy/slurm/baton-scale.sh out adds a decode worker as its own job
-#      (it registers with the running router), `baton-scale.sh in` drains
+#      (`baton status --wait-workers 1,2` sees it register with the
+#      running router), `baton-scale.sh in` drains
 #      it (the router logs it draining, its job ends);
 #   3. scancel --batch --signal=TERM: ordered drain, the job ends, every
 #      process of both jobs is gone and each process logged its stop.
@@ -93,6 +96,11 @@ done
 echo "ready in $(( $(date +%s) - t0 )) s: $BATON_ROUTER_CLIENT $BATON_HTTP"
 [ "$BATON_ROUTER_CLIENT" = "tcp://localhost:$PORT" ] ||
   fail "endpoints file says $BATON_ROUTER_CLIENT"
+# the readiness check (baton status --wait-workers) left its status table
+grep -q "^  prefill-.* prefill " "$tmp/job/status" &&
+  grep -q "^  decode-.* decode " "$tmp/job/status" ||
+  fail "no worker table in $tmp/job/status: $(cat "$tmp/job/status")"
+echo "ok readiness by baton status: $(head -n 1 "$tmp/job/status")"
 
 got=$(timeout 30 "$BIN/baton" generate --router "$BATON_ROUTER_CLIENT" \
   --prompt-ids "$PROMPT" --max-tokens $((STEPS - n_prompt + 1)) \
@@ -138,12 +146,11 @@ SCALE_JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_GPUS_PER_WORKER=$GPUS \
     --cluster-dir "$tmp/job" -- --cpus-per-task=1 "${GPU_ARGS[@]}" \
     --output="$tmp/scale.out") || fail "baton-scale.sh out: $SCALE_JOB"
 echo "scale-out job $SCALE_JOB"
-for _ in $(seq 1 100); do
-  [ "$(grep -c 'registered: decode' "$tmp/job/router.log")" -ge 2 ] && break
-  sleep 0.2
-done
-[ "$(grep -c 'registered: decode' "$tmp/job/router.log")" -ge 2 ] ||
-  fail "the scale-out decode worker did not register"
+timeout 30 "$BIN/baton" status --router "$BATON_ROUTER_CLIENT" \
+  --wait-workers 1,2 --timeout 20 >"$tmp/scale.status" ||
+  fail "the scale-out decode worker did not register: $(cat "$tmp/scale.status")"
+grep -q "^  decode-.*-$SCALE_JOB\..* decode " "$tmp/scale.status" ||
+  fail "the scale-out worker is not in the status: $(cat "$tmp/scale.status")"
 echo "ok the scale-out worker registered"
 timeout 10 bash "$SRC/deploy/slurm/baton-scale.sh" in "$SCALE_JOB" ||
   fail "baton-scale.sh in failed"
