@@ -10,8 +10,11 @@ formed; the four Deployments exist, their selectors match their pod
 labels, each Service selects a Deployment and targets named container
 ports; BATON_ROUTER of workers is the router Service's control port and
 of baton-http its client port; referenced ConfigMaps and PVCs exist;
-probes use declared ports; workers drain (grace period >= 30 s); GPU
-requests per overlay; every --flag in a container command is one the
+probes use declared ports, baton-http's readiness is /health and its
+liveness /livez; workers drain (grace period >= 30 s); GPU
+requests per overlay; an OVERLAY named node-local-ipc* (the component
+components/node-local-ipc) gives workers BATON_HOST_ID = spec.nodeName,
+hostIPC and the node's /dev/shm; every --flag in a container command is one the
 binary's --help lists (with --bin).  --pods writes, per Deployment, the
 command and environment its container would run with (ConfigMap values
 and downward API resolved) for a local launch.
@@ -24,6 +27,7 @@ import sys
 import yaml
 
 ROLES = ("router", "prefill", "decode", "http")
+NODE_NAME = "node-0"    # spec.nodeName for --pods (one node)
 errors = []
 
 
@@ -47,9 +51,13 @@ def env_of(container, configmaps, pod_name):
         elif "valueFrom" in e:
             vf = e["valueFrom"]
             if "fieldRef" in vf:
-                if vf["fieldRef"].get("fieldPath") != "metadata.name":
-                    err(f"{e['name']}: unexpected fieldRef")
-                env[e["name"]] = pod_name
+                fp = vf["fieldRef"].get("fieldPath")
+                if fp == "metadata.name":
+                    env[e["name"]] = pod_name
+                elif fp == "spec.nodeName":
+                    env[e["name"]] = NODE_NAME
+                else:
+                    err(f"{e['name']}: unexpected fieldRef {fp}")
             elif "resourceFieldRef" in vf:
                 rf = vf["resourceFieldRef"]
                 if rf.get("containerName") != container["name"]:
@@ -162,10 +170,24 @@ def main():
                     f"!= {want}")
             gpus = c.get("resources", {}).get("limits", {}).get(
                 "nvidia.com/gpu")
-            if overlay == "h200" and not gpus:
+            if overlay.endswith("h200") and not gpus:
                 err(f"{name}: no nvidia.com/gpu limit in h200")
-            if overlay == "cpu-tiny" and gpus:
+            if overlay.endswith("cpu-tiny") and gpus:
                 err(f"{name}: GPU requested in cpu-tiny")
+            hid = [e for e in c.get("env", []) if e["name"] == "BATON_HOST_ID"]
+            shm = vols.get("shm", {})
+            if overlay.startswith("node-local-ipc"):
+                if not hid or hid[0].get("valueFrom", {}).get(
+                        "fieldRef", {}).get("fieldPath") != "spec.nodeName":
+                    err(f"{name}: BATON_HOST_ID is not spec.nodeName")
+                if not pspec.get("hostIPC"):
+                    err(f"{name}: node-local IPC without hostIPC")
+                if shm.get("hostPath", {}).get("path") != "/dev/shm":
+                    err(f"{name}: /dev/shm is not the node's")
+            elif hid or pspec.get("hostIPC"):
+                # equal host ids without shared IPC: the router would pick
+                # CUDA IPC between pods that cannot map each other's pools
+                err(f"{name}: BATON_HOST_ID/hostIPC outside node-local-ipc")
         if role == "http":
             want = "tcp://baton-router:%d" % svc_port("baton-router",
                                                       "client", svcs)
@@ -175,6 +197,11 @@ def main():
             rp = c.get("readinessProbe", {}).get("httpGet", {})
             if rp.get("path") != "/health":
                 err(f"{name}: readiness probe is not GET /health")
+            # /health needs workers: as liveness it would restart
+            # baton-http whenever the cluster has none
+            lp = c.get("livenessProbe", {}).get("httpGet", {})
+            if lp.get("path") != "/livez":
+                err(f"{name}: liveness probe is not GET /livez")
         if role == "router":
             if spec.get("replicas", 1) != 1:
                 err("baton-router: workers register with one router: "
@@ -185,7 +212,7 @@ def main():
                         ":%d" % ports[name].get(pname, -1)):
                     err(f"baton-router: {var} does not listen on the "
                         f"{pname} port")
-        if overlay == "cpu-tiny" and env.get("BATON_DEVICE") != "cpu":
+        if overlay.endswith("cpu-tiny") and env.get("BATON_DEVICE") != "cpu":
             err(f"{name}: cpu-tiny must run on the CPU")
 
     for sname, s in svcs.items():

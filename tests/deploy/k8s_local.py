@@ -3,7 +3,8 @@
 kubelet): the exact container commands and environments k8s_check.py
 --pods wrote, with the Service names mapped to 127.0.0.1 and the ports to
 free ones.  Checks that the router, workers and baton-http come up, that
-/health turns 200, that a greedy request through the router gives the
+/health turns 200 (and /livez, and `baton status --wait-workers 1,1`
+agrees), that a greedy request through the router gives the
 ids `baton run` gives and that baton-http serves a completion, then stops
 the pods as Kubernetes would (SIGTERM, workers first) and checks each
 exits 0 within its terminationGracePeriodSeconds.
@@ -81,6 +82,18 @@ def main():
         if status != 200:
             raise SystemExit(f"FAIL: /health never 200 (last {status})")
         print(f"ok /health 200: {body.strip()}")
+        # liveness: /livez, the process alone
+        status, body = http_get(f"http://127.0.0.1:{http}/livez")
+        if status != 200:
+            raise SystemExit(f"FAIL: /livez {status}")
+        # the readiness command sees the same cluster
+        st = subprocess.run([f"{bindir}/baton", "status", "--router",
+                             f"tcp://127.0.0.1:{client}", "--wait-workers",
+                             "1,1", "--timeout", "10", "--json"],
+                            capture_output=True, text=True, timeout=20)
+        if st.returncode != 0 or not json.loads(st.stdout).get("ready"):
+            raise SystemExit(f"FAIL: baton status: {st.stdout} {st.stderr}")
+        print("ok /livez 200; baton status --wait-workers 1,1: ready")
 
         model = pods["baton-decode"]["env"]["BATON_MODEL"]
         ids = "1 5 9 14"

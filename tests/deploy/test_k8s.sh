@@ -3,8 +3,9 @@
 # (when kubectl is installed; otherwise the base's files as they are) and
 # check them structurally (k8s_check.py: selectors, Services and ports,
 # BATON_ROUTER, ConfigMap/PVC references, probes, grace periods, GPUs per
-# overlay, every flag known to its binary); the checker must reject two
-# broken variants; then the cpu-tiny pods run as local processes with
+# overlay, every flag known to its binary; each overlay again with the
+# node-local-ipc component); the checker must reject two broken variants;
+# then the cpu-tiny pods run as local processes with
 # their exact commands and environments (k8s_local.py): /health, golden
 # equality with `baton run`, an HTTP completion, SIGTERM stop in grace.
 set -u
@@ -30,13 +31,27 @@ if kubectl kustomize "$K8S/base" >"$tmp/base.yaml" 2>"$tmp/err"; then
       fail "$o manifests"
   done
   pods=$tmp/cpu-tiny.json
+  # the node-local-ipc component on top of each overlay (a copy of the
+  # tree with one more overlay: kustomize wants relative paths)
+  cp -r "$K8S" "$tmp/k8s"
+  for o in $overlays; do
+    mkdir -p "$tmp/k8s/overlays/nl-$o"
+    printf 'resources:\n  - ../%s\ncomponents:\n  - ../../components/node-local-ipc\n' \
+      "$o" >"$tmp/k8s/overlays/nl-$o/kustomization.yaml"
+    kubectl kustomize "$tmp/k8s/overlays/nl-$o" >"$tmp/nl-$o.yaml" 2>"$tmp/err" ||
+      fail "kubectl kustomize $o + node-local-ipc: $(cat "$tmp/err")"
+    $CHECK "$tmp/nl-$o.yaml" "node-local-ipc-$o" --bin "$BATON_BIN" \
+      --pods "$tmp/nl-$o.json" || fail "$o + node-local-ipc manifests"
+  done
   # the checker is not vacuous: a worker pointed at the client port and
   # a flag no binary has are both caught
   sed 's|tcp://baton-router:5556|tcp://baton-router:5555|' \
     "$tmp/cpu-tiny.yaml" >"$tmp/bad1.yaml"
   sed 's|exec baton-decode |exec baton-decode --no-such-flag |' \
     "$tmp/cpu-tiny.yaml" >"$tmp/bad2.yaml"
-  for b in bad1 bad2; do
+  # and a liveness probe on /health (restarts baton-http with no workers)
+  sed 's|path: /livez|path: /health|' "$tmp/cpu-tiny.yaml" >"$tmp/bad3.yaml"
+  for b in bad1 bad2 bad3; do
     if $CHECK "$tmp/$b.yaml" cpu-tiny --bin "$BATON_BIN" >"$tmp/$b.out"; then
       fail "the checker accepted $b"
     fi
