@@ -36,9 +36,12 @@ int main(void)
     snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
     snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
-    /* Liveness: a silent worker is dropped only after 10 s. */
+    /* Liveness: a silent worker is dropped only after 30 s, so a
+     * recovery well inside that comes from the commit timeout.  (Under
+     * ASan on a loaded 2-core machine recovery has taken ~10 s: each
+     * retry waits out the 400 ms step delay again.) */
     cu_spawn("baton-router", "--listen", listen, "--control", control,
-             "--heartbeat-ms", "100", "--heartbeat-miss", "100", NULL);
+             "--heartbeat-ms", "100", "--heartbeat-miss", "300", NULL);
     BT_ASSERT_OK(client_create(listen, &c));
     BT_ASSERT_OK(client_create(listen, &ctl));
     p0 = cu_spawn("baton-prefill", "--router", control, "--model", model,
@@ -72,7 +75,7 @@ int main(void)
     fprintf(stderr, "%d of %d requests retried; all done %.2f s after the "
             "kill\n", retried, N_REQ, secs);
     BT_CHECK(retried == N_REQ); /* each lost its hand-off */
-    BT_CHECK(secs < 8.0);       /* well before the router drops d0 */
+    BT_CHECK(secs < 20.0);      /* well before the router drops d0 */
 
     /* p0 keeps serving (through d1). */
     after.rid = cu_submit_golden(c, &golden[1 % n_golden]);
