@@ -11,7 +11,9 @@
 
 #define N_REQ 8
 
-/* Receives until at least half the requests have `min_ids` ids. */
+/* Receives until every request has `min_ids` ids: all of them are then
+ * streaming from the current decode worker (none still waits for a
+ * reservation that the next worker could take). */
 static void stream_until(client_t *c, cu_result_t *res, int min_ids)
 {
     for (;;) {
@@ -31,7 +33,7 @@ static void stream_until(client_t *c, cu_result_t *res, int min_ids)
         for (int i = 0; i < N_REQ; i++)
             got += res[i].n_ids >= min_ids;
         proto_client_free(&m);
-        if (got >= N_REQ / 2)
+        if (got == N_REQ)
             return;
     }
 }
