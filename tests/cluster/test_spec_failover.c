@@ -68,7 +68,7 @@ int main(void)
     d0 = scu_spawn_logged(log, "baton-decode", "--router", control,
                           "--model", model, "--threads", "1", "--name",
                           "d0", "--spec-head", head, "--spec", "fixed",
-                          "--step-delay-ms", "40", NULL);
+                          "--step-delay-ms", "150", NULL);
     BT_ASSERT_OK(client_create(listen, &c));
     BT_ASSERT_OK(client_create(listen, &ctl));
     cu_wait_workers(ctl, 1, 1, 20000);
@@ -79,15 +79,24 @@ int main(void)
     for (int i = 0; i < N_REQ; i++)
         res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
     stream_until(c, res, 8);
+    /* Freeze d0 so that nothing it does after this point can finish a
+     * request while d1 starts (start-up takes seconds on a loaded
+     * machine, and the client's counts are not updated meanwhile). */
+    kill(d0, SIGSTOP);
     d1 = cu_spawn("baton-decode", "--router", control, "--model", model,
                   "--threads", "1", "--name", "d1", "--step-delay-ms", "25",
                   NULL);
-    cu_wait_workers(ctl, 1, 2, 5000);
+    /* Far from done (a speculating step emits up to ~6 tokens, and the
+     * client sees them a little late), so d0 dies mid-stream. */
     for (int i = 0; i < N_REQ; i++)
-        BT_CHECK(res[i].n_ids < golden[i % n_golden].n_expect);
+        BT_CHECK(res[i].n_ids + 30 < golden[i % n_golden].n_expect);
     cu_kill(d0, SIGKILL);
+    cu_wait_workers(ctl, 1, 1, 20000); /* d1 (the router drops d0) */
     BT_CHECK(scu_count(log, "first decode step: drafted ") > 0);
     cu_collect(c, res, N_REQ, 50000);
+    for (int i = 0; i < N_REQ; i++)
+        fprintf(stderr, "phase 1 request %d: %d ids, %d retries\n", i,
+                res[i].n_ids, res[i].retries);
     for (int i = 0; i < N_REQ; i++) {
         cu_check_golden(&res[i], &golden[i % n_golden], i);
         BT_ASSERT_EQ(res[i].retries, 1);
@@ -98,11 +107,12 @@ int main(void)
     for (int i = 0; i < N_REQ; i++)
         res[i].rid = cu_submit_golden(c, &golden[(i + 1) % n_golden]);
     stream_until(c, res, 8);
+    kill(d1, SIGSTOP); /* as d0 above */
     d2 = scu_spawn_logged(log, "baton-decode", "--router", control,
                           "--model", model, "--threads", "1", "--name",
                           "d2", "--spec-head", head, NULL);
-    cu_wait_workers(ctl, 1, 2, 5000);
     cu_kill(d1, SIGKILL);
+    cu_wait_workers(ctl, 1, 1, 20000);
     cu_collect(c, res, N_REQ, 50000);
     for (int i = 0; i < N_REQ; i++) {
         cu_check_golden(&res[i], &golden[(i + 1) % n_golden], i);
