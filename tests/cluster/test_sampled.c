@@ -101,10 +101,11 @@ int main(void)
         if (got == N_REQ)
             break;
     }
+    kill(d0, SIGSTOP); /* d0 must not finish a stream while d1 starts */
     cu_spawn("baton-decode", "--router", control, "--model", model,
              "--threads", "1", "--name", "d1", NULL);
-    cu_wait_workers(ctl, 1, 2, 5000);
     cu_kill(d0, SIGKILL);
+    cu_wait_workers(ctl, 1, 1, 20000);
     cu_collect(c, res, N_REQ, 50000);
     for (int i = 0; i < N_REQ; i++) {
         BT_ASSERT_EQ(res[i].finished, 1);
