@@ -3,7 +3,7 @@
  *
  * Each input is used twice:
  *  1. as a llama2.c tokenizer file, loaded with vocab sizes 300 (the
- *     synthetic seed tok300.bin) and 512; when it loads, a fixed text and
+ *     synthetic seed tok300.seed) and 512; when it loads, a fixed text and
  *     the input itself are encoded with it, then decoded and streamed;
  *  2. as text, encoded with the aidreams tokenizer (loaded once), decoded
  *     and streamed.

@@ -243,7 +243,7 @@ int main(void)
     /* The fuzz seed: an empty piece, a NaN score, a score below -1e10,
      * tied scores, a look-alike "<0x41>" piece. */
     run_vocab(BT_SOURCE_DIR "/tests/fuzz/corpus/fuzz_tokenizer",
-              "tok300.bin", 300, 2000, 4);
+              "tok300.seed", 300, 2000, 4);
     BT_ASSERT_EQ(bt_alloc_live_count(), 0);
     BT_TEST_PASS("tokenizer_equiv");
     return 0;
