@@ -1,0 +1,109 @@
+/*
+ * worker_ctl.c - options, environment defaults and signals shared by
+ * the worker executables (see worker_ctl.h).
+ */
+#include "worker_ctl.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bt_util.h"
+
+void worker_ctl_env(const worker_ctl_opts_t *o)
+{
+    if (getenv("BATON_ROUTER"))
+        *o->router = getenv("BATON_ROUTER");
+    if (getenv("BATON_HOST_ID") && getenv("BATON_HOST_ID")[0] != '\0')
+        *o->host_id = getenv("BATON_HOST_ID");
+}
+
+bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
+                              const char *arg)
+{
+    backend_config_t *b = &o->engine->backend;
+    bool bad = false;
+
+    switch (c) {
+    case 'r': *o->router = arg; break;
+    case 1020: *o->host_id = arg; break;
+    case 'm': o->engine->model_path = arg; break;
+    case 't': o->engine->tokenizer_path = arg; break;
+    case 'N': *o->null_model = true; break;
+    case 'n': *o->name = arg; break;
+    case 'd': o->engine->device = arg; break;
+    case 'T': bad = bt_parse_int(arg, &b->n_threads) != BT_OK; break;
+    case 'k': bad = bt_parse_int(arg, &b->n_kv_blocks) != BT_OK; break;
+    case 'b': bad = bt_parse_int(arg, &b->block_size) != BT_OK; break;
+    case 'B': bad = bt_parse_int(arg, &b->max_batch_tokens) != BT_OK; break;
+    case 'U': *o->use_ucx = false; break;
+    case 'W': bad = bt_parse_int(arg, o->step_delay_ms) != BT_OK; break;
+    case 'P':
+        if (strcmp(arg, "f32") == 0)
+            b->precision = BACKEND_PRECISION_F32;
+        else if (strcmp(arg, "bf16") == 0)
+            b->precision = BACKEND_PRECISION_BF16;
+        else
+            bad = true;
+        break;
+    case 'I': *o->use_cuda_ipc = false; break;
+    case 1010: *o->kv_stage = false; break;
+    case 1011: *o->kv_stage_direct = false; break;
+    case 1012: bad = bt_parse_int(arg, o->kv_stage_blocks) != BT_OK ||
+                     *o->kv_stage_blocks < 0; break;
+    case 1013: *o->kv_stage_host = true; break;
+    default: return BT_ERR_NOT_FOUND;
+    }
+    return bad ? BT_ERR_INVALID_ARG : BT_OK;
+}
+
+bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_)
+{
+    const char *host_id = *o->host_id;
+
+    if (host_id != NULL && (host_id[0] == '\0' || strlen(host_id) > 127)) {
+        fprintf(stderr, "%s: --host-id/BATON_HOST_ID must be 1 to "
+                        "127 bytes\n", o->prog);
+        return false;
+    }
+    if (optind_ != argc ||
+        (o->engine->model_path == NULL) == !*o->null_model) {
+        fprintf(stderr, "%s: need exactly one of --model or "
+                        "--null-model\n", o->prog);
+        o->usage(stderr);
+        return false;
+    }
+    return true;
+}
+
+/* The running worker's stop function and its argument, for the signal
+ * handler. */
+static void (*volatile g_stop)(void *arg);
+static void *volatile g_stop_arg;
+
+static void on_signal(int sig)
+{
+    void (*stop)(void *arg) = g_stop;
+
+    (void)sig;
+    if (stop != NULL)
+        stop(g_stop_arg);
+}
+
+void worker_ctl_signals(void (*stop)(void *arg), void *arg)
+{
+    struct sigaction sa;
+
+    g_stop_arg = arg;
+    g_stop = stop;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+void worker_ctl_signals_clear(void)
+{
+    g_stop = NULL;
+}

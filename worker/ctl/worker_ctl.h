@@ -1,0 +1,106 @@
+/*
+ * worker_ctl.h - process plumbing shared by the worker executables
+ * (baton-prefill, baton-decode): the options both take, their
+ * environment defaults (BATON_ROUTER, BATON_HOST_ID), the checks on them,
+ * and SIGTERM/SIGINT handling that asks the running worker to stop.
+ *
+ * Each main keeps its own option table and config struct: the table
+ * starts with WORKER_CTL_OPTIONS, a worker_ctl_opts_t points at the
+ * config fields the shared options fill, and the main's getopt loop hands
+ * every option to worker_ctl_option() first.
+ */
+#ifndef BT_WORKER_CTL_WORKER_CTL_H
+#define BT_WORKER_CTL_WORKER_CTL_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "bt_status.h"
+#include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The struct option entries of the shared options (the values are their
+ * getopt codes; role-specific options must not reuse them). */
+#define WORKER_CTL_OPTIONS                                      \
+    { "router", required_argument, 0, 'r' },                    \
+    { "host-id", required_argument, 0, 1020 },                  \
+    { "model", required_argument, 0, 'm' },                     \
+    { "tokenizer", required_argument, 0, 't' },                 \
+    { "null-model", no_argument, 0, 'N' },                      \
+    { "name", required_argument, 0, 'n' },                      \
+    { "device", required_argument, 0, 'd' },                    \
+    { "threads", required_argument, 0, 'T' },                   \
+    { "kv-blocks", required_argument, 0, 'k' },                 \
+    { "block-size", required_argument, 0, 'b' },                \
+    { "max-batch-tokens", required_argument, 0, 'B' },          \
+    { "no-ucx", no_argument, 0, 'U' },                          \
+    { "step-delay-ms", required_argument, 0, 'W' },             \
+    { "precision", required_argument, 0, 'P' },                 \
+    { "no-cuda-ipc", no_argument, 0, 'I' },                     \
+    { "no-kv-stage", no_argument, 0, 1010 },                    \
+    { "no-kv-stage-direct", no_argument, 0, 1011 },             \
+    { "kv-stage-blocks", required_argument, 0, 1012 },          \
+    { "kv-stage-host", no_argument, 0, 1013 }
+
+/* Usage lines of the first shared options, the same in every worker. */
+#define WORKER_CTL_USAGE_ROUTER                                              \
+    "  --router EP            router control endpoint (env BATON_ROUTER;\n" \
+    "                         the flag wins)\n"                             \
+    "  --host-id ID           host identity for the router's transport\n"  \
+    "                         choice (env BATON_HOST_ID; default\n"         \
+    "                         hostname/boot-id): equal ids mean CUDA IPC\n" \
+    "                         / UCX shared memory work between the two\n"   \
+    "                         (containers on one node sharing /dev/shm\n"   \
+    "                         and the IPC namespace); at most 127 bytes\n"  \
+    "  --model PATH           llama2.c .bin, HF directory or synth:NAME\n"  \
+    "  --tokenizer PATH       llama2.c tokenizer (for text prompts)\n"      \
+    "  --null-model           no model: instant deterministic tokens\n"
+
+/* Where the shared options land: fields of the main's config struct. */
+typedef struct {
+    const char *prog;             /* "baton-prefill", for messages */
+    void (*usage)(FILE *out);     /* the main's usage text */
+    const char **router;
+    const char **host_id;
+    const char **name;
+    engine_config_t *engine;      /* model, tokenizer, device, backend */
+    bool *null_model;
+    bool *use_ucx;
+    int *step_delay_ms;
+    bool *use_cuda_ipc;
+    bool *kv_stage;
+    bool *kv_stage_direct;
+    int *kv_stage_blocks;
+    bool *kv_stage_host;
+} worker_ctl_opts_t;
+
+/* Applies the environment defaults (BATON_ROUTER; BATON_HOST_ID when not
+ * empty); call before parsing so flags win. */
+void worker_ctl_env(const worker_ctl_opts_t *o);
+
+/* Applies getopt result `c` with argument `arg` when it is a shared
+ * option.  Returns BT_OK when applied, BT_ERR_INVALID_ARG for a bad value
+ * (nothing printed), BT_ERR_NOT_FOUND when `c` is not a shared option. */
+bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
+                              const char *arg);
+
+/* Checks the parsed shared options (host id 1 to 127 bytes, no operands,
+ * exactly one of --model and --null-model), printing what is wrong (and
+ * the usage, for the latter) to stderr.  Returns true when they are
+ * fine. */
+bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_);
+
+/* Makes SIGTERM and SIGINT call stop(arg) (which must be async-signal-
+ * safe) and ignores SIGPIPE.  worker_ctl_signals_clear() makes the
+ * signals do nothing again; call it before freeing `arg`. */
+void worker_ctl_signals(void (*stop)(void *arg), void *arg);
+void worker_ctl_signals_clear(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CTL_WORKER_CTL_H */
