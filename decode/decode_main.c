@@ -85,16 +85,7 @@ int main(int argc, char **argv)
     };
     decode_config_t cfg;
     decode_t *dec = NULL;
-    worker_ctl_opts_t wo = {
-        .prog = "baton-decode", .usage = usage, .router = &cfg.router,
-        .host_id = &cfg.host_id, .name = &cfg.name, .engine = &cfg.engine,
-        .null_model = &cfg.null_model, .use_ucx = &cfg.use_ucx,
-        .step_delay_ms = &cfg.step_delay_ms,
-        .use_cuda_ipc = &cfg.use_cuda_ipc, .kv_stage = &cfg.kv_stage,
-        .kv_stage_direct = &cfg.kv_stage_direct,
-        .kv_stage_blocks = &cfg.kv_stage_blocks,
-        .kv_stage_host = &cfg.kv_stage_host,
-    };
+    worker_ctl_opts_t wo = WORKER_CTL_OPTS_INIT(cfg, "baton-decode", usage);
     bt_status_t status;
     int c, bad = 0;
     bool spec_off = false;

@@ -78,6 +78,20 @@ typedef struct {
     bool *kv_stage_host;
 } worker_ctl_opts_t;
 
+/* Points a worker_ctl_opts_t at the same-named fields of config struct
+ * `cfg` (prefill_config_t, decode_config_t). */
+#define WORKER_CTL_OPTS_INIT(cfg, prog_, usage_)                            \
+    {                                                                      \
+        .prog = (prog_), .usage = (usage_), .router = &(cfg).router,       \
+        .host_id = &(cfg).host_id, .name = &(cfg).name,                    \
+        .engine = &(cfg).engine, .null_model = &(cfg).null_model,          \
+        .use_ucx = &(cfg).use_ucx, .step_delay_ms = &(cfg).step_delay_ms,  \
+        .use_cuda_ipc = &(cfg).use_cuda_ipc, .kv_stage = &(cfg).kv_stage,  \
+        .kv_stage_direct = &(cfg).kv_stage_direct,                         \
+        .kv_stage_blocks = &(cfg).kv_stage_blocks,                         \
+        .kv_stage_host = &(cfg).kv_stage_host,                             \
+    }
+
 /* Applies the environment defaults (BATON_ROUTER; BATON_HOST_ID when not
  * empty); call before parsing so flags win. */
 void worker_ctl_env(const worker_ctl_opts_t *o);
