@@ -19,6 +19,7 @@
 #include "kv/kv_transport_stage.h"
 #include "proto_msg.h"
 #include "stop.h"
+#include "workerproc.h"
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
@@ -229,9 +230,7 @@ static void spec_teardown(decode_t *dec)
 
 static void send_msg(decode_t *dec, Baton__ControlMessage *msg)
 {
-    if (proto_control_send(dec->sock, NULL, 0, msg) != BT_OK)
-        BT_LOG_WARN("NET", "cannot send %s to the router",
-                    proto_control_body_name(msg->body_case));
+    workerproc_send(dec->sock, msg);
 }
 
 static void fill_layout(const decode_t *dec, Baton__KvLayout *l)
@@ -253,82 +252,54 @@ static void fill_layout(const decode_t *dec, Baton__KvLayout *l)
 static void send_register(decode_t *dec)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__Register reg = BATON__REGISTER__INIT;
+    workerproc_register_cfg_t rc = {
+        .role = BATON__ROLE__ROLE_DECODE, .name = dec->name,
+        .engine = dec->engine, .ecfg = &dec->cfg.engine, .vocab = dec->vocab,
+        .max_context = dec->max_context, .host_id = dec->cfg.host_id,
+        .kv_on_device = dec->kv_on_device, .cuda_ipc = dec->cipc != NULL,
+    };
+    workerproc_register_t r;
+    Baton__Register *reg = &r.reg;
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
     Baton__UcxDescriptor ucx = BATON__UCX_DESCRIPTOR__INIT;
-    Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
     Baton__KvTransport transports[6];
-    kv_cipc_gpu_info_t gi;
-    char host[320];
-    int eos[MODEL_MAX_EOS];
-    int n_eos = 0, n_tr = 0;
+    int n_tr = 0;
 
-    reg.has_role = 1;
-    reg.role = BATON__ROLE__ROLE_DECODE;
-    reg.name = dec->name;
-    reg.model = dec->engine ? (char *)dec->cfg.engine.model_path : "null";
-    reg.has_vocab_size = 1;
-    reg.vocab_size = (uint32_t)dec->vocab;
-    reg.has_max_context = 1;
-    reg.max_context = (uint32_t)dec->max_context;
-    reg.has_pid = 1;
-    reg.pid = (uint32_t)getpid();
+    workerproc_register_init(&r, &rc);
     fill_layout(dec, &lay);
-    reg.kv_layout = &lay;
-    if (dec->engine != NULL) {
-        const model_config_t *mc = model_config(engine_model(dec->engine));
-        for (int i = 0; i < mc->n_eos && i < MODEL_MAX_EOS; i++)
-            eos[n_eos++] = mc->eos_ids[i];
-    }
-    reg.n_eos_ids = (size_t)n_eos;
-    reg.eos_ids = eos;
+    reg->kv_layout = &lay;
     if (dec->pool != NULL) {
         size_t len;
         const uint8_t *d = kv_ucx_pool_desc(dec->pool, &len);
         ucx.has_packed = 1;
         ucx.packed.data = (uint8_t *)d;
         ucx.packed.len = len;
-        reg.ucx = &ucx;
+        reg->ucx = &ucx;
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
     }
     if (dec->cipc != NULL) {
         size_t len;
         const uint8_t *d = kv_cipc_pool_desc(dec->cipc, &len);
-        reg.has_cuda_ipc = 1;
-        reg.cuda_ipc.data = (uint8_t *)d;
-        reg.cuda_ipc.len = len;
+        reg->has_cuda_ipc = 1;
+        reg->cuda_ipc.data = (uint8_t *)d;
+        reg->cuda_ipc.len = len;
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
     }
     if (dec->stage != NULL) {
         size_t len;
         const uint8_t *d = kv_stage_recv_desc(dec->stage, &len);
-        reg.has_kv_stage = 1;
-        reg.kv_stage.data = (uint8_t *)d;
-        reg.kv_stage.len = len;
+        reg->has_kv_stage = 1;
+        reg->kv_stage.data = (uint8_t *)d;
+        reg->kv_stage.len = len;
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
     }
     transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
-    reg.n_transports = (size_t)n_tr;
-    reg.transports = transports;
-    reg.has_can_prefill = 1;
-    reg.can_prefill = dec->cfg.can_prefill;
-    if (dec->cfg.host_id != NULL && dec->cfg.host_id[0] != '\0')
-        snprintf(host, sizeof(host), "%s", dec->cfg.host_id);
-    else
-        kv_cipc_host_id(host, sizeof(host));
-    reg.host_id = host;
-    if (dec->kv_on_device &&
-        kv_cipc_gpu_info(dec->cfg.engine.backend.device_index, &gi) == BT_OK) {
-        gpu.has_device_index = 1;
-        gpu.device_index = gi.device;
-        gpu.pci_bus_id = gi.bus_id;
-        gpu.has_ipc = 1;
-        gpu.ipc = gi.ipc && dec->cipc != NULL;
-        gpu.name = gi.name;
-        reg.gpu = &gpu;
-    }
+    reg->n_transports = (size_t)n_tr;
+    reg->transports = transports;
+    reg->has_can_prefill = 1;
+    reg->can_prefill = dec->cfg.can_prefill;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
-    msg.register_ = &reg;
+    msg.register_ = reg;
     send_msg(dec, &msg);
     dec->last_register_ns = bt_time_ns();
 }
@@ -1226,13 +1197,9 @@ static void handle_messages(decode_t *dec)
             return;
         switch (msg->body_case) {
         case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
-            if (msg->register_ack->reregister) {
+            if (workerproc_register_ack(msg->register_ack, &dec->registered,
+                                        &dec->heartbeat_ms))
                 send_register(dec);
-            } else {
-                dec->registered = true;
-                if (msg->register_ack->heartbeat_ms > 0)
-                    dec->heartbeat_ms = (int)msg->register_ack->heartbeat_ms;
-            }
             break;
         case BATON__CONTROL_MESSAGE__BODY_KV_RESERVE:
             on_reserve(dec, msg->kv_reserve);

@@ -18,6 +18,7 @@
 #include "kv/kv_transport_cuda_ipc.h"
 #include "kv/kv_transport_stage.h"
 #include "proto_msg.h"
+#include "workerproc.h"
 
 #define PREFILL_NAME_MAX 64
 #define PREFILL_MAX_PEERS 64 /* decode pools kept connected */
@@ -147,39 +148,23 @@ void prefill_config_init(prefill_config_t *cfg)
 
 static void send_msg(prefill_t *pf, Baton__ControlMessage *msg)
 {
-    if (proto_control_send(pf->sock, NULL, 0, msg) != BT_OK)
-        BT_LOG_WARN("NET", "cannot send %s to the router",
-                    proto_control_body_name(msg->body_case));
+    workerproc_send(pf->sock, msg);
 }
 
 static void send_register(prefill_t *pf)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__Register reg = BATON__REGISTER__INIT;
-    Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
+    workerproc_register_cfg_t rc = {
+        .role = BATON__ROLE__ROLE_PREFILL, .name = pf->name,
+        .engine = pf->engine, .ecfg = &pf->cfg.engine, .vocab = pf->vocab,
+        .max_context = pf->max_context, .host_id = pf->cfg.host_id,
+        .kv_on_device = pf->kv_on_device, .cuda_ipc = pf->cipc != NULL,
+    };
+    workerproc_register_t r;
     Baton__KvTransport transports[6];
-    kv_cipc_gpu_info_t gi;
-    char host[320];
-    int eos[MODEL_MAX_EOS];
-    int n_eos = 0, n_tr = 0;
+    int n_tr = 0;
 
-    reg.has_role = 1;
-    reg.role = BATON__ROLE__ROLE_PREFILL;
-    reg.name = pf->name;
-    reg.model = pf->engine ? (char *)pf->cfg.engine.model_path : "null";
-    reg.has_vocab_size = 1;
-    reg.vocab_size = (uint32_t)pf->vocab;
-    reg.has_max_context = 1;
-    reg.max_context = (uint32_t)pf->max_context;
-    reg.has_pid = 1;
-    reg.pid = (uint32_t)getpid();
-    if (pf->engine != NULL) {
-        const model_config_t *mc = model_config(engine_model(pf->engine));
-        for (int i = 0; i < mc->n_eos && i < MODEL_MAX_EOS; i++)
-            eos[n_eos++] = mc->eos_ids[i];
-    }
-    reg.n_eos_ids = (size_t)n_eos;
-    reg.eos_ids = eos;
+    workerproc_register_init(&r, &rc);
     if (pf->ucx != NULL && !pf->kv_on_device)
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
     if (pf->cipc != NULL)
@@ -187,25 +172,10 @@ static void send_register(prefill_t *pf)
     if (pf->stage != NULL)
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
     transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
-    reg.n_transports = (size_t)n_tr;
-    reg.transports = transports;
-    if (pf->cfg.host_id != NULL && pf->cfg.host_id[0] != '\0')
-        snprintf(host, sizeof(host), "%s", pf->cfg.host_id);
-    else
-        kv_cipc_host_id(host, sizeof(host));
-    reg.host_id = host;
-    if (pf->kv_on_device &&
-        kv_cipc_gpu_info(pf->cfg.engine.backend.device_index, &gi) == BT_OK) {
-        gpu.has_device_index = 1;
-        gpu.device_index = gi.device;
-        gpu.pci_bus_id = gi.bus_id;
-        gpu.has_ipc = 1;
-        gpu.ipc = gi.ipc && pf->cipc != NULL;
-        gpu.name = gi.name;
-        reg.gpu = &gpu;
-    }
+    r.reg.n_transports = (size_t)n_tr;
+    r.reg.transports = transports;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
-    msg.register_ = &reg;
+    msg.register_ = &r.reg;
     send_msg(pf, &msg);
     pf->last_register_ns = bt_time_ns();
 }
@@ -581,13 +551,9 @@ static void handle_messages(prefill_t *pf)
             return;
         switch (msg->body_case) {
         case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
-            if (msg->register_ack->reregister) {
+            if (workerproc_register_ack(msg->register_ack, &pf->registered,
+                                        &pf->heartbeat_ms))
                 send_register(pf);
-            } else {
-                pf->registered = true;
-                if (msg->register_ack->heartbeat_ms > 0)
-                    pf->heartbeat_ms = (int)msg->register_ack->heartbeat_ms;
-            }
             break;
         case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
             on_task(pf, msg->prefill_task);

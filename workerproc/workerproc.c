@@ -1,0 +1,71 @@
+/*
+ * workerproc.c - control-plane client pieces shared by the worker
+ * processes (see workerproc.h).
+ */
+#include "workerproc.h"
+
+#include <stdio.h>
+#include <unistd.h>
+
+#include "bt_log.h"
+
+void workerproc_register_init(workerproc_register_t *r,
+                              const workerproc_register_cfg_t *cfg)
+{
+    Baton__Register reg = BATON__REGISTER__INIT;
+    Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
+    int n_eos = 0;
+
+    r->reg = reg;
+    r->gpu = gpu;
+    r->reg.has_role = 1;
+    r->reg.role = cfg->role;
+    r->reg.name = (char *)cfg->name;
+    r->reg.model = cfg->engine ? (char *)cfg->ecfg->model_path : "null";
+    r->reg.has_vocab_size = 1;
+    r->reg.vocab_size = (uint32_t)cfg->vocab;
+    r->reg.has_max_context = 1;
+    r->reg.max_context = (uint32_t)cfg->max_context;
+    r->reg.has_pid = 1;
+    r->reg.pid = (uint32_t)getpid();
+    if (cfg->engine != NULL) {
+        const model_config_t *mc = model_config(engine_model(cfg->engine));
+        for (int i = 0; i < mc->n_eos && i < MODEL_MAX_EOS; i++)
+            r->eos[n_eos++] = mc->eos_ids[i];
+    }
+    r->reg.n_eos_ids = (size_t)n_eos;
+    r->reg.eos_ids = r->eos;
+    if (cfg->host_id != NULL && cfg->host_id[0] != '\0')
+        snprintf(r->host, sizeof(r->host), "%s", cfg->host_id);
+    else
+        kv_cipc_host_id(r->host, sizeof(r->host));
+    r->reg.host_id = r->host;
+    if (cfg->kv_on_device &&
+        kv_cipc_gpu_info(cfg->ecfg->backend.device_index, &r->gi) == BT_OK) {
+        r->gpu.has_device_index = 1;
+        r->gpu.device_index = r->gi.device;
+        r->gpu.pci_bus_id = r->gi.bus_id;
+        r->gpu.has_ipc = 1;
+        r->gpu.ipc = r->gi.ipc && cfg->cuda_ipc;
+        r->gpu.name = r->gi.name;
+        r->reg.gpu = &r->gpu;
+    }
+}
+
+void workerproc_send(void *sock, Baton__ControlMessage *msg)
+{
+    if (proto_control_send(sock, NULL, 0, msg) != BT_OK)
+        BT_LOG_WARN("NET", "cannot send %s to the router",
+                    proto_control_body_name(msg->body_case));
+}
+
+bool workerproc_register_ack(const Baton__RegisterAck *ack, bool *registered,
+                             int *heartbeat_ms)
+{
+    if (ack->reregister)
+        return true;
+    *registered = true;
+    if (ack->heartbeat_ms > 0)
+        *heartbeat_ms = (int)ack->heartbeat_ms;
+    return false;
+}

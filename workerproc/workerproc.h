@@ -1,0 +1,64 @@
+/*
+ * workerproc.h - the worker control-plane client pieces that baton-prefill
+ * and baton-decode share: the role-independent fields of a Register, the
+ * handling of a RegisterAck, and sending a control message to the router.
+ * Role-specific fields (KV layout, transports, descriptors) stay with
+ * each role.
+ */
+#ifndef BT_WORKERPROC_WORKERPROC_H
+#define BT_WORKERPROC_WORKERPROC_H
+
+#include <stdbool.h>
+
+#include "engine.h"
+#include "kv/kv_transport_cuda_ipc.h"
+#include "model/model.h"
+#include "proto_msg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A Register being built and the storage its fields point into; keep it
+ * alive until the message is sent. */
+typedef struct {
+    Baton__Register reg;
+    Baton__GpuInfo gpu;
+    kv_cipc_gpu_info_t gi;
+    char host[320];
+    int eos[MODEL_MAX_EOS];
+} workerproc_register_t;
+
+/* What workerproc_register_init() fills a Register from. */
+typedef struct {
+    Baton__Role role;
+    const char *name;
+    engine_t *engine;              /* NULL: --null-model */
+    const engine_config_t *ecfg;   /* model path, device index */
+    int vocab;
+    int max_context;
+    const char *host_id;           /* NULL or "": hostname/boot-id */
+    bool kv_on_device;             /* send the GPU's facts */
+    bool cuda_ipc;                 /* KV over CUDA IPC is set up */
+} workerproc_register_cfg_t;
+
+/* Initializes r->reg and fills its role-independent fields: role, name,
+ * model, vocab size, max context, pid, EOS ids, host id and (with a
+ * device KV pool) the GPU. */
+void workerproc_register_init(workerproc_register_t *r,
+                              const workerproc_register_cfg_t *cfg);
+
+/* Sends `msg` on the DEALER `sock` to the router; a failure is logged
+ * (WARN) and otherwise ignored (the router notices a silent worker). */
+void workerproc_send(void *sock, Baton__ControlMessage *msg);
+
+/* Applies a RegisterAck: marks the worker registered and takes the
+ * router's heartbeat period.  Returns true (changing nothing) when the
+ * router asks the worker to register again. */
+bool workerproc_register_ack(const Baton__RegisterAck *ack, bool *registered,
+                             int *heartbeat_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKERPROC_WORKERPROC_H */
