@@ -1613,7 +1613,6 @@ static void ucx_kv_free(void *arg, void *ptr)
 
 bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
 {
-    bt_zmq_socket_config_t scfg;
     decode_t *dec;
     bt_status_t status;
     const backend_config_t *b = &cfg->engine.backend;
@@ -1744,24 +1743,13 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     }
     if (dec->kv_on_device && dec->stage == NULL)
         kv_ucx_destroy(&dec->ucx); /* nothing else uses it */
-    dec->ctx = zmq_ctx_new();
-    if (dec->ctx == NULL) {
-        status = BT_ZMQ_ERROR("zmq_ctx_new");
-        goto err_ucx;
-    }
-    bt_zmq_socket_config_init(&scfg);
-    scfg.type = ZMQ_DEALER;
-    scfg.endpoint = cfg->router;
-    scfg.identity = dec->name;
-    scfg.max_msg = PROTO_CONTROL_MAX_BYTES;
-    status = bt_zmq_socket_create(dec->ctx, &scfg, &dec->sock);
+    status = workerproc_connect(cfg->router, dec->name, &dec->ctx,
+                                &dec->sock);
     if (status != BT_OK)
-        goto err_ctx;
+        goto err_ucx;
     *dec_p = dec;
     return BT_OK;
 
-err_ctx:
-    zmq_ctx_term(dec->ctx);
 err_ucx:
     kv_stage_recv_destroy(&dec->stage);
     kv_cipc_pool_destroy(&dec->cipc);
@@ -1789,7 +1777,6 @@ err_free:
 void decode_destroy(decode_t **dec_p)
 {
     decode_t *dec = *dec_p;
-    int linger = 500; /* let the Shutdown reach the router */
 
     if (dec == NULL)
         return;
@@ -1805,9 +1792,7 @@ void decode_destroy(decode_t **dec_p)
         }
     }
     spec_teardown(dec); /* after its sequences */
-    zmq_setsockopt(dec->sock, ZMQ_LINGER, &linger, sizeof(linger));
-    bt_zmq_socket_destroy(&dec->sock);
-    zmq_ctx_term(dec->ctx);
+    workerproc_close(&dec->ctx, &dec->sock);
     kv_stage_recv_destroy(&dec->stage); /* before the device pool */
     kv_ucx_pool_deregister(&dec->pool);
     kv_cipc_pool_destroy(&dec->cipc);

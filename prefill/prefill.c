@@ -1279,7 +1279,6 @@ static void stage_setup(prefill_t *pf)
 
 bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
 {
-    bt_zmq_socket_config_t scfg;
     prefill_t *pf;
     bt_status_t status;
 
@@ -1350,24 +1349,12 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         if (pf->kv_on_device && pf->stage == NULL)
             kv_ucx_destroy(&pf->ucx); /* nothing else uses it */
     }
-    pf->ctx = zmq_ctx_new();
-    if (pf->ctx == NULL) {
-        status = BT_ZMQ_ERROR("zmq_ctx_new");
-        goto err_engine;
-    }
-    bt_zmq_socket_config_init(&scfg);
-    scfg.type = ZMQ_DEALER;
-    scfg.endpoint = cfg->router;
-    scfg.identity = pf->name;
-    scfg.max_msg = PROTO_CONTROL_MAX_BYTES;
-    status = bt_zmq_socket_create(pf->ctx, &scfg, &pf->sock);
+    status = workerproc_connect(cfg->router, pf->name, &pf->ctx, &pf->sock);
     if (status != BT_OK)
-        goto err_ctx;
+        goto err_engine;
     *pf_p = pf;
     return BT_OK;
 
-err_ctx:
-    zmq_ctx_term(pf->ctx);
 err_engine:
     kv_stage_send_destroy(&pf->stage);
     kv_ucx_destroy(&pf->ucx);
@@ -1399,12 +1386,7 @@ void prefill_destroy(prefill_t **pf_p)
     while (pf->n_speers > 0)
         speer_drop_at(pf, pf->n_speers - 1);
     kv_stage_send_destroy(&pf->stage); /* bounded wait for orphans */
-    {
-        int linger = 500; /* let the Shutdown reach the router */
-        zmq_setsockopt(pf->sock, ZMQ_LINGER, &linger, sizeof(linger));
-    }
-    bt_zmq_socket_destroy(&pf->sock);
-    zmq_ctx_term(pf->ctx);
+    workerproc_close(&pf->ctx, &pf->sock);
     kv_ucx_destroy(&pf->ucx);
     kv_cipc_destroy(&pf->cipc);
     bt_free(pf->logits);

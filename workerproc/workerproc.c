@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "bt_log.h"
+#include "bt_zmq.h"
 
 void workerproc_register_init(workerproc_register_t *r,
                               const workerproc_register_cfg_t *cfg)
@@ -50,6 +51,39 @@ void workerproc_register_init(workerproc_register_t *r,
         r->gpu.name = r->gi.name;
         r->reg.gpu = &r->gpu;
     }
+}
+
+bt_status_t workerproc_connect(const char *router, const char *name,
+                               void **ctx_p, void **sock_p)
+{
+    bt_zmq_socket_config_t scfg;
+    bt_status_t status;
+    void *ctx = zmq_ctx_new();
+
+    if (ctx == NULL)
+        return BT_ZMQ_ERROR("zmq_ctx_new");
+    bt_zmq_socket_config_init(&scfg);
+    scfg.type = ZMQ_DEALER;
+    scfg.endpoint = router;
+    scfg.identity = name;
+    scfg.max_msg = PROTO_CONTROL_MAX_BYTES;
+    status = bt_zmq_socket_create(ctx, &scfg, sock_p);
+    if (status != BT_OK) {
+        zmq_ctx_term(ctx);
+        return status;
+    }
+    *ctx_p = ctx;
+    return BT_OK;
+}
+
+void workerproc_close(void **ctx_p, void **sock_p)
+{
+    int linger = 500; /* let the Shutdown reach the router */
+
+    zmq_setsockopt(*sock_p, ZMQ_LINGER, &linger, sizeof(linger));
+    bt_zmq_socket_destroy(sock_p);
+    zmq_ctx_term(*ctx_p);
+    *ctx_p = NULL;
 }
 
 void workerproc_send(void *sock, Baton__ControlMessage *msg)

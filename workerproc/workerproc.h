@@ -48,6 +48,16 @@ typedef struct {
 void workerproc_register_init(workerproc_register_t *r,
                               const workerproc_register_cfg_t *cfg);
 
+/* Opens the control connection: a new ZeroMQ context and a DEALER with
+ * identity `name` connected to the router endpoint `router`.  On error
+ * nothing is left open. */
+bt_status_t workerproc_connect(const char *router, const char *name,
+                               void **ctx_p, void **sock_p);
+
+/* Closes what workerproc_connect() opened, giving queued messages (the
+ * Shutdown) up to 500 ms to reach the router. */
+void workerproc_close(void **ctx_p, void **sock_p);
+
 /* Sends `msg` on the DEALER `sock` to the router; a failure is logged
  * (WARN) and otherwise ignored (the router notices a silent worker). */
 void workerproc_send(void *sock, Baton__ControlMessage *msg);
