@@ -594,9 +594,14 @@ static void check_liveness(router_t *r, uint64_t now)
     uint64_t limit = (uint64_t)r->cfg.heartbeat_ms * 1000000ull *
                      (uint64_t)r->cfg.heartbeat_miss;
 
+    uint64_t quiet = (uint64_t)r->cfg.heartbeat_ms * 1000000ull * 3;
+
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &r->workers[i];
-        if (w->used && now - w->last_seen_ns > limit)
+        if (!w->used)
+            continue;
+        w->silent = now - w->last_seen_ns > quiet;
+        if (now - w->last_seen_ns > limit)
             worker_drop(r, w, "missed heartbeats");
     }
 }

@@ -25,6 +25,9 @@ typedef struct {
     Baton__Role role;
     uint64_t last_seen_ns;    /* last message from it */
     bool draining;            /* takes no new work */
+    bool silent;              /* missed 2+ heartbeats: picked for no new
+                                 work until it speaks again (it may be
+                                 dead; it is dropped after heartbeat_miss) */
     uint32_t vocab_size;
     uint32_t max_context;
     uint32_t block_size;      /* decode: KV block size */

@@ -22,10 +22,18 @@ bool router__worker_is_usable(const router_worker_t *w)
     return w->used && !w->draining;
 }
 
+/* Policies give new work only to workers heard from recently: a worker
+ * killed a moment ago would otherwise keep getting reservations (and
+ * retried requests) until the liveness check drops it. */
+static bool policy_takes_work(const router_worker_t *w)
+{
+    return router__worker_is_usable(w) && !w->silent;
+}
+
 static bool policy_decode_fits(const router_worker_t *w, int n_tokens,
                                bool need_prefill)
 {
-    if (!router__worker_is_usable(w) || w->role != BATON__ROLE__ROLE_DECODE)
+    if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_DECODE)
         return false;
     if (need_prefill && !w->can_prefill)
         return false;
@@ -42,7 +50,7 @@ static router_worker_t *least_pick_prefill(router_t *router,
     (void)req;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
-        if (!router__worker_is_usable(w) || w->role != BATON__ROLE__ROLE_PREFILL)
+        if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL)
             continue;
         if (best == NULL || w->outstanding < best->outstanding ||
             (w->outstanding == best->outstanding &&
@@ -78,7 +86,7 @@ static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
     for (int k = 0; k < ROUTER_MAX_WORKERS; k++) {
         unsigned i = (*cursor + (unsigned)k) % ROUTER_MAX_WORKERS;
         router_worker_t *w = &router->workers[i];
-        if (!router__worker_is_usable(w) || w->role != role)
+        if (!policy_takes_work(w) || w->role != role)
             continue;
         if (role == BATON__ROLE__ROLE_DECODE &&
             !policy_decode_fits(w, n_tokens, need_prefill))
