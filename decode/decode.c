@@ -1840,17 +1840,12 @@ bt_status_t decode_run(decode_t *dec)
     send_register(dec);
     send_heartbeat(dec);
     for (;;) {
-        zmq_pollitem_t items[2];
-        int n_items = 1, timeout;
+        bt_status_t status;
+        int timeout;
         uint64_t now;
 
         if (dec->stop && !dec->draining) {
-            Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-            Baton__Drain d = BATON__DRAIN__INIT;
-            d.name = dec->name;
-            msg.body_case = BATON__CONTROL_MESSAGE__BODY_DRAIN;
-            msg.drain = &d;
-            send_msg(dec, &msg);
+            workerproc_send_drain(dec->sock, dec->name);
             dec->draining = true;
             drain_deadline = bt_time_ns() + 60ull * 1000000000ull;
             BT_LOG_INFO("DECODE", "draining: %d sequences running",
@@ -1862,22 +1857,9 @@ bt_status_t decode_run(decode_t *dec)
             break;
         timeout = dec->seqs != NULL || has_local_prefill(dec) ||
                   has_stage_pending(dec) ? 0 : 50;
-        items[0] = (zmq_pollitem_t){ dec->sock, 0, ZMQ_POLLIN, 0 };
-        if (dec->ucx != NULL && timeout > 0 &&
-            kv_ucx_event_fd(dec->ucx) >= 0) {
-            /* Sleep on the event fd only when UCX has nothing pending
-             * (tcp software RMA needs this process's progress). */
-            bt_status_t armed = kv_ucx_arm(dec->ucx);
-            if (armed == BT_OK) {
-                items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(dec->ucx),
-                                             ZMQ_POLLIN, 0 };
-                n_items = 2;
-            } else if (armed == BT_IN_PROGRESS) {
-                timeout = 0;
-            }
-        }
-        if (zmq_poll(items, n_items, timeout) < 0 && zmq_errno() != EINTR)
-            return BT_ZMQ_ERROR("zmq_poll");
+        status = workerproc_poll(dec->sock, dec->ucx, timeout);
+        if (status != BT_OK)
+            return status;
         if (dec->ucx != NULL)
             kv_ucx_progress(dec->ucx);
         if (dec->stage != NULL) {
@@ -1897,14 +1879,7 @@ bt_status_t decode_run(decode_t *dec)
         if (!dec->registered && now - dec->last_register_ns > 1000000000ull)
             send_register(dec);
     }
-    {
-        Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-        Baton__Shutdown s = BATON__SHUTDOWN__INIT;
-        s.name = dec->name;
-        msg.body_case = BATON__CONTROL_MESSAGE__BODY_SHUTDOWN;
-        msg.shutdown = &s;
-        send_msg(dec, &msg);
-    }
+    workerproc_send_shutdown(dec->sock, dec->name);
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, staged "
                 "hand-offs:%llu", dec->name, (unsigned long long)dec->steps,
                 (unsigned long long)dec->tokens_out,

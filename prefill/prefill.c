@@ -1413,17 +1413,12 @@ bt_status_t prefill_run(prefill_t *pf)
     send_register(pf);
     send_heartbeat(pf);
     for (;;) {
-        zmq_pollitem_t items[2];
-        int n_items = 1, timeout;
+        bt_status_t status;
+        int timeout;
         uint64_t now;
 
         if (pf->stop && !pf->draining) {
-            Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-            Baton__Drain d = BATON__DRAIN__INIT;
-            d.name = pf->name;
-            msg.body_case = BATON__CONTROL_MESSAGE__BODY_DRAIN;
-            msg.drain = &d;
-            send_msg(pf, &msg);
+            workerproc_send_drain(pf->sock, pf->name);
             pf->draining = true;
             drain_deadline = bt_time_ns() + 30ull * 1000000000ull;
             BT_LOG_INFO("PREFILL", "draining");
@@ -1432,22 +1427,9 @@ bt_status_t prefill_run(prefill_t *pf)
             break;
         timeout = has_runnable(pf) || has_fresh_cipc_commit(pf)
                       ? 0 : (has_committing(pf) ? 1 : 50);
-        items[0] = (zmq_pollitem_t){ pf->sock, 0, ZMQ_POLLIN, 0 };
-        if (pf->ucx != NULL && timeout > 0 && kv_ucx_event_fd(pf->ucx) >= 0) {
-            /* Sleep on the event fd only when UCX has nothing pending:
-             * completions queued for the next progress must not wait for
-             * the poll timeout. */
-            bt_status_t armed = kv_ucx_arm(pf->ucx);
-            if (armed == BT_OK) {
-                items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(pf->ucx),
-                                             ZMQ_POLLIN, 0 };
-                n_items = 2;
-            } else if (armed == BT_IN_PROGRESS) {
-                timeout = 0;
-            }
-        }
-        if (zmq_poll(items, n_items, timeout) < 0 && zmq_errno() != EINTR)
-            return BT_ZMQ_ERROR("zmq_poll");
+        status = workerproc_poll(pf->sock, pf->ucx, timeout);
+        if (status != BT_OK)
+            return status;
         handle_messages(pf);
         if (pf->ucx != NULL)
             kv_ucx_progress(pf->ucx);
@@ -1468,14 +1450,7 @@ bt_status_t prefill_run(prefill_t *pf)
         if (!pf->registered && now - pf->last_register_ns > 1000000000ull)
             send_register(pf); /* the router may not be up yet */
     }
-    {
-        Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-        Baton__Shutdown s = BATON__SHUTDOWN__INIT;
-        s.name = pf->name;
-        msg.body_case = BATON__CONTROL_MESSAGE__BODY_SHUTDOWN;
-        msg.shutdown = &s;
-        send_msg(pf, &msg);
-    }
+    workerproc_send_shutdown(pf->sock, pf->name);
     BT_LOG_INFO("PREFILL", "%s stopped after %llu prompts", pf->name,
                 (unsigned long long)pf->served);
     return BT_OK;

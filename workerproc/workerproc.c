@@ -4,6 +4,7 @@
  */
 #include "workerproc.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -91,6 +92,49 @@ void workerproc_send(void *sock, Baton__ControlMessage *msg)
     if (proto_control_send(sock, NULL, 0, msg) != BT_OK)
         BT_LOG_WARN("NET", "cannot send %s to the router",
                     proto_control_body_name(msg->body_case));
+}
+
+void workerproc_send_drain(void *sock, const char *name)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__Drain d = BATON__DRAIN__INIT;
+
+    d.name = (char *)name;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_DRAIN;
+    msg.drain = &d;
+    workerproc_send(sock, &msg);
+}
+
+void workerproc_send_shutdown(void *sock, const char *name)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__Shutdown s = BATON__SHUTDOWN__INIT;
+
+    s.name = (char *)name;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_SHUTDOWN;
+    msg.shutdown = &s;
+    workerproc_send(sock, &msg);
+}
+
+bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms)
+{
+    zmq_pollitem_t items[2];
+    int n_items = 1;
+
+    items[0] = (zmq_pollitem_t){ sock, 0, ZMQ_POLLIN, 0 };
+    if (ucx != NULL && timeout_ms > 0 && kv_ucx_event_fd(ucx) >= 0) {
+        bt_status_t armed = kv_ucx_arm(ucx);
+        if (armed == BT_OK) {
+            items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(ucx),
+                                         ZMQ_POLLIN, 0 };
+            n_items = 2;
+        } else if (armed == BT_IN_PROGRESS) {
+            timeout_ms = 0;
+        }
+    }
+    if (zmq_poll(items, n_items, timeout_ms) < 0 && zmq_errno() != EINTR)
+        return BT_ZMQ_ERROR("zmq_poll");
+    return BT_OK;
 }
 
 bool workerproc_register_ack(const Baton__RegisterAck *ack, bool *registered,

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "engine.h"
+#include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "model/model.h"
 #include "proto_msg.h"
@@ -61,6 +62,19 @@ void workerproc_close(void **ctx_p, void **sock_p);
 /* Sends `msg` on the DEALER `sock` to the router; a failure is logged
  * (WARN) and otherwise ignored (the router notices a silent worker). */
 void workerproc_send(void *sock, Baton__ControlMessage *msg);
+
+/* Tells the router this worker drains (takes no new work) or has shut
+ * down; `name` is the worker's. */
+void workerproc_send_drain(void *sock, const char *name);
+void workerproc_send_shutdown(void *sock, const char *name);
+
+/* Waits up to `timeout_ms` for a message on the control socket `sock`
+ * or, when `ucx` is not NULL and has an event fd, for UCX activity (it
+ * sleeps on the fd only when UCX has nothing pending: completions queued
+ * for the next progress, or tcp software RMA needing this process, must
+ * not wait for the timeout).  Returns BT_OK (also when interrupted by a
+ * signal) or the zmq_poll failure. */
+bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms);
 
 /* Applies a RegisterAck: marks the worker registered and takes the
  * router's heartbeat period.  Returns true (changing nothing) when the
