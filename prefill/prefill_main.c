@@ -25,6 +25,7 @@ static void usage(FILE *out)
         WORKER_CTL_USAGE_ROUTER
         "  --name NAME            worker name (default prefill-PID)\n"
         "  --device cpu|cuda|auto backend (default auto)\n"
+        WORKER_CTL_USAGE_GPU
         "  --threads N            CPU threads (0 = all cores)\n"
         "  --kv-blocks N          local KV pool blocks (256)\n"
         "  --block-size N         KV block size (16; equal to the decode\n"

@@ -52,6 +52,8 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
     case 1012: bad = bt_parse_int(arg, o->kv_stage_blocks) != BT_OK ||
                      *o->kv_stage_blocks < 0; break;
     case 1013: *o->kv_stage_host = true; break;
+    case 1021: bad = bt_parse_int(arg, &b->device_index) != BT_OK ||
+                     b->device_index < 0 || b->device_index > 1023; break;
     default: return BT_ERR_NOT_FOUND;
     }
     return bad ? BT_ERR_INVALID_ARG : BT_OK;

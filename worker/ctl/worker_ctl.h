@@ -44,7 +44,8 @@ extern "C" {
     { "no-kv-stage", no_argument, 0, 1010 },                    \
     { "no-kv-stage-direct", no_argument, 0, 1011 },             \
     { "kv-stage-blocks", required_argument, 0, 1012 },          \
-    { "kv-stage-host", no_argument, 0, 1013 }
+    { "kv-stage-host", no_argument, 0, 1013 },                  \
+    { "gpu", required_argument, 0, 1021 }
 
 /* Usage lines of the first shared options, the same in every worker. */
 #define WORKER_CTL_USAGE_ROUTER                                              \
@@ -59,6 +60,11 @@ extern "C" {
     "  --model PATH           llama2.c .bin, HF directory or synth:NAME\n"  \
     "  --tokenizer PATH       llama2.c tokenizer (for text prompts)\n"      \
     "  --null-model           no model: instant deterministic tokens\n"
+
+/* Usage line of --gpu (after --device in every worker's usage). */
+#define WORKER_CTL_USAGE_GPU                                                 \
+    "  --gpu N                CUDA device ordinal of the backend and the\n"  \
+    "                         exported KV pool (default 0)\n"
 
 /* Where the shared options land: fields of the main's config struct. */
 typedef struct {
