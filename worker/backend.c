@@ -4,6 +4,7 @@
  */
 #include "backend.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend_int.h"
@@ -135,6 +136,83 @@ bt_status_t backend_kv_copy_block(backend_t *backend, int src_block,
                         "block copy %d -> %d outside the pool of %d",
                         src_block, dst_block, backend->cfg.n_kv_blocks);
     return backend->ops->kv_copy_block(backend->impl, src_block, dst_block);
+}
+
+static int backend_int_cmp(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+
+    return (x > y) - (x < y);
+}
+
+bt_status_t backend_kv_copy_slots(backend_t *backend, int n,
+                                  const int *src_slots, const int *dst_slots)
+{
+    long n_slots = (long)backend->cfg.n_kv_blocks * backend->cfg.block_size;
+    int stack[64], *sorted = stack;
+    bool dup = false;
+
+    if (n < 0 || n > BACKEND_KV_COPY_MAX_SLOTS ||
+        (n > 0 && (src_slots == NULL || dst_slots == NULL)))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                        "slot copy of %d slots (0..%d allowed)", n,
+                        BACKEND_KV_COPY_MAX_SLOTS);
+    if (n == 0)
+        return BT_OK;
+    for (int i = 0; i < n; i++) {
+        if (src_slots[i] < 0 || src_slots[i] >= n_slots ||
+            dst_slots[i] < 0 || dst_slots[i] >= n_slots)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                            "slot copy %d -> %d outside the pool of %ld "
+                            "slots", src_slots[i], dst_slots[i], n_slots);
+    }
+    if (n > (int)BT_ARRAY_SIZE(stack)) {
+        sorted = bt_malloc((size_t)n * sizeof(int), "backend");
+        if (sorted == NULL)
+            return BT_ERR_NO_MEMORY;
+    }
+    memcpy(sorted, dst_slots, (size_t)n * sizeof(int));
+    qsort(sorted, (size_t)n, sizeof(int), backend_int_cmp);
+    for (int i = 1; i < n && !dup; i++)
+        dup = sorted[i] == sorted[i - 1];
+    if (sorted != stack)
+        bt_free(sorted);
+    if (dup)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                        "slot copy writes one destination slot twice");
+    return backend->ops->kv_copy_slots(backend->impl, n, src_slots,
+                                       dst_slots);
+}
+
+bt_status_t backend__kv_copy_slots_host(const kv_layout_t *lay, void *k,
+                                        void *v, int n, const int *src_slots,
+                                        const int *dst_slots)
+{
+    size_t row = (size_t)lay->n_kv_heads * lay->head_dim * lay->elem_size;
+    size_t layer = kv_layout_layer_bytes(lay);
+    char *tmp;
+
+    if (n <= 0)
+        return BT_OK;
+    tmp = bt_malloc((size_t)n * row, "backend");
+    if (tmp == NULL)
+        return BT_ERR_NO_MEMORY;
+    /* per layer and array: gather every source row, then scatter */
+    for (int l = 0; l < lay->n_layers; l++) {
+        for (int a = 0; a < 2; a++) {
+            char *base = (char *)(a ? v : k) + (size_t)l * layer;
+
+            for (int i = 0; i < n; i++)
+                memcpy(tmp + (size_t)i * row,
+                       base + (size_t)src_slots[i] * row, row);
+            for (int i = 0; i < n; i++)
+                if (src_slots[i] != dst_slots[i])
+                    memcpy(base + (size_t)dst_slots[i] * row,
+                           tmp + (size_t)i * row, row);
+        }
+    }
+    bt_free(tmp);
+    return BT_OK;
 }
 
 bt_status_t backend_batch_validate(const backend_batch_t *batch,

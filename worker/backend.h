@@ -99,6 +99,10 @@ typedef struct {
     void *(*kv_data)(void *impl, int layer, int kv); /* kv: 0 = K, 1 = V */
     bt_status_t (*kv_copy_block)(void *impl, int src_block, int dst_block);
     const kv_layout_t *(*kv_layout)(void *impl);
+    /* Slot copy (see backend_kv_copy_slots); arguments already checked.
+     * Synchronous: the copies are complete on return. */
+    bt_status_t (*kv_copy_slots)(void *impl, int n, const int *src_slots,
+                                 const int *dst_slots);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -126,6 +130,21 @@ void *backend_kv_data(backend_t *backend, int layer, int kv);
 /* Copies one block's K and V in every layer (copy-on-write, compaction). */
 bt_status_t backend_kv_copy_block(backend_t *backend, int src_block,
                                   int dst_block);
+
+/* Most slots one backend_kv_copy_slots call may copy. */
+#define BACKEND_KV_COPY_MAX_SLOTS 8192
+
+/* Copies the K and V of n token slots in every layer: slot src_slots[i]
+ * to slot dst_slots[i], where a slot is block * block_size + offset in
+ * the pool (speculative decoding compacts accepted draft tokens with it).
+ * Semantics: every read happens before every write, so the sets may
+ * overlap in any order (a -> b with b -> c copies the OLD b to c; a
+ * permutation works).  dst slots must be distinct; src == dst is a no-op.
+ * BT_ERR_INVALID_ARG (nothing copied) for n outside
+ * 0..BACKEND_KV_COPY_MAX_SLOTS, a slot outside the pool or a repeated
+ * dst.  Host arrays; synchronous. */
+bt_status_t backend_kv_copy_slots(backend_t *backend, int n,
+                                  const int *src_slots, const int *dst_slots);
 
 /* Shared batch check used by every implementation. */
 bt_status_t backend_batch_validate(const backend_batch_t *batch,

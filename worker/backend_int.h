@@ -15,6 +15,13 @@ extern const backend_ops_t cpu_backend_ops;  /* cpu/cpu_backend.c */
 extern const backend_ops_t cuda_backend_ops; /* cuda/cuda_backend.c */
 #endif
 
+/* Host-memory implementation of backend_kv_copy_slots (cpu backend, and
+ * any backend whose pool is host memory): k and v are the layer-0 bases
+ * of the K and V arrays laid out as `lay` says. */
+bt_status_t backend__kv_copy_slots_host(const kv_layout_t *lay, void *k,
+                                        void *v, int n, const int *src_slots,
+                                        const int *dst_slots);
+
 #ifdef __cplusplus
 }
 #endif

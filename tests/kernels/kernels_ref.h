@@ -41,6 +41,11 @@ void attn_ref(int nh, int nkv, int hd, int block_size, float scale,
 void gemm_ref(int n_tok, int n_out, int n_in, const float *x, const float *w,
               float *y, int accumulate);
 
+/* See cuda_kv_copy_slots(): byte copy of n slot rows in every layer of
+ * k and v, every read before every write. */
+void kv_copy_ref(void *k, void *v, int n_layers, size_t layer_bytes,
+                 size_t row_bytes, const int *src, const int *dst, int n);
+
 /* Lowest index of the largest value. */
 int argmax_ref(const float *row, int n);
 

@@ -1051,6 +1051,16 @@ static bt_status_t cpu_kv_copy_block(void *impl, int src_block,
     return BT_OK;
 }
 
+static bt_status_t cpu_kv_copy_slots(void *impl, int n,
+                                     const int *src_slots,
+                                     const int *dst_slots)
+{
+    cpu_backend_t *be = impl;
+
+    return backend__kv_copy_slots_host(&be->kv_layout, be->k_cache,
+                                       be->v_cache, n, src_slots, dst_slots);
+}
+
 static const kv_layout_t *cpu_kv_layout(void *impl)
 {
     cpu_backend_t *be = impl;
@@ -1072,4 +1082,5 @@ const backend_ops_t cpu_backend_ops = {
     .kv_data = cpu_kv_data,
     .kv_copy_block = cpu_kv_copy_block,
     .kv_layout = cpu_kv_layout,
+    .kv_copy_slots = cpu_kv_copy_slots,
 };

@@ -40,6 +40,7 @@
 #include "kernels/convert.h"
 #include "kernels/embed.h"
 #include "kernels/gemv.h"
+#include "kernels/kv_copy.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope_kv.h"
 #include "kernels/swiglu.h"
@@ -1075,6 +1076,36 @@ static bt_status_t cuda_kv_copy_block(void *impl, int src_block,
     return BT_CUDA_STATUS(cudaStreamSynchronize(b->stream));
 }
 
+/* backend_kv_copy_slots: slots up through the metadata buffer (free
+ * between forwards), one kernel for K and V of every layer. */
+static bt_status_t cuda_kv_copy_slots_op(void *impl, int n,
+                                         const int *src_slots,
+                                         const int *dst_slots)
+{
+    cuda_backend_t *b = impl;
+    bt_status_t status = cuda_meta_reserve(b, 2 * (size_t)n, 1);
+
+    if (status != BT_OK)
+        return status;
+    memcpy(b->h_meta, src_slots, (size_t)n * sizeof(int));
+    memcpy(b->h_meta + n, dst_slots, (size_t)n * sizeof(int));
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(b->d_meta, b->h_meta,
+                                            2 * (size_t)n * sizeof(int),
+                                            cudaMemcpyHostToDevice,
+                                            b->stream));
+    if (status == BT_OK)
+        status = cuda_kv_copy_slots(
+            b->d_k, b->d_v, b->kv.n_layers,
+            cuda_layer_kv_elems(b) * b->kv.elem_size,
+            (size_t)b->kv_dim * b->kv.elem_size, b->d_meta, b->d_meta + n,
+            n, b->stream);
+    if (status != BT_OK) {
+        (void)cudaStreamSynchronize(b->stream);
+        return status;
+    }
+    return BT_CUDA_STATUS(cudaStreamSynchronize(b->stream));
+}
+
 static const kv_layout_t *cuda_kv_layout(void *impl)
 {
     return &((cuda_backend_t *)impl)->kv;
@@ -1089,4 +1120,5 @@ const backend_ops_t cuda_backend_ops = {
     .kv_data = cuda_kv_data,
     .kv_copy_block = cuda_kv_copy_block,
     .kv_layout = cuda_kv_layout,
+    .kv_copy_slots = cuda_kv_copy_slots_op,
 };

@@ -102,6 +102,10 @@ struct spec_s {
     int *dtok;                /* (SPEC_PEND_CAP + topk) */
     int *dpos;                /* (SPEC_PEND_CAP + topk) */
     uint8_t *dmask;           /* (topk, exp_cap + topk) */
+    int *mv_src;              /* (max_seqs * SPEC_MAX_DEPTH) pool slots of
+                                 accepted KV to move this step */
+    int *mv_dst;              /* (max_seqs * SPEC_MAX_DEPTH) */
+    int n_mv;
     spec_shape_t arms[SPEC_N_ARMS];
     double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA (arm 0:
                                                     every plain step;
@@ -206,11 +210,16 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
     spec->dpos = bt_malloc((size_t)dr * sizeof(int), "spec");
     spec->dmask = bt_malloc((size_t)cfg->topk *
                                 (size_t)(spec->exp_cap + cfg->topk), "spec");
+    spec->mv_src = bt_malloc((size_t)ecfg->backend.max_seqs *
+                                 SPEC_MAX_DEPTH * sizeof(int), "spec");
+    spec->mv_dst = bt_malloc((size_t)ecfg->backend.max_seqs *
+                                 SPEC_MAX_DEPTH * sizeof(int), "spec");
     if (spec->bseqs == NULL || spec->logits == NULL ||
         spec->hidden == NULL || spec->probs == NULL ||
         spec->dlogits == NULL || spec->dfeat == NULL || spec->dout == NULL ||
         spec->fbuf == NULL || spec->dtok == NULL || spec->dpos == NULL ||
-        spec->dmask == NULL) {
+        spec->dmask == NULL || spec->mv_src == NULL ||
+        spec->mv_dst == NULL) {
         spec_destroy(&spec);
         return BT_ERR_NO_MEMORY;
     }
@@ -254,6 +263,8 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->dtok);
     bt_free(spec->dpos);
     bt_free(spec->dmask);
+    bt_free(spec->mv_src);
+    bt_free(spec->mv_dst);
     bt_free(spec);
     *spec_p = NULL;
 }
@@ -611,23 +622,12 @@ static bt_status_t spec_draft(spec_t *spec, spec_seq_t *s,
 // ----------------------------------------------------------------------------
 // verification
 
-/* Moves K/V of target slot src to slot dst in every layer. */
-static void spec_kv_move(spec_t *spec, const int *blocks, int src, int dst)
+/* Pool slot (block * block_size + offset) of sequence slot s. */
+static int spec_pool_slot(spec_t *spec, const int *blocks, int s)
 {
-    backend_t *be = engine_backend(spec->engine);
-    const kv_layout_t *lay = backend_kv_layout(be);
-    float *k0 = backend_kv_data(be, 0, 0);
-    float *v0 = backend_kv_data(be, 0, 1);
-    size_t row = (size_t)lay->n_kv_heads * lay->head_dim;
-    int bs = lay->block_size;
+    int bs = backend_kv_layout(engine_backend(spec->engine))->block_size;
 
-    for (int l = 0; l < lay->n_layers; l++) {
-        size_t so = kv_layout_offset(lay, l, blocks[src / bs], src % bs);
-        size_t d_o = kv_layout_offset(lay, l, blocks[dst / bs], dst % bs);
-
-        memcpy(k0 + d_o, k0 + so, row * sizeof(float));
-        memcpy(v0 + d_o, v0 + so, row * sizeof(float));
-    }
+    return blocks[s / bs] * bs + s % bs;
 }
 
 /* Draws from probs (vocab) restricted to what is left, mass `mass`. */
@@ -717,8 +717,12 @@ static bt_status_t spec_accept(spec_t *spec, spec_seq_t *s, int *out,
     for (int j = 0; j < n_acc; j++) {
         int v = s->nodes[path[j]].vidx;
 
-        if (v != j + 1)
-            spec_kv_move(spec, blocks, cached + v, cached + j + 1);
+        if (v != j + 1) { /* moved by spec_step after every accept */
+            spec->mv_src[spec->n_mv] = spec_pool_slot(spec, blocks,
+                                                      cached + v);
+            spec->mv_dst[spec->n_mv++] = spec_pool_slot(spec, blocks,
+                                                        cached + j + 1);
+        }
         memcpy(spec->fbuf + (size_t)(j + 1) * spec->dim,
                spec->hidden + (size_t)(s->row0 + v) * spec->dim,
                sizeof(float) * (size_t)spec->dim);
@@ -988,6 +992,7 @@ reserve:
     spec->stats.verify_ns += t2 - t1;
 
     /* accept, commit, feed the draft state */
+    spec->n_mv = 0;
     for (int i = 0; i < n; i++) {
         spec_seq_t *s = seqs[i];
         int *o = out + (size_t)i * max_step;
@@ -1032,6 +1037,12 @@ reserve:
             break;
         }
     }
+    /* keep the accepted K/V: one slot copy for the whole batch (every
+     * read before every write, so moves may chain) */
+    status = backend_kv_copy_slots(engine_backend(spec->engine), spec->n_mv,
+                                   spec->mv_src, spec->mv_dst);
+    if (status != BT_OK)
+        return status;
     spec->stats.steps++;
     spec->stats.accept_ns += bt_time_ns() - t2;
     if (arm >= 0 && !any_prefill && produced > 0)

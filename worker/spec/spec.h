@@ -14,11 +14,10 @@
  *      token is drawn from what is left).  The output distribution is
  *      exactly the target's; at temperature 0 it is exactly the tokens
  *      of plain greedy decoding.  Penalties see the accepted tokens.
- *   4. keep only the accepted tokens' K/V: the few accepted slots are
- *      rewritten in place, slot by slot in every layer (host memory: the
- *      CPU backend; a device backend needs a slot-copy op), and the
- *      sequence's cached count moves past them.  Rejected slots are
- *      simply overwritten by the next step.
+ *   4. keep only the accepted tokens' K/V: the few accepted slots move
+ *      into place with one backend_kv_copy_slots call for the whole
+ *      batch (any backend), and the sequence's cached count moves past
+ *      them.  Rejected slots are simply overwritten by the next step.
  * Sequences still in prefill run their prompt chunk in the same forward.
  *
  * Adaptive: every step picks one of a few tree sizes (off, chains of 2

@@ -1,0 +1,129 @@
+/*
+ * test_kv_copy.cu - cuda_kv_copy_slots() against kv_copy_ref() on random
+ * pools: disjoint copies, chains (a -> b, b -> c: the old b must land in
+ * c), swaps and rotations, src == dst, every copy unit (16/4/2-byte rows)
+ * and the largest n.  Bytes must match exactly.
+ * Run: build-cuda/gpu/test_kv_copy   (make gpu-test runs every kernel test)
+ */
+#include "kernels/kv_copy.h"
+#include "kernels_ref.h"
+#include "kt_common.h"
+
+/* Fills src/dst for one pattern over `slots` pool slots; returns n. */
+static int make_pairs(int pattern, int n, int slots, int *src, int *dst)
+{
+    int *perm = (int *)malloc(sizeof(int) * slots);
+
+    for (int i = 0; i < slots; i++)
+        perm[i] = i;
+    for (int i = slots - 1; i > 0; i--) { /* shuffle */
+        int j = (int)(kt_u32() % (uint32_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    switch (pattern) {
+    case 0: /* disjoint: distinct sources, distinct destinations */
+        for (int i = 0; i < n; i++) {
+            src[i] = perm[i];
+            dst[i] = perm[n + i];
+        }
+        break;
+    case 1: /* chain: perm[i] -> perm[i + 1] (every dst but the last is a
+               src read before it is overwritten) */
+        for (int i = 0; i < n; i++) {
+            src[i] = perm[i];
+            dst[i] = perm[i + 1];
+        }
+        break;
+    case 2: /* rotation: a permutation of n slots */
+        for (int i = 0; i < n; i++) {
+            src[i] = perm[i];
+            dst[i] = perm[(i + 1) % n];
+        }
+        break;
+    default: /* spec compaction: slot base + v -> base + j, some equal */
+        for (int i = 0; i < n; i++) {
+            src[i] = 3 + 2 * i - (i % 3 == 0 ? i : 0);
+            dst[i] = 3 + i;
+        }
+        break;
+    }
+    free(perm);
+    return n;
+}
+
+int main(void)
+{
+    /* layers, slots in pool, row bytes, n */
+    const int shapes[][4] = {{2, 64, 256, 5},    {32, 4096, 2048, 16},
+                             {3, 100, 12, 7},    {2, 50, 6, 9},
+                             {1, 20000, 64, 8192}, {4, 256, 4096, 33}};
+    int fails = 0;
+
+    kt_seed(7);
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        for (int pattern = 0; pattern < 4; pattern++) {
+            int layers = shapes[s][0], slots = shapes[s][1];
+            size_t row = (size_t)shapes[s][2];
+            int n = shapes[s][3];
+            size_t layer_bytes = row * slots, bytes = layer_bytes * layers;
+            int *src, *dst;
+            unsigned char *k, *v, *out;
+            void *d_k, *d_v;
+            int *d_src, *d_dst;
+
+            if (pattern == 0 && 2 * n > slots)
+                continue;
+            if (pattern == 1 && n + 1 > slots)
+                continue;
+            if (pattern == 3 && 3 + 2 * n > slots)
+                continue;
+            src = (int *)malloc(sizeof(int) * n);
+            dst = (int *)malloc(sizeof(int) * n);
+            make_pairs(pattern, n, slots, src, dst);
+            k = (unsigned char *)malloc(bytes);
+            v = (unsigned char *)malloc(bytes);
+            out = (unsigned char *)malloc(bytes);
+            for (size_t i = 0; i < bytes; i++) {
+                k[i] = (unsigned char)kt_u32();
+                v[i] = (unsigned char)kt_u32();
+            }
+            d_k = kt_upload_raw(k, bytes);
+            d_v = kt_upload_raw(v, bytes);
+            d_src = (int *)kt_upload_raw(src, sizeof(int) * n);
+            d_dst = (int *)kt_upload_raw(dst, sizeof(int) * n);
+            KT_OK(cuda_kv_copy_slots(d_k, d_v, layers, layer_bytes, row,
+                                     d_src, d_dst, n, 0));
+            kv_copy_ref(k, v, layers, layer_bytes, row, src, dst, n);
+            KT_CUDA(cudaDeviceSynchronize());
+            for (int a = 0; a < 2; a++) {
+                int ok;
+
+                KT_CUDA(cudaMemcpy(out, a ? d_v : d_k, bytes,
+                                   cudaMemcpyDeviceToHost));
+                ok = memcmp(out, a ? v : k, bytes) == 0;
+                printf("%s kv_copy %s layers=%d slots=%d row=%zuB n=%d "
+                       "pattern=%d\n", ok ? "PASS" : "FAIL", a ? "V" : "K",
+                       layers, slots, row, n, pattern);
+                fails += !ok;
+            }
+            cudaFree(d_k);
+            cudaFree(d_v);
+            cudaFree(d_src);
+            cudaFree(d_dst);
+            free(src);
+            free(dst);
+            free(k);
+            free(v);
+            free(out);
+        }
+    }
+    /* n above the limit is refused */
+    if (cuda_kv_copy_slots(NULL, NULL, 1, 16, 16, NULL, NULL,
+                           CUDA_KV_COPY_MAX_SLOTS + 1, 0) == BT_OK) {
+        printf("FAIL kv_copy accepted n above the limit\n");
+        fails++;
+    }
+    kt_failures += fails;
+    return kt_finish("test_kv_copy");
+}

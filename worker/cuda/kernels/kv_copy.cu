@@ -1,0 +1,91 @@
+/*
+ * kv_copy.cu - KV slot copy (see kv_copy.h).
+ *
+ * Grid (column chunks, 2 * n_layers): one block owns one column range of
+ * one layer's K or V for ALL n slot pairs.  It loads the n source pieces
+ * into shared memory, syncs, then stores them to the destinations, so
+ * inside its range every read precedes every write; ranges of different
+ * blocks are disjoint, so the whole copy reads before it writes.  Copies
+ * in 16-byte units when rows and bases allow, else 4 or 2 bytes.
+ * Test: build-cuda/gpu/test_kv_copy.
+ */
+#include "kv_copy.h"
+
+#include "bt_util.h"
+#include "kern_common.cuh"
+
+#define KV_COPY_SMEM (32 * 1024) /* shared bytes per block, at most */
+#define KV_COPY_THREADS 256
+
+template <typename U>
+static __global__ void kv_copy_kernel(char *k, char *v, size_t layer_bytes,
+                                      int row_units, int chunk,
+                                      const int *src, const int *dst, int n)
+{
+    extern __shared__ __align__(16) unsigned char kv_copy_smem[];
+    U *buf = reinterpret_cast<U *>(kv_copy_smem);
+    int layer = blockIdx.y >> 1;
+    char *base = ((blockIdx.y & 1) ? v : k) + (size_t)layer * layer_bytes;
+    U *arr = reinterpret_cast<U *>(base);
+    int c0 = blockIdx.x * chunk;
+    int w = min(chunk, row_units - c0);
+    int total = n * w;
+
+    kern_pdl_trigger();
+    kern_pdl_wait();
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        int i = e / w, c = e % w;
+        buf[e] = arr[(size_t)src[i] * row_units + c0 + c];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        int i = e / w, c = e % w;
+        if (src[i] != dst[i])
+            arr[(size_t)dst[i] * row_units + c0 + c] = buf[e];
+    }
+}
+
+template <typename U>
+static bt_status_t kv_copy_launch(void *d_k, void *d_v, int n_layers,
+                                  size_t layer_bytes, size_t row_bytes,
+                                  const int *d_src, const int *d_dst, int n,
+                                  cudaStream_t stream)
+{
+    int row_units = (int)(row_bytes / sizeof(U));
+    int chunk = (int)(KV_COPY_SMEM / ((size_t)n * sizeof(U)));
+    dim3 grid;
+
+    chunk = BT_MAX(1, BT_MIN(chunk, row_units));
+    grid = dim3((unsigned)BT_DIV_UP(row_units, chunk), 2u * n_layers);
+    kern_launch(kv_copy_kernel<U>, grid, dim3(KV_COPY_THREADS),
+                (size_t)n * chunk * sizeof(U), stream, (char *)d_k,
+                (char *)d_v, layer_bytes, row_units, chunk, d_src, d_dst, n);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+bt_status_t cuda_kv_copy_slots(void *d_k, void *d_v, int n_layers,
+                               size_t layer_bytes, size_t row_bytes,
+                               const int *d_src, const int *d_dst, int n,
+                               cudaStream_t stream)
+{
+    uintptr_t align = (uintptr_t)d_k | (uintptr_t)d_v | layer_bytes |
+                      row_bytes;
+
+    BT_ASSERT(n >= 0 && n_layers > 0 && row_bytes > 0 &&
+              row_bytes % 2 == 0);
+    if (n > CUDA_KV_COPY_MAX_SLOTS)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                        "KV slot copy of %d slots (at most %d)", n,
+                        CUDA_KV_COPY_MAX_SLOTS);
+    if (n == 0)
+        return BT_OK;
+    /* 16-byte units need n * 16 bytes of shared memory per column */
+    if (align % 16 == 0 && (size_t)n * 16 <= KV_COPY_SMEM)
+        return kv_copy_launch<uint4>(d_k, d_v, n_layers, layer_bytes,
+                                     row_bytes, d_src, d_dst, n, stream);
+    if (align % 4 == 0)
+        return kv_copy_launch<uint32_t>(d_k, d_v, n_layers, layer_bytes,
+                                        row_bytes, d_src, d_dst, n, stream);
+    return kv_copy_launch<uint16_t>(d_k, d_v, n_layers, layer_bytes,
+                                    row_bytes, d_src, d_dst, n, stream);
+}
