@@ -14,6 +14,7 @@
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "kv/kv_reshard.h"
 
 #ifdef BATON_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -391,13 +392,19 @@ struct kv_cipc_peer_s {
     char *d_k;             /* mapped K array (all layers) */
     char *d_v;             /* mapped V array (all layers) */
     uint64_t *d_arrival;   /* mapped (n_slots) arrival epochs */
+    bool p2p;              /* the pool is on another GPU than ctx's */
+    int peer_device;       /* its ordinal here; -1 when not visible */
     int refs;
 };
 
 struct kv_cipc_s {
     cudaStream_t stream;   /* copies; non-blocking */
+    int device;            /* the device current at create: the source */
+    char bus_id[KV_CIPC_BUS_ID_LEN]; /* its PCI bus id */
     kv_cipc_peer_t *peers[CIPC_MAX_PEERS]; /* (n_peers) cached mappings */
     int n_peers;
+    kv_copy2d_t *plan;     /* (plan_cap) scratch for kv_reshard_plan */
+    int plan_cap;
     uint64_t copies;
     uint64_t bytes;
 };
@@ -417,8 +424,14 @@ bt_status_t kv_cipc_create(kv_cipc_t **ctx_p)
     ctx = bt_calloc(1, sizeof(*ctx), "kv_cipc");
     if (ctx == NULL)
         return BT_ERR_NO_MEMORY;
-    status = CIPC_CUDA(cudaStreamCreateWithFlags(&ctx->stream,
-                                                 cudaStreamNonBlocking));
+    status = CIPC_CUDA(cudaGetDevice(&ctx->device));
+    if (status == BT_OK)
+        status = CIPC_CUDA(cudaDeviceGetPCIBusId(ctx->bus_id,
+                                                 KV_CIPC_BUS_ID_LEN,
+                                                 ctx->device));
+    if (status == BT_OK)
+        status = CIPC_CUDA(cudaStreamCreateWithFlags(&ctx->stream,
+                                                     cudaStreamNonBlocking));
     if (status != BT_OK) {
         bt_free(ctx);
         return status;
@@ -451,8 +464,51 @@ void kv_cipc_destroy(kv_cipc_t **ctx_p)
         peer_unmap(ctx->peers[i]);
     }
     cudaStreamDestroy(ctx->stream);
+    bt_free(ctx->plan);
     bt_free(ctx);
     *ctx_p = NULL;
+}
+
+/* A pool on another GPU than ctx's: finds its ordinal here by PCI bus id
+ * (the exporter's ordinal may differ: CUDA_VISIBLE_DEVICES) and enables
+ * peer access from ctx's device, so the copy engine writes over NVLink
+ * (or PCIe) straight into the pool.  A GPU this process cannot see is
+ * left to cudaIpcMemLazyEnablePeerAccess. */
+static bt_status_t peer_setup(kv_cipc_t *ctx, kv_cipc_peer_t *peer)
+{
+    int dev = -1, can = 0;
+    cudaError_t err;
+
+    peer->peer_device = -1;
+    peer->p2p = strcmp(peer->desc.bus_id, ctx->bus_id) != 0;
+    if (!peer->p2p) {
+        peer->peer_device = ctx->device;
+        return BT_OK;
+    }
+    if (cudaDeviceGetByPCIBusId(&dev, peer->desc.bus_id) != cudaSuccess) {
+        (void)cudaGetLastError();
+        BT_LOG_INFO("KV", "CUDA IPC pool on GPU %s, not visible here: peer "
+                    "access left to the IPC mapping", peer->desc.bus_id);
+        return BT_OK;
+    }
+    peer->peer_device = dev;
+    if (dev == ctx->device) { /* same GPU, bus ids spelled differently */
+        peer->p2p = false;
+        return BT_OK;
+    }
+    if (cudaDeviceCanAccessPeer(&can, ctx->device, dev) != cudaSuccess ||
+        !can) {
+        (void)cudaGetLastError();
+        return BT_ERROR(BT_ERR_CUDA, "KV", "CUDA IPC: device %d (%s) cannot "
+                        "access peer device %d (%s)", ctx->device,
+                        ctx->bus_id, dev, peer->desc.bus_id);
+    }
+    err = cudaDeviceEnablePeerAccess(dev, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        return BT_OK;
+    }
+    return CIPC_CUDA(err);
 }
 
 static bt_status_t open_handle(const uint8_t *bytes, void **d_p)
@@ -489,7 +545,12 @@ bt_status_t kv_cipc_connect(kv_cipc_t *ctx, const void *buf, size_t len,
         return BT_ERR_NO_MEMORY;
     peer->ctx = ctx;
     peer->desc = d;
-    status = open_handle(d.k_handle, (void **)&peer->d_k);
+    /* Map into ctx's device (the backend may have switched meanwhile). */
+    status = CIPC_CUDA(cudaSetDevice(ctx->device));
+    if (status == BT_OK)
+        status = peer_setup(ctx, peer);
+    if (status == BT_OK)
+        status = open_handle(d.k_handle, (void **)&peer->d_k);
     if (status == BT_OK)
         status = open_handle(d.v_handle, (void **)&peer->d_v);
     if (status == BT_OK)
@@ -499,8 +560,9 @@ bt_status_t kv_cipc_connect(kv_cipc_t *ctx, const void *buf, size_t len,
         return status;
     }
     BT_LOG_INFO("KV", "CUDA IPC pool %016llx of pid %u mapped (device %d, "
-                "%s)", (unsigned long long)d.pool_id, d.pid, d.device,
-                d.bus_id);
+                "%s): %s, copies from device %d (%s)",
+                (unsigned long long)d.pool_id, d.pid, d.device, d.bus_id,
+                kv_cipc_peer_transport(peer), ctx->device, ctx->bus_id);
     peer->refs = 1;
     ctx->peers[ctx->n_peers++] = peer;
     *peer_p = peer;
@@ -545,47 +607,81 @@ const kv_cipc_desc_t *kv_cipc_peer_desc(const kv_cipc_peer_t *peer)
     return &peer->desc;
 }
 
+bool kv_cipc_peer_is_p2p(const kv_cipc_peer_t *peer)
+{
+    return peer->p2p;
+}
+
+const char *kv_cipc_peer_transport(const kv_cipc_peer_t *peer)
+{
+    return peer->p2p ? "cuda-ipc(p2p)" : "cuda-ipc";
+}
+
 bt_status_t kv_cipc_put_layer(kv_cipc_peer_t *peer, int layer,
                               const void *src_k, const void *src_v,
                               const kv_layout_t *src_layout,
                               const int *src_ids, const int *dst_ids, int n)
 {
-    const kv_layout_t *dl = &peer->desc.layout;
-    size_t blk = kv_layout_block_bytes(dl);
-    size_t layer_off;
-    kv_cipc_t *ctx = peer->ctx;
+    kv_reshard_side_t src = kv_reshard_side_whole(src_layout);
 
-    if (layer < 0 || layer >= dl->n_layers ||
-        kv_layout_block_bytes(src_layout) != blk ||
-        src_layout->block_size != dl->block_size)
-        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC put: layer %d or "
-                        "block shape does not match the remote pool", layer);
-    for (int i = 0; i < n; i++)
-        if (src_ids[i] < 0 || src_ids[i] >= src_layout->n_blocks ||
-            dst_ids[i] < 0 || dst_ids[i] >= dl->n_blocks)
-            return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC put: block "
-                            "id out of range");
+    return kv_cipc_put_layer_heads(peer, layer, src_k, src_v, &src, 0,
+                                   src_ids, dst_ids, n);
+}
+
+bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_reshard_side_t *src,
+                                    int dst_head0, const int *src_ids,
+                                    const int *dst_ids, int n)
+{
+    const kv_layout_t *dl = &peer->desc.layout;
+    kv_cipc_t *ctx = peer->ctx;
+    kv_reshard_side_t dst;
+    size_t layer_off;
+    int n_copies = 0;
+    bt_status_t status;
+
+    if (layer < 0 || layer >= dl->n_layers)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC put: layer %d of "
+                        "%d", layer, dl->n_layers);
+    dst.n_heads_total = src->n_heads_total;
+    dst.head0 = dst_head0;
+    dst.layout = *dl;
+    if (n > ctx->plan_cap) {
+        int cap = BT_MAX(n, 2 * ctx->plan_cap);
+        kv_copy2d_t *p = bt_realloc(ctx->plan, (size_t)cap * sizeof(*p),
+                                    "kv_cipc_plan");
+        if (p == NULL)
+            return BT_ERR_NO_MEMORY;
+        ctx->plan = p;
+        ctx->plan_cap = cap;
+    }
+    /* Checks the block shapes and ids; TP 1 on both sides gives one 1D
+     * copy per run of consecutive ids (the plan before re-sharding). */
+    status = kv_reshard_plan(src, &dst, src_ids, dst_ids, n, ctx->plan,
+                             ctx->plan_cap, &n_copies);
+    if (status != BT_OK)
+        return status;
     layer_off = (size_t)layer * kv_layout_layer_bytes(dl);
-    for (int i = 0; i < n;) {
-        int run = 1;
-        size_t bytes;
-        while (i + run < n && src_ids[i + run] == src_ids[i] + run &&
-               dst_ids[i + run] == dst_ids[i] + run)
-            run++;
-        bytes = (size_t)run * blk;
+    for (int i = 0; i < n_copies; i++) {
+        const kv_copy2d_t *c = &ctx->plan[i];
         for (int kv = 0; kv < 2; kv++) {
-            const char *src = (const char *)(kv ? src_v : src_k) +
-                              (size_t)src_ids[i] * blk;
-            char *dst = (kv ? peer->d_v : peer->d_k) + layer_off +
-                        (size_t)dst_ids[i] * blk;
-            bt_status_t status = CIPC_CUDA(cudaMemcpyAsync(
-                dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+            const char *s = (const char *)(kv ? src_v : src_k) + c->src_off;
+            char *d = (kv ? peer->d_v : peer->d_k) + layer_off + c->dst_off;
+            /* cudaMemcpyDefault: same GPU, or a peer GPU's pool (UVA). */
+            if (c->height == 1)
+                status = CIPC_CUDA(cudaMemcpyAsync(d, s, c->width,
+                                                   cudaMemcpyDefault,
+                                                   ctx->stream));
+            else
+                status = CIPC_CUDA(cudaMemcpy2DAsync(
+                    d, c->dpitch, s, c->spitch, c->width, c->height,
+                    cudaMemcpyDefault, ctx->stream));
             if (status != BT_OK)
                 return status;
             ctx->copies++;
-            ctx->bytes += bytes;
+            ctx->bytes += c->width * c->height;
         }
-        i += run;
     }
     return BT_OK;
 }
@@ -818,6 +914,36 @@ bt_status_t kv_cipc_commit_query(kv_cipc_commit_t *commit)
 void kv_cipc_commit_destroy(kv_cipc_commit_t **commit_p)
 {
     *commit_p = NULL;
+}
+
+bool kv_cipc_peer_is_p2p(const kv_cipc_peer_t *peer)
+{
+    (void)peer;
+    return false;
+}
+
+const char *kv_cipc_peer_transport(const kv_cipc_peer_t *peer)
+{
+    (void)peer;
+    return "cuda-ipc";
+}
+
+bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_reshard_side_t *src,
+                                    int dst_head0, const int *src_ids,
+                                    const int *dst_ids, int n)
+{
+    (void)peer;
+    (void)layer;
+    (void)src_k;
+    (void)src_v;
+    (void)src;
+    (void)dst_head0;
+    (void)src_ids;
+    (void)dst_ids;
+    (void)n;
+    return CIPC_NO_CUDA();
 }
 
 uint64_t kv_cipc_copies(const kv_cipc_t *ctx)

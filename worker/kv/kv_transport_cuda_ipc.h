@@ -65,6 +65,27 @@
  * 8.4 MB, ~4 us.  The in-place write would save the bandwidth (about 0.1%
  * of a ~100 ms prefill at that size), not latency.
  *
+ * Across GPUs (cuda-ipc(p2p)).  The decode pool may live on another GPU of
+ * the host than the prefill worker's (`--gpu N` on each worker).
+ * kv_cipc_connect finds the exporter's GPU here by its PCI bus id (the
+ * ordinals of two processes can differ), enables peer access from the
+ * context's device to it and opens the handles on the context's device;
+ * the same cudaMemcpyAsync / cudaMemcpy2DAsync calls (cudaMemcpyDefault,
+ * unified addressing) then run on the copy engine as peer writes over
+ * NVLink into the decode GPU's pool, and the epoch write lands after them
+ * in stream order as before.  kv_cipc_peer_transport() names the mapping
+ * "cuda-ipc(p2p)" (the router's status does the same for a pair whose
+ * GPUs differ).  Two GPUs without peer access fail the connect
+ * (BT_ERR_CUDA): the prefill worker then sends the KV inline.
+ *
+ * Re-sharding (prefill TP != decode TP).  Every put goes through
+ * kv_reshard_plan (kv_reshard.h): the source side says which KV heads its
+ * pool holds, the destination which heads the remote pool holds, and
+ * only the common heads are copied, one 2D copy per run of consecutive
+ * blocks (one 1D copy per run when both hold the same heads: TP 1 -> 1
+ * is exactly the plan of one cudaMemcpyAsync per run).  A decode rank
+ * fed by several prefill ranks gets one put per source rank.
+ *
  * Without CUDA (binary built without it, or no GPU): every call fails
  * with BT_ERR_UNSUPPORTED or BT_ERR_CUDA, logged once; the descriptor
  * encoder and parser are plain C and always work (fuzzed).
@@ -80,6 +101,7 @@
 
 #include "bt_status.h"
 #include "kv/kv.h"
+#include "kv/kv_reshard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -180,7 +202,8 @@ typedef struct kv_cipc_s kv_cipc_t;           /* copy stream + peers */
 typedef struct kv_cipc_peer_s kv_cipc_peer_t; /* one mapped pool */
 typedef struct kv_cipc_commit_s kv_cipc_commit_t;
 
-/* Creates the copy stream on the current device.  BT_ERR_UNSUPPORTED
+/* Creates the copy stream on the current device (the source device of
+ * every copy: the prefill backend's).  BT_ERR_UNSUPPORTED
  * without CUDA, BT_ERR_CUDA without a device. */
 bt_status_t kv_cipc_create(kv_cipc_t **ctx_p);
 
@@ -217,6 +240,24 @@ bt_status_t kv_cipc_put_layer(kv_cipc_peer_t *peer, int layer,
                               const void *src_k, const void *src_v,
                               const kv_layout_t *src_layout,
                               const int *src_ids, const int *dst_ids, int n);
+
+/* kv_cipc_put_layer with re-sharding: the prefill pool holds the heads
+ * `src` describes (src->layout is its layout, n_kv_heads of them from
+ * src->head0 of src->n_heads_total), the remote pool holds its layout's
+ * n_kv_heads heads from `dst_head0` of the same total; only the heads
+ * both hold are copied (kv_reshard_plan: 2D copies, runs merged).
+ * BT_ERR_INVALID_ARG when the shapes disagree or an id is out of range. */
+bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_reshard_side_t *src,
+                                    int dst_head0, const int *src_ids,
+                                    const int *dst_ids, int n);
+
+/* True when the mapped pool is on another GPU than the context's. */
+bool kv_cipc_peer_is_p2p(const kv_cipc_peer_t *peer);
+
+/* "cuda-ipc(p2p)" for a pool on another GPU, else "cuda-ipc". */
+const char *kv_cipc_peer_transport(const kv_cipc_peer_t *peer);
 
 /* After every copy enqueued so far: writes `epoch` into the remote
  * arrival[slot] and records an event.  *commit_p is polled with
