@@ -1400,6 +1400,10 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
                 pairs[n_pairs].has_transport = 1;
                 pairs[n_pairs].transport = (uint32_t)t;
                 pairs[n_pairs].name = (char *)router__transport_name(t);
+                if (t == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC &&
+                    p->has_gpu && d->has_gpu &&
+                    strcmp(p->gpu_bus, d->gpu_bus) != 0)
+                    pairs[n_pairs].name = (char *)"cuda-ipc(p2p)"; /* NVLink */
                 pp[n_pairs] = &pairs[n_pairs];
                 n_pairs++;
             }
