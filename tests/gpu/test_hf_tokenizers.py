@@ -326,7 +326,10 @@ def main():
 
     results = []
     all_ok = True
+    only = [x for x in os.environ.get("BT_HFTOK_ONLY", "").split(",") if x]
     for name, j in variants(bl, sp).items():
+        if only and name not in only:
+            continue
         path = os.path.join(OUT, name + ".json")
         s = json.dumps(j, ensure_ascii=False)
         with open(path, "w", encoding="utf-8") as f:

@@ -5,6 +5,8 @@
 # installed, e.g. the device machine:
 #   /work/shared/tools/devlibs .devlibs build-hftok/bin/baton   (here)
 #   tests/gpu/test_hf_tokenizers.sh build-hftok "$OUT"          (there)
+# Env BT_HFTOK_ONLY=name,name runs only those variants (e.g. the NFC ones:
+# bl_qwen_nfc,bl_nfkc,sp_nfc_seq).
 # Args: BUILD_DIR (holding bin/baton, default build), OUT_DIR (default
 # $OUT or /tmp/hftok_out).  Exit status 0 when every id matches.
 set -u
