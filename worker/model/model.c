@@ -138,10 +138,22 @@ static bool model_ends_with(const char *s, const char *suffix)
 
 bt_status_t model_load(const char *path, model_t **model_p)
 {
+    return model_load_ex(path, 0, model_p);
+}
+
+bool model_is_lazy(const model_t *model)
+{
+    return model->synth_lazy;
+}
+
+bt_status_t model_load_ex(const char *path, unsigned flags,
+                          model_t **model_p)
+{
     if (path == NULL || model_p == NULL)
         return BT_ERROR(BT_ERR_INVALID_ARG, "MODEL", "model_load: NULL path");
     if (strncmp(path, "synth:", 6) == 0)
-        return model__load_synth(path, model_p);
+        return model__load_synth(path, (flags & MODEL_LOAD_SYNTH_LAZY) != 0,
+                                 model_p);
     if (model_is_dir(path) || model_ends_with(path, ".json") ||
         model_ends_with(path, ".safetensors"))
         return model__load_hf(path, model_p);
@@ -230,7 +242,9 @@ bt_status_t model_for_each_tensor(const model_t *model, model_tensor_fn fn,
             &ly->w_up,
         };
         for (size_t i = 0; i < BT_ARRAY_SIZE(ts); i++) {
-            if (ts[i]->data == NULL)
+            /* absent: no data (lazy synth views: no shape) */
+            if (ts[i]->data == NULL &&
+                !(model->synth_lazy && ts[i]->rows * ts[i]->cols > 0))
                 continue;
             snprintf(name, sizeof(name), "model.layers.%d.%s", l, names[i]);
             status = fn(name, ts[i], arg);
@@ -256,8 +270,9 @@ static bt_status_t model_count_fn(const char *name, const model_tensor_t *t,
 {
     model_count_t *c = arg;
     (void)name;
-    c->params += model__tensor_numel(t);
-    c->bytes += model__tensor_numel(t) * (int64_t)model_dtype_size(t->dtype);
+    /* every tensor passed here is present (lazy synth views too) */
+    c->params += t->rows * t->cols;
+    c->bytes += t->rows * t->cols * (int64_t)model_dtype_size(t->dtype);
     return BT_OK;
 }
 

@@ -111,6 +111,23 @@ typedef struct model_s model_t;
  * BT_ERR_UNSUPPORTED (unknown architecture or dtype) or BT_OK. */
 bt_status_t model_load(const char *path, model_t **model_p);
 
+/* model_load flags. */
+#define MODEL_LOAD_SYNTH_LAZY 1u /* "synth:" models: shapes only, no host
+                                    weights (see model_is_lazy) */
+
+/* model_load with flags (0 = model_load).  With MODEL_LOAD_SYNTH_LAZY a
+ * synthesized model gets its tensor views (shapes, dtypes) but no host
+ * memory: every view's data is NULL and the values are generated where
+ * they are needed (model_synth_tensor(), model_slice_to_f32(); the CUDA
+ * backend fills them on the device).  For models too large for host RAM
+ * (synth:llama3-70b) and fast start-up; code that reads t->data directly
+ * must not be given a lazy model.  Other paths ignore the flag. */
+bt_status_t model_load_ex(const char *path, unsigned flags,
+                          model_t **model_p);
+
+/* True when the model's weights are not in host memory (lazy synth). */
+bool model_is_lazy(const model_t *model);
+
 /* Unmaps and frees; NULL-safe; sets *model_p to NULL. */
 void model_destroy(model_t **model_p);
 

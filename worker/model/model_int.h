@@ -44,6 +44,8 @@ struct model_s {
     void **copies;                /* (n_copies) aligned copies of tensors
                                      that were unaligned in their file */
     int n_copies;                 /* entries in copies */
+    uint64_t synth_seed;          /* MODEL_FORMAT_SYNTH: generator seed */
+    bool synth_lazy;              /* synth views without host data */
 };
 
 /* Makes an aligned, model-owned copy of `bytes` bytes at `src` (for
@@ -65,7 +67,7 @@ int64_t model__tensor_numel(const model_tensor_t *t);
 /* Loaders and the synthesizer (model.c dispatches to them). */
 bt_status_t model__load_llama2c(const char *path, model_t **model_p);
 bt_status_t model__load_hf(const char *path, model_t **model_p);
-bt_status_t model__load_synth(const char *spec, model_t **model_p);
+bt_status_t model__load_synth(const char *spec, bool lazy, model_t **model_p);
 
 /* Row permutation between the llama2.c adjacent-pair RoPE layout and the
  * Hugging Face half-split layout, for a q or k matrix of `n_heads` heads

@@ -336,9 +336,9 @@ static size_t synth_layout(model_t *m, model_dtype_t dt, uint8_t *arena,
     return off;
 }
 
-bt_status_t model_synth_from_cfg(const model_config_t *cfg, const char *arch,
-                                 uint64_t seed, model_dtype_t dtype,
-                                 model_t **model_p)
+static bt_status_t synth_build(const model_config_t *cfg, const char *arch,
+                               uint64_t seed, model_dtype_t dtype, bool lazy,
+                               model_t **model_p)
 {
     synth_fill_t fill;
     model_t *m = NULL;
@@ -360,9 +360,22 @@ bt_status_t model_synth_from_cfg(const model_config_t *cfg, const char *arch,
         return status;
     m->cfg = *cfg;
     m->format = MODEL_FORMAT_SYNTH;
+    m->synth_seed = seed;
     snprintf(m->arch, sizeof(m->arch), "%s", arch);
 
     bytes = synth_layout(m, dtype, NULL, NULL, &n_jobs);
+    if (lazy) {
+        /* views only: every data pointer stays NULL */
+        m->synth_lazy = true;
+        if (cfg->tied_embeddings)
+            m->classifier = m->tok_embedding;
+        BT_LOG_INFO("MODEL", "synth %s: %lld params, %.2f GiB %s, lazy "
+                    "(generated where used)", arch,
+                    (long long)model_param_count(m),
+                    (double)bytes / (1 << 30), model_dtype_name(dtype));
+        *model_p = m;
+        return BT_OK;
+    }
     pages = sysconf(_SC_PHYS_PAGES);
     page_size = sysconf(_SC_PAGESIZE);
     if (pages > 0 && page_size > 0 &&
@@ -416,8 +429,22 @@ err_destroy:
     return status;
 }
 
-bt_status_t model_synth_create(const char *shape, uint64_t seed, int dtype,
-                               model_t **model_p)
+bt_status_t model_synth_from_cfg(const model_config_t *cfg, const char *arch,
+                                 uint64_t seed, model_dtype_t dtype,
+                                 model_t **model_p)
+{
+    return synth_build(cfg, arch, seed, dtype, false, model_p);
+}
+
+bt_status_t model_synth_from_cfg_lazy(const model_config_t *cfg,
+                                      const char *arch, uint64_t seed,
+                                      model_dtype_t dtype, model_t **model_p)
+{
+    return synth_build(cfg, arch, seed, dtype, true, model_p);
+}
+
+static bt_status_t synth_create(const char *shape, uint64_t seed, int dtype,
+                                bool lazy, model_t **model_p)
 {
     const synth_shape_t *s;
     model_config_t cfg;
@@ -430,8 +457,14 @@ bt_status_t model_synth_create(const char *shape, uint64_t seed, int dtype,
     s = synth_find(shape);
     if (dtype == MODEL_SYNTH_DTYPE_DEFAULT)
         dtype = s->big ? MODEL_DTYPE_BF16 : MODEL_DTYPE_F32;
-    return model_synth_from_cfg(&cfg, arch, seed, (model_dtype_t)dtype,
-                                model_p);
+    return synth_build(&cfg, arch, seed, (model_dtype_t)dtype, lazy,
+                       model_p);
+}
+
+bt_status_t model_synth_create(const char *shape, uint64_t seed, int dtype,
+                               model_t **model_p)
+{
+    return synth_create(shape, seed, dtype, false, model_p);
 }
 
 bt_status_t model_synth_from_config(const char *config_path, uint64_t seed,
@@ -488,7 +521,7 @@ out:
 }
 
 /* "synth:NAME" or "synth:NAME:SEED" (seed 0 by default). */
-bt_status_t model__load_synth(const char *spec, model_t **model_p)
+bt_status_t model__load_synth(const char *spec, bool lazy, model_t **model_p)
 {
     char name[64];
     const char *rest = spec + strlen("synth:");
@@ -505,5 +538,88 @@ bt_status_t model__load_synth(const char *spec, model_t **model_p)
         return BT_ERROR(BT_ERR_INVALID_ARG, "MODEL",
                         "bad synth seed in \"%.100s\" (synth:NAME[:SEED])",
                         spec);
-    return model_synth_create(name, seed, MODEL_SYNTH_DTYPE_DEFAULT, model_p);
+    return synth_create(name, seed, MODEL_SYNTH_DTYPE_DEFAULT, lazy, model_p);
+}
+
+// ----------------------------------------------------------------------------
+// the generator element by element (model_synth.h)
+
+_Static_assert(SYNTH_CHUNK == MODEL_SYNTH_CHUNK, "chunk size is the contract");
+
+float model_synth_value(uint64_t seed, int id, int64_t index)
+{
+    int64_t chunk = index / SYNTH_CHUNK, o = index % SYNTH_CHUNK;
+    uint64_t s = synth_mix(seed ^ synth_mix((uint64_t)id << 32 ^
+                                            (uint64_t)chunk));
+
+    s += (uint64_t)o * MODEL_SYNTH_GOLDEN; /* synth_next adds the last one */
+    return synth_next(&s);
+}
+
+bool model_synth_tensor(const model_t *model, const model_tensor_t *t,
+                        model_synth_src_t *src_p)
+{
+    const model_config_t *c = &model->cfg;
+    int per = 9 + (c->qkv_bias ? 3 : 0); /* tensors per layer */
+    const model_layer_t *ly0 = model->layers;
+    model_synth_src_t src = { model->synth_seed, -1, false };
+
+    if (model->format != MODEL_FORMAT_SYNTH || t == NULL)
+        return false;
+    if (t == &model->tok_embedding ||
+        (t == &model->classifier && c->tied_embeddings)) {
+        src.id = 0;
+    } else if (t == &model->final_norm) {
+        src.id = 1 + c->n_layers * per;
+        src.ones = true;
+    } else if (t == &model->classifier) {
+        src.id = 2 + c->n_layers * per;
+    } else if ((const char *)t >= (const char *)ly0 &&
+               (const char *)t < (const char *)(ly0 + c->n_layers)) {
+        int l = (int)(((const char *)t - (const char *)ly0) /
+                      (ptrdiff_t)sizeof(*ly0));
+        const model_layer_t *ly = &ly0[l];
+        const model_tensor_t *order[12];
+        int n = 0;
+
+        order[n++] = &ly->attn_norm;
+        order[n++] = &ly->wq;
+        order[n++] = &ly->wk;
+        order[n++] = &ly->wv;
+        if (c->qkv_bias) {
+            order[n++] = &ly->bq;
+            order[n++] = &ly->bk;
+            order[n++] = &ly->bv;
+        }
+        order[n++] = &ly->wo;
+        order[n++] = &ly->ffn_norm;
+        order[n++] = &ly->w_gate;
+        order[n++] = &ly->w_down;
+        order[n++] = &ly->w_up;
+        for (int i = 0; i < n; i++) {
+            if (order[i] == t) {
+                src.id = 1 + l * per + i;
+                src.ones = t == &ly->attn_norm || t == &ly->ffn_norm;
+            }
+        }
+    }
+    if (src.id < 0)
+        return false;
+    *src_p = src;
+    return true;
+}
+
+void model_synth_to_f32(const model_synth_src_t *src, model_dtype_t dtype,
+                        int64_t offset, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = src->ones ? 1.0f
+                            : model_synth_value(src->seed, src->id,
+                                                offset + i);
+        if (dtype == MODEL_DTYPE_BF16)
+            v = model_bf16_to_f32(model_f32_to_bf16(v));
+        else if (dtype == MODEL_DTYPE_F16)
+            v = model_f16_to_f32(model_f32_to_f16(v));
+        out[i] = v;
+    }
 }

@@ -10,6 +10,7 @@
 #ifndef BT_WORKER_MODEL_MODEL_SYNTH_H
 #define BT_WORKER_MODEL_MODEL_SYNTH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -49,6 +50,47 @@ bt_status_t model_synth_from_config(const char *config_path, uint64_t seed,
 bt_status_t model_synth_from_cfg(const model_config_t *cfg, const char *arch,
                                  uint64_t seed, model_dtype_t dtype,
                                  model_t **model_p);
+
+/* Lazy variant of model_synth_from_cfg: tensor views without host data
+ * (see MODEL_LOAD_SYNTH_LAZY in model.h); costs no memory and no time. */
+bt_status_t model_synth_from_cfg_lazy(const model_config_t *cfg,
+                                      const char *arch, uint64_t seed,
+                                      model_dtype_t dtype, model_t **model_p);
+
+/* ---- the generator, element by element ----
+ * Element e of synthesized tensor `id` (its index in the layout order:
+ * embedding, then per layer attn_norm, wq, wk, wv, [bq, bk, bv], wo,
+ * ffn_norm, w_gate, w_down, w_up, then final_norm, classifier) is
+ *   chunk c = e / 65536, offset o = e % 65536,
+ *   s = mix(seed ^ mix((id << 32) ^ c)) + (o + 1) * 0x9e3779b97f4a7c15,
+ *   r = mix'(s) (splitmix64 finaliser),
+ *   value = (sum of r's four 16-bit fields - 2 * 65535) * 0.02 * sqrt(3)
+ *           / 65536   (float32 arithmetic)
+ * then rounded to the model's dtype; norm weights are 1.0.  This is what
+ * the host fill writes, so a device (kernels/synth_fill.cu) or a shard
+ * can generate exactly the bytes the host would have. */
+#define MODEL_SYNTH_CHUNK 65536
+#define MODEL_SYNTH_GOLDEN 0x9e3779b97f4a7c15ull
+
+typedef struct {
+    uint64_t seed;  /* the model's seed */
+    int id;         /* tensor index in the layout order above */
+    bool ones;      /* norm weight: every element 1.0 */
+} model_synth_src_t;
+
+/* The float32 value of element `index` (before rounding to the dtype). */
+float model_synth_value(uint64_t seed, int id, int64_t index);
+
+/* Where tensor view `t` (a pointer returned by the model's accessors:
+ * model_tok_embedding, model_layer(...)->wq, model_classifier, ...) of a
+ * synthesized model comes from.  False for other models or pointers. */
+bool model_synth_tensor(const model_t *model, const model_tensor_t *t,
+                        model_synth_src_t *src_p);
+
+/* Elements [offset, offset + n) of a synthesized tensor of `dtype` as
+ * float32, equal to model_tensor_to_f32 of the host-filled tensor. */
+void model_synth_to_f32(const model_synth_src_t *src, model_dtype_t dtype,
+                        int64_t offset, int64_t n, float *out);
 
 #ifdef __cplusplus
 }
