@@ -8,7 +8,11 @@
  * TPOT (per request: (e2e - ttft) / (tokens - 1)), inter-token latency
  * and end-to-end latency percentiles, request and token throughput,
  * goodput (requests/s meeting --slo-ttft and --slo-tpot) and errors.
- * --json FILE writes the same numbers as JSON.
+ * tok_s_mid is the output token rate over the middle half of the run
+ * (tokens that arrived between 25 % and 75 % of the duration): short runs
+ * spend their start filling the batch and their end draining it, so this
+ * is the closer estimate of the steady-state rate at that load.
+ * --json FILE writes the same numbers as JSON, with the load parameters.
  */
 #include <getopt.h>
 #include <math.h>
@@ -31,6 +35,8 @@ typedef struct {
     int n_tokens;
     int state;       /* 0 idle, 1 in flight, 2 done, 3 error */
 } bench_req_t;
+
+#define BENCH_BUCKET_NS 10000000ull /* token-arrival histogram: 10 ms */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -79,6 +85,7 @@ int cli_bench_main(int argc, char **argv)
     int *prompt = NULL;
     double *ttft = NULL, *tpot = NULL, *e2e = NULL, *itl = NULL;
     int n_itl = 0, cap_itl = 0, sent = 0, done = 0, errors = 0, in_flight = 0;
+    int *bucket = NULL, cap_bucket = 0; /* output tokens per 10 ms */
     int n_ok = 0, n_good = 0, ret = 1;
     uint64_t t0, t_end, next_arrival, rng;
     long total_tokens = 0;
@@ -192,6 +199,23 @@ int cli_bench_main(int argc, char **argv)
                     }
                     r->t_last = t;
                     r->n_tokens += (int)m->chunk->n_ids;
+                    {
+                        uint64_t k = (t - t0) / BENCH_BUCKET_NS;
+                        if (k >= (uint64_t)cap_bucket) {
+                            int cap = (int)BT_MAX(k + 1, 2 * (uint64_t)
+                                                             cap_bucket);
+                            int *nb = bt_realloc(bucket, (size_t)cap *
+                                                             sizeof(int),
+                                                 "bench");
+                            if (nb == NULL)
+                                goto out;
+                            memset(nb + cap_bucket, 0,
+                                   (size_t)(cap - cap_bucket) * sizeof(int));
+                            bucket = nb;
+                            cap_bucket = cap;
+                        }
+                        bucket[k] += (int)m->chunk->n_ids;
+                    }
                 } else if (m->body_case ==
                            BATON__CLIENT_MESSAGE__BODY_FINISHED) {
                     r->state = 2;
@@ -231,21 +255,34 @@ int cli_bench_main(int argc, char **argv)
         int counts[4] = { n_ok, n_ok, n_itl, n_ok };
         const char *names[4] = { "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms" };
         FILE *jf = json ? fopen(json, "w") : NULL;
+        uint64_t b0 = (t_end - t0) / 4 / BENCH_BUCKET_NS;
+        uint64_t b1 = 3 * (t_end - t0) / 4 / BENCH_BUCKET_NS;
+        long mid_tokens = 0;
+        double mid_s = (double)(b1 - b0) * BENCH_BUCKET_NS / 1e9;
+
+        for (uint64_t k = b0; k < b1 && k < (uint64_t)cap_bucket; k++)
+            mid_tokens += bucket[k];
 
         if (json && jf == NULL) {
             fprintf(stderr, "baton bench: cannot write %s\n", json);
             goto out;
         }
         printf("requests:%d ok:%d errors:%d duration_s:%.3f req_s:%.2f "
-               "tok_s:%.1f goodput_req_s:%.2f\n", n_req, n_ok, errors, secs,
-               n_ok / secs, total_tokens / secs, n_good / secs);
+               "tok_s:%.1f tok_s_mid:%.1f goodput_req_s:%.2f\n", n_req, n_ok,
+               errors, secs, n_ok / secs, total_tokens / secs,
+               mid_s > 0 ? mid_tokens / mid_s : 0.0, n_good / secs);
         if (jf)
             fprintf(jf, "{\"requests\":%d,\"ok\":%d,\"errors\":%d,"
                     "\"duration_s\":%.4f,\"req_per_s\":%.3f,"
-                    "\"tok_per_s\":%.2f,\"goodput_req_per_s\":%.3f,"
-                    "\"slo_ttft_ms\":%.3f,\"slo_tpot_ms\":%.3f",
+                    "\"tok_per_s\":%.2f,\"tok_per_s_mid\":%.2f,"
+                    "\"goodput_req_per_s\":%.3f,\"good\":%d,"
+                    "\"slo_ttft_ms\":%.3f,\"slo_tpot_ms\":%.3f,"
+                    "\"rate\":%.4f,\"concurrency\":%d,"
+                    "\"prompt_len\":%d,\"output_len\":%d",
                     n_req, n_ok, errors, secs, n_ok / secs,
-                    total_tokens / secs, n_good / secs, slo_ttft, slo_tpot);
+                    total_tokens / secs, mid_s > 0 ? mid_tokens / mid_s : 0.0,
+                    n_good / secs, n_good, slo_ttft, slo_tpot, rate, conc,
+                    plen, olen);
         for (int k = 0; k < 4; k++) {
             qsort(sets[k], (size_t)counts[k], sizeof(double), cmp_double);
             printf("%s p50:%.3f p90:%.3f p99:%.3f\n", names[k],
@@ -274,5 +311,6 @@ out:
     bt_free(tpot);
     bt_free(e2e);
     bt_free(itl);
+    bt_free(bucket);
     return ret;
 }
