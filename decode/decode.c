@@ -837,6 +837,15 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
             why = "bad stop conditions";
             goto fail;
         }
+        /* The matcher continues the router's (first token) or a failed
+         * worker's state: text still held back from a stop string. */
+        if (m->has_stop_held && m->stop_held.len > 0 &&
+            stop_prime(s->stop, (const char *)m->stop_held.data,
+                       m->stop_held.len) != BT_OK) {
+            code = BATON__ERROR_CODE__ERROR_INVALID;
+            why = "held-back stop text too long";
+            goto fail;
+        }
     }
     if (dec->engine != NULL) {
         sampler_params_t sp;
@@ -1254,6 +1263,15 @@ static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
     if (finish != BATON__FINISH_REASON__FINISH_NONE) {
         out.has_finish = 1;
         out.finish = finish;
+    } else if (s->stop != NULL) {
+        /* The router keeps it: a failover continues the matching. */
+        size_t n_held;
+        const char *held = stop_held(s->stop, &n_held);
+        if (n_held > 0) {
+            out.has_stop_held = 1;
+            out.stop_held.data = (uint8_t *)held;
+            out.stop_held.len = n_held;
+        }
     }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_TOKEN_OUT;
     msg.token_out = &out;

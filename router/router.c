@@ -16,6 +16,10 @@
 #include "bt_util.h"
 #include "bt_zmq.h"
 #include "router_int.h"
+#include "stop.h"
+
+_Static_assert(ROUTER_STOP_HELD_MAX >= STOP_MAX_STRING_LEN,
+               "the router keeps any held-back stop text");
 
 #define ROUTER_TICK_MS 20
 #define ROUTER_MAX_BURST 4096 /* messages handled per socket per wakeup */
@@ -804,6 +808,71 @@ static bool is_stop(const int *ids, int n, int tok)
     return false;
 }
 
+/* True when the request's text goes through a stop-string matcher. */
+static bool req_matches_text(const router_req_t *req)
+{
+    return req->want_text && req->n_stop_strings > 0;
+}
+
+/* Runs the prefill-sampled token `tok` (its text text[0..len)) through
+ * the request's stop matcher (stop ids `stops` and its stop strings, as
+ * the decode worker builds it), continuing from the request's held-back
+ * text: empty at the first token, after a failover what the failed
+ * decode worker last reported.  So a stop string inside the first token,
+ * or one that starts there and ends in a later token, is found exactly
+ * as in `baton run`.  Writes the text to show now to `out` (bt_malloc'ed,
+ * the caller frees it), keeps the new held-back text in req, and sets
+ * *reason_p (STOP_NONE, STOP_EOS or STOP_STRING).  BT_ERR_NO_MEMORY, or
+ * BT_ERR_INVALID_ARG for stop strings the matcher refuses. */
+static bt_status_t req_stop_feed(router_req_t *req, const int *stops,
+                                 int n_stops, int tok, const uint8_t *text,
+                                 size_t len, char **out_p, size_t *out_len,
+                                 stop_reason_t *reason_p)
+{
+    char strs[STOP_MAX_STRINGS][STOP_MAX_STRING_LEN + 1];
+    stop_config_t cfg;
+    stop_t *stop = NULL;
+    const char *held;
+    size_t cap = len + req->n_stop_held + 1, n_held;
+    char *out;
+    bt_status_t status;
+
+    stop_config_init(&cfg);
+    cfg.max_tokens = INT32_MAX; /* the router counts tokens itself */
+    for (int i = 0; i < n_stops && cfg.n_ids < STOP_MAX_IDS; i++)
+        cfg.ids[cfg.n_ids++] = stops[i];
+    for (int i = 0; i < req->n_stop_strings && cfg.n_strings <
+                                                   STOP_MAX_STRINGS; i++) {
+        size_t slen = req->stop_strings[i].len;
+        if (slen == 0 || slen > STOP_MAX_STRING_LEN)
+            continue; /* skipped by the decode worker too */
+        memcpy(strs[cfg.n_strings], req->stop_strings[i].data, slen);
+        strs[cfg.n_strings][slen] = '\0';
+        cfg.strings[cfg.n_strings] = strs[cfg.n_strings];
+        cfg.n_strings++;
+    }
+    status = stop_create(&cfg, &stop);
+    if (status != BT_OK)
+        return status;
+    status = stop_prime(stop, req->stop_held, req->n_stop_held);
+    out = bt_malloc(cap, "router_stop_text");
+    if (status == BT_OK && out == NULL)
+        status = BT_ERR_NO_MEMORY;
+    if (status != BT_OK) {
+        bt_free(out);
+        stop_destroy(&stop);
+        return status;
+    }
+    *reason_p = stop_feed(stop, tok, (const char *)text, len, out, cap,
+                          out_len);
+    held = stop_held(stop, &n_held);
+    req->n_stop_held = BT_MIN(n_held, sizeof(req->stop_held));
+    memcpy(req->stop_held, held, req->n_stop_held);
+    stop_destroy(&stop);
+    *out_p = out;
+    return BT_OK;
+}
+
 static void on_kv_grant(router_t *r, router_worker_t *w,
                         Baton__KvGrant *g)
 {
@@ -927,6 +996,10 @@ static void on_prefill_done(router_t *r, router_worker_t *w,
     int stops[PROTO_MAX_STOP + ROUTER_MAX_EOS];
     int n_stops, first, n_tokens;
     int *tokens;
+    const uint8_t *text;
+    size_t text_len;
+    char *shown = NULL;
+    stop_reason_t reason;
 
     if (req == NULL || req->state != ROUTER_REQ_PREFILLING ||
         req->prefill_uid != w->uid)
@@ -970,22 +1043,53 @@ static void on_prefill_done(router_t *r, router_worker_t *w,
     }
     first = done->first_token;
     n_stops = req_stop_ids(req, d, stops);
-    if (is_stop(stops, n_stops, first)) {
+    text = req->want_text && done->has_first_text ? done->first_text.data
+                                                  : NULL;
+    text_len = text != NULL ? done->first_text.len : 0;
+    reason = is_stop(stops, n_stops, first) ? STOP_EOS : STOP_NONE;
+    if (req_matches_text(req)) {
+        /* The first token goes through the same matcher state as every
+         * later one (the decode worker continues from stop_held). */
+        bt_status_t status = req_stop_feed(req, stops, n_stops, first, text,
+                                           text_len, &shown, &text_len,
+                                           &reason);
+        if (status != BT_OK) {
+            req_fail(r, req, status == BT_ERR_NO_MEMORY
+                                 ? BATON__ERROR_CODE__ERROR_INTERNAL
+                                 : BATON__ERROR_CODE__ERROR_INVALID,
+                     "bad stop conditions");
+            return;
+        }
+        text = (const uint8_t *)shown;
+    }
+    if (reason == STOP_EOS) {
+        /* Not emitted; text a failed decode worker held back goes out. */
+        if (text_len > 0)
+            send_chunk(r, req, req->n_generated, NULL, 0, text, text_len);
+        bt_free(shown);
         send_kv_release(r, d, req->id, req->epoch);
         req_complete(r, req, BATON__FINISH_REASON__FINISH_STOP);
         return;
     }
     if (!req_append_generated(req, &first, 1)) {
+        bt_free(shown);
         req_fail(r, req, BATON__ERROR_CODE__ERROR_INTERNAL, "no memory");
         return;
     }
-    send_chunk(r, req, req->n_generated - 1, &first, 1,
-               req->want_text && done->has_first_text ? done->first_text.data
-                                                      : NULL,
-               done->first_text.len);
-    if (req->n_generated >= req->max_tokens) {
+    if (reason == STOP_NONE && req->n_generated >= req->max_tokens &&
+        shown != NULL) {
+        /* The end: held-back text shows (text_len + held <= cap). */
+        memcpy(shown + text_len, req->stop_held, req->n_stop_held);
+        text_len += req->n_stop_held;
+        req->n_stop_held = 0;
+    }
+    send_chunk(r, req, req->n_generated - 1, &first, 1, text, text_len);
+    bt_free(shown);
+    if (reason == STOP_STRING || req->n_generated >= req->max_tokens) {
         send_kv_release(r, d, req->id, req->epoch);
-        req_complete(r, req, BATON__FINISH_REASON__FINISH_LENGTH);
+        req_complete(r, req, reason == STOP_STRING
+                                 ? BATON__FINISH_REASON__FINISH_STOP
+                                 : BATON__FINISH_REASON__FINISH_LENGTH);
         return;
     }
     n_tokens = req->n_prompt + req->n_generated;
@@ -1022,6 +1126,11 @@ static void on_prefill_done(router_t *r, router_worker_t *w,
     ready.spec_feature = done->spec_feature;
     ready.n_stop_strings = (size_t)req->n_stop_strings;
     ready.stop_strings = req->stop_strings;
+    if (req->n_stop_held > 0) {
+        ready.has_stop_held = 1;
+        ready.stop_held.data = (uint8_t *)req->stop_held;
+        ready.stop_held.len = req->n_stop_held;
+    }
     ready.has_transport = 1;
     ready.transport = done->n_kv_inline > 0
                           ? BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE
@@ -1050,6 +1159,16 @@ static void on_token_out(router_t *r, router_worker_t *w,
         skip = 0;
     }
     n = (int)out->n_ids - skip;
+    /* The decode worker's matcher state, for a failover. */
+    req->n_stop_held = 0;
+    if (out->has_stop_held && out->stop_held.len < sizeof(req->stop_held)) {
+        memcpy(req->stop_held, out->stop_held.data, out->stop_held.len);
+        req->n_stop_held = out->stop_held.len;
+    }
+    if (n <= 0 && skip == 0 && out->has_text && out->text.len > 0)
+        /* No ids, only text (held back until a stop id ended it). */
+        send_chunk(r, req, req->n_generated, NULL, 0, out->text.data,
+                   out->text.len);
     if (n > 0) {
         int index = req->n_generated;
         if (!req_append_generated(req, out->ids + skip, n)) {

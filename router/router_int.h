@@ -17,6 +17,7 @@
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
 #define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's UCX descriptor */
 #define ROUTER_HOST_MAX 128
+#define ROUTER_STOP_HELD_MAX 256 /* held-back stop text (STOP_MAX_STRING_LEN) */
 
 typedef struct {
     bool used;                /* slot holds a registered worker */
@@ -147,6 +148,11 @@ struct router_req_s {
     Baton__KvTransport transport; /* of the current prefill -> decode */
     int retries;
     uint64_t retry_at_ns;      /* queued: not before this time */
+    char stop_held[ROUTER_STOP_HELD_MAX]; /* (n_stop_held) text the stop
+                                  matcher holds back: after the first
+                                  token, then as the decode worker last
+                                  reported it (continues a failover) */
+    size_t n_stop_held;
     /* timings (ns, bt_time_ns) */
     uint64_t t_arrival;
     uint64_t t_granted;

@@ -177,6 +177,24 @@ void stop_flush(stop_t *stop, char *out, size_t cap, size_t *out_len)
     stop->n_held = 0;
 }
 
+const char *stop_held(const stop_t *stop, size_t *len_p)
+{
+    *len_p = stop->n_held;
+    return stop->held;
+}
+
+bt_status_t stop_prime(stop_t *stop, const char *text, size_t len)
+{
+    if (len >= STOP_MAX_STRING_LEN)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "STOP",
+                        "held-back text of %zu bytes (at most %d)", len,
+                        STOP_MAX_STRING_LEN - 1);
+    if (len > 0)
+        memcpy(stop->held, text, len);
+    stop->n_held = len;
+    return BT_OK;
+}
+
 const char *stop_reason_str(stop_reason_t reason)
 {
     switch (reason) {

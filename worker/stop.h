@@ -58,6 +58,20 @@ stop_reason_t stop_feed(stop_t *stop, int token, const char *text,
 /* At the end (any reason but STOP_STRING), the held-back text. */
 void stop_flush(stop_t *stop, char *out, size_t cap, size_t *out_len);
 
+/* The text held back now (a possible start of a stop string; fewer than
+ * STOP_MAX_STRING_LEN bytes after a feed that returned STOP_NONE), not
+ * NUL-terminated; valid until the next call on `stop`.  It is the
+ * matcher's whole text state: a matcher in another process primed with
+ * it (stop_prime) continues exactly where this one is, which is how the
+ * router hands the prefill-sampled first token's state to the decode
+ * worker and a failed decode worker's state to its successor. */
+const char *stop_held(const stop_t *stop, size_t *len_p);
+
+/* Replaces the held-back text with text[0..len) as if earlier feeds had
+ * held it (nothing is emitted, no token is counted).  BT_ERR_INVALID_ARG
+ * when len >= STOP_MAX_STRING_LEN (no feed holds that much). */
+bt_status_t stop_prime(stop_t *stop, const char *text, size_t len);
+
 /* Name for finish reasons: "stop" (EOS and strings), "length". */
 const char *stop_reason_str(stop_reason_t reason);
 

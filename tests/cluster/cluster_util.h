@@ -294,7 +294,8 @@ typedef struct {
 } cu_result_t;
 
 /* Receives until every result in `res` finished or timeout. */
-static void cu_collect(client_t *c, cu_result_t *res, int n, int timeout_ms)
+__attribute__((unused)) static void cu_collect(client_t *c, cu_result_t *res,
+                                              int n, int timeout_ms)
 {
     uint64_t until = bt_time_ns() + (uint64_t)timeout_ms * 1000000ull;
     int done = 0;

@@ -94,6 +94,37 @@ int main(void)
     BT_ASSERT_STREQ(all, "Hell");
     stop_destroy(&stop);
 
+    /* Hand-off: a second matcher primed with the first one's held text
+     * continues exactly ("wor" held by A, "ld" completes it in B). */
+    cfg.strings[0] = "world";
+    cfg.n_strings = 1;
+    {
+        stop_t *b = NULL;
+        char out[256];
+        const char *held;
+        size_t len, n_held;
+        BT_ASSERT_OK(stop_create(&cfg, &stop));
+        BT_ASSERT_OK(stop_create(&cfg, &b));
+        stop_feed(stop, 10, "Hello wor", 9, out, sizeof(out), &len);
+        BT_ASSERT_STREQ(out, "Hello ");
+        held = stop_held(stop, &n_held);
+        BT_ASSERT_EQ(n_held, 3);
+        BT_CHECK(memcmp(held, "wor", 3) == 0);
+        BT_ASSERT_OK(stop_prime(b, held, n_held));
+        BT_ASSERT_EQ(stop_feed(b, 11, "ld", 2, out, sizeof(out), &len),
+                     STOP_STRING);
+        BT_ASSERT_STREQ(out, "");
+        /* A near miss shows the primed text; too much held is refused. */
+        BT_ASSERT_OK(stop_prime(b, "wor", 3));
+        BT_ASSERT_EQ(stop_feed(b, 11, "m", 1, out, sizeof(out), &len),
+                     STOP_NONE);
+        BT_ASSERT_STREQ(out, "worm");
+        BT_ASSERT_EQ(stop_prime(b, all, STOP_MAX_STRING_LEN),
+                     BT_ERR_INVALID_ARG);
+        stop_destroy(&b);
+        stop_destroy(&stop);
+    }
+
     /* Bad configs. */
     stop_config_init(&cfg);
     cfg.max_tokens = 0;
