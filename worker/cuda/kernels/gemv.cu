@@ -1,20 +1,29 @@
 /*
- * gemv.cu - y (t, o) [+]= x (t, i) . w (o, i)^T for t <= 8 tokens (decode
- * steps), bf16 x and w, f32 accumulation, y bf16 or f32.  One warp per
- * output row: lanes walk the row in 16-byte chunks (8 bf16), up to 8
- * chunks in flight per lane (software pipeline), x chunks from L1; a
- * warp-shuffle sum per token.  Launched with programmatic dependent launch
- * (kern_launch): the first weight chunks load before kern_pdl_wait().
- * With BT_GEMV_KERNEL=stream, shapes with n_in % 256 == 0 take the
- * streaming kernel below instead (fixed grid, rows strided over the warps,
- * 8-16 lines in flight per warp, optional fused RMSNorm); measured slower,
- * kept for A/B.
- * Test: build-cuda/gpu/test_gemm (make gpu-test), which also times it.
+ * gemv.cu - skinny bf16 GEMMs y (t, o) [+]= x (t, i) . w (o, i)^T for
+ * decode steps: bf16 x and w, f32 accumulation, y bf16 or f32.  The
+ * variants (gemv.h) and why each exists:
+ * - rows / rows8: one warp per output row; lanes walk the row in 16-byte
+ *   chunks (8 bf16), 4 (8) chunks per lane loaded ahead of the ones being
+ *   multiplied (software pipeline), x chunks from L1; a warp-shuffle sum per
+ *   token.  Many short-lived warps: ramp-up and tail cost on 30-50 MB
+ *   matrices (2.3-3.7 TB/s measured for rows, 2026-11-29).
+ * - stream: fixed grid of 2 blocks/SM, registers only (round 2, slower).
+ * - ring / bulk: persistent (one 8-warp block per SM), each warp streams
+ *   its contiguous share of the block's rows through a private ring of
+ *   4 KB shared-memory stages, so up to ~200 KB per SM is in flight from
+ *   the first instruction (the first stages are issued before the PDL
+ *   wait) without spending registers on it.
+ * - mma1 / mma2: the ring on tensor cores for 1..64 tokens (see the kernel).
+ * Every kernel is launched with programmatic dependent launch
+ * (kern_launch): the first weight loads are issued before kern_pdl_wait().
+ * Test: build-DIR/gpu/test_gemm (every variant against the CPU reference);
+ * timing: build-DIR/gpu/bench_kernels.
  */
 #include "gemv.h"
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "tc_common.cuh"
 
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 4
@@ -42,14 +51,15 @@ static __device__ __forceinline__ void gemv_chunk(const uint4 &wv,
     }
 }
 
-/* Software-pipelined: the next GEMV_UNROLL chunks of the row are loaded
- * while the current ones are multiplied, so each lane keeps up to 2 x 4 x
+/* Software-pipelined: the next U chunks of the row are loaded
+ * while the current ones are multiplied, so each lane keeps up to 2 x U x
  * 16 bytes in flight.  The first chunks are loaded BEFORE kern_pdl_wait():
  * weights do not depend on the previous kernel, so with programmatic
  * dependent launch the weight stream starts during the previous kernel's
  * tail. */
-template <int T, typename OUT>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32, T <= 2 ? 4 : 2)
+template <int T, typename OUT, int U = GEMV_UNROLL>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32,
+                                         U > 4 ? 2 : (T <= 2 ? 4 : 2))
 gemv_kernel(int n_out, int n_in, const bf16_t *x, const bf16_t *w, OUT *y,
             bool accumulate)
 {
@@ -59,11 +69,11 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const bf16_t *w, OUT *y,
     const uint4 *wr = reinterpret_cast<const uint4 *>(
         w + (size_t)(row < n_out ? row : 0) * n_in);
     float acc[T];
-    uint4 cur[GEMV_UNROLL];
+    uint4 cur[U];
 
     kern_pdl_trigger();
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
         int c = lane + 32 * u;
         cur[u] = c < n_ch && row < n_out ? __ldcs(wr + c)
                                          : make_uint4(0, 0, 0, 0);
@@ -75,25 +85,25 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const bf16_t *w, OUT *y,
     for (int t = 0; t < T; t++)
         acc[t] = 0.0f;
 
-    for (int c0 = lane; c0 < n_ch; c0 += 32 * GEMV_UNROLL) {
-        uint4 nxt[GEMV_UNROLL];
-        const int c1 = c0 + 32 * GEMV_UNROLL;
+    for (int c0 = lane; c0 < n_ch; c0 += 32 * U) {
+        uint4 nxt[U];
+        const int c1 = c0 + 32 * U;
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < U; u++)
             nxt[u] = c1 + 32 * u < n_ch ? __ldcs(wr + c1 + 32 * u)
                                         : make_uint4(0, 0, 0, 0);
-        if (c0 + 32 * (GEMV_UNROLL - 1) < n_ch) {
+        if (c0 + 32 * (U - 1) < n_ch) {
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++)
+            for (int u = 0; u < U; u++)
                 gemv_chunk<T>(cur[u], x, n_in, c0 + 32 * u, acc);
         } else {
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++)
+            for (int u = 0; u < U; u++)
                 if (c0 + 32 * u < n_ch)
                     gemv_chunk<T>(cur[u], x, n_in, c0 + 32 * u, acc);
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < U; u++)
             cur[u] = nxt[u];
     }
 #pragma unroll
@@ -225,18 +235,425 @@ gemv_stream_kernel(int n_out, int n_in, int n_warps, const bf16_t *x,
     }
 }
 
-/* BT_GEMV_KERNEL=stream selects the streaming kernel (and with it the
- * RMSNorm fusion); the default is the warp-per-row kernel, measured faster
- * on the H200 (2026-11-29, docs/PERFORMANCE.md: Llama-3-8B batch-1 decode
- * 4.72 ms/token against 5.84 ms with the streaming kernel, whose 16 warps
- * per multiprocessor hide less latency than the row kernel's 32).  Read at
- * each call, so tests and benchmarks can switch. */
-static bool gemv_stream_enabled(void)
-{
-    const char *env = getenv("BT_GEMV_KERNEL");
 
-    return env && strcmp(env, "stream") == 0;
+// ---------------------------------------------------------------------
+// Shared-memory ring kernels (ring, bulk, mma1, mma2)
+
+#define RING_WARPS 8
+#define RING_PIECE 4096                 /* bytes per warp per stage */
+#define RING_LINES (RING_PIECE / 512)   /* 512 B = 32 lanes x 16 B */
+#define RING_MAX_STAGES 8
+#define RING_MIN_STAGES 2
+#define RING_MAX_TOK 4
+#define GEMV_SMEM_MAX (227 * 1024)     /* opt-in limit per block, sm_90 */
+
+static __device__ __forceinline__ uint32_t gemv_smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
 }
+
+/* cp.async.wait_group with a run-time count (0..7). */
+static __device__ __forceinline__ void gemv_cp_wait(int n)
+{
+    switch (n) {
+    case 0: tc_cp_wait<0>(); break;
+    case 1: tc_cp_wait<1>(); break;
+    case 2: tc_cp_wait<2>(); break;
+    case 3: tc_cp_wait<3>(); break;
+    case 4: tc_cp_wait<4>(); break;
+    case 5: tc_cp_wait<5>(); break;
+    case 6: tc_cp_wait<6>(); break;
+    default: tc_cp_wait<7>(); break;
+    }
+}
+
+/* mbarrier + bulk copy (sm_90): one thread arms the barrier with the
+ * byte count and issues the copy; the warp waits on the phase parity. */
+static __device__ __forceinline__ void gemv_mbar_init(uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;"
+                 :: "r"(gemv_smem_u32(bar)) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void gemv_mbar_init_fence(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void gemv_bulk_load(void *dst,
+                                                      const void *src,
+                                                      uint32_t bytes,
+                                                      uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(gemv_smem_u32(bar)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx"
+                 "::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(gemv_smem_u32(dst)), "l"(src), "r"(bytes),
+                    "r"(gemv_smem_u32(bar)) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void gemv_mbar_wait(uint64_t *bar,
+                                                      uint32_t parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
+                     "\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(gemv_smem_u32(bar)), "r"(parity)
+                     : "memory");
+#endif
+}
+
+/* Stages x (or the fused RMSNorm of xf) into xs (T, n_in) bf16; rows
+ * n_tok..T-1 are zero.  Whole block; ends with __syncthreads(). */
+template <int T, bool NORM>
+static __device__ __forceinline__ void gemv_stage_x(
+    int n_tok, int n_in, const bf16_t *x, const float *xf, const bf16_t *g,
+    float eps, bf16_t *xs, float *red)
+{
+    for (int t = 0; t < T; t++) {
+        bf16_t *dst = xs + (size_t)t * n_in;
+        if (t >= n_tok) {
+            for (int i = threadIdx.x * 8; i < n_in; i += blockDim.x * 8)
+                *reinterpret_cast<uint4 *>(dst + i) = make_uint4(0, 0, 0, 0);
+        } else if (NORM) {
+            /* As cuda_rmsnorm() (no add): bf16(g * (x * 1/rms)). */
+            const float *xr = xf + (size_t)t * n_in;
+            float ss = 0.0f;
+            for (int i = threadIdx.x; i < n_in; i += blockDim.x)
+                ss += xr[i] * xr[i];
+            ss = kern_block_sum(ss, red);
+            const float inv = 1.0f / sqrtf(ss / (float)n_in + eps);
+            for (int i = threadIdx.x; i < n_in; i += blockDim.x)
+                dst[i] = __float2bfloat16_rn(__bfloat162float(g[i]) *
+                                             (inv * xr[i]));
+        } else {
+            const bf16_t *src = x + (size_t)t * n_in;
+            for (int i = threadIdx.x * 8; i < n_in; i += blockDim.x * 8)
+                *reinterpret_cast<uint4 *>(dst + i) =
+                    *reinterpret_cast<const uint4 *>(src + i);
+        }
+    }
+    __syncthreads();
+}
+
+/* ring / bulk: one block of RING_WARPS warps per SM takes the rows
+ * [r0, r1) (balanced to within one row).  Seen as "lines" of 256 weights
+ * (n_in % 256 == 0, so a line never crosses a row), the block's rows are
+ * one contiguous run of lines; warp w takes an equal contiguous share and
+ * streams it through its own ring of n_stages 4 KB stages (8 lines each):
+ * BULK issues one cp.async.bulk per stage completing on the stage's
+ * mbarrier, else each lane copies its own 16 bytes of every line with
+ * cp.async (and reads back only those, so no warp barrier is needed).
+ * The first n_stages stages are issued before the PDL wait.  Row sums are
+ * warp-reduced when the line run leaves a row and added into yacc (shared,
+ * f32) with atomics, because the first and last row of a warp's share may
+ * be shared with its neighbours; the block writes y at the end.
+ * Dynamic shared memory: ring (RING_WARPS x n_stages x 4 KB), barriers
+ * (RING_WARPS x n_stages x 8 B), xs (T x n_in bf16), yacc (T x rows). */
+template <int T, typename OUT, bool NORM, bool BULK>
+static __global__ void __launch_bounds__(RING_WARPS * 32, 1)
+gemv_ring_kernel(int n_tok, int n_out, int n_in, int n_stages,
+                 const bf16_t *x, const float *xf, const bf16_t *g,
+                 float eps, const bf16_t *w, OUT *y, bool accumulate)
+{
+    extern __shared__ __align__(128) unsigned char gemv_sm[];
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int r0 = (int)((long long)blockIdx.x * n_out / gridDim.x);
+    const int r1 = (int)((long long)(blockIdx.x + 1) * n_out / gridDim.x);
+    const int rows = r1 - r0;
+    const int lpr = n_in >> 8;
+    const long long n_lines = (long long)rows * lpr;
+    const long long l0 = n_lines * warp / RING_WARPS;
+    const int nl = (int)(n_lines * (warp + 1) / RING_WARPS - l0);
+    const int np = (nl + RING_LINES - 1) / RING_LINES;
+    const size_t ring_bytes = (size_t)RING_WARPS * n_stages * RING_PIECE;
+    unsigned char *ring = gemv_sm + (size_t)warp * n_stages * RING_PIECE;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(gemv_sm + ring_bytes) +
+                     (size_t)warp * n_stages;
+    bf16_t *xs = reinterpret_cast<bf16_t *>(
+        gemv_sm + ring_bytes + (size_t)RING_WARPS * n_stages * 8);
+    float *yacc = reinterpret_cast<float *>(xs + (size_t)T * n_in);
+    /* This warp's first weight: line l0 of the block's run. */
+    const bf16_t *wl = w + (size_t)r0 * n_in + (size_t)l0 * 256;
+
+    kern_pdl_trigger();
+    if (BULK) {
+        if (lane == 0) {
+            for (int s = 0; s < n_stages; s++)
+                gemv_mbar_init(&bars[s]);
+            gemv_mbar_init_fence();
+        }
+        __syncwarp();
+    }
+    /* Issues piece p (lines p*8 .. of the warp's share) into its stage. */
+    auto issue = [&](int p) {
+        const int s = p % n_stages;
+        const int cnt = min(RING_LINES, nl - p * RING_LINES);
+        const bf16_t *src = wl + (size_t)p * RING_LINES * 256;
+        unsigned char *dst = ring + (size_t)s * RING_PIECE;
+        if (BULK) {
+            if (lane == 0)
+                gemv_bulk_load(dst, src, (uint32_t)cnt * 512, &bars[s]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < RING_LINES; j++)
+                if (j < cnt)
+                    tc_cp16(dst + j * 512 + lane * 16, src + j * 256 + lane * 8,
+                            true);
+        }
+    };
+    for (int p = 0; p < n_stages; p++) {
+        if (p < np)
+            issue(p);
+        if (!BULK)
+            tc_cp_commit();
+    }
+    kern_pdl_wait();
+    gemv_stage_x<T, NORM>(n_tok, n_in, x, xf, g, eps, xs, red);
+    for (int i = threadIdx.x; i < T * rows; i += blockDim.x)
+        yacc[i] = 0.0f;
+    __syncthreads();
+
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+        acc[t] = 0.0f;
+    int crow = -1; /* row (block-relative) being summed */
+    auto flush = [&]() {
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float v = kern_warp_sum(acc[t]);
+            if (lane == 0 && t < n_tok)
+                atomicAdd(&yacc[t * rows + crow], v);
+            acc[t] = 0.0f;
+        }
+    };
+    for (int p = 0; p < np; p++) {
+        const int s = p % n_stages;
+        const int cnt = min(RING_LINES, nl - p * RING_LINES);
+        const long long gl = l0 + (long long)p * RING_LINES;
+        int row = (int)(gl / lpr);
+        int cl = (int)(gl - (long long)row * lpr);
+        const uint4 *st = reinterpret_cast<const uint4 *>(
+            ring + (size_t)s * RING_PIECE);
+
+        if (BULK)
+            gemv_mbar_wait(&bars[s], (uint32_t)((p / n_stages) & 1));
+        else
+            gemv_cp_wait(n_stages - 1);
+#pragma unroll
+        for (int j = 0; j < RING_LINES; j++) {
+            if (j < cnt) { /* warp-uniform */
+                if (row != crow) {
+                    if (crow >= 0)
+                        flush();
+                    crow = row;
+                }
+                gemv_chunk<T, true>(st[j * 32 + lane], xs, n_in,
+                                    cl * 32 + lane, acc);
+                if (++cl == lpr) {
+                    cl = 0;
+                    row++;
+                }
+            }
+        }
+        if (p + n_stages < np) {
+            if (BULK) {
+                __syncwarp(); /* every lane has read stage s */
+                if (lane == 0)
+                    asm volatile("fence.proxy.async.shared::cta;"
+                                 ::: "memory");
+            }
+            issue(p + n_stages);
+        }
+        if (!BULK)
+            tc_cp_commit();
+    }
+    if (crow >= 0)
+        flush();
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_tok * rows; i += blockDim.x) {
+        const int t = i / rows, r = i - t * rows;
+        OUT *dst = y + (size_t)t * n_out + r0 + r;
+        float v = yacc[i];
+        if (accumulate)
+            v += kern_to_f(*dst);
+        *dst = kern_from_f<OUT>(v);
+    }
+}
+
+/* mma1 / mma2 (tensor cores, 1..8*NT tokens): one block of RING_WARPS
+ * warps per SM takes the row groups [g0, g1) (a group is MW m16 tiles =
+ * 16 MW rows); for each group in turn the 8 warps split K (blocks of 32
+ * columns) and each streams its (group, k-block) units through a private
+ * cp.async ring of 4 KB stages.  Fragments without ldmatrix: lane (g, q)
+ * (g = lane / 4, q = lane % 4) copies 16 bytes = columns 8q..8q+7 of a
+ * 32-column block from row g and from row g + 8 and uses them as the A
+ * registers of two m16n8k16 products (elements 0-3 for the first, 4-7 for
+ * the second).  That assigns physical column 8q + j to logical k
+ * {2q, 2q+1, 2q+8, 2q+9}[j % 4] of product j / 4, a permutation of K; the
+ * B fragment under the same permutation is x[token g][8q .. 8q+7] of the
+ * block, one 16-byte load, so the sum is unchanged.  Each lane reads back
+ * only the bytes it copied (no warp barrier).  At the end of a group the
+ * warps add their C fragments into a shared (tokens x rows) f32 buffer
+ * with atomics, one __syncthreads, and the block writes y; two buffers
+ * alternate so one barrier per group suffices.  Rows past n_out are
+ * zero-filled; tokens past n_tok are zero and not written.  n_in % 32 == 0.
+ * Dynamic shared memory: ring (RING_WARPS x n_stages x 4 KB) + 2 x 8 NT x
+ * 16 MW floats. */
+template <int NT, int MW, typename OUT>
+static __global__ void __launch_bounds__(RING_WARPS * 32, 1)
+gemv_mma_kernel(int n_tok, int n_out, int n_in, int n_stages,
+                const bf16_t *x, const bf16_t *w, OUT *y, bool accumulate)
+{
+    constexpr int KU = RING_PIECE / (MW * 1024); /* units per stage */
+    constexpr int GR = MW * 16;                  /* rows per group */
+    constexpr int NTOK = NT * 8;
+    extern __shared__ __align__(128) unsigned char gemv_sm[];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int lg = lane >> 2, lq = lane & 3;
+    const int n_groups = (n_out + GR - 1) / GR;
+    const int g0 = (int)((long long)blockIdx.x * n_groups / gridDim.x);
+    const int g1 = (int)((long long)(blockIdx.x + 1) * n_groups / gridDim.x);
+    const int ng = g1 - g0;
+    const int KB = n_in >> 5;
+    const int kb0 = KB * warp / RING_WARPS;
+    const int nk = KB * (warp + 1) / RING_WARPS - kb0;
+    const int nu = ng * nk;                      /* this warp's units */
+    const int n_st = (nu + KU - 1) / KU;         /* and stages */
+    unsigned char *ring = gemv_sm + (size_t)warp * n_stages * RING_PIECE;
+    float *red = reinterpret_cast<float *>(
+        gemv_sm + (size_t)RING_WARPS * n_stages * RING_PIECE);
+
+    kern_pdl_trigger();
+    /* Issues stage k: units k*KU .. of this warp. */
+    auto issue = [&](int k) {
+        unsigned char *dst = ring + (size_t)(k % n_stages) * RING_PIECE;
+#pragma unroll
+        for (int ku = 0; ku < KU; ku++) {
+            const int u = k * KU + ku;
+            if (u < nu) {
+                const int gi = u / nk;
+                const int kb = kb0 + (u - gi * nk);
+#pragma unroll
+                for (int mt = 0; mt < MW; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int row = (g0 + gi) * GR + mt * 16 + lg + 8 * h;
+                        const bool ok = row < n_out;
+                        tc_cp16(dst + ((ku * MW + mt) * 2 + h) * 512 +
+                                    lane * 16,
+                                w + (size_t)(ok ? row : 0) * n_in + kb * 32 +
+                                    lq * 8,
+                                ok);
+                    }
+            }
+        }
+    };
+    for (int k = 0; k < n_stages; k++) {
+        if (k < n_st)
+            issue(k);
+        tc_cp_commit();
+    }
+    kern_pdl_wait();
+    for (int i = threadIdx.x; i < 2 * NTOK * GR; i += blockDim.x)
+        red[i] = 0.0f;
+    __syncthreads();
+
+    int uc = 0, buf = 0;
+    for (int gi = 0; gi < ng; gi++) {
+        float c[MW][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MW; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    c[mt][nt][e] = 0.0f;
+        for (int kb = kb0; kb < kb0 + nk; kb++, uc++) {
+            const int k = uc / KU, ku = uc - k * KU;
+            const uint4 *st = reinterpret_cast<const uint4 *>(
+                ring + (size_t)(k % n_stages) * RING_PIECE);
+            uint4 xv[NT];
+
+            if (ku == 0)
+                gemv_cp_wait(n_stages - 1);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int tok = nt * 8 + lg;
+                xv[nt] = tok < n_tok
+                             ? __ldg(reinterpret_cast<const uint4 *>(
+                                   x + (size_t)tok * n_in + kb * 32 + lq * 8))
+                             : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MW; mt++) {
+                const uint4 lo = st[((ku * MW + mt) * 2 + 0) * 32 + lane];
+                const uint4 hi = st[((ku * MW + mt) * 2 + 1) * 32 + lane];
+                const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+                const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    tc_mma(c[mt][nt], a0, xv[nt].x, xv[nt].y);
+                    tc_mma(c[mt][nt], a1, xv[nt].z, xv[nt].w);
+                }
+            }
+            if (ku == KU - 1 || uc == nu - 1) {
+                issue(k + n_stages);
+                tc_cp_commit();
+            }
+        }
+        float *rb = red + buf * NTOK * GR;
+        if (nk > 0) {
+#pragma unroll
+            for (int mt = 0; mt < MW; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int tok = nt * 8 + 2 * lq;
+                    const int r = mt * 16 + lg;
+                    if (tok < n_tok) {
+                        atomicAdd(&rb[tok * GR + r], c[mt][nt][0]);
+                        atomicAdd(&rb[tok * GR + r + 8], c[mt][nt][2]);
+                    }
+                    if (tok + 1 < n_tok) {
+                        atomicAdd(&rb[(tok + 1) * GR + r], c[mt][nt][1]);
+                        atomicAdd(&rb[(tok + 1) * GR + r + 8], c[mt][nt][3]);
+                    }
+                }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < n_tok * GR; i += blockDim.x) {
+            const int t = i / GR, r = i - t * GR;
+            const int row = (g0 + gi) * GR + r;
+            float v = rb[i];
+            rb[i] = 0.0f;
+            if (row < n_out) {
+                OUT *dst = y + (size_t)t * n_out + row;
+                if (accumulate)
+                    v += kern_to_f(*dst);
+                *dst = kern_from_f<OUT>(v);
+            }
+        }
+        buf ^= 1;
+    }
+}
+
+// ---------------------------------------------------------------------
+// Launchers
 
 /* Multiprocessors of the current device (cached per device). */
 static int gemv_n_sm(void)
@@ -253,6 +670,147 @@ static int gemv_n_sm(void)
         cache[dev] = n;
     }
     return cache[dev];
+}
+
+/* Raises kernel k's dynamic shared memory limit to GEMV_SMEM_MAX once per
+ * device (bit `slot` of a per-device mask). */
+template <typename K>
+static cudaError_t gemv_smem_attr(K k, int slot)
+{
+    static uint64_t done[64];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+
+    if (err != cudaSuccess)
+        return err;
+    if (dev >= 0 && dev < 64 && (done[dev] >> slot & 1))
+        return cudaSuccess;
+    err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               GEMV_SMEM_MAX);
+    if (err == cudaSuccess && dev >= 0 && dev < 64)
+        done[dev] |= 1ull << slot;
+    return err;
+}
+
+/* Blocks and shared memory of the ring kernels: one block per SM (fewer
+ * when there are fewer rows), as many stages as fit. */
+static int gemv_ring_stages(size_t fixed)
+{
+    size_t per = (size_t)RING_WARPS * (RING_PIECE + 8);
+
+    if (fixed >= GEMV_SMEM_MAX)
+        return 0;
+    return (int)BT_MIN((size_t)RING_MAX_STAGES, (GEMV_SMEM_MAX - fixed) / per);
+}
+
+static int gemv_ring_tmpl(int n_tok)
+{
+    return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4;
+}
+
+static size_t gemv_ring_fixed(int n_tok, int n_out, int n_in, int blocks)
+{
+    int T = gemv_ring_tmpl(n_tok);
+    size_t rows = (size_t)BT_DIV_UP(n_out, blocks);
+
+    return (size_t)T * n_in * 2 + (size_t)T * rows * 4 + 256;
+}
+
+static bool gemv_ring_ok(int n_tok, int n_out, int n_in)
+{
+    int blocks = BT_MIN(gemv_n_sm(), n_out);
+
+    return n_tok >= 1 && n_tok <= RING_MAX_TOK && n_in % 256 == 0 &&
+           gemv_ring_stages(gemv_ring_fixed(n_tok, n_out, n_in, blocks)) >=
+               RING_MIN_STAGES;
+}
+
+template <int T, typename OUT, bool NORM, bool BULK>
+static cudaError_t gemv_ring_launch_t(int n_tok, int n_out, int n_in,
+                                      const bf16_t *x, const float *xf,
+                                      const bf16_t *g, float eps,
+                                      const bf16_t *w, OUT *y, bool acc,
+                                      cudaStream_t st)
+{
+    auto k = gemv_ring_kernel<T, OUT, NORM, BULK>;
+    int blocks = BT_MIN(gemv_n_sm(), n_out);
+    size_t fixed = gemv_ring_fixed(n_tok, n_out, n_in, blocks);
+    int stages = gemv_ring_stages(fixed);
+    size_t smem = (size_t)RING_WARPS * stages * (RING_PIECE + 8) + fixed;
+    int slot = (T == 1 ? 0 : T == 2 ? 1 : 2) * 8 +
+               (sizeof(OUT) == 4 ? 4 : 0) + (NORM ? 2 : 0) + (BULK ? 1 : 0);
+    cudaError_t err = gemv_smem_attr(k, slot);
+
+    if (err != cudaSuccess)
+        return err;
+    kern_launch(k, blocks, RING_WARPS * 32, smem, st, n_tok, n_out, n_in,
+                stages, x, xf, g, eps, w, y, acc);
+    return cudaSuccess;
+}
+
+template <typename OUT, bool NORM>
+static cudaError_t gemv_ring_launch(bool bulk, int n_tok, int n_out,
+                                    int n_in, const bf16_t *x,
+                                    const float *xf, const bf16_t *g,
+                                    float eps, const bf16_t *w, OUT *y,
+                                    bool acc, cudaStream_t st)
+{
+#define GEMV_RING_T(T)                                                      \
+    (bulk ? gemv_ring_launch_t<T, OUT, NORM, true>(                         \
+                n_tok, n_out, n_in, x, xf, g, eps, w, y, acc, st)           \
+          : gemv_ring_launch_t<T, OUT, NORM, false>(                        \
+                n_tok, n_out, n_in, x, xf, g, eps, w, y, acc, st))
+    switch (gemv_ring_tmpl(n_tok)) {
+    case 1: return GEMV_RING_T(1);
+    case 2: return GEMV_RING_T(2);
+    default: return GEMV_RING_T(4);
+    }
+#undef GEMV_RING_T
+}
+
+static int gemv_mma_nt(int n_tok)
+{
+    return n_tok <= 8 ? 1 : n_tok <= 16 ? 2 : n_tok <= 32 ? 4 : 8;
+}
+
+static bool gemv_mma_ok(int n_tok, int n_in)
+{
+    return n_tok >= 1 && n_tok <= CUDA_GEMV_MMA_MAX_TOK && n_in % 32 == 0;
+}
+
+template <int NT, int MW, typename OUT>
+static cudaError_t gemv_mma_launch_t(int n_tok, int n_out, int n_in,
+                                     const bf16_t *x, const bf16_t *w,
+                                     OUT *y, bool acc, cudaStream_t st)
+{
+    auto k = gemv_mma_kernel<NT, MW, OUT>;
+    int n_groups = (int)BT_DIV_UP(n_out, MW * 16);
+    int blocks = BT_MIN(gemv_n_sm(), n_groups);
+    size_t fixed = (size_t)2 * NT * 8 * MW * 16 * 4 + 128;
+    int stages = gemv_ring_stages(fixed);
+    size_t smem = (size_t)RING_WARPS * stages * RING_PIECE + fixed;
+    int slot = 24 + (NT == 1 ? 0 : NT == 2 ? 1 : NT == 4 ? 2 : 3) * 4 +
+               (MW - 1) * 2 + (sizeof(OUT) == 4 ? 1 : 0);
+    cudaError_t err = gemv_smem_attr(k, slot);
+
+    if (err != cudaSuccess)
+        return err;
+    kern_launch(k, blocks, RING_WARPS * 32, smem, st, n_tok, n_out, n_in,
+                stages, x, w, y, acc);
+    return cudaSuccess;
+}
+
+template <int MW, typename OUT>
+static cudaError_t gemv_mma_launch(int n_tok, int n_out, int n_in,
+                                   const bf16_t *x, const bf16_t *w, OUT *y,
+                                   bool acc, cudaStream_t st)
+{
+    switch (gemv_mma_nt(n_tok)) {
+    case 1: return gemv_mma_launch_t<1, MW, OUT>(n_tok, n_out, n_in, x, w, y, acc, st);
+    case 2: return gemv_mma_launch_t<2, MW, OUT>(n_tok, n_out, n_in, x, w, y, acc, st);
+    case 4: return gemv_mma_launch_t<4, MW, OUT>(n_tok, n_out, n_in, x, w, y, acc, st);
+    default: return gemv_mma_launch_t<8, MW, OUT>(n_tok, n_out, n_in, x, w, y, acc, st);
+    }
 }
 
 /* xf/g/eps: the fused RMSNorm input (NORM), else x. */
@@ -277,29 +835,189 @@ static void gemv_stream_launch(int n_tok, int n_out, int n_in,
                     n_out, n_in, n_warps, x, xf, g, eps, w, y, acc);
 }
 
-bool cuda_gemv_ok(int n_tok, int n_in, cuda_dtype_t in_dt)
-{
-    return in_dt == CUDA_DT_BF16 && n_in % 8 == 0 && n_tok >= 1 &&
-           n_tok <= CUDA_GEMV_MAX_TOK;
-}
-
-template <typename OUT>
-static void gemv_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
-                        const bf16_t *w, OUT *y, bool acc, cudaStream_t st)
+template <typename OUT, int U>
+static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
+                             const bf16_t *w, OUT *y, bool acc,
+                             cudaStream_t st)
 {
     int blocks = (int)BT_DIV_UP(n_out, GEMV_WARPS);
     int th = GEMV_WARPS * 32;
 
     switch (n_tok) {
-    case 1: kern_launch(gemv_kernel<1, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 2: kern_launch(gemv_kernel<2, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 3: kern_launch(gemv_kernel<3, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 4: kern_launch(gemv_kernel<4, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 5: kern_launch(gemv_kernel<5, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 6: kern_launch(gemv_kernel<6, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 7: kern_launch(gemv_kernel<7, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    default: kern_launch(gemv_kernel<8, OUT>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
+    case 1: kern_launch(gemv_kernel<1, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
+    case 2: kern_launch(gemv_kernel<2, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
+    case 3: kern_launch(gemv_kernel<3, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
+    default: kern_launch(gemv_kernel<4, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
     }
+}
+
+// ---------------------------------------------------------------------
+// Public API
+
+static const char *const gemv_names[CUDA_GEMV_N_KERNELS] = {
+    "rows", "rows8", "stream", "ring", "bulk", "mma1", "mma2"};
+
+const char *cuda_gemv_kernel_name(cuda_gemv_kernel_t k)
+{
+    return (int)k >= 0 && k < CUDA_GEMV_N_KERNELS ? gemv_names[k] : NULL;
+}
+
+int cuda_gemv_kernel_by_name(const char *name)
+{
+    for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++)
+        if (name && strcmp(name, gemv_names[k]) == 0)
+            return k;
+    return -1;
+}
+
+bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
+                         int n_in, cuda_dtype_t in_dt)
+{
+    if (in_dt != CUDA_DT_BF16 || n_tok < 1 || n_out < 1 || n_in < 8)
+        return false;
+    switch (k) {
+    case CUDA_GEMV_ROWS:
+    case CUDA_GEMV_ROWS8:
+        return n_in % 8 == 0 && n_tok <= 4;
+    case CUDA_GEMV_STREAM:
+        return n_in % 256 == 0 && n_tok <= 2;
+    case CUDA_GEMV_RING:
+    case CUDA_GEMV_BULK:
+        return gemv_ring_ok(n_tok, n_out, n_in);
+    case CUDA_GEMV_MMA1:
+    case CUDA_GEMV_MMA2:
+        return gemv_mma_ok(n_tok, n_in);
+    default:
+        return false;
+    }
+}
+
+bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
+                          int n_in, const void *d_x, const void *d_w,
+                          void *d_y, cuda_dtype_t out_dt, bool accumulate,
+                          cudaStream_t stream)
+{
+    const bf16_t *x = (const bf16_t *)d_x, *w = (const bf16_t *)d_w;
+    cudaError_t err = cudaSuccess;
+
+    BT_ASSERT(cuda_gemv_kernel_ok(k, n_tok, n_out, n_in, CUDA_DT_BF16));
+    switch (k) {
+    case CUDA_GEMV_ROWS:
+        KERN_DISPATCH_DT(out_dt, OUT, gemv_rows_launch<OUT, 4>(
+            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
+        break;
+    case CUDA_GEMV_ROWS8:
+        KERN_DISPATCH_DT(out_dt, OUT, gemv_rows_launch<OUT, 8>(
+            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
+        break;
+    case CUDA_GEMV_STREAM:
+        KERN_DISPATCH_DT(out_dt, OUT, gemv_stream_launch<OUT, false>(
+            n_tok, n_out, n_in, x, NULL, NULL, 0.0f, w, (OUT *)d_y,
+            accumulate, stream));
+        break;
+    case CUDA_GEMV_RING:
+    case CUDA_GEMV_BULK:
+        KERN_DISPATCH_DT(out_dt, OUT, err = gemv_ring_launch<OUT, false>(
+            k == CUDA_GEMV_BULK, n_tok, n_out, n_in, x, NULL, NULL, 0.0f, w,
+            (OUT *)d_y, accumulate, stream));
+        break;
+    case CUDA_GEMV_MMA1:
+        KERN_DISPATCH_DT(out_dt, OUT, err = gemv_mma_launch<1, OUT>(
+            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
+        break;
+    case CUDA_GEMV_MMA2:
+        KERN_DISPATCH_DT(out_dt, OUT, err = gemv_mma_launch<2, OUT>(
+            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
+        break;
+    default:
+        break;
+    }
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+bt_status_t cuda_gemv_prepare(void)
+{
+    cudaError_t err = cudaSuccess;
+
+#define GEMV_PREP_RING(T, OUT, NORM, BULK, SLOT)                            \
+    if (err == cudaSuccess)                                                 \
+        err = gemv_smem_attr(gemv_ring_kernel<T, OUT, NORM, BULK>, SLOT);
+#define GEMV_PREP_RING4(T, SLOT0)                                           \
+    GEMV_PREP_RING(T, bf16_t, false, false, SLOT0 + 0)                      \
+    GEMV_PREP_RING(T, bf16_t, false, true, SLOT0 + 1)                       \
+    GEMV_PREP_RING(T, bf16_t, true, false, SLOT0 + 2)                       \
+    GEMV_PREP_RING(T, bf16_t, true, true, SLOT0 + 3)                        \
+    GEMV_PREP_RING(T, float, false, false, SLOT0 + 4)                       \
+    GEMV_PREP_RING(T, float, false, true, SLOT0 + 5)                        \
+    GEMV_PREP_RING(T, float, true, false, SLOT0 + 6)                        \
+    GEMV_PREP_RING(T, float, true, true, SLOT0 + 7)
+    GEMV_PREP_RING4(1, 0)
+    GEMV_PREP_RING4(2, 8)
+    GEMV_PREP_RING4(4, 16)
+#define GEMV_PREP_MMA(NT, NTI)                                              \
+    if (err == cudaSuccess)                                                 \
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 1, bf16_t>, 24 + NTI * 4); \
+    if (err == cudaSuccess)                                                 \
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 1, float>, 25 + NTI * 4);  \
+    if (err == cudaSuccess)                                                 \
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 2, bf16_t>, 26 + NTI * 4); \
+    if (err == cudaSuccess)                                                 \
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 2, float>, 27 + NTI * 4);
+    GEMV_PREP_MMA(1, 0)
+    GEMV_PREP_MMA(2, 1)
+    GEMV_PREP_MMA(4, 2)
+    GEMV_PREP_MMA(8, 3)
+#undef GEMV_PREP_MMA
+#undef GEMV_PREP_RING4
+#undef GEMV_PREP_RING
+    return BT_CUDA_STATUS(err);
+}
+
+static __global__ void gemv_fill_kernel(bf16_t *d, size_t n, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 0x9E3779B1u ^ seed;
+        h ^= h >> 15;
+        h *= 0x85EBCA77u;
+        h ^= h >> 13;
+        d[i] = __float2bfloat16_rn((float)(h & 0xFFFF) / 32768.0f - 1.0f);
+    }
+}
+
+bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
+                           cudaStream_t stream)
+{
+    if (n == 0)
+        return BT_OK;
+    gemv_fill_kernel<<<(unsigned)BT_MIN(BT_DIV_UP(n, 256), (size_t)4096),
+                       256, 0, stream>>>((bf16_t *)d, n, seed);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+/* BT_GEMV_KERNEL=stream sends cuda_gemv to the streaming kernel (A/B of
+ * round 2).  Read at each call, so tests and benchmarks can switch. */
+static bool gemv_stream_enabled(void)
+{
+    const char *env = getenv("BT_GEMV_KERNEL");
+
+    return env && strcmp(env, "stream") == 0;
+}
+
+/* BT_GEMV_NORM=1: the backend fuses RMSNorm into the ring kernel. */
+static bool gemv_norm_ring_enabled(void)
+{
+    const char *env = getenv("BT_GEMV_NORM");
+
+    return env && strcmp(env, "1") == 0;
+}
+
+bool cuda_gemv_ok(int n_tok, int n_in, cuda_dtype_t in_dt)
+{
+    return in_dt == CUDA_DT_BF16 && n_in % 8 == 0 && n_tok >= 1 &&
+           n_tok <= CUDA_GEMV_MAX_TOK;
 }
 
 bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
@@ -307,25 +1025,21 @@ bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
                       bool accumulate, cudaStream_t stream)
 {
     BT_ASSERT(cuda_gemv_ok(n_tok, n_in, CUDA_DT_BF16));
-    if (n_in % 256 == 0 && n_tok <= 2 && gemv_stream_enabled()) {
-        KERN_DISPATCH_DT(out_dt, OUT,
-                         gemv_stream_launch<OUT, false>(
-                             n_tok, n_out, n_in, (const bf16_t *)d_x, NULL,
-                             NULL, 0.0f, (const bf16_t *)d_w, (OUT *)d_y,
-                             accumulate, stream));
-        return BT_CUDA_LAUNCH_STATUS();
-    }
-    KERN_DISPATCH_DT(out_dt, OUT,
-                     gemv_launch<OUT>(n_tok, n_out, n_in, (const bf16_t *)d_x,
-                                      (const bf16_t *)d_w, (OUT *)d_y,
-                                      accumulate, stream));
-    return BT_CUDA_LAUNCH_STATUS();
+    return cuda_gemv_run(n_in % 256 == 0 && n_tok <= 2 &&
+                                 gemv_stream_enabled()
+                             ? CUDA_GEMV_STREAM
+                             : CUDA_GEMV_ROWS,
+                         n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
+                         accumulate, stream);
 }
 
 bool cuda_gemv_norm_ok(int n_tok, int n_in)
 {
-    return n_tok >= 1 && n_tok <= CUDA_GEMV_MAX_TOK && n_in % 256 == 0 &&
-           (size_t)n_tok * n_in * sizeof(bf16_t) <= 48 * 1024 &&
+    if (n_tok < 1 || n_tok > CUDA_GEMV_MAX_TOK || n_in % 256 != 0)
+        return false;
+    if (gemv_norm_ring_enabled())
+        return (size_t)n_tok * n_in * sizeof(bf16_t) <= 48 * 1024;
+    return (size_t)n_tok * n_in * sizeof(bf16_t) <= 48 * 1024 &&
            gemv_stream_enabled();
 }
 
@@ -334,11 +1048,23 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            void *d_y, cuda_dtype_t out_dt,
                            cudaStream_t stream)
 {
+    cudaError_t err = cudaSuccess;
+
     BT_ASSERT(cuda_gemv_norm_ok(n_tok, n_in));
-    KERN_DISPATCH_DT(out_dt, OUT,
-                     gemv_stream_launch<OUT, true>(
-                         n_tok, n_out, n_in, NULL, d_x, (const bf16_t *)d_g,
-                         eps, (const bf16_t *)d_w, (OUT *)d_y, false,
-                         stream));
+    if (gemv_norm_ring_enabled() && gemv_ring_ok(n_tok, n_out, n_in)) {
+        const char *env = getenv("BT_GEMV_NORM_KERNEL"); /* ring | bulk */
+        bool bulk = env && strcmp(env, "bulk") == 0;
+        KERN_DISPATCH_DT(out_dt, OUT, err = gemv_ring_launch<OUT, true>(
+            bulk, n_tok, n_out, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
+            (const bf16_t *)d_w, (OUT *)d_y, false, stream));
+    } else {
+        KERN_DISPATCH_DT(out_dt, OUT,
+                         gemv_stream_launch<OUT, true>(
+                             n_tok, n_out, n_in, NULL, d_x,
+                             (const bf16_t *)d_g, eps, (const bf16_t *)d_w,
+                             (OUT *)d_y, false, stream));
+    }
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
     return BT_CUDA_LAUNCH_STATUS();
 }

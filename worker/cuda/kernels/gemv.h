@@ -1,13 +1,35 @@
 /*
- * gemv.h - skinny bf16 GEMM for decode steps (a few tokens): reads each
- * weight row once with 16-byte loads, at the memory-bandwidth limit,
- * where cuBLASLt's small-N kernels leave bandwidth unused on the
- * per-layer shapes.  worker_gemm() picks it; not called directly.
+ * gemv.h - skinny bf16 GEMMs for decode steps (1 to 64 tokens): kernels
+ * that read each weight byte once at the memory-bandwidth limit, where
+ * cuBLASLt's small-N kernels leave bandwidth unused on the per-layer
+ * shapes.  worker_gemm() times them against cuBLASLt per shape and keeps
+ * the winner (gemm.c); not called directly by the backend except
+ * cuda_gemv_norm.
+ *
+ * Variants (cuda_gemv_kernel_t):
+ * - rows:   one warp per output row, 4 + 4 16-byte chunks in flight per
+ *           lane (the round-2 default for 1-2 tokens).
+ * - rows8:  the same with 8 + 8 chunks in flight, 16 warps per SM.
+ * - stream: fixed grid, rows strided over warps, registers (round 2).
+ * - ring:   one block per SM (persistent); each warp streams a contiguous
+ *           share of the block's rows through a private shared-memory
+ *           ring (cp.async 16-byte copies, up to ~200 KB in flight per
+ *           SM, issued before the PDL wait); x staged in shared memory;
+ *           partial rows combined with shared atomics.  <= 4 tokens.
+ * - bulk:   ring with TMA bulk copies (cp.async.bulk + mbarrier), one
+ *           instruction per 4 KB piece.
+ * - mma1/mma2: tensor-core (mma.m16n8k16) skinny GEMM for 1 to 64 tokens:
+ *           one block per SM over groups of 16 (mma1) or 32 (mma2) rows,
+ *           the 8 warps split K, weights streamed through a cp.async ring
+ *           straight into fragment order (the K order is permuted
+ *           identically in the weights and x, so every fragment is one
+ *           16-byte load), tokens padded to multiples of 8.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_GEMV_H
 #define BT_WORKER_CUDA_KERNELS_GEMV_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "../cuda_int.h"
 
@@ -15,22 +37,61 @@
 extern "C" {
 #endif
 
-#define CUDA_GEMV_MAX_TOK 2 /* measured: t = 8 lost to cuBLASLt */
+#define CUDA_GEMV_MAX_TOK 2  /* the rows kernel's default range */
+#define CUDA_GEMV_MMA_MAX_TOK 64
+
+typedef enum {
+    CUDA_GEMV_ROWS = 0,
+    CUDA_GEMV_ROWS8,
+    CUDA_GEMV_STREAM,
+    CUDA_GEMV_RING,
+    CUDA_GEMV_BULK,
+    CUDA_GEMV_MMA1,
+    CUDA_GEMV_MMA2,
+    CUDA_GEMV_N_KERNELS
+} cuda_gemv_kernel_t;
+
+/* "rows", "rows8", ... (NULL when out of range). */
+const char *cuda_gemv_kernel_name(cuda_gemv_kernel_t k);
+/* The variant called `name`, or -1. */
+int cuda_gemv_kernel_by_name(const char *name);
+
+/* True when variant k handles the shape (bf16 x and w; per-variant limits
+ * on n_tok and n_in, see gemv.cu). */
+bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
+                         int n_in, cuda_dtype_t in_dt);
+
+/* y (n_tok, n_out) [+]= x (n_tok, n_in) . w (n_out, n_in)^T with variant
+ * k: bf16 inputs, f32 accumulation, y in out_dt. */
+bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
+                          int n_in, const void *d_x, const void *d_w,
+                          void *d_y, cuda_dtype_t out_dt, bool accumulate,
+                          cudaStream_t stream);
+
+/* Raises the shared-memory limit of the ring/bulk/mma kernels on the
+ * current device (also done lazily at their first launch); call outside
+ * stream capture. */
+bt_status_t cuda_gemv_prepare(void);
+
+/* Fills n bf16 values at d with a deterministic pseudo-random pattern in
+ * [-1, 1) (autotuning inputs: never zeros). */
+bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
+                           cudaStream_t stream);
 
 /* True when cuda_gemv handles the shape: bf16 inputs, n_in % 8 == 0,
  * 1 <= n_tok <= CUDA_GEMV_MAX_TOK. */
 bool cuda_gemv_ok(int n_tok, int n_in, cuda_dtype_t in_dt);
 
-/* y (n_tok, n_out) [+]= x (n_tok, n_in) . w (n_out, n_in)^T, bf16 inputs,
- * f32 accumulation, y in out_dt. */
+/* The rows kernel (or BT_GEMV_KERNEL=stream): y (n_tok, n_out) [+]= x .
+ * w^T, bf16 inputs, f32 accumulation, y in out_dt. */
 bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
                       const void *d_w, void *d_y, cuda_dtype_t out_dt,
                       bool accumulate, cudaStream_t stream);
 
-/* True when cuda_gemv_norm handles the shape: 1 <= n_tok <=
- * CUDA_GEMV_MAX_TOK, n_in % 256 == 0, n_tok * n_in bf16 fit in 48 KB, and
- * the streaming kernel is selected (BT_GEMV_KERNEL=stream; off by
- * default, see gemv.cu). */
+/* True when cuda_gemv_norm handles the shape and the fusion is selected:
+ * 1 <= n_tok <= CUDA_GEMV_MAX_TOK, n_in % 256 == 0, and either
+ * BT_GEMV_NORM=1 (ring kernel) or
+ * BT_GEMV_KERNEL=stream; n_tok * n_in bf16 <= 48 KB.  Off by default. */
 bool cuda_gemv_norm_ok(int n_tok, int n_in);
 
 /* RMSNorm fused into the GEMV input (decode steps): y (n_tok, n_out) =
