@@ -11,6 +11,7 @@
 #include "bt_alloc.h"
 #include "bt_error.h"
 #include "bt_util.h"
+#include "model/model_shard.h"
 
 struct backend_s {
     const backend_ops_t *ops;
@@ -73,6 +74,19 @@ bt_status_t backend_create(const char *name, const model_t *model,
                         "block size %d, batch tokens %d, seqs %d)",
                         cfg->n_kv_blocks, cfg->block_size,
                         cfg->max_batch_tokens, cfg->max_seqs);
+    if (cfg->tp_size < 0 || cfg->tp_size > MODEL_SHARD_MAX_TP)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "tensor parallelism %d is outside 1..%d",
+                        cfg->tp_size, MODEL_SHARD_MAX_TP);
+    if (cfg->tp_size > 1) {
+        if (ops->kv_data_rank == NULL)
+            return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
+                            "tensor parallelism (tp %d) needs the cuda "
+                            "backend, not %s", cfg->tp_size, ops->name);
+        status = model_shard_check(model_config(model), cfg->tp_size);
+        if (status != BT_OK)
+            return status;
+    }
     backend = bt_calloc(1, sizeof(*backend), "backend");
     if (backend == NULL)
         return BT_ERR_NO_MEMORY;
@@ -102,6 +116,27 @@ void backend_destroy(backend_t **backend_p)
 const char *backend_name(const backend_t *backend)
 {
     return backend->ops->name;
+}
+
+const char *backend_resolve(const char *name)
+{
+    const backend_ops_t *ops = backend_find(name ? name : "auto");
+
+    return ops != NULL && ops->is_available() ? ops->name : NULL;
+}
+
+int backend_tp_size(const backend_t *backend)
+{
+    return backend->cfg.tp_size > 1 ? backend->cfg.tp_size : 1;
+}
+
+void *backend_kv_data_rank(backend_t *backend, int rank, int layer, int kv)
+{
+    BT_ASSERT(kv == 0 || kv == 1);
+    BT_ASSERT(rank >= 0 && rank < backend_tp_size(backend));
+    if (backend->ops->kv_data_rank == NULL)
+        return backend->ops->kv_data(backend->impl, layer, kv);
+    return backend->ops->kv_data_rank(backend->impl, rank, layer, kv);
 }
 
 bt_status_t backend_forward(backend_t *backend, const backend_batch_t *batch,

@@ -79,6 +79,12 @@ typedef struct {
     void *(*kv_alloc)(void *arg, size_t bytes);
     void (*kv_free)(void *arg, void *ptr);
     void *kv_alloc_arg;    /* passed to kv_alloc / kv_free */
+    /* Tensor parallelism (cuda only): ranks = GPUs device_index ..
+     * device_index + tp_size - 1, one host thread each; 0 or 1 = one GPU.
+     * Rank r holds query heads [r*nh/tp, ...), KV heads [r*nkv/tp, ...),
+     * a hidden/tp slice of the feed-forward and a vocab/tp slice of the
+     * classifier (model/model_shard.h). */
+    int tp_size;
 } backend_config_t;
 
 /* Defaults: 256 blocks of 16 tokens, 2048 batch tokens, 64 seqs, all cores. */
@@ -103,6 +109,9 @@ typedef struct {
      * Synchronous: the copies are complete on return. */
     bt_status_t (*kv_copy_slots)(void *impl, int n, const int *src_slots,
                                  const int *dst_slots);
+    /* Rank `rank`'s pool (tensor parallelism); NULL when the backend has
+     * one rank (kv_data then serves rank 0). */
+    void *(*kv_data_rank)(void *impl, int rank, int layer, int kv);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -126,6 +135,18 @@ bt_status_t backend_forward(backend_t *backend, const backend_batch_t *batch,
  * (kv=1) array (host memory for cpu, device memory for cuda). */
 const kv_layout_t *backend_kv_layout(const backend_t *backend);
 void *backend_kv_data(backend_t *backend, int layer, int kv);
+
+/* Tensor parallelism: the number of ranks (1 without TP).  With TP,
+ * backend_kv_layout() describes ONE rank's pool (n_kv_heads = KV heads
+ * per rank), rank r holds KV heads [r*n, (r+1)*n), backend_kv_data() is
+ * rank 0's pool and backend_kv_data_rank() any rank's (device memory of
+ * GPU device_index + rank).  Block ids are the same on every rank. */
+int backend_tp_size(const backend_t *backend);
+void *backend_kv_data_rank(backend_t *backend, int rank, int layer, int kv);
+
+/* The implementation "auto", "cpu" or "cuda" resolves to on this
+ * machine ("cpu" or "cuda"), NULL when unknown or unavailable. */
+const char *backend_resolve(const char *name);
 
 /* Copies one block's K and V in every layer (copy-on-write, compaction). */
 bt_status_t backend_kv_copy_block(backend_t *backend, int src_block,
