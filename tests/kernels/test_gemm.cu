@@ -1,8 +1,11 @@
 /*
- * test_gemm.cu - worker_gemm() (cuBLASLt) against gemm_ref(): f32 in/out
- * (exactness mode, no TF32), bf16 in/out, bf16 in with f32 out added to
- * the existing output (the residual add), odd shapes; output poisoned
- * before each plain run.  --bench times the Llama-3-8B projection shapes.
+ * test_gemm.cu - worker_gemm() (cuBLASLt + autotuned GEMV variants)
+ * against gemm_ref(): f32 in/out (exactness mode, no TF32), bf16 in/out,
+ * bf16 in with f32 out added to the existing output (the residual add),
+ * odd shapes; output poisoned before each plain run.  Then every GEMV
+ * variant of kernels/gemv.h (cuda_gemv_run) on every shape it supports,
+ * and the RMSNorm-fused GEMV (stream and ring kernels).  --bench times
+ * the Llama-3-8B projection shapes.
  * Run: build-cuda/gpu/test_gemm [--bench]   (make gpu-test)
  */
 #include "gemm.h"
@@ -26,10 +29,40 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
     KT_OK(worker_gemm(g, t, o, i, d_x, d_w, in_dt, d_y, out_dt, acc != 0, 0));
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
     char what[96];
-    snprintf(what, sizeof(what), "gemm%s %s->%s%s t=%d o=%d i=%d",
-             getenv("BT_GEMV_KERNEL") ? " (gemv stream)" : "", kt_dt_name(in_dt), kt_dt_name(out_dt), acc ? " +=" : "", t, o, i);
+    snprintf(what, sizeof(what), "gemm%s%s %s->%s%s t=%d o=%d i=%d",
+             getenv("BT_GEMV_FORCE") ? " force=" : "",
+             getenv("BT_GEMV_FORCE") ? getenv("BT_GEMV_FORCE") : "",
+             kt_dt_name(in_dt), kt_dt_name(out_dt), acc ? " +=" : "", t, o, i);
     kt_compare(what, y, ref, (size_t)t * o,
                in_dt == CUDA_DT_F32 ? 1e-5 : 1e-2);
+    cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
+    free(x); free(w); free(y0); free(ref); free(y);
+}
+
+/* One GEMV variant k on (t, o, i), out_dt, plain (poisoned output) or
+ * accumulating. */
+static void run_variant(int k, int t, int o, int i, cuda_dtype_t out_dt,
+                        int acc)
+{
+    float *x = kt_rand_vec((size_t)t * i, -1, 1, CUDA_DT_BF16);
+    float *w = kt_rand_vec((size_t)o * i, -1, 1, CUDA_DT_BF16);
+    float *y0 = kt_rand_vec((size_t)t * o, -1, 1, out_dt);
+    float *ref = (float *)malloc(sizeof(float) * t * o);
+    memcpy(ref, y0, sizeof(float) * t * o);
+    gemm_ref(t, o, i, x, w, ref, acc);
+    void *d_x = kt_upload(x, (size_t)t * i, CUDA_DT_BF16);
+    void *d_w = kt_upload(w, (size_t)o * i, CUDA_DT_BF16);
+    void *d_y = acc ? kt_upload(y0, (size_t)t * o, out_dt)
+                    : kt_poisoned((size_t)t * o, out_dt);
+    KT_OK(cuda_gemv_run((cuda_gemv_kernel_t)k, t, o, i, d_x, d_w, d_y, out_dt,
+                        acc != 0, 0));
+    KT_CUDA(cudaGetLastError());
+    float *y = kt_download(d_y, (size_t)t * o, out_dt);
+    char what[96];
+    snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d",
+             cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), kt_dt_name(out_dt),
+             acc ? " +=" : "", t, o, i);
+    kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
     free(x); free(w); free(y0); free(ref); free(y);
 }
@@ -57,7 +90,10 @@ static void run_norm_case(int t, int o, int i, cuda_dtype_t out_dt)
     KT_CUDA(cudaDeviceSynchronize());
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
     char what[96];
-    snprintf(what, sizeof(what), "gemv+rmsnorm bf16->%s t=%d o=%d i=%d",
+    snprintf(what, sizeof(what), "gemv+rmsnorm (%s) bf16->%s t=%d o=%d i=%d",
+             getenv("BT_GEMV_NORM") ? (getenv("BT_GEMV_NORM_KERNEL") ? "bulk"
+                                                                     : "ring")
+                                    : "stream",
              kt_dt_name(out_dt), t, o, i);
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_y);
@@ -138,15 +174,77 @@ int main(int argc, char **argv)
     }
     }
     {
-        /* cuda_gemv_norm needs the streaming kernel */
-        setenv("BT_GEMV_KERNEL", "stream", 1);
+        /* Every variant on every shape it supports: odd row counts, token
+         * counts that are not multiples of 8, K not a power of two. */
+        const int vsh[][3] = {{1, 77, 256}, {2, 1000, 1024}, {3, 4099, 512},
+                              {4, 33, 2304}, {1, 6144, 4096},
+                              {5, 1000, 4096}, {8, 77, 512}, {13, 300, 1024},
+                              {16, 513, 1280}, {33, 260, 768},
+                              {64, 1000, 4096}, {2, 20000, 256},
+                              {1, 4096, 14336}, {7, 129, 96}, {1, 5, 512},
+                              {3, 131, 32}, {1, 1, 256}, {4, 200, 8},
+                              {64, 17, 64}, {24, 4100, 4096}};
+        for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++) {
+            int n = 0;
+            for (size_t s = 0; s < sizeof(vsh) / sizeof(vsh[0]); s++) {
+                int t = vsh[s][0], o = vsh[s][1], i = vsh[s][2];
+                if (!cuda_gemv_kernel_ok((cuda_gemv_kernel_t)k, t, o, i,
+                                         CUDA_DT_BF16))
+                    continue;
+                run_variant(k, t, o, i, CUDA_DT_BF16, 0);
+                run_variant(k, t, o, i, CUDA_DT_F32, 0);
+                run_variant(k, t, o, i, CUDA_DT_F32, 1);
+                n++;
+            }
+            printf("INFO variant %s: %d shapes\n",
+                   cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), n);
+        }
+    }
+    {
+        /* cuda_gemv_norm: the streaming kernel, then the ring kernel
+         * (BT_GEMV_NORM=1) with cp.async and with bulk copies. */
         const int nsh[][3] = {{1, 6144, 4096}, {2, 1000, 4096}, {1, 7, 256},
-                              {2, 3000, 1024}};
-        for (size_t s = 0; s < sizeof(nsh) / sizeof(nsh[0]); s++) {
-            run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_BF16);
-            run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_F32);
+                              {2, 3000, 1024}, {1, 28672, 4096}};
+        for (int mode = 0; mode < 3; mode++) {
+            if (mode == 0) {
+                setenv("BT_GEMV_KERNEL", "stream", 1);
+            } else {
+                unsetenv("BT_GEMV_KERNEL");
+                setenv("BT_GEMV_NORM", "1", 1);
+                if (mode == 2)
+                    setenv("BT_GEMV_NORM_KERNEL", "bulk", 1);
+            }
+            for (size_t s = 0; s < sizeof(nsh) / sizeof(nsh[0]); s++) {
+                if (!cuda_gemv_norm_ok(nsh[s][0], nsh[s][2])) {
+                    printf("FAIL gemv_norm_ok false for t=%d i=%d\n",
+                           nsh[s][0], nsh[s][2]);
+                    kt_failures++;
+                    continue;
+                }
+                run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_BF16);
+                run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_F32);
+            }
         }
         unsetenv("BT_GEMV_KERNEL");
+        unsetenv("BT_GEMV_NORM");
+        unsetenv("BT_GEMV_NORM_KERNEL");
+    }
+    {
+        /* worker_gemm with a forced variant, and the tuned choices. */
+        const char *force[] = {"mma1", "mma2", "ring", "bulk", "rows8", "lt"};
+        for (size_t f = 0; f < sizeof(force) / sizeof(force[0]); f++) {
+            setenv("BT_GEMV_FORCE", force[f], 1);
+            run_case(g, 3, 1000, 4096, CUDA_DT_BF16, CUDA_DT_F32, 1);
+            run_case(g, 2, 333, 512, CUDA_DT_BF16, CUDA_DT_BF16, 0);
+        }
+        unsetenv("BT_GEMV_FORCE");
+        for (int t = 1; t <= 128; t *= 2) {
+            float us = 0.0f;
+            const char *c = worker_gemm_choice(g, t, 1000, 4096, CUDA_DT_F32,
+                                               &us);
+            printf("INFO tuned o=1000 i=4096 t=%d: %s %.1f us\n", t,
+                   c ? c : "(none)", us);
+        }
     }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench(g, "worker_gemm", 1 << 30);

@@ -7,10 +7,32 @@
  * m = n_out, n = n_tok, k = n_in.  Descriptors and the heuristic's pick
  * are built the first time a shape is seen and kept (llm.c
  * matmul_cublaslt, minus its globals).
+ *
+ * Skinny shapes (decode steps, <= GEMM_TUNE_MAX_TOK tokens, bf16) are
+ * autotuned: the first time a weight shape (n_out, n_in, out dtype) is
+ * used OUTSIDE stream capture (a prefill, normally, before any decode
+ * graph is captured), every token bucket 1, 2, 4, ..., 128 of that shape
+ * is timed with CUDA events on the caller's stream (L2 flushed before each
+ * run, median of GEMM_TUNE_REPS) for each GEMV variant that supports it
+ * (kernels/gemv.h) and the first GEMM_LT_CANDS algorithms of cuBLASLt's
+ * heuristic; every GEMV variant's output is first checked against
+ * cuBLASLt's on the same pseudo-random input (a variant that disagrees is
+ * dropped with a WARN).  The winner per (bucket, n_out, n_in, out dtype)
+ * is cached and logged at INFO; a call with n_tok tokens uses the winner
+ * of its power-of-two bucket (a cuBLASLt winner only when n_tok is the
+ * bucket itself, else the heuristic's algorithm).  Shapes first seen
+ * during capture are never timed: they take the static default (the rows
+ * GEMV for <= 2 tokens, else cuBLASLt's heuristic) until a call outside
+ * capture tunes them (graphs captured before that keep the default).
+ * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
+ * a GEMV variant wherever it supports the shape ("lt": cuBLASLt);
+ * BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV=0 is cuBLASLt
+ * only.
  */
 #include "gemm.h"
 
 #include <cublasLt.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +42,12 @@
 #include "kernels/gemv.h"
 
 #define GEMM_MAX_PLANS 256
+#define GEMM_MAX_TUNED 1024
+#define GEMM_TUNE_MAX_TOK 128   /* largest tuned token bucket */
+#define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
+#define GEMM_TUNE_REPS 5
+#define GEMM_FLUSH_BYTES (128u << 20) /* > L2 (50 MB on H100/H200) */
+#define GEMM_CHOICE_LT 100      /* choice >= this: cuBLASLt algo (c - 100) */
 
 /* One planned shape. */
 typedef struct {
@@ -36,6 +64,17 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;     /* the heuristic's first choice */
 } gemm_plan_t;
 
+/* One tuned (bucket, weight shape): the winner and its time. */
+typedef struct {
+    int bucket;                    /* token count tuned (power of two) */
+    int n_out;
+    int n_in;
+    cuda_dtype_t out_dt;
+    int choice;                    /* cuda_gemv_kernel_t, or GEMM_CHOICE_LT + i */
+    cublasLtMatmulAlgo_t algo;     /* the cuBLASLt winner's algorithm */
+    float us;                      /* its median time */
+} gemm_tuned_t;
+
 struct worker_gemm_ctx_s {
     cublasLtHandle_t handle;
     void *d_ws;                    /* workspace, ws_bytes */
@@ -43,6 +82,9 @@ struct worker_gemm_ctx_s {
     gemm_plan_t *plans;            /* (GEMM_MAX_PLANS) */
     int n_plans;
     bool use_gemv;                 /* skinny shapes to cuda_gemv (BT_GEMV) */
+    bool tune;                     /* autotune skinny shapes (BT_GEMM_TUNE) */
+    gemm_tuned_t *tuned;           /* (GEMM_MAX_TUNED) */
+    int n_tuned;
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -67,6 +109,11 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         status = BT_ERR_NO_MEMORY;
         goto err_free_ctx;
     }
+    ctx->tuned = bt_calloc(GEMM_MAX_TUNED, sizeof(*ctx->tuned), "gemm_tuned");
+    if (ctx->tuned == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto err_free_plans;
+    }
     status = gemm_check(cublasLtCreate(&ctx->handle), "create");
     if (status != BT_OK)
         goto err_free_plans;
@@ -77,13 +124,22 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     {
         const char *env = getenv("BT_GEMV"); /* 0: cuBLASLt for all */
         ctx->use_gemv = env == NULL || strcmp(env, "0") != 0;
+        env = getenv("BT_GEMM_TUNE"); /* 0: static defaults */
+        ctx->tune = ctx->use_gemv && (env == NULL || strcmp(env, "0") != 0);
     }
+    /* Shared-memory limits of the ring kernels, outside any capture. */
+    status = cuda_gemv_prepare();
+    if (status != BT_OK)
+        goto err_free_ws;
     *ctx_p = ctx;
     return BT_OK;
 
+err_free_ws:
+    cuda__dev_free(&ctx->d_ws);
 err_destroy_handle:
     cublasLtDestroy(ctx->handle);
 err_free_plans:
+    bt_free(ctx->tuned);
     bt_free(ctx->plans);
 err_free_ctx:
     bt_free(ctx);
@@ -113,6 +169,7 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
         gemm_plan_cleanup(&ctx->plans[i]);
     cuda__dev_free(&ctx->d_ws);
     cublasLtDestroy(ctx->handle);
+    bt_free(ctx->tuned);
     bt_free(ctx->plans);
     bt_free(ctx);
     *ctx_p = NULL;
@@ -236,29 +293,447 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx)
     return ctx->use_gemv;
 }
 
+static bt_status_t gemm_lt_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                               const cublasLtMatmulAlgo_t *algo,
+                               const void *d_x, const void *d_w, void *d_y,
+                               bool accumulate, cudaStream_t stream)
+{
+    const float alpha = 1.0f;
+    const float beta = accumulate ? 1.0f : 0.0f;
+
+    return gemm_check(cublasLtMatmul(ctx->handle, p->op, &alpha, d_w, p->a,
+                                     d_x, p->b, &beta, d_y, p->d, d_y, p->d,
+                                     algo, ctx->d_ws, ctx->ws_bytes, stream),
+                      "matmul");
+}
+
+// ---------------------------------------------------------------------
+// Autotuning
+
+static int gemm_bucket(int n_tok)
+{
+    int b = 1;
+
+    while (b < n_tok)
+        b <<= 1;
+    return b;
+}
+
+static gemm_tuned_t *gemm_tuned_find(worker_gemm_ctx_t *ctx, int bucket,
+                                     int n_out, int n_in, cuda_dtype_t out_dt)
+{
+    for (int i = 0; i < ctx->n_tuned; i++) {
+        gemm_tuned_t *t = &ctx->tuned[i];
+        if (t->bucket == bucket && t->n_out == n_out && t->n_in == n_in &&
+            t->out_dt == out_dt)
+            return t;
+    }
+    return NULL;
+}
+
+/* True when variant k is listed in BT_GEMV_DISABLE (comma-separated). */
+static bool gemm_gemv_disabled(int k)
+{
+    const char *env = getenv("BT_GEMV_DISABLE");
+    const char *name = cuda_gemv_kernel_name((cuda_gemv_kernel_t)k);
+    size_t len = strlen(name);
+
+    for (const char *p = env; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == len && strncmp(p, name, n) == 0)
+            return true;
+        p = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+/* Scratch of one family's tuning. */
+typedef struct {
+    void *d_x;           /* (GEMM_TUNE_MAX_TOK, n_in) bf16, pseudo-random */
+    void *d_y;           /* (GEMM_TUNE_MAX_TOK, n_out) out_dt */
+    void *d_ref;         /* same: cuBLASLt's result */
+    void *d_flush;       /* GEMM_FLUSH_BYTES */
+    double *d_err;       /* 3 doubles */
+    cudaEvent_t ev[2];
+} gemm_scratch_t;
+
+/* Runs candidate c (gemv variant, or GEMM_CHOICE_LT + i of algos). */
+static bt_status_t gemm_cand_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                                 const cublasLtMatmulAlgo_t *algos, int c,
+                                 const void *d_x, const void *d_w, void *d_y,
+                                 cudaStream_t stream)
+{
+    if (c >= GEMM_CHOICE_LT)
+        return gemm_lt_run(ctx, p, &algos[c - GEMM_CHOICE_LT], d_x, d_w, d_y,
+                           false, stream);
+    return cuda_gemv_run((cuda_gemv_kernel_t)c, p->n_tok, p->n_out, p->n_in,
+                         d_x, d_w, d_y, p->out_dt, false, stream);
+}
+
+/* Median time in microseconds of candidate c over GEMM_TUNE_REPS runs,
+ * each after an L2 flush; one untimed run first. */
+static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                                  const cublasLtMatmulAlgo_t *algos, int c,
+                                  const void *d_w, gemm_scratch_t *sc,
+                                  cudaStream_t stream, float *us_p)
+{
+    float t[GEMM_TUNE_REPS];
+    bt_status_t status;
+
+    status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y, stream);
+    for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++) {
+        status = BT_CUDA_STATUS(cudaMemsetAsync(sc->d_flush, r,
+                                                GEMM_FLUSH_BYTES, stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
+        if (status == BT_OK)
+            status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y,
+                                   stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[1], stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventSynchronize(sc->ev[1]));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventElapsedTime(&t[r], sc->ev[0],
+                                                         sc->ev[1]));
+    }
+    if (status != BT_OK)
+        return status;
+    for (int i = 1; i < GEMM_TUNE_REPS; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float v = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = v;
+        }
+    *us_p = t[GEMM_TUNE_REPS / 2] * 1e3f;
+    return BT_OK;
+}
+
+/* Relative L2 difference of variant c's output from cuBLASLt's (d_ref);
+ * > 1 when anything is not finite. */
+static bt_status_t gemm_cand_check(worker_gemm_ctx_t *ctx,
+                                   const gemm_plan_t *p, int c,
+                                   const void *d_w, gemm_scratch_t *sc,
+                                   cudaStream_t stream, double *rel_p)
+{
+    size_t n = (size_t)p->n_tok * p->n_out;
+    double h[3];
+    bt_status_t status;
+
+    status = BT_CUDA_STATUS(cudaMemsetAsync(
+        sc->d_y, 0xFF, n * cuda_dtype_size(p->out_dt), stream));
+    if (status == BT_OK)
+        status = gemm_cand_run(ctx, p, NULL, c, sc->d_x, d_w, sc->d_y, stream);
+    if (status == BT_OK)
+        status = cuda_gemv_rel_err(sc->d_y, sc->d_ref, n, p->out_dt,
+                                   sc->d_err, stream);
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(h, sc->d_err, sizeof(h),
+                                                cudaMemcpyDeviceToHost,
+                                                stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
+    if (status != BT_OK)
+        return status;
+    *rel_p = h[2] > 0 ? 2.0 : sqrt(h[0] / (h[1] > 0 ? h[1] : 1.0));
+    return BT_OK;
+}
+
+static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
+                                           int n_out, int n_in,
+                                           cuda_dtype_t in_dt,
+                                           cuda_dtype_t out_dt);
+
+/* Tunes one bucket of a weight shape (scratch ready); adds the entry. */
+static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
+                                    int n_out, int n_in, cuda_dtype_t out_dt,
+                                    const void *d_w, gemm_scratch_t *sc,
+                                    cudaStream_t stream)
+{
+    cublasLtMatmulAlgo_t algos[GEMM_LT_CANDS];
+    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS];
+    cublasLtMatmulPreference_t pref = NULL;
+    int n_algos = 0, best = -1, n_ok = 0;
+    float best_us = 0.0f;
+    char line[512];
+    size_t len = 0;
+    gemm_plan_t *p;
+    gemm_tuned_t *t;
+    bt_status_t status;
+
+    p = gemm_plan_find_or_null(ctx, bucket, n_out, n_in, CUDA_DT_BF16, out_dt);
+    if (p == NULL)
+        return BT_ERR_CUDA;
+    /* cuBLASLt's candidates: the heuristic's first GEMM_LT_CANDS. */
+    status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
+            sizeof(ctx->ws_bytes)), "pref workspace");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
+            ctx->handle, p->op, p->a, p->b, p->d, p->d, pref, GEMM_LT_CANDS,
+            res, &n_algos), "heuristic");
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < n_algos; i++)
+        algos[i] = res[i].algo;
+    if (n_algos == 0)
+        algos[n_algos++] = p->algo;
+    /* The reference output: the heuristic's first algorithm. */
+    status = gemm_lt_run(ctx, p, &algos[0], sc->d_x, d_w, sc->d_ref, false,
+                         stream);
+    if (status != BT_OK)
+        return status;
+
+    len += (size_t)snprintf(line + len, sizeof(line) - len, "[");
+    for (int c = 0; c < CUDA_GEMV_N_KERNELS + n_algos; c++) {
+        int cand = c < CUDA_GEMV_N_KERNELS ? c
+                                           : GEMM_CHOICE_LT +
+                                                 (c - CUDA_GEMV_N_KERNELS);
+        char name[16];
+        float us = 0.0f;
+
+        if (cand < GEMM_CHOICE_LT) {
+            double rel = 0.0;
+            if (!cuda_gemv_kernel_ok((cuda_gemv_kernel_t)cand, bucket, n_out,
+                                     n_in, CUDA_DT_BF16) ||
+                gemm_gemv_disabled(cand))
+                continue;
+            snprintf(name, sizeof(name), "%s",
+                     cuda_gemv_kernel_name((cuda_gemv_kernel_t)cand));
+            status = gemm_cand_check(ctx, p, cand, d_w, sc, stream, &rel);
+            if (status != BT_OK)
+                return status;
+            if (!(rel <= 2e-2)) {
+                BT_LOG_WARN("CUDA", "gemm tune: %s disagrees with cuBLASLt "
+                            "at t=%d o=%d i=%d (rel err %.3g): dropped",
+                            name, bucket, n_out, n_in, rel);
+                continue;
+            }
+        } else {
+            snprintf(name, sizeof(name), "lt%d", cand - GEMM_CHOICE_LT);
+        }
+        status = gemm_cand_time(ctx, p, algos, cand, d_w, sc, stream, &us);
+        if (status != BT_OK) {
+            if (cand < GEMM_CHOICE_LT)
+                return status;
+            bt_error_clear();
+            continue; /* a cuBLASLt algorithm that does not run */
+        }
+        n_ok++;
+        if (len < sizeof(line))
+            len += (size_t)snprintf(line + len, sizeof(line) - len,
+                                    "%s%s %.1f", n_ok > 1 ? ", " : "", name,
+                                    us);
+        if (best < 0 || us < best_us) {
+            best = cand;
+            best_us = us;
+        }
+    }
+    if (best < 0)
+        return BT_ERR_CUDA;
+    if (ctx->n_tuned == GEMM_MAX_TUNED)
+        return BT_OK; /* full: the static default from now on */
+    t = &ctx->tuned[ctx->n_tuned++];
+    memset(t, 0, sizeof(*t));
+    t->bucket = bucket;
+    t->n_out = n_out;
+    t->n_in = n_in;
+    t->out_dt = out_dt;
+    t->choice = best;
+    if (best >= GEMM_CHOICE_LT)
+        t->algo = algos[best - GEMM_CHOICE_LT];
+    t->us = best_us;
+    {
+        char bname[16];
+        if (best >= GEMM_CHOICE_LT)
+            snprintf(bname, sizeof(bname), "lt%d", best - GEMM_CHOICE_LT);
+        else
+            snprintf(bname, sizeof(bname), "%s",
+                     cuda_gemv_kernel_name((cuda_gemv_kernel_t)best));
+        BT_LOG_INFO("CUDA", "gemm tune t=%d o=%d i=%d out=%s: %s %.1f us "
+                    "(%.2f TB/s of weights) %s us]", bucket, n_out, n_in,
+                    out_dt == CUDA_DT_F32 ? "f32" : "bf16", bname, best_us,
+                    2.0 * n_out * n_in / (best_us * 1e-6) / 1e12, line);
+    }
+    return BT_OK;
+}
+
+/* Tunes every bucket 1..GEMM_TUNE_MAX_TOK of a weight shape.  Errors turn
+ * tuning off for the context (logged once) and leave the defaults. */
+static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
+                             cuda_dtype_t out_dt, const void *d_w,
+                             cudaStream_t stream)
+{
+    gemm_scratch_t sc;
+    size_t es = cuda_dtype_size(out_dt);
+    size_t ny = (size_t)GEMM_TUNE_MAX_TOK * n_out;
+    bt_status_t status;
+    double t0 = bt_time_s();
+
+    memset(&sc, 0, sizeof(sc));
+    status = cuda__dev_malloc(&sc.d_x, (size_t)GEMM_TUNE_MAX_TOK * n_in * 2,
+                              "gemm_tune_x");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc.d_y, ny * es, "gemm_tune_y");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc.d_ref, ny * es, "gemm_tune_ref");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc.d_flush, GEMM_FLUSH_BYTES,
+                                  "gemm_tune_flush");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&sc.d_err, 3 * sizeof(double),
+                                  "gemm_tune_err");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[0]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[1]));
+    if (status == BT_OK)
+        status = cuda_gemv_fill(sc.d_x, (size_t)GEMM_TUNE_MAX_TOK * n_in,
+                                0x5eed1234u ^ (uint32_t)n_out, stream);
+    for (int b = 1; b <= GEMM_TUNE_MAX_TOK && status == BT_OK; b <<= 1)
+        status = gemm_tune_bucket(ctx, b, n_out, n_in, out_dt, d_w, &sc,
+                                  stream);
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
+    if (status != BT_OK) {
+        BT_LOG_WARN("CUDA", "gemm tune o=%d i=%d failed: autotuning off, "
+                    "static defaults from now on", n_out, n_in);
+        ctx->tune = false;
+        (void)cudaStreamSynchronize(stream);
+        (void)cudaGetLastError();
+    } else {
+        BT_LOG_INFO("CUDA", "gemm tune o=%d i=%d: %.0f ms", n_out, n_in,
+                    (bt_time_s() - t0) * 1e3);
+    }
+    if (sc.ev[1])
+        cudaEventDestroy(sc.ev[1]);
+    if (sc.ev[0])
+        cudaEventDestroy(sc.ev[0]);
+    cuda__dev_free((void **)&sc.d_err);
+    cuda__dev_free(&sc.d_flush);
+    cuda__dev_free(&sc.d_ref);
+    cuda__dev_free(&sc.d_y);
+    cuda__dev_free(&sc.d_x);
+}
+
+static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
+                                           int n_out, int n_in,
+                                           cuda_dtype_t in_dt,
+                                           cuda_dtype_t out_dt)
+{
+    gemm_plan_t *p = NULL;
+
+    if (gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt, false, &p) !=
+        BT_OK)
+        return NULL;
+    return p;
+}
+
+/* The forced variant (BT_GEMV_FORCE): a cuda_gemv_kernel_t, GEMM_CHOICE_LT
+ * for "lt", or -1 when unset or unknown. */
+static int gemm_forced(void)
+{
+    const char *env = getenv("BT_GEMV_FORCE");
+
+    if (env == NULL || *env == '\0')
+        return -1;
+    if (strcmp(env, "lt") == 0)
+        return GEMM_CHOICE_LT;
+    return cuda_gemv_kernel_by_name(env);
+}
+
+static bool gemm_capturing(cudaStream_t stream)
+{
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true; /* unknown: do not tune */
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                               int n_in, cuda_dtype_t out_dt, float *us_p)
+{
+    static char name[16];
+    gemm_tuned_t *t;
+
+    if (n_tok < 1 || n_tok > GEMM_TUNE_MAX_TOK)
+        return NULL;
+    t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in, out_dt);
+    if (t == NULL)
+        return NULL;
+    if (us_p)
+        *us_p = t->us;
+    if (t->choice >= GEMM_CHOICE_LT) {
+        snprintf(name, sizeof(name), "lt%d", t->choice - GEMM_CHOICE_LT);
+        return name;
+    }
+    return cuda_gemv_kernel_name((cuda_gemv_kernel_t)t->choice);
+}
+
 bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                         int n_in, const void *d_x, const void *d_w,
                         cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,
                         bool accumulate, cudaStream_t stream)
 {
-    const float alpha = 1.0f;
-    const float beta = accumulate ? 1.0f : 0.0f;
     gemm_plan_t *p;
     bt_status_t status;
 
     BT_ASSERT(n_tok >= 0 && n_out > 0 && n_in > 0);
     if (n_tok == 0)
         return BT_OK;
-    /* Decode steps of a few tokens: the bandwidth-bound GEMV kernel. */
-    if (ctx->use_gemv && cuda_gemv_ok(n_tok, n_in, in_dt))
-        return cuda_gemv(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
-                         accumulate, stream);
+    if (ctx->use_gemv && in_dt == CUDA_DT_BF16) {
+        int forced = gemm_forced();
+        gemm_tuned_t *t = NULL;
+
+        if (forced >= 0 && forced < GEMM_CHOICE_LT &&
+            cuda_gemv_kernel_ok((cuda_gemv_kernel_t)forced, n_tok, n_out,
+                                n_in, in_dt))
+            return cuda_gemv_run((cuda_gemv_kernel_t)forced, n_tok, n_out,
+                                 n_in, d_x, d_w, d_y, out_dt, accumulate,
+                                 stream);
+        if (forced < 0) {
+            if (ctx->tune && n_tok <= GEMM_TUNE_MAX_TOK)
+                t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in,
+                                    out_dt);
+            if (ctx->tune && t == NULL &&
+                ctx->n_tuned + 8 <= GEMM_MAX_TUNED &&
+                gemm_tuned_find(ctx, 1, n_out, n_in, out_dt) == NULL &&
+                !gemm_capturing(stream)) {
+                gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, stream);
+                if (n_tok <= GEMM_TUNE_MAX_TOK)
+                    t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in,
+                                        out_dt);
+            }
+            if (t != NULL && t->choice < GEMM_CHOICE_LT &&
+                cuda_gemv_kernel_ok((cuda_gemv_kernel_t)t->choice, n_tok,
+                                    n_out, n_in, in_dt))
+                return cuda_gemv_run((cuda_gemv_kernel_t)t->choice, n_tok,
+                                     n_out, n_in, d_x, d_w, d_y, out_dt,
+                                     accumulate, stream);
+            if (t == NULL && cuda_gemv_ok(n_tok, n_in, in_dt))
+                return cuda_gemv(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
+                                 accumulate, stream); /* static default */
+        }
+        if (t != NULL && t->choice >= GEMM_CHOICE_LT && n_tok == t->bucket) {
+            status = gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,
+                                    accumulate, &p);
+            if (status != BT_OK)
+                return status;
+            return gemm_lt_run(ctx, p, &t->algo, d_x, d_w, d_y, accumulate,
+                               stream);
+        }
+    }
     status = gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,
                             accumulate, &p);
     if (status != BT_OK)
         return status;
-    return gemm_check(cublasLtMatmul(ctx->handle, p->op, &alpha, d_w, p->a,
-                                     d_x, p->b, &beta, d_y, p->d, d_y, p->d,
-                                     &p->algo, ctx->d_ws, ctx->ws_bytes,
-                                     stream), "matmul");
+    return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_y, accumulate, stream);
 }

@@ -9,7 +9,11 @@
  *
  * The context owns the cuBLASLt handle, the workspace and a cache of the
  * heuristic's algorithm per shape, so a shape is planned once and the
- * call is safe inside CUDA graph capture.  Not thread-safe.
+ * call is safe inside CUDA graph capture.  Skinny bf16 shapes (<= 128
+ * tokens) are autotuned between the GEMV variants of kernels/gemv.h and
+ * cuBLASLt the first time their weight shape is used outside capture
+ * (gemm.c says how; BT_GEMM_TUNE=0 off, BT_GEMV_FORCE=NAME forces a
+ * variant).  Not thread-safe.
  */
 #ifndef BT_WORKER_CUDA_GEMM_H
 #define BT_WORKER_CUDA_GEMM_H
@@ -36,6 +40,13 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                         int n_in, const void *d_x, const void *d_w,
                         cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,
                         bool accumulate, cudaStream_t stream);
+
+/* The autotuned choice for n_tok tokens of a bf16 weight shape ("rows",
+ * "mma1", "lt0" = cuBLASLt's heuristic algorithm 0, ...) and its median
+ * time in us (*us_p, may be NULL), or NULL when not tuned.  The name is a
+ * static buffer, valid until the next call. */
+const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                               int n_in, cuda_dtype_t out_dt, float *us_p);
 
 /* True when worker_gemm sends skinny shapes to the GEMV kernels (not
  * disabled with BT_GEMV=0); the backend then also fuses RMSNorm into them

@@ -1068,3 +1068,47 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
         return BT_CUDA_STATUS(err);
     return BT_CUDA_LAUNCH_STATUS();
 }
+
+/* acc[0] += sum (y - ref)^2, acc[1] += sum ref^2, acc[2] += count of
+ * non-finite y. */
+template <typename T>
+static __global__ void gemv_err_kernel(const T *y, const T *ref, size_t n,
+                                       double *acc)
+{
+    __shared__ float red[32];
+    float d2 = 0.0f, r2 = 0.0f, bad = 0.0f;
+
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float a = kern_to_f(y[i]), b = kern_to_f(ref[i]);
+        if (!isfinite(a)) {
+            bad += 1.0f;
+            continue;
+        }
+        d2 += (a - b) * (a - b);
+        r2 += b * b;
+    }
+    d2 = kern_block_sum(d2, red);
+    r2 = kern_block_sum(r2, red);
+    bad = kern_block_sum(bad, red);
+    if (threadIdx.x == 0) {
+        atomicAdd(&acc[0], (double)d2);
+        atomicAdd(&acc[1], (double)r2);
+        atomicAdd(&acc[2], (double)bad);
+    }
+}
+
+bt_status_t cuda_gemv_rel_err(const void *d_y, const void *d_ref, size_t n,
+                              cuda_dtype_t dt, double *d_acc,
+                              cudaStream_t stream)
+{
+    unsigned blocks = (unsigned)BT_MAX(BT_MIN(BT_DIV_UP(n, 256),
+                                              (size_t)1024), (size_t)1);
+    cudaError_t err = cudaMemsetAsync(d_acc, 0, 3 * sizeof(double), stream);
+
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
+    KERN_DISPATCH_DT(dt, T, gemv_err_kernel<T><<<blocks, 256, 0, stream>>>(
+        (const T *)d_y, (const T *)d_ref, n, d_acc));
+    return BT_CUDA_LAUNCH_STATUS();
+}

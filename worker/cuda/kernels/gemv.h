@@ -78,6 +78,13 @@ bt_status_t cuda_gemv_prepare(void);
 bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
                            cudaStream_t stream);
 
+/* Difference of two device outputs of n elements in dt, for the
+ * autotuner's check: writes {sum (y - ref)^2, sum ref^2, non-finite count
+ * of y} to d_acc[3] (device doubles) on `stream`. */
+bt_status_t cuda_gemv_rel_err(const void *d_y, const void *d_ref, size_t n,
+                              cuda_dtype_t dt, double *d_acc,
+                              cudaStream_t stream);
+
 /* True when cuda_gemv handles the shape: bf16 inputs, n_in % 8 == 0,
  * 1 <= n_tok <= CUDA_GEMV_MAX_TOK. */
 bool cuda_gemv_ok(int n_tok, int n_in, cuda_dtype_t in_dt);
