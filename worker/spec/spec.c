@@ -14,6 +14,9 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "spec_int.h"
+#ifdef BATON_HAVE_CUDA
+#include "cuda/cuda_draft.h"
+#endif
 
 #define SPEC_PEND_CAP 64   /* target features buffered before the draft
                               head is fed (plain decoding defers it) */
@@ -56,19 +59,30 @@ typedef struct {
 struct spec_seq_s {
     spec_t *spec;             /* owner */
     engine_seq_t *seq;        /* borrowed */
-    spec_head_kv_t kv;        /* draft head cache: true pairs, then tree */
+    spec_head_kv_t kv;        /* host head: draft cache, true pairs then
+                                 tree (device head: its state's slice) */
+    int state;                /* device head: draft state, -1 = none (the
+                                 sequence then always decodes plainly) */
     int draft_len;            /* draft slots holding true (f[t], x[t+1]) */
     float *pend;              /* (SPEC_PEND_CAP, dim) features not yet fed */
     int n_pend;
     int pend_pos;             /* position of pend's first row; rows before
                                  it are fed or were dropped (a gap in the
                                  draft cache while speculation was off) */
-    float *root_feat;         /* (dim) head output of slot draft_len - 1 */
+    float *root_feat;         /* (dim) head output of slot draft_len - 1
+                                 (host head; device: store row 0) */
     spec_node_t *nodes;       /* (node_cap) this step's candidates */
     int n_nodes;
     int *by_score;            /* (node_cap) selected node ids, best first */
     int n_sel;
-    float *exp_feat;          /* (exp_cap, dim) outputs of expanded nodes */
+    float *exp_feat;          /* (exp_cap, dim) outputs of expanded nodes
+                                 (host head; device: store rows 1..) */
+    int frontier[SPEC_MAX_TOPK]; /* nodes expanded at the next level */
+    int n_front;
+    int n_exp;                /* nodes expanded so far this step */
+    int depth_lim;            /* levels of this step's tree */
+    int tokens_plan;          /* draft tokens it may verify this step */
+    int lrow0;                /* its first row in this level's batch */
     int *v_tokens;            /* (1 + SPEC_MAX_TOKENS) verification chunk */
     int *v_pos;               /* (1 + SPEC_MAX_TOKENS) RoPE positions */
     uint8_t *v_mask;          /* ((1 + SPEC_MAX_TOKENS)^2) tree mask */
@@ -106,6 +120,20 @@ struct spec_s {
                                  accepted KV to move this step */
     int *mv_dst;              /* (max_seqs * SPEC_MAX_DEPTH) */
     int n_mv;
+    int max_seqs;
+    spec_seq_t **dseqs;       /* (max_seqs) sequences drafting this step */
+    int *top_ids;             /* (max_seqs * topk, topk) level candidates */
+    float *top_logp;          /* (max_seqs * topk, topk) */
+    int *top_n;               /* (max_seqs * topk) candidates per row */
+    size_t mask_stride;       /* dmask bytes per drafting sequence */
+    void *dev;                /* cuda_draft_t: the head on the device, or
+                                 NULL (the host head) */
+    int *free_states;         /* (n_states) device states not in use */
+    int n_free;
+    void *lrows;              /* device head rows (cuda_draft_row_t) */
+    int lrows_cap;
+    float *fcat;              /* (fcat_rows, dim) hidden rows of a flush */
+    int fcat_rows;
     spec_shape_t arms[SPEC_N_ARMS];
     double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA (arm 0:
                                                     every plain step;
@@ -176,11 +204,15 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
                         "draft head (dim %d, vocab %d) does not fit the "
                         "target (dim %d, vocab %d)", hc->dim,
                         hc->vocab_size, mc->dim, mc->vocab_size);
-    if (backend_kv_layout(engine_backend(engine))->elem_size !=
-            sizeof(float) ||
-        strcmp(backend_name(engine_backend(engine)), "cpu") != 0)
+    if (strcmp(backend_name(engine_backend(engine)), "cpu") != 0
+#ifdef BATON_HAVE_CUDA
+        && strcmp(backend_name(engine_backend(engine)), "cuda") != 0
+#endif
+    )
         return BT_ERROR(BT_ERR_UNSUPPORTED, "SPEC",
-                        "speculative decoding needs the cpu backend for now");
+                        "speculative decoding runs on the cpu and cuda "
+                        "backends, not %s",
+                        backend_name(engine_backend(engine)));
     spec = bt_calloc(1, sizeof(*spec), "spec");
     if (spec == NULL)
         return BT_ERR_NO_MEMORY;
@@ -192,7 +224,10 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
     spec->max_ctx = engine_max_context(engine);
     spec->node_cap = cfg->topk + (cfg->depth - 1) * cfg->topk * cfg->topk;
     spec->exp_cap = (cfg->depth - 1) * cfg->topk;
-    dr = SPEC_PEND_CAP + cfg->topk;
+    spec->max_seqs = ecfg->backend.max_seqs;
+    dr = BT_MAX(SPEC_PEND_CAP + cfg->topk, spec->max_seqs * cfg->topk);
+    spec->mask_stride = (size_t)cfg->topk *
+                        (size_t)(spec->exp_cap + cfg->topk);
     spec->bseqs = bt_calloc((size_t)ecfg->backend.max_seqs,
                             sizeof(*spec->bseqs), "spec");
     spec->logits = bt_malloc(rows * (size_t)spec->vocab * sizeof(float),
@@ -208,8 +243,16 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
                                sizeof(float), "spec");
     spec->dtok = bt_malloc((size_t)dr * sizeof(int), "spec");
     spec->dpos = bt_malloc((size_t)dr * sizeof(int), "spec");
-    spec->dmask = bt_malloc((size_t)cfg->topk *
-                                (size_t)(spec->exp_cap + cfg->topk), "spec");
+    spec->dmask = bt_malloc((size_t)spec->max_seqs * spec->mask_stride,
+                            "spec");
+    spec->dseqs = bt_calloc((size_t)spec->max_seqs, sizeof(*spec->dseqs),
+                            "spec");
+    spec->top_ids = bt_malloc((size_t)spec->max_seqs * cfg->topk *
+                                  cfg->topk * sizeof(int), "spec");
+    spec->top_logp = bt_malloc((size_t)spec->max_seqs * cfg->topk *
+                                   cfg->topk * sizeof(float), "spec");
+    spec->top_n = bt_malloc((size_t)spec->max_seqs * cfg->topk *
+                                sizeof(int), "spec");
     spec->mv_src = bt_malloc((size_t)ecfg->backend.max_seqs *
                                  SPEC_MAX_DEPTH * sizeof(int), "spec");
     spec->mv_dst = bt_malloc((size_t)ecfg->backend.max_seqs *
@@ -219,7 +262,9 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->dlogits == NULL || spec->dfeat == NULL || spec->dout == NULL ||
         spec->fbuf == NULL || spec->dtok == NULL || spec->dpos == NULL ||
         spec->dmask == NULL || spec->mv_src == NULL ||
-        spec->mv_dst == NULL) {
+        spec->mv_dst == NULL || spec->dseqs == NULL ||
+        spec->top_ids == NULL || spec->top_logp == NULL ||
+        spec->top_n == NULL) {
         spec_destroy(&spec);
         return BT_ERR_NO_MEMORY;
     }
@@ -242,6 +287,41 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->fixed = true;
         spec->fixed_shape = spec->arms[SPEC_N_ARMS - 1];
     }
+#ifdef BATON_HAVE_CUDA
+    if (strcmp(backend_name(engine_backend(engine)), "cuda") == 0) {
+        cuda_draft_config_t dc;
+        cuda_draft_t *dev = NULL;
+
+        /* the head runs where the target runs */
+        memset(&dc, 0, sizeof(dc));
+        dc.device_index = ecfg->backend.device_index;
+        dc.bf16 = ecfg->backend.precision != BACKEND_PRECISION_F32;
+        dc.n_states = spec->max_seqs;
+        dc.state_slots = spec->max_ctx + spec->exp_cap + 1;
+        dc.store_rows = 1 + spec->exp_cap;
+        if (cfg->topk > CUDA_DRAFT_TOPK_MAX) {
+            spec_destroy(&spec);
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "spec top-k %d: the device head takes at most "
+                            "%d", cfg->topk, CUDA_DRAFT_TOPK_MAX);
+        }
+        spec->free_states = bt_malloc((size_t)dc.n_states * sizeof(int),
+                                      "spec");
+        if (spec->free_states == NULL) {
+            spec_destroy(&spec);
+            return BT_ERR_NO_MEMORY;
+        }
+        for (int i = 0; i < dc.n_states; i++)
+            spec->free_states[i] = dc.n_states - 1 - i;
+        spec->n_free = dc.n_states;
+        status = cuda_draft_create(head, &dc, &dev);
+        if (status != BT_OK) {
+            spec_destroy(&spec);
+            return status;
+        }
+        spec->dev = dev;
+    }
+#endif
     *spec_p = spec;
     return BT_OK;
 }
@@ -265,6 +345,20 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->dmask);
     bt_free(spec->mv_src);
     bt_free(spec->mv_dst);
+    bt_free(spec->dseqs);
+    bt_free(spec->top_ids);
+    bt_free(spec->top_logp);
+    bt_free(spec->top_n);
+    bt_free(spec->free_states);
+    bt_free(spec->lrows);
+    bt_free(spec->fcat);
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL) {
+        cuda_draft_t *dev = spec->dev;
+
+        cuda_draft_destroy(&dev);
+    }
+#endif
     bt_free(spec);
     *spec_p = NULL;
 }
@@ -280,25 +374,37 @@ bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
         return BT_ERR_NO_MEMORY;
     s->spec = spec;
     s->seq = seq;
-    status = spec_head_kv_init(spec->head,
-                               spec->max_ctx + spec->exp_cap + 1, &s->kv);
-    if (status != BT_OK)
-        goto err_free;
+    s->state = -1;
+    if (spec->dev == NULL) {
+        status = spec_head_kv_init(spec->head,
+                                   spec->max_ctx + spec->exp_cap + 1, &s->kv);
+        if (status != BT_OK)
+            goto err_free;
+        s->root_feat = bt_calloc((size_t)spec->dim, sizeof(float),
+                                 "spec_seq");
+        s->exp_feat = bt_malloc((size_t)(spec->exp_cap + 1) * spec->dim *
+                                    sizeof(float), "spec_seq");
+        if (s->root_feat == NULL || s->exp_feat == NULL) {
+            status = BT_ERR_NO_MEMORY;
+            goto err_free;
+        }
+    } else if (spec->n_free > 0) {
+        s->state = spec->free_states[--spec->n_free];
+    } else {
+        BT_LOG_DEBUG("SPEC", "no device draft state left: the sequence "
+                     "decodes plainly");
+    }
     s->pend = bt_malloc((size_t)SPEC_PEND_CAP * spec->dim * sizeof(float),
                         "spec_seq");
-    s->root_feat = bt_calloc((size_t)spec->dim, sizeof(float), "spec_seq");
     s->nodes = bt_malloc((size_t)spec->node_cap * sizeof(*s->nodes),
                          "spec_seq");
     s->by_score = bt_malloc((size_t)spec->node_cap * sizeof(int),
                             "spec_seq");
-    s->exp_feat = bt_malloc((size_t)(spec->exp_cap + 1) * spec->dim *
-                                sizeof(float), "spec_seq");
     s->v_tokens = bt_malloc((size_t)t1 * sizeof(int), "spec_seq");
     s->v_pos = bt_malloc((size_t)t1 * sizeof(int), "spec_seq");
     s->v_mask = bt_malloc((size_t)t1 * t1, "spec_seq");
-    if (s->pend == NULL || s->root_feat == NULL || s->nodes == NULL ||
-        s->by_score == NULL || s->exp_feat == NULL || s->v_tokens == NULL ||
-        s->v_pos == NULL || s->v_mask == NULL) {
+    if (s->pend == NULL || s->nodes == NULL || s->by_score == NULL ||
+        s->v_tokens == NULL || s->v_pos == NULL || s->v_mask == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto err_free;
     }
@@ -316,6 +422,8 @@ void spec_seq_destroy(spec_seq_t **sseq_p)
 
     if (s == NULL)
         return;
+    if (s->state >= 0)
+        s->spec->free_states[s->spec->n_free++] = s->state;
     spec_head_kv_cleanup(&s->kv);
     bt_free(s->pend);
     bt_free(s->root_feat);
@@ -368,15 +476,32 @@ void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk)
 // ----------------------------------------------------------------------------
 // draft head state
 
-/* Feeds the buffered features to the draft head: slot t gets the pair
+#ifdef BATON_HAVE_CUDA
+/* Grows spec->lrows to n device rows. */
+static bt_status_t spec_lrows_reserve(spec_t *spec, int n)
+{
+    void *p;
+
+    if (n <= spec->lrows_cap)
+        return BT_OK;
+    n = BT_MAX(n, 2 * spec->lrows_cap);
+    p = bt_realloc(spec->lrows, (size_t)n * sizeof(cuda_draft_row_t),
+                   "spec");
+    if (p == NULL)
+        return BT_ERR_NO_MEMORY;
+    spec->lrows = p;
+    spec->lrows_cap = n;
+    return BT_OK;
+}
+#endif
+
+/* Host head: feeds s's buffered features; slot t gets the pair
  * (f[t], x[t+1]); the last output becomes the root feature. */
-static bt_status_t spec_flush(spec_t *spec, spec_seq_t *s)
+static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t *s)
 {
     const int *toks = engine_seq_tokens(s->seq);
     bt_status_t status;
 
-    if (s->n_pend == 0)
-        return BT_OK;
     for (int i = 0; i < s->n_pend; i++) {
         spec->dtok[i] = toks[s->pend_pos + i + 1];
         spec->dpos[i] = s->pend_pos + i;
@@ -388,20 +513,104 @@ static bt_status_t spec_flush(spec_t *spec, spec_seq_t *s)
         return status;
     memcpy(s->root_feat, spec->dout + (size_t)(s->n_pend - 1) * spec->dim,
            sizeof(float) * (size_t)spec->dim);
-    s->draft_len += s->n_pend;
-    s->pend_pos += s->n_pend;
-    s->n_pend = 0;
     return BT_OK;
 }
 
+#ifdef BATON_HAVE_CUDA
+/* Device head: one forward over the buffered rows of n sequences (raw
+ * hidden rows, normalised on the device); the last row of each writes
+ * its state's root (store row 0). */
+static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n)
+{
+    cuda_draft_row_t *rows;
+    int total = 0, r = 0;
+    bt_status_t status;
+
+    for (int i = 0; i < n; i++)
+        total += ss[i]->n_pend;
+    if (total == 0)
+        return BT_OK;
+    status = spec_lrows_reserve(spec, total);
+    if (status != BT_OK)
+        return status;
+    if (total > spec->fcat_rows) {
+        float *p = bt_realloc(spec->fcat, (size_t)total * spec->dim *
+                                              sizeof(float), "spec");
+        if (p == NULL)
+            return BT_ERR_NO_MEMORY;
+        spec->fcat = p;
+        spec->fcat_rows = total;
+    }
+    rows = spec->lrows;
+    for (int i = 0; i < n; i++) {
+        spec_seq_t *s = ss[i];
+        const int *toks = engine_seq_tokens(s->seq);
+
+        memcpy(spec->fcat + (size_t)r * spec->dim, s->pend,
+               (size_t)s->n_pend * spec->dim * sizeof(float));
+        for (int j = 0; j < s->n_pend; j++, r++) {
+            cuda_draft_row_t *row = &rows[r];
+
+            row->state = s->state;
+            row->token = toks[s->pend_pos + j + 1];
+            row->pos = s->pend_pos + j;
+            row->slot = s->draft_len + j;
+            row->ctx = s->draft_len;
+            row->kv_len = s->draft_len + j + 1;
+            row->mask = NULL;
+            row->feat = -1 - r;
+            row->out = j == s->n_pend - 1 ? 0 : -1;
+        }
+    }
+    return cuda_draft_forward(spec->dev, total, rows, spec->fcat, total, 0,
+                              NULL, NULL, NULL, NULL);
+}
+#endif
+
+/* Feeds the buffered features of n sequences to the draft head (one
+ * device call for all of them). */
+static bt_status_t spec_flush_many(spec_t *spec, spec_seq_t **ss, int n)
+{
+    bt_status_t status = BT_OK;
+
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL) {
+        status = spec_flush_dev(spec, ss, n);
+        if (status != BT_OK)
+            return status;
+    }
+#endif
+    for (int i = 0; i < n; i++) {
+        spec_seq_t *s = ss[i];
+
+        if (s->n_pend == 0)
+            continue;
+        if (spec->dev == NULL) {
+            status = spec_flush_host(spec, s);
+            if (status != BT_OK)
+                return status;
+        }
+        s->draft_len += s->n_pend;
+        s->pend_pos += s->n_pend;
+        s->n_pend = 0;
+    }
+    return BT_OK;
+}
+
+static bt_status_t spec_flush(spec_t *spec, spec_seq_t *s)
+{
+    return spec_flush_many(spec, &s, 1);
+}
+
 /* Queues n target hidden rows (before the final norm) of the tokens just
- * cached, in token order. */
+ * cached, in token order.  The host head keeps them as features (after
+ * the norm); the device head normalises them itself. */
 static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
                              const float *hidden, int n)
 {
     bt_status_t status;
 
-    if (spec->lazy) {
+    if (spec->lazy || (spec->dev != NULL && s->state < 0)) {
         /* speculation is off: no feature work at all; the draft cache
          * gets a gap that a later draft attends around */
         s->pend_pos += s->n_pend + n;
@@ -410,9 +619,12 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
     }
     while (n > 0) {
         int chunk = BT_MIN(n, SPEC_PEND_CAP - s->n_pend);
+        float *dst = s->pend + (size_t)s->n_pend * spec->dim;
 
-        spec_head_feature(spec->head, hidden,
-                          chunk, s->pend + (size_t)s->n_pend * spec->dim);
+        if (spec->dev != NULL)
+            memcpy(dst, hidden, (size_t)chunk * spec->dim * sizeof(float));
+        else
+            spec_head_feature(spec->head, hidden, chunk, dst);
         s->n_pend += chunk;
         hidden += (size_t)chunk * spec->dim;
         n -= chunk;
@@ -466,17 +678,23 @@ static int spec_topk(const float *row, int n, int k, int *ids, float *vals)
     return m;
 }
 
-static void spec_add_children(spec_seq_t *s, int parent, float base,
-                              int depth, float *logp_row, int vocab,
-                              int topk)
+/* Host head: candidates of logits row `row` of this level's batch. */
+static void spec_row_topk(spec_t *spec, float *logits, int row, int k)
 {
-    int ids[SPEC_MAX_TOPK];
-    float vals[SPEC_MAX_TOPK];
-    int m;
+    spec_log_softmax(logits, spec->vocab);
+    spec->top_n[row] = spec_topk(logits, spec->vocab, k,
+                                 spec->top_ids + (size_t)row * k,
+                                 spec->top_logp + (size_t)row * k);
+}
 
-    spec_log_softmax(logp_row, vocab);
-    m = spec_topk(logp_row, vocab, topk, ids, vals);
-    for (int j = 0; j < m; j++) {
+/* Adds the candidates of batch row `row` as children of `parent`. */
+static void spec_add_children(spec_t *spec, spec_seq_t *s, int parent,
+                              float base, int depth, int row, int k)
+{
+    const int *ids = spec->top_ids + (size_t)row * k;
+    const float *vals = spec->top_logp + (size_t)row * k;
+
+    for (int j = 0; j < spec->top_n[row]; j++) {
         spec_node_t *nd = &s->nodes[s->n_nodes++];
 
         *nd = (spec_node_t){ ids[j], parent, depth, base + vals[j], -1, 0 };
@@ -503,83 +721,19 @@ static void spec_sort_by_score(const spec_node_t *nodes, int *ids, int n)
     }
 }
 
-/* Grows this step's draft tree for s (EAGLE-2) and lays out the
- * verification chunk: v_tokens/v_pos/v_mask of 1 + n_sel entries.
- * Returns the number of draft tokens selected. */
-static bt_status_t spec_draft(spec_t *spec, spec_seq_t *s,
-                              const spec_shape_t *shape, int *n_sel_p)
+/* Selects s's best `tokens` nodes and lays out the verification chunk:
+ * v_tokens/v_pos/v_mask of 1 + n_sel entries. */
+static void spec_tree_layout(spec_seq_t *s, int tokens)
 {
     int cached = engine_seq_cached(s->seq);
-    int topk = BT_MIN(shape->topk, spec->vocab);
-    int depth = BT_MIN(shape->depth, shape->tokens); /* deeper is unused */
-    int frontier[SPEC_MAX_TOPK], n_front, n_exp = 0;
     int *order = s->by_score;
     int n_sel = 0, t1;
-    bt_status_t status;
-
-    status = spec_flush(spec, s);
-    if (status != BT_OK)
-        return status;
-    BT_ASSERT(s->pend_pos == cached && s->draft_len <= cached);
-
-    /* level 1: the root's children */
-    s->n_nodes = 0;
-    spec_head_logits(spec->head, s->root_feat, 1, spec->dlogits);
-    spec_add_children(s, -1, 0.0f, 1, spec->dlogits, spec->vocab, topk);
-    n_front = s->n_nodes;
-    for (int i = 0; i < n_front; i++)
-        frontier[i] = i;
-
-    for (int d = 1; d < depth && n_front > 0; d++) {
-        int width = n_exp + n_front, first_new = s->n_nodes;
-        int cand[SPEC_MAX_TOPK * SPEC_MAX_TOPK], n_cand;
-
-        memset(spec->dmask, 0, (size_t)n_front * width);
-        for (int r = 0; r < n_front; r++) {
-            spec_node_t *nd = &s->nodes[frontier[r]];
-            const float *in = nd->parent < 0
-                ? s->root_feat
-                : s->exp_feat + (size_t)s->nodes[nd->parent].feat *
-                                    spec->dim;
-
-            memcpy(spec->dfeat + (size_t)r * spec->dim, in,
-                   sizeof(float) * (size_t)spec->dim);
-            spec->dtok[r] = nd->token;
-            spec->dpos[r] = cached + d - 1;
-            for (int a = nd->parent; a >= 0; a = s->nodes[a].parent)
-                spec->dmask[(size_t)r * width + s->nodes[a].feat] = 1;
-            spec->dmask[(size_t)r * width + n_exp + r] = 1;
-        }
-        status = spec_head_forward(spec->head, &s->kv, n_front, spec->dfeat,
-                                   spec->dtok, spec->dpos, s->draft_len,
-                                   s->draft_len + n_exp, spec->dmask,
-                                   s->exp_feat + (size_t)n_exp * spec->dim,
-                                   spec->dlogits);
-        if (status != BT_OK)
-            return status;
-        for (int r = 0; r < n_front; r++) {
-            spec_node_t *nd = &s->nodes[frontier[r]];
-
-            nd->feat = n_exp + r;
-            spec_add_children(s, frontier[r], nd->score, d + 1,
-                              spec->dlogits + (size_t)r * spec->vocab,
-                              spec->vocab, topk);
-        }
-        n_exp += n_front;
-        /* next frontier: the topk best new candidates */
-        n_cand = s->n_nodes - first_new;
-        for (int i = 0; i < n_cand; i++)
-            cand[i] = first_new + i;
-        spec_sort_by_score(s->nodes, cand, n_cand);
-        n_front = BT_MIN(n_cand, topk);
-        memcpy(frontier, cand, sizeof(int) * (size_t)n_front);
-    }
 
     /* select the best `tokens` nodes; parents sort before children */
     for (int i = 0; i < s->n_nodes; i++)
         order[i] = i;
     spec_sort_by_score(s->nodes, order, s->n_nodes);
-    for (int i = 0; i < s->n_nodes && n_sel < shape->tokens; i++) {
+    for (int i = 0; i < s->n_nodes && n_sel < tokens; i++) {
         spec_node_t *nd = &s->nodes[order[i]];
 
         if (nd->parent >= 0 && s->nodes[nd->parent].vidx == 0)
@@ -615,7 +769,197 @@ static bt_status_t spec_draft(spec_t *spec, spec_seq_t *s,
         for (int a = nd->parent; a >= 0; a = s->nodes[a].parent)
             row[s->nodes[a].vidx] = 1;
     }
-    *n_sel_p = n_sel;
+}
+
+/* Level 1: candidates from every drafting sequence's root feature. */
+static bt_status_t spec_draft_roots(spec_t *spec, spec_seq_t **ds, int nd,
+                                    int k)
+{
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL) {
+        int *states = spec->dtok, *zero = spec->dpos;
+
+        for (int i = 0; i < nd; i++) {
+            states[i] = ds[i]->state;
+            zero[i] = 0;
+            spec->top_n[i] = k;
+        }
+        return cuda_draft_topk(spec->dev, nd, states, zero, k,
+                               spec->top_ids, spec->top_logp, NULL);
+    }
+#endif
+    for (int i = 0; i < nd; i++) {
+        spec_head_logits(spec->head, ds[i]->root_feat, 1, spec->dlogits);
+        spec_row_topk(spec, spec->dlogits, i, k);
+    }
+    return BT_OK;
+}
+
+/* Lays out s's frontier for level d as batch rows from row r0: tokens,
+ * positions and the tree mask (its ancestors among the expanded nodes
+ * and itself).  Host head: runs the head on them at once. */
+static bt_status_t spec_level_rows(spec_t *spec, spec_seq_t *s, int si,
+                                   int d, int r0, int k)
+{
+    int cached = engine_seq_cached(s->seq);
+    int width = s->n_exp + s->n_front;
+    uint8_t *mask = spec->dmask + (size_t)si * spec->mask_stride;
+    bt_status_t status;
+
+    memset(mask, 0, (size_t)s->n_front * width);
+    for (int r = 0; r < s->n_front; r++) {
+        spec_node_t *nd = &s->nodes[s->frontier[r]];
+
+        spec->dtok[r0 + r] = nd->token;
+        spec->dpos[r0 + r] = cached + d - 1;
+        for (int a = nd->parent; a >= 0; a = s->nodes[a].parent)
+            mask[(size_t)r * width + s->nodes[a].feat] = 1;
+        mask[(size_t)r * width + s->n_exp + r] = 1;
+    }
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL) {
+        cuda_draft_row_t *rows = spec->lrows;
+
+        for (int r = 0; r < s->n_front; r++) {
+            spec_node_t *nd = &s->nodes[s->frontier[r]];
+            cuda_draft_row_t *row = &rows[r0 + r];
+
+            row->state = s->state;
+            row->token = nd->token;
+            row->pos = cached + d - 1;
+            row->slot = s->draft_len + s->n_exp + r;
+            row->ctx = s->draft_len;
+            row->kv_len = s->draft_len + width;
+            row->mask = mask + (size_t)r * width;
+            row->feat = nd->parent < 0 ? 0
+                                       : 1 + s->nodes[nd->parent].feat;
+            row->out = 1 + s->n_exp + r;
+        }
+        return BT_OK;
+    }
+#endif
+    for (int r = 0; r < s->n_front; r++) {
+        spec_node_t *nd = &s->nodes[s->frontier[r]];
+        const float *in = nd->parent < 0
+            ? s->root_feat
+            : s->exp_feat + (size_t)s->nodes[nd->parent].feat * spec->dim;
+
+        memcpy(spec->dfeat + (size_t)r * spec->dim, in,
+               sizeof(float) * (size_t)spec->dim);
+    }
+    status = spec_head_forward(spec->head, &s->kv, s->n_front, spec->dfeat,
+                               spec->dtok + r0, spec->dpos + r0,
+                               s->draft_len, s->draft_len + s->n_exp, mask,
+                               s->exp_feat + (size_t)s->n_exp * spec->dim,
+                               spec->dlogits);
+    if (status != BT_OK)
+        return status;
+    for (int r = 0; r < s->n_front; r++)
+        spec_row_topk(spec, spec->dlogits + (size_t)r * spec->vocab, r0 + r,
+                      k);
+    return BT_OK;
+}
+
+/* Grows the draft trees of nd sequences (EAGLE-2), level by level with
+ * one head call per level for all of them, and lays out each one's
+ * verification chunk (s->n_sel draft tokens of at most s->tokens_plan). */
+static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
+                                  const spec_shape_t *shape)
+{
+    int topk = BT_MIN(shape->topk, spec->vocab);
+    int max_depth = 0;
+    bt_status_t status;
+
+    status = spec_flush_many(spec, ds, nd);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < nd; i++) {
+        spec_seq_t *s = ds[i];
+
+        BT_ASSERT(s->pend_pos == engine_seq_cached(s->seq) &&
+                  s->draft_len <= s->pend_pos);
+        s->n_nodes = 0;
+        s->n_exp = 0;
+        /* deeper than the token budget is unused */
+        s->depth_lim = BT_MIN(shape->depth, s->tokens_plan);
+        max_depth = BT_MAX(max_depth, s->depth_lim);
+    }
+
+    /* level 1: the roots' children */
+    status = spec_draft_roots(spec, ds, nd, topk);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < nd; i++) {
+        spec_seq_t *s = ds[i];
+
+        spec_add_children(spec, s, -1, 0.0f, 1, i, topk);
+        s->n_front = s->n_nodes;
+        for (int r = 0; r < s->n_front; r++)
+            s->frontier[r] = r;
+    }
+
+    for (int d = 1; d < max_depth; d++) {
+        int n_rows = 0;
+
+#ifdef BATON_HAVE_CUDA
+        if (spec->dev != NULL) {
+            status = spec_lrows_reserve(spec, nd * topk);
+            if (status != BT_OK)
+                return status;
+        }
+#endif
+        for (int i = 0; i < nd; i++) {
+            spec_seq_t *s = ds[i];
+
+            s->lrow0 = -1;
+            if (d >= s->depth_lim || s->n_front == 0)
+                continue;
+            s->lrow0 = n_rows;
+            status = spec_level_rows(spec, s, i, d, n_rows, topk);
+            if (status != BT_OK)
+                return status;
+            n_rows += s->n_front;
+        }
+        if (n_rows == 0)
+            break;
+#ifdef BATON_HAVE_CUDA
+        if (spec->dev != NULL) {
+            status = cuda_draft_forward(spec->dev, n_rows, spec->lrows, NULL,
+                                        0, topk, spec->top_ids,
+                                        spec->top_logp, NULL, NULL);
+            if (status != BT_OK)
+                return status;
+            for (int r = 0; r < n_rows; r++)
+                spec->top_n[r] = topk;
+        }
+#endif
+        for (int i = 0; i < nd; i++) {
+            spec_seq_t *s = ds[i];
+            int first_new = s->n_nodes, n_cand;
+            int cand[SPEC_MAX_TOPK * SPEC_MAX_TOPK];
+
+            if (s->lrow0 < 0)
+                continue;
+            for (int r = 0; r < s->n_front; r++) {
+                spec_node_t *nd_r = &s->nodes[s->frontier[r]];
+
+                nd_r->feat = s->n_exp + r;
+                spec_add_children(spec, s, s->frontier[r], nd_r->score,
+                                  d + 1, s->lrow0 + r, topk);
+            }
+            s->n_exp += s->n_front;
+            /* next frontier: the topk best new candidates */
+            n_cand = s->n_nodes - first_new;
+            for (int c = 0; c < n_cand; c++)
+                cand[c] = first_new + c;
+            spec_sort_by_score(s->nodes, cand, n_cand);
+            s->n_front = BT_MIN(n_cand, topk);
+            memcpy(s->frontier, cand, sizeof(int) * (size_t)s->n_front);
+        }
+    }
+
+    for (int i = 0; i < nd; i++)
+        spec_tree_layout(ds[i], ds[i]->tokens_plan);
     return BT_OK;
 }
 
@@ -866,6 +1210,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     const backend_config_t *bcfg = &engine_config(spec->engine)->backend;
     int max_step = spec_max_step_tokens(spec);
     int left = bcfg->max_batch_tokens, n_dec = 0, n_b = 0, rows = 0;
+    int n_draft = 0;
     int arm = -1, produced = 0;
     bool any_prefill = false;
     spec_shape_t shape;
@@ -896,7 +1241,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
         spec_seq_t *s = seqs[i];
         int cached = engine_seq_cached(s->seq);
         int pending = engine_seq_len(s->seq) - cached;
-        int n_sel = 0, tokens;
+        int tokens;
 
         s->mode = SPEC_MODE_SKIP;
         s->drafted = 0;
@@ -930,25 +1275,34 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
             if (s->max_slots > 0)
                 tokens = BT_MIN(tokens, s->max_slots - cached - 1);
             s->mode = SPEC_MODE_PLAIN;
-            if (tokens > 0 &&
+            s->take = 1;
+            if (tokens > 0 && (spec->dev == NULL || s->state >= 0) &&
                 engine_seq_reserve(spec->engine, s->seq,
                                    cached + 1 + tokens) == BT_OK) {
-                spec_shape_t sh = shape;
-
-                sh.tokens = tokens;
-                status = spec_draft(spec, s, &sh, &n_sel);
-                if (status != BT_OK)
-                    return status;
+                /* drafted below, all sequences together; until then the
+                 * budget counts the most it may take */
                 s->mode = SPEC_MODE_TREE;
+                s->tokens_plan = tokens;
+                s->take = 1 + tokens;
+                spec->dseqs[n_draft++] = s;
             }
-            s->take = 1 + n_sel;
-            s->drafted = n_sel;
         }
 reserve:
         status = engine_seq_reserve(spec->engine, s->seq, cached + s->take);
         if (status != BT_OK)
             return status;
         left -= s->take;
+    }
+
+    /* every tree of the step, level by level over all sequences */
+    if (n_draft > 0) {
+        status = spec_draft_all(spec, spec->dseqs, n_draft, &shape);
+        if (status != BT_OK)
+            return status;
+        for (int i = 0; i < n_draft; i++) {
+            spec->dseqs[i]->take = 1 + spec->dseqs[i]->n_sel;
+            spec->dseqs[i]->drafted = spec->dseqs[i]->n_sel;
+        }
     }
 
     t1 = bt_time_ns();

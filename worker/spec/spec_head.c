@@ -355,6 +355,11 @@ const float *spec_head_inv_freq(const spec_head_t *head)
     return head->inv_freq;
 }
 
+const float *spec_head_final_norm(const spec_head_t *head)
+{
+    return head->final_norm;
+}
+
 void spec_head_feature(const spec_head_t *head, const float *hidden, int n,
                        float *out)
 {

@@ -86,6 +86,7 @@ float *spec_head_params(spec_head_t *head, size_t *n_p);
 const float *spec_head_embedding(const spec_head_t *head);  /* (vocab, dim) */
 const float *spec_head_classifier(const spec_head_t *head); /* (vocab, dim) */
 const float *spec_head_inv_freq(const spec_head_t *head);   /* (hd / 2) */
+const float *spec_head_final_norm(const spec_head_t *head); /* (dim) */
 
 /* Target hidden state (before the final norm) -> EAGLE feature (after):
  * out = rmsnorm(hidden) * final_norm, n rows of dim; out may be hidden. */

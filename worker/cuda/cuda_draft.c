@@ -1,0 +1,732 @@
+/*
+ * cuda_draft.c - the EAGLE draft head on the GPU (see cuda_draft.h).
+ *
+ * One forward over rows r (chunks of CUDA_DRAFT_CHUNK, in order):
+ *   feature x_f[r]  = store row, or rmsnorm(hidden) * final_norm
+ *   x_e[r]          = embedding[token[r]]
+ *   h  = fc_b + x_e . Wfe^T + x_f . Wff^T       (fc split by input half)
+ *   q|k|v = h . Wqkv^T; RoPE (half-split) on q, k; k, v -> head KV slot
+ *   h += o_proj(paged attention with the row's ctx / mask)
+ *   h += down(silu(gate(n)) * up(n)), n = rmsnorm(h) * post_norm
+ *   store[out[r]] = h;  logits = h . cls^T -> top-k on the device
+ * with the backend's kernels (embed-style gathers, cuBLASLt worker_gemm,
+ * rope_kv, attn_decode, rmsnorm, swiglu) and kernels/draft.cu.  h (the
+ * residual stream) is f32; GEMM inputs are in the activation dtype.
+ */
+#include "cuda_draft.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_log.h"
+#include "bt_util.h"
+#include "cuda_int.h"
+#include "gemm.h"
+#include "kernels/attn_decode.h"
+#include "kernels/convert.h"
+#include "kernels/draft.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope_kv.h"
+#include "kernels/swiglu.h"
+
+#define CUDA_DRAFT_CHUNK 256       /* rows per pass */
+#define CUDA_DRAFT_BLOCK 16        /* head KV block size */
+#define CUDA_DRAFT_SPLITS 16       /* attention key splits, at most */
+#define CUDA_DRAFT_LOGIT_ROWS 128  /* classifier rows per pass */
+#define CUDA_DRAFT_STAGE (64u << 20) /* f32 staging for uploads, bytes */
+#define CUDA_DRAFT_META 10         /* ints per row in the metadata */
+
+struct cuda_draft_s {
+    cuda_draft_config_t cfg;
+    cuda_dtype_t dt;
+    int dim, nh, nkv, hd, hid, vocab;
+    int q_dim, kv_dim, qkv_dim;
+    float eps;
+    int n_sm;
+    int nb_per;               /* head KV blocks per state */
+    cudaStream_t stream;
+    worker_gemm_ctx_t *gemm;
+
+    /* weights (activation dtype unless noted) */
+    void *d_fce;              /* (dim, dim) fc columns of the embedding */
+    void *d_fcf;              /* (dim, dim) fc columns of the feature */
+    float *d_fcb;             /* (dim) f32 */
+    void *d_wqkv;             /* (q_dim + 2 kv_dim, dim) */
+    void *d_wo;               /* (dim, q_dim) */
+    void *d_post_norm;        /* (dim) */
+    void *d_wgu;              /* (2 hid, dim) gate rows, then up rows */
+    void *d_wdown;            /* (dim, hid) */
+    void *d_emb;              /* (vocab, dim) */
+    void *d_cls;              /* (vocab, dim), may alias d_emb */
+    void *d_final_norm;       /* (dim) */
+    float *d_inv_freq;        /* (hd / 2) f32 */
+
+    /* state */
+    void *d_kc;               /* (n_states * nb_per * BLOCK, kv_dim) */
+    void *d_vc;
+    int *d_bt;                /* (n_states * nb_per) identity table */
+    void *d_store;            /* (n_states * store_rows, dim) */
+
+    /* activations for CUDA_DRAFT_CHUNK rows */
+    float *d_hid;             /* (chunk, dim) f32 uploaded hidden rows */
+    void *d_hfeat;            /* (chunk, dim) normalised hidden rows */
+    void *d_xe;               /* (chunk, dim) */
+    void *d_xf;               /* (chunk, dim) */
+    float *d_h;               /* (chunk, dim) f32 residual */
+    void *d_hx;               /* (chunk, dim) residual in dt */
+    void *d_qkv;              /* (chunk, qkv_dim) */
+    void *d_q;                /* (chunk, q_dim) */
+    void *d_att;              /* (chunk, q_dim) */
+    void *d_xn;               /* (chunk, dim) */
+    void *d_gu;               /* (chunk, 2 hid) */
+    void *d_hh;               /* (chunk, hid) */
+    float *d_ws;              /* attention split partials */
+    size_t ws_floats;
+    float *d_logits;          /* (LOGIT_ROWS, vocab) f32 */
+    int *d_top_ids;           /* (chunk, TOPK_MAX) */
+    float *d_top_logp;        /* (chunk, TOPK_MAX) */
+
+    int *h_meta;              /* pinned (chunk * META) */
+    int *d_meta;
+    uint8_t *h_mask;          /* pinned, mask_cap bytes */
+    uint8_t *d_mask;
+    size_t mask_cap;
+    size_t dev_bytes;
+};
+
+// ---------------------------------------------------------------------
+// create / destroy
+
+static bt_status_t draft_alloc(cuda_draft_t *d, void **p, size_t bytes,
+                               const char *name)
+{
+    bt_status_t status = cuda__dev_malloc(p, bytes, name);
+
+    if (status == BT_OK)
+        d->dev_bytes += bytes;
+    return status;
+}
+
+/* Device copy in the activation dtype of n host floats. */
+static bt_status_t draft_upload(cuda_draft_t *d, const float *h, size_t n,
+                                float *d_stage, void **d_p, const char *name)
+{
+    size_t es = cuda_dtype_size(d->dt), chunk = CUDA_DRAFT_STAGE / 4;
+    bt_status_t status;
+
+    status = draft_alloc(d, d_p, n * es, name);
+    if (status != BT_OK)
+        return status;
+    if (d->dt == CUDA_DT_F32)
+        return BT_CUDA_STATUS(cudaMemcpy(*d_p, h, n * 4,
+                                         cudaMemcpyHostToDevice));
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = BT_MIN(chunk, n - off);
+
+        status = BT_CUDA_STATUS(cudaMemcpy(d_stage, h + off, m * 4,
+                                           cudaMemcpyHostToDevice));
+        if (status == BT_OK)
+            status = cuda_convert(d_stage, CUDA_SRC_F32, m,
+                                  (char *)*d_p + off * es, d->dt,
+                                  d->stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+        if (status != BT_OK)
+            return status;
+    }
+    return BT_OK;
+}
+
+static bt_status_t draft_weights(cuda_draft_t *d, const spec_head_t *head)
+{
+    spec_head_weights_t *w = (spec_head_weights_t *)spec_head_weights(
+        (spec_head_t *)head);
+    size_t dd = (size_t)d->dim * d->dim;
+    float *split = NULL, *d_stage = NULL;
+    bt_status_t status;
+
+    status = cuda__dev_malloc((void **)&d_stage, CUDA_DRAFT_STAGE,
+                              "draft_stage");
+    if (status != BT_OK)
+        return status;
+    split = bt_malloc(2 * dd * sizeof(float), "cuda_draft");
+    if (split == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto out;
+    }
+    /* fc (dim, 2 dim) = [Wfe | Wff] by input half */
+    for (int r = 0; r < d->dim; r++) {
+        memcpy(split + (size_t)r * d->dim, w->fc_w + (size_t)r * 2 * d->dim,
+               sizeof(float) * d->dim);
+        memcpy(split + dd + (size_t)r * d->dim,
+               w->fc_w + (size_t)r * 2 * d->dim + d->dim,
+               sizeof(float) * d->dim);
+    }
+    BT_CHECK_GOTO(draft_upload(d, split, dd, d_stage, &d->d_fce, "draft_fc"),
+                  status, out);
+    BT_CHECK_GOTO(draft_upload(d, split + dd, dd, d_stage, &d->d_fcf,
+                               "draft_fc"), status, out);
+    BT_CHECK_GOTO(draft_alloc(d, (void **)&d->d_fcb, sizeof(float) * d->dim,
+                              "draft_fc_bias"), status, out);
+    BT_CUDA_CHECK_GOTO(cudaMemcpy(d->d_fcb, w->fc_b, sizeof(float) * d->dim,
+                                  cudaMemcpyHostToDevice), status, out);
+    /* wq, wk, wv and w_gate, w_up are adjacent in the flat parameters */
+    BT_ASSERT(w->wk == w->wq + (size_t)d->q_dim * d->dim &&
+              w->wv == w->wk + (size_t)d->kv_dim * d->dim &&
+              w->w_up == w->w_gate + (size_t)d->hid * d->dim);
+    BT_CHECK_GOTO(draft_upload(d, w->wq, (size_t)d->qkv_dim * d->dim,
+                               d_stage, &d->d_wqkv, "draft_wqkv"),
+                  status, out);
+    BT_CHECK_GOTO(draft_upload(d, w->wo, (size_t)d->dim * d->q_dim, d_stage,
+                               &d->d_wo, "draft_wo"), status, out);
+    BT_CHECK_GOTO(draft_upload(d, w->post_norm, (size_t)d->dim, d_stage,
+                               &d->d_post_norm, "draft_norm"), status, out);
+    BT_CHECK_GOTO(draft_upload(d, w->w_gate, (size_t)2 * d->hid * d->dim,
+                               d_stage, &d->d_wgu, "draft_wgu"), status, out);
+    BT_CHECK_GOTO(draft_upload(d, w->w_down, (size_t)d->dim * d->hid,
+                               d_stage, &d->d_wdown, "draft_wdown"),
+                  status, out);
+    BT_CHECK_GOTO(draft_upload(d, spec_head_embedding(head),
+                               (size_t)d->vocab * d->dim, d_stage,
+                               &d->d_emb, "draft_embedding"), status, out);
+    if (spec_head_classifier(head) == spec_head_embedding(head))
+        d->d_cls = d->d_emb;
+    else
+        BT_CHECK_GOTO(draft_upload(d, spec_head_classifier(head),
+                                   (size_t)d->vocab * d->dim, d_stage,
+                                   &d->d_cls, "draft_classifier"),
+                      status, out);
+    BT_CHECK_GOTO(draft_upload(d, spec_head_final_norm(head),
+                               (size_t)d->dim, d_stage, &d->d_final_norm,
+                               "draft_final_norm"), status, out);
+    BT_CHECK_GOTO(draft_alloc(d, (void **)&d->d_inv_freq,
+                              sizeof(float) * (d->hd / 2), "draft_rope"),
+                  status, out);
+    BT_CUDA_CHECK_GOTO(cudaMemcpy(d->d_inv_freq, spec_head_inv_freq(head),
+                                  sizeof(float) * (d->hd / 2),
+                                  cudaMemcpyHostToDevice), status, out);
+
+out:
+    bt_free(split);
+    cuda__dev_free((void **)&d_stage);
+    return status;
+}
+
+bt_status_t cuda_draft_create(const spec_head_t *head,
+                              const cuda_draft_config_t *cfg,
+                              cuda_draft_t **draft_p)
+{
+    const model_config_t *mc = spec_head_config(head);
+    size_t es, ch = CUDA_DRAFT_CHUNK;
+    cuda_draft_t *d;
+    int *bt = NULL;
+    bt_status_t status;
+
+    if (cfg->n_states <= 0 || cfg->state_slots <= 0 || cfg->store_rows <= 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device draft sizes must be positive (states %d, "
+                        "slots %d, store rows %d)", cfg->n_states,
+                        cfg->state_slots, cfg->store_rows);
+    if (!cuda_attn_head_dim_ok(mc->head_dim) ||
+        mc->n_heads % mc->n_kv_heads != 0)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "SPEC",
+                        "draft head: head_dim %d is not supported by the "
+                        "CUDA kernels", mc->head_dim);
+    d = bt_calloc(1, sizeof(*d), "cuda_draft");
+    if (d == NULL)
+        return BT_ERR_NO_MEMORY;
+    d->cfg = *cfg;
+    d->dt = cfg->bf16 ? CUDA_DT_BF16 : CUDA_DT_F32;
+    es = cuda_dtype_size(d->dt);
+    d->dim = mc->dim;
+    d->nh = mc->n_heads;
+    d->nkv = mc->n_kv_heads;
+    d->hd = mc->head_dim;
+    d->hid = spec_head_hidden_dim(head);
+    d->vocab = mc->vocab_size;
+    d->q_dim = d->nh * d->hd;
+    d->kv_dim = d->nkv * d->hd;
+    d->qkv_dim = d->q_dim + 2 * d->kv_dim;
+    d->eps = mc->rms_eps;
+    d->nb_per = (int)BT_DIV_UP(cfg->state_slots, CUDA_DRAFT_BLOCK);
+
+    BT_CUDA_CHECK_GOTO(cudaSetDevice(cfg->device_index), status, err);
+    BT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(
+                           &d->n_sm, cudaDevAttrMultiProcessorCount,
+                           cfg->device_index), status, err);
+    BT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&d->stream,
+                                                 cudaStreamNonBlocking),
+                       status, err);
+    BT_CHECK_GOTO(worker_gemm_ctx_create(32u << 20, &d->gemm), status, err);
+    BT_CHECK_GOTO(draft_weights(d, head), status, err);
+
+    {
+        size_t slots = (size_t)cfg->n_states * d->nb_per * CUDA_DRAFT_BLOCK;
+        int n_bt = cfg->n_states * d->nb_per;
+
+        BT_CHECK_GOTO(draft_alloc(d, &d->d_kc, slots * d->kv_dim * es,
+                                  "draft_kv_k"), status, err);
+        BT_CHECK_GOTO(draft_alloc(d, &d->d_vc, slots * d->kv_dim * es,
+                                  "draft_kv_v"), status, err);
+        BT_CUDA_CHECK_GOTO(cudaMemset(d->d_kc, 0, slots * d->kv_dim * es),
+                           status, err);
+        BT_CUDA_CHECK_GOTO(cudaMemset(d->d_vc, 0, slots * d->kv_dim * es),
+                           status, err);
+        BT_CHECK_GOTO(draft_alloc(d, (void **)&d->d_bt,
+                                  sizeof(int) * (size_t)n_bt, "draft_bt"),
+                      status, err);
+        bt = bt_malloc(sizeof(int) * (size_t)n_bt, "cuda_draft");
+        if (bt == NULL) {
+            status = BT_ERR_NO_MEMORY;
+            goto err;
+        }
+        for (int i = 0; i < n_bt; i++)
+            bt[i] = i;
+        BT_CUDA_CHECK_GOTO(cudaMemcpy(d->d_bt, bt, sizeof(int) * n_bt,
+                                      cudaMemcpyHostToDevice), status, err);
+        BT_CHECK_GOTO(draft_alloc(d, &d->d_store,
+                                  (size_t)cfg->n_states * cfg->store_rows *
+                                      d->dim * es, "draft_store"),
+                      status, err);
+        BT_CUDA_CHECK_GOTO(cudaMemset(d->d_store, 0,
+                                      (size_t)cfg->n_states *
+                                          cfg->store_rows * d->dim * es),
+                           status, err);
+    }
+#define DRAFT_ACT(_p, _bytes, _name)                                        \
+    BT_CHECK_GOTO(draft_alloc(d, (void **)&(_p), (_bytes), _name), status,  \
+                  err)
+    DRAFT_ACT(d->d_hid, ch * d->dim * 4, "draft_hidden");
+    DRAFT_ACT(d->d_hfeat, ch * d->dim * es, "draft_act");
+    DRAFT_ACT(d->d_xe, ch * d->dim * es, "draft_act");
+    DRAFT_ACT(d->d_xf, ch * d->dim * es, "draft_act");
+    DRAFT_ACT(d->d_h, ch * d->dim * 4, "draft_act");
+    DRAFT_ACT(d->d_hx, ch * d->dim * es, "draft_act");
+    DRAFT_ACT(d->d_qkv, ch * d->qkv_dim * es, "draft_act");
+    DRAFT_ACT(d->d_q, ch * d->q_dim * es, "draft_act");
+    DRAFT_ACT(d->d_att, ch * d->q_dim * es, "draft_act");
+    DRAFT_ACT(d->d_xn, ch * d->dim * es, "draft_act");
+    DRAFT_ACT(d->d_gu, ch * 2 * d->hid * es, "draft_act");
+    DRAFT_ACT(d->d_hh, ch * d->hid * es, "draft_act");
+    d->ws_floats = cuda_attn_decode_ws_floats((int)ch, d->nh, d->hd,
+                                              CUDA_DRAFT_SPLITS);
+    DRAFT_ACT(d->d_ws, d->ws_floats * 4, "draft_attn_ws");
+    DRAFT_ACT(d->d_logits, (size_t)CUDA_DRAFT_LOGIT_ROWS * d->vocab * 4,
+              "draft_logits");
+    DRAFT_ACT(d->d_top_ids, ch * CUDA_DRAFT_TOPK_MAX * sizeof(int),
+              "draft_topk");
+    DRAFT_ACT(d->d_top_logp, ch * CUDA_DRAFT_TOPK_MAX * sizeof(float),
+              "draft_topk");
+    DRAFT_ACT(d->d_meta, ch * CUDA_DRAFT_META * sizeof(int), "draft_meta");
+#undef DRAFT_ACT
+    BT_CUDA_CHECK_GOTO(cudaMallocHost((void **)&d->h_meta,
+                                      ch * CUDA_DRAFT_META * sizeof(int)),
+                       status, err);
+    bt_free(bt);
+    BT_LOG_INFO("SPEC", "device draft head: %zu MiB on device (%s, %d "
+                "states of %d slots)", d->dev_bytes >> 20,
+                cfg->bf16 ? "bf16" : "f32", cfg->n_states, cfg->state_slots);
+    *draft_p = d;
+    return BT_OK;
+
+err:
+    bt_free(bt);
+    cuda_draft_destroy(&d);
+    return status;
+}
+
+void cuda_draft_destroy(cuda_draft_t **draft_p)
+{
+    cuda_draft_t *d = *draft_p;
+    void **bufs[] = {
+        &d->d_fce, &d->d_fcf, (void **)&d->d_fcb, &d->d_wqkv, &d->d_wo,
+        &d->d_post_norm, &d->d_wgu, &d->d_wdown, &d->d_emb,
+        &d->d_final_norm, (void **)&d->d_inv_freq, &d->d_kc, &d->d_vc,
+        (void **)&d->d_bt, &d->d_store, (void **)&d->d_hid, &d->d_hfeat,
+        &d->d_xe, &d->d_xf, (void **)&d->d_h, &d->d_hx, &d->d_qkv, &d->d_q,
+        &d->d_att, &d->d_xn, &d->d_gu, &d->d_hh, (void **)&d->d_ws,
+        (void **)&d->d_logits, (void **)&d->d_top_ids,
+        (void **)&d->d_top_logp, (void **)&d->d_meta, (void **)&d->d_mask,
+    };
+
+    if (d == NULL)
+        return;
+    if (d->stream)
+        (void)cudaStreamSynchronize(d->stream);
+    if (d->d_cls != d->d_emb)
+        cuda__dev_free(&d->d_cls);
+    d->d_cls = NULL;
+    for (size_t i = 0; i < BT_ARRAY_SIZE(bufs); i++)
+        cuda__dev_free(bufs[i]);
+    if (d->h_meta)
+        cudaFreeHost(d->h_meta);
+    if (d->h_mask)
+        cudaFreeHost(d->h_mask);
+    worker_gemm_ctx_destroy(&d->gemm);
+    if (d->stream)
+        cudaStreamDestroy(d->stream);
+    bt_free(d);
+    *draft_p = NULL;
+}
+
+size_t cuda_draft_device_bytes(const cuda_draft_t *draft)
+{
+    return draft->dev_bytes;
+}
+
+// ---------------------------------------------------------------------
+// forward
+
+static bt_status_t draft_mask_reserve(cuda_draft_t *d, size_t bytes)
+{
+    size_t cap;
+    bt_status_t status;
+
+    if (bytes <= d->mask_cap)
+        return BT_OK;
+    cap = BT_MAX(bytes, 2 * d->mask_cap);
+    if (d->h_mask)
+        cudaFreeHost(d->h_mask);
+    d->h_mask = NULL;
+    cuda__dev_free((void **)&d->d_mask);
+    d->mask_cap = 0;
+    status = BT_CUDA_STATUS(cudaMallocHost((void **)&d->h_mask, cap));
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&d->d_mask, cap, "draft_masks");
+    if (status == BT_OK)
+        d->mask_cap = cap;
+    return status;
+}
+
+/* Classifier + top-k over n dt rows of d_x, in passes of LOGIT_ROWS;
+ * results copied to the host (async, caller syncs). */
+static bt_status_t draft_classify(cuda_draft_t *d, const void *d_x, int n,
+                                  int k, int *top_ids, float *top_logp,
+                                  float *h_logits)
+{
+    size_t es = cuda_dtype_size(d->dt);
+    bt_status_t status = BT_OK;
+
+    for (int r0 = 0; r0 < n; r0 += CUDA_DRAFT_LOGIT_ROWS) {
+        int m = BT_MIN(CUDA_DRAFT_LOGIT_ROWS, n - r0);
+
+        status = worker_gemm(d->gemm, m, d->vocab, d->dim,
+                             (const char *)d_x + (size_t)r0 * d->dim * es,
+                             d->d_cls, d->dt, d->d_logits, CUDA_DT_F32,
+                             false, d->stream);
+        if (status == BT_OK && k > 0)
+            status = cuda_topk_logprob(d->d_logits, m, d->vocab, k,
+                                       d->d_top_ids + (size_t)r0 * k,
+                                       d->d_top_logp + (size_t)r0 * k,
+                                       d->stream);
+        if (status == BT_OK && h_logits)
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                h_logits + (size_t)r0 * d->vocab, d->d_logits,
+                (size_t)m * d->vocab * sizeof(float),
+                cudaMemcpyDeviceToHost, d->stream));
+        if (status != BT_OK)
+            return status;
+    }
+    if (k > 0) {
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            top_ids, d->d_top_ids, (size_t)n * k * sizeof(int),
+            cudaMemcpyDeviceToHost, d->stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                top_logp, d->d_top_logp, (size_t)n * k * sizeof(float),
+                cudaMemcpyDeviceToHost, d->stream));
+    }
+    return status;
+}
+
+/* One pass over at most CUDA_DRAFT_CHUNK rows. */
+static bt_status_t draft_pass(cuda_draft_t *d, int n,
+                              const cuda_draft_row_t *rows,
+                              const float *h_hidden, int n_hidden, int k,
+                              int *top_ids, float *top_logp, float *h_feat,
+                              float *h_logits)
+{
+    const cuda_draft_config_t *c = &d->cfg;
+    int *tok = d->h_meta, *pos = tok + n, *slot = pos + n, *kvl = slot + n;
+    int *bto = kvl + n, *ctx = bto + n, *mo = ctx + n, *fsrc = mo + n;
+    int *odst = fsrc + n;
+    int *d_tok = d->d_meta, *d_pos = d_tok + n, *d_slot = d_pos + n;
+    int *d_kvl = d_slot + n, *d_bto = d_kvl + n, *d_ctx = d_bto + n;
+    int *d_mo = d_ctx + n, *d_fsrc = d_mo + n, *d_odst = d_fsrc + n;
+    size_t mask_total = 0, at = 0;
+    int state_slots = d->nb_per * CUDA_DRAFT_BLOCK, max_kv = 1;
+    int n_splits, split_len, max_splits;
+    cuda_rope_kv_args_t ra;
+    cuda_attn_args_t aa;
+    bt_status_t status;
+
+    for (int i = 0; i < n; i++) {
+        const cuda_draft_row_t *r = &rows[i];
+
+        if (r->state < 0 || r->state >= c->n_states || r->slot < 0 ||
+            r->slot >= c->state_slots || r->ctx < 0 || r->ctx > r->kv_len ||
+            r->kv_len > c->state_slots || r->slot >= r->kv_len ||
+            r->token < 0 || r->token >= d->vocab || r->pos < 0 ||
+            r->feat >= c->store_rows || r->feat < -n_hidden ||
+            r->out >= c->store_rows)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "device draft row %d is malformed (state %d, "
+                            "slot %d, ctx %d, kv_len %d, feat %d, out %d)",
+                            i, r->state, r->slot, r->ctx, r->kv_len,
+                            r->feat, r->out);
+        if (r->mask)
+            mask_total += (size_t)(r->kv_len - r->ctx);
+    }
+    status = draft_mask_reserve(d, BT_MAX(mask_total, (size_t)1));
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < n; i++) {
+        const cuda_draft_row_t *r = &rows[i];
+        int base = r->state * state_slots;
+
+        tok[i] = r->token;
+        pos[i] = r->pos;
+        slot[i] = base + r->slot;
+        kvl[i] = r->kv_len;
+        bto[i] = r->state * d->nb_per;
+        ctx[i] = r->ctx;
+        mo[i] = -1;
+        if (r->mask) {
+            mo[i] = (int)at;
+            memcpy(d->h_mask + at, r->mask, (size_t)(r->kv_len - r->ctx));
+            at += (size_t)(r->kv_len - r->ctx);
+        }
+        fsrc[i] = r->feat >= 0 ? r->state * c->store_rows + r->feat
+                               : r->feat;
+        odst[i] = r->out >= 0 ? r->state * c->store_rows + r->out : -1;
+        max_kv = BT_MAX(max_kv, r->kv_len);
+    }
+
+    /* uploads */
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(
+        d->d_meta, d->h_meta, (size_t)CUDA_DRAFT_META * n * sizeof(int),
+        cudaMemcpyHostToDevice, d->stream));
+    if (status == BT_OK && at > 0)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(d->d_mask, d->h_mask, at,
+                                                cudaMemcpyHostToDevice,
+                                                d->stream));
+    if (status == BT_OK && n_hidden > 0)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d->d_hid, h_hidden, (size_t)n_hidden * d->dim * sizeof(float),
+            cudaMemcpyHostToDevice, d->stream));
+    /* target features: rmsnorm(hidden) * final_norm */
+    if (status == BT_OK && n_hidden > 0)
+        status = cuda_rmsnorm(d->d_hid, NULL, d->d_final_norm, NULL,
+                              n_hidden, d->dim, d->eps, d->d_hfeat, d->dt,
+                              d->stream);
+    if (status != BT_OK)
+        return status;
+
+    /* fc over [embedding; feature] */
+    status = cuda_draft_rows(d->d_store, d->d_hfeat, d_fsrc, NULL, n, d->dim,
+                             d->d_xf, d->dt, d->stream);
+    if (status == BT_OK)
+        status = cuda_draft_rows(d->d_emb, NULL, d_tok, NULL, n, d->dim,
+                                 d->d_xe, d->dt, d->stream);
+    if (status == BT_OK)
+        status = cuda_draft_bias(d->d_h, d->d_fcb, n, d->dim, d->stream);
+    if (status == BT_OK)
+        status = worker_gemm(d->gemm, n, d->dim, d->dim, d->d_xe, d->d_fce,
+                             d->dt, d->d_h, CUDA_DT_F32, true, d->stream);
+    if (status == BT_OK)
+        status = worker_gemm(d->gemm, n, d->dim, d->dim, d->d_xf, d->d_fcf,
+                             d->dt, d->d_h, CUDA_DT_F32, true, d->stream);
+    /* attention (layer 0: no input norm) */
+    if (status == BT_OK)
+        status = cuda_convert(d->d_h, CUDA_SRC_F32, (size_t)n * d->dim,
+                              d->d_hx, d->dt, d->stream);
+    if (status == BT_OK)
+        status = worker_gemm(d->gemm, n, d->qkv_dim, d->dim, d->d_hx,
+                             d->d_wqkv, d->dt, d->d_qkv, d->dt, false,
+                             d->stream);
+    if (status != BT_OK)
+        return status;
+    memset(&ra, 0, sizeof(ra));
+    ra.n_tokens = n;
+    ra.n_heads = d->nh;
+    ra.n_kv_heads = d->nkv;
+    ra.head_dim = d->hd;
+    ra.rope_half = 1;
+    ra.d_qkv = d->d_qkv;
+    ra.d_inv_freq = d->d_inv_freq;
+    ra.d_pos = d_pos;
+    ra.d_slot = d_slot;
+    ra.d_q = d->d_q;
+    ra.d_k_cache = d->d_kc;
+    ra.d_v_cache = d->d_vc;
+    status = cuda_rope_kv(&ra, d->dt, d->stream);
+    if (status != BT_OK)
+        return status;
+    memset(&aa, 0, sizeof(aa));
+    aa.n_heads = d->nh;
+    aa.n_kv_heads = d->nkv;
+    aa.head_dim = d->hd;
+    aa.block_size = CUDA_DRAFT_BLOCK;
+    aa.scale = 1.0f / sqrtf((float)d->hd);
+    aa.d_q = d->d_q;
+    aa.d_k_cache = d->d_kc;
+    aa.d_v_cache = d->d_vc;
+    aa.d_block_tables = d->d_bt;
+    aa.d_masks = d->d_mask;
+    aa.d_kv_len = d_kvl;
+    aa.d_bt_off = d_bto;
+    aa.d_ctx_len = d_ctx;
+    aa.d_mask_off = d_mo;
+    aa.d_out = d->d_att;
+    max_splits = (int)BT_MIN((size_t)64,
+                             d->ws_floats / ((size_t)n * d->nh *
+                                             (d->hd + 2)));
+    max_splits = BT_MAX(max_splits, 1);
+    cuda_attn_decode_plan(n, max_kv, d->nh, d->nkv, d->n_sm, max_splits,
+                          &n_splits, &split_len);
+    status = cuda_attn_decode(&aa, NULL, n, n_splits, split_len, d->d_ws,
+                              d->dt, d->stream);
+    if (status == BT_OK)
+        status = worker_gemm(d->gemm, n, d->dim, d->q_dim, d->d_att,
+                             d->d_wo, d->dt, d->d_h, CUDA_DT_F32, true,
+                             d->stream);
+    /* feed-forward */
+    if (status == BT_OK)
+        status = cuda_rmsnorm(d->d_h, NULL, d->d_post_norm, NULL, n, d->dim,
+                              d->eps, d->d_xn, d->dt, d->stream);
+    if (status == BT_OK)
+        status = worker_gemm(d->gemm, n, 2 * d->hid, d->dim, d->d_xn,
+                             d->d_wgu, d->dt, d->d_gu, d->dt, false,
+                             d->stream);
+    if (status == BT_OK)
+        status = cuda_swiglu(d->d_gu, n, d->hid, d->d_hh, d->dt, d->stream);
+    if (status == BT_OK)
+        status = worker_gemm(d->gemm, n, d->dim, d->hid, d->d_hh,
+                             d->d_wdown, d->dt, d->d_h, CUDA_DT_F32, true,
+                             d->stream);
+    /* outputs: store rows, then the classifier */
+    if (status == BT_OK)
+        status = cuda_convert(d->d_h, CUDA_SRC_F32, (size_t)n * d->dim,
+                              d->d_hx, d->dt, d->stream);
+    if (status == BT_OK)
+        status = cuda_draft_rows(d->d_hx, NULL, NULL, d_odst, n, d->dim,
+                                 d->d_store, d->dt, d->stream);
+    if (status == BT_OK && h_feat)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            h_feat, d->d_h, (size_t)n * d->dim * sizeof(float),
+            cudaMemcpyDeviceToHost, d->stream));
+    if (status == BT_OK && (k > 0 || h_logits))
+        status = draft_classify(d, d->d_hx, n, k, top_ids, top_logp,
+                                h_logits);
+    return status;
+}
+
+bt_status_t cuda_draft_forward(cuda_draft_t *d, int n,
+                               const cuda_draft_row_t *rows,
+                               const float *h_hidden, int n_hidden, int k,
+                               int *top_ids, float *top_logp, float *h_feat,
+                               float *h_logits)
+{
+    bt_status_t status = BT_OK;
+    cuda_draft_row_t *tmp = NULL;
+
+    if (n < 0 || k < 0 || k > CUDA_DRAFT_TOPK_MAX || k > d->vocab ||
+        n_hidden < 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device draft forward of %d rows, top-%d", n, k);
+    for (int r0 = 0; r0 < n && status == BT_OK; r0 += CUDA_DRAFT_CHUNK) {
+        int m = BT_MIN(CUDA_DRAFT_CHUNK, n - r0);
+        const cuda_draft_row_t *rows_c = rows + r0;
+        int h0 = INT_MAX, h1 = 0;
+
+        /* this pass's hidden rows: the range its rows name */
+        for (int i = 0; i < m; i++)
+            if (rows_c[i].feat < 0) {
+                h0 = BT_MIN(h0, -1 - rows_c[i].feat);
+                h1 = BT_MAX(h1, -rows_c[i].feat);
+            }
+        if (h1 == 0)
+            h0 = 0;
+        if (h1 - h0 > CUDA_DRAFT_CHUNK) {
+            status = BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                              "device draft: a pass names %d hidden rows",
+                              h1 - h0);
+            break;
+        }
+        if (h0 > 0) { /* re-base the hidden row indices */
+            if (tmp == NULL) {
+                tmp = bt_malloc(sizeof(*tmp) * CUDA_DRAFT_CHUNK,
+                                "cuda_draft");
+                if (tmp == NULL)
+                    return BT_ERR_NO_MEMORY;
+            }
+            memcpy(tmp, rows_c, sizeof(*tmp) * (size_t)m);
+            for (int i = 0; i < m; i++)
+                if (tmp[i].feat < 0)
+                    tmp[i].feat += h0;
+            rows_c = tmp;
+        }
+        status = draft_pass(d, m, rows_c,
+                            h_hidden ? h_hidden + (size_t)h0 * d->dim : NULL,
+                            h1 - h0, k, top_ids ? top_ids + (size_t)r0 * k
+                                                : NULL,
+                            top_logp ? top_logp + (size_t)r0 * k : NULL,
+                            h_feat ? h_feat + (size_t)r0 * d->dim : NULL,
+                            h_logits ? h_logits + (size_t)r0 * d->vocab
+                                     : NULL);
+        /* the pinned metadata is reused by the next pass */
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+    }
+    bt_free(tmp);
+    if (status != BT_OK)
+        (void)cudaStreamSynchronize(d->stream);
+    return status;
+}
+
+bt_status_t cuda_draft_topk(cuda_draft_t *d, int n, const int *states,
+                            const int *store_rows, int k, int *top_ids,
+                            float *top_logp, float *h_logits)
+{
+    const cuda_draft_config_t *c = &d->cfg;
+    bt_status_t status = BT_OK;
+
+    if (n < 0 || k < 1 || k > CUDA_DRAFT_TOPK_MAX || k > d->vocab)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device draft top-%d of %d rows", k, n);
+    for (int r0 = 0; r0 < n && status == BT_OK; r0 += CUDA_DRAFT_CHUNK) {
+        int m = BT_MIN(CUDA_DRAFT_CHUNK, n - r0);
+
+        for (int i = 0; i < m; i++) {
+            int st = states[r0 + i], row = store_rows[r0 + i];
+
+            if (st < 0 || st >= c->n_states || row < 0 ||
+                row >= c->store_rows)
+                return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                                "device draft top-k of state %d row %d",
+                                st, row);
+            d->h_meta[i] = st * c->store_rows + row;
+        }
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(d->d_meta, d->h_meta,
+                                                (size_t)m * sizeof(int),
+                                                cudaMemcpyHostToDevice,
+                                                d->stream));
+        if (status == BT_OK)
+            status = cuda_draft_rows(d->d_store, NULL, d->d_meta, NULL, m,
+                                     d->dim, d->d_hx, d->dt, d->stream);
+        if (status == BT_OK)
+            status = draft_classify(d, d->d_hx, m, k,
+                                    top_ids + (size_t)r0 * k,
+                                    top_logp + (size_t)r0 * k,
+                                    h_logits ? h_logits +
+                                                   (size_t)r0 * d->vocab
+                                             : NULL);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+    }
+    if (status != BT_OK)
+        (void)cudaStreamSynchronize(d->stream);
+    return status;
+}

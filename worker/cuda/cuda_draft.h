@@ -1,0 +1,94 @@
+/*
+ * cuda_draft.h - the EAGLE draft head (spec_head.h) on the GPU, so that
+ * speculation with the cuda backend never runs the head on the host.
+ *
+ * Same math as spec_head_forward / spec_head_logits, batched over many
+ * sequences ("draft states") per call: every row names its state, and
+ * each state has its own contiguous slice of the head's KV cache (slots
+ * 0..state_slots-1, paged with an identity block table so the backend's
+ * attention kernels serve it) and of a feature store (store_rows rows of
+ * dim, activation dtype) where outputs are kept for later rows (the tree
+ * root and expanded nodes) without a round trip to the host.  Target
+ * features arrive as raw hidden states (before the final norm) and are
+ * normalised on the device.  Only top-k (token, log-prob) candidates come
+ * back, computed on the device.
+ *
+ * Device memory: the head's own layer, a copy of the target's embedding
+ * and classifier (2 x vocab x dim in the activation dtype: 2.1 GB for a
+ * Llama-3-8B shape in bf16) and final norm, the KV slices (n_states x
+ * state_slots x 2 x kv_dim) and the feature store.  Not thread-safe.
+ */
+#ifndef BT_WORKER_CUDA_CUDA_DRAFT_H
+#define BT_WORKER_CUDA_CUDA_DRAFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "spec/spec_head.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most candidates per row (cuda_topk_logprob). */
+#define CUDA_DRAFT_TOPK_MAX 16
+
+typedef struct {
+    int device_index;  /* CUDA device (the target backend's) */
+    int bf16;          /* 1: bf16 weights/activations, 0: f32 */
+    int n_states;      /* sequences that may hold draft state at once */
+    int state_slots;   /* head KV slots per state */
+    int store_rows;    /* feature rows per state */
+} cuda_draft_config_t;
+
+typedef struct cuda_draft_s cuda_draft_t;
+
+/* Uploads the head's weights (and the target tables it borrows). */
+bt_status_t cuda_draft_create(const spec_head_t *head,
+                              const cuda_draft_config_t *cfg,
+                              cuda_draft_t **draft_p);
+void cuda_draft_destroy(cuda_draft_t **draft_p);
+
+/* Device bytes the draft holds. */
+size_t cuda_draft_device_bytes(const cuda_draft_t *draft);
+
+/* One input row of cuda_draft_forward. */
+typedef struct {
+    int state;           /* draft state, 0..n_states-1 */
+    int token;           /* x[t+1] (its embedding is fused in) */
+    int pos;             /* RoPE position */
+    int slot;            /* head KV slot written, 0..state_slots-1 */
+    int ctx;             /* slots [0, ctx) are visible */
+    int kv_len;          /* slots [ctx, kv_len) are visible when
+                            mask[s - ctx] != 0 (all when mask is NULL);
+                            must include `slot` */
+    const uint8_t *mask; /* (kv_len - ctx) or NULL */
+    int feat;            /* input feature: >= 0 a store row of the state,
+                            -1 - i: row i of h_hidden */
+    int out;             /* store row that receives the output feature,
+                            -1: none */
+} cuda_draft_row_t;
+
+/* Runs the head over n rows in order (a row sees the K/V of earlier rows
+ * of the same call).  h_hidden (n_hidden, dim) f32 target hidden states
+ * before the final norm.  With k > 0: top_ids / top_logp (n, k) = the k
+ * best draft tokens of each row's output and their log-probabilities.
+ * Tests: h_feat (n, dim) f32 output features and h_logits (n, vocab)
+ * classifier rows when not NULL. */
+bt_status_t cuda_draft_forward(cuda_draft_t *draft, int n,
+                               const cuda_draft_row_t *rows,
+                               const float *h_hidden, int n_hidden, int k,
+                               int *top_ids, float *top_logp, float *h_feat,
+                               float *h_logits);
+
+/* Top-k of the classifier applied to n stored features (states[i],
+ * store row rows[i]); h_logits as above (NULL: not copied). */
+bt_status_t cuda_draft_topk(cuda_draft_t *draft, int n, const int *states,
+                            const int *store_rows, int k, int *top_ids,
+                            float *top_logp, float *h_logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CUDA_CUDA_DRAFT_H */

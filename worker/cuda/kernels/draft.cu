@@ -1,0 +1,205 @@
+/*
+ * draft.cu - kernels of the device draft head (see draft.h).
+ *
+ * cuda_topk_logprob: one block of 256 threads per row.  Pass 1: the row's
+ * max and sum of exp (block reductions) give logsumexp.  Pass 2: every
+ * thread keeps a sorted top-k of its strided elements (a later equal
+ * value has a higher id, so strict > keeps the lower id); the lists go
+ * to shared memory and k rounds of a block arg-max over the list heads
+ * (value desc, id asc) emit the winners in order.
+ * Tested through the whole head: build-cuda/gpu/test_spec_cuda.
+ */
+#include "draft.h"
+
+#include <math.h>
+
+#include "bt_util.h"
+#include "kern_common.cuh"
+
+#define TOPK_THREADS 256
+
+template <typename T>
+static __global__ void draft_rows_kernel(const T *a, const T *b,
+                                         const int *src_idx,
+                                         const int *dst_idx, int dim, T *dst)
+{
+    int i = blockIdx.x;
+    int s = src_idx ? src_idx[i] : i;
+    int r = dst_idx ? dst_idx[i] : i;
+    const T *src;
+
+    if (r < 0)
+        return;
+    src = s >= 0 ? a + (size_t)s * dim : b + (size_t)(-s - 1) * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        dst[(size_t)r * dim + j] = src[j];
+}
+
+bt_status_t cuda_draft_rows(const void *d_src_a, const void *d_src_b,
+                            const int *d_src_idx, const int *d_dst_idx,
+                            int n, int dim, void *d_dst, cuda_dtype_t dt,
+                            cudaStream_t stream)
+{
+    BT_ASSERT(n >= 0 && dim > 0);
+    if (n == 0)
+        return BT_OK;
+    KERN_DISPATCH_DT(dt, T,
+                     draft_rows_kernel<T><<<n, 256, 0, stream>>>(
+                         (const T *)d_src_a, (const T *)d_src_b, d_src_idx,
+                         d_dst_idx, dim, (T *)d_dst));
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+static __global__ void draft_bias_kernel(float *h, const float *bias, int dim)
+{
+    float *row = h + (size_t)blockIdx.x * dim;
+
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        row[j] = bias[j];
+}
+
+bt_status_t cuda_draft_bias(float *d_h, const float *d_bias, int n, int dim,
+                            cudaStream_t stream)
+{
+    BT_ASSERT(n >= 0 && dim > 0);
+    if (n == 0)
+        return BT_OK;
+    draft_bias_kernel<<<n, 256, 0, stream>>>(d_h, d_bias, dim);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+/* (v, i) before (ov, oi): larger value, then lower id. */
+static __device__ __forceinline__ bool topk_better(float v, int i, float ov,
+                                                   int oi)
+{
+    return v > ov || (v == ov && i < oi);
+}
+
+static __global__ void topk_kernel(const float *logits, int vocab, int k,
+                                   int *ids, float *logp)
+{
+    __shared__ float sh_red[32];
+    __shared__ float sh_v[TOPK_THREADS * CUDA_TOPK_MAX];
+    __shared__ int sh_i[TOPK_THREADS * CUDA_TOPK_MAX];
+    __shared__ float sh_wv[32];
+    __shared__ int sh_wi[32];
+    __shared__ int sh_wt[32];
+    __shared__ float sh_lse;
+    const float *row = logits + (size_t)blockIdx.x * vocab;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int n_warps = blockDim.x >> 5;
+    float lv[CUDA_TOPK_MAX];
+    int li[CUDA_TOPK_MAX];
+    float mx = -INFINITY, sum = 0.0f;
+    int head = 0;
+
+    /* logsumexp */
+    for (int j = t; j < vocab; j += blockDim.x)
+        if (row[j] > mx)
+            mx = row[j];
+    mx = kern_warp_max(mx);
+    if (lane == 0)
+        sh_red[warp] = mx;
+    __syncthreads();
+    mx = lane < n_warps ? sh_red[lane] : -INFINITY;
+    mx = kern_warp_max(mx);
+    __syncthreads();
+    for (int j = t; j < vocab; j += blockDim.x)
+        if (row[j] == row[j]) /* not NaN */
+            sum += __expf(row[j] - mx);
+    sum = kern_block_sum(sum, sh_red);
+    if (t == 0)
+        sh_lse = mx + logf(sum);
+
+    /* per-thread sorted top-k of the strided elements */
+#pragma unroll
+    for (int c = 0; c < CUDA_TOPK_MAX; c++) {
+        lv[c] = -INFINITY;
+        li[c] = vocab;
+    }
+    for (int j = t; j < vocab; j += blockDim.x) {
+        float v = row[j];
+        int c;
+
+        if (v != v) /* NaN */
+            continue;
+        if (li[k - 1] != vocab && !(v > lv[k - 1]))
+            continue; /* list full and v not better than its last */
+        /* insert at its place (an equal earlier value keeps priority) */
+        c = k - 1;
+        while (c > 0 && topk_better(v, j, lv[c - 1], li[c - 1])) {
+            lv[c] = lv[c - 1];
+            li[c] = li[c - 1];
+            c--;
+        }
+        lv[c] = v;
+        li[c] = j;
+    }
+    for (int c = 0; c < k; c++) {
+        sh_v[t * CUDA_TOPK_MAX + c] = lv[c];
+        sh_i[t * CUDA_TOPK_MAX + c] = li[c];
+    }
+    __syncthreads();
+
+    /* k rounds of a block arg-max over the list heads */
+    for (int r = 0; r < k; r++) {
+        float bv = head < k ? sh_v[t * CUDA_TOPK_MAX + head] : -INFINITY;
+        int bi = head < k ? sh_i[t * CUDA_TOPK_MAX + head] : vocab;
+        int bt = t;
+
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            int ot = __shfl_xor_sync(0xffffffffu, bt, o);
+            if (topk_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+                bt = ot;
+            }
+        }
+        if (lane == 0) {
+            sh_wv[warp] = bv;
+            sh_wi[warp] = bi;
+            sh_wt[warp] = bt;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            bv = lane < n_warps ? sh_wv[lane] : -INFINITY;
+            bi = lane < n_warps ? sh_wi[lane] : vocab;
+            bt = lane < n_warps ? sh_wt[lane] : -1;
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                int ot = __shfl_xor_sync(0xffffffffu, bt, o);
+                if (topk_better(ov, oi, bv, bi)) {
+                    bv = ov;
+                    bi = oi;
+                    bt = ot;
+                }
+            }
+            if (lane == 0) {
+                ids[(size_t)blockIdx.x * k + r] = bi < vocab ? bi : 0;
+                logp[(size_t)blockIdx.x * k + r] = bi < vocab
+                                                       ? bv - sh_lse
+                                                       : -INFINITY;
+                sh_wt[0] = bt;
+            }
+        }
+        __syncthreads();
+        if (t == sh_wt[0])
+            head++;
+        __syncthreads();
+    }
+}
+
+bt_status_t cuda_topk_logprob(const float *d_logits, int n, int vocab, int k,
+                              int *d_ids, float *d_logp,
+                              cudaStream_t stream)
+{
+    BT_ASSERT(n >= 0 && vocab > 0 && k >= 1 && k <= CUDA_TOPK_MAX);
+    if (n == 0)
+        return BT_OK;
+    topk_kernel<<<n, TOPK_THREADS, 0, stream>>>(d_logits, vocab, k, d_ids,
+                                                d_logp);
+    return BT_CUDA_LAUNCH_STATUS();
+}
