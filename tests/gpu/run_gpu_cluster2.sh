@@ -20,7 +20,8 @@
 #   for t in kv_transport_test_stage kv_transport_test_cuda_ipc; do
 #     strip -o $C/tests/$t build-gpucl/tests/$t; done
 #   ../shared/tools/devlibs $C/devlibs $C/bin/* $C/tests/*
-#   du -sh $C        # about 45 MiB (limit 64)
+#   tar czf $C/bin.tgz -C $C bin && rm -rf $C/bin   # 50 MiB -> ~14
+#   du -sh $C        # about 25 MiB (limit 64)
 # then `run` (kind nvidia-h200-x2) with carry ["build-gpucl-carry"],
 # timeout_s 380 and the command
 #   bash tests/gpu/run_gpu_cluster2.sh
@@ -39,15 +40,24 @@ work=${BT_C2_WORK:-/tmp/baton-gpu-cluster2-work}
 t0=$(date +%s)
 rm -rf "$work"
 mkdir -p "$out" "$work"
-if [ -d "$PWD/$carry/devlibs" ]; then
-  export LD_LIBRARY_PATH=$PWD/$carry/devlibs:${LD_LIBRARY_PATH:-}
-  export UCX_MODULE_DIR=$PWD/$carry/devlibs/ucx
+cdir=$PWD/$carry
+if [ -d "$cdir/devlibs" ]; then
+  export LD_LIBRARY_PATH=$cdir/devlibs:${LD_LIBRARY_PATH:-}
+  export UCX_MODULE_DIR=$cdir/devlibs/ucx
+fi
+if [ -f "$cdir/bin.tgz" ]; then  # binaries travel compressed
+  x=${BT_C2_UNPACK:-/tmp/baton-gpu-cluster2-carry}
+  rm -rf "$x"
+  mkdir -p "$x"
+  tar xzf "$cdir/bin.tgz" -C "$x" || exit 1
+  ln -s "$cdir/tests" "$x/tests"
+  cdir=$x
 fi
 export NCCL_NVLS_ENABLE=0
 deadline=${BT_C2_DEADLINE_S:-330}
 export BT_C2_DEADLINE_S=$deadline
 PYTHONUNBUFFERED=1 timeout -k 10 $((deadline + 20)) \
-  python3 tests/gpu/gpu_cluster2.py "$PWD/$carry" "$work" "$out"
+  python3 tests/gpu/gpu_cluster2.py "$cdir" "$work" "$out"
 rc=$?
 tar czf "$out/cluster2_logs.tgz" -C "$work" --exclude mps-pipe . \
   2>/dev/null
