@@ -444,7 +444,10 @@ static void prefill_side(int fd)
             src_free(&s, &p);
         }
     }
-    rpc(fd, 3, 0, 0);
+    {
+        msg_t bye = { .op = 3 }; /* no reply: the parent stops reading */
+        send_all(fd, &bye, sizeof(bye));
+    }
     kv_cipc_release(&peer);
     kv_cipc_destroy(&ctx);
 }
