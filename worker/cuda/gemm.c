@@ -127,15 +127,18 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         env = getenv("BT_GEMM_TUNE"); /* 0: static defaults */
         ctx->tune = ctx->use_gemv && (env == NULL || strcmp(env, "0") != 0);
     }
-    /* Shared-memory limits of the ring kernels, outside any capture. */
-    status = cuda_gemv_prepare();
-    if (status != BT_OK)
-        goto err_free_ws;
+    /* Shared-memory limits of the ring kernels, outside any capture.  A
+     * failure only costs those kernels (their launches fail the tuner's
+     * check, which then keeps the defaults). */
+    if (cuda_gemv_prepare() != BT_OK) {
+        BT_LOG_WARN("CUDA", "GEMV ring kernels unavailable: autotuning off");
+        bt_error_clear();
+        (void)cudaGetLastError();
+        ctx->tune = false;
+    }
     *ctx_p = ctx;
     return BT_OK;
 
-err_free_ws:
-    cuda__dev_free(&ctx->d_ws);
 err_destroy_handle:
     cublasLtDestroy(ctx->handle);
 err_free_plans:

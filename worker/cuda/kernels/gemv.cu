@@ -245,7 +245,7 @@ gemv_stream_kernel(int n_out, int n_in, int n_warps, const bf16_t *x,
 #define RING_MAX_STAGES 8
 #define RING_MIN_STAGES 2
 #define RING_MAX_TOK 4
-#define GEMV_SMEM_MAX (227 * 1024)     /* opt-in limit per block, sm_90 */
+#define GEMV_SMEM_MAX (226 * 1024)     /* under sm_90's 227 KB opt-in */
 
 static __device__ __forceinline__ uint32_t gemv_smem_u32(const void *p)
 {
@@ -672,8 +672,28 @@ static int gemv_n_sm(void)
     return cache[dev];
 }
 
-/* Raises kernel k's dynamic shared memory limit to GEMV_SMEM_MAX once per
- * device (bit `slot` of a per-device mask). */
+/* Dynamic shared memory the ring kernels may use on the current device:
+ * GEMV_SMEM_MAX, less where the opt-in limit is lower (1 KB left for
+ * static shared memory).  Cached per device. */
+static size_t gemv_smem_budget(void)
+{
+    static size_t cache[64];
+    int dev = 0, optin = 0;
+
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 48 * 1024;
+    if (cache[dev] == 0) {
+        if (cudaDeviceGetAttribute(&optin,
+                                   cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                   dev) != cudaSuccess || optin <= 0)
+            optin = 48 * 1024;
+        cache[dev] = BT_MIN((size_t)GEMV_SMEM_MAX, (size_t)optin - 1024);
+    }
+    return cache[dev];
+}
+
+/* Raises kernel k's dynamic shared memory limit to gemv_smem_budget()
+ * once per device (bit `slot` of a per-device mask). */
 template <typename K>
 static cudaError_t gemv_smem_attr(K k, int slot)
 {
@@ -686,7 +706,7 @@ static cudaError_t gemv_smem_attr(K k, int slot)
     if (dev >= 0 && dev < 64 && (done[dev] >> slot & 1))
         return cudaSuccess;
     err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               GEMV_SMEM_MAX);
+                               (int)gemv_smem_budget());
     if (err == cudaSuccess && dev >= 0 && dev < 64)
         done[dev] |= 1ull << slot;
     return err;
@@ -697,10 +717,11 @@ static cudaError_t gemv_smem_attr(K k, int slot)
 static int gemv_ring_stages(size_t fixed)
 {
     size_t per = (size_t)RING_WARPS * (RING_PIECE + 8);
+    size_t budget = gemv_smem_budget();
 
-    if (fixed >= GEMV_SMEM_MAX)
+    if (fixed >= budget)
         return 0;
-    return (int)BT_MIN((size_t)RING_MAX_STAGES, (GEMV_SMEM_MAX - fixed) / per);
+    return (int)BT_MIN((size_t)RING_MAX_STAGES, (budget - fixed) / per);
 }
 
 static int gemv_ring_tmpl(int n_tok)
@@ -775,7 +796,10 @@ static int gemv_mma_nt(int n_tok)
 
 static bool gemv_mma_ok(int n_tok, int n_in)
 {
-    return n_tok >= 1 && n_tok <= CUDA_GEMV_MMA_MAX_TOK && n_in % 32 == 0;
+    size_t fixed = (size_t)2 * 64 * 32 * 4 + 128;
+
+    return n_tok >= 1 && n_tok <= CUDA_GEMV_MMA_MAX_TOK && n_in % 32 == 0 &&
+           gemv_ring_stages(fixed) >= RING_MIN_STAGES;
 }
 
 template <int NT, int MW, typename OUT>

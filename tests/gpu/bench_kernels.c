@@ -1,0 +1,440 @@
+/*
+ * bench_kernels.c - kernel timings behind issue 4's targets, ON THE
+ * DEVICE MACHINE (tests/gpu/run_gpu_kernels.sh runs it):
+ *
+ *   bench_kernels [--gemv] [--attn] [--small] [--reps N]   (default: all)
+ *
+ * --gemv: every GEMV variant of kernels/gemv.h, cuBLASLt's heuristic
+ *   algorithm (BT_GEMV_FORCE=lt through worker_gemm) and the autotuned
+ *   worker_gemm on the Llama-3-8B projections (qkv 6144x4096, o 4096x4096,
+ *   gate|up 28672x4096, down 4096x14336, lm_head 128256x4096 with f32
+ *   out) at 1..128 tokens: median of N runs, each after an L2 flush; TB/s
+ *   counts the weight bytes.  Then the per-step GEMM sum (32 layers +
+ *   classifier) of the best variant and of the tuned choice.
+ * --attn: cuda_attn_prefill on one causal prompt of 512/2048/8192 tokens
+ *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
+ *   FLOPs (4 x heads x hd x P(P+1)/2) against 790.
+ * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s).
+ * Lines start with "gemv ", "gemvsum ", "attn ", "small " for grepping.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "gemm.h"
+#include "kernels/attn_prefill.h"
+#include "kernels/gemv.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope_kv.h"
+#include "kernels/swiglu.h"
+
+#define CK(_e)                                                              \
+    do {                                                                    \
+        cudaError_t _r = (_e);                                              \
+        if (_r != cudaSuccess) {                                            \
+            fprintf(stderr, "FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #_e, \
+                    cudaGetErrorString(_r));                                \
+            exit(1);                                                        \
+        }                                                                   \
+    } while (0)
+#define OK(_e)                                                              \
+    do {                                                                    \
+        if ((_e) != BT_OK) {                                                \
+            fprintf(stderr, "FAIL %s:%d %s\n", __FILE__, __LINE__, #_e);    \
+            exit(1);                                                        \
+        }                                                                   \
+    } while (0)
+
+static int g_reps = 10;
+static void *g_flush;
+static cudaEvent_t g_e0, g_e1;
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void flush_l2(void)
+{
+    CK(cudaMemsetAsync(g_flush, 1, 256u << 20, 0));
+}
+
+/* What one timed run does. */
+typedef struct {
+    int kind;          /* 0 gemv variant, 1 worker_gemm (forced lt), 2 tuned */
+    int k;
+    worker_gemm_ctx_t *g;
+    int t, o, i;
+    void *x, *w, *y;
+    cuda_dtype_t out_dt;
+} gemv_job_t;
+
+static void job_run(const gemv_job_t *j)
+{
+    if (j->kind == 0) {
+        OK(cuda_gemv_run((cuda_gemv_kernel_t)j->k, j->t, j->o, j->i, j->x,
+                         j->w, j->y, j->out_dt, false, 0));
+    } else {
+        if (j->kind == 1)
+            setenv("BT_GEMV_FORCE", "lt", 1);
+        OK(worker_gemm(j->g, j->t, j->o, j->i, j->x, j->w, CUDA_DT_BF16,
+                       j->y, j->out_dt, false, 0));
+        unsetenv("BT_GEMV_FORCE");
+    }
+}
+
+/* Median microseconds of a job, L2 flushed before each run. */
+static float job_time(const gemv_job_t *j)
+{
+    float ms[64];
+    int n = g_reps < 64 ? g_reps : 64;
+
+    job_run(j);
+    for (int r = 0; r < n; r++) {
+        flush_l2();
+        CK(cudaEventRecord(g_e0, 0));
+        job_run(j);
+        CK(cudaEventRecord(g_e1, 0));
+        CK(cudaEventSynchronize(g_e1));
+        CK(cudaEventElapsedTime(&ms[r], g_e0, g_e1));
+    }
+    CK(cudaGetLastError());
+    qsort(ms, n, sizeof(float), cmp_f);
+    return ms[n / 2] * 1e3f;
+}
+
+/* True when `name` is listed in BT_GEMV_DISABLE (failed its test). */
+static int disabled(const char *name)
+{
+    const char *env = getenv("BT_GEMV_DISABLE");
+    char buf[256];
+
+    if (env == NULL)
+        return 0;
+    snprintf(buf, sizeof(buf), ",%s,", env);
+    for (char *p = buf; (p = strstr(p, name)) != NULL; p++)
+        if (p[-1] == ',' && p[strlen(name)] == ',')
+            return 1;
+    return 0;
+}
+
+static void bench_gemv(void)
+{
+    static const struct {
+        const char *name;
+        int o, i, per_step; /* per_step: times per decode step */
+        cuda_dtype_t out_dt;
+    } sh[] = {{"qkv", 6144, 4096, 32, CUDA_DT_BF16},
+              {"o", 4096, 4096, 32, CUDA_DT_F32},
+              {"gate_up", 28672, 4096, 32, CUDA_DT_BF16},
+              {"down", 4096, 14336, 32, CUDA_DT_F32},
+              {"lm_head", 128256, 4096, 1, CUDA_DT_F32}};
+    const int toks[] = {1, 2, 4, 8, 16, 32, 64, 128};
+    enum { NT = sizeof(toks) / sizeof(toks[0]) };
+    double best_sum[NT] = {0}, tuned_sum[NT] = {0}, lt_sum[NT] = {0};
+    worker_gemm_ctx_t *g = NULL;
+
+    OK(worker_gemm_ctx_create(32u << 20, &g));
+    for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++) {
+        int o = sh[s].o, i = sh[s].i;
+        void *x, *w, *y;
+        double wbytes = 2.0 * o * i;
+
+        CK(cudaMalloc(&x, (size_t)128 * i * 2));
+        CK(cudaMalloc(&w, (size_t)o * i * 2));
+        CK(cudaMalloc(&y, (size_t)128 * o * 4));
+        OK(cuda_gemv_fill(x, (size_t)128 * i, 11, 0));
+        OK(cuda_gemv_fill(w, (size_t)o * i, 12 + (uint32_t)s, 0));
+        CK(cudaDeviceSynchronize());
+        for (int ti = 0; ti < NT; ti++) {
+            int t = toks[ti];
+            char line[1024];
+            size_t len = 0;
+            float best = 1e30f, us;
+            const char *best_name = "?";
+            gemv_job_t j = {0, 0, g, t, o, i, x, w, y, sh[s].out_dt};
+
+            len += snprintf(line + len, sizeof(line) - len,
+                            "gemv %-7s t=%3d o=%6d i=%5d:", sh[s].name, t, o,
+                            i);
+            for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++) {
+                if (!cuda_gemv_kernel_ok((cuda_gemv_kernel_t)k, t, o, i,
+                                         CUDA_DT_BF16) ||
+                    disabled(cuda_gemv_kernel_name((cuda_gemv_kernel_t)k)))
+                    continue;
+                j.kind = 0;
+                j.k = k;
+                us = job_time(&j);
+                len += snprintf(line + len, sizeof(line) - len,
+                                " %s %.1f (%.2f)",
+                                cuda_gemv_kernel_name((cuda_gemv_kernel_t)k),
+                                us, wbytes / (us * 1e-6) / 1e12);
+                if (us < best) {
+                    best = us;
+                    best_name = cuda_gemv_kernel_name((cuda_gemv_kernel_t)k);
+                }
+            }
+            j.kind = 1;
+            us = job_time(&j);
+            lt_sum[ti] += (double)us * sh[s].per_step;
+            len += snprintf(line + len, sizeof(line) - len,
+                            " cublasLt %.1f (%.2f)", us,
+                            wbytes / (us * 1e-6) / 1e12);
+            if (us < best) {
+                best = us;
+                best_name = "cublasLt";
+            }
+            j.kind = 2; /* the first call tunes the whole shape */
+            us = job_time(&j);
+            {
+                float tus = 0.0f;
+                const char *c = worker_gemm_choice(g, t, o, i, sh[s].out_dt,
+                                                   &tus);
+                len += snprintf(line + len, sizeof(line) - len,
+                                " | tuned=%s %.1f (%.2f TB/s)",
+                                c ? c : "none", us,
+                                wbytes / (us * 1e-6) / 1e12);
+            }
+            best_sum[ti] += (double)best * sh[s].per_step;
+            tuned_sum[ti] += (double)us * sh[s].per_step;
+            printf("%s | best=%s %.1f us %.2f TB/s\n", line, best_name, best,
+                   wbytes / (best * 1e-6) / 1e12);
+            fflush(stdout);
+        }
+        cudaFree(x);
+        cudaFree(w);
+        cudaFree(y);
+    }
+    for (int ti = 0; ti < NT; ti++)
+        printf("gemvsum t=%3d: GEMMs per decode step (32 layers + lm_head): "
+               "best %.3f ms, tuned %.3f ms, cuBLASLt %.3f ms; 15.0 GB at "
+               "4.5 TB/s = 3.34 ms\n", toks[ti], best_sum[ti] * 1e-3,
+               tuned_sum[ti] * 1e-3, lt_sum[ti] * 1e-3);
+    worker_gemm_ctx_destroy(&g);
+}
+
+/* One causal prompt of P tokens through cuda_attn_prefill. */
+static void bench_attn(void)
+{
+    const int nh = 32, nkv = 8, hd = 128, bs = 16;
+    const int lens[] = {512, 2048, 8192};
+
+    for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+        int P = lens[li], nb = (P + bs - 1) / bs;
+        int n_tiles = (P + CUDA_PREFILL_BQ - 1) / CUDA_PREFILL_BQ;
+        size_t kv = (size_t)nb * bs * nkv * hd;
+        int *h = calloc((size_t)n_tiles * CUDA_PREFILL_TILE_INTS + nb +
+                            (size_t)5 * P, sizeof(int));
+        int *tiles = h, *bt = h + (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
+        int *kvl = bt + nb, *bto = kvl + P, *ctxa = bto + P, *mo = ctxa + P;
+        void *q, *kc, *vc, *out;
+        int *d_meta;
+        cuda_attn_args_t a;
+
+        for (int t = 0; t < n_tiles; t++) {
+            int *tp = tiles + (size_t)t * CUDA_PREFILL_TILE_INTS;
+            tp[CUDA_PT_TOK0] = 0;
+            tp[CUDA_PT_I0] = t * CUDA_PREFILL_BQ;
+            tp[CUDA_PT_NQ] = P - t * CUDA_PREFILL_BQ < CUDA_PREFILL_BQ
+                                 ? P - t * CUDA_PREFILL_BQ
+                                 : CUDA_PREFILL_BQ;
+            tp[CUDA_PT_NTOK] = P;
+            tp[CUDA_PT_CTX] = 0;
+            tp[CUDA_PT_BT_OFF] = 0;
+            tp[CUDA_PT_MASK_OFF] = -1;
+        }
+        for (int b = 0; b < nb; b++)
+            bt[b] = nb - 1 - b; /* not contiguous, like a used pool */
+        for (int t = 0; t < P; t++) {
+            kvl[t] = t + 1;
+            mo[t] = -1;
+        }
+        size_t ints = (size_t)n_tiles * CUDA_PREFILL_TILE_INTS + nb +
+                      (size_t)5 * P;
+        CK(cudaMalloc((void **)&d_meta, ints * sizeof(int)));
+        CK(cudaMemcpy(d_meta, h, ints * sizeof(int), cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&q, (size_t)P * nh * hd * 2));
+        CK(cudaMalloc(&out, (size_t)P * nh * hd * 2));
+        CK(cudaMalloc(&kc, kv * 2));
+        CK(cudaMalloc(&vc, kv * 2));
+        OK(cuda_gemv_fill(q, (size_t)P * nh * hd, 1, 0));
+        OK(cuda_gemv_fill(kc, kv, 2, 0));
+        OK(cuda_gemv_fill(vc, kv, 3, 0));
+        memset(&a, 0, sizeof(a));
+        a.n_heads = nh;
+        a.n_kv_heads = nkv;
+        a.head_dim = hd;
+        a.block_size = bs;
+        a.scale = 0.08838834764f;
+        a.d_q = q;
+        a.d_k_cache = kc;
+        a.d_v_cache = vc;
+        a.d_block_tables = d_meta + (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
+        a.d_kv_len = a.d_block_tables + nb;
+        a.d_bt_off = a.d_kv_len + P;
+        a.d_ctx_len = a.d_bt_off + P;
+        a.d_mask_off = a.d_ctx_len + P;
+        a.d_out = out;
+        float ms[64];
+        int n = g_reps < 64 ? g_reps : 64;
+        OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
+        for (int r = 0; r < n; r++) {
+            flush_l2();
+            CK(cudaEventRecord(g_e0, 0));
+            OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
+            CK(cudaEventRecord(g_e1, 0));
+            CK(cudaEventSynchronize(g_e1));
+            CK(cudaEventElapsedTime(&ms[r], g_e0, g_e1));
+        }
+        qsort(ms, n, sizeof(float), cmp_f);
+        double fl = 4.0 * nh * hd * (double)P * (P + 1) / 2;
+        double us = ms[n / 2] * 1e3;
+        printf("attn prefill P=%5d (BT_PREFILL_KERNEL=%s): %8.1f us/layer "
+               "%6.1f TFLOP/s (%.0f%% of 790); x32 layers = %.2f ms\n", P,
+               getenv("BT_PREFILL_KERNEL") ? getenv("BT_PREFILL_KERNEL")
+                                           : "default",
+               us, fl / (us * 1e-6) / 1e12,
+               100.0 * fl / (us * 1e-6) / 790e12, us * 32e-3);
+        fflush(stdout);
+        cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
+        cudaFree(d_meta);
+        free(h);
+    }
+}
+
+/* The per-layer small kernels of a 2048-token prefill. */
+static void bench_small(void)
+{
+    const int P = 2048, dim = 4096, hid = 14336, nh = 32, nkv = 8, hd = 128;
+    const int qkv = (nh + 2 * nkv) * hd;
+    float *x;
+    void *xn, *g, *gu, *hbuf, *qkvb, *q, *kc, *vc;
+    float *inv;
+    int *pos, *slot;
+    int n = g_reps < 64 ? g_reps : 64;
+    float ms[64];
+
+    CK(cudaMalloc((void **)&x, (size_t)P * dim * 4));
+    CK(cudaMalloc(&xn, (size_t)P * dim * 2));
+    CK(cudaMalloc(&g, (size_t)dim * 2));
+    CK(cudaMalloc(&gu, (size_t)P * 2 * hid * 2));
+    CK(cudaMalloc(&hbuf, (size_t)P * hid * 2));
+    CK(cudaMalloc(&qkvb, (size_t)P * qkv * 2));
+    CK(cudaMalloc(&q, (size_t)P * nh * hd * 2));
+    CK(cudaMalloc(&kc, (size_t)P * nkv * hd * 2));
+    CK(cudaMalloc(&vc, (size_t)P * nkv * hd * 2));
+    CK(cudaMalloc((void **)&inv, hd / 2 * 4));
+    CK(cudaMalloc((void **)&pos, P * 4));
+    CK(cudaMalloc((void **)&slot, P * 4));
+    {
+        int *hp = malloc(P * 4);
+        float hi[64];
+        for (int i = 0; i < P; i++)
+            hp[i] = i;
+        CK(cudaMemcpy(pos, hp, P * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(slot, hp, P * 4, cudaMemcpyHostToDevice));
+        for (int i = 0; i < 64; i++)
+            hi[i] = 1.0f / (float)(i + 1);
+        CK(cudaMemcpy(inv, hi, sizeof(hi), cudaMemcpyHostToDevice));
+        free(hp);
+    }
+    CK(cudaMemset(x, 0x3c, (size_t)P * dim * 4));
+    OK(cuda_gemv_fill(g, dim, 4, 0));
+    OK(cuda_gemv_fill(gu, (size_t)P * 2 * hid, 5, 0));
+    OK(cuda_gemv_fill(qkvb, (size_t)P * qkv, 6, 0));
+    for (int which = 0; which < 3; which++) {
+        double bytes;
+        const char *name;
+        for (int r = 0; r <= n; r++) {
+            if (r > 0) {
+                flush_l2();
+                CK(cudaEventRecord(g_e0, 0));
+            }
+            if (which == 0) {
+                OK(cuda_rmsnorm(x, NULL, g, NULL, P, dim, 1e-5f, xn,
+                                CUDA_DT_BF16, 0));
+            } else if (which == 1) {
+                OK(cuda_swiglu(gu, P, hid, hbuf, CUDA_DT_BF16, 0));
+            } else {
+                cuda_rope_kv_args_t ra;
+                memset(&ra, 0, sizeof(ra));
+                ra.n_tokens = P;
+                ra.n_heads = nh;
+                ra.n_kv_heads = nkv;
+                ra.head_dim = hd;
+                ra.rope_half = 1;
+                ra.d_qkv = qkvb;
+                ra.d_inv_freq = inv;
+                ra.d_pos = pos;
+                ra.d_slot = slot;
+                ra.d_q = q;
+                ra.d_k_cache = kc;
+                ra.d_v_cache = vc;
+                OK(cuda_rope_kv(&ra, CUDA_DT_BF16, 0));
+            }
+            if (r > 0) {
+                CK(cudaEventRecord(g_e1, 0));
+                CK(cudaEventSynchronize(g_e1));
+                CK(cudaEventElapsedTime(&ms[r - 1], g_e0, g_e1));
+            }
+        }
+        CK(cudaGetLastError());
+        qsort(ms, n, sizeof(float), cmp_f);
+        if (which == 0) {
+            name = "rmsnorm";
+            bytes = (double)P * dim * 6;
+        } else if (which == 1) {
+            name = "swiglu";
+            bytes = (double)P * hid * 6;
+        } else {
+            name = "rope_kv";
+            bytes = (double)P * qkv * 4;
+        }
+        printf("small %-8s P=%d: %7.1f us/layer %6.0f GB/s; x32 layers = "
+               "%.2f ms (x2 for rmsnorm)\n", name, P, ms[n / 2] * 1e3,
+               bytes / (ms[n / 2] * 1e-3) / 1e9, ms[n / 2] * 32);
+    }
+    cudaFree(x); cudaFree(xn); cudaFree(g); cudaFree(gu); cudaFree(hbuf);
+    cudaFree(qkvb); cudaFree(q); cudaFree(kc); cudaFree(vc); cudaFree(inv);
+    cudaFree(pos); cudaFree(slot);
+}
+
+int main(int argc, char **argv)
+{
+    int do_gemv = 0, do_attn = 0, do_small = 0;
+
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "--gemv") == 0)
+            do_gemv = 1;
+        else if (strcmp(argv[a], "--attn") == 0)
+            do_attn = 1;
+        else if (strcmp(argv[a], "--small") == 0)
+            do_small = 1;
+        else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc)
+            g_reps = atoi(argv[++a]);
+        else {
+            fprintf(stderr, "usage: bench_kernels [--gemv] [--attn] "
+                    "[--small] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (!do_gemv && !do_attn && !do_small)
+        do_gemv = do_attn = do_small = 1;
+    if (g_reps < 1)
+        g_reps = 1;
+    CK(cudaSetDevice(0));
+    CK(cudaMalloc(&g_flush, 256u << 20));
+    CK(cudaEventCreate(&g_e0));
+    CK(cudaEventCreate(&g_e1));
+    if (do_gemv)
+        bench_gemv();
+    if (do_attn)
+        bench_attn();
+    if (do_small)
+        bench_small();
+    cudaFree(g_flush);
+    return 0;
+}
