@@ -385,3 +385,8 @@ void sampler_probs(sampler_t *s, const float *logits, float *probs)
     for (int i = 0; i < n; i++)
         probs[s->cands[i].id] = s->cands[i].p;
 }
+
+bool sampler_is_argmax(const sampler_t *s)
+{
+    return s->params.temperature == 0.0f && !sampler_uses_penalties(s);
+}

@@ -9,6 +9,7 @@
 #ifndef BT_WORKER_SAMPLER_H
 #define BT_WORKER_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bt_status.h"
@@ -60,6 +61,11 @@ void sampler_skip(sampler_t *sampler, int n);
 
 /* A uniform float in [0, 1) from the sampler's stream. */
 float sampler_uniform(sampler_t *sampler);
+
+/* True when sampler_sample is the argmax of the raw logits (temperature
+ * 0, no penalties): a device can pick the token without the host seeing
+ * the logits (speculative verification on the GPU). */
+bool sampler_is_argmax(const sampler_t *sampler);
 
 #ifdef __cplusplus
 }

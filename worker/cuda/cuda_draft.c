@@ -29,12 +29,13 @@
 #include "kernels/draft.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope_kv.h"
+#include "kernels/sample.h"
 #include "kernels/swiglu.h"
 
 #define CUDA_DRAFT_CHUNK 256       /* rows per pass */
 #define CUDA_DRAFT_BLOCK 16        /* head KV block size */
 #define CUDA_DRAFT_SPLITS 16       /* attention key splits, at most */
-#define CUDA_DRAFT_LOGIT_ROWS 128  /* classifier rows per pass */
+#define CUDA_DRAFT_LOGIT_ROWS 256  /* classifier rows per pass */
 #define CUDA_DRAFT_STAGE (64u << 20) /* f32 staging for uploads, bytes */
 #define CUDA_DRAFT_META 10         /* ints per row in the metadata */
 
@@ -729,4 +730,88 @@ bt_status_t cuda_draft_topk(cuda_draft_t *d, int n, const int *states,
     if (status != BT_OK)
         (void)cudaStreamSynchronize(d->stream);
     return status;
+}
+
+// ---------------------------------------------------------------------
+// verification
+
+bt_status_t cuda_draft_target_argmax(cuda_draft_t *d, int n,
+                                     const float *h_hidden, int *argmax,
+                                     int n_full, const int *full_rows,
+                                     float *h_logits)
+{
+    size_t es = cuda_dtype_size(d->dt);
+    int fi = 0; /* next entry of full_rows */
+    bt_status_t status = BT_OK;
+
+    if (n < 0 || n_full < 0 || (n_full > 0 && (full_rows == NULL ||
+                                               h_logits == NULL)))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device verification of %d rows", n);
+    for (int i = 1; i < n_full; i++)
+        if (full_rows[i] <= full_rows[i - 1] || full_rows[i] >= n)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "device verification: full rows must ascend "
+                            "below %d", n);
+    for (int r0 = 0; r0 < n && status == BT_OK; r0 += CUDA_DRAFT_CHUNK) {
+        int m = BT_MIN(CUDA_DRAFT_CHUNK, n - r0);
+
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d->d_hid, h_hidden + (size_t)r0 * d->dim,
+            (size_t)m * d->dim * sizeof(float), cudaMemcpyHostToDevice,
+            d->stream));
+        if (status == BT_OK)
+            status = cuda_rmsnorm(d->d_hid, NULL, d->d_final_norm, NULL, m,
+                                  d->dim, d->eps, d->d_hfeat, d->dt,
+                                  d->stream);
+        for (int c0 = 0; c0 < m && status == BT_OK;
+             c0 += CUDA_DRAFT_LOGIT_ROWS) {
+            int k = BT_MIN(CUDA_DRAFT_LOGIT_ROWS, m - c0);
+
+            status = worker_gemm(d->gemm, k, d->vocab, d->dim,
+                                 (const char *)d->d_hfeat +
+                                     (size_t)c0 * d->dim * es,
+                                 d->d_cls, d->dt, d->d_logits, CUDA_DT_F32,
+                                 false, d->stream);
+            if (status == BT_OK)
+                status = cuda_argmax(d->d_logits, k, d->vocab,
+                                     d->d_top_ids + c0, d->stream);
+            while (status == BT_OK && fi < n_full &&
+                   full_rows[fi] < r0 + c0 + k) {
+                int row = full_rows[fi++];
+
+                status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                    h_logits + (size_t)row * d->vocab,
+                    d->d_logits + (size_t)(row - r0 - c0) * d->vocab,
+                    (size_t)d->vocab * sizeof(float),
+                    cudaMemcpyDeviceToHost, d->stream));
+            }
+        }
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                argmax + r0, d->d_top_ids, (size_t)m * sizeof(int),
+                cudaMemcpyDeviceToHost, d->stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+    }
+    if (status != BT_OK)
+        (void)cudaStreamSynchronize(d->stream);
+    return status;
+}
+
+void *cuda_draft_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+void cuda_draft_host_free(void *p)
+{
+    if (p != NULL)
+        cudaFreeHost(p);
 }

@@ -88,6 +88,23 @@ bt_status_t cuda_draft_topk(cuda_draft_t *draft, int n, const int *states,
                             const int *store_rows, int k, int *top_ids,
                             float *top_logp, float *h_logits);
 
+/* Verification on the device: the target's logits rows recomputed from
+ * its hidden rows h_hidden (n, dim) f32 (before the final norm; the
+ * draft holds the target's final norm and classifier) and reduced to
+ * argmax (n) there (lowest id on ties), so a greedy step moves
+ * n x dim floats instead of n x vocab.  Rows listed in full_rows
+ * (n_full) also get their whole logits row at h_logits + row * vocab. */
+bt_status_t cuda_draft_target_argmax(cuda_draft_t *draft, int n,
+                                     const float *h_hidden, int *argmax,
+                                     int n_full, const int *full_rows,
+                                     float *h_logits);
+
+/* Pinned host memory (faster transfers for the hidden/logits buffers
+ * that spec_step hands the backend); NULL on failure.  Free with
+ * cuda_draft_host_free. */
+void *cuda_draft_host_alloc(size_t bytes);
+void cuda_draft_host_free(void *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bt_alloc.h"
@@ -83,6 +84,8 @@ struct spec_seq_s {
     int depth_lim;            /* levels of this step's tree */
     int tokens_plan;          /* draft tokens it may verify this step */
     int lrow0;                /* its first row in this level's batch */
+    bool use_amax;            /* this step's target tokens come from the
+                                 device argmax (greedy, verified there) */
     int *v_tokens;            /* (1 + SPEC_MAX_TOKENS) verification chunk */
     int *v_pos;               /* (1 + SPEC_MAX_TOKENS) RoPE positions */
     uint8_t *v_mask;          /* ((1 + SPEC_MAX_TOKENS)^2) tree mask */
@@ -134,6 +137,13 @@ struct spec_s {
     int lrows_cap;
     float *fcat;              /* (fcat_rows, dim) hidden rows of a flush */
     int fcat_rows;
+    bool pinned;              /* logits and hidden are pinned (device) */
+    bool host_verify;         /* BT_SPEC_VERIFY=host: target logits always
+                                 come to the host */
+    int *amax;                /* (max_batch_tokens) device argmax rows */
+    int *full_rows;           /* (max_batch_tokens) rows needing logits */
+    double force_rate;        /* spec_test_force_accept, < 0 = off */
+    uint64_t force_rng;
     spec_shape_t arms[SPEC_N_ARMS];
     double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA (arm 0:
                                                     every plain step;
@@ -235,6 +245,9 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
     spec->hidden = bt_malloc(rows * (size_t)spec->dim * sizeof(float),
                              "spec");
     spec->probs = bt_malloc((size_t)spec->vocab * sizeof(float), "spec");
+    spec->amax = bt_malloc(rows * sizeof(int), "spec");
+    spec->full_rows = bt_malloc(rows * sizeof(int), "spec");
+    spec->force_rate = -1.0;
     spec->dlogits = bt_malloc((size_t)cfg->topk * spec->vocab *
                                   sizeof(float), "spec");
     spec->dfeat = bt_malloc((size_t)dr * spec->dim * sizeof(float), "spec");
@@ -264,7 +277,8 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->dmask == NULL || spec->mv_src == NULL ||
         spec->mv_dst == NULL || spec->dseqs == NULL ||
         spec->top_ids == NULL || spec->top_logp == NULL ||
-        spec->top_n == NULL) {
+        spec->top_n == NULL || spec->amax == NULL ||
+        spec->full_rows == NULL) {
         spec_destroy(&spec);
         return BT_ERR_NO_MEMORY;
     }
@@ -320,6 +334,24 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
             return status;
         }
         spec->dev = dev;
+        /* the backend copies logits and hidden rows into pinned memory */
+        bt_free(spec->logits);
+        bt_free(spec->hidden);
+        spec->pinned = true;
+        spec->logits = cuda_draft_host_alloc(rows * (size_t)spec->vocab *
+                                             sizeof(float));
+        spec->hidden = cuda_draft_host_alloc(rows * (size_t)spec->dim *
+                                             sizeof(float));
+        if (spec->logits == NULL || spec->hidden == NULL) {
+            spec_destroy(&spec);
+            return BT_ERROR(BT_ERR_NO_MEMORY, "SPEC",
+                            "pinned host buffers for %zu rows", rows);
+        }
+        {
+            const char *env = getenv("BT_SPEC_VERIFY");
+
+            spec->host_verify = env != NULL && strcmp(env, "host") == 0;
+        }
     }
 #endif
     *spec_p = spec;
@@ -333,8 +365,17 @@ void spec_destroy(spec_t **spec_p)
     if (spec == NULL)
         return;
     bt_free(spec->bseqs);
+#ifdef BATON_HAVE_CUDA
+    if (spec->pinned) {
+        cuda_draft_host_free(spec->logits);
+        cuda_draft_host_free(spec->hidden);
+        spec->logits = spec->hidden = NULL;
+    }
+#endif
     bt_free(spec->logits);
     bt_free(spec->hidden);
+    bt_free(spec->amax);
+    bt_free(spec->full_rows);
     bt_free(spec->probs);
     bt_free(spec->dlogits);
     bt_free(spec->dfeat);
@@ -463,6 +504,12 @@ double spec_accept_length(const spec_t *spec)
 void spec_test_wrong_accept(spec_t *spec, bool on)
 {
     spec->wrong_accept = on;
+}
+
+void spec_test_force_accept(spec_t *spec, double rate, uint64_t seed)
+{
+    spec->force_rate = rate;
+    spec->force_rng = seed * 0x9e3779b97f4a7c15ull + 0x5bd1e995ull;
 }
 
 void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk)
@@ -995,6 +1042,86 @@ static int spec_draw(spec_t *spec, sampler_t *smp, const float *probs,
     return last >= 0 ? last : fallback;
 }
 
+/* Lowest index of the largest value of row (greedy's tie rule). */
+static int spec_argmax(const float *row, int n)
+{
+    int best = 0;
+
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best])
+            best = i;
+    return best;
+}
+
+/* One step of the walk down s's verified tree from node cur (-1: the
+ * root), whose target logits are verification row `row`: *next_p = the
+ * accepted child, or -1 and *tok_p = the bonus token.
+ *   - sampling: recursive rejection sampling over cur's children, best
+ *     draft score first (child c accepted with probability p(c) of what
+ *     is left; on rejection p loses c); the bonus is drawn from the rest;
+ *   - greedy verified on the device: the child equal to the target's
+ *     argmax, else that argmax;
+ *   - spec_test_force_accept (benchmarks): the best-scored child is
+ *     accepted with the forced probability, whatever the target says;
+ *     the bonus is the target's greedy token. */
+static bt_status_t spec_walk(spec_t *spec, spec_seq_t *s, sampler_t *smp,
+                             int cur, int row, int *next_p, int *tok_p)
+{
+    const float *lrow = spec->logits + (size_t)(s->row0 + row) * spec->vocab;
+    float mass = 1.0f;
+    int best = 0;
+
+    *next_p = -1;
+    if (spec->force_rate >= 0.0) {
+        for (int i = 0; i < s->n_sel; i++)
+            if (s->nodes[s->by_score[i]].parent == cur) {
+                if (spec__rng_uniform(&spec->force_rng) < spec->force_rate)
+                    *next_p = s->by_score[i];
+                break;
+            }
+        if (*next_p < 0)
+            *tok_p = s->use_amax ? spec->amax[s->row0 + row]
+                                 : spec_argmax(lrow, spec->vocab);
+        return BT_OK;
+    }
+    if (s->use_amax) {
+        int t = spec->amax[s->row0 + row];
+
+        for (int i = 0; i < s->n_sel; i++) {
+            const spec_node_t *c = &s->nodes[s->by_score[i]];
+
+            if (c->parent == cur && (c->token == t || spec->wrong_accept)) {
+                *next_p = s->by_score[i];
+                return BT_OK;
+            }
+        }
+        *tok_p = t;
+        return BT_OK;
+    }
+    sampler_probs(smp, lrow, spec->probs);
+    for (int i = 1; i < spec->vocab; i++)
+        if (spec->probs[i] > spec->probs[best])
+            best = i;
+    /* children of cur, best draft score first */
+    for (int i = 0; i < s->n_sel; i++) {
+        const spec_node_t *c = &s->nodes[s->by_score[i]];
+        float p;
+
+        if (c->parent != cur)
+            continue;
+        p = spec->probs[c->token];
+        if (p > 0.0f && (spec->wrong_accept ||
+                         sampler_uniform(smp) * mass < p)) {
+            *next_p = s->by_score[i];
+            return BT_OK;
+        }
+        mass -= p;
+        spec->probs[c->token] = 0.0f;
+    }
+    *tok_p = spec_draw(spec, smp, spec->probs, mass, best);
+    return BT_OK;
+}
+
 /* Accepts the longest path of s's verified tree by recursive rejection
  * sampling; commits the tokens, compacts KV, queues features.  Writes the
  * new tokens to out; returns how many. */
@@ -1011,33 +1138,12 @@ static bt_status_t spec_accept(spec_t *spec, spec_seq_t *s, int *out,
 
     for (;;) {
         int row = cur < 0 ? 0 : s->nodes[cur].vidx;
-        float mass = 1.0f;
-        int best = 0, next = -1;
+        int next = -1, tok = 0;
 
-        sampler_probs(smp, spec->logits + (size_t)(s->row0 + row) *
-                               spec->vocab, spec->probs);
-        for (int i = 1; i < spec->vocab; i++)
-            if (spec->probs[i] > spec->probs[best])
-                best = i;
-        /* children of cur, best draft score first */
-        for (int i = 0; i < s->n_sel; i++) {
-            const spec_node_t *c = &s->nodes[s->by_score[i]];
-            float p;
-
-            if (c->parent != cur)
-                continue;
-            p = spec->probs[c->token];
-            if (p > 0.0f && (spec->wrong_accept ||
-                             sampler_uniform(smp) * mass < p)) {
-                next = s->by_score[i];
-                break;
-            }
-            mass -= p;
-            spec->probs[c->token] = 0.0f;
-        }
-        if (next < 0) { /* bonus token from what is left */
-            int tok = spec_draw(spec, smp, spec->probs, mass, best);
-
+        status = spec_walk(spec, s, smp, cur, row, &next, &tok);
+        if (status != BT_OK)
+            return status;
+        if (next < 0) { /* bonus token */
             status = engine_seq_commit(spec->engine, s->seq, &tok, 1,
                                        cached);
             if (status != BT_OK)
@@ -1211,6 +1317,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     int max_step = spec_max_step_tokens(spec);
     int left = bcfg->max_batch_tokens, n_dec = 0, n_b = 0, rows = 0;
     int n_draft = 0;
+    bool dev_verify = false;
     int arm = -1, produced = 0;
     bool any_prefill = false;
     spec_shape_t shape;
@@ -1337,11 +1444,47 @@ reserve:
     memset(&batch, 0, sizeof(batch));
     batch.n_seqs = n_b;
     batch.seqs = spec->bseqs;
+#ifdef BATON_HAVE_CUDA
+    /* a step with a tree (some sequence feeds several tokens: no decode
+     * graph) verifies on the device: only hidden rows come back, the
+     * draft's copy of the classifier gives argmax rows, and only the
+     * sequences that sample (not plain argmax) get whole logits rows */
+    dev_verify = spec->dev != NULL && !spec->host_verify && n_draft > 0 &&
+                 rows > n_b;
+#endif
     /* lazy: nobody reads features this step (no tree, no push) */
     status = backend_forward(engine_backend(spec->engine), &batch,
-                             spec->logits, spec->lazy ? NULL : spec->hidden);
+                             dev_verify ? NULL : spec->logits,
+                             spec->lazy && !dev_verify ? NULL
+                                                       : spec->hidden);
     if (status != BT_OK)
         return status;
+    for (int i = 0; i < n; i++)
+        seqs[i]->use_amax = dev_verify &&
+                            sampler_is_argmax(engine_seq_sampler(
+                                seqs[i]->seq));
+#ifdef BATON_HAVE_CUDA
+    if (dev_verify) {
+        int n_full = 0;
+
+        for (int i = 0; i < n; i++) {
+            spec_seq_t *s = seqs[i];
+
+            if (s->mode == SPEC_MODE_SKIP || s->use_amax)
+                continue;
+            if (s->mode == SPEC_MODE_TREE)
+                for (int r = 0; r < s->take; r++)
+                    spec->full_rows[n_full++] = s->row0 + r;
+            else
+                spec->full_rows[n_full++] = s->row0 + s->take - 1;
+        }
+        status = cuda_draft_target_argmax(spec->dev, rows, spec->hidden,
+                                          spec->amax, n_full,
+                                          spec->full_rows, spec->logits);
+        if (status != BT_OK)
+            return status;
+    }
+#endif
     t2 = bt_time_ns();
     spec->stats.verify_ns += t2 - t1;
 
@@ -1369,7 +1512,9 @@ reserve:
                                              spec->vocab;
 
             if (complete) {
-                o[0] = sampler_sample(engine_seq_sampler(s->seq), last);
+                o[0] = s->use_amax
+                    ? spec->amax[s->row0 + s->take - 1]
+                    : sampler_sample(engine_seq_sampler(s->seq), last);
                 n_out[i] = 1;
             }
             status = engine_seq_commit(spec->engine, s->seq, o, n_out[i],

@@ -138,6 +138,17 @@ void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk);
  * fail). */
 void spec_test_wrong_accept(spec_t *spec, bool on);
 
+/* Benchmarks only (`baton bench-engine --spec-accept-rate`): the output
+ * is no longer the target's.  At every level of the walk down a verified
+ * tree, the best-scored child of the current node is accepted with
+ * probability `rate` (a seeded stream), whatever the target says; on
+ * rejection the target's greedy token is the bonus.  Drafting,
+ * verification, KV compaction and feature feeding all run as usual, so a
+ * step costs what a real one with that acceptance costs; the mean
+ * accepted length of a tree of depth D is sum_{j=0..D} rate^j.
+ * rate < 0 turns it off. */
+void spec_test_force_accept(spec_t *spec, double rate, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif
