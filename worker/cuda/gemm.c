@@ -24,6 +24,9 @@
  * during capture are never timed: they take the static default (the rows
  * GEMV for <= 2 tokens, else cuBLASLt's heuristic) until a call outside
  * capture tunes them (graphs captured before that keep the default).
+ * Prefill shapes whose n_tok is a multiple of GEMM_BIG_STEP (up to
+ * GEMM_BIG_MAX) are tuned too, exactly, among GEMM_LT_CANDS_BIG cuBLASLt
+ * algorithms, at their first uncaptured use.
  * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
  * a GEMV variant wherever it supports the shape ("lt": cuBLASLt);
  * BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV=0 is cuBLASLt
@@ -45,6 +48,9 @@
 #define GEMM_MAX_TUNED 1024
 #define GEMM_TUNE_MAX_TOK 128   /* largest tuned token bucket */
 #define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
+#define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
+#define GEMM_BIG_STEP 256       /* prefill n_tok tuned: multiples of this */
+#define GEMM_BIG_MAX 8192       /* ... up to this */
 #define GEMM_TUNE_REPS 5
 #define GEMM_FLUSH_BYTES (128u << 20) /* > L2 (50 MB on H100/H200) */
 #define GEMM_CHOICE_LT 100      /* choice >= this: cuBLASLt algo (c - 100) */
@@ -454,8 +460,10 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                                     const void *d_w, gemm_scratch_t *sc,
                                     cudaStream_t stream)
 {
-    cublasLtMatmulAlgo_t algos[GEMM_LT_CANDS];
-    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS];
+    cublasLtMatmulAlgo_t algos[GEMM_LT_CANDS_BIG];
+    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS_BIG];
+    const int n_req = bucket > GEMM_TUNE_MAX_TOK ? GEMM_LT_CANDS_BIG
+                                                 : GEMM_LT_CANDS;
     cublasLtMatmulPreference_t pref = NULL;
     int n_algos = 0, best = -1, n_ok = 0;
     float best_us = 0.0f;
@@ -476,8 +484,8 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
             sizeof(ctx->ws_bytes)), "pref workspace");
     if (status == BT_OK)
         status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
-            ctx->handle, p->op, p->a, p->b, p->d, p->d, pref, GEMM_LT_CANDS,
-            res, &n_algos), "heuristic");
+            ctx->handle, p->op, p->a, p->b, p->d, p->d, pref, n_req, res,
+            &n_algos), "heuristic");
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
     if (status != BT_OK)
@@ -566,20 +574,22 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     return BT_OK;
 }
 
-/* Tunes every bucket 1..GEMM_TUNE_MAX_TOK of a weight shape.  Errors turn
- * tuning off for the context (logged once) and leave the defaults. */
+/* Tunes a weight shape: every bucket 1..GEMM_TUNE_MAX_TOK (big == 0), or
+ * the one prefill token count `big` (cuBLASLt algorithms only).  Errors
+ * turn tuning off for the context (logged once) and leave the defaults. */
 static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
-                             cuda_dtype_t out_dt, const void *d_w,
+                             cuda_dtype_t out_dt, const void *d_w, int big,
                              cudaStream_t stream)
 {
     gemm_scratch_t sc;
     size_t es = cuda_dtype_size(out_dt);
-    size_t ny = (size_t)GEMM_TUNE_MAX_TOK * n_out;
+    const int rows = big > 0 ? big : GEMM_TUNE_MAX_TOK;
+    size_t ny = (size_t)rows * n_out;
     bt_status_t status;
     double t0 = bt_time_s();
 
     memset(&sc, 0, sizeof(sc));
-    status = cuda__dev_malloc(&sc.d_x, (size_t)GEMM_TUNE_MAX_TOK * n_in * 2,
+    status = cuda__dev_malloc(&sc.d_x, (size_t)rows * n_in * 2,
                               "gemm_tune_x");
     if (status == BT_OK)
         status = cuda__dev_malloc(&sc.d_y, ny * es, "gemm_tune_y");
@@ -596,9 +606,13 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     if (status == BT_OK)
         status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[1]));
     if (status == BT_OK)
-        status = cuda_gemv_fill(sc.d_x, (size_t)GEMM_TUNE_MAX_TOK * n_in,
+        status = cuda_gemv_fill(sc.d_x, (size_t)rows * n_in,
                                 0x5eed1234u ^ (uint32_t)n_out, stream);
-    for (int b = 1; b <= GEMM_TUNE_MAX_TOK && status == BT_OK; b <<= 1)
+    if (big > 0 && status == BT_OK)
+        status = gemm_tune_bucket(ctx, big, n_out, n_in, out_dt, d_w, &sc,
+                                  stream);
+    for (int b = 1; big == 0 && b <= GEMM_TUNE_MAX_TOK && status == BT_OK;
+         b <<= 1)
         status = gemm_tune_bucket(ctx, b, n_out, n_in, out_dt, d_w, &sc,
                                   stream);
     if (status == BT_OK)
@@ -610,8 +624,8 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
         (void)cudaStreamSynchronize(stream);
         (void)cudaGetLastError();
     } else {
-        BT_LOG_INFO("CUDA", "gemm tune o=%d i=%d: %.0f ms", n_out, n_in,
-                    (bt_time_s() - t0) * 1e3);
+        BT_LOG_INFO("CUDA", "gemm tune o=%d i=%d%s: %.0f ms", n_out, n_in,
+                    big > 0 ? " (prefill)" : "", (bt_time_s() - t0) * 1e3);
     }
     if (sc.ev[1])
         cudaEventDestroy(sc.ev[1]);
@@ -667,9 +681,11 @@ const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     static char name[16];
     gemm_tuned_t *t;
 
-    if (n_tok < 1 || n_tok > GEMM_TUNE_MAX_TOK)
+    if (n_tok < 1)
         return NULL;
-    t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in, out_dt);
+    t = gemm_tuned_find(ctx, n_tok <= GEMM_TUNE_MAX_TOK ? gemm_bucket(n_tok)
+                                                        : n_tok,
+                        n_out, n_in, out_dt);
     if (t == NULL)
         return NULL;
     if (us_p)
@@ -710,7 +726,7 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                 ctx->n_tuned + 8 <= GEMM_MAX_TUNED &&
                 gemm_tuned_find(ctx, 1, n_out, n_in, out_dt) == NULL &&
                 !gemm_capturing(stream)) {
-                gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, stream);
+                gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, 0, stream);
                 if (n_tok <= GEMM_TUNE_MAX_TOK)
                     t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in,
                                         out_dt);
@@ -724,6 +740,17 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             if (t == NULL && cuda_gemv_ok(n_tok, n_in, in_dt))
                 return cuda_gemv(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
                                  accumulate, stream); /* static default */
+            /* Prefill shapes: cuBLASLt's top algorithms, exact n_tok. */
+            if (ctx->tune && n_tok > GEMM_TUNE_MAX_TOK &&
+                n_tok % GEMM_BIG_STEP == 0 && n_tok <= GEMM_BIG_MAX) {
+                t = gemm_tuned_find(ctx, n_tok, n_out, n_in, out_dt);
+                if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
+                    !gemm_capturing(stream)) {
+                    gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, n_tok,
+                                     stream);
+                    t = gemm_tuned_find(ctx, n_tok, n_out, n_in, out_dt);
+                }
+            }
         }
         if (t != NULL && t->choice >= GEMM_CHOICE_LT && n_tok == t->bucket) {
             status = gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,

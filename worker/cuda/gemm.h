@@ -43,7 +43,8 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 
 /* The autotuned choice for n_tok tokens of a bf16 weight shape ("rows",
  * "mma1", "lt0" = cuBLASLt's heuristic algorithm 0, ...) and its median
- * time in us (*us_p, may be NULL), or NULL when not tuned.  The name is a
+ * time in us (*us_p, may be NULL), or NULL when not tuned (n_tok > 128:
+ * the prefill shape n_tok exactly).  The name is a
  * static buffer, valid until the next call. */
 const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                                int n_in, cuda_dtype_t out_dt, float *us_p);
