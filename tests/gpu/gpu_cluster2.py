@@ -399,7 +399,7 @@ def part_singles(cl, plens, reps=3):
 # Part 1: issue 7, one GPU per mode, both at once
 
 SHAPES1 = [(2048, 128), (512, 512)] if not DRY else [(64, 16), (32, 32)]
-FRACS = {128: [0.25, 0.5, 0.75, 0.95, 1.2], 512: [0.3, 0.6, 0.9, 1.2],
+FRACS = {128: [0.25, 0.5, 0.75, 1.0, 1.25], 512: [0.3, 0.6, 0.9, 1.2],
          16: [0.3, 0.7, 1.2], 32: [0.5, 1.1]}
 WINDOW = {128: 4.5, 512: 5.0, 16: 2.0, 32: 2.0}  # seconds of arrivals
 NMIN = {128: 12, 512: 8, 16: 6, 32: 6}
@@ -446,7 +446,9 @@ def part1_thread(cl, rv, p1_end):
                 if j:
                     with LOCK:
                         sat[(g, cl.mode)] = j
-                    rsat = max(j["req_per_s"], j["tok_per_s_mid"] / olen)
+                    # Completed requests / duration: the middle-half token
+                    # rate of a closed loop can be a decode-only burst.
+                    rsat = j["req_per_s"]
             r = rv.post_and_wait((plen, olen), rsat,
                                  min(p1_end, time.time() + 90))
             if not cl.ok or r is None:
@@ -489,7 +491,8 @@ def part1():
         bg = subprocess.Popen(
             [os.path.join(TBIN, "kv_transport_test_stage"), "--cuda"],
             stdout=open(os.path.join(WORK, "stage_cuda_check.log"), "w"),
-            stderr=subprocess.STDOUT)
+            stderr=subprocess.STDOUT,
+            env=dict(mps[1]) if mps else None)  # an MPS client too
     g1 = 1 if NGPU > 1 else 0
     cls = [Cluster("p1-disagg", "1P+1D", [("d0", "decode", 0),
                                           ("p0", "prefill", 0)], mps),
@@ -500,18 +503,6 @@ def part1():
             t.start()
         for t in ths:
             t.join()
-        if bg is not None:
-            try:
-                rc = bg.wait(timeout=max(1, min(60, left() - 30)))
-            except subprocess.TimeoutExpired:
-                bg.kill()
-                rc = "timeout"
-            notes.append("kv_transport_test_stage --cuda (correctness, "
-                         "device pools): %s" % ("PASS" if rc == 0 else
-                                                "FAIL rc %s" % rc))
-            if rc != 0:
-                fail(notes[-1])
-            bg = None
         p1_end = DEADLINE - (P2_RESERVE if NGPU > 1 else 5)
         rv = Rendezvous(len(cls))
         ths = [threading.Thread(target=part1_thread, args=(c, rv, p1_end))
@@ -523,8 +514,25 @@ def part1():
     finally:
         for c in cls:
             c.stop()
-        if bg is not None:
-            bg.kill()
+        if bg is not None:  # ran meanwhile; its 58 s alarm bounds it
+            try:
+                rc = bg.wait(timeout=max(1, min(20, left() - 60)))
+            except subprocess.TimeoutExpired:
+                bg.kill()
+                bg.wait()
+                rc = "timeout"
+            try:
+                with open(os.path.join(WORK, "stage_cuda_check.log"),
+                          errors="replace") as fh:
+                    log("stage --cuda check (rc %s):\n%s" % (
+                        rc, fh.read()[-1500:]))
+            except OSError:
+                pass
+            notes.append("kv_transport_test_stage --cuda (correctness with "
+                         "device pools, during part 1): %s" %
+                         ("PASS" if rc == 0 else "FAIL rc %s" % rc))
+            if rc != 0:
+                fail(notes[-1])
         mps_stop(mps)
         for c in cls:
             fb = len(re.findall(r"goes inline|falling back to inline",
@@ -567,8 +575,7 @@ def part2():
         plen, olen = (2048, 128) if not DRY else (64, 16)
         base = [sat[k] for k in sat if k[0] == group1(plen, olen) and
                 k[1] == "agg"]
-        r1 = max(base[0]["req_per_s"], base[0]["tok_per_s_mid"] / olen) \
-            if base else (8.0 if not DRY else 20.0)
+        r1 = base[0]["req_per_s"] if base else (10.0 if not DRY else 20.0)
         fracs = [0.3, 0.6, 0.85, 1.05]
         per = (left() - 15) / 2
         for c in (x, y):
