@@ -89,7 +89,7 @@ BT_GEMM_TUNE=0 timeout 90 "$build/gpu/bench_cuda" --model synth:llama3-8b \
   echo "| test_attn | $(sed -n '/^=== test_attn/,/^=== bench_kernels/p' "$log" | grep -c '^PASS') | $(sed -n '/^=== test_attn/,/^=== bench_kernels/p' "$log" | grep -c '^FAIL') |"
   echo
   echo "### GEMV per shape (us, TB/s of weights): best | tuned"
-  grep -E '^gemv ' "$log" | sed -E 's/^gemv ([a-z_]+) +t= *([0-9]+) o=.*tuned=([a-z0-9]+) ([0-9.]+) \(([0-9.]+) TB\/s\) \| best=([a-zA-Z0-9]+) ([0-9.]+) us ([0-9.]+) TB\/s/\1 t=\2: best \6 \7 (\8) tuned \3 \4 (\5)/' | paste -sd'|' | sed 's/|/\n/g' | awk '{printf "%s%s", $0, (NR%4==0 ? "\n" : " ; ")} END {print ""}'
+  grep -E '^gemv ' "$log" | sed -E 's/^gemv ([a-z_]+) +t= *([0-9]+) o=.*tuned=([a-z0-9]+) ([0-9.]+) \(([0-9.]+) TB\/s\) \| best=([a-zA-Z0-9]+) ([0-9.]+) us ([0-9.]+) TB\/s.*/\1 t=\2: best \6 \7 (\8) tuned \3 \4 (\5)/' | paste -sd'|' | sed 's/|/\n/g' | awk '{printf "%s%s", $0, (NR%4==0 ? "\n" : " ; ")} END {print ""}'
   echo
   grep -E '^gemvsum ' "$log"
   grep -E '^(attn |small )' "$log"
