@@ -12,6 +12,7 @@
  * scheduler stalls move much less than the mean.
  */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,8 @@ typedef struct {
     int threads;          /* 0 = backend default (all cores) */
     int block_size;
     double seconds;       /* minimum time per measurement */
+    int tp;               /* tensor-parallel ranks (cuda) */
+    double bw_gbs;        /* read bandwidth per GPU for the floor */
 } bench_opts_t;
 
 typedef struct {
@@ -60,7 +63,10 @@ static void bench_usage(FILE *out)
 "  --steps S           decode steps per timed window (default 32)\n"
 "  --threads T         CPU threads, 0 = all cores (default 0)\n"
 "  --block-size B      KV block size in tokens (default 16)\n"
-"  --seconds X         minimum time per measurement (default 0.5)\n");
+"  --seconds X         minimum time per measurement (default 0.5)\n"
+"  --tp N              tensor parallelism over GPUs 0..N-1 (cuda)\n"
+"  --bw GBS            per-GPU read bandwidth of the decode floor column\n"
+"                      (cuda; default 4500 GB/s, the H200's measured)\n");
 }
 
 /* First index of the largest value (0 when there is none, e.g. NaNs).
@@ -87,6 +93,23 @@ static int argmax(const float *v, int n)
         if (v[i] == best)
             return i;
     return 0;
+}
+
+/* The decode step's physical floor in ms on the GPU backend: every rank
+ * reads its shard of the layer weights and of the classifier (bf16) and
+ * its KV heads of every sequence's context (the middle of the timed
+ * window), all ranks in parallel at bw_gbs each. */
+static double bench_floor_ms(const model_config_t *mc, const bench_opts_t *o,
+                             int B)
+{
+    double hd = mc->head_dim, dim = mc->dim;
+    double qd = mc->n_heads * hd, kvd = mc->n_kv_heads * hd;
+    double layer = dim * (qd + 2 * kvd) + qd * dim + 3.0 * dim * mc->hidden_dim;
+    double weights = 2.0 * (mc->n_layers * layer + (double)mc->vocab_size * dim);
+    double ctx = o->ctx + o->steps / 2.0;
+    double kv = 2.0 * B * ctx * mc->n_layers * 2.0 * kvd;
+
+    return (weights + kv) / o->tp / (o->bw_gbs * 1e9) * 1e3;
 }
 
 static int bench_cmp_u64(const void *a, const void *b)
@@ -234,7 +257,7 @@ int cli_bench_engine_main(int argc, char **argv)
 {
     bench_opts_t o = { .device = "auto", .ctx = 64, .prompt_len = -1,
                        .steps = 32, .threads = 0, .block_size = 16,
-                       .seconds = 0.5 };
+                       .seconds = 0.5, .tp = 1, .bw_gbs = 4500 };
     const char *batch_list = "1,8,32";
     static const struct option long_opts[] = {
         { "model", required_argument, NULL, 'm' },
@@ -246,6 +269,8 @@ int cli_bench_engine_main(int argc, char **argv)
         { "threads", required_argument, NULL, 't' },
         { "block-size", required_argument, NULL, 'B' },
         { "seconds", required_argument, NULL, 'S' },
+        { "tp", required_argument, NULL, 'T' },
+        { "bw", required_argument, NULL, 'W' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -255,6 +280,7 @@ int cli_bench_engine_main(int argc, char **argv)
     backend_config_t cfg;
     const model_config_t *mc;
     int max_b = 0, ret = 1;
+    bool floor = false;
     bt_status_t status;
 
     optind = 1;
@@ -280,6 +306,12 @@ int cli_bench_engine_main(int argc, char **argv)
             break;
         case 'S':
             bad = bt_parse_double(optarg, &o.seconds) || o.seconds < 0;
+            break;
+        case 'T':
+            bad = bt_parse_int(optarg, &o.tp) || o.tp < 1 || o.tp > 64;
+            break;
+        case 'W':
+            bad = bt_parse_double(optarg, &o.bw_gbs) || o.bw_gbs <= 0;
             break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;
@@ -308,7 +340,15 @@ int cli_bench_engine_main(int argc, char **argv)
     if (o.prompt_len < 0)
         o.prompt_len = BT_MAX(o.ctx, 1);
 
-    status = model_load(o.model_path, &model);
+    /* large synthesized models are generated on the GPU (seconds, no
+     * host copy) */
+    {
+        const char *dev = backend_resolve(o.device);
+        unsigned flags = dev != NULL && strcmp(dev, "cuda") == 0
+                             ? MODEL_LOAD_SYNTH_LAZY_LARGE : 0;
+
+        status = model_load_ex(o.model_path, flags, &model);
+    }
     if (status != BT_OK)
         goto out;
     mc = model_config(model);
@@ -324,6 +364,7 @@ int cli_bench_engine_main(int argc, char **argv)
     cfg.max_batch_tokens = max_b * BT_MAX(o.prompt_len, o.ctx);
     cfg.max_seqs = max_b;
     cfg.n_threads = o.threads;
+    cfg.tp_size = o.tp;
     status = backend_create(o.device, model, &cfg, &be);
     if (status != BT_OK)
         goto out;
@@ -337,19 +378,29 @@ int cli_bench_engine_main(int argc, char **argv)
     printf("device %s, threads %d (0 = all cores), block size %d, prompt "
            "%d tokens, decode ctx %d..%d\n\n", backend_name(be), o.threads,
            o.block_size, o.prompt_len, o.ctx, o.ctx + o.steps - 1);
-    printf("%6s %14s %12s %14s %10s %14s %10s\n", "batch", "prefill tok/s",
+    floor = strcmp(backend_name(be), "cuda") == 0;
+    if (floor)
+        printf("decode floor: (weights + KV read per step) / %d GPU(s) / "
+               "%.0f GB/s each\n\n", o.tp, o.bw_gbs);
+    printf("%6s %14s %12s %14s %10s %14s %10s%s\n", "batch", "prefill tok/s",
            "prefill ms", "decode tok/s", "ms/step", "med. tok/s",
-           "med. ms");
+           "med. ms", floor ? "   floor ms  floor/med" : "");
     for (int i = 0; i < o.n_batches; i++) {
         bench_result_t r = { 0 };
 
         status = bench_one(be, alloc, mc, &o, o.batches[i], &r);
         if (status != BT_OK)
             goto out;
-        printf("%6d %14.0f %12.3f %14.0f %10.4f %14.0f %10.4f\n",
+        printf("%6d %14.0f %12.3f %14.0f %10.4f %14.0f %10.4f",
                o.batches[i], r.prefill_tps, r.prefill_ms, r.decode_tps,
                r.step_ms, o.batches[i] / (r.step_med_ms * 1e-3),
                r.step_med_ms);
+        if (floor) {
+            double f = bench_floor_ms(mc, &o, o.batches[i]);
+
+            printf(" %10.4f %10.2f", f, f / r.step_med_ms);
+        }
+        printf("\n");
         fflush(stdout);
     }
     ret = 0;

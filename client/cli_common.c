@@ -58,6 +58,11 @@ int cli_engine_option(int opt, const char *arg, engine_config_t *cfg)
             cfg->backend.max_batch_tokens <= 0)
             return cli_bad("max-batch-tokens", arg);
         return 0;
+    case CLI_OPT_TP:
+        if (bt_parse_int(arg, &cfg->backend.tp_size) != BT_OK ||
+            cfg->backend.tp_size < 1 || cfg->backend.tp_size > 64)
+            return cli_bad("tp", arg);
+        return 0;
     case CLI_OPT_PRECISION:
         if (strcmp(arg, "f32") == 0)
             cfg->backend.precision = BACKEND_PRECISION_F32;

@@ -22,6 +22,7 @@ enum {
     CLI_OPT_KV_BLOCKS,
     CLI_OPT_MAX_BATCH_TOKENS,
     CLI_OPT_PRECISION,
+    CLI_OPT_TP,
     CLI_OPT_MAX_TOKENS = 1100,
     CLI_OPT_TEMPERATURE,
     CLI_OPT_TOP_K,
@@ -44,7 +45,8 @@ enum {
     { "block-size", required_argument, NULL, CLI_OPT_BLOCK_SIZE },          \
     { "kv-blocks", required_argument, NULL, CLI_OPT_KV_BLOCKS },            \
     { "max-batch-tokens", required_argument, NULL, CLI_OPT_MAX_BATCH_TOKENS },\
-    { "precision", required_argument, NULL, CLI_OPT_PRECISION }
+    { "precision", required_argument, NULL, CLI_OPT_PRECISION },            \
+    { "tp", required_argument, NULL, CLI_OPT_TP }
 
 #define CLI_SAMPLING_OPTIONS                                                \
     { "max-tokens", required_argument, NULL, CLI_OPT_MAX_TOKENS },          \
@@ -67,7 +69,8 @@ enum {
 "  --block-size N         KV block size in tokens (default 16)\n"           \
 "  --kv-blocks N          KV pool size in blocks (default 256)\n"          \
 "  --max-batch-tokens N   most tokens in one forward (default 2048)\n"      \
-"  --precision f32|bf16   compute precision (default: cpu f32, cuda bf16)\n"
+"  --precision f32|bf16   compute precision (default: cpu f32, cuda bf16)\n"\
+"  --tp N                 tensor parallelism over GPUs 0..N-1 (cuda)\n"
 
 #define CLI_SAMPLING_HELP                                                   \
 "\ngeneration:\n"                                                           \

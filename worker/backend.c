@@ -118,6 +118,11 @@ const char *backend_name(const backend_t *backend)
     return backend->ops->name;
 }
 
+void *backend__impl(const backend_t *backend)
+{
+    return backend->impl;
+}
+
 const char *backend_resolve(const char *name)
 {
     const backend_ops_t *ops = backend_find(name ? name : "auto");

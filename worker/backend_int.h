@@ -15,6 +15,10 @@ extern const backend_ops_t cpu_backend_ops;  /* cpu/cpu_backend.c */
 extern const backend_ops_t cuda_backend_ops; /* cuda/cuda_backend.c */
 #endif
 
+/* The implementation's state behind a backend (for an implementation's
+ * own test and benchmark hooks). */
+void *backend__impl(const backend_t *backend);
+
 /* Host-memory implementation of backend_kv_copy_slots (cpu backend, and
  * any backend whose pool is host memory): k and v are the layer-0 bases
  * of the K and V arrays laid out as `lay` says. */

@@ -88,7 +88,15 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
     if (engine == NULL)
         return BT_ERR_NO_MEMORY;
     engine->cfg = *cfg;
-    status = model_load(cfg->model_path, &engine->model);
+    {
+        /* large synthesized models are generated on the GPU (seconds, no
+         * host copy: synth:llama3-70b is 141 GB) */
+        const char *dev = backend_resolve(cfg->device);
+        unsigned flags = dev != NULL && strcmp(dev, "cuda") == 0
+                             ? MODEL_LOAD_SYNTH_LAZY_LARGE : 0;
+
+        status = model_load_ex(cfg->model_path, flags, &engine->model);
+    }
     if (status != BT_OK)
         goto err_free;
     mcfg = model_config(engine->model);

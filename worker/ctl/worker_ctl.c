@@ -54,6 +54,8 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
     case 1013: *o->kv_stage_host = true; break;
     case 1021: bad = bt_parse_int(arg, &b->device_index) != BT_OK ||
                      b->device_index < 0 || b->device_index > 1023; break;
+    case 1022: bad = bt_parse_int(arg, &b->tp_size) != BT_OK ||
+                     b->tp_size < 1 || b->tp_size > 64; break;
     default: return BT_ERR_NOT_FOUND;
     }
     return bad ? BT_ERR_INVALID_ARG : BT_OK;

@@ -45,7 +45,8 @@ extern "C" {
     { "no-kv-stage-direct", no_argument, 0, 1011 },             \
     { "kv-stage-blocks", required_argument, 0, 1012 },          \
     { "kv-stage-host", no_argument, 0, 1013 },                  \
-    { "gpu", required_argument, 0, 1021 }
+    { "gpu", required_argument, 0, 1021 },                      \
+    { "tp", required_argument, 0, 1022 }
 
 /* Usage lines of the first shared options, the same in every worker. */
 #define WORKER_CTL_USAGE_ROUTER                                              \
@@ -64,7 +65,9 @@ extern "C" {
 /* Usage line of --gpu (after --device in every worker's usage). */
 #define WORKER_CTL_USAGE_GPU                                                 \
     "  --gpu N                CUDA device ordinal of the backend and the\n"  \
-    "                         exported KV pool (default 0)\n"
+    "                         exported KV pool (default 0)\n"              \
+    "  --tp N                 tensor parallelism over GPUs gpu..gpu+N-1\n" \
+    "                         (cuda; default 1)\n"
 
 /* Where the shared options land: fields of the main's config struct. */
 typedef struct {

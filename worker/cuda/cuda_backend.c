@@ -1,13 +1,16 @@
 /*
  * cuda_backend.c - the "cuda" backend: a Llama-family forward pass on one
- * NVIDIA GPU over mixed batches (prompt chunks and decode tokens).
+ * NVIDIA GPU, or on tp GPUs with tensor parallelism, over mixed batches
+ * (prompt chunks and decode tokens).
  *
  * Weights live on the device in bf16 (f32 in BACKEND_PRECISION_F32),
- * converted on the device from the checkpoint's F32/F16/BF16; q|k|v and
- * gate|up are fused into single matrices so each is one GEMM.  The
- * residual stream is f32: the o and down projections accumulate into it
- * straight from cuBLASLt (beta = 1).  The KV pool is device memory laid
- * out as kv.h says, in the activation dtype.
+ * converted on the device from the checkpoint's F32/F16/BF16, or, for
+ * synthesized models, generated on the device from (seed, tensor, element
+ * index) (kernels/synth_fill.cu: the host generator's bytes, without the
+ * host copy); q|k|v and gate|up are fused into single matrices so each is
+ * one GEMM.  The residual stream is f32: the o and down projections
+ * accumulate into it straight from cuBLASLt (beta = 1).  The KV pool is
+ * device memory laid out as kv.h says, in the activation dtype.
  *
  * One forward: the host writes every per-token index (ids, positions, KV
  * slots, key ranges, block tables, logits rows, prefill tiles) into one
@@ -23,18 +26,38 @@
  * padded to a power-of-two bucket and replayed from a CUDA graph captured
  * once per (bucket, key split); the device buffers they read are fixed,
  * so a step allocates nothing.
+ *
+ * Tensor parallelism (cfg->tp_size > 1): a rank per GPU, each with its
+ * shard of the weights (model/model_shard.h: heads, feed-forward rows and
+ * vocab rows), its KV heads, its activations, stream and graphs, driven
+ * by one host thread (backend_tp.h; rank 0 on the caller's thread).  The
+ * host builds a step's indices once; every rank copies them to its device
+ * and enqueues the same forward.  The o and down GEMMs of rank 0
+ * accumulate into x (beta 1), those of the other ranks write their
+ * partial into x (beta 0); an in-place all-reduce of x (f32, nt * dim)
+ * then leaves x + the sum of the partials on every rank: two per layer.
+ * Small all-reduces (decode) take the one-shot peer-memory kernel
+ * (kernels/allreduce.cu), large ones NCCL (nccl_dl.h, loaded at run
+ * time); BT_TP_ALLREDUCE=auto|nccl|custom|none picks (none: no reduction,
+ * wrong output, for timing the rest).  Each rank computes the logits of
+ * its vocab slice and copies them straight into the host rows (2D
+ * copies); rank 0 copies the hidden rows.
  */
+#include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend_int.h"
+#include "backend_tp.h"
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
 #include "cuda_backend.h"
 #include "cuda_int.h"
 #include "gemm.h"
+#include "kernels/allreduce.h"
 #include "kernels/attn_decode.h"
 #include "kernels/attn_prefill.h"
 #include "kernels/convert.h"
@@ -44,19 +67,24 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope_kv.h"
 #include "kernels/swiglu.h"
+#include "kernels/synth_fill.h"
+#include "model/model_shard.h"
+#include "model/model_synth.h"
+#include "nccl_dl.h"
 
 #define CUDA_MAX_SPLITS 64        /* key splits per token, at most */
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
 
-/* Device copy of one layer's weights (activation dtype). */
+/* Device copy of one layer's weights (activation dtype), one rank's
+ * shard (nh, nkv, hid: the rank's heads and feed-forward rows). */
 typedef struct {
     void *d_wqkv;      /* ((nh + 2 nkv) hd, dim) q rows, k rows, v rows */
     void *d_bqkv;      /* ((nh + 2 nkv) hd) or NULL */
     void *d_wo;        /* (dim, nh hd) */
-    void *d_wgu;       /* (2 hidden, dim) gate rows, then up rows */
-    void *d_wdown;     /* (dim, hidden) */
+    void *d_wgu;       /* (2 hid, dim) gate rows, then up rows */
+    void *d_wdown;     /* (dim, hid) */
     void *d_attn_norm; /* (dim) */
     void *d_ffn_norm;  /* (dim) */
 } cuda_layer_t;
@@ -70,7 +98,28 @@ typedef struct {
     cudaGraphExec_t exec;
 } cuda_graph_t;
 
-/* Where one forward's device-side indices are (all inside d_meta). */
+/* One forward as the host planned it, shared by every rank: sizes and
+ * where each index array lies in h_meta (ints). */
+typedef struct {
+    int nt;                 /* tokens computed (bucket when padded) */
+    int n_rows;             /* logits rows computed */
+    int n_gen;              /* tokens for the per-token attention kernel */
+    int n_tiles;            /* prefill tiles */
+    int n_splits;
+    int split_len;
+    bool want_hidden;
+    bool graph;             /* replay a decode graph */
+    size_t o_tokens, o_pos, o_slot, o_kv_len, o_bt_off, o_ctx, o_mask_off,
+        o_gen, o_rows, o_tiles, o_bt;
+    size_t meta_ints;       /* ints of h_meta to copy up */
+    size_t mask_bytes;      /* bytes of h_mask to copy up */
+    const backend_batch_t *batch;
+    float *h_logits;        /* (rows, vocab) host destination or NULL */
+    float *h_hidden;        /* (rows, dim) or NULL */
+} cuda_step_t;
+
+/* Where one forward's device-side indices are (all inside a rank's
+ * d_meta). */
 typedef struct {
     int nt;                 /* tokens computed (bucket when padded) */
     int n_rows;             /* logits rows computed */
@@ -95,90 +144,211 @@ typedef struct {
     float *h_hidden;
 } cuda_plan_t;
 
+/* How x is all-reduced between ranks. */
+typedef enum {
+    CUDA_AR_AUTO = 0,  /* custom for small messages, NCCL for large */
+    CUDA_AR_NCCL,
+    CUDA_AR_CUSTOM,
+    CUDA_AR_NONE       /* no reduction: wrong output, for timing */
+} cuda_ar_mode_t;
+
+typedef struct cuda_backend_s cuda_backend_t;
+
+/* One GPU: its shard of the weights, its KV heads, activations, stream,
+ * graphs and communicators. */
 typedef struct {
-    model_config_t mc;
-    backend_config_t cfg;
-    cuda_dtype_t dt;          /* activations, weights, KV */
-    int q_dim;                /* nh * hd */
-    int kv_dim;               /* nkv * hd */
-    int qkv_dim;              /* q_dim + 2 kv_dim */
+    cuda_backend_t *b;
+    int rank;
+    int device;               /* CUDA ordinal */
     int n_sm;
-    bool use_graphs;
+    model_shard_t sh;         /* this rank's heads / rows */
     cudaStream_t stream;
     worker_gemm_ctx_t *gemm;
 
     cuda_layer_t *layers;     /* (n_layers) */
-    void *d_emb;              /* (vocab, dim) */
-    void *d_cls;              /* (vocab, dim), may alias d_emb */
+    void *d_emb;              /* (vocab, dim) replicated */
+    void *d_cls;              /* (n_vocab, dim), may point into d_emb */
+    bool cls_alias;           /* d_cls points into d_emb */
     void *d_final_norm;       /* (dim) */
     float *d_inv_freq;        /* (hd / 2) */
 
-    kv_layout_t kv;
     void *d_k;                /* (layers, blocks, block_size, nkv, hd) */
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
 
-    int max_tok;              /* rows of the activation buffers */
-    int bucket_max;           /* largest decode graph bucket */
-    int row_cap;              /* logits rows per classifier chunk */
     float *d_x;               /* (max_tok, dim) residual stream */
     void *d_xn;               /* (max_tok, dim) normed */
     void *d_qkv;              /* (max_tok, qkv_dim) */
     void *d_q;                /* (max_tok, q_dim) rotated q */
     void *d_att;              /* (max_tok, q_dim) attention out */
-    void *d_gu;               /* (max_tok, 2 hidden) */
-    void *d_h;                /* (max_tok, hidden) */
+    void *d_gu;               /* (max_tok, 2 hid) */
+    void *d_h;                /* (max_tok, hid) */
     void *d_xr;               /* (row_cap, dim) normed logits rows */
-    float *d_logits;          /* (row_cap, vocab) */
-    float *d_hidden;          /* (row_cap, dim) */
+    float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
+    float *d_hidden;          /* (row_cap, dim), rank 0 only */
     float *d_ws;              /* split-K partials */
-    size_t ws_floats;
 
-    int *h_meta;              /* pinned, meta_cap ints */
-    int *d_meta;              /* meta_cap ints */
-    size_t meta_cap;
-    uint8_t *h_mask;          /* pinned, mask_cap bytes */
-    uint8_t *d_mask;
-    size_t mask_cap;
+    int *d_meta;              /* b->meta_cap ints */
+    uint8_t *d_mask;          /* b->mask_cap bytes */
 
     cudaEvent_t *layer_ev;    /* (n_layers) KV written, for callbacks */
+    atomic_int ev_layer;      /* last layer whose event is recorded */
     cuda_graph_t graphs[CUDA_MAX_GRAPHS];
     int n_graphs;
-} cuda_backend_t;
+
+    /* tensor parallelism */
+    void *comm;               /* NCCL communicator */
+    uint32_t *d_ar_flags;     /* CUDA_AR_FLAG_WORDS, peers write them */
+    uint32_t *d_ar_epoch;     /* CUDA_AR_MAX_BLOCKS */
+    cuda_ar_t ar;             /* the custom all-reduce's peer tables */
+} cuda_rank_t;
+
+struct cuda_backend_s {
+    model_config_t mc;
+    backend_config_t cfg;
+    cuda_dtype_t dt;          /* activations, weights, KV */
+    int tp;                   /* ranks (1 without TP) */
+    /* Per-rank sizes (the whole model when tp == 1): */
+    int nh;                   /* query heads */
+    int nkv;                  /* KV heads */
+    int hid;                  /* feed-forward rows */
+    int vocab_shard;          /* most classifier rows of a rank */
+    int q_dim;                /* nh * hd */
+    int kv_dim;               /* nkv * hd */
+    int qkv_dim;              /* q_dim + 2 kv_dim */
+    int n_sm;                 /* rank 0's, for planning */
+    bool use_graphs;
+
+    kv_layout_t kv;           /* one rank's pool */
+
+    int max_tok;              /* rows of the activation buffers */
+    int bucket_max;           /* largest decode graph bucket */
+    int row_cap;              /* logits rows per classifier chunk */
+    size_t ws_floats;
+
+    int *h_meta;              /* pinned (portable), meta_cap ints */
+    size_t meta_cap;
+    uint8_t *h_mask;          /* pinned (portable), mask_cap bytes */
+    size_t mask_cap;
+
+    cuda_rank_t *ranks;       /* (tp) */
+    backend_tp_crew_t *crew;  /* tp > 1 */
+    cuda_ar_mode_t ar_mode;
+    bool ar_custom_ok;        /* every pair of GPUs has peer access */
+    size_t ar_custom_max;     /* bytes: auto uses custom up to this */
+    cuda_nccl_t *nccl;
+    cuda_nccl_id_t nccl_id;
+
+    /* what the current crew run works on */
+    const model_t *op_model;
+    bool op_custom;           /* all-reduce bench: the path */
+    size_t op_n;              /* all-reduce bench: floats */
+    double op_us;             /* all-reduce bench: result (rank 0) */
+    const cuda_step_t *op_step;
+    int op_i0, op_i1;         /* kv copies: blocks or slot count */
+};
+
+// ---------------------------------------------------------------------
+// Running work on every rank
+
+/* Runs fn(b, r) on every rank: the caller's thread for one rank (the
+ * single-GPU path: no threads, no device switch), the crew for several. */
+static bt_status_t cuda_each_rank(cuda_backend_t *b, backend_tp_fn fn)
+{
+    if (b->tp == 1 || b->crew == NULL) {
+        bt_status_t status = BT_OK;
+
+        for (int r = 0; r < b->tp && status == BT_OK; r++)
+            status = fn(b, r);
+        return status;
+    }
+    return backend_tp_crew_run(b->crew, fn, b);
+}
+
+/* Makes the rank's device current on this thread (ranks > 0 run on their
+ * own thread, rank 0 on the caller's, which may have switched). */
+static bt_status_t cuda_rank_enter(cuda_rank_t *r)
+{
+    if (r->b->tp == 1)
+        return BT_OK;
+    return BT_CUDA_STATUS(cudaSetDevice(r->device));
+}
 
 // ---------------------------------------------------------------------
 // Weight upload
 
-/* Copies `t` to the device (raw, through d_stage) and converts it into
- * d_dst in the backend's dtype. */
-static bt_status_t cuda_upload(cuda_backend_t *b, const model_tensor_t *t,
-                               void *d_stage, void *d_dst)
+static size_t cuda_slice_raw_bytes(const model_tensor_t *t,
+                                   const model_slice_t *s)
 {
-    size_t n = (size_t)t->rows * t->cols;
-    size_t bytes = n * model_dtype_size(t->dtype);
+    return (size_t)(s->rows * s->cols) * model_dtype_size(t->dtype);
+}
+
+/* True when a and b are the same weights (tied classifier). */
+static bool cuda_same_tensor(const model_t *model, const model_tensor_t *a,
+                             const model_tensor_t *b)
+{
+    model_synth_src_t sa, sb;
+
+    if (a->data != NULL)
+        return a->data == b->data && a->dtype == b->dtype;
+    return model_synth_tensor(model, a, &sa) &&
+           model_synth_tensor(model, b, &sb) && sa.id == sb.id;
+}
+
+/* Puts the rank's slice of `t` into d_dst in the backend's dtype:
+ * generated on the device for synthesized models, else copied (through
+ * d_stage, 2D when the slice is a column range) and converted. */
+static bt_status_t cuda_put_tensor(cuda_rank_t *r, const model_t *model,
+                                   const model_tensor_t *t, model_part_t part,
+                                   void *d_stage, void *d_dst)
+{
+    cuda_backend_t *b = r->b;
+    model_slice_t s = model_shard_slice(&r->sh, &b->mc, t, part);
+    size_t es = model_dtype_size(t->dtype);
+    model_synth_src_t src;
     bt_status_t status;
 
-    status = BT_CUDA_STATUS(cudaMemcpyAsync(d_stage, t->data, bytes,
-                                            cudaMemcpyHostToDevice,
-                                            b->stream));
+    if (model_synth_tensor(model, t, &src)) {
+        cuda_synth_args_t a;
+
+        a.seed = src.seed;
+        a.id = src.id;
+        a.ones = src.ones;
+        a.dtype = (cuda_src_dtype_t)t->dtype;
+        a.full_cols = t->cols;
+        a.row0 = s.row0;
+        a.col0 = s.col0;
+        a.rows = s.rows;
+        a.cols = s.cols;
+        return cuda_synth_fill(&a, d_dst, b->dt, r->stream);
+    }
+    if (t->data == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                        "a weight tensor has no data");
+    if (s.col0 == 0 && s.cols == t->cols) {
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d_stage, (const char *)t->data + (size_t)(s.row0 * t->cols) * es,
+            cuda_slice_raw_bytes(t, &s), cudaMemcpyHostToDevice, r->stream));
+    } else {
+        status = BT_CUDA_STATUS(cudaMemcpy2DAsync(
+            d_stage, (size_t)s.cols * es,
+            (const char *)t->data + (size_t)(s.row0 * t->cols + s.col0) * es,
+            (size_t)t->cols * es, (size_t)s.cols * es, (size_t)s.rows,
+            cudaMemcpyHostToDevice, r->stream));
+    }
     if (status != BT_OK)
         return status;
-    return cuda_convert(d_stage, (cuda_src_dtype_t)t->dtype, n, d_dst, b->dt,
-                        b->stream);
+    return cuda_convert(d_stage, (cuda_src_dtype_t)t->dtype,
+                        (size_t)(s.rows * s.cols), d_dst, b->dt, r->stream);
 }
 
-static size_t cuda_tensor_raw_bytes(const model_tensor_t *t)
+/* Allocates and fills one layer's fused weights (the rank's shard). */
+static bt_status_t cuda_layer_load(cuda_rank_t *r, const model_t *model,
+                                   const model_layer_t *ml, void *d_stage,
+                                   cuda_layer_t *cl)
 {
-    if (t->data == NULL)
-        return 0;
-    return (size_t)t->rows * t->cols * model_dtype_size(t->dtype);
-}
-
-/* Allocates and fills one layer's fused weights. */
-static bt_status_t cuda_layer_load(cuda_backend_t *b, const model_layer_t *ml,
-                                   void *d_stage, cuda_layer_t *cl)
-{
+    cuda_backend_t *b = r->b;
     size_t es = cuda_dtype_size(b->dt);
-    size_t dim = b->mc.dim, hid = b->mc.hidden_dim;
+    size_t dim = b->mc.dim, hid = b->hid;
     bt_status_t status;
 
 #define CUDA_ALLOC(_p, _n, _name)                                          \
@@ -187,36 +357,38 @@ static bt_status_t cuda_layer_load(cuda_backend_t *b, const model_layer_t *ml,
         if (status != BT_OK)                                                \
             return status;                                                  \
     } while (0)
-#define CUDA_UP(_t, _dst)                                                   \
+#define CUDA_UP(_t, _part, _dst)                                            \
     do {                                                                    \
-        status = cuda_upload(b, (_t), d_stage, (_dst));                     \
+        status = cuda_put_tensor(r, model, (_t), (_part), d_stage, (_dst)); \
         if (status != BT_OK)                                                \
             return status;                                                  \
     } while (0)
 
     CUDA_ALLOC(cl->d_wqkv, (size_t)b->qkv_dim * dim, "w_qkv");
-    CUDA_UP(&ml->wq, cl->d_wqkv);
-    CUDA_UP(&ml->wk, (char *)cl->d_wqkv + (size_t)b->q_dim * dim * es);
-    CUDA_UP(&ml->wv, (char *)cl->d_wqkv +
-                         (size_t)(b->q_dim + b->kv_dim) * dim * es);
-    if (b->mc.qkv_bias && ml->bq.data != NULL) {
+    CUDA_UP(&ml->wq, MODEL_PART_WQ, cl->d_wqkv);
+    CUDA_UP(&ml->wk, MODEL_PART_WK,
+            (char *)cl->d_wqkv + (size_t)b->q_dim * dim * es);
+    CUDA_UP(&ml->wv, MODEL_PART_WV,
+            (char *)cl->d_wqkv + (size_t)(b->q_dim + b->kv_dim) * dim * es);
+    if (b->mc.qkv_bias && (ml->bq.data != NULL || model_is_lazy(model))) {
         CUDA_ALLOC(cl->d_bqkv, b->qkv_dim, "b_qkv");
-        CUDA_UP(&ml->bq, cl->d_bqkv);
-        CUDA_UP(&ml->bk, (char *)cl->d_bqkv + (size_t)b->q_dim * es);
-        CUDA_UP(&ml->bv, (char *)cl->d_bqkv +
-                             (size_t)(b->q_dim + b->kv_dim) * es);
+        CUDA_UP(&ml->bq, MODEL_PART_BQ, cl->d_bqkv);
+        CUDA_UP(&ml->bk, MODEL_PART_BK,
+                (char *)cl->d_bqkv + (size_t)b->q_dim * es);
+        CUDA_UP(&ml->bv, MODEL_PART_BV,
+                (char *)cl->d_bqkv + (size_t)(b->q_dim + b->kv_dim) * es);
     }
     CUDA_ALLOC(cl->d_wo, dim * b->q_dim, "w_o");
-    CUDA_UP(&ml->wo, cl->d_wo);
+    CUDA_UP(&ml->wo, MODEL_PART_WO, cl->d_wo);
     CUDA_ALLOC(cl->d_wgu, 2 * hid * dim, "w_gate_up");
-    CUDA_UP(&ml->w_gate, cl->d_wgu);
-    CUDA_UP(&ml->w_up, (char *)cl->d_wgu + hid * dim * es);
+    CUDA_UP(&ml->w_gate, MODEL_PART_GATE, cl->d_wgu);
+    CUDA_UP(&ml->w_up, MODEL_PART_UP, (char *)cl->d_wgu + hid * dim * es);
     CUDA_ALLOC(cl->d_wdown, dim * hid, "w_down");
-    CUDA_UP(&ml->w_down, cl->d_wdown);
+    CUDA_UP(&ml->w_down, MODEL_PART_DOWN, cl->d_wdown);
     CUDA_ALLOC(cl->d_attn_norm, dim, "attn_norm");
-    CUDA_UP(&ml->attn_norm, cl->d_attn_norm);
+    CUDA_UP(&ml->attn_norm, MODEL_PART_WHOLE, cl->d_attn_norm);
     CUDA_ALLOC(cl->d_ffn_norm, dim, "ffn_norm");
-    CUDA_UP(&ml->ffn_norm, cl->d_ffn_norm);
+    CUDA_UP(&ml->ffn_norm, MODEL_PART_WHOLE, cl->d_ffn_norm);
 #undef CUDA_ALLOC
 #undef CUDA_UP
     return BT_OK;
@@ -233,69 +405,91 @@ static void cuda_layer_free(cuda_layer_t *cl)
     cuda__dev_free(&cl->d_ffn_norm);
 }
 
-static bt_status_t cuda_weights_load(cuda_backend_t *b, const model_t *model)
+static bt_status_t cuda_weights_load(cuda_rank_t *r, const model_t *model)
 {
+    cuda_backend_t *b = r->b;
     const model_tensor_t *emb = model_tok_embedding(model);
     const model_tensor_t *cls = model_classifier(model);
     const model_tensor_t *fin = model_final_norm(model);
     size_t es = cuda_dtype_size(b->dt);
     size_t stage_bytes = 0;
     void *d_stage = NULL;
+    model_slice_t s;
     bt_status_t status;
 
-    /* The staging buffer holds the largest tensor as stored. */
-    stage_bytes = BT_MAX(cuda_tensor_raw_bytes(emb),
-                         cuda_tensor_raw_bytes(cls));
-    for (int l = 0; l < b->mc.n_layers; l++) {
-        const model_layer_t *ml = model_layer(model, l);
-        const model_tensor_t *ts[] = {&ml->wq, &ml->wk, &ml->wv, &ml->wo,
-                                      &ml->w_gate, &ml->w_up, &ml->w_down};
-        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
-            stage_bytes = BT_MAX(stage_bytes, cuda_tensor_raw_bytes(ts[i]));
+    /* The staging buffer holds the largest slice as stored (nothing for
+     * synthesized weights: they are generated in place). */
+    if (model_format(model) != MODEL_FORMAT_SYNTH) {
+        s = model_shard_slice(&r->sh, &b->mc, emb, MODEL_PART_WHOLE);
+        stage_bytes = cuda_slice_raw_bytes(emb, &s);
+        s = model_shard_slice(&r->sh, &b->mc, cls, MODEL_PART_CLS);
+        stage_bytes = BT_MAX(stage_bytes, cuda_slice_raw_bytes(cls, &s));
+        for (int l = 0; l < b->mc.n_layers; l++) {
+            const model_layer_t *ml = model_layer(model, l);
+            const model_tensor_t *ts[] = {&ml->wq, &ml->wk, &ml->wv,
+                                          &ml->wo, &ml->w_gate, &ml->w_up,
+                                          &ml->w_down};
+            const model_part_t ps[] = {MODEL_PART_WQ, MODEL_PART_WK,
+                                       MODEL_PART_WV, MODEL_PART_WO,
+                                       MODEL_PART_GATE, MODEL_PART_UP,
+                                       MODEL_PART_DOWN};
+            for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
+                if (ts[i]->data == NULL)
+                    continue;
+                s = model_shard_slice(&r->sh, &b->mc, ts[i], ps[i]);
+                stage_bytes = BT_MAX(stage_bytes,
+                                     cuda_slice_raw_bytes(ts[i], &s));
+            }
+        }
     }
     status = cuda__dev_malloc(&d_stage, stage_bytes, "weight_stage");
     if (status != BT_OK)
         return status;
 
-    b->layers = bt_calloc(b->mc.n_layers, sizeof(*b->layers), "cuda_layers");
-    if (b->layers == NULL) {
+    r->layers = bt_calloc(b->mc.n_layers, sizeof(*r->layers), "cuda_layers");
+    if (r->layers == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto out;
     }
-    status = cuda__dev_malloc(&b->d_emb,
+    status = cuda__dev_malloc(&r->d_emb,
                               (size_t)b->mc.vocab_size * b->mc.dim * es,
                               "tok_embedding");
     if (status != BT_OK)
         goto out;
-    status = cuda_upload(b, emb, d_stage, b->d_emb);
+    status = cuda_put_tensor(r, model, emb, MODEL_PART_WHOLE, d_stage,
+                             r->d_emb);
     if (status != BT_OK)
         goto out;
-    if (cls->data == emb->data && cls->dtype == emb->dtype) {
-        b->d_cls = b->d_emb;
+    if (cuda_same_tensor(model, cls, emb)) {
+        /* tied: the rank's vocab rows of the (replicated) embedding */
+        r->d_cls = (char *)r->d_emb + (size_t)r->sh.vocab0 * b->mc.dim * es;
+        r->cls_alias = true;
     } else {
-        status = cuda__dev_malloc(&b->d_cls,
-                                  (size_t)b->mc.vocab_size * b->mc.dim * es,
+        status = cuda__dev_malloc(&r->d_cls,
+                                  (size_t)r->sh.n_vocab * b->mc.dim * es,
                                   "classifier");
         if (status != BT_OK)
             goto out;
-        status = cuda_upload(b, cls, d_stage, b->d_cls);
+        status = cuda_put_tensor(r, model, cls, MODEL_PART_CLS, d_stage,
+                                 r->d_cls);
         if (status != BT_OK)
             goto out;
     }
-    status = cuda__dev_malloc(&b->d_final_norm, (size_t)b->mc.dim * es,
+    status = cuda__dev_malloc(&r->d_final_norm, (size_t)b->mc.dim * es,
                               "final_norm");
     if (status != BT_OK)
         goto out;
-    status = cuda_upload(b, fin, d_stage, b->d_final_norm);
+    status = cuda_put_tensor(r, model, fin, MODEL_PART_WHOLE, d_stage,
+                             r->d_final_norm);
     if (status != BT_OK)
         goto out;
     for (int l = 0; l < b->mc.n_layers; l++) {
-        status = cuda_layer_load(b, model_layer(model, l), d_stage,
-                                 &b->layers[l]);
+        status = cuda_layer_load(r, model, model_layer(model, l), d_stage,
+                                 &r->layers[l]);
         if (status != BT_OK)
             goto out;
     }
-    status = BT_CUDA_STATUS(cudaStreamSynchronize(b->stream));
+    status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
 out:
     cuda__dev_free(&d_stage);
     return status;
@@ -326,59 +520,379 @@ static int cuda_pow2_ceil(int x)
 
 static void cuda_destroy(void *impl);
 
-/* Drops every captured graph (they hold pointers to buffers that are
- * about to move). */
-static void cuda_graphs_drop(cuda_backend_t *b)
+/* Drops every captured graph of the rank (they hold pointers to buffers
+ * that are about to move). */
+static void cuda_graphs_drop(cuda_rank_t *r)
 {
-    for (int i = 0; i < b->n_graphs; i++)
-        cudaGraphExecDestroy(b->graphs[i].exec);
-    b->n_graphs = 0;
+    for (int i = 0; i < r->n_graphs; i++)
+        cudaGraphExecDestroy(r->graphs[i].exec);
+    r->n_graphs = 0;
+}
+
+/* Rank op: (re)allocates the device metadata buffers to the backend's
+ * current capacities (after cuda_meta_reserve grew them). */
+static bt_status_t cuda_rank_meta_alloc(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status != BT_OK)
+        return status;
+    cuda_graphs_drop(r);
+    cuda__dev_free((void **)&r->d_meta);
+    cuda__dev_free((void **)&r->d_mask);
+    if (b->meta_cap) {
+        status = cuda__dev_malloc((void **)&r->d_meta,
+                                  b->meta_cap * sizeof(int), "batch_meta");
+        if (status != BT_OK)
+            return status;
+    }
+    if (b->mask_cap)
+        status = cuda__dev_malloc((void **)&r->d_mask, b->mask_cap,
+                                  "batch_masks");
+    return status;
 }
 
 /* Grows the pinned + device metadata buffers to hold `ints` ints and
  * `mask_bytes` mask bytes (only ever grows; a steady state allocates
- * nothing). */
+ * nothing).  Pinned memory is portable: every rank copies from it. */
 static bt_status_t cuda_meta_reserve(cuda_backend_t *b, size_t ints,
                                      size_t mask_bytes)
 {
     bt_status_t status;
 
+    if (ints <= b->meta_cap && mask_bytes <= b->mask_cap)
+        return BT_OK;
     if (ints > b->meta_cap) {
         size_t cap = BT_MAX(ints, 2 * b->meta_cap);
 
-        cuda_graphs_drop(b);
         if (b->h_meta)
             cudaFreeHost(b->h_meta);
         b->h_meta = NULL;
-        cuda__dev_free((void **)&b->d_meta);
         b->meta_cap = 0;
-        status = BT_CUDA_STATUS(cudaMallocHost((void **)&b->h_meta,
-                                               cap * sizeof(int)));
-        if (status != BT_OK)
-            return status;
-        status = cuda__dev_malloc((void **)&b->d_meta, cap * sizeof(int),
-                                  "batch_meta");
-        if (status != BT_OK)
-            return status;
-        b->meta_cap = cap;
+        status = BT_CUDA_STATUS(cudaHostAlloc((void **)&b->h_meta,
+                                              cap * sizeof(int),
+                                              cudaHostAllocPortable));
+        if (status == BT_OK)
+            b->meta_cap = cap;
     }
     if (mask_bytes > b->mask_cap) {
         size_t cap = BT_MAX(mask_bytes, 2 * b->mask_cap);
 
-        cuda_graphs_drop(b);
         if (b->h_mask)
             cudaFreeHost(b->h_mask);
         b->h_mask = NULL;
-        cuda__dev_free((void **)&b->d_mask);
         b->mask_cap = 0;
-        status = BT_CUDA_STATUS(cudaMallocHost((void **)&b->h_mask, cap));
-        if (status != BT_OK)
-            return status;
-        status = cuda__dev_malloc((void **)&b->d_mask, cap, "batch_masks");
-        if (status != BT_OK)
-            return status;
-        b->mask_cap = cap;
+        status = BT_CUDA_STATUS(cudaHostAlloc((void **)&b->h_mask, cap,
+                                              cudaHostAllocPortable));
+        if (status == BT_OK)
+            b->mask_cap = cap;
     }
+    /* device buffers follow the host capacities (freed when a host
+     * allocation failed, so nothing runs on a short buffer) */
+    status = cuda_each_rank(b, cuda_rank_meta_alloc);
+    if (status == BT_OK && (b->meta_cap < ints || b->mask_cap < mask_bytes))
+        status = BT_ERROR(BT_ERR_NO_MEMORY, "CUDA",
+                          "cannot allocate %zu bytes of batch metadata",
+                          ints * sizeof(int) + mask_bytes);
+    return status;
+}
+
+/* Rank op: device, stream, cuBLASLt, the weight shard, RoPE table, KV
+ * heads, activations and events. */
+static bt_status_t cuda_rank_init(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    size_t es = cuda_dtype_size(b->dt);
+    int hd = b->mc.head_dim;
+    bt_status_t status;
+
+    status = BT_CUDA_STATUS(cudaSetDevice(r->device));
+    if (status != BT_OK)
+        return status;
+    status = BT_CUDA_STATUS(cudaDeviceGetAttribute(
+        &r->n_sm, cudaDevAttrMultiProcessorCount, r->device));
+    if (status != BT_OK)
+        return status;
+    status = BT_CUDA_STATUS(cudaStreamCreateWithFlags(&r->stream,
+                                                      cudaStreamNonBlocking));
+    if (status != BT_OK)
+        return status;
+    status = worker_gemm_ctx_create(CUDA_GEMM_WS, &r->gemm);
+    if (status != BT_OK)
+        return status;
+
+    status = cuda_weights_load(r, b->op_model);
+    if (status != BT_OK)
+        return status;
+    if (b->tp == 1)
+        BT_LOG_INFO("CUDA", "weights: %zu MiB on device (%s)",
+                    cuda__dev_live_bytes() >> 20,
+                    b->dt == CUDA_DT_F32 ? "f32" : "bf16");
+
+    {
+        float *inv = bt_malloc(sizeof(float) * (hd / 2), "inv_freq");
+        if (inv == NULL)
+            return BT_ERR_NO_MEMORY;
+        cuda__rope_inv_freq(&b->mc, inv);
+        status = cuda__dev_malloc((void **)&r->d_inv_freq,
+                                  sizeof(float) * (hd / 2), "inv_freq");
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaMemcpy(r->d_inv_freq, inv,
+                                               sizeof(float) * (hd / 2),
+                                               cudaMemcpyHostToDevice));
+        bt_free(inv);
+        if (status != BT_OK)
+            return status;
+    }
+
+    /* The KV pool: this rank's KV heads. */
+    {
+        size_t bytes = (size_t)b->mc.n_layers * b->cfg.n_kv_blocks *
+                       b->cfg.block_size * b->kv_dim * es;
+        status = cuda__dev_malloc(&r->d_k, bytes, "kv_cache_k");
+        if (status != BT_OK)
+            return status;
+        status = cuda__dev_malloc(&r->d_v, bytes, "kv_cache_v");
+        if (status != BT_OK)
+            return status;
+        if (rank == 0)
+            BT_LOG_INFO("CUDA", "KV pool: %d blocks of %d tokens, %zu MiB%s",
+                        b->cfg.n_kv_blocks, b->cfg.block_size,
+                        (2 * bytes) >> 20, b->tp > 1 ? " per rank" : "");
+    }
+
+    /* Activations for the largest forward. */
+#define CUDA_ACT(_p, _bytes, _name)                                         \
+    do {                                                                    \
+        status = cuda__dev_malloc((void **)&(_p), (_bytes), _name);         \
+        if (status != BT_OK)                                                \
+            return status;                                                  \
+    } while (0)
+    CUDA_ACT(r->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
+    CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
+    CUDA_ACT(r->d_qkv, (size_t)b->max_tok * b->qkv_dim * es, "act_qkv");
+    CUDA_ACT(r->d_q, (size_t)b->max_tok * b->q_dim * es, "act_q");
+    CUDA_ACT(r->d_att, (size_t)b->max_tok * b->q_dim * es, "act_att");
+    CUDA_ACT(r->d_gu, (size_t)b->max_tok * 2 * b->hid * es, "act_gate_up");
+    CUDA_ACT(r->d_h, (size_t)b->max_tok * b->hid * es, "act_h");
+    CUDA_ACT(r->d_xr, (size_t)b->row_cap * b->mc.dim * es, "act_rows");
+    CUDA_ACT(r->d_logits, (size_t)b->row_cap * r->sh.n_vocab * 4, "logits");
+    if (rank == 0)
+        CUDA_ACT(r->d_hidden, (size_t)b->row_cap * b->mc.dim * 4, "hidden");
+    CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
+#undef CUDA_ACT
+
+    r->layer_ev = bt_calloc(b->mc.n_layers, sizeof(*r->layer_ev),
+                            "layer_events");
+    if (r->layer_ev == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int l = 0; l < b->mc.n_layers; l++) {
+        status = BT_CUDA_STATUS(cudaEventCreateWithFlags(
+            &r->layer_ev[l], cudaEventDisableTiming));
+        if (status != BT_OK)
+            return status;
+    }
+    return BT_OK;
+}
+
+/* In-process exchange of the NCCL unique id: rank 0 makes it and every
+ * rank reads it from the backend.  A multi-process TP (one process per
+ * GPU) would replace only this: rank 0 sends the 128 bytes to the others
+ * in a control message (ZeroMQ) before they join. */
+static bt_status_t cuda_tp_share_nccl_id(cuda_backend_t *b)
+{
+    return cuda_nccl_unique_id(b->nccl, &b->nccl_id);
+}
+
+/* Rank op: peer access to every other rank's GPU, the custom all-reduce
+ * flags, and the NCCL communicator. */
+static bt_status_t cuda_rank_comm_init(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status != BT_OK)
+        return status;
+    for (int p = 0; p < b->tp && b->ar_custom_ok; p++) {
+        cudaError_t err;
+
+        if (p == rank)
+            continue;
+        err = cudaDeviceEnablePeerAccess(b->ranks[p].device, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled)
+            (void)cudaGetLastError();
+        else if (err != cudaSuccess)
+            return BT_CUDA_STATUS(err);
+    }
+    status = cuda__dev_malloc((void **)&r->d_ar_flags,
+                              CUDA_AR_FLAG_WORDS * sizeof(uint32_t),
+                              "ar_flags");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&r->d_ar_epoch,
+                                  CUDA_AR_MAX_BLOCKS * sizeof(uint32_t),
+                                  "ar_epoch");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemset(
+            r->d_ar_flags, 0, CUDA_AR_FLAG_WORDS * sizeof(uint32_t)));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemset(
+            r->d_ar_epoch, 0, CUDA_AR_MAX_BLOCKS * sizeof(uint32_t)));
+    if (status != BT_OK)
+        return status;
+    if (b->nccl != NULL)
+        status = cuda_nccl_comm_init(b->nccl, &r->comm, b->tp, &b->nccl_id,
+                                     rank);
+    return status;
+}
+
+/* Rank op: one all-reduce of `dim` floats through each enabled path on
+ * every rank (x = rank + 1, so the sum is tp (tp + 1) / 2): connects NCCL
+ * before any graph capture and checks the peer path end to end. */
+static bt_status_t cuda_rank_comm_check(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    const int n = b->mc.dim;
+    const float want = (float)(b->tp * (b->tp + 1) / 2);
+    float *h = NULL;
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status != BT_OK)
+        return status;
+    h = bt_malloc((size_t)n * sizeof(float), "ar_check");
+    if (h == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int path = 0; path < 2 && status == BT_OK; path++) {
+        if ((path == 0 && b->nccl == NULL) ||
+            (path == 1 && (!b->ar_custom_ok || n % 4 != 0)))
+            continue;
+        for (int i = 0; i < n; i++)
+            h[i] = (float)(rank + 1);
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(r->d_x, h, n * sizeof(float),
+                                                cudaMemcpyHostToDevice,
+                                                r->stream));
+        if (status != BT_OK)
+            break;
+        status = path == 0 ? cuda_nccl_allreduce_f32(b->nccl, r->comm,
+                                                     r->d_x, (size_t)n,
+                                                     r->stream)
+                           : cuda_allreduce_custom(&r->ar, (size_t)n,
+                                                   r->stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                h, r->d_x, n * sizeof(float), cudaMemcpyDeviceToHost,
+                r->stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+        for (int i = 0; i < n && status == BT_OK; i++) {
+            if (h[i] != want)
+                status = BT_ERROR(BT_ERR_CUDA, "CUDA",
+                                  "%s all-reduce self-check on GPU %d: "
+                                  "element %d is %g, want %g",
+                                  path == 0 ? "NCCL" : "peer-memory",
+                                  r->device, i, h[i], want);
+        }
+    }
+    bt_free(h);
+    return status;
+}
+
+/* Tensor parallelism: NCCL, communicators, peer tables, self-check. */
+static bt_status_t cuda_tp_setup(cuda_backend_t *b)
+{
+    const char *env = getenv("BT_TP_ALLREDUCE");
+    bt_status_t status;
+
+    b->ar_mode = CUDA_AR_AUTO;
+    if (env != NULL && env[0] != '\0') {
+        if (strcmp(env, "nccl") == 0)
+            b->ar_mode = CUDA_AR_NCCL;
+        else if (strcmp(env, "custom") == 0)
+            b->ar_mode = CUDA_AR_CUSTOM;
+        else if (strcmp(env, "none") == 0)
+            b->ar_mode = CUDA_AR_NONE;
+        else if (strcmp(env, "auto") != 0)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                            "BT_TP_ALLREDUCE=%s: use auto, nccl, custom "
+                            "or none", env);
+    }
+    b->ar_custom_max = b->tp == 2 ? (4u << 20) : (1u << 20);
+    env = getenv("BT_TP_AR_CUSTOM_MAX");
+    if (env != NULL && env[0] != '\0') {
+        uint64_t v;
+
+        if (bt_parse_u64(env, &v) != BT_OK)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                            "BT_TP_AR_CUSTOM_MAX=%s is not a byte count",
+                            env);
+        b->ar_custom_max = (size_t)v;
+    }
+    b->ar_custom_ok = true;
+    for (int i = 0; i < b->tp; i++) {
+        for (int j = 0; j < b->tp; j++) {
+            int can = 0;
+
+            if (i == j)
+                continue;
+            status = BT_CUDA_STATUS(cudaDeviceCanAccessPeer(
+                &can, b->ranks[i].device, b->ranks[j].device));
+            if (status != BT_OK)
+                return status;
+            if (!can)
+                b->ar_custom_ok = false;
+        }
+    }
+    if (b->ar_mode == CUDA_AR_CUSTOM && !b->ar_custom_ok)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "BT_TP_ALLREDUCE=custom needs peer access between "
+                        "every pair of GPUs %d..%d",
+                        b->cfg.device_index, b->cfg.device_index + b->tp - 1);
+    if (b->ar_mode != CUDA_AR_CUSTOM && b->ar_mode != CUDA_AR_NONE) {
+        status = cuda_nccl_open(&b->nccl);
+        if (status != BT_OK)
+            return status;
+        status = cuda_tp_share_nccl_id(b);
+        if (status != BT_OK)
+            return status;
+    }
+    status = backend_tp_crew_run(b->crew, cuda_rank_comm_init, b);
+    if (status != BT_OK)
+        return status;
+    for (int r = 0; r < b->tp; r++) {
+        cuda_ar_t *ar = &b->ranks[r].ar;
+
+        memset(ar, 0, sizeof(*ar));
+        ar->n_ranks = b->tp;
+        ar->rank = r;
+        ar->n_blocks = BT_MIN(b->ranks[r].n_sm, CUDA_AR_MAX_BLOCKS);
+        ar->d_epoch = b->ranks[r].d_ar_epoch;
+        for (int p = 0; p < b->tp; p++) {
+            ar->d_buf[p] = b->ranks[p].d_x;
+            ar->d_flags[p] = b->ranks[p].d_ar_flags;
+        }
+    }
+    /* every rank's grid must be the same: the smallest SM count */
+    for (int r = 1; r < b->tp; r++)
+        b->ranks[0].ar.n_blocks = BT_MIN(b->ranks[0].ar.n_blocks,
+                                         b->ranks[r].ar.n_blocks);
+    for (int r = 1; r < b->tp; r++)
+        b->ranks[r].ar.n_blocks = b->ranks[0].ar.n_blocks;
+    status = backend_tp_crew_run(b->crew, cuda_rank_comm_check, b);
+    if (status != BT_OK)
+        return status;
+    BT_LOG_INFO("CUDA", "tensor parallelism %d on GPUs %d..%d: all-reduce "
+                "%s (peer-memory kernel %s up to %zu KiB, NCCL %s)", b->tp,
+                b->cfg.device_index, b->cfg.device_index + b->tp - 1,
+                b->ar_mode == CUDA_AR_AUTO     ? "auto"
+                : b->ar_mode == CUDA_AR_NCCL   ? "nccl"
+                : b->ar_mode == CUDA_AR_CUSTOM ? "custom"
+                                               : "NONE (wrong output)",
+                b->ar_custom_ok ? "on" : "off", b->ar_custom_max >> 10,
+                b->nccl ? "loaded" : "not loaded");
     return BT_OK;
 }
 
@@ -387,18 +901,18 @@ static bt_status_t cuda_create(const model_t *model,
 {
     cuda_backend_t *b;
     const char *env;
-    size_t es, act_bytes;
+    model_shard_t sh0;
+    int hd, n_dev = 0;
     bt_status_t status;
-    int hd;
 
     b = bt_calloc(1, sizeof(*b), "cuda_backend");
     if (b == NULL)
         return BT_ERR_NO_MEMORY;
     b->mc = *model_config(model);
     b->cfg = *cfg;
+    b->tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
     b->dt = cfg->precision == BACKEND_PRECISION_F32 ? CUDA_DT_F32
                                                      : CUDA_DT_BF16;
-    es = cuda_dtype_size(b->dt);
     hd = b->mc.head_dim;
     if (!cuda_attn_head_dim_ok(hd) ||
         b->mc.n_heads % b->mc.n_kv_heads != 0) {
@@ -408,113 +922,91 @@ static bt_status_t cuda_create(const model_t *model,
                         "supported by the CUDA kernels (8..256, powers "
                         "of two)", hd, b->mc.n_heads, b->mc.n_kv_heads);
     }
-    b->q_dim = b->mc.n_heads * hd;
-    b->kv_dim = b->mc.n_kv_heads * hd;
+    if (b->tp > CUDA_AR_MAX_RANKS) {
+        bt_free(b);
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "tensor parallelism %d: the cuda backend runs at "
+                        "most %d ranks", b->tp, CUDA_AR_MAX_RANKS);
+    }
+    status = model_shard_plan(&b->mc, b->tp, 0, &sh0);
+    if (status != BT_OK) {
+        bt_free(b);
+        return status;
+    }
+    if (b->tp > 1) {
+        status = BT_CUDA_STATUS(cudaGetDeviceCount(&n_dev));
+        if (status == BT_OK && cfg->device_index + b->tp > n_dev)
+            status = BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                              "tensor parallelism %d from GPU %d needs GPUs "
+                              "%d..%d; this machine has %d", b->tp,
+                              cfg->device_index, cfg->device_index,
+                              cfg->device_index + b->tp - 1, n_dev);
+        if (status != BT_OK) {
+            bt_free(b);
+            return status;
+        }
+    }
+    b->nh = sh0.n_heads;
+    b->nkv = sh0.n_kv_heads;
+    b->hid = sh0.n_hidden;
+    b->vocab_shard = sh0.vocab_shard;
+    b->q_dim = b->nh * hd;
+    b->kv_dim = b->nkv * hd;
     b->qkv_dim = b->q_dim + 2 * b->kv_dim;
     env = getenv("BT_CUDA_GRAPHS");
     b->use_graphs = env == NULL || strcmp(env, "0") != 0;
 
-    status = BT_CUDA_STATUS(cudaSetDevice(cfg->device_index));
-    if (status != BT_OK)
-        goto err;
-    status = BT_CUDA_STATUS(cudaDeviceGetAttribute(
-        &b->n_sm, cudaDevAttrMultiProcessorCount, cfg->device_index));
-    if (status != BT_OK)
-        goto err;
-    status = BT_CUDA_STATUS(cudaStreamCreateWithFlags(&b->stream,
-                                                      cudaStreamNonBlocking));
-    if (status != BT_OK)
-        goto err;
-    status = worker_gemm_ctx_create(CUDA_GEMM_WS, &b->gemm);
-    if (status != BT_OK)
-        goto err;
-
-    status = cuda_weights_load(b, model);
-    if (status != BT_OK)
-        goto err;
-    BT_LOG_INFO("CUDA", "weights: %zu MiB on device (%s)",
-                cuda__dev_live_bytes() >> 20,
-                b->dt == CUDA_DT_F32 ? "f32" : "bf16");
-
-    {
-        float *inv = bt_malloc(sizeof(float) * (hd / 2), "inv_freq");
-        if (inv == NULL) {
-            status = BT_ERR_NO_MEMORY;
-            goto err;
-        }
-        cuda__rope_inv_freq(&b->mc, inv);
-        status = cuda__dev_malloc((void **)&b->d_inv_freq,
-                                  sizeof(float) * (hd / 2), "inv_freq");
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaMemcpy(b->d_inv_freq, inv,
-                                               sizeof(float) * (hd / 2),
-                                               cudaMemcpyHostToDevice));
-        bt_free(inv);
-        if (status != BT_OK)
-            goto err;
-    }
-
-    /* The KV pool. */
+    /* The KV pool layout: one rank's heads. */
     b->kv.n_layers = b->mc.n_layers;
     b->kv.n_blocks = cfg->n_kv_blocks;
     b->kv.block_size = cfg->block_size;
-    b->kv.n_kv_heads = b->mc.n_kv_heads;
+    b->kv.n_kv_heads = b->nkv;
     b->kv.head_dim = hd;
-    b->kv.elem_size = es;
-    {
-        size_t bytes = (size_t)b->mc.n_layers * cfg->n_kv_blocks *
-                       cfg->block_size * b->kv_dim * es;
-        status = cuda__dev_malloc(&b->d_k, bytes, "kv_cache_k");
-        if (status != BT_OK)
-            goto err;
-        status = cuda__dev_malloc(&b->d_v, bytes, "kv_cache_v");
-        if (status != BT_OK)
-            goto err;
-        BT_LOG_INFO("CUDA", "KV pool: %d blocks of %d tokens, %zu MiB",
-                    cfg->n_kv_blocks, cfg->block_size, (2 * bytes) >> 20);
-    }
+    b->kv.elem_size = cuda_dtype_size(b->dt);
 
-    /* Activations for the largest forward. */
+    /* Activation sizes for the largest forward. */
     b->bucket_max = cuda_pow2_ceil(cfg->max_seqs);
     b->max_tok = BT_MAX(cfg->max_batch_tokens, b->bucket_max);
     b->row_cap = BT_MAX(256, b->bucket_max);
-    act_bytes = cuda__dev_live_bytes();
-#define CUDA_ACT(_p, _bytes, _name)                                         \
-    do {                                                                    \
-        status = cuda__dev_malloc((void **)&(_p), (_bytes), _name);         \
-        if (status != BT_OK)                                                \
-            goto err;                                                       \
-    } while (0)
-    CUDA_ACT(b->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
-    CUDA_ACT(b->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
-    CUDA_ACT(b->d_qkv, (size_t)b->max_tok * b->qkv_dim * es, "act_qkv");
-    CUDA_ACT(b->d_q, (size_t)b->max_tok * b->q_dim * es, "act_q");
-    CUDA_ACT(b->d_att, (size_t)b->max_tok * b->q_dim * es, "act_att");
-    CUDA_ACT(b->d_gu, (size_t)b->max_tok * 2 * b->mc.hidden_dim * es,
-             "act_gate_up");
-    CUDA_ACT(b->d_h, (size_t)b->max_tok * b->mc.hidden_dim * es, "act_h");
-    CUDA_ACT(b->d_xr, (size_t)b->row_cap * b->mc.dim * es, "act_rows");
-    CUDA_ACT(b->d_logits, (size_t)b->row_cap * b->mc.vocab_size * 4,
-             "logits");
-    CUDA_ACT(b->d_hidden, (size_t)b->row_cap * b->mc.dim * 4, "hidden");
-    b->ws_floats = cuda_attn_decode_ws_floats(b->bucket_max, b->mc.n_heads,
-                                              hd, CUDA_MAX_SPLITS);
-    CUDA_ACT(b->d_ws, b->ws_floats * 4, "attn_splits");
-#undef CUDA_ACT
-    BT_LOG_INFO("CUDA", "activations: %zu MiB for %d batch tokens",
-                (cuda__dev_live_bytes() - act_bytes) >> 20, b->max_tok);
+    b->ws_floats = cuda_attn_decode_ws_floats(b->bucket_max, b->nh, hd,
+                                              CUDA_MAX_SPLITS);
 
-    b->layer_ev = bt_calloc(b->mc.n_layers, sizeof(*b->layer_ev),
-                            "layer_events");
-    if (b->layer_ev == NULL) {
-        status = BT_ERR_NO_MEMORY;
-        goto err;
+    b->ranks = bt_calloc((size_t)b->tp, sizeof(*b->ranks), "cuda_ranks");
+    if (b->ranks == NULL) {
+        bt_free(b);
+        return BT_ERR_NO_MEMORY;
     }
-    for (int l = 0; l < b->mc.n_layers; l++) {
-        status = BT_CUDA_STATUS(cudaEventCreateWithFlags(
-            &b->layer_ev[l], cudaEventDisableTiming));
+    for (int r = 0; r < b->tp; r++) {
+        b->ranks[r].b = b;
+        b->ranks[r].rank = r;
+        b->ranks[r].device = cfg->device_index + r;
+        atomic_init(&b->ranks[r].ev_layer, -1);
+        status = model_shard_plan(&b->mc, b->tp, r, &b->ranks[r].sh);
         if (status != BT_OK)
             goto err;
+    }
+    if (b->tp > 1) {
+        status = backend_tp_crew_create(b->tp, &b->crew);
+        if (status != BT_OK)
+            goto err;
+    }
+
+    b->op_model = model;
+    status = cuda_each_rank(b, cuda_rank_init);
+    b->op_model = NULL;
+    if (status != BT_OK)
+        goto err;
+    b->n_sm = b->ranks[0].n_sm;
+    if (b->tp > 1) {
+        BT_LOG_INFO("CUDA", "weights, KV and activations of %d ranks: %zu "
+                    "MiB on %d GPUs (%s)", b->tp,
+                    cuda__dev_live_bytes() >> 20, b->tp,
+                    b->dt == CUDA_DT_F32 ? "f32" : "bf16");
+        status = cuda_tp_setup(b);
+        if (status != BT_OK)
+            goto err;
+    } else {
+        BT_LOG_INFO("CUDA", "activations: %d batch tokens", b->max_tok);
     }
     status = cuda_meta_reserve(b, (size_t)16 * b->max_tok + 4096, 4096);
     if (status != BT_OK)
@@ -529,54 +1021,80 @@ err:
     return status;
 }
 
+/* Rank op: frees everything of the rank (NULL-safe: also after a failed
+ * init). */
+static bt_status_t cuda_rank_free(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+
+    if (b->tp > 1)
+        (void)cudaSetDevice(r->device);
+    if (r->stream)
+        (void)cudaStreamSynchronize(r->stream);
+    cuda_graphs_drop(r);
+    if (r->layer_ev) {
+        for (int l = 0; l < b->mc.n_layers; l++)
+            if (r->layer_ev[l])
+                cudaEventDestroy(r->layer_ev[l]);
+        bt_free(r->layer_ev);
+        r->layer_ev = NULL;
+    }
+    if (r->comm)
+        cuda_nccl_comm_destroy(b->nccl, &r->comm);
+    cuda__dev_free((void **)&r->d_ar_flags);
+    cuda__dev_free((void **)&r->d_ar_epoch);
+    cuda__dev_free((void **)&r->d_meta);
+    cuda__dev_free((void **)&r->d_mask);
+    cuda__dev_free((void **)&r->d_x);
+    cuda__dev_free(&r->d_xn);
+    cuda__dev_free(&r->d_qkv);
+    cuda__dev_free(&r->d_q);
+    cuda__dev_free(&r->d_att);
+    cuda__dev_free(&r->d_gu);
+    cuda__dev_free(&r->d_h);
+    cuda__dev_free(&r->d_xr);
+    cuda__dev_free((void **)&r->d_logits);
+    cuda__dev_free((void **)&r->d_hidden);
+    cuda__dev_free((void **)&r->d_ws);
+    cuda__dev_free(&r->d_k);
+    cuda__dev_free(&r->d_v);
+    cuda__dev_free((void **)&r->d_inv_freq);
+    if (r->layers) {
+        for (int l = 0; l < b->mc.n_layers; l++)
+            cuda_layer_free(&r->layers[l]);
+        bt_free(r->layers);
+        r->layers = NULL;
+    }
+    if (r->cls_alias)
+        r->d_cls = NULL;
+    cuda__dev_free(&r->d_cls);
+    cuda__dev_free(&r->d_emb);
+    cuda__dev_free(&r->d_final_norm);
+    worker_gemm_ctx_destroy(&r->gemm);
+    if (r->stream)
+        cudaStreamDestroy(r->stream);
+    r->stream = NULL;
+    return BT_OK;
+}
+
 static void cuda_destroy(void *impl)
 {
     cuda_backend_t *b = impl;
 
     if (b == NULL)
         return;
-    if (b->stream)
-        (void)cudaStreamSynchronize(b->stream);
-    cuda_graphs_drop(b);
-    if (b->layer_ev) {
-        for (int l = 0; l < b->mc.n_layers; l++)
-            if (b->layer_ev[l])
-                cudaEventDestroy(b->layer_ev[l]);
-        bt_free(b->layer_ev);
-    }
+    if (b->ranks) /* by the crew, or from here when it never started */
+        (void)cuda_each_rank(b, cuda_rank_free);
+    backend_tp_crew_destroy(&b->crew);
+    if (b->tp > 1)
+        (void)cudaSetDevice(b->cfg.device_index);
+    cuda_nccl_close(&b->nccl);
     if (b->h_meta)
         cudaFreeHost(b->h_meta);
     if (b->h_mask)
         cudaFreeHost(b->h_mask);
-    cuda__dev_free((void **)&b->d_meta);
-    cuda__dev_free((void **)&b->d_mask);
-    cuda__dev_free((void **)&b->d_x);
-    cuda__dev_free(&b->d_xn);
-    cuda__dev_free(&b->d_qkv);
-    cuda__dev_free(&b->d_q);
-    cuda__dev_free(&b->d_att);
-    cuda__dev_free(&b->d_gu);
-    cuda__dev_free(&b->d_h);
-    cuda__dev_free(&b->d_xr);
-    cuda__dev_free((void **)&b->d_logits);
-    cuda__dev_free((void **)&b->d_hidden);
-    cuda__dev_free((void **)&b->d_ws);
-    cuda__dev_free(&b->d_k);
-    cuda__dev_free(&b->d_v);
-    cuda__dev_free((void **)&b->d_inv_freq);
-    if (b->layers) {
-        for (int l = 0; l < b->mc.n_layers; l++)
-            cuda_layer_free(&b->layers[l]);
-        bt_free(b->layers);
-    }
-    if (b->d_cls == b->d_emb)
-        b->d_cls = NULL;
-    cuda__dev_free(&b->d_cls);
-    cuda__dev_free(&b->d_emb);
-    cuda__dev_free(&b->d_final_norm);
-    worker_gemm_ctx_destroy(&b->gemm);
-    if (b->stream)
-        cudaStreamDestroy(b->stream);
+    bt_free(b->ranks);
     bt_free(b);
 }
 
@@ -588,157 +1106,242 @@ static size_t cuda_layer_kv_elems(const cuda_backend_t *b)
     return (size_t)b->kv.n_blocks * b->kv.block_size * b->kv_dim;
 }
 
+/* In-place sum of x (n floats) over the ranks. */
+static bt_status_t cuda_tp_allreduce(cuda_rank_t *r, size_t n)
+{
+    cuda_backend_t *b = r->b;
+    bool custom;
+
+    switch (b->ar_mode) {
+    case CUDA_AR_NONE:
+        return BT_OK;
+    case CUDA_AR_CUSTOM:
+        custom = true;
+        break;
+    case CUDA_AR_NCCL:
+        custom = false;
+        break;
+    default:
+        custom = b->ar_custom_ok && n * sizeof(float) <= b->ar_custom_max;
+        break;
+    }
+    if (custom && n % 4 == 0)
+        return cuda_allreduce_custom(&r->ar, n, r->stream);
+    if (b->nccl == NULL)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "all-reduce of %zu floats needs NCCL", n);
+    return cuda_nccl_allreduce_f32(b->nccl, r->comm, r->d_x, n, r->stream);
+}
+
+/* Copies n logits rows of this rank (its vocab columns, row stride
+ * n_vocab on the device) into host rows h_row0.. (stride vocab). */
+static bt_status_t cuda_copy_logits(cuda_rank_t *r, float *h_row0,
+                                    const float *d_row0, int n)
+{
+    cuda_backend_t *b = r->b;
+    size_t vocab = (size_t)b->mc.vocab_size, nv = (size_t)r->sh.n_vocab;
+
+    if (b->tp == 1)
+        return BT_CUDA_STATUS(cudaMemcpyAsync(
+            h_row0, d_row0, (size_t)n * vocab * sizeof(float),
+            cudaMemcpyDeviceToHost, r->stream));
+    return BT_CUDA_STATUS(cudaMemcpy2DAsync(
+        h_row0 + r->sh.vocab0, vocab * sizeof(float), d_row0,
+        nv * sizeof(float), nv * sizeof(float), (size_t)n,
+        cudaMemcpyDeviceToHost, r->stream));
+}
+
 /* Enqueues logits (and hidden) rows [r0, r0 + n) of the plan. */
-static bt_status_t cuda_enqueue_rows(cuda_backend_t *b, const cuda_plan_t *p,
+static bt_status_t cuda_enqueue_rows(cuda_rank_t *r, const cuda_plan_t *p,
                                      int r0, int n)
 {
+    cuda_backend_t *b = r->b;
     bt_status_t status;
 
-    status = cuda_rmsnorm(b->d_x, NULL, b->d_final_norm, p->d_rows + r0, n,
-                          b->mc.dim, b->mc.rms_eps, b->d_xr, b->dt,
-                          b->stream);
+    status = cuda_rmsnorm(r->d_x, NULL, r->d_final_norm, p->d_rows + r0, n,
+                          b->mc.dim, b->mc.rms_eps, r->d_xr, b->dt,
+                          r->stream);
     if (status != BT_OK)
         return status;
-    status = worker_gemm(b->gemm, n, b->mc.vocab_size, b->mc.dim, b->d_xr,
-                         b->d_cls, b->dt, b->d_logits, CUDA_DT_F32, false,
-                         b->stream);
+    status = worker_gemm(r->gemm, n, r->sh.n_vocab, b->mc.dim, r->d_xr,
+                         r->d_cls, b->dt, r->d_logits, CUDA_DT_F32, false,
+                         r->stream);
     if (status != BT_OK)
         return status;
-    if (p->want_hidden)
-        status = cuda_embed(b->d_x, CUDA_DT_F32, p->d_rows + r0, n,
-                            b->mc.dim, b->d_hidden, b->stream);
+    if (p->want_hidden && r->rank == 0)
+        status = cuda_embed(r->d_x, CUDA_DT_F32, p->d_rows + r0, n,
+                            b->mc.dim, r->d_hidden, r->stream);
     return status;
 }
 
-/* Enqueues the whole forward described by `p` on the stream (graph
- * capture records exactly this).  With p->h_logits set (no graph) the
- * logits rows are copied to the host chunk by chunk as they are made. */
-static bt_status_t cuda_enqueue(cuda_backend_t *b, const cuda_plan_t *p)
+/* Layer l's K/V are written on every rank (rank 0, before the callback):
+ * each rank records its event and then publishes l. */
+static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
 {
+    cuda_backend_t *b = r->b;
+    bt_status_t status;
+
+    for (int k = 0; k < b->tp; k++) {
+        cuda_rank_t *o = &b->ranks[k];
+
+        while (atomic_load(&o->ev_layer) < l) {
+        }
+        status = BT_CUDA_STATUS(cudaEventSynchronize(o->layer_ev[l]));
+        if (status != BT_OK)
+            return status;
+    }
+    return BT_OK;
+}
+
+/* Enqueues the whole forward described by `p` on the rank's stream
+ * (graph capture records exactly this).  With p->h_logits set (no graph)
+ * the logits rows are copied to the host chunk by chunk as they are
+ * made. */
+static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
+{
+    cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
     size_t es = cuda_dtype_size(b->dt);
     size_t layer_kv = cuda_layer_kv_elems(b);
     int nt = p->nt;
+    /* rank 0 accumulates the o / down products into x, the others write
+     * their partial there for the all-reduce */
+    const bool acc = r->rank == 0;
+    const bool tp = b->tp > 1;
     bt_status_t status;
     cuda_rope_kv_args_t ra;
     cuda_attn_args_t aa;
 
-    status = cuda_embed(b->d_emb, b->dt, p->d_tokens, nt, mc->dim, b->d_x,
-                        b->stream);
+    status = cuda_embed(r->d_emb, b->dt, p->d_tokens, nt, mc->dim, r->d_x,
+                        r->stream);
     if (status != BT_OK)
         return status;
 
     memset(&ra, 0, sizeof(ra));
     ra.n_tokens = nt;
-    ra.n_heads = mc->n_heads;
-    ra.n_kv_heads = mc->n_kv_heads;
+    ra.n_heads = b->nh;
+    ra.n_kv_heads = b->nkv;
     ra.head_dim = mc->head_dim;
     ra.rope_half = mc->rope_layout == MODEL_ROPE_HALF;
-    ra.d_qkv = b->d_qkv;
-    ra.d_inv_freq = b->d_inv_freq;
+    ra.d_qkv = r->d_qkv;
+    ra.d_inv_freq = r->d_inv_freq;
     ra.d_pos = p->d_pos;
     ra.d_slot = p->d_slot;
-    ra.d_q = b->d_q;
+    ra.d_q = r->d_q;
 
     memset(&aa, 0, sizeof(aa));
-    aa.n_heads = mc->n_heads;
-    aa.n_kv_heads = mc->n_kv_heads;
+    aa.n_heads = b->nh;
+    aa.n_kv_heads = b->nkv;
     aa.head_dim = mc->head_dim;
     aa.block_size = b->kv.block_size;
     aa.scale = 1.0f / sqrtf((float)mc->head_dim);
-    aa.d_q = b->d_q;
+    aa.d_q = r->d_q;
     aa.d_block_tables = p->d_bt;
-    aa.d_masks = b->d_mask;
+    aa.d_masks = r->d_mask;
     aa.d_kv_len = p->d_kv_len;
     aa.d_bt_off = p->d_bt_off;
     aa.d_ctx_len = p->d_ctx;
     aa.d_mask_off = p->d_mask_off;
-    aa.d_out = b->d_att;
+    aa.d_out = r->d_att;
 
     /* Decode steps of <= 2 tokens in bf16 with the streaming GEMV
      * (BT_GEMV_KERNEL=stream, not the default: see kernels/gemv.cu):
      * RMSNorm inside the GEMV that consumes it (one kernel less per norm). */
     const bool fuse_norm = b->dt == CUDA_DT_BF16 &&
-                           worker_gemm_gemv_enabled(b->gemm) &&
+                           worker_gemm_gemv_enabled(r->gemm) &&
                            cuda_gemv_norm_ok(nt, mc->dim);
 
     for (int l = 0; l < mc->n_layers; l++) {
-        const cuda_layer_t *w = &b->layers[l];
-        void *d_kl = (char *)b->d_k + (size_t)l * layer_kv * es;
-        void *d_vl = (char *)b->d_v + (size_t)l * layer_kv * es;
+        const cuda_layer_t *w = &r->layers[l];
+        void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
+        void *d_vl = (char *)r->d_v + (size_t)l * layer_kv * es;
 
         if (fuse_norm) {
-            status = cuda_gemv_norm(nt, b->qkv_dim, mc->dim, b->d_x,
+            status = cuda_gemv_norm(nt, b->qkv_dim, mc->dim, r->d_x,
                                     w->d_attn_norm, mc->rms_eps, w->d_wqkv,
-                                    b->d_qkv, b->dt, b->stream);
+                                    r->d_qkv, b->dt, r->stream);
         } else {
-            status = cuda_rmsnorm(b->d_x, NULL, w->d_attn_norm, NULL, nt,
-                                  mc->dim, mc->rms_eps, b->d_xn, b->dt,
-                                  b->stream);
+            status = cuda_rmsnorm(r->d_x, NULL, w->d_attn_norm, NULL, nt,
+                                  mc->dim, mc->rms_eps, r->d_xn, b->dt,
+                                  r->stream);
             if (status != BT_OK)
                 return status;
-            status = worker_gemm(b->gemm, nt, b->qkv_dim, mc->dim, b->d_xn,
-                                 w->d_wqkv, b->dt, b->d_qkv, b->dt, false,
-                                 b->stream);
+            status = worker_gemm(r->gemm, nt, b->qkv_dim, mc->dim, r->d_xn,
+                                 w->d_wqkv, b->dt, r->d_qkv, b->dt, false,
+                                 r->stream);
         }
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
         ra.d_k_cache = d_kl;
         ra.d_v_cache = d_vl;
-        status = cuda_rope_kv(&ra, b->dt, b->stream);
+        status = cuda_rope_kv(&ra, b->dt, r->stream);
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done) {
-            status = BT_CUDA_STATUS(cudaEventRecord(b->layer_ev[l],
-                                                    b->stream));
+            status = BT_CUDA_STATUS(cudaEventRecord(r->layer_ev[l],
+                                                    r->stream));
             if (status != BT_OK)
                 return status;
+            if (tp)
+                atomic_store(&r->ev_layer, l);
         }
         aa.d_k_cache = d_kl;
         aa.d_v_cache = d_vl;
         status = cuda_attn_decode(&aa, p->d_gen, p->n_gen, p->n_splits,
-                                  p->split_len, b->d_ws, b->dt, b->stream);
+                                  p->split_len, r->d_ws, b->dt, r->stream);
         if (status != BT_OK)
             return status;
         status = cuda_attn_prefill(&aa, p->d_tiles, p->n_tiles, b->dt,
-                                   b->stream);
+                                   r->stream);
         if (status != BT_OK)
             return status;
-        status = worker_gemm(b->gemm, nt, mc->dim, b->q_dim, b->d_att,
-                             w->d_wo, b->dt, b->d_x, CUDA_DT_F32, true,
-                             b->stream);
+        status = worker_gemm(r->gemm, nt, mc->dim, b->q_dim, r->d_att,
+                             w->d_wo, b->dt, r->d_x, CUDA_DT_F32, acc,
+                             r->stream);
         if (status != BT_OK)
             return status;
-        if (fuse_norm) {
-            status = cuda_gemv_norm(nt, 2 * mc->hidden_dim, mc->dim, b->d_x,
-                                    w->d_ffn_norm, mc->rms_eps, w->d_wgu,
-                                    b->d_gu, b->dt, b->stream);
-        } else {
-            status = cuda_rmsnorm(b->d_x, NULL, w->d_ffn_norm, NULL, nt,
-                                  mc->dim, mc->rms_eps, b->d_xn, b->dt,
-                                  b->stream);
+        if (tp) {
+            status = cuda_tp_allreduce(r, (size_t)nt * mc->dim);
             if (status != BT_OK)
                 return status;
-            status = worker_gemm(b->gemm, nt, 2 * mc->hidden_dim, mc->dim,
-                                 b->d_xn, w->d_wgu, b->dt, b->d_gu, b->dt,
-                                 false, b->stream);
+        }
+        if (fuse_norm) {
+            status = cuda_gemv_norm(nt, 2 * b->hid, mc->dim, r->d_x,
+                                    w->d_ffn_norm, mc->rms_eps, w->d_wgu,
+                                    r->d_gu, b->dt, r->stream);
+        } else {
+            status = cuda_rmsnorm(r->d_x, NULL, w->d_ffn_norm, NULL, nt,
+                                  mc->dim, mc->rms_eps, r->d_xn, b->dt,
+                                  r->stream);
+            if (status != BT_OK)
+                return status;
+            status = worker_gemm(r->gemm, nt, 2 * b->hid, mc->dim, r->d_xn,
+                                 w->d_wgu, b->dt, r->d_gu, b->dt, false,
+                                 r->stream);
         }
         if (status != BT_OK)
             return status;
-        status = cuda_swiglu(b->d_gu, nt, mc->hidden_dim, b->d_h, b->dt,
-                             b->stream);
+        status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt, r->stream);
         if (status != BT_OK)
             return status;
-        status = worker_gemm(b->gemm, nt, mc->dim, mc->hidden_dim, b->d_h,
-                             w->d_wdown, b->dt, b->d_x, CUDA_DT_F32, true,
-                             b->stream);
+        status = worker_gemm(r->gemm, nt, mc->dim, b->hid, r->d_h,
+                             w->d_wdown, b->dt, r->d_x, CUDA_DT_F32, acc,
+                             r->stream);
         if (status != BT_OK)
             return status;
-        if (p->batch && p->batch->on_layer_done) {
-            /* Layer l's K/V are written once its event fires; the GPU
-             * keeps working on the rest of layer l meanwhile. */
-            status = BT_CUDA_STATUS(cudaEventSynchronize(b->layer_ev[l]));
+        if (tp) {
+            status = cuda_tp_allreduce(r, (size_t)nt * mc->dim);
+            if (status != BT_OK)
+                return status;
+        }
+        if (p->batch && p->batch->on_layer_done && r->rank == 0) {
+            /* Layer l's K/V are written once its event fires (on every
+             * rank); the GPUs keep working on the rest of layer l. */
+            if (tp)
+                status = cuda_layer_wait_all(r, l);
+            else
+                status = BT_CUDA_STATUS(cudaEventSynchronize(r->layer_ev[l]));
             if (status != BT_OK)
                 return status;
             p->batch->on_layer_done(p->batch->on_layer_arg, l);
@@ -748,22 +1351,20 @@ static bt_status_t cuda_enqueue(cuda_backend_t *b, const cuda_plan_t *p)
     for (int r0 = 0; r0 < p->n_rows; r0 += b->row_cap) {
         int n = BT_MIN(b->row_cap, p->n_rows - r0);
 
-        status = cuda_enqueue_rows(b, p, r0, n);
+        status = cuda_enqueue_rows(r, p, r0, n);
         if (status != BT_OK)
             return status;
         if (p->h_logits) {
-            status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                p->h_logits + (size_t)r0 * mc->vocab_size, b->d_logits,
-                (size_t)n * mc->vocab_size * sizeof(float),
-                cudaMemcpyDeviceToHost, b->stream));
+            status = cuda_copy_logits(
+                r, p->h_logits + (size_t)r0 * mc->vocab_size, r->d_logits, n);
             if (status != BT_OK)
                 return status;
         }
-        if (p->h_hidden) {
+        if (p->h_hidden && r->rank == 0) {
             status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                p->h_hidden + (size_t)r0 * mc->dim, b->d_hidden,
+                p->h_hidden + (size_t)r0 * mc->dim, r->d_hidden,
                 (size_t)n * mc->dim * sizeof(float), cudaMemcpyDeviceToHost,
-                b->stream));
+                r->stream));
             if (status != BT_OK)
                 return status;
         }
@@ -771,36 +1372,36 @@ static bt_status_t cuda_enqueue(cuda_backend_t *b, const cuda_plan_t *p)
     return BT_OK;
 }
 
-/* Finds or captures the graph for this decode plan. */
-static bt_status_t cuda_graph_get(cuda_backend_t *b, const cuda_plan_t *p,
+/* Finds or captures the rank's graph for this decode plan. */
+static bt_status_t cuda_graph_get(cuda_rank_t *r, const cuda_plan_t *p,
                                   cudaGraphExec_t *exec_p)
 {
     cuda_graph_t *g;
     cudaGraph_t graph = NULL;
     bt_status_t status, st2;
 
-    for (int i = 0; i < b->n_graphs; i++) {
-        g = &b->graphs[i];
+    for (int i = 0; i < r->n_graphs; i++) {
+        g = &r->graphs[i];
         if (g->bucket == p->nt && g->n_splits == p->n_splits &&
             g->split_len == p->split_len && g->hidden == p->want_hidden) {
             *exec_p = g->exec;
             return BT_OK;
         }
     }
-    if (b->n_graphs == CUDA_MAX_GRAPHS) {
-        cudaGraphExecDestroy(b->graphs[0].exec);
-        memmove(&b->graphs[0], &b->graphs[1],
-                (CUDA_MAX_GRAPHS - 1) * sizeof(b->graphs[0]));
-        b->n_graphs--;
+    if (r->n_graphs == CUDA_MAX_GRAPHS) {
+        cudaGraphExecDestroy(r->graphs[0].exec);
+        memmove(&r->graphs[0], &r->graphs[1],
+                (CUDA_MAX_GRAPHS - 1) * sizeof(r->graphs[0]));
+        r->n_graphs--;
     }
-    g = &b->graphs[b->n_graphs];
+    g = &r->graphs[r->n_graphs];
     memset(g, 0, sizeof(*g));
     status = BT_CUDA_STATUS(cudaStreamBeginCapture(
-        b->stream, cudaStreamCaptureModeThreadLocal));
+        r->stream, cudaStreamCaptureModeThreadLocal));
     if (status != BT_OK)
         return status;
-    status = cuda_enqueue(b, p);
-    st2 = BT_CUDA_STATUS(cudaStreamEndCapture(b->stream, &graph));
+    status = cuda_enqueue(r, p);
+    st2 = BT_CUDA_STATUS(cudaStreamEndCapture(r->stream, &graph));
     if (status == BT_OK)
         status = st2;
     if (status != BT_OK)
@@ -812,13 +1413,123 @@ static bt_status_t cuda_graph_get(cuda_backend_t *b, const cuda_plan_t *p,
     g->n_splits = p->n_splits;
     g->split_len = p->split_len;
     g->hidden = p->want_hidden;
-    b->n_graphs++;
+    r->n_graphs++;
     BT_LOG_DEBUG("CUDA", "captured decode graph: bucket %d, %d splits of %d",
                  p->nt, p->n_splits, p->split_len);
     *exec_p = g->exec;
 out:
     if (graph)
         cudaGraphDestroy(graph);
+    return status;
+}
+
+/* Runs one planned forward on one rank: indices up, the graph or the
+ * enqueued forward, logits (and hidden) rows down, then waits. */
+static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
+{
+    cuda_backend_t *b = r->b;
+    const backend_batch_t *batch = st->batch;
+    const int *d = r->d_meta;
+    cuda_plan_t p;
+    bt_status_t status;
+
+    status = cuda_rank_enter(r);
+    if (status != BT_OK)
+        return status;
+    memset(&p, 0, sizeof(p));
+    p.nt = st->nt;
+    p.n_rows = st->n_rows;
+    p.n_gen = st->n_gen;
+    p.n_tiles = st->n_tiles;
+    p.n_splits = st->n_splits;
+    p.split_len = st->split_len;
+    p.want_hidden = st->want_hidden;
+    p.d_tokens = d + st->o_tokens;
+    p.d_pos = d + st->o_pos;
+    p.d_slot = d + st->o_slot;
+    p.d_kv_len = d + st->o_kv_len;
+    p.d_bt_off = d + st->o_bt_off;
+    p.d_ctx = d + st->o_ctx;
+    p.d_mask_off = d + st->o_mask_off;
+    p.d_gen = d + st->o_gen;
+    p.d_rows = d + st->o_rows;
+    p.d_tiles = d + st->o_tiles;
+    p.d_bt = d + st->o_bt;
+    p.batch = st->graph ? NULL : batch;
+
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(r->d_meta, b->h_meta,
+                                            st->meta_ints * sizeof(int),
+                                            cudaMemcpyHostToDevice,
+                                            r->stream));
+    if (status != BT_OK)
+        return status;
+    if (st->mask_bytes) {
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(r->d_mask, b->h_mask,
+                                                st->mask_bytes,
+                                                cudaMemcpyHostToDevice,
+                                                r->stream));
+        if (status != BT_OK)
+            return status;
+    }
+
+    if (st->graph) {
+        cudaGraphExec_t exec;
+        float *logits = st->h_logits, *hidden = st->h_hidden;
+        int row = 0;
+
+        status = cuda_graph_get(r, &p, &exec);
+        if (status != BT_OK)
+            return status;
+        status = BT_CUDA_STATUS(cudaGraphLaunch(exec, r->stream));
+        if (status != BT_OK)
+            return status;
+        /* Copy back the rows of tokens that asked for logits, in runs. */
+        for (int s = 0; s < batch->n_seqs && logits; ) {
+            int s1 = s;
+            while (s1 < batch->n_seqs && batch->seqs[s1].n_logits == 1)
+                s1++;
+            if (s1 > s) {
+                status = cuda_copy_logits(
+                    r, logits + (size_t)row * b->mc.vocab_size,
+                    r->d_logits + (size_t)s * r->sh.n_vocab, s1 - s);
+                if (status != BT_OK)
+                    return status;
+                if (hidden && r->rank == 0) {
+                    status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                        hidden + (size_t)row * b->mc.dim,
+                        r->d_hidden + (size_t)s * b->mc.dim,
+                        (size_t)(s1 - s) * b->mc.dim * sizeof(float),
+                        cudaMemcpyDeviceToHost, r->stream));
+                    if (status != BT_OK)
+                        return status;
+                }
+                row += s1 - s;
+                s = s1;
+            } else {
+                s++;
+            }
+        }
+    } else {
+        p.h_logits = st->h_logits; /* NULL: logits stay on the device */
+        p.h_hidden = st->h_hidden;
+        status = cuda_enqueue(r, &p);
+        if (status != BT_OK) {
+            (void)cudaStreamSynchronize(r->stream);
+            return status;
+        }
+    }
+    return BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+}
+
+static bt_status_t cuda_rank_step_op(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    bt_status_t status = cuda_rank_step(&b->ranks[rank], b->op_step);
+
+    /* a failed rank records no more layer events: let rank 0 stop
+     * waiting for them (cuda_layer_wait_all) */
+    if (status != BT_OK)
+        atomic_store(&b->ranks[rank].ev_layer, INT_MAX);
     return status;
 }
 
@@ -834,7 +1545,7 @@ static bt_status_t cuda_forward(void *impl, const backend_batch_t *batch,
     int *h;
     int *tok, *pos, *slot, *kvl, *bto, *ctxa, *mo, *gen, *rows, *tiles, *bt;
     size_t mask_at = 0, bt_at = 0;
-    cuda_plan_t p;
+    cuda_step_t st;
     bt_status_t status;
 
     for (int s = 0; s < batch->n_seqs; s++) {
@@ -866,17 +1577,19 @@ static bt_status_t cuda_forward(void *impl, const backend_batch_t *batch,
 
     h = b->h_meta;
     off = 0;
-    tok = h + off, off += nt_pad;
-    pos = h + off, off += nt_pad;
-    slot = h + off, off += nt_pad;
-    kvl = h + off, off += nt_pad;
-    bto = h + off, off += nt_pad;
-    ctxa = h + off, off += nt_pad;
-    mo = h + off, off += nt_pad;
-    gen = h + off, off += nt_pad;
-    rows = h + off, off += rows_c;
-    tiles = h + off, off += (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
-    bt = h + off;
+    memset(&st, 0, sizeof(st));
+    st.o_tokens = off, tok = h + off, off += nt_pad;
+    st.o_pos = off, pos = h + off, off += nt_pad;
+    st.o_slot = off, slot = h + off, off += nt_pad;
+    st.o_kv_len = off, kvl = h + off, off += nt_pad;
+    st.o_bt_off = off, bto = h + off, off += nt_pad;
+    st.o_ctx = off, ctxa = h + off, off += nt_pad;
+    st.o_mask_off = off, mo = h + off, off += nt_pad;
+    st.o_gen = off, gen = h + off, off += nt_pad;
+    st.o_rows = off, rows = h + off, off += rows_c;
+    st.o_tiles = off, tiles = h + off;
+    off += (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
+    st.o_bt = off, bt = h + off;
 
     int t = 0, r = 0, ti = 0;
     for (int s = 0; s < batch->n_seqs; s++) {
@@ -937,147 +1650,129 @@ static bt_status_t cuda_forward(void *impl, const backend_batch_t *batch,
         for (r = 0; r < nt_pad; r++)
             rows[r] = r;
 
-    memset(&p, 0, sizeof(p));
-    p.nt = nt_pad;
-    p.n_rows = rows_c;
-    p.n_gen = n_gen;
-    p.n_tiles = n_tiles;
-    p.want_hidden = hidden != NULL;
+    st.nt = nt_pad;
+    st.n_rows = rows_c;
+    st.n_gen = n_gen;
+    st.n_tiles = n_tiles;
+    st.want_hidden = hidden != NULL;
+    st.graph = graph;
     {
         int max_splits = (int)BT_MIN(
             (size_t)CUDA_MAX_SPLITS,
-            b->ws_floats / ((size_t)BT_MAX(n_gen, 1) * b->mc.n_heads *
+            b->ws_floats / ((size_t)BT_MAX(n_gen, 1) * b->nh *
                             (b->mc.head_dim + 2)));
         if (max_splits < 1)
             max_splits = 1;
-        cuda_attn_decode_plan(BT_MAX(n_gen, 1), max_kv, b->mc.n_heads,
-                              b->mc.n_kv_heads, b->n_sm, max_splits,
-                              &p.n_splits, &p.split_len);
-        if (graph && p.n_splits > 1) {
+        cuda_attn_decode_plan(BT_MAX(n_gen, 1), max_kv, b->nh, b->nkv,
+                              b->n_sm, max_splits, &st.n_splits,
+                              &st.split_len);
+        if (graph && st.n_splits > 1) {
             /* Round splits up to a power of two so few graphs cover every
              * context length (the extra splits find no keys). */
-            int ns = cuda_pow2_ceil(p.n_splits);
+            int ns = cuda_pow2_ceil(st.n_splits);
             if (ns <= max_splits)
-                p.n_splits = ns;
+                st.n_splits = ns;
         }
     }
-    {
-        const int *d = b->d_meta;
-        size_t o = 0;
-        p.d_tokens = d + o, o += nt_pad;
-        p.d_pos = d + o, o += nt_pad;
-        p.d_slot = d + o, o += nt_pad;
-        p.d_kv_len = d + o, o += nt_pad;
-        p.d_bt_off = d + o, o += nt_pad;
-        p.d_ctx = d + o, o += nt_pad;
-        p.d_mask_off = d + o, o += nt_pad;
-        p.d_gen = d + o, o += nt_pad;
-        p.d_rows = d + o, o += rows_c;
-        p.d_tiles = d + o, o += (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
-        p.d_bt = d + o;
-    }
-    p.batch = graph ? NULL : batch;
+    st.meta_ints = off + bt_total;
+    st.mask_bytes = mask_total;
+    st.batch = batch;
+    st.h_logits = logits;
+    st.h_hidden = hidden;
 
-    status = BT_CUDA_STATUS(cudaMemcpyAsync(b->d_meta, b->h_meta,
-                                            (off + bt_total) * sizeof(int),
-                                            cudaMemcpyHostToDevice,
-                                            b->stream));
-    if (status != BT_OK)
-        return status;
-    if (mask_total) {
-        status = BT_CUDA_STATUS(cudaMemcpyAsync(b->d_mask, b->h_mask,
-                                                mask_total,
-                                                cudaMemcpyHostToDevice,
-                                                b->stream));
-        if (status != BT_OK)
-            return status;
-    }
-
-    if (graph) {
-        cudaGraphExec_t exec;
-        int row = 0;
-
-        status = cuda_graph_get(b, &p, &exec);
-        if (status != BT_OK)
-            return status;
-        status = BT_CUDA_STATUS(cudaGraphLaunch(exec, b->stream));
-        if (status != BT_OK)
-            return status;
-        /* Copy back the rows of tokens that asked for logits, in runs. */
-        for (int s = 0; s < batch->n_seqs && logits; ) {
-            int s1 = s;
-            while (s1 < batch->n_seqs && batch->seqs[s1].n_logits == 1)
-                s1++;
-            if (s1 > s) {
-                status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                    logits + (size_t)row * b->mc.vocab_size,
-                    b->d_logits + (size_t)s * b->mc.vocab_size,
-                    (size_t)(s1 - s) * b->mc.vocab_size * sizeof(float),
-                    cudaMemcpyDeviceToHost, b->stream));
-                if (status != BT_OK)
-                    return status;
-                if (hidden) {
-                    status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                        hidden + (size_t)row * b->mc.dim,
-                        b->d_hidden + (size_t)s * b->mc.dim,
-                        (size_t)(s1 - s) * b->mc.dim * sizeof(float),
-                        cudaMemcpyDeviceToHost, b->stream));
-                    if (status != BT_OK)
-                        return status;
-                }
-                row += s1 - s;
-                s = s1;
-            } else {
-                s++;
-            }
-        }
-    } else {
-        p.h_logits = logits; /* NULL: logits stay on the device */
-        p.h_hidden = hidden;
-        status = cuda_enqueue(b, &p);
-        if (status != BT_OK) {
-            (void)cudaStreamSynchronize(b->stream);
-            return status;
-        }
-    }
-    return BT_CUDA_STATUS(cudaStreamSynchronize(b->stream));
+    if (b->tp == 1)
+        return cuda_rank_step(&b->ranks[0], &st);
+    for (int k = 0; k < b->tp; k++)
+        atomic_store(&b->ranks[k].ev_layer, -1);
+    b->op_step = &st;
+    status = backend_tp_crew_run(b->crew, cuda_rank_step_op, b);
+    b->op_step = NULL;
+    return status;
 }
 
 // ---------------------------------------------------------------------
 // KV pool access
 
-static void *cuda_kv_data(void *impl, int layer, int kv)
+static void *cuda_kv_data_rank(void *impl, int rank, int layer, int kv)
 {
     cuda_backend_t *b = impl;
+    cuda_rank_t *r = &b->ranks[rank];
     size_t bytes = cuda_layer_kv_elems(b) * b->kv.elem_size;
 
-    return (char *)(kv ? b->d_v : b->d_k) + (size_t)layer * bytes;
+    return (char *)(kv ? r->d_v : r->d_k) + (size_t)layer * bytes;
+}
+
+static void *cuda_kv_data(void *impl, int layer, int kv)
+{
+    return cuda_kv_data_rank(impl, 0, layer, kv);
+}
+
+/* Rank op: copies block op_i0 to block op_i1 in every layer. */
+static bt_status_t cuda_rank_kv_copy_block(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    size_t blk = (size_t)b->kv.block_size * b->kv_dim * b->kv.elem_size;
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status != BT_OK)
+        return status;
+    for (int l = 0; l < b->kv.n_layers; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            char *base = cuda_kv_data_rank(b, rank, l, kv);
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                base + (size_t)b->op_i1 * blk, base + (size_t)b->op_i0 * blk,
+                blk, cudaMemcpyDeviceToDevice, r->stream));
+            if (status != BT_OK)
+                return status;
+        }
+    }
+    return BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
 }
 
 static bt_status_t cuda_kv_copy_block(void *impl, int src_block,
                                       int dst_block)
 {
     cuda_backend_t *b = impl;
-    size_t blk = (size_t)b->kv.block_size * b->kv_dim * b->kv.elem_size;
-    bt_status_t status;
 
     if (src_block == dst_block)
         return BT_OK;
-    for (int l = 0; l < b->kv.n_layers; l++) {
-        for (int kv = 0; kv < 2; kv++) {
-            char *base = cuda_kv_data(b, l, kv);
-            status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                base + (size_t)dst_block * blk, base + (size_t)src_block * blk,
-                blk, cudaMemcpyDeviceToDevice, b->stream));
-            if (status != BT_OK)
-                return status;
-        }
+    b->op_i0 = src_block;
+    b->op_i1 = dst_block;
+    return cuda_each_rank(b, cuda_rank_kv_copy_block);
+}
+
+/* Rank op: op_i0 slot pairs (sources, then destinations, in h_meta) up
+ * through the rank's metadata buffer, one kernel for K and V of every
+ * layer. */
+static bt_status_t cuda_rank_kv_copy_slots(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    int n = b->op_i0;
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status != BT_OK)
+        return status;
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(r->d_meta, b->h_meta,
+                                            2 * (size_t)n * sizeof(int),
+                                            cudaMemcpyHostToDevice,
+                                            r->stream));
+    if (status == BT_OK)
+        status = cuda_kv_copy_slots(
+            r->d_k, r->d_v, b->kv.n_layers,
+            cuda_layer_kv_elems(b) * b->kv.elem_size,
+            (size_t)b->kv_dim * b->kv.elem_size, r->d_meta, r->d_meta + n, n,
+            r->stream);
+    if (status != BT_OK) {
+        (void)cudaStreamSynchronize(r->stream);
+        return status;
     }
-    return BT_CUDA_STATUS(cudaStreamSynchronize(b->stream));
+    return BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
 }
 
 /* backend_kv_copy_slots: slots up through the metadata buffer (free
- * between forwards), one kernel for K and V of every layer. */
+ * between forwards), on every rank's pool. */
 static bt_status_t cuda_kv_copy_slots_op(void *impl, int n,
                                          const int *src_slots,
                                          const int *dst_slots)
@@ -1089,21 +1784,102 @@ static bt_status_t cuda_kv_copy_slots_op(void *impl, int n,
         return status;
     memcpy(b->h_meta, src_slots, (size_t)n * sizeof(int));
     memcpy(b->h_meta + n, dst_slots, (size_t)n * sizeof(int));
-    status = BT_CUDA_STATUS(cudaMemcpyAsync(b->d_meta, b->h_meta,
-                                            2 * (size_t)n * sizeof(int),
-                                            cudaMemcpyHostToDevice,
-                                            b->stream));
-    if (status == BT_OK)
-        status = cuda_kv_copy_slots(
-            b->d_k, b->d_v, b->kv.n_layers,
-            cuda_layer_kv_elems(b) * b->kv.elem_size,
-            (size_t)b->kv_dim * b->kv.elem_size, b->d_meta, b->d_meta + n,
-            n, b->stream);
-    if (status != BT_OK) {
-        (void)cudaStreamSynchronize(b->stream);
+    b->op_i0 = n;
+    return cuda_each_rank(b, cuda_rank_kv_copy_slots);
+}
+
+// ---------------------------------------------------------------------
+// All-reduce benchmark (cuda_backend.h)
+
+/* Rank op: a graph of op_i0 all-reduces, replayed; rank 0 times it. */
+static bt_status_t cuda_rank_bench_ar(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    const int reps = 5;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    bt_status_t status, st2;
+    float ms = 0;
+
+    status = cuda_rank_enter(r);
+    if (status != BT_OK)
         return status;
-    }
-    return BT_CUDA_STATUS(cudaStreamSynchronize(b->stream));
+    status = BT_CUDA_STATUS(cudaMemsetAsync(r->d_x, 0, b->op_n * 4,
+                                            r->stream));
+    if (status != BT_OK)
+        return status;
+    status = BT_CUDA_STATUS(cudaStreamBeginCapture(
+        r->stream, cudaStreamCaptureModeThreadLocal));
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < b->op_i0 && status == BT_OK; i++)
+        status = b->op_custom
+                     ? cuda_allreduce_custom(&r->ar, b->op_n, r->stream)
+                     : cuda_nccl_allreduce_f32(b->nccl, r->comm, r->d_x,
+                                               b->op_n, r->stream);
+    st2 = BT_CUDA_STATUS(cudaStreamEndCapture(r->stream, &graph));
+    if (status == BT_OK)
+        status = st2;
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaGraphInstantiate(&exec, graph, 0));
+    if (status == BT_OK) /* warm-up */
+        status = BT_CUDA_STATUS(cudaGraphLaunch(exec, r->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&ev[0]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&ev[1]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(ev[0], r->stream));
+    for (int i = 0; i < reps && status == BT_OK; i++)
+        status = BT_CUDA_STATUS(cudaGraphLaunch(exec, r->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(ev[1], r->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventSynchronize(ev[1]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    if (status == BT_OK && rank == 0)
+        b->op_us = 1e3 * ms / ((double)reps * b->op_i0);
+    (void)cudaStreamSynchronize(r->stream);
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            cudaEventDestroy(ev[i]);
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    return status;
+}
+
+bt_status_t cuda_backend_bench_allreduce(backend_t *backend, const char *path,
+                                         size_t n_floats, int iters,
+                                         double *us_p)
+{
+    cuda_backend_t *b = backend__impl(backend);
+    bt_status_t status;
+
+    if (strcmp(backend_name(backend), "cuda") != 0 || b->tp < 2)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "the all-reduce benchmark needs the cuda backend "
+                        "with tp > 1");
+    b->op_custom = strcmp(path, "custom") == 0;
+    if ((b->op_custom && (!b->ar_custom_ok || n_floats % 4 != 0)) ||
+        (!b->op_custom && b->nccl == NULL))
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "all-reduce path %s is not available here", path);
+    if (n_floats == 0 || n_floats > (size_t)b->max_tok * b->mc.dim ||
+        iters < 1)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                        "all-reduce bench of %zu floats x %d", n_floats,
+                        iters);
+    b->op_n = n_floats;
+    b->op_i0 = iters;
+    status = backend_tp_crew_run(b->crew, cuda_rank_bench_ar, b);
+    if (status == BT_OK)
+        *us_p = b->op_us;
+    return status;
 }
 
 static const kv_layout_t *cuda_kv_layout(void *impl)
@@ -1121,4 +1897,5 @@ const backend_ops_t cuda_backend_ops = {
     .kv_copy_block = cuda_kv_copy_block,
     .kv_layout = cuda_kv_layout,
     .kv_copy_slots = cuda_kv_copy_slots_op,
+    .kv_data_rank = cuda_kv_data_rank,
 };

@@ -6,6 +6,9 @@
 #ifndef BT_WORKER_CUDA_CUDA_BACKEND_H
 #define BT_WORKER_CUDA_CUDA_BACKEND_H
 
+#include <stddef.h>
+
+#include "backend.h"
 #include "model/model.h"
 
 #ifdef __cplusplus
@@ -15,6 +18,16 @@ extern "C" {
 /* out[i] = theta^(-2i/head_dim) for i < head_dim/2, with the config's
  * LINEAR (divided by factor) or LLAMA3 (frequency-dependent) scaling. */
 void cuda__rope_inv_freq(const model_config_t *cfg, float *out);
+
+/* Benchmark of the tensor-parallel all-reduce of a cuda backend with
+ * tp > 1: every rank captures `iters` in-place all-reduces of n_floats of
+ * its residual buffer (path "nccl" or "custom", the peer-memory kernel)
+ * in a CUDA graph and replays it; *us_p = microseconds per call on rank
+ * 0.  Destroys the residual buffer's contents (run between forwards).
+ * BT_ERR_UNSUPPORTED when the path is not available. */
+bt_status_t cuda_backend_bench_allreduce(backend_t *backend, const char *path,
+                                         size_t n_floats, int iters,
+                                         double *us_p);
 
 #ifdef __cplusplus
 }

@@ -152,8 +152,7 @@ bt_status_t model_load_ex(const char *path, unsigned flags,
     if (path == NULL || model_p == NULL)
         return BT_ERROR(BT_ERR_INVALID_ARG, "MODEL", "model_load: NULL path");
     if (strncmp(path, "synth:", 6) == 0)
-        return model__load_synth(path, (flags & MODEL_LOAD_SYNTH_LAZY) != 0,
-                                 model_p);
+        return model__load_synth(path, flags, model_p);
     if (model_is_dir(path) || model_ends_with(path, ".json") ||
         model_ends_with(path, ".safetensors"))
         return model__load_hf(path, model_p);

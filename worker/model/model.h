@@ -114,6 +114,9 @@ bt_status_t model_load(const char *path, model_t **model_p);
 /* model_load flags. */
 #define MODEL_LOAD_SYNTH_LAZY 1u /* "synth:" models: shapes only, no host
                                     weights (see model_is_lazy) */
+#define MODEL_LOAD_SYNTH_LAZY_LARGE 2u /* the same for synth models of at
+                                    least 1 GiB of weights; smaller ones
+                                    are filled on the host as usual */
 
 /* model_load with flags (0 = model_load).  With MODEL_LOAD_SYNTH_LAZY a
  * synthesized model gets its tensor views (shapes, dtypes) but no host

@@ -67,7 +67,8 @@ int64_t model__tensor_numel(const model_tensor_t *t);
 /* Loaders and the synthesizer (model.c dispatches to them). */
 bt_status_t model__load_llama2c(const char *path, model_t **model_p);
 bt_status_t model__load_hf(const char *path, model_t **model_p);
-bt_status_t model__load_synth(const char *spec, bool lazy, model_t **model_p);
+bt_status_t model__load_synth(const char *spec, unsigned flags,
+                              model_t **model_p);
 
 /* Row permutation between the llama2.c adjacent-pair RoPE layout and the
  * Hugging Face half-split layout, for a q or k matrix of `n_heads` heads

@@ -443,8 +443,9 @@ bt_status_t model_synth_from_cfg_lazy(const model_config_t *cfg,
     return synth_build(cfg, arch, seed, dtype, true, model_p);
 }
 
+/* flags: MODEL_LOAD_SYNTH_LAZY*, see model.h (0: filled on the host). */
 static bt_status_t synth_create(const char *shape, uint64_t seed, int dtype,
-                                bool lazy, model_t **model_p)
+                                unsigned flags, model_t **model_p)
 {
     const synth_shape_t *s;
     model_config_t cfg;
@@ -457,14 +458,28 @@ static bt_status_t synth_create(const char *shape, uint64_t seed, int dtype,
     s = synth_find(shape);
     if (dtype == MODEL_SYNTH_DTYPE_DEFAULT)
         dtype = s->big ? MODEL_DTYPE_BF16 : MODEL_DTYPE_F32;
-    return synth_build(&cfg, arch, seed, (model_dtype_t)dtype, lazy,
-                       model_p);
+    if (flags & MODEL_LOAD_SYNTH_LAZY_LARGE) {
+        /* the arena size of the shape, without building it */
+        model_t *probe = NULL;
+        int n_jobs = 0;
+        bt_status_t st = model__create(cfg.n_layers, &probe);
+
+        if (st != BT_OK)
+            return st;
+        probe->cfg = cfg;
+        if (synth_layout(probe, (model_dtype_t)dtype, NULL, NULL, &n_jobs) >=
+            ((size_t)1 << 30))
+            flags |= MODEL_LOAD_SYNTH_LAZY;
+        model_destroy(&probe);
+    }
+    return synth_build(&cfg, arch, seed, (model_dtype_t)dtype,
+                       (flags & MODEL_LOAD_SYNTH_LAZY) != 0, model_p);
 }
 
 bt_status_t model_synth_create(const char *shape, uint64_t seed, int dtype,
                                model_t **model_p)
 {
-    return synth_create(shape, seed, dtype, false, model_p);
+    return synth_create(shape, seed, dtype, 0, model_p);
 }
 
 bt_status_t model_synth_from_config(const char *config_path, uint64_t seed,
@@ -521,7 +536,8 @@ out:
 }
 
 /* "synth:NAME" or "synth:NAME:SEED" (seed 0 by default). */
-bt_status_t model__load_synth(const char *spec, bool lazy, model_t **model_p)
+bt_status_t model__load_synth(const char *spec, unsigned flags,
+                              model_t **model_p)
 {
     char name[64];
     const char *rest = spec + strlen("synth:");
@@ -538,7 +554,8 @@ bt_status_t model__load_synth(const char *spec, bool lazy, model_t **model_p)
         return BT_ERROR(BT_ERR_INVALID_ARG, "MODEL",
                         "bad synth seed in \"%.100s\" (synth:NAME[:SEED])",
                         spec);
-    return synth_create(name, seed, MODEL_SYNTH_DTYPE_DEFAULT, lazy, model_p);
+    return synth_create(name, seed, MODEL_SYNTH_DTYPE_DEFAULT, flags,
+                        model_p);
 }
 
 // ----------------------------------------------------------------------------
