@@ -1,5 +1,6 @@
 /*
- * router_int.h - the router's private state: workers, requests, policy.
+ * router_int.h - the router's private state (workers, requests, policy)
+ * and the functions its files share (router.c lists the files).
  */
 #ifndef BT_ROUTER_ROUTER_INT_H
 #define BT_ROUTER_ROUTER_INT_H
@@ -7,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "bt_zmq.h"
 #include "proto_msg.h"
 #include "router.h"
 
@@ -216,5 +218,110 @@ struct router_s {
     uint64_t failed;
     uint64_t last_liveness_ns;
 };
+
+// ---------------------------------------------------------------------------
+// router_registry.c: the worker table
+
+/* The registered worker with ZeroMQ routing id name[0..len), or NULL. */
+router_worker_t *router__worker_by_name(router_t *r, const void *name,
+                                        size_t len);
+/* The registered worker with registration number uid, or NULL (uid 0:
+ * none). */
+router_worker_t *router__worker_by_uid(router_t *r, uint64_t uid);
+/* Forgets a worker's registration (the slot becomes free). */
+void router__worker_clear(router_worker_t *w);
+/* Removes a worker that died, left or went silent; its requests are
+ * re-queued. */
+void router__worker_drop(router_t *r, router_worker_t *w, const char *why);
+/* Marks silent workers, drops those past heartbeat_miss intervals. */
+void router__check_liveness(router_t *r, uint64_t now);
+/* True when a usable prefill-capable and a usable decode worker exist. */
+bool router__can_serve(router_t *r);
+/* The largest decode context and the smallest vocabulary registered (0:
+ * none known): limits checked at admission. */
+uint32_t router__cluster_max_context(router_t *r);
+uint32_t router__cluster_min_vocab(router_t *r);
+void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
+                         const Baton__Register *reg);
+void router__on_heartbeat(router_t *r, router_worker_t *w,
+                          const Baton__Heartbeat *hb);
+
+// ---------------------------------------------------------------------------
+// router_request.c: request objects, the admission queue, endings
+
+router_req_t *router__req_find(router_t *r, uint64_t id);
+router_req_t *router__req_find_client(router_t *r, const uint8_t *cid,
+                                      size_t cid_len, uint64_t rid);
+/* Links a new request (takes ownership) into the live list and hashes
+ * and queues it by priority. */
+void router__req_admit(router_t *r, router_req_t *req);
+/* Takes a request out of the admission queue (no-op when not queued). */
+void router__queue_remove(router_t *r, router_req_t *req);
+/* Gives back the prefill worker's share of a request's load. */
+void router__req_unassign_prefill(router_t *r, router_req_t *req);
+/* Unlinks and frees a request (req is invalid after the call). */
+void router__req_destroy(router_t *r, router_req_t *req);
+/* Tells the workers holding a request to forget it, by its state. */
+void router__req_release_workers(router_t *r, router_req_t *req);
+/* Ends a request with an error reply, releasing what workers hold. */
+void router__req_fail(router_t *r, router_req_t *req, Baton__ErrorCode code,
+                      const char *text);
+/* Puts a request back in the queue (worker failure counts against
+ * max_retries; over it the request fails). */
+void router__req_requeue(router_t *r, router_req_t *req, bool failure,
+                         uint64_t delay_ns);
+/* Ends a request with Finished(reason). */
+void router__req_complete(router_t *r, router_req_t *req,
+                          Baton__FinishReason reason);
+/* Appends ids sent to the client; false when out of memory. */
+bool router__req_append_generated(router_req_t *req, const int *ids, int n);
+/* Tokens the request's next prefill covers (an upper bound for text). */
+int router__req_prefill_tokens(const router_req_t *req);
+/* The stop ids a request's decode obeys (its own + the model's EOS);
+ * buf holds PROTO_MAX_STOP + ROUTER_MAX_EOS. */
+int router__req_stop_ids(const router_req_t *req, const router_worker_t *d,
+                         int *buf);
+/* Fails requests past their deadline or the queue timeout. */
+void router__check_deadlines(router_t *r, uint64_t now);
+
+// ---------------------------------------------------------------------------
+// router_flow.c: the request state machine
+
+/* Starts queued requests the policy finds workers for (KvReserve). */
+void router__dispatch(router_t *r);
+void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g);
+void router__on_prefill_done(router_t *r, router_worker_t *w,
+                             Baton__PrefillDone *done);
+void router__on_token_out(router_t *r, router_worker_t *w,
+                          const Baton__TokenOut *out);
+void router__on_task_error(router_t *r, router_worker_t *w,
+                           const Baton__TaskError *te);
+
+// ---------------------------------------------------------------------------
+// router_control.c: the worker socket
+
+/* Handles one message from the control socket (routing id + body). */
+void router__handle_control(router_t *r, bt_zmq_msg_t *zm);
+/* Sends msg to worker w (NULL: nothing); a failure is logged. */
+void router__send_control(router_t *r, const router_worker_t *w,
+                          Baton__ControlMessage *msg);
+void router__send_kv_release(router_t *r, router_worker_t *d, uint64_t id,
+                             uint64_t epoch);
+void router__send_cancel_task(router_t *r, router_worker_t *w, uint64_t id);
+
+// ---------------------------------------------------------------------------
+// router_client.c: the client socket
+
+/* Handles one message from the client socket (routing id + body). */
+void router__handle_client(router_t *r, bt_zmq_msg_t *zm);
+/* A TokenChunk of n ids (may be 0) from index, with optional text. */
+void router__send_chunk(router_t *r, router_req_t *req, int index,
+                        const int *ids, int n, const uint8_t *text,
+                        size_t text_len);
+/* Finished with usage and per-phase timings. */
+void router__send_finished(router_t *r, router_req_t *req,
+                           Baton__FinishReason reason);
+void router__send_req_error(router_t *r, router_req_t *req,
+                            Baton__ErrorCode code, const char *text);
 
 #endif /* BT_ROUTER_ROUTER_INT_H */

@@ -1,0 +1,125 @@
+/*
+ * router_control.c - the worker side of the router's sockets: decodes
+ * each control message, asks unknown workers to register again, and
+ * routes the rest to the registry (Register, Heartbeat, Drain, Shutdown)
+ * or the request state machine (KvGrant, PrefillDone, TokenOut,
+ * TaskError); and the small sends to one worker (KvRelease, CancelTask).
+ */
+#include <string.h>
+
+#include "bt_log.h"
+#include "bt_proto.h"
+#include "bt_util.h"
+#include "bt_zmq.h"
+#include "router_int.h"
+
+void router__send_control(router_t *r, const router_worker_t *w,
+                          Baton__ControlMessage *msg)
+{
+    if (w == NULL)
+        return;
+    if (proto_control_send(r->control_sock, w->name, strlen(w->name), msg) !=
+        BT_OK)
+        BT_LOG_WARN("NET", "cannot send %s to worker %s",
+                    proto_control_body_name(msg->body_case), w->name);
+}
+
+void router__send_kv_release(router_t *r, router_worker_t *d, uint64_t id,
+                             uint64_t epoch)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__KvRelease rel = BATON__KV_RELEASE__INIT;
+
+    rel.has_request_id = 1;
+    rel.request_id = id;
+    rel.has_epoch = 1;
+    rel.epoch = epoch;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RELEASE;
+    msg.kv_release = &rel;
+    router__send_control(r, d, &msg);
+}
+
+void router__send_cancel_task(router_t *r, router_worker_t *w, uint64_t id)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__CancelTask c = BATON__CANCEL_TASK__INIT;
+
+    c.has_request_id = 1;
+    c.request_id = id;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK;
+    msg.cancel_task = &c;
+    router__send_control(r, w, &msg);
+}
+
+void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
+{
+    const uint8_t *id;
+    size_t id_len;
+    Baton__ControlMessage *msg = NULL;
+    router_worker_t *w;
+    char err[256];
+    bt_status_t status;
+
+    if (zm->n_frames != 2 || zm->n_dropped != 0) {
+        BT_LOG_WARN("NET", "control message with %d frames dropped",
+                    zm->n_frames + zm->n_dropped);
+        return;
+    }
+    id = bt_zmq_frame_data(zm, 0);
+    id_len = bt_zmq_frame_size(zm, 0);
+    status = proto_control_decode(bt_zmq_frame_data(zm, 1),
+                                  bt_zmq_frame_size(zm, 1), &msg, err,
+                                  sizeof(err));
+    if (status != BT_OK) {
+        BT_LOG_WARN("NET", "control message dropped: %s", err);
+        proto_control_free(&msg);
+        return;
+    }
+    if (msg->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER) {
+        router__on_register(r, id, id_len, msg->register_);
+        goto out;
+    }
+    w = router__worker_by_name(r, id, id_len);
+    if (w == NULL) {
+        /* Unknown (dropped, or the router restarted): ask to register. */
+        Baton__ControlMessage reply = BATON__CONTROL_MESSAGE__INIT;
+        Baton__RegisterAck ack = BATON__REGISTER_ACK__INIT;
+        ack.has_reregister = 1;
+        ack.reregister = 1;
+        reply.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
+        reply.register_ack = &ack;
+        proto_control_send(r->control_sock, id, id_len, &reply);
+        goto out;
+    }
+    w->last_seen_ns = bt_time_ns();
+    switch (msg->body_case) {
+    case BATON__CONTROL_MESSAGE__BODY_HEARTBEAT:
+        router__on_heartbeat(r, w, msg->heartbeat);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_KV_GRANT:
+        router__on_kv_grant(r, w, msg->kv_grant);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE:
+        router__on_prefill_done(r, w, msg->prefill_done);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_TOKEN_OUT:
+        router__on_token_out(r, w, msg->token_out);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_TASK_ERROR:
+        router__on_task_error(r, w, msg->task_error);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_DRAIN:
+        BT_LOG_INFO("ROUTER", "worker %s is draining", w->name);
+        w->draining = true;
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
+        router__worker_drop(r, w, "left");
+        break;
+    default:
+        BT_LOG_WARN("NET", "unexpected %s from worker %s dropped",
+                    proto_control_body_name(msg->body_case), w->name);
+        break;
+    }
+out:
+    proto_control_free(&msg);
+}

@@ -1,0 +1,503 @@
+/*
+ * router_flow.c - the request state machine of the push model:
+ *   QUEUED     -> dispatch: the policy picks decode D and prefill P,
+ *                 KvReserve to D                          -> RESERVING
+ *   RESERVING  -> KvGrant: PrefillTask to P (transport chosen per
+ *                 pair); refused: back to the queue       -> PREFILLING
+ *   PREFILLING -> PrefillDone: the first token goes to the client at
+ *                 once (through the stop matcher), KvReady to D
+ *                                                         -> DECODING
+ *   DECODING   -> TokenOut: relayed by index (never twice) until the
+ *                 finish; TaskError fails the request.
+ * Worker failures send a request back to QUEUED (router_request.c).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_log.h"
+#include "bt_proto.h"
+#include "bt_util.h"
+#include "router_int.h"
+#include "stop.h"
+
+_Static_assert(ROUTER_STOP_HELD_MAX >= STOP_MAX_STRING_LEN,
+               "the router keeps any held-back stop text");
+
+void router__dispatch(router_t *r)
+{
+    uint64_t now = bt_time_ns();
+
+    for (int i = 0; i < r->n_queued;) {
+        router_req_t *req = r->queue[i];
+        router_worker_t *p, *d;
+        Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+        Baton__KvReserve res = BATON__KV_RESERVE__INIT;
+        int n_tokens, blocks;
+
+        if (req->retry_at_ns > now) {
+            i++;
+            continue;
+        }
+        n_tokens = router__req_prefill_tokens(req);
+        p = NULL;
+        d = NULL;
+        if (r->aggregate == 2) /* always: aggregated workers first */
+            d = r->policy->pick_decode(r, req, req->prompt_ids ? n_tokens : 1,
+                                       true);
+        if (d != NULL) {
+            p = d;
+        } else {
+            p = r->policy->pick_prefill(r, req);
+            if (p == NULL && r->aggregate >= 1) {
+                /* No prefill worker: a --role both decode worker
+                 * prefills its own request (aggregated mode). */
+                d = r->policy->pick_decode(
+                    r, req, req->prompt_ids ? n_tokens : 1, true);
+                p = d;
+            }
+            if (p == NULL)
+                return;
+            if (d == NULL)
+                d = r->policy->pick_decode(
+                    r, req, req->prompt_ids ? n_tokens : 1, false);
+        }
+        if (d == NULL)
+            return; /* head-of-line: keep priority order */
+        if (req->prompt_ids == NULL && d->max_context > 0)
+            n_tokens = BT_MIN(n_tokens, (int)d->max_context);
+        blocks = router__blocks_needed(d, n_tokens);
+        router__queue_remove(r, req); /* shifts queue[i+1..] down */
+        req->prefill_uid = p->uid;
+        req->decode_uid = d->uid;
+        req->task_tokens = (uint64_t)n_tokens;
+        req->reserved_blocks = blocks;
+        req->state = ROUTER_REQ_RESERVING;
+        p->outstanding += (uint64_t)n_tokens;
+        p->assigned++;
+        p->served++;
+        d->assigned++;
+        d->served++;
+        d->pending_reserve += blocks;
+        d->est_free_kv -= blocks;
+        res.has_request_id = 1;
+        res.request_id = req->id;
+        res.has_n_tokens = 1;
+        res.n_tokens = (uint32_t)n_tokens;
+        res.has_max_total_tokens = 1;
+        res.max_total_tokens = (uint32_t)BT_MIN(
+            (int64_t)n_tokens + req->max_tokens - req->n_generated,
+            (int64_t)UINT32_MAX);
+        /* Staged UCX: the decode worker reserves receive-area blocks
+         * with the device blocks (only then: they are scarce). */
+        if (router__choose_transport(p, d, r->kv_mode) ==
+            BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+            res.has_kv_stage = 1;
+            res.kv_stage = 1;
+        }
+        msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RESERVE;
+        msg.kv_reserve = &res;
+        router__send_control(r, d, &msg);
+        BT_LOG_DEBUG("ROUTER", "request %llu -> prefill %s, decode %s (%d "
+                     "tokens, %d blocks)", (unsigned long long)req->id,
+                     p->name, d->name, n_tokens, blocks);
+    }
+}
+
+static bool is_stop(const int *ids, int n, int tok)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] == tok)
+            return true;
+    return false;
+}
+
+/* True when the request's text goes through a stop-string matcher. */
+static bool req_matches_text(const router_req_t *req)
+{
+    return req->want_text && req->n_stop_strings > 0;
+}
+
+/* Runs the prefill-sampled token `tok` (its text text[0..len)) through
+ * the request's stop matcher (stop ids `stops` and its stop strings, as
+ * the decode worker builds it), continuing from the request's held-back
+ * text: empty at the first token, after a failover what the failed
+ * decode worker last reported.  So a stop string inside the first token,
+ * or one that starts there and ends in a later token, is found exactly
+ * as in `baton run`.  Writes the text to show now to `out` (bt_malloc'ed,
+ * the caller frees it), keeps the new held-back text in req, and sets
+ * *reason_p (STOP_NONE, STOP_EOS or STOP_STRING).  BT_ERR_NO_MEMORY, or
+ * BT_ERR_INVALID_ARG for stop strings the matcher refuses. */
+static bt_status_t req_stop_feed(router_req_t *req, const int *stops,
+                                 int n_stops, int tok, const uint8_t *text,
+                                 size_t len, char **out_p, size_t *out_len,
+                                 stop_reason_t *reason_p)
+{
+    char strs[STOP_MAX_STRINGS][STOP_MAX_STRING_LEN + 1];
+    stop_config_t cfg;
+    stop_t *stop = NULL;
+    const char *held;
+    size_t cap = len + req->n_stop_held + 1, n_held;
+    char *out;
+    bt_status_t status;
+
+    stop_config_init(&cfg);
+    cfg.max_tokens = INT32_MAX; /* the router counts tokens itself */
+    for (int i = 0; i < n_stops && cfg.n_ids < STOP_MAX_IDS; i++)
+        cfg.ids[cfg.n_ids++] = stops[i];
+    for (int i = 0; i < req->n_stop_strings && cfg.n_strings <
+                                                   STOP_MAX_STRINGS; i++) {
+        size_t slen = req->stop_strings[i].len;
+        if (slen == 0 || slen > STOP_MAX_STRING_LEN)
+            continue; /* skipped by the decode worker too */
+        memcpy(strs[cfg.n_strings], req->stop_strings[i].data, slen);
+        strs[cfg.n_strings][slen] = '\0';
+        cfg.strings[cfg.n_strings] = strs[cfg.n_strings];
+        cfg.n_strings++;
+    }
+    status = stop_create(&cfg, &stop);
+    if (status != BT_OK)
+        return status;
+    status = stop_prime(stop, req->stop_held, req->n_stop_held);
+    out = bt_malloc(cap, "router_stop_text");
+    if (status == BT_OK && out == NULL)
+        status = BT_ERR_NO_MEMORY;
+    if (status != BT_OK) {
+        bt_free(out);
+        stop_destroy(&stop);
+        return status;
+    }
+    *reason_p = stop_feed(stop, tok, (const char *)text, len, out, cap,
+                          out_len);
+    held = stop_held(stop, &n_held);
+    req->n_stop_held = BT_MIN(n_held, sizeof(req->stop_held));
+    memcpy(req->stop_held, held, req->n_stop_held);
+    stop_destroy(&stop);
+    *out_p = out;
+    return BT_OK;
+}
+
+void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__PrefillTask task = BATON__PREFILL_TASK__INIT;
+    router_req_t *req = router__req_find(r, g->request_id);
+    router_worker_t *p;
+    int stops[PROTO_MAX_STOP + ROUTER_MAX_EOS];
+    int *ids = NULL;
+    int n_ids = 0;
+
+    if (req == NULL || req->state != ROUTER_REQ_RESERVING ||
+        req->decode_uid != w->uid) {
+        if (g->ok) /* the request is gone or moved: free the blocks */
+            router__send_kv_release(r, w, g->request_id, g->epoch);
+        return;
+    }
+    w->pending_reserve -= req->reserved_blocks;
+    if (g->has_free_blocks)
+        w->est_free_kv = (int64_t)g->free_blocks - w->pending_reserve;
+    if (!g->ok) {
+        /* Pool full: wait for blocks (bounded by the queue timeout). */
+        if (!g->has_free_blocks)
+            w->est_free_kv = 0;
+        req->reserved_blocks = 0;
+        router__req_requeue(r, req, false, 20 * 1000000ull);
+        return;
+    }
+    req->state = ROUTER_REQ_PREFILLING; /* reserve counted no more */
+    req->epoch = g->epoch;
+    req->t_granted = bt_time_ns();
+    p = router__worker_by_uid(r, req->prefill_uid);
+    if (p == NULL || !router__worker_is_usable(p)) {
+        router__req_unassign_prefill(r, req);
+        p = r->policy->pick_prefill(r, req);
+        if (p == NULL && r->aggregate >= 1 && w->can_prefill)
+            p = w; /* aggregated: the decode worker prefills it */
+        if (p == NULL) {
+            router__send_kv_release(r, w, req->id, req->epoch);
+            req->state = ROUTER_REQ_RESERVING;
+            router__req_requeue(r, req, false, 20 * 1000000ull);
+            return;
+        }
+        req->prefill_uid = p->uid;
+        p->outstanding += req->task_tokens;
+        p->assigned++;
+    }
+    task.has_request_id = 1;
+    task.request_id = req->id;
+    if (req->prompt_ids != NULL) {
+        n_ids = req->n_prompt + req->n_generated;
+        ids = bt_malloc((size_t)n_ids * sizeof(int), "router_task_ids");
+        if (ids == NULL) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_INTERNAL,
+                             "out of memory");
+            return;
+        }
+        memcpy(ids, req->prompt_ids, (size_t)req->n_prompt * sizeof(int));
+        if (req->n_generated > 0) /* generated is NULL until then */
+            memcpy(ids + req->n_prompt, req->generated,
+                   (size_t)req->n_generated * sizeof(int));
+        task.n_prompt_ids = (size_t)n_ids;
+        task.prompt_ids = ids;
+    } else {
+        task.has_prompt_text = 1;
+        task.prompt_text.data = req->prompt_text;
+        task.prompt_text.len = req->text_len;
+    }
+    task.has_add_bos = 1;
+    task.add_bos = req->add_bos;
+    task.sampling = &req->sampling;
+    task.grant = g;
+    task.decode_name = w->name;
+    task.has_n_generated = 1;
+    task.n_generated = (uint32_t)req->n_generated;
+    task.n_stop_ids = (size_t)router__req_stop_ids(req, w, stops);
+    task.stop_ids = (int32_t *)stops;
+    task.has_ignore_eos = 1;
+    task.ignore_eos = req->ignore_eos;
+    task.has_max_tokens = 1;
+    task.max_tokens = (uint32_t)req->max_tokens;
+    /* Staged UCX needs the receive-area ids of this grant (the decode
+     * worker gives none when it was not asked or has no receiver). */
+    req->transport = router__choose_transport_ex(
+        p, w, r->kv_mode,
+        g->n_stage_block_ids > 0 && g->n_stage_block_ids == g->n_block_ids);
+    task.has_transport = 1;
+    task.transport = req->transport;
+    if (req->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) {
+        task.has_cuda_ipc = 1;
+        task.cuda_ipc.data = w->cipc_desc;
+        task.cuda_ipc.len = w->cipc_desc_len;
+    }
+    if (req->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+        task.has_kv_stage = 1;
+        task.kv_stage.data = w->stage_desc;
+        task.kv_stage.len = w->stage_desc_len;
+    }
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK;
+    msg.prefill_task = &task;
+    router__send_control(r, p, &msg);
+    req->t_prefill_sent = bt_time_ns();
+    bt_free(ids);
+}
+
+void router__on_prefill_done(router_t *r, router_worker_t *w,
+                             Baton__PrefillDone *done)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__KvReady ready = BATON__KV_READY__INIT;
+    router_req_t *req = router__req_find(r, done->request_id);
+    router_worker_t *d;
+    int stops[PROTO_MAX_STOP + ROUTER_MAX_EOS];
+    int n_stops, first, n_tokens;
+    int *tokens;
+    const uint8_t *text;
+    size_t text_len;
+    char *shown = NULL;
+    stop_reason_t reason;
+
+    if (req == NULL || req->state != ROUTER_REQ_PREFILLING ||
+        req->prefill_uid != w->uid)
+        return; /* late answer for a request that moved on */
+    d = router__worker_by_uid(r, req->decode_uid);
+    router__req_unassign_prefill(r, req);
+    if (!done->ok) {
+        Baton__ErrorCode code = done->has_error_code
+                                    ? done->error_code
+                                    : BATON__ERROR_CODE__ERROR_WORKER;
+        if (code == BATON__ERROR_CODE__ERROR_WORKER && d != NULL) {
+            /* The worker, not the request, failed: try again. */
+            router__send_kv_release(r, d, req->id, req->epoch);
+            router__req_requeue(r, req, true, 0);
+            return;
+        }
+        router__req_fail(r, req, code,
+                         done->error ? done->error : "prefill failed");
+        return;
+    }
+    if (d == NULL) { /* decode died meanwhile: prefill again */
+        router__req_requeue(r, req, true, 0);
+        return;
+    }
+    req->t_prefill_done = bt_time_ns();
+    req->transfer_us += done->transfer_us;
+    if (req->prompt_ids == NULL) {
+        if (done->n_prompt_ids == 0) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                             "prefill returned no prompt ids");
+            return;
+        }
+        req->prompt_ids = bt_malloc(done->n_prompt_ids * sizeof(int),
+                                    "router_prompt");
+        if (req->prompt_ids == NULL) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_INTERNAL,
+                             "no memory");
+            return;
+        }
+        memcpy(req->prompt_ids, done->prompt_ids,
+               done->n_prompt_ids * sizeof(int));
+        req->n_prompt = (int)done->n_prompt_ids;
+    }
+    first = done->first_token;
+    n_stops = router__req_stop_ids(req, d, stops);
+    text = req->want_text && done->has_first_text ? done->first_text.data
+                                                  : NULL;
+    text_len = text != NULL ? done->first_text.len : 0;
+    reason = is_stop(stops, n_stops, first) ? STOP_EOS : STOP_NONE;
+    if (req_matches_text(req)) {
+        /* The first token goes through the same matcher state as every
+         * later one (the decode worker continues from stop_held). */
+        bt_status_t status = req_stop_feed(req, stops, n_stops, first, text,
+                                           text_len, &shown, &text_len,
+                                           &reason);
+        if (status != BT_OK) {
+            router__req_fail(r, req,
+                             status == BT_ERR_NO_MEMORY
+                                 ? BATON__ERROR_CODE__ERROR_INTERNAL
+                                 : BATON__ERROR_CODE__ERROR_INVALID,
+                             "bad stop conditions");
+            return;
+        }
+        text = (const uint8_t *)shown;
+    }
+    if (reason == STOP_EOS) {
+        /* Not emitted; text a failed decode worker held back goes out. */
+        if (text_len > 0)
+            router__send_chunk(r, req, req->n_generated, NULL, 0, text,
+                               text_len);
+        bt_free(shown);
+        router__send_kv_release(r, d, req->id, req->epoch);
+        router__req_complete(r, req, BATON__FINISH_REASON__FINISH_STOP);
+        return;
+    }
+    if (!router__req_append_generated(req, &first, 1)) {
+        bt_free(shown);
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_INTERNAL,
+                         "no memory");
+        return;
+    }
+    if (reason == STOP_NONE && req->n_generated >= req->max_tokens &&
+        shown != NULL) {
+        /* The end: held-back text shows (text_len + held <= cap). */
+        memcpy(shown + text_len, req->stop_held, req->n_stop_held);
+        text_len += req->n_stop_held;
+        req->n_stop_held = 0;
+    }
+    router__send_chunk(r, req, req->n_generated - 1, &first, 1, text, text_len);
+    bt_free(shown);
+    if (reason == STOP_STRING || req->n_generated >= req->max_tokens) {
+        router__send_kv_release(r, d, req->id, req->epoch);
+        router__req_complete(r, req,
+                             reason == STOP_STRING
+                                 ? BATON__FINISH_REASON__FINISH_STOP
+                                 : BATON__FINISH_REASON__FINISH_LENGTH);
+        return;
+    }
+    n_tokens = req->n_prompt + req->n_generated;
+    tokens = bt_malloc((size_t)n_tokens * sizeof(int), "router_ready");
+    if (tokens == NULL) {
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_INTERNAL,
+                         "no memory");
+        return;
+    }
+    memcpy(tokens, req->prompt_ids, (size_t)req->n_prompt * sizeof(int));
+    memcpy(tokens + req->n_prompt, req->generated,
+           (size_t)req->n_generated * sizeof(int));
+    ready.has_request_id = 1;
+    ready.request_id = req->id;
+    ready.has_epoch = 1;
+    ready.epoch = req->epoch;
+    ready.n_tokens = (size_t)n_tokens;
+    ready.tokens = tokens;
+    ready.has_n_prompt = 1;
+    ready.n_prompt = (uint32_t)req->n_prompt;
+    ready.has_n_generated = 1;
+    ready.n_generated = (uint32_t)req->n_generated;
+    ready.sampling = &req->sampling;
+    ready.has_max_tokens = 1;
+    ready.max_tokens = (uint32_t)req->max_tokens;
+    ready.n_stop_ids = (size_t)n_stops;
+    ready.stop_ids = (int32_t *)stops;
+    ready.has_ignore_eos = 1;
+    ready.ignore_eos = req->ignore_eos;
+    ready.has_want_text = 1;
+    ready.want_text = req->want_text;
+    ready.n_kv_inline = done->n_kv_inline; /* forwarded without a copy */
+    ready.kv_inline = done->kv_inline;
+    ready.has_spec_feature = done->has_spec_feature; /* EAGLE hand-off */
+    ready.spec_feature = done->spec_feature;
+    ready.n_stop_strings = (size_t)req->n_stop_strings;
+    ready.stop_strings = req->stop_strings;
+    if (req->n_stop_held > 0) {
+        ready.has_stop_held = 1;
+        ready.stop_held.data = (uint8_t *)req->stop_held;
+        ready.stop_held.len = req->n_stop_held;
+    }
+    ready.has_transport = 1;
+    ready.transport = done->n_kv_inline > 0
+                          ? BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE
+                          : req->transport;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_READY;
+    msg.kv_ready = &ready;
+    router__send_control(r, d, &msg);
+    req->state = ROUTER_REQ_DECODING;
+    bt_free(tokens);
+}
+
+void router__on_token_out(router_t *r, router_worker_t *w,
+                          const Baton__TokenOut *out)
+{
+    router_req_t *req = router__req_find(r, out->request_id);
+    int skip, n;
+
+    if (req == NULL || req->state != ROUTER_REQ_DECODING ||
+        req->decode_uid != w->uid)
+        return; /* from a worker the request left: never relayed twice */
+    skip = req->n_generated - (int)out->index;
+    if (skip < 0) {
+        BT_LOG_WARN("ROUTER", "request %llu: token gap (have %d, got index "
+                    "%u)", (unsigned long long)req->id, req->n_generated,
+                    out->index);
+        skip = 0;
+    }
+    n = (int)out->n_ids - skip;
+    /* The decode worker's matcher state, for a failover. */
+    req->n_stop_held = 0;
+    if (out->has_stop_held && out->stop_held.len < sizeof(req->stop_held)) {
+        memcpy(req->stop_held, out->stop_held.data, out->stop_held.len);
+        req->n_stop_held = out->stop_held.len;
+    }
+    if (n <= 0 && skip == 0 && out->has_text && out->text.len > 0)
+        /* No ids, only text (held back until a stop id ended it). */
+        router__send_chunk(r, req, req->n_generated, NULL, 0, out->text.data,
+                           out->text.len);
+    if (n > 0) {
+        int index = req->n_generated;
+        if (!router__req_append_generated(req, out->ids + skip, n)) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_INTERNAL,
+                             "no memory");
+            return;
+        }
+        /* Text of a partly duplicated chunk cannot be split: drop it. */
+        router__send_chunk(r, req, index, out->ids + skip, n,
+                           skip == 0 && out->has_text ? out->text.data : NULL,
+                           out->text.len);
+    }
+    if (out->has_finish && out->finish != BATON__FINISH_REASON__FINISH_NONE)
+        router__req_complete(r, req, out->finish);
+}
+
+void router__on_task_error(router_t *r, router_worker_t *w,
+                           const Baton__TaskError *te)
+{
+    router_req_t *req = router__req_find(r, te->request_id);
+
+    if (req == NULL ||
+        (req->prefill_uid != w->uid && req->decode_uid != w->uid))
+        return;
+    if (req->state == ROUTER_REQ_DECODING && req->decode_uid == w->uid)
+        req->state = ROUTER_REQ_QUEUED; /* the decode already dropped it */
+    router__req_fail(r, req,
+                     te->has_code ? te->code : BATON__ERROR_CODE__ERROR_WORKER,
+                     te->message ? te->message : "worker error");
+}

@@ -1,0 +1,326 @@
+/*
+ * router_registry.c - the worker table: Register (role, limits, host,
+ * GPU, KV pool descriptors), heartbeats (free KV, draining), liveness
+ * (silent after 3 intervals, dropped after heartbeat_miss; a dropped
+ * worker's requests are re-queued), and the KV peer lists sent to
+ * prefill workers whenever decode pools come or go.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_log.h"
+#include "bt_proto.h"
+#include "bt_util.h"
+#include "router_int.h"
+
+router_worker_t *router__worker_by_name(router_t *r, const void *name,
+                                        size_t len)
+{
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        router_worker_t *w = &r->workers[i];
+        if (w->used && strlen(w->name) == len && memcmp(w->name, name, len) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+router_worker_t *router__worker_by_uid(router_t *r, uint64_t uid)
+{
+    if (uid == 0)
+        return NULL;
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (r->workers[i].used && r->workers[i].uid == uid)
+            return &r->workers[i];
+    return NULL;
+}
+
+/* Sends prefill worker `to` (or every prefill worker when NULL) the UCX
+ * pools of all registered decode workers, so it connects ahead of the
+ * first hand-off and drops endpoints of decode workers that are gone. */
+static void send_kv_peers(router_t *r, const router_worker_t *to)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__KvPeers kp = BATON__KV_PEERS__INIT;
+    Baton__UcxDescriptor descs[ROUTER_MAX_WORKERS];
+    Baton__UcxDescriptor *ptrs[ROUTER_MAX_WORKERS];
+    ProtobufCBinaryData cipc[ROUTER_MAX_WORKERS];
+    ProtobufCBinaryData stage[ROUTER_MAX_WORKERS];
+    size_t n = 0, n_cipc = 0, n_stage = 0;
+
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        const router_worker_t *d = &r->workers[i];
+        if (!d->used || d->role != BATON__ROLE__ROLE_DECODE)
+            continue;
+        if (d->cipc_desc != NULL) {
+            cipc[n_cipc].data = d->cipc_desc;
+            cipc[n_cipc].len = d->cipc_desc_len;
+            n_cipc++;
+        }
+        if (d->stage_desc != NULL) {
+            stage[n_stage].data = d->stage_desc;
+            stage[n_stage].len = d->stage_desc_len;
+            n_stage++;
+        }
+        if (d->ucx_desc == NULL)
+            continue;
+        baton__ucx_descriptor__init(&descs[n]);
+        descs[n].has_packed = 1;
+        descs[n].packed.data = d->ucx_desc;
+        descs[n].packed.len = d->ucx_desc_len;
+        ptrs[n] = &descs[n];
+        n++;
+    }
+    kp.n_pools = n;
+    kp.pools = ptrs;
+    kp.n_cuda_ipc = n_cipc;
+    kp.cuda_ipc = cipc;
+    kp.n_kv_stage = n_stage;
+    kp.kv_stage = stage;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_PEERS;
+    msg.kv_peers = &kp;
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        const router_worker_t *p = &r->workers[i];
+        if (p->used && p->role == BATON__ROLE__ROLE_PREFILL &&
+            (to == NULL || to == p))
+            router__send_control(r, p, &msg);
+    }
+}
+
+/* Forgets a worker's registration (the slot becomes free). */
+void router__worker_clear(router_worker_t *w)
+{
+    bt_free(w->ucx_desc);
+    bt_free(w->cipc_desc);
+    bt_free(w->stage_desc);
+    memset(w, 0, sizeof(*w));
+}
+
+/* Removes a worker that died, left or went silent; its requests are
+ * re-queued (prefill again elsewhere; decode: prompt + streamed tokens
+ * on another decode worker). */
+void router__worker_drop(router_t *r, router_worker_t *w, const char *why)
+{
+    router_req_t *req, *next;
+    bool had_pool;
+
+    BT_LOG_WARN("ROUTER", "worker %s (%s) dropped: %s", w->name,
+                w->role == BATON__ROLE__ROLE_PREFILL ? "prefill" : "decode",
+                why);
+    for (req = r->all_head; req != NULL; req = next) {
+        next = req->all_next;
+        /* Decode first: an aggregated worker is both of a request's. */
+        if (req->decode_uid == w->uid) {
+            if (req->state == ROUTER_REQ_PREFILLING &&
+                req->prefill_uid != w->uid)
+                router__send_cancel_task(
+                    r, router__worker_by_uid(r, req->prefill_uid), req->id);
+            router__req_requeue(r, req, true, 0);
+        } else if (req->prefill_uid == w->uid) {
+            if (req->state == ROUTER_REQ_RESERVING) {
+                router__req_unassign_prefill(r,
+                                             req); /* picked again at grant */
+            } else if (req->state == ROUTER_REQ_PREFILLING) {
+                router__send_kv_release(
+                    r, router__worker_by_uid(r, req->decode_uid), req->id,
+                    req->epoch);
+                router__req_requeue(r, req, true, 0);
+            }
+        }
+    }
+    had_pool = w->ucx_desc != NULL || w->cipc_desc != NULL ||
+               w->stage_desc != NULL;
+    router__worker_clear(w);
+    if (had_pool)
+        send_kv_peers(r, NULL);
+}
+
+void router__check_liveness(router_t *r, uint64_t now)
+{
+    uint64_t limit = (uint64_t)r->cfg.heartbeat_ms * 1000000ull *
+                     (uint64_t)r->cfg.heartbeat_miss;
+
+    uint64_t quiet = (uint64_t)r->cfg.heartbeat_ms * 1000000ull * 3;
+
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        router_worker_t *w = &r->workers[i];
+        if (!w->used)
+            continue;
+        w->silent = now - w->last_seen_ns > quiet;
+        if (now - w->last_seen_ns > limit)
+            router__worker_drop(r, w, "missed heartbeats");
+    }
+}
+
+static bool have_role(router_t *r, Baton__Role role)
+{
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (router__worker_is_usable(&r->workers[i]) &&
+            r->workers[i].role == role)
+            return true;
+    return false;
+}
+
+static bool have_aggregated(router_t *r)
+{
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (router__worker_is_usable(&r->workers[i]) &&
+            r->workers[i].can_prefill)
+            return true;
+    return false;
+}
+
+bool router__can_serve(router_t *r)
+{
+    return (have_role(r, BATON__ROLE__ROLE_PREFILL) || have_aggregated(r)) &&
+           have_role(r, BATON__ROLE__ROLE_DECODE);
+}
+
+uint32_t router__cluster_max_context(router_t *r)
+{
+    uint32_t best = 0;
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (r->workers[i].used &&
+            r->workers[i].role == BATON__ROLE__ROLE_DECODE)
+            best = BT_MAX(best, r->workers[i].max_context);
+    return best;
+}
+
+uint32_t router__cluster_min_vocab(router_t *r)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (r->workers[i].used && r->workers[i].vocab_size > 0 &&
+            (v == 0 || r->workers[i].vocab_size < v))
+            v = r->workers[i].vocab_size;
+    return v;
+}
+
+void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
+                         const Baton__Register *reg)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__RegisterAck ack = BATON__REGISTER_ACK__INIT;
+    router_worker_t *w;
+
+    if (id_len == 0 || id_len >= ROUTER_NAME_MAX ||
+        (reg->role != BATON__ROLE__ROLE_PREFILL &&
+         reg->role != BATON__ROLE__ROLE_DECODE)) {
+        BT_LOG_WARN("ROUTER", "bad registration dropped (role %d, id %zu "
+                    "bytes)", (int)reg->role, id_len);
+        return;
+    }
+    w = router__worker_by_name(r, id, id_len);
+    if (w != NULL && w->role != reg->role)
+        router__worker_drop(r, w, "re-registered with another role");
+    w = router__worker_by_name(r, id, id_len);
+    if (w == NULL) {
+        for (int i = 0; i < ROUTER_MAX_WORKERS && w == NULL; i++)
+            if (!r->workers[i].used)
+                w = &r->workers[i];
+        if (w == NULL) {
+            BT_LOG_WARN("ROUTER", "registry full; worker refused");
+            return;
+        }
+        router__worker_clear(w);
+        w->used = true;
+        w->uid = ++r->next_worker_uid;
+        memcpy(w->name, id, id_len);
+        w->name[id_len] = '\0';
+    }
+    w->role = reg->role;
+    w->last_seen_ns = bt_time_ns();
+    w->vocab_size = reg->vocab_size;
+    w->max_context = reg->max_context;
+    w->draining = false;
+    if (reg->kv_layout != NULL) {
+        w->block_size = reg->kv_layout->block_size;
+        w->total_kv = reg->kv_layout->n_blocks;
+        w->hb_free_kv = w->total_kv;
+        w->est_free_kv = (int64_t)w->total_kv - w->pending_reserve;
+    }
+    w->n_eos = (int)BT_MIN(reg->n_eos_ids, (size_t)ROUTER_MAX_EOS);
+    for (int i = 0; i < w->n_eos; i++)
+        w->eos_ids[i] = reg->eos_ids[i];
+    bt_free(w->ucx_desc);
+    w->ucx_desc = NULL;
+    w->ucx_desc_len = 0;
+    bt_free(w->cipc_desc);
+    w->cipc_desc = NULL;
+    w->cipc_desc_len = 0;
+    bt_free(w->stage_desc);
+    w->stage_desc = NULL;
+    w->stage_desc_len = 0;
+    w->can_prefill = w->role == BATON__ROLE__ROLE_DECODE && reg->can_prefill;
+    w->transports = 0;
+    for (size_t i = 0; i < reg->n_transports; i++)
+        if ((unsigned)reg->transports[i] < 32)
+            w->transports |= 1u << (unsigned)reg->transports[i];
+    snprintf(w->host_id, sizeof(w->host_id), "%s",
+             reg->host_id != NULL ? reg->host_id : "");
+    w->has_gpu = reg->gpu != NULL;
+    w->gpu_ipc = reg->gpu != NULL && reg->gpu->ipc;
+    w->gpu_device = reg->gpu != NULL ? reg->gpu->device_index : -1;
+    snprintf(w->gpu_bus, sizeof(w->gpu_bus), "%s",
+             reg->gpu != NULL && reg->gpu->pci_bus_id != NULL
+                 ? reg->gpu->pci_bus_id : "");
+    if (w->role == BATON__ROLE__ROLE_DECODE && reg->has_cuda_ipc &&
+        reg->cuda_ipc.len > 0 && reg->cuda_ipc.len <= ROUTER_MAX_DESC_BYTES) {
+        w->cipc_desc = bt_malloc(reg->cuda_ipc.len, "router_desc");
+        if (w->cipc_desc != NULL) {
+            memcpy(w->cipc_desc, reg->cuda_ipc.data, reg->cuda_ipc.len);
+            w->cipc_desc_len = reg->cuda_ipc.len;
+        }
+    }
+    if (w->role == BATON__ROLE__ROLE_DECODE && reg->has_kv_stage &&
+        reg->kv_stage.len > 0 && reg->kv_stage.len <= ROUTER_MAX_DESC_BYTES) {
+        /* Opaque here too; the prefill worker validates it. */
+        w->stage_desc = bt_malloc(reg->kv_stage.len, "router_desc");
+        if (w->stage_desc != NULL) {
+            memcpy(w->stage_desc, reg->kv_stage.data, reg->kv_stage.len);
+            w->stage_desc_len = reg->kv_stage.len;
+        }
+    }
+    if (w->role == BATON__ROLE__ROLE_DECODE && reg->ucx != NULL &&
+        reg->ucx->has_packed && reg->ucx->packed.len > 0 &&
+        reg->ucx->packed.len <= ROUTER_MAX_DESC_BYTES) {
+        /* Opaque here; each prefill worker validates it. */
+        w->ucx_desc = bt_malloc(reg->ucx->packed.len, "router_desc");
+        if (w->ucx_desc != NULL) {
+            memcpy(w->ucx_desc, reg->ucx->packed.data, reg->ucx->packed.len);
+            w->ucx_desc_len = reg->ucx->packed.len;
+        }
+    }
+    BT_LOG_INFO("ROUTER", "worker %s registered: %s, vocab %u, context %u, "
+                "kv %u x %u, host %s%s%s", w->name,
+                w->role == BATON__ROLE__ROLE_PREFILL ? "prefill"
+                : w->can_prefill ? "decode+prefill" : "decode",
+                w->vocab_size, w->max_context, w->total_kv, w->block_size,
+                w->host_id[0] ? w->host_id : "?",
+                w->has_gpu ? ", gpu " : "", w->gpu_bus);
+    ack.has_heartbeat_ms = 1;
+    ack.heartbeat_ms = (uint32_t)r->cfg.heartbeat_ms;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
+    msg.register_ack = &ack;
+    router__send_control(r, w, &msg);
+    if (w->role == BATON__ROLE__ROLE_PREFILL)
+        send_kv_peers(r, w);
+    else if (w->ucx_desc != NULL || w->cipc_desc != NULL ||
+             w->stage_desc != NULL)
+        send_kv_peers(r, NULL);
+}
+
+void router__on_heartbeat(router_t *r, router_worker_t *w,
+                          const Baton__Heartbeat *hb)
+{
+    if (w->role == BATON__ROLE__ROLE_DECODE) {
+        w->hb_free_kv = hb->free_kv_blocks;
+        w->total_kv = hb->total_kv_blocks;
+        w->est_free_kv = (int64_t)hb->free_kv_blocks - w->pending_reserve;
+    }
+    w->hb_running = hb->running;
+    if (hb->draining && !w->draining) {
+        BT_LOG_INFO("ROUTER", "worker %s is draining", w->name);
+        w->draining = true;
+    }
+}

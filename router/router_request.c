@@ -1,0 +1,293 @@
+/*
+ * router_request.c - request objects: lookup by router id and by
+ * (client, client request id), the admission queue (priority order,
+ * retries in front), what a request holds on workers and how it lets go
+ * (release, fail, re-queue after a worker failure, complete), and
+ * deadlines and queue timeouts.
+ */
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_log.h"
+#include "bt_proto.h"
+#include "bt_util.h"
+#include "router_int.h"
+
+static size_t client_bucket(const uint8_t *id, size_t len, uint64_t rid)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ id[i]) * 1099511628211ull;
+    h ^= rid * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h % ROUTER_HASH_BUCKETS);
+}
+
+router_req_t *router__req_find(router_t *r, uint64_t id)
+{
+    for (router_req_t *q = r->by_id[id % ROUTER_HASH_BUCKETS]; q; q = q->id_next)
+        if (q->id == id)
+            return q;
+    return NULL;
+}
+
+router_req_t *router__req_find_client(router_t *r, const uint8_t *cid,
+                                      size_t cid_len, uint64_t rid)
+{
+    size_t b = client_bucket(cid, cid_len, rid);
+    for (router_req_t *q = r->by_client[b]; q; q = q->cl_next)
+        if (q->client_rid == rid && q->client_id_len == cid_len &&
+            memcmp(q->client_id, cid, cid_len) == 0)
+            return q;
+    return NULL;
+}
+
+void router__queue_remove(router_t *r, router_req_t *req)
+{
+    if (!req->queued)
+        return;
+    for (int i = 0; i < r->n_queued; i++) {
+        if (r->queue[i] == req) {
+            memmove(&r->queue[i], &r->queue[i + 1],
+                    (size_t)(r->n_queued - i - 1) * sizeof(r->queue[0]));
+            r->n_queued--;
+            break;
+        }
+    }
+    req->queued = false;
+}
+
+/* Inserts by priority (higher first); `front` puts it ahead of requests
+ * of equal priority (retries keep their place).  The array holds every
+ * live request, so it never overflows. */
+static void queue_insert(router_t *r, router_req_t *req, bool front)
+{
+    int at = r->n_queued;
+
+    BT_ASSERT(!req->queued && r->n_queued < r->n_live + 1);
+    while (at > 0) {
+        router_req_t *p = r->queue[at - 1];
+        if (p->priority > req->priority ||
+            (!front && p->priority == req->priority))
+            break;
+        at--;
+    }
+    memmove(&r->queue[at + 1], &r->queue[at],
+            (size_t)(r->n_queued - at) * sizeof(r->queue[0]));
+    r->queue[at] = req;
+    r->n_queued++;
+    req->queued = true;
+}
+
+void router__req_admit(router_t *r, router_req_t *req)
+{
+    size_t b;
+
+    req->all_next = r->all_head;
+    if (r->all_head)
+        r->all_head->all_prev = req;
+    r->all_head = req;
+    r->n_live++;
+    req->id_next = r->by_id[req->id % ROUTER_HASH_BUCKETS];
+    r->by_id[req->id % ROUTER_HASH_BUCKETS] = req;
+    b = client_bucket(req->client_id, req->client_id_len, req->client_rid);
+    req->cl_next = r->by_client[b];
+    r->by_client[b] = req;
+    queue_insert(r, req, false);
+}
+
+void router__req_unassign_prefill(router_t *r, router_req_t *req)
+{
+    router_worker_t *p = router__worker_by_uid(r, req->prefill_uid);
+
+    if (p != NULL) {
+        p->outstanding -= BT_MIN(p->outstanding, req->task_tokens);
+        if (p->assigned > 0)
+            p->assigned--;
+    }
+    req->prefill_uid = 0;
+}
+
+static void req_unassign_decode(router_t *r, router_req_t *req)
+{
+    router_worker_t *d = router__worker_by_uid(r, req->decode_uid);
+
+    if (d != NULL) {
+        if (req->state == ROUTER_REQ_RESERVING)
+            d->pending_reserve -= req->reserved_blocks;
+        if (d->assigned > 0)
+            d->assigned--;
+    }
+    req->decode_uid = 0;
+    req->reserved_blocks = 0;
+}
+
+void router__req_destroy(router_t *r, router_req_t *req)
+{
+    router_req_t **pp;
+
+    router__queue_remove(r, req);
+    router__req_unassign_prefill(r, req);
+    req_unassign_decode(r, req);
+    for (pp = &r->by_id[req->id % ROUTER_HASH_BUCKETS]; *pp; pp = &(*pp)->id_next)
+        if (*pp == req) {
+            *pp = req->id_next;
+            break;
+        }
+    for (pp = &r->by_client[client_bucket(req->client_id, req->client_id_len,
+                                          req->client_rid)];
+         *pp; pp = &(*pp)->cl_next)
+        if (*pp == req) {
+            *pp = req->cl_next;
+            break;
+        }
+    if (req->all_prev)
+        req->all_prev->all_next = req->all_next;
+    else
+        r->all_head = req->all_next;
+    if (req->all_next)
+        req->all_next->all_prev = req->all_prev;
+    r->n_live--;
+    bt_free(req->prompt_ids);
+    bt_free(req->prompt_text);
+    bt_free(req->stop_ids);
+    for (int i = 0; i < req->n_stop_strings; i++)
+        bt_free(req->stop_strings[i].data);
+    bt_free(req->stop_strings);
+    bt_free(req->generated);
+    bt_free(req);
+}
+
+/* Tells the workers holding a request to forget it, according to its
+ * state.  A grant still in flight is released when it arrives (the
+ * request is gone by then). */
+void router__req_release_workers(router_t *r, router_req_t *req)
+{
+    router_worker_t *p = router__worker_by_uid(r, req->prefill_uid);
+    router_worker_t *d = router__worker_by_uid(r, req->decode_uid);
+
+    switch (req->state) {
+    case ROUTER_REQ_QUEUED:
+    case ROUTER_REQ_RESERVING:
+        break;
+    case ROUTER_REQ_PREFILLING:
+        if (p != NULL)
+            router__send_cancel_task(r, p, req->id);
+        if (d != NULL)
+            router__send_kv_release(r, d, req->id, req->epoch);
+        break;
+    case ROUTER_REQ_DECODING:
+        if (d != NULL)
+            router__send_cancel_task(r, d, req->id);
+        break;
+    }
+}
+
+/* Ends a request with an error reply, releasing what workers hold. */
+void router__req_fail(router_t *r, router_req_t *req, Baton__ErrorCode code,
+                      const char *text)
+{
+    BT_LOG_INFO("ROUTER", "request %llu failed: %s",
+                (unsigned long long)req->id, text);
+    router__req_release_workers(r, req);
+    router__send_req_error(r, req, code, text);
+    r->failed++;
+    router__req_destroy(r, req);
+}
+
+/* Puts a request back in the queue after a worker failure or a refused
+ * reservation.  `failure` counts against max_retries. */
+void router__req_requeue(router_t *r, router_req_t *req, bool failure,
+                         uint64_t delay_ns)
+{
+    router__req_unassign_prefill(r, req);
+    req_unassign_decode(r, req);
+    req->state = ROUTER_REQ_QUEUED;
+    req->epoch = 0;
+    if (failure) {
+        req->retries++;
+        if (req->retries > r->cfg.max_retries) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                             "worker failures exceeded the retry limit");
+            return;
+        }
+        BT_LOG_INFO("ROUTER", "request %llu re-queued after worker failure "
+                    "(%d tokens streamed, retry %d)",
+                    (unsigned long long)req->id, req->n_generated,
+                    req->retries);
+    }
+    req->retry_at_ns = bt_time_ns() + delay_ns;
+    queue_insert(r, req, true);
+}
+
+void router__req_complete(router_t *r, router_req_t *req,
+                          Baton__FinishReason reason)
+{
+    router__send_finished(r, req, reason);
+    r->completed++;
+    router__req_destroy(r, req);
+}
+
+bool router__req_append_generated(router_req_t *req, const int *ids, int n)
+{
+    if (req->n_generated + n > req->cap_generated) {
+        int cap = BT_MAX(req->cap_generated * 2, req->n_generated + n + 16);
+        int *g = bt_realloc(req->generated, (size_t)cap * sizeof(int),
+                            "router_generated");
+        if (g == NULL)
+            return false;
+        req->generated = g;
+        req->cap_generated = cap;
+    }
+    memcpy(req->generated + req->n_generated, ids, (size_t)n * sizeof(int));
+    req->n_generated += n;
+    return true;
+}
+
+/* Tokens the request's next prefill covers: prompt plus what was already
+ * streamed (resume), or an upper bound for a text prompt not yet
+ * tokenized (every byte at most one token, plus BOS and the dummy
+ * prefix). */
+int router__req_prefill_tokens(const router_req_t *req)
+{
+    if (req->prompt_ids != NULL)
+        return req->n_prompt + req->n_generated;
+    return (int)BT_MIN(req->text_len + 2, (size_t)PROTO_MAX_PROMPT_TOKENS);
+}
+
+/* The stop ids a request's decode obeys: its own plus, unless ignore_eos,
+ * the model's EOS ids (as `baton run`).  `buf` holds PROTO_MAX_STOP +
+ * ROUTER_MAX_EOS ids. */
+int router__req_stop_ids(const router_req_t *req, const router_worker_t *d,
+                         int *buf)
+{
+    int n = 0;
+
+    for (int i = 0; i < req->n_stop; i++)
+        buf[n++] = req->stop_ids[i];
+    if (!req->ignore_eos && d != NULL)
+        for (int i = 0; i < d->n_eos; i++)
+            buf[n++] = d->eos_ids[i];
+    return n;
+}
+
+void router__check_deadlines(router_t *r, uint64_t now)
+{
+    router_req_t *req, *next;
+    uint64_t qt = (uint64_t)r->cfg.queue_timeout_ms * 1000000ull;
+
+    for (req = r->all_head; req != NULL; req = next) {
+        next = req->all_next;
+        if (req->deadline_ns != 0 && now > req->deadline_ns) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_TIMEOUT,
+                             "deadline exceeded");
+        } else if (req->state == ROUTER_REQ_QUEUED &&
+                   now - req->t_arrival > qt) {
+            bool workers = router__can_serve(r);
+            router__req_fail(r, req,
+                             workers ? BATON__ERROR_CODE__ERROR_TIMEOUT
+                                     : BATON__ERROR_CODE__ERROR_NO_WORKERS,
+                             workers ? "no capacity within the queue timeout"
+                                     : "no prefill/decode workers registered");
+        }
+    }
+}
