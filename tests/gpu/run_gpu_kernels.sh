@@ -9,7 +9,7 @@
 #   3. bench_cuda (synth:llama3-8b, bf16): decode batch 1,64 x ctx
 #      512,2048 and prefill 512,2048 with the autotuner; A/B rows at batch
 #      1 with the RMSNorm-fused ring GEMV (BT_GEMV_NORM=1) and with the
-#      round-2 defaults (BT_GEMM_TUNE=0).
+#      round-2 defaults (BT_GEMM_TUNE=0 BT_PREFILL_KERNEL=mma0).
 # Writes $OUT/gemv_kernels.log and $OUT/gemv_table.md; prints the table
 # last.  About 3-4 minutes.  Carry one folder (stripped binaries + the
 # libraries the device lacks), made here after building build-gemv:
@@ -59,8 +59,10 @@ timeout 90 "$build/gpu/test_attn" >> "$log" 2>&1
 rc_attn=$?
 
 echo "=== bench_kernels" >> "$log"
-timeout 150 "$build/gpu/bench_kernels" --reps 7 >> "$log" 2>&1
+timeout 170 "$build/gpu/bench_kernels" --reps 7 >> "$log" 2>&1
 rc_bk=$?
+echo "=== bench_kernels --attn, BT_PREFILL_KERNEL=mma0 (round-2 load order)" >> "$log"
+BT_PREFILL_KERNEL=mma0 timeout 40 "$build/gpu/bench_kernels" --attn --reps 5 >> "$log" 2>&1
 
 echo "=== bench_cuda (autotuned)" >> "$log"
 timeout 170 "$build/gpu/bench_cuda" --model synth:llama3-8b --batch 1,64 \
@@ -71,8 +73,8 @@ if [ $norm_ok -eq 1 ]; then
   BT_GEMV_NORM=1 timeout 90 "$build/gpu/bench_cuda" --model synth:llama3-8b \
     --batch 1 --ctx 512,2048 --prefill 2048 --table "$out/.t_norm" >> "$log" 2>&1
 fi
-echo "=== bench_cuda BT_GEMM_TUNE=0 (round-2 defaults)" >> "$log"
-BT_GEMM_TUNE=0 timeout 90 "$build/gpu/bench_cuda" --model synth:llama3-8b \
+echo "=== bench_cuda BT_GEMM_TUNE=0 BT_PREFILL_KERNEL=mma0 (round-2 defaults)" >> "$log"
+BT_GEMM_TUNE=0 BT_PREFILL_KERNEL=mma0 timeout 90 "$build/gpu/bench_cuda" --model synth:llama3-8b \
   --batch 1 --ctx 512 --prefill 2048 --table "$out/.t_old" >> "$log" 2>&1
 
 {

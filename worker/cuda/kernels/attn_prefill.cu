@@ -467,7 +467,23 @@ template <int HD> struct pm_smem {
     static constexpr size_t BYTES = (size_t)PM_STAGES * 2 * TILE * 2;
 };
 
-template <int HD>
+/* mma.m16n8k16 without `volatile`: a pure register function the compiler
+ * may schedule around the (volatile, memory-ordered) ldmatrix loads. */
+static __device__ __forceinline__ void pm_mma(float *c, const uint32_t *a,
+                                              uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* BATCH: each k step's (S) and each 16-key step's (P V) ldmatrix loads
+ * are all issued before the products that use them, so the tensor cores
+ * do not wait on one load after another (the round-2 order, BATCH false,
+ * made every mma depend on the ldmatrix just before it: about 30 cycles
+ * of latency per pair with only 2 warps per scheduler to hide it). */
+template <int HD, bool BATCH>
 static __global__ void __launch_bounds__(PF_WARPS * 32)
 attn_prefill_mma_kernel(cuda_attn_args_t a, const int *tiles)
 {
@@ -579,13 +595,26 @@ attn_prefill_mma_kernel(cuda_attn_args_t a, const int *tiles)
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
         for (int k2 = 0; k2 < HD / 32; k2++) {
+            if (BATCH) {
+                uint32_t b[PF_BK / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < PF_BK / 8; nt++) {
-                uint32_t b[4];
-                tc_ldm(b, tk + (nt * 8 + (lane & 7)) * ROW + k2 * 32 +
-                              (lane >> 3) * 8);
-                tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
-                tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
+                for (int nt = 0; nt < PF_BK / 8; nt++)
+                    tc_ldm(b[nt], tk + (nt * 8 + (lane & 7)) * ROW +
+                                      k2 * 32 + (lane >> 3) * 8);
+#pragma unroll
+                for (int nt = 0; nt < PF_BK / 8; nt++) {
+                    pm_mma(s[nt], qa[2 * k2], b[nt][0], b[nt][1]);
+                    pm_mma(s[nt], qa[2 * k2 + 1], b[nt][2], b[nt][3]);
+                }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < PF_BK / 8; nt++) {
+                    uint32_t b[4];
+                    tc_ldm(b, tk + (nt * 8 + (lane & 7)) * ROW + k2 * 32 +
+                                  (lane >> 3) * 8);
+                    tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
+                    tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
+                }
             }
         }
         /* Every key of the tile visible to every row of this warp? */
@@ -661,14 +690,28 @@ attn_prefill_mma_kernel(cuda_attn_args_t a, const int *tiles)
                 l0 += __low2float(q01) + __high2float(q01);
                 l1 += __low2float(q23) + __high2float(q23);
             }
+            if (BATCH) {
+                uint32_t b[HD / 16][4];
 #pragma unroll
-            for (int dn = 0; dn < HD / 16; dn++) {
-                uint32_t b[4];
-                tc_ldm_t(b, tv + (kk * 16 + (lane & 7) +
-                                  ((lane >> 3) & 1) * 8) * ROW +
-                                dn * 16 + (lane >> 4) * 8);
-                tc_mma(o[2 * dn], pa, b[0], b[1]);
-                tc_mma(o[2 * dn + 1], pa, b[2], b[3]);
+                for (int dn = 0; dn < HD / 16; dn++)
+                    tc_ldm_t(b[dn], tv + (kk * 16 + (lane & 7) +
+                                          ((lane >> 3) & 1) * 8) * ROW +
+                                        dn * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    pm_mma(o[2 * dn], pa, b[dn][0], b[dn][1]);
+                    pm_mma(o[2 * dn + 1], pa, b[dn][2], b[dn][3]);
+                }
+            } else {
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t b[4];
+                    tc_ldm_t(b, tv + (kk * 16 + (lane & 7) +
+                                      ((lane >> 3) & 1) * 8) * ROW +
+                                    dn * 16 + (lane >> 4) * 8);
+                    tc_mma(o[2 * dn], pa, b[0], b[1]);
+                    tc_mma(o[2 * dn + 1], pa, b[2], b[3]);
+                }
             }
         }
     }
@@ -704,7 +747,8 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
 
 /* BT_PREFILL_KERNEL=smem selects the shared-memory kernel everywhere
  * (reference point for the register-resident ones), =wmma the WMMA
- * register-resident kernel instead of the mma.sync one at head 64/128.
+ * register-resident kernel instead of the mma.sync one at head 64/128,
+ * =mma0 the mma.sync kernel with the round-2 (unbatched) load order.
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -714,6 +758,8 @@ static int attn_prefill_kind(void)
         return 0;
     if (env && strcmp(env, "wmma") == 0)
         return 1;
+    if (env && strcmp(env, "mma0") == 0)
+        return 3; /* the round-2 instruction order */
     return 2;
 }
 
@@ -728,15 +774,16 @@ static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
                                        cudaStream_t stream)
 {
     if constexpr (HD == 64 || HD == 128) {
-        if (attn_prefill_kind() == 2) {
+        if (attn_prefill_kind() >= 2) {
             size_t mbytes = pm_smem<HD>::BYTES;
+            auto k = attn_prefill_kind() == 2
+                         ? attn_prefill_mma_kernel<HD, true>
+                         : attn_prefill_mma_kernel<HD, false>;
             cudaError_t merr = cudaFuncSetAttribute(
-                attn_prefill_mma_kernel<HD>,
-                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mbytes);
+                k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mbytes);
             if (merr != cudaSuccess)
                 return merr;
-            attn_prefill_mma_kernel<HD><<<dim3(n_tiles, a->n_heads),
-                                          PF_WARPS * 32, mbytes, stream>>>(
+            k<<<dim3(n_tiles, a->n_heads), PF_WARPS * 32, mbytes, stream>>>(
                 *a, tiles);
             return cudaSuccess;
         }
