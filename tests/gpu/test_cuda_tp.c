@@ -24,7 +24,8 @@
  *     to the host (the engine's path) and kept on the device;
  *   test_cuda_tp arbench MODEL TP
  *     all-reduce latency per call, NCCL vs the peer-memory kernel, at the
- *     decode sizes (1..64 tokens x dim f32) and a few larger ones.
+ *     decode sizes (1..64 tokens x dim f32) and a few larger ones (a
+ *     4096-dim model's 2 x tokens are the 8192-dim model's sizes).
  * Every result line starts with PASS / FAIL / INFO / ROW.
  */
 #include <cuda_runtime_api.h>
@@ -573,9 +574,9 @@ static int bench(const char *spec, int tp, const char *blist, int ctx)
                 for (int kv = 0; kv < 2; kv++)
                     BT_CHECK(cudaMemset(backend_kv_data_rank(be, r, l, kv), 0,
                                         bytes) == cudaSuccess);
+            BT_CHECK(cudaDeviceSynchronize() == cudaSuccess);
         }
         BT_CHECK(cudaSetDevice(0) == cudaSuccess);
-        BT_CHECK(cudaDeviceSynchronize() == cudaSuccess);
         for (int i = 0; i < nb; i++) {
             int B = bs[i];
             int *tables = malloc(sizeof(int) * (size_t)B * per_seq);
@@ -616,9 +617,11 @@ static int bench(const char *spec, int tp, const char *blist, int ctx)
             }
             {
                 double f = floor_ms(mc, tp, B, ctx + steps);
-                printf("ROW %s tp=%d batch=%d ctx=%d ar=%s: step %.3f ms "
-                       "(median; mean %.3f), logits kept on GPU %.3f ms; "
-                       "floor %.3f ms; floor/step %.2f\n", spec, tp, B, ctx,
+                /* ROW|decode|model|tp|batch|ctx|allreduce|step ms (median,
+                 * logits to the host)|mean|logits kept on the GPU|floor
+                 * ms|floor/step */
+                printf("ROW|decode|%s|%d|%d|%d|%s|%.3f|%.3f|%.3f|%.3f|%.2f\n",
+                       spec, tp, B, ctx,
                        getenv("BT_TP_ALLREDUCE") ? getenv("BT_TP_ALLREDUCE")
                                                  : "auto",
                        med[0], mean[0], med[1], f, f / med[0]);
@@ -655,8 +658,9 @@ static int arbench(const char *spec, int tp)
             if (cuda_backend_bench_allreduce(be, paths[p], n, 64, &us[p]) !=
                 BT_OK)
                 us[p] = -1;
-        printf("ROW allreduce tp=%d %d tokens x %d f32 (%zu KiB): nccl %.2f "
-               "us, custom %.2f us per call\n", tp, toks[i], dim,
+        /* ROW|allreduce|tp|tokens|dim|KiB|nccl us|custom us (per call,
+         * graph replay; -1 = path unavailable) */
+        printf("ROW|allreduce|%d|%d|%d|%zu|%.2f|%.2f\n", tp, toks[i], dim,
                n * 4 / 1024, us[0], us[1]);
         fflush(stdout);
     }

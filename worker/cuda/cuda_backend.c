@@ -735,12 +735,18 @@ static bt_status_t cuda_rank_comm_init(void *arg, int rank)
         status = cuda__dev_malloc((void **)&r->d_ar_epoch,
                                   CUDA_AR_MAX_BLOCKS * sizeof(uint32_t),
                                   "ar_epoch");
+    /* zeroed before this op returns: no rank writes a peer's flags
+     * before every rank is past this point */
     if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaMemset(
-            r->d_ar_flags, 0, CUDA_AR_FLAG_WORDS * sizeof(uint32_t)));
+        status = BT_CUDA_STATUS(cudaMemsetAsync(
+            r->d_ar_flags, 0, CUDA_AR_FLAG_WORDS * sizeof(uint32_t),
+            r->stream));
     if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaMemset(
-            r->d_ar_epoch, 0, CUDA_AR_MAX_BLOCKS * sizeof(uint32_t)));
+        status = BT_CUDA_STATUS(cudaMemsetAsync(
+            r->d_ar_epoch, 0, CUDA_AR_MAX_BLOCKS * sizeof(uint32_t),
+            r->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
     if (status != BT_OK)
         return status;
     if (b->nccl != NULL)
@@ -750,8 +756,9 @@ static bt_status_t cuda_rank_comm_init(void *arg, int rank)
 }
 
 /* Rank op: one all-reduce of `dim` floats through each enabled path on
- * every rank (x = rank + 1, so the sum is tp (tp + 1) / 2): connects NCCL
- * before any graph capture and checks the peer path end to end. */
+ * every rank (x = rank + 1, so the sum is tp (tp + 1) / 2), checking both
+ * paths end to end; then NCCL all-reduces of the decode and prefill sizes
+ * so that its connections exist before any graph capture. */
 static bt_status_t cuda_rank_comm_check(void *arg, int rank)
 {
     cuda_backend_t *b = arg;
@@ -798,6 +805,18 @@ static bt_status_t cuda_rank_comm_check(void *arg, int rank)
         }
     }
     bt_free(h);
+    if (status == BT_OK && b->nccl != NULL) {
+        const size_t sizes[] = { (size_t)8 * n, (size_t)b->bucket_max * n,
+                                 (size_t)b->max_tok * n };
+
+        status = BT_CUDA_STATUS(cudaMemsetAsync(
+            r->d_x, 0, (size_t)b->max_tok * n * sizeof(float), r->stream));
+        for (size_t i = 0; i < BT_ARRAY_SIZE(sizes) && status == BT_OK; i++)
+            status = cuda_nccl_allreduce_f32(b->nccl, r->comm, r->d_x,
+                                             sizes[i], r->stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+    }
     return status;
 }
 

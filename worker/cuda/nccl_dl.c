@@ -58,6 +58,10 @@ bt_status_t cuda_nccl_open(cuda_nccl_t **nccl_p)
     /* NVLink multicast (NVLS) stays off: the device machines require it,
      * and it must be set before the first communicator. */
     setenv("NCCL_NVLS_ENABLE", "0", 1);
+    /* connect at init (NCCL >= 2.22 connects lazily at the first
+     * collective of each kind, which may fall inside a graph capture);
+     * a value set by the user wins */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     nccl = bt_calloc(1, sizeof(*nccl), "nccl");
     if (nccl == NULL)
         return BT_ERR_NO_MEMORY;
