@@ -12,6 +12,8 @@
  * scheduler stalls move much less than the mean.
  */
 #include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,7 +25,9 @@
 #include "bt_error.h"
 #include "bt_util.h"
 #include "cli.h"
+#include "engine.h"
 #include "kv/kv.h"
+#include "spec/spec.h"
 
 typedef struct {
     const char *model_path;
@@ -38,6 +42,12 @@ typedef struct {
     double seconds;       /* minimum time per measurement */
     int tp;               /* tensor-parallel ranks (cuda) */
     double bw_gbs;        /* read bandwidth per GPU for the floor */
+    double spec_accept_rate; /* >= 0: speculative mode (forced rate) */
+    int *spec_tokens;     /* (n_spec_tokens) tree sizes */
+    int n_spec_tokens;
+    int spec_depth;
+    int spec_topk;
+    const char *spec_head; /* a real head instead of the synthetic one */
 } bench_opts_t;
 
 typedef struct {
@@ -66,7 +76,26 @@ static void bench_usage(FILE *out)
 "  --seconds X         minimum time per measurement (default 0.5)\n"
 "  --tp N              tensor parallelism over GPUs 0..N-1 (cuda)\n"
 "  --bw GBS            per-GPU read bandwidth of the decode floor column\n"
-"                      (cuda; default 4500 GB/s, the H200's measured)\n");
+"                      (cuda; default 4500 GB/s, the H200's measured)\n"
+"\n"
+"Speculative decoding (EAGLE) cost per tree size:\n"
+"  --spec-accept-rate R  instead of the table above: per batch size, plain\n"
+"                      greedy decode (engine_step) vs speculative steps\n"
+"                      with each tree size, through the engine.  The draft\n"
+"                      head is synthetic (random weights, fc bias along one\n"
+"                      token's classifier row: confident drafts, so trees\n"
+"                      have a deep best path) and acceptance is FORCED: at\n"
+"                      every level the best-scored child is accepted with\n"
+"                      probability R whatever the target says, the bonus is\n"
+"                      the target's greedy token.  Drafting, tree\n"
+"                      verification, KV compaction and feature feeding run\n"
+"                      as in serving; the tokens are not the model's.\n"
+"  --spec-tokens LIST  tree sizes (draft tokens verified), default 4,8,16\n"
+"  --spec-depth D      tree depth limit (default 5; depth = min(D, T))\n"
+"  --spec-topk K       children per node (default 4)\n"
+"  --spec-head PATH    a trained head instead of the synthetic one (with\n"
+"                      no --spec-accept-rate: real acceptance)\n"
+"  (--ctx is the prompt length, --steps the measured steps per cell)\n");
 }
 
 /* First index of the largest value (0 when there is none, e.g. NaNs).
@@ -253,12 +282,283 @@ out:
     return status;
 }
 
+// ----------------------------------------------------------------------------
+// speculative decoding: --spec-accept-rate
+
+/* The synthetic draft head of --spec-accept-rate: seeded random weights
+ * (spec_head_create), then its fc bias is set to 30 / |c| * c for the
+ * target's classifier row c of one token, so every draft distribution is
+ * confident (that token near log-prob 0, the rest near -30): trees grow a
+ * deep best path and a few side branches, like a trained head's. */
+static bt_status_t bench_synth_head(engine_t *engine, spec_head_t **head_p)
+{
+    const model_config_t *mc = model_config(engine_model(engine));
+    spec_head_t *head = NULL;
+    const float *c;
+    double norm = 0.0;
+    int tok = mc->vocab_size / 3;
+    bt_status_t status;
+
+    status = spec_head_create(engine_model(engine), 0, 7, &head);
+    if (status != BT_OK)
+        return status;
+    c = spec_head_classifier(head) + (size_t)tok * mc->dim;
+    for (int i = 0; i < mc->dim; i++)
+        norm += (double)c[i] * c[i];
+    norm = sqrt(norm);
+    for (int i = 0; i < mc->dim; i++)
+        spec_head_weights(head)->fc_b[i] = (float)(30.0 / BT_MAX(norm, 1e-6) *
+                                                   c[i]);
+    *head_p = head;
+    return BT_OK;
+}
+
+/* Feeds every pending prompt token of seqs (engine_step until each has
+ * sampled its first token). */
+static bt_status_t bench_prefill(engine_t *engine, engine_seq_t **seqs, int n,
+                                 int *out)
+{
+    for (;;) {
+        bool pending = false;
+        bt_status_t status;
+
+        for (int i = 0; i < n; i++)
+            pending |= engine_seq_n_generated(seqs[i]) == 0;
+        if (!pending)
+            return BT_OK;
+        status = engine_step(engine, seqs, n, 0, out);
+        if (status != BT_OK)
+            return status;
+    }
+}
+
+/* B fresh sequences of a ctx-token prompt (distinct per sequence),
+ * prefilled (their first token sampled). */
+static bt_status_t bench_seqs(engine_t *engine, const bench_opts_t *o, int B,
+                              engine_seq_t **seqs, int *prompt, int *out)
+{
+    const model_config_t *mc = model_config(engine_model(engine));
+    sampler_params_t sp;
+    bt_status_t status;
+
+    sampler_params_init(&sp); /* greedy */
+    for (int i = 0; i < B; i++) {
+        prompt[0] = BT_MAX(mc->bos_id, 0);
+        for (int j = 1; j < o->ctx; j++)
+            prompt[j] = (int)((1103515245u * (unsigned)(j + 977 * i) +
+                               12345u) >> 8) % mc->vocab_size;
+        status = engine_seq_create(engine, prompt, o->ctx, &sp, &seqs[i]);
+        if (status != BT_OK)
+            return status;
+    }
+    return bench_prefill(engine, seqs, B, out);
+}
+
+/* One batch size: plain engine_step decode of B fresh sequences for
+ * `steps` steps, then for each tree size B fresh sequences, a few
+ * warm-up and `steps` measured spec_step calls. */
+static bt_status_t bench_spec_batch(engine_t *engine, spec_t **specs,
+                                    const bench_opts_t *o, int B)
+{
+    engine_seq_t **seqs = bt_calloc((size_t)B, sizeof(*seqs), "bench");
+    spec_seq_t **ss = bt_calloc((size_t)B, sizeof(*ss), "bench");
+    int *prompt = bt_malloc((size_t)o->ctx * sizeof(int), "bench");
+    int *out = bt_malloc((size_t)B * (SPEC_MAX_DEPTH + 2) * sizeof(int),
+                         "bench");
+    int *n_out = bt_malloc((size_t)B * sizeof(int), "bench");
+    double plain_tps = 0.0, plain_ms = 0.0;
+    bt_status_t status = BT_ERR_NO_MEMORY;
+
+    if (seqs == NULL || ss == NULL || prompt == NULL || out == NULL ||
+        n_out == NULL)
+        goto out;
+    status = bench_seqs(engine, o, B, seqs, prompt, out);
+    if (status != BT_OK)
+        goto out;
+    /* plain: 2 warm-up steps, then `steps` timed */
+    for (int s = 0; s < 2 + o->steps; s++) {
+        uint64_t t0 = bt_time_ns();
+
+        status = engine_step(engine, seqs, B, 0, out);
+        if (status != BT_OK)
+            goto out;
+        if (s >= 2)
+            plain_ms += (double)(bt_time_ns() - t0) * 1e-6;
+    }
+    plain_tps = (double)B * o->steps / (plain_ms * 1e-3);
+    for (int i = 0; i < B; i++)
+        engine_seq_destroy(engine, &seqs[i]);
+    printf("%6d %6s %8s %10.0f %10.3f %8s %8s %8s %8s %8s\n", B, "plain", "-",
+           plain_tps, plain_ms / o->steps, "1.00", "1.00", "-", "-", "-");
+    for (int t = 0; t < o->n_spec_tokens; t++) {
+        spec_stats_t s0, s1;
+        double ms = 0.0;
+        long tokens = 0;
+
+        status = bench_seqs(engine, o, B, seqs, prompt, out);
+        if (status != BT_OK)
+            goto out;
+        for (int i = 0; i < B; i++) {
+            status = spec_seq_create(specs[t], seqs[i], &ss[i]);
+            if (status != BT_OK)
+                goto out;
+        }
+        /* warm-up: the first step of a wrapped sequence is plain (no
+         * draft features yet) */
+        for (int s = 0; s < 3; s++) {
+            status = spec_step(specs[t], ss, B, n_out, out);
+            if (status != BT_OK)
+                goto out;
+        }
+        spec_get_stats(specs[t], &s0);
+        for (int s = 0; s < o->steps; s++) {
+            uint64_t t0 = bt_time_ns();
+
+            status = spec_step(specs[t], ss, B, n_out, out);
+            if (status != BT_OK)
+                goto out;
+            ms += (double)(bt_time_ns() - t0) * 1e-6;
+            for (int i = 0; i < B; i++)
+                tokens += n_out[i];
+        }
+        spec_get_stats(specs[t], &s1);
+        {
+            double vs = (double)(s1.verify_seqs - s0.verify_seqs);
+            double tps = (double)tokens / (ms * 1e-3);
+            double n_st = (double)o->steps;
+
+            printf("%6d %6d %8.2f %10.0f %10.3f %8.2f %8.2f %8.3f %8.3f "
+                   "%8.3f\n", B, o->spec_tokens[t],
+                   vs > 0 ? (double)(s1.verify_tokens - s0.verify_tokens) /
+                                vs : 0.0,
+                   tps, ms / n_st, tps / plain_tps,
+                   (ms / n_st) / (plain_ms / o->steps),
+                   (double)(s1.draft_ns - s0.draft_ns) * 1e-6 / n_st,
+                   (double)(s1.verify_ns - s0.verify_ns) * 1e-6 / n_st,
+                   (double)(s1.accept_ns - s0.accept_ns) * 1e-6 / n_st);
+            fflush(stdout);
+        }
+        for (int i = 0; i < B; i++) {
+            spec_seq_destroy(&ss[i]);
+            engine_seq_destroy(engine, &seqs[i]);
+        }
+    }
+    status = BT_OK;
+
+out:
+    for (int i = 0; ss != NULL && i < B; i++)
+        spec_seq_destroy(&ss[i]);
+    for (int i = 0; seqs != NULL && i < B; i++)
+        engine_seq_destroy(engine, &seqs[i]);
+    bt_free(seqs);
+    bt_free(ss);
+    bt_free(prompt);
+    bt_free(out);
+    bt_free(n_out);
+    return status;
+}
+
+/* --spec-accept-rate: plain vs speculative decode tokens/s per batch size
+ * and tree size (see bench_usage). */
+static int bench_spec_main(const bench_opts_t *o)
+{
+    engine_config_t ecfg;
+    engine_t *engine = NULL;
+    spec_head_t *head = NULL;
+    spec_t **specs = NULL;
+    int max_b = 0, max_t = 0, depth_max = 0, ret = 1, span;
+    bt_status_t status;
+
+    for (int i = 0; i < o->n_batches; i++)
+        max_b = BT_MAX(max_b, o->batches[i]);
+    for (int t = 0; t < o->n_spec_tokens; t++) {
+        max_t = BT_MAX(max_t, o->spec_tokens[t]);
+        depth_max = BT_MAX(depth_max, BT_MIN(o->spec_depth,
+                                             o->spec_tokens[t]));
+    }
+    /* prompt, then the plain steps or a tree's warm-up and measured steps
+     * (each adds at most depth + 1 tokens) and one tree's slots */
+    span = o->ctx + BT_MAX(2 + o->steps, (3 + o->steps) * (depth_max + 1)) +
+           max_t + 1;
+    engine_config_init(&ecfg);
+    ecfg.model_path = o->model_path;
+    ecfg.device = o->device;
+    ecfg.backend.block_size = o->block_size;
+    ecfg.backend.max_seqs = max_b;
+    ecfg.backend.n_threads = o->threads;
+    ecfg.backend.tp_size = o->tp;
+    ecfg.backend.n_kv_blocks = max_b * BT_DIV_UP(span, o->block_size) + 16;
+    ecfg.backend.max_batch_tokens = BT_MAX(512, max_b * (max_t + 1));
+    status = engine_create(&ecfg, &engine);
+    if (status != BT_OK)
+        goto out;
+    if (span > engine_max_context(engine)) {
+        BT_ERROR(BT_ERR_INVALID_ARG, "BENCH", "the run needs %d tokens of "
+                 "context, the model has %d (lower --ctx or --steps)", span,
+                 engine_max_context(engine));
+        goto out;
+    }
+
+    if (o->spec_head != NULL)
+        status = spec_head_load(engine_model(engine), o->spec_head, &head);
+    else
+        status = bench_synth_head(engine, &head);
+    if (status != BT_OK)
+        goto out;
+    specs = bt_calloc((size_t)o->n_spec_tokens, sizeof(*specs), "bench");
+    if (specs == NULL)
+        goto out;
+    for (int t = 0; t < o->n_spec_tokens; t++) {
+        spec_config_t scfg;
+        int tk = o->spec_tokens[t];
+
+        spec_config_init(&scfg);
+        scfg.tokens = tk;
+        scfg.depth = BT_MIN(o->spec_depth, tk);
+        scfg.topk = o->spec_topk;
+        scfg.adaptive = false;
+        status = spec_create(engine, head, &scfg, &specs[t]);
+        if (status != BT_OK)
+            goto out;
+        if (o->spec_accept_rate >= 0.0)
+            spec_test_force_accept(specs[t], o->spec_accept_rate, 1);
+    }
+    printf("model %s on %s, prompt %d tokens, %d measured steps; tree "
+           "depth <= %d, top-k %d; %s head; forced acceptance %.2f per "
+           "level (expected accepted length of a depth-D path: "
+           "sum_{j=0..D} %.2f^j)\n\n", o->model_path,
+           backend_name(engine_backend(engine)), o->ctx, o->steps,
+           o->spec_depth, o->spec_topk,
+           o->spec_head ? o->spec_head : "synthetic", o->spec_accept_rate,
+           o->spec_accept_rate);
+    printf("%6s %6s %8s %10s %10s %8s %8s %8s %8s %8s\n", "batch", "tree",
+           "acc.len", "tok/s", "ms/step", "speedup", "step x", "draft",
+           "verify", "accept");
+    for (int i = 0; i < o->n_batches; i++) {
+        status = bench_spec_batch(engine, specs, o, o->batches[i]);
+        if (status != BT_OK)
+            goto out;
+    }
+    ret = 0;
+
+out:
+    for (int t = 0; specs != NULL && t < o->n_spec_tokens; t++)
+        spec_destroy(&specs[t]);
+    bt_free(specs);
+    spec_head_destroy(&head);
+    engine_destroy(&engine);
+    return ret;
+}
+
 int cli_bench_engine_main(int argc, char **argv)
 {
     bench_opts_t o = { .device = "auto", .ctx = 64, .prompt_len = -1,
                        .steps = 32, .threads = 0, .block_size = 16,
-                       .seconds = 0.5, .tp = 1, .bw_gbs = 4500 };
+                       .seconds = 0.5, .tp = 1, .bw_gbs = 4500,
+                       .spec_accept_rate = -1.0, .spec_depth = 5,
+                       .spec_topk = 4 };
     const char *batch_list = "1,8,32";
+    const char *tree_list = "4,8,16";
     static const struct option long_opts[] = {
         { "model", required_argument, NULL, 'm' },
         { "device", required_argument, NULL, 'd' },
@@ -271,6 +571,11 @@ int cli_bench_engine_main(int argc, char **argv)
         { "seconds", required_argument, NULL, 'S' },
         { "tp", required_argument, NULL, 'T' },
         { "bw", required_argument, NULL, 'W' },
+        { "spec-accept-rate", required_argument, NULL, 1001 },
+        { "spec-tokens", required_argument, NULL, 1002 },
+        { "spec-depth", required_argument, NULL, 1003 },
+        { "spec-topk", required_argument, NULL, 1004 },
+        { "spec-head", required_argument, NULL, 1005 },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -313,6 +618,20 @@ int cli_bench_engine_main(int argc, char **argv)
         case 'W':
             bad = bt_parse_double(optarg, &o.bw_gbs) || o.bw_gbs <= 0;
             break;
+        case 1001:
+            bad = bt_parse_double(optarg, &o.spec_accept_rate) ||
+                  o.spec_accept_rate < 0 || o.spec_accept_rate > 1;
+            break;
+        case 1002: tree_list = optarg; break;
+        case 1003:
+            bad = bt_parse_int(optarg, &o.spec_depth) || o.spec_depth < 1 ||
+                  o.spec_depth > SPEC_MAX_DEPTH;
+            break;
+        case 1004:
+            bad = bt_parse_int(optarg, &o.spec_topk) || o.spec_topk < 1 ||
+                  o.spec_topk > SPEC_MAX_TOPK;
+            break;
+        case 1005: o.spec_head = optarg; break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;
         }
@@ -339,6 +658,25 @@ int cli_bench_engine_main(int argc, char **argv)
     }
     if (o.prompt_len < 0)
         o.prompt_len = BT_MAX(o.ctx, 1);
+    if (o.spec_accept_rate >= 0.0 || o.spec_head != NULL) {
+        if (bt_parse_int_list(tree_list, &o.spec_tokens,
+                              &o.n_spec_tokens) != BT_OK) {
+            fprintf(stderr, "baton bench-engine: bad --spec-tokens '%s'\n",
+                    tree_list);
+            ret = 2;
+            goto out;
+        }
+        for (int i = 0; i < o.n_spec_tokens; i++)
+            if (o.spec_tokens[i] < 1 || o.spec_tokens[i] > SPEC_MAX_TOKENS) {
+                fprintf(stderr, "baton bench-engine: tree sizes are "
+                        "1..%d\n", SPEC_MAX_TOKENS);
+                ret = 2;
+                goto out;
+            }
+        o.ctx = BT_MAX(o.ctx, 1);
+        ret = bench_spec_main(&o);
+        goto out;
+    }
 
     /* large synthesized models are generated on the GPU (seconds, no
      * host copy) */
@@ -412,5 +750,6 @@ out:
     backend_destroy(&be);
     model_destroy(&model);
     bt_free(o.batches);
+    bt_free(o.spec_tokens);
     return ret;
 }

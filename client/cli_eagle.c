@@ -48,6 +48,9 @@ static void eagle_usage(FILE *out)
 "  --spec-fixed       always use the full tree (no adaptation)\n"
 "  --rounds R         measured runs of each (default 3)\n"
 "  --spec-plain       run the speculative loop with speculation off\n"
+"  --device DEV       cpu (default), cuda or auto: where the target and\n"
+"                     the draft head run\n"
+"  --precision P      cuda only: bf16 (default) or f32\n"
 "\n"
 "common:\n"
 "  --threads N        CPU threads (default: all cores)\n");
@@ -57,7 +60,7 @@ enum {
     EO_TARGET = 2000, EO_OUT, EO_HEAD, EO_TOKENS, EO_EPOCHS, EO_SEED,
     EO_SEQ_LEN, EO_LR, EO_BATCH, EO_TEMP, EO_THREADS, EO_GEN, EO_PROMPT,
     EO_DEPTH, EO_TOPK, EO_STOKENS, EO_FIXED, EO_ROUNDS, EO_PLAIN, EO_WTOK,
-    EO_NOISE
+    EO_NOISE, EO_DEVICE, EO_PRECISION
 };
 
 typedef struct {
@@ -65,6 +68,8 @@ typedef struct {
     const char *out;
     const char *head;
     const char *prompt_ids;
+    const char *device;    /* bench: cpu (default), cuda or auto */
+    backend_precision_t precision; /* bench on cuda: bf16 or f32 */
     int threads;
     int batch;
     int gen;
@@ -99,6 +104,8 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         { "spec-plain", no_argument, NULL, EO_PLAIN },
         { "token-weight", required_argument, NULL, EO_WTOK },
         { "noise", required_argument, NULL, EO_NOISE },
+        { "device", required_argument, NULL, EO_DEVICE },
+        { "precision", required_argument, NULL, EO_PRECISION },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -117,6 +124,15 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         case EO_PROMPT: o->prompt_ids = optarg; break;
         case EO_FIXED: o->fixed = true; break;
         case EO_PLAIN: o->plain = true; break;
+        case EO_DEVICE: o->device = optarg; break;
+        case EO_PRECISION:
+            if (strcmp(optarg, "f32") == 0)
+                o->precision = BACKEND_PRECISION_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                o->precision = BACKEND_PRECISION_BF16;
+            else
+                bad = 1;
+            break;
         case EO_TOKENS:
             bad = bt_parse_int(optarg, &o->tcfg.n_tokens) != BT_OK ||
                   o->tcfg.n_tokens < 16;
@@ -204,7 +220,8 @@ static bt_status_t eagle_engine(const eagle_opts_t *o, int max_seqs,
 
     engine_config_init(&ecfg);
     ecfg.model_path = o->target;
-    ecfg.device = "cpu";
+    ecfg.device = o->device != NULL ? o->device : "cpu";
+    ecfg.backend.precision = o->precision;
     ecfg.backend.n_threads = o->threads;
     ecfg.backend.max_seqs = BT_MAX(ecfg.backend.max_seqs, max_seqs);
     ecfg.backend.n_kv_blocks = 1024;

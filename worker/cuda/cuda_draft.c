@@ -354,6 +354,7 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
 
     if (d == NULL)
         return;
+    (void)cudaSetDevice(d->cfg.device_index);
     if (d->stream)
         (void)cudaStreamSynchronize(d->stream);
     if (d->d_cls != d->d_emb)
@@ -637,6 +638,10 @@ bt_status_t cuda_draft_forward(cuda_draft_t *d, int n,
         n_hidden < 0)
         return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                         "device draft forward of %d rows, top-%d", n, k);
+    /* the backend may have switched devices (tensor parallelism) */
+    status = BT_CUDA_STATUS(cudaSetDevice(d->cfg.device_index));
+    if (status != BT_OK)
+        return status;
     for (int r0 = 0; r0 < n && status == BT_OK; r0 += CUDA_DRAFT_CHUNK) {
         int m = BT_MIN(CUDA_DRAFT_CHUNK, n - r0);
         const cuda_draft_row_t *rows_c = rows + r0;
@@ -697,6 +702,9 @@ bt_status_t cuda_draft_topk(cuda_draft_t *d, int n, const int *states,
     if (n < 0 || k < 1 || k > CUDA_DRAFT_TOPK_MAX || k > d->vocab)
         return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                         "device draft top-%d of %d rows", k, n);
+    status = BT_CUDA_STATUS(cudaSetDevice(d->cfg.device_index));
+    if (status != BT_OK)
+        return status;
     for (int r0 = 0; r0 < n && status == BT_OK; r0 += CUDA_DRAFT_CHUNK) {
         int m = BT_MIN(CUDA_DRAFT_CHUNK, n - r0);
 
@@ -748,11 +756,15 @@ bt_status_t cuda_draft_target_argmax(cuda_draft_t *d, int n,
                                                h_logits == NULL)))
         return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                         "device verification of %d rows", n);
-    for (int i = 1; i < n_full; i++)
-        if (full_rows[i] <= full_rows[i - 1] || full_rows[i] >= n)
+    for (int i = 0; i < n_full; i++)
+        if ((i > 0 && full_rows[i] <= full_rows[i - 1]) || full_rows[i] < 0 ||
+            full_rows[i] >= n)
             return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                             "device verification: full rows must ascend "
                             "below %d", n);
+    status = BT_CUDA_STATUS(cudaSetDevice(d->cfg.device_index));
+    if (status != BT_OK)
+        return status;
     for (int r0 = 0; r0 < n && status == BT_OK; r0 += CUDA_DRAFT_CHUNK) {
         int m = BT_MIN(CUDA_DRAFT_CHUNK, n - r0);
 

@@ -14,6 +14,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "cpu/cpu_int.h"
+#include "model/model_synth.h"
 #include "model/model_write.h"
 #include "model/safetensors.h"
 #include "spec_int.h"
@@ -101,13 +102,19 @@ void spec__rope(float *vec, int n_heads, int head_dim, const float *inv_freq,
 // ----------------------------------------------------------------------------
 // create / load / save
 
-/* A float32 copy or view of a target tensor. */
-static bt_status_t head_f32(spec_head_t *head, const model_tensor_t *t,
-                            int slot, const float **out_p)
+/* A float32 copy or view of a target tensor (generated when the target
+ * is a lazy synthesized model, whose views have no host data). */
+static bt_status_t head_f32(spec_head_t *head, const model_t *target,
+                            const model_tensor_t *t, int slot,
+                            const float **out_p)
 {
     int64_t n = t->rows * t->cols;
+    model_synth_src_t src;
 
-    if (t->dtype == MODEL_DTYPE_F32) {
+    if (t->data == NULL && !model_synth_tensor(target, t, &src))
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "SPEC",
+                        "the target's tables are not in host memory");
+    if (t->data != NULL && t->dtype == MODEL_DTYPE_F32) {
         *out_p = t->data;
         return BT_OK;
     }
@@ -115,7 +122,10 @@ static bt_status_t head_f32(spec_head_t *head, const model_tensor_t *t,
                                           "spec_head");
     if (head->owned[slot] == NULL)
         return BT_ERR_NO_MEMORY;
-    model_tensor_to_f32(t, 0, n, head->owned[slot]);
+    if (t->data == NULL)
+        model_synth_to_f32(&src, t->dtype, 0, n, head->owned[slot]);
+    else
+        model_tensor_to_f32(t, 0, n, head->owned[slot]);
     *out_p = head->owned[slot];
     return BT_OK;
 }
@@ -170,11 +180,11 @@ static bt_status_t head_alloc(const model_t *target, int hidden_dim,
         head->views[8], head->views[9],
     };
     cpu__rope_inv_freq(c, head->inv_freq);
-    if ((status = head_f32(head, model_tok_embedding(target), 0,
+    if ((status = head_f32(head, target, model_tok_embedding(target), 0,
                            &head->emb)) != BT_OK ||
-        (status = head_f32(head, model_classifier(target), 1,
+        (status = head_f32(head, target, model_classifier(target), 1,
                            &head->cls)) != BT_OK ||
-        (status = head_f32(head, model_final_norm(target), 2,
+        (status = head_f32(head, target, model_final_norm(target), 2,
                            &head->final_norm)) != BT_OK)
         goto err_destroy;
     *head_p = head;
