@@ -360,6 +360,17 @@ static void send_heartbeat(decode_t *dec)
     hb.reserved_blocks = (uint32_t)reserved_blocks(dec);
     hb.has_draining = 1;
     hb.draining = dec->draining;
+    if (dec->spec != NULL) {
+        spec_stats_t st;
+
+        spec_get_stats(dec->spec, &st);
+        hb.has_spec_verify_steps = 1;
+        hb.spec_verify_steps = st.verify_seqs;
+        hb.has_spec_verify_tokens = 1;
+        hb.spec_verify_tokens = st.verify_tokens;
+        hb.has_spec_accept_length = 1;
+        hb.spec_accept_length = spec_accept_length(dec->spec);
+    }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_HEARTBEAT;
     msg.heartbeat = &hb;
     send_msg(dec, &msg);
