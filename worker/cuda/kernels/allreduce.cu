@@ -59,6 +59,17 @@ static __device__ __forceinline__ void ar_barrier(const cuda_ar_t &ar,
     __syncthreads();
 }
 
+/* float4 i of rank r's buffer: a peer's bypassing every cache of this
+ * GPU (ld.cv: fetched again), our own past L1 (written by earlier
+ * kernels). */
+static __device__ __forceinline__ float4 ar_load(const cuda_ar_t &ar, int r,
+                                                 size_t i)
+{
+    const float4 *p = reinterpret_cast<const float4 *>(ar.d_buf[r]) + i;
+
+    return r == ar.rank ? __ldcg(p) : __ldcv(p);
+}
+
 static __global__ void __launch_bounds__(CUDA_AR_THREADS)
     ar_kernel(ar_args_t a)
 {
@@ -79,12 +90,9 @@ static __global__ void __launch_bounds__(CUDA_AR_THREADS)
         size_t i = i0 + k * stride;
         if (i < a.n4) {
             /* rank order, so every rank sums the same way */
-            float4 s = __ldcg(reinterpret_cast<const float4 *>(ar.d_buf[0]) +
-                              a.off4 + i);
+            float4 s = ar_load(ar, 0, a.off4 + i);
             for (int r = 1; r < ar.n_ranks; r++) {
-                float4 v = __ldcg(
-                    reinterpret_cast<const float4 *>(ar.d_buf[r]) + a.off4 +
-                    i);
+                float4 v = ar_load(ar, r, a.off4 + i);
                 s.x += v.x;
                 s.y += v.y;
                 s.z += v.z;
