@@ -7,7 +7,8 @@
 #      = host generator, KV copies on every rank  (test_cuda_tp check)
 #   2. synth:llama3-8b bf16 teacher-forced top-1 TP=2 vs TP=1 >= 99%
 #   3. decode step time at batch 1 and 64, context 2048: llama3-8b TP 1
-#      and 2 (all-reduce auto, nccl, none = no reduction, for its cost),
+#      and 2 (all-reduce auto = the peer-memory kernel at these sizes,
+#      nccl, none = no reduction, for its cost),
 #      llama3-70b TP 2, each against the floor (weights/tp + KV/tp per GPU
 #      at 4.5 TB/s)  (test_cuda_tp bench)
 #   4. all-reduce latency per call, NCCL vs the peer-memory kernel, at the
@@ -106,8 +107,6 @@ step bench-engine 90 "$bin/baton" bench-engine --device cuda --tp 2 \
 step b-8b-tp1 60 "$bin/test_cuda_tp" bench synth:llama3-8b 1 1,64 2048
 step b-8b-tp2 60 "$bin/test_cuda_tp" bench synth:llama3-8b 2 1,64 2048
 BT_TP_ALLREDUCE=nccl step b-8b-tp2-nccl 60 \
-  "$bin/test_cuda_tp" bench synth:llama3-8b 2 1,64 2048
-BT_TP_ALLREDUCE=custom step b-8b-tp2-custom 60 \
   "$bin/test_cuda_tp" bench synth:llama3-8b 2 1,64 2048
 BT_TP_ALLREDUCE=none step b-8b-tp2-none 60 \
   "$bin/test_cuda_tp" bench synth:llama3-8b 2 1,64 2048
