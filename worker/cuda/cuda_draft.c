@@ -120,14 +120,22 @@ static bt_status_t draft_upload(cuda_draft_t *d, const float *h, size_t n,
     status = draft_alloc(d, d_p, n * es, name);
     if (status != BT_OK)
         return status;
-    if (d->dt == CUDA_DT_F32)
-        return BT_CUDA_STATUS(cudaMemcpy(*d_p, h, n * 4,
-                                         cudaMemcpyHostToDevice));
+    /* stream-ordered copies: a pageable cudaMemcpy may return before its
+     * DMA lands, and d->stream does not wait for the legacy stream */
+    if (d->dt == CUDA_DT_F32) {
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(*d_p, h, n * 4,
+                                                cudaMemcpyHostToDevice,
+                                                d->stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+        return status;
+    }
     for (size_t off = 0; off < n; off += chunk) {
         size_t m = BT_MIN(chunk, n - off);
 
-        status = BT_CUDA_STATUS(cudaMemcpy(d_stage, h + off, m * 4,
-                                           cudaMemcpyHostToDevice));
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(d_stage, h + off, m * 4,
+                                                cudaMemcpyHostToDevice,
+                                                d->stream));
         if (status == BT_OK)
             status = cuda_convert(d_stage, CUDA_SRC_F32, m,
                                   (char *)*d_p + off * es, d->dt,
@@ -171,8 +179,10 @@ static bt_status_t draft_weights(cuda_draft_t *d, const spec_head_t *head)
                                "draft_fc"), status, out);
     BT_CHECK_GOTO(draft_alloc(d, (void **)&d->d_fcb, sizeof(float) * d->dim,
                               "draft_fc_bias"), status, out);
-    BT_CUDA_CHECK_GOTO(cudaMemcpy(d->d_fcb, w->fc_b, sizeof(float) * d->dim,
-                                  cudaMemcpyHostToDevice), status, out);
+    BT_CUDA_CHECK_GOTO(cudaMemcpyAsync(d->d_fcb, w->fc_b,
+                                       sizeof(float) * d->dim,
+                                       cudaMemcpyHostToDevice, d->stream),
+                       status, out);
     /* wq, wk, wv and w_gate, w_up are adjacent in the flat parameters */
     BT_ASSERT(w->wk == w->wq + (size_t)d->q_dim * d->dim &&
               w->wv == w->wk + (size_t)d->kv_dim * d->dim &&
@@ -205,9 +215,12 @@ static bt_status_t draft_weights(cuda_draft_t *d, const spec_head_t *head)
     BT_CHECK_GOTO(draft_alloc(d, (void **)&d->d_inv_freq,
                               sizeof(float) * (d->hd / 2), "draft_rope"),
                   status, out);
-    BT_CUDA_CHECK_GOTO(cudaMemcpy(d->d_inv_freq, spec_head_inv_freq(head),
-                                  sizeof(float) * (d->hd / 2),
-                                  cudaMemcpyHostToDevice), status, out);
+    BT_CUDA_CHECK_GOTO(cudaMemcpyAsync(d->d_inv_freq,
+                                       spec_head_inv_freq(head),
+                                       sizeof(float) * (d->hd / 2),
+                                       cudaMemcpyHostToDevice, d->stream),
+                       status, out);
+    BT_CUDA_CHECK_GOTO(cudaStreamSynchronize(d->stream), status, out);
 
 out:
     bt_free(split);
@@ -271,10 +284,12 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
                                   "draft_kv_k"), status, err);
         BT_CHECK_GOTO(draft_alloc(d, &d->d_vc, slots * d->kv_dim * es,
                                   "draft_kv_v"), status, err);
-        BT_CUDA_CHECK_GOTO(cudaMemset(d->d_kc, 0, slots * d->kv_dim * es),
-                           status, err);
-        BT_CUDA_CHECK_GOTO(cudaMemset(d->d_vc, 0, slots * d->kv_dim * es),
-                           status, err);
+        BT_CUDA_CHECK_GOTO(cudaMemsetAsync(d->d_kc, 0,
+                                           slots * d->kv_dim * es,
+                                           d->stream), status, err);
+        BT_CUDA_CHECK_GOTO(cudaMemsetAsync(d->d_vc, 0,
+                                           slots * d->kv_dim * es,
+                                           d->stream), status, err);
         BT_CHECK_GOTO(draft_alloc(d, (void **)&d->d_bt,
                                   sizeof(int) * (size_t)n_bt, "draft_bt"),
                       status, err);
@@ -285,15 +300,17 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
         }
         for (int i = 0; i < n_bt; i++)
             bt[i] = i;
-        BT_CUDA_CHECK_GOTO(cudaMemcpy(d->d_bt, bt, sizeof(int) * n_bt,
-                                      cudaMemcpyHostToDevice), status, err);
+        BT_CUDA_CHECK_GOTO(cudaMemcpyAsync(d->d_bt, bt, sizeof(int) * n_bt,
+                                           cudaMemcpyHostToDevice,
+                                           d->stream), status, err);
         BT_CHECK_GOTO(draft_alloc(d, &d->d_store,
                                   (size_t)cfg->n_states * cfg->store_rows *
                                       d->dim * es, "draft_store"),
                       status, err);
-        BT_CUDA_CHECK_GOTO(cudaMemset(d->d_store, 0,
+        BT_CUDA_CHECK_GOTO(cudaMemsetAsync(d->d_store, 0,
                                       (size_t)cfg->n_states *
-                                          cfg->store_rows * d->dim * es),
+                                          cfg->store_rows * d->dim * es,
+                                           d->stream),
                            status, err);
     }
 #define DRAFT_ACT(_p, _bytes, _name)                                        \
@@ -326,6 +343,9 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
                                       ch * CUDA_DRAFT_META * sizeof(int)),
                        status, err);
     bt_free(bt);
+    bt = NULL;
+    /* the bt copy and memsets above are stream-ordered: let them land */
+    BT_CUDA_CHECK_GOTO(cudaStreamSynchronize(d->stream), status, err);
     BT_LOG_INFO("SPEC", "device draft head: %zu MiB on device (%s, %d "
                 "states of %d slots)", d->dev_bytes >> 20,
                 cfg->bf16 ? "bf16" : "f32", cfg->n_states, cfg->state_slots);
@@ -341,6 +361,9 @@ err:
 void cuda_draft_destroy(cuda_draft_t **draft_p)
 {
     cuda_draft_t *d = *draft_p;
+
+    if (d == NULL)
+        return;
     void **bufs[] = {
         &d->d_fce, &d->d_fcf, (void **)&d->d_fcb, &d->d_wqkv, &d->d_wo,
         &d->d_post_norm, &d->d_wgu, &d->d_wdown, &d->d_emb,
@@ -352,8 +375,6 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
         (void **)&d->d_top_logp, (void **)&d->d_meta, (void **)&d->d_mask,
     };
 
-    if (d == NULL)
-        return;
     (void)cudaSetDevice(d->cfg.device_index);
     if (d->stream)
         (void)cudaStreamSynchronize(d->stream);
