@@ -18,6 +18,8 @@
  *                      prefilling -> decoding (dispatch, grants, the
  *                      first token, the token relay)
  *   router_policy.c    which workers take a request; KV transport per pair
+ *   router_metrics.c   counters, histograms, the Prometheus text
+ *   router_http.c      the metrics HTTP listener (GET /metrics)
  */
 #include "router.h"
 
@@ -50,6 +52,8 @@ void router_config_init(router_config_t *cfg)
     cfg->max_inflight = 0;
     cfg->kv_transport = "auto";
     cfg->aggregate = "fallback";
+    cfg->metrics_port = -1;
+    cfg->metrics_host = "127.0.0.1";
 }
 
 bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
@@ -63,6 +67,7 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
     if (r == NULL)
         return BT_ERR_NO_MEMORY;
     r->cfg = *cfg;
+    router__metrics_init(&r->metrics);
     r->policy = router__policy_find(cfg->policy);
     if (r->policy == NULL) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "unknown policy %s",
@@ -115,9 +120,17 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
     /* A restarted worker reuses its name: let it take the route over. */
     zmq_setsockopt(r->control_sock, ZMQ_ROUTER_HANDOVER, &handover,
                    sizeof(handover));
+    if (cfg->metrics_port >= 0) {
+        status = router__http_create(cfg->metrics_host, cfg->metrics_port,
+                                     &r->http);
+        if (status != BT_OK)
+            goto err_control;
+    }
     *router_p = r;
     return BT_OK;
 
+err_control:
+    bt_zmq_socket_destroy(&r->control_sock);
 err_client:
     bt_zmq_socket_destroy(&r->client_sock);
 err_ctx:
@@ -138,6 +151,7 @@ void router_destroy(router_t **router_p)
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
         router__worker_clear(&r->workers[i]);
     bt_free(r->queue);
+    router__http_destroy(&r->http);
     bt_zmq_socket_destroy(&r->client_sock);
     bt_zmq_socket_destroy(&r->control_sock);
     zmq_ctx_term(r->ctx);
@@ -160,9 +174,15 @@ int router_control_port(const router_t *router)
     return bt_zmq_bound_port(router->control_sock);
 }
 
+int router_metrics_port(const router_t *router)
+{
+    return router->http != NULL ? router__http_port(router->http) : -1;
+}
+
 bt_status_t router_run(router_t *r)
 {
-    zmq_pollitem_t items[2] = {
+    /* The two ZeroMQ sockets, then the metrics listener's fds. */
+    zmq_pollitem_t items[2 + 1 + ROUTER_HTTP_MAX_CONNS] = {
         { r->client_sock, 0, ZMQ_POLLIN, 0 },
         { r->control_sock, 0, ZMQ_POLLIN, 0 },
     };
@@ -171,9 +191,12 @@ bt_status_t router_run(router_t *r)
     BT_LOG_INFO("ROUTER", "serving clients on %s (port %d), workers on %s "
                 "(port %d), policy %s", r->cfg.listen, router_client_port(r),
                 r->cfg.control, router_control_port(r), r->policy->name);
+    if (r->http != NULL)
+        BT_LOG_INFO("ROUTER", "metrics on http://%s:%d/metrics",
+                    r->cfg.metrics_host, router_metrics_port(r));
     for (;;) {
         uint64_t now;
-        int rc;
+        int rc, n_http = 0;
 
         if (r->stop && !r->draining) {
             r->draining = true;
@@ -193,7 +216,9 @@ bt_status_t router_run(router_t *r)
                 break;
             }
         }
-        rc = zmq_poll(items, 2, ROUTER_TICK_MS);
+        if (r->http != NULL)
+            n_http = router__http_poll_items(r->http, items + 2);
+        rc = zmq_poll(items, 2 + n_http, ROUTER_TICK_MS);
         if (rc < 0 && zmq_errno() != EINTR)
             return BT_ZMQ_ERROR("zmq_poll");
         for (int s = 0; s < 2 && rc > 0; s++) {
@@ -211,6 +236,9 @@ bt_status_t router_run(router_t *r)
             }
         }
         now = bt_time_ns();
+        if (r->http != NULL)
+            router__http_process(r->http, r, items + 2, rc > 0 ? n_http : 0,
+                                 now);
         if (now - last_tick >= ROUTER_TICK_MS * 1000000ull) {
             last_tick = now;
             router__check_liveness(r, now);

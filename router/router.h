@@ -18,6 +18,9 @@
  * worker prefills its own request (aggregated mode).  The choice is reported per pair in
  * the cluster status.
  *
+ * With metrics_port set it serves Prometheus metrics over HTTP (GET
+ * /metrics; router_metrics.c lists them).
+ *
  * Single-threaded: router_run() is the event loop (zmq_poll, no busy
  * polling).  router_stop() may be called from a signal handler.
  */
@@ -53,6 +56,10 @@ typedef struct {
                              * no prefill worker is usable; "always": such
                              * workers always prefill their requests;
                              * "never" */
+    int metrics_port;       /* HTTP port serving Prometheus GET /metrics;
+                             * -1 (default): none, 0: any free port
+                             * (router_metrics_port() tells which) */
+    const char *metrics_host; /* address it binds ("127.0.0.1") */
 } router_config_t;
 
 void router_config_init(router_config_t *cfg);
@@ -74,6 +81,8 @@ void router_stop(router_t *router);
 /* The ports actually bound (useful with port 0). */
 int router_client_port(const router_t *router);
 int router_control_port(const router_t *router);
+/* The metrics HTTP port bound, -1 without one. */
+int router_metrics_port(const router_t *router);
 
 #ifdef __cplusplus
 }

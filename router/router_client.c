@@ -46,8 +46,11 @@ void router__send_chunk(router_t *r, router_req_t *req, int index,
     msg.body_case = BATON__CLIENT_MESSAGE__BODY_CHUNK;
     msg.chunk = &c;
     send_client(r, req, &msg);
-    if (req->t_first == 0)
+    if (req->t_first == 0) {
         req->t_first = bt_time_ns();
+        router__hist_observe(&r->metrics.ttft,
+                             (double)(req->t_first - req->t_arrival) * 1e-9);
+    }
 }
 
 static uint64_t us_between(uint64_t a, uint64_t b)
@@ -114,6 +117,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
         proto_client_send_error(r->client_sock, cid, cid_len, rid, _code,   \
                                 __VA_ARGS__);                               \
         r->failed++;                                                        \
+        r->metrics.rejected[(_code) % ROUTER_METRICS_CODES]++;              \
         return;                                                             \
     } while (0)
 
@@ -217,6 +221,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     if (g->deadline_ms > 0)
         req->deadline_ns = req->t_arrival + (uint64_t)g->deadline_ms * 1000000ull;
     router__req_admit(r, req);
+    r->metrics.admitted++;
 #undef REJECT
 }
 
@@ -233,6 +238,7 @@ static void on_cancel(router_t *r, const uint8_t *cid, size_t cid_len,
     router__req_release_workers(r, req);
     router__send_finished(r, req, BATON__FINISH_REASON__FINISH_CANCELLED);
     r->completed++;
+    r->metrics.finished[BATON__FINISH_REASON__FINISH_CANCELLED]++;
     router__req_destroy(r, req);
 }
 

@@ -206,6 +206,9 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     }
     req->state = ROUTER_REQ_PREFILLING; /* reserve counted no more */
     req->epoch = g->epoch;
+    if (req->t_granted == 0) /* the first grant ends the queue wait */
+        router__hist_observe(&r->metrics.queue_wait,
+                             (double)(bt_time_ns() - req->t_arrival) * 1e-9);
     req->t_granted = bt_time_ns();
     p = router__worker_by_uid(r, req->prefill_uid);
     if (p == NULL || !router__worker_is_usable(p)) {
@@ -439,6 +442,8 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
                           : req->transport;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_READY;
     msg.kv_ready = &ready;
+    r->metrics.handoffs[(unsigned)ready.transport %
+                        ROUTER_METRICS_TRANSPORTS]++;
     router__send_control(r, d, &msg);
     req->state = ROUTER_REQ_DECODING;
     bt_free(tokens);

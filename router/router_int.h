@@ -170,7 +170,108 @@ struct router_req_s {
     bool queued;               /* in the admission queue */
 };
 
+// ---------------------------------------------------------------------------
+// router_metrics.c: counters, histograms, the Prometheus text
+
+#define ROUTER_METRICS_CODES 16     /* ErrorCode values counted */
+#define ROUTER_METRICS_FINISH 4     /* FinishReason values counted */
+#define ROUTER_METRICS_TRANSPORTS 8 /* KvTransport values counted */
+#define ROUTER_HIST_MAX_BUCKETS 20
+
+/* A growable byte string; data[len] is NUL when data != NULL. */
+typedef struct {
+    char *data;  /* (cap) bytes, bt_malloc'ed */
+    size_t len;  /* bytes in use */
+    size_t cap;  /* bytes allocated */
+} router_buf_t;
+
+void router__buf_cleanup(router_buf_t *buf);
+bt_status_t router__buf_printf(router_buf_t *buf, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* A latency histogram (Prometheus buckets, seconds). */
+typedef struct {
+    const double *bounds;                     /* (n_bounds) upper bounds */
+    int n_bounds;
+    uint64_t counts[ROUTER_HIST_MAX_BUCKETS]; /* per bucket, not
+                                                 cumulative; [n_bounds] is
+                                                 +Inf */
+    double sum;                               /* of observed values */
+    uint64_t count;                           /* observations */
+} router_hist_t;
+
+/* What the router counts (gauges are read from its state at render). */
+typedef struct {
+    uint64_t finished[ROUTER_METRICS_FINISH]; /* ended with Finished, by
+                                                 FinishReason */
+    uint64_t failed[ROUTER_METRICS_CODES];    /* admitted, ended with an
+                                                 error, by ErrorCode */
+    uint64_t rejected[ROUTER_METRICS_CODES];  /* refused at admission, by
+                                                 ErrorCode */
+    uint64_t admitted;                        /* into the queue */
+    uint64_t retries;                         /* re-queued after a worker
+                                                 failure */
+    uint64_t handoffs[ROUTER_METRICS_TRANSPORTS]; /* KvReady sent, by
+                                                     KvTransport */
+    uint64_t worker_drops;                    /* workers dropped (dead,
+                                                 silent, left) */
+    router_hist_t ttft;       /* arrival -> first token to the client */
+    router_hist_t tpot;       /* per request: (last - first token) /
+                                 (tokens - 1) */
+    router_hist_t queue_wait; /* arrival -> first KV grant */
+} router_metrics_t;
+
+void router__metrics_init(router_metrics_t *m);
+void router__hist_observe(router_hist_t *h, double v);
+
 struct router_s;
+
+/* Appends every metric (the counters and the router's and each worker's
+ * state now) in the Prometheus text format 0.0.4. */
+bt_status_t router__metrics_render(struct router_s *r, uint64_t now,
+                                   router_buf_t *out);
+
+// ---------------------------------------------------------------------------
+// router_http.c: the metrics HTTP listener
+
+#define ROUTER_HTTP_MAX_CONNS 16     /* open connections at most */
+#define ROUTER_HTTP_MAX_REQUEST 8192 /* request line + headers */
+
+/* A parsed request (pure function of the bytes: unit tests and the fuzz
+ * target drive it directly). */
+typedef struct {
+    int status;   /* the status to answer: 200 (GET/HEAD /metrics),
+                     400, 404, 405, 431, 505 */
+    bool head;    /* HEAD: headers only */
+    size_t len;   /* bytes of the request head (through the blank
+                     line) */
+} router_http_req_t;
+
+/* Parses the request head at buf[0..len).  BT_IN_PROGRESS: the blank
+ * line is not there yet (and len is under ROUTER_HTTP_MAX_REQUEST);
+ * BT_OK: *req says how to answer (status 400 for anything malformed:
+ * bad request line, bad header, bare CR, a folded line, no Host in
+ * HTTP/1.1, Transfer-Encoding, a bad Content-Length; 431 when the head
+ * exceeds ROUTER_HTTP_MAX_REQUEST).  Never reads past buf[len-1]. */
+bt_status_t router__http_parse(const char *buf, size_t len,
+                               router_http_req_t *req);
+
+typedef struct router_http_s router_http_t;
+
+/* Listens on host:port (0: any free port), non-blocking. */
+bt_status_t router__http_create(const char *host, int port,
+                                router_http_t **http_p);
+void router__http_destroy(router_http_t **http_p);
+int router__http_port(const router_http_t *http);
+
+/* Fills items[] (room for 1 + ROUTER_HTTP_MAX_CONNS) with the fds to
+ * poll; returns how many. */
+int router__http_poll_items(router_http_t *http, zmq_pollitem_t *items);
+/* After zmq_poll: accepts, reads, answers (rendering the metrics of r),
+ * writes and closes; connections idle for 5 s are closed. */
+void router__http_process(router_http_t *http, struct router_s *r,
+                          const zmq_pollitem_t *items, int n_items,
+                          uint64_t now);
 
 /* A policy picks workers for a request; NULL when none can take it. */
 typedef struct {
@@ -217,6 +318,8 @@ struct router_s {
     uint64_t completed;
     uint64_t failed;
     uint64_t last_liveness_ns;
+    router_metrics_t metrics;  /* for GET /metrics */
+    router_http_t *http;       /* metrics listener, NULL without one */
 };
 
 // ---------------------------------------------------------------------------

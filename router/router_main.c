@@ -47,6 +47,11 @@ static void usage(FILE *out)
         "  --queue-timeout-ms N longest wait for workers (30000)\n"
         "  --drain-timeout-ms N longest drain on SIGTERM (30000)\n"
         "  --max-retries N      re-prefills after worker failure (3)\n"
+        "  --metrics-port N     serve Prometheus GET /metrics over HTTP on\n"
+        "                       this port (env BATON_METRICS_PORT; 0 = any\n"
+        "                       free port, logged; default: off)\n"
+        "  --metrics-host H     address the metrics port binds (127.0.0.1;\n"
+        "                       0.0.0.0 for a scraper on another host)\n"
         "  --help\n"
         "SIGTERM/SIGINT: stop admitting, finish in-flight requests, exit.\n");
 }
@@ -75,6 +80,8 @@ int main(int argc, char **argv)
         { "queue-timeout-ms", required_argument, 0, 'Q' },
         { "drain-timeout-ms", required_argument, 0, 'D' },
         { "max-retries", required_argument, 0, 'r' },
+        { "metrics-port", required_argument, 0, 'm' },
+        { "metrics-host", required_argument, 0, 'B' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -90,6 +97,10 @@ int main(int argc, char **argv)
         cfg.listen = getenv("BATON_LISTEN");
     if (getenv("BATON_CONTROL"))
         cfg.control = getenv("BATON_CONTROL");
+    if (getenv("BATON_METRICS_PORT") &&
+        parse_int_opt("BATON_METRICS_PORT", getenv("BATON_METRICS_PORT"),
+                      &cfg.metrics_port) != 0)
+        return 2;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'l': cfg.listen = optarg; break;
@@ -104,6 +115,8 @@ int main(int argc, char **argv)
         case 'Q': ret = parse_int_opt("--queue-timeout-ms", optarg, &cfg.queue_timeout_ms); break;
         case 'D': ret = parse_int_opt("--drain-timeout-ms", optarg, &cfg.drain_timeout_ms); break;
         case 'r': ret = parse_int_opt("--max-retries", optarg, &cfg.max_retries); break;
+        case 'm': ret = parse_int_opt("--metrics-port", optarg, &cfg.metrics_port); break;
+        case 'B': cfg.metrics_host = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

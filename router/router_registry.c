@@ -107,6 +107,7 @@ void router__worker_drop(router_t *r, router_worker_t *w, const char *why)
     BT_LOG_WARN("ROUTER", "worker %s (%s) dropped: %s", w->name,
                 w->role == BATON__ROLE__ROLE_PREFILL ? "prefill" : "decode",
                 why);
+    r->metrics.worker_drops++;
     for (req = r->all_head; req != NULL; req = next) {
         next = req->all_next;
         /* Decode first: an aggregated worker is both of a request's. */

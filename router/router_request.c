@@ -191,6 +191,7 @@ void router__req_fail(router_t *r, router_req_t *req, Baton__ErrorCode code,
     router__req_release_workers(r, req);
     router__send_req_error(r, req, code, text);
     r->failed++;
+    r->metrics.failed[(unsigned)code % ROUTER_METRICS_CODES]++;
     router__req_destroy(r, req);
 }
 
@@ -214,6 +215,7 @@ void router__req_requeue(router_t *r, router_req_t *req, bool failure,
                     "(%d tokens streamed, retry %d)",
                     (unsigned long long)req->id, req->n_generated,
                     req->retries);
+        r->metrics.retries++;
     }
     req->retry_at_ns = bt_time_ns() + delay_ns;
     queue_insert(r, req, true);
@@ -222,8 +224,15 @@ void router__req_requeue(router_t *r, router_req_t *req, bool failure,
 void router__req_complete(router_t *r, router_req_t *req,
                           Baton__FinishReason reason)
 {
+    uint64_t now = bt_time_ns();
+
     router__send_finished(r, req, reason);
     r->completed++;
+    r->metrics.finished[(unsigned)reason % ROUTER_METRICS_FINISH]++;
+    if (req->n_generated >= 2 && req->t_first != 0 && now > req->t_first)
+        router__hist_observe(&r->metrics.tpot,
+                             (double)(now - req->t_first) * 1e-9 /
+                                 (req->n_generated - 1));
     router__req_destroy(r, req);
 }
 
