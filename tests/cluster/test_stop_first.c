@@ -216,7 +216,7 @@ int main(void)
 {
     static const char *prompt = "The robot";
     static const char *long_prompt = "Once upon a time";
-    char listen[64], control[64], stop[512];
+    char listen[64], control[64], stop[TEXT_MAX + 2];
     run_out_t one, two, all, want, got;
     int ids[CU_MAX_IDS], n_ids, port;
     size_t l1;
