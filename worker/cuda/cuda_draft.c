@@ -16,6 +16,8 @@
 #include "cuda_draft.h"
 
 #include <limits.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <math.h>
 #include <string.h>
 
@@ -38,6 +40,21 @@
 #define CUDA_DRAFT_LOGIT_ROWS 256  /* classifier rows per pass */
 #define CUDA_DRAFT_STAGE (64u << 20) /* f32 staging for uploads, bytes */
 #define CUDA_DRAFT_META 10         /* ints per row in the metadata */
+#define CUDA_DRAFT_GRAPHS 64       /* captured passes kept */
+
+/* What a captured pass depends on besides the fixed buffers. */
+typedef struct {
+    int n;                    /* rows */
+    int n_hidden;             /* target feature rows to normalise */
+    int k;                    /* top-k (0: no classifier) */
+    int n_splits;             /* attention plan */
+    int split_len;
+} draft_key_t;
+
+typedef struct {
+    draft_key_t key;
+    cudaGraphExec_t exec;
+} draft_graph_t;
 
 struct cuda_draft_s {
     cuda_draft_config_t cfg;
@@ -95,6 +112,12 @@ struct cuda_draft_s {
     uint8_t *d_mask;
     size_t mask_cap;
     size_t dev_bytes;
+
+    bool use_graphs;          /* BT_DRAFT_GRAPHS != 0 and no failure */
+    draft_graph_t graphs[CUDA_DRAFT_GRAPHS];
+    int n_graphs;
+    draft_key_t seen[CUDA_DRAFT_GRAPHS]; /* keys run once eagerly */
+    int n_seen;
 };
 
 // ---------------------------------------------------------------------
@@ -228,6 +251,9 @@ out:
     return status;
 }
 
+static bt_status_t draft_mask_reserve(cuda_draft_t *d, size_t bytes);
+static void draft_graphs_drop(cuda_draft_t *d);
+
 bt_status_t cuda_draft_create(const spec_head_t *head,
                               const cuda_draft_config_t *cfg,
                               cuda_draft_t **draft_p)
@@ -342,6 +368,15 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
     BT_CUDA_CHECK_GOTO(cudaMallocHost((void **)&d->h_meta,
                                       ch * CUDA_DRAFT_META * sizeof(int)),
                        status, err);
+    /* masks of a full pass of tree rows, so captured passes keep d_mask */
+    BT_CHECK_GOTO(draft_mask_reserve(d, ch * (size_t)(cfg->store_rows +
+                                                      CUDA_DRAFT_TOPK_MAX)),
+                  status, err);
+    {
+        const char *env = getenv("BT_DRAFT_GRAPHS");
+
+        d->use_graphs = env == NULL || strcmp(env, "0") != 0;
+    }
     bt_free(bt);
     bt = NULL;
     /* the bt copy and memsets above are stream-ordered: let them land */
@@ -378,6 +413,7 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
     (void)cudaSetDevice(d->cfg.device_index);
     if (d->stream)
         (void)cudaStreamSynchronize(d->stream);
+    draft_graphs_drop(d);
     if (d->d_cls != d->d_emb)
         cuda__dev_free(&d->d_cls);
     d->d_cls = NULL;
@@ -464,92 +500,30 @@ static bt_status_t draft_classify(cuda_draft_t *d, const void *d_x, int n,
     return status;
 }
 
-/* One pass over at most CUDA_DRAFT_CHUNK rows. */
-static bt_status_t draft_pass(cuda_draft_t *d, int n,
-                              const cuda_draft_row_t *rows,
-                              const float *h_hidden, int n_hidden, int k,
-                              int *top_ids, float *top_logp, float *h_feat,
-                              float *h_logits)
+/* The device work of one pass over n rows whose metadata is in d_meta
+ * (layout of draft_pass) and masks in d_mask: features, the head's layer,
+ * the store writes and, with k > 0, the classifier and top-k into
+ * d_top_ids / d_top_logp.  No host copies and no allocation, so a CUDA
+ * graph can capture it. */
+static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden, int k,
+                                 bool logits, int n_splits, int split_len)
 {
-    const cuda_draft_config_t *c = &d->cfg;
-    int *tok = d->h_meta, *pos = tok + n, *slot = pos + n, *kvl = slot + n;
-    int *bto = kvl + n, *ctx = bto + n, *mo = ctx + n, *fsrc = mo + n;
-    int *odst = fsrc + n;
     int *d_tok = d->d_meta, *d_pos = d_tok + n, *d_slot = d_pos + n;
     int *d_kvl = d_slot + n, *d_bto = d_kvl + n, *d_ctx = d_bto + n;
     int *d_mo = d_ctx + n, *d_fsrc = d_mo + n, *d_odst = d_fsrc + n;
-    size_t mask_total = 0, at = 0;
-    int state_slots = d->nb_per * CUDA_DRAFT_BLOCK, max_kv = 1;
-    int n_splits, split_len, max_splits;
     cuda_rope_kv_args_t ra;
     cuda_attn_args_t aa;
-    bt_status_t status;
+    bt_status_t status = BT_OK;
 
-    for (int i = 0; i < n; i++) {
-        const cuda_draft_row_t *r = &rows[i];
-
-        if (r->state < 0 || r->state >= c->n_states || r->slot < 0 ||
-            r->slot >= c->state_slots || r->ctx < 0 || r->ctx > r->kv_len ||
-            r->kv_len > c->state_slots || r->slot >= r->kv_len ||
-            r->token < 0 || r->token >= d->vocab || r->pos < 0 ||
-            r->feat >= c->store_rows || r->feat < -n_hidden ||
-            r->out >= c->store_rows)
-            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
-                            "device draft row %d is malformed (state %d, "
-                            "slot %d, ctx %d, kv_len %d, feat %d, out %d)",
-                            i, r->state, r->slot, r->ctx, r->kv_len,
-                            r->feat, r->out);
-        if (r->mask)
-            mask_total += (size_t)(r->kv_len - r->ctx);
-    }
-    status = draft_mask_reserve(d, BT_MAX(mask_total, (size_t)1));
-    if (status != BT_OK)
-        return status;
-    for (int i = 0; i < n; i++) {
-        const cuda_draft_row_t *r = &rows[i];
-        int base = r->state * state_slots;
-
-        tok[i] = r->token;
-        pos[i] = r->pos;
-        slot[i] = base + r->slot;
-        kvl[i] = r->kv_len;
-        bto[i] = r->state * d->nb_per;
-        ctx[i] = r->ctx;
-        mo[i] = -1;
-        if (r->mask) {
-            mo[i] = (int)at;
-            memcpy(d->h_mask + at, r->mask, (size_t)(r->kv_len - r->ctx));
-            at += (size_t)(r->kv_len - r->ctx);
-        }
-        fsrc[i] = r->feat >= 0 ? r->state * c->store_rows + r->feat
-                               : r->feat;
-        odst[i] = r->out >= 0 ? r->state * c->store_rows + r->out : -1;
-        max_kv = BT_MAX(max_kv, r->kv_len);
-    }
-
-    /* uploads */
-    status = BT_CUDA_STATUS(cudaMemcpyAsync(
-        d->d_meta, d->h_meta, (size_t)CUDA_DRAFT_META * n * sizeof(int),
-        cudaMemcpyHostToDevice, d->stream));
-    if (status == BT_OK && at > 0)
-        status = BT_CUDA_STATUS(cudaMemcpyAsync(d->d_mask, d->h_mask, at,
-                                                cudaMemcpyHostToDevice,
-                                                d->stream));
-    if (status == BT_OK && n_hidden > 0)
-        status = BT_CUDA_STATUS(cudaMemcpyAsync(
-            d->d_hid, h_hidden, (size_t)n_hidden * d->dim * sizeof(float),
-            cudaMemcpyHostToDevice, d->stream));
     /* target features: rmsnorm(hidden) * final_norm */
-    if (status == BT_OK && n_hidden > 0)
+    if (n_hidden > 0)
         status = cuda_rmsnorm(d->d_hid, NULL, d->d_final_norm, NULL,
                               n_hidden, d->dim, d->eps, d->d_hfeat, d->dt,
                               d->stream);
-    if (status != BT_OK)
-        return status;
-
     /* fc over [embedding; feature] */
-    status = cuda_draft_rows(d->d_store, d->d_hfeat, d_fsrc, NULL, n, d->dim,
-                             d->d_xf, d->dt, d->stream);
+    if (status == BT_OK)
+        status = cuda_draft_rows(d->d_store, d->d_hfeat, d_fsrc, NULL, n,
+                                 d->dim, d->d_xf, d->dt, d->stream);
     if (status == BT_OK)
         status = cuda_draft_rows(d->d_emb, NULL, d_tok, NULL, n, d->dim,
                                  d->d_xe, d->dt, d->stream);
@@ -603,12 +577,6 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
     aa.d_ctx_len = d_ctx;
     aa.d_mask_off = d_mo;
     aa.d_out = d->d_att;
-    max_splits = (int)BT_MIN((size_t)64,
-                             d->ws_floats / ((size_t)n * d->nh *
-                                             (d->hd + 2)));
-    max_splits = BT_MAX(max_splits, 1);
-    cuda_attn_decode_plan(n, max_kv, d->nh, d->nkv, d->n_sm, max_splits,
-                          &n_splits, &split_len);
     status = cuda_attn_decode(&aa, NULL, n, n_splits, split_len, d->d_ws,
                               d->dt, d->stream);
     if (status == BT_OK)
@@ -629,20 +597,201 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
         status = worker_gemm(d->gemm, n, d->dim, d->hid, d->d_hh,
                              d->d_wdown, d->dt, d->d_h, CUDA_DT_F32, true,
                              d->stream);
-    /* outputs: store rows, then the classifier */
+    /* outputs: store rows, then the classifier and top-k */
     if (status == BT_OK)
         status = cuda_convert(d->d_h, CUDA_SRC_F32, (size_t)n * d->dim,
                               d->d_hx, d->dt, d->stream);
     if (status == BT_OK)
         status = cuda_draft_rows(d->d_hx, NULL, NULL, d_odst, n, d->dim,
                                  d->d_store, d->dt, d->stream);
+    if (status == BT_OK && (k > 0 || logits))
+        status = worker_gemm(d->gemm, n, d->vocab, d->dim, d->d_hx,
+                             d->d_cls, d->dt, d->d_logits, CUDA_DT_F32,
+                             false, d->stream);
+    if (status == BT_OK && k > 0)
+        status = cuda_topk_logprob(d->d_logits, n, d->vocab, k,
+                                   d->d_top_ids, d->d_top_logp, d->stream);
+    return status;
+}
+
+/* Drops every captured pass (a buffer they point to moved). */
+static void draft_graphs_drop(cuda_draft_t *d)
+{
+    for (int i = 0; i < d->n_graphs; i++)
+        cudaGraphExecDestroy(d->graphs[i].exec);
+    d->n_graphs = 0;
+    d->n_seen = 0;
+}
+
+/* Runs draft_enqueue for this key from a CUDA graph: found, or captured
+ * the second time the key is seen (the first run is eager, so GEMM
+ * tuning happens outside capture).  *done_p false: run it eagerly. */
+static bt_status_t draft_graph_run(cuda_draft_t *d, const draft_key_t *key,
+                                   bool *done_p)
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    bt_status_t status, st2;
+    bool seen = false;
+
+    *done_p = false;
+    for (int i = 0; i < d->n_graphs; i++)
+        if (memcmp(&d->graphs[i].key, key, sizeof(*key)) == 0) {
+            *done_p = true;
+            return BT_CUDA_STATUS(cudaGraphLaunch(d->graphs[i].exec,
+                                                  d->stream));
+        }
+    for (int i = 0; i < d->n_seen && !seen; i++)
+        seen = memcmp(&d->seen[i], key, sizeof(*key)) == 0;
+    if (!seen) {
+        if (d->n_seen < CUDA_DRAFT_GRAPHS)
+            d->seen[d->n_seen++] = *key;
+        return BT_OK;
+    }
+    if (d->n_graphs == CUDA_DRAFT_GRAPHS)
+        return BT_OK; /* full: eager from now on for new keys */
+    status = BT_CUDA_STATUS(cudaStreamBeginCapture(
+        d->stream, cudaStreamCaptureModeThreadLocal));
+    if (status != BT_OK)
+        goto fail;
+    status = draft_enqueue(d, key->n, key->n_hidden, key->k, false,
+                           key->n_splits, key->split_len);
+    st2 = BT_CUDA_STATUS(cudaStreamEndCapture(d->stream, &graph));
+    if (status == BT_OK)
+        status = st2;
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaGraphInstantiate(&exec, graph, 0));
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (status != BT_OK)
+        goto fail;
+    d->graphs[d->n_graphs].key = *key;
+    d->graphs[d->n_graphs++].exec = exec;
+    *done_p = true;
+    return BT_CUDA_STATUS(cudaGraphLaunch(exec, d->stream));
+
+fail:
+    /* graphs are an optimisation: log once and run eagerly from now on */
+    BT_LOG_WARN("SPEC", "device draft: graph capture failed (%s); running "
+                "the head without graphs", bt_error_last());
+    (void)cudaGetLastError();
+    d->use_graphs = false;
+    return BT_OK;
+}
+
+/* One pass over at most CUDA_DRAFT_CHUNK rows: metadata up, the device
+ * work (from a graph when it can), results down (async; caller syncs). */
+static bt_status_t draft_pass(cuda_draft_t *d, int n,
+                              const cuda_draft_row_t *rows,
+                              const float *h_hidden, int n_hidden, int k,
+                              int *top_ids, float *top_logp, float *h_feat,
+                              float *h_logits)
+{
+    const cuda_draft_config_t *c = &d->cfg;
+    int *tok = d->h_meta, *pos = tok + n, *slot = pos + n, *kvl = slot + n;
+    int *bto = kvl + n, *ctx = bto + n, *mo = ctx + n, *fsrc = mo + n;
+    int *odst = fsrc + n;
+    size_t mask_total = 0, at = 0;
+    int state_slots = d->nb_per * CUDA_DRAFT_BLOCK, max_kv = 1;
+    int max_splits;
+    draft_key_t key;
+    bool done = false;
+    bt_status_t status;
+
+    for (int i = 0; i < n; i++) {
+        const cuda_draft_row_t *r = &rows[i];
+
+        if (r->state < 0 || r->state >= c->n_states || r->slot < 0 ||
+            r->slot >= c->state_slots || r->ctx < 0 || r->ctx > r->kv_len ||
+            r->kv_len > c->state_slots || r->slot >= r->kv_len ||
+            r->token < 0 || r->token >= d->vocab || r->pos < 0 ||
+            r->feat >= c->store_rows || r->feat < -n_hidden ||
+            r->out >= c->store_rows)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "device draft row %d is malformed (state %d, "
+                            "slot %d, ctx %d, kv_len %d, feat %d, out %d)",
+                            i, r->state, r->slot, r->ctx, r->kv_len,
+                            r->feat, r->out);
+        if (r->mask)
+            mask_total += (size_t)(r->kv_len - r->ctx);
+    }
+    if (mask_total > d->mask_cap)
+        draft_graphs_drop(d); /* d_mask moves */
+    status = draft_mask_reserve(d, BT_MAX(mask_total, (size_t)1));
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < n; i++) {
+        const cuda_draft_row_t *r = &rows[i];
+        int base = r->state * state_slots;
+
+        tok[i] = r->token;
+        pos[i] = r->pos;
+        slot[i] = base + r->slot;
+        kvl[i] = r->kv_len;
+        bto[i] = r->state * d->nb_per;
+        ctx[i] = r->ctx;
+        mo[i] = -1;
+        if (r->mask) {
+            mo[i] = (int)at;
+            memcpy(d->h_mask + at, r->mask, (size_t)(r->kv_len - r->ctx));
+            at += (size_t)(r->kv_len - r->ctx);
+        }
+        fsrc[i] = r->feat >= 0 ? r->state * c->store_rows + r->feat
+                               : r->feat;
+        odst[i] = r->out >= 0 ? r->state * c->store_rows + r->out : -1;
+        max_kv = BT_MAX(max_kv, r->kv_len);
+    }
+
+    /* uploads */
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(
+        d->d_meta, d->h_meta, (size_t)CUDA_DRAFT_META * n * sizeof(int),
+        cudaMemcpyHostToDevice, d->stream));
+    if (status == BT_OK && at > 0)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(d->d_mask, d->h_mask, at,
+                                                cudaMemcpyHostToDevice,
+                                                d->stream));
+    if (status == BT_OK && n_hidden > 0)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d->d_hid, h_hidden, (size_t)n_hidden * d->dim * sizeof(float),
+            cudaMemcpyHostToDevice, d->stream));
+    if (status != BT_OK)
+        return status;
+
+    memset(&key, 0, sizeof(key));
+    key.n = n;
+    key.n_hidden = n_hidden;
+    key.k = k;
+    max_splits = (int)BT_MIN((size_t)64,
+                             d->ws_floats / ((size_t)n * d->nh *
+                                             (d->hd + 2)));
+    max_splits = BT_MAX(max_splits, 1);
+    cuda_attn_decode_plan(n, max_kv, d->nh, d->nkv, d->n_sm, max_splits,
+                          &key.n_splits, &key.split_len);
+    /* test outputs (h_feat, h_logits) take the eager path */
+    if (d->use_graphs && h_feat == NULL && h_logits == NULL) {
+        status = draft_graph_run(d, &key, &done);
+        if (status != BT_OK)
+            return status;
+    }
+    if (!done)
+        status = draft_enqueue(d, n, n_hidden, k, h_logits != NULL,
+                               key.n_splits, key.split_len);
     if (status == BT_OK && h_feat)
         status = BT_CUDA_STATUS(cudaMemcpyAsync(
             h_feat, d->d_h, (size_t)n * d->dim * sizeof(float),
             cudaMemcpyDeviceToHost, d->stream));
-    if (status == BT_OK && (k > 0 || h_logits))
-        status = draft_classify(d, d->d_hx, n, k, top_ids, top_logp,
-                                h_logits);
+    if (status == BT_OK && h_logits)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            h_logits, d->d_logits, (size_t)n * d->vocab * sizeof(float),
+            cudaMemcpyDeviceToHost, d->stream));
+    if (status == BT_OK && k > 0)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            top_ids, d->d_top_ids, (size_t)n * k * sizeof(int),
+            cudaMemcpyDeviceToHost, d->stream));
+    if (status == BT_OK && k > 0)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            top_logp, d->d_top_logp, (size_t)n * k * sizeof(float),
+            cudaMemcpyDeviceToHost, d->stream));
     return status;
 }
 
