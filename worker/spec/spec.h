@@ -66,8 +66,11 @@ bt_status_t spec_config_validate(const spec_config_t *cfg);
 typedef struct spec_s spec_t;
 typedef struct spec_seq_s spec_seq_t;
 
-/* The engine and head are borrowed and must outlive the decoder.  The
- * engine's backend must keep its KV pool in host memory (cpu). */
+/* The engine and head are borrowed and must outlive the decoder.  With
+ * the cpu backend the head runs on the host; with cuda it is copied to
+ * the GPU (cuda_draft.h: its layer, the target's embedding, classifier
+ * and final norm, and one draft state per backend max_seqs; later
+ * sequences decode plainly) and greedy tree steps verify there. */
 bt_status_t spec_create(engine_t *engine, spec_head_t *head,
                         const spec_config_t *cfg, spec_t **spec_p);
 void spec_destroy(spec_t **spec_p);
