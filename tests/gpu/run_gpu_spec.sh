@@ -64,6 +64,11 @@ for m in aidreams260K stories260K; do
     "$M/$m.bin" --head "$H/$m.bin.head.safetensors" --batch 1 --rounds 20 \
     --spec-fixed
 done
+# A/B: the draft head without CUDA graphs (eager launches)
+step "eagle_aidreams260K_b1_fixed_nographs" 60 env BT_DRAFT_GRAPHS=0 "$B" \
+  eagle bench --device cuda --target "$M/aidreams260K.bin" \
+  --head "$H/aidreams260K.bin.head.safetensors" --batch 1 --rounds 20 \
+  --spec-fixed
 
 # 3. llama3-8b shape, forced acceptance
 step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
@@ -75,7 +80,7 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
   echo "## checks"
   echo
   grep -E '^(PASS|FAIL) ' "$log" | sed 's/^/    /'
-  grep -E '^=== [a-z_0-9]+: rc ' "$log" | sed 's/^=== /    /'
+  grep -E '^=== [A-Za-z_0-9]+: rc ' "$log" | sed 's/^=== /    /'
   echo
   echo "## tiny models on cuda (bf16), trained heads: baton eagle bench"
   echo
@@ -83,7 +88,8 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
   echo "| --- | ---: | --- | ---: | ---: | ---: | ---: |"
   awk '
     /^=== eagle_/ && !/: rc [0-9]/ { split($2, a, "_"); model = a[2];
-                              tree = ($0 ~ /--spec-fixed/) ? "fixed 16" : "adaptive" }
+                              tree = ($0 ~ /--spec-fixed/) ? "fixed 16" : "adaptive";
+                              if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no graphs" }
     /^batch:/ { for (i = 1; i <= NF; i++) { split($i, kv, ":"); v[kv[1]] = kv[2] }
                 printf "| %s | %s | %s | %s | %s | %s | %s |\n", model, v["batch"],
                        tree, v["plain_tok_s"], v["spec_tok_s"], v["speedup"],
