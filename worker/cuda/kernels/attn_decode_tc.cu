@@ -306,15 +306,22 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              cudaStream_t stream)
 {
     const size_t bytes = tc_smem<HD>::BYTES;
-    static bool attr_set;
+    /* The shared-memory opt-in is a per-device attribute: tensor-parallel
+     * ranks (one thread per GPU) each need it on their own device. */
+    static bool attr_set[64];
+    int dev = 0;
+    cudaError_t derr = cudaGetDevice(&dev);
 
-    if (!attr_set) {
+    if (derr != cudaSuccess)
+        return derr;
+    if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
             attn_decode_tc_kernel<HD>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
-        attr_set = true;
+        if (dev >= 0 && dev < 64)
+            attr_set[dev] = true;
     }
     kern_launch(attn_decode_tc_kernel<HD>, dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
