@@ -13,6 +13,19 @@
 #include "kernels_ref.h"
 #include "kt_common.h"
 
+/* " PF=2" etc. for the rows-kernel switches that are set (labels). */
+static const char *kt_switches(void)
+{
+    static char buf[64];
+    const char *pf = getenv("BT_GEMV_PF"), *tr = getenv("BT_GEMV_TRIGGER");
+    const char *mb = getenv("BT_GEMV_PF_MB");
+
+    snprintf(buf, sizeof(buf), "%s%s%s%s%s%s", pf ? " PF=" : "", pf ? pf : "",
+             tr ? " trigger=" : "", tr ? tr : "", mb ? " PF_MB=" : "",
+             mb ? mb : "");
+    return buf;
+}
+
 static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
                      cuda_dtype_t in_dt, cuda_dtype_t out_dt, int acc)
 {
@@ -28,7 +41,7 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
                     : kt_poisoned((size_t)t * o, out_dt);
     KT_OK(worker_gemm(g, t, o, i, d_x, d_w, in_dt, d_y, out_dt, acc != 0, 0));
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
-    char what[96];
+    char what[160];
     snprintf(what, sizeof(what), "gemm%s%s %s->%s%s t=%d o=%d i=%d",
              getenv("BT_GEMV_FORCE") ? " force=" : "",
              getenv("BT_GEMV_FORCE") ? getenv("BT_GEMV_FORCE") : "",
@@ -58,10 +71,10 @@ static void run_variant(int k, int t, int o, int i, cuda_dtype_t out_dt,
                         acc != 0, 0));
     KT_CUDA(cudaGetLastError());
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
-    char what[96];
-    snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d",
+    char what[160];
+    snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d%s",
              cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), kt_dt_name(out_dt),
-             acc ? " +=" : "", t, o, i);
+             acc ? " +=" : "", t, o, i, kt_switches());
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
     free(x); free(w); free(y0); free(ref); free(y);
@@ -89,12 +102,12 @@ static void run_norm_case(int t, int o, int i, cuda_dtype_t out_dt)
                          out_dt, 0));
     KT_CUDA(cudaDeviceSynchronize());
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
-    char what[96];
-    snprintf(what, sizeof(what), "gemv+rmsnorm (%s) bf16->%s t=%d o=%d i=%d",
+    char what[160];
+    snprintf(what, sizeof(what), "gemv+rmsnorm (%s) bf16->%s t=%d o=%d i=%d%s",
              getenv("BT_GEMV_NORM") ? (getenv("BT_GEMV_NORM_KERNEL") ? "bulk"
                                                                      : "ring")
-                                    : "stream",
-             kt_dt_name(out_dt), t, o, i);
+             : getenv("BT_GEMV_KERNEL") ? "stream" : "rows",
+             kt_dt_name(out_dt), t, o, i, kt_switches());
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_y);
     free(x); free(gw); free(w); free(xn); free(ref); free(y);
@@ -201,29 +214,51 @@ int main(int argc, char **argv)
         }
     }
     {
-        /* cuda_gemv_norm: the streaming kernel, then the ring kernel
-         * (BT_GEMV_NORM=1) with cp.async and with bulk copies. */
+        /* cuda_gemv_norm: the rows kernel (default), the streaming
+         * kernel, then the ring kernel (BT_GEMV_NORM=1) with cp.async
+         * and with bulk copies. */
         const int nsh[][3] = {{1, 6144, 4096}, {2, 1000, 4096}, {1, 7, 256},
-                              {2, 3000, 1024}, {1, 28672, 4096}};
-        for (int mode = 0; mode < 3; mode++) {
-            if (mode == 0) {
+                              {2, 3000, 1024}, {1, 28672, 4096},
+                              {2, 77, 264}, {1, 4100, 14336}};
+        for (int mode = 0; mode < 4; mode++) {
+            unsetenv("BT_GEMV_KERNEL");
+            unsetenv("BT_GEMV_NORM");
+            unsetenv("BT_GEMV_NORM_KERNEL");
+            if (mode == 1) {
                 setenv("BT_GEMV_KERNEL", "stream", 1);
-            } else {
-                unsetenv("BT_GEMV_KERNEL");
+            } else if (mode >= 2) {
                 setenv("BT_GEMV_NORM", "1", 1);
-                if (mode == 2)
+                if (mode == 3)
                     setenv("BT_GEMV_NORM_KERNEL", "bulk", 1);
             }
             for (size_t s = 0; s < sizeof(nsh) / sizeof(nsh[0]); s++) {
-                if (!cuda_gemv_norm_ok(nsh[s][0], nsh[s][2])) {
-                    printf("FAIL gemv_norm_ok false for t=%d i=%d\n",
-                           nsh[s][0], nsh[s][2]);
+                int t = nsh[s][0], o = nsh[s][1], i = nsh[s][2];
+                if (mode > 0 && i % 256 != 0)
+                    continue; /* rows kernel only */
+                if ((size_t)t * i * 2 > 48 * 1024)
+                    continue;
+                if (!cuda_gemv_norm_ok(t, i)) {
+                    printf("FAIL gemv_norm_ok false for t=%d i=%d\n", t, i);
                     kt_failures++;
                     continue;
                 }
-                run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_BF16);
-                run_norm_case(nsh[s][0], nsh[s][1], nsh[s][2], CUDA_DT_F32);
+                run_norm_case(t, o, i, CUDA_DT_BF16);
+                run_norm_case(t, o, i, CUDA_DT_F32);
             }
+        }
+        /* The prefetch / trigger switches of the rows kernel change no
+         * result: whole-row prefetch, none, early trigger. */
+        const char *pf[][2] = {{"BT_GEMV_PF", "2"}, {"BT_GEMV_PF", "0"},
+                               {"BT_GEMV_TRIGGER", "early"},
+                               {"BT_GEMV_PF_MB", "1"}};
+        for (size_t f = 0; f < sizeof(pf) / sizeof(pf[0]); f++) {
+            setenv(pf[f][0], pf[f][1], 1);
+            run_variant(CUDA_GEMV_ROWS, 1, 6144, 4096, CUDA_DT_BF16, 0);
+            run_variant(CUDA_GEMV_ROWS, 2, 4100, 14336, CUDA_DT_F32, 1);
+            run_variant(CUDA_GEMV_ROWS8, 1, 77, 264, CUDA_DT_F32, 1);
+            run_norm_case(1, 6144, 4096, CUDA_DT_BF16);
+            run_norm_case(2, 1000, 4096, CUDA_DT_F32);
+            unsetenv(pf[f][0]);
         }
         unsetenv("BT_GEMV_KERNEL");
         unsetenv("BT_GEMV_NORM");

@@ -51,18 +51,86 @@ static __device__ __forceinline__ void gemv_chunk(const uint4 &wv,
     }
 }
 
+/* Issues an L2 prefetch of `bytes` (a multiple of 16) at p (16-byte
+ * aligned) through the bulk-copy engine: no registers, no completion to
+ * wait for; the lines land in L2 while the issuing warp does other work.
+ * Pieces of at most 32 KB. */
+static __device__ __forceinline__ void gemv_prefetch_l2(const void *p,
+                                                        int bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const char *c = reinterpret_cast<const char *>(p);
+    for (int off = 0; off < bytes; off += 32768) {
+        int n = min(32768, bytes - off);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                     :: "l"(c + off), "r"(n) : "memory");
+    }
+#endif
+}
+
+/* Stages the RMSNorm of the f32 rows xf (T, n_in) into xs (T, n_in) bf16:
+ * xs = bf16(g * (x * 1 / sqrtf(mean(x^2) + eps))), the arithmetic of
+ * cuda_rmsnorm() (no add).  n_in % 8 == 0; whole block; ends with
+ * __syncthreads(). */
+template <int T>
+static __device__ __forceinline__ void gemv_norm_stage(
+    int n_in, const float *xf, const bf16_t *g, float eps, bf16_t *xs,
+    float *red)
+{
+#pragma unroll 1
+    for (int t = 0; t < T; t++) {
+        const float *xr = xf + (size_t)t * n_in;
+        float ss = 0.0f;
+        for (int i = threadIdx.x * 8; i < n_in; i += blockDim.x * 8) {
+            float4 a = *reinterpret_cast<const float4 *>(xr + i);
+            float4 b = *reinterpret_cast<const float4 *>(xr + i + 4);
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+        }
+        ss = kern_block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / (float)n_in + eps);
+        for (int i = threadIdx.x * 8; i < n_in; i += blockDim.x * 8) {
+            float4 a = *reinterpret_cast<const float4 *>(xr + i);
+            float4 b = *reinterpret_cast<const float4 *>(xr + i + 4);
+            uint4 gv = *reinterpret_cast<const uint4 *>(g + i);
+            const bf16_t *ge = reinterpret_cast<const bf16_t *>(&gv);
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            uint4 o;
+            bf16_t *oe = reinterpret_cast<bf16_t *>(&o);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                oe[e] = __float2bfloat16_rn(__bfloat162float(ge[e]) *
+                                            (inv * xv[e]));
+            *reinterpret_cast<uint4 *>(xs + (size_t)t * n_in + i) = o;
+        }
+    }
+    __syncthreads();
+}
+
 /* Software-pipelined: the next U chunks of the row are loaded
  * while the current ones are multiplied, so each lane keeps up to 2 x U x
- * 16 bytes in flight.  The first chunks are loaded BEFORE kern_pdl_wait():
- * weights do not depend on the previous kernel, so with programmatic
- * dependent launch the weight stream starts during the previous kernel's
- * tail. */
-template <int T, typename OUT, int U = GEMV_UNROLL>
+ * 16 bytes in flight.  Everything before kern_pdl_wait() touches weights
+ * only (they never depend on the previous kernel), so with programmatic
+ * dependent launch it overlaps the kernels before this one:
+ * - blocks [0, pf_blocks) (the first wave) prefetch the first pf_bytes of
+ *   their rows into L2 with one bulk prefetch per warp (gemv_prefetch_l2),
+ *   so the small kernels between two GEMVs (RoPE, attention, SwiGLU) and
+ *   the previous GEMV's tail run while DRAM streams this GEMV's weights;
+ * - every warp loads its first U chunks.
+ * kern_pdl_trigger() comes after the wait unless early_trigger: the next
+ * kernel then launches only once this one is past its wait, so at most
+ * one GEMV ahead prefetches (L2 holds one prefetch window, not two).
+ * NORM: x is the RMSNorm of the f32 rows xf with weights g (cuda_gemv_norm),
+ * staged per block into shared memory (T x n_in bf16, dynamic). */
+template <int T, typename OUT, int U = GEMV_UNROLL, bool NORM = false>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32,
                                          U > 4 ? 2 : (T <= 2 ? 4 : 2))
-gemv_kernel(int n_out, int n_in, const bf16_t *x, const bf16_t *w, OUT *y,
-            bool accumulate)
+gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
+            const bf16_t *g, float eps, const bf16_t *w, OUT *y,
+            bool accumulate, int pf_bytes, int pf_blocks, bool early_trigger)
 {
+    extern __shared__ __align__(16) unsigned char gemv_sm[];
+    __shared__ float red[32];
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const int n_ch = n_in / 8;
@@ -71,7 +139,11 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const bf16_t *w, OUT *y,
     float acc[T];
     uint4 cur[U];
 
-    kern_pdl_trigger();
+    if (early_trigger)
+        kern_pdl_trigger();
+    if (pf_bytes > 0 && (int)blockIdx.x < pf_blocks && lane == 0 &&
+        row < n_out)
+        gemv_prefetch_l2(wr, pf_bytes);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int c = lane + 32 * u;
@@ -79,6 +151,13 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const bf16_t *w, OUT *y,
                                          : make_uint4(0, 0, 0, 0);
     }
     kern_pdl_wait();
+    if (!early_trigger)
+        kern_pdl_trigger();
+    if (NORM) {
+        bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
+        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red);
+        x = xs;
+    }
     if (row >= n_out)
         return;
 #pragma unroll
@@ -95,12 +174,12 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const bf16_t *w, OUT *y,
         if (c0 + 32 * (U - 1) < n_ch) {
 #pragma unroll
             for (int u = 0; u < U; u++)
-                gemv_chunk<T>(cur[u], x, n_in, c0 + 32 * u, acc);
+                gemv_chunk<T, NORM>(cur[u], x, n_in, c0 + 32 * u, acc);
         } else {
 #pragma unroll
             for (int u = 0; u < U; u++)
                 if (c0 + 32 * u < n_ch)
-                    gemv_chunk<T>(cur[u], x, n_in, c0 + 32 * u, acc);
+                    gemv_chunk<T, NORM>(cur[u], x, n_in, c0 + 32 * u, acc);
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -859,20 +938,89 @@ static void gemv_stream_launch(int n_tok, int n_out, int n_in,
                     n_out, n_in, n_warps, x, xf, g, eps, w, y, acc);
 }
 
-template <typename OUT, int U>
+/* L2 prefetch settings of the rows kernel (BT_GEMV_PF, read at each
+ * launch so tests and benchmarks can switch):
+ *   unset / "1": the first wave prefetches up to gemv_pf_budget() bytes
+ *                (default half the L2) spread evenly over its rows;
+ *   "2":         every block prefetches its whole rows (deeper stream);
+ *   "0":         no prefetch.
+ * BT_GEMV_PF_MB overrides the budget. */
+static int gemv_pf_mode(void)
+{
+    const char *env = getenv("BT_GEMV_PF");
+
+    if (env == NULL || *env == '\0')
+        return 1;
+    return atoi(env);
+}
+
+static size_t gemv_pf_budget(void)
+{
+    static size_t cache[64];
+    const char *env = getenv("BT_GEMV_PF_MB");
+    int dev = 0, l2 = 0;
+
+    if (env && *env)
+        return (size_t)atoi(env) << 20;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 16u << 20;
+    if (cache[dev] == 0) {
+        if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) !=
+                cudaSuccess || l2 <= 0)
+            l2 = 32 << 20;
+        cache[dev] = (size_t)l2 / 2;
+    }
+    return cache[dev];
+}
+
+/* BT_GEMV_TRIGGER=early: the rows kernel triggers its dependents at its
+ * first instruction (round 2) instead of after its PDL wait. */
+static bool gemv_early_trigger(void)
+{
+    const char *env = getenv("BT_GEMV_TRIGGER");
+
+    return env && strcmp(env, "early") == 0;
+}
+
+template <typename OUT, int U, bool NORM>
 static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
+                             const float *xf, const bf16_t *g, float eps,
                              const bf16_t *w, OUT *y, bool acc,
                              cudaStream_t st)
 {
-    int blocks = (int)BT_DIV_UP(n_out, GEMV_WARPS);
-    int th = GEMV_WARPS * 32;
+    const int blocks = (int)BT_DIV_UP(n_out, GEMV_WARPS);
+    const int th = GEMV_WARPS * 32;
+    const int per_sm = U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
+    const int wave = gemv_n_sm() * per_sm;
+    const int mode = gemv_pf_mode();
+    const size_t row_bytes = (size_t)n_in * sizeof(bf16_t);
+    const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
+    const bool early = gemv_early_trigger();
+    int pf_bytes = 0, pf_blocks = 0;
 
-    switch (n_tok) {
-    case 1: kern_launch(gemv_kernel<1, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 2: kern_launch(gemv_kernel<2, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    case 3: kern_launch(gemv_kernel<3, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
-    default: kern_launch(gemv_kernel<4, OUT, U>, blocks, th, 0, st, n_out, n_in, x, w, y, acc); break;
+    if (mode == 2) {
+        pf_blocks = blocks;
+        pf_bytes = (int)BT_MIN(row_bytes, (size_t)1 << 30);
+    } else if (mode == 1) {
+        pf_blocks = BT_MIN(blocks, wave);
+        size_t rows = BT_MIN((size_t)pf_blocks * GEMV_WARPS, (size_t)n_out);
+        size_t per = gemv_pf_budget() / BT_MAX(rows, (size_t)1);
+        per = BT_MIN(per, row_bytes) & ~(size_t)255;
+        pf_bytes = per >= 1024 ? (int)per : 0;
     }
+    pf_bytes &= ~15;
+
+#define GEMV_ROWS_K(T)                                                      \
+    kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2>, blocks, th, smem,   \
+                st, n_out, n_in, x, xf, g, eps, w, y, acc, pf_bytes,        \
+                pf_blocks, early)
+    switch (n_tok) {
+    case 1: GEMV_ROWS_K(1); break;
+    case 2: GEMV_ROWS_K(2); break;
+    case 3: GEMV_ROWS_K(3); break;
+    default: GEMV_ROWS_K(4); break;
+    }
+#undef GEMV_ROWS_K
 }
 
 // ---------------------------------------------------------------------
@@ -927,12 +1075,14 @@ bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
     BT_ASSERT(cuda_gemv_kernel_ok(k, n_tok, n_out, n_in, CUDA_DT_BF16));
     switch (k) {
     case CUDA_GEMV_ROWS:
-        KERN_DISPATCH_DT(out_dt, OUT, gemv_rows_launch<OUT, 4>(
-            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
+        KERN_DISPATCH_DT(out_dt, OUT, (gemv_rows_launch<OUT, 4, false>(
+            n_tok, n_out, n_in, x, NULL, NULL, 0.0f, w, (OUT *)d_y,
+            accumulate, stream)));
         break;
     case CUDA_GEMV_ROWS8:
-        KERN_DISPATCH_DT(out_dt, OUT, gemv_rows_launch<OUT, 8>(
-            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
+        KERN_DISPATCH_DT(out_dt, OUT, (gemv_rows_launch<OUT, 8, false>(
+            n_tok, n_out, n_in, x, NULL, NULL, 0.0f, w, (OUT *)d_y,
+            accumulate, stream)));
         break;
     case CUDA_GEMV_STREAM:
         KERN_DISPATCH_DT(out_dt, OUT, gemv_stream_launch<OUT, false>(
@@ -1030,12 +1180,26 @@ static bool gemv_stream_enabled(void)
     return env && strcmp(env, "stream") == 0;
 }
 
-/* BT_GEMV_NORM=1: the backend fuses RMSNorm into the ring kernel. */
-static bool gemv_norm_ring_enabled(void)
+/* Which kernel cuda_gemv_norm uses (BT_GEMV_NORM, read at each call):
+ * unset / "rows": the rows kernel with the norm staged per block (the
+ * default); "0": no fusion (cuda_gemv_norm_ok false: the backend runs
+ * cuda_rmsnorm + worker_gemm); "1" / "ring": the ring kernel (round 3,
+ * slower); BT_GEMV_KERNEL=stream (with BT_GEMV_NORM unset): the
+ * streaming kernel. */
+typedef enum { GEMV_NORM_OFF, GEMV_NORM_ROWS, GEMV_NORM_RING,
+               GEMV_NORM_STREAM } gemv_norm_mode_t;
+
+static gemv_norm_mode_t gemv_norm_mode(void)
 {
     const char *env = getenv("BT_GEMV_NORM");
 
-    return env && strcmp(env, "1") == 0;
+    if (env && strcmp(env, "0") == 0)
+        return GEMV_NORM_OFF;
+    if (env && (strcmp(env, "1") == 0 || strcmp(env, "ring") == 0))
+        return GEMV_NORM_RING;
+    if ((env == NULL || *env == '\0') && gemv_stream_enabled())
+        return GEMV_NORM_STREAM;
+    return GEMV_NORM_ROWS;
 }
 
 bool cuda_gemv_ok(int n_tok, int n_in, cuda_dtype_t in_dt)
@@ -1059,12 +1223,14 @@ bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
 
 bool cuda_gemv_norm_ok(int n_tok, int n_in)
 {
-    if (n_tok < 1 || n_tok > CUDA_GEMV_MAX_TOK || n_in % 256 != 0)
+    gemv_norm_mode_t m = gemv_norm_mode();
+
+    if (m == GEMV_NORM_OFF || n_tok < 1 || n_tok > CUDA_GEMV_MAX_TOK ||
+        (size_t)n_tok * n_in * sizeof(bf16_t) > 48 * 1024)
         return false;
-    if (gemv_norm_ring_enabled())
-        return (size_t)n_tok * n_in * sizeof(bf16_t) <= 48 * 1024;
-    return (size_t)n_tok * n_in * sizeof(bf16_t) <= 48 * 1024 &&
-           gemv_stream_enabled();
+    if (m == GEMV_NORM_ROWS)
+        return n_in % 8 == 0;
+    return n_in % 256 == 0;
 }
 
 bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
@@ -1072,20 +1238,25 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            void *d_y, cuda_dtype_t out_dt,
                            cudaStream_t stream)
 {
+    gemv_norm_mode_t m = gemv_norm_mode();
+    const bf16_t *g = (const bf16_t *)d_g, *w = (const bf16_t *)d_w;
     cudaError_t err = cudaSuccess;
 
     BT_ASSERT(cuda_gemv_norm_ok(n_tok, n_in));
-    if (gemv_norm_ring_enabled() && gemv_ring_ok(n_tok, n_out, n_in)) {
+    if (m == GEMV_NORM_ROWS) {
+        KERN_DISPATCH_DT(out_dt, OUT, (gemv_rows_launch<OUT, 4, true>(
+            n_tok, n_out, n_in, NULL, d_x, g, eps, w, (OUT *)d_y, false,
+            stream)));
+    } else if (m == GEMV_NORM_RING && gemv_ring_ok(n_tok, n_out, n_in)) {
         const char *env = getenv("BT_GEMV_NORM_KERNEL"); /* ring | bulk */
         bool bulk = env && strcmp(env, "bulk") == 0;
         KERN_DISPATCH_DT(out_dt, OUT, err = gemv_ring_launch<OUT, true>(
-            bulk, n_tok, n_out, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
-            (const bf16_t *)d_w, (OUT *)d_y, false, stream));
+            bulk, n_tok, n_out, n_in, NULL, d_x, g, eps, w, (OUT *)d_y,
+            false, stream));
     } else {
         KERN_DISPATCH_DT(out_dt, OUT,
                          gemv_stream_launch<OUT, true>(
-                             n_tok, n_out, n_in, NULL, d_x,
-                             (const bf16_t *)d_g, eps, (const bf16_t *)d_w,
+                             n_tok, n_out, n_in, NULL, d_x, g, eps, w,
                              (OUT *)d_y, false, stream));
     }
     if (err != cudaSuccess)

@@ -8,7 +8,12 @@
  *
  * Variants (cuda_gemv_kernel_t):
  * - rows:   one warp per output row, 4 + 4 16-byte chunks in flight per
- *           lane (the round-2 default for 1-2 tokens).
+ *           lane (the default for 1-2 tokens).  Before its PDL wait the
+ *           first wave prefetches the head of its rows into L2 with bulk
+ *           prefetches (BT_GEMV_PF: 1 default, 2 whole rows, 0 off;
+ *           BT_GEMV_PF_MB budget, default half the L2), and it triggers
+ *           its dependents after the wait (BT_GEMV_TRIGGER=early: at
+ *           entry, round 3).
  * - rows8:  the same with 8 + 8 chunks in flight, 16 warps per SM.
  * - stream: fixed grid, rows strided over warps, registers (round 2).
  * - ring:   one block per SM (persistent); each warp streams a contiguous
@@ -96,9 +101,10 @@ bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
                       bool accumulate, cudaStream_t stream);
 
 /* True when cuda_gemv_norm handles the shape and the fusion is selected:
- * 1 <= n_tok <= CUDA_GEMV_MAX_TOK, n_in % 256 == 0, and either
- * BT_GEMV_NORM=1 (ring kernel) or
- * BT_GEMV_KERNEL=stream; n_tok * n_in bf16 <= 48 KB.  Off by default. */
+ * 1 <= n_tok <= CUDA_GEMV_MAX_TOK, n_tok * n_in bf16 <= 48 KB, and
+ * BT_GEMV_NORM unset (the rows kernel, n_in % 8 == 0: the default),
+ * "1"/"ring" (ring kernel, n_in % 256 == 0) or unset with
+ * BT_GEMV_KERNEL=stream (n_in % 256 == 0); BT_GEMV_NORM=0: false. */
 bool cuda_gemv_norm_ok(int n_tok, int n_in);
 
 /* RMSNorm fused into the GEMV input (decode steps): y (n_tok, n_out) =
