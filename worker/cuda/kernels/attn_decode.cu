@@ -307,6 +307,21 @@ static int attn_maxg(int group)
     return group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
 }
 
+/* BT_ATTN_PLAN=fill: the round-3 rule (the fewest splits that give
+ * every multiprocessor four blocks).  Default: the cost model below. */
+static bool attn_plan_fill(void)
+{
+    const char *env = getenv("BT_ATTN_PLAN");
+
+    return env && strcmp(env, "fill") == 0;
+}
+
+/* Cost-model constants, in keys: a block's fixed cost (block table, Q,
+ * pipeline fill and drain, merge) and the combine pass of a split run. */
+#define ATTN_PLAN_RAMP 64
+#define ATTN_PLAN_COMBINE 128
+#define ATTN_PLAN_SLOTS_PER_SM 2 /* tensor-core blocks resident per SM */
+
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int n_sm, int max_splits, int *n_splits_p,
                            int *split_len_p)
@@ -316,14 +331,50 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
     long base = (long)n * n_kv_heads * BT_DIV_UP(group, maxg);
     int split_len = 4096;
     int n_splits;
+    const bool fill = attn_plan_fill();
 
     if (max_kv < 1)
         max_kv = 1;
+    if (max_splits < 1)
+        max_splits = 1;
+    if (n_sm < 1)
+        n_sm = 1;
+    if (!fill) {
+        /* Every block of a wave streams about the same keys, so a step
+         * costs waves x (ramp + keys per block) (+ the combine pass when
+         * split): the fewest splits whose waves stay full win (batch 64 at
+         * 2k: one split of 2048, two waves of long streams, no combine),
+         * many short splits only when one wave is not full (batch 1). */
+        const long slots = (long)ATTN_PLAN_SLOTS_PER_SM * n_sm;
+        long best_cost = -1;
+        int best_len = 0;
+        for (int len = 64; len <= 4096; len *= 2) {
+            long ns = BT_DIV_UP(max_kv, len);
+            if (ns > max_splits)
+                continue;
+            long waves = BT_DIV_UP(base * ns, slots);
+            long keys = BT_MIN((long)len, (long)max_kv);
+            long cost = waves * (ATTN_PLAN_RAMP + keys) +
+                        (ns > 1 ? ATTN_PLAN_COMBINE : 0);
+            if (best_cost < 0 || cost <= best_cost) {
+                best_cost = cost;
+                best_len = len;
+            }
+            if (len >= max_kv)
+                break; /* longer splits change nothing */
+        }
+        if (best_len > 0) {
+            *split_len_p = best_len;
+            *n_splits_p = (int)BT_MAX(BT_DIV_UP(max_kv, best_len), 1L);
+            return;
+        }
+        split_len = 4096; /* too many keys for max_splits: below */
+    }
     while (split_len > 64 && split_len / 2 >= max_kv)
         split_len /= 2;
     /* Shorter splits until four blocks per multiprocessor (two waves of
      * the tensor-core kernel, which fits two per SM), not below 64. */
-    while (split_len > 64 &&
+    while (fill && split_len > 64 &&
            base * BT_DIV_UP(max_kv, split_len) < 4L * n_sm)
         split_len /= 2;
     while (BT_DIV_UP(max_kv, split_len) > max_splits)

@@ -43,10 +43,14 @@ typedef struct {
 bool cuda_attn_head_dim_ok(int head_dim);
 
 /* Chooses the split of the key range for `n` query tokens whose longest
- * key range is `max_kv`: split_len is a power of two (64 .. 4096), n_splits
- * * split_len >= max_kv, n_splits <= max_splits, and the fewest splits
- * that give every one of `n_sm` multiprocessors four blocks (one block per
- * token and KV head otherwise: fewer partials to merge, longer streams). */
+ * key range is `max_kv`: split_len is a power of two (64 .. 4096, more
+ * only when max_splits forces it), n_splits * split_len >= max_kv,
+ * n_splits <= max_splits; the split that minimises waves x (fixed cost +
+ * keys per block) + a combine cost when split, with two blocks per SM on
+ * `n_sm` multiprocessors (one block per token and KV head when the batch
+ * fills the GPU; short splits when one wave is not full).
+ * BT_ATTN_PLAN=fill: the round-3 rule (fewest splits giving every SM four
+ * blocks). */
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int n_sm, int max_splits, int *n_splits_p,
                            int *split_len_p);
