@@ -133,10 +133,20 @@ int main(void)
         {32, 8, 128, 1, 2, 0, 16, 37}, /* Llama 3.1 */
         {12, 2, 64, 1, 1, 1, 8, 11},  /* linear scaling + Qwen bias */
         {28, 4, 128, 0, 2, 1, 64, 5},
+        {32, 8, 128, 1, 2, 0, 16, 300}, /* Llama 3, a prefill chunk */
+        {16, 2, 64, 0, 0, 1, 8, 19},
     };
     kt_seed(5);
-    for (int dti = 0; dti < 2; dti++)
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-            run_case(&cases[i], dti ? CUDA_DT_BF16 : CUDA_DT_F32);
+    /* pass 0: default (vector kernel where head sizes allow), pass 1:
+     * BT_ROPE_VEC=0 (scalar kernel everywhere). */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass)
+            setenv("BT_ROPE_VEC", "0", 1);
+        printf("INFO rope pass: %s\n", pass ? "scalar" : "default");
+        for (int dti = 0; dti < 2; dti++)
+            for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+                run_case(&cases[i], dti ? CUDA_DT_BF16 : CUDA_DT_F32);
+    }
+    unsetenv("BT_ROPE_VEC");
     return kt_finish("test_rope_kv");
 }

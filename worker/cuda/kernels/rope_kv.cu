@@ -3,10 +3,15 @@
  * of k and v into their paged-cache slots, in one pass over the fused QKV
  * projection.  qkv (tokens, (nh + 2 nkv) hd) -> q (tokens, nh hd) and the
  * cache rows (slot, nkv, hd).  Angles pos * inv_freq[i] in f32 with
- * accurate sincosf (matching the CPU reference within an ulp).
+ * accurate sincosf (matching the CPU reference within an ulp).  Head
+ * sizes with 16-byte chunks (every model): the vector kernel, (cos, sin)
+ * once per token, 16-byte loads and stores; BT_ROPE_VEC=0 keeps the
+ * scalar one.
  * Test: build-cuda/tests/kernels/test_rope_kv (make gpu-test runs it).
  */
 #include "rope_kv.h"
+
+#include <stdint.h>
 
 #include "bt_util.h"
 #include "kern_common.cuh"
@@ -68,12 +73,188 @@ static __global__ void rope_kv_kernel(cuda_rope_kv_args_t a)
     }
 }
 
+/* E elements of T as floats from a 16-byte chunk, and back. */
+template <typename T, int E>
+static __device__ __forceinline__ void rope_unpack(const uint4 &u, float *f)
+{
+    const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+    for (int i = 0; i < E; i++)
+        f[i] = kern_to_f(e[i]);
+}
+template <typename T, int E>
+static __device__ __forceinline__ uint4 rope_pack(const float *f)
+{
+    uint4 u;
+    T *e = reinterpret_cast<T *>(&u);
+#pragma unroll
+    for (int i = 0; i < E; i++)
+        e[i] = kern_from_f<T>(f[i]);
+    return u;
+}
+
+/* Vectorised rope_kv_kernel: one block per token; the token's hd/2
+ * (cos, sin) pairs are computed once into shared memory (sincosf of the
+ * same angles: identical results), then every q/k head is rotated in
+ * 16-byte chunks (E = 16 / sizeof(T) elements): the half layout pairs a
+ * chunk of the first half with the same chunk of the second half; the
+ * interleaved layout holds E/2 pairs per chunk.  V is copied in 16-byte
+ * chunks.  Needs (hd/2) % E == 0 (half) or hd % E == 0 (interleaved) and
+ * 16-byte aligned rows (rope_kv_vec_ok). */
+#define ROPE_MAX_HALF 256
+template <typename T>
+static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
+{
+    constexpr int E = 16 / (int)sizeof(T);
+    __shared__ float sh_c[ROPE_MAX_HALF], sh_s[ROPE_MAX_HALF];
+    kern_pdl_trigger();
+    kern_pdl_wait();
+    const int t = blockIdx.x;
+    const int hd = a.head_dim;
+    const int half = hd / 2;
+    const int qkv_dim = (a.n_heads + 2 * a.n_kv_heads) * hd;
+    const T *row = (const T *)a.d_qkv + (size_t)t * qkv_dim;
+    const T *bias = (const T *)a.d_bias;
+    const int slot = a.d_slot[t];
+    const float pos = (float)a.d_pos[t];
+
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float sn, cs;
+        sincosf(pos * a.d_inv_freq[i], &sn, &cs);
+        sh_c[i] = cs;
+        sh_s[i] = sn;
+    }
+    __syncthreads();
+
+    const int n_rot = a.n_heads + a.n_kv_heads; /* q and k heads */
+    if (a.rope_half) {
+        const int cph = half / E; /* chunks per half head */
+        for (int it = threadIdx.x; it < n_rot * cph; it += blockDim.x) {
+            const int head = it / cph;
+            const int i0 = (it - head * cph) * E;
+            const int c0 = head * hd + i0;
+            float x0[E], x1[E], y0[E], y1[E];
+            rope_unpack<T, E>(*reinterpret_cast<const uint4 *>(row + c0), x0);
+            rope_unpack<T, E>(
+                *reinterpret_cast<const uint4 *>(row + c0 + half), x1);
+            if (bias) {
+                float b0[E], b1[E];
+                rope_unpack<T, E>(*reinterpret_cast<const uint4 *>(bias + c0),
+                                  b0);
+                rope_unpack<T, E>(
+                    *reinterpret_cast<const uint4 *>(bias + c0 + half), b1);
+#pragma unroll
+                for (int e = 0; e < E; e++) {
+                    x0[e] += b0[e];
+                    x1[e] += b1[e];
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const float c = sh_c[i0 + e], s = sh_s[i0 + e];
+                y0[e] = x0[e] * c - x1[e] * s;
+                y1[e] = x0[e] * s + x1[e] * c;
+            }
+            T *dst;
+            if (head < a.n_heads) {
+                dst = (T *)a.d_q + (size_t)t * a.n_heads * hd + head * hd;
+            } else if (slot >= 0) {
+                dst = (T *)a.d_k_cache +
+                      ((size_t)slot * a.n_kv_heads + (head - a.n_heads)) * hd;
+            } else {
+                continue;
+            }
+            *reinterpret_cast<uint4 *>(dst + i0) = rope_pack<T, E>(y0);
+            *reinterpret_cast<uint4 *>(dst + i0 + half) = rope_pack<T, E>(y1);
+        }
+    } else {
+        const int cph = hd / E; /* chunks per head, E/2 pairs each */
+        for (int it = threadIdx.x; it < n_rot * cph; it += blockDim.x) {
+            const int head = it / cph;
+            const int e0 = (it - head * cph) * E;
+            const int c0 = head * hd + e0;
+            float x[E], y[E];
+            rope_unpack<T, E>(*reinterpret_cast<const uint4 *>(row + c0), x);
+            if (bias) {
+                float b[E];
+                rope_unpack<T, E>(*reinterpret_cast<const uint4 *>(bias + c0),
+                                  b);
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    x[e] += b[e];
+            }
+#pragma unroll
+            for (int e = 0; e < E; e += 2) {
+                const int i = (e0 + e) / 2;
+                const float c = sh_c[i], s = sh_s[i];
+                y[e] = x[e] * c - x[e + 1] * s;
+                y[e + 1] = x[e] * s + x[e + 1] * c;
+            }
+            T *dst;
+            if (head < a.n_heads) {
+                dst = (T *)a.d_q + (size_t)t * a.n_heads * hd + head * hd;
+            } else if (slot >= 0) {
+                dst = (T *)a.d_k_cache +
+                      ((size_t)slot * a.n_kv_heads + (head - a.n_heads)) * hd;
+            } else {
+                continue;
+            }
+            *reinterpret_cast<uint4 *>(dst + e0) = rope_pack<T, E>(y);
+        }
+    }
+    if (slot < 0)
+        return;
+    const int v_off = n_rot * hd;
+    T *v = (T *)a.d_v_cache + (size_t)slot * a.n_kv_heads * hd;
+    for (int e = threadIdx.x * E; e < a.n_kv_heads * hd; e += blockDim.x * E) {
+        uint4 u = *reinterpret_cast<const uint4 *>(row + v_off + e);
+        if (bias) {
+            float x[E], b[E];
+            rope_unpack<T, E>(u, x);
+            rope_unpack<T, E>(
+                *reinterpret_cast<const uint4 *>(bias + v_off + e), b);
+#pragma unroll
+            for (int i = 0; i < E; i++)
+                x[i] += b[i];
+            u = rope_pack<T, E>(x);
+        }
+        *reinterpret_cast<uint4 *>(v + e) = u;
+    }
+}
+
+/* True when rope_kv_vec_kernel applies (and BT_ROPE_VEC is not "0"). */
+static bool rope_kv_vec_ok(const cuda_rope_kv_args_t *a, size_t es)
+{
+    const char *env = getenv("BT_ROPE_VEC");
+    const int E = (int)(16 / es);
+    const int hd = a->head_dim;
+
+    if (env && strcmp(env, "0") == 0)
+        return false;
+    if (hd / 2 > ROPE_MAX_HALF)
+        return false;
+    if (a->rope_half ? (hd / 2) % E != 0 : hd % E != 0)
+        return false;
+    return (uintptr_t)a->d_qkv % 16 == 0 && (uintptr_t)a->d_q % 16 == 0 &&
+           (uintptr_t)a->d_bias % 16 == 0 &&
+           (uintptr_t)a->d_k_cache % 16 == 0 &&
+           (uintptr_t)a->d_v_cache % 16 == 0;
+}
+
 bt_status_t cuda_rope_kv(const cuda_rope_kv_args_t *args, cuda_dtype_t dt,
                          cudaStream_t stream)
 {
     BT_ASSERT(args->n_tokens >= 0 && args->head_dim % 2 == 0);
     if (args->n_tokens == 0)
         return BT_OK;
+    if (rope_kv_vec_ok(args, cuda_dtype_size(dt))) {
+        /* Threads: one 16-byte chunk pair each for the q/k heads. */
+        int th = args->n_heads * args->head_dim >= 4096 ? 256 : 128;
+        KERN_DISPATCH_DT(dt, T,
+                         kern_launch(rope_kv_vec_kernel<T>, args->n_tokens,
+                                     th, 0, stream, *args));
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     KERN_DISPATCH_DT(dt, T,
                      kern_launch(rope_kv_kernel<T>, args->n_tokens, 256, 0,
                                  stream, *args));
