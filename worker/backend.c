@@ -18,6 +18,13 @@ struct backend_s {
     void *impl;
     const model_t *model;
     backend_config_t cfg;
+    /* backend_forward_sample's host path */
+    float *sample_rows;     /* (sample_cap, vocab) logits when the caller
+                             * gave none */
+    int sample_cap;
+    int sample_state;       /* 0 idle, 1 begun on the device, 2 begun on
+                             * the host (status below) */
+    bt_status_t sample_status;
 };
 
 static const backend_ops_t *backend_find(const char *name)
@@ -109,6 +116,7 @@ void backend_destroy(backend_t **backend_p)
     if (backend == NULL)
         return;
     backend->ops->destroy(backend->impl);
+    bt_free(backend->sample_rows);
     bt_free(backend);
     *backend_p = NULL;
 }
@@ -154,6 +162,96 @@ bt_status_t backend_forward(backend_t *backend, const backend_batch_t *batch,
     if (status != BT_OK)
         return status;
     return backend->ops->forward(backend->impl, batch, logits, hidden);
+}
+
+/* Host path: forward with logits rows on the host, then the sampler. */
+static bt_status_t backend_sample_host(backend_t *backend,
+                                       const backend_batch_t *batch,
+                                       sampler_t *const *samplers, int *ids,
+                                       float *logits, float *hidden)
+{
+    int vocab = model_config(backend->model)->vocab_size, rows = 0;
+    float *buf = logits;
+    bt_status_t status;
+
+    for (int s = 0; s < batch->n_seqs; s++)
+        rows += batch->seqs[s].n_logits;
+    if (buf == NULL) {
+        if (rows > backend->sample_cap) {
+            float *grown = bt_malloc(sizeof(float) * (size_t)rows *
+                                     (size_t)vocab, "backend_sample");
+            if (grown == NULL)
+                return BT_ERR_NO_MEMORY;
+            bt_free(backend->sample_rows);
+            backend->sample_rows = grown;
+            backend->sample_cap = rows;
+        }
+        buf = backend->sample_rows;
+    }
+    status = backend->ops->forward(backend->impl, batch, buf, hidden);
+    if (status != BT_OK)
+        return status;
+    for (int r = 0; r < rows; r++) {
+        sampler_t *sm = samplers ? samplers[r] : NULL;
+        ids[r] = sm ? sampler_sample(sm, buf + (size_t)r * vocab) : -1;
+    }
+    return BT_OK;
+}
+
+bt_status_t backend_forward_sample_begin(backend_t *backend,
+                                         const backend_batch_t *batch,
+                                         sampler_t *const *samplers, int *ids,
+                                         float *logits, float *hidden)
+{
+    bool handled = false;
+    bt_status_t status;
+
+    BT_ASSERT(backend->sample_state == 0);
+    status = backend_batch_validate(batch, model_config(backend->model),
+                                    &backend->cfg);
+    if (status != BT_OK)
+        return status;
+    if (backend->ops->forward_sample_begin != NULL) {
+        status = backend->ops->forward_sample_begin(
+            backend->impl, batch, samplers, ids, logits, hidden, &handled);
+        if (status != BT_OK)
+            return status;
+    }
+    if (handled) {
+        backend->sample_state = 1;
+        return BT_OK;
+    }
+    status = backend_sample_host(backend, batch, samplers, ids, logits,
+                                 hidden);
+    if (status != BT_OK)
+        return status;
+    backend->sample_state = 2;
+    backend->sample_status = BT_OK;
+    return BT_OK;
+}
+
+bt_status_t backend_forward_sample_end(backend_t *backend)
+{
+    int state = backend->sample_state;
+
+    BT_ASSERT(state != 0);
+    backend->sample_state = 0;
+    if (state == 2)
+        return backend->sample_status;
+    return backend->ops->forward_sample_end(backend->impl);
+}
+
+bt_status_t backend_forward_sample(backend_t *backend,
+                                   const backend_batch_t *batch,
+                                   sampler_t *const *samplers, int *ids,
+                                   float *logits, float *hidden)
+{
+    bt_status_t status = backend_forward_sample_begin(
+        backend, batch, samplers, ids, logits, hidden);
+
+    if (status != BT_OK)
+        return status;
+    return backend_forward_sample_end(backend);
 }
 
 const kv_layout_t *backend_kv_layout(const backend_t *backend)

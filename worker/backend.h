@@ -29,6 +29,7 @@
 #include "bt_status.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "sampler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -112,6 +113,17 @@ typedef struct {
     /* Rank `rank`'s pool (tensor parallelism); NULL when the backend has
      * one rank (kv_data then serves rank 0). */
     void *(*kv_data_rank)(void *impl, int rank, int layer, int kv);
+    /* Sampling in the backend (see backend_forward_sample); optional.
+     * begin validates nothing (backend.c did) and either enqueues the
+     * forward + sampling and sets *handled, or leaves *handled false and
+     * changes nothing (backend.c then runs forward + the host sampler).
+     * end waits and writes the ids; called once after a handled begin. */
+    bt_status_t (*forward_sample_begin)(void *impl,
+                                        const backend_batch_t *batch,
+                                        sampler_t *const *samplers, int *ids,
+                                        float *logits, float *hidden,
+                                        bool *handled);
+    bt_status_t (*forward_sample_end)(void *impl);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -130,6 +142,48 @@ const char *backend_name(const backend_t *backend);
  * Not thread-safe: one caller at a time. */
 bt_status_t backend_forward(backend_t *backend, const backend_batch_t *batch,
                             float *logits, float *hidden);
+
+/* ---- Sampling in the backend (issue 4) ----
+ * backend_forward_sample = backend_forward + sampler_sample on every
+ * logits row, without the rows necessarily crossing to the host: the
+ * cuda backend picks greedy rows on the device (argmax, the CPU's tie
+ * rule), sends the top CUDA_SAMPLE_TOP_MAX candidates + the softmax
+ * normalizer of temperature rows that sampler_need() marks TOP and
+ * samples them on the host with sampler_sample_top() when that is exact,
+ * and copies the whole row only for the rest (penalties, plain
+ * temperature, top-k without top-p, or candidates that do not suffice).
+ * The cpu backend (and tp > 1) runs forward and sampler_sample.
+ *
+ * rows = sum of n_logits, in batch order.  samplers[row] is that row's
+ * sampler or NULL (samplers NULL: all NULL); ids[row] receives the
+ * token (-1 for NULL rows).  Samplers draw exactly as sampler_sample
+ * (one uniform per sampled temperature row) and observe nothing (the
+ * caller observes).  logits (optional, (rows, vocab)): the rows whose
+ * sampler is NULL get their logits there (other rows: unspecified).
+ * hidden as in backend_forward.
+ * Contract: on cpu the ids equal forward + sampler_sample exactly.  On
+ * cuda, greedy rows equal the host argmax of the same logits; sampled
+ * rows use the same uniform, candidate order and probabilities as the
+ * host sampler on the same logits, except that the normalizer is summed
+ * on the device (another order, the device's expf): probabilities agree
+ * within float rounding, so a draw within rounding of a boundary may
+ * differ. */
+bt_status_t backend_forward_sample(backend_t *backend,
+                                   const backend_batch_t *batch,
+                                   sampler_t *const *samplers, int *ids,
+                                   float *logits, float *hidden);
+
+/* The same in two halves: begin validates and enqueues (the cpu
+ * backend, and any fallback, does all the work in begin); the caller
+ * may do host work that touches neither the backend, nor the batch's
+ * arrays, samplers or output buffers; end waits and fills ids (and the
+ * outputs).  Every begin that returns BT_OK needs one end; a failed
+ * begin needs none. */
+bt_status_t backend_forward_sample_begin(backend_t *backend,
+                                         const backend_batch_t *batch,
+                                         sampler_t *const *samplers, int *ids,
+                                         float *logits, float *hidden);
+bt_status_t backend_forward_sample_end(backend_t *backend);
 
 /* The KV pool: its layout and the base of layer `layer`'s K (kv=0) or V
  * (kv=1) array (host memory for cpu, device memory for cuda). */

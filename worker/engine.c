@@ -21,7 +21,8 @@ struct engine_s {
     int block_size;
     int max_context;
     int vocab_size;
-    float *logits;            /* (max_seqs, vocab) one row per sampled seq */
+    sampler_t **row_samplers; /* (max_seqs) sampler of each logits row */
+    int *row_ids;             /* (max_seqs) token sampled for each row */
     backend_seq_t *batch_seqs;/* (max_seqs) */
     int *batch_index;         /* (max_seqs) engine_step slot of each row */
 };
@@ -121,15 +122,18 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
         goto err_backend;
     engine->block_size = cfg->backend.block_size;
     engine->max_context = mcfg->max_seq_len;
-    engine->logits = bt_malloc(sizeof(float) * (size_t)cfg->backend.max_seqs *
-                                   (size_t)mcfg->vocab_size,
-                               "engine_logits");
+    engine->row_samplers = bt_calloc((size_t)cfg->backend.max_seqs,
+                                     sizeof(*engine->row_samplers),
+                                     "engine_rows");
+    engine->row_ids = bt_calloc((size_t)cfg->backend.max_seqs, sizeof(int),
+                                "engine_rows");
     engine->batch_seqs = bt_calloc((size_t)cfg->backend.max_seqs,
                                    sizeof(*engine->batch_seqs),
                                    "engine_batch");
     engine->batch_index = bt_calloc((size_t)cfg->backend.max_seqs,
                                     sizeof(int), "engine_batch");
-    if (engine->logits == NULL || engine->batch_seqs == NULL ||
+    if (engine->row_samplers == NULL || engine->row_ids == NULL ||
+        engine->batch_seqs == NULL ||
         engine->batch_index == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto err_bufs;
@@ -144,7 +148,8 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
     return BT_OK;
 
 err_bufs:
-    bt_free(engine->logits);
+    bt_free(engine->row_samplers);
+    bt_free(engine->row_ids);
     bt_free(engine->batch_seqs);
     bt_free(engine->batch_index);
     kv_allocator_destroy(&engine->kv);
@@ -165,7 +170,8 @@ void engine_destroy(engine_t **engine_p)
 
     if (engine == NULL)
         return;
-    bt_free(engine->logits);
+    bt_free(engine->row_samplers);
+    bt_free(engine->row_ids);
     bt_free(engine->batch_seqs);
     bt_free(engine->batch_index);
     kv_allocator_destroy(&engine->kv);
@@ -364,6 +370,8 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         bs->block_table = seq->blocks;
         bs->n_logits = (seq->n_cached + take == seq->n_tokens) ? 1 : 0;
         engine->batch_index[n_batch] = i;
+        if (bs->n_logits)
+            engine->row_samplers[n_rows] = seq->sampler;
         n_rows += bs->n_logits;
         n_batch++;
         left -= take;
@@ -373,7 +381,11 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
     memset(&batch, 0, sizeof(batch));
     batch.n_seqs = n_batch;
     batch.seqs = engine->batch_seqs;
-    status = backend_forward(engine->backend, &batch, engine->logits, NULL);
+    /* sampled where the logits are (on the GPU for cuda): only ids come
+     * back */
+    status = backend_forward_sample(engine->backend, &batch,
+                                    engine->row_samplers, engine->row_ids,
+                                    NULL, NULL);
     if (status != BT_OK)
         return status;
 
@@ -385,15 +397,12 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         seq->n_cached += bs->n_tokens;
         if (bs->n_logits == 0)
             continue;
-        tok = sampler_sample(seq->sampler,
-                             engine->logits + (size_t)row * engine->vocab_size);
-        row++;
+        tok = engine->row_ids[row++];
         sampler_observe(seq->sampler, tok);
         BT_ASSERT(seq->n_tokens < seq->cap);
         seq->tokens[seq->n_tokens++] = tok;
         sampled[engine->batch_index[b]] = tok;
     }
-    (void)n_rows;
     return BT_OK;
 }
 

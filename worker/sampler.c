@@ -390,3 +390,154 @@ bool sampler_is_argmax(const sampler_t *s)
 {
     return s->params.temperature == 0.0f && !sampler_uses_penalties(s);
 }
+
+// ---------------------------------------------------------------------
+// Sampling from a device's top candidates
+
+sampler_need_t sampler_need(const sampler_t *s)
+{
+    const sampler_params_t *p = &s->params;
+
+    if (sampler_uses_penalties(s))
+        return SAMPLER_NEED_ROW;
+    if (p->temperature == 0.0f)
+        return SAMPLER_NEED_ARGMAX;
+    if (p->top_p < 1.0f || p->min_p > 0.0f || p->top_k == 1)
+        return SAMPLER_NEED_TOP;
+    return SAMPLER_NEED_ROW;
+}
+
+float sampler_temperature(const sampler_t *s)
+{
+    return s->params.temperature;
+}
+
+static int sampler_cand_id_cmp(const void *a, const void *b)
+{
+    const sampler_cand_t *x = a, *y = b;
+
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Mirrors sampler_candidates() + the draw of sampler_sample() step by
+ * step.  The full row's order is (p desc, id asc) wherever it is sorted;
+ * the candidates are its first k elements except that elements tied in p
+ * with the k-th may hide outside them, so only candidates with p above
+ * the k-th's are "reliable" (a prefix of the full sorted order). */
+bool sampler_sample_top(sampler_t *s, const int *ids, const float *logits,
+                        int k, double sum, int *token)
+{
+    const sampler_params_t *p = &s->params;
+    const int vocab = s->vocab_size;
+    sampler_cand_t *c = s->cands;
+    bool complete = k == vocab, set_known, n_known;
+    float inv_t, max, p_edge, cut_m = 0.0f, cut_p = 0.0f, r, cumf = 0.0f;
+    int n_rel, n_f = vocab, n = vocab, nn = -1;
+    double keep = 0.0;
+
+    if (p->temperature == 0.0f || sampler_uses_penalties(s) || k < 1 ||
+        k > vocab || !(sum >= 1.0))
+        return false;
+    inv_t = 1.0f / p->temperature;
+    max = logits[0];
+    for (int i = 0; i < k; i++) {
+        float e = expf((logits[i] - max) * inv_t);
+        c[i].id = ids[i];
+        c[i].p = (float)(e / sum);
+    }
+    p_edge = c[k - 1].p;
+    n_rel = k;
+    if (!complete)
+        while (n_rel > 0 && !(c[n_rel - 1].p > p_edge))
+            n_rel--;
+
+    /* min-p: the passing set F (id order in the full path) */
+    set_known = complete; /* F is exactly the passing candidates */
+    if (p->min_p > 0.0f) {
+        cut_m = p->min_p * (float)(1.0 / sum);
+        if (complete || p_edge < cut_m) {
+            set_known = true;
+            n_f = 0;
+            for (int i = 0; i < k; i++)
+                n_f += c[i].p >= cut_m;
+        } else {
+            n_f = -1; /* >= k */
+        }
+    }
+    /* top-k: n = the count after min-p and top-k */
+    if (n_f >= 0) {
+        n = p->top_k > 0 && p->top_k < n_f ? p->top_k : n_f;
+        n_known = true;
+    } else if (p->top_k > 0 && p->top_k <= k) {
+        n = p->top_k; /* n_f >= k >= top_k: equal counts either way */
+        n_known = true;
+    } else {
+        n_known = false; /* n >= k */
+    }
+
+    if (p->top_p >= 1.0f) {
+        if (n_known && n == 1) {
+            /* one survivor, the first of the sorted order */
+            if (n_rel < 1)
+                return false;
+            qsort(c, (size_t)n_rel, sizeof(*c), sampler_cand_cmp);
+            nn = 1;
+        } else if (!set_known || (p->top_k > 0 && p->top_k < n_f)) {
+            /* id order over an unknown set, or quickselect's order */
+            return false;
+        } else {
+            nn = 0;
+            for (int i = 0; i < k; i++)
+                if (p->min_p <= 0.0f || c[i].p >= cut_m)
+                    c[nn++] = c[i];
+            qsort(c, (size_t)nn, sizeof(*c), sampler_cand_id_cmp);
+        }
+    } else {
+        /* top-p: S = the sorted prefix that passes min-p, top-k and the
+         * (1 - top_p) / (n - 1) cut; the nucleus is S's first elements
+         * up to cumulative top_p, or all of S */
+        double cum = 0.0;
+        int i;
+
+        cut_p = (1.0f - p->top_p) /
+                (float)(n_known ? (n > 1 ? n - 1 : 1) : (k > 1 ? k - 1 : 1));
+        qsort(c, (size_t)n_rel, sizeof(*c), sampler_cand_cmp);
+        for (i = 0; i < n_rel; i++) {
+            bool in_s = (!n_known || i < n) &&
+                        (p->min_p <= 0.0f || c[i].p >= cut_m) &&
+                        c[i].p >= cut_p;
+            if (!in_s) {
+                /* S ends here: exact unless the cut was only a bound; an
+                 * empty S makes the full path keep all n */
+                if ((c[i].p < cut_p && !n_known) || i == 0)
+                    return false;
+                nn = i;
+                break;
+            }
+            cum += c[i].p;
+            if (cum >= p->top_p) {
+                nn = i + 1;
+                break;
+            }
+        }
+        if (nn < 0) {
+            if (!complete)
+                return false; /* S may go on beyond the candidates */
+            nn = n_rel;
+        }
+    }
+    for (int i = 0; i < nn; i++)
+        keep += c[i].p;
+    for (int i = 0; i < nn; i++)
+        c[i].p = (float)(c[i].p / keep);
+    r = sampler_uniform(s);
+    for (int i = 0; i < nn; i++) {
+        cumf += c[i].p;
+        if (r < cumf) {
+            *token = c[i].id;
+            return true;
+        }
+    }
+    *token = c[nn - 1].id; /* rounding */
+    return true;
+}

@@ -67,6 +67,36 @@ float sampler_uniform(sampler_t *sampler);
  * the logits (speculative verification on the GPU). */
 bool sampler_is_argmax(const sampler_t *sampler);
 
+/* ---- sampling from a device's top candidates (backend_forward_sample) ----
+ * A backend that samples on a GPU asks what the host needs for the next
+ * row, computes it there, and copies back only that. */
+typedef enum {
+    SAMPLER_NEED_ARGMAX = 0, /* greedy, no penalties: the row's argmax */
+    SAMPLER_NEED_TOP,        /* top candidates + normalizer usually do
+                              * (sampler_sample_top); else the full row */
+    SAMPLER_NEED_ROW         /* the full row: penalties, or truncation that
+                              * the candidates cannot reproduce (plain
+                              * temperature, top-k without top-p) */
+} sampler_need_t;
+
+sampler_need_t sampler_need(const sampler_t *sampler);
+
+float sampler_temperature(const sampler_t *sampler);
+
+/* Samples exactly as sampler_sample would on the whole row, from the
+ * row's k largest logits only, when that gives the same result; returns
+ * false (random stream untouched) when the whole row is needed.
+ * ids/logits: the k largest logits of the row and their ids, ordered by
+ * logit descending then id ascending (k = min(K, vocab)); sum: over the
+ * whole row, sum of expf((logit - logits[0]) / temperature) (in double;
+ * sampler_sample adds the same terms in id order, so a device's sum may
+ * differ in the last bits: probabilities then agree within float
+ * rounding).  Exact cases: top-p (the nucleus lies among the
+ * candidates), min-p (the k-th candidate is below the cut), top-k 1.
+ * On success one uniform is drawn, as in sampler_sample. */
+bool sampler_sample_top(sampler_t *sampler, const int *ids,
+                        const float *logits, int k, double sum, int *token);
+
 #ifdef __cplusplus
 }
 #endif

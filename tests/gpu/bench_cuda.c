@@ -11,7 +11,10 @@
  * sequence per step, median step time over --steps steps after warm-up
  * (the first step captures the CUDA graph).  "step" keeps the logits on
  * the device (as an engine sampling on the GPU does); "+logits" also
- * copies the f32 logits to the host, as backend_forward's contract does.
+ * copies the f32 logits to the host, as backend_forward's contract does;
+ * "+sample" samples on the device with backend_forward_sample (greedy:
+ * the argmax, only ids cross), "+top-p" the same with temperature 0.8,
+ * top-p 0.95 (the top 256 candidates per row cross, sampled on the host).
  *   floor = (weight bytes + KV bytes read) / 4.5 TB/s.
  * Prefill rows: one prompt of P tokens, logits of its last token.
  *   floor = (2 x per-token params x P + causal attention FLOPs) /
@@ -30,6 +33,7 @@
 #include "bt_alloc.h"
 #include "bt_util.h"
 #include "model/model.h"
+#include "sampler.h"
 
 #define BW_READ 4.5e12   /* measured read bandwidth, B/s */
 #define BF16_RATE 790e12 /* measured dense bf16 rate, FLOP/s */
@@ -89,7 +93,8 @@ int main(int argc, char **argv)
     }
 
     double t0 = bt_time_s();
-    if (model_load(model_path, &m) != BT_OK) {
+    /* large synth models are generated on the device (no host copy) */
+    if (model_load_ex(model_path, MODEL_LOAD_SYNTH_LAZY_LARGE, &m) != BT_OK) {
         fprintf(stderr, "bench_cuda: cannot load %s\n", model_path);
         return 1;
     }
@@ -176,16 +181,17 @@ int main(int argc, char **argv)
                "%.0f ms\n", (bt_time_s() - a) * 1e3);
     }
 
-    EMIT("\n| decode | batch | ctx | step ms | +logits ms | TPOT ms | "
-         "floor ms | floor/step | tok/s |\n");
-    EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    EMIT("\n| decode | batch | ctx | step ms | +logits ms | +sample ms | "
+         "+top-p ms | TPOT ms | floor ms | floor/step | tok/s |\n");
+    EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+         "---: | ---: |\n");
     for (int ci = 0; ci < nc; ci++) {
         for (int bi = 0; bi < nb; bi++) {
             int B = batches[bi], C = ctxs[ci];
             int per = (int)BT_DIV_UP(C + 1, block_size);
             if (B > 128 || (long)B * per > n_blocks) {
                 EMIT("| decode | %d | %d | skipped: KV of %.0f GB does not "
-                     "fit | | | | | |\n", B, C, B * (double)C * kv_tok_bytes
+                     "fit | | | | | | | |\n", B, C, B * (double)C * kv_tok_bytes
                      / 1e9);
                 continue;
             }
@@ -220,19 +226,51 @@ int main(int argc, char **argv)
                 backend_forward(be, &batch, logits, NULL);
                 host[it] = bt_time_s() - a;
             }
+            double smp[2];
+            for (int kind = 0; kind < 2; kind++) {
+                sampler_t **sm = calloc(B, sizeof(*sm));
+                int *ids = malloc(sizeof(int) * B);
+                double *t = malloc(sizeof(double) * steps);
+                sampler_params_t sp;
+                sampler_params_init(&sp);
+                if (kind == 1) {
+                    sp.temperature = 0.8f;
+                    sp.top_p = 0.95f;
+                }
+                for (int s = 0; s < B; s++) {
+                    sp.seed = (uint64_t)s;
+                    if (sampler_create(&sp, mc->vocab_size, &sm[s]) != BT_OK)
+                        return 1;
+                }
+                for (int it = -2; it < steps; it++) {
+                    double a = bt_time_s();
+                    if (backend_forward_sample(be, &batch, sm, ids, NULL,
+                                               NULL) != BT_OK) {
+                        fprintf(stderr, "forward_sample failed\n");
+                        return 1;
+                    }
+                    if (it >= 0)
+                        t[it] = bt_time_s() - a;
+                }
+                smp[kind] = median(t, steps) * 1e3;
+                for (int s = 0; s < B; s++)
+                    sampler_destroy(&sm[s]);
+                free(sm); free(ids); free(t);
+            }
             double d = median(dev, steps) * 1e3, h = median(host, steps) * 1e3;
             double floor_ms = (w_bytes + (double)B * C * kv_tok_bytes) /
                               BW_READ * 1e3;
-            EMIT("| decode | %d | %d | %.3f | %.3f | %.3f | %.3f | %.2f | "
-                 "%.0f |\n", B, C, d, h, d, floor_ms, floor_ms / d,
-                 B / (d * 1e-3));
+            EMIT("| decode | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | "
+                 "%.3f | %.2f | %.0f |\n", B, C, d, h, smp[0], smp[1], d,
+                 floor_ms, floor_ms / d, B / (d * 1e-3));
             free(seqs); free(tables); free(toks); free(dev); free(host);
         }
     }
 
-    EMIT("\n| prefill | tokens | | TTFT ms | | | floor ms | floor/TTFT | "
+    EMIT("\n| prefill | tokens | | TTFT ms | | | | | floor ms | floor/TTFT | "
          "tok/s |\n");
-    EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+         "---: | ---: |\n");
     for (int pi = 0; pi < np; pi++) {
         int P = pres[pi], per = (int)BT_DIV_UP(P, block_size);
         int *tables = malloc(sizeof(int) * per);
@@ -259,7 +297,7 @@ int main(int argc, char **argv)
                        4.0 * mc->n_layers * mc->n_heads * mc->head_dim *
                            (double)P * (P + 1) / 2;
         double floor_ms = flops / BF16_RATE * 1e3;
-        EMIT("| prefill | %d | | %.2f | | | %.2f | %.2f | %.0f |\n", P, ms,
+        EMIT("| prefill | %d | | %.2f | | | | | %.2f | %.2f | %.0f |\n", P, ms,
              floor_ms, floor_ms / ms, P / (ms * 1e-3));
         free(tables);
         free(toks);

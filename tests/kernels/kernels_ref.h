@@ -48,6 +48,10 @@ void kv_copy_ref(void *k, void *v, int n_layers, size_t layer_bytes,
 
 /* Lowest index of the largest value. */
 int argmax_ref(const float *row, int n);
+/* cuda_sample_top of one row: the min(k, vocab) largest values (desc,
+ * then index asc), and the sum of expf((x - max) * inv_t). */
+void sample_top_ref(const float *row, int vocab, float inv_t, int k,
+                    int *ids, float *vals, double *sum);
 
 #ifdef __cplusplus
 }

@@ -56,6 +56,7 @@
 #include "bt_util.h"
 #include "cuda_backend.h"
 #include "cuda_int.h"
+#include "cuda_sample.h"
 #include "gemm.h"
 #include "kernels/allreduce.h"
 #include "kernels/attn_decode.h"
@@ -116,6 +117,8 @@ typedef struct {
     const backend_batch_t *batch;
     float *h_logits;        /* (rows, vocab) host destination or NULL */
     float *h_hidden;        /* (rows, dim) or NULL */
+    bool no_sync;           /* leave the step running (device sampling
+                             * enqueues behind it, then waits) */
 } cuda_step_t;
 
 /* Where one forward's device-side indices are (all inside a rank's
@@ -199,6 +202,8 @@ typedef struct {
     void *comm;               /* NCCL communicator */
     uint32_t *d_ar_flags;     /* CUDA_AR_FLAG_WORDS, peers write them */
     uint32_t *d_ar_epoch;     /* CUDA_AR_MAX_BLOCKS */
+    float *d_ar_stage;        /* CUDA_AR_STAGE_FLOATS(grid cap), peers
+                                 read it */
     cuda_ar_t ar;             /* the custom all-reduce's peer tables */
 } cuda_rank_t;
 
@@ -243,8 +248,15 @@ struct cuda_backend_s {
     bool op_custom;           /* all-reduce bench: the path */
     size_t op_n;              /* all-reduce bench: floats */
     double op_us;             /* all-reduce bench: result (rank 0) */
+    long op_bad[CUDA_AR_MAX_RANKS]; /* all-reduce check: wrong elements */
     const cuda_step_t *op_step;
     int op_i0, op_i1;         /* kv copies: blocks or slot count */
+
+    /* backend_forward_sample on one GPU (cuda_sample.h), made at first
+     * use; last_graph: the last forward replayed a graph (logits row of
+     * sequence s at row s) */
+    cuda_sampling_t *samp;
+    bool last_graph;
 };
 
 // ---------------------------------------------------------------------
@@ -735,6 +747,12 @@ static bt_status_t cuda_rank_comm_init(void *arg, int rank)
         status = cuda__dev_malloc((void **)&r->d_ar_epoch,
                                   CUDA_AR_MAX_BLOCKS * sizeof(uint32_t),
                                   "ar_epoch");
+    if (status == BT_OK) /* the grid is at most this rank's SMs */
+        status = cuda__dev_malloc(
+            (void **)&r->d_ar_stage,
+            CUDA_AR_STAGE_FLOATS(BT_MIN(r->n_sm, CUDA_AR_MAX_BLOCKS)) *
+                sizeof(float),
+            "ar_stage");
     /* zeroed before this op returns: no rank writes a peer's flags
      * before every rank is past this point */
     if (status == BT_OK)
@@ -889,8 +907,9 @@ static bt_status_t cuda_tp_setup(cuda_backend_t *b)
         ar->rank = r;
         ar->n_blocks = BT_MIN(b->ranks[r].n_sm, CUDA_AR_MAX_BLOCKS);
         ar->d_epoch = b->ranks[r].d_ar_epoch;
+        ar->d_buf = b->ranks[r].d_x;
         for (int p = 0; p < b->tp; p++) {
-            ar->d_buf[p] = b->ranks[p].d_x;
+            ar->d_stage[p] = b->ranks[p].d_ar_stage;
             ar->d_flags[p] = b->ranks[p].d_ar_flags;
         }
     }
@@ -1063,6 +1082,7 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
         cuda_nccl_comm_destroy(b->nccl, &r->comm);
     cuda__dev_free((void **)&r->d_ar_flags);
     cuda__dev_free((void **)&r->d_ar_epoch);
+    cuda__dev_free((void **)&r->d_ar_stage);
     cuda__dev_free((void **)&r->d_meta);
     cuda__dev_free((void **)&r->d_mask);
     cuda__dev_free((void **)&r->d_x);
@@ -1103,6 +1123,7 @@ static void cuda_destroy(void *impl)
 
     if (b == NULL)
         return;
+    cuda_sampling_destroy(&b->samp); /* tp == 1: rank 0's device */
     if (b->ranks) /* by the crew, or from here when it never started */
         (void)cuda_each_rank(b, cuda_rank_free);
     backend_tp_crew_destroy(&b->crew);
@@ -1503,14 +1524,15 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
         if (status != BT_OK)
             return status;
         /* Copy back the rows of tokens that asked for logits, in runs. */
-        for (int s = 0; s < batch->n_seqs && logits; ) {
+        for (int s = 0; s < batch->n_seqs && (logits || hidden); ) {
             int s1 = s;
             while (s1 < batch->n_seqs && batch->seqs[s1].n_logits == 1)
                 s1++;
             if (s1 > s) {
-                status = cuda_copy_logits(
-                    r, logits + (size_t)row * b->mc.vocab_size,
-                    r->d_logits + (size_t)s * r->sh.n_vocab, s1 - s);
+                if (logits)
+                    status = cuda_copy_logits(
+                        r, logits + (size_t)row * b->mc.vocab_size,
+                        r->d_logits + (size_t)s * r->sh.n_vocab, s1 - s);
                 if (status != BT_OK)
                     return status;
                 if (hidden && r->rank == 0) {
@@ -1537,6 +1559,8 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
             return status;
         }
     }
+    if (st->no_sync)
+        return BT_OK;
     return BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
 }
 
@@ -1552,8 +1576,10 @@ static bt_status_t cuda_rank_step_op(void *arg, int rank)
     return status;
 }
 
-static bt_status_t cuda_forward(void *impl, const backend_batch_t *batch,
-                                float *logits, float *hidden)
+/* The forward; no_sync (one GPU only) leaves it running on rank 0's
+ * stream. */
+static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
+                                   float *logits, float *hidden, bool no_sync)
 {
     cuda_backend_t *b = impl;
     const int bs = b->kv.block_size;
@@ -1698,6 +1724,8 @@ static bt_status_t cuda_forward(void *impl, const backend_batch_t *batch,
     st.batch = batch;
     st.h_logits = logits;
     st.h_hidden = hidden;
+    st.no_sync = no_sync && b->tp == 1;
+    b->last_graph = graph;
 
     if (b->tp == 1)
         return cuda_rank_step(&b->ranks[0], &st);
@@ -1707,6 +1735,93 @@ static bt_status_t cuda_forward(void *impl, const backend_batch_t *batch,
     status = backend_tp_crew_run(b->crew, cuda_rank_step_op, b);
     b->op_step = NULL;
     return status;
+}
+
+static bt_status_t cuda_forward(void *impl, const backend_batch_t *batch,
+                                float *logits, float *hidden)
+{
+    return cuda_forward_ex(impl, batch, logits, hidden, false);
+}
+
+// ---------------------------------------------------------------------
+// Sampling on the device (backend_forward_sample; cuda_sample.h)
+
+/* One GPU: the forward leaves its logits rows on the device and the
+ * sampling work is enqueued behind it.  tp > 1 (each rank holds a vocab
+ * slice) and batches with more logits rows than one classifier chunk
+ * take the host path (not handled). */
+static bt_status_t cuda_forward_sample_begin(void *impl,
+                                             const backend_batch_t *batch,
+                                             sampler_t *const *samplers,
+                                             int *ids, float *logits,
+                                             float *hidden, bool *handled)
+{
+    cuda_backend_t *b = impl;
+    cuda_rank_t *r = &b->ranks[0];
+    int n_rows = 0, row = 0, *dev_row;
+    bt_status_t status;
+
+    *handled = false;
+    if (b->tp > 1 || getenv("BT_HOST_SAMPLE") != NULL)
+        return BT_OK;
+    for (int s = 0; s < batch->n_seqs; s++)
+        n_rows += batch->seqs[s].n_logits;
+    if (n_rows == 0 || n_rows > b->row_cap)
+        return BT_OK;
+    if (b->samp == NULL) {
+        status = cuda_sampling_create(b->mc.vocab_size, b->row_cap, &b->samp);
+        if (status != BT_OK)
+            return status;
+    }
+    dev_row = bt_malloc(sizeof(int) * (size_t)n_rows, "cuda_sample_rows");
+    if (dev_row == NULL)
+        return BT_ERR_NO_MEMORY;
+    status = cuda_forward_ex(b, batch, NULL, hidden, true);
+    if (status != BT_OK)
+        goto out;
+    /* graph steps compute a row per (padded) token, in sequence order;
+     * other steps only the rows asked for, in batch order */
+    for (int s = 0, t = 0; s < batch->n_seqs; s++) {
+        const backend_seq_t *sq = &batch->seqs[s];
+        for (int i = 0; i < sq->n_logits; i++, row++)
+            dev_row[row] = b->last_graph ? t + sq->n_tokens - sq->n_logits + i
+                                         : row;
+        t += sq->n_tokens;
+    }
+    status = cuda_sampling_enqueue(b->samp, r->d_logits,
+                                   (size_t)r->sh.n_vocab, n_rows, dev_row,
+                                   samplers, ids, logits, r->stream);
+    if (status == BT_OK)
+        *handled = true;
+out:
+    bt_free(dev_row);
+    return status;
+}
+
+static bt_status_t cuda_forward_sample_end(void *impl)
+{
+    cuda_backend_t *b = impl;
+
+    return cuda_sampling_finish(b->samp, b->ranks[0].stream);
+}
+
+bt_status_t cuda_backend_sample_stats(backend_t *backend, uint64_t *argmax,
+                                      uint64_t *top, uint64_t *top_miss,
+                                      uint64_t *row)
+{
+    cuda_backend_t *b = backend__impl(backend);
+    cuda_sampling_stats_t st;
+
+    if (strcmp(backend_name(backend), "cuda") != 0)
+        return BT_ERR_UNSUPPORTED;
+    memset(&st, 0, sizeof(st));
+    if (b->samp)
+        cuda_sampling_stats(b->samp, &st);
+    *argmax = st.argmax;
+    *top = st.top;
+    *top_miss = st.top_miss;
+    *row = st.row;
+    return BT_OK;
 }
 
 // ---------------------------------------------------------------------
@@ -1901,6 +2016,124 @@ bt_status_t cuda_backend_bench_allreduce(backend_t *backend, const char *path,
     return status;
 }
 
+/* The pattern rank r contributes to element i of call k of the
+ * all-reduce check: small integers, so every sum is exact in f32. */
+static float cuda_ar_pattern(int r, size_t i, int k)
+{
+    return (float)((int)((i * 7 + (size_t)k * 13 + (size_t)r * 5) % 61) -
+                   30);
+}
+
+/* Rank op: op_i0 all-reduces of varying sizes (up to op_n floats) on the
+ * rank's stream with no host wait between them: each call's input copied
+ * from a device pattern, its result saved; then every result is checked
+ * on the host.  op_us gets the number of wrong elements (rank 0 first). */
+static bt_status_t cuda_rank_check_ar(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    const int calls = b->op_i0;
+    const size_t n = b->op_n;
+    float *h = NULL, *d_pat = NULL, *d_res = NULL;
+    size_t *sizes = NULL;
+    long bad = 0;
+    bt_status_t status;
+
+    status = cuda_rank_enter(r);
+    if (status != BT_OK)
+        return status;
+    h = bt_malloc((size_t)calls * n * sizeof(float), "ar_check");
+    sizes = bt_malloc((size_t)calls * sizeof(size_t), "ar_check");
+    if (h == NULL || sizes == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int k = 0; k < calls; k++) {
+        /* whole, halves, a few tokens, one float4 more than a grid row */
+        const size_t pick[] = { n, n / 2, n / 8, 4 * CUDA_AR_THREADS + 4,
+                                n / 3, 4 };
+        sizes[k] = BT_MAX((size_t)4, pick[k % 6] / 4 * 4);
+        for (size_t i = 0; i < sizes[k]; i++)
+            h[(size_t)k * n + i] = cuda_ar_pattern(rank, i, k);
+    }
+    status = cuda__dev_malloc((void **)&d_pat,
+                              (size_t)calls * n * sizeof(float), "ar_check");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&d_res,
+                                  (size_t)calls * n * sizeof(float),
+                                  "ar_check");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d_pat, h, (size_t)calls * n * sizeof(float),
+            cudaMemcpyHostToDevice, r->stream));
+    for (int k = 0; k < calls && status == BT_OK; k++) {
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            r->d_x, d_pat + (size_t)k * n, sizes[k] * sizeof(float),
+            cudaMemcpyDeviceToDevice, r->stream));
+        if (status == BT_OK)
+            status = b->op_custom
+                         ? cuda_allreduce_custom(&r->ar, sizes[k], r->stream)
+                         : cuda_nccl_allreduce_f32(b->nccl, r->comm, r->d_x,
+                                                   sizes[k], r->stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                d_res + (size_t)k * n, r->d_x, sizes[k] * sizeof(float),
+                cudaMemcpyDeviceToDevice, r->stream));
+    }
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            h, d_res, (size_t)calls * n * sizeof(float),
+            cudaMemcpyDeviceToHost, r->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+    for (int k = 0; k < calls && status == BT_OK; k++) {
+        for (size_t i = 0; i < sizes[k]; i++) {
+            float want = 0;
+            for (int p = 0; p < b->tp; p++)
+                want += cuda_ar_pattern(p, i, k);
+            bad += h[(size_t)k * n + i] != want;
+        }
+    }
+    b->op_bad[rank] = bad;
+out:
+    (void)cudaStreamSynchronize(r->stream);
+    cuda__dev_free((void **)&d_pat);
+    cuda__dev_free((void **)&d_res);
+    bt_free(h);
+    bt_free(sizes);
+    return status;
+}
+
+bt_status_t cuda_backend_check_allreduce(backend_t *backend, const char *path,
+                                         size_t n_floats, int calls,
+                                         long *bad_p)
+{
+    cuda_backend_t *b = backend__impl(backend);
+    bt_status_t status;
+
+    if (strcmp(backend_name(backend), "cuda") != 0 || b->tp < 2)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "the all-reduce check needs the cuda backend with "
+                        "tp > 1");
+    b->op_custom = strcmp(path, "custom") == 0;
+    if ((b->op_custom && !b->ar_custom_ok) ||
+        (!b->op_custom && b->nccl == NULL))
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "all-reduce path %s is not available here", path);
+    if (n_floats < 8 || n_floats % 4 != 0 ||
+        n_floats > (size_t)b->max_tok * b->mc.dim || calls < 1)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                        "all-reduce check of %zu floats x %d", n_floats,
+                        calls);
+    b->op_n = n_floats;
+    b->op_i0 = calls;
+    status = backend_tp_crew_run(b->crew, cuda_rank_check_ar, b);
+    *bad_p = 0;
+    for (int r = 0; r < b->tp && status == BT_OK; r++)
+        *bad_p += b->op_bad[r];
+    return status;
+}
+
 static const kv_layout_t *cuda_kv_layout(void *impl)
 {
     return &((cuda_backend_t *)impl)->kv;
@@ -1917,4 +2150,6 @@ const backend_ops_t cuda_backend_ops = {
     .kv_layout = cuda_kv_layout,
     .kv_copy_slots = cuda_kv_copy_slots_op,
     .kv_data_rank = cuda_kv_data_rank,
+    .forward_sample_begin = cuda_forward_sample_begin,
+    .forward_sample_end = cuda_forward_sample_end,
 };

@@ -29,6 +29,23 @@ bt_status_t cuda_backend_bench_allreduce(backend_t *backend, const char *path,
                                          size_t n_floats, int iters,
                                          double *us_p);
 
+/* Correctness of the tensor-parallel all-reduce under load: every rank
+ * enqueues `calls` all-reduces of varying sizes (up to n_floats, a
+ * multiple of 4) back to back with no host wait, each on a known
+ * integer pattern, then checks every result exactly; *bad_p = wrong
+ * elements over all ranks.  Destroys the residual buffer's contents. */
+bt_status_t cuda_backend_check_allreduce(backend_t *backend, const char *path,
+                                         size_t n_floats, int calls,
+                                         long *bad_p);
+
+/* Rows sampled by backend_forward_sample since the backend was made:
+ * greedy on the device, from the device's top candidates, candidates
+ * that did not suffice (whole row fetched), whole rows from the start.
+ * BT_ERR_UNSUPPORTED for another backend. */
+bt_status_t cuda_backend_sample_stats(backend_t *backend, uint64_t *argmax,
+                                      uint64_t *top, uint64_t *top_miss,
+                                      uint64_t *row);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,66 @@
+/*
+ * cuda_sample.h - sampling a forward's logits rows on the device
+ * (backend_forward_sample for the cuda backend, one GPU).
+ *
+ * The rows stay in the backend's device logits buffer.  Per row, by
+ * sampler_need(): greedy rows get their argmax on the device (an id
+ * crosses), temperature rows the top CUDA_SAMPLE_TOP_MAX candidates and
+ * the softmax normalizer (2 KB), sampled on the host by
+ * sampler_sample_top(); rows it cannot do exactly, rows with penalties
+ * or plain temperature, and rows without a sampler whose logits the
+ * caller wants, are copied whole.  Everything is enqueued on the
+ * forward's stream behind it (cuda_sampling_enqueue); cuda_sampling_finish
+ * runs after the stream has completed.
+ */
+#ifndef BT_WORKER_CUDA_CUDA_SAMPLE_H
+#define BT_WORKER_CUDA_CUDA_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "bt_status.h"
+#include "sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_sampling_s cuda_sampling_t;
+
+/* Buffers for up to max_rows rows of `vocab` logits, on the current
+ * device. */
+bt_status_t cuda_sampling_create(int vocab, int max_rows,
+                                 cuda_sampling_t **cs_p);
+void cuda_sampling_destroy(cuda_sampling_t **cs_p);
+
+/* Row r of the forward (r < n_rows <= max_rows) lies at d_logits +
+ * dev_row[r] * ld.  Enqueues the per-row work on `stream`; samplers,
+ * ids and logits are kept (backend_forward_sample's meaning) until
+ * cuda_sampling_finish. */
+bt_status_t cuda_sampling_enqueue(cuda_sampling_t *cs, const float *d_logits,
+                                  size_t ld, int n_rows, const int *dev_row,
+                                  sampler_t *const *samplers, int *ids,
+                                  float *logits, cudaStream_t stream);
+
+/* Waits for the stream, then samples on the host; rows whose candidates
+ * do not suffice are copied then (synchronously). */
+bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream);
+
+/* Counters since creation (benchmarks, tests): rows by how they were
+ * sampled. */
+typedef struct {
+    uint64_t argmax;   /* greedy on the device */
+    uint64_t top;      /* from the device's candidates */
+    uint64_t top_miss; /* candidates did not suffice: whole row copied */
+    uint64_t row;      /* whole row from the start */
+} cuda_sampling_stats_t;
+
+void cuda_sampling_stats(const cuda_sampling_t *cs,
+                         cuda_sampling_stats_t *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CUDA_CUDA_SAMPLE_H */
