@@ -13,9 +13,16 @@
  *     1c. synthesized weights generated on the device equal the host
  *        generator's: a lazy model on the cuda backend (f32 math) vs the
  *        cpu backend on the host-filled model, mixed batch logits;
- *     2. synth:llama3-8b bf16: teacher-forced top-1 agreement TP vs TP=1
- *        over 256 positions, as one prompt and token by token (>= 99%,
- *        counting bf16 near-ties within 0.02 as agreement; exact printed);
+ *     2. synth:llama3-8b bf16, teacher-forced top-1 over 256 positions,
+ *        judged against the random model's own sensitivity: TP=1 vs
+ *        itself under other valid computation orders (one prompt vs
+ *        decode steps; GEMM autotuning off vs on) gives the baseline;
+ *        TP vs TP=1 passes within 1 point of the lowest baseline (exact)
+ *        and >= 99% up to ties (a mismatch whose TP=1 logits differ by
+ *        <= 0.05 x the row's logit standard deviation); TP vs TP=1 with
+ *        untuned GEMMs on both printed (same GEMM choice); the custom
+ *        and NCCL all-reduce under load (48 back-to-back calls of
+ *        varying sizes, every element exact);
  *     3. KV ops on every rank: kv_copy_block and kv_copy_slots then
  *        decoding from the copies gives the same logits.
  *   test_cuda_tp bench MODEL TP B1,B2.. CTX [allreduce-path]
@@ -415,58 +422,183 @@ static void teacher(backend_t *be, int vocab, const int *ids, int n,
     }
 }
 
+/* Top-1 agreement of `got` with `ref` over AGREE_POS rows: exact, and up
+ * to ties, where a mismatch counts as a tie when ref's own logits of the
+ * two ids differ by at most AGREE_TIE times the standard deviation of
+ * ref's row (the logit spread: a tie margin that scales with the model,
+ * unlike an absolute one).  *gap_p = the largest (ref[a] - ref[b]) / sd
+ * over mismatches. */
+#define AGREE_TIE 0.05
+typedef struct {
+    double exact;  /* % */
+    double ties;   /* % up to ties */
+    double gap;    /* largest mismatch gap, in row sd */
+} agree_t;
+
+static agree_t agreement(const float *ref, const float *got, int vocab)
+{
+    int exact = 0, near = 0;
+    agree_t a = { 0, 0, 0 };
+
+    for (int i = 0; i < AGREE_POS; i++) {
+        const float *r = ref + (size_t)i * vocab;
+        int x = argmax(r, vocab), y = argmax(got + (size_t)i * vocab, vocab);
+        double mean = 0, var = 0, sd;
+
+        if (x == y) {
+            exact++;
+            near++;
+            continue;
+        }
+        for (int v = 0; v < vocab; v++)
+            mean += r[v];
+        mean /= vocab;
+        for (int v = 0; v < vocab; v++)
+            var += (r[v] - mean) * (r[v] - mean);
+        sd = sqrt(var / vocab);
+        if (sd <= 0)
+            sd = 1;
+        a.gap = fmax(a.gap, (r[x] - r[y]) / sd);
+        near += r[x] - r[y] <= AGREE_TIE * sd;
+    }
+    a.exact = 100.0 * exact / AGREE_POS;
+    a.ties = 100.0 * near / AGREE_POS;
+    return a;
+}
+
+/* A bf16 backend of the 8B model with GEMM autotuning on or off (the
+ * tuner reads BT_GEMM_TUNE when its context is made). */
+static backend_t *make_8b(const model_t *m, int tp, bool tune)
+{
+    const char *old = getenv("BT_GEMM_TUNE");
+    char *keep = old ? strdup(old) : NULL;
+    backend_t *be;
+
+    if (!tune)
+        setenv("BT_GEMM_TUNE", "0", 1);
+    be = make_backend(m, tp, BACKEND_PRECISION_BF16, 8, 512, 64, 16);
+    if (keep) {
+        setenv("BT_GEMM_TUNE", keep, 1);
+        free(keep);
+    } else {
+        unsetenv("BT_GEMM_TUNE");
+    }
+    return be;
+}
+
+static void print_agree(const char *what, agree_t a)
+{
+    printf("INFO bf16 llama3-8b teacher-forced top-1 %s: %.2f%% exact, "
+           "%.2f%% up to ties (tie: gap <= %.2f x the row's logit sd; "
+           "largest mismatch gap %.3f sd)\n", what, a.exact, a.ties,
+           AGREE_TIE, a.gap);
+}
+
+/* The allreduce paths under load: back-to-back calls of varying sizes,
+ * every element checked (on the 8B TP backend: dim 4096). */
+static void test_allreduce(backend_t *be, int tp)
+{
+    const char *paths[] = { "custom", "nccl" };
+
+    for (int p = 0; p < 2; p++) {
+        long bad = -1;
+        bt_status_t st = cuda_backend_check_allreduce(be, paths[p],
+                                                      (size_t)64 * 4096, 48,
+                                                      &bad);
+        if (st == BT_ERR_UNSUPPORTED) {
+            printf("INFO all-reduce check %s: path not available\n",
+                   paths[p]);
+            continue;
+        }
+        printf("%s all-reduce %s tp=%d: 48 back-to-back calls of 4 .. "
+               "262144 floats, %ld wrong elements\n",
+               st == BT_OK && bad == 0 ? "PASS" : "FAIL", paths[p], tp, bad);
+        g_fail += !(st == BT_OK && bad == 0);
+    }
+}
+
+/* bf16 synth:llama3-8b, teacher-forced over AGREE_POS positions.  A
+ * random model is chaotic: bf16 rounding differences flip near-tied
+ * top-1s, so TP is judged against the model's own sensitivity, measured
+ * here: TP=1 against itself under other, equally valid computation
+ * orders (one prompt vs token-by-token decode steps; GEMM autotuning off
+ * vs on).  Pass: TP=2 vs TP=1 (same mode) is within 1 point of the
+ * lowest TP=1 self-agreement (exact), and >= 99% up to ties. */
 static void test_agreement_8b(int tp)
 {
     model_t *m = NULL;
     int vocab, ids[AGREE_POS];
-    float *ref, *got;
-    const int chunks[] = { AGREE_POS, 1 };
-    double t0;
+    float *p1, *d1, *d1u, *pt, *dt, *dtu;
+    double t0, base;
+    agree_t self_order, self_gemm, tp_p, tp_d, tp_u;
 
     t0 = bt_time_s();
     BT_ASSERT_OK(model_load_ex("synth:llama3-8b", MODEL_LOAD_SYNTH_LAZY, &m));
     vocab = model_config(m)->vocab_size;
     for (int i = 0; i < AGREE_POS; i++)
         ids[i] = (int)((2654435761u * (unsigned)(i + 1)) % (unsigned)vocab);
-    ref = malloc(sizeof(float) * (size_t)vocab * AGREE_POS);
-    got = malloc(sizeof(float) * (size_t)vocab * AGREE_POS);
+#define ROWS_ALLOC() malloc(sizeof(float) * (size_t)vocab * AGREE_POS)
+    p1 = ROWS_ALLOC();
+    d1 = ROWS_ALLOC();
+    d1u = ROWS_ALLOC();
+    pt = ROWS_ALLOC();
+    dt = ROWS_ALLOC();
+    dtu = ROWS_ALLOC();
+#undef ROWS_ALLOC
     {
-        backend_t *b1 = make_backend(m, 1, BACKEND_PRECISION_BF16, 8, 512, 64,
-                                     16);
+        backend_t *b1 = make_8b(m, 1, true);
         printf("INFO llama3-8b tp=1 backend up in %.1f s (device-generated "
                "weights)\n", bt_time_s() - t0);
-        teacher(b1, vocab, ids, AGREE_POS, AGREE_POS, ref);
+        teacher(b1, vocab, ids, AGREE_POS, AGREE_POS, p1);
+        teacher(b1, vocab, ids, AGREE_POS, 1, d1);
+        backend_destroy(&b1);
+        b1 = make_8b(m, 1, false);
+        teacher(b1, vocab, ids, AGREE_POS, 1, d1u);
         backend_destroy(&b1);
     }
     t0 = bt_time_s();
     {
-        backend_t *bt = make_backend(m, tp, BACKEND_PRECISION_BF16, 8, 512,
-                                     64, 16);
+        backend_t *bt = make_8b(m, tp, true);
         printf("INFO llama3-8b tp=%d backend up in %.1f s\n", tp,
                bt_time_s() - t0);
-        for (int c = 0; c < 2; c++) {
-            int exact = 0, near = 0;
-
-            teacher(bt, vocab, ids, AGREE_POS, chunks[c], got);
-            for (int i = 0; i < AGREE_POS; i++) {
-                const float *r = ref + (size_t)i * vocab;
-                int a = argmax(r, vocab);
-                int b = argmax(got + (size_t)i * vocab, vocab);
-
-                exact += a == b;
-                near += a == b || r[a] - r[b] <= 0.02f;
-            }
-            printf("%s bf16 llama3-8b teacher-forced top-1 tp=%d vs tp=1 "
-                   "(%s): %.2f%% exact, %.2f%% counting near-ties (>= 99%%)"
-                   "\n", 100.0 * near / AGREE_POS >= 99.0 ? "PASS" : "FAIL",
-                   tp, c == 0 ? "one prompt" : "decode steps",
-                   100.0 * exact / AGREE_POS, 100.0 * near / AGREE_POS);
-            g_fail += !(100.0 * near / AGREE_POS >= 99.0);
-        }
+        teacher(bt, vocab, ids, AGREE_POS, AGREE_POS, pt);
+        teacher(bt, vocab, ids, AGREE_POS, 1, dt);
+        test_allreduce(bt, tp);
+        backend_destroy(&bt);
+        bt = make_8b(m, tp, false);
+        teacher(bt, vocab, ids, AGREE_POS, 1, dtu);
         backend_destroy(&bt);
     }
-    free(ref);
-    free(got);
+    self_order = agreement(p1, d1, vocab);
+    self_gemm = agreement(d1, d1u, vocab);
+    tp_p = agreement(p1, pt, vocab);
+    tp_d = agreement(d1, dt, vocab);
+    tp_u = agreement(d1u, dtu, vocab);
+    print_agree("tp=1 decode steps vs tp=1 one prompt (self, order)",
+                self_order);
+    print_agree("tp=1 untuned GEMMs vs tuned, decode steps (self, GEMM)",
+                self_gemm);
+    print_agree("tp=2 vs tp=1, both with untuned GEMMs, decode steps",
+                tp_u);
+    base = fmin(self_order.exact, self_gemm.exact);
+    for (int c = 0; c < 2; c++) {
+        agree_t a = c == 0 ? tp_p : tp_d;
+        bool ok = a.exact >= base - 1.0 && a.ties >= 99.0;
+
+        printf("%s bf16 llama3-8b teacher-forced top-1 tp=%d vs tp=1 (%s): "
+               "%.2f%% exact (tp=1 vs itself: %.2f%%, need >= %.2f%%), "
+               "%.2f%% up to ties of %.2f sd (>= 99%%)\n",
+               ok ? "PASS" : "FAIL", tp,
+               c == 0 ? "one prompt" : "decode steps", a.exact, base,
+               base - 1.0, a.ties, AGREE_TIE);
+        g_fail += !ok;
+    }
+    free(p1);
+    free(d1);
+    free(d1u);
+    free(pt);
+    free(dt);
+    free(dtu);
     model_destroy(&m);
 }
 
@@ -564,13 +696,30 @@ static int bench(const char *spec, int tp, const char *blist, int ctx)
     mc = model_config(m);
     {
         int per_seq = BT_DIV_UP(ctx + 2 * steps + 8, bsz);
-        be = make_backend(m, tp, BACKEND_PRECISION_BF16, max_b, 512,
-                          max_b * per_seq, bsz);
+        /* bench_cuda's backend sizes (128 sequences, 8192 batch tokens),
+         * so TP=1 here and bench_cuda time the same configuration */
+        be = make_backend(m, tp, BACKEND_PRECISION_BF16, BT_MAX(max_b, 128),
+                          8192, max_b * per_seq + 4, bsz);
         printf("INFO %s tp=%d backend up in %.1f s (allreduce %s)\n", spec,
                tp, bt_time_s() - t0,
                getenv("BT_TP_ALLREDUCE") ? getenv("BT_TP_ALLREDUCE")
                                          : "auto");
-        /* zeroed KV: decode timing does not depend on its values */
+        /* One small prompt first, outside any graph capture, exactly as
+         * bench_cuda does (the GEMM autotuner times every decode bucket
+         * of each weight shape at its first uncaptured use). */
+        {
+            int wt[64], wtab[4] = { 0, 1, 2, 3 };
+            float *wl = malloc(sizeof(float) * mc->vocab_size);
+            backend_seq_t ws = { .n_tokens = 64, .ctx_len = 0, .tokens = wt,
+                                 .block_table = wtab, .n_logits = 1 };
+            backend_batch_t wb = { .n_seqs = 1, .seqs = &ws };
+
+            for (int i = 0; i < 64; i++)
+                wt[i] = (i * 7919 + 11) % mc->vocab_size;
+            BT_ASSERT_OK(backend_forward(be, &wb, wl, NULL));
+            free(wl);
+        }
+        /* non-zero KV as bench_cuda (contexts are read, not computed) */
         for (int r = 0; r < tp; r++) {
             const kv_layout_t *lay = backend_kv_layout(be);
             size_t bytes = kv_layout_layer_bytes(lay);
@@ -578,8 +727,8 @@ static int bench(const char *spec, int tp, const char *blist, int ctx)
             BT_CHECK(cudaSetDevice(r) == cudaSuccess);
             for (int l = 0; l < mc->n_layers; l++)
                 for (int kv = 0; kv < 2; kv++)
-                    BT_CHECK(cudaMemset(backend_kv_data_rank(be, r, l, kv), 0,
-                                        bytes) == cudaSuccess);
+                    BT_CHECK(cudaMemset(backend_kv_data_rank(be, r, l, kv),
+                                        0x3c, bytes) == cudaSuccess);
             BT_CHECK(cudaDeviceSynchronize() == cudaSuccess);
         }
         BT_CHECK(cudaSetDevice(0) == cudaSuccess);

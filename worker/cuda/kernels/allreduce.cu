@@ -6,16 +6,18 @@
  * from running on the same GPU: the partner is on the other GPU, whose
  * stream is also free of other work).  Thread t < n_ranks of a block
  * owns the flag exchange with rank t: a release store (system scope)
- * into the peer's flag word for (barrier, block, my rank), then an
- * acquire spin on its own word for (barrier, block, t).  Block b's
- * elements are the same on every rank (same grid), so after the second
- * barrier block b may overwrite its slice of its own buffer: every
- * peer's block b has read it.
+ * into the peer's flag word for (block, my rank), then an acquire spin
+ * on its own word for (block, t).  Block b's elements are the same on
+ * every rank (same grid): thread t of block b holds float4s
+ * b * THREADS + t + k * stride, k < VEC_PER_THREAD, and stages float4
+ * k * THREADS + t of its block's half.
  */
 #include "allreduce.h"
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+
+#define AR_HALF4 (CUDA_AR_THREADS * CUDA_AR_VEC_PER_THREAD) /* float4s */
 
 struct ar_args_t {
     cuda_ar_t ar;
@@ -40,34 +42,24 @@ static __device__ __forceinline__ uint32_t ar_load_acquire(uint32_t *p)
     return v;
 }
 
-/* Barrier `which` (0 start, 1 end) between block blockIdx.x of every
- * rank, epoch e. */
+/* The barrier between block blockIdx.x of every rank, epoch e: our
+ * staged slice is visible to the peers, theirs to us. */
 static __device__ __forceinline__ void ar_barrier(const cuda_ar_t &ar,
-                                                  int which, uint32_t e)
+                                                  uint32_t e)
 {
     const int t = threadIdx.x;
-    const size_t slot = ((size_t)which * CUDA_AR_MAX_BLOCKS + blockIdx.x) *
-                        CUDA_AR_MAX_RANKS;
+    const size_t slot = (size_t)blockIdx.x * CUDA_AR_MAX_RANKS;
 
     __syncthreads();
     if (t < ar.n_ranks && t != ar.rank) {
         __threadfence_system();
         ar_store_release(ar.d_flags[t] + slot + ar.rank, e);
-        while (ar_load_acquire(ar.d_flags[ar.rank] + slot + t) != e) {
+        /* a peer one call ahead has already stored e + 1 */
+        while ((int32_t)(ar_load_acquire(ar.d_flags[ar.rank] + slot + t) -
+                         e) < 0) {
         }
     }
     __syncthreads();
-}
-
-/* float4 i of rank r's buffer: a peer's bypassing every cache of this
- * GPU (ld.cv: fetched again), our own past L1 (written by earlier
- * kernels). */
-static __device__ __forceinline__ float4 ar_load(const cuda_ar_t &ar, int r,
-                                                 size_t i)
-{
-    const float4 *p = reinterpret_cast<const float4 *>(ar.d_buf[r]) + i;
-
-    return r == ar.rank ? __ldcg(p) : __ldcv(p);
 }
 
 static __global__ void __launch_bounds__(CUDA_AR_THREADS)
@@ -76,38 +68,53 @@ static __global__ void __launch_bounds__(CUDA_AR_THREADS)
     const cuda_ar_t &ar = a.ar;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     const size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    float4 acc[CUDA_AR_VEC_PER_THREAD];
+    float4 *own = reinterpret_cast<float4 *>(ar.d_buf) + a.off4;
+    float4 mine[CUDA_AR_VEC_PER_THREAD];
     __shared__ uint32_t s_epoch;
 
     if (threadIdx.x == 0)
         s_epoch = ar.d_epoch[blockIdx.x] + 1;
     __syncthreads();
     const uint32_t e = s_epoch;
+    const size_t half = ((size_t)blockIdx.x * 2 + (e & 1)) * AR_HALF4;
+    float4 *stage = reinterpret_cast<float4 *>(ar.d_stage[ar.rank]) + half;
 
-    ar_barrier(ar, 0, e);
+    /* own slice: registers + our staging half (written by earlier
+     * kernels on this stream, so plain loads past L1) */
 #pragma unroll
     for (int k = 0; k < CUDA_AR_VEC_PER_THREAD; k++) {
         size_t i = i0 + k * stride;
         if (i < a.n4) {
-            /* rank order, so every rank sums the same way */
-            float4 s = ar_load(ar, 0, a.off4 + i);
-            for (int r = 1; r < ar.n_ranks; r++) {
-                float4 v = ar_load(ar, r, a.off4 + i);
-                s.x += v.x;
-                s.y += v.y;
-                s.z += v.z;
-                s.w += v.w;
-            }
-            acc[k] = s;
+            mine[k] = __ldcg(own + i);
+            __stcg(stage + k * CUDA_AR_THREADS + threadIdx.x, mine[k]);
         }
     }
-    ar_barrier(ar, 1, e);
-    float4 *own = reinterpret_cast<float4 *>(ar.d_buf[ar.rank]) + a.off4;
+    ar_barrier(ar, e);
 #pragma unroll
     for (int k = 0; k < CUDA_AR_VEC_PER_THREAD; k++) {
         size_t i = i0 + k * stride;
-        if (i < a.n4)
-            own[i] = acc[k];
+        if (i < a.n4) {
+            /* rank order, so every rank sums the same way; a peer's
+             * staging bypasses every cache of this GPU (ld.cv) */
+            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int r = 0; r < ar.n_ranks; r++) {
+                float4 v = r == ar.rank
+                               ? mine[k]
+                               : __ldcv(reinterpret_cast<const float4 *>(
+                                            ar.d_stage[r]) +
+                                        half + k * CUDA_AR_THREADS +
+                                        threadIdx.x);
+                if (r == 0) {
+                    s = v;
+                } else {
+                    s.x += v.x;
+                    s.y += v.y;
+                    s.z += v.z;
+                    s.w += v.w;
+                }
+            }
+            own[i] = s;
+        }
     }
     if (threadIdx.x == 0)
         ar.d_epoch[blockIdx.x] = e;
@@ -115,8 +122,7 @@ static __global__ void __launch_bounds__(CUDA_AR_THREADS)
 
 size_t cuda_ar_max_floats(const cuda_ar_t *ar)
 {
-    return (size_t)4 * ar->n_blocks * CUDA_AR_THREADS *
-           CUDA_AR_VEC_PER_THREAD;
+    return (size_t)4 * ar->n_blocks * AR_HALF4;
 }
 
 bt_status_t cuda_allreduce_custom(const cuda_ar_t *ar, size_t n,
