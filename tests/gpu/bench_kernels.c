@@ -2,7 +2,8 @@
  * bench_kernels.c - kernel timings behind issue 4's targets, ON THE
  * DEVICE MACHINE (tests/gpu/run_gpu_kernels.sh runs it):
  *
- *   bench_kernels [--gemv] [--attn] [--small] [--reps N]   (default: all)
+ *   bench_kernels [--gemv] [--attn] [--small] [--dec] [--toks L] [--reps N]
+ *   (default: all)
  *
  * --gemv: every GEMV variant of kernels/gemv.h, cuBLASLt's heuristic
  *   algorithm (BT_GEMV_FORCE=lt through worker_gemm) and the autotuned
@@ -14,7 +15,11 @@
  * --attn: cuda_attn_prefill on one causal prompt of 512/2048/8192 tokens
  *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
  *   FLOPs (4 x heads x hd x P(P+1)/2) against 790.
- * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s).
+ * --dec: decode attention at batch x context (KV TB/s), with the split
+ *   planner's default and BT_ATTN_PLAN=fill.
+ * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s), the
+ *   first two again with the scalar kernels (BT_RMSNORM_VEC=0 ...).
+ * --toks LIST: only these token counts in --gemv.
  * Lines start with "gemv ", "gemvsum ", "attn ", "small " for grepping.
  */
 #include <stdio.h>
@@ -24,6 +29,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gemm.h"
+#include "kernels/attn_decode.h"
 #include "kernels/attn_prefill.h"
 #include "kernels/gemv.h"
 #include "kernels/rmsnorm.h"
@@ -48,6 +54,20 @@
     } while (0)
 
 static int g_reps = 10;
+static char g_toks[256];   /* --toks: comma list of token counts, "" all */
+
+/* True when t is selected by --toks. */
+static int tok_selected(int t)
+{
+    char buf[300];
+
+    if (g_toks[0] == '\0')
+        return 1;
+    snprintf(buf, sizeof(buf), ",%s,", g_toks);
+    char key[16];
+    snprintf(key, sizeof(key), ",%d,", t);
+    return strstr(buf, key) != NULL;
+}
 static void *g_flush;
 static cudaEvent_t g_e0, g_e1;
 
@@ -159,6 +179,8 @@ static void bench_gemv(void)
 
             if (t > 128 && sh[s].per_step == 1)
                 continue; /* a prefill computes one classifier row */
+            if (!tok_selected(t))
+                continue;
 
             len += snprintf(line + len, sizeof(line) - len,
                             "gemv %-7s t=%3d o=%6d i=%5d:", sh[s].name, t, o,
@@ -310,6 +332,106 @@ static void bench_attn(void)
     }
 }
 
+/* Decode attention (one query token per sequence) at the Llama-3-8B
+ * shape: KV read bandwidth with the split planner's choice (default cost
+ * model, then BT_ATTN_PLAN=fill, the round-3 rule). */
+static void bench_dec(void)
+{
+    const int nh = 32, nkv = 8, hd = 128, bs = 16;
+    const int cases[][2] = {{1, 2048}, {1, 8192}, {64, 512}, {64, 2048},
+                            {128, 512}, {8, 8192}, {64, 8192}};
+    int n_sm = 132, dev = 0;
+
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const int B = cases[ci][0], ctx = cases[ci][1];
+        const int nbs = (ctx + bs - 1) / bs, nb = B * nbs;
+        size_t kv = (size_t)nb * bs * nkv * hd;
+        size_t ints = (size_t)nb + 4 * (size_t)B;
+        int *h = calloc(ints, sizeof(int));
+        int *bt = h, *kvl = bt + nb, *bto = kvl + B, *ctxa = bto + B,
+            *mo = ctxa + B;
+        int *d_meta;
+        void *q, *kc, *vc, *out;
+        float *ws = NULL;
+        cuda_attn_args_t a;
+        uint32_t r = 12345;
+
+        for (int i = 0; i < nb; i++)
+            bt[i] = i;
+        for (int i = nb - 1; i > 0; i--) { /* a used pool: shuffled */
+            r = r * 1664525u + 1013904223u;
+            int j = (int)(r % (uint32_t)(i + 1)), tmp = bt[i];
+            bt[i] = bt[j];
+            bt[j] = tmp;
+        }
+        for (int b = 0; b < B; b++) {
+            kvl[b] = ctx;
+            bto[b] = b * nbs;
+            ctxa[b] = ctx - 1;
+            mo[b] = -1;
+        }
+        CK(cudaMalloc((void **)&d_meta, ints * sizeof(int)));
+        CK(cudaMemcpy(d_meta, h, ints * sizeof(int), cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&q, (size_t)B * nh * hd * 2));
+        CK(cudaMalloc(&out, (size_t)B * nh * hd * 2));
+        CK(cudaMalloc(&kc, kv * 2));
+        CK(cudaMalloc(&vc, kv * 2));
+        CK(cudaMalloc((void **)&ws, 4 * cuda_attn_decode_ws_floats(
+                                            B, nh, hd, 64) + 4));
+        OK(cuda_gemv_fill(q, (size_t)B * nh * hd, 1, 0));
+        OK(cuda_gemv_fill(kc, kv, 2, 0));
+        OK(cuda_gemv_fill(vc, kv, 3, 0));
+        memset(&a, 0, sizeof(a));
+        a.n_heads = nh;
+        a.n_kv_heads = nkv;
+        a.head_dim = hd;
+        a.block_size = bs;
+        a.scale = 0.08838834764f;
+        a.d_q = q;
+        a.d_k_cache = kc;
+        a.d_v_cache = vc;
+        a.d_block_tables = d_meta;
+        a.d_kv_len = d_meta + nb;
+        a.d_bt_off = a.d_kv_len + B;
+        a.d_ctx_len = a.d_bt_off + B;
+        a.d_mask_off = a.d_ctx_len + B;
+        a.d_out = out;
+        for (int pass = 0; pass < 2; pass++) {
+            float ms[64];
+            int n = g_reps < 64 ? g_reps : 64, ns, sl;
+            if (pass)
+                setenv("BT_ATTN_PLAN", "fill", 1);
+            cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm, 64, &ns, &sl);
+            OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
+            for (int rr = 0; rr < n; rr++) {
+                flush_l2();
+                CK(cudaEventRecord(g_e0, 0));
+                OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16,
+                                    0));
+                CK(cudaEventRecord(g_e1, 0));
+                CK(cudaEventSynchronize(g_e1));
+                CK(cudaEventElapsedTime(&ms[rr], g_e0, g_e1));
+            }
+            CK(cudaGetLastError());
+            qsort(ms, n, sizeof(float), cmp_f);
+            double bytes = 2.0 * B * (double)ctx * nkv * hd * 2;
+            double us = ms[n / 2] * 1e3;
+            printf("attn decode B=%3d ctx=%5d plan=%-7s %3d x %4d: %8.1f "
+                   "us/layer %5.2f TB/s KV (%.0f%% of 4.5); x32 = %.2f ms\n",
+                   B, ctx, pass ? "fill" : "default", ns, sl, us,
+                   bytes / (us * 1e-6) / 1e12,
+                   100.0 * bytes / (us * 1e-6) / 4.5e12, us * 32e-3);
+            fflush(stdout);
+            unsetenv("BT_ATTN_PLAN");
+        }
+        cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
+        cudaFree(ws); cudaFree(d_meta);
+        free(h);
+    }
+}
+
 /* The per-layer small kernels of a 2048-token prefill. */
 static void bench_small(void)
 {
@@ -350,20 +472,25 @@ static void bench_small(void)
     OK(cuda_gemv_fill(g, dim, 4, 0));
     OK(cuda_gemv_fill(gu, (size_t)P * 2 * hid, 5, 0));
     OK(cuda_gemv_fill(qkvb, (size_t)P * qkv, 6, 0));
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 5; which++) {
         double bytes;
         const char *name;
+        /* 3, 4: rmsnorm and rope_kv again with the scalar kernels */
+        if (which == 3)
+            setenv("BT_RMSNORM_VEC", "0", 1);
+        if (which == 4)
+            setenv("BT_ROPE_VEC", "0", 1);
         for (int r = 0; r <= n; r++) {
             if (r > 0) {
                 flush_l2();
                 CK(cudaEventRecord(g_e0, 0));
             }
-            if (which == 0) {
+            if (which == 0 || which == 3) {
                 OK(cuda_rmsnorm(x, NULL, g, NULL, P, dim, 1e-5f, xn,
                                 CUDA_DT_BF16, 0));
             } else if (which == 1) {
                 OK(cuda_swiglu(gu, P, hid, hbuf, CUDA_DT_BF16, 0));
-            } else {
+            } else { /* 2, 4 */
                 cuda_rope_kv_args_t ra;
                 memset(&ra, 0, sizeof(ra));
                 ra.n_tokens = P;
@@ -388,19 +515,22 @@ static void bench_small(void)
         }
         CK(cudaGetLastError());
         qsort(ms, n, sizeof(float), cmp_f);
-        if (which == 0) {
-            name = "rmsnorm";
+        if (which == 0 || which == 3) {
+            name = which ? "rmsnorm0" : "rmsnorm";
             bytes = (double)P * dim * 6;
         } else if (which == 1) {
             name = "swiglu";
             bytes = (double)P * hid * 6;
         } else {
-            name = "rope_kv";
+            name = which == 4 ? "rope_kv0" : "rope_kv";
             bytes = (double)P * qkv * 4;
         }
         printf("small %-8s P=%d: %7.1f us/layer %6.0f GB/s; x32 layers = "
-               "%.2f ms (x2 for rmsnorm)\n", name, P, ms[n / 2] * 1e3,
-               bytes / (ms[n / 2] * 1e-3) / 1e9, ms[n / 2] * 32);
+               "%.2f ms (x2 for rmsnorm)%s\n", name, P, ms[n / 2] * 1e3,
+               bytes / (ms[n / 2] * 1e-3) / 1e9, ms[n / 2] * 32,
+               which >= 3 ? " [scalar kernel]" : "");
+        unsetenv("BT_RMSNORM_VEC");
+        unsetenv("BT_ROPE_VEC");
     }
     cudaFree(x); cudaFree(xn); cudaFree(g); cudaFree(gu); cudaFree(hbuf);
     cudaFree(qkvb); cudaFree(q); cudaFree(kc); cudaFree(vc); cudaFree(inv);
@@ -409,7 +539,7 @@ static void bench_small(void)
 
 int main(int argc, char **argv)
 {
-    int do_gemv = 0, do_attn = 0, do_small = 0;
+    int do_gemv = 0, do_attn = 0, do_small = 0, do_dec = 0;
 
     for (int a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--gemv") == 0)
@@ -418,16 +548,20 @@ int main(int argc, char **argv)
             do_attn = 1;
         else if (strcmp(argv[a], "--small") == 0)
             do_small = 1;
+        else if (strcmp(argv[a], "--dec") == 0)
+            do_dec = 1;
+        else if (strcmp(argv[a], "--toks") == 0 && a + 1 < argc)
+            snprintf(g_toks, sizeof(g_toks), "%s", argv[++a]);
         else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc)
             g_reps = atoi(argv[++a]);
         else {
             fprintf(stderr, "usage: bench_kernels [--gemv] [--attn] "
-                    "[--small] [--reps N]\n");
+                    "[--small] [--dec] [--toks 1,2,..] [--reps N]\n");
             return 2;
         }
     }
-    if (!do_gemv && !do_attn && !do_small)
-        do_gemv = do_attn = do_small = 1;
+    if (!do_gemv && !do_attn && !do_small && !do_dec)
+        do_gemv = do_attn = do_small = do_dec = 1;
     if (g_reps < 1)
         g_reps = 1;
     CK(cudaSetDevice(0));
@@ -438,6 +572,8 @@ int main(int argc, char **argv)
         bench_gemv();
     if (do_attn)
         bench_attn();
+    if (do_dec)
+        bench_dec();
     if (do_small)
         bench_small();
     cudaFree(g_flush);

@@ -1,111 +1,166 @@
 #!/bin/bash
-# run_gpu_kernels.sh [BUILD_DIR] - issue 4 speed work (helper "gemv"), ON
-# THE DEVICE MACHINE from a carried build (nothing is rebuilt):
-#   1. test_gemm: worker_gemm + every GEMV variant against the CPU
-#      reference (variants that fail are excluded from the autotuner
-#      below through BT_GEMV_DISABLE); test_attn (prefill attention).
-#   2. bench_kernels: every GEMV variant / cuBLASLt / autotuned at the
-#      Llama-3-8B shapes x 1..128 tokens, prefill attention, small kernels.
+# run_gpu_kernels.sh [BUILD_DIR] - issue 4 speed work (helpers "gemv",
+# "gemv2"), ON THE DEVICE MACHINE from a carried build (nothing is
+# rebuilt):
+#   1. kernel tests against the CPU references: test_gemm (worker_gemm,
+#      every GEMV variant, the RMSNorm-fused rows GEMV, the prefetch /
+#      trigger switches), test_rmsnorm + test_rope_kv (vector and scalar
+#      kernels), test_attn (decode + prefill attention).  A variant that
+#      fails its test is switched off for everything after it (GEMV
+#      variants through BT_GEMV_DISABLE, the fused norm through
+#      BT_GEMV_NORM=0, the vector kernels through BT_RMSNORM_VEC=0 /
+#      BT_ROPE_VEC=0, the prefill kernel through BT_PREFILL_KERNEL=mma);
+#      a crash of test_gemm re-runs it with the prefetch off (BT_GEMV_PF=0).
+#   2. bench_kernels: GEMV variants at 1/2/64 tokens, decode attention
+#      (planner default vs fill), prefill attention, small kernels.
 #   3. bench_cuda (synth:llama3-8b, bf16): decode batch 1,64 x ctx
-#      512,2048 and prefill 512,2048 with the autotuner; A/B rows at batch
-#      1 with the RMSNorm-fused ring GEMV (BT_GEMV_NORM=1) and with the
-#      round-2 defaults (BT_GEMM_TUNE=0 BT_PREFILL_KERNEL=mma0).
-# Writes $OUT/gemv_kernels.log and $OUT/gemv_table.md; prints the table
-# last.  About 3-4 minutes.  Carry one folder (stripped binaries + the
-# libraries the device lacks), made here after building build-gemv:
-#   cmake --build build-gemv -j2 --target gpu_bench_kernels gpu_bench_cuda \
-#     test_gemm test_attn
-#   rm -rf build-gemv-carry && mkdir -p build-gemv-carry/gpu && \
-#   for b in test_gemm test_attn bench_kernels bench_cuda; do \
-#     strip -o build-gemv-carry/gpu/$b build-gemv/gpu/$b; done && \
-#   ../shared/tools/devlibs build-gemv-carry/lib build-gemv-carry/gpu/*
-# then run(carry=["build-gemv-carry"], kind nvidia-h200,
-#   command="bash tests/gpu/run_gpu_kernels.sh build-gemv-carry").
+#      512,2048 and prefill 512,2048 with the defaults, then A/B rows with
+#      each new switch off, and all of them off (round-4 baseline).
+# Writes $OUT/gemv2_kernels.log and $OUT/gemv2_table.md; prints the table
+# last.  About 2.5-3 minutes.  Carry one folder (stripped binaries + the
+# libraries the device lacks), made here after building build-gemv2:
+#   cmake --build build-gemv2 -j2 --target gpu_bench_kernels gpu_bench_cuda \
+#     test_gemm test_attn test_rmsnorm test_rope_kv
+#   rm -rf build-gemv2-carry && mkdir -p build-gemv2-carry/gpu && \
+#   for b in test_gemm test_attn test_rmsnorm test_rope_kv bench_kernels \
+#     bench_cuda; do strip -o build-gemv2-carry/gpu/$b build-gemv2/gpu/$b; \
+#   done && ../shared/tools/devlibs build-gemv2-carry/lib build-gemv2-carry/gpu/*
+# then run(carry=["build-gemv2-carry"], kind nvidia-h200,
+#   command="bash tests/gpu/run_gpu_kernels.sh build-gemv2-carry").
 set -u
-build=${1:-build-gemv-carry}
+build=${1:-build-gemv2-carry}
 out=${OUT:-/tmp/baton-gpu-kernels}
 mkdir -p "$out"
-log=$out/gemv_kernels.log
-table=$out/gemv_table.md
+log=$out/gemv2_kernels.log
+table=$out/gemv2_table.md
+tmp=$(mktemp -d)
 : > "$log"
 [ -d "$build/lib" ] && export LD_LIBRARY_PATH=$PWD/$build/lib:${LD_LIBRARY_PATH:-}
 [ -d .devlibs ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$PWD/.devlibs
-export BT_LOG=${BT_LOG:-INFO}
+export BT_LOG=${BT_LOG:-WARN}
 t_start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
   --format=csv >> "$log" 2>&1
+switched=""
 
+# ---- 1. tests ----------------------------------------------------------
 echo "=== test_gemm" >> "$log"
-timeout 150 "$build/gpu/test_gemm" > "$out/.tg" 2>&1
+timeout 120 "$build/gpu/test_gemm" > "$tmp/tg" 2>&1
 rc_gemm=$?
-cat "$out/.tg" >> "$log"
+cat "$tmp/tg" >> "$log"
+if [ $rc_gemm -ne 0 ] && ! grep -q "comparison(s) FAILED" "$tmp/tg"; then
+  echo "=== test_gemm crashed (rc $rc_gemm): again with BT_GEMV_PF=0" >> "$log"
+  export BT_GEMV_PF=0
+  switched="$switched BT_GEMV_PF=0"
+  timeout 120 "$build/gpu/test_gemm" > "$tmp/tg" 2>&1
+  rc_gemm=$?
+  cat "$tmp/tg" >> "$log"
+fi
 disable=""
 for v in rows rows8 stream ring bulk mma1 mma2; do
-  if grep -q "^FAIL gemv $v " "$out/.tg"; then disable="$disable,$v"; fi
+  if grep -q "^FAIL gemv $v " "$tmp/tg"; then disable="$disable,$v"; fi
 done
-if [ $rc_gemm -ne 0 ] && ! grep -q "comparison(s) FAILED" "$out/.tg"; then
-  # crashed or hung: drop the variant it was testing and bulk (mbarrier)
-  last=$(grep -oE "^(PASS|FAIL) gemv [a-z0-9]+" "$out/.tg" | tail -1 | awk '{print $3}')
+if [ $rc_gemm -ne 0 ] && ! grep -q "comparison(s) FAILED" "$tmp/tg"; then
+  last=$(grep -oE "^(PASS|FAIL) gemv [a-z0-9]+" "$tmp/tg" | tail -1 | awk '{print $3}')
   disable="$disable,bulk${last:+,$last}"
 fi
-rm -f "$out/.tg"
 disable=${disable#,}
-echo "test_gemm rc=$rc_gemm; disabled variants: ${disable:-none}" >> "$log"
 export BT_GEMV_DISABLE=$disable
-if echo ",$disable," | grep -q ",ring,"; then norm_ok=0; else norm_ok=1; fi
-
-echo "=== test_attn" >> "$log"
-timeout 90 "$build/gpu/test_attn" >> "$log" 2>&1
-rc_attn=$?
-
-echo "=== bench_kernels" >> "$log"
-timeout 170 "$build/gpu/bench_kernels" --reps 7 >> "$log" 2>&1
-rc_bk=$?
-echo "=== bench_kernels --attn, BT_PREFILL_KERNEL=mma0 (round-2 load order)" >> "$log"
-BT_PREFILL_KERNEL=mma0 timeout 40 "$build/gpu/bench_kernels" --attn --reps 5 >> "$log" 2>&1
-
-echo "=== bench_cuda (autotuned)" >> "$log"
-timeout 170 "$build/gpu/bench_cuda" --model synth:llama3-8b --batch 1,64 \
-  --ctx 512,2048 --prefill 512,2048 --table "$out/.t_tuned" >> "$log" 2>&1
-rc_bc=$?
-if [ $norm_ok -eq 1 ]; then
-  echo "=== bench_cuda BT_GEMV_NORM=1 (RMSNorm fused into the ring GEMV)" >> "$log"
-  BT_GEMV_NORM=1 timeout 90 "$build/gpu/bench_cuda" --model synth:llama3-8b \
-    --batch 1 --ctx 512,2048 --prefill 2048 --table "$out/.t_norm" >> "$log" 2>&1
+if grep -q "^FAIL gemv+rmsnorm (rows)" "$tmp/tg" || [ $rc_gemm -ne 0 ]; then
+  export BT_GEMV_NORM=0; switched="$switched BT_GEMV_NORM=0"
 fi
-echo "=== bench_cuda BT_GEMM_TUNE=0 BT_PREFILL_KERNEL=mma0 (round-2 defaults)" >> "$log"
-BT_GEMM_TUNE=0 BT_PREFILL_KERNEL=mma0 timeout 90 "$build/gpu/bench_cuda" --model synth:llama3-8b \
-  --batch 1 --ctx 512 --prefill 2048 --table "$out/.t_old" >> "$log" 2>&1
+if echo ",$disable," | grep -q ",rows,"; then
+  export BT_GEMV=0; switched="$switched BT_GEMV=0"
+fi
+echo "test_gemm rc=$rc_gemm; disabled variants: ${disable:-none}" >> "$log"
 
+echo "=== test_rmsnorm" >> "$log"
+timeout 60 "$build/gpu/test_rmsnorm" > "$tmp/tr" 2>&1
+rc_rms=$?
+cat "$tmp/tr" >> "$log"
+if [ $rc_rms -ne 0 ]; then
+  export BT_RMSNORM_VEC=0; switched="$switched BT_RMSNORM_VEC=0"
+fi
+echo "=== test_rope_kv" >> "$log"
+timeout 60 "$build/gpu/test_rope_kv" > "$tmp/tp" 2>&1
+rc_rope=$?
+cat "$tmp/tp" >> "$log"
+if [ $rc_rope -ne 0 ]; then
+  export BT_ROPE_VEC=0; switched="$switched BT_ROPE_VEC=0"
+fi
+echo "=== test_attn" >> "$log"
+timeout 90 "$build/gpu/test_attn" > "$tmp/ta" 2>&1
+rc_attn=$?
+cat "$tmp/ta" >> "$log"
+if grep -q "^FAIL attn prefill (mma2)" "$tmp/ta" || \
+   { [ $rc_attn -ne 0 ] && ! grep -q "comparison(s) FAILED" "$tmp/ta"; }; then
+  export BT_PREFILL_KERNEL=mma; switched="$switched BT_PREFILL_KERNEL=mma"
+fi
+echo "switched off after the tests:${switched:- nothing}" >> "$log"
+
+# ---- 2. kernel benchmarks ----------------------------------------------
+echo "=== bench_kernels" >> "$log"
+timeout 100 "$build/gpu/bench_kernels" --gemv --toks 1,2,64 --reps 7 >> "$log" 2>&1
+rc_bk=$?
+timeout 40 "$build/gpu/bench_kernels" --dec --small --attn --reps 7 >> "$log" 2>&1
+if [ -z "${BT_PREFILL_KERNEL:-}" ]; then
+  BT_PREFILL_KERNEL=mma timeout 30 "$build/gpu/bench_kernels" --attn --reps 5 >> "$log" 2>&1
+fi
+
+# ---- 3. engine rows ------------------------------------------------------
+# bc NAME ENV... -- ARGS: one bench_cuda run, its table kept as $tmp/t_NAME
+bc() {
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  echo "=== bench_cuda [$name] ${envs[*]}" >> "$log"
+  env "${envs[@]}" timeout 80 "$build/gpu/bench_cuda" --model synth:llama3-8b \
+    --steps 20 --table "$tmp/t_$name" "$@" >> "$log" 2>&1
+  echo "rc=$?" >> "$log"
+}
+bc default BT_GEMV_PF=${BT_GEMV_PF:-1} -- --batch 1,64 --ctx 512,2048 --prefill 512,2048
+bc pf0 BT_GEMV_PF=0 -- --batch 1 --ctx 512
+bc pf2 BT_GEMV_PF=2 -- --batch 1 --ctx 512
+bc norm0 BT_GEMV_NORM=0 -- --batch 1 --ctx 512
+bc early BT_GEMV_TRIGGER=early -- --batch 1 --ctx 512
+bc pdl0 BT_PDL=0 -- --batch 1 --ctx 512
+bc fill BT_ATTN_PLAN=fill -- --batch 64 --ctx 512,2048
+bc vec0 BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 -- --batch 1 --ctx 512 --prefill 2048
+bc pre_mma BT_PREFILL_KERNEL=mma -- --batch 1 --ctx 512 --prefill 2048
+bc all_off BT_GEMV_PF=0 BT_GEMV_NORM=0 BT_GEMV_TRIGGER=early \
+  BT_ATTN_PLAN=fill BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 BT_PREFILL_KERNEL=mma \
+  -- --batch 1,64 --ctx 512,2048 --prefill 2048
+
+# ---- table -------------------------------------------------------------
+cnt() { grep -c "$1" "$2" 2>/dev/null; }
 {
-  echo "## gemv helper run $(date -u +%FT%TZ), $(( $(date +%s) - t_start )) s"
-  echo "rc: test_gemm $rc_gemm, test_attn $rc_attn, bench_kernels $rc_bk, bench_cuda $rc_bc; disabled: ${disable:-none}"
+  echo "## gemv2 run $(date -u +%FT%TZ), $(( $(date +%s) - t_start )) s"
+  echo "rc: test_gemm $rc_gemm, test_rmsnorm $rc_rms, test_rope_kv $rc_rope, test_attn $rc_attn, bench_kernels $rc_bk; disabled GEMV: ${disable:-none}; switched off:${switched:- nothing}"
   echo
-  echo "| variant | PASS | FAIL |"
+  echo "| test | PASS | FAIL |"
   echo "| --- | ---: | ---: |"
   for v in rows rows8 stream ring bulk mma1 mma2; do
-    echo "| $v | $(grep -c "^PASS gemv $v " "$log") | $(grep -c "^FAIL gemv $v " "$log") |"
+    echo "| gemv $v | $(cnt "^PASS gemv $v " "$log") | $(cnt "^FAIL gemv $v " "$log") |"
   done
-  echo "| worker_gemm | $(grep -c '^PASS gemm' "$log") | $(grep -c '^FAIL gemm' "$log") |"
-  echo "| gemv+rmsnorm | $(grep -c '^PASS gemv+rmsnorm' "$log") | $(grep -c '^FAIL gemv+rmsnorm' "$log") |"
-  echo "| test_attn | $(sed -n '/^=== test_attn/,/^=== bench_kernels/p' "$log" | grep -c '^PASS') | $(sed -n '/^=== test_attn/,/^=== bench_kernels/p' "$log" | grep -c '^FAIL') |"
+  echo "| gemv+rmsnorm (rows) | $(cnt '^PASS gemv+rmsnorm (rows)' "$log") | $(cnt '^FAIL gemv+rmsnorm (rows)' "$log") |"
+  echo "| gemv+rmsnorm (others) | $(grep '^PASS gemv+rmsnorm' "$log" | grep -vc '(rows)') | $(grep '^FAIL gemv+rmsnorm' "$log" | grep -vc '(rows)') |"
+  echo "| worker_gemm | $(cnt '^PASS gemm' "$log") | $(cnt '^FAIL gemm' "$log") |"
+  echo "| rmsnorm | $(cnt '^PASS rmsnorm' "$tmp/tr") | $(cnt '^FAIL rmsnorm' "$tmp/tr") |"
+  echo "| rope_kv | $(cnt '^PASS rope' "$tmp/tp") | $(cnt '^FAIL rope' "$tmp/tp") |"
+  echo "| attn | $(cnt '^PASS' "$tmp/ta") | $(cnt '^FAIL' "$tmp/ta") |"
   echo
-  echo "### GEMV per shape (us, TB/s of weights): best | tuned"
-  grep -E '^gemv ' "$log" | sed -E 's/^gemv ([a-z_]+) +t= *([0-9]+) o=.*tuned=([a-z0-9]+) ([0-9.]+) \(([0-9.]+) TB\/s\) \| best=([a-zA-Z0-9]+) ([0-9.]+) us ([0-9.]+) TB\/s.*/\1 t=\2: best \6 \7 (\8) tuned \3 \4 (\5)/' | paste -sd'|' | sed 's/|/\n/g' | awk '{printf "%s%s", $0, (NR%4==0 ? "\n" : " ; ")} END {print ""}'
-  echo
-  grep -E '^gemvsum ' "$log"
+  echo "### kernels (us per layer, bandwidth)"
+  grep -E '^gemv [a-z_]+ +t=  1' "$log" | sed -E 's/ stream .*cublasLt/ ... cublasLt/'
   grep -E '^(attn |small )' "$log"
-  grep -E 'gemm tune o=.*ms$' "$log" | sed 's/^.*gemm tune/tune/' | head -8
   echo
-  echo "### bench_cuda, autotuned"
-  cat "$out/.t_tuned" 2>/dev/null
-  echo
-  echo "### bench_cuda, BT_GEMV_NORM=1"
-  cat "$out/.t_norm" 2>/dev/null
-  echo
-  echo "### bench_cuda, BT_GEMM_TUNE=0 (round-2 defaults)"
-  cat "$out/.t_old" 2>/dev/null
+  for n in default pf0 pf2 norm0 early pdl0 fill vec0 pre_mma all_off; do
+    [ -f "$tmp/t_$n" ] || { echo "### bench_cuda [$n]: no table"; continue; }
+    echo "### bench_cuda [$n]"
+    cat "$tmp/t_$n"
+  done
 } > "$table"
-rm -f "$out/.t_tuned" "$out/.t_norm" "$out/.t_old"
+cat "$table" >> "$log"
+rm -rf "$tmp"
 echo
 cat "$table"
