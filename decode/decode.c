@@ -623,19 +623,24 @@ static bt_status_t unpack_inline(decode_t *dec, const Baton__KvReady *m,
                                  const int *blocks, int n_blocks, int n)
 {
     backend_t *be = engine_backend(dec->engine);
+    /* inline rows hold every KV head of a token (whatever either side's
+     * TP); rank r's pool holds the r-th `row` bytes of each */
+    const int tp = backend_tp_size(be);
     size_t row = (size_t)dec->layout.n_kv_heads * (size_t)dec->layout.head_dim *
                  dec->layout.elem_size;
+    size_t full = row * (size_t)tp;
 
     if (m->n_kv_inline != (size_t)(2 * dec->n_layers) ||
         BT_DIV_UP(n, dec->block_size) > n_blocks)
         return BT_ERR_FORMAT;
     for (size_t i = 0; i < m->n_kv_inline; i++)
-        if (m->kv_inline[i].len != row * (size_t)n)
+        if (m->kv_inline[i].len != full * (size_t)n)
             return BT_ERR_FORMAT;
     for (int l = 0; l < dec->n_layers; l++) {
-        for (int kv = 0; kv < 2; kv++) {
-            uint8_t *base = backend_kv_data(be, l, kv);
-            const uint8_t *src = m->kv_inline[2 * l + kv].data;
+        for (int kv = 0; kv < 2 * tp; kv++) {
+            uint8_t *base = backend_kv_data_rank(be, kv / 2, l, kv % 2);
+            const uint8_t *src = m->kv_inline[2 * l + kv % 2].data +
+                                 (size_t)(kv / 2) * row;
             /* One copy per block: its rows are adjacent on both sides. */
             for (int s = 0; s < n;) {
                 int blk = blocks[s / dec->block_size];
@@ -646,8 +651,13 @@ static bt_status_t unpack_inline(decode_t *dec, const Baton__KvReady *m,
                 if (!dec->kv_on_device)
                     memcpy(base + off, src + (size_t)s * row,
                            row * (size_t)cnt);
-                else if (kv_cipc_memcpy(base + off, src + (size_t)s * row,
-                                        row * (size_t)cnt) != BT_OK)
+                else if (tp == 1 ? kv_cipc_memcpy(base + off,
+                                                  src + (size_t)s * row,
+                                                  row * (size_t)cnt) != BT_OK
+                                 : kv_cipc_memcpy2d(base + off, row,
+                                                    src + (size_t)s * full,
+                                                    full, row,
+                                                    (size_t)cnt) != BT_OK)
                     return BT_ERR_CUDA;
                 s += cnt;
             }
@@ -1746,26 +1756,41 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                         "inline");
     }
     if (dec->kv_on_device && cfg->use_cuda_ipc) {
-        void **k_layers = bt_calloc((size_t)dec->n_layers, 2 * sizeof(void *),
-                                    "decode_layers");
+        /* one pool per TP rank (descriptor version 2 when tp > 1):
+         * k_layers[r * n_layers + l], then the V bases alike */
         backend_t *be = engine_backend(dec->engine);
+        int tp = backend_tp_size(be), nl = dec->n_layers;
+        int devices[KV_CIPC_MAX_RANKS];
+        void **k_layers = bt_calloc((size_t)nl * (size_t)tp,
+                                    2 * sizeof(void *), "decode_layers");
         if (k_layers == NULL) {
             status = BT_ERR_NO_MEMORY;
             goto err_ucx;
         }
-        for (int l = 0; l < dec->n_layers; l++) {
-            k_layers[l] = backend_kv_data(be, l, 0);
-            k_layers[dec->n_layers + l] = backend_kv_data(be, l, 1);
+        for (int r = 0; r < tp; r++) {
+            if (r < KV_CIPC_MAX_RANKS)
+                devices[r] = cfg->engine.backend.device_index + r;
+            for (int l = 0; l < nl; l++) {
+                k_layers[(size_t)r * nl + l] =
+                    backend_kv_data_rank(be, r, l, 0);
+                k_layers[(size_t)(tp + r) * nl + l] =
+                    backend_kv_data_rank(be, r, l, 1);
+            }
         }
-        if (kv_cipc_pool_export(&dec->layout, k_layers,
-                                k_layers + dec->n_layers,
-                                cfg->engine.backend.device_index,
-                                cfg->max_reservations, &dec->cipc) != BT_OK)
+        if (tp > KV_CIPC_MAX_RANKS ||
+            kv_cipc_pool_export_ranks(&dec->layout, tp, k_layers,
+                                      k_layers + (size_t)tp * nl, devices,
+                                      cfg->max_reservations,
+                                      &dec->cipc) != BT_OK)
             BT_LOG_WARN("KV", "CUDA IPC export failed; KV arrives inline");
         bt_free(k_layers);
     }
+    /* the staged receiver writes one pool: not with tp > 1 (KV from other
+     * hosts then arrives inline) */
     if (dec->ucx != NULL && (dec->kv_on_device ? cfg->kv_stage
-                                               : cfg->kv_stage_host)) {
+                                               : cfg->kv_stage_host) &&
+        (dec->engine == NULL ||
+         backend_tp_size(engine_backend(dec->engine)) == 1)) {
         status = stage_setup(dec);
         if (status != BT_OK)
             goto err_ucx;

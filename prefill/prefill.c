@@ -263,6 +263,7 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
     if ((t->use_ucx || t->use_cipc || t->use_stage) && pf->engine != NULL) {
         const kv_layout_t *lay = backend_kv_layout(engine_backend(pf->engine));
         double bytes = 2.0 * pf->n_layers * (double)kv_layout_block_bytes(lay) *
+                       backend_tp_size(engine_backend(pf->engine)) *
                        BT_DIV_UP(t->n_tokens, pf->block_size);
         BT_LOG_DEBUG("KV", "kv_handoff request:%llu tokens:%d bytes:%.0f "
                      "put_us:%.1f commit_us:%.1f",
@@ -817,38 +818,48 @@ static bt_status_t pack_layer_inline(prefill_t *pf, prefill_task_t *t,
 {
     backend_t *be = engine_backend(pf->engine);
     const kv_layout_t *lay = backend_kv_layout(be);
+    /* inline rows hold every KV head of a token (whatever either side's
+     * TP): rank r's `row` bytes go to columns [r row, (r + 1) row) */
+    const int tp = backend_tp_size(be);
     size_t row = (size_t)lay->n_kv_heads * (size_t)lay->head_dim *
                  lay->elem_size;
+    size_t full = row * (size_t)tp;
 
     if (t->kv_inline == NULL) {
         t->kv_inline = bt_calloc((size_t)(2 * pf->n_layers), sizeof(uint8_t *),
                                  "prefill_inline");
         if (t->kv_inline == NULL)
             return BT_ERR_NO_MEMORY;
-        t->kv_row_bytes = row;
+        t->kv_row_bytes = full;
     }
     for (int kv = 0; kv < 2; kv++) {
-        const uint8_t *base = backend_kv_data(be, layer, kv);
-        uint8_t *out = bt_malloc(row * (size_t)t->n_tokens, "prefill_inline");
+        uint8_t *out = bt_malloc(full * (size_t)t->n_tokens, "prefill_inline");
         if (out == NULL)
             return BT_ERR_NO_MEMORY;
-        /* One copy per block: its rows are adjacent on both sides. */
-        for (int s = 0; s < t->n_tokens;) {
-            int blk = t->blocks[s / lay->block_size];
-            int in = s % lay->block_size;
-            int cnt = BT_MIN(lay->block_size - in, t->n_tokens - s);
-            size_t off = ((size_t)blk * (size_t)lay->block_size +
-                          (size_t)in) * row;
-            if (!pf->kv_on_device) {
-                memcpy(out + (size_t)s * row, base + off, row * (size_t)cnt);
-            } else if (kv_cipc_memcpy(out + (size_t)s * row, base + off,
-                                      row * (size_t)cnt) != BT_OK) {
-                t->kv_inline[2 * layer + kv] = out; /* freed with t */
-                return BT_ERR_CUDA;
+        t->kv_inline[2 * layer + kv] = out; /* freed with t */
+        for (int r = 0; r < tp; r++) {
+            const uint8_t *base = backend_kv_data_rank(be, r, layer, kv);
+            uint8_t *o = out + (size_t)r * row;
+            /* One copy per block: its rows are adjacent on both sides. */
+            for (int s = 0; s < t->n_tokens;) {
+                int blk = t->blocks[s / lay->block_size];
+                int in = s % lay->block_size;
+                int cnt = BT_MIN(lay->block_size - in, t->n_tokens - s);
+                size_t off = ((size_t)blk * (size_t)lay->block_size +
+                              (size_t)in) * row;
+                if (!pf->kv_on_device)
+                    memcpy(o + (size_t)s * row, base + off, row * (size_t)cnt);
+                else if (tp == 1 ? kv_cipc_memcpy(o + (size_t)s * row,
+                                                  base + off,
+                                                  row * (size_t)cnt) != BT_OK
+                                 : kv_cipc_memcpy2d(o + (size_t)s * full,
+                                                    full, base + off, row,
+                                                    row,
+                                                    (size_t)cnt) != BT_OK)
+                    return BT_ERR_CUDA;
+                s += cnt;
             }
-            s += cnt;
         }
-        t->kv_inline[2 * layer + kv] = out;
     }
     return BT_OK;
 }
@@ -866,11 +877,19 @@ static void on_layer_done(void *arg, int layer)
         if (!t->final_in_batch)
             continue;
         if (t->use_cipc) {
+            /* every prefill rank's heads into the decode rank(s) holding
+             * them (kv_reshard: prefill and decode TP may differ) */
             int n = BT_DIV_UP(t->n_tokens, pf->block_size);
-            bt_status_t status = kv_cipc_put_layer(
-                t->cpeer, layer, backend_kv_data(be, layer, 0),
-                backend_kv_data(be, layer, 1), backend_kv_layout(be),
-                t->blocks, t->dst_blocks, n);
+            int tp = backend_tp_size(be);
+            bt_status_t status = BT_OK;
+            for (int r = 0; r < tp && status == BT_OK; r++) {
+                kv_reshard_side_t src =
+                    kv_reshard_side_rank(backend_kv_layout(be), tp, r);
+                status = kv_cipc_put_layer_ranks(
+                    t->cpeer, layer, backend_kv_data_rank(be, r, layer, 0),
+                    backend_kv_data_rank(be, r, layer, 1), &src, t->blocks,
+                    t->dst_blocks, n);
+            }
             if (status != BT_OK) {
                 BT_LOG_WARN("KV", "CUDA IPC copy of request %llu failed; "
                             "falling back to inline",
@@ -1328,9 +1347,19 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         }
         pf->kv_on_device =
             strcmp(backend_name(engine_backend(pf->engine)), "cuda") == 0;
-        if (pf->kv_on_device && cfg->use_cuda_ipc &&
-            kv_cipc_create(&pf->cipc) != BT_OK)
-            BT_LOG_WARN("KV", "CUDA IPC unavailable; KV goes inline");
+        if (pf->kv_on_device && cfg->use_cuda_ipc) {
+            /* the copy stream on rank 0's GPU; the other ranks' pools are
+             * read from there over peer access */
+            backend_t *be = engine_backend(pf->engine);
+            bool ok = kv_cipc_create_on(b->device_index, &pf->cipc) == BT_OK;
+            for (int r = 1; ok && r < backend_tp_size(be); r++)
+                ok = kv_cipc_add_source(pf->cipc, b->device_index + r) ==
+                     BT_OK;
+            if (!ok) {
+                kv_cipc_destroy(&pf->cipc);
+                BT_LOG_WARN("KV", "CUDA IPC unavailable; KV goes inline");
+            }
+        }
         if (cfg->use_ucx && (!pf->kv_on_device || cfg->kv_stage)) {
             kv_ucx_config_t ucfg;
             kv_ucx_config_init(&ucfg);
@@ -1343,8 +1372,10 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
                 pf->ucx = NULL;
             }
         }
+        /* the staged sender reads one pool: not with tp > 1 */
         if (pf->ucx != NULL && (pf->kv_on_device ? cfg->kv_stage
-                                                 : cfg->kv_stage_host))
+                                                 : cfg->kv_stage_host) &&
+            backend_tp_size(engine_backend(pf->engine)) == 1)
             stage_setup(pf);
         if (pf->kv_on_device && pf->stage == NULL)
             kv_ucx_destroy(&pf->ucx); /* nothing else uses it */

@@ -21,14 +21,26 @@
 #endif
 
 // ---------------------------------------------------------------------------
-// Descriptor codec: little-endian fixed-size record, FNV-1a checksummed.
+// Descriptor codec: little-endian records, FNV-1a checksummed.
+// Version 1 (fixed size):
 //   u32 magic 'BTCI', u32 version, u32 size, u32 pid, u64 pool_id,
 //   i32 device, char bus_id[32], u32 layout[6], u32 n_slots,
 //   u8 k_handle[64], u8 v_handle[64], u8 arrival_handle[64], u64 checksum
+// Version 2 (a TP pool; size grows with n_ranks):
+//   u32 magic, u32 version 2, u32 size, u32 pid, u64 pool_id,
+//   u32 n_ranks, u32 n_heads_total, u32 layout[6] (one rank's), u32 n_slots,
+//   u8 arrival_handle[64] (on rank 0's GPU),
+//   n_ranks x { i32 device, char bus_id[32], u32 head0, u8 k_handle[64],
+//               u8 v_handle[64] },
+//   u64 checksum
 
 #define CIPC_MAGIC 0x49435442u /* "BTCI" */
 #define CIPC_DESC_SIZE (4 * 4 + 8 + 4 + KV_CIPC_BUS_ID_LEN + 6 * 4 + 4 + \
                         3 * KV_CIPC_HANDLE_BYTES + 8)
+#define CIPC_V2_HEAD (4 * 4 + 8 + 4 + 4 + 6 * 4 + 4 + KV_CIPC_HANDLE_BYTES)
+#define CIPC_V2_RANK (4 + KV_CIPC_BUS_ID_LEN + 4 + 2 * KV_CIPC_HANDLE_BYTES)
+#define CIPC_V2_SIZE(n) ((size_t)CIPC_V2_HEAD + (size_t)(n) * CIPC_V2_RANK + 8)
+#define CIPC_DESC_MAX CIPC_V2_SIZE(KV_CIPC_MAX_RANKS)
 
 static uint64_t cipc_fnv1a(const uint8_t *p, size_t n)
 {
@@ -75,42 +87,200 @@ static uint64_t get_u64(const uint8_t **p)
     return v;
 }
 
+static void put_bytes(uint8_t **p, const void *src, size_t n)
+{
+    memcpy(*p, src, n);
+    *p += n;
+}
+
+static void put_bus_id(uint8_t **p, const char *bus_id)
+{
+    memset(*p, 0, KV_CIPC_BUS_ID_LEN);
+    snprintf((char *)*p, KV_CIPC_BUS_ID_LEN, "%s", bus_id);
+    *p += KV_CIPC_BUS_ID_LEN;
+}
+
+static void put_layout(uint8_t **p, const kv_layout_t *l)
+{
+    put_u32(p, (uint32_t)l->n_layers);
+    put_u32(p, (uint32_t)l->n_blocks);
+    put_u32(p, (uint32_t)l->block_size);
+    put_u32(p, (uint32_t)l->n_kv_heads);
+    put_u32(p, (uint32_t)l->head_dim);
+    put_u32(p, (uint32_t)l->elem_size);
+}
+
 size_t kv_cipc_desc_size(void)
 {
     return CIPC_DESC_SIZE;
+}
+
+size_t kv_cipc_desc_encoded_size(const kv_cipc_desc_t *desc)
+{
+    return desc->n_ranks <= 1 ? CIPC_DESC_SIZE : CIPC_V2_SIZE(desc->n_ranks);
+}
+
+int kv_cipc_desc_n_ranks(const kv_cipc_desc_t *desc)
+{
+    return desc->n_ranks >= 2 ? desc->n_ranks : 1;
+}
+
+int kv_cipc_desc_heads_total(const kv_cipc_desc_t *desc)
+{
+    return desc->n_ranks >= 2 ? desc->n_heads_total
+                              : desc->layout.n_kv_heads;
+}
+
+kv_cipc_rank_desc_t kv_cipc_desc_rank(const kv_cipc_desc_t *desc, int rank)
+{
+    kv_cipc_rank_desc_t r;
+
+    if (desc->n_ranks >= 2 && rank >= 0 && rank < desc->n_ranks)
+        return desc->ranks[rank];
+    memset(&r, 0, sizeof(r));
+    r.device = desc->device;
+    snprintf(r.bus_id, sizeof(r.bus_id), "%s", desc->bus_id);
+    r.head0 = 0;
+    memcpy(r.k_handle, desc->k_handle, KV_CIPC_HANDLE_BYTES);
+    memcpy(r.v_handle, desc->v_handle, KV_CIPC_HANDLE_BYTES);
+    return r;
 }
 
 bt_status_t kv_cipc_desc_encode(const kv_cipc_desc_t *d, uint8_t *buf,
                                 size_t cap)
 {
     uint8_t *p = buf;
+    size_t size = kv_cipc_desc_encoded_size(d);
 
-    if (cap < CIPC_DESC_SIZE)
+    if (cap < size)
         return BT_ERR_INVALID_ARG;
-    put_u32(&p, CIPC_MAGIC);
-    put_u32(&p, KV_CIPC_DESC_VERSION);
-    put_u32(&p, CIPC_DESC_SIZE);
-    put_u32(&p, d->pid);
-    put_u64(&p, d->pool_id);
-    put_u32(&p, (uint32_t)d->device);
-    memset(p, 0, KV_CIPC_BUS_ID_LEN);
-    snprintf((char *)p, KV_CIPC_BUS_ID_LEN, "%s", d->bus_id);
-    p += KV_CIPC_BUS_ID_LEN;
-    put_u32(&p, (uint32_t)d->layout.n_layers);
-    put_u32(&p, (uint32_t)d->layout.n_blocks);
-    put_u32(&p, (uint32_t)d->layout.block_size);
-    put_u32(&p, (uint32_t)d->layout.n_kv_heads);
-    put_u32(&p, (uint32_t)d->layout.head_dim);
-    put_u32(&p, (uint32_t)d->layout.elem_size);
-    put_u32(&p, (uint32_t)d->n_slots);
-    memcpy(p, d->k_handle, KV_CIPC_HANDLE_BYTES);
-    p += KV_CIPC_HANDLE_BYTES;
-    memcpy(p, d->v_handle, KV_CIPC_HANDLE_BYTES);
-    p += KV_CIPC_HANDLE_BYTES;
-    memcpy(p, d->arrival_handle, KV_CIPC_HANDLE_BYTES);
-    p += KV_CIPC_HANDLE_BYTES;
+    if (d->n_ranks <= 1) {
+        put_u32(&p, CIPC_MAGIC);
+        put_u32(&p, KV_CIPC_DESC_VERSION);
+        put_u32(&p, CIPC_DESC_SIZE);
+        put_u32(&p, d->pid);
+        put_u64(&p, d->pool_id);
+        put_u32(&p, (uint32_t)d->device);
+        put_bus_id(&p, d->bus_id);
+        put_layout(&p, &d->layout);
+        put_u32(&p, (uint32_t)d->n_slots);
+        put_bytes(&p, d->k_handle, KV_CIPC_HANDLE_BYTES);
+        put_bytes(&p, d->v_handle, KV_CIPC_HANDLE_BYTES);
+        put_bytes(&p, d->arrival_handle, KV_CIPC_HANDLE_BYTES);
+    } else {
+        if (d->n_ranks > KV_CIPC_MAX_RANKS ||
+            d->n_heads_total != d->n_ranks * d->layout.n_kv_heads)
+            return BT_ERR_INVALID_ARG;
+        put_u32(&p, CIPC_MAGIC);
+        put_u32(&p, KV_CIPC_DESC_VERSION_TP);
+        put_u32(&p, (uint32_t)size);
+        put_u32(&p, d->pid);
+        put_u64(&p, d->pool_id);
+        put_u32(&p, (uint32_t)d->n_ranks);
+        put_u32(&p, (uint32_t)d->n_heads_total);
+        put_layout(&p, &d->layout);
+        put_u32(&p, (uint32_t)d->n_slots);
+        put_bytes(&p, d->arrival_handle, KV_CIPC_HANDLE_BYTES);
+        for (int r = 0; r < d->n_ranks; r++) {
+            const kv_cipc_rank_desc_t *rk = &d->ranks[r];
+            put_u32(&p, (uint32_t)rk->device);
+            put_bus_id(&p, rk->bus_id);
+            put_u32(&p, (uint32_t)rk->head0);
+            put_bytes(&p, rk->k_handle, KV_CIPC_HANDLE_BYTES);
+            put_bytes(&p, rk->v_handle, KV_CIPC_HANDLE_BYTES);
+        }
+    }
     put_u64(&p, cipc_fnv1a(buf, (size_t)(p - buf)));
-    BT_ASSERT((size_t)(p - buf) == CIPC_DESC_SIZE);
+    BT_ASSERT((size_t)(p - buf) == size);
+    return BT_OK;
+}
+
+/* The layout fields v[6] and the slot count: in range, sizes without
+ * overflow. */
+static bt_status_t cipc_check_layout(const uint32_t *v, uint32_t slots,
+                                     kv_cipc_desc_t *d)
+{
+    size_t bytes;
+
+    d->n_slots = (int)BT_MIN(slots, (uint32_t)INT32_MAX);
+    if (v[0] < 1 || v[0] > 4096 || v[1] < 1 || v[1] > (1u << 24) ||
+        v[2] < 1 || v[2] > 4096 || v[3] < 1 || v[3] > 4096 || v[4] < 1 ||
+        v[4] > 4096 || (v[5] != 1 && v[5] != 2 && v[5] != 4) ||
+        d->n_slots < 1 || d->n_slots > KV_CIPC_MAX_SLOTS)
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor layout "
+                        "out of range");
+    d->layout.n_layers = (int)v[0];
+    d->layout.n_blocks = (int)v[1];
+    d->layout.block_size = (int)v[2];
+    d->layout.n_kv_heads = (int)v[3];
+    d->layout.head_dim = (int)v[4];
+    d->layout.elem_size = v[5];
+    /* n_layers * n_blocks * block bytes must fit a size_t. */
+    bytes = (size_t)v[2] * v[3] * v[4] * v[5]; /* < 2^38 */
+    if (bt_mul_overflow_size(bytes, v[1], &bytes) ||
+        bt_mul_overflow_size(bytes, v[0], &bytes))
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC pool size overflows");
+    return BT_OK;
+}
+
+static bt_status_t cipc_get_bus_id(const uint8_t **p, char *out)
+{
+    if (memchr(*p, '\0', KV_CIPC_BUS_ID_LEN) == NULL)
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC bus id unterminated");
+    snprintf(out, KV_CIPC_BUS_ID_LEN, "%s", (const char *)*p);
+    *p += KV_CIPC_BUS_ID_LEN;
+    return BT_OK;
+}
+
+static bt_status_t cipc_parse_v2(const uint8_t *p, size_t len,
+                                 kv_cipc_desc_t *d)
+{
+    uint32_t v[6], n_ranks, total, slots;
+    bt_status_t status;
+
+    n_ranks = get_u32(&p);
+    total = get_u32(&p);
+    if (n_ranks < 2 || n_ranks > KV_CIPC_MAX_RANKS ||
+        len != CIPC_V2_SIZE(n_ranks))
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor of %u "
+                        "ranks in %zu bytes", n_ranks, len);
+    for (int i = 0; i < 6; i++)
+        v[i] = get_u32(&p);
+    slots = get_u32(&p);
+    status = cipc_check_layout(v, slots, d);
+    if (status != BT_OK)
+        return status;
+    if (total != n_ranks * v[3])
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor: %u ranks "
+                        "of %u heads are not %u heads", n_ranks, v[3], total);
+    d->n_ranks = (int)n_ranks;
+    d->n_heads_total = (int)total;
+    memcpy(d->arrival_handle, p, KV_CIPC_HANDLE_BYTES);
+    p += KV_CIPC_HANDLE_BYTES;
+    for (uint32_t r = 0; r < n_ranks; r++) {
+        kv_cipc_rank_desc_t *rk = &d->ranks[r];
+        rk->device = (int32_t)get_u32(&p);
+        if (rk->device < 0 || rk->device > 1024)
+            return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor: "
+                            "device %d", rk->device);
+        status = cipc_get_bus_id(&p, rk->bus_id);
+        if (status != BT_OK)
+            return status;
+        rk->head0 = (int)get_u32(&p);
+        if ((uint32_t)rk->head0 != r * v[3])
+            return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor: rank "
+                            "%u holds heads from %d, not %u", r, rk->head0,
+                            r * v[3]);
+        memcpy(rk->k_handle, p, KV_CIPC_HANDLE_BYTES);
+        p += KV_CIPC_HANDLE_BYTES;
+        memcpy(rk->v_handle, p, KV_CIPC_HANDLE_BYTES);
+        p += KV_CIPC_HANDLE_BYTES;
+    }
+    /* the top level repeats rank 0 */
+    d->device = d->ranks[0].device;
+    snprintf(d->bus_id, sizeof(d->bus_id), "%s", d->ranks[0].bus_id);
+    memcpy(d->k_handle, d->ranks[0].k_handle, KV_CIPC_HANDLE_BYTES);
+    memcpy(d->v_handle, d->ranks[0].v_handle, KV_CIPC_HANDLE_BYTES);
     return BT_OK;
 }
 
@@ -119,56 +289,49 @@ bt_status_t kv_cipc_desc_parse(const void *buf, size_t len,
 {
     const uint8_t *p = buf;
     kv_cipc_desc_t d;
-    uint32_t v[6];
-    size_t bytes;
+    uint32_t v[6], version, size;
+    bt_status_t status;
 
-    if (buf == NULL || len != CIPC_DESC_SIZE)
+    if (buf == NULL || len < CIPC_V2_SIZE(0) || len > CIPC_DESC_MAX)
         return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor of %zu "
-                        "bytes (want %d)", len, CIPC_DESC_SIZE);
+                        "bytes", len);
     {
-        const uint8_t *c = p + CIPC_DESC_SIZE - 8;
-        if (get_u64(&c) != cipc_fnv1a(p, CIPC_DESC_SIZE - 8))
+        const uint8_t *c = p + len - 8;
+        if (get_u64(&c) != cipc_fnv1a(p, len - 8))
             return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor "
                             "checksum mismatch");
     }
     memset(&d, 0, sizeof(d));
     if (get_u32(&p) != CIPC_MAGIC)
         return BT_ERROR(BT_ERR_FORMAT, "KV", "not a CUDA IPC descriptor");
-    if (get_u32(&p) != KV_CIPC_DESC_VERSION)
-        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor version");
-    if (get_u32(&p) != CIPC_DESC_SIZE)
-        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor size");
+    version = get_u32(&p);
+    size = get_u32(&p);
+    if ((version != KV_CIPC_DESC_VERSION &&
+         version != KV_CIPC_DESC_VERSION_TP) || size != len ||
+        (version == KV_CIPC_DESC_VERSION && len != CIPC_DESC_SIZE))
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor version "
+                        "%u of %u bytes", version, size);
     d.pid = get_u32(&p);
     d.pool_id = get_u64(&p);
+    if (version == KV_CIPC_DESC_VERSION_TP) {
+        status = cipc_parse_v2(p, len, &d);
+        if (status != BT_OK)
+            return status;
+        *out = d;
+        return BT_OK;
+    }
     d.device = (int32_t)get_u32(&p);
-    if (memchr(p, '\0', KV_CIPC_BUS_ID_LEN) == NULL)
-        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC bus id unterminated");
-    snprintf(d.bus_id, sizeof(d.bus_id), "%s", (const char *)p);
-    p += KV_CIPC_BUS_ID_LEN;
+    if (d.device < 0 || d.device > 1024)
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor: device "
+                        "%d", d.device);
+    status = cipc_get_bus_id(&p, d.bus_id);
+    if (status != BT_OK)
+        return status;
     for (int i = 0; i < 6; i++)
         v[i] = get_u32(&p);
-    {
-        uint32_t slots = get_u32(&p); /* BT_MIN evaluates twice */
-        d.n_slots = (int)BT_MIN(slots, (uint32_t)INT32_MAX);
-    }
-    if (d.device < 0 || d.device > 1024 || v[0] < 1 || v[0] > 4096 ||
-        v[1] < 1 || v[1] > (1u << 24) || v[2] < 1 || v[2] > 4096 ||
-        v[3] < 1 || v[3] > 4096 || v[4] < 1 || v[4] > 4096 ||
-        (v[5] != 1 && v[5] != 2 && v[5] != 4) || d.n_slots < 1 ||
-        d.n_slots > KV_CIPC_MAX_SLOTS)
-        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor layout "
-                        "out of range");
-    d.layout.n_layers = (int)v[0];
-    d.layout.n_blocks = (int)v[1];
-    d.layout.block_size = (int)v[2];
-    d.layout.n_kv_heads = (int)v[3];
-    d.layout.head_dim = (int)v[4];
-    d.layout.elem_size = v[5];
-    /* n_layers * n_blocks * block bytes must fit a size_t. */
-    bytes = (size_t)v[2] * v[3] * v[4] * v[5]; /* < 2^38 */
-    if (bt_mul_overflow_size(bytes, v[1], &bytes) ||
-        bt_mul_overflow_size(bytes, v[0], &bytes))
-        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC pool size overflows");
+    status = cipc_check_layout(v, get_u32(&p), &d);
+    if (status != BT_OK)
+        return status;
     memcpy(d.k_handle, p, KV_CIPC_HANDLE_BYTES);
     p += KV_CIPC_HANDLE_BYTES;
     memcpy(d.v_handle, p, KV_CIPC_HANDLE_BYTES);
@@ -252,11 +415,19 @@ bt_status_t kv_cipc_memcpy(void *dst, const void *src, size_t bytes)
     return CIPC_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
+bt_status_t kv_cipc_memcpy2d(void *dst, size_t dpitch, const void *src,
+                             size_t spitch, size_t width, size_t height)
+{
+    return CIPC_CUDA(cudaMemcpy2D(dst, dpitch, src, spitch, width, height,
+                                  cudaMemcpyDefault));
+}
+
 struct kv_cipc_pool_s {
-    uint64_t *d_arrival;          /* (n_slots) epochs, device */
+    uint64_t *d_arrival;          /* (n_slots) epochs, on device */
     int n_slots;
-    int device;
-    uint8_t desc[CIPC_DESC_SIZE]; /* encoded descriptor */
+    int device;                   /* rank 0's */
+    uint8_t desc[CIPC_DESC_MAX];  /* encoded descriptor */
+    size_t desc_len;
 };
 
 bt_status_t kv_cipc_pool_export(const kv_layout_t *layout,
@@ -264,36 +435,79 @@ bt_status_t kv_cipc_pool_export(const kv_layout_t *layout,
                                 int device, int n_slots,
                                 kv_cipc_pool_t **pool_p)
 {
+    return kv_cipc_pool_export_ranks(layout, 1, k_layers, v_layers, &device,
+                                     n_slots, pool_p);
+}
+
+bt_status_t kv_cipc_pool_export_ranks(const kv_layout_t *layout, int n_ranks,
+                                      void *const *k_layers,
+                                      void *const *v_layers,
+                                      const int *devices, int n_slots,
+                                      kv_cipc_pool_t **pool_p)
+{
     size_t layer_bytes = kv_layout_layer_bytes(layout);
+    const int nl = layout->n_layers;
     kv_cipc_pool_t *pool;
     kv_cipc_desc_t d;
     cudaIpcMemHandle_t h;
     bt_status_t status;
 
-    if (n_slots < 1 || n_slots > KV_CIPC_MAX_SLOTS || layout->n_layers < 1)
+    if (n_slots < 1 || n_slots > KV_CIPC_MAX_SLOTS || nl < 1 ||
+        n_ranks < 1 || n_ranks > KV_CIPC_MAX_RANKS)
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "bad CUDA IPC pool shape");
-    for (int l = 0; l < layout->n_layers; l++)
-        if ((char *)k_layers[l] != (char *)k_layers[0] + l * layer_bytes ||
-            (char *)v_layers[l] != (char *)v_layers[0] + l * layer_bytes)
-            return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC export needs "
-                            "K and V each in one allocation for all layers");
+    for (int r = 0; r < n_ranks; r++) {
+        char *k0 = k_layers[(size_t)r * nl], *v0 = v_layers[(size_t)r * nl];
+        for (int l = 0; l < nl; l++)
+            if ((char *)k_layers[(size_t)r * nl + l] != k0 + l * layer_bytes ||
+                (char *)v_layers[(size_t)r * nl + l] != v0 + l * layer_bytes)
+                return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC export "
+                                "needs K and V each in one allocation for "
+                                "all layers");
+    }
     pool = bt_calloc(1, sizeof(*pool), "kv_cipc_pool");
     if (pool == NULL)
         return BT_ERR_NO_MEMORY;
     pool->n_slots = n_slots;
-    pool->device = device;
+    pool->device = devices[0];
     memset(&d, 0, sizeof(d));
     d.pid = (uint32_t)getpid();
     d.pool_id = bt_time_ns() ^ ((uint64_t)getpid() << 40) ^
                 (uint64_t)(uintptr_t)pool;
-    d.device = device;
     d.layout = *layout;
     d.n_slots = n_slots;
-    status = CIPC_CUDA(cudaSetDevice(device));
-    if (status != BT_OK)
-        goto err_free;
-    status = CIPC_CUDA(cudaDeviceGetPCIBusId(d.bus_id, KV_CIPC_BUS_ID_LEN,
-                                             device));
+    if (n_ranks > 1) {
+        d.n_ranks = n_ranks;
+        d.n_heads_total = n_ranks * layout->n_kv_heads;
+    }
+    for (int r = 0; r < n_ranks; r++) {
+        kv_cipc_rank_desc_t *rk = &d.ranks[r];
+
+        rk->device = devices[r];
+        rk->head0 = r * layout->n_kv_heads;
+        status = CIPC_CUDA(cudaSetDevice(devices[r]));
+        if (status == BT_OK)
+            status = CIPC_CUDA(cudaDeviceGetPCIBusId(
+                rk->bus_id, KV_CIPC_BUS_ID_LEN, devices[r]));
+        if (status == BT_OK)
+            status = CIPC_CUDA(cudaIpcGetMemHandle(
+                &h, k_layers[(size_t)r * nl]));
+        if (status != BT_OK)
+            goto err_free;
+        memcpy(rk->k_handle, &h, KV_CIPC_HANDLE_BYTES);
+        status = CIPC_CUDA(cudaIpcGetMemHandle(&h,
+                                               v_layers[(size_t)r * nl]));
+        if (status != BT_OK)
+            goto err_free;
+        memcpy(rk->v_handle, &h, KV_CIPC_HANDLE_BYTES);
+    }
+    d.device = d.ranks[0].device;
+    snprintf(d.bus_id, sizeof(d.bus_id), "%s", d.ranks[0].bus_id);
+    memcpy(d.k_handle, d.ranks[0].k_handle, KV_CIPC_HANDLE_BYTES);
+    memcpy(d.v_handle, d.ranks[0].v_handle, KV_CIPC_HANDLE_BYTES);
+    if (n_ranks == 1)
+        memset(d.ranks, 0, sizeof(d.ranks)); /* version 1: top level */
+    /* the arrival slots on rank 0's GPU (left current) */
+    status = CIPC_CUDA(cudaSetDevice(devices[0]));
     if (status != BT_OK)
         goto err_free;
     status = CIPC_CUDA(cudaMalloc((void **)&pool->d_arrival,
@@ -307,29 +521,26 @@ bt_status_t kv_cipc_pool_export(const kv_layout_t *layout,
     status = CIPC_CUDA(cudaDeviceSynchronize());
     if (status != BT_OK)
         goto err_arrival;
-    status = CIPC_CUDA(cudaIpcGetMemHandle(&h, k_layers[0]));
-    if (status != BT_OK)
-        goto err_arrival;
-    memcpy(d.k_handle, &h, KV_CIPC_HANDLE_BYTES);
-    status = CIPC_CUDA(cudaIpcGetMemHandle(&h, v_layers[0]));
-    if (status != BT_OK)
-        goto err_arrival;
-    memcpy(d.v_handle, &h, KV_CIPC_HANDLE_BYTES);
     status = CIPC_CUDA(cudaIpcGetMemHandle(&h, pool->d_arrival));
     if (status != BT_OK)
         goto err_arrival;
     memcpy(d.arrival_handle, &h, KV_CIPC_HANDLE_BYTES);
-    kv_cipc_desc_encode(&d, pool->desc, sizeof(pool->desc));
-    BT_LOG_INFO("KV", "CUDA IPC pool %016llx exported: device %d (%s), %d "
-                "layers x %d blocks, %d slots", (unsigned long long)d.pool_id,
-                device, d.bus_id, layout->n_layers, layout->n_blocks,
-                n_slots);
+    pool->desc_len = kv_cipc_desc_encoded_size(&d);
+    status = kv_cipc_desc_encode(&d, pool->desc, sizeof(pool->desc));
+    if (status != BT_OK)
+        goto err_arrival;
+    BT_LOG_INFO("KV", "CUDA IPC pool %016llx exported: %d rank(s) from "
+                "device %d (%s), %d layers x %d blocks, %d heads per rank, "
+                "%d slots", (unsigned long long)d.pool_id, n_ranks,
+                devices[0], d.bus_id, layout->n_layers, layout->n_blocks,
+                layout->n_kv_heads, n_slots);
     *pool_p = pool;
     return BT_OK;
 
 err_arrival:
     cudaFree(pool->d_arrival);
 err_free:
+    (void)cudaSetDevice(devices[0]);
     bt_free(pool);
     return status;
 }
@@ -347,7 +558,7 @@ void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p)
 
 const uint8_t *kv_cipc_pool_desc(const kv_cipc_pool_t *pool, size_t *len_p)
 {
-    *len_p = CIPC_DESC_SIZE;
+    *len_p = pool->desc_len;
     return pool->desc;
 }
 
@@ -361,6 +572,9 @@ bt_status_t kv_cipc_pool_has_arrived(kv_cipc_pool_t *pool, int slot,
         *arrived_p = false;
         return BT_OK;
     }
+    status = CIPC_CUDA(cudaSetDevice(pool->device));
+    if (status != BT_OK)
+        return status;
     status = CIPC_CUDA(cudaMemcpy(&v, pool->d_arrival + slot, sizeof(v),
                                   cudaMemcpyDeviceToHost));
     if (status != BT_OK)
@@ -376,6 +590,10 @@ bt_status_t kv_cipc_pool_slot_reset(kv_cipc_pool_t *pool, int slot)
 
     if (slot < 0 || slot >= pool->n_slots)
         return BT_ERR_INVALID_ARG;
+    /* the legacy stream synchronised below is the arrival GPU's */
+    status = CIPC_CUDA(cudaSetDevice(pool->device));
+    if (status != BT_OK)
+        return status;
     status = CIPC_CUDA(cudaMemcpy(pool->d_arrival + slot, &zero, sizeof(zero),
                                   cudaMemcpyHostToDevice));
     if (status != BT_OK)
@@ -389,11 +607,12 @@ bt_status_t kv_cipc_pool_slot_reset(kv_cipc_pool_t *pool, int slot)
 struct kv_cipc_peer_s {
     kv_cipc_t *ctx;
     kv_cipc_desc_t desc;
-    char *d_k;             /* mapped K array (all layers) */
-    char *d_v;             /* mapped V array (all layers) */
+    int n_ranks;           /* pools (1: descriptor version 1) */
+    char *d_k[KV_CIPC_MAX_RANKS]; /* mapped K array of rank r (all layers) */
+    char *d_v[KV_CIPC_MAX_RANKS]; /* mapped V array of rank r */
     uint64_t *d_arrival;   /* mapped (n_slots) arrival epochs */
-    bool p2p;              /* the pool is on another GPU than ctx's */
-    int peer_device;       /* its ordinal here; -1 when not visible */
+    bool p2p;              /* a pool is on another GPU than ctx's */
+    int peer_device[KV_CIPC_MAX_RANKS]; /* ordinals here; -1: not visible */
     int refs;
 };
 
@@ -416,6 +635,19 @@ struct kv_cipc_commit_s {
 
 bt_status_t kv_cipc_create(kv_cipc_t **ctx_p)
 {
+    int dev = 0;
+
+    if (!kv_cipc_is_available())
+        return BT_ERROR(BT_ERR_CUDA, "KV", "CUDA IPC: no CUDA device");
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return BT_ERROR(BT_ERR_CUDA, "KV", "CUDA IPC: no current device");
+    }
+    return kv_cipc_create_on(dev, ctx_p);
+}
+
+bt_status_t kv_cipc_create_on(int device, kv_cipc_t **ctx_p)
+{
     kv_cipc_t *ctx;
     bt_status_t status;
 
@@ -424,7 +656,8 @@ bt_status_t kv_cipc_create(kv_cipc_t **ctx_p)
     ctx = bt_calloc(1, sizeof(*ctx), "kv_cipc");
     if (ctx == NULL)
         return BT_ERR_NO_MEMORY;
-    status = CIPC_CUDA(cudaGetDevice(&ctx->device));
+    ctx->device = device;
+    status = CIPC_CUDA(cudaSetDevice(device));
     if (status == BT_OK)
         status = CIPC_CUDA(cudaDeviceGetPCIBusId(ctx->bus_id,
                                                  KV_CIPC_BUS_ID_LEN,
@@ -440,12 +673,47 @@ bt_status_t kv_cipc_create(kv_cipc_t **ctx_p)
     return BT_OK;
 }
 
+/* Peer access from ctx's device (current) to `dev` (idempotent). */
+static bt_status_t cipc_enable_peer(kv_cipc_t *ctx, int dev)
+{
+    int can = 0;
+    cudaError_t err;
+
+    if (cudaDeviceCanAccessPeer(&can, ctx->device, dev) != cudaSuccess ||
+        !can) {
+        (void)cudaGetLastError();
+        return BT_ERROR(BT_ERR_CUDA, "KV", "CUDA IPC: device %d (%s) cannot "
+                        "access peer device %d", ctx->device, ctx->bus_id,
+                        dev);
+    }
+    err = cudaDeviceEnablePeerAccess(dev, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        return BT_OK;
+    }
+    return CIPC_CUDA(err);
+}
+
+bt_status_t kv_cipc_add_source(kv_cipc_t *ctx, int device)
+{
+    bt_status_t status;
+
+    if (device == ctx->device)
+        return BT_OK;
+    status = CIPC_CUDA(cudaSetDevice(ctx->device));
+    if (status != BT_OK)
+        return status;
+    return cipc_enable_peer(ctx, device);
+}
+
 static void peer_unmap(kv_cipc_peer_t *peer)
 {
-    if (peer->d_k)
-        cudaIpcCloseMemHandle(peer->d_k);
-    if (peer->d_v)
-        cudaIpcCloseMemHandle(peer->d_v);
+    for (int r = 0; r < KV_CIPC_MAX_RANKS; r++) {
+        if (peer->d_k[r])
+            cudaIpcCloseMemHandle(peer->d_k[r]);
+        if (peer->d_v[r])
+            cudaIpcCloseMemHandle(peer->d_v[r]);
+    }
     if (peer->d_arrival)
         cudaIpcCloseMemHandle(peer->d_arrival);
     (void)cudaGetLastError();
@@ -469,46 +737,33 @@ void kv_cipc_destroy(kv_cipc_t **ctx_p)
     *ctx_p = NULL;
 }
 
-/* A pool on another GPU than ctx's: finds its ordinal here by PCI bus id
- * (the exporter's ordinal may differ: CUDA_VISIBLE_DEVICES) and enables
- * peer access from ctx's device, so the copy engine writes over NVLink
- * (or PCIe) straight into the pool.  A GPU this process cannot see is
- * left to cudaIpcMemLazyEnablePeerAccess. */
-static bt_status_t peer_setup(kv_cipc_t *ctx, kv_cipc_peer_t *peer)
+/* Pool `rank` of the peer: when on another GPU than ctx's, finds its
+ * ordinal here by PCI bus id (the exporter's ordinal may differ:
+ * CUDA_VISIBLE_DEVICES) and enables peer access from ctx's device, so the
+ * copy engine writes over NVLink (or PCIe) straight into the pool.  A GPU
+ * this process cannot see is left to cudaIpcMemLazyEnablePeerAccess. */
+static bt_status_t peer_setup(kv_cipc_t *ctx, kv_cipc_peer_t *peer, int rank)
 {
-    int dev = -1, can = 0;
-    cudaError_t err;
+    kv_cipc_rank_desc_t rk = kv_cipc_desc_rank(&peer->desc, rank);
+    int dev = -1;
 
-    peer->peer_device = -1;
-    peer->p2p = strcmp(peer->desc.bus_id, ctx->bus_id) != 0;
-    if (!peer->p2p) {
-        peer->peer_device = ctx->device;
+    peer->peer_device[rank] = -1;
+    if (strcmp(rk.bus_id, ctx->bus_id) == 0) {
+        peer->peer_device[rank] = ctx->device;
         return BT_OK;
     }
-    if (cudaDeviceGetByPCIBusId(&dev, peer->desc.bus_id) != cudaSuccess) {
+    if (cudaDeviceGetByPCIBusId(&dev, rk.bus_id) != cudaSuccess) {
         (void)cudaGetLastError();
+        peer->p2p = true;
         BT_LOG_INFO("KV", "CUDA IPC pool on GPU %s, not visible here: peer "
-                    "access left to the IPC mapping", peer->desc.bus_id);
+                    "access left to the IPC mapping", rk.bus_id);
         return BT_OK;
     }
-    peer->peer_device = dev;
-    if (dev == ctx->device) { /* same GPU, bus ids spelled differently */
-        peer->p2p = false;
+    peer->peer_device[rank] = dev;
+    if (dev == ctx->device) /* same GPU, bus ids spelled differently */
         return BT_OK;
-    }
-    if (cudaDeviceCanAccessPeer(&can, ctx->device, dev) != cudaSuccess ||
-        !can) {
-        (void)cudaGetLastError();
-        return BT_ERROR(BT_ERR_CUDA, "KV", "CUDA IPC: device %d (%s) cannot "
-                        "access peer device %d (%s)", ctx->device,
-                        ctx->bus_id, dev, peer->desc.bus_id);
-    }
-    err = cudaDeviceEnablePeerAccess(dev, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) {
-        (void)cudaGetLastError();
-        return BT_OK;
-    }
-    return CIPC_CUDA(err);
+    peer->p2p = true;
+    return cipc_enable_peer(ctx, dev);
 }
 
 static bt_status_t open_handle(const uint8_t *bytes, void **d_p)
@@ -545,24 +800,29 @@ bt_status_t kv_cipc_connect(kv_cipc_t *ctx, const void *buf, size_t len,
         return BT_ERR_NO_MEMORY;
     peer->ctx = ctx;
     peer->desc = d;
+    peer->n_ranks = kv_cipc_desc_n_ranks(&d);
     /* Map into ctx's device (the backend may have switched meanwhile). */
     status = CIPC_CUDA(cudaSetDevice(ctx->device));
-    if (status == BT_OK)
-        status = peer_setup(ctx, peer);
-    if (status == BT_OK)
-        status = open_handle(d.k_handle, (void **)&peer->d_k);
-    if (status == BT_OK)
-        status = open_handle(d.v_handle, (void **)&peer->d_v);
+    for (int r = 0; r < peer->n_ranks && status == BT_OK; r++) {
+        kv_cipc_rank_desc_t rk = kv_cipc_desc_rank(&d, r);
+
+        status = peer_setup(ctx, peer, r);
+        if (status == BT_OK)
+            status = open_handle(rk.k_handle, (void **)&peer->d_k[r]);
+        if (status == BT_OK)
+            status = open_handle(rk.v_handle, (void **)&peer->d_v[r]);
+    }
     if (status == BT_OK)
         status = open_handle(d.arrival_handle, (void **)&peer->d_arrival);
     if (status != BT_OK) {
         peer_unmap(peer);
         return status;
     }
-    BT_LOG_INFO("KV", "CUDA IPC pool %016llx of pid %u mapped (device %d, "
-                "%s): %s, copies from device %d (%s)",
-                (unsigned long long)d.pool_id, d.pid, d.device, d.bus_id,
-                kv_cipc_peer_transport(peer), ctx->device, ctx->bus_id);
+    BT_LOG_INFO("KV", "CUDA IPC pool %016llx of pid %u mapped (%d rank(s) "
+                "from device %d, %s): %s, copies from device %d (%s)",
+                (unsigned long long)d.pool_id, d.pid, peer->n_ranks, d.device,
+                d.bus_id, kv_cipc_peer_transport(peer), ctx->device,
+                ctx->bus_id);
     peer->refs = 1;
     ctx->peers[ctx->n_peers++] = peer;
     *peer_p = peer;
@@ -628,11 +888,12 @@ bt_status_t kv_cipc_put_layer(kv_cipc_peer_t *peer, int layer,
                                    src_ids, dst_ids, n);
 }
 
-bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
-                                    const void *src_k, const void *src_v,
-                                    const kv_reshard_side_t *src,
-                                    int dst_head0, const int *src_ids,
-                                    const int *dst_ids, int n)
+/* The copies of one layer from `src` into destination rank `rank` of the
+ * peer, which holds heads from dst_head0 of src->n_heads_total. */
+static bt_status_t put_rank(kv_cipc_peer_t *peer, int rank, int layer,
+                            const void *src_k, const void *src_v,
+                            const kv_reshard_side_t *src, int dst_head0,
+                            const int *src_ids, const int *dst_ids, int n)
 {
     const kv_layout_t *dl = &peer->desc.layout;
     kv_cipc_t *ctx = peer->ctx;
@@ -662,13 +923,21 @@ bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
                              ctx->plan_cap, &n_copies);
     if (status != BT_OK)
         return status;
+    if (n_copies > 0) {
+        status = CIPC_CUDA(cudaSetDevice(ctx->device));
+        if (status != BT_OK)
+            return status;
+    }
     layer_off = (size_t)layer * kv_layout_layer_bytes(dl);
     for (int i = 0; i < n_copies; i++) {
         const kv_copy2d_t *c = &ctx->plan[i];
         for (int kv = 0; kv < 2; kv++) {
             const char *s = (const char *)(kv ? src_v : src_k) + c->src_off;
-            char *d = (kv ? peer->d_v : peer->d_k) + layer_off + c->dst_off;
-            /* cudaMemcpyDefault: same GPU, or a peer GPU's pool (UVA). */
+            char *d = (kv ? peer->d_v[rank] : peer->d_k[rank]) + layer_off +
+                      c->dst_off;
+            /* cudaMemcpyDefault: same GPU, or a peer GPU's pool (UVA);
+             * the source may be another GPU of this process too
+             * (kv_cipc_add_source). */
             if (c->height == 1)
                 status = CIPC_CUDA(cudaMemcpyAsync(d, s, c->width,
                                                    cudaMemcpyDefault,
@@ -686,6 +955,36 @@ bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
     return BT_OK;
 }
 
+bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_reshard_side_t *src,
+                                    int dst_head0, const int *src_ids,
+                                    const int *dst_ids, int n)
+{
+    return put_rank(peer, 0, layer, src_k, src_v, src, dst_head0, src_ids,
+                    dst_ids, n);
+}
+
+bt_status_t kv_cipc_put_layer_ranks(kv_cipc_peer_t *peer, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_reshard_side_t *src,
+                                    const int *src_ids, const int *dst_ids,
+                                    int n)
+{
+    bt_status_t status = BT_OK;
+
+    if (src->n_heads_total != kv_cipc_desc_heads_total(&peer->desc))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC put: the source "
+                        "has %d KV heads in all, the pool %d",
+                        src->n_heads_total,
+                        kv_cipc_desc_heads_total(&peer->desc));
+    for (int r = 0; r < peer->n_ranks && status == BT_OK; r++)
+        status = put_rank(peer, r, layer, src_k, src_v, src,
+                          kv_cipc_desc_rank(&peer->desc, r).head0, src_ids,
+                          dst_ids, n);
+    return status;
+}
+
 bt_status_t kv_cipc_commit(kv_cipc_peer_t *peer, int slot, uint64_t epoch,
                            kv_cipc_commit_t **commit_p)
 {
@@ -700,8 +999,10 @@ bt_status_t kv_cipc_commit(kv_cipc_peer_t *peer, int slot, uint64_t epoch,
     if (c == NULL)
         return BT_ERR_NO_MEMORY;
     c->epoch = epoch;
-    status = CIPC_CUDA(cudaEventCreateWithFlags(&c->done,
-                                                cudaEventDisableTiming));
+    status = CIPC_CUDA(cudaSetDevice(ctx->device));
+    if (status == BT_OK)
+        status = CIPC_CUDA(cudaEventCreateWithFlags(&c->done,
+                                                    cudaEventDisableTiming));
     if (status != BT_OK)
         goto err_free;
     /* Stream order: the epoch lands after every copy enqueued before. */
@@ -940,6 +1241,65 @@ bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
     (void)src_v;
     (void)src;
     (void)dst_head0;
+    (void)src_ids;
+    (void)dst_ids;
+    (void)n;
+    return CIPC_NO_CUDA();
+}
+
+bt_status_t kv_cipc_memcpy2d(void *dst, size_t dpitch, const void *src,
+                             size_t spitch, size_t width, size_t height)
+{
+    (void)dst;
+    (void)dpitch;
+    (void)src;
+    (void)spitch;
+    (void)width;
+    (void)height;
+    return CIPC_NO_CUDA();
+}
+
+bt_status_t kv_cipc_pool_export_ranks(const kv_layout_t *layout, int n_ranks,
+                                      void *const *k_layers,
+                                      void *const *v_layers,
+                                      const int *devices, int n_slots,
+                                      kv_cipc_pool_t **pool_p)
+{
+    (void)layout;
+    (void)n_ranks;
+    (void)k_layers;
+    (void)v_layers;
+    (void)devices;
+    (void)n_slots;
+    (void)pool_p;
+    return CIPC_NO_CUDA();
+}
+
+bt_status_t kv_cipc_create_on(int device, kv_cipc_t **ctx_p)
+{
+    (void)device;
+    (void)ctx_p;
+    return CIPC_NO_CUDA();
+}
+
+bt_status_t kv_cipc_add_source(kv_cipc_t *ctx, int device)
+{
+    (void)ctx;
+    (void)device;
+    return CIPC_NO_CUDA();
+}
+
+bt_status_t kv_cipc_put_layer_ranks(kv_cipc_peer_t *peer, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_reshard_side_t *src,
+                                    const int *src_ids, const int *dst_ids,
+                                    int n)
+{
+    (void)peer;
+    (void)layer;
+    (void)src_k;
+    (void)src_v;
+    (void)src;
     (void)src_ids;
     (void)dst_ids;
     (void)n;

@@ -107,12 +107,29 @@
 extern "C" {
 #endif
 
-#define KV_CIPC_DESC_VERSION 1
+#define KV_CIPC_DESC_VERSION 1   /* one pool (TP 1) */
+#define KV_CIPC_DESC_VERSION_TP 2 /* one pool per tensor-parallel rank */
 #define KV_CIPC_HANDLE_BYTES 64 /* sizeof(cudaIpcMemHandle_t) */
 #define KV_CIPC_BUS_ID_LEN 32   /* "0000:19:00.0" and NUL */
 #define KV_CIPC_MAX_SLOTS (1 << 20)
+#define KV_CIPC_MAX_RANKS 8     /* ranks of one exported TP pool */
 
-/* A parsed descriptor: everything a prefill worker needs to map a pool. */
+/* One rank's pool of a TP decode worker (descriptor version 2). */
+typedef struct {
+    int32_t device;                     /* its CUDA ordinal */
+    char bus_id[KV_CIPC_BUS_ID_LEN];    /* its GPU's PCI bus id */
+    int head0;                          /* first KV head it holds */
+    uint8_t k_handle[KV_CIPC_HANDLE_BYTES];
+    uint8_t v_handle[KV_CIPC_HANDLE_BYTES];
+} kv_cipc_rank_desc_t;
+
+/* A parsed descriptor: everything a prefill worker needs to map a pool.
+ * Version 1 (n_ranks 0): one pool holding every KV head, the top-level
+ * fields.  Version 2 (n_ranks >= 2, a TP decode worker): rank r's pool
+ * holds KV heads [ranks[r].head0, + layout.n_kv_heads) of n_heads_total
+ * (head0 = r * layout.n_kv_heads), on its own GPU; layout is ONE rank's;
+ * the top-level device, bus_id, k_handle, v_handle repeat rank 0's, and
+ * the arrival array lives on rank 0's GPU. */
 typedef struct {
     uint64_t pool_id;                   /* random per export */
     uint32_t pid;                       /* exporting process */
@@ -123,19 +140,39 @@ typedef struct {
     uint8_t k_handle[KV_CIPC_HANDLE_BYTES];   /* K array, all layers */
     uint8_t v_handle[KV_CIPC_HANDLE_BYTES];   /* V array, all layers */
     uint8_t arrival_handle[KV_CIPC_HANDLE_BYTES]; /* (n_slots) uint64 */
+    int n_ranks;                        /* 0: version 1; else 2..MAX */
+    int n_heads_total;                  /* version 2: KV heads of the model */
+    kv_cipc_rank_desc_t ranks[KV_CIPC_MAX_RANKS]; /* (n_ranks) */
 } kv_cipc_desc_t;
 
-/* Encoded descriptor size (fixed). */
+/* Encoded size of a version-1 descriptor (fixed). */
 size_t kv_cipc_desc_size(void);
 
-/* Encodes `desc` into `buf` (kv_cipc_desc_size() bytes, checksummed). */
+/* Encoded size of `desc`: version 1 when desc->n_ranks <= 1, else 2. */
+size_t kv_cipc_desc_encoded_size(const kv_cipc_desc_t *desc);
+
+/* Pool `rank` of a parsed descriptor as (device, bus id, head0, handles):
+ * rank 0 of a version-1 descriptor is its top-level pool. */
+kv_cipc_rank_desc_t kv_cipc_desc_rank(const kv_cipc_desc_t *desc, int rank);
+
+/* Ranks of a parsed descriptor (1 for version 1). */
+int kv_cipc_desc_n_ranks(const kv_cipc_desc_t *desc);
+
+/* KV heads of the model per a parsed descriptor (version 1: the pool's). */
+int kv_cipc_desc_heads_total(const kv_cipc_desc_t *desc);
+
+/* Encodes `desc` into `buf` (kv_cipc_desc_encoded_size() bytes,
+ * checksummed); version 2 needs 2 <= n_ranks <= KV_CIPC_MAX_RANKS and
+ * n_heads_total = n_ranks * layout.n_kv_heads (BT_ERR_INVALID_ARG). */
 bt_status_t kv_cipc_desc_encode(const kv_cipc_desc_t *desc, uint8_t *buf,
                                 size_t cap);
 
 /* Parses and validates untrusted descriptor bytes: magic, version, exact
  * size, checksum, layout bounds and sizes without overflow, slot count,
- * NUL-terminated bus id.  BT_ERR_FORMAT on any defect; *desc is written
- * only on success. */
+ * NUL-terminated bus ids; version 2: rank count, head ranges (rank r
+ * holds heads from r * layout.n_kv_heads, n_ranks of them make the
+ * model's).  BT_ERR_FORMAT on any defect; *desc is written only on
+ * success. */
 bt_status_t kv_cipc_desc_parse(const void *buf, size_t len,
                                kv_cipc_desc_t *desc);
 
@@ -166,6 +203,12 @@ bt_status_t kv_cipc_gpu_info(int device, kv_cipc_gpu_info_t *info);
  * KV pool is on the device.  BT_ERR_UNSUPPORTED without CUDA. */
 bt_status_t kv_cipc_memcpy(void *dst, const void *src, size_t bytes);
 
+/* The 2D form (cudaMemcpy2D, cudaMemcpyDefault, synchronous): `height`
+ * rows of `width` bytes; for the inline transport of a TP worker (one
+ * rank's heads are a column range of a token's row). */
+bt_status_t kv_cipc_memcpy2d(void *dst, size_t dpitch, const void *src,
+                             size_t spitch, size_t width, size_t height);
+
 /* ------------------------------------------------------------------------
  * Decode side: the exported pool
  * --------------------------------------------------------------------- */
@@ -181,6 +224,16 @@ bt_status_t kv_cipc_pool_export(const kv_layout_t *layout,
                                 void *const *k_layers, void *const *v_layers,
                                 int device, int n_slots,
                                 kv_cipc_pool_t **pool_p);
+/* The same for a TP decode worker: rank r's pool has layer bases
+ * k_layers[r * n_layers + l] / v_layers[...] on devices[r] and holds KV
+ * heads [r * layout->n_kv_heads, ...) (layout: one rank's); the arrival
+ * slots live on devices[0].  n_ranks == 1 is kv_cipc_pool_export
+ * (descriptor version 1, byte for byte); n_ranks >= 2 exports version 2. */
+bt_status_t kv_cipc_pool_export_ranks(const kv_layout_t *layout, int n_ranks,
+                                      void *const *k_layers,
+                                      void *const *v_layers,
+                                      const int *devices, int n_slots,
+                                      kv_cipc_pool_t **pool_p);
 void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p);
 
 /* The encoded descriptor, valid while the pool lives. */
@@ -206,6 +259,16 @@ typedef struct kv_cipc_commit_s kv_cipc_commit_t;
  * every copy: the prefill backend's).  BT_ERR_UNSUPPORTED
  * without CUDA, BT_ERR_CUDA without a device. */
 bt_status_t kv_cipc_create(kv_cipc_t **ctx_p);
+
+/* The same on CUDA device `device`, whatever the thread's current device
+ * (every later call of the context switches to it first). */
+bt_status_t kv_cipc_create_on(int device, kv_cipc_t **ctx_p);
+
+/* Source memory on another GPU of this process (a TP prefill worker's
+ * rank > 0): enables peer access from the context's device to `device`
+ * so its copy engine reads that GPU directly.  No-op for its own device;
+ * BT_ERR_CUDA when the GPUs cannot access each other. */
+bt_status_t kv_cipc_add_source(kv_cipc_t *ctx, int device);
 
 /* Unmaps every pool (waits for the copy stream first).  Peers must have
  * been released (asserted).  NULL-safe. */
@@ -252,6 +315,18 @@ bt_status_t kv_cipc_put_layer_heads(kv_cipc_peer_t *peer, int layer,
                                     const kv_reshard_side_t *src,
                                     int dst_head0, const int *src_ids,
                                     const int *dst_ids, int n);
+
+/* The put of a (TP) prefill rank into every rank of the mapped pool:
+ * the source holds the heads `src` describes (src->n_heads_total must be
+ * the descriptor's), each destination rank r gets the heads both hold
+ * (kv_reshard_plan against its head range), nothing else.  A TP prefill
+ * worker calls it once per source rank per layer; with one rank on both
+ * sides it is kv_cipc_put_layer.  BT_ERR_INVALID_ARG as there. */
+bt_status_t kv_cipc_put_layer_ranks(kv_cipc_peer_t *peer, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_reshard_side_t *src,
+                                    const int *src_ids, const int *dst_ids,
+                                    int n);
 
 /* True when the mapped pool is on another GPU than the context's. */
 bool kv_cipc_peer_is_p2p(const kv_cipc_peer_t *peer);
