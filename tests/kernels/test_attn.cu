@@ -215,12 +215,15 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
-    /* (head 64/128: the mma.sync kernel, then the WMMA one) */
+    /* (head 64/128: the mma2 kernel (128 queries per block), the mma.sync
+     * one (64), then the WMMA one) */
     const bool two = c->hd == 64 || c->hd == 128;
-    for (int pass = 0; pass < (two ? 2 : 1) &&
+    for (int pass = 0; pass < (two ? 3 : 1) &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
-        if (pass)
+        if (pass == 1)
+            setenv("BT_PREFILL_KERNEL", "mma", 1);
+        if (pass == 2)
             setenv("BT_PREFILL_KERNEL", "wmma", 1);
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_prefill(&b.a, b.d_tiles,
@@ -230,7 +233,8 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
                                NULL, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
         snprintf(what, sizeof(what), "attn prefill%s+decode %s",
-                 two ? (pass ? " (wmma)" : " (mma)") : "", desc);
+                 two ? (pass == 2 ? " (wmma)" : pass ? " (mma)" : " (mma2)")
+                     : "", desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
         unsetenv("BT_PREFILL_KERNEL");
@@ -297,9 +301,11 @@ static void bench(void)
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
-        for (int pass = 0; pass < 2; pass++) {
+        for (int pass = 0; pass < 3; pass++) {
         float ms[10];
-        if (pass)
+        if (pass == 1)
+            setenv("BT_PREFILL_KERNEL", "mma", 1);
+        if (pass == 2)
             setenv("BT_PREFILL_KERNEL", "wmma", 1);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
@@ -313,7 +319,8 @@ static void bench(void)
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
         printf("prefill attn %s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
-               "FLOPs)\n", pass ? "wmma" : "mma ", pre[i], med * 1e3,
+               "FLOPs)\n", pass == 2 ? "wmma" : pass ? "mma " : "mma2", pre[i],
+               med * 1e3,
                flops / (med * 1e-3) / 1e12);
         unsetenv("BT_PREFILL_KERNEL");
         }
@@ -339,6 +346,11 @@ int main(int argc, char **argv)
         /* tensor-core decode: groups 16 and 8, long split, odd lengths */
         {32, 2, 128, 16, {{2500, 1, 0}, {5, 1, 0}, {0, 1, 0}, {61, 7, 1}}},
         {16, 2, 64, 8, {{4200, 1, 0}, {63, 1, 0}, {64, 1, 0}, {10, 6, 1}}},
+        /* mma2 prefill: tile pairs and lone tiles of several sequences
+         * back to back, a chunk after a long prefix, a masked pair */
+        {32, 8, 128, 16, {{0, 129, 0}, {0, 64, 0}, {1000, 200, 0},
+                          {0, 65, 0}, {30, 100, 1}}},
+        {8, 2, 64, 16, {{0, 256, 0}, {3, 191, 0}, {0, 1, 0}}},
         /* mma prefill: several key tiles, full and diagonal, masked */
         {32, 8, 128, 16, {{0, 300, 0}, {200, 150, 0}, {5, 3, 0}}},
         {8, 2, 64, 8, {{0, 200, 0}, {50, 77, 1}, {300, 1, 0}}},

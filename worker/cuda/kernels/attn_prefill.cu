@@ -738,6 +738,318 @@ attn_prefill_mma_kernel(cuda_attn_args_t a, const int *tiles)
     }
 }
 
+/*
+ * The mma2 variant (head sizes 64 and 128, the default there): blocks of
+ * 128 queries (two consecutive 64-query tiles of one sequence; a tile
+ * without a partner runs alone), 4 warps of 32 rows, i.e. two m16 tiles
+ * per warp, so every K and V fragment read with ldmatrix feeds four
+ * mma.m16n8k16 instead of two (half the shared-memory reads per product)
+ * and every warp has twice the independent products in flight.  Q stays
+ * in shared memory (read with ldmatrix per k step, as FlashAttention-2
+ * does at head 128: registers go to the 2 x 16 x 4 O accumulators); K/V
+ * tiles of 64 keys are double-buffered with cp.async (tile kt+1 lands
+ * while tile kt is used); P is formed 16 keys at a time right before its
+ * P V products.  Softmax, masks, causal tile skipping and the
+ * heaviest-first order as in the mma kernel.  The block of the second
+ * tile of a pair exits at once.
+ */
+#define P2_ROWS 128 /* query rows per block */
+#define P2_STAGES 2
+
+template <int HD> struct p2_smem {
+    static constexpr int ROW = HD + 8;
+    static constexpr int TILE = PF_BK * ROW;
+    static constexpr size_t BYTES =
+        ((size_t)P2_ROWS * ROW + (size_t)P2_STAGES * 2 * TILE) * 2;
+};
+
+/* True when tile b and tile b+1 (< n) form a pair: same sequence chunk,
+ * consecutive, b a full tile at an even tile index of the chunk. */
+static __device__ __forceinline__ bool p2_pair(const int *tiles, int b,
+                                               int n)
+{
+    if (b < 0 || b + 1 >= n)
+        return false;
+    const int *t0 = tiles + (size_t)b * CUDA_PREFILL_TILE_INTS;
+    const int *t1 = t0 + CUDA_PREFILL_TILE_INTS;
+    return t0[CUDA_PT_TOK0] == t1[CUDA_PT_TOK0] &&
+           t0[CUDA_PT_NQ] == PF_BQ &&
+           t1[CUDA_PT_I0] == t0[CUDA_PT_I0] + PF_BQ &&
+           (t0[CUDA_PT_I0] / PF_BQ) % 2 == 0;
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(PF_WARPS * 32, 2)
+attn_prefill_mma2_kernel(cuda_attn_args_t a, const int *tiles)
+{
+    constexpr int ROW = p2_smem<HD>::ROW;
+    constexpr int TILE = p2_smem<HD>::TILE;
+    constexpr int NT = HD / 8;    /* 8-wide column tiles of O */
+    constexpr int CPR = HD / 8;   /* 16-byte chunks per row */
+    constexpr int KB = PF_BK / 8; /* 8-key column tiles of S */
+    extern __shared__ __align__(128) char smem[];
+    bf16_t *sq = (bf16_t *)smem;     /* [ROWS][ROW] */
+    bf16_t *sk = sq + P2_ROWS * ROW; /* [STAGES][BK][ROW] */
+    bf16_t *sv = sk + P2_STAGES * TILE;
+
+    const int n_tiles = gridDim.x;
+    const int tb = n_tiles - 1 - blockIdx.x; /* heaviest tiles first */
+    if (p2_pair(tiles, tb - 1, n_tiles))
+        return; /* the second tile of a pair: done by the block of tb-1 */
+    const int *t = tiles + (size_t)tb * CUDA_PREFILL_TILE_INTS;
+    const int tok0 = t[CUDA_PT_TOK0];
+    const int i0 = t[CUDA_PT_I0];
+    const int n_q = t[CUDA_PT_NQ] +
+                    (p2_pair(tiles, tb, n_tiles)
+                         ? t[CUDA_PREFILL_TILE_INTS + CUDA_PT_NQ]
+                         : 0);
+    const int n_tok = t[CUDA_PT_NTOK];
+    const int ctx = t[CUDA_PT_CTX];
+    const int *bt = a.d_block_tables + t[CUDA_PT_BT_OFF];
+    const int moff = t[CUDA_PT_MASK_OFF];
+    const uint8_t *mask = moff >= 0 ? a.d_masks + moff : NULL;
+    const int h = blockIdx.y;
+    const int kvh = h / (a.n_heads / a.n_kv_heads);
+    const int bs = a.block_size;
+    const int bs_sh = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int gr = lane >> 2, tq = lane & 3;
+    const int kv_end = mask ? ctx + n_tok : ctx + min(n_tok, i0 + n_q);
+    const int n_kt = (kv_end + PF_BK - 1) / PF_BK;
+    const size_t slot_stride = (size_t)a.n_kv_heads * HD;
+    const bf16_t *kbase = (const bf16_t *)a.d_k_cache + (size_t)kvh * HD;
+    const bf16_t *vbase = (const bf16_t *)a.d_v_cache + (size_t)kvh * HD;
+    const int wrow = warp * 32; /* first block row of this warp */
+    const int warp_last = mask ? kv_end - 1
+                               : ctx + min(i0 + wrow + 31, n_tok - 1);
+    const int lrow = wrow + gr; /* lane rows: lrow + 16 mt (+ 8) */
+
+    /* Q rows (zero past n_q) into shared memory, with the first tile. */
+    for (int i = threadIdx.x; i < P2_ROWS * CPR; i += PF_WARPS * 32) {
+        const int r = i / CPR, c = i - r * CPR;
+        const bool ok = r < n_q;
+        const bf16_t *src =
+            (const bf16_t *)a.d_q +
+            ((size_t)(tok0 + i0 + (ok ? r : 0)) * a.n_heads + h) * HD + c * 8;
+        tc_cp16(sq + r * ROW + c * 8, src, ok);
+    }
+    auto load_tile = [&](int stage, int kt) {
+        bf16_t *dk = sk + stage * TILE;
+        bf16_t *dv = sv + stage * TILE;
+#pragma unroll 2
+        for (int i = threadIdx.x; i < PF_BK * CPR; i += PF_WARPS * 32) {
+            const int r = i / CPR, c = i - r * CPR;
+            const int k = kt * PF_BK + r;
+            const bool ok = k < kv_end;
+            const bf16_t *ks = kbase, *vs = vbase;
+            if (ok) {
+                const int blk = bs_sh >= 0 ? k >> bs_sh : k / bs;
+                const size_t off = ((size_t)bt[blk] * bs + (k - blk * bs)) *
+                                       slot_stride + c * 8;
+                ks = kbase + off;
+                vs = vbase + off;
+            }
+            tc_cp16(dk + r * ROW + c * 8, ks, ok);
+            tc_cp16(dv + r * ROW + c * 8, vs, ok);
+        }
+    };
+    if (n_kt > 0)
+        load_tile(0, 0);
+    tc_cp_commit();
+
+    float o[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.0f;
+    float m[2][2], l[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+    const float sl2 = a.scale * 1.4426950408889634f;
+    const bool warp_live = wrow < n_q;
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        tc_cp_wait<0>();
+        __syncthreads(); /* tile kt (and Q) landed; tile kt-1 is free */
+        if (kt + 1 < n_kt)
+            load_tile((kt + 1) % P2_STAGES, kt + 1);
+        tc_cp_commit();
+        const int kb0 = kt * PF_BK;
+        if (!warp_live || kb0 > warp_last)
+            continue; /* every key of the tile is hidden from this warp */
+        const bf16_t *tk = sk + (kt % P2_STAGES) * TILE;
+        const bf16_t *tv = sv + (kt % P2_STAGES) * TILE;
+
+        float s[2][KB][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < KB; nt++)
+                s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] =
+                    0.0f;
+        /* One k step (16 dims) at a time: the two m tiles' Q fragments
+         * (8 registers) and, per pair of 8-key column tiles, one
+         * ldmatrix.x4 of K (keys np*16 + 0..15, dims ks*16 + 0..15) that
+         * feeds four products. */
+#pragma unroll 1
+        for (int ks = 0; ks < HD / 16; ks++) {
+            uint32_t qa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                tc_ldm(qa[mt], sq + (wrow + 16 * mt + (lane & 15)) * ROW +
+                                   ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int np = 0; np < KB / 2; np++) {
+                uint32_t b[4];
+                tc_ldm(b, tk + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) *
+                                   ROW +
+                               ks * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    pm_mma(s[mt][2 * np], qa[mt], b[0], b[1]);
+                    pm_mma(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+                }
+            }
+        }
+        /* Every key of the tile visible to every row of this warp? */
+        const bool full = mask == NULL && kb0 + PF_BK <= kv_end &&
+                          kb0 + PF_BK - 1 <= ctx + i0 + wrow &&
+                          wrow + 31 < n_q;
+        /* Row maxima, rescale of O and l; then, 16 keys at a time, the
+         * probabilities (bf16, packed as the A operand) and O += P V, so
+         * only 8 registers of P are live at once. */
+        float bsub[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < KB; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    float v0 = s[mt][nt][j] * sl2;
+                    float v1 = s[mt][nt][2 + j] * sl2;
+                    if (!full) {
+                        const int key = kb0 + nt * 8 + 2 * tq + j;
+                        const int r0 = lrow + 16 * mt;
+                        const int q0 = i0 + r0, q1 = q0 + 8;
+                        bool vis0 = r0 < n_q && key < kv_end;
+                        bool vis1 = r0 + 8 < n_q && key < kv_end;
+                        if (key >= ctx) {
+                            if (mask) {
+                                vis0 = vis0 &&
+                                       mask[(size_t)q0 * n_tok + key - ctx];
+                                vis1 = vis1 &&
+                                       mask[(size_t)q1 * n_tok + key - ctx];
+                            } else {
+                                vis0 = vis0 && key - ctx <= q0;
+                                vis1 = vis1 && key - ctx <= q1;
+                            }
+                        }
+                        if (!vis0)
+                            v0 = -INFINITY;
+                        if (!vis1)
+                            v1 = -INFINITY;
+                    }
+                    s[mt][nt][j] = v0;
+                    s[mt][nt][2 + j] = v1;
+                    mx0 = fmaxf(mx0, v0);
+                    mx1 = fmaxf(mx1, v1);
+                }
+#pragma unroll
+            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+            }
+            const float mn0 = fmaxf(m[mt][0], mx0);
+            const float mn1 = fmaxf(m[mt][1], mx1);
+            const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
+            const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
+            const float c0 = exp2f(m[mt][0] - b0);
+            const float c1 = exp2f(m[mt][1] - b1);
+            m[mt][0] = mn0;
+            m[mt][1] = mn1;
+            l[mt][0] *= c0;
+            l[mt][1] *= c1;
+            bsub[mt][0] = b0;
+            bsub[mt][1] = b1;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                o[mt][nt][0] *= c0;
+                o[mt][nt][1] *= c0;
+                o[mt][nt][2] *= c1;
+                o[mt][nt][3] *= c1;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < PF_BK / 16; kk++) {
+            uint32_t pa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int nt = 2 * kk + hh;
+                    const float p0 = exp2f(s[mt][nt][0] - bsub[mt][0]);
+                    const float p1 = exp2f(s[mt][nt][1] - bsub[mt][0]);
+                    const float p2 = exp2f(s[mt][nt][2] - bsub[mt][1]);
+                    const float p3 = exp2f(s[mt][nt][3] - bsub[mt][1]);
+                    pa[mt][2 * hh] = tc_pack(p0, p1);
+                    pa[mt][2 * hh + 1] = tc_pack(p2, p3);
+                    /* the sums of what P V really multiplies (bf16 p) */
+                    __nv_bfloat162 q01 =
+                        *reinterpret_cast<__nv_bfloat162 *>(&pa[mt][2 * hh]);
+                    __nv_bfloat162 q23 = *reinterpret_cast<__nv_bfloat162 *>(
+                        &pa[mt][2 * hh + 1]);
+                    l[mt][0] += __low2float(q01) + __high2float(q01);
+                    l[mt][1] += __low2float(q23) + __high2float(q23);
+                }
+#pragma unroll
+            for (int dn = 0; dn < HD / 16; dn++) {
+                uint32_t b[4];
+                tc_ldm_t(b, tv + (kk * 16 + (lane & 7) +
+                                  ((lane >> 3) & 1) * 8) * ROW +
+                                dn * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    pm_mma(o[mt][2 * dn], pa[mt], b[0], b[1]);
+                    pm_mma(o[mt][2 * dn + 1], pa[mt], b[2], b[3]);
+                }
+            }
+        }
+    }
+    tc_cp_wait<0>();
+
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        float l0 = l[mt][0], l1 = l[mt][1];
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+        }
+        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+        const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+        const int r0 = lrow + 16 * mt;
+        bf16_t *out0 = (bf16_t *)a.d_out +
+                       ((size_t)(tok0 + i0 + r0) * a.n_heads + h) * HD +
+                       2 * tq;
+        bf16_t *out1 = out0 + (size_t)8 * a.n_heads * HD;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (r0 < n_q)
+                *(__nv_bfloat162 *)(out0 + nt * 8) = __floats2bfloat162_rn(
+                    o[mt][nt][0] * inv0, o[mt][nt][1] * inv0);
+            if (r0 + 8 < n_q)
+                *(__nv_bfloat162 *)(out1 + nt * 8) = __floats2bfloat162_rn(
+                    o[mt][nt][2] * inv1, o[mt][nt][3] * inv1);
+        }
+    }
+}
+
 bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
 {
     return dt == CUDA_DT_BF16 &&
@@ -748,7 +1060,9 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
 /* BT_PREFILL_KERNEL=smem selects the shared-memory kernel everywhere
  * (reference point for the register-resident ones), =wmma the WMMA
  * register-resident kernel instead of the mma.sync one at head 64/128,
- * =mma0 the mma.sync kernel with the round-2 (unbatched) load order.
+ * =mma the mma.sync kernel with 64 queries per block (round 3), =mma0
+ * that one with the round-2 (unbatched) load order; default at head
+ * 64/128: mma2 (128 queries per block).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -760,7 +1074,9 @@ static int attn_prefill_kind(void)
         return 1;
     if (env && strcmp(env, "mma0") == 0)
         return 3; /* the round-2 instruction order */
-    return 2;
+    if (env && strcmp(env, "mma") == 0)
+        return 2; /* one 64-query tile per block (round 3) */
+    return 4;     /* mma2: 128 queries per block */
 }
 
 static bool attn_prefill_use_fa(int head_dim)
@@ -774,7 +1090,19 @@ static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
                                        cudaStream_t stream)
 {
     if constexpr (HD == 64 || HD == 128) {
-        if (attn_prefill_kind() >= 2) {
+        if (attn_prefill_kind() == 4) {
+            size_t bytes2 = p2_smem<HD>::BYTES;
+            cudaError_t e2 = cudaFuncSetAttribute(
+                attn_prefill_mma2_kernel<HD>,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes2);
+            if (e2 != cudaSuccess)
+                return e2;
+            attn_prefill_mma2_kernel<HD><<<dim3(n_tiles, a->n_heads),
+                                           PF_WARPS * 32, bytes2, stream>>>(
+                *a, tiles);
+            return cudaSuccess;
+        }
+        if (attn_prefill_kind() >= 2 && attn_prefill_kind() <= 3) {
             size_t mbytes = pm_smem<HD>::BYTES;
             auto k = attn_prefill_kind() == 2
                          ? attn_prefill_mma_kernel<HD, true>
