@@ -528,9 +528,9 @@ static void test_agreement_8b(int tp)
 {
     model_t *m = NULL;
     int vocab, ids[AGREE_POS];
-    float *p1, *d1, *d1u, *pt, *dt, *dtu;
+    float *p1, *d1, *d1u, *d1r, *pt, *dt, *dtu, *dtr;
     double t0, base;
-    agree_t self_order, self_gemm, tp_p, tp_d, tp_u;
+    agree_t self_order, self_gemm, tp_p, tp_d, tp_u, tp_r;
 
     t0 = bt_time_s();
     BT_ASSERT_OK(model_load_ex("synth:llama3-8b", MODEL_LOAD_SYNTH_LAZY, &m));
@@ -544,6 +544,8 @@ static void test_agreement_8b(int tp)
     pt = ROWS_ALLOC();
     dt = ROWS_ALLOC();
     dtu = ROWS_ALLOC();
+    d1r = ROWS_ALLOC();
+    dtr = ROWS_ALLOC();
 #undef ROWS_ALLOC
     {
         backend_t *b1 = make_8b(m, 1, true);
@@ -551,6 +553,11 @@ static void test_agreement_8b(int tp)
                "weights)\n", bt_time_s() - t0);
         teacher(b1, vocab, ids, AGREE_POS, AGREE_POS, p1);
         teacher(b1, vocab, ids, AGREE_POS, 1, d1);
+        /* one GEMV kernel for every product (its per-row order does not
+         * depend on how many rows a rank has) */
+        setenv("BT_GEMV_FORCE", "rows", 1);
+        teacher(b1, vocab, ids, AGREE_POS, 1, d1r);
+        unsetenv("BT_GEMV_FORCE");
         backend_destroy(&b1);
         b1 = make_8b(m, 1, false);
         teacher(b1, vocab, ids, AGREE_POS, 1, d1u);
@@ -563,6 +570,9 @@ static void test_agreement_8b(int tp)
                bt_time_s() - t0);
         teacher(bt, vocab, ids, AGREE_POS, AGREE_POS, pt);
         teacher(bt, vocab, ids, AGREE_POS, 1, dt);
+        setenv("BT_GEMV_FORCE", "rows", 1);
+        teacher(bt, vocab, ids, AGREE_POS, 1, dtr);
+        unsetenv("BT_GEMV_FORCE");
         test_allreduce(bt, tp);
         backend_destroy(&bt);
         bt = make_8b(m, tp, false);
@@ -574,12 +584,20 @@ static void test_agreement_8b(int tp)
     tp_p = agreement(p1, pt, vocab);
     tp_d = agreement(d1, dt, vocab);
     tp_u = agreement(d1u, dtu, vocab);
+    tp_r = agreement(d1r, dtr, vocab);
     print_agree("tp=1 decode steps vs tp=1 one prompt (self, order)",
                 self_order);
     print_agree("tp=1 untuned GEMMs vs tuned, decode steps (self, GEMM)",
                 self_gemm);
-    print_agree("tp=2 vs tp=1, both with untuned GEMMs, decode steps",
-                tp_u);
+    {
+        char what[160];
+        snprintf(what, sizeof(what), "tp=%d vs tp=1, both with untuned "
+                 "GEMMs, decode steps", tp);
+        print_agree(what, tp_u);
+        snprintf(what, sizeof(what), "tp=%d vs tp=1, both BT_GEMV_FORCE="
+                 "rows (one GEMV kernel everywhere), decode steps", tp);
+        print_agree(what, tp_r);
+    }
     base = fmin(self_order.exact, self_gemm.exact);
     for (int c = 0; c < 2; c++) {
         agree_t a = c == 0 ? tp_p : tp_d;
@@ -599,6 +617,8 @@ static void test_agreement_8b(int tp)
     free(pt);
     free(dt);
     free(dtu);
+    free(d1r);
+    free(dtr);
     model_destroy(&m);
 }
 
