@@ -81,6 +81,13 @@ struct decode_seq_s {
     engine_seq_t *eseq;
     spec_seq_t *sseq;
     bool spec_started;  /* its first decode step was taken */
+    /* Overlapped steps (step()): */
+    bool pend;          /* its last token is sampled but not yet emitted
+                           (dec->emit_q; the next step emits it while
+                           the GPU runs) */
+    bool in_step;       /* part of the step in flight */
+    bool finished;      /* ended when emitted during the step in flight:
+                           removed after the step, its row discarded */
     decode_seq_t *next;
 };
 
@@ -120,7 +127,20 @@ struct decode_s {
     decode_quarantine_t *quar;  /* (max_reservations) */
     decode_seq_t *seqs;         /* running batch */
     int n_seqs;
-    float *logits;              /* (max_seqs, vocab) */
+    sampler_t **rsamp;          /* (max_seqs) sampler of each logits row */
+    int *rids;                  /* (max_seqs) token sampled for each row */
+    sampler_t **psamp;          /* (max_seqs) local prefill rows' samplers */
+    decode_seq_t **emit_q;      /* (max_seqs) sampled, not yet emitted */
+    int *emit_tok;              /* (max_seqs) their tokens */
+    int n_emit;
+    /* host time of the plain decode steps (ns, summed; BT_LOG_INFO at
+     * shutdown, DEBUG every 1000 steps) */
+    uint64_t t_build_ns;        /* building the batch */
+    uint64_t t_begin_ns;        /* enqueue (cpu: forward + sampling) */
+    uint64_t t_emit_ns;         /* previous step's tokens out */
+    uint64_t t_wait_ns;         /* waiting for the device + sampling */
+    uint64_t t_post_ns;         /* per-row bookkeeping after the step */
+    uint64_t n_timed;
     backend_seq_t *bseqs;       /* (max_seqs) */
     decode_seq_t **bmap;        /* (max_seqs) */
     decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
@@ -606,6 +626,16 @@ static void seq_destroy(decode_t *dec, decode_seq_t *s)
 
 static void seq_remove(decode_t *dec, decode_seq_t *s)
 {
+    if (s->pend) { /* drop its unsent token from the emit queue */
+        int j = 0;
+        for (int i = 0; i < dec->n_emit; i++) {
+            if (dec->emit_q[i] == s)
+                continue;
+            dec->emit_q[j] = dec->emit_q[i];
+            dec->emit_tok[j++] = dec->emit_tok[i];
+        }
+        dec->n_emit = j;
+    }
     for (decode_seq_t **pp = &dec->seqs; *pp; pp = &(*pp)->next) {
         if (*pp == s) {
             *pp = s->next;
@@ -1011,8 +1041,7 @@ static void send_prefill_failure(decode_t *dec, uint64_t id,
     send_msg(dec, &msg);
 }
 
-static void local_prefill_done(decode_t *dec, decode_resv_t *r,
-                               float *logits);
+static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first);
 
 /* PrefillTask for one of our own reservations (the router chose this
  * worker for both roles).  Validates like baton-prefill, then queues the
@@ -1116,7 +1145,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     /* Our own compute, not a remote writer: no arrival timeout. */
     r->expires_ns = UINT64_MAX;
     if (dec->engine == NULL) /* null model: instant */
-        local_prefill_done(dec, r, NULL);
+        local_prefill_done(dec, r, -1);
     return;
 
 fail:
@@ -1134,36 +1163,42 @@ static bool has_local_prefill(const decode_t *dec)
     return false;
 }
 
-/* A local prompt is computed: sample its first token (continuing the
- * request's random stream, as baton-prefill does) and reply. */
-static void local_prefill_done(decode_t *dec, decode_resv_t *r,
-                               float *logits)
+/* The sampler of a local prompt's first token: it continues the
+ * request's random stream, as baton-prefill does.  NULL (failure sent)
+ * when the parameters are refused. */
+static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
+{
+    sampler_t *sampler = NULL;
+
+    if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
+        send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_INVALID,
+                             bt_error_last());
+        r->local = false;
+        return NULL;
+    }
+    for (int i = 0; i < r->n_ptokens; i++)
+        sampler_observe(sampler, r->ptokens[i]);
+    sampler_skip(sampler, r->n_resumed);
+    return sampler;
+}
+
+/* A local prompt is computed and its first token sampled (by
+ * local_prefill_sampler's sampler; the null model picks it here):
+ * reply. */
+static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
-    sampler_t *sampler = NULL;
     tok_stream_t *stream = NULL;
     const tok_t *tok = dec->engine ? engine_tokenizer(dec->engine) : NULL;
     char text[256];
     size_t text_len = 0;
-    int first;
 
     if (dec->engine == NULL) {
         first = proto_null_next_token(r->ptokens[r->n_ptokens - 1],
                                       r->n_ptokens);
         r->n_fed = r->n_ptokens;
         tok = NULL;
-    } else if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
-        send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_INVALID,
-                             bt_error_last());
-        r->local = false;
-        return;
-    } else {
-        for (int i = 0; i < r->n_ptokens; i++)
-            sampler_observe(sampler, r->ptokens[i]);
-        sampler_skip(sampler, r->n_resumed);
-        first = sampler_sample(sampler, logits);
-        sampler_destroy(&sampler);
     }
     if (tok != NULL &&
         tok_stream_create(tok, r->ptokens[r->n_ptokens - 1], &stream) ==
@@ -1445,10 +1480,68 @@ static void step_spec(decode_t *dec)
     }
 }
 
+/* Host time per plain decode step (µs), at shutdown or every 1000
+ * timed steps (DEBUG). */
+static void log_step_times(decode_t *dec, bool final)
+{
+    double n = (double)(dec->n_timed ? dec->n_timed : 1);
+
+    if (dec->n_timed == 0 || (!final && dec->n_timed % 1000 != 0))
+        return;
+    if (final)
+        BT_LOG_INFO("DECODE", "host us per step over %llu steps: build %.1f, "
+                    "enqueue %.1f, emit %.1f (overlapped), wait %.1f, "
+                    "post %.1f", (unsigned long long)dec->n_timed,
+                    dec->t_build_ns / n / 1e3, dec->t_begin_ns / n / 1e3,
+                    dec->t_emit_ns / n / 1e3, dec->t_wait_ns / n / 1e3,
+                    dec->t_post_ns / n / 1e3);
+    else
+        BT_LOG_DEBUG("DECODE", "host us per step over %llu steps: build "
+                     "%.1f, enqueue %.1f, emit %.1f, wait %.1f, post %.1f",
+                     (unsigned long long)dec->n_timed,
+                     dec->t_build_ns / n / 1e3, dec->t_begin_ns / n / 1e3,
+                     dec->t_emit_ns / n / 1e3, dec->t_wait_ns / n / 1e3,
+                     dec->t_post_ns / n / 1e3);
+}
+
+/* Emits the tokens the previous step sampled (step() calls it while the
+ * GPU runs the next step).  A sequence that ends here is removed, or,
+ * when the running step holds it, marked so step() drops its row and
+ * removes it after the wait. */
+static void emit_pending(decode_t *dec)
+{
+    uint64_t t0 = bt_time_ns();
+    int n = dec->n_emit;
+
+    dec->n_emit = 0;
+    for (int i = 0; i < n; i++) {
+        decode_seq_t *s = dec->emit_q[i];
+        s->pend = false;
+        s->n_tokens--; /* seq_emit appends it again */
+        if (seq_emit(dec, s, dec->emit_tok[i])) {
+            if (s->in_step)
+                s->finished = true;
+            else
+                seq_remove(dec, s);
+        }
+    }
+    dec->t_emit_ns += bt_time_ns() - t0;
+}
+
+/* One plain step (spec_step handles the decode batch with a draft
+ * head).  Overlapped with the GPU: the batch is built from every running
+ * sequence, the forward and the device sampling are enqueued
+ * (backend_forward_sample_begin), the previous step's tokens go out
+ * (detokenize, stop conditions, TokenOut) while the device works, then
+ * the step's ids are collected.  The token a sequence was just given is
+ * fed before it is emitted, so a sequence that the emission ends (stop
+ * string, stop id, length) rides one step for nothing: its row is
+ * dropped and it is removed after the wait (its KV blocks are its own
+ * until then).  What clients see is unchanged. */
 static void step(decode_t *dec)
 {
-    int n = 0, n_decode;
-    uint64_t now = bt_time_ns();
+    int n = 0, n_decode, n_rows;
+    uint64_t now = bt_time_ns(), t0 = now, t1;
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
 
@@ -1457,6 +1550,8 @@ static void step(decode_t *dec)
     for (s = dec->spec != NULL ? NULL : dec->seqs;
          s && n < dec->max_seqs && n < dec->budget; s = next) {
         next = s->next;
+        if (s->pend && s->n_tokens > dec->max_context)
+            continue; /* cannot be fed: its emission ends it */
         if (!seq_has_room(dec, s)) {
             if (s->wait_since == 0)
                 s->wait_since = now;
@@ -1476,10 +1571,11 @@ static void step(decode_t *dec)
             bs->tokens = s->tokens + s->n_cached;
             bs->block_table = s->blocks;
             bs->n_logits = 1;
+            dec->rsamp[n] = s->sampler;
         }
         dec->bmap[n++] = s;
     }
-    n_decode = n;
+    n_decode = n_rows = n;
     /* Aggregated mode: prompt chunks fill what the decode tokens left of
      * the step's budget (decode first: running streams never stall). */
     if (dec->cfg.can_prefill && dec->engine != NULL) {
@@ -1488,6 +1584,7 @@ static void step(decode_t *dec)
                         budget > 0; i++) {
             decode_resv_t *r = &dec->resv[i];
             backend_seq_t *bs = &dec->bseqs[n];
+            sampler_t *ps = NULL;
             int take;
             if (!r->local)
                 continue;
@@ -1495,34 +1592,61 @@ static void step(decode_t *dec)
                           BT_MIN(budget, dec->cfg.chunk_tokens));
             if (take <= 0)
                 continue;
+            if (r->n_fed + take == r->n_ptokens &&
+                (ps = local_prefill_sampler(dec, r)) == NULL)
+                continue; /* refused (failure sent) */
             memset(bs, 0, sizeof(*bs));
             bs->n_tokens = take;
             bs->ctx_len = r->n_fed;
             bs->tokens = r->ptokens + r->n_fed;
             bs->block_table = r->blocks;
-            bs->n_logits = r->n_fed + take == r->n_ptokens ? 1 : 0;
+            bs->n_logits = ps != NULL ? 1 : 0;
+            if (ps != NULL)
+                dec->rsamp[n_rows++] = ps;
+            dec->psamp[n - n_decode] = ps;
             dec->pmap[n - n_decode] = r;
             n++;
             budget -= take;
         }
     }
-    if (n == 0)
+    t1 = bt_time_ns();
+    if (n == 0) {
+        emit_pending(dec);
         return;
+    }
+    dec->t_build_ns += t1 - t0;
+    for (int i = 0; i < n_decode; i++)
+        dec->bmap[i]->in_step = true;
     if (dec->engine != NULL) {
+        backend_t *be = engine_backend(dec->engine);
         backend_batch_t batch;
+        uint64_t t2, t3;
+
         memset(&batch, 0, sizeof(batch));
         batch.n_seqs = n;
         batch.seqs = dec->bseqs;
-        status = backend_forward(engine_backend(dec->engine), &batch,
-                                 dec->logits, dec->hidden);
+        status = backend_forward_sample_begin(be, &batch, dec->rsamp,
+                                              dec->rids, NULL, dec->hidden);
+        t2 = bt_time_ns();
+        emit_pending(dec); /* while the GPU works */
+        t3 = bt_time_ns();
+        if (status == BT_OK)
+            status = backend_forward_sample_end(be);
+        dec->t_begin_ns += t2 - t1;
+        dec->t_wait_ns += bt_time_ns() - t3;
+    } else {
+        emit_pending(dec);
     }
+    t1 = bt_time_ns();
     dec->steps++;
     for (int i = n_decode, row = n_decode; i < n; i++) {
         decode_resv_t *r = dec->pmap[i - n_decode];
+        sampler_t *ps = dec->psamp[i - n_decode];
         if (status != BT_OK) {
             send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_WORKER,
                                  bt_error_last());
             r->local = false;
+            sampler_destroy(&ps);
             continue;
         }
         r->n_fed += dec->bseqs[i].n_tokens;
@@ -1535,13 +1659,18 @@ static void step(decode_t *dec)
                     memcpy(r->feat, dec->hidden + (size_t)row * dec->dim,
                            sizeof(float) * (size_t)dec->dim);
             }
-            local_prefill_done(dec, r, dec->logits + (size_t)row++ *
-                                                         dec->vocab);
+            local_prefill_done(dec, r, dec->rids[row++]);
         }
+        sampler_destroy(&ps);
     }
     for (int i = 0; i < n_decode; i++) {
         int tok;
         s = dec->bmap[i];
+        s->in_step = false;
+        if (s->finished) { /* ended by the emission above: row dropped */
+            seq_remove(dec, s);
+            continue;
+        }
         if (status != BT_OK) {
             send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
                             bt_error_last());
@@ -1550,16 +1679,21 @@ static void step(decode_t *dec)
         }
         s->n_cached++;
         if (dec->engine != NULL) {
-            tok = sampler_sample(s->sampler,
-                                 dec->logits + (size_t)i * dec->vocab);
+            tok = dec->rids[i];
             sampler_observe(s->sampler, tok);
         } else {
             tok = proto_null_next_token(s->tokens[s->n_tokens - 1],
                                         s->n_tokens);
         }
-        if (seq_emit(dec, s, tok))
-            seq_remove(dec, s);
+        /* fed next step, emitted while that step runs */
+        s->tokens[s->n_tokens++] = tok;
+        s->pend = true;
+        dec->emit_q[dec->n_emit] = s;
+        dec->emit_tok[dec->n_emit++] = tok;
     }
+    dec->t_post_ns += bt_time_ns() - t1;
+    dec->n_timed++;
+    log_step_times(dec, false);
     if (dec->cfg.step_delay_ms > 0)
         usleep((useconds_t)dec->cfg.step_delay_ms * 1000u);
 }
@@ -1724,15 +1858,24 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_resv");
     dec->stage_quar_ns = bt_calloc((size_t)cfg->max_reservations,
                                    sizeof(uint64_t), "decode_resv");
-    dec->logits = bt_malloc((size_t)dec->max_seqs * (size_t)dec->vocab *
-                                sizeof(float), "decode_logits");
+    dec->rsamp = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->rsamp),
+                           "decode_batch");
+    dec->rids = bt_calloc((size_t)dec->max_seqs, sizeof(int), "decode_batch");
+    dec->psamp = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->psamp),
+                           "decode_batch");
+    dec->emit_q = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->emit_q),
+                            "decode_batch");
+    dec->emit_tok = bt_calloc((size_t)dec->max_seqs, sizeof(int),
+                              "decode_batch");
     dec->bseqs = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->bseqs),
                            "decode_batch");
     dec->bmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->bmap),
                           "decode_batch");
     dec->pmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->pmap),
                           "decode_batch");
-    if (dec->resv == NULL || dec->quar == NULL || dec->logits == NULL ||
+    if (dec->resv == NULL || dec->quar == NULL || dec->rsamp == NULL ||
+        dec->rids == NULL || dec->psamp == NULL || dec->emit_q == NULL ||
+        dec->emit_tok == NULL ||
         dec->stage_quar_ns == NULL ||
         dec->bseqs == NULL || dec->bmap == NULL || dec->pmap == NULL) {
         status = BT_ERR_NO_MEMORY;
@@ -1813,7 +1956,11 @@ err_bufs:
     bt_free(dec->resv);
     bt_free(dec->quar);
     bt_free(dec->stage_quar_ns);
-    bt_free(dec->logits);
+    bt_free(dec->rsamp);
+    bt_free(dec->rids);
+    bt_free(dec->psamp);
+    bt_free(dec->emit_q);
+    bt_free(dec->emit_tok);
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
     bt_free(dec->pmap);
@@ -1853,7 +2000,11 @@ void decode_destroy(decode_t **dec_p)
     bt_free(dec->resv);
     bt_free(dec->quar);
     bt_free(dec->stage_quar_ns);
-    bt_free(dec->logits);
+    bt_free(dec->rsamp);
+    bt_free(dec->rids);
+    bt_free(dec->psamp);
+    bt_free(dec->emit_q);
+    bt_free(dec->emit_tok);
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
     bt_free(dec->pmap);
@@ -1938,5 +2089,6 @@ bt_status_t decode_run(decode_t *dec)
                 "hand-offs:%llu", dec->name, (unsigned long long)dec->steps,
                 (unsigned long long)dec->tokens_out,
                 (unsigned long long)dec->staged);
+    log_step_times(dec, true);
     return BT_OK;
 }
