@@ -86,6 +86,16 @@
  * is exactly the plan of one cudaMemcpyAsync per run).  A decode rank
  * fed by several prefill ranks gets one put per source rank.
  *
+ * TP workers.  A TP decode worker exports one pool per rank
+ * (kv_cipc_pool_export_ranks: descriptor version 2, each rank's device,
+ * bus id, first head and K/V handles; the arrival slots on rank 0's GPU).
+ * A TP prefill worker makes its context on its rank 0 GPU
+ * (kv_cipc_create_on), adds its other ranks' GPUs as sources
+ * (kv_cipc_add_source: peer access, the copy engine of rank 0's GPU
+ * reads them) and calls kv_cipc_put_layer_ranks once per source rank:
+ * every copy of every rank is on the one copy stream, so the commit's
+ * epoch still lands after all of them.
+ *
  * Without CUDA (binary built without it, or no GPU): every call fails
  * with BT_ERR_UNSUPPORTED or BT_ERR_CUDA, logged once; the descriptor
  * encoder and parser are plain C and always work (fuzzed).
