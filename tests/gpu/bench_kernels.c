@@ -564,6 +564,9 @@ int main(int argc, char **argv)
         do_gemv = do_attn = do_small = do_dec = 1;
     if (g_reps < 1)
         g_reps = 1;
+    /* Isolated timings: no prefetch of another shape's weights after each
+     * product (worker_gemm's next-weight prefetch, BT_GEMM_PF_NEXT). */
+    setenv("BT_GEMM_PF_NEXT", "0", 0);
     CK(cudaSetDevice(0));
     CK(cudaMalloc(&g_flush, 256u << 20));
     CK(cudaEventCreate(&g_e0));

@@ -126,10 +126,11 @@ bc norm0 BT_GEMV_NORM=0 -- --batch 1 --ctx 512
 bc early BT_GEMV_TRIGGER=early -- --batch 1 --ctx 512
 bc pdl0 BT_PDL=0 -- --batch 1 --ctx 512
 bc fill BT_ATTN_PLAN=fill -- --batch 64 --ctx 512,2048
+bc pfnext0 BT_GEMM_PF_NEXT=0 -- --batch 64 --ctx 512,2048
 bc vec0 BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 -- --batch 1 --ctx 512 --prefill 2048
 bc pre_mma BT_PREFILL_KERNEL=mma -- --batch 1 --ctx 512 --prefill 2048
 bc all_off BT_GEMV_PF=0 BT_GEMV_NORM=0 BT_GEMV_TRIGGER=early \
-  BT_ATTN_PLAN=fill BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 BT_PREFILL_KERNEL=mma \
+  BT_GEMM_PF_NEXT=0 BT_ATTN_PLAN=fill BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 BT_PREFILL_KERNEL=mma \
   -- --batch 1,64 --ctx 512,2048 --prefill 2048
 
 # ---- table -------------------------------------------------------------
@@ -154,7 +155,7 @@ cnt() { grep -c "$1" "$2" 2>/dev/null; }
   grep -E '^gemv [a-z_]+ +t=  1' "$log" | sed -E 's/ stream .*cublasLt/ ... cublasLt/'
   grep -E '^(attn |small )' "$log"
   echo
-  for n in default pf0 pf2 norm0 early pdl0 fill vec0 pre_mma all_off; do
+  for n in default pf0 pf2 norm0 early pdl0 fill pfnext0 vec0 pre_mma all_off; do
     [ -f "$tmp/t_$n" ] || { echo "### bench_cuda [$n]: no table"; continue; }
     echo "### bench_cuda [$n]"
     cat "$tmp/t_$n"

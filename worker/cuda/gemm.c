@@ -27,6 +27,13 @@
  * Prefill shapes whose n_tok is a multiple of GEMM_BIG_STEP (up to
  * GEMM_BIG_MAX) are tuned too, exactly, among GEMM_LT_CANDS_BIG cuBLASLt
  * algorithms, at their first uncaptured use.
+ * Next-weight prefetch: worker_gemm remembers which weights followed
+ * which (the layer order repeats every forward); after a product of 3 to
+ * GEMM_TUNE_MAX_TOK tokens it enqueues an L2 prefetch of the weights used
+ * next (cuda_l2_prefetch, at most BT_GEMM_PF_MB, default half the L2), so
+ * they stream in while the small kernels between the products (RoPE,
+ * attention, SwiGLU) run; BT_GEMM_PF_NEXT=0 turns it off.  (1-2 tokens:
+ * the GEMV kernels prefetch their own rows, see gemv.h.)
  * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
  * a GEMV variant wherever it supports the shape ("lt": cuBLASLt);
  * BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV=0 is cuBLASLt
@@ -54,6 +61,8 @@
 #define GEMM_TUNE_REPS 5
 #define GEMM_FLUSH_BYTES (128u << 20) /* > L2 (50 MB on H100/H200) */
 #define GEMM_CHOICE_LT 100      /* choice >= this: cuBLASLt algo (c - 100) */
+#define GEMM_PF_MAX 1024        /* weights remembered for next-prefetch */
+#define GEMM_PF_MIN_TOK 3       /* prefetch the next weights from here */
 
 /* One planned shape. */
 typedef struct {
@@ -69,6 +78,13 @@ typedef struct {
     cublasLtMatrixLayout_t d;      /* y */
     cublasLtMatmulAlgo_t algo;     /* the heuristic's first choice */
 } gemm_plan_t;
+
+/* Weights w were followed by next (next_bytes long) last time. */
+typedef struct {
+    const void *w;
+    const void *next;
+    size_t next_bytes;
+} gemm_pf_t;
 
 /* One tuned (bucket, weight shape): the winner and its time. */
 typedef struct {
@@ -91,6 +107,15 @@ struct worker_gemm_ctx_s {
     bool tune;                     /* autotune skinny shapes (BT_GEMM_TUNE) */
     gemm_tuned_t *tuned;           /* (GEMM_MAX_TUNED) */
     int n_tuned;
+    /* Next-weight prefetch (BT_GEMM_PF_NEXT): the order in which weights
+     * are used repeats every forward, so after a product with w the
+     * weights used next are prefetched into L2 while the small kernels
+     * between the two products run. */
+    bool pf_next;
+    size_t pf_budget;              /* bytes prefetched at most */
+    const void *pf_last;           /* weights of the previous call */
+    gemm_pf_t *pf;                 /* (GEMM_PF_MAX) w -> next w */
+    int n_pf;
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -120,6 +145,11 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         status = BT_ERR_NO_MEMORY;
         goto err_free_plans;
     }
+    ctx->pf = bt_calloc(GEMM_PF_MAX, sizeof(*ctx->pf), "gemm_pf");
+    if (ctx->pf == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto err_free_plans;
+    }
     status = gemm_check(cublasLtCreate(&ctx->handle), "create");
     if (status != BT_OK)
         goto err_free_plans;
@@ -132,6 +162,11 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         ctx->use_gemv = env == NULL || strcmp(env, "0") != 0;
         env = getenv("BT_GEMM_TUNE"); /* 0: static defaults */
         ctx->tune = ctx->use_gemv && (env == NULL || strcmp(env, "0") != 0);
+        env = getenv("BT_GEMM_PF_NEXT"); /* 0: no next-weight prefetch */
+        ctx->pf_next = env == NULL || strcmp(env, "0") != 0;
+        env = getenv("BT_GEMM_PF_MB");
+        ctx->pf_budget = env && *env ? (size_t)atoi(env) << 20
+                                     : cuda_l2_size() / 2;
     }
     /* Shared-memory limits of the ring kernels, outside any capture.  A
      * failure only costs those kernels (their launches fail the tuner's
@@ -148,6 +183,7 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
 err_destroy_handle:
     cublasLtDestroy(ctx->handle);
 err_free_plans:
+    bt_free(ctx->pf);
     bt_free(ctx->tuned);
     bt_free(ctx->plans);
 err_free_ctx:
@@ -178,6 +214,7 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
         gemm_plan_cleanup(&ctx->plans[i]);
     cuda__dev_free(&ctx->d_ws);
     cublasLtDestroy(ctx->handle);
+    bt_free(ctx->pf);
     bt_free(ctx->tuned);
     bt_free(ctx->plans);
     bt_free(ctx);
@@ -697,10 +734,66 @@ const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     return cuda_gemv_kernel_name((cuda_gemv_kernel_t)t->choice);
 }
 
+static gemm_pf_t *gemm_pf_find(worker_gemm_ctx_t *ctx, const void *w)
+{
+    for (int i = ctx->n_pf - 1; i >= 0; i--)
+        if (ctx->pf[i].w == w)
+            return &ctx->pf[i];
+    return NULL;
+}
+
+/* Records that d_w (bytes long) follows the previous call's weights. */
+static void gemm_pf_learn(worker_gemm_ctx_t *ctx, const void *d_w,
+                          size_t bytes)
+{
+    if (ctx->pf_last != NULL && ctx->pf_last != d_w) {
+        gemm_pf_t *e = gemm_pf_find(ctx, ctx->pf_last);
+        if (e == NULL && ctx->n_pf < GEMM_PF_MAX) {
+            e = &ctx->pf[ctx->n_pf++];
+            e->w = ctx->pf_last;
+        }
+        if (e != NULL) {
+            e->next = d_w;
+            e->next_bytes = bytes;
+        }
+    }
+    ctx->pf_last = d_w;
+}
+
+static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                            int n_in, const void *d_x, const void *d_w,
+                            cuda_dtype_t in_dt, void *d_y,
+                            cuda_dtype_t out_dt, bool accumulate,
+                            cudaStream_t stream);
+
 bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                         int n_in, const void *d_x, const void *d_w,
                         cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,
                         bool accumulate, cudaStream_t stream)
+{
+    bt_status_t status;
+
+    if (n_tok > 0 && in_dt == CUDA_DT_BF16)
+        gemm_pf_learn(ctx, d_w, (size_t)n_out * n_in * 2);
+    status = gemm_run(ctx, n_tok, n_out, n_in, d_x, d_w, in_dt, d_y, out_dt,
+                      accumulate, stream);
+    if (status == BT_OK && ctx->pf_next && in_dt == CUDA_DT_BF16 &&
+        n_tok >= GEMM_PF_MIN_TOK && n_tok <= GEMM_TUNE_MAX_TOK) {
+        const gemm_pf_t *e = gemm_pf_find(ctx, d_w);
+        if (e != NULL && e->next != NULL)
+            status = cuda_l2_prefetch(e->next,
+                                      BT_MIN(e->next_bytes, ctx->pf_budget),
+                                      stream);
+    }
+    return status;
+}
+
+/* worker_gemm without the next-weight prefetch. */
+static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                            int n_in, const void *d_x, const void *d_w,
+                            cuda_dtype_t in_dt, void *d_y,
+                            cuda_dtype_t out_dt, bool accumulate,
+                            cudaStream_t stream)
 {
     gemm_plan_t *p;
     bt_status_t status;

@@ -1264,6 +1264,35 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
     return BT_CUDA_LAUNCH_STATUS();
 }
 
+/* One thread per 32 KB piece: a bulk L2 prefetch, then exit (the
+ * prefetches complete in the memory system after the grid is gone).
+ * Triggers its dependents at once: nothing depends on it. */
+static __global__ void gemv_l2_prefetch_kernel(const char *p, size_t bytes)
+{
+    kern_pdl_trigger();
+    const size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) *
+                       32768;
+    if (off < bytes)
+        gemv_prefetch_l2(p + off, (int)BT_MIN((size_t)32768, bytes - off));
+}
+
+bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
+                             cudaStream_t stream)
+{
+    bytes &= ~(size_t)15;
+    if (bytes == 0 || ((uintptr_t)d_p & 15) != 0)
+        return BT_OK;
+    size_t pieces = BT_DIV_UP(bytes, (size_t)32768);
+    kern_launch(gemv_l2_prefetch_kernel, (unsigned)BT_DIV_UP(pieces, 128),
+                128, 0, stream, (const char *)d_p, bytes);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+size_t cuda_l2_size(void)
+{
+    return gemv_pf_budget() * 2;
+}
+
 /* acc[0] += sum (y - ref)^2, acc[1] += sum ref^2, acc[2] += count of
  * non-finite y. */
 template <typename T>

@@ -116,6 +116,15 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            void *d_y, cuda_dtype_t out_dt,
                            cudaStream_t stream);
 
+/* Enqueues L2 prefetches of [d_p, d_p + bytes) (16-byte aligned; the
+ * length is rounded down to 16) in a tiny kernel that exits at once: the
+ * lines arrive in L2 while the kernels after it run. */
+bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
+                             cudaStream_t stream);
+
+/* The device's L2 size in bytes (BT_GEMV_PF_MB x 2 when that is set). */
+size_t cuda_l2_size(void);
+
 #ifdef __cplusplus
 }
 #endif
