@@ -30,7 +30,10 @@
 #define SPEC_EPISODE 3          /* measured steps per try */
 #define SPEC_CLEAR 0.7          /* a try below 0.7x the default ends at
                                    once (a clear loss) */
-#define SPEC_WARM 2             /* steps before a try that keep features */
+#define SPEC_WARM 1             /* steps before a try that keep features
+                                   (the root feature of the first tree) */
+#define SPEC_PLAIN_SKIP 2       /* first plain steps of a bucket not
+                                   measured (first-call costs) */
 #define SPEC_EXPLORE_FIRST 32   /* wait after a first loss */
 #define SPEC_EXPLORE_MAX (1u << 22) /* longest wait: practically never */
 #define SPEC_WIN 1.03           /* a spec arm must beat plain by 3% */
@@ -95,6 +98,7 @@ struct spec_seq_s {
     int mode;                 /* SPEC_MODE_* this step */
     int take;                 /* tokens fed this step */
     int row0;                 /* first logits row of this sequence */
+    int n_rows;               /* its logits rows this step */
     int max_slots;            /* KV slots it may grow to, 0 = context */
     int drafted;              /* draft tokens verified in its last step */
 };
@@ -140,8 +144,12 @@ struct spec_s {
     bool pinned;              /* logits and hidden are pinned (device) */
     bool host_verify;         /* BT_SPEC_VERIFY=host: target logits always
                                  come to the host */
-    int *amax;                /* (max_batch_tokens) device argmax rows */
-    int *full_rows;           /* (max_batch_tokens) rows needing logits */
+    int *amax;                /* (max_batch_tokens) sampled ids per row
+                                 (backend_forward_sample; greedy tree rows:
+                                 the target's argmax) */
+    sampler_t **row_smp;      /* (max_batch_tokens) sampler per row, NULL:
+                                 no id (its logits come to the host when
+                                 asked) */
     double force_rate;        /* spec_test_force_accept, < 0 = off */
     uint64_t force_rng;
     spec_shape_t arms[SPEC_N_ARMS];
@@ -156,6 +164,12 @@ struct spec_s {
     int best_arm[SPEC_N_BUCKETS];                 /* arm run by default */
     int ep_arm[SPEC_N_BUCKETS];                   /* episode arm, -1 none */
     int ep_left[SPEC_N_BUCKETS];                  /* measured steps left */
+    int ep_warm[SPEC_N_BUCKETS];                  /* unmeasured steps left
+                                                    (an arm's first try:
+                                                    graph captures, GEMM
+                                                    tuning) */
+    int plain_skip[SPEC_N_BUCKETS];               /* plain steps seen,
+                                                    up to SPEC_PLAIN_SKIP */
     double ep_tokens[SPEC_N_BUCKETS];
     double ep_ns[SPEC_N_BUCKETS];
     bool lazy;                /* speculation is off and no try is near:
@@ -246,7 +260,7 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
                              "spec");
     spec->probs = bt_malloc((size_t)spec->vocab * sizeof(float), "spec");
     spec->amax = bt_malloc(rows * sizeof(int), "spec");
-    spec->full_rows = bt_malloc(rows * sizeof(int), "spec");
+    spec->row_smp = bt_calloc(rows, sizeof(*spec->row_smp), "spec");
     spec->force_rate = -1.0;
     spec->dlogits = bt_malloc((size_t)cfg->topk * spec->vocab *
                                   sizeof(float), "spec");
@@ -278,7 +292,7 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->mv_dst == NULL || spec->dseqs == NULL ||
         spec->top_ids == NULL || spec->top_logp == NULL ||
         spec->top_n == NULL || spec->amax == NULL ||
-        spec->full_rows == NULL) {
+        spec->row_smp == NULL) {
         spec_destroy(&spec);
         return BT_ERR_NO_MEMORY;
     }
@@ -375,7 +389,7 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->logits);
     bt_free(spec->hidden);
     bt_free(spec->amax);
-    bt_free(spec->full_rows);
+    bt_free(spec->row_smp);
     bt_free(spec->probs);
     bt_free(spec->dlogits);
     bt_free(spec->dfeat);
@@ -512,6 +526,27 @@ void spec_test_force_accept(spec_t *spec, double rate, uint64_t seed)
     spec->force_rng = seed * 0x9e3779b97f4a7c15ull + 0x5bd1e995ull;
 }
 
+void spec_set_adaptive(spec_t *spec)
+{
+    if (!spec->cfg.adaptive)
+        return;
+    spec->fixed = false;
+    spec->lazy = false;
+    memset(spec->arm_rate, 0, sizeof(spec->arm_rate));
+    memset(spec->arm_n, 0, sizeof(spec->arm_n));
+    memset(spec->bucket_steps, 0, sizeof(spec->bucket_steps));
+    memset(spec->next_explore, 0, sizeof(spec->next_explore));
+    memset(spec->best_arm, 0, sizeof(spec->best_arm));
+    memset(spec->ep_left, 0, sizeof(spec->ep_left));
+    memset(spec->ep_warm, 0, sizeof(spec->ep_warm));
+    memset(spec->plain_skip, 0, sizeof(spec->plain_skip));
+    for (int b = 0; b < SPEC_N_BUCKETS; b++) {
+        spec->ep_arm[b] = -1;
+        for (int a = 0; a < SPEC_N_ARMS; a++)
+            spec->explore_gap[b][a] = SPEC_EXPLORE_FIRST / 2;
+    }
+}
+
 void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk)
 {
     spec->fixed = true;
@@ -553,6 +588,7 @@ static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t *s)
         spec->dtok[i] = toks[s->pend_pos + i + 1];
         spec->dpos[i] = s->pend_pos + i;
     }
+    spec->stats.head_rows += (uint64_t)s->n_pend;
     status = spec_head_forward(spec->head, &s->kv, s->n_pend, s->pend,
                                spec->dtok, spec->dpos, s->draft_len,
                                s->draft_len, NULL, spec->dout, NULL);
@@ -609,6 +645,7 @@ static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n)
             row->out = j == s->n_pend - 1 ? 0 : -1;
         }
     }
+    spec->stats.head_rows += (uint64_t)total;
     return cuda_draft_forward(spec->dev, total, rows, spec->fcat, total, 0,
                               NULL, NULL, NULL, NULL);
 }
@@ -894,6 +931,7 @@ static bt_status_t spec_level_rows(spec_t *spec, spec_seq_t *s, int si,
         memcpy(spec->dfeat + (size_t)r * spec->dim, in,
                sizeof(float) * (size_t)spec->dim);
     }
+    spec->stats.head_rows += (uint64_t)s->n_front;
     status = spec_head_forward(spec->head, &s->kv, s->n_front, spec->dfeat,
                                spec->dtok + r0, spec->dpos + r0,
                                s->draft_len, s->draft_len + s->n_exp, mask,
@@ -971,6 +1009,7 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
             break;
 #ifdef BATON_HAVE_CUDA
         if (spec->dev != NULL) {
+            spec->stats.head_rows += (uint64_t)n_rows;
             status = cuda_draft_forward(spec->dev, n_rows, spec->lrows, NULL,
                                         0, topk, spec->top_ids,
                                         spec->top_logp, NULL, NULL);
@@ -1239,6 +1278,9 @@ static int spec_pick_arm(spec_t *spec, int b)
     if (cand >= 0 && step >= due) {
         spec->ep_arm[b] = cand;
         spec->ep_left[b] = SPEC_EPISODE;
+        /* an arm's first try runs one unmeasured episode first */
+        spec->ep_warm[b] = spec->arm_n[b][cand] == 0 && cand != 0
+                               ? SPEC_EPISODE : 0;
         spec->ep_tokens[b] = 0.0;
         spec->ep_ns[b] = 0.0;
         spec->lazy = false;
@@ -1258,7 +1300,13 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
     bool win, clear;
 
     if (arm == 0 && spec->ep_arm[b] != 0) { /* the running baseline */
-        double w = BT_MAX(SPEC_EMA_PLAIN, 1.0 / (spec->arm_n[b][0] + 1));
+        double w;
+
+        if (spec->plain_skip[b] < SPEC_PLAIN_SKIP) {
+            spec->plain_skip[b]++;
+            return;
+        }
+        w = BT_MAX(SPEC_EMA_PLAIN, 1.0 / (spec->arm_n[b][0] + 1));
 
         spec->arm_rate[b][0] = (1.0 - w) * spec->arm_rate[b][0] + w * rate;
         spec->arm_n[b][0]++;
@@ -1270,6 +1318,10 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
         spec->arm_rate[b][arm] = (1.0 - SPEC_EMA_PLAIN) *
                                      spec->arm_rate[b][arm] +
                                  SPEC_EMA_PLAIN * rate;
+        return;
+    }
+    if (spec->ep_warm[b] > 0) {
+        spec->ep_warm[b]--;
         return;
     }
     spec->ep_tokens[b] += tokens;
@@ -1317,7 +1369,7 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     int max_step = spec_max_step_tokens(spec);
     int left = bcfg->max_batch_tokens, n_dec = 0, n_b = 0, rows = 0;
     int n_draft = 0;
-    bool dev_verify = false;
+    bool need_hidden, need_logits = false;
     int arm = -1, produced = 0;
     bool any_prefill = false;
     spec_shape_t shape;
@@ -1415,12 +1467,20 @@ reserve:
     t1 = bt_time_ns();
     spec->stats.draft_ns += t1 - t0;
 
-    /* one target forward for every sequence */
+    /* one target forward for every sequence, through
+     * backend_forward_sample as engine_step does: ids are picked where
+     * the logits are (the device argmax for cuda), and a step without a
+     * tree while speculation is off (lazy) asks for exactly what
+     * engine_step asks for: one logits row per completing sequence, no
+     * hidden rows, no logits to the host (the decode graph on cuda) */
+    need_hidden = !spec->lazy || n_draft > 0;
     for (int i = 0; i < n; i++) {
         spec_seq_t *s = seqs[i];
+        sampler_t *smp = engine_seq_sampler(s->seq);
         backend_seq_t *bs;
         int nb;
 
+        s->use_amax = false;
         if (s->mode == SPEC_MODE_SKIP)
             continue;
         bs = &spec->bseqs[n_b++];
@@ -1428,63 +1488,47 @@ reserve:
         bs->n_tokens = s->take;
         bs->ctx_len = engine_seq_cached(s->seq);
         bs->block_table = engine_seq_blocks(s->seq, &nb);
-        bs->n_logits = s->take;
         if (s->mode == SPEC_MODE_TREE) {
             bs->tokens = s->v_tokens;
             bs->positions = s->v_pos;
             bs->mask = s->v_mask;
+            bs->n_logits = s->take;
+            /* greedy trees take the target's argmax ids; the others walk
+             * whole logits rows (rejection sampling) */
+            s->use_amax = !spec->host_verify && sampler_is_argmax(smp);
+            for (int r = 0; r < s->take; r++)
+                spec->row_smp[rows + r] = s->use_amax ? smp : NULL;
+            need_logits |= !s->use_amax;
         } else {
+            bool complete = bs->ctx_len + s->take == engine_seq_len(s->seq);
+
             bs->tokens = engine_seq_tokens(s->seq) + bs->ctx_len;
+            bs->n_logits = need_hidden ? s->take : complete ? 1 : 0;
+            for (int r = 0; r < bs->n_logits; r++)
+                spec->row_smp[rows + r] = NULL;
+            if (complete)
+                spec->row_smp[rows + bs->n_logits - 1] = smp;
         }
         s->row0 = rows;
-        rows += s->take;
+        s->n_rows = bs->n_logits;
+        rows += bs->n_logits;
     }
     if (n_b == 0)
         return BT_OK;
     memset(&batch, 0, sizeof(batch));
     batch.n_seqs = n_b;
     batch.seqs = spec->bseqs;
-#ifdef BATON_HAVE_CUDA
-    /* a step with a tree (some sequence feeds several tokens: no decode
-     * graph) verifies on the device: only hidden rows come back, the
-     * draft's copy of the classifier gives argmax rows, and only the
-     * sequences that sample (not plain argmax) get whole logits rows */
-    dev_verify = spec->dev != NULL && !spec->host_verify && n_draft > 0 &&
-                 rows > n_b;
-#endif
-    /* lazy: nobody reads features this step (no tree, no push) */
-    status = backend_forward(engine_backend(spec->engine), &batch,
-                             dev_verify ? NULL : spec->logits,
-                             spec->lazy && !dev_verify ? NULL
-                                                       : spec->hidden);
+    status = backend_forward_sample(engine_backend(spec->engine), &batch,
+                                    spec->row_smp, spec->amax,
+                                    need_logits ? spec->logits : NULL,
+                                    need_hidden ? spec->hidden : NULL);
     if (status != BT_OK)
         return status;
-    for (int i = 0; i < n; i++)
-        seqs[i]->use_amax = dev_verify &&
-                            sampler_is_argmax(engine_seq_sampler(
-                                seqs[i]->seq));
-#ifdef BATON_HAVE_CUDA
-    if (dev_verify) {
-        int n_full = 0;
-
-        for (int i = 0; i < n; i++) {
-            spec_seq_t *s = seqs[i];
-
-            if (s->mode == SPEC_MODE_SKIP || s->use_amax)
-                continue;
-            if (s->mode == SPEC_MODE_TREE)
-                for (int r = 0; r < s->take; r++)
-                    spec->full_rows[n_full++] = s->row0 + r;
-            else
-                spec->full_rows[n_full++] = s->row0 + s->take - 1;
-        }
-        status = cuda_draft_target_argmax(spec->dev, rows, spec->hidden,
-                                          spec->amax, n_full,
-                                          spec->full_rows, spec->logits);
-        if (status != BT_OK)
-            return status;
-    }
-#endif
+    spec->stats.fwd_calls++;
+    if (need_hidden)
+        spec->stats.hidden_rows += (uint64_t)rows;
+    if (need_logits)
+        spec->stats.logits_rows += (uint64_t)rows;
     t2 = bt_time_ns();
     spec->stats.verify_ns += t2 - t1;
 
@@ -1508,13 +1552,9 @@ reserve:
         case SPEC_MODE_PLAIN:
         case SPEC_MODE_PREFILL: {
             bool complete = cached + s->take == engine_seq_len(s->seq);
-            float *last = spec->logits + (size_t)(s->row0 + s->take - 1) *
-                                             spec->vocab;
 
             if (complete) {
-                o[0] = s->use_amax
-                    ? spec->amax[s->row0 + s->take - 1]
-                    : sampler_sample(engine_seq_sampler(s->seq), last);
+                o[0] = spec->amax[s->row0 + s->n_rows - 1];
                 n_out[i] = 1;
             }
             status = engine_seq_commit(spec->engine, s->seq, o, n_out[i],

@@ -125,6 +125,13 @@ typedef struct {
     uint64_t draft_ns;      /* time planning + drafting */
     uint64_t verify_ns;     /* time in the target forward */
     uint64_t accept_ns;     /* time accepting, compacting, feeding */
+    /* work asked of the backend and the head (tests: a plain step must
+     * cost what engine_step costs) */
+    uint64_t fwd_calls;     /* target forwards (backend_forward_sample) */
+    uint64_t hidden_rows;   /* hidden rows those brought to the host */
+    uint64_t logits_rows;   /* whole logits rows they brought there */
+    uint64_t head_rows;     /* rows run through the draft head (feeding
+                               target features and tree levels) */
 } spec_stats_t;
 
 void spec_get_stats(const spec_t *spec, spec_stats_t *stats);
@@ -135,6 +142,12 @@ double spec_accept_length(const spec_t *spec);
 /* Forces a fixed tree (tokens 0 = plain decoding), disabling
  * adaptation; for tests and benchmarks. */
 void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk);
+
+/* Back to the adaptive controller (after spec_set_fixed) with every
+ * measurement forgotten: benchmarks warm a decoder up (graph captures,
+ * GEMM tuning) and then measure from a clean start.  No-op when the
+ * decoder was created with adaptive = false. */
+void spec_set_adaptive(spec_t *spec);
 
 /* Tests only: with `on`, accept every drafted child the target could
  * sample (a deliberately wrong rule that shows the distribution test can
