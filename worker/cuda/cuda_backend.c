@@ -222,6 +222,8 @@ struct cuda_backend_s {
     int qkv_dim;              /* q_dim + 2 kv_dim */
     int n_sm;                 /* rank 0's, for planning */
     bool use_graphs;
+    bool tree_graphs;         /* graphs for tree-verification steps too
+                                 (BT_TREE_GRAPHS=0: off) */
 
     kv_layout_t kv;           /* one rank's pool */
 
@@ -993,6 +995,8 @@ static bt_status_t cuda_create(const model_t *model,
     b->qkv_dim = b->q_dim + 2 * b->kv_dim;
     env = getenv("BT_CUDA_GRAPHS");
     b->use_graphs = env == NULL || strcmp(env, "0") != 0;
+    env = getenv("BT_TREE_GRAPHS");
+    b->tree_graphs = env == NULL || strcmp(env, "0") != 0;
 
     /* The KV pool layout: one rank's heads. */
     b->kv.n_layers = b->mc.n_layers;
@@ -1523,32 +1527,36 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
         status = BT_CUDA_STATUS(cudaGraphLaunch(exec, r->stream));
         if (status != BT_OK)
             return status;
-        /* Copy back the rows of tokens that asked for logits, in runs. */
-        for (int s = 0; s < batch->n_seqs && (logits || hidden); ) {
-            int s1 = s;
-            while (s1 < batch->n_seqs && batch->seqs[s1].n_logits == 1)
-                s1++;
-            if (s1 > s) {
-                if (logits)
-                    status = cuda_copy_logits(
-                        r, logits + (size_t)row * b->mc.vocab_size,
-                        r->d_logits + (size_t)s * r->sh.n_vocab, s1 - s);
+        /* Copy back the rows of tokens that asked for logits (a
+         * sequence's last n_logits tokens), in runs of adjacent rows. */
+        for (int s = 0, t = 0; s < batch->n_seqs && (logits || hidden); ) {
+            const backend_seq_t *sq = &batch->seqs[s++];
+            int d0 = t + sq->n_tokens - sq->n_logits, cnt = sq->n_logits;
+
+            t += sq->n_tokens;
+            while (s < batch->n_seqs &&
+                   batch->seqs[s].n_logits == batch->seqs[s].n_tokens) {
+                cnt += batch->seqs[s].n_tokens;
+                t += batch->seqs[s++].n_tokens;
+            }
+            if (cnt == 0)
+                continue;
+            if (logits)
+                status = cuda_copy_logits(
+                    r, logits + (size_t)row * b->mc.vocab_size,
+                    r->d_logits + (size_t)d0 * r->sh.n_vocab, cnt);
+            if (status != BT_OK)
+                return status;
+            if (hidden && r->rank == 0) {
+                status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                    hidden + (size_t)row * b->mc.dim,
+                    r->d_hidden + (size_t)d0 * b->mc.dim,
+                    (size_t)cnt * b->mc.dim * sizeof(float),
+                    cudaMemcpyDeviceToHost, r->stream));
                 if (status != BT_OK)
                     return status;
-                if (hidden && r->rank == 0) {
-                    status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                        hidden + (size_t)row * b->mc.dim,
-                        r->d_hidden + (size_t)s * b->mc.dim,
-                        (size_t)(s1 - s) * b->mc.dim * sizeof(float),
-                        cudaMemcpyDeviceToHost, r->stream));
-                    if (status != BT_OK)
-                        return status;
-                }
-                row += s1 - s;
-                s = s1;
-            } else {
-                s++;
             }
+            row += cnt;
         }
     } else {
         p.h_logits = st->h_logits; /* NULL: logits stay on the device */
@@ -1587,6 +1595,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     int nt = 0, n_rows = 0, n_gen = 0, n_tiles = 0, max_kv = 1, nt_pad;
     size_t bt_total = 0, mask_total = 0, ints, off;
     bool graph = b->use_graphs && batch->on_layer_done == NULL;
+    bool tree = false; /* a speculative verification step (masked) */
     int *h;
     int *tok, *pos, *slot, *kvl, *bto, *ctxa, *mo, *gen, *rows, *tiles, *bt;
     size_t mask_at = 0, bt_at = 0;
@@ -1600,8 +1609,15 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
         bt_total += BT_DIV_UP(sq->ctx_len + sq->n_tokens, bs);
         if (sq->mask)
             mask_total += (size_t)sq->n_tokens * sq->n_tokens;
-        if (sq->n_tokens != 1)
-            graph = false;
+        /* graphs: decode tokens, or tree-verification chunks (a mask,
+         * a logits row per token) */
+        if (sq->n_tokens != 1) {
+            if (b->tree_graphs && sq->mask != NULL &&
+                sq->n_logits == sq->n_tokens)
+                tree = true;
+            else
+                graph = false;
+        }
         if (bf16_tiles && sq->n_tokens >= CUDA_PREFILL_MIN)
             n_tiles += (int)BT_DIV_UP(sq->n_tokens, CUDA_PREFILL_BQ);
     }
@@ -1610,8 +1626,13 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
                         "batch of %d tokens exceeds the backend's %d", nt,
                         b->max_tok);
     nt_pad = graph ? cuda_pow2_ceil(nt) : nt;
-    if (nt_pad > b->bucket_max)
+    /* Tree graphs: every token takes the per-token attention kernel (no
+     * prefill tiles) and every padded row's logits fit one classifier
+     * chunk. */
+    if (nt_pad > (tree ? BT_MIN(b->row_cap, b->max_tok) : b->bucket_max))
         graph = false, nt_pad = nt;
+    if (graph)
+        n_tiles = 0;
     /* Graph steps compute a logits row for every (padded) token. */
     int rows_c = graph ? nt_pad : n_rows;
     ints = (size_t)7 * nt_pad + nt_pad + rows_c +
@@ -1641,7 +1662,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
         const backend_seq_t *sq = &batch->seqs[s];
         int n = sq->n_tokens, ctx = sq->ctx_len;
         int nb = (int)BT_DIV_UP(ctx + n, bs);
-        bool tiled = bf16_tiles && n >= CUDA_PREFILL_MIN;
+        bool tiled = bf16_tiles && n >= CUDA_PREFILL_MIN && !graph;
         int moff = -1;
 
         memcpy(bt + bt_at, sq->block_table, sizeof(int) * nb);
