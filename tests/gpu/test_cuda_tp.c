@@ -404,8 +404,17 @@ static void test_device_fill(void)
 
 #define AGREE_POS 256
 
-static void teacher(backend_t *be, int vocab, const int *ids, int n,
-                    int chunk, float *logits)
+static void noop_layer(void *arg, int layer)
+{
+    (void)arg;
+    (void)layer;
+}
+
+/* Teacher-forced logits of ids[0, n) in chunks of `chunk` tokens; eager:
+ * with a layer callback, so no CUDA graph replays kernels chosen before
+ * (an environment override such as BT_GEMV_FORCE then applies). */
+static void teacher_ex(backend_t *be, int vocab, const int *ids, int n,
+                       int chunk, float *logits, bool eager)
 {
     int table[64];
 
@@ -417,9 +426,17 @@ static void teacher(backend_t *be, int vocab, const int *ids, int n,
                               .block_table = table, .n_logits = c };
         backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
 
+        if (eager)
+            batch.on_layer_done = noop_layer;
         BT_ASSERT_OK(backend_forward(be, &batch,
                                      logits + (size_t)s * vocab, NULL));
     }
+}
+
+static void teacher(backend_t *be, int vocab, const int *ids, int n,
+                    int chunk, float *logits)
+{
+    teacher_ex(be, vocab, ids, n, chunk, logits, false);
 }
 
 /* Top-1 agreement of `got` with `ref` over AGREE_POS rows: exact, and up
@@ -556,7 +573,7 @@ static void test_agreement_8b(int tp)
         /* one GEMV kernel for every product (its per-row order does not
          * depend on how many rows a rank has) */
         setenv("BT_GEMV_FORCE", "rows", 1);
-        teacher(b1, vocab, ids, AGREE_POS, 1, d1r);
+        teacher_ex(b1, vocab, ids, AGREE_POS, 1, d1r, true);
         unsetenv("BT_GEMV_FORCE");
         backend_destroy(&b1);
         b1 = make_8b(m, 1, false);
@@ -571,7 +588,7 @@ static void test_agreement_8b(int tp)
         teacher(bt, vocab, ids, AGREE_POS, AGREE_POS, pt);
         teacher(bt, vocab, ids, AGREE_POS, 1, dt);
         setenv("BT_GEMV_FORCE", "rows", 1);
-        teacher(bt, vocab, ids, AGREE_POS, 1, dtr);
+        teacher_ex(bt, vocab, ids, AGREE_POS, 1, dtr, true);
         unsetenv("BT_GEMV_FORCE");
         test_allreduce(bt, tp);
         backend_destroy(&bt);
@@ -595,7 +612,7 @@ static void test_agreement_8b(int tp)
                  "GEMMs, decode steps", tp);
         print_agree(what, tp_u);
         snprintf(what, sizeof(what), "tp=%d vs tp=1, both BT_GEMV_FORCE="
-                 "rows (one GEMV kernel everywhere), decode steps", tp);
+                 "rows (one GEMV kernel everywhere), eager decode steps", tp);
         print_agree(what, tp_r);
     }
     base = fmin(self_order.exact, self_gemm.exact);
