@@ -92,6 +92,9 @@ echo "=== test_attn" >> "$log"
 timeout 90 "$build/gpu/test_attn" > "$tmp/ta" 2>&1
 rc_attn=$?
 cat "$tmp/ta" >> "$log"
+if grep -q "^FAIL attn decode" "$tmp/ta" && ! grep -q "^FAIL attn decode .*early=0" "$tmp/ta"; then
+  export BT_ATTN_EARLY=0; switched="$switched BT_ATTN_EARLY=0"
+fi
 if grep -q "^FAIL attn prefill (mma2)" "$tmp/ta" || \
    { [ $rc_attn -ne 0 ] && ! grep -q "comparison(s) FAILED" "$tmp/ta"; }; then
   export BT_PREFILL_KERNEL=mma; switched="$switched BT_PREFILL_KERNEL=mma"
@@ -127,10 +130,11 @@ bc early BT_GEMV_TRIGGER=early -- --batch 1 --ctx 512
 bc pdl0 BT_PDL=0 -- --batch 1 --ctx 512
 bc fill BT_ATTN_PLAN=fill -- --batch 64 --ctx 512,2048
 bc pfnext0 BT_GEMM_PF_NEXT=0 -- --batch 64 --ctx 512,2048
+bc early0 BT_ATTN_EARLY=0 -- --batch 1,64 --ctx 2048
 bc vec0 BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 -- --batch 1 --ctx 512 --prefill 2048
 bc pre_mma BT_PREFILL_KERNEL=mma -- --batch 1 --ctx 512 --prefill 2048
 bc all_off BT_GEMV_PF=0 BT_GEMV_NORM=0 BT_GEMV_TRIGGER=early \
-  BT_GEMM_PF_NEXT=0 BT_ATTN_PLAN=fill BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 BT_PREFILL_KERNEL=mma \
+  BT_GEMM_PF_NEXT=0 BT_ATTN_EARLY=0 BT_ATTN_PLAN=fill BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 BT_PREFILL_KERNEL=mma \
   -- --batch 1,64 --ctx 512,2048 --prefill 2048
 
 # ---- table -------------------------------------------------------------
@@ -155,7 +159,7 @@ cnt() { grep -c "$1" "$2" 2>/dev/null; }
   grep -E '^gemv [a-z_]+ +t=  1' "$log" | sed -E 's/ stream .*cublasLt/ ... cublasLt/'
   grep -E '^(attn |small )' "$log"
   echo
-  for n in default pf0 pf2 norm0 early pdl0 fill pfnext0 vec0 pre_mma all_off; do
+  for n in default pf0 pf2 norm0 early pdl0 fill pfnext0 early0 vec0 pre_mma all_off; do
     [ -f "$tmp/t_$n" ] || { echo "### bench_cuda [$n]: no table"; continue; }
     echo "### bench_cuda [$n]"
     cat "$tmp/t_$n"

@@ -195,23 +195,28 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
         }
     }
 
-    /* 2. Split-K: the planner's choice and a forced 64-key split. */
-    for (int forced = 0; forced < 2; forced++) {
+    /* 2. Split-K: the planner's choice, a forced 64-key split, and that
+     * again with the tensor-core kernel's early loads off. */
+    for (int forced = 0; forced < 3; forced++) {
         int ns, sl;
         cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 64, &ns, &sl);
         if (forced) {
             sl = 64;
             ns = (max_kv + 63) / 64;
         }
+        if (forced == 2)
+            setenv("BT_ATTN_EARLY", "0", 1);
         KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
                                           b.nt, c->nh, c->hd, ns) + 4));
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, sl, d_ws, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
-        snprintf(what, sizeof(what), "attn decode %dx%d %s", ns, sl, desc);
+        snprintf(what, sizeof(what), "attn decode %dx%d%s %s", ns, sl,
+                 forced == 2 ? " early=0" : "", desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
         cudaFree(d_ws);
+        unsetenv("BT_ATTN_EARLY");
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */

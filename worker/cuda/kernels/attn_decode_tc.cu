@@ -13,7 +13,9 @@
  * shared memory; with n_splits > 1 the block writes the same partial
  * format as attn_decode.cu (max in natural-log units), merged by its
  * combine kernel.  Padded rows (2 x 16 B per row) keep ldmatrix free of
- * bank conflicts.  Selected by cuda_attn_decode(); tested by
+ * bank conflicts.  The first pipeline stages whose keys are all cached
+ * (older than this step) are issued before the PDL wait (BT_ATTN_EARLY=0:
+ * after it).  Selected by cuda_attn_decode(); tested by
  * tests/kernels/test_attn.cu against the CPU reference.
  */
 #include "attn_decode.h"
@@ -44,7 +46,7 @@ template <int HD> struct tc_smem {
 template <int HD>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws)
+                      int n_splits, float *ws, bool early)
 {
     constexpr int ROW = tc_smem<HD>::ROW;
     constexpr int TILE = tc_smem<HD>::TILE;
@@ -66,8 +68,11 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const int gr = lane >> 2; /* accumulator row (and row + 8) */
     const int tq = lane & 3;  /* accumulator column pair */
 
+    /* Everything up to kern_pdl_wait() reads only what the host wrote
+     * before the step (token metadata, block tables) and K/V of cached
+     * keys (< ctx: written by earlier steps), never what the kernels
+     * before this one write (q, the new keys' K/V). */
     kern_pdl_trigger();
-    kern_pdl_wait();
     const int tok = tok_idx ? tok_idx[ti] : ti;
     const int kv_len = a.d_kv_len[tok];
     const int start = split * split_len;
@@ -89,20 +94,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         for (int i = threadIdx.x; i < n_blk; i += blockDim.x)
             sh_bt[i] = bt[blk0 + i];
 
-    /* Q as the A operand: rows = the group's heads (zero beyond G). */
-    uint32_t qa[KS][4];
-    const bf16_t *qp = (const bf16_t *)a.d_q +
-                       ((size_t)tok * a.n_heads + h0) * HD;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        int c = ks * 16 + 2 * tq;
-        qa[ks][0] = gr < G ? tc_ld32(qp + gr * HD + c) : 0u;
-        qa[ks][1] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c) : 0u;
-        qa[ks][2] = gr < G ? tc_ld32(qp + gr * HD + c + 8) : 0u;
-        qa[ks][3] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c + 8) : 0u;
-    }
     __syncthreads(); /* sh_bt */
-
     const int n_tiles = end > start ? (end - start + TC_TK - 1) / TC_TK : 0;
     auto load_tile = [&](int stage, int kt) {
         const int kb = start + kt * TC_TK;
@@ -127,6 +119,31 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             tc_cp16(dv + r * ROW + c * 8, vsrc, ok);
         }
     };
+    /* The first stages whose keys are all cached start before the wait
+     * (with programmatic dependent launch they stream during the previous
+     * kernels); the others, and Q, after it. */
+    int pre = 0;
+    if (early)
+        while (pre < TC_STAGES - 1 && pre < n_tiles &&
+               min(end, start + (pre + 1) * TC_TK) <= ctx) {
+            load_tile(pre, pre);
+            tc_cp_commit();
+            pre++;
+        }
+    kern_pdl_wait();
+
+    /* Q as the A operand: rows = the group's heads (zero beyond G). */
+    uint32_t qa[KS][4];
+    const bf16_t *qp = (const bf16_t *)a.d_q +
+                       ((size_t)tok * a.n_heads + h0) * HD;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        int c = ks * 16 + 2 * tq;
+        qa[ks][0] = gr < G ? tc_ld32(qp + gr * HD + c) : 0u;
+        qa[ks][1] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c) : 0u;
+        qa[ks][2] = gr < G ? tc_ld32(qp + gr * HD + c + 8) : 0u;
+        qa[ks][3] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c + 8) : 0u;
+    }
 
     float o[NT][4];
 #pragma unroll
@@ -137,6 +154,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
 
 #pragma unroll
     for (int s = 0; s < TC_STAGES - 1; s++) {
+        if (s < pre)
+            continue; /* issued before the wait */
         if (s < n_tiles)
             load_tile(s, s);
         tc_cp_commit();
@@ -323,9 +342,11 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         if (dev >= 0 && dev < 64)
             attr_set[dev] = true;
     }
+    const char *env = getenv("BT_ATTN_EARLY");
+    const bool early = !(env && strcmp(env, "0") == 0);
     kern_launch(attn_decode_tc_kernel<HD>, dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws);
+                n_splits, ws, early);
     return cudaSuccess;
 }
 
