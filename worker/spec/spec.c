@@ -40,6 +40,10 @@
 #define SPEC_LADDER 0.9         /* a bigger arm is tried only while the
                                    next smaller one reaches 0.9x plain */
 #define SPEC_EMA_PLAIN 0.05
+#define SPEC_WIDE_ROWS 256      /* cuda: tree steps with more rows than
+                                   this (the backend's one-chunk device
+                                   sampling) verify through the draft's
+                                   classifier copy (spec_forward_wide) */
 #define SPEC_EMA 0.3
 
 enum { SPEC_MODE_SKIP = 0, SPEC_MODE_PREFILL, SPEC_MODE_PLAIN,
@@ -147,6 +151,8 @@ struct spec_s {
     int *amax;                /* (max_batch_tokens) sampled ids per row
                                  (backend_forward_sample; greedy tree rows:
                                  the target's argmax) */
+    int *full_rows;           /* (max_batch_tokens) rows needing logits
+                                 (spec_forward_wide) */
     sampler_t **row_smp;      /* (max_batch_tokens) sampler per row, NULL:
                                  no id (its logits come to the host when
                                  asked) */
@@ -261,6 +267,7 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
     spec->probs = bt_malloc((size_t)spec->vocab * sizeof(float), "spec");
     spec->amax = bt_malloc(rows * sizeof(int), "spec");
     spec->row_smp = bt_calloc(rows, sizeof(*spec->row_smp), "spec");
+    spec->full_rows = bt_malloc(rows * sizeof(int), "spec");
     spec->force_rate = -1.0;
     spec->dlogits = bt_malloc((size_t)cfg->topk * spec->vocab *
                                   sizeof(float), "spec");
@@ -292,7 +299,7 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->mv_dst == NULL || spec->dseqs == NULL ||
         spec->top_ids == NULL || spec->top_logp == NULL ||
         spec->top_n == NULL || spec->amax == NULL ||
-        spec->row_smp == NULL) {
+        spec->row_smp == NULL || spec->full_rows == NULL) {
         spec_destroy(&spec);
         return BT_ERR_NO_MEMORY;
     }
@@ -390,6 +397,7 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->hidden);
     bt_free(spec->amax);
     bt_free(spec->row_smp);
+    bt_free(spec->full_rows);
     bt_free(spec->probs);
     bt_free(spec->dlogits);
     bt_free(spec->dfeat);
@@ -1362,6 +1370,60 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
     }
 }
 
+#ifdef BATON_HAVE_CUDA
+/* A wide tree step on cuda (more logits rows than the backend samples on
+ * the device in one chunk, which would bring every whole row to the
+ * host): the backend returns hidden rows only, the draft's copy of the
+ * final norm and classifier gives every row's argmax on the device, and
+ * only the rows that sample (not plain argmax) get whole logits rows;
+ * completing plain rows that sample draw on the host. */
+static bt_status_t spec_forward_wide(spec_t *spec, spec_seq_t **seqs, int n,
+                                     const backend_batch_t *batch, int rows)
+{
+    int n_full = 0;
+    bt_status_t status;
+
+    status = backend_forward(engine_backend(spec->engine), batch, NULL,
+                             spec->hidden);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < n; i++) {
+        spec_seq_t *s = seqs[i];
+        sampler_t *smp = engine_seq_sampler(s->seq);
+
+        if (s->mode == SPEC_MODE_SKIP || s->n_rows == 0)
+            continue;
+        if (s->mode == SPEC_MODE_TREE) {
+            if (!s->use_amax)
+                for (int r = 0; r < s->take; r++)
+                    spec->full_rows[n_full++] = s->row0 + r;
+        } else if (spec->row_smp[s->row0 + s->n_rows - 1] != NULL &&
+                   !sampler_is_argmax(smp)) {
+            spec->full_rows[n_full++] = s->row0 + s->n_rows - 1;
+        }
+    }
+    status = cuda_draft_target_argmax(spec->dev, rows, spec->hidden,
+                                      spec->amax, n_full, spec->full_rows,
+                                      spec->logits);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < n; i++) { /* completing rows that sample */
+        spec_seq_t *s = seqs[i];
+        int last = s->row0 + s->n_rows - 1;
+
+        if (s->mode == SPEC_MODE_SKIP || s->mode == SPEC_MODE_TREE ||
+            s->n_rows == 0 || spec->row_smp[last] == NULL ||
+            sampler_is_argmax(spec->row_smp[last]))
+            continue;
+        spec->amax[last] = sampler_sample(spec->row_smp[last],
+                                          spec->logits +
+                                              (size_t)last * spec->vocab);
+    }
+    spec->stats.logits_rows += (uint64_t)n_full;
+    return BT_OK;
+}
+#endif
+
 bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
                       int *out)
 {
@@ -1518,10 +1580,19 @@ reserve:
     memset(&batch, 0, sizeof(batch));
     batch.n_seqs = n_b;
     batch.seqs = spec->bseqs;
-    status = backend_forward_sample(engine_backend(spec->engine), &batch,
-                                    spec->row_smp, spec->amax,
-                                    need_logits ? spec->logits : NULL,
-                                    need_hidden ? spec->hidden : NULL);
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL && n_draft > 0 && rows > SPEC_WIDE_ROWS &&
+        !spec->host_verify) {
+        status = spec_forward_wide(spec, seqs, n, &batch, rows);
+        need_logits = false; /* only the rows that need them */
+    } else
+#endif
+    {
+        status = backend_forward_sample(engine_backend(spec->engine),
+                                        &batch, spec->row_smp, spec->amax,
+                                        need_logits ? spec->logits : NULL,
+                                        need_hidden ? spec->hidden : NULL);
+    }
     if (status != BT_OK)
         return status;
     spec->stats.fwd_calls++;
