@@ -4,12 +4,13 @@
 # building: cmake --build BUILD_DIR --target baton test_kv_copy
 # gpu_test_spec_cuda): stripped binaries, the libraries the device lacks
 # (../shared/tools/devlibs), the two tiny models + golden.jsonl, and draft
-# heads trained here with `baton eagle train` (kept when already there).
-# Defaults: build-specgpu, build-specgpu-carry.  Prints the folder's size
+# heads trained here with `baton eagle train` (kept when already there;
+# copied from HEADS_FROM=DIR when it holds them).
+# Defaults: build-specgpu2, build-specgpu2-carry.  Prints the folder's size
 # (the carry limit is 64 MiB).
 set -eu
-build=${1:-build-specgpu}
-carry=${2:-build-specgpu-carry}
+build=${1:-build-specgpu2}
+carry=${2:-build-specgpu2-carry}
 shared=${BT_SHARED_DIR:-$(cd .. && pwd)/shared}
 mkdir -p "$carry/bin" "$carry/gpu" "$carry/lib" "$carry/shared/models" \
          "$carry/shared/heads"
@@ -21,6 +22,8 @@ for f in aidreams260K.bin stories260K.bin golden.jsonl; do
 done
 for m in aidreams260K stories260K; do
   h=$carry/shared/heads/$m.bin.head.safetensors
+  [ -s "$h" ] || [ -z "${HEADS_FROM:-}" ] ||
+    cp "$HEADS_FROM/$m.bin.head.safetensors" "$h" 2>/dev/null || true
   [ -s "$h" ] || "$build/bin/baton" eagle train --target \
       "$shared/models/$m.bin" --out "$h" --threads 2
 done

@@ -1,23 +1,27 @@
 #!/bin/bash
 # run_gpu_spec.sh [CARRY_DIR] - speculative decoding (issue 6) ON THE
 # DEVICE MACHINE, from a folder packed here by tests/gpu/pack_gpu_spec.sh
-# (default build-specgpu-carry: bin/baton, gpu/test_*, lib/ for the
+# (default build-specgpu2-carry: bin/baton, gpu/test_*, lib/ for the
 # libraries the device lacks, shared/models + shared/heads with heads
 # trained here by `baton eagle train`).  Nothing is rebuilt.
 #   1. checks: test_kv_copy (slot-copy kernel vs CPU reference) and
-#      test_spec_cuda (device draft head vs host head, hidden rows and
-#      device verification, greedy spec = golden (f32) / = plain (bf16));
+#      test_spec_cuda (device draft head vs host head, hidden rows vs
+#      what bf16 weights alone give, tree-verification graphs vs none,
+#      greedy spec = golden (f32) / vs plain of the same batch
+#      composition against plain's own alone-vs-batched baseline (bf16));
 #   2. tiny models, trained heads: `baton eagle bench --device cuda`
 #      plain vs speculative tokens/s and accepted length, batch 1/8/32
-#      (adaptive controller; batch 1 also with the fixed full tree);
+#      (adaptive controller; batch 1 also with the fixed full tree, a
+#      fixed chain of 4, speculation off inside the spec loop (must be
+#      ~1.00x), and A/B rows without tree graphs / draft graphs);
 #   3. synth:llama3-8b (bf16): `baton bench-engine --spec-accept-rate`
 #      (synthetic confident head, FORCED acceptance 0.8 per level) at
 #      batch 1/8/32/64 and trees of 4/8/16 tokens: verification cost per
 #      tree size.
-# Budget: about 3-4 minutes.  Writes spec_gpu.log and spec_gpu_table.md
+# Budget: about 2 minutes (3 at most).  Writes spec_gpu.log and spec_gpu_table.md
 # under $OUT (else /tmp/baton-gpu-spec); prints the table last.
 set -u
-carry=${1:-build-specgpu-carry}
+carry=${1:-build-specgpu2-carry}
 out=${OUT:-/tmp/baton-gpu-spec}
 mkdir -p "$out"
 log=$out/spec_gpu.log
@@ -54,21 +58,31 @@ step test_kv_copy 60 "$carry/gpu/test_kv_copy"
 step test_spec_cuda 150 "$carry/gpu/test_spec_cuda"
 
 # 2. tiny models with trained heads
+eb() { # name [env...] -- bench args
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  step "$name" 60 env "${envs[@]}" "$B" eagle bench --device cuda "$@" \
+    --rounds 20
+}
 for m in aidreams260K stories260K; do
+  T=(--target "$M/$m.bin" --head "$H/$m.bin.head.safetensors")
   for b in 1 8 32; do
-    step "eagle_${m}_b$b" 60 "$B" eagle bench --device cuda --target \
-      "$M/$m.bin" --head "$H/$m.bin.head.safetensors" --batch $b \
-      --rounds 20
+    eb "eagle_${m}_b$b" -- "${T[@]}" --batch $b
   done
-  step "eagle_${m}_b1_fixed" 60 "$B" eagle bench --device cuda --target \
-    "$M/$m.bin" --head "$H/$m.bin.head.safetensors" --batch 1 --rounds 20 \
-    --spec-fixed
+  eb "eagle_${m}_b1_fixed" -- "${T[@]}" --batch 1 --spec-fixed
 done
-# A/B: the draft head without CUDA graphs (eager launches)
-step "eagle_aidreams260K_b1_fixed_nographs" 60 env BT_DRAFT_GRAPHS=0 "$B" \
-  eagle bench --device cuda --target "$M/aidreams260K.bin" \
-  --head "$H/aidreams260K.bin.head.safetensors" --batch 1 --rounds 20 \
-  --spec-fixed
+T=(--target "$M/aidreams260K.bin" --head "$H/aidreams260K.bin.head.safetensors")
+eb eagle_aidreams260K_b1_chain4 -- "${T[@]}" --batch 1 --spec-fixed \
+  --spec-tokens 4 --spec-depth 4 --spec-topk 1
+eb eagle_aidreams260K_b1_off -- "${T[@]}" --batch 1 --spec-plain
+eb eagle_aidreams260K_b8_fixed -- "${T[@]}" --batch 8 --spec-fixed
+# A/B: verification without tree graphs; the draft head without graphs
+eb eagle_aidreams260K_b1_fixed_notreegraphs BT_TREE_GRAPHS=0 -- "${T[@]}" \
+  --batch 1 --spec-fixed
+eb eagle_aidreams260K_b1_fixed_nodraftgraphs BT_DRAFT_GRAPHS=0 -- \
+  "${T[@]}" --batch 1 --spec-fixed
 
 # 3. llama3-8b shape, forced acceptance
 step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
@@ -79,21 +93,27 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
 {
   echo "## checks"
   echo
-  grep -E '^(PASS|FAIL) ' "$log" | sed 's/^/    /'
+  grep -E '^(PASS|FAIL) ' "$log" | grep -v '^PASS kv_copy' | sed 's/^/    /'
+  echo "    ($(grep -c '^PASS kv_copy' "$log") kv_copy checks passed)"
   grep -E '^=== [A-Za-z_0-9]+: rc ' "$log" | sed 's/^=== /    /'
   echo
   echo "## tiny models on cuda (bf16), trained heads: baton eagle bench"
   echo
-  echo "| model | batch | tree | plain tok/s | spec tok/s | speedup | accept length |"
-  echo "| --- | ---: | --- | ---: | ---: | ---: | ---: |"
+  echo "| model | batch | tree | plain tok/s | spec tok/s | speedup | accept length | tree steps | plain steps | draft ms | verify ms |"
+  echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   awk '
     /^=== eagle_/ && !/: rc [0-9]/ { split($2, a, "_"); model = a[2];
-                              tree = ($0 ~ /--spec-fixed/) ? "fixed 16" : "adaptive";
-                              if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no graphs" }
+                              tree = "adaptive";
+                              if ($0 ~ /--spec-fixed/) tree = "fixed 16";
+                              if ($0 ~ /--spec-tokens 4/) tree = "chain 4";
+                              if ($0 ~ /--spec-plain/) tree = "off (spec loop)";
+                              if ($0 ~ /BT_TREE_GRAPHS=0/) tree = tree ", no tree graphs";
+                              if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no draft graphs" }
     /^batch:/ { for (i = 1; i <= NF; i++) { split($i, kv, ":"); v[kv[1]] = kv[2] }
-                printf "| %s | %s | %s | %s | %s | %s | %s |\n", model, v["batch"],
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", model, v["batch"],
                        tree, v["plain_tok_s"], v["spec_tok_s"], v["speedup"],
-                       v["accept-length"] }' "$log"
+                       v["accept-length"], v["tree_steps"], v["plain_steps"],
+                       v["draft_ms"], v["verify_ms"] }' "$log"
   echo
   echo "## synth:llama3-8b (bf16), synthetic head, forced acceptance 0.8"
   echo
