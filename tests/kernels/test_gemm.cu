@@ -18,11 +18,12 @@ static const char *kt_switches(void)
 {
     static char buf[64];
     const char *pf = getenv("BT_GEMV_PF"), *tr = getenv("BT_GEMV_TRIGGER");
-    const char *mb = getenv("BT_GEMV_PF_MB");
+    const char *mb = getenv("BT_GEMV_PF_MB"), *rp = getenv("BT_GEMV_RPW");
 
-    snprintf(buf, sizeof(buf), "%s%s%s%s%s%s", pf ? " PF=" : "", pf ? pf : "",
-             tr ? " trigger=" : "", tr ? tr : "", mb ? " PF_MB=" : "",
-             mb ? mb : "");
+    snprintf(buf, sizeof(buf), "%s%s%s%s%s%s%s%s", pf ? " PF=" : "",
+             pf ? pf : "", tr ? " trigger=" : "", tr ? tr : "",
+             mb ? " PF_MB=" : "", mb ? mb : "", rp ? " RPW=" : "",
+             rp ? rp : "");
     return buf;
 }
 
@@ -250,12 +251,15 @@ int main(int argc, char **argv)
          * result: whole-row prefetch, none, early trigger. */
         const char *pf[][2] = {{"BT_GEMV_PF", "2"}, {"BT_GEMV_PF", "0"},
                                {"BT_GEMV_TRIGGER", "early"},
-                               {"BT_GEMV_PF_MB", "1"}};
+                               {"BT_GEMV_PF_MB", "1"}, {"BT_GEMV_RPW", "2"},
+                               {"BT_GEMV_RPW", "1"}};
         for (size_t f = 0; f < sizeof(pf) / sizeof(pf[0]); f++) {
             setenv(pf[f][0], pf[f][1], 1);
             run_variant(CUDA_GEMV_ROWS, 1, 6144, 4096, CUDA_DT_BF16, 0);
             run_variant(CUDA_GEMV_ROWS, 2, 4100, 14336, CUDA_DT_F32, 1);
             run_variant(CUDA_GEMV_ROWS8, 1, 77, 264, CUDA_DT_F32, 1);
+            run_variant(CUDA_GEMV_ROWS, 1, 77, 4096, CUDA_DT_F32, 1);
+            run_variant(CUDA_GEMV_ROWS8, 2, 301, 2048, CUDA_DT_BF16, 0);
             run_norm_case(1, 6144, 4096, CUDA_DT_BF16);
             run_norm_case(2, 1000, 4096, CUDA_DT_F32);
             unsetenv(pf[f][0]);

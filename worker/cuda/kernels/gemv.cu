@@ -127,28 +127,33 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32,
                                          U > 4 ? 2 : (T <= 2 ? 4 : 2))
 gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
             const bf16_t *g, float eps, const bf16_t *w, OUT *y,
-            bool accumulate, int pf_bytes, int pf_blocks, bool early_trigger)
+            bool accumulate, int pf_bytes, int pf_blocks, bool early_trigger,
+            int rpw)
 {
     extern __shared__ __align__(16) unsigned char gemv_sm[];
     __shared__ float red[32];
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    /* This warp's rows [row0, row0 + nrows): one stream of n_tot chunks
+     * (rpw > 1 only when n_ch % (32 U) == 0, so a step of 32 U chunks
+     * never straddles two rows). */
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * rpw;
+    const int nrows = max(0, min(rpw, n_out - row0));
     const int n_ch = n_in / 8;
+    const int n_tot = nrows * n_ch;
     const uint4 *wr = reinterpret_cast<const uint4 *>(
-        w + (size_t)(row < n_out ? row : 0) * n_in);
+        w + (size_t)(nrows > 0 ? row0 : 0) * n_in);
     float acc[T];
     uint4 cur[U];
 
     if (early_trigger)
         kern_pdl_trigger();
     if (pf_bytes > 0 && (int)blockIdx.x < pf_blocks && lane == 0 &&
-        row < n_out)
-        gemv_prefetch_l2(wr, pf_bytes);
+        nrows > 0)
+        gemv_prefetch_l2(wr, min(pf_bytes, n_tot * 16));
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int c = lane + 32 * u;
-        cur[u] = c < n_ch && row < n_out ? __ldcs(wr + c)
-                                         : make_uint4(0, 0, 0, 0);
+        cur[u] = c < n_tot ? __ldcs(wr + c) : make_uint4(0, 0, 0, 0);
     }
     kern_pdl_wait();
     if (!early_trigger)
@@ -158,47 +163,61 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         gemv_norm_stage<T>(n_in, xf, g, eps, xs, red);
         x = xs;
     }
-    if (row >= n_out)
+    if (nrows == 0)
         return;
 #pragma unroll
     for (int t = 0; t < T; t++)
         acc[t] = 0.0f;
 
-    for (int c0 = lane; c0 < n_ch; c0 += 32 * U) {
+    /* Warp-sums the row sums of row0 + r into y. */
+    auto flush = [&](int r) {
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            acc[t] = kern_warp_sum(acc[t]);
+        if (lane < T) {
+            float v = 0.0f;
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (t == lane)
+                    v = acc[t];
+            OUT *dst = y + (size_t)lane * n_out + row0 + r;
+            if (accumulate)
+                v += kern_to_f(*dst);
+            *dst = kern_from_f<OUT>(v);
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            acc[t] = 0.0f;
+    };
+    int crow = 0;
+    for (int c0 = lane; c0 < n_tot; c0 += 32 * U) {
         uint4 nxt[U];
         const int c1 = c0 + 32 * U;
+        const int r = rpw > 1 ? (c0 - lane) / n_ch : 0;
+        const int cb = c0 - r * n_ch; /* chunk index within the row */
 #pragma unroll
         for (int u = 0; u < U; u++)
-            nxt[u] = c1 + 32 * u < n_ch ? __ldcs(wr + c1 + 32 * u)
-                                        : make_uint4(0, 0, 0, 0);
-        if (c0 + 32 * (U - 1) < n_ch) {
+            nxt[u] = c1 + 32 * u < n_tot ? __ldcs(wr + c1 + 32 * u)
+                                         : make_uint4(0, 0, 0, 0);
+        if (r != crow) {
+            flush(crow);
+            crow = r;
+        }
+        if (cb + 32 * (U - 1) < n_ch) {
 #pragma unroll
             for (int u = 0; u < U; u++)
-                gemv_chunk<T, NORM>(cur[u], x, n_in, c0 + 32 * u, acc);
+                gemv_chunk<T, NORM>(cur[u], x, n_in, cb + 32 * u, acc);
         } else {
 #pragma unroll
             for (int u = 0; u < U; u++)
-                if (c0 + 32 * u < n_ch)
-                    gemv_chunk<T, NORM>(cur[u], x, n_in, c0 + 32 * u, acc);
+                if (cb + 32 * u < n_ch)
+                    gemv_chunk<T, NORM>(cur[u], x, n_in, cb + 32 * u, acc);
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
             cur[u] = nxt[u];
     }
-#pragma unroll
-    for (int t = 0; t < T; t++)
-        acc[t] = kern_warp_sum(acc[t]);
-    if (lane < T) {
-        float v = 0.0f;
-#pragma unroll
-        for (int t = 0; t < T; t++)
-            if (t == lane)
-                v = acc[t];
-        OUT *dst = y + (size_t)lane * n_out + row;
-        if (accumulate)
-            v += kern_to_f(*dst);
-        *dst = kern_from_f<OUT>(v);
-    }
+    flush(crow);
 }
 
 /* Streaming GEMV for n_in % 256 == 0: a fixed grid of two 8-warp blocks
@@ -982,18 +1001,44 @@ static bool gemv_early_trigger(void)
     return env && strcmp(env, "early") == 0;
 }
 
+/* Rows per warp of the rows kernel: 1, or 2 when the grid of one row per
+ * warp is at most two waves and its last wave is less than 60% full
+ * while two rows per warp make a fuller last wave (qkv 6144 x 4096: 768
+ * blocks = 1.45 waves of 528 -> 384 blocks in one wave, all resident, no
+ * half-empty second wave).  Needs n_in / 8 % (32 U) == 0.  BT_GEMV_RPW=1
+ * or 2 forces (2 still needs the divisibility). */
+static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
+{
+    const char *env = getenv("BT_GEMV_RPW");
+    const int n_ch = n_in / 8;
+    int force = env && *env ? atoi(env) : 0;
+
+    if (n_ch % (32 * U) != 0 || force == 1)
+        return 1;
+    if (force == 2)
+        return 2;
+    long b1 = BT_DIV_UP(n_out, GEMV_WARPS);
+    long b2 = BT_DIV_UP(n_out, 2 * GEMV_WARPS);
+    if (b1 > 2L * wave)
+        return 1;
+    double f1 = (double)(b1 - (b1 - 1) / wave * wave) / wave;
+    double f2 = (double)(b2 - (b2 - 1) / wave * wave) / wave;
+    return f1 < 0.6 && f2 > f1 + 0.1 ? 2 : 1;
+}
+
 template <typename OUT, int U, bool NORM>
 static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              const float *xf, const bf16_t *g, float eps,
                              const bf16_t *w, OUT *y, bool acc,
                              cudaStream_t st)
 {
-    const int blocks = (int)BT_DIV_UP(n_out, GEMV_WARPS);
     const int th = GEMV_WARPS * 32;
     const int per_sm = U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
     const int wave = gemv_n_sm() * per_sm;
+    const int rpw = gemv_rows_per_warp(n_out, n_in, U, wave);
+    const int blocks = (int)BT_DIV_UP(n_out, GEMV_WARPS * rpw);
     const int mode = gemv_pf_mode();
-    const size_t row_bytes = (size_t)n_in * sizeof(bf16_t);
+    const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) * rpw;
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const bool early = gemv_early_trigger();
     int pf_bytes = 0, pf_blocks = 0;
@@ -1003,7 +1048,8 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
         pf_bytes = (int)BT_MIN(row_bytes, (size_t)1 << 30);
     } else if (mode == 1) {
         pf_blocks = BT_MIN(blocks, wave);
-        size_t rows = BT_MIN((size_t)pf_blocks * GEMV_WARPS, (size_t)n_out);
+        size_t rows = BT_MIN((size_t)pf_blocks * GEMV_WARPS,
+                             (size_t)BT_DIV_UP(n_out, rpw)); /* warps */
         size_t per = gemv_pf_budget() / BT_MAX(rows, (size_t)1);
         per = BT_MIN(per, row_bytes) & ~(size_t)255;
         pf_bytes = per >= 1024 ? (int)per : 0;
@@ -1013,7 +1059,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 #define GEMV_ROWS_K(T)                                                      \
     kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2>, blocks, th, smem,   \
                 st, n_out, n_in, x, xf, g, eps, w, y, acc, pf_bytes,        \
-                pf_blocks, early)
+                pf_blocks, early, rpw)
     switch (n_tok) {
     case 1: GEMV_ROWS_K(1); break;
     case 2: GEMV_ROWS_K(2); break;
