@@ -144,6 +144,9 @@ struct spec_s {
     void *lrows;              /* device head rows (cuda_draft_row_t) */
     int lrows_cap;
     float *fcat;              /* (fcat_rows, dim) hidden rows of a flush */
+    int *ftop_ids;            /* (ftop_cap) top-k of a flush's rows */
+    float *ftop_logp;         /* (ftop_cap) */
+    int ftop_cap;
     int fcat_rows;
     bool pinned;              /* logits and hidden are pinned (device) */
     bool host_verify;         /* BT_SPEC_VERIFY=host: target logits always
@@ -415,6 +418,8 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->free_states);
     bt_free(spec->lrows);
     bt_free(spec->fcat);
+    bt_free(spec->ftop_ids);
+    bt_free(spec->ftop_logp);
 #ifdef BATON_HAVE_CUDA
     if (spec->dev != NULL) {
         cuda_draft_t *dev = spec->dev;
@@ -610,8 +615,10 @@ static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t *s)
 #ifdef BATON_HAVE_CUDA
 /* Device head: one forward over the buffered rows of n sequences (raw
  * hidden rows, normalised on the device); the last row of each writes
- * its state's root (store row 0). */
-static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n)
+ * its state's root (store row 0).  k > 0: also the top-k candidates of
+ * every row (top_ids / top_logp, (rows, k)). */
+static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n,
+                                  int k, int *top_ids, float *top_logp)
 {
     cuda_draft_row_t *rows;
     int total = 0, r = 0;
@@ -654,8 +661,78 @@ static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n)
         }
     }
     spec->stats.head_rows += (uint64_t)total;
-    return cuda_draft_forward(spec->dev, total, rows, spec->fcat, total, 0,
-                              NULL, NULL, NULL, NULL);
+    return cuda_draft_forward(spec->dev, total, rows, spec->fcat, total, k,
+                              top_ids, top_logp, NULL, NULL);
+}
+
+/* Device head, a tree step's first head call: feeds every drafting
+ * sequence's buffered features AND takes the level-1 candidates from the
+ * same pass (the classifier on the last fed row is the root's), so a
+ * tree costs one head call per level; sequences with nothing buffered
+ * read their stored root (cuda_draft_topk). */
+static bt_status_t spec_flush_roots_dev(spec_t *spec, spec_seq_t **ds,
+                                        int nd, int k)
+{
+    int total = 0, n0 = 0, row = 0, need;
+    int *idx0 = spec->full_rows;
+    bt_status_t status;
+
+    for (int i = 0; i < nd; i++)
+        total += ds[i]->n_pend;
+    need = BT_MAX(total, nd) * k;
+    if (need > spec->ftop_cap) {
+        int *ids = bt_realloc(spec->ftop_ids, (size_t)need * sizeof(int),
+                              "spec");
+        float *lp;
+
+        if (ids == NULL)
+            return BT_ERR_NO_MEMORY;
+        spec->ftop_ids = ids;
+        lp = bt_realloc(spec->ftop_logp, (size_t)need * sizeof(float),
+                        "spec");
+        if (lp == NULL)
+            return BT_ERR_NO_MEMORY;
+        spec->ftop_logp = lp;
+        spec->ftop_cap = need;
+    }
+    if (total > 0) {
+        status = spec_flush_dev(spec, ds, nd, k, spec->ftop_ids,
+                                spec->ftop_logp);
+        if (status != BT_OK)
+            return status;
+    }
+    for (int i = 0; i < nd; i++) {
+        spec_seq_t *s = ds[i];
+
+        spec->top_n[i] = k;
+        if (s->n_pend == 0) {
+            spec->dtok[n0] = s->state;
+            spec->dpos[n0] = 0;
+            idx0[n0++] = i;
+            continue;
+        }
+        row += s->n_pend;
+        memcpy(spec->top_ids + (size_t)i * k,
+               spec->ftop_ids + (size_t)(row - 1) * k, sizeof(int) * k);
+        memcpy(spec->top_logp + (size_t)i * k,
+               spec->ftop_logp + (size_t)(row - 1) * k, sizeof(float) * k);
+        s->draft_len += s->n_pend;
+        s->pend_pos += s->n_pend;
+        s->n_pend = 0;
+    }
+    if (n0 == 0)
+        return BT_OK;
+    status = cuda_draft_topk(spec->dev, n0, spec->dtok, spec->dpos, k,
+                             spec->ftop_ids, spec->ftop_logp, NULL);
+    if (status != BT_OK)
+        return status;
+    for (int j = 0; j < n0; j++) {
+        memcpy(spec->top_ids + (size_t)idx0[j] * k,
+               spec->ftop_ids + (size_t)j * k, sizeof(int) * k);
+        memcpy(spec->top_logp + (size_t)idx0[j] * k,
+               spec->ftop_logp + (size_t)j * k, sizeof(float) * k);
+    }
+    return BT_OK;
 }
 #endif
 
@@ -667,7 +744,7 @@ static bt_status_t spec_flush_many(spec_t *spec, spec_seq_t **ss, int n)
 
 #ifdef BATON_HAVE_CUDA
     if (spec->dev != NULL) {
-        status = spec_flush_dev(spec, ss, n);
+        status = spec_flush_dev(spec, ss, n, 0, NULL, NULL);
         if (status != BT_OK)
             return status;
     }
@@ -963,7 +1040,12 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
     int max_depth = 0;
     bt_status_t status;
 
-    status = spec_flush_many(spec, ds, nd);
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL) /* feeding + level 1 in one head call */
+        status = spec_flush_roots_dev(spec, ds, nd, topk);
+    else
+#endif
+        status = spec_flush_many(spec, ds, nd);
     if (status != BT_OK)
         return status;
     for (int i = 0; i < nd; i++) {
@@ -978,10 +1060,12 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
         max_depth = BT_MAX(max_depth, s->depth_lim);
     }
 
-    /* level 1: the roots' children */
-    status = spec_draft_roots(spec, ds, nd, topk);
-    if (status != BT_OK)
-        return status;
+    /* level 1: the roots' children (device head: already taken) */
+    if (spec->dev == NULL) {
+        status = spec_draft_roots(spec, ds, nd, topk);
+        if (status != BT_OK)
+            return status;
+    }
     for (int i = 0; i < nd; i++) {
         spec_seq_t *s = ds[i];
 
