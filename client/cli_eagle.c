@@ -470,16 +470,23 @@ static int eagle_bench(const eagle_opts_t *o)
     st.draft_ns -= st0.draft_ns;
     st.verify_ns -= st0.verify_ns;
     st.accept_ns -= st0.accept_ns;
+    st.head_replays -= st0.head_replays;
+    st.head_captures -= st0.head_captures;
+    st.head_eager -= st0.head_eager;
     printf("batch:%d gen:%d plain_tok_s:%.1f spec_tok_s:%.1f speedup:%.2f "
            "accept-length:%.3f tree_steps:%llu plain_steps:%llu "
-           "draft_ms:%.1f verify_ms:%.1f accept_ms:%.1f\n", batch, gen,
+           "draft_ms:%.1f verify_ms:%.1f accept_ms:%.1f head_replays:%llu "
+           "head_captures:%llu head_eager:%llu\n", batch, gen,
            n_plain / t_plain, n_spec / t_spec,
            (n_spec / t_spec) / (n_plain / t_plain),
            st.verify_seqs ? (double)st.verify_tokens / st.verify_seqs
                           : 0.0,
            (unsigned long long)st.verify_seqs,
            (unsigned long long)st.plain_seqs, st.draft_ns * 1e-6,
-           st.verify_ns * 1e-6, st.accept_ns * 1e-6);
+           st.verify_ns * 1e-6, st.accept_ns * 1e-6,
+           (unsigned long long)st.head_replays,
+           (unsigned long long)st.head_captures,
+           (unsigned long long)st.head_eager);
     ret = 0;
 
 out:

@@ -99,8 +99,8 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
   echo
   echo "## tiny models on cuda (bf16), trained heads: baton eagle bench"
   echo
-  echo "| model | batch | tree | plain tok/s | spec tok/s | speedup | accept length | tree steps | plain steps | draft ms | verify ms |"
-  echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  echo "| model | batch | tree | plain tok/s | spec tok/s | speedup | accept length | tree steps | plain steps | draft ms | verify ms | head passes replayed/captured/eager |"
+  echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
   awk '
     /^=== eagle_/ && !/: rc [0-9]/ { split($2, a, "_"); model = a[2];
                               tree = "adaptive";
@@ -110,10 +110,11 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
                               if ($0 ~ /BT_TREE_GRAPHS=0/) tree = tree ", no tree graphs";
                               if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no draft graphs" }
     /^batch:/ { for (i = 1; i <= NF; i++) { split($i, kv, ":"); v[kv[1]] = kv[2] }
-                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", model, v["batch"],
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s/%s |\n", model, v["batch"],
                        tree, v["plain_tok_s"], v["spec_tok_s"], v["speedup"],
                        v["accept-length"], v["tree_steps"], v["plain_steps"],
-                       v["draft_ms"], v["verify_ms"] }' "$log"
+                       v["draft_ms"], v["verify_ms"], v["head_replays"],
+                       v["head_captures"], v["head_eager"] }' "$log"
   echo
   echo "## synth:llama3-8b (bf16), synthetic head, forced acceptance 0.8"
   echo

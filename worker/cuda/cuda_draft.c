@@ -118,6 +118,9 @@ struct cuda_draft_s {
     int n_graphs;
     draft_key_t seen[CUDA_DRAFT_GRAPHS]; /* keys run once eagerly */
     int n_seen;
+    uint64_t n_replay;        /* passes replayed from a graph */
+    uint64_t n_capture;       /* passes captured (then replayed) */
+    uint64_t n_eager;         /* passes launched kernel by kernel */
 };
 
 // ---------------------------------------------------------------------
@@ -637,19 +640,32 @@ static bt_status_t draft_graph_run(cuda_draft_t *d, const draft_key_t *key,
     *done_p = false;
     for (int i = 0; i < d->n_graphs; i++)
         if (memcmp(&d->graphs[i].key, key, sizeof(*key)) == 0) {
+            draft_graph_t g = d->graphs[i];
+
+            /* most recently used last (the eviction order) */
+            memmove(&d->graphs[i], &d->graphs[i + 1],
+                    (size_t)(d->n_graphs - 1 - i) * sizeof(g));
+            d->graphs[d->n_graphs - 1] = g;
             *done_p = true;
-            return BT_CUDA_STATUS(cudaGraphLaunch(d->graphs[i].exec,
-                                                  d->stream));
+            d->n_replay++;
+            return BT_CUDA_STATUS(cudaGraphLaunch(g.exec, d->stream));
         }
     for (int i = 0; i < d->n_seen && !seen; i++)
         seen = memcmp(&d->seen[i], key, sizeof(*key)) == 0;
     if (!seen) {
-        if (d->n_seen < CUDA_DRAFT_GRAPHS)
-            d->seen[d->n_seen++] = *key;
+        if (d->n_seen == CUDA_DRAFT_GRAPHS) /* forget the oldest */
+            memmove(&d->seen[0], &d->seen[1],
+                    (CUDA_DRAFT_GRAPHS - 1) * sizeof(d->seen[0]));
+        d->seen[BT_MIN(d->n_seen, CUDA_DRAFT_GRAPHS - 1)] = *key;
+        d->n_seen = BT_MIN(d->n_seen + 1, CUDA_DRAFT_GRAPHS);
         return BT_OK;
     }
-    if (d->n_graphs == CUDA_DRAFT_GRAPHS)
-        return BT_OK; /* full: eager from now on for new keys */
+    if (d->n_graphs == CUDA_DRAFT_GRAPHS) { /* full: drop the LRU one */
+        cudaGraphExecDestroy(d->graphs[0].exec);
+        memmove(&d->graphs[0], &d->graphs[1],
+                (CUDA_DRAFT_GRAPHS - 1) * sizeof(d->graphs[0]));
+        d->n_graphs--;
+    }
     status = BT_CUDA_STATUS(cudaStreamBeginCapture(
         d->stream, cudaStreamCaptureModeThreadLocal));
     if (status != BT_OK)
@@ -667,6 +683,7 @@ static bt_status_t draft_graph_run(cuda_draft_t *d, const draft_key_t *key,
         goto fail;
     d->graphs[d->n_graphs].key = *key;
     d->graphs[d->n_graphs++].exec = exec;
+    d->n_capture++;
     *done_p = true;
     return BT_CUDA_STATUS(cudaGraphLaunch(exec, d->stream));
 
@@ -773,9 +790,11 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
         if (status != BT_OK)
             return status;
     }
-    if (!done)
+    if (!done) {
+        d->n_eager++;
         status = draft_enqueue(d, n, n_hidden, k, h_logits != NULL,
                                key.n_splits, key.split_len);
+    }
     if (status == BT_OK && h_feat)
         status = BT_CUDA_STATUS(cudaMemcpyAsync(
             h_feat, d->d_h, (size_t)n * d->dim * sizeof(float),
@@ -996,4 +1015,12 @@ void cuda_draft_host_free(void *p)
 {
     if (p != NULL)
         cudaFreeHost(p);
+}
+
+void cuda_draft_graph_stats(const cuda_draft_t *d, uint64_t *replays,
+                            uint64_t *captures, uint64_t *eager)
+{
+    *replays = d->n_replay;
+    *captures = d->n_capture;
+    *eager = d->n_eager;
 }

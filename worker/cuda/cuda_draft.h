@@ -99,6 +99,11 @@ bt_status_t cuda_draft_target_argmax(cuda_draft_t *draft, int n,
                                      int n_full, const int *full_rows,
                                      float *h_logits);
 
+/* Head passes so far (cuda_draft_forward chunks): replayed from a CUDA
+ * graph, captured (a key's second sight), launched kernel by kernel. */
+void cuda_draft_graph_stats(const cuda_draft_t *draft, uint64_t *replays,
+                            uint64_t *captures, uint64_t *eager);
+
 /* Pinned host memory (faster transfers for the hidden/logits buffers
  * that spec_step hands the backend); NULL on failure.  Free with
  * cuda_draft_host_free. */

@@ -518,6 +518,11 @@ int spec_max_step_tokens(const spec_t *spec)
 void spec_get_stats(const spec_t *spec, spec_stats_t *stats)
 {
     *stats = spec->stats;
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL)
+        cuda_draft_graph_stats(spec->dev, &stats->head_replays,
+                               &stats->head_captures, &stats->head_eager);
+#endif
 }
 
 double spec_accept_length(const spec_t *spec)

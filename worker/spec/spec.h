@@ -132,6 +132,9 @@ typedef struct {
     uint64_t logits_rows;   /* whole logits rows they brought there */
     uint64_t head_rows;     /* rows run through the draft head (feeding
                                target features and tree levels) */
+    uint64_t head_replays;  /* cuda: head passes replayed from graphs */
+    uint64_t head_captures; /* cuda: head passes captured */
+    uint64_t head_eager;    /* cuda: head passes launched eagerly */
 } spec_stats_t;
 
 void spec_get_stats(const spec_t *spec, spec_stats_t *stats);
