@@ -6,10 +6,12 @@
  * sampler): for each batch size B it times a prefill of B prompts of
  * prompt-len tokens, then `steps` decode steps in which all B sequences
  * advance one token together starting from context ctx (each sequence
- * feeds back its own argmax).  Every measurement repeats until it has run
- * for at least --seconds, and reports the mean; decode also reports the
- * median step (forward + argmax of every sequence), which a shared box's
- * scheduler stalls move much less than the mean.
+ * feeds back its own argmax, picked by backend_forward_sample: on the
+ * device for cuda, so only ids cross, as in the decode worker).  Every
+ * measurement repeats until it has run for at least --seconds, and
+ * reports the mean; decode also reports the median step (forward +
+ * argmax of every sequence), which a shared box's scheduler stalls move
+ * much less than the mean.
  */
 #include <getopt.h>
 #include <math.h>
@@ -98,32 +100,6 @@ static void bench_usage(FILE *out)
 "  (--ctx is the prompt length, --steps the measured steps per cell)\n");
 }
 
-/* First index of the largest value (0 when there is none, e.g. NaNs).
- * Two passes: eight running maxima the compiler vectorizes, then a scan
- * for the first match, so 32 x 512 logits cost about a microsecond, not
- * a noticeable part of the step being measured. */
-static int argmax(const float *v, int n)
-{
-    float m[8];
-    float best;
-    int i = 0;
-
-    for (int l = 0; l < 8; l++)
-        m[l] = v[0];
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
-            m[l] = v[i + l] > m[l] ? v[i + l] : m[l];
-    best = m[0];
-    for (int l = 1; l < 8; l++)
-        best = m[l] > best ? m[l] : best;
-    for (; i < n; i++)
-        best = v[i] > best ? v[i] : best;
-    for (i = 0; i < n; i++)
-        if (v[i] == best)
-            return i;
-    return 0;
-}
-
 /* The decode step's physical floor in ms on the GPU backend: every rank
  * reads its shard of the layer weights and of the classifier (bf16) and
  * its KV heads of every sequence's context (the middle of the timed
@@ -160,6 +136,7 @@ static bt_status_t bench_one(backend_t *be, kv_allocator_t *alloc,
     int blocks_per_seq = BT_DIV_UP(span, bs);
     int *tables = NULL, *prompt = NULL, *cur = NULL;
     float *logits = NULL;
+    sampler_t **greedy = NULL; /* (B) decode steps sample on the backend */
     uint64_t *step_ns = NULL; /* (cap_steps) timed decode steps */
     size_t n_steps = 0, cap_steps = 0;
     backend_seq_t *seqs = NULL;
@@ -173,9 +150,17 @@ static bt_status_t bench_one(backend_t *be, kv_allocator_t *alloc,
     cur = bt_malloc((size_t)B * sizeof(int), "bench");
     logits = bt_malloc((size_t)B * mc->vocab_size * sizeof(float), "bench");
     seqs = bt_calloc((size_t)B, sizeof(*seqs), "bench");
+    greedy = bt_calloc((size_t)B, sizeof(*greedy), "bench");
     if (tables == NULL || prompt == NULL || cur == NULL || logits == NULL ||
-        seqs == NULL)
+        seqs == NULL || greedy == NULL)
         goto out;
+    for (int s = 0; s < B; s++) {
+        sampler_params_t sp;
+        sampler_params_init(&sp);
+        status = sampler_create(&sp, mc->vocab_size, &greedy[s]);
+        if (status != BT_OK)
+            goto out;
+    }
     status = kv_allocator_alloc(alloc, B * blocks_per_seq, tables);
     if (status != BT_OK) {
         status = BT_ERROR(status, "BENCH", "KV pool too small for batch %d",
@@ -248,12 +233,12 @@ static bt_status_t bench_one(backend_t *be, kv_allocator_t *alloc,
                                            .block_table = tables +
                                                (size_t)s * blocks_per_seq,
                                            .n_logits = 1 };
-            status = backend_forward(be, &batch, logits, NULL);
+            /* greedy where the logits are (cuda: on the device, ids
+             * come back), as the decode worker does */
+            status = backend_forward_sample(be, &batch, greedy, cur, NULL,
+                                            NULL);
             if (status != BT_OK)
                 goto out_release;
-            for (int s = 0; s < B; s++)
-                cur[s] = argmax(logits + (size_t)s * mc->vocab_size,
-                                mc->vocab_size);
             if (window >= 1)
                 step_ns[n_steps++] = bt_time_ns() - ts;
         }
@@ -275,6 +260,9 @@ out_release:
 out:
     bt_free(step_ns);
     bt_free(seqs);
+    for (int s = 0; greedy != NULL && s < B; s++)
+        sampler_destroy(&greedy[s]);
+    bt_free(greedy);
     bt_free(logits);
     bt_free(cur);
     bt_free(prompt);

@@ -6,7 +6,8 @@
  * each top row, copied up in one piece; d_out = normalizers (double) |
  * argmax ids | candidate ids | candidate logits, copied down in four
  * pieces into h_out (pinned).  Whole rows go to h_rows (pinned, grown on
- * demand) or straight into the caller's logits.
+ * demand) or straight into the caller's logits; rows whose candidates
+ * did not suffice follow them in h_rows, fetched together in finish.
  */
 #include "cuda_sample.h"
 
@@ -37,7 +38,6 @@ struct cuda_sampling_s {
     void *h_out;         /* same layout as d_out */
     float *h_rows;       /* (rows_cap, vocab) whole rows */
     int rows_cap;
-    float *h_one;        /* (vocab) a row fetched in finish */
     /* the pending step */
     int n_rows;
     const float *d_logits;
@@ -103,9 +103,6 @@ bt_status_t cuda_sampling_create(int vocab, int max_rows,
                        status, fail);
     BT_CUDA_CHECK_GOTO(cudaMallocHost(&cs->h_out, cs_out_bytes(max_rows)),
                        status, fail);
-    BT_CUDA_CHECK_GOTO(cudaMallocHost((void **)&cs->h_one,
-                                      (size_t)vocab * sizeof(float)),
-                       status, fail);
     *cs_p = cs;
     return BT_OK;
 fail:
@@ -127,8 +124,6 @@ void cuda_sampling_destroy(cuda_sampling_t **cs_p)
         cudaFreeHost(cs->h_out);
     if (cs->h_rows)
         cudaFreeHost(cs->h_rows);
-    if (cs->h_one)
-        cudaFreeHost(cs->h_one);
     bt_free(cs->kind);
     bt_free(cs->slot);
     bt_free(cs->dev_row);
@@ -268,7 +263,7 @@ bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream)
     double *h_sums;
     int *h_ids, *h_cids;
     float *h_cvals;
-    int kk = BT_MIN(CS_K, cs->vocab);
+    int kk = BT_MIN(CS_K, cs->vocab), n_miss = 0;
     bt_status_t status;
 
     status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
@@ -291,18 +286,12 @@ bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream)
                                    h_cvals + (size_t)s * CS_K, kk, h_sums[s],
                                    &tok)) {
                 cs->stats.top++;
-                break;
+            } else { /* the whole row, below (every miss in one wait) */
+                cs->kind[r] = CS_ROW;
+                cs->slot[r] = cs->n_full + n_miss++;
+                cs->stats.top_miss++;
+                continue;
             }
-            status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                cs->h_one, cs->d_logits + (size_t)cs->dev_row[r] * cs->ld,
-                (size_t)cs->vocab * sizeof(float), cudaMemcpyDeviceToHost,
-                stream));
-            if (status == BT_OK)
-                status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
-            if (status != BT_OK)
-                return status;
-            tok = sampler_sample(sm, cs->h_one);
-            cs->stats.top_miss++;
             break;
         case CS_ROW:
             tok = sampler_sample(sm, cs->h_rows + (size_t)s * cs->vocab);
@@ -310,6 +299,49 @@ bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream)
             break;
         }
         cs->ids[r] = tok;
+    }
+    if (n_miss == 0)
+        return BT_OK;
+    /* the logits are still in the device buffer: fetch the missed rows
+     * (after the whole rows already there) and sample them */
+    if (cs->n_full + n_miss > cs->rows_cap) {
+        float *keep = NULL;
+        size_t bytes = (size_t)cs->n_full * cs->vocab * sizeof(float);
+        if (cs->n_full > 0) {
+            keep = bt_malloc(bytes, "cuda_sampling");
+            if (keep == NULL)
+                return BT_ERR_NO_MEMORY;
+            memcpy(keep, cs->h_rows, bytes);
+        }
+        status = cs_rows_reserve(cs, cs->n_full + n_miss);
+        if (status == BT_OK && keep != NULL)
+            memcpy(cs->h_rows, keep, bytes);
+        bt_free(keep);
+        if (status != BT_OK)
+            return status;
+    }
+    for (int r = 0; r < cs->n_rows; r++) {
+        if (cs->kind[r] != CS_ROW || cs->slot[r] < cs->n_full)
+            continue;
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            cs->h_rows + (size_t)cs->slot[r] * cs->vocab,
+            cs->d_logits + (size_t)cs->dev_row[r] * cs->ld,
+            (size_t)cs->vocab * sizeof(float), cudaMemcpyDeviceToHost,
+            stream));
+        if (status != BT_OK) {
+            (void)cudaStreamSynchronize(stream);
+            return status;
+        }
+    }
+    status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
+    if (status != BT_OK)
+        return status;
+    for (int r = 0; r < cs->n_rows; r++) {
+        if (cs->kind[r] != CS_ROW || cs->slot[r] < cs->n_full)
+            continue;
+        cs->ids[r] = sampler_sample(cs->samplers[r],
+                                    cs->h_rows +
+                                        (size_t)cs->slot[r] * cs->vocab);
     }
     return BT_OK;
 }
