@@ -118,7 +118,7 @@ timeout 100 "$build/gpu/bench_kernels" --gemv --toks 1,2,64 --reps 7 >> "$log" 2
 rc_bk=$?
 timeout 40 "$build/gpu/bench_kernels" --dec --small --attn --reps 7 >> "$log" 2>&1
 if [ -z "${BT_PREFILL_KERNEL:-}" ]; then
-  BT_PREFILL_KERNEL=mma timeout 30 "$build/gpu/bench_kernels" --attn --reps 5 >> "$log" 2>&1
+  BT_PREFILL_KERNEL=mma2 timeout 30 "$build/gpu/bench_kernels" --attn --reps 5 >> "$log" 2>&1
 fi
 
 # ---- 3. engine rows ------------------------------------------------------
@@ -133,18 +133,18 @@ bc() {
     --steps 20 --table "$tmp/t_$name" "$@" >> "$log" 2>&1
   echo "rc=$?" >> "$log"
 }
-bc default BT_GEMV_PF=${BT_GEMV_PF:-1} -- --batch 1,64 --ctx 512,2048 --prefill 512,2048
-bc pf0 BT_GEMV_PF=0 -- --batch 1 --ctx 512
+bc default BT_GEMV_PF=${BT_GEMV_PF:-0} -- --batch 1,64 --ctx 512,2048 --prefill 512,2048
+bc pf1 BT_GEMV_PF=1 -- --batch 1 --ctx 512
 bc pf2 BT_GEMV_PF=2 -- --batch 1 --ctx 512
 bc rpw1 BT_GEMV_RPW=1 -- --batch 1 --ctx 512
 bc norm0 BT_GEMV_NORM=0 -- --batch 1 --ctx 512
 bc early BT_GEMV_TRIGGER=early -- --batch 1 --ctx 512
 bc pdl0 BT_PDL=0 -- --batch 1 --ctx 512
 bc fill BT_ATTN_PLAN=fill -- --batch 64 --ctx 512,2048
-bc pfnext0 BT_GEMM_PF_NEXT=0 -- --batch 64 --ctx 512,2048
+bc pfnext1 BT_GEMM_PF_NEXT=1 -- --batch 64 --ctx 512,2048
 bc early0 BT_ATTN_EARLY=0 -- --batch 1,64 --ctx 2048
 bc vec0 BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 -- --batch 1 --ctx 512 --prefill 2048
-bc pre_mma BT_PREFILL_KERNEL=mma -- --batch 1 --ctx 512 --prefill 2048
+bc mma2 BT_PREFILL_KERNEL=mma2 -- --batch 1 --ctx 512 --prefill 2048
 bc all_off BT_GEMV_PF=0 BT_GEMV_NORM=0 BT_GEMV_TRIGGER=early BT_GEMV_RPW=1 \
   BT_GEMM_PF_NEXT=0 BT_ATTN_EARLY=0 BT_ATTN_PLAN=fill BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 BT_PREFILL_KERNEL=mma \
   -- --batch 1,64 --ctx 512,2048 --prefill 2048

@@ -220,14 +220,14 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
-    /* (head 64/128: the mma2 kernel (128 queries per block), the mma.sync
-     * one (64), then the WMMA one) */
+    /* (head 64/128: the default mma.sync kernel (64 queries per block),
+     * mma2 (128), then the WMMA one) */
     const bool two = c->hd == 64 || c->hd == 128;
     for (int pass = 0; pass < (two ? 3 : 1) &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
         if (pass == 1)
-            setenv("BT_PREFILL_KERNEL", "mma", 1);
+            setenv("BT_PREFILL_KERNEL", "mma2", 1);
         if (pass == 2)
             setenv("BT_PREFILL_KERNEL", "wmma", 1);
         kt_poison(b.a.d_out, n_out, dt);
@@ -238,7 +238,7 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
                                NULL, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
         snprintf(what, sizeof(what), "attn prefill%s+decode %s",
-                 two ? (pass == 2 ? " (wmma)" : pass ? " (mma)" : " (mma2)")
+                 two ? (pass == 2 ? " (wmma)" : pass ? " (mma2)" : " (mma)")
                      : "", desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
@@ -309,7 +309,7 @@ static void bench(void)
         for (int pass = 0; pass < 3; pass++) {
         float ms[10];
         if (pass == 1)
-            setenv("BT_PREFILL_KERNEL", "mma", 1);
+            setenv("BT_PREFILL_KERNEL", "mma2", 1);
         if (pass == 2)
             setenv("BT_PREFILL_KERNEL", "wmma", 1);
         for (int it = 0; it < 12; it++) {
@@ -324,7 +324,7 @@ static void bench(void)
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
         printf("prefill attn %s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
-               "FLOPs)\n", pass == 2 ? "wmma" : pass ? "mma " : "mma2", pre[i],
+               "FLOPs)\n", pass == 2 ? "wmma" : pass ? "mma2" : "mma ", pre[i],
                med * 1e3,
                flops / (med * 1e-3) / 1e12);
         unsetenv("BT_PREFILL_KERNEL");

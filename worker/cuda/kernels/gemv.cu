@@ -959,17 +959,19 @@ static void gemv_stream_launch(int n_tok, int n_out, int n_in,
 
 /* L2 prefetch settings of the rows kernel (BT_GEMV_PF, read at each
  * launch so tests and benchmarks can switch):
- *   unset / "1": the first wave prefetches up to gemv_pf_budget() bytes
+ *   "1":         the first wave prefetches up to gemv_pf_budget() bytes
  *                (default half the L2) spread evenly over its rows;
  *   "2":         every block prefetches its whole rows (deeper stream);
- *   "0":         no prefetch.
+ *   unset / "0": no prefetch.  Default off: on the H200 (2026-11-29,
+ *                bench_cuda synth:llama3-8b) batch-1 decode took 4.42 ms
+ *                without it and 4.75 ms with it (see PERFORMANCE.md).
  * BT_GEMV_PF_MB overrides the budget. */
 static int gemv_pf_mode(void)
 {
     const char *env = getenv("BT_GEMV_PF");
 
     if (env == NULL || *env == '\0')
-        return 1;
+        return 0;
     return atoi(env);
 }
 
