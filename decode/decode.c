@@ -271,7 +271,6 @@ static void fill_layout(const decode_t *dec, Baton__KvLayout *l)
 
 static void send_register(decode_t *dec)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     workerproc_register_cfg_t rc = {
         .role = BATON__ROLE__ROLE_DECODE, .name = dec->name,
         .engine = dec->engine, .ecfg = &dec->cfg.engine, .vocab = dec->vocab,
@@ -318,9 +317,7 @@ static void send_register(decode_t *dec)
     reg->transports = transports;
     reg->has_can_prefill = 1;
     reg->can_prefill = dec->cfg.can_prefill;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
-    msg.register_ = reg;
-    send_msg(dec, &msg);
+    workerproc_send_register(dec->sock, reg);
     dec->last_register_ns = bt_time_ns();
 }
 
@@ -357,8 +354,7 @@ static int available_blocks(const decode_t *dec)
 
 static void send_heartbeat(decode_t *dec)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__Heartbeat hb = BATON__HEARTBEAT__INIT;
+    Baton__Heartbeat hb;
     uint64_t owed = 0;
 
     for (decode_seq_t *s = dec->seqs; s; s = s->next)
@@ -366,20 +362,15 @@ static void send_heartbeat(decode_t *dec)
     for (int i = 0; i < dec->cfg.max_reservations; i++)
         if (dec->resv[i].local)
             owed += (uint64_t)(dec->resv[i].n_ptokens - dec->resv[i].n_fed);
-    hb.name = dec->name;
+    workerproc_heartbeat_init(&hb, dec->name, (uint32_t)dec->n_seqs, owed,
+                              dec->draining);
     hb.has_free_kv_blocks = 1;
     hb.free_kv_blocks = (uint32_t)available_blocks(dec);
     dec->last_hb_free = (int)hb.free_kv_blocks;
     hb.has_total_kv_blocks = 1;
     hb.total_kv_blocks = (uint32_t)kv_allocator_total(dec->kv);
-    hb.has_running = 1;
-    hb.running = (uint32_t)dec->n_seqs;
-    hb.has_outstanding_tokens = 1;
-    hb.outstanding_tokens = owed;
     hb.has_reserved_blocks = 1;
     hb.reserved_blocks = (uint32_t)reserved_blocks(dec);
-    hb.has_draining = 1;
-    hb.draining = dec->draining;
     if (dec->spec != NULL) {
         spec_stats_t st;
 
@@ -391,9 +382,7 @@ static void send_heartbeat(decode_t *dec)
         hb.has_spec_accept_length = 1;
         hb.spec_accept_length = spec_accept_length(dec->spec);
     }
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_HEARTBEAT;
-    msg.heartbeat = &hb;
-    send_msg(dec, &msg);
+    workerproc_send_heartbeat(dec->sock, &hb);
     dec->last_hb_ns = bt_time_ns();
 }
 
@@ -1026,19 +1015,7 @@ static bool has_stage_pending(const decode_t *dec)
 static void send_prefill_failure(decode_t *dec, uint64_t id,
                                  Baton__ErrorCode code, const char *text)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
-
-    done.has_request_id = 1;
-    done.request_id = id;
-    done.has_ok = 1;
-    done.ok = 0;
-    done.has_error_code = 1;
-    done.error_code = code;
-    done.error = (char *)text;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
-    msg.prefill_done = &done;
-    send_msg(dec, &msg);
+    workerproc_send_prefill_failure(dec->sock, id, code, text);
 }
 
 static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first);
@@ -1250,49 +1227,46 @@ static void on_cancel(decode_t *dec, uint64_t id)
     }
 }
 
+/* workerproc_handlers_t.on_msg: the decode role's message kinds. */
+static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
+{
+    decode_t *dec = arg;
+
+    switch (msg->body_case) {
+    case BATON__CONTROL_MESSAGE__BODY_KV_RESERVE:
+        on_reserve(dec, msg->kv_reserve);
+        return WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_KV_RELEASE:
+        on_release(dec, msg->kv_release);
+        return WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_KV_READY:
+        /* kept until its staged copies finished */
+        return on_ready(dec, msg) ? WORKERPROC_MSG_KEPT : WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
+        on_prefill_task(dec, msg->prefill_task);
+        return WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
+        on_cancel(dec, msg->cancel_task->request_id);
+        return WORKERPROC_MSG_DONE;
+    default:
+        return WORKERPROC_MSG_UNKNOWN;
+    }
+}
+
+static void reregister(void *arg)
+{
+    send_register(arg);
+}
+
 static void handle_messages(decode_t *dec)
 {
-    for (int k = 0; k < 1024; k++) {
-        Baton__ControlMessage *msg = NULL;
-        bt_status_t status = proto_control_recv(dec->sock, &msg);
+    workerproc_handlers_t h = {
+        .sock = dec->sock, .registered = &dec->registered,
+        .heartbeat_ms = &dec->heartbeat_ms, .stop = &dec->stop,
+        .send_register = reregister, .on_msg = on_msg, .arg = dec,
+    };
 
-        if (status == BT_ERR_FORMAT)
-            continue;
-        if (status != BT_OK)
-            return;
-        switch (msg->body_case) {
-        case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
-            if (workerproc_register_ack(msg->register_ack, &dec->registered,
-                                        &dec->heartbeat_ms))
-                send_register(dec);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_KV_RESERVE:
-            on_reserve(dec, msg->kv_reserve);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_KV_RELEASE:
-            on_release(dec, msg->kv_release);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_KV_READY:
-            if (on_ready(dec, msg))
-                continue; /* kept until its staged copies finished */
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
-            on_prefill_task(dec, msg->prefill_task);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
-            on_cancel(dec, msg->cancel_task->request_id);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
-        case BATON__CONTROL_MESSAGE__BODY_DRAIN:
-            dec->stop = 1;
-            break;
-        default:
-            BT_LOG_WARN("NET", "unexpected %s dropped",
-                        proto_control_body_name(msg->body_case));
-            break;
-        }
-        proto_control_free(&msg);
-    }
+    workerproc_handle_messages(&h);
 }
 
 // ---------------------------------------------------------------------------
@@ -1784,6 +1758,28 @@ static void ucx_kv_free(void *arg, void *ptr)
     kv_ucx_mem_free(arg, &ptr);
 }
 
+/* Frees the reservation and batch arrays and the engine (or the null
+ * model's allocator); the error path of decode_create() and
+ * decode_destroy() both end with it (then UCX, which backs the KV). */
+static void bufs_teardown(decode_t *dec)
+{
+    bt_free(dec->resv);
+    bt_free(dec->quar);
+    bt_free(dec->stage_quar_ns);
+    bt_free(dec->rsamp);
+    bt_free(dec->rids);
+    bt_free(dec->psamp);
+    bt_free(dec->emit_q);
+    bt_free(dec->emit_tok);
+    bt_free(dec->bseqs);
+    bt_free(dec->bmap);
+    bt_free(dec->pmap);
+    if (dec->engine != NULL)
+        engine_destroy(&dec->engine); /* frees the KV through UCX */
+    else
+        kv_allocator_destroy(&dec->kv);
+}
+
 bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
 {
     decode_t *dec;
@@ -1796,10 +1792,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     dec->cfg = *cfg;
     dec->heartbeat_ms = 250;
     dec->next_epoch = bt_time_ns(); /* grows across restarts too */
-    if (cfg->name != NULL)
-        snprintf(dec->name, sizeof(dec->name), "%s", cfg->name);
-    else
-        snprintf(dec->name, sizeof(dec->name), "decode-%d", (int)getpid());
+    workerproc_name_init(dec->name, sizeof(dec->name), cfg->name, "decode");
     if (cfg->max_reservations <= 0 || b->max_seqs <= 0) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "DECODE",
                           "max reservations and seqs must be positive");
@@ -1953,21 +1946,7 @@ err_ucx:
     kv_ucx_pool_deregister(&dec->pool);
 err_bufs:
     spec_teardown(dec);
-    bt_free(dec->resv);
-    bt_free(dec->quar);
-    bt_free(dec->stage_quar_ns);
-    bt_free(dec->rsamp);
-    bt_free(dec->rids);
-    bt_free(dec->psamp);
-    bt_free(dec->emit_q);
-    bt_free(dec->emit_tok);
-    bt_free(dec->bseqs);
-    bt_free(dec->bmap);
-    bt_free(dec->pmap);
-    if (dec->engine != NULL)
-        engine_destroy(&dec->engine); /* frees the KV through UCX */
-    else
-        kv_allocator_destroy(&dec->kv);
+    bufs_teardown(dec);
 err_free_ucx:
     kv_ucx_destroy(&dec->ucx);
 err_free:
@@ -1997,21 +1976,7 @@ void decode_destroy(decode_t **dec_p)
     kv_stage_recv_destroy(&dec->stage); /* before the device pool */
     kv_ucx_pool_deregister(&dec->pool);
     kv_cipc_pool_destroy(&dec->cipc);
-    bt_free(dec->resv);
-    bt_free(dec->quar);
-    bt_free(dec->stage_quar_ns);
-    bt_free(dec->rsamp);
-    bt_free(dec->rids);
-    bt_free(dec->psamp);
-    bt_free(dec->emit_q);
-    bt_free(dec->emit_tok);
-    bt_free(dec->bseqs);
-    bt_free(dec->bmap);
-    bt_free(dec->pmap);
-    if (dec->engine != NULL)
-        engine_destroy(&dec->engine); /* frees the KV through UCX */
-    else
-        kv_allocator_destroy(&dec->kv);
+    bufs_teardown(dec);
     kv_ucx_destroy(&dec->ucx);
     bt_free(dec);
     *dec_p = NULL;

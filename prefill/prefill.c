@@ -153,7 +153,6 @@ static void send_msg(prefill_t *pf, Baton__ControlMessage *msg)
 
 static void send_register(prefill_t *pf)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     workerproc_register_cfg_t rc = {
         .role = BATON__ROLE__ROLE_PREFILL, .name = pf->name,
         .engine = pf->engine, .ecfg = &pf->cfg.engine, .vocab = pf->vocab,
@@ -174,16 +173,13 @@ static void send_register(prefill_t *pf)
     transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
     r.reg.n_transports = (size_t)n_tr;
     r.reg.transports = transports;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
-    msg.register_ = &r.reg;
-    send_msg(pf, &msg);
+    workerproc_send_register(pf->sock, &r.reg);
     pf->last_register_ns = bt_time_ns();
 }
 
 static void send_heartbeat(prefill_t *pf)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__Heartbeat hb = BATON__HEARTBEAT__INIT;
+    Baton__Heartbeat hb;
     uint64_t owed = 0;
     uint32_t n = 0;
 
@@ -191,11 +187,7 @@ static void send_heartbeat(prefill_t *pf)
         owed += (uint64_t)(t->n_tokens - t->n_fed);
         n++;
     }
-    hb.name = pf->name;
-    hb.has_running = 1;
-    hb.running = n;
-    hb.has_outstanding_tokens = 1;
-    hb.outstanding_tokens = owed;
+    workerproc_heartbeat_init(&hb, pf->name, n, owed, pf->draining);
     if (pf->engine != NULL) {
         kv_allocator_t *kv = engine_kv(pf->engine);
         hb.has_free_kv_blocks = 1;
@@ -203,30 +195,14 @@ static void send_heartbeat(prefill_t *pf)
         hb.has_total_kv_blocks = 1;
         hb.total_kv_blocks = (uint32_t)kv_allocator_total(kv);
     }
-    hb.has_draining = 1;
-    hb.draining = pf->draining;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_HEARTBEAT;
-    msg.heartbeat = &hb;
-    send_msg(pf, &msg);
+    workerproc_send_heartbeat(pf->sock, &hb);
     pf->last_hb_ns = bt_time_ns();
 }
 
 static void send_failure(prefill_t *pf, uint64_t id, Baton__ErrorCode code,
                          const char *text)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
-
-    done.has_request_id = 1;
-    done.request_id = id;
-    done.has_ok = 1;
-    done.ok = 0;
-    done.has_error_code = 1;
-    done.error_code = code;
-    done.error = (char *)text;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
-    msg.prefill_done = &done;
-    send_msg(pf, &msg);
+    workerproc_send_prefill_failure(pf->sock, id, code, text);
 }
 
 static void send_done(prefill_t *pf, prefill_task_t *t)
@@ -540,42 +516,40 @@ static void on_cancel(prefill_t *pf, uint64_t id)
 
 static void on_kv_peers(prefill_t *pf, const Baton__KvPeers *m);
 
+/* workerproc_handlers_t.on_msg: the prefill role's message kinds. */
+static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
+{
+    prefill_t *pf = arg;
+
+    switch (msg->body_case) {
+    case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
+        on_task(pf, msg->prefill_task);
+        return WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
+        on_cancel(pf, msg->cancel_task->request_id);
+        return WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_KV_PEERS:
+        on_kv_peers(pf, msg->kv_peers);
+        return WORKERPROC_MSG_DONE;
+    default:
+        return WORKERPROC_MSG_UNKNOWN;
+    }
+}
+
+static void reregister(void *arg)
+{
+    send_register(arg);
+}
+
 static void handle_messages(prefill_t *pf)
 {
-    for (int k = 0; k < 1024; k++) {
-        Baton__ControlMessage *msg = NULL;
-        bt_status_t status = proto_control_recv(pf->sock, &msg);
+    workerproc_handlers_t h = {
+        .sock = pf->sock, .registered = &pf->registered,
+        .heartbeat_ms = &pf->heartbeat_ms, .stop = &pf->stop,
+        .send_register = reregister, .on_msg = on_msg, .arg = pf,
+    };
 
-        if (status == BT_ERR_FORMAT)
-            continue;
-        if (status != BT_OK)
-            return;
-        switch (msg->body_case) {
-        case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
-            if (workerproc_register_ack(msg->register_ack, &pf->registered,
-                                        &pf->heartbeat_ms))
-                send_register(pf);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK:
-            on_task(pf, msg->prefill_task);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
-            on_cancel(pf, msg->cancel_task->request_id);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_KV_PEERS:
-            on_kv_peers(pf, msg->kv_peers);
-            break;
-        case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
-        case BATON__CONTROL_MESSAGE__BODY_DRAIN:
-            pf->stop = 1;
-            break;
-        default:
-            BT_LOG_WARN("NET", "unexpected %s dropped",
-                        proto_control_body_name(msg->body_case));
-            break;
-        }
-        proto_control_free(&msg);
-    }
+    workerproc_handle_messages(&h);
 }
 
 // ---------------------------------------------------------------------------
@@ -1296,6 +1270,20 @@ static void stage_setup(prefill_t *pf)
                     "goes inline", bt_error_last());
 }
 
+/* Frees what prefill_create() set up around the engine (after the staged
+ * sender, which uses UCX): UCX, CUDA IPC, the batch buffers and the
+ * engine.  Both the error path and prefill_destroy() end with it. */
+static void engine_teardown(prefill_t *pf)
+{
+    kv_ucx_destroy(&pf->ucx);
+    kv_cipc_destroy(&pf->cipc);
+    bt_free(pf->logits);
+    bt_free(pf->hidden);
+    bt_free(pf->bseqs);
+    bt_free(pf->btasks);
+    engine_destroy(&pf->engine);
+}
+
 bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
 {
     prefill_t *pf;
@@ -1306,10 +1294,7 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         return BT_ERR_NO_MEMORY;
     pf->cfg = *cfg;
     pf->heartbeat_ms = 250;
-    if (cfg->name != NULL)
-        snprintf(pf->name, sizeof(pf->name), "%s", cfg->name);
-    else
-        snprintf(pf->name, sizeof(pf->name), "prefill-%d", (int)getpid());
+    workerproc_name_init(pf->name, sizeof(pf->name), cfg->name, "prefill");
     if (cfg->chunk_tokens <= 0) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "PREFILL",
                           "--chunk-tokens must be positive");
@@ -1388,13 +1373,7 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
 
 err_engine:
     kv_stage_send_destroy(&pf->stage);
-    kv_ucx_destroy(&pf->ucx);
-    kv_cipc_destroy(&pf->cipc);
-    bt_free(pf->logits);
-    bt_free(pf->hidden);
-    bt_free(pf->bseqs);
-    bt_free(pf->btasks);
-    engine_destroy(&pf->engine);
+    engine_teardown(pf);
 err_free:
     bt_free(pf);
     return status;
@@ -1418,13 +1397,7 @@ void prefill_destroy(prefill_t **pf_p)
         speer_drop_at(pf, pf->n_speers - 1);
     kv_stage_send_destroy(&pf->stage); /* bounded wait for orphans */
     workerproc_close(&pf->ctx, &pf->sock);
-    kv_ucx_destroy(&pf->ucx);
-    kv_cipc_destroy(&pf->cipc);
-    bt_free(pf->logits);
-    bt_free(pf->hidden);
-    bt_free(pf->bseqs);
-    bt_free(pf->btasks);
-    engine_destroy(&pf->engine);
+    engine_teardown(pf);
     bt_free(pf);
     *pf_p = NULL;
 }

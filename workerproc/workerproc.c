@@ -147,3 +147,101 @@ bool workerproc_register_ack(const Baton__RegisterAck *ack, bool *registered,
         *heartbeat_ms = (int)ack->heartbeat_ms;
     return false;
 }
+
+void workerproc_name_init(char *buf, size_t size, const char *name,
+                          const char *role)
+{
+    if (name != NULL)
+        snprintf(buf, size, "%s", name);
+    else
+        snprintf(buf, size, "%s-%d", role, (int)getpid());
+}
+
+void workerproc_send_register(void *sock, Baton__Register *reg)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
+    msg.register_ = reg;
+    workerproc_send(sock, &msg);
+}
+
+void workerproc_heartbeat_init(Baton__Heartbeat *hb, const char *name,
+                               uint32_t running, uint64_t outstanding,
+                               bool draining)
+{
+    Baton__Heartbeat init = BATON__HEARTBEAT__INIT;
+
+    *hb = init;
+    hb->name = (char *)name;
+    hb->has_running = 1;
+    hb->running = running;
+    hb->has_outstanding_tokens = 1;
+    hb->outstanding_tokens = outstanding;
+    hb->has_draining = 1;
+    hb->draining = draining;
+}
+
+void workerproc_send_heartbeat(void *sock, Baton__Heartbeat *hb)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_HEARTBEAT;
+    msg.heartbeat = hb;
+    workerproc_send(sock, &msg);
+}
+
+void workerproc_send_prefill_failure(void *sock, uint64_t id,
+                                     Baton__ErrorCode code, const char *text)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
+
+    done.has_request_id = 1;
+    done.request_id = id;
+    done.has_ok = 1;
+    done.ok = 0;
+    done.has_error_code = 1;
+    done.error_code = code;
+    done.error = (char *)text;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
+    msg.prefill_done = &done;
+    workerproc_send(sock, &msg);
+}
+
+void workerproc_handle_messages(const workerproc_handlers_t *h)
+{
+    for (int k = 0; k < 1024; k++) {
+        Baton__ControlMessage *msg = NULL;
+        bt_status_t status = proto_control_recv(h->sock, &msg);
+
+        if (status == BT_ERR_FORMAT)
+            continue;
+        if (status != BT_OK)
+            return;
+        switch (msg->body_case) {
+        case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
+            if (workerproc_register_ack(msg->register_ack, h->registered,
+                                        h->heartbeat_ms))
+                h->send_register(h->arg);
+            break;
+        case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
+        case BATON__CONTROL_MESSAGE__BODY_DRAIN:
+            *h->stop = 1;
+            break;
+        default:
+            switch (h->on_msg(h->arg, msg)) {
+            case WORKERPROC_MSG_KEPT:
+                continue;
+            case WORKERPROC_MSG_UNKNOWN:
+                BT_LOG_WARN("NET", "unexpected %s dropped",
+                            proto_control_body_name(msg->body_case));
+                break;
+            case WORKERPROC_MSG_DONE:
+                break;
+            }
+            break;
+        }
+        proto_control_free(&msg);
+    }
+}

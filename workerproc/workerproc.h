@@ -8,7 +8,9 @@
 #ifndef BT_WORKERPROC_WORKERPROC_H
 #define BT_WORKERPROC_WORKERPROC_H
 
+#include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "engine.h"
 #include "kv/kv_transport.h"
@@ -81,6 +83,56 @@ bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms);
  * router asks the worker to register again. */
 bool workerproc_register_ack(const Baton__RegisterAck *ack, bool *registered,
                              int *heartbeat_ms);
+
+/* Writes the worker's name into `buf`: `name` when it is not NULL,
+ * else "<role>-<pid>". */
+void workerproc_name_init(char *buf, size_t size, const char *name,
+                          const char *role);
+
+/* Sends the Register `reg` (built with workerproc_register_init()). */
+void workerproc_send_register(void *sock, Baton__Register *reg);
+
+/* Initializes `hb` with the fields every role reports: its name, the
+ * running requests, the tokens it still owes and whether it drains.
+ * The role adds its KV (and other) counts, then sends it with
+ * workerproc_send_heartbeat(). */
+void workerproc_heartbeat_init(Baton__Heartbeat *hb, const char *name,
+                               uint32_t running, uint64_t outstanding,
+                               bool draining);
+void workerproc_send_heartbeat(void *sock, Baton__Heartbeat *hb);
+
+/* Tells the router the prefill of request `id` failed (a PrefillDone
+ * with ok = false, `code` and the message `text`). */
+void workerproc_send_prefill_failure(void *sock, uint64_t id,
+                                     Baton__ErrorCode code, const char *text);
+
+/* What a role's message handler did with one control message. */
+typedef enum {
+    WORKERPROC_MSG_DONE = 0, /* handled; the loop frees it */
+    WORKERPROC_MSG_KEPT,     /* the role took ownership (frees it later
+                                with proto_control_free()) */
+    WORKERPROC_MSG_UNKNOWN,  /* not a kind the role takes: dropped with a
+                                warning */
+} workerproc_msg_t;
+
+/* The role's side of workerproc_handle_messages(): the state the common
+ * kinds update and the role's callbacks (both get `arg`). */
+typedef struct {
+    void *sock;                   /* DEALER to the router */
+    bool *registered;             /* set by a RegisterAck */
+    int *heartbeat_ms;            /* the router's period, from the ack */
+    volatile sig_atomic_t *stop;  /* set by a Shutdown or a Drain */
+    void (*send_register)(void *arg); /* the router asks again */
+    workerproc_msg_t (*on_msg)(void *arg, Baton__ControlMessage *msg);
+    void *arg;
+} workerproc_handlers_t;
+
+/* Handles the control messages waiting on h->sock without blocking (at
+ * most 1024 in one call, so a flood cannot starve the role's work).
+ * RegisterAck, Shutdown and Drain are handled here; every other kind goes
+ * to h->on_msg.  Malformed messages are skipped (proto_control_recv
+ * logged them). */
+void workerproc_handle_messages(const workerproc_handlers_t *h);
 
 #ifdef __cplusplus
 }
