@@ -39,8 +39,16 @@ struct sampler_s {
     int seen_cap;             /* power of two */
     int seen_n;
     sampler_cand_t *cands;    /* (vocab_size) scratch */
-    float *scratch;           /* (vocab_size) penalised logits */
+    uint64_t *keys;           /* (vocab_size) the same memory as cands,
+                               * as sort keys (a call uses one view) */
+    uint64_t *tmp;            /* (vocab_size) radix sort buffer; top-p
+                               * samplers only */
+    float *scratch;           /* (vocab_size) penalised logits, then the
+                               * row's probabilities */
 };
+
+_Static_assert(sizeof(sampler_cand_t) == sizeof(uint64_t),
+               "keys share the candidates' memory");
 
 void sampler_params_init(sampler_params_t *params)
 {
@@ -119,7 +127,13 @@ bt_status_t sampler_create(const sampler_params_t *params, int vocab_size,
                          "sampler_cands");
     s->scratch = bt_malloc(sizeof(float) * (size_t)vocab_size,
                            "sampler_scratch");
-    if (s->seen == NULL || s->cands == NULL || s->scratch == NULL) {
+    s->keys = (uint64_t *)(void *)s->cands;
+    if (params->temperature > 0.0f && params->top_p < 1.0f)
+        s->tmp = bt_malloc(sizeof(*s->tmp) * (size_t)vocab_size,
+                           "sampler_sort");
+    if (s->seen == NULL || s->cands == NULL || s->scratch == NULL ||
+        (s->tmp == NULL && params->temperature > 0.0f &&
+         params->top_p < 1.0f)) {
         sampler_destroy(&s);
         return BT_ERR_NO_MEMORY;
     }
@@ -137,6 +151,7 @@ void sampler_destroy(sampler_t **sampler_p)
         return;
     bt_free(s->seen);
     bt_free(s->cands);
+    bt_free(s->tmp);
     bt_free(s->scratch);
     bt_free(s);
     *sampler_p = NULL;
@@ -263,7 +278,367 @@ static int sampler_cand_cmp(const void *a, const void *b)
     return x->id - y->id;
 }
 
-/* Moves the k most probable candidates to the front (unordered). */
+// ---------------------------------------------------------------------
+// The sampling steps, and the invariants that make them fast AND exact
+//
+// Seeded token streams are a contract (seeded requests give the same
+// tokens in `baton run`, in a cluster, and through sampler_sample_top),
+// so the full-row paths below must produce, bit for bit, what the plain
+// implementation (kept as the reference in tests/worker/
+// test_sampler_equiv.c) produces.  That implementation is:
+//
+//   e_i  = expf((l_i - max) / T)        float, max = largest logit
+//   sum  = e_0 + e_1 + ...              double, added in id order
+//   P_i  = (float)(e_i / sum)
+//   F    = {i : P_i >= min_p * (float)(1 / sum)}, in id order (min-p)
+//   top-k: quickselect on F leaves its k best first, in the order
+//          quickselect's swaps give (sampler_select_top)
+//   top-p: cut = (1 - top_p) / (float)(n - 1) (n: the count so far);
+//          G = the survivors with P >= cut (all n if none), sorted by
+//          (P desc, id asc); the nucleus is G's prefix up to the first
+//          element at which the double running sum reaches top_p
+//   keep = double sum of the survivors' P in list order; q_i =
+//          (float)(P_i / keep); one uniform r; the token is the first
+//          whose float running sum of q exceeds r (else the last).
+//
+// What the token depends on is therefore: the survivors' P values, their
+// list order, and the order of every sum.  The fast paths keep all three:
+//  - (P desc, id asc) is a total order on finite P (ids are unique).
+//    It is the numeric order of the 64-bit key (bits(P) << 32 | ~id):
+//    for 0 <= P <= 1 the float bits of P order like P.  Any sort of the
+//    keys therefore gives the reference's qsort order, whatever the
+//    algorithm.
+//  - min-p, the top-k SET and the top-p cut each keep a prefix of that
+//    order, so with top-p the list is simply the sorted order's prefix
+//    of length min(top_k, #{P >= cut}) (or top_k / n when no P passes
+//    the cut), cut off where the running sum reaches top_p.  Only that
+//    prefix is sorted: a histogram of the keys' high bits finds a bucket
+//    boundary past which the count or the sum (bounded from below, with
+//    a margin far above double rounding) is enough, the keys above it
+//    are gathered in id order and radix sorted (stable, so ties stay id
+//    ascending).  Should the margin ever not suffice, the whole list is
+//    sorted instead.
+//  - top-k without top-p keeps quickselect's order, so it runs the same
+//    quickselect on the keys (same pivots, same swaps: comparing keys
+//    gives the same answers as comparing (P, id)); k = 1 is the largest
+//    key.
+//  - All sums are the same double or float additions in the same order.
+// A row whose normaliser is not finite (NaN or infinite logits, or a
+// temperature so small that 1/T overflows) takes the reference's own
+// steps (sampler_candidates_legacy), so even those rows keep their ids.
+
+#define SAMPLER_SMALL_SORT 64  /* insertion sort at or below this */
+#define SAMPLER_HIST_SHIFT 52  /* key >> 52: float bits >> 20 of P */
+#define SAMPLER_HIST_N 1024    /* P <= 1: bits >> 20 <= 0x3f8 */
+#define SAMPLER_RADIX_BITS 11
+#define SAMPLER_RADIX_N (1 << SAMPLER_RADIX_BITS)
+
+static uint64_t sampler_key(float p, int id)
+{
+    uint32_t bits;
+
+    memcpy(&bits, &p, sizeof(bits));
+    return ((uint64_t)bits << 32) | (uint32_t)(0xffffffffu - (uint32_t)id);
+}
+
+static float sampler_key_p(uint64_t key)
+{
+    uint32_t bits = (uint32_t)(key >> 32);
+    float p;
+
+    memcpy(&p, &bits, sizeof(p));
+    return p;
+}
+
+static int sampler_key_id(uint64_t key)
+{
+    return (int)(0xffffffffu - (uint32_t)key);
+}
+
+/* The reference's quickselect, on keys: moves the k most probable to the
+ * front, in the same (unsorted) order as sampler_select_top on the same
+ * candidates (a larger key is a "smaller" candidate there). */
+static void sampler_select_top_keys(uint64_t *c, int n, int k)
+{
+    int lo = 0, hi = n - 1;
+
+    while (lo < hi) {
+        uint64_t pivot = c[(lo + hi) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (c[i] > pivot)
+                i++;
+            while (c[j] < pivot)
+                j--;
+            if (i <= j) {
+                uint64_t t = c[i];
+                c[i] = c[j];
+                c[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            break;
+    }
+}
+
+/* Sorts keys descending (unique keys: no stability question). */
+static void sampler_sort_small(uint64_t *a, int n)
+{
+    for (int i = 1; i < n; i++) {
+        uint64_t x = a[i];
+        int j = i;
+        while (j > 0 && a[j - 1] < x) {
+            a[j] = a[j - 1];
+            j--;
+        }
+        a[j] = x;
+    }
+}
+
+/* Sorts n keys of P in [0, 1] by P descending, stably (LSD radix on the
+ * float bits of P), so keys given in id order come out in key order
+ * descending.  Ping-pongs between a and tmp; returns where the result
+ * is. */
+static uint64_t *sampler_sort_radix(uint64_t *a, uint64_t *tmp, int n)
+{
+    static const int shifts[3] = {0, SAMPLER_RADIX_BITS,
+                                  2 * SAMPLER_RADIX_BITS};
+    int hist[3][SAMPLER_RADIX_N];
+
+    memset(hist, 0, sizeof(hist));
+    for (int i = 0; i < n; i++) {
+        uint32_t d = ~(uint32_t)(a[i] >> 32); /* ascending = P desc */
+        hist[0][d & (SAMPLER_RADIX_N - 1)]++;
+        hist[1][(d >> shifts[1]) & (SAMPLER_RADIX_N - 1)]++;
+        hist[2][d >> shifts[2]]++;
+    }
+    for (int pass = 0; pass < 3; pass++) {
+        int *h = hist[pass], total = 0;
+        bool trivial = false;
+
+        for (int b = 0; b < SAMPLER_RADIX_N; b++) {
+            int c = h[b];
+            if (c == n) {
+                trivial = true; /* one digit value: order unchanged */
+                break;
+            }
+            h[b] = total;
+            total += c;
+        }
+        if (trivial)
+            continue;
+        for (int i = 0; i < n; i++) {
+            uint32_t d = ~(uint32_t)(a[i] >> 32);
+            tmp[h[(d >> shifts[pass]) & (SAMPLER_RADIX_N - 1)]++] = a[i];
+        }
+        {
+            uint64_t *t = a;
+            a = tmp;
+            tmp = t;
+        }
+    }
+    return a;
+}
+
+/* The top-p nucleus of the n keys in c (id order), of which only the
+ * first `limit` in sorted order may be kept: returns the sorted nucleus
+ * (in c or s->tmp) and its length in *n_p.  c may be reordered. */
+static const uint64_t *sampler_nucleus(sampler_t *s, uint64_t *c, int n,
+                                       int limit, double top_p, int *n_p)
+{
+    const uint64_t *sorted = c;
+    int m = n, take, nn;
+    double cum = 0.0;
+
+    if (n > SAMPLER_SMALL_SORT) {
+        int cnt[SAMPLER_HIST_N] = {0};
+        int b, seen = 0;
+        double low = 0.0;
+
+        /* bucket b holds P with float bits in [b << 20, (b + 1) << 20):
+         * P >= the bucket's lowest value, so `low` bounds the sum of the
+         * buckets walked from below */
+        for (int i = 0; i < n; i++)
+            cnt[c[i] >> SAMPLER_HIST_SHIFT]++;
+        for (b = SAMPLER_HIST_N - 1; b > 0; b--) {
+            seen += cnt[b];
+            low += (double)cnt[b] *
+                   (double)sampler_key_p((uint64_t)b << SAMPLER_HIST_SHIFT);
+            if (seen >= limit || low >= top_p + 1e-6)
+                break;
+        }
+        if (b > 0) {
+            uint64_t edge = (uint64_t)b << SAMPLER_HIST_SHIFT;
+            m = 0;
+            for (int i = 0; i < n; i++) {
+                c[m] = c[i];
+                m += c[i] >= edge;
+            }
+        }
+    }
+    if (m <= SAMPLER_SMALL_SORT) {
+        sampler_sort_small(c, m);
+        sorted = c;
+    } else {
+        sorted = sampler_sort_radix(c, s->tmp, m);
+    }
+    take = limit < m ? limit : m;
+    nn = -1;
+    for (int i = 0; i < take; i++) {
+        cum += sampler_key_p(sorted[i]);
+        if (cum >= top_p) {
+            nn = i + 1;
+            break;
+        }
+    }
+    if (nn < 0 && m >= limit)
+        nn = limit; /* the running sum never reached top_p */
+    if (nn >= 0) {
+        *n_p = nn;
+        return sorted;
+    }
+    /* the gathered prefix fell short (a margin failure that double
+     * rounding cannot cause): the caller sorts all */
+    *n_p = -1;
+    return NULL;
+}
+
+/* The reference's order, when it is not id order: the candidates in draw
+ * order as keys, or (keys NULL) ids 0..n-1 with probabilities p. */
+typedef struct {
+    const uint64_t *keys; /* (n) candidates in draw order, or NULL */
+    const float *p;       /* (n) P by id when keys is NULL */
+    int n;                /* number of candidates */
+    double keep;          /* sum of their P in draw order (double) */
+} sampler_dist_t;
+
+/* Builds F (min-p survivors, or all ids) as keys in id order from the
+ * probabilities in p; returns its size. */
+static int sampler_survivors(const sampler_t *s, const float *p, float cut,
+                             uint64_t *keys)
+{
+    const int vocab = s->vocab_size;
+    int m = 0;
+
+    if (cut <= 0.0f) {
+        for (int i = 0; i < vocab; i++)
+            keys[i] = sampler_key(p[i], i);
+        return vocab;
+    }
+    for (int i = 0; i < vocab; i++) {
+        keys[m] = sampler_key(p[i], i);
+        m += p[i] >= cut;
+    }
+    return m;
+}
+
+/* The fast full-row path: same candidates, same order, same sums as the
+ * reference (see the section comment).  Returns false, touching nothing
+ * but s->scratch, when the row's normaliser is not finite. */
+static bool sampler_dist(sampler_t *s, const float *row, sampler_dist_t *d)
+{
+    const sampler_params_t *prm = &s->params;
+    const int vocab = s->vocab_size;
+    float *p = s->scratch; /* may be row itself: updated in place */
+    uint64_t *keys = s->keys;
+    float max = row[sampler_argmax(row, vocab)];
+    float inv_t = 1.0f / prm->temperature, cut_m = 0.0f, cut_p;
+    double sum = 0.0, keep = 0.0;
+    int n, nk;
+    bool top_k;
+
+    for (int i = 0; i < vocab; i++) {
+        float e = expf((row[i] - max) * inv_t);
+        p[i] = e;
+        sum += e;
+    }
+    if (!(sum >= 1.0 && sum <= DBL_MAX)) /* the max's term is 1 */
+        return false;
+    for (int i = 0; i < vocab; i++)
+        p[i] = (float)(p[i] / sum);
+
+    if (prm->min_p <= 0.0f && (prm->top_k <= 0 || prm->top_k >= vocab) &&
+        prm->top_p >= 1.0f) {
+        /* plain temperature: every id, in id order */
+        for (int i = 0; i < vocab; i++)
+            keep += p[i];
+        d->keys = NULL;
+        d->p = p;
+        d->n = vocab;
+        d->keep = keep;
+        return true;
+    }
+    if (prm->min_p > 0.0f)
+        cut_m = prm->min_p * (float)(1.0 / sum); /* the max's P is 1/sum */
+    n = sampler_survivors(s, p, cut_m, keys);
+    top_k = prm->top_k > 0 && prm->top_k < n;
+    nk = top_k ? prm->top_k : n;
+
+    if (prm->top_p >= 1.0f) {
+        if (top_k && nk == 1) {
+            int best = 0;
+            for (int i = 1; i < n; i++)
+                best = keys[i] > keys[best] ? i : best;
+            keys[0] = keys[best];
+        } else if (top_k) {
+            sampler_select_top_keys(keys, n, nk);
+        }
+        for (int i = 0; i < nk; i++)
+            keep += sampler_key_p(keys[i]);
+        d->keys = keys;
+        d->n = nk;
+        d->keep = keep;
+        return true;
+    }
+
+    /* top-p over the first nk of the sorted order: the survivors of the
+     * cut are a prefix of it too */
+    {
+        const uint64_t *nucleus;
+        int g = 0, limit, nn;
+
+        cut_p = (1.0f - prm->top_p) / (float)(nk > 1 ? nk - 1 : 1);
+        for (int i = 0; i < n; i++)
+            g += sampler_key_p(keys[i]) >= cut_p;
+        limit = g < nk ? g : nk;
+        if (limit == 0)
+            limit = nk;
+        nucleus = sampler_nucleus(s, keys, n, limit, (double)prm->top_p,
+                                  &nn);
+        if (nucleus == NULL) {
+            /* sort everything (never expected; see sampler_nucleus) */
+            n = sampler_survivors(s, p, cut_m, keys);
+            nucleus = n <= SAMPLER_SMALL_SORT
+                          ? (sampler_sort_small(keys, n), keys)
+                          : sampler_sort_radix(keys, s->tmp, n);
+            nn = limit;
+            {
+                double cum = 0.0;
+                for (int i = 0; i < limit; i++) {
+                    cum += sampler_key_p(nucleus[i]);
+                    if (cum >= (double)prm->top_p) {
+                        nn = i + 1;
+                        break;
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < nn; i++)
+            keep += sampler_key_p(nucleus[i]);
+        d->keys = nucleus;
+        d->n = nn;
+        d->keep = keep;
+    }
+    return true;
+}
+
+/* Moves the k most probable to the front (unordered). */
 static void sampler_select_top(sampler_cand_t *c, int n, int k)
 {
     int lo = 0, hi = n - 1;
@@ -293,9 +668,12 @@ static void sampler_select_top(sampler_cand_t *c, int n, int k)
     }
 }
 
-/* Builds the truncated, renormalised candidate list from logits.
- * Returns the candidate count; s->cands[0..n) sum to 1. */
-static int sampler_candidates(sampler_t *s, const float *logits)
+/* The reference's steps, for rows whose normaliser is not finite (NaN or
+ * infinite logits): the truncated, renormalised candidate list in
+ * s->cands.  Where every probability is NaN and min-p leaves nothing
+ * (the reference then read before the list), the row's argmax is the one
+ * candidate.  Returns the candidate count (>= 1). */
+static int sampler_candidates_legacy(sampler_t *s, const float *logits)
 {
     const sampler_params_t *p = &s->params;
     int vocab = s->vocab_size, n = vocab;
@@ -320,6 +698,11 @@ static int sampler_candidates(sampler_t *s, const float *logits)
                 s->cands[m++] = s->cands[i];
         }
         n = m;
+        if (n == 0) {
+            s->cands[0].id = sampler_argmax(logits, vocab);
+            s->cands[0].p = 1.0f;
+            return 1;
+        }
     }
     if (p->top_k > 0 && p->top_k < n) {
         sampler_select_top(s->cands, n, p->top_k);
@@ -377,12 +760,31 @@ void sampler_skip(sampler_t *s, int n)
 int sampler_sample(sampler_t *s, float *logits)
 {
     const float *row = sampler_penalise(s, logits);
+    sampler_dist_t d;
     float r, cum = 0.0f;
     int n;
 
     if (s->params.temperature == 0.0f)
         return sampler_argmax(row, s->vocab_size);
-    n = sampler_candidates(s, row);
+    if (sampler_dist(s, row, &d)) {
+        r = sampler_uniform(s);
+        if (d.keys == NULL) {
+            for (int i = 0; i < d.n; i++) {
+                cum += (float)(d.p[i] / d.keep);
+                if (r < cum)
+                    return i;
+            }
+            return d.n - 1; /* rounding */
+        }
+        for (int i = 0; i < d.n; i++) {
+            cum += (float)(sampler_key_p(d.keys[i]) / d.keep);
+            if (r < cum)
+                return sampler_key_id(d.keys[i]);
+        }
+        return sampler_key_id(d.keys[d.n - 1]); /* rounding */
+    }
+    row = sampler_penalise(s, logits); /* the scratch row was overwritten */
+    n = sampler_candidates_legacy(s, row);
     r = sampler_uniform(s);
     for (int i = 0; i < n; i++) {
         cum += s->cands[i].p;
@@ -395,6 +797,7 @@ int sampler_sample(sampler_t *s, float *logits)
 void sampler_probs(sampler_t *s, const float *logits, float *probs)
 {
     const float *row = sampler_penalise(s, logits);
+    sampler_dist_t d;
     int n;
 
     memset(probs, 0, sizeof(float) * (size_t)s->vocab_size);
@@ -402,7 +805,19 @@ void sampler_probs(sampler_t *s, const float *logits, float *probs)
         probs[sampler_argmax(row, s->vocab_size)] = 1.0f;
         return;
     }
-    n = sampler_candidates(s, row);
+    if (sampler_dist(s, row, &d)) {
+        if (d.keys == NULL) {
+            for (int i = 0; i < d.n; i++)
+                probs[i] = (float)(d.p[i] / d.keep);
+        } else {
+            for (int i = 0; i < d.n; i++)
+                probs[sampler_key_id(d.keys[i])] =
+                    (float)(sampler_key_p(d.keys[i]) / d.keep);
+        }
+        return;
+    }
+    row = sampler_penalise(s, logits);
+    n = sampler_candidates_legacy(s, row);
     for (int i = 0; i < n; i++)
         probs[s->cands[i].id] = s->cands[i].p;
 }
