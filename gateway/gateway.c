@@ -485,7 +485,7 @@ static void on_chunk(gateway_t *gw, conn_t *conn, const Baton__TokenChunk *c)
         return;
     if (conn->t_first == 0 && c->n_ids > 0) {
         conn->t_first = now;
-        gateway__hist_observe(&gw->metrics.ttft,
+        bt_prom_hist_observe(&gw->metrics.ttft,
                               (double)(now - conn->t_start) * 1e-9);
     }
     conn->n_tokens += (uint32_t)c->n_ids;
@@ -530,10 +530,10 @@ static void on_finished(gateway_t *gw, conn_t *conn,
         f->usage ? f->usage->completion_tokens : conn->n_tokens;
     gw->metrics.prompt_tokens += conn->resp.prompt_tokens;
     gw->metrics.completion_tokens += conn->resp.completion_tokens;
-    gateway__hist_observe(&gw->metrics.e2e,
+    bt_prom_hist_observe(&gw->metrics.e2e,
                           (double)(now - conn->t_start) * 1e-9);
     if (conn->n_tokens > 1 && conn->t_first != 0)
-        gateway__hist_observe(&gw->metrics.tpot,
+        bt_prom_hist_observe(&gw->metrics.tpot,
                               (double)(now - conn->t_first) * 1e-9 /
                                   (conn->n_tokens - 1));
     b->len = 0;

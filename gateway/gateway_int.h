@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bt_prom.h"
 #include "bt_status.h"
 #include "client.h"
 #include "model/chat_template.h"
@@ -197,17 +198,6 @@ typedef enum {
 } gateway_endpoint_t;
 
 #define GATEWAY_METRICS_MAX_CODES 24
-#define GATEWAY_HIST_MAX_BUCKETS 20
-
-typedef struct {
-    const double *bounds;                     /* (n_bounds) upper bounds, s */
-    int n_bounds;
-    uint64_t counts[GATEWAY_HIST_MAX_BUCKETS]; /* non-cumulative per bucket,
-                                                  last one is +Inf */
-    double sum;
-    uint64_t count;
-} gateway_hist_t;
-
 typedef struct {
     int codes[GATEWAY_METRICS_MAX_CODES];     /* statuses seen, in order */
     int n_codes;
@@ -218,15 +208,14 @@ typedef struct {
     uint64_t rejected_conns;  /* over --max-connections */
     int in_flight;            /* generation requests at the router */
     int connections;          /* open client connections */
-    gateway_hist_t ttft;
-    gateway_hist_t tpot;
-    gateway_hist_t e2e;
+    bt_prom_hist_t ttft;
+    bt_prom_hist_t tpot;
+    bt_prom_hist_t e2e;
 } gateway_metrics_t;
 
 void gateway__metrics_init(gateway_metrics_t *m);
 void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
                               int status);
-void gateway__hist_observe(gateway_hist_t *h, double v);
 
 /* Writes every metric; `cluster` (may be NULL when the router did not
  * answer) adds the router and per-worker gauges. */

@@ -10,11 +10,8 @@
 #include "gateway_int.h"
 
 /* Bucket upper bounds in seconds. */
-static const double ttft_bounds[] = { 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                      0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-                                      30, 60 };
-static const double tpot_bounds[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                      0.025, 0.05, 0.1, 0.25, 0.5, 1 };
+static const double ttft_bounds[] = BT_PROM_TTFT_BOUNDS;
+static const double tpot_bounds[] = BT_PROM_TPOT_BOUNDS;
 static const double e2e_bounds[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                      0.5, 1, 2.5, 5, 10, 30, 60, 120, 300 };
 
@@ -26,12 +23,9 @@ static const char *const endpoint_names[GATEWAY_EP_COUNT] = {
 void gateway__metrics_init(gateway_metrics_t *m)
 {
     memset(m, 0, sizeof(*m));
-    m->ttft.bounds = ttft_bounds;
-    m->ttft.n_bounds = (int)BT_ARRAY_SIZE(ttft_bounds);
-    m->tpot.bounds = tpot_bounds;
-    m->tpot.n_bounds = (int)BT_ARRAY_SIZE(tpot_bounds);
-    m->e2e.bounds = e2e_bounds;
-    m->e2e.n_bounds = (int)BT_ARRAY_SIZE(e2e_bounds);
+    bt_prom_hist_init(&m->ttft, ttft_bounds, (int)BT_ARRAY_SIZE(ttft_bounds));
+    bt_prom_hist_init(&m->tpot, tpot_bounds, (int)BT_ARRAY_SIZE(tpot_bounds));
+    bt_prom_hist_init(&m->e2e, e2e_bounds, (int)BT_ARRAY_SIZE(e2e_bounds));
 }
 
 void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
@@ -50,60 +44,16 @@ void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
     m->requests[ep][k]++;
 }
 
-void gateway__hist_observe(gateway_hist_t *h, double v)
+/* bt_prom_write_fn into a gateway_buf_t. */
+static bt_status_t prom_write(void *out, const char *text, size_t len)
 {
-    int b = 0;
-
-    while (b < h->n_bounds && v > h->bounds[b])
-        b++;
-    h->counts[b]++;
-    h->sum += v;
-    h->count++;
+    return gateway__buf_append(out, text, len);
 }
 
-static bt_status_t render_hist(const gateway_hist_t *h, const char *name,
+static bt_status_t render_hist(const bt_prom_hist_t *h, const char *name,
                                const char *help, gateway_buf_t *out)
 {
-    uint64_t cum = 0;
-    bt_status_t status;
-
-    status = gateway__buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n",
-                                 name, help, name);
-    for (int b = 0; status == BT_OK && b <= h->n_bounds; b++) {
-        cum += h->counts[b];
-        if (b < h->n_bounds)
-            status = gateway__buf_printf(out, "%s_bucket{le=\"%g\"} %llu\n",
-                                         name, h->bounds[b],
-                                         (unsigned long long)cum);
-        else
-            status = gateway__buf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n",
-                                         name, (unsigned long long)cum);
-    }
-    if (status == BT_OK)
-        status = gateway__buf_printf(out, "%s_sum %.9g\n%s_count %llu\n",
-                                     name, h->sum, name,
-                                     (unsigned long long)h->count);
-    return status;
-}
-
-/* A label value with \, " and newline escaped (worker names are chosen
- * by operators). */
-static void label_escape(const char *in, char *out, size_t cap)
-{
-    size_t o = 0;
-
-    for (; in != NULL && *in != '\0' && o + 3 < cap; in++) {
-        if (*in == '\\' || *in == '"') {
-            out[o++] = '\\';
-            out[o++] = *in;
-        } else if (*in == '\n') {
-            out[o++] = '\\';
-            out[o++] = 'n';
-        } else {
-            out[o++] = *in;
-        }
-    }
-    out[o] = '\0';
+    return bt_prom_hist_render(h, name, help, prom_write, out);
 }
 
 static const char *role_name(uint32_t role)
@@ -119,14 +69,13 @@ static bt_status_t render_workers(const Baton__ClusterStatus *cs,
 {
     bt_status_t status;
 
-    status = gateway__buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name,
-                                 help, name, type);
+    status = bt_prom_header(name, type, help, prom_write, out);
     for (size_t i = 0; status == BT_OK && i < cs->n_workers; i++) {
         const Baton__WorkerStatus *w = cs->workers[i];
         char wname[160];
         unsigned long long v;
 
-        label_escape(w->name, wname, sizeof(wname));
+        bt_prom_label_escape(w->name, wname, sizeof(wname));
         switch (field) {
         case 0: v = w->free_kv_blocks; break;
         case 1: v = w->total_kv_blocks; break;

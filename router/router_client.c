@@ -48,7 +48,7 @@ void router__send_chunk(router_t *r, router_req_t *req, int index,
     send_client(r, req, &msg);
     if (req->t_first == 0) {
         req->t_first = bt_time_ns();
-        router__hist_observe(&r->metrics.ttft,
+        bt_prom_hist_observe(&r->metrics.ttft,
                              (double)(req->t_first - req->t_arrival) * 1e-9);
     }
 }

@@ -207,7 +207,7 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     req->state = ROUTER_REQ_PREFILLING; /* reserve counted no more */
     req->epoch = g->epoch;
     if (req->t_granted == 0) /* the first grant ends the queue wait */
-        router__hist_observe(&r->metrics.queue_wait,
+        bt_prom_hist_observe(&r->metrics.queue_wait,
                              (double)(bt_time_ns() - req->t_arrival) * 1e-9);
     req->t_granted = bt_time_ns();
     p = router__worker_by_uid(r, req->prefill_uid);

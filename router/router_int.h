@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "bt_prom.h"
 #include "bt_zmq.h"
 #include "proto_msg.h"
 #include "router.h"
@@ -176,7 +177,6 @@ struct router_req_s {
 #define ROUTER_METRICS_CODES 16     /* ErrorCode values counted */
 #define ROUTER_METRICS_FINISH 4     /* FinishReason values counted */
 #define ROUTER_METRICS_TRANSPORTS 8 /* KvTransport values counted */
-#define ROUTER_HIST_MAX_BUCKETS 20
 
 /* A growable byte string; data[len] is NUL when data != NULL. */
 typedef struct {
@@ -188,17 +188,6 @@ typedef struct {
 void router__buf_cleanup(router_buf_t *buf);
 bt_status_t router__buf_printf(router_buf_t *buf, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-
-/* A latency histogram (Prometheus buckets, seconds). */
-typedef struct {
-    const double *bounds;                     /* (n_bounds) upper bounds */
-    int n_bounds;
-    uint64_t counts[ROUTER_HIST_MAX_BUCKETS]; /* per bucket, not
-                                                 cumulative; [n_bounds] is
-                                                 +Inf */
-    double sum;                               /* of observed values */
-    uint64_t count;                           /* observations */
-} router_hist_t;
 
 /* What the router counts (gauges are read from its state at render). */
 typedef struct {
@@ -215,14 +204,13 @@ typedef struct {
                                                      KvTransport */
     uint64_t worker_drops;                    /* workers dropped (dead,
                                                  silent, left) */
-    router_hist_t ttft;       /* arrival -> first token to the client */
-    router_hist_t tpot;       /* per request: (last - first token) /
-                                 (tokens - 1) */
-    router_hist_t queue_wait; /* arrival -> first KV grant */
+    bt_prom_hist_t ttft;       /* arrival -> first token to the client */
+    bt_prom_hist_t tpot;       /* per request: (last - first token) /
+                                  (tokens - 1) */
+    bt_prom_hist_t queue_wait; /* arrival -> first KV grant */
 } router_metrics_t;
 
 void router__metrics_init(router_metrics_t *m);
-void router__hist_observe(router_hist_t *h, double v);
 
 struct router_s;
 

@@ -31,11 +31,8 @@
 #include "router_int.h"
 
 /* Bucket upper bounds in seconds (as baton-http's). */
-static const double ttft_bounds[] = { 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                      0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-                                      30, 60 };
-static const double tpot_bounds[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                      0.025, 0.05, 0.1, 0.25, 0.5, 1 };
+static const double ttft_bounds[] = BT_PROM_TTFT_BOUNDS;
+static const double tpot_bounds[] = BT_PROM_TPOT_BOUNDS;
 static const double queue_bounds[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                        0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                        5, 10, 30 };
@@ -96,23 +93,10 @@ bt_status_t router__buf_printf(router_buf_t *buf, const char *fmt, ...)
 void router__metrics_init(router_metrics_t *m)
 {
     memset(m, 0, sizeof(*m));
-    m->ttft.bounds = ttft_bounds;
-    m->ttft.n_bounds = (int)BT_ARRAY_SIZE(ttft_bounds);
-    m->tpot.bounds = tpot_bounds;
-    m->tpot.n_bounds = (int)BT_ARRAY_SIZE(tpot_bounds);
-    m->queue_wait.bounds = queue_bounds;
-    m->queue_wait.n_bounds = (int)BT_ARRAY_SIZE(queue_bounds);
-}
-
-void router__hist_observe(router_hist_t *h, double v)
-{
-    int b = 0;
-
-    while (b < h->n_bounds && v > h->bounds[b])
-        b++;
-    h->counts[b]++;
-    h->sum += v;
-    h->count++;
+    bt_prom_hist_init(&m->ttft, ttft_bounds, (int)BT_ARRAY_SIZE(ttft_bounds));
+    bt_prom_hist_init(&m->tpot, tpot_bounds, (int)BT_ARRAY_SIZE(tpot_bounds));
+    bt_prom_hist_init(&m->queue_wait, queue_bounds,
+                      (int)BT_ARRAY_SIZE(queue_bounds));
 }
 
 // ---------------------------------------------------------------------------
@@ -125,45 +109,16 @@ void router__hist_observe(router_hist_t *h, double v)
             status = router__buf_printf(out, __VA_ARGS__);                  \
     } while (0)
 
-static bt_status_t render_hist(const router_hist_t *h, const char *name,
-                               const char *help, router_buf_t *out)
+/* bt_prom_write_fn into a router_buf_t. */
+static bt_status_t prom_write(void *out, const char *text, size_t len)
 {
-    bt_status_t status = BT_OK;
-    uint64_t cum = 0;
-
-    P("# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int b = 0; b <= h->n_bounds; b++) {
-        cum += h->counts[b];
-        if (b < h->n_bounds)
-            P("%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b],
-              (unsigned long long)cum);
-        else
-            P("%s_bucket{le=\"+Inf\"} %llu\n", name,
-              (unsigned long long)cum);
-    }
-    P("%s_sum %.9g\n%s_count %llu\n", name, h->sum, name,
-      (unsigned long long)h->count);
-    return status;
+    return router__buf_printf(out, "%.*s", (int)len, text);
 }
 
-/* A label value with \, " and newline escaped (worker names come from
- * the workers). */
-static void label_escape(const char *in, char *out, size_t cap)
+static bt_status_t render_hist(const bt_prom_hist_t *h, const char *name,
+                               const char *help, router_buf_t *out)
 {
-    size_t o = 0;
-
-    for (; *in != '\0' && o + 3 < cap; in++) {
-        if (*in == '\\' || *in == '"') {
-            out[o++] = '\\';
-            out[o++] = *in;
-        } else if (*in == '\n') {
-            out[o++] = '\\';
-            out[o++] = 'n';
-        } else {
-            out[o++] = *in;
-        }
-    }
-    out[o] = '\0';
+    return bt_prom_hist_render(h, name, help, prom_write, out);
 }
 
 /* The per-worker families: which field each one shows. */
@@ -208,9 +163,10 @@ static bt_status_t render_workers(router_t *r, uint64_t now,
     bt_status_t status = BT_OK;
 
     for (int f = 0; f < WF_COUNT; f++) {
-        P("# HELP %s %s\n# TYPE %s %s\n", worker_families[f].name,
-          worker_families[f].help, worker_families[f].name,
-          worker_families[f].type);
+        if (status == BT_OK)
+            status = bt_prom_header(worker_families[f].name,
+                                    worker_families[f].type,
+                                    worker_families[f].help, prom_write, out);
         for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
             const router_worker_t *w = &r->workers[i];
             char name[2 * ROUTER_NAME_MAX + 1];
@@ -218,7 +174,7 @@ static bt_status_t render_workers(router_t *r, uint64_t now,
 
             if (!w->used)
                 continue;
-            label_escape(w->name, name, sizeof(name));
+            bt_prom_label_escape(w->name, name, sizeof(name));
             role = w->role == BATON__ROLE__ROLE_PREFILL ? "prefill"
                    : w->can_prefill                    ? "decode+prefill"
                                                        : "decode";

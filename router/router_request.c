@@ -230,7 +230,7 @@ void router__req_complete(router_t *r, router_req_t *req,
     r->completed++;
     r->metrics.finished[(unsigned)reason % ROUTER_METRICS_FINISH]++;
     if (req->n_generated >= 2 && req->t_first != 0 && now > req->t_first)
-        router__hist_observe(&r->metrics.tpot,
+        bt_prom_hist_observe(&r->metrics.tpot,
                              (double)(now - req->t_first) * 1e-9 /
                                  (req->n_generated - 1));
     router__req_destroy(r, req);

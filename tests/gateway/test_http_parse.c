@@ -243,8 +243,8 @@ static void test_metrics(void)
     gateway_buf_t out;
 
     gateway__metrics_init(&m);
-    gateway__hist_observe(&m.ttft, 0.003);
-    gateway__hist_observe(&m.ttft, 100);
+    bt_prom_hist_observe(&m.ttft, 0.003);
+    bt_prom_hist_observe(&m.ttft, 100);
     gateway__metrics_request(&m, GATEWAY_EP_CHAT, 200);
     gateway__metrics_request(&m, GATEWAY_EP_CHAT, 200);
     gateway__metrics_request(&m, GATEWAY_EP_OTHER, 404);
