@@ -560,20 +560,24 @@ static bool sampler_dist(sampler_t *s, const float *row, sampler_dist_t *d)
     }
     if (!(sum >= 1.0 && sum <= DBL_MAX)) /* the max's term is 1 */
         return false;
-    for (int i = 0; i < vocab; i++)
-        p[i] = (float)(p[i] / sum);
 
     if (prm->min_p <= 0.0f && (prm->top_k <= 0 || prm->top_k >= vocab) &&
         prm->top_p >= 1.0f) {
-        /* plain temperature: every id, in id order */
-        for (int i = 0; i < vocab; i++)
-            keep += p[i];
+        /* plain temperature: every id, in id order (one loop: the sum's
+         * dependency chain hides the divisions) */
+        for (int i = 0; i < vocab; i++) {
+            float q = (float)(p[i] / sum);
+            p[i] = q;
+            keep += q;
+        }
         d->keys = NULL;
         d->p = p;
         d->n = vocab;
         d->keep = keep;
         return true;
     }
+    for (int i = 0; i < vocab; i++)
+        p[i] = (float)(p[i] / sum);
     if (prm->min_p > 0.0f)
         cut_m = prm->min_p * (float)(1.0 / sum); /* the max's P is 1/sum */
     n = sampler_survivors(s, p, cut_m, keys);
