@@ -13,6 +13,7 @@
 #include "sampler.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,28 +356,107 @@ static int sampler_key_id(uint64_t key)
     return (int)(0xffffffffu - (uint32_t)key);
 }
 
+#define SAMPLER_BLOCK 64 /* positions classified at a time */
+
+/* One side of a Hoare partition of c[lo..hi] around the value pv: the
+ * positions where the scan from the left stops (c[x] <= pv, i.e. "not
+ * better than the pivot"), ascending, or from the right (c[x] >= pv),
+ * descending, classified SAMPLER_BLOCK at a time without branches. */
+typedef struct {
+    int pos[SAMPLER_BLOCK]; /* stops found in the current block */
+    int n;                  /* how many */
+    int at;                 /* next one to hand out */
+    int next;               /* next position to classify */
+} sampler_scan_t;
+
+/* The next stop, or INT_MAX (left) / INT_MIN (right) when none is left
+ * in [lo, hi]. */
+static int sampler_scan_left(sampler_scan_t *sc, const uint64_t *c, int hi,
+                             uint64_t pv)
+{
+    while (sc->at == sc->n) {
+        int end = sc->next + SAMPLER_BLOCK - 1 < hi ? sc->next +
+                                                      SAMPLER_BLOCK - 1
+                                                    : hi;
+        if (sc->next > hi)
+            return INT_MAX;
+        sc->n = 0;
+        sc->at = 0;
+        for (int x = sc->next; x <= end; x++) {
+            sc->pos[sc->n] = x;
+            sc->n += c[x] <= pv;
+        }
+        sc->next = end + 1;
+    }
+    return sc->pos[sc->at++];
+}
+
+static int sampler_scan_right(sampler_scan_t *sc, const uint64_t *c, int lo,
+                              uint64_t pv)
+{
+    while (sc->at == sc->n) {
+        int end = sc->next - (SAMPLER_BLOCK - 1) > lo ? sc->next -
+                                                        (SAMPLER_BLOCK - 1)
+                                                      : lo;
+        if (sc->next < lo)
+            return INT_MIN;
+        sc->n = 0;
+        sc->at = 0;
+        for (int x = sc->next; x >= end; x--) {
+            sc->pos[sc->n] = x;
+            sc->n += c[x] >= pv;
+        }
+        sc->next = end - 1;
+    }
+    return sc->pos[sc->at++];
+}
+
 /* The reference's quickselect, on keys: moves the k most probable to the
  * front, in the same (unsorted) order as sampler_select_top on the same
- * candidates (a larger key is a "smaller" candidate there). */
+ * candidates (a larger key is a "smaller" candidate there).
+ *
+ * Its Hoare partition is computed without the scalar scans' branch
+ * misses, with the same swaps: with unique keys, the scans stop at the
+ * positions a_1 < a_2 < ... holding keys <= the pivot (from the left)
+ * and b_1 > b_2 > ... holding keys >= it (from the right), classified
+ * on the row as it was before the partition (a scan only ever reads a
+ * position that no swap has touched yet, while a_t <= b_t); the t-th
+ * swap exchanges a_t and b_t, for as long as a_t <= b_t.  After the
+ * last swap (T), the scans stop once more at i = min(a_{T+1}, b_T) and
+ * j = max(b_{T+1}, a_T) (the swapped-in keys stop them), or, when a_T =
+ * b_T (the pivot swapped with itself), i = a_T + 1 and j = a_T - 1.  A
+ * block classified early may see a position that a swap changed since;
+ * such positions lie beyond b_T (or before a_T), where min / max ignore
+ * them. */
 static void sampler_select_top_keys(uint64_t *c, int n, int k)
 {
     int lo = 0, hi = n - 1;
 
     while (lo < hi) {
         uint64_t pivot = c[(lo + hi) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (c[i] > pivot)
-                i++;
-            while (c[j] < pivot)
-                j--;
-            if (i <= j) {
-                uint64_t t = c[i];
-                c[i] = c[j];
-                c[j] = t;
-                i++;
-                j--;
+        sampler_scan_t left = {.next = lo}, right = {.next = hi};
+        int i, j, a, b, last_a = lo - 1, last_b = hi + 1;
+
+        for (;;) {
+            a = sampler_scan_left(&left, c, hi, pivot);
+            b = sampler_scan_right(&right, c, lo, pivot);
+            if (a > b) {
+                i = a < last_b ? a : last_b;
+                j = b > last_a ? b : last_a;
+                break;
             }
+            {
+                uint64_t t = c[a];
+                c[a] = c[b];
+                c[b] = t;
+            }
+            if (a == b) {
+                i = a + 1;
+                j = a - 1;
+                break;
+            }
+            last_a = a;
+            last_b = b;
         }
         if (k - 1 <= j)
             hi = j;
