@@ -528,9 +528,12 @@ static uint64_t *sampler_sort_radix(uint64_t *a, uint64_t *tmp, int n)
 
 /* The top-p nucleus of the n keys in c (id order), of which only the
  * first `limit` in sorted order may be kept: returns the sorted nucleus
- * (in c or s->tmp) and its length in *n_p.  c may be reordered. */
+ * (in c or s->tmp), its length in *n_p and the running sum at its end in
+ * *keep_p (the sum of its P in order: the reference's `keep`), or NULL
+ * when the gathered prefix fell short.  c may be reordered. */
 static const uint64_t *sampler_nucleus(sampler_t *s, uint64_t *c, int n,
-                                       int limit, double top_p, int *n_p)
+                                       int limit, double top_p, int *n_p,
+                                       double *keep_p)
 {
     const uint64_t *sorted = c;
     int m = n, take, nn;
@@ -581,6 +584,7 @@ static const uint64_t *sampler_nucleus(sampler_t *s, uint64_t *c, int n,
         nn = limit; /* the running sum never reached top_p */
     if (nn >= 0) {
         *n_p = nn;
+        *keep_p = cum;
         return sorted;
     }
     /* the gathered prefix fell short (a margin failure that double
@@ -694,7 +698,7 @@ static bool sampler_dist(sampler_t *s, const float *row, sampler_dist_t *d)
         if (limit == 0)
             limit = nk;
         nucleus = sampler_nucleus(s, keys, n, limit, (double)prm->top_p,
-                                  &nn);
+                                  &nn, &keep);
         if (nucleus == NULL) {
             /* sort everything (never expected; see sampler_nucleus) */
             n = sampler_survivors(s, p, cut_m, keys);
@@ -702,19 +706,14 @@ static bool sampler_dist(sampler_t *s, const float *row, sampler_dist_t *d)
                           ? (sampler_sort_small(keys, n), keys)
                           : sampler_sort_radix(keys, s->tmp, n);
             nn = limit;
-            {
-                double cum = 0.0;
-                for (int i = 0; i < limit; i++) {
-                    cum += sampler_key_p(nucleus[i]);
-                    if (cum >= (double)prm->top_p) {
-                        nn = i + 1;
-                        break;
-                    }
+            for (int i = 0; i < limit; i++) {
+                keep += sampler_key_p(nucleus[i]);
+                if (keep >= (double)prm->top_p) {
+                    nn = i + 1;
+                    break;
                 }
             }
         }
-        for (int i = 0; i < nn; i++)
-            keep += sampler_key_p(nucleus[i]);
         d->keys = nucleus;
         d->n = nn;
         d->keep = keep;
