@@ -1,5 +1,5 @@
-/* spec_test_util.h - golden.jsonl reading and speculative generation
- * helpers shared by the tests in tests/spec/. */
+/* spec_test_util.h - the test engine, golden.jsonl reading and
+ * speculative generation helpers shared by the tests in tests/spec/. */
 #ifndef BT_TESTS_SPEC_TEST_UTIL_H
 #define BT_TESTS_SPEC_TEST_UTIL_H
 
@@ -15,6 +15,23 @@
 #include "spec/spec.h"
 
 #define GOLDEN_MAX 16
+
+/* A cpu engine over stories260K with 8-token KV blocks and one thread,
+ * `n_kv_blocks` in its pool (the unit tests' engine). */
+static inline engine_t *spec_test_cpu_engine(int n_kv_blocks)
+{
+    engine_config_t ecfg;
+    engine_t *engine = NULL;
+
+    engine_config_init(&ecfg);
+    ecfg.model_path = BT_SHARED_DIR "/models/stories260K.bin";
+    ecfg.device = "cpu";
+    ecfg.backend.block_size = 8;
+    ecfg.backend.n_kv_blocks = n_kv_blocks;
+    ecfg.backend.n_threads = 1;
+    BT_ASSERT_OK(engine_create(&ecfg, &engine));
+    return engine;
+}
 
 typedef struct {
     char model[64];   /* "aidreams260K.bin" */

@@ -13,21 +13,7 @@
 #include "engine.h"
 #include "sampler.h"
 #include "spec/spec.h"
-
-static engine_t *make_engine(void)
-{
-    engine_config_t ecfg;
-    engine_t *engine = NULL;
-
-    engine_config_init(&ecfg);
-    ecfg.model_path = BT_SHARED_DIR "/models/stories260K.bin";
-    ecfg.device = "cpu";
-    ecfg.backend.block_size = 8;
-    ecfg.backend.n_kv_blocks = 512;
-    ecfg.backend.n_threads = 1;
-    BT_ASSERT_OK(engine_create(&ecfg, &engine));
-    return engine;
-}
+#include "spec_test_util.h"
 
 /* Mean tokens per verified step of n sequences decoded for `steps` steps
  * with a fixed tree and a forced rate. */
@@ -70,7 +56,7 @@ static double forced(engine_t *engine, spec_head_t *head, int tokens,
 
 int main(void)
 {
-    engine_t *engine = make_engine();
+    engine_t *engine = spec_test_cpu_engine(512);
     spec_head_t *head = NULL;
     sampler_params_t sp;
     sampler_t *smp = NULL;

@@ -15,24 +15,10 @@
 #include "engine.h"
 #include "sampler.h"
 #include "spec/spec.h"
+#include "spec_test_util.h"
 
 #define N_SEQ 3
 #define GEN 120
-
-static engine_t *make_engine(void)
-{
-    engine_config_t ecfg;
-    engine_t *engine = NULL;
-
-    engine_config_init(&ecfg);
-    ecfg.model_path = BT_SHARED_DIR "/models/stories260K.bin";
-    ecfg.device = "cpu";
-    ecfg.backend.block_size = 8;
-    ecfg.backend.n_kv_blocks = 1024;
-    ecfg.backend.n_threads = 1;
-    BT_ASSERT_OK(engine_create(&ecfg, &engine));
-    return engine;
-}
 
 static void make_prompt(int i, int *p, int *n)
 {
@@ -147,7 +133,7 @@ static void spec_run(engine_t *engine, spec_head_t *head, bool fixed_plain,
 
 int main(void)
 {
-    engine_t *engine = make_engine();
+    engine_t *engine = spec_test_cpu_engine(1024);
     spec_head_t *head = NULL;
     static int want[N_SEQ][GEN + 16];
 
