@@ -44,12 +44,12 @@ import json
 import os
 import random
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
+
+import cluster_harness
 
 BIN, WORK, TABLE = sys.argv[1], sys.argv[2], sys.argv[3]
 DEVICE = os.environ.get("BT_BENCH_DEVICE", "cuda")
@@ -96,107 +96,45 @@ def left():
 # CUDA MPS
 
 def mps_start():
-    exe = shutil.which("nvidia-cuda-mps-control")
-    for cand in ("/usr/bin/nvidia-cuda-mps-control",
-                 "/usr/local/nvidia/bin/nvidia-cuda-mps-control"):
-        if exe is None and os.path.exists(cand):
-            exe = cand
-    if exe is None:
-        return None, "nvidia-cuda-mps-control not found"
-    env = dict(os.environ)
-    env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(WORK, "mps-pipe")
-    env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(WORK, "mps-log")
-    os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"], exist_ok=True)
-    os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"], exist_ok=True)
-    r = subprocess.run([exe, "-d"], env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, "mps -d failed: " + r.stderr.strip()
-    return (exe, env), ""
+    return cluster_harness.mps_start(WORK)
 
 
 def mps_stop(mps):
-    if mps is not None:
-        try:
-            subprocess.run([mps[0]], input="quit\n", env=mps[1], text=True,
-                           capture_output=True, timeout=20)
-        except subprocess.TimeoutExpired:
-            log("MPS quit timed out")
+    cluster_harness.mps_stop(mps, log)
 
 
 # ---------------------------------------------------------------------------
 # Clusters
 
-class Cluster:
+class Cluster(cluster_harness.Cluster):
     """A router and its workers, each logging to WORK/<label>/<name>.log."""
 
     def __init__(self, label, mps, workers):
-        self.label = label
-        self.dir = os.path.join(WORK, label)
-        os.makedirs(self.dir, exist_ok=True)
-        self.base = dict(os.environ) if mps is None else dict(mps[1])
-        self.procs = []
-        for _ in range(5):  # a port in use: the router exits; another one
-            # below the ephemeral range (32768-) so connections never hold it
-            self.port = 15000 + 2 * random.randint(0, 8000)
-            self.ep = "tcp://127.0.0.1:%d" % self.port
-            ctl = "tcp://127.0.0.1:%d" % (self.port + 1)
-            self.procs = []
-            self.spawn("router", ["baton-router", "--listen", self.ep,
-                                  "--control", ctl], None, "INFO")
-            time.sleep(0.3)
-            if self.procs[0][1].poll() is None:
-                break
-            log("%s: router exited (%s); another port" %
-                (label, self.logtext("router").strip()[-120:]))
-        common = ["--router", ctl, "--model", MODEL, "--device", DEVICE,
-                  "--precision", PRECISION]
+        super().__init__(BIN, WORK, label,
+                         os.environ if mps is None else mps[1],
+                         "KV,PREFILL,DECODE,CUDA,ENGINE", log)
+        self.start_router(lambda: log(
+            "%s: router exited (%s); another port" %
+            (label, self.logtext("router").strip()[-120:])))
+        common = ["--router", self.ctl, "--model", MODEL, "--device",
+                  DEVICE, "--precision", PRECISION]
         for name, role, pct in workers:
-            if role == "prefill":
-                self.spawn(name, ["baton-prefill"] + common +
-                           ["--name", name, "--kv-blocks", PRE_BLOCKS,
-                            "--max-batch-tokens", BATCH, "--chunk-tokens",
-                            BATCH], pct if mps else None, "DEBUG")
-            else:
-                extra = ["--kv-blocks", DEC_BLOCKS]
-                if role == "both":
-                    extra += ["--role", "both", "--max-batch-tokens", BATCH,
-                              "--chunk-tokens", BATCH]
-                self.spawn(name, ["baton-decode"] + common +
-                           ["--name", name] + extra, pct if mps else None,
-                           "INFO")
+            self.spawn(name, cluster_harness.worker_args(
+                name, role, common, PRE_BLOCKS, DEC_BLOCKS, BATCH),
+                "DEBUG" if role == "prefill" else "INFO",
+                pct if mps else None)
         self.names = [w[0] for w in workers]
-
-    def spawn(self, name, args, pct, level):
-        env = dict(self.base)
-        env["BT_LOG"] = level
-        if level == "DEBUG":  # the kv_handoff line, not every subsystem
-            env["BT_LOG_SUBSYS"] = "KV,PREFILL,DECODE,CUDA,ENGINE"
-        if pct is not None:
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(pct)
-        f = open(os.path.join(self.dir, name + ".log"), "w")
-        p = subprocess.Popen([BIN + "/" + args[0]] + args[1:], stdout=f,
-                             stderr=subprocess.STDOUT, env=env)
-        self.procs.append((name, p))
-
-    def logtext(self, name):
-        try:
-            with open(os.path.join(self.dir, name + ".log"),
-                      errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
 
     def wait_serving(self):
         """All workers logged 'serving' (model loaded), then one short
         request went through (registration, CUDA IPC mapping, graphs)."""
         t0 = time.time()
         while time.time() - t0 < LOAD_S:
-            dead = [n for n, p in self.procs if p.poll() is not None]
+            dead = self.dead()
             if dead:
                 log("%s: %s exited early" % (self.label, dead))
                 return False
-            if all(re.search(r" serving ", self.logtext(n))
-                   for n in self.names):
+            if self.serving(self.names):
                 break
             time.sleep(0.2)
         else:
@@ -210,18 +148,6 @@ class Cluster:
         log("%s: first request ok (ttft %.1f ms) after %.1fs" %
             (self.label, st["ttft_ms"], time.time() - t0))
         return True
-
-    def stop(self):
-        for _, p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name, p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                log("%s: %s did not stop; kill" % (self.label, name))
-                p.kill()
-                p.wait()
 
 
 def prompt_ids(n, seed):
@@ -319,11 +245,8 @@ def bench_shape(cl, mode, plen, olen, concs):
             continue
         js = os.path.join(cl.dir, "bench_%dx%d_c%d.json" % (plen, olen,
                                                              conc))
-        cmd = [BIN + "/baton", "bench", "--router", cl.ep, "--requests",
-               str(nreq), "--concurrency", str(conc), "--prompt-len",
-               str(plen), "--output-len", str(olen), "--vocab", str(VOCAB),
-               "--slo-ttft", str(SLO_TTFT), "--slo-tpot", str(SLO_TPOT),
-               "--json", js]
+        cmd = cluster_harness.bench_cmd(BIN, cl.ep, nreq, plen, olen, VOCAB,
+                                        SLO_TTFT, SLO_TPOT, js, conc=conc)
         t0 = time.time()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True,

@@ -17,7 +17,6 @@ Phases, each with real processes and --device cuda:
      time-sliced.
 Prints a summary table last; exits nonzero on any failure.
 """
-import json
 import os
 import random
 import re
@@ -26,6 +25,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import cluster_harness
 
 BIN = sys.argv[1]
 OUT = sys.argv[2]
@@ -40,24 +41,11 @@ def log(msg):
     print(msg, flush=True)
 
 
-def golden():
-    out = []
-    for line in open(SHARED + "/models/golden.jsonl"):
-        j = json.loads(line)
-        if j.get("model") == "aidreams260K.bin":
-            out.append((j["prompt_ids"], j["greedy_ids"],
-                        j["steps"] - len(j["prompt_ids"]) + 1))
-    return out
-
-
-GOLD = golden()
+GOLD = cluster_harness.golden(SHARED + "/models")
 
 
 def generate(port, prompt, max_tokens, timeout=60):
-    cmd = [BIN + "/baton", "generate", "--router",
-           "tcp://127.0.0.1:%d" % port, "--prompt-ids",
-           " ".join(map(str, prompt)), "--max-tokens", str(max_tokens),
-           "--ignore-eos", "--stop-id", "1", "--ids"]
+    cmd = cluster_harness.generate_cmd(BIN, port, prompt, max_tokens)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         return None, r.stderr.strip()[-300:]
@@ -200,10 +188,7 @@ def phase_kill(mps):
     time.sleep(4)  # CUDA init + registration
     gens = []
     for i, (p, want, mt) in enumerate(GOLD):
-        cmd = [BIN + "/baton", "generate", "--router",
-               "tcp://127.0.0.1:%d" % port, "--prompt-ids",
-               " ".join(map(str, p)), "--max-tokens", str(mt),
-               "--ignore-eos", "--stop-id", "1", "--ids"]
+        cmd = cluster_harness.generate_cmd(BIN, port, p, mt)
         gens.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True))
     time.sleep(0.8)  # p0 holds the prompts (sleeping before its batch)
@@ -222,14 +207,7 @@ def phase_kill(mps):
             bad += 1
             log("FAIL kill prompt: got %s want %s %s" % (got, want,
                                                         err[-300:]))
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    cluster_harness.stop_procs([(None, p) for p in procs], 20)
     mapped = grep_logs(label, r"CUDA IPC pool .* mapped")
     inline = grep_logs(label, r"goes inline|falling back to inline")
     return bad, mapped, inline

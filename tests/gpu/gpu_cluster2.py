@@ -39,12 +39,13 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+
+import cluster_harness
 
 CARRY, WORK, OUTDIR = sys.argv[1], sys.argv[2], sys.argv[3]
 BIN = os.path.join(CARRY, "bin")
@@ -168,103 +169,44 @@ def part_micro():
 # CUDA MPS
 
 def mps_start():
-    exe = shutil.which("nvidia-cuda-mps-control")
-    for cand in ("/usr/bin/nvidia-cuda-mps-control",
-                 "/usr/local/nvidia/bin/nvidia-cuda-mps-control"):
-        if exe is None and os.path.exists(cand):
-            exe = cand
-    if exe is None:
-        return None, "nvidia-cuda-mps-control not found"
-    env = dict(os.environ)
-    env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(WORK, "mps-pipe")
-    env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(WORK, "mps-log")
-    os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"], exist_ok=True)
-    os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"], exist_ok=True)
-    r = subprocess.run([exe, "-d"], env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, "mps -d failed: " + r.stderr.strip()
-    return (exe, env), ""
+    return cluster_harness.mps_start(WORK)
 
 
 def mps_stop(mps):
-    if mps is not None:
-        try:
-            subprocess.run([mps[0]], input="quit\n", env=mps[1], text=True,
-                           capture_output=True, timeout=20)
-        except subprocess.TimeoutExpired:
-            log("MPS quit timed out")
-        time.sleep(1)
+    cluster_harness.mps_stop(mps, log, settle_s=1)
 
 
 # ---------------------------------------------------------------------------
 # Clusters
 
-class Cluster:
+class Cluster(cluster_harness.Cluster):
     """A router and its workers (name, role, gpu), logs in WORK/<label>/."""
 
     def __init__(self, label, mode, workers, mps=None):
-        self.label, self.mode = label, mode
-        self.dir = os.path.join(WORK, label)
-        os.makedirs(self.dir, exist_ok=True)
-        self.base = dict(os.environ) if mps is None else dict(mps[1])
-        self.procs = []
+        super().__init__(BIN, WORK, label,
+                         os.environ if mps is None else mps[1], "KV,PREFILL",
+                         log)
+        self.mode = mode
         self.names = [w[0] for w in workers]
         self.ok = False
-        for _ in range(5):  # a port in use: the router exits; another one
-            self.port = 15000 + 2 * random.randint(0, 8000)
-            self.ep = "tcp://127.0.0.1:%d" % self.port
-            self.ctl = "tcp://127.0.0.1:%d" % (self.port + 1)
-            self.procs = []
-            self.spawn("router", ["baton-router", "--listen", self.ep,
-                                  "--control", self.ctl], "INFO")
-            time.sleep(0.3)
-            if self.procs[0][1].poll() is None:
-                break
+        self.start_router()
         common = ["--router", self.ctl, "--model", MODEL, "--device", DEVICE,
                   "--precision", "bf16" if not DRY else "f32"]
         for name, role, gpu in workers:
             g = ["--gpu", str(gpu)] if not DRY else []
-            if role == "prefill":
-                self.spawn(name, ["baton-prefill"] + common + g +
-                           ["--name", name, "--kv-blocks", PRE_BLOCKS,
-                            "--max-batch-tokens", BATCH, "--chunk-tokens",
-                            BATCH], "DEBUG")
-            else:
-                extra = ["--kv-blocks", DEC_BLOCKS]
-                if role == "both":
-                    extra += ["--role", "both", "--max-batch-tokens", BATCH,
-                              "--chunk-tokens", BATCH]
-                self.spawn(name, ["baton-decode"] + common + g +
-                           ["--name", name] + extra, "INFO")
-
-    def spawn(self, name, args, level):
-        env = dict(self.base)
-        env["BT_LOG"] = level
-        if level == "DEBUG":  # the kv_handoff line, not every subsystem
-            env["BT_LOG_SUBSYS"] = "KV,PREFILL"
-        f = open(os.path.join(self.dir, name + ".log"), "w")
-        p = subprocess.Popen([os.path.join(BIN, args[0])] + args[1:],
-                             stdout=f, stderr=subprocess.STDOUT, env=env)
-        self.procs.append((name, p))
-
-    def logtext(self, name):
-        try:
-            with open(os.path.join(self.dir, name + ".log"),
-                      errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+            self.spawn(name, cluster_harness.worker_args(
+                name, role, common + g, PRE_BLOCKS, DEC_BLOCKS, BATCH),
+                "DEBUG" if role == "prefill" else "INFO")
 
     def wait_serving(self):
         t0 = time.time()
         while time.time() - t0 < min(LOAD_S, left() - 10):
-            dead = [n for n, p in self.procs if p.poll() is not None]
+            dead = self.dead()
             if dead:
                 fail("%s: %s exited early: %s" % (
                     self.label, dead, self.logtext(dead[0])[-600:]))
                 return False
-            if all(re.search(r" serving ", self.logtext(n))
-                   for n in self.names):
+            if self.serving(self.names):
                 break
             time.sleep(0.25)
         else:
@@ -289,18 +231,6 @@ class Cluster:
         self.ok = True
         return True
 
-    def stop(self):
-        for _, p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name, p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                log("%s: %s did not stop; kill" % (self.label, name))
-                p.kill()
-                p.wait()
-
 
 def bench(cl, group, plen, olen, n, rate=None, conc=None, record=True,
           timeout=None):
@@ -309,12 +239,10 @@ def bench(cl, group, plen, olen, n, rate=None, conc=None, record=True,
                         ("c%d" % conc))
     js = os.path.join(cl.dir, "bench_%s_%s.json" % (group.replace(" ", "_")
                                                      .replace(",", ""), tag))
-    cmd = [os.path.join(BIN, "baton"), "bench", "--router", cl.ep,
-           "--requests", str(n), "--prompt-len", str(plen), "--output-len",
-           str(olen), "--vocab", str(VOCAB), "--slo-ttft", str(SLO_TTFT),
-           "--slo-tpot", str(SLO_TPOT), "--json", js,
-           "--seed", str(random.randint(1, 1 << 30))]
-    cmd += ["--rate", "%g" % rate] if rate else ["--concurrency", str(conc)]
+    cmd = cluster_harness.bench_cmd(BIN, cl.ep, n, plen, olen, VOCAB,
+                                    SLO_TTFT, SLO_TPOT, js, rate=rate,
+                                    conc=conc,
+                                    seed=random.randint(1, 1 << 30))
     t0 = time.time()
     to = timeout or max(10, min(150, left() - 3))
     try:

@@ -18,14 +18,14 @@ failure.  Process logs: OUT_DIR/<phase>-<proc>.log.  Harness dry run
 without a GPU: BT_TPC_DEVICE=cpu python3 tests/gpu/gpu_tp_cluster.py
 build-dir/bin ../shared/models /tmp/tpc (TP 1 everywhere, host pools).
 """
-import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
+
+import cluster_harness
 
 BIN, MODELS, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
 MODEL = MODELS + "/aidreams260K.bin"
@@ -37,32 +37,12 @@ def log(msg):
     print(msg, flush=True)
 
 
-def golden():
-    out = []
-    for line in open(MODELS + "/golden.jsonl"):
-        j = json.loads(line)
-        if j.get("model") == "aidreams260K.bin":
-            out.append((j["prompt_ids"], j["greedy_ids"],
-                        j["steps"] - len(j["prompt_ids"]) + 1))
-    return out
-
-
-GOLD = golden()
+GOLD = cluster_harness.golden(MODELS)
 
 
 def generate(port, prompt, max_tokens, timeout=30):
-    cmd = [BIN + "/baton", "generate", "--router",
-           "tcp://127.0.0.1:%d" % port, "--prompt-ids",
-           " ".join(map(str, prompt)), "--max-tokens", str(max_tokens),
-           "--ignore-eos", "--stop-id", "1", "--ids"]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timeout"
-    if r.returncode != 0:
-        return None, r.stderr.strip()[-300:]
-    return [int(x) for x in r.stdout.split()], ""
+    return cluster_harness.generate_ids(BIN, port, prompt, max_tokens,
+                                        timeout)
 
 
 def grep(path, pattern):
@@ -108,14 +88,7 @@ def phase(label, p_args, d_args):
             bad += 1
             first_err = first_err or "prompt %d: got %s want %s %s" % (
                 i, got, want, err)
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    cluster_harness.stop_procs([(None, p) for p in procs], 15)
     plog = os.path.join(OUT, "%s-prefill.log" % label)
     dlog = os.path.join(OUT, "%s-decode.log" % label)
     mapped = grep(plog, r"CUDA IPC pool .* mapped")
