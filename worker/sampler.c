@@ -603,9 +603,10 @@ typedef struct {
 } sampler_dist_t;
 
 /* Builds F (min-p survivors, or all ids) as keys in id order from the
- * probabilities in p; returns its size. */
+ * probabilities in p; `expect` is F's size when known (else -1).
+ * Returns F's size. */
 static int sampler_survivors(const sampler_t *s, const float *p, float cut,
-                             uint64_t *keys)
+                             int expect, uint64_t *keys)
 {
     const int vocab = s->vocab_size;
     int m = 0;
@@ -614,6 +615,13 @@ static int sampler_survivors(const sampler_t *s, const float *p, float cut,
         for (int i = 0; i < vocab; i++)
             keys[i] = sampler_key(p[i], i);
         return vocab;
+    }
+    if (expect >= 0 && expect < vocab / 16) {
+        /* few survivors: a branch that is almost never taken */
+        for (int i = 0; i < vocab; i++)
+            if (p[i] >= cut)
+                keys[m++] = sampler_key(p[i], i);
+        return m;
     }
     for (int i = 0; i < vocab; i++) {
         keys[m] = sampler_key(p[i], i);
@@ -634,7 +642,7 @@ static bool sampler_dist(sampler_t *s, const float *row, sampler_dist_t *d)
     float max = row[sampler_argmax(row, vocab)];
     float inv_t = 1.0f / prm->temperature, cut_m = 0.0f, cut_p;
     double sum = 0.0, keep = 0.0;
-    int n, nk;
+    int n, nk, n_f = 0;
     bool top_k;
 
     for (int i = 0; i < vocab; i++) {
@@ -660,11 +668,14 @@ static bool sampler_dist(sampler_t *s, const float *row, sampler_dist_t *d)
         d->keep = keep;
         return true;
     }
-    for (int i = 0; i < vocab; i++)
-        p[i] = (float)(p[i] / sum);
     if (prm->min_p > 0.0f)
         cut_m = prm->min_p * (float)(1.0 / sum); /* the max's P is 1/sum */
-    n = sampler_survivors(s, p, cut_m, keys);
+    for (int i = 0; i < vocab; i++) {
+        float q = (float)(p[i] / sum);
+        p[i] = q;
+        n_f += q >= cut_m;
+    }
+    n = sampler_survivors(s, p, cut_m, n_f, keys);
     top_k = prm->top_k > 0 && prm->top_k < n;
     nk = top_k ? prm->top_k : n;
 
@@ -701,7 +712,7 @@ static bool sampler_dist(sampler_t *s, const float *row, sampler_dist_t *d)
                                   &nn, &keep);
         if (nucleus == NULL) {
             /* sort everything (never expected; see sampler_nucleus) */
-            n = sampler_survivors(s, p, cut_m, keys);
+            n = sampler_survivors(s, p, cut_m, n_f, keys);
             nucleus = n <= SAMPLER_SMALL_SORT
                           ? (sampler_sort_small(keys, n), keys)
                           : sampler_sort_radix(keys, s->tmp, n);
