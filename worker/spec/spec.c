@@ -15,6 +15,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "spec_int.h"
+#include "spec_tree.h"
 #ifdef BATON_HAVE_CUDA
 #include "cuda/cuda_draft.h"
 #endif
@@ -55,14 +56,6 @@ typedef struct {
     int topk;
 } spec_shape_t;
 
-typedef struct {
-    int token;   /* drafted token id */
-    int parent;  /* node index, -1 = the root (last committed token) */
-    int depth;   /* 1 for the root's children */
-    float score; /* cumulative draft log-probability */
-    int feat;    /* row in exp_feat / draft temp slot once expanded, -1 */
-    int vidx;    /* index in the verification chunk (1..), 0 = not sent */
-} spec_node_t;
 
 struct spec_seq_s {
     spec_t *spec;             /* owner */
@@ -861,67 +854,23 @@ static void spec_row_topk(spec_t *spec, float *logits, int row, int k)
                                  spec->top_logp + (size_t)row * k);
 }
 
-/* Adds the candidates of batch row `row` as children of `parent`. */
-static void spec_add_children(spec_t *spec, spec_seq_t *s, int parent,
-                              float base, int depth, int row, int k)
-{
-    const int *ids = spec->top_ids + (size_t)row * k;
-    const float *vals = spec->top_logp + (size_t)row * k;
-
-    for (int j = 0; j < spec->top_n[row]; j++) {
-        spec_node_t *nd = &s->nodes[s->n_nodes++];
-
-        *nd = (spec_node_t){ ids[j], parent, depth, base + vals[j], -1, 0 };
-    }
-}
-
-/* Orders node ids by score, best first, ties to the lower id (parents
- * before children).  Insertion sort: n is at most a few hundred. */
-static void spec_sort_by_score(const spec_node_t *nodes, int *ids, int n)
-{
-    for (int i = 1; i < n; i++) {
-        int v = ids[i], j = i;
-
-        while (j > 0) {
-            int u = ids[j - 1];
-            bool before = nodes[v].score > nodes[u].score ||
-                          (nodes[v].score == nodes[u].score && v < u);
-            if (!before)
-                break;
-            ids[j] = u;
-            j--;
-        }
-        ids[j] = v;
-    }
-}
-
 /* Selects s's best `tokens` nodes and lays out the verification chunk:
  * v_tokens/v_pos/v_mask of 1 + n_sel entries. */
 static void spec_tree_layout(spec_seq_t *s, int tokens)
 {
     int cached = engine_seq_cached(s->seq);
     int *order = s->by_score;
-    int n_sel = 0, t1;
+    int n_sel, t1;
 
-    /* select the best `tokens` nodes; parents sort before children */
-    for (int i = 0; i < s->n_nodes; i++)
-        order[i] = i;
-    spec_sort_by_score(s->nodes, order, s->n_nodes);
-    for (int i = 0; i < s->n_nodes && n_sel < tokens; i++) {
-        spec_node_t *nd = &s->nodes[order[i]];
-
-        if (nd->parent >= 0 && s->nodes[nd->parent].vidx == 0)
-            continue; /* cannot happen with log-probs <= 0; be safe */
-        nd->vidx = -1; /* selected; numbered below */
-        order[n_sel++] = order[i];
-    }
+    /* the best `tokens` nodes, deterministic order (spec_tree.h) */
+    n_sel = spec_tree_pick(s->nodes, s->n_nodes, tokens, order);
     s->n_sel = n_sel;
     /* verification order = node index order (parents first) */
     t1 = 1;
     for (int i = 0; i < s->n_nodes; i++) {
-        if (s->nodes[i].vidx != -1)
+        if (s->nodes[i].vidx <= 0)
             continue;
-        s->nodes[i].vidx = t1;
+        BT_ASSERT(s->nodes[i].vidx == t1);
         s->v_tokens[t1] = s->nodes[i].token;
         s->v_pos[t1] = cached + s->nodes[i].depth;
         t1++;
@@ -1074,10 +1023,9 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
     for (int i = 0; i < nd; i++) {
         spec_seq_t *s = ds[i];
 
-        spec_add_children(spec, s, -1, 0.0f, 1, i, topk);
-        s->n_front = s->n_nodes;
-        for (int r = 0; r < s->n_front; r++)
-            s->frontier[r] = r;
+        s->n_front = spec_tree_first_level(
+            s->nodes, &s->n_nodes, spec->top_ids + (size_t)i * topk,
+            spec->top_logp + (size_t)i * topk, spec->top_n[i], s->frontier);
     }
 
     for (int d = 1; d < max_depth; d++) {
@@ -1118,26 +1066,19 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
 #endif
         for (int i = 0; i < nd; i++) {
             spec_seq_t *s = ds[i];
-            int first_new = s->n_nodes, n_cand;
             int cand[SPEC_MAX_TOPK * SPEC_MAX_TOPK];
+            int n_front = s->n_front;
 
             if (s->lrow0 < 0)
                 continue;
-            for (int r = 0; r < s->n_front; r++) {
-                spec_node_t *nd_r = &s->nodes[s->frontier[r]];
-
-                nd_r->feat = s->n_exp + r;
-                spec_add_children(spec, s, s->frontier[r], nd_r->score,
-                                  d + 1, s->lrow0 + r, topk);
-            }
-            s->n_exp += s->n_front;
-            /* next frontier: the topk best new candidates */
-            n_cand = s->n_nodes - first_new;
-            for (int c = 0; c < n_cand; c++)
-                cand[c] = first_new + c;
-            spec_sort_by_score(s->nodes, cand, n_cand);
-            s->n_front = BT_MIN(n_cand, topk);
-            memcpy(s->frontier, cand, sizeof(int) * (size_t)s->n_front);
+            /* children of the frontier, then the topk best new nodes
+             * as the next frontier (spec_tree.h) */
+            s->n_front = spec_tree_next_level(
+                s->nodes, &s->n_nodes, s->frontier, n_front, s->n_exp,
+                spec->top_ids + (size_t)s->lrow0 * topk,
+                spec->top_logp + (size_t)s->lrow0 * topk,
+                spec->top_n + s->lrow0, topk, d, topk, cand);
+            s->n_exp += n_front;
         }
     }
 
