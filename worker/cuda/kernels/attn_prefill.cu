@@ -1062,7 +1062,8 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * register-resident kernel instead of the mma.sync one at head 64/128,
  * =mma the mma.sync kernel with 64 queries per block (round 3, the
  * default at head 64/128), =mma0 that one with the round-2 (unbatched)
- * load order, =mma2 128 queries per block.
+ * load order, =mma2 128 queries per block, =fa2 (=fa2w4, =fa2w8) the
+ * kernel of attn_prefill_fa2.cu at head 64/128 (elsewhere as =mma).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -1076,6 +1077,12 @@ static int attn_prefill_kind(void)
         return 3; /* the round-2 instruction order */
     if (env && strcmp(env, "mma2") == 0)
         return 4; /* 128 queries per block */
+    if (env && strcmp(env, "fa2") == 0)
+        return 5; /* attn_prefill_fa2.cu, warps per block chosen by G */
+    if (env && strcmp(env, "fa2w4") == 0)
+        return 6; /* fa2 with 4 warps per block */
+    if (env && strcmp(env, "fa2w8") == 0)
+        return 7; /* fa2 with 8 warps per block */
     /* Default: one 64-query tile per block (round 3).  mma2 measured
      * slower on the H200 (2026-11-29: 10.1 vs 8.8 ms of attention for a
      * 2048-token Llama-3-8B prefill). */
@@ -1155,6 +1162,16 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         return BT_OK;
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
+    if (attn_prefill_kind() >= 5 &&
+        cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
+        const int kind = attn_prefill_kind();
+        err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles,
+                                    kind == 6 ? 4 : kind == 7 ? 8 : 0,
+                                    stream);
+        if (err != cudaSuccess)
+            return BT_CUDA_STATUS(err);
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     switch (args->head_dim) {
     case 16:
         err = attn_prefill_launch<16>(args, d_tiles, n_tiles, stream);

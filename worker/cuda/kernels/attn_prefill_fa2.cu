@@ -1,0 +1,434 @@
+/*
+ * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16,
+ * head 64/128) over the paged KV cache, selected with
+ * BT_PREFILL_KERNEL=fa2 (fa2w4 / fa2w8 force the warp count); the
+ * default kernels of attn_prefill.cu are untouched.
+ *
+ * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
+ * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
+ * tile of 64 queries has 4 sub-tiles of 16, and the G = nh / nkv query
+ * heads sharing the KV head give 4 G warp units, ordered sub-tile major
+ * (unit u: sub-tile u / G, head u % G), cut into ceil(4 G / NW) blocks.
+ * So every K/V tile brought to shared memory serves NW x 16 rows (up to
+ * G heads at once), and the warps of a block cover the fewest queries
+ * (the causal key range of the block is as short as possible).
+ *
+ * Per warp: the Q fragments (16 rows x HD) stay in registers for the
+ * whole key loop; S = Q K^T and O += P V run on mma.m16n8k16 (bf16 in,
+ * f32 accumulate) with ldmatrix (.trans for V) from shared memory; the
+ * online softmax runs in registers in base 2 (the scale times log2 e is
+ * folded into the scores; one rescale of O per key tile), P is re-packed
+ * from the S accumulators as the A operand of P V.
+ *
+ * K/V tiles of 64 keys stream through an STAGES-deep cp.async ring (16-
+ * byte copies, zero fill past the end); rows are 128-byte swizzled (16-
+ * byte chunk c of key row r lives at chunk c ^ (r & 7)), so the 8 rows
+ * one ldmatrix phase reads hit 8 different bank groups without padding.
+ * Each thread copies a fixed 16-byte column of a fixed set of rows; the
+ * cache slots of its rows for tile kt + STAGES are resolved from the
+ * block table one iteration ahead of their copy, so the block-id loads
+ * never stall the copy issue.
+ *
+ * Causal: warps skip key tiles wholly above their diagonal, masks are
+ * evaluated only on tiles that are not fully visible (the diagonal, the
+ * end of the keys, draft-tree masks), and blocks run heaviest first
+ * (the last backend tile, all its KV heads and parts, is launched first).
+ *
+ * Semantics are those of cuda_attn_prefill (attn_prefill.h): query i of
+ * a chunk after `ctx` cached tokens sees every cached key and the new
+ * keys j <= i (or mask[i][j] when the sequence has a mask).
+ * Test: test_attn (pass "fa2"); bench: bench_kernels --attn with
+ * BT_PREFILL_KERNEL=fa2.
+ */
+#include "attn_prefill.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_common.cuh"
+#include "tc_common.cuh"
+
+#define F2_BK 64           /* keys per tile */
+#define F2_SUB 16          /* query rows per warp */
+#define F2_SUBS (CUDA_PREFILL_BQ / F2_SUB) /* sub-tiles per backend tile */
+
+template <int HD, int NW> struct f2_cfg {
+    static constexpr int STAGES = NW == 8 ? 4 : 3;
+    static constexpr int CH = HD / 8;                  /* chunks per row */
+    static constexpr int TILE = F2_BK * HD;            /* elements */
+    static constexpr int THREADS = NW * 32;
+    static constexpr int RSTEP = THREADS / CH;         /* row step */
+    static constexpr int RPT = F2_BK * CH / THREADS;   /* rows per thread */
+    static constexpr size_t BYTES = (size_t)STAGES * 2 * TILE * 2;
+    static_assert(THREADS % CH == 0, "thread count");
+    static_assert(RPT * THREADS == F2_BK * CH, "tile split");
+};
+
+/* 2^x (MUFU; -inf -> +0). */
+static __device__ __forceinline__ float f2_ex2(float x)
+{
+    float y;
+
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+static __device__ __forceinline__ void f2_mma(float *c, const uint32_t *a,
+                                              uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Element offset of 16-byte chunk c of key row r in a swizzled tile. */
+template <int HD>
+static __device__ __forceinline__ int f2_swz(int r, int c)
+{
+    return r * HD + ((c ^ (r & 7)) << 3);
+}
+
+template <int HD, int NW>
+static __global__ void __launch_bounds__(NW * 32)
+attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
+                        int parts)
+{
+    typedef f2_cfg<HD, NW> C;
+    constexpr int STAGES = C::STAGES;
+    constexpr int TILE = C::TILE;
+    constexpr int CH = C::CH;
+    constexpr int RPT = C::RPT;
+    constexpr int KS = HD / 16; /* 16-dim k steps of S */
+    constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
+    constexpr int KB = F2_BK / 8; /* 8-key column tiles of S */
+    extern __shared__ __align__(128) char smem[];
+    bf16_t *sk = (bf16_t *)smem;     /* [STAGES][BK][HD], swizzled */
+    bf16_t *sv = sk + STAGES * TILE; /* same */
+
+    /* Heaviest first: the last backend tile's blocks come first. */
+    int bid = blockIdx.x;
+    const int n_kv = a.n_kv_heads;
+    const int kvh = bid % n_kv;
+    bid /= n_kv;
+    const int part = bid % parts;
+    const int tix = n_tiles - 1 - bid / parts;
+    const int *t = tiles + (size_t)tix * CUDA_PREFILL_TILE_INTS;
+    const int tok0 = t[CUDA_PT_TOK0];
+    const int i0 = t[CUDA_PT_I0];
+    const int n_q = t[CUDA_PT_NQ];
+    const int n_tok = t[CUDA_PT_NTOK];
+    const int ctx = t[CUDA_PT_CTX];
+    const int *bt = a.d_block_tables + t[CUDA_PT_BT_OFF];
+    const int moff = t[CUDA_PT_MASK_OFF];
+    const uint8_t *mask = moff >= 0 ? a.d_masks + moff : NULL;
+    const int G = a.n_heads / n_kv;
+    const int units = F2_SUBS * G;
+    const int u_first = part * NW;
+    const int u_last = min(u_first + NW, units) - 1;
+    /* Queries of the block: sub-tiles u_first / G .. u_last / G. */
+    const int q_first = (u_first / G) * F2_SUB;
+    if (q_first >= n_q)
+        return; /* whole block past the end of a short tile */
+    const int q_last = min((u_last / G) * F2_SUB + F2_SUB, n_q) - 1;
+    const int kv_end = mask ? ctx + n_tok : ctx + i0 + q_last + 1;
+    const int n_kt = (kv_end + F2_BK - 1) / F2_BK;
+
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int gr = lane >> 2, tq = lane & 3;
+    const int unit = u_first + warp;
+    const int sub = unit / G;
+    const int h = kvh * G + unit % G;
+    const bool warp_live = unit < units && sub * F2_SUB < n_q;
+    const int row0 = sub * F2_SUB + gr; /* this lane's rows: row0, +8 */
+    const int qi0 = i0 + row0, qi1 = qi0 + 8;
+    const bool ok0 = warp_live && row0 < n_q;
+    const bool ok1 = warp_live && row0 + 8 < n_q;
+    /* Last key any row of this warp may see. */
+    const int warp_last =
+        mask ? kv_end - 1 : ctx + min(i0 + sub * F2_SUB + F2_SUB - 1,
+                                      n_tok - 1);
+    /* First row of the warp sees every key up to this one (causal). */
+    const int warp_full = ctx + i0 + sub * F2_SUB;
+
+    const int bs = a.block_size;
+    const int bs_sh = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+    const size_t slot_stride = (size_t)n_kv * HD;
+    const int col = threadIdx.x % CH;      /* this thread's 16-byte chunk */
+    const int rbase = threadIdx.x / CH;    /* and its first row */
+    const bf16_t *kbase =
+        (const bf16_t *)a.d_k_cache + (size_t)kvh * HD + col * 8;
+    const bf16_t *vbase =
+        (const bf16_t *)a.d_v_cache + (size_t)kvh * HD + col * 8;
+
+    /* Cache slot of each of this thread's rows of tile kt (-1: past the
+     * keys, zero-filled). */
+    auto resolve = [&](int kt, int *slot) {
+#pragma unroll
+        for (int j = 0; j < RPT; j++) {
+            const int k = kt * F2_BK + rbase + j * C::RSTEP;
+            int s = -1;
+            if (k < kv_end) {
+                const int blk = bs_sh >= 0 ? k >> bs_sh : k / bs;
+                s = bt[blk] * bs + (k - blk * bs);
+            }
+            slot[j] = s;
+        }
+    };
+    auto issue = [&](int stage, const int *slot) {
+        bf16_t *dk = sk + stage * TILE;
+        bf16_t *dv = sv + stage * TILE;
+#pragma unroll
+        for (int j = 0; j < RPT; j++) {
+            const int r = rbase + j * C::RSTEP;
+            const bool ok = slot[j] >= 0;
+            const size_t off = ok ? (size_t)slot[j] * slot_stride : 0;
+            const int so = f2_swz<HD>(r, col);
+            tc_cp16(dk + so, kbase + off, ok);
+            tc_cp16(dv + so, vbase + off, ok);
+        }
+    };
+
+    /* Prologue: tiles 0 .. STAGES-2 in flight, slots of STAGES-1 known. */
+    int slot[RPT];
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < n_kt) {
+            resolve(st, slot);
+            issue(st, slot);
+        }
+        tc_cp_commit();
+    }
+    resolve(STAGES - 1, slot);
+
+    /* Q fragments of this warp's 16 rows, kept for the whole loop. */
+    uint32_t qa[KS][4];
+    {
+        const bf16_t *q0 = (const bf16_t *)a.d_q +
+                           ((size_t)(tok0 + (ok0 ? qi0 : i0)) * a.n_heads +
+                            h) * HD;
+        const bf16_t *q1 = (const bf16_t *)a.d_q +
+                           ((size_t)(tok0 + (ok1 ? qi1 : i0)) * a.n_heads +
+                            h) * HD;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const int c = ks * 16 + 2 * tq;
+            qa[ks][0] = ok0 ? tc_ld32(q0 + c) : 0u;
+            qa[ks][1] = ok1 ? tc_ld32(q1 + c) : 0u;
+            qa[ks][2] = ok0 ? tc_ld32(q0 + c + 8) : 0u;
+            qa[ks][3] = ok1 ? tc_ld32(q1 + c + 8) : 0u;
+        }
+    }
+
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const float sl2 = a.scale * 1.4426950408889634f;
+    const int sw = lane & 7; /* row & 7 of every ldmatrix row address */
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        tc_cp_wait<STAGES - 2>();
+        __syncthreads(); /* tile kt landed; stage (kt-1) % STAGES is free */
+        {
+            const int nk = kt + STAGES - 1;
+            if (nk < n_kt) {
+                issue(nk % STAGES, slot);
+                if (nk + 1 < n_kt)
+                    resolve(nk + 1, slot);
+            }
+            tc_cp_commit();
+        }
+        const int kb0 = kt * F2_BK;
+        if (!warp_live || kb0 > warp_last)
+            continue; /* every key of the tile is hidden from this warp */
+        const bf16_t *tk = sk + (kt % STAGES) * TILE;
+        const bf16_t *tv = sv + (kt % STAGES) * TILE;
+
+        /* S (16 x 64) = Q K^T: per 32 dims, the 8 key column tiles'
+         * fragments (one ldmatrix.x4 each: dims 32 k2 + 0..31 of keys
+         * 8 nt + 0..7) are loaded before their 16 products. */
+        float s[KB][4];
+#pragma unroll
+        for (int nt = 0; nt < KB; nt++)
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int k2 = 0; k2 < HD / 32; k2++) {
+            uint32_t b[KB][4];
+#pragma unroll
+            for (int nt = 0; nt < KB; nt++)
+                tc_ldm(b[nt], tk + (nt * 8 + sw) * HD +
+                                  (((k2 * 4 + (lane >> 3)) ^ sw) << 3));
+#pragma unroll
+            for (int nt = 0; nt < KB; nt++) {
+                f2_mma(s[nt], qa[2 * k2], b[nt][0], b[nt][1]);
+                f2_mma(s[nt], qa[2 * k2 + 1], b[nt][2], b[nt][3]);
+            }
+        }
+
+        /* Scores in base 2; masks only where some key may be hidden. */
+        const bool full = kb0 + F2_BK <= ctx ||
+                          (mask == NULL && kb0 + F2_BK - 1 <= warp_full);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < KB; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float v0 = s[nt][j] * sl2, v1 = s[nt][2 + j] * sl2;
+                if (!full) {
+                    const int key = kb0 + nt * 8 + 2 * tq + j;
+                    bool vis0 = ok0 && key < kv_end;
+                    bool vis1 = ok1 && key < kv_end;
+                    if (key >= ctx) {
+                        if (mask) {
+                            vis0 = vis0 &&
+                                   mask[(size_t)qi0 * n_tok + key - ctx];
+                            vis1 = vis1 &&
+                                   mask[(size_t)qi1 * n_tok + key - ctx];
+                        } else {
+                            vis0 = vis0 && key - ctx <= qi0;
+                            vis1 = vis1 && key - ctx <= qi1;
+                        }
+                    }
+                    if (!vis0)
+                        v0 = -INFINITY;
+                    if (!vis1)
+                        v1 = -INFINITY;
+                }
+                s[nt][j] = v0;
+                s[nt][2 + j] = v1;
+                mx0 = fmaxf(mx0, v0);
+                mx1 = fmaxf(mx1, v1);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        /* A row with nothing visible yet keeps m = -inf: subtract 0. */
+        const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
+        const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
+        const float c0 = f2_ex2(m0 - b0), c1 = f2_ex2(m1 - b1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= c0;
+            o[nt][1] *= c0;
+            o[nt][2] *= c1;
+            o[nt][3] *= c1;
+        }
+
+        /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
+         * the A fragment layout equals the C layout of two 8-key tiles),
+         * V fragments by ldmatrix.trans (keys 16 kk + 0..15, dims
+         * 16 dn + 0..15), all loaded before their products. */
+#pragma unroll
+        for (int kk = 0; kk < F2_BK / 16; kk++) {
+            uint32_t pa[4];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int nt = 2 * kk + hh;
+                pa[2 * hh] = tc_pack(f2_ex2(s[nt][0] - b0),
+                                     f2_ex2(s[nt][1] - b0));
+                pa[2 * hh + 1] = tc_pack(f2_ex2(s[nt][2] - b1),
+                                         f2_ex2(s[nt][3] - b1));
+                /* the sums of what P V really multiplies (bf16 p) */
+                const __nv_bfloat162 q01 =
+                    *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
+                const __nv_bfloat162 q23 =
+                    *reinterpret_cast<const __nv_bfloat162 *>(
+                        &pa[2 * hh + 1]);
+                l0 += __low2float(q01) + __high2float(q01);
+                l1 += __low2float(q23) + __high2float(q23);
+            }
+            uint32_t b[HD / 16][4];
+            const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + sw;
+#pragma unroll
+            for (int dn = 0; dn < HD / 16; dn++)
+                tc_ldm_t(b[dn], tv + vr * HD +
+                                    (((dn * 2 + (lane >> 4)) ^ sw) << 3));
+#pragma unroll
+            for (int dn = 0; dn < HD / 16; dn++) {
+                f2_mma(o[2 * dn], pa, b[dn][0], b[dn][1]);
+                f2_mma(o[2 * dn + 1], pa, b[dn][2], b[dn][3]);
+            }
+        }
+    }
+    tc_cp_wait<0>();
+
+    if (!warp_live)
+        return;
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    bf16_t *out0 = (bf16_t *)a.d_out +
+                   ((size_t)(tok0 + qi0) * a.n_heads + h) * HD + 2 * tq;
+    bf16_t *out1 = out0 + (size_t)8 * a.n_heads * HD;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        if (ok0)
+            *(__nv_bfloat162 *)(out0 + nt * 8) =
+                __floats2bfloat162_rn(o[nt][0] * inv0, o[nt][1] * inv0);
+        if (ok1)
+            *(__nv_bfloat162 *)(out1 + nt * 8) =
+                __floats2bfloat162_rn(o[nt][2] * inv1, o[nt][3] * inv1);
+    }
+}
+
+bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
+{
+    return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
+}
+
+template <int HD, int NW>
+static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
+                             int n_tiles, cudaStream_t stream)
+{
+    const int G = a->n_heads / a->n_kv_heads;
+    const int parts = (F2_SUBS * G + NW - 1) / NW;
+    const size_t bytes = f2_cfg<HD, NW>::BYTES;
+    const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
+    cudaError_t err;
+
+    if (blocks > 0x7fffffffLL)
+        return cudaErrorInvalidConfiguration;
+    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)bytes);
+    if (err != cudaSuccess)
+        return err;
+    attn_prefill_fa2_kernel<HD, NW><<<(unsigned)blocks, NW * 32, bytes,
+                                      stream>>>(*a, tiles, n_tiles, parts);
+    return cudaGetLastError();
+}
+
+cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
+                                  const int *d_tiles, int n_tiles,
+                                  int n_warps, cudaStream_t stream)
+{
+    const int G = args->n_heads / args->n_kv_heads;
+
+    if (n_tiles == 0)
+        return cudaSuccess;
+    /* Auto: 8 warps when the 4 G warp units of a tile fill blocks of 8
+     * (G even), else 4 (every unit count is a multiple of 4). */
+    if (n_warps != 4 && n_warps != 8)
+        n_warps = G % 2 == 0 ? 8 : 4;
+    if (args->head_dim == 64)
+        return n_warps == 8 ? f2_launch<64, 8>(args, d_tiles, n_tiles, stream)
+                            : f2_launch<64, 4>(args, d_tiles, n_tiles,
+                                               stream);
+    return n_warps == 8 ? f2_launch<128, 8>(args, d_tiles, n_tiles, stream)
+                        : f2_launch<128, 4>(args, d_tiles, n_tiles, stream);
+}
