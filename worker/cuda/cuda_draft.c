@@ -41,6 +41,8 @@
 #define CUDA_DRAFT_STAGE (64u << 20) /* f32 staging for uploads, bytes */
 #define CUDA_DRAFT_META 10         /* ints per row in the metadata */
 #define CUDA_DRAFT_GRAPHS 64       /* captured passes kept */
+#define CUDA_DRAFT_TREE_DEPTH 16   /* deepest device-loop tree */
+#define CUDA_DRAFT_TREE_GRAPHS 16  /* captured device-loop trees kept */
 
 /* What a captured pass depends on besides the fixed buffers. */
 typedef struct {
@@ -55,6 +57,22 @@ typedef struct {
     draft_key_t key;
     cudaGraphExec_t exec;
 } draft_graph_t;
+
+/* What a captured device-loop tree depends on besides the fixed buffers
+ * (cuda_draft_tree): the shape and every level's attention plan (the
+ * plan of the level's longest row, as draft_pass picks it). */
+typedef struct {
+    int n;                    /* sequences */
+    int depth;
+    int k;
+    int n_splits[CUDA_DRAFT_TREE_DEPTH]; /* [lv] for levels 1..depth-1 */
+    int split_len[CUDA_DRAFT_TREE_DEPTH];
+} draft_tree_key_t;
+
+typedef struct {
+    draft_tree_key_t key;
+    cudaGraphExec_t exec;
+} draft_tree_graph_t;
 
 struct cuda_draft_s {
     cuda_draft_config_t cfg;
@@ -121,6 +139,23 @@ struct cuda_draft_s {
     uint64_t n_replay;        /* passes replayed from a graph */
     uint64_t n_capture;       /* passes captured (then replayed) */
     uint64_t n_eager;         /* passes launched kernel by kernel */
+
+    /* the device draft loop (cuda_draft_tree) */
+    cuda_tree_seq_t *d_tseq;  /* (tree_seqs) */
+    cuda_tree_seq_t *h_tseq;  /* pinned (tree_seqs) */
+    int *d_l1;                /* (tree_seqs * TOPK_MAX) level-1 ids, then
+                                 as many f32 log-probs */
+    int *h_l1;                /* pinned, same layout */
+    void *d_tnodes;           /* (tree_nodes) spec_node_t */
+    spec_node_t *h_tnodes;    /* pinned (tree_nodes) */
+    int *d_torder;            /* (tree_nodes) selection order */
+    int *h_torder;            /* pinned (tree_nodes) */
+    int tree_seqs;            /* capacities */
+    size_t tree_nodes;
+    draft_tree_graph_t tgraphs[CUDA_DRAFT_TREE_GRAPHS]; /* LRU last */
+    int n_tgraphs;
+    draft_tree_key_t tseen[CUDA_DRAFT_TREE_GRAPHS]; /* keys run eagerly */
+    int n_tseen;
 };
 
 // ---------------------------------------------------------------------
@@ -256,6 +291,7 @@ out:
 
 static bt_status_t draft_mask_reserve(cuda_draft_t *d, size_t bytes);
 static void draft_graphs_drop(cuda_draft_t *d);
+static void draft_tree_free(cuda_draft_t *d);
 
 bt_status_t cuda_draft_create(const spec_head_t *head,
                               const cuda_draft_config_t *cfg,
@@ -426,6 +462,7 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
         cudaFreeHost(d->h_meta);
     if (d->h_mask)
         cudaFreeHost(d->h_mask);
+    draft_tree_free(d);
     worker_gemm_ctx_destroy(&d->gemm);
     if (d->stream)
         cudaStreamDestroy(d->stream);
@@ -624,6 +661,11 @@ static void draft_graphs_drop(cuda_draft_t *d)
         cudaGraphExecDestroy(d->graphs[i].exec);
     d->n_graphs = 0;
     d->n_seen = 0;
+    /* device-loop trees capture passes over the same buffers */
+    for (int i = 0; i < d->n_tgraphs; i++)
+        cudaGraphExecDestroy(d->tgraphs[i].exec);
+    d->n_tgraphs = 0;
+    d->n_tseen = 0;
 }
 
 /* Runs draft_enqueue for this key from a CUDA graph: found, or captured
@@ -926,6 +968,322 @@ bt_status_t cuda_draft_topk(cuda_draft_t *d, int n, const int *states,
     }
     if (status != BT_OK)
         (void)cudaStreamSynchronize(d->stream);
+    return status;
+}
+
+// ---------------------------------------------------------------------
+// the device draft loop
+
+int cuda_draft_tree_nodes(int depth, int k)
+{
+    return k + (depth - 1) * k * k;
+}
+
+bool cuda_draft_tree_ok(const cuda_draft_t *d, int n, int depth, int k,
+                        int max_draft_len)
+{
+    return n >= 1 && k >= 1 && k <= CUDA_DRAFT_TOPK_MAX && k <= d->vocab &&
+           depth >= 2 && depth <= CUDA_DRAFT_TREE_DEPTH &&
+           n * k <= CUDA_DRAFT_CHUNK && max_draft_len >= 0 &&
+           max_draft_len + depth * k <= d->cfg.state_slots &&
+           1 + depth * k <= d->cfg.store_rows;
+}
+
+static void draft_tree_free(cuda_draft_t *d)
+{
+    cuda__dev_free((void **)&d->d_tseq);
+    cuda__dev_free((void **)&d->d_l1);
+    cuda__dev_free(&d->d_tnodes);
+    cuda__dev_free((void **)&d->d_torder);
+    if (d->h_tseq)
+        cudaFreeHost(d->h_tseq);
+    if (d->h_l1)
+        cudaFreeHost(d->h_l1);
+    if (d->h_tnodes)
+        cudaFreeHost(d->h_tnodes);
+    if (d->h_torder)
+        cudaFreeHost(d->h_torder);
+    d->h_tseq = NULL;
+    d->h_l1 = NULL;
+    d->h_tnodes = NULL;
+    d->h_torder = NULL;
+    d->tree_seqs = 0;
+    d->tree_nodes = 0;
+}
+
+/* Tree buffers for n sequences of node_cap nodes (they only grow; a move
+ * drops every captured graph). */
+static bt_status_t draft_tree_reserve(cuda_draft_t *d, int n, int node_cap)
+{
+    size_t nodes = (size_t)n * node_cap;
+    int seqs;
+    bt_status_t status;
+
+    if (n <= d->tree_seqs && nodes <= d->tree_nodes)
+        return BT_OK;
+    draft_graphs_drop(d);
+    seqs = BT_MAX(n, d->tree_seqs);
+    nodes = BT_MAX(nodes, d->tree_nodes);
+    draft_tree_free(d);
+    status = cuda__dev_malloc((void **)&d->d_tseq,
+                              (size_t)seqs * sizeof(cuda_tree_seq_t),
+                              "draft_tree");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&d->d_l1,
+                                  (size_t)seqs * CUDA_DRAFT_TOPK_MAX * 8,
+                                  "draft_tree");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&d->d_tnodes, nodes * sizeof(spec_node_t),
+                                  "draft_tree");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&d->d_torder, nodes * sizeof(int),
+                                  "draft_tree");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMallocHost(
+            (void **)&d->h_tseq, (size_t)seqs * sizeof(cuda_tree_seq_t)));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMallocHost(
+            (void **)&d->h_l1, (size_t)seqs * CUDA_DRAFT_TOPK_MAX * 8));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMallocHost(
+            (void **)&d->h_tnodes, nodes * sizeof(spec_node_t)));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMallocHost((void **)&d->h_torder,
+                                               nodes * sizeof(int)));
+    if (status != BT_OK) {
+        draft_tree_free(d);
+        return status;
+    }
+    d->tree_seqs = seqs;
+    d->tree_nodes = nodes;
+    return BT_OK;
+}
+
+/* The device work of one tree (key), inputs already in d_tseq / d_l1:
+ * level 1, then per level the rows, the head pass (draft_enqueue, as
+ * draft_pass runs it) and the expansion, then the selection.  No host
+ * copies and no allocation: a CUDA graph captures it whole. */
+static bt_status_t draft_tree_enqueue(cuda_draft_t *d,
+                                      const draft_tree_key_t *key)
+{
+    int n = key->n, k = key->k, nr = n * k;
+    int node_cap = cuda_draft_tree_nodes(key->depth, k);
+    bt_status_t status;
+
+    status = cuda_tree_level1(n, k, d->d_l1, (const float *)(d->d_l1 + nr),
+                              d->d_tnodes, node_cap, d->d_tseq, d->stream);
+    for (int lv = 1; lv < key->depth && status == BT_OK; lv++) {
+        status = cuda_tree_rows(n, k, lv, d->d_tnodes, node_cap, d->d_tseq,
+                                d->nb_per * CUDA_DRAFT_BLOCK, d->nb_per,
+                                d->cfg.store_rows, d->d_meta, d->d_mask,
+                                d->stream);
+        if (status == BT_OK)
+            status = draft_enqueue(d, nr, 0, k, false, key->n_splits[lv],
+                                   key->split_len[lv]);
+        if (status == BT_OK)
+            status = cuda_tree_expand(n, k, lv, d->d_top_ids,
+                                      d->d_top_logp, d->d_tnodes, node_cap,
+                                      d->d_tseq, d->stream);
+    }
+    if (status == BT_OK)
+        status = cuda_tree_select(n, d->d_tnodes, node_cap, d->d_tseq,
+                                  d->d_torder, d->stream);
+    return status;
+}
+
+/* draft_graph_run for trees: replayed when captured, captured on the
+ * key's second sight, else *done_p false (run it eagerly). */
+static bt_status_t draft_tree_graph_run(cuda_draft_t *d,
+                                        const draft_tree_key_t *key,
+                                        bool *done_p)
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    bt_status_t status, st2;
+    bool seen = false;
+
+    *done_p = false;
+    for (int i = 0; i < d->n_tgraphs; i++)
+        if (memcmp(&d->tgraphs[i].key, key, sizeof(*key)) == 0) {
+            draft_tree_graph_t g = d->tgraphs[i];
+
+            memmove(&d->tgraphs[i], &d->tgraphs[i + 1],
+                    (size_t)(d->n_tgraphs - 1 - i) * sizeof(g));
+            d->tgraphs[d->n_tgraphs - 1] = g;
+            *done_p = true;
+            d->n_replay++;
+            return BT_CUDA_STATUS(cudaGraphLaunch(g.exec, d->stream));
+        }
+    for (int i = 0; i < d->n_tseen && !seen; i++)
+        seen = memcmp(&d->tseen[i], key, sizeof(*key)) == 0;
+    if (!seen) {
+        if (d->n_tseen == CUDA_DRAFT_TREE_GRAPHS)
+            memmove(&d->tseen[0], &d->tseen[1],
+                    (CUDA_DRAFT_TREE_GRAPHS - 1) * sizeof(d->tseen[0]));
+        d->tseen[BT_MIN(d->n_tseen, CUDA_DRAFT_TREE_GRAPHS - 1)] = *key;
+        d->n_tseen = BT_MIN(d->n_tseen + 1, CUDA_DRAFT_TREE_GRAPHS);
+        return BT_OK;
+    }
+    if (d->n_tgraphs == CUDA_DRAFT_TREE_GRAPHS) {
+        cudaGraphExecDestroy(d->tgraphs[0].exec);
+        memmove(&d->tgraphs[0], &d->tgraphs[1],
+                (CUDA_DRAFT_TREE_GRAPHS - 1) * sizeof(d->tgraphs[0]));
+        d->n_tgraphs--;
+    }
+    status = BT_CUDA_STATUS(cudaStreamBeginCapture(
+        d->stream, cudaStreamCaptureModeThreadLocal));
+    if (status != BT_OK)
+        goto fail;
+    status = draft_tree_enqueue(d, key);
+    st2 = BT_CUDA_STATUS(cudaStreamEndCapture(d->stream, &graph));
+    if (status == BT_OK)
+        status = st2;
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaGraphInstantiate(&exec, graph, 0));
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (status != BT_OK)
+        goto fail;
+    d->tgraphs[d->n_tgraphs].key = *key;
+    d->tgraphs[d->n_tgraphs++].exec = exec;
+    d->n_capture++;
+    *done_p = true;
+    return BT_CUDA_STATUS(cudaGraphLaunch(exec, d->stream));
+
+fail:
+    BT_LOG_WARN("SPEC", "device draft loop: graph capture failed (%s); "
+                "running the head without graphs", bt_error_last());
+    (void)cudaGetLastError();
+    d->use_graphs = false;
+    return BT_OK;
+}
+
+bt_status_t cuda_draft_tree(cuda_draft_t *d, int n,
+                            const cuda_draft_tree_seq_t *seqs, int depth,
+                            int k, const int *l1_ids, const float *l1_logp,
+                            spec_node_t *nodes, int *order, int *n_sel)
+{
+    const cuda_draft_config_t *c = &d->cfg;
+    int node_cap, nr = n * k, max_dl = 0, max_splits;
+    draft_tree_key_t key;
+    bool done = false;
+    bt_status_t status;
+
+    if (n < 1 || k < 1 || k > CUDA_DRAFT_TOPK_MAX || k > d->vocab ||
+        depth < 2 || depth > CUDA_DRAFT_TREE_DEPTH ||
+        nr > CUDA_DRAFT_CHUNK)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device draft loop of %d sequences, depth %d, "
+                        "top-%d", n, depth, k);
+    for (int i = 0; i < n; i++) {
+        const cuda_draft_tree_seq_t *q = &seqs[i];
+
+        if (q->state < 0 || q->state >= c->n_states || q->draft_len < 0 ||
+            q->draft_len + depth * k > c->state_slots || q->cached < 0 ||
+            q->tokens < 1 || 1 + depth * k > c->store_rows)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "device draft loop: sequence %d (state %d, "
+                            "draft_len %d) does not fit", i, q->state,
+                            q->draft_len);
+        max_dl = BT_MAX(max_dl, q->draft_len);
+    }
+    for (int i = 0; i < nr; i++)
+        if (l1_ids[i] < 0 || l1_ids[i] >= d->vocab)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "device draft loop: level-1 token %d",
+                            l1_ids[i]);
+    status = BT_CUDA_STATUS(cudaSetDevice(c->device_index));
+    if (status != BT_OK)
+        return status;
+    node_cap = cuda_draft_tree_nodes(depth, k);
+    status = draft_tree_reserve(d, n, node_cap);
+    if (status == BT_OK &&
+        (size_t)nr * (depth - 1) * k > d->mask_cap) {
+        draft_graphs_drop(d); /* d_mask moves */
+        status = draft_mask_reserve(d, (size_t)nr * (depth - 1) * k);
+    }
+    if (status != BT_OK)
+        return status;
+
+    /* inputs: one upload */
+    for (int i = 0; i < n; i++) {
+        cuda_tree_seq_t *t = &d->h_tseq[i];
+
+        memset(t, 0, sizeof(*t));
+        t->state = seqs[i].state;
+        t->draft_len = seqs[i].draft_len;
+        t->cached = seqs[i].cached;
+        t->tokens = seqs[i].tokens;
+    }
+    memcpy(d->h_l1, l1_ids, (size_t)nr * sizeof(int));
+    memcpy(d->h_l1 + nr, l1_logp, (size_t)nr * sizeof(float));
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(
+        d->d_tseq, d->h_tseq, (size_t)n * sizeof(cuda_tree_seq_t),
+        cudaMemcpyHostToDevice, d->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d->d_l1, d->h_l1, (size_t)nr * 8, cudaMemcpyHostToDevice,
+            d->stream));
+    if (status != BT_OK)
+        goto out;
+
+    /* every level's attention plan, exactly as draft_pass picks it */
+    memset(&key, 0, sizeof(key));
+    key.n = n;
+    key.depth = depth;
+    key.k = k;
+    max_splits = (int)BT_MIN((size_t)64,
+                             d->ws_floats / ((size_t)nr * d->nh *
+                                             (d->hd + 2)));
+    max_splits = BT_MAX(max_splits, 1);
+    for (int lv = 1; lv < depth; lv++)
+        cuda_attn_decode_plan(nr, BT_MAX(max_dl + lv * k, 1), d->nh, d->nkv,
+                              d->n_sm, max_splits, &key.n_splits[lv],
+                              &key.split_len[lv]);
+    if (d->use_graphs) {
+        status = draft_tree_graph_run(d, &key, &done);
+        if (status != BT_OK)
+            goto out;
+    }
+    if (!done) {
+        d->n_eager++;
+        status = draft_tree_enqueue(d, &key);
+        if (status != BT_OK)
+            goto out;
+    }
+
+    /* the tree: one download */
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(
+        d->h_tnodes, d->d_tnodes, (size_t)n * node_cap * sizeof(spec_node_t),
+        cudaMemcpyDeviceToHost, d->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d->h_torder, d->d_torder, (size_t)n * node_cap * sizeof(int),
+            cudaMemcpyDeviceToHost, d->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d->h_tseq, d->d_tseq, (size_t)n * sizeof(cuda_tree_seq_t),
+            cudaMemcpyDeviceToHost, d->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+    if (status != BT_OK)
+        goto out;
+    for (int i = 0; i < n; i++)
+        if (d->h_tseq[i].n_nodes != node_cap) {
+            status = BT_ERROR(BT_ERR_INTERNAL, "SPEC",
+                              "device draft loop: sequence %d grew %d of "
+                              "%d nodes", i, d->h_tseq[i].n_nodes,
+                              node_cap);
+            goto out;
+        }
+    memcpy(nodes, d->h_tnodes, (size_t)n * node_cap * sizeof(spec_node_t));
+    memcpy(order, d->h_torder, (size_t)n * node_cap * sizeof(int));
+    for (int i = 0; i < n; i++)
+        n_sel[i] = d->h_tseq[i].n_sel;
+    return BT_OK;
+
+out:
+    (void)cudaStreamSynchronize(d->stream);
     return status;
 }
 

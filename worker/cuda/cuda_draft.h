@@ -21,11 +21,13 @@
 #ifndef BT_WORKER_CUDA_CUDA_DRAFT_H
 #define BT_WORKER_CUDA_CUDA_DRAFT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "bt_status.h"
 #include "spec/spec_head.h"
+#include "spec/spec_tree.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -103,6 +105,51 @@ bt_status_t cuda_draft_target_argmax(cuda_draft_t *draft, int n,
  * graph, captured (a key's second sight), launched kernel by kernel. */
 void cuda_draft_graph_stats(const cuda_draft_t *draft, uint64_t *replays,
                             uint64_t *captures, uint64_t *eager);
+
+/* ---- the device draft loop: a whole EAGLE-2 tree per sequence on the
+ * device, for n sequences at once, with no host round trip between
+ * levels (spec.c uses it when BT_DRAFT_LOOP=device).  Level 1's
+ * candidates come from the caller (the feeding pass returns them); each
+ * further level writes its head rows (tokens, positions, parents' store
+ * rows, tree masks) into the fixed metadata buffers on the device, runs
+ * the head pass and expands the tree with spec_tree_impl.h's steps
+ * (the host path's text, compiled for the device), and the last step
+ * selects each sequence's `tokens` best nodes.  Rows, KV slots, store
+ * rows, masks and attention plans are the ones the host path
+ * (spec_level_rows + cuda_draft_forward) uses, so the tree is the host
+ * path's bit for bit.  One upload, one CUDA graph per (n, depth, k,
+ * per-level attention plans) (captured on a key's second sight), one
+ * download, one synchronisation. */
+
+/* One drafting sequence of cuda_draft_tree. */
+typedef struct {
+    int state;     /* draft state; store row 0 holds the root feature */
+    int draft_len; /* head KV slots holding true pairs: the tree's rows
+                      see [0, draft_len) and their tree ancestors */
+    int cached;    /* target tokens cached: level d's rows (d >= 1) get
+                      RoPE position cached + d - 1 */
+    int tokens;    /* draft tokens to select, >= 1 */
+} cuda_draft_tree_seq_t;
+
+/* Nodes per sequence of a device-loop tree: k + (depth - 1) * k * k
+ * (every frontier has k nodes, each with k candidates). */
+int cuda_draft_tree_nodes(int depth, int k);
+
+/* Whether cuda_draft_tree takes n sequences of this shape whose longest
+ * draft_len is max_draft_len (slots and store rows suffice, one pass of
+ * rows per level). */
+bool cuda_draft_tree_ok(const cuda_draft_t *draft, int n, int depth, int k,
+                        int max_draft_len);
+
+/* Grows the trees: l1_ids / l1_logp (n, k) level-1 candidates (best
+ * first); depth >= 2 levels in all.  Out, per sequence i (node_cap =
+ * cuda_draft_tree_nodes): nodes + i * node_cap every node (vidx set by
+ * the selection), order + i * node_cap the selected ids best first,
+ * n_sel[i] how many. */
+bt_status_t cuda_draft_tree(cuda_draft_t *draft, int n,
+                            const cuda_draft_tree_seq_t *seqs, int depth,
+                            int k, const int *l1_ids, const float *l1_logp,
+                            spec_node_t *nodes, int *order, int *n_sel);
 
 /* Pinned host memory (faster transfers for the hidden/logits buffers
  * that spec_step hands the backend); NULL on failure.  Free with

@@ -7,6 +7,11 @@
  * value has a higher id, so strict > keeps the lower id); the lists go
  * to shared memory and k rounds of a block arg-max over the list heads
  * (value desc, id asc) emit the winners in order.
+ *
+ * cuda_tree_*: the device draft loop's tree steps (spec_tree_impl.h run
+ * by thread 0 of one block per sequence: a few hundred nodes at most, so
+ * a serial insertion sort costs microseconds and keeps the host's order
+ * exactly), and the level rows (one thread per frontier node).
  * Tested through the whole head: build-cuda/gpu/test_spec_cuda.
  */
 #include "draft.h"
@@ -15,6 +20,12 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "../../spec/spec_tree.h"
+
+/* The tree steps of the host path, compiled for the device (one text:
+ * the device draft loop builds the host path's tree bit for bit). */
+#define SPEC_TREE_FN static __device__ inline
+#include "../../spec/spec_tree_impl.h"
 
 #define TOPK_THREADS 256
 
@@ -201,5 +212,149 @@ bt_status_t cuda_topk_logprob(const float *d_logits, int n, int vocab, int k,
         return BT_OK;
     topk_kernel<<<n, TOPK_THREADS, 0, stream>>>(d_logits, vocab, k, d_ids,
                                                 d_logp);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+// ---------------------------------------------------------------------
+// the device draft loop's tree steps
+
+static __global__ void tree_level1_kernel(int k, const int *ids,
+                                          const float *logp,
+                                          spec_node_t *nodes_all,
+                                          int node_cap, cuda_tree_seq_t *seqs)
+{
+    int i = blockIdx.x;
+    cuda_tree_seq_t *s = &seqs[i];
+    int n_nodes = 0;
+
+    if (threadIdx.x != 0)
+        return;
+    s->n_front = spec_tree_level1(nodes_all + (size_t)i * node_cap,
+                                  &n_nodes, ids + (size_t)i * k,
+                                  logp + (size_t)i * k, k, s->front);
+    s->n_nodes = n_nodes;
+    s->n_exp = 0;
+    s->n_sel = 0;
+}
+
+bt_status_t cuda_tree_level1(int n, int k, const int *d_ids,
+                             const float *d_logp, void *d_nodes,
+                             int node_cap, cuda_tree_seq_t *d_seqs,
+                             cudaStream_t stream)
+{
+    BT_ASSERT(n > 0 && k > 0 && k <= CUDA_TOPK_MAX);
+    tree_level1_kernel<<<n, 32, 0, stream>>>(k, d_ids, d_logp,
+                                             (spec_node_t *)d_nodes,
+                                             node_cap, d_seqs);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+/* Row i * k + r: frontier node r of sequence i (spec_level_rows). */
+static __global__ void tree_rows_kernel(int n, int k, int d,
+                                        const spec_node_t *nodes_all,
+                                        int node_cap,
+                                        const cuda_tree_seq_t *seqs,
+                                        int state_slots, int nb_per,
+                                        int store_rows, int *meta,
+                                        uint8_t *mask)
+{
+    int i = blockIdx.x, r = threadIdx.x;
+    const cuda_tree_seq_t *s = &seqs[i];
+    const spec_node_t *nodes = nodes_all + (size_t)i * node_cap;
+    int nr = n * k, j = i * k + r, width = d * k, n_exp = s->n_exp;
+    int *tok = meta, *pos = tok + nr, *slot = pos + nr, *kvl = slot + nr;
+    int *bto = kvl + nr, *ctx = bto + nr, *mo = ctx + nr, *fsrc = mo + nr;
+    int *odst = fsrc + nr;
+    const spec_node_t *nd;
+    uint8_t *m;
+
+    if (r >= k)
+        return;
+    nd = &nodes[s->front[r]];
+    m = mask + (size_t)j * width;
+    tok[j] = nd->token;
+    pos[j] = s->cached + d - 1;
+    slot[j] = s->state * state_slots + s->draft_len + n_exp + r;
+    kvl[j] = s->draft_len + width;
+    bto[j] = s->state * nb_per;
+    ctx[j] = s->draft_len;
+    mo[j] = j * width;
+    fsrc[j] = s->state * store_rows +
+              (nd->parent < 0 ? 0 : 1 + nodes[nd->parent].feat);
+    odst[j] = s->state * store_rows + 1 + n_exp + r;
+    for (int c = 0; c < width; c++)
+        m[c] = 0;
+    for (int a = nd->parent; a >= 0; a = nodes[a].parent)
+        m[nodes[a].feat] = 1;
+    m[n_exp + r] = 1;
+}
+
+bt_status_t cuda_tree_rows(int n, int k, int d, const void *d_nodes,
+                           int node_cap, const cuda_tree_seq_t *d_seqs,
+                           int state_slots, int nb_per, int store_rows,
+                           int *d_meta, uint8_t *d_mask,
+                           cudaStream_t stream)
+{
+    BT_ASSERT(n > 0 && k > 0 && k <= CUDA_TOPK_MAX && d >= 1);
+    tree_rows_kernel<<<n, 32, 0, stream>>>(
+        n, k, d, (const spec_node_t *)d_nodes, node_cap, d_seqs,
+        state_slots, nb_per, store_rows, d_meta, d_mask);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+static __global__ void tree_expand_kernel(int k, int d, const int *ids,
+                                          const float *logp,
+                                          spec_node_t *nodes_all,
+                                          int node_cap, cuda_tree_seq_t *seqs)
+{
+    int i = blockIdx.x;
+    cuda_tree_seq_t *s = &seqs[i];
+    int cand[CUDA_TOPK_MAX * CUDA_TOPK_MAX];
+    int n_front = s->n_front, n_nodes = s->n_nodes;
+
+    if (threadIdx.x != 0)
+        return;
+    s->n_front = spec_tree_expand(nodes_all + (size_t)i * node_cap, &n_nodes,
+                                  s->front, n_front, s->n_exp,
+                                  ids + (size_t)i * k * k,
+                                  logp + (size_t)i * k * k, NULL, k, d, k,
+                                  cand);
+    s->n_nodes = n_nodes;
+    s->n_exp += n_front;
+}
+
+bt_status_t cuda_tree_expand(int n, int k, int d, const int *d_ids,
+                             const float *d_logp, void *d_nodes,
+                             int node_cap, cuda_tree_seq_t *d_seqs,
+                             cudaStream_t stream)
+{
+    BT_ASSERT(n > 0 && k > 0 && k <= CUDA_TOPK_MAX && d >= 1);
+    tree_expand_kernel<<<n, 32, 0, stream>>>(k, d, d_ids, d_logp,
+                                             (spec_node_t *)d_nodes,
+                                             node_cap, d_seqs);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+static __global__ void tree_select_kernel(spec_node_t *nodes_all,
+                                          int node_cap, cuda_tree_seq_t *seqs,
+                                          int *order)
+{
+    int i = blockIdx.x;
+    cuda_tree_seq_t *s = &seqs[i];
+
+    if (threadIdx.x != 0)
+        return;
+    s->n_sel = spec_tree_select(nodes_all + (size_t)i * node_cap,
+                                s->n_nodes, s->tokens,
+                                order + (size_t)i * node_cap);
+}
+
+bt_status_t cuda_tree_select(int n, void *d_nodes, int node_cap,
+                             cuda_tree_seq_t *d_seqs, int *d_order,
+                             cudaStream_t stream)
+{
+    BT_ASSERT(n > 0);
+    tree_select_kernel<<<n, 32, 0, stream>>>((spec_node_t *)d_nodes,
+                                             node_cap, d_seqs, d_order);
     return BT_CUDA_LAUNCH_STATUS();
 }
