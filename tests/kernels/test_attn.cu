@@ -5,7 +5,9 @@
  *     (attn_decode_tc.cu), so those runs repeat once with BT_ATTN_TC=0 to
  *     keep the general kernel tested,
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
- *     tokens, the rest through cuda_attn_decode, as the backend mixes them,
+ *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
+ *     at head 64/128 once per BT_PREFILL_KERNEL variant (default mma,
+ *     mma2, wmma, fa2, fa2w4, fa2w8),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -221,15 +223,16 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
     /* (head 64/128: the default mma.sync kernel (64 queries per block),
-     * mma2 (128), then the WMMA one) */
+     * mma2 (128), the WMMA one, then attn_prefill_fa2.cu with the warp
+     * count it picks (fa2) and with 4 and 8 warps forced) */
+    static const char *const pnames[] = {"mma", "mma2", "wmma", "fa2",
+                                         "fa2w4", "fa2w8"};
     const bool two = c->hd == 64 || c->hd == 128;
-    for (int pass = 0; pass < (two ? 3 : 1) &&
+    for (int pass = 0; pass < (two ? 6 : 1) &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
-        if (pass == 1)
-            setenv("BT_PREFILL_KERNEL", "mma2", 1);
-        if (pass == 2)
-            setenv("BT_PREFILL_KERNEL", "wmma", 1);
+        if (pass > 0)
+            setenv("BT_PREFILL_KERNEL", pnames[pass], 1);
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_prefill(&b.a, b.d_tiles,
                                 (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS,
@@ -237,9 +240,10 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
         KT_OK(cuda_attn_decode(&b.a, b.d_gen, (int)b.gen.size(), 1, 1 << 30,
                                NULL, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
-        snprintf(what, sizeof(what), "attn prefill%s+decode %s",
-                 two ? (pass == 2 ? " (wmma)" : pass ? " (mma2)" : " (mma)")
-                     : "", desc);
+        char pn[16] = "";
+        if (two)
+            snprintf(pn, sizeof(pn), " (%s)", pnames[pass]);
+        snprintf(what, sizeof(what), "attn prefill%s+decode %s", pn, desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
         unsetenv("BT_PREFILL_KERNEL");
@@ -306,12 +310,18 @@ static void bench(void)
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
-        for (int pass = 0; pass < 3; pass++) {
+        static const char *const bnames[] = {"mma ", "mma2", "wmma",
+                                             "fa2 ", "fa2w4"};
+        for (int pass = 0; pass < 5; pass++) {
         float ms[10];
         if (pass == 1)
             setenv("BT_PREFILL_KERNEL", "mma2", 1);
         if (pass == 2)
             setenv("BT_PREFILL_KERNEL", "wmma", 1);
+        if (pass == 3)
+            setenv("BT_PREFILL_KERNEL", "fa2", 1);
+        if (pass == 4)
+            setenv("BT_PREFILL_KERNEL", "fa2w4", 1);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
             KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, CUDA_DT_BF16,
@@ -324,7 +334,7 @@ static void bench(void)
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
         printf("prefill attn %s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
-               "FLOPs)\n", pass == 2 ? "wmma" : pass ? "mma2" : "mma ", pre[i],
+               "FLOPs)\n", bnames[pass], pre[i],
                med * 1e3,
                flops / (med * 1e-3) / 1e12);
         unsetenv("BT_PREFILL_KERNEL");
@@ -359,6 +369,20 @@ int main(int argc, char **argv)
         /* mma prefill: several key tiles, full and diagonal, masked */
         {32, 8, 128, 16, {{0, 300, 0}, {200, 150, 0}, {5, 3, 0}}},
         {8, 2, 64, 8, {{0, 200, 0}, {50, 77, 1}, {300, 1, 0}}},
+        /* fa2 prefill (GQA units in a block): group 8 at head 128 with
+         * block 8, odd lengths after long prefixes (a chunk starting
+         * mid-tile and mid-block), a partial last tile of 1-15 rows */
+        {32, 4, 128, 8, {{0, 333, 0}, {1500, 131, 0}, {7, 64, 0},
+                         {0, 1, 0}}},
+        /* group 1 at head 64 with block 64, a masked chunk after 64 */
+        {8, 8, 64, 64, {{0, 257, 0}, {100, 200, 0}, {64, 65, 1}}},
+        /* group 4 at head 128, block 16: prefix not a multiple of 64,
+         * 17-token chunk (one full sub-tile + 1 row), masked 40 */
+        {16, 4, 128, 16, {{129, 190, 0}, {0, 17, 0}, {45, 40, 1}}},
+        /* group 3 (odd: 4 warps per block) at head 64, block 8 */
+        {12, 4, 64, 8, {{0, 150, 0}, {300, 99, 0}, {2, 1, 0}}},
+        /* group 8 at head 64, block 64: many tiles, chunk at 1000 */
+        {16, 2, 64, 64, {{0, 449, 0}, {1000, 80, 0}}},
     };
     kt_seed(6);
     for (int dti = 0; dti < 2; dti++)

@@ -16,8 +16,9 @@
  * Per warp: the Q fragments (16 rows x HD) stay in registers for the
  * whole key loop; S = Q K^T and O += P V run on mma.m16n8k16 (bf16 in,
  * f32 accumulate) with ldmatrix (.trans for V) from shared memory; the
- * online softmax runs in registers in base 2 (the scale times log2 e is
- * folded into the scores; one rescale of O per key tile), P is re-packed
+ * online softmax runs in registers in base 2 (p = 2^(s * scale * log2 e
+ * - m), one FFMA and one MUFU.EX2 per score; one rescale of O per key
+ * tile), P is re-packed
  * from the S accumulators as the A operand of P V.
  *
  * K/V tiles of 64 keys stream through an STAGES-deep cp.async ring (16-
@@ -269,7 +270,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
         }
 
-        /* Scores in base 2; masks only where some key may be hidden. */
+        /* Masks only where some key may be hidden; raw scores stay
+         * unscaled (the scale goes into the exponent's FFMA). */
         const bool full = kb0 + F2_BK <= ctx ||
                           (mask == NULL && kb0 + F2_BK - 1 <= warp_full);
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -277,7 +279,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         for (int nt = 0; nt < KB; nt++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                float v0 = s[nt][j] * sl2, v1 = s[nt][2 + j] * sl2;
+                float v0 = s[nt][j], v1 = s[nt][2 + j];
                 if (!full) {
                     const int key = kb0 + nt * 8 + 2 * tq + j;
                     bool vis0 = ok0 && key < kv_end;
@@ -308,7 +310,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
         }
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        /* Running maxima in base-2 units (sl2 > 0: max commutes). */
+        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
         /* A row with nothing visible yet keeps m = -inf: subtract 0. */
         const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
         const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
@@ -335,10 +338,11 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int nt = 2 * kk + hh;
-                pa[2 * hh] = tc_pack(f2_ex2(s[nt][0] - b0),
-                                     f2_ex2(s[nt][1] - b0));
-                pa[2 * hh + 1] = tc_pack(f2_ex2(s[nt][2] - b1),
-                                         f2_ex2(s[nt][3] - b1));
+                pa[2 * hh] = tc_pack(f2_ex2(fmaf(s[nt][0], sl2, -b0)),
+                                     f2_ex2(fmaf(s[nt][1], sl2, -b0)));
+                pa[2 * hh + 1] =
+                    tc_pack(f2_ex2(fmaf(s[nt][2], sl2, -b1)),
+                            f2_ex2(fmaf(s[nt][3], sl2, -b1)));
                 /* the sums of what P V really multiplies (bf16 p) */
                 const __nv_bfloat162 q01 =
                     *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
