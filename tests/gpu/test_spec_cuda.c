@@ -9,6 +9,12 @@
  *      host's top-k of the host logits (f32; bf16: top-1 agreement
  *      printed); on aidreams260K, stories260K and a mid-size synthetic
  *      shape (dim 1024, heads of 128, GQA, vocab 32000);
+ *   1b. the device draft loop (cuda_draft_tree, BT_DRAFT_LOOP=device)
+ *      against the host-driven path (one cuda_draft_forward per level,
+ *      spec_tree.h's steps on the host) on the same seeded draft states:
+ *      every node (token, parent, depth, score bits, feat, vidx), the
+ *      selection order and count identical, over 4 runs (eager, captured,
+ *      replayed x2), f32 and bf16, 1-4 sequences, several shapes;
  *   2. hidden rows: the cuda backend's hidden rows (before the final
  *      norm) vs the cpu backend's on a batch with a prompt and a masked
  *      tree, f32 (< 1e-4); bf16 within 4x (at least 1e-2) of what
@@ -32,6 +38,9 @@
  *      the model's own baseline is plain alone vs plain batched: spec
  *      passes when it agrees with plain at least as often as plain agrees
  *      with itself (identical lines, and the mean identical prefix).
+ *      The fixed 16/5/4 tree again with BT_DRAFT_LOOP=device: identical
+ *      to the host path's fixed-16 output (alone and batched, f32 and
+ *      bf16) with fewer head passes.  `test_spec_cuda loop` runs 1b only.
  * Prints one PASS/FAIL/INFO line per check; exits non-zero on failure.
  */
 #include <cjson/cJSON.h>
@@ -52,6 +61,7 @@
 #include "sampler.h"
 #include "spec/spec.h"
 #include "spec/spec_head.h"
+#include "spec/spec_tree.h"
 
 static int g_fail;
 
@@ -291,6 +301,199 @@ static void test_heads(void)
 
         head_check("synth-1024", m, false);
         head_check("synth-1024", m, true);
+        model_destroy(&m);
+    }
+}
+
+// ---------------------------------------------------------------------
+// 1b. the device draft loop (cuda_draft_tree) vs the host-driven path
+
+/* Grows trees the way spec.c's host-driven path does with the device
+ * head (spec_level_rows rows, one cuda_draft_forward per level, the
+ * spec_tree.h steps on the host), from level-1 candidates l1 (n, k). */
+static void loop_host_tree(cuda_draft_t *dev, int n,
+                           const cuda_draft_tree_seq_t *q, int depth, int k,
+                           const int *l1_ids, const float *l1_lp,
+                           spec_node_t *nodes, int node_cap, int *order,
+                           int *n_sel)
+{
+    int front[16][16], n_front[16], n_nodes[16], n_exp[16];
+    cuda_draft_row_t rows[256];
+    static uint8_t masks[256 * 256];
+    int ids[256 * 16], cand[256];
+    float lp[256 * 16];
+
+    for (int i = 0; i < n; i++) {
+        n_front[i] = spec_tree_first_level(nodes + (size_t)i * node_cap,
+                                           &n_nodes[i], l1_ids + i * k,
+                                           l1_lp + i * k, k, front[i]);
+        n_exp[i] = 0;
+    }
+    for (int d = 1; d < depth; d++) {
+        int nr = 0, width = d * k;
+
+        for (int i = 0; i < n; i++) {
+            spec_node_t *nd_i = nodes + (size_t)i * node_cap;
+
+            for (int r = 0; r < n_front[i]; r++, nr++) {
+                const spec_node_t *nd = &nd_i[front[i][r]];
+                uint8_t *m = masks + (size_t)nr * width;
+
+                memset(m, 0, (size_t)width);
+                for (int a = nd->parent; a >= 0; a = nd_i[a].parent)
+                    m[nd_i[a].feat] = 1;
+                m[n_exp[i] + r] = 1;
+                rows[nr] = (cuda_draft_row_t){
+                    q[i].state, nd->token, q[i].cached + d - 1,
+                    q[i].draft_len + n_exp[i] + r, q[i].draft_len,
+                    q[i].draft_len + width, m,
+                    nd->parent < 0 ? 0 : 1 + nd_i[nd->parent].feat,
+                    1 + n_exp[i] + r };
+            }
+        }
+        BT_ASSERT_OK(cuda_draft_forward(dev, nr, rows, NULL, 0, k, ids, lp,
+                                        NULL, NULL));
+        nr = 0;
+        for (int i = 0; i < n; i++) {
+            int nf = n_front[i];
+
+            n_front[i] = spec_tree_next_level(
+                nodes + (size_t)i * node_cap, &n_nodes[i], front[i], nf,
+                n_exp[i], ids + (size_t)nr * k, lp + (size_t)nr * k, NULL, k,
+                d, k, cand);
+            n_exp[i] += nf;
+            nr += nf;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        BT_ASSERT_EQ(n_nodes[i], node_cap);
+        n_sel[i] = spec_tree_pick(nodes + (size_t)i * node_cap, node_cap,
+                                  q[i].tokens, order + (size_t)i * node_cap);
+    }
+}
+
+/* Seeds n draft states with random target features (n_feed causal rows
+ * each, store row 0 = the last row's output, the tree root) and runs
+ * the device loop and the host-driven path on them, several times (the
+ * device loop: eager, captured, replayed): identical trees. */
+static void loop_check(const char *name, const model_t *m, bool bf16,
+                       int n, int depth, int k, int tokens)
+{
+    const model_config_t *mc = model_config(m);
+    int dim = mc->dim, vocab = mc->vocab_size, n_feed = 6;
+    int node_cap = cuda_draft_tree_nodes(depth, k), same = 0, runs = 4;
+    spec_head_t *head = NULL;
+    cuda_draft_t *dev = NULL;
+    cuda_draft_config_t dc = { 0, bf16, n + 1, 64, 1 + (depth - 1) * k };
+    cuda_draft_row_t rows[64];
+    cuda_draft_tree_seq_t q[8];
+    float *hid = malloc(sizeof(float) * (size_t)n * n_feed * dim);
+    spec_node_t *hn = malloc(sizeof(spec_node_t) * (size_t)n * node_cap);
+    spec_node_t *dn = malloc(sizeof(spec_node_t) * (size_t)n * node_cap);
+    int *ho = malloc(sizeof(int) * (size_t)n * node_cap);
+    int *dor = malloc(sizeof(int) * (size_t)n * node_cap);
+    int ids[64 * 16], l1_ids[8 * 16], hs[8], dsel[8];
+    float lp[64 * 16], l1_lp[8 * 16];
+    uint64_t rep = 0, cap = 0, eag = 0; /* tree calls only */
+    const char *genv = getenv("BT_DRAFT_GRAPHS");
+    bool graphs = genv == NULL || strcmp(genv, "0") != 0, ok;
+
+    BT_ASSERT(n <= 8 && n * n_feed <= 64 && k <= 16);
+    BT_ASSERT_OK(spec_head_create(m, 0, 5, &head));
+    {
+        const spec_head_weights_t *w = spec_head_weights(head);
+        float sc = 1.0f / sqrtf((float)(2 * dim));
+
+        for (size_t i = 0; i < (size_t)dim * 2 * dim; i++)
+            w->fc_w[i] += frand() * sc;
+    }
+    BT_ASSERT_OK(cuda_draft_create(head, &dc, &dev));
+    for (int i = 0; i < n * n_feed * dim; i++)
+        hid[i] = 2.0f * frand();
+    for (int i = 0; i < n; i++) {
+        for (int t = 0; t < n_feed; t++)
+            rows[i * n_feed + t] = (cuda_draft_row_t){
+                i + 1, (int)((t * 7919u + i * 31u + 11u) % (unsigned)vocab),
+                5 + t, t, 0, t + 1, NULL, -1 - (i * n_feed + t),
+                t == n_feed - 1 ? 0 : -1 };
+        q[i] = (cuda_draft_tree_seq_t){ i + 1, n_feed, 5 + n_feed, tokens };
+    }
+    BT_ASSERT_OK(cuda_draft_forward(dev, n * n_feed, rows, hid, n * n_feed,
+                                    k, ids, lp, NULL, NULL));
+    for (int i = 0; i < n; i++) {
+        memcpy(l1_ids + i * k, ids + ((i + 1) * n_feed - 1) * k,
+               sizeof(int) * (size_t)k);
+        memcpy(l1_lp + i * k, lp + ((i + 1) * n_feed - 1) * k,
+               sizeof(float) * (size_t)k);
+    }
+    BT_ASSERT(cuda_draft_tree_ok(dev, n, depth, k, n_feed));
+    loop_host_tree(dev, n, q, depth, k, l1_ids, l1_lp, hn, node_cap, ho,
+                   hs);
+    for (int run = 0; run < runs; run++) {
+        uint64_t r0, c0, e0, r1, c1, e1;
+        bool eq = true;
+
+        memset(dn, 0xff, sizeof(spec_node_t) * (size_t)n * node_cap);
+        cuda_draft_graph_stats(dev, &r0, &c0, &e0);
+        BT_ASSERT_OK(cuda_draft_tree(dev, n, q, depth, k, l1_ids, l1_lp, dn,
+                                     dor, dsel));
+        cuda_draft_graph_stats(dev, &r1, &c1, &e1);
+        rep += r1 - r0;
+        cap += c1 - c0;
+        eag += e1 - e0;
+        eq = memcmp(dn, hn, sizeof(spec_node_t) * (size_t)n * node_cap) == 0;
+        for (int i = 0; i < n && eq; i++)
+            eq = dsel[i] == hs[i] &&
+                 memcmp(dor + (size_t)i * node_cap, ho + (size_t)i * node_cap,
+                        sizeof(int) * (size_t)hs[i]) == 0;
+        same += eq;
+        /* the host-driven path again between runs: the loop only ever
+         * rewrites tree slots and store rows, so both stay comparable */
+        if (run == 1) {
+            loop_host_tree(dev, n, q, depth, k, l1_ids, l1_lp, hn, node_cap,
+                           ho, hs);
+        }
+    }
+    /* graphs: eager on the key's first sight, captured on the second,
+     * replayed after */
+    ok = same == runs && (graphs ? eag == 1 && cap == 1 &&
+                                       rep == (uint64_t)runs - 2
+                                 : eag == (uint64_t)runs);
+    printf("%s loop %s %s n=%d depth %d top-%d tokens %d: device trees "
+           "identical to the host-driven path %d/%d runs (nodes, scores, "
+           "selection; %d selected); tree passes: %llu eager, %llu "
+           "captured, %llu replayed\n",
+           ok ? "PASS" : "FAIL", name, bf16 ? "bf16" : "f32", n, depth, k,
+           tokens, same, runs, hs[0], (unsigned long long)eag,
+           (unsigned long long)cap, (unsigned long long)rep);
+    g_fail += !ok;
+    cuda_draft_destroy(&dev);
+    spec_head_destroy(&head);
+    free(hid), free(hn), free(dn), free(ho), free(dor);
+}
+
+static void test_loop(void)
+{
+    const char *files[] = { "aidreams260K.bin", "stories260K.bin" };
+
+    for (int f = 0; f < 2; f++) {
+        char path[512];
+        model_t *m = NULL;
+
+        snprintf(path, sizeof(path), "%s/models/%s", shared_dir(), files[f]);
+        BT_ASSERT_OK(model_load(path, &m));
+        for (int prec = 0; prec < 2; prec++) {
+            loop_check(files[f], m, prec == 1, 1, 5, 4, 16);
+            loop_check(files[f], m, prec == 1, 3, 5, 4, 16);
+            loop_check(files[f], m, prec == 1, 2, 3, 2, 5);
+            loop_check(files[f], m, prec == 1, 1, 6, 8, 48);
+        }
+        model_destroy(&m);
+    }
+    {
+        model_t *m = mid_synth(MODEL_DTYPE_F32);
+
+        loop_check("synth-1024", m, true, 4, 5, 4, 16);
         model_destroy(&m);
     }
 }
@@ -704,12 +907,18 @@ static void test_golden(void)
 {
     static golden_t g[32];
     static int got[16][600], ref[16][600], refb[16][600];
+    static int h16[16][600], h16b[16][600]; /* host-path fixed 16 */
     int n_g = golden_read(g, 32);
     const char *models[] = { "aidreams260K.bin", "stories260K.bin" };
-    const int shapes[][3] = { { 16, 5, 4 }, { 4, 4, 1 }, { 0, 0, 0 } };
+    /* tokens, depth, top-k, device draft loop (BT_DRAFT_LOOP=device:
+     * must give exactly the host path's fixed-16 output, row 0) */
+    const int shapes[][4] = { { 16, 5, 4, 0 }, { 4, 4, 1, 0 },
+                              { 0, 0, 0, 0 }, { 16, 5, 4, 1 } };
 
     for (int mi = 0; mi < 2; mi++) {
         int idx[16], n = 0, n_got[16], n_ref[16], n_refb[16];
+        int n_h16[16], n_h16b[16];
+        uint64_t passes16 = 0; /* head passes of the host-path run */
 
         for (int i = 0; i < n_g && n < 16; i++)
             if (strcmp(g[i].model, models[mi]) == 0)
@@ -769,9 +978,15 @@ static void test_golden(void)
                 double pre_seq = 0.0, pre_bat = 0.0;
                 bool pass;
 
+                int loop_same = 0;
+                uint64_t passes;
+
                 spec_config_init(&scfg);
                 scfg.adaptive = shapes[sh][0] == 0;
+                if (shapes[sh][3])
+                    setenv("BT_DRAFT_LOOP", "device", 1);
                 BT_ASSERT_OK(spec_create(engine, head, &scfg, &spec));
+                unsetenv("BT_DRAFT_LOOP");
                 if (shapes[sh][0] > 0)
                     spec_set_fixed(spec, shapes[sh][0], shapes[sh][1],
                                    shapes[sh][2]);
@@ -779,6 +994,14 @@ static void test_golden(void)
                     int one[1][600], n_one;
 
                     decode_batch(engine, spec, g, &idx[i], 1, one, &n_one);
+                    if (sh == 0) {
+                        n_h16[i] = n_one;
+                        memcpy(h16[i], one[0], sizeof(int) * (size_t)n_one);
+                    }
+                    if (shapes[sh][3])
+                        loop_same += n_one == n_h16[i] &&
+                                     memcmp(one[0], h16[i], sizeof(int) *
+                                                            (size_t)n_one) == 0;
                     seq_ok += n_one == n_ref[i] &&
                               memcmp(one[0], ref[i],
                                      sizeof(int) * (size_t)n_one) == 0;
@@ -787,6 +1010,15 @@ static void test_golden(void)
                 }
                 decode_batch(engine, spec, g, idx, n, got, n_got);
                 for (int i = 0; i < n; i++) {
+                    if (sh == 0) {
+                        n_h16b[i] = n_got[i];
+                        memcpy(h16b[i], got[i],
+                               sizeof(int) * (size_t)n_got[i]);
+                    }
+                    if (shapes[sh][3])
+                        loop_same += n_got[i] == n_h16b[i] &&
+                                     memcmp(got[i], h16b[i], sizeof(int) *
+                                                     (size_t)n_got[i]) == 0;
                     bool same = n_got[i] == n_refb[i] &&
                                 memcmp(got[i], refb[i], sizeof(int) *
                                                         (size_t)n_got[i]) == 0;
@@ -804,18 +1036,38 @@ static void test_golden(void)
                     }
                 }
                 spec_get_stats(spec, &st);
+                passes = st.head_replays + st.head_captures + st.head_eager;
+                if (sh == 0)
+                    passes16 = passes;
+                if (shapes[sh][3]) {
+                    /* bit-identical trees: the host path's exact output,
+                     * alone and batched, with fewer head passes (one per
+                     * tree instead of one per level) */
+                    bool lp = loop_same == 2 * n && passes < passes16;
+
+                    printf("%s greedy spec %s %s device loop: %d/%d runs "
+                           "identical to the host path's fixed 16; head "
+                           "passes %llu (host path %llu)\n",
+                           lp ? "PASS" : "FAIL", models[mi],
+                           bf16 ? "bf16" : "f32", loop_same, 2 * n,
+                           (unsigned long long)passes,
+                           (unsigned long long)passes16);
+                    g_fail += !lp;
+                }
                 /* f32: exact; bf16: at least as close to plain as plain
                  * is to itself across batch compositions */
                 pass = bf16 ? seq_ok >= base_same && bat_ok >= base_same
                             : seq_ok == n && bat_ok == n;
-                printf("%s greedy spec %s %s (%s head) tree %d/%d/%d: %d/%d "
+                printf("%s greedy spec %s %s (%s head) tree %d/%d/%d%s: %d/%d "
                        "alone, %d/%d in one batch identical to %s (mean "
                        "identical prefix %.3f / %.3f%s); accept length "
                        "%.2f (%llu tree steps)\n",
                        pass ? "PASS" : "FAIL",
                        models[mi], bf16 ? "bf16" : "f32",
                        trained ? "trained" : "random", shapes[sh][0],
-                       shapes[sh][1], shapes[sh][2], seq_ok, n, bat_ok, n,
+                       shapes[sh][1], shapes[sh][2],
+                       shapes[sh][3] ? " device loop" : "", seq_ok, n,
+                       bat_ok, n,
                        bf16 ? "plain bf16 greedy of the same composition"
                             : "golden",
                        pre_seq, pre_bat,
@@ -838,6 +1090,8 @@ int main(int argc, char **argv)
 
     if (strcmp(only, "all") == 0 || strcmp(only, "head") == 0)
         test_heads();
+    if (strcmp(only, "all") == 0 || strcmp(only, "loop") == 0)
+        test_loop();
     if (strcmp(only, "all") == 0 || strcmp(only, "hidden") == 0)
         test_hidden();
     if (strcmp(only, "all") == 0 || strcmp(only, "golden") == 0)

@@ -181,6 +181,14 @@ struct spec_s {
     bool fixed;               /* spec_set_fixed was called */
     spec_shape_t fixed_shape;
     spec_stats_t stats;
+    /* the device draft loop (BT_DRAFT_LOOP=device, cuda only): whole
+     * trees grown on the device (cuda_draft_tree), same trees */
+    bool dev_loop;
+    void *loop_seqs;          /* (max_seqs) cuda_draft_tree_seq_t */
+    spec_node_t *loop_nodes;  /* (loop_cap) every sequence's nodes */
+    int *loop_order;          /* (loop_cap) */
+    int *loop_nsel;           /* (max_seqs) */
+    size_t loop_cap;
 };
 
 void spec_config_init(spec_config_t *cfg)
@@ -368,6 +376,8 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
             const char *env = getenv("BT_SPEC_VERIFY");
 
             spec->host_verify = env != NULL && strcmp(env, "host") == 0;
+            env = getenv("BT_DRAFT_LOOP");
+            spec->dev_loop = env != NULL && strcmp(env, "device") == 0;
         }
     }
 #endif
@@ -413,6 +423,10 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->fcat);
     bt_free(spec->ftop_ids);
     bt_free(spec->ftop_logp);
+    bt_free(spec->loop_seqs);
+    bt_free(spec->loop_nodes);
+    bt_free(spec->loop_order);
+    bt_free(spec->loop_nsel);
 #ifdef BATON_HAVE_CUDA
     if (spec->dev != NULL) {
         cuda_draft_t *dev = spec->dev;
@@ -984,6 +998,86 @@ static bt_status_t spec_level_rows(spec_t *spec, spec_seq_t *s, int si,
     return BT_OK;
 }
 
+#ifdef BATON_HAVE_CUDA
+/* The device draft loop: levels 2..depth of every tree on the device
+ * (cuda_draft_tree) from the level-1 candidates in top_ids / top_logp
+ * rows 0..nd-1, when every sequence grows the same depth and the shape
+ * fits; *done_p false otherwise (the host path then runs).  The nodes
+ * come back exactly as the host path would have built them (same rows,
+ * same head passes, spec_tree.h's steps on the device), and the layout
+ * below re-selects from them with the same function. */
+static bt_status_t spec_draft_loop_dev(spec_t *spec, spec_seq_t **ds,
+                                       int nd, int topk, int depth,
+                                       bool *done_p)
+{
+    cuda_draft_tree_seq_t *tq;
+    int max_dl = 0, node_cap;
+    size_t need;
+    bt_status_t status;
+
+    *done_p = false;
+    if (depth < 2)
+        return BT_OK;
+    for (int i = 0; i < nd; i++) {
+        if (ds[i]->depth_lim != depth)
+            return BT_OK;
+        max_dl = BT_MAX(max_dl, ds[i]->draft_len);
+    }
+    if (!cuda_draft_tree_ok(spec->dev, nd, depth, topk, max_dl))
+        return BT_OK;
+    node_cap = cuda_draft_tree_nodes(depth, topk);
+    if (node_cap > spec->node_cap)
+        return BT_OK;
+    need = (size_t)nd * node_cap;
+    if (spec->loop_seqs == NULL) {
+        spec->loop_seqs = bt_calloc((size_t)spec->max_seqs,
+                                    sizeof(cuda_draft_tree_seq_t),
+                                    "spec_loop");
+        spec->loop_nsel = bt_calloc((size_t)spec->max_seqs, sizeof(int),
+                                    "spec_loop");
+        if (spec->loop_seqs == NULL || spec->loop_nsel == NULL)
+            return BT_ERR_NO_MEMORY;
+    }
+    if (need > spec->loop_cap) {
+        bt_free(spec->loop_nodes);
+        bt_free(spec->loop_order);
+        spec->loop_cap = 0;
+        spec->loop_nodes = bt_malloc(need * sizeof(spec_node_t),
+                                     "spec_loop");
+        spec->loop_order = bt_malloc(need * sizeof(int), "spec_loop");
+        if (spec->loop_nodes == NULL || spec->loop_order == NULL)
+            return BT_ERR_NO_MEMORY;
+        spec->loop_cap = need;
+    }
+    if (nd > spec->max_seqs)
+        return BT_OK;
+    tq = spec->loop_seqs;
+    for (int i = 0; i < nd; i++) {
+        tq[i].state = ds[i]->state;
+        tq[i].draft_len = ds[i]->draft_len;
+        tq[i].cached = engine_seq_cached(ds[i]->seq);
+        tq[i].tokens = ds[i]->tokens_plan;
+    }
+    status = cuda_draft_tree(spec->dev, nd, tq, depth, topk, spec->top_ids,
+                             spec->top_logp, spec->loop_nodes,
+                             spec->loop_order, spec->loop_nsel);
+    if (status != BT_OK)
+        return status;
+    spec->stats.head_rows += (uint64_t)nd * topk * (depth - 1);
+    for (int i = 0; i < nd; i++) {
+        spec_seq_t *s = ds[i];
+
+        memcpy(s->nodes, spec->loop_nodes + (size_t)i * node_cap,
+               (size_t)node_cap * sizeof(spec_node_t));
+        s->n_nodes = node_cap;
+        s->n_exp = (depth - 1) * topk;
+        s->n_front = 0;
+    }
+    *done_p = true;
+    return BT_OK;
+}
+#endif
+
 /* Grows the draft trees of nd sequences (EAGLE-2), level by level with
  * one head call per level for all of them, and lays out each one's
  * verification chunk (s->n_sel draft tokens of at most s->tokens_plan). */
@@ -1014,6 +1108,20 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
         max_depth = BT_MAX(max_depth, s->depth_lim);
     }
 
+#ifdef BATON_HAVE_CUDA
+    if (spec->dev != NULL && spec->dev_loop) {
+        bool done = false;
+
+        status = spec_draft_loop_dev(spec, ds, nd, topk, max_depth, &done);
+        if (status != BT_OK)
+            return status;
+        if (done) {
+            for (int i = 0; i < nd; i++)
+                spec_tree_layout(ds[i], ds[i]->tokens_plan);
+            return BT_OK;
+        }
+    }
+#endif
     /* level 1: the roots' children (device head: already taken) */
     if (spec->dev == NULL) {
         status = spec_draft_roots(spec, ds, nd, topk);
