@@ -14,7 +14,8 @@
  *   classifier) of the best variant and of the tuned choice.
  * --attn: cuda_attn_prefill on one causal prompt of 512/2048/8192 tokens
  *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
- *   FLOPs (4 x heads x hd x P(P+1)/2) against 790.
+ *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; with BT_PREFILL_KERNEL
+ *   unset, the default kernel and then the FA2-class one (fa2).
  * --dec: decode attention at batch x context (KV TB/s), with the split
  *   planner's default and BT_ATTN_PLAN=fill.
  * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s), the
@@ -305,6 +306,12 @@ static void bench_attn(void)
         a.d_ctx_len = a.d_bt_off + P;
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
+        /* With BT_PREFILL_KERNEL unset: the default kernel, then the
+         * FA2-class one (BT_PREFILL_KERNEL=fa2) as a second row. */
+        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 2;
+        for (int var = 0; var < n_var; var++) {
+        if (var == 1)
+            setenv("BT_PREFILL_KERNEL", "fa2", 1);
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
         OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
@@ -326,6 +333,9 @@ static void bench_attn(void)
                us, fl / (us * 1e-6) / 1e12,
                100.0 * fl / (us * 1e-6) / 790e12, us * 32e-3);
         fflush(stdout);
+        if (var == 1)
+            unsetenv("BT_PREFILL_KERNEL");
+        }
         cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
         cudaFree(d_meta);
         free(h);
