@@ -13,12 +13,14 @@
 #      plain vs speculative tokens/s and accepted length, batch 1/8/32
 #      (adaptive controller; batch 1 also with the fixed full tree, a
 #      fixed chain of 4, speculation off inside the spec loop (must be
-#      ~1.00x), and A/B rows without tree graphs / draft graphs);
+#      ~1.00x), A/B rows without tree graphs / draft graphs, and rows
+#      `fixed 16, device loop` etc. with BT_DRAFT_LOOP=device: the whole
+#      draft tree grown on the device, one graph per tree);
 #   3. synth:llama3-8b (bf16): `baton bench-engine --spec-accept-rate`
 #      (synthetic confident head, FORCED acceptance 0.8 per level) at
 #      batch 1/8/32/64 and trees of 4/8/16 tokens: verification cost per
 #      tree size.
-# Budget: about 2 minutes (3 at most).  Writes spec_gpu.log and spec_gpu_table.md
+# Budget: about 3 minutes (4 at most).  Writes spec_gpu.log and spec_gpu_table.md
 # under $OUT (else /tmp/baton-gpu-spec); prints the table last.
 set -u
 carry=${1:-build-specgpu2-carry}
@@ -55,7 +57,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
 
 # 1. checks
 step test_kv_copy 60 "$carry/gpu/test_kv_copy"
-step test_spec_cuda 150 "$carry/gpu/test_spec_cuda"
+step test_spec_cuda 210 "$carry/gpu/test_spec_cuda"
 
 # 2. tiny models with trained heads
 eb() { # name [env...] -- bench args
@@ -83,6 +85,16 @@ eb eagle_aidreams260K_b1_fixed_notreegraphs BT_TREE_GRAPHS=0 -- "${T[@]}" \
   --batch 1 --spec-fixed
 eb eagle_aidreams260K_b1_fixed_nodraftgraphs BT_DRAFT_GRAPHS=0 -- \
   "${T[@]}" --batch 1 --spec-fixed
+# the device draft loop (whole trees on the device, one graph per tree)
+eb eagle_aidreams260K_b1_fixed_deviceloop BT_DRAFT_LOOP=device -- \
+  "${T[@]}" --batch 1 --spec-fixed
+eb eagle_aidreams260K_b1_deviceloop BT_DRAFT_LOOP=device -- "${T[@]}" \
+  --batch 1
+eb eagle_aidreams260K_b8_fixed_deviceloop BT_DRAFT_LOOP=device -- \
+  "${T[@]}" --batch 8 --spec-fixed
+eb eagle_stories260K_b1_fixed_deviceloop BT_DRAFT_LOOP=device -- \
+  --target "$M/stories260K.bin" \
+  --head "$H/stories260K.bin.head.safetensors" --batch 1 --spec-fixed
 
 # 3. llama3-8b shape, forced acceptance
 step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
@@ -108,7 +120,8 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
                               if ($0 ~ /--spec-tokens 4/) tree = "chain 4";
                               if ($0 ~ /--spec-plain/) tree = "off (spec loop)";
                               if ($0 ~ /BT_TREE_GRAPHS=0/) tree = tree ", no tree graphs";
-                              if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no draft graphs" }
+                              if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no draft graphs"
+                              if ($0 ~ /BT_DRAFT_LOOP=device/) tree = tree ", device loop" }
     /^batch:/ { for (i = 1; i <= NF; i++) { split($i, kv, ":"); v[kv[1]] = kv[2] }
                 printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s/%s |\n", model, v["batch"],
                        tree, v["plain_tok_s"], v["spec_tok_s"], v["speedup"],
