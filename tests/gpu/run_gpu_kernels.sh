@@ -15,7 +15,10 @@
 #      (planner default vs fill), prefill attention, small kernels.
 #   3. bench_cuda (synth:llama3-8b, bf16): decode batch 1,64 x ctx
 #      512,2048 and prefill 512,2048 with the defaults, then A/B rows with
-#      each new switch off, and all of them off (round-4 baseline).
+#      each new switch off, and all of them off (round-4 baseline); the
+#      FA2-class prefill attention (BT_PREFILL_KERNEL=fa2, fa2w4) as its
+#      own rows unless it failed test_attn (a failure or a crash of its
+#      passes switches it off; the test then re-runs without them).
 # Writes $OUT/gemv2_kernels.log and $OUT/gemv2_table.md; prints the table
 # last.  About 2.5-3 minutes.  Carry one folder (stripped binaries + the
 # libraries the device lacks), made here after building build-gemv2:
@@ -100,9 +103,26 @@ if [ $rc_rope -ne 0 ]; then
   export BT_ROPE_VEC=0; switched="$switched BT_ROPE_VEC=0"
 fi
 echo "=== test_attn" >> "$log"
-timeout 90 "$build/gpu/test_attn" > "$tmp/ta" 2>&1
+timeout 120 "$build/gpu/test_attn" > "$tmp/ta" 2>&1
 rc_attn=$?
 cat "$tmp/ta" >> "$log"
+# fa2 (attn_prefill_fa2.cu, off by default): any failed comparison, or a
+# crash, switches its rows off; after a crash the test runs again without
+# the fa2 passes (KT_ATTN_FA2=0) so the other kernels are judged alone.
+fa2_ok=1
+if grep -q "^FAIL attn prefill (fa2" "$tmp/ta"; then
+  fa2_ok=0
+fi
+if [ $rc_attn -ne 0 ] && ! grep -q "comparison(s) FAILED" "$tmp/ta"; then
+  fa2_ok=0
+  echo "=== test_attn crashed (rc $rc_attn): again with KT_ATTN_FA2=0" >> "$log"
+  KT_ATTN_FA2=0 timeout 120 "$build/gpu/test_attn" > "$tmp/ta" 2>&1
+  rc_attn=$?
+  cat "$tmp/ta" >> "$log"
+fi
+if [ $fa2_ok -eq 0 ]; then
+  switched="$switched fa2(off)"
+fi
 if grep -q "^FAIL attn decode" "$tmp/ta" && ! grep -q "^FAIL attn decode .*early=0" "$tmp/ta"; then
   export BT_ATTN_EARLY=0; switched="$switched BT_ATTN_EARLY=0"
 fi
@@ -116,9 +136,18 @@ echo "switched off after the tests:${switched:- nothing}" >> "$log"
 echo "=== bench_kernels" >> "$log"
 timeout 100 "$build/gpu/bench_kernels" --gemv --toks 1,2,64 --reps 7 >> "$log" 2>&1
 rc_bk=$?
-timeout 40 "$build/gpu/bench_kernels" --dec --small --attn --reps 7 >> "$log" 2>&1
+# (with BT_PREFILL_KERNEL unset, --attn adds a fa2 row: pinned to the
+# default kernel, mma, when fa2 failed its test)
+if [ $fa2_ok -eq 1 ]; then
+  timeout 60 "$build/gpu/bench_kernels" --dec --small --attn --reps 7 >> "$log" 2>&1
+else
+  BT_PREFILL_KERNEL=${BT_PREFILL_KERNEL:-mma} timeout 60 "$build/gpu/bench_kernels" --dec --small --attn --reps 7 >> "$log" 2>&1
+fi
 if [ -z "${BT_PREFILL_KERNEL:-}" ]; then
   BT_PREFILL_KERNEL=mma2 timeout 30 "$build/gpu/bench_kernels" --attn --reps 5 >> "$log" 2>&1
+fi
+if [ $fa2_ok -eq 1 ]; then
+  BT_PREFILL_KERNEL=fa2w4 timeout 30 "$build/gpu/bench_kernels" --attn --reps 5 >> "$log" 2>&1
 fi
 
 # ---- 3. engine rows ------------------------------------------------------
@@ -145,6 +174,11 @@ bc pfnext1 BT_GEMM_PF_NEXT=1 -- --batch 64 --ctx 512,2048
 bc early0 BT_ATTN_EARLY=0 -- --batch 1,64 --ctx 2048
 bc vec0 BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 -- --batch 1 --ctx 512 --prefill 2048
 bc mma2 BT_PREFILL_KERNEL=mma2 -- --batch 1 --ctx 512 --prefill 2048
+if [ $fa2_ok -eq 1 ]; then
+  # the FA2-class prefill attention (A/B against the default row)
+  bc fa2 BT_PREFILL_KERNEL=fa2 -- --batch 1 --ctx 512 --prefill 512,2048,8192
+  bc fa2w4 BT_PREFILL_KERNEL=fa2w4 -- --batch 1 --ctx 512 --prefill 2048
+fi
 bc all_off BT_GEMV_PF=0 BT_GEMV_NORM=0 BT_GEMV_TRIGGER=early BT_GEMV_RPW=1 \
   BT_GEMM_PF_NEXT=0 BT_ATTN_EARLY=0 BT_ATTN_PLAN=fill BT_RMSNORM_VEC=0 BT_ROPE_VEC=0 BT_PREFILL_KERNEL=mma \
   -- --batch 1,64 --ctx 512,2048 --prefill 2048
@@ -166,12 +200,13 @@ cnt() { grep -c "$1" "$2" 2>/dev/null; }
   echo "| rmsnorm | $(cnt '^PASS rmsnorm' "$tmp/tr") | $(cnt '^FAIL rmsnorm' "$tmp/tr") |"
   echo "| rope_kv | $(cnt '^PASS rope' "$tmp/tp") | $(cnt '^FAIL rope' "$tmp/tp") |"
   echo "| attn | $(cnt '^PASS' "$tmp/ta") | $(cnt '^FAIL' "$tmp/ta") |"
+  echo "| attn prefill fa2* | $(cnt '^PASS attn prefill (fa2' "$log") | $(cnt '^FAIL attn prefill (fa2' "$log") |"
   echo
   echo "### kernels (us per layer, bandwidth)"
   grep -E '^gemv [a-z_]+ +t=  1' "$log" | sed -E 's/ stream .*cublasLt/ ... cublasLt/'
   grep -E '^(attn |small )' "$log"
   echo
-  for n in default pf0 pf2 rpw1 norm0 early pdl0 fill pfnext0 early0 vec0 pre_mma all_off; do
+  for n in default pf0 pf2 rpw1 norm0 early pdl0 fill pfnext0 early0 vec0 pre_mma mma2 fa2 fa2w4 all_off; do
     [ -f "$tmp/t_$n" ] || { echo "### bench_cuda [$n]: no table"; continue; }
     echo "### bench_cuda [$n]"
     cat "$tmp/t_$n"
