@@ -38,7 +38,7 @@ static void run_usage(FILE *out)
 "  --prompt-ids IDS       prompt token ids, space or comma separated\n"
 "  --ids                  print generated ids on one line instead of text\n"
 "  --stats                print timing and tokens/s to stderr\n"
-"\nspeculative decoding (EAGLE; cpu backend):\n"
+"\nspeculative decoding (EAGLE; cpu and cuda backends):\n"
 "  --spec-head PATH       draft head .safetensors (baton eagle train);\n"
 "  --draft PATH           the same\n"
 "  --spec off|auto|fixed  speculation off, adaptive (default), full tree\n"

@@ -83,7 +83,7 @@ typedef struct {
     bool kv_stage_host;      /* tests/diagnostics: the staged receiver
                               * over the CPU pool, host memcpys standing
                               * in for the CUDA copies */
-    /* Speculative decoding (EAGLE; cpu backend): the running batch is
+    /* Speculative decoding (EAGLE; cpu and cuda): the running batch is
      * stepped by spec_step (worker/spec/spec.h).  NULL: plain decoding. */
     const char *spec_head;   /* draft head .safetensors */
     spec_config_t spec;      /* depth, top-k, tokens; adaptive (auto)

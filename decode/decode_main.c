@@ -54,7 +54,7 @@ static void usage(FILE *out)
         "                         the CUDA copies (router --kv-transport\n"
         "                         ucx-stage uses it)\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
-        "speculative decoding (EAGLE; cpu backend):\n"
+        "speculative decoding (EAGLE; cpu and cuda backends):\n"
         "  --spec-head PATH       draft head .safetensors (baton eagle train)\n"
         "  --spec-depth D         draft tree depth (5)\n"
         "  --spec-topk K          draft children per node (4)\n"
