@@ -985,8 +985,10 @@ bool cuda_draft_tree_ok(const cuda_draft_t *d, int n, int depth, int k,
     return n >= 1 && k >= 1 && k <= CUDA_DRAFT_TOPK_MAX && k <= d->vocab &&
            depth >= 2 && depth <= CUDA_DRAFT_TREE_DEPTH &&
            n * k <= CUDA_DRAFT_CHUNK && max_draft_len >= 0 &&
-           max_draft_len + depth * k <= d->cfg.state_slots &&
-           1 + depth * k <= d->cfg.store_rows;
+           /* the last level's rows: kv_len draft_len + (depth-1) k,
+            * output store rows up to (depth - 1) k */
+           max_draft_len + (depth - 1) * k <= d->cfg.state_slots &&
+           1 + (depth - 1) * k <= d->cfg.store_rows;
 }
 
 static void draft_tree_free(cuda_draft_t *d)
@@ -1179,8 +1181,8 @@ bt_status_t cuda_draft_tree(cuda_draft_t *d, int n,
         const cuda_draft_tree_seq_t *q = &seqs[i];
 
         if (q->state < 0 || q->state >= c->n_states || q->draft_len < 0 ||
-            q->draft_len + depth * k > c->state_slots || q->cached < 0 ||
-            q->tokens < 1 || 1 + depth * k > c->store_rows)
+            !cuda_draft_tree_ok(d, n, depth, k, q->draft_len) ||
+            q->cached < 0 || q->tokens < 1)
             return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                             "device draft loop: sequence %d (state %d, "
                             "draft_len %d) does not fit", i, q->state,
