@@ -2008,22 +2008,35 @@ static bt_status_t cuda_rank_bench_ar(void *arg, int rank)
     return status;
 }
 
-bt_status_t cuda_backend_bench_allreduce(backend_t *backend, const char *path,
-                                         size_t n_floats, int iters,
-                                         double *us_p)
+/* Shared by the all-reduce benchmark and check: the backend must be a
+ * tensor-parallel cuda one, and `path` ("custom" or "nccl") available
+ * for n_floats; sets b->op_custom for the rank functions. */
+static bt_status_t cuda_ar_select(backend_t *backend, const char *what,
+                                  const char *path, size_t n_floats)
 {
     cuda_backend_t *b = backend__impl(backend);
-    bt_status_t status;
 
     if (strcmp(backend_name(backend), "cuda") != 0 || b->tp < 2)
         return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
-                        "the all-reduce benchmark needs the cuda backend "
-                        "with tp > 1");
+                        "the all-reduce %s needs the cuda backend with "
+                        "tp > 1", what);
     b->op_custom = strcmp(path, "custom") == 0;
     if ((b->op_custom && (!b->ar_custom_ok || n_floats % 4 != 0)) ||
         (!b->op_custom && b->nccl == NULL))
         return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
                         "all-reduce path %s is not available here", path);
+    return BT_OK;
+}
+
+bt_status_t cuda_backend_bench_allreduce(backend_t *backend, const char *path,
+                                         size_t n_floats, int iters,
+                                         double *us_p)
+{
+    cuda_backend_t *b = backend__impl(backend);
+    bt_status_t status = cuda_ar_select(backend, "benchmark", path, n_floats);
+
+    if (status != BT_OK)
+        return status;
     if (n_floats == 0 || n_floats > (size_t)b->max_tok * b->mc.dim ||
         iters < 1)
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
@@ -2130,17 +2143,10 @@ bt_status_t cuda_backend_check_allreduce(backend_t *backend, const char *path,
                                          long *bad_p)
 {
     cuda_backend_t *b = backend__impl(backend);
-    bt_status_t status;
+    bt_status_t status = cuda_ar_select(backend, "check", path, n_floats);
 
-    if (strcmp(backend_name(backend), "cuda") != 0 || b->tp < 2)
-        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
-                        "the all-reduce check needs the cuda backend with "
-                        "tp > 1");
-    b->op_custom = strcmp(path, "custom") == 0;
-    if ((b->op_custom && !b->ar_custom_ok) ||
-        (!b->op_custom && b->nccl == NULL))
-        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
-                        "all-reduce path %s is not available here", path);
+    if (status != BT_OK)
+        return status;
     if (n_floats < 8 || n_floats % 4 != 0 ||
         n_floats > (size_t)b->max_tok * b->mc.dim || calls < 1)
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
