@@ -6,11 +6,13 @@
  * argmax is taken from the last prompt position on; generation stops when
  * the next token is 1 (BOS).  The prompt goes in as one prefill chunk,
  * then one decode step per token. */
-#include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
 #include "bt_alloc.h"
+#include "bt_golden.h"
 #include "bt_test.h"
 #include "bt_util.h"
 
@@ -56,47 +58,27 @@ static int greedy(backend_t *be, int vocab, int bs, const int *prompt,
     return n_out;
 }
 
-static int *json_ints(const cJSON *arr, int *n_p)
-{
-    int n = cJSON_GetArraySize(arr);
-    int *v = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-
-    for (int i = 0; i < n; i++)
-        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
-    *n_p = n;
-    return v;
-}
-
 int main(void)
 {
-    char *text, *line, *save = NULL;
-    size_t len;
-    int lines = 0, checked = 0;
+    bt_golden_t *g;
+    int lines, checked = 0;
     size_t before = bt_alloc_live_count();
 
-    BT_ASSERT_OK(bt_read_file(BT_SHARED_DIR "/models/golden.jsonl",
-                              1 << 24, &text, &len));
-    for (line = strtok_r(text, "\n", &save); line != NULL;
-         line = strtok_r(NULL, "\n", &save)) {
-        cJSON *j = cJSON_Parse(line);
-        const char *name;
-        int *prompt, *want, n_prompt, n_want, steps;
+    lines = bt_golden_read(&g);
+    for (int l = 0; l < lines; l++) {
+        const char *name = g[l].model;
 
-        BT_CHECK(j != NULL);
-        name = cJSON_GetObjectItem(j, "model")->valuestring;
-        steps = cJSON_GetObjectItem(j, "steps")->valueint;
-        prompt = json_ints(cJSON_GetObjectItem(j, "prompt_ids"), &n_prompt);
-        want = json_ints(cJSON_GetObjectItem(j, "greedy_ids"), &n_want);
         for (int variant = 0; variant < 2; variant++) {
             char path[512];
             model_t *m = NULL;
             backend_t *be = NULL;
             backend_config_t cfg;
-            int *got = malloc(sizeof(int) * (size_t)(steps + 1));
+            int *got = malloc(sizeof(int) * (size_t)(g[l].steps + 1));
             int n_got;
 
             /* "x.bin" or its Hugging Face conversion "x-hf" */
-            snprintf(path, sizeof(path), "%s/models/%.*s%s", BT_SHARED_DIR,
+            snprintf(path, sizeof(path), "%s/models/%.*s%s",
+                     bt_golden_shared_dir(),
                      (int)strlen(name) - (variant ? 4 : 0), name,
                      variant ? "-hf" : "");
             BT_ASSERT_OK(model_load(path, &m));
@@ -104,26 +86,22 @@ int main(void)
             cfg.n_kv_blocks = 64;
             cfg.block_size = 8;
             cfg.max_batch_tokens = 512;
-            cfg.n_threads = 1 + (lines + variant) % 2;
+            cfg.n_threads = 1 + (l + variant) % 2;
             BT_ASSERT_OK(backend_create("cpu", m, &cfg, &be));
             n_got = greedy(be, model_config(m)->vocab_size, cfg.block_size,
-                           prompt, n_prompt, steps, got);
-            for (int i = 0; i < n_want && i < n_got; i++)
-                if (got[i] != want[i])
+                           g[l].prompt, g[l].n_prompt, g[l].steps, got);
+            for (int i = 0; i < g[l].n_want && i < n_got; i++)
+                if (got[i] != g[l].want[i])
                     BT_TEST_FAIL("%s line %d: id %d is %d, golden %d", path,
-                                 lines, i, got[i], want[i]);
-            BT_ASSERT_EQ(n_got, n_want);
+                                 l, i, got[i], g[l].want[i]);
+            BT_ASSERT_EQ(n_got, g[l].n_want);
             checked++;
             backend_destroy(&be);
             model_destroy(&m);
             free(got);
         }
-        free(prompt);
-        free(want);
-        cJSON_Delete(j);
-        lines++;
     }
-    bt_free(text);
+    bt_golden_free(g, lines);
     BT_CHECK(lines >= 2);
     fprintf(stderr, "golden: %d lines, %d model runs\n", lines, checked);
     BT_ASSERT_EQ(bt_alloc_live_count(), before);

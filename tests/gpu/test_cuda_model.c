@@ -37,6 +37,7 @@
 
 #include "backend.h"
 #include "bt_alloc.h"
+#include "bt_golden.h"
 #include "bt_test.h"
 #include "bt_util.h"
 #include "model/model_synth.h"
@@ -59,56 +60,6 @@ static int argmax(const float *v, int n)
         if (v[i] > v[best])
             best = i;
     return best;
-}
-
-static int *json_ints(const cJSON *arr, int *n_p)
-{
-    int n = cJSON_GetArraySize(arr);
-    int *v = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-
-    for (int i = 0; i < n; i++)
-        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
-    *n_p = n;
-    return v;
-}
-
-typedef struct {
-    char model[128];
-    int *prompt;
-    int n_prompt;
-    int *want;
-    int n_want;
-    int steps;
-} golden_t;
-
-static int golden_read(golden_t **g_p)
-{
-    char *text, *line, *save = NULL;
-    size_t len;
-    int n = 0;
-    golden_t *g = calloc(64, sizeof(*g));
-
-    char gpath[512];
-
-    snprintf(gpath, sizeof(gpath), "%s/models/golden.jsonl", shared_dir());
-    BT_ASSERT_OK(bt_read_file(gpath, 1 << 24, &text, &len));
-    for (line = strtok_r(text, "\n", &save); line && n < 64;
-         line = strtok_r(NULL, "\n", &save)) {
-        cJSON *j = cJSON_Parse(line);
-        BT_CHECK(j != NULL);
-        snprintf(g[n].model, sizeof(g[n].model), "%s",
-                 cJSON_GetObjectItem(j, "model")->valuestring);
-        g[n].steps = cJSON_GetObjectItem(j, "steps")->valueint;
-        g[n].prompt = json_ints(cJSON_GetObjectItem(j, "prompt_ids"),
-                                &g[n].n_prompt);
-        g[n].want = json_ints(cJSON_GetObjectItem(j, "greedy_ids"),
-                              &g[n].n_want);
-        cJSON_Delete(j);
-        n++;
-    }
-    bt_free(text);
-    *g_p = g;
-    return n;
 }
 
 static void cfg_small(backend_config_t *cfg, backend_precision_t prec)
@@ -154,7 +105,7 @@ static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
     return n_out;
 }
 
-static void test_golden(const golden_t *g, int n_lines)
+static void test_golden(const bt_golden_t *g, int n_lines)
 {
     int runs = 0, bad = 0;
 
@@ -249,7 +200,7 @@ static void write_bf16_rounded(const char *in, const char *out)
 /* bf16 CUDA vs the cpu backend (f32) on the original weights and on the
  * bf16-rounded weights; also cpu(rounded) vs cpu(f32), the ceiling that
  * bf16 weights alone allow on these tiny models. */
-static void test_agreement(const golden_t *g, int n_lines)
+static void test_agreement(const bt_golden_t *g, int n_lines)
 {
     const int chunks[] = {100000, 5, 1};
     long agree[3] = {0}, agree_r[3] = {0}, ceil_agree = 0, total = 0;
@@ -603,22 +554,18 @@ static void test_mixed(void)
 
 int main(int argc, char **argv)
 {
-    golden_t *g;
+    bt_golden_t *g;
     int n_lines;
 
     (void)argc;
     (void)argv;
-    n_lines = golden_read(&g);
+    n_lines = bt_golden_read(&g);
     BT_CHECK(n_lines >= 2);
     test_golden(g, n_lines);
     test_agreement(g, n_lines);
     test_synth_agreement();
     test_mixed();
-    for (int i = 0; i < n_lines; i++) {
-        free(g[i].prompt);
-        free(g[i].want);
-    }
-    free(g);
+    bt_golden_free(g, n_lines);
     printf("test_cuda_model: %s\n", g_fail ? "FAILED" : "all passed");
     return g_fail ? 1 : 0;
 }

@@ -47,6 +47,7 @@
 #include "bt_alloc.h"
 #include "bt_error.h"
 #include "bt_log.h"
+#include "bt_golden.h"
 #include "bt_test.h"
 #include "bt_util.h"
 #include "cuda/cuda_backend.h"
@@ -111,50 +112,6 @@ static backend_t *make_backend(const model_t *m, int tp,
 // ---------------------------------------------------------------------
 // 1. golden, float32
 
-typedef struct {
-    char model[128];
-    int *prompt, n_prompt, *want, n_want, steps;
-} golden_t;
-
-static int *json_ints(const cJSON *arr, int *n_p)
-{
-    int n = cJSON_GetArraySize(arr);
-    int *v = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-
-    for (int i = 0; i < n; i++)
-        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
-    *n_p = n;
-    return v;
-}
-
-static int golden_read(golden_t **g_p)
-{
-    char path[512], *text, *line, *save = NULL;
-    size_t len;
-    int n = 0;
-    golden_t *g = calloc(64, sizeof(*g));
-
-    snprintf(path, sizeof(path), "%s/models/golden.jsonl", shared_dir());
-    BT_ASSERT_OK(bt_read_file(path, 1 << 24, &text, &len));
-    for (line = strtok_r(text, "\n", &save); line && n < 64;
-         line = strtok_r(NULL, "\n", &save)) {
-        cJSON *j = cJSON_Parse(line);
-        BT_CHECK(j != NULL);
-        snprintf(g[n].model, sizeof(g[n].model), "%s",
-                 cJSON_GetObjectItem(j, "model")->valuestring);
-        g[n].steps = cJSON_GetObjectItem(j, "steps")->valueint;
-        g[n].prompt = json_ints(cJSON_GetObjectItem(j, "prompt_ids"),
-                                &g[n].n_prompt);
-        g[n].want = json_ints(cJSON_GetObjectItem(j, "greedy_ids"),
-                              &g[n].n_want);
-        cJSON_Delete(j);
-        n++;
-    }
-    bt_free(text);
-    *g_p = g;
-    return n;
-}
-
 /* Greedy generation as run.c does; prompt logits (last row) to
  * first_logits. */
 static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
@@ -190,8 +147,8 @@ static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
 
 static void test_golden(int tp)
 {
-    golden_t *g;
-    int n_lines = golden_read(&g);
+    bt_golden_t *g;
+    int n_lines = bt_golden_read(&g);
     const char *files[] = { "aidreams260K.bin", "stories260K.bin" };
     int runs = 0, bad_tp = 0, bad_gold = 0;
     double worst = 0;
@@ -252,11 +209,7 @@ static void test_golden(int tp)
            bad_tp || bad_gold || runs == 0 ? "FAIL" : "PASS", tp, runs,
            bad_tp, bad_gold, worst);
     g_fail += bad_tp + bad_gold + (runs == 0);
-    for (int i = 0; i < n_lines; i++) {
-        free(g[i].prompt);
-        free(g[i].want);
-    }
-    free(g);
+    bt_golden_free(g, n_lines);
 }
 
 // ---------------------------------------------------------------------

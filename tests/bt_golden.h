@@ -1,0 +1,94 @@
+/*
+ * bt_golden.h - golden.jsonl for tests: the llama2.c reference outputs in
+ * ../shared/models (one JSON object a line: model, prompt_ids, steps,
+ * greedy_ids).  Header-only (static functions), like bt_test.h, so every
+ * test binary (CPU tests in CI, GPU tests on the device) reads it the same
+ * way.  Malformed lines fail the test (BT_CHECK).
+ */
+#ifndef BT_TESTS_BT_GOLDEN_H
+#define BT_TESTS_BT_GOLDEN_H
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_test.h"
+#include "bt_util.h"
+
+#define BT_GOLDEN_MAX 64 /* lines read at most */
+
+typedef struct {
+    char model[128]; /* e.g. "stories260K.bin" */
+    int *prompt;     /* (n_prompt) prompt ids */
+    int n_prompt;
+    int *want;       /* (n_want) greedy ids llama2.c generated */
+    int n_want;
+    int steps;       /* run.c's -n: prompt + generated positions */
+} bt_golden_t;
+
+/* The folder holding models/: $BT_SHARED_DIR wins over the build-time
+ * BT_SHARED_DIR (the device machine gets the models in a carried
+ * folder). */
+static inline const char *bt_golden_shared_dir(void)
+{
+    const char *env = getenv("BT_SHARED_DIR");
+    return env && *env ? env : BT_SHARED_DIR;
+}
+
+static inline int *bt_golden__ints(const cJSON *arr, int *n_p)
+{
+    int n = cJSON_GetArraySize(arr);
+    int *v = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+
+    BT_CHECK(v != NULL);
+    for (int i = 0; i < n; i++)
+        v[i] = cJSON_GetArrayItem(arr, i)->valueint;
+    *n_p = n;
+    return v;
+}
+
+/* Reads every line (at most BT_GOLDEN_MAX) into *g_p; returns the count.
+ * Free with bt_golden_free. */
+static inline int bt_golden_read(bt_golden_t **g_p)
+{
+    char path[512], *text, *line, *save = NULL;
+    size_t len;
+    int n = 0;
+    bt_golden_t *g = calloc(BT_GOLDEN_MAX, sizeof(*g));
+
+    BT_CHECK(g != NULL);
+    snprintf(path, sizeof(path), "%s/models/golden.jsonl",
+             bt_golden_shared_dir());
+    BT_ASSERT_OK(bt_read_file(path, 1 << 24, &text, &len));
+    for (line = strtok_r(text, "\n", &save); line && n < BT_GOLDEN_MAX;
+         line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+
+        BT_CHECK(j != NULL);
+        snprintf(g[n].model, sizeof(g[n].model), "%s",
+                 cJSON_GetObjectItem(j, "model")->valuestring);
+        g[n].steps = cJSON_GetObjectItem(j, "steps")->valueint;
+        g[n].prompt = bt_golden__ints(cJSON_GetObjectItem(j, "prompt_ids"),
+                                      &g[n].n_prompt);
+        g[n].want = bt_golden__ints(cJSON_GetObjectItem(j, "greedy_ids"),
+                                    &g[n].n_want);
+        cJSON_Delete(j);
+        n++;
+    }
+    bt_free(text);
+    *g_p = g;
+    return n;
+}
+
+static inline void bt_golden_free(bt_golden_t *g, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(g[i].prompt);
+        free(g[i].want);
+    }
+    free(g);
+}
+
+#endif /* BT_TESTS_BT_GOLDEN_H */
