@@ -272,6 +272,8 @@ int main(int argc, char **argv)
     EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
          "---: | ---: |\n");
     for (int pi = 0; pi < np; pi++) {
+        if (pres[pi] <= 0)
+            continue; /* --prefill 0: decode rows only */
         int P = pres[pi], per = (int)BT_DIV_UP(P, block_size);
         int *tables = malloc(sizeof(int) * per);
         int *toks = malloc(sizeof(int) * P);

@@ -15,7 +15,7 @@
  * --attn: cuda_attn_prefill on one causal prompt of 512/2048/8192 tokens
  *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
  *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; with BT_PREFILL_KERNEL
- *   unset, the default kernel and then the FA2-class one (fa2).
+ *   unset, the default kernel (fa2) and then the previous one (mma).
  * --dec: decode attention at batch x context (KV TB/s), with the split
  *   planner's default and BT_ATTN_PLAN=fill.
  * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s), the
@@ -93,11 +93,22 @@ typedef struct {
     cuda_dtype_t out_dt;
 } gemv_job_t;
 
+/* Split-K scratch of the tc variant (as worker_gemm's context holds). */
+static cuda_gemv_ws_t g_gemv_ws;
+
 static void job_run(const gemv_job_t *j)
 {
     if (j->kind == 0) {
+        if (g_gemv_ws.d_cnt == NULL) {
+            g_gemv_ws.part_bytes = 32u << 20;
+            g_gemv_ws.n_cnt = 4096;
+            CK(cudaMalloc((void **)&g_gemv_ws.d_part, g_gemv_ws.part_bytes));
+            CK(cudaMalloc((void **)&g_gemv_ws.d_cnt,
+                          g_gemv_ws.n_cnt * sizeof(int)));
+            CK(cudaMemset(g_gemv_ws.d_cnt, 0, g_gemv_ws.n_cnt * sizeof(int)));
+        }
         OK(cuda_gemv_run((cuda_gemv_kernel_t)j->k, j->t, j->o, j->i, j->x,
-                         j->w, j->y, j->out_dt, false, 0));
+                         j->w, j->y, j->out_dt, false, &g_gemv_ws, 0));
     } else {
         if (j->kind == 1)
             setenv("BT_GEMV_FORCE", "lt", 1);
@@ -306,12 +317,12 @@ static void bench_attn(void)
         a.d_ctx_len = a.d_bt_off + P;
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
-        /* With BT_PREFILL_KERNEL unset: the default kernel, then the
-         * FA2-class one (BT_PREFILL_KERNEL=fa2) as a second row. */
+        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2), then
+         * the previous one (BT_PREFILL_KERNEL=mma) as a second row. */
         const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 2;
         for (int var = 0; var < n_var; var++) {
         if (var == 1)
-            setenv("BT_PREFILL_KERNEL", "fa2", 1);
+            setenv("BT_PREFILL_KERNEL", "mma", 1);
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
         OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));

@@ -68,7 +68,7 @@ if grep -q "^FAIL .*RPW=2" "$tmp/tg"; then
   cat "$tmp/tg" >> "$log"
 fi
 disable=""
-for v in rows rows8 stream ring bulk mma1 mma2; do
+for v in rows rows8 stream ring bulk mma1 mma2 tc; do
   if grep "^FAIL gemv $v " "$tmp/tg" | grep -qv "RPW=2"; then
     disable="$disable,$v"
   fi
@@ -191,7 +191,7 @@ cnt() { grep -c "$1" "$2" 2>/dev/null; }
   echo
   echo "| test | PASS | FAIL |"
   echo "| --- | ---: | ---: |"
-  for v in rows rows8 stream ring bulk mma1 mma2; do
+  for v in rows rows8 stream ring bulk mma1 mma2 tc; do
     echo "| gemv $v | $(cnt "^PASS gemv $v " "$log") | $(cnt "^FAIL gemv $v " "$log") |"
   done
   echo "| gemv+rmsnorm (rows) | $(cnt '^PASS gemv+rmsnorm (rows)' "$log") | $(cnt '^FAIL gemv+rmsnorm (rows)' "$log") |"

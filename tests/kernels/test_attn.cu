@@ -6,8 +6,8 @@
  *     keep the general kernel tested,
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
- *     at head 64/128 once per BT_PREFILL_KERNEL variant (default mma,
- *     mma2, wmma, fa2, fa2w4, fa2w8),
+ *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
+ *     wmma, fa2 = the default, fa2w4, fa2w8),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -222,9 +222,10 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
-    /* (head 64/128: the default mma.sync kernel (64 queries per block),
-     * mma2 (128), the WMMA one, then attn_prefill_fa2.cu with the warp
-     * count it picks (fa2) and with 4 and 8 warps forced) */
+    /* (head 64/128: the mma.sync kernel (64 queries per block), mma2
+     * (128), the WMMA one, then attn_prefill_fa2.cu -- the default --
+     * with the warp count it picks (fa2) and with 4 and 8 warps forced;
+     * other head sizes: the default, unset) */
     static const char *const pnames[] = {"mma", "mma2", "wmma", "fa2",
                                          "fa2w4", "fa2w8"};
     const bool two = c->hd == 64 || c->hd == 128;
@@ -235,7 +236,7 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     for (int pass = 0; pass < n_pass &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
-        if (pass > 0)
+        if (two)
             setenv("BT_PREFILL_KERNEL", pnames[pass], 1);
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_prefill(&b.a, b.d_tiles,

@@ -53,10 +53,13 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
     free(x); free(w); free(y0); free(ref); free(y);
 }
 
+/* Split-K scratch for the tc variant (as worker_gemm's context holds). */
+static cuda_gemv_ws_t g_ws;
+
 /* One GEMV variant k on (t, o, i), out_dt, plain (poisoned output) or
- * accumulating. */
-static void run_variant(int k, int t, int o, int i, cuda_dtype_t out_dt,
-                        int acc)
+ * accumulating; ws: split-K scratch (NULL: none). */
+static void run_variant_ws(int k, int t, int o, int i, cuda_dtype_t out_dt,
+                           int acc, const cuda_gemv_ws_t *ws)
 {
     float *x = kt_rand_vec((size_t)t * i, -1, 1, CUDA_DT_BF16);
     float *w = kt_rand_vec((size_t)o * i, -1, 1, CUDA_DT_BF16);
@@ -69,16 +72,23 @@ static void run_variant(int k, int t, int o, int i, cuda_dtype_t out_dt,
     void *d_y = acc ? kt_upload(y0, (size_t)t * o, out_dt)
                     : kt_poisoned((size_t)t * o, out_dt);
     KT_OK(cuda_gemv_run((cuda_gemv_kernel_t)k, t, o, i, d_x, d_w, d_y, out_dt,
-                        acc != 0, 0));
+                        acc != 0, ws, 0));
     KT_CUDA(cudaGetLastError());
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
     char what[160];
-    snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d%s",
+    snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d%s%s",
              cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), kt_dt_name(out_dt),
-             acc ? " +=" : "", t, o, i, kt_switches());
+             acc ? " +=" : "", t, o, i, kt_switches(),
+             k == CUDA_GEMV_TC && ws == NULL ? " no-split" : "");
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
     free(x); free(w); free(y0); free(ref); free(y);
+}
+
+static void run_variant(int k, int t, int o, int i, cuda_dtype_t out_dt,
+                        int acc)
+{
+    run_variant_ws(k, t, o, i, out_dt, acc, &g_ws);
 }
 
 /* cuda_gemv_norm: RMSNorm of f32 rows fused into the GEMV input, against
@@ -160,6 +170,11 @@ int main(int argc, char **argv)
 {
     worker_gemm_ctx_t *g = NULL;
     KT_OK(worker_gemm_ctx_create(32u << 20, &g));
+    g_ws.part_bytes = 32u << 20;
+    g_ws.n_cnt = 4096;
+    KT_CUDA(cudaMalloc((void **)&g_ws.d_part, g_ws.part_bytes));
+    KT_CUDA(cudaMalloc((void **)&g_ws.d_cnt, g_ws.n_cnt * sizeof(int)));
+    KT_CUDA(cudaMemset(g_ws.d_cnt, 0, g_ws.n_cnt * sizeof(int)));
     kt_seed(7);
     const int sh[][3] = {{1, 6144, 4096}, {7, 129, 65}, {33, 512, 64},
                          {64, 172, 64}, {130, 1000, 300}, {3, 64, 172},
@@ -197,7 +212,9 @@ int main(int argc, char **argv)
                               {64, 1000, 4096}, {2, 20000, 256},
                               {1, 4096, 14336}, {7, 129, 96}, {1, 5, 512},
                               {3, 131, 32}, {1, 1, 256}, {4, 200, 8},
-                              {64, 17, 64}, {24, 4100, 4096}};
+                              {64, 17, 64}, {24, 4100, 4096},
+                              {16, 4096, 7168}, {40, 6144, 4096},
+                              {9, 640, 8192}};
         for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++) {
             int n = 0;
             for (size_t s = 0; s < sizeof(vsh) / sizeof(vsh[0]); s++) {
@@ -208,6 +225,8 @@ int main(int argc, char **argv)
                 run_variant(k, t, o, i, CUDA_DT_BF16, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 1);
+                if (k == CUDA_GEMV_TC) /* the unsplit path everywhere */
+                    run_variant_ws(k, t, o, i, CUDA_DT_F32, 1, NULL);
                 n++;
             }
             printf("INFO variant %s: %d shapes\n",

@@ -222,6 +222,9 @@ struct cuda_backend_s {
     int qkv_dim;              /* q_dim + 2 kv_dim */
     int n_sm;                 /* rank 0's, for planning */
     bool use_graphs;
+    /* BT_PROFILE_SKIP (timing experiments only: results are garbage):
+     * CUDA_SKIP_* bits of the per-layer ops cuda_enqueue leaves out */
+    unsigned skip;
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
 
@@ -936,6 +939,43 @@ static bt_status_t cuda_tp_setup(cuda_backend_t *b)
     return BT_OK;
 }
 
+/* BT_PROFILE_SKIP=op,op,...: the per-layer ops a timing experiment
+ * leaves out of every forward ("time variants that leave one stage out
+ * and take differences"); the outputs are then meaningless.  Ops: norm
+ * (the RMSNorms, fused or not: the GEMV reads x unnormalized), qkv,
+ * rope, attn, o, gu, swiglu, down. */
+enum {
+    CUDA_SKIP_NORM = 1u << 0,
+    CUDA_SKIP_QKV = 1u << 1,
+    CUDA_SKIP_ROPE = 1u << 2,
+    CUDA_SKIP_ATTN = 1u << 3,
+    CUDA_SKIP_O = 1u << 4,
+    CUDA_SKIP_GU = 1u << 5,
+    CUDA_SKIP_SWIGLU = 1u << 6,
+    CUDA_SKIP_DOWN = 1u << 7
+};
+
+static unsigned cuda_skip_parse(const char *env)
+{
+    static const char *const names[] = {"norm", "qkv", "rope", "attn",
+                                        "o", "gu", "swiglu", "down"};
+    unsigned mask = 0;
+
+    while (env != NULL && *env) {
+        size_t n = strcspn(env, ",");
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+            if (strlen(names[i]) == n && strncmp(env, names[i], n) == 0)
+                mask |= 1u << i;
+        env += n + (env[n] == ',');
+    }
+    if (mask != 0)
+        BT_LOG_WARN("CUDA", "BT_PROFILE_SKIP=%s: forwards leave ops out "
+                    "(timing only, outputs are meaningless)",
+                    getenv("BT_PROFILE_SKIP"));
+    return mask;
+}
+
+
 static bt_status_t cuda_create(const model_t *model,
                                const backend_config_t *cfg, void **impl_p)
 {
@@ -997,6 +1037,7 @@ static bt_status_t cuda_create(const model_t *model,
     b->use_graphs = env == NULL || strcmp(env, "0") != 0;
     env = getenv("BT_TREE_GRAPHS");
     b->tree_graphs = env == NULL || strcmp(env, "0") != 0;
+    b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
 
     /* The KV pool layout: one rank's heads. */
     b->kv.n_layers = b->mc.n_layers;
@@ -1300,14 +1341,17 @@ static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
         void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
         void *d_vl = (char *)r->d_v + (size_t)l * layer_kv * es;
 
-        if (fuse_norm) {
+        if (b->skip & CUDA_SKIP_QKV) {
+            status = BT_OK;
+        } else if (fuse_norm && !(b->skip & CUDA_SKIP_NORM)) {
             status = cuda_gemv_norm(nt, b->qkv_dim, mc->dim, r->d_x,
                                     w->d_attn_norm, mc->rms_eps, w->d_wqkv,
                                     r->d_qkv, b->dt, r->stream);
         } else {
-            status = cuda_rmsnorm(r->d_x, NULL, w->d_attn_norm, NULL, nt,
-                                  mc->dim, mc->rms_eps, r->d_xn, b->dt,
-                                  r->stream);
+            if (!(b->skip & CUDA_SKIP_NORM))
+                status = cuda_rmsnorm(r->d_x, NULL, w->d_attn_norm, NULL, nt,
+                                      mc->dim, mc->rms_eps, r->d_xn, b->dt,
+                                      r->stream);
             if (status != BT_OK)
                 return status;
             status = worker_gemm(r->gemm, nt, b->qkv_dim, mc->dim, r->d_xn,
@@ -1319,7 +1363,8 @@ static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
         ra.d_bias = w->d_bqkv;
         ra.d_k_cache = d_kl;
         ra.d_v_cache = d_vl;
-        status = cuda_rope_kv(&ra, b->dt, r->stream);
+        if (!(b->skip & CUDA_SKIP_ROPE))
+            status = cuda_rope_kv(&ra, b->dt, r->stream);
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done) {
@@ -1332,17 +1377,21 @@ static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
         }
         aa.d_k_cache = d_kl;
         aa.d_v_cache = d_vl;
-        status = cuda_attn_decode(&aa, p->d_gen, p->n_gen, p->n_splits,
-                                  p->split_len, r->d_ws, b->dt, r->stream);
-        if (status != BT_OK)
-            return status;
-        status = cuda_attn_prefill(&aa, p->d_tiles, p->n_tiles, b->dt,
-                                   r->stream);
-        if (status != BT_OK)
-            return status;
-        status = worker_gemm(r->gemm, nt, mc->dim, b->q_dim, r->d_att,
-                             w->d_wo, b->dt, r->d_x, CUDA_DT_F32, acc,
-                             r->stream);
+        if (!(b->skip & CUDA_SKIP_ATTN)) {
+            status = cuda_attn_decode(&aa, p->d_gen, p->n_gen, p->n_splits,
+                                      p->split_len, r->d_ws, b->dt,
+                                      r->stream);
+            if (status != BT_OK)
+                return status;
+            status = cuda_attn_prefill(&aa, p->d_tiles, p->n_tiles, b->dt,
+                                       r->stream);
+            if (status != BT_OK)
+                return status;
+        }
+        if (!(b->skip & CUDA_SKIP_O))
+            status = worker_gemm(r->gemm, nt, mc->dim, b->q_dim, r->d_att,
+                                 w->d_wo, b->dt, r->d_x, CUDA_DT_F32, acc,
+                                 r->stream);
         if (status != BT_OK)
             return status;
         if (tp) {
@@ -1350,14 +1399,17 @@ static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
             if (status != BT_OK)
                 return status;
         }
-        if (fuse_norm) {
+        if (b->skip & CUDA_SKIP_GU) {
+            status = BT_OK;
+        } else if (fuse_norm && !(b->skip & CUDA_SKIP_NORM)) {
             status = cuda_gemv_norm(nt, 2 * b->hid, mc->dim, r->d_x,
                                     w->d_ffn_norm, mc->rms_eps, w->d_wgu,
                                     r->d_gu, b->dt, r->stream);
         } else {
-            status = cuda_rmsnorm(r->d_x, NULL, w->d_ffn_norm, NULL, nt,
-                                  mc->dim, mc->rms_eps, r->d_xn, b->dt,
-                                  r->stream);
+            if (!(b->skip & CUDA_SKIP_NORM))
+                status = cuda_rmsnorm(r->d_x, NULL, w->d_ffn_norm, NULL, nt,
+                                      mc->dim, mc->rms_eps, r->d_xn, b->dt,
+                                      r->stream);
             if (status != BT_OK)
                 return status;
             status = worker_gemm(r->gemm, nt, 2 * b->hid, mc->dim, r->d_xn,
@@ -1366,12 +1418,15 @@ static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
         }
         if (status != BT_OK)
             return status;
-        status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt, r->stream);
+        if (!(b->skip & CUDA_SKIP_SWIGLU))
+            status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
+                                 r->stream);
         if (status != BT_OK)
             return status;
-        status = worker_gemm(r->gemm, nt, mc->dim, b->hid, r->d_h,
-                             w->d_wdown, b->dt, r->d_x, CUDA_DT_F32, acc,
-                             r->stream);
+        if (!(b->skip & CUDA_SKIP_DOWN))
+            status = worker_gemm(r->gemm, nt, mc->dim, b->hid, r->d_h,
+                                 w->d_wdown, b->dt, r->d_x, CUDA_DT_F32, acc,
+                                 r->stream);
         if (status != BT_OK)
             return status;
         if (tp) {

@@ -54,6 +54,7 @@
 #define GEMM_MAX_PLANS 256
 #define GEMM_MAX_TUNED 1024
 #define GEMM_TUNE_MAX_TOK 128   /* largest tuned token bucket */
+#define GEMM_TC_COUNTERS 4096   /* split-K tile counters of the tc GEMV */
 #define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
 #define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
 #define GEMM_BIG_STEP 256       /* prefill n_tok tuned: multiples of this */
@@ -101,6 +102,11 @@ struct worker_gemm_ctx_s {
     cublasLtHandle_t handle;
     void *d_ws;                    /* workspace, ws_bytes */
     size_t ws_bytes;
+    /* split-K scratch of the tc GEMV (kernels/gemv_tc.cu): the partials
+     * share d_ws (cuBLASLt uses it only inside its own kernels on the
+     * same stream), the tile counters are ours (zeroed once) */
+    int *d_cnt;
+    cuda_gemv_ws_t gemv_ws;
     gemm_plan_t *plans;            /* (GEMM_MAX_PLANS) */
     int n_plans;
     bool use_gemv;                 /* skinny shapes to cuda_gemv (BT_GEMV) */
@@ -157,6 +163,18 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     if (status != BT_OK)
         goto err_destroy_handle;
     ctx->ws_bytes = ws_bytes;
+    status = cuda__dev_malloc((void **)&ctx->d_cnt,
+                              GEMM_TC_COUNTERS * sizeof(int), "gemm_tc_cnt");
+    if (status != BT_OK)
+        goto err_free_ws;
+    status = BT_CUDA_STATUS(
+        cudaMemset(ctx->d_cnt, 0, GEMM_TC_COUNTERS * sizeof(int)));
+    if (status != BT_OK)
+        goto err_free_ws;
+    ctx->gemv_ws.d_part = (float *)ctx->d_ws;
+    ctx->gemv_ws.part_bytes = ws_bytes;
+    ctx->gemv_ws.d_cnt = ctx->d_cnt;
+    ctx->gemv_ws.n_cnt = GEMM_TC_COUNTERS;
     {
         const char *env = getenv("BT_GEMV"); /* 0: cuBLASLt for all */
         ctx->use_gemv = env == NULL || strcmp(env, "0") != 0;
@@ -183,6 +201,9 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     *ctx_p = ctx;
     return BT_OK;
 
+err_free_ws:
+    cuda__dev_free((void **)&ctx->d_cnt);
+    cuda__dev_free(&ctx->d_ws);
 err_destroy_handle:
     cublasLtDestroy(ctx->handle);
 err_free_plans:
@@ -215,6 +236,7 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
         return;
     for (int i = 0; i < ctx->n_plans; i++)
         gemm_plan_cleanup(&ctx->plans[i]);
+    cuda__dev_free((void **)&ctx->d_cnt);
     cuda__dev_free(&ctx->d_ws);
     cublasLtDestroy(ctx->handle);
     bt_free(ctx->pf);
@@ -417,7 +439,8 @@ static bt_status_t gemm_cand_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
         return gemm_lt_run(ctx, p, &algos[c - GEMM_CHOICE_LT], d_x, d_w, d_y,
                            false, stream);
     return cuda_gemv_run((cuda_gemv_kernel_t)c, p->n_tok, p->n_out, p->n_in,
-                         d_x, d_w, d_y, p->out_dt, false, stream);
+                         d_x, d_w, d_y, p->out_dt, false, &ctx->gemv_ws,
+                         stream);
 }
 
 /* Median time in microseconds of candidate c over GEMM_TUNE_REPS runs,
@@ -813,7 +836,7 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                                 n_in, in_dt))
             return cuda_gemv_run((cuda_gemv_kernel_t)forced, n_tok, n_out,
                                  n_in, d_x, d_w, d_y, out_dt, accumulate,
-                                 stream);
+                                 &ctx->gemv_ws, stream);
         if (forced < 0) {
             if (ctx->tune && n_tok <= GEMM_TUNE_MAX_TOK)
                 t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in,
@@ -832,7 +855,7 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                                     n_out, n_in, in_dt))
                 return cuda_gemv_run((cuda_gemv_kernel_t)t->choice, n_tok,
                                      n_out, n_in, d_x, d_w, d_y, out_dt,
-                                     accumulate, stream);
+                                     accumulate, &ctx->gemv_ws, stream);
             if (t == NULL && cuda_gemv_ok(n_tok, n_in, in_dt))
                 return cuda_gemv(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
                                  accumulate, stream); /* static default */

@@ -1060,10 +1060,11 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
 /* BT_PREFILL_KERNEL=smem selects the shared-memory kernel everywhere
  * (reference point for the register-resident ones), =wmma the WMMA
  * register-resident kernel instead of the mma.sync one at head 64/128,
- * =mma the mma.sync kernel with 64 queries per block (round 3, the
- * default at head 64/128), =mma0 that one with the round-2 (unbatched)
- * load order, =mma2 128 queries per block, =fa2 (=fa2w4, =fa2w8) the
- * kernel of attn_prefill_fa2.cu at head 64/128 (elsewhere as =mma).
+ * =mma the mma.sync kernel with 64 queries per block (round 3), =mma0
+ * that one with the round-2 (unbatched) load order, =mma2 128 queries
+ * per block; unset or =fa2 (=fa2w4, =fa2w8 force the warp count) the
+ * kernel of attn_prefill_fa2.cu at head 64/128 (the default; elsewhere
+ * as =mma).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -1077,16 +1078,19 @@ static int attn_prefill_kind(void)
         return 3; /* the round-2 instruction order */
     if (env && strcmp(env, "mma2") == 0)
         return 4; /* 128 queries per block */
-    if (env && strcmp(env, "fa2") == 0)
-        return 5; /* attn_prefill_fa2.cu, warps per block chosen by G */
+    if (env && strcmp(env, "mma") == 0)
+        return 2; /* one 64-query tile per block (round 3) */
     if (env && strcmp(env, "fa2w4") == 0)
         return 6; /* fa2 with 4 warps per block */
     if (env && strcmp(env, "fa2w8") == 0)
         return 7; /* fa2 with 8 warps per block */
-    /* Default: one 64-query tile per block (round 3).  mma2 measured
-     * slower on the H200 (2026-11-29: 10.1 vs 8.8 ms of attention for a
-     * 2048-token Llama-3-8B prefill). */
-    return 2;
+    /* Default (and =fa2): attn_prefill_fa2.cu, warps per block chosen by
+     * the GQA group; at head sizes it does not take, the mma kernel.
+     * H200, 2026-12-01, Llama-3-8B shape: attention of a 2048-token
+     * prefill 183 vs 271 us per layer (mma), whole prefill 49.4 vs 54.2
+     * ms; 8192 tokens 259 vs 280 ms.  mma2 (128 queries per block) lost
+     * to mma (2026-11-29: 10.1 vs 8.8 ms). */
+    return 5;
 }
 
 static bool attn_prefill_use_fa(int head_dim)

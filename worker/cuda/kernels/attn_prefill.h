@@ -38,9 +38,9 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
                               const int *d_tiles, int n_tiles,
                               cuda_dtype_t dt, cudaStream_t stream);
 
-/* The FlashAttention-2 class kernel (attn_prefill_fa2.cu; off by
- * default, cuda_attn_prefill takes it when BT_PREFILL_KERNEL is fa2,
- * fa2w4 or fa2w8): bf16, head_dim 64 or 128. */
+/* The FlashAttention-2 class kernel (attn_prefill_fa2.cu; the default
+ * of cuda_attn_prefill at head 64/128 unless BT_PREFILL_KERNEL names
+ * another kernel): bf16, head_dim 64 or 128. */
 bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt);
 
 /* Same tiles and semantics as cuda_attn_prefill; the query heads of one

@@ -1,8 +1,8 @@
 /*
  * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16,
- * head 64/128) over the paged KV cache, selected with
- * BT_PREFILL_KERNEL=fa2 (fa2w4 / fa2w8 force the warp count); the
- * default kernels of attn_prefill.cu are untouched.
+ * head 64/128) over the paged KV cache: the default prefill kernel since
+ * 2026-12-01 (BT_PREFILL_KERNEL=fa2w4 / fa2w8 force the warp count,
+ * =mma and the others select the kernels of attn_prefill.cu).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -38,8 +38,8 @@
  * Semantics are those of cuda_attn_prefill (attn_prefill.h): query i of
  * a chunk after `ctx` cached tokens sees every cached key and the new
  * keys j <= i (or mask[i][j] when the sequence has a mask).
- * Test: test_attn (pass "fa2"); bench: bench_kernels --attn with
- * BT_PREFILL_KERNEL=fa2.
+ * Test: test_attn (pass "fa2"); bench: bench_kernels --attn (the
+ * default row; BT_PREFILL_KERNEL=mma for the previous kernel).
  */
 #include "attn_prefill.h"
 

@@ -14,6 +14,7 @@
  *   the first instruction (the first stages are issued before the PDL
  *   wait) without spending registers on it.
  * - mma1 / mma2: the ring on tensor cores for 1..64 tokens (see the kernel).
+ * - tc: a skinny tensor-core GEMM for 1..64 tokens in gemv_tc.cu.
  * Every kernel is launched with programmatic dependent launch
  * (kern_launch): the first weight loads are issued before kern_pdl_wait().
  * Test: build-DIR/gpu/test_gemm (every variant against the CPU reference);
@@ -1075,7 +1076,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 // Public API
 
 static const char *const gemv_names[CUDA_GEMV_N_KERNELS] = {
-    "rows", "rows8", "stream", "ring", "bulk", "mma1", "mma2"};
+    "rows", "rows8", "stream", "ring", "bulk", "mma1", "mma2", "tc"};
 
 const char *cuda_gemv_kernel_name(cuda_gemv_kernel_t k)
 {
@@ -1107,6 +1108,8 @@ bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
     case CUDA_GEMV_MMA1:
     case CUDA_GEMV_MMA2:
         return gemv_mma_ok(n_tok, n_in);
+    case CUDA_GEMV_TC:
+        return cuda_gemv_tc_ok(n_tok, n_out, n_in);
     default:
         return false;
     }
@@ -1115,7 +1118,7 @@ bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
 bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
                           int n_in, const void *d_x, const void *d_w,
                           void *d_y, cuda_dtype_t out_dt, bool accumulate,
-                          cudaStream_t stream)
+                          const cuda_gemv_ws_t *ws, cudaStream_t stream)
 {
     const bf16_t *x = (const bf16_t *)d_x, *w = (const bf16_t *)d_w;
     cudaError_t err = cudaSuccess;
@@ -1150,6 +1153,10 @@ bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
     case CUDA_GEMV_MMA2:
         KERN_DISPATCH_DT(out_dt, OUT, err = gemv_mma_launch<2, OUT>(
             n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
+        break;
+    case CUDA_GEMV_TC:
+        err = cuda_gemv_tc(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
+                           accumulate, ws, stream);
         break;
     default:
         break;
@@ -1194,6 +1201,8 @@ bt_status_t cuda_gemv_prepare(void)
 #undef GEMV_PREP_MMA
 #undef GEMV_PREP_RING4
 #undef GEMV_PREP_RING
+    if (err == cudaSuccess)
+        err = cuda_gemv_tc_prepare();
     return BT_CUDA_STATUS(err);
 }
 
@@ -1266,7 +1275,7 @@ bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
                              ? CUDA_GEMV_STREAM
                              : CUDA_GEMV_ROWS,
                          n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
-                         accumulate, stream);
+                         accumulate, NULL, stream);
 }
 
 bool cuda_gemv_norm_ok(int n_tok, int n_in)

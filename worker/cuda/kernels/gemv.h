@@ -29,6 +29,11 @@
  *           straight into fragment order (the K order is permuted
  *           identically in the weights and x, so every fragment is one
  *           16-byte load), tokens padded to multiples of 8.
+ * - tc:     tensor-core skinny GEMM for 1 to 64 tokens (gemv_tc.cu): 128
+ *           weight rows per block with x's K slice beside them in a
+ *           swizzled cp.async ring, ldmatrix + mma.m16n8k16, split K with
+ *           a deterministic last-block reduction through the caller's
+ *           workspace (cuda_gemv_ws_t) when the rows cannot fill the GPU.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_GEMV_H
 #define BT_WORKER_CUDA_KERNELS_GEMV_H
@@ -53,8 +58,20 @@ typedef enum {
     CUDA_GEMV_BULK,
     CUDA_GEMV_MMA1,
     CUDA_GEMV_MMA2,
+    CUDA_GEMV_TC,
     CUDA_GEMV_N_KERNELS
 } cuda_gemv_kernel_t;
+
+/* Scratch of the split-K variants (tc), owned by the caller and used by
+ * one stream at a time: d_part (part_bytes) for f32 partial tiles, d_cnt
+ * n_cnt ints that must be zero before the first launch (every launch
+ * leaves them zero).  NULL (or NULL members): no split. */
+typedef struct {
+    float *d_part;
+    size_t part_bytes;
+    int *d_cnt;
+    int n_cnt;
+} cuda_gemv_ws_t;
 
 /* "rows", "rows8", ... (NULL when out of range). */
 const char *cuda_gemv_kernel_name(cuda_gemv_kernel_t k);
@@ -67,11 +84,22 @@ bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
                          int n_in, cuda_dtype_t in_dt);
 
 /* y (n_tok, n_out) [+]= x (n_tok, n_in) . w (n_out, n_in)^T with variant
- * k: bf16 inputs, f32 accumulation, y in out_dt. */
+ * k: bf16 inputs, f32 accumulation, y in out_dt.  ws: split-K scratch
+ * (may be NULL; only tc uses it). */
 bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
                           int n_in, const void *d_x, const void *d_w,
                           void *d_y, cuda_dtype_t out_dt, bool accumulate,
-                          cudaStream_t stream);
+                          const cuda_gemv_ws_t *ws, cudaStream_t stream);
+
+/* The tc variant (gemv_tc.cu): true for 1..CUDA_GEMV_MMA_MAX_TOK tokens
+ * and n_in % 64 == 0; the launch (errors of the launch itself are left
+ * for cudaGetLastError); its shared-memory limits, outside capture. */
+bool cuda_gemv_tc_ok(int n_tok, int n_out, int n_in);
+cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
+                         const void *d_w, void *d_y, cuda_dtype_t out_dt,
+                         bool accumulate, const cuda_gemv_ws_t *ws,
+                         cudaStream_t stream);
+cudaError_t cuda_gemv_tc_prepare(void);
 
 /* Raises the shared-memory limit of the ring/bulk/mma kernels on the
  * current device (also done lazily at their first launch); call outside
