@@ -942,6 +942,30 @@ float sampler_temperature(const sampler_t *s)
     return s->params.temperature;
 }
 
+const sampler_params_t *sampler_params(const sampler_t *s)
+{
+    return &s->params;
+}
+
+float sampler_uniform_peek(const sampler_t *s)
+{
+    uint64_t x = s->rng;
+
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return (float)((x * 0x2545f4914f6cdd1dull) >> 40) / 16777216.0f;
+}
+
+bool sampler_is_dist(const sampler_t *s)
+{
+    const sampler_params_t *p = &s->params;
+
+    if (p->temperature == 0.0f || sampler_uses_penalties(s))
+        return false;
+    return p->top_p < 1.0f || p->top_k <= 1 || p->top_k >= s->vocab_size;
+}
+
 static int sampler_cand_id_cmp(const void *a, const void *b)
 {
     const sampler_cand_t *x = a, *y = b;

@@ -97,6 +97,26 @@ float sampler_temperature(const sampler_t *sampler);
 bool sampler_sample_top(sampler_t *sampler, const int *ids,
                         const float *logits, int k, double sum, int *token);
 
+/* ---- sampling on a device from the whole row (cuda_sample_dist) ----
+ * For rows that the candidates above cannot do (a nucleus beyond them,
+ * plain temperature): the device draws from the whole distribution with
+ * the sampler's own uniform, and the host advances the stream.  The
+ * token is the exact inverse CDF at that uniform, where sampler_sample
+ * walks a float running sum: the two agree except when the uniform lies
+ * within float rounding of a cumulative boundary (the contract in
+ * worker/cuda/cuda_sample.h). */
+
+/* The sampler's parameters (read-only). */
+const sampler_params_t *sampler_params(const sampler_t *sampler);
+
+/* The value the next sampler_uniform() returns, without drawing it. */
+float sampler_uniform_peek(const sampler_t *sampler);
+
+/* True when the sampler's steps can be done on the device from the whole
+ * row: temperature > 0, no penalties, and not top-k > 1 without top-p
+ * (whose draw order is the host quickselect's). */
+bool sampler_is_dist(const sampler_t *sampler);
+
 #ifdef __cplusplus
 }
 #endif

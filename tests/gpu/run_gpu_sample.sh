@@ -4,6 +4,9 @@
 # kind).  About 1.5 minutes:
 #   1. kernels: cuda_argmax / cuda_sample_top vs the CPU reference, odd
 #      vocabularies, ties, NaN  (test_sample)
+#   1b. whole-distribution sampling (cuda_sample_dist) vs its reference
+#      and the host sampler's contract, end to end through cuda_sampling,
+#      then its device time for 1/8/64 rows of 128,256 (test_sample_dist)
 #   2. device sampling = the full-logits path: 12 streams (greedy, top-p,
 #      top-k+top-p, min-p, top-k 1, plain temperature, top-k alone,
 #      penalties) x 150 steps on aidreams260K and stories260K, bf16 and
@@ -20,10 +23,10 @@
 # Prepare here (CUDA build; the device lacks ZeroMQ/protobuf-c/UCX):
 #   cmake -S . -B build-devsample -DCMAKE_CUDA_ARCHITECTURES=90a -DBT_WERROR=ON
 #   cmake --build build-devsample -j2 --target baton test_sample \
-#     gpu_test_cuda_sample gpu_bench_cuda
+#     gpu_test_cuda_sample gpu_test_sample_dist gpu_bench_cuda
 #   C=build-devsample-carry; rm -rf $C; mkdir -p $C/bin $C/shared/models
 #   strip -o $C/bin/baton build-devsample/bin/baton
-#   for t in test_sample test_cuda_sample bench_cuda; do
+#   for t in test_sample test_cuda_sample test_sample_dist bench_cuda; do
 #     strip -o $C/bin/$t build-devsample/gpu/$t; done
 #   cp -r ../shared/models/{aidreams260K.bin,stories260K.bin} $C/shared/models/
 #   ../shared/tools/devlibs $C/devlibs $C/bin/*
@@ -63,13 +66,16 @@ step() { # step NAME TIMEOUT CMD... : runs, logs, records rc
 }
 
 step kernels 60 "$bin/test_sample"
+step dist 120 "$bin/test_sample_dist"
+step dist-bench 60 "$bin/test_sample_dist" --bench
 step streams 120 "$bin/test_cuda_sample" 150
 
 # baton run: device sampling (default) vs BT_HOST_SAMPLE=1
 cli_cmp() { # NAME MODEL ARGS...
   local name=$1 model=$2 a b
   shift 2
-  a=$(timeout 60 "$bin/baton" run --model "$models/$model" --device cuda \
+  # (the exact paths: BT_SAMPLE_DIST=0, see test_cuda_sample.c)
+  a=$(BT_SAMPLE_DIST=0 timeout 60 "$bin/baton" run --model "$models/$model" --device cuda \
       --prompt-ids "1 300 45 12" --ids --max-tokens 200 --ignore-eos "$@" \
       2>>"$log")
   b=$(BT_HOST_SAMPLE=1 timeout 60 "$bin/baton" run --model "$models/$model" \
@@ -96,7 +102,8 @@ cat "$out/bench.md" >> "$log" 2>/dev/null
   echo "| --- | --- | ---: |"
   printf "$rows"
   echo
-  grep -E '^(PASS|FAIL) (aidreams|stories|test_cuda_sample|sample_top rows=64)' "$log"
+  grep -E '^(PASS|FAIL) (aidreams|stories|test_cuda_sample|sample_top rows=64|kernel vocab|end to end|test_sample_dist)' "$log"
+  grep -E '^bench sample_dist' "$log"
   echo
   grep -E '^\| (decode|---)' "$out/bench.md" 2>/dev/null | head -4
   echo

@@ -12,7 +12,9 @@
  * draw within float rounding of a boundary to differ: it is reported as
  * a FAIL here too, as it should be vanishingly rare).  Also: a mixed
  * step (prompt rows compacted, no graph), rows without a sampler whose
- * logits are asked for, and the split begin/end calls.  Prints the
+ * logits are asked for, and the split begin/end calls.  Runs with
+ * BT_SAMPLE_DIST=0 (the exact paths; test_sample_dist checks the
+ * device whole-row sampler's contract).  Prints the
  * device sampling counters (argmax / top / top_miss / row).
  * Run: build/gpu/test_cuda_sample [steps]
  */
@@ -192,6 +194,14 @@ int main(int argc, char **argv)
 {
     const char *names[] = {"aidreams260K.bin", "stories260K.bin"};
     int steps = argc > 1 ? atoi(argv[1]) : 150;
+
+    /* Token-for-token against the host sampler: the exact paths only
+     * (argmax, candidates, whole rows).  Rows the device samples whole
+     * (cuda_sample_dist: plain temperature, top-p nuclei past the
+     * candidates) keep the distribution and the seed stream but not the
+     * host's float walk; tests/gpu/test_sample_dist checks that
+     * contract. */
+    setenv("BT_SAMPLE_DIST", "0", 1);
 
     for (size_t mi = 0; mi < 2; mi++) {
         for (int prec = 0; prec < 2; prec++) {

@@ -8,9 +8,14 @@
  * pieces into h_out (pinned).  Whole rows go to h_rows (pinned, grown on
  * demand) or straight into the caller's logits; rows whose candidates
  * did not suffice follow them in h_rows, fetched together in finish.
+ * Rows sampled from their whole distribution (cuda_sample_dist): specs
+ * h_spec -> d_spec, results d_dout -> h_dout, probabilities in d_p
+ * (CS_DIST_CHUNK rows at a time); those sampled at enqueue take slots
+ * [0, n_dist), the top misses of finish the slots after them.
  */
 #include "cuda_sample.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "bt_alloc.h"
@@ -19,12 +24,16 @@
 #include "kernels/sample.h"
 
 #define CS_K CUDA_SAMPLE_TOP_MAX
+/* Rows per cuda_sample_dist launch: its scratch is CS_DIST_CHUNK rows
+ * (32 MB at a 128K vocabulary), whatever max_rows is. */
+#define CS_DIST_CHUNK 64
 
 typedef enum {
     CS_NONE = 0, /* no sampler */
     CS_ARGMAX,
     CS_TOP,
-    CS_ROW
+    CS_ROW,
+    CS_DIST  /* whole distribution on the device (cuda_sample_dist) */
 } cs_kind_t;
 
 struct cuda_sampling_s {
@@ -38,6 +47,12 @@ struct cuda_sampling_s {
     void *h_out;         /* same layout as d_out */
     float *h_rows;       /* (rows_cap, vocab) whole rows */
     int rows_cap;
+    bool dist_on;        /* BT_SAMPLE_DIST != 0: cuda_sample_dist used */
+    cuda_dist_spec_t *d_spec;  /* (max_rows) */
+    cuda_dist_out_t *d_dout;   /* (max_rows) */
+    float *d_p;                /* (CS_DIST_CHUNK, vocab) scratch */
+    cuda_dist_spec_t *h_spec;  /* (max_rows) pinned */
+    cuda_dist_out_t *h_dout;   /* (max_rows) pinned */
     /* the pending step */
     int n_rows;
     const float *d_logits;
@@ -49,6 +64,7 @@ struct cuda_sampling_s {
     int *slot;           /* (max_rows) index in its kind's list */
     int *dev_row;        /* (max_rows) */
     int n_arg, n_top, n_full;
+    int n_dist;          /* rows sent to cuda_sample_dist at enqueue */
     cuda_sampling_stats_t stats;
 };
 
@@ -103,6 +119,33 @@ bt_status_t cuda_sampling_create(int vocab, int max_rows,
                        status, fail);
     BT_CUDA_CHECK_GOTO(cudaMallocHost(&cs->h_out, cs_out_bytes(max_rows)),
                        status, fail);
+    {
+        const char *env = getenv("BT_SAMPLE_DIST"); /* 0: rows copied */
+        cs->dist_on = env == NULL || strcmp(env, "0") != 0;
+    }
+    if (cs->dist_on) {
+        BT_CHECK_GOTO(cuda__dev_malloc((void **)&cs->d_spec,
+                                       (size_t)max_rows *
+                                           sizeof(*cs->d_spec),
+                                       "sample_dist"), status, fail);
+        BT_CHECK_GOTO(cuda__dev_malloc((void **)&cs->d_dout,
+                                       (size_t)max_rows *
+                                           sizeof(*cs->d_dout),
+                                       "sample_dist"), status, fail);
+        BT_CHECK_GOTO(cuda__dev_malloc((void **)&cs->d_p,
+                                       (size_t)BT_MIN(max_rows,
+                                                      CS_DIST_CHUNK) *
+                                           (size_t)vocab * sizeof(float),
+                                       "sample_dist"), status, fail);
+        BT_CUDA_CHECK_GOTO(cudaMallocHost((void **)&cs->h_spec,
+                                          (size_t)max_rows *
+                                              sizeof(*cs->h_spec)),
+                           status, fail);
+        BT_CUDA_CHECK_GOTO(cudaMallocHost((void **)&cs->h_dout,
+                                          (size_t)max_rows *
+                                              sizeof(*cs->h_dout)),
+                           status, fail);
+    }
     *cs_p = cs;
     return BT_OK;
 fail:
@@ -118,6 +161,13 @@ void cuda_sampling_destroy(cuda_sampling_t **cs_p)
         return;
     cuda__dev_free((void **)&cs->d_meta);
     cuda__dev_free(&cs->d_out);
+    cuda__dev_free((void **)&cs->d_spec);
+    cuda__dev_free((void **)&cs->d_dout);
+    cuda__dev_free((void **)&cs->d_p);
+    if (cs->h_spec)
+        cudaFreeHost(cs->h_spec);
+    if (cs->h_dout)
+        cudaFreeHost(cs->h_dout);
     if (cs->h_meta)
         cudaFreeHost(cs->h_meta);
     if (cs->h_out)
@@ -150,6 +200,64 @@ static bt_status_t cs_rows_reserve(cuda_sampling_t *cs, int n)
     return BT_OK;
 }
 
+/* Fills spec slot `slot` for row r (its sampler's next uniform: the
+ * stream advances only once the device's token is taken). */
+static void cs_dist_spec(cuda_sampling_t *cs, int r, int slot)
+{
+    const sampler_params_t *p = sampler_params(cs->samplers[r]);
+    cuda_dist_spec_t *sp = &cs->h_spec[slot];
+
+    sp->row = cs->dev_row[r];
+    sp->top_k = p->top_k;
+    sp->inv_t = 1.0f / p->temperature;
+    sp->top_p = p->top_p;
+    sp->min_p = p->min_p;
+    sp->u = sampler_uniform_peek(cs->samplers[r]);
+    cs->kind[r] = CS_DIST;
+    cs->slot[r] = slot;
+}
+
+/* Enqueues cuda_sample_dist for spec slots [first, first + n): specs up,
+ * the kernel (CS_DIST_CHUNK rows a launch: the scratch), results down. */
+static bt_status_t cs_dist_launch(cuda_sampling_t *cs, int first, int n,
+                                  cudaStream_t stream)
+{
+    bt_status_t status;
+
+    if (n == 0)
+        return BT_OK;
+    status = BT_CUDA_STATUS(cudaMemcpyAsync(
+        cs->d_spec + first, cs->h_spec + first, (size_t)n * sizeof(*cs->h_spec),
+        cudaMemcpyHostToDevice, stream));
+    for (int i = 0; i < n && status == BT_OK; i += CS_DIST_CHUNK)
+        status = cuda_sample_dist(cs->d_logits, cs->ld, cs->vocab,
+                                  cs->d_spec + first + i,
+                                  BT_MIN(CS_DIST_CHUNK, n - i), cs->d_p,
+                                  cs->d_dout + first + i, stream);
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            cs->h_dout + first, cs->d_dout + first,
+            (size_t)n * sizeof(*cs->h_dout), cudaMemcpyDeviceToHost, stream));
+    return status;
+}
+
+/* Takes the device's token for a CS_DIST row (advancing the sampler's
+ * stream past the uniform it used); false when the device declined it
+ * (non-finite logits): the row is then sampled whole on the host. */
+static bool cs_dist_take(cuda_sampling_t *cs, int r, int *token)
+{
+    const cuda_dist_out_t *o = &cs->h_dout[cs->slot[r]];
+
+    if (o->token < 0 || o->token >= cs->vocab) {
+        cs->stats.dist_declined++;
+        return false;
+    }
+    (void)sampler_uniform(cs->samplers[r]);
+    *token = o->token;
+    cs->stats.dist++;
+    return true;
+}
+
 bt_status_t cuda_sampling_enqueue(cuda_sampling_t *cs, const float *d_logits,
                                   size_t ld, int n_rows, const int *dev_row,
                                   sampler_t *const *samplers, int *ids,
@@ -171,7 +279,7 @@ bt_status_t cuda_sampling_enqueue(cuda_sampling_t *cs, const float *d_logits,
     cs->samplers = samplers;
     cs->ids = ids;
     cs->logits = logits;
-    cs->n_arg = cs->n_top = cs->n_full = 0;
+    cs->n_arg = cs->n_top = cs->n_full = cs->n_dist = 0;
     for (int r = 0; r < n_rows; r++) {
         sampler_t *sm = samplers ? samplers[r] : NULL;
         cs->dev_row[r] = dev_row[r];
@@ -192,6 +300,10 @@ bt_status_t cuda_sampling_enqueue(cuda_sampling_t *cs, const float *d_logits,
             top_rows[cs->n_top++] = dev_row[r];
             break;
         default:
+            if (cs->dist_on && sampler_is_dist(sm)) {
+                cs_dist_spec(cs, r, cs->n_dist++);
+                break;
+            }
             cs->kind[r] = CS_ROW;
             cs->slot[r] = cs->n_full++;
             break;
@@ -238,6 +350,7 @@ bt_status_t cuda_sampling_enqueue(cuda_sampling_t *cs, const float *d_logits,
                           cudaMemcpyDeviceToHost, stream)),
                       status, out);
     }
+    BT_CHECK_GOTO(cs_dist_launch(cs, 0, cs->n_dist, stream), status, out);
     for (int r = 0; r < n_rows; r++) {
         float *dst;
         if (cs->kind[r] == CS_ROW)
@@ -263,7 +376,7 @@ bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream)
     double *h_sums;
     int *h_ids, *h_cids;
     float *h_cvals;
-    int kk = BT_MIN(CS_K, cs->vocab), n_miss = 0;
+    int kk = BT_MIN(CS_K, cs->vocab), n_miss = 0, n_d2 = 0;
     bt_status_t status;
 
     status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
@@ -286,10 +399,22 @@ bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream)
                                    h_cvals + (size_t)s * CS_K, kk, h_sums[s],
                                    &tok)) {
                 cs->stats.top++;
+            } else if (cs->dist_on && sampler_is_dist(sm)) {
+                /* the whole distribution on the device, below */
+                cs_dist_spec(cs, r, cs->n_dist + n_d2++);
+                cs->stats.top_miss++;
+                continue;
             } else { /* the whole row, below (every miss in one wait) */
                 cs->kind[r] = CS_ROW;
                 cs->slot[r] = cs->n_full + n_miss++;
                 cs->stats.top_miss++;
+                continue;
+            }
+            break;
+        case CS_DIST:
+            if (!cs_dist_take(cs, r, &tok)) {
+                cs->kind[r] = CS_ROW;
+                cs->slot[r] = cs->n_full + n_miss++;
                 continue;
             }
             break;
@@ -299,6 +424,27 @@ bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream)
             break;
         }
         cs->ids[r] = tok;
+    }
+    if (n_d2 > 0) {
+        /* top misses: one more launch and wait (4 + 20 bytes a row) */
+        status = cs_dist_launch(cs, cs->n_dist, n_d2, stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
+        if (status != BT_OK) {
+            (void)cudaStreamSynchronize(stream);
+            return status;
+        }
+        for (int r = 0; r < cs->n_rows; r++) {
+            int tok;
+            if (cs->kind[r] != CS_DIST || cs->slot[r] < cs->n_dist)
+                continue;
+            if (cs_dist_take(cs, r, &tok)) {
+                cs->ids[r] = tok;
+            } else {
+                cs->kind[r] = CS_ROW;
+                cs->slot[r] = cs->n_full + n_miss++;
+            }
+        }
     }
     if (n_miss == 0)
         return BT_OK;

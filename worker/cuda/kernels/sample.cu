@@ -15,6 +15,11 @@
  * orders the k candidates by (value desc, index asc).  Five reads of the
  * row (512 KB at a 128K vocabulary, from L2 after the first).
  * Test: build/gpu/test_sample (tests/kernels/test_sample.cu).
+ *
+ * whole-distribution sampling (cuda_sample_dist): see the section below
+ * and sample_dist.h.  Test: build-cuda/gpu/test_sample_dist [--bench]
+ * (tests/gpu/test_sample_dist.c, reference tests/kernels/
+ * sample_dist_ref.c).
  */
 #include "sample.h"
 
@@ -305,5 +310,430 @@ bt_status_t cuda_sample_top(const float *d_logits, size_t ld,
     top_kernel<<<n, TOP_THREADS, 0, stream>>>(d_logits, ld, d_rows, vocab,
                                               d_inv_t, k, d_ids, d_vals,
                                               d_sum);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+// ---------------------------------------------------------------------
+// whole-distribution sampling (cuda_sample_dist, sample_dist.h)
+//
+// One block per row.  Passes over the row: max / NaN; e_i to the scratch
+// row and their sum; P_i in place with F's count, mass and key range.
+// Then each selection ("the first position of the (P desc, id asc) order
+// whose cumulative count or mass exceeds t") is a radix descent over the
+// P keys of F: a 2048-bin histogram (count + fixed-point mass) over the
+// current key interval, the bin where the cumulative crosses t, and again
+// inside that bin until it holds one key (3 passes for any row); the
+// rank inside the run of equal P follows arithmetically, and the id of
+// the j-th element of a run in id order from one ordered scan.  Sorted
+// mode: nucleus by mass (top_p), else by count (the limit), then the
+// draw (u * keep): about 12 reads of the row from L2.  Id order: one
+// ordered prefix scan of the masses.
+
+#define SD_THREADS 1024
+#define SD_WARPS (SD_THREADS / 32)
+#define SD_BINS 2048
+#define SD_LANE_BINS (SD_BINS / 32)
+#define SD_FULL 0xffffffffu
+
+typedef struct {
+    unsigned cnt[SD_BINS];            /* histogram: elements per bin */
+    unsigned long long mass[SD_BINS]; /* histogram: fixed-point mass */
+    double d[SD_WARPS];               /* reductions */
+    unsigned long long q[SD_WARPS];
+    unsigned u[SD_WARPS];
+    float f[SD_WARPS];
+    unsigned pick_bin;                /* chosen bin; SD_BINS: none */
+    unsigned pick_cnt;                /* count above the chosen bin */
+    unsigned long long pick_mass;     /* mass above the chosen bin */
+    int found;                        /* an id found by a scan */
+} sd_smem_t;
+
+/* A position of the (P desc, id asc) order over F. */
+typedef struct {
+    unsigned key;            /* P's key */
+    unsigned j;              /* rank among the elements of that P, id order */
+    unsigned cnt_gt;         /* elements of F with a larger P */
+    unsigned cnt_eq;         /* elements with this P */
+    unsigned long long s_gt; /* mass of F with a larger P */
+    int found;
+} sd_pos_t;
+
+struct sd_add {
+    template <typename T> __device__ T operator()(T a, T b) const
+    {
+        return a + b;
+    }
+};
+struct sd_max {
+    template <typename T> __device__ T operator()(T a, T b) const
+    {
+        return a > b ? a : b;
+    }
+};
+struct sd_min {
+    template <typename T> __device__ T operator()(T a, T b) const
+    {
+        return a < b ? a : b;
+    }
+};
+
+/* Block-wide reduction; every thread gets the result (a fixed order:
+ * deterministic).  Starts and ends with a barrier, so it also publishes
+ * the scratch row's writes. */
+template <typename T, typename Op>
+static __device__ T sd_reduce(T v, Op op, T *buf)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = op(v, __shfl_xor_sync(SD_FULL, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = buf[0];
+    for (int w = 1; w < SD_WARPS; w++)
+        v = op(v, buf[w]);
+    __syncthreads();
+    return v;
+}
+
+/* Adds a warp's elements to the histogram (bin -1: none); a bin shared
+ * by many lanes (ties) costs one atomic. */
+static __device__ void sd_hist_add(sd_smem_t *sh, int bin,
+                                   unsigned long long w)
+{
+    const int lane = threadIdx.x & 31;
+    unsigned peers = __match_any_sync(SD_FULL, bin);
+
+    if (peers == SD_FULL) {
+        for (int o = 16; o > 0; o >>= 1)
+            w += __shfl_xor_sync(SD_FULL, w, o);
+        if (lane == 0 && bin >= 0) {
+            atomicAdd(&sh->cnt[bin], 32u);
+            if (w)
+                atomicAdd(&sh->mass[bin], w);
+        }
+        return;
+    }
+    if (bin >= 0) {
+        if (lane == __ffs(peers) - 1)
+            atomicAdd(&sh->cnt[bin], (unsigned)__popc(peers));
+        if (w)
+            atomicAdd(&sh->mass[bin], w);
+    }
+}
+
+/* Warp 0: the highest bin at which the cumulative metric (count or mass,
+ * from the top bin down) exceeds t; sets pick_* (pick_bin = SD_BINS when
+ * the total does not exceed t). */
+static __device__ void sd_pick(sd_smem_t *sh, bool by_mass,
+                               unsigned long long t)
+{
+    const int lane = threadIdx.x;
+    unsigned long long oc = 0, om = 0, sc, sm, so;
+
+    for (int b = 0; b < SD_LANE_BINS; b++) {
+        oc += sh->cnt[lane * SD_LANE_BINS + b];
+        om += sh->mass[lane * SD_LANE_BINS + b];
+    }
+    sc = oc;
+    sm = om;
+    for (int o = 1; o < 32; o <<= 1) { /* inclusive suffix sums */
+        unsigned long long vc = __shfl_down_sync(SD_FULL, sc, o);
+        unsigned long long vm = __shfl_down_sync(SD_FULL, sm, o);
+        if (lane + o < 32) {
+            sc += vc;
+            sm += vm;
+        }
+    }
+    so = by_mass ? sm : sc;
+    unsigned mask = __ballot_sync(SD_FULL, so > t);
+    if (mask == 0) {
+        if (lane == 0)
+            sh->pick_bin = SD_BINS;
+        return;
+    }
+    if (lane == 31 - __clz(mask)) {
+        unsigned long long ac = sc - oc, am = sm - om;
+        for (int b = SD_LANE_BINS - 1; b >= 0; b--) {
+            int bin = lane * SD_LANE_BINS + b;
+            unsigned long long c = sh->cnt[bin], m = sh->mass[bin];
+            if ((by_mass ? am + m : ac + c) > t) {
+                sh->pick_bin = (unsigned)bin;
+                sh->pick_cnt = (unsigned)ac;
+                sh->pick_mass = am;
+                break;
+            }
+            ac += c;
+            am += m;
+        }
+    }
+}
+
+/* The first position of the (P desc, id asc) order over F (P >= cut_m,
+ * keys in [a, b]) whose cumulative count (by_mass false) or mass exceeds
+ * t.  found = 0 when the total does not. */
+static __device__ sd_pos_t sd_select(const float *p, int vocab, float cut_m,
+                                     unsigned a, unsigned b, bool by_mass,
+                                     unsigned long long t, sd_smem_t *sh)
+{
+    const int tid = threadIdx.x;
+    unsigned cgt = 0;
+    unsigned long long sgt = 0;
+    sd_pos_t r;
+
+    memset(&r, 0, sizeof(r));
+    for (;;) {
+        int shift = 0;
+        unsigned bin, na;
+
+        while (((b - a) >> shift) >= SD_BINS)
+            shift++;
+        for (int i = tid; i < SD_BINS; i += SD_THREADS) {
+            sh->cnt[i] = 0;
+            sh->mass[i] = 0;
+        }
+        __syncthreads();
+        for (int j0 = 0; j0 < vocab; j0 += SD_THREADS) {
+            int j = j0 + tid;
+            float q = j < vocab ? p[j] : -1.0f;
+            unsigned k = sd_key(q);
+            bool in = j < vocab && q >= cut_m && k >= a && k <= b;
+            sd_hist_add(sh, in ? (int)((k - a) >> shift) : -1,
+                        in ? sd_fx(q) : 0ull);
+        }
+        __syncthreads();
+        if (tid < 32)
+            sd_pick(sh, by_mass, t - (by_mass ? sgt : cgt));
+        __syncthreads();
+        bin = sh->pick_bin;
+        if (bin >= SD_BINS) {
+            __syncthreads();
+            return r; /* not found (the same in every thread) */
+        }
+        cgt += sh->pick_cnt;
+        sgt += sh->pick_mass;
+        na = a + (bin << shift);
+        if (shift == 0) {
+            r.key = na;
+            r.cnt_gt = cgt;
+            r.s_gt = sgt;
+            r.cnt_eq = sh->cnt[bin];
+            r.j = by_mass ? sd_rank_in_run(t, sgt, sd_fx(sd_unkey(na)),
+                                           r.cnt_eq)
+                          : sd_rank_in_run(t, cgt, 1, r.cnt_eq);
+            r.found = 1;
+            __syncthreads();
+            return r;
+        }
+        b = na + ((1u << shift) - 1u) < b ? na + ((1u << shift) - 1u) : b;
+        a = na;
+        __syncthreads();
+    }
+}
+
+/* Each warp scans a contiguous id range (a multiple of 32). */
+static __device__ int sd_warp_range(int vocab)
+{
+    return ((vocab + SD_THREADS - 1) / SD_THREADS) * 32;
+}
+
+/* The id of the j-th (1-based, id order) element whose key is v; -1 if
+ * there is none. */
+static __device__ int sd_lookup(const float *p, int vocab, unsigned v,
+                                unsigned j, sd_smem_t *sh)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int range = sd_warp_range(vocab), lo = warp * range;
+    const int hi = min(lo + range, vocab);
+    unsigned c = 0, before = 0;
+
+    for (int j0 = lo; j0 < lo + range; j0 += 32) {
+        int i = j0 + lane;
+        c += __popc(__ballot_sync(SD_FULL, i < hi && sd_key(p[i]) == v));
+    }
+    if (lane == 0)
+        sh->u[warp] = c;
+    if (threadIdx.x == 0)
+        sh->found = -1;
+    __syncthreads();
+    for (int w = 0; w < warp; w++)
+        before += sh->u[w];
+    if (before < j && j <= before + c) {
+        for (int j0 = lo; j0 < lo + range; j0 += 32) {
+            int i = j0 + lane;
+            bool m = i < hi && sd_key(p[i]) == v;
+            unsigned bal = __ballot_sync(SD_FULL, m);
+            if (before + __popc(bal) >= j) {
+                if (m && before + __popc(bal & ((1u << lane) - 1u)) + 1u ==
+                             j)
+                    sh->found = i;
+                break;
+            }
+            before += __popc(bal);
+        }
+    }
+    __syncthreads();
+    return sh->found;
+}
+
+/* The first id of F (id order) whose cumulative mass exceeds t; -1 if
+ * the total does not. */
+static __device__ int sd_find_mass(const float *p, int vocab, float cut_m,
+                                   unsigned long long t, sd_smem_t *sh)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int range = sd_warp_range(vocab), lo = warp * range;
+    const int hi = min(lo + range, vocab);
+    unsigned long long tot = 0, before = 0;
+
+    for (int j0 = lo; j0 < lo + range; j0 += 32) {
+        int i = j0 + lane;
+        float q = i < hi ? p[i] : 0.0f;
+        tot += i < hi && q >= cut_m ? sd_fx(q) : 0ull;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        tot += __shfl_xor_sync(SD_FULL, tot, o);
+    if (lane == 0)
+        sh->q[warp] = tot;
+    if (threadIdx.x == 0)
+        sh->found = -1;
+    __syncthreads();
+    for (int w = 0; w < warp; w++)
+        before += sh->q[w];
+    if (before <= t && t < before + tot) {
+        for (int j0 = lo; j0 < lo + range; j0 += 32) {
+            int i = j0 + lane;
+            float q = i < hi ? p[i] : 0.0f;
+            unsigned long long w = i < hi && q >= cut_m ? sd_fx(q) : 0ull;
+            unsigned long long inc = w;
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned long long v = __shfl_up_sync(SD_FULL, inc, o);
+                if (lane >= o)
+                    inc += v;
+            }
+            unsigned bal = __ballot_sync(SD_FULL, before + inc > t);
+            if (bal) {
+                if (lane == __ffs(bal) - 1)
+                    sh->found = i;
+                break;
+            }
+            before += __shfl_sync(SD_FULL, inc, 31);
+        }
+    }
+    __syncthreads();
+    return sh->found;
+}
+
+static __global__ void __launch_bounds__(SD_THREADS)
+    sd_kernel(const float *logits, size_t ld, int vocab,
+              const cuda_dist_spec_t *specs, float *scratch,
+              cuda_dist_out_t *outs)
+{
+    __shared__ sd_smem_t sh;
+    const cuda_dist_spec_t sp = specs[blockIdx.x];
+    const float *x = logits + (size_t)sp.row * ld;
+    float *p = scratch + (size_t)blockIdx.x * vocab;
+    const int tid = threadIdx.x;
+    cuda_dist_out_t out;
+    float mx = -INFINITY, cut_m;
+    unsigned bad = 0, n_f = 0, khi = 0, klo = 0xFFFFFFFFu;
+    unsigned long long m_f = 0, keep, t;
+    double sum = 0.0;
+    int mode;
+    sd_pos_t nuc, pd;
+
+    out.token = CUDA_DIST_NONFINITE;
+    out.n = 0;
+    out.keep = 0;
+    out.sum = 0.0;
+    for (int j = tid; j < vocab; j += SD_THREADS) {
+        float v = x[j];
+        if (isnan(v))
+            bad = 1;
+        else
+            mx = fmaxf(mx, v);
+    }
+    mx = sd_reduce(mx, sd_max(), sh.f);
+    bad = sd_reduce(bad, sd_max(), sh.u);
+    if (bad || isinf(mx))
+        goto done;
+    for (int j = tid; j < vocab; j += SD_THREADS) {
+        float e = expf((x[j] - mx) * sp.inv_t);
+        p[j] = e;
+        sum += (double)e;
+    }
+    sum = sd_reduce(sum, sd_add(), sh.d);
+    out.sum = sum;
+    cut_m = sd_cut_m(sp.min_p, sum);
+    for (int j = tid; j < vocab; j += SD_THREADS) {
+        float q = (float)((double)p[j] / sum); /* this thread's e_j */
+        p[j] = q;
+        if (q >= cut_m) {
+            unsigned k = sd_key(q);
+            n_f++;
+            m_f += sd_fx(q);
+            khi = max(khi, k);
+            klo = min(klo, k);
+        }
+    }
+    n_f = sd_reduce(n_f, sd_add(), sh.u);
+    m_f = sd_reduce(m_f, sd_add(), sh.q);
+    khi = sd_reduce(khi, sd_max(), sh.u);
+    klo = sd_reduce(klo, sd_min(), sh.u);
+    mode = sd_mode(&sp, (int)n_f);
+    if (mode == SD_MODE_ORDER) {
+        out.token = CUDA_DIST_ORDER;
+        goto done;
+    }
+    if (mode == SD_MODE_ID) {
+        out.n = (int)n_f;
+        out.keep = m_f;
+        out.token = sd_find_mass(p, vocab, cut_m, sd_target(m_f, sp.u), &sh);
+        goto done;
+    }
+    if (mode == SD_MODE_TOP1) {
+        nuc = sd_select(p, vocab, cut_m, klo, khi, false, 0, &sh);
+    } else {
+        int nk = sp.top_k > 0 && sp.top_k < (int)n_f ? sp.top_k : (int)n_f;
+        float cut_p = sd_cut_p(sp.top_p, nk);
+        unsigned g = 0;
+        unsigned long long fx_top = sd_fx(sp.top_p);
+        int limit;
+
+        for (int j = tid; j < vocab; j += SD_THREADS)
+            g += p[j] >= cut_m && p[j] >= cut_p;
+        g = sd_reduce(g, sd_add(), sh.u);
+        limit = sd_limit(&sp, (int)n_f, (int)g);
+        nuc = fx_top == 0
+                  ? sd_select(p, vocab, cut_m, klo, khi, false, 0, &sh)
+                  : sd_select(p, vocab, cut_m, klo, khi, true, fx_top - 1,
+                              &sh);
+        if (!nuc.found || nuc.cnt_gt + nuc.j > (unsigned)limit)
+            nuc = sd_select(p, vocab, cut_m, klo, khi, false,
+                            (unsigned long long)limit - 1, &sh);
+    }
+    keep = nuc.s_gt + (unsigned long long)nuc.j * sd_fx(sd_unkey(nuc.key));
+    out.n = (int)(nuc.cnt_gt + nuc.j);
+    out.keep = keep;
+    t = sd_target(keep, sp.u);
+    pd = sd_select(p, vocab, cut_m, klo, khi, true, t, &sh);
+    if (!pd.found || pd.cnt_gt + pd.j > (unsigned)out.n)
+        pd = nuc; /* rounding: the last candidate, as the host */
+    out.token = sd_lookup(p, vocab, pd.key, pd.j, &sh);
+done:
+    if (tid == 0)
+        outs[blockIdx.x] = out;
+}
+
+bt_status_t cuda_sample_dist(const float *d_logits, size_t ld, int vocab,
+                             const cuda_dist_spec_t *d_spec, int n,
+                             float *d_p, cuda_dist_out_t *d_out,
+                             cudaStream_t stream)
+{
+    BT_ASSERT(n >= 0 && vocab > 0 && ld >= (size_t)vocab);
+    if (n == 0)
+        return BT_OK;
+    sd_kernel<<<n, SD_THREADS, 0, stream>>>(d_logits, ld, vocab, d_spec,
+                                            d_p, d_out);
     return BT_CUDA_LAUNCH_STATUS();
 }

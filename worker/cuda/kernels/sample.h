@@ -6,6 +6,7 @@
 #define BT_WORKER_CUDA_KERNELS_SAMPLE_H
 
 #include "../cuda_int.h"
+#include "sample_dist.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +41,18 @@ bt_status_t cuda_sample_top(const float *d_logits, size_t ld,
                             const float *d_inv_t, int k, int *d_ids,
                             float *d_vals, double *d_sum,
                             cudaStream_t stream);
+
+/* Samples chosen rows from their whole distribution, as sample_dist.h
+ * describes (top-p / min-p / plain temperature with any nucleus size;
+ * the host sampler's uniform comes in the spec, only the id goes back).
+ * For i < n: d_spec[i] names the row (d_logits + row * ld, the first
+ * `vocab` floats) and its parameters; d_out[i] gets the result.  d_p:
+ * (n, vocab) f32 scratch, left holding row i's probabilities P.  One
+ * block per row; no allocation, everything on `stream` (graph-safe). */
+bt_status_t cuda_sample_dist(const float *d_logits, size_t ld, int vocab,
+                             const cuda_dist_spec_t *d_spec, int n,
+                             float *d_p, cuda_dist_out_t *d_out,
+                             cudaStream_t stream);
 
 #ifdef __cplusplus
 }
