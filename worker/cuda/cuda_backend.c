@@ -1282,7 +1282,8 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
  * (graph capture records exactly this).  With p->h_logits set (no graph)
  * the logits rows are copied to the host chunk by chunk as they are
  * made. */
-static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
+static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
+                                        const cuda_plan_t *p)
 {
     cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
@@ -1469,6 +1470,26 @@ static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
         }
     }
     return BT_OK;
+}
+
+/* cuda_enqueue_forward, with programmatic dependent launch left out of
+ * steps of <= 2 tokens (cuda__pdl_off, cuda_int.h; BT_PDL_SMALL=1 keeps
+ * it there too). */
+static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
+{
+    static int keep = -1;
+    const int saved = cuda__pdl_off;
+    bt_status_t status;
+
+    if (keep < 0) {
+        const char *env = getenv("BT_PDL_SMALL");
+        keep = env && strcmp(env, "1") == 0;
+    }
+    if (!keep && p->nt <= 2)
+        cuda__pdl_off = 1;
+    status = cuda_enqueue_forward(r, p);
+    cuda__pdl_off = saved;
+    return status;
 }
 
 /* Finds or captures the rank's graph for this decode plan. */

@@ -401,6 +401,19 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
         max_splits = 1;
     if (n_sm < 1)
         n_sm = 1;
+    {
+        /* BT_ATTN_SPLIT=LEN (A/B runs): splits of LEN keys (a power of
+         * two >= 64), longer where max_splits forces it. */
+        const char *env = getenv("BT_ATTN_SPLIT");
+        int len = env ? atoi(env) : 0;
+        if (len >= 64 && (len & (len - 1)) == 0) {
+            while (BT_DIV_UP(max_kv, len) > max_splits)
+                len *= 2;
+            *split_len_p = len;
+            *n_splits_p = (int)BT_MAX(BT_DIV_UP(max_kv, len), 1L);
+            return;
+        }
+    }
     if (!fill) {
         /* Every block of a wave streams about the same keys, so a step
          * costs waves x (ramp + keys per block) (+ the combine pass when

@@ -129,7 +129,7 @@ static inline bool kern_pdl_enabled(void)
             major = 0;
         on = major >= 9 && !(env && strcmp(env, "0") == 0);
     }
-    return on != 0;
+    return on != 0 && !cuda__pdl_off;
 }
 
 /* Launches kernel `k` like k<<<grid, block, smem, st>>>(args...), with the
