@@ -11,38 +11,14 @@
 # CARRY: gpu/ test binaries, bin/baton, lib/, shared/{models,heads}.
 # Writes $OUT/r5b.log and $OUT/r5b_table.md (printed last).  ~5 minutes.
 set -u
-c=${1:-build-c3}
-out=${OUT:-/tmp/baton-r5b}
-mkdir -p "$out"
-log=$out/r5b.log
-table=$out/r5b_table.md
-: > "$log"
-export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
-export BT_LOG=${BT_LOG:-WARN} BT_SHARED_DIR=$PWD/$c/shared BT_SPEC_HEADS=$PWD/$c/shared/heads
-t0=$(date +%s)
-tmp=$(mktemp -d)
-run() { # name timeout cmd...
-  local name=$1 tmo=$2; shift 2
-  echo "=== $name: $*  (t=$(( $(date +%s) - t0 )) s)" >> "$log"
-  timeout -k 5 "$tmo" "$@" > "$tmp/$name" 2>&1
-  local rc=$?
-  cat "$tmp/$name" >> "$log"
-  echo "=== $name rc=$rc" >> "$log"
-  echo "$name rc=$rc" >> "$tmp/rcs"
-}
+. "$(dirname "$0")/gpu_steps.sh"
+gpu_steps_init r5b "${1:-build-c3}"
+export BT_SHARED_DIR=$PWD/$c/shared BT_SPEC_HEADS=$PWD/$c/shared/heads
 run test_attn 120 "$c/gpu/test_attn"
 run test_sample_dist 90 "$c/gpu/test_sample_dist"
 run sample_dist_bench 60 "$c/gpu/test_sample_dist" --bench
 run test_cuda_sample 120 "$c/gpu/test_cuda_sample" 150
 run test_spec_cuda 150 "$c/gpu/test_spec_cuda"
-bc() { # name env... -- args
-  local name=$1; shift
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  shift
-  run "bc_$name" 90 env "${envs[@]}" "$c/gpu/bench_cuda" --model synth:llama3-8b \
-    --steps 20 --table "$tmp/t_$name" "$@"
-}
 bc default BT_X=1 -- --batch 1,8,64 --ctx 512,2048 --prefill 2048
 bc ctx8k BT_X=1 -- --batch 1,8 --ctx 8192 --prefill 0
 bc comb0 BT_ATTN_COMBINE=0 -- --batch 1 --ctx 2048 --prefill 0
@@ -61,12 +37,9 @@ done
 {
   echo "## round 5b $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
-  for t in test_attn test_sample_dist test_cuda_sample test_spec_cuda; do
-    echo "$t: $(grep -c '^PASS' "$tmp/$t") PASS, $(grep -c '^FAIL' "$tmp/$t") FAIL"
-    grep '^FAIL' "$tmp/$t" | head -5
-  done
+  pass_fail test_attn test_sample_dist test_cuda_sample test_spec_cuda
   echo '```'; grep -iE "us|ms|bench" "$tmp/sample_dist_bench" | tail -8; echo '```'
-  for f in default ctx8k comb0 split256 split2048 pdl0; do echo "### $f"; grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-10; done
+  bc_rows default ctx8k comb0 split256 split2048 pdl0
   echo '```'; grep -E "^ *[0-9]+ +(plain|[0-9]+) " "$tmp/spec8b"
   for m in aidreams260K stories260K; do for v in b1 b1_fixed; do echo "$m $v: $(grep '^batch:' "$tmp/eagle_${m}_$v")"; done; done
   echo '```'

@@ -7,35 +7,11 @@
 # attention kernels (where 0.74 ms of a 4.6 ms step goes).  Writes
 # $OUT/r5c.log, $OUT/r5c_table.md.  ~4 minutes.
 set -u
-c=${1:-build-c4}
-out=${OUT:-/tmp/baton-r5c}
-mkdir -p "$out"
-log=$out/r5c.log
-table=$out/r5c_table.md
-: > "$log"
-export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
-export BT_LOG=${BT_LOG:-WARN} BT_SHARED_DIR=$PWD/$c/shared BT_SPEC_HEADS=$PWD/$c/shared/heads
-t0=$(date +%s)
-tmp=$(mktemp -d)
-run() { # name timeout cmd...
-  local name=$1 tmo=$2; shift 2
-  echo "=== $name: $*  (t=$(( $(date +%s) - t0 )) s)" >> "$log"
-  timeout -k 5 "$tmo" "$@" > "$tmp/$name" 2>&1
-  local rc=$?
-  cat "$tmp/$name" >> "$log"
-  echo "=== $name rc=$rc" >> "$log"
-  echo "$name rc=$rc" >> "$tmp/rcs"
-}
+. "$(dirname "$0")/gpu_steps.sh"
+gpu_steps_init r5c "${1:-build-c4}"
+export BT_SHARED_DIR=$PWD/$c/shared BT_SPEC_HEADS=$PWD/$c/shared/heads
 run test_spec_cuda 150 "$c/gpu/test_spec_cuda"
 run test_sample_dist 90 "$c/gpu/test_sample_dist"
-bc() { # name env... -- args
-  local name=$1; shift
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  shift
-  run "bc_$name" 90 env "${envs[@]}" "$c/gpu/bench_cuda" --model synth:llama3-8b \
-    --steps 20 --table "$tmp/t_$name" "$@"
-}
 bc default BT_X=1 -- --batch 1,8,64 --ctx 512,2048 --prefill 2048,8192
 bc pdlsmall1 BT_PDL_SMALL=1 -- --batch 1 --ctx 512,2048 --prefill 0
 run spec8b 100 "$c/bin/baton" bench-engine --model synth:llama3-8b --device cuda \
@@ -51,10 +27,8 @@ run ncu_attn 90 "$ncu" --clock-control none -k 'regex:attn_decode_tc|attn_combin
 {
   echo "## round 5c $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
-  for t in test_spec_cuda test_sample_dist; do
-    echo "$t: $(grep -c '^PASS' "$tmp/$t") PASS, $(grep -c 'FAIL' "$tmp/$t") FAIL lines"
-  done
-  for f in default pdlsmall1; do echo "### $f"; grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-10; done
+  pass_fail test_spec_cuda test_sample_dist
+  bc_rows default pdlsmall1
   echo '```'; grep -E "^ *[0-9]+ +(plain|[0-9]+) " "$tmp/spec8b"
   echo "aidreams b1 fixed: $(grep '^batch:' "$tmp/eagle_aid_b1_fixed")"
   echo '```'

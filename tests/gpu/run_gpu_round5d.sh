@@ -6,33 +6,8 @@
 # (BT_ATTN_COMBINE=0, BT_PROFILE_SKIP=attn), EAGLE on the 8B shape.
 # Writes $OUT/r5d.log and $OUT/r5d_table.md.  ~3 minutes.
 set -u
-c=${1:-build-c6}
-out=${OUT:-/tmp/baton-r5d}
-mkdir -p "$out"
-log=$out/r5d.log
-table=$out/r5d_table.md
-: > "$log"
-export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
-export BT_LOG=${BT_LOG:-WARN}
-t0=$(date +%s)
-tmp=$(mktemp -d)
-run() { # name timeout cmd...
-  local name=$1 tmo=$2; shift 2
-  echo "=== $name: $*  (t=$(( $(date +%s) - t0 )) s)" >> "$log"
-  timeout -k 5 "$tmo" "$@" > "$tmp/$name" 2>&1
-  local rc=$?
-  cat "$tmp/$name" >> "$log"
-  echo "=== $name rc=$rc" >> "$log"
-  echo "$name rc=$rc" >> "$tmp/rcs"
-}
-bc() { # name env... -- args
-  local name=$1; shift
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  shift
-  run "bc_$name" 90 env "${envs[@]}" "$c/gpu/bench_cuda" --model synth:llama3-8b \
-    --steps 20 --table "$tmp/t_$name" "$@"
-}
+. "$(dirname "$0")/gpu_steps.sh"
+gpu_steps_init r5d "${1:-build-c6}"
 run test_attn 120 "$c/gpu/test_attn"
 run dec 60 "$c/gpu/bench_kernels" --dec --reps 7
 bc default BT_X=1 -- --batch 1,8,64 --ctx 512,2048 --prefill 2048
@@ -44,10 +19,9 @@ run spec8b 100 "$c/bin/baton" bench-engine --model synth:llama3-8b --device cuda
 {
   echo "## round 5d $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
-  echo "test_attn: $(grep -c '^PASS' "$tmp/test_attn") PASS, $(grep -c '^FAIL' "$tmp/test_attn") FAIL"
-  grep '^FAIL' "$tmp/test_attn" | head -5
+  pass_fail test_attn
   grep "^attn decode" "$tmp/dec" | head -14
-  for f in default ctx8k comb0 skipattn; do echo "### $f"; grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-10; done
+  bc_rows default ctx8k comb0 skipattn
   echo '```'; grep -E "^ *[0-9]+ +(plain|[0-9]+) " "$tmp/spec8b"; echo '```'
 } > "$table"
 cat "$table"

@@ -17,39 +17,13 @@
 # and lib/ (../shared/tools/devlibs).  Writes $OUT/tc.log and
 # $OUT/tc_table.md, prints the table last.  About 6-7 minutes.
 set -u
-c=${1:-build-tc-carry}
-out=${OUT:-/tmp/baton-gpu-tc}
-mkdir -p "$out"
-log=$out/tc.log
-table=$out/tc_table.md
-: > "$log"
-export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
-export BT_LOG=${BT_LOG:-WARN}
-t0=$(date +%s)
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$log" 2>&1
-tmp=$(mktemp -d)
-run() { # name timeout cmd...
-  local name=$1 tmo=$2; shift 2
-  echo "=== $name: $*  (t=$(( $(date +%s) - t0 )) s)" >> "$log"
-  timeout -k 5 "$tmo" "$@" > "$tmp/$name" 2>&1
-  local rc=$?
-  cat "$tmp/$name" >> "$log"
-  echo "=== $name rc=$rc" >> "$log"
-  echo "$name rc=$rc" >> "$tmp/rcs"
-}
+. "$(dirname "$0")/gpu_steps.sh"
+gpu_steps_init tc "${1:-build-tc-carry}"
 run test_gemm 150 "$c/gpu/test_gemm"
 run test_attn 120 "$c/gpu/test_attn"
 tc_fail=$(grep -c "^FAIL gemv tc" "$tmp/test_gemm")
 [ "$tc_fail" -eq 0 ] || export BT_GEMV_DISABLE=tc
 run bench_gemv 120 "$c/gpu/bench_kernels" --gemv --toks 1,2,4,8,16,32,64 --reps 7
-bc() { # name env... -- args
-  local name=$1; shift
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  shift
-  run "bc_$name" 90 env "${envs[@]}" "$c/gpu/bench_cuda" --model synth:llama3-8b \
-    --steps 20 --table "$tmp/t_$name" "$@"
-}
 bc default BT_X=1 -- --batch 1,8,64 --ctx 512,2048 --prefill 2048,8192
 bc pdl0 BT_PDL=0 -- --batch 1,8,64 --ctx 2048 --prefill 2048
 bc notc BT_GEMV_DISABLE=tc -- --batch 1,8,64 --ctx 2048 --prefill 0
@@ -69,7 +43,7 @@ run spec_devloop 100 env BT_DRAFT_LOOP=device "$c/bin/baton" bench-engine \
   echo '```'
   grep -E "^gemv |step" "$tmp/bench_gemv" | cut -c1-400
   echo '```'
-  for f in default pdl0 notc; do echo "### $f"; grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-10; done
+  bc_rows default pdl0 notc
   echo "### skip rows (step ms): op | b1@2k | b64@2k"
   for op in attn rope swiglu norm qkv o gu down; do
     echo "$op $(grep -E '^\| decode \| (1|64) \| 2048' "$tmp/t_skip_$op" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' ')"

@@ -237,3 +237,31 @@ out:
     free(c);
     return ok;
 }
+
+double sample_dist_ref_uniform(uint64_t *rng)
+{
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    return (double)(*rng >> 11) / 9007199254740992.0;
+}
+
+void sample_dist_ref_row(float *row, int vocab, int kind, uint64_t *rng)
+{
+    for (int i = 0; i < vocab; i++) {
+        double g = sample_dist_ref_uniform(rng) + sample_dist_ref_uniform(rng) +
+                   sample_dist_ref_uniform(rng) - 1.5;
+        switch (kind) {
+        case 0: row[i] = (float)(0.5 * sample_dist_ref_uniform(rng)); break;
+        case 1: row[i] = (float)(4.0 * g) + (i % 97 == 0 ? 12.0f : 0.0f);
+                break;
+        case 2: row[i] = (float)(int)(3.0 * g); break;
+        case 3: row[i] = i % 3 ? -INFINITY : (float)(2.0 * g); break;
+        default: row[i] = 1.0f; break;
+        }
+    }
+    if (kind == 5)
+        row[vocab / 2] = NAN;
+    if (kind == 6)
+        row[vocab / 3] = INFINITY;
+}

@@ -10,9 +10,17 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../../worker/cuda/kernels/sample_dist.h"
 #include "../../worker/sampler.h"
+
+/* A uniform double in [0, 1) from the xorshift64 state *rng. */
+double sample_dist_ref_uniform(uint64_t *rng);
+
+/* A test row of `vocab` logits: kind 0 flat, 1 peaked, 2 coarse ties,
+ * 3 masked (-inf), 4 all equal, 5 one NaN, 6 one +inf. */
+void sample_dist_ref_row(float *row, int vocab, int kind, uint64_t *rng);
 
 /* P_i = (float)(e_i / sum) as sampler.c computes them (host expf, sum in
  * id order); false for a non-finite row (NaN, or an infinite max). */

@@ -29,31 +29,12 @@ static uint64_t g_rng = 88172645463325252ull;
 
 static double rnd(void)
 {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) / 9007199254740992.0;
+    return sample_dist_ref_uniform(&g_rng);
 }
 
-/* Row kinds: 0 flat, 1 peaked, 2 coarse ties, 3 masked (-inf), 4 all
- * equal, 5 NaN, 6 +inf. */
 static void make_row(float *row, int vocab, int kind)
 {
-    for (int i = 0; i < vocab; i++) {
-        double g = rnd() + rnd() + rnd() - 1.5;
-        switch (kind) {
-        case 0: row[i] = (float)(0.5 * rnd()); break;
-        case 1: row[i] = (float)(4.0 * g) + (i % 97 == 0 ? 12.0f : 0.0f);
-                break;
-        case 2: row[i] = (float)(int)(3.0 * g); break;
-        case 3: row[i] = i % 3 ? -INFINITY : (float)(2.0 * g); break;
-        default: row[i] = 1.0f; break;
-        }
-    }
-    if (kind == 5)
-        row[vocab / 2] = NAN;
-    if (kind == 6)
-        row[vocab / 3] = INFINITY;
+    sample_dist_ref_row(row, vocab, kind, &g_rng);
 }
 
 static void check_helpers(void)

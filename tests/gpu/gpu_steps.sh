@@ -1,0 +1,58 @@
+#!/bin/bash
+# gpu_steps.sh - helpers sourced by the device scripts tests/gpu/run_gpu_tc.sh
+# and run_gpu_round5{b,c,d}.sh (ON THE DEVICE MACHINE, from a carried
+# build; nothing is rebuilt).
+#   gpu_steps_init TAG CARRY   $c, $out ($OUT or /tmp/baton-TAG), $log
+#                              ($out/TAG.log), $table ($out/TAG_table.md),
+#                              $tmp, $t0; the carry's lib/ on the path
+#   run NAME TIMEOUT CMD...    one step: output in $tmp/NAME and the log,
+#                              "NAME rc=N" in $tmp/rcs (timeout -k: no
+#                              child keeps the GPU after a kill)
+#   bc NAME ENV... -- ARGS     $c/gpu/bench_cuda on synth:llama3-8b with
+#                              those variables (at least one), 20 steps,
+#                              its table in $tmp/t_NAME
+#   bc_rows NAME...            the decode / prefill rows of those tables
+#   pass_fail NAME...          "NAME: P PASS, F FAIL" and the first FAILs
+gpu_steps_init() {
+  c=$2
+  out=${OUT:-/tmp/baton-$1}
+  mkdir -p "$out"
+  log=$out/$1.log
+  table=$out/$1_table.md
+  : > "$log"
+  export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
+  export BT_LOG=${BT_LOG:-WARN}
+  t0=$(date +%s)
+  tmp=$(mktemp -d)
+}
+run() {
+  local name=$1 tmo=$2; shift 2
+  echo "=== $name: $*  (t=$(( $(date +%s) - t0 )) s)" >> "$log"
+  timeout -k 5 "$tmo" "$@" > "$tmp/$name" 2>&1
+  local rc=$?
+  cat "$tmp/$name" >> "$log"
+  echo "=== $name rc=$rc" >> "$log"
+  echo "$name rc=$rc" >> "$tmp/rcs"
+}
+bc() {
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  run "bc_$name" 90 env "${envs[@]}" "$c/gpu/bench_cuda" --model synth:llama3-8b \
+    --steps 20 --table "$tmp/t_$name" "$@"
+}
+bc_rows() {
+  local f
+  for f in "$@"; do
+    echo "### $f"
+    grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-10
+  done
+}
+pass_fail() {
+  local t
+  for t in "$@"; do
+    echo "$t: $(grep -c '^PASS' "$tmp/$t") PASS, $(grep -c '^FAIL' "$tmp/$t") FAIL"
+    grep '^FAIL' "$tmp/$t" | head -5
+  done
+}
