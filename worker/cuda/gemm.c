@@ -57,6 +57,7 @@
 #define GEMM_TC_COUNTERS 4096   /* split-K tile counters of the tc GEMV */
 #define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
 #define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
+#define GEMM_LT_CANDS_MAX 32    /* BT_GEMM_LT_CANDS / _BIG at most */
 #define GEMM_BIG_STEP 256       /* prefill n_tok tuned: multiples of this */
 #define GEMM_BIG_MAX 8192       /* ... up to this */
 #define GEMM_TUNE_REPS 5
@@ -517,16 +518,28 @@ static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
                                            cuda_dtype_t in_dt,
                                            cuda_dtype_t out_dt);
 
+/* How many of cuBLASLt's heuristic algorithms the tuner times: the
+ * variable `env` (1..GEMM_LT_CANDS_MAX, A/B runs) or `def`. */
+static int gemm_lt_cands(const char *env, int def)
+{
+    const char *v = getenv(env);
+    int n = v ? atoi(v) : 0;
+
+    return n >= 1 && n <= GEMM_LT_CANDS_MAX ? n : def;
+}
+
 /* Tunes one bucket of a weight shape (scratch ready); adds the entry. */
 static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                                     int n_out, int n_in, cuda_dtype_t out_dt,
                                     const void *d_w, gemm_scratch_t *sc,
                                     cudaStream_t stream)
 {
-    cublasLtMatmulAlgo_t algos[GEMM_LT_CANDS_BIG];
-    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS_BIG];
-    const int n_req = bucket > GEMM_TUNE_MAX_TOK ? GEMM_LT_CANDS_BIG
-                                                 : GEMM_LT_CANDS;
+    cublasLtMatmulAlgo_t algos[GEMM_LT_CANDS_MAX];
+    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS_MAX];
+    const int n_req = bucket > GEMM_TUNE_MAX_TOK
+                          ? gemm_lt_cands("BT_GEMM_LT_CANDS_BIG",
+                                          GEMM_LT_CANDS_BIG)
+                          : gemm_lt_cands("BT_GEMM_LT_CANDS", GEMM_LT_CANDS);
     cublasLtMatmulPreference_t pref = NULL;
     int n_algos = 0, best = -1, n_ok = 0;
     float best_us = 0.0f;
