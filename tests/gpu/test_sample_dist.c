@@ -52,11 +52,6 @@
 static int g_fail;
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 
-static double rnd(void)
-{
-    return sample_dist_ref_uniform(&g_rng);
-}
-
 static void make_row(float *row, int vocab, int kind)
 {
     sample_dist_ref_row(row, vocab, kind, &g_rng);

@@ -574,7 +574,8 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     if (cuda_attn_decode_tc_ok(args, dt)) {
         bt_status_t st = cuda_attn_decode_tc(args, d_tok_idx, n, n_splits,
                                              split_len, d_ws, stream);
-        if (st != BT_OK || n_splits == 1)
+        if (st != BT_OK || n_splits == 1 ||
+            cuda_attn_decode_tc_fuses(args, n_splits))
             return st;
         attn_combine_launch<bf16_t>(args, d_tok_idx, n, n_splits, d_ws,
                                     stream);
