@@ -176,15 +176,18 @@ static void check_kernel(int vocab)
                        ref.n, (unsigned long long)ref.keep);
             continue;
         }
-        if (prm[i].top_k > 1 && prm[i].top_p >= 1.0f) {
-            if (out[i].token != CUDA_DIST_ORDER && out[i].n != 0 &&
-                bad++ < 10)
-                printf("  FAIL row %d: top-k alone not declined\n", i);
+        /* top-k > 1 alone: declined (CUDA_DIST_ORDER: the host's
+         * quickselect order) when top_k < |F|; when top_k >= |F| it is a
+         * no-op on the host too (sampler.c: top_k < n), the row is
+         * drawn in id order and meets the contract like any other.  The
+         * device already equals the reference (sd_mode) here. */
+        if (out[i].token == CUDA_DIST_ORDER)
             continue;
-        }
+        /* ulp slack 8: device and host P each within 4 ulp (checked
+         * below), so near-ties up to 8 ulp apart may swap */
         if (!sample_dist_ref_contract(row, vocab, &prm[i], out[i].token,
-                                      (double)out[i].keep, 2e-6, &host, NULL,
-                                      why, sizeof(why))) {
+                                      (double)out[i].keep, 2e-6, 8, &host,
+                                      NULL, why, sizeof(why))) {
             if (bad++ < 10)
                 printf("  FAIL row %d kind %d (T %g top_p %g top_k %d min_p "
                        "%g): %s\n", i, kind, (double)prm[i].temperature,
@@ -293,7 +296,7 @@ static void check_end_to_end(int vocab)
                        r % 8, ids[r], host);
         } else {
             if (!sample_dist_ref_contract(h + (size_t)r * vocab, vocab, p,
-                                          ids[r], -1.0, 2e-6, &host, NULL,
+                                          ids[r], -1.0, 2e-6, 8, &host, NULL,
                                           why, sizeof(why)) &&
                 bad++ < 10)
                 printf("  FAIL e2e row %d (params %d): %s\n", r, r % 8, why);
@@ -388,7 +391,7 @@ int main(int argc, char **argv)
 {
     static const int vocabs[3] = {512, 32000, 128256};
 
-    setenv("BT_SAMPLE_DIST", "1", 1); /* opt-in: the path under test */
+    setenv("BT_SAMPLE_DIST", "1", 1); /* the path under test (the default) */
 
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench();

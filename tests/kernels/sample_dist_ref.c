@@ -154,7 +154,8 @@ void sample_dist_ref_spec(const sampler_params_t *prm, float u, int row,
 
 bool sample_dist_ref_contract(const float *row, int vocab,
                               const sampler_params_t *prm, int token,
-                              double keep, double tol0, int *host_token_p,
+                              double keep, double tol0, int ulp_slack,
+                              int *host_token_p,
                               double *slack_p, char *why, size_t why_len)
 {
     float *p = malloc(sizeof(float) * (size_t)vocab);
@@ -193,6 +194,22 @@ bool sample_dist_ref_contract(const float *row, int vocab,
     tol = tol0; /* keep < 0: unknown (no nucleus-edge allowance) */
     if (keep >= 0.0)
         tol += fabs(keep / SD_FX_ONE - (double)keep_h) / (double)keep_h;
+    if (ulp_slack > 0 && token >= 0 && token < vocab) {
+        /* near-ties of the token that a few-ulp P difference reorders */
+        const float pt = p[token];
+        float lo = pt, hi = pt;
+        long double near = 0.0L;
+        for (int k = 0; k < ulp_slack; k++) {
+            lo = nextafterf(lo, 0.0f);
+            hi = nextafterf(hi, 1.0f);
+        }
+        for (int i = 0; i < n; i++) {
+            const float pc = sd_unkey(c[i].key);
+            if (c[i].id != token && pc >= lo && pc <= hi)
+                near += pc;
+        }
+        tol += (double)(near / keep_h);
+    }
     for (int i = 0; i < n; i++) {
         long double b = cum;
         cum += (long double)sd_unkey(c[i].key) / keep_h;

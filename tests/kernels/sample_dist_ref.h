@@ -48,12 +48,19 @@ void sample_dist_ref_spec(const sampler_params_t *prm, float u, int row,
  * C (long double, of the host's P over the host's keep); `token` must
  * have C_before <= u + tol and C_incl >= u - tol, u = the sampler's
  * first uniform, tol = tol0 + |keep - host keep| / host keep (a nucleus
- * edge that rounding moved; keep < 0: unknown, tol = tol0).  Returns true when it holds; *host_token_p
- * gets sampler_sample's own token and *slack_p (may be NULL) how far the
- * HOST token's window misses u (its float walk's error). */
+ * edge that rounding moved; keep < 0: unknown, tol = tol0) + the mass of
+ * the other candidates whose host P lies within ulp_slack ulps of the
+ * token's (divided by the host keep): a device whose P differ from the
+ * host's by a few ulps (its expf) may order such near-ties the other way
+ * and so draw the token one near-tie neighbour away (0: no allowance,
+ * for the reference on the host's own P).  Returns true when it holds;
+ * *host_token_p gets sampler_sample's own token and *slack_p (may be
+ * NULL) how far the HOST token's window misses u (its float walk's
+ * error). */
 bool sample_dist_ref_contract(const float *row, int vocab,
                               const sampler_params_t *prm, int token,
-                              double keep, double tol0, int *host_token_p,
+                              double keep, double tol0, int ulp_slack,
+                              int *host_token_p,
                               double *slack_p, char *why, size_t why_len);
 
 #endif /* BT_TESTS_KERNELS_SAMPLE_DIST_REF_H */

@@ -133,8 +133,8 @@ static void check_one(const float *row, int vocab, int kind,
         return;
     }
     if (!sample_dist_ref_contract(row, vocab, prm, o.token,
-                                  (double)o.keep, 1e-9, &host, &slack, why,
-                                  sizeof(why))) {
+                                  (double)o.keep, 1e-9, 0, &host, &slack,
+                                  why, sizeof(why))) {
         printf("FAIL vocab %d kind %d T %g top_p %g top_k %d min_p %g: "
                "%s\n", vocab, kind, (double)prm->temperature,
                (double)prm->top_p, prm->top_k, (double)prm->min_p, why);
