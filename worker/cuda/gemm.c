@@ -55,6 +55,9 @@
 #define GEMM_MAX_TUNED 1024
 #define GEMM_TUNE_MAX_TOK 128   /* largest tuned token bucket */
 #define GEMM_TC_COUNTERS 4096   /* split-K tile counters of the tc GEMV */
+/* its partials: at most 2 blocks per SM x 64 tokens x 128 rows of f32
+ * (kernels/gemv_tc.cu splits only up to 2 blocks per SM), 132 SMs */
+#define GEMM_TC_PART_BYTES ((size_t)2 * 132 * 64 * 128 * 4)
 #define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
 #define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
 #define GEMM_LT_CANDS_MAX 32    /* BT_GEMM_LT_CANDS / _BIG at most */
@@ -103,9 +106,11 @@ struct worker_gemm_ctx_s {
     cublasLtHandle_t handle;
     void *d_ws;                    /* workspace, ws_bytes */
     size_t ws_bytes;
-    /* split-K scratch of the tc GEMV (kernels/gemv_tc.cu): the partials
-     * share d_ws (cuBLASLt uses it only inside its own kernels on the
-     * same stream), the tile counters are ours (zeroed once) */
+    /* split-K scratch of the tc GEMV (kernels/gemv_tc.cu): its own
+     * partials buffer (not d_ws: a cuBLASLt kernel that launched early
+     * behind a programmatic trigger must never share memory with a tc
+     * reduction still running) and tile counters (zeroed once) */
+    float *d_part;
     int *d_cnt;
     cuda_gemv_ws_t gemv_ws;
     gemm_plan_t *plans;            /* (GEMM_MAX_PLANS) */
@@ -166,14 +171,17 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     ctx->ws_bytes = ws_bytes;
     status = cuda__dev_malloc((void **)&ctx->d_cnt,
                               GEMM_TC_COUNTERS * sizeof(int), "gemm_tc_cnt");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&ctx->d_part, GEMM_TC_PART_BYTES,
+                                  "gemm_tc_part");
     if (status != BT_OK)
         goto err_free_ws;
     status = BT_CUDA_STATUS(
         cudaMemset(ctx->d_cnt, 0, GEMM_TC_COUNTERS * sizeof(int)));
     if (status != BT_OK)
         goto err_free_ws;
-    ctx->gemv_ws.d_part = (float *)ctx->d_ws;
-    ctx->gemv_ws.part_bytes = ws_bytes;
+    ctx->gemv_ws.d_part = ctx->d_part;
+    ctx->gemv_ws.part_bytes = GEMM_TC_PART_BYTES;
     ctx->gemv_ws.d_cnt = ctx->d_cnt;
     ctx->gemv_ws.n_cnt = GEMM_TC_COUNTERS;
     {
@@ -203,6 +211,7 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     return BT_OK;
 
 err_free_ws:
+    cuda__dev_free((void **)&ctx->d_part);
     cuda__dev_free((void **)&ctx->d_cnt);
     cuda__dev_free(&ctx->d_ws);
 err_destroy_handle:
@@ -237,6 +246,7 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
         return;
     for (int i = 0; i < ctx->n_plans; i++)
         gemm_plan_cleanup(&ctx->plans[i]);
+    cuda__dev_free((void **)&ctx->d_part);
     cuda__dev_free((void **)&ctx->d_cnt);
     cuda__dev_free(&ctx->d_ws);
     cublasLtDestroy(ctx->handle);
