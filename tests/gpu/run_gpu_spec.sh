@@ -92,6 +92,12 @@ eb eagle_aidreams260K_b1_deviceloop BT_DRAFT_LOOP=device -- "${T[@]}" \
   --batch 1
 eb eagle_aidreams260K_b8_fixed_deviceloop BT_DRAFT_LOOP=device -- \
   "${T[@]}" --batch 8 --spec-fixed
+# the draft head on the CPU beside the cuda target (BT_DRAFT_DEVICE=host):
+# a tiny head's level is ~15 kernel launches on the GPU
+eb eagle_aidreams260K_b1_fixed_hostdraft BT_DRAFT_DEVICE=host -- \
+  "${T[@]}" --batch 1 --spec-fixed
+eb eagle_aidreams260K_b1_hostdraft BT_DRAFT_DEVICE=host -- "${T[@]}" \
+  --batch 1
 eb eagle_stories260K_b1_fixed_deviceloop BT_DRAFT_LOOP=device -- \
   --target "$M/stories260K.bin" \
   --head "$H/stories260K.bin.head.safetensors" --batch 1 --spec-fixed
@@ -121,7 +127,8 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
                               if ($0 ~ /--spec-plain/) tree = "off (spec loop)";
                               if ($0 ~ /BT_TREE_GRAPHS=0/) tree = tree ", no tree graphs";
                               if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no draft graphs"
-                              if ($0 ~ /BT_DRAFT_LOOP=device/) tree = tree ", device loop" }
+                              if ($0 ~ /BT_DRAFT_LOOP=device/) tree = tree ", device loop"
+                              if ($0 ~ /BT_DRAFT_DEVICE=host/) tree = tree ", host draft" }
     /^batch:/ { for (i = 1; i <= NF; i++) { split($i, kv, ":"); v[kv[1]] = kv[2] }
                 printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s/%s |\n", model, v["batch"],
                        tree, v["plain_tok_s"], v["spec_tok_s"], v["speedup"],

@@ -327,11 +327,17 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->fixed_shape = spec->arms[SPEC_N_ARMS - 1];
     }
 #ifdef BATON_HAVE_CUDA
-    if (strcmp(backend_name(engine_backend(engine)), "cuda") == 0) {
+    /* The head runs where the target runs, unless BT_DRAFT_DEVICE=host
+     * keeps it on the CPU next to a cuda target (not measured yet: for
+     * heads so small that a level costs less on the host than the ~15
+     * kernel launches it is on the GPU, the 260K models' 0.32 ms trees;
+     * hidden rows and logits then cross every step). */
+    const char *draft_where = getenv("BT_DRAFT_DEVICE");
+    if (strcmp(backend_name(engine_backend(engine)), "cuda") == 0 &&
+        !(draft_where && strcmp(draft_where, "host") == 0)) {
         cuda_draft_config_t dc;
         cuda_draft_t *dev = NULL;
 
-        /* the head runs where the target runs */
         memset(&dc, 0, sizeof(dc));
         dc.device_index = ecfg->backend.device_index;
         dc.bf16 = ecfg->backend.precision != BACKEND_PRECISION_F32;
