@@ -189,7 +189,6 @@ typedef struct {
     float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
     float *d_hidden;          /* (row_cap, dim), rank 0 only */
     float *d_ws;              /* split-K partials */
-    int *d_split_cnt;         /* (max_tok, nkv) fused split merge counters */
 
     int *d_meta;              /* b->meta_cap ints */
     uint8_t *d_mask;          /* b->mask_cap bytes */
@@ -226,7 +225,7 @@ struct cuda_backend_s {
     /* BT_PROFILE_SKIP (timing experiments only: results are garbage):
      * CUDA_SKIP_* bits of the per-layer ops cuda_enqueue leaves out */
     unsigned skip;
-    bool attn_fused;          /* BT_ATTN_FUSED=1: fused split merge */
+    bool pdl_small;           /* BT_PDL_SMALL=1: PDL on steps <= 2 tokens */
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
 
@@ -702,12 +701,6 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (rank == 0)
         CUDA_ACT(r->d_hidden, (size_t)b->row_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
-    CUDA_ACT(r->d_split_cnt, (size_t)b->max_tok * b->nkv * sizeof(int),
-             "attn_split_cnt");
-    status = BT_CUDA_STATUS(cudaMemset(
-        r->d_split_cnt, 0, (size_t)b->max_tok * b->nkv * sizeof(int)));
-    if (status != BT_OK)
-        return status;
 #undef CUDA_ACT
 
     r->layer_ev = bt_calloc(b->mc.n_layers, sizeof(*r->layer_ev),
@@ -1046,8 +1039,8 @@ static bt_status_t cuda_create(const model_t *model,
     env = getenv("BT_TREE_GRAPHS");
     b->tree_graphs = env == NULL || strcmp(env, "0") != 0;
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
-    env = getenv("BT_ATTN_FUSED");
-    b->attn_fused = env != NULL && strcmp(env, "1") == 0;
+    env = getenv("BT_PDL_SMALL");
+    b->pdl_small = env != NULL && strcmp(env, "1") == 0;
 
     /* The KV pool layout: one rank's heads. */
     b->kv.n_layers = b->mc.n_layers;
@@ -1151,7 +1144,6 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_logits);
     cuda__dev_free((void **)&r->d_hidden);
     cuda__dev_free((void **)&r->d_ws);
-    cuda__dev_free((void **)&r->d_split_cnt);
     cuda__dev_free(&r->d_k);
     cuda__dev_free(&r->d_v);
     cuda__dev_free((void **)&r->d_inv_freq);
@@ -1340,12 +1332,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     aa.d_ctx_len = p->d_ctx;
     aa.d_mask_off = p->d_mask_off;
     aa.d_out = r->d_att;
-    /* BT_ATTN_FUSED=1: split decode attention merges in its last block
-     * (one kernel per layer less).  Off: bit-identical but slower on the
-     * H200 (batch 1 @2k 4.54 vs 4.30 ms, 2026-12-01): one 4-warp block
-     * merging a KV head's 4 heads x 32 splits loses to the 256-thread
-     * combine blocks per head. */
-    aa.d_split_cnt = b->attn_fused ? r->d_split_cnt : NULL;
 
     /* Decode steps of <= 2 tokens in bf16 with the streaming GEMV
      * (BT_GEMV_KERNEL=stream, not the default: see kernels/gemv.cu):
@@ -1494,15 +1480,10 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
  * it there too). */
 static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
 {
-    static int keep = -1;
     const int saved = cuda__pdl_off;
     bt_status_t status;
 
-    if (keep < 0) {
-        const char *env = getenv("BT_PDL_SMALL");
-        keep = env && strcmp(env, "1") == 0;
-    }
-    if (!keep && p->nt <= 2)
+    if (!r->b->pdl_small && p->nt <= 2)
         cuda__pdl_off = 1;
     status = cuda_enqueue_forward(r, p);
     cuda__pdl_off = saved;

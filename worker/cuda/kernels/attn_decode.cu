@@ -425,8 +425,12 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
     {
         /* BT_ATTN_SPLIT=LEN (A/B runs): splits of LEN keys (a power of
          * two >= 64), longer where max_splits forces it. */
-        const char *env = getenv("BT_ATTN_SPLIT");
-        int len = env ? atoi(env) : 0;
+        static int forced = -1; /* read once: the planner runs every step */
+        if (forced < 0) {
+            const char *env = getenv("BT_ATTN_SPLIT");
+            forced = env ? atoi(env) : 0;
+        }
+        int len = forced;
         if (len >= 64 && (len & (len - 1)) == 0) {
             while (BT_DIV_UP(max_kv, len) > max_splits)
                 len *= 2;
@@ -574,8 +578,7 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     if (cuda_attn_decode_tc_ok(args, dt)) {
         bt_status_t st = cuda_attn_decode_tc(args, d_tok_idx, n, n_splits,
                                              split_len, d_ws, stream);
-        if (st != BT_OK || n_splits == 1 ||
-            cuda_attn_decode_tc_fuses(args, n_splits))
+        if (st != BT_OK || n_splits == 1)
             return st;
         attn_combine_launch<bf16_t>(args, d_tok_idx, n, n_splits, d_ws,
                                     stream);

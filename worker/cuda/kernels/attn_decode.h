@@ -37,12 +37,6 @@ typedef struct {
                                    slot s >= ctx_len is visible iff
                                    mask[mask_off + s - ctx_len] != 0 */
     void *d_out;                /* (tokens, nh, hd) attention output */
-    /* Optional (NULL: a separate combine kernel): (tokens, nkv) ints,
-     * zero before the first use (every launch leaves them zero).  With
-     * them a split run of the tensor-core kernel merges its partials in
-     * the last block of each (token, KV head) to finish: one kernel
-     * instead of two, same arithmetic as the combine. */
-    int *d_split_cnt;
 } cuda_attn_args_t;
 
 /* True when the kernels support this head size (8, 16, ..., 256). */
@@ -80,9 +74,6 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *args,
                                 const int *d_tok_idx, int n, int n_splits,
                                 int split_len, float *d_ws,
                                 cudaStream_t stream);
-/* True when that kernel merges its own splits (args->d_split_cnt set,
- * n_splits > 1, the merge fits its shared memory): no combine kernel. */
-bool cuda_attn_decode_tc_fuses(const cuda_attn_args_t *args, int n_splits);
 
 #ifdef __cplusplus
 }

@@ -43,82 +43,10 @@ template <int HD> struct tc_smem {
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
 };
 
-/* The split merge inside the attention kernel (a.d_split_cnt set): the
- * last block of a (token, KV head) to finish merges the n_splits
- * partials of the group's G heads with attn_combine_smem_kernel's
- * arithmetic (same order: max over splits, scales, then the sums in
- * split order), so the output is the two-kernel result bit for bit; it
- * resets the counter.  sm: G * n_splits * 3 floats of shared memory
- * that nothing else uses any more. */
-template <int HD>
-static __device__ __forceinline__ void tc_merge_last(
-    const cuda_attn_args_t &a, int ti, int tok, int kvh, int h0, int G,
-    int n_splits, const float *ws, float *sm)
-{
-    __shared__ int sh_last;
-    int *cnt = a.d_split_cnt + (size_t)ti * a.n_kv_heads + kvh;
-    const size_t stride = HD + 2;
-    float *s_m = sm, *s_l = sm + G * n_splits, *s_sc = sm + 2 * G * n_splits;
-
-    __threadfence(); /* this block's partials, before the count */
-    __syncthreads();
-    if (threadIdx.x == 0)
-        sh_last = atomicAdd(cnt, 1) == n_splits - 1;
-    __syncthreads();
-    if (!sh_last)
-        return;
-    __threadfence(); /* the other blocks' partials, after the count */
-    for (int i = threadIdx.x; i < G * n_splits; i += blockDim.x) {
-        const int g = i / n_splits, s = i - g * n_splits;
-        const float *p = ws + (((size_t)ti * a.n_heads + h0 + g) * n_splits +
-                               s) * stride;
-        s_m[i] = __ldcg(p);
-        s_l[i] = __ldcg(p + 1);
-    }
-    __syncthreads();
-    for (int g = threadIdx.x; g < G; g += blockDim.x) {
-        float mx = -INFINITY;
-        for (int s = 0; s < n_splits; s++)
-            mx = fmaxf(mx, s_m[g * n_splits + s]);
-        for (int s = 0; s < n_splits; s++) {
-            const float m = s_m[g * n_splits + s];
-            s_sc[g * n_splits + s] = m == -INFINITY ? 0.0f : __expf(m - mx);
-        }
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-        const int g = idx / HD, d = idx - g * HD;
-        const float *p0 = ws + ((size_t)ti * a.n_heads + h0 + g) * n_splits *
-                                   stride + 2 + d;
-        const float *sc = s_sc + g * n_splits, *l = s_l + g * n_splits;
-        float ls = 0.0f, as = 0.0f;
-        int s = 0;
-        for (; s + 8 <= n_splits; s += 8) {
-            float v[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                v[u] = __ldcg(p0 + (size_t)(s + u) * stride);
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                ls += l[s + u] * sc[s + u];
-                as += v[u] * sc[s + u];
-            }
-        }
-        for (; s < n_splits; s++) {
-            ls += l[s] * sc[s];
-            as += __ldcg(p0 + (size_t)s * stride) * sc[s];
-        }
-        bf16_t *op = (bf16_t *)a.d_out + ((size_t)tok * a.n_heads + h0 + g) * HD;
-        op[d] = __float2bfloat16_rn(ls > 0.0f ? as / ls : 0.0f);
-    }
-    if (threadIdx.x == 0)
-        *cnt = 0;
-}
-
 template <int HD>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early, bool fuse)
+                      int n_splits, float *ws, bool early)
 {
     constexpr int ROW = tc_smem<HD>::ROW;
     constexpr int TILE = tc_smem<HD>::TILE;
@@ -378,9 +306,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             }
         }
     }
-    if (fuse)
-        tc_merge_last<HD>(a, ti, tok, kvh, h0, G, n_splits, ws,
-                          reinterpret_cast<float *>(tc_sm));
 }
 
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
@@ -421,19 +346,8 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     const bool early = !(env && strcmp(env, "0") == 0);
     kern_launch(attn_decode_tc_kernel<HD>, dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws, early,
-                cuda_attn_decode_tc_fuses(a, n_splits));
+                n_splits, ws, early);
     return cudaSuccess;
-}
-
-bool cuda_attn_decode_tc_fuses(const cuda_attn_args_t *a, int n_splits)
-{
-    const int G = a->n_heads / a->n_kv_heads;
-    const size_t need = (size_t)G * n_splits * 3 * sizeof(float);
-    const size_t have = a->head_dim == 64 ? tc_smem<64>::BYTES
-                                          : tc_smem<128>::BYTES;
-
-    return n_splits > 1 && a->d_split_cnt != NULL && need <= have;
 }
 
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,

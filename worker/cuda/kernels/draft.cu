@@ -106,26 +106,22 @@ static __global__ void topk_kernel(const float *logits, int vocab, int k,
 
     /* Rows of a multiple of 4 floats are read as float4 (4x fewer
      * dependent rounds of L2 latency per thread: with 4 rows on 132 SMs
-     * the scalar loops were latency-bound); every thread still visits
-     * its elements in increasing index order, so the top-k tie rule and
-     * the lists are unchanged, and the max is exact; only the order of
-     * the sum's additions differs. */
-    const bool vec = (vocab & 3) == 0;
+     * the scalar loops were latency-bound), other rows element by
+     * element (the tail from 4 * n4 is then the whole row); every thread
+     * still visits its elements in increasing index order, so the top-k
+     * tie rule and the lists are unchanged, and the max is exact; only
+     * the order of the sum's additions differs. */
     const float4 *row4 = reinterpret_cast<const float4 *>(row);
-    const int n4 = vec ? vocab >> 2 : 0;
+    const int n4 = (vocab & 3) == 0 ? vocab >> 2 : 0;
 
     /* logsumexp */
-    if (vec) {
 #pragma unroll 4
-        for (int q = t; q < n4; q += blockDim.x) {
-            const float4 f = row4[q];
-            mx = fmaxf(mx, fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)));
-        }
-    } else {
-        for (int j = t; j < vocab; j += blockDim.x)
-            if (row[j] > mx)
-                mx = row[j];
+    for (int q = t; q < n4; q += blockDim.x) {
+        const float4 f = row4[q];
+        mx = fmaxf(mx, fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)));
     }
+    for (int j = 4 * n4 + t; j < vocab; j += blockDim.x)
+        mx = fmaxf(mx, row[j]);
     mx = kern_warp_max(mx);
     if (lane == 0)
         sh_red[warp] = mx;
@@ -133,21 +129,18 @@ static __global__ void topk_kernel(const float *logits, int vocab, int k,
     mx = lane < n_warps ? sh_red[lane] : -INFINITY;
     mx = kern_warp_max(mx);
     __syncthreads();
-    if (vec) {
 #pragma unroll 4
-        for (int q = t; q < n4; q += blockDim.x) {
-            const float4 f = row4[q];
-            const float e[4] = {f.x, f.y, f.z, f.w};
+    for (int q = t; q < n4; q += blockDim.x) {
+        const float4 f = row4[q];
+        const float e[4] = {f.x, f.y, f.z, f.w};
 #pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (e[u] == e[u]) /* not NaN */
-                    sum += __expf(e[u] - mx);
-        }
-    } else {
-        for (int j = t; j < vocab; j += blockDim.x)
-            if (row[j] == row[j]) /* not NaN */
-                sum += __expf(row[j] - mx);
+        for (int u = 0; u < 4; u++)
+            if (e[u] == e[u]) /* not NaN */
+                sum += __expf(e[u] - mx);
     }
+    for (int j = 4 * n4 + t; j < vocab; j += blockDim.x)
+        if (row[j] == row[j]) /* not NaN */
+            sum += __expf(row[j] - mx);
     sum = kern_block_sum(sum, sh_red);
     if (t == 0)
         sh_lse = mx + logf(sum);
@@ -175,18 +168,15 @@ static __global__ void topk_kernel(const float *logits, int vocab, int k,
         lv[c] = v;
         li[c] = j;
     };
-    if (vec) {
-        for (int q = t; q < n4; q += blockDim.x) {
-            const float4 f = row4[q];
-            visit(4 * q, f.x);
-            visit(4 * q + 1, f.y);
-            visit(4 * q + 2, f.z);
-            visit(4 * q + 3, f.w);
-        }
-    } else {
-        for (int j = t; j < vocab; j += blockDim.x)
-            visit(j, row[j]);
+    for (int q = t; q < n4; q += blockDim.x) {
+        const float4 f = row4[q];
+        visit(4 * q, f.x);
+        visit(4 * q + 1, f.y);
+        visit(4 * q + 2, f.z);
+        visit(4 * q + 3, f.w);
     }
+    for (int j = 4 * n4 + t; j < vocab; j += blockDim.x)
+        visit(j, row[j]);
     for (int c = 0; c < k; c++) {
         sh_v[t * CUDA_TOPK_MAX + c] = lv[c];
         sh_i[t * CUDA_TOPK_MAX + c] = li[c];

@@ -251,8 +251,9 @@ static cudaError_t tc_launch_t(int n_tok, int n_out, int n_in,
                                cudaStream_t st)
 {
     static uint64_t attr_done; /* bit per device */
+    static int sm_of[64];      /* multiprocessors per device, 0: unknown */
     auto k = gemv_tc_kernel<NT, OUT>;
-    int dev = 0, n_sm = 132;
+    int dev = 0, n_sm = 0;
     cudaError_t err = cudaGetDevice(&dev);
 
     if (err != cudaSuccess)
@@ -266,9 +267,16 @@ static cudaError_t tc_launch_t(int n_tok, int n_out, int n_in,
         if (dev < 64)
             attr_done |= 1ull << dev;
     }
-    err = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess)
-        return err;
+    if (dev < 64)
+        n_sm = sm_of[dev];
+    if (n_sm == 0) {
+        err = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount,
+                                     dev);
+        if (err != cudaSuccess)
+            return err;
+        if (dev < 64)
+            sm_of[dev] = n_sm;
+    }
     const int kt = n_in / TC_BK;
     int s = tc_splits(n_tok, n_out, n_in, ws, n_sm);
     const int kt_split = (int)BT_DIV_UP(kt, s);
