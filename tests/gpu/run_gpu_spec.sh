@@ -15,7 +15,9 @@
 #      fixed chain of 4, speculation off inside the spec loop (must be
 #      ~1.00x), A/B rows without tree graphs / draft graphs, and rows
 #      `fixed 16, device loop` etc. with BT_DRAFT_LOOP=device: the whole
-#      draft tree grown on the device, one graph per tree);
+#      draft tree grown on the device, one graph per tree); the default
+#      (BT_DRAFT_DEVICE=auto) drafts these tiny heads on the host, the
+#      `device draft` rows (BT_DRAFT_DEVICE=device) on the GPU;
 #   3. synth:llama3-8b (bf16): `baton bench-engine --spec-accept-rate`
 #      (synthetic confident head, FORCED acceptance 0.8 per level) at
 #      batch 1/8/32/64 and trees of 4/8/16 tokens: verification cost per
@@ -81,24 +83,29 @@ eb eagle_aidreams260K_b1_chain4 -- "${T[@]}" --batch 1 --spec-fixed \
 eb eagle_aidreams260K_b1_off -- "${T[@]}" --batch 1 --spec-plain
 eb eagle_aidreams260K_b8_fixed -- "${T[@]}" --batch 8 --spec-fixed
 # A/B: verification without tree graphs; the draft head without graphs
-eb eagle_aidreams260K_b1_fixed_notreegraphs BT_TREE_GRAPHS=0 -- "${T[@]}" \
+eb eagle_aidreams260K_b1_fixed_notreegraphs BT_TREE_GRAPHS=0 BT_DRAFT_DEVICE=device -- "${T[@]}" \
   --batch 1 --spec-fixed
-eb eagle_aidreams260K_b1_fixed_nodraftgraphs BT_DRAFT_GRAPHS=0 -- \
+eb eagle_aidreams260K_b1_fixed_nodraftgraphs BT_DRAFT_GRAPHS=0 BT_DRAFT_DEVICE=device -- \
   "${T[@]}" --batch 1 --spec-fixed
 # the device draft loop (whole trees on the device, one graph per tree)
-eb eagle_aidreams260K_b1_fixed_deviceloop BT_DRAFT_LOOP=device -- \
+eb eagle_aidreams260K_b1_fixed_deviceloop BT_DRAFT_LOOP=device BT_DRAFT_DEVICE=device -- \
   "${T[@]}" --batch 1 --spec-fixed
-eb eagle_aidreams260K_b1_deviceloop BT_DRAFT_LOOP=device -- "${T[@]}" \
+eb eagle_aidreams260K_b1_deviceloop BT_DRAFT_LOOP=device BT_DRAFT_DEVICE=device -- "${T[@]}" \
   --batch 1
-eb eagle_aidreams260K_b8_fixed_deviceloop BT_DRAFT_LOOP=device -- \
+eb eagle_aidreams260K_b8_fixed_deviceloop BT_DRAFT_LOOP=device BT_DRAFT_DEVICE=device -- \
   "${T[@]}" --batch 8 --spec-fixed
-# the draft head on the CPU beside the cuda target (BT_DRAFT_DEVICE=host):
-# a tiny head's level is ~15 kernel launches on the GPU
-eb eagle_aidreams260K_b1_fixed_hostdraft BT_DRAFT_DEVICE=host -- \
-  "${T[@]}" --batch 1 --spec-fixed
-eb eagle_aidreams260K_b1_hostdraft BT_DRAFT_DEVICE=host -- "${T[@]}" \
-  --batch 1
-eb eagle_stories260K_b1_fixed_deviceloop BT_DRAFT_LOOP=device -- \
+# the draft head on the GPU (BT_DRAFT_DEVICE=device; the rows above use
+# the default, auto, which keeps heads this small on the host)
+for m in aidreams260K stories260K; do
+  T=(--target "$M/$m.bin" --head "$H/$m.bin.head.safetensors")
+  for b in 1 8 32; do
+    eb "eagle_${m}_b${b}_devdraft" BT_DRAFT_DEVICE=device -- "${T[@]}" --batch $b
+  done
+  eb "eagle_${m}_b1_fixed_devdraft" BT_DRAFT_DEVICE=device -- "${T[@]}" \
+    --batch 1 --spec-fixed
+done
+T=(--target "$M/aidreams260K.bin" --head "$H/aidreams260K.bin.head.safetensors")
+eb eagle_stories260K_b1_fixed_deviceloop BT_DRAFT_LOOP=device BT_DRAFT_DEVICE=device -- \
   --target "$M/stories260K.bin" \
   --head "$H/stories260K.bin.head.safetensors" --batch 1 --spec-fixed
 
@@ -128,7 +135,7 @@ step llama3_8b_spec 180 "$B" bench-engine --model synth:llama3-8b \
                               if ($0 ~ /BT_TREE_GRAPHS=0/) tree = tree ", no tree graphs";
                               if ($0 ~ /BT_DRAFT_GRAPHS=0/) tree = tree ", no draft graphs"
                               if ($0 ~ /BT_DRAFT_LOOP=device/) tree = tree ", device loop"
-                              if ($0 ~ /BT_DRAFT_DEVICE=host/) tree = tree ", host draft" }
+                              if ($0 ~ /BT_DRAFT_DEVICE=device/ && $0 !~ /BT_DRAFT_LOOP=device/) tree = tree ", device draft" }
     /^batch:/ { for (i = 1; i <= NF; i++) { split($i, kv, ":"); v[kv[1]] = kv[2] }
                 printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s/%s |\n", model, v["batch"],
                        tree, v["plain_tok_s"], v["spec_tok_s"], v["speedup"],

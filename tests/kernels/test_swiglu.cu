@@ -1,6 +1,7 @@
 /*
  * test_swiglu.cu - cuda_swiglu() against swiglu_ref(), both dtypes, odd
- * and vector-friendly sizes, outputs poisoned first.
+ * and vector-friendly sizes (a 2048-token prefill), outputs poisoned
+ * first.
  * Run: build-cuda/gpu/test_swiglu   (make gpu-test)
  */
 #include "kernels/swiglu.h"
@@ -10,7 +11,8 @@
 int main(void)
 {
     const int shapes[][2] = {{1, 172}, {7, 14336}, {33, 129}, {64, 1000},
-                             {3, 8}};
+                             {3, 8}, {2048, 14336}, {513, 1032},
+                             {5, 2056}};
     kt_seed(3);
     for (int dti = 0; dti < 2; dti++) {
         cuda_dtype_t dt = dti ? CUDA_DT_BF16 : CUDA_DT_F32;

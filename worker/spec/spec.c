@@ -37,6 +37,11 @@
                                    measured (first-call costs) */
 #define SPEC_EXPLORE_FIRST 32   /* wait after a first loss */
 #define SPEC_EXPLORE_MAX (1u << 22) /* longest wait: practically never */
+#define SPEC_HOST_DRAFT_MAX_PARAMS (1u << 20) /* auto: heads of at most 1 M
+                                             multiply-adds a token (own
+                                             weights + classifier) draft
+                                             on the host beside a cuda
+                                             target */
 #define SPEC_WIN 1.03           /* a spec arm must beat plain by 3% */
 #define SPEC_LADDER 0.9         /* a bigger arm is tried only while the
                                    next smaller one reaches 0.9x plain */
@@ -327,14 +332,25 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         spec->fixed_shape = spec->arms[SPEC_N_ARMS - 1];
     }
 #ifdef BATON_HAVE_CUDA
-    /* The head runs where the target runs, unless BT_DRAFT_DEVICE=host
-     * keeps it on the CPU next to a cuda target (not measured yet: for
-     * heads so small that a level costs less on the host than the ~15
-     * kernel launches it is on the GPU, the 260K models' 0.32 ms trees;
-     * hidden rows and logits then cross every step). */
+    /* Where the head runs beside a cuda target (BT_DRAFT_DEVICE=
+     * auto|host|device, default auto): on the GPU, unless it is so small
+     * that a draft level costs less on the host than the ~15 kernel
+     * launches it takes on the GPU (hidden rows and logits then cross
+     * every step).  The 260K models' heads (~0.1 M multiply-adds a
+     * token, classifier included): GPU trees cost 0.32 ms and lost
+     * (0.99x at batch 1); on the host, batch 1 ran 1.60x (H200,
+     * 2026-12-01, docs/PERFORMANCE.md round 6). */
     const char *draft_where = getenv("BT_DRAFT_DEVICE");
+    bool draft_host = draft_where && strcmp(draft_where, "host") == 0;
+    if (!draft_host && !(draft_where && strcmp(draft_where, "device") == 0)) {
+        size_t n_head = 0;
+
+        (void)spec_head_params(head, &n_head);
+        draft_host = n_head + (size_t)spec->vocab * spec->dim <=
+                     SPEC_HOST_DRAFT_MAX_PARAMS;
+    }
     if (strcmp(backend_name(engine_backend(engine)), "cuda") == 0 &&
-        !(draft_where && strcmp(draft_where, "host") == 0)) {
+        !draft_host) {
         cuda_draft_config_t dc;
         cuda_draft_t *dev = NULL;
 

@@ -117,6 +117,36 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
     const T *bias = (const T *)a.d_bias;
     const int slot = a.d_slot[t];
     const float pos = (float)a.d_pos[t];
+    const int n_rot = a.n_heads + a.n_kv_heads; /* q and k heads */
+    const int cph_half = half / E;
+    /* The half layout's first chunk pair and the V copy are issued before
+     * the (cos, sin) table is built: their DRAM latency overlaps it. */
+    uint4 pre0 = make_uint4(0, 0, 0, 0), pre1 = pre0;
+    if (a.rope_half && (int)threadIdx.x < n_rot * cph_half) {
+        const int head = threadIdx.x / cph_half;
+        const int c0 = head * hd + (threadIdx.x - head * cph_half) * E;
+        pre0 = *reinterpret_cast<const uint4 *>(row + c0);
+        pre1 = *reinterpret_cast<const uint4 *>(row + c0 + half);
+    }
+    if (slot >= 0) {
+        const int v_off = n_rot * hd;
+        T *v = (T *)a.d_v_cache + (size_t)slot * a.n_kv_heads * hd;
+        for (int e = threadIdx.x * E; e < a.n_kv_heads * hd;
+             e += blockDim.x * E) {
+            uint4 u = *reinterpret_cast<const uint4 *>(row + v_off + e);
+            if (bias) {
+                float x[E], b[E];
+                rope_unpack<T, E>(u, x);
+                rope_unpack<T, E>(
+                    *reinterpret_cast<const uint4 *>(bias + v_off + e), b);
+#pragma unroll
+                for (int i = 0; i < E; i++)
+                    x[i] += b[i];
+                u = rope_pack<T, E>(x);
+            }
+            *reinterpret_cast<uint4 *>(v + e) = u;
+        }
+    }
 
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float sn, cs;
@@ -126,17 +156,22 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
     }
     __syncthreads();
 
-    const int n_rot = a.n_heads + a.n_kv_heads; /* q and k heads */
     if (a.rope_half) {
-        const int cph = half / E; /* chunks per half head */
+        const int cph = cph_half; /* chunks per half head */
         for (int it = threadIdx.x; it < n_rot * cph; it += blockDim.x) {
             const int head = it / cph;
             const int i0 = (it - head * cph) * E;
             const int c0 = head * hd + i0;
             float x0[E], x1[E], y0[E], y1[E];
-            rope_unpack<T, E>(*reinterpret_cast<const uint4 *>(row + c0), x0);
-            rope_unpack<T, E>(
-                *reinterpret_cast<const uint4 *>(row + c0 + half), x1);
+            if (it == (int)threadIdx.x) {
+                rope_unpack<T, E>(pre0, x0);
+                rope_unpack<T, E>(pre1, x1);
+            } else {
+                rope_unpack<T, E>(*reinterpret_cast<const uint4 *>(row + c0),
+                                  x0);
+                rope_unpack<T, E>(
+                    *reinterpret_cast<const uint4 *>(row + c0 + half), x1);
+            }
             if (bias) {
                 float b0[E], b1[E];
                 rope_unpack<T, E>(*reinterpret_cast<const uint4 *>(bias + c0),
@@ -201,24 +236,6 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
             }
             *reinterpret_cast<uint4 *>(dst + e0) = rope_pack<T, E>(y);
         }
-    }
-    if (slot < 0)
-        return;
-    const int v_off = n_rot * hd;
-    T *v = (T *)a.d_v_cache + (size_t)slot * a.n_kv_heads * hd;
-    for (int e = threadIdx.x * E; e < a.n_kv_heads * hd; e += blockDim.x * E) {
-        uint4 u = *reinterpret_cast<const uint4 *>(row + v_off + e);
-        if (bias) {
-            float x[E], b[E];
-            rope_unpack<T, E>(u, x);
-            rope_unpack<T, E>(
-                *reinterpret_cast<const uint4 *>(bias + v_off + e), b);
-#pragma unroll
-            for (int i = 0; i < E; i++)
-                x[i] += b[i];
-            u = rope_pack<T, E>(x);
-        }
-        *reinterpret_cast<uint4 *>(v + e) = u;
     }
 }
 
