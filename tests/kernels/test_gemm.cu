@@ -283,6 +283,13 @@ int main(int argc, char **argv)
             run_norm_case(2, 1000, 4096, CUDA_DT_F32);
             unsetenv(pf[f][0]);
         }
+        /* Late PDL triggers (cuda__pdl_late, the batch-1 default of the
+         * backend) change no result either. */
+        cuda__pdl_late = 1;
+        run_variant(CUDA_GEMV_ROWS, 1, 6144, 4096, CUDA_DT_BF16, 0);
+        run_variant(CUDA_GEMV_ROWS, 2, 4100, 14336, CUDA_DT_F32, 1);
+        run_norm_case(1, 6144, 4096, CUDA_DT_BF16);
+        cuda__pdl_late = 0;
         unsetenv("BT_GEMV_KERNEL");
         unsetenv("BT_GEMV_NORM");
         unsetenv("BT_GEMV_NORM_KERNEL");

@@ -225,7 +225,10 @@ struct cuda_backend_s {
     /* BT_PROFILE_SKIP (timing experiments only: results are garbage):
      * CUDA_SKIP_* bits of the per-layer ops cuda_enqueue leaves out */
     unsigned skip;
-    bool pdl_small;           /* BT_PDL_SMALL=1: PDL on steps <= 2 tokens */
+    /* PDL on steps of <= 2 tokens (BT_PDL_SMALL): 'l' late triggers
+     * (default), 'o' off (=0), 'e' early triggers as on larger steps
+     * (=1); see cuda__pdl_late in cuda_int.h */
+    char pdl_small;
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
 
@@ -1040,7 +1043,8 @@ static bt_status_t cuda_create(const model_t *model,
     b->tree_graphs = env == NULL || strcmp(env, "0") != 0;
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
     env = getenv("BT_PDL_SMALL");
-    b->pdl_small = env != NULL && strcmp(env, "1") == 0;
+    b->pdl_small = env == NULL ? 'l' : strcmp(env, "0") == 0 ? 'o'
+                 : strcmp(env, "1") == 0 ? 'e' : 'l';
 
     /* The KV pool layout: one rank's heads. */
     b->kv.n_layers = b->mc.n_layers;
@@ -1475,18 +1479,22 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     return BT_OK;
 }
 
-/* cuda_enqueue_forward, with programmatic dependent launch left out of
- * steps of <= 2 tokens (cuda__pdl_off, cuda_int.h; BT_PDL_SMALL=1 keeps
- * it there too). */
+/* cuda_enqueue_forward, with programmatic dependent launch on steps of
+ * <= 2 tokens as BT_PDL_SMALL says: late triggers by default
+ * (cuda__pdl_late, cuda_int.h: H200, batch 1, -0.07 ms against no PDL,
+ * -0.2 ms against early triggers), or off, or early. */
 static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
 {
-    const int saved = cuda__pdl_off;
+    const int saved_off = cuda__pdl_off, saved_late = cuda__pdl_late;
     bt_status_t status;
 
-    if (!r->b->pdl_small && p->nt <= 2)
+    if (p->nt <= 2 && r->b->pdl_small == 'o')
         cuda__pdl_off = 1;
+    if (p->nt <= 2 && r->b->pdl_small == 'l')
+        cuda__pdl_late = 1;
     status = cuda_enqueue_forward(r, p);
-    cuda__pdl_off = saved;
+    cuda__pdl_off = saved_off;
+    cuda__pdl_late = saved_late;
     return status;
 }
 

@@ -70,11 +70,23 @@ size_t cuda__dev_live_bytes(void);
 
 /* Non-zero: the kernels this thread launches (kern_launch) leave out the
  * programmatic-dependent-launch attribute.  The backend sets it while it
- * enqueues (or captures) a forward of <= 2 tokens: on the H200 the
- * Llama-3-8B batch-1 step ran 0.08-0.27 ms faster without PDL in four
- * A/B runs (2026-11-29, 2026-12-01) while batch 8 and 64 ran 0.08-0.10
- * ms slower. */
+ * enqueues (or captures) a forward of <= 2 tokens with BT_PDL_SMALL=0:
+ * with early triggers the Llama-3-8B batch-1 step ran 0.08-0.27 ms
+ * faster without PDL (four A/B runs, H200, 2026-11-29 / 12-01); the
+ * default for those steps is now late triggers (cuda__pdl_late). */
 extern __thread int cuda__pdl_off;
+
+/* Non-zero (with PDL on): the kernels this thread launches trigger their
+ * dependents late instead of at their top — the rows GEMV once a block
+ * has issued its last weight loads, the small kernels (RoPE, decode
+ * attention and its combine, SwiGLU) not at all, i.e. when they end.
+ * Early triggers let the next kernels' blocks take multiprocessor slots
+ * for the whole of a batch-1 GEMV (PDL then lost 0.1-0.25 ms a step);
+ * late ones keep the overlap of each GEMV's tail with the next GEMV's
+ * first weight loads (round 6: -0.07 ms at batch 1 against no PDL,
+ * while batch 8 and 64 keep the early triggers, which win there).  Set
+ * by the backend for forwards of <= 2 tokens (BT_PDL_SMALL). */
+extern __thread int cuda__pdl_late;
 
 #ifdef __cplusplus
 }

@@ -46,7 +46,8 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
     __shared__ float sh_l[ATTN_WARPS][MAXG];
     __shared__ float sh_acc[ATTN_WARPS][MAXG][HD];
 
-    kern_pdl_trigger();
+    if (!a.pdl_late)
+        kern_pdl_trigger();
     kern_pdl_wait();
     const int G = a.n_heads / a.n_kv_heads;
     const int kvh = blockIdx.x / n_hgroups;
@@ -262,7 +263,8 @@ static __global__ void attn_combine_kernel(cuda_attn_args_t a,
                                            const int *tok_idx, int n_splits,
                                            const float *ws)
 {
-    kern_pdl_trigger();
+    if (!a.pdl_late)
+        kern_pdl_trigger();
     kern_pdl_wait();
     const int hd = a.head_dim;
     const int ti = blockIdx.x;
@@ -302,7 +304,8 @@ static __global__ void attn_combine_smem_kernel(cuda_attn_args_t a,
                                                 int n_splits, const float *ws)
 {
     extern __shared__ float cs[]; /* n_splits x (hd + 2), then scales */
-    kern_pdl_trigger();
+    if (!a.pdl_late)
+        kern_pdl_trigger();
     kern_pdl_wait();
     const int hd = a.head_dim, stride = hd + 2;
     const int ti = blockIdx.x;
@@ -575,6 +578,9 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     BT_ASSERT(n_splits == 1 || d_ws != NULL);
     if (n == 0)
         return BT_OK;
+    cuda_attn_args_t al = *args;
+    al.pdl_late = cuda__pdl_late;
+    args = &al;
     if (cuda_attn_decode_tc_ok(args, dt)) {
         bt_status_t st = cuda_attn_decode_tc(args, d_tok_idx, n, n_splits,
                                              split_len, d_ws, stream);

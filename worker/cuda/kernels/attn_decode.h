@@ -37,6 +37,8 @@ typedef struct {
                                    slot s >= ctx_len is visible iff
                                    mask[mask_off + s - ctx_len] != 0 */
     void *d_out;                /* (tokens, nh, hd) attention output */
+    int pdl_late;               /* set by cuda_attn_decode from
+                                   cuda__pdl_late (cuda_int.h) */
 } cuda_attn_args_t;
 
 /* True when the kernels support this head size (8, 16, ..., 256). */

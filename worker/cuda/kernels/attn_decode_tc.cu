@@ -72,7 +72,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * before the step (token metadata, block tables) and K/V of cached
      * keys (< ctx: written by earlier steps), never what the kernels
      * before this one write (q, the new keys' K/V). */
-    kern_pdl_trigger();
+    if (!a.pdl_late)
+        kern_pdl_trigger();
     const int tok = tok_idx ? tok_idx[ti] : ti;
     const int kv_len = a.d_kv_len[tok];
     const int start = split * split_len;

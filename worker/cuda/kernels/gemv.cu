@@ -27,6 +27,10 @@
 #include "tc_common.cuh"
 
 #define GEMV_WARPS 8
+/* Where the rows kernel triggers its dependents (PDL). */
+#define GEMV_TRIG_AFTER_WAIT 0
+#define GEMV_TRIG_EARLY 1
+#define GEMV_TRIG_LATE 2
 #define GEMV_UNROLL 4
 
 /* Multiply-adds one 8-element weight chunk into the T accumulators. */
@@ -118,7 +122,10 @@ static __device__ __forceinline__ void gemv_norm_stage(
  *   so the small kernels between two GEMVs (RoPE, attention, SwiGLU) and
  *   the previous GEMV's tail run while DRAM streams this GEMV's weights;
  * - every warp loads its first U chunks.
- * kern_pdl_trigger() comes after the wait unless early_trigger: the next
+ * kern_pdl_trigger() comes after the wait (trig GEMV_TRIG_AFTER_WAIT)
+ * unless GEMV_TRIG_EARLY (at entry) or GEMV_TRIG_LATE (once the warp has
+ * issued its last loads; cuda__pdl_late, cuda_int.h).  After the wait: the
+ * next
  * kernel then launches only once this one is past its wait, so at most
  * one GEMV ahead prefetches (L2 holds one prefetch window, not two).
  * NORM: x is the RMSNorm of the f32 rows xf with weights g (cuda_gemv_norm),
@@ -128,7 +135,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32,
                                          U > 4 ? 2 : (T <= 2 ? 4 : 2))
 gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
             const bf16_t *g, float eps, const bf16_t *w, OUT *y,
-            bool accumulate, int pf_bytes, int pf_blocks, bool early_trigger,
+            bool accumulate, int pf_bytes, int pf_blocks, int trig,
             int rpw)
 {
     extern __shared__ __align__(16) unsigned char gemv_sm[];
@@ -146,7 +153,7 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     float acc[T];
     uint4 cur[U];
 
-    if (early_trigger)
+    if (trig == GEMV_TRIG_EARLY)
         kern_pdl_trigger();
     if (pf_bytes > 0 && (int)blockIdx.x < pf_blocks && lane == 0 &&
         nrows > 0)
@@ -157,7 +164,7 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         cur[u] = c < n_tot ? __ldcs(wr + c) : make_uint4(0, 0, 0, 0);
     }
     kern_pdl_wait();
-    if (!early_trigger)
+    if (trig == GEMV_TRIG_AFTER_WAIT)
         kern_pdl_trigger();
     if (NORM) {
         bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
@@ -218,6 +225,8 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         for (int u = 0; u < U; u++)
             cur[u] = nxt[u];
     }
+    if (trig == GEMV_TRIG_LATE)
+        kern_pdl_trigger();
     flush(crow);
 }
 
@@ -1043,7 +1052,9 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     const int mode = gemv_pf_mode();
     const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) * rpw;
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
-    const bool early = gemv_early_trigger();
+    const int trig = gemv_early_trigger() ? GEMV_TRIG_EARLY
+                     : cuda__pdl_late     ? GEMV_TRIG_LATE
+                                          : GEMV_TRIG_AFTER_WAIT;
     int pf_bytes = 0, pf_blocks = 0;
 
     if (mode == 2) {
@@ -1062,7 +1073,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 #define GEMV_ROWS_K(T)                                                      \
     kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2>, blocks, th, smem,   \
                 st, n_out, n_in, x, xf, g, eps, w, y, acc, pf_bytes,        \
-                pf_blocks, early, rpw)
+                pf_blocks, trig, rpw)
     switch (n_tok) {
     case 1: GEMV_ROWS_K(1); break;
     case 2: GEMV_ROWS_K(2); break;

@@ -19,7 +19,8 @@
 template <typename T>
 static __global__ void rope_kv_kernel(cuda_rope_kv_args_t a)
 {
-    kern_pdl_trigger();
+    if (!a.pdl_late)
+        kern_pdl_trigger();
     kern_pdl_wait();
     int t = blockIdx.x;
     int hd = a.head_dim;
@@ -107,7 +108,8 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
 {
     constexpr int E = 16 / (int)sizeof(T);
     __shared__ float sh_c[ROPE_MAX_HALF], sh_s[ROPE_MAX_HALF];
-    kern_pdl_trigger();
+    if (!a.pdl_late)
+        kern_pdl_trigger();
     kern_pdl_wait();
     const int t = blockIdx.x;
     const int hd = a.head_dim;
@@ -264,6 +266,9 @@ bt_status_t cuda_rope_kv(const cuda_rope_kv_args_t *args, cuda_dtype_t dt,
     BT_ASSERT(args->n_tokens >= 0 && args->head_dim % 2 == 0);
     if (args->n_tokens == 0)
         return BT_OK;
+    cuda_rope_kv_args_t al = *args;
+    al.pdl_late = cuda__pdl_late;
+    args = &al;
     if (rope_kv_vec_ok(args, cuda_dtype_size(dt))) {
         /* Threads: one 16-byte chunk pair each for the q/k heads. */
         int th = args->n_heads * args->head_dim >= 4096 ? 256 : 128;

@@ -26,6 +26,8 @@ typedef struct {
     void *d_q;                 /* (n_tokens, nh * hd) rotated q (out) */
     void *d_k_cache;           /* (n_blocks * block_size, nkv, hd) layer K */
     void *d_v_cache;           /* (n_blocks * block_size, nkv, hd) layer V */
+    int pdl_late;              /* set by cuda_rope_kv from cuda__pdl_late
+                                  (cuda_int.h) */
 } cuda_rope_kv_args_t;
 
 /* All tensors in `dt` except the f32 frequencies and int32 indices. */

@@ -16,11 +16,13 @@ static __device__ __forceinline__ float swiglu_f(float g, float u)
 }
 
 template <typename T>
-static __global__ void swiglu_kernel(const T *gu, int n, int hidden, T *out)
+static __global__ void swiglu_kernel(const T *gu, int n, int hidden, T *out,
+                                     int late)
 {
     size_t total = (size_t)n * hidden;
 
-    kern_pdl_trigger();
+    if (!late) /* cuda__pdl_late: trigger by ending */
+        kern_pdl_trigger();
     kern_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -34,12 +36,13 @@ static __global__ void swiglu_kernel(const T *gu, int n, int hidden, T *out)
 
 /* 8 bf16 per thread, 16-byte loads and stores (hidden % 8 == 0). */
 static __global__ void swiglu_vec_kernel(const bf16_t *gu, int n, int hidden,
-                                         bf16_t *out)
+                                         bf16_t *out, int late)
 {
     int per_row = hidden / 8;
     size_t total = (size_t)n * per_row;
 
-    kern_pdl_trigger();
+    if (!late) /* cuda__pdl_late: trigger by ending */
+        kern_pdl_trigger();
     kern_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -71,13 +74,14 @@ bt_status_t cuda_swiglu(const void *d_gu, int n, int hidden, void *d_out,
     if (dt == CUDA_DT_BF16 && hidden % 8 == 0) {
         blocks = (int)BT_MIN((total / 8 + 255) / 256, (size_t)4096);
         kern_launch(swiglu_vec_kernel, blocks, 256, 0, stream,
-                    (const bf16_t *)d_gu, n, hidden, (bf16_t *)d_out);
+                    (const bf16_t *)d_gu, n, hidden, (bf16_t *)d_out,
+                    cuda__pdl_late);
     } else {
         blocks = (int)BT_MIN((total + 255) / 256, (size_t)4096);
         KERN_DISPATCH_DT(dt, T,
                          kern_launch(swiglu_kernel<T>, blocks, 256, 0, stream,
                                      (const T *)d_gu, n, hidden,
-                                     (T *)d_out));
+                                     (T *)d_out, cuda__pdl_late));
     }
     return BT_CUDA_LAUNCH_STATUS();
 }
