@@ -6,7 +6,9 @@
 # default kernels use 233-238 registers: 8 warps per SM), each through
 # test_attn, bench_kernels --attn and whole prefills, plus Nsight Compute
 # on the default and variant 1 at 2048 tokens.  Writes $OUT/r6c.log and
-# $OUT/r6c_table.md.  ~5 minutes.
+# $OUT/r6c_table.md.  ~5 minutes.  BT_FA2_OCC was removed after this
+# run (no gain, docs/PERFORMANCE.md round 6 section 5): the variant rows
+# now run the default kernel.
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r6c "${1:-build-r6c}"

@@ -5,7 +5,10 @@
 # same code built with -DKERN_PDL_LATE=1 (kern_common.cuh: no early
 # triggers; the rows GEMV triggers after its last weight loads).  Batch 1
 # runs without PDL by default; BT_PDL_SMALL=1 turns it on there.  Writes
-# $OUT/r6d.log and $OUT/r6d_table.md.  ~3 minutes.
+# $OUT/r6d.log and $OUT/r6d_table.md.  ~3 minutes.  The compile-time
+# KERN_PDL_LATE build it compares became the run-time default for steps
+# of <= 2 tokens (cuda__pdl_late, cuda_int.h); run_gpu_round6e.sh is the
+# A/B of the shipped code.
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r6d "${1:-build-r6d}"

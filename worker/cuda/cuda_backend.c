@@ -1289,6 +1289,32 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
  * (graph capture records exactly this).  With p->h_logits set (no graph)
  * the logits rows are copied to the host chunk by chunk as they are
  * made. */
+/* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
+ * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
+ * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
+static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
+                                          bool fuse_norm, const void *d_g,
+                                          const void *d_w, int n_out,
+                                          void *d_out)
+{
+    const cuda_backend_t *b = r->b;
+    const model_config_t *mc = &b->mc;
+    const bool norm = !(b->skip & CUDA_SKIP_NORM);
+    bt_status_t status;
+
+    if (fuse_norm && norm)
+        return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
+                              d_w, d_out, b->dt, r->stream);
+    if (norm) {
+        status = cuda_rmsnorm(r->d_x, NULL, d_g, NULL, nt, mc->dim,
+                              mc->rms_eps, r->d_xn, b->dt, r->stream);
+        if (status != BT_OK)
+            return status;
+    }
+    return worker_gemm(r->gemm, nt, n_out, mc->dim, r->d_xn, d_w, b->dt,
+                       d_out, b->dt, false, r->stream);
+}
+
 static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                         const cuda_plan_t *p)
 {
@@ -1349,23 +1375,11 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
         void *d_vl = (char *)r->d_v + (size_t)l * layer_kv * es;
 
-        if (b->skip & CUDA_SKIP_QKV) {
-            status = BT_OK;
-        } else if (fuse_norm && !(b->skip & CUDA_SKIP_NORM)) {
-            status = cuda_gemv_norm(nt, b->qkv_dim, mc->dim, r->d_x,
-                                    w->d_attn_norm, mc->rms_eps, w->d_wqkv,
-                                    r->d_qkv, b->dt, r->stream);
-        } else {
-            if (!(b->skip & CUDA_SKIP_NORM))
-                status = cuda_rmsnorm(r->d_x, NULL, w->d_attn_norm, NULL, nt,
-                                      mc->dim, mc->rms_eps, r->d_xn, b->dt,
-                                      r->stream);
-            if (status != BT_OK)
-                return status;
-            status = worker_gemm(r->gemm, nt, b->qkv_dim, mc->dim, r->d_xn,
-                                 w->d_wqkv, b->dt, r->d_qkv, b->dt, false,
-                                 r->stream);
-        }
+        status = b->skip & CUDA_SKIP_QKV
+                     ? BT_OK
+                     : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
+                                              w->d_attn_norm, w->d_wqkv,
+                                              b->qkv_dim, r->d_qkv);
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -1407,23 +1421,11 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             if (status != BT_OK)
                 return status;
         }
-        if (b->skip & CUDA_SKIP_GU) {
-            status = BT_OK;
-        } else if (fuse_norm && !(b->skip & CUDA_SKIP_NORM)) {
-            status = cuda_gemv_norm(nt, 2 * b->hid, mc->dim, r->d_x,
-                                    w->d_ffn_norm, mc->rms_eps, w->d_wgu,
-                                    r->d_gu, b->dt, r->stream);
-        } else {
-            if (!(b->skip & CUDA_SKIP_NORM))
-                status = cuda_rmsnorm(r->d_x, NULL, w->d_ffn_norm, NULL, nt,
-                                      mc->dim, mc->rms_eps, r->d_xn, b->dt,
-                                      r->stream);
-            if (status != BT_OK)
-                return status;
-            status = worker_gemm(r->gemm, nt, 2 * b->hid, mc->dim, r->d_xn,
-                                 w->d_wgu, b->dt, r->d_gu, b->dt, false,
-                                 r->stream);
-        }
+        status = b->skip & CUDA_SKIP_GU
+                     ? BT_OK
+                     : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
+                                              w->d_ffn_norm, w->d_wgu,
+                                              2 * b->hid, r->d_gu);
         if (status != BT_OK)
             return status;
         if (!(b->skip & CUDA_SKIP_SWIGLU))
