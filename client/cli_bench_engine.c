@@ -382,8 +382,9 @@ static bt_status_t bench_spec_batch(engine_t *engine, spec_t **specs,
     plain_tps = (double)B * o->steps / (plain_ms * 1e-3);
     for (int i = 0; i < B; i++)
         engine_seq_destroy(engine, &seqs[i]);
-    printf("%6d %6s %8s %10.0f %10.3f %8s %8s %8s %8s %8s\n", B, "plain", "-",
-           plain_tps, plain_ms / o->steps, "1.00", "1.00", "-", "-", "-");
+    printf("%6d %6s %8s %10.0f %10.3f %8s %8s %8s %8s %8s %8s\n", B, "plain",
+           "-", plain_tps, plain_ms / o->steps, "1.00", "1.00", "-", "-", "-",
+           "-");
     for (int t = 0; t < o->n_spec_tokens; t++) {
         spec_stats_t s0, s1;
         double ms = 0.0;
@@ -422,14 +423,15 @@ static bt_status_t bench_spec_batch(engine_t *engine, spec_t **specs,
             double n_st = (double)o->steps;
 
             printf("%6d %6d %8.2f %10.0f %10.3f %8.2f %8.2f %8.3f %8.3f "
-                   "%8.3f\n", B, o->spec_tokens[t],
+                   "%8.3f %8.3f\n", B, o->spec_tokens[t],
                    vs > 0 ? (double)(s1.verify_tokens - s0.verify_tokens) /
                                 vs : 0.0,
                    tps, ms / n_st, tps / plain_tps,
                    (ms / n_st) / (plain_ms / o->steps),
                    (double)(s1.draft_ns - s0.draft_ns) * 1e-6 / n_st,
                    (double)(s1.verify_ns - s0.verify_ns) * 1e-6 / n_st,
-                   (double)(s1.accept_ns - s0.accept_ns) * 1e-6 / n_st);
+                   (double)(s1.accept_ns - s0.accept_ns) * 1e-6 / n_st,
+                   (double)(s1.head_gpu_ns - s0.head_gpu_ns) * 1e-6 / n_st);
             fflush(stdout);
         }
         for (int i = 0; i < B; i++) {
@@ -526,9 +528,9 @@ static int bench_spec_main(const bench_opts_t *o)
            o->spec_depth, o->spec_topk,
            o->spec_head ? o->spec_head : "synthetic", o->spec_accept_rate,
            o->spec_accept_rate);
-    printf("%6s %6s %8s %10s %10s %8s %8s %8s %8s %8s\n", "batch", "tree",
-           "acc.len", "tok/s", "ms/step", "speedup", "step x", "draft",
-           "verify", "accept");
+    printf("%6s %6s %8s %10s %10s %8s %8s %8s %8s %8s %8s\n", "batch",
+           "tree", "acc.len", "tok/s", "ms/step", "speedup", "step x",
+           "draft", "verify", "accept", "head gpu");
     for (int i = 0; i < o->n_batches; i++) {
         status = bench_spec_batch(engine, specs, o, o->batches[i]);
         if (status != BT_OK)

@@ -54,6 +54,10 @@ typedef struct {
      * layer l+1 computes.  NULL = no callback. */
     void (*on_layer_done)(void *arg, int layer);
     void *on_layer_arg;
+    /* cuda: the hidden rows (those a hidden destination would get) stay
+     * on the device after the forward even without one, for a draft head
+     * there (cuda_backend_hidden).  Other backends ignore it. */
+    bool keep_hidden;
 } backend_batch_t;
 
 typedef enum {

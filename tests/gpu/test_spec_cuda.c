@@ -4,7 +4,8 @@
  *   1. the device draft head (cuda_draft) against the host head
  *      (spec_head_forward / spec_head_logits) on the same inputs: a
  *      causal feed of target features, then a masked tree level reading
- *      stored features; output features and classifier rows within
+ *      stored features; the same feed from the stash (rows stashed from
+ *      a device buffer, and from the host) bit for bit; output features and classifier rows within
  *      rel err 1e-5 (f32) / 1e-2 (bf16), device top-k ids equal to the
  *      host's top-k of the host logits (f32; bf16: top-1 agreement
  *      printed); on aidreams260K, stories260K and a mid-size synthetic
@@ -23,7 +24,8 @@
  *      0 when the weights are bf16 already); hidden rows asked without
  *      logits bitwise equal to those with logits; device verification
  *      argmax (cuda_draft_target_argmax) equal to the argmax of the
- *      backend's own logits; a decode token + masked tree batch (the
+ *      backend's own logits, and from rows the backend kept on the device
+ *      (keep_hidden, cuda_draft_target_argmax_dev) bit for bit; a decode token + masked tree batch (the
  *      tree-graph path) against the same batch without graphs
  *      (BT_TREE_GRAPHS=0): logits and hidden rows, and
  *      backend_forward_sample's greedy ids = argmax of the logits;
@@ -43,11 +45,14 @@
  *      bf16) with fewer head passes.  The fixed tree and the adaptive
  *      mode once more with the head on the host (BT_DRAFT_DEVICE=host,
  *      what auto picks for heads this small; no device head pass may
- *      run).  Everything else pins BT_DRAFT_DEVICE=device.
+ *      run).  The fixed tree with the target features through the host
+ *      (BT_DRAFT_FEATURES=host) instead of the device stash: identical
+ *      output.  Everything else pins BT_DRAFT_DEVICE=device.
  *      `test_spec_cuda loop` runs 1b only.
  * Prints one PASS/FAIL/INFO line per check; exits non-zero on failure.
  */
 #include <cjson/cJSON.h>
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +63,7 @@
 #include "bt_alloc.h"
 #include "bt_test.h"
 #include "bt_util.h"
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_draft.h"
 #include "engine.h"
 #include "model/model_synth.h"
@@ -136,6 +142,67 @@ static void host_topk(const float *row, int n, int k, int *ids, float *lp)
 // ---------------------------------------------------------------------
 // 1. device head vs host head
 
+/* The feed of head_check again on state 0 from the stash, filled from a
+ * device buffer in reverse order (cuda_draft_stash) and from the host
+ * (cuda_draft_stash_host): the same kernels on the same rows, so the
+ * outputs equal the host-rows feed's (state 1) bit for bit. */
+static void stash_check(const char *name, cuda_draft_t *dev, bool bf16,
+                        int n, int k, const float *hid, const int *tok,
+                        const int *pos, const int *ids, const float *lp,
+                        const float *feat, const float *logits, int dim,
+                        int vocab)
+{
+    cuda_draft_row_t rows[8];
+    int src[8], st[8], dst[8], ids2[8 * 4];
+    float lp2[8 * 4], *f = malloc(sizeof(float) * (size_t)n * dim);
+    float *l = malloc(sizeof(float) * (size_t)n * vocab), *d_src = NULL;
+    bool same[2];
+
+    BT_ASSERT(n <= 8 && k <= 4);
+    BT_ASSERT(cudaMalloc((void **)&d_src, sizeof(float) * n * dim) ==
+              cudaSuccess);
+    for (int i = 0; i < n; i++) { /* device row n-1-i holds host row i */
+        BT_ASSERT(cudaMemcpy(d_src + (size_t)(n - 1 - i) * dim,
+                             hid + (size_t)i * dim, sizeof(float) * dim,
+                             cudaMemcpyHostToDevice) == cudaSuccess);
+        src[i] = n - 1 - i;
+        st[i] = 0;
+        dst[i] = i;
+        rows[i] = (cuda_draft_row_t){ 0, tok[i], pos[i], i, 0, i + 1, NULL,
+                                      -1 - i, i };
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0)
+            BT_ASSERT_OK(cuda_draft_stash(dev, n, d_src, src, st, dst));
+        else
+            BT_ASSERT_OK(cuda_draft_stash_host(dev, 0, 0, hid, n));
+        BT_ASSERT_OK(cuda_draft_forward(dev, n, rows, NULL, 0, k, ids2, lp2,
+                                        f, l));
+        same[pass] =
+            memcmp(f, feat, sizeof(float) * (size_t)n * dim) == 0 &&
+            memcmp(l, logits, sizeof(float) * (size_t)n * vocab) == 0 &&
+            memcmp(ids2, ids, sizeof(int) * (size_t)n * k) == 0 &&
+            memcmp(lp2, lp, sizeof(float) * (size_t)n * k) == 0;
+    }
+    printf("%s head %s %s stash feed: device-row stash %s, host-row stash "
+           "%s the host-rows feed\n", same[0] && same[1] ? "PASS" : "FAIL",
+           name, bf16 ? "bf16" : "f32", same[0] ? "equals" : "DIFFERS FROM",
+           same[1] ? "equals" : "DIFFERS FROM");
+    g_fail += !(same[0] && same[1]);
+    {   /* a stash row past pend_rows is refused */
+        int bad = 8;
+        bt_status_t status = cuda_draft_stash(dev, 1, d_src, src, st, &bad);
+
+        printf("%s head %s %s stash row out of range refused\n",
+               status != BT_OK ? "PASS" : "FAIL", name,
+               bf16 ? "bf16" : "f32");
+        g_fail += status == BT_OK;
+    }
+    cudaFree(d_src);
+    free(f);
+    free(l);
+}
+
 static void head_check(const char *name, const model_t *m, bool bf16)
 {
     const model_config_t *mc = model_config(m);
@@ -144,7 +211,7 @@ static void head_check(const char *name, const model_t *m, bool bf16)
     spec_head_t *head = NULL;
     spec_head_kv_t kv;
     cuda_draft_t *dev = NULL;
-    cuda_draft_config_t dc = { 0, bf16, 2, 64, 12 };
+    cuda_draft_config_t dc = { 0, bf16, 2, 64, 12, 8 };
     cuda_draft_row_t rows[8];
     float *hid = malloc(sizeof(float) * (size_t)n1 * dim);
     float *feat = malloc(sizeof(float) * (size_t)n1 * dim);
@@ -209,6 +276,8 @@ static void head_check(const char *name, const model_t *m, bool bf16)
                                       NULL, -1 - i, i };
     BT_ASSERT_OK(cuda_draft_forward(dev, n1, rows, hid, n1, k, ids, lp, f1g,
                                     l1g));
+    stash_check(name, dev, bf16, n1, k, hid, tok1, pos1, ids, lp, f1g, l1g,
+                dim, vocab);
     for (int r = 0; r < n2; r++)
         rows[r] = (cuda_draft_row_t){ 1, tok2[r], pos2[r], n1 + r, n1,
                                       n1 + n2, mask2 + r * n2, src2[r],
@@ -388,7 +457,8 @@ static void loop_check(const char *name, const model_t *m, bool bf16,
     int node_cap = cuda_draft_tree_nodes(depth, k), same = 0, runs = 4;
     spec_head_t *head = NULL;
     cuda_draft_t *dev = NULL;
-    cuda_draft_config_t dc = { 0, bf16, n + 1, 64, 1 + (depth - 1) * k };
+    cuda_draft_config_t dc = { 0, bf16, n + 1, 64, 1 + (depth - 1) * k,
+                               0 };
     cuda_draft_row_t rows[64];
     cuda_draft_tree_seq_t q[8];
     float *hid = malloc(sizeof(float) * (size_t)n * n_feed * dim);
@@ -434,14 +504,14 @@ static void loop_check(const char *name, const model_t *m, bool bf16,
     loop_host_tree(dev, n, q, depth, k, l1_ids, l1_lp, hn, node_cap, ho,
                    hs);
     for (int run = 0; run < runs; run++) {
-        uint64_t r0, c0, e0, r1, c1, e1;
+        uint64_t r0, c0, e0, r1, c1, e1, g0, g1;
         bool eq = true;
 
         memset(dn, 0xff, sizeof(spec_node_t) * (size_t)n * node_cap);
-        cuda_draft_graph_stats(dev, &r0, &c0, &e0);
+        cuda_draft_graph_stats(dev, &r0, &c0, &e0, &g0);
         BT_ASSERT_OK(cuda_draft_tree(dev, n, q, depth, k, l1_ids, l1_lp, dn,
                                      dor, dsel));
-        cuda_draft_graph_stats(dev, &r1, &c1, &e1);
+        cuda_draft_graph_stats(dev, &r1, &c1, &e1, &g1);
         rep += r1 - r0;
         cap += c1 - c0;
         eag += e1 - e0;
@@ -638,7 +708,7 @@ static void hidden_one(const char *name, model_t *m, bool bf16)
     backend_t *cpu = NULL, *gpu = NULL;
     spec_head_t *head = NULL;
     cuda_draft_t *dev = NULL;
-    cuda_draft_config_t dc = { 0, bf16, 1, 16, 2 };
+    cuda_draft_config_t dc = { 0, bf16, 1, 16, 2, 0 };
     int vocab = mc->vocab_size, dim = mc->dim, toks[32], tbl[2][8];
     int rows = 20 + 6, amax[32], same = 0;
     uint8_t mask[36];
@@ -723,6 +793,37 @@ static void hidden_one(const char *name, model_t *m, bool bf16)
            "rows, full rows rel err %.2e\n", ok ? "PASS" : "FAIL", name,
            bf16 ? "bf16" : "f32", same, rows, e);
     g_fail += !ok;
+    {   /* the same rows kept on the device (keep_hidden, no host copy) */
+        int full[2] = { 3, 21 }, amax2[32], n_kept = 0;
+        const int *map = NULL;
+        const float *d_hid;
+        float *fl[2];
+        bool eq;
+
+        for (int i = 0; i < 2; i++)
+            fl[i] = malloc(sizeof(float) * (size_t)vocab * rows);
+        batch.keep_hidden = true;
+        BT_ASSERT_OK(backend_forward(gpu, &batch, NULL, NULL));
+        batch.keep_hidden = false;
+        d_hid = cuda_backend_hidden(gpu, &map, &n_kept);
+        BT_ASSERT(d_hid != NULL && n_kept == rows);
+        /* the reference: hd[2], the same forward with the rows copied */
+        BT_ASSERT_OK(cuda_draft_target_argmax(dev, rows, hd[2], amax, 2,
+                                              full, fl[0]));
+        BT_ASSERT_OK(cuda_draft_target_argmax_dev(dev, rows, d_hid, map,
+                                                  amax2, 2, full, fl[1]));
+        eq = memcmp(amax, amax2, sizeof(int) * (size_t)rows) == 0 &&
+             memcmp(fl[0] + 3 * (size_t)vocab, fl[1] + 3 * (size_t)vocab,
+                    sizeof(float) * (size_t)vocab) == 0 &&
+             memcmp(fl[0] + 21 * (size_t)vocab, fl[1] + 21 * (size_t)vocab,
+                    sizeof(float) * (size_t)vocab) == 0;
+        printf("%s verify %s %s: rows kept on the device give the host "
+               "rows' argmax and full rows bit for bit\n",
+               eq ? "PASS" : "FAIL", name, bf16 ? "bf16" : "f32");
+        g_fail += !eq;
+        for (int i = 0; i < 2; i++)
+            free(fl[i]);
+    }
     cuda_draft_destroy(&dev);
     spec_head_destroy(&head);
     backend_destroy(&gpu);
@@ -917,10 +1018,14 @@ static void test_golden(void)
     /* tokens, depth, top-k, where the head runs: 0 the device with the
      * host-driven loop, 1 the device draft loop (BT_DRAFT_LOOP=device:
      * must give exactly the 0 path's fixed-16 output, row 0), 2 the host
-     * (BT_DRAFT_DEVICE=host, the default for heads this small) */
+     * (BT_DRAFT_DEVICE=host, the default for heads this small), 3 the
+     * device with the target features through the host
+     * (BT_DRAFT_FEATURES=host: the same features, so again exactly row
+     * 0's output) */
     const int shapes[][4] = { { 16, 5, 4, 0 }, { 4, 4, 1, 0 },
                               { 0, 0, 0, 0 }, { 16, 5, 4, 1 },
-                              { 16, 5, 4, 2 }, { 0, 0, 0, 2 } };
+                              { 16, 5, 4, 3 }, { 16, 5, 4, 2 },
+                              { 0, 0, 0, 2 } };
 
     for (int mi = 0; mi < 2; mi++) {
         int idx[16], n = 0, n_got[16], n_ref[16], n_refb[16];
@@ -994,8 +1099,11 @@ static void test_golden(void)
                     setenv("BT_DRAFT_LOOP", "device", 1);
                 if (shapes[sh][3] == 2)
                     setenv("BT_DRAFT_DEVICE", "host", 1);
+                if (shapes[sh][3] == 3)
+                    setenv("BT_DRAFT_FEATURES", "host", 1);
                 BT_ASSERT_OK(spec_create(engine, head, &scfg, &spec));
                 unsetenv("BT_DRAFT_LOOP");
+                unsetenv("BT_DRAFT_FEATURES");
                 setenv("BT_DRAFT_DEVICE", "device", 1);
                 if (shapes[sh][0] > 0)
                     spec_set_fixed(spec, shapes[sh][0], shapes[sh][1],
@@ -1008,7 +1116,7 @@ static void test_golden(void)
                         n_h16[i] = n_one;
                         memcpy(h16[i], one[0], sizeof(int) * (size_t)n_one);
                     }
-                    if (shapes[sh][3] == 1)
+                    if (shapes[sh][3] == 1 || shapes[sh][3] == 3)
                         loop_same += n_one == n_h16[i] &&
                                      memcmp(one[0], h16[i], sizeof(int) *
                                                             (size_t)n_one) == 0;
@@ -1025,7 +1133,7 @@ static void test_golden(void)
                         memcpy(h16b[i], got[i],
                                sizeof(int) * (size_t)n_got[i]);
                     }
-                    if (shapes[sh][3] == 1)
+                    if (shapes[sh][3] == 1 || shapes[sh][3] == 3)
                         loop_same += n_got[i] == n_h16b[i] &&
                                      memcmp(got[i], h16b[i], sizeof(int) *
                                                      (size_t)n_got[i]) == 0;
@@ -1064,6 +1172,16 @@ static void test_golden(void)
                            (unsigned long long)passes16);
                     g_fail += !lp;
                 }
+                if (shapes[sh][3] == 3) {
+                    bool hf = loop_same == 2 * n;
+
+                    printf("%s greedy spec %s %s features through the "
+                           "host: %d/%d runs identical to the device-"
+                           "features fixed 16\n", hf ? "PASS" : "FAIL",
+                           models[mi], bf16 ? "bf16" : "f32", loop_same,
+                           2 * n);
+                    g_fail += !hf;
+                }
                 /* f32: exact; bf16: at least as close to plain as plain
                  * is to itself across batch compositions */
                 pass = bf16 ? seq_ok >= base_same && bat_ok >= base_same
@@ -1083,6 +1201,7 @@ static void test_golden(void)
                        shapes[sh][1], shapes[sh][2],
                        shapes[sh][3] == 1   ? " device loop"
                        : shapes[sh][3] == 2 ? " host draft"
+                       : shapes[sh][3] == 3 ? " host features"
                                             : "",
                        seq_ok, n,
                        bat_ok, n,

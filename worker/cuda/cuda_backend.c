@@ -187,7 +187,7 @@ typedef struct {
     void *d_h;                /* (max_tok, hid) */
     void *d_xr;               /* (row_cap, dim) normed logits rows */
     float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
-    float *d_hidden;          /* (row_cap, dim), rank 0 only */
+    float *d_hidden;          /* (hid_cap, dim), rank 0 only */
     float *d_ws;              /* split-K partials */
 
     int *d_meta;              /* b->meta_cap ints */
@@ -237,6 +237,7 @@ struct cuda_backend_s {
     int max_tok;              /* rows of the activation buffers */
     int bucket_max;           /* largest decode graph bucket */
     int row_cap;              /* logits rows per classifier chunk */
+    int hid_cap;              /* rows of d_hidden: every row of a step */
     size_t ws_floats;
 
     int *h_meta;              /* pinned (portable), meta_cap ints */
@@ -266,6 +267,12 @@ struct cuda_backend_s {
      * sequence s at row s) */
     cuda_sampling_t *samp;
     bool last_graph;
+
+    /* the hidden rows the last forward left on the device
+     * (cuda_backend_hidden): row i of those it returned is d_hidden row
+     * hid_map[i]; hid_n 0 when it kept none */
+    int *hid_map;             /* (hid_cap) */
+    int hid_n;
 };
 
 // ---------------------------------------------------------------------
@@ -702,7 +709,7 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     CUDA_ACT(r->d_xr, (size_t)b->row_cap * b->mc.dim * es, "act_rows");
     CUDA_ACT(r->d_logits, (size_t)b->row_cap * r->sh.n_vocab * 4, "logits");
     if (rank == 0)
-        CUDA_ACT(r->d_hidden, (size_t)b->row_cap * b->mc.dim * 4, "hidden");
+        CUDA_ACT(r->d_hidden, (size_t)b->hid_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
 #undef CUDA_ACT
 
@@ -1058,11 +1065,20 @@ static bt_status_t cuda_create(const model_t *model,
     b->bucket_max = cuda_pow2_ceil(cfg->max_seqs);
     b->max_tok = BT_MAX(cfg->max_batch_tokens, b->bucket_max);
     b->row_cap = BT_MAX(256, b->bucket_max);
+    /* every row of a step stays on the device (a draft head reads them
+     * there, cuda_backend_hidden), not only one classifier chunk's */
+    b->hid_cap = BT_MAX(b->row_cap, b->max_tok);
+    b->hid_map = bt_malloc(sizeof(int) * (size_t)b->hid_cap, "hidden_map");
+    if (b->hid_map == NULL) {
+        bt_free(b);
+        return BT_ERR_NO_MEMORY;
+    }
     b->ws_floats = cuda_attn_decode_ws_floats(b->bucket_max, b->nh, hd,
                                               CUDA_MAX_SPLITS);
 
     b->ranks = bt_calloc((size_t)b->tp, sizeof(*b->ranks), "cuda_ranks");
     if (b->ranks == NULL) {
+        bt_free(b->hid_map);
         bt_free(b);
         return BT_ERR_NO_MEMORY;
     }
@@ -1187,6 +1203,7 @@ static void cuda_destroy(void *impl)
     if (b->h_mask)
         cudaFreeHost(b->h_mask);
     bt_free(b->ranks);
+    bt_free(b->hid_map);
     bt_free(b);
 }
 
@@ -1262,7 +1279,8 @@ static bt_status_t cuda_enqueue_rows(cuda_rank_t *r, const cuda_plan_t *p,
         return status;
     if (p->want_hidden && r->rank == 0)
         status = cuda_embed(r->d_x, CUDA_DT_F32, p->d_rows + r0, n,
-                            b->mc.dim, r->d_hidden, r->stream);
+                            b->mc.dim, r->d_hidden + (size_t)r0 * b->mc.dim,
+                            r->stream);
     return status;
 }
 
@@ -1471,7 +1489,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         if (p->h_hidden && r->rank == 0) {
             status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                p->h_hidden + (size_t)r0 * mc->dim, r->d_hidden,
+                p->h_hidden + (size_t)r0 * mc->dim,
+                r->d_hidden + (size_t)r0 * mc->dim,
                 (size_t)n * mc->dim * sizeof(float), cudaMemcpyDeviceToHost,
                 r->stream));
             if (status != BT_OK)
@@ -1804,7 +1823,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     st.n_rows = rows_c;
     st.n_gen = n_gen;
     st.n_tiles = n_tiles;
-    st.want_hidden = hidden != NULL;
+    st.want_hidden = hidden != NULL || batch->keep_hidden;
     st.graph = graph;
     {
         int max_splits = (int)BT_MIN(
@@ -1831,6 +1850,19 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     st.h_hidden = hidden;
     st.no_sync = no_sync && b->tp == 1;
     b->last_graph = graph;
+    /* graph steps compute a hidden row per (padded) token, in sequence
+     * order; other steps only the rows asked for, in batch order */
+    b->hid_n = 0;
+    if (st.want_hidden) {
+        for (int s = 0, t2 = 0; s < batch->n_seqs; s++) {
+            const backend_seq_t *sq = &batch->seqs[s];
+
+            for (int i = 0; i < sq->n_logits; i++, b->hid_n++)
+                b->hid_map[b->hid_n] =
+                    graph ? t2 + sq->n_tokens - sq->n_logits + i : b->hid_n;
+            t2 += sq->n_tokens;
+        }
+    }
 
     if (b->tp == 1)
         return cuda_rank_step(&b->ranks[0], &st);
@@ -1908,6 +1940,23 @@ static bt_status_t cuda_forward_sample_end(void *impl)
     cuda_backend_t *b = impl;
 
     return cuda_sampling_finish(b->samp, b->ranks[0].stream);
+}
+
+const float *cuda_backend_hidden(backend_t *backend, const int **map_p,
+                                 int *n_p)
+{
+    cuda_backend_t *b;
+
+    *map_p = NULL;
+    *n_p = 0;
+    if (strcmp(backend_name(backend), "cuda") != 0)
+        return NULL;
+    b = backend__impl(backend);
+    if (b->hid_n == 0)
+        return NULL;
+    *map_p = b->hid_map;
+    *n_p = b->hid_n;
+    return b->ranks[0].d_hidden;
 }
 
 bt_status_t cuda_backend_sample_stats(backend_t *backend, uint64_t *argmax,

@@ -38,6 +38,15 @@ bt_status_t cuda_backend_check_allreduce(backend_t *backend, const char *path,
                                          size_t n_floats, int calls,
                                          long *bad_p);
 
+/* The hidden rows (f32, dim wide, before the final norm) of the last
+ * forward that asked for them (a hidden destination or
+ * backend_batch_t.keep_hidden), on rank 0's GPU: row i of the rows that
+ * forward returns (in the order a hidden destination would get them) is
+ * at d_hidden + map[i] * dim.  Valid until the next forward.  NULL and
+ * *n_p = 0 when the last forward kept none or the backend is not cuda. */
+const float *cuda_backend_hidden(backend_t *backend, const int **map_p,
+                                 int *n_p);
+
 /* Rows sampled by backend_forward_sample since the backend was made:
  * greedy on the device, from the device's top candidates, candidates
  * that did not suffice (whole row fetched), whole rows from the start.

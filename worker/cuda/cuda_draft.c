@@ -39,7 +39,8 @@
 #define CUDA_DRAFT_SPLITS 16       /* attention key splits, at most */
 #define CUDA_DRAFT_LOGIT_ROWS 256  /* classifier rows per pass */
 #define CUDA_DRAFT_STAGE (64u << 20) /* f32 staging for uploads, bytes */
-#define CUDA_DRAFT_META 10         /* ints per row in the metadata */
+#define CUDA_DRAFT_META 10         /* ints per row in the metadata (9 row
+                                      arrays + the stash gather) */
 #define CUDA_DRAFT_GRAPHS 64       /* captured passes kept */
 #define CUDA_DRAFT_TREE_DEPTH 16   /* deepest device-loop tree */
 #define CUDA_DRAFT_TREE_GRAPHS 16  /* captured device-loop trees kept */
@@ -48,6 +49,7 @@
 typedef struct {
     int n;                    /* rows */
     int n_hidden;             /* target feature rows to normalise */
+    int stash;                /* 1: they are stashed rows (d_pend) */
     int k;                    /* top-k (0: no classifier) */
     int n_splits;             /* attention plan */
     int split_len;
@@ -104,6 +106,11 @@ struct cuda_draft_s {
     void *d_vc;
     int *d_bt;                /* (n_states * nb_per) identity table */
     void *d_store;            /* (n_states * store_rows, dim) */
+    float *d_pend;            /* (n_states * pend_rows, dim) f32 stashed
+                                 target rows (cuda_draft_stash) */
+    int *h_stash;             /* pinned (2 * stash_cap) */
+    int *d_stash;
+    int stash_cap;
 
     /* activations for CUDA_DRAFT_CHUNK rows */
     float *d_hid;             /* (chunk, dim) f32 uploaded hidden rows */
@@ -139,6 +146,8 @@ struct cuda_draft_s {
     uint64_t n_replay;        /* passes replayed from a graph */
     uint64_t n_capture;       /* passes captured (then replayed) */
     uint64_t n_eager;         /* passes launched kernel by kernel */
+    cudaEvent_t ev_pass[2];   /* around a pass's device work */
+    uint64_t gpu_ns;          /* their elapsed time, summed */
 
     /* the device draft loop (cuda_draft_tree) */
     cuda_tree_seq_t *d_tseq;  /* (tree_seqs) */
@@ -303,11 +312,13 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
     int *bt = NULL;
     bt_status_t status;
 
-    if (cfg->n_states <= 0 || cfg->state_slots <= 0 || cfg->store_rows <= 0)
+    if (cfg->n_states <= 0 || cfg->state_slots <= 0 ||
+        cfg->store_rows <= 0 || cfg->pend_rows < 0)
         return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                         "device draft sizes must be positive (states %d, "
-                        "slots %d, store rows %d)", cfg->n_states,
-                        cfg->state_slots, cfg->store_rows);
+                        "slots %d, store rows %d, stash rows %d)",
+                        cfg->n_states, cfg->state_slots, cfg->store_rows,
+                        cfg->pend_rows);
     if (!cuda_attn_head_dim_ok(mc->head_dim) ||
         mc->n_heads % mc->n_kv_heads != 0)
         return BT_ERROR(BT_ERR_UNSUPPORTED, "SPEC",
@@ -339,6 +350,8 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
                                                  cudaStreamNonBlocking),
                        status, err);
     BT_CHECK_GOTO(worker_gemm_ctx_create(32u << 20, &d->gemm), status, err);
+    for (int i = 0; i < 2; i++)
+        BT_CUDA_CHECK_GOTO(cudaEventCreate(&d->ev_pass[i]), status, err);
     BT_CHECK_GOTO(draft_weights(d, head), status, err);
 
     {
@@ -377,6 +390,11 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
                                           cfg->store_rows * d->dim * es,
                                            d->stream),
                            status, err);
+        if (cfg->pend_rows > 0)
+            BT_CHECK_GOTO(draft_alloc(d, (void **)&d->d_pend,
+                                      (size_t)cfg->n_states *
+                                          cfg->pend_rows * d->dim * 4,
+                                      "draft_stash"), status, err);
     }
 #define DRAFT_ACT(_p, _bytes, _name)                                        \
     BT_CHECK_GOTO(draft_alloc(d, (void **)&(_p), (_bytes), _name), status,  \
@@ -447,6 +465,7 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
         &d->d_att, &d->d_xn, &d->d_gu, &d->d_hh, (void **)&d->d_ws,
         (void **)&d->d_logits, (void **)&d->d_top_ids,
         (void **)&d->d_top_logp, (void **)&d->d_meta, (void **)&d->d_mask,
+        (void **)&d->d_pend, (void **)&d->d_stash,
     };
 
     (void)cudaSetDevice(d->cfg.device_index);
@@ -462,8 +481,13 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
         cudaFreeHost(d->h_meta);
     if (d->h_mask)
         cudaFreeHost(d->h_mask);
+    if (d->h_stash)
+        cudaFreeHost(d->h_stash);
     draft_tree_free(d);
     worker_gemm_ctx_destroy(&d->gemm);
+    for (int i = 0; i < 2; i++)
+        if (d->ev_pass[i])
+            cudaEventDestroy(d->ev_pass[i]);
     if (d->stream)
         cudaStreamDestroy(d->stream);
     bt_free(d);
@@ -545,19 +569,23 @@ static bt_status_t draft_classify(cuda_draft_t *d, const void *d_x, int n,
  * the store writes and, with k > 0, the classifier and top-k into
  * d_top_ids / d_top_logp.  No host copies and no allocation, so a CUDA
  * graph can capture it. */
-static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden, int k,
-                                 bool logits, int n_splits, int split_len)
+static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden,
+                                 bool stash, int k, bool logits, int n_splits,
+                                 int split_len)
 {
     int *d_tok = d->d_meta, *d_pos = d_tok + n, *d_slot = d_pos + n;
     int *d_kvl = d_slot + n, *d_bto = d_kvl + n, *d_ctx = d_bto + n;
     int *d_mo = d_ctx + n, *d_fsrc = d_mo + n, *d_odst = d_fsrc + n;
+    int *d_hsrc = d_odst + n;
     cuda_rope_kv_args_t ra;
     cuda_attn_args_t aa;
     bt_status_t status = BT_OK;
 
-    /* target features: rmsnorm(hidden) * final_norm */
+    /* target features: rmsnorm(hidden) * final_norm, of uploaded rows
+     * or gathered from the stash */
     if (n_hidden > 0)
-        status = cuda_rmsnorm(d->d_hid, NULL, d->d_final_norm, NULL,
+        status = cuda_rmsnorm(stash ? d->d_pend : d->d_hid, NULL,
+                              d->d_final_norm, stash ? d_hsrc : NULL,
                               n_hidden, d->dim, d->eps, d->d_hfeat, d->dt,
                               d->stream);
     /* fc over [embedding; feature] */
@@ -712,8 +740,8 @@ static bt_status_t draft_graph_run(cuda_draft_t *d, const draft_key_t *key,
         d->stream, cudaStreamCaptureModeThreadLocal));
     if (status != BT_OK)
         goto fail;
-    status = draft_enqueue(d, key->n, key->n_hidden, key->k, false,
-                           key->n_splits, key->split_len);
+    status = draft_enqueue(d, key->n, key->n_hidden, key->stash != 0, key->k,
+                           false, key->n_splits, key->split_len);
     st2 = BT_CUDA_STATUS(cudaStreamEndCapture(d->stream, &graph));
     if (status == BT_OK)
         status = st2;
@@ -749,10 +777,12 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
     const cuda_draft_config_t *c = &d->cfg;
     int *tok = d->h_meta, *pos = tok + n, *slot = pos + n, *kvl = slot + n;
     int *bto = kvl + n, *ctx = bto + n, *mo = ctx + n, *fsrc = mo + n;
-    int *odst = fsrc + n;
+    int *odst = fsrc + n, *hsrc = odst + n;
+    bool stash = h_hidden == NULL;   /* hidden rows: stashed ones */
+    int hid_lim = stash ? c->pend_rows : n_hidden;
     size_t mask_total = 0, at = 0;
     int state_slots = d->nb_per * CUDA_DRAFT_BLOCK, max_kv = 1;
-    int max_splits;
+    int max_splits, n_stashed = 0;
     draft_key_t key;
     bool done = false;
     bt_status_t status;
@@ -764,7 +794,7 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
             r->slot >= c->state_slots || r->ctx < 0 || r->ctx > r->kv_len ||
             r->kv_len > c->state_slots || r->slot >= r->kv_len ||
             r->token < 0 || r->token >= d->vocab || r->pos < 0 ||
-            r->feat >= c->store_rows || r->feat < -n_hidden ||
+            r->feat >= c->store_rows || r->feat < -hid_lim ||
             r->out >= c->store_rows)
             return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                             "device draft row %d is malformed (state %d, "
@@ -797,6 +827,10 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
         }
         fsrc[i] = r->feat >= 0 ? r->state * c->store_rows + r->feat
                                : r->feat;
+        if (stash && r->feat < 0) { /* normalised into d_hfeat row j */
+            hsrc[n_stashed] = r->state * c->pend_rows + (-1 - r->feat);
+            fsrc[i] = -1 - n_stashed++;
+        }
         odst[i] = r->out >= 0 ? r->state * c->store_rows + r->out : -1;
         max_kv = BT_MAX(max_kv, r->kv_len);
     }
@@ -809,16 +843,19 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
         status = BT_CUDA_STATUS(cudaMemcpyAsync(d->d_mask, d->h_mask, at,
                                                 cudaMemcpyHostToDevice,
                                                 d->stream));
-    if (status == BT_OK && n_hidden > 0)
+    if (status == BT_OK && !stash && n_hidden > 0)
         status = BT_CUDA_STATUS(cudaMemcpyAsync(
             d->d_hid, h_hidden, (size_t)n_hidden * d->dim * sizeof(float),
             cudaMemcpyHostToDevice, d->stream));
     if (status != BT_OK)
         return status;
+    if (stash)
+        n_hidden = n_stashed;
 
     memset(&key, 0, sizeof(key));
     key.n = n;
     key.n_hidden = n_hidden;
+    key.stash = stash && n_hidden > 0;
     key.k = k;
     max_splits = (int)BT_MIN((size_t)64,
                              d->ws_floats / ((size_t)n * d->nh *
@@ -826,6 +863,9 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
     max_splits = BT_MAX(max_splits, 1);
     cuda_attn_decode_plan(n, max_kv, d->nh, d->nkv, d->n_sm, max_splits,
                           &key.n_splits, &key.split_len);
+    status = BT_CUDA_STATUS(cudaEventRecord(d->ev_pass[0], d->stream));
+    if (status != BT_OK)
+        return status;
     /* test outputs (h_feat, h_logits) take the eager path */
     if (d->use_graphs && h_feat == NULL && h_logits == NULL) {
         status = draft_graph_run(d, &key, &done);
@@ -834,9 +874,12 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
     }
     if (!done) {
         d->n_eager++;
-        status = draft_enqueue(d, n, n_hidden, k, h_logits != NULL,
-                               key.n_splits, key.split_len);
+        status = draft_enqueue(d, n, n_hidden, key.stash != 0, k,
+                               h_logits != NULL, key.n_splits,
+                               key.split_len);
     }
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(d->ev_pass[1], d->stream));
     if (status == BT_OK && h_feat)
         status = BT_CUDA_STATUS(cudaMemcpyAsync(
             h_feat, d->d_h, (size_t)n * d->dim * sizeof(float),
@@ -878,8 +921,9 @@ bt_status_t cuda_draft_forward(cuda_draft_t *d, int n,
         const cuda_draft_row_t *rows_c = rows + r0;
         int h0 = INT_MAX, h1 = 0;
 
-        /* this pass's hidden rows: the range its rows name */
-        for (int i = 0; i < m; i++)
+        /* this pass's hidden rows: the range its rows name (stashed
+         * rows are named per state) */
+        for (int i = 0; i < m && h_hidden; i++)
             if (rows_c[i].feat < 0) {
                 h0 = BT_MIN(h0, -1 - rows_c[i].feat);
                 h1 = BT_MAX(h1, -rows_c[i].feat);
@@ -916,6 +960,14 @@ bt_status_t cuda_draft_forward(cuda_draft_t *d, int n,
         /* the pinned metadata is reused by the next pass */
         if (status == BT_OK)
             status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+        if (status == BT_OK) {
+            float ms = 0.0f;
+
+            if (cudaEventElapsedTime(&ms, d->ev_pass[0], d->ev_pass[1]) ==
+                cudaSuccess)
+                d->gpu_ns += (uint64_t)((double)ms * 1e6);
+            (void)cudaGetLastError();
+        }
     }
     bt_free(tmp);
     if (status != BT_OK)
@@ -968,6 +1020,88 @@ bt_status_t cuda_draft_topk(cuda_draft_t *d, int n, const int *states,
     }
     if (status != BT_OK)
         (void)cudaStreamSynchronize(d->stream);
+    return status;
+}
+
+// ---------------------------------------------------------------------
+// the stash of target rows
+
+bt_status_t cuda_draft_stash(cuda_draft_t *d, int n, const float *d_src,
+                             const int *src_rows, const int *states,
+                             const int *rows)
+{
+    const cuda_draft_config_t *c = &d->cfg;
+    bt_status_t status;
+
+    if (n < 0 || (n > 0 && (d_src == NULL || d->d_pend == NULL)))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device draft stash of %d rows (%s)", n,
+                        d->d_pend ? "no source" : "no stash");
+    if (n == 0)
+        return BT_OK;
+    if (n > d->stash_cap) {
+        int cap = BT_MAX(n, 2 * d->stash_cap);
+
+        if (d->h_stash)
+            cudaFreeHost(d->h_stash);
+        d->h_stash = NULL;
+        cuda__dev_free((void **)&d->d_stash);
+        d->stash_cap = 0;
+        status = BT_CUDA_STATUS(cudaMallocHost(
+            (void **)&d->h_stash, 2 * (size_t)cap * sizeof(int)));
+        if (status == BT_OK)
+            status = cuda__dev_malloc((void **)&d->d_stash,
+                                      2 * (size_t)cap * sizeof(int),
+                                      "draft_stash_rows");
+        if (status != BT_OK)
+            return status;
+        d->stash_cap = cap;
+    }
+    for (int i = 0; i < n; i++) {
+        if (states[i] < 0 || states[i] >= c->n_states || rows[i] < 0 ||
+            rows[i] >= c->pend_rows || src_rows[i] < 0)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "device draft stash row %d: state %d row %d "
+                            "from %d", i, states[i], rows[i], src_rows[i]);
+        d->h_stash[i] = src_rows[i];
+        d->h_stash[n + i] = states[i] * c->pend_rows + rows[i];
+    }
+    status = BT_CUDA_STATUS(cudaSetDevice(c->device_index));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(d->d_stash, d->h_stash,
+                                                2 * (size_t)n * sizeof(int),
+                                                cudaMemcpyHostToDevice,
+                                                d->stream));
+    if (status == BT_OK)
+        status = cuda_draft_rows(d_src, NULL, d->d_stash, d->d_stash + n, n,
+                                 d->dim, d->d_pend, CUDA_DT_F32, d->stream);
+    /* the source belongs to the next forward once this returns */
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
+    else
+        (void)cudaStreamSynchronize(d->stream);
+    return status;
+}
+
+bt_status_t cuda_draft_stash_host(cuda_draft_t *d, int state, int row0,
+                                  const float *h_rows, int n)
+{
+    const cuda_draft_config_t *c = &d->cfg;
+    bt_status_t status;
+
+    if (d->d_pend == NULL || state < 0 || state >= c->n_states ||
+        row0 < 0 || n < 0 || row0 + n > c->pend_rows)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device draft stash of host rows %d..%d of state "
+                        "%d", row0, row0 + n, state);
+    status = BT_CUDA_STATUS(cudaSetDevice(c->device_index));
+    if (status == BT_OK && n > 0)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            d->d_pend + ((size_t)state * c->pend_rows + row0) * d->dim,
+            h_rows, (size_t)n * d->dim * sizeof(float),
+            cudaMemcpyHostToDevice, d->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(d->stream));
     return status;
 }
 
@@ -1080,8 +1214,8 @@ static bt_status_t draft_tree_enqueue(cuda_draft_t *d,
                                 d->cfg.store_rows, d->d_meta, d->d_mask,
                                 d->stream);
         if (status == BT_OK)
-            status = draft_enqueue(d, nr, 0, k, false, key->n_splits[lv],
-                                   key->split_len[lv]);
+            status = draft_enqueue(d, nr, 0, false, k, false,
+                                   key->n_splits[lv], key->split_len[lv]);
         if (status == BT_OK)
             status = cuda_tree_expand(n, k, lv, d->d_top_ids,
                                       d->d_top_logp, d->d_tnodes, node_cap,
@@ -1292,10 +1426,13 @@ out:
 // ---------------------------------------------------------------------
 // verification
 
-bt_status_t cuda_draft_target_argmax(cuda_draft_t *d, int n,
-                                     const float *h_hidden, int *argmax,
-                                     int n_full, const int *full_rows,
-                                     float *h_logits)
+/* cuda_draft_target_argmax of host rows h_hidden, or (h_hidden NULL) of
+ * device rows d_hidden + map[i] * dim. */
+static bt_status_t draft_target_argmax(cuda_draft_t *d, int n,
+                                       const float *h_hidden,
+                                       const float *d_hidden, const int *map,
+                                       int *argmax, int n_full,
+                                       const int *full_rows, float *h_logits)
 {
     size_t es = cuda_dtype_size(d->dt);
     int fi = 0; /* next entry of full_rows */
@@ -1317,14 +1454,22 @@ bt_status_t cuda_draft_target_argmax(cuda_draft_t *d, int n,
     for (int r0 = 0; r0 < n && status == BT_OK; r0 += CUDA_DRAFT_CHUNK) {
         int m = BT_MIN(CUDA_DRAFT_CHUNK, n - r0);
 
-        status = BT_CUDA_STATUS(cudaMemcpyAsync(
-            d->d_hid, h_hidden + (size_t)r0 * d->dim,
-            (size_t)m * d->dim * sizeof(float), cudaMemcpyHostToDevice,
-            d->stream));
+        if (h_hidden) {
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                d->d_hid, h_hidden + (size_t)r0 * d->dim,
+                (size_t)m * d->dim * sizeof(float), cudaMemcpyHostToDevice,
+                d->stream));
+        } else { /* the rows' indices; h_meta is free (passes sync) */
+            memcpy(d->h_meta, map + r0, (size_t)m * sizeof(int));
+            status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                d->d_meta, d->h_meta, (size_t)m * sizeof(int),
+                cudaMemcpyHostToDevice, d->stream));
+        }
         if (status == BT_OK)
-            status = cuda_rmsnorm(d->d_hid, NULL, d->d_final_norm, NULL, m,
-                                  d->dim, d->eps, d->d_hfeat, d->dt,
-                                  d->stream);
+            status = cuda_rmsnorm(h_hidden ? d->d_hid : (float *)d_hidden,
+                                  NULL, d->d_final_norm,
+                                  h_hidden ? NULL : d->d_meta, m, d->dim,
+                                  d->eps, d->d_hfeat, d->dt, d->stream);
         for (int c0 = 0; c0 < m && status == BT_OK;
              c0 += CUDA_DRAFT_LOGIT_ROWS) {
             int k = BT_MIN(CUDA_DRAFT_LOGIT_ROWS, m - c0);
@@ -1360,6 +1505,28 @@ bt_status_t cuda_draft_target_argmax(cuda_draft_t *d, int n,
     return status;
 }
 
+bt_status_t cuda_draft_target_argmax(cuda_draft_t *d, int n,
+                                     const float *h_hidden, int *argmax,
+                                     int n_full, const int *full_rows,
+                                     float *h_logits)
+{
+    return draft_target_argmax(d, n, h_hidden, NULL, NULL, argmax, n_full,
+                               full_rows, h_logits);
+}
+
+bt_status_t cuda_draft_target_argmax_dev(cuda_draft_t *d, int n,
+                                         const float *d_hidden,
+                                         const int *map, int *argmax,
+                                         int n_full, const int *full_rows,
+                                         float *h_logits)
+{
+    if (d_hidden == NULL || map == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                        "device verification without device rows");
+    return draft_target_argmax(d, n, NULL, d_hidden, map, argmax, n_full,
+                               full_rows, h_logits);
+}
+
 void *cuda_draft_host_alloc(size_t bytes)
 {
     void *p = NULL;
@@ -1378,9 +1545,11 @@ void cuda_draft_host_free(void *p)
 }
 
 void cuda_draft_graph_stats(const cuda_draft_t *d, uint64_t *replays,
-                            uint64_t *captures, uint64_t *eager)
+                            uint64_t *captures, uint64_t *eager,
+                            uint64_t *gpu_ns)
 {
     *replays = d->n_replay;
     *captures = d->n_capture;
     *eager = d->n_eager;
+    *gpu_ns = d->gpu_ns;
 }

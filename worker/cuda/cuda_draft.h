@@ -42,6 +42,8 @@ typedef struct {
     int n_states;      /* sequences that may hold draft state at once */
     int state_slots;   /* head KV slots per state */
     int store_rows;    /* feature rows per state */
+    int pend_rows;     /* stashed target rows per state (cuda_draft_stash),
+                          0: none */
 } cuda_draft_config_t;
 
 typedef struct cuda_draft_s cuda_draft_t;
@@ -67,14 +69,16 @@ typedef struct {
                             must include `slot` */
     const uint8_t *mask; /* (kv_len - ctx) or NULL */
     int feat;            /* input feature: >= 0 a store row of the state,
-                            -1 - i: row i of h_hidden */
+                            -1 - i: row i of h_hidden, or with h_hidden
+                            NULL the state's stashed row i */
     int out;             /* store row that receives the output feature,
                             -1: none */
 } cuda_draft_row_t;
 
 /* Runs the head over n rows in order (a row sees the K/V of earlier rows
  * of the same call).  h_hidden (n_hidden, dim) f32 target hidden states
- * before the final norm.  With k > 0: top_ids / top_logp (n, k) = the k
+ * before the final norm, or NULL: rows name stashed rows (n_hidden is
+ * then ignored).  With k > 0: top_ids / top_logp (n, k) = the k
  * best draft tokens of each row's output and their log-probabilities.
  * Tests: h_feat (n, dim) f32 output features and h_logits (n, vocab)
  * classifier rows when not NULL. */
@@ -83,6 +87,21 @@ bt_status_t cuda_draft_forward(cuda_draft_t *draft, int n,
                                const float *h_hidden, int n_hidden, int k,
                                int *top_ids, float *top_logp, float *h_feat,
                                float *h_logits);
+
+/* The stash: target hidden rows (f32, before the final norm) waiting on
+ * the device to be fed, pend_rows per state, so a target whose hidden
+ * rows are on this GPU (cuda_backend_hidden) hands them over without a
+ * trip to the host.  Row src_rows[i] of d_src (dim wide, this GPU) goes
+ * to state states[i]'s stash row rows[i].  Synchronous: d_src may change
+ * once this returns. */
+bt_status_t cuda_draft_stash(cuda_draft_t *draft, int n, const float *d_src,
+                             const int *src_rows, const int *states,
+                             const int *rows);
+
+/* The same from n host rows h_rows (n, dim) into stash rows
+ * [row0, row0 + n) of one state (imported features). */
+bt_status_t cuda_draft_stash_host(cuda_draft_t *draft, int state, int row0,
+                                  const float *h_rows, int n);
 
 /* Top-k of the classifier applied to n stored features (states[i],
  * store row rows[i]); h_logits as above (NULL: not copied). */
@@ -101,10 +120,20 @@ bt_status_t cuda_draft_target_argmax(cuda_draft_t *draft, int n,
                                      int n_full, const int *full_rows,
                                      float *h_logits);
 
+/* cuda_draft_target_argmax of rows already on this GPU: row i is
+ * d_hidden + map[i] * dim (cuda_backend_hidden). */
+bt_status_t cuda_draft_target_argmax_dev(cuda_draft_t *draft, int n,
+                                         const float *d_hidden,
+                                         const int *map, int *argmax,
+                                         int n_full, const int *full_rows,
+                                         float *h_logits);
+
 /* Head passes so far (cuda_draft_forward chunks): replayed from a CUDA
- * graph, captured (a key's second sight), launched kernel by kernel. */
+ * graph, captured (a key's second sight), launched kernel by kernel, and
+ * the GPU time of their device work (events around each pass, ns). */
 void cuda_draft_graph_stats(const cuda_draft_t *draft, uint64_t *replays,
-                            uint64_t *captures, uint64_t *eager);
+                            uint64_t *captures, uint64_t *eager,
+                            uint64_t *gpu_ns);
 
 /* ---- the device draft loop: a whole EAGLE-2 tree per sequence on the
  * device, for n sequences at once, with no host round trip between

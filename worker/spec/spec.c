@@ -17,6 +17,7 @@
 #include "spec_int.h"
 #include "spec_tree.h"
 #ifdef BATON_HAVE_CUDA
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_draft.h"
 #endif
 
@@ -147,6 +148,19 @@ struct spec_s {
     int ftop_cap;
     int fcat_rows;
     bool pinned;              /* logits and hidden are pinned (device) */
+    /* target features stay on the GPU (device head, BT_DRAFT_FEATURES
+     * not "host"): the forward keeps its hidden rows there and a
+     * sequence's buffered features are rows of its state's stash
+     * (cuda_draft_stash), not s->pend */
+    bool feat_dev;
+    const float *fwd_hidden;  /* the last forward's rows on the device */
+    const int *fwd_map;       /* (fwd_rows) row -> device row */
+    int fwd_rows;
+    int *st_src;              /* (st_cap) queued stash copies: device row, */
+    int *st_state;            /* state, */
+    int *st_row;              /* stash row */
+    int n_st;
+    int st_cap;
     bool host_verify;         /* BT_SPEC_VERIFY=host: target logits always
                                  come to the host */
     int *amax;                /* (max_batch_tokens) sampled ids per row
@@ -360,6 +374,12 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         dc.n_states = spec->max_seqs;
         dc.state_slots = spec->max_ctx + spec->exp_cap + 1;
         dc.store_rows = 1 + spec->exp_cap;
+        {
+            const char *env = getenv("BT_DRAFT_FEATURES");
+
+            spec->feat_dev = env == NULL || strcmp(env, "host") != 0;
+        }
+        dc.pend_rows = spec->feat_dev ? SPEC_PEND_CAP : 0;
         if (cfg->topk > CUDA_DRAFT_TOPK_MAX) {
             spec_destroy(&spec);
             return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
@@ -431,6 +451,9 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->dfeat);
     bt_free(spec->dout);
     bt_free(spec->fbuf);
+    bt_free(spec->st_src);
+    bt_free(spec->st_state);
+    bt_free(spec->st_row);
     bt_free(spec->dtok);
     bt_free(spec->dpos);
     bt_free(spec->dmask);
@@ -550,7 +573,8 @@ void spec_get_stats(const spec_t *spec, spec_stats_t *stats)
 #ifdef BATON_HAVE_CUDA
     if (spec->dev != NULL)
         cuda_draft_graph_stats(spec->dev, &stats->head_replays,
-                               &stats->head_captures, &stats->head_eager);
+                               &stats->head_captures, &stats->head_eager,
+                               &stats->head_gpu_ns);
 #endif
 }
 
@@ -647,6 +671,45 @@ static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t *s)
 }
 
 #ifdef BATON_HAVE_CUDA
+/* Runs the queued stash copies (rows of the last target forward into
+ * the sequences' stash rows); before anything reads the stash and
+ * before the next forward. */
+static bt_status_t spec_stash_run(spec_t *spec)
+{
+    int n = spec->n_st;
+
+    if (n == 0)
+        return BT_OK;
+    spec->n_st = 0;
+    return cuda_draft_stash(spec->dev, n, spec->fwd_hidden, spec->st_src,
+                            spec->st_state, spec->st_row);
+}
+
+/* Grows the stash queue to n entries. */
+static bt_status_t spec_stash_reserve(spec_t *spec, int n)
+{
+    int cap = BT_MAX(n, 2 * spec->st_cap);
+    int *a, *b, *c;
+
+    if (n <= spec->st_cap)
+        return BT_OK;
+    a = bt_realloc(spec->st_src, (size_t)cap * sizeof(int), "spec");
+    if (a != NULL)
+        spec->st_src = a;
+    b = bt_realloc(spec->st_state, (size_t)cap * sizeof(int), "spec");
+    if (b != NULL)
+        spec->st_state = b;
+    c = bt_realloc(spec->st_row, (size_t)cap * sizeof(int), "spec");
+    if (c != NULL)
+        spec->st_row = c;
+    if (a == NULL || b == NULL || c == NULL)
+        return BT_ERR_NO_MEMORY;
+    spec->st_cap = cap;
+    return BT_OK;
+}
+#endif
+
+#ifdef BATON_HAVE_CUDA
 /* Device head: one forward over the buffered rows of n sequences (raw
  * hidden rows, normalised on the device); the last row of each writes
  * its state's root (store row 0).  k > 0: also the top-k candidates of
@@ -665,7 +728,11 @@ static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n,
     status = spec_lrows_reserve(spec, total);
     if (status != BT_OK)
         return status;
-    if (total > spec->fcat_rows) {
+    if (spec->feat_dev) { /* the buffered rows are in the stash */
+        status = spec_stash_run(spec);
+        if (status != BT_OK)
+            return status;
+    } else if (total > spec->fcat_rows) {
         float *p = bt_realloc(spec->fcat, (size_t)total * spec->dim *
                                               sizeof(float), "spec");
         if (p == NULL)
@@ -678,8 +745,9 @@ static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n,
         spec_seq_t *s = ss[i];
         const int *toks = engine_seq_tokens(s->seq);
 
-        memcpy(spec->fcat + (size_t)r * spec->dim, s->pend,
-               (size_t)s->n_pend * spec->dim * sizeof(float));
+        if (!spec->feat_dev)
+            memcpy(spec->fcat + (size_t)r * spec->dim, s->pend,
+                   (size_t)s->n_pend * spec->dim * sizeof(float));
         for (int j = 0; j < s->n_pend; j++, r++) {
             cuda_draft_row_t *row = &rows[r];
 
@@ -690,12 +758,13 @@ static bt_status_t spec_flush_dev(spec_t *spec, spec_seq_t **ss, int n,
             row->ctx = s->draft_len;
             row->kv_len = s->draft_len + j + 1;
             row->mask = NULL;
-            row->feat = -1 - r;
+            row->feat = -1 - (spec->feat_dev ? j : r);
             row->out = j == s->n_pend - 1 ? 0 : -1;
         }
     }
     spec->stats.head_rows += (uint64_t)total;
-    return cuda_draft_forward(spec->dev, total, rows, spec->fcat, total, k,
+    return cuda_draft_forward(spec->dev, total, rows,
+                              spec->feat_dev ? NULL : spec->fcat, total, k,
                               top_ids, top_logp, NULL, NULL);
 }
 
@@ -824,6 +893,16 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
         int chunk = BT_MIN(n, SPEC_PEND_CAP - s->n_pend);
         float *dst = s->pend + (size_t)s->n_pend * spec->dim;
 
+#ifdef BATON_HAVE_CUDA
+        if (spec->feat_dev) { /* imported rows: up to the stash */
+            status = spec_stash_run(spec);
+            if (status == BT_OK)
+                status = cuda_draft_stash_host(spec->dev, s->state,
+                                               s->n_pend, hidden, chunk);
+            if (status != BT_OK)
+                return status;
+        } else
+#endif
         if (spec->dev != NULL)
             memcpy(dst, hidden, (size_t)chunk * spec->dim * sizeof(float));
         else
@@ -838,6 +917,61 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
         }
     }
     return BT_OK;
+}
+
+/* Queues hidden rows of the last target forward: row0 + (vidx ? vidx[i]
+ * : i) for i < n, in token order.  Host rows go through spec_push; with
+ * the features on the device they are queued for one stash copy of the
+ * whole step (spec_stash_run). */
+static bt_status_t spec_push_rows(spec_t *spec, spec_seq_t *s, int row0,
+                                  const int *vidx, int n)
+{
+    bt_status_t status;
+
+    if (!spec->feat_dev) {
+        if (vidx == NULL)
+            return spec_push(spec, s, spec->hidden +
+                                          (size_t)row0 * spec->dim, n);
+        for (int i = 0; i < n; i++)
+            memcpy(spec->fbuf + (size_t)i * spec->dim,
+                   spec->hidden + (size_t)(row0 + vidx[i]) * spec->dim,
+                   sizeof(float) * (size_t)spec->dim);
+        return spec_push(spec, s, spec->fbuf, n);
+    }
+#ifdef BATON_HAVE_CUDA
+    if (spec->lazy || s->state < 0) { /* as spec_push */
+        s->pend_pos += s->n_pend + n;
+        s->n_pend = 0;
+        return BT_OK;
+    }
+    for (int i = 0; i < n; ) {
+        int chunk = BT_MIN(n - i, SPEC_PEND_CAP - s->n_pend);
+
+        status = spec_stash_reserve(spec, spec->n_st + chunk);
+        if (status != BT_OK)
+            return status;
+        for (int j = 0; j < chunk; j++, i++) {
+            int row = row0 + (vidx ? vidx[i] : i);
+
+            if (row < 0 || row >= spec->fwd_rows)
+                return BT_ERROR(BT_ERR_INTERNAL, "SPEC",
+                                "hidden row %d of a forward that kept %d",
+                                row, spec->fwd_rows);
+            spec->st_src[spec->n_st] = spec->fwd_map[row];
+            spec->st_state[spec->n_st] = s->state;
+            spec->st_row[spec->n_st++] = s->n_pend++;
+        }
+        if (s->n_pend == SPEC_PEND_CAP) {
+            status = spec_flush(spec, s); /* runs the queue first */
+            if (status != BT_OK)
+                return status;
+        }
+    }
+    return BT_OK;
+#else
+    (void)status;
+    return BT_ERR_INTERNAL;
+#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -1340,6 +1474,7 @@ static bt_status_t spec_accept(spec_t *spec, spec_seq_t *s, int *out,
     int n_blocks;
     const int *blocks = engine_seq_blocks(s->seq, &n_blocks);
     int cur = -1, n_acc = 0, path[SPEC_MAX_DEPTH + 1];
+    int vrow[SPEC_MAX_DEPTH + 2]; /* rows of the kept features */
     int n_out = 0;
     bt_status_t status;
 
@@ -1369,26 +1504,23 @@ static bt_status_t spec_accept(spec_t *spec, spec_seq_t *s, int *out,
 
     /* keep the accepted K/V: root stays at slot cached, the node at
      * depth j moves from slot cached + vidx to cached + j */
-    memcpy(spec->fbuf, spec->hidden + (size_t)s->row0 * spec->dim,
-           sizeof(float) * (size_t)spec->dim);
+    vrow[0] = 0;
     for (int j = 0; j < n_acc; j++) {
         int v = s->nodes[path[j]].vidx;
 
+        vrow[j + 1] = v;
         if (v != j + 1) { /* moved by spec_step after every accept */
             spec->mv_src[spec->n_mv] = spec_pool_slot(spec, blocks,
                                                       cached + v);
             spec->mv_dst[spec->n_mv++] = spec_pool_slot(spec, blocks,
                                                         cached + j + 1);
         }
-        memcpy(spec->fbuf + (size_t)(j + 1) * spec->dim,
-               spec->hidden + (size_t)(s->row0 + v) * spec->dim,
-               sizeof(float) * (size_t)spec->dim);
     }
     status = engine_seq_commit(spec->engine, s->seq, NULL, 0,
                                cached + 1 + n_acc);
     if (status != BT_OK)
         return status;
-    status = spec_push(spec, s, spec->fbuf, 1 + n_acc);
+    status = spec_push_rows(spec, s, s->row0, vrow, 1 + n_acc);
     if (status != BT_OK)
         return status;
     *n_out_p = n_out;
@@ -1531,6 +1663,23 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
 }
 
 #ifdef BATON_HAVE_CUDA
+/* After a forward: where its hidden rows are on the device (features
+ * on the device), checked against the rows asked for. */
+static bt_status_t spec_fwd_rows(spec_t *spec, int rows)
+{
+    spec->fwd_hidden = NULL;
+    spec->fwd_rows = 0;
+    if (!spec->feat_dev)
+        return BT_OK;
+    spec->fwd_hidden = cuda_backend_hidden(engine_backend(spec->engine),
+                                           &spec->fwd_map, &spec->fwd_rows);
+    if (spec->fwd_hidden == NULL || spec->fwd_rows != rows)
+        return BT_ERROR(BT_ERR_INTERNAL, "SPEC",
+                        "the target kept %d hidden rows on the device, "
+                        "%d asked", spec->fwd_rows, rows);
+    return BT_OK;
+}
+
 /* A wide tree step on cuda (more logits rows than the backend samples on
  * the device in one chunk, which would bring every whole row to the
  * host): the backend returns hidden rows only, the draft's copy of the
@@ -1740,6 +1889,7 @@ reserve:
     memset(&batch, 0, sizeof(batch));
     batch.n_seqs = n_b;
     batch.seqs = spec->bseqs;
+    batch.keep_hidden = need_hidden && spec->feat_dev;
 #ifdef BATON_HAVE_CUDA
     if (spec->dev != NULL && n_draft > 0 && rows > SPEC_WIDE_ROWS &&
         !spec->host_verify) {
@@ -1751,7 +1901,12 @@ reserve:
         status = backend_forward_sample(engine_backend(spec->engine),
                                         &batch, spec->row_smp, spec->amax,
                                         need_logits ? spec->logits : NULL,
-                                        need_hidden ? spec->hidden : NULL);
+                                        need_hidden && !spec->feat_dev
+                                            ? spec->hidden : NULL);
+#ifdef BATON_HAVE_CUDA
+        if (status == BT_OK && need_hidden)
+            status = spec_fwd_rows(spec, rows);
+#endif
     }
     if (status != BT_OK)
         return status;
@@ -1792,9 +1947,7 @@ reserve:
                                        cached + s->take);
             if (status != BT_OK)
                 return status;
-            status = spec_push(spec, s, spec->hidden + (size_t)s->row0 *
-                                                           spec->dim,
-                               s->take);
+            status = spec_push_rows(spec, s, s->row0, NULL, s->take);
             if (status != BT_OK)
                 return status;
             if (s->mode == SPEC_MODE_PLAIN) {
@@ -1807,6 +1960,12 @@ reserve:
             break;
         }
     }
+#ifdef BATON_HAVE_CUDA
+    /* the step's kept features, into the stash before the next forward */
+    status = spec_stash_run(spec);
+    if (status != BT_OK)
+        return status;
+#endif
     /* keep the accepted K/V: one slot copy for the whole batch (every
      * read before every write, so moves may chain) */
     status = backend_kv_copy_slots(engine_backend(spec->engine), spec->n_mv,

@@ -128,13 +128,18 @@ typedef struct {
     /* work asked of the backend and the head (tests: a plain step must
      * cost what engine_step costs) */
     uint64_t fwd_calls;     /* target forwards (backend_forward_sample) */
-    uint64_t hidden_rows;   /* hidden rows those brought to the host */
+    uint64_t hidden_rows;   /* hidden rows those asked for (brought to
+                               the host, or kept on the device for a
+                               device head) */
     uint64_t logits_rows;   /* whole logits rows they brought there */
     uint64_t head_rows;     /* rows run through the draft head (feeding
                                target features and tree levels) */
     uint64_t head_replays;  /* cuda: head passes replayed from graphs */
     uint64_t head_captures; /* cuda: head passes captured */
     uint64_t head_eager;    /* cuda: head passes launched eagerly */
+    uint64_t head_gpu_ns;   /* cuda: GPU time of the head passes' work
+                               (part of draft_ns, or of accept_ns when
+                               a full buffer is fed there) */
 } spec_stats_t;
 
 void spec_get_stats(const spec_t *spec, spec_stats_t *stats);
