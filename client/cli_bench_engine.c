@@ -433,6 +433,15 @@ static bt_status_t bench_spec_batch(engine_t *engine, spec_t **specs,
                    (double)(s1.accept_ns - s0.accept_ns) * 1e-6 / n_st,
                    (double)(s1.head_gpu_ns - s0.head_gpu_ns) * 1e-6 / n_st);
             fflush(stdout);
+            if (s1.head_replays + s1.head_captures + s1.head_eager > 0)
+                fprintf(stderr, "bench-engine: batch %d tree %d: measured "
+                        "head passes %llu replayed, %llu captured, %llu "
+                        "eager\n", B, o->spec_tokens[t],
+                        (unsigned long long)(s1.head_replays -
+                                             s0.head_replays),
+                        (unsigned long long)(s1.head_captures -
+                                             s0.head_captures),
+                        (unsigned long long)(s1.head_eager - s0.head_eager));
         }
         for (int i = 0; i < B; i++) {
             spec_seq_destroy(&ss[i]);

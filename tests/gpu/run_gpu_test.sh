@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   >> "$log" 2>&1
 fails=0
 rows=""
-for t in test_embed test_rmsnorm test_swiglu test_rope_kv test_sample \
+for t in test_embed test_rmsnorm test_swiglu test_rope_kv test_sample test_topk \
          test_gemm test_attn test_cuda_model; do
   echo "=== $t" >> "$log"
   start=$(date +%s%N)

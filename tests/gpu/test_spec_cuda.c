@@ -47,7 +47,9 @@
  *      what auto picks for heads this small; no device head pass may
  *      run).  The fixed tree with the target features through the host
  *      (BT_DRAFT_FEATURES=host) instead of the device stash: identical
- *      output.  Everything else pins BT_DRAFT_DEVICE=device.
+ *      output; and with every tree step verified the wide way
+ *      (BT_SPEC_WIDE_ROWS=8, rows kept on the device): golden / the bf16
+ *      criterion.  Everything else pins BT_DRAFT_DEVICE=device.
  *      `test_spec_cuda loop` runs 1b only.
  * Prints one PASS/FAIL/INFO line per check; exits non-zero on failure.
  */
@@ -355,6 +357,87 @@ static model_t *mid_synth(model_dtype_t dt)
     return m;
 }
 
+/* A pass of more than 32 rows runs padded (to a multiple of 16; the
+ * stashed feature rows too): 2 states x 20 fed rows = 40 rows, once from
+ * host rows and once from the stash, must agree bit for bit, and state
+ * 0's rows must match the host head fed the same 20 rows. */
+static void pad_check(const char *name, const model_t *m, bool bf16)
+{
+    const model_config_t *mc = model_config(m);
+    const int per = 20, n = 2 * per, k = 2;
+    int dim = mc->dim, vocab = mc->vocab_size;
+    spec_head_t *head = NULL;
+    spec_head_kv_t kv;
+    cuda_draft_t *dev = NULL;
+    cuda_draft_config_t dc = { 0, bf16, 2, 64, 4, per };
+    cuda_draft_row_t rows[40];
+    float *hid = malloc(sizeof(float) * (size_t)n * dim);
+    float *feat = malloc(sizeof(float) * (size_t)per * dim);
+    float *fh = malloc(sizeof(float) * (size_t)per * dim);
+    float *f[2], *l[2], *d_src = NULL;
+    int tok[40], pos[40], ids[2][40 * 2], src[40], st[40], dst[40];
+    float lp[2][40 * 2];
+    double tol = bf16 ? 1e-2 : 1e-5, e;
+    bool same, ok;
+
+    for (int i = 0; i < 2; i++) {
+        f[i] = malloc(sizeof(float) * (size_t)n * dim);
+        l[i] = malloc(sizeof(float) * (size_t)n * vocab);
+    }
+    BT_ASSERT_OK(spec_head_create(m, 0, 9, &head));
+    BT_ASSERT_OK(spec_head_kv_init(head, 64, &kv));
+    BT_ASSERT_OK(cuda_draft_create(head, &dc, &dev));
+    for (int i = 0; i < n * dim; i++)
+        hid[i] = 2.0f * frand();
+    for (int i = 0; i < n; i++) {
+        int sti = i / per, j = i % per;
+
+        tok[i] = (int)((i * 7919u + 3u) % (unsigned)vocab);
+        pos[i] = 5 + j;
+        src[i] = i;
+        st[i] = sti;
+        dst[i] = j;
+        rows[i] = (cuda_draft_row_t){ sti, tok[i], pos[i], j, 0, j + 1, NULL,
+                                      -1 - i, j == per - 1 ? 0 : -1 };
+    }
+    BT_ASSERT_OK(cuda_draft_forward(dev, n, rows, hid, n, k, ids[0], lp[0],
+                                    f[0], l[0]));
+    BT_ASSERT(cudaMalloc((void **)&d_src, sizeof(float) * n * dim) ==
+              cudaSuccess);
+    BT_ASSERT(cudaMemcpy(d_src, hid, sizeof(float) * n * dim,
+                         cudaMemcpyHostToDevice) == cudaSuccess);
+    BT_ASSERT_OK(cuda_draft_stash(dev, n, d_src, src, st, dst));
+    for (int i = 0; i < n; i++)
+        rows[i].feat = -1 - (i % per); /* the state's stash row */
+    BT_ASSERT_OK(cuda_draft_forward(dev, n, rows, NULL, 0, k, ids[1], lp[1],
+                                    f[1], l[1]));
+    same = memcmp(f[0], f[1], sizeof(float) * (size_t)n * dim) == 0 &&
+           memcmp(l[0], l[1], sizeof(float) * (size_t)n * vocab) == 0 &&
+           memcmp(ids[0], ids[1], sizeof(ids[0])) == 0 &&
+           memcmp(lp[0], lp[1], sizeof(lp[0])) == 0;
+    spec_head_feature(head, hid, per, feat);
+    BT_ASSERT_OK(spec_head_forward(head, &kv, per, feat, tok, pos, 0, 0,
+                                   NULL, fh, NULL));
+    e = rel_err(f[1], fh, (size_t)per * dim);
+    ok = same && e < tol;
+    printf("%s head %s %s padded pass (40 rows): stash feed %s the host-"
+           "rows feed, state 0 vs host head rel err %.2e\n",
+           ok ? "PASS" : "FAIL", name, bf16 ? "bf16" : "f32",
+           same ? "equals" : "DIFFERS FROM", e);
+    g_fail += !ok;
+    cudaFree(d_src);
+    cuda_draft_destroy(&dev);
+    spec_head_kv_cleanup(&kv);
+    spec_head_destroy(&head);
+    for (int i = 0; i < 2; i++) {
+        free(f[i]);
+        free(l[i]);
+    }
+    free(hid);
+    free(feat);
+    free(fh);
+}
+
 static void test_heads(void)
 {
     const char *files[] = { "aidreams260K.bin", "stories260K.bin" };
@@ -367,6 +450,8 @@ static void test_heads(void)
         BT_ASSERT_OK(model_load(path, &m));
         head_check(files[f], m, false);
         head_check(files[f], m, true);
+        pad_check(files[f], m, false);
+        pad_check(files[f], m, true);
         model_destroy(&m);
     }
     {
@@ -1021,10 +1106,13 @@ static void test_golden(void)
      * (BT_DRAFT_DEVICE=host, the default for heads this small), 3 the
      * device with the target features through the host
      * (BT_DRAFT_FEATURES=host: the same features, so again exactly row
-     * 0's output) */
+     * 0's output), 4 the device with every tree step taking the wide
+     * verification (BT_SPEC_WIDE_ROWS=8: the target's argmax from the
+     * draft's classifier copy over the rows kept on the device) */
     const int shapes[][4] = { { 16, 5, 4, 0 }, { 4, 4, 1, 0 },
                               { 0, 0, 0, 0 }, { 16, 5, 4, 1 },
-                              { 16, 5, 4, 3 }, { 16, 5, 4, 2 },
+                              { 16, 5, 4, 3 }, { 16, 5, 4, 4 },
+                              { 16, 5, 4, 2 },
                               { 0, 0, 0, 2 } };
 
     for (int mi = 0; mi < 2; mi++) {
@@ -1101,9 +1189,12 @@ static void test_golden(void)
                     setenv("BT_DRAFT_DEVICE", "host", 1);
                 if (shapes[sh][3] == 3)
                     setenv("BT_DRAFT_FEATURES", "host", 1);
+                if (shapes[sh][3] == 4)
+                    setenv("BT_SPEC_WIDE_ROWS", "8", 1);
                 BT_ASSERT_OK(spec_create(engine, head, &scfg, &spec));
                 unsetenv("BT_DRAFT_LOOP");
                 unsetenv("BT_DRAFT_FEATURES");
+                unsetenv("BT_SPEC_WIDE_ROWS");
                 setenv("BT_DRAFT_DEVICE", "device", 1);
                 if (shapes[sh][0] > 0)
                     spec_set_fixed(spec, shapes[sh][0], shapes[sh][1],
@@ -1202,6 +1293,7 @@ static void test_golden(void)
                        shapes[sh][3] == 1   ? " device loop"
                        : shapes[sh][3] == 2 ? " host draft"
                        : shapes[sh][3] == 3 ? " host features"
+                       : shapes[sh][3] == 4 ? " wide verification"
                                             : "",
                        seq_ok, n,
                        bat_ok, n,

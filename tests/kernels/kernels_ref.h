@@ -21,6 +21,12 @@ void embed_ref(const float *table, const int *ids, int n, int dim,
 void rmsnorm_ref(float *x, const float *add, const float *w, const int *rows,
                  int n_rows, int dim, float eps, float *out);
 
+/* See cuda_topk_logprob(): per row of logits (n, vocab), the k best ids
+ * (value desc, id asc; NaN never) and their logit - logsumexp (NaN left
+ * out); missing candidates get id 0 and -inf. */
+void topk_ref(const float *logits, int n, int vocab, int k, int *ids,
+              float *logp);
+
 /* out (n, hidden) = silu(gu[:, :hidden]) * gu[:, hidden:] */
 void swiglu_ref(const float *gu, int n, int hidden, float *out);
 

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "bt_alloc.h"
@@ -44,6 +45,19 @@
 #define CUDA_DRAFT_GRAPHS 64       /* captured passes kept */
 #define CUDA_DRAFT_TREE_DEPTH 16   /* deepest device-loop tree */
 #define CUDA_DRAFT_TREE_GRAPHS 16  /* captured device-loop trees kept */
+
+/* The stages BT_DRAFT_PROFILE times (event i + 1 minus event i). */
+#define DRAFT_PROF_N 14
+static const char *const draft_prof_names[DRAFT_PROF_N - 1] = {
+    "features (norm, gathers, bias)", "fc (2 GEMMs)", "convert + qkv",
+    "rope + kv", "attention", "o_proj", "post norm", "gate/up",
+    "swiglu", "down", "convert + store", "classifier", "top-k",
+};
+#define DRAFT_PROF(d, i)                                                    \
+    do {                                                                    \
+        if ((d)->prof_on)                                                   \
+            (void)cudaEventRecord((d)->prof_ev[i], (d)->stream);            \
+    } while (0)
 
 /* What a captured pass depends on besides the fixed buffers. */
 typedef struct {
@@ -129,6 +143,7 @@ struct cuda_draft_s {
     size_t ws_floats;
     float *d_logits;          /* (LOGIT_ROWS, vocab) f32 */
     int *d_top_ids;           /* (chunk, TOPK_MAX) */
+    float *d_topk_ws;         /* cuda_topk_logprob scratch for a chunk */
     float *d_top_logp;        /* (chunk, TOPK_MAX) */
 
     int *h_meta;              /* pinned (chunk * META) */
@@ -148,6 +163,13 @@ struct cuda_draft_s {
     uint64_t n_eager;         /* passes launched kernel by kernel */
     cudaEvent_t ev_pass[2];   /* around a pass's device work */
     uint64_t gpu_ns;          /* their elapsed time, summed */
+    /* BT_DRAFT_PROFILE=1: passes run eagerly with an event between the
+     * stages of draft_enqueue; the sums are printed at destroy */
+    bool prof;
+    bool prof_on;             /* this pass records them */
+    cudaEvent_t prof_ev[DRAFT_PROF_N];
+    double prof_ms[DRAFT_PROF_N];
+    uint64_t prof_passes, prof_rows;
 
     /* the device draft loop (cuda_draft_tree) */
     cuda_tree_seq_t *d_tseq;  /* (tree_seqs) */
@@ -352,6 +374,14 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
     BT_CHECK_GOTO(worker_gemm_ctx_create(32u << 20, &d->gemm), status, err);
     for (int i = 0; i < 2; i++)
         BT_CUDA_CHECK_GOTO(cudaEventCreate(&d->ev_pass[i]), status, err);
+    {
+        const char *env = getenv("BT_DRAFT_PROFILE");
+
+        d->prof = env != NULL && strcmp(env, "1") == 0;
+        for (int i = 0; d->prof && i < DRAFT_PROF_N; i++)
+            BT_CUDA_CHECK_GOTO(cudaEventCreate(&d->prof_ev[i]), status,
+                               err);
+    }
     BT_CHECK_GOTO(draft_weights(d, head), status, err);
 
     {
@@ -418,6 +448,11 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
               "draft_logits");
     DRAFT_ACT(d->d_top_ids, ch * CUDA_DRAFT_TOPK_MAX * sizeof(int),
               "draft_topk");
+    DRAFT_ACT(d->d_topk_ws,
+              cuda_topk_logprob_ws_floats((int)BT_MAX(ch,
+                                              CUDA_DRAFT_LOGIT_ROWS),
+                                          d->vocab, CUDA_DRAFT_TOPK_MAX) *
+                  sizeof(float), "draft_topk");
     DRAFT_ACT(d->d_top_logp, ch * CUDA_DRAFT_TOPK_MAX * sizeof(float),
               "draft_topk");
     DRAFT_ACT(d->d_meta, ch * CUDA_DRAFT_META * sizeof(int), "draft_meta");
@@ -465,7 +500,7 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
         &d->d_att, &d->d_xn, &d->d_gu, &d->d_hh, (void **)&d->d_ws,
         (void **)&d->d_logits, (void **)&d->d_top_ids,
         (void **)&d->d_top_logp, (void **)&d->d_meta, (void **)&d->d_mask,
-        (void **)&d->d_pend, (void **)&d->d_stash,
+        (void **)&d->d_pend, (void **)&d->d_stash, (void **)&d->d_topk_ws,
     };
 
     (void)cudaSetDevice(d->cfg.device_index);
@@ -488,6 +523,24 @@ void cuda_draft_destroy(cuda_draft_t **draft_p)
     for (int i = 0; i < 2; i++)
         if (d->ev_pass[i])
             cudaEventDestroy(d->ev_pass[i]);
+    if (d->prof && d->prof_passes > 0) {
+        double tot = 0.0;
+
+        fprintf(stderr, "device draft profile: %llu passes, %.1f rows a "
+                "pass (eager)\n", (unsigned long long)d->prof_passes,
+                (double)d->prof_rows / (double)d->prof_passes);
+        for (int i = 0; i < DRAFT_PROF_N - 1; i++) {
+            fprintf(stderr, "  %-32s %8.1f us a pass\n",
+                    draft_prof_names[i],
+                    d->prof_ms[i] * 1e3 / (double)d->prof_passes);
+            tot += d->prof_ms[i];
+        }
+        fprintf(stderr, "  %-32s %8.1f us a pass\n", "total",
+                tot * 1e3 / (double)d->prof_passes);
+    }
+    for (int i = 0; i < DRAFT_PROF_N; i++)
+        if (d->prof_ev[i])
+            cudaEventDestroy(d->prof_ev[i]);
     if (d->stream)
         cudaStreamDestroy(d->stream);
     bt_free(d);
@@ -543,7 +596,7 @@ static bt_status_t draft_classify(cuda_draft_t *d, const void *d_x, int n,
             status = cuda_topk_logprob(d->d_logits, m, d->vocab, k,
                                        d->d_top_ids + (size_t)r0 * k,
                                        d->d_top_logp + (size_t)r0 * k,
-                                       d->stream);
+                                       d->d_topk_ws, d->stream);
         if (status == BT_OK && h_logits)
             status = BT_CUDA_STATUS(cudaMemcpyAsync(
                 h_logits + (size_t)r0 * d->vocab, d->d_logits,
@@ -581,6 +634,7 @@ static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden,
     cuda_attn_args_t aa;
     bt_status_t status = BT_OK;
 
+    DRAFT_PROF(d, 0);
     /* target features: rmsnorm(hidden) * final_norm, of uploaded rows
      * or gathered from the stash */
     if (n_hidden > 0)
@@ -597,12 +651,14 @@ static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden,
                                  d->d_xe, d->dt, d->stream);
     if (status == BT_OK)
         status = cuda_draft_bias(d->d_h, d->d_fcb, n, d->dim, d->stream);
+    DRAFT_PROF(d, 1);
     if (status == BT_OK)
         status = worker_gemm(d->gemm, n, d->dim, d->dim, d->d_xe, d->d_fce,
                              d->dt, d->d_h, CUDA_DT_F32, true, d->stream);
     if (status == BT_OK)
         status = worker_gemm(d->gemm, n, d->dim, d->dim, d->d_xf, d->d_fcf,
                              d->dt, d->d_h, CUDA_DT_F32, true, d->stream);
+    DRAFT_PROF(d, 2);
     /* attention (layer 0: no input norm) */
     if (status == BT_OK)
         status = cuda_convert(d->d_h, CUDA_SRC_F32, (size_t)n * d->dim,
@@ -613,6 +669,7 @@ static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden,
                              d->stream);
     if (status != BT_OK)
         return status;
+    DRAFT_PROF(d, 3);
     memset(&ra, 0, sizeof(ra));
     ra.n_tokens = n;
     ra.n_heads = d->nh;
@@ -629,6 +686,7 @@ static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden,
     status = cuda_rope_kv(&ra, d->dt, d->stream);
     if (status != BT_OK)
         return status;
+    DRAFT_PROF(d, 4);
     memset(&aa, 0, sizeof(aa));
     aa.n_heads = d->nh;
     aa.n_kv_heads = d->nkv;
@@ -647,24 +705,30 @@ static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden,
     aa.d_out = d->d_att;
     status = cuda_attn_decode(&aa, NULL, n, n_splits, split_len, d->d_ws,
                               d->dt, d->stream);
+    DRAFT_PROF(d, 5);
     if (status == BT_OK)
         status = worker_gemm(d->gemm, n, d->dim, d->q_dim, d->d_att,
                              d->d_wo, d->dt, d->d_h, CUDA_DT_F32, true,
                              d->stream);
+    DRAFT_PROF(d, 6);
     /* feed-forward */
     if (status == BT_OK)
         status = cuda_rmsnorm(d->d_h, NULL, d->d_post_norm, NULL, n, d->dim,
                               d->eps, d->d_xn, d->dt, d->stream);
+    DRAFT_PROF(d, 7);
     if (status == BT_OK)
         status = worker_gemm(d->gemm, n, 2 * d->hid, d->dim, d->d_xn,
                              d->d_wgu, d->dt, d->d_gu, d->dt, false,
                              d->stream);
+    DRAFT_PROF(d, 8);
     if (status == BT_OK)
         status = cuda_swiglu(d->d_gu, n, d->hid, d->d_hh, d->dt, d->stream);
+    DRAFT_PROF(d, 9);
     if (status == BT_OK)
         status = worker_gemm(d->gemm, n, d->dim, d->hid, d->d_hh,
                              d->d_wdown, d->dt, d->d_h, CUDA_DT_F32, true,
                              d->stream);
+    DRAFT_PROF(d, 10);
     /* outputs: store rows, then the classifier and top-k */
     if (status == BT_OK)
         status = cuda_convert(d->d_h, CUDA_SRC_F32, (size_t)n * d->dim,
@@ -672,13 +736,17 @@ static bt_status_t draft_enqueue(cuda_draft_t *d, int n, int n_hidden,
     if (status == BT_OK)
         status = cuda_draft_rows(d->d_hx, NULL, NULL, d_odst, n, d->dim,
                                  d->d_store, d->dt, d->stream);
+    DRAFT_PROF(d, 11);
     if (status == BT_OK && (k > 0 || logits))
         status = worker_gemm(d->gemm, n, d->vocab, d->dim, d->d_hx,
                              d->d_cls, d->dt, d->d_logits, CUDA_DT_F32,
                              false, d->stream);
+    DRAFT_PROF(d, 12);
     if (status == BT_OK && k > 0)
         status = cuda_topk_logprob(d->d_logits, n, d->vocab, k,
-                                   d->d_top_ids, d->d_top_logp, d->stream);
+                                   d->d_top_ids, d->d_top_logp,
+                                   d->d_topk_ws, d->stream);
+    DRAFT_PROF(d, 13);
     return status;
 }
 
@@ -775,9 +843,16 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
                               float *h_logits)
 {
     const cuda_draft_config_t *c = &d->cfg;
-    int *tok = d->h_meta, *pos = tok + n, *slot = pos + n, *kvl = slot + n;
-    int *bto = kvl + n, *ctx = bto + n, *mo = ctx + n, *fsrc = mo + n;
-    int *odst = fsrc + n, *hsrc = odst + n;
+    /* passes of more than 32 rows run padded to a multiple of 16 rows, so
+     * a batch whose row count moves a little every step reuses a few
+     * captured passes (and GEMM plans) instead of meeting new ones; the
+     * padding rows write nothing and see no keys.  32 rows or fewer run
+     * exactly (the device draft loop's passes, which must match these
+     * bit for bit, are that small in every test). */
+    const int np = n > 32 ? (int)BT_DIV_UP(n, 16) * 16 : n;
+    int *tok = d->h_meta, *pos = tok + np, *slot = pos + np;
+    int *kvl = slot + np, *bto = kvl + np, *ctx = bto + np, *mo = ctx + np;
+    int *fsrc = mo + np, *odst = fsrc + np, *hsrc = odst + np;
     bool stash = h_hidden == NULL;   /* hidden rows: stashed ones */
     int hid_lim = stash ? c->pend_rows : n_hidden;
     size_t mask_total = 0, at = 0;
@@ -834,10 +909,32 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
         odst[i] = r->out >= 0 ? r->state * c->store_rows + r->out : -1;
         max_kv = BT_MAX(max_kv, r->kv_len);
     }
+    for (int i = n; i < np; i++) { /* padding: no KV write, no keys */
+        tok[i] = 0;
+        pos[i] = 0;
+        slot[i] = -1;
+        kvl[i] = 0;
+        bto[i] = 0;
+        ctx[i] = 0;
+        mo[i] = -1;
+        fsrc[i] = 0;
+        odst[i] = -1;
+    }
+    /* (before the upload below reads h_meta) */
+    if (stash && n_stashed > 0) {
+        /* normalise np rows (the extra ones read stash row 0 and land
+         * where no row reads): the key must not follow the exact count,
+         * which moves every step with the accepted lengths */
+        for (int j = n_stashed; j < np; j++)
+            hsrc[j] = 0;
+        n_hidden = np;
+    } else if (stash) {
+        n_hidden = 0;
+    }
 
     /* uploads */
     status = BT_CUDA_STATUS(cudaMemcpyAsync(
-        d->d_meta, d->h_meta, (size_t)CUDA_DRAFT_META * n * sizeof(int),
+        d->d_meta, d->h_meta, (size_t)CUDA_DRAFT_META * np * sizeof(int),
         cudaMemcpyHostToDevice, d->stream));
     if (status == BT_OK && at > 0)
         status = BT_CUDA_STATUS(cudaMemcpyAsync(d->d_mask, d->h_mask, at,
@@ -849,34 +946,43 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
             cudaMemcpyHostToDevice, d->stream));
     if (status != BT_OK)
         return status;
-    if (stash)
-        n_hidden = n_stashed;
 
     memset(&key, 0, sizeof(key));
-    key.n = n;
+    key.n = np;
     key.n_hidden = n_hidden;
     key.stash = stash && n_hidden > 0;
     key.k = k;
     max_splits = (int)BT_MIN((size_t)64,
-                             d->ws_floats / ((size_t)n * d->nh *
+                             d->ws_floats / ((size_t)np * d->nh *
                                              (d->hd + 2)));
     max_splits = BT_MAX(max_splits, 1);
-    cuda_attn_decode_plan(n, max_kv, d->nh, d->nkv, d->n_sm, max_splits,
+    cuda_attn_decode_plan(np, max_kv, d->nh, d->nkv, d->n_sm, max_splits,
                           &key.n_splits, &key.split_len);
     status = BT_CUDA_STATUS(cudaEventRecord(d->ev_pass[0], d->stream));
     if (status != BT_OK)
         return status;
-    /* test outputs (h_feat, h_logits) take the eager path */
-    if (d->use_graphs && h_feat == NULL && h_logits == NULL) {
+    /* test outputs (h_feat, h_logits) take the eager path, and so do
+     * profiled passes */
+    if (d->use_graphs && h_feat == NULL && h_logits == NULL && !d->prof) {
         status = draft_graph_run(d, &key, &done);
         if (status != BT_OK)
             return status;
     }
     if (!done) {
         d->n_eager++;
-        status = draft_enqueue(d, n, n_hidden, key.stash != 0, k,
+        uint64_t setups = worker_gemm_setups(d->gemm);
+
+        d->prof_on = d->prof;
+        status = draft_enqueue(d, np, n_hidden, key.stash != 0, k,
                                h_logits != NULL, key.n_splits,
                                key.split_len);
+        /* a pass that planned or tuned a GEMM times that work too */
+        if (worker_gemm_setups(d->gemm) != setups)
+            d->prof_on = false;
+        if (d->prof_on) {
+            d->prof_rows += (uint64_t)n;
+            d->prof_passes++;
+        }
     }
     if (status == BT_OK)
         status = BT_CUDA_STATUS(cudaEventRecord(d->ev_pass[1], d->stream));
@@ -966,6 +1072,11 @@ bt_status_t cuda_draft_forward(cuda_draft_t *d, int n,
             if (cudaEventElapsedTime(&ms, d->ev_pass[0], d->ev_pass[1]) ==
                 cudaSuccess)
                 d->gpu_ns += (uint64_t)((double)ms * 1e6);
+            for (int i = 0; d->prof_on && i < DRAFT_PROF_N - 1; i++)
+                if (cudaEventElapsedTime(&ms, d->prof_ev[i],
+                                         d->prof_ev[i + 1]) == cudaSuccess)
+                    d->prof_ms[i] += ms;
+            d->prof_on = false;
             (void)cudaGetLastError();
         }
     }

@@ -119,6 +119,7 @@ struct worker_gemm_ctx_s {
     bool tune;                     /* autotune skinny shapes (BT_GEMM_TUNE) */
     gemm_tuned_t *tuned;           /* (GEMM_MAX_TUNED) */
     int n_tuned;
+    uint64_t setups;               /* plans built + families tuned */
     /* Next-weight prefetch (BT_GEMM_PF_NEXT): the order in which weights
      * are used repeats every forward, so after a product with w the
      * weights used next are prefetched into L2 while the small kernels
@@ -366,8 +367,14 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
     if (status != BT_OK)
         return status;
     ctx->n_plans++;
+    ctx->setups++;
     *plan_p = p;
     return BT_OK;
+}
+
+uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx)
+{
+    return ctx->setups;
 }
 
 bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx)
@@ -674,6 +681,7 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     bt_status_t status;
     double t0 = bt_time_s();
 
+    ctx->setups++;
     memset(&sc, 0, sizeof(sc));
     status = cuda__dev_malloc(&sc.d_x, (size_t)rows * n_in * 2,
                               "gemm_tune_x");

@@ -19,6 +19,7 @@
 #define BT_WORKER_CUDA_GEMM_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "cuda_int.h"
 
@@ -48,6 +49,10 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
  * static buffer, valid until the next call. */
 const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                                int n_in, cuda_dtype_t out_dt, float *us_p);
+
+/* Plans built and weight shapes tuned so far: a call that changes it
+ * did host work (and GPU timing runs) besides its product. */
+uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx);
 
 /* True when worker_gemm sends skinny shapes to the GEMV kernels (not
  * disabled with BT_GEMV=0); the backend then also fuses RMSNorm into them

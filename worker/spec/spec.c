@@ -153,6 +153,7 @@ struct spec_s {
      * sequence's buffered features are rows of its state's stash
      * (cuda_draft_stash), not s->pend */
     bool feat_dev;
+    int wide_rows;            /* SPEC_WIDE_ROWS (tests: BT_SPEC_WIDE_ROWS) */
     const float *fwd_hidden;  /* the last forward's rows on the device */
     const int *fwd_map;       /* (fwd_rows) row -> device row */
     int fwd_rows;
@@ -378,6 +379,9 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
             const char *env = getenv("BT_DRAFT_FEATURES");
 
             spec->feat_dev = env == NULL || strcmp(env, "host") != 0;
+            env = getenv("BT_SPEC_WIDE_ROWS");
+            spec->wide_rows = env != NULL && atoi(env) > 0 ? atoi(env)
+                                                           : SPEC_WIDE_ROWS;
         }
         dc.pend_rows = spec->feat_dev ? SPEC_PEND_CAP : 0;
         if (cfg->topk > CUDA_DRAFT_TOPK_MAX) {
@@ -1693,7 +1697,10 @@ static bt_status_t spec_forward_wide(spec_t *spec, spec_seq_t **seqs, int n,
     bt_status_t status;
 
     status = backend_forward(engine_backend(spec->engine), batch, NULL,
-                             spec->hidden);
+                             spec->feat_dev ? NULL : spec->hidden);
+    if (status != BT_OK)
+        return status;
+    status = spec_fwd_rows(spec, rows);
     if (status != BT_OK)
         return status;
     for (int i = 0; i < n; i++) {
@@ -1711,9 +1718,15 @@ static bt_status_t spec_forward_wide(spec_t *spec, spec_seq_t **seqs, int n,
             spec->full_rows[n_full++] = s->row0 + s->n_rows - 1;
         }
     }
-    status = cuda_draft_target_argmax(spec->dev, rows, spec->hidden,
-                                      spec->amax, n_full, spec->full_rows,
-                                      spec->logits);
+    if (spec->feat_dev) /* the rows are still on the device */
+        status = cuda_draft_target_argmax_dev(spec->dev, rows,
+                                              spec->fwd_hidden, spec->fwd_map,
+                                              spec->amax, n_full,
+                                              spec->full_rows, spec->logits);
+    else
+        status = cuda_draft_target_argmax(spec->dev, rows, spec->hidden,
+                                          spec->amax, n_full, spec->full_rows,
+                                          spec->logits);
     if (status != BT_OK)
         return status;
     for (int i = 0; i < n; i++) { /* completing rows that sample */
@@ -1891,7 +1904,9 @@ reserve:
     batch.seqs = spec->bseqs;
     batch.keep_hidden = need_hidden && spec->feat_dev;
 #ifdef BATON_HAVE_CUDA
-    if (spec->dev != NULL && n_draft > 0 && rows > SPEC_WIDE_ROWS &&
+    spec->fwd_hidden = NULL; /* set again by a forward that keeps them */
+    spec->fwd_rows = 0;
+    if (spec->dev != NULL && n_draft > 0 && rows > spec->wide_rows &&
         !spec->host_verify) {
         status = spec_forward_wide(spec, seqs, n, &batch, rows);
         need_logits = false; /* only the rows that need them */

@@ -1,18 +1,21 @@
 /*
  * draft.cu - kernels of the device draft head (see draft.h).
  *
- * cuda_topk_logprob: one block of 256 threads per row.  Pass 1: the row's
- * max and sum of exp (block reductions) give logsumexp.  Pass 2: every
- * thread keeps a sorted top-k of its strided elements (a later equal
- * value has a higher id, so strict > keeps the lower id); the lists go
- * to shared memory and k rounds of a block arg-max over the list heads
- * (value desc, id asc) emit the winners in order.
+ * cuda_topk_logprob: each row is cut into up to 32 slices, one block of
+ * 256 threads per (slice, row) reading the slice once into registers:
+ * the slice's max, sum of exp and k best (every thread keeps its best
+ * k, rounded up to a power of two, in registers; the lists go to shared
+ * memory and k rounds of a block arg-max emit the slice's winners in
+ * order).  Then one warp per
+ * row merges the slices: logsumexp, and k rounds of a warp arg-max over
+ * the slices' sorted lists.
  *
  * cuda_tree_*: the device draft loop's tree steps (spec_tree_impl.h run
  * by thread 0 of one block per sequence: a few hundred nodes at most, so
  * a serial insertion sort costs microseconds and keeps the host's order
  * exactly), and the level rows (one thread per frontier node).
- * Tested through the whole head: build-cuda/gpu/test_spec_cuda.
+ * Tests: build-cuda/gpu/test_topk (top-k against topk_ref) and, through
+ * the whole head, build-cuda/gpu/test_spec_cuda.
  */
 #include "draft.h"
 
@@ -86,107 +89,104 @@ static __device__ __forceinline__ bool topk_better(float v, int i, float ov,
     return v > ov || (v == ov && i < oi);
 }
 
-static __global__ void topk_kernel(const float *logits, int vocab, int k,
-                                   int *ids, float *logp)
+/* Elements a thread of the split kernel holds: slices of up to
+ * TOPK_THREADS * TOPK_PER_MAX elements, at most TOPK_SPLITS_MAX of them
+ * (cuda_topk_logprob picks the slice), so rows up to 512K ids. */
+#define TOPK_PER_MAX 64
+#define TOPK_SPLITS_MAX 32
+#define TOPK_SLICE_MIN 4096
+
+/* One row's slice per block: its max, its sum of exp relative to that
+ * max (NaN left out) and its k best (value, id), into part (row, split)
+ * records of 2 + 2k floats: max, sum, then k values and k ids (as int
+ * bits).  Every thread loads all its PER elements first (independent
+ * loads in flight: the old one-block-per-row loop was latency-bound at
+ * ~0.2 ms a row) and keeps the KL >= k best of them in registers (KL a
+ * compile-time power of two, so the insertion unrolls into predicated
+ * swaps instead of a local-memory array); each thread visits its
+ * elements in increasing id order, and the swaps compare (value, id), so
+ * ties keep the lower id. */
+template <int PER, int KL>
+static __global__ void topk_split_kernel(const float *logits, int vocab,
+                                         int k, int slice, float *part)
 {
     __shared__ float sh_red[32];
-    __shared__ float sh_v[TOPK_THREADS * CUDA_TOPK_MAX];
-    __shared__ int sh_i[TOPK_THREADS * CUDA_TOPK_MAX];
+    __shared__ float sh_v[TOPK_THREADS * KL];
+    __shared__ int sh_i[TOPK_THREADS * KL];
     __shared__ float sh_wv[32];
     __shared__ int sh_wi[32];
     __shared__ int sh_wt[32];
-    __shared__ float sh_lse;
-    const float *row = logits + (size_t)blockIdx.x * vocab;
+    const int row_i = blockIdx.y, split = blockIdx.x;
+    const int n_splits = gridDim.x;
+    const float *row = logits + (size_t)row_i * vocab;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int n_warps = blockDim.x >> 5;
-    float lv[CUDA_TOPK_MAX];
-    int li[CUDA_TOPK_MAX];
-    float mx = -INFINITY, sum = 0.0f;
-    int head = 0;
+    const int j0 = split * slice, j1 = min(vocab, j0 + slice);
+    float *rec = part + ((size_t)row_i * n_splits + split) * (2 + 2 * k);
+    float v[PER], lv[KL], mx = -INFINITY, sum = 0.0f;
+    int li[KL], head = 0;
 
-    /* Rows of a multiple of 4 floats are read as float4 (4x fewer
-     * dependent rounds of L2 latency per thread: with 4 rows on 132 SMs
-     * the scalar loops were latency-bound), other rows element by
-     * element (the tail from 4 * n4 is then the whole row); every thread
-     * still visits its elements in increasing index order, so the top-k
-     * tie rule and the lists are unchanged, and the max is exact; only
-     * the order of the sum's additions differs. */
-    const float4 *row4 = reinterpret_cast<const float4 *>(row);
-    const int n4 = (vocab & 3) == 0 ? vocab >> 2 : 0;
-
-    /* logsumexp */
-#pragma unroll 4
-    for (int q = t; q < n4; q += blockDim.x) {
-        const float4 f = row4[q];
-        mx = fmaxf(mx, fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)));
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        int j = j0 + t + e * TOPK_THREADS;
+        v[e] = j < j1 ? row[j] : NAN;
     }
-    for (int j = 4 * n4 + t; j < vocab; j += blockDim.x)
-        mx = fmaxf(mx, row[j]);
+#pragma unroll
+    for (int e = 0; e < PER; e++)
+        if (v[e] == v[e])
+            mx = fmaxf(mx, v[e]);
     mx = kern_warp_max(mx);
     if (lane == 0)
         sh_red[warp] = mx;
     __syncthreads();
-    mx = lane < n_warps ? sh_red[lane] : -INFINITY;
-    mx = kern_warp_max(mx);
-    __syncthreads();
-#pragma unroll 4
-    for (int q = t; q < n4; q += blockDim.x) {
-        const float4 f = row4[q];
-        const float e[4] = {f.x, f.y, f.z, f.w};
+    mx = kern_warp_max(lane < n_warps ? sh_red[lane] : -INFINITY);
+    if (mx > -INFINITY) {
 #pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (e[u] == e[u]) /* not NaN */
-                sum += __expf(e[u] - mx);
+        for (int e = 0; e < PER; e++)
+            if (v[e] == v[e])
+                sum += __expf(v[e] - mx);
     }
-    for (int j = 4 * n4 + t; j < vocab; j += blockDim.x)
-        if (row[j] == row[j]) /* not NaN */
-            sum += __expf(row[j] - mx);
     sum = kern_block_sum(sum, sh_red);
-    if (t == 0)
-        sh_lse = mx + logf(sum);
 
-    /* per-thread sorted top-k of the strided elements */
 #pragma unroll
-    for (int c = 0; c < CUDA_TOPK_MAX; c++) {
+    for (int c = 0; c < KL; c++) {
         lv[c] = -INFINITY;
-        li[c] = vocab;
+        li[c] = vocab; /* empty: any element is better */
     }
-    auto visit = [&](int j, float v) {
-        int c;
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        float cv = v[e];
+        int ci = j0 + t + e * TOPK_THREADS;
 
-        if (v != v) /* NaN */
-            return;
-        if (li[k - 1] != vocab && !(v > lv[k - 1]))
-            return; /* list full and v not better than its last */
-        /* insert at its place (an equal earlier value keeps priority) */
-        c = k - 1;
-        while (c > 0 && topk_better(v, j, lv[c - 1], li[c - 1])) {
-            lv[c] = lv[c - 1];
-            li[c] = li[c - 1];
-            c--;
-        }
-        lv[c] = v;
-        li[c] = j;
-    };
-    for (int q = t; q < n4; q += blockDim.x) {
-        const float4 f = row4[q];
-        visit(4 * q, f.x);
-        visit(4 * q + 1, f.y);
-        visit(4 * q + 2, f.z);
-        visit(4 * q + 3, f.w);
+        if (cv != cv || !topk_better(cv, ci, lv[KL - 1], li[KL - 1]))
+            continue; /* NaN / past the slice, or not among the KL best */
+#pragma unroll
+        for (int c = 0; c < KL; c++)
+            if (topk_better(cv, ci, lv[c], li[c])) {
+                float tv = lv[c];
+                int ti = li[c];
+
+                lv[c] = cv;
+                li[c] = ci;
+                cv = tv;
+                ci = ti;
+            }
     }
-    for (int j = 4 * n4 + t; j < vocab; j += blockDim.x)
-        visit(j, row[j]);
-    for (int c = 0; c < k; c++) {
-        sh_v[t * CUDA_TOPK_MAX + c] = lv[c];
-        sh_i[t * CUDA_TOPK_MAX + c] = li[c];
+#pragma unroll
+    for (int c = 0; c < KL; c++) {
+        sh_v[t * KL + c] = lv[c];
+        sh_i[t * KL + c] = li[c];
+    }
+    if (t == 0) {
+        rec[0] = mx;
+        rec[1] = sum;
     }
     __syncthreads();
 
     /* k rounds of a block arg-max over the list heads */
     for (int r = 0; r < k; r++) {
-        float bv = head < k ? sh_v[t * CUDA_TOPK_MAX + head] : -INFINITY;
-        int bi = head < k ? sh_i[t * CUDA_TOPK_MAX + head] : vocab;
+        float bv = head < KL ? sh_v[t * KL + head] : -INFINITY;
+        int bi = head < KL ? sh_i[t * KL + head] : vocab;
         int bt = t;
 
         for (int o = 16; o > 0; o >>= 1) {
@@ -220,10 +220,8 @@ static __global__ void topk_kernel(const float *logits, int vocab, int k,
                 }
             }
             if (lane == 0) {
-                ids[(size_t)blockIdx.x * k + r] = bi < vocab ? bi : 0;
-                logp[(size_t)blockIdx.x * k + r] = bi < vocab
-                                                       ? bv - sh_lse
-                                                       : -INFINITY;
+                rec[2 + r] = bv;
+                rec[2 + k + r] = __int_as_float(bi);
                 sh_wt[0] = bt;
             }
         }
@@ -234,15 +232,107 @@ static __global__ void topk_kernel(const float *logits, int vocab, int k,
     }
 }
 
+/* One warp per row: logsumexp from the slices' (max, sum), then k rounds
+ * of a warp arg-max over the slices' sorted candidate lists (lane s
+ * holds slice s's). */
+static __global__ void topk_merge_kernel(const float *part, int n_splits,
+                                         int vocab, int k, int *ids,
+                                         float *logp)
+{
+    const int row_i = blockIdx.x, lane = threadIdx.x;
+    const float *rec = part + ((size_t)row_i * n_splits + lane) * (2 + 2 * k);
+    float m = lane < n_splits ? rec[0] : -INFINITY;
+    float mx = kern_warp_max(m), sum, lse;
+    int head = 0;
+
+    sum = lane < n_splits && m > -INFINITY ? rec[1] * __expf(m - mx) : 0.0f;
+    sum = kern_warp_sum(sum);
+    lse = mx + logf(sum);
+    for (int r = 0; r < k; r++) {
+        bool has = lane < n_splits && head < k;
+        float bv = has ? rec[2 + head] : -INFINITY;
+        int bi = has ? __float_as_int(rec[2 + k + head]) : vocab;
+        int bl = lane;
+
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            int ol = __shfl_xor_sync(0xffffffffu, bl, o);
+            if (topk_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+                bl = ol;
+            }
+        }
+        if (lane == 0) {
+            ids[(size_t)row_i * k + r] = bi < vocab ? bi : 0;
+            logp[(size_t)row_i * k + r] = bi < vocab ? bv - lse : -INFINITY;
+        }
+        if (lane == bl)
+            head++;
+    }
+}
+
+/* The slice a row is cut into: at least TOPK_SLICE_MIN ids, at most
+ * TOPK_SPLITS_MAX slices, a multiple of TOPK_THREADS. */
+static int topk_slice(int vocab)
+{
+    int slice = BT_MAX(TOPK_SLICE_MIN,
+                       (int)BT_DIV_UP(vocab, TOPK_SPLITS_MAX));
+
+    return (int)BT_DIV_UP(slice, TOPK_THREADS) * TOPK_THREADS;
+}
+
+size_t cuda_topk_logprob_ws_floats(int n, int vocab, int k)
+{
+    int splits = (int)BT_DIV_UP(vocab, topk_slice(vocab));
+
+    return (size_t)n * splits * (2 + 2 * (size_t)k);
+}
+
 bt_status_t cuda_topk_logprob(const float *d_logits, int n, int vocab, int k,
-                              int *d_ids, float *d_logp,
+                              int *d_ids, float *d_logp, float *d_ws,
                               cudaStream_t stream)
 {
+    int slice = topk_slice(vocab), per = slice / TOPK_THREADS;
+    int splits = (int)BT_DIV_UP(vocab, slice);
+    dim3 grid(splits, n);
+
     BT_ASSERT(n >= 0 && vocab > 0 && k >= 1 && k <= CUDA_TOPK_MAX);
     if (n == 0)
         return BT_OK;
-    topk_kernel<<<n, TOPK_THREADS, 0, stream>>>(d_logits, vocab, k, d_ids,
-                                                d_logp);
+    if (per > TOPK_PER_MAX || n > 65535)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "top-k of %d rows of %d ids (at most %d ids)", n,
+                        vocab, TOPK_SPLITS_MAX * TOPK_THREADS * TOPK_PER_MAX);
+    /* the list length: k rounded up to a power of two */
+#define TOPK_LAUNCH(P)                                                      \
+    do {                                                                    \
+        if (k == 1)                                                         \
+            topk_split_kernel<P, 1><<<grid, TOPK_THREADS, 0, stream>>>(     \
+                d_logits, vocab, k, slice, d_ws);                           \
+        else if (k <= 2)                                                    \
+            topk_split_kernel<P, 2><<<grid, TOPK_THREADS, 0, stream>>>(     \
+                d_logits, vocab, k, slice, d_ws);                           \
+        else if (k <= 4)                                                    \
+            topk_split_kernel<P, 4><<<grid, TOPK_THREADS, 0, stream>>>(     \
+                d_logits, vocab, k, slice, d_ws);                           \
+        else if (k <= 8)                                                    \
+            topk_split_kernel<P, 8><<<grid, TOPK_THREADS, 0, stream>>>(     \
+                d_logits, vocab, k, slice, d_ws);                           \
+        else                                                                \
+            topk_split_kernel<P, 16><<<grid, TOPK_THREADS, 0, stream>>>(    \
+                d_logits, vocab, k, slice, d_ws);                           \
+    } while (0)
+    if (per <= 16)
+        TOPK_LAUNCH(16);
+    else if (per <= 32)
+        TOPK_LAUNCH(32);
+    else
+        TOPK_LAUNCH(64);
+#undef TOPK_LAUNCH
+    topk_merge_kernel<<<n, 32, 0, stream>>>(d_ws, splits, vocab, k, d_ids,
+                                            d_logp);
     return BT_CUDA_LAUNCH_STATUS();
 }
 

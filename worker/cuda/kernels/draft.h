@@ -35,10 +35,13 @@ bt_status_t cuda_draft_bias(float *d_h, const float *d_bias, int n, int dim,
 /* For each row r of d_logits (n, vocab) f32: the k (<= CUDA_TOPK_MAX)
  * largest entries, best first, ties to the lower id (NaN never wins), as
  * ids d_ids (n, k) and log-probabilities d_logp (n, k) = logit -
- * logsumexp(row). */
+ * logsumexp(row) (NaN left out of the sum).  d_ws: at least
+ * cuda_topk_logprob_ws_floats(n, vocab, k) floats of scratch.  Rows of
+ * up to 512K ids. */
 bt_status_t cuda_topk_logprob(const float *d_logits, int n, int vocab, int k,
-                              int *d_ids, float *d_logp,
+                              int *d_ids, float *d_logp, float *d_ws,
                               cudaStream_t stream);
+size_t cuda_topk_logprob_ws_floats(int n, int vocab, int k);
 
 /* ---- the device draft loop (cuda_draft_tree): one tree per sequence,
  * its nodes (spec_node_t, node_cap each) and state on the device; every
