@@ -9,14 +9,21 @@
  * attention kernels serve it) and of a feature store (store_rows rows of
  * dim, activation dtype) where outputs are kept for later rows (the tree
  * root and expanded nodes) without a round trip to the host.  Target
- * features arrive as raw hidden states (before the final norm) and are
+ * features arrive as raw hidden states (before the final norm): from the
+ * host, or stashed on the device from the target's own rows
+ * (cuda_draft_stash) so they never cross to the host; they are
  * normalised on the device.  Only top-k (token, log-prob) candidates come
- * back, computed on the device.
+ * back, computed on the device.  Passes of more than 32 rows run padded
+ * to a multiple of 16 so captured passes are reused.
  *
  * Device memory: the head's own layer, a copy of the target's embedding
  * and classifier (2 x vocab x dim in the activation dtype: 2.1 GB for a
  * Llama-3-8B shape in bf16) and final norm, the KV slices (n_states x
- * state_slots x 2 x kv_dim) and the feature store.  Not thread-safe.
+ * state_slots x 2 x kv_dim), the feature store and the stash (n_states x
+ * pend_rows x dim f32).  Not thread-safe.
+ *
+ * BT_DRAFT_PROFILE=1: passes run eagerly with CUDA events between their
+ * stages; the per-stage sums are printed to stderr at destroy.
  */
 #ifndef BT_WORKER_CUDA_CUDA_DRAFT_H
 #define BT_WORKER_CUDA_CUDA_DRAFT_H
