@@ -50,7 +50,12 @@
  *      output; and with every tree step verified the wide way
  *      (BT_SPEC_WIDE_ROWS=8, rows kept on the device): golden / the bf16
  *      criterion.  Everything else pins BT_DRAFT_DEVICE=device.
- *      `test_spec_cuda loop` runs 1b only.
+ *   4. the speculation-aware hand-off with the head on the device: the
+ *      prompt's hidden rows imported (spec_seq_import, into the device
+ *      stash), the first decode step drafts, greedy output = golden (f32,
+ *      every aidreams260K line).
+ *      `test_spec_cuda loop` runs 1b only (`head`, `hidden`, `golden`,
+ *      `handoff` the others).
  * Prints one PASS/FAIL/INFO line per check; exits non-zero on failure.
  */
 #include <cjson/cJSON.h>
@@ -1312,6 +1317,100 @@ static void test_golden(void)
     }
 }
 
+/* 4. The speculation-aware hand-off with the head on the device: a
+ * sequence prefilled by engine_step (as a prefill worker would) gets its
+ * prompt's hidden rows imported (spec_seq_import: up to the device stash,
+ * cuda_draft_stash_host, fed in passes of at most SPEC's buffer), so its
+ * first decode step drafts; greedy output = golden (f32), for every
+ * aidreams260K line. */
+static void test_handoff(void)
+{
+    static golden_t g[32];
+    int n_g = golden_read(g, 32), lines = 0, exact = 0, first_drafts = 0;
+    engine_t *engine = make_engine("aidreams260K.bin", false);
+    const model_config_t *mc = model_config(engine_model(engine));
+    bool trained;
+    spec_head_t *head = load_head(engine, "aidreams260K.bin", &trained);
+    spec_config_t scfg;
+    spec_t *spec = NULL;
+    bool ok;
+
+    spec_config_init(&scfg);
+    scfg.adaptive = false;
+    BT_ASSERT_OK(spec_create(engine, head, &scfg, &spec));
+    for (int li = 0; li < n_g; li++) {
+        const golden_t *line = &g[li];
+        int max_step = spec_max_step_tokens(spec), got[600], n = 0, first;
+        int *out = malloc(sizeof(int) * (size_t)max_step), n_out = 0;
+        float *hidden = malloc(sizeof(float) * (size_t)line->n_prompt *
+                               mc->dim);
+        float *logits = malloc(sizeof(float) * (size_t)line->n_prompt *
+                               mc->vocab_size);
+        int blocks[64], bs = engine_block_size(engine);
+        int nb = (line->n_prompt + bs - 1) / bs;
+        backend_seq_t bq = { .n_tokens = line->n_prompt, .ctx_len = 0,
+                             .tokens = line->prompt, .block_table = blocks,
+                             .n_logits = line->n_prompt };
+        backend_batch_t batch = { .n_seqs = 1, .seqs = &bq };
+        sampler_params_t sp;
+        engine_seq_t *seq = NULL;
+        spec_seq_t *ss = NULL;
+        spec_stats_t st0, st1;
+
+        if (strcmp(line->model, "aidreams260K.bin") != 0) {
+            free(out);
+            free(hidden);
+            free(logits);
+            continue;
+        }
+        /* what a prefill worker ships: the prompt's hidden rows */
+        BT_ASSERT(nb <= 64);
+        BT_ASSERT_OK(kv_allocator_alloc(engine_kv(engine), nb, blocks));
+        BT_ASSERT_OK(backend_forward(engine_backend(engine), &batch, logits,
+                                     hidden));
+        kv_allocator_release(engine_kv(engine), nb, blocks);
+        sampler_params_init(&sp);
+        BT_ASSERT_OK(engine_seq_create(engine, line->prompt, line->n_prompt,
+                                       &sp, &seq));
+        BT_ASSERT_OK(engine_step(engine, &seq, 1, 0, &first));
+        got[n++] = first;
+        BT_ASSERT_OK(spec_seq_create(spec, seq, &ss));
+        BT_ASSERT_OK(spec_seq_import(spec, ss, hidden, line->n_prompt));
+        spec_get_stats(spec, &st0);
+        BT_ASSERT_OK(spec_step(spec, &ss, 1, &n_out, out));
+        spec_get_stats(spec, &st1);
+        first_drafts += st1.verify_seqs - st0.verify_seqs == 1;
+        for (bool stop = false; !stop;) {
+            for (int j = 0; j < n_out && !stop; j++) {
+                if (out[j] == 1 || n >= golden_limit(line))
+                    stop = true;
+                else
+                    got[n++] = out[j];
+            }
+            stop |= n >= golden_limit(line);
+            if (!stop)
+                BT_ASSERT_OK(spec_step(spec, &ss, 1, &n_out, out));
+        }
+        lines++;
+        exact += n == line->n_want &&
+                 memcmp(got, line->want, sizeof(int) * (size_t)n) == 0;
+        spec_seq_destroy(&ss);
+        engine_seq_destroy(engine, &seq);
+        free(out);
+        free(hidden);
+        free(logits);
+    }
+    ok = lines > 0 && exact == lines && first_drafts == lines;
+    printf("%s hand-off aidreams260K f32 (%s head on the device): first "
+           "step drafted on %d/%d lines, %d/%d identical to golden\n",
+           ok ? "PASS" : "FAIL", trained ? "trained" : "random",
+           first_drafts, lines, exact, lines);
+    g_fail += !ok;
+    spec_destroy(&spec);
+    spec_head_destroy(&head);
+    engine_destroy(&engine);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : "all";
@@ -1329,6 +1428,8 @@ int main(int argc, char **argv)
         test_hidden();
     if (strcmp(only, "all") == 0 || strcmp(only, "golden") == 0)
         test_golden();
+    if (strcmp(only, "all") == 0 || strcmp(only, "handoff") == 0)
+        test_handoff();
     printf("%s test_spec_cuda: %d failure(s), %.1f s\n",
            g_fail ? "FAIL" : "PASS", g_fail, bt_time_ns() / 1e9 - t0);
     return g_fail ? 1 : 0;
