@@ -16,7 +16,6 @@
 #include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,22 +307,33 @@ static bt_status_t bench_synth_head(engine_t *engine, spec_head_t **head_p)
 }
 
 /* Feeds every pending prompt token of seqs (engine_step until each has
- * sampled its first token). */
+ * sampled its first token).  Only the sequences still prefilling step:
+ * one whose prompt is done waits (otherwise the first ones decode while
+ * the last prefill, start the measured steps with longer contexts and
+ * hold more KV than the pool was sized for). */
 static bt_status_t bench_prefill(engine_t *engine, engine_seq_t **seqs, int n,
                                  int *out)
 {
+    engine_seq_t **todo = bt_malloc(sizeof(*todo) * (size_t)BT_MAX(n, 1),
+                                    "bench");
+    bt_status_t status = BT_OK;
+
+    if (todo == NULL)
+        return BT_ERR_NO_MEMORY;
     for (;;) {
-        bool pending = false;
-        bt_status_t status;
+        int m = 0;
 
         for (int i = 0; i < n; i++)
-            pending |= engine_seq_n_generated(seqs[i]) == 0;
-        if (!pending)
-            return BT_OK;
-        status = engine_step(engine, seqs, n, 0, out);
+            if (engine_seq_n_generated(seqs[i]) == 0)
+                todo[m++] = seqs[i];
+        if (m == 0)
+            break;
+        status = engine_step(engine, todo, m, 0, out);
         if (status != BT_OK)
-            return status;
+            break;
     }
+    bt_free(todo);
+    return status;
 }
 
 /* B fresh sequences of a ctx-token prompt (distinct per sequence),
