@@ -14,6 +14,9 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "cli.h"
+#ifdef BATON_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "engine.h"
 #include "spec/spec.h"
 #include "spec/spec_head.h"
@@ -373,6 +376,7 @@ static int eagle_bench(const eagle_opts_t *o)
     spec_t *spec = NULL;
     int *prompt = NULL, n_prompt = 0, gen, batch = BT_MAX(1, o->batch);
     double t_plain, t_spec;
+    uint64_t plain_gpu_ns = 0; /* cuda: the plain rounds' GPU time */
     long n_plain, n_spec;
     spec_stats_t st, st0;
     bt_status_t status;
@@ -449,9 +453,16 @@ static int eagle_bench(const eagle_opts_t *o)
     for (int r = 0; r < o->rounds && status == BT_OK; r++) {
         double t;
         long n;
+#ifdef BATON_HAVE_CUDA
+        uint64_t g0 = cuda_backend_gpu_ns(engine_backend(engine), NULL);
+#endif
 
         status = eagle_decode(engine, NULL, prompt, n_prompt, batch, gen,
                               &t, &n);
+#ifdef BATON_HAVE_CUDA
+        plain_gpu_ns += cuda_backend_gpu_ns(engine_backend(engine), NULL) -
+                        g0;
+#endif
         t_plain += t;
         n_plain += n;
         if (status == BT_OK)
@@ -469,6 +480,7 @@ static int eagle_bench(const eagle_opts_t *o)
     st.plain_seqs -= st0.plain_seqs;
     st.draft_ns -= st0.draft_ns;
     st.verify_ns -= st0.verify_ns;
+    st.verify_gpu_ns -= st0.verify_gpu_ns;
     st.accept_ns -= st0.accept_ns;
     st.head_replays -= st0.head_replays;
     st.head_captures -= st0.head_captures;
@@ -476,7 +488,8 @@ static int eagle_bench(const eagle_opts_t *o)
     printf("batch:%d gen:%d plain_tok_s:%.1f spec_tok_s:%.1f speedup:%.2f "
            "accept-length:%.3f tree_steps:%llu plain_steps:%llu "
            "draft_ms:%.1f verify_ms:%.1f accept_ms:%.1f head_replays:%llu "
-           "head_captures:%llu head_eager:%llu\n", batch, gen,
+           "head_captures:%llu head_eager:%llu verify_gpu_ms:%.1f "
+           "plain_ms:%.1f plain_gpu_ms:%.1f\n", batch, gen,
            n_plain / t_plain, n_spec / t_spec,
            (n_spec / t_spec) / (n_plain / t_plain),
            st.verify_seqs ? (double)st.verify_tokens / st.verify_seqs
@@ -486,7 +499,8 @@ static int eagle_bench(const eagle_opts_t *o)
            st.verify_ns * 1e-6, st.accept_ns * 1e-6,
            (unsigned long long)st.head_replays,
            (unsigned long long)st.head_captures,
-           (unsigned long long)st.head_eager);
+           (unsigned long long)st.head_eager, st.verify_gpu_ns * 1e-6,
+           t_plain * 1e3, plain_gpu_ns * 1e-6);
     ret = 0;
 
 out:

@@ -194,6 +194,8 @@ typedef struct {
     uint8_t *d_mask;          /* b->mask_cap bytes */
 
     cudaEvent_t *layer_ev;    /* (n_layers) KV written, for callbacks */
+    cudaEvent_t ev_fwd[2];    /* rank 0: around a forward's device work */
+    bool fwd_timed;           /* ev_fwd[0] recorded, [1] not yet read */
     atomic_int ev_layer;      /* last layer whose event is recorded */
     cuda_graph_t graphs[CUDA_MAX_GRAPHS];
     int n_graphs;
@@ -267,6 +269,11 @@ struct cuda_backend_s {
      * sequence s at row s) */
     cuda_sampling_t *samp;
     bool last_graph;
+
+    /* GPU time of the forwards (rank 0's stream, events from the
+     * metadata upload to the last copy or sampling kernel) */
+    uint64_t gpu_ns;
+    uint64_t n_fwd;
 
     /* the hidden rows the last forward left on the device
      * (cuda_backend_hidden): row i of those it returned is d_hidden row
@@ -713,6 +720,11 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
 #undef CUDA_ACT
 
+    for (int i = 0; i < 2; i++) {
+        status = BT_CUDA_STATUS(cudaEventCreate(&r->ev_fwd[i]));
+        if (status != BT_OK)
+            return status;
+    }
     r->layer_ev = bt_calloc(b->mc.n_layers, sizeof(*r->layer_ev),
                             "layer_events");
     if (r->layer_ev == NULL)
@@ -1139,6 +1151,9 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     if (r->stream)
         (void)cudaStreamSynchronize(r->stream);
     cuda_graphs_drop(r);
+    for (int i = 0; i < 2; i++)
+        if (r->ev_fwd[i])
+            cudaEventDestroy(r->ev_fwd[i]);
     if (r->layer_ev) {
         for (int l = 0; l < b->mc.n_layers; l++)
             if (r->layer_ev[l])
@@ -1258,6 +1273,30 @@ static bt_status_t cuda_copy_logits(cuda_rank_t *r, float *h_row0,
         h_row0 + r->sh.vocab0, vocab * sizeof(float), d_row0,
         nv * sizeof(float), nv * sizeof(float), (size_t)n,
         cudaMemcpyDeviceToHost, r->stream));
+}
+
+/* Waits for rank r's stream; on rank 0 adds the forward's GPU time (its
+ * ev_fwd pair) to the backend's sum. */
+static bt_status_t cuda_rank_sync_timed(cuda_rank_t *r)
+{
+    bt_status_t status;
+
+    if (r->fwd_timed &&
+        cudaEventRecord(r->ev_fwd[1], r->stream) != cudaSuccess)
+        r->fwd_timed = false;
+    status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+    if (status == BT_OK && r->fwd_timed) {
+        float ms = 0.0f;
+
+        if (cudaEventElapsedTime(&ms, r->ev_fwd[0], r->ev_fwd[1]) ==
+            cudaSuccess) {
+            r->b->gpu_ns += (uint64_t)((double)ms * 1e6);
+            r->b->n_fwd++;
+        }
+        (void)cudaGetLastError();
+    }
+    r->fwd_timed = false;
+    return status;
 }
 
 /* Enqueues logits (and hidden) rows [r0, r0 + n) of the plan. */
@@ -1604,6 +1643,9 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
     p.d_bt = d + st->o_bt;
     p.batch = st->graph ? NULL : batch;
 
+    if (r->rank == 0)
+        r->fwd_timed = cudaEventRecord(r->ev_fwd[0], r->stream) ==
+                       cudaSuccess;
     status = BT_CUDA_STATUS(cudaMemcpyAsync(r->d_meta, b->h_meta,
                                             st->meta_ints * sizeof(int),
                                             cudaMemcpyHostToDevice,
@@ -1672,7 +1714,7 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
     }
     if (st->no_sync)
         return BT_OK;
-    return BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+    return cuda_rank_sync_timed(r);
 }
 
 static bt_status_t cuda_rank_step_op(void *arg, int rank)
@@ -1938,8 +1980,25 @@ out:
 static bt_status_t cuda_forward_sample_end(void *impl)
 {
     cuda_backend_t *b = impl;
+    bt_status_t status = cuda_rank_sync_timed(&b->ranks[0]);
+    bt_status_t st2 = cuda_sampling_finish(b->samp, b->ranks[0].stream);
 
-    return cuda_sampling_finish(b->samp, b->ranks[0].stream);
+    return status != BT_OK ? status : st2;
+}
+
+uint64_t cuda_backend_gpu_ns(backend_t *backend, uint64_t *n_fwd)
+{
+    cuda_backend_t *b;
+
+    if (strcmp(backend_name(backend), "cuda") != 0) {
+        if (n_fwd)
+            *n_fwd = 0;
+        return 0;
+    }
+    b = backend__impl(backend);
+    if (n_fwd)
+        *n_fwd = b->n_fwd;
+    return b->gpu_ns;
 }
 
 const float *cuda_backend_hidden(backend_t *backend, const int **map_p,

@@ -1759,6 +1759,9 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
     spec_shape_t shape;
     backend_batch_t batch;
     uint64_t t0 = bt_time_ns(), t1, t2;
+#ifdef BATON_HAVE_CUDA
+    uint64_t gpu0;
+#endif
     bt_status_t status;
 
     if (n <= 0 || n > bcfg->max_seqs)
@@ -1850,6 +1853,9 @@ reserve:
 
     t1 = bt_time_ns();
     spec->stats.draft_ns += t1 - t0;
+#ifdef BATON_HAVE_CUDA
+    gpu0 = cuda_backend_gpu_ns(engine_backend(spec->engine), NULL);
+#endif
 
     /* one target forward for every sequence, through
      * backend_forward_sample as engine_step does: ids are picked where
@@ -1932,6 +1938,10 @@ reserve:
         spec->stats.logits_rows += (uint64_t)rows;
     t2 = bt_time_ns();
     spec->stats.verify_ns += t2 - t1;
+#ifdef BATON_HAVE_CUDA
+    spec->stats.verify_gpu_ns +=
+        cuda_backend_gpu_ns(engine_backend(spec->engine), NULL) - gpu0;
+#endif
 
     /* accept, commit, feed the draft state */
     spec->n_mv = 0;

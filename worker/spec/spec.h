@@ -124,6 +124,7 @@ typedef struct {
     uint64_t draft_tokens;  /* draft tokens sent to verification */
     uint64_t draft_ns;      /* time planning + drafting */
     uint64_t verify_ns;     /* time in the target forward */
+    uint64_t verify_gpu_ns; /* cuda: its GPU time (cuda_backend_gpu_ns) */
     uint64_t accept_ns;     /* time accepting, compacting, feeding */
     /* work asked of the backend and the head (tests: a plain step must
      * cost what engine_step costs) */
