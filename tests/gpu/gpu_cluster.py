@@ -15,6 +15,15 @@ Phases, each with real processes and --device cuda:
      over; ids == golden.  With CUDA MPS when the daemon starts (prefill
      and decode get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE 60 / 40), else
      time-sliced.
+  E  speculation with the draft head on the GPU: `baton up --prefill 1
+     --decode 1 --spec-head H --spec fixed` in float32 with
+     BT_DRAFT_DEVICE=device (auto would draft a head this small on the
+     host): the prefill worker ships each prompt's last hidden row, the
+     decode worker imports it into the device stash, so every request's
+     first decode step drafts; ids == golden.  H is
+     $BT_SHARED_DIR/heads/aidreams260K.bin.head.safetensors when present,
+     else phase E is skipped (reported).
+BT_GPU_CLUSTER_PHASES (default ABCDE) picks the phases.
 Prints a summary table last; exits nonzero on any failure.
 """
 import os
@@ -108,9 +117,9 @@ def transports(text):
     return re.findall(r"^  (\S+) -> (\S+): (\S+)$", text, re.M)
 
 
-def phase_up(label, args):
+def phase_up(label, args, env=None):
     t0 = time.time()
-    p, port, text = up(label, args)
+    p, port, text = up(label, args, env)
     log(text)
     tr = transports(text)
     ids, bad = run_golden(port, label)
@@ -213,9 +222,46 @@ def phase_kill(mps):
     return bad, mapped, inline
 
 
+def phase_spec():
+    """Phase E: 1P+1D, f32, the draft head on the GPU."""
+    label = "E-disagg-spec-f32"
+    head = SHARED + "/heads/aidreams260K.bin.head.safetensors"
+    if not os.path.exists(head):
+        check("E 1P+1D speculation, head on the GPU", True,
+              "skipped: no trained head at " + head)
+        return
+    env = dict(os.environ)
+    env["BT_LOG"] = "INFO"  # the decode worker's per-request SPEC lines
+    env["BT_DRAFT_DEVICE"] = "device"
+    tr, ids, bad, secs = phase_up(label, ["--prefill", "1", "--decode", "1",
+                                          "--precision", "f32",
+                                          "--spec-head", head,
+                                          "--spec", "fixed"], env)
+    drafted = grep_logs(label, r"first decode step: drafted [1-9]")
+    plain = grep_logs(label, r"first decode step: drafted 0 ")
+    dev = grep_logs(label, r"device draft head: ")
+    acc = 0.0
+    for name in os.listdir(os.path.join(OUT, label)):
+        for line in open(os.path.join(OUT, label, name), errors="replace"):
+            m = re.search(r"accept-length: ([0-9.]+) tree_steps:([0-9]+)",
+                          line)
+            if m and int(m.group(2)) > 0:
+                acc = float(m.group(1))
+    check("E 1P+1D speculation (head on the GPU) == golden, first steps "
+          "draft", bad == 0 and drafted == len(GOLD) and plain == 0 and
+          dev >= 1, "%d/%d prompts; first step drafted on %d, plain on %d; "
+          "device head %d; accept-length %.2f; transport %s; %.1fs" %
+          (len(GOLD) - bad, len(GOLD), drafted, plain, dev, acc,
+           [t[2] for t in tr], secs))
+
+
 def main():
     random.seed(os.getpid())
+    phases = os.environ.get("BT_GPU_CLUSTER_PHASES", "ABCDE")
     log("golden prompts: %d (aidreams260K)" % len(GOLD))
+    if phases == "E":  # speculation only
+        phase_spec()
+        return summary()
     # A: aggregated, f32.
     tr, ids_a, bad, secs = phase_up("A-aggregated-f32",
                                     ["--prefill", "0", "--decode", "1",
@@ -254,6 +300,12 @@ def main():
     check("D kill -9 prefill mid-prompt, exact", bad == 0 and mapped >= 1
           and inline == 0, "%s; %d/%d prompts; IPC maps %d; inline %d" %
           (mode, len(GOLD) - bad, len(GOLD), mapped, inline))
+    if "E" in phases:
+        phase_spec()
+    return summary()
+
+
+def summary():
     log("")
     log("| check | result | detail |")
     log("| --- | --- | --- |")

@@ -2,7 +2,11 @@
 # run_gpu_cluster.sh [CARRY_DIR] - the cluster on one GPU (issue 7), ON
 # THE DEVICE MACHINE (never in CI): aggregated vs 1 prefill + 1 decode
 # over CUDA IPC vs golden.jsonl, bf16 agreement, kill -9 of the prefill
-# mid-prompt (CUDA MPS when available).  See tests/gpu/gpu_cluster.py.
+# mid-prompt (CUDA MPS when available), speculation with the draft head on
+# the GPU (phase E; needs a trained head in $C/shared/heads, e.g.
+# `baton eagle train --target ../shared/models/aidreams260K.bin --out
+# $C/shared/heads/aidreams260K.bin.head.safetensors`; skipped without).
+# BT_GPU_CLUSTER_PHASES=E runs phase E alone.  See tests/gpu/gpu_cluster.py.
 #
 # Prepare here (the device has no ZeroMQ/protobuf-c/UCX):
 #   cmake -S . -B build-gpucluster -DCMAKE_CUDA_ARCHITECTURES=90a
