@@ -26,6 +26,9 @@
 #include "bt_error.h"
 #include "bt_util.h"
 #include "cli.h"
+#ifdef BATON_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "engine.h"
 #include "kv/kv.h"
 #include "spec/spec.h"
@@ -358,6 +361,17 @@ static bt_status_t bench_seqs(engine_t *engine, const bench_opts_t *o, int B,
     return bench_prefill(engine, seqs, B, out);
 }
 
+/* GPU time of the engine's forwards so far (cuda; 0 elsewhere). */
+static uint64_t bench_gpu_ns(engine_t *engine)
+{
+#ifdef BATON_HAVE_CUDA
+    return cuda_backend_gpu_ns(engine_backend(engine), NULL);
+#else
+    (void)engine;
+    return 0;
+#endif
+}
+
 /* One batch size: plain engine_step decode of B fresh sequences for
  * `steps` steps, then for each tree size B fresh sequences, a few
  * warm-up and `steps` measured spec_step calls. */
@@ -370,7 +384,8 @@ static bt_status_t bench_spec_batch(engine_t *engine, spec_t **specs,
     int *out = bt_malloc((size_t)B * (SPEC_MAX_DEPTH + 2) * sizeof(int),
                          "bench");
     int *n_out = bt_malloc((size_t)B * sizeof(int), "bench");
-    double plain_tps = 0.0, plain_ms = 0.0;
+    double plain_tps = 0.0, plain_ms = 0.0, plain_gpu_ms = 0.0;
+    uint64_t plain_gpu0 = 0;
     bt_status_t status = BT_ERR_NO_MEMORY;
 
     if (seqs == NULL || ss == NULL || prompt == NULL || out == NULL ||
@@ -383,12 +398,16 @@ static bt_status_t bench_spec_batch(engine_t *engine, spec_t **specs,
     for (int s = 0; s < 2 + o->steps; s++) {
         uint64_t t0 = bt_time_ns();
 
+        if (s == 2)
+            plain_gpu0 = bench_gpu_ns(engine);
         status = engine_step(engine, seqs, B, 0, out);
         if (status != BT_OK)
             goto out;
         if (s >= 2)
             plain_ms += (double)(bt_time_ns() - t0) * 1e-6;
     }
+    plain_gpu_ms = (double)(bench_gpu_ns(engine) - plain_gpu0) * 1e-6 /
+                   o->steps;
     plain_tps = (double)B * o->steps / (plain_ms * 1e-3);
     for (int i = 0; i < B; i++)
         engine_seq_destroy(engine, &seqs[i]);
@@ -446,12 +465,16 @@ static bt_status_t bench_spec_batch(engine_t *engine, spec_t **specs,
             if (s1.head_replays + s1.head_captures + s1.head_eager > 0)
                 fprintf(stderr, "bench-engine: batch %d tree %d: measured "
                         "head passes %llu replayed, %llu captured, %llu "
-                        "eager\n", B, o->spec_tokens[t],
+                        "eager; GPU ms a step: verify %.3f, plain %.3f\n",
+                        B, o->spec_tokens[t],
                         (unsigned long long)(s1.head_replays -
                                              s0.head_replays),
                         (unsigned long long)(s1.head_captures -
                                              s0.head_captures),
-                        (unsigned long long)(s1.head_eager - s0.head_eager));
+                        (unsigned long long)(s1.head_eager - s0.head_eager),
+                        (double)(s1.verify_gpu_ns - s0.verify_gpu_ns) *
+                            1e-6 / n_st,
+                        plain_gpu_ms);
         }
         for (int i = 0; i < B; i++) {
             spec_seq_destroy(&ss[i]);

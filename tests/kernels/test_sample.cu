@@ -91,7 +91,9 @@ int main(void)
                                  {64, 128256, 256}, {3, 5, 256},
                                  {4, 1000, 1}, {7, 257, 64},
                                  {2, 151936, 100}, {3, 4099, 256}};
-    const int shapes[][2] = {{1, 512}, {7, 32000}, {64, 128256}, {3, 5}};
+    const int shapes[][2] = {{1, 512}, {7, 32000}, {64, 128256}, {3, 5},
+                             {5, 4099}, {2, 151936}, {128, 128256},
+                             {1, 128256}};
     kt_seed(4);
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         int n = shapes[s][0], vocab = shapes[s][1];
@@ -115,6 +117,23 @@ int main(void)
         }
         printf("%s argmax rows=%d vocab=%d first ids %d %d\n",
                bad ? "FAIL" : "PASS", n, vocab, ids[0], n > 1 ? ids[1] : -1);
+        if (vocab == 128256 && (n == 1 || n == 64)) {
+            cudaEvent_t e0, e1;
+            float ms = 0.0f;
+
+            KT_CUDA(cudaEventCreate(&e0));
+            KT_CUDA(cudaEventCreate(&e1));
+            KT_CUDA(cudaEventRecord(e0, 0));
+            for (int it = 0; it < 20; it++)
+                KT_OK(cuda_argmax(d_lg, n, vocab, d_ids, 0));
+            KT_CUDA(cudaEventRecord(e1, 0));
+            KT_CUDA(cudaEventSynchronize(e1));
+            KT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+            printf("INFO argmax rows=%d vocab=%d: %.1f us a call\n", n,
+                   vocab, ms * 1e3 / 20);
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+        }
         if (bad)
             kt_failures++;
         cudaFree(d_lg);

@@ -89,6 +89,23 @@ static __device__ __forceinline__ bool topk_better(float v, int i, float ov,
     return v > ov || (v == ov && i < oi);
 }
 
+/* The warp's best (value, id) by topk_better, and the lane-held tag t
+ * that came with it (its thread or lane), in every lane. */
+static __device__ __forceinline__ void topk_warp_best(float *v, int *i,
+                                                      int *t)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, *i, o);
+        int ot = __shfl_xor_sync(0xffffffffu, *t, o);
+        if (topk_better(ov, oi, *v, *i)) {
+            *v = ov;
+            *i = oi;
+            *t = ot;
+        }
+    }
+}
+
 /* Elements a thread of the split kernel holds: slices of up to
  * TOPK_THREADS * TOPK_PER_MAX elements, at most TOPK_SPLITS_MAX of them
  * (cuda_topk_logprob picks the slice), so rows up to 512K ids. */
@@ -189,16 +206,7 @@ static __global__ void topk_split_kernel(const float *logits, int vocab,
         int bi = head < KL ? sh_i[t * KL + head] : vocab;
         int bt = t;
 
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            int ot = __shfl_xor_sync(0xffffffffu, bt, o);
-            if (topk_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-                bt = ot;
-            }
-        }
+        topk_warp_best(&bv, &bi, &bt);
         if (lane == 0) {
             sh_wv[warp] = bv;
             sh_wi[warp] = bi;
@@ -209,16 +217,7 @@ static __global__ void topk_split_kernel(const float *logits, int vocab,
             bv = lane < n_warps ? sh_wv[lane] : -INFINITY;
             bi = lane < n_warps ? sh_wi[lane] : vocab;
             bt = lane < n_warps ? sh_wt[lane] : -1;
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                int ot = __shfl_xor_sync(0xffffffffu, bt, o);
-                if (topk_better(ov, oi, bv, bi)) {
-                    bv = ov;
-                    bi = oi;
-                    bt = ot;
-                }
-            }
+            topk_warp_best(&bv, &bi, &bt);
             if (lane == 0) {
                 rec[2 + r] = bv;
                 rec[2 + k + r] = __int_as_float(bi);
@@ -254,16 +253,7 @@ static __global__ void topk_merge_kernel(const float *part, int n_splits,
         int bi = has ? __float_as_int(rec[2 + k + head]) : vocab;
         int bl = lane;
 
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            int ol = __shfl_xor_sync(0xffffffffu, bl, o);
-            if (topk_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-                bl = ol;
-            }
-        }
+        topk_warp_best(&bv, &bi, &bl);
         if (lane == 0) {
             ids[(size_t)row_i * k + r] = bi < vocab ? bi : 0;
             logp[(size_t)row_i * k + r] = bi < vocab ? bv - lse : -INFINITY;
