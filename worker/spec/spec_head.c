@@ -58,8 +58,10 @@ struct spec_head_s {
     float *att;               /* (rows, q_dim) */
     float *gate;              /* (rows, hidden) */
     float *up;                /* (rows, hidden) */
-    float *scores;            /* (cap) attention scratch */
-    int scores_cap;
+    float *scores;            /* attention scratch (scores_cap floats) */
+    size_t scores_cap;
+    uint8_t *amask;           /* (n_tree, n_tree) mask for cpu__attention */
+    size_t amask_cap;
 };
 
 // ----------------------------------------------------------------------------
@@ -325,6 +327,7 @@ void spec_head_destroy(spec_head_t **head_p)
     bt_free(head->gate);
     bt_free(head->up);
     bt_free(head->scores);
+    bt_free(head->amask);
     bt_free(head);
     *head_p = NULL;
 }
@@ -439,10 +442,15 @@ static bt_status_t head_scratch(spec_head_t *head, int rows, int cap)
             return BT_ERR_NO_MEMORY;
         head->scr_rows = rows;
     }
-    if (cap > head->scores_cap) {
-        if (!head_grow(&head->scores, (size_t)cap))
-            return BT_ERR_NO_MEMORY;
-        head->scores_cap = cap;
+    {   /* cpu__attention: rows x slots; its decode path: its own size */
+        size_t need = BT_MAX(r * (size_t)cap,
+                             CPU_ATTN_DECODE_SCRATCH((size_t)cap));
+
+        if (need > head->scores_cap) {
+            if (!head_grow(&head->scores, need))
+                return BT_ERR_NO_MEMORY;
+            head->scores_cap = need;
+        }
     }
     return BT_OK;
 }
@@ -458,7 +466,6 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
     int dim = c->dim, hd = c->head_dim, hid = head->hidden_dim;
     int group = c->n_heads / c->n_kv_heads;
     int n_tree = base - ctx + n; /* temp slots a row may see */
-    float scale = 1.0f / sqrtf((float)hd);
     bt_status_t status;
 
     if (n <= 0 || ctx < 0 || base < ctx || base + n > kv->cap)
@@ -494,47 +501,51 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
                    head->inv_freq, pos[i], 1.0f);
         spec__rope(k, c->n_kv_heads, hd, head->inv_freq, pos[i], 1.0f);
     }
-    for (int i = 0; i < n; i++) {
-        const uint8_t *mrow = mask != NULL ? mask + (size_t)i * n_tree
-                                           : NULL;
-        int last = base - ctx + i; /* highest temp index visible */
+    /* the CPU backend's attention over the head's cache seen as one
+     * block: slots [0, ctx) cached, [ctx, base + n) the "new" tokens of
+     * which these rows are the last n (i0 = base - ctx); row i sees new
+     * token j <= i0 + i (and, with a mask, only where mask[i][j]) */
+    {
+        const int i0 = base - ctx, zero = 0;
+        cpu_attn_seq_t as;
 
-        for (int h = 0; h < c->n_heads; h++) {
-            const float *q = head->q + (size_t)i * head->q_dim +
-                             (size_t)h * hd;
-            float *o = head->att + (size_t)i * head->q_dim + (size_t)h * hd;
-            int kvh = h / group;
-            float mx = -FLT_MAX, sum = 0.0f;
+        memset(&as, 0, sizeof(as));
+        as.k_layer = kv->k;
+        as.v_layer = kv->v;
+        as.block_table = &zero;
+        as.block_size = kv->cap;
+        as.kv_row = head->kv_dim;
+        as.head_dim = hd;
+        as.ctx_len = ctx;
+        as.n_new = n_tree;
+        if (mask != NULL) {
+            size_t mb = (size_t)n_tree * n_tree;
 
-            for (int s = 0; s < ctx + last + 1; s++) {
-                const float *k;
-                float d = 0.0f;
+            if (mb > head->amask_cap) {
+                uint8_t *m = bt_realloc(head->amask, mb, "spec_head");
 
-                if (s >= ctx && mrow != NULL && !mrow[s - ctx]) {
-                    head->scores[s] = -INFINITY;
-                    continue;
-                }
-                k = kv->k + (size_t)s * head->kv_dim + (size_t)kvh * hd;
-                for (int e = 0; e < hd; e++)
-                    d += q[e] * k[e];
-                head->scores[s] = d * scale;
-                mx = BT_MAX(mx, head->scores[s]);
+                if (m == NULL)
+                    return BT_ERR_NO_MEMORY;
+                head->amask = m;
+                head->amask_cap = mb;
             }
-            memset(o, 0, sizeof(float) * hd);
-            for (int s = 0; s < ctx + last + 1; s++) {
-                float p;
-                const float *v;
-
-                if (head->scores[s] == -INFINITY)
-                    continue;
-                p = expf(head->scores[s] - mx);
-                sum += p;
-                v = kv->v + (size_t)s * head->kv_dim + (size_t)kvh * hd;
-                for (int e = 0; e < hd; e++)
-                    o[e] += p * v[e];
-            }
-            for (int e = 0; e < hd; e++)
-                o[e] /= sum;
+            memset(head->amask, 0, mb);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j <= i0 + i; j++)
+                    head->amask[(size_t)(i0 + i) * n_tree + j] =
+                        mask[(size_t)i * n_tree + j] != 0;
+            as.mask = head->amask;
+        }
+        if (n == 1 && mask == NULL && i0 == n_tree - 1) {
+            cpu__attention_decode(head->att, head->q, &as, c->n_kv_heads,
+                                  group, head->scores);
+        } else {
+            for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
+                cpu__attention(head->att + (size_t)kvh * group * hd,
+                               head->q_dim,
+                               head->q + (size_t)kvh * group * hd,
+                               head->q_dim, &as, kvh, group, i0, n,
+                               head->scores);
         }
     }
     spec__matmul(head->h, head->att, w->wo, NULL, n, head->q_dim, dim, true);
