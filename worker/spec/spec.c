@@ -1768,6 +1768,10 @@ bt_status_t spec_step(spec_t *spec, spec_seq_t **seqs, int n, int *n_out,
         return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
                         "step over %d sequences (1..%d allowed)", n,
                         bcfg->max_seqs);
+    /* copies queued by a step that failed half way point at rows no
+     * longer there: drop them (those sequences draft from stale stash
+     * rows once, nothing worse) */
+    spec->n_st = 0;
     for (int i = 0; i < n; i++) {
         int pending = engine_seq_len(seqs[i]->seq) -
                       engine_seq_cached(seqs[i]->seq);
