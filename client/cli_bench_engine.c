@@ -365,7 +365,7 @@ static bt_status_t bench_seqs(engine_t *engine, const bench_opts_t *o, int B,
 static uint64_t bench_gpu_ns(engine_t *engine)
 {
 #ifdef BATON_HAVE_CUDA
-    return cuda_backend_gpu_ns(engine_backend(engine), NULL);
+    return cuda_backend_gpu_ns(engine_backend(engine));
 #else
     (void)engine;
     return 0;

@@ -454,13 +454,13 @@ static int eagle_bench(const eagle_opts_t *o)
         double t;
         long n;
 #ifdef BATON_HAVE_CUDA
-        uint64_t g0 = cuda_backend_gpu_ns(engine_backend(engine), NULL);
+        uint64_t g0 = cuda_backend_gpu_ns(engine_backend(engine));
 #endif
 
         status = eagle_decode(engine, NULL, prompt, n_prompt, batch, gen,
                               &t, &n);
 #ifdef BATON_HAVE_CUDA
-        plain_gpu_ns += cuda_backend_gpu_ns(engine_backend(engine), NULL) -
+        plain_gpu_ns += cuda_backend_gpu_ns(engine_backend(engine)) -
                         g0;
 #endif
         t_plain += t;

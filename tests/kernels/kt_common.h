@@ -214,6 +214,29 @@ static inline void kt_flush_l2(void)
     KT_CUDA(cudaMemset(d_flush, 0, bytes));
 }
 
+/* Event timing on stream 0: kt_timer_start(), then `iters` calls, then
+ * kt_timer_us(iters) = microseconds a call. */
+static cudaEvent_t kt_timer_ev[2];
+
+static inline void kt_timer_start(void)
+{
+    if (kt_timer_ev[0] == NULL) {
+        KT_CUDA(cudaEventCreate(&kt_timer_ev[0]));
+        KT_CUDA(cudaEventCreate(&kt_timer_ev[1]));
+    }
+    KT_CUDA(cudaEventRecord(kt_timer_ev[0], 0));
+}
+
+static inline double kt_timer_us(int iters)
+{
+    float ms = 0.0f;
+
+    KT_CUDA(cudaEventRecord(kt_timer_ev[1], 0));
+    KT_CUDA(cudaEventSynchronize(kt_timer_ev[1]));
+    KT_CUDA(cudaEventElapsedTime(&ms, kt_timer_ev[0], kt_timer_ev[1]));
+    return (double)ms * 1e3 / iters;
+}
+
 static int kt_cmp_float(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;

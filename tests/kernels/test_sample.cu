@@ -118,21 +118,11 @@ int main(void)
         printf("%s argmax rows=%d vocab=%d first ids %d %d\n",
                bad ? "FAIL" : "PASS", n, vocab, ids[0], n > 1 ? ids[1] : -1);
         if (vocab == 128256 && (n == 1 || n == 64)) {
-            cudaEvent_t e0, e1;
-            float ms = 0.0f;
-
-            KT_CUDA(cudaEventCreate(&e0));
-            KT_CUDA(cudaEventCreate(&e1));
-            KT_CUDA(cudaEventRecord(e0, 0));
+            kt_timer_start();
             for (int it = 0; it < 20; it++)
                 KT_OK(cuda_argmax(d_lg, n, vocab, d_ids, 0));
-            KT_CUDA(cudaEventRecord(e1, 0));
-            KT_CUDA(cudaEventSynchronize(e1));
-            KT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
             printf("INFO argmax rows=%d vocab=%d: %.1f us a call\n", n,
-                   vocab, ms * 1e3 / 20);
-            cudaEventDestroy(e0);
-            cudaEventDestroy(e1);
+                   vocab, kt_timer_us(20));
         }
         if (bad)
             kt_failures++;

@@ -60,24 +60,16 @@ static void check(int n, int vocab, int k, int kind)
            bad ? "FAIL" : "PASS", n, vocab, k, kinds[kind], bad);
     kt_failures += bad != 0;
     if (kind == 0 && vocab == 128256 && (n == 4 || n == 128)) {
-        cudaEvent_t e0, e1;
-        float ms = 0.0f;
+        double us;
 
-        KT_CUDA(cudaEventCreate(&e0));
-        KT_CUDA(cudaEventCreate(&e1));
-        KT_CUDA(cudaEventRecord(e0, 0));
+        kt_timer_start();
         for (int it = 0; it < 20; it++)
             KT_OK(cuda_topk_logprob((const float *)d_lg, n, vocab, k,
                                     (int *)d_ids, (float *)d_lp,
                                     (float *)d_ws, 0));
-        KT_CUDA(cudaEventRecord(e1, 0));
-        KT_CUDA(cudaEventSynchronize(e1));
-        KT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        us = kt_timer_us(20);
         printf("INFO topk n=%d vocab=%d k=%d: %.1f us a call (%.0f GB/s)\n",
-               n, vocab, k, ms * 1e3 / 20,
-               (double)nv * 4 / (ms * 1e-3 / 20) * 1e-9);
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
+               n, vocab, k, us, (double)nv * 4 / (us * 1e-6) * 1e-9);
     }
     cudaFree(d_lg);
     cudaFree(d_ids);

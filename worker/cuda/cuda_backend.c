@@ -265,21 +265,21 @@ struct cuda_backend_s {
     int op_i0, op_i1;         /* kv copies: blocks or slot count */
 
     /* backend_forward_sample on one GPU (cuda_sample.h), made at first
-     * use; last_graph: the last forward replayed a graph (logits row of
-     * sequence s at row s) */
+     * use */
     cuda_sampling_t *samp;
-    bool last_graph;
 
     /* GPU time of the forwards (rank 0's stream, events from the
      * metadata upload to the last copy or sampling kernel) */
     uint64_t gpu_ns;
-    uint64_t n_fwd;
 
-    /* the hidden rows the last forward left on the device
-     * (cuda_backend_hidden): row i of those it returned is d_hidden row
-     * hid_map[i]; hid_n 0 when it kept none */
-    int *hid_map;             /* (hid_cap) */
-    int hid_n;
+    /* where the last forward's rows are: row i of those it returns
+     * (logits and hidden alike) is device row row_map[i] of d_logits and
+     * d_hidden (graph steps compute a row per padded token, in sequence
+     * order; other steps only the rows asked for, in batch order);
+     * hid_kept: its hidden rows are on the device (cuda_backend_hidden) */
+    int *row_map;             /* (hid_cap) */
+    int n_rows;
+    bool hid_kept;
 };
 
 // ---------------------------------------------------------------------
@@ -1080,8 +1080,8 @@ static bt_status_t cuda_create(const model_t *model,
     /* every row of a step stays on the device (a draft head reads them
      * there, cuda_backend_hidden), not only one classifier chunk's */
     b->hid_cap = BT_MAX(b->row_cap, b->max_tok);
-    b->hid_map = bt_malloc(sizeof(int) * (size_t)b->hid_cap, "hidden_map");
-    if (b->hid_map == NULL) {
+    b->row_map = bt_malloc(sizeof(int) * (size_t)b->hid_cap, "row_map");
+    if (b->row_map == NULL) {
         bt_free(b);
         return BT_ERR_NO_MEMORY;
     }
@@ -1090,7 +1090,7 @@ static bt_status_t cuda_create(const model_t *model,
 
     b->ranks = bt_calloc((size_t)b->tp, sizeof(*b->ranks), "cuda_ranks");
     if (b->ranks == NULL) {
-        bt_free(b->hid_map);
+        bt_free(b->row_map);
         bt_free(b);
         return BT_ERR_NO_MEMORY;
     }
@@ -1218,7 +1218,7 @@ static void cuda_destroy(void *impl)
     if (b->h_mask)
         cudaFreeHost(b->h_mask);
     bt_free(b->ranks);
-    bt_free(b->hid_map);
+    bt_free(b->row_map);
     bt_free(b);
 }
 
@@ -1291,7 +1291,6 @@ static bt_status_t cuda_rank_sync_timed(cuda_rank_t *r)
         if (cudaEventElapsedTime(&ms, r->ev_fwd[0], r->ev_fwd[1]) ==
             cudaSuccess) {
             r->b->gpu_ns += (uint64_t)((double)ms * 1e6);
-            r->b->n_fwd++;
         }
         (void)cudaGetLastError();
     }
@@ -1891,19 +1890,15 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     st.h_logits = logits;
     st.h_hidden = hidden;
     st.no_sync = no_sync && b->tp == 1;
-    b->last_graph = graph;
-    /* graph steps compute a hidden row per (padded) token, in sequence
-     * order; other steps only the rows asked for, in batch order */
-    b->hid_n = 0;
-    if (st.want_hidden) {
-        for (int s = 0, t2 = 0; s < batch->n_seqs; s++) {
-            const backend_seq_t *sq = &batch->seqs[s];
+    b->hid_kept = st.want_hidden;
+    b->n_rows = 0;
+    for (int s = 0, t2 = 0; s < batch->n_seqs; s++) {
+        const backend_seq_t *sq = &batch->seqs[s];
 
-            for (int i = 0; i < sq->n_logits; i++, b->hid_n++)
-                b->hid_map[b->hid_n] =
-                    graph ? t2 + sq->n_tokens - sq->n_logits + i : b->hid_n;
-            t2 += sq->n_tokens;
-        }
+        for (int i = 0; i < sq->n_logits; i++, b->n_rows++)
+            b->row_map[b->n_rows] =
+                graph ? t2 + sq->n_tokens - sq->n_logits + i : b->n_rows;
+        t2 += sq->n_tokens;
     }
 
     if (b->tp == 1)
@@ -1937,7 +1932,7 @@ static bt_status_t cuda_forward_sample_begin(void *impl,
 {
     cuda_backend_t *b = impl;
     cuda_rank_t *r = &b->ranks[0];
-    int n_rows = 0, row = 0, *dev_row;
+    int n_rows = 0;
     bt_status_t status;
 
     *handled = false;
@@ -1952,28 +1947,14 @@ static bt_status_t cuda_forward_sample_begin(void *impl,
         if (status != BT_OK)
             return status;
     }
-    dev_row = bt_malloc(sizeof(int) * (size_t)n_rows, "cuda_sample_rows");
-    if (dev_row == NULL)
-        return BT_ERR_NO_MEMORY;
     status = cuda_forward_ex(b, batch, NULL, hidden, true);
     if (status != BT_OK)
-        goto out;
-    /* graph steps compute a row per (padded) token, in sequence order;
-     * other steps only the rows asked for, in batch order */
-    for (int s = 0, t = 0; s < batch->n_seqs; s++) {
-        const backend_seq_t *sq = &batch->seqs[s];
-        for (int i = 0; i < sq->n_logits; i++, row++)
-            dev_row[row] = b->last_graph ? t + sq->n_tokens - sq->n_logits + i
-                                         : row;
-        t += sq->n_tokens;
-    }
+        return status;
     status = cuda_sampling_enqueue(b->samp, r->d_logits,
-                                   (size_t)r->sh.n_vocab, n_rows, dev_row,
+                                   (size_t)r->sh.n_vocab, n_rows, b->row_map,
                                    samplers, ids, logits, r->stream);
     if (status == BT_OK)
         *handled = true;
-out:
-    bt_free(dev_row);
     return status;
 }
 
@@ -1986,19 +1967,11 @@ static bt_status_t cuda_forward_sample_end(void *impl)
     return status != BT_OK ? status : st2;
 }
 
-uint64_t cuda_backend_gpu_ns(backend_t *backend, uint64_t *n_fwd)
+uint64_t cuda_backend_gpu_ns(backend_t *backend)
 {
-    cuda_backend_t *b;
-
-    if (strcmp(backend_name(backend), "cuda") != 0) {
-        if (n_fwd)
-            *n_fwd = 0;
+    if (strcmp(backend_name(backend), "cuda") != 0)
         return 0;
-    }
-    b = backend__impl(backend);
-    if (n_fwd)
-        *n_fwd = b->n_fwd;
-    return b->gpu_ns;
+    return ((cuda_backend_t *)backend__impl(backend))->gpu_ns;
 }
 
 const float *cuda_backend_hidden(backend_t *backend, const int **map_p,
@@ -2011,10 +1984,10 @@ const float *cuda_backend_hidden(backend_t *backend, const int **map_p,
     if (strcmp(backend_name(backend), "cuda") != 0)
         return NULL;
     b = backend__impl(backend);
-    if (b->hid_n == 0)
+    if (!b->hid_kept || b->n_rows == 0)
         return NULL;
-    *map_p = b->hid_map;
-    *n_p = b->hid_n;
+    *map_p = b->row_map;
+    *n_p = b->n_rows;
     return b->ranks[0].d_hidden;
 }
 

@@ -48,10 +48,9 @@ const float *cuda_backend_hidden(backend_t *backend, const int **map_p,
                                  int *n_p);
 
 /* GPU time of the forwards so far (ns, rank 0's stream: CUDA events
- * from a forward's metadata upload to its last copy or sampling kernel)
- * and their count in *n_fwd (may be NULL); 0 for another backend.  Wall
- * time minus this is what the host adds. */
-uint64_t cuda_backend_gpu_ns(backend_t *backend, uint64_t *n_fwd);
+ * from a forward's metadata upload to its last copy or sampling kernel);
+ * 0 for another backend.  Wall time minus this is what the host adds. */
+uint64_t cuda_backend_gpu_ns(backend_t *backend);
 
 /* Rows sampled by backend_forward_sample since the backend was made:
  * greedy on the device, from the device's top candidates, candidates

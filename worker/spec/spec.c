@@ -898,11 +898,11 @@ static bt_status_t spec_push(spec_t *spec, spec_seq_t *s,
         float *dst = s->pend + (size_t)s->n_pend * spec->dim;
 
 #ifdef BATON_HAVE_CUDA
-        if (spec->feat_dev) { /* imported rows: up to the stash */
-            status = spec_stash_run(spec);
-            if (status == BT_OK)
-                status = cuda_draft_stash_host(spec->dev, s->state,
-                                               s->n_pend, hidden, chunk);
+        if (spec->feat_dev) {
+            /* only imported rows come here (between steps: the stash
+             * queue is empty then); a step's rows take spec_push_rows */
+            status = cuda_draft_stash_host(spec->dev, s->state, s->n_pend,
+                                           hidden, chunk);
             if (status != BT_OK)
                 return status;
         } else
@@ -1858,7 +1858,7 @@ reserve:
     t1 = bt_time_ns();
     spec->stats.draft_ns += t1 - t0;
 #ifdef BATON_HAVE_CUDA
-    gpu0 = cuda_backend_gpu_ns(engine_backend(spec->engine), NULL);
+    gpu0 = cuda_backend_gpu_ns(engine_backend(spec->engine));
 #endif
 
     /* one target forward for every sequence, through
@@ -1944,7 +1944,7 @@ reserve:
     spec->stats.verify_ns += t2 - t1;
 #ifdef BATON_HAVE_CUDA
     spec->stats.verify_gpu_ns +=
-        cuda_backend_gpu_ns(engine_backend(spec->engine), NULL) - gpu0;
+        cuda_backend_gpu_ns(engine_backend(spec->engine)) - gpu0;
 #endif
 
     /* accept, commit, feed the draft state */
