@@ -79,7 +79,8 @@ static void run_variant_ws(int k, int t, int o, int i, cuda_dtype_t out_dt,
     snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d%s%s",
              cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), kt_dt_name(out_dt),
              acc ? " +=" : "", t, o, i, kt_switches(),
-             k == CUDA_GEMV_TC && ws == NULL ? " no-split" : "");
+             (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG) && ws == NULL
+                 ? " no-split" : "");
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
     free(x); free(w); free(y0); free(ref); free(y);
@@ -214,7 +215,11 @@ int main(int argc, char **argv)
                               {3, 131, 32}, {1, 1, 256}, {4, 200, 8},
                               {64, 17, 64}, {24, 4100, 4096},
                               {16, 4096, 7168}, {40, 6144, 4096},
-                              {9, 640, 8192}};
+                              {9, 640, 8192},
+                              /* wg: 65-128 tokens */
+                              {65, 77, 64}, {100, 1000, 4096},
+                              {128, 6144, 4096}, {72, 130, 320},
+                              {128, 4096, 14336}};
         for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++) {
             int n = 0;
             for (size_t s = 0; s < sizeof(vsh) / sizeof(vsh[0]); s++) {
@@ -225,7 +230,7 @@ int main(int argc, char **argv)
                 run_variant(k, t, o, i, CUDA_DT_BF16, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 1);
-                if (k == CUDA_GEMV_TC) /* the unsplit path everywhere */
+                if (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG) /* unsplit */
                     run_variant_ws(k, t, o, i, CUDA_DT_F32, 1, NULL);
                 n++;
             }

@@ -55,9 +55,9 @@
 #define GEMM_MAX_TUNED 1024
 #define GEMM_TUNE_MAX_TOK 128   /* largest tuned token bucket */
 #define GEMM_TC_COUNTERS 4096   /* split-K tile counters of the tc GEMV */
-/* its partials: at most 2 blocks per SM x 64 tokens x 128 rows of f32
+/* its partials: at most 2 blocks per SM x 128 tokens x 128 rows of f32
  * (kernels/gemv_tc.cu splits only up to 2 blocks per SM), 132 SMs */
-#define GEMM_TC_PART_BYTES ((size_t)2 * 132 * 64 * 128 * 4)
+#define GEMM_TC_PART_BYTES ((size_t)2 * 132 * 128 * 128 * 4)
 #define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
 #define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
 #define GEMM_LT_CANDS_MAX 32    /* BT_GEMM_LT_CANDS / _BIG at most */

@@ -1064,7 +1064,9 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * that one with the round-2 (unbatched) load order, =mma2 128 queries
  * per block; unset or =fa2 (=fa2w4, =fa2w8 force the warp count) the
  * kernel of attn_prefill_fa2.cu at head 64/128 (the default; elsewhere
- * as =mma).
+ * as =mma); =fa2wq that kernel with S = Q K^T on wgmma (sm_90a; H200
+ * 2026-12-01: 183.7 vs 182.7 us per layer at 2048 tokens, so not the
+ * default).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -1084,6 +1086,9 @@ static int attn_prefill_kind(void)
         return 6; /* fa2 with 4 warps per block */
     if (env && strcmp(env, "fa2w8") == 0)
         return 7; /* fa2 with 8 warps per block */
+    if (env && strcmp(env, "fa2wq") == 0)
+        return 8; /* fa2 with S = Q K^T on wgmma */
+
     /* Default (and =fa2): attn_prefill_fa2.cu, warps per block chosen by
      * the GQA group; at head sizes it does not take, the mma kernel.
      * H200, 2026-12-01, Llama-3-8B shape: attention of a 2048-token
@@ -1171,7 +1176,7 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         const int kind = attn_prefill_kind();
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles,
                                     kind == 6 ? 4 : kind == 7 ? 8 : 0,
-                                    stream);
+                                    kind == 8, stream);
         if (err != cudaSuccess)
             return BT_CUDA_STATUS(err);
         return BT_CUDA_LAUNCH_STATUS();

@@ -45,10 +45,12 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt);
 
 /* Same tiles and semantics as cuda_attn_prefill; the query heads of one
  * KV head share a block.  n_warps: 4 or 8 per block, anything else =
- * 8 when n_heads / n_kv_heads is even, else 4. */
+ * 8 when n_heads / n_kv_heads is even, else 4.  wgmma_qk: S = Q K^T on
+ * wgmma where cuda_wgmma_available() (kernels/wgmma.cuh), else ignored. */
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   const int *d_tiles, int n_tiles,
-                                  int n_warps, cudaStream_t stream);
+                                  int n_warps, bool wgmma_qk,
+                                  cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,8 @@
  * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16,
  * head 64/128) over the paged KV cache: the default prefill kernel since
  * 2026-12-01 (BT_PREFILL_KERNEL=fa2w4 / fa2w8 force the warp count,
- * =mma and the others select the kernels of attn_prefill.cu).
+ * =fa2wq runs S = Q K^T on wgmma, =mma and the others select the kernels
+ * of attn_prefill.cu).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -30,6 +31,18 @@
  * block table one iteration ahead of their copy, so the block-id loads
  * never stall the copy issue.
  *
+ * fa2wq (WQ, sm_90a): each warpgroup's four warp units stage their Q
+ * rows once in shared memory and K tiles are written as wgmma's K-major
+ * 128-byte-swizzle slabs of 64 dims, so S for 64 rows is 4 (HD 64) or 8
+ * (HD 128) m64n64k16 wgmmas reading both operands from shared memory --
+ * no Q registers, no K ldmatrix; the accumulators land in the same m16n8
+ * layout, so masks, softmax and P V (mma.sync) are shared with fa2.  A
+ * warpgroup skips a key tile only when all four of its warps would.
+ * Measured equal to fa2 (H200, 183.7 vs 182.7 us a layer at 2048
+ * tokens): the QK^T operand traffic is not what bounds this kernel; its
+ * register savings (184 vs 232) are the room an FA3-style overlap of the
+ * next tile's S with this tile's softmax would need.
+ *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
  * end of the keys, draft-tree masks), and blocks run heaviest first
@@ -49,19 +62,26 @@
 
 #include "kern_common.cuh"
 #include "tc_common.cuh"
+#include "wgmma.cuh"
 
 #define F2_BK 64           /* keys per tile */
 #define F2_SUB 16          /* query rows per warp */
 #define F2_SUBS (CUDA_PREFILL_BQ / F2_SUB) /* sub-tiles per backend tile */
 
-template <int HD, int NW> struct f2_cfg {
+/* WQ: S = Q K^T on wgmma (sm_90a): each warpgroup's 64 query rows are
+ * staged once in shared memory and K tiles are laid out as wgmma's
+ * K-major 128-byte-swizzle slabs of 64 dims (f2_slab). */
+template <int HD, int NW, bool WQ> struct f2_cfg {
     static constexpr int STAGES = NW == 8 ? 4 : 3;
     static constexpr int CH = HD / 8;                  /* chunks per row */
     static constexpr int TILE = F2_BK * HD;            /* elements */
     static constexpr int THREADS = NW * 32;
     static constexpr int RSTEP = THREADS / CH;         /* row step */
     static constexpr int RPT = F2_BK * CH / THREADS;   /* rows per thread */
-    static constexpr size_t BYTES = (size_t)STAGES * 2 * TILE * 2;
+    static constexpr int QTILE = 64 * HD;              /* per warpgroup */
+    static constexpr size_t BYTES =
+        (size_t)STAGES * 2 * TILE * 2 +
+        (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0);
     static_assert(THREADS % CH == 0, "thread count");
     static_assert(RPT * THREADS == F2_BK * CH, "tile split");
 };
@@ -91,12 +111,19 @@ static __device__ __forceinline__ int f2_swz(int r, int c)
     return r * HD + ((c ^ (r & 7)) << 3);
 }
 
-template <int HD, int NW>
+/* The same for wgmma operands (tiles of `rows` rows): slab c / 8 of 64
+ * dims, 128-byte rows, chunk c % 8 at (c % 8) ^ (r & 7). */
+static __device__ __forceinline__ int f2_slab(int rows, int r, int c)
+{
+    return (c >> 3) * rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+template <int HD, int NW, bool WQ>
 static __global__ void __launch_bounds__(NW * 32)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts)
 {
-    typedef f2_cfg<HD, NW> C;
+    typedef f2_cfg<HD, NW, WQ> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
     constexpr int CH = C::CH;
@@ -105,8 +132,12 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
     constexpr int KB = F2_BK / 8; /* 8-key column tiles of S */
     extern __shared__ __align__(128) char smem[];
-    bf16_t *sk = (bf16_t *)smem;     /* [STAGES][BK][HD], swizzled */
-    bf16_t *sv = sk + STAGES * TILE; /* same */
+    /* wgmma operands need 1024-byte aligned tiles */
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(smem);
+    bf16_t *sk = (bf16_t *)(smem + (WQ ? (1024 - (sm0 & 1023)) & 1023 : 0));
+    /* [STAGES][BK][HD] swizzled (WQ: [STAGES][HD / 64][BK][64] slabs) */
+    bf16_t *sv = sk + STAGES * TILE; /* [STAGES][BK][HD] swizzled */
+    bf16_t *sq = sv + STAGES * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
 
     /* Heaviest first: the last backend tile's blocks come first. */
     int bid = blockIdx.x;
@@ -187,7 +218,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             const bool ok = slot[j] >= 0;
             const size_t off = ok ? (size_t)slot[j] * slot_stride : 0;
             const int so = f2_swz<HD>(r, col);
-            tc_cp16(dk + so, kbase + off, ok);
+            tc_cp16(dk + (WQ ? f2_slab(F2_BK, r, col) : so), kbase + off, ok);
             tc_cp16(dv + so, vbase + off, ok);
         }
     };
@@ -204,9 +235,25 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     }
     resolve(STAGES - 1, slot);
 
-    /* Q fragments of this warp's 16 rows, kept for the whole loop. */
-    uint32_t qa[KS][4];
-    {
+    /* Q fragments of this warp's 16 rows, kept for the whole loop (WQ:
+     * staged as rows 16 (warp % 4) .. +15 of its warpgroup's Q tile). */
+    uint32_t qa[WQ ? 1 : KS][4];
+    if constexpr (WQ) {
+        bf16_t *dq = sq + (warp >> 2) * C::QTILE;
+#pragma unroll
+        for (int j = 0; j < 16 * CH / 32; j++) {
+            const int c = lane + 32 * j, r = c / CH, ch = c % CH;
+            const int qr = sub * F2_SUB + r;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (warp_live && qr < n_q)
+                v = *reinterpret_cast<const uint4 *>(
+                    (const bf16_t *)a.d_q +
+                    ((size_t)(tok0 + i0 + qr) * a.n_heads + h) * HD + ch * 8);
+            *reinterpret_cast<uint4 *>(
+                dq + f2_slab(64, 16 * (warp & 3) + r, ch)) = v;
+        }
+        wg_fence_proxy(); /* before wgmma reads them (the loop's barrier) */
+    } else {
         const bf16_t *q0 = (const bf16_t *)a.d_q +
                            ((size_t)(tok0 + (ok0 ? qi0 : i0)) * a.n_heads +
                             h) * HD;
@@ -222,6 +269,20 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             qa[ks][3] = ok1 ? tc_ld32(q1 + c + 8) : 0u;
         }
     }
+    /* WQ: the last key any warp of this warpgroup may see (the wgmma is
+     * the warpgroup's, so it skips a tile only when all four do). */
+    int wg_last = -1;
+    if (WQ) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int u = u_first + 4 * (warp >> 2) + j, sj = u / G;
+            if (u < units && sj * F2_SUB < n_q)
+                wg_last = max(wg_last,
+                              mask ? kv_end - 1
+                                   : ctx + min(i0 + sj * F2_SUB + F2_SUB - 1,
+                                               n_tok - 1));
+        }
+    }
 
     float o[NT][4];
 #pragma unroll
@@ -233,6 +294,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 
     for (int kt = 0; kt < n_kt; kt++) {
         tc_cp_wait<STAGES - 2>();
+        if (WQ)
+            wg_fence_proxy(); /* the copies, before wgmma reads them */
         __syncthreads(); /* tile kt landed; stage (kt-1) % STAGES is free */
         {
             const int nk = kt + STAGES - 1;
@@ -244,29 +307,50 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             tc_cp_commit();
         }
         const int kb0 = kt * F2_BK;
-        if (!warp_live || kb0 > warp_last)
-            continue; /* every key of the tile is hidden from this warp */
+        if (WQ ? kb0 > wg_last : !warp_live || kb0 > warp_last)
+            continue; /* every key of the tile is hidden from the warp(s) */
         const bf16_t *tk = sk + (kt % STAGES) * TILE;
         const bf16_t *tv = sv + (kt % STAGES) * TILE;
 
-        /* S (16 x 64) = Q K^T: per 32 dims, the 8 key column tiles'
-         * fragments (one ldmatrix.x4 each: dims 32 k2 + 0..31 of keys
-         * 8 nt + 0..7) are loaded before their 16 products. */
         float s[KB][4];
 #pragma unroll
         for (int nt = 0; nt < KB; nt++)
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        if constexpr (WQ) {
+            /* S (64 x 64 per warpgroup; this warp's 16 rows in the
+             * m16n8 C layout) = Q K^T, k16 steps over the HD / 64 slabs */
+            const unsigned qs = (unsigned)__cvta_generic_to_shared(
+                sq + (warp >> 2) * C::QTILE);
+            const unsigned ks0 = (unsigned)__cvta_generic_to_shared(tk);
+            wg_fence_acc<KB>(s);
+            wg_fence();
 #pragma unroll
-        for (int k2 = 0; k2 < HD / 32; k2++) {
-            uint32_t b[KB][4];
+            for (int kk = 0; kk < KS; kk++) {
+                const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
+                wg_mma<KB>::run(s, wg_desc(qs + sl * 64 * 64 * 2 + 32 * kin),
+                                wg_desc(ks0 + sl * F2_BK * 64 * 2 + 32 * kin));
+            }
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_acc<KB>(s);
+            if (!warp_live || kb0 > warp_last)
+                continue; /* nothing visible to this warp */
+        } else {
+            /* S (16 x 64) = Q K^T: per 32 dims, the 8 key column tiles'
+             * fragments (one ldmatrix.x4 each: dims 32 k2 + 0..31 of keys
+             * 8 nt + 0..7) are loaded before their 16 products. */
 #pragma unroll
-            for (int nt = 0; nt < KB; nt++)
-                tc_ldm(b[nt], tk + (nt * 8 + sw) * HD +
-                                  (((k2 * 4 + (lane >> 3)) ^ sw) << 3));
+            for (int k2 = 0; k2 < HD / 32; k2++) {
+                uint32_t b[KB][4];
 #pragma unroll
-            for (int nt = 0; nt < KB; nt++) {
-                f2_mma(s[nt], qa[2 * k2], b[nt][0], b[nt][1]);
-                f2_mma(s[nt], qa[2 * k2 + 1], b[nt][2], b[nt][3]);
+                for (int nt = 0; nt < KB; nt++)
+                    tc_ldm(b[nt], tk + (nt * 8 + sw) * HD +
+                                      (((k2 * 4 + (lane >> 3)) ^ sw) << 3));
+#pragma unroll
+                for (int nt = 0; nt < KB; nt++) {
+                    f2_mma(s[nt], qa[2 * k2], b[nt][0], b[nt][1]);
+                    f2_mma(s[nt], qa[2 * k2 + 1], b[nt][2], b[nt][3]);
+                }
             }
         }
 
@@ -395,31 +479,43 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
     return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
 }
 
-template <int HD, int NW>
+template <int HD, int NW, bool WQ>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, cudaStream_t stream)
 {
     const int G = a->n_heads / a->n_kv_heads;
     const int parts = (F2_SUBS * G + NW - 1) / NW;
-    const size_t bytes = f2_cfg<HD, NW>::BYTES;
+    const size_t bytes = f2_cfg<HD, NW, WQ>::BYTES;
     const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
     cudaError_t err;
 
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
-    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW>,
+    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW><<<(unsigned)blocks, NW * 32, bytes,
-                                      stream>>>(*a, tiles, n_tiles, parts);
+    attn_prefill_fa2_kernel<HD, NW, WQ><<<(unsigned)blocks, NW * 32, bytes,
+                                          stream>>>(*a, tiles, n_tiles, parts);
     return cudaGetLastError();
+}
+
+template <bool WQ>
+static cudaError_t f2_launch_hd(const cuda_attn_args_t *a, const int *tiles,
+                                int n_tiles, int n_warps, cudaStream_t st)
+{
+    if (a->head_dim == 64)
+        return n_warps == 8 ? f2_launch<64, 8, WQ>(a, tiles, n_tiles, st)
+                            : f2_launch<64, 4, WQ>(a, tiles, n_tiles, st);
+    return n_warps == 8 ? f2_launch<128, 8, WQ>(a, tiles, n_tiles, st)
+                        : f2_launch<128, 4, WQ>(a, tiles, n_tiles, st);
 }
 
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   const int *d_tiles, int n_tiles,
-                                  int n_warps, cudaStream_t stream)
+                                  int n_warps, bool wgmma_qk,
+                                  cudaStream_t stream)
 {
     const int G = args->n_heads / args->n_kv_heads;
 
@@ -429,10 +525,7 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    if (args->head_dim == 64)
-        return n_warps == 8 ? f2_launch<64, 8>(args, d_tiles, n_tiles, stream)
-                            : f2_launch<64, 4>(args, d_tiles, n_tiles,
-                                               stream);
-    return n_warps == 8 ? f2_launch<128, 8>(args, d_tiles, n_tiles, stream)
-                        : f2_launch<128, 4>(args, d_tiles, n_tiles, stream);
+    if (wgmma_qk && cuda_wgmma_available())
+        return f2_launch_hd<true>(args, d_tiles, n_tiles, n_warps, stream);
+    return f2_launch_hd<false>(args, d_tiles, n_tiles, n_warps, stream);
 }

@@ -1087,7 +1087,8 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 // Public API
 
 static const char *const gemv_names[CUDA_GEMV_N_KERNELS] = {
-    "rows", "rows8", "stream", "ring", "bulk", "mma1", "mma2", "tc"};
+    "rows", "rows8", "stream", "ring", "bulk", "mma1", "mma2", "tc",
+    "wg"};
 
 const char *cuda_gemv_kernel_name(cuda_gemv_kernel_t k)
 {
@@ -1121,6 +1122,8 @@ bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
         return gemv_mma_ok(n_tok, n_in);
     case CUDA_GEMV_TC:
         return cuda_gemv_tc_ok(n_tok, n_out, n_in);
+    case CUDA_GEMV_WG:
+        return cuda_gemv_wg_ok(n_tok, n_out, n_in);
     default:
         return false;
     }
@@ -1167,6 +1170,10 @@ bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
         break;
     case CUDA_GEMV_TC:
         err = cuda_gemv_tc(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
+                           accumulate, ws, stream);
+        break;
+    case CUDA_GEMV_WG:
+        err = cuda_gemv_wg(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
                            accumulate, ws, stream);
         break;
     default:

@@ -34,6 +34,10 @@
  *           swizzled cp.async ring, ldmatrix + mma.m16n8k16, split K with
  *           a deterministic last-block reduction through the caller's
  *           workspace (cuda_gemv_ws_t) when the rows cannot fill the GPU.
+ * - wg:     tc with the products on wgmma (sm_90a only; up to 128 tokens,
+ *           so speculative verification of 128-token steps has it too):
+ *           one warpgroup per 64 weight rows reads both operands straight
+ *           from the swizzled stages, no ldmatrix traffic.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_GEMV_H
 #define BT_WORKER_CUDA_KERNELS_GEMV_H
@@ -49,6 +53,7 @@ extern "C" {
 
 #define CUDA_GEMV_MAX_TOK 2  /* the rows kernel's default range */
 #define CUDA_GEMV_MMA_MAX_TOK 64
+#define CUDA_GEMV_WG_MAX_TOK 128
 
 typedef enum {
     CUDA_GEMV_ROWS = 0,
@@ -59,6 +64,7 @@ typedef enum {
     CUDA_GEMV_MMA1,
     CUDA_GEMV_MMA2,
     CUDA_GEMV_TC,
+    CUDA_GEMV_WG,
     CUDA_GEMV_N_KERNELS
 } cuda_gemv_kernel_t;
 
@@ -100,6 +106,13 @@ cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
                          bool accumulate, const cuda_gemv_ws_t *ws,
                          cudaStream_t stream);
 cudaError_t cuda_gemv_tc_prepare(void);
+/* The wg variant (gemv_tc.cu): as tc for 1..CUDA_GEMV_WG_MAX_TOK tokens,
+ * only where cuda_wgmma_available() (kernels/wgmma.cuh). */
+bool cuda_gemv_wg_ok(int n_tok, int n_out, int n_in);
+cudaError_t cuda_gemv_wg(int n_tok, int n_out, int n_in, const void *d_x,
+                         const void *d_w, void *d_y, cuda_dtype_t out_dt,
+                         bool accumulate, const cuda_gemv_ws_t *ws,
+                         cudaStream_t stream);
 
 /* Raises the shared-memory limit of the ring/bulk/mma kernels on the
  * current device (also done lazily at their first launch); call outside

@@ -1,8 +1,8 @@
 /*
- * gemv_tc.cu - the "tc" variant of kernels/gemv.h: a skinny tensor-core
- * GEMM y (t, o) [+]= x (t, i) . w (o, i)^T for 1..64 tokens (decode
- * batches, draft levels, speculative verification), bf16 in, f32
- * accumulation, y bf16 or f32.
+ * gemv_tc.cu - the "tc" and "wg" variants of kernels/gemv.h: a skinny
+ * tensor-core GEMM y (t, o) [+]= x (t, i) . w (o, i)^T for 1..64 (tc) or
+ * 1..128 (wg) tokens (decode batches, draft levels, speculative
+ * verification), bf16 in, f32 accumulation, y bf16 or f32.
  *
  * Why: at 8-64 tokens cuBLASLt reads the Llama-3-8B projection weights
  * at 1.9-3.4 TB/s (H200, 2026-12-01), the per-row GEMVs do T x the FMAs
@@ -14,13 +14,16 @@
  * exactly once.
  *
  * Block: 8 warps, 128 rows x N tokens (N = 8 NT, tokens padded with
- * zeros), K in tiles of 64 through a TC_STAGES-deep cp.async ring
- * (16-byte copies; 128-byte rows swizzled: chunk c of row r at c ^ (r &
- * 7), so ldmatrix reads 8 rows from 8 bank groups).  Warp w multiplies
- * rows 16w..16w+15 by all N tokens with mma.m16n8k16 (weights as A, x
- * as B: x rows are [token][k], i.e. B "col", ldmatrix without .trans).
- * The weight tiles of the first stages are issued before the PDL wait
- * (they never depend on the previous kernel), x's after it.
+ * zeros), K in tiles of 64 through a 3-4 deep cp.async ring (16-byte
+ * copies; 128-byte rows swizzled: chunk c of row r at c ^ (r & 7), so
+ * ldmatrix reads 8 rows from 8 bank groups, and the layout is wgmma's
+ * 128-byte swizzle).  tc: warp w multiplies rows 16w..16w+15 by all N
+ * tokens with mma.m16n8k16 (weights as A, x as B: x rows are [token][k],
+ * i.e. B "col", ldmatrix without .trans).  wg (sm_90a): warpgroup g runs
+ * wgmma m64nNk16 on rows 64g..64g+63 with both operands read from the
+ * stage by descriptor (kernels/wgmma.cuh), same accumulator layout.  The
+ * weight tiles of the first stages are issued before the PDL wait (they
+ * never depend on the previous kernel), x's after it.
  *
  * Split K: when n_out / 128 blocks cannot fill the GPU (2 per SM), the
  * grid's y dimension cuts K into S ranges.  Each block writes its f32
@@ -31,25 +34,40 @@
  * the order in which blocks finish -- and writes y.  Without a
  * workspace (or too small a one) S = 1.
  *
- * Test: test_gemm (variant "tc", with and without a workspace); timing:
- * bench_kernels --gemv; worker_gemm's autotuner picks it per shape.
+ * Measured (H200, round 8 of docs/PERFORMANCE.md): wg = tc within 2-10%
+ * at 8-64 tokens, both at or below cuBLASLt except the 128K-row
+ * classifier; so neither the mma.sync issue rate, nor the split
+ * reduction (cluster/DSMEM variant: slower), nor x's L2 reads (256-row
+ * wg blocks: slower) is what holds these shapes under 4 TB/s.
+ *
+ * Test: test_gemm (variants "tc" and "wg", with and without a
+ * workspace); timing: bench_kernels --gemv; worker_gemm's autotuner
+ * picks either per shape.
  */
 #include "gemv.h"
 
 #include "bt_util.h"
 #include "kern_common.cuh"
 #include "tc_common.cuh"
+#include "wgmma.cuh"
 
-#define TC_BM 128     /* weight rows per block */
+#include <stdlib.h>
+
 #define TC_BK 64      /* K per stage */
 #define TC_THREADS 256
-#define TC_STAGES 4
 #define TC_MIN_KT 4   /* K tiles per split at least */
+#define TC_ALIGN 1024 /* stage bases: the 128-byte swizzle atom of wgmma */
 
-template <int NT> struct tc_smem {
-    static constexpr int W = TC_BM * TC_BK;       /* elements per stage */
+/* Shape of one block: 128 weight rows (tc: 8 warps x 16; WG: 2
+ * warpgroups x m64) by N = 8 NT tokens (padded); two blocks a
+ * multiprocessor, so 3 stages at 128 tokens (2 x 97 KB). */
+template <int NT> struct tc_cfg {
+    static constexpr int BM = 128;
+    static constexpr int STAGES = NT > 8 ? 3 : 4;
+    static constexpr int W = BM * TC_BK;           /* elements per stage */
     static constexpr int X = NT * 8 * TC_BK;
-    static constexpr size_t BYTES = (size_t)TC_STAGES * (W + X) * 2;
+    static constexpr size_t BYTES =
+        (size_t)STAGES * (W + X) * 2 + TC_ALIGN;
 };
 
 /* Element offset of 16-byte chunk ch of row r in a swizzled tile. */
@@ -58,32 +76,37 @@ static __device__ __forceinline__ int tc_swz(int r, int ch)
     return r * TC_BK + ((ch ^ (r & 7)) << 3);
 }
 
-template <int NT, typename OUT>
+/* WG: the products run as wgmma (both operands straight from the
+ * swizzled stages, no ldmatrix), else ldmatrix + mma.m16n8k16. */
+template <int NT, typename OUT, bool WG>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
 gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
                const bf16_t *__restrict__ x, const bf16_t *__restrict__ w,
                OUT *y, bool accumulate, float *part, int *cnt)
 {
-    constexpr int N = NT * 8;
-    constexpr int WE = tc_smem<NT>::W, XE = tc_smem<NT>::X;
+    typedef tc_cfg<NT> C;
+    constexpr int N = NT * 8, BM = C::BM, STAGES = C::STAGES;
+    constexpr int WE = C::W, XE = C::X;
     extern __shared__ __align__(128) unsigned char tc_sm[];
     __shared__ int last;
-    bf16_t *sw = reinterpret_cast<bf16_t *>(tc_sm);
-    bf16_t *sx = sw + TC_STAGES * WE;
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(tc_sm);
+    bf16_t *sw = reinterpret_cast<bf16_t *>(
+        tc_sm + ((TC_ALIGN - (sm0 & (TC_ALIGN - 1))) & (TC_ALIGN - 1)));
+    bf16_t *sx = sw + STAGES * WE;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int row0 = blockIdx.x * TC_BM;
+    const int row0 = blockIdx.x * BM;
     const int S = gridDim.y, split = blockIdx.y;
     const int kt0 = split * kt_split;
     const int nk = max(0, min(n_in / TC_BK - kt0, kt_split));
 
-    /* K tile kt0 + i of the weights / of x into stage i % TC_STAGES */
+    /* K tile kt0 + i of the weights / of x into stage i % STAGES */
     auto issue_w = [&](int i) {
         if (i >= nk)
             return;
-        bf16_t *dst = sw + (i % TC_STAGES) * WE;
+        bf16_t *dst = sw + (i % STAGES) * WE;
         const size_t kc = (size_t)(kt0 + i) * TC_BK;
 #pragma unroll
-        for (int j = 0; j < TC_BM * 8 / TC_THREADS; j++) {
+        for (int j = 0; j < BM * 8 / TC_THREADS; j++) {
             const int c = tid + j * TC_THREADS, r = c >> 3, ch = c & 7;
             const bool ok = row0 + r < n_out;
             tc_cp16(dst + tc_swz(r, ch),
@@ -93,7 +116,7 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
     auto issue_x = [&](int i) {
         if (i >= nk)
             return;
-        bf16_t *dst = sx + (i % TC_STAGES) * XE;
+        bf16_t *dst = sx + (i % STAGES) * XE;
         const size_t kc = (size_t)(kt0 + i) * TC_BK;
         for (int c = tid; c < N * 8; c += TC_THREADS) {
             const int r = c >> 3, ch = c & 7;
@@ -103,13 +126,13 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
         }
     };
 
-    for (int i = 0; i < TC_STAGES - 1; i++) {
+    for (int i = 0; i < STAGES - 1; i++) {
         issue_w(i);
         tc_cp_commit();
     }
     kern_pdl_wait();
     kern_pdl_trigger();
-    for (int i = 0; i < TC_STAGES - 1; i++)
+    for (int i = 0; i < STAGES - 1; i++)
         issue_x(i);
     tc_cp_commit();
 
@@ -122,35 +145,56 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
 
     for (int i = 0; i < nk; i++) {
         /* stage i landed (the prologue's groups all at i = 0; then the
-         * one committed TC_STAGES - 1 iterations ago); everyone is done
+         * one committed STAGES - 1 iterations ago); everyone is done
          * with the stage the next issue overwrites */
         if (i == 0)
             tc_cp_wait<0>();
         else
-            tc_cp_wait<TC_STAGES - 2>();
+            tc_cp_wait<STAGES - 2>();
+        if (WG)
+            wg_fence_proxy(); /* the copies, before wgmma reads them */
         __syncthreads();
-        issue_w(i + TC_STAGES - 1);
-        issue_x(i + TC_STAGES - 1);
+        issue_w(i + STAGES - 1);
+        issue_x(i + STAGES - 1);
         tc_cp_commit();
 
-        const bf16_t *ws = sw + (i % TC_STAGES) * WE + warp * 16 * TC_BK;
-        const bf16_t *xs = sx + (i % TC_STAGES) * XE;
+        if constexpr (WG) {
+            /* warpgroup warp / 4: rows 64 (warp / 4) .. +63, all tokens;
+             * its warp w % 4 holds rows 16 w .. 16 w + 15 of the tile,
+             * as in the mma.sync layout below */
+            const unsigned a0 = (unsigned)__cvta_generic_to_shared(
+                sw + (i % STAGES) * WE + (warp >> 2) * 64 * TC_BK);
+            const unsigned b0 = (unsigned)__cvta_generic_to_shared(
+                sx + (i % STAGES) * XE);
+            wg_fence_acc<NT>(c);
+            wg_fence();
 #pragma unroll
-        for (int kp = 0; kp < 2; kp++) {
-            /* A: rows 0-15 of the warp, k steps 2 kp and 2 kp + 1 */
-            uint32_t a0[4], a1[4];
-            const int ar = lane & 15;
-            tc_ldm(a0, ws + tc_swz(ar, 4 * kp + (lane >> 4)));
-            tc_ldm(a1, ws + tc_swz(ar, 4 * kp + 2 + (lane >> 4)));
+            for (int kk = 0; kk < TC_BK / 16; kk++)
+                wg_mma<NT>::run(c, wg_desc(a0 + 32 * kk),
+                                wg_desc(b0 + 32 * kk));
+            wg_commit();
+            wg_wait<0>(); /* the stage is refilled next iteration */
+            wg_fence_acc<NT>(c);
+        } else {
+            const bf16_t *ws = sw + (i % STAGES) * WE + warp * 16 * TC_BK;
+            const bf16_t *xs = sx + (i % STAGES) * XE;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                /* B: tokens 8 nt..8 nt+7, chunks 4 kp..4 kp+3 = (b0, b1)
-                 * of both k steps */
-                uint32_t b[4];
-                const int br = nt * 8 + (lane & 7);
-                tc_ldm(b, xs + tc_swz(br, 4 * kp + (lane >> 3)));
-                tc_mma(c[nt], a0, b[0], b[1]);
-                tc_mma(c[nt], a1, b[2], b[3]);
+            for (int kp = 0; kp < 2; kp++) {
+                /* A: rows 0-15 of the warp, k steps 2 kp and 2 kp + 1 */
+                uint32_t a0[4], a1[4];
+                const int ar = lane & 15;
+                tc_ldm(a0, ws + tc_swz(ar, 4 * kp + (lane >> 4)));
+                tc_ldm(a1, ws + tc_swz(ar, 4 * kp + 2 + (lane >> 4)));
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    /* B: tokens 8 nt..8 nt+7, chunks 4 kp..4 kp+3 =
+                     * (b0, b1) of both k steps */
+                    uint32_t b[4];
+                    const int br = nt * 8 + (lane & 7);
+                    tc_ldm(b, xs + tc_swz(br, 4 * kp + (lane >> 3)));
+                    tc_mma(c[nt], a0, b[0], b[1]);
+                    tc_mma(c[nt], a1, b[2], b[3]);
+                }
             }
         }
     }
@@ -175,9 +219,9 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
         return;
     }
 
-    /* split K: partial tile (N x TC_BM f32) of this split */
-    float *pt = part + (size_t)blockIdx.x * S * N * TC_BM;
-    float *pb = pt + (size_t)split * N * TC_BM;
+    /* split K: partial tile (N x BM f32) of this split */
+    float *pt = part + (size_t)blockIdx.x * S * N * BM;
+    float *pb = pt + (size_t)split * N * BM;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -185,7 +229,7 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
             const int r = warp * 16 + g + (e & 2 ? 8 : 0);
             const int tok = nt * 8 + 2 * q + (e & 1);
             if (tok < n_tok)
-                pb[tok * TC_BM + r] = c[nt][e];
+                pb[tok * BM + r] = c[nt][e];
         }
     __threadfence();
     __syncthreads();
@@ -195,17 +239,31 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
     if (!last)
         return;
     __threadfence();
-    for (int i = tid; i < n_tok * TC_BM; i += TC_THREADS) {
-        const int tok = i / TC_BM, row = row0 + (i - tok * TC_BM);
-        if (row >= n_out)
-            continue;
-        float v = 0.0f;
-        for (int s = 0; s < S; s++)
-            v += __ldcg(pt + (size_t)s * N * TC_BM + i);
-        OUT *d = y + (size_t)tok * n_out + row;
-        if (accumulate)
-            v += kern_to_f(*d);
-        *d = kern_from_f<OUT>(v);
+    /* four rows of one token a thread, the S partials' loads unrolled
+     * (one block reduces the whole tile: keep loads in flight) */
+    for (int i = 4 * tid; i < n_tok * BM; i += 4 * TC_THREADS) {
+        const int tok = i / BM, r = i - tok * BM;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int s = 0; s < S; s++) {
+            const float4 p = __ldcg(reinterpret_cast<const float4 *>(
+                pt + (size_t)s * N * BM + i));
+            v[0] += p.x;
+            v[1] += p.y;
+            v[2] += p.z;
+            v[3] += p.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + r + e;
+            if (row >= n_out)
+                break;
+            OUT *d = y + (size_t)tok * n_out + row;
+            float o = v[e];
+            if (accumulate)
+                o += kern_to_f(*d);
+            *d = kern_from_f<OUT>(o);
+        }
     }
     if (tid == 0)
         cnt[blockIdx.x] = 0;
@@ -216,7 +274,8 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
 
 static int tc_nt(int n_tok)
 {
-    return n_tok <= 8 ? 1 : n_tok <= 16 ? 2 : n_tok <= 32 ? 4 : 8;
+    return n_tok <= 8 ? 1 : n_tok <= 16 ? 2 : n_tok <= 32 ? 4
+         : n_tok <= 64 ? 8 : 16;
 }
 
 bool cuda_gemv_tc_ok(int n_tok, int n_out, int n_in)
@@ -225,26 +284,42 @@ bool cuda_gemv_tc_ok(int n_tok, int n_out, int n_in)
            n_in >= TC_BK && n_in % TC_BK == 0;
 }
 
-/* The split count for the shape: enough blocks for 2 per SM, at least
- * TC_MIN_KT K tiles each, partials within the workspace. */
-static int tc_splits(int n_tok, int n_out, int n_in,
-                     const cuda_gemv_ws_t *ws, int n_sm)
+bool cuda_gemv_wg_ok(int n_tok, int n_out, int n_in)
 {
-    const int tiles = (int)BT_DIV_UP(n_out, TC_BM);
+    return n_tok >= 1 && n_tok <= CUDA_GEMV_WG_MAX_TOK && n_out >= 1 &&
+           n_in >= TC_BK && n_in % TC_BK == 0 && cuda_wgmma_available();
+}
+
+/* The split count for the shape: enough blocks to fill the GPU
+ * (2 per SM), at least TC_MIN_KT K tiles each, partials within
+ * the workspace.  BT_TC_SPLIT=S forces S where the workspace allows. */
+template <int NT>
+static int tc_splits(int n_out, int n_in, const cuda_gemv_ws_t *ws,
+                     int n_sm)
+{
+    typedef tc_cfg<NT> C;
+    static int forced = -1;
+    const int tiles = (int)BT_DIV_UP(n_out, C::BM);
     const int kt = n_in / TC_BK;
-    const size_t tile_bytes = (size_t)tc_nt(n_tok) * 8 * TC_BM * 4;
+    const size_t tile_bytes = (size_t)NT * 8 * C::BM * 4;
     int s;
 
     if (ws == NULL || ws->d_part == NULL || ws->d_cnt == NULL ||
         tiles > ws->n_cnt)
         return 1;
+    if (forced < 0) {
+        const char *env = getenv("BT_TC_SPLIT");
+        forced = env && *env ? atoi(env) : 0;
+    }
     s = BT_MAX(1, BT_MIN(2 * n_sm / tiles, kt / TC_MIN_KT));
+    if (forced > 0)
+        s = BT_MAX(1, BT_MIN(forced, kt));
     while (s > 1 && (size_t)tiles * s * tile_bytes > ws->part_bytes)
         s--;
     return s;
 }
 
-template <int NT, typename OUT>
+template <int NT, typename OUT, bool WG>
 static cudaError_t tc_launch_t(int n_tok, int n_out, int n_in,
                                const bf16_t *x, const bf16_t *w, OUT *y,
                                bool acc, const cuda_gemv_ws_t *ws,
@@ -252,7 +327,8 @@ static cudaError_t tc_launch_t(int n_tok, int n_out, int n_in,
 {
     static uint64_t attr_done; /* bit per device */
     static int sm_of[64];      /* multiprocessors per device, 0: unknown */
-    auto k = gemv_tc_kernel<NT, OUT>;
+    typedef tc_cfg<NT> C;
+    auto k = gemv_tc_kernel<NT, OUT, WG>;
     int dev = 0, n_sm = 0;
     cudaError_t err = cudaGetDevice(&dev);
 
@@ -260,8 +336,7 @@ static cudaError_t tc_launch_t(int n_tok, int n_out, int n_in,
         return err;
     if (dev >= 64 || !(attr_done >> dev & 1)) {
         err = cudaFuncSetAttribute(
-            k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            (int)tc_smem<NT>::BYTES);
+            k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::BYTES);
         if (err != cudaSuccess)
             return err;
         if (dev < 64)
@@ -278,27 +353,34 @@ static cudaError_t tc_launch_t(int n_tok, int n_out, int n_in,
             sm_of[dev] = n_sm;
     }
     const int kt = n_in / TC_BK;
-    int s = tc_splits(n_tok, n_out, n_in, ws, n_sm);
+    int s = tc_splits<NT>(n_out, n_in, ws, n_sm);
     const int kt_split = (int)BT_DIV_UP(kt, s);
     s = (int)BT_DIV_UP(kt, kt_split); /* no empty splits */
-    kern_launch(k, dim3((unsigned)BT_DIV_UP(n_out, TC_BM), (unsigned)s),
-                dim3(TC_THREADS), tc_smem<NT>::BYTES, st, n_tok, n_out, n_in,
-                kt_split, x, w, y, acc, s > 1 ? ws->d_part : (float *)NULL,
+    kern_launch(k, dim3((unsigned)BT_DIV_UP(n_out, C::BM), (unsigned)s),
+                dim3(TC_THREADS), C::BYTES, st, n_tok, n_out, n_in, kt_split,
+                x, w, y, acc, s > 1 ? ws->d_part : (float *)NULL,
                 s > 1 ? ws->d_cnt : (int *)NULL);
     return cudaSuccess;
 }
 
-template <typename OUT>
+template <typename OUT, bool WG>
 static cudaError_t tc_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              const bf16_t *w, OUT *y, bool acc,
                              const cuda_gemv_ws_t *ws, cudaStream_t st)
 {
+#define TC_CASE(NT)                                                         \
+    return tc_launch_t<NT, OUT, WG>(n_tok, n_out, n_in, x, w, y, acc, ws, st)
     switch (tc_nt(n_tok)) {
-    case 1: return tc_launch_t<1, OUT>(n_tok, n_out, n_in, x, w, y, acc, ws, st);
-    case 2: return tc_launch_t<2, OUT>(n_tok, n_out, n_in, x, w, y, acc, ws, st);
-    case 4: return tc_launch_t<4, OUT>(n_tok, n_out, n_in, x, w, y, acc, ws, st);
-    default: return tc_launch_t<8, OUT>(n_tok, n_out, n_in, x, w, y, acc, ws, st);
+    case 1: TC_CASE(1);
+    case 2: TC_CASE(2);
+    case 4: TC_CASE(4);
+    case 8: TC_CASE(8);
+    default:
+        if constexpr (WG) /* mma.sync stops at 64 (cuda_gemv_tc_ok) */
+            TC_CASE(16);
+        return cudaErrorInvalidValue;
     }
+#undef TC_CASE
 }
 
 cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
@@ -308,9 +390,22 @@ cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
 {
     cudaError_t err = cudaSuccess;
 
-    KERN_DISPATCH_DT(out_dt, OUT, err = tc_launch<OUT>(
+    KERN_DISPATCH_DT(out_dt, OUT, (err = tc_launch<OUT, false>(
         n_tok, n_out, n_in, (const bf16_t *)d_x, (const bf16_t *)d_w,
-        (OUT *)d_y, accumulate, ws, stream));
+        (OUT *)d_y, accumulate, ws, stream)));
+    return err;
+}
+
+cudaError_t cuda_gemv_wg(int n_tok, int n_out, int n_in, const void *d_x,
+                         const void *d_w, void *d_y, cuda_dtype_t out_dt,
+                         bool accumulate, const cuda_gemv_ws_t *ws,
+                         cudaStream_t stream)
+{
+    cudaError_t err = cudaSuccess;
+
+    KERN_DISPATCH_DT(out_dt, OUT, (err = tc_launch<OUT, true>(
+        n_tok, n_out, n_in, (const bf16_t *)d_x, (const bf16_t *)d_w,
+        (OUT *)d_y, accumulate, ws, stream)));
     return err;
 }
 
@@ -318,19 +413,25 @@ cudaError_t cuda_gemv_tc_prepare(void)
 {
     cudaError_t err = cudaSuccess;
 
-#define TC_ATTR(NT, OUT)                                                    \
+#define TC_ATTR(NT, OUT, WG)                                                \
     if (err == cudaSuccess)                                                 \
-        err = cudaFuncSetAttribute(gemv_tc_kernel<NT, OUT>,                 \
+        err = cudaFuncSetAttribute(gemv_tc_kernel<NT, OUT, WG>,             \
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                   (int)tc_smem<NT>::BYTES)
-    TC_ATTR(1, float);
-    TC_ATTR(2, float);
-    TC_ATTR(4, float);
-    TC_ATTR(8, float);
-    TC_ATTR(1, bf16_t);
-    TC_ATTR(2, bf16_t);
-    TC_ATTR(4, bf16_t);
-    TC_ATTR(8, bf16_t);
+                                   (int)tc_cfg<NT>::BYTES)
+#define TC_ATTRS(OUT, WG)                                                   \
+    TC_ATTR(1, OUT, WG);                                                    \
+    TC_ATTR(2, OUT, WG);                                                    \
+    TC_ATTR(4, OUT, WG);                                                    \
+    TC_ATTR(8, OUT, WG)
+    TC_ATTRS(float, false);
+    TC_ATTRS(bf16_t, false);
+    if (cuda_wgmma_available()) {
+        TC_ATTRS(float, true);
+        TC_ATTRS(bf16_t, true);
+        TC_ATTR(16, float, true);
+        TC_ATTR(16, bf16_t, true);
+    }
+#undef TC_ATTRS
 #undef TC_ATTR
     return err;
 }

@@ -1,0 +1,237 @@
+/*
+ * wgmma.cuh - Hopper warpgroup MMA (wgmma.mma_async) building blocks:
+ * shared-memory matrix descriptors for K-major tiles in the 128-byte
+ * swizzle the cp.async rings of tc_common.cuh already write (16-byte
+ * chunk c of 128-byte row r at chunk c ^ (r & 7), tile base 1024-byte
+ * aligned), the fences, commit and wait, and m64nNk16 bf16 -> f32 for
+ * N = 8 NT, NT in {1, 2, 4, 8, 16}.
+ *
+ * Operands: A is 64 rows x 16 K (rows 128 bytes apart, 8-row groups
+ * 1024 bytes apart), B is N rows x 16 K in the same layout (B "K-major":
+ * both transposes 0); a k16 step inside a 64-wide tile advances both
+ * start addresses by 32 bytes and the hardware applies the swizzle to
+ * the absolute address bits.  Accumulator layout per warp of the
+ * warpgroup (warp w of 4, lane = 4 g + q): c[j][0..1] = row 16 w + g,
+ * columns 8 j + 2 q + {0, 1}; c[j][2..3] = row 16 w + g + 8 -- the
+ * mma.m16n8k16 C layout repeated over the N / 8 column tiles.
+ *
+ * Only sm_90a has these instructions: everything here compiles to a trap
+ * elsewhere, and callers check cuda_wgmma_available() (BT_HAVE_WGMMA,
+ * set by the build when it targets 90a, and a compute-capability-9
+ * device) before they launch a kernel that uses them.
+ * The specialisations differ only in their register lists.
+ */
+#ifndef BT_WORKER_CUDA_KERNELS_WGMMA_CUH
+#define BT_WORKER_CUDA_KERNELS_WGMMA_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ENABLED 1
+#else
+#define WG_ENABLED 0
+#endif
+
+/* True when kernels may use wgmma: a build for sm_90a (BT_HAVE_WGMMA,
+ * set by worker/cuda/CMakeLists.txt) on a compute-capability-9 device.
+ * Host code; the answer is cached per translation unit. */
+static inline bool cuda_wgmma_available(void)
+{
+#ifdef BT_HAVE_WGMMA
+    static int avail = -1;
+
+    if (avail < 0) {
+        int dev = 0, major = 0;
+
+        avail = cudaGetDevice(&dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&major,
+                                       cudaDevAttrComputeCapabilityMajor,
+                                       dev) == cudaSuccess &&
+                major == 9;
+    }
+    return avail == 1;
+#else
+    return false;
+#endif
+}
+
+/* Descriptor of a K-major, 128-byte-swizzled tile at shared address
+ * `saddr` (1024-byte aligned base, plus 32 bytes per k16 step): start
+ * address >> 4 in bits 0-13, leading offset 16 bytes (unused by swizzled
+ * K-major layouts), stride offset 1024 bytes (one 8-row group) in bits
+ * 32-45, swizzle mode 1 (128 bytes) in bits 62-63. */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
+{
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 |
+           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+/* Orders this thread's generic-proxy shared-memory writes (cp.async
+ * included) before later async-proxy reads (wgmma operands). */
+static __device__ __forceinline__ void wg_fence_proxy(void)
+{
+#if WG_ENABLED
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* Before the first wgmma of a batch (accumulators and operands ready). */
+static __device__ __forceinline__ void wg_fence(void)
+{
+#if WG_ENABLED
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void wg_commit(void)
+{
+#if WG_ENABLED
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int N> static __device__ __forceinline__ void wg_wait(void)
+{
+#if WG_ENABLED
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+#endif
+}
+
+/* Keeps the compiler from moving accumulator reads or writes across the
+ * asynchronous MMAs (CUTLASS's warpgroup_fence_operand). */
+template <int NT>
+static __device__ __forceinline__ void wg_fence_acc(float (&c)[NT][4])
+{
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+f"(c[j][e]) :: "memory");
+}
+
+/* c (64 x 8 NT f32, per warpgroup) += A (64 x 16) . B (8 NT x 16)^T. */
+template <int NT> struct wg_mma {
+    static __device__ __forceinline__ void run(float (&c)[NT][4],
+                                               uint64_t da, uint64_t db)
+    {
+        (void)c; (void)da; (void)db;
+        __trap();
+    }
+};
+
+#if WG_ENABLED
+template <> struct wg_mma<1> {
+    static __device__ __forceinline__ void run(float (&c)[1][4],
+                                               uint64_t da, uint64_t db)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3}, "
+                     "%4, %5, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
+                       "+f"(c[0][3])
+                     : "l"(da), "l"(db), "r"(1));
+    }
+};
+
+template <> struct wg_mma<2> {
+    static __device__ __forceinline__ void run(float (&c)[2][4],
+                                               uint64_t da, uint64_t db)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7}, "
+                     "%8, %9, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
+                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
+                       "+f"(c[1][2]), "+f"(c[1][3])
+                     : "l"(da), "l"(db), "r"(1));
+    }
+};
+
+template <> struct wg_mma<4> {
+    static __device__ __forceinline__ void run(float (&c)[4][4],
+                                               uint64_t da, uint64_t db)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
+                     "%15}, "
+                     "%16, %17, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
+                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
+                       "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]),
+                       "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
+                       "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]),
+                       "+f"(c[3][3])
+                     : "l"(da), "l"(db), "r"(1));
+    }
+};
+
+template <> struct wg_mma<8> {
+    static __device__ __forceinline__ void run(float (&c)[8][4],
+                                               uint64_t da, uint64_t db)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
+                     "%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+                     "%28,%29,%30,%31}, "
+                     "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
+                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
+                       "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]),
+                       "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
+                       "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]),
+                       "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]),
+                       "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]),
+                       "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
+                       "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]),
+                       "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]),
+                       "+f"(c[7][2]), "+f"(c[7][3])
+                     : "l"(da), "l"(db), "r"(1));
+    }
+};
+
+template <> struct wg_mma<16> {
+    static __device__ __forceinline__ void run(float (&c)[16][4],
+                                               uint64_t da, uint64_t db)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
+                     "%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+                     "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,"
+                     "%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,"
+                     "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                     "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
+                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
+                       "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]),
+                       "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
+                       "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]),
+                       "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]),
+                       "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]),
+                       "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
+                       "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]),
+                       "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]),
+                       "+f"(c[7][2]), "+f"(c[7][3]), "+f"(c[8][0]),
+                       "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]),
+                       "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]),
+                       "+f"(c[9][3]), "+f"(c[10][0]), "+f"(c[10][1]),
+                       "+f"(c[10][2]), "+f"(c[10][3]), "+f"(c[11][0]),
+                       "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]),
+                       "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]),
+                       "+f"(c[12][3]), "+f"(c[13][0]), "+f"(c[13][1]),
+                       "+f"(c[13][2]), "+f"(c[13][3]), "+f"(c[14][0]),
+                       "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]),
+                       "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]),
+                       "+f"(c[15][3])
+                     : "l"(da), "l"(db), "r"(1));
+    }
+};
+
+#endif /* WG_ENABLED */
+
+#endif /* BT_WORKER_CUDA_KERNELS_WGMMA_CUH */
