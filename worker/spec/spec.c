@@ -14,6 +14,7 @@
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "cpu/cpu_int.h"
 #include "spec_int.h"
 #include "spec_tree.h"
 #ifdef BATON_HAVE_CUDA
@@ -982,7 +983,10 @@ static bt_status_t spec_push_rows(spec_t *spec, spec_seq_t *s, int row0,
 // drafting
 
 /* Log-softmax of row in place. */
-static void spec_log_softmax(float *row, int n)
+/* row -= logsumexp(row); tmp: n floats of scratch.  The exponentials
+ * run vectorized (cpu__exp_inplace; libm's double exp per element was a
+ * tenth of a host draft level), summed in double in index order. */
+static void spec_log_softmax(float *row, int n, float *tmp)
 {
     float mx = -FLT_MAX;
     double sum = 0.0;
@@ -991,7 +995,10 @@ static void spec_log_softmax(float *row, int n)
     for (int i = 0; i < n; i++)
         mx = BT_MAX(mx, row[i]);
     for (int i = 0; i < n; i++)
-        sum += exp((double)(row[i] - mx));
+        tmp[i] = row[i] - mx;
+    cpu__exp_inplace(tmp, n);
+    for (int i = 0; i < n; i++)
+        sum += tmp[i];
     lse = mx + (float)log(sum);
     for (int i = 0; i < n; i++)
         row[i] -= lse;
@@ -1022,7 +1029,7 @@ static int spec_topk(const float *row, int n, int k, int *ids, float *vals)
 /* Host head: candidates of logits row `row` of this level's batch. */
 static void spec_row_topk(spec_t *spec, float *logits, int row, int k)
 {
-    spec_log_softmax(logits, spec->vocab);
+    spec_log_softmax(logits, spec->vocab, spec->probs);
     spec->top_n[row] = spec_topk(logits, spec->vocab, k,
                                  spec->top_ids + (size_t)row * k,
                                  spec->top_logp + (size_t)row * k);

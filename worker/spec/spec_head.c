@@ -48,13 +48,21 @@ struct spec_head_s {
     float *owned[3];          /* converted copies of the three above */
     float *inv_freq;          /* (head_dim / 2) */
 
+    /* The inference matrices packed for cpu__matmul_packed (the CPU
+     * backend's register-blocked kernels; the plain cpu__matmul did most
+     * of a host draft level): rebuilt by the first forward after
+     * spec_head_weights / spec_head_params handed out writable views. */
+    float *pk;                /* one allocation for all of them */
+    bool pk_valid;
+    const float *pk_fc, *pk_wq, *pk_wk, *pk_wv, *pk_wo, *pk_gate, *pk_up,
+        *pk_down, *pk_cls;
+
     /* scratch, grown on demand to scr_rows rows */
     int scr_rows;
     float *x2;                /* (rows, 2 * dim) fc input */
     float *h;                 /* (rows, dim) residual stream */
     float *xn;                /* (rows, dim) normed */
     float *q;                 /* (rows, q_dim) */
-    float *kv;                /* (rows, 2 * kv_dim) new k then v */
     float *att;               /* (rows, q_dim) */
     float *gate;              /* (rows, hidden) */
     float *up;                /* (rows, hidden) */
@@ -317,12 +325,12 @@ void spec_head_destroy(spec_head_t **head_p)
     for (int i = 0; i < 3; i++)
         bt_free(head->owned[i]);
     bt_free(head->params);
+    bt_free(head->pk);
     bt_free(head->inv_freq);
     bt_free(head->x2);
     bt_free(head->h);
     bt_free(head->xn);
     bt_free(head->q);
-    bt_free(head->kv);
     bt_free(head->att);
     bt_free(head->gate);
     bt_free(head->up);
@@ -344,11 +352,13 @@ int spec_head_hidden_dim(const spec_head_t *head)
 
 const spec_head_weights_t *spec_head_weights(spec_head_t *head)
 {
+    head->pk_valid = false; /* the caller may write through the views */
     return &head->w;
 }
 
 float *spec_head_params(spec_head_t *head, size_t *n_p)
 {
+    head->pk_valid = false;
     *n_p = head->n_params;
     return head->params;
 }
@@ -386,8 +396,13 @@ void spec_head_feature(const spec_head_t *head, const float *hidden, int n,
 void spec_head_logits(const spec_head_t *head, const float *feat, int n,
                       float *logits)
 {
-    spec__matmul(logits, feat, head->cls, NULL, n, head->cfg.dim,
-                 head->cfg.vocab_size, false);
+    const int dim = head->cfg.dim, vocab = head->cfg.vocab_size;
+
+    if (head->pk_valid && head->pk_cls != NULL)
+        cpu__matmul_packed(logits, vocab, feat, dim, head->pk_cls, vocab,
+                           NULL, n, dim, 0, vocab, false);
+    else
+        spec__matmul(logits, feat, head->cls, NULL, n, dim, vocab, false);
 }
 
 // ----------------------------------------------------------------------------
@@ -435,7 +450,6 @@ static bt_status_t head_scratch(spec_head_t *head, int rows, int cap)
         if (!head_grow(&head->x2, r * 2 * dim) ||
             !head_grow(&head->h, r * dim) || !head_grow(&head->xn, r * dim) ||
             !head_grow(&head->q, r * head->q_dim) ||
-            !head_grow(&head->kv, r * 2 * head->kv_dim) ||
             !head_grow(&head->att, r * head->q_dim) ||
             !head_grow(&head->gate, r * head->hidden_dim) ||
             !head_grow(&head->up, r * head->hidden_dim))
@@ -453,6 +467,65 @@ static bt_status_t head_scratch(spec_head_t *head, int rows, int cap)
         }
     }
     return BT_OK;
+}
+
+#define HEAD_PACK_CLS_MAX ((size_t)16 << 20) /* floats: 64 MB */
+
+/* (Re)packs the inference matrices when the weights may have changed. */
+static bt_status_t head_pack(spec_head_t *head)
+{
+    const model_config_t *c = &head->cfg;
+    const spec_head_weights_t *w = &head->w;
+    const int dim = c->dim, hid = head->hidden_dim;
+    const struct {
+        const float *src;
+        int rows, cols;
+        const float **dst;
+    } m[] = {
+        {w->fc_w, dim, 2 * dim, &head->pk_fc},
+        {w->wq, head->q_dim, dim, &head->pk_wq},
+        {w->wk, head->kv_dim, dim, &head->pk_wk},
+        {w->wv, head->kv_dim, dim, &head->pk_wv},
+        {w->wo, dim, head->q_dim, &head->pk_wo},
+        {w->w_gate, hid, dim, &head->pk_gate},
+        {w->w_up, hid, dim, &head->pk_up},
+        {w->w_down, dim, hid, &head->pk_down},
+        {head->cls, c->vocab_size, dim, &head->pk_cls},
+    };
+    /* the target's classifier is packed only when small (a large
+     * vocabulary would double its host copy; such heads draft on the
+     * GPU anyway, spec.c) */
+    const bool cls = (size_t)c->vocab_size * (size_t)dim <= HEAD_PACK_CLS_MAX;
+    const int n_m = (int)(sizeof(m) / sizeof(m[0])) - (cls ? 0 : 1);
+    size_t total = 0, off = 0;
+
+    if (head->pk_valid)
+        return BT_OK;
+    for (int i = 0; i < n_m; i++)
+        total += cpu__pack_size(m[i].rows, m[i].cols);
+    if (head->pk == NULL) {
+        head->pk = bt_malloc_aligned(total * sizeof(float), "spec_head_pk");
+        if (head->pk == NULL)
+            return BT_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i < n_m; i++) {
+        cpu__pack(head->pk + off, m[i].src, m[i].cols, m[i].rows,
+                  m[i].cols);
+        *m[i].dst = head->pk + off;
+        off += cpu__pack_size(m[i].rows, m[i].cols);
+    }
+    if (!cls)
+        head->pk_cls = NULL;
+    head->pk_valid = true;
+    return BT_OK;
+}
+
+/* out (n, n_out) [+]= x (n, k) . packed (n_out, k)^T [+ bias]. */
+static void head_mm(float *out, int ldo, const float *x, int k,
+                    const float *wp, int n_out, const float *bias, int n,
+                    bool acc)
+{
+    cpu__matmul_packed(out, ldo, x, k, wp, n_out, bias, n, k, 0, n_out, acc);
 }
 
 bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
@@ -473,6 +546,8 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
                         "draft forward of %d rows at slot %d (ctx %d) "
                         "exceeds its cache of %d", n, base, ctx, kv->cap);
     status = head_scratch(head, n, base + n);
+    if (status == BT_OK)
+        status = head_pack(head);
     if (status != BT_OK)
         return status;
 
@@ -484,22 +559,22 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
         memcpy(head->x2 + (size_t)i * 2 * dim + dim, feat + (size_t)i * dim,
                sizeof(float) * dim);
     }
-    spec__matmul(head->h, head->x2, w->fc_w, w->fc_b, n, 2 * dim, dim,
-                 false);
+    head_mm(head->h, dim, head->x2, 2 * dim, head->pk_fc, dim, w->fc_b, n,
+            false);
 
-    /* attention (layer 0: no input norm) */
-    spec__matmul(head->q, head->h, w->wq, NULL, n, dim, head->q_dim, false);
+    /* attention (layer 0: no input norm); the rows' K and V go straight
+     * to their cache slots base .. base + n - 1 */
+    head_mm(head->q, head->q_dim, head->h, dim, head->pk_wq, head->q_dim,
+            NULL, n, false);
+    head_mm(kv->k + (size_t)base * head->kv_dim, head->kv_dim, head->h, dim,
+            head->pk_wk, head->kv_dim, NULL, n, false);
+    head_mm(kv->v + (size_t)base * head->kv_dim, head->kv_dim, head->h, dim,
+            head->pk_wv, head->kv_dim, NULL, n, false);
     for (int i = 0; i < n; i++) {
-        float *k = kv->k + (size_t)(base + i) * head->kv_dim;
-        float *v = kv->v + (size_t)(base + i) * head->kv_dim;
-
-        spec__matmul(k, head->h + (size_t)i * dim, w->wk, NULL, 1, dim,
-                     head->kv_dim, false);
-        spec__matmul(v, head->h + (size_t)i * dim, w->wv, NULL, 1, dim,
-                     head->kv_dim, false);
         spec__rope(head->q + (size_t)i * head->q_dim, c->n_heads, hd,
                    head->inv_freq, pos[i], 1.0f);
-        spec__rope(k, c->n_kv_heads, hd, head->inv_freq, pos[i], 1.0f);
+        spec__rope(kv->k + (size_t)(base + i) * head->kv_dim, c->n_kv_heads,
+                   hd, head->inv_freq, pos[i], 1.0f);
     }
     /* the CPU backend's attention over the head's cache seen as one
      * block: slots [0, ctx) cached, [ctx, base + n) the "new" tokens of
@@ -548,17 +623,20 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
                                head->scores);
         }
     }
-    spec__matmul(head->h, head->att, w->wo, NULL, n, head->q_dim, dim, true);
+    head_mm(head->h, dim, head->att, head->q_dim, head->pk_wo, dim, NULL, n,
+            true);
 
     /* feed-forward */
     for (int i = 0; i < n; i++)
         spec__rmsnorm(head->xn + (size_t)i * dim, head->h + (size_t)i * dim,
                       w->post_norm, dim, c->rms_eps);
-    spec__matmul(head->gate, head->xn, w->w_gate, NULL, n, dim, hid, false);
-    spec__matmul(head->up, head->xn, w->w_up, NULL, n, dim, hid, false);
+    head_mm(head->gate, hid, head->xn, dim, head->pk_gate, hid, NULL, n,
+            false);
+    head_mm(head->up, hid, head->xn, dim, head->pk_up, hid, NULL, n, false);
     for (size_t j = 0; j < (size_t)n * hid; j++)
         head->gate[j] = spec__silu(head->gate[j]) * head->up[j];
-    spec__matmul(head->h, head->gate, w->w_down, NULL, n, hid, dim, true);
+    head_mm(head->h, dim, head->gate, hid, head->pk_down, dim, NULL, n,
+            true);
 
     memcpy(out_feat, head->h, sizeof(float) * (size_t)n * dim);
     if (logits != NULL)
