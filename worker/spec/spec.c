@@ -1152,9 +1152,21 @@ static bt_status_t spec_level_rows(spec_t *spec, spec_seq_t *s, int si,
                sizeof(float) * (size_t)spec->dim);
     }
     spec->stats.head_rows += (uint64_t)s->n_front;
+    /* a lone row whose ancestors are every expanded node (a chain) sees
+     * the whole level: no mask, so the head takes the decode attention */
+    bool chain = s->n_front == 1;
+    if (chain) {
+        int n_anc = 0;
+
+        for (int a = s->nodes[s->frontier[0]].parent; a >= 0;
+             a = s->nodes[a].parent)
+            n_anc++;
+        chain = n_anc == s->n_exp;
+    }
     status = spec_head_forward(spec->head, &s->kv, s->n_front, spec->dfeat,
                                spec->dtok + r0, spec->dpos + r0,
-                               s->draft_len, s->draft_len + s->n_exp, mask,
+                               s->draft_len, s->draft_len + s->n_exp,
+                               chain ? NULL : mask,
                                s->exp_feat + (size_t)s->n_exp * spec->dim,
                                spec->dlogits);
     if (status != BT_OK)
