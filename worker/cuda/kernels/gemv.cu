@@ -1169,12 +1169,9 @@ bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
             n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, stream));
         break;
     case CUDA_GEMV_TC:
-        err = cuda_gemv_tc(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
-                           accumulate, ws, stream);
-        break;
     case CUDA_GEMV_WG:
-        err = cuda_gemv_wg(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
-                           accumulate, ws, stream);
+        err = cuda_gemv_tc(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
+                           accumulate, k == CUDA_GEMV_WG, ws, stream);
         break;
     default:
         break;

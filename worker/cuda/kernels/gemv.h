@@ -97,22 +97,19 @@ bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
                           void *d_y, cuda_dtype_t out_dt, bool accumulate,
                           const cuda_gemv_ws_t *ws, cudaStream_t stream);
 
-/* The tc variant (gemv_tc.cu): true for 1..CUDA_GEMV_MMA_MAX_TOK tokens
- * and n_in % 64 == 0; the launch (errors of the launch itself are left
- * for cudaGetLastError); its shared-memory limits, outside capture. */
+/* The tc and wg variants (gemv_tc.cu): tc is true for
+ * 1..CUDA_GEMV_MMA_MAX_TOK tokens and n_in % 64 == 0, wg the same for
+ * 1..CUDA_GEMV_WG_MAX_TOK tokens only where cuda_wgmma_available()
+ * (kernels/wgmma.cuh); the launch (wgmma: the wg variant; errors of the
+ * launch itself are left for cudaGetLastError); their shared-memory
+ * limits, outside capture. */
 bool cuda_gemv_tc_ok(int n_tok, int n_out, int n_in);
+bool cuda_gemv_wg_ok(int n_tok, int n_out, int n_in);
 cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
-                         bool accumulate, const cuda_gemv_ws_t *ws,
-                         cudaStream_t stream);
+                         bool accumulate, bool wgmma,
+                         const cuda_gemv_ws_t *ws, cudaStream_t stream);
 cudaError_t cuda_gemv_tc_prepare(void);
-/* The wg variant (gemv_tc.cu): as tc for 1..CUDA_GEMV_WG_MAX_TOK tokens,
- * only where cuda_wgmma_available() (kernels/wgmma.cuh). */
-bool cuda_gemv_wg_ok(int n_tok, int n_out, int n_in);
-cudaError_t cuda_gemv_wg(int n_tok, int n_out, int n_in, const void *d_x,
-                         const void *d_w, void *d_y, cuda_dtype_t out_dt,
-                         bool accumulate, const cuda_gemv_ws_t *ws,
-                         cudaStream_t stream);
 
 /* Raises the shared-memory limit of the ring/bulk/mma kernels on the
  * current device (also done lazily at their first launch); call outside

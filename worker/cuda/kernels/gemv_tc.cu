@@ -385,27 +385,18 @@ static cudaError_t tc_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 
 cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
-                         bool accumulate, const cuda_gemv_ws_t *ws,
-                         cudaStream_t stream)
+                         bool accumulate, bool wgmma,
+                         const cuda_gemv_ws_t *ws, cudaStream_t stream)
 {
+    const bf16_t *x = (const bf16_t *)d_x, *w = (const bf16_t *)d_w;
     cudaError_t err = cudaSuccess;
 
-    KERN_DISPATCH_DT(out_dt, OUT, (err = tc_launch<OUT, false>(
-        n_tok, n_out, n_in, (const bf16_t *)d_x, (const bf16_t *)d_w,
-        (OUT *)d_y, accumulate, ws, stream)));
-    return err;
-}
-
-cudaError_t cuda_gemv_wg(int n_tok, int n_out, int n_in, const void *d_x,
-                         const void *d_w, void *d_y, cuda_dtype_t out_dt,
-                         bool accumulate, const cuda_gemv_ws_t *ws,
-                         cudaStream_t stream)
-{
-    cudaError_t err = cudaSuccess;
-
-    KERN_DISPATCH_DT(out_dt, OUT, (err = tc_launch<OUT, true>(
-        n_tok, n_out, n_in, (const bf16_t *)d_x, (const bf16_t *)d_w,
-        (OUT *)d_y, accumulate, ws, stream)));
+    if (wgmma)
+        KERN_DISPATCH_DT(out_dt, OUT, (err = tc_launch<OUT, true>(
+            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, ws, stream)));
+    else
+        KERN_DISPATCH_DT(out_dt, OUT, (err = tc_launch<OUT, false>(
+            n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, ws, stream)));
     return err;
 }
 
