@@ -119,7 +119,8 @@ struct spec_s {
     backend_seq_t *bseqs;     /* (max_seqs) */
     float *logits;            /* (max_batch_tokens, vocab) */
     float *hidden;            /* (max_batch_tokens, dim) */
-    float *probs;             /* (vocab) */
+    float *probs;             /* (vocab); also the draft log-softmax's
+                                 scratch (spec_row_topk) */
     float *dlogits;           /* (max(topk, SPEC_PEND_CAP), vocab) */
     float *dfeat;             /* (SPEC_PEND_CAP + topk, dim) draft inputs */
     float *dout;              /* (SPEC_PEND_CAP, dim) draft outputs */

@@ -51,8 +51,6 @@
 #include "tc_common.cuh"
 #include "wgmma.cuh"
 
-#include <stdlib.h>
-
 #define TC_BK 64      /* K per stage */
 #define TC_THREADS 256
 #define TC_MIN_KT 4   /* K tiles per split at least */
@@ -292,13 +290,12 @@ bool cuda_gemv_wg_ok(int n_tok, int n_out, int n_in)
 
 /* The split count for the shape: enough blocks to fill the GPU
  * (2 per SM), at least TC_MIN_KT K tiles each, partials within
- * the workspace.  BT_TC_SPLIT=S forces S where the workspace allows. */
+ * the workspace. */
 template <int NT>
 static int tc_splits(int n_out, int n_in, const cuda_gemv_ws_t *ws,
                      int n_sm)
 {
     typedef tc_cfg<NT> C;
-    static int forced = -1;
     const int tiles = (int)BT_DIV_UP(n_out, C::BM);
     const int kt = n_in / TC_BK;
     const size_t tile_bytes = (size_t)NT * 8 * C::BM * 4;
@@ -307,13 +304,7 @@ static int tc_splits(int n_out, int n_in, const cuda_gemv_ws_t *ws,
     if (ws == NULL || ws->d_part == NULL || ws->d_cnt == NULL ||
         tiles > ws->n_cnt)
         return 1;
-    if (forced < 0) {
-        const char *env = getenv("BT_TC_SPLIT");
-        forced = env && *env ? atoi(env) : 0;
-    }
     s = BT_MAX(1, BT_MIN(2 * n_sm / tiles, kt / TC_MIN_KT));
-    if (forced > 0)
-        s = BT_MAX(1, BT_MIN(forced, kt));
     while (s > 1 && (size_t)tiles * s * tile_bytes > ws->part_bytes)
         s--;
     return s;

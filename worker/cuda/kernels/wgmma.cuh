@@ -19,7 +19,6 @@
  * elsewhere, and callers check cuda_wgmma_available() (BT_HAVE_WGMMA,
  * set by the build when it targets 90a, and a compute-capability-9
  * device) before they launch a kernel that uses them.
- * The specialisations differ only in their register lists.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_WGMMA_CUH
 #define BT_WORKER_CUDA_KERNELS_WGMMA_CUH
@@ -121,117 +120,61 @@ template <int NT> struct wg_mma {
 };
 
 #if WG_ENABLED
-template <> struct wg_mma<1> {
-    static __device__ __forceinline__ void run(float (&c)[1][4],
-                                               uint64_t da, uint64_t db)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
-                     "%0,%1,%2,%3}, "
-                     "%4, %5, p, 1, 1, 0, 0;\n}\n"
-                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
-                       "+f"(c[0][3])
-                     : "l"(da), "l"(db), "r"(1));
+/* One specialisation per NT: the asm text and operand lists differ only
+ * in the accumulator count (4 NT registers, then the two descriptors and
+ * the scale-d predicate's source). */
+#define WG_C(j) "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
+#define WG_MMA(NT, N, REGS, DA, DB, ONE, ...)                              \
+    template <> struct wg_mma<NT> {                                        \
+        static __device__ __forceinline__ void run(float (&c)[NT][4],      \
+                                                   uint64_t da,            \
+                                                   uint64_t db)            \
+        {                                                                  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n" N             \
+                         "k16.f32.bf16.bf16 {" REGS "}, %" DA ", %" DB     \
+                         ", p, 1, 1, 0, 0;\n}\n"                           \
+                         : __VA_ARGS__                                     \
+                         : "l"(da), "l"(db), "r"(1));                      \
+        }                                                                  \
     }
-};
 
-template <> struct wg_mma<2> {
-    static __device__ __forceinline__ void run(float (&c)[2][4],
-                                               uint64_t da, uint64_t db)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-                     "%0,%1,%2,%3,%4,%5,%6,%7}, "
-                     "%8, %9, p, 1, 1, 0, 0;\n}\n"
-                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
-                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
-                       "+f"(c[1][2]), "+f"(c[1][3])
-                     : "l"(da), "l"(db), "r"(1));
-    }
-};
+WG_MMA(1, "8",
+       "%0,%1,%2,%3",
+       "4", "5", "6",
+       WG_C(0));
 
-template <> struct wg_mma<4> {
-    static __device__ __forceinline__ void run(float (&c)[4][4],
-                                               uint64_t da, uint64_t db)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
-                     "%15}, "
-                     "%16, %17, p, 1, 1, 0, 0;\n}\n"
-                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
-                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
-                       "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]),
-                       "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
-                       "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]),
-                       "+f"(c[3][3])
-                     : "l"(da), "l"(db), "r"(1));
-    }
-};
+WG_MMA(2, "16",
+       "%0,%1,%2,%3,%4,%5,%6,%7",
+       "8", "9", "10",
+       WG_C(0), WG_C(1));
 
-template <> struct wg_mma<8> {
-    static __device__ __forceinline__ void run(float (&c)[8][4],
-                                               uint64_t da, uint64_t db)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
-                     "%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
-                     "%28,%29,%30,%31}, "
-                     "%32, %33, p, 1, 1, 0, 0;\n}\n"
-                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
-                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
-                       "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]),
-                       "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
-                       "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]),
-                       "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]),
-                       "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]),
-                       "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
-                       "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]),
-                       "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]),
-                       "+f"(c[7][2]), "+f"(c[7][3])
-                     : "l"(da), "l"(db), "r"(1));
-    }
-};
+WG_MMA(4, "32",
+       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15",
+       "16", "17", "18",
+       WG_C(0), WG_C(1), WG_C(2), WG_C(3));
 
-template <> struct wg_mma<16> {
-    static __device__ __forceinline__ void run(float (&c)[16][4],
-                                               uint64_t da, uint64_t db)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
-                     "%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
-                     "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,"
-                     "%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,"
-                     "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                     "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]),
-                       "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]),
-                       "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]),
-                       "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]),
-                       "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]),
-                       "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]),
-                       "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]),
-                       "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),
-                       "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]),
-                       "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]),
-                       "+f"(c[7][2]), "+f"(c[7][3]), "+f"(c[8][0]),
-                       "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]),
-                       "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]),
-                       "+f"(c[9][3]), "+f"(c[10][0]), "+f"(c[10][1]),
-                       "+f"(c[10][2]), "+f"(c[10][3]), "+f"(c[11][0]),
-                       "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]),
-                       "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]),
-                       "+f"(c[12][3]), "+f"(c[13][0]), "+f"(c[13][1]),
-                       "+f"(c[13][2]), "+f"(c[13][3]), "+f"(c[14][0]),
-                       "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]),
-                       "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]),
-                       "+f"(c[15][3])
-                     : "l"(da), "l"(db), "r"(1));
-    }
-};
+WG_MMA(8, "64",
+       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"
+       "%30,%31",
+       "32", "33", "34",
+       WG_C(0), WG_C(1), WG_C(2), WG_C(3), WG_C(4), WG_C(5), WG_C(6),
+       WG_C(7));
 
+WG_MMA(16, "128",
+       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"
+       "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,"
+       "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,"
+       "%58,%59,%60,%61,%62,%63",
+       "64", "65", "66",
+       WG_C(0), WG_C(1), WG_C(2), WG_C(3), WG_C(4), WG_C(5), WG_C(6),
+       WG_C(7), WG_C(8), WG_C(9), WG_C(10), WG_C(11), WG_C(12),
+       WG_C(13), WG_C(14), WG_C(15));
+
+#undef WG_MMA
+#undef WG_C
 #endif /* WG_ENABLED */
 
 #endif /* BT_WORKER_CUDA_KERNELS_WGMMA_CUH */
