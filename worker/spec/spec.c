@@ -1005,6 +1005,50 @@ static void spec_log_softmax(float *row, int n, float *tmp)
         row[i] -= lse;
 }
 
+/* logsumexp(row) and *best_p = the first index of its maximum; tmp: n
+ * floats of scratch.  Eight lanes at a time (the maximum as
+ * sampler_argmax finds it, the exponentials and their sums in one
+ * cpu__exp_shift8 pass) where n allows. */
+static float spec_logsumexp(const float *row, int n, float *tmp,
+                            int *best_p)
+{
+    float mx = row[0], m8[8], shift[8], sum8[8];
+    double sum = 0.0;
+    int best = 0;
+
+    if (n < 16 || n % 8 != 0 || row[0] != row[0]) {
+        for (int i = 1; i < n; i++)
+            if (row[i] > row[best])
+                best = i;
+        mx = row[best];
+        for (int i = 0; i < n; i++)
+            tmp[i] = row[i] - mx;
+        cpu__exp_inplace(tmp, n);
+        for (int i = 0; i < n; i++)
+            sum += tmp[i];
+        *best_p = best;
+        return mx + (float)log(sum);
+    }
+    for (int l = 0; l < 8; l++)
+        m8[l] = row[0];
+    for (int i = 0; i < n; i += 8)
+        for (int l = 0; l < 8; l++)
+            m8[l] = row[i + l] > m8[l] ? row[i + l] : m8[l];
+    mx = m8[0];
+    for (int l = 1; l < 8; l++)
+        mx = m8[l] > mx ? m8[l] : mx;
+    while (row[best] != mx)
+        best++;
+    for (int l = 0; l < 8; l++)
+        shift[l] = mx;
+    memcpy(tmp, row, sizeof(float) * (size_t)n);
+    cpu__exp_shift8(tmp, n, shift, sum8);
+    for (int l = 0; l < 8; l++)
+        sum += sum8[l];
+    *best_p = best;
+    return mx + (float)log(sum);
+}
+
 /* The k largest entries of row (ids best first, ties to the lower id). */
 static int spec_topk(const float *row, int n, int k, int *ids, float *vals)
 {
@@ -1027,9 +1071,21 @@ static int spec_topk(const float *row, int n, int k, int *ids, float *vals)
     return m;
 }
 
-/* Host head: candidates of logits row `row` of this level's batch. */
+/* Host head: candidates of logits row `row` of this level's batch.  A
+ * chain (k = 1) needs only the argmax and its log-probability: the row
+ * is left as it is (a fifth of a chain's host draft went to the whole
+ * row's log-softmax and the top-k insertion). */
 static void spec_row_topk(spec_t *spec, float *logits, int row, int k)
 {
+    if (k == 1) {
+        int best;
+        float lse = spec_logsumexp(logits, spec->vocab, spec->probs, &best);
+
+        spec->top_ids[row] = best;
+        spec->top_logp[row] = logits[best] - lse;
+        spec->top_n[row] = 1;
+        return;
+    }
     spec_log_softmax(logits, spec->vocab, spec->probs);
     spec->top_n[row] = spec_topk(logits, spec->vocab, k,
                                  spec->top_ids + (size_t)row * k,

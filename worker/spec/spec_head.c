@@ -19,6 +19,8 @@
 #include "model/safetensors.h"
 #include "spec_int.h"
 
+#define SPEC_HEAD_MAX_HALF 512 /* head_dim <= 1024 (head_alloc) */
+
 const char *const spec__tensor_names[SPEC_HEAD_N_TENSORS] = {
     "fc.weight",
     "fc.bias",
@@ -54,18 +56,21 @@ struct spec_head_s {
      * spec_head_weights / spec_head_params handed out writable views. */
     float *pk;                /* one allocation for all of them */
     bool pk_valid;
-    const float *pk_fc, *pk_wq, *pk_wk, *pk_wv, *pk_wo, *pk_gate, *pk_up,
-        *pk_down, *pk_cls;
+    const float *pk_fc, *pk_qkv, *pk_wo, *pk_gu, *pk_down, *pk_cls;
+    /* pk_qkv: [wq; wk; wv] stacked, one product for all three; pk_gu:
+     * gate and up rows interleaved (gate 0, up 0, gate 1, ...), the
+     * layout cpu__swiglu reads, as the CPU backend fuses w1/w3 */
 
     /* scratch, grown on demand to scr_rows rows */
     int scr_rows;
     float *x2;                /* (rows, 2 * dim) fc input */
     float *h;                 /* (rows, dim) residual stream */
     float *xn;                /* (rows, dim) normed */
-    float *q;                 /* (rows, q_dim) */
+    float *qkv;               /* (rows, q_dim + 2 * kv_dim) */
     float *att;               /* (rows, q_dim) */
-    float *gate;              /* (rows, hidden) */
-    float *up;                /* (rows, hidden) */
+    float *gu;                /* (rows, 2 * hidden) gate/up interleaved */
+    float *act;               /* (rows, hidden) SwiGLU output */
+    float *tmp;               /* (rows, hidden) cpu__swiglu scratch */
     float *scores;            /* attention scratch (scores_cap floats) */
     size_t scores_cap;
     uint8_t *amask;           /* (n_tree, n_tree) mask for cpu__attention */
@@ -99,9 +104,9 @@ void spec__rope(float *vec, int n_heads, int head_dim, const float *inv_freq,
                 int pos, float sign)
 {
     int half = head_dim / 2;
-    float cs[512], sn[512];
+    float cs[SPEC_HEAD_MAX_HALF], sn[SPEC_HEAD_MAX_HALF];
 
-    BT_ASSERT(half <= 512);
+    BT_ASSERT(half <= SPEC_HEAD_MAX_HALF);
     cpu__rope_cos_sin(pos, inv_freq, half, cs, sn);
     if (sign < 0)
         for (int i = 0; i < half; i++)
@@ -330,10 +335,11 @@ void spec_head_destroy(spec_head_t **head_p)
     bt_free(head->x2);
     bt_free(head->h);
     bt_free(head->xn);
-    bt_free(head->q);
+    bt_free(head->qkv);
     bt_free(head->att);
-    bt_free(head->gate);
-    bt_free(head->up);
+    bt_free(head->gu);
+    bt_free(head->act);
+    bt_free(head->tmp);
     bt_free(head->scores);
     bt_free(head->amask);
     bt_free(head);
@@ -449,10 +455,11 @@ static bt_status_t head_scratch(spec_head_t *head, int rows, int cap)
     if (rows > head->scr_rows) {
         if (!head_grow(&head->x2, r * 2 * dim) ||
             !head_grow(&head->h, r * dim) || !head_grow(&head->xn, r * dim) ||
-            !head_grow(&head->q, r * head->q_dim) ||
+            !head_grow(&head->qkv, r * (head->q_dim + 2 * head->kv_dim)) ||
             !head_grow(&head->att, r * head->q_dim) ||
-            !head_grow(&head->gate, r * head->hidden_dim) ||
-            !head_grow(&head->up, r * head->hidden_dim))
+            !head_grow(&head->gu, r * 2 * head->hidden_dim) ||
+            !head_grow(&head->act, r * head->hidden_dim) ||
+            !head_grow(&head->tmp, r * head->hidden_dim))
             return BT_ERR_NO_MEMORY;
         head->scr_rows = rows;
     }
@@ -471,24 +478,24 @@ static bt_status_t head_scratch(spec_head_t *head, int rows, int cap)
 
 #define HEAD_PACK_CLS_MAX ((size_t)16 << 20) /* floats: 64 MB */
 
-/* (Re)packs the inference matrices when the weights may have changed. */
+/* (Re)packs the inference matrices when the weights may have changed.
+ * The fused ones are first assembled row by row in a temporary. */
 static bt_status_t head_pack(spec_head_t *head)
 {
     const model_config_t *c = &head->cfg;
     const spec_head_weights_t *w = &head->w;
     const int dim = c->dim, hid = head->hidden_dim;
-    const struct {
+    const int qkv = head->q_dim + 2 * head->kv_dim;
+    float *tmp;
+    struct {
         const float *src;
         int rows, cols;
         const float **dst;
     } m[] = {
         {w->fc_w, dim, 2 * dim, &head->pk_fc},
-        {w->wq, head->q_dim, dim, &head->pk_wq},
-        {w->wk, head->kv_dim, dim, &head->pk_wk},
-        {w->wv, head->kv_dim, dim, &head->pk_wv},
+        {NULL, qkv, dim, &head->pk_qkv},
         {w->wo, dim, head->q_dim, &head->pk_wo},
-        {w->w_gate, hid, dim, &head->pk_gate},
-        {w->w_up, hid, dim, &head->pk_up},
+        {NULL, 2 * hid, dim, &head->pk_gu},
         {w->w_down, dim, hid, &head->pk_down},
         {head->cls, c->vocab_size, dim, &head->pk_cls},
     };
@@ -508,12 +515,35 @@ static bt_status_t head_pack(spec_head_t *head)
         if (head->pk == NULL)
             return BT_ERR_NO_MEMORY;
     }
+    tmp = bt_malloc((size_t)BT_MAX(qkv, 2 * hid) * dim * sizeof(float),
+                    "spec_head_pk");
+    if (tmp == NULL)
+        return BT_ERR_NO_MEMORY;
     for (int i = 0; i < n_m; i++) {
-        cpu__pack(head->pk + off, m[i].src, m[i].cols, m[i].rows,
-                  m[i].cols);
+        const float *src = m[i].src;
+        size_t row = sizeof(float) * (size_t)dim;
+
+        if (m[i].dst == &head->pk_qkv) {
+            memcpy(tmp, w->wq, row * head->q_dim);
+            memcpy(tmp + (size_t)head->q_dim * dim, w->wk,
+                   row * head->kv_dim);
+            memcpy(tmp + (size_t)(head->q_dim + head->kv_dim) * dim, w->wv,
+                   row * head->kv_dim);
+            src = tmp;
+        } else if (m[i].dst == &head->pk_gu) {
+            for (int j = 0; j < hid; j++) {
+                memcpy(tmp + (size_t)(2 * j) * dim,
+                       w->w_gate + (size_t)j * dim, row);
+                memcpy(tmp + (size_t)(2 * j + 1) * dim,
+                       w->w_up + (size_t)j * dim, row);
+            }
+            src = tmp;
+        }
+        cpu__pack(head->pk + off, src, m[i].cols, m[i].rows, m[i].cols);
         *m[i].dst = head->pk + off;
         off += cpu__pack_size(m[i].rows, m[i].cols);
     }
+    bt_free(tmp);
     if (!cls)
         head->pk_cls = NULL;
     head->pk_valid = true;
@@ -562,19 +592,25 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
     head_mm(head->h, dim, head->x2, 2 * dim, head->pk_fc, dim, w->fc_b, n,
             false);
 
-    /* attention (layer 0: no input norm); the rows' K and V go straight
-     * to their cache slots base .. base + n - 1 */
-    head_mm(head->q, head->q_dim, head->h, dim, head->pk_wq, head->q_dim,
-            NULL, n, false);
-    head_mm(kv->k + (size_t)base * head->kv_dim, head->kv_dim, head->h, dim,
-            head->pk_wk, head->kv_dim, NULL, n, false);
-    head_mm(kv->v + (size_t)base * head->kv_dim, head->kv_dim, head->h, dim,
-            head->pk_wv, head->kv_dim, NULL, n, false);
+    /* attention (layer 0: no input norm): Q, K and V in one product;
+     * the rows' K and V then go to their cache slots base .. base + n - 1
+     * and RoPE rotates Q and K from one cos/sin table per row */
+    const int qkv = head->q_dim + 2 * head->kv_dim;
+
+    head_mm(head->qkv, qkv, head->h, dim, head->pk_qkv, qkv, NULL, n,
+            false);
     for (int i = 0; i < n; i++) {
-        spec__rope(head->q + (size_t)i * head->q_dim, c->n_heads, hd,
-                   head->inv_freq, pos[i], 1.0f);
-        spec__rope(kv->k + (size_t)(base + i) * head->kv_dim, c->n_kv_heads,
-                   hd, head->inv_freq, pos[i], 1.0f);
+        float *row = head->qkv + (size_t)i * qkv;
+        float *k = kv->k + (size_t)(base + i) * head->kv_dim;
+        float cs[SPEC_HEAD_MAX_HALF], sn[SPEC_HEAD_MAX_HALF];
+
+        memcpy(k, row + head->q_dim, sizeof(float) * head->kv_dim);
+        memcpy(kv->v + (size_t)(base + i) * head->kv_dim,
+               row + head->q_dim + head->kv_dim,
+               sizeof(float) * head->kv_dim);
+        cpu__rope_cos_sin(pos[i], head->inv_freq, hd / 2, cs, sn);
+        cpu__rope_apply(row, c->n_heads, hd, MODEL_ROPE_HALF, cs, sn);
+        cpu__rope_apply(k, c->n_kv_heads, hd, MODEL_ROPE_HALF, cs, sn);
     }
     /* the CPU backend's attention over the head's cache seen as one
      * block: slots [0, ctx) cached, [ctx, base + n) the "new" tokens of
@@ -612,15 +648,14 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
             as.mask = head->amask;
         }
         if (n == 1 && mask == NULL && i0 == n_tree - 1) {
-            cpu__attention_decode(head->att, head->q, &as, c->n_kv_heads,
+            cpu__attention_decode(head->att, head->qkv, &as, c->n_kv_heads,
                                   group, head->scores);
         } else {
             for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
                 cpu__attention(head->att + (size_t)kvh * group * hd,
                                head->q_dim,
-                               head->q + (size_t)kvh * group * hd,
-                               head->q_dim, &as, kvh, group, i0, n,
-                               head->scores);
+                               head->qkv + (size_t)kvh * group * hd, qkv,
+                               &as, kvh, group, i0, n, head->scores);
         }
     }
     head_mm(head->h, dim, head->att, head->q_dim, head->pk_wo, dim, NULL, n,
@@ -630,12 +665,10 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
     for (int i = 0; i < n; i++)
         spec__rmsnorm(head->xn + (size_t)i * dim, head->h + (size_t)i * dim,
                       w->post_norm, dim, c->rms_eps);
-    head_mm(head->gate, hid, head->xn, dim, head->pk_gate, hid, NULL, n,
+    head_mm(head->gu, 2 * hid, head->xn, dim, head->pk_gu, 2 * hid, NULL, n,
             false);
-    head_mm(head->up, hid, head->xn, dim, head->pk_up, hid, NULL, n, false);
-    for (size_t j = 0; j < (size_t)n * hid; j++)
-        head->gate[j] = spec__silu(head->gate[j]) * head->up[j];
-    head_mm(head->h, dim, head->gate, hid, head->pk_down, dim, NULL, n,
+    cpu__swiglu(head->act, head->gu, n * hid, head->tmp);
+    head_mm(head->h, dim, head->act, hid, head->pk_down, dim, NULL, n,
             true);
 
     memcpy(out_feat, head->h, sizeof(float) * (size_t)n * dim);
