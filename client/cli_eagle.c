@@ -45,7 +45,7 @@ static void eagle_usage(FILE *out)
 "  --gen N            tokens per sequence (default 96, capped by context)\n"
 "  --prompt-ids IDS   prompt of every sequence (default BOS + one token\n"
 "                     that differs per sequence)\n"
-"  --spec-depth D     draft tree depth (default 5)\n"
+"  --spec-depth D     draft tree depth (default 8)\n"
 "  --spec-topk K      draft children per node (default 4)\n"
 "  --spec-tokens T    draft tokens per step (default 16)\n"
 "  --spec-fixed       always use the full tree (no adaptation)\n"

@@ -42,7 +42,7 @@ static void run_usage(FILE *out)
 "  --spec-head PATH       draft head .safetensors (baton eagle train);\n"
 "  --draft PATH           the same\n"
 "  --spec off|auto|fixed  speculation off, adaptive (default), full tree\n"
-"  --spec-depth D         draft tree depth (default 5)\n"
+"  --spec-depth D         draft tree depth (default 8)\n"
 "  --spec-topk K          draft children per node (default 4)\n"
 "  --spec-tokens T        draft tokens verified per step (default 16)\n"
 "  --spec-fixed           always draft the full tree (default: adaptive)\n"

@@ -56,7 +56,7 @@ static void usage(FILE *out)
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "speculative decoding (EAGLE; cpu and cuda backends):\n"
         "  --spec-head PATH       draft head .safetensors (baton eagle train)\n"
-        "  --spec-depth D         draft tree depth (5)\n"
+        "  --spec-depth D         draft tree depth (8)\n"
         "  --spec-topk K          draft children per node (4)\n"
         "  --spec-tokens N        draft tokens verified per step (16)\n"
         "  --spec off|auto|fixed  off: ignore the head; auto (default): tree\n"

@@ -24,7 +24,9 @@
 
 #define SPEC_PEND_CAP 64   /* target features buffered before the draft
                               head is fed (plain decoding defers it) */
-#define SPEC_N_ARMS 5      /* off, chains of 1, 2 and 4, configured tree */
+#define SPEC_N_ARMS 6      /* off, chains of 1, 2, 4 and 8 (within the
+                              configured depth and tokens), configured
+                              tree */
 #define SPEC_N_BUCKETS 4   /* batch sizes 1, 2-4, 5-16, 17+ */
 /* The controller (spec_pick_arm): plain decoding is the baseline,
  * measured on every plain step; a speculative arm is tried in short
@@ -177,6 +179,7 @@ struct spec_s {
     double force_rate;        /* spec_test_force_accept, < 0 = off */
     uint64_t force_rng;
     spec_shape_t arms[SPEC_N_ARMS];
+    bool arm_dup[SPEC_N_ARMS];   /* drafts as a smaller arm: never tried */
     double arm_rate[SPEC_N_BUCKETS][SPEC_N_ARMS]; /* tokens/s EMA (arm 0:
                                                     every plain step;
                                                     others: per episode) */
@@ -213,9 +216,49 @@ struct spec_s {
     size_t loop_cap;
 };
 
+/* True when shapes a and b draft the same: equal, or two chains (top-k
+ * 1) of the same length (a chain is as long as its depth and tokens
+ * allow). */
+static bool spec_shape_same(const spec_shape_t *a, const spec_shape_t *b)
+{
+    if (a->topk == 1 && b->topk == 1)
+        return BT_MIN(a->tokens, a->depth) == BT_MIN(b->tokens, b->depth);
+    return a->tokens == b->tokens && a->depth == b->depth &&
+           a->topk == b->topk;
+}
+
+/* The controller with nothing measured.  An arm that drafts as a
+ * smaller one does (the limits cut the chains short, or the tree is a
+ * chain) is marked a duplicate and never tried. */
+static void spec_controller_reset(spec_t *spec)
+{
+    memset(spec->arm_rate, 0, sizeof(spec->arm_rate));
+    memset(spec->arm_n, 0, sizeof(spec->arm_n));
+    memset(spec->bucket_steps, 0, sizeof(spec->bucket_steps));
+    memset(spec->next_explore, 0, sizeof(spec->next_explore));
+    memset(spec->best_arm, 0, sizeof(spec->best_arm));
+    memset(spec->ep_left, 0, sizeof(spec->ep_left));
+    memset(spec->ep_warm, 0, sizeof(spec->ep_warm));
+    memset(spec->plain_skip, 0, sizeof(spec->plain_skip));
+    for (int a = 0; a < SPEC_N_ARMS; a++) {
+        spec->arm_dup[a] = false;
+        for (int e = 0; e < a; e++)
+            spec->arm_dup[a] |= spec_shape_same(&spec->arms[e],
+                                                &spec->arms[a]);
+    }
+    for (int b = 0; b < SPEC_N_BUCKETS; b++) {
+        spec->ep_arm[b] = -1;
+        for (int a = 0; a < SPEC_N_ARMS; a++) {
+            spec->explore_gap[b][a] = SPEC_EXPLORE_FIRST / 2;
+            if (spec->arm_dup[a])
+                spec->next_explore[b][a] = UINT64_MAX;
+        }
+    }
+}
+
 void spec_config_init(spec_config_t *cfg)
 {
-    cfg->depth = 5;
+    cfg->depth = 8;
     cfg->topk = 4;
     cfg->tokens = 16;
     cfg->adaptive = true;
@@ -330,20 +373,15 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
         return BT_ERR_NO_MEMORY;
     }
     spec->arms[0] = (spec_shape_t){ 0, 0, 0 };
-    spec->arms[1] = (spec_shape_t){ 1, 1, 1 };
-    spec->arms[2] = (spec_shape_t){ 2, 2, 1 };
-    spec->arms[3] = (spec_shape_t){ 4, 4, 1 };
-    spec->arms[4] = (spec_shape_t){ cfg->tokens, cfg->depth, cfg->topk };
-    for (int a = 1; a < 4; a++) { /* chains within the configured limits */
-        spec->arms[a].tokens = BT_MIN(spec->arms[a].tokens,
-                                      BT_MIN(cfg->tokens, cfg->depth));
-        spec->arms[a].depth = spec->arms[a].tokens;
+    for (int a = 1; a < SPEC_N_ARMS - 1; a++) {
+        /* chains of 1, 2, 4, 8 within the configured limits */
+        int len = BT_MIN(1 << (a - 1), BT_MIN(cfg->tokens, cfg->depth));
+
+        spec->arms[a] = (spec_shape_t){ len, len, 1 };
     }
-    for (int b = 0; b < SPEC_N_BUCKETS; b++) {
-        spec->ep_arm[b] = -1;
-        for (int a = 0; a < SPEC_N_ARMS; a++)
-            spec->explore_gap[b][a] = SPEC_EXPLORE_FIRST / 2;
-    }
+    spec->arms[SPEC_N_ARMS - 1] =
+        (spec_shape_t){ cfg->tokens, cfg->depth, cfg->topk };
+    spec_controller_reset(spec);
     if (!cfg->adaptive) {
         spec->fixed = true;
         spec->fixed_shape = spec->arms[SPEC_N_ARMS - 1];
@@ -609,19 +647,7 @@ void spec_set_adaptive(spec_t *spec)
         return;
     spec->fixed = false;
     spec->lazy = false;
-    memset(spec->arm_rate, 0, sizeof(spec->arm_rate));
-    memset(spec->arm_n, 0, sizeof(spec->arm_n));
-    memset(spec->bucket_steps, 0, sizeof(spec->bucket_steps));
-    memset(spec->next_explore, 0, sizeof(spec->next_explore));
-    memset(spec->best_arm, 0, sizeof(spec->best_arm));
-    memset(spec->ep_left, 0, sizeof(spec->ep_left));
-    memset(spec->ep_warm, 0, sizeof(spec->ep_warm));
-    memset(spec->plain_skip, 0, sizeof(spec->plain_skip));
-    for (int b = 0; b < SPEC_N_BUCKETS; b++) {
-        spec->ep_arm[b] = -1;
-        for (int a = 0; a < SPEC_N_ARMS; a++)
-            spec->explore_gap[b][a] = SPEC_EXPLORE_FIRST / 2;
-    }
+    spec_controller_reset(spec);
 }
 
 void spec_set_fixed(spec_t *spec, int tokens, int depth, int topk)
@@ -1643,11 +1669,15 @@ static int spec_pick_arm(spec_t *spec, int b)
     /* the candidate: plain when speculating, else the smallest arm that
      * the ladder allows above the default */
     for (int a = 0; a < SPEC_N_ARMS; a++) {
-        if (a == best)
+        int below = a - 1; /* the next smaller arm that is tried */
+
+        while (below > 0 && spec->arm_dup[below])
+            below--;
+        if (a == best || spec->arm_dup[a])
             continue;
-        if (a > 1 && a > best + 1 &&
-            !(spec->arm_n[b][a - 1] > 0 &&
-              spec->arm_rate[b][a - 1] >= SPEC_LADDER *
+        if (below > 0 && below > best &&
+            !(spec->arm_n[b][below] > 0 &&
+              spec->arm_rate[b][below] >= SPEC_LADDER *
                                               spec->arm_rate[b][0]))
             continue;
         if (spec->next_explore[b][a] < due) {

@@ -58,7 +58,7 @@ typedef struct {
     bool adaptive; /* choose the tree size per step from measurements */
 } spec_config_t;
 
-/* Defaults: depth 5, top-k 4, 16 tokens, adaptive. */
+/* Defaults: depth 8, top-k 4, 16 tokens, adaptive. */
 void spec_config_init(spec_config_t *cfg);
 /* BT_ERR_INVALID_ARG naming the bad field. */
 bt_status_t spec_config_validate(const spec_config_t *cfg);
