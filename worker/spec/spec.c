@@ -46,7 +46,16 @@
                                              weights + classifier) draft
                                              on the host beside a cuda
                                              target */
-#define SPEC_WIN 1.03           /* a spec arm must beat plain by 3% */
+#define SPEC_WIN 1.03           /* a challenger must beat the default
+                                   by 3% ... */
+#define SPEC_ENTER 1.10         /* ... and a speculative arm plain by 10%:
+                                   a wrong switch to speculation costs
+                                   far more than a missed small gain, and
+                                   a try's few steps can fall where the
+                                   tree pays (aidreams260K at batch 8: a
+                                   chain of 4 measured 1.09x plain in its
+                                   try at context ~30 and ran at 0.68x
+                                   over whole sequences) */
 #define SPEC_LADDER 0.9         /* a bigger arm is tried only while the
                                    next smaller one reaches 0.9x plain */
 #define SPEC_EMA_PLAIN 0.05
@@ -1646,12 +1655,13 @@ static int spec_bucket(int n)
  * in an episode of SPEC_EPISODE measured steps, cheapest arm first (a
  * bigger one only while the next smaller one reaches SPEC_LADDER of
  * plain, so a losing chain of 2 rules out the trees); an arm that beats
- * plain by SPEC_WIN becomes the default, and plain is then tried the
- * same way.  Every lost try multiplies the arm's wait (x8 for a clear
+ * plain by SPEC_ENTER, or a speculative default by SPEC_WIN, becomes the
+ * default, and plain is then tried the same way (it wins back by
+ * SPEC_WIN).  Every lost try multiplies the arm's wait (x8 for a clear
  * loss, which also ends the try after one step; x2 for a close one; up
  * to SPEC_EXPLORE_MAX steps, practically never), so where speculation
- * does not pay its cost vanishes.  Sets spec->lazy: no feature work while plain runs and no
- * try is within SPEC_WARM steps. */
+ * does not pay its cost vanishes.  Sets spec->lazy: no feature work
+ * while plain runs and no try is within SPEC_WARM steps. */
 static int spec_pick_arm(spec_t *spec, int b)
 {
     uint64_t step = spec->bucket_steps[b]++;
@@ -1659,7 +1669,13 @@ static int spec_pick_arm(spec_t *spec, int b)
     uint64_t due = UINT64_MAX;
 
     if (spec->ep_arm[b] >= 0) { /* an episode runs until measured */
-        spec->lazy = false;
+        /* a re-check of plain decoding runs it as plain decoding runs
+         * (lazy: no hidden rows, no feature work), or the baseline it
+         * measures is the slower plain-with-features step and a losing
+         * arm keeps winning (stories260K at batch 1: a chain of 1 held
+         * at 0.92x); the draft cache attends around the gap, and the
+         * next speculative step decodes plainly once to fetch its root */
+        spec->lazy = spec->ep_arm[b] == 0;
         return spec->ep_arm[b];
     }
     if (spec->arm_n[b][0] < SPEC_BASELINE_STEPS && best == 0) {
@@ -1693,7 +1709,7 @@ static int spec_pick_arm(spec_t *spec, int b)
                                ? SPEC_EPISODE : 0;
         spec->ep_tokens[b] = 0.0;
         spec->ep_ns[b] = 0.0;
-        spec->lazy = false;
+        spec->lazy = cand == 0; /* as above */
         return cand;
     }
     spec->lazy = best == 0 && (cand < 0 || due > step + SPEC_WARM);
@@ -1750,9 +1766,11 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
         ? spec->arm_rate[b][0] * SPEC_WIN >
               spec->arm_rate[b][spec->best_arm[b]]
         : spec->arm_rate[b][arm] >
-              SPEC_WIN * spec->arm_rate[b][spec->best_arm[b]];
-    BT_LOG_DEBUG("SPEC", "bucket %d arm %d try: %.0f tok/s (ema %.0f) vs "
-                 "default %d %.0f: %s", b, arm, r, spec->arm_rate[b][arm],
+              (spec->best_arm[b] == 0 ? SPEC_ENTER : SPEC_WIN) *
+                  spec->arm_rate[b][spec->best_arm[b]];
+    BT_LOG_DEBUG("SPEC", "bucket %d step %llu arm %d try: %.0f tok/s (ema "
+                 "%.0f) vs default %d %.0f: %s", b, (unsigned long long)step,
+                 arm, r, spec->arm_rate[b][arm],
                  spec->best_arm[b], spec->arm_rate[b][spec->best_arm[b]],
                  win ? "wins" : "loses");
     if (win) {
