@@ -132,9 +132,14 @@ struct spec_s {
     float *hidden;            /* (max_batch_tokens, dim) */
     float *probs;             /* (vocab); also the draft log-softmax's
                                  scratch (spec_row_topk) */
-    float *dlogits;           /* (max(topk, SPEC_PEND_CAP), vocab) */
-    float *dfeat;             /* (SPEC_PEND_CAP + topk, dim) draft inputs */
-    float *dout;              /* (SPEC_PEND_CAP, dim) draft outputs */
+    /* host head, every drafting sequence in one pass
+     * (spec_head_forward_parts): rows grown on demand */
+    int hb_cap, hb_lcap;      /* rows; rows with logits */
+    float *hb_feat, *hb_out;  /* (hb_cap, dim) */
+    int *hb_tok, *hb_pos;     /* (hb_cap) */
+    float *hb_logits;         /* (hb_lcap, vocab) */
+    spec_head_part_t *hb_parts; /* (max_seqs) */
+    spec_seq_t **hb_seqs;     /* (max_seqs) the sequence of each part */
     float *fbuf;              /* (SPEC_MAX_DEPTH + 2, dim) features */
     int *dtok;                /* (SPEC_PEND_CAP + topk) */
     int *dpos;                /* (SPEC_PEND_CAP + topk) */
@@ -347,10 +352,6 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
     spec->row_smp = bt_calloc(rows, sizeof(*spec->row_smp), "spec");
     spec->full_rows = bt_malloc(rows * sizeof(int), "spec");
     spec->force_rate = -1.0;
-    spec->dlogits = bt_malloc((size_t)cfg->topk * spec->vocab *
-                                  sizeof(float), "spec");
-    spec->dfeat = bt_malloc((size_t)dr * spec->dim * sizeof(float), "spec");
-    spec->dout = bt_malloc((size_t)dr * spec->dim * sizeof(float), "spec");
     spec->fbuf = bt_malloc((size_t)(SPEC_MAX_DEPTH + 2) * spec->dim *
                                sizeof(float), "spec");
     spec->dtok = bt_malloc((size_t)dr * sizeof(int), "spec");
@@ -371,7 +372,6 @@ bt_status_t spec_create(engine_t *engine, spec_head_t *head,
                                  SPEC_MAX_DEPTH * sizeof(int), "spec");
     if (spec->bseqs == NULL || spec->logits == NULL ||
         spec->hidden == NULL || spec->probs == NULL ||
-        spec->dlogits == NULL || spec->dfeat == NULL || spec->dout == NULL ||
         spec->fbuf == NULL || spec->dtok == NULL || spec->dpos == NULL ||
         spec->dmask == NULL || spec->mv_src == NULL ||
         spec->mv_dst == NULL || spec->dseqs == NULL ||
@@ -500,9 +500,13 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->row_smp);
     bt_free(spec->full_rows);
     bt_free(spec->probs);
-    bt_free(spec->dlogits);
-    bt_free(spec->dfeat);
-    bt_free(spec->dout);
+    bt_free(spec->hb_feat);
+    bt_free(spec->hb_out);
+    bt_free(spec->hb_tok);
+    bt_free(spec->hb_pos);
+    bt_free(spec->hb_logits);
+    bt_free(spec->hb_parts);
+    bt_free(spec->hb_seqs);
     bt_free(spec->fbuf);
     bt_free(spec->st_src);
     bt_free(spec->st_state);
@@ -691,23 +695,101 @@ static bt_status_t spec_lrows_reserve(spec_t *spec, int n)
 
 /* Host head: feeds s's buffered features; slot t gets the pair
  * (f[t], x[t+1]); the last output becomes the root feature. */
-static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t *s)
+/* Grows the host head's batch scratch to rows rows, lrows of them with
+ * logits. */
+static bt_status_t spec_hb_reserve(spec_t *spec, int rows, int lrows)
 {
-    const int *toks = engine_seq_tokens(s->seq);
+    if (spec->hb_parts == NULL) {
+        spec->hb_parts = bt_calloc((size_t)spec->max_seqs,
+                                   sizeof(*spec->hb_parts), "spec");
+        spec->hb_seqs = bt_calloc((size_t)spec->max_seqs,
+                                  sizeof(*spec->hb_seqs), "spec");
+        if (spec->hb_parts == NULL || spec->hb_seqs == NULL)
+            return BT_ERR_NO_MEMORY;
+    }
+    if (rows > spec->hb_cap) {
+        int cap = BT_MAX(rows, 2 * spec->hb_cap);
+        size_t fb = (size_t)cap * spec->dim * sizeof(float);
+        float *f = bt_realloc(spec->hb_feat, fb, "spec");
+        float *o = f ? bt_realloc(spec->hb_out, fb, "spec") : NULL;
+        int *t, *q;
+
+        if (f != NULL)
+            spec->hb_feat = f;
+        if (o != NULL)
+            spec->hb_out = o;
+        if (f == NULL || o == NULL)
+            return BT_ERR_NO_MEMORY;
+        t = bt_realloc(spec->hb_tok, (size_t)cap * sizeof(int), "spec");
+        if (t != NULL)
+            spec->hb_tok = t;
+        q = t ? bt_realloc(spec->hb_pos, (size_t)cap * sizeof(int), "spec")
+              : NULL;
+        if (q != NULL)
+            spec->hb_pos = q;
+        if (t == NULL || q == NULL)
+            return BT_ERR_NO_MEMORY;
+        spec->hb_cap = cap;
+    }
+    if (lrows > spec->hb_lcap) {
+        int cap = BT_MAX(lrows, 2 * spec->hb_lcap);
+        float *l = bt_realloc(spec->hb_logits,
+                              (size_t)cap * spec->vocab * sizeof(float),
+                              "spec");
+
+        if (l == NULL)
+            return BT_ERR_NO_MEMORY;
+        spec->hb_logits = l;
+        spec->hb_lcap = cap;
+    }
+    return BT_OK;
+}
+
+/* Host head: feeds the buffered target features of n sequences (those
+ * with any) in one pass; each one's last output is its root feature. */
+static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t **ss, int n)
+{
+    int n_parts = 0, rows = 0;
     bt_status_t status;
 
-    for (int i = 0; i < s->n_pend; i++) {
-        spec->dtok[i] = toks[s->pend_pos + i + 1];
-        spec->dpos[i] = s->pend_pos + i;
-    }
-    spec->stats.head_rows += (uint64_t)s->n_pend;
-    status = spec_head_forward(spec->head, &s->kv, s->n_pend, s->pend,
-                               spec->dtok, spec->dpos, s->draft_len,
-                               s->draft_len, NULL, spec->dout, NULL);
+    for (int i = 0; i < n; i++)
+        rows += ss[i]->n_pend;
+    if (rows == 0)
+        return BT_OK;
+    status = spec_hb_reserve(spec, rows, 0);
     if (status != BT_OK)
         return status;
-    memcpy(s->root_feat, spec->dout + (size_t)(s->n_pend - 1) * spec->dim,
-           sizeof(float) * (size_t)spec->dim);
+    rows = 0;
+    for (int i = 0; i < n; i++) {
+        spec_seq_t *s = ss[i];
+        const int *toks = engine_seq_tokens(s->seq);
+
+        if (s->n_pend == 0)
+            continue;
+        memcpy(spec->hb_feat + (size_t)rows * spec->dim, s->pend,
+               sizeof(float) * (size_t)s->n_pend * spec->dim);
+        for (int j = 0; j < s->n_pend; j++) {
+            spec->hb_tok[rows + j] = toks[s->pend_pos + j + 1];
+            spec->hb_pos[rows + j] = s->pend_pos + j;
+        }
+        spec->hb_parts[n_parts] = (spec_head_part_t){
+            &s->kv, s->n_pend, s->draft_len, s->draft_len, NULL };
+        spec->hb_seqs[n_parts++] = s;
+        rows += s->n_pend;
+    }
+    spec->stats.head_rows += (uint64_t)rows;
+    status = spec_head_forward_parts(spec->head, n_parts, spec->hb_parts,
+                                     spec->hb_feat, spec->hb_tok,
+                                     spec->hb_pos, spec->hb_out, NULL);
+    if (status != BT_OK)
+        return status;
+    rows = 0;
+    for (int p = 0; p < n_parts; p++) {
+        rows += spec->hb_parts[p].n;
+        memcpy(spec->hb_seqs[p]->root_feat,
+               spec->hb_out + (size_t)(rows - 1) * spec->dim,
+               sizeof(float) * (size_t)spec->dim);
+    }
     return BT_OK;
 }
 
@@ -893,16 +975,16 @@ static bt_status_t spec_flush_many(spec_t *spec, spec_seq_t **ss, int n)
             return status;
     }
 #endif
+    if (spec->dev == NULL) {
+        status = spec_flush_host(spec, ss, n);
+        if (status != BT_OK)
+            return status;
+    }
     for (int i = 0; i < n; i++) {
         spec_seq_t *s = ss[i];
 
         if (s->n_pend == 0)
             continue;
-        if (spec->dev == NULL) {
-            status = spec_flush_host(spec, s);
-            if (status != BT_OK)
-                return status;
-        }
         s->draft_len += s->n_pend;
         s->pend_pos += s->n_pend;
         s->n_pend = 0;
@@ -1184,23 +1266,31 @@ static bt_status_t spec_draft_roots(spec_t *spec, spec_seq_t **ds, int nd,
                                spec->top_ids, spec->top_logp, NULL);
     }
 #endif
-    for (int i = 0; i < nd; i++) {
-        spec_head_logits(spec->head, ds[i]->root_feat, 1, spec->dlogits);
-        spec_row_topk(spec, spec->dlogits, i, k);
+    {
+        bt_status_t status = spec_hb_reserve(spec, nd, nd);
+
+        if (status != BT_OK)
+            return status;
     }
+    for (int i = 0; i < nd; i++)
+        memcpy(spec->hb_feat + (size_t)i * spec->dim, ds[i]->root_feat,
+               sizeof(float) * (size_t)spec->dim);
+    spec_head_logits(spec->head, spec->hb_feat, nd, spec->hb_logits);
+    for (int i = 0; i < nd; i++)
+        spec_row_topk(spec, spec->hb_logits + (size_t)i * spec->vocab, i, k);
     return BT_OK;
 }
 
 /* Lays out s's frontier for level d as batch rows from row r0: tokens,
  * positions and the tree mask (its ancestors among the expanded nodes
- * and itself).  Host head: runs the head on them at once. */
-static bt_status_t spec_level_rows(spec_t *spec, spec_seq_t *s, int si,
-                                   int d, int r0, int k)
+ * and itself); the device head's row records, or the host head's input
+ * features and part si (spec_level_run runs them). */
+static void spec_level_rows(spec_t *spec, spec_seq_t *s, int si, int d,
+                            int r0)
 {
     int cached = engine_seq_cached(s->seq);
     int width = s->n_exp + s->n_front;
     uint8_t *mask = spec->dmask + (size_t)si * spec->mask_stride;
-    bt_status_t status;
 
     memset(mask, 0, (size_t)s->n_front * width);
     for (int r = 0; r < s->n_front; r++) {
@@ -1231,16 +1321,18 @@ static bt_status_t spec_level_rows(spec_t *spec, spec_seq_t *s, int si,
                                        : 1 + s->nodes[nd->parent].feat;
             row->out = 1 + s->n_exp + r;
         }
-        return BT_OK;
+        return;
     }
 #endif
+    /* host head: this sequence's rows join the level's one pass
+     * (spec_level_run) as part si */
     for (int r = 0; r < s->n_front; r++) {
         spec_node_t *nd = &s->nodes[s->frontier[r]];
         const float *in = nd->parent < 0
             ? s->root_feat
             : s->exp_feat + (size_t)s->nodes[nd->parent].feat * spec->dim;
 
-        memcpy(spec->dfeat + (size_t)r * spec->dim, in,
+        memcpy(spec->hb_feat + (size_t)(r0 + r) * spec->dim, in,
                sizeof(float) * (size_t)spec->dim);
     }
     spec->stats.head_rows += (uint64_t)s->n_front;
@@ -1255,17 +1347,39 @@ static bt_status_t spec_level_rows(spec_t *spec, spec_seq_t *s, int si,
             n_anc++;
         chain = n_anc == s->n_exp;
     }
-    status = spec_head_forward(spec->head, &s->kv, s->n_front, spec->dfeat,
-                               spec->dtok + r0, spec->dpos + r0,
-                               s->draft_len, s->draft_len + s->n_exp,
-                               chain ? NULL : mask,
-                               s->exp_feat + (size_t)s->n_exp * spec->dim,
-                               spec->dlogits);
+    spec->hb_parts[si] = (spec_head_part_t){
+        &s->kv, s->n_front, s->draft_len, s->draft_len + s->n_exp,
+        chain ? NULL : mask };
+}
+
+/* Host head: one pass over the level's rows of every drafting sequence
+ * (laid out by spec_level_rows, parts in ds order), then each row's
+ * candidates; the outputs go to each sequence's expanded features. */
+static bt_status_t spec_level_run(spec_t *spec, spec_seq_t **ds, int nd,
+                                  int n_rows, int k)
+{
+    int n_parts = 0;
+    bt_status_t status;
+
+    for (int i = 0; i < nd; i++)
+        if (ds[i]->lrow0 >= 0)
+            spec->hb_parts[n_parts++] = spec->hb_parts[i];
+    status = spec_head_forward_parts(spec->head, n_parts, spec->hb_parts,
+                                     spec->hb_feat, spec->dtok, spec->dpos,
+                                     spec->hb_out, spec->hb_logits);
     if (status != BT_OK)
         return status;
-    for (int r = 0; r < s->n_front; r++)
-        spec_row_topk(spec, spec->dlogits + (size_t)r * spec->vocab, r0 + r,
-                      k);
+    for (int i = 0; i < nd; i++) {
+        spec_seq_t *s = ds[i];
+
+        if (s->lrow0 < 0)
+            continue;
+        memcpy(s->exp_feat + (size_t)s->n_exp * spec->dim,
+               spec->hb_out + (size_t)s->lrow0 * spec->dim,
+               sizeof(float) * (size_t)s->n_front * spec->dim);
+    }
+    for (int r = 0; r < n_rows; r++)
+        spec_row_topk(spec, spec->hb_logits + (size_t)r * spec->vocab, r, k);
     return BT_OK;
 }
 
@@ -1415,8 +1529,13 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
             status = spec_lrows_reserve(spec, nd * topk);
             if (status != BT_OK)
                 return status;
-        }
+        } else
 #endif
+        {
+            status = spec_hb_reserve(spec, nd * topk, nd * topk);
+            if (status != BT_OK)
+                return status;
+        }
         for (int i = 0; i < nd; i++) {
             spec_seq_t *s = ds[i];
 
@@ -1424,13 +1543,16 @@ static bt_status_t spec_draft_all(spec_t *spec, spec_seq_t **ds, int nd,
             if (d >= s->depth_lim || s->n_front == 0)
                 continue;
             s->lrow0 = n_rows;
-            status = spec_level_rows(spec, s, i, d, n_rows, topk);
-            if (status != BT_OK)
-                return status;
+            spec_level_rows(spec, s, i, d, n_rows);
             n_rows += s->n_front;
         }
         if (n_rows == 0)
             break;
+        if (spec->dev == NULL) {
+            status = spec_level_run(spec, ds, nd, n_rows, topk);
+            if (status != BT_OK)
+                return status;
+        }
 #ifdef BATON_HAVE_CUDA
         if (spec->dev != NULL) {
             spec->stats.head_rows += (uint64_t)n_rows;

@@ -564,18 +564,92 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
                               const uint8_t *mask, float *out_feat,
                               float *logits)
 {
+    const spec_head_part_t part = { kv, n, ctx, base, mask };
+
+    return spec_head_forward_parts(head, 1, &part, feat, tokens, pos,
+                                   out_feat, logits);
+}
+
+/* The CPU backend's attention for one part's rows (q and att at the
+ * part's first row): the head's cache seen as one block, slots [0, ctx)
+ * cached, [ctx, base + n) the "new" tokens of which these rows are the
+ * last n (i0 = base - ctx); row i sees new token j <= i0 + i (and, with
+ * a mask, only where mask[i][j]). */
+static bt_status_t head_attend(spec_head_t *head, const spec_head_part_t *p,
+                               const float *q, int ldq, float *att)
+{
+    const model_config_t *c = &head->cfg;
+    const int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    const int n = p->n, i0 = p->base - p->ctx, n_tree = i0 + n, zero = 0;
+    cpu_attn_seq_t as;
+
+    memset(&as, 0, sizeof(as));
+    as.k_layer = p->kv->k;
+    as.v_layer = p->kv->v;
+    as.block_table = &zero;
+    as.block_size = p->kv->cap;
+    as.kv_row = head->kv_dim;
+    as.head_dim = hd;
+    as.ctx_len = p->ctx;
+    as.n_new = n_tree;
+    if (p->mask != NULL) {
+        size_t mb = (size_t)n_tree * n_tree;
+
+        if (mb > head->amask_cap) {
+            uint8_t *m = bt_realloc(head->amask, mb, "spec_head");
+
+            if (m == NULL)
+                return BT_ERR_NO_MEMORY;
+            head->amask = m;
+            head->amask_cap = mb;
+        }
+        memset(head->amask, 0, mb);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j <= i0 + i; j++)
+                head->amask[(size_t)(i0 + i) * n_tree + j] =
+                    p->mask[(size_t)i * n_tree + j] != 0;
+        as.mask = head->amask;
+    }
+    if (n == 1 && p->mask == NULL) {
+        cpu__attention_decode(att, q, &as, c->n_kv_heads, group,
+                              head->scores);
+    } else {
+        for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
+            cpu__attention(att + (size_t)kvh * group * hd, head->q_dim,
+                           q + (size_t)kvh * group * hd, ldq, &as, kvh,
+                           group, i0, n, head->scores);
+    }
+    return BT_OK;
+}
+
+bt_status_t spec_head_forward_parts(spec_head_t *head, int n_parts,
+                                    const spec_head_part_t *parts,
+                                    const float *feat, const int *tokens,
+                                    const int *pos, float *out_feat,
+                                    float *logits)
+{
     const model_config_t *c = &head->cfg;
     const spec_head_weights_t *w = &head->w;
     int dim = c->dim, hd = c->head_dim, hid = head->hidden_dim;
-    int group = c->n_heads / c->n_kv_heads;
-    int n_tree = base - ctx + n; /* temp slots a row may see */
+    const int qkv = head->q_dim + 2 * head->kv_dim;
+    int n = 0, cap = 1;
     bt_status_t status;
 
-    if (n <= 0 || ctx < 0 || base < ctx || base + n > kv->cap)
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
-                        "draft forward of %d rows at slot %d (ctx %d) "
-                        "exceeds its cache of %d", n, base, ctx, kv->cap);
-    status = head_scratch(head, n, base + n);
+    for (int p = 0; p < n_parts; p++) {
+        const spec_head_part_t *pt = &parts[p];
+
+        if (pt->n <= 0 || pt->ctx < 0 || pt->base < pt->ctx ||
+            pt->base + pt->n > pt->kv->cap)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "SPEC",
+                            "draft forward of %d rows at slot %d (ctx %d) "
+                            "exceeds its cache of %d", pt->n, pt->base,
+                            pt->ctx, pt->kv->cap);
+        n += pt->n;
+        cap = BT_MAX(cap, pt->base + pt->n);
+    }
+    if (n == 0)
+        return BT_OK;
+    status = head_scratch(head, n, cap);
     if (status == BT_OK)
         status = head_pack(head);
     if (status != BT_OK)
@@ -592,71 +666,34 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
     head_mm(head->h, dim, head->x2, 2 * dim, head->pk_fc, dim, w->fc_b, n,
             false);
 
-    /* attention (layer 0: no input norm): Q, K and V in one product;
-     * the rows' K and V then go to their cache slots base .. base + n - 1
-     * and RoPE rotates Q and K from one cos/sin table per row */
-    const int qkv = head->q_dim + 2 * head->kv_dim;
-
+    /* attention (layer 0: no input norm): Q, K and V of all rows in one
+     * product; each row's K and V then go to its part's cache slots
+     * base .. base + n - 1, and RoPE rotates Q and K from one cos/sin
+     * table per row */
     head_mm(head->qkv, qkv, head->h, dim, head->pk_qkv, qkv, NULL, n,
             false);
-    for (int i = 0; i < n; i++) {
-        float *row = head->qkv + (size_t)i * qkv;
-        float *k = kv->k + (size_t)(base + i) * head->kv_dim;
-        float cs[SPEC_HEAD_MAX_HALF], sn[SPEC_HEAD_MAX_HALF];
+    for (int p = 0, r = 0; p < n_parts; p++) {
+        const spec_head_part_t *pt = &parts[p];
 
-        memcpy(k, row + head->q_dim, sizeof(float) * head->kv_dim);
-        memcpy(kv->v + (size_t)(base + i) * head->kv_dim,
-               row + head->q_dim + head->kv_dim,
-               sizeof(float) * head->kv_dim);
-        cpu__rope_cos_sin(pos[i], head->inv_freq, hd / 2, cs, sn);
-        cpu__rope_apply(row, c->n_heads, hd, MODEL_ROPE_HALF, cs, sn);
-        cpu__rope_apply(k, c->n_kv_heads, hd, MODEL_ROPE_HALF, cs, sn);
+        for (int i = 0; i < pt->n; i++, r++) {
+            float *row = head->qkv + (size_t)r * qkv;
+            float *k = pt->kv->k + (size_t)(pt->base + i) * head->kv_dim;
+            float cs[SPEC_HEAD_MAX_HALF], sn[SPEC_HEAD_MAX_HALF];
+
+            memcpy(k, row + head->q_dim, sizeof(float) * head->kv_dim);
+            memcpy(pt->kv->v + (size_t)(pt->base + i) * head->kv_dim,
+                   row + head->q_dim + head->kv_dim,
+                   sizeof(float) * head->kv_dim);
+            cpu__rope_cos_sin(pos[r], head->inv_freq, hd / 2, cs, sn);
+            cpu__rope_apply(row, c->n_heads, hd, MODEL_ROPE_HALF, cs, sn);
+            cpu__rope_apply(k, c->n_kv_heads, hd, MODEL_ROPE_HALF, cs, sn);
+        }
     }
-    /* the CPU backend's attention over the head's cache seen as one
-     * block: slots [0, ctx) cached, [ctx, base + n) the "new" tokens of
-     * which these rows are the last n (i0 = base - ctx); row i sees new
-     * token j <= i0 + i (and, with a mask, only where mask[i][j]) */
-    {
-        const int i0 = base - ctx, zero = 0;
-        cpu_attn_seq_t as;
-
-        memset(&as, 0, sizeof(as));
-        as.k_layer = kv->k;
-        as.v_layer = kv->v;
-        as.block_table = &zero;
-        as.block_size = kv->cap;
-        as.kv_row = head->kv_dim;
-        as.head_dim = hd;
-        as.ctx_len = ctx;
-        as.n_new = n_tree;
-        if (mask != NULL) {
-            size_t mb = (size_t)n_tree * n_tree;
-
-            if (mb > head->amask_cap) {
-                uint8_t *m = bt_realloc(head->amask, mb, "spec_head");
-
-                if (m == NULL)
-                    return BT_ERR_NO_MEMORY;
-                head->amask = m;
-                head->amask_cap = mb;
-            }
-            memset(head->amask, 0, mb);
-            for (int i = 0; i < n; i++)
-                for (int j = 0; j <= i0 + i; j++)
-                    head->amask[(size_t)(i0 + i) * n_tree + j] =
-                        mask[(size_t)i * n_tree + j] != 0;
-            as.mask = head->amask;
-        }
-        if (n == 1 && mask == NULL && i0 == n_tree - 1) {
-            cpu__attention_decode(head->att, head->qkv, &as, c->n_kv_heads,
-                                  group, head->scores);
-        } else {
-            for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
-                cpu__attention(head->att + (size_t)kvh * group * hd,
-                               head->q_dim,
-                               head->qkv + (size_t)kvh * group * hd, qkv,
-                               &as, kvh, group, i0, n, head->scores);
-        }
+    for (int p = 0, r = 0; p < n_parts; r += parts[p].n, p++) {
+        status = head_attend(head, &parts[p], head->qkv + (size_t)r * qkv,
+                             qkv, head->att + (size_t)r * head->q_dim);
+        if (status != BT_OK)
+            return status;
     }
     head_mm(head->h, dim, head->att, head->q_dim, head->pk_wo, dim, NULL, n,
             true);

@@ -118,6 +118,27 @@ bt_status_t spec_head_forward(spec_head_t *head, spec_head_kv_t *kv, int n,
                               const uint8_t *mask, float *out_feat,
                               float *logits);
 
+/* One sequence's rows in spec_head_forward_parts: n rows against its
+ * own cache, with ctx, base and mask as spec_head_forward takes them. */
+typedef struct {
+    spec_head_kv_t *kv;
+    int n;
+    int ctx;
+    int base;
+    const uint8_t *mask;
+} spec_head_part_t;
+
+/* spec_head_forward for several sequences at once: the parts' rows are
+ * concatenated in part order in feat, tokens, pos, out_feat and logits.
+ * The products run over all rows together (each weight read once for
+ * the batch), attention per part; every row's result is bit for bit
+ * what spec_head_forward gives it alone. */
+bt_status_t spec_head_forward_parts(spec_head_t *head, int n_parts,
+                                    const spec_head_part_t *parts,
+                                    const float *feat, const int *tokens,
+                                    const int *pos, float *out_feat,
+                                    float *logits);
+
 /* logits (n, vocab) = classifier . feat (n, dim). */
 void spec_head_logits(const spec_head_t *head, const float *feat, int n,
                       float *logits);
