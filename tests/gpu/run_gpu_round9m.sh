@@ -8,7 +8,7 @@
 # aidreams260K batch 8 chain of 4 0.68x -> ~1.2-1.3x, chain of 8 ~1.3x,
 # batch 32 ~1.1x; batch 1 unchanged.  Measured: draft -26% (batch 8
 # chain of 4 0.68x -> 0.84x, batch 32 0.27x -> 0.35x): the products
-# batch, but per-row attention, classifier and logsumexp do not.
+# batch, but per-sequence attention and per-row logsumexp do not.
 # Carry: bin/baton, gpu/test_spec_cuda, lib/, shared/.
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
