@@ -284,6 +284,97 @@ out:
 
 /* Greedy decoding of `batch` sequences for `gen` tokens each; with spec
  * when spec != NULL.  Returns wall seconds of the decode phase. */
+/* The prompt of sequence number k: the given one, its second id varied
+ * per sequence when it has two (BOS + one token). */
+static void eagle_prompt(const engine_t *engine, const int *prompt,
+                         int n_prompt, int k, int *p)
+{
+    memcpy(p, prompt, sizeof(int) * (size_t)n_prompt);
+    if (n_prompt == 2)
+        p[1] = (prompt[1] + 37 * k) %
+               model_config(engine_model((engine_t *)engine))->vocab_size;
+}
+
+static bt_status_t eagle_seq_new(engine_t *engine, spec_t *spec,
+                                 const int *p, int n_prompt,
+                                 engine_seq_t **seq_p, spec_seq_t **ss_p)
+{
+    sampler_params_t sp;
+    bt_status_t status;
+
+    sampler_params_init(&sp);
+    status = engine_seq_create(engine, p, n_prompt, &sp, seq_p);
+    if (status == BT_OK && spec != NULL)
+        status = spec_seq_create(spec, *seq_p, ss_p);
+    return status;
+}
+
+/* Batch > 1, as a server runs it: every slot of the batch decodes
+ * sequences back to back (a finished one is replaced at once, its
+ * successor's prefill joining the next step), and the clock stops when
+ * the first slot has run EAGLE_REFILL sequences, so every timed step
+ * has the whole batch.  (Decoding `batch` sequences in lockstep to the
+ * end instead gives speculation a ragged tail that plain decoding does
+ * not have: sequences that accept more finish first and the last steps
+ * run a fraction of the batch at full step cost.)  Tokens: every id
+ * generated in the timed steps. */
+#define EAGLE_REFILL 3
+
+static bt_status_t eagle_decode_refill(engine_t *engine, spec_t *spec,
+                                       const int *prompt, int n_prompt,
+                                       int batch, int gen, int *p,
+                                       engine_seq_t **seqs,
+                                       spec_seq_t **ss, int *n_out,
+                                       int *out, double *secs_p,
+                                       long *tokens_p)
+{
+    int *runs = bt_calloc((size_t)batch, sizeof(int), "cli");
+    int next = 0;
+    long total = 0;
+    uint64_t t0;
+    bt_status_t status = BT_OK;
+
+    if (runs == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int i = 0; i < batch && status == BT_OK; i++) {
+        eagle_prompt(engine, prompt, n_prompt, next++, p);
+        status = eagle_seq_new(engine, spec, p, n_prompt, &seqs[i], &ss[i]);
+        runs[i] = 1;
+    }
+    t0 = bt_time_ns();
+    for (bool full = true; full && status == BT_OK;) {
+        long before = 0, after = 0;
+
+        for (int i = 0; i < batch; i++)
+            before += engine_seq_n_generated(seqs[i]);
+        status = spec != NULL ? spec_step(spec, ss, batch, n_out, out)
+                              : engine_step(engine, seqs, batch, 0, out);
+        if (status != BT_OK)
+            break;
+        for (int i = 0; i < batch; i++)
+            after += engine_seq_n_generated(seqs[i]);
+        total += after - before;
+        for (int i = 0; i < batch && status == BT_OK; i++) {
+            if (engine_seq_n_generated(seqs[i]) < gen)
+                continue;
+            if (runs[i] == EAGLE_REFILL) {
+                full = false; /* the batch would shrink from here */
+                break;
+            }
+            spec_seq_destroy(&ss[i]);
+            engine_seq_destroy(engine, &seqs[i]);
+            eagle_prompt(engine, prompt, n_prompt, next++, p);
+            status = eagle_seq_new(engine, spec, p, n_prompt, &seqs[i],
+                                   &ss[i]);
+            runs[i]++;
+        }
+    }
+    *secs_p = (double)(bt_time_ns() - t0) * 1e-9;
+    *tokens_p = total;
+    bt_free(runs);
+    return status;
+}
+
 static bt_status_t eagle_decode(engine_t *engine, spec_t *spec,
                                 const int *prompt, int n_prompt, int batch,
                                 int gen, double *secs_p, long *tokens_p)
@@ -303,17 +394,15 @@ static bt_status_t eagle_decode(engine_t *engine, spec_t *spec,
         status = BT_ERR_NO_MEMORY;
         goto out;
     }
+    if (batch > 1) {
+        status = eagle_decode_refill(engine, spec, prompt, n_prompt, batch,
+                                     gen, p, seqs, ss, n_out, out, secs_p,
+                                     tokens_p);
+        goto out;
+    }
     for (int i = 0; i < batch; i++) {
-        sampler_params_t sp;
-
-        sampler_params_init(&sp);
-        memcpy(p, prompt, sizeof(int) * (size_t)n_prompt);
-        if (n_prompt == 2)
-            p[1] = (prompt[1] + 37 * i) %
-                   model_config(engine_model(engine))->vocab_size;
-        status = engine_seq_create(engine, p, n_prompt, &sp, &seqs[i]);
-        if (status == BT_OK && spec != NULL)
-            status = spec_seq_create(spec, seqs[i], &ss[i]);
+        eagle_prompt(engine, prompt, n_prompt, i, p);
+        status = eagle_seq_new(engine, spec, p, n_prompt, &seqs[i], &ss[i]);
         if (status != BT_OK)
             goto out;
     }

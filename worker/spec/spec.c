@@ -140,6 +140,12 @@ struct spec_s {
     float *hb_logits;         /* (hb_lcap, vocab) */
     spec_head_part_t *hb_parts; /* (max_seqs) */
     spec_seq_t **hb_seqs;     /* (max_seqs) the sequence of each part */
+    /* destroyed sequences kept with their buffers for the next create
+     * (a request's draft cache, tree and chunk buffers: allocating and
+     * zeroing them per sequence cost a tiny model 2-5% of its batch-32
+     * throughput with sequences of 96 tokens) */
+    spec_seq_t **pool;        /* (max_seqs) */
+    int n_pool;
     float *fbuf;              /* (SPEC_MAX_DEPTH + 2, dim) features */
     int *dtok;                /* (SPEC_PEND_CAP + topk) */
     int *dpos;                /* (SPEC_PEND_CAP + topk) */
@@ -269,6 +275,8 @@ static void spec_controller_reset(spec_t *spec)
         }
     }
 }
+
+static void spec_seq_free(spec_seq_t *s);
 
 void spec_config_init(spec_config_t *cfg)
 {
@@ -507,6 +515,9 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->hb_logits);
     bt_free(spec->hb_parts);
     bt_free(spec->hb_seqs);
+    for (int i = 0; i < spec->n_pool; i++)
+        spec_seq_free(spec->pool[i]);
+    bt_free(spec->pool);
     bt_free(spec->fbuf);
     bt_free(spec->st_src);
     bt_free(spec->st_state);
@@ -543,10 +554,36 @@ void spec_destroy(spec_t **spec_p)
 bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
                             spec_seq_t **sseq_p)
 {
-    spec_seq_t *s = bt_calloc(1, sizeof(*s), "spec_seq");
+    spec_seq_t *s;
     int t1 = SPEC_MAX_TOKENS + 1;
     bt_status_t status;
 
+    if (spec->n_pool > 0) { /* a pooled one: its buffers, fresh state */
+        spec_seq_t keep;
+
+        s = spec->pool[--spec->n_pool];
+        keep = *s;
+        memset(s, 0, sizeof(*s));
+        s->kv = keep.kv;
+        s->pend = keep.pend;
+        s->root_feat = keep.root_feat;
+        s->nodes = keep.nodes;
+        s->by_score = keep.by_score;
+        s->exp_feat = keep.exp_feat;
+        s->v_tokens = keep.v_tokens;
+        s->v_pos = keep.v_pos;
+        s->v_mask = keep.v_mask;
+        s->spec = spec;
+        s->seq = seq;
+        s->state = -1;
+        if (s->root_feat != NULL)
+            memset(s->root_feat, 0, sizeof(float) * (size_t)spec->dim);
+        if (spec->dev != NULL && spec->n_free > 0)
+            s->state = spec->free_states[--spec->n_free];
+        *sseq_p = s;
+        return BT_OK;
+    }
+    s = bt_calloc(1, sizeof(*s), "spec_seq");
     if (s == NULL)
         return BT_ERR_NO_MEMORY;
     s->spec = spec;
@@ -588,19 +625,37 @@ bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
     *sseq_p = s;
     return BT_OK;
 
-err_free:
-    spec_seq_destroy(&s);
+err_free: /* not pooled: a pooled sequence has every buffer */
+    if (s->state >= 0)
+        spec->free_states[spec->n_free++] = s->state;
+    spec_seq_free(s);
     return status;
 }
 
 void spec_seq_destroy(spec_seq_t **sseq_p)
 {
     spec_seq_t *s = *sseq_p;
+    spec_t *spec;
 
     if (s == NULL)
         return;
+    spec = s->spec;
     if (s->state >= 0)
-        s->spec->free_states[s->spec->n_free++] = s->state;
+        spec->free_states[spec->n_free++] = s->state;
+    s->state = -1;
+    *sseq_p = NULL;
+    if (spec->pool == NULL)
+        spec->pool = bt_calloc((size_t)spec->max_seqs, sizeof(*spec->pool),
+                               "spec");
+    if (spec->pool != NULL && spec->n_pool < spec->max_seqs) {
+        spec->pool[spec->n_pool++] = s;
+        return;
+    }
+    spec_seq_free(s);
+}
+
+static void spec_seq_free(spec_seq_t *s)
+{
     spec_head_kv_cleanup(&s->kv);
     bt_free(s->pend);
     bt_free(s->root_feat);
@@ -611,7 +666,6 @@ void spec_seq_destroy(spec_seq_t **sseq_p)
     bt_free(s->v_pos);
     bt_free(s->v_mask);
     bt_free(s);
-    *sseq_p = NULL;
 }
 
 engine_seq_t *spec_seq_engine_seq(spec_seq_t *sseq)
@@ -1899,10 +1953,21 @@ static void spec_measure(spec_t *spec, int b, int arm, int tokens,
         int old = spec->best_arm[b];
 
         spec->best_arm[b] = arm;
-        spec->explore_gap[b][arm] = SPEC_EXPLORE_FIRST / 2;
-        /* re-check the old default soon */
-        spec->explore_gap[b][old] = SPEC_EXPLORE_FIRST / 2;
-        spec->next_explore[b][old] = step + SPEC_EXPLORE_FIRST;
+        if (arm == 0 && old != 0) {
+            /* plain took back over: the speculative default lost its
+             * tenure, which counts as a lost try (its wait doubles and
+             * is never reset by its wins, so an arm that wins early in
+             * the sequences and loses over them tries less and less:
+             * aidreams260K at batch 8 otherwise oscillated) */
+            spec->explore_gap[b][old] =
+                BT_MIN(2 * spec->explore_gap[b][old],
+                       (uint64_t)SPEC_EXPLORE_MAX);
+            spec->next_explore[b][old] = step + spec->explore_gap[b][old];
+        } else {
+            /* re-check the old default soon */
+            spec->explore_gap[b][old] = SPEC_EXPLORE_FIRST / 2;
+            spec->next_explore[b][old] = step + SPEC_EXPLORE_FIRST;
+        }
     } else {
         /* a clear loss waits 8x longer, a close one 2x */
         spec->explore_gap[b][arm] = BT_MIN((clear ? 8 : 2) *
