@@ -39,6 +39,8 @@ static void eagle_usage(FILE *out)
 "  --temperature T    sampling temperature of the texts (default 1)\n"
 "  --token-weight W   token cross-entropy weight (default 0.1, EAGLE)\n"
 "  --noise X          uniform feature noise half-width (default 0.1)\n"
+"  --hidden N         the head's feed-forward width (default: the\n"
+"                     target's, as public EAGLE heads have)\n"
 "\n"
 "bench: greedy decoding of --batch sequences, plain then speculative\n"
 "  (batch > 1: every slot decodes sequences back to back, as a server\n"
@@ -65,7 +67,7 @@ enum {
     EO_TARGET = 2000, EO_OUT, EO_HEAD, EO_TOKENS, EO_EPOCHS, EO_SEED,
     EO_SEQ_LEN, EO_LR, EO_BATCH, EO_TEMP, EO_THREADS, EO_GEN, EO_PROMPT,
     EO_DEPTH, EO_TOPK, EO_STOKENS, EO_FIXED, EO_ROUNDS, EO_PLAIN, EO_WTOK,
-    EO_NOISE, EO_DEVICE, EO_PRECISION
+    EO_NOISE, EO_DEVICE, EO_PRECISION, EO_HIDDEN
 };
 
 typedef struct {
@@ -79,6 +81,7 @@ typedef struct {
     int batch;
     int gen;
     int rounds;
+    int hidden;  /* train: the head's feed-forward width, 0 = target's */
     bool fixed;
     bool plain; /* speculative loop with speculation off (overhead) */
     spec_train_config_t tcfg;
@@ -109,6 +112,7 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         { "spec-plain", no_argument, NULL, EO_PLAIN },
         { "token-weight", required_argument, NULL, EO_WTOK },
         { "noise", required_argument, NULL, EO_NOISE },
+        { "hidden", required_argument, NULL, EO_HIDDEN },
         { "device", required_argument, NULL, EO_DEVICE },
         { "precision", required_argument, NULL, EO_PRECISION },
         { "help", no_argument, NULL, 'h' },
@@ -181,6 +185,10 @@ static int eagle_parse(int argc, char **argv, eagle_opts_t *o)
         case EO_ROUNDS:
             bad = bt_parse_int(optarg, &o->rounds) != BT_OK ||
                   o->rounds < 1;
+            break;
+        case EO_HIDDEN:
+            bad = bt_parse_int(optarg, &o->hidden) != BT_OK ||
+                  o->hidden < 1 || o->hidden > 65536;
             break;
         case EO_GEN:
             bad = bt_parse_int(optarg, &o->gen) != BT_OK || o->gen < 1;
@@ -258,7 +266,8 @@ static int eagle_train(const eagle_opts_t *o)
     if (status != BT_OK)
         goto out;
     t_data = (double)(bt_time_ns() - t0) * 1e-9;
-    status = spec_head_create(engine_model(engine), 0, tcfg.seed, &head);
+    status = spec_head_create(engine_model(engine), o->hidden, tcfg.seed,
+                              &head);
     if (status != BT_OK)
         goto out;
     status = spec_train(head, data, &tcfg, &rep);
