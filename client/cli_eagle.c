@@ -293,8 +293,6 @@ out:
     return ret;
 }
 
-/* Greedy decoding of `batch` sequences for `gen` tokens each; with spec
- * when spec != NULL.  Returns wall seconds of the decode phase. */
 /* The prompt of sequence number k: the given one, its second id varied
  * per sequence when it has two (BOS + one token). */
 static void eagle_prompt(const engine_t *engine, const int *prompt,
@@ -303,7 +301,7 @@ static void eagle_prompt(const engine_t *engine, const int *prompt,
     memcpy(p, prompt, sizeof(int) * (size_t)n_prompt);
     if (n_prompt == 2)
         p[1] = (prompt[1] + 37 * k) %
-               model_config(engine_model((engine_t *)engine))->vocab_size;
+               model_config(engine_model(engine))->vocab_size;
 }
 
 static bt_status_t eagle_seq_new(engine_t *engine, spec_t *spec,
@@ -386,6 +384,9 @@ static bt_status_t eagle_decode_refill(engine_t *engine, spec_t *spec,
     return status;
 }
 
+/* Greedy decoding of `batch` sequences for `gen` tokens each; with spec
+ * when spec != NULL.  Returns wall seconds of the decode phase (batch >
+ * 1: eagle_decode_refill). */
 static bt_status_t eagle_decode(engine_t *engine, spec_t *spec,
                                 const int *prompt, int n_prompt, int batch,
                                 int gen, double *secs_p, long *tokens_p)

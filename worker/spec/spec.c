@@ -139,7 +139,6 @@ struct spec_s {
     int *hb_tok, *hb_pos;     /* (hb_cap) */
     float *hb_logits;         /* (hb_lcap, vocab) */
     spec_head_part_t *hb_parts; /* (max_seqs) */
-    spec_seq_t **hb_seqs;     /* (max_seqs) the sequence of each part */
     /* destroyed sequences kept with their buffers for the next create
      * (a request's draft cache, tree and chunk buffers: allocating and
      * zeroing them per sequence cost a tiny model 2-5% of its batch-32
@@ -514,7 +513,6 @@ void spec_destroy(spec_t **spec_p)
     bt_free(spec->hb_pos);
     bt_free(spec->hb_logits);
     bt_free(spec->hb_parts);
-    bt_free(spec->hb_seqs);
     for (int i = 0; i < spec->n_pool; i++)
         spec_seq_free(spec->pool[i]);
     bt_free(spec->pool);
@@ -551,14 +549,14 @@ void spec_destroy(spec_t **spec_p)
     *spec_p = NULL;
 }
 
-bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
-                            spec_seq_t **sseq_p)
+/* A sequence with its buffers and nothing else set: from the pool of
+ * destroyed ones, or allocated; NULL when out of memory. */
+static spec_seq_t *spec_seq_buffers(spec_t *spec)
 {
-    spec_seq_t *s;
     int t1 = SPEC_MAX_TOKENS + 1;
-    bt_status_t status;
+    spec_seq_t *s;
 
-    if (spec->n_pool > 0) { /* a pooled one: its buffers, fresh state */
+    if (spec->n_pool > 0) {
         spec_seq_t keep;
 
         s = spec->pool[--spec->n_pool];
@@ -573,40 +571,23 @@ bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
         s->v_tokens = keep.v_tokens;
         s->v_pos = keep.v_pos;
         s->v_mask = keep.v_mask;
-        s->spec = spec;
-        s->seq = seq;
-        s->state = -1;
         if (s->root_feat != NULL)
             memset(s->root_feat, 0, sizeof(float) * (size_t)spec->dim);
-        if (spec->dev != NULL && spec->n_free > 0)
-            s->state = spec->free_states[--spec->n_free];
-        *sseq_p = s;
-        return BT_OK;
+        return s;
     }
     s = bt_calloc(1, sizeof(*s), "spec_seq");
     if (s == NULL)
-        return BT_ERR_NO_MEMORY;
-    s->spec = spec;
-    s->seq = seq;
-    s->state = -1;
-    if (spec->dev == NULL) {
-        status = spec_head_kv_init(spec->head,
-                                   spec->max_ctx + spec->exp_cap + 1, &s->kv);
-        if (status != BT_OK)
-            goto err_free;
+        return NULL;
+    if (spec->dev == NULL) { /* host head: its draft cache and features */
+        if (spec_head_kv_init(spec->head, spec->max_ctx + spec->exp_cap + 1,
+                              &s->kv) != BT_OK)
+            goto err;
         s->root_feat = bt_calloc((size_t)spec->dim, sizeof(float),
                                  "spec_seq");
         s->exp_feat = bt_malloc((size_t)(spec->exp_cap + 1) * spec->dim *
                                     sizeof(float), "spec_seq");
-        if (s->root_feat == NULL || s->exp_feat == NULL) {
-            status = BT_ERR_NO_MEMORY;
-            goto err_free;
-        }
-    } else if (spec->n_free > 0) {
-        s->state = spec->free_states[--spec->n_free];
-    } else {
-        BT_LOG_DEBUG("SPEC", "no device draft state left: the sequence "
-                     "decodes plainly");
+        if (s->root_feat == NULL || s->exp_feat == NULL)
+            goto err;
     }
     s->pend = bt_malloc((size_t)SPEC_PEND_CAP * spec->dim * sizeof(float),
                         "spec_seq");
@@ -618,18 +599,34 @@ bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
     s->v_pos = bt_malloc((size_t)t1 * sizeof(int), "spec_seq");
     s->v_mask = bt_malloc((size_t)t1 * t1, "spec_seq");
     if (s->pend == NULL || s->nodes == NULL || s->by_score == NULL ||
-        s->v_tokens == NULL || s->v_pos == NULL || s->v_mask == NULL) {
-        status = BT_ERR_NO_MEMORY;
-        goto err_free;
+        s->v_tokens == NULL || s->v_pos == NULL || s->v_mask == NULL)
+        goto err;
+    return s;
+
+err:
+    spec_seq_free(s);
+    return NULL;
+}
+
+bt_status_t spec_seq_create(spec_t *spec, engine_seq_t *seq,
+                            spec_seq_t **sseq_p)
+{
+    spec_seq_t *s = spec_seq_buffers(spec);
+
+    if (s == NULL)
+        return BT_ERR_NO_MEMORY;
+    s->spec = spec;
+    s->seq = seq;
+    s->state = -1;
+    if (spec->dev != NULL) {
+        if (spec->n_free > 0)
+            s->state = spec->free_states[--spec->n_free];
+        else
+            BT_LOG_DEBUG("SPEC", "no device draft state left: the "
+                         "sequence decodes plainly");
     }
     *sseq_p = s;
     return BT_OK;
-
-err_free: /* not pooled: a pooled sequence has every buffer */
-    if (s->state >= 0)
-        spec->free_states[spec->n_free++] = s->state;
-    spec_seq_free(s);
-    return status;
 }
 
 void spec_seq_destroy(spec_seq_t **sseq_p)
@@ -747,60 +744,51 @@ static bt_status_t spec_lrows_reserve(spec_t *spec, int n)
 }
 #endif
 
-/* Host head: feeds s's buffered features; slot t gets the pair
- * (f[t], x[t+1]); the last output becomes the root feature. */
 /* Grows the host head's batch scratch to rows rows, lrows of them with
  * logits. */
+static bool spec_grow(void **p, size_t bytes)
+{
+    void *q = bt_realloc(*p, bytes, "spec");
+
+    if (q == NULL)
+        return false;
+    *p = q;
+    return true;
+}
+
 static bt_status_t spec_hb_reserve(spec_t *spec, int rows, int lrows)
 {
     if (spec->hb_parts == NULL) {
         spec->hb_parts = bt_calloc((size_t)spec->max_seqs,
                                    sizeof(*spec->hb_parts), "spec");
-        spec->hb_seqs = bt_calloc((size_t)spec->max_seqs,
-                                  sizeof(*spec->hb_seqs), "spec");
-        if (spec->hb_parts == NULL || spec->hb_seqs == NULL)
+        if (spec->hb_parts == NULL)
             return BT_ERR_NO_MEMORY;
     }
     if (rows > spec->hb_cap) {
-        int cap = BT_MAX(rows, 2 * spec->hb_cap);
-        size_t fb = (size_t)cap * spec->dim * sizeof(float);
-        float *f = bt_realloc(spec->hb_feat, fb, "spec");
-        float *o = f ? bt_realloc(spec->hb_out, fb, "spec") : NULL;
-        int *t, *q;
+        size_t cap = (size_t)BT_MAX(rows, 2 * spec->hb_cap);
+        size_t fb = cap * spec->dim * sizeof(float);
 
-        if (f != NULL)
-            spec->hb_feat = f;
-        if (o != NULL)
-            spec->hb_out = o;
-        if (f == NULL || o == NULL)
+        if (!spec_grow((void **)&spec->hb_feat, fb) ||
+            !spec_grow((void **)&spec->hb_out, fb) ||
+            !spec_grow((void **)&spec->hb_tok, cap * sizeof(int)) ||
+            !spec_grow((void **)&spec->hb_pos, cap * sizeof(int)))
             return BT_ERR_NO_MEMORY;
-        t = bt_realloc(spec->hb_tok, (size_t)cap * sizeof(int), "spec");
-        if (t != NULL)
-            spec->hb_tok = t;
-        q = t ? bt_realloc(spec->hb_pos, (size_t)cap * sizeof(int), "spec")
-              : NULL;
-        if (q != NULL)
-            spec->hb_pos = q;
-        if (t == NULL || q == NULL)
-            return BT_ERR_NO_MEMORY;
-        spec->hb_cap = cap;
+        spec->hb_cap = (int)cap;
     }
     if (lrows > spec->hb_lcap) {
-        int cap = BT_MAX(lrows, 2 * spec->hb_lcap);
-        float *l = bt_realloc(spec->hb_logits,
-                              (size_t)cap * spec->vocab * sizeof(float),
-                              "spec");
+        size_t cap = (size_t)BT_MAX(lrows, 2 * spec->hb_lcap);
 
-        if (l == NULL)
+        if (!spec_grow((void **)&spec->hb_logits,
+                       cap * spec->vocab * sizeof(float)))
             return BT_ERR_NO_MEMORY;
-        spec->hb_logits = l;
-        spec->hb_lcap = cap;
+        spec->hb_lcap = (int)cap;
     }
     return BT_OK;
 }
 
 /* Host head: feeds the buffered target features of n sequences (those
- * with any) in one pass; each one's last output is its root feature. */
+ * with any) in one pass; slot t gets the pair (f[t], x[t+1]), and each
+ * sequence's last output becomes its root feature. */
 static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t **ss, int n)
 {
     int n_parts = 0, rows = 0;
@@ -826,9 +814,8 @@ static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t **ss, int n)
             spec->hb_tok[rows + j] = toks[s->pend_pos + j + 1];
             spec->hb_pos[rows + j] = s->pend_pos + j;
         }
-        spec->hb_parts[n_parts] = (spec_head_part_t){
+        spec->hb_parts[n_parts++] = (spec_head_part_t){
             &s->kv, s->n_pend, s->draft_len, s->draft_len, NULL };
-        spec->hb_seqs[n_parts++] = s;
         rows += s->n_pend;
     }
     spec->stats.head_rows += (uint64_t)rows;
@@ -838,9 +825,11 @@ static bt_status_t spec_flush_host(spec_t *spec, spec_seq_t **ss, int n)
     if (status != BT_OK)
         return status;
     rows = 0;
-    for (int p = 0; p < n_parts; p++) {
-        rows += spec->hb_parts[p].n;
-        memcpy(spec->hb_seqs[p]->root_feat,
+    for (int i = 0; i < n; i++) { /* the parts' order */
+        if (ss[i]->n_pend == 0)
+            continue;
+        rows += ss[i]->n_pend;
+        memcpy(ss[i]->root_feat,
                spec->hb_out + (size_t)(rows - 1) * spec->dim,
                sizeof(float) * (size_t)spec->dim);
     }
@@ -1154,28 +1143,6 @@ static bt_status_t spec_push_rows(spec_t *spec, spec_seq_t *s, int row0,
 // ----------------------------------------------------------------------------
 // drafting
 
-/* Log-softmax of row in place. */
-/* row -= logsumexp(row); tmp: n floats of scratch.  The exponentials
- * run vectorized (cpu__exp_inplace; libm's double exp per element was a
- * tenth of a host draft level), summed in double in index order. */
-static void spec_log_softmax(float *row, int n, float *tmp)
-{
-    float mx = -FLT_MAX;
-    double sum = 0.0;
-    float lse;
-
-    for (int i = 0; i < n; i++)
-        mx = BT_MAX(mx, row[i]);
-    for (int i = 0; i < n; i++)
-        tmp[i] = row[i] - mx;
-    cpu__exp_inplace(tmp, n);
-    for (int i = 0; i < n; i++)
-        sum += tmp[i];
-    lse = mx + (float)log(sum);
-    for (int i = 0; i < n; i++)
-        row[i] -= lse;
-}
-
 /* logsumexp(row) and *best_p = the first index of its maximum; tmp: n
  * floats of scratch.  Eight lanes at a time (the maximum as
  * sampler_argmax finds it, the exponentials and their sums in one
@@ -1218,6 +1185,16 @@ static float spec_logsumexp(const float *row, int n, float *tmp,
         sum += sum8[l];
     *best_p = best;
     return mx + (float)log(sum);
+}
+
+/* row -= logsumexp(row) (spec_logsumexp); tmp: n floats of scratch. */
+static void spec_log_softmax(float *row, int n, float *tmp)
+{
+    int best;
+    float lse = spec_logsumexp(row, n, tmp, &best);
+
+    for (int i = 0; i < n; i++)
+        row[i] -= lse;
 }
 
 /* The k largest entries of row (ids best first, ties to the lower id). */
