@@ -9,8 +9,9 @@
  *   algorithm (BT_GEMV_FORCE=lt through worker_gemm) and the autotuned
  *   worker_gemm on the Llama-3-8B projections (qkv 6144x4096, o 4096x4096,
  *   gate|up 28672x4096, down 4096x14336, lm_head 128256x4096 with f32
- *   out) at 1..128 tokens: median of N runs, each after an L2 flush; TB/s
- *   counts the weight bytes.  Then the per-step GEMM sum (32 layers +
+ *   out) at 1..128 tokens: median of N runs, each after an L2 flush
+ *   (cuda_l2_flush: a read, clean lines; BT_GEMM_FLUSH=write: the memset
+ *   of rounds 1-9); TB/s counts the weight bytes.  Then the per-step GEMM sum (32 layers +
  *   classifier) of the best variant and of the tuned choice.
  * --attn: cuda_attn_prefill on one causal prompt of 512/2048/8192 tokens
  *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
@@ -80,7 +81,10 @@ static int cmp_f(const void *a, const void *b)
 
 static void flush_l2(void)
 {
-    CK(cudaMemsetAsync(g_flush, 1, 256u << 20, 0));
+    if (cuda_l2_flush(g_flush, 256u << 20, 1, 0) != BT_OK) {
+        fprintf(stderr, "bench_kernels: L2 flush failed\n");
+        exit(1);
+    }
 }
 
 /* What one timed run does. */

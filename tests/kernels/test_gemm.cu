@@ -5,8 +5,9 @@
  * odd shapes; output poisoned before each plain run.  Then every GEMV
  * variant of kernels/gemv.h (cuda_gemv_run) on every shape it supports,
  * and the RMSNorm-fused GEMV (stream and ring kernels).  --bench times
- * the Llama-3-8B projection shapes.
- * Run: build-cuda/gpu/test_gemm [--bench]   (make gpu-test)
+ * the Llama-3-8B projection shapes; --variant NAME runs only that
+ * variant's cases (a new kernel's quick check on the device).
+ * Run: build-cuda/gpu/test_gemm [--bench | --variant NAME]   (make gpu-test)
  */
 #include "gemm.h"
 #include "kernels/gemv.h"
@@ -79,7 +80,8 @@ static void run_variant_ws(int k, int t, int o, int i, cuda_dtype_t out_dt,
     snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d%s%s",
              cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), kt_dt_name(out_dt),
              acc ? " +=" : "", t, o, i, kt_switches(),
-             (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG) && ws == NULL
+             (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG || k == CUDA_GEMV_TMA) &&
+                     ws == NULL
                  ? " no-split" : "");
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
@@ -170,6 +172,8 @@ static void bench(worker_gemm_ctx_t *g, const char *label, int max_t)
 int main(int argc, char **argv)
 {
     worker_gemm_ctx_t *g = NULL;
+    const char *only = argc > 2 && strcmp(argv[1], "--variant") == 0
+                           ? argv[2] : NULL;
     KT_OK(worker_gemm_ctx_create(32u << 20, &g));
     g_ws.part_bytes = 32u << 20;
     g_ws.n_cnt = 4096;
@@ -185,7 +189,7 @@ int main(int argc, char **argv)
                          {2, 1000, 14336}, {1, 5, 512}, {2, 20000, 256}};
     /* Pass 1: the streaming GEMV kernel where n_in % 256 == 0
      * (BT_GEMV_KERNEL=stream), pass 0: the default (warp-per-row). */
-    for (int pass = 1; pass >= 0; pass--) {
+    for (int pass = only ? -1 : 1; pass >= 0; pass--) {
     if (pass)
         setenv("BT_GEMV_KERNEL", "stream", 1);
     else
@@ -222,6 +226,9 @@ int main(int argc, char **argv)
                               {128, 4096, 14336}};
         for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++) {
             int n = 0;
+            if (only && strcmp(only, cuda_gemv_kernel_name(
+                                         (cuda_gemv_kernel_t)k)) != 0)
+                continue;
             for (size_t s = 0; s < sizeof(vsh) / sizeof(vsh[0]); s++) {
                 int t = vsh[s][0], o = vsh[s][1], i = vsh[s][2];
                 if (!cuda_gemv_kernel_ok((cuda_gemv_kernel_t)k, t, o, i,
@@ -230,7 +237,8 @@ int main(int argc, char **argv)
                 run_variant(k, t, o, i, CUDA_DT_BF16, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 1);
-                if (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG) /* unsplit */
+                if (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG ||
+                    k == CUDA_GEMV_TMA) /* unsplit */
                     run_variant_ws(k, t, o, i, CUDA_DT_F32, 1, NULL);
                 n++;
             }
@@ -238,7 +246,7 @@ int main(int argc, char **argv)
                    cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), n);
         }
     }
-    {
+    if (!only) {
         /* cuda_gemv_norm: the rows kernel (default), the streaming
          * kernel, then the ring kernel (BT_GEMV_NORM=1) with cp.async
          * and with bulk copies. */
@@ -299,7 +307,7 @@ int main(int argc, char **argv)
         unsetenv("BT_GEMV_NORM");
         unsetenv("BT_GEMV_NORM_KERNEL");
     }
-    {
+    if (!only) {
         /* worker_gemm with a forced variant, and the tuned choices. */
         const char *force[] = {"mma1", "mma2", "ring", "bulk", "rows8", "lt"};
         for (size_t f = 0; f < sizeof(force) / sizeof(force[0]); f++) {

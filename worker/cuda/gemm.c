@@ -36,8 +36,10 @@
  * the GEMV kernels prefetch their own rows, see gemv.h.)
  * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
  * a GEMV variant wherever it supports the shape ("lt": cuBLASLt);
- * BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV=0 is cuBLASLt
- * only.
+ * BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV_TMA=1 adds the
+ * tma variant (left out by default); BT_GEMV=0 is cuBLASLt only.  Each
+ * candidate is timed after an L2 flush (cuda_l2_flush: a read-only pass
+ * by default, BT_GEMM_FLUSH=write for the memset of rounds 1-9).
  */
 #include "gemm.h"
 
@@ -420,12 +422,20 @@ static gemm_tuned_t *gemm_tuned_find(worker_gemm_ctx_t *ctx, int bucket,
     return NULL;
 }
 
-/* True when variant k is listed in BT_GEMV_DISABLE (comma-separated). */
+/* True when variant k is listed in BT_GEMV_DISABLE (comma-separated),
+ * or is tma without BT_GEMV_TMA=1: it lost to cuBLASLt on every decode
+ * shape (round 10 of docs/PERFORMANCE.md), so it is not timed. */
 static bool gemm_gemv_disabled(int k)
 {
     const char *env = getenv("BT_GEMV_DISABLE");
     const char *name = cuda_gemv_kernel_name((cuda_gemv_kernel_t)k);
     size_t len = strlen(name);
+
+    if (k == CUDA_GEMV_TMA) {
+        const char *on = getenv("BT_GEMV_TMA");
+        if (!(on && strcmp(on, "1") == 0))
+            return true;
+    }
 
     for (const char *p = env; p && *p;) {
         const char *e = strchr(p, ',');
@@ -473,8 +483,7 @@ static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 
     status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y, stream);
     for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++) {
-        status = BT_CUDA_STATUS(cudaMemsetAsync(sc->d_flush, r,
-                                                GEMM_FLUSH_BYTES, stream));
+        status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, r, stream);
         if (status == BT_OK)
             status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
         if (status == BT_OK)

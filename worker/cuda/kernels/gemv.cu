@@ -1088,7 +1088,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 
 static const char *const gemv_names[CUDA_GEMV_N_KERNELS] = {
     "rows", "rows8", "stream", "ring", "bulk", "mma1", "mma2", "tc",
-    "wg"};
+    "wg", "tma"};
 
 const char *cuda_gemv_kernel_name(cuda_gemv_kernel_t k)
 {
@@ -1124,6 +1124,8 @@ bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
         return cuda_gemv_tc_ok(n_tok, n_out, n_in);
     case CUDA_GEMV_WG:
         return cuda_gemv_wg_ok(n_tok, n_out, n_in);
+    case CUDA_GEMV_TMA:
+        return cuda_gemv_tma_ok(n_tok, n_out, n_in);
     default:
         return false;
     }
@@ -1173,6 +1175,10 @@ bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
         err = cuda_gemv_tc(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
                            accumulate, k == CUDA_GEMV_WG, ws, stream);
         break;
+    case CUDA_GEMV_TMA:
+        err = cuda_gemv_tma(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
+                            accumulate, ws, stream);
+        break;
     default:
         break;
     }
@@ -1218,6 +1224,8 @@ bt_status_t cuda_gemv_prepare(void)
 #undef GEMV_PREP_RING
     if (err == cudaSuccess)
         err = cuda_gemv_tc_prepare();
+    if (err == cudaSuccess)
+        err = cuda_gemv_tma_prepare();
     return BT_CUDA_STATUS(err);
 }
 
@@ -1357,6 +1365,39 @@ bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
     size_t pieces = BT_DIV_UP(bytes, (size_t)32768);
     kern_launch(gemv_l2_prefetch_kernel, (unsigned)BT_DIV_UP(pieces, 128),
                 128, 0, stream, (const char *)d_p, bytes);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+/* Reads [p, p + n16 * 16) once (L2 loads) and writes nothing
+ * unless the sum is exactly the impossible value 1.5 * 2^-149 (never):
+ * the lines left in L2 are clean. */
+static __global__ void gemv_l2_flush_kernel(const uint4 *p, size_t n16,
+                                            unsigned *sink)
+{
+    unsigned acc = 0;
+
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n16;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcg(p + i); /* normal priority: evicts */
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9E3779B9u && sink != NULL)
+        *sink = acc;
+}
+
+bt_status_t cuda_l2_flush(void *d_buf, size_t bytes, int fill,
+                          cudaStream_t stream)
+{
+    static int mode = -1; /* BT_GEMM_FLUSH: 1 read (default), 0 write */
+
+    if (mode < 0) {
+        const char *e = getenv("BT_GEMM_FLUSH");
+        mode = !(e != NULL && strcmp(e, "write") == 0);
+    }
+    if (mode == 0)
+        return BT_CUDA_STATUS(cudaMemsetAsync(d_buf, fill, bytes, stream));
+    gemv_l2_flush_kernel<<<4 * 132, 512, 0, stream>>>(
+        (const uint4 *)d_buf, bytes / 16, NULL);
     return BT_CUDA_LAUNCH_STATUS();
 }
 

@@ -38,6 +38,11 @@
  *           so speculative verification of 128-token steps has it too):
  *           one warpgroup per 64 weight rows reads both operands straight
  *           from the swizzled stages, no ldmatrix traffic.
+ * - tma:    warp-specialized persistent stream-K GEMM for 1 to 128 tokens
+ *           (gemv_tma.cu, sm_90a only): one producer thread feeds a 6-12
+ *           stage ring with TMA tensor copies on mbarriers, two consumer
+ *           warpgroups run wgmma, every SM streams an equal share of the
+ *           weights whatever the tile count.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_GEMV_H
 #define BT_WORKER_CUDA_KERNELS_GEMV_H
@@ -65,6 +70,7 @@ typedef enum {
     CUDA_GEMV_MMA2,
     CUDA_GEMV_TC,
     CUDA_GEMV_WG,
+    CUDA_GEMV_TMA,
     CUDA_GEMV_N_KERNELS
 } cuda_gemv_kernel_t;
 
@@ -110,6 +116,19 @@ cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
                          bool accumulate, bool wgmma,
                          const cuda_gemv_ws_t *ws, cudaStream_t stream);
 cudaError_t cuda_gemv_tc_prepare(void);
+
+/* The tma variant (gemv_tma.cu): true for 1..CUDA_GEMV_WG_MAX_TOK tokens,
+ * n_in % 64 == 0, where cuda_wgmma_available() and the driver has
+ * cuTensorMapEncodeTiled; the launch (cudaErrorInvalidValue when a tensor
+ * map cannot be made, e.g. a pointer not 16-byte aligned; launch errors
+ * are left for cudaGetLastError); the shared-memory limits, outside
+ * capture. */
+bool cuda_gemv_tma_ok(int n_tok, int n_out, int n_in);
+cudaError_t cuda_gemv_tma(int n_tok, int n_out, int n_in, const void *d_x,
+                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
+                          bool accumulate, const cuda_gemv_ws_t *ws,
+                          cudaStream_t stream);
+cudaError_t cuda_gemv_tma_prepare(void);
 
 /* Raises the shared-memory limit of the ring/bulk/mma kernels on the
  * current device (also done lazily at their first launch); call outside
@@ -159,6 +178,15 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
  * lines arrive in L2 while the kernels after it run. */
 bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
                              cudaStream_t stream);
+
+/* Evicts L2 before a timed run by streaming through d_buf (bytes, larger
+ * than L2): by default a read-only kernel, so the lines left behind are
+ * clean as inside a decode step, where the kernel before a GEMM read its
+ * weights; BT_GEMM_FLUSH=write: cudaMemsetAsync(d_buf, fill), which
+ * leaves L2 full of dirty lines whose write-back the timed kernel pays
+ * (~8 us on the H200: the rounds 1-9 figures of bench_kernels). */
+bt_status_t cuda_l2_flush(void *d_buf, size_t bytes, int fill,
+                          cudaStream_t stream);
 
 /* The device's L2 size in bytes (BT_GEMV_PF_MB x 2 when that is set). */
 size_t cuda_l2_size(void);

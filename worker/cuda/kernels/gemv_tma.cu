@@ -1,0 +1,583 @@
+/*
+ * gemv_tma.cu - the "tma" variant of kernels/gemv.h: a skinny GEMM y (t, o)
+ * [+]= x (t, i) . w (o, i)^T for 1..128 tokens on Hopper's asynchronous
+ * units, bf16 in, f32 accumulation, y bf16 or f32.
+ *
+ * Why: at 8-128 tokens (decode batches, speculative verification) every
+ * byte of the weights must be read once at the bandwidth limit, but the
+ * ring kernels of gemv_tc.cu (tc, wg) spend their warps issuing 16-byte
+ * cp.async copies and meeting at __syncthreads() every 64 K, and cuBLASLt
+ * reads the Llama-3-8B qkv / o matrices at only 2.0-2.4 TB/s at 64 tokens
+ * (H200, round 8 of docs/PERFORMANCE.md).  Here the three jobs are
+ * separated as FlashAttention-3 / CUTLASS's warp-specialized kernels do:
+ *
+ * - Producer (warpgroup 0, one thread): per 64-wide K tile, two TMA tensor
+ *   copies (cp.async.bulk.tensor) -- the 128 x 64 weight tile and x's
+ *   N x 64 slice -- land in a stage of a 6-12 deep ring, written in the
+ *   128-byte swizzle that wgmma's descriptors read (kernels/wgmma.cuh),
+ *   completing on the stage's "full" mbarrier with the byte count.  Rows
+ *   past n_out and tokens past n_tok are zero-filled by the copy engine.
+ * - Consumers (warpgroups 1 and 2, 64 weight rows each): wait on "full",
+ *   four wgmma m64nNk16 per stage, keep one group in flight, and arrive
+ *   on the previous stage's "empty" mbarrier once its group completed.
+ * - Persistent stream-K: one block per SM; the (row tile, K tile) units,
+ *   row tile major, are cut into equal contiguous ranges, one per block,
+ *   so every SM streams the same number of weight bytes whatever the
+ *   tile count (48 row tiles of qkv would leave 36 of 132 SMs idle).  A
+ *   tile whose K range crosses a block boundary is finished by the last
+ *   of its blocks to arrive (atomic counter per tile, reset by that
+ *   block): each writes its f32 partial to one of two slots of its own in
+ *   the caller's workspace (its first and its last segment), and the last
+ *   adds them in block order, so the result does not depend on which
+ *   block finishes first.  Without a workspace the ranges are whole
+ *   tiles and nothing is split.
+ *
+ * The weight copies of the first stages are issued before the PDL wait
+ * (weights never depend on the previous kernel), x's after it.
+ * BT_TMA_SPLIT=0 turns the split off (whole tiles per block; A/B).
+ * Test: test_gemm (variant "tma", with and without a workspace);
+ * timing: bench_kernels --gemv; worker_gemm's autotuner picks it per
+ * shape where it wins.  sm_90a only (cuda_wgmma_available()).
+ */
+#include "gemv.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bt_util.h"
+#include "kern_common.cuh"
+#include "wgmma.cuh"
+
+#define TMA_BM 128 /* weight rows per tile: two consumer warpgroups */
+#define TMA_BK 64  /* K per stage: one 128-byte swizzle row */
+#define TMA_THREADS 384
+#define TMA_MAX_STAGES 12
+#define TMA_RING_BYTES (216 * 1024)
+#define TMA_MIN_UNITS 4 /* K tiles per block at least (split mode) */
+
+template <int NT> struct tma_cfg {
+    static constexpr int N = NT * 8;
+    static constexpr int W_BYTES = TMA_BM * TMA_BK * 2;
+    static constexpr int X_BYTES = N * TMA_BK * 2; /* NT KB: 1024-aligned */
+    static constexpr int STAGE = W_BYTES + X_BYTES;
+    static constexpr int STAGES = TMA_RING_BYTES / STAGE < TMA_MAX_STAGES
+                                      ? TMA_RING_BYTES / STAGE
+                                      : TMA_MAX_STAGES;
+    static constexpr size_t BYTES = (size_t)STAGES * STAGE + 1024;
+};
+
+// ---------------------------------------------------------------------
+// mbarriers and TMA (sm_90)
+
+static __device__ __forceinline__ uint32_t tma_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void tma_bar_init(uint64_t *bar, int count)
+{
+#if WG_ENABLED
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                 :: "r"(tma_smem(bar)), "r"(count) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void tma_bar_expect(uint64_t *bar,
+                                                      uint32_t bytes)
+{
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(tma_smem(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void tma_bar_arrive(uint64_t *bar)
+{
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
+                 :: "r"(tma_smem(bar)) : "memory");
+#endif
+}
+
+/* Until the phase of parity `parity` has completed (a fresh barrier
+ * counts the phase before it, parity 1, as completed).  A wait of more
+ * than ~2^34 cycles (seconds) traps: a pipeline bug becomes a launch
+ * error instead of a hung GPU. */
+static __device__ __forceinline__ void tma_bar_wait(uint64_t *bar,
+                                                    uint32_t parity)
+{
+#if WG_ENABLED
+    uint32_t done = 0, spins = 0;
+    long long t0 = 0;
+
+    for (;;) {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
+                     "\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(tma_smem(bar)), "r"(parity)
+                     : "memory");
+        if (done)
+            return;
+        if (++spins % 4096 == 0) {
+            const long long t = clock64();
+            if (t0 == 0)
+                t0 = t;
+            else if (t - t0 > (1LL << 34))
+                __trap();
+        }
+    }
+#endif
+}
+
+/* L2 policies: the weights are read once (evict first), x is read by
+ * every block (evict last). */
+static __device__ __forceinline__ uint64_t tma_policy(bool keep)
+{
+    uint64_t p = 0;
+#if WG_ENABLED
+    if (keep)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;"
+                     : "=l"(p));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;"
+                     : "=l"(p));
+#endif
+    return p;
+}
+
+static __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *m)
+{
+#if WG_ENABLED
+    asm volatile("prefetch.tensormap [%0];" :: "l"((uint64_t)m) : "memory");
+#endif
+}
+
+/* Box (c0 = K offset, c1 = row offset) of the 2-D tensor map into dst,
+ * completing on bar, with L2 policy pol. */
+static __device__ __forceinline__ void tma_load(void *dst,
+                                                const CUtensorMap *map,
+                                                int c0, int c1,
+                                                uint64_t *bar, uint64_t pol)
+{
+#if WG_ENABLED
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier"
+                 "::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}],"
+                 " [%4], %5;"
+                 :: "r"(tma_smem(dst)), "l"((uint64_t)map), "r"(c0),
+                    "r"(c1), "r"(tma_smem(bar)), "l"(pol) : "memory");
+#endif
+}
+
+/* Named barrier of the 256 consumer threads (id 1; 0 is __syncthreads). */
+static __device__ __forceinline__ void tma_consumers_sync(void)
+{
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+}
+
+// ---------------------------------------------------------------------
+// Work split (the same arithmetic on every thread of every block)
+
+typedef struct {
+    int tiles;   /* row tiles of TMA_BM */
+    int kt;      /* K tiles of TMA_BK */
+    int blocks;  /* grid */
+    int split;   /* 1: equal unit ranges (stream-K), 0: whole tiles */
+} tma_work_t;
+
+/* First unit (tile * kt + K tile) of block b; b == blocks: the end. */
+static __device__ __forceinline__ long long tma_start(const tma_work_t &w,
+                                                      int b)
+{
+    if (w.split)
+        return (long long)b * w.tiles * w.kt / w.blocks;
+    return (long long)((long long)b * w.tiles / w.blocks) * w.kt;
+}
+
+/* The block whose range holds unit u (split mode): the largest b with
+ * floor(b U / G) <= u. */
+static __device__ __forceinline__ int tma_block_of(const tma_work_t &w,
+                                                   long long u)
+{
+    const long long U = (long long)w.tiles * w.kt;
+    return (int)(((u + 1) * w.blocks - 1) / U);
+}
+
+/* Partial slot of tile t's segment in block b: 2 b for the segment that
+ * holds the block's first unit, 2 b + 1 for its last. */
+static __device__ __forceinline__ int tma_slot(const tma_work_t &w, int b,
+                                               int t)
+{
+    return 2 * b + (tma_start(w, b) / w.kt == t ? 0 : 1);
+}
+
+// ---------------------------------------------------------------------
+// Kernel
+
+template <int NT, typename OUT>
+static __global__ void __launch_bounds__(TMA_THREADS, 1)
+gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
+                const __grid_constant__ CUtensorMap map_x, tma_work_t wk,
+                int n_tok, int n_out, OUT *y, bool accumulate, float *part,
+                int *cnt)
+{
+    typedef tma_cfg<NT> C;
+    constexpr int N = C::N, STAGES = C::STAGES;
+    extern __shared__ __align__(1024) unsigned char tma_sm[];
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    __shared__ int last;
+    const uint32_t sm0 = tma_smem(tma_sm);
+    unsigned char *ring = tma_sm + ((1024 - (sm0 & 1023)) & 1023);
+    const int b = blockIdx.x;
+    const long long u0 = tma_start(wk, b), u1 = tma_start(wk, b + 1);
+    const int wg = threadIdx.x >> 7;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            tma_bar_init(&full[s], 1);
+            tma_bar_init(&empty[s], 8); /* one arrival per consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* Producer: one thread walks the block's units.  The weight
+         * tiles of the first stages go out before the PDL wait. */
+        if (threadIdx.x == 0) {
+            const int pre = (int)min((long long)STAGES, u1 - u0);
+            const uint64_t pw = tma_policy(false), px = tma_policy(true);
+            tma_prefetch_map(&map_w);
+            tma_prefetch_map(&map_x);
+            for (int i = 0; i < pre; i++) {
+                const long long u = u0 + i;
+                tma_bar_expect(&full[i], C::STAGE);
+                tma_load(ring + i * C::STAGE, &map_w,
+                         (int)(u % wk.kt) * TMA_BK,
+                         (int)(u / wk.kt) * TMA_BM, &full[i], pw);
+            }
+            kern_pdl_wait();
+            for (int i = 0; i < pre; i++)
+                tma_load(ring + i * C::STAGE + C::W_BYTES, &map_x,
+                         (int)((u0 + i) % wk.kt) * TMA_BK, 0, &full[i], px);
+            for (long long it = pre; u0 + it < u1; it++) {
+                const long long u = u0 + it;
+                const int s = (int)(it % STAGES);
+                const uint32_t ph = (uint32_t)(it / STAGES) & 1;
+                unsigned char *st = ring + s * C::STAGE;
+                tma_bar_wait(&empty[s], ph ^ 1);
+                tma_bar_expect(&full[s], C::STAGE);
+                tma_load(st, &map_w, (int)(u % wk.kt) * TMA_BK,
+                         (int)(u / wk.kt) * TMA_BM, &full[s], pw);
+                tma_load(st + C::W_BYTES, &map_x, (int)(u % wk.kt) * TMA_BK,
+                         0, &full[s], px);
+            }
+        }
+        kern_pdl_trigger();
+        return;
+    }
+
+    /* Consumers.  Warp w (0..3) of warpgroup cw holds rows
+     * 64 cw + 16 w + g (+ 8) of the tile, tokens 8 j + 2 q (+ 1). */
+    kern_pdl_wait();
+    kern_pdl_trigger();
+    const int cw = wg - 1, ctid = threadIdx.x - 128;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+    const int g = lane >> 2, q = lane & 3;
+    long long it = 0;
+    float c[NT][4];
+
+    for (long long u = u0; u < u1;) {
+        const int tile = (int)(u / wk.kt);
+        const long long seg_end = min(u1, (long long)(tile + 1) * wk.kt);
+        const bool whole = u == (long long)tile * wk.kt &&
+                           seg_end == (long long)(tile + 1) * wk.kt;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                c[j][e] = 0.0f;
+        for (const long long seg0 = it; u < seg_end; u++, it++) {
+            const int s = (int)(it % STAGES);
+            const uint32_t ph = (uint32_t)(it / STAGES) & 1;
+            const uint32_t a0 = tma_smem(ring + s * C::STAGE) +
+                                cw * 64 * TMA_BK * 2;
+            const uint32_t b0 = tma_smem(ring + s * C::STAGE + C::W_BYTES);
+            tma_bar_wait(&full[s], ph);
+            wg_fence_acc<NT>(c);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < TMA_BK / 16; kk++)
+                wg_mma<NT>::run(c, wg_desc(a0 + 32 * kk),
+                                wg_desc(b0 + 32 * kk));
+            wg_commit();
+            wg_wait<1>(); /* the previous stage's products are done */
+            wg_fence_acc<NT>(c);
+            if (it > seg0 && lane == 0)
+                tma_bar_arrive(&empty[(it - 1) % STAGES]);
+        }
+        wg_wait<0>();
+        wg_fence_acc<NT>(c);
+        if (lane == 0)
+            tma_bar_arrive(&empty[(it - 1) % STAGES]);
+
+        const int rbase = cw * 64 + warp * 16 + g;
+        const int n_seg = whole ? 1
+                        : tma_block_of(wk, (long long)(tile + 1) * wk.kt - 1) -
+                              tma_block_of(wk, (long long)tile * wk.kt) + 1;
+        if (n_seg == 1) {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = tile * TMA_BM + rbase + (e & 2 ? 8 : 0);
+                    const int tok = 8 * j + 2 * q + (e & 1);
+                    if (row < n_out && tok < n_tok) {
+                        OUT *d = y + (size_t)tok * n_out + row;
+                        float v = c[j][e];
+                        if (accumulate)
+                            v += kern_to_f(*d);
+                        *d = kern_from_f<OUT>(v);
+                    }
+                }
+            continue;
+        }
+
+        /* Split tile: this segment's partial (N x BM f32) to its slot. */
+        float *pb = part + (size_t)tma_slot(wk, b, tile) * N * TMA_BM;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int tok = 8 * j + 2 * q + (e & 1);
+                if (tok < n_tok)
+                    pb[tok * TMA_BM + rbase + (e & 2 ? 8 : 0)] = c[j][e];
+            }
+        __threadfence();
+        tma_consumers_sync();
+        if (ctid == 0)
+            last = atomicAdd(&cnt[tile], 1) == n_seg - 1;
+        tma_consumers_sync();
+        if (!last)
+            continue;
+        __threadfence();
+        /* Thread ctid adds float4 number ctid + 256 j (j < NT: N x BM
+         * floats in all) of every partial; the NT loads of a partial,
+         * and two partials, are in flight together. */
+        const int bf = tma_block_of(wk, (long long)tile * wk.kt);
+        float4 acc[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        constexpr int KU = NT >= 16 ? 1 : 2; /* 128 tokens: registers */
+#pragma unroll KU
+        for (int k = 0; k < n_seg; k++) {
+            const float4 *pk = reinterpret_cast<const float4 *>(
+                part + (size_t)tma_slot(wk, bf + k, tile) * N * TMA_BM);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int i4 = ctid + 256 * j;
+                if (i4 * 4 / TMA_BM < n_tok) {
+                    const float4 p = __ldcg(pk + i4);
+                    acc[j].x += p.x;
+                    acc[j].y += p.y;
+                    acc[j].z += p.z;
+                    acc[j].w += p.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int i = 4 * (ctid + 256 * j);
+            const int tok = i / TMA_BM, r = i - tok * TMA_BM;
+            const float v[4] = {acc[j].x, acc[j].y, acc[j].z, acc[j].w};
+            if (tok >= n_tok)
+                continue;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = tile * TMA_BM + r + e;
+                if (row >= n_out)
+                    break;
+                OUT *d = y + (size_t)tok * n_out + row;
+                float o = v[e];
+                if (accumulate)
+                    o += kern_to_f(*d);
+                *d = kern_from_f<OUT>(o);
+            }
+        }
+        if (ctid == 0)
+            cnt[tile] = 0;
+    }
+}
+
+// ---------------------------------------------------------------------
+// Host side
+
+static PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static int tried;
+
+    if (!tried) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+
+        tried = 1;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p,
+                                             12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        else
+            (void)cudaGetLastError();
+    }
+    return fn;
+}
+
+/* Map of a row-major bf16 matrix (rows, cols) read in boxes of
+ * box_rows x TMA_BK, 128-byte swizzled, zeros outside. */
+static bool tma_map(CUtensorMap *m, const void *p, int rows, int cols,
+                    int box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode_fn();
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
+    const cuuint32_t box[2] = {TMA_BK, (cuuint32_t)box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+
+    if (fn == NULL || ((uintptr_t)p & 15) != 0)
+        return false;
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p),
+              dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool cuda_gemv_tma_ok(int n_tok, int n_out, int n_in)
+{
+    return n_tok >= 1 && n_tok <= CUDA_GEMV_WG_MAX_TOK && n_out >= 1 &&
+           n_in >= TMA_BK && n_in % TMA_BK == 0 && cuda_wgmma_available() &&
+           tma_encode_fn() != NULL;
+}
+
+static int tma_nt(int n_tok)
+{
+    return n_tok <= 8 ? 1 : n_tok <= 16 ? 2 : n_tok <= 32 ? 4
+         : n_tok <= 64 ? 8 : 16;
+}
+
+static int tma_sm_count(void)
+{
+    static int sm_of[64]; /* per device, 0: unknown */
+    int dev = 0, n = 0;
+
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return 0;
+    if (dev < 64 && sm_of[dev] > 0)
+        return sm_of[dev];
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+        cudaSuccess)
+        return 0;
+    if (dev < 64)
+        sm_of[dev] = n;
+    return n;
+}
+
+template <int NT, typename OUT>
+static cudaError_t tma_launch_t(int n_tok, int n_out, int n_in,
+                                const bf16_t *x, const bf16_t *w, OUT *y,
+                                bool acc, const cuda_gemv_ws_t *ws,
+                                cudaStream_t st)
+{
+    static uint64_t attr_done; /* bit per device */
+    typedef tma_cfg<NT> C;
+    auto k = gemv_tma_kernel<NT, OUT>;
+    const int n_sm = tma_sm_count();
+    CUtensorMap mw, mx;
+    tma_work_t wk;
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+
+    if (err != cudaSuccess)
+        return err;
+    if (dev >= 64 || !(attr_done >> dev & 1)) {
+        err = cudaFuncSetAttribute(
+            k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::BYTES);
+        if (err != cudaSuccess)
+            return err;
+        if (dev < 64)
+            attr_done |= 1ull << dev;
+    }
+    if (n_sm <= 0 || !tma_map(&mw, w, n_out, n_in, TMA_BM) ||
+        !tma_map(&mx, x, n_tok, n_in, C::N))
+        return cudaErrorInvalidValue;
+    wk.tiles = (int)BT_DIV_UP(n_out, TMA_BM);
+    wk.kt = n_in / TMA_BK;
+    const long long units = (long long)wk.tiles * wk.kt;
+    const long long g_split =
+        BT_MAX(1LL, BT_MIN((long long)n_sm, units / TMA_MIN_UNITS));
+    static int no_split = -1; /* BT_TMA_SPLIT=0: whole tiles (A/B) */
+    if (no_split < 0) {
+        const char *e = getenv("BT_TMA_SPLIT");
+        no_split = e != NULL && strcmp(e, "0") == 0;
+    }
+    wk.split = !no_split && ws != NULL && ws->d_part != NULL &&
+               ws->d_cnt != NULL &&
+               wk.tiles <= ws->n_cnt &&
+               (size_t)2 * g_split * C::N * TMA_BM * sizeof(float) <=
+                   ws->part_bytes;
+    wk.blocks = wk.split ? (int)g_split : BT_MIN(n_sm, wk.tiles);
+    kern_launch(k, dim3((unsigned)wk.blocks), dim3(TMA_THREADS), C::BYTES,
+                st, mw, mx, wk, n_tok, n_out, y, acc,
+                wk.split ? ws->d_part : (float *)NULL,
+                wk.split ? ws->d_cnt : (int *)NULL);
+    return cudaSuccess;
+}
+
+cudaError_t cuda_gemv_tma(int n_tok, int n_out, int n_in, const void *d_x,
+                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
+                          bool accumulate, const cuda_gemv_ws_t *ws,
+                          cudaStream_t stream)
+{
+    const bf16_t *x = (const bf16_t *)d_x, *w = (const bf16_t *)d_w;
+    cudaError_t err = cudaErrorInvalidValue;
+
+#define TMA_CASE(NT)                                                        \
+    KERN_DISPATCH_DT(out_dt, OUT, (err = tma_launch_t<NT, OUT>(             \
+        n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, ws, stream)))
+    switch (tma_nt(n_tok)) {
+    case 1: TMA_CASE(1); break;
+    case 2: TMA_CASE(2); break;
+    case 4: TMA_CASE(4); break;
+    case 8: TMA_CASE(8); break;
+    default: TMA_CASE(16); break;
+    }
+#undef TMA_CASE
+    return err;
+}
+
+cudaError_t cuda_gemv_tma_prepare(void)
+{
+    cudaError_t err = cudaSuccess;
+
+    if (!cuda_wgmma_available())
+        return cudaSuccess;
+#define TMA_ATTR(NT, OUT)                                                   \
+    if (err == cudaSuccess)                                                 \
+        err = cudaFuncSetAttribute(gemv_tma_kernel<NT, OUT>,                \
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                   (int)tma_cfg<NT>::BYTES)
+#define TMA_ATTRS(OUT)                                                      \
+    TMA_ATTR(1, OUT);                                                       \
+    TMA_ATTR(2, OUT);                                                       \
+    TMA_ATTR(4, OUT);                                                       \
+    TMA_ATTR(8, OUT);                                                       \
+    TMA_ATTR(16, OUT)
+    TMA_ATTRS(float);
+    TMA_ATTRS(bf16_t);
+#undef TMA_ATTRS
+#undef TMA_ATTR
+    return err;
+}
