@@ -270,12 +270,6 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
 // ---------------------------------------------------------------------
 // Launch
 
-static int tc_nt(int n_tok)
-{
-    return n_tok <= 8 ? 1 : n_tok <= 16 ? 2 : n_tok <= 32 ? 4
-         : n_tok <= 64 ? 8 : 16;
-}
-
 bool cuda_gemv_tc_ok(int n_tok, int n_out, int n_in)
 {
     return n_tok >= 1 && n_tok <= CUDA_GEMV_MMA_MAX_TOK && n_out >= 1 &&
@@ -317,32 +311,15 @@ static cudaError_t tc_launch_t(int n_tok, int n_out, int n_in,
                                cudaStream_t st)
 {
     static uint64_t attr_done; /* bit per device */
-    static int sm_of[64];      /* multiprocessors per device, 0: unknown */
     typedef tc_cfg<NT> C;
     auto k = gemv_tc_kernel<NT, OUT, WG>;
-    int dev = 0, n_sm = 0;
-    cudaError_t err = cudaGetDevice(&dev);
+    const int n_sm = kern_sm_count();
+    cudaError_t err = kern_smem_limit_once(k, C::BYTES, &attr_done);
 
     if (err != cudaSuccess)
         return err;
-    if (dev >= 64 || !(attr_done >> dev & 1)) {
-        err = cudaFuncSetAttribute(
-            k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::BYTES);
-        if (err != cudaSuccess)
-            return err;
-        if (dev < 64)
-            attr_done |= 1ull << dev;
-    }
-    if (dev < 64)
-        n_sm = sm_of[dev];
-    if (n_sm == 0) {
-        err = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount,
-                                     dev);
-        if (err != cudaSuccess)
-            return err;
-        if (dev < 64)
-            sm_of[dev] = n_sm;
-    }
+    if (n_sm <= 0)
+        return cudaErrorInvalidValue;
     const int kt = n_in / TC_BK;
     int s = tc_splits<NT>(n_out, n_in, ws, n_sm);
     const int kt_split = (int)BT_DIV_UP(kt, s);
@@ -361,7 +338,7 @@ static cudaError_t tc_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 {
 #define TC_CASE(NT)                                                         \
     return tc_launch_t<NT, OUT, WG>(n_tok, n_out, n_in, x, w, y, acc, ws, st)
-    switch (tc_nt(n_tok)) {
+    switch (kern_tok_tiles(n_tok)) {
     case 1: TC_CASE(1);
     case 2: TC_CASE(2);
     case 4: TC_CASE(4);

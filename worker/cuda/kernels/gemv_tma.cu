@@ -462,29 +462,6 @@ bool cuda_gemv_tma_ok(int n_tok, int n_out, int n_in)
            tma_encode_fn() != NULL;
 }
 
-static int tma_nt(int n_tok)
-{
-    return n_tok <= 8 ? 1 : n_tok <= 16 ? 2 : n_tok <= 32 ? 4
-         : n_tok <= 64 ? 8 : 16;
-}
-
-static int tma_sm_count(void)
-{
-    static int sm_of[64]; /* per device, 0: unknown */
-    int dev = 0, n = 0;
-
-    if (cudaGetDevice(&dev) != cudaSuccess)
-        return 0;
-    if (dev < 64 && sm_of[dev] > 0)
-        return sm_of[dev];
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
-        cudaSuccess)
-        return 0;
-    if (dev < 64)
-        sm_of[dev] = n;
-    return n;
-}
-
 template <int NT, typename OUT>
 static cudaError_t tma_launch_t(int n_tok, int n_out, int n_in,
                                 const bf16_t *x, const bf16_t *w, OUT *y,
@@ -494,22 +471,13 @@ static cudaError_t tma_launch_t(int n_tok, int n_out, int n_in,
     static uint64_t attr_done; /* bit per device */
     typedef tma_cfg<NT> C;
     auto k = gemv_tma_kernel<NT, OUT>;
-    const int n_sm = tma_sm_count();
+    const int n_sm = kern_sm_count();
     CUtensorMap mw, mx;
     tma_work_t wk;
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
+    cudaError_t err = kern_smem_limit_once(k, C::BYTES, &attr_done);
 
     if (err != cudaSuccess)
         return err;
-    if (dev >= 64 || !(attr_done >> dev & 1)) {
-        err = cudaFuncSetAttribute(
-            k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::BYTES);
-        if (err != cudaSuccess)
-            return err;
-        if (dev < 64)
-            attr_done |= 1ull << dev;
-    }
     if (n_sm <= 0 || !tma_map(&mw, w, n_out, n_in, TMA_BM) ||
         !tma_map(&mx, x, n_tok, n_in, C::N))
         return cudaErrorInvalidValue;
@@ -547,7 +515,7 @@ cudaError_t cuda_gemv_tma(int n_tok, int n_out, int n_in, const void *d_x,
 #define TMA_CASE(NT)                                                        \
     KERN_DISPATCH_DT(out_dt, OUT, (err = tma_launch_t<NT, OUT>(             \
         n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, ws, stream)))
-    switch (tma_nt(n_tok)) {
+    switch (kern_tok_tiles(n_tok)) {
     case 1: TMA_CASE(1); break;
     case 2: TMA_CASE(2); break;
     case 4: TMA_CASE(4); break;

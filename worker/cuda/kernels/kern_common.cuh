@@ -1,7 +1,9 @@
 /*
  * kern_common.cuh - device helpers shared by the kernels of worker/cuda:
  * float conversion of the two activation types (float, bf16), 16-byte
- * vector loads, warp reductions and the dtype dispatch macro.
+ * vector loads, warp reductions, the dtype dispatch macro, programmatic
+ * dependent launch, and the launch helpers of the skinny GEMMs (shared-
+ * memory limit once per device, multiprocessor count, token tiles).
  */
 #ifndef BT_WORKER_CUDA_KERNELS_KERN_COMMON_CUH
 #define BT_WORKER_CUDA_KERNELS_KERN_COMMON_CUH
@@ -166,5 +168,50 @@ static void kern_launch(void (*k)(KArgs...), dim3 grid, dim3 block,
             __VA_ARGS__;                                                    \
         }                                                                   \
     } while (0)
+
+/* Raises kernel k's dynamic shared-memory limit to `bytes` the first time
+ * it is launched on each device (bit d of *done; devices >= 64 every
+ * time).  Host code, outside stream capture the first time. */
+template <typename K>
+static cudaError_t kern_smem_limit_once(K k, size_t bytes, uint64_t *done)
+{
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+
+    if (err != cudaSuccess || (dev < 64 && (*done >> dev & 1)))
+        return err;
+    err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)bytes);
+    if (err == cudaSuccess && dev < 64)
+        *done |= 1ull << dev;
+    return err;
+}
+
+/* The current device's multiprocessor count (cached per device), 0 on
+ * error. */
+static inline int kern_sm_count(void)
+{
+    static int sm_of[64];
+    int dev = 0, n = 0;
+
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return 0;
+    if (dev < 64 && sm_of[dev] > 0)
+        return sm_of[dev];
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+        cudaSuccess)
+        return 0;
+    if (dev < 64)
+        sm_of[dev] = n;
+    return n;
+}
+
+/* Token columns of the skinny tensor-core GEMMs: n_tok rounded up to
+ * 8 NT with NT in {1, 2, 4, 8, 16} (tokens past n_tok are zeros). */
+static inline int kern_tok_tiles(int n_tok)
+{
+    return n_tok <= 8 ? 1 : n_tok <= 16 ? 2 : n_tok <= 32 ? 4
+         : n_tok <= 64 ? 8 : 16;
+}
 
 #endif /* BT_WORKER_CUDA_KERNELS_KERN_COMMON_CUH */
