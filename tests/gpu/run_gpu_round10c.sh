@@ -1,38 +1,62 @@
 #!/bin/bash
-# run_gpu_round10c.sh [CARRY] - round 10 (2026-12-01), ON THE DEVICE
-# MACHINE, issue 4: Nsight Compute on the two batch-64 levers.
-# (1) the tma GEMV on qkv (6144 x 4096) at 8 and 64 tokens: where its
-# ~8 us over cuBLASLt goes (call 3: 25.5 / 28.8 us vs 17.1 / 17.4 with a
-# clean L2); (2) decode attention at batch 64 x 2k context
-# (bench_kernels --dec): why it reads KV at ~3.95 TB/s, not 4.3-4.5.
-# Prediction: tma shows long waits on the full barrier at the start
-# (every block's first stage arrives late) or in the split epilogue;
-# attention shows DRAM throughput ~88% with the two-wave tail.
-# Carry: gpu/bench_kernels, lib/.
+# run_gpu_round10c.sh [CARRY] - round 10 (2026-12-01; prepared, not yet
+# run: the device was not lent again that session), ON THE DEVICE
+# MACHINE, issue 4: where the tma GEMV's fixed cost goes, and why batch-64
+# decode attention reads KV at ~3.95 TB/s.
+# (1) test_gemm --variant tma with one and with two blocks an SM
+#     (BT_TMA_PER_SM=2, new and never run);
+# (2) bench_kernels --gemv at 8 / 64 tokens, both block shapes;
+# (3) Nsight Compute on the tma kernel (qkv, 8 and 64 tokens; 64 also with
+#     two blocks an SM): stall reasons, DRAM throughput, warp states;
+# (4) bench_kernels --dec and Nsight Compute on the decode attention
+#     kernels (the 64 x 2048 case is the grid of 8 x 64 blocks);
+# (5) the issue-4 target rows at this code (the tuner now times after a
+#     read-only L2 flush; prefill not yet measured with it), power sampled.
+# Prediction: tma waits on its "full" barriers early in each block and in
+# the split epilogue; two blocks an SM cut the fixed cost by 2-4 us;
+# attention at 85-90% of DRAM peak with the two-wave tail visible.
+# Carry: gpu/{test_gemm,bench_kernels,bench_cuda}, lib/.
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r10c "${1:-build-r10c}"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 secs="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters"
-run dec 100 "$c/gpu/bench_kernels" --dec
+run test_tma1 100 stdbuf -oL "$c/gpu/test_gemm" --variant tma
+run test_tma2 100 env BT_TMA_PER_SM=2 stdbuf -oL "$c/gpu/test_gemm" --variant tma
+run kern1 100 "$c/gpu/bench_kernels" --gemv --toks 8,64
+run kern2 100 env BT_TMA_PER_SM=2 "$c/gpu/bench_kernels" --gemv --toks 8,64
 run ncu_tma8 120 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
   "$c/gpu/bench_kernels" --gemv --toks 8 --reps 3
 run ncu_tma64 120 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
   "$c/gpu/bench_kernels" --gemv --toks 64 --reps 3
+run ncu_tma64b 120 env BT_TMA_PER_SM=2 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
+  "$c/gpu/bench_kernels" --gemv --toks 64 --reps 3
+run dec 100 "$c/gpu/bench_kernels" --dec
 run ncu_dec 150 "$ncu" --clock-control none -k 'regex:attn_decode' --launch-count 24 \
   --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
   "$c/gpu/bench_kernels" --dec --reps 3
+nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks_throttle_reasons.active \
+  --format=csv,noheader -lms 50 > "$out/smi.csv" 2>&1 &
+smi=$!
+bc a BT_X=1 -- --batch 1,64 --ctx 2048 --prefill 2048
+bc tma2 BT_GEMV_TMA=1 BT_TMA_PER_SM=2 -- --batch 1,8,64 --ctx 2048 --prefill 0
+kill $smi 2>/dev/null
 {
   echo "## round 10c $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
+  pass_fail test_tma1 test_tma2
+  for f in kern1 kern2; do echo "### $f"; grep -hE "^gemv " "$tmp/$f" | sed 's/mma1.*tc /tc /; s/| tuned.*//'; done
   grep -h "^attn\|^dec" "$tmp/dec"
-  for f in ncu_tma8 ncu_tma64; do
+  for f in ncu_tma8 ncu_tma64 ncu_tma64b; do
     echo "### $f"; echo '```'
-    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Warp Cycles Per Issued|Stall|Issued Ipc|No Eligible|One or More|Mem Busy|Max Bandwidth|L1/TEX Hit|L2 Hit|smsp__pcsamp|Source|sampl" "$tmp/$f" | head -60
+    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Warp Cycles Per Issued|Stall|Issued Ipc|No Eligible|One or More|Mem Busy|Max Bandwidth|L2 Hit|sampl" "$tmp/$f" | head -60
     echo '```'
   done
   echo "### ncu_dec"; echo '```'
   grep -E "attn_decode|Duration|DRAM Throughput|Grid Size|Achieved Occupancy|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth" "$tmp/ncu_dec" | head -120
   echo '```'
+  bc_rows a tma2
+  echo "power samples >= 600 W: $(awk -F, '$2+0 >= 600' "$out/smi.csv" | wc -l) of $(wc -l < "$out/smi.csv")"
+  awk -F, '$2+0 >= 600 {p+=$2; c+=$3; n++} END {if (n) printf "mean over those: %.0f W, SM %.0f MHz\n", p/n, c/n}' "$out/smi.csv"
 } > "$table"
 cat "$table"

@@ -34,7 +34,8 @@
  *
  * The weight copies of the first stages are issued before the PDL wait
  * (weights never depend on the previous kernel), x's after it.
- * BT_TMA_SPLIT=0 turns the split off (whole tiles per block; A/B).
+ * BT_TMA_SPLIT=0 turns the split off (whole tiles per block; A/B);
+ * BT_TMA_PER_SM=2 runs two 104 KB-ring blocks an SM (<= 64 tokens).
  * Test: test_gemm (variant "tma", with and without a workspace);
  * timing: bench_kernels --gemv; worker_gemm's autotuner picks it per
  * shape where it wins.  sm_90a only (cuda_wgmma_available()).
@@ -54,17 +55,20 @@
 #define TMA_BK 64  /* K per stage: one 128-byte swizzle row */
 #define TMA_THREADS 384
 #define TMA_MAX_STAGES 12
-#define TMA_RING_BYTES (216 * 1024)
 #define TMA_MIN_UNITS 4 /* K tiles per block at least (split mode) */
 
-template <int NT> struct tma_cfg {
+/* PER_SM blocks a multiprocessor: one with a 216 KB ring (the default),
+ * or two with 104 KB each (BT_TMA_PER_SM=2, up to 64 tokens: the
+ * registers of 768 threads), which lets two producers share the SM's
+ * copy engine and the next kernel's blocks start beside a late one. */
+template <int NT, int PER_SM> struct tma_cfg {
+    static constexpr int RING = PER_SM == 1 ? 216 * 1024 : 104 * 1024;
     static constexpr int N = NT * 8;
     static constexpr int W_BYTES = TMA_BM * TMA_BK * 2;
     static constexpr int X_BYTES = N * TMA_BK * 2; /* NT KB: 1024-aligned */
     static constexpr int STAGE = W_BYTES + X_BYTES;
-    static constexpr int STAGES = TMA_RING_BYTES / STAGE < TMA_MAX_STAGES
-                                      ? TMA_RING_BYTES / STAGE
-                                      : TMA_MAX_STAGES;
+    static constexpr int STAGES =
+        RING / STAGE < TMA_MAX_STAGES ? RING / STAGE : TMA_MAX_STAGES;
     static constexpr size_t BYTES = (size_t)STAGES * STAGE + 1024;
 };
 
@@ -215,14 +219,14 @@ static __device__ __forceinline__ int tma_slot(const tma_work_t &w, int b,
 // ---------------------------------------------------------------------
 // Kernel
 
-template <int NT, typename OUT>
-static __global__ void __launch_bounds__(TMA_THREADS, 1)
+template <int NT, typename OUT, int PER_SM>
+static __global__ void __launch_bounds__(TMA_THREADS, PER_SM)
 gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                 const __grid_constant__ CUtensorMap map_x, tma_work_t wk,
                 int n_tok, int n_out, OUT *y, bool accumulate, float *part,
                 int *cnt)
 {
-    typedef tma_cfg<NT> C;
+    typedef tma_cfg<NT, PER_SM> C;
     constexpr int N = C::N, STAGES = C::STAGES;
     extern __shared__ __align__(1024) unsigned char tma_sm[];
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
@@ -371,7 +375,9 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
 #pragma unroll
         for (int j = 0; j < NT; j++)
             acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        constexpr int KU = NT >= 16 ? 1 : 2; /* 128 tokens: registers */
+        /* two partials in flight, except where registers are short (128
+         * tokens; 64 with two blocks an SM) */
+        constexpr int KU = NT >= 16 || (PER_SM == 2 && NT >= 8) ? 1 : 2;
 #pragma unroll KU
         for (int k = 0; k < n_seg; k++) {
             const float4 *pk = reinterpret_cast<const float4 *>(
@@ -462,16 +468,16 @@ bool cuda_gemv_tma_ok(int n_tok, int n_out, int n_in)
            tma_encode_fn() != NULL;
 }
 
-template <int NT, typename OUT>
+template <int NT, typename OUT, int PER_SM>
 static cudaError_t tma_launch_t(int n_tok, int n_out, int n_in,
                                 const bf16_t *x, const bf16_t *w, OUT *y,
                                 bool acc, const cuda_gemv_ws_t *ws,
                                 cudaStream_t st)
 {
     static uint64_t attr_done; /* bit per device */
-    typedef tma_cfg<NT> C;
-    auto k = gemv_tma_kernel<NT, OUT>;
-    const int n_sm = kern_sm_count();
+    typedef tma_cfg<NT, PER_SM> C;
+    auto k = gemv_tma_kernel<NT, OUT, PER_SM>;
+    const int n_sm = kern_sm_count() * PER_SM; /* block slots */
     CUtensorMap mw, mx;
     tma_work_t wk;
     cudaError_t err = kern_smem_limit_once(k, C::BYTES, &attr_done);
@@ -512,15 +518,24 @@ cudaError_t cuda_gemv_tma(int n_tok, int n_out, int n_in, const void *d_x,
     const bf16_t *x = (const bf16_t *)d_x, *w = (const bf16_t *)d_w;
     cudaError_t err = cudaErrorInvalidValue;
 
-#define TMA_CASE(NT)                                                        \
-    KERN_DISPATCH_DT(out_dt, OUT, (err = tma_launch_t<NT, OUT>(             \
+#define TMA_CASE(NT, PER_SM)                                                \
+    KERN_DISPATCH_DT(out_dt, OUT, (err = tma_launch_t<NT, OUT, PER_SM>(     \
         n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, ws, stream)))
-    switch (kern_tok_tiles(n_tok)) {
-    case 1: TMA_CASE(1); break;
-    case 2: TMA_CASE(2); break;
-    case 4: TMA_CASE(4); break;
-    case 8: TMA_CASE(8); break;
-    default: TMA_CASE(16); break;
+    static int two = -1; /* BT_TMA_PER_SM=2: two smaller blocks an SM */
+    if (two < 0) {
+        const char *e = getenv("BT_TMA_PER_SM");
+        two = e != NULL && strcmp(e, "2") == 0;
+    }
+    switch (kern_tok_tiles(n_tok) * (two ? -1 : 1)) {
+    case 1: TMA_CASE(1, 1); break;
+    case 2: TMA_CASE(2, 1); break;
+    case 4: TMA_CASE(4, 1); break;
+    case 8: TMA_CASE(8, 1); break;
+    case -1: TMA_CASE(1, 2); break;
+    case -2: TMA_CASE(2, 2); break;
+    case -4: TMA_CASE(4, 2); break;
+    case -8: TMA_CASE(8, 2); break;
+    default: TMA_CASE(16, 1); break;
     }
 #undef TMA_CASE
     return err;
@@ -532,17 +547,21 @@ cudaError_t cuda_gemv_tma_prepare(void)
 
     if (!cuda_wgmma_available())
         return cudaSuccess;
-#define TMA_ATTR(NT, OUT)                                                   \
+#define TMA_ATTR(NT, OUT, PER_SM)                                           \
     if (err == cudaSuccess)                                                 \
-        err = cudaFuncSetAttribute(gemv_tma_kernel<NT, OUT>,                \
+        err = cudaFuncSetAttribute(gemv_tma_kernel<NT, OUT, PER_SM>,        \
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                   (int)tma_cfg<NT>::BYTES)
+                                   (int)tma_cfg<NT, PER_SM>::BYTES)
 #define TMA_ATTRS(OUT)                                                      \
-    TMA_ATTR(1, OUT);                                                       \
-    TMA_ATTR(2, OUT);                                                       \
-    TMA_ATTR(4, OUT);                                                       \
-    TMA_ATTR(8, OUT);                                                       \
-    TMA_ATTR(16, OUT)
+    TMA_ATTR(1, OUT, 1);                                                    \
+    TMA_ATTR(2, OUT, 1);                                                    \
+    TMA_ATTR(4, OUT, 1);                                                    \
+    TMA_ATTR(8, OUT, 1);                                                    \
+    TMA_ATTR(16, OUT, 1);                                                   \
+    TMA_ATTR(1, OUT, 2);                                                    \
+    TMA_ATTR(2, OUT, 2);                                                    \
+    TMA_ATTR(4, OUT, 2);                                                    \
+    TMA_ATTR(8, OUT, 2)
     TMA_ATTRS(float);
     TMA_ATTRS(bf16_t);
 #undef TMA_ATTRS
