@@ -7,7 +7,7 @@
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
- *     wmma, fa2 = the default, fa2w4, fa2w8, fa2wq),
+ *     wmma, fa2 = the default, fa2w4, fa2w8, fa2wq, fa2wqv),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -225,15 +225,17 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     /* (head 64/128: the mma.sync kernel (64 queries per block), mma2
      * (128), the WMMA one, then attn_prefill_fa2.cu -- the default --
      * with the warp count it picks (fa2), with 4 and 8 warps forced, and
-     * with S = Q K^T on wgmma (fa2wq);
+     * with S = Q K^T on wgmma (fa2wq), and with P V on wgmma too
+     * (fa2wqv);
      * other head sizes: the default, unset) */
-    static const char *const pnames[] = {"mma", "mma2", "wmma", "fa2",
-                                         "fa2w4", "fa2w8", "fa2wq"};
+    static const char *const pnames[] = {"mma",   "mma2",  "wmma",
+                                         "fa2",   "fa2w4", "fa2w8",
+                                         "fa2wq", "fa2wqv"};
     const bool two = c->hd == 64 || c->hd == 128;
     /* KT_ATTN_FA2=0: without the fa2 passes (run_gpu_kernels.sh re-runs
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
-    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 3 : 7;
+    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 3 : 8;
     for (int pass = 0; pass < n_pass &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
@@ -317,9 +319,10 @@ static void bench(void)
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
         static const char *const bnames[] = {"mma ", "mma2", "wmma",
-                                             "fa2 ", "fa2w4", "fa2wq"};
+                                             "fa2 ", "fa2w4", "fa2wq",
+                                             "fa2wqv"};
         const char *f2env = getenv("KT_ATTN_FA2");
-        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 3 : 6;
+        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 3 : 7;
         for (int pass = 0; pass < n_pass; pass++) {
         float ms[10];
         if (pass == 1)
@@ -332,6 +335,8 @@ static void bench(void)
             setenv("BT_PREFILL_KERNEL", "fa2w4", 1);
         if (pass == 5)
             setenv("BT_PREFILL_KERNEL", "fa2wq", 1);
+        if (pass == 6)
+            setenv("BT_PREFILL_KERNEL", "fa2wqv", 1);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
             KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, CUDA_DT_BF16,

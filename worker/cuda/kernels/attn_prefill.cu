@@ -1066,7 +1066,7 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * kernel of attn_prefill_fa2.cu at head 64/128 (the default; elsewhere
  * as =mma); =fa2wq that kernel with S = Q K^T on wgmma (sm_90a; H200
  * 2026-12-01: 183.7 vs 182.7 us per layer at 2048 tokens, so not the
- * default).
+ * default); =fa2wqv with P V on wgmma too (round 10, not yet measured).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -1088,6 +1088,8 @@ static int attn_prefill_kind(void)
         return 7; /* fa2 with 8 warps per block */
     if (env && strcmp(env, "fa2wq") == 0)
         return 8; /* fa2 with S = Q K^T on wgmma */
+    if (env && strcmp(env, "fa2wqv") == 0)
+        return 9; /* fa2 with S and P V on wgmma */
 
     /* Default (and =fa2): attn_prefill_fa2.cu, warps per block chosen by
      * the GQA group; at head sizes it does not take, the mma kernel.
@@ -1176,7 +1178,8 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         const int kind = attn_prefill_kind();
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles,
                                     kind == 6 ? 4 : kind == 7 ? 8 : 0,
-                                    kind == 8, stream);
+                                    kind == 8 ? 1 : kind == 9 ? 2 : 0,
+                                    stream);
         if (err != cudaSuccess)
             return BT_CUDA_STATUS(err);
         return BT_CUDA_LAUNCH_STATUS();

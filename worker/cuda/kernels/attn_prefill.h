@@ -45,11 +45,12 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt);
 
 /* Same tiles and semantics as cuda_attn_prefill; the query heads of one
  * KV head share a block.  n_warps: 4 or 8 per block, anything else =
- * 8 when n_heads / n_kv_heads is even, else 4.  wgmma_qk: S = Q K^T on
- * wgmma where cuda_wgmma_available() (kernels/wgmma.cuh), else ignored. */
+ * 8 when n_heads / n_kv_heads is even, else 4.  wgmma: 1 runs S = Q K^T
+ * on wgmma, 2 also O += P V, where cuda_wgmma_available()
+ * (kernels/wgmma.cuh); 0 (or no wgmma) mma.sync only. */
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   const int *d_tiles, int n_tiles,
-                                  int n_warps, bool wgmma_qk,
+                                  int n_warps, int wgmma,
                                   cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -43,6 +43,16 @@
  * register savings (184 vs 232) are the room an FA3-style overlap of the
  * next tile's S with this tile's softmax would need.
  *
+ * fa2wqv (WV, sm_90a): fa2wq with O += P V on wgmma as well: P stays in
+ * registers as the A operand (the re-packed S accumulators are already
+ * wgmma's register-A layout per warp), V tiles are written as the same
+ * 128-byte-swizzle slabs as K and read N-major (wg_desc_mn), one
+ * m64n(HD)k16 per 16 keys; the O accumulators keep the m16n8 layout, so
+ * the rescale and the epilogue are fa2's.  A warp runs every tile its
+ * warpgroup runs (the wgmma is collective), fully masked where it sees
+ * nothing.  Written 2026-12-01 (round 10) without a device; test_attn
+ * pass "fa2wqv" is its check.
+ *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
  * end of the keys, draft-tree masks), and blocks run heaviest first
@@ -118,11 +128,12 @@ static __device__ __forceinline__ int f2_slab(int rows, int r, int c)
     return (c >> 3) * rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
-template <int HD, int NW, bool WQ>
+template <int HD, int NW, bool WQ, bool WV>
 static __global__ void __launch_bounds__(NW * 32)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts)
 {
+    static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     typedef f2_cfg<HD, NW, WQ> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
@@ -136,7 +147,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     const unsigned sm0 = (unsigned)__cvta_generic_to_shared(smem);
     bf16_t *sk = (bf16_t *)(smem + (WQ ? (1024 - (sm0 & 1023)) & 1023 : 0));
     /* [STAGES][BK][HD] swizzled (WQ: [STAGES][HD / 64][BK][64] slabs) */
-    bf16_t *sv = sk + STAGES * TILE; /* [STAGES][BK][HD] swizzled */
+    bf16_t *sv = sk + STAGES * TILE; /* [STAGES][BK][HD] swizzled (WV:
+                                        slabs as K's) */
     bf16_t *sq = sv + STAGES * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
 
     /* Heaviest first: the last backend tile's blocks come first. */
@@ -219,7 +231,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             const size_t off = ok ? (size_t)slot[j] * slot_stride : 0;
             const int so = f2_swz<HD>(r, col);
             tc_cp16(dk + (WQ ? f2_slab(F2_BK, r, col) : so), kbase + off, ok);
-            tc_cp16(dv + so, vbase + off, ok);
+            tc_cp16(dv + (WV ? f2_slab(F2_BK, r, col) : so), vbase + off,
+                    ok);
         }
     };
 
@@ -333,7 +346,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             wg_commit();
             wg_wait<0>();
             wg_fence_acc<KB>(s);
-            if (!warp_live || kb0 > warp_last)
+            /* WV: P V is the warpgroup's too, so a warp that sees none
+             * of the tile still runs it, with every score masked (its
+             * rows are not written, or see no key of this tile) */
+            if (!WV && (!warp_live || kb0 > warp_last))
                 continue; /* nothing visible to this warp */
         } else {
             /* S (16 x 64) = Q K^T: per 32 dims, the 8 key column tiles'
@@ -413,12 +429,9 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         }
 
         /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
-         * the A fragment layout equals the C layout of two 8-key tiles),
-         * V fragments by ldmatrix.trans (keys 16 kk + 0..15, dims
-         * 16 dn + 0..15), all loaded before their products. */
-#pragma unroll
-        for (int kk = 0; kk < F2_BK / 16; kk++) {
-            uint32_t pa[4];
+         * the A fragment layout equals the C layout of two 8-key tiles);
+         * l sums what P V really multiplies (bf16 p). */
+        auto make_p = [&](int kk, uint32_t (&pa)[4]) {
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int nt = 2 * kk + hh;
@@ -427,7 +440,6 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                 pa[2 * hh + 1] =
                     tc_pack(f2_ex2(fmaf(s[nt][2], sl2, -b1)),
                             f2_ex2(fmaf(s[nt][3], sl2, -b1)));
-                /* the sums of what P V really multiplies (bf16 p) */
                 const __nv_bfloat162 q01 =
                     *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
                 const __nv_bfloat162 q23 =
@@ -436,16 +448,44 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                 l0 += __low2float(q01) + __high2float(q01);
                 l1 += __low2float(q23) + __high2float(q23);
             }
-            uint32_t b[HD / 16][4];
-            const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + sw;
+        };
+        if constexpr (WV) {
+            /* wgmma m64n(HD)k16 per 16 keys: A = P from registers, B = the
+             * V slabs N-major (16 key rows from row 16 kk, 128 bytes
+             * each; the next 64 dims one slab = F2_BK rows on) */
+            uint32_t pa[F2_BK / 16][4];
 #pragma unroll
-            for (int dn = 0; dn < HD / 16; dn++)
-                tc_ldm_t(b[dn], tv + vr * HD +
-                                    (((dn * 2 + (lane >> 4)) ^ sw) << 3));
+            for (int kk = 0; kk < F2_BK / 16; kk++)
+                make_p(kk, pa[kk]);
+            const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
+            wg_fence_acc<NT>(o);
+            wg_fence();
 #pragma unroll
-            for (int dn = 0; dn < HD / 16; dn++) {
-                f2_mma(o[2 * dn], pa, b[dn][0], b[dn][1]);
-                f2_mma(o[2 * dn + 1], pa, b[dn][2], b[dn][3]);
+            for (int kk = 0; kk < F2_BK / 16; kk++)
+                wg_mma_rs<NT>::run(o, pa[kk],
+                                   wg_desc_mn(vs0 + kk * 16 * 128,
+                                              F2_BK * 64 * 2, 1024));
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_acc<NT>(o);
+        } else {
+            /* V fragments by ldmatrix.trans (keys 16 kk + 0..15, dims
+             * 16 dn + 0..15), all loaded before their products. */
+#pragma unroll
+            for (int kk = 0; kk < F2_BK / 16; kk++) {
+                uint32_t pa[4];
+                make_p(kk, pa);
+                uint32_t b[HD / 16][4];
+                const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + sw;
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++)
+                    tc_ldm_t(b[dn], tv + vr * HD +
+                                        (((dn * 2 + (lane >> 4)) ^ sw) << 3));
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    f2_mma(o[2 * dn], pa, b[dn][0], b[dn][1]);
+                    f2_mma(o[2 * dn + 1], pa, b[dn][2], b[dn][3]);
+                }
             }
         }
     }
@@ -479,7 +519,7 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
     return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
 }
 
-template <int HD, int NW, bool WQ>
+template <int HD, int NW, bool WQ, bool WV>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, cudaStream_t stream)
 {
@@ -491,30 +531,32 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
 
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
-    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ>,
+    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ, WV>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ><<<(unsigned)blocks, NW * 32, bytes,
-                                          stream>>>(*a, tiles, n_tiles, parts);
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV><<<(unsigned)blocks, NW * 32,
+                                              bytes, stream>>>(
+        *a, tiles, n_tiles, parts);
     return cudaGetLastError();
 }
 
-template <bool WQ>
+template <bool WQ, bool WV>
 static cudaError_t f2_launch_hd(const cuda_attn_args_t *a, const int *tiles,
                                 int n_tiles, int n_warps, cudaStream_t st)
 {
     if (a->head_dim == 64)
-        return n_warps == 8 ? f2_launch<64, 8, WQ>(a, tiles, n_tiles, st)
-                            : f2_launch<64, 4, WQ>(a, tiles, n_tiles, st);
-    return n_warps == 8 ? f2_launch<128, 8, WQ>(a, tiles, n_tiles, st)
-                        : f2_launch<128, 4, WQ>(a, tiles, n_tiles, st);
+        return n_warps == 8
+                   ? f2_launch<64, 8, WQ, WV>(a, tiles, n_tiles, st)
+                   : f2_launch<64, 4, WQ, WV>(a, tiles, n_tiles, st);
+    return n_warps == 8 ? f2_launch<128, 8, WQ, WV>(a, tiles, n_tiles, st)
+                        : f2_launch<128, 4, WQ, WV>(a, tiles, n_tiles, st);
 }
 
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   const int *d_tiles, int n_tiles,
-                                  int n_warps, bool wgmma_qk,
+                                  int n_warps, int wgmma,
                                   cudaStream_t stream)
 {
     const int G = args->n_heads / args->n_kv_heads;
@@ -525,7 +567,12 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    if (wgmma_qk && cuda_wgmma_available())
-        return f2_launch_hd<true>(args, d_tiles, n_tiles, n_warps, stream);
-    return f2_launch_hd<false>(args, d_tiles, n_tiles, n_warps, stream);
+    if (wgmma >= 2 && cuda_wgmma_available())
+        return f2_launch_hd<true, true>(args, d_tiles, n_tiles, n_warps,
+                                        stream);
+    if (wgmma == 1 && cuda_wgmma_available())
+        return f2_launch_hd<true, false>(args, d_tiles, n_tiles, n_warps,
+                                         stream);
+    return f2_launch_hd<false, false>(args, d_tiles, n_tiles, n_warps,
+                                      stream);
 }

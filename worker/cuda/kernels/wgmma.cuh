@@ -4,7 +4,8 @@
  * swizzle the cp.async rings of tc_common.cuh already write (16-byte
  * chunk c of 128-byte row r at chunk c ^ (r & 7), tile base 1024-byte
  * aligned), the fences, commit and wait, and m64nNk16 bf16 -> f32 for
- * N = 8 NT, NT in {1, 2, 4, 8, 16}.
+ * N = 8 NT, NT in {1, 2, 4, 8, 16}; and the register-A form with an
+ * N-major B (wg_mma_rs, wg_desc_mn) for P V in attention.
  *
  * Operands: A is 64 rows x 16 K (rows 128 bytes apart, 8-row groups
  * 1024 bytes apart), B is N rows x 16 K in the same layout (B "K-major":
@@ -119,6 +120,36 @@ template <int NT> struct wg_mma {
     }
 };
 
+/* c (64 x 8 NT f32, per warpgroup) += A (64 x 16, registers) . B
+ * (16 x 8 NT, shared memory, N-major: K rows of contiguous N values,
+ * wg_desc_mn), NT in {8, 16}.  A per warp w: its rows 16 w .. 16 w + 15
+ * in the mma.m16n8k16 A layout (a[0] row g, k 2q..2q+1; a[1] row g + 8;
+ * a[2] row g, k 2q+8..; a[3] row g + 8, k 2q+8..) -- what the S
+ * accumulators of the FlashAttention kernels re-pack into as P. */
+template <int NT> struct wg_mma_rs {
+    static __device__ __forceinline__ void run(float (&c)[NT][4],
+                                               const uint32_t (&a)[4],
+                                               uint64_t db)
+    {
+        (void)c; (void)a; (void)db;
+        __trap();
+    }
+};
+
+/* Descriptor of an N-major (MN-major), 128-byte-swizzled B operand at
+ * `saddr`: 8-row K groups of 128-byte rows (64 bf16 of N each) `sbo`
+ * bytes apart, the next 64 N values `lbo` bytes on (CUTLASS's canonical
+ * MN-major SW128 layout ((8,n),(8,k)):((1,LBO),(8,SBO)) in 16-byte
+ * units; both offsets >> 4). */
+static __device__ __forceinline__ uint64_t wg_desc_mn(uint32_t saddr,
+                                                      uint32_t lbo,
+                                                      uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) |
+           (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
+}
+
 #if WG_ENABLED
 /* One specialisation per NT: the asm text and operand lists differ only
  * in the accumulator count (4 NT registers, then the two descriptors and
@@ -174,6 +205,43 @@ WG_MMA(16, "128",
        WG_C(13), WG_C(14), WG_C(15));
 
 #undef WG_MMA
+
+#define WG_MMA_RS(NT, N, REGS, AREGS, DB, ONE, ...)                        \
+    template <> struct wg_mma_rs<NT> {                                     \
+        static __device__ __forceinline__ void run(float (&c)[NT][4],      \
+                                                   const uint32_t (&a)[4], \
+                                                   uint64_t db)            \
+        {                                                                  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n" N             \
+                         "k16.f32.bf16.bf16 {" REGS "}, {" AREGS "}, %" DB \
+                         ", p, 1, 1, 1;\n}\n"                              \
+                         : __VA_ARGS__                                     \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),     \
+                           "l"(db), "r"(1));                               \
+        }                                                                  \
+    }
+
+WG_MMA_RS(8, "64",
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"
+          "%30,%31",
+          "%32,%33,%34,%35", "36", "37",
+          WG_C(0), WG_C(1), WG_C(2), WG_C(3), WG_C(4), WG_C(5), WG_C(6),
+          WG_C(7));
+
+WG_MMA_RS(16, "128",
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"
+          "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,"
+          "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,"
+          "%58,%59,%60,%61,%62,%63",
+          "%64,%65,%66,%67", "68", "69",
+          WG_C(0), WG_C(1), WG_C(2), WG_C(3), WG_C(4), WG_C(5), WG_C(6),
+          WG_C(7), WG_C(8), WG_C(9), WG_C(10), WG_C(11), WG_C(12),
+          WG_C(13), WG_C(14), WG_C(15));
+
+#undef WG_MMA_RS
 #undef WG_C
 #endif /* WG_ENABLED */
 
