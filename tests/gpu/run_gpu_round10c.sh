@@ -4,8 +4,9 @@
 # MACHINE, issue 4: where the tma GEMV's fixed cost goes, and why batch-64
 # decode attention reads KV at ~3.95 TB/s.
 # (1) test_gemm --variant tma with one and with two blocks an SM
-#     (BT_TMA_PER_SM=2, new and never run);
-# (2) bench_kernels --gemv at 8 / 64 tokens, both block shapes;
+#     (BT_TMA_PER_SM=2), and with split tiles finished by their first
+#     block (BT_TMA_EPI=owner) -- both new and never run;
+# (2) bench_kernels --gemv at 8 / 64 tokens, the four combinations;
 # (3) Nsight Compute on the tma kernel (qkv, 8 and 64 tokens; 64 also with
 #     two blocks an SM): stall reasons, DRAM throughput, warp states;
 # (4) bench_kernels --dec and Nsight Compute on the decode attention
@@ -13,7 +14,8 @@
 # (5) the issue-4 target rows at this code (the tuner now times after a
 #     read-only L2 flush; prefill not yet measured with it), power sampled.
 # Prediction: tma waits on its "full" barriers early in each block and in
-# the split epilogue; two blocks an SM cut the fixed cost by 2-4 us;
+# the split epilogue; two blocks an SM and the owner epilogue each cut
+# the fixed cost by 2-4 us;
 # attention at 85-90% of DRAM peak with the two-wave tail visible.
 # Carry: gpu/{test_gemm,bench_kernels,bench_cuda}, lib/.
 set -u
@@ -23,8 +25,12 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 secs="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters"
 run test_tma1 100 stdbuf -oL "$c/gpu/test_gemm" --variant tma
 run test_tma2 100 env BT_TMA_PER_SM=2 stdbuf -oL "$c/gpu/test_gemm" --variant tma
+run test_tma3 100 env BT_TMA_EPI=owner stdbuf -oL "$c/gpu/test_gemm" --variant tma
+run test_tma4 100 env BT_TMA_EPI=owner BT_TMA_PER_SM=2 stdbuf -oL "$c/gpu/test_gemm" --variant tma
 run kern1 100 "$c/gpu/bench_kernels" --gemv --toks 8,64
 run kern2 100 env BT_TMA_PER_SM=2 "$c/gpu/bench_kernels" --gemv --toks 8,64
+run kern3 100 env BT_TMA_EPI=owner "$c/gpu/bench_kernels" --gemv --toks 8,64
+run kern4 100 env BT_TMA_EPI=owner BT_TMA_PER_SM=2 "$c/gpu/bench_kernels" --gemv --toks 8,64
 run ncu_tma8 120 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
   "$c/gpu/bench_kernels" --gemv --toks 8 --reps 3
 run ncu_tma64 120 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
@@ -44,8 +50,8 @@ kill $smi 2>/dev/null
 {
   echo "## round 10c $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
-  pass_fail test_tma1 test_tma2
-  for f in kern1 kern2; do echo "### $f"; grep -hE "^gemv " "$tmp/$f" | sed 's/mma1.*tc /tc /; s/| tuned.*//'; done
+  pass_fail test_tma1 test_tma2 test_tma3 test_tma4
+  for f in kern1 kern2 kern3 kern4; do echo "### $f"; grep -hE "^gemv " "$tmp/$f" | sed 's/mma1.*tc /tc /; s/| tuned.*//'; done
   grep -h "^attn\|^dec" "$tmp/dec"
   for f in ncu_tma8 ncu_tma64 ncu_tma64b; do
     echo "### $f"; echo '```'

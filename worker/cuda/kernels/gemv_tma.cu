@@ -35,7 +35,11 @@
  * The weight copies of the first stages are issued before the PDL wait
  * (weights never depend on the previous kernel), x's after it.
  * BT_TMA_SPLIT=0 turns the split off (whole tiles per block; A/B);
- * BT_TMA_PER_SM=2 runs two 104 KB-ring blocks an SM (<= 64 tokens).
+ * BT_TMA_PER_SM=2 runs two 104 KB-ring blocks an SM (<= 64 tokens);
+ * BT_TMA_EPI=owner finishes a split tile in its first block, which waits
+ * for the others' partials (no atomic or partial on its critical path;
+ * relies on every block being resident at once).  Both not yet run on a
+ * device.
  * Test: test_gemm (variant "tma", with and without a workspace);
  * timing: bench_kernels --gemv; worker_gemm's autotuner picks it per
  * shape where it wins.  sm_90a only (cuda_wgmma_available()).
@@ -188,6 +192,7 @@ typedef struct {
     int kt;      /* K tiles of TMA_BK */
     int blocks;  /* grid */
     int split;   /* 1: equal unit ranges (stream-K), 0: whole tiles */
+    int owner;   /* split tiles finished by their first block (below) */
 } tma_work_t;
 
 /* First unit (tile * kt + K tile) of block b; b == blocks: the end. */
@@ -328,10 +333,12 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             tma_bar_arrive(&empty[(it - 1) % STAGES]);
 
         const int rbase = cw * 64 + warp * 16 + g;
+        const int bf = whole ? b : tma_block_of(wk, (long long)tile * wk.kt);
         const int n_seg = whole ? 1
                         : tma_block_of(wk, (long long)(tile + 1) * wk.kt - 1) -
-                              tma_block_of(wk, (long long)tile * wk.kt) + 1;
-        if (n_seg == 1) {
+                              bf + 1;
+        /* y from the registers (a whole tile, or an owner's sum) */
+        auto write_direct = [&]() {
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -346,6 +353,41 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                         *d = kern_from_f<OUT>(v);
                     }
                 }
+        };
+        if (n_seg == 1) {
+            write_direct();
+            continue;
+        }
+        if (wk.owner && b == bf) {
+            /* Owner (BT_TMA_EPI=owner): the tile's first block computes
+             * its segment last (the tile starts inside its range, the
+             * others' segments open theirs), so it waits for the other
+             * n_seg - 1 counts, adds their partials to its registers in
+             * block order and writes y: no partial of its own, no
+             * atomic on the critical path.  Needs every block resident
+             * at once (one or two per SM, grid <= their count). */
+            if (ctid == 0) {
+                volatile int *vc = cnt + tile;
+                while (*vc < n_seg - 1)
+                    __nanosleep(64);
+            }
+            tma_consumers_sync();
+            __threadfence();
+            for (int k = 1; k < n_seg; k++) {
+                const float *pk = part + (size_t)2 * (bf + k) * N * TMA_BM;
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int tok = 8 * j + 2 * q + (e & 1);
+                        if (tok < n_tok)
+                            c[j][e] += __ldcg(pk + tok * TMA_BM + rbase +
+                                              (e & 2 ? 8 : 0));
+                    }
+            }
+            write_direct();
+            if (ctid == 0)
+                cnt[tile] = 0;
             continue;
         }
 
@@ -361,6 +403,12 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             }
         __threadfence();
         tma_consumers_sync();
+        if (wk.owner) { /* the owner adds it (its slot is 2 b: a first
+                           segment) */
+            if (ctid == 0)
+                atomicAdd(&cnt[tile], 1);
+            continue;
+        }
         if (ctid == 0)
             last = atomicAdd(&cnt[tile], 1) == n_seg - 1;
         tma_consumers_sync();
@@ -370,7 +418,6 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
         /* Thread ctid adds float4 number ctid + 256 j (j < NT: N x BM
          * floats in all) of every partial; the NT loads of a partial,
          * and two partials, are in flight together. */
-        const int bf = tma_block_of(wk, (long long)tile * wk.kt);
         float4 acc[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -503,6 +550,12 @@ static cudaError_t tma_launch_t(int n_tok, int n_out, int n_in,
                (size_t)2 * g_split * C::N * TMA_BM * sizeof(float) <=
                    ws->part_bytes;
     wk.blocks = wk.split ? (int)g_split : BT_MIN(n_sm, wk.tiles);
+    static int owner = -1; /* BT_TMA_EPI=owner (A/B; see the kernel) */
+    if (owner < 0) {
+        const char *e = getenv("BT_TMA_EPI");
+        owner = e != NULL && strcmp(e, "owner") == 0;
+    }
+    wk.owner = wk.split && owner;
     kern_launch(k, dim3((unsigned)wk.blocks), dim3(TMA_THREADS), C::BYTES,
                 st, mw, mx, wk, n_tok, n_out, y, acc,
                 wk.split ? ws->d_part : (float *)NULL,
