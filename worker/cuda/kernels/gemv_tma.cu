@@ -268,6 +268,9 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                          (int)(u / wk.kt) * TMA_BM, &full[i], pw);
             }
             kern_pdl_wait();
+            kern_pdl_trigger(); /* as the consumers: the next kernel may
+                                   launch once every block is past its
+                                   wait, not when this thread is done */
             for (int i = 0; i < pre; i++)
                 tma_load(ring + i * C::STAGE + C::W_BYTES, &map_x,
                          (int)((u0 + i) % wk.kt) * TMA_BK, 0, &full[i], px);
@@ -283,8 +286,9 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                 tma_load(st + C::W_BYTES, &map_x, (int)(u % wk.kt) * TMA_BK,
                          0, &full[s], px);
             }
+        } else {
+            kern_pdl_trigger();
         }
-        kern_pdl_trigger();
         return;
     }
 
