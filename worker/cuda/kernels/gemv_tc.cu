@@ -251,17 +251,7 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
             v[2] += p.z;
             v[3] += p.w;
         }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + r + e;
-            if (row >= n_out)
-                break;
-            OUT *d = y + (size_t)tok * n_out + row;
-            float o = v[e];
-            if (accumulate)
-                o += kern_to_f(*d);
-            *d = kern_from_f<OUT>(o);
-        }
+        kern_put_rows4(y, n_out, tok, row0 + r, v, accumulate);
     }
     if (tid == 0)
         cnt[blockIdx.x] = 0;

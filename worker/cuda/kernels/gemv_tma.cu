@@ -450,19 +450,9 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             const int i = 4 * (ctid + 256 * j);
             const int tok = i / TMA_BM, r = i - tok * TMA_BM;
             const float v[4] = {acc[j].x, acc[j].y, acc[j].z, acc[j].w};
-            if (tok >= n_tok)
-                continue;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = tile * TMA_BM + r + e;
-                if (row >= n_out)
-                    break;
-                OUT *d = y + (size_t)tok * n_out + row;
-                float o = v[e];
-                if (accumulate)
-                    o += kern_to_f(*d);
-                *d = kern_from_f<OUT>(o);
-            }
+            if (tok < n_tok)
+                kern_put_rows4(y, n_out, tok, tile * TMA_BM + r, v,
+                               accumulate);
         }
         if (ctid == 0)
             cnt[tile] = 0;

@@ -169,6 +169,26 @@ static void kern_launch(void (*k)(KArgs...), dim3 grid, dim3 block,
         }                                                                   \
     } while (0)
 
+/* y[tok][row0 + e] = v[e] (+ the old value when accumulate) for the rows
+ * row0 + e < n_out, e < 4: the split-K epilogues of the skinny GEMMs. */
+template <typename OUT>
+static __device__ __forceinline__ void kern_put_rows4(OUT *y, int n_out,
+                                                      int tok, int row0,
+                                                      const float (&v)[4],
+                                                      bool accumulate)
+{
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        if (row0 + e >= n_out)
+            break;
+        OUT *d = y + (size_t)tok * n_out + row0 + e;
+        float o = v[e];
+        if (accumulate)
+            o += kern_to_f(*d);
+        *d = kern_from_f<OUT>(o);
+    }
+}
+
 /* Raises kernel k's dynamic shared-memory limit to `bytes` the first time
  * it is launched on each device (bit d of *done; devices >= 64 every
  * time).  Host code, outside stream capture the first time. */
