@@ -337,6 +337,11 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             tma_bar_arrive(&empty[(it - 1) % STAGES]);
 
         const int rbase = cw * 64 + warp * 16 + g;
+        /* accumulator c[j][e]: token ftok(j, e), row frow(e) of the tile;
+         * pidx: its float in a partial tile (N x BM, token major) */
+        auto ftok = [&](int j, int e) { return 8 * j + 2 * q + (e & 1); };
+        auto frow = [&](int e) { return rbase + (e & 2 ? 8 : 0); };
+        auto pidx = [&](int j, int e) { return ftok(j, e) * TMA_BM + frow(e); };
         const int bf = whole ? b : tma_block_of(wk, (long long)tile * wk.kt);
         const int n_seg = whole ? 1
                         : tma_block_of(wk, (long long)(tile + 1) * wk.kt - 1) -
@@ -347,8 +352,8 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int row = tile * TMA_BM + rbase + (e & 2 ? 8 : 0);
-                    const int tok = 8 * j + 2 * q + (e & 1);
+                    const int row = tile * TMA_BM + frow(e);
+                    const int tok = ftok(j, e);
                     if (row < n_out && tok < n_tok) {
                         OUT *d = y + (size_t)tok * n_out + row;
                         float v = c[j][e];
@@ -382,12 +387,9 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int tok = 8 * j + 2 * q + (e & 1);
-                        if (tok < n_tok)
-                            c[j][e] += __ldcg(pk + tok * TMA_BM + rbase +
-                                              (e & 2 ? 8 : 0));
-                    }
+                    for (int e = 0; e < 4; e++)
+                        if (ftok(j, e) < n_tok)
+                            c[j][e] += __ldcg(pk + pidx(j, e));
             }
             write_direct();
             if (ctid == 0)
@@ -400,11 +402,9 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int tok = 8 * j + 2 * q + (e & 1);
-                if (tok < n_tok)
-                    pb[tok * TMA_BM + rbase + (e & 2 ? 8 : 0)] = c[j][e];
-            }
+            for (int e = 0; e < 4; e++)
+                if (ftok(j, e) < n_tok)
+                    pb[pidx(j, e)] = c[j][e];
         __threadfence();
         tma_consumers_sync();
         if (wk.owner) { /* the owner adds it (its slot is 2 b: a first
