@@ -6,7 +6,10 @@
 # prefill kernel, fa2wqv last), test_cuda_model with
 # BT_PREFILL_KERNEL=fa2wqv (golden f32 path is not affected; bf16
 # agreement is), bench_kernels --attn default vs fa2wqv, and the 2048-
-# token prefill default vs fa2wqv, power sampled.
+# token prefill default vs fa2wqv, power sampled; then the prefill with
+# each of cuBLASLt's first four candidates forced for the prefill GEMMs
+# (BT_GEMM_BIG_PICK=i): does the fastest-in-isolation pick stay the
+# fastest at the power cap?
 # Prediction: attention 183 -> 130-160 us a layer at 2048 tokens (the
 # mma.sync P V and its ldmatrix.trans were half a warp's issue), prefill
 # 2048 -0.7 to -1.7 ms.
@@ -27,6 +30,9 @@ bc def BT_X=1 -- --batch 1 --ctx 512 --prefill 2048
 bc wqv BT_PREFILL_KERNEL=fa2wqv -- --batch 1 --ctx 512 --prefill 2048
 bc def2 BT_X=1 -- --batch 1 --ctx 512 --prefill 2048
 bc wqv2 BT_PREFILL_KERNEL=fa2wqv -- --batch 1 --ctx 512 --prefill 2048
+for i in 0 1 2 3; do
+  bc pick$i BT_GEMM_BIG_PICK=$i BT_LOG=INFO -- --batch 1 --ctx 512 --prefill 2048
+done
 kill $smi 2>/dev/null
 {
   echo "## round 10d $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
@@ -34,7 +40,8 @@ kill $smi 2>/dev/null
   pass_fail test_attn test_model_wqv
   grep -h "fa2wqv" "$tmp/test_attn" | grep -v "^PASS" | head -10
   grep -h "^attn\|prefill attn" "$tmp/attn_def" "$tmp/attn_wqv"
-  bc_rows def wqv def2 wqv2
+  bc_rows def wqv def2 wqv2 pick0 pick1 pick2 pick3
+  grep -h "gemm tune t=2048" "$tmp/bc_pick0" | sed 's/.*gemm tune/tune/' | head -8
   echo "power samples >= 600 W: $(awk -F, '$2+0 >= 600' "$out/smi.csv" | wc -l) of $(wc -l < "$out/smi.csv")"
 } > "$table"
 cat "$table"

@@ -36,6 +36,7 @@
  * the GEMV kernels prefetch their own rows, see gemv.h.)
  * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
  * a GEMV variant wherever it supports the shape ("lt": cuBLASLt);
+ * BT_GEMM_BIG_PICK=i makes prefill shapes use cuBLASLt's i-th candidate;
  * BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV_TMA=1 adds the
  * tma variant (left out by default); BT_GEMV=0 is cuBLASLt only.  Each
  * candidate is timed after an L2 flush (cuda_l2_flush: a read-only pass
@@ -568,6 +569,7 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                           : gemm_lt_cands("BT_GEMM_LT_CANDS", GEMM_LT_CANDS);
     cublasLtMatmulPreference_t pref = NULL;
     int n_algos = 0, best = -1, n_ok = 0;
+    bool lt_ran[GEMM_LT_CANDS_MAX] = {false};
     float best_us = 0.0f;
     char line[512];
     size_t len = 0;
@@ -638,6 +640,8 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
             continue; /* a cuBLASLt algorithm that does not run */
         }
         n_ok++;
+        if (cand >= GEMM_CHOICE_LT)
+            lt_ran[cand - GEMM_CHOICE_LT] = true;
         if (len < sizeof(line))
             len += (size_t)snprintf(line + len, sizeof(line) - len,
                                     "%s%s %.1f", n_ok > 1 ? ", " : "", name,
@@ -649,6 +653,18 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     }
     if (best < 0)
         return BT_ERR_CUDA;
+    if (bucket > GEMM_TUNE_MAX_TOK) {
+        /* BT_GEMM_BIG_PICK=i: prefill shapes take cuBLASLt's i-th
+         * heuristic candidate instead of the fastest in isolation (A/B
+         * under the power cap, where a prefill's GEMMs run ~17% below
+         * the clocks they were timed at; round 8 of PERFORMANCE.md) */
+        const char *e = getenv("BT_GEMM_BIG_PICK");
+        const int pick = e ? atoi(e) : -1;
+        if (pick >= 0 && pick < n_algos && lt_ran[pick]) {
+            best = GEMM_CHOICE_LT + pick;
+            best_us = -1.0f;
+        }
+    }
     if (ctx->n_tuned == GEMM_MAX_TUNED)
         return BT_OK; /* full: the static default from now on */
     t = &ctx->tuned[ctx->n_tuned++];
