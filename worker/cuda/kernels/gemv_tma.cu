@@ -40,9 +40,12 @@
  * for the others' partials (no atomic or partial on its critical path;
  * relies on every block being resident at once).  Both not yet run on a
  * device.
+ * Measured (H200, round 10 of docs/PERFORMANCE.md): streams weights as
+ * fast as cuBLASLt (4.5 vs 4.7 TB/s fitted) but costs ~7 us more a
+ * launch (14.2 vs 7.3), so the autotuner leaves it out unless
+ * BT_GEMV_TMA=1.
  * Test: test_gemm (variant "tma", with and without a workspace);
- * timing: bench_kernels --gemv; worker_gemm's autotuner picks it per
- * shape where it wins.  sm_90a only (cuda_wgmma_available()).
+ * timing: bench_kernels --gemv.  sm_90a only (cuda_wgmma_available()).
  */
 #include "gemv.h"
 
