@@ -6,7 +6,7 @@
 # (1) test_gemm --variant tma with one and with two blocks an SM
 #     (BT_TMA_PER_SM=2), and with split tiles finished by their first
 #     block (BT_TMA_EPI=owner) -- both new and never run;
-# (2) bench_kernels --gemv at 8 / 64 tokens, the four combinations;
+# (2) bench_kernels --gemv at 8 / 64 tokens: default, each switch;
 # (3) Nsight Compute on the tma kernel (qkv, 8 and 64 tokens; 64 also with
 #     two blocks an SM): stall reasons, DRAM throughput, warp states;
 # (4) bench_kernels --dec and Nsight Compute on the decode attention
@@ -26,11 +26,9 @@ secs="--section SpeedOfLight --section LaunchStats --section Occupancy --section
 run test_tma1 100 stdbuf -oL "$c/gpu/test_gemm" --variant tma
 run test_tma2 100 env BT_TMA_PER_SM=2 stdbuf -oL "$c/gpu/test_gemm" --variant tma
 run test_tma3 100 env BT_TMA_EPI=owner stdbuf -oL "$c/gpu/test_gemm" --variant tma
-run test_tma4 100 env BT_TMA_EPI=owner BT_TMA_PER_SM=2 stdbuf -oL "$c/gpu/test_gemm" --variant tma
 run kern1 100 "$c/gpu/bench_kernels" --gemv --toks 8,64
 run kern2 100 env BT_TMA_PER_SM=2 "$c/gpu/bench_kernels" --gemv --toks 8,64
 run kern3 100 env BT_TMA_EPI=owner "$c/gpu/bench_kernels" --gemv --toks 8,64
-run kern4 100 env BT_TMA_EPI=owner BT_TMA_PER_SM=2 "$c/gpu/bench_kernels" --gemv --toks 8,64
 run ncu_tma8 120 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
   "$c/gpu/bench_kernels" --gemv --toks 8 --reps 3
 run ncu_tma64 120 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
@@ -38,8 +36,8 @@ run ncu_tma64 120 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count
 run ncu_tma64b 120 env BT_TMA_PER_SM=2 "$ncu" --clock-control none -k 'regex:gemv_tma' --launch-count 1 $secs \
   "$c/gpu/bench_kernels" --gemv --toks 64 --reps 3
 run dec 100 "$c/gpu/bench_kernels" --dec
-run ncu_dec 150 "$ncu" --clock-control none -k 'regex:attn_decode' --launch-count 24 \
-  --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+run ncu_dec 150 "$ncu" --clock-control none -k 'regex:attn_decode' --launch-count 20 \
+  --section SpeedOfLight --section LaunchStats --section MemoryWorkloadAnalysis \
   "$c/gpu/bench_kernels" --dec --reps 3
 nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks_throttle_reasons.active \
   --format=csv,noheader -lms 50 > "$out/smi.csv" 2>&1 &
@@ -50,8 +48,8 @@ kill $smi 2>/dev/null
 {
   echo "## round 10c $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
-  pass_fail test_tma1 test_tma2 test_tma3 test_tma4
-  for f in kern1 kern2 kern3 kern4; do echo "### $f"; grep -hE "^gemv " "$tmp/$f" | sed 's/mma1.*tc /tc /; s/| tuned.*//'; done
+  pass_fail test_tma1 test_tma2 test_tma3
+  for f in kern1 kern2 kern3; do echo "### $f"; grep -hE "^gemv " "$tmp/$f" | sed 's/mma1.*tc /tc /; s/| tuned.*//'; done
   grep -h "^attn\|^dec" "$tmp/dec"
   for f in ncu_tma8 ncu_tma64 ncu_tma64b; do
     echo "### $f"; echo '```'
