@@ -13,6 +13,9 @@
 #                              its table in $tmp/t_NAME
 #   bc_rows NAME...            the decode / prefill rows of those tables
 #   pass_fail NAME...          "NAME: P PASS, F FAIL" and the first FAILs
+#   smi_start / smi_stop       nvidia-smi power, SM clock and throttle
+#                              reasons every 50 ms into $out/smi.csv
+#   smi_summary                samples >= 600 W, their mean power / clock
 gpu_steps_init() {
   c=$2
   out=${OUT:-/tmp/baton-$1}
@@ -55,4 +58,16 @@ pass_fail() {
     echo "$t: $(grep -c '^PASS' "$tmp/$t") PASS, $(grep -c '^FAIL' "$tmp/$t") FAIL"
     grep '^FAIL' "$tmp/$t" | head -5
   done
+}
+smi_start() {
+  nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks_throttle_reasons.active \
+    --format=csv,noheader -lms 50 > "$out/smi.csv" 2>&1 &
+  smi_pid=$!
+}
+smi_stop() {
+  kill "$smi_pid" 2>/dev/null
+}
+smi_summary() {
+  echo "power samples >= 600 W: $(awk -F, '$2+0 >= 600' "$out/smi.csv" | wc -l) of $(wc -l < "$out/smi.csv")"
+  awk -F, '$2+0 >= 600 {p+=$2; c+=$3; n++} END {if (n) printf "mean over those: %.0f W, SM %.0f MHz\n", p/n, c/n}' "$out/smi.csv"
 }

@@ -39,12 +39,10 @@ run dec 100 "$c/gpu/bench_kernels" --dec
 run ncu_dec 150 "$ncu" --clock-control none -k 'regex:attn_decode' --launch-count 20 \
   --section SpeedOfLight --section LaunchStats --section MemoryWorkloadAnalysis \
   "$c/gpu/bench_kernels" --dec --reps 3
-nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks_throttle_reasons.active \
-  --format=csv,noheader -lms 50 > "$out/smi.csv" 2>&1 &
-smi=$!
+smi_start
 bc a BT_X=1 -- --batch 1,64 --ctx 2048 --prefill 2048
 bc tma2 BT_GEMV_TMA=1 BT_TMA_PER_SM=2 -- --batch 1,8,64 --ctx 2048 --prefill 0
-kill $smi 2>/dev/null
+smi_stop
 {
   echo "## round 10c $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
@@ -60,7 +58,6 @@ kill $smi 2>/dev/null
   grep -E "attn_decode|Duration|DRAM Throughput|Grid Size|Achieved Occupancy|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth" "$tmp/ncu_dec" | head -120
   echo '```'
   bc_rows a tma2
-  echo "power samples >= 600 W: $(awk -F, '$2+0 >= 600' "$out/smi.csv" | wc -l) of $(wc -l < "$out/smi.csv")"
-  awk -F, '$2+0 >= 600 {p+=$2; c+=$3; n++} END {if (n) printf "mean over those: %.0f W, SM %.0f MHz\n", p/n, c/n}' "$out/smi.csv"
+  smi_summary
 } > "$table"
 cat "$table"

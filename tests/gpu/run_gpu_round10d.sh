@@ -23,9 +23,7 @@ run test_attn 240 stdbuf -oL "$c/gpu/test_attn"
 run test_model_wqv 240 env BT_PREFILL_KERNEL=fa2wqv stdbuf -oL "$c/gpu/test_cuda_model"
 run attn_def 100 "$c/gpu/bench_kernels" --attn
 run attn_wqv 100 env BT_PREFILL_KERNEL=fa2wqv "$c/gpu/bench_kernels" --attn
-nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks_throttle_reasons.active \
-  --format=csv,noheader -lms 50 > "$out/smi.csv" 2>&1 &
-smi=$!
+smi_start
 bc def BT_X=1 -- --batch 1 --ctx 512 --prefill 2048
 bc wqv BT_PREFILL_KERNEL=fa2wqv -- --batch 1 --ctx 512 --prefill 2048
 bc def2 BT_X=1 -- --batch 1 --ctx 512 --prefill 2048
@@ -33,7 +31,7 @@ bc wqv2 BT_PREFILL_KERNEL=fa2wqv -- --batch 1 --ctx 512 --prefill 2048
 for i in 0 1 2 3; do
   bc pick$i BT_GEMM_BIG_PICK=$i BT_LOG=INFO -- --batch 1 --ctx 512 --prefill 2048
 done
-kill $smi 2>/dev/null
+smi_stop
 {
   echo "## round 10d $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
   cat "$tmp/rcs" | tr '\n' ' '; echo
@@ -42,6 +40,6 @@ kill $smi 2>/dev/null
   grep -h "^attn\|prefill attn" "$tmp/attn_def" "$tmp/attn_wqv"
   bc_rows def wqv def2 wqv2 pick0 pick1 pick2 pick3
   grep -h "gemm tune t=2048" "$tmp/bc_pick0" | sed 's/.*gemm tune/tune/' | head -8
-  echo "power samples >= 600 W: $(awk -F, '$2+0 >= 600' "$out/smi.csv" | wc -l) of $(wc -l < "$out/smi.csv")"
+  smi_summary
 } > "$table"
 cat "$table"

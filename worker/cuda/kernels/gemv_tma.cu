@@ -386,7 +386,8 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             tma_consumers_sync();
             __threadfence();
             for (int k = 1; k < n_seg; k++) {
-                const float *pk = part + (size_t)2 * (bf + k) * N * TMA_BM;
+                const float *pk =
+                    part + (size_t)tma_slot(wk, bf + k, tile) * N * TMA_BM;
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -505,6 +506,29 @@ static bool tma_map(CUtensorMap *m, const void *p, int rows, int cols,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* The A/B switches of the file header, read once. */
+typedef struct {
+    bool no_split;   /* BT_TMA_SPLIT=0 */
+    bool owner;      /* BT_TMA_EPI=owner */
+    bool two_per_sm; /* BT_TMA_PER_SM=2 */
+} tma_env_t;
+
+static const tma_env_t *tma_env(void)
+{
+    static tma_env_t env;
+    static bool read;
+
+    if (!read) {
+        const char *e;
+
+        env.no_split = (e = getenv("BT_TMA_SPLIT")) && strcmp(e, "0") == 0;
+        env.owner = (e = getenv("BT_TMA_EPI")) && strcmp(e, "owner") == 0;
+        env.two_per_sm = (e = getenv("BT_TMA_PER_SM")) && strcmp(e, "2") == 0;
+        read = true;
+    }
+    return &env;
+}
+
 bool cuda_gemv_tma_ok(int n_tok, int n_out, int n_in)
 {
     return n_tok >= 1 && n_tok <= CUDA_GEMV_WG_MAX_TOK && n_out >= 1 &&
@@ -536,23 +560,13 @@ static cudaError_t tma_launch_t(int n_tok, int n_out, int n_in,
     const long long units = (long long)wk.tiles * wk.kt;
     const long long g_split =
         BT_MAX(1LL, BT_MIN((long long)n_sm, units / TMA_MIN_UNITS));
-    static int no_split = -1; /* BT_TMA_SPLIT=0: whole tiles (A/B) */
-    if (no_split < 0) {
-        const char *e = getenv("BT_TMA_SPLIT");
-        no_split = e != NULL && strcmp(e, "0") == 0;
-    }
-    wk.split = !no_split && ws != NULL && ws->d_part != NULL &&
+    wk.split = !tma_env()->no_split && ws != NULL && ws->d_part != NULL &&
                ws->d_cnt != NULL &&
                wk.tiles <= ws->n_cnt &&
                (size_t)2 * g_split * C::N * TMA_BM * sizeof(float) <=
                    ws->part_bytes;
     wk.blocks = wk.split ? (int)g_split : BT_MIN(n_sm, wk.tiles);
-    static int owner = -1; /* BT_TMA_EPI=owner (A/B; see the kernel) */
-    if (owner < 0) {
-        const char *e = getenv("BT_TMA_EPI");
-        owner = e != NULL && strcmp(e, "owner") == 0;
-    }
-    wk.owner = wk.split && owner;
+    wk.owner = wk.split && tma_env()->owner;
     kern_launch(k, dim3((unsigned)wk.blocks), dim3(TMA_THREADS), C::BYTES,
                 st, mw, mx, wk, n_tok, n_out, y, acc,
                 wk.split ? ws->d_part : (float *)NULL,
@@ -571,21 +585,22 @@ cudaError_t cuda_gemv_tma(int n_tok, int n_out, int n_in, const void *d_x,
 #define TMA_CASE(NT, PER_SM)                                                \
     KERN_DISPATCH_DT(out_dt, OUT, (err = tma_launch_t<NT, OUT, PER_SM>(     \
         n_tok, n_out, n_in, x, w, (OUT *)d_y, accumulate, ws, stream)))
-    static int two = -1; /* BT_TMA_PER_SM=2: two smaller blocks an SM */
-    if (two < 0) {
-        const char *e = getenv("BT_TMA_PER_SM");
-        two = e != NULL && strcmp(e, "2") == 0;
-    }
-    switch (kern_tok_tiles(n_tok) * (two ? -1 : 1)) {
-    case 1: TMA_CASE(1, 1); break;
-    case 2: TMA_CASE(2, 1); break;
-    case 4: TMA_CASE(4, 1); break;
-    case 8: TMA_CASE(8, 1); break;
-    case -1: TMA_CASE(1, 2); break;
-    case -2: TMA_CASE(2, 2); break;
-    case -4: TMA_CASE(4, 2); break;
-    case -8: TMA_CASE(8, 2); break;
-    default: TMA_CASE(16, 1); break;
+    const int nt = kern_tok_tiles(n_tok);
+    if (tma_env()->two_per_sm && nt <= 8) { /* registers: <= 64 tokens */
+        switch (nt) {
+        case 1: TMA_CASE(1, 2); break;
+        case 2: TMA_CASE(2, 2); break;
+        case 4: TMA_CASE(4, 2); break;
+        default: TMA_CASE(8, 2); break;
+        }
+    } else {
+        switch (nt) {
+        case 1: TMA_CASE(1, 1); break;
+        case 2: TMA_CASE(2, 1); break;
+        case 4: TMA_CASE(4, 1); break;
+        case 8: TMA_CASE(8, 1); break;
+        default: TMA_CASE(16, 1); break;
+        }
     }
 #undef TMA_CASE
     return err;
