@@ -321,12 +321,12 @@ static void bench_attn(void)
         a.d_ctx_len = a.d_bt_off + P;
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
-        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2), then
-         * the previous one (BT_PREFILL_KERNEL=mma) as a second row. */
+        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2wqv),
+         * then the previous one (BT_PREFILL_KERNEL=fa2) as a second row. */
         const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 2;
         for (int var = 0; var < n_var; var++) {
         if (var == 1)
-            setenv("BT_PREFILL_KERNEL", "mma", 1);
+            setenv("BT_PREFILL_KERNEL", "fa2", 1);
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
         OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
@@ -359,18 +359,25 @@ static void bench_attn(void)
 
 /* Decode attention (one query token per sequence) at the Llama-3-8B
  * shape: KV read bandwidth with the split planner's choice (default cost
- * model, then BT_ATTN_PLAN=fill, the round-3 rule). */
+ * model, then BT_ATTN_PLAN=fill, the round-3 rule).  The last row is a
+ * layout probe: batch 64 x 8 KV heads run as 512 sequences of one KV
+ * head (4 query heads), the same blocks and bytes, but a block's K (and
+ * V) rows lie 256 B apart -- the access pattern of a head-major (HND)
+ * page layout, where our NHD layout puts them 2 KB apart. */
 static void bench_dec(void)
 {
-    const int nh = 32, nkv = 8, hd = 128, bs = 16;
-    const int cases[][2] = {{1, 2048}, {1, 8192}, {64, 512}, {64, 2048},
-                            {128, 512}, {8, 8192}, {64, 8192}};
+    const int hd = 128, bs = 16;
+    const int cases[][4] = {{1, 2048, 32, 8},    {1, 8192, 32, 8},
+                            {64, 512, 32, 8},    {64, 2048, 32, 8},
+                            {128, 512, 32, 8},   {8, 8192, 32, 8},
+                            {64, 8192, 32, 8},   {512, 2048, 4, 1}};
     int n_sm = 132, dev = 0;
 
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         const int B = cases[ci][0], ctx = cases[ci][1];
+        const int nh = cases[ci][2], nkv = cases[ci][3];
         const int nbs = (ctx + bs - 1) / bs, nb = B * nbs;
         size_t kv = (size_t)nb * bs * nkv * hd;
         size_t ints = (size_t)nb + 4 * (size_t)B;
@@ -443,9 +450,10 @@ static void bench_dec(void)
             qsort(ms, n, sizeof(float), cmp_f);
             double bytes = 2.0 * B * (double)ctx * nkv * hd * 2;
             double us = ms[n / 2] * 1e3;
-            printf("attn decode B=%3d ctx=%5d plan=%-7s %3d x %4d: %8.1f "
+            printf("attn decode B=%3d ctx=%5d plan=%-7s %3d x %4d%s: %8.1f "
                    "us/layer %5.2f TB/s KV (%.0f%% of 4.5); x32 = %.2f ms\n",
-                   B, ctx, pass ? "fill" : "default", ns, sl, us,
+                   B, ctx, pass ? "fill" : "default", ns, sl,
+                   nkv == 1 ? " (HND probe)" : "", us,
                    bytes / (us * 1e-6) / 1e12,
                    100.0 * bytes / (us * 1e-6) / 4.5e12, us * 32e-3);
             fflush(stdout);

@@ -7,7 +7,7 @@
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
- *     wmma, fa2 = the default, fa2w4, fa2w8, fa2wq, fa2wqv),
+ *     wmma, fa2, fa2w4, fa2w8, fa2wq, fa2wqv = the default),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -223,10 +223,10 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
     /* (head 64/128: the mma.sync kernel (64 queries per block), mma2
-     * (128), the WMMA one, then attn_prefill_fa2.cu -- the default --
-     * with the warp count it picks (fa2), with 4 and 8 warps forced, and
-     * with S = Q K^T on wgmma (fa2wq), and with P V on wgmma too
-     * (fa2wqv);
+     * (128), the WMMA one, then attn_prefill_fa2.cu on mma.sync with
+     * the warp count it picks (fa2), with 4 and 8 warps forced, with
+     * S = Q K^T on wgmma (fa2wq), and with P V on wgmma too (fa2wqv,
+     * the default);
      * other head sizes: the default, unset) */
     static const char *const pnames[] = {"mma",   "mma2",  "wmma",
                                          "fa2",   "fa2w4", "fa2w8",

@@ -1062,11 +1062,11 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * register-resident kernel instead of the mma.sync one at head 64/128,
  * =mma the mma.sync kernel with 64 queries per block (round 3), =mma0
  * that one with the round-2 (unbatched) load order, =mma2 128 queries
- * per block; unset or =fa2 (=fa2w4, =fa2w8 force the warp count) the
- * kernel of attn_prefill_fa2.cu at head 64/128 (the default; elsewhere
- * as =mma); =fa2wq that kernel with S = Q K^T on wgmma (sm_90a; H200
- * 2026-12-01: 183.7 vs 182.7 us per layer at 2048 tokens, so not the
- * default); =fa2wqv with P V on wgmma too (round 10, not yet measured).
+ * per block; =fa2 the kernel of attn_prefill_fa2.cu on mma.sync only
+ * (=fa2w4, =fa2w8 force the warp count), =fa2wq that kernel with
+ * S = Q K^T on wgmma (sm_90a; H200 2026-12-01: 183.7 vs 182.7 us per
+ * layer at 2048 tokens); unset or =fa2wqv with P V on wgmma too (the
+ * default since round 11; without sm_90a wgmma it runs as =fa2).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -1088,16 +1088,17 @@ static int attn_prefill_kind(void)
         return 7; /* fa2 with 8 warps per block */
     if (env && strcmp(env, "fa2wq") == 0)
         return 8; /* fa2 with S = Q K^T on wgmma */
-    if (env && strcmp(env, "fa2wqv") == 0)
-        return 9; /* fa2 with S and P V on wgmma */
+    if (env && strcmp(env, "fa2") == 0)
+        return 5; /* fa2 on mma.sync (the default of rounds 4-10) */
 
-    /* Default (and =fa2): attn_prefill_fa2.cu, warps per block chosen by
-     * the GQA group; at head sizes it does not take, the mma kernel.
-     * H200, 2026-12-01, Llama-3-8B shape: attention of a 2048-token
-     * prefill 183 vs 271 us per layer (mma), whole prefill 49.4 vs 54.2
-     * ms; 8192 tokens 259 vs 280 ms.  mma2 (128 queries per block) lost
-     * to mma (2026-11-29: 10.1 vs 8.8 ms). */
-    return 5;
+    /* Default (and =fa2wqv): attn_prefill_fa2.cu with S and P V on
+     * wgmma, warps per block chosen by the GQA group; at head sizes it
+     * does not take, the mma kernel.  H200, 2026-12-01, Llama-3-8B
+     * shape, attention per layer: 2048 tokens 162 us (fa2 183, mma 271),
+     * 8192 tokens 2112 us (fa2 2497); whole 2048-token prefill 48.5 and
+     * 49.3 ms against fa2's 49.3 and 49.9 in the same call.  mma2 (128
+     * queries per block) lost to mma (2026-11-29: 10.1 vs 8.8 ms). */
+    return 9;
 }
 
 static bool attn_prefill_use_fa(int head_dim)
