@@ -1,0 +1,40 @@
+#!/bin/bash
+# pack_carry.sh NAME SCRIPT BIN... - packs one device call (run it HERE,
+# in the repository root, after building build-cuda): build-NAME/ gets
+# the listed binaries from build-cuda (gpu/X -> gpu/X, bin/X -> bin/X,
+# stripped), the libraries the device lacks (../shared/tools/devlibs)
+# and, with the word `shared`, the tiny models plus the trained draft
+# heads of build-spec-carry/shared/heads; it is compressed into
+# .carry/NAME.tar.xz next to .carry/call.sh, which unpacks it and runs
+# SCRIPT on it.  Then:
+#   run(carry=[".carry"], command="bash .carry/call.sh")
+# A/B inside one call (machines differ by up to 3% on the same binary):
+# AB_FROM=DIR adds DIR/gpu/X as gpu/X_b for every gpu/X listed, e.g. the
+# build-OLDNAME/ folder of an earlier call.  .carry/ is git-ignored; the
+# carry limit is 64 MiB.
+set -eu
+name=$1; script=$2; shift 2
+d=build-$name
+rm -rf "$d"; mkdir -p "$d/bin" "$d/gpu" "$d/lib" .carry
+for b in "$@"; do
+  case $b in
+    gpu/*) cp "build-cuda/$b" "$d/gpu/"
+           if [ -n "${AB_FROM:-}" ]; then cp "$AB_FROM/$b" "$d/${b}_b"; fi;;
+    bin/*) cp "build-cuda/$b" "$d/bin/";;
+    shared) mkdir -p "$d/shared"
+            cp -r ../shared/models "$d/shared/"
+            chmod -R u+w "$d/shared"
+            cp -r build-spec-carry/shared/heads "$d/shared/";;
+    *) echo "pack_carry.sh: unknown item $b" >&2; exit 2;;
+  esac
+done
+strip "$d"/bin/* "$d"/gpu/* 2>/dev/null || true
+../shared/tools/devlibs "$d/lib" "$d"/bin/* "$d"/gpu/* >/dev/null 2>&1
+rm -f .carry/*.tar.xz
+tar cf - "$d" | xz -T2 -6 > ".carry/$name.tar.xz"
+cat > .carry/call.sh <<EOS
+cd \$(dirname \$0)/..
+tar xJf .carry/$name.tar.xz
+bash $script $d
+EOS
+ls -la ".carry/$name.tar.xz"
