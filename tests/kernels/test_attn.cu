@@ -7,7 +7,7 @@
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
- *     wmma, fa2, fa2w4, fa2w8, fa2wq, fa2wqv = the default),
+ *     wmma, fa2, fa2w4, fa2w8, fa2wq, fa2wqv = the default, fa2pp),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -225,17 +225,17 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     /* (head 64/128: the mma.sync kernel (64 queries per block), mma2
      * (128), the WMMA one, then attn_prefill_fa2.cu on mma.sync with
      * the warp count it picks (fa2), with 4 and 8 warps forced, with
-     * S = Q K^T on wgmma (fa2wq), and with P V on wgmma too (fa2wqv,
-     * the default);
+     * S = Q K^T on wgmma (fa2wq), with P V on wgmma too (fa2wqv, the
+     * default), and with the two warpgroups in ping-pong (fa2pp);
      * other head sizes: the default, unset) */
     static const char *const pnames[] = {"mma",   "mma2",  "wmma",
                                          "fa2",   "fa2w4", "fa2w8",
-                                         "fa2wq", "fa2wqv"};
+                                         "fa2wq", "fa2wqv", "fa2pp"};
     const bool two = c->hd == 64 || c->hd == 128;
     /* KT_ATTN_FA2=0: without the fa2 passes (run_gpu_kernels.sh re-runs
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
-    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 3 : 8;
+    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 3 : 9;
     for (int pass = 0; pass < n_pass &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {

@@ -1066,7 +1066,9 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * (=fa2w4, =fa2w8 force the warp count), =fa2wq that kernel with
  * S = Q K^T on wgmma (sm_90a; H200 2026-12-01: 183.7 vs 182.7 us per
  * layer at 2048 tokens); unset or =fa2wqv with P V on wgmma too (the
- * default since round 11; without sm_90a wgmma it runs as =fa2).
+ * default since round 11; without sm_90a wgmma it runs as =fa2); =fa2pp
+ * that with FlashAttention-3's ping-pong of the block's two warpgroups
+ * (round 11, not yet measured; with one warpgroup a block, as fa2wqv).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -1090,6 +1092,8 @@ static int attn_prefill_kind(void)
         return 8; /* fa2 with S = Q K^T on wgmma */
     if (env && strcmp(env, "fa2") == 0)
         return 5; /* fa2 on mma.sync (the default of rounds 4-10) */
+    if (env && strcmp(env, "fa2pp") == 0)
+        return 10; /* fa2wqv with FA3's warpgroup ping-pong */
 
     /* Default (and =fa2wqv): attn_prefill_fa2.cu with S and P V on
      * wgmma, warps per block chosen by the GQA group; at head sizes it
@@ -1179,7 +1183,10 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         const int kind = attn_prefill_kind();
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles,
                                     kind == 6 ? 4 : kind == 7 ? 8 : 0,
-                                    kind == 8 ? 1 : kind == 9 ? 2 : 0,
+                                    kind == 8    ? 1
+                                    : kind == 9  ? 2
+                                    : kind == 10 ? 3
+                                                 : 0,
                                     stream);
         if (err != cudaSuccess)
             return BT_CUDA_STATUS(err);

@@ -1,9 +1,9 @@
 /*
  * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16,
- * head 64/128) over the paged KV cache: the default prefill kernel since
- * 2026-12-01 (BT_PREFILL_KERNEL=fa2w4 / fa2w8 force the warp count,
- * =fa2wq runs S = Q K^T on wgmma, =mma and the others select the kernels
- * of attn_prefill.cu).
+ * head 64/128) over the paged KV cache, the default prefill kernel: as
+ * fa2wqv below on sm_90a, as fa2 elsewhere (BT_PREFILL_KERNEL=fa2 /
+ * fa2w4 / fa2w8 / fa2wq / fa2wqv / fa2pp pick a variant, =mma and the
+ * others the kernels of attn_prefill.cu).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -50,8 +50,18 @@
  * m64n(HD)k16 per 16 keys; the O accumulators keep the m16n8 layout, so
  * the rescale and the epilogue are fa2's.  A warp runs every tile its
  * warpgroup runs (the wgmma is collective), fully masked where it sees
- * nothing.  Written 2026-12-01 (round 10) without a device; test_attn
- * pass "fa2wqv" is its check.
+ * nothing.  The default since round 11 (162 vs fa2's 183 us a layer at
+ * 2048 tokens); test_attn pass "fa2wqv".
+ *
+ * fa2pp (PP, two warpgroups a block): fa2wqv with FlashAttention-3's
+ * ping-pong -- no block barrier in the key loop; the warpgroups take
+ * turns issuing S (named barriers 1 and 2), stages pass between them on
+ * per-stage full mbarriers (each thread's cp.async.mbarrier.arrive) and
+ * empty ones (one arrival per warpgroup after its wgmma waits), and a
+ * stage is refilled two tiles after its use (5 stages).  Measured equal
+ * to fa2wqv (round 11: the consumers' own copy addressing keeps the
+ * integer pipe busiest at two warps a scheduler); the structure a TMA
+ * producer warp plugs into.  test_attn pass "fa2pp".
  *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
@@ -81,8 +91,10 @@
 /* WQ: S = Q K^T on wgmma (sm_90a): each warpgroup's 64 query rows are
  * staged once in shared memory and K tiles are laid out as wgmma's
  * K-major 128-byte-swizzle slabs of 64 dims (f2_slab). */
-template <int HD, int NW, bool WQ> struct f2_cfg {
-    static constexpr int STAGES = NW == 8 ? 4 : 3;
+template <int HD, int NW, bool WQ, bool PP> struct f2_cfg {
+    /* PP: a stage is refilled two tiles after its use (the warpgroups
+     * run half a tile apart), so one stage more keeps as many in flight */
+    static constexpr int STAGES = PP ? 5 : NW == 8 ? 4 : 3;
     static constexpr int CH = HD / 8;                  /* chunks per row */
     static constexpr int TILE = F2_BK * HD;            /* elements */
     static constexpr int THREADS = NW * 32;
@@ -91,7 +103,8 @@ template <int HD, int NW, bool WQ> struct f2_cfg {
     static constexpr int QTILE = 64 * HD;              /* per warpgroup */
     static constexpr size_t BYTES =
         (size_t)STAGES * 2 * TILE * 2 +
-        (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0);
+        (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0) +
+        (PP ? (size_t)2 * STAGES * sizeof(uint64_t) : 0);
     static_assert(THREADS % CH == 0, "thread count");
     static_assert(RPT * THREADS == F2_BK * CH, "tile split");
 };
@@ -128,13 +141,14 @@ static __device__ __forceinline__ int f2_slab(int rows, int r, int c)
     return (c >> 3) * rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
-template <int HD, int NW, bool WQ, bool WV>
+template <int HD, int NW, bool WQ, bool WV, bool PP>
 static __global__ void __launch_bounds__(NW * 32)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts)
 {
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
-    typedef f2_cfg<HD, NW, WQ> C;
+    static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
+    typedef f2_cfg<HD, NW, WQ, PP> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
     constexpr int CH = C::CH;
@@ -150,6 +164,11 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     bf16_t *sv = sk + STAGES * TILE; /* [STAGES][BK][HD] swizzled (WV:
                                         slabs as K's) */
     bf16_t *sq = sv + STAGES * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
+    /* PP: per stage, "full" (every thread's copies landed) and "empty"
+     * (both warpgroups' wgmmas on it done) */
+    uint64_t *bar_full =
+        reinterpret_cast<uint64_t *>(sq + (NW / 4) * C::QTILE);
+    uint64_t *bar_empty = bar_full + STAGES;
 
     /* Heaviest first: the last backend tile's blocks come first. */
     int bid = blockIdx.x;
@@ -236,17 +255,32 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         }
     };
 
-    /* Prologue: tiles 0 .. STAGES-2 in flight, slots of STAGES-1 known. */
+    /* Prologue: tiles 0 .. STAGES-2 in flight (PP: 0 .. STAGES-3),
+     * slots of the next one known. */
+    constexpr int AHEAD = PP ? STAGES - 2 : STAGES - 1;
+    if constexpr (PP) {
+        if (threadIdx.x == 0) {
+            for (int st = 0; st < STAGES; st++) {
+                mbar_init(&bar_full[st], NW * 32);
+                mbar_init(&bar_empty[st], 2);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+    }
     int slot[RPT];
 #pragma unroll
-    for (int st = 0; st < STAGES - 1; st++) {
+    for (int st = 0; st < AHEAD; st++) {
         if (st < n_kt) {
             resolve(st, slot);
             issue(st, slot);
+            if (PP)
+                mbar_cp_arrive(&bar_full[st]);
         }
-        tc_cp_commit();
+        if (!PP)
+            tc_cp_commit();
     }
-    resolve(STAGES - 1, slot);
+    resolve(AHEAD, slot);
 
     /* Q fragments of this warp's 16 rows, kept for the whole loop (WQ:
      * staged as rows 16 (warp % 4) .. +15 of its warpgroup's Q tile). */
@@ -305,12 +339,41 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     const float sl2 = a.scale * 1.4426950408889634f;
     const int sw = lane & 7; /* row & 7 of every ldmatrix row address */
 
+    /* PP (FlashAttention-3's ping-pong): no block barrier in the loop.
+     * The warpgroups take turns issuing S on the tensor cores (named
+     * barrier 1 + wg is warpgroup wg's turn, given by the other after
+     * its issue), so one runs its softmax while the other's wgmmas run;
+     * stages are handed over by the full / empty mbarriers and a stage
+     * is refilled two tiles after its use.  Both warpgroups walk every
+     * tile of the block (the turns must pair up), a warpgroup past its
+     * causal range only taking its turns and releasing the stages. */
+    const int wg = warp >> 2;
+    if (PP) {
+        __syncthreads(); /* Q staged (the loop has no block barrier) */
+        if (wg == 1)
+            bar_arrive_n(1, 256); /* warpgroup 0 goes first */
+    }
     for (int kt = 0; kt < n_kt; kt++) {
-        tc_cp_wait<STAGES - 2>();
-        if (WQ)
+        if constexpr (PP) {
+            const int nk = kt + AHEAD;
+            if (nk < n_kt) {
+                /* its stage's previous tile, nk - STAGES = kt - 2, done
+                 * by both warpgroups */
+                if (nk >= STAGES)
+                    mbar_wait(&bar_empty[nk % STAGES],
+                              (uint32_t)((nk / STAGES - 1) & 1));
+                issue(nk % STAGES, slot);
+                mbar_cp_arrive(&bar_full[nk % STAGES]);
+                if (nk + 1 < n_kt)
+                    resolve(nk + 1, slot);
+            }
+            mbar_wait(&bar_full[kt % STAGES], (uint32_t)((kt / STAGES) & 1));
             wg_fence_proxy(); /* the copies, before wgmma reads them */
-        __syncthreads(); /* tile kt landed; stage (kt-1) % STAGES is free */
-        {
+        } else {
+            tc_cp_wait<STAGES - 2>();
+            if (WQ)
+                wg_fence_proxy(); /* the copies, before wgmma reads them */
+            __syncthreads(); /* tile kt landed; stage (kt-1) % STAGES free */
             const int nk = kt + STAGES - 1;
             if (nk < n_kt) {
                 issue(nk % STAGES, slot);
@@ -320,6 +383,13 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             tc_cp_commit();
         }
         const int kb0 = kt * F2_BK;
+        if (PP && kb0 > wg_last) {
+            bar_sync_n(1 + wg, 256);
+            bar_arrive_n(2 - wg, 256);
+            if ((threadIdx.x & 127) == 0)
+                mbar_arrive(&bar_empty[kt % STAGES]);
+            continue; /* past this warpgroup's keys: its turn, released */
+        }
         if (WQ ? kb0 > wg_last : !warp_live || kb0 > warp_last)
             continue; /* every key of the tile is hidden from the warp(s) */
         const bf16_t *tk = sk + (kt % STAGES) * TILE;
@@ -335,6 +405,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             const unsigned qs = (unsigned)__cvta_generic_to_shared(
                 sq + (warp >> 2) * C::QTILE);
             const unsigned ks0 = (unsigned)__cvta_generic_to_shared(tk);
+            if (PP)
+                bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
             wg_fence_acc<KB>(s);
             wg_fence();
 #pragma unroll
@@ -344,6 +416,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                                 wg_desc(ks0 + sl * F2_BK * 64 * 2 + 32 * kin));
             }
             wg_commit();
+            if (PP)
+                bar_arrive_n(2 - wg, 256); /* the other's turn */
             wg_wait<0>();
             wg_fence_acc<KB>(s);
             /* WV: P V is the warpgroup's too, so a warp that sees none
@@ -468,6 +542,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             wg_commit();
             wg_wait<0>();
             wg_fence_acc<NT>(o);
+            if (PP && (threadIdx.x & 127) == 0)
+                mbar_arrive(&bar_empty[kt % STAGES]); /* tile kt read */
         } else {
             /* V fragments by ldmatrix.trans (keys 16 kk + 0..15, dims
              * 16 dn + 0..15), all loaded before their products. */
@@ -490,6 +566,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         }
     }
     tc_cp_wait<0>();
+    if (PP && wg == 0)
+        bar_sync_n(1, 256); /* warpgroup 1's last turn handed over */
 
     if (!warp_live)
         return;
@@ -519,25 +597,25 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
     return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
 }
 
-template <int HD, int NW, bool WQ, bool WV>
+template <int HD, int NW, bool WQ, bool WV, bool PP>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, cudaStream_t stream)
 {
     const int G = a->n_heads / a->n_kv_heads;
     const int parts = (F2_SUBS * G + NW - 1) / NW;
-    const size_t bytes = f2_cfg<HD, NW, WQ>::BYTES;
+    const size_t bytes = f2_cfg<HD, NW, WQ, PP>::BYTES;
     const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
     cudaError_t err;
 
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
-    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ, WV>,
+    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ, WV><<<(unsigned)blocks, NW * 32,
-                                              bytes, stream>>>(
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP><<<(unsigned)blocks,
+                                                  NW * 32, bytes, stream>>>(
         *a, tiles, n_tiles, parts);
     return cudaGetLastError();
 }
@@ -548,10 +626,11 @@ static cudaError_t f2_launch_hd(const cuda_attn_args_t *a, const int *tiles,
 {
     if (a->head_dim == 64)
         return n_warps == 8
-                   ? f2_launch<64, 8, WQ, WV>(a, tiles, n_tiles, st)
-                   : f2_launch<64, 4, WQ, WV>(a, tiles, n_tiles, st);
-    return n_warps == 8 ? f2_launch<128, 8, WQ, WV>(a, tiles, n_tiles, st)
-                        : f2_launch<128, 4, WQ, WV>(a, tiles, n_tiles, st);
+                   ? f2_launch<64, 8, WQ, WV, false>(a, tiles, n_tiles, st)
+                   : f2_launch<64, 4, WQ, WV, false>(a, tiles, n_tiles, st);
+    return n_warps == 8
+               ? f2_launch<128, 8, WQ, WV, false>(a, tiles, n_tiles, st)
+               : f2_launch<128, 4, WQ, WV, false>(a, tiles, n_tiles, st);
 }
 
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
@@ -567,6 +646,14 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
+    /* wgmma 3 (fa2pp): the ping-pong needs two warpgroups a block; with
+     * one it runs as fa2wqv */
+    if (wgmma >= 3 && n_warps == 8 && cuda_wgmma_available())
+        return args->head_dim == 64
+                   ? f2_launch<64, 8, true, true, true>(args, d_tiles,
+                                                        n_tiles, stream)
+                   : f2_launch<128, 8, true, true, true>(args, d_tiles,
+                                                         n_tiles, stream);
     if (wgmma >= 2 && cuda_wgmma_available())
         return f2_launch_hd<true, true>(args, d_tiles, n_tiles, n_warps,
                                         stream);

@@ -80,66 +80,11 @@ template <int NT, int PER_SM> struct tma_cfg {
 };
 
 // ---------------------------------------------------------------------
-// mbarriers and TMA (sm_90)
+// TMA (sm_90); the mbarriers are wgmma.cuh's mbar_*
 
 static __device__ __forceinline__ uint32_t tma_smem(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-static __device__ __forceinline__ void tma_bar_init(uint64_t *bar, int count)
-{
-#if WG_ENABLED
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                 :: "r"(tma_smem(bar)), "r"(count) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void tma_bar_expect(uint64_t *bar,
-                                                      uint32_t bytes)
-{
-#if WG_ENABLED
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 :: "r"(tma_smem(bar)), "r"(bytes) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void tma_bar_arrive(uint64_t *bar)
-{
-#if WG_ENABLED
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
-                 :: "r"(tma_smem(bar)) : "memory");
-#endif
-}
-
-/* Until the phase of parity `parity` has completed (a fresh barrier
- * counts the phase before it, parity 1, as completed).  A wait of more
- * than ~2^34 cycles (seconds) traps: a pipeline bug becomes a launch
- * error instead of a hung GPU. */
-static __device__ __forceinline__ void tma_bar_wait(uint64_t *bar,
-                                                    uint32_t parity)
-{
-#if WG_ENABLED
-    uint32_t done = 0, spins = 0;
-    long long t0 = 0;
-
-    for (;;) {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
-                     "\n\tselp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(tma_smem(bar)), "r"(parity)
-                     : "memory");
-        if (done)
-            return;
-        if (++spins % 4096 == 0) {
-            const long long t = clock64();
-            if (t0 == 0)
-                t0 = t;
-            else if (t - t0 > (1LL << 34))
-                __trap();
-        }
-    }
-#endif
 }
 
 /* L2 policies: the weights are read once (evict first), x is read by
@@ -247,8 +192,8 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            tma_bar_init(&full[s], 1);
-            tma_bar_init(&empty[s], 8); /* one arrival per consumer warp */
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8); /* one arrival per consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -265,7 +210,7 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             tma_prefetch_map(&map_x);
             for (int i = 0; i < pre; i++) {
                 const long long u = u0 + i;
-                tma_bar_expect(&full[i], C::STAGE);
+                mbar_expect(&full[i], C::STAGE);
                 tma_load(ring + i * C::STAGE, &map_w,
                          (int)(u % wk.kt) * TMA_BK,
                          (int)(u / wk.kt) * TMA_BM, &full[i], pw);
@@ -282,8 +227,8 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
                 const int s = (int)(it % STAGES);
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1;
                 unsigned char *st = ring + s * C::STAGE;
-                tma_bar_wait(&empty[s], ph ^ 1);
-                tma_bar_expect(&full[s], C::STAGE);
+                mbar_wait(&empty[s], ph ^ 1);
+                mbar_expect(&full[s], C::STAGE);
                 tma_load(st, &map_w, (int)(u % wk.kt) * TMA_BK,
                          (int)(u / wk.kt) * TMA_BM, &full[s], pw);
                 tma_load(st + C::W_BYTES, &map_x, (int)(u % wk.kt) * TMA_BK,
@@ -321,7 +266,7 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             const uint32_t a0 = tma_smem(ring + s * C::STAGE) +
                                 cw * 64 * TMA_BK * 2;
             const uint32_t b0 = tma_smem(ring + s * C::STAGE + C::W_BYTES);
-            tma_bar_wait(&full[s], ph);
+            mbar_wait(&full[s], ph);
             wg_fence_acc<NT>(c);
             wg_fence();
 #pragma unroll
@@ -332,12 +277,12 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
             wg_wait<1>(); /* the previous stage's products are done */
             wg_fence_acc<NT>(c);
             if (it > seg0 && lane == 0)
-                tma_bar_arrive(&empty[(it - 1) % STAGES]);
+                mbar_arrive(&empty[(it - 1) % STAGES]);
         }
         wg_wait<0>();
         wg_fence_acc<NT>(c);
         if (lane == 0)
-            tma_bar_arrive(&empty[(it - 1) % STAGES]);
+            mbar_arrive(&empty[(it - 1) % STAGES]);
 
         const int rbase = cw * 64 + warp * 16 + g;
         /* accumulator c[j][e]: token ftok(j, e), row frow(e) of the tile;

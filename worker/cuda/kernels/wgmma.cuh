@@ -67,6 +67,89 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
            (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
+/* mbarriers (sm_90; CTA scope).  mbar_wait: until the phase of parity
+ * `parity` has completed (a fresh barrier counts the phase before it,
+ * parity 1, as completed); a wait of more than ~2^34 cycles (seconds)
+ * traps, so a pipeline bug becomes a launch error instead of a hung
+ * GPU.  mbar_cp_arrive: this thread's arrival, made when all of its
+ * earlier cp.async copies have landed (.noinc: it is one of the
+ * barrier's expected arrivals). */
+static __device__ __forceinline__ uint32_t mbar_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
+{
+#if WG_ENABLED
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                 :: "r"(mbar_smem(bar)), "r"(count) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void mbar_expect(uint64_t *bar,
+                                                   uint32_t bytes)
+{
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(mbar_smem(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
+                 :: "r"(mbar_smem(bar)) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void mbar_cp_arrive(uint64_t *bar)
+{
+#if WG_ENABLED
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
+                 :: "r"(mbar_smem(bar)) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void mbar_wait(uint64_t *bar,
+                                                 uint32_t parity)
+{
+#if WG_ENABLED
+    uint32_t done = 0, spins = 0;
+    long long t0 = 0;
+
+    for (;;) {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
+                     "\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(mbar_smem(bar)), "r"(parity)
+                     : "memory");
+        if (done)
+            return;
+        if (++spins % 4096 == 0) {
+            const long long t = clock64();
+            if (t0 == 0)
+                t0 = t;
+            else if (t - t0 > (1LL << 34))
+                __trap();
+        }
+    }
+#endif
+}
+
+/* Named barriers (id 1..15; 0 is __syncthreads) over n threads: wait
+ * for n arrivals, or arrive without waiting. */
+static __device__ __forceinline__ void bar_sync_n(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory");
+}
+
+static __device__ __forceinline__ void bar_arrive_n(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");
+}
+
 /* Orders this thread's generic-proxy shared-memory writes (cp.async
  * included) before later async-proxy reads (wgmma operands). */
 static __device__ __forceinline__ void wg_fence_proxy(void)
