@@ -315,18 +315,20 @@ static void bench_attn(void)
         a.d_q = q;
         a.d_k_cache = kc;
         a.d_v_cache = vc;
+        a.kv_slots = (long long)(kv / ((size_t)nkv * hd));
         a.d_block_tables = d_meta + (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
         a.d_kv_len = a.d_block_tables + nb;
         a.d_bt_off = a.d_kv_len + P;
         a.d_ctx_len = a.d_bt_off + P;
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
-        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2wqv),
-         * then the previous one (BT_PREFILL_KERNEL=fa2) as a second row. */
+        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2pp),
+         * then the previous one (BT_PREFILL_KERNEL=fa2wqv) as a second
+         * row. */
         const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 2;
         for (int var = 0; var < n_var; var++) {
         if (var == 1)
-            setenv("BT_PREFILL_KERNEL", "fa2", 1);
+            setenv("BT_PREFILL_KERNEL", "fa2wqv", 1);
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
         OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));

@@ -7,7 +7,7 @@
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
- *     wmma, fa2, fa2w4, fa2w8, fa2wq, fa2wqv = the default, fa2pp),
+ *     wmma, fa2, fa2w4, fa2w8, fa2wq, fa2wqv, fa2pp = the default),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -110,6 +110,7 @@ static void batch_build(const attn_case_t *c, cuda_dtype_t dt, batch_t *b)
     a->d_q = kt_upload(b->q, (size_t)b->nt * c->nh * c->hd, dt);
     a->d_k_cache = kt_upload(b->k, cache_n, dt);
     a->d_v_cache = kt_upload(b->v, cache_n, dt);
+    a->kv_slots = (long long)b->n_blocks * c->bs;
     a->d_block_tables = (int *)kt_upload_raw(b->bt.data(),
                                              sizeof(int) * b->bt.size());
     a->d_masks = (uint8_t *)kt_upload_raw(b->masks.data(), b->masks.size());
@@ -225,8 +226,9 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     /* (head 64/128: the mma.sync kernel (64 queries per block), mma2
      * (128), the WMMA one, then attn_prefill_fa2.cu on mma.sync with
      * the warp count it picks (fa2), with 4 and 8 warps forced, with
-     * S = Q K^T on wgmma (fa2wq), with P V on wgmma too (fa2wqv, the
-     * default), and with the two warpgroups in ping-pong (fa2pp);
+     * S = Q K^T on wgmma (fa2wq), with P V on wgmma too (fa2wqv), and
+     * with the two warpgroups in ping-pong fed by a TMA producer warp
+     * (fa2pp, the default);
      * other head sizes: the default, unset) */
     static const char *const pnames[] = {"mma",   "mma2",  "wmma",
                                          "fa2",   "fa2w4", "fa2w8",

@@ -693,6 +693,14 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         status = cuda__dev_malloc(&r->d_v, bytes, "kv_cache_v");
         if (status != BT_OK)
             return status;
+        /* Zeros, so every slot holds finite values: kernels that load
+         * whole pages (the TMA prefill attention) read slots past a
+         * sequence's end, where P = 0 must not meet a NaN in V. */
+        status = BT_CUDA_STATUS(cudaMemset(r->d_k, 0, bytes));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaMemset(r->d_v, 0, bytes));
+        if (status != BT_OK)
+            return status;
         if (rank == 0)
             BT_LOG_INFO("CUDA", "KV pool: %d blocks of %d tokens, %zu MiB%s",
                         b->cfg.n_kv_blocks, b->cfg.block_size,
@@ -1409,6 +1417,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     aa.n_kv_heads = b->nkv;
     aa.head_dim = mc->head_dim;
     aa.block_size = b->kv.block_size;
+    aa.kv_slots = (long long)b->kv.n_blocks * b->kv.block_size;
     aa.scale = 1.0f / sqrtf((float)mc->head_dim);
     aa.d_q = r->d_q;
     aa.d_block_tables = p->d_bt;

@@ -27,6 +27,9 @@ typedef struct {
     const void *d_q;            /* (tokens, nh, hd) rotated queries */
     const void *d_k_cache;      /* (n_blocks * block_size, nkv, hd) layer K */
     const void *d_v_cache;      /* (n_blocks * block_size, nkv, hd) layer V */
+    long long kv_slots;         /* n_blocks * block_size of those caches, or
+                                   0 (unknown: the TMA prefill kernel,
+                                   which maps them, is then not used) */
     const int *d_block_tables;  /* every sequence's block table, concatenated */
     const uint8_t *d_masks;     /* every sequence's (n, n) mask, concatenated */
     /* Per batch token: */

@@ -1065,10 +1065,11 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * per block; =fa2 the kernel of attn_prefill_fa2.cu on mma.sync only
  * (=fa2w4, =fa2w8 force the warp count), =fa2wq that kernel with
  * S = Q K^T on wgmma (sm_90a; H200 2026-12-01: 183.7 vs 182.7 us per
- * layer at 2048 tokens); unset or =fa2wqv with P V on wgmma too (the
- * default since round 11; without sm_90a wgmma it runs as =fa2); =fa2pp
+ * layer at 2048 tokens); =fa2wqv with P V on wgmma too; unset or =fa2pp
  * that with FlashAttention-3's ping-pong of the block's two warpgroups
- * (round 11, not yet measured; with one warpgroup a block, as fa2wqv).
+ * and a TMA producer warp (the default since round 11; as fa2wqv where
+ * a block has one warpgroup or the caches cannot be mapped, as fa2
+ * without sm_90a wgmma).
  * Read at every launch, so tests can switch. */
 static int attn_prefill_kind(void)
 {
@@ -1092,17 +1093,19 @@ static int attn_prefill_kind(void)
         return 8; /* fa2 with S = Q K^T on wgmma */
     if (env && strcmp(env, "fa2") == 0)
         return 5; /* fa2 on mma.sync (the default of rounds 4-10) */
-    if (env && strcmp(env, "fa2pp") == 0)
-        return 10; /* fa2wqv with FA3's warpgroup ping-pong */
+    if (env && strcmp(env, "fa2wqv") == 0)
+        return 9; /* fa2 with S and P V on wgmma */
 
-    /* Default (and =fa2wqv): attn_prefill_fa2.cu with S and P V on
-     * wgmma, warps per block chosen by the GQA group; at head sizes it
-     * does not take, the mma kernel.  H200, 2026-12-01, Llama-3-8B
-     * shape, attention per layer: 2048 tokens 162 us (fa2 183, mma 271),
-     * 8192 tokens 2112 us (fa2 2497); whole 2048-token prefill 48.5 and
-     * 49.3 ms against fa2's 49.3 and 49.9 in the same call.  mma2 (128
-     * queries per block) lost to mma (2026-11-29: 10.1 vs 8.8 ms). */
-    return 9;
+    /* Default (and =fa2pp): attn_prefill_fa2.cu with S and P V on
+     * wgmma, the warpgroups in ping-pong, K/V by a TMA producer warp;
+     * warps per block chosen by the GQA group; at head sizes it does not
+     * take, the mma kernel.  H200, 2026-12-01, Llama-3-8B shape,
+     * attention per layer: 2048 tokens 122.9 us (fa2wqv 162.5, fa2 183.8,
+     * mma 271), 8192 tokens 1616 us (fa2wqv 2112, fa2 2496); whole
+     * 2048-token prefill 48.19 / 48.25 ms against fa2wqv's 49.00 / 49.39
+     * in the same call.  mma2 (128 queries per block) lost to mma
+     * (2026-11-29: 10.1 vs 8.8 ms). */
+    return 10;
 }
 
 static bool attn_prefill_use_fa(int head_dim)

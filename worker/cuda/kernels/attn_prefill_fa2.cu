@@ -1,9 +1,10 @@
 /*
  * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16,
  * head 64/128) over the paged KV cache, the default prefill kernel: as
- * fa2wqv below on sm_90a, as fa2 elsewhere (BT_PREFILL_KERNEL=fa2 /
- * fa2w4 / fa2w8 / fa2wq / fa2wqv / fa2pp pick a variant, =mma and the
- * others the kernels of attn_prefill.cu).
+ * fa2pp below on sm_90a (fa2wqv where it does not apply), as fa2
+ * elsewhere (BT_PREFILL_KERNEL=fa2 / fa2w4 / fa2w8 / fa2wq / fa2wqv /
+ * fa2pp pick a variant, =mma and the others the kernels of
+ * attn_prefill.cu).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -50,18 +51,27 @@
  * m64n(HD)k16 per 16 keys; the O accumulators keep the m16n8 layout, so
  * the rescale and the epilogue are fa2's.  A warp runs every tile its
  * warpgroup runs (the wgmma is collective), fully masked where it sees
- * nothing.  The default since round 11 (162 vs fa2's 183 us a layer at
- * 2048 tokens); test_attn pass "fa2wqv".
+ * nothing.  162 vs fa2's 183 us a layer at 2048 tokens; test_attn pass
+ * "fa2wqv".
  *
- * fa2pp (PP, two warpgroups a block): fa2wqv with FlashAttention-3's
- * ping-pong -- no block barrier in the key loop; the warpgroups take
- * turns issuing S (named barriers 1 and 2), stages pass between them on
- * per-stage full mbarriers (each thread's cp.async.mbarrier.arrive) and
- * empty ones (one arrival per warpgroup after its wgmma waits), and a
- * stage is refilled two tiles after its use (5 stages).  Measured equal
- * to fa2wqv (round 11: the consumers' own copy addressing keeps the
- * integer pipe busiest at two warps a scheduler); the structure a TMA
- * producer warp plugs into.  test_attn pass "fa2pp".
+ * fa2pp (PP, two warpgroups a block, the default): fa2wqv with
+ * FlashAttention-3's structure.  A ninth warp is the producer: one lane
+ * loads each 64-key tile by TMA, as boxes of min(block, 64) cache slots
+ * x 64 dims of a 3-D tensor map over the layer cache ({dims, KV heads,
+ * slots}, 128-byte swizzle: exactly the slab layout), pages past the
+ * keys from an out-of-range slot (zeros); slots past the keys inside a
+ * loaded page come from the pool, which the backend zeroes at
+ * allocation, so P = 0 never meets a NaN.  No block barrier in the key
+ * loop: the consumer warpgroups take turns issuing S (named barriers 1
+ * and 2), so one's softmax runs under the other's wgmma, and stages pass
+ * on per-stage full mbarriers (the producer's expect_tx) and empty ones
+ * (one arrival per warpgroup after its wgmma waits); 5 stages.  Round
+ * 11: 122.9 vs fa2wqv's 162.5 us a layer at 2048 tokens, 1616 vs 2112
+ * at 8192 (the ping-pong alone, with the consumers still copying, was
+ * equal to fa2wqv: their copy addressing kept the integer pipe busiest
+ * at two warps a scheduler).  Needs cuda_attn_args_t.kv_slots and
+ * blocks of 8..64 slots dividing 64 (or multiples of 64); else it runs
+ * as fa2wqv.  test_attn pass "fa2pp".
  *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
@@ -92,12 +102,12 @@
  * staged once in shared memory and K tiles are laid out as wgmma's
  * K-major 128-byte-swizzle slabs of 64 dims (f2_slab). */
 template <int HD, int NW, bool WQ, bool PP> struct f2_cfg {
-    /* PP: a stage is refilled two tiles after its use (the warpgroups
-     * run half a tile apart), so one stage more keeps as many in flight */
+    /* PP: a producer warp refills a stage once both warpgroups released
+     * it; 5 stages keep up to 4 tiles ahead */
     static constexpr int STAGES = PP ? 5 : NW == 8 ? 4 : 3;
     static constexpr int CH = HD / 8;                  /* chunks per row */
     static constexpr int TILE = F2_BK * HD;            /* elements */
-    static constexpr int THREADS = NW * 32;
+    static constexpr int THREADS = NW * 32; /* the consumers (the copies) */
     static constexpr int RSTEP = THREADS / CH;         /* row step */
     static constexpr int RPT = F2_BK * CH / THREADS;   /* rows per thread */
     static constexpr int QTILE = 64 * HD;              /* per warpgroup */
@@ -141,10 +151,17 @@ static __device__ __forceinline__ int f2_slab(int rows, int r, int c)
     return (c >> 3) * rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
+/* PP: the layer's K and V caches as 3-D tensors {dims, KV heads,
+ * slots}, read in boxes of 64 dims x 1 head x min(block, 64) slots,
+ * 128-byte swizzled (the f2_slab layout). */
+struct f2_maps {
+    CUtensorMap k, v;
+};
+
 template <int HD, int NW, bool WQ, bool WV, bool PP>
-static __global__ void __launch_bounds__(NW * 32)
+static __global__ void __launch_bounds__(NW * 32 + (PP ? 32 : 0))
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
-                        int parts)
+                        int parts, const __grid_constant__ f2_maps maps)
 {
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
@@ -164,7 +181,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     bf16_t *sv = sk + STAGES * TILE; /* [STAGES][BK][HD] swizzled (WV:
                                         slabs as K's) */
     bf16_t *sq = sv + STAGES * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
-    /* PP: per stage, "full" (every thread's copies landed) and "empty"
+    /* PP: per stage, "full" (the producer's copies landed) and "empty"
      * (both warpgroups' wgmmas on it done) */
     uint64_t *bar_full =
         reinterpret_cast<uint64_t *>(sq + (NW / 4) * C::QTILE);
@@ -257,30 +274,63 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 
     /* Prologue: tiles 0 .. STAGES-2 in flight (PP: 0 .. STAGES-3),
      * slots of the next one known. */
-    constexpr int AHEAD = PP ? STAGES - 2 : STAGES - 1;
     if constexpr (PP) {
         if (threadIdx.x == 0) {
             for (int st = 0; st < STAGES; st++) {
-                mbar_init(&bar_full[st], NW * 32);
+                mbar_init(&bar_full[st], 1);
                 mbar_init(&bar_empty[st], 2);
             }
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
-        __syncthreads();
+        __syncthreads(); /* the last barrier of all NW + 1 warps */
+        if (warp == NW) {
+            /* The producer: one lane, a tile's 64 keys as boxes of
+             * min(block, 64) cache slots (pages past the keys from an
+             * out-of-range slot: zeros), K and V of each 64-dim slab. */
+            if (lane == 0) {
+                const int rows = min(bs, F2_BK);
+                for (int kt = 0; kt < n_kt; kt++) {
+                    const int st = kt % STAGES;
+                    if (kt >= STAGES)
+                        mbar_wait(&bar_empty[st],
+                                  (uint32_t)((kt / STAGES - 1) & 1));
+                    mbar_expect(&bar_full[st], 2 * TILE * 2);
+                    for (int pg = 0; pg < F2_BK / rows; pg++) {
+                        const int key0 = kt * F2_BK + pg * rows;
+                        int slot0 = (int)a.kv_slots;
+                        if (key0 < kv_end) {
+                            const int blk =
+                                bs_sh >= 0 ? key0 >> bs_sh : key0 / bs;
+                            slot0 = bt[blk] * bs + (key0 - blk * bs);
+                        }
+#pragma unroll
+                        for (int h2 = 0; h2 < HD / 64; h2++) {
+                            const int off = h2 * F2_BK * 64 + pg * rows * 64;
+                            wg_tma_load_3d(sk + st * TILE + off, &maps.k,
+                                           h2 * 64, kvh, slot0,
+                                           &bar_full[st]);
+                            wg_tma_load_3d(sv + st * TILE + off, &maps.v,
+                                           h2 * 64, kvh, slot0,
+                                           &bar_full[st]);
+                        }
+                    }
+                }
+            }
+            return; /* the consumers wait for every copy it issued */
+        }
     }
     int slot[RPT];
+    if constexpr (!PP) {
 #pragma unroll
-    for (int st = 0; st < AHEAD; st++) {
-        if (st < n_kt) {
-            resolve(st, slot);
-            issue(st, slot);
-            if (PP)
-                mbar_cp_arrive(&bar_full[st]);
-        }
-        if (!PP)
+        for (int st = 0; st < STAGES - 1; st++) {
+            if (st < n_kt) {
+                resolve(st, slot);
+                issue(st, slot);
+            }
             tc_cp_commit();
+        }
+        resolve(STAGES - 1, slot);
     }
-    resolve(AHEAD, slot);
 
     /* Q fragments of this warp's 16 rows, kept for the whole loop (WQ:
      * staged as rows 16 (warp % 4) .. +15 of its warpgroup's Q tile). */
@@ -343,32 +393,20 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
      * The warpgroups take turns issuing S on the tensor cores (named
      * barrier 1 + wg is warpgroup wg's turn, given by the other after
      * its issue), so one runs its softmax while the other's wgmmas run;
-     * stages are handed over by the full / empty mbarriers and a stage
-     * is refilled two tiles after its use.  Both warpgroups walk every
-     * tile of the block (the turns must pair up), a warpgroup past its
-     * causal range only taking its turns and releasing the stages. */
+     * the producer warp's copies and the releases pass on the full /
+     * empty mbarriers.  Both warpgroups walk every tile of the block (the
+     * turns must pair up), a warpgroup past its causal range only taking
+     * its turns and releasing the stages. */
     const int wg = warp >> 2;
     if (PP) {
-        __syncthreads(); /* Q staged (the loop has no block barrier) */
+        bar_sync_n(3, NW * 32); /* Q staged, in the consumers only */
         if (wg == 1)
             bar_arrive_n(1, 256); /* warpgroup 0 goes first */
     }
     for (int kt = 0; kt < n_kt; kt++) {
         if constexpr (PP) {
-            const int nk = kt + AHEAD;
-            if (nk < n_kt) {
-                /* its stage's previous tile, nk - STAGES = kt - 2, done
-                 * by both warpgroups */
-                if (nk >= STAGES)
-                    mbar_wait(&bar_empty[nk % STAGES],
-                              (uint32_t)((nk / STAGES - 1) & 1));
-                issue(nk % STAGES, slot);
-                mbar_cp_arrive(&bar_full[nk % STAGES]);
-                if (nk + 1 < n_kt)
-                    resolve(nk + 1, slot);
-            }
+            /* TMA writes through the async proxy, as wgmma reads */
             mbar_wait(&bar_full[kt % STAGES], (uint32_t)((kt / STAGES) & 1));
-            wg_fence_proxy(); /* the copies, before wgmma reads them */
         } else {
             tc_cp_wait<STAGES - 2>();
             if (WQ)
@@ -597,6 +635,42 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
     return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
 }
 
+/* PP's map of one layer cache (see f2_maps). */
+static bool f2_map(CUtensorMap *m, const cuda_attn_args_t *a, const void *p)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 fn = wg_tensor_map_encoder();
+    const int hd = a->head_dim;
+    const cuuint64_t dims[3] = {(cuuint64_t)hd, (cuuint64_t)a->n_kv_heads,
+                                (cuuint64_t)a->kv_slots};
+    const cuuint64_t strides[2] = {(cuuint64_t)hd * 2,
+                                   (cuuint64_t)a->n_kv_heads * hd * 2};
+    const cuuint32_t box[3] = {64, 1,
+                               (cuuint32_t)(a->block_size < F2_BK ? a->block_size
+                                                               : F2_BK)};
+    const cuuint32_t estr[3] = {1, 1, 1};
+
+    if (fn == NULL || ((uintptr_t)p & 15) != 0)
+        return false;
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(p),
+              dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* PP runs where its maps can be made: the caches' size known, blocks of
+ * 8 .. 64 slots dividing a 64-key tile or multiples of 64, slot indices
+ * in an int. */
+static bool f2_pp_ok(const cuda_attn_args_t *a)
+{
+    const int bs = a->block_size;
+    CUtensorMap m;
+
+    if (a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
+        !(bs >= 8 && (bs <= F2_BK ? F2_BK % bs == 0 : bs % F2_BK == 0)))
+        return false;
+    return f2_map(&m, a, a->d_k_cache) && f2_map(&m, a, a->d_v_cache);
+}
+
 template <int HD, int NW, bool WQ, bool WV, bool PP>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, cudaStream_t stream)
@@ -605,18 +679,24 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
     const int parts = (F2_SUBS * G + NW - 1) / NW;
     const size_t bytes = f2_cfg<HD, NW, WQ, PP>::BYTES;
     const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
+    f2_maps maps;
     cudaError_t err;
 
+    memset(&maps, 0, sizeof(maps));
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
+    if (PP && !(f2_map(&maps.k, a, a->d_k_cache) &&
+                f2_map(&maps.v, a, a->d_v_cache)))
+        return cudaErrorInvalidValue; /* checked by f2_pp_ok first */
     err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                (int)bytes);
     if (err != cudaSuccess)
         return err;
     attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP><<<(unsigned)blocks,
-                                                  NW * 32, bytes, stream>>>(
-        *a, tiles, n_tiles, parts);
+                                                  NW * 32 + (PP ? 32 : 0),
+                                                  bytes, stream>>>(
+        *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
 }
 
@@ -646,9 +726,10 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    /* wgmma 3 (fa2pp): the ping-pong needs two warpgroups a block; with
-     * one it runs as fa2wqv */
-    if (wgmma >= 3 && n_warps == 8 && cuda_wgmma_available())
+    /* wgmma 3 (fa2pp): the ping-pong needs two warpgroups a block and
+     * its tensor maps; without them it runs as fa2wqv */
+    if (wgmma >= 3 && n_warps == 8 && cuda_wgmma_available() &&
+        f2_pp_ok(args))
         return args->head_dim == 64
                    ? f2_launch<64, 8, true, true, true>(args, d_tiles,
                                                         n_tiles, stream)

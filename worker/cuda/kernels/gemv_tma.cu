@@ -411,33 +411,12 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
 // ---------------------------------------------------------------------
 // Host side
 
-static PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn(void)
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 fn;
-    static int tried;
-
-    if (!tried) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-
-        tried = 1;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p,
-                                             12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-        else
-            (void)cudaGetLastError();
-    }
-    return fn;
-}
-
 /* Map of a row-major bf16 matrix (rows, cols) read in boxes of
  * box_rows x TMA_BK, 128-byte swizzled, zeros outside. */
 static bool tma_map(CUtensorMap *m, const void *p, int rows, int cols,
                     int box_rows)
 {
-    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode_fn();
+    PFN_cuTensorMapEncodeTiled_v12000 fn = wg_tensor_map_encoder();
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
     const cuuint32_t box[2] = {TMA_BK, (cuuint32_t)box_rows};
@@ -478,7 +457,7 @@ bool cuda_gemv_tma_ok(int n_tok, int n_out, int n_in)
 {
     return n_tok >= 1 && n_tok <= CUDA_GEMV_WG_MAX_TOK && n_out >= 1 &&
            n_in >= TMA_BK && n_in % TMA_BK == 0 && cuda_wgmma_available() &&
-           tma_encode_fn() != NULL;
+           wg_tensor_map_encoder() != NULL;
 }
 
 template <int NT, typename OUT, int PER_SM>

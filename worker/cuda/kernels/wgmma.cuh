@@ -24,6 +24,8 @@
 #ifndef BT_WORKER_CUDA_KERNELS_WGMMA_CUH
 #define BT_WORKER_CUDA_KERNELS_WGMMA_CUH
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -136,6 +138,44 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *bar,
         }
     }
 #endif
+}
+
+/* Box (c0, c1, c2) of the 3-D tensor map into dst (shared memory),
+ * completing on bar with its byte count (zeros outside the tensor). */
+static __device__ __forceinline__ void wg_tma_load_3d(void *dst,
+                                                      const CUtensorMap *map,
+                                                      int c0, int c1, int c2,
+                                                      uint64_t *bar)
+{
+#if WG_ENABLED
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier"
+                 "::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(mbar_smem(dst)), "l"((uint64_t)map), "r"(c0),
+                    "r"(c1), "r"(c2), "r"(mbar_smem(bar)) : "memory");
+#endif
+}
+
+/* The driver's cuTensorMapEncodeTiled (host; NULL without it), looked up
+ * once per translation unit. */
+static inline PFN_cuTensorMapEncodeTiled_v12000 wg_tensor_map_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static int tried;
+
+    if (!tried) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+
+        tried = 1;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p,
+                                             12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        else
+            (void)cudaGetLastError();
+    }
+    return fn;
 }
 
 /* Named barriers (id 1..15; 0 is __syncthreads) over n threads: wait
