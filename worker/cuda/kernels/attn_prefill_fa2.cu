@@ -657,37 +657,34 @@ static bool f2_map(CUtensorMap *m, const cuda_attn_args_t *a, const void *p)
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* PP runs where its maps can be made: the caches' size known, blocks of
+/* PP's maps, where they can be made: the caches' size known, blocks of
  * 8 .. 64 slots dividing a 64-key tile or multiples of 64, slot indices
  * in an int. */
-static bool f2_pp_ok(const cuda_attn_args_t *a)
+static bool f2_pp_maps(const cuda_attn_args_t *a, f2_maps *maps)
 {
     const int bs = a->block_size;
-    CUtensorMap m;
 
     if (a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
         !(bs >= 8 && (bs <= F2_BK ? F2_BK % bs == 0 : bs % F2_BK == 0)))
         return false;
-    return f2_map(&m, a, a->d_k_cache) && f2_map(&m, a, a->d_v_cache);
+    return f2_map(&maps->k, a, a->d_k_cache) &&
+           f2_map(&maps->v, a, a->d_v_cache);
 }
 
+/* maps: PP's (f2_pp_maps), unused by the others. */
 template <int HD, int NW, bool WQ, bool WV, bool PP>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
-                             int n_tiles, cudaStream_t stream)
+                             int n_tiles, const f2_maps &maps,
+                             cudaStream_t stream)
 {
     const int G = a->n_heads / a->n_kv_heads;
     const int parts = (F2_SUBS * G + NW - 1) / NW;
     const size_t bytes = f2_cfg<HD, NW, WQ, PP>::BYTES;
     const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
-    f2_maps maps;
     cudaError_t err;
 
-    memset(&maps, 0, sizeof(maps));
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
-    if (PP && !(f2_map(&maps.k, a, a->d_k_cache) &&
-                f2_map(&maps.v, a, a->d_v_cache)))
-        return cudaErrorInvalidValue; /* checked by f2_pp_ok first */
     err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                (int)bytes);
@@ -704,13 +701,16 @@ template <bool WQ, bool WV>
 static cudaError_t f2_launch_hd(const cuda_attn_args_t *a, const int *tiles,
                                 int n_tiles, int n_warps, cudaStream_t st)
 {
+    f2_maps none;
+
+    memset(&none, 0, sizeof(none));
     if (a->head_dim == 64)
         return n_warps == 8
-                   ? f2_launch<64, 8, WQ, WV, false>(a, tiles, n_tiles, st)
-                   : f2_launch<64, 4, WQ, WV, false>(a, tiles, n_tiles, st);
+            ? f2_launch<64, 8, WQ, WV, false>(a, tiles, n_tiles, none, st)
+            : f2_launch<64, 4, WQ, WV, false>(a, tiles, n_tiles, none, st);
     return n_warps == 8
-               ? f2_launch<128, 8, WQ, WV, false>(a, tiles, n_tiles, st)
-               : f2_launch<128, 4, WQ, WV, false>(a, tiles, n_tiles, st);
+        ? f2_launch<128, 8, WQ, WV, false>(a, tiles, n_tiles, none, st)
+        : f2_launch<128, 4, WQ, WV, false>(a, tiles, n_tiles, none, st);
 }
 
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
@@ -719,6 +719,7 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   cudaStream_t stream)
 {
     const int G = args->n_heads / args->n_kv_heads;
+    f2_maps maps;
 
     if (n_tiles == 0)
         return cudaSuccess;
@@ -729,12 +730,12 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
     /* wgmma 3 (fa2pp): the ping-pong needs two warpgroups a block and
      * its tensor maps; without them it runs as fa2wqv */
     if (wgmma >= 3 && n_warps == 8 && cuda_wgmma_available() &&
-        f2_pp_ok(args))
+        f2_pp_maps(args, &maps))
         return args->head_dim == 64
                    ? f2_launch<64, 8, true, true, true>(args, d_tiles,
-                                                        n_tiles, stream)
-                   : f2_launch<128, 8, true, true, true>(args, d_tiles,
-                                                         n_tiles, stream);
+                                                        n_tiles, maps, stream)
+                   : f2_launch<128, 8, true, true, true>(
+                         args, d_tiles, n_tiles, maps, stream);
     if (wgmma >= 2 && cuda_wgmma_available())
         return f2_launch_hd<true, true>(args, d_tiles, n_tiles, n_warps,
                                         stream);

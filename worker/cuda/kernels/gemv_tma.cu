@@ -82,11 +82,6 @@ template <int NT, int PER_SM> struct tma_cfg {
 // ---------------------------------------------------------------------
 // TMA (sm_90); the mbarriers are wgmma.cuh's mbar_*
 
-static __device__ __forceinline__ uint32_t tma_smem(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 /* L2 policies: the weights are read once (evict first), x is read by
  * every block (evict last). */
 static __device__ __forceinline__ uint64_t tma_policy(bool keep)
@@ -121,8 +116,8 @@ static __device__ __forceinline__ void tma_load(void *dst,
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier"
                  "::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}],"
                  " [%4], %5;"
-                 :: "r"(tma_smem(dst)), "l"((uint64_t)map), "r"(c0),
-                    "r"(c1), "r"(tma_smem(bar)), "l"(pol) : "memory");
+                 :: "r"(mbar_smem(dst)), "l"((uint64_t)map), "r"(c0),
+                    "r"(c1), "r"(mbar_smem(bar)), "l"(pol) : "memory");
 #endif
 }
 
@@ -184,7 +179,7 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
     extern __shared__ __align__(1024) unsigned char tma_sm[];
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
     __shared__ int last;
-    const uint32_t sm0 = tma_smem(tma_sm);
+    const uint32_t sm0 = mbar_smem(tma_sm);
     unsigned char *ring = tma_sm + ((1024 - (sm0 & 1023)) & 1023);
     const int b = blockIdx.x;
     const long long u0 = tma_start(wk, b), u1 = tma_start(wk, b + 1);
@@ -263,9 +258,9 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
         for (const long long seg0 = it; u < seg_end; u++, it++) {
             const int s = (int)(it % STAGES);
             const uint32_t ph = (uint32_t)(it / STAGES) & 1;
-            const uint32_t a0 = tma_smem(ring + s * C::STAGE) +
+            const uint32_t a0 = mbar_smem(ring + s * C::STAGE) +
                                 cw * 64 * TMA_BK * 2;
-            const uint32_t b0 = tma_smem(ring + s * C::STAGE + C::W_BYTES);
+            const uint32_t b0 = mbar_smem(ring + s * C::STAGE + C::W_BYTES);
             mbar_wait(&full[s], ph);
             wg_fence_acc<NT>(c);
             wg_fence();

@@ -73,9 +73,7 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
  * `parity` has completed (a fresh barrier counts the phase before it,
  * parity 1, as completed); a wait of more than ~2^34 cycles (seconds)
  * traps, so a pipeline bug becomes a launch error instead of a hung
- * GPU.  mbar_cp_arrive: this thread's arrival, made when all of its
- * earlier cp.async copies have landed (.noinc: it is one of the
- * barrier's expected arrivals). */
+ * GPU. */
 static __device__ __forceinline__ uint32_t mbar_smem(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -102,14 +100,6 @@ static __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
 {
 #if WG_ENABLED
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
-                 :: "r"(mbar_smem(bar)) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void mbar_cp_arrive(uint64_t *bar)
-{
-#if WG_ENABLED
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
                  :: "r"(mbar_smem(bar)) : "memory");
 #endif
 }
