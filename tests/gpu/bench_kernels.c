@@ -360,8 +360,9 @@ static void bench_attn(void)
 }
 
 /* Decode attention (one query token per sequence) at the Llama-3-8B
- * shape: KV read bandwidth with the split planner's choice (default cost
- * model, then BT_ATTN_PLAN=fill, the round-3 rule).  The last row is a
+ * shape: KV read bandwidth with the split planner's choice on the split
+ * kernel (BT_ATTN_SK=0, rows "split"), then one split on the stream-K
+ * kernel (attn_decode_sk.cu, forced; rows "sk").  The last row is a
  * layout probe: batch 64 x 8 KV heads run as 512 sequences of one KV
  * head (4 query heads), the same blocks and bytes, but a block's K (and
  * V) rows lie 256 B apart -- the access pattern of a head-major (HND)
@@ -388,7 +389,8 @@ static void bench_dec(void)
             *mo = ctxa + B;
         int *d_meta;
         void *q, *kc, *vc, *out;
-        float *ws = NULL;
+        float *ws = NULL, *sk_ws = NULL;
+        int *sk_cnt = NULL;
         cuda_attn_args_t a;
         uint32_t r = 12345;
 
@@ -414,6 +416,10 @@ static void bench_dec(void)
         CK(cudaMalloc(&vc, kv * 2));
         CK(cudaMalloc((void **)&ws, 4 * cuda_attn_decode_ws_floats(
                                             B, nh, hd, 64) + 4));
+        CK(cudaMalloc((void **)&sk_ws,
+                      4 * cuda_attn_decode_sk_ws_floats(hd)));
+        CK(cudaMalloc((void **)&sk_cnt, sizeof(int) * B * nkv));
+        CK(cudaMemset(sk_cnt, 0, sizeof(int) * B * nkv));
         OK(cuda_gemv_fill(q, (size_t)B * nh * hd, 1, 0));
         OK(cuda_gemv_fill(kc, kv, 2, 0));
         OK(cuda_gemv_fill(vc, kv, 3, 0));
@@ -432,12 +438,24 @@ static void bench_dec(void)
         a.d_ctx_len = a.d_bt_off + B;
         a.d_mask_off = a.d_ctx_len + B;
         a.d_out = out;
+        a.d_sk_count = sk_cnt;
+        a.d_sk_ws = sk_ws;
+        a.sk_max_tokens = B;
         for (int pass = 0; pass < 2; pass++) {
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
-            if (pass)
-                setenv("BT_ATTN_PLAN", "fill", 1);
+            /* pass 0: the planner's split, split kernel; 1: stream-K,
+             * one split (forced, also where the backend would split) */
             cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm, 64, &ns, &sl);
+            if (pass == 0) {
+                setenv("BT_ATTN_SK", "0", 1);
+            } else {
+                setenv("BT_ATTN_SK", "1", 1);
+                ns = 1;
+                sl = 1 << 30;
+                if (!cuda_attn_decode_sk_ok(&a, B))
+                    break;
+            }
             OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
             for (int rr = 0; rr < n; rr++) {
                 flush_l2();
@@ -454,15 +472,15 @@ static void bench_dec(void)
             double us = ms[n / 2] * 1e3;
             printf("attn decode B=%3d ctx=%5d plan=%-7s %3d x %4d%s: %8.1f "
                    "us/layer %5.2f TB/s KV (%.0f%% of 4.5); x32 = %.2f ms\n",
-                   B, ctx, pass ? "fill" : "default", ns, sl,
+                   B, ctx, pass ? "sk" : "split", ns, sl,
                    nkv == 1 ? " (HND probe)" : "", us,
                    bytes / (us * 1e-6) / 1e12,
                    100.0 * bytes / (us * 1e-6) / 4.5e12, us * 32e-3);
             fflush(stdout);
-            unsetenv("BT_ATTN_PLAN");
+            unsetenv("BT_ATTN_SK");
         }
         cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
-        cudaFree(ws); cudaFree(d_meta);
+        cudaFree(ws); cudaFree(sk_ws); cudaFree(sk_cnt); cudaFree(d_meta);
         free(h);
     }
 }

@@ -19,7 +19,8 @@ rm -rf "$d"; mkdir -p "$d/bin" "$d/gpu" "$d/lib" .carry
 for b in "$@"; do
   case $b in
     gpu/*) cp "build-cuda/$b" "$d/gpu/"
-           if [ -n "${AB_FROM:-}" ]; then cp "$AB_FROM/$b" "$d/${b}_b"; fi;;
+           if [ -n "${AB_FROM:-}" ] && [ -f "$AB_FROM/$b" ]; then
+             cp "$AB_FROM/$b" "$d/${b}_b"; fi;;
     bin/*) cp "build-cuda/$b" "$d/bin/";;
     shared) mkdir -p "$d/shared"
             cp -r ../shared/models "$d/shared/"

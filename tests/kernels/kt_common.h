@@ -189,6 +189,15 @@ static inline int kt_compare(const char *what, const float *out,
     return pass;
 }
 
+/* A yes/no check, counted and printed like kt_compare.  Returns ok. */
+static inline int kt_check(const char *what, int ok)
+{
+    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
+    if (!ok)
+        kt_failures++;
+    return ok;
+}
+
 static inline const char *kt_dt_name(cuda_dtype_t dt)
 {
     return dt == CUDA_DT_F32 ? "f32" : "bf16";

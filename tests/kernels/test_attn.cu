@@ -3,7 +3,9 @@
  *   - cuda_attn_decode (per-token, split-K) with one split and with many;
  *     bf16 at head size 64/128 takes the tensor-core kernel
  *     (attn_decode_tc.cu), so those runs repeat once with BT_ATTN_TC=0 to
- *     keep the general kernel tested,
+ *     keep the general kernel tested; where up to 4 heads share a KV head,
+ *     the opt-in stream-K kernel (attn_decode_sk.cu), its counters checked
+ *     back at zero after each launch,
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
@@ -196,6 +198,50 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
             cudaFree(d_ws);
             unsetenv("BT_ATTN_TC");
         }
+    }
+
+    /* 1b. Stream-K (attn_decode_sk.cu, opt-in) where it applies, with the
+     * early loads and without, and again on the same counters: the
+     * kernel must leave them zero. */
+    if (dt == CUDA_DT_BF16 && tc && c->nh / c->nkv <= CUDA_ATTN_SK_MAX_GROUP) {
+        int *d_cnt = NULL;
+        size_t n_cnt = (size_t)b.nt * c->nkv;
+        KT_CUDA(cudaMalloc(&d_cnt, sizeof(int) * n_cnt));
+        KT_CUDA(cudaMemset(d_cnt, 0, sizeof(int) * n_cnt));
+        KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_sk_ws_floats(c->hd)));
+        b.a.d_sk_count = d_cnt;
+        b.a.d_sk_ws = d_ws;
+        b.a.sk_max_tokens = b.nt;
+        for (int pass = 0; pass < 3; pass++) {
+            setenv("BT_ATTN_SK", "1", 1);
+            if (pass == 1)
+                setenv("BT_ATTN_EARLY", "0", 1);
+            kt_poison(b.a.d_out, n_out, dt);
+            KT_OK(cuda_attn_decode(&b.a, b.d_all, b.nt, 1, 1 << 30, NULL, dt,
+                                   0));
+            out = kt_download(b.a.d_out, n_out, dt);
+            snprintf(what, sizeof(what), "attn decode stream-K%s %s",
+                     pass == 1 ? " early=0" : "", desc);
+            kt_compare(what, out, ref, n_out, tol);
+            free(out);
+            std::vector<int> cnt(n_cnt);
+            KT_CUDA(cudaMemcpy(cnt.data(), d_cnt, sizeof(int) * n_cnt,
+                               cudaMemcpyDeviceToHost));
+            int nz = 0;
+            for (size_t i = 0; i < n_cnt; i++)
+                nz += cnt[i] != 0;
+            snprintf(what, sizeof(what), "attn decode stream-K counters "
+                     "left zero (%d not) %s", nz, desc);
+            kt_check(what, nz == 0);
+            unsetenv("BT_ATTN_SK");
+            unsetenv("BT_ATTN_EARLY");
+        }
+        b.a.d_sk_count = NULL;
+        b.a.d_sk_ws = NULL;
+        b.a.sk_max_tokens = 0;
+        cudaFree(d_cnt);
+        cudaFree(d_ws);
+        d_ws = NULL;
     }
 
     /* 2. Split-K: the planner's choice, a forced 64-key split, and that
@@ -401,6 +447,16 @@ int main(int argc, char **argv)
         /* group 8 at head 64, block 64: many tiles, chunk at 1000 */
         {16, 2, 64, 64, {{0, 449, 0}, {1000, 80, 0}}},
     };
+    /* stream-K with more items than the H200's 2 x 132 block slots: 40
+     * decode tokens x 8 KV heads, lengths from 1 to 2600 keys, one masked
+     * draft tree; again at head 64, block 8 */
+    for (int v = 0; v < 2; v++) {
+        attn_case_t big = {32, 8, v ? 64 : 128, v ? 8 : 16, {}};
+        for (int i = 0; i < 40; i++)
+            big.seqs.push_back({(i * 977 + 13 * v) % 2600, 1, 0});
+        big.seqs.push_back({300, 5, 1});
+        cases.push_back(big);
+    }
     kt_seed(6);
     for (int dti = 0; dti < 2; dti++)
         for (const attn_case_t &c : cases)

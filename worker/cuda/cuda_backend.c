@@ -189,6 +189,8 @@ typedef struct {
     float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
     float *d_hidden;          /* (hid_cap, dim), rank 0 only */
     float *d_ws;              /* split-K partials */
+    int *d_sk_count;          /* (max_tok, nkv) stream-K counters (zero) */
+    float *d_sk_ws;           /* stream-K partials */
 
     int *d_meta;              /* b->meta_cap ints */
     uint8_t *d_mask;          /* b->mask_cap bytes */
@@ -726,7 +728,16 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (rank == 0)
         CUDA_ACT(r->d_hidden, (size_t)b->hid_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
+    CUDA_ACT(r->d_sk_ws, cuda_attn_decode_sk_ws_floats(b->mc.head_dim) * 4,
+             "attn_stream_k");
+    CUDA_ACT(r->d_sk_count, (size_t)b->max_tok * b->nkv * sizeof(int),
+             "attn_stream_k_counts");
 #undef CUDA_ACT
+    /* The stream-K kernel leaves its counters zero; they start so. */
+    status = BT_CUDA_STATUS(cudaMemset(r->d_sk_count, 0, (size_t)b->max_tok *
+                                                         b->nkv * sizeof(int)));
+    if (status != BT_OK)
+        return status;
 
     for (int i = 0; i < 2; i++) {
         status = BT_CUDA_STATUS(cudaEventCreate(&r->ev_fwd[i]));
@@ -1187,6 +1198,8 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_logits);
     cuda__dev_free((void **)&r->d_hidden);
     cuda__dev_free((void **)&r->d_ws);
+    cuda__dev_free((void **)&r->d_sk_ws);
+    cuda__dev_free((void **)&r->d_sk_count);
     cuda__dev_free(&r->d_k);
     cuda__dev_free(&r->d_v);
     cuda__dev_free((void **)&r->d_inv_freq);
@@ -1427,6 +1440,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     aa.d_ctx_len = p->d_ctx;
     aa.d_mask_off = p->d_mask_off;
     aa.d_out = r->d_att;
+    aa.d_sk_count = r->d_sk_count;
+    aa.d_sk_ws = r->d_sk_ws;
+    aa.sk_max_tokens = b->max_tok;
 
     /* Decode steps of <= 2 tokens in bf16 with the streaming GEMV
      * (BT_GEMV_KERNEL=stream, not the default: see kernels/gemv.cu):

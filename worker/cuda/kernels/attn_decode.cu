@@ -582,6 +582,8 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     al.pdl_late = cuda__pdl_late;
     args = &al;
     if (cuda_attn_decode_tc_ok(args, dt)) {
+        if (n_splits == 1 && cuda_attn_decode_sk_ok(args, n))
+            return cuda_attn_decode_sk(args, d_tok_idx, n, stream);
         bt_status_t st = cuda_attn_decode_tc(args, d_tok_idx, n, n_splits,
                                              split_len, d_ws, stream);
         if (st != BT_OK || n_splits == 1)

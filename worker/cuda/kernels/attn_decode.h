@@ -42,7 +42,18 @@ typedef struct {
     void *d_out;                /* (tokens, nh, hd) attention output */
     int pdl_late;               /* set by cuda_attn_decode from
                                    cuda__pdl_late (cuda_int.h) */
+    /* Optional, for the stream-K kernel (attn_decode_sk.cu); zero: not
+     * used.  The caller owns both buffers (one pair per stream: launches
+     * sharing them must not overlap). */
+    int *d_sk_count;            /* (sk_max_tokens, n_kv_heads) counters,
+                                   zero before the first launch; every
+                                   launch leaves them zero */
+    float *d_sk_ws;             /* cuda_attn_decode_sk_ws_floats() floats */
+    int sk_max_tokens;
 } cuda_attn_args_t;
+
+/* Heads per KV head the stream-K kernel takes (its merge buffers). */
+#define CUDA_ATTN_SK_MAX_GROUP 4
 
 /* True when the kernels support this head size (8, 16, ..., 256). */
 bool cuda_attn_head_dim_ok(int head_dim);
@@ -78,6 +89,19 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *args, cuda_dtype_t dt);
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *args,
                                 const int *d_tok_idx, int n, int n_splits,
                                 int split_len, float *d_ws,
+                                cudaStream_t stream);
+
+/* The stream-K kernel (attn_decode_sk.cu): a fixed grid of about two
+ * blocks an SM in groups of n_kv_heads, each group an equal run of the
+ * step's (token, key tile) positions, cut items merged by the last block
+ * to finish a piece.  Opt-in: cuda_attn_decode() takes it for one split
+ * when _sk_ok() (BT_ATTN_SK=1, the args carry its buffers, bf16, head
+ * 64/128, up to CUDA_ATTN_SK_MAX_GROUP heads per KV head); it measured
+ * slower than the split kernel (see the file). */
+size_t cuda_attn_decode_sk_ws_floats(int head_dim);
+bool cuda_attn_decode_sk_ok(const cuda_attn_args_t *args, int n);
+bt_status_t cuda_attn_decode_sk(const cuda_attn_args_t *args,
+                                const int *d_tok_idx, int n,
                                 cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -16,29 +16,28 @@
  * units), merged by its combine kernel.  Padded rows (2 x 16 B per row)
  * keep ldmatrix free of bank conflicts.  The first pipeline stages whose
  * keys are all cached (older than this step) are issued before the PDL
- * wait (BT_ATTN_EARLY=0: after it).  Selected by cuda_attn_decode(); tested by
- * tests/kernels/test_attn.cu against the CPU reference.
+ * wait (BT_ATTN_EARLY=0: after it).  The per-warp copy and tile step are
+ * in attn_decode_tc.cuh, shared with the stream-K kernel
+ * (attn_decode_sk.cu), which cuda_attn_decode() takes instead for one
+ * split when the items outnumber the block slots.  Selected by
+ * cuda_attn_decode(); tested by tests/kernels/test_attn.cu against the
+ * CPU reference.
  */
 #include "attn_decode.h"
 
 #include <math.h>
 
 #include "bt_util.h"
+#include "attn_decode_tc.cuh"
 #include "kern_common.cuh"
-#include "tc_common.cuh"
 
-#define TC_WARPS 4
-#define TC_TK 64     /* keys per tile: 16 per warp */
-#define TC_STAGES 3
-#define TC_PAD 8     /* bf16 of padding per shared-memory row */
 #define TC_BT_SMEM 512
 #define TC_MAX_GROUP 16
 
 template <int HD> struct tc_smem {
-    static constexpr int ROW = HD + TC_PAD;
-    static constexpr int TILE = TC_TK * ROW; /* bf16 elements */
-    static constexpr size_t PIPE =
-        (size_t)TC_STAGES * 2 * TILE * sizeof(bf16_t);
+    static constexpr int ROW = tc_rows<HD>::ROW;
+    static constexpr int TILE = tc_rows<HD>::TILE;
+    static constexpr size_t PIPE = tc_rows<HD>::PIPE;
     static constexpr size_t MERGE =
         (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
@@ -53,7 +52,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     constexpr int TILE = tc_smem<HD>::TILE;
     constexpr int KS = HD / 16; /* k-steps of Q K^T */
     constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
-    constexpr int CPR = HD / 8; /* 16-byte chunks per K/V row */
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __shared__ int sh_bt[TC_BT_SMEM];
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
@@ -105,7 +103,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * block-wide load it replaces (every thread a 16-byte chunk of every
      * row, the address arithmetic per chunk) was ~45% of the kernel's
      * instructions; batch 64 x 2048 keys 144.5 -> 137.1 us a layer. */
-    constexpr int RPI = 32 / CPR; /* rows per copy instruction */
     auto load_tile = [&](int stage, int kt) {
         const int k = start + kt * TC_TK + warp * 16 + (lane & 15);
         long long off = -1; /* -1: past the split, zero-filled */
@@ -115,17 +112,9 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        bf16_t *dk = sk + stage * TILE + warp * 16 * ROW;
-        bf16_t *dv = sv + stage * TILE + warp * 16 * ROW;
-        const int c = lane % CPR;
-#pragma unroll
-        for (int i = 0; i < 16 / RPI; i++) {
-            const int r = i * RPI + lane / CPR;
-            const long long o = __shfl_sync(0xffffffffu, off, r);
-            const bool ok = o >= 0;
-            tc_cp16(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok);
-            tc_cp16(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase, ok);
-        }
+        tc_copy_rows16<HD>(sk + stage * TILE + warp * 16 * ROW,
+                           sv + stage * TILE + warp * 16 * ROW, kbase, vbase,
+                           off, lane);
     };
     /* The first stages whose keys are all cached start before the wait
      * (with programmatic dependent launch they stream during the previous
@@ -142,16 +131,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
 
     /* Q as the A operand: rows = the group's heads (zero beyond G). */
     uint32_t qa[KS][4];
-    const bf16_t *qp = (const bf16_t *)a.d_q +
-                       ((size_t)tok * a.n_heads + h0) * HD;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        int c = ks * 16 + 2 * tq;
-        qa[ks][0] = gr < G ? tc_ld32(qp + gr * HD + c) : 0u;
-        qa[ks][1] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c) : 0u;
-        qa[ks][2] = gr < G ? tc_ld32(qp + gr * HD + c + 8) : 0u;
-        qa[ks][3] = gr + 8 < G ? tc_ld32(qp + (gr + 8) * HD + c + 8) : 0u;
-    }
+    tc_load_q<HD>(qa, (const bf16_t *)a.d_q, tok, a.n_heads, h0, G, lane);
 
     float o[NT][4];
 #pragma unroll
@@ -185,74 +165,12 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         if (kb >= end)
             continue; /* this warp's 16 keys are all past the split */
 
-        float s[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int k2 = 0; k2 < HD / 32; k2++) {
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                uint32_t b[4];
-                tc_ldm(b, tk + (nt * 8 + (lane & 7)) * ROW + k2 * 32 +
-                              (lane >> 3) * 8);
-                tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
-                tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
-            }
-        }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                int key = kb + nt * 8 + 2 * tq + j;
-                bool ok = key < end &&
-                          !(mrow && key >= ctx && !mrow[key - ctx]);
-                s[nt][j] = ok ? s[nt][j] * sl2 : -INFINITY;
-                s[nt][2 + j] = ok ? s[nt][2 + j] * sl2 : -INFINITY;
-                mx0 = fmaxf(mx0, s[nt][j]);
-                mx1 = fmaxf(mx1, s[nt][2 + j]);
-            }
-#pragma unroll
-        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-        }
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
-        const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-        m0 = mn0;
-        m1 = mn1;
-        float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                s[nt][j] = exp2f(s[nt][j] - b0);
-                s[nt][2 + j] = exp2f(s[nt][2 + j] - b1);
-                ps0 += s[nt][j];
-                ps1 += s[nt][2 + j];
-            }
-        l0 = l0 * c0 + ps0;
-        l1 = l1 * c1 + ps1;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            o[nt][0] *= c0;
-            o[nt][1] *= c0;
-            o[nt][2] *= c1;
-            o[nt][3] *= c1;
-        }
-        uint32_t pa[4] = {tc_pack(s[0][0], s[0][1]), tc_pack(s[0][2], s[0][3]),
-                          tc_pack(s[1][0], s[1][1]), tc_pack(s[1][2], s[1][3])};
-#pragma unroll
-        for (int dn = 0; dn < HD / 16; dn++) {
-            uint32_t b[4];
-            tc_ldm_t(b, tv + ((lane & 7) + ((lane >> 3) & 1) * 8) * ROW +
-                            dn * 16 + (lane >> 4) * 8);
-            tc_mma(o[2 * dn], pa, b[0], b[1]);
-            tc_mma(o[2 * dn + 1], pa, b[2], b[3]);
-        }
+        if (mrow)
+            tc_attend16<HD, true>(qa, tk, tv, kb, end, ctx, mrow, sl2, o, m0,
+                                  m1, l0, l1, lane);
+        else
+            tc_attend16<HD, false>(qa, tk, tv, kb, end, ctx, mrow, sl2, o, m0,
+                                   m1, l0, l1, lane);
     }
     tc_cp_wait<0>();
     __syncthreads(); /* the pipeline's shared memory is reused below */
