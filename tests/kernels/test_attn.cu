@@ -5,7 +5,8 @@
  *     (attn_decode_tc.cu), so those runs repeat once with BT_ATTN_TC=0 to
  *     keep the general kernel tested; where up to 4 heads share a KV head,
  *     the opt-in stream-K kernel (attn_decode_sk.cu), its counters checked
- *     back at zero after each launch,
+ *     back at zero after each launch, and with RoPE and the new keys'
+ *     K/V write fused into it (single-token steps, run_rope_case),
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
@@ -308,6 +309,126 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     batch_free(&b);
 }
 
+/* The fused RoPE (cuda_attn_args_t.d_qkv): single-token unmasked decode
+ * steps, q and the new key rotated inside the decode kernel and K/V
+ * written to the cache.  Reference: rope_kv_ref into copies of the caches,
+ * then attn_ref.  Checks the output, the whole K and V caches (the new
+ * slots written, nothing else touched), with one split, the planner's
+ * and 64-key splits (the writer is the split holding the new key); d_q is
+ * poisoned (it must not be read).  RoPE positions differ from the cache
+ * positions (d_pos is what rotates). */
+static void run_rope_case(int nh, int nkv, int hd, int bs, int rope_half,
+                          bool with_bias, const std::vector<int> &ctxs)
+{
+    const cuda_dtype_t dt = CUDA_DT_BF16;
+    attn_case_t c = {nh, nkv, hd, bs, {}};
+    for (int ctx : ctxs)
+        c.seqs.push_back({ctx, 1, 0});
+    batch_t b;
+    batch_build(&c, dt, &b);
+    if (!cuda_attn_decode_rope_ok(&b.a, b.nt, dt)) {
+        batch_free(&b);
+        return;
+    }
+    const int qkv_dim = (nh + 2 * nkv) * hd;
+    const size_t cache_n = (size_t)b.n_blocks * bs * nkv * hd;
+    const size_t n_out = (size_t)b.nt * nh * hd;
+    float *qkv = kt_rand_vec((size_t)b.nt * qkv_dim, -1, 1, dt);
+    float *bias = with_bias ? kt_rand_vec(qkv_dim, -0.5f, 0.5f, dt) : NULL;
+    std::vector<float> inv_freq(hd / 2);
+    std::vector<int> pos(b.nt), slot(b.nt);
+    for (int i = 0; i < hd / 2; i++)
+        inv_freq[i] = powf(10000.0f, -2.0f * i / hd);
+    for (int t = 0; t < b.nt; t++) {
+        int ctx = b.ctx[t];
+        pos[t] = ctx + 3 * t + 1;
+        slot[t] = b.bt[b.bt_off[t] + ctx / bs] * bs + ctx % bs;
+    }
+    float *kref = (float *)malloc(sizeof(float) * cache_n);
+    float *vref = (float *)malloc(sizeof(float) * cache_n);
+    float *qref = (float *)malloc(sizeof(float) * n_out);
+    float *ref = (float *)malloc(sizeof(float) * n_out);
+    memcpy(kref, b.k, sizeof(float) * cache_n);
+    memcpy(vref, b.v, sizeof(float) * cache_n);
+    rope_kv_ref(qkv, bias, inv_freq.data(), pos.data(), slot.data(), b.nt,
+                nh, nkv, hd, rope_half, qref, kref, vref);
+    attn_ref(nh, nkv, hd, bs, b.a.scale, qref, kref, vref, b.bt.data(),
+             b.masks.data(), b.kv_len.data(), b.bt_off.data(), b.ctx.data(),
+             b.mask_off.data(), b.nt, ref);
+
+    cuda_attn_args_t a = b.a;
+    a.d_qkv = kt_upload(qkv, (size_t)b.nt * qkv_dim, dt);
+    a.d_qkv_bias = bias ? kt_upload(bias, qkv_dim, dt) : NULL;
+    a.d_inv_freq = (const float *)kt_upload(inv_freq.data(), hd / 2,
+                                            CUDA_DT_F32);
+    a.d_pos = (const int *)kt_upload_raw(pos.data(), sizeof(int) * b.nt);
+    a.d_slot = (const int *)kt_upload_raw(slot.data(), sizeof(int) * b.nt);
+    a.rope_half = rope_half;
+    kt_poison((void *)a.d_q, n_out, dt);
+    int max_kv = 1;
+    for (int t = 0; t < b.nt; t++)
+        max_kv = b.kv_len[t] > max_kv ? b.kv_len[t] : max_kv;
+    char desc[96], what[160];
+    int pos_c = snprintf(desc, sizeof(desc), "h=%d/%d hd=%d bs=%d %s%s ctx",
+                         nh, nkv, hd, bs, rope_half ? "half" : "pairs",
+                         bias ? "+bias" : "");
+    for (int ctx : ctxs)
+        if (pos_c < (int)sizeof(desc) - 8)
+            pos_c += snprintf(desc + pos_c, sizeof(desc) - pos_c, " %d", ctx);
+    for (int plan = 0; plan < 3; plan++) {
+        int ns = 1, sl = 1 << 30;
+        if (plan == 1)
+            cuda_attn_decode_plan(b.nt, max_kv, nh, nkv, 132, 64, &ns, &sl);
+        if (plan == 2) {
+            sl = 64;
+            ns = (max_kv + 63) / 64;
+        }
+        float *d_ws = NULL;
+        KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
+                                          b.nt, nh, hd, ns) + 4));
+        /* the new slots poisoned: the kernel must write them */
+        std::vector<uint16_t> nan_row(hd, 0xFFFF);
+        for (int t = 0; t < b.nt; t++)
+            for (int h = 0; h < nkv; h++) {
+                size_t at = ((size_t)slot[t] * nkv + h) * hd * 2;
+                KT_CUDA(cudaMemcpy((char *)a.d_k_cache + at, nan_row.data(),
+                                   2 * hd, cudaMemcpyHostToDevice));
+                KT_CUDA(cudaMemcpy((char *)a.d_v_cache + at, nan_row.data(),
+                                   2 * hd, cudaMemcpyHostToDevice));
+            }
+        kt_poison(a.d_out, n_out, dt);
+        KT_OK(cuda_attn_decode(&a, b.d_all, b.nt, ns, sl, d_ws, dt, 0));
+        float *out = kt_download(a.d_out, n_out, dt);
+        snprintf(what, sizeof(what), "attn decode+rope %dx%d %s", ns,
+                 sl > 1 << 20 ? 0 : sl, desc);
+        kt_compare(what, out, ref, n_out, kt_tol(dt));
+        free(out);
+        float *kc = kt_download(a.d_k_cache, cache_n, dt);
+        float *vc = kt_download(a.d_v_cache, cache_n, dt);
+        snprintf(what, sizeof(what), "attn decode+rope %dx%d K cache %s", ns,
+                 sl > 1 << 20 ? 0 : sl, desc);
+        kt_compare(what, kc, kref, cache_n, kt_tol(dt));
+        snprintf(what, sizeof(what), "attn decode+rope %dx%d V cache %s", ns,
+                 sl > 1 << 20 ? 0 : sl, desc);
+        kt_compare(what, vc, vref, cache_n, kt_tol(dt));
+        free(kc);
+        free(vc);
+        cudaFree(d_ws);
+    }
+    cudaFree((void *)a.d_qkv);
+    cudaFree((void *)a.d_qkv_bias);
+    cudaFree((void *)a.d_inv_freq);
+    cudaFree((void *)a.d_pos);
+    cudaFree((void *)a.d_slot);
+    free(qkv);
+    free(bias);
+    free(kref);
+    free(vref);
+    free(qref);
+    free(ref);
+    batch_free(&b);
+}
+
 /* Times decode attention (KV bandwidth) and prefill (TFLOP/s) at the
  * Llama-3-8B shape. */
 static void bench(void)
@@ -461,6 +582,12 @@ int main(int argc, char **argv)
     for (int dti = 0; dti < 2; dti++)
         for (const attn_case_t &c : cases)
             run_case(&c, dti ? CUDA_DT_BF16 : CUDA_DT_F32);
+    /* fused RoPE: GQA 4 / 4 / 16 / 1, both layouts, bias or not, a first
+     * token (ctx 0), tile and block edges, long contexts (splits) */
+    run_rope_case(32, 8, 128, 16, 1, true, {0, 1, 63, 64, 2000, 17});
+    run_rope_case(8, 2, 64, 8, 0, false, {5, 700, 128, 0});
+    run_rope_case(32, 2, 128, 64, 1, false, {4000, 5, 64});
+    run_rope_case(8, 8, 64, 16, 0, true, {300, 1, 1025});
     if (argc > 1 && strcmp(argv[1], "--bench") == 0)
         bench();
     return kt_finish("test_attn");

@@ -96,6 +96,8 @@ typedef struct {
     int n_splits;           /* attention key splits */
     int split_len;          /* keys per split */
     bool hidden;            /* also gathers hidden rows */
+    bool single;            /* captured for single-token unmasked steps
+                               (RoPE fused into the attention) */
     cudaGraphExec_t exec;
 } cuda_graph_t;
 
@@ -109,6 +111,9 @@ typedef struct {
     int n_splits;
     int split_len;
     bool want_hidden;
+    bool single;            /* every token is one new, unmasked token of
+                               its sequence: RoPE may be fused into the
+                               decode attention */
     bool graph;             /* replay a decode graph */
     size_t o_tokens, o_pos, o_slot, o_kv_len, o_bt_off, o_ctx, o_mask_off,
         o_gen, o_rows, o_tiles, o_bt;
@@ -131,6 +136,7 @@ typedef struct {
     int n_splits;
     int split_len;
     bool want_hidden;
+    bool single;            /* cuda_step_t.single */
     const int *d_tokens;    /* (nt) */
     const int *d_pos;       /* (nt) */
     const int *d_slot;      /* (nt) */
@@ -1443,6 +1449,18 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     aa.d_sk_count = r->d_sk_count;
     aa.d_sk_ws = r->d_sk_ws;
     aa.sk_max_tokens = b->max_tok;
+    /* Single-token unmasked steps: RoPE and the new keys' K/V write run
+     * inside the decode attention kernel (one kernel a layer less; the
+     * per-layer events of on_layer_done are never wanted then). */
+    const bool fuse_rope = p->single &&
+                           !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
+                           cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);
+    if (fuse_rope) {
+        aa.d_inv_freq = r->d_inv_freq;
+        aa.d_pos = p->d_pos;
+        aa.d_slot = p->d_slot;
+        aa.rope_half = ra.rope_half;
+    }
 
     /* Decode steps of <= 2 tokens in bf16 with the streaming GEMV
      * (BT_GEMV_KERNEL=stream, not the default: see kernels/gemv.cu):
@@ -1466,7 +1484,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         ra.d_bias = w->d_bqkv;
         ra.d_k_cache = d_kl;
         ra.d_v_cache = d_vl;
-        if (!(b->skip & CUDA_SKIP_ROPE))
+        if (!(b->skip & CUDA_SKIP_ROPE) && !fuse_rope)
             status = cuda_rope_kv(&ra, b->dt, r->stream);
         if (status != BT_OK)
             return status;
@@ -1480,6 +1498,10 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         aa.d_k_cache = d_kl;
         aa.d_v_cache = d_vl;
+        if (fuse_rope) {
+            aa.d_qkv = r->d_qkv;
+            aa.d_qkv_bias = w->d_bqkv;
+        }
         if (!(b->skip & CUDA_SKIP_ATTN)) {
             status = cuda_attn_decode(&aa, p->d_gen, p->n_gen, p->n_splits,
                                       p->split_len, r->d_ws, b->dt,
@@ -1593,7 +1615,8 @@ static bt_status_t cuda_graph_get(cuda_rank_t *r, const cuda_plan_t *p,
     for (int i = 0; i < r->n_graphs; i++) {
         g = &r->graphs[i];
         if (g->bucket == p->nt && g->n_splits == p->n_splits &&
-            g->split_len == p->split_len && g->hidden == p->want_hidden) {
+            g->split_len == p->split_len && g->hidden == p->want_hidden &&
+            g->single == p->single) {
             *exec_p = g->exec;
             return BT_OK;
         }
@@ -1623,6 +1646,7 @@ static bt_status_t cuda_graph_get(cuda_rank_t *r, const cuda_plan_t *p,
     g->n_splits = p->n_splits;
     g->split_len = p->split_len;
     g->hidden = p->want_hidden;
+    g->single = p->single;
     r->n_graphs++;
     BT_LOG_DEBUG("CUDA", "captured decode graph: bucket %d, %d splits of %d",
                  p->nt, p->n_splits, p->split_len);
@@ -1654,6 +1678,7 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
     p.n_splits = st->n_splits;
     p.split_len = st->split_len;
     p.want_hidden = st->want_hidden;
+    p.single = st->single;
     p.d_tokens = d + st->o_tokens;
     p.d_pos = d + st->o_pos;
     p.d_slot = d + st->o_slot;
@@ -1765,6 +1790,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     size_t bt_total = 0, mask_total = 0, ints, off;
     bool graph = b->use_graphs && batch->on_layer_done == NULL;
     bool tree = false; /* a speculative verification step (masked) */
+    bool single = true; /* one new unmasked token per sequence */
     int *h;
     int *tok, *pos, *slot, *kvl, *bto, *ctxa, *mo, *gen, *rows, *tiles, *bt;
     size_t mask_at = 0, bt_at = 0;
@@ -1778,6 +1804,8 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
         bt_total += BT_DIV_UP(sq->ctx_len + sq->n_tokens, bs);
         if (sq->mask)
             mask_total += (size_t)sq->n_tokens * sq->n_tokens;
+        if (sq->n_tokens != 1 || sq->mask)
+            single = false;
         /* graphs: decode tokens, or tree-verification chunks (a mask,
          * a logits row per token) */
         if (sq->n_tokens != 1) {
@@ -1890,6 +1918,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     st.n_gen = n_gen;
     st.n_tiles = n_tiles;
     st.want_hidden = hidden != NULL || batch->keep_hidden;
+    st.single = single && batch->on_layer_done == NULL;
     st.graph = graph;
     {
         int max_splits = (int)BT_MIN(

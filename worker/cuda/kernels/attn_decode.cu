@@ -567,6 +567,18 @@ static void attn_decode_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
 }
 
+bool cuda_attn_decode_rope_ok(const cuda_attn_args_t *args, int n,
+                              cuda_dtype_t dt)
+{
+    const char *env = getenv("BT_ATTN_ROPE");
+
+    if (env && strcmp(env, "0") == 0)
+        return false;
+    /* stream-K (opt-in) has no fused prologue */
+    return cuda_attn_decode_tc_ok(args, dt) &&
+           !cuda_attn_decode_sk_ok(args, n);
+}
+
 bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
                              const int *d_tok_idx, int n, int n_splits,
                              int split_len, float *d_ws, cuda_dtype_t dt,
@@ -581,6 +593,7 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     cuda_attn_args_t al = *args;
     al.pdl_late = cuda__pdl_late;
     args = &al;
+    BT_ASSERT(args->d_qkv == NULL || cuda_attn_decode_rope_ok(args, n, dt));
     if (cuda_attn_decode_tc_ok(args, dt)) {
         if (n_splits == 1 && cuda_attn_decode_sk_ok(args, n))
             return cuda_attn_decode_sk(args, d_tok_idx, n, stream);

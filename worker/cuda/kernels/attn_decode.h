@@ -50,10 +50,27 @@ typedef struct {
                                    launch leaves them zero */
     float *d_sk_ws;             /* cuda_attn_decode_sk_ws_floats() floats */
     int sk_max_tokens;
+    /* Optional: RoPE and the new key's K/V write fused into the decode
+     * kernel (cuda_attn_decode_rope_ok), for steps whose every token is
+     * one new token of its sequence, unmasked (kv_len = ctx_len + 1: no
+     * token reads another's new key).  d_qkv NULL: d_q is read, rotated
+     * and the cache written by cuda_rope_kv before.  Otherwise d_q is
+     * neither read nor written; the fields are cuda_rope_kv_args_t's. */
+    const void *d_qkv;          /* (tokens, (nh + 2 nkv) hd) q|k|v */
+    const void *d_qkv_bias;     /* ((nh + 2 nkv) hd) or NULL */
+    const float *d_inv_freq;    /* (hd / 2) */
+    const int *d_pos;           /* (tokens) RoPE positions */
+    const int *d_slot;          /* (tokens) the new key's slot, < 0: none */
+    int rope_half;              /* 1: rotate (i, i + hd/2); 0: (2i, 2i+1) */
 } cuda_attn_args_t;
 
 /* Heads per KV head the stream-K kernel takes (its merge buffers). */
 #define CUDA_ATTN_SK_MAX_GROUP 4
+
+/* True when cuda_attn_decode can take the fused RoPE fields for `n`
+ * tokens (the tensor-core kernel runs them; BT_ATTN_ROPE=0: never). */
+bool cuda_attn_decode_rope_ok(const cuda_attn_args_t *args, int n,
+                              cuda_dtype_t dt);
 
 /* True when the kernels support this head size (8, 16, ..., 256). */
 bool cuda_attn_head_dim_ok(int head_dim);

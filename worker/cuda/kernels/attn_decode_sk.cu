@@ -261,8 +261,10 @@ attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
             load_next((i + TC_STAGES - 1) % TC_STAGES);
         tc_cp_commit();
         if (i == 0 || cc.kt == 0) { /* an item starts */
-            tc_load_q<HD>(qa, (const bf16_t *)a.d_q, cc.t.tok, a.n_heads,
-                          kvh * G, G, lane);
+            tc_load_q<HD>(qa,
+                          (const bf16_t *)a.d_q +
+                              ((size_t)cc.t.tok * a.n_heads + kvh * G) * HD,
+                          G, lane);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
                 o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;

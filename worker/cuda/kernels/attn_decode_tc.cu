@@ -43,6 +43,71 @@ template <int HD> struct tc_smem {
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
 };
 
+/* The fused RoPE (cuda_attn_args_t.d_qkv): the G query heads of token
+ * tok rotated into sh_q, and, by the block whose key range holds the new
+ * key (position ctx, slot d_slot[tok]), KV head kvh's rotated K and its V
+ * written to the cache before any copy of that tile is issued.  Same
+ * arithmetic as rope_kv.cu (bias added in f32, sincosf of pos x
+ * inv_freq, bf16 rounding of the result): the same bits as the unfused
+ * path.  Ends with a block barrier. */
+template <int HD>
+static __device__ __forceinline__ void tc_rope_prologue(
+    const cuda_attn_args_t &a, int tok, int kvh, int G, int start, int end,
+    int ctx, bf16_t *sh_q)
+{
+    constexpr int HALF = HD / 2;
+    __shared__ float sh_c[HALF], sh_s[HALF];
+    const int qkv_dim = (a.n_heads + 2 * a.n_kv_heads) * HD;
+    const bf16_t *row = (const bf16_t *)a.d_qkv + (size_t)tok * qkv_dim;
+    const bf16_t *bias = (const bf16_t *)a.d_qkv_bias;
+    const int slot = a.d_slot[tok];
+    const bool writer = slot >= 0 && start <= ctx && ctx < end;
+    const float pos = (float)a.d_pos[tok];
+
+    for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
+        float sn, cs;
+        sincosf(pos * a.d_inv_freq[i], &sn, &cs);
+        sh_c[i] = cs;
+        sh_s[i] = sn;
+    }
+    __syncthreads();
+    const int n_rot = (G + (writer ? 1 : 0)) * HALF; /* q heads, then k */
+    for (int p = threadIdx.x; p < n_rot; p += blockDim.x) {
+        const int hh = p / HALF, i = p - hh * HALF;
+        const int e0 = a.rope_half ? i : 2 * i;
+        const int e1 = a.rope_half ? i + HALF : 2 * i + 1;
+        const int col = (hh < G ? kvh * G + hh : a.n_heads + kvh) * HD;
+        float x0 = __bfloat162float(row[col + e0]);
+        float x1 = __bfloat162float(row[col + e1]);
+        if (bias) {
+            x0 += __bfloat162float(bias[col + e0]);
+            x1 += __bfloat162float(bias[col + e1]);
+        }
+        const float c = sh_c[i], sn = sh_s[i];
+        const bf16_t y0 = __float2bfloat16_rn(x0 * c - x1 * sn);
+        const bf16_t y1 = __float2bfloat16_rn(x0 * sn + x1 * c);
+        bf16_t *dst = hh < G ? sh_q + hh * HD
+                             : (bf16_t *)a.d_k_cache +
+                                   ((size_t)slot * a.n_kv_heads + kvh) * HD;
+        dst[e0] = y0;
+        dst[e1] = y1;
+    }
+    if (writer) {
+        const int voff = (a.n_heads + a.n_kv_heads + kvh) * HD;
+        bf16_t *v = (bf16_t *)a.d_v_cache +
+                    ((size_t)slot * a.n_kv_heads + kvh) * HD;
+        for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+            float x = __bfloat162float(row[voff + e]);
+            if (bias)
+                x += __bfloat162float(bias[voff + e]);
+            v[e] = __float2bfloat16_rn(x);
+        }
+        /* the tile's cp.async copies read through L2 */
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
@@ -54,6 +119,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __shared__ int sh_bt[TC_BT_SMEM];
+    __shared__ __align__(16) bf16_t sh_q[TC_MAX_GROUP * HD]; /* fused RoPE */
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
     bf16_t *sv = sk + TC_STAGES * TILE;
 
@@ -129,9 +195,18 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         }
     kern_pdl_wait();
 
-    /* Q as the A operand: rows = the group's heads (zero beyond G). */
+    /* Q as the A operand: rows = the group's heads (zero beyond G), from
+     * d_q, or rotated here from the QKV row (the fused RoPE). */
     uint32_t qa[KS][4];
-    tc_load_q<HD>(qa, (const bf16_t *)a.d_q, tok, a.n_heads, h0, G, lane);
+    if (a.d_qkv) {
+        tc_rope_prologue<HD>(a, tok, kvh, G, start, end, ctx, sh_q);
+        tc_load_q<HD>(qa, sh_q, G, lane);
+    } else {
+        tc_load_q<HD>(qa,
+                      (const bf16_t *)a.d_q + ((size_t)tok * a.n_heads + h0) *
+                                                  HD,
+                      G, lane);
+    }
 
     float o[NT][4];
 #pragma unroll

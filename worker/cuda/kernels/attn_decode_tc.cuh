@@ -55,15 +55,14 @@ static __device__ __forceinline__ void tc_copy_rows16(
     }
 }
 
-/* Q rows h0 .. h0+G-1 of token `tok` as the A operand (zero beyond G). */
+/* G rows of Q (HD apart from qp: global or shared memory) as the A
+ * operand (zero beyond G). */
 template <int HD>
 static __device__ __forceinline__ void tc_load_q(uint32_t (&qa)[HD / 16][4],
-                                                 const bf16_t *q, int tok,
-                                                 int n_heads, int h0, int G,
+                                                 const bf16_t *qp, int G,
                                                  int lane)
 {
     const int gr = lane >> 2, tq = lane & 3;
-    const bf16_t *qp = q + ((size_t)tok * n_heads + h0) * HD;
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ks++) {
         int c = ks * 16 + 2 * tq;
