@@ -4,13 +4,16 @@
  * bf16 in with f32 out added to the existing output (the residual add),
  * odd shapes; output poisoned before each plain run.  Then every GEMV
  * variant of kernels/gemv.h (cuda_gemv_run) on every shape it supports,
- * and the RMSNorm-fused GEMV (stream and ring kernels).  --bench times
- * the Llama-3-8B projection shapes; --variant NAME runs only that
- * variant's cases (a new kernel's quick check on the device).
- * Run: build-cuda/gpu/test_gemm [--bench | --variant NAME]   (make gpu-test)
+ * the RMSNorm-fused GEMV (stream and ring kernels) and the rows kernel with
+ * SwiGLU fused into its output.  --bench times the Llama-3-8B projection
+ * shapes; --variant NAME runs only that variant's cases, --norm only the
+ * fused-RMSNorm / SwiGLU ones (a new kernel's quick check on the device).
+ * Run: build-cuda/gpu/test_gemm [--bench | --variant NAME | --norm]
+ * (make gpu-test)
  */
 #include "gemm.h"
 #include "kernels/gemv.h"
+#include "kernels/swiglu.h"
 #include "kernels_ref.h"
 #include "kt_common.h"
 
@@ -127,6 +130,59 @@ static void run_norm_case(int t, int o, int i, cuda_dtype_t out_dt)
     free(x); free(gw); free(w); free(xn); free(ref); free(y);
 }
 
+/* cuda_gemv_norm_glu: RMSNorm in, SwiGLU out, over a fused gate|up
+ * matrix (2 hid, i): against rmsnorm_ref, gemm_ref, rounding to bf16,
+ * swiglu_ref; and bit for bit against cuda_gemv_norm then cuda_swiglu
+ * (the unfused path it replaces). */
+static void run_glu_case(int t, int hid, int i)
+{
+    float *x = kt_rand_vec((size_t)t * i, -2, 2, CUDA_DT_F32);
+    float *gw = kt_rand_vec((size_t)i, 0.5f, 1.5f, CUDA_DT_BF16);
+    float *w = kt_rand_vec((size_t)2 * hid * i, -1, 1, CUDA_DT_BF16);
+    float *xn = (float *)malloc(sizeof(float) * t * i);
+    float *gu = (float *)malloc(sizeof(float) * t * 2 * hid);
+    float *ref = (float *)malloc(sizeof(float) * t * hid);
+    rmsnorm_ref(x, NULL, gw, NULL, t, i, 1e-5f, xn);
+    for (size_t k = 0; k < (size_t)t * i; k++)
+        xn[k] = kt_bf16_to_f32(kt_f32_to_bf16(xn[k]));
+    gemm_ref(t, 2 * hid, i, xn, w, gu, 0);
+    for (size_t k = 0; k < (size_t)t * 2 * hid; k++)
+        gu[k] = kt_bf16_to_f32(kt_f32_to_bf16(gu[k]));
+    swiglu_ref(gu, t, hid, ref);
+    void *d_x = kt_upload(x, (size_t)t * i, CUDA_DT_F32);
+    void *d_g = kt_upload(gw, (size_t)i, CUDA_DT_BF16);
+    void *d_w = kt_upload(w, (size_t)2 * hid * i, CUDA_DT_BF16);
+    void *d_h = kt_poisoned((size_t)t * hid, CUDA_DT_BF16);
+    void *d_gu = kt_poisoned((size_t)t * 2 * hid, CUDA_DT_BF16);
+    void *d_h2 = kt_poisoned((size_t)t * hid, CUDA_DT_BF16);
+    KT_OK(cuda_gemv_norm_glu(t, hid, i, (const float *)d_x, d_g, 1e-5f, d_w,
+                             d_h, 0));
+    KT_OK(cuda_gemv_norm(t, 2 * hid, i, (const float *)d_x, d_g, 1e-5f, d_w,
+                         d_gu, CUDA_DT_BF16, 0));
+    KT_OK(cuda_swiglu(d_gu, t, hid, d_h2, CUDA_DT_BF16, 0));
+    KT_CUDA(cudaDeviceSynchronize());
+    float *h = kt_download(d_h, (size_t)t * hid, CUDA_DT_BF16);
+    float *h2 = kt_download(d_h2, (size_t)t * hid, CUDA_DT_BF16);
+    char what[160];
+    snprintf(what, sizeof(what), "gemv+rmsnorm+swiglu %s t=%d hid=%d i=%d%s",
+             getenv("BT_GEMV_GLU") ? getenv("BT_GEMV_GLU") : "", t, hid, i,
+             kt_switches());
+    kt_compare(what, h, ref, (size_t)t * hid, 1e-2);
+    size_t diff = 0;
+    for (size_t k = 0; k < (size_t)t * hid; k++)
+        diff += memcmp(&h[k], &h2[k], sizeof(float)) != 0;
+    snprintf(what, sizeof(what), "gemv+rmsnorm+swiglu t=%d hid=%d i=%d "
+             "bit-identical to the unfused path (%zu differ)", t, hid, i,
+             diff);
+    printf("%s %s\n", diff == 0 ? "PASS" : "FAIL", what);
+    if (diff)
+        kt_failures++;
+    cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_h);
+    cudaFree(d_gu); cudaFree(d_h2);
+    free(x); free(gw); free(w); free(xn); free(gu); free(ref); free(h);
+    free(h2);
+}
+
 static void bench(worker_gemm_ctx_t *g, const char *label, int max_t)
 {
     /* (n_out, n_in) of Llama-3-8B: qkv, o, gate|up, down, classifier */
@@ -174,6 +230,7 @@ int main(int argc, char **argv)
     worker_gemm_ctx_t *g = NULL;
     const char *only = argc > 2 && strcmp(argv[1], "--variant") == 0
                            ? argv[2] : NULL;
+    const bool norm_only = argc > 1 && strcmp(argv[1], "--norm") == 0;
     KT_OK(worker_gemm_ctx_create(32u << 20, &g));
     g_ws.part_bytes = 32u << 20;
     g_ws.n_cnt = 4096;
@@ -189,7 +246,7 @@ int main(int argc, char **argv)
                          {2, 1000, 14336}, {1, 5, 512}, {2, 20000, 256}};
     /* Pass 1: the streaming GEMV kernel where n_in % 256 == 0
      * (BT_GEMV_KERNEL=stream), pass 0: the default (warp-per-row). */
-    for (int pass = only ? -1 : 1; pass >= 0; pass--) {
+    for (int pass = only || norm_only ? -1 : 1; pass >= 0; pass--) {
     if (pass)
         setenv("BT_GEMV_KERNEL", "stream", 1);
     else
@@ -224,7 +281,7 @@ int main(int argc, char **argv)
                               {65, 77, 64}, {100, 1000, 4096},
                               {128, 6144, 4096}, {72, 130, 320},
                               {128, 4096, 14336}};
-        for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++) {
+        for (int k = 0; k < (norm_only ? 0 : CUDA_GEMV_N_KERNELS); k++) {
             int n = 0;
             if (only && strcmp(only, cuda_gemv_kernel_name(
                                          (cuda_gemv_kernel_t)k)) != 0)
@@ -279,6 +336,33 @@ int main(int argc, char **argv)
                 run_norm_case(t, o, i, CUDA_DT_F32);
             }
         }
+        /* cuda_gemv_norm_glu, both kernels at 1 and 2 tokens (two warps a
+         * pair, then one warp a pair): the Llama-3-8B MLP (14336 x 2 over
+         * 4096), odd pair counts, n_in 1024 (the smallest with whole
+         * 128-chunk steps) */
+        unsetenv("BT_GEMV_KERNEL");
+        unsetenv("BT_GEMV_NORM");
+        unsetenv("BT_GEMV_NORM_KERNEL");
+        const int gsh[][3] = {{1, 14336, 4096}, {2, 14336, 4096},
+                              {1, 77, 1024}, {2, 1001, 2048},
+                              {1, 3, 1024}};
+        for (size_t s2 = 0; s2 < 2 * sizeof(gsh) / sizeof(gsh[0]); s2++) {
+            setenv("BT_GEMV_GLU",
+                   s2 < sizeof(gsh) / sizeof(gsh[0]) ? "pair" : "warp", 1);
+            const int *sh2 = gsh[s2 % (sizeof(gsh) / sizeof(gsh[0]))];
+            int t = sh2[0], hid = sh2[1], i = sh2[2];
+            if (!cuda_gemv_norm_glu_ok(t, i)) {
+                printf("FAIL gemv_norm_glu_ok false for t=%d i=%d\n", t, i);
+                kt_failures++;
+                continue;
+            }
+            run_glu_case(t, hid, i);
+        }
+        unsetenv("BT_GEMV_GLU");
+        if (cuda_gemv_norm_glu_ok(1, 264) || cuda_gemv_norm_glu_ok(3, 4096)) {
+            printf("FAIL gemv_norm_glu_ok true for i=264 or 3 tokens\n");
+            kt_failures++;
+        }
         /* The prefetch / trigger switches of the rows kernel change no
          * result: whole-row prefetch, none, early trigger. */
         const char *pf[][2] = {{"BT_GEMV_PF", "2"}, {"BT_GEMV_PF", "0"},
@@ -294,6 +378,7 @@ int main(int argc, char **argv)
             run_variant(CUDA_GEMV_ROWS8, 2, 301, 2048, CUDA_DT_BF16, 0);
             run_norm_case(1, 6144, 4096, CUDA_DT_BF16);
             run_norm_case(2, 1000, 4096, CUDA_DT_F32);
+            run_glu_case(1, 1001, 2048);
             unsetenv(pf[f][0]);
         }
         /* Late PDL triggers (cuda__pdl_late, the batch-1 default of the
@@ -302,12 +387,13 @@ int main(int argc, char **argv)
         run_variant(CUDA_GEMV_ROWS, 1, 6144, 4096, CUDA_DT_BF16, 0);
         run_variant(CUDA_GEMV_ROWS, 2, 4100, 14336, CUDA_DT_F32, 1);
         run_norm_case(1, 6144, 4096, CUDA_DT_BF16);
+        run_glu_case(1, 14336, 4096);
         cuda__pdl_late = 0;
         unsetenv("BT_GEMV_KERNEL");
         unsetenv("BT_GEMV_NORM");
         unsetenv("BT_GEMV_NORM_KERNEL");
     }
-    if (!only) {
+    if (!only && !norm_only) {
         /* worker_gemm with a forced variant, and the tuned choices. */
         const char *force[] = {"mma1", "mma2", "ring", "bulk", "rows8", "lt"};
         for (size_t f = 0; f < sizeof(force) / sizeof(force[0]); f++) {

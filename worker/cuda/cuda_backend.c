@@ -1468,6 +1468,12 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     const bool fuse_norm = b->dt == CUDA_DT_BF16 &&
                            worker_gemm_gemv_enabled(r->gemm) &&
                            cuda_gemv_norm_ok(nt, mc->dim);
+    /* ... and there SwiGLU inside the gate|up GEMV's output (one kernel a
+     * layer less; BT_GEMV_GLU=0: off) */
+    const bool fuse_glu = fuse_norm &&
+                          !(b->skip & (CUDA_SKIP_GU | CUDA_SKIP_SWIGLU |
+                                       CUDA_SKIP_NORM)) &&
+                          cuda_gemv_norm_glu_ok(nt, mc->dim);
 
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &r->layers[l];
@@ -1524,16 +1530,20 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             if (status != BT_OK)
                 return status;
         }
-        status = b->skip & CUDA_SKIP_GU
-                     ? BT_OK
-                     : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
-                                              w->d_ffn_norm, w->d_wgu,
-                                              2 * b->hid, r->d_gu);
-        if (status != BT_OK)
-            return status;
-        if (!(b->skip & CUDA_SKIP_SWIGLU))
-            status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
-                                 r->stream);
+        if (fuse_glu) {
+            status = cuda_gemv_norm_glu(nt, b->hid, mc->dim, r->d_x,
+                                        w->d_ffn_norm, mc->rms_eps,
+                                        w->d_wgu, r->d_h, r->stream);
+        } else {
+            status = b->skip & CUDA_SKIP_GU
+                         ? BT_OK
+                         : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
+                                                  w->d_ffn_norm, w->d_wgu,
+                                                  2 * b->hid, r->d_gu);
+            if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU))
+                status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
+                                     r->stream);
+        }
         if (status != BT_OK)
             return status;
         if (!(b->skip & CUDA_SKIP_DOWN))

@@ -129,8 +129,19 @@ static __device__ __forceinline__ void gemv_norm_stage(
  * kernel then launches only once this one is past its wait, so at most
  * one GEMV ahead prefetches (L2 holds one prefetch window, not two).
  * NORM: x is the RMSNorm of the f32 rows xf with weights g (cuda_gemv_norm),
- * staged per block into shared memory (T x n_in bf16, dynamic). */
-template <int T, typename OUT, int U = GEMV_UNROLL, bool NORM = false>
+ * staged per block into shared memory (T x n_in bf16, dynamic).
+ * GLU (cuda_gemv_norm_glu): w is a fused gate|up matrix (2 n_out, n_in),
+ * y[t, j] = silu(g) * u of gate row j's and up row n_out + j's sums, each
+ * rounded to OUT first, as the unfused GEMV then swiglu.cu (the same lanes
+ * sum the same chunks of each row: the same bits).  GEMV_GLU_WARP: one
+ * warp streams both rows; GEMV_GLU_PAIR: warps 2i and 2i + 1 of a block
+ * take the gate and the up row of one pair (the unfused kernel's rows a
+ * warp and waves) and meet in shared memory at the end. */
+#define GEMV_GLU_OFF 0
+#define GEMV_GLU_WARP 1
+#define GEMV_GLU_PAIR 2
+template <int T, typename OUT, int U = GEMV_UNROLL, bool NORM = false,
+          int GLU = GEMV_GLU_OFF>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32,
                                          U > 4 ? 2 : (T <= 2 ? 4 : 2))
 gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
@@ -140,28 +151,48 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
 {
     extern __shared__ __align__(16) unsigned char gemv_sm[];
     __shared__ float red[32];
+    __shared__ float sh_pair[GEMV_WARPS][T]; /* GEMV_GLU_PAIR's row sums */
     const int lane = threadIdx.x & 31;
+    const int wib = threadIdx.x >> 5;
     /* This warp's rows [row0, row0 + nrows): one stream of n_tot chunks
      * (rpw > 1 only when n_ch % (32 U) == 0, so a step of 32 U chunks
      * never straddles two rows). */
-    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * rpw;
-    const int nrows = max(0, min(rpw, n_out - row0));
+    const int pair = blockIdx.x * (GEMV_WARPS / 2) + (wib >> 1);
+    const int row0 = GLU == GEMV_GLU_PAIR
+                         ? (wib & 1 ? n_out : 0) + pair
+                         : (blockIdx.x * GEMV_WARPS + wib) * rpw;
+    const int nrows = GLU == GEMV_GLU_PAIR   ? (pair < n_out ? 1 : 0)
+                      : GLU == GEMV_GLU_WARP ? (row0 < n_out ? 2 : 0)
+                                             : max(0, min(rpw, n_out - row0));
     const int n_ch = n_in / 8;
     const int n_tot = nrows * n_ch;
     const uint4 *wr = reinterpret_cast<const uint4 *>(
         w + (size_t)(nrows > 0 ? row0 : 0) * n_in);
-    float acc[T];
+    /* GLU: the up row, chunks n_ch .. 2 n_ch - 1 of the stream */
+    const uint4 *wu = reinterpret_cast<const uint4 *>(
+        w + (size_t)(GLU == GEMV_GLU_WARP && nrows > 0 ? n_out + row0 : 0) *
+                n_in);
+    auto wp = [&](int c) {
+        return GLU == GEMV_GLU_WARP && c >= n_ch ? wu + (c - n_ch) : wr + c;
+    };
+    float acc[T], gsum[T];
     uint4 cur[U];
 
     if (trig == GEMV_TRIG_EARLY)
         kern_pdl_trigger();
     if (pf_bytes > 0 && (int)blockIdx.x < pf_blocks && lane == 0 &&
-        nrows > 0)
-        gemv_prefetch_l2(wr, min(pf_bytes, n_tot * 16));
+        nrows > 0) {
+        if (GLU == GEMV_GLU_WARP) {
+            gemv_prefetch_l2(wr, min(pf_bytes / 2, n_ch * 16) & ~15);
+            gemv_prefetch_l2(wu, min(pf_bytes / 2, n_ch * 16) & ~15);
+        } else {
+            gemv_prefetch_l2(wr, min(pf_bytes, n_tot * 16));
+        }
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int c = lane + 32 * u;
-        cur[u] = c < n_tot ? __ldcs(wr + c) : make_uint4(0, 0, 0, 0);
+        cur[u] = c < n_tot ? __ldcs(wp(c)) : make_uint4(0, 0, 0, 0);
     }
     kern_pdl_wait();
     if (trig == GEMV_TRIG_AFTER_WAIT)
@@ -171,18 +202,60 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         gemv_norm_stage<T>(n_in, xf, g, eps, xs, red);
         x = xs;
     }
-    if (nrows == 0)
-        return;
+    if (nrows == 0 && GLU != GEMV_GLU_PAIR)
+        return; /* (PAIR: every warp meets the others at the end) */
 #pragma unroll
     for (int t = 0; t < T; t++)
         acc[t] = 0.0f;
 
-    /* Warp-sums the row sums of row0 + r into y. */
+    /* Warp-sums the row sums of row0 + r into y (GLU: keeps the gate's,
+     * then writes silu(gate) * up). */
     auto flush = [&](int r) {
 #pragma unroll
         for (int t = 0; t < T; t++)
             acc[t] = kern_warp_sum(acc[t]);
-        if (lane < T) {
+        if (GLU == GEMV_GLU_PAIR) {
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (t == lane)
+                    sh_pair[wib][t] = acc[t];
+            __syncthreads();
+            if ((wib & 1) == 0 && lane < T && pair < n_out) {
+                float gv = 0.0f, uv = 0.0f;
+#pragma unroll
+                for (int t = 0; t < T; t++)
+                    if (t == lane) {
+                        gv = sh_pair[wib][t];
+                        uv = sh_pair[wib + 1][t];
+                    }
+                gv = kern_to_f(kern_from_f<OUT>(gv));
+                uv = kern_to_f(kern_from_f<OUT>(uv));
+                y[(size_t)lane * n_out + pair] =
+                    kern_from_f<OUT>(kern_swiglu_f(gv, uv));
+            }
+            return;
+        }
+        if (GLU == GEMV_GLU_WARP && r == 0) {
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                gsum[t] = acc[t];
+                acc[t] = 0.0f;
+            }
+            return;
+        }
+        if (GLU == GEMV_GLU_WARP && lane < T) {
+            float gv = 0.0f, uv = 0.0f;
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (t == lane) {
+                    gv = gsum[t];
+                    uv = acc[t];
+                }
+            gv = kern_to_f(kern_from_f<OUT>(gv));
+            uv = kern_to_f(kern_from_f<OUT>(uv));
+            y[(size_t)lane * n_out + row0] =
+                kern_from_f<OUT>(kern_swiglu_f(gv, uv));
+        } else if (GLU == GEMV_GLU_OFF && lane < T) {
             float v = 0.0f;
 #pragma unroll
             for (int t = 0; t < T; t++)
@@ -201,11 +274,12 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     for (int c0 = lane; c0 < n_tot; c0 += 32 * U) {
         uint4 nxt[U];
         const int c1 = c0 + 32 * U;
-        const int r = rpw > 1 ? (c0 - lane) / n_ch : 0;
+        const int r = rpw > 1 || GLU == GEMV_GLU_WARP ? (c0 - lane) / n_ch
+                                                      : 0;
         const int cb = c0 - r * n_ch; /* chunk index within the row */
 #pragma unroll
         for (int u = 0; u < U; u++)
-            nxt[u] = c1 + 32 * u < n_tot ? __ldcs(wr + c1 + 32 * u)
+            nxt[u] = c1 + 32 * u < n_tot ? __ldcs(wp(c1 + 32 * u))
                                          : make_uint4(0, 0, 0, 0);
         if (r != crow) {
             flush(crow);
@@ -1038,7 +1112,8 @@ static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
     return f1 < 0.6 && f2 > f1 + 0.1 ? 2 : 1;
 }
 
-template <typename OUT, int U, bool NORM>
+/* GLU: n_out is the number of (gate, up) row pairs (see gemv_kernel). */
+template <typename OUT, int U, bool NORM, int GLU = GEMV_GLU_OFF>
 static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              const float *xf, const bf16_t *g, float eps,
                              const bf16_t *w, OUT *y, bool acc,
@@ -1047,10 +1122,12 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     const int th = GEMV_WARPS * 32;
     const int per_sm = U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
     const int wave = gemv_n_sm() * per_sm;
-    const int rpw = gemv_rows_per_warp(n_out, n_in, U, wave);
-    const int blocks = (int)BT_DIV_UP(n_out, GEMV_WARPS * rpw);
+    const int rpw = GLU ? 1 : gemv_rows_per_warp(n_out, n_in, U, wave);
+    const int blocks = (int)BT_DIV_UP(
+        n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2 : GEMV_WARPS * rpw);
     const int mode = gemv_pf_mode();
-    const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) * rpw;
+    const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) *
+                             (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_early_trigger() ? GEMV_TRIG_EARLY
                      : cuda__pdl_late     ? GEMV_TRIG_LATE
@@ -1071,9 +1148,10 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     pf_bytes &= ~15;
 
 #define GEMV_ROWS_K(T)                                                      \
-    kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2>, blocks, th, smem,   \
-                st, n_out, n_in, x, xf, g, eps, w, y, acc, pf_bytes,        \
-                pf_blocks, trig, rpw)
+    kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2,                      \
+                            T <= 2 ? GLU : GEMV_GLU_OFF>,                   \
+                blocks, th, smem, st, n_out, n_in, x, xf, g, eps, w, y,     \
+                acc, pf_bytes, pf_blocks, trig, rpw)
     switch (n_tok) {
     case 1: GEMV_ROWS_K(1); break;
     case 2: GEMV_ROWS_K(2); break;
@@ -1341,6 +1419,53 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
     }
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+/* BT_GEMV_GLU (read at each call): "pair" GEMV_GLU_PAIR, "warp"
+ * GEMV_GLU_WARP, "0" off (cuda_gemv_norm_glu_ok false); unset: pair at 1
+ * token, warp at 2.  Round 12 (H200, Llama-3-8B shape, same call, ms a
+ * step at 2k): 1 token pair 4.117 / 4.132, warp 4.216 / 4.246, off 4.177
+ * / 4.206; 2 tokens pair 5.227 / 5.235, warp 5.010 / 5.018, off 5.260 /
+ * 5.267.  Pair keeps the unfused kernel's waves (warp: half the blocks,
+ * 3.4 waves at 1 token); why warp wins so much at 2 tokens is not
+ * measured. */
+static int gemv_glu_mode(int n_tok)
+{
+    const char *env = getenv("BT_GEMV_GLU");
+
+    if (env && strcmp(env, "0") == 0)
+        return GEMV_GLU_OFF;
+    if (env && strcmp(env, "warp") == 0)
+        return GEMV_GLU_WARP;
+    if (env && strcmp(env, "pair") == 0)
+        return GEMV_GLU_PAIR;
+    return n_tok >= 2 ? GEMV_GLU_WARP : GEMV_GLU_PAIR;
+}
+
+bool cuda_gemv_norm_glu_ok(int n_tok, int n_in)
+{
+    if (gemv_glu_mode(n_tok) == GEMV_GLU_OFF)
+        return false;
+    /* the rows kernel, and steps of 32 U chunks that stay in one row */
+    return gemv_norm_mode() == GEMV_NORM_ROWS && cuda_gemv_norm_ok(n_tok, n_in) &&
+           (n_in / 8) % (32 * GEMV_UNROLL) == 0;
+}
+
+bt_status_t cuda_gemv_norm_glu(int n_tok, int n_hid, int n_in,
+                               const float *d_x, const void *d_g, float eps,
+                               const void *d_w, void *d_h,
+                               cudaStream_t stream)
+{
+    BT_ASSERT(cuda_gemv_norm_glu_ok(n_tok, n_in));
+    if (gemv_glu_mode(n_tok) == GEMV_GLU_WARP)
+        gemv_rows_launch<bf16_t, GEMV_UNROLL, true, GEMV_GLU_WARP>(
+            n_tok, n_hid, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
+            (const bf16_t *)d_w, (bf16_t *)d_h, false, stream);
+    else
+        gemv_rows_launch<bf16_t, GEMV_UNROLL, true, GEMV_GLU_PAIR>(
+            n_tok, n_hid, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
+            (const bf16_t *)d_w, (bf16_t *)d_h, false, stream);
     return BT_CUDA_LAUNCH_STATUS();
 }
 

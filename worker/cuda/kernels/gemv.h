@@ -173,6 +173,20 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            void *d_y, cuda_dtype_t out_dt,
                            cudaStream_t stream);
 
+/* cuda_gemv_norm with SwiGLU fused into its output (decode steps of 1-2
+ * tokens): d_w is the fused gate|up matrix (2 n_hid, n_in) and d_h (n_tok,
+ * n_hid) bf16 gets silu(g) * u of the bf16-rounded products g, u -- bit
+ * for bit what cuda_gemv_norm into (n_tok, 2 n_hid) then cuda_swiglu
+ * give.  At 1 token two warps of a block take a pair's gate and up rows,
+ * at 2 one warp both (BT_GEMV_GLU=pair / warp force one).  _ok: the rows
+ * kernel runs cuda_gemv_norm (BT_GEMV_NORM unset), n_in / 8 is a multiple
+ * of 128, BT_GEMV_GLU is not "0". */
+bool cuda_gemv_norm_glu_ok(int n_tok, int n_in);
+bt_status_t cuda_gemv_norm_glu(int n_tok, int n_hid, int n_in,
+                               const float *d_x, const void *d_g, float eps,
+                               const void *d_w, void *d_h,
+                               cudaStream_t stream);
+
 /* Enqueues L2 prefetches of [d_p, d_p + bytes) (16-byte aligned; the
  * length is rounded down to 16) in a tiny kernel that exits at once: the
  * lines arrive in L2 while the kernels after it run. */

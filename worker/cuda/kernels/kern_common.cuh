@@ -57,6 +57,13 @@ static __device__ __forceinline__ void kern_load_vec(const T *p, float *out)
     }
 }
 
+/* SwiGLU of one element, the CPU reference's arithmetic (llama2.c):
+ * swiglu.cu and the GEMV with the fused SwiGLU output (gemv.cu). */
+static __device__ __forceinline__ float kern_swiglu_f(float g, float u)
+{
+    return g * (1.0f / (1.0f + expf(-g))) * u;
+}
+
 static __device__ __forceinline__ float kern_warp_sum(float v)
 {
 #pragma unroll

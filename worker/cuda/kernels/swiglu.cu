@@ -9,11 +9,9 @@
 #include "bt_util.h"
 #include "kern_common.cuh"
 
-static __device__ __forceinline__ float swiglu_f(float g, float u)
-{
-    /* Same arithmetic as the CPU reference (llama2.c). */
-    return g * (1.0f / (1.0f + expf(-g))) * u;
-}
+/* kern_common.cuh: the same arithmetic as the CPU reference (llama2.c)
+ * and as the GEMV's fused SwiGLU output */
+#define swiglu_f kern_swiglu_f
 
 template <typename T>
 static __global__ void swiglu_kernel(const T *gu, int n, int hidden, T *out,
