@@ -245,6 +245,12 @@ struct cuda_backend_s {
      * (default), 'o' off (=0), 'e' early triggers as on larger steps
      * (=1); see cuda__pdl_late in cuda_int.h */
     char pdl_small;
+    /* Steps of up to this many tokens fuse RMSNorm (and SwiGLU) into the
+     * rows GEMV (BT_GEMV_NORM_TOK, default 1).  Round 12 (H200, 8B shape,
+     * batch 2 @2k, same call): fused 5.021 / 5.028 ms, unfused 4.772 (the
+     * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
+     * projection). */
+    int fuse_norm_max;
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
 
@@ -1092,6 +1098,8 @@ static bt_status_t cuda_create(const model_t *model,
     env = getenv("BT_TREE_GRAPHS");
     b->tree_graphs = env == NULL || strcmp(env, "0") != 0;
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
+    env = getenv("BT_GEMV_NORM_TOK");
+    b->fuse_norm_max = env ? atoi(env) : 1;
     env = getenv("BT_PDL_SMALL");
     b->pdl_small = env == NULL ? 'l' : strcmp(env, "0") == 0 ? 'o'
                  : strcmp(env, "1") == 0 ? 'e' : 'l';
@@ -1472,7 +1480,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     /* Decode steps of <= 2 tokens in bf16 with the streaming GEMV
      * (BT_GEMV_KERNEL=stream, not the default: see kernels/gemv.cu):
      * RMSNorm inside the GEMV that consumes it (one kernel less per norm). */
-    const bool fuse_norm = b->dt == CUDA_DT_BF16 &&
+    const bool fuse_norm = b->dt == CUDA_DT_BF16 && nt <= b->fuse_norm_max &&
                            worker_gemm_gemv_enabled(r->gemm) &&
                            cuda_gemv_norm_ok(nt, mc->dim);
     /* ... and there SwiGLU inside the gate|up GEMV's output (one kernel a
