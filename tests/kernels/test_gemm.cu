@@ -174,9 +174,7 @@ static void run_glu_case(int t, int hid, int i)
     snprintf(what, sizeof(what), "gemv+rmsnorm+swiglu t=%d hid=%d i=%d "
              "bit-identical to the unfused path (%zu differ)", t, hid, i,
              diff);
-    printf("%s %s\n", diff == 0 ? "PASS" : "FAIL", what);
-    if (diff)
-        kt_failures++;
+    kt_check(what, diff == 0);
     cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_h);
     cudaFree(d_gu); cudaFree(d_h2);
     free(x); free(gw); free(w); free(xn); free(gu); free(ref); free(h);

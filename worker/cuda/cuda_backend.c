@@ -251,6 +251,8 @@ struct cuda_backend_s {
      * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
      * projection). */
     int fuse_norm_max;
+    bool stream_k;            /* BT_ATTN_SK=1: the opt-in stream-K decode
+                                 attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
 
@@ -746,16 +748,19 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (rank == 0)
         CUDA_ACT(r->d_hidden, (size_t)b->hid_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
-    CUDA_ACT(r->d_sk_ws, cuda_attn_decode_sk_ws_floats(b->mc.head_dim) * 4,
-             "attn_stream_k");
-    CUDA_ACT(r->d_sk_count, (size_t)b->max_tok * b->nkv * sizeof(int),
-             "attn_stream_k_counts");
+    if (b->stream_k) {
+        CUDA_ACT(r->d_sk_ws,
+                 cuda_attn_decode_sk_ws_floats(b->mc.head_dim) * 4,
+                 "attn_stream_k");
+        CUDA_ACT(r->d_sk_count, (size_t)b->max_tok * b->nkv * sizeof(int),
+                 "attn_stream_k_counts");
+        /* The stream-K kernel leaves its counters zero; they start so. */
+        status = BT_CUDA_STATUS(cudaMemset(
+            r->d_sk_count, 0, (size_t)b->max_tok * b->nkv * sizeof(int)));
+        if (status != BT_OK)
+            return status;
+    }
 #undef CUDA_ACT
-    /* The stream-K kernel leaves its counters zero; they start so. */
-    status = BT_CUDA_STATUS(cudaMemset(r->d_sk_count, 0, (size_t)b->max_tok *
-                                                         b->nkv * sizeof(int)));
-    if (status != BT_OK)
-        return status;
 
     for (int i = 0; i < 2; i++) {
         status = BT_CUDA_STATUS(cudaEventCreate(&r->ev_fwd[i]));
@@ -1100,6 +1105,8 @@ static bt_status_t cuda_create(const model_t *model,
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
+    env = getenv("BT_ATTN_SK");
+    b->stream_k = env != NULL && atoi(env) == 1;
     env = getenv("BT_PDL_SMALL");
     b->pdl_small = env == NULL ? 'l' : strcmp(env, "0") == 0 ? 'o'
                  : strcmp(env, "1") == 0 ? 'e' : 'l';
@@ -1471,6 +1478,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                            !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
                            cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);
     if (fuse_rope) {
+        aa.d_qkv = r->d_qkv;
         aa.d_inv_freq = r->d_inv_freq;
         aa.d_pos = p->d_pos;
         aa.d_slot = p->d_slot;
@@ -1519,10 +1527,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         aa.d_k_cache = d_kl;
         aa.d_v_cache = d_vl;
-        if (fuse_rope) {
-            aa.d_qkv = r->d_qkv;
+        if (fuse_rope)
             aa.d_qkv_bias = w->d_bqkv;
-        }
         if (!(b->skip & CUDA_SKIP_ATTN)) {
             status = cuda_attn_decode(&aa, p->d_gen, p->n_gen, p->n_splits,
                                       p->split_len, r->d_ws, b->dt,

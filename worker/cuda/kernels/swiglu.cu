@@ -9,10 +9,6 @@
 #include "bt_util.h"
 #include "kern_common.cuh"
 
-/* kern_common.cuh: the same arithmetic as the CPU reference (llama2.c)
- * and as the GEMV's fused SwiGLU output */
-#define swiglu_f kern_swiglu_f
-
 template <typename T>
 static __global__ void swiglu_kernel(const T *gu, int n, int hidden, T *out,
                                      int late)
@@ -27,7 +23,7 @@ static __global__ void swiglu_kernel(const T *gu, int n, int hidden, T *out,
         size_t t = i / hidden;
         size_t j = i - t * hidden;
         const T *row = gu + t * 2 * hidden;
-        out[i] = kern_from_f<T>(swiglu_f(kern_to_f(row[j]),
+        out[i] = kern_from_f<T>(kern_swiglu_f(kern_to_f(row[j]),
                                          kern_to_f(row[hidden + j])));
     }
 }
@@ -55,7 +51,7 @@ static __global__ void swiglu_vec_kernel(const bf16_t *gu, int n, int hidden,
         kern_load_vec<bf16_t, 8>(row + hidden + j, u);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            o[k] = __float2bfloat16_rn(swiglu_f(g[k], u[k]));
+            o[k] = __float2bfloat16_rn(kern_swiglu_f(g[k], u[k]));
         *reinterpret_cast<uint4 *>(out + t * hidden + j) = r;
     }
 }
