@@ -31,6 +31,7 @@
 
 #include "backend.h"
 #include "bt_alloc.h"
+#include "bt_log.h"
 #include "bt_util.h"
 #include "model/model.h"
 #include "sampler.h"
@@ -70,6 +71,8 @@ int main(int argc, char **argv)
         {"table", required_argument, NULL, 't'},
         {NULL, 0, NULL, 0}};
     int opt;
+
+    bt_log_init("bench_cuda"); /* BT_LOG=INFO: the tuner's picks */
 
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (opt) {

@@ -37,7 +37,8 @@
  * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
  * a GEMV variant wherever it supports the shape ("lt": cuBLASLt);
  * BT_GEMM_BIG_PICK=i makes prefill shapes use cuBLASLt's i-th candidate;
- * BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV_TMA=1 adds the
+ * BT_GEMM_LT_SPLITK=0 stops timing split-K variants of cuBLASLt's first
+ * picks (gemm_lt_add_splits); BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV_TMA=1 adds the
  * tma variant (left out by default); BT_GEMV=0 is cuBLASLt only.  Each
  * candidate is timed after an L2 flush (cuda_l2_flush: a read-only pass
  * by default, BT_GEMM_FLUSH=write for the memset of rounds 1-9).
@@ -64,6 +65,8 @@
 #define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
 #define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
 #define GEMM_LT_CANDS_MAX 32    /* BT_GEMM_LT_CANDS / _BIG at most */
+#define GEMM_LT_SPLIT_BASES 2   /* heuristic picks given split-K variants */
+#define GEMM_LT_ALGOS_MAX 80    /* heuristic picks + their split-K variants */
 #define GEMM_BIG_STEP 256       /* prefill n_tok tuned: multiples of this */
 #define GEMM_BIG_MAX 8192       /* ... up to this */
 #define GEMM_TUNE_REPS 5
@@ -513,7 +516,8 @@ static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 /* Relative L2 difference of variant c's output from cuBLASLt's (d_ref);
  * > 1 when anything is not finite. */
 static bt_status_t gemm_cand_check(worker_gemm_ctx_t *ctx,
-                                   const gemm_plan_t *p, int c,
+                                   const gemm_plan_t *p,
+                                   const cublasLtMatmulAlgo_t *algos, int c,
                                    const void *d_w, gemm_scratch_t *sc,
                                    cudaStream_t stream, double *rel_p)
 {
@@ -524,7 +528,8 @@ static bt_status_t gemm_cand_check(worker_gemm_ctx_t *ctx,
     status = BT_CUDA_STATUS(cudaMemsetAsync(
         sc->d_y, 0xFF, n * cuda_dtype_size(p->out_dt), stream));
     if (status == BT_OK)
-        status = gemm_cand_run(ctx, p, NULL, c, sc->d_x, d_w, sc->d_y, stream);
+        status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y,
+                               stream);
     if (status == BT_OK)
         status = cuda_gemv_rel_err(sc->d_y, sc->d_ref, n, p->out_dt,
                                    sc->d_err, stream);
@@ -555,23 +560,128 @@ static int gemm_lt_cands(const char *env, int def)
     return n >= 1 && n <= GEMM_LT_CANDS_MAX ? n : def;
 }
 
+/* Besides the heuristic's picks, the tuner times split-K variants of its
+ * first GEMM_LT_SPLIT_BASES (every K split in gemm_lt_splits and every
+ * reduction scheme the algorithm supports; BT_GEMM_LT_SPLITK=0: not).
+ * Round 13 (H200, 8B shape, same call, five pairs): batch 8 @2k 0.02-0.10
+ * ms faster in every pair (the winners are mostly the heuristic's
+ * algorithms with the split set to 1: 0.3-0.4 us a GEMM), batch 32 and
+ * 64 within their spread. */
+static bool gemm_lt_splitk_enabled(void)
+{
+    const char *env = getenv("BT_GEMM_LT_SPLITK");
+
+    return env == NULL || strcmp(env, "0") != 0;
+}
+
+static const int gemm_lt_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
+static const uint32_t gemm_lt_reductions[] = {
+    CUBLASLT_REDUCTION_SCHEME_INPLACE, CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
+    CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE};
+
+/* Appends to algos (n_algos of at most GEMM_LT_ALGOS_MAX) the split-K
+ * variants of algos[0 .. GEMM_LT_SPLIT_BASES) that cuBLASLt accepts for
+ * plan p within the workspace and that are not listed yet. */
+static void gemm_lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                               cublasLtMatmulAlgo_t *algos, int *n_algos)
+{
+    const int n_base = BT_MIN(*n_algos, GEMM_LT_SPLIT_BASES);
+
+    for (int b = 0; b < n_base; b++) {
+        int32_t split_ok = 0;
+        uint32_t red_mask = 0;
+        size_t wr = 0;
+
+        if (cublasLtMatmulAlgoCapGetAttribute(
+                &algos[b], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &split_ok,
+                sizeof(split_ok), &wr) != CUBLAS_STATUS_SUCCESS ||
+            split_ok == 0)
+            continue;
+        if (cublasLtMatmulAlgoCapGetAttribute(
+                &algos[b], CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &red_mask,
+                sizeof(red_mask), &wr) != CUBLAS_STATUS_SUCCESS)
+            red_mask = 0;
+        for (size_t si = 0; si < BT_ARRAY_SIZE(gemm_lt_splits); si++) {
+            const int32_t split = gemm_lt_splits[si];
+            const size_t n_red =
+                split == 1 ? 1 : BT_ARRAY_SIZE(gemm_lt_reductions);
+            for (size_t ri = 0; ri < n_red; ri++) {
+                const uint32_t red = split == 1 ? CUBLASLT_REDUCTION_SCHEME_NONE
+                                                : gemm_lt_reductions[ri];
+                cublasLtMatmulHeuristicResult_t chk;
+                cublasLtMatmulAlgo_t a = algos[b];
+                bool dup = false;
+
+                if (*n_algos == GEMM_LT_ALGOS_MAX)
+                    return;
+                if (split > 1 && (red_mask & red) == 0)
+                    continue;
+                if (cublasLtMatmulAlgoConfigSetAttribute(
+                        &a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                        sizeof(split)) != CUBLAS_STATUS_SUCCESS ||
+                    cublasLtMatmulAlgoConfigSetAttribute(
+                        &a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+                        sizeof(red)) != CUBLAS_STATUS_SUCCESS)
+                    continue;
+                memset(&chk, 0, sizeof(chk));
+                if (cublasLtMatmulAlgoCheck(ctx->handle, p->op, p->a, p->b,
+                                            p->d, p->d, &a, &chk) !=
+                        CUBLAS_STATUS_SUCCESS ||
+                    chk.state != CUBLAS_STATUS_SUCCESS ||
+                    chk.workspaceSize > ctx->ws_bytes)
+                    continue;
+                for (int i = 0; i < *n_algos && !dup; i++)
+                    dup = memcmp(&algos[i], &a, sizeof(a)) == 0;
+                if (!dup)
+                    algos[(*n_algos)++] = a;
+            }
+        }
+    }
+}
+
+/* "ltI", or for a split-K variant (I >= n_heur) "ltI/kS" + the reduction
+ * scheme's letter (i in place, c compute type, o output type). */
+static void gemm_lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
+                         char *buf, size_t size)
+{
+    int32_t split = 1;
+    uint32_t red = 0;
+    size_t wr = 0;
+
+    if (i < n_heur ||
+        cublasLtMatmulAlgoConfigGetAttribute(
+            &algos[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split),
+            &wr) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigGetAttribute(
+            &algos[i], CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+            sizeof(red), &wr) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(buf, size, "lt%d", i);
+        return;
+    }
+    snprintf(buf, size, "lt%d/k%d%s", i, (int)split,
+             red == CUBLASLT_REDUCTION_SCHEME_INPLACE        ? "i"
+             : red == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE ? "c"
+             : red == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE  ? "o"
+                                                             : "");
+}
+
 /* Tunes one bucket of a weight shape (scratch ready); adds the entry. */
 static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                                     int n_out, int n_in, cuda_dtype_t out_dt,
                                     const void *d_w, gemm_scratch_t *sc,
                                     cudaStream_t stream)
 {
-    cublasLtMatmulAlgo_t algos[GEMM_LT_CANDS_MAX];
+    cublasLtMatmulAlgo_t algos[GEMM_LT_ALGOS_MAX];
     cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS_MAX];
     const int n_req = bucket > GEMM_TUNE_MAX_TOK
                           ? gemm_lt_cands("BT_GEMM_LT_CANDS_BIG",
                                           GEMM_LT_CANDS_BIG)
                           : gemm_lt_cands("BT_GEMM_LT_CANDS", GEMM_LT_CANDS);
     cublasLtMatmulPreference_t pref = NULL;
-    int n_algos = 0, best = -1, n_ok = 0;
-    bool lt_ran[GEMM_LT_CANDS_MAX] = {false};
+    int n_algos = 0, n_heur = 0, best = -1, n_ok = 0;
+    bool lt_ran[GEMM_LT_ALGOS_MAX] = {false};
     float best_us = 0.0f;
-    char line[512];
+    char line[2048];
     size_t len = 0;
     gemm_plan_t *p;
     gemm_tuned_t *t;
@@ -598,6 +708,9 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
         algos[i] = res[i].algo;
     if (n_algos == 0)
         algos[n_algos++] = p->algo;
+    n_heur = n_algos;
+    if (bucket >= 3 && bucket <= GEMM_TUNE_MAX_TOK && gemm_lt_splitk_enabled())
+        gemm_lt_add_splits(ctx, p, algos, &n_algos);
     /* The reference output: the heuristic's first algorithm. */
     status = gemm_lt_run(ctx, p, &algos[0], sc->d_x, d_w, sc->d_ref, false,
                          stream);
@@ -609,7 +722,7 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
         int cand = c < CUDA_GEMV_N_KERNELS ? c
                                            : GEMM_CHOICE_LT +
                                                  (c - CUDA_GEMV_N_KERNELS);
-        char name[16];
+        char name[24];
         float us = 0.0f;
 
         if (cand < GEMM_CHOICE_LT) {
@@ -620,13 +733,31 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                 continue;
             snprintf(name, sizeof(name), "%s",
                      cuda_gemv_kernel_name((cuda_gemv_kernel_t)cand));
-            status = gemm_cand_check(ctx, p, cand, d_w, sc, stream, &rel);
+            status = gemm_cand_check(ctx, p, NULL, cand, d_w, sc, stream,
+                                     &rel);
             if (status != BT_OK)
                 return status;
             if (!(rel <= 2e-2)) {
                 BT_LOG_WARN("CUDA", "gemm tune: %s disagrees with cuBLASLt "
                             "at t=%d o=%d i=%d (rel err %.3g): dropped",
                             name, bucket, n_out, n_in, rel);
+                continue;
+            }
+        } else if (cand - GEMM_CHOICE_LT >= n_heur) {
+            /* a split-K variant: checked like the GEMV variants */
+            double rel = 0.0;
+            gemm_lt_name(algos, cand - GEMM_CHOICE_LT, n_heur, name,
+                         sizeof(name));
+            status = gemm_cand_check(ctx, p, algos, cand, d_w, sc, stream,
+                                     &rel);
+            if (status != BT_OK) {
+                bt_error_clear();
+                continue;
+            }
+            if (!(rel <= 2e-2)) {
+                BT_LOG_WARN("CUDA", "gemm tune: cuBLASLt split variant %s "
+                            "disagrees at t=%d o=%d i=%d (rel err %.3g): "
+                            "dropped", name, bucket, n_out, n_in, rel);
                 continue;
             }
         } else {
@@ -678,9 +809,10 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
         t->algo = algos[best - GEMM_CHOICE_LT];
     t->us = best_us;
     {
-        char bname[16];
+        char bname[24];
         if (best >= GEMM_CHOICE_LT)
-            snprintf(bname, sizeof(bname), "lt%d", best - GEMM_CHOICE_LT);
+            gemm_lt_name(algos, best - GEMM_CHOICE_LT, n_heur, bname,
+                         sizeof(bname));
         else
             snprintf(bname, sizeof(bname), "%s",
                      cuda_gemv_kernel_name((cuda_gemv_kernel_t)best));

@@ -144,6 +144,60 @@ static __device__ __forceinline__ uint32_t top_key(float f)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Calls f(j, v, in) for the elements j = tid, tid + blockDim.x, ... of a
+ * row x of n floats, in that order (v = x[j]; pad and in = false past
+ * the end), loading ROW_ILP of them ahead: with one load in flight a
+ * thread, a 1024-thread block walking a 128K row is latency-bound
+ * (rounds 7 and 13).  Every thread of the block makes the same number of
+ * calls, so f may use warp collectives. */
+#define ROW_ILP 8
+template <typename F>
+static __device__ __forceinline__ void row_walk(const float *x, int n,
+                                                float pad, F f)
+{
+    const int nt = blockDim.x;
+
+    for (int j0 = 0; j0 < n; j0 += ROW_ILP * nt) {
+        float v[ROW_ILP];
+#pragma unroll
+        for (int u = 0; u < ROW_ILP; u++) {
+            const int j = j0 + u * nt + threadIdx.x;
+            v[u] = j < n ? x[j] : pad;
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_ILP; u++) {
+            const int j = j0 + u * nt + threadIdx.x;
+            f(j, v[u], j < n);
+        }
+    }
+}
+
+/* The warp's scan of p[lo, end) in steps of 32 (lane l takes lo + 32 s
+ * + l), ROW_ILP steps loaded ahead: f(i, v, in) with v = p[i] when in
+ * (i < hi), else pad; f returns true to stop (warp-uniformly). */
+template <typename F>
+static __device__ __forceinline__ void warp_walk(const float *p, int lo,
+                                                 int end, int hi, float pad,
+                                                 F f)
+{
+    const int lane = threadIdx.x & 31;
+
+    for (int j0 = lo; j0 < end; j0 += 32 * ROW_ILP) {
+        float v[ROW_ILP];
+#pragma unroll
+        for (int u = 0; u < ROW_ILP; u++) {
+            const int i = j0 + 32 * u + lane;
+            v[u] = i < hi && j0 + 32 * u < end ? p[i] : pad;
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_ILP; u++) {
+            const int i = j0 + 32 * u + lane;
+            if (j0 + 32 * u >= end || f(i, v[u], i < hi))
+                return;
+        }
+    }
+}
+
 /* Picks the histogram bin holding the *rem-th largest key (warp 0 only;
  * lane l owns bins [8l, 8l + 8)): the picking lane sets *digit and *rem
  * (the rank inside the chosen bin).  *rem >= 1 and <= the histogram's
@@ -180,6 +234,20 @@ static __device__ void top_pick_bin(const unsigned *hist, unsigned *digit,
     }
 }
 
+/* Adds one element to bin `bin` of a shared histogram (in: whether this
+ * lane has one), one atomic per distinct bin of the warp: logits of a
+ * row share their top key byte, so plain per-element atomics on that
+ * bin serialize all 1024 threads (round 13: 243 us a 128K row at batch
+ * 1).  Every lane of the warp must call it. */
+static __device__ __forceinline__ void top_hist_add(unsigned *hist,
+                                                    unsigned bin, bool in)
+{
+    const unsigned peers = __match_any_sync(0xffffffffu, in ? bin : ~0u);
+
+    if (in && (threadIdx.x & 31) == (unsigned)__ffs(peers) - 1)
+        atomicAdd(&hist[bin], (unsigned)__popc(peers));
+}
+
 static __global__ void __launch_bounds__(TOP_THREADS)
     top_kernel(const float *logits, size_t ld, const int *rows, int vocab,
                const float *inv_t, int k, int *out_ids, float *out_vals,
@@ -205,11 +273,10 @@ static __global__ void __launch_bounds__(TOP_THREADS)
     if (tid == 0)
         s_rem = (unsigned)kk;
     __syncthreads();
-    for (int j = tid; j < vocab; j += blockDim.x) {
-        float v = x[j];
+    row_walk(x, vocab, -INFINITY, [&](int, float v, bool in) {
         mx = fmaxf(mx, v);
-        atomicAdd(&hist[top_key(v) >> 24], 1u);
-    }
+        top_hist_add(hist, top_key(v) >> 24, in);
+    });
     for (int o = 16; o > 0; o >>= 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (lane == 0)
@@ -234,14 +301,13 @@ static __global__ void __launch_bounds__(TOP_THREADS)
         for (int b = tid; b < 256; b += blockDim.x)
             hist[b] = 0;
         __syncthreads();
-        for (int j = tid; j < vocab; j += blockDim.x) {
-            float v = x[j];
-            uint32_t key = top_key(v);
-            if (pass == 1 && !isnan(v))
+        row_walk(x, vocab, 0.0f, [&](int, float v, bool in) {
+            const uint32_t key = top_key(v);
+            if (pass == 1 && in && !isnan(v))
                 sum += (double)expf((v - mx) * it);
-            if ((key & hi_mask) == prefix)
-                atomicAdd(&hist[(key >> shift) & 255u], 1u);
-        }
+            top_hist_add(hist, (key >> shift) & 255u,
+                         in && (key & hi_mask) == prefix);
+        });
         __syncthreads();
         if (warp == 0)
             top_pick_bin(hist, &s_digit, &s_rem);
@@ -264,41 +330,52 @@ static __global__ void __launch_bounds__(TOP_THREADS)
     for (int j = tid; j < CUDA_SAMPLE_TOP_MAX; j += blockDim.x)
         cand[j] = 0ull;
     __syncthreads();
-    for (int j0 = 0; j0 < vocab; j0 += blockDim.x) {
-        int j = j0 + tid;
-        uint32_t key = j < vocab ? top_key(x[j]) : 0u;
-        bool gt = j < vocab && key > T, eq = j < vocab && key == T;
-        unsigned bal = __ballot_sync(0xffffffffu, eq);
-        unsigned before = __popc(bal & ((1u << lane) - 1u));
-        if (lane == 0)
-            wcnt[warp] = __popc(bal);
-        if (gt) {
-            unsigned at = atomicAdd(&s_ngt, 1u);
-            cand[at] = ((unsigned long long)key << 32) |
-                       (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
+    bool done = false;
+    for (int j1 = 0; j1 < vocab && !done; j1 += ROW_ILP * blockDim.x) {
+        uint32_t keys[ROW_ILP]; /* loaded ahead (row_walk's reason) */
+#pragma unroll
+        for (int u = 0; u < ROW_ILP; u++) {
+            const int j = j1 + u * blockDim.x + tid;
+            keys[u] = j < vocab ? top_key(x[j]) : 0u;
         }
-        __syncthreads();
-        if (eq) {
-            unsigned rank = s_neq_base + before;
-            for (int w = 0; w < warp; w++)
-                rank += wcnt[w];
-            if (rank < need)
-                cand[(unsigned)kk - need + rank] =
-                    ((unsigned long long)key << 32) |
-                    (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
+        for (int u = 0; u < ROW_ILP && !done; u++) {
+            const int j0 = j1 + u * blockDim.x;
+            if (j0 >= vocab)
+                break;
+            int j = j0 + tid;
+            uint32_t key = keys[u];
+            bool gt = j < vocab && key > T, eq = j < vocab && key == T;
+            unsigned bal = __ballot_sync(0xffffffffu, eq);
+            unsigned before = __popc(bal & ((1u << lane) - 1u));
+            if (lane == 0)
+                wcnt[warp] = __popc(bal);
+            if (gt) {
+                unsigned at = atomicAdd(&s_ngt, 1u);
+                cand[at] = ((unsigned long long)key << 32) |
+                           (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
+            }
+            __syncthreads();
+            if (eq) {
+                unsigned rank = s_neq_base + before;
+                for (int w = 0; w < warp; w++)
+                    rank += wcnt[w];
+                if (rank < need)
+                    cand[(unsigned)kk - need + rank] =
+                        ((unsigned long long)key << 32) |
+                        (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                unsigned tot = 0;
+                for (int w = 0; w < nw; w++)
+                    tot += wcnt[w];
+                s_neq_base += tot;
+            }
+            __syncthreads();
+            /* everything taken: the same answer in every thread */
+            done = s_neq_base >= need && s_ngt >= (unsigned)kk - need;
+            __syncthreads();
         }
-        __syncthreads();
-        if (tid == 0) {
-            unsigned tot = 0;
-            for (int w = 0; w < nw; w++)
-                tot += wcnt[w];
-            s_neq_base += tot;
-        }
-        __syncthreads();
-        bool done = s_neq_base >= need && s_ngt >= (unsigned)kk - need;
-        __syncthreads();
-        if (done)
-            break; /* everything taken (the same answer in every thread) */
     }
     __syncthreads();
 
@@ -529,14 +606,12 @@ static __device__ sd_pos_t sd_select(const float *p, int vocab, float cut_m,
             sh->mass[i] = 0;
         }
         __syncthreads();
-        for (int j0 = 0; j0 < vocab; j0 += SD_THREADS) {
-            int j = j0 + tid;
-            float q = j < vocab ? p[j] : -1.0f;
+        row_walk(p, vocab, -1.0f, [&](int, float q, bool valid) {
             unsigned k = sd_key(q);
-            bool in = j < vocab && q >= cut_m && k >= a && k <= b;
+            bool in = valid && q >= cut_m && k >= a && k <= b;
             sd_hist_add(sh, in ? (int)((k - a) >> shift) : -1,
                         in ? sd_fx(q) : 0ull);
-        }
+        });
         __syncthreads();
         if (tid < 32)
             sd_pick(sh, by_mass, t - (by_mass ? sgt : cgt));
@@ -583,10 +658,10 @@ static __device__ int sd_lookup(const float *p, int vocab, unsigned v,
     const int hi = min(lo + range, vocab);
     unsigned c = 0, before = 0;
 
-    for (int j0 = lo; j0 < lo + range; j0 += 32) {
-        int i = j0 + lane;
-        c += __popc(__ballot_sync(SD_FULL, i < hi && sd_key(p[i]) == v));
-    }
+    warp_walk(p, lo, lo + range, hi, 0.0f, [&](int, float q, bool in) {
+        c += __popc(__ballot_sync(SD_FULL, in && sd_key(q) == v));
+        return false;
+    });
     if (lane == 0)
         sh->u[warp] = c;
     if (threadIdx.x == 0)
@@ -595,18 +670,18 @@ static __device__ int sd_lookup(const float *p, int vocab, unsigned v,
     for (int w = 0; w < warp; w++)
         before += sh->u[w];
     if (before < j && j <= before + c) {
-        for (int j0 = lo; j0 < lo + range; j0 += 32) {
-            int i = j0 + lane;
-            bool m = i < hi && sd_key(p[i]) == v;
+        warp_walk(p, lo, lo + range, hi, 0.0f, [&](int i, float q, bool in) {
+            bool m = in && sd_key(q) == v;
             unsigned bal = __ballot_sync(SD_FULL, m);
             if (before + __popc(bal) >= j) {
                 if (m && before + __popc(bal & ((1u << lane) - 1u)) + 1u ==
                              j)
                     sh->found = i;
-                break;
+                return true;
             }
             before += __popc(bal);
-        }
+            return false;
+        });
     }
     __syncthreads();
     return sh->found;
@@ -622,11 +697,10 @@ static __device__ int sd_find_mass(const float *p, int vocab, float cut_m,
     const int hi = min(lo + range, vocab);
     unsigned long long tot = 0, before = 0;
 
-    for (int j0 = lo; j0 < lo + range; j0 += 32) {
-        int i = j0 + lane;
-        float q = i < hi ? p[i] : 0.0f;
-        tot += i < hi && q >= cut_m ? sd_fx(q) : 0ull;
-    }
+    warp_walk(p, lo, lo + range, hi, 0.0f, [&](int, float q, bool in) {
+        tot += in && q >= cut_m ? sd_fx(q) : 0ull;
+        return false;
+    });
     for (int o = 16; o > 0; o >>= 1)
         tot += __shfl_xor_sync(SD_FULL, tot, o);
     if (lane == 0)
@@ -637,10 +711,8 @@ static __device__ int sd_find_mass(const float *p, int vocab, float cut_m,
     for (int w = 0; w < warp; w++)
         before += sh->q[w];
     if (before <= t && t < before + tot) {
-        for (int j0 = lo; j0 < lo + range; j0 += 32) {
-            int i = j0 + lane;
-            float q = i < hi ? p[i] : 0.0f;
-            unsigned long long w = i < hi && q >= cut_m ? sd_fx(q) : 0ull;
+        warp_walk(p, lo, lo + range, hi, 0.0f, [&](int i, float q, bool in) {
+            unsigned long long w = in && q >= cut_m ? sd_fx(q) : 0ull;
             unsigned long long inc = w;
             for (int o = 1; o < 32; o <<= 1) {
                 unsigned long long v = __shfl_up_sync(SD_FULL, inc, o);
@@ -651,10 +723,11 @@ static __device__ int sd_find_mass(const float *p, int vocab, float cut_m,
             if (bal) {
                 if (lane == __ffs(bal) - 1)
                     sh->found = i;
-                break;
+                return true;
             }
             before += __shfl_sync(SD_FULL, inc, 31);
-        }
+            return false;
+        });
     }
     __syncthreads();
     return sh->found;
@@ -682,27 +755,30 @@ static __global__ void __launch_bounds__(SD_THREADS)
     out.n = 0;
     out.keep = 0;
     out.sum = 0.0;
-    for (int j = tid; j < vocab; j += SD_THREADS) {
-        float v = x[j];
-        if (isnan(v))
+    row_walk(x, vocab, -INFINITY, [&](int, float v, bool in) {
+        if (in && isnan(v))
             bad = 1;
-        else
+        else if (in)
             mx = fmaxf(mx, v);
-    }
+    });
     mx = sd_reduce(mx, sd_max(), sh.f);
     bad = sd_reduce(bad, sd_max(), sh.u);
     if (bad || isinf(mx))
         goto done;
-    for (int j = tid; j < vocab; j += SD_THREADS) {
-        float e = expf((x[j] - mx) * sp.inv_t);
-        p[j] = e;
-        sum += (double)e;
-    }
+    row_walk(x, vocab, 0.0f, [&](int j, float v, bool in) {
+        if (in) {
+            float e = expf((v - mx) * sp.inv_t);
+            p[j] = e;
+            sum += (double)e;
+        }
+    });
     sum = sd_reduce(sum, sd_add(), sh.d);
     out.sum = sum;
     cut_m = sd_cut_m(sp.min_p, sum);
-    for (int j = tid; j < vocab; j += SD_THREADS) {
-        float q = (float)((double)p[j] / sum); /* this thread's e_j */
+    row_walk(p, vocab, 0.0f, [&](int j, float e, bool in) {
+        if (!in)
+            return;
+        float q = (float)((double)e / sum); /* this thread's e_j */
         p[j] = q;
         if (q >= cut_m) {
             unsigned k = sd_key(q);
@@ -711,7 +787,7 @@ static __global__ void __launch_bounds__(SD_THREADS)
             khi = max(khi, k);
             klo = min(klo, k);
         }
-    }
+    });
     n_f = sd_reduce(n_f, sd_add(), sh.u);
     m_f = sd_reduce(m_f, sd_add(), sh.q);
     khi = sd_reduce(khi, sd_max(), sh.u);
@@ -736,8 +812,9 @@ static __global__ void __launch_bounds__(SD_THREADS)
         unsigned long long fx_top = sd_fx(sp.top_p);
         int limit;
 
-        for (int j = tid; j < vocab; j += SD_THREADS)
-            g += p[j] >= cut_m && p[j] >= cut_p;
+        row_walk(p, vocab, -1.0f, [&](int, float q, bool in) {
+            g += in && q >= cut_m && q >= cut_p;
+        });
         g = sd_reduce(g, sd_add(), sh.u);
         limit = sd_limit(&sp, (int)n_f, (int)g);
         nuc = fx_top == 0
