@@ -47,9 +47,11 @@ static void check_top(int n, int vocab, int k, int mode)
     int *d_ids = (int *)kt_poisoned((size_t)n * k, CUDA_DT_F32);
     float *d_vals = (float *)kt_poisoned((size_t)n * k, CUDA_DT_F32);
     double *d_sums = NULL;
+    void *d_ws = NULL;
     KT_CUDA(cudaMalloc(&d_sums, sizeof(double) * n));
+    KT_CUDA(cudaMalloc(&d_ws, cuda_sample_top_ws_bytes(n, vocab)));
     KT_OK(cuda_sample_top(d_lg, ld, d_rows, n, vocab, d_it, k, d_ids,
-                          d_vals, d_sums, 0));
+                          d_vals, d_sums, d_ws, 0));
     KT_CUDA(cudaDeviceSynchronize());
     KT_CUDA(cudaMemcpy(ids, d_ids, sizeof(int) * n * k,
                        cudaMemcpyDeviceToHost));
@@ -80,7 +82,7 @@ static void check_top(int n, int vocab, int k, int mode)
     if (bad)
         kt_failures++;
     cudaFree(d_lg); cudaFree(d_rows); cudaFree(d_it); cudaFree(d_ids);
-    cudaFree(d_vals); cudaFree(d_sums);
+    cudaFree(d_vals); cudaFree(d_sums); cudaFree(d_ws);
     free(lg); free(rows); free(inv_t); free(ids); free(vals); free(sums);
     free(rid); free(rval);
 }

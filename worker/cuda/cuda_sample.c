@@ -42,6 +42,7 @@ struct cuda_sampling_s {
     /* device */
     int *d_meta;         /* (3 * max_rows) rows | rows | inv_t bits */
     void *d_out;         /* sums | ids | cand ids | cand vals */
+    void *d_top_ws;      /* cuda_sample_top's scratch (max_rows rows) */
     /* host, pinned */
     int *h_meta;         /* (3 * max_rows) */
     void *h_out;         /* same layout as d_out */
@@ -114,6 +115,9 @@ bt_status_t cuda_sampling_create(int vocab, int max_rows,
                                    "sample_meta"), status, fail);
     BT_CHECK_GOTO(cuda__dev_malloc(&cs->d_out, cs_out_bytes(max_rows),
                                    "sample_out"), status, fail);
+    BT_CHECK_GOTO(cuda__dev_malloc(&cs->d_top_ws,
+                                   cuda_sample_top_ws_bytes(max_rows, vocab),
+                                   "sample_top_ws"), status, fail);
     BT_CUDA_CHECK_GOTO(cudaMallocHost((void **)&cs->h_meta,
                                       3 * (size_t)max_rows * sizeof(int)),
                        status, fail);
@@ -166,6 +170,7 @@ void cuda_sampling_destroy(cuda_sampling_t **cs_p)
         return;
     cuda__dev_free((void **)&cs->d_meta);
     cuda__dev_free(&cs->d_out);
+    cuda__dev_free(&cs->d_top_ws);
     cuda__dev_free((void **)&cs->d_spec);
     cuda__dev_free((void **)&cs->d_dout);
     cuda__dev_free((void **)&cs->d_p);
@@ -338,7 +343,8 @@ bt_status_t cuda_sampling_enqueue(cuda_sampling_t *cs, const float *d_logits,
         BT_CHECK_GOTO(cuda_sample_top(d_logits, ld, cs->d_meta + mr,
                                       cs->n_top, cs->vocab,
                                       (const float *)(cs->d_meta + 2 * mr),
-                                      CS_K, d_cids, d_cvals, d_sums, stream),
+                                      CS_K, d_cids, d_cvals, d_sums,
+                                      cs->d_top_ws, stream),
                       status, out);
         BT_CHECK_GOTO(BT_CUDA_STATUS(cudaMemcpyAsync(
                           h_sums, d_sums, (size_t)cs->n_top * sizeof(double),

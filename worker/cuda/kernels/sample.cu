@@ -248,52 +248,122 @@ static __device__ __forceinline__ void top_hist_add(unsigned *hist,
         atomicAdd(&hist[bin], (unsigned)__popc(peers));
 }
 
-static __global__ void __launch_bounds__(TOP_THREADS)
-    top_kernel(const float *logits, size_t ld, const int *rows, int vocab,
-               const float *inv_t, int k, int *out_ids, float *out_vals,
-               double *out_sum)
+/* cuda_sample_top in three launches, so that a 128K row is walked by
+ * TOP_SPLIT_MAX blocks instead of one (round 13: the one-block kernel
+ * took 242 us a row at batch 1, issue-bound at ~14 cycles an
+ * instruction; Nsight Compute):
+ *   top_part_kernel  (rows x splits): each block's top kk of its slice
+ *                    (radix select, then sorted) and the slice's max;
+ *   top_sum_kernel   (rows x splits): the row max from the slices' maxima,
+ *                    the slice's sum of expf((x - max) * inv_t) (one
+ *                    slice a row, top_splits_for: in top_part_kernel);
+ *   top_merge_kernel (rows): the kk best of the slices' sorted lists, each
+ *                    candidate placed at its rank (its place in its list
+ *                    plus a binary search in every other list: a
+ *                    bitonic sort of all 3840 took 49 us), and the sum
+ *                    of the slices' sums in slice order.
+ * The candidates are exactly the one-block kernel's (a total order: key,
+ * then lower index); each term of the sum is the same, summed in another
+ * (fixed) order. */
+#define TOP_SPLIT_MAX 16
+#define TOP_SPLIT_MIN_LEN 8192 /* elements a slice at least */
+#define TOP_MERGE_MAX (TOP_SPLIT_MAX * CUDA_SAMPLE_TOP_MAX)
+
+static int top_splits(int vocab)
 {
+    return BT_MAX(1, BT_MIN(TOP_SPLIT_MAX, vocab / TOP_SPLIT_MIN_LEN));
+}
+
+/* Slices a row for n rows: enough blocks to fill the multiprocessors
+ * once.  Short slices cost more a element (each pass's pick, the gather's
+ * barriers, the sort): at 64 rows 15 slices a row measured no faster
+ * than one (round 13). */
+static int top_splits_for(int n, int vocab)
+{
+    const int sm = kern_sm_count();
+
+    return BT_MAX(1, BT_MIN(top_splits(vocab), (sm > 0 ? sm : 1) / n));
+}
+
+/* A candidate: key above, 0xFFFFFFFF - index below (a larger value is a
+ * better candidate; 0 = an empty slot). */
+static __device__ __forceinline__ unsigned long long top_cand(uint32_t key,
+                                                              int j)
+{
+    return ((unsigned long long)key << 32) |
+           (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
+}
+
+/* Block-wide max of v (every thread gets it). */
+static __device__ float top_block_max(float v, float *buf)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0)
+        buf[warp] = v;
+    __syncthreads();
+    v = buf[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+        v = fmaxf(v, buf[w]);
+    return v;
+}
+
+static __global__ void __launch_bounds__(TOP_THREADS)
+    top_part_kernel(const float *logits, size_t ld, const int *rows,
+                    int vocab, int kk, int slice, const float *inv_t,
+                    unsigned long long *ws_cand, float *ws_max,
+                    double *ws_sum)
+{
+    __shared__ double wsum[32];
     __shared__ unsigned hist[256];
     __shared__ float wmax[32];
-    __shared__ double wsum[32];
     __shared__ unsigned s_digit, s_rem, s_ngt, s_neq_base;
     __shared__ unsigned wcnt[32];
     __shared__ unsigned long long cand[CUDA_SAMPLE_TOP_MAX];
     const int row_i = rows ? rows[blockIdx.x] : (int)blockIdx.x;
-    const float *x = logits + (size_t)row_i * ld;
+    const int part = blockIdx.y, n_part = gridDim.y;
+    const int lo = part * slice, n = min(vocab, lo + slice) - lo;
+    const float *x = logits + (size_t)row_i * ld + lo;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nw = blockDim.x >> 5;
-    const int kk = min(k, vocab);
+    const int kp = min(kk, n); /* candidates this slice gives */
     unsigned prefix = 0;
     float mx = -INFINITY;
 
-    /* pass 0: max and the top byte's histogram (every element) */
+    for (int j = tid; j < CUDA_SAMPLE_TOP_MAX; j += blockDim.x)
+        cand[j] = 0ull; /* empty slots (a slice shorter than kk) */
+    /* pass 0: max and the top byte's histogram */
     for (int b = tid; b < 256; b += blockDim.x)
         hist[b] = 0;
     if (tid == 0)
-        s_rem = (unsigned)kk;
+        s_rem = (unsigned)kp;
     __syncthreads();
-    row_walk(x, vocab, -INFINITY, [&](int, float v, bool in) {
+    row_walk(x, n, -INFINITY, [&](int, float v, bool in) {
         mx = fmaxf(mx, v);
         top_hist_add(hist, top_key(v) >> 24, in);
     });
-    for (int o = 16; o > 0; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0)
-        wmax[warp] = mx;
+    mx = top_block_max(mx, wmax);
+    if (tid == 0)
+        ws_max[(size_t)blockIdx.x * n_part + part] = mx;
     __syncthreads();
-    mx = wmax[0];
-    for (int w = 1; w < nw; w++)
-        mx = fmaxf(mx, wmax[w]);
+    if (kp == 0) { /* an empty slice (vocab < splits: never planned) */
+        for (int j = tid; j < kk; j += blockDim.x)
+            ws_cand[((size_t)blockIdx.x * n_part + part) * kk + j] = 0ull;
+        return;
+    }
     if (warp == 0)
         top_pick_bin(hist, &s_digit, &s_rem);
     __syncthreads();
     prefix = s_digit << 24;
-
     /* passes 1..3: the lower bytes among elements matching the prefix;
-     * pass 1 also sums the exponentials */
-    double sum = 0.0;
+     * a row in one slice also sums its exponentials in pass 1 (the
+     * slice max is the row max: no top_sum_kernel) */
+    const bool one = n_part == 1;
     const float it = inv_t[blockIdx.x];
+    double sum = 0.0;
     for (int pass = 1; pass < 4; pass++) {
         const int shift = 24 - 8 * pass;
         const unsigned hi_mask = 0xFFFFFFFFu << (shift + 8);
@@ -301,9 +371,9 @@ static __global__ void __launch_bounds__(TOP_THREADS)
         for (int b = tid; b < 256; b += blockDim.x)
             hist[b] = 0;
         __syncthreads();
-        row_walk(x, vocab, 0.0f, [&](int, float v, bool in) {
+        row_walk(x, n, 0.0f, [&](int, float v, bool in) {
             const uint32_t key = top_key(v);
-            if (pass == 1 && in && !isnan(v))
+            if (one && pass == 1 && in && !isnan(v))
                 sum += (double)expf((v - mx) * it);
             top_hist_add(hist, (key >> shift) & 255u,
                          in && (key & hi_mask) == prefix);
@@ -314,55 +384,58 @@ static __global__ void __launch_bounds__(TOP_THREADS)
         __syncthreads();
         prefix |= s_digit << shift;
     }
-    /* the sum */
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0)
-        wsum[warp] = sum;
 
-    /* gather: keys > T anywhere, then the first `need` keys == T */
+    if (one) {
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0)
+            wsum[warp] = sum;
+        __syncthreads();
+        if (tid == 0) {
+            double t = 0.0;
+            for (int w = 0; w < nw; w++)
+                t += wsum[w];
+            ws_sum[blockIdx.x] = t;
+        }
+    }
+
+    /* gather: keys > T anywhere, then the first `need` keys == T (index
+     * order); slots [0, kp - need) and [kp - need, kp) */
     const uint32_t T = prefix;
     const unsigned need = s_rem;
     if (tid == 0) {
         s_ngt = 0;
         s_neq_base = 0;
     }
-    for (int j = tid; j < CUDA_SAMPLE_TOP_MAX; j += blockDim.x)
-        cand[j] = 0ull;
     __syncthreads();
     bool done = false;
-    for (int j1 = 0; j1 < vocab && !done; j1 += ROW_ILP * blockDim.x) {
+    for (int j1 = 0; j1 < n && !done; j1 += ROW_ILP * blockDim.x) {
         uint32_t keys[ROW_ILP]; /* loaded ahead (row_walk's reason) */
 #pragma unroll
         for (int u = 0; u < ROW_ILP; u++) {
             const int j = j1 + u * blockDim.x + tid;
-            keys[u] = j < vocab ? top_key(x[j]) : 0u;
+            keys[u] = j < n ? top_key(x[j]) : 0u;
         }
         for (int u = 0; u < ROW_ILP && !done; u++) {
             const int j0 = j1 + u * blockDim.x;
-            if (j0 >= vocab)
+            if (j0 >= n)
                 break;
-            int j = j0 + tid;
-            uint32_t key = keys[u];
-            bool gt = j < vocab && key > T, eq = j < vocab && key == T;
-            unsigned bal = __ballot_sync(0xffffffffu, eq);
-            unsigned before = __popc(bal & ((1u << lane) - 1u));
+            const int j = j0 + tid;
+            const uint32_t key = keys[u];
+            const bool gt = j < n && key > T, eq = j < n && key == T;
+            const unsigned bal = __ballot_sync(0xffffffffu, eq);
+            const unsigned before = __popc(bal & ((1u << lane) - 1u));
             if (lane == 0)
                 wcnt[warp] = __popc(bal);
-            if (gt) {
-                unsigned at = atomicAdd(&s_ngt, 1u);
-                cand[at] = ((unsigned long long)key << 32) |
-                           (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
-            }
+            if (gt)
+                cand[atomicAdd(&s_ngt, 1u)] = top_cand(key, lo + j);
             __syncthreads();
             if (eq) {
                 unsigned rank = s_neq_base + before;
                 for (int w = 0; w < warp; w++)
                     rank += wcnt[w];
                 if (rank < need)
-                    cand[(unsigned)kk - need + rank] =
-                        ((unsigned long long)key << 32) |
-                        (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
+                    cand[(unsigned)kp - need + rank] = top_cand(key, lo + j);
             }
             __syncthreads();
             if (tid == 0) {
@@ -373,56 +446,156 @@ static __global__ void __launch_bounds__(TOP_THREADS)
             }
             __syncthreads();
             /* everything taken: the same answer in every thread */
-            done = s_neq_base >= need && s_ngt >= (unsigned)kk - need;
+            done = s_neq_base >= need && s_ngt >= (unsigned)kp - need;
             __syncthreads();
         }
     }
     __syncthreads();
-
-    /* bitonic sort, descending, over CUDA_SAMPLE_TOP_MAX slots (empty
-     * slots are 0 and sink to the end) */
+    /* bitonic sort, descending (empty slots, 0, sink to the end) */
     for (int size = 2; size <= CUDA_SAMPLE_TOP_MAX; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             if (tid < CUDA_SAMPLE_TOP_MAX) {
-                int p = tid ^ stride;
-                if (p > tid) {
-                    unsigned long long a = cand[tid], b = cand[p];
-                    bool desc = (tid & size) == 0;
+                const int q = tid ^ stride;
+                if (q > tid) {
+                    const unsigned long long a = cand[tid], b = cand[q];
+                    const bool desc = (tid & size) == 0;
                     if (desc ? a < b : a > b) {
                         cand[tid] = b;
-                        cand[p] = a;
+                        cand[q] = a;
                     }
                 }
             }
             __syncthreads();
         }
     }
-    if (tid < kk) {
-        int id = (int)(0xFFFFFFFFu - (unsigned)(cand[tid] & 0xFFFFFFFFull));
-        out_ids[(size_t)blockIdx.x * k + tid] = id;
-        out_vals[(size_t)blockIdx.x * k + tid] = x[id];
+    for (int j = tid; j < kk; j += blockDim.x)
+        ws_cand[((size_t)blockIdx.x * n_part + part) * kk + j] = cand[j];
+}
+
+static __global__ void __launch_bounds__(TOP_THREADS)
+    top_sum_kernel(const float *logits, size_t ld, const int *rows,
+                   int vocab, int slice, const float *inv_t,
+                   const float *ws_max, double *ws_sum)
+{
+    __shared__ double wsum[32];
+    const int row_i = rows ? rows[blockIdx.x] : (int)blockIdx.x;
+    const int part = blockIdx.y, n_part = gridDim.y;
+    const int lo = part * slice, n = min(vocab, lo + slice) - lo;
+    const float *x = logits + (size_t)row_i * ld + lo;
+    const float it = inv_t[blockIdx.x];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float mx = -INFINITY;
+    double sum = 0.0;
+
+    for (int q = 0; q < n_part; q++) /* the row max, NaN ignored */
+        mx = fmaxf(mx, ws_max[(size_t)blockIdx.x * n_part + q]);
+    row_walk(x, n, 0.0f, [&](int, float v, bool in) {
+        if (in && !isnan(v))
+            sum += (double)expf((v - mx) * it);
+    });
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0)
+        wsum[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            s += wsum[w];
+        ws_sum[(size_t)blockIdx.x * n_part + part] = s;
+    }
+}
+
+static __global__ void __launch_bounds__(TOP_THREADS)
+    top_merge_kernel(const float *logits, size_t ld, const int *rows,
+                     int k, int kk, int n_part,
+                     const unsigned long long *ws_cand, const double *ws_sum,
+                     int *out_ids, float *out_vals, double *out_sum)
+{
+    __shared__ unsigned long long c[TOP_MERGE_MAX];
+    const int row_i = rows ? rows[blockIdx.x] : (int)blockIdx.x;
+    const float *x = logits + (size_t)row_i * ld;
+    const int tid = threadIdx.x;
+    const int m = n_part * kk;
+
+    for (int j = tid; j < m; j += blockDim.x)
+        c[j] = ws_cand[(size_t)blockIdx.x * m + j];
+    __syncthreads();
+    /* candidate t = list p's i-th: its rank is i plus, in every other
+     * list (sorted descending), the count of larger candidates; the
+     * candidates are distinct, so ranks 0 .. kk - 1 are each met once */
+    for (int t = tid; t < m; t += blockDim.x) {
+        const unsigned long long v = c[t];
+        const int p = t / kk;
+        int rank = t - p * kk;
+        if (v == 0ull)
+            continue; /* an empty slot */
+        for (int q = 0; q < n_part && rank < kk; q++) {
+            if (q == p)
+                continue;
+            const unsigned long long *l = c + q * kk;
+            int a = 0, b = kk;
+            while (a < b) {
+                const int mid = (a + b) >> 1;
+                if (l[mid] > v)
+                    a = mid + 1;
+                else
+                    b = mid;
+            }
+            rank += a;
+        }
+        if (rank < kk) {
+            int id = (int)(0xFFFFFFFFu - (unsigned)(v & 0xFFFFFFFFull));
+            out_ids[(size_t)blockIdx.x * k + rank] = id;
+            out_vals[(size_t)blockIdx.x * k + rank] = x[id];
+        }
     }
     if (tid == 0) {
         double s = 0.0;
-        for (int w = 0; w < nw; w++)
-            s += wsum[w];
+        for (int q = 0; q < n_part; q++)
+            s += ws_sum[(size_t)blockIdx.x * n_part + q];
         out_sum[blockIdx.x] = s;
     }
+}
+
+size_t cuda_sample_top_ws_bytes(int n, int vocab)
+{
+    const size_t parts = (size_t)BT_MAX(n, 0) * top_splits(BT_MAX(vocab, 1));
+
+    return parts * (CUDA_SAMPLE_TOP_MAX * sizeof(unsigned long long) +
+                    sizeof(double) + sizeof(float));
 }
 
 bt_status_t cuda_sample_top(const float *d_logits, size_t ld,
                             const int *d_rows, int n, int vocab,
                             const float *d_inv_t, int k, int *d_ids,
-                            float *d_vals, double *d_sum,
+                            float *d_vals, double *d_sum, void *d_ws,
                             cudaStream_t stream)
 {
     BT_ASSERT(n >= 0 && vocab > 0 && ld >= (size_t)vocab);
     BT_ASSERT(k >= 1 && k <= CUDA_SAMPLE_TOP_MAX);
     if (n == 0)
         return BT_OK;
-    top_kernel<<<n, TOP_THREADS, 0, stream>>>(d_logits, ld, d_rows, vocab,
-                                              d_inv_t, k, d_ids, d_vals,
-                                              d_sum);
+    BT_ASSERT(d_ws != NULL);
+    const int parts = top_splits_for(n, vocab);
+    const int slice = (int)BT_DIV_UP(vocab, parts);
+    const int kk = BT_MIN(k, vocab);
+    const size_t n_parts = (size_t)n * parts;
+    /* workspace: candidates (n_parts x kk), sums, maxima */
+    unsigned long long *ws_cand = (unsigned long long *)d_ws;
+    double *ws_sum = (double *)(ws_cand + n_parts * kk);
+    float *ws_max = (float *)(ws_sum + n_parts);
+    const dim3 grid((unsigned)n, (unsigned)parts);
+
+    top_part_kernel<<<grid, TOP_THREADS, 0, stream>>>(
+        d_logits, ld, d_rows, vocab, kk, slice, d_inv_t, ws_cand, ws_max,
+        ws_sum);
+    if (parts > 1)
+        top_sum_kernel<<<grid, TOP_THREADS, 0, stream>>>(
+            d_logits, ld, d_rows, vocab, slice, d_inv_t, ws_max, ws_sum);
+    top_merge_kernel<<<n, TOP_THREADS, 0, stream>>>(
+        d_logits, ld, d_rows, k, kk, parts, ws_cand, ws_sum, d_ids, d_vals,
+        d_sum);
     return BT_CUDA_LAUNCH_STATUS();
 }
 

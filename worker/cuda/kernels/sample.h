@@ -35,12 +35,16 @@ bt_status_t cuda_argmax_rows(const float *d_logits, size_t ld,
  *     ascending (ties at the boundary: lowest indices win);
  *   d_sum[i] = sum over the whole row (vocab values, in double) of
  *     expf((x[v] - max) * d_inv_t[i]), max = the row's largest value.
- * NaN counts as the smallest value.  k in 1..CUDA_SAMPLE_TOP_MAX. */
+ * NaN counts as the smallest value.  k in 1..CUDA_SAMPLE_TOP_MAX.
+ * d_ws: cuda_sample_top_ws_bytes(n, vocab) bytes of device scratch (the
+ * row is split over up to 16 blocks; launches sharing it must not
+ * overlap). */
 bt_status_t cuda_sample_top(const float *d_logits, size_t ld,
                             const int *d_rows, int n, int vocab,
                             const float *d_inv_t, int k, int *d_ids,
-                            float *d_vals, double *d_sum,
+                            float *d_vals, double *d_sum, void *d_ws,
                             cudaStream_t stream);
+size_t cuda_sample_top_ws_bytes(int n, int vocab);
 
 /* Samples chosen rows from their whole distribution, as sample_dist.h
  * describes (top-p / min-p / plain temperature with any nucleus size;
