@@ -16,6 +16,8 @@
 #   smi_start / smi_stop       nvidia-smi power, SM clock and throttle
 #                              reasons every 50 ms into $out/smi.csv
 #   smi_summary                samples >= 600 W, their mean power / clock
+#   bcb, bc_cols, trace_step   (below) the A/B binary, every column, a
+#                              CUPTI trace of a step
 gpu_steps_init() {
   c=$2
   out=${OUT:-/tmp/baton-$1}
@@ -70,4 +72,37 @@ smi_stop() {
 smi_summary() {
   echo "power samples >= 600 W: $(awk -F, '$2+0 >= 600' "$out/smi.csv" | wc -l) of $(wc -l < "$out/smi.csv")"
   awk -F, '$2+0 >= 600 {p+=$2; c+=$3; n++} END {if (n) printf "mean over those: %.0f W, SM %.0f MHz\n", p/n, c/n}' "$out/smi.csv"
+}
+# bcb NAME ARGS...            as bc, with $c/gpu/bench_cuda_b (the A/B
+#                              binary of pack_carry.sh's AB_FROM), no env
+bcb() {
+  local name=$1; shift
+  run "bc_$name" 90 "$c/gpu/bench_cuda_b" --model synth:llama3-8b \
+    --steps 20 --table "$tmp/t_$name" "$@"
+}
+# bc_cols NAME...             the decode rows of those tables, every
+#                              column up to TPOT (+logits, +sample, +top-p)
+bc_cols() {
+  local f
+  for f in "$@"; do
+    echo "### $f"
+    grep -E "^\| decode " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f3-9
+  done
+}
+# trace_step NAME BIN ENV... -- ARGS   one bench run of $c/gpu/BIN under
+#                              the CUPTI tracer (gpu/libbt_kernel_trace.so;
+#                              carry libcupti.so.13 in lib/), its last
+#                              step reduced by step_timeline.py into
+#                              $tmp/tl_NAME
+trace_step() {
+  local name=$1 bin=$2; shift 2
+  local envs=(BT_X=1)
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  run "trace_$name" 120 env "${envs[@]}" \
+    CUDA_INJECTION64_PATH="$PWD/$c/gpu/libbt_kernel_trace.so" \
+    BT_TRACE_OUT="$tmp/trace_$name.csv" "$c/gpu/$bin" \
+    --model synth:llama3-8b "$@"
+  run "tl_$name" 60 python3 "$(dirname "${BASH_SOURCE[0]}")/step_timeline.py" \
+    "$tmp/trace_$name.csv"
 }

@@ -10,7 +10,6 @@
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r13b "${1:-build-r13b}"
-here=$(dirname "$0")
 report() {
   {
     echo "## round 13b $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
@@ -25,10 +24,7 @@ report() {
   } > "$table"
 }
 for b in 1 64; do
-  run trace_b$b 120 env CUDA_INJECTION64_PATH=$PWD/$c/gpu/libbt_kernel_trace.so \
-    BT_TRACE_OUT=$tmp/trace_b$b.csv "$c/gpu/bench_cuda" --model synth:llama3-8b \
-    --steps 4 --batch $b --ctx 2048 --prefill 0
-  run tl_b$b 60 python3 "$here/step_timeline.py" "$tmp/trace_b$b.csv"
+  trace_step b$b bench_cuda -- --steps 4 --batch $b --ctx 2048 --prefill 0
   { head -1 "$tmp/trace_b$b.csv"; tail -n 3000 "$tmp/trace_b$b.csv"; } | xz -T4 > "$out/trace_b$b.csv.xz"
   report
 done

@@ -8,7 +8,6 @@
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r13c "${1:-build-r13c}"
-here=$(dirname "$0")
 report() {
   {
     echo "## round 13c $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
@@ -27,9 +26,6 @@ for r in "" b; do
   bc pre32$r BT_ATTN_PF_MB=32 BT_ATTN_PF=pre -- --batch 1,2 --ctx 2048 --prefill 0
   report
 done
-run trace_b1 120 env BT_ATTN_PF_MB=32 CUDA_INJECTION64_PATH=$PWD/$c/gpu/libbt_kernel_trace.so \
-  BT_TRACE_OUT=$tmp/trace_b1.csv "$c/gpu/bench_cuda" --model synth:llama3-8b \
-  --steps 4 --batch 1 --ctx 2048 --prefill 0
-run tl_b1 60 python3 "$here/step_timeline.py" "$tmp/trace_b1.csv"
+trace_step b1 bench_cuda BT_ATTN_PF_MB=32 -- --steps 4 --batch 1 --ctx 2048 --prefill 0
 report
 cat "$table"

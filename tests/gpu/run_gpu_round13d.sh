@@ -13,13 +13,12 @@ set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r13d "${1:-build-r13d}"
 export BT_SHARED_DIR=$PWD/$c/shared
-rows() { for f in "$@"; do echo "### $f"; grep -E "^\| decode " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f3-9; done; }
 report() {
   {
     echo "## round 13d $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
     cat "$tmp/rcs" | tr '\n' ' '; echo
     pass_fail test_sample test_rmsnorm test_cuda_sample test_sample_dist
-    rows new1 old1 new2 old2 rpw1 gluwarp pdlsmall1
+    bc_cols new1 old1 new2 old2 rpw1 gluwarp pdlsmall1
     echo '```'
     grep -E "sd_kernel|top_kernel|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall|Issue Slot|Executed Ipc|L1/TEX Hit|Shared" "$tmp/ncu" 2>/dev/null | head -70
     echo '```'
@@ -30,7 +29,6 @@ run test_rmsnorm 100 "$c/gpu/test_rmsnorm"
 run test_cuda_sample 150 "$c/gpu/test_cuda_sample"
 run test_sample_dist 150 "$c/gpu/test_sample_dist"
 report
-bcb() { local name=$1; shift; run "bc_$name" 90 "$c/gpu/bench_cuda_b" --model synth:llama3-8b --steps 20 --table "$tmp/t_$name" "$@"; }
 for i in 1 2; do
   bc new$i BT_X=1 -- --batch 1,64 --ctx 2048 --prefill 0
   bcb old$i --batch 1,64 --ctx 2048 --prefill 0

@@ -12,14 +12,12 @@ set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r13e "${1:-build-r13e}"
 export BT_SHARED_DIR=$PWD/$c/shared
-here=$(dirname "$0")
-rows() { for f in "$@"; do echo "### $f"; grep -E "^\| decode " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f3-9; done; }
 report() {
   {
     echo "## round 13e $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
     cat "$tmp/rcs" | tr '\n' ' '; echo
     pass_fail test_sample test_cuda_sample test_sample_dist test_cuda_model
-    rows new1 old1 new2 old2
+    bc_cols new1 old1 new2 old2
     echo "### batch 1 top-p step"; grep -E "step:|sd_kernel|top_kernel|gemv_kernel \[16032\]" "$tmp/tl_b1" 2>/dev/null
   } > "$table"
 }
@@ -28,15 +26,11 @@ run test_cuda_sample 150 "$c/gpu/test_cuda_sample"
 run test_sample_dist 150 "$c/gpu/test_sample_dist"
 run test_cuda_model 200 "$c/gpu/test_cuda_model"
 report
-bcb() { local name=$1; shift; run "bc_$name" 90 "$c/gpu/bench_cuda_b" --model synth:llama3-8b --steps 20 --table "$tmp/t_$name" "$@"; }
 for i in 1 2; do
   bc new$i BT_X=1 -- --batch 1,8,64 --ctx 2048 --prefill 0
   bcb old$i --batch 1,8,64 --ctx 2048 --prefill 0
   report
 done
-run trace_b1 120 env CUDA_INJECTION64_PATH=$PWD/$c/gpu/libbt_kernel_trace.so \
-  BT_TRACE_OUT=$tmp/trace_b1.csv "$c/gpu/bench_cuda" --model synth:llama3-8b \
-  --steps 4 --batch 1 --ctx 2048 --prefill 0
-run tl_b1 60 python3 "$here/step_timeline.py" "$tmp/trace_b1.csv"
+trace_step b1 bench_cuda -- --steps 4 --batch 1 --ctx 2048 --prefill 0
 report
 cat "$table"

@@ -11,13 +11,12 @@ set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r13f "${1:-build-r13f}"
 export BT_SHARED_DIR=$PWD/$c/shared
-rows() { for f in "$@"; do echo "### $f"; grep -E "^\| decode " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f3-9; done; }
 pat='top_kernel|sd_kernel|Duration|Registers Per|Local Memory|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Avg. Active Threads|Executed Instructions  |Stall|Grid Size|L1/TEX Hit|Mem Busy|Max Bandwidth'
 report() {
   {
     echo "## round 13f $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
     cat "$tmp/rcs" | tr '\n' ' '; echo
-    rows new1 nosk1 old1 new2 nosk2 old2
+    bc_cols new1 nosk1 old1 new2 nosk2 old2
     echo '```'; grep -E "$pat" "$tmp/ncu_top" 2>/dev/null | head -60; echo '```'
     echo '```'; grep -E "$pat" "$tmp/ncu_sd" 2>/dev/null | head -40; echo '```'
   } > "$table"
@@ -28,7 +27,6 @@ run ncu_top 150 "$ncu" --clock-control none -k regex:top_kernel --launch-skip 6 
 report
 run ncu_sd 150 "$ncu" --clock-control none -k regex:sd_kernel --launch-skip 2 --launch-count 2 $secs "$c/gpu/test_sample_dist"
 report
-bcb() { local name=$1; shift; run "bc_$name" 90 "$c/gpu/bench_cuda_b" --model synth:llama3-8b --steps 20 --table "$tmp/t_$name" "$@"; }
 for i in 1 2; do
   bc new$i BT_X=1 -- --batch 8,64 --ctx 2048 --prefill 0
   bc nosk$i BT_GEMM_LT_SPLITK=0 -- --batch 8,64 --ctx 2048 --prefill 0

@@ -7,12 +7,8 @@
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 gpu_steps_init r13j "${1:-build-r13j}"
-here=$(dirname "$0")
 for b in bench_cuda bench_cuda_b; do
-  run trace_$b 120 env CUDA_INJECTION64_PATH=$PWD/$c/gpu/libbt_kernel_trace.so \
-    BT_TRACE_OUT=$tmp/trace_$b.csv "$c/gpu/$b" --model synth:llama3-8b \
-    --steps 3 --batch 64 --ctx 2048 --prefill 0
-  run tl_$b 60 python3 "$here/step_timeline.py" "$tmp/trace_$b.csv"
+  trace_step $b $b -- --steps 3 --batch 64 --ctx 2048 --prefill 0
 done
 {
   echo "## round 13j $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
