@@ -91,7 +91,7 @@ bc_cols() {
 }
 # trace_step NAME BIN ENV... -- ARGS   one bench run of $c/gpu/BIN under
 #                              the CUPTI tracer (gpu/libbt_kernel_trace.so;
-#                              carry libcupti.so.13 in lib/), its last
+#                              pack_carry.sh adds libcupti), its last
 #                              step reduced by step_timeline.py into
 #                              $tmp/tl_NAME
 trace_step() {

@@ -31,6 +31,11 @@ for b in "$@"; do
 done
 strip "$d"/bin/* "$d"/gpu/* 2>/dev/null || true
 ../shared/tools/devlibs "$d/lib" "$d"/bin/* "$d"/gpu/* >/dev/null 2>&1
+# the CUPTI tracer's libcupti (devlibs leaves it out)
+if [ -f "$d/gpu/libbt_kernel_trace.so" ]; then
+  cupti=$(ldd "build-cuda/gpu/libbt_kernel_trace.so" | awk '/libcupti/ {print $3}')
+  [ -n "$cupti" ] && cp -L "$cupti" "$d/lib/"
+fi
 rm -f .carry/*.tar.xz
 tar cf - "$d" | xz -T2 -6 > ".carry/$name.tar.xz"
 cat > .carry/call.sh <<EOS
