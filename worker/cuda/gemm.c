@@ -725,43 +725,37 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
         char name[24];
         float us = 0.0f;
 
-        if (cand < GEMM_CHOICE_LT) {
-            double rel = 0.0;
+        const bool gemv = cand < GEMM_CHOICE_LT;
+        if (gemv) {
             if (!cuda_gemv_kernel_ok((cuda_gemv_kernel_t)cand, bucket, n_out,
                                      n_in, CUDA_DT_BF16) ||
                 gemm_gemv_disabled(cand))
                 continue;
             snprintf(name, sizeof(name), "%s",
                      cuda_gemv_kernel_name((cuda_gemv_kernel_t)cand));
-            status = gemm_cand_check(ctx, p, NULL, cand, d_w, sc, stream,
+        } else {
+            gemm_lt_name(algos, cand - GEMM_CHOICE_LT, n_heur, name,
+                         sizeof(name));
+        }
+        /* our GEMV variants and the split-K variants are checked against
+         * the heuristic's first algorithm (the heuristic's own picks are
+         * cuBLASLt's to get right) */
+        if (gemv || cand - GEMM_CHOICE_LT >= n_heur) {
+            double rel = 0.0;
+            status = gemm_cand_check(ctx, p, algos, cand, d_w, sc, stream,
                                      &rel);
-            if (status != BT_OK)
-                return status;
+            if (status != BT_OK) {
+                if (gemv)
+                    return status;
+                bt_error_clear();
+                continue; /* a split variant that does not run */
+            }
             if (!(rel <= 2e-2)) {
                 BT_LOG_WARN("CUDA", "gemm tune: %s disagrees with cuBLASLt "
                             "at t=%d o=%d i=%d (rel err %.3g): dropped",
                             name, bucket, n_out, n_in, rel);
                 continue;
             }
-        } else if (cand - GEMM_CHOICE_LT >= n_heur) {
-            /* a split-K variant: checked like the GEMV variants */
-            double rel = 0.0;
-            gemm_lt_name(algos, cand - GEMM_CHOICE_LT, n_heur, name,
-                         sizeof(name));
-            status = gemm_cand_check(ctx, p, algos, cand, d_w, sc, stream,
-                                     &rel);
-            if (status != BT_OK) {
-                bt_error_clear();
-                continue;
-            }
-            if (!(rel <= 2e-2)) {
-                BT_LOG_WARN("CUDA", "gemm tune: cuBLASLt split variant %s "
-                            "disagrees at t=%d o=%d i=%d (rel err %.3g): "
-                            "dropped", name, bucket, n_out, n_in, rel);
-                continue;
-            }
-        } else {
-            snprintf(name, sizeof(name), "lt%d", cand - GEMM_CHOICE_LT);
         }
         status = gemm_cand_time(ctx, p, algos, cand, d_w, sc, stream, &us);
         if (status != BT_OK) {

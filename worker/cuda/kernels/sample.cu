@@ -144,6 +144,53 @@ static __device__ __forceinline__ uint32_t top_key(float f)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+struct op_add {
+    template <typename T> __device__ T operator()(T a, T b) const
+    {
+        return a + b;
+    }
+};
+struct op_max {
+    template <typename T> __device__ T operator()(T a, T b) const
+    {
+        return a > b ? a : b;
+    }
+};
+struct op_min {
+    template <typename T> __device__ T operator()(T a, T b) const
+    {
+        return a < b ? a : b;
+    }
+};
+
+/* fmaxf: a NaN operand is ignored */
+struct op_fmax {
+    __device__ float operator()(float a, float b) const
+    {
+        return fmaxf(a, b);
+    }
+};
+
+/* Block-wide reduction; every thread gets the result (a fixed order:
+ * lanes by xor shuffle, then the warps in order: deterministic).  Starts
+ * and ends with a barrier, so it also publishes the scratch row's
+ * writes.  buf: one T a warp. */
+template <typename T, typename Op>
+static __device__ T block_reduce(T v, Op op, T *buf)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = buf[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+        v = op(v, buf[w]);
+    __syncthreads();
+    return v;
+}
+
 /* Calls f(j, v, in) for the elements j = tid, tid + blockDim.x, ... of a
  * row x of n floats, in that order (v = x[j]; pad and in = false past
  * the end), loading ROW_ILP of them ahead: with one load in flight a
@@ -294,23 +341,6 @@ static __device__ __forceinline__ unsigned long long top_cand(uint32_t key,
            (unsigned long long)(0xFFFFFFFFu - (unsigned)j);
 }
 
-/* Block-wide max of v (every thread gets it). */
-static __device__ float top_block_max(float v, float *buf)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (lane == 0)
-        buf[warp] = v;
-    __syncthreads();
-    v = buf[0];
-    for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-        v = fmaxf(v, buf[w]);
-    return v;
-}
-
 static __global__ void __launch_bounds__(TOP_THREADS)
     top_part_kernel(const float *logits, size_t ld, const int *rows,
                     int vocab, int kk, int slice, const float *inv_t,
@@ -345,7 +375,7 @@ static __global__ void __launch_bounds__(TOP_THREADS)
         mx = fmaxf(mx, v);
         top_hist_add(hist, top_key(v) >> 24, in);
     });
-    mx = top_block_max(mx, wmax);
+    mx = block_reduce(mx, op_fmax(), wmax);
     if (tid == 0)
         ws_max[(size_t)blockIdx.x * n_part + part] = mx;
     __syncthreads();
@@ -386,17 +416,9 @@ static __global__ void __launch_bounds__(TOP_THREADS)
     }
 
     if (one) {
-        for (int o = 16; o > 0; o >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0)
-            wsum[warp] = sum;
-        __syncthreads();
-        if (tid == 0) {
-            double t = 0.0;
-            for (int w = 0; w < nw; w++)
-                t += wsum[w];
-            ws_sum[blockIdx.x] = t;
-        }
+        sum = block_reduce(sum, op_add(), wsum);
+        if (tid == 0)
+            ws_sum[blockIdx.x] = sum;
     }
 
     /* gather: keys > T anywhere, then the first `need` keys == T (index
@@ -483,7 +505,6 @@ static __global__ void __launch_bounds__(TOP_THREADS)
     const int lo = part * slice, n = min(vocab, lo + slice) - lo;
     const float *x = logits + (size_t)row_i * ld + lo;
     const float it = inv_t[blockIdx.x];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float mx = -INFINITY;
     double sum = 0.0;
 
@@ -493,17 +514,9 @@ static __global__ void __launch_bounds__(TOP_THREADS)
         if (in && !isnan(v))
             sum += (double)expf((v - mx) * it);
     });
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0)
-        wsum[warp] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            s += wsum[w];
-        ws_sum[(size_t)blockIdx.x * n_part + part] = s;
-    }
+    sum = block_reduce(sum, op_add(), wsum);
+    if (threadIdx.x == 0)
+        ws_sum[(size_t)blockIdx.x * n_part + part] = sum;
 }
 
 static __global__ void __launch_bounds__(TOP_THREADS)
@@ -643,44 +656,6 @@ typedef struct {
     unsigned long long s_gt; /* mass of F with a larger P */
     int found;
 } sd_pos_t;
-
-struct sd_add {
-    template <typename T> __device__ T operator()(T a, T b) const
-    {
-        return a + b;
-    }
-};
-struct sd_max {
-    template <typename T> __device__ T operator()(T a, T b) const
-    {
-        return a > b ? a : b;
-    }
-};
-struct sd_min {
-    template <typename T> __device__ T operator()(T a, T b) const
-    {
-        return a < b ? a : b;
-    }
-};
-
-/* Block-wide reduction; every thread gets the result (a fixed order:
- * deterministic).  Starts and ends with a barrier, so it also publishes
- * the scratch row's writes. */
-template <typename T, typename Op>
-static __device__ T sd_reduce(T v, Op op, T *buf)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = op(v, __shfl_xor_sync(SD_FULL, v, o));
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0)
-        buf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = buf[0];
-    for (int w = 1; w < SD_WARPS; w++)
-        v = op(v, buf[w]);
-    __syncthreads();
-    return v;
-}
 
 /* Adds a warp's elements to the histogram (bin -1: none); a bin shared
  * by many lanes (ties) costs one atomic. */
@@ -934,8 +909,8 @@ static __global__ void __launch_bounds__(SD_THREADS)
         else if (in)
             mx = fmaxf(mx, v);
     });
-    mx = sd_reduce(mx, sd_max(), sh.f);
-    bad = sd_reduce(bad, sd_max(), sh.u);
+    mx = block_reduce(mx, op_max(), sh.f);
+    bad = block_reduce(bad, op_max(), sh.u);
     if (bad || isinf(mx))
         goto done;
     row_walk(x, vocab, 0.0f, [&](int j, float v, bool in) {
@@ -945,7 +920,7 @@ static __global__ void __launch_bounds__(SD_THREADS)
             sum += (double)e;
         }
     });
-    sum = sd_reduce(sum, sd_add(), sh.d);
+    sum = block_reduce(sum, op_add(), sh.d);
     out.sum = sum;
     cut_m = sd_cut_m(sp.min_p, sum);
     row_walk(p, vocab, 0.0f, [&](int j, float e, bool in) {
@@ -961,10 +936,10 @@ static __global__ void __launch_bounds__(SD_THREADS)
             klo = min(klo, k);
         }
     });
-    n_f = sd_reduce(n_f, sd_add(), sh.u);
-    m_f = sd_reduce(m_f, sd_add(), sh.q);
-    khi = sd_reduce(khi, sd_max(), sh.u);
-    klo = sd_reduce(klo, sd_min(), sh.u);
+    n_f = block_reduce(n_f, op_add(), sh.u);
+    m_f = block_reduce(m_f, op_add(), sh.q);
+    khi = block_reduce(khi, op_max(), sh.u);
+    klo = block_reduce(klo, op_min(), sh.u);
     mode = sd_mode(&sp, (int)n_f);
     if (mode == SD_MODE_ORDER) {
         out.token = CUDA_DIST_ORDER;
@@ -988,7 +963,7 @@ static __global__ void __launch_bounds__(SD_THREADS)
         row_walk(p, vocab, -1.0f, [&](int, float q, bool in) {
             g += in && q >= cut_m && q >= cut_p;
         });
-        g = sd_reduce(g, sd_add(), sh.u);
+        g = block_reduce(g, op_add(), sh.u);
         limit = sd_limit(&sp, (int)n_f, (int)g);
         nuc = fx_top == 0
                   ? sd_select(p, vocab, cut_m, klo, khi, false, 0, &sh)
