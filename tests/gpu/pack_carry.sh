@@ -25,7 +25,8 @@ for b in "$@"; do
     shared) mkdir -p "$d/shared"
             cp -r ../shared/models "$d/shared/"
             chmod -R u+w "$d/shared"
-            cp -r build-spec-carry/shared/heads "$d/shared/";;
+            if [ -d build-spec-carry/shared/heads ]; then
+              cp -r build-spec-carry/shared/heads "$d/shared/"; fi;;
     *) echo "pack_carry.sh: unknown item $b" >&2; exit 2;;
   esac
 done

@@ -43,34 +43,43 @@ template <int HD> struct tc_smem {
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
 };
 
-/* The fused RoPE (cuda_attn_args_t.d_qkv): the G query heads of token
- * tok rotated into sh_q, and, by the block whose key range holds the new
- * key (position ctx, slot d_slot[tok]), KV head kvh's rotated K and its V
- * written to the cache before any copy of that tile is issued.  Same
- * arithmetic as rope_kv.cu (bias added in f32, sincosf of pos x
- * inv_freq, bf16 rounding of the result): the same bits as the unfused
- * path.  Ends with a block barrier. */
+/* The fused RoPE's rotation table of token tok (cos, sin of pos x
+ * inv_freq into sh_c / sh_s, HD / 2 each): it reads only what the host
+ * wrote before the step, so it runs before the PDL wait; the caller's
+ * block barrier publishes it. */
 template <int HD>
-static __device__ __forceinline__ void tc_rope_prologue(
-    const cuda_attn_args_t &a, int tok, int kvh, int G, int start, int end,
-    int ctx, bf16_t *sh_q)
+static __device__ __forceinline__ void tc_rope_table(
+    const cuda_attn_args_t &a, int tok, float *sh_c, float *sh_s)
 {
-    constexpr int HALF = HD / 2;
-    __shared__ float sh_c[HALF], sh_s[HALF];
-    const int qkv_dim = (a.n_heads + 2 * a.n_kv_heads) * HD;
-    const bf16_t *row = (const bf16_t *)a.d_qkv + (size_t)tok * qkv_dim;
-    const bf16_t *bias = (const bf16_t *)a.d_qkv_bias;
-    const int slot = a.d_slot[tok];
-    const bool writer = slot >= 0 && start <= ctx && ctx < end;
     const float pos = (float)a.d_pos[tok];
 
-    for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
+    for (int i = threadIdx.x; i < HD / 2; i += blockDim.x) {
         float sn, cs;
         sincosf(pos * a.d_inv_freq[i], &sn, &cs);
         sh_c[i] = cs;
         sh_s[i] = sn;
     }
-    __syncthreads();
+}
+
+/* The fused RoPE (cuda_attn_args_t.d_qkv): the G query heads of token
+ * tok rotated into sh_q with the table of tc_rope_table, and, by the
+ * block whose key range holds the new key (position ctx, slot
+ * d_slot[tok]), KV head kvh's rotated K and its V written to the cache
+ * before any copy of that tile is issued.  Same arithmetic as rope_kv.cu
+ * (bias added in f32, sincosf of pos x inv_freq, bf16 rounding of the
+ * result): the same bits as the unfused path.  Ends with a block
+ * barrier. */
+template <int HD>
+static __device__ __forceinline__ void tc_rope_prologue(
+    const cuda_attn_args_t &a, int tok, int kvh, int G, int start, int end,
+    int ctx, const float *sh_c, const float *sh_s, bf16_t *sh_q)
+{
+    constexpr int HALF = HD / 2;
+    const int qkv_dim = (a.n_heads + 2 * a.n_kv_heads) * HD;
+    const bf16_t *row = (const bf16_t *)a.d_qkv + (size_t)tok * qkv_dim;
+    const bf16_t *bias = (const bf16_t *)a.d_qkv_bias;
+    const int slot = a.d_slot[tok];
+    const bool writer = slot >= 0 && start <= ctx && ctx < end;
     const int n_rot = (G + (writer ? 1 : 0)) * HALF; /* q heads, then k */
     for (int p = threadIdx.x; p < n_rot; p += blockDim.x) {
         const int hh = p / HALF, i = p - hh * HALF;
@@ -120,6 +129,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __shared__ int sh_bt[TC_BT_SMEM];
     __shared__ __align__(16) bf16_t sh_q[TC_MAX_GROUP * HD]; /* fused RoPE */
+    __shared__ float sh_c[HD / 2], sh_s[HD / 2];           /* its table */
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
     bf16_t *sv = sk + TC_STAGES * TILE;
 
@@ -160,7 +170,9 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         for (int i = threadIdx.x; i < n_blk; i += blockDim.x)
             sh_bt[i] = bt[blk0 + i];
 
-    __syncthreads(); /* sh_bt */
+    if (a.d_qkv)
+        tc_rope_table<HD>(a, tok, sh_c, sh_s);
+    __syncthreads(); /* sh_bt, sh_c / sh_s */
     const int n_tiles = end > start ? (end - start + TC_TK - 1) / TC_TK : 0;
     /* Each warp copies only its own 16 keys of every tile (the rows it
      * alone reads), so the pipeline needs no block barrier; lanes 0-15
@@ -199,7 +211,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * d_q, or rotated here from the QKV row (the fused RoPE). */
     uint32_t qa[KS][4];
     if (a.d_qkv) {
-        tc_rope_prologue<HD>(a, tok, kvh, G, start, end, ctx, sh_q);
+        tc_rope_prologue<HD>(a, tok, kvh, G, start, end, ctx, sh_c, sh_s,
+                             sh_q);
         tc_load_q<HD>(qa, sh_q, G, lane);
     } else {
         tc_load_q<HD>(qa,

@@ -73,14 +73,31 @@ static __device__ __forceinline__ void gemv_prefetch_l2(const void *p,
 #endif
 }
 
+/* Chunks of the norm weights g a thread loads before the PDL wait
+ * (gemv_norm_gpre): the first GEMV_NORM_GPRE of its chunks in
+ * gemv_norm_stage's order, so the staging's second pass waits on no
+ * DRAM load (round 13 took the same load off rmsnorm.cu's path). */
+#define GEMV_NORM_GPRE 2
+
+static __device__ __forceinline__ void gemv_norm_gpre(
+    int n_in, const bf16_t *g, uint4 (&gpre)[GEMV_NORM_GPRE])
+{
+#pragma unroll
+    for (int k = 0; k < GEMV_NORM_GPRE; k++) {
+        const int i = (threadIdx.x + k * blockDim.x) * 8;
+        gpre[k] = i < n_in ? __ldg(reinterpret_cast<const uint4 *>(g + i))
+                           : make_uint4(0, 0, 0, 0);
+    }
+}
+
 /* Stages the RMSNorm of the f32 rows xf (T, n_in) into xs (T, n_in) bf16:
  * xs = bf16(g * (x * 1 / sqrtf(mean(x^2) + eps))), the arithmetic of
- * cuda_rmsnorm() (no add).  n_in % 8 == 0; whole block; ends with
- * __syncthreads(). */
+ * cuda_rmsnorm() (no add); gpre: g's first chunks (gemv_norm_gpre).
+ * n_in % 8 == 0; whole block; ends with __syncthreads(). */
 template <int T>
 static __device__ __forceinline__ void gemv_norm_stage(
     int n_in, const float *xf, const bf16_t *g, float eps, bf16_t *xs,
-    float *red)
+    float *red, const uint4 (&gpre)[GEMV_NORM_GPRE])
 {
 #pragma unroll 1
     for (int t = 0; t < T; t++) {
@@ -94,10 +111,9 @@ static __device__ __forceinline__ void gemv_norm_stage(
         }
         ss = kern_block_sum(ss, red);
         const float inv = 1.0f / sqrtf(ss / (float)n_in + eps);
-        for (int i = threadIdx.x * 8; i < n_in; i += blockDim.x * 8) {
+        auto put = [&](int i, const uint4 &gv) {
             float4 a = *reinterpret_cast<const float4 *>(xr + i);
             float4 b = *reinterpret_cast<const float4 *>(xr + i + 4);
-            uint4 gv = *reinterpret_cast<const uint4 *>(g + i);
             const bf16_t *ge = reinterpret_cast<const bf16_t *>(&gv);
             const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
             uint4 o;
@@ -107,7 +123,16 @@ static __device__ __forceinline__ void gemv_norm_stage(
                 oe[e] = __float2bfloat16_rn(__bfloat162float(ge[e]) *
                                             (inv * xv[e]));
             *reinterpret_cast<uint4 *>(xs + (size_t)t * n_in + i) = o;
+        };
+#pragma unroll
+        for (int k = 0; k < GEMV_NORM_GPRE; k++) {
+            const int i = (threadIdx.x + k * blockDim.x) * 8;
+            if (i < n_in)
+                put(i, gpre[k]);
         }
+        for (int i = (threadIdx.x + GEMV_NORM_GPRE * blockDim.x) * 8;
+             i < n_in; i += blockDim.x * 8)
+            put(i, *reinterpret_cast<const uint4 *>(g + i));
     }
     __syncthreads();
 }
@@ -194,12 +219,15 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         int c = lane + 32 * u;
         cur[u] = c < n_tot ? __ldcs(wp(c)) : make_uint4(0, 0, 0, 0);
     }
+    uint4 gpre[GEMV_NORM_GPRE];
+    if (NORM)
+        gemv_norm_gpre(n_in, g, gpre);
     kern_pdl_wait();
     if (trig == GEMV_TRIG_AFTER_WAIT)
         kern_pdl_trigger();
     if (NORM) {
         bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
-        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red);
+        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre);
         x = xs;
     }
     if (nrows == 0 && GLU != GEMV_GLU_PAIR)
