@@ -84,7 +84,10 @@ extern __thread int cuda__pdl_off;
  * for the whole of a batch-1 GEMV (PDL then lost 0.1-0.25 ms a step);
  * late ones keep the overlap of each GEMV's tail with the next GEMV's
  * first weight loads (round 6: -0.07 ms at batch 1 against no PDL,
- * while batch 8 and 64 keep the early triggers, which win there).  Set
+ * while batch 8 and 64 keep the early triggers, which win there).  The
+ * split combine of the decode attention is the exception: it triggers
+ * at its top (its 32 blocks leave room for the o projection's, which
+ * then load during it; round 14, BT_ATTN_TRIG in attn_decode.cu).  Set
  * by the backend for forwards of <= 2 tokens (BT_PDL_SMALL). */
 extern __thread int cuda__pdl_late;
 
