@@ -238,29 +238,33 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
 
     /* Warp-sums the row sums of row0 + r into y (GLU: keeps the gate's,
      * then writes silu(gate) * up). */
+    /* token `lane`'s entry of a per-token array (static indices only,
+     * so the array stays in registers) */
+    auto lane_of = [&](const float *v) {
+        float o = 0.0f;
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            if (t == lane)
+                o = v[t];
+        return o;
+    };
+    /* y[lane][col] = silu(gate) * up, each sum rounded to OUT first */
+    auto put_glu = [&](float gv, float uv, int col) {
+        gv = kern_to_f(kern_from_f<OUT>(gv));
+        uv = kern_to_f(kern_from_f<OUT>(uv));
+        y[(size_t)lane * n_out + col] =
+            kern_from_f<OUT>(kern_swiglu_f(gv, uv));
+    };
     auto flush = [&](int r) {
 #pragma unroll
         for (int t = 0; t < T; t++)
             acc[t] = kern_warp_sum(acc[t]);
         if (GLU == GEMV_GLU_PAIR) {
-#pragma unroll
-            for (int t = 0; t < T; t++)
-                if (t == lane)
-                    sh_pair[wib][t] = acc[t];
+            if (lane < T)
+                sh_pair[wib][lane] = lane_of(acc);
             __syncthreads();
-            if ((wib & 1) == 0 && lane < T && pair < n_out) {
-                float gv = 0.0f, uv = 0.0f;
-#pragma unroll
-                for (int t = 0; t < T; t++)
-                    if (t == lane) {
-                        gv = sh_pair[wib][t];
-                        uv = sh_pair[wib + 1][t];
-                    }
-                gv = kern_to_f(kern_from_f<OUT>(gv));
-                uv = kern_to_f(kern_from_f<OUT>(uv));
-                y[(size_t)lane * n_out + pair] =
-                    kern_from_f<OUT>(kern_swiglu_f(gv, uv));
-            }
+            if ((wib & 1) == 0 && lane < T && pair < n_out)
+                put_glu(sh_pair[wib][lane], sh_pair[wib + 1][lane], pair);
             return;
         }
         if (GLU == GEMV_GLU_WARP && r == 0) {
@@ -272,23 +276,9 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
             return;
         }
         if (GLU == GEMV_GLU_WARP && lane < T) {
-            float gv = 0.0f, uv = 0.0f;
-#pragma unroll
-            for (int t = 0; t < T; t++)
-                if (t == lane) {
-                    gv = gsum[t];
-                    uv = acc[t];
-                }
-            gv = kern_to_f(kern_from_f<OUT>(gv));
-            uv = kern_to_f(kern_from_f<OUT>(uv));
-            y[(size_t)lane * n_out + row0] =
-                kern_from_f<OUT>(kern_swiglu_f(gv, uv));
+            put_glu(lane_of(gsum), lane_of(acc), row0);
         } else if (GLU == GEMV_GLU_OFF && lane < T) {
-            float v = 0.0f;
-#pragma unroll
-            for (int t = 0; t < T; t++)
-                if (t == lane)
-                    v = acc[t];
+            float v = lane_of(acc);
             OUT *dst = y + (size_t)lane * n_out + row0 + r;
             if (accumulate)
                 v += kern_to_f(*dst);
