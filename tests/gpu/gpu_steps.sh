@@ -1,7 +1,7 @@
 #!/bin/bash
 # gpu_steps.sh - helpers sourced by the device scripts tests/gpu/run_gpu_tc.sh
-# and run_gpu_round5{b,c,d}.sh (ON THE DEVICE MACHINE, from a carried
-# build; nothing is rebuilt).
+# and tests/gpu/rounds/run_gpu_round*.sh (ON THE DEVICE MACHINE, from a
+# carried build; nothing is rebuilt).
 #   gpu_steps_init TAG CARRY   $c, $out ($OUT or /tmp/baton-TAG), $log
 #                              ($out/TAG.log), $table ($out/TAG_table.md),
 #                              $tmp, $t0; the carry's lib/ on the path
