@@ -363,24 +363,20 @@ static bool attn_combine_staged(void)
     return on != 0;
 }
 
-/* Where the decode kernels and the combine trigger their dependents
- * under cuda__pdl_late (steps of <= 2 tokens), BT_ATTN_TRIG for A/B runs:
- * 'c' (default) the combine at its top, so the o projection's blocks are
- * resident and issue their first weight loads while it runs (round 14,
- * H200, batch 1 @2k: -0.03 ms a step, batch 2 -0.1); "late": both by
- * ending, as before; "top": the decode kernels at their top too (the
- * combine's and the o projection's blocks then sit beside the attention:
- * +0.08 ms). */
-static char attn_trigger_mode(void)
+/* Under cuda__pdl_late (steps of <= 2 tokens) the combine still triggers
+ * its dependents at its top: the o projection's blocks are then resident
+ * and issue their first weight loads while it runs (round 14, H200,
+ * batch 1 @2k: -0.03 ms a step, batch 2 -0.1; the decode kernels
+ * triggering at their top too lost 0.08 ms).  BT_ATTN_TRIG=late (A/B):
+ * it triggers by ending, as the decode kernels do. */
+static bool attn_combine_late(void)
 {
-    static char mode = 0;
-    if (mode == 0) {
+    static int late = -1;
+    if (late < 0) {
         const char *env = getenv("BT_ATTN_TRIG");
-        mode = env && strcmp(env, "late") == 0  ? 'l'
-               : env && strcmp(env, "top") == 0 ? 't'
-                                                : 'c';
+        late = env && strcmp(env, "late") == 0;
     }
-    return mode;
+    return late != 0;
 }
 
 template <typename T>
@@ -392,7 +388,7 @@ static void attn_combine_launch(const cuda_attn_args_t *a, const int *tok_idx,
                         sizeof(float);
     cuda_attn_args_t al = *a;
 
-    al.pdl_late = a->pdl_late && attn_trigger_mode() == 'l';
+    al.pdl_late = a->pdl_late && attn_combine_late();
     a = &al;
 
     if (attn_combine_staged() && smem <= 48 * 1024) {
@@ -615,7 +611,7 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     if (n == 0)
         return BT_OK;
     cuda_attn_args_t al = *args;
-    al.pdl_late = cuda__pdl_late && attn_trigger_mode() != 't';
+    al.pdl_late = cuda__pdl_late;
     args = &al;
     BT_ASSERT(args->d_qkv == NULL || cuda_attn_decode_rope_ok(args, n, dt));
     if (cuda_attn_decode_tc_ok(args, dt)) {
