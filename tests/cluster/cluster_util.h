@@ -167,6 +167,7 @@ typedef struct {
     int total_kv;
     int in_flight;
     int queued;
+    int n_draining;  /* workers the router knows are draining */
     char names[16][64];
     uint64_t served[16];
 } cu_status_t;
@@ -190,6 +191,7 @@ static int cu_status(client_t *c, cu_status_t *st)
                     st->served[i] = w->served;
                 }
                 st->n_workers++;
+                st->n_draining += w->draining ? 1 : 0;
                 if (w->role == 1)
                     st->n_prefill++;
                 if (w->role == 2) {
@@ -220,6 +222,22 @@ static void cu_wait_workers(client_t *c, int n_prefill, int n_decode,
     }
     BT_TEST_FAIL("workers did not register (%d prefill, %d decode wanted)",
                  n_prefill, n_decode);
+}
+
+/* Waits until the router knows at least n workers are draining (a
+ * SIGTERM reaches the router as a message: requests sent before it may
+ * still go to the draining worker). */
+__attribute__((unused)) static void cu_wait_draining(client_t *c, int n,
+                                                     int timeout_ms)
+{
+    cu_status_t st;
+    for (int t = 0; t < timeout_ms; t += 10) {
+        if (cu_status(c, &st) == 0 && st.n_draining >= n)
+            return;
+        usleep(10000);
+    }
+    BT_TEST_FAIL("the router saw %d draining workers, %d wanted",
+                 st.n_draining, n);
 }
 
 /* Waits until every decode worker reports all its KV blocks free. */
