@@ -147,12 +147,11 @@ static __device__ __forceinline__ void gemv_norm_stage(
  *   so the small kernels between two GEMVs (RoPE, attention, SwiGLU) and
  *   the previous GEMV's tail run while DRAM streams this GEMV's weights;
  * - every warp loads its first U chunks.
- * kern_pdl_trigger() comes after the wait (trig GEMV_TRIG_AFTER_WAIT)
- * unless GEMV_TRIG_EARLY (at entry) or GEMV_TRIG_LATE (once the warp has
- * issued its last loads; cuda__pdl_late, cuda_int.h).  After the wait: the
- * next
- * kernel then launches only once this one is past its wait, so at most
- * one GEMV ahead prefetches (L2 holds one prefetch window, not two).
+ * kern_pdl_trigger() comes at entry (GEMV_TRIG_EARLY, the default in
+ * late-trigger steps: gemv_trigger), after the wait (GEMV_TRIG_AFTER_WAIT,
+ * other steps: the next kernel launches only once this one is past its
+ * wait, so at most one GEMV ahead prefetches) or once the warp has issued
+ * its last loads (GEMV_TRIG_LATE).
  * NORM: x is the RMSNorm of the f32 rows xf with weights g (cuda_gemv_norm),
  * staged per block into shared memory (T x n_in bf16, dynamic).
  * GLU (cuda_gemv_norm_glu): w is a fused gate|up matrix (2 n_out, n_in),
@@ -1096,13 +1095,26 @@ static size_t gemv_pf_budget(void)
     return cache[dev];
 }
 
-/* BT_GEMV_TRIGGER=early: the rows kernel triggers its dependents at its
- * first instruction (round 2) instead of after its PDL wait. */
-static bool gemv_early_trigger(void)
+/* Where the rows kernel triggers its dependents (PDL).  Under late
+ * triggers (cuda__pdl_late: steps of <= 2 tokens) at its first
+ * instruction: a trigger completes once every block of the grid has
+ * issued it, i.e. once the last block is resident, so the next kernel is
+ * launched then and its blocks take each slot this grid frees, at once,
+ * and issue their first weight loads under its tail.  Round 15 (H200,
+ * batch 1): -0.045 / -0.06 / -0.08 ms a step at 512 / 2k / 8k against
+ * triggering once the warp's last loads are issued (GEMV_TRIG_LATE,
+ * BT_GEMV_TRIGGER=late), which left the slots freed meanwhile idle until
+ * the launch.  Round 2's early triggers lost while small unfused kernels
+ * sat between the GEMVs.  Otherwise after the PDL wait. */
+static int gemv_trigger(void)
 {
     const char *env = getenv("BT_GEMV_TRIGGER");
 
-    return env && strcmp(env, "early") == 0;
+    if (env && strcmp(env, "early") == 0) /* in every step (test_gemm) */
+        return GEMV_TRIG_EARLY;
+    if (!cuda__pdl_late)
+        return GEMV_TRIG_AFTER_WAIT;
+    return env && strcmp(env, "late") == 0 ? GEMV_TRIG_LATE : GEMV_TRIG_EARLY;
 }
 
 /* Rows per warp of the rows kernel: 1, or 2 when the grid of one row per
@@ -1147,9 +1159,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) *
                              (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
-    const int trig = gemv_early_trigger() ? GEMV_TRIG_EARLY
-                     : cuda__pdl_late     ? GEMV_TRIG_LATE
-                                          : GEMV_TRIG_AFTER_WAIT;
+    const int trig = gemv_trigger();
     int pf_bytes = 0, pf_blocks = 0;
 
     if (mode == 2) {

@@ -12,8 +12,10 @@
  *           first wave prefetches the head of its rows into L2 with bulk
  *           prefetches (BT_GEMV_PF: 1 default, 2 whole rows, 0 off;
  *           BT_GEMV_PF_MB budget, default half the L2), and it triggers
- *           its dependents after the wait (BT_GEMV_TRIGGER=early: at
- *           entry, round 3).
+ *           its dependents at entry in late-trigger steps (<= 2 tokens;
+ *           BT_GEMV_TRIGGER=late: once its last loads are issued, the
+ *           default before round 15), after the wait otherwise
+ *           (BT_GEMV_TRIGGER=early: at entry there too).
  * - rows8:  the same with 8 + 8 chunks in flight, 16 warps per SM.
  * - stream: fixed grid, rows strided over warps, registers (round 2).
  * - ring:   one block per SM (persistent); each warp streams a contiguous
