@@ -379,18 +379,6 @@ static bool attn_combine_late(void)
     return late != 0;
 }
 
-/* BT_ATTN_TRIG=top (round 15 experiment): the decode kernels trigger at
- * their top too. */
-static bool attn_decode_top(void)
-{
-    static int top = -1;
-    if (top < 0) {
-        const char *env = getenv("BT_ATTN_TRIG");
-        top = env && strcmp(env, "top") == 0;
-    }
-    return top != 0;
-}
-
 template <typename T>
 static void attn_combine_launch(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, const float *ws,
@@ -623,7 +611,7 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     if (n == 0)
         return BT_OK;
     cuda_attn_args_t al = *args;
-    al.pdl_late = cuda__pdl_late && !attn_decode_top();
+    al.pdl_late = cuda__pdl_late;
     args = &al;
     BT_ASSERT(args->d_qkv == NULL || cuda_attn_decode_rope_ok(args, n, dt));
     if (cuda_attn_decode_tc_ok(args, dt)) {
