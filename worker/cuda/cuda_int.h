@@ -77,18 +77,22 @@ size_t cuda__dev_live_bytes(void);
 extern __thread int cuda__pdl_off;
 
 /* Non-zero (with PDL on): the kernels this thread launches trigger their
- * dependents late instead of at their top — the rows GEMV once a block
- * has issued its last weight loads, the small kernels (RoPE, decode
- * attention and its combine, SwiGLU) not at all, i.e. when they end.
- * Early triggers let the next kernels' blocks take multiprocessor slots
- * for the whole of a batch-1 GEMV (PDL then lost 0.1-0.25 ms a step);
- * late ones keep the overlap of each GEMV's tail with the next GEMV's
- * first weight loads (round 6: -0.07 ms at batch 1 against no PDL,
- * while batch 8 and 64 keep the early triggers, which win there).  The
- * split combine of the decode attention is the exception: it triggers
- * at its top (its 32 blocks leave room for the o projection's, which
- * then load during it; round 14, BT_ATTN_TRIG in attn_decode.cu).  Set
- * by the backend for forwards of <= 2 tokens (BT_PDL_SMALL). */
+ * dependents late instead of after their PDL wait — the small kernels
+ * (RoPE, decode attention, SwiGLU) not at all, i.e. when they end.  When
+ * small unfused kernels sat between the GEMVs, early triggers chained
+ * launches ahead and let the next GEMV's blocks take slots for the whole
+ * of a batch-1 GEMV (PDL then lost 0.1-0.25 ms a step); late ones kept
+ * the overlap of each GEMV's tail with the next GEMV's first weight loads
+ * (round 6: -0.07 ms at batch 1 against no PDL, while batch 8 and 64
+ * keep the early triggers, which win there).  Two kernels trigger at
+ * their top: the split combine of the decode attention (its 32 blocks
+ * leave room for the o projection's, which then load during it; round
+ * 14, BT_ATTN_TRIG in attn_decode.cu), and, since the norm, RoPE and
+ * SwiGLU are fused at 1 token, the rows GEMV (its trigger completes when
+ * its last block is resident, so the next kernel takes each slot the
+ * moment it frees; round 15, -0.05 ms at batch 1 @2k, BT_GEMV_TRIGGER in
+ * gemv.cu).  Set by the backend for forwards of <= 2 tokens
+ * (BT_PDL_SMALL). */
 extern __thread int cuda__pdl_late;
 
 #ifdef __cplusplus
