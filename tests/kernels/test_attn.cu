@@ -9,8 +9,8 @@
  *     K/V write fused into it (single-token steps, run_rope_case),
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
- *     at head 64/128 once per BT_PREFILL_KERNEL variant (mma, mma2,
- *     wmma, fa2, fa2w4, fa2w8, fa2wq, fa2wqv, fa2pp = the default),
+ *     at head 64/128 once per BT_PREFILL_KERNEL variant (wmma, fa2,
+ *     fa2w4, fa2w8, fa2wq, fa2wqv, fa2pp = the default),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -270,21 +270,20 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
-    /* (head 64/128: the mma.sync kernel (64 queries per block), mma2
-     * (128), the WMMA one, then attn_prefill_fa2.cu on mma.sync with
+    /* (head 64/128: the WMMA kernel, then attn_prefill_fa2.cu on mma.sync with
      * the warp count it picks (fa2), with 4 and 8 warps forced, with
      * S = Q K^T on wgmma (fa2wq), with P V on wgmma too (fa2wqv), and
      * with the two warpgroups in ping-pong fed by a TMA producer warp
      * (fa2pp, the default);
      * other head sizes: the default, unset) */
-    static const char *const pnames[] = {"mma",   "mma2",  "wmma",
-                                         "fa2",   "fa2w4", "fa2w8",
-                                         "fa2wq", "fa2wqv", "fa2pp"};
+    static const char *const pnames[] = {"wmma",  "fa2",    "fa2w4",
+                                         "fa2w8", "fa2wq",  "fa2wqv",
+                                         "fa2pp"};
     const bool two = c->hd == 64 || c->hd == 128;
     /* KT_ATTN_FA2=0: without the fa2 passes (run_gpu_kernels.sh re-runs
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
-    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 3 : 9;
+    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 7;
     for (int pass = 0; pass < n_pass &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
@@ -487,25 +486,15 @@ static void bench(void)
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
-        static const char *const bnames[] = {"mma ", "mma2", "wmma",
-                                             "fa2 ", "fa2w4", "fa2wq",
-                                             "fa2wqv"};
+        /* the default (fa2pp), then the alternatives */
+        static const char *const bnames[] = {"fa2pp", "wmma",  "fa2",
+                                             "fa2w4", "fa2wq", "fa2wqv"};
         const char *f2env = getenv("KT_ATTN_FA2");
-        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 3 : 7;
+        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 2 : 6;
         for (int pass = 0; pass < n_pass; pass++) {
         float ms[10];
-        if (pass == 1)
-            setenv("BT_PREFILL_KERNEL", "mma2", 1);
-        if (pass == 2)
-            setenv("BT_PREFILL_KERNEL", "wmma", 1);
-        if (pass == 3)
-            setenv("BT_PREFILL_KERNEL", "fa2", 1);
-        if (pass == 4)
-            setenv("BT_PREFILL_KERNEL", "fa2w4", 1);
-        if (pass == 5)
-            setenv("BT_PREFILL_KERNEL", "fa2wq", 1);
-        if (pass == 6)
-            setenv("BT_PREFILL_KERNEL", "fa2wqv", 1);
+        if (pass > 0)
+            setenv("BT_PREFILL_KERNEL", bnames[pass], 1);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
             KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, CUDA_DT_BF16,
@@ -517,7 +506,7 @@ static void bench(void)
         }
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
-        printf("prefill attn %s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
+        printf("prefill attn %-6s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
                "FLOPs)\n", bnames[pass], pre[i],
                med * 1e3,
                flops / (med * 1e-3) / 1e12);
@@ -545,12 +534,13 @@ int main(int argc, char **argv)
         /* tensor-core decode: groups 16 and 8, long split, odd lengths */
         {32, 2, 128, 16, {{2500, 1, 0}, {5, 1, 0}, {0, 1, 0}, {61, 7, 1}}},
         {16, 2, 64, 8, {{4200, 1, 0}, {63, 1, 0}, {64, 1, 0}, {10, 6, 1}}},
-        /* mma2 prefill: tile pairs and lone tiles of several sequences
-         * back to back, a chunk after a long prefix, a masked pair */
+        /* prefill: consecutive 64-query tiles and lone tiles of several
+         * sequences back to back, a chunk after a long prefix, a masked
+         * pair */
         {32, 8, 128, 16, {{0, 129, 0}, {0, 64, 0}, {1000, 200, 0},
                           {0, 65, 0}, {30, 100, 1}}},
         {8, 2, 64, 16, {{0, 256, 0}, {3, 191, 0}, {0, 1, 0}}},
-        /* mma prefill: several key tiles, full and diagonal, masked */
+        /* prefill: several key tiles, full and diagonal, masked */
         {32, 8, 128, 16, {{0, 300, 0}, {200, 150, 0}, {5, 3, 0}}},
         {8, 2, 64, 8, {{0, 200, 0}, {50, 77, 1}, {300, 1, 0}}},
         /* fa2 prefill (GQA units in a block): group 8 at head 128 with

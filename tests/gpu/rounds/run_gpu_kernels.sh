@@ -29,7 +29,7 @@
 #     bench_cuda; do strip -o build-gemv2-carry/gpu/$b build-gemv2/gpu/$b; \
 #   done && ../shared/tools/devlibs build-gemv2-carry/lib build-gemv2-carry/gpu/*
 # then run(carry=["build-gemv2-carry"], kind nvidia-h200,
-#   command="bash tests/gpu/run_gpu_kernels.sh build-gemv2-carry").
+#   command="bash tests/gpu/rounds/run_gpu_kernels.sh build-gemv2-carry").
 set -u
 build=${1:-build-gemv2-carry}
 out=${OUT:-/tmp/baton-gpu-kernels}
