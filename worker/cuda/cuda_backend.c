@@ -1485,9 +1485,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         aa.rope_half = ra.rope_half;
     }
 
-    /* Decode steps of <= 2 tokens in bf16 with the streaming GEMV
-     * (BT_GEMV_KERNEL=stream, not the default: see kernels/gemv.cu):
-     * RMSNorm inside the GEMV that consumes it (one kernel less per norm). */
+    /* Steps of up to fuse_norm_max tokens (1; BT_GEMV_NORM_TOK) in bf16
+     * whose GEMMs may take the GEMV kernels: RMSNorm inside the rows GEMV
+     * that consumes it (one kernel less per norm; BT_GEMV_NORM=0: off). */
     const bool fuse_norm = b->dt == CUDA_DT_BF16 && nt <= b->fuse_norm_max &&
                            worker_gemm_gemv_enabled(r->gemm) &&
                            cuda_gemv_norm_ok(nt, mc->dim);
