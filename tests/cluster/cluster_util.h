@@ -311,6 +311,47 @@ typedef struct {
     uint64_t ttft_us;
 } cu_result_t;
 
+/* Applies one client message to the result it belongs to (if any of
+ * `res`, not yet finished): a chunk's ids (in order, without gaps), the
+ * finish or the error.  Returns 1 when it finished that result. */
+__attribute__((unused)) static int cu_apply(cu_result_t *res, int n,
+                                            const Baton__ClientMessage *m)
+{
+    uint64_t rid = client_msg_request_id(m);
+    cu_result_t *r = NULL;
+
+    for (int i = 0; i < n; i++)
+        if (res[i].rid == rid)
+            r = &res[i];
+    if (r == NULL || r->finished)
+        return 0;
+    if (m->body_case == BATON__CLIENT_MESSAGE__BODY_CHUNK) {
+        if ((int)m->chunk->index != r->next_index)
+            BT_TEST_FAIL("request %llu: chunk index %u, expected %d",
+                         (unsigned long long)rid, m->chunk->index,
+                         r->next_index);
+        for (size_t k = 0; k < m->chunk->n_ids && r->n_ids < CU_MAX_IDS; k++)
+            r->ids[r->n_ids++] = m->chunk->ids[k];
+        r->next_index += (int)m->chunk->n_ids;
+    } else if (m->body_case == BATON__CLIENT_MESSAGE__BODY_FINISHED) {
+        r->finished = 1;
+        r->finish_reason = m->finished->reason;
+        if (m->finished->timings) {
+            r->retries = (int)m->finished->timings->retries;
+            r->ttft_us = m->finished->timings->ttft_us;
+        }
+        return 1;
+    } else if (m->body_case == BATON__CLIENT_MESSAGE__BODY_ERROR) {
+        r->finished = 2;
+        r->error_code = m->error->code;
+        fprintf(stderr, "request %llu error %s: %s\n",
+                (unsigned long long)rid, client_error_name(m->error->code),
+                m->error->message ? m->error->message : "");
+        return 1;
+    }
+    return 0;
+}
+
 /* Receives until every result in `res` finished or timeout. */
 __attribute__((unused)) static void cu_collect(client_t *c, cu_result_t *res,
                                               int n, int timeout_ms)
@@ -322,47 +363,36 @@ __attribute__((unused)) static void cu_collect(client_t *c, cu_result_t *res,
         done += res[i].finished != 0;
     while (done < n) {
         Baton__ClientMessage *m = NULL;
-        uint64_t rid;
-        cu_result_t *r = NULL;
         if (bt_time_ns() > until)
             BT_TEST_FAIL("%d of %d requests unfinished after %d ms", n - done,
                          n, timeout_ms);
         if (client_recv(c, 100, &m) != BT_OK)
             continue;
-        rid = client_msg_request_id(m);
-        for (int i = 0; i < n; i++)
-            if (res[i].rid == rid)
-                r = &res[i];
-        if (r == NULL || r->finished) {
-            proto_client_free(&m);
-            continue;
-        }
-        if (m->body_case == BATON__CLIENT_MESSAGE__BODY_CHUNK) {
-            if ((int)m->chunk->index != r->next_index)
-                BT_TEST_FAIL("request %llu: chunk index %u, expected %d",
-                             (unsigned long long)rid, m->chunk->index,
-                             r->next_index);
-            for (size_t k = 0; k < m->chunk->n_ids && r->n_ids < CU_MAX_IDS; k++)
-                r->ids[r->n_ids++] = m->chunk->ids[k];
-            r->next_index += (int)m->chunk->n_ids;
-        } else if (m->body_case == BATON__CLIENT_MESSAGE__BODY_FINISHED) {
-            r->finished = 1;
-            r->finish_reason = m->finished->reason;
-            if (m->finished->timings) {
-                r->retries = (int)m->finished->timings->retries;
-                r->ttft_us = m->finished->timings->ttft_us;
-            }
-            done++;
-        } else if (m->body_case == BATON__CLIENT_MESSAGE__BODY_ERROR) {
-            r->finished = 2;
-            r->error_code = m->error->code;
-            fprintf(stderr, "request %llu error %s: %s\n",
-                    (unsigned long long)rid,
-                    client_error_name(m->error->code),
-                    m->error->message ? m->error->message : "");
-            done++;
-        }
+        done += cu_apply(res, n, m);
         proto_client_free(&m);
+    }
+}
+
+/* Receives (cu_apply) until at least `need` of the n results hold
+ * min_ids ids, e.g. before a worker is killed mid-stream.  Fails with
+ * `what` when 10 s pass without a message.  Finishes and errors are kept
+ * for cu_collect (a stream that ends here is not lost to it). */
+__attribute__((unused)) static void cu_stream_until(client_t *c,
+                                                   cu_result_t *res, int n,
+                                                   int min_ids, int need,
+                                                   const char *what)
+{
+    for (;;) {
+        Baton__ClientMessage *m = NULL;
+        int got = 0;
+        if (client_recv(c, 10000, &m) != BT_OK)
+            BT_TEST_FAIL("%s", what);
+        cu_apply(res, n, m);
+        proto_client_free(&m);
+        for (int i = 0; i < n; i++)
+            got += res[i].n_ids >= min_ids;
+        if (got >= need)
+            return;
     }
 }
 

@@ -92,26 +92,8 @@ int main(void)
     }
     for (int i = 0; i < N_KILL; i++)
         kres[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
-    for (;;) {
-        Baton__ClientMessage *m = NULL;
-        int got = 0;
-        if (client_recv(c, 10000, &m) != BT_OK)
-            BT_TEST_FAIL("no tokens from the aggregated worker");
-        for (int i = 0; i < N_KILL; i++) {
-            if (kres[i].rid != client_msg_request_id(m) ||
-                m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK)
-                continue;
-            BT_ASSERT_EQ(m->chunk->index, kres[i].next_index);
-            for (size_t k = 0; k < m->chunk->n_ids; k++)
-                kres[i].ids[kres[i].n_ids++] = m->chunk->ids[k];
-            kres[i].next_index += (int)m->chunk->n_ids;
-        }
-        for (int i = 0; i < N_KILL; i++)
-            got += kres[i].n_ids >= 5;
-        proto_client_free(&m);
-        if (got == N_KILL)
-            break;
-    }
+    cu_stream_until(c, kres, N_KILL, 5, N_KILL,
+                    "no tokens from the aggregated worker");
     /* Freeze agg1 while agg2 starts, so it cannot finish a stream first
      * on a loaded machine (start-up takes seconds there). */
     kill(d0, SIGSTOP);

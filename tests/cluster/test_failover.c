@@ -55,27 +55,8 @@ int main(void)
                     "--threads", "1", "--name", "p1", NULL);
     /* Phase 2: once tokens stream from d0, start a second decode worker
      * and kill the first mid-stream. */
-    for (;;) {
-        Baton__ClientMessage *m = NULL;
-        int got = 0;
-        if (client_recv(c, 10000, &m) != BT_OK)
-            BT_TEST_FAIL("no tokens after the prefill worker died");
-        /* Feed it to the collector's state by hand. */
-        for (int i = 0; i < N_REQ; i++) {
-            if (res[i].rid != client_msg_request_id(m) ||
-                m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK)
-                continue;
-            BT_ASSERT_EQ(m->chunk->index, res[i].next_index);
-            for (size_t k = 0; k < m->chunk->n_ids; k++)
-                res[i].ids[res[i].n_ids++] = m->chunk->ids[k];
-            res[i].next_index += (int)m->chunk->n_ids;
-        }
-        for (int i = 0; i < N_REQ; i++)
-            got += res[i].n_ids >= 10;
-        proto_client_free(&m);
-        if (got >= N_REQ / 2)
-            break;
-    }
+    cu_stream_until(c, res, N_REQ, 10, N_REQ / 2,
+                    "no tokens after the prefill worker died");
     /* Freeze d0 while d1 starts: on a loaded machine start-up takes
      * seconds, and d0 must not finish any stream meanwhile. */
     kill(d[0], SIGSTOP);

@@ -81,26 +81,8 @@ int main(void)
         BT_ASSERT_OK(client_submit(c, &req, &res[i].rid));
     }
     /* Once every stream has some tokens, add d1 and kill d0 mid-stream. */
-    for (;;) {
-        Baton__ClientMessage *m = NULL;
-        int got = 0;
-        if (client_recv(c, 10000, &m) != BT_OK)
-            BT_TEST_FAIL("no tokens from the decode worker");
-        for (int i = 0; i < N_REQ; i++) {
-            if (res[i].rid != client_msg_request_id(m) ||
-                m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK)
-                continue;
-            BT_ASSERT_EQ(m->chunk->index, res[i].next_index);
-            for (size_t k = 0; k < m->chunk->n_ids; k++)
-                res[i].ids[res[i].n_ids++] = m->chunk->ids[k];
-            res[i].next_index += (int)m->chunk->n_ids;
-        }
-        proto_client_free(&m);
-        for (int i = 0; i < N_REQ; i++)
-            got += res[i].n_ids >= 5;
-        if (got == N_REQ)
-            break;
-    }
+    cu_stream_until(c, res, N_REQ, 5, N_REQ,
+                    "no tokens from the decode worker");
     kill(d0, SIGSTOP); /* d0 must not finish a stream while d1 starts */
     cu_spawn("baton-decode", "--router", control, "--model", model,
              "--threads", "1", "--name", "d1", NULL);

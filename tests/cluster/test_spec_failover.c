@@ -11,31 +11,12 @@
 
 #define N_REQ 8
 
-/* Receives until every request has `min_ids` ids: all of them are then
- * streaming from the current decode worker (none still waits for a
- * reservation that the next worker could take). */
+/* Every request is streaming from the current decode worker once each
+ * has `min_ids` ids (none still waits for a reservation that the next
+ * worker could take). */
 static void stream_until(client_t *c, cu_result_t *res, int min_ids)
 {
-    for (;;) {
-        Baton__ClientMessage *m = NULL;
-        int got = 0;
-        if (client_recv(c, 10000, &m) != BT_OK)
-            BT_TEST_FAIL("no tokens streamed");
-        for (int i = 0; i < N_REQ; i++) {
-            if (res[i].rid != client_msg_request_id(m) ||
-                m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK)
-                continue;
-            BT_ASSERT_EQ(m->chunk->index, res[i].next_index);
-            for (size_t k = 0; k < m->chunk->n_ids; k++)
-                res[i].ids[res[i].n_ids++] = m->chunk->ids[k];
-            res[i].next_index += (int)m->chunk->n_ids;
-        }
-        for (int i = 0; i < N_REQ; i++)
-            got += res[i].n_ids >= min_ids;
-        proto_client_free(&m);
-        if (got == N_REQ)
-            return;
-    }
+    cu_stream_until(c, res, N_REQ, min_ids, N_REQ, "no tokens streamed");
 }
 
 int main(void)
