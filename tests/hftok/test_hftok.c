@@ -25,66 +25,21 @@
 #include "bt_test.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "hftok_fixture.h"
 #include "tokenizer/tok_test_util.h"
-
-#define SP "\xe2\x96\x81" /* ▁ */
-
-static const char llama3_regex[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|"
-    "\\s+";
 
 // ----------------------------------------------------------------------------
 // helpers
 
-/* GPT-2 bytes_to_unicode, written independently: the character (UTF-8)
- * standing for byte b. */
-static void mapped(int b, char out[4])
-{
-    int n = 0, cp = -1;
-    for (int x = 0; x < 256; x++) {
-        bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) ||
-                         (x >= 174 && x <= 255);
-        int c = printable ? x : 256 + n++;
-        if (x == b)
-            cp = c;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = '\0';
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = '\0';
-    }
-}
-
-/* Maps a byte string to its byte-level token string. */
-static void map_str(const char *s, char *out)
-{
-    out[0] = '\0';
-    for (; *s; s++) {
-        char m[4];
-        mapped((unsigned char)*s, m);
-        strcat(out, m);
-    }
-}
-
+/* hftok_fixture.h's added token, never normalized. */
 static cJSON *added_tok(int id, const char *content, bool special)
 {
-    cJSON *a = cJSON_CreateObject();
-    cJSON_AddNumberToObject(a, "id", id);
-    cJSON_AddStringToObject(a, "content", content);
-    cJSON_AddBoolToObject(a, "single_word", 0);
-    cJSON_AddBoolToObject(a, "lstrip", 0);
-    cJSON_AddBoolToObject(a, "rstrip", 0);
-    cJSON_AddBoolToObject(a, "normalized", 0);
-    cJSON_AddBoolToObject(a, "special", special);
-    return a;
+    return hf_added_tok(id, content, special, false);
 }
 
 /* Byte-level tokenizer: ids 0..255 are the bytes, then each merge (byte
- * strings "a|b", written to the file as "A B" in mapped form) adds the token a+b with the next id; added tokens follow.
+ * strings "a|b", written to the file as "A B" in mapped form) adds the
+ * token a+b with the next id; added tokens follow.
  * Returns the JSON text (free with free). */
 static char *make_bytelevel(const char *const *merges, int n_merges,
                             bool ignore_merges, const char *extra_piece)
@@ -94,31 +49,27 @@ static char *make_bytelevel(const char *const *merges, int n_merges,
     cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
     cJSON *ml = cJSON_AddArrayToObject(model, "merges");
     cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
-    cJSON *pre, *pres, *p, *post, *single, *e, *sp;
+    cJSON *post, *single, *e, *sp;
     char a[64], b[64], ab[1024], ma[256], mb[256], mab[512];
     int id = 256;
     char *text;
 
-    for (int x = 0; x < 256; x++) {
-        char m[4];
-        mapped(x, m);
-        cJSON_AddNumberToObject(vocab, m, x);
-    }
+    hf_add_byte_vocab(vocab);
     for (int i = 0; i < n_merges; i++) {
         const char *s = strchr(merges[i], '|');
         snprintf(a, sizeof(a), "%.*s", (int)(s - merges[i]), merges[i]);
         snprintf(b, sizeof(b), "%s", s + 1);
         snprintf(ab, sizeof(ab), "%s%s", a, b);
-        map_str(a, ma);
-        map_str(b, mb);
-        map_str(ab, mab);
+        hf_map_str(a, ma);
+        hf_map_str(b, mb);
+        hf_map_str(ab, mab);
         if (cJSON_GetObjectItemCaseSensitive(vocab, mab) == NULL)
             cJSON_AddNumberToObject(vocab, mab, id++);
         snprintf(ab, sizeof(ab), "%s %s", ma, mb);
         cJSON_AddItemToArray(ml, cJSON_CreateString(ab));
     }
     if (extra_piece != NULL) { /* in the vocab, no merges lead to it */
-        map_str(extra_piece, mab);
+        hf_map_str(extra_piece, mab);
         cJSON_AddNumberToObject(vocab, mab, id++);
     }
     cJSON_AddStringToObject(model, "type", "BPE");
@@ -128,22 +79,7 @@ static char *make_bytelevel(const char *const *merges, int n_merges,
     cJSON_AddItemToArray(added, added_tok(1001, "<|eot_id|>", true));
     cJSON_AddItemToArray(added, added_tok(1002, "<|eot|>", true));
     cJSON_AddNullToObject(root, "normalizer");
-    pre = cJSON_AddObjectToObject(root, "pre_tokenizer");
-    cJSON_AddStringToObject(pre, "type", "Sequence");
-    pres = cJSON_AddArrayToObject(pre, "pretokenizers");
-    p = cJSON_CreateObject();
-    cJSON_AddStringToObject(p, "type", "Split");
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(p, "pattern"), "Regex",
-                            llama3_regex);
-    cJSON_AddStringToObject(p, "behavior", "Isolated");
-    cJSON_AddBoolToObject(p, "invert", 0);
-    cJSON_AddItemToArray(pres, p);
-    p = cJSON_CreateObject();
-    cJSON_AddStringToObject(p, "type", "ByteLevel");
-    cJSON_AddBoolToObject(p, "add_prefix_space", 0);
-    cJSON_AddBoolToObject(p, "trim_offsets", 1);
-    cJSON_AddBoolToObject(p, "use_regex", 0);
-    cJSON_AddItemToArray(pres, p);
+    hf_add_llama3_pre(root);
     post = cJSON_AddObjectToObject(root, "post_processor");
     cJSON_AddStringToObject(post, "type", "TemplateProcessing");
     single = cJSON_AddArrayToObject(post, "single");

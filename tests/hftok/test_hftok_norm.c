@@ -31,14 +31,8 @@
 #include "bt_test.h"
 #include "bt_util.h"
 #include "model/tokenizer.h"
+#include "hftok_fixture.h"
 #include "tokenizer/tok_test_util.h"
-
-#define SP "\xe2\x96\x81" /* ▁ */
-
-static const char llama3_regex[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|"
-    "\\s+";
 
 #define NFC_JSON "{\"type\":\"NFC\"}"
 #define NFD_JSON "{\"type\":\"NFD\"}"
@@ -52,41 +46,6 @@ static const char llama3_regex[] =
 
 // ----------------------------------------------------------------------------
 // helpers
-
-/* GPT-2 bytes_to_unicode: the character (UTF-8) standing for byte b. */
-static void mapped(int b, char out[4])
-{
-    int n = 0, cp = -1;
-    for (int x = 0; x < 256; x++) {
-        bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) ||
-                         (x >= 174 && x <= 255);
-        int c = printable ? x : 256 + n++;
-        if (x == b)
-            cp = c;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = '\0';
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = '\0';
-    }
-}
-
-static cJSON *added_tok(int id, const char *content, bool special,
-                        bool normalized)
-{
-    cJSON *a = cJSON_CreateObject();
-    cJSON_AddNumberToObject(a, "id", id);
-    cJSON_AddStringToObject(a, "content", content);
-    cJSON_AddBoolToObject(a, "single_word", 0);
-    cJSON_AddBoolToObject(a, "lstrip", 0);
-    cJSON_AddBoolToObject(a, "rstrip", 0);
-    cJSON_AddBoolToObject(a, "normalized", normalized);
-    cJSON_AddBoolToObject(a, "special", special);
-    return a;
-}
 
 /* Attaches the normalizer given as JSON text (NULL: null). */
 static void set_normalizer(cJSON *root, const char *norm_json)
@@ -108,44 +67,28 @@ static char *make_bl(const char *norm_json)
     cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
     cJSON *ml = cJSON_AddArrayToObject(model, "merges");
     cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
-    cJSON *pre, *pres, *p, *d;
+    cJSON *d;
     char a[4], b[4], ab[16];
     char *text;
 
-    for (int x = 0; x < 256; x++) {
-        char m[4];
-        mapped(x, m);
-        cJSON_AddNumberToObject(vocab, m, x);
-    }
-    mapped(0xC3, a);
-    mapped(0xA9, b);
+    hf_add_byte_vocab(vocab);
+    hf_mapped(0xC3, a);
+    hf_mapped(0xA9, b);
     snprintf(ab, sizeof(ab), "%s%s", a, b);
     cJSON_AddNumberToObject(vocab, ab, 256);
     snprintf(ab, sizeof(ab), "%s %s", a, b);
     cJSON_AddItemToArray(ml, cJSON_CreateString(ab));
     cJSON_AddStringToObject(model, "type", "BPE");
     cJSON_AddNullToObject(model, "unk_token");
-    cJSON_AddItemToArray(added, added_tok(1000, "<|eot|>", true, false));
-    cJSON_AddItemToArray(added, added_tok(1001, "<\xc3\xa9>", false, true));
-    cJSON_AddItemToArray(added, added_tok(1002, "<|\xc3\xa9|>", true, false));
-    cJSON_AddItemToArray(added, added_tok(1003, "<e\xcc\x81x>", false, true));
+    cJSON_AddItemToArray(added, hf_added_tok(1000, "<|eot|>", true, false));
+    cJSON_AddItemToArray(added,
+                         hf_added_tok(1001, "<\xc3\xa9>", false, true));
+    cJSON_AddItemToArray(added,
+                         hf_added_tok(1002, "<|\xc3\xa9|>", true, false));
+    cJSON_AddItemToArray(added,
+                         hf_added_tok(1003, "<e\xcc\x81x>", false, true));
     set_normalizer(root, norm_json);
-    pre = cJSON_AddObjectToObject(root, "pre_tokenizer");
-    cJSON_AddStringToObject(pre, "type", "Sequence");
-    pres = cJSON_AddArrayToObject(pre, "pretokenizers");
-    p = cJSON_CreateObject();
-    cJSON_AddStringToObject(p, "type", "Split");
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(p, "pattern"), "Regex",
-                            llama3_regex);
-    cJSON_AddStringToObject(p, "behavior", "Isolated");
-    cJSON_AddBoolToObject(p, "invert", 0);
-    cJSON_AddItemToArray(pres, p);
-    p = cJSON_CreateObject();
-    cJSON_AddStringToObject(p, "type", "ByteLevel");
-    cJSON_AddBoolToObject(p, "add_prefix_space", 0);
-    cJSON_AddBoolToObject(p, "trim_offsets", 1);
-    cJSON_AddBoolToObject(p, "use_regex", 0);
-    cJSON_AddItemToArray(pres, p);
+    hf_add_llama3_pre(root);
     d = cJSON_AddObjectToObject(root, "decoder");
     cJSON_AddStringToObject(d, "type", "ByteLevel");
     text = cJSON_PrintUnformatted(root);
@@ -190,9 +133,9 @@ static char *make_sp(const char *norm_json)
     cJSON_AddStringToObject(model, "unk_token", "<unk>");
     cJSON_AddBoolToObject(model, "fuse_unk", 1);
     cJSON_AddBoolToObject(model, "byte_fallback", 1);
-    cJSON_AddItemToArray(added, added_tok(0, "<unk>", true, false));
-    cJSON_AddItemToArray(added, added_tok(1, "<s>", true, false));
-    cJSON_AddItemToArray(added, added_tok(2, "</s>", true, true));
+    cJSON_AddItemToArray(added, hf_added_tok(0, "<unk>", true, false));
+    cJSON_AddItemToArray(added, hf_added_tok(1, "<s>", true, false));
+    cJSON_AddItemToArray(added, hf_added_tok(2, "</s>", true, true));
     set_normalizer(root, norm_json);
     cJSON_AddNullToObject(root, "pre_tokenizer");
     d = cJSON_AddObjectToObject(root, "decoder");
