@@ -1,6 +1,6 @@
 /*
  * bench_kernels.c - kernel timings behind issue 4's targets, ON THE
- * DEVICE MACHINE (tests/gpu/run_gpu_kernels.sh runs it):
+ * DEVICE MACHINE (tests/gpu/run_gpu_tc.sh and round scripts run it):
  *
  *   bench_kernels [--gemv] [--attn] [--small] [--dec] [--toks L] [--reps N]
  *   (default: all)

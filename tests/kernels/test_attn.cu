@@ -280,7 +280,7 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
                                          "fa2w8", "fa2wq",  "fa2wqv",
                                          "fa2pp"};
     const bool two = c->hd == 64 || c->hd == 128;
-    /* KT_ATTN_FA2=0: without the fa2 passes (run_gpu_kernels.sh re-runs
+    /* KT_ATTN_FA2=0: without the fa2 passes (round 5 re-ran
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
     const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 7;

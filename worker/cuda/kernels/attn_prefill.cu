@@ -466,25 +466,21 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * a block has one warpgroup or the caches cannot be mapped, as fa2
  * without sm_90a wgmma).
  * Read at every launch, so tests can switch. */
-static int attn_prefill_kind(void)
-{
-    const char *env = getenv("BT_PREFILL_KERNEL");
+typedef struct {
+    const char *name;
+    int family; /* 0: the shared-memory kernel, 1: WMMA, 2: fa2 */
+    int warps;  /* fa2: warps per block, 0: chosen by the GQA group */
+    int wgmma;  /* fa2: 1 S on wgmma, 2 P V too, 3 the ping-pong */
+} prefill_kind_t;
 
-    if (env && strcmp(env, "smem") == 0)
-        return 0;
-    if (env && strcmp(env, "wmma") == 0)
-        return 1;
-    if (env && strcmp(env, "fa2w4") == 0)
-        return 6; /* fa2 with 4 warps per block */
-    if (env && strcmp(env, "fa2w8") == 0)
-        return 7; /* fa2 with 8 warps per block */
-    if (env && strcmp(env, "fa2wq") == 0)
-        return 8; /* fa2 with S = Q K^T on wgmma */
-    if (env && strcmp(env, "fa2") == 0)
-        return 5; /* fa2 on mma.sync (the default of rounds 4-10) */
-    if (env && strcmp(env, "fa2wqv") == 0)
-        return 9; /* fa2 with S and P V on wgmma */
-
+static const prefill_kind_t prefill_kinds[] = {
+    {"smem", 0, 0, 0},
+    {"wmma", 1, 0, 0},
+    {"fa2", 2, 0, 0},    /* on mma.sync (the default of rounds 4-10) */
+    {"fa2w4", 2, 4, 0},
+    {"fa2w8", 2, 8, 0},
+    {"fa2wq", 2, 0, 1},
+    {"fa2wqv", 2, 0, 2},
     /* Default (and =fa2pp): attn_prefill_fa2.cu with S and P V on
      * wgmma, the warpgroups in ping-pong, K/V by a TMA producer warp;
      * warps per block chosen by the GQA group; at head sizes it does not
@@ -494,21 +490,30 @@ static int attn_prefill_kind(void)
      * rounds 2-3, removed in round 15, 271), 8192 tokens 1616 us (fa2wqv
      * 2112, fa2 2496); whole 2048-token prefill 48.19 / 48.25 ms against
      * fa2wqv's 49.00 / 49.39 in the same call. */
-    return 10;
-}
+    {"fa2pp", 2, 0, 3},
+};
 
-static bool attn_prefill_use_fa(int head_dim)
+static const prefill_kind_t *attn_prefill_kind(void)
 {
-    return attn_prefill_kind() >= 1 && head_dim <= 128;
+    const char *env = getenv("BT_PREFILL_KERNEL");
+    const size_t n = sizeof(prefill_kinds) / sizeof(prefill_kinds[0]);
+
+    for (size_t i = 0; env && i < n; i++)
+        if (strcmp(env, prefill_kinds[i].name) == 0)
+            return &prefill_kinds[i];
+    return &prefill_kinds[n - 1];
 }
 
+/* The kernels of this file: WMMA (family >= 1, head <= 128) or the
+ * shared-memory one. */
 template <int HD>
 static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
                                        const int *tiles, int n_tiles,
+                                       const prefill_kind_t *kind,
                                        cudaStream_t stream)
 {
     if constexpr (HD <= 128) {
-        if (attn_prefill_use_fa(HD)) {
+        if (kind->family >= 1) {
             size_t fbytes = fa_smem<HD>::BYTES;
             cudaError_t ferr = cudaFuncSetAttribute(
                 attn_prefill_fa_kernel<HD>,
@@ -537,41 +542,35 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
                               const int *d_tiles, int n_tiles,
                               cuda_dtype_t dt, cudaStream_t stream)
 {
+    const prefill_kind_t *kind = attn_prefill_kind();
     cudaError_t err;
 
     if (n_tiles == 0)
         return BT_OK;
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
-    if (attn_prefill_kind() >= 5 &&
-        cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
-        const int kind = attn_prefill_kind();
-        err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles,
-                                    kind == 6 ? 4 : kind == 7 ? 8 : 0,
-                                    kind == 8    ? 1
-                                    : kind == 9  ? 2
-                                    : kind == 10 ? 3
-                                                 : 0,
-                                    stream);
+    if (kind->family == 2 && cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
+        err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, kind->warps,
+                                    kind->wgmma, stream);
         if (err != cudaSuccess)
             return BT_CUDA_STATUS(err);
         return BT_CUDA_LAUNCH_STATUS();
     }
     switch (args->head_dim) {
     case 16:
-        err = attn_prefill_launch<16>(args, d_tiles, n_tiles, stream);
+        err = attn_prefill_launch<16>(args, d_tiles, n_tiles, kind, stream);
         break;
     case 32:
-        err = attn_prefill_launch<32>(args, d_tiles, n_tiles, stream);
+        err = attn_prefill_launch<32>(args, d_tiles, n_tiles, kind, stream);
         break;
     case 64:
-        err = attn_prefill_launch<64>(args, d_tiles, n_tiles, stream);
+        err = attn_prefill_launch<64>(args, d_tiles, n_tiles, kind, stream);
         break;
     case 128:
-        err = attn_prefill_launch<128>(args, d_tiles, n_tiles, stream);
+        err = attn_prefill_launch<128>(args, d_tiles, n_tiles, kind, stream);
         break;
     default:
-        err = attn_prefill_launch<256>(args, d_tiles, n_tiles, stream);
+        err = attn_prefill_launch<256>(args, d_tiles, n_tiles, kind, stream);
         break;
     }
     if (err != cudaSuccess)
