@@ -274,7 +274,7 @@ static void run_mlp_case(int t, int hid, int i, int acc, int reps)
     float *y2 = kt_download(d_x2, (size_t)t * i, CUDA_DT_F32);
     float *h = kt_download(d_h, (size_t)t * hid, CUDA_DT_BF16);
     float *h2 = kt_download(d_h2, (size_t)t * hid, CUDA_DT_BF16);
-    unsigned bar[2] = {1, 1};
+    unsigned bar[1] = {1};
     KT_CUDA(cudaMemcpy(bar, g_mlp_bar, sizeof(bar), cudaMemcpyDeviceToHost));
     char what[200];
     snprintf(what, sizeof(what), "gemv mlp t=%d hid=%d i=%d%s x%d (%d blocks)",
@@ -299,8 +299,52 @@ static void run_mlp_case(int t, int hid, int i, int acc, int reps)
     free(ref); free(y); free(y2); free(h); free(h2);
 }
 
+/* --mlp-prof: the fused MLP's phase profile (Llama-3-8B, 1 token) after
+ * an L2 flush, with x read for the norm from 1, 2, 8 or 32 copies (an
+ * experiment: is the first wave's norm L2-hot-spot bound?) */
+static void mlp_prof(void)
+{
+    const int t = 1, hid = 14336, i = 4096, R = 32;
+    float *x = kt_rand_vec((size_t)t * i, -2, 2, CUDA_DT_F32);
+    float *gw = kt_rand_vec((size_t)i, 0.5f, 1.5f, CUDA_DT_BF16);
+    float *wgu = kt_rand_vec((size_t)2 * hid * i, -0.1f, 0.1f, CUDA_DT_BF16);
+    float *wd = kt_rand_vec((size_t)i * hid, -0.1f, 0.1f, CUDA_DT_BF16);
+    float *xr = (float *)malloc(sizeof(float) * R * t * i);
+    for (int r = 0; r < R; r++)
+        memcpy(xr + (size_t)r * t * i, x, sizeof(float) * t * i);
+    void *d_x = kt_upload(xr, (size_t)R * t * i, CUDA_DT_F32);
+    void *d_g = kt_upload(gw, (size_t)i, CUDA_DT_BF16);
+    void *d_wgu = kt_upload(wgu, (size_t)2 * hid * i, CUDA_DT_BF16);
+    void *d_wd = kt_upload(wd, (size_t)i * hid, CUDA_DT_BF16);
+    void *d_h = kt_poisoned((size_t)t * hid, CUDA_DT_BF16);
+    void *d_flush = NULL;
+    unsigned *d_bar = NULL;
+    KT_CUDA(cudaMalloc(&d_flush, 256u << 20));
+    KT_CUDA(cudaMalloc((void **)&d_bar, CUDA_GEMV_MLP_BAR_WORDS * 4));
+    KT_CUDA(cudaMemset(d_bar, 0, CUDA_GEMV_MLP_BAR_WORDS * 4));
+    setenv("BT_GEMV_MLP_PROF", "1", 1);
+    const char *reps[] = {"1", "2", "8", "32", "1"};
+    for (int k = 0; k < 5; k++) {
+        setenv("BT_GEMV_MLP_XREP", reps[k], 1);
+        for (int it = 0; it < 3; it++) {
+            KT_OK(cuda_l2_flush(d_flush, 256u << 20, 1, 0));
+            KT_OK(cuda_gemv_mlp(t, hid, i, (float *)d_x, d_g, 1e-5f, d_wgu,
+                                d_wd, d_h, true, d_bar, 0));
+        }
+        KT_CUDA(cudaDeviceSynchronize());
+        printf("INFO x copies %s:\n", reps[k]);
+        cuda_gemv_mlp_prof_print(stdout);
+    }
+    unsetenv("BT_GEMV_MLP_PROF");
+    unsetenv("BT_GEMV_MLP_XREP");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "--mlp-prof") == 0) {
+        mlp_prof();
+        return 0;
+    }
     worker_gemm_ctx_t *g = NULL;
     const char *only = argc > 2 && strcmp(argv[1], "--variant") == 0
                            ? argv[2] : NULL;
@@ -436,8 +480,8 @@ int main(int argc, char **argv)
         /* cuda_gemv_mlp: the Llama-3-8B MLP (one rank and two), a shape
          * with fewer rows than warps, uneven shares, 1 and 2 tokens,
          * plain and accumulating, several launches on one barrier */
-        KT_CUDA(cudaMalloc((void **)&g_mlp_bar, 2 * sizeof(unsigned)));
-        KT_CUDA(cudaMemset(g_mlp_bar, 0, 2 * sizeof(unsigned)));
+        KT_CUDA(cudaMalloc((void **)&g_mlp_bar, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned)));
+        KT_CUDA(cudaMemset(g_mlp_bar, 0, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned)));
         const int msh[][4] = {{1, 14336, 4096, 1}, {2, 14336, 4096, 1},
                               {1, 7168, 4096, 0}, {1, 1024, 1024, 1},
                               {2, 3072, 2048, 0}, {1, 5120, 3072, 1}};
@@ -454,6 +498,18 @@ int main(int argc, char **argv)
         cuda__pdl_late = 1;
         run_mlp_case(1, 14336, 4096, 1, 2);
         cuda__pdl_late = 0;
+        /* the barrier's other modes, and the phase profile, change no
+         * result */
+        const char *mv[][2] = {{"BT_GEMV_MLP_BAR", "0"},
+                               {"BT_GEMV_MLP_BAR", "2"},
+                               {"BT_GEMV_MLP_PROF", "1"}};
+        for (size_t f = 0; f < sizeof(mv) / sizeof(mv[0]); f++) {
+            setenv(mv[f][0], mv[f][1], 1);
+            printf("INFO %s=%s\n", mv[f][0], mv[f][1]);
+            run_mlp_case(1, 14336, 4096, 1, 2);
+            run_mlp_case(2, 3072, 2048, 0, 2);
+            unsetenv(mv[f][0]);
+        }
         if (cuda_gemv_mlp_ok(3, 14336, 4096) || cuda_gemv_mlp_ok(1, 14336, 264) ||
             cuda_gemv_mlp_ok(1, 1000, 4096)) {
             printf("FAIL gemv_mlp_ok true for 3 tokens, i=264 or hid=1000\n");

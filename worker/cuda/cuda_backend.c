@@ -762,9 +762,11 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         if (status != BT_OK)
             return status;
     }
-    CUDA_ACT(r->d_mlp_bar, 2 * sizeof(unsigned), "mlp_barrier");
+    CUDA_ACT(r->d_mlp_bar, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned),
+             "mlp_barrier");
     /* the fused MLP leaves its barrier words zero; they start so */
-    status = BT_CUDA_STATUS(cudaMemset(r->d_mlp_bar, 0, 2 * sizeof(unsigned)));
+    status = BT_CUDA_STATUS(cudaMemset(
+        r->d_mlp_bar, 0, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned)));
     if (status != BT_OK)
         return status;
 #undef CUDA_ACT

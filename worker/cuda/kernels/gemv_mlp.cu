@@ -124,6 +124,14 @@ static __device__ __forceinline__ unsigned mlp_ld_acquire(const unsigned *p)
     return v;
 }
 
+static __device__ __forceinline__ unsigned mlp_ld_relaxed(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
+                 : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 static __device__ __forceinline__ unsigned long long mlp_now_ns(void)
 {
     unsigned long long t;
@@ -131,42 +139,72 @@ static __device__ __forceinline__ unsigned long long mlp_now_ns(void)
     return t;
 }
 
-/* Grid-wide barrier over bar = {arrivals, generation}: the last block to
- * arrive zeroes the count and bumps the generation the others wait on
- * (so both words are left ready for the next launch).  The fences make
- * every block's writes before the barrier visible to every block's loads
- * after it (the release / acquire pattern of cooperative groups' grid
- * sync; the acquire also invalidates the multiprocessor's L1). */
-static __device__ __forceinline__ void mlp_grid_sync(unsigned *bar)
+/* Grid-wide barrier over bar (MLP_BAR_WORDS words): the arrival count at
+ * bar[0], the generation at bar[MLP_BAR_GEN], a line apart so the
+ * waiting blocks' polls do not queue behind the arrivals' atomics.  The
+ * last block to arrive zeroes the count and bumps the generation the
+ * others wait on (so the words are left ready for the next launch).  The
+ * fences make every block's writes before the barrier visible to every
+ * block's loads after it (the release / acquire pattern of cooperative
+ * groups' grid sync); the poll is relaxed, one acquire after it (an
+ * acquire at gpu scope also invalidates the multiprocessor's L1, which
+ * the blocks still streaming beside it would pay for every poll).
+ * mode (BT_GEMV_MLP_BAR, A/B): 0 both words on one line, acquire polls
+ * (round 16a); 1 the default; 2 as 1 with a 64 ns sleep a poll. */
+#define MLP_BAR_GEN 32
+static __device__ __forceinline__ void mlp_grid_sync(unsigned *bar, int mode)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        const unsigned gen = mlp_ld_acquire(bar + 1);
+        unsigned *gen_p = bar + (mode == 0 ? 1 : MLP_BAR_GEN);
+        const unsigned gen = mlp_ld_acquire(gen_p);
         __threadfence();
         if (atomicAdd(bar, 1u) == gridDim.x - 1) {
             atomicExch(bar, 0u);
             __threadfence();
-            atomicAdd(bar + 1, 1u);
+            atomicAdd(gen_p, 1u);
         } else {
             const unsigned long long t0 = mlp_now_ns();
-            while (mlp_ld_acquire(bar + 1) == gen)
+            for (;;) {
+                if ((mode == 0 ? mlp_ld_acquire(gen_p)
+                               : mlp_ld_relaxed(gen_p)) != gen)
+                    break;
+                if (mode == 2)
+                    __nanosleep(64);
                 if (mlp_now_ns() - t0 > MLP_BARRIER_TIMEOUT_NS)
                     __trap();
+            }
+            (void)mlp_ld_acquire(gen_p);
         }
         __threadfence();
     }
     __syncthreads();
 }
 
+/* Phase timestamps (BT_GEMV_MLP_PROF=1, cuda_gemv_mlp_prof_print): per
+ * block, thread 0's globaltimer at entry, after the PDL wait, after the
+ * norm, once the block's gate|up sums are in, after the barrier, at the
+ * end; the last launch's. */
+#define MLP_PROF_MARKS 6
+#define MLP_PROF_BLOCKS 2048
+static __device__ unsigned long long mlp_prof[MLP_PROF_BLOCKS * MLP_PROF_MARKS];
+
+template <bool PROF>
+static __device__ __forceinline__ void mlp_mark(int k)
+{
+    if (PROF && threadIdx.x == 0 && blockIdx.x < MLP_PROF_BLOCKS)
+        mlp_prof[blockIdx.x * MLP_PROF_MARKS + k] = mlp_now_ns();
+}
+
 /* The kernel (see the top of the file).  Shared memory: n (T, n_in) bf16,
  * then the row sums [MLP_WARPS][maxq][T] f32 (maxq: the most row pairs
  * of one warp pair). */
-template <int T>
+template <int T, bool PROF>
 static __global__ void __launch_bounds__(MLP_THREADS, MLP_BLOCKS_PER_SM)
 gemv_mlp_kernel(int n_hid, int n_in, float *xf, const bf16_t *g, float eps,
                 const bf16_t *w_gu, const bf16_t *w_down, bf16_t *h,
                 bool accumulate, unsigned *bar, int maxq, int pf_a,
-                int pf_b)
+                int pf_b, int bar_mode, int xrep)
 {
     extern __shared__ __align__(16) unsigned char mlp_sm[];
     __shared__ float red[32];
@@ -194,6 +232,7 @@ gemv_mlp_kernel(int n_hid, int n_in, float *xf, const bf16_t *g, float eps,
      * wave), so the next kernel may launch at once: its blocks take the
      * slots this grid frees and load their weights under its tail. */
     kern_pdl_trigger();
+    mlp_mark<PROF>(0);
     mlp_stream<T> sa;
     sa.start(rows_a, p.y - p.x, n_in);
     if (pf_a > 0 && lane == 0 && p.y > p.x)
@@ -201,7 +240,9 @@ gemv_mlp_kernel(int n_hid, int n_in, float *xf, const bf16_t *g, float eps,
     uint4 gpre[GEMV_NORM_GPRE];
     gemv_norm_gpre(n_in, g, gpre);
     kern_pdl_wait();
-    gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre);
+    mlp_mark<PROF>(1);
+    gemv_norm_stage<T>(n_in, xf + (size_t)(blockIdx.x % xrep) * T * n_in, g, eps, xs, red, gpre);
+    mlp_mark<PROF>(2);
 
     sa.run(xs, n_in, [&](int r, const float *acc) {
         if (lane < T)
@@ -220,6 +261,7 @@ gemv_mlp_kernel(int n_hid, int n_in, float *xf, const bf16_t *g, float eps,
     if (pf_b > 0 && lane == 0 && d.y > d.x)
         gemv_prefetch_l2(rows_b, min(pf_b, (d.y - d.x) * n_hid * 2) & ~15);
     __syncthreads();
+    mlp_mark<PROF>(3);
     /* h of the block's pairs: gate and up sums rounded to bf16 first, as
      * the unfused gate|up GEMV's bf16 output then swiglu.cu */
     for (int i = threadIdx.x; i < pairs_per_block * maxq * T;
@@ -236,7 +278,8 @@ gemv_mlp_kernel(int n_hid, int n_in, float *xf, const bf16_t *g, float eps,
         h[(size_t)t * n_hid + q.x + r] =
             kern_from_f<bf16_t>(kern_swiglu_f(gv, uv));
     }
-    mlp_grid_sync(bar);
+    mlp_grid_sync(bar, bar_mode);
+    mlp_mark<PROF>(4);
 
     /* (the row pointer is made before the loop: fewer registers live in
      * it; at 2 tokens the only spill left, 12 bytes, is in the norm) */
@@ -250,6 +293,10 @@ gemv_mlp_kernel(int n_hid, int n_in, float *xf, const bf16_t *g, float eps,
             *dst = v;
         }
     });
+    if (PROF) {
+        __syncthreads();
+        mlp_mark<PROF>(5);
+    }
 }
 
 /* BT_GEMV_MLP: "0" off; unset / anything else on. */
@@ -259,6 +306,15 @@ static bool mlp_enabled(void)
 
     return !(env && strcmp(env, "0") == 0);
 }
+
+static int mlp_env_int(const char *name, int dflt)
+{
+    const char *env = getenv(name);
+
+    return env && *env ? atoi(env) : dflt;
+}
+
+static int mlp_prof_blocks; /* the grid of the last profiled launch */
 
 /* L2 prefetch bytes a warp (BT_GEMV_MLP_PF_A / _PF_B, KB; default 0). */
 static int mlp_pf_bytes(const char *name)
@@ -296,9 +352,9 @@ static int mlp_grid(int n_tok, int n_hid, int n_in, int *maxq)
     const size_t smem = mlp_smem(n_tok, n_in, 64);
     cudaError_t err =
         n_tok == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                         &occ, gemv_mlp_kernel<1>, MLP_THREADS, smem)
+                         &occ, gemv_mlp_kernel<1, false>, MLP_THREADS, smem)
                    : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                         &occ, gemv_mlp_kernel<2>, MLP_THREADS, smem);
+                         &occ, gemv_mlp_kernel<2, false>, MLP_THREADS, smem);
     if (err != cudaSuccess || occ <= 0 || n_sm <= 0)
         return 0;
     const int slots = occ * n_sm;
@@ -343,17 +399,68 @@ bt_status_t cuda_gemv_mlp(int n_tok, int n_hid, int n_in, float *d_x,
     const size_t smem = mlp_smem(n_tok, n_in, maxq);
     const int pf_a = mlp_pf_bytes("BT_GEMV_MLP_PF_A");
     const int pf_b = mlp_pf_bytes("BT_GEMV_MLP_PF_B");
+    const int bar_mode = mlp_env_int("BT_GEMV_MLP_BAR", 1);
+    const bool prof = mlp_env_int("BT_GEMV_MLP_PROF", 0) != 0;
+    const int xrep = mlp_env_int("BT_GEMV_MLP_XREP", 1);
     const bf16_t *g = (const bf16_t *)d_g;
     const bf16_t *wgu = (const bf16_t *)d_w_gu;
     const bf16_t *wd = (const bf16_t *)d_w_down;
 
-    if (n_tok == 1)
-        kern_launch(gemv_mlp_kernel<1>, blocks, MLP_THREADS, smem, stream,
-                    n_hid, n_in, d_x, g, eps, wgu, wd, (bf16_t *)d_h,
-                    accumulate, d_bar, maxq, pf_a, pf_b);
+#define MLP_LAUNCH(T, PROF)                                                 \
+    kern_launch(gemv_mlp_kernel<T, PROF>, blocks, MLP_THREADS, smem, stream, \
+                n_hid, n_in, d_x, g, eps, wgu, wd, (bf16_t *)d_h,            \
+                accumulate, d_bar, maxq, pf_a, pf_b, bar_mode, xrep)
+    if (n_tok == 1 && !prof)
+        MLP_LAUNCH(1, false);
+    else if (n_tok == 1)
+        MLP_LAUNCH(1, true);
+    else if (!prof)
+        MLP_LAUNCH(2, false);
     else
-        kern_launch(gemv_mlp_kernel<2>, blocks, MLP_THREADS, smem, stream,
-                    n_hid, n_in, d_x, g, eps, wgu, wd, (bf16_t *)d_h,
-                    accumulate, d_bar, maxq, pf_a, pf_b);
+        MLP_LAUNCH(2, true);
+#undef MLP_LAUNCH
+    if (prof)
+        mlp_prof_blocks = BT_MIN(blocks, MLP_PROF_BLOCKS);
     return BT_CUDA_LAUNCH_STATUS();
+}
+
+static int mlp_cmp_u64(const void *a, const void *b)
+{
+    unsigned long long x = *(const unsigned long long *)a;
+    unsigned long long y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+void cuda_gemv_mlp_prof_print(FILE *f)
+{
+    static const char *const names[MLP_PROF_MARKS] = {
+        "entry", "PDL wait done", "norm staged", "gate|up sums in",
+        "barrier passed", "end"};
+    const int n = mlp_prof_blocks;
+    unsigned long long *v, *col, t0 = ~0ull;
+
+    if (n <= 0)
+        return;
+    v = (unsigned long long *)malloc(sizeof(*v) * n * MLP_PROF_MARKS * 2);
+    if (v == NULL)
+        return;
+    col = v + (size_t)n * MLP_PROF_MARKS;
+    if (cudaMemcpyFromSymbol(v, mlp_prof, sizeof(*v) * n * MLP_PROF_MARKS) !=
+        cudaSuccess) {
+        free(v);
+        return;
+    }
+    for (int b = 0; b < n; b++)
+        t0 = BT_MIN(t0, v[b * MLP_PROF_MARKS]);
+    fprintf(f, "gemv_mlp phases over %d blocks, us from the first entry: "
+               "min / 10%% / median / 90%% / max\n", n);
+    for (int k = 0; k < MLP_PROF_MARKS; k++) {
+        for (int b = 0; b < n; b++)
+            col[b] = v[b * MLP_PROF_MARKS + k] - t0;
+        qsort(col, n, sizeof(*col), mlp_cmp_u64);
+        fprintf(f, "  %-16s %8.2f %8.2f %8.2f %8.2f %8.2f\n", names[k],
+                col[0] * 1e-3, col[n / 10] * 1e-3, col[n / 2] * 1e-3,
+                col[n - 1 - n / 10] * 1e-3, col[n - 1] * 1e-3);
+    }
+    free(v);
 }

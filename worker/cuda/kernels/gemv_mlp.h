@@ -15,6 +15,7 @@
 #define BT_WORKER_CUDA_KERNELS_GEMV_MLP_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "../cuda_int.h"
 
@@ -32,9 +33,11 @@ bool cuda_gemv_mlp_ok(int n_tok, int n_hid, int n_in);
  * norm weights, w_gu the fused (2 n_hid, n_in) gate|up matrix, w_down
  * (n_in, n_hid); h (n_tok, n_hid) bf16 scratch (left holding the SwiGLU
  * output).  accumulate: x += the down product, else x = it (tensor-
- * parallel ranks past the first).  d_bar: two unsigned ints, zero before
- * the first launch; every launch leaves them so (the grid barrier's
- * arrival count and generation); one launch at a time may use them. */
+ * parallel ranks past the first).  d_bar: CUDA_GEMV_MLP_BAR_WORDS
+ * unsigned ints, zero before the first launch; every launch leaves them
+ * so (the grid barrier's arrival count and generation); one launch at a
+ * time may use them. */
+#define CUDA_GEMV_MLP_BAR_WORDS 64
 bt_status_t cuda_gemv_mlp(int n_tok, int n_hid, int n_in, float *d_x,
                           const void *d_g, float eps, const void *d_w_gu,
                           const void *d_w_down, void *d_h, bool accumulate,
@@ -43,6 +46,10 @@ bt_status_t cuda_gemv_mlp(int n_tok, int n_hid, int n_in, float *d_x,
 /* The grid cuda_gemv_mlp launches for the shape (blocks, all resident on
  * the current device), 0 when none fits; for tests and logs. */
 int cuda_gemv_mlp_blocks(int n_tok, int n_hid, int n_in);
+
+/* With BT_GEMV_MLP_PROF=1 each launch records per-block phase times;
+ * this prints the last launch's spread (host; synchronizes). */
+void cuda_gemv_mlp_prof_print(FILE *f);
 
 #ifdef __cplusplus
 }
