@@ -30,7 +30,6 @@
 #include <cuda_runtime_api.h>
 
 #include "backend.h"
-#include "kernels/gemv_mlp.h"
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
@@ -308,8 +307,6 @@ int main(int argc, char **argv)
         free(tables);
         free(toks);
     }
-    if (getenv("BT_GEMV_MLP_PROF"))
-        cuda_gemv_mlp_prof_print(stdout); /* the last decode step's */
     if (tf)
         fclose(tf);
     free(logits);

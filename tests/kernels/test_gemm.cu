@@ -13,7 +13,6 @@
  */
 #include "gemm.h"
 #include "kernels/gemv.h"
-#include "kernels/gemv_mlp.h"
 #include "kernels/swiglu.h"
 #include "kernels_ref.h"
 #include "kt_common.h"
@@ -24,11 +23,12 @@ static const char *kt_switches(void)
     static char buf[64];
     const char *pf = getenv("BT_GEMV_PF"), *tr = getenv("BT_GEMV_TRIGGER");
     const char *mb = getenv("BT_GEMV_PF_MB"), *rp = getenv("BT_GEMV_RPW");
+    const char *nr = getenv("BT_GEMV_NORM_REG");
 
-    snprintf(buf, sizeof(buf), "%s%s%s%s%s%s%s%s", pf ? " PF=" : "",
+    snprintf(buf, sizeof(buf), "%s%s%s%s%s%s%s%s%s%s", pf ? " PF=" : "",
              pf ? pf : "", tr ? " trigger=" : "", tr ? tr : "",
              mb ? " PF_MB=" : "", mb ? mb : "", rp ? " RPW=" : "",
-             rp ? rp : "");
+             rp ? rp : "", nr ? " NORM_REG=" : "", nr ? nr : "");
     return buf;
 }
 
@@ -224,127 +224,8 @@ static void bench(worker_gemm_ctx_t *g, const char *label, int max_t)
         }
 }
 
-/* cuda_gemv_mlp: the whole MLP x [+]= down(swiglu(gate|up(rmsnorm(x))))
- * against the CPU reference (rmsnorm_ref, gemm_ref, bf16 rounding,
- * swiglu_ref, gemm_ref), and bit for bit against the path it replaces:
- * cuda_gemv_norm_glu then the rows GEMV into x.  `reps` launches in a row
- * on the same barrier words, each on the previous one's x (the barrier
- * must leave them ready); the reference is iterated alike. */
-static unsigned *g_mlp_bar;
-
-static void run_mlp_case(int t, int hid, int i, int acc, int reps)
-{
-    float *x = kt_rand_vec((size_t)t * i, -2, 2, CUDA_DT_F32);
-    float *gw = kt_rand_vec((size_t)i, 0.5f, 1.5f, CUDA_DT_BF16);
-    /* small weights keep x bounded over the repetitions */
-    float *wgu = kt_rand_vec((size_t)2 * hid * i, -0.1f, 0.1f, CUDA_DT_BF16);
-    float *wd = kt_rand_vec((size_t)i * hid, -0.1f, 0.1f, CUDA_DT_BF16);
-    float *xn = (float *)malloc(sizeof(float) * t * i);
-    float *gu = (float *)malloc(sizeof(float) * t * 2 * hid);
-    float *hr = (float *)malloc(sizeof(float) * t * hid);
-    float *ref = (float *)malloc(sizeof(float) * t * i);
-    memcpy(ref, x, sizeof(float) * t * i);
-    void *d_x = kt_upload(x, (size_t)t * i, CUDA_DT_F32);
-    void *d_x2 = kt_upload(x, (size_t)t * i, CUDA_DT_F32);
-    void *d_g = kt_upload(gw, (size_t)i, CUDA_DT_BF16);
-    void *d_wgu = kt_upload(wgu, (size_t)2 * hid * i, CUDA_DT_BF16);
-    void *d_wd = kt_upload(wd, (size_t)i * hid, CUDA_DT_BF16);
-    void *d_h = kt_poisoned((size_t)t * hid, CUDA_DT_BF16);
-    void *d_h2 = kt_poisoned((size_t)t * hid, CUDA_DT_BF16);
-    for (int r = 0; r < reps; r++) {
-        rmsnorm_ref(ref, NULL, gw, NULL, t, i, 1e-5f, xn);
-        for (size_t k = 0; k < (size_t)t * i; k++)
-            xn[k] = kt_bf16_to_f32(kt_f32_to_bf16(xn[k]));
-        gemm_ref(t, 2 * hid, i, xn, wgu, gu, 0);
-        for (size_t k = 0; k < (size_t)t * 2 * hid; k++)
-            gu[k] = kt_bf16_to_f32(kt_f32_to_bf16(gu[k]));
-        swiglu_ref(gu, t, hid, hr);
-        for (size_t k = 0; k < (size_t)t * hid; k++)
-            hr[k] = kt_bf16_to_f32(kt_f32_to_bf16(hr[k]));
-        gemm_ref(t, i, hid, hr, wd, ref, acc);
-        KT_OK(cuda_gemv_mlp(t, hid, i, (float *)d_x, d_g, 1e-5f, d_wgu, d_wd,
-                            d_h, acc != 0, g_mlp_bar, 0));
-        KT_OK(cuda_gemv_norm_glu(t, hid, i, (const float *)d_x2, d_g, 1e-5f,
-                                 d_wgu, d_h2, 0));
-        KT_OK(cuda_gemv_run(CUDA_GEMV_ROWS, t, i, hid, d_h2, d_wd, d_x2,
-                            CUDA_DT_F32, acc != 0, NULL, 0));
-    }
-    KT_CUDA(cudaDeviceSynchronize());
-    float *y = kt_download(d_x, (size_t)t * i, CUDA_DT_F32);
-    float *y2 = kt_download(d_x2, (size_t)t * i, CUDA_DT_F32);
-    float *h = kt_download(d_h, (size_t)t * hid, CUDA_DT_BF16);
-    float *h2 = kt_download(d_h2, (size_t)t * hid, CUDA_DT_BF16);
-    unsigned bar[1] = {1};
-    KT_CUDA(cudaMemcpy(bar, g_mlp_bar, sizeof(bar), cudaMemcpyDeviceToHost));
-    char what[200];
-    snprintf(what, sizeof(what), "gemv mlp t=%d hid=%d i=%d%s x%d (%d blocks)",
-             t, hid, i, acc ? " +=" : "", reps,
-             cuda_gemv_mlp_blocks(t, hid, i));
-    kt_compare(what, y, ref, (size_t)t * i, 1e-2);
-    size_t diff = 0;
-    for (size_t k = 0; k < (size_t)t * i; k++)
-        diff += memcmp(&y[k], &y2[k], sizeof(float)) != 0;
-    for (size_t k = 0; k < (size_t)t * hid; k++)
-        diff += memcmp(&h[k], &h2[k], sizeof(float)) != 0;
-    snprintf(what, sizeof(what), "gemv mlp t=%d hid=%d i=%d%s x%d "
-             "bit-identical to norm_glu + rows (%zu differ)", t, hid, i,
-             acc ? " +=" : "", reps, diff);
-    kt_check(what, diff == 0);
-    snprintf(what, sizeof(what), "gemv mlp barrier words left zero "
-             "(count %u)", bar[0]);
-    kt_check(what, bar[0] == 0);
-    cudaFree(d_x); cudaFree(d_x2); cudaFree(d_g); cudaFree(d_wgu);
-    cudaFree(d_wd); cudaFree(d_h); cudaFree(d_h2);
-    free(x); free(gw); free(wgu); free(wd); free(xn); free(gu); free(hr);
-    free(ref); free(y); free(y2); free(h); free(h2);
-}
-
-/* --mlp-prof: the fused MLP's phase profile (Llama-3-8B, 1 token) after
- * an L2 flush, with x read for the norm from 1, 2, 8 or 32 copies (an
- * experiment: is the first wave's norm L2-hot-spot bound?) */
-static void mlp_prof(void)
-{
-    const int t = 1, hid = 14336, i = 4096, R = 32;
-    float *x = kt_rand_vec((size_t)t * i, -2, 2, CUDA_DT_F32);
-    float *gw = kt_rand_vec((size_t)i, 0.5f, 1.5f, CUDA_DT_BF16);
-    float *wgu = kt_rand_vec((size_t)2 * hid * i, -0.1f, 0.1f, CUDA_DT_BF16);
-    float *wd = kt_rand_vec((size_t)i * hid, -0.1f, 0.1f, CUDA_DT_BF16);
-    float *xr = (float *)malloc(sizeof(float) * R * t * i);
-    for (int r = 0; r < R; r++)
-        memcpy(xr + (size_t)r * t * i, x, sizeof(float) * t * i);
-    void *d_x = kt_upload(xr, (size_t)R * t * i, CUDA_DT_F32);
-    void *d_g = kt_upload(gw, (size_t)i, CUDA_DT_BF16);
-    void *d_wgu = kt_upload(wgu, (size_t)2 * hid * i, CUDA_DT_BF16);
-    void *d_wd = kt_upload(wd, (size_t)i * hid, CUDA_DT_BF16);
-    void *d_h = kt_poisoned((size_t)t * hid, CUDA_DT_BF16);
-    void *d_flush = NULL;
-    unsigned *d_bar = NULL;
-    KT_CUDA(cudaMalloc(&d_flush, 256u << 20));
-    KT_CUDA(cudaMalloc((void **)&d_bar, CUDA_GEMV_MLP_BAR_WORDS * 4));
-    KT_CUDA(cudaMemset(d_bar, 0, CUDA_GEMV_MLP_BAR_WORDS * 4));
-    setenv("BT_GEMV_MLP_PROF", "1", 1);
-    const char *reps[] = {"1", "2", "8", "32", "1"};
-    for (int k = 0; k < 5; k++) {
-        setenv("BT_GEMV_MLP_XREP", reps[k], 1);
-        for (int it = 0; it < 3; it++) {
-            KT_OK(cuda_l2_flush(d_flush, 256u << 20, 1, 0));
-            KT_OK(cuda_gemv_mlp(t, hid, i, (float *)d_x, d_g, 1e-5f, d_wgu,
-                                d_wd, d_h, true, d_bar, 0));
-        }
-        KT_CUDA(cudaDeviceSynchronize());
-        printf("INFO x copies %s:\n", reps[k]);
-        cuda_gemv_mlp_prof_print(stdout);
-    }
-    unsetenv("BT_GEMV_MLP_PROF");
-    unsetenv("BT_GEMV_MLP_XREP");
-}
-
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--mlp-prof") == 0) {
-        mlp_prof();
-        return 0;
-    }
     worker_gemm_ctx_t *g = NULL;
     const char *only = argc > 2 && strcmp(argv[1], "--variant") == 0
                            ? argv[2] : NULL;
@@ -477,45 +358,6 @@ int main(int argc, char **argv)
             run_glu_case(t, hid, i);
         }
         unsetenv("BT_GEMV_GLU");
-        /* cuda_gemv_mlp: the Llama-3-8B MLP (one rank and two), a shape
-         * with fewer rows than warps, uneven shares, 1 and 2 tokens,
-         * plain and accumulating, several launches on one barrier */
-        KT_CUDA(cudaMalloc((void **)&g_mlp_bar, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned)));
-        KT_CUDA(cudaMemset(g_mlp_bar, 0, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned)));
-        const int msh[][4] = {{1, 14336, 4096, 1}, {2, 14336, 4096, 1},
-                              {1, 7168, 4096, 0}, {1, 1024, 1024, 1},
-                              {2, 3072, 2048, 0}, {1, 5120, 3072, 1}};
-        for (size_t s3 = 0; s3 < sizeof(msh) / sizeof(msh[0]); s3++) {
-            int t = msh[s3][0], hid = msh[s3][1], i = msh[s3][2];
-            if (!cuda_gemv_mlp_ok(t, hid, i)) {
-                printf("FAIL gemv_mlp_ok false for t=%d hid=%d i=%d\n", t,
-                       hid, i);
-                kt_failures++;
-                continue;
-            }
-            run_mlp_case(t, hid, i, msh[s3][3], s3 < 2 ? 3 : 2);
-        }
-        cuda__pdl_late = 1;
-        run_mlp_case(1, 14336, 4096, 1, 2);
-        cuda__pdl_late = 0;
-        /* the barrier's other modes, and the phase profile, change no
-         * result */
-        const char *mv[][2] = {{"BT_GEMV_MLP_BAR", "0"},
-                               {"BT_GEMV_MLP_BAR", "2"},
-                               {"BT_GEMV_MLP_PROF", "1"}};
-        for (size_t f = 0; f < sizeof(mv) / sizeof(mv[0]); f++) {
-            setenv(mv[f][0], mv[f][1], 1);
-            printf("INFO %s=%s\n", mv[f][0], mv[f][1]);
-            run_mlp_case(1, 14336, 4096, 1, 2);
-            run_mlp_case(2, 3072, 2048, 0, 2);
-            unsetenv(mv[f][0]);
-        }
-        if (cuda_gemv_mlp_ok(3, 14336, 4096) || cuda_gemv_mlp_ok(1, 14336, 264) ||
-            cuda_gemv_mlp_ok(1, 1000, 4096)) {
-            printf("FAIL gemv_mlp_ok true for 3 tokens, i=264 or hid=1000\n");
-            kt_failures++;
-        }
-        cudaFree(g_mlp_bar);
         if (cuda_gemv_norm_glu_ok(1, 264) || cuda_gemv_norm_glu_ok(3, 4096)) {
             printf("FAIL gemv_norm_glu_ok true for i=264 or 3 tokens\n");
             kt_failures++;
@@ -525,7 +367,8 @@ int main(int argc, char **argv)
         const char *pf[][2] = {{"BT_GEMV_PF", "2"}, {"BT_GEMV_PF", "0"},
                                {"BT_GEMV_TRIGGER", "early"},
                                {"BT_GEMV_PF_MB", "1"}, {"BT_GEMV_RPW", "2"},
-                               {"BT_GEMV_RPW", "1"}};
+                               {"BT_GEMV_RPW", "1"},
+                               {"BT_GEMV_NORM_REG", "0"}};
         for (size_t f = 0; f < sizeof(pf) / sizeof(pf[0]); f++) {
             setenv(pf[f][0], pf[f][1], 1);
             run_variant(CUDA_GEMV_ROWS, 1, 6144, 4096, CUDA_DT_BF16, 0);

@@ -64,7 +64,6 @@
 #include "kernels/convert.h"
 #include "kernels/embed.h"
 #include "kernels/gemv.h"
-#include "kernels/gemv_mlp.h"
 #include "kernels/kv_copy.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope_kv.h"
@@ -204,7 +203,6 @@ typedef struct {
     float *d_ws;              /* split-K partials */
     int *d_sk_count;          /* (max_tok, nkv) stream-K counters (zero) */
     float *d_sk_ws;           /* stream-K partials */
-    unsigned *d_mlp_bar;      /* cuda_gemv_mlp's grid barrier (zero) */
 
     int *d_meta;              /* b->meta_cap ints */
     uint8_t *d_mask;          /* b->mask_cap bytes */
@@ -762,13 +760,6 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         if (status != BT_OK)
             return status;
     }
-    CUDA_ACT(r->d_mlp_bar, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned),
-             "mlp_barrier");
-    /* the fused MLP leaves its barrier words zero; they start so */
-    status = BT_CUDA_STATUS(cudaMemset(
-        r->d_mlp_bar, 0, CUDA_GEMV_MLP_BAR_WORDS * sizeof(unsigned)));
-    if (status != BT_OK)
-        return status;
 #undef CUDA_ACT
 
     for (int i = 0; i < 2; i++) {
@@ -1236,7 +1227,6 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_ws);
     cuda__dev_free((void **)&r->d_sk_ws);
     cuda__dev_free((void **)&r->d_sk_count);
-    cuda__dev_free((void **)&r->d_mlp_bar);
     cuda__dev_free(&r->d_k);
     cuda__dev_free(&r->d_v);
     cuda__dev_free((void **)&r->d_inv_freq);
@@ -1507,10 +1497,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                           !(b->skip & (CUDA_SKIP_GU | CUDA_SKIP_SWIGLU |
                                        CUDA_SKIP_NORM)) &&
                           cuda_gemv_norm_glu_ok(nt, mc->dim);
-    /* ... and there the whole MLP in one kernel, down included (a kernel
-     * boundary a layer less; BT_GEMV_MLP=0: off) */
-    const bool fuse_mlp = fuse_glu && !(b->skip & CUDA_SKIP_DOWN) &&
-                          cuda_gemv_mlp_ok(nt, b->hid, mc->dim);
 
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &r->layers[l];
@@ -1565,12 +1551,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             if (status != BT_OK)
                 return status;
         }
-        if (fuse_mlp) {
-            status = cuda_gemv_mlp(nt, b->hid, mc->dim, r->d_x,
-                                   w->d_ffn_norm, mc->rms_eps, w->d_wgu,
-                                   w->d_wdown, r->d_h, acc, r->d_mlp_bar,
-                                   r->stream);
-        } else if (fuse_glu) {
+        if (fuse_glu) {
             status = cuda_gemv_norm_glu(nt, b->hid, mc->dim, r->d_x,
                                         w->d_ffn_norm, mc->rms_eps,
                                         w->d_wgu, r->d_h, r->stream);
@@ -1586,7 +1567,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         if (status != BT_OK)
             return status;
-        if (!(b->skip & CUDA_SKIP_DOWN) && !fuse_mlp)
+        if (!(b->skip & CUDA_SKIP_DOWN))
             status = worker_gemm(r->gemm, nt, mc->dim, b->hid, r->d_h,
                                  w->d_wdown, b->dt, r->d_x, CUDA_DT_F32, acc,
                                  r->stream);

@@ -23,7 +23,6 @@
 #include "gemv.h"
 
 #include "bt_util.h"
-#include "gemv_common.cuh"
 #include "kern_common.cuh"
 #include "tc_common.cuh"
 
@@ -33,6 +32,146 @@
 #define GEMV_TRIG_EARLY 1
 #define GEMV_TRIG_LATE 2
 #define GEMV_UNROLL 4
+
+/* Multiply-adds one 8-element weight chunk into the T accumulators. */
+template <int T, bool SMEM_X = false>
+static __device__ __forceinline__ void gemv_chunk(const uint4 &wv,
+                                                  const bf16_t *x, int n_in,
+                                                  int c, float *acc)
+{
+    float wf[8];
+    const bf16_t *we = reinterpret_cast<const bf16_t *>(&wv);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        wf[e] = __bfloat162float(we[e]);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        const uint4 *xp =
+            reinterpret_cast<const uint4 *>(x + (size_t)t * n_in) + c;
+        uint4 xv = SMEM_X ? *xp : __ldg(xp);
+        const bf16_t *xe = reinterpret_cast<const bf16_t *>(&xv);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            acc[t] += wf[e] * __bfloat162float(xe[e]);
+    }
+}
+
+/* Issues an L2 prefetch of `bytes` (a multiple of 16) at p (16-byte
+ * aligned) through the bulk-copy engine: no registers, no completion to
+ * wait for; the lines land in L2 while the issuing warp does other work.
+ * Pieces of at most 32 KB. */
+static __device__ __forceinline__ void gemv_prefetch_l2(const void *p,
+                                                        int bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const char *c = reinterpret_cast<const char *>(p);
+    for (int off = 0; off < bytes; off += 32768) {
+        int n = min(32768, bytes - off);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                     :: "l"(c + off), "r"(n) : "memory");
+    }
+#endif
+}
+
+/* Chunks of the norm weights g a thread loads before the PDL wait
+ * (gemv_norm_gpre): the first GEMV_NORM_GPRE of its chunks in
+ * gemv_norm_stage's order, so the staging's second pass waits on no
+ * DRAM load (round 13 took the same load off rmsnorm.cu's path). */
+#define GEMV_NORM_GPRE 2
+
+static __device__ __forceinline__ void gemv_norm_gpre(
+    int n_in, const bf16_t *g, uint4 (&gpre)[GEMV_NORM_GPRE])
+{
+#pragma unroll
+    for (int k = 0; k < GEMV_NORM_GPRE; k++) {
+        const int i = (threadIdx.x + k * blockDim.x) * 8;
+        gpre[k] = i < n_in ? __ldg(reinterpret_cast<const uint4 *>(g + i))
+                           : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* Stages the RMSNorm of the f32 rows xf (T, n_in) into xs (T, n_in) bf16:
+ * xs = bf16(g * (x * 1 / sqrtf(mean(x^2) + eps))), the arithmetic of
+ * cuda_rmsnorm() (no add); gpre: g's first chunks (gemv_norm_gpre).  The
+ * x chunks of those first GEMV_NORM_GPRE rounds stay in registers from
+ * the sum of squares to the scaling at one token (n_in <= 4096 at 256
+ * threads: all of them), so the scaling waits on no second load of x:
+ * one L2 round trip on the path from the PDL wait to the first product
+ * (BT_GEMV_NORM_REG=0: both passes load x, as before round 16).  n_in % 8 == 0; whole block;
+ * ends with __syncthreads(). */
+template <int T>
+static __device__ __forceinline__ void gemv_norm_stage(
+    int n_in, const float *xf, const bf16_t *g, float eps, bf16_t *xs,
+    float *red, const uint4 (&gpre)[GEMV_NORM_GPRE], bool keep)
+{
+    /* (one token only: at two the registers spill) */
+    constexpr bool KEEP = T == 1;
+
+#pragma unroll 1
+    for (int t = 0; t < T; t++) {
+        const float *xr = xf + (size_t)t * n_in;
+        float xk[GEMV_NORM_GPRE][8];
+        float ss = 0.0f;
+        auto sq = [&](const float (&v)[8]) {
+            ss += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+            ss += v[4] * v[4] + v[5] * v[5] + v[6] * v[6] + v[7] * v[7];
+        };
+        auto load = [&](int i, float (&v)[8]) {
+            float4 a = *reinterpret_cast<const float4 *>(xr + i);
+            float4 b = *reinterpret_cast<const float4 *>(xr + i + 4);
+            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+            v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        };
+        if (KEEP) {
+#pragma unroll
+            for (int k = 0; k < GEMV_NORM_GPRE; k++) {
+                const int i = (threadIdx.x + k * blockDim.x) * 8;
+                if (i < n_in)
+                    load(i, xk[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < GEMV_NORM_GPRE; k++) {
+                const int i = (threadIdx.x + k * blockDim.x) * 8;
+                if (i < n_in)
+                    sq(xk[k]);
+            }
+        }
+        for (int i = (threadIdx.x + (KEEP ? GEMV_NORM_GPRE : 0) * blockDim.x) * 8;
+             i < n_in; i += blockDim.x * 8) {
+            float v[8];
+            load(i, v);
+            sq(v);
+        }
+        ss = kern_block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / (float)n_in + eps);
+        auto put = [&](int i, const uint4 &gv, const float (&xv)[8]) {
+            const bf16_t *ge = reinterpret_cast<const bf16_t *>(&gv);
+            uint4 o;
+            bf16_t *oe = reinterpret_cast<bf16_t *>(&o);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                oe[e] = __float2bfloat16_rn(__bfloat162float(ge[e]) *
+                                            (inv * xv[e]));
+            *reinterpret_cast<uint4 *>(xs + (size_t)t * n_in + i) = o;
+        };
+#pragma unroll
+        for (int k = 0; k < GEMV_NORM_GPRE; k++) {
+            const int i = (threadIdx.x + k * blockDim.x) * 8;
+            if (i < n_in) {
+                if (!KEEP || !keep) /* the second load of round 15 */
+                    load(i, xk[k]);
+                put(i, gpre[k], xk[k]);
+            }
+        }
+        for (int i = (threadIdx.x + GEMV_NORM_GPRE * blockDim.x) * 8;
+             i < n_in; i += blockDim.x * 8) {
+            float v[8];
+            load(i, v);
+            put(i, *reinterpret_cast<const uint4 *>(g + i), v);
+        }
+    }
+    __syncthreads();
+}
 
 /* Software-pipelined: the next U chunks of the row are loaded
  * while the current ones are multiplied, so each lane keeps up to 2 x U x
@@ -68,7 +207,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32,
 gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
             const bf16_t *g, float eps, const bf16_t *w, OUT *y,
             bool accumulate, int pf_bytes, int pf_blocks, int trig,
-            int rpw)
+            int rpw, bool norm_keep)
 {
     extern __shared__ __align__(16) unsigned char gemv_sm[];
     __shared__ float red[32];
@@ -123,7 +262,7 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         kern_pdl_trigger();
     if (NORM) {
         bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
-        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre);
+        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
         x = xs;
     }
     if (nrows == 0 && GLU != GEMV_GLU_PAIR)
@@ -1057,6 +1196,8 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
+    const char *keep_env = getenv("BT_GEMV_NORM_REG");
+    const bool norm_keep = !(keep_env && strcmp(keep_env, "0") == 0);
     int pf_bytes = 0, pf_blocks = 0;
 
     if (mode == 2) {
@@ -1076,7 +1217,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2,                      \
                             T <= 2 ? GLU : GEMV_GLU_OFF>,                   \
                 blocks, th, smem, st, n_out, n_in, x, xf, g, eps, w, y,     \
-                acc, pf_bytes, pf_blocks, trig, rpw)
+                acc, pf_bytes, pf_blocks, trig, rpw, norm_keep)
     switch (n_tok) {
     case 1: GEMV_ROWS_K(1); break;
     case 2: GEMV_ROWS_K(2); break;
