@@ -9,9 +9,10 @@
  * Variants (cuda_gemv_kernel_t):
  * - rows:   one warp per output row, 4 + 4 16-byte chunks in flight per
  *           lane (the default for 1-2 tokens).  Before its PDL wait the
- *           first wave prefetches the head of its rows into L2 with bulk
- *           prefetches (BT_GEMV_PF: 1 default, 2 whole rows, 0 off;
- *           BT_GEMV_PF_MB budget, default half the L2), and it triggers
+ *           first wave can prefetch the head of its rows into L2 with
+ *           bulk prefetches (BT_GEMV_PF: unset / 0 off, the default; 1
+ *           the first wave; 2 whole rows; BT_GEMV_PF_MB budget, default
+ *           half the L2), and it triggers
  *           its dependents at entry in late-trigger steps (<= 2 tokens;
  *           BT_GEMV_TRIGGER=late: once its last loads are issued, the
  *           default before round 15), after the wait otherwise
@@ -169,7 +170,9 @@ bool cuda_gemv_norm_ok(int n_tok, int n_in);
 /* RMSNorm fused into the GEMV input (decode steps): y (n_tok, n_out) =
  * xn . w^T with xn = bf16(g * (x * 1 / sqrtf(mean(x^2) + eps))) computed
  * per block from the f32 residual rows x (n_tok, n_in) exactly as
- * cuda_rmsnorm() (no add) would; g and w bf16, y in out_dt. */
+ * cuda_rmsnorm() (no add) would; g and w bf16, y in out_dt.  At one
+ * token each thread keeps its x chunks in registers from the sum of
+ * squares to the scaling (BT_GEMV_NORM_REG=0: it loads them twice). */
 bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            const void *d_g, float eps, const void *d_w,
                            void *d_y, cuda_dtype_t out_dt,
