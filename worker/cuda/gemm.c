@@ -35,7 +35,8 @@
  * attention, SwiGLU) run; BT_GEMM_PF_NEXT=0 turns it off.  (1-2 tokens:
  * the GEMV kernels prefetch their own rows, see gemv.h.)
  * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
- * a GEMV variant wherever it supports the shape ("lt": cuBLASLt);
+ * a GEMV variant wherever it supports the shape ("lt": cuBLASLt), only
+ * on the row counts BT_GEMV_FORCE_OUT lists when that is set;
  * BT_GEMM_BIG_PICK=i makes prefill shapes use cuBLASLt's i-th candidate;
  * BT_GEMM_LT_SPLITK=0 stops timing split-K variants of cuBLASLt's first
  * picks (gemm_lt_add_splits); BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV_TMA=1 adds the
@@ -896,14 +897,28 @@ static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
     return p;
 }
 
-/* The forced variant (BT_GEMV_FORCE): a cuda_gemv_kernel_t, GEMM_CHOICE_LT
- * for "lt", or -1 when unset or unknown. */
-static int gemm_forced(void)
+/* The forced variant (BT_GEMV_FORCE) for a product of n_out rows: a
+ * cuda_gemv_kernel_t, GEMM_CHOICE_LT for "lt", or -1 when unset or
+ * unknown, or when BT_GEMV_FORCE_OUT (comma-separated row counts) is set
+ * and does not list n_out (A/B of one projection). */
+static int gemm_forced(int n_out)
 {
     const char *env = getenv("BT_GEMV_FORCE");
+    const char *only = getenv("BT_GEMV_FORCE_OUT");
 
     if (env == NULL || *env == '\0')
         return -1;
+    if (only && *only) {
+        bool listed = false;
+        for (const char *q = only; q != NULL;) {
+            listed = listed || atoi(q) == n_out;
+            q = strchr(q, ',');
+            if (q != NULL)
+                q++;
+        }
+        if (!listed)
+            return -1;
+    }
     if (strcmp(env, "lt") == 0)
         return GEMM_CHOICE_LT;
     return cuda_gemv_kernel_by_name(env);
@@ -1010,7 +1025,7 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (n_tok == 0)
         return BT_OK;
     if (ctx->use_gemv && in_dt == CUDA_DT_BF16) {
-        int forced = gemm_forced();
+        int forced = gemm_forced(n_out);
         gemm_tuned_t *t = NULL;
 
         if (forced >= 0 && forced < GEMM_CHOICE_LT &&
