@@ -3,14 +3,14 @@
 # MACHINE, issue 4: batch 32 / 64 @2k with GEMMs forced onto baton's own
 # PDL-launched skinny kernels against the tuner's picks (cuBLASLt on all
 # four decode shapes at 64 tokens, round 16e's trace): every shape
-# (BT_GEMV_FORCE=wg / tc / tma), then wg on one projection at a time
+# (BT_GEMV_FORCE=wg / tma), then wg on one projection at a time
 # (BT_GEMV_FORCE_OUT: qkv 6144, o and down 4096, gate/up 28672),
 # interleaved twice; a trace of forced wg at batch 64.
 # Carry: gpu/{bench_cuda,libbt_kernel_trace.so}, lib/.
 set -u
 . "$(dirname "$0")/../gpu_steps.sh"
 gpu_steps_init r16f "${1:-build-r16f}"
-vars="def wg tc tma wgq wgo wggu"
+vars="def wg tma wgq wgo wggu"
 envof() {
   case $1 in
     def) echo BT_X=1;;
