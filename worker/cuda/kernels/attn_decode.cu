@@ -334,21 +334,12 @@ static __global__ void attn_combine_smem_kernel(cuda_attn_args_t a,
             dst[i] = __ldcg(src + i);
     }
     __syncthreads();
-    /* The splits' maximum and scales, by the first warp: a shuffle
-     * reduction instead of every thread walking all the maxima (a chain
-     * of n_splits shared loads on the path to the o projection).  fmaxf
-     * is exact, so the maximum and the scales are those of
-     * attn_combine_kernel. */
-    if (threadIdx.x < 32) {
-        float mx = -INFINITY;
-        for (int s = threadIdx.x; s < n_splits; s += 32)
-            mx = fmaxf(mx, cs[s * stride]);
-        mx = kern_warp_max(mx);
-        for (int s = threadIdx.x; s < n_splits; s += 32)
-            sc[s] = cs[s * stride] == -INFINITY
-                        ? 0.0f
-                        : attn_exp<T>(cs[s * stride] - mx);
-    }
+    float mx = -INFINITY;
+    for (int s = 0; s < n_splits; s++)
+        mx = fmaxf(mx, cs[s * stride]);
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
+        sc[s] = cs[s * stride] == -INFINITY ? 0.0f
+                                            : attn_exp<T>(cs[s * stride] - mx);
     __syncthreads();
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float ls = 0.0f, as = 0.0f;
