@@ -199,9 +199,11 @@ int main(void)
              "--tokenizer", tok, "--threads", "1", "--name", "d2", NULL);
     cu_wait_workers(ctl, 1, 2, 10000);
     usleep(100000);
+    BT_ASSERT_OK(cu_status(ctl, &st));
     kill(d0, SIGTERM); /* drain: finishes its 4 streams, takes no more */
-    /* the new requests must find d0 draining, or some may go to it */
-    cu_wait_draining(ctl, 1, 5000);
+    /* the new requests must find d0 draining (or gone), or some may go
+     * to it */
+    cu_wait_draining(ctl, 1, st.n_workers, 5000);
     for (int i = 4; i < 8; i++)
         res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
     cu_collect(c, res, 8, 30000);
