@@ -97,8 +97,8 @@ static __device__ __forceinline__ void gemv_norm_gpre(
  * the sum of squares to the scaling at one token (n_in <= 4096 at 256
  * threads: all of them), so the scaling waits on no second load of x:
  * one L2 round trip on the path from the PDL wait to the first product
- * (BT_GEMV_NORM_REG=0: both passes load x, as before round 16).  n_in % 8 == 0; whole block;
- * ends with __syncthreads(). */
+ * (BT_GEMV_NORM_REG=0: both passes load x, as before round 16).
+ * n_in % 8 == 0; whole block; ends with __syncthreads(). */
 template <int T>
 static __device__ __forceinline__ void gemv_norm_stage(
     int n_in, const float *xf, const bf16_t *g, float eps, bf16_t *xs,
@@ -136,8 +136,9 @@ static __device__ __forceinline__ void gemv_norm_stage(
                     sq(xk[k]);
             }
         }
-        for (int i = (threadIdx.x + (KEEP ? GEMV_NORM_GPRE : 0) * blockDim.x) * 8;
-             i < n_in; i += blockDim.x * 8) {
+        const int kept = KEEP ? GEMV_NORM_GPRE : 0;
+        for (int i = (threadIdx.x + kept * blockDim.x) * 8; i < n_in;
+             i += blockDim.x * 8) {
             float v[8];
             load(i, v);
             sq(v);
