@@ -1419,6 +1419,27 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
                        d_out, b->dt, false, r->stream);
 }
 
+/* The residual add of the o and down projections: x (nt, dim) f32 [+]=
+ * in (nt, n_in) . w^T, rank 0 accumulating into x and the other ranks
+ * writing their partial there, then (tensor parallelism) the all-reduce
+ * of x over the ranks.  skip (BT_PROFILE_SKIP): no product, the
+ * all-reduce still runs. */
+static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
+                                              const void *d_in, int n_in,
+                                              const void *d_w, bool skip)
+{
+    const cuda_backend_t *b = r->b;
+    const int dim = b->mc.dim;
+    bt_status_t status = BT_OK;
+
+    if (!skip)
+        status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
+                             r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
+    if (status == BT_OK && b->tp > 1)
+        status = cuda_tp_allreduce(r, (size_t)nt * dim);
+    return status;
+}
+
 static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                         const cuda_plan_t *p)
 {
@@ -1427,9 +1448,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     size_t es = cuda_dtype_size(b->dt);
     size_t layer_kv = cuda_layer_kv_elems(b);
     int nt = p->nt;
-    /* rank 0 accumulates the o / down products into x, the others write
-     * their partial there for the all-reduce */
-    const bool acc = r->rank == 0;
     const bool tp = b->tp > 1;
     bt_status_t status;
     cuda_rope_kv_args_t ra;
@@ -1540,17 +1558,11 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             if (status != BT_OK)
                 return status;
         }
-        if (!(b->skip & CUDA_SKIP_O))
-            status = worker_gemm(r->gemm, nt, mc->dim, b->q_dim, r->d_att,
-                                 w->d_wo, b->dt, r->d_x, CUDA_DT_F32, acc,
-                                 r->stream);
+        status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
+                                            w->d_wo,
+                                            b->skip & CUDA_SKIP_O);
         if (status != BT_OK)
             return status;
-        if (tp) {
-            status = cuda_tp_allreduce(r, (size_t)nt * mc->dim);
-            if (status != BT_OK)
-                return status;
-        }
         if (fuse_glu) {
             status = cuda_gemv_norm_glu(nt, b->hid, mc->dim, r->d_x,
                                         w->d_ffn_norm, mc->rms_eps,
@@ -1567,17 +1579,11 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         if (status != BT_OK)
             return status;
-        if (!(b->skip & CUDA_SKIP_DOWN))
-            status = worker_gemm(r->gemm, nt, mc->dim, b->hid, r->d_h,
-                                 w->d_wdown, b->dt, r->d_x, CUDA_DT_F32, acc,
-                                 r->stream);
+        status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
+                                            w->d_wdown,
+                                            b->skip & CUDA_SKIP_DOWN);
         if (status != BT_OK)
             return status;
-        if (tp) {
-            status = cuda_tp_allreduce(r, (size_t)nt * mc->dim);
-            if (status != BT_OK)
-                return status;
-        }
         if (p->batch && p->batch->on_layer_done && r->rank == 0) {
             /* Layer l's K/V are written once its event fires (on every
              * rank); the GPUs keep working on the rest of layer l. */
