@@ -904,10 +904,11 @@ static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
 static int gemm_forced(int n_out)
 {
     const char *env = getenv("BT_GEMV_FORCE");
-    const char *only = getenv("BT_GEMV_FORCE_OUT");
+    const char *only;
 
     if (env == NULL || *env == '\0')
         return -1;
+    only = getenv("BT_GEMV_FORCE_OUT");
     if (only && *only) {
         bool listed = false;
         for (const char *q = only; q != NULL;) {

@@ -104,8 +104,9 @@ static __device__ __forceinline__ void gemv_norm_stage(
     int n_in, const float *xf, const bf16_t *g, float eps, bf16_t *xs,
     float *red, const uint4 (&gpre)[GEMV_NORM_GPRE], bool keep)
 {
-    /* (one token only: at two the registers spill) */
-    constexpr bool KEEP = T == 1;
+    /* keep: BT_GEMV_NORM_REG; honoured at one token only (at two the
+     * registers spill) */
+    constexpr bool CAN_KEEP = T == 1;
 
 #pragma unroll 1
     for (int t = 0; t < T; t++) {
@@ -122,7 +123,7 @@ static __device__ __forceinline__ void gemv_norm_stage(
             v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
             v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
         };
-        if (KEEP) {
+        if (CAN_KEEP) {
 #pragma unroll
             for (int k = 0; k < GEMV_NORM_GPRE; k++) {
                 const int i = (threadIdx.x + k * blockDim.x) * 8;
@@ -136,7 +137,7 @@ static __device__ __forceinline__ void gemv_norm_stage(
                     sq(xk[k]);
             }
         }
-        const int kept = KEEP ? GEMV_NORM_GPRE : 0;
+        const int kept = CAN_KEEP ? GEMV_NORM_GPRE : 0;
         for (int i = (threadIdx.x + kept * blockDim.x) * 8; i < n_in;
              i += blockDim.x * 8) {
             float v[8];
@@ -159,7 +160,7 @@ static __device__ __forceinline__ void gemv_norm_stage(
         for (int k = 0; k < GEMV_NORM_GPRE; k++) {
             const int i = (threadIdx.x + k * blockDim.x) * 8;
             if (i < n_in) {
-                if (!KEEP || !keep) /* the second load of round 15 */
+                if (!CAN_KEEP || !keep) /* the second load (round 15) */
                     load(i, xk[k]);
                 put(i, gpre[k], xk[k]);
             }
@@ -1197,7 +1198,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
-    const char *keep_env = getenv("BT_GEMV_NORM_REG");
+    const char *keep_env = NORM ? getenv("BT_GEMV_NORM_REG") : NULL;
     const bool norm_keep = !(keep_env && strcmp(keep_env, "0") == 0);
     int pf_bytes = 0, pf_blocks = 0;
 
