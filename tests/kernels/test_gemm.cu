@@ -12,7 +12,6 @@
  * (make gpu-test)
  */
 #include "gemm.h"
-#include "kernels/convert.h"
 #include "kernels/gemv.h"
 #include "kernels/swiglu.h"
 #include "kernels_ref.h"
@@ -181,86 +180,6 @@ static void run_glu_case(int t, int hid, int i)
     cudaFree(d_gu); cudaFree(d_h2);
     free(x); free(gw); free(w); free(xn); free(gu); free(ref); free(h);
     free(h2);
-}
-
-/* The norm weights folded into the matrix (cuda_fold_norm: w' bit for
- * bit bf16(w g), g set to 1), then cuda_gemv_norm / _glu with d_g NULL
- * (the rows kernel scaling its row sums by 1 / rms(x)): against
- * rmsnorm_ref (not rounded) then gemm_ref (glu: each sum rounded to
- * bf16, swiglu_ref), and the fused SwiGLU bit for bit against the folded
- * GEMV then cuda_swiglu. */
-static void run_fold_case(int t, int o, int i, bool glu, cuda_dtype_t out_dt)
-{
-    const int rows = glu ? 2 * o : o;
-    float *x = kt_rand_vec((size_t)t * i, -2, 2, CUDA_DT_F32);
-    float *gw = kt_rand_vec((size_t)i, 0.5f, 1.5f, CUDA_DT_BF16);
-    float *w = kt_rand_vec((size_t)rows * i, -1, 1, CUDA_DT_BF16);
-    float *xn = (float *)malloc(sizeof(float) * t * i);
-    float *gu = (float *)malloc(sizeof(float) * t * rows);
-    float *ref = (float *)malloc(sizeof(float) * t * o);
-    rmsnorm_ref(x, NULL, gw, NULL, t, i, 1e-5f, xn);
-    gemm_ref(t, rows, i, xn, w, gu, 0);
-    if (glu) {
-        for (size_t k = 0; k < (size_t)t * rows; k++)
-            gu[k] = kt_bf16_to_f32(kt_f32_to_bf16(gu[k]));
-        swiglu_ref(gu, t, o, ref);
-    } else {
-        memcpy(ref, gu, sizeof(float) * t * o);
-    }
-    void *d_x = kt_upload(x, (size_t)t * i, CUDA_DT_F32);
-    void *d_g = kt_upload(gw, (size_t)i, CUDA_DT_BF16);
-    void *d_w = kt_upload(w, (size_t)rows * i, CUDA_DT_BF16);
-    KT_OK(cuda_fold_norm(d_w, (size_t)rows, i, d_g, true, 0));
-    KT_CUDA(cudaDeviceSynchronize());
-    float *wf = kt_download(d_w, (size_t)rows * i, CUDA_DT_BF16);
-    float *gf = kt_download(d_g, (size_t)i, CUDA_DT_BF16);
-    size_t bad = 0;
-    for (size_t k = 0; k < (size_t)rows * i; k++) {
-        float e = kt_bf16_to_f32(kt_f32_to_bf16(w[k] * gw[k % i]));
-        bad += memcmp(&wf[k], &e, sizeof(float)) != 0;
-    }
-    for (int k = 0; k < i; k++)
-        bad += gf[k] != 1.0f;
-    char what[160];
-    snprintf(what, sizeof(what), "fold_norm rows=%d cols=%d: w = bf16(w g), "
-             "g = 1 (%zu differ)", rows, i, bad);
-    kt_check(what, bad == 0);
-    const cuda_dtype_t ydt = glu ? CUDA_DT_BF16 : out_dt;
-    void *d_y = kt_poisoned((size_t)t * o, ydt);
-    if (glu)
-        KT_OK(cuda_gemv_norm_glu(t, o, i, (const float *)d_x, NULL, 1e-5f,
-                                 d_w, d_y, 0));
-    else
-        KT_OK(cuda_gemv_norm(t, o, i, (const float *)d_x, NULL, 1e-5f, d_w,
-                             d_y, out_dt, 0));
-    KT_CUDA(cudaDeviceSynchronize());
-    float *y = kt_download(d_y, (size_t)t * o, ydt);
-    snprintf(what, sizeof(what), "gemv+rmsnorm folded%s%s bf16->%s t=%d o=%d "
-             "i=%d%s", glu ? "+swiglu " : "",
-             glu && getenv("BT_GEMV_GLU") ? getenv("BT_GEMV_GLU") : "",
-             kt_dt_name(ydt), t, o, i, kt_switches());
-    kt_compare(what, y, ref, (size_t)t * o, 1e-2);
-    if (glu) {
-        void *d_gu = kt_poisoned((size_t)t * rows, CUDA_DT_BF16);
-        void *d_h2 = kt_poisoned((size_t)t * o, CUDA_DT_BF16);
-        KT_OK(cuda_gemv_norm(t, rows, i, (const float *)d_x, NULL, 1e-5f,
-                             d_w, d_gu, CUDA_DT_BF16, 0));
-        KT_OK(cuda_swiglu(d_gu, t, o, d_h2, CUDA_DT_BF16, 0));
-        KT_CUDA(cudaDeviceSynchronize());
-        float *h2 = kt_download(d_h2, (size_t)t * o, CUDA_DT_BF16);
-        size_t diff = 0;
-        for (size_t k = 0; k < (size_t)t * o; k++)
-            diff += memcmp(&y[k], &h2[k], sizeof(float)) != 0;
-        snprintf(what, sizeof(what), "gemv+rmsnorm folded+swiglu t=%d "
-                 "hid=%d i=%d bit-identical to the unfused path (%zu "
-                 "differ)", t, o, i, diff);
-        kt_check(what, diff == 0);
-        cudaFree(d_gu); cudaFree(d_h2);
-        free(h2);
-    }
-    cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_y);
-    free(x); free(gw); free(w); free(xn); free(gu); free(ref); free(y);
-    free(wf); free(gf);
 }
 
 static void bench(worker_gemm_ctx_t *g, const char *label, int max_t)
@@ -437,20 +356,6 @@ int main(int argc, char **argv)
                 continue;
             }
             run_glu_case(t, hid, i);
-        }
-        unsetenv("BT_GEMV_GLU");
-        /* the folded norm (d_g NULL): plain at 1-2 tokens, rpw 2 (qkv),
-         * odd shapes; SwiGLU pair and warp */
-        for (size_t s = 0; s < sizeof(nsh) / sizeof(nsh[0]); s++) {
-            int t = nsh[s][0], o = nsh[s][1], i = nsh[s][2];
-            run_fold_case(t, o, i, false, CUDA_DT_BF16);
-            run_fold_case(t, o, i, false, CUDA_DT_F32);
-        }
-        for (size_t s2 = 0; s2 < 2 * sizeof(gsh) / sizeof(gsh[0]); s2++) {
-            setenv("BT_GEMV_GLU",
-                   s2 < sizeof(gsh) / sizeof(gsh[0]) ? "pair" : "warp", 1);
-            const int *sh2 = gsh[s2 % (sizeof(gsh) / sizeof(gsh[0]))];
-            run_fold_case(sh2[0], sh2[1], sh2[2], true, CUDA_DT_BF16);
         }
         unsetenv("BT_GEMV_GLU");
         if (cuda_gemv_norm_glu_ok(1, 264) || cuda_gemv_norm_glu_ok(3, 4096)) {

@@ -251,11 +251,6 @@ struct cuda_backend_s {
      * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
      * projection). */
     int fuse_norm_max;
-    /* bf16: each layer's RMSNorm weights are folded into the matrix that
-     * consumes the norm (wqkv, w_gate|up; cuda_fold_norm) and set to 1,
-     * so the fused norm GEMV streams from its PDL wait on with no norm
-     * staged (cuda_gemv_norm with d_g NULL).  BT_NORM_FOLD=0: not. */
-    bool norm_fold;
     bool stream_k;            /* BT_ATTN_SK=1: the opt-in stream-K decode
                                  attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
@@ -451,15 +446,6 @@ static bt_status_t cuda_layer_load(cuda_rank_t *r, const model_t *model,
     CUDA_UP(&ml->attn_norm, MODEL_PART_WHOLE, cl->d_attn_norm);
     CUDA_ALLOC(cl->d_ffn_norm, dim, "ffn_norm");
     CUDA_UP(&ml->ffn_norm, MODEL_PART_WHOLE, cl->d_ffn_norm);
-    if (b->norm_fold) {
-        status = cuda_fold_norm(cl->d_wqkv, (size_t)b->qkv_dim, (int)dim,
-                                cl->d_attn_norm, true, r->stream);
-        if (status == BT_OK)
-            status = cuda_fold_norm(cl->d_wgu, 2 * hid, (int)dim,
-                                    cl->d_ffn_norm, true, r->stream);
-        if (status != BT_OK)
-            return status;
-    }
 #undef CUDA_ALLOC
 #undef CUDA_UP
     return BT_OK;
@@ -1119,8 +1105,6 @@ static bt_status_t cuda_create(const model_t *model,
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
-    env = getenv("BT_NORM_FOLD");
-    b->norm_fold = b->dt == CUDA_DT_BF16 && env && strcmp(env, "1") == 0;
     env = getenv("BT_ATTN_SK");
     b->stream_k = env != NULL && atoi(env) == 1;
     env = getenv("BT_PDL_SMALL");
@@ -1423,9 +1407,8 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
     bt_status_t status;
 
     if (fuse_norm && norm)
-        return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x,
-                              b->norm_fold ? NULL : d_g, mc->rms_eps, d_w,
-                              d_out, b->dt, r->stream);
+        return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
+                              d_w, d_out, b->dt, r->stream);
     if (norm) {
         status = cuda_rmsnorm(r->d_x, NULL, d_g, NULL, nt, mc->dim,
                               mc->rms_eps, r->d_xn, b->dt, r->stream);
@@ -1582,8 +1565,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             return status;
         if (fuse_glu) {
             status = cuda_gemv_norm_glu(nt, b->hid, mc->dim, r->d_x,
-                                        b->norm_fold ? NULL : w->d_ffn_norm,
-                                        mc->rms_eps,
+                                        w->d_ffn_norm, mc->rms_eps,
                                         w->d_wgu, r->d_h, r->stream);
         } else {
             status = b->skip & CUDA_SKIP_GU

@@ -118,9 +118,9 @@ static __device__ __forceinline__ void tc_rope_prologue(
 }
 
 template <int HD>
-static __device__ __forceinline__ void
-attn_decode_tc_body(const cuda_attn_args_t &a, const int *tok_idx,
-                    int split_len, int n_splits, float *ws, bool early)
+static __global__ void __launch_bounds__(TC_WARPS * 32)
+attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
+                      int n_splits, float *ws, bool early)
 {
     constexpr int ROW = tc_smem<HD>::ROW;
     constexpr int TILE = tc_smem<HD>::TILE;
@@ -324,25 +324,6 @@ attn_decode_tc_body(const cuda_attn_args_t &a, const int *tok_idx,
     }
 }
 
-/* MINB 4 (BT_ATTN_LOWREG): at most 128 registers, so a block fits on an
- * SM beside three rows-GEMV blocks. */
-template <int HD, int MINB>
-static __global__ void __launch_bounds__(TC_WARPS * 32)
-attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early)
-{
-    attn_decode_tc_body<HD>(a, tok_idx, split_len, n_splits, ws, early);
-}
-
-template <>
-__global__ void __launch_bounds__(TC_WARPS * 32, 4)
-attn_decode_tc_kernel<128, 4>(cuda_attn_args_t a, const int *tok_idx,
-                              int split_len, int n_splits, float *ws,
-                              bool early)
-{
-    attn_decode_tc_body<128>(a, tok_idx, split_len, n_splits, ws, early);
-}
-
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
 {
     const char *env = getenv("BT_ATTN_TC");
@@ -354,7 +335,7 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
            group >= 1 && group <= TC_MAX_GROUP;
 }
 
-template <int HD, int MINB>
+template <int HD>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
                              cudaStream_t stream)
@@ -370,7 +351,7 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
-            attn_decode_tc_kernel<HD, MINB>,
+            attn_decode_tc_kernel<HD>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
@@ -379,8 +360,7 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    kern_launch(attn_decode_tc_kernel<HD, MINB>,
-                dim3(a->n_kv_heads, n, n_splits),
+    kern_launch(attn_decode_tc_kernel<HD>, dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
                 n_splits, ws, early);
     return cudaSuccess;
@@ -390,25 +370,9 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, int split_len, float *ws,
                                 cudaStream_t stream)
 {
-    /* BT_ATTN_LOWREG=N: steps of <= N tokens take the kernel capped at
-     * 128 registers (4 blocks an SM by registers), which fits beside
-     * three rows-GEMV blocks (64 registers x 256 threads each) */
-    static int lowreg = -1;
-    if (lowreg < 0) {
-        const char *env = getenv("BT_ATTN_LOWREG");
-        lowreg = env && *env ? atoi(env) : 0;
-    }
-    const bool lr = n <= lowreg;
-    cudaError_t err =
-        a->head_dim == 64
-            ? (lr ? tc_launch<64, 4>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream)
-                  : tc_launch<64, 1>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream))
-            : (lr ? tc_launch<128, 4>(a, tok_idx, n, n_splits, split_len, ws,
-                                      stream)
-                  : tc_launch<128, 1>(a, tok_idx, n, n_splits, split_len, ws,
-                                      stream));
+    cudaError_t err = a->head_dim == 64
+        ? tc_launch<64>(a, tok_idx, n, n_splits, split_len, ws, stream)
+        : tc_launch<128>(a, tok_idx, n, n_splits, split_len, ws, stream);
 
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);

@@ -1,7 +1,6 @@
 /*
- * convert.cu - weight conversion: F32/F16/BF16 (n) -> f32 or bf16 (n),
- * and an RMSNorm's weights folded into the bf16 matrix that consumes its
- * output (cuda_fold_norm).  Run once at load; grid-stride loops.
+ * convert.cu - weight conversion: F32/F16/BF16 (n) -> f32 or bf16 (n).
+ * Runs once at load; grid-stride loop.
  */
 #include "convert.h"
 
@@ -51,41 +50,5 @@ bt_status_t cuda_convert(const void *d_src, cuda_src_dtype_t src_dt,
             convert_kernel<bf16_t, D><<<blocks, 256, 0, stream>>>(
                 (const bf16_t *)d_src, n, (D *)d_dst);
     });
-    return BT_CUDA_LAUNCH_STATUS();
-}
-
-/* w[r][c] = bf16(w[r][c] * g[c]) over rows x cols; then (block 0) g = 1
- * -- after every block has read g: a second launch does it. */
-static __global__ void fold_norm_kernel(bf16_t *w, size_t rows, int cols,
-                                        const bf16_t *g)
-{
-    const size_t n = rows * (size_t)cols;
-
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        w[i] = __float2bfloat16_rn(__bfloat162float(w[i]) *
-                                   __bfloat162float(g[i % cols]));
-}
-
-static __global__ void fill_one_kernel(bf16_t *g, int n)
-{
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += gridDim.x * blockDim.x)
-        g[i] = __float2bfloat16_rn(1.0f);
-}
-
-bt_status_t cuda_fold_norm(void *d_w, size_t rows, int cols, void *d_g,
-                           bool reset_g, cudaStream_t stream)
-{
-    const size_t n = rows * (size_t)cols;
-    const int blocks = (int)BT_MIN((n + 255) / 256, (size_t)8192);
-
-    if (n == 0)
-        return BT_OK;
-    fold_norm_kernel<<<blocks, 256, 0, stream>>>((bf16_t *)d_w, rows, cols,
-                                                 (const bf16_t *)d_g);
-    if (reset_g)
-        fill_one_kernel<<<(cols + 255) / 256, 256, 0, stream>>>(
-            (bf16_t *)d_g, cols);
     return BT_CUDA_LAUNCH_STATUS();
 }

@@ -56,37 +56,6 @@ static __device__ __forceinline__ void gemv_chunk(const uint4 &wv,
     }
 }
 
-/* FOLD (cuda_gemv_norm with the norm weights folded into w): one
- * 8-element weight chunk times the f32 residual rows xf (T, n_in) as
- * they are, and the chunk's x^2 into ss: a warp that walks a whole row
- * has the row's sum of squares when it has its product, so the norm
- * scale is applied to the row sums (gemv_kernel's flush) and nothing is
- * staged between the PDL wait and the first product. */
-template <int T>
-static __device__ __forceinline__ void gemv_chunk_fold(const uint4 &wv,
-                                                       const float *xf,
-                                                       int n_in, int c,
-                                                       float *acc, float *ss)
-{
-    float wf[8];
-    const bf16_t *we = reinterpret_cast<const bf16_t *>(&wv);
-#pragma unroll
-    for (int e = 0; e < 8; e++)
-        wf[e] = __bfloat162float(we[e]);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        const float4 *xp =
-            reinterpret_cast<const float4 *>(xf + (size_t)t * n_in) + 2 * c;
-        const float4 a = __ldg(xp), b = __ldg(xp + 1);
-        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            acc[t] += wf[e] * xv[e];
-            ss[t] += xv[e] * xv[e];
-        }
-    }
-}
-
 /* Issues an L2 prefetch of `bytes` (a multiple of 16) at p (16-byte
  * aligned) through the bulk-copy engine: no registers, no completion to
  * wait for; the lines land in L2 while the issuing warp does other work.
@@ -234,7 +203,7 @@ static __device__ __forceinline__ void gemv_norm_stage(
 #define GEMV_GLU_WARP 1
 #define GEMV_GLU_PAIR 2
 template <int T, typename OUT, int U = GEMV_UNROLL, bool NORM = false,
-          int GLU = GEMV_GLU_OFF, bool FOLD = false>
+          int GLU = GEMV_GLU_OFF>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32,
                                          U > 4 ? 2 : (T <= 2 ? 4 : 2))
 gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
@@ -268,7 +237,7 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     auto wp = [&](int c) {
         return GLU == GEMV_GLU_WARP && c >= n_ch ? wu + (c - n_ch) : wr + c;
     };
-    float acc[T], gsum[T], ss[T];
+    float acc[T], gsum[T];
     uint4 cur[U];
 
     if (trig == GEMV_TRIG_EARLY)
@@ -302,7 +271,7 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         return; /* (PAIR: every warp meets the others at the end) */
 #pragma unroll
     for (int t = 0; t < T; t++)
-        acc[t] = ss[t] = 0.0f;
+        acc[t] = 0.0f;
 
     /* Warp-sums the row sums of row0 + r into y (GLU: keeps the gate's,
      * then writes silu(gate) * up). */
@@ -327,16 +296,6 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
 #pragma unroll
         for (int t = 0; t < T; t++)
             acc[t] = kern_warp_sum(acc[t]);
-        if (FOLD) {
-            /* the row's sums times 1 / rms(x), the scale cuda_rmsnorm
-             * computes (its sum in this warp's order) */
-#pragma unroll
-            for (int t = 0; t < T; t++) {
-                const float s = kern_warp_sum(ss[t]);
-                acc[t] *= 1.0f / sqrtf(s / (float)n_in + eps);
-                ss[t] = 0.0f;
-            }
-        }
         if (GLU == GEMV_GLU_PAIR) {
             if (lane < T)
                 sh_pair[wib][lane] = lane_of(acc);
@@ -381,21 +340,15 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
             flush(crow);
             crow = r;
         }
-        auto chunk = [&](int u) {
-            if (FOLD)
-                gemv_chunk_fold<T>(cur[u], xf, n_in, cb + 32 * u, acc, ss);
-            else
-                gemv_chunk<T, NORM>(cur[u], x, n_in, cb + 32 * u, acc);
-        };
         if (cb + 32 * (U - 1) < n_ch) {
 #pragma unroll
             for (int u = 0; u < U; u++)
-                chunk(u);
+                gemv_chunk<T, NORM>(cur[u], x, n_in, cb + 32 * u, acc);
         } else {
 #pragma unroll
             for (int u = 0; u < U; u++)
                 if (cb + 32 * u < n_ch)
-                    chunk(u);
+                    gemv_chunk<T, NORM>(cur[u], x, n_in, cb + 32 * u, acc);
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -1228,8 +1181,7 @@ static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
 }
 
 /* GLU: n_out is the number of (gate, up) row pairs (see gemv_kernel). */
-template <typename OUT, int U, bool NORM, int GLU = GEMV_GLU_OFF,
-          bool FOLD = false>
+template <typename OUT, int U, bool NORM, int GLU = GEMV_GLU_OFF>
 static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              const float *xf, const bf16_t *g, float eps,
                              const bf16_t *w, OUT *y, bool acc,
@@ -1244,11 +1196,9 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     const int mode = gemv_pf_mode();
     const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) *
                              (GLU == GEMV_GLU_WARP ? 2 : rpw);
-    const size_t smem =
-        NORM && !FOLD ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
+    const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
-    const char *keep_env =
-        NORM && !FOLD ? getenv("BT_GEMV_NORM_REG") : NULL;
+    const char *keep_env = NORM ? getenv("BT_GEMV_NORM_REG") : NULL;
     const bool norm_keep = !(keep_env && strcmp(keep_env, "0") == 0);
     int pf_bytes = 0, pf_blocks = 0;
 
@@ -1266,8 +1216,8 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     pf_bytes &= ~15;
 
 #define GEMV_ROWS_K(T)                                                      \
-    kern_launch(gemv_kernel<T, OUT, U, NORM && !FOLD && T <= 2,             \
-                            T <= 2 ? GLU : GEMV_GLU_OFF, FOLD && T <= 2>,   \
+    kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2,                      \
+                            T <= 2 ? GLU : GEMV_GLU_OFF>,                   \
                 blocks, th, smem, st, n_out, n_in, x, xf, g, eps, w, y,     \
                 acc, pf_bytes, pf_blocks, trig, rpw, norm_keep)
     switch (n_tok) {
@@ -1519,12 +1469,7 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
     cudaError_t err = cudaSuccess;
 
     BT_ASSERT(cuda_gemv_norm_ok(n_tok, n_in));
-    if (g == NULL) { /* the norm weights folded into w: the rows kernel */
-        KERN_DISPATCH_DT(out_dt, OUT,
-                         (gemv_rows_launch<OUT, 4, true, GEMV_GLU_OFF, true>(
-                             n_tok, n_out, n_in, NULL, d_x, NULL, eps, w,
-                             (OUT *)d_y, false, stream)));
-    } else if (m == GEMV_NORM_ROWS) {
+    if (m == GEMV_NORM_ROWS) {
         KERN_DISPATCH_DT(out_dt, OUT, (gemv_rows_launch<OUT, 4, true>(
             n_tok, n_out, n_in, NULL, d_x, g, eps, w, (OUT *)d_y, false,
             stream)));
@@ -1581,25 +1526,14 @@ bt_status_t cuda_gemv_norm_glu(int n_tok, int n_hid, int n_in,
                                cudaStream_t stream)
 {
     BT_ASSERT(cuda_gemv_norm_glu_ok(n_tok, n_in));
-    const bf16_t *g = (const bf16_t *)d_g, *w = (const bf16_t *)d_w;
-    const bool warp = gemv_glu_mode(n_tok) == GEMV_GLU_WARP;
-
-    if (g == NULL && warp)
-        gemv_rows_launch<bf16_t, GEMV_UNROLL, true, GEMV_GLU_WARP, true>(
-            n_tok, n_hid, n_in, NULL, d_x, NULL, eps, w, (bf16_t *)d_h,
-            false, stream);
-    else if (g == NULL)
-        gemv_rows_launch<bf16_t, GEMV_UNROLL, true, GEMV_GLU_PAIR, true>(
-            n_tok, n_hid, n_in, NULL, d_x, NULL, eps, w, (bf16_t *)d_h,
-            false, stream);
-    else if (warp)
+    if (gemv_glu_mode(n_tok) == GEMV_GLU_WARP)
         gemv_rows_launch<bf16_t, GEMV_UNROLL, true, GEMV_GLU_WARP>(
-            n_tok, n_hid, n_in, NULL, d_x, g, eps, w, (bf16_t *)d_h, false,
-            stream);
+            n_tok, n_hid, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
+            (const bf16_t *)d_w, (bf16_t *)d_h, false, stream);
     else
         gemv_rows_launch<bf16_t, GEMV_UNROLL, true, GEMV_GLU_PAIR>(
-            n_tok, n_hid, n_in, NULL, d_x, g, eps, w, (bf16_t *)d_h, false,
-            stream);
+            n_tok, n_hid, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
+            (const bf16_t *)d_w, (bf16_t *)d_h, false, stream);
     return BT_CUDA_LAUNCH_STATUS();
 }
 

@@ -172,12 +172,7 @@ bool cuda_gemv_norm_ok(int n_tok, int n_in);
  * per block from the f32 residual rows x (n_tok, n_in) exactly as
  * cuda_rmsnorm() (no add) would; g and w bf16, y in out_dt.  At one
  * token each thread keeps its x chunks in registers from the sum of
- * squares to the scaling (BT_GEMV_NORM_REG=0: it loads them twice).
- * d_g NULL: g is folded into w (w[o][i] = bf16(w[o][i] g[i]),
- * cuda_fold_norm) and the rows kernel computes y = (x . w^T) / rms(x)
- * from the f32 rows as they are, each warp summing x^2 over the chunks
- * it multiplies anyway: no norm staged between the PDL wait and the first
- * product (any BT_GEMV_NORM kernel but "0"). */
+ * squares to the scaling (BT_GEMV_NORM_REG=0: it loads them twice). */
 bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            const void *d_g, float eps, const void *d_w,
                            void *d_y, cuda_dtype_t out_dt,
@@ -190,8 +185,7 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
  * give.  At 1 token two warps of a block take a pair's gate and up rows,
  * at 2 one warp both (BT_GEMV_GLU=pair / warp force one).  _ok: the rows
  * kernel runs cuda_gemv_norm (BT_GEMV_NORM unset), n_in / 8 is a multiple
- * of 128, BT_GEMV_GLU is not "0".  d_g NULL: g folded into d_w, as
- * cuda_gemv_norm (then silu(g) * u of the scaled, bf16-rounded sums). */
+ * of 128, BT_GEMV_GLU is not "0". */
 bool cuda_gemv_norm_glu_ok(int n_tok, int n_in);
 bt_status_t cuda_gemv_norm_glu(int n_tok, int n_hid, int n_in,
                                const float *d_x, const void *d_g, float eps,

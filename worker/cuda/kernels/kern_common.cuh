@@ -151,16 +151,6 @@ static void kern_launch(void (*k)(KArgs...), dim3 grid, dim3 block,
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
 
-    static int carve = -2; /* BT_SMEM_CARVEOUT: percent, -1 unset */
-
-    if (carve == -2) {
-        const char *env = getenv("BT_SMEM_CARVEOUT");
-        carve = env && *env ? atoi(env) : -1;
-    }
-    if (carve >= 0 && carve <= 100)
-        (void)cudaFuncSetAttribute(
-            (const void *)k, cudaFuncAttributePreferredSharedMemoryCarveout,
-            carve);
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
