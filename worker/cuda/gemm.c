@@ -91,6 +91,22 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;     /* the heuristic's first choice */
 } gemm_plan_t;
 
+/* One K-split partial-products shape (worker_gemm_parts): n_parts
+ * strided-batched products over K slices, f32 out. */
+typedef struct {
+    int n_tok;
+    int n_out;
+    int n_in;
+    int n_parts;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;     /* timed at the first uncaptured call */
+    bool timed;
+} gemm_parts_plan_t;
+
+#define GEMM_PARTS_PLANS 64
+#define GEMM_PARTS_CANDS 8
+
 /* Weights w were followed by next (next_bytes long) last time. */
 typedef struct {
     const void *w;
@@ -136,6 +152,8 @@ struct worker_gemm_ctx_s {
     const void *pf_last;           /* weights of the previous call */
     gemm_pf_t *pf;                 /* (GEMM_PF_MAX) w -> next w */
     int n_pf;
+    gemm_parts_plan_t parts[GEMM_PARTS_PLANS]; /* worker_gemm_parts */
+    int n_parts;
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -254,6 +272,17 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
         return;
     for (int i = 0; i < ctx->n_plans; i++)
         gemm_plan_cleanup(&ctx->plans[i]);
+    for (int i = 0; i < ctx->n_parts; i++) {
+        gemm_parts_plan_t *q = &ctx->parts[i];
+        if (q->d)
+            cublasLtMatrixLayoutDestroy(q->d);
+        if (q->b)
+            cublasLtMatrixLayoutDestroy(q->b);
+        if (q->a)
+            cublasLtMatrixLayoutDestroy(q->a);
+        if (q->op)
+            cublasLtMatmulDescDestroy(q->op);
+    }
     cuda__dev_free((void **)&ctx->d_part);
     cuda__dev_free((void **)&ctx->d_cnt);
     cuda__dev_free(&ctx->d_ws);
@@ -1083,4 +1112,221 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (status != BT_OK)
         return status;
     return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_y, accumulate, stream);
+}
+
+// ---------------------------------------------------------------------
+// K-split partial products
+
+/* One batched layout: rows x cols, ld, n batches offset `off` apart. */
+static bt_status_t gemm_parts_layout(cublasLtMatrixLayout_t *l,
+                                     cudaDataType_t t, int rows, int cols,
+                                     int ld, int n, int64_t off)
+{
+    bt_status_t status = gemm_check(
+        cublasLtMatrixLayoutCreate(l, t, rows, cols, ld), "parts layout");
+
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatrixLayoutSetAttribute(
+            *l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)),
+            "parts batch count");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatrixLayoutSetAttribute(
+            *l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &off,
+            sizeof(off)), "parts batch offset");
+    return status;
+}
+
+static bt_status_t gemm_parts_run(worker_gemm_ctx_t *ctx,
+                                  const gemm_parts_plan_t *q,
+                                  const cublasLtMatmulAlgo_t *algo,
+                                  const void *d_x, const void *d_w,
+                                  float *d_parts, cudaStream_t stream)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+
+    return gemm_check(cublasLtMatmul(ctx->handle, q->op, &alpha, d_w, q->a,
+                                     d_x, q->b, &beta, d_parts, q->d, d_parts,
+                                     q->d, algo, ctx->d_ws, ctx->ws_bytes,
+                                     stream), "parts matmul");
+}
+
+/* The heuristic's first GEMM_PARTS_CANDS algorithms for q, each timed
+ * (median of 5, L2 flushed before each) on the call's own operands; the
+ * fastest is kept.  Outside capture only. */
+static bt_status_t gemm_parts_tune(worker_gemm_ctx_t *ctx,
+                                   gemm_parts_plan_t *q, const void *d_x,
+                                   const void *d_w, float *d_parts,
+                                   cudaStream_t stream)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res[GEMM_PARTS_CANDS];
+    cudaEvent_t ev[2] = {NULL, NULL};
+    void *d_flush = NULL;
+    int n_res = 0, best = -1;
+    float best_us = 0.0f;
+    bt_status_t status;
+
+    status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
+            sizeof(ctx->ws_bytes)), "pref workspace");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
+            ctx->handle, q->op, q->a, q->b, q->d, q->d, pref,
+            GEMM_PARTS_CANDS, res, &n_res), "parts heuristic");
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (status == BT_OK && n_res == 0)
+        status = BT_ERROR(BT_ERR_CUDA, "CUDA", "cuBLASLt has no algorithm "
+                          "for %d x %d x %d in %d parts", q->n_tok, q->n_out,
+                          q->n_in, q->n_parts);
+    if (status != BT_OK)
+        return status;
+    q->algo = res[0].algo;
+    status = cuda__dev_malloc(&d_flush, GEMM_FLUSH_BYTES, "parts_flush");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&ev[0]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&ev[1]));
+    for (int c = 0; c < n_res && status == BT_OK; c++) {
+        float t[5];
+        status = gemm_parts_run(ctx, q, &res[c].algo, d_x, d_w, d_parts,
+                                stream);
+        for (int k = 0; k < 5 && status == BT_OK; k++) {
+            status = cuda_l2_flush(d_flush, GEMM_FLUSH_BYTES, k, stream);
+            if (status == BT_OK)
+                status = BT_CUDA_STATUS(cudaEventRecord(ev[0], stream));
+            if (status == BT_OK)
+                status = gemm_parts_run(ctx, q, &res[c].algo, d_x, d_w,
+                                        d_parts, stream);
+            if (status == BT_OK)
+                status = BT_CUDA_STATUS(cudaEventRecord(ev[1], stream));
+            if (status == BT_OK)
+                status = BT_CUDA_STATUS(cudaEventSynchronize(ev[1]));
+            if (status == BT_OK)
+                status = BT_CUDA_STATUS(
+                    cudaEventElapsedTime(&t[k], ev[0], ev[1]));
+        }
+        if (status != BT_OK) {
+            /* a candidate that does not run: skip it */
+            bt_error_clear();
+            (void)cudaGetLastError();
+            status = BT_OK;
+            continue;
+        }
+        for (int i = 1; i < 5; i++)
+            for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+                float v = t[j];
+                t[j] = t[j - 1];
+                t[j - 1] = v;
+            }
+        BT_LOG_INFO("CUDA", "gemm parts t=%d o=%d i=%d k/%d: lt%d %.1f us",
+                    q->n_tok, q->n_out, q->n_in, q->n_parts, c, t[2] * 1e3);
+        if (best < 0 || t[2] < best_us) {
+            best = c;
+            best_us = t[2];
+        }
+    }
+    if (best >= 0)
+        q->algo = res[best].algo;
+    if (ev[0])
+        cudaEventDestroy(ev[0]);
+    if (ev[1])
+        cudaEventDestroy(ev[1]);
+    cuda__dev_free(&d_flush);
+    q->timed = status == BT_OK;
+    return status;
+}
+
+bool worker_gemm_parts_ok(int n_in, int n_parts)
+{
+    return n_parts >= 1 && n_parts <= WORKER_GEMM_PARTS_MAX &&
+           n_in % (8 * n_parts) == 0;
+}
+
+bt_status_t worker_gemm_parts(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                              int n_in, int n_parts, const void *d_x,
+                              const void *d_w, float *d_parts,
+                              cudaStream_t stream)
+{
+    gemm_parts_plan_t *q = NULL;
+    bt_status_t status;
+
+    BT_ASSERT(worker_gemm_parts_ok(n_in, n_parts));
+    if (n_tok == 0)
+        return BT_OK;
+    for (int i = 0; i < ctx->n_parts && q == NULL; i++)
+        if (ctx->parts[i].n_tok == n_tok && ctx->parts[i].n_out == n_out &&
+            ctx->parts[i].n_in == n_in && ctx->parts[i].n_parts == n_parts)
+            q = &ctx->parts[i];
+    if (q == NULL) {
+        const int ks = n_in / n_parts;
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+
+        if (ctx->n_parts == GEMM_PARTS_PLANS)
+            return BT_ERROR(BT_ERR_CUDA, "CUDA", "too many K-split shapes");
+        q = &ctx->parts[ctx->n_parts];
+        memset(q, 0, sizeof(*q));
+        q->n_tok = n_tok;
+        q->n_out = n_out;
+        q->n_in = n_in;
+        q->n_parts = n_parts;
+        status = gemm_check(cublasLtMatmulDescCreate(&q->op,
+                                                     CUBLAS_COMPUTE_32F,
+                                                     CUDA_R_32F), "desc");
+        if (status == BT_OK)
+            status = gemm_check(cublasLtMatmulDescSetAttribute(
+                q->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+                "transa");
+        if (status == BT_OK)
+            status = gemm_check(cublasLtMatmulDescSetAttribute(
+                q->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+                "transb");
+        if (status == BT_OK)
+            status = gemm_parts_layout(&q->a, CUDA_R_16BF, ks, n_out, n_in,
+                                       n_parts, ks);
+        if (status == BT_OK)
+            status = gemm_parts_layout(&q->b, CUDA_R_16BF, ks, n_tok, n_in,
+                                       n_parts, ks);
+        if (status == BT_OK)
+            status = gemm_parts_layout(&q->d, CUDA_R_32F, n_out, n_tok, n_out,
+                                       n_parts, (int64_t)n_out * n_tok);
+        ctx->n_parts++; /* (destroy frees whatever was created) */
+        if (status != BT_OK)
+            return status;
+        ctx->setups++;
+    }
+    if (!q->timed) {
+        if (gemm_capturing(stream)) {
+            if (q->op == NULL)
+                return BT_ERROR(BT_ERR_CUDA, "CUDA", "K-split plan missing");
+            /* first seen inside a capture: the heuristic's first */
+            cublasLtMatmulPreference_t pref = NULL;
+            cublasLtMatmulHeuristicResult_t res;
+            int n_res = 0;
+            status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+            if (status == BT_OK)
+                status = gemm_check(cublasLtMatmulPreferenceSetAttribute(
+                    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ctx->ws_bytes, sizeof(ctx->ws_bytes)), "pref workspace");
+            if (status == BT_OK)
+                status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
+                    ctx->handle, q->op, q->a, q->b, q->d, q->d, pref, 1, &res,
+                    &n_res), "parts heuristic");
+            if (pref)
+                cublasLtMatmulPreferenceDestroy(pref);
+            if (status == BT_OK && n_res == 0)
+                status = BT_ERROR(BT_ERR_CUDA, "CUDA", "no K-split algorithm");
+            if (status != BT_OK)
+                return status;
+            q->algo = res.algo;
+            q->timed = true; /* (a later uncaptured call does not retune) */
+        } else {
+            status = gemm_parts_tune(ctx, q, d_x, d_w, d_parts, stream);
+            if (status != BT_OK)
+                return status;
+        }
+    }
+    return gemm_parts_run(ctx, q, &q->algo, d_x, d_w, d_parts, stream);
 }

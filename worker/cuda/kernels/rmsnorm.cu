@@ -192,3 +192,111 @@ bt_status_t cuda_rmsnorm(float *d_x, const void *d_add, const void *d_w,
                                  d_rows, dim, eps, (T *)d_out));
     return BT_CUDA_LAUNCH_STATUS();
 }
+
+/* cuda_rmsnorm_parts: rmsnorm_vec_kernel with the residual add taken
+ * from S f32 partial products (part s of row r at parts + (s * rows + r)
+ * * dim): x += p_0 + p_1 + ... in that order, every part's loads in
+ * flight at once; out NULL: the add only. */
+template <typename T, int NV, int S>
+static __global__ void __launch_bounds__(RMS_VEC_THREADS)
+rmsnorm_parts_kernel(float *x, const float *parts, int rows, const T *w,
+                     int dim, float eps, T *out)
+{
+    __shared__ float sh[32];
+    float4 g[NV];
+    kern_pdl_trigger();
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * RMS_VEC_THREADS) * 4;
+        g[j] = out && i < dim ? rms_ld4(w + i)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    kern_pdl_wait();
+    float *xr = x + (size_t)blockIdx.x * dim;
+    float4 v[NV], p[S][NV];
+    float ss = 0.0f;
+
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * RMS_VEC_THREADS) * 4;
+        v[j] = i < dim ? rms_ld4(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int k = 0; k < S; k++)
+            p[k][j] = i < dim ? rms_ld4(parts + ((size_t)k * rows +
+                                                 blockIdx.x) * dim + i)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * RMS_VEC_THREADS) * 4;
+#pragma unroll
+        for (int k = 0; k < S; k++) {
+            v[j].x += p[k][j].x;
+            v[j].y += p[k][j].y;
+            v[j].z += p[k][j].z;
+            v[j].w += p[k][j].w;
+        }
+        if (i < dim)
+            rms_st4(xr + i, v[j]);
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z +
+              v[j].w * v[j].w;
+    }
+    if (out == NULL)
+        return;
+    T *o = out + (size_t)blockIdx.x * dim;
+    ss = kern_block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * RMS_VEC_THREADS) * 4;
+        if (i < dim) {
+            float4 r;
+            r.x = g[j].x * (inv * v[j].x);
+            r.y = g[j].y * (inv * v[j].y);
+            r.z = g[j].z * (inv * v[j].z);
+            r.w = g[j].w * (inv * v[j].w);
+            rms_st4(o + i, r);
+        }
+    }
+}
+
+bool cuda_rmsnorm_parts_ok(int dim, int n_parts)
+{
+    return dim % 4 == 0 && dim <= 4 * RMS_VEC_THREADS * 4 &&
+           (n_parts == 1 || n_parts == 2 || n_parts == 3 || n_parts == 4 ||
+            n_parts == 8);
+}
+
+bt_status_t cuda_rmsnorm_parts(float *d_x, const float *d_parts,
+                               int n_parts, const void *d_w, int n_rows,
+                               int dim, float eps, void *d_out,
+                               cuda_dtype_t dt, cudaStream_t stream)
+{
+    BT_ASSERT(cuda_rmsnorm_parts_ok(dim, n_parts));
+    if (n_rows == 0)
+        return BT_OK;
+    const int nv = (int)BT_DIV_UP(dim, 4 * RMS_VEC_THREADS);
+#define RMS_PARTS(NV, S)                                                    \
+    KERN_DISPATCH_DT(dt, T,                                                 \
+        kern_launch(rmsnorm_parts_kernel<T, NV, S>, n_rows, RMS_VEC_THREADS,\
+                    0, stream, d_x, d_parts, n_rows, (const T *)d_w, dim,   \
+                    eps, (T *)d_out))
+#define RMS_PARTS_S(NV)                                                     \
+    switch (n_parts) {                                                      \
+    case 1: RMS_PARTS(NV, 1); break;                                        \
+    case 2: RMS_PARTS(NV, 2); break;                                        \
+    case 3: RMS_PARTS(NV, 3); break;                                        \
+    case 4: RMS_PARTS(NV, 4); break;                                        \
+    default: RMS_PARTS(NV, 8); break;                                       \
+    }
+    if (nv <= 1) {
+        RMS_PARTS_S(1);
+    } else if (nv <= 2) {
+        RMS_PARTS_S(2);
+    } else {
+        RMS_PARTS_S(4);
+    }
+#undef RMS_PARTS_S
+#undef RMS_PARTS
+    return BT_CUDA_LAUNCH_STATUS();
+}
