@@ -5,8 +5,7 @@
  * odd shapes; output poisoned before each plain run.  Then every GEMV
  * variant of kernels/gemv.h (cuda_gemv_run) on every shape it supports,
  * the RMSNorm-fused GEMV (stream and ring kernels) and the rows kernel with
- * SwiGLU fused into its output, and the K-split partial products
- * (worker_gemm_parts).  --bench times the Llama-3-8B projection
+ * SwiGLU fused into its output.  --bench times the Llama-3-8B projection
  * shapes; --variant NAME runs only that variant's cases, --norm only the
  * fused-RMSNorm / SwiGLU ones (a new kernel's quick check on the device).
  * Run: build-cuda/gpu/test_gemm [--bench | --variant NAME | --norm]
@@ -57,45 +56,6 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
                in_dt == CUDA_DT_F32 ? 1e-5 : 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
     free(x); free(w); free(y0); free(ref); free(y);
-}
-
-/* worker_gemm_parts: part p of the K-split products against gemm_ref
- * over that slice of n_in (every part's output poisoned first). */
-static void run_parts_case(worker_gemm_ctx_t *g, int t, int o, int i,
-                           int np)
-{
-    const int ks = i / np;
-    float *x = kt_rand_vec((size_t)t * i, -1, 1, CUDA_DT_BF16);
-    float *w = kt_rand_vec((size_t)o * i, -1, 1, CUDA_DT_BF16);
-    float *xs = (float *)malloc(sizeof(float) * t * ks);
-    float *ws = (float *)malloc(sizeof(float) * o * ks);
-    float *ref = (float *)malloc(sizeof(float) * t * o * np);
-    for (int p = 0; p < np; p++) {
-        for (int r = 0; r < t; r++)
-            memcpy(xs + (size_t)r * ks, x + (size_t)r * i + p * ks,
-                   sizeof(float) * ks);
-        for (int r = 0; r < o; r++)
-            memcpy(ws + (size_t)r * ks, w + (size_t)r * i + p * ks,
-                   sizeof(float) * ks);
-        gemm_ref(t, o, ks, xs, ws, ref + (size_t)p * t * o, 0);
-    }
-    void *d_x = kt_upload(x, (size_t)t * i, CUDA_DT_BF16);
-    void *d_w = kt_upload(w, (size_t)o * i, CUDA_DT_BF16);
-    float *d_p = (float *)kt_poisoned((size_t)t * o * np, CUDA_DT_F32);
-    if (!worker_gemm_parts_ok(i, np)) {
-        printf("FAIL gemm_parts_ok false for i=%d parts=%d\n", i, np);
-        kt_failures++;
-    } else {
-        KT_OK(worker_gemm_parts(g, t, o, i, np, d_x, d_w, d_p, 0));
-        float *y = kt_download(d_p, (size_t)t * o * np, CUDA_DT_F32);
-        char what[96];
-        snprintf(what, sizeof(what), "gemm parts t=%d o=%d i=%d parts=%d", t,
-                 o, i, np);
-        kt_compare(what, y, ref, (size_t)t * o * np, 1e-5);
-        free(y);
-    }
-    cudaFree(d_x); cudaFree(d_w); cudaFree(d_p);
-    free(x); free(w); free(xs); free(ws); free(ref);
 }
 
 /* Split-K scratch for the tc variant (as worker_gemm's context holds). */
@@ -302,15 +262,6 @@ int main(int argc, char **argv)
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_F32,
                  1);
     }
-    }
-    if (!only) {
-        /* worker_gemm_parts: the 8B down / o shapes at 64 tokens, odd
-         * shapes, 1..8 parts */
-        const int psh[][4] = {{64, 4096, 14336, 4}, {64, 4096, 4096, 2},
-                              {3, 4096, 14336, 2}, {128, 512, 14336, 8},
-                              {5, 77, 1032, 3}, {33, 1000, 512, 1}};
-        for (size_t s = 0; s < sizeof(psh) / sizeof(psh[0]); s++)
-            run_parts_case(g, psh[s][0], psh[s][1], psh[s][2], psh[s][3]);
     }
     {
         /* Every variant on every shape it supports: odd row counts, token

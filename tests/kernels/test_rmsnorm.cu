@@ -1,7 +1,6 @@
 /*
  * test_rmsnorm.cu - cuda_rmsnorm() (with and without the fused residual
- * add, and the row gather) and cuda_rmsnorm_parts() (the add from f32
- * partial products) against rmsnorm_ref(), both dtypes, odd sizes,
+ * add, and the row gather) against rmsnorm_ref(), both dtypes, odd sizes,
  * outputs poisoned first.
  * Run: build-cuda/gpu/test_rmsnorm   (make gpu-test)
  */
@@ -70,61 +69,5 @@ int main(void)
     }
     }
     unsetenv("BT_RMSNORM_VEC");
-
-    /* cuda_rmsnorm_parts: x += the f32 partial products in order, then
-     * the norm (or, out NULL, the add only): against the parts summed on
-     * the host into one f32 add and rmsnorm_ref. */
-    const int psh[][3] = {{64, 4096, 4}, {3, 4096, 2}, {5, 1000, 3},
-                          {128, 4096, 8}, {7, 256, 1}, {2, 12, 2}};
-    for (int dti = 0; dti < 2; dti++) {
-        cuda_dtype_t dt = dti ? CUDA_DT_BF16 : CUDA_DT_F32;
-        for (size_t s = 0; s < sizeof(psh) / sizeof(psh[0]); s++) {
-            for (int norm = 0; norm < 2; norm++) {
-                const int n = psh[s][0], dim = psh[s][1], np = psh[s][2];
-                const size_t nd = (size_t)n * dim;
-                if (!cuda_rmsnorm_parts_ok(dim, np)) {
-                    printf("FAIL rmsnorm_parts_ok false for dim=%d parts=%d\n",
-                           dim, np);
-                    kt_failures++;
-                    continue;
-                }
-                float *x = kt_rand_vec(nd, -2, 2, CUDA_DT_F32);
-                float *parts = kt_rand_vec(nd * np, -1, 1, CUDA_DT_F32);
-                float *w = kt_rand_vec(dim, 0.5f, 1.5f, dt);
-                float *ref = (float *)malloc(sizeof(float) * nd);
-                float *xr = (float *)malloc(sizeof(float) * nd);
-                for (size_t i = 0; i < nd; i++) {
-                    float v = x[i];
-                    for (int k = 0; k < np; k++)
-                        v += parts[k * nd + i];
-                    xr[i] = v;
-                }
-                float *d_x = (float *)kt_upload(x, nd, CUDA_DT_F32);
-                float *d_p = (float *)kt_upload(parts, nd * np, CUDA_DT_F32);
-                void *d_w = kt_upload(w, dim, dt);
-                void *d_out = kt_poisoned(nd, dt);
-                rmsnorm_ref(xr, NULL, w, NULL, n, dim, 1e-5f, ref);
-                KT_OK(cuda_rmsnorm_parts(d_x, d_p, np, norm ? d_w : NULL, n,
-                                         dim, 1e-5f, norm ? d_out : NULL, dt,
-                                         0));
-                float *xo = kt_download(d_x, nd, CUDA_DT_F32);
-                char what[96];
-                snprintf(what, sizeof(what), "rmsnorm_parts residual x %s "
-                         "n=%d dim=%d parts=%d", kt_dt_name(dt), n, dim, np);
-                kt_compare(what, xo, xr, nd, 1e-6);
-                if (norm) {
-                    float *out = kt_download(d_out, nd, dt);
-                    snprintf(what, sizeof(what), "rmsnorm_parts %s n=%d "
-                             "dim=%d parts=%d", kt_dt_name(dt), n, dim, np);
-                    kt_compare(what, out, ref, nd,
-                               dt == CUDA_DT_F32 ? 1e-5 : 4e-3);
-                    free(out);
-                }
-                cudaFree(d_x); cudaFree(d_p); cudaFree(d_w); cudaFree(d_out);
-                free(x); free(parts); free(w); free(ref);
-                free(xr); free(xo);
-            }
-        }
-    }
     return kt_finish("test_rmsnorm");
 }

@@ -80,9 +80,6 @@
  * the previous build in two others (there RoPE already ran under the
  * attention's start with PDL, and 512 blocks each rotate their heads). */
 #define CUDA_ROPE_FUSE_MAX_TOK 16
-/* Steps of up to this many tokens may take the K-split o / down path
- * (parts_o, parts_down). */
-#define CUDA_PARTS_MAX_TOK 128
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
@@ -194,8 +191,6 @@ typedef struct {
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
 
     float *d_x;               /* (max_tok, dim) residual stream */
-    float *d_parts;           /* (parts_max, CUDA_PARTS_MAX_TOK, dim) the
-                                 o / down K-split partials, or NULL */
     void *d_xn;               /* (max_tok, dim) normed */
     void *d_qkv;              /* (max_tok, qkv_dim) */
     void *d_q;                /* (max_tok, q_dim) rotated q */
@@ -256,13 +251,6 @@ struct cuda_backend_s {
      * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
      * projection). */
     int fuse_norm_max;
-    /* Steps of 3..CUDA_PARTS_MAX_TOK tokens (single GPU): the o / down
-     * projections as parts_o / parts_down K-split partial products
-     * (worker_gemm_parts) reduced into the residual by the kernel that
-     * also computes the next RMSNorm (cuda_rmsnorm_parts): one small
-     * kernel a projection less than cuBLASLt's split-K reduction plus
-     * the norm.  BT_GEMM_PARTS_O / BT_GEMM_PARTS_DOWN (0: off). */
-    int parts_o, parts_down;
     bool stream_k;            /* BT_ATTN_SK=1: the opt-in stream-K decode
                                  attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
@@ -750,10 +738,6 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     } while (0)
     CUDA_ACT(r->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
     CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
-    if (b->parts_o > 0 || b->parts_down > 0)
-        CUDA_ACT(r->d_parts, (size_t)BT_MAX(b->parts_o, b->parts_down) *
-                                 CUDA_PARTS_MAX_TOK * b->mc.dim * 4,
-                 "act_parts");
     CUDA_ACT(r->d_qkv, (size_t)b->max_tok * b->qkv_dim * es, "act_qkv");
     CUDA_ACT(r->d_q, (size_t)b->max_tok * b->q_dim * es, "act_q");
     CUDA_ACT(r->d_att, (size_t)b->max_tok * b->q_dim * es, "act_att");
@@ -1121,18 +1105,6 @@ static bt_status_t cuda_create(const model_t *model,
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
-    env = getenv("BT_GEMM_PARTS_O");
-    b->parts_o = env ? atoi(env) : 0;
-    env = getenv("BT_GEMM_PARTS_DOWN");
-    b->parts_down = env ? atoi(env) : 0;
-    if (b->dt != CUDA_DT_BF16 || b->tp > 1 ||
-        !cuda_rmsnorm_parts_ok(b->mc.dim, b->parts_o) ||
-        !worker_gemm_parts_ok(b->q_dim, b->parts_o))
-        b->parts_o = 0;
-    if (b->dt != CUDA_DT_BF16 || b->tp > 1 ||
-        !cuda_rmsnorm_parts_ok(b->mc.dim, b->parts_down) ||
-        !worker_gemm_parts_ok(b->hid, b->parts_down))
-        b->parts_down = 0;
     env = getenv("BT_ATTN_SK");
     b->stream_k = env != NULL && atoi(env) == 1;
     env = getenv("BT_PDL_SMALL");
@@ -1244,7 +1216,6 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_mask);
     cuda__dev_free((void **)&r->d_x);
     cuda__dev_free(&r->d_xn);
-    cuda__dev_free((void **)&r->d_parts);
     cuda__dev_free(&r->d_qkv);
     cuda__dev_free(&r->d_q);
     cuda__dev_free(&r->d_att);
@@ -1545,30 +1516,16 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                        CUDA_SKIP_NORM)) &&
                           cuda_gemv_norm_glu_ok(nt, mc->dim);
 
-    /* The K-split o / down projections (b->parts_o, parts_down): their
-     * reduction writes the next norm into d_xn (xn_ready). */
-    const bool parts_step = nt >= 3 && nt <= CUDA_PARTS_MAX_TOK &&
-                            !fuse_norm && b->skip == 0 && r->d_parts;
-    const int parts_o = parts_step ? b->parts_o : 0;
-    const int parts_down = parts_step ? b->parts_down : 0;
-    bool xn_ready = false;
-
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &r->layers[l];
         void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
         void *d_vl = (char *)r->d_v + (size_t)l * layer_kv * es;
 
-        if (xn_ready)
-            status = worker_gemm(r->gemm, nt, b->qkv_dim, mc->dim, r->d_xn,
-                                 w->d_wqkv, b->dt, r->d_qkv, b->dt, false,
-                                 r->stream);
-        else
-            status = b->skip & CUDA_SKIP_QKV
-                         ? BT_OK
-                         : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
-                                                  w->d_attn_norm, w->d_wqkv,
-                                                  b->qkv_dim, r->d_qkv);
-        xn_ready = false;
+        status = b->skip & CUDA_SKIP_QKV
+                     ? BT_OK
+                     : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
+                                              w->d_attn_norm, w->d_wqkv,
+                                              b->qkv_dim, r->d_qkv);
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -1601,32 +1558,12 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             if (status != BT_OK)
                 return status;
         }
-        if (parts_o) {
-            status = worker_gemm_parts(r->gemm, nt, mc->dim, b->q_dim,
-                                       parts_o, r->d_att, w->d_wo,
-                                       r->d_parts, r->stream);
-            if (status == BT_OK)
-                status = cuda_rmsnorm_parts(r->d_x, r->d_parts, parts_o,
-                                            w->d_ffn_norm, nt, mc->dim,
-                                            mc->rms_eps, r->d_xn, b->dt,
-                                            r->stream);
-            xn_ready = true;
-        } else {
-            status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
-                                                w->d_wo,
-                                                b->skip & CUDA_SKIP_O);
-        }
+        status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
+                                            w->d_wo,
+                                            b->skip & CUDA_SKIP_O);
         if (status != BT_OK)
             return status;
-        if (xn_ready) {
-            status = worker_gemm(r->gemm, nt, 2 * b->hid, mc->dim, r->d_xn,
-                                 w->d_wgu, b->dt, r->d_gu, b->dt, false,
-                                 r->stream);
-            if (status == BT_OK)
-                status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
-                                     r->stream);
-            xn_ready = false;
-        } else if (fuse_glu) {
+        if (fuse_glu) {
             status = cuda_gemv_norm_glu(nt, b->hid, mc->dim, r->d_x,
                                         w->d_ffn_norm, mc->rms_eps,
                                         w->d_wgu, r->d_h, r->stream);
@@ -1642,22 +1579,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         if (status != BT_OK)
             return status;
-        if (parts_down) {
-            const bool last = l + 1 == mc->n_layers;
-            status = worker_gemm_parts(r->gemm, nt, mc->dim, b->hid,
-                                       parts_down, r->d_h, w->d_wdown,
-                                       r->d_parts, r->stream);
-            if (status == BT_OK)
-                status = cuda_rmsnorm_parts(
-                    r->d_x, r->d_parts, parts_down,
-                    last ? NULL : r->layers[l + 1].d_attn_norm, nt, mc->dim,
-                    mc->rms_eps, last ? NULL : r->d_xn, b->dt, r->stream);
-            xn_ready = !last;
-        } else {
-            status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
-                                                w->d_wdown,
-                                                b->skip & CUDA_SKIP_DOWN);
-        }
+        status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
+                                            w->d_wdown,
+                                            b->skip & CUDA_SKIP_DOWN);
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done && r->rank == 0) {

@@ -54,21 +54,6 @@ const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
  * did host work (and GPU timing runs) besides its product. */
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx);
 
-/* K-split partial products: d_parts[p] (n_tok, n_out) f32 = x[:, K_p] .
- * w[:, K_p]^T for the n_parts equal slices K_p of n_in, p = 0 ..
- * n_parts - 1 (parts n_tok * n_out apart), one strided-batched cuBLASLt
- * call (its algorithm timed at the first call outside stream capture).
- * The caller reduces them (cuda_rmsnorm_parts: into the residual, with
- * the next RMSNorm), where cuBLASLt's own split-K would run a reduction
- * kernel of its own.  _ok: 1 <= n_parts <= WORKER_GEMM_PARTS_MAX and
- * n_in % (8 n_parts) == 0.  x and w bf16. */
-#define WORKER_GEMM_PARTS_MAX 8
-bool worker_gemm_parts_ok(int n_in, int n_parts);
-bt_status_t worker_gemm_parts(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                              int n_in, int n_parts, const void *d_x,
-                              const void *d_w, float *d_parts,
-                              cudaStream_t stream);
-
 /* True when worker_gemm sends skinny shapes to the GEMV kernels (not
  * disabled with BT_GEMV=0); the backend then also fuses RMSNorm into them
  * (cuda_gemv_norm). */

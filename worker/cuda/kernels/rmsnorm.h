@@ -20,18 +20,6 @@ bt_status_t cuda_rmsnorm(float *d_x, const void *d_add, const void *d_w,
                          const int *d_rows, int n_rows, int dim, float eps,
                          void *d_out, cuda_dtype_t dt, cudaStream_t stream);
 
-/* The residual add from K-split partial products (worker_gemm_parts)
- * with the next RMSNorm: for each row r,
- *   x[r] += parts[0][r] + parts[1][r] + ...   (f32, in that order)
- *   out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps)   (d_out NULL: not)
- * d_parts (n_parts, n_rows, dim) f32.  _ok: dim % 4 == 0, dim <= 4096,
- * n_parts 1, 2, 3, 4 or 8. */
-bool cuda_rmsnorm_parts_ok(int dim, int n_parts);
-bt_status_t cuda_rmsnorm_parts(float *d_x, const float *d_parts,
-                               int n_parts, const void *d_w, int n_rows,
-                               int dim, float eps, void *d_out,
-                               cuda_dtype_t dt, cudaStream_t stream);
-
 #ifdef __cplusplus
 }
 #endif
