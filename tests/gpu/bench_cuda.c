@@ -51,6 +51,13 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
+#ifdef BT_KPROF
+/* kernels/kern_common.cuh's phase profile (a -DBT_KPROF=1 build) */
+void cuda_kprof_dump_gemv(unsigned long long since, FILE *f);
+void cuda_kprof_dump_attn_tc(unsigned long long since, FILE *f);
+void cuda_kprof_dump_combine(unsigned long long since, FILE *f);
+#endif
+
 int main(int argc, char **argv)
 {
     const char *model_path = "synth:llama3-8b";
@@ -266,6 +273,13 @@ int main(int argc, char **argv)
             EMIT("| decode | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | "
                  "%.3f | %.2f | %.0f |\n", B, C, d, h, smp[0], smp[1], d,
                  floor_ms, floor_ms / d, B / (d * 1e-3));
+#ifdef BT_KPROF
+            /* the per-block phases of the last step's last layer */
+            printf("KPROF batch %d ctx %d\n", B, C);
+            cuda_kprof_dump_gemv(0, stdout);
+            cuda_kprof_dump_attn_tc(0, stdout);
+            cuda_kprof_dump_combine(0, stdout);
+#endif
             free(seqs); free(tables); free(toks); free(dev); free(host);
         }
     }

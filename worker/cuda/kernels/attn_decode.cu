@@ -304,9 +304,11 @@ static __global__ void attn_combine_smem_kernel(cuda_attn_args_t a,
                                                 int n_splits, const float *ws)
 {
     extern __shared__ float cs[]; /* n_splits x (hd + 2), then scales */
+    KPROF(0, 0);
     if (!a.pdl_late)
         kern_pdl_trigger();
     kern_pdl_wait();
+    KPROF(0, 1);
     const int hd = a.head_dim, stride = hd + 2;
     const int ti = blockIdx.x;
     const int h = blockIdx.y;
@@ -350,6 +352,10 @@ static __global__ void attn_combine_smem_kernel(cuda_attn_args_t a,
         T *o = (T *)a.d_out + ((size_t)tok * a.n_heads + h) * hd;
         o[d] = kern_from_f<T>(ls > 0.0f ? as / ls : 0.0f);
     }
+#ifdef BT_KPROF
+    __syncthreads();
+#endif
+    KPROF(0, 4);
 }
 
 /* BT_ATTN_COMBINE=0: the unstaged combine kernel (A/B). */
@@ -630,3 +636,10 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
                                            split_len, d_ws, stream));
     return BT_CUDA_LAUNCH_STATUS();
 }
+
+#ifdef BT_KPROF
+extern "C" void cuda_kprof_dump_combine(unsigned long long since, FILE *f)
+{
+    kprof_dump("combine", since, f);
+}
+#endif

@@ -27,6 +27,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 #include "bt_util.h"
 #include "attn_decode_tc.cuh"
 #include "kern_common.cuh"
@@ -65,14 +67,18 @@ static __device__ __forceinline__ void tc_rope_table(
  * tok rotated into sh_q with the table of tc_rope_table, and, by the
  * block whose key range holds the new key (position ctx, slot
  * d_slot[tok]), KV head kvh's rotated K and its V written to the cache
- * before any copy of that tile is issued.  Same arithmetic as rope_kv.cu
- * (bias added in f32, sincosf of pos x inv_freq, bf16 rounding of the
- * result): the same bits as the unfused path.  Ends with a block
- * barrier. */
+ * before any copy of that tile is issued -- or, when the tile was copied
+ * before the PDL wait with that row left out (sk_new / sv_new: its rows
+ * in shared memory, else NULL), written into those rows too, with no
+ * fence: nothing in this kernel reads them back from the cache.  Same
+ * arithmetic as rope_kv.cu (bias added in f32, sincosf of pos x
+ * inv_freq, bf16 rounding of the result): the same bits as the unfused
+ * path.  Ends with a block barrier. */
 template <int HD>
 static __device__ __forceinline__ void tc_rope_prologue(
     const cuda_attn_args_t &a, int tok, int kvh, int G, int start, int end,
-    int ctx, const float *sh_c, const float *sh_s, bf16_t *sh_q)
+    int ctx, const float *sh_c, const float *sh_s, bf16_t *sh_q,
+    bf16_t *sk_new, bf16_t *sv_new)
 {
     constexpr int HALF = HD / 2;
     const int qkv_dim = (a.n_heads + 2 * a.n_kv_heads) * HD;
@@ -100,6 +106,10 @@ static __device__ __forceinline__ void tc_rope_prologue(
                                    ((size_t)slot * a.n_kv_heads + kvh) * HD;
         dst[e0] = y0;
         dst[e1] = y1;
+        if (hh == G && sk_new) {
+            sk_new[e0] = y0;
+            sk_new[e1] = y1;
+        }
     }
     if (writer) {
         const int voff = (a.n_heads + a.n_kv_heads + kvh) * HD;
@@ -110,9 +120,12 @@ static __device__ __forceinline__ void tc_rope_prologue(
             if (bias)
                 x += __bfloat162float(bias[voff + e]);
             v[e] = __float2bfloat16_rn(x);
+            if (sv_new)
+                sv_new[e] = __float2bfloat16_rn(x);
         }
         /* the tile's cp.async copies read through L2 */
-        __threadfence();
+        if (!sk_new)
+            __threadfence();
     }
     __syncthreads();
 }
@@ -142,6 +155,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const int warp = threadIdx.x >> 5;
     const int gr = lane >> 2; /* accumulator row (and row + 8) */
     const int tq = lane & 3;  /* accumulator column pair */
+    KPROF(0, 0);
 
     /* Everything up to kern_pdl_wait() reads only what the host wrote
      * before the step (token metadata, block tables) and K/V of cached
@@ -181,38 +195,61 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * block-wide load it replaces (every thread a 16-byte chunk of every
      * row, the address arithmetic per chunk) was ~45% of the kernel's
      * instructions; batch 64 x 2048 keys 144.5 -> 137.1 us a layer. */
-    auto load_tile = [&](int stage, int kt) {
+    /* The fused RoPE's new key (position ctx, the last key of a
+     * single-token step) in an early tile: that tile is copied before the
+     * wait with the new key's row left out (hole), and the prologue
+     * writes the row into shared memory itself (round 17: the split that
+     * held the new key copied its tile only after the wait and a fence,
+     * the last block of the attention by ~1.8 us at batch 1). */
+    const int kt_new = (ctx - start) / TC_TK;
+    const bool fill_new = early && a.d_qkv && !mrow && end == ctx + 1 &&
+                          start <= ctx && a.d_slot[tok] >= 0 &&
+                          kt_new < TC_STAGES - 1;
+    /* (the hole only in the early copies: the main loop's copy path is
+     * the instruction-bound part of batch-64 steps) */
+    auto load_tile = [&](int stage, int kt, auto hole_t) {
+        constexpr bool HOLE = decltype(hole_t)::value;
         const int k = start + kt * TC_TK + warp * 16 + (lane & 15);
         long long off = -1; /* -1: past the split, zero-filled */
-        if (k < end) {
+        if (HOLE && fill_new && k == ctx) {
+            off = -2; /* written by the prologue */
+        } else if (k < end) {
             int blk = bs_sh >= 0 ? k >> bs_sh : k / bs;
             int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        tc_copy_rows16<HD>(sk + stage * TILE + warp * 16 * ROW,
-                           sv + stage * TILE + warp * 16 * ROW, kbase, vbase,
-                           off, lane);
+        tc_copy_rows16<HD, HOLE>(sk + stage * TILE + warp * 16 * ROW,
+                                 sv + stage * TILE + warp * 16 * ROW, kbase,
+                                 vbase, off, lane);
     };
+    const std::true_type with_hole;
+    const std::false_type no_hole;
     /* The first stages whose keys are all cached start before the wait
      * (with programmatic dependent launch they stream during the previous
      * kernels); the others, and Q, after it. */
     int pre = 0;
     if (early)
         while (pre < TC_STAGES - 1 && pre < n_tiles &&
-               min(end, start + (pre + 1) * TC_TK) <= ctx) {
-            load_tile(pre, pre);
+               (min(end, start + (pre + 1) * TC_TK) <= ctx ||
+                (fill_new && pre == kt_new))) {
+            load_tile(pre, pre, with_hole);
             tc_cp_commit();
             pre++;
         }
     kern_pdl_wait();
+    KPROF(0, 1);
 
     /* Q as the A operand: rows = the group's heads (zero beyond G), from
      * d_q, or rotated here from the QKV row (the fused RoPE). */
     uint32_t qa[KS][4];
     if (a.d_qkv) {
+        const int rn = ctx - start - kt_new * TC_TK; /* the hole's row */
         tc_rope_prologue<HD>(a, tok, kvh, G, start, end, ctx, sh_c, sh_s,
-                             sh_q);
+                             sh_q, fill_new ? sk + kt_new * TILE + rn * ROW
+                                            : NULL,
+                             fill_new ? sv + kt_new * TILE + rn * ROW
+                                      : NULL);
         tc_load_q<HD>(qa, sh_q, G, lane);
     } else {
         tc_load_q<HD>(qa,
@@ -221,6 +258,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                       G, lane);
     }
 
+    KPROF(0, 2);
     float o[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -233,7 +271,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         if (s < pre)
             continue; /* issued before the wait */
         if (s < n_tiles)
-            load_tile(s, s);
+            load_tile(s, s, no_hole);
         tc_cp_commit();
     }
     for (int kt = 0; kt < n_tiles; kt++) {
@@ -244,7 +282,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         {
             int nk = kt + TC_STAGES - 1;
             if (nk < n_tiles)
-                load_tile(nk % TC_STAGES, nk);
+                load_tile(nk % TC_STAGES, nk, no_hole);
             tc_cp_commit();
         }
         const bf16_t *tk = sk + (kt % TC_STAGES) * TILE + warp * 16 * ROW;
@@ -269,6 +307,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
+    KPROF(0, 3);
     float *sm_o = reinterpret_cast<float *>(tc_sm); /* [W][16][HD] */
     float *sm_m = sm_o + TC_WARPS * TC_MAX_GROUP * HD;
     float *sm_l = sm_m + TC_WARPS * TC_MAX_GROUP;
@@ -322,6 +361,10 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             }
         }
     }
+#ifdef BT_KPROF
+    __syncthreads();
+#endif
+    KPROF(0, 4);
 }
 
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
@@ -378,3 +421,10 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
         return BT_CUDA_STATUS(err);
     return BT_CUDA_LAUNCH_STATUS();
 }
+
+#ifdef BT_KPROF
+extern "C" void cuda_kprof_dump_attn_tc(unsigned long long since, FILE *f)
+{
+    kprof_dump("attn", since, f);
+}
+#endif

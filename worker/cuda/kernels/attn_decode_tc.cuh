@@ -33,10 +33,11 @@ template <int HD> struct tc_rows {
 
 /* Copies 16 K and V rows into dk / dv (16 rows of ROW).  Lane r < 16
  * holds `off`, the element offset of row r in the layer cache (-1: past
- * the keys, zero-filled); the copying lanes take it by shuffle.  Round
- * 11: computing each row's offset once (instead of per 16-byte chunk)
- * cut the kernel's instructions by 28%. */
-template <int HD>
+ * the keys, zero-filled; HOLE: -2, not copied at all, the caller writes
+ * the row itself); the copying lanes take it by shuffle.  Round 11:
+ * computing each row's offset once (instead of per 16-byte chunk) cut
+ * the kernel's instructions by 28%. */
+template <int HD, bool HOLE = false>
 static __device__ __forceinline__ void tc_copy_rows16(
     bf16_t *dk, bf16_t *dv, const bf16_t *kbase, const bf16_t *vbase,
     long long off, int lane)
@@ -50,6 +51,8 @@ static __device__ __forceinline__ void tc_copy_rows16(
         const int r = i * RPI + lane / CPR;
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0;
+        if (HOLE && o == -2)
+            continue;
         tc_cp16(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok);
         tc_cp16(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase, ok);
     }

@@ -240,6 +240,15 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     float acc[T], gsum[T];
     uint4 cur[U];
 
+    /* KPROF slots: 0 qkv (norm), 1 gate/up (norm + SwiGLU), 2 o, 3 down,
+     * 4 other shapes (the classifier) */
+    const int kslot = NORM && GLU == GEMV_GLU_OFF ? 0
+                      : GLU != GEMV_GLU_OFF       ? 1
+                      : n_in > 8192               ? 3
+                      : n_out <= 8192             ? 2
+                                                  : 4;
+    (void)kslot;
+    KPROF(kslot, 0);
     if (trig == GEMV_TRIG_EARLY)
         kern_pdl_trigger();
     if (pf_bytes > 0 && (int)blockIdx.x < pf_blocks && lane == 0 &&
@@ -260,6 +269,7 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     if (NORM)
         gemv_norm_gpre(n_in, g, gpre);
     kern_pdl_wait();
+    KPROF(kslot, 1);
     if (trig == GEMV_TRIG_AFTER_WAIT)
         kern_pdl_trigger();
     if (NORM) {
@@ -267,6 +277,7 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
         x = xs;
     }
+    KPROF(kslot, 2);
     if (nrows == 0 && GLU != GEMV_GLU_PAIR)
         return; /* (PAIR: every warp meets the others at the end) */
 #pragma unroll
@@ -354,9 +365,11 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         for (int u = 0; u < U; u++)
             cur[u] = nxt[u];
     }
+    KPROF(kslot, 3);
     if (trig == GEMV_TRIG_LATE)
         kern_pdl_trigger();
     flush(crow);
+    KPROF(kslot, 4);
 }
 
 /* Streaming GEMV for n_in % 256 == 0: a fixed grid of two 8-warp blocks
@@ -1642,3 +1655,10 @@ bt_status_t cuda_gemv_rel_err(const void *d_y, const void *d_ref, size_t n,
         (const T *)d_y, (const T *)d_ref, n, d_acc));
     return BT_CUDA_LAUNCH_STATUS();
 }
+
+#ifdef BT_KPROF
+extern "C" void cuda_kprof_dump_gemv(unsigned long long since, FILE *f)
+{
+    kprof_dump("gemv", since, f);
+}
+#endif

@@ -122,6 +122,67 @@ static __device__ __forceinline__ void kern_pdl_trigger(void)
 #endif
 }
 
+/* Per-block phase profile (a build with -DBT_KPROF=1 only; the default
+ * build compiles KPROF to nothing).  Thread 0 of each block stores the
+ * global timer (ns, one clock for every SM) at mark m of slot s; the
+ * last launch of a slot wins, so after a decode step the buffer holds
+ * the step's last layer.  One buffer per translation unit (no
+ * relocatable device code): each profiled .cu exports a dump function
+ * built on kprof_dump().  tests/gpu/bench_cuda prints them. */
+#ifdef BT_KPROF
+#include <stdio.h>
+#include <string.h>
+#define KPROF_SLOTS 6
+#define KPROF_BLOCKS 4096
+#define KPROF_MARKS 5
+static __device__ unsigned long long
+    kprof_buf[KPROF_SLOTS][KPROF_BLOCKS][KPROF_MARKS];
+static __device__ __forceinline__ void kprof_mark(int slot, int m)
+{
+    const unsigned b =
+        blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (threadIdx.x == 0 && b < KPROF_BLOCKS) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        kprof_buf[slot][b][m] = t;
+    }
+}
+#define KPROF(slot, m) kprof_mark((slot), (m))
+/* Prints "KPROF name slot mark n min p10 p50 p90 max" (ns) for every
+ * slot and mark with a stamp newer than `since`, then clears the
+ * buffer. */
+static inline void kprof_dump(const char *name, unsigned long long since,
+                              FILE *f)
+{
+    static unsigned long long h[KPROF_SLOTS][KPROF_BLOCKS][KPROF_MARKS];
+    static unsigned long long v[KPROF_BLOCKS];
+    if (cudaMemcpyFromSymbol(h, kprof_buf, sizeof(h)) != cudaSuccess)
+        return;
+    for (int s = 0; s < KPROF_SLOTS; s++)
+        for (int m = 0; m < KPROF_MARKS; m++) {
+            int n = 0;
+            for (int b = 0; b < KPROF_BLOCKS; b++)
+                if (h[s][b][m] > since)
+                    v[n++] = h[s][b][m];
+            if (n == 0)
+                continue;
+            for (int i = 1; i < n; i++) /* insertion sort */
+                for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+                    unsigned long long t = v[j];
+                    v[j] = v[j - 1];
+                    v[j - 1] = t;
+                }
+            fprintf(f, "KPROF %s %d %d %d %llu %llu %llu %llu %llu\n", name,
+                    s, m, n, v[0], v[n / 10], v[n / 2], v[n * 9 / 10],
+                    v[n - 1]);
+        }
+    memset(h, 0, sizeof(h));
+    (void)cudaMemcpyToSymbol(kprof_buf, h, sizeof(h));
+}
+#else
+#define KPROF(slot, m) ((void)0)
+#endif
+
 /* True when launches should carry the programmatic-serialization
  * attribute: compute capability >= 9 and BT_PDL is not "0". */
 static inline bool kern_pdl_enabled(void)
