@@ -1,7 +1,9 @@
 #!/bin/bash
 # run_gpu_round17g.sh [CARRY] - round 17 (2026-12-02), ON THE DEVICE
-# MACHINE: 17f again with the hole only in the early copies (a
-# template: the main loop's copy path as before), 8k left out.  17f:
+# MACHINE: 17f again with the new-row kernel a separate instance
+# (attn_decode_tc_kernel<HD, NEWROW>: steps of <= 2 tokens whose splits
+# are <= 2 tiles; every other step runs the kernel as before), 8k left
+# out.  17f:
 # MACHINE, issue 4: the split that holds the new key copies its tile
 # before the PDL wait with the new key's row left out, and the fused
 # RoPE prologue writes that row into shared memory (no fence, no copy

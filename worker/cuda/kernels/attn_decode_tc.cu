@@ -130,7 +130,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
     __syncthreads();
 }
 
-template <int HD>
+template <int HD, bool NEWROW>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                       int n_splits, float *ws, bool early)
@@ -202,7 +202,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * held the new key copied its tile only after the wait and a fence,
      * the last block of the attention by ~1.8 us at batch 1). */
     const int kt_new = (ctx - start) / TC_TK;
-    const bool fill_new = early && a.d_qkv && !mrow && end == ctx + 1 &&
+    const bool fill_new = NEWROW && early && a.d_qkv && !mrow &&
+                          end == ctx + 1 &&
                           start <= ctx && a.d_slot[tok] >= 0 &&
                           kt_new < TC_STAGES - 1;
     /* (the hole only in the early copies: the main loop's copy path is
@@ -378,7 +379,13 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
            group >= 1 && group <= TC_MAX_GROUP;
 }
 
-template <int HD>
+/* NEWROW: the kernel with the new-key row written by the prologue into
+ * an early tile (fill_new): steps of <= TC_NEWROW_MAX_TOK tokens with the
+ * fused RoPE and splits of <= 2 tiles, where that split is the
+ * attention's last block; elsewhere the kernel without it (round 17: the
+ * hole in every step's copy path cost batch 64 0.08 ms). */
+#define TC_NEWROW_MAX_TOK 2
+template <int HD, bool NEWROW>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
                              cudaStream_t stream)
@@ -394,7 +401,7 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
-            attn_decode_tc_kernel<HD>,
+            attn_decode_tc_kernel<HD, NEWROW>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
@@ -403,7 +410,8 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    kern_launch(attn_decode_tc_kernel<HD>, dim3(a->n_kv_heads, n, n_splits),
+    kern_launch(attn_decode_tc_kernel<HD, NEWROW>,
+                dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
                 n_splits, ws, early);
     return cudaSuccess;
@@ -413,9 +421,18 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, int split_len, float *ws,
                                 cudaStream_t stream)
 {
-    cudaError_t err = a->head_dim == 64
-        ? tc_launch<64>(a, tok_idx, n, n_splits, split_len, ws, stream)
-        : tc_launch<128>(a, tok_idx, n, n_splits, split_len, ws, stream);
+    const bool nr = a->d_qkv != NULL && n <= TC_NEWROW_MAX_TOK &&
+                    split_len <= (TC_STAGES - 1) * TC_TK;
+    cudaError_t err =
+        a->head_dim == 64
+            ? (nr ? tc_launch<64, true>(a, tok_idx, n, n_splits, split_len,
+                                        ws, stream)
+                  : tc_launch<64, false>(a, tok_idx, n, n_splits, split_len,
+                                         ws, stream))
+            : (nr ? tc_launch<128, true>(a, tok_idx, n, n_splits, split_len,
+                                         ws, stream)
+                  : tc_launch<128, false>(a, tok_idx, n, n_splits, split_len,
+                                          ws, stream));
 
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);
