@@ -6,7 +6,8 @@
  *     keep the general kernel tested; where up to 4 heads share a KV head,
  *     the opt-in stream-K kernel (attn_decode_sk.cu), its counters checked
  *     back at zero after each launch, and with RoPE and the new keys'
- *     K/V write fused into it (single-token steps, run_rope_case),
+ *     K/V write fused into it (single-token steps, run_rope_case; at
+ *     1-2 tokens with the new-row instance on and off, BT_ATTN_NEWROW),
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (wmma, fa2,
@@ -368,9 +369,11 @@ static void run_rope_case(int nh, int nkv, int hd, int bs, int rope_half,
     for (int t = 0; t < b.nt; t++)
         max_kv = b.kv_len[t] > max_kv ? b.kv_len[t] : max_kv;
     char desc[96], what[160];
-    int pos_c = snprintf(desc, sizeof(desc), "h=%d/%d hd=%d bs=%d %s%s ctx",
+    const char *newrow = getenv("BT_ATTN_NEWROW");
+    int pos_c = snprintf(desc, sizeof(desc), "h=%d/%d hd=%d bs=%d %s%s%s%s ctx",
                          nh, nkv, hd, bs, rope_half ? "half" : "pairs",
-                         bias ? "+bias" : "");
+                         bias ? "+bias" : "", newrow ? " newrow=" : "",
+                         newrow ? newrow : "");
     for (int ctx : ctxs)
         if (pos_c < (int)sizeof(desc) - 8)
             pos_c += snprintf(desc + pos_c, sizeof(desc) - pos_c, " %d", ctx);
@@ -578,6 +581,19 @@ int main(int argc, char **argv)
     run_rope_case(8, 2, 64, 8, 0, false, {5, 700, 128, 0});
     run_rope_case(32, 2, 128, 64, 1, false, {4000, 5, 64});
     run_rope_case(8, 8, 64, 16, 0, true, {300, 1, 1025});
+    /* 1-2 token steps: with splits of <= 2 tiles the new-row kernel
+     * instance (the new key's row left out of its early tile and written
+     * there by the prologue, BT_ATTN_NEWROW=1): the key first, last and
+     * inside a tile, the first token; then the same with it off */
+    for (int nr = 0; nr < 2; nr++) {
+        setenv("BT_ATTN_NEWROW", nr ? "0" : "1", 1);
+        run_rope_case(32, 8, 128, 16, 1, true, {2000});
+        run_rope_case(32, 8, 128, 16, 1, false, {63, 64});
+        run_rope_case(8, 2, 64, 8, 0, true, {0, 127});
+        run_rope_case(32, 2, 128, 64, 1, false, {128});
+        run_rope_case(8, 8, 64, 16, 0, false, {1, 95});
+    }
+    unsetenv("BT_ATTN_NEWROW");
     if (argc > 1 && strcmp(argv[1], "--bench") == 0)
         bench();
     return kt_finish("test_attn");

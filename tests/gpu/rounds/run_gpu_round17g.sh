@@ -1,32 +1,30 @@
 #!/bin/bash
-# run_gpu_round17g.sh [CARRY] - round 17 (2026-12-02), ON THE DEVICE
-# MACHINE: 17f again with the new-row kernel a separate instance
-# (attn_decode_tc_kernel<HD, NEWROW>: steps of <= 2 tokens whose splits
-# are <= 2 tiles; every other step runs the kernel as before), 8k left
-# out.  17f:
-# MACHINE, issue 4: the split that holds the new key copies its tile
-# before the PDL wait with the new key's row left out, and the fused
-# RoPE prologue writes that row into shared memory (no fence, no copy
-# after the wait).  (1) test_attn; (2) bench_cuda new vs the previous
-# binary (bench_cuda_b), b1 / b2 @512 / 2k / 8k and b64 @2k, three
-# interleaved rounds.  Carry: gpu/{test_attn,bench_cuda,bench_cuda_b},
-# lib/.
+# run_gpu_round17g.sh [CARRY] - round 17 (2026-12-02; prepared, NOT RUN:
+# the session's device time ran out), ON THE DEVICE MACHINE, issue 4:
+# the decode attention's new-row instance (attn_decode_tc_kernel<HD,
+# NEWROW>, BT_ATTN_NEWROW=1: at <= 2 tokens with splits of <= 2 tiles the
+# split holding the new key copies its tile before the PDL wait with the
+# new key's row left out, and the fused RoPE prologue writes that row
+# into shared memory).  17f measured the same path compiled into every
+# step's kernel (b1 -0.02 to -0.04 ms, b64 +0.08).  (1) test_attn (its
+# 1-2 token RoPE cases run the instance on and off); (2) test_cuda_model
+# with it on; (3) bench_cuda on / off, b1 / b2 @512 / 2k / 8k and b64
+# @2k, three interleaved rounds.  If all PASS and batch 1 gains: make it
+# the default (attn_decode_tc.cu, cuda_attn_decode_tc).
+# Carry: gpu/{test_attn,test_cuda_model,bench_cuda}, lib/, shared.
 set -u
 . "$(dirname "$0")/../gpu_steps.sh"
 gpu_steps_init r17g "${1:-build-r17g}"
+export BT_SHARED_DIR=$PWD/$c/shared
 report() {
   {
-    echo "## round 17f $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
+    echo "## round 17g $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
     cat "$tmp/rcs" | tr '\n' ' '; echo
-    pass_fail test_attn 2>/dev/null
-    for v in new old; do
-      echo "### $v: b1@512 b2@512 b1@2k b2@2k step ms"
+    pass_fail test_attn model_newrow 2>/dev/null
+    for v in on off; do
+      echo "### $v: b1@512 b2@512 b1@2k b2@2k b1@8k b2@8k / b64@2k step ms"
       for i in 1 2 3; do
         grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
-      done
-      echo "### $v: b64@2k"
-      for i in 1 2 3; do
         grep -E "^\| decode " "$tmp/t_${v}64$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
         echo
       done
@@ -34,12 +32,13 @@ report() {
   } > "$table"
 }
 run test_attn 150 "$c/gpu/test_attn"
+run model_newrow 120 env BT_ATTN_NEWROW=1 "$c/gpu/test_cuda_model"
 report
 for i in 1 2 3; do
-  bc new$i BT_X=1 -- --batch 1,2 --ctx 512,2048 --prefill 0
-  bcb old$i --batch 1,2 --ctx 512,2048 --prefill 0
-  bc new64$i BT_X=1 -- --batch 64 --ctx 2048 --prefill 0
-  bcb old64$i --batch 64 --ctx 2048 --prefill 0
+  bc on$i BT_ATTN_NEWROW=1 -- --batch 1,2 --ctx 512,2048,8192 --prefill 0
+  bc off$i BT_ATTN_NEWROW=0 -- --batch 1,2 --ctx 512,2048,8192 --prefill 0
+  bc on64$i BT_ATTN_NEWROW=1 -- --batch 64 --ctx 2048 --prefill 0
+  bc off64$i BT_ATTN_NEWROW=0 -- --batch 64 --ctx 2048 --prefill 0
   report
 done
 cat "$table"

@@ -383,7 +383,8 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * an early tile (fill_new): steps of <= TC_NEWROW_MAX_TOK tokens with the
  * fused RoPE and splits of <= 2 tiles, where that split is the
  * attention's last block; elsewhere the kernel without it (round 17: the
- * hole in every step's copy path cost batch 64 0.08 ms). */
+ * hole in every step's copy path cost batch 64 0.08 ms).  BT_ATTN_NEWROW=1
+ * turns it on (off by default until measured on the device). */
 #define TC_NEWROW_MAX_TOK 2
 template <int HD, bool NEWROW>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
@@ -421,7 +422,12 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, int split_len, float *ws,
                                 cudaStream_t stream)
 {
-    const bool nr = a->d_qkv != NULL && n <= TC_NEWROW_MAX_TOK &&
+    /* BT_ATTN_NEWROW=1: on.  Off by default until its first device run
+     * (round 17 measured the path in every step's kernel: test_attn
+     * PASS, batch 1 -0.02 to -0.04 ms; this instance is not run yet) */
+    const char *env = getenv("BT_ATTN_NEWROW");
+    const bool nr = env && strcmp(env, "1") == 0 && a->d_qkv != NULL &&
+                    n <= TC_NEWROW_MAX_TOK &&
                     split_len <= (TC_STAGES - 1) * TC_TK;
     cudaError_t err =
         a->head_dim == 64
