@@ -80,6 +80,11 @@
  * the previous build in two others (there RoPE already ran under the
  * attention's start with PDL, and 512 blocks each rotate their heads). */
 #define CUDA_ROPE_FUSE_MAX_TOK 16
+/* b->gemv_dyn bits, and each layer's ticket pairs in r->d_tickets */
+#define CUDA_DYN_QKV 1
+#define CUDA_DYN_O 2
+#define CUDA_DYN_DOWN 4
+static int cuda_gemv_dyn_parse(const char *env);
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
@@ -191,6 +196,8 @@ typedef struct {
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
 
     float *d_x;               /* (max_tok, dim) residual stream */
+    int *d_tickets;           /* (layers, 3, 2) the rows-from-tickets
+                                 GEMVs' counters (b->gemv_dyn), or NULL */
     void *d_xn;               /* (max_tok, dim) normed */
     void *d_qkv;              /* (max_tok, qkv_dim) */
     void *d_q;                /* (max_tok, q_dim) rotated q */
@@ -251,6 +258,10 @@ struct cuda_backend_s {
      * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
      * projection). */
     int fuse_norm_max;
+    /* 1-2 token steps: which rows GEMVs take their rows from a ticket
+     * counter (cuda_gemv_dyn): bit 0 qkv, 1 o, 2 down (BT_GEMV_DYN, a
+     * list of qkv / o / down, or 1 = qkv; opt-in, not yet measured) */
+    int gemv_dyn;
     bool stream_k;            /* BT_ATTN_SK=1: the opt-in stream-K decode
                                  attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
@@ -738,6 +749,13 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     } while (0)
     CUDA_ACT(r->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
     CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
+    if (b->gemv_dyn) {
+        const size_t tb = (size_t)b->mc.n_layers * 3 * 2 * sizeof(int);
+        CUDA_ACT(r->d_tickets, tb, "gemv_tickets");
+        status = BT_CUDA_STATUS(cudaMemset(r->d_tickets, 0, tb));
+        if (status != BT_OK)
+            return status;
+    }
     CUDA_ACT(r->d_qkv, (size_t)b->max_tok * b->qkv_dim * es, "act_qkv");
     CUDA_ACT(r->d_q, (size_t)b->max_tok * b->q_dim * es, "act_q");
     CUDA_ACT(r->d_att, (size_t)b->max_tok * b->q_dim * es, "act_att");
@@ -1105,6 +1123,7 @@ static bt_status_t cuda_create(const model_t *model,
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
+    b->gemv_dyn = cuda_gemv_dyn_parse(getenv("BT_GEMV_DYN"));
     env = getenv("BT_ATTN_SK");
     b->stream_k = env != NULL && atoi(env) == 1;
     env = getenv("BT_PDL_SMALL");
@@ -1216,6 +1235,7 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_mask);
     cuda__dev_free((void **)&r->d_x);
     cuda__dev_free(&r->d_xn);
+    cuda__dev_free((void **)&r->d_tickets);
     cuda__dev_free(&r->d_qkv);
     cuda__dev_free(&r->d_q);
     cuda__dev_free(&r->d_att);
@@ -1389,23 +1409,45 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
-/* Enqueues the whole forward described by `p` on the rank's stream
- * (graph capture records exactly this).  With p->h_logits set (no graph)
- * the logits rows are copied to the host chunk by chunk as they are
- * made. */
+/* BT_GEMV_DYN: "1" = qkv, or a comma list of qkv, o, down -> bits. */
+static int cuda_gemv_dyn_parse(const char *env)
+{
+    int bits = 0;
+
+    if (env == NULL)
+        return 0;
+    if (strcmp(env, "1") == 0)
+        return CUDA_DYN_QKV;
+    while (*env) {
+        size_t n = strcspn(env, ",");
+        if (n == 3 && strncmp(env, "qkv", 3) == 0)
+            bits |= CUDA_DYN_QKV;
+        else if (n == 1 && env[0] == 'o')
+            bits |= CUDA_DYN_O;
+        else if (n == 4 && strncmp(env, "down", 4) == 0)
+            bits |= CUDA_DYN_DOWN;
+        env += n + (env[n] == ',');
+    }
+    return bits;
+}
+
 /* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
  * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
  * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
 static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
                                           bool fuse_norm, const void *d_g,
                                           const void *d_w, int n_out,
-                                          void *d_out)
+                                          void *d_out, int *d_ticket)
 {
     const cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
     const bool norm = !(b->skip & CUDA_SKIP_NORM);
     bt_status_t status;
 
+    if (fuse_norm && norm && d_ticket && cuda_gemv_dyn_ok(nt, mc->dim))
+        return cuda_gemv_norm_dyn(nt, n_out, mc->dim, r->d_x, d_g,
+                                  mc->rms_eps, d_w, d_out, b->dt, d_ticket,
+                                  r->stream);
     if (fuse_norm && norm)
         return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
                               d_w, d_out, b->dt, r->stream);
@@ -1426,13 +1468,18 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
  * all-reduce still runs. */
 static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
                                               const void *d_in, int n_in,
-                                              const void *d_w, bool skip)
+                                              const void *d_w, bool skip,
+                                              int *d_ticket)
 {
     const cuda_backend_t *b = r->b;
     const int dim = b->mc.dim;
     bt_status_t status = BT_OK;
 
-    if (!skip)
+    if (!skip && d_ticket && b->dt == CUDA_DT_BF16 &&
+        cuda_gemv_dyn_ok(nt, n_in))
+        status = cuda_gemv_dyn(nt, dim, n_in, d_in, d_w, r->d_x, CUDA_DT_F32,
+                               r->rank == 0, d_ticket, r->stream);
+    else if (!skip)
         status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
                              r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
     if (status == BT_OK && b->tp > 1)
@@ -1440,6 +1487,10 @@ static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
     return status;
 }
 
+/* Enqueues the whole forward described by `p` on the rank's stream
+ * (graph capture records exactly this).  With p->h_logits set (no graph)
+ * the logits rows are copied to the host chunk by chunk as they are
+ * made. */
 static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                         const cuda_plan_t *p)
 {
@@ -1516,6 +1567,12 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                        CUDA_SKIP_NORM)) &&
                           cuda_gemv_norm_glu_ok(nt, mc->dim);
 
+    /* The ticket pair of layer l's projection `bit` when that GEMV takes
+     * its rows from tickets (b->gemv_dyn, 1-2 token steps), else NULL. */
+#define dyn_ticket(l, bit)                                                  \
+    (r->d_tickets && (b->gemv_dyn & (bit)) && nt <= 2                       \
+         ? r->d_tickets + ((size_t)(l) * 3 + ((bit) >> 1)) * 2              \
+         : NULL)
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &r->layers[l];
         void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
@@ -1525,7 +1582,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                      ? BT_OK
                      : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                               w->d_attn_norm, w->d_wqkv,
-                                              b->qkv_dim, r->d_qkv);
+                                              b->qkv_dim, r->d_qkv,
+                                              dyn_ticket(l, CUDA_DYN_QKV));
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -1559,8 +1617,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                 return status;
         }
         status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
-                                            w->d_wo,
-                                            b->skip & CUDA_SKIP_O);
+                                            w->d_wo, b->skip & CUDA_SKIP_O,
+                                            dyn_ticket(l, CUDA_DYN_O));
         if (status != BT_OK)
             return status;
         if (fuse_glu) {
@@ -1572,7 +1630,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                          ? BT_OK
                          : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                                   w->d_ffn_norm, w->d_wgu,
-                                                  2 * b->hid, r->d_gu);
+                                                  2 * b->hid, r->d_gu, NULL);
             if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU))
                 status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
                                      r->stream);
@@ -1581,7 +1639,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             return status;
         status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
                                             w->d_wdown,
-                                            b->skip & CUDA_SKIP_DOWN);
+                                            b->skip & CUDA_SKIP_DOWN,
+                                            dyn_ticket(l, CUDA_DYN_DOWN));
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done && r->rank == 0) {
@@ -1597,6 +1656,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
     }
 
+#undef dyn_ticket
     for (int r0 = 0; r0 < p->n_rows; r0 += b->row_cap) {
         int n = BT_MIN(b->row_cap, p->n_rows - r0);
 

@@ -372,6 +372,118 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     KPROF(kslot, 4);
 }
 
+/* Rows handed out at run time (cuda_gemv_dyn / cuda_gemv_norm_dyn): a
+ * grid of at most one wave, each warp's first row fixed by its index
+ * (its first chunks load before the PDL wait, as in gemv_kernel), every
+ * further row taken from a ticket counter (ticket[0]: rows handed out
+ * past the first n_warps) while the warp streams its current row, so the
+ * next row's first loads follow the current row's last without a gap.
+ * An SM that got its blocks late (they take the slots the previous
+ * kernel frees) simply takes fewer rows: the matrix ends at about the
+ * same time everywhere (round 17's profile: the one-wave qkv GEMV's
+ * blocks ended 9 us apart).  Each row is summed by one warp in the same
+ * lane order as the rows kernel: the same bits whichever warp takes it.
+ * The last warp to finish (ticket[1] counts them) zeroes both counters
+ * for the next launch, so graph replays need no memset.
+ * n_in / 8 % (32 U) == 0 (a step of 32 U chunks never straddles rows). */
+template <int T, typename OUT, int U, bool NORM>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, T <= 2 ? 4 : 2)
+gemv_dyn_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
+                const bf16_t *g, float eps, const bf16_t *w, OUT *y,
+                bool accumulate, int trig, int *ticket, bool norm_keep)
+{
+    extern __shared__ __align__(16) unsigned char gemv_sm[];
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31;
+    const int n_warps = gridDim.x * GEMV_WARPS;
+    const int n_ch = n_in / 8;
+    int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    auto wrow = [&](int r) {
+        return reinterpret_cast<const uint4 *>(w + (size_t)r * n_in);
+    };
+    const uint4 *wr = wrow(row < n_out ? row : 0);
+    float acc[T];
+    uint4 cur[U];
+
+    if (trig == GEMV_TRIG_EARLY)
+        kern_pdl_trigger();
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = lane + 32 * u;
+        cur[u] = row < n_out && c < n_ch ? __ldcs(wr + c)
+                                         : make_uint4(0, 0, 0, 0);
+    }
+    uint4 gpre[GEMV_NORM_GPRE];
+    if (NORM)
+        gemv_norm_gpre(n_in, g, gpre);
+    kern_pdl_wait();
+    if (trig == GEMV_TRIG_AFTER_WAIT)
+        kern_pdl_trigger();
+    if (NORM) {
+        bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
+        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
+        x = xs;
+    }
+    /* lane 0 holds the ticket of the row after this one */
+    int next_l = row < n_out && lane == 0 ? atomicAdd(ticket, 1) + n_warps
+                                          : n_out;
+    while (row < n_out) {
+        int next = -1;
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            acc[t] = 0.0f;
+        for (int c0 = lane; c0 < n_ch; c0 += 32 * U) {
+            uint4 nxt[U];
+            const int c1 = c0 + 32 * U;
+            if (c1 - lane < n_ch) {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    nxt[u] = __ldcs(wr + c1 + 32 * u);
+            } else { /* the next row's first chunks (uniform branch) */
+                next = __shfl_sync(0xffffffffu, next_l, 0);
+                const uint4 *wn = wrow(next < n_out ? next : 0);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    nxt[u] = next < n_out ? __ldcs(wn + lane + 32 * u)
+                                          : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                gemv_chunk<T, NORM>(cur[u], x, n_in, c0 + 32 * u, acc);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                cur[u] = nxt[u];
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            acc[t] = kern_warp_sum(acc[t]);
+        if (lane < T) {
+            float v = 0.0f;
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (t == lane)
+                    v = acc[t];
+            OUT *dst = y + (size_t)lane * n_out + row;
+            if (accumulate)
+                v += kern_to_f(*dst);
+            *dst = kern_from_f<OUT>(v);
+        }
+        row = next;
+        wr = wrow(row < n_out ? row : 0);
+        if (row < n_out && lane == 0)
+            next_l = atomicAdd(ticket, 1) + n_warps;
+    }
+    if (trig == GEMV_TRIG_LATE)
+        kern_pdl_trigger();
+    if (lane == 0) {
+        __threadfence(); /* this warp's tickets before its done count */
+        if (atomicAdd(ticket + 1, 1) == n_warps - 1) {
+            ticket[0] = 0;
+            ticket[1] = 0;
+        }
+    }
+}
+
 /* Streaming GEMV for n_in % 256 == 0: a fixed grid of two 8-warp blocks
  * per multiprocessor (all resident at once: no tail wave).  With W warps,
  * warp w takes rows w, w + W, w + 2W, ... (W chosen so every warp has the
@@ -1470,6 +1582,63 @@ bool cuda_gemv_norm_ok(int n_tok, int n_in)
     if (m == GEMV_NORM_ROWS)
         return n_in % 8 == 0;
     return n_in % 256 == 0;
+}
+
+/* One wave of gemv_dyn_kernel (see there). */
+template <typename OUT, bool NORM>
+static void gemv_dyn_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
+                            const float *xf, const bf16_t *g, float eps,
+                            const bf16_t *w, OUT *y, bool acc, int *ticket,
+                            cudaStream_t st)
+{
+    const int per_sm = n_tok <= 2 ? 4 : 2;
+    const int blocks = (int)BT_MIN((long)BT_DIV_UP(n_out, GEMV_WARPS),
+                                   (long)gemv_n_sm() * per_sm);
+    const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
+    const char *keep_env = NORM ? getenv("BT_GEMV_NORM_REG") : NULL;
+    const bool keep = !(keep_env && strcmp(keep_env, "0") == 0);
+    const int trig = gemv_trigger();
+
+#define GEMV_DYN_K(T)                                                       \
+    kern_launch(gemv_dyn_kernel<T, OUT, GEMV_UNROLL, NORM && T <= 2>,       \
+                blocks, GEMV_WARPS * 32, smem, st, n_out, n_in, x, xf, g,   \
+                eps, w, y, acc, trig, ticket, keep)
+    switch (n_tok) {
+    case 1: GEMV_DYN_K(1); break;
+    default: GEMV_DYN_K(2); break;
+    }
+#undef GEMV_DYN_K
+}
+
+bool cuda_gemv_dyn_ok(int n_tok, int n_in)
+{
+    return n_tok >= 1 && n_tok <= 2 && n_in % 8 == 0 &&
+           (n_in / 8) % (32 * GEMV_UNROLL) == 0;
+}
+
+bt_status_t cuda_gemv_dyn(int n_tok, int n_out, int n_in, const void *d_x,
+                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
+                          bool accumulate, int *d_ticket, cudaStream_t stream)
+{
+    BT_ASSERT(cuda_gemv_dyn_ok(n_tok, n_in));
+    KERN_DISPATCH_DT(out_dt, OUT, (gemv_dyn_launch<OUT, false>(
+        n_tok, n_out, n_in, (const bf16_t *)d_x, NULL, NULL, 0.0f,
+        (const bf16_t *)d_w, (OUT *)d_y, accumulate, d_ticket, stream)));
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+bt_status_t cuda_gemv_norm_dyn(int n_tok, int n_out, int n_in,
+                               const float *d_x, const void *d_g, float eps,
+                               const void *d_w, void *d_y,
+                               cuda_dtype_t out_dt, int *d_ticket,
+                               cudaStream_t stream)
+{
+    BT_ASSERT(cuda_gemv_dyn_ok(n_tok, n_in) &&
+              (size_t)n_tok * n_in * sizeof(bf16_t) <= 48 * 1024);
+    KERN_DISPATCH_DT(out_dt, OUT, (gemv_dyn_launch<OUT, true>(
+        n_tok, n_out, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
+        (const bf16_t *)d_w, (OUT *)d_y, false, d_ticket, stream)));
+    return BT_CUDA_LAUNCH_STATUS();
 }
 
 bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
