@@ -56,6 +56,30 @@ static __device__ __forceinline__ void gemv_chunk(const uint4 &wv,
     }
 }
 
+/* Warp-sums the T row sums acc and writes row `row` of y (lane t holds
+ * token t's; accumulate: adds to what y holds). */
+template <int T, typename OUT>
+static __device__ __forceinline__ void gemv_put_row(float (&acc)[T], OUT *y,
+                                                    int n_out, int row,
+                                                    int lane,
+                                                    bool accumulate)
+{
+#pragma unroll
+    for (int t = 0; t < T; t++)
+        acc[t] = kern_warp_sum(acc[t]);
+    if (lane < T) {
+        float v = 0.0f;
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            if (t == lane)
+                v = acc[t];
+        OUT *dst = y + (size_t)lane * n_out + row;
+        if (accumulate)
+            v += kern_to_f(*dst);
+        *dst = kern_from_f<OUT>(v);
+    }
+}
+
 /* Issues an L2 prefetch of `bytes` (a multiple of 16) at p (16-byte
  * aligned) through the bulk-copy engine: no registers, no completion to
  * wait for; the lines land in L2 while the issuing warp does other work.
@@ -454,20 +478,7 @@ gemv_dyn_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
             for (int u = 0; u < U; u++)
                 cur[u] = nxt[u];
         }
-#pragma unroll
-        for (int t = 0; t < T; t++)
-            acc[t] = kern_warp_sum(acc[t]);
-        if (lane < T) {
-            float v = 0.0f;
-#pragma unroll
-            for (int t = 0; t < T; t++)
-                if (t == lane)
-                    v = acc[t];
-            OUT *dst = y + (size_t)lane * n_out + row;
-            if (accumulate)
-                v += kern_to_f(*dst);
-            *dst = kern_from_f<OUT>(v);
-        }
+        gemv_put_row<T, OUT>(acc, y, n_out, row, lane, accumulate);
         row = next;
         wr = wrow(row < n_out ? row : 0);
         if (row < n_out && lane == 0)
@@ -569,20 +580,8 @@ gemv_stream_kernel(int n_out, int n_in, int n_warps, const bf16_t *x,
             if (i0 + u < n_lines) { /* warp-uniform */
                 gemv_chunk<T, NORM>(cur[u], x, n_in, cc * 32 + lane, acc);
                 if (++cc == lpr) {
-#pragma unroll
-                    for (int t = 0; t < T; t++)
-                        acc[t] = kern_warp_sum(acc[t]);
-                    if (lane < T) {
-                        float r = 0.0f;
-#pragma unroll
-                        for (int t = 0; t < T; t++)
-                            if (t == lane)
-                                r = acc[t];
-                        OUT *dst = y + (size_t)lane * n_out + crow;
-                        if (accumulate)
-                            r += kern_to_f(*dst);
-                        *dst = kern_from_f<OUT>(r);
-                    }
+                    gemv_put_row<T, OUT>(acc, y, n_out, crow, lane,
+                                         accumulate);
 #pragma unroll
                     for (int t = 0; t < T; t++)
                         acc[t] = 0.0f;
