@@ -199,6 +199,33 @@ static __device__ __forceinline__ void gemv_norm_stage(
     __syncthreads();
 }
 
+/* The PDL wait and what the rows kernels do right after it: the trigger
+ * (GEMV_TRIG_AFTER_WAIT) and, NORM, the RMSNorm staged into shared
+ * memory (its weights' first chunks loaded before the wait).  Returns
+ * the x to multiply (x itself, or the staged norm).  kslot: the KPROF
+ * slot (< 0: none). */
+template <int T, bool NORM>
+static __device__ __forceinline__ const bf16_t *
+gemv_wait_stage(const bf16_t *x, const float *xf, const bf16_t *g,
+                float eps, int n_in, int trig, float *red, unsigned char *sm,
+                bool norm_keep, int kslot)
+{
+    uint4 gpre[GEMV_NORM_GPRE];
+    if (NORM)
+        gemv_norm_gpre(n_in, g, gpre);
+    kern_pdl_wait();
+    if (kslot >= 0)
+        KPROF(kslot, 1);
+    if (trig == GEMV_TRIG_AFTER_WAIT)
+        kern_pdl_trigger();
+    if (NORM) {
+        bf16_t *xs = reinterpret_cast<bf16_t *>(sm);
+        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
+        return xs;
+    }
+    return x;
+}
+
 /* Software-pipelined: the next U chunks of the row are loaded
  * while the current ones are multiplied, so each lane keeps up to 2 x U x
  * 16 bytes in flight.  Everything before kern_pdl_wait() touches weights
@@ -289,18 +316,8 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         int c = lane + 32 * u;
         cur[u] = c < n_tot ? __ldcs(wp(c)) : make_uint4(0, 0, 0, 0);
     }
-    uint4 gpre[GEMV_NORM_GPRE];
-    if (NORM)
-        gemv_norm_gpre(n_in, g, gpre);
-    kern_pdl_wait();
-    KPROF(kslot, 1);
-    if (trig == GEMV_TRIG_AFTER_WAIT)
-        kern_pdl_trigger();
-    if (NORM) {
-        bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
-        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
-        x = xs;
-    }
+    x = gemv_wait_stage<T, NORM>(x, xf, g, eps, n_in, trig, red, gemv_sm,
+                                 norm_keep, kslot);
     KPROF(kslot, 2);
     if (nrows == 0 && GLU != GEMV_GLU_PAIR)
         return; /* (PAIR: every warp meets the others at the end) */
@@ -437,17 +454,8 @@ gemv_dyn_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         cur[u] = row < n_out && c < n_ch ? __ldcs(wr + c)
                                          : make_uint4(0, 0, 0, 0);
     }
-    uint4 gpre[GEMV_NORM_GPRE];
-    if (NORM)
-        gemv_norm_gpre(n_in, g, gpre);
-    kern_pdl_wait();
-    if (trig == GEMV_TRIG_AFTER_WAIT)
-        kern_pdl_trigger();
-    if (NORM) {
-        bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
-        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
-        x = xs;
-    }
+    x = gemv_wait_stage<T, NORM>(x, xf, g, eps, n_in, trig, red, gemv_sm,
+                                 norm_keep, -1);
     /* lane 0 holds the ticket of the row after this one */
     int next_l = row < n_out && lane == 0 ? atomicAdd(ticket, 1) + n_warps
                                           : n_out;
