@@ -53,9 +53,9 @@ static double median(double *v, int n)
 
 #ifdef BT_KPROF
 /* kernels/kern_common.cuh's phase profile (a -DBT_KPROF=1 build) */
-void cuda_kprof_dump_gemv(unsigned long long since, FILE *f);
-void cuda_kprof_dump_attn_tc(unsigned long long since, FILE *f);
-void cuda_kprof_dump_combine(unsigned long long since, FILE *f);
+void cuda_kprof_dump_gemv(FILE *f);
+void cuda_kprof_dump_attn_tc(FILE *f);
+void cuda_kprof_dump_combine(FILE *f);
 #endif
 
 int main(int argc, char **argv)
@@ -276,9 +276,9 @@ int main(int argc, char **argv)
 #ifdef BT_KPROF
             /* the per-block phases of the last step's last layer */
             printf("KPROF batch %d ctx %d\n", B, C);
-            cuda_kprof_dump_gemv(0, stdout);
-            cuda_kprof_dump_attn_tc(0, stdout);
-            cuda_kprof_dump_combine(0, stdout);
+            cuda_kprof_dump_gemv(stdout);
+            cuda_kprof_dump_attn_tc(stdout);
+            cuda_kprof_dump_combine(stdout);
 #endif
             free(seqs); free(tables); free(toks); free(dev); free(host);
         }

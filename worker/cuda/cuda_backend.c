@@ -80,11 +80,12 @@
  * the previous build in two others (there RoPE already ran under the
  * attention's start with PDL, and 512 blocks each rotate their heads). */
 #define CUDA_ROPE_FUSE_MAX_TOK 16
-/* b->gemv_dyn bits, and each layer's ticket pairs in r->d_tickets */
-#define CUDA_DYN_QKV 1
-#define CUDA_DYN_O 2
-#define CUDA_DYN_DOWN 4
-static int cuda_gemv_dyn_parse(const char *env);
+/* The rows-from-tickets GEMVs (b->gemv_dyn bit 1 << slot): each layer's
+ * ticket pairs in r->d_tickets, CUDA_DYN_SLOTS of them a layer. */
+#define CUDA_DYN_QKV 0
+#define CUDA_DYN_O 1
+#define CUDA_DYN_DOWN 2
+#define CUDA_DYN_SLOTS 3
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
@@ -196,7 +197,7 @@ typedef struct {
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
 
     float *d_x;               /* (max_tok, dim) residual stream */
-    int *d_tickets;           /* (layers, 3, 2) the rows-from-tickets
+    int *d_tickets;           /* (layers, CUDA_DYN_SLOTS, 2) the ticket
                                  GEMVs' counters (b->gemv_dyn), or NULL */
     void *d_xn;               /* (max_tok, dim) normed */
     void *d_qkv;              /* (max_tok, qkv_dim) */
@@ -750,7 +751,8 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     CUDA_ACT(r->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
     CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
     if (b->gemv_dyn) {
-        const size_t tb = (size_t)b->mc.n_layers * 3 * 2 * sizeof(int);
+        const size_t tb =
+            (size_t)b->mc.n_layers * CUDA_DYN_SLOTS * 2 * sizeof(int);
         CUDA_ACT(r->d_tickets, tb, "gemv_tickets");
         status = BT_CUDA_STATUS(cudaMemset(r->d_tickets, 0, tb));
         if (status != BT_OK)
@@ -1020,6 +1022,29 @@ static bt_status_t cuda_tp_setup(cuda_backend_t *b)
                 b->ar_custom_ok ? "on" : "off", b->ar_custom_max >> 10,
                 b->nccl ? "loaded" : "not loaded");
     return BT_OK;
+}
+
+/* BT_GEMV_DYN: "1" = qkv, or a comma list of qkv, o, down -> the bits
+ * 1 << CUDA_DYN_*. */
+static int cuda_gemv_dyn_parse(const char *env)
+{
+    int bits = 0;
+
+    if (env == NULL)
+        return 0;
+    if (strcmp(env, "1") == 0)
+        return 1 << CUDA_DYN_QKV;
+    while (*env) {
+        size_t n = strcspn(env, ",");
+        if (n == 3 && strncmp(env, "qkv", 3) == 0)
+            bits |= 1 << CUDA_DYN_QKV;
+        else if (n == 1 && env[0] == 'o')
+            bits |= 1 << CUDA_DYN_O;
+        else if (n == 4 && strncmp(env, "down", 4) == 0)
+            bits |= 1 << CUDA_DYN_DOWN;
+        env += n + (env[n] == ',');
+    }
+    return bits;
 }
 
 /* BT_PROFILE_SKIP=op,op,...: the per-layer ops a timing experiment
@@ -1409,26 +1434,14 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
-/* BT_GEMV_DYN: "1" = qkv, or a comma list of qkv, o, down -> bits. */
-static int cuda_gemv_dyn_parse(const char *env)
+/* Layer l's ticket pair for projection `slot` when that GEMV takes its
+ * rows from tickets (b->gemv_dyn), else NULL (the callers check the
+ * step's shape with cuda_gemv_dyn_ok). */
+static int *cuda_dyn_ticket(const cuda_rank_t *r, int l, int slot)
 {
-    int bits = 0;
-
-    if (env == NULL)
-        return 0;
-    if (strcmp(env, "1") == 0)
-        return CUDA_DYN_QKV;
-    while (*env) {
-        size_t n = strcspn(env, ",");
-        if (n == 3 && strncmp(env, "qkv", 3) == 0)
-            bits |= CUDA_DYN_QKV;
-        else if (n == 1 && env[0] == 'o')
-            bits |= CUDA_DYN_O;
-        else if (n == 4 && strncmp(env, "down", 4) == 0)
-            bits |= CUDA_DYN_DOWN;
-        env += n + (env[n] == ',');
-    }
-    return bits;
+    if (r->d_tickets == NULL || !(r->b->gemv_dyn & (1 << slot)))
+        return NULL;
+    return r->d_tickets + ((size_t)l * CUDA_DYN_SLOTS + slot) * 2;
 }
 
 /* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
@@ -1567,12 +1580,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                        CUDA_SKIP_NORM)) &&
                           cuda_gemv_norm_glu_ok(nt, mc->dim);
 
-    /* The ticket pair of layer l's projection `bit` when that GEMV takes
-     * its rows from tickets (b->gemv_dyn, 1-2 token steps), else NULL. */
-#define dyn_ticket(l, bit)                                                  \
-    (r->d_tickets && (b->gemv_dyn & (bit)) && nt <= 2                       \
-         ? r->d_tickets + ((size_t)(l) * 3 + ((bit) >> 1)) * 2              \
-         : NULL)
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &r->layers[l];
         void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
@@ -1583,7 +1590,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                      : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                               w->d_attn_norm, w->d_wqkv,
                                               b->qkv_dim, r->d_qkv,
-                                              dyn_ticket(l, CUDA_DYN_QKV));
+                                              cuda_dyn_ticket(r, l,
+                                                              CUDA_DYN_QKV));
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -1618,7 +1626,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
                                             w->d_wo, b->skip & CUDA_SKIP_O,
-                                            dyn_ticket(l, CUDA_DYN_O));
+                                            cuda_dyn_ticket(r, l,
+                                                            CUDA_DYN_O));
         if (status != BT_OK)
             return status;
         if (fuse_glu) {
@@ -1640,7 +1649,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
                                             w->d_wdown,
                                             b->skip & CUDA_SKIP_DOWN,
-                                            dyn_ticket(l, CUDA_DYN_DOWN));
+                                            cuda_dyn_ticket(r, l,
+                                                            CUDA_DYN_DOWN));
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done && r->rank == 0) {
@@ -1656,7 +1666,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
     }
 
-#undef dyn_ticket
     for (int r0 = 0; r0 < p->n_rows; r0 += b->row_cap) {
         int n = BT_MIN(b->row_cap, p->n_rows - r0);
 

@@ -638,8 +638,8 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
 }
 
 #ifdef BT_KPROF
-extern "C" void cuda_kprof_dump_combine(unsigned long long since, FILE *f)
+extern "C" void cuda_kprof_dump_combine(FILE *f)
 {
-    kprof_dump("combine", since, f);
+    kprof_dump("combine", f);
 }
 #endif

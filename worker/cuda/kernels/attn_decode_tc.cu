@@ -446,8 +446,8 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
 }
 
 #ifdef BT_KPROF
-extern "C" void cuda_kprof_dump_attn_tc(unsigned long long since, FILE *f)
+extern "C" void cuda_kprof_dump_attn_tc(FILE *f)
 {
-    kprof_dump("attn", since, f);
+    kprof_dump("attn", f);
 }
 #endif

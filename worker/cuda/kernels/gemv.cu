@@ -1312,6 +1312,20 @@ static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
     return f1 < 0.6 && f2 > f1 + 0.1 ? 2 : 1;
 }
 
+/* Blocks an SM of the rows kernels (their __launch_bounds__). */
+static int gemv_rows_per_sm(int n_tok, int U)
+{
+    return U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
+}
+
+/* BT_GEMV_NORM_REG=0: the norm stage loads x twice (gemv_norm_stage). */
+static bool gemv_norm_keep(void)
+{
+    const char *env = getenv("BT_GEMV_NORM_REG");
+
+    return !(env && strcmp(env, "0") == 0);
+}
+
 /* GLU: n_out is the number of (gate, up) row pairs (see gemv_kernel). */
 template <typename OUT, int U, bool NORM, int GLU = GEMV_GLU_OFF>
 static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
@@ -1320,8 +1334,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              cudaStream_t st)
 {
     const int th = GEMV_WARPS * 32;
-    const int per_sm = U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
-    const int wave = gemv_n_sm() * per_sm;
+    const int wave = gemv_n_sm() * gemv_rows_per_sm(n_tok, U);
     const int rpw = GLU ? 1 : gemv_rows_per_warp(n_out, n_in, U, wave);
     const int blocks = (int)BT_DIV_UP(
         n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2 : GEMV_WARPS * rpw);
@@ -1330,8 +1343,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
-    const char *keep_env = NORM ? getenv("BT_GEMV_NORM_REG") : NULL;
-    const bool norm_keep = !(keep_env && strcmp(keep_env, "0") == 0);
+    const bool norm_keep = !NORM || gemv_norm_keep();
     int pf_bytes = 0, pf_blocks = 0;
 
     if (mode == 2) {
@@ -1598,12 +1610,11 @@ static void gemv_dyn_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                             const bf16_t *w, OUT *y, bool acc, int *ticket,
                             cudaStream_t st)
 {
-    const int per_sm = n_tok <= 2 ? 4 : 2;
-    const int blocks = (int)BT_MIN((long)BT_DIV_UP(n_out, GEMV_WARPS),
-                                   (long)gemv_n_sm() * per_sm);
+    const int blocks = (int)BT_MIN(
+        (long)BT_DIV_UP(n_out, GEMV_WARPS),
+        (long)gemv_n_sm() * gemv_rows_per_sm(n_tok, GEMV_UNROLL));
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
-    const char *keep_env = NORM ? getenv("BT_GEMV_NORM_REG") : NULL;
-    const bool keep = !(keep_env && strcmp(keep_env, "0") == 0);
+    const bool keep = !NORM || gemv_norm_keep();
     const int trig = gemv_trigger();
 
 #define GEMV_DYN_K(T)                                                       \
@@ -1833,8 +1844,8 @@ bt_status_t cuda_gemv_rel_err(const void *d_y, const void *d_ref, size_t n,
 }
 
 #ifdef BT_KPROF
-extern "C" void cuda_kprof_dump_gemv(unsigned long long since, FILE *f)
+extern "C" void cuda_kprof_dump_gemv(FILE *f)
 {
-    kprof_dump("gemv", since, f);
+    kprof_dump("gemv", f);
 }
 #endif

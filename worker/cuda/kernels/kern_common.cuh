@@ -131,6 +131,7 @@ static __device__ __forceinline__ void kern_pdl_trigger(void)
  * built on kprof_dump().  tests/gpu/bench_cuda prints them. */
 #ifdef BT_KPROF
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #define KPROF_SLOTS 6
 #define KPROF_BLOCKS 4096
@@ -148,11 +149,15 @@ static __device__ __forceinline__ void kprof_mark(int slot, int m)
     }
 }
 #define KPROF(slot, m) kprof_mark((slot), (m))
+static inline int kprof_cmp(const void *a, const void *b)
+{
+    const unsigned long long x = *(const unsigned long long *)a;
+    const unsigned long long y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
 /* Prints "KPROF name slot mark n min p10 p50 p90 max" (ns) for every
- * slot and mark with a stamp newer than `since`, then clears the
- * buffer. */
-static inline void kprof_dump(const char *name, unsigned long long since,
-                              FILE *f)
+ * slot and mark stamped since the last dump, then clears the buffer. */
+static inline void kprof_dump(const char *name, FILE *f)
 {
     static unsigned long long h[KPROF_SLOTS][KPROF_BLOCKS][KPROF_MARKS];
     static unsigned long long v[KPROF_BLOCKS];
@@ -162,16 +167,11 @@ static inline void kprof_dump(const char *name, unsigned long long since,
         for (int m = 0; m < KPROF_MARKS; m++) {
             int n = 0;
             for (int b = 0; b < KPROF_BLOCKS; b++)
-                if (h[s][b][m] > since)
+                if (h[s][b][m] != 0)
                     v[n++] = h[s][b][m];
             if (n == 0)
                 continue;
-            for (int i = 1; i < n; i++) /* insertion sort */
-                for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-                    unsigned long long t = v[j];
-                    v[j] = v[j - 1];
-                    v[j - 1] = t;
-                }
+            qsort(v, (size_t)n, sizeof(v[0]), kprof_cmp);
             fprintf(f, "KPROF %s %d %d %d %llu %llu %llu %llu %llu\n", name,
                     s, m, n, v[0], v[n / 10], v[n / 2], v[n * 9 / 10],
                     v[n - 1]);
