@@ -80,12 +80,6 @@
  * the previous build in two others (there RoPE already ran under the
  * attention's start with PDL, and 512 blocks each rotate their heads). */
 #define CUDA_ROPE_FUSE_MAX_TOK 16
-/* The rows-from-tickets GEMVs (b->gemv_dyn bit 1 << slot): each layer's
- * ticket pairs in r->d_tickets, CUDA_DYN_SLOTS of them a layer. */
-#define CUDA_DYN_QKV 0
-#define CUDA_DYN_O 1
-#define CUDA_DYN_DOWN 2
-#define CUDA_DYN_SLOTS 3
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
@@ -197,8 +191,6 @@ typedef struct {
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
 
     float *d_x;               /* (max_tok, dim) residual stream */
-    int *d_tickets;           /* (layers, CUDA_DYN_SLOTS, 2) the ticket
-                                 GEMVs' counters (b->gemv_dyn), or NULL */
     void *d_xn;               /* (max_tok, dim) normed */
     void *d_qkv;              /* (max_tok, qkv_dim) */
     void *d_q;                /* (max_tok, q_dim) rotated q */
@@ -259,10 +251,6 @@ struct cuda_backend_s {
      * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
      * projection). */
     int fuse_norm_max;
-    /* 1-2 token steps: which rows GEMVs take their rows from a ticket
-     * counter (cuda_gemv_dyn): bit 0 qkv, 1 o, 2 down (BT_GEMV_DYN, a
-     * list of qkv / o / down, or 1 = qkv; opt-in, not yet measured) */
-    int gemv_dyn;
     bool stream_k;            /* BT_ATTN_SK=1: the opt-in stream-K decode
                                  attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
@@ -750,14 +738,6 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     } while (0)
     CUDA_ACT(r->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
     CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
-    if (b->gemv_dyn) {
-        const size_t tb =
-            (size_t)b->mc.n_layers * CUDA_DYN_SLOTS * 2 * sizeof(int);
-        CUDA_ACT(r->d_tickets, tb, "gemv_tickets");
-        status = BT_CUDA_STATUS(cudaMemset(r->d_tickets, 0, tb));
-        if (status != BT_OK)
-            return status;
-    }
     CUDA_ACT(r->d_qkv, (size_t)b->max_tok * b->qkv_dim * es, "act_qkv");
     CUDA_ACT(r->d_q, (size_t)b->max_tok * b->q_dim * es, "act_q");
     CUDA_ACT(r->d_att, (size_t)b->max_tok * b->q_dim * es, "act_att");
@@ -1024,29 +1004,6 @@ static bt_status_t cuda_tp_setup(cuda_backend_t *b)
     return BT_OK;
 }
 
-/* BT_GEMV_DYN: "1" = qkv, or a comma list of qkv, o, down -> the bits
- * 1 << CUDA_DYN_*. */
-static int cuda_gemv_dyn_parse(const char *env)
-{
-    int bits = 0;
-
-    if (env == NULL)
-        return 0;
-    if (strcmp(env, "1") == 0)
-        return 1 << CUDA_DYN_QKV;
-    while (*env) {
-        size_t n = strcspn(env, ",");
-        if (n == 3 && strncmp(env, "qkv", 3) == 0)
-            bits |= 1 << CUDA_DYN_QKV;
-        else if (n == 1 && env[0] == 'o')
-            bits |= 1 << CUDA_DYN_O;
-        else if (n == 4 && strncmp(env, "down", 4) == 0)
-            bits |= 1 << CUDA_DYN_DOWN;
-        env += n + (env[n] == ',');
-    }
-    return bits;
-}
-
 /* BT_PROFILE_SKIP=op,op,...: the per-layer ops a timing experiment
  * leaves out of every forward ("time variants that leave one stage out
  * and take differences"); the outputs are then meaningless.  Ops: norm
@@ -1148,7 +1105,6 @@ static bt_status_t cuda_create(const model_t *model,
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
-    b->gemv_dyn = cuda_gemv_dyn_parse(getenv("BT_GEMV_DYN"));
     env = getenv("BT_ATTN_SK");
     b->stream_k = env != NULL && atoi(env) == 1;
     env = getenv("BT_PDL_SMALL");
@@ -1260,7 +1216,6 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_mask);
     cuda__dev_free((void **)&r->d_x);
     cuda__dev_free(&r->d_xn);
-    cuda__dev_free((void **)&r->d_tickets);
     cuda__dev_free(&r->d_qkv);
     cuda__dev_free(&r->d_q);
     cuda__dev_free(&r->d_att);
@@ -1434,33 +1389,19 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
-/* Layer l's ticket pair for projection `slot` when that GEMV takes its
- * rows from tickets (b->gemv_dyn), else NULL (the callers check the
- * step's shape with cuda_gemv_dyn_ok). */
-static int *cuda_dyn_ticket(const cuda_rank_t *r, int l, int slot)
-{
-    if (r->d_tickets == NULL || !(r->b->gemv_dyn & (1 << slot)))
-        return NULL;
-    return r->d_tickets + ((size_t)l * CUDA_DYN_SLOTS + slot) * 2;
-}
-
 /* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
  * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
  * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
 static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
                                           bool fuse_norm, const void *d_g,
                                           const void *d_w, int n_out,
-                                          void *d_out, int *d_ticket)
+                                          void *d_out)
 {
     const cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
     const bool norm = !(b->skip & CUDA_SKIP_NORM);
     bt_status_t status;
 
-    if (fuse_norm && norm && d_ticket && cuda_gemv_dyn_ok(nt, mc->dim))
-        return cuda_gemv_norm_dyn(nt, n_out, mc->dim, r->d_x, d_g,
-                                  mc->rms_eps, d_w, d_out, b->dt, d_ticket,
-                                  r->stream);
     if (fuse_norm && norm)
         return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
                               d_w, d_out, b->dt, r->stream);
@@ -1481,18 +1422,13 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
  * all-reduce still runs. */
 static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
                                               const void *d_in, int n_in,
-                                              const void *d_w, bool skip,
-                                              int *d_ticket)
+                                              const void *d_w, bool skip)
 {
     const cuda_backend_t *b = r->b;
     const int dim = b->mc.dim;
     bt_status_t status = BT_OK;
 
-    if (!skip && d_ticket && b->dt == CUDA_DT_BF16 &&
-        cuda_gemv_dyn_ok(nt, n_in))
-        status = cuda_gemv_dyn(nt, dim, n_in, d_in, d_w, r->d_x, CUDA_DT_F32,
-                               r->rank == 0, d_ticket, r->stream);
-    else if (!skip)
+    if (!skip)
         status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
                              r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
     if (status == BT_OK && b->tp > 1)
@@ -1589,9 +1525,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                      ? BT_OK
                      : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                               w->d_attn_norm, w->d_wqkv,
-                                              b->qkv_dim, r->d_qkv,
-                                              cuda_dyn_ticket(r, l,
-                                                              CUDA_DYN_QKV));
+                                              b->qkv_dim, r->d_qkv);
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -1625,9 +1559,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                 return status;
         }
         status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
-                                            w->d_wo, b->skip & CUDA_SKIP_O,
-                                            cuda_dyn_ticket(r, l,
-                                                            CUDA_DYN_O));
+                                            w->d_wo, b->skip & CUDA_SKIP_O);
         if (status != BT_OK)
             return status;
         if (fuse_glu) {
@@ -1639,7 +1571,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                          ? BT_OK
                          : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                                   w->d_ffn_norm, w->d_wgu,
-                                                  2 * b->hid, r->d_gu, NULL);
+                                                  2 * b->hid, r->d_gu);
             if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU))
                 status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
                                      r->stream);
@@ -1648,9 +1580,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
             return status;
         status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
                                             w->d_wdown,
-                                            b->skip & CUDA_SKIP_DOWN,
-                                            cuda_dyn_ticket(r, l,
-                                                            CUDA_DYN_DOWN));
+                                            b->skip & CUDA_SKIP_DOWN);
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done && r->rank == 0) {

@@ -309,6 +309,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
     KPROF(0, 3);
+    if (a.pdl_late == 2) /* BT_ATTN_TC_TRIG=product (tc_launch) */
+        kern_pdl_trigger();
     float *sm_o = reinterpret_cast<float *>(tc_sm); /* [W][16][HD] */
     float *sm_m = sm_o + TC_WARPS * TC_MAX_GROUP * HD;
     float *sm_l = sm_m + TC_WARPS * TC_MAX_GROUP;
@@ -383,8 +385,9 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * an early tile (fill_new): steps of <= TC_NEWROW_MAX_TOK tokens with the
  * fused RoPE and splits of <= 2 tiles, where that split is the
  * attention's last block; elsewhere the kernel without it (round 17: the
- * hole in every step's copy path cost batch 64 0.08 ms).  BT_ATTN_NEWROW=1
- * turns it on (off by default until measured on the device). */
+ * hole in every step's copy path cost batch 64 0.08 ms).  On by default
+ * (round 18: batch 1 -0.05 to -0.07 ms at 512 and 2k); BT_ATTN_NEWROW=0
+ * turns it off. */
 #define TC_NEWROW_MAX_TOK 2
 template <int HD, bool NEWROW>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
@@ -411,9 +414,17 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
+    /* BT_ATTN_TC_TRIG=product (A/B, late-trigger steps with a combine):
+     * trigger the combine once the block's last product is done instead
+     * of by ending, so its launch overlaps the merge and partial writes
+     * (round 17: the combine started 1.3 us after the last block). */
+    cuda_attn_args_t al = *a;
+    env = getenv("BT_ATTN_TC_TRIG");
+    if (al.pdl_late && n_splits > 1 && env && strcmp(env, "product") == 0)
+        al.pdl_late = 2;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW>,
                 dim3(a->n_kv_heads, n, n_splits),
-                dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
+                dim3(TC_WARPS * 32), bytes, stream, al, tok_idx, split_len,
                 n_splits, ws, early);
     return cudaSuccess;
 }
@@ -422,11 +433,9 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, int split_len, float *ws,
                                 cudaStream_t stream)
 {
-    /* BT_ATTN_NEWROW=1: on.  Off by default until its first device run
-     * (round 17 measured the path in every step's kernel: test_attn
-     * PASS, batch 1 -0.02 to -0.04 ms; this instance is not run yet) */
+    /* BT_ATTN_NEWROW=0: off (the A/B switch; test_attn runs both) */
     const char *env = getenv("BT_ATTN_NEWROW");
-    const bool nr = env && strcmp(env, "1") == 0 && a->d_qkv != NULL &&
+    const bool nr = !(env && strcmp(env, "0") == 0) && a->d_qkv != NULL &&
                     n <= TC_NEWROW_MAX_TOK &&
                     split_len <= (TC_STAGES - 1) * TC_TK;
     cudaError_t err =

@@ -268,14 +268,20 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     /* This warp's rows [row0, row0 + nrows): one stream of n_tot chunks
-     * (rpw > 1 only when n_ch % (32 U) == 0, so a step of 32 U chunks
-     * never straddles two rows). */
+     * (rpw != 1 only when n_ch % (32 U) == 0, so a step of 32 U chunks
+     * never straddles two rows).  rpw == 0: the rows split evenly over
+     * the grid's warps (gemv_rows_even). */
     const int pair = blockIdx.x * (GEMV_WARPS / 2) + (wib >> 1);
-    const int row0 = GLU == GEMV_GLU_PAIR
-                         ? (wib & 1 ? n_out : 0) + pair
-                         : (blockIdx.x * GEMV_WARPS + wib) * rpw;
+    const int gw = blockIdx.x * GEMV_WARPS + wib;
+    const int ev0 = (int)((long long)gw * n_out / (gridDim.x * GEMV_WARPS));
+    const int ev1 =
+        (int)((long long)(gw + 1) * n_out / (gridDim.x * GEMV_WARPS));
+    const int row0 = GLU == GEMV_GLU_PAIR ? (wib & 1 ? n_out : 0) + pair
+                     : rpw == 0           ? ev0
+                                          : gw * rpw;
     const int nrows = GLU == GEMV_GLU_PAIR   ? (pair < n_out ? 1 : 0)
                       : GLU == GEMV_GLU_WARP ? (row0 < n_out ? 2 : 0)
+                      : rpw == 0             ? ev1 - ev0
                                              : max(0, min(rpw, n_out - row0));
     const int n_ch = n_in / 8;
     const int n_tot = nrows * n_ch;
@@ -381,8 +387,8 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     for (int c0 = lane; c0 < n_tot; c0 += 32 * U) {
         uint4 nxt[U];
         const int c1 = c0 + 32 * U;
-        const int r = rpw > 1 || GLU == GEMV_GLU_WARP ? (c0 - lane) / n_ch
-                                                      : 0;
+        const int r = rpw != 1 || GLU == GEMV_GLU_WARP ? (c0 - lane) / n_ch
+                                                       : 0;
         const int cb = c0 - r * n_ch; /* chunk index within the row */
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -411,96 +417,6 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         kern_pdl_trigger();
     flush(crow);
     KPROF(kslot, 4);
-}
-
-/* Rows handed out at run time (cuda_gemv_dyn / cuda_gemv_norm_dyn): a
- * grid of at most one wave, each warp's first row fixed by its index
- * (its first chunks load before the PDL wait, as in gemv_kernel), every
- * further row taken from a ticket counter (ticket[0]: rows handed out
- * past the first n_warps) while the warp streams its current row, so the
- * next row's first loads follow the current row's last without a gap.
- * An SM that got its blocks late (they take the slots the previous
- * kernel frees) simply takes fewer rows: the matrix ends at about the
- * same time everywhere (round 17's profile: the one-wave qkv GEMV's
- * blocks ended 9 us apart).  Each row is summed by one warp in the same
- * lane order as the rows kernel: the same bits whichever warp takes it.
- * The last warp to finish (ticket[1] counts them) zeroes both counters
- * for the next launch, so graph replays need no memset.
- * n_in / 8 % (32 U) == 0 (a step of 32 U chunks never straddles rows). */
-template <int T, typename OUT, int U, bool NORM>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32, T <= 2 ? 4 : 2)
-gemv_dyn_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
-                const bf16_t *g, float eps, const bf16_t *w, OUT *y,
-                bool accumulate, int trig, int *ticket, bool norm_keep)
-{
-    extern __shared__ __align__(16) unsigned char gemv_sm[];
-    __shared__ float red[32];
-    const int lane = threadIdx.x & 31;
-    const int n_warps = gridDim.x * GEMV_WARPS;
-    const int n_ch = n_in / 8;
-    int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    auto wrow = [&](int r) {
-        return reinterpret_cast<const uint4 *>(w + (size_t)r * n_in);
-    };
-    const uint4 *wr = wrow(row < n_out ? row : 0);
-    float acc[T];
-    uint4 cur[U];
-
-    if (trig == GEMV_TRIG_EARLY)
-        kern_pdl_trigger();
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int c = lane + 32 * u;
-        cur[u] = row < n_out && c < n_ch ? __ldcs(wr + c)
-                                         : make_uint4(0, 0, 0, 0);
-    }
-    x = gemv_wait_stage<T, NORM>(x, xf, g, eps, n_in, trig, red, gemv_sm,
-                                 norm_keep, -1);
-    /* lane 0 holds the ticket of the row after this one */
-    int next_l = row < n_out && lane == 0 ? atomicAdd(ticket, 1) + n_warps
-                                          : n_out;
-    while (row < n_out) {
-        int next = -1;
-#pragma unroll
-        for (int t = 0; t < T; t++)
-            acc[t] = 0.0f;
-        for (int c0 = lane; c0 < n_ch; c0 += 32 * U) {
-            uint4 nxt[U];
-            const int c1 = c0 + 32 * U;
-            if (c1 - lane < n_ch) {
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    nxt[u] = __ldcs(wr + c1 + 32 * u);
-            } else { /* the next row's first chunks (uniform branch) */
-                next = __shfl_sync(0xffffffffu, next_l, 0);
-                const uint4 *wn = wrow(next < n_out ? next : 0);
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    nxt[u] = next < n_out ? __ldcs(wn + lane + 32 * u)
-                                          : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                gemv_chunk<T, NORM>(cur[u], x, n_in, c0 + 32 * u, acc);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                cur[u] = nxt[u];
-        }
-        gemv_put_row<T, OUT>(acc, y, n_out, row, lane, accumulate);
-        row = next;
-        wr = wrow(row < n_out ? row : 0);
-        if (row < n_out && lane == 0)
-            next_l = atomicAdd(ticket, 1) + n_warps;
-    }
-    if (trig == GEMV_TRIG_LATE)
-        kern_pdl_trigger();
-    if (lane == 0) {
-        __threadfence(); /* this warp's tickets before its done count */
-        if (atomicAdd(ticket + 1, 1) == n_warps - 1) {
-            ticket[0] = 0;
-            ticket[1] = 0;
-        }
-    }
 }
 
 /* Streaming GEMV for n_in % 256 == 0: a fixed grid of two 8-warp blocks
@@ -1312,6 +1228,22 @@ static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
     return f1 < 0.6 && f2 > f1 + 0.1 ? 2 : 1;
 }
 
+/* BT_GEMV_EVEN=1 (opt-in until measured): a grid of exactly one wave
+ * whose warps split the rows evenly (1 or 2 rows each; rpw 0), when one
+ * row a warp needs between half a wave and two waves of blocks.  Every
+ * slot of every SM then streams the same bytes: round 17's profile saw
+ * qkv's 384 blocks (2 rows a warp) land up to four on the SMs that down
+ * freed first and fewer on others, their ends 9 us apart.  Needs
+ * n_in / 8 % (32 U) == 0, as 2 rows a warp. */
+static bool gemv_rows_even(int n_out, int n_in, int U, int wave)
+{
+    const char *env = getenv("BT_GEMV_EVEN");
+    const long warps = (long)wave * GEMV_WARPS;
+
+    return env && strcmp(env, "1") == 0 && (n_in / 8) % (32 * U) == 0 &&
+           n_out > warps / 2 && n_out <= 2 * warps;
+}
+
 /* Blocks an SM of the rows kernels (their __launch_bounds__). */
 static int gemv_rows_per_sm(int n_tok, int U)
 {
@@ -1335,12 +1267,19 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 {
     const int th = GEMV_WARPS * 32;
     const int wave = gemv_n_sm() * gemv_rows_per_sm(n_tok, U);
-    const int rpw = GLU ? 1 : gemv_rows_per_warp(n_out, n_in, U, wave);
-    const int blocks = (int)BT_DIV_UP(
-        n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2 : GEMV_WARPS * rpw);
+    const bool even = !GLU && gemv_rows_even(n_out, n_in, U, wave);
+    const int rpw = GLU    ? 1
+                    : even ? 0
+                           : gemv_rows_per_warp(n_out, n_in, U, wave);
+    const int blocks =
+        even ? wave
+             : (int)BT_DIV_UP(n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2
+                                                          : GEMV_WARPS * rpw);
     const int mode = gemv_pf_mode();
+    /* the most rows a warp streams */
+    const int rows_max = (int)BT_DIV_UP(n_out, (long)blocks * GEMV_WARPS);
     const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) *
-                             (GLU == GEMV_GLU_WARP ? 2 : rpw);
+                             (GLU == GEMV_GLU_WARP ? 2 : rows_max);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
     const bool norm_keep = !NORM || gemv_norm_keep();
@@ -1352,7 +1291,8 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     } else if (mode == 1) {
         pf_blocks = BT_MIN(blocks, wave);
         size_t rows = BT_MIN((size_t)pf_blocks * GEMV_WARPS,
-                             (size_t)BT_DIV_UP(n_out, rpw)); /* warps */
+                             even ? (size_t)n_out /* warps with rows */
+                                  : (size_t)BT_DIV_UP(n_out, rows_max));
         size_t per = gemv_pf_budget() / BT_MAX(rows, (size_t)1);
         per = BT_MIN(per, row_bytes) & ~(size_t)255;
         pf_bytes = per >= 1024 ? (int)per : 0;
@@ -1601,62 +1541,6 @@ bool cuda_gemv_norm_ok(int n_tok, int n_in)
     if (m == GEMV_NORM_ROWS)
         return n_in % 8 == 0;
     return n_in % 256 == 0;
-}
-
-/* One wave of gemv_dyn_kernel (see there). */
-template <typename OUT, bool NORM>
-static void gemv_dyn_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
-                            const float *xf, const bf16_t *g, float eps,
-                            const bf16_t *w, OUT *y, bool acc, int *ticket,
-                            cudaStream_t st)
-{
-    const int blocks = (int)BT_MIN(
-        (long)BT_DIV_UP(n_out, GEMV_WARPS),
-        (long)gemv_n_sm() * gemv_rows_per_sm(n_tok, GEMV_UNROLL));
-    const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
-    const bool keep = !NORM || gemv_norm_keep();
-    const int trig = gemv_trigger();
-
-#define GEMV_DYN_K(T)                                                       \
-    kern_launch(gemv_dyn_kernel<T, OUT, GEMV_UNROLL, NORM && T <= 2>,       \
-                blocks, GEMV_WARPS * 32, smem, st, n_out, n_in, x, xf, g,   \
-                eps, w, y, acc, trig, ticket, keep)
-    switch (n_tok) {
-    case 1: GEMV_DYN_K(1); break;
-    default: GEMV_DYN_K(2); break;
-    }
-#undef GEMV_DYN_K
-}
-
-bool cuda_gemv_dyn_ok(int n_tok, int n_in)
-{
-    return n_tok >= 1 && n_tok <= 2 && n_in % 8 == 0 &&
-           (n_in / 8) % (32 * GEMV_UNROLL) == 0;
-}
-
-bt_status_t cuda_gemv_dyn(int n_tok, int n_out, int n_in, const void *d_x,
-                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
-                          bool accumulate, int *d_ticket, cudaStream_t stream)
-{
-    BT_ASSERT(cuda_gemv_dyn_ok(n_tok, n_in));
-    KERN_DISPATCH_DT(out_dt, OUT, (gemv_dyn_launch<OUT, false>(
-        n_tok, n_out, n_in, (const bf16_t *)d_x, NULL, NULL, 0.0f,
-        (const bf16_t *)d_w, (OUT *)d_y, accumulate, d_ticket, stream)));
-    return BT_CUDA_LAUNCH_STATUS();
-}
-
-bt_status_t cuda_gemv_norm_dyn(int n_tok, int n_out, int n_in,
-                               const float *d_x, const void *d_g, float eps,
-                               const void *d_w, void *d_y,
-                               cuda_dtype_t out_dt, int *d_ticket,
-                               cudaStream_t stream)
-{
-    BT_ASSERT(cuda_gemv_dyn_ok(n_tok, n_in) &&
-              (size_t)n_tok * n_in * sizeof(bf16_t) <= 48 * 1024);
-    KERN_DISPATCH_DT(out_dt, OUT, (gemv_dyn_launch<OUT, true>(
-        n_tok, n_out, n_in, NULL, d_x, (const bf16_t *)d_g, eps,
-        (const bf16_t *)d_w, (OUT *)d_y, false, d_ticket, stream)));
-    return BT_CUDA_LAUNCH_STATUS();
 }
 
 bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,

@@ -178,25 +178,6 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            void *d_y, cuda_dtype_t out_dt,
                            cudaStream_t stream);
 
-/* The rows kernel with rows handed out at run time (one wave of blocks;
- * each warp's first row by its index, the rest from a ticket counter, so
- * SMs that got their blocks late take fewer rows): cuda_gemv /
- * cuda_gemv_norm otherwise, the same bits.  d_ticket: two ints, zero
- * before the first launch, left zero by every launch (one pair per call
- * site: launches that may overlap must not share it).  _ok: 1-2 tokens,
- * n_in / 8 a multiple of 128.  Opt-in (BT_GEMV_DYN, the backend's qkv);
- * not yet measured. */
-bool cuda_gemv_dyn_ok(int n_tok, int n_in);
-bt_status_t cuda_gemv_dyn(int n_tok, int n_out, int n_in, const void *d_x,
-                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
-                          bool accumulate, int *d_ticket,
-                          cudaStream_t stream);
-bt_status_t cuda_gemv_norm_dyn(int n_tok, int n_out, int n_in,
-                               const float *d_x, const void *d_g, float eps,
-                               const void *d_w, void *d_y,
-                               cuda_dtype_t out_dt, int *d_ticket,
-                               cudaStream_t stream);
-
 /* cuda_gemv_norm with SwiGLU fused into its output (decode steps of 1-2
  * tokens): d_w is the fused gate|up matrix (2 n_hid, n_in) and d_h (n_tok,
  * n_hid) bf16 gets silu(g) * u of the bf16-rounded products g, u -- bit
