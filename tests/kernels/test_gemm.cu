@@ -5,8 +5,7 @@
  * odd shapes; output poisoned before each plain run.  Then every GEMV
  * variant of kernels/gemv.h (cuda_gemv_run) on every shape it supports,
  * the RMSNorm-fused GEMV (stream and ring kernels) and the rows kernel with
- * SwiGLU fused into its output, the rows kernel with its rows split
- * evenly over one wave (BT_GEMV_EVEN=1).  --bench times the Llama-3-8B projection
+ * SwiGLU fused into its output.  --bench times the Llama-3-8B projection
  * shapes; --variant NAME runs only that variant's cases, --norm only the
  * fused-RMSNorm / SwiGLU ones (a new kernel's quick check on the device).
  * Run: build-cuda/gpu/test_gemm [--bench | --variant NAME | --norm]
@@ -127,52 +126,6 @@ static void run_norm_case(int t, int o, int i, cuda_dtype_t out_dt)
                                                                      : "ring")
              : getenv("BT_GEMV_KERNEL") ? "stream" : "rows",
              kt_dt_name(out_dt), t, o, i, kt_switches());
-    kt_compare(what, y, ref, (size_t)t * o, 1e-2);
-    cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_y);
-    free(x); free(gw); free(w); free(xn); free(ref); free(y);
-}
-
-/* The rows kernel with its rows split evenly over one wave of warps
- * (BT_GEMV_EVEN=1: 1 or 2 rows a warp), cuda_gemv_norm or the plain
- * rows GEMV (cuda_gemv_run ROWS; f32 out with the residual add), against
- * gemm_ref (with norm: rmsnorm_ref rounded to bf16 first); output
- * poisoned unless accumulating. */
-static void run_even_case(int t, int o, int i, bool norm, cuda_dtype_t out_dt,
-                          int acc)
-{
-    float *x = kt_rand_vec((size_t)t * i, -2, 2,
-                           norm ? CUDA_DT_F32 : CUDA_DT_BF16);
-    float *gw = kt_rand_vec((size_t)i, 0.5f, 1.5f, CUDA_DT_BF16);
-    float *w = kt_rand_vec((size_t)o * i, -1, 1, CUDA_DT_BF16);
-    float *ref = kt_rand_vec((size_t)t * o, -1, 1, out_dt);
-    float *xn = (float *)malloc(sizeof(float) * t * i);
-    if (norm) {
-        rmsnorm_ref(x, NULL, gw, NULL, t, i, 1e-5f, xn);
-        for (size_t k = 0; k < (size_t)t * i; k++)
-            xn[k] = kt_bf16_to_f32(kt_f32_to_bf16(xn[k]));
-    } else {
-        memcpy(xn, x, sizeof(float) * t * i);
-    }
-    void *d_x = kt_upload(x, (size_t)t * i, norm ? CUDA_DT_F32 : CUDA_DT_BF16);
-    void *d_g = kt_upload(gw, (size_t)i, CUDA_DT_BF16);
-    void *d_w = kt_upload(w, (size_t)o * i, CUDA_DT_BF16);
-    void *d_y = acc ? kt_upload(ref, (size_t)t * o, out_dt)
-                    : kt_poisoned((size_t)t * o, out_dt);
-    gemm_ref(t, o, i, xn, w, ref, acc);
-    setenv("BT_GEMV_EVEN", "1", 1);
-    if (norm)
-        KT_OK(cuda_gemv_norm(t, o, i, (const float *)d_x, d_g, 1e-5f, d_w,
-                             d_y, out_dt, 0));
-    else
-        KT_OK(cuda_gemv_run(CUDA_GEMV_ROWS, t, o, i, d_x, d_w, d_y, out_dt,
-                            acc != 0, NULL, 0));
-    unsetenv("BT_GEMV_EVEN");
-    KT_CUDA(cudaDeviceSynchronize());
-    float *y = kt_download(d_y, (size_t)t * o, out_dt);
-    char what[160];
-    snprintf(what, sizeof(what), "gemv rows even%s bf16->%s%s t=%d o=%d i=%d%s",
-             norm ? "+rmsnorm" : "", kt_dt_name(out_dt), acc ? " +=" : "", t,
-             o, i, kt_switches());
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_y);
     free(x); free(gw); free(w); free(xn); free(ref); free(y);
@@ -405,27 +358,6 @@ int main(int argc, char **argv)
             run_glu_case(t, hid, i);
         }
         unsetenv("BT_GEMV_GLU");
-        /* rows split evenly over one wave (1 or 2 a warp): qkv / o /
-         * down at 1-2 tokens, 3-4 tokens (a wave of 2 blocks an SM), the
-         * largest matrix it takes (2 rows every warp), one it leaves to
-         * the row-a-warp grid (77 rows) */
-        const int esh[][3] = {{1, 6144, 4096}, {2, 6144, 4096},
-                              {1, 4096, 14336}, {3, 3000, 1024},
-                              {4, 2500, 2048}, {1, 4100, 4096},
-                              {2, 8448, 1024}, {2, 77, 1024}};
-        for (size_t s = 0; s < sizeof(esh) / sizeof(esh[0]); s++) {
-            const int t = esh[s][0], o = esh[s][1], i = esh[s][2];
-            if (t <= CUDA_GEMV_MAX_TOK)
-                run_even_case(t, o, i, true, CUDA_DT_BF16, 0);
-            if (!cuda_gemv_kernel_ok(CUDA_GEMV_ROWS, t, o, i, CUDA_DT_BF16)) {
-                printf("FAIL gemv rows kernel refuses t=%d o=%d i=%d\n", t,
-                       o, i);
-                kt_failures++;
-                continue;
-            }
-            run_even_case(t, o, i, false, CUDA_DT_BF16, 0);
-            run_even_case(t, o, i, false, CUDA_DT_F32, 1);
-        }
         if (cuda_gemv_norm_glu_ok(1, 264) || cuda_gemv_norm_glu_ok(3, 4096)) {
             printf("FAIL gemv_norm_glu_ok true for i=264 or 3 tokens\n");
             kt_failures++;

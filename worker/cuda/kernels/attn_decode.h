@@ -41,9 +41,7 @@ typedef struct {
                                    mask[mask_off + s - ctx_len] != 0 */
     void *d_out;                /* (tokens, nh, hd) attention output */
     int pdl_late;               /* set by cuda_attn_decode from
-                                   cuda__pdl_late (cuda_int.h); 2: the
-                                   tc kernel triggers after its last
-                                   product (BT_ATTN_TC_TRIG=product) */
+                                   cuda__pdl_late (cuda_int.h) */
     /* Optional, for the stream-K kernel (attn_decode_sk.cu); zero: not
      * used.  The caller owns both buffers (one pair per stream: launches
      * sharing them must not overlap). */

@@ -309,8 +309,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
     KPROF(0, 3);
-    if (a.pdl_late == 2) /* BT_ATTN_TC_TRIG=product (tc_launch) */
-        kern_pdl_trigger();
     float *sm_o = reinterpret_cast<float *>(tc_sm); /* [W][16][HD] */
     float *sm_m = sm_o + TC_WARPS * TC_MAX_GROUP * HD;
     float *sm_l = sm_m + TC_WARPS * TC_MAX_GROUP;
@@ -414,17 +412,9 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    /* BT_ATTN_TC_TRIG=product (A/B, late-trigger steps with a combine):
-     * trigger the combine once the block's last product is done instead
-     * of by ending, so its launch overlaps the merge and partial writes
-     * (round 17: the combine started 1.3 us after the last block). */
-    cuda_attn_args_t al = *a;
-    env = getenv("BT_ATTN_TC_TRIG");
-    if (al.pdl_late && n_splits > 1 && env && strcmp(env, "product") == 0)
-        al.pdl_late = 2;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW>,
                 dim3(a->n_kv_heads, n, n_splits),
-                dim3(TC_WARPS * 32), bytes, stream, al, tok_idx, split_len,
+                dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
                 n_splits, ws, early);
     return cudaSuccess;
 }

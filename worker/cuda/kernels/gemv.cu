@@ -268,20 +268,14 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     /* This warp's rows [row0, row0 + nrows): one stream of n_tot chunks
-     * (rpw != 1 only when n_ch % (32 U) == 0, so a step of 32 U chunks
-     * never straddles two rows).  rpw == 0: the rows split evenly over
-     * the grid's warps (gemv_rows_even). */
+     * (rpw > 1 only when n_ch % (32 U) == 0, so a step of 32 U chunks
+     * never straddles two rows). */
     const int pair = blockIdx.x * (GEMV_WARPS / 2) + (wib >> 1);
-    const int gw = blockIdx.x * GEMV_WARPS + wib;
-    const int ev0 = (int)((long long)gw * n_out / (gridDim.x * GEMV_WARPS));
-    const int ev1 =
-        (int)((long long)(gw + 1) * n_out / (gridDim.x * GEMV_WARPS));
-    const int row0 = GLU == GEMV_GLU_PAIR ? (wib & 1 ? n_out : 0) + pair
-                     : rpw == 0           ? ev0
-                                          : gw * rpw;
+    const int row0 = GLU == GEMV_GLU_PAIR
+                         ? (wib & 1 ? n_out : 0) + pair
+                         : (blockIdx.x * GEMV_WARPS + wib) * rpw;
     const int nrows = GLU == GEMV_GLU_PAIR   ? (pair < n_out ? 1 : 0)
                       : GLU == GEMV_GLU_WARP ? (row0 < n_out ? 2 : 0)
-                      : rpw == 0             ? ev1 - ev0
                                              : max(0, min(rpw, n_out - row0));
     const int n_ch = n_in / 8;
     const int n_tot = nrows * n_ch;
@@ -387,8 +381,8 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
     for (int c0 = lane; c0 < n_tot; c0 += 32 * U) {
         uint4 nxt[U];
         const int c1 = c0 + 32 * U;
-        const int r = rpw != 1 || GLU == GEMV_GLU_WARP ? (c0 - lane) / n_ch
-                                                       : 0;
+        const int r = rpw > 1 || GLU == GEMV_GLU_WARP ? (c0 - lane) / n_ch
+                                                      : 0;
         const int cb = c0 - r * n_ch; /* chunk index within the row */
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -1228,22 +1222,6 @@ static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
     return f1 < 0.6 && f2 > f1 + 0.1 ? 2 : 1;
 }
 
-/* BT_GEMV_EVEN=1 (opt-in until measured): a grid of exactly one wave
- * whose warps split the rows evenly (1 or 2 rows each; rpw 0), when one
- * row a warp needs between half a wave and two waves of blocks.  Every
- * slot of every SM then streams the same bytes: round 17's profile saw
- * qkv's 384 blocks (2 rows a warp) land up to four on the SMs that down
- * freed first and fewer on others, their ends 9 us apart.  Needs
- * n_in / 8 % (32 U) == 0, as 2 rows a warp. */
-static bool gemv_rows_even(int n_out, int n_in, int U, int wave)
-{
-    const char *env = getenv("BT_GEMV_EVEN");
-    const long warps = (long)wave * GEMV_WARPS;
-
-    return env && strcmp(env, "1") == 0 && (n_in / 8) % (32 * U) == 0 &&
-           n_out > warps / 2 && n_out <= 2 * warps;
-}
-
 /* Blocks an SM of the rows kernels (their __launch_bounds__). */
 static int gemv_rows_per_sm(int n_tok, int U)
 {
@@ -1267,19 +1245,12 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 {
     const int th = GEMV_WARPS * 32;
     const int wave = gemv_n_sm() * gemv_rows_per_sm(n_tok, U);
-    const bool even = !GLU && gemv_rows_even(n_out, n_in, U, wave);
-    const int rpw = GLU    ? 1
-                    : even ? 0
-                           : gemv_rows_per_warp(n_out, n_in, U, wave);
-    const int blocks =
-        even ? wave
-             : (int)BT_DIV_UP(n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2
-                                                          : GEMV_WARPS * rpw);
+    const int rpw = GLU ? 1 : gemv_rows_per_warp(n_out, n_in, U, wave);
+    const int blocks = (int)BT_DIV_UP(
+        n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2 : GEMV_WARPS * rpw);
     const int mode = gemv_pf_mode();
-    /* the most rows a warp streams */
-    const int rows_max = (int)BT_DIV_UP(n_out, (long)blocks * GEMV_WARPS);
     const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) *
-                             (GLU == GEMV_GLU_WARP ? 2 : rows_max);
+                             (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
     const bool norm_keep = !NORM || gemv_norm_keep();
@@ -1291,8 +1262,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     } else if (mode == 1) {
         pf_blocks = BT_MIN(blocks, wave);
         size_t rows = BT_MIN((size_t)pf_blocks * GEMV_WARPS,
-                             even ? (size_t)n_out /* warps with rows */
-                                  : (size_t)BT_DIV_UP(n_out, rows_max));
+                             (size_t)BT_DIV_UP(n_out, rpw)); /* warps */
         size_t per = gemv_pf_budget() / BT_MAX(rows, (size_t)1);
         per = BT_MIN(per, row_bytes) & ~(size_t)255;
         pf_bytes = per >= 1024 ? (int)per : 0;
