@@ -521,6 +521,8 @@ static void bench(void)
 
 int main(int argc, char **argv)
 {
+    /* line-buffered: a bench killed by its timeout keeps its rows */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     std::vector<attn_case_t> cases = {
         /* aidreams / stories shapes: tiny heads */
         {4, 4, 16, 8, {{0, 1, 0}, {5, 1, 0}, {0, 20, 0}, {3, 17, 0}}},

@@ -226,6 +226,8 @@ static void bench(worker_gemm_ctx_t *g, const char *label, int max_t)
 
 int main(int argc, char **argv)
 {
+    /* line-buffered: a bench killed by its timeout keeps its rows */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     worker_gemm_ctx_t *g = NULL;
     const char *only = argc > 2 && strcmp(argv[1], "--variant") == 0
                            ? argv[2] : NULL;
