@@ -247,27 +247,38 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     }
 
     /* 2. Split-K: the planner's choice, a forced 64-key split, and that
-     * again with the tensor-core kernel's early loads off. */
-    for (int forced = 0; forced < 3; forced++) {
+     * again with the tensor-core kernel's early loads off; then (bf16,
+     * tensor cores) the TMA copy (BT_ATTN_TMA=1) with the planner's
+     * splits, 64-key splits, one split of the whole context and 64-key
+     * splits without the early loads. */
+    const int n_forced = tc && dt == CUDA_DT_BF16 ? 7 : 3;
+    for (int forced = 0; forced < n_forced; forced++) {
         int ns, sl;
         cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 64, &ns, &sl);
-        if (forced) {
+        if (forced == 1 || forced == 2 || forced == 4 || forced == 6) {
             sl = 64;
             ns = (max_kv + 63) / 64;
+        } else if (forced == 5) {
+            sl = 1 << 30;
+            ns = 1;
         }
-        if (forced == 2)
+        if (forced >= 3)
+            setenv("BT_ATTN_TMA", "1", 1);
+        if (forced == 2 || forced == 6)
             setenv("BT_ATTN_EARLY", "0", 1);
         KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
                                           b.nt, c->nh, c->hd, ns) + 4));
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, sl, d_ws, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
-        snprintf(what, sizeof(what), "attn decode %dx%d%s %s", ns, sl,
-                 forced == 2 ? " early=0" : "", desc);
+        snprintf(what, sizeof(what), "attn decode %dx%d%s%s %s", ns, sl,
+                 forced >= 3 ? " tma" : "",
+                 forced == 2 || forced == 6 ? " early=0" : "", desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
         cudaFree(d_ws);
         unsetenv("BT_ATTN_EARLY");
+        unsetenv("BT_ATTN_TMA");
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
@@ -454,9 +465,12 @@ static void bench(void)
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
-        for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: tc, 1: tc with the TMA copy, 2: the general kernel */
+        for (int pass = 0; pass < 3; pass++) {
         float ms[20];
-        if (pass)
+        if (pass == 1)
+            setenv("BT_ATTN_TMA", "1", 1);
+        if (pass == 2)
             setenv("BT_ATTN_TC", "0", 1);
         for (int it = 0; it < 23; it++) {
             kt_flush_l2();
@@ -472,10 +486,11 @@ static void bench(void)
         double bytes = 2.0 * dec[i][0] * dec[i][1] * nkv * hd * 2;
         printf("decode attn %s batch %3d ctx %5d: %8.1f us  %6.0f GB/s KV "
                "(%2.0f%% of 4.5 TB/s), %d splits of %d\n",
-               pass ? "general" : "tc     ", dec[i][0],
+               pass == 2 ? "general" : pass ? "tc tma " : "tc     ", dec[i][0],
                dec[i][1], med * 1e3, bytes / (med * 1e-3) / 1e9,
                100.0 * bytes / (med * 1e-3) / 4.5e12, ns, sl);
         unsetenv("BT_ATTN_TC");
+        unsetenv("BT_ATTN_TMA");
         }
         cudaFree(d_ws);
         batch_free(&b);

@@ -32,6 +32,7 @@
 #include "bt_util.h"
 #include "attn_decode_tc.cuh"
 #include "kern_common.cuh"
+#include "wgmma.cuh" /* mbarriers, TMA loads, the tensor-map encoder */
 
 #define TC_BT_SMEM 512
 #define TC_MAX_GROUP 16
@@ -43,6 +44,17 @@ template <int HD> struct tc_smem {
     static constexpr size_t MERGE =
         (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
+    /* TMA: unpadded swizzled rows, the base aligned to 1024 bytes */
+    static constexpr size_t PIPE_TMA =
+        (size_t)TC_STAGES * 2 * TC_TK * HD * sizeof(bf16_t);
+    static constexpr size_t BYTES_TMA =
+        (PIPE_TMA > MERGE ? PIPE_TMA : MERGE) + 1024;
+};
+
+/* The TMA copy's tensor maps over the layer's K and V caches (see
+ * tc_tma_maps). */
+struct tc_maps {
+    CUtensorMap k, v;
 };
 
 /* The fused RoPE's rotation table of token tok (cos, sin of pos x
@@ -130,19 +142,39 @@ static __device__ __forceinline__ void tc_rope_prologue(
     __syncthreads();
 }
 
-template <int HD, bool NEWROW>
+/* TMA (BT_ATTN_TMA=1, opt-in until measured; steps without the fused
+ * RoPE): each warp's 16 K and V rows of a tile arrive as TMA boxes of
+ * min(block, 16) slots x 64 dims (tc_maps), issued by the warp's lane 0
+ * and completing on the warp's mbarrier of the stage, in the 128-byte
+ * swizzle tc_attend16<.., SWZ> reads: no per-lane address arithmetic or
+ * 16-byte copies (round 11: the copy was the kernel's largest block of
+ * instructions).  Pages past the keys come from an out-of-range slot
+ * (zeros); slots past the keys inside a loaded page from the pool, which
+ * the backend zeroes at allocation, so P = 0 never meets a NaN in V (as
+ * fa2pp). */
+template <int HD, bool NEWROW, bool TMA>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early)
+                      int n_splits, float *ws, bool early,
+                      const __grid_constant__ tc_maps maps)
 {
+    static_assert(!(TMA && NEWROW), "the new-row path copies by cp.async");
     constexpr int ROW = tc_smem<HD>::ROW;
-    constexpr int TILE = tc_smem<HD>::TILE;
+    /* a stage's K (or V) rows, and a warp's 16 of them, in elements */
+    constexpr int TILE = TMA ? TC_TK * HD : tc_smem<HD>::TILE;
+    constexpr int WPART = TMA ? 16 * HD : 16 * ROW;
     constexpr int KS = HD / 16; /* k-steps of Q K^T */
     constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
-    extern __shared__ __align__(16) unsigned char tc_sm[];
+    extern __shared__ __align__(16) unsigned char tc_sm_raw[];
     __shared__ int sh_bt[TC_BT_SMEM];
     __shared__ __align__(16) bf16_t sh_q[TC_MAX_GROUP * HD]; /* fused RoPE */
     __shared__ float sh_c[HD / 2], sh_s[HD / 2];           /* its table */
+    __shared__ __align__(8) uint64_t tc_bar[TMA ? TC_WARPS : 1]
+                                           [TMA ? TC_STAGES : 1];
+    unsigned char *tc_sm =
+        TMA ? reinterpret_cast<unsigned char *>(
+                  ((uintptr_t)tc_sm_raw + 1023) & ~(uintptr_t)1023)
+            : tc_sm_raw;
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
     bf16_t *sv = sk + TC_STAGES * TILE;
 
@@ -186,7 +218,15 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
 
     if (a.d_qkv)
         tc_rope_table<HD>(a, tok, sh_c, sh_s);
-    __syncthreads(); /* sh_bt, sh_c / sh_s */
+    if constexpr (TMA) {
+        if (threadIdx.x == 0) {
+            for (int w = 0; w < TC_WARPS; w++)
+                for (int st = 0; st < TC_STAGES; st++)
+                    mbar_init(&tc_bar[w][st], 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+    }
+    __syncthreads(); /* sh_bt, sh_c / sh_s, the mbarriers */
     const int n_tiles = end > start ? (end - start + TC_TK - 1) / TC_TK : 0;
     /* Each warp copies only its own 16 keys of every tile (the rows it
      * alone reads), so the pipeline needs no block barrier; lanes 0-15
@@ -210,6 +250,36 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * the instruction-bound part of batch-64 steps) */
     auto load_tile = [&](int stage, int kt, auto hole_t) {
         constexpr bool HOLE = decltype(hole_t)::value;
+        if constexpr (TMA) {
+            if (lane != 0)
+                return;
+            const int k0 = start + kt * TC_TK + warp * 16;
+            const int rows = bs < 16 ? bs : 16; /* the maps' box */
+            uint64_t *bar = &tc_bar[warp][stage];
+            bf16_t *dk = sk + stage * TILE + warp * WPART;
+            bf16_t *dv = sv + stage * TILE + warp * WPART;
+            /* this warp read the stage's last tile (generic proxy) before
+             * the copies (async proxy) overwrite it */
+            wg_fence_proxy();
+            mbar_expect(bar, 2u * 16 * HD * sizeof(bf16_t));
+            for (int p = 0; p < 16; p += rows) {
+                const int key = k0 + p;
+                int slot = (int)a.kv_slots; /* past the keys: zeros */
+                if (key < end) {
+                    int blk = bs_sh >= 0 ? key >> bs_sh : key / bs;
+                    int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
+                    slot = bid * bs + (key - blk * bs);
+                }
+#pragma unroll
+                for (int h2 = 0; h2 < HD / 64; h2++) {
+                    wg_tma_load_3d(dk + h2 * 16 * 64 + p * 64, &maps.k,
+                                   h2 * 64, kvh, slot, bar);
+                    wg_tma_load_3d(dv + h2 * 16 * 64 + p * 64, &maps.v,
+                                   h2 * 64, kvh, slot, bar);
+                }
+            }
+            return;
+        }
         const int k = start + kt * TC_TK + warp * 16 + (lane & 15);
         long long off = -1; /* -1: past the split, zero-filled */
         if (HOLE && fill_new && k == ctx) {
@@ -220,8 +290,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        tc_copy_rows16<HD, HOLE>(sk + stage * TILE + warp * 16 * ROW,
-                                 sv + stage * TILE + warp * 16 * ROW, kbase,
+        tc_copy_rows16<HD, HOLE>(sk + stage * TILE + warp * WPART,
+                                 sv + stage * TILE + warp * WPART, kbase,
                                  vbase, off, lane);
     };
     const std::true_type with_hole;
@@ -276,7 +346,11 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         tc_cp_commit();
     }
     for (int kt = 0; kt < n_tiles; kt++) {
-        tc_cp_wait<TC_STAGES - 2>();
+        if constexpr (TMA)
+            mbar_wait(&tc_bar[warp][kt % TC_STAGES],
+                      (uint32_t)((kt / TC_STAGES) & 1));
+        else
+            tc_cp_wait<TC_STAGES - 2>();
         /* tile kt landed in this warp's rows (the only ones it writes and
          * reads); tile kt-1's stage is free there */
         __syncwarp();
@@ -286,18 +360,18 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                 load_tile(nk % TC_STAGES, nk, no_hole);
             tc_cp_commit();
         }
-        const bf16_t *tk = sk + (kt % TC_STAGES) * TILE + warp * 16 * ROW;
-        const bf16_t *tv = sv + (kt % TC_STAGES) * TILE + warp * 16 * ROW;
+        const bf16_t *tk = sk + (kt % TC_STAGES) * TILE + warp * WPART;
+        const bf16_t *tv = sv + (kt % TC_STAGES) * TILE + warp * WPART;
         const int kb = start + kt * TC_TK + warp * 16;
         if (kb >= end)
             continue; /* this warp's 16 keys are all past the split */
 
         if (mrow)
-            tc_attend16<HD, true>(qa, tk, tv, kb, end, ctx, mrow, sl2, o, m0,
-                                  m1, l0, l1, lane);
+            tc_attend16<HD, true, TMA>(qa, tk, tv, kb, end, ctx, mrow, sl2,
+                                       o, m0, m1, l0, l1, lane);
         else
-            tc_attend16<HD, false>(qa, tk, tv, kb, end, ctx, mrow, sl2, o, m0,
-                                   m1, l0, l1, lane);
+            tc_attend16<HD, false, TMA>(qa, tk, tv, kb, end, ctx, mrow, sl2,
+                                        o, m0, m1, l0, l1, lane);
     }
     tc_cp_wait<0>();
     __syncthreads(); /* the pipeline's shared memory is reused below */
@@ -387,12 +461,49 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * (round 18: batch 1 -0.05 to -0.07 ms at 512 and 2k); BT_ATTN_NEWROW=0
  * turns it off. */
 #define TC_NEWROW_MAX_TOK 2
-template <int HD, bool NEWROW>
+
+/* The TMA copy's maps (BT_ATTN_TMA=1): a 3-D tensor map over each layer
+ * cache ({head dims, KV heads, slots}, 128-byte swizzle), boxes of 64
+ * dims x 1 head x min(block, 16) slots, so a warp's 16 keys are one box
+ * a 64-dim slab (two at block 8).  Blocks of 8 or a multiple of 16 slots
+ * (16 keys never straddle a page), slot indices in an int, sm_90a. */
+static bool tc_tma_maps(const cuda_attn_args_t *a, tc_maps *m)
+{
+    const int bs = a->block_size, hd = a->head_dim;
+    const char *env = getenv("BT_ATTN_TMA");
+    PFN_cuTensorMapEncodeTiled_v12000 fn;
+
+    if (!(env && strcmp(env, "1") == 0) || a->d_qkv != NULL ||
+        !cuda_wgmma_available() || !(bs == 8 || bs % 16 == 0) ||
+        a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
+        (fn = wg_tensor_map_encoder()) == NULL)
+        return false;
+    const cuuint64_t dims[3] = {(cuuint64_t)hd, (cuuint64_t)a->n_kv_heads,
+                                (cuuint64_t)a->kv_slots};
+    const cuuint64_t strides[2] = {(cuuint64_t)hd * 2,
+                                   (cuuint64_t)a->n_kv_heads * hd * 2};
+    const cuuint32_t box[3] = {64, 1, (cuuint32_t)(bs < 16 ? bs : 16)};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    const void *caches[2] = {a->d_k_cache, a->d_v_cache};
+    CUtensorMap *maps[2] = {&m->k, &m->v};
+
+    for (int i = 0; i < 2; i++)
+        if (((uintptr_t)caches[i] & 15) != 0 ||
+            fn(maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+               const_cast<void *>(caches[i]), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return false;
+    return true;
+}
+
+template <int HD, bool NEWROW, bool TMA>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
-                             cudaStream_t stream)
+                             const tc_maps &maps, cudaStream_t stream)
 {
-    const size_t bytes = tc_smem<HD>::BYTES;
+    const size_t bytes = TMA ? tc_smem<HD>::BYTES_TMA : tc_smem<HD>::BYTES;
     /* The shared-memory opt-in is a per-device attribute: tensor-parallel
      * ranks (one thread per GPU) each need it on their own device. */
     static bool attr_set[64];
@@ -403,7 +514,7 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
-            attn_decode_tc_kernel<HD, NEWROW>,
+            attn_decode_tc_kernel<HD, NEWROW, TMA>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
@@ -412,10 +523,10 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    kern_launch(attn_decode_tc_kernel<HD, NEWROW>,
+    kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws, early);
+                n_splits, ws, early, maps);
     return cudaSuccess;
 }
 
@@ -428,16 +539,25 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
     const bool nr = !(env && strcmp(env, "0") == 0) && a->d_qkv != NULL &&
                     n <= TC_NEWROW_MAX_TOK &&
                     split_len <= (TC_STAGES - 1) * TC_TK;
-    cudaError_t err =
-        a->head_dim == 64
-            ? (nr ? tc_launch<64, true>(a, tok_idx, n, n_splits, split_len,
-                                        ws, stream)
-                  : tc_launch<64, false>(a, tok_idx, n, n_splits, split_len,
-                                         ws, stream))
-            : (nr ? tc_launch<128, true>(a, tok_idx, n, n_splits, split_len,
-                                         ws, stream)
-                  : tc_launch<128, false>(a, tok_idx, n, n_splits, split_len,
-                                          ws, stream));
+    tc_maps maps;
+    memset(&maps, 0, sizeof(maps));
+    const bool tma = !nr && tc_tma_maps(a, &maps);
+    cudaError_t err;
+    if (a->head_dim == 64)
+        err = nr    ? tc_launch<64, true, false>(a, tok_idx, n, n_splits,
+                                                 split_len, ws, maps, stream)
+              : tma ? tc_launch<64, false, true>(a, tok_idx, n, n_splits,
+                                                 split_len, ws, maps, stream)
+                    : tc_launch<64, false, false>(a, tok_idx, n, n_splits,
+                                                  split_len, ws, maps, stream);
+    else
+        err = nr    ? tc_launch<128, true, false>(a, tok_idx, n, n_splits,
+                                                  split_len, ws, maps, stream)
+              : tma ? tc_launch<128, false, true>(a, tok_idx, n, n_splits,
+                                                  split_len, ws, maps, stream)
+                    : tc_launch<128, false, false>(a, tok_idx, n, n_splits,
+                                                   split_len, ws, maps,
+                                                   stream);
 
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);

@@ -10,7 +10,11 @@
  *     P re-packed from the accumulators (no shared-memory round trip);
  *   - tc_load_q: Q of the group's heads as the A operand.
  * Row layout in shared memory: HD bf16 + TC_PAD of padding (2 x 16 B,
- * which keeps ldmatrix free of bank conflicts).
+ * which keeps ldmatrix free of bank conflicts); or (SWZ, the TMA copy of
+ * attn_decode_tc.cu) a warp's 16 rows as HD / 64 slabs of 16 x 64 bf16
+ * in the 128-byte swizzle of a TMA box (16-byte chunk c of row r at
+ * chunk c ^ (r & 7)), which keeps ldmatrix conflict-free without
+ * padding.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH
 #define BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH
@@ -30,6 +34,20 @@ template <int HD> struct tc_rows {
     static constexpr size_t PIPE =
         (size_t)TC_STAGES * 2 * TILE * sizeof(bf16_t);
 };
+
+/* Element (row, col) of a warp's 16 K or V rows at t: padded rows of
+ * ROW, or (SWZ) the swizzled 64-column slabs of a TMA box (slab base
+ * 1024-byte aligned). */
+template <int HD, bool SWZ>
+static __device__ __forceinline__ const bf16_t *tc_at(const bf16_t *t,
+                                                      int row, int col)
+{
+    if constexpr (SWZ)
+        return t + (col >> 6) * 16 * 64 + row * 64 +
+               ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
+    else
+        return t + row * tc_rows<HD>::ROW + col;
+}
 
 /* Copies 16 K and V rows into dk / dv (16 rows of ROW).  Lane r < 16
  * holds `off`, the element offset of row r in the layer cache (-1: past
@@ -83,14 +101,13 @@ static __device__ __forceinline__ void tc_load_q(uint32_t (&qa)[HD / 16][4],
  * the kernels' own loops had that split made by the compiler, which it no
  * longer made once the step was a function (a mask test per key: round
  * 12, 64 x 512 keys 42.7 -> 44.3 us a layer). */
-template <int HD, bool MASKED>
+template <int HD, bool MASKED, bool SWZ = false>
 static __device__ __forceinline__ void tc_attend16(
     const uint32_t (&qa)[HD / 16][4], const bf16_t *tk, const bf16_t *tv,
     int kb, int end, int ctx, const uint8_t *mrow, float sl2,
     float (&o)[HD / 8][4], float &m0, float &m1, float &l0, float &l1,
     int lane)
 {
-    constexpr int ROW = tc_rows<HD>::ROW;
     constexpr int NT = HD / 8; /* 8-wide column tiles of O */
     const int tq = lane & 3;
     float s[2][4];
@@ -102,8 +119,8 @@ static __device__ __forceinline__ void tc_attend16(
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             uint32_t b[4];
-            tc_ldm(b, tk + (nt * 8 + (lane & 7)) * ROW + k2 * 32 +
-                          (lane >> 3) * 8);
+            tc_ldm(b, tc_at<HD, SWZ>(tk, nt * 8 + (lane & 7),
+                                     k2 * 32 + (lane >> 3) * 8));
             tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
             tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
         }
@@ -156,8 +173,8 @@ static __device__ __forceinline__ void tc_attend16(
 #pragma unroll
     for (int dn = 0; dn < HD / 16; dn++) {
         uint32_t b[4];
-        tc_ldm_t(b, tv + ((lane & 7) + ((lane >> 3) & 1) * 8) * ROW +
-                        dn * 16 + (lane >> 4) * 8);
+        tc_ldm_t(b, tc_at<HD, SWZ>(tv, (lane & 7) + ((lane >> 3) & 1) * 8,
+                                   dn * 16 + (lane >> 4) * 8));
         tc_mma(o[2 * dn], pa, b[0], b[1]);
         tc_mma(o[2 * dn + 1], pa, b[2], b[3]);
     }
