@@ -223,7 +223,9 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             for (int w = 0; w < TC_WARPS; w++)
                 for (int st = 0; st < TC_STAGES; st++)
                     mbar_init(&tc_bar[w][st], 1);
+#if WG_ENABLED
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
         }
     }
     __syncthreads(); /* sh_bt, sh_c / sh_s, the mbarriers */
