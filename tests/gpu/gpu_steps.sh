@@ -16,6 +16,9 @@
 #   smi_start / smi_stop       nvidia-smi power, SM clock and throttle
 #                              reasons every 50 ms into $out/smi.csv
 #   smi_summary                samples >= 600 W, their mean power / clock
+#   smi_phase NAME CMD...      a step under nvidia-smi sampling, then its
+#                              mean power / SM clock, minimum clock and
+#                              throttle reasons appended to $tmp/summary
 #   bcb, bc_cols, trace_step   (below) the A/B binary, every column, a
 #                              CUPTI trace of a step
 gpu_steps_init() {
@@ -72,6 +75,19 @@ smi_stop() {
 smi_summary() {
   echo "power samples >= 600 W: $(awk -F, '$2+0 >= 600' "$out/smi.csv" | wc -l) of $(wc -l < "$out/smi.csv")"
   awk -F, '$2+0 >= 600 {p+=$2; c+=$3; n++} END {if (n) printf "mean over those: %.0f W, SM %.0f MHz\n", p/n, c/n}' "$out/smi.csv"
+}
+smi_phase() {
+  local name=$1; shift
+  smi_start
+  run "$name" 200 "$@"
+  smi_stop; sleep 0.2
+  mv "$out/smi.csv" "$out/smi_$name.csv"
+  {
+    echo "### $name: samples, mean W, mean SM MHz, min SM MHz; throttle reasons"
+    awk -F, '{p+=$2; c+=$3; n++; if (min==""||$3+0<min) min=$3+0} END {if (n) printf "%d samples, %.0f W, %.0f MHz, min %d MHz\n", n, p/n, c/n, min}' "$out/smi_$name.csv"
+    cut -d, -f4 "$out/smi_$name.csv" | sort | uniq -c | sort -rn | head -4
+    echo "power >= 650 W: $(awk -F, '$2+0 >= 650' "$out/smi_$name.csv" | wc -l)"
+  } >> "$tmp/summary"
 }
 # bcb NAME ARGS...            as bc, with $c/gpu/bench_cuda_b (the A/B
 #                              binary of pack_carry.sh's AB_FROM), no env

@@ -4,7 +4,7 @@
 # skipped when no row's max moved (attn_decode_tc.cuh tc_attend16: a warp
 # vote, bit-identical); (2) A/B against the landing binary (bench_cuda_b,
 # AB_FROM=build-r18c), three interleaved rounds at b1 / 8 / 64 @2k and
-# b64 @8k; (3) 18f's power / SM-clock sampling over test_attn --bench
+# b64 @8k; (3) power / SM-clock sampling (smi_phase) over test_attn --bench
 # and back-to-back 2048-token prefills.  Carry: gpu/{bench_cuda,
 # bench_cuda_b,test_attn}, lib/.
 set -u
@@ -37,21 +37,8 @@ for i in 1 2 3; do
   bcb old8k$i --batch 64 --ctx 8192 --prefill 0
   report
 done
-phase() { # NAME CMD...: nvidia-smi over the command, then its summary
-  local name=$1; shift
-  smi_start
-  run "$name" 200 "$@"
-  smi_stop; sleep 0.2
-  mv "$out/smi.csv" "$out/smi_$name.csv"
-  {
-    echo "### $name: samples, mean W, mean SM MHz, min SM MHz; throttle reasons"
-    awk -F, '{p+=$2; c+=$3; n++; if (min==""||$3+0<min) min=$3+0} END {if (n) printf "%d samples, %.0f W, %.0f MHz, min %d MHz\n", n, p/n, c/n, min}' "$out/smi_$name.csv"
-    cut -d, -f4 "$out/smi_$name.csv" | sort | uniq -c | sort -rn | head -4
-    echo "power >= 650 W: $(awk -F, '$2+0 >= 650' "$out/smi_$name.csv" | wc -l)"
-  } >> "$tmp/summary"
-}
-phase attn "$c/gpu/test_attn" --bench
-phase prefill env BT_X=1 "$c/gpu/bench_cuda" --model synth:llama3-8b \
+smi_phase attn "$c/gpu/test_attn" --bench
+smi_phase prefill env BT_X=1 "$c/gpu/bench_cuda" --model synth:llama3-8b \
   --batch 1 --ctx 512 --steps 5 --prefill 2048,2048,2048,2048,8192
 report
 cat "$table"
