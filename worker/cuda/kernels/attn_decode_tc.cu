@@ -471,33 +471,17 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * (16 keys never straddle a page), slot indices in an int, sm_90a. */
 static bool tc_tma_maps(const cuda_attn_args_t *a, tc_maps *m)
 {
-    const int bs = a->block_size, hd = a->head_dim;
+    const int bs = a->block_size, rows = bs < 16 ? bs : 16;
     const char *env = getenv("BT_ATTN_TMA");
-    PFN_cuTensorMapEncodeTiled_v12000 fn;
 
     if (!(env && strcmp(env, "1") == 0) || a->d_qkv != NULL ||
         !cuda_wgmma_available() || !(bs == 8 || bs % 16 == 0) ||
-        a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
-        (fn = wg_tensor_map_encoder()) == NULL)
+        a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL)
         return false;
-    const cuuint64_t dims[3] = {(cuuint64_t)hd, (cuuint64_t)a->n_kv_heads,
-                                (cuuint64_t)a->kv_slots};
-    const cuuint64_t strides[2] = {(cuuint64_t)hd * 2,
-                                   (cuuint64_t)a->n_kv_heads * hd * 2};
-    const cuuint32_t box[3] = {64, 1, (cuuint32_t)(bs < 16 ? bs : 16)};
-    const cuuint32_t estr[3] = {1, 1, 1};
-    const void *caches[2] = {a->d_k_cache, a->d_v_cache};
-    CUtensorMap *maps[2] = {&m->k, &m->v};
-
-    for (int i = 0; i < 2; i++)
-        if (((uintptr_t)caches[i] & 15) != 0 ||
-            fn(maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-               const_cast<void *>(caches[i]), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-            return false;
-    return true;
+    return wg_cache_map(&m->k, a->d_k_cache, a->head_dim, a->n_kv_heads,
+                        a->kv_slots, rows) &&
+           wg_cache_map(&m->v, a->d_v_cache, a->head_dim, a->n_kv_heads,
+                        a->kv_slots, rows);
 }
 
 template <int HD, bool NEWROW, bool TMA>

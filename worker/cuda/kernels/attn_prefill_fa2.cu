@@ -638,23 +638,8 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
 /* PP's map of one layer cache (see f2_maps). */
 static bool f2_map(CUtensorMap *m, const cuda_attn_args_t *a, const void *p)
 {
-    PFN_cuTensorMapEncodeTiled_v12000 fn = wg_tensor_map_encoder();
-    const int hd = a->head_dim;
-    const cuuint64_t dims[3] = {(cuuint64_t)hd, (cuuint64_t)a->n_kv_heads,
-                                (cuuint64_t)a->kv_slots};
-    const cuuint64_t strides[2] = {(cuuint64_t)hd * 2,
-                                   (cuuint64_t)a->n_kv_heads * hd * 2};
-    const cuuint32_t box[3] = {64, 1,
-                               (cuuint32_t)(a->block_size < F2_BK ? a->block_size
-                                                               : F2_BK)};
-    const cuuint32_t estr[3] = {1, 1, 1};
-
-    if (fn == NULL || ((uintptr_t)p & 15) != 0)
-        return false;
-    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(p),
-              dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return wg_cache_map(m, p, a->head_dim, a->n_kv_heads, a->kv_slots,
+                        a->block_size < F2_BK ? a->block_size : F2_BK);
 }
 
 /* PP's maps, where they can be made: the caches' size known, blocks of

@@ -168,6 +168,31 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 wg_tensor_map_encoder(void)
     return fn;
 }
 
+/* A 3-D tensor map over one layer's paged K or V cache at p ({head dims,
+ * KV heads, slots}, bf16, 128-byte swizzle): boxes of 64 dims x 1 head x
+ * box_rows slots, which land as box_rows rows of 128 bytes in the swizzle
+ * the attention kernels read.  False without the driver's encoder or
+ * when the cache cannot be mapped. */
+static inline bool wg_cache_map(CUtensorMap *m, const void *p, int head_dim,
+                                int n_kv_heads, long long slots,
+                                int box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 fn = wg_tensor_map_encoder();
+    const cuuint64_t dims[3] = {(cuuint64_t)head_dim, (cuuint64_t)n_kv_heads,
+                                (cuuint64_t)slots};
+    const cuuint64_t strides[2] = {(cuuint64_t)head_dim * 2,
+                                   (cuuint64_t)n_kv_heads * head_dim * 2};
+    const cuuint32_t box[3] = {64, 1, (cuuint32_t)box_rows};
+    const cuuint32_t estr[3] = {1, 1, 1};
+
+    if (fn == NULL || ((uintptr_t)p & 15) != 0)
+        return false;
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(p),
+              dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* Named barriers (id 1..15; 0 is __syncthreads) over n threads: wait
  * for n arrivals, or arrive without waiting. */
 static __device__ __forceinline__ void bar_sync_n(int id, int n)
