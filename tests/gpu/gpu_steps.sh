@@ -12,6 +12,8 @@
 #                              those variables (at least one), 20 steps,
 #                              its table in $tmp/t_NAME
 #   bc_rows NAME...            the decode / prefill rows of those tables
+#   bc_steps NAME...           the step-ms column of those tables' decode
+#                              rows, all on one line
 #   pass_fail NAME...          "NAME: P PASS, F FAIL" and the first FAILs
 #   smi_start / smi_stop       nvidia-smi power, SM clock and throttle
 #                              reasons every 50 ms into $out/smi.csv
@@ -56,6 +58,13 @@ bc_rows() {
     echo "### $f"
     grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-10
   done
+}
+bc_steps() {
+  local f
+  for f in "$@"; do
+    grep -E "^\| decode " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
+  done
+  echo
 }
 pass_fail() {
   local t

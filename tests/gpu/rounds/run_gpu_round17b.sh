@@ -28,8 +28,7 @@ report() {
     for v in $vars; do
       echo "### $v: b1 / b2 / b64 step ms"
       for i in 1 2 3; do
-        grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "$v$i"
       done
     done
     pass_fail test_attn 2>/dev/null

@@ -21,8 +21,7 @@ report() {
     for v in $vars; do
       echo "### $v: b32 / b64 / b128 step ms"
       for i in 1 2 3 4; do
-        grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "$v$i"
       done
     done
   } > "$table"

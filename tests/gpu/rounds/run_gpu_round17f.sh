@@ -18,13 +18,11 @@ report() {
     for v in new old; do
       echo "### $v: b1@512 b2@512 b1@2k b2@2k b1@8k b2@8k step ms"
       for i in 1 2 3; do
-        grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "$v$i"
       done
       echo "### $v: b64@2k"
       for i in 1 2 3; do
-        grep -E "^\| decode " "$tmp/t_${v}64$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "${v}64$i"
       done
     done
   } > "$table"

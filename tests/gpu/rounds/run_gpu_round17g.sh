@@ -29,9 +29,7 @@ report() {
     for v in on off dynq dynqd; do
       echo "### $v: b1@512 b2@512 b1@2k b2@2k b1@8k b2@8k / b64@2k step ms"
       for i in 1 2 3; do
-        grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        grep -E "^\| decode " "$tmp/t_${v}64$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "$v$i" "${v}64$i"
       done
     done
   } > "$table"

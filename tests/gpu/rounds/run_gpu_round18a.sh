@@ -20,9 +20,7 @@ report() {
     pass_fail test_gemm model_newrow model_dyn 2>/dev/null
     for v in on off dynq dynqd; do
       echo "### $v: b1@512 b2@512 b1@2k b2@2k b1@8k b2@8k / b64@2k step ms"
-      grep -E "^\| decode " "$tmp/t_$v" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-      grep -E "^\| decode " "$tmp/t_${v}64" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-      echo
+      bc_steps "$v" "${v}64"
     done
   } > "$table"
 }

@@ -27,8 +27,7 @@ report() {
     for v in $vars; do
       echo "### $v: b1@512 b2@512 b1@2k b2@2k b1@8k b2@8k step ms"
       for i in 1 2 3; do
-        grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "$v$i"
       done
     done
     bc_rows pfbase pfeven

@@ -18,9 +18,7 @@ report() {
     for v in new old; do
       echo "### $v: b1@2k b8@2k b64@2k / b64@8k step ms"
       for i in 1 2 3; do
-        grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        grep -E "^\| decode " "$tmp/t_${v}8k$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "$v$i" "${v}8k$i"
       done
     done
     cat "$tmp/summary" 2>/dev/null

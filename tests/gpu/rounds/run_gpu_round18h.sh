@@ -19,8 +19,7 @@ report() {
     for v in tma off; do
       echo "### $v: b8@2k b64@2k b64@8k step ms"
       for i in 1 2; do
-        grep -E "^\| decode " "$tmp/t_$v$i" 2>/dev/null | cut -d'|' -f5 | tr '\n' ' '
-        echo
+        bc_steps "$v$i"
       done
     done
   } > "$table"

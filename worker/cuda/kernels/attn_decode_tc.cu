@@ -223,9 +223,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             for (int w = 0; w < TC_WARPS; w++)
                 for (int st = 0; st < TC_STAGES; st++)
                     mbar_init(&tc_bar[w][st], 1);
-#if WG_ENABLED
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
+            mbar_init_fence();
         }
     }
     __syncthreads(); /* sh_bt, sh_c / sh_s, the mbarriers */
@@ -516,6 +514,24 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     return cudaSuccess;
 }
 
+/* The instance for the new-row path (nr), the TMA copy (tma) or
+ * neither. */
+template <int HD>
+static cudaError_t tc_launch_hd(bool nr, bool tma, const cuda_attn_args_t *a,
+                                const int *tok_idx, int n, int n_splits,
+                                int split_len, float *ws, const tc_maps &maps,
+                                cudaStream_t stream)
+{
+    if (nr)
+        return tc_launch<HD, true, false>(a, tok_idx, n, n_splits, split_len,
+                                          ws, maps, stream);
+    if (tma)
+        return tc_launch<HD, false, true>(a, tok_idx, n, n_splits, split_len,
+                                          ws, maps, stream);
+    return tc_launch<HD, false, false>(a, tok_idx, n, n_splits, split_len, ws,
+                                       maps, stream);
+}
+
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, int split_len, float *ws,
                                 cudaStream_t stream)
@@ -528,22 +544,12 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
     tc_maps maps;
     memset(&maps, 0, sizeof(maps));
     const bool tma = !nr && tc_tma_maps(a, &maps);
-    cudaError_t err;
-    if (a->head_dim == 64)
-        err = nr    ? tc_launch<64, true, false>(a, tok_idx, n, n_splits,
-                                                 split_len, ws, maps, stream)
-              : tma ? tc_launch<64, false, true>(a, tok_idx, n, n_splits,
-                                                 split_len, ws, maps, stream)
-                    : tc_launch<64, false, false>(a, tok_idx, n, n_splits,
-                                                  split_len, ws, maps, stream);
-    else
-        err = nr    ? tc_launch<128, true, false>(a, tok_idx, n, n_splits,
-                                                  split_len, ws, maps, stream)
-              : tma ? tc_launch<128, false, true>(a, tok_idx, n, n_splits,
-                                                  split_len, ws, maps, stream)
-                    : tc_launch<128, false, false>(a, tok_idx, n, n_splits,
-                                                   split_len, ws, maps,
-                                                   stream);
+    cudaError_t err =
+        a->head_dim == 64
+            ? tc_launch_hd<64>(nr, tma, a, tok_idx, n, n_splits, split_len,
+                               ws, maps, stream)
+            : tc_launch_hd<128>(nr, tma, a, tok_idx, n, n_splits, split_len,
+                                ws, maps, stream);
 
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);

@@ -280,7 +280,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                 mbar_init(&bar_full[st], 1);
                 mbar_init(&bar_empty[st], 2);
             }
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            mbar_init_fence();
         }
         __syncthreads(); /* the last barrier of all NW + 1 warps */
         if (warp == NW) {

@@ -56,30 +56,6 @@ static __device__ __forceinline__ void gemv_chunk(const uint4 &wv,
     }
 }
 
-/* Warp-sums the T row sums acc and writes row `row` of y (lane t holds
- * token t's; accumulate: adds to what y holds). */
-template <int T, typename OUT>
-static __device__ __forceinline__ void gemv_put_row(float (&acc)[T], OUT *y,
-                                                    int n_out, int row,
-                                                    int lane,
-                                                    bool accumulate)
-{
-#pragma unroll
-    for (int t = 0; t < T; t++)
-        acc[t] = kern_warp_sum(acc[t]);
-    if (lane < T) {
-        float v = 0.0f;
-#pragma unroll
-        for (int t = 0; t < T; t++)
-            if (t == lane)
-                v = acc[t];
-        OUT *dst = y + (size_t)lane * n_out + row;
-        if (accumulate)
-            v += kern_to_f(*dst);
-        *dst = kern_from_f<OUT>(v);
-    }
-}
-
 /* Issues an L2 prefetch of `bytes` (a multiple of 16) at p (16-byte
  * aligned) through the bulk-copy engine: no registers, no completion to
  * wait for; the lines land in L2 while the issuing warp does other work.
@@ -199,33 +175,6 @@ static __device__ __forceinline__ void gemv_norm_stage(
     __syncthreads();
 }
 
-/* The PDL wait and what the rows kernels do right after it: the trigger
- * (GEMV_TRIG_AFTER_WAIT) and, NORM, the RMSNorm staged into shared
- * memory (its weights' first chunks loaded before the wait).  Returns
- * the x to multiply (x itself, or the staged norm).  kslot: the KPROF
- * slot (< 0: none). */
-template <int T, bool NORM>
-static __device__ __forceinline__ const bf16_t *
-gemv_wait_stage(const bf16_t *x, const float *xf, const bf16_t *g,
-                float eps, int n_in, int trig, float *red, unsigned char *sm,
-                bool norm_keep, int kslot)
-{
-    uint4 gpre[GEMV_NORM_GPRE];
-    if (NORM)
-        gemv_norm_gpre(n_in, g, gpre);
-    kern_pdl_wait();
-    if (kslot >= 0)
-        KPROF(kslot, 1);
-    if (trig == GEMV_TRIG_AFTER_WAIT)
-        kern_pdl_trigger();
-    if (NORM) {
-        bf16_t *xs = reinterpret_cast<bf16_t *>(sm);
-        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
-        return xs;
-    }
-    return x;
-}
-
 /* Software-pipelined: the next U chunks of the row are loaded
  * while the current ones are multiplied, so each lane keeps up to 2 x U x
  * 16 bytes in flight.  Everything before kern_pdl_wait() touches weights
@@ -316,8 +265,18 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
         int c = lane + 32 * u;
         cur[u] = c < n_tot ? __ldcs(wp(c)) : make_uint4(0, 0, 0, 0);
     }
-    x = gemv_wait_stage<T, NORM>(x, xf, g, eps, n_in, trig, red, gemv_sm,
-                                 norm_keep, kslot);
+    uint4 gpre[GEMV_NORM_GPRE];
+    if (NORM)
+        gemv_norm_gpre(n_in, g, gpre);
+    kern_pdl_wait();
+    KPROF(kslot, 1);
+    if (trig == GEMV_TRIG_AFTER_WAIT)
+        kern_pdl_trigger();
+    if (NORM) {
+        bf16_t *xs = reinterpret_cast<bf16_t *>(gemv_sm);
+        gemv_norm_stage<T>(n_in, xf, g, eps, xs, red, gpre, norm_keep);
+        x = xs;
+    }
     KPROF(kslot, 2);
     if (nrows == 0 && GLU != GEMV_GLU_PAIR)
         return; /* (PAIR: every warp meets the others at the end) */
@@ -498,8 +457,20 @@ gemv_stream_kernel(int n_out, int n_in, int n_warps, const bf16_t *x,
             if (i0 + u < n_lines) { /* warp-uniform */
                 gemv_chunk<T, NORM>(cur[u], x, n_in, cc * 32 + lane, acc);
                 if (++cc == lpr) {
-                    gemv_put_row<T, OUT>(acc, y, n_out, crow, lane,
-                                         accumulate);
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+                        acc[t] = kern_warp_sum(acc[t]);
+                    if (lane < T) {
+                        float r = 0.0f;
+#pragma unroll
+                        for (int t = 0; t < T; t++)
+                            if (t == lane)
+                                r = acc[t];
+                        OUT *dst = y + (size_t)lane * n_out + crow;
+                        if (accumulate)
+                            r += kern_to_f(*dst);
+                        *dst = kern_from_f<OUT>(r);
+                    }
 #pragma unroll
                     for (int t = 0; t < T; t++)
                         acc[t] = 0.0f;
@@ -1222,20 +1193,6 @@ static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
     return f1 < 0.6 && f2 > f1 + 0.1 ? 2 : 1;
 }
 
-/* Blocks an SM of the rows kernels (their __launch_bounds__). */
-static int gemv_rows_per_sm(int n_tok, int U)
-{
-    return U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
-}
-
-/* BT_GEMV_NORM_REG=0: the norm stage loads x twice (gemv_norm_stage). */
-static bool gemv_norm_keep(void)
-{
-    const char *env = getenv("BT_GEMV_NORM_REG");
-
-    return !(env && strcmp(env, "0") == 0);
-}
-
 /* GLU: n_out is the number of (gate, up) row pairs (see gemv_kernel). */
 template <typename OUT, int U, bool NORM, int GLU = GEMV_GLU_OFF>
 static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
@@ -1244,7 +1201,8 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              cudaStream_t st)
 {
     const int th = GEMV_WARPS * 32;
-    const int wave = gemv_n_sm() * gemv_rows_per_sm(n_tok, U);
+    const int per_sm = U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
+    const int wave = gemv_n_sm() * per_sm;
     const int rpw = GLU ? 1 : gemv_rows_per_warp(n_out, n_in, U, wave);
     const int blocks = (int)BT_DIV_UP(
         n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2 : GEMV_WARPS * rpw);
@@ -1253,7 +1211,8 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
                              (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
-    const bool norm_keep = !NORM || gemv_norm_keep();
+    const char *keep_env = NORM ? getenv("BT_GEMV_NORM_REG") : NULL;
+    const bool norm_keep = !(keep_env && strcmp(keep_env, "0") == 0);
     int pf_bytes = 0, pf_blocks = 0;
 
     if (mode == 2) {

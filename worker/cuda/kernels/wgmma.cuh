@@ -87,6 +87,16 @@ static __device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
 #endif
 }
 
+/* After the mbarrier.init of a block's barriers (one thread), before
+ * the block barrier that publishes them: makes the inits visible to the
+ * async proxy (the TMA copies that complete on them). */
+static __device__ __forceinline__ void mbar_init_fence(void)
+{
+#if WG_ENABLED
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ void mbar_expect(uint64_t *bar,
                                                    uint32_t bytes)
 {
