@@ -251,20 +251,27 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
      * tensor cores) the TMA copy (BT_ATTN_TMA=1) with the planner's
      * splits, 64-key splits, one split of the whole context and 64-key
      * splits without the early loads. */
-    const int n_forced = tc && dt == CUDA_DT_BF16 ? 7 : 3;
-    for (int forced = 0; forced < n_forced; forced++) {
+    /* split: 0 the planner's, 64 keys, or -1 one split of everything */
+    static const struct {
+        int split;
+        bool early_off, tma;
+    } passes[] = {{0, false, false}, {64, false, false}, {64, true, false},
+                  {0, false, true},  {64, false, true},  {-1, false, true},
+                  {64, true, true}};
+    const size_t n_pass2 = tc && dt == CUDA_DT_BF16 ? 7 : 3;
+    for (size_t pi = 0; pi < n_pass2; pi++) {
         int ns, sl;
         cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 64, &ns, &sl);
-        if (forced == 1 || forced == 2 || forced == 4 || forced == 6) {
+        if (passes[pi].split == 64) {
             sl = 64;
             ns = (max_kv + 63) / 64;
-        } else if (forced == 5) {
+        } else if (passes[pi].split < 0) {
             sl = 1 << 30;
             ns = 1;
         }
-        if (forced >= 3)
+        if (passes[pi].tma)
             setenv("BT_ATTN_TMA", "1", 1);
-        if (forced == 2 || forced == 6)
+        if (passes[pi].early_off)
             setenv("BT_ATTN_EARLY", "0", 1);
         KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
                                           b.nt, c->nh, c->hd, ns) + 4));
@@ -272,8 +279,8 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
         KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, sl, d_ws, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
         snprintf(what, sizeof(what), "attn decode %dx%d%s%s %s", ns, sl,
-                 forced >= 3 ? " tma" : "",
-                 forced == 2 || forced == 6 ? " early=0" : "", desc);
+                 passes[pi].tma ? " tma" : "",
+                 passes[pi].early_off ? " early=0" : "", desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
         cudaFree(d_ws);
