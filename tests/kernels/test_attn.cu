@@ -248,21 +248,19 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
 
     /* 2. Split-K: the planner's choice, a forced 64-key split, and that
      * again with the tensor-core kernel's early loads off; then (bf16,
-     * tensor cores) the TMA copy (BT_ATTN_TMA=3: three stages) with the
-     * planner's splits, 64-key splits, one split of the whole context and
-     * 64-key splits without the early loads, and with two stages
-     * (BT_ATTN_TMA=2) the first three of those; the other passes with
-     * the copy off (BT_ATTN_TMA=0). */
+     * tensor cores) the TMA copy (BT_ATTN_TMA=1) with the planner's
+     * splits, 64-key splits, one split of the whole context and 64-key
+     * splits without the early loads; the other passes with the copy off
+     * (BT_ATTN_TMA=0). */
     /* split: 0 the planner's, 64 keys, or -1 one split of everything */
     static const struct {
         int split;
         bool early_off;
         const char *tma; /* BT_ATTN_TMA */
-    } passes[] = {{0, false, "0"},  {64, false, "0"}, {64, true, "0"},
-                  {0, false, "3"},  {64, false, "3"}, {-1, false, "3"},
-                  {64, true, "3"},  {0, false, "2"},  {64, false, "2"},
-                  {-1, false, "2"}};
-    const size_t n_pass2 = tc && dt == CUDA_DT_BF16 ? 10 : 3;
+    } passes[] = {{0, false, "0"}, {64, false, "0"}, {64, true, "0"},
+                  {0, false, "1"}, {64, false, "1"}, {-1, false, "1"},
+                  {64, true, "1"}};
+    const size_t n_pass2 = tc && dt == CUDA_DT_BF16 ? 7 : 3;
     for (size_t pi = 0; pi < n_pass2; pi++) {
         int ns, sl;
         cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 64, &ns, &sl);
@@ -281,9 +279,8 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, sl, d_ws, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
-        snprintf(what, sizeof(what), "attn decode %dx%d%s%s%s %s", ns, sl,
+        snprintf(what, sizeof(what), "attn decode %dx%d%s%s %s", ns, sl,
                  strcmp(passes[pi].tma, "0") ? " tma" : "",
-                 strcmp(passes[pi].tma, "2") ? "" : "2",
                  passes[pi].early_off ? " early=0" : "", desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
@@ -476,15 +473,14 @@ static void bench(void)
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
-        /* pass 0: tc, 1 / 2: tc with the TMA copy of 3 / 2 stages, 3: the
-         * general kernel */
-        static const char *const tma_env[] = {"0", "3", "2", "0"};
+        /* pass 0: tc, 1: tc with the TMA copy, 2: the general kernel */
+        static const char *const tma_env[] = {"0", "1", "0"};
         static const char *const pass_name[] = {"tc     ", "tc tma ",
-                                                "tc tma2", "general"};
-        for (int pass = 0; pass < 4; pass++) {
+                                                "general"};
+        for (int pass = 0; pass < 3; pass++) {
         float ms[20];
         setenv("BT_ATTN_TMA", tma_env[pass], 1);
-        if (pass == 3)
+        if (pass == 2)
             setenv("BT_ATTN_TC", "0", 1);
         for (int it = 0; it < 23; it++) {
             kt_flush_l2();

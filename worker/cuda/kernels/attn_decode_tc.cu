@@ -44,16 +44,11 @@ template <int HD> struct tc_smem {
     static constexpr size_t MERGE =
         (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
-    /* TMA: ST stages of unpadded swizzled rows, the base aligned to
-     * 1024 bytes */
-    static constexpr size_t pipe_tma(int st)
-    {
-        return (size_t)st * 2 * TC_TK * HD * sizeof(bf16_t);
-    }
-    static constexpr size_t bytes_tma(int st)
-    {
-        return (pipe_tma(st) > MERGE ? pipe_tma(st) : MERGE) + 1024;
-    }
+    /* TMA: unpadded swizzled rows, the base aligned to 1024 bytes */
+    static constexpr size_t PIPE_TMA =
+        (size_t)TC_STAGES * 2 * TC_TK * HD * sizeof(bf16_t);
+    static constexpr size_t BYTES_TMA =
+        (PIPE_TMA > MERGE ? PIPE_TMA : MERGE) + 1024;
 };
 
 /* The TMA copy's tensor maps over the layer's K and V caches (see
@@ -147,8 +142,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
     __syncthreads();
 }
 
-/* TMA (BT_ATTN_TMA=1, opt-in until measured; steps without the fused
- * RoPE): each warp's 16 K and V rows of a tile arrive as TMA boxes of
+/* TMA (BT_ATTN_TMA=1, opt-in; steps without the fused RoPE): each warp's 16 K and V rows of a tile arrive as TMA boxes of
  * min(block, 16) slots x 64 dims (tc_maps), issued by the warp's lane 0
  * and completing on the warp's mbarrier of the stage, in the 128-byte
  * swizzle tc_attend16<.., SWZ> reads: no per-lane address arithmetic or
@@ -156,16 +150,19 @@ static __device__ __forceinline__ void tc_rope_prologue(
  * instructions).  Pages past the keys come from an out-of-range slot
  * (zeros); slots past the keys inside a loaded page from the pool, which
  * the backend zeroes at allocation, so P = 0 never meets a NaN in V (as
- * fa2pp). */
-template <int HD, bool NEWROW, bool TMA, int ST = TC_STAGES>
+ * fa2pp).  Round 19 measured it: alone 1-5% faster than the cp.async
+ * copy at batch 8-128, but equal in the engine (b64 @2k 8.985 / 9.014
+ * vs 9.004 / 8.986 ms) -- the kernel is bound by DRAM and its block
+ * waves, no longer by the copy's instructions; two stages at three
+ * blocks an SM lost (b64 @2k 152.8 vs 144.9 us).  Kept opt-in and
+ * tested. */
+template <int HD, bool NEWROW, bool TMA>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                       int n_splits, float *ws, bool early,
                       const __grid_constant__ tc_maps maps)
 {
     static_assert(!(TMA && NEWROW), "the new-row path copies by cp.async");
-    static_assert(ST == TC_STAGES || (TMA && ST >= 2),
-                  "other stage counts only for the TMA copy");
     constexpr int ROW = tc_smem<HD>::ROW;
     /* a stage's K (or V) rows, and a warp's 16 of them, in elements */
     constexpr int TILE = TMA ? TC_TK * HD : tc_smem<HD>::TILE;
@@ -177,13 +174,13 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     __shared__ __align__(16) bf16_t sh_q[TC_MAX_GROUP * HD]; /* fused RoPE */
     __shared__ float sh_c[HD / 2], sh_s[HD / 2];           /* its table */
     __shared__ __align__(8) uint64_t tc_bar[TMA ? TC_WARPS : 1]
-                                           [TMA ? ST : 1];
+                                           [TMA ? TC_STAGES : 1];
     unsigned char *tc_sm =
         TMA ? reinterpret_cast<unsigned char *>(
                   ((uintptr_t)tc_sm_raw + 1023) & ~(uintptr_t)1023)
             : tc_sm_raw;
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
-    bf16_t *sv = sk + ST * TILE;
+    bf16_t *sv = sk + TC_STAGES * TILE;
 
     const int G = a.n_heads / a.n_kv_heads;
     const int kvh = blockIdx.x;
@@ -228,7 +225,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     if constexpr (TMA) {
         if (threadIdx.x == 0) {
             for (int w = 0; w < TC_WARPS; w++)
-                for (int st = 0; st < ST; st++)
+                for (int st = 0; st < TC_STAGES; st++)
                     mbar_init(&tc_bar[w][st], 1);
             mbar_init_fence();
         }
@@ -308,7 +305,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * kernels); the others, and Q, after it. */
     int pre = 0;
     if (early)
-        while (pre < ST - 1 && pre < n_tiles &&
+        while (pre < TC_STAGES - 1 && pre < n_tiles &&
                (min(end, start + (pre + 1) * TC_TK) <= ctx ||
                 (fill_new && pre == kt_new))) {
             load_tile(pre, pre, with_hole);
@@ -345,7 +342,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 */
 
 #pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
+    for (int s = 0; s < TC_STAGES - 1; s++) {
         if (s < pre)
             continue; /* issued before the wait */
         if (s < n_tiles)
@@ -354,20 +351,21 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     }
     for (int kt = 0; kt < n_tiles; kt++) {
         if constexpr (TMA)
-            mbar_wait(&tc_bar[warp][kt % ST], (uint32_t)((kt / ST) & 1));
+            mbar_wait(&tc_bar[warp][kt % TC_STAGES],
+                      (uint32_t)((kt / TC_STAGES) & 1));
         else
             tc_cp_wait<TC_STAGES - 2>();
         /* tile kt landed in this warp's rows (the only ones it writes and
          * reads); tile kt-1's stage is free there */
         __syncwarp();
         {
-            int nk = kt + ST - 1;
+            int nk = kt + TC_STAGES - 1;
             if (nk < n_tiles)
-                load_tile(nk % ST, nk, no_hole);
+                load_tile(nk % TC_STAGES, nk, no_hole);
             tc_cp_commit();
         }
-        const bf16_t *tk = sk + (kt % ST) * TILE + warp * WPART;
-        const bf16_t *tv = sv + (kt % ST) * TILE + warp * WPART;
+        const bf16_t *tk = sk + (kt % TC_STAGES) * TILE + warp * WPART;
+        const bf16_t *tv = sv + (kt % TC_STAGES) * TILE + warp * WPART;
         const int kb = start + kt * TC_TK + warp * 16;
         if (kb >= end)
             continue; /* this warp's 16 keys are all past the split */
@@ -468,41 +466,32 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * turns it off. */
 #define TC_NEWROW_MAX_TOK 2
 
-/* The TMA copy's stage count (BT_ATTN_TMA: 0 off, 2 or 3 stages; unset:
- * TC_TMA_STAGES_DEFAULT) and maps: a 3-D tensor map over each layer
+/* The TMA copy's maps (BT_ATTN_TMA=1): a 3-D tensor map over each layer
  * cache ({head dims, KV heads, slots}, 128-byte swizzle), boxes of 64
  * dims x 1 head x min(block, 16) slots, so a warp's 16 keys are one box
  * a 64-dim slab (two at block 8).  Blocks of 8 or a multiple of 16 slots
- * (16 keys never straddle a page), slot indices in an int, sm_90a, steps
- * without the fused RoPE.  0 when the copy does not apply. */
-#define TC_TMA_STAGES_DEFAULT 0
-static int tc_tma_maps(const cuda_attn_args_t *a, tc_maps *m)
+ * (16 keys never straddle a page), slot indices in an int, sm_90a. */
+static bool tc_tma_maps(const cuda_attn_args_t *a, tc_maps *m)
 {
     const int bs = a->block_size, rows = bs < 16 ? bs : 16;
     const char *env = getenv("BT_ATTN_TMA");
-    int st = TC_TMA_STAGES_DEFAULT;
 
-    if (env && *env)
-        st = strcmp(env, "2") == 0 ? 2 : strcmp(env, "0") == 0 ? 0 : 3;
-    if (st == 0 || a->d_qkv != NULL || !cuda_wgmma_available() ||
-        !(bs == 8 || bs % 16 == 0) || a->kv_slots <= 0 ||
-        a->kv_slots >= 0x7fffffffLL)
-        return 0;
-    if (!wg_cache_map(&m->k, a->d_k_cache, a->head_dim, a->n_kv_heads,
-                      a->kv_slots, rows) ||
-        !wg_cache_map(&m->v, a->d_v_cache, a->head_dim, a->n_kv_heads,
-                      a->kv_slots, rows))
-        return 0;
-    return st;
+    if (!(env && strcmp(env, "1") == 0) || a->d_qkv != NULL ||
+        !cuda_wgmma_available() || !(bs == 8 || bs % 16 == 0) ||
+        a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL)
+        return false;
+    return wg_cache_map(&m->k, a->d_k_cache, a->head_dim, a->n_kv_heads,
+                        a->kv_slots, rows) &&
+           wg_cache_map(&m->v, a->d_v_cache, a->head_dim, a->n_kv_heads,
+                        a->kv_slots, rows);
 }
 
-template <int HD, bool NEWROW, bool TMA, int ST>
+template <int HD, bool NEWROW, bool TMA>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
                              const tc_maps &maps, cudaStream_t stream)
 {
-    const size_t bytes =
-        TMA ? tc_smem<HD>::bytes_tma(ST) : tc_smem<HD>::BYTES;
+    const size_t bytes = TMA ? tc_smem<HD>::BYTES_TMA : tc_smem<HD>::BYTES;
     /* The shared-memory opt-in is a per-device attribute: tensor-parallel
      * ranks (one thread per GPU) each need it on their own device. */
     static bool attr_set[64];
@@ -513,7 +502,7 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
-            attn_decode_tc_kernel<HD, NEWROW, TMA, ST>,
+            attn_decode_tc_kernel<HD, NEWROW, TMA>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
@@ -522,32 +511,29 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA, ST>,
+    kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
                 n_splits, ws, early, maps);
     return cudaSuccess;
 }
 
-/* The instance for the new-row path (nr), the TMA copy of tma stages
- * (0: none) or neither. */
+/* The instance for the new-row path (nr), the TMA copy (tma) or
+ * neither. */
 template <int HD>
-static cudaError_t tc_launch_hd(bool nr, int tma, const cuda_attn_args_t *a,
+static cudaError_t tc_launch_hd(bool nr, bool tma, const cuda_attn_args_t *a,
                                 const int *tok_idx, int n, int n_splits,
                                 int split_len, float *ws, const tc_maps &maps,
                                 cudaStream_t stream)
 {
     if (nr)
-        return tc_launch<HD, true, false, TC_STAGES>(
-            a, tok_idx, n, n_splits, split_len, ws, maps, stream);
-    if (tma == 2)
-        return tc_launch<HD, false, true, 2>(a, tok_idx, n, n_splits,
-                                             split_len, ws, maps, stream);
+        return tc_launch<HD, true, false>(a, tok_idx, n, n_splits, split_len,
+                                          ws, maps, stream);
     if (tma)
-        return tc_launch<HD, false, true, TC_STAGES>(
-            a, tok_idx, n, n_splits, split_len, ws, maps, stream);
-    return tc_launch<HD, false, false, TC_STAGES>(
-        a, tok_idx, n, n_splits, split_len, ws, maps, stream);
+        return tc_launch<HD, false, true>(a, tok_idx, n, n_splits, split_len,
+                                          ws, maps, stream);
+    return tc_launch<HD, false, false>(a, tok_idx, n, n_splits, split_len, ws,
+                                       maps, stream);
 }
 
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
@@ -561,7 +547,7 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                     split_len <= (TC_STAGES - 1) * TC_TK;
     tc_maps maps;
     memset(&maps, 0, sizeof(maps));
-    const int tma = nr ? 0 : tc_tma_maps(a, &maps);
+    const bool tma = !nr && tc_tma_maps(a, &maps);
     cudaError_t err =
         a->head_dim == 64
             ? tc_launch_hd<64>(nr, tma, a, tok_idx, n, n_splits, split_len,
