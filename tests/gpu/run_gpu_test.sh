@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
 fails=0
 rows=""
 for t in test_embed test_rmsnorm test_swiglu test_rope_kv test_sample test_topk \
-         test_gemm test_attn test_cuda_model; do
+         test_sample_dist test_cuda_sample test_gemm test_attn test_cuda_model; do
   echo "=== $t" >> "$log"
   start=$(date +%s%N)
   timeout 240 "$build/gpu/$t" >> "$log" 2>&1

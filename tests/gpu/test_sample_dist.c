@@ -14,6 +14,9 @@
  *        selection / draw logic is exact);
  *      - the contract (cuda_sample.h) against the host sampler: u lies in
  *        the token's exact cumulative window, tol 2e-6.
+ *    Vocab 32000 and 128256 again with each cluster size forced
+ *    (BT_SAMPLE_DIST_CLUSTER 16 / 8 / 4 / 2: the launch itself picks one
+ *    block a row for 504 rows).
  * 2. End to end through cuda_sampling_enqueue / _finish (the path the
  *    backend uses): greedy, top-p, top-p 0.999, plain temperature,
  *    min-p, top-k 1, top-k alone and penalty rows on flat and peaked
@@ -203,10 +206,11 @@ static void check_kernel(int vocab)
                worst_ulp);
         bad++;
     }
-    printf("%s kernel vocab %d: %d rows, device = reference on its P, "
-           "contract vs host sampler; P within %d ulp; token = host's in "
-           "%d of %d\n", bad ? "FAIL" : "PASS", vocab, n, worst_ulp, agree,
-           checked);
+    const char *cl = getenv("BT_SAMPLE_DIST_CLUSTER");
+    printf("%s kernel vocab %d (cluster %s): %d rows, device = reference on "
+           "its P, contract vs host sampler; P within %d ulp; token = "
+           "host's in %d of %d\n", bad ? "FAIL" : "PASS", vocab,
+           cl ? cl : "by rows", n, worst_ulp, agree, checked);
     g_fail += bad;
     cudaFree(d_lg);
     cudaFree(d_p);
@@ -397,8 +401,20 @@ int main(int argc, char **argv)
         bench();
         return 0;
     }
+    /* the size the launch picks for 504 rows (one block a row), then
+     * every cluster size forced (BT_SAMPLE_DIST_CLUSTER; capped by the
+     * device and by 4096 elements a block), unless the caller set one */
+    static const char *const clusters[] = {"16", "8", "4", "2"};
+    const bool sweep = getenv("BT_SAMPLE_DIST_CLUSTER") == NULL;
     for (int v = 0; v < 3; v++)
         check_kernel(vocabs[v]);
+    for (int ci = 0; sweep && ci < 4; ci++) {
+        setenv("BT_SAMPLE_DIST_CLUSTER", clusters[ci], 1);
+        for (int v = 1; v < 3; v++)
+            check_kernel(vocabs[v]);
+    }
+    if (sweep)
+        unsetenv("BT_SAMPLE_DIST_CLUSTER");
     check_end_to_end(32000);
     check_end_to_end(128256);
     printf("%s test_sample_dist\n", g_fail ? "FAIL" : "PASS");

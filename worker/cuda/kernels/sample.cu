@@ -615,37 +615,63 @@ bt_status_t cuda_sample_top(const float *d_logits, size_t ld,
 // ---------------------------------------------------------------------
 // whole-distribution sampling (cuda_sample_dist, sample_dist.h)
 //
-// One block per row.  Passes over the row: max / NaN; e_i to the scratch
-// row and their sum; P_i in place with F's count, mass and key range.
-// Then each selection ("the first position of the (P desc, id asc) order
-// whose cumulative count or mass exceeds t") is a radix descent over the
-// P keys of F: a 2048-bin histogram (count + fixed-point mass) over the
-// current key interval, the bin where the cumulative crosses t, and again
-// inside that bin until it holds one key (3 passes for any row); the
-// rank inside the run of equal P follows arithmetically, and the id of
-// the j-th element of a run in id order from one ordered scan.  Sorted
-// mode: nucleus by mass (top_p), else by count (the limit), then the
-// draw (u * keep): about 12 reads of the row from L2.  Id order: one
-// ordered prefix scan of the masses.
+// One thread-block cluster per row: C blocks (1, 8 or 16; sd_cluster_for)
+// each own a contiguous slice of the row, and every cross-slice result
+// (the max, the normalizer sum, F's count / mass / key range, each radix
+// level's histogram, the ordered scans' offsets) is exchanged through
+// distributed shared memory in cluster rank order, so every block holds
+// the same values and the result does not depend on C's scheduling.
+// Passes over the slice: max / NaN; e_i to the scratch row and their
+// sum; P_i in place with F's count, mass and key range.  Then each
+// selection ("the first position of the (P desc, id asc) order whose
+// cumulative count or mass exceeds t") is a radix descent over the P
+// keys of F: a 2048-bin histogram (count + fixed-point mass) over the
+// current key interval, summed over the cluster, the bin where the
+// cumulative crosses t, and again inside that bin until it holds one key
+// (3 levels for any row); the rank inside the run of equal P follows
+// arithmetically, and the id of the j-th element of a run in id order
+// from one ordered scan.  Sorted mode: nucleus by mass (top_p), else by
+// count (the limit), then the draw (u * keep): about 12 reads of the row
+// from L2.  Id order: one ordered prefix scan of the masses.
+// Round 13 measured the one-block kernel at 557 us a 128K row (issue-
+// bound on one SM); the cluster spreads those passes over 16 SMs.
 
-#define SD_THREADS 1024
+#include <cooperative_groups.h>
+
+#define SD_THREADS 512
 #define SD_WARPS (SD_THREADS / 32)
 #define SD_BINS 2048
 #define SD_LANE_BINS (SD_BINS / 32)
 #define SD_FULL 0xffffffffu
+#define SD_CLUSTER_MAX 16
+#define SD_XW 4 /* words a cluster exchange */
+/* a slice of at least this many elements a block (sd_cluster_for) */
+#define SD_SLICE_MIN 4096
 
 typedef struct {
-    unsigned cnt[SD_BINS];            /* histogram: elements per bin */
-    unsigned long long mass[SD_BINS]; /* histogram: fixed-point mass */
-    double d[SD_WARPS];               /* reductions */
+    unsigned cnt[SD_BINS];            /* this block's histogram: count */
+    unsigned long long mass[SD_BINS]; /* and fixed-point mass */
+    unsigned tcnt[SD_BINS];           /* the cluster's sums (C > 1) */
+    unsigned long long tmass[SD_BINS];
+    double d[SD_WARPS];               /* block reductions */
     unsigned long long q[SD_WARPS];
     unsigned u[SD_WARPS];
     float f[SD_WARPS];
+    unsigned long long xch[2][SD_XW]; /* published words (two buffers) */
+    unsigned long long xall[SD_XW];   /* folded over all ranks */
+    unsigned long long xpre[SD_XW];   /* folded over the ranks below */
     unsigned pick_bin;                /* chosen bin; SD_BINS: none */
     unsigned pick_cnt;                /* count above the chosen bin */
     unsigned long long pick_mass;     /* mass above the chosen bin */
     int found;                        /* an id found by a scan */
 } sd_smem_t;
+
+/* A block's place in its row's cluster: C blocks, this one rank r,
+ * owning the slice [lo, lo + n) of the row (warps: contiguous ranges of
+ * `range` elements, a multiple of 32); xp: the exchange buffer next. */
+typedef struct {
+    int C, r, lo, n, range, xp;
+} sd_ctx_t;
 
 /* A position of the (P desc, id asc) order over F. */
 typedef struct {
@@ -656,6 +682,107 @@ typedef struct {
     unsigned long long s_gt; /* mass of F with a larger P */
     int found;
 } sd_pos_t;
+
+/* Block q's copy of shared variable p (distributed shared memory). */
+template <typename T>
+static __device__ __forceinline__ T *sd_remote(T *p, int q)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return cooperative_groups::this_cluster().map_shared_rank(p, q);
+#else
+    (void)q;
+    return p;
+#endif
+}
+
+/* Every thread of every block of the cluster; also a block barrier. */
+static __device__ __forceinline__ void sd_cluster_sync(const sd_ctx_t &cx)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cx.C > 1) {
+        cooperative_groups::this_cluster().sync();
+        return;
+    }
+#endif
+    (void)cx;
+    __syncthreads();
+}
+
+/* Folds K words over the cluster's blocks in rank order, every thread
+ * calling with its block's w (the same in all its threads): all[k] =
+ * fold over ranks 0..C-1, pre[k] = fold over the ranks below this block
+ * (id when there are none).  fold(k, a, b) combines bit patterns.  The
+ * published words alternate between two buffers: a block writes one
+ * only after the cluster barrier that follows every read of its previous
+ * use. */
+template <int K, typename Fold>
+static __device__ void sd_fold(sd_smem_t *sh, sd_ctx_t &cx,
+                               const unsigned long long (&w)[K],
+                               const unsigned long long (&id)[K], Fold fold,
+                               unsigned long long (&all)[K],
+                               unsigned long long (&pre)[K])
+{
+    if (cx.C == 1) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            all[k] = w[k];
+            pre[k] = id[k];
+        }
+        return;
+    }
+    unsigned long long *slot = sh->xch[cx.xp];
+    cx.xp ^= 1;
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            slot[k] = w[k];
+    sd_cluster_sync(cx);
+    if (threadIdx.x < K) {
+        const int k = threadIdx.x;
+        unsigned long long a = id[k], b = id[k];
+        for (int q = 0; q < cx.C; q++) {
+            if (q == cx.r)
+                b = a;
+            a = fold(k, a, sd_remote(slot, q)[k]);
+        }
+        sh->xall[k] = a;
+        sh->xpre[k] = b;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        all[k] = sh->xall[k];
+        pre[k] = sh->xpre[k];
+    }
+}
+
+static __device__ __forceinline__ unsigned long long sd_bits(double v)
+{
+    return (unsigned long long)__double_as_longlong(v);
+}
+
+static __device__ __forceinline__ double sd_dbl(unsigned long long b)
+{
+    return __longlong_as_double((long long)b);
+}
+
+/* Integer sums over the cluster: all[k] and the ranks below (pre[k]). */
+template <int K>
+static __device__ void sd_fold_add(sd_smem_t *sh, sd_ctx_t &cx,
+                                   const unsigned long long (&w)[K],
+                                   unsigned long long (&all)[K],
+                                   unsigned long long (&pre)[K])
+{
+    unsigned long long zero[K];
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        zero[k] = 0;
+    sd_fold<K>(sh, cx, w, zero,
+               [](int, unsigned long long a, unsigned long long b) {
+                   return a + b;
+               },
+               all, pre);
+}
 
 /* Adds a warp's elements to the histogram (bin -1: none); a bin shared
  * by many lanes (ties) costs one atomic. */
@@ -683,18 +810,49 @@ static __device__ void sd_hist_add(sd_smem_t *sh, int bin,
     }
 }
 
-/* Warp 0: the highest bin at which the cumulative metric (count or mass,
- * from the top bin down) exceeds t; sets pick_* (pick_bin = SD_BINS when
- * the total does not exceed t). */
-static __device__ void sd_pick(sd_smem_t *sh, bool by_mass,
+/* The cluster's histogram (C > 1) into tcnt / tmass of every block:
+ * block r sums bins [r * per, (r + 1) * per) over the blocks, then each
+ * block gathers the others' sums.  The two cluster barriers also order
+ * the next level's clearing of cnt / mass after every remote read. */
+static __device__ void sd_hist_merge(sd_smem_t *sh, const sd_ctx_t &cx)
+{
+    const int per = SD_BINS / cx.C, b0 = cx.r * per;
+
+    sd_cluster_sync(cx); /* every block's histogram is complete */
+    for (int i = threadIdx.x; i < per; i += SD_THREADS) {
+        unsigned c = 0;
+        unsigned long long m = 0;
+        for (int q = 0; q < cx.C; q++) {
+            c += sd_remote(sh->cnt, q)[b0 + i];
+            m += sd_remote(sh->mass, q)[b0 + i];
+        }
+        sh->tcnt[b0 + i] = c;
+        sh->tmass[b0 + i] = m;
+    }
+    sd_cluster_sync(cx); /* every block's share is summed */
+    for (int i = threadIdx.x; i < SD_BINS; i += SD_THREADS) {
+        const int q = i / per;
+        if (q != cx.r) {
+            sh->tcnt[i] = sd_remote(sh->tcnt, q)[i];
+            sh->tmass[i] = sd_remote(sh->tmass, q)[i];
+        }
+    }
+    __syncthreads();
+}
+
+/* Warp 0: the highest bin of (cnt, mass) at which the cumulative metric
+ * (count or mass, from the top bin down) exceeds t; sets pick_*
+ * (pick_bin = SD_BINS when the total does not exceed t). */
+static __device__ void sd_pick(sd_smem_t *sh, const unsigned *cnt,
+                               const unsigned long long *mass, bool by_mass,
                                unsigned long long t)
 {
     const int lane = threadIdx.x;
     unsigned long long oc = 0, om = 0, sc, sm, so;
 
     for (int b = 0; b < SD_LANE_BINS; b++) {
-        oc += sh->cnt[lane * SD_LANE_BINS + b];
-        om += sh->mass[lane * SD_LANE_BINS + b];
+        oc += cnt[lane * SD_LANE_BINS + b];
+        om += mass[lane * SD_LANE_BINS + b];
     }
     sc = oc;
     sm = om;
@@ -717,7 +875,7 @@ static __device__ void sd_pick(sd_smem_t *sh, bool by_mass,
         unsigned long long ac = sc - oc, am = sm - om;
         for (int b = SD_LANE_BINS - 1; b >= 0; b--) {
             int bin = lane * SD_LANE_BINS + b;
-            unsigned long long c = sh->cnt[bin], m = sh->mass[bin];
+            unsigned long long c = cnt[bin], m = mass[bin];
             if ((by_mass ? am + m : ac + c) > t) {
                 sh->pick_bin = (unsigned)bin;
                 sh->pick_cnt = (unsigned)ac;
@@ -732,12 +890,15 @@ static __device__ void sd_pick(sd_smem_t *sh, bool by_mass,
 
 /* The first position of the (P desc, id asc) order over F (P >= cut_m,
  * keys in [a, b]) whose cumulative count (by_mass false) or mass exceeds
- * t.  found = 0 when the total does not. */
-static __device__ sd_pos_t sd_select(const float *p, int vocab, float cut_m,
-                                     unsigned a, unsigned b, bool by_mass,
-                                     unsigned long long t, sd_smem_t *sh)
+ * t.  found = 0 when the total does not.  p: the block's slice. */
+static __device__ sd_pos_t sd_select(const float *p, const sd_ctx_t &cx,
+                                     float cut_m, unsigned a, unsigned b,
+                                     bool by_mass, unsigned long long t,
+                                     sd_smem_t *sh)
 {
     const int tid = threadIdx.x;
+    const unsigned *cnt = cx.C > 1 ? sh->tcnt : sh->cnt;
+    const unsigned long long *mass = cx.C > 1 ? sh->tmass : sh->mass;
     unsigned cgt = 0;
     unsigned long long sgt = 0;
     sd_pos_t r;
@@ -754,15 +915,17 @@ static __device__ sd_pos_t sd_select(const float *p, int vocab, float cut_m,
             sh->mass[i] = 0;
         }
         __syncthreads();
-        row_walk(p, vocab, -1.0f, [&](int, float q, bool valid) {
+        row_walk(p, cx.n, -1.0f, [&](int, float q, bool valid) {
             unsigned k = sd_key(q);
             bool in = valid && q >= cut_m && k >= a && k <= b;
             sd_hist_add(sh, in ? (int)((k - a) >> shift) : -1,
                         in ? sd_fx(q) : 0ull);
         });
         __syncthreads();
+        if (cx.C > 1)
+            sd_hist_merge(sh, cx);
         if (tid < 32)
-            sd_pick(sh, by_mass, t - (by_mass ? sgt : cgt));
+            sd_pick(sh, cnt, mass, by_mass, t - (by_mass ? sgt : cgt));
         __syncthreads();
         bin = sh->pick_bin;
         if (bin >= SD_BINS) {
@@ -776,7 +939,7 @@ static __device__ sd_pos_t sd_select(const float *p, int vocab, float cut_m,
             r.key = na;
             r.cnt_gt = cgt;
             r.s_gt = sgt;
-            r.cnt_eq = sh->cnt[bin];
+            r.cnt_eq = cnt[bin];
             r.j = by_mass ? sd_rank_in_run(t, sgt, sd_fx(sd_unkey(na)),
                                            r.cnt_eq)
                           : sd_rank_in_run(t, cgt, 1, r.cnt_eq);
@@ -790,23 +953,32 @@ static __device__ sd_pos_t sd_select(const float *p, int vocab, float cut_m,
     }
 }
 
-/* Each warp scans a contiguous id range (a multiple of 32). */
-static __device__ int sd_warp_range(int vocab)
+/* The found id of the cluster (-1: none): the blocks' found ids, at most
+ * one of them >= 0, folded by max. */
+static __device__ int sd_found(sd_smem_t *sh, sd_ctx_t &cx, int found)
 {
-    return ((vocab + SD_THREADS - 1) / SD_THREADS) * 32;
+    const unsigned long long w[1] = {(unsigned long long)(found + 1)};
+    const unsigned long long id[1] = {0};
+    unsigned long long all[1], pre[1];
+
+    sd_fold<1>(sh, cx, w, id,
+               [](int, unsigned long long a, unsigned long long b) {
+                   return a > b ? a : b;
+               },
+               all, pre);
+    return (int)all[0] - 1;
 }
 
 /* The id of the j-th (1-based, id order) element whose key is v; -1 if
  * there is none. */
-static __device__ int sd_lookup(const float *p, int vocab, unsigned v,
+static __device__ int sd_lookup(const float *p, sd_ctx_t &cx, unsigned v,
                                 unsigned j, sd_smem_t *sh)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int range = sd_warp_range(vocab), lo = warp * range;
-    const int hi = min(lo + range, vocab);
-    unsigned c = 0, before = 0;
+    const int lo = warp * cx.range, hi = min(lo + cx.range, cx.n);
+    unsigned c = 0, before = 0, total = 0;
 
-    warp_walk(p, lo, lo + range, hi, 0.0f, [&](int, float q, bool in) {
+    warp_walk(p, lo, lo + cx.range, hi, 0.0f, [&](int, float q, bool in) {
         c += __popc(__ballot_sync(SD_FULL, in && sd_key(q) == v));
         return false;
     });
@@ -815,37 +987,49 @@ static __device__ int sd_lookup(const float *p, int vocab, unsigned v,
     if (threadIdx.x == 0)
         sh->found = -1;
     __syncthreads();
-    for (int w = 0; w < warp; w++)
-        before += sh->u[w];
+    for (int w = 0; w < SD_WARPS; w++) {
+        if (w < warp)
+            before += sh->u[w];
+        total += sh->u[w];
+    }
+    {
+        const unsigned long long wt[1] = {total};
+        unsigned long long all[1], pre[1];
+        sd_fold_add<1>(sh, cx, wt, all, pre);
+        before += (unsigned)pre[0];
+    }
     if (before < j && j <= before + c) {
-        warp_walk(p, lo, lo + range, hi, 0.0f, [&](int i, float q, bool in) {
-            bool m = in && sd_key(q) == v;
-            unsigned bal = __ballot_sync(SD_FULL, m);
-            if (before + __popc(bal) >= j) {
-                if (m && before + __popc(bal & ((1u << lane) - 1u)) + 1u ==
-                             j)
-                    sh->found = i;
-                return true;
-            }
-            before += __popc(bal);
-            return false;
-        });
+        warp_walk(p, lo, lo + cx.range, hi, 0.0f,
+                  [&](int i, float q, bool in) {
+                      bool m = in && sd_key(q) == v;
+                      unsigned bal = __ballot_sync(SD_FULL, m);
+                      if (before + __popc(bal) >= j) {
+                          if (m && before +
+                                           __popc(bal & ((1u << lane) - 1u)) +
+                                           1u ==
+                                       j)
+                              sh->found = cx.lo + i;
+                          return true;
+                      }
+                      before += __popc(bal);
+                      return false;
+                  });
     }
     __syncthreads();
-    return sh->found;
+    return sd_found(sh, cx, sh->found);
 }
 
 /* The first id of F (id order) whose cumulative mass exceeds t; -1 if
  * the total does not. */
-static __device__ int sd_find_mass(const float *p, int vocab, float cut_m,
-                                   unsigned long long t, sd_smem_t *sh)
+static __device__ int sd_find_mass(const float *p, sd_ctx_t &cx,
+                                   float cut_m, unsigned long long t,
+                                   sd_smem_t *sh)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int range = sd_warp_range(vocab), lo = warp * range;
-    const int hi = min(lo + range, vocab);
-    unsigned long long tot = 0, before = 0;
+    const int lo = warp * cx.range, hi = min(lo + cx.range, cx.n);
+    unsigned long long tot = 0, before = 0, total = 0;
 
-    warp_walk(p, lo, lo + range, hi, 0.0f, [&](int, float q, bool in) {
+    warp_walk(p, lo, lo + cx.range, hi, 0.0f, [&](int, float q, bool in) {
         tot += in && q >= cut_m ? sd_fx(q) : 0ull;
         return false;
     });
@@ -856,40 +1040,73 @@ static __device__ int sd_find_mass(const float *p, int vocab, float cut_m,
     if (threadIdx.x == 0)
         sh->found = -1;
     __syncthreads();
-    for (int w = 0; w < warp; w++)
-        before += sh->q[w];
+    for (int w = 0; w < SD_WARPS; w++) {
+        if (w < warp)
+            before += sh->q[w];
+        total += sh->q[w];
+    }
+    {
+        const unsigned long long wt[1] = {total};
+        unsigned long long all[1], pre[1];
+        sd_fold_add<1>(sh, cx, wt, all, pre);
+        before += pre[0];
+    }
     if (before <= t && t < before + tot) {
-        warp_walk(p, lo, lo + range, hi, 0.0f, [&](int i, float q, bool in) {
-            unsigned long long w = in && q >= cut_m ? sd_fx(q) : 0ull;
-            unsigned long long inc = w;
-            for (int o = 1; o < 32; o <<= 1) {
-                unsigned long long v = __shfl_up_sync(SD_FULL, inc, o);
-                if (lane >= o)
-                    inc += v;
-            }
-            unsigned bal = __ballot_sync(SD_FULL, before + inc > t);
-            if (bal) {
-                if (lane == __ffs(bal) - 1)
-                    sh->found = i;
-                return true;
-            }
-            before += __shfl_sync(SD_FULL, inc, 31);
-            return false;
-        });
+        warp_walk(p, lo, lo + cx.range, hi, 0.0f,
+                  [&](int i, float q, bool in) {
+                      unsigned long long w = in && q >= cut_m ? sd_fx(q)
+                                                              : 0ull;
+                      unsigned long long inc = w;
+                      for (int o = 1; o < 32; o <<= 1) {
+                          unsigned long long v =
+                              __shfl_up_sync(SD_FULL, inc, o);
+                          if (lane >= o)
+                              inc += v;
+                      }
+                      unsigned bal = __ballot_sync(SD_FULL, before + inc > t);
+                      if (bal) {
+                          if (lane == __ffs(bal) - 1)
+                              sh->found = cx.lo + i;
+                          return true;
+                      }
+                      before += __shfl_sync(SD_FULL, inc, 31);
+                      return false;
+                  });
     }
     __syncthreads();
-    return sh->found;
+    return sd_found(sh, cx, sh->found);
 }
 
-static __global__ void __launch_bounds__(SD_THREADS)
+/* Each warp's id range for a row of vocab over C blocks (a multiple of
+ * 32; a block's slice is SD_WARPS of them). */
+static __device__ int sd_warp_range(int vocab, int C)
+{
+    const int per = SD_THREADS * C;
+    return ((vocab + per - 1) / per) * 32;
+}
+
+static __global__ void __launch_bounds__(SD_THREADS, 2)
     sd_kernel(const float *logits, size_t ld, int vocab,
               const cuda_dist_spec_t *specs, float *scratch,
-              cuda_dist_out_t *outs)
+              cuda_dist_out_t *outs, int C)
 {
-    __shared__ sd_smem_t sh;
-    const cuda_dist_spec_t sp = specs[blockIdx.x];
-    const float *x = logits + (size_t)sp.row * ld;
-    float *p = scratch + (size_t)blockIdx.x * vocab;
+    extern __shared__ __align__(16) unsigned char sd_raw[];
+    sd_smem_t *sh = reinterpret_cast<sd_smem_t *>(sd_raw);
+    sd_ctx_t cx;
+    cx.C = C;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cx.r = C > 1 ? (int)cooperative_groups::this_cluster().block_rank() : 0;
+#else
+    cx.r = 0;
+#endif
+    cx.range = sd_warp_range(vocab, C);
+    cx.lo = cx.r * cx.range * SD_WARPS;
+    cx.n = max(0, min(vocab - cx.lo, cx.range * SD_WARPS));
+    cx.xp = 0;
+    const int row = blockIdx.x / C;
+    const cuda_dist_spec_t sp = specs[row];
+    const float *x = logits + (size_t)sp.row * ld + cx.lo;
+    float *p = scratch + (size_t)row * vocab + cx.lo;
     const int tid = threadIdx.x;
     cuda_dist_out_t out;
     float mx = -INFINITY, cut_m;
@@ -903,27 +1120,54 @@ static __global__ void __launch_bounds__(SD_THREADS)
     out.n = 0;
     out.keep = 0;
     out.sum = 0.0;
-    row_walk(x, vocab, -INFINITY, [&](int, float v, bool in) {
+    row_walk(x, cx.n, -INFINITY, [&](int, float v, bool in) {
         if (in && isnan(v))
             bad = 1;
         else if (in)
             mx = fmaxf(mx, v);
     });
-    mx = block_reduce(mx, op_max(), sh.f);
-    bad = block_reduce(bad, op_max(), sh.u);
+    mx = block_reduce(mx, op_max(), sh->f);
+    bad = block_reduce(bad, op_max(), sh->u);
+    {
+        const unsigned long long w[2] = {__float_as_uint(mx), bad};
+        const unsigned long long id[2] = {__float_as_uint(-INFINITY), 0};
+        unsigned long long all[2], pre[2];
+        sd_fold<2>(sh, cx, w, id,
+                   [](int k, unsigned long long a, unsigned long long b) {
+                       if (k == 1)
+                           return a > b ? a : b;
+                       return (unsigned long long)__float_as_uint(
+                           fmaxf(__uint_as_float((unsigned)a),
+                                 __uint_as_float((unsigned)b)));
+                   },
+                   all, pre);
+        mx = __uint_as_float((unsigned)all[0]);
+        bad = (unsigned)all[1];
+    }
     if (bad || isinf(mx))
         goto done;
-    row_walk(x, vocab, 0.0f, [&](int j, float v, bool in) {
+    row_walk(x, cx.n, 0.0f, [&](int j, float v, bool in) {
         if (in) {
             float e = expf((v - mx) * sp.inv_t);
             p[j] = e;
             sum += (double)e;
         }
     });
-    sum = block_reduce(sum, op_add(), sh.d);
+    sum = block_reduce(sum, op_add(), sh->d);
+    {
+        const unsigned long long w[1] = {sd_bits(sum)};
+        const unsigned long long id[1] = {sd_bits(0.0)};
+        unsigned long long all[1], pre[1];
+        sd_fold<1>(sh, cx, w, id,
+                   [](int, unsigned long long a, unsigned long long b) {
+                       return sd_bits(sd_dbl(a) + sd_dbl(b));
+                   },
+                   all, pre);
+        sum = sd_dbl(all[0]);
+    }
     out.sum = sum;
     cut_m = sd_cut_m(sp.min_p, sum);
-    row_walk(p, vocab, 0.0f, [&](int j, float e, bool in) {
+    row_walk(p, cx.n, 0.0f, [&](int j, float e, bool in) {
         if (!in)
             return;
         float q = (float)((double)e / sum); /* this thread's e_j */
@@ -936,10 +1180,28 @@ static __global__ void __launch_bounds__(SD_THREADS)
             klo = min(klo, k);
         }
     });
-    n_f = block_reduce(n_f, op_add(), sh.u);
-    m_f = block_reduce(m_f, op_add(), sh.q);
-    khi = block_reduce(khi, op_max(), sh.u);
-    klo = block_reduce(klo, op_min(), sh.u);
+    n_f = block_reduce(n_f, op_add(), sh->u);
+    m_f = block_reduce(m_f, op_add(), sh->q);
+    khi = block_reduce(khi, op_max(), sh->u);
+    klo = block_reduce(klo, op_min(), sh->u);
+    {
+        const unsigned long long w[4] = {n_f, m_f, khi, klo};
+        const unsigned long long id[4] = {0, 0, 0, 0xFFFFFFFFu};
+        unsigned long long all[4], pre[4];
+        sd_fold<4>(sh, cx, w, id,
+                   [](int k, unsigned long long a, unsigned long long b) {
+                       if (k < 2)
+                           return a + b;
+                       if (k == 2)
+                           return a > b ? a : b;
+                       return a < b ? a : b;
+                   },
+                   all, pre);
+        n_f = (unsigned)all[0];
+        m_f = all[1];
+        khi = (unsigned)all[2];
+        klo = (unsigned)all[3];
+    }
     mode = sd_mode(&sp, (int)n_f);
     if (mode == SD_MODE_ORDER) {
         out.token = CUDA_DIST_ORDER;
@@ -948,11 +1210,11 @@ static __global__ void __launch_bounds__(SD_THREADS)
     if (mode == SD_MODE_ID) {
         out.n = (int)n_f;
         out.keep = m_f;
-        out.token = sd_find_mass(p, vocab, cut_m, sd_target(m_f, sp.u), &sh);
+        out.token = sd_find_mass(p, cx, cut_m, sd_target(m_f, sp.u), sh);
         goto done;
     }
     if (mode == SD_MODE_TOP1) {
-        nuc = sd_select(p, vocab, cut_m, klo, khi, false, 0, &sh);
+        nuc = sd_select(p, cx, cut_m, klo, khi, false, 0, sh);
     } else {
         int nk = sp.top_k > 0 && sp.top_k < (int)n_f ? sp.top_k : (int)n_f;
         float cut_p = sd_cut_p(sp.top_p, nk);
@@ -960,30 +1222,96 @@ static __global__ void __launch_bounds__(SD_THREADS)
         unsigned long long fx_top = sd_fx(sp.top_p);
         int limit;
 
-        row_walk(p, vocab, -1.0f, [&](int, float q, bool in) {
+        row_walk(p, cx.n, -1.0f, [&](int, float q, bool in) {
             g += in && q >= cut_m && q >= cut_p;
         });
-        g = block_reduce(g, op_add(), sh.u);
+        g = block_reduce(g, op_add(), sh->u);
+        {
+            const unsigned long long w[1] = {g};
+            unsigned long long all[1], pre[1];
+            sd_fold_add<1>(sh, cx, w, all, pre);
+            g = (unsigned)all[0];
+        }
         limit = sd_limit(&sp, (int)n_f, (int)g);
         nuc = fx_top == 0
-                  ? sd_select(p, vocab, cut_m, klo, khi, false, 0, &sh)
-                  : sd_select(p, vocab, cut_m, klo, khi, true, fx_top - 1,
-                              &sh);
+                  ? sd_select(p, cx, cut_m, klo, khi, false, 0, sh)
+                  : sd_select(p, cx, cut_m, klo, khi, true, fx_top - 1, sh);
         if (!nuc.found || nuc.cnt_gt + nuc.j > (unsigned)limit)
-            nuc = sd_select(p, vocab, cut_m, klo, khi, false,
-                            (unsigned long long)limit - 1, &sh);
+            nuc = sd_select(p, cx, cut_m, klo, khi, false,
+                            (unsigned long long)limit - 1, sh);
     }
     keep = nuc.s_gt + (unsigned long long)nuc.j * sd_fx(sd_unkey(nuc.key));
     out.n = (int)(nuc.cnt_gt + nuc.j);
     out.keep = keep;
     t = sd_target(keep, sp.u);
-    pd = sd_select(p, vocab, cut_m, klo, khi, true, t, &sh);
+    pd = sd_select(p, cx, cut_m, klo, khi, true, t, sh);
     if (!pd.found || pd.cnt_gt + pd.j > (unsigned)out.n)
         pd = nuc; /* rounding: the last candidate, as the host */
-    out.token = sd_lookup(p, vocab, pd.key, pd.j, &sh);
+    out.token = sd_lookup(p, cx, pd.key, pd.j, sh);
 done:
-    if (tid == 0)
-        outs[blockIdx.x] = out;
+    if (tid == 0 && cx.r == 0)
+        outs[row] = out;
+    /* no block leaves while another may still read its shared memory */
+    sd_cluster_sync(cx);
+}
+
+/* Blocks a row for n rows: 16 (a non-portable cluster, when the device
+ * can run one), else 8; fewer when the row is short (SD_SLICE_MIN
+ * elements a block at least) or when n rows would need more than two
+ * blocks an SM (round 19: 64 rows of 128K at 16 blocks a row, 1024
+ * blocks, took 654 us against 101 for one row); 1 without clusters
+ * (before sm_90).  BT_SAMPLE_DIST_CLUSTER=N sets it whatever the row
+ * count (at most the device's, a power of two; 1: one block a row). */
+static int sd_cluster_for(int vocab, int n)
+{
+    static int max_c[64], n_sm[64];
+    int dev = 0, cc = 0, c;
+
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 1;
+    if (max_c[dev] == 0) {
+        int m = 1;
+        if (cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor,
+                                   dev) == cudaSuccess &&
+            cc >= 9) {
+            m = 8;
+            if (cudaFuncSetAttribute(
+                    sd_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                    1) == cudaSuccess) {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute attr[1];
+                int n_cl = 0;
+                cfg.gridDim = dim3(16);
+                cfg.blockDim = dim3(SD_THREADS);
+                cfg.dynamicSmemBytes = sizeof(sd_smem_t);
+                attr[0].id = cudaLaunchAttributeClusterDimension;
+                attr[0].val.clusterDim.x = 16;
+                attr[0].val.clusterDim.y = 1;
+                attr[0].val.clusterDim.z = 1;
+                cfg.attrs = attr;
+                cfg.numAttrs = 1;
+                if (cudaOccupancyMaxActiveClusters(&n_cl, sd_kernel, &cfg) ==
+                        cudaSuccess &&
+                    n_cl >= 1)
+                    m = 16;
+            }
+            (void)cudaGetLastError();
+        }
+        max_c[dev] = m;
+        if (cudaDeviceGetAttribute(&n_sm[dev], cudaDevAttrMultiProcessorCount,
+                                   dev) != cudaSuccess)
+            n_sm[dev] = 1;
+    }
+    c = max_c[dev];
+    const char *env = getenv("BT_SAMPLE_DIST_CLUSTER");
+    const int force = env && *env ? atoi(env) : 0;
+    while (c > 1 && force > 0 && c > force)
+        c >>= 1;
+    while (c > 1 && vocab / c < SD_SLICE_MIN)
+        c >>= 1;
+    while (c > 1 && force <= 0 && (long long)n * c > 2LL * n_sm[dev])
+        c >>= 1;
+    return c;
 }
 
 bt_status_t cuda_sample_dist(const float *d_logits, size_t ld, int vocab,
@@ -994,7 +1322,38 @@ bt_status_t cuda_sample_dist(const float *d_logits, size_t ld, int vocab,
     BT_ASSERT(n >= 0 && vocab > 0 && ld >= (size_t)vocab);
     if (n == 0)
         return BT_OK;
-    sd_kernel<<<n, SD_THREADS, 0, stream>>>(d_logits, ld, vocab, d_spec,
-                                            d_p, d_out);
+    /* the dynamic shared-memory opt-in is per device */
+    static bool attr_set[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return BT_CUDA_LAUNCH_STATUS();
+    if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+        cudaError_t err = cudaFuncSetAttribute(
+            sd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            (int)sizeof(sd_smem_t));
+        if (err != cudaSuccess)
+            return BT_CUDA_STATUS(err);
+        if (dev >= 0 && dev < 64)
+            attr_set[dev] = true;
+    }
+    const int C = sd_cluster_for(vocab, n);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3((unsigned)n * (unsigned)C);
+    cfg.blockDim = dim3(SD_THREADS);
+    cfg.dynamicSmemBytes = sizeof(sd_smem_t);
+    cfg.stream = stream;
+    if (C > 1) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)C;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    cudaError_t err = cudaLaunchKernelEx(&cfg, sd_kernel, d_logits, ld, vocab,
+                                         d_spec, d_p, d_out, C);
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
     return BT_CUDA_LAUNCH_STATUS();
 }

@@ -52,7 +52,9 @@ size_t cuda_sample_top_ws_bytes(int n, int vocab);
  * For i < n: d_spec[i] names the row (d_logits + row * ld, the first
  * `vocab` floats) and its parameters; d_out[i] gets the result.  d_p:
  * (n, vocab) f32 scratch, left holding row i's probabilities P.  One
- * block per row; no allocation, everything on `stream` (graph-safe). */
+ * thread-block cluster per row (up to 16 blocks, each a slice of the
+ * row; BT_SAMPLE_DIST_CLUSTER=N caps the blocks, 1: one block); no
+ * allocation, everything on `stream` (graph-safe). */
 bt_status_t cuda_sample_dist(const float *d_logits, size_t ld, int vocab,
                              const cuda_dist_spec_t *d_spec, int n,
                              float *d_p, cuda_dist_out_t *d_out,

@@ -1,0 +1,24 @@
+#!/bin/bash
+# run_gpu_round19e.sh [CARRY] - round 19 (2026-12-03), ON THE DEVICE
+# MACHINE, issue 4: the cluster sampler with its size chosen by the row
+# count (at most two blocks an SM: 64 rows of 128K at 4 blocks a row
+# instead of 16): test_sample_dist, its --bench, bench_cuda b1 / b64 @2k
+# (every column).  Carry: gpu/{test_sample_dist,bench_cuda}, lib/.
+set -u
+. "$(dirname "$0")/../gpu_steps.sh"
+gpu_steps_init r19e "${1:-build-r19e}"
+report() {
+  {
+    echo "## round 19e $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
+    cat "$tmp/rcs" | tr '\n' ' '; echo
+    pass_fail sd 2>/dev/null
+    grep -E "^bench sample_dist" "$tmp/sdb" 2>/dev/null
+    bc_cols cl
+  } > "$table"
+}
+run sd 60 "$c/gpu/test_sample_dist"
+run sdb 40 "$c/gpu/test_sample_dist" --bench
+report
+bc cl BT_LOG=WARN -- --batch 1,64 --ctx 2048 --prefill 0
+report
+cat "$table"
