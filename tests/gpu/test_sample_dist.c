@@ -408,7 +408,8 @@ int main(int argc, char **argv)
     const bool sweep = getenv("BT_SAMPLE_DIST_CLUSTER") == NULL;
     for (int v = 0; v < 3; v++)
         check_kernel(vocabs[v]);
-    for (int ci = 0; sweep && ci < 4; ci++) {
+    for (size_t ci = 0; sweep && ci < sizeof(clusters) / sizeof(clusters[0]);
+         ci++) {
         setenv("BT_SAMPLE_DIST_CLUSTER", clusters[ci], 1);
         for (int v = 1; v < 3; v++)
             check_kernel(vocabs[v]);

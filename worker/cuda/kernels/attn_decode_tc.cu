@@ -142,8 +142,9 @@ static __device__ __forceinline__ void tc_rope_prologue(
     __syncthreads();
 }
 
-/* TMA (BT_ATTN_TMA=1, opt-in; steps without the fused RoPE): each warp's 16 K and V rows of a tile arrive as TMA boxes of
- * min(block, 16) slots x 64 dims (tc_maps), issued by the warp's lane 0
+/* TMA (BT_ATTN_TMA=1, opt-in; steps without the fused RoPE): each
+ * warp's 16 K and V rows of a tile arrive as TMA boxes of min(block, 16)
+ * slots x 64 dims (tc_maps), issued by the warp's lane 0
  * and completing on the warp's mbarrier of the stage, in the 128-byte
  * swizzle tc_attend16<.., SWZ> reads: no per-lane address arithmetic or
  * 16-byte copies (round 11: the copy was the kernel's largest block of

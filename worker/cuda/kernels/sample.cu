@@ -615,7 +615,7 @@ bt_status_t cuda_sample_top(const float *d_logits, size_t ld,
 // ---------------------------------------------------------------------
 // whole-distribution sampling (cuda_sample_dist, sample_dist.h)
 //
-// One thread-block cluster per row: C blocks (1, 8 or 16; sd_cluster_for)
+// One thread-block cluster per row: C blocks (1 to 16; sd_cluster_for)
 // each own a contiguous slice of the row, and every cross-slice result
 // (the max, the normalizer sum, F's count / mass / key range, each radix
 // level's histogram, the ordered scans' offsets) is exchanged through
@@ -722,6 +722,7 @@ static __device__ void sd_fold(sd_smem_t *sh, sd_ctx_t &cx,
                                unsigned long long (&all)[K],
                                unsigned long long (&pre)[K])
 {
+    static_assert(K <= SD_XW, "sd_fold: at most SD_XW words");
     if (cx.C == 1) {
 #pragma unroll
         for (int k = 0; k < K; k++) {
@@ -969,6 +970,32 @@ static __device__ int sd_found(sd_smem_t *sh, sd_ctx_t &cx, int found)
     return (int)all[0] - 1;
 }
 
+/* The part of an id-ordered scan before this warp: the sum of a per-warp
+ * total (mine, the same in all the warp's lanes) over the warps below in
+ * this block and the blocks below in the cluster.  Also clears
+ * sh->found for the scan that follows. */
+static __device__ unsigned long long sd_before(sd_smem_t *sh, sd_ctx_t &cx,
+                                               unsigned long long mine)
+{
+    const int warp = threadIdx.x >> 5;
+    unsigned long long before = 0, total = 0;
+
+    if ((threadIdx.x & 31) == 0)
+        sh->q[warp] = mine;
+    if (threadIdx.x == 0)
+        sh->found = -1;
+    __syncthreads();
+    for (int w = 0; w < SD_WARPS; w++) {
+        if (w < warp)
+            before += sh->q[w];
+        total += sh->q[w];
+    }
+    const unsigned long long wt[1] = {total};
+    unsigned long long all[1], pre[1];
+    sd_fold_add<1>(sh, cx, wt, all, pre);
+    return before + pre[0];
+}
+
 /* The id of the j-th (1-based, id order) element whose key is v; -1 if
  * there is none. */
 static __device__ int sd_lookup(const float *p, sd_ctx_t &cx, unsigned v,
@@ -976,28 +1003,13 @@ static __device__ int sd_lookup(const float *p, sd_ctx_t &cx, unsigned v,
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int lo = warp * cx.range, hi = min(lo + cx.range, cx.n);
-    unsigned c = 0, before = 0, total = 0;
+    unsigned c = 0;
 
     warp_walk(p, lo, lo + cx.range, hi, 0.0f, [&](int, float q, bool in) {
         c += __popc(__ballot_sync(SD_FULL, in && sd_key(q) == v));
         return false;
     });
-    if (lane == 0)
-        sh->u[warp] = c;
-    if (threadIdx.x == 0)
-        sh->found = -1;
-    __syncthreads();
-    for (int w = 0; w < SD_WARPS; w++) {
-        if (w < warp)
-            before += sh->u[w];
-        total += sh->u[w];
-    }
-    {
-        const unsigned long long wt[1] = {total};
-        unsigned long long all[1], pre[1];
-        sd_fold_add<1>(sh, cx, wt, all, pre);
-        before += (unsigned)pre[0];
-    }
+    unsigned before = (unsigned)sd_before(sh, cx, c);
     if (before < j && j <= before + c) {
         warp_walk(p, lo, lo + cx.range, hi, 0.0f,
                   [&](int i, float q, bool in) {
@@ -1027,7 +1039,7 @@ static __device__ int sd_find_mass(const float *p, sd_ctx_t &cx,
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int lo = warp * cx.range, hi = min(lo + cx.range, cx.n);
-    unsigned long long tot = 0, before = 0, total = 0;
+    unsigned long long tot = 0;
 
     warp_walk(p, lo, lo + cx.range, hi, 0.0f, [&](int, float q, bool in) {
         tot += in && q >= cut_m ? sd_fx(q) : 0ull;
@@ -1035,22 +1047,7 @@ static __device__ int sd_find_mass(const float *p, sd_ctx_t &cx,
     });
     for (int o = 16; o > 0; o >>= 1)
         tot += __shfl_xor_sync(SD_FULL, tot, o);
-    if (lane == 0)
-        sh->q[warp] = tot;
-    if (threadIdx.x == 0)
-        sh->found = -1;
-    __syncthreads();
-    for (int w = 0; w < SD_WARPS; w++) {
-        if (w < warp)
-            before += sh->q[w];
-        total += sh->q[w];
-    }
-    {
-        const unsigned long long wt[1] = {total};
-        unsigned long long all[1], pre[1];
-        sd_fold_add<1>(sh, cx, wt, all, pre);
-        before += pre[0];
-    }
+    unsigned long long before = sd_before(sh, cx, tot);
     if (before <= t && t < before + tot) {
         warp_walk(p, lo, lo + cx.range, hi, 0.0f,
                   [&](int i, float q, bool in) {
