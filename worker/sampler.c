@@ -46,6 +46,8 @@ struct sampler_s {
                                * samplers only */
     float *scratch;           /* (vocab_size) penalised logits, then the
                                * row's probabilities */
+    bool wide;                /* sampler_set_wide: last row's nucleus lay
+                               * beyond a device's candidates */
 };
 
 _Static_assert(sizeof(sampler_cand_t) == sizeof(uint64_t),
@@ -955,6 +957,16 @@ float sampler_uniform_peek(const sampler_t *s)
     x ^= x << 25;
     x ^= x >> 27;
     return (float)((x * 0x2545f4914f6cdd1dull) >> 40) / 16777216.0f;
+}
+
+void sampler_set_wide(sampler_t *s, bool wide)
+{
+    s->wide = wide;
+}
+
+bool sampler_wide(const sampler_t *s)
+{
+    return s->wide;
 }
 
 bool sampler_is_dist(const sampler_t *s)

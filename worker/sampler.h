@@ -117,6 +117,16 @@ float sampler_uniform_peek(const sampler_t *sampler);
  * (whose draw order is the host quickselect's). */
 bool sampler_is_dist(const sampler_t *sampler);
 
+/* A backend's memo of where this request's last row was sampled: wide =
+ * its nucleus lay beyond the device's top candidates.  A request's rows
+ * change slowly from step to step, so a backend sends a wide request's
+ * next row straight to the whole distribution instead of paying for the
+ * candidates, a miss and a second round trip (cuda_sample.c).  Only a
+ * route: the token is the same distribution's either way.  false at
+ * creation. */
+void sampler_set_wide(sampler_t *sampler, bool wide);
+bool sampler_wide(const sampler_t *sampler);
+
 #ifdef __cplusplus
 }
 #endif

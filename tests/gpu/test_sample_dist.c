@@ -279,48 +279,94 @@ static void check_end_to_end(int vocab)
         CK(cudaMemcpy(d_lg + (size_t)dev_row[r] * vocab,
                       h + (size_t)r * vocab, sizeof(float) * (size_t)vocab,
                       cudaMemcpyHostToDevice));
-    if (cuda_sampling_create(vocab, 64, &cs) != BT_OK ||
-        cuda_sampling_enqueue(cs, d_lg, (size_t)vocab, n, dev_row, sm, ids,
-                              NULL, stream) != BT_OK ||
-        cuda_sampling_finish(cs, stream) != BT_OK) {
-        printf("FAIL cuda_sampling\n");
+    if (cuda_sampling_create(vocab, 64, &cs) != BT_OK) {
+        printf("FAIL cuda_sampling_create\n");
         exit(1);
     }
-    cuda_sampling_stats(cs, &st);
-    for (int r = 0; r < n; r++) {
-        const sampler_params_t *p = sampler_params(sm[r]);
-        int host;
-        char why[256];
-
-        memcpy(tmp, h + (size_t)r * vocab, sizeof(float) * (size_t)vocab);
-        if (p->temperature == 0.0f || !sampler_is_dist(tw[r])) {
-            host = sampler_sample(tw[r], tmp); /* exact paths */
-            if (host != ids[r] && bad++ < 10)
-                printf("  FAIL e2e row %d (params %d): %d, host %d\n", r,
-                       r % 8, ids[r], host);
-        } else {
-            if (!sample_dist_ref_contract(h + (size_t)r * vocab, vocab, p,
-                                          ids[r], -1.0, 2e-6, 8, &host, NULL,
-                                          why, sizeof(why)) &&
-                bad++ < 10)
-                printf("  FAIL e2e row %d (params %d): %s\n", r, r % 8, why);
-            (void)sampler_uniform(tw[r]); /* the one draw */
+    /* two steps over the same rows: the rows that missed their
+     * candidates in the first go straight to the whole row in the
+     * second (sampler_wide), so the second has no misses */
+    unsigned long long miss0 = 0;
+    int wide0 = 0;
+    for (int step = 0; step < 2; step++) {
+        cuda_sampling_stats_t st0;
+        int n_wide = 0;
+        cuda_sampling_stats(cs, &st0);
+        if (cuda_sampling_enqueue(cs, d_lg, (size_t)vocab, n, dev_row, sm,
+                                  ids, NULL, stream) != BT_OK ||
+            cuda_sampling_finish(cs, stream) != BT_OK) {
+            printf("FAIL cuda_sampling\n");
+            exit(1);
         }
-        /* one draw each (none for greedy) */
-        if (sampler_uniform(sm[r]) != sampler_uniform(tw[r]) && bad++ < 10)
-            printf("  FAIL e2e row %d: random stream out of step\n", r);
+        cuda_sampling_stats(cs, &st);
+        st.argmax -= st0.argmax;
+        st.top -= st0.top;
+        st.top_miss -= st0.top_miss;
+        st.row -= st0.row;
+        st.dist -= st0.dist;
+        st.dist_declined -= st0.dist_declined;
+        for (int r = 0; r < n; r++)
+            n_wide += sampler_wide(sm[r]);
+        /* a miss marks its request wide, unless its nucleus turned out
+         * small (at most CS_K / 2: back to the candidates) */
+        if (step == 0 && (n_wide > (int)st.top_miss ||
+                          (st.top_miss > 0 && n_wide == 0))) {
+            printf("  FAIL e2e: %llu top misses, %d requests marked wide\n",
+                   (unsigned long long)st.top_miss, n_wide);
+            bad++;
+        }
+        if (step == 1 && st.top_miss + wide0 > miss0) {
+            printf("  FAIL e2e: %llu top misses in the second step, %llu "
+                   "in the first with %d requests marked wide\n",
+                   (unsigned long long)st.top_miss,
+                   (unsigned long long)miss0, wide0);
+            bad++;
+        }
+        if (step == 0) {
+            miss0 = st.top_miss;
+            wide0 = n_wide;
+        }
+        for (int r = 0; r < n; r++) {
+            const sampler_params_t *p = sampler_params(sm[r]);
+            int host;
+            char why[256];
+
+            memcpy(tmp, h + (size_t)r * vocab,
+                   sizeof(float) * (size_t)vocab);
+            if (p->temperature == 0.0f || !sampler_is_dist(tw[r])) {
+                host = sampler_sample(tw[r], tmp); /* exact paths */
+                if (host != ids[r] && bad++ < 10)
+                    printf("  FAIL e2e row %d (params %d): %d, host %d\n", r,
+                           r % 8, ids[r], host);
+            } else {
+                if (!sample_dist_ref_contract(h + (size_t)r * vocab, vocab,
+                                              p, ids[r], -1.0, 2e-6, 8, &host,
+                                              NULL, why, sizeof(why)) &&
+                    bad++ < 10)
+                    printf("  FAIL e2e row %d (params %d): %s\n", r, r % 8,
+                           why);
+                (void)sampler_uniform(tw[r]); /* the one draw */
+            }
+            /* one draw each (none for greedy) */
+            if (sampler_uniform(sm[r]) != sampler_uniform(tw[r]) &&
+                bad++ < 10)
+                printf("  FAIL e2e row %d: random stream out of step\n", r);
+        }
+        if (st.dist == 0 || st.row > 8) {
+            printf("  FAIL e2e: dist %llu rows, %llu copied whole\n",
+                   (unsigned long long)st.dist, (unsigned long long)st.row);
+            bad++;
+        }
+        printf("%s end to end vocab %d step %d: argmax %llu top %llu "
+               "top_miss %llu dist %llu declined %llu row %llu wide %d\n",
+               bad ? "FAIL" : "PASS", vocab, step,
+               (unsigned long long)st.argmax, (unsigned long long)st.top,
+               (unsigned long long)st.top_miss, (unsigned long long)st.dist,
+               (unsigned long long)st.dist_declined,
+               (unsigned long long)st.row, n_wide);
+        g_fail += bad;
+        bad = 0;
     }
-    if (st.dist == 0 || st.row > 8) {
-        printf("  FAIL e2e: dist %llu rows, %llu copied whole\n",
-               (unsigned long long)st.dist, (unsigned long long)st.row);
-        bad++;
-    }
-    printf("%s end to end vocab %d: argmax %llu top %llu top_miss %llu "
-           "dist %llu declined %llu row %llu\n", bad ? "FAIL" : "PASS",
-           vocab, (unsigned long long)st.argmax, (unsigned long long)st.top,
-           (unsigned long long)st.top_miss, (unsigned long long)st.dist,
-           (unsigned long long)st.dist_declined, (unsigned long long)st.row);
-    g_fail += bad;
     for (int r = 0; r < n; r++) {
         sampler_destroy(&sm[r]);
         sampler_destroy(&tw[r]);

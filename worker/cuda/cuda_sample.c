@@ -27,6 +27,10 @@
 /* Rows per cuda_sample_dist launch: its scratch is CS_DIST_CHUNK rows
  * (32 MB at a 128K vocabulary), whatever max_rows is. */
 #define CS_DIST_CHUNK 64
+/* A wide request (sampler_wide) goes back to the candidates when its
+ * nucleus is at most this many tokens: half of them, so that a nucleus
+ * hovering near CS_K does not flip the route every step. */
+#define CS_WIDE_OFF (CS_K / 2)
 
 typedef enum {
     CS_NONE = 0, /* no sampler */
@@ -263,6 +267,9 @@ static bool cs_dist_take(cuda_sampling_t *cs, int r, int *token)
         return false;
     }
     (void)sampler_uniform(cs->samplers[r]);
+    /* back to the candidates once the nucleus fits well inside them */
+    if (o->n <= CS_WIDE_OFF)
+        sampler_set_wide(cs->samplers[r], false);
     *token = o->token;
     cs->stats.dist++;
     return true;
@@ -304,6 +311,11 @@ bt_status_t cuda_sampling_enqueue(cuda_sampling_t *cs, const float *d_logits,
             arg_rows[cs->n_arg++] = dev_row[r];
             break;
         case SAMPLER_NEED_TOP:
+            if (cs->dist_on && sampler_wide(sm) && sampler_is_dist(sm)) {
+                /* missed its candidates lately: the whole row at once */
+                cs_dist_spec(cs, r, cs->n_dist++);
+                break;
+            }
             cs->kind[r] = CS_TOP;
             cs->slot[r] = cs->n_top;
             inv_t[cs->n_top] = 1.0f / sampler_temperature(sm);
@@ -411,7 +423,9 @@ bt_status_t cuda_sampling_finish(cuda_sampling_t *cs, cudaStream_t stream)
                                    &tok)) {
                 cs->stats.top++;
             } else if (cs->dist_on && sampler_is_dist(sm)) {
-                /* the whole distribution on the device, below */
+                /* the whole distribution on the device, below; and at
+                 * once in the steps after (sampler_wide) */
+                sampler_set_wide(sm, true);
                 cs_dist_spec(cs, r, cs->n_dist + n_d2++);
                 cs->stats.top_miss++;
                 continue;

@@ -9,7 +9,10 @@
  * sampler_sample_top(); rows whose nucleus those cannot hold (top-p
  * close to 1, flat rows) and plain-temperature rows are sampled from
  * their whole distribution on the device (cuda_sample_dist: the
- * sampler's uniform goes down, an id comes back).  Rows with penalties,
+ * sampler's uniform goes down, an id comes back), and a request whose
+ * row missed its candidates sends its next rows there at once, until
+ * its nucleus fits in half of them again (sampler_wide: no miss, no
+ * second round trip).  Rows with penalties,
  * top-k > 1 without top-p, non-finite logits, and rows without a sampler
  * whose logits the caller wants, are copied whole.  Everything is
  * enqueued on the forward's stream behind it (cuda_sampling_enqueue);

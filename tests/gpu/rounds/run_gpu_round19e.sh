@@ -15,13 +15,19 @@ report() {
     echo "## round 19e $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
     cat "$tmp/rcs" | tr '\n' ' '; echo
     pass_fail sd 2>/dev/null
-    grep -E "^bench sample_dist" "$tmp/sdb" 2>/dev/null
+    for f in sdb sdb16 sdb8 sdb4; do
+      echo "### $f"; grep -E "^bench sample_dist" "$tmp/$f" 2>/dev/null
+    done
     bc_cols cl
     for t in b1 b64; do echo "### trace $t"; cat "$tmp/tl_$t" 2>/dev/null; done
   } > "$table"
 }
 run sd 60 "$c/gpu/test_sample_dist"
 run sdb 40 "$c/gpu/test_sample_dist" --bench
+# the row-count rule against fixed sizes (same binary, same call)
+for n in 16 8 4; do
+  run sdb$n 40 env BT_SAMPLE_DIST_CLUSTER=$n "$c/gpu/test_sample_dist" --bench
+done
 report
 bc cl BT_LOG=WARN -- --batch 1,64 --ctx 2048 --prefill 0
 report
