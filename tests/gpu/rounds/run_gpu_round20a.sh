@@ -2,7 +2,8 @@
 # run_gpu_round20a.sh [CARRY] - round 20 (2026-12-03), ON THE DEVICE
 # MACHINE, issue 4: (1) the cluster sampler's size chosen by the row
 # count (at most two blocks an SM), against fixed sizes 16 / 8 / 4 in
-# the same call; (2) wide requests (sampler_wide: a request whose row
+# the same call, the new kernel (remote reads in flight together, the
+# first histogram level kept) against round 19's (test_sample_dist_b); (2) wide requests (sampler_wide: a request whose row
 # missed its top-256 candidates goes straight to the whole-row sampler
 # next step) against the round-19 binary (gpu/bench_cuda_b), b1 / b64
 # @2k, every column, interleaved twice; (3) CUPTI traces of a b1 and a
@@ -17,7 +18,7 @@ report() {
     cat "$tmp/rcs" | tr '\n' ' '; echo
     pass_fail sd 2>/dev/null
     grep -E "end to end" "$tmp/sd" 2>/dev/null
-    for f in sdb sdb16 sdb8 sdb4; do
+    for f in sdb sdb_old sdb16 sdb16_old sdb8 sdb8_old sdb4 sdb4_old; do
       echo "### $f"; grep -E "^bench sample_dist" "$tmp/$f" 2>/dev/null
     done
     bc_cols new1 old1 new2 old2
@@ -25,9 +26,13 @@ report() {
   } > "$table"
 }
 run sd 90 "$c/gpu/test_sample_dist"
-run sdb 40 "$c/gpu/test_sample_dist" --bench
+for i in 1 2; do
+  run sdb 40 "$c/gpu/test_sample_dist" --bench
+  run sdb_old 40 "$c/gpu/test_sample_dist_b" --bench
+done
 for n in 16 8 4; do
   run sdb$n 40 env BT_SAMPLE_DIST_CLUSTER=$n "$c/gpu/test_sample_dist" --bench
+  run sdb${n}_old 40 env BT_SAMPLE_DIST_CLUSTER=$n "$c/gpu/test_sample_dist_b" --bench
 done
 report
 for i in 1 2; do

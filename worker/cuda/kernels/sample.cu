@@ -653,11 +653,17 @@ typedef struct {
     unsigned long long mass[SD_BINS]; /* and fixed-point mass */
     unsigned tcnt[SD_BINS];           /* the cluster's sums (C > 1) */
     unsigned long long tmass[SD_BINS];
+    /* the first level's (cluster) histogram over [klo, khi]: the same
+     * for every selection of the row, so computed once (sd_select) */
+    unsigned h1cnt[SD_BINS];
+    unsigned long long h1mass[SD_BINS];
+    int h1_ok;
     double d[SD_WARPS];               /* block reductions */
     unsigned long long q[SD_WARPS];
     unsigned u[SD_WARPS];
     float f[SD_WARPS];
     unsigned long long xch[2][SD_XW]; /* published words (two buffers) */
+    unsigned long long xv[SD_XW][SD_CLUSTER_MAX]; /* gathered from ranks */
     unsigned long long xall[SD_XW];   /* folded over all ranks */
     unsigned long long xpre[SD_XW];   /* folded over the ranks below */
     unsigned pick_bin;                /* chosen bin; SD_BINS: none */
@@ -738,13 +744,22 @@ static __device__ void sd_fold(sd_smem_t *sh, sd_ctx_t &cx,
         for (int k = 0; k < K; k++)
             slot[k] = w[k];
     sd_cluster_sync(cx);
+    /* every remote word read at once (one thread each: the reads'
+     * latencies overlap), then folded in rank order from shared memory */
+    if (threadIdx.x < K * SD_CLUSTER_MAX) {
+        const int k = threadIdx.x / SD_CLUSTER_MAX;
+        const int q = threadIdx.x % SD_CLUSTER_MAX;
+        if (q < cx.C)
+            sh->xv[k][q] = sd_remote(slot, q)[k];
+    }
+    __syncthreads();
     if (threadIdx.x < K) {
         const int k = threadIdx.x;
         unsigned long long a = id[k], b = id[k];
         for (int q = 0; q < cx.C; q++) {
             if (q == cx.r)
                 b = a;
-            a = fold(k, a, sd_remote(slot, q)[k]);
+            a = fold(k, a, sh->xv[k][q]);
         }
         sh->xall[k] = a;
         sh->xpre[k] = b;
@@ -818,17 +833,32 @@ static __device__ void sd_hist_add(sd_smem_t *sh, int bin,
 static __device__ void sd_hist_merge(sd_smem_t *sh, const sd_ctx_t &cx)
 {
     const int per = SD_BINS / cx.C, b0 = cx.r * per;
+    /* tpb adjacent threads a bin (per < SD_THREADS when C > 4), each
+     * summing every tpb-th rank: a thread's remote reads are at most
+     * ceil(C / tpb) = 4, all in flight; the sums are integers, so the
+     * order of the adds does not matter */
+    const int tpb = per >= SD_THREADS ? 1 : SD_THREADS / per;
+    const int sub = threadIdx.x % tpb;
 
     sd_cluster_sync(cx); /* every block's histogram is complete */
-    for (int i = threadIdx.x; i < per; i += SD_THREADS) {
+    for (int i = threadIdx.x / tpb; i < per; i += SD_THREADS / tpb) {
         unsigned c = 0;
         unsigned long long m = 0;
-        for (int q = 0; q < cx.C; q++) {
+#pragma unroll 4
+        for (int q = sub; q < cx.C; q += tpb) {
             c += sd_remote(sh->cnt, q)[b0 + i];
             m += sd_remote(sh->mass, q)[b0 + i];
         }
-        sh->tcnt[b0 + i] = c;
-        sh->tmass[b0 + i] = m;
+        /* tpb divides 32 and every lane of the warp is here (one pass
+         * of the loop when tpb > 1) */
+        for (int o = 1; o < tpb; o <<= 1) {
+            c += __shfl_xor_sync(SD_FULL, c, o);
+            m += __shfl_xor_sync(SD_FULL, m, o);
+        }
+        if (sub == 0) {
+            sh->tcnt[b0 + i] = c;
+            sh->tmass[b0 + i] = m;
+        }
     }
     sd_cluster_sync(cx); /* every block's share is summed */
     for (int i = threadIdx.x; i < SD_BINS; i += SD_THREADS) {
@@ -891,40 +921,55 @@ static __device__ void sd_pick(sd_smem_t *sh, const unsigned *cnt,
 
 /* The first position of the (P desc, id asc) order over F (P >= cut_m,
  * keys in [a, b]) whose cumulative count (by_mass false) or mass exceeds
- * t.  found = 0 when the total does not.  p: the block's slice. */
+ * t.  found = 0 when the total does not.  p: the block's slice.  Every
+ * call of a row passes the same cut_m and [a, b] = [klo, khi], so the
+ * first level's histogram is kept (h1) for the calls after the first. */
 static __device__ sd_pos_t sd_select(const float *p, const sd_ctx_t &cx,
                                      float cut_m, unsigned a, unsigned b,
                                      bool by_mass, unsigned long long t,
                                      sd_smem_t *sh)
 {
     const int tid = threadIdx.x;
-    const unsigned *cnt = cx.C > 1 ? sh->tcnt : sh->cnt;
-    const unsigned long long *mass = cx.C > 1 ? sh->tmass : sh->mass;
     unsigned cgt = 0;
     unsigned long long sgt = 0;
     sd_pos_t r;
 
     memset(&r, 0, sizeof(r));
-    for (;;) {
+    for (int level = 0;; level++) {
         int shift = 0;
         unsigned bin, na;
+        const unsigned *cnt = cx.C > 1 ? sh->tcnt : sh->cnt;
+        const unsigned long long *mass = cx.C > 1 ? sh->tmass : sh->mass;
 
         while (((b - a) >> shift) >= SD_BINS)
             shift++;
-        for (int i = tid; i < SD_BINS; i += SD_THREADS) {
-            sh->cnt[i] = 0;
-            sh->mass[i] = 0;
+        if (level == 0 && sh->h1_ok) {
+            cnt = sh->h1cnt; /* the row's first level, kept */
+            mass = sh->h1mass;
+        } else {
+            for (int i = tid; i < SD_BINS; i += SD_THREADS) {
+                sh->cnt[i] = 0;
+                sh->mass[i] = 0;
+            }
+            __syncthreads();
+            row_walk(p, cx.n, -1.0f, [&](int, float q, bool valid) {
+                unsigned k = sd_key(q);
+                bool in = valid && q >= cut_m && k >= a && k <= b;
+                sd_hist_add(sh, in ? (int)((k - a) >> shift) : -1,
+                            in ? sd_fx(q) : 0ull);
+            });
+            __syncthreads();
+            if (cx.C > 1)
+                sd_hist_merge(sh, cx);
+            if (level == 0) { /* read after the barriers below */
+                for (int i = tid; i < SD_BINS; i += SD_THREADS) {
+                    sh->h1cnt[i] = cnt[i];
+                    sh->h1mass[i] = mass[i];
+                }
+                if (tid == 0)
+                    sh->h1_ok = 1;
+            }
         }
-        __syncthreads();
-        row_walk(p, cx.n, -1.0f, [&](int, float q, bool valid) {
-            unsigned k = sd_key(q);
-            bool in = valid && q >= cut_m && k >= a && k <= b;
-            sd_hist_add(sh, in ? (int)((k - a) >> shift) : -1,
-                        in ? sd_fx(q) : 0ull);
-        });
-        __syncthreads();
-        if (cx.C > 1)
-            sd_hist_merge(sh, cx);
         if (tid < 32)
             sd_pick(sh, cnt, mass, by_mass, t - (by_mass ? sgt : cgt));
         __syncthreads();
@@ -1113,6 +1158,8 @@ static __global__ void __launch_bounds__(SD_THREADS, 2)
     int mode;
     sd_pos_t nuc, pd;
 
+    if (tid == 0)
+        sh->h1_ok = 0; /* published by the barriers of the first pass */
     out.token = CUDA_DIST_NONFINITE;
     out.n = 0;
     out.keep = 0;
