@@ -80,6 +80,20 @@
  * the previous build in two others (there RoPE already ran under the
  * attention's start with PDL, and 512 blocks each rotate their heads). */
 #define CUDA_ROPE_FUSE_MAX_TOK 16
+
+/* CUDA_ROPE_FUSE_MAX_TOK, or BT_ROPE_FUSE_MAX=N (A/B runs; read once). */
+static int cuda_rope_fuse_max(void)
+{
+    static int max = -1;
+
+    if (max < 0) {
+        const char *env = getenv("BT_ROPE_FUSE_MAX");
+        max = env && *env ? atoi(env) : CUDA_ROPE_FUSE_MAX_TOK;
+        if (max < 0)
+            max = 0;
+    }
+    return max;
+}
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
@@ -1492,7 +1506,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
      * RoPE and the new keys' K/V write run inside the decode attention
      * kernel (one kernel a layer less; the per-layer events of
      * on_layer_done are never wanted then). */
-    const bool fuse_rope = p->single && p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
+    const bool fuse_rope = p->single && p->n_gen <= cuda_rope_fuse_max() &&
                            !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
                            cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);
     if (fuse_rope) {
