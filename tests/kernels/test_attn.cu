@@ -214,16 +214,18 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
         b.a.d_sk_count = d_cnt;
         b.a.d_sk_ws = d_ws;
         b.a.sk_max_tokens = b.nt;
-        for (int pass = 0; pass < 3; pass++) {
-            setenv("BT_ATTN_SK", "1", 1);
-            if (pass == 1)
+        for (int pass = 0; pass < 5; pass++) {
+            /* passes 3, 4: runs of whole tokens (BT_ATTN_SK=3) */
+            setenv("BT_ATTN_SK", pass < 3 ? "1" : "3", 1);
+            if (pass == 1 || pass == 4)
                 setenv("BT_ATTN_EARLY", "0", 1);
             kt_poison(b.a.d_out, n_out, dt);
             KT_OK(cuda_attn_decode(&b.a, b.d_all, b.nt, 1, 1 << 30, NULL, dt,
                                    0));
             out = kt_download(b.a.d_out, n_out, dt);
-            snprintf(what, sizeof(what), "attn decode stream-K%s %s",
-                     pass == 1 ? " early=0" : "", desc);
+            snprintf(what, sizeof(what), "attn decode stream-K%s%s %s",
+                     pass >= 3 ? " whole tokens" : "",
+                     pass == 1 || pass == 4 ? " early=0" : "", desc);
             kt_compare(what, out, ref, n_out, tol);
             free(out);
             std::vector<int> cnt(n_cnt);

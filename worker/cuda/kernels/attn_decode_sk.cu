@@ -32,8 +32,15 @@
  * of one KV head).  The loss is a fixed ~10 us a launch, not per tile:
  * candidates are the __threadfence before each piece's counter (it may
  * wait for the warp's cp.async copies in flight) and the Q loads and
- * block barriers at each item start and end (2-3 a block).  Tested by
- * tests/kernels/test_attn.cu against the CPU reference.
+ * block barriers at each item start and end (2-3 a block).
+ *
+ * BT_ATTN_SK=2 (round 20): runs of whole tokens where the items
+ * outnumber the block slots (batch 64 at 2k: 256 blocks of two tokens'
+ * items each, against 512 blocks in two waves), so no item is cut: no
+ * pieces, fences or counters, but the pipeline still runs on from one
+ * item into the next, where the split kernel's second wave starts all
+ * its blocks' pipelines at once.  (3: whole tokens always, for tests.)
+ * Tested by tests/kernels/test_attn.cu against the CPU reference.
  */
 #include "attn_decode.h"
 
@@ -123,7 +130,7 @@ static __device__ __forceinline__ int sk_group_of(long long g, long long P,
 template <int HD>
 static __global__ void __launch_bounds__(SK_THREADS)
 attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
-                      bool early)
+                      bool early, int tpg)
 {
     constexpr int ROW = tc_rows<HD>::ROW;
     constexpr int TILE = tc_rows<HD>::TILE;
@@ -136,7 +143,7 @@ attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
     float *mm = mo + TC_WARPS * MG * HD; /* [W][MG] max (log2) */
     float *ml = mm + TC_WARPS * MG;      /* [W][MG] sum */
     __shared__ long long sh_warp[TC_WARPS];
-    __shared__ long long sh_p0;
+    __shared__ long long sh_p0, sh_hi;
     __shared__ int sh_ti, sh_last;
 
     const int G = a.n_heads / a.n_kv_heads;
@@ -181,8 +188,33 @@ attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
     const int ng = (int)min((long long)(gridDim.x / nkv), P);
     if (grp >= ng)
         return; /* fewer positions than groups */
-    const long long lo = sk_lo(grp, P, ng), hi = sk_lo(grp + 1, P, ng);
-    if (mine > 0 && before <= lo && lo < before + mine) {
+    long long lo, hi;
+    if (tpg > 0) {
+        /* whole tokens: group grp takes tokens [T0, T1), every item
+         * inside one run (no pieces, no counters) */
+        const int T0 = grp * tpg, T1 = min(n, T0 + tpg);
+        if (T0 >= n)
+            return; /* the same in every thread */
+        long long p = before;
+        for (int ti = t0; ti < t1; ti++) {
+            if (ti == T0) {
+                sh_ti = ti;
+                sh_p0 = p;
+            }
+            if (ti == T1)
+                sh_hi = p;
+            p += sk_tiles(a, tok_idx, ti);
+        }
+        if (T1 == n && threadIdx.x == 0)
+            sh_hi = P;
+        __syncthreads();
+        lo = sh_p0;
+        hi = sh_hi;
+    } else {
+        lo = sk_lo(grp, P, ng);
+        hi = sk_lo(grp + 1, P, ng);
+    }
+    if (tpg == 0 && mine > 0 && before <= lo && lo < before + mine) {
         long long p = before;
         int ti = t0;
         for (;; ti++) {
@@ -310,7 +342,7 @@ attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
         __syncthreads();
         const int g0 = sk_group_of(cc.tok0, P, ng);
         const int g1 = sk_group_of(cc.tok0 + cc.t.n_tiles - 1, P, ng);
-        const bool whole = g0 == g1;
+        const bool whole = tpg > 0 || g0 == g1;
         const int slot = cc.tok0 <= lo ? 0 : 1;
         bf16_t *op = (bf16_t *)a.d_out +
                      ((size_t)cc.t.tok * a.n_heads + kvh * G) * HD;
@@ -410,17 +442,39 @@ size_t cuda_attn_decode_sk_ws_floats(int head_dim)
     return (size_t)sk_slots() * 2 * CUDA_ATTN_SK_MAX_GROUP * (head_dim + 2);
 }
 
+/* BT_ATTN_SK (read every call, as BT_ATTN_TC: tests switch it): 0 off
+ * (the default, see the round-12 note at the top), 1 equal runs of
+ * positions, 2 runs of whole tokens where the items outnumber the block
+ * slots (one block an item would take more than one wave), 3 runs of
+ * whole tokens always (tests). */
+static int sk_mode(void)
+{
+    const char *env = getenv("BT_ATTN_SK");
+    const int m = env ? atoi(env) : 0;
+
+    return m >= 1 && m <= 3 ? m : 0;
+}
+
+/* Tokens a group in the whole-token modes (0: equal runs): as few as
+ * fill the slots' groups, so that every group takes the same count. */
+static int sk_tpg(int n, int n_kv_heads)
+{
+    const int groups = sk_grid(n_kv_heads) / n_kv_heads;
+
+    if (sk_mode() < 2 || groups < 1)
+        return 0;
+    return (n + groups - 1) / groups;
+}
+
 bool cuda_attn_decode_sk_ok(const cuda_attn_args_t *a, int n)
 {
-    /* BT_ATTN_SK=1 (read every call, as BT_ATTN_TC: tests switch it):
-     * off by default, see the round-12 note at the top */
-    const char *env = getenv("BT_ATTN_SK");
+    const int mode = sk_mode();
     const int grid = a->n_kv_heads > 0 ? sk_grid(a->n_kv_heads) : 0;
 
-    return env != NULL && atoi(env) == 1 && a->d_sk_count != NULL &&
-           a->d_sk_ws != NULL && grid > 0 && n >= 1 &&
-           n <= a->sk_max_tokens &&
-           a->n_heads / a->n_kv_heads <= CUDA_ATTN_SK_MAX_GROUP;
+    return mode != 0 && a->d_sk_count != NULL && a->d_sk_ws != NULL &&
+           grid > 0 && n >= 1 && n <= a->sk_max_tokens &&
+           a->n_heads / a->n_kv_heads <= CUDA_ATTN_SK_MAX_GROUP &&
+           (mode != 2 || (long long)n * a->n_kv_heads > sk_slots());
 }
 
 template <int HD>
@@ -445,9 +499,11 @@ static cudaError_t sk_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    kern_launch(attn_decode_sk_kernel<HD>, dim3(sk_grid(a->n_kv_heads)),
-                dim3(SK_THREADS),
-                bytes, stream, *a, tok_idx, n, early);
+    const int tpg = sk_tpg(n, a->n_kv_heads);
+    const int grid = tpg > 0 ? (n + tpg - 1) / tpg * a->n_kv_heads
+                             : sk_grid(a->n_kv_heads);
+    kern_launch(attn_decode_sk_kernel<HD>, dim3(grid), dim3(SK_THREADS),
+                bytes, stream, *a, tok_idx, n, early, tpg);
     return cudaSuccess;
 }
 
