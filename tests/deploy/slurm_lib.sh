@@ -19,9 +19,14 @@ SLURM_CTLD_PID=
 SLURM_D_PID=
 
 free_port() {
-  local p
+  # below the kernel's ephemeral range: a port there can be some open
+  # connection's local end, which a connect() probe does not see and
+  # bind() then refuses (CI, 2026-12-03: slurmd "Address already in use")
+  local p lo
+  lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
+  [ -n "$lo" ] && [ "$lo" -gt 12000 ] || lo=32768
   for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (lo - 10000)))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"; return 0
     fi
@@ -34,7 +39,23 @@ slurm_available() {
     command -v slurmd >/dev/null && command -v sbatch >/dev/null
 }
 
+# Up to three tries: a daemon that could not bind its port (taken
+# between free_port and the bind) is retried on fresh ports.
 slurm_start() {
+  local try
+  for try in 1 2 3; do
+    slurm_start_once "$@" && return 0
+    grep -qs "Address already in use" "$1"/slurmctld.log "$1"/slurmd.log \
+      "$1"/slurmctld.out "$1"/slurmd.out || return 1
+    slurm_stop
+    echo "slurm_start: a port was taken, try $((try + 1))" >&2
+    rm -rf "$1"/slurmctld.log "$1"/slurmd.log "$1"/slurmctld.out \
+      "$1"/slurmd.out "$1"/state "$1"/spool
+  done
+  return 1
+}
+
+slurm_start_once() {
   local dir=$1 ngpus=${2:-0} ctld_port d_port cpus gres="" i
   ctld_port=$(free_port) && d_port=$(free_port) || return 1
   [ "$d_port" != "$ctld_port" ] || d_port=$(free_port) || return 1
@@ -43,7 +64,7 @@ slurm_start() {
   SLURM_TEST_GPUS=0
   if [ "$ngpus" -gt 0 ]; then
     for i in $(seq 0 $((ngpus - 1))); do
-      mknod "$dir/gpu$i" c 1 3 2>/dev/null || break
+      [ -c "$dir/gpu$i" ] || mknod "$dir/gpu$i" c 1 3 2>/dev/null || break
       SLURM_TEST_GPUS=$((i + 1))
     done
   fi
