@@ -5,7 +5,7 @@
 set -u
 B="$BATON_BIN/baton"
 tmp=$(mktemp -d)
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 "$B" up --null-model --prefill 1 --decode 1 --port "$PORT" \
   --log-dir "$tmp" >"$tmp/up.out" 2>&1 &
 UP=$!
