@@ -2,7 +2,8 @@
  * bench_kernels.c - kernel timings behind issue 4's targets, ON THE
  * DEVICE MACHINE (tests/gpu/run_gpu_tc.sh and round scripts run it):
  *
- *   bench_kernels [--gemv] [--attn] [--small] [--dec] [--toks L] [--reps N]
+ *   bench_kernels [--gemv] [--attn] [--small] [--dec] [--dec-only B:CTX]
+ *                 [--toks L] [--reps N]
  *   (default: all)
  *
  * --gemv: every GEMV variant of kernels/gemv.h, cuBLASLt's heuristic
@@ -18,10 +19,15 @@
  *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; with BT_PREFILL_KERNEL
  *   unset, the default kernel (fa2) and then the previous one (mma).
  * --dec: decode attention at batch x context (KV TB/s), with the split
- *   planner's default and BT_ATTN_PLAN=fill.
+ *   planner's splits ("split"); the stream-K kernel with one split
+ *   (BT_ATTN_SK=1, "sk") and with runs of whole tokens where the items
+ *   outnumber the block slots (=2, "sk-tok").
  * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s), the
  *   first two again with the scalar kernels (BT_RMSNORM_VEC=0 ...).
  * --toks LIST: only these token counts in --gemv.
+ * --dec-only B:CTX: --dec's case of batch B at context CTX only (the
+ *   kernels of one case under a profiler: each pass launches its kernel
+ *   once, then --reps times).
  * Lines start with "gemv ", "gemvsum ", "attn ", "small " for grepping.
  */
 #include <stdio.h>
@@ -56,6 +62,7 @@
     } while (0)
 
 static int g_reps = 10;
+static int g_dec_b, g_dec_ctx; /* --dec-only B:CTX (0: every case) */
 static char g_toks[256];   /* --toks: comma list of token counts, "" all */
 
 /* True when t is selected by --toks. */
@@ -381,6 +388,8 @@ static void bench_dec(void)
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         const int B = cases[ci][0], ctx = cases[ci][1];
         const int nh = cases[ci][2], nkv = cases[ci][3];
+        if (g_dec_b > 0 && (B != g_dec_b || ctx != g_dec_ctx))
+            continue;
         const int nbs = (ctx + bs - 1) / bs, nb = B * nbs;
         size_t kv = (size_t)nb * bs * nkv * hd;
         size_t ints = (size_t)nb + 4 * (size_t)B;
@@ -441,20 +450,24 @@ static void bench_dec(void)
         a.d_sk_count = sk_cnt;
         a.d_sk_ws = sk_ws;
         a.sk_max_tokens = B;
-        for (int pass = 0; pass < 2; pass++) {
+        for (int pass = 0; pass < 3; pass++) {
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
             /* pass 0: the planner's split, split kernel; 1: stream-K,
-             * one split (forced, also where the backend would split) */
+             * one split (forced, also where the backend would split);
+             * 2: stream-K with runs of whole tokens (BT_ATTN_SK=2), where
+             * the items outnumber the block slots */
             cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm, 64, &ns, &sl);
             if (pass == 0) {
                 setenv("BT_ATTN_SK", "0", 1);
             } else {
-                setenv("BT_ATTN_SK", "1", 1);
+                setenv("BT_ATTN_SK", pass == 1 ? "1" : "2", 1);
                 ns = 1;
                 sl = 1 << 30;
-                if (!cuda_attn_decode_sk_ok(&a, B))
-                    break;
+                if (!cuda_attn_decode_sk_ok(&a, B)) {
+                    unsetenv("BT_ATTN_SK");
+                    continue;
+                }
             }
             OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
             for (int rr = 0; rr < n; rr++) {
@@ -472,7 +485,8 @@ static void bench_dec(void)
             double us = ms[n / 2] * 1e3;
             printf("attn decode B=%3d ctx=%5d plan=%-7s %3d x %4d%s: %8.1f "
                    "us/layer %5.2f TB/s KV (%.0f%% of 4.5); x32 = %.2f ms\n",
-                   B, ctx, pass ? "sk" : "split", ns, sl,
+                   B, ctx, pass == 2 ? "sk-tok" : pass ? "sk" : "split",
+                   ns, sl,
                    nkv == 1 ? " (HND probe)" : "", us,
                    bytes / (us * 1e-6) / 1e12,
                    100.0 * bytes / (us * 1e-6) / 4.5e12, us * 32e-3);
@@ -607,9 +621,13 @@ int main(int argc, char **argv)
             snprintf(g_toks, sizeof(g_toks), "%s", argv[++a]);
         else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc)
             g_reps = atoi(argv[++a]);
+        else if (strcmp(argv[a], "--dec-only") == 0 && a + 1 < argc &&
+                 sscanf(argv[++a], "%d:%d", &g_dec_b, &g_dec_ctx) == 2)
+            do_dec = 1;
         else {
             fprintf(stderr, "usage: bench_kernels [--gemv] [--attn] "
-                    "[--small] [--dec] [--toks 1,2,..] [--reps N]\n");
+                    "[--small] [--dec] [--dec-only B:CTX] [--toks 1,2,..] "
+                    "[--reps N]\n");
             return 2;
         }
     }
