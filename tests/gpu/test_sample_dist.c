@@ -264,6 +264,52 @@ static void make_pair(int r, int vocab, sampler_t **sm, sampler_t **tw)
         }
 }
 
+/* st -= st0: one step's counters. */
+static void stats_since(cuda_sampling_stats_t *st,
+                        const cuda_sampling_stats_t *st0)
+{
+    st->argmax -= st0->argmax;
+    st->top -= st0->top;
+    st->top_miss -= st0->top_miss;
+    st->row -= st0->row;
+    st->dist -= st0->dist;
+    st->dist_declined -= st0->dist_declined;
+}
+
+/* One end-to-end step's tokens: the exact paths equal to the twin's
+ * host sampling, the whole-row rows within the contract, and every
+ * sampler's stream in step with its twin's.  Returns the failures. */
+static int check_e2e_rows(const float *h, int vocab, int n, sampler_t **sm,
+                          sampler_t **tw, const int *ids, float *tmp)
+{
+    int bad = 0;
+
+    for (int r = 0; r < n; r++) {
+        const sampler_params_t *p = sampler_params(sm[r]);
+        int host;
+        char why[256];
+
+        memcpy(tmp, h + (size_t)r * vocab, sizeof(float) * (size_t)vocab);
+        if (p->temperature == 0.0f || !sampler_is_dist(tw[r])) {
+            host = sampler_sample(tw[r], tmp); /* exact paths */
+            if (host != ids[r] && bad++ < 10)
+                printf("  FAIL e2e row %d (params %d): %d, host %d\n", r,
+                       r % 8, ids[r], host);
+        } else {
+            if (!sample_dist_ref_contract(h + (size_t)r * vocab, vocab, p,
+                                          ids[r], -1.0, 2e-6, 8, &host, NULL,
+                                          why, sizeof(why)) &&
+                bad++ < 10)
+                printf("  FAIL e2e row %d (params %d): %s\n", r, r % 8, why);
+            (void)sampler_uniform(tw[r]); /* the one draw */
+        }
+        /* one draw each (none for greedy) */
+        if (sampler_uniform(sm[r]) != sampler_uniform(tw[r]) && bad++ < 10)
+            printf("  FAIL e2e row %d: random stream out of step\n", r);
+    }
+    return bad;
+}
+
 static void check_end_to_end(int vocab)
 {
     const int n = 32;
@@ -307,12 +353,7 @@ static void check_end_to_end(int vocab)
             exit(1);
         }
         cuda_sampling_stats(cs, &st);
-        st.argmax -= st0.argmax;
-        st.top -= st0.top;
-        st.top_miss -= st0.top_miss;
-        st.row -= st0.row;
-        st.dist -= st0.dist;
-        st.dist_declined -= st0.dist_declined;
+        stats_since(&st, &st0);
         for (int r = 0; r < n; r++)
             n_wide += sampler_wide(sm[r]);
         /* a miss marks its request wide, unless its nucleus turned out
@@ -334,32 +375,7 @@ static void check_end_to_end(int vocab)
             miss0 = st.top_miss;
             wide0 = n_wide;
         }
-        for (int r = 0; r < n; r++) {
-            const sampler_params_t *p = sampler_params(sm[r]);
-            int host;
-            char why[256];
-
-            memcpy(tmp, h + (size_t)r * vocab,
-                   sizeof(float) * (size_t)vocab);
-            if (p->temperature == 0.0f || !sampler_is_dist(tw[r])) {
-                host = sampler_sample(tw[r], tmp); /* exact paths */
-                if (host != ids[r] && bad++ < 10)
-                    printf("  FAIL e2e row %d (params %d): %d, host %d\n", r,
-                           r % 8, ids[r], host);
-            } else {
-                if (!sample_dist_ref_contract(h + (size_t)r * vocab, vocab,
-                                              p, ids[r], -1.0, 2e-6, 8, &host,
-                                              NULL, why, sizeof(why)) &&
-                    bad++ < 10)
-                    printf("  FAIL e2e row %d (params %d): %s\n", r, r % 8,
-                           why);
-                (void)sampler_uniform(tw[r]); /* the one draw */
-            }
-            /* one draw each (none for greedy) */
-            if (sampler_uniform(sm[r]) != sampler_uniform(tw[r]) &&
-                bad++ < 10)
-                printf("  FAIL e2e row %d: random stream out of step\n", r);
-        }
+        bad += check_e2e_rows(h, vocab, n, sm, tw, ids, tmp);
         if (st.dist == 0 || st.row > 8) {
             printf("  FAIL e2e: dist %llu rows, %llu copied whole\n",
                    (unsigned long long)st.dist, (unsigned long long)st.row);

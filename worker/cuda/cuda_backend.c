@@ -265,7 +265,7 @@ struct cuda_backend_s {
      * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
      * projection). */
     int fuse_norm_max;
-    bool stream_k;            /* BT_ATTN_SK=1-3: the opt-in stream-K decode
+    bool stream_k;            /* BT_ATTN_SK: the opt-in stream-K decode
                                  attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
@@ -1119,8 +1119,7 @@ static bt_status_t cuda_create(const model_t *model,
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
-    env = getenv("BT_ATTN_SK");
-    b->stream_k = env != NULL && atoi(env) >= 1 && atoi(env) <= 3;
+    b->stream_k = cuda_attn_decode_sk_enabled();
     env = getenv("BT_PDL_SMALL");
     b->pdl_small = env == NULL ? 'l' : strcmp(env, "0") == 0 ? 'o'
                  : strcmp(env, "1") == 0 ? 'e' : 'l';

@@ -111,10 +111,13 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *args,
 /* The stream-K kernel (attn_decode_sk.cu): a fixed grid of about two
  * blocks an SM in groups of n_kv_heads, each group an equal run of the
  * step's (token, key tile) positions, cut items merged by the last block
- * to finish a piece.  Opt-in: cuda_attn_decode() takes it for one split
- * when _sk_ok() (BT_ATTN_SK=1, the args carry its buffers, bf16, head
- * 64/128, up to CUDA_ATTN_SK_MAX_GROUP heads per KV head); it measured
- * slower than the split kernel (see the file). */
+ * to finish a piece (or, BT_ATTN_SK=2 / 3, runs of whole tokens).
+ * Opt-in: cuda_attn_decode() takes it for one split when _sk_ok()
+ * (BT_ATTN_SK set, the args carry its buffers, bf16, head 64/128, up to
+ * CUDA_ATTN_SK_MAX_GROUP heads per KV head); it measured slower than
+ * the split kernel (see the file).  _sk_enabled(): BT_ATTN_SK asks for
+ * it at all (a backend allocates the buffers then). */
+bool cuda_attn_decode_sk_enabled(void);
 size_t cuda_attn_decode_sk_ws_floats(int head_dim);
 bool cuda_attn_decode_sk_ok(const cuda_attn_args_t *args, int n);
 bt_status_t cuda_attn_decode_sk(const cuda_attn_args_t *args,

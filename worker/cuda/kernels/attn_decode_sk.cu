@@ -143,7 +143,7 @@ attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
     float *mm = mo + TC_WARPS * MG * HD; /* [W][MG] max (log2) */
     float *ml = mm + TC_WARPS * MG;      /* [W][MG] sum */
     __shared__ long long sh_warp[TC_WARPS];
-    __shared__ long long sh_p0, sh_hi;
+    __shared__ long long sh_p0, sh_lo, sh_hi;
     __shared__ int sh_ti, sh_last;
 
     const int G = a.n_heads / a.n_kv_heads;
@@ -195,12 +195,10 @@ attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
         const int T0 = grp * tpg, T1 = min(n, T0 + tpg);
         if (T0 >= n)
             return; /* the same in every thread */
-        long long p = before;
+        long long p = before; /* the positions where T0 and T1 start */
         for (int ti = t0; ti < t1; ti++) {
-            if (ti == T0) {
-                sh_ti = ti;
-                sh_p0 = p;
-            }
+            if (ti == T0)
+                sh_lo = p;
             if (ti == T1)
                 sh_hi = p;
             p += sk_tiles(a, tok_idx, ti);
@@ -208,13 +206,13 @@ attn_decode_sk_kernel(cuda_attn_args_t a, const int *tok_idx, int n,
         if (T1 == n && threadIdx.x == 0)
             sh_hi = P;
         __syncthreads();
-        lo = sh_p0;
+        lo = sh_lo;
         hi = sh_hi;
     } else {
         lo = sk_lo(grp, P, ng);
         hi = sk_lo(grp + 1, P, ng);
     }
-    if (tpg == 0 && mine > 0 && before <= lo && lo < before + mine) {
+    if (mine > 0 && before <= lo && lo < before + mine) {
         long long p = before;
         int ti = t0;
         for (;; ti++) {
@@ -453,6 +451,11 @@ static int sk_mode(void)
     const int m = env ? atoi(env) : 0;
 
     return m >= 1 && m <= 3 ? m : 0;
+}
+
+bool cuda_attn_decode_sk_enabled(void)
+{
+    return sk_mode() != 0;
 }
 
 /* Tokens a group in the whole-token modes (0: equal runs): as few as
