@@ -17,6 +17,8 @@
 #include "kernels_ref.h"
 #include "kt_common.h"
 
+#include <unistd.h>
+
 /* " PF=2" etc. for the rows-kernel switches that are set (labels). */
 static const char *kt_switches(void)
 {
@@ -56,6 +58,57 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
                in_dt == CUDA_DT_F32 ? 1e-5 : 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
     free(x); free(w); free(y0); free(ref); free(y);
+}
+
+/* BT_GEMM_CACHE: a context tunes one skinny family (o=1000 i=4096, f32
+ * out) and one prefill shape (256 tokens) and writes the file; a second
+ * context installs both from it (cache hits, the same picks, correct
+ * products); a corrupt file is ignored, re-tuned and rewritten. */
+static void test_cache(void)
+{
+    char path[96];
+    const int t_run[] = {1, 3, 64, 256};
+    worker_gemm_ctx_t *c = NULL;
+    char picks[2][8][16];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/tmp/bt_test_gemm_cache.%d", (int)getpid());
+    remove(path);
+    setenv("BT_GEMM_CACHE", path, 1);
+    for (int round = 0; round < 4; round++) {
+        if (round == 2) { /* corrupt the file */
+            f = fopen(path, "w");
+            kt_check("cache file writable", f != NULL);
+            if (f) {
+                fputs("baton-gemm-cache 1 key\n1 2 garbage\n", f);
+                fclose(f);
+            }
+        }
+        KT_OK(worker_gemm_ctx_create(32u << 20, &c));
+        for (size_t k = 0; k < sizeof(t_run) / sizeof(t_run[0]); k++)
+            run_case(c, t_run[k], 1000, 4096, CUDA_DT_BF16,
+                     t_run[k] > 128 ? CUDA_DT_BF16 : CUDA_DT_F32, 0);
+        const int hits = worker_gemm_cache_hits(c);
+        char what[96];
+        snprintf(what, sizeof(what), "gemm cache round %d: %d families "
+                 "from the file", round, hits);
+        kt_check(what, hits == (round == 0 || round == 2 ? 0 : 2));
+        for (int b = 0, t = 1; t <= 128; t *= 2, b++) {
+            const char *ch = worker_gemm_choice(c, t, 1000, 4096,
+                                                CUDA_DT_F32, NULL);
+            if (round == 0 || round == 2)
+                snprintf(picks[round / 2][b], 16, "%s", ch ? ch : "-");
+            else if (round == 1 || round == 3) {
+                snprintf(what, sizeof(what), "gemm cache round %d t=%d: "
+                         "%s as tuned (%s)", round, t, ch ? ch : "-",
+                         picks[round / 2][b]);
+                kt_check(what, ch && strcmp(ch, picks[round / 2][b]) == 0);
+            }
+        }
+        worker_gemm_ctx_destroy(&c);
+    }
+    unsetenv("BT_GEMM_CACHE");
+    remove(path);
 }
 
 /* Split-K scratch for the tc variant (as worker_gemm's context holds). */
@@ -411,6 +464,7 @@ int main(int argc, char **argv)
             printf("INFO tuned o=1000 i=4096 t=%d: %s %.1f us\n", t,
                    c ? c : "(none)", us);
         }
+        test_cache();
     }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench(g, "worker_gemm", 1 << 30);

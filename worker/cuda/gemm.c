@@ -43,10 +43,22 @@
  * tma variant (left out by default); BT_GEMV=0 is cuBLASLt only.  Each
  * candidate is timed after an L2 flush (cuda_l2_flush: a read-only pass
  * by default, BT_GEMM_FLUSH=write for the memset of rounds 1-9).
+ * BT_GEMM_CACHE=PATH keeps the picks across processes (gemm_cache.h):
+ * a family found there whole (every bucket, each cuBLASLt algorithm
+ * accepted by cublasLtMatmulAlgoCheck) is installed without timing, and
+ * each family tuned here is merged into the file (written to a temporary
+ * name, then renamed: concurrent workers lose at most a family, which
+ * the next start re-tunes).  The file's key names the device, the
+ * libraries, the GEMV variants and the tuning variables above, so a
+ * file from another combination is ignored and rewritten.
  */
 #include "gemm.h"
 
 #include <cublasLt.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +66,7 @@
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "gemm_cache.h"
 #include "kernels/gemv.h"
 
 #define GEMM_MAX_PLANS 256
@@ -136,6 +149,13 @@ struct worker_gemm_ctx_s {
     const void *pf_last;           /* weights of the previous call */
     gemm_pf_t *pf;                 /* (GEMM_PF_MAX) w -> next w */
     int n_pf;
+    /* The tuner's file (BT_GEMM_CACHE; cache_path NULL: none) and the
+     * entries it held for this key when the context was created. */
+    char *cache_path;
+    char cache_key[GEMM_CACHE_KEY_MAX];
+    gemm_cache_entry_t *cached;    /* (GEMM_MAX_TUNED) */
+    int n_cached;
+    int cache_hits;                /* families installed from the file */
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -145,6 +165,9 @@ static bt_status_t gemm_check(cublasStatus_t st, const char *what)
     return BT_ERROR(BT_ERR_CUDA, "CUDA", "cuBLASLt %s failed: %s (%d)", what,
                     cublasLtGetStatusString(st), (int)st);
 }
+
+static void gemm_cache_open(worker_gemm_ctx_t *ctx);
+static void gemm_cache_save(worker_gemm_ctx_t *ctx);
 
 bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
                                    worker_gemm_ctx_t **ctx_p)
@@ -215,6 +238,8 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         (void)cudaGetLastError();
         ctx->tune = false;
     }
+    if (ctx->tune)
+        gemm_cache_open(ctx);
     *ctx_p = ctx;
     return BT_OK;
 
@@ -258,6 +283,8 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
     cuda__dev_free((void **)&ctx->d_cnt);
     cuda__dev_free(&ctx->d_ws);
     cublasLtDestroy(ctx->handle);
+    bt_free(ctx->cached);
+    bt_free(ctx->cache_path);
     bt_free(ctx->pf);
     bt_free(ctx->tuned);
     bt_free(ctx->plans);
@@ -382,6 +409,11 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx)
 {
     return ctx->setups;
+}
+
+int worker_gemm_cache_hits(const worker_gemm_ctx_t *ctx)
+{
+    return ctx->cache_hits;
 }
 
 bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx)
@@ -872,6 +904,8 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     } else {
         BT_LOG_INFO("CUDA", "gemm tune o=%d i=%d%s: %.0f ms", n_out, n_in,
                     big > 0 ? " (prefill)" : "", (bt_time_s() - t0) * 1e3);
+        if (ctx->cache_path != NULL)
+            gemm_cache_save(ctx);
     }
     if (sc.ev[1])
         cudaEventDestroy(sc.ev[1]);
@@ -895,6 +929,262 @@ static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
         BT_OK)
         return NULL;
     return p;
+}
+
+// ---------------------------------------------------------------------
+// The tuner's file (BT_GEMM_CACHE, gemm_cache.h)
+
+/* FNV-1a, folded over a string including its NUL. */
+static uint32_t gemm_fnv(uint32_t h, const char *s)
+{
+    do {
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    } while (*s++ != '\0');
+    return h;
+}
+
+/* The file's key: the device (name, compute capability, SMs, L2), the
+ * cuBLASLt and runtime versions, the GEMV variants and tuner constants
+ * of this build, and the variables that change what the tuner times. */
+static bool gemm_cache_key(char *key, size_t size)
+{
+    static const char *const vars[] = {
+        "BT_GEMV_DISABLE", "BT_GEMV_TMA", "BT_GEMM_LT_SPLITK",
+        "BT_GEMM_LT_CANDS", "BT_GEMM_LT_CANDS_BIG", "BT_GEMM_BIG_PICK",
+        "BT_GEMM_FLUSH"};
+    struct cudaDeviceProp prop;
+    char name[64], num[64];
+    uint32_t build = 2166136261u, env = 2166136261u;
+    int dev = 0, rt = 0, n;
+
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+        cudaRuntimeGetVersion(&rt) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    n = snprintf(name, sizeof(name), "%s", prop.name);
+    for (int i = 0; i < n && name[i]; i++)
+        if (!isalnum((unsigned char)name[i]) && name[i] != '.' &&
+            name[i] != '-')
+            name[i] = '_';
+    for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++)
+        build = gemm_fnv(build,
+                         cuda_gemv_kernel_name((cuda_gemv_kernel_t)k));
+    snprintf(num, sizeof(num), "%d/%d/%d/%d/%d/%d", GEMM_TUNE_MAX_TOK,
+             GEMM_LT_CANDS, GEMM_LT_CANDS_BIG, GEMM_LT_SPLIT_BASES,
+             GEMM_BIG_STEP, GEMM_TUNE_REPS);
+    build = gemm_fnv(build, num);
+    for (size_t v = 0; v < sizeof(vars) / sizeof(vars[0]); v++) {
+        const char *val = getenv(vars[v]);
+        env = gemm_fnv(gemm_fnv(env, vars[v]), val ? val : "");
+    }
+    n = snprintf(key, size, "%s/sm%d%d/%dsm/%dMB-L2/cublasLt-%zu/cudart-%d/"
+                 "build-%08x/env-%08x", name, prop.major, prop.minor,
+                 prop.multiProcessorCount, prop.l2CacheSize >> 20,
+                 cublasLtGetVersion(), rt, build, env);
+    return n > 0 && (size_t)n < size;
+}
+
+/* Reads the file's entries for ctx->cache_key into out (at most
+ * GEMM_MAX_TUNED); a missing file holds none, a malformed one is logged
+ * and holds none. */
+static int gemm_cache_read(const worker_gemm_ctx_t *ctx,
+                           gemm_cache_entry_t *out)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int n = 0;
+
+    if (access(ctx->cache_path, F_OK) != 0)
+        return 0; /* not written yet: no error to log */
+    if (bt_read_file(ctx->cache_path, GEMM_CACHE_MAX_BYTES, &text, &len) !=
+        BT_OK) {
+        bt_error_clear();
+        return 0;
+    }
+    if (gemm_cache_parse(text, len, ctx->cache_key, out, GEMM_MAX_TUNED,
+                         &n) != BT_OK) {
+        BT_LOG_WARN("CUDA", "gemm cache %s ignored: %s", ctx->cache_path,
+                    bt_error_last());
+        bt_error_clear();
+        n = 0;
+    }
+    bt_free(text);
+    return n;
+}
+
+/* BT_GEMM_CACHE: the path, the key and the entries this key has there. */
+static void gemm_cache_open(worker_gemm_ctx_t *ctx)
+{
+    const char *path = getenv("BT_GEMM_CACHE");
+
+    if (path == NULL || *path == '\0')
+        return;
+    if (!gemm_cache_key(ctx->cache_key, sizeof(ctx->cache_key))) {
+        BT_LOG_WARN("CUDA", "gemm cache %s: no device key, not used", path);
+        return;
+    }
+    ctx->cache_path = bt_strdup(path, "gemm_cache_path");
+    ctx->cached = bt_calloc(GEMM_MAX_TUNED, sizeof(*ctx->cached),
+                            "gemm_cached");
+    if (ctx->cache_path == NULL || ctx->cached == NULL) {
+        bt_free(ctx->cache_path);
+        bt_free(ctx->cached);
+        ctx->cache_path = NULL;
+        ctx->cached = NULL;
+        return;
+    }
+    ctx->n_cached = gemm_cache_read(ctx, ctx->cached);
+    BT_LOG_INFO("CUDA", "gemm cache %s: %d picks for %s", path,
+                ctx->n_cached, ctx->cache_key);
+}
+
+static const gemm_cache_entry_t *gemm_cache_find(
+    const gemm_cache_entry_t *e, int n, int bucket, int n_out, int n_in,
+    cuda_dtype_t out_dt)
+{
+    for (int i = 0; i < n; i++)
+        if (e[i].bucket == bucket && e[i].n_out == n_out &&
+            e[i].n_in == n_in && e[i].out_f32 == (out_dt == CUDA_DT_F32))
+            return &e[i];
+    return NULL;
+}
+
+/* Installs the file's picks for a weight shape: every bucket 1 ..
+ * GEMM_TUNE_MAX_TOK (big == 0) or the prefill bucket big.  False (and
+ * nothing installed) unless every pick is there and still valid: a GEMV
+ * variant this build has, supporting the shape and not disabled; a
+ * cuBLASLt algorithm that cublasLtMatmulAlgoCheck accepts for the shape
+ * within the workspace. */
+static bool gemm_cache_install(worker_gemm_ctx_t *ctx, int n_out, int n_in,
+                               cuda_dtype_t out_dt, int big)
+{
+    gemm_tuned_t add[16];
+    int n_add = 0;
+
+    if (ctx->n_cached == 0)
+        return false;
+    for (int b = big > 0 ? big : 1; b <= (big > 0 ? big : GEMM_TUNE_MAX_TOK);
+         b = big > 0 ? b + 1 : b << 1) {
+        const gemm_cache_entry_t *e =
+            gemm_cache_find(ctx->cached, ctx->n_cached, b, n_out, n_in,
+                            out_dt);
+        gemm_tuned_t *t = &add[n_add];
+
+        if (e == NULL || n_add == (int)(sizeof(add) / sizeof(add[0])))
+            return false;
+        memset(t, 0, sizeof(*t));
+        t->bucket = b;
+        t->n_out = n_out;
+        t->n_in = n_in;
+        t->out_dt = out_dt;
+        t->us = e->us;
+        if (e->lt) {
+            cublasLtMatmulHeuristicResult_t chk;
+            gemm_plan_t *p = gemm_plan_find_or_null(ctx, b, n_out, n_in,
+                                                    CUDA_DT_BF16, out_dt);
+
+            _Static_assert(sizeof(t->algo) == sizeof(e->algo),
+                           "cublasLtMatmulAlgo_t is 8 words");
+            if (p == NULL) {
+                bt_error_clear();
+                return false;
+            }
+            memcpy(&t->algo, e->algo, sizeof(t->algo));
+            memset(&chk, 0, sizeof(chk));
+            if (cublasLtMatmulAlgoCheck(ctx->handle, p->op, p->a, p->b, p->d,
+                                        p->d, &t->algo, &chk) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                chk.workspaceSize > ctx->ws_bytes)
+                return false;
+            t->choice = GEMM_CHOICE_LT + atoi(e->choice + 2);
+        } else {
+            const int k = cuda_gemv_kernel_by_name(e->choice);
+            if (k < 0 ||
+                !cuda_gemv_kernel_ok((cuda_gemv_kernel_t)k, b, n_out, n_in,
+                                     CUDA_DT_BF16) ||
+                gemm_gemv_disabled(k))
+                return false;
+            t->choice = k;
+        }
+        n_add++;
+    }
+    if (ctx->n_tuned + n_add > GEMM_MAX_TUNED)
+        return false;
+    memcpy(&ctx->tuned[ctx->n_tuned], add, (size_t)n_add * sizeof(add[0]));
+    ctx->n_tuned += n_add;
+    ctx->setups++;
+    ctx->cache_hits++;
+    BT_LOG_INFO("CUDA", "gemm tune o=%d i=%d%s: %d picks from %s", n_out,
+                n_in, big > 0 ? " (prefill)" : "", n_add, ctx->cache_path);
+    return true;
+}
+
+/* Merges this context's picks into the file: its own entries, then
+ * those the file holds now (another process's) for other shapes. */
+static void gemm_cache_save(worker_gemm_ctx_t *ctx)
+{
+    gemm_cache_entry_t *all;
+    char *text = NULL, tmp[4096];
+    size_t len = 0;
+    int n = 0, n_disk;
+    FILE *f;
+
+    all = bt_calloc(2 * GEMM_MAX_TUNED, sizeof(*all), "gemm_cache_save");
+    if (all == NULL) {
+        bt_error_clear();
+        return;
+    }
+    for (int i = 0; i < ctx->n_tuned; i++) {
+        const gemm_tuned_t *t = &ctx->tuned[i];
+        gemm_cache_entry_t *e = &all[n++];
+
+        e->bucket = t->bucket;
+        e->n_out = t->n_out;
+        e->n_in = t->n_in;
+        e->out_f32 = t->out_dt == CUDA_DT_F32;
+        e->us = t->us;
+        if (t->choice >= GEMM_CHOICE_LT) {
+            e->lt = 1;
+            snprintf(e->choice, sizeof(e->choice), "lt%d",
+                     t->choice - GEMM_CHOICE_LT);
+            memcpy(e->algo, &t->algo, sizeof(e->algo));
+        } else {
+            snprintf(e->choice, sizeof(e->choice), "%s",
+                     cuda_gemv_kernel_name((cuda_gemv_kernel_t)t->choice));
+        }
+    }
+    n_disk = gemm_cache_read(ctx, all + n);
+    for (int i = 0; i < n_disk; i++) {
+        const gemm_cache_entry_t *d = &all[ctx->n_tuned + i];
+        if (gemm_cache_find(all, n, d->bucket, d->n_out, d->n_in,
+                            d->out_f32 ? CUDA_DT_F32 : CUDA_DT_BF16) == NULL)
+            all[n++] = *d;
+    }
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%d", ctx->cache_path,
+                         (int)getpid()) >= sizeof(tmp) ||
+        gemm_cache_format(ctx->cache_key, all, BT_MIN(n, GEMM_MAX_TUNED),
+                          &text, &len) != BT_OK) {
+        bt_error_clear();
+        bt_free(all);
+        return;
+    }
+    f = fopen(tmp, "w");
+    if (f == NULL || fwrite(text, 1, len, f) != len) {
+        BT_LOG_WARN("CUDA", "gemm cache %s: cannot write: %s", tmp,
+                    strerror(errno));
+        if (f != NULL) {
+            fclose(f);
+            remove(tmp);
+        }
+    } else if (fclose(f) != 0 || rename(tmp, ctx->cache_path) != 0) {
+        BT_LOG_WARN("CUDA", "gemm cache %s: cannot write: %s",
+                    ctx->cache_path, strerror(errno));
+        remove(tmp);
+    }
+    bt_free(text);
+    bt_free(all);
 }
 
 /* The forced variant (BT_GEMV_FORCE) for a product of n_out rows: a
@@ -1043,7 +1333,9 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                 ctx->n_tuned + 8 <= GEMM_MAX_TUNED &&
                 gemm_tuned_find(ctx, 1, n_out, n_in, out_dt) == NULL &&
                 !gemm_capturing(stream)) {
-                gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, 0, stream);
+                if (!gemm_cache_install(ctx, n_out, n_in, out_dt, 0))
+                    gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, 0,
+                                     stream);
                 if (n_tok <= GEMM_TUNE_MAX_TOK)
                     t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in,
                                         out_dt);
@@ -1063,8 +1355,9 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                 t = gemm_tuned_find(ctx, n_tok, n_out, n_in, out_dt);
                 if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
                     !gemm_capturing(stream)) {
-                    gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, n_tok,
-                                     stream);
+                    if (!gemm_cache_install(ctx, n_out, n_in, out_dt, n_tok))
+                        gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, n_tok,
+                                         stream);
                     t = gemm_tuned_find(ctx, n_tok, n_out, n_in, out_dt);
                 }
             }

@@ -13,7 +13,8 @@
  * tokens) are autotuned between the GEMV variants of kernels/gemv.h and
  * cuBLASLt the first time their weight shape is used outside capture
  * (gemm.c says how; BT_GEMM_TUNE=0 off, BT_GEMV_FORCE=NAME forces a
- * variant).  Not thread-safe.
+ * variant; BT_GEMM_CACHE=PATH keeps the picks across processes, see
+ * gemm_cache.h).  Not thread-safe.
  */
 #ifndef BT_WORKER_CUDA_GEMM_H
 #define BT_WORKER_CUDA_GEMM_H
@@ -53,6 +54,10 @@ const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 /* Plans built and weight shapes tuned so far: a call that changes it
  * did host work (and GPU timing runs) besides its product. */
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx);
+
+/* Weight shapes whose tuned picks came from the BT_GEMM_CACHE file
+ * instead of timing runs (gemm.c; 0 without the variable). */
+int worker_gemm_cache_hits(const worker_gemm_ctx_t *ctx);
 
 /* True when worker_gemm sends skinny shapes to the GEMV kernels (not
  * disabled with BT_GEMV=0); the backend then also fuses RMSNorm into them

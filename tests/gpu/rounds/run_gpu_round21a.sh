@@ -9,15 +9,22 @@
 # at every case (isolated, L2 flushed); (2) Nsight Compute on the split
 # kernel and on sk-tok at 64 x 2048 (DRAM throughput, achieved
 # occupancy, stall reasons, the L2 / DRAM sectors: is the kernel short
-# of bytes in flight, or of issue?).  Carry: gpu/bench_kernels, lib/.
+# of bytes in flight, or of issue?).  (0) first: test_attn and
+# test_sample_dist at 12baf69 (the review commit, compiled only in
+# round 20), and the target rows once (b1 / b64 @2k) as this machine's
+# baseline.  Carry: gpu/bench_kernels gpu/test_attn gpu/test_sample_dist
+# gpu/bench_cuda, lib/, shared.
 set -u
 . "$(dirname "$0")/../gpu_steps.sh"
 gpu_steps_init r21a "${1:-build-r21a}"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+export BT_SHARED_DIR=$PWD/$c/shared
 report() {
   {
     echo "## round 21a $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
     cat "$tmp/rcs" | tr '\n' ' '; echo
+    pass_fail attn sdist 2>/dev/null
+    bc_rows base 2>/dev/null
     grep -E "^attn decode" "$tmp/dec" 2>/dev/null
     for v in split sktok; do
       echo "### ncu $v"; echo '```'
@@ -27,6 +34,11 @@ report() {
     done
   } > "$table"
 }
+run attn 200 "$c/gpu/test_attn"
+run sdist 120 "$c/gpu/test_sample_dist"
+report
+bc base BT_LOG=WARN -- --batch 1,64 --ctx 2048
+report
 run dec 240 "$c/gpu/bench_kernels" --dec --reps 20
 report
 # the 64 x 2048 case only (--dec-only; --reps 1: each pass launches its
