@@ -23,8 +23,14 @@ report() {
   {
     echo "## round 21a $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s"
     cat "$tmp/rcs" | tr '\n' ' '; echo
-    pass_fail attn sdist 2>/dev/null
+    pass_fail attn sdist gemm 2>/dev/null
     bc_rows base 2>/dev/null
+    for n in c1 c2; do
+      [ -f "$tmp/bc_$n" ] || continue
+      echo "$n: $(grep -c 'gemm tune o=.* ms$' "$tmp/bc_$n") families timed ($(grep -o 'gemm tune o=.* ms$' "$tmp/bc_$n" | awk '{s+=$(NF-1)} END {print s+0}') ms), $(grep -c 'picks from' "$tmp/bc_$n") from the cache; wall $(cat "$tmp/wall_$n" 2>/dev/null) s"
+    done
+    bc_rows c1 c2 2>/dev/null
+    [ -f "$tmp/gc.txt" ] && { echo '```'; head -4 "$tmp/gc.txt"; echo "... $(wc -l < "$tmp/gc.txt") lines"; echo '```'; }
     grep -E "^attn decode" "$tmp/dec" 2>/dev/null
     for v in split sktok; do
       echo "### ncu $v"; echo '```'
@@ -36,10 +42,10 @@ report() {
 }
 run attn 200 "$c/gpu/test_attn"
 run sdist 120 "$c/gpu/test_sample_dist"
+run gemm 200 "$c/gpu/test_gemm"
 report
 bc base BT_LOG=WARN -- --batch 1,64 --ctx 2048
 report
-run dec 240 "$c/gpu/bench_kernels" --dec --reps 20
 report
 # the 64 x 2048 case only (--dec-only; --reps 1: each pass launches its
 # kernel twice), the second launch of each kernel profiled: the split
@@ -57,5 +63,15 @@ if [ -n "$ncu" ]; then
 else
   echo "no ncu on this machine" > "$tmp/ncu_split"
 fi
+report
+# BT_GEMM_CACHE: the first run tunes and writes the file, the second
+# installs every family from it (same picks: the same step times)
+for n in c1 c2; do
+  s0=$(date +%s)
+  bc $n BT_LOG=INFO BT_GEMM_CACHE=$tmp/gc.txt -- --batch 1,64 --ctx 2048 --prefill 2048
+  echo $(( $(date +%s) - s0 )) > "$tmp/wall_$n"
+done
+report
+run dec 240 "$c/gpu/bench_kernels" --dec --reps 20
 report
 cat "$table"
