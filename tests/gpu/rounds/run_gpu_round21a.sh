@@ -13,7 +13,9 @@
 # test_sample_dist at 12baf69 (the review commit, compiled only in
 # round 20), and the target rows once (b1 / b64 @2k) as this machine's
 # baseline.  Carry: gpu/bench_kernels gpu/test_attn gpu/test_sample_dist
-# gpu/bench_cuda, lib/, shared.
+# gpu/bench_cuda gpu/bench_kvread, lib/, shared.  (1b) bench_kvread: the
+# attention's KV bytes read with no arithmetic, tok-major (baton's
+# pages) vs head-major pages vs one flat array.
 set -u
 . "$(dirname "$0")/../gpu_steps.sh"
 gpu_steps_init r21a "${1:-build-r21a}"
@@ -31,6 +33,7 @@ report() {
     done
     bc_rows c1 c2 2>/dev/null
     [ -f "$tmp/gc.txt" ] && { echo '```'; head -4 "$tmp/gc.txt"; echo "... $(wc -l < "$tmp/gc.txt") lines"; echo '```'; }
+    grep -E "^kvread|^\|" "$tmp/kvread" 2>/dev/null
     grep -E "^attn decode" "$tmp/dec" 2>/dev/null
     for v in split sktok; do
       echo "### ncu $v"; echo '```'
@@ -43,6 +46,7 @@ report() {
 run attn 200 "$c/gpu/test_attn"
 run sdist 120 "$c/gpu/test_sample_dist"
 run gemm 200 "$c/gpu/test_gemm"
+run kvread 60 "$c/gpu/bench_kvread"
 report
 bc base BT_LOG=WARN -- --batch 1,64 --ctx 2048
 report
