@@ -160,7 +160,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
 template <int HD, bool NEWROW, bool TMA>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early, int pf,
+                      int n_splits, float *ws, bool early,
                       const __grid_constant__ tc_maps maps)
 {
     static_assert(!(TMA && NEWROW), "the new-row path copies by cp.async");
@@ -299,24 +299,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                                  sv + stage * TILE + warp * WPART, kbase,
                                  vbase, off, lane);
     };
-    /* L2 prefetch of tile kt (BT_ATTN_PF, round 21): lanes 0-15 the
-     * warp's 16 K rows, lanes 16-31 its V rows, one bulk prefetch of a
-     * row each.  It runs pf tiles past the cp.async window, so the
-     * DRAM reads of a block have more than its two shared-memory stages
-     * in flight without more shared memory or registers. */
-    auto prefetch_tile = [&](int kt) {
-        const int k = start + kt * TC_TK + warp * 16 + (lane & 15);
-        if (kt >= n_tiles || k >= end)
-            return;
-        const int blk = bs_sh >= 0 ? k >> bs_sh : k / bs;
-        const int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
-        const bf16_t *src = (lane < 16 ? kbase : vbase) +
-                            ((long long)bid * bs + (k - blk * bs)) *
-                                (long long)slot_stride;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                     :: "l"(src), "r"((int)(HD * sizeof(bf16_t)))
-                     : "memory");
-    };
     const std::true_type with_hole;
     const std::false_type no_hole;
     /* The first stages whose keys are all cached start before the wait
@@ -368,13 +350,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             load_tile(s, s, no_hole);
         tc_cp_commit();
     }
-    if constexpr (!TMA)
-        for (int d = 0; d < pf; d++)
-            prefetch_tile(TC_STAGES - 1 + d);
     for (int kt = 0; kt < n_tiles; kt++) {
-        if constexpr (!TMA)
-            if (pf > 0)
-                prefetch_tile(kt + TC_STAGES - 1 + pf);
         if constexpr (TMA)
             mbar_wait(&tc_bar[warp][kt % TC_STAGES],
                       (uint32_t)((kt / TC_STAGES) & 1));
@@ -536,15 +512,10 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    /* BT_ATTN_PF=D: L2 prefetch D tiles past the cp.async window (0 off;
-     * sm_90's bulk prefetch) */
-    env = getenv("BT_ATTN_PF");
-    int pf = env && *env ? atoi(env) : 0;
-    pf = pf < 0 ? 0 : pf > 4 ? 4 : pf;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws, early, pf, maps);
+                n_splits, ws, early, maps);
     return cudaSuccess;
 }
 
