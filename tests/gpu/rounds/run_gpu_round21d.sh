@@ -3,8 +3,8 @@
 # MACHINE, issue 4: the TMA decode attention as the default (BT_ATTN_TMA
 # unset = on, =0 off).  test_attn (both copies, every mask / split
 # case), test_cuda_model; then on one BT_GEMM_CACHE file the engine at
-# b8 / b32 / b64 / b128 @2k and b64 @8k, default vs BT_ATTN_TMA=0, two
-# interleaved rounds.  Carry: gpu/test_attn gpu/test_cuda_model
+# b8 / b32 / b64 / b128 @2k and the 2048 prefill, default vs BT_ATTN_TMA=0, two
+# interleaved rounds (b64 @8k was equal in 21c).  Carry: gpu/test_attn gpu/test_cuda_model
 # gpu/bench_cuda, lib/, shared.
 set -u
 . "$(dirname "$0")/../gpu_steps.sh"
