@@ -142,8 +142,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
     __syncthreads();
 }
 
-/* TMA (the default since round 21, BT_ATTN_TMA=0: off; steps without
- * the fused RoPE): each
+/* TMA (BT_ATTN_TMA=1, opt-in; steps without the fused RoPE): each
  * warp's 16 K and V rows of a tile arrive as TMA boxes of min(block, 16)
  * slots x 64 dims (tc_maps), issued by the warp's lane 0
  * and completing on the warp's mbarrier of the stage, in the 128-byte
@@ -157,9 +156,10 @@ static __device__ __forceinline__ void tc_rope_prologue(
  * vs 9.004 / 8.986 ms) -- the kernel is bound by DRAM and its block
  * waves, no longer by the copy's instructions; two stages at three
  * blocks an SM lost (b64 @2k 152.8 vs 144.9 us).  Round 21, with the
- * GEMM picks fixed by one BT_GEMM_CACHE file: b64 @2k 8.986 vs 9.026 ms
- * over three interleaved rounds (-0.4%), @8k equal, and 2-6% faster
- * alone at batch 8-128: the default. */
+ * GEMM picks fixed by one BT_GEMM_CACHE file: -0.04 ms a b64 step in
+ * one call, +0.03 to +0.065 (b8-b64) in the next -- in both, the second
+ * run of each pair was the faster one, so equal again.  Kept opt-in and
+ * tested. */
 template <int HD, bool NEWROW, bool TMA>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
@@ -470,9 +470,8 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * turns it off. */
 #define TC_NEWROW_MAX_TOK 2
 
-/* The TMA copy's maps (the default; BT_ATTN_TMA=0 turns it off): a 3-D
- * tensor map over each layer
- * cache ({head dims, KV heads, slots}, 128-byte swizzle), boxes of 64
+/* The TMA copy's maps (BT_ATTN_TMA=1, opt-in): a 3-D tensor map over
+ * each layer cache ({head dims, KV heads, slots}, 128-byte swizzle), boxes of 64
  * dims x 1 head x min(block, 16) slots, so a warp's 16 keys are one box
  * a 64-dim slab (two at block 8).  Blocks of 8 or a multiple of 16 slots
  * (16 keys never straddle a page), slot indices in an int, sm_90a. */
@@ -481,7 +480,7 @@ static bool tc_tma_maps(const cuda_attn_args_t *a, tc_maps *m)
     const int bs = a->block_size, rows = bs < 16 ? bs : 16;
     const char *env = getenv("BT_ATTN_TMA");
 
-    if ((env && strcmp(env, "0") == 0) || a->d_qkv != NULL ||
+    if (!(env && strcmp(env, "1") == 0) || a->d_qkv != NULL ||
         !cuda_wgmma_available() || !(bs == 8 || bs % 16 == 0) ||
         a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL)
         return false;
