@@ -23,6 +23,11 @@
 #                              throttle reasons appended to $tmp/summary
 #   bcb, bc_cols, trace_step   (below) the A/B binary, every column, a
 #                              CUPTI trace of a step
+# A/B in one call (round 21): give every run the same BT_GEMM_CACHE
+# file (one warm-up run tunes it), or the tuner's per-process picks move
+# a b64 step by 0.05-0.15 ms; and alternate the pair's order (A B, B A,
+# ...): the second run of a back-to-back pair measured ~0.05 ms faster
+# whichever variant it was.
 gpu_steps_init() {
   c=$2
   out=${OUT:-/tmp/baton-$1}
