@@ -1162,8 +1162,10 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
                             d->out_f32 ? CUDA_DT_F32 : CUDA_DT_BF16) == NULL)
             all[n++] = *d;
     }
-    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%d", ctx->cache_path,
-                         (int)getpid()) >= sizeof(tmp) ||
+    /* pid and context: the tensor-parallel ranks of one process (a
+     * context each, one thread each) may save at the same time */
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%p", ctx->cache_path,
+                         (int)getpid(), (void *)ctx) >= sizeof(tmp) ||
         gemm_cache_format(ctx->cache_key, all, BT_MIN(n, GEMM_MAX_TUNED),
                           &text, &len) != BT_OK) {
         bt_error_clear();
