@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,5 +203,42 @@ bt_status_t bt_read_file(const char *path, size_t max_bytes, char **data_p,
     data[done] = '\0';
     *data_p = data;
     *len_p = done;
+    return BT_OK;
+}
+
+bt_status_t bt_write_file(const char *path, const void *data, size_t len)
+{
+    static atomic_uint seq;
+    char tmp[PATH_MAX];
+    size_t done = 0;
+    int fd;
+
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%u", path,
+                         (int)getpid(), atomic_fetch_add(&seq, 1)) >=
+        sizeof(tmp))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "IO", "path too long: %s", path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return BT_ERROR(BT_ERR_IO, "IO", "cannot create %s: %s", tmp,
+                        strerror(errno));
+    while (done < len) {
+        ssize_t w = write(fd, (const char *)data + done, len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return BT_ERROR(BT_ERR_IO, "IO", "cannot write %s: %s", tmp,
+                            strerror(e));
+        }
+        done += (size_t)w;
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return BT_ERROR(BT_ERR_IO, "IO", "cannot write %s: %s", path,
+                        strerror(e));
+    }
     return BT_OK;
 }

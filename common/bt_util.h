@@ -53,6 +53,12 @@ bool bt_add_overflow_size(size_t a, size_t b, size_t *out_p);
 bt_status_t bt_read_file(const char *path, size_t max_bytes, char **data_p,
                          size_t *len_p);
 
+/* Writes len bytes to path whole or not at all: into a temporary file
+ * beside it (unique per process and call), then renamed over it, so a
+ * reader never sees a partial file and concurrent writers each leave a
+ * whole one (the last rename wins). */
+bt_status_t bt_write_file(const char *path, const void *data, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,8 @@
-/* test_util.c - common/: parsing, allocation tracking, errors. */
+/* test_util.c - common/: parsing, allocation tracking, errors, whole-file
+ * writes and reads. */
 #include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include "bt_alloc.h"
 #include "bt_error.h"
@@ -39,6 +42,26 @@ int main(void)
     bt_free(s);
     BT_ASSERT_EQ(bt_alloc_live_count(), before);
     BT_CHECK(bt_malloc(SIZE_MAX - 8, "huge") == NULL);
+
+    {
+        /* bt_write_file replaces a file whole and leaves no temporary */
+        char path[64], *data;
+        size_t len;
+        snprintf(path, sizeof(path), "/tmp/bt_test_util.%d", (int)getpid());
+        BT_ASSERT_OK(bt_write_file(path, "first version", 13));
+        BT_ASSERT_OK(bt_write_file(path, "second", 6));
+        BT_ASSERT_OK(bt_read_file(path, 100, &data, &len));
+        BT_ASSERT_EQ(len, 6);
+        BT_ASSERT_STREQ(data, "second");
+        bt_free(data);
+        BT_ASSERT_OK(bt_write_file(path, "", 0));
+        BT_ASSERT_OK(bt_read_file(path, 100, &data, &len));
+        BT_ASSERT_EQ(len, 0);
+        bt_free(data);
+        BT_ASSERT_EQ(bt_write_file("/nonexistent-dir/x", "a", 1), BT_ERR_IO);
+        BT_ASSERT_OK(unlink(path));
+        bt_error_clear();
+    }
 
     BT_ASSERT_EQ(BT_ERROR(BT_ERR_FORMAT, "TEST", "tensor %s bad", "wq"),
                  BT_ERR_FORMAT);

@@ -99,7 +99,7 @@ static void test_cache(void)
                                                 CUDA_DT_F32, NULL);
             if (round == 0 || round == 2)
                 snprintf(picks[round / 2][b], 16, "%s", ch ? ch : "-");
-            else if (round == 1 || round == 3) {
+            else {
                 snprintf(what, sizeof(what), "gemm cache round %d t=%d: "
                          "%s as tuned (%s)", round, t, ch ? ch : "-",
                          picks[round / 2][b]);

@@ -46,9 +46,9 @@
  * BT_GEMM_CACHE=PATH keeps the picks across processes (gemm_cache.h):
  * a family found there whole (every bucket, each cuBLASLt algorithm
  * accepted by cublasLtMatmulAlgoCheck) is installed without timing, and
- * each family tuned here is merged into the file (written to a temporary
- * name, then renamed: concurrent workers lose at most a family, which
- * the next start re-tunes).  The file's key names the device, the
+ * each family tuned here is merged into the file (bt_write_file: a
+ * temporary file renamed over it; concurrent workers lose at most a
+ * family, which the next start re-tunes).  The file's key names the device, the
  * libraries, the GEMV variants and the tuning variables above, so a
  * file from another combination is ignored and rewritten.
  */
@@ -56,7 +56,6 @@
 
 #include <cublasLt.h>
 #include <ctype.h>
-#include <errno.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <math.h>
@@ -72,6 +71,9 @@
 #define GEMM_MAX_PLANS 256
 #define GEMM_MAX_TUNED 1024
 #define GEMM_TUNE_MAX_TOK 128   /* largest tuned token bucket */
+#define GEMM_TUNE_BUCKETS 8     /* 1, 2, 4, ..., GEMM_TUNE_MAX_TOK */
+_Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
+               "one bucket a power of two up to GEMM_TUNE_MAX_TOK");
 #define GEMM_TC_COUNTERS 4096   /* split-K tile counters of the tc GEMV */
 /* its partials: at most 2 blocks per SM x 128 tokens x 128 rows of f32
  * (kernels/gemv_tc.cu splits only up to 2 blocks per SM), 132 SMs */
@@ -953,7 +955,7 @@ static bool gemm_cache_key(char *key, size_t size)
         "BT_GEMM_LT_CANDS", "BT_GEMM_LT_CANDS_BIG", "BT_GEMM_BIG_PICK",
         "BT_GEMM_FLUSH"};
     struct cudaDeviceProp prop;
-    char name[64], num[64];
+    char num[64];
     uint32_t build = 2166136261u, env = 2166136261u;
     int dev = 0, rt = 0, n;
 
@@ -963,11 +965,10 @@ static bool gemm_cache_key(char *key, size_t size)
         (void)cudaGetLastError();
         return false;
     }
-    n = snprintf(name, sizeof(name), "%s", prop.name);
-    for (int i = 0; i < n && name[i]; i++)
-        if (!isalnum((unsigned char)name[i]) && name[i] != '.' &&
-            name[i] != '-')
-            name[i] = '_';
+    /* the name as one token of the key (sanitized in place) */
+    for (char *ch = prop.name; *ch; ch++)
+        if (!isalnum((unsigned char)*ch) && *ch != '.' && *ch != '-')
+            *ch = '_';
     for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++)
         build = gemm_fnv(build,
                          cuda_gemv_kernel_name((cuda_gemv_kernel_t)k));
@@ -980,7 +981,7 @@ static bool gemm_cache_key(char *key, size_t size)
         env = gemm_fnv(gemm_fnv(env, vars[v]), val ? val : "");
     }
     n = snprintf(key, size, "%s/sm%d%d/%dsm/%dMB-L2/cublasLt-%zu/cudart-%d/"
-                 "build-%08x/env-%08x", name, prop.major, prop.minor,
+                 "build-%08x/env-%08x", prop.name, prop.major, prop.minor,
                  prop.multiProcessorCount, prop.l2CacheSize >> 20,
                  cublasLtGetVersion(), rt, build, env);
     return n > 0 && (size_t)n < size;
@@ -1060,19 +1061,20 @@ static const gemm_cache_entry_t *gemm_cache_find(
 static bool gemm_cache_install(worker_gemm_ctx_t *ctx, int n_out, int n_in,
                                cuda_dtype_t out_dt, int big)
 {
-    gemm_tuned_t add[16];
+    gemm_tuned_t add[GEMM_TUNE_BUCKETS];
+    const int first = big > 0 ? big : 1;
+    const int last = big > 0 ? big : GEMM_TUNE_MAX_TOK;
     int n_add = 0;
 
     if (ctx->n_cached == 0)
         return false;
-    for (int b = big > 0 ? big : 1; b <= (big > 0 ? big : GEMM_TUNE_MAX_TOK);
-         b = big > 0 ? b + 1 : b << 1) {
+    for (int b = first; b <= last; b *= 2) {
         const gemm_cache_entry_t *e =
             gemm_cache_find(ctx->cached, ctx->n_cached, b, n_out, n_in,
                             out_dt);
         gemm_tuned_t *t = &add[n_add];
 
-        if (e == NULL || n_add == (int)(sizeof(add) / sizeof(add[0])))
+        if (e == NULL)
             return false;
         memset(t, 0, sizeof(*t));
         t->bucket = b;
@@ -1125,11 +1127,10 @@ static bool gemm_cache_install(worker_gemm_ctx_t *ctx, int n_out, int n_in,
  * those the file holds now (another process's) for other shapes. */
 static void gemm_cache_save(worker_gemm_ctx_t *ctx)
 {
-    gemm_cache_entry_t *all;
-    char *text = NULL, tmp[4096];
+    gemm_cache_entry_t *all, *disk;
+    char *text = NULL;
     size_t len = 0;
     int n = 0, n_disk;
-    FILE *f;
 
     all = bt_calloc(2 * GEMM_MAX_TUNED, sizeof(*all), "gemm_cache_save");
     if (all == NULL) {
@@ -1155,35 +1156,23 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
                      cuda_gemv_kernel_name((cuda_gemv_kernel_t)t->choice));
         }
     }
-    n_disk = gemm_cache_read(ctx, all + n);
-    for (int i = 0; i < n_disk; i++) {
-        const gemm_cache_entry_t *d = &all[ctx->n_tuned + i];
-        if (gemm_cache_find(all, n, d->bucket, d->n_out, d->n_in,
-                            d->out_f32 ? CUDA_DT_F32 : CUDA_DT_BF16) == NULL)
-            all[n++] = *d;
-    }
-    /* pid and context: the tensor-parallel ranks of one process (a
-     * context each, one thread each) may save at the same time */
-    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%p", ctx->cache_path,
-                         (int)getpid(), (void *)ctx) >= sizeof(tmp) ||
-        gemm_cache_format(ctx->cache_key, all, BT_MIN(n, GEMM_MAX_TUNED),
-                          &text, &len) != BT_OK) {
+    /* the file's entries land after ours and are kept in place where no
+     * entry of ours has their shape (the write index never passes the
+     * read index) */
+    disk = all + n;
+    n_disk = gemm_cache_read(ctx, disk);
+    for (int i = 0; i < n_disk; i++)
+        if (gemm_cache_find(all, n, disk[i].bucket, disk[i].n_out,
+                            disk[i].n_in, disk[i].out_f32 ? CUDA_DT_F32
+                                                          : CUDA_DT_BF16) ==
+            NULL)
+            all[n++] = disk[i];
+    if (gemm_cache_format(ctx->cache_key, all, BT_MIN(n, GEMM_MAX_TUNED),
+                          &text, &len) != BT_OK ||
+        bt_write_file(ctx->cache_path, text, len) != BT_OK) {
+        BT_LOG_WARN("CUDA", "gemm cache %s not saved: %s", ctx->cache_path,
+                    bt_error_last());
         bt_error_clear();
-        bt_free(all);
-        return;
-    }
-    f = fopen(tmp, "w");
-    if (f == NULL || fwrite(text, 1, len, f) != len) {
-        BT_LOG_WARN("CUDA", "gemm cache %s: cannot write: %s", tmp,
-                    strerror(errno));
-        if (f != NULL) {
-            fclose(f);
-            remove(tmp);
-        }
-    } else if (fclose(f) != 0 || rename(tmp, ctx->cache_path) != 0) {
-        BT_LOG_WARN("CUDA", "gemm cache %s: cannot write: %s",
-                    ctx->cache_path, strerror(errno));
-        remove(tmp);
     }
     bt_free(text);
     bt_free(all);
@@ -1332,7 +1321,7 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                 t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in,
                                     out_dt);
             if (ctx->tune && t == NULL &&
-                ctx->n_tuned + 8 <= GEMM_MAX_TUNED &&
+                ctx->n_tuned + GEMM_TUNE_BUCKETS <= GEMM_MAX_TUNED &&
                 gemm_tuned_find(ctx, 1, n_out, n_in, out_dt) == NULL &&
                 !gemm_capturing(stream)) {
                 if (!gemm_cache_install(ctx, n_out, n_in, out_dt, 0))
