@@ -13,7 +13,10 @@
  * used OUTSIDE stream capture (a prefill, normally, before any decode
  * graph is captured), every token bucket 1, 2, 4, ..., 128 of that shape
  * is timed with CUDA events on the caller's stream (L2 flushed before each
- * run, median of GEMM_TUNE_REPS) for each GEMV variant that supports it
+ * run, median of GEMM_TUNE_REPS; captured in a graph behind a small lead
+ * kernel, as in a decode step: gemm_lead_t; the candidates within 4% of
+ * the best then timed again, interleaved: gemm_tune_final) for each GEMV
+ * variant that supports it
  * (kernels/gemv.h) and the first GEMM_LT_CANDS algorithms of cuBLASLt's
  * heuristic; every GEMV variant's output is first checked against
  * cuBLASLt's on the same pseudo-random input (a variant that disagrees is
@@ -43,6 +46,8 @@
  * tma variant (left out by default); BT_GEMV=0 is cuBLASLt only.  Each
  * candidate is timed after an L2 flush (cuda_l2_flush: a read-only pass
  * by default, BT_GEMM_FLUSH=write for the memset of rounds 1-9).
+ * BT_GEMM_TUNE_LEAD=0 times each candidate alone on the stream and
+ * BT_GEMM_TUNE_FINAL=0 skips the final round (both: rounds 1-21's tuner).
  * BT_GEMM_CACHE=PATH keeps the picks across processes (gemm_cache.h):
  * a family found there whole (every bucket, each cuBLASLt algorithm
  * accepted by cublasLtMatmulAlgoCheck) is installed without timing, and
@@ -83,13 +88,18 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_LT_CANDS_MAX 32    /* BT_GEMM_LT_CANDS / _BIG at most */
 #define GEMM_LT_SPLIT_BASES 2   /* heuristic picks given split-K variants */
 #define GEMM_LT_ALGOS_MAX 80    /* heuristic picks + their split-K variants */
+#define GEMM_TUNE_CANDS_MAX (CUDA_GEMV_N_KERNELS + GEMM_LT_ALGOS_MAX)
 #define GEMM_BIG_STEP 256       /* prefill n_tok tuned: multiples of this */
 #define GEMM_BIG_MAX 8192       /* ... up to this */
 #define GEMM_TUNE_REPS 5
+#define GEMM_FINAL_MAX 6        /* skinny candidates timed again at most */
+#define GEMM_FINAL_REPS 12      /* ... interleaved runs each */
+#define GEMM_FINAL_MARGIN 0.04f /* ... when within 4% (+0.2 us) of the best */
 #define GEMM_FLUSH_BYTES (128u << 20) /* > L2 (50 MB on H100/H200) */
 #define GEMM_CHOICE_LT 100      /* choice >= this: cuBLASLt algo (c - 100) */
 #define GEMM_PF_MAX 1024        /* weights remembered for next-prefetch */
 #define GEMM_PF_MIN_TOK 3       /* prefetch the next weights from here */
+#define GEMM_LEAD_DEFAULT 1     /* BT_GEMM_TUNE_LEAD unset: behind a lead */
 
 /* One planned shape. */
 typedef struct {
@@ -486,15 +496,77 @@ static bool gemm_gemv_disabled(int k)
     return false;
 }
 
+/* How a skinny candidate is timed (BT_GEMM_TUNE_LEAD).  In a decode step
+ * every skinny product runs inside a CUDA graph behind a small kernel (an
+ * RMSNorm, SwiGLU, the attention).  Timed alone on the stream after the
+ * L2 flush, a candidate also pays the stream's launch latency, and a
+ * split-K pick its second launch, neither of which the graph has.  Round
+ * 21: one machine's gate/up pick, an nvjet 80x64 kernel on 4x1 clusters,
+ * started 4.7-9.3 us after its RMSNorm in every layer of the graph (0.15
+ * ms a batch-64 step) although its stream timing made it the winner.  So
+ * by default each candidate of a bucket <= GEMM_TUNE_MAX_TOK is captured
+ * as a graph behind a lead (cuda_gemv_tune_lead: an RMSNorm's traffic for
+ * the candidate's input shape, with the next-weight prefetch when
+ * BT_GEMM_PF_NEXT is on, as worker_gemm issues it) and timed as the
+ * graph's time minus the lead's alone.  The lead never triggers early
+ * (gemv.h says why).  Where capture fails (the legacy default stream) the
+ * two are launched on the stream.  BT_GEMM_TUNE_LEAD=0: each candidate
+ * alone on the stream (rounds 1-21). */
+typedef enum {
+    GEMM_LEAD_NONE = 0,
+    GEMM_LEAD_STREAM,    /* lead + candidate launched on the stream */
+    GEMM_LEAD_GRAPH      /* lead + candidate captured as one graph */
+} gemm_lead_t;
+
 /* Scratch of one family's tuning. */
 typedef struct {
     void *d_x;           /* (GEMM_TUNE_MAX_TOK, n_in) bf16, pseudo-random */
     void *d_y;           /* (GEMM_TUNE_MAX_TOK, n_out) out_dt */
     void *d_ref;         /* same: cuBLASLt's result */
-    void *d_flush;       /* GEMM_FLUSH_BYTES */
+    void *d_flush;       /* GEMM_FLUSH_BYTES; its head also holds the
+                          * lead's zeroed f32 input and its output */
     double *d_err;       /* 3 doubles */
     cudaEvent_t ev[2];
+    gemm_lead_t lead_mode; /* of the family (gemm_lead_mode) */
+    gemm_lead_t lead;    /* of the bucket being tuned */
+    float lead_us;       /* the lead's own median time in that bucket */
 } gemm_scratch_t;
+
+/* BT_GEMM_TUNE_LEAD: "0" none, anything else a lead (graph first). */
+static gemm_lead_t gemm_lead_mode(void)
+{
+    const char *env = getenv("BT_GEMM_TUNE_LEAD");
+
+    if (env == NULL || *env == '\0')
+        return GEMM_LEAD_DEFAULT ? GEMM_LEAD_GRAPH : GEMM_LEAD_NONE;
+    return strcmp(env, "0") == 0 ? GEMM_LEAD_NONE : GEMM_LEAD_GRAPH;
+}
+
+/* Bytes of the flush buffer's head the lead uses for n_in columns of
+ * GEMM_TUNE_MAX_TOK rows: f32 input, bf16 output. */
+static size_t gemm_lead_bytes(int n_in)
+{
+    return (size_t)GEMM_TUNE_MAX_TOK * n_in * (4 + 2);
+}
+
+/* The lead of plan p's candidates: what precedes a skinny product in a
+ * decode step (see gemm_lead_t). */
+static bt_status_t gemm_lead_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                                 const void *d_w, const gemm_scratch_t *sc,
+                                 cudaStream_t stream)
+{
+    char *head = (char *)sc->d_flush;
+    const size_t x_bytes = (size_t)GEMM_TUNE_MAX_TOK * p->n_in * 4;
+    bt_status_t status = BT_OK;
+
+    if (ctx->pf_next && p->n_tok >= GEMM_PF_MIN_TOK)
+        status = cuda_l2_prefetch(d_w, BT_MIN((size_t)p->n_out * p->n_in * 2,
+                                              ctx->pf_budget), stream);
+    if (status == BT_OK)
+        status = cuda_gemv_tune_lead((const float *)head, p->n_tok, p->n_in,
+                                     head + x_bytes, stream);
+    return status;
+}
 
 /* Runs candidate c (gemv variant, or GEMM_CHOICE_LT + i of algos). */
 static bt_status_t gemm_cand_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
@@ -510,42 +582,244 @@ static bt_status_t gemm_cand_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
                          stream);
 }
 
-/* Median time in microseconds of candidate c over GEMM_TUNE_REPS runs,
- * each after an L2 flush; one untimed run first. */
+/* One timed launch: the lead (when sc->lead is set) then candidate c
+ * (c < 0: the lead alone), or the graph ge holding them. */
+static bt_status_t gemm_cand_launch(worker_gemm_ctx_t *ctx,
+                                    const gemm_plan_t *p,
+                                    const cublasLtMatmulAlgo_t *algos, int c,
+                                    const void *d_w, const gemm_scratch_t *sc,
+                                    cudaGraphExec_t ge, cudaStream_t stream)
+{
+    bt_status_t status = BT_OK;
+
+    if (ge != NULL)
+        return BT_CUDA_STATUS(cudaGraphLaunch(ge, stream));
+    if (sc->lead != GEMM_LEAD_NONE)
+        status = gemm_lead_run(ctx, p, d_w, sc, stream);
+    if (status == BT_OK && c >= 0)
+        status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y,
+                               stream);
+    return status;
+}
+
+/* Captures the lead and candidate c (c < 0: none) into *ge_p. */
+static bt_status_t gemm_cand_capture(worker_gemm_ctx_t *ctx,
+                                     const gemm_plan_t *p,
+                                     const cublasLtMatmulAlgo_t *algos, int c,
+                                     const void *d_w, const gemm_scratch_t *sc,
+                                     cudaStream_t stream,
+                                     cudaGraphExec_t *ge_p)
+{
+    cudaGraph_t g = NULL;
+    bt_status_t status, end;
+
+    *ge_p = NULL;
+    status = BT_CUDA_STATUS(
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    if (status != BT_OK)
+        return status;
+    status = gemm_cand_launch(ctx, p, algos, c, d_w, sc, NULL, stream);
+    end = BT_CUDA_STATUS(cudaStreamEndCapture(stream, &g));
+    if (status == BT_OK)
+        status = end;
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaGraphInstantiate(ge_p, g, 0));
+    if (g != NULL)
+        cudaGraphDestroy(g);
+    if (status != BT_OK) {
+        *ge_p = NULL;
+        (void)cudaGetLastError();
+    }
+    return status;
+}
+
+/* Readies candidate c (c < 0: the lead alone) for timing: its graph
+ * when the lead is captured (*ge_p, else NULL), then one untimed run. */
+static bt_status_t gemm_cand_prepare(worker_gemm_ctx_t *ctx,
+                                     const gemm_plan_t *p,
+                                     const cublasLtMatmulAlgo_t *algos, int c,
+                                     const void *d_w, const gemm_scratch_t *sc,
+                                     cudaStream_t stream,
+                                     cudaGraphExec_t *ge_p)
+{
+    bt_status_t status = BT_OK;
+
+    *ge_p = NULL;
+    if (sc->lead == GEMM_LEAD_GRAPH)
+        status = gemm_cand_capture(ctx, p, algos, c, d_w, sc, stream, ge_p);
+    if (status == BT_OK)
+        status = gemm_cand_launch(ctx, p, algos, c, d_w, sc, *ge_p, stream);
+    if (status != BT_OK && *ge_p != NULL) {
+        cudaGraphExecDestroy(*ge_p);
+        *ge_p = NULL;
+    }
+    return status;
+}
+
+/* One timed run of a prepared candidate after an L2 flush (flush fill
+ * r), in milliseconds. */
+static bt_status_t gemm_cand_once(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                                  const cublasLtMatmulAlgo_t *algos, int c,
+                                  const void *d_w, gemm_scratch_t *sc,
+                                  cudaGraphExec_t ge, int r,
+                                  cudaStream_t stream, float *ms_p)
+{
+    bt_status_t status;
+
+    status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, r, stream);
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
+    if (status == BT_OK)
+        status = gemm_cand_launch(ctx, p, algos, c, d_w, sc, ge, stream);
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[1], stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventSynchronize(sc->ev[1]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventElapsedTime(ms_p, sc->ev[0],
+                                                     sc->ev[1]));
+    return status;
+}
+
+/* The median of t[0 .. n) in microseconds (t in ms; sorts t), less the
+ * lead's time behind a lead when `less_lead`. */
+static float gemm_median_us(float *t, int n, const gemm_scratch_t *sc,
+                            bool less_lead)
+{
+    float us;
+
+    for (int i = 1; i < n; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float v = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = v;
+        }
+    us = t[n / 2] * 1e3f;
+    if (less_lead && sc->lead != GEMM_LEAD_NONE)
+        us = BT_MAX(us - sc->lead_us, 0.1f);
+    return us;
+}
+
+/* Median time in microseconds of candidate c (c < 0: the lead alone) over
+ * GEMM_TUNE_REPS runs, each after an L2 flush; one untimed run first.
+ * Behind a lead, the lead's own time (sc->lead_us) is taken off. */
 static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
                                   const cublasLtMatmulAlgo_t *algos, int c,
                                   const void *d_w, gemm_scratch_t *sc,
                                   cudaStream_t stream, float *us_p)
 {
     float t[GEMM_TUNE_REPS];
+    cudaGraphExec_t ge = NULL;
     bt_status_t status;
 
-    status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y, stream);
-    for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++) {
-        status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, r, stream);
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
-        if (status == BT_OK)
-            status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y,
-                                   stream);
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[1], stream));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventSynchronize(sc->ev[1]));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventElapsedTime(&t[r], sc->ev[0],
-                                                         sc->ev[1]));
-    }
+    status = gemm_cand_prepare(ctx, p, algos, c, d_w, sc, stream, &ge);
+    for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++)
+        status = gemm_cand_once(ctx, p, algos, c, d_w, sc, ge, r, stream,
+                                &t[r]);
+    if (ge != NULL)
+        cudaGraphExecDestroy(ge);
     if (status != BT_OK)
         return status;
-    for (int i = 1; i < GEMM_TUNE_REPS; i++) /* insertion sort */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            float v = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = v;
-        }
-    *us_p = t[GEMM_TUNE_REPS / 2] * 1e3f;
+    *us_p = gemm_median_us(t, GEMM_TUNE_REPS, sc, c >= 0);
     return BT_OK;
+}
+
+/* BT_GEMM_TUNE_FINAL=0: no final round (rounds 1-21; A/B). */
+static bool gemm_final_enabled(void)
+{
+    const char *env = getenv("BT_GEMM_TUNE_FINAL");
+
+    return env == NULL || strcmp(env, "0") != 0;
+}
+
+/* The final round of a skinny bucket.  The first pass's medians of
+ * GEMM_TUNE_REPS runs can differ by less than their noise: in round 22
+ * two picks 0.5 us ahead in the tuner were each 1 us behind in the step
+ * (0.06 ms a batch-64 step).  So the candidates within GEMM_FINAL_MARGIN
+ * of the best (GEMM_FINAL_MAX at most) run again GEMM_FINAL_REPS times
+ * each, interleaved in a rotating order so that a drifting clock or an
+ * order effect moves them all alike, and the best median wins.  cands /
+ * us: the n candidates timed and their first-pass times; *best_p /
+ * *best_us_p: in, the first pass's winner; out, the final's. */
+static bt_status_t gemm_tune_final(worker_gemm_ctx_t *ctx,
+                                   const gemm_plan_t *p,
+                                   const cublasLtMatmulAlgo_t *algos,
+                                   const void *d_w, gemm_scratch_t *sc,
+                                   cudaStream_t stream, const int *cands,
+                                   const float *us, int n, int *best_p,
+                                   float *best_us_p, int *fin_p,
+                                   float *fin_us_p, int *n_fin_p)
+{
+    int fin[GEMM_FINAL_MAX];
+    float t[GEMM_FINAL_MAX][GEMM_FINAL_REPS];
+    cudaGraphExec_t ge[GEMM_FINAL_MAX] = {NULL};
+    const float limit = *best_us_p * (1.0f + GEMM_FINAL_MARGIN) + 0.2f;
+    bool taken[GEMM_TUNE_CANDS_MAX] = {false};
+    int n_fin = 0;
+    bt_status_t status = BT_OK;
+
+    *n_fin_p = 0;
+    /* the finalists, fastest first */
+    while (n_fin < GEMM_FINAL_MAX) {
+        int k = -1;
+        for (int i = 0; i < n; i++)
+            if (!taken[i] && us[i] <= limit && (k < 0 || us[i] < us[k]))
+                k = i;
+        if (k < 0)
+            break;
+        taken[k] = true;
+        if (gemm_cand_prepare(ctx, p, algos, cands[k], d_w, sc, stream,
+                              &ge[n_fin]) != BT_OK) {
+            bt_error_clear();
+            (void)cudaGetLastError();
+            continue; /* timed once already: a transient failure, skip */
+        }
+        fin[n_fin++] = cands[k];
+    }
+    for (int r = 0; r < GEMM_FINAL_REPS && status == BT_OK && n_fin >= 2; r++)
+        for (int j = 0; j < n_fin && status == BT_OK; j++) {
+            const int f = (j + r) % n_fin;
+            status = gemm_cand_once(ctx, p, algos, fin[f], d_w, sc, ge[f], r,
+                                    stream, &t[f][r]);
+        }
+    for (int f = 0; f < n_fin; f++)
+        if (ge[f] != NULL)
+            cudaGraphExecDestroy(ge[f]);
+    if (status != BT_OK || n_fin < 2)
+        return status;
+    for (int f = 0; f < n_fin; f++) {
+        const float m = gemm_median_us(t[f], GEMM_FINAL_REPS, sc, true);
+        fin_p[f] = fin[f];
+        fin_us_p[f] = m;
+        if (f == 0 || m < *best_us_p) {
+            *best_p = fin[f];
+            *best_us_p = m;
+        }
+    }
+    *n_fin_p = n_fin;
+    return BT_OK;
+}
+
+/* Sets up the bucket's lead: its own time, or, where even the lead alone
+ * cannot be captured, the stream launches instead (logged once). */
+static bt_status_t gemm_lead_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                                  const void *d_w, gemm_scratch_t *sc,
+                                  cudaStream_t stream)
+{
+    bt_status_t status;
+
+    sc->lead_us = 0.0f;
+    status = gemm_cand_time(ctx, p, NULL, -1, d_w, sc, stream, &sc->lead_us);
+    if (status != BT_OK && sc->lead == GEMM_LEAD_GRAPH) {
+        BT_LOG_INFO("CUDA", "gemm tune: the lead cannot be captured on this "
+                    "stream: timed on the stream instead");
+        bt_error_clear();
+        (void)cudaGetLastError();
+        sc->lead = sc->lead_mode = GEMM_LEAD_STREAM;
+        status = gemm_cand_time(ctx, p, NULL, -1, d_w, sc, stream,
+                                &sc->lead_us);
+    }
+    return status;
 }
 
 /* Relative L2 difference of variant c's output from cuBLASLt's (d_ref);
@@ -700,6 +974,17 @@ static void gemm_lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
                                                              : "");
 }
 
+/* Candidate cand's name: a GEMV variant's, or gemm_lt_name's. */
+static void gemm_cand_name(const cublasLtMatmulAlgo_t *algos, int cand,
+                           int n_heur, char *buf, size_t size)
+{
+    if (cand >= GEMM_CHOICE_LT)
+        gemm_lt_name(algos, cand - GEMM_CHOICE_LT, n_heur, buf, size);
+    else
+        snprintf(buf, size, "%s",
+                 cuda_gemv_kernel_name((cuda_gemv_kernel_t)cand));
+}
+
 /* Tunes one bucket of a weight shape (scratch ready); adds the entry. */
 static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                                     int n_out, int n_in, cuda_dtype_t out_dt,
@@ -715,6 +1000,8 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     cublasLtMatmulPreference_t pref = NULL;
     int n_algos = 0, n_heur = 0, best = -1, n_ok = 0;
     bool lt_ran[GEMM_LT_ALGOS_MAX] = {false};
+    int cands[GEMM_TUNE_CANDS_MAX];        /* timed, in order */
+    float cand_us[GEMM_TUNE_CANDS_MAX];    /* ... their times */
     float best_us = 0.0f;
     char line[2048];
     size_t len = 0;
@@ -751,6 +1038,12 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                          stream);
     if (status != BT_OK)
         return status;
+    sc->lead = bucket <= GEMM_TUNE_MAX_TOK ? sc->lead_mode : GEMM_LEAD_NONE;
+    if (sc->lead != GEMM_LEAD_NONE) {
+        status = gemm_lead_time(ctx, p, d_w, sc, stream);
+        if (status != BT_OK)
+            return status;
+    }
 
     len += (size_t)snprintf(line + len, sizeof(line) - len, "[");
     for (int c = 0; c < CUDA_GEMV_N_KERNELS + n_algos; c++) {
@@ -761,17 +1054,11 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
         float us = 0.0f;
 
         const bool gemv = cand < GEMM_CHOICE_LT;
-        if (gemv) {
-            if (!cuda_gemv_kernel_ok((cuda_gemv_kernel_t)cand, bucket, n_out,
-                                     n_in, CUDA_DT_BF16) ||
-                gemm_gemv_disabled(cand))
-                continue;
-            snprintf(name, sizeof(name), "%s",
-                     cuda_gemv_kernel_name((cuda_gemv_kernel_t)cand));
-        } else {
-            gemm_lt_name(algos, cand - GEMM_CHOICE_LT, n_heur, name,
-                         sizeof(name));
-        }
+        if (gemv && (!cuda_gemv_kernel_ok((cuda_gemv_kernel_t)cand, bucket,
+                                          n_out, n_in, CUDA_DT_BF16) ||
+                     gemm_gemv_disabled(cand)))
+            continue;
+        gemm_cand_name(algos, cand, n_heur, name, sizeof(name));
         /* our GEMV variants and the split-K variants are checked against
          * the heuristic's first algorithm (the heuristic's own picks are
          * cuBLASLt's to get right) */
@@ -799,6 +1086,8 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
             bt_error_clear();
             continue; /* a cuBLASLt algorithm that does not run */
         }
+        cands[n_ok] = cand;
+        cand_us[n_ok] = us;
         n_ok++;
         if (cand >= GEMM_CHOICE_LT)
             lt_ran[cand - GEMM_CHOICE_LT] = true;
@@ -813,6 +1102,22 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     }
     if (best < 0)
         return BT_ERR_CUDA;
+    if (bucket <= GEMM_TUNE_MAX_TOK && gemm_final_enabled()) {
+        int fin[GEMM_FINAL_MAX], n_fin = 0;
+        float fin_us[GEMM_FINAL_MAX];
+        status = gemm_tune_final(ctx, p, algos, d_w, sc, stream, cands,
+                                 cand_us, n_ok, &best, &best_us, fin, fin_us,
+                                 &n_fin);
+        if (status != BT_OK)
+            return status;
+        for (int f = 0; f < n_fin && len < sizeof(line); f++) {
+            char name[24];
+            gemm_cand_name(algos, fin[f], n_heur, name, sizeof(name));
+            len += (size_t)snprintf(line + len, sizeof(line) - len,
+                                    "%s%s %.2f", f == 0 ? "; final " : ", ",
+                                    name, fin_us[f]);
+        }
+    }
     if (bucket > GEMM_TUNE_MAX_TOK) {
         /* BT_GEMM_BIG_PICK=i: prefill shapes take cuBLASLt's i-th
          * heuristic candidate instead of the fastest in isolation (A/B
@@ -839,16 +1144,17 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     t->us = best_us;
     {
         char bname[24];
-        if (best >= GEMM_CHOICE_LT)
-            gemm_lt_name(algos, best - GEMM_CHOICE_LT, n_heur, bname,
-                         sizeof(bname));
-        else
-            snprintf(bname, sizeof(bname), "%s",
-                     cuda_gemv_kernel_name((cuda_gemv_kernel_t)best));
+        gemm_cand_name(algos, best, n_heur, bname, sizeof(bname));
+        char lead[48] = "";
+        if (sc->lead != GEMM_LEAD_NONE)
+            snprintf(lead, sizeof(lead), ", behind a %s lead of %.1f us",
+                     sc->lead == GEMM_LEAD_GRAPH ? "graph" : "stream",
+                     sc->lead_us);
         BT_LOG_INFO("CUDA", "gemm tune t=%d o=%d i=%d out=%s: %s %.1f us "
-                    "(%.2f TB/s of weights) %s us]", bucket, n_out, n_in,
+                    "(%.2f TB/s of weights) %s us]%s", bucket, n_out, n_in,
                     out_dt == CUDA_DT_F32 ? "f32" : "bf16", bname, best_us,
-                    2.0 * n_out * n_in / (best_us * 1e-6) / 1e12, line);
+                    2.0 * n_out * n_in / (best_us * 1e-6) / 1e12, line,
+                    lead);
     }
     return BT_OK;
 }
@@ -888,6 +1194,13 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     if (status == BT_OK)
         status = cuda_gemv_fill(sc.d_x, (size_t)rows * n_in,
                                 0x5eed1234u ^ (uint32_t)n_out, stream);
+    /* the lead's input and output: zeros */
+    sc.lead_mode = big > 0 || gemm_lead_bytes(n_in) > GEMM_FLUSH_BYTES
+                       ? GEMM_LEAD_NONE
+                       : gemm_lead_mode();
+    if (status == BT_OK && sc.lead_mode != GEMM_LEAD_NONE)
+        status = BT_CUDA_STATUS(cudaMemsetAsync(
+            sc.d_flush, 0, gemm_lead_bytes(n_in), stream));
     if (big > 0 && status == BT_OK)
         status = gemm_tune_bucket(ctx, big, n_out, n_in, out_dt, d_w, &sc,
                                   stream);
@@ -953,7 +1266,8 @@ static bool gemm_cache_key(char *key, size_t size)
     static const char *const vars[] = {
         "BT_GEMV_DISABLE", "BT_GEMV_TMA", "BT_GEMM_LT_SPLITK",
         "BT_GEMM_LT_CANDS", "BT_GEMM_LT_CANDS_BIG", "BT_GEMM_BIG_PICK",
-        "BT_GEMM_FLUSH"};
+        "BT_GEMM_FLUSH", "BT_GEMM_TUNE_LEAD", "BT_GEMM_TUNE_FINAL",
+        "BT_GEMM_PF_NEXT", "BT_GEMM_PF_MB"};
     struct cudaDeviceProp prop;
     char num[64];
     uint32_t build = 2166136261u, env = 2166136261u;
@@ -972,9 +1286,11 @@ static bool gemm_cache_key(char *key, size_t size)
     for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++)
         build = gemm_fnv(build,
                          cuda_gemv_kernel_name((cuda_gemv_kernel_t)k));
-    snprintf(num, sizeof(num), "%d/%d/%d/%d/%d/%d", GEMM_TUNE_MAX_TOK,
-             GEMM_LT_CANDS, GEMM_LT_CANDS_BIG, GEMM_LT_SPLIT_BASES,
-             GEMM_BIG_STEP, GEMM_TUNE_REPS);
+    snprintf(num, sizeof(num), "%d/%d/%d/%d/%d/%d/%d/%d/%d/%g",
+             GEMM_TUNE_MAX_TOK, GEMM_LT_CANDS, GEMM_LT_CANDS_BIG,
+             GEMM_LT_SPLIT_BASES, GEMM_BIG_STEP, GEMM_TUNE_REPS,
+             GEMM_LEAD_DEFAULT, GEMM_FINAL_MAX, GEMM_FINAL_REPS,
+             (double)GEMM_FINAL_MARGIN);
     build = gemm_fnv(build, num);
     for (size_t v = 0; v < sizeof(vars) / sizeof(vars[0]); v++) {
         const char *val = getenv(vars[v]);

@@ -1410,6 +1410,27 @@ bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
     return BT_CUDA_LAUNCH_STATUS();
 }
 
+/* One block per row: y = bf16(x).  No PDL trigger, so a product
+ * launched behind it starts when it ends (see gemv.h). */
+static __global__ void gemv_tune_lead_kernel(const float *x, int n, bf16_t *y)
+{
+    const float *xr = x + (size_t)blockIdx.x * n;
+    bf16_t *yr = y + (size_t)blockIdx.x * n;
+
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = __float2bfloat16(xr[i]);
+}
+
+bt_status_t cuda_gemv_tune_lead(const float *d_x, int n_rows, int n,
+                                void *d_y, cudaStream_t stream)
+{
+    if (n_rows <= 0 || n <= 0)
+        return BT_OK;
+    gemv_tune_lead_kernel<<<(unsigned)n_rows, 256, 0, stream>>>(
+        d_x, n, (bf16_t *)d_y);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
 /* BT_GEMV_KERNEL=stream sends cuda_gemv to the streaming kernel (A/B of
  * round 2).  Read at each call, so tests and benchmarks can switch. */
 static bool gemv_stream_enabled(void)

@@ -143,6 +143,17 @@ bt_status_t cuda_gemv_prepare(void);
 bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
                            cudaStream_t stream);
 
+/* The autotuner's lead (gemm.c, gemm_lead_t): a small kernel of the
+ * shape that precedes a skinny product in a decode step (one block per
+ * row reading n f32, writing n bf16: an RMSNorm's traffic), timed in a
+ * graph ahead of each candidate.  It never triggers its dependents early,
+ * so a GEMV variant launched with PDL behind it gains nothing from the
+ * early start it may or may not get in the step (round 22: an RMSNorm
+ * lead that triggered at once credited the tc GEMV with ~2 us it did not
+ * win behind the attention, and batch 8 lost 0.07 ms a step). */
+bt_status_t cuda_gemv_tune_lead(const float *d_x, int n_rows, int n,
+                                void *d_y, cudaStream_t stream);
+
 /* Difference of two device outputs of n elements in dt, for the
  * autotuner's check: writes {sum (y - ref)^2, sum ref^2, non-finite count
  * of y} to d_acc[3] (device doubles) on `stream`. */
