@@ -1012,10 +1012,10 @@ static bool has_stage_pending(const decode_t *dec)
 // ---------------------------------------------------------------------------
 // Aggregated mode: local prefill into the reservation's own blocks
 
-static void send_prefill_failure(decode_t *dec, uint64_t id,
+static void send_prefill_failure(decode_t *dec, uint64_t id, uint64_t epoch,
                                  Baton__ErrorCode code, const char *text)
 {
-    workerproc_send_prefill_failure(dec->sock, id, code, text);
+    workerproc_send_prefill_failure(dec->sock, id, epoch, code, text);
 }
 
 static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first);
@@ -1033,14 +1033,14 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     const Baton__SamplingParams *sp = m->sampling;
 
     if (!dec->cfg.can_prefill) {
-        send_prefill_failure(dec, m->request_id,
+        send_prefill_failure(dec, m->request_id, g != NULL ? g->epoch : 0,
                              BATON__ERROR_CODE__ERROR_WORKER,
                              "this decode worker does not prefill");
         return;
     }
     if (r == NULL || g == NULL || g->epoch != r->epoch || r->local ||
         r->local_done) {
-        send_prefill_failure(dec, m->request_id,
+        send_prefill_failure(dec, m->request_id, g != NULL ? g->epoch : 0,
                              BATON__ERROR_CODE__ERROR_WORKER,
                              "no matching KV reservation for local prefill");
         return;
@@ -1127,7 +1127,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
 
 fail:
     bt_free(ids);
-    send_prefill_failure(dec, m->request_id, code, err);
+    send_prefill_failure(dec, m->request_id, g->epoch, code, err);
 }
 
 static bool has_local_prefill(const decode_t *dec)
@@ -1148,7 +1148,8 @@ static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
     sampler_t *sampler = NULL;
 
     if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
-        send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_INVALID,
+        send_prefill_failure(dec, r->id, r->epoch,
+                             BATON__ERROR_CODE__ERROR_INVALID,
                              bt_error_last());
         r->local = false;
         return NULL;
@@ -1617,7 +1618,8 @@ static void step(decode_t *dec)
         decode_resv_t *r = dec->pmap[i - n_decode];
         sampler_t *ps = dec->psamp[i - n_decode];
         if (status != BT_OK) {
-            send_prefill_failure(dec, r->id, BATON__ERROR_CODE__ERROR_WORKER,
+            send_prefill_failure(dec, r->id, r->epoch,
+                                 BATON__ERROR_CODE__ERROR_WORKER,
                                  bt_error_last());
             r->local = false;
             sampler_destroy(&ps);

@@ -199,10 +199,10 @@ static void send_heartbeat(prefill_t *pf)
     pf->last_hb_ns = bt_time_ns();
 }
 
-static void send_failure(prefill_t *pf, uint64_t id, Baton__ErrorCode code,
-                         const char *text)
+static void send_failure(prefill_t *pf, uint64_t id, uint64_t epoch,
+                         Baton__ErrorCode code, const char *text)
 {
-    workerproc_send_prefill_failure(pf->sock, id, code, text);
+    workerproc_send_prefill_failure(pf->sock, id, epoch, code, text);
 }
 
 static void send_done(prefill_t *pf, prefill_task_t *t)
@@ -361,14 +361,15 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     bt_status_t status;
 
     if (g == NULL || !g->ok || g->n_block_ids == 0) {
-        send_failure(pf, m->request_id, BATON__ERROR_CODE__ERROR_INTERNAL,
+        send_failure(pf, m->request_id, g != NULL ? g->epoch : 0,
+                     BATON__ERROR_CODE__ERROR_INTERNAL,
                      "prefill task without a KV grant");
         return;
     }
     t = bt_calloc(1, sizeof(*t), "prefill_task");
     if (t == NULL) {
-        send_failure(pf, m->request_id, BATON__ERROR_CODE__ERROR_INTERNAL,
-                     "out of memory");
+        send_failure(pf, m->request_id, g->epoch,
+                     BATON__ERROR_CODE__ERROR_INTERNAL, "out of memory");
         return;
     }
     t->id = m->request_id;
@@ -499,7 +500,7 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     return;
 
 fail:
-    send_failure(pf, m->request_id, code, err);
+    send_failure(pf, m->request_id, g->epoch, code, err);
     task_destroy(pf, t);
 }
 
@@ -966,7 +967,7 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
             t->state = PREFILL_TASK_COMMITTING;
             return;
         }
-        send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+        send_failure(pf, t->id, t->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                      "KV commit over CUDA IPC failed");
         t->state = PREFILL_TASK_DONE;
         return;
@@ -981,7 +982,7 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
             t->state = PREFILL_TASK_COMMITTING;
             return;
         }
-        send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+        send_failure(pf, t->id, t->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                      "staged KV transfer to the decode worker failed");
         speer_drop(pf, t->speer);
         t->state = PREFILL_TASK_DONE;
@@ -994,7 +995,7 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
             t->state = PREFILL_TASK_COMMITTING;
             return;
         }
-        send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+        send_failure(pf, t->id, t->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                      "KV commit to the decode worker failed");
         t->state = PREFILL_TASK_DONE;
         return;
@@ -1107,8 +1108,8 @@ static void run_batch(prefill_t *pf)
     for (int b = 0, row = 0; b < pf->n_batch; b++) {
         prefill_task_t *t = pf->btasks[b];
         if (status != BT_OK) {
-            send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
-                         bt_error_last());
+            send_failure(pf, t->id, t->epoch,
+                         BATON__ERROR_CODE__ERROR_WORKER, bt_error_last());
             t->state = PREFILL_TASK_DONE;
             continue;
         }
@@ -1117,8 +1118,8 @@ static void run_batch(prefill_t *pf)
             continue;
         if (sample_first(pf, t, pf->logits + (size_t)row * pf->vocab) !=
             BT_OK) {
-            send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_INVALID,
-                         bt_error_last());
+            send_failure(pf, t->id, t->epoch,
+                         BATON__ERROR_CODE__ERROR_INVALID, bt_error_last());
             t->state = PREFILL_TASK_DONE;
         } else {
             if (pf->hidden != NULL && t->feat == NULL) {
@@ -1162,7 +1163,8 @@ static void reap(prefill_t *pf)
             if (t->commit_status == BT_OK) {
                 send_done(pf, t);
             } else {
-                send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+                send_failure(pf, t->id, t->epoch,
+                             BATON__ERROR_CODE__ERROR_WORKER,
                              "KV transfer to the decode worker failed");
                 if (t->peer != NULL)
                     peer_retire(pf, t->peer);
@@ -1177,7 +1179,7 @@ static void reap(prefill_t *pf)
             BT_LOG_WARN("KV", "request %llu: KV hand-off not complete after "
                         "%d ms; the decode worker is presumed dead",
                         (unsigned long long)t->id, pf->cfg.commit_timeout_ms);
-            send_failure(pf, t->id, BATON__ERROR_CODE__ERROR_WORKER,
+            send_failure(pf, t->id, t->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                          "KV hand-off to the decode worker timed out");
             if (t->peer != NULL)
                 peer_retire(pf, t->peer);

@@ -299,9 +299,15 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     char *shown = NULL;
     stop_reason_t reason;
 
+    /* A late answer for a request that moved on: an earlier attempt of
+     * a re-queued request can fail after the new attempt reached the same
+     * prefill worker (its hand-off went to a decode worker that died);
+     * the grant's epoch tells the two apart, and without that check the
+     * stale failure cost the healthy attempt a retry. */
     if (req == NULL || req->state != ROUTER_REQ_PREFILLING ||
-        req->prefill_uid != w->uid)
-        return; /* late answer for a request that moved on */
+        req->prefill_uid != w->uid ||
+        (done->has_epoch && done->epoch != req->epoch))
+        return;
     d = router__worker_by_uid(r, req->decode_uid);
     router__req_unassign_prefill(r, req);
     if (!done->ok) {

@@ -191,7 +191,7 @@ void workerproc_send_heartbeat(void *sock, Baton__Heartbeat *hb)
     workerproc_send(sock, &msg);
 }
 
-void workerproc_send_prefill_failure(void *sock, uint64_t id,
+void workerproc_send_prefill_failure(void *sock, uint64_t id, uint64_t epoch,
                                      Baton__ErrorCode code, const char *text)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
@@ -199,6 +199,8 @@ void workerproc_send_prefill_failure(void *sock, uint64_t id,
 
     done.has_request_id = 1;
     done.request_id = id;
+    done.has_epoch = epoch != 0;
+    done.epoch = epoch;
     done.has_ok = 1;
     done.ok = 0;
     done.has_error_code = 1;

@@ -102,8 +102,11 @@ void workerproc_heartbeat_init(Baton__Heartbeat *hb, const char *name,
 void workerproc_send_heartbeat(void *sock, Baton__Heartbeat *hb);
 
 /* Tells the router the prefill of request `id` failed (a PrefillDone
- * with ok = false, `code` and the message `text`). */
-void workerproc_send_prefill_failure(void *sock, uint64_t id,
+ * with ok = false, `code` and the message `text`), stamped with the KV
+ * grant's `epoch` (0: no grant known) so that the router can tell a
+ * failure of this attempt from a late one of an attempt it already
+ * re-queued. */
+void workerproc_send_prefill_failure(void *sock, uint64_t id, uint64_t epoch,
                                      Baton__ErrorCode code, const char *text);
 
 /* What a role's message handler did with one control message. */

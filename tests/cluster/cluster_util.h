@@ -210,7 +210,7 @@ static int cu_status(client_t *c, cu_status_t *st)
 }
 
 /* Waits until the router knows exactly n_prefill + n_decode workers. */
-static void cu_wait_workers(client_t *c, int n_prefill, int n_decode,
+__attribute__((unused)) static void cu_wait_workers(client_t *c, int n_prefill, int n_decode,
                             int timeout_ms)
 {
     cu_status_t st;

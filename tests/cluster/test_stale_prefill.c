@@ -1,0 +1,178 @@
+/*
+ * test_stale_prefill.c - a prefill failure that belongs to an earlier
+ * attempt of a request must not count against the attempt in flight.
+ *
+ * When a decode worker dies, the router re-queues the requests it held
+ * and may send one straight back to the same prefill worker; that
+ * worker's failure report for the old attempt (its hand-off to the dead
+ * worker failed) can arrive after the new grant.  Every PrefillDone
+ * carries the grant's epoch, and the router ignores one whose epoch is
+ * not the request's (round 22: test_stage_cluster lost a request after
+ * a single kill -9 to such double counting under CI load).
+ *
+ * This process plays the prefill worker (workerproc's helpers over a
+ * real DEALER) beside a real null-model decode worker; the router runs
+ * with --max-retries 0, so any failure it accepts fails the request.
+ *   1. A failure stamped with another epoch: the request stays in flight.
+ *   2. A failure with the task's own epoch: the client gets the error.
+ */
+#include <zmq.h>
+
+#include "bt_error.h"
+#include "cluster_util.h"
+#include "workerproc.h"
+
+typedef struct {
+    void *ctx;
+    void *sock;
+    bool registered;
+    uint64_t last_hb_ns;
+    uint64_t task_id;    /* the PrefillTask received (0: none yet) */
+    uint64_t task_epoch; /* its grant's epoch */
+} fake_prefill_t;
+
+static void fake_register(fake_prefill_t *f)
+{
+    static Baton__KvTransport inline_only[] = {
+        BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE};
+    workerproc_register_cfg_t rc = {
+        .role = BATON__ROLE__ROLE_PREFILL, .name = "fake-prefill",
+        .vocab = PROTO_NULL_VOCAB, .max_context = PROTO_NULL_CONTEXT,
+        .host_id = "fake-host",
+    };
+    workerproc_register_t r;
+
+    workerproc_register_init(&r, &rc);
+    r.reg.n_transports = 1;
+    r.reg.transports = inline_only;
+    workerproc_send_register(f->sock, &r.reg);
+}
+
+/* Serves the fake's control socket for `ms`: RegisterAck, heartbeats
+ * every 100 ms, and the PrefillTask (kept in f). */
+static void fake_pump(fake_prefill_t *f, int ms)
+{
+    uint64_t end = bt_time_ns() + (uint64_t)ms * 1000000ull;
+
+    while (bt_time_ns() < end) {
+        Baton__ControlMessage *m = NULL;
+        zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
+
+        if (f->registered && bt_time_ns() - f->last_hb_ns > 100000000ull) {
+            Baton__Heartbeat hb;
+            workerproc_heartbeat_init(&hb, "fake-prefill",
+                                      f->task_id != 0, 0, false);
+            workerproc_send_heartbeat(f->sock, &hb);
+            f->last_hb_ns = bt_time_ns();
+        }
+        (void)zmq_poll(&it, 1, 10);
+        while (proto_control_recv(f->sock, &m) == BT_OK) {
+            int hb_ms = 0;
+            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK &&
+                workerproc_register_ack(m->register_ack, &f->registered,
+                                        &hb_ms))
+                fake_register(f);
+            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK &&
+                m->prefill_task->grant != NULL) {
+                f->task_id = m->prefill_task->request_id;
+                f->task_epoch = m->prefill_task->grant->epoch;
+            }
+            proto_control_free(&m);
+        }
+        bt_error_clear();
+    }
+}
+
+/* Pumps the fake while waiting up to `ms` for the client's error reply;
+ * returns its code, or -1 when none came (other messages are dropped). */
+static int wait_error(fake_prefill_t *f, client_t *c, int ms)
+{
+    for (int t = 0; t < ms; t += 20) {
+        Baton__ClientMessage *m = NULL;
+        fake_pump(f, 10);
+        if (client_recv(c, 10, &m) != BT_OK) {
+            bt_error_clear();
+            continue;
+        }
+        if (m->body_case == BATON__CLIENT_MESSAGE__BODY_ERROR) {
+            int code = m->error->code;
+            fprintf(stderr, "  -> %s: %s\n", client_error_name(code),
+                    m->error->message);
+            proto_client_free(&m);
+            return code;
+        }
+        proto_client_free(&m);
+    }
+    return -1;
+}
+
+int main(void)
+{
+    fake_prefill_t f;
+    char listen[64], control[64];
+    client_t *c = NULL, *ctl = NULL;
+    client_request_t req;
+    uint64_t rid;
+    int port;
+
+    cu_init();
+    memset(&f, 0, sizeof(f));
+    port = cu_free_port();
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
+    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", "--heartbeat-miss", "20",
+             "--max-retries", "0", NULL);
+    cu_spawn("baton-decode", "--router", control, "--null-model",
+             "--name", "d0", NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    BT_ASSERT_OK(client_create(listen, &ctl));
+    BT_ASSERT_OK(workerproc_connect(control, "fake-prefill", &f.ctx,
+                                    &f.sock));
+    fake_register(&f);
+    for (int t = 0; t < 200 && !f.registered; t++)
+        fake_pump(&f, 50);
+    BT_CHECK(f.registered);
+    for (int t = 0;; t++) {
+        cu_status_t st;
+        if (cu_status(ctl, &st) == 0 && st.n_prefill == 1 &&
+            st.n_decode == 1)
+            break;
+        if (t == 200)
+            BT_TEST_FAIL("workers did not register: %d prefill, %d decode",
+                         st.n_prefill, st.n_decode);
+        fake_pump(&f, 50);
+    }
+
+    client_request_init(&req);
+    req.prompt = "hello";
+    req.max_tokens = 4;
+    BT_ASSERT_OK(client_submit(c, &req, &rid));
+    for (int t = 0; t < 200 && f.task_id == 0; t++)
+        fake_pump(&f, 50);
+    BT_CHECK(f.task_id != 0 && f.task_epoch != 0);
+    fprintf(stderr, "task %llu, grant epoch %llu\n",
+            (unsigned long long)f.task_id,
+            (unsigned long long)f.task_epoch);
+
+    /* 1. Another attempt's failure: ignored. */
+    workerproc_send_prefill_failure(f.sock, f.task_id, f.task_epoch + 1,
+                                    BATON__ERROR_CODE__ERROR_WORKER,
+                                    "stale: an earlier attempt's hand-off");
+    BT_ASSERT_EQ(wait_error(&f, c, 500), -1);
+
+    /* 2. This attempt's failure: with no retries left, the client's. */
+    workerproc_send_prefill_failure(f.sock, f.task_id, f.task_epoch,
+                                    BATON__ERROR_CODE__ERROR_WORKER,
+                                    "this attempt's hand-off failed");
+    BT_ASSERT_EQ(wait_error(&f, c, 5000),
+                 (int)BATON__ERROR_CODE__ERROR_WORKER);
+
+    workerproc_send_shutdown(f.sock, "fake-prefill");
+    workerproc_close(&f.ctx, &f.sock);
+    client_destroy(&c);
+    client_destroy(&ctl);
+    BT_TEST_PASS("cluster/stale_prefill: a failure of another epoch is "
+                 "ignored, the attempt's own fails the request");
+    return 0;
+}
