@@ -7,8 +7,9 @@
  * worker's failure report for the old attempt (its hand-off to the dead
  * worker failed) can arrive after the new grant.  Every PrefillDone
  * carries the grant's epoch, and the router ignores one whose epoch is
- * not the request's (round 22: test_stage_cluster lost a request after
- * a single kill -9 to such double counting under CI load).
+ * not the request's.  (Round 22: test_stage_cluster lost a request after
+ * a single kill -9 in one CI run; a stale failure counted against the new
+ * attempt is one way one death can cost a request several retries.)
  *
  * This process plays the prefill worker (workerproc's helpers over a
  * real DEALER) beside a real null-model decode worker; the router runs
