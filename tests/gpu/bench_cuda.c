@@ -15,7 +15,9 @@
  * "+sample" samples on the device with backend_forward_sample (greedy:
  * the argmax, only ids cross), "+top-p" the same with temperature 0.8,
  * top-p 0.95 (the top 256 candidates per row cross, sampled on the host).
- *   floor = (weight bytes + KV bytes read) / 4.5 TB/s.
+ *   floor = (weight bytes + KV bytes read) / 4.5 TB/s.  The table ends
+ *   with this device's own read ceiling (a read-only pass over 4 GiB),
+ *   which says how fast a machine this one is.
  * Prefill rows: one prompt of P tokens, logits of its last token.
  *   floor = (2 x per-token params x P + causal attention FLOPs) /
  *           790 TFLOP/s (per-token params: every layer matrix; the
@@ -33,6 +35,7 @@
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "kernels/gemv.h"
 #include "model/model.h"
 #include "sampler.h"
 
@@ -57,6 +60,46 @@ void cuda_kprof_dump_gemv(FILE *f);
 void cuda_kprof_dump_attn_tc(FILE *f);
 void cuda_kprof_dump_combine(FILE *f);
 #endif
+
+/* This device's read ceiling in bytes/s: the GEMM tuner's read-only L2
+ * flush kernel (cuda_l2_flush: 528 blocks streaming 16-byte __ldcg
+ * loads) over `bytes`, best of five; 0 when it cannot be measured
+ * (BT_GEMM_FLUSH=write makes that kernel a memset).  H200s of one kind
+ * differ by ~2-3% in decode speed (PERFORMANCE.md round 22); the floor
+ * keeps the issue's 4.5 TB/s, and this line says which kind of machine
+ * a table came from. */
+static double read_ceiling(size_t bytes)
+{
+    const char *flush = getenv("BT_GEMM_FLUSH");
+    void *d = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    float best = 0.0f;
+
+    if ((flush != NULL && strcmp(flush, "write") == 0) ||
+        cudaMalloc(&d, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0.0;
+    }
+    cudaMemset(d, 0, bytes);
+    cudaEventCreate(&ev[0]);
+    cudaEventCreate(&ev[1]);
+    for (int r = 0; r < 6; r++) {
+        float ms = 0.0f;
+        cudaEventRecord(ev[0], 0);
+        if (cuda_l2_flush(d, bytes, 0, 0) != BT_OK)
+            break;
+        cudaEventRecord(ev[1], 0);
+        cudaEventSynchronize(ev[1]);
+        cudaEventElapsedTime(&ms, ev[0], ev[1]);
+        if (r > 0 && ms > 0.0f && (best == 0.0f || ms < best))
+            best = ms; /* run 0 warms up */
+    }
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    cudaFree(d);
+    (void)cudaGetLastError();
+    return best > 0.0f ? (double)bytes / (best * 1e-3) : 0.0;
+}
 
 int main(int argc, char **argv)
 {
@@ -102,6 +145,8 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    /* before the model and the KV pool take the memory */
+    const double ceiling = read_ceiling((size_t)4 << 30);
     double t0 = bt_time_s();
     /* large synth models are generated on the device (no host copy) */
     if (model_load_ex(model_path, MODEL_LOAD_SYNTH_LAZY_LARGE, &m) != BT_OK) {
@@ -321,6 +366,10 @@ int main(int argc, char **argv)
         free(tables);
         free(toks);
     }
+    if (ceiling > 0.0)
+        EMIT("\nread ceiling of this device: %.2f TB/s (a read-only pass over "
+             "4 GiB, best of 5; the floors use %.1f TB/s)\n",
+             ceiling / 1e12, BW_READ / 1e12);
     if (tf)
         fclose(tf);
     free(logits);
