@@ -315,9 +315,12 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
                                     ? done->error_code
                                     : BATON__ERROR_CODE__ERROR_WORKER;
         if (code == BATON__ERROR_CODE__ERROR_WORKER && d != NULL) {
-            /* The worker, not the request, failed: try again. */
+            /* The worker, not the request, failed: try again.  A failed
+             * hand-off is put on the decode worker: if it has died, the
+             * liveness check's drop of it later is this same failure. */
             router__send_kv_release(r, d, req->id, req->epoch);
-            router__req_requeue(r, req, true, 0);
+            req->failed_uid = d->uid;
+            router__req_requeue(r, req, true, 0); /* may free req */
             return;
         }
         router__req_fail(r, req, code,

@@ -150,6 +150,9 @@ struct router_req_s {
     uint64_t epoch;            /* of the current grant */
     Baton__KvTransport transport; /* of the current prefill -> decode */
     int retries;
+    uint64_t failed_uid;       /* the worker the last counted failure was
+                                  put on (0 = none): its death, noticed
+                                  later, is the same failure */
     uint64_t retry_at_ns;      /* queued: not before this time */
     char stop_held[ROUTER_STOP_HELD_MAX]; /* (n_stop_held) text the stop
                                   matcher holds back: after the first

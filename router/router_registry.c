@@ -116,7 +116,12 @@ void router__worker_drop(router_t *r, router_worker_t *w, const char *why)
                 req->prefill_uid != w->uid)
                 router__send_cancel_task(
                     r, router__worker_by_uid(r, req->prefill_uid), req->id);
-            router__req_requeue(r, req, true, 0);
+            /* A hand-off to w that failed already counted w's death
+             * (the request went back to w before the drop: one death,
+             * one retry). */
+            const bool counted = req->failed_uid == w->uid;
+            req->failed_uid = w->uid;
+            router__req_requeue(r, req, !counted, 0);
         } else if (req->prefill_uid == w->uid) {
             if (req->state == ROUTER_REQ_RESERVING) {
                 router__req_unassign_prefill(r,

@@ -12,10 +12,17 @@
  * attempt is one way one death can cost a request several retries.)
  *
  * This process plays the prefill worker (workerproc's helpers over a
- * real DEALER) beside a real null-model decode worker; the router runs
- * with --max-retries 0, so any failure it accepts fails the request.
+ * real DEALER) beside real null-model decode workers.
+ *
+ * With --max-retries 0 (any failure the router accepts fails the
+ * request):
  *   1. A failure stamped with another epoch: the request stays in flight.
  *   2. A failure with the task's own epoch: the client gets the error.
+ * With --max-retries 1, one decode worker's death counts once:
+ *   3. The hand-off to d0 fails (retry 1, put on d0); the request comes
+ *      back to d0; d0 is killed -9 and dropped: the same failure, not a
+ *      second one, so the request waits for d1 and reaches the fake
+ *      again.  A further failure then exceeds the limit.
  */
 #include <zmq.h>
 
@@ -84,6 +91,63 @@ static void fake_pump(fake_prefill_t *f, int ms)
     }
 }
 
+/* Pumps the fake until it holds a task whose grant epoch is not `old`;
+ * returns that epoch (0 after `ms` without one). */
+static uint64_t wait_task(fake_prefill_t *f, uint64_t old, int ms)
+{
+    for (int t = 0; t < ms; t += 20) {
+        if (f->task_id != 0 && f->task_epoch != old)
+            return f->task_epoch;
+        fake_pump(f, 20);
+    }
+    return 0;
+}
+
+static void fake_start(fake_prefill_t *f, const char *control,
+                       client_t *ctl)
+{
+    memset(f, 0, sizeof(*f));
+    BT_ASSERT_OK(workerproc_connect(control, "fake-prefill", &f->ctx,
+                                    &f->sock));
+    fake_register(f);
+    for (int t = 0; t < 200 && !f->registered; t++)
+        fake_pump(f, 50);
+    BT_CHECK(f->registered);
+    for (int t = 0;; t++) {
+        cu_status_t st;
+        if (cu_status(ctl, &st) == 0 && st.n_prefill == 1 &&
+            st.n_decode == 1)
+            break;
+        if (t == 200)
+            BT_TEST_FAIL("workers did not register: %d prefill, %d decode",
+                         st.n_prefill, st.n_decode);
+        fake_pump(f, 50);
+    }
+}
+
+static void fake_stop(fake_prefill_t *f)
+{
+    workerproc_send_shutdown(f->sock, "fake-prefill");
+    workerproc_close(&f->ctx, &f->sock);
+}
+
+/* A router with `max_retries` and one null-model decode worker (*d_p);
+ * the endpoints go to listen / control. */
+static void cluster_start(const char *max_retries, char *listen,
+                          char *control, pid_t *d_p)
+{
+    int port = cu_free_port();
+
+    snprintf(listen, 64, "tcp://127.0.0.1:%d", port);
+    snprintf(control, 64, "tcp://127.0.0.1:%d", port + 1);
+    /* a worker silent for 0.5 s is dropped */
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", "--heartbeat-miss", "5",
+             "--max-retries", max_retries, NULL);
+    *d_p = cu_spawn("baton-decode", "--router", control, "--null-model",
+                    "--name", "d0", NULL);
+}
+
 /* Pumps the fake while waiting up to `ms` for the client's error reply;
  * returns its code, or -1 when none came (other messages are dropped). */
 static int wait_error(fake_prefill_t *f, client_t *c, int ms)
@@ -113,67 +177,71 @@ int main(void)
     char listen[64], control[64];
     client_t *c = NULL, *ctl = NULL;
     client_request_t req;
-    uint64_t rid;
-    int port;
+    uint64_t rid, e1, e2, e3;
+    pid_t d0;
 
     cu_init();
-    memset(&f, 0, sizeof(f));
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
-    cu_spawn("baton-router", "--listen", listen, "--control", control,
-             "--heartbeat-ms", "100", "--heartbeat-miss", "20",
-             "--max-retries", "0", NULL);
-    cu_spawn("baton-decode", "--router", control, "--null-model",
-             "--name", "d0", NULL);
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    BT_ASSERT_OK(workerproc_connect(control, "fake-prefill", &f.ctx,
-                                    &f.sock));
-    fake_register(&f);
-    for (int t = 0; t < 200 && !f.registered; t++)
-        fake_pump(&f, 50);
-    BT_CHECK(f.registered);
-    for (int t = 0;; t++) {
-        cu_status_t st;
-        if (cu_status(ctl, &st) == 0 && st.n_prefill == 1 &&
-            st.n_decode == 1)
-            break;
-        if (t == 200)
-            BT_TEST_FAIL("workers did not register: %d prefill, %d decode",
-                         st.n_prefill, st.n_decode);
-        fake_pump(&f, 50);
-    }
-
     client_request_init(&req);
     req.prompt = "hello";
     req.max_tokens = 4;
-    BT_ASSERT_OK(client_submit(c, &req, &rid));
-    for (int t = 0; t < 200 && f.task_id == 0; t++)
-        fake_pump(&f, 50);
-    BT_CHECK(f.task_id != 0 && f.task_epoch != 0);
-    fprintf(stderr, "task %llu, grant epoch %llu\n",
-            (unsigned long long)f.task_id,
-            (unsigned long long)f.task_epoch);
 
-    /* 1. Another attempt's failure: ignored. */
-    workerproc_send_prefill_failure(f.sock, f.task_id, f.task_epoch + 1,
+    /* 1, 2: --max-retries 0 */
+    cluster_start("0", listen, control, &d0);
+    BT_ASSERT_OK(client_create(listen, &c));
+    BT_ASSERT_OK(client_create(listen, &ctl));
+    fake_start(&f, control, ctl);
+    BT_ASSERT_OK(client_submit(c, &req, &rid));
+    e1 = wait_task(&f, 0, 10000);
+    BT_CHECK(e1 != 0);
+    fprintf(stderr, "task %llu, grant epoch %llu\n",
+            (unsigned long long)f.task_id, (unsigned long long)e1);
+    workerproc_send_prefill_failure(f.sock, f.task_id, e1 + 1,
                                     BATON__ERROR_CODE__ERROR_WORKER,
                                     "stale: an earlier attempt's hand-off");
     BT_ASSERT_EQ(wait_error(&f, c, 500), -1);
-
-    /* 2. This attempt's failure: with no retries left, the client's. */
-    workerproc_send_prefill_failure(f.sock, f.task_id, f.task_epoch,
+    workerproc_send_prefill_failure(f.sock, f.task_id, e1,
                                     BATON__ERROR_CODE__ERROR_WORKER,
                                     "this attempt's hand-off failed");
     BT_ASSERT_EQ(wait_error(&f, c, 5000),
                  (int)BATON__ERROR_CODE__ERROR_WORKER);
+    fake_stop(&f);
+    client_destroy(&c);
+    client_destroy(&ctl);
 
-    workerproc_send_shutdown(f.sock, "fake-prefill");
-    workerproc_close(&f.ctx, &f.sock);
+    /* 3: --max-retries 1, the decode worker's death after its failed
+     * hand-off */
+    cluster_start("1", listen, control, &d0);
+    BT_ASSERT_OK(client_create(listen, &c));
+    BT_ASSERT_OK(client_create(listen, &ctl));
+    fake_start(&f, control, ctl);
+    BT_ASSERT_OK(client_submit(c, &req, &rid));
+    e1 = wait_task(&f, 0, 10000);
+    BT_CHECK(e1 != 0);
+    workerproc_send_prefill_failure(f.sock, f.task_id, e1,
+                                    BATON__ERROR_CODE__ERROR_WORKER,
+                                    "KV transfer to the decode worker failed");
+    e2 = wait_task(&f, e1, 5000); /* retry 1: back to d0, the only one */
+    BT_CHECK(e2 != 0);
+    cu_kill(d0, SIGKILL);
+    /* dropped after 0.5 s of silence: no second retry, no error */
+    BT_ASSERT_EQ(wait_error(&f, c, 1500), -1);
+    cu_spawn("baton-decode", "--router", control, "--null-model", "--name",
+             "d1", NULL);
+    e3 = wait_task(&f, e2, 20000);
+    BT_CHECK(e3 != 0);
+    fprintf(stderr, "the request survived d0's death: grants %llu, %llu "
+            "(d0), %llu (d1)\n", (unsigned long long)e1,
+            (unsigned long long)e2, (unsigned long long)e3);
+    workerproc_send_prefill_failure(f.sock, f.task_id, e3,
+                                    BATON__ERROR_CODE__ERROR_WORKER,
+                                    "KV transfer to the decode worker failed");
+    BT_ASSERT_EQ(wait_error(&f, c, 5000),
+                 (int)BATON__ERROR_CODE__ERROR_WORKER);
+    fake_stop(&f);
     client_destroy(&c);
     client_destroy(&ctl);
     BT_TEST_PASS("cluster/stale_prefill: a failure of another epoch is "
-                 "ignored, the attempt's own fails the request");
+                 "ignored, the attempt's own counts, a decode worker's "
+                 "death after its failed hand-off counts once");
     return 0;
 }
