@@ -13,7 +13,9 @@ log=$out/gpu_bench.log
 table=$out/gpu_bench_table.md
 : > "$log"
 [ -d .devlibs ] && export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
+# The machine's identity: H200s of one kind differ by ~2% in decode speed
+# (PERFORMANCE.md round 22), and these fields are where to look for why.
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.memory,power.limit,vbios_version,ecc.mode.current,pci.bus_id \
   --format=csv >> "$log" 2>&1
 echo "=== kernels" >> "$log"
 timeout 120 "$build/gpu/test_attn" --bench 2>&1 | grep -E '^(decode|prefill|bench)' >> "$log"
