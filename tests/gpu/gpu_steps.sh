@@ -39,6 +39,9 @@ gpu_steps_init() {
   export BT_LOG=${BT_LOG:-WARN}
   t0=$(date +%s)
   tmp=$(mktemp -d)
+  # which H200 this is (fast and slow ones differ by ~2%: round 22)
+  nvidia-smi --query-gpu=name,clocks.max.memory,power.limit,vbios_version,ecc.mode.current,pci.bus_id \
+    --format=csv,noheader >> "$log" 2>&1
 }
 run() {
   local name=$1 tmo=$2; shift 2
