@@ -14,5 +14,6 @@ done
   cat "$tmp/rcs" | tr '\n' ' '; echo
   bc_rows t_1 t_2
   grep -h "read ceiling" "$tmp/t_t_1" "$tmp/t_t_2"
+  head -1 "$log"
 } > "$table"
 cat "$table"
