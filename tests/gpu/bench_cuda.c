@@ -16,8 +16,9 @@
  * the argmax, only ids cross), "+top-p" the same with temperature 0.8,
  * top-p 0.95 (the top 256 candidates per row cross, sampled on the host).
  *   floor = (weight bytes + KV bytes read) / 4.5 TB/s.  The table ends
- *   with this device's own read ceiling (a read-only pass over 4 GiB),
- *   which says how fast a machine this one is.
+ *   with this device's own read ceiling (a read-only pass over 4 GiB,
+ *   measured first), which says how fast a machine this one is; the
+ *   last decode column is floor / step with the floor at that ceiling.
  * Prefill rows: one prompt of P tokens, logits of its last token.
  *   floor = (2 x per-token params x P + causal attention FLOPs) /
  *           790 TFLOP/s (per-token params: every layer matrix; the
@@ -237,17 +238,18 @@ int main(int argc, char **argv)
     }
 
     EMIT("\n| decode | batch | ctx | step ms | +logits ms | +sample ms | "
-         "+top-p ms | TPOT ms | floor ms | floor/step | tok/s |\n");
+         "+top-p ms | TPOT ms | floor ms | floor/step | tok/s | "
+         "own floor/step |\n");
     EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-         "---: | ---: |\n");
+         "---: | ---: | ---: |\n");
     for (int ci = 0; ci < nc; ci++) {
         for (int bi = 0; bi < nb; bi++) {
             int B = batches[bi], C = ctxs[ci];
             int per = (int)BT_DIV_UP(C + 1, block_size);
             if (B > 128 || (long)B * per > n_blocks) {
                 EMIT("| decode | %d | %d | skipped: KV of %.0f GB does not "
-                     "fit | | | | | | | |\n", B, C, B * (double)C * kv_tok_bytes
-                     / 1e9);
+                     "fit | | | | | | | | |\n", B, C,
+                     B * (double)C * kv_tok_bytes / 1e9);
                 continue;
             }
             backend_seq_t *seqs = calloc(B, sizeof(*seqs));
@@ -315,9 +317,13 @@ int main(int argc, char **argv)
             double d = median(dev, steps) * 1e3, h = median(host, steps) * 1e3;
             double floor_ms = (w_bytes + (double)B * C * kv_tok_bytes) /
                               BW_READ * 1e3;
+            /* the last column: the floor at this device's own read
+             * ceiling (the issue's "measured read bandwidth") */
+            const double own = ceiling > 0.0 ? floor_ms * BW_READ / ceiling
+                                             : 0.0;
             EMIT("| decode | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | "
-                 "%.3f | %.2f | %.0f |\n", B, C, d, h, smp[0], smp[1], d,
-                 floor_ms, floor_ms / d, B / (d * 1e-3));
+                 "%.3f | %.2f | %.0f | %.2f |\n", B, C, d, h, smp[0], smp[1],
+                 d, floor_ms, floor_ms / d, B / (d * 1e-3), own / d);
 #ifdef BT_KPROF
             /* the per-block phases of the last step's last layer */
             printf("KPROF batch %d ctx %d\n", B, C);
@@ -330,9 +336,9 @@ int main(int argc, char **argv)
     }
 
     EMIT("\n| prefill | tokens | | TTFT ms | | | | | floor ms | floor/TTFT | "
-         "tok/s |\n");
+         "tok/s | |\n");
     EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-         "---: | ---: |\n");
+         "---: | ---: | |\n");
     for (int pi = 0; pi < np; pi++) {
         if (pres[pi] <= 0)
             continue; /* --prefill 0: decode rows only */
@@ -361,8 +367,8 @@ int main(int argc, char **argv)
                        4.0 * mc->n_layers * mc->n_heads * mc->head_dim *
                            (double)P * (P + 1) / 2;
         double floor_ms = flops / BF16_RATE * 1e3;
-        EMIT("| prefill | %d | | %.2f | | | | | %.2f | %.2f | %.0f |\n", P, ms,
-             floor_ms, floor_ms / ms, P / (ms * 1e-3));
+        EMIT("| prefill | %d | | %.2f | | | | | %.2f | %.2f | %.0f | |\n", P,
+             ms, floor_ms, floor_ms / ms, P / (ms * 1e-3));
         free(tables);
         free(toks);
     }

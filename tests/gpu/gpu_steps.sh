@@ -64,7 +64,7 @@ bc_rows() {
   local f
   for f in "$@"; do
     echo "### $f"
-    grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-10
+    grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-11,13
   done
 }
 bc_steps() {
