@@ -103,49 +103,72 @@ static uint64_t wait_task(fake_prefill_t *f, uint64_t old, int ms)
     return 0;
 }
 
-static void fake_start(fake_prefill_t *f, const char *control,
-                       client_t *ctl)
+/* The fake reports the prefill of its task failed, stamped `epoch`. */
+static void fake_fail(fake_prefill_t *f, uint64_t epoch, const char *why)
 {
-    memset(f, 0, sizeof(*f));
-    BT_ASSERT_OK(workerproc_connect(control, "fake-prefill", &f->ctx,
-                                    &f->sock));
-    fake_register(f);
-    for (int t = 0; t < 200 && !f->registered; t++)
-        fake_pump(f, 50);
-    BT_CHECK(f->registered);
-    for (int t = 0;; t++) {
-        cu_status_t st;
-        if (cu_status(ctl, &st) == 0 && st.n_prefill == 1 &&
-            st.n_decode == 1)
-            break;
-        if (t == 200)
-            BT_TEST_FAIL("workers did not register: %d prefill, %d decode",
-                         st.n_prefill, st.n_decode);
-        fake_pump(f, 50);
-    }
+    workerproc_send_prefill_failure(f->sock, f->task_id, epoch,
+                                    BATON__ERROR_CODE__ERROR_WORKER, why);
 }
 
-static void fake_stop(fake_prefill_t *f)
-{
-    workerproc_send_shutdown(f->sock, "fake-prefill");
-    workerproc_close(&f->ctx, &f->sock);
-}
+/* One scenario's cluster: a router, one null-model decode worker (d0),
+ * the fake prefill worker, a client with one request in flight and a
+ * client for status polls. */
+typedef struct {
+    fake_prefill_t f;
+    client_t *c;
+    client_t *ctl;
+    char control[64];
+    pid_t d0;
+} cluster_t;
 
-/* A router with `max_retries` and one null-model decode worker (*d_p);
- * the endpoints go to listen / control. */
-static void cluster_start(const char *max_retries, char *listen,
-                          char *control, pid_t *d_p)
+/* Starts the cluster with `max_retries` and submits the request; returns
+ * the grant epoch of the first task it reaches the fake with. */
+static uint64_t cluster_start(cluster_t *cl, const char *max_retries)
 {
+    static client_request_t req;
+    char listen[64];
+    uint64_t rid, epoch;
     int port = cu_free_port();
 
-    snprintf(listen, 64, "tcp://127.0.0.1:%d", port);
-    snprintf(control, 64, "tcp://127.0.0.1:%d", port + 1);
+    memset(cl, 0, sizeof(*cl));
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
+    snprintf(cl->control, sizeof(cl->control), "tcp://127.0.0.1:%d",
+             port + 1);
     /* a worker silent for 0.5 s is dropped */
-    cu_spawn("baton-router", "--listen", listen, "--control", control,
+    cu_spawn("baton-router", "--listen", listen, "--control", cl->control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "5",
              "--max-retries", max_retries, NULL);
-    *d_p = cu_spawn("baton-decode", "--router", control, "--null-model",
-                    "--name", "d0", NULL);
+    cl->d0 = cu_spawn("baton-decode", "--router", cl->control,
+                      "--null-model", "--name", "d0", NULL);
+    BT_ASSERT_OK(client_create(listen, &cl->c));
+    BT_ASSERT_OK(client_create(listen, &cl->ctl));
+    BT_ASSERT_OK(workerproc_connect(cl->control, "fake-prefill", &cl->f.ctx,
+                                    &cl->f.sock));
+    fake_register(&cl->f);
+    for (int t = 0;; t++) {
+        cu_status_t st;
+        if (cl->f.registered && cu_status(cl->ctl, &st) == 0 &&
+            st.n_prefill == 1 && st.n_decode == 1)
+            break;
+        if (t == 200)
+            BT_TEST_FAIL("the fake prefill worker and d0 did not register");
+        fake_pump(&cl->f, 50);
+    }
+    client_request_init(&req);
+    req.prompt = "hello";
+    req.max_tokens = 4;
+    BT_ASSERT_OK(client_submit(cl->c, &req, &rid));
+    epoch = wait_task(&cl->f, 0, 10000);
+    BT_CHECK(epoch != 0);
+    return epoch;
+}
+
+static void cluster_stop(cluster_t *cl)
+{
+    workerproc_send_shutdown(cl->f.sock, "fake-prefill");
+    workerproc_close(&cl->f.ctx, &cl->f.sock);
+    client_destroy(&cl->c);
+    client_destroy(&cl->ctl);
 }
 
 /* Pumps the fake while waiting up to `ms` for the client's error reply;
@@ -173,73 +196,42 @@ static int wait_error(fake_prefill_t *f, client_t *c, int ms)
 
 int main(void)
 {
-    fake_prefill_t f;
-    char listen[64], control[64];
-    client_t *c = NULL, *ctl = NULL;
-    client_request_t req;
-    uint64_t rid, e1, e2, e3;
-    pid_t d0;
+    cluster_t cl;
+    uint64_t e1, e2, e3;
 
     cu_init();
-    client_request_init(&req);
-    req.prompt = "hello";
-    req.max_tokens = 4;
 
     /* 1, 2: --max-retries 0 */
-    cluster_start("0", listen, control, &d0);
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    fake_start(&f, control, ctl);
-    BT_ASSERT_OK(client_submit(c, &req, &rid));
-    e1 = wait_task(&f, 0, 10000);
-    BT_CHECK(e1 != 0);
+    e1 = cluster_start(&cl, "0");
     fprintf(stderr, "task %llu, grant epoch %llu\n",
-            (unsigned long long)f.task_id, (unsigned long long)e1);
-    workerproc_send_prefill_failure(f.sock, f.task_id, e1 + 1,
-                                    BATON__ERROR_CODE__ERROR_WORKER,
-                                    "stale: an earlier attempt's hand-off");
-    BT_ASSERT_EQ(wait_error(&f, c, 500), -1);
-    workerproc_send_prefill_failure(f.sock, f.task_id, e1,
-                                    BATON__ERROR_CODE__ERROR_WORKER,
-                                    "this attempt's hand-off failed");
-    BT_ASSERT_EQ(wait_error(&f, c, 5000),
+            (unsigned long long)cl.f.task_id, (unsigned long long)e1);
+    fake_fail(&cl.f, e1 + 1, "stale: an earlier attempt's hand-off");
+    BT_ASSERT_EQ(wait_error(&cl.f, cl.c, 500), -1);
+    fake_fail(&cl.f, e1, "this attempt's hand-off failed");
+    BT_ASSERT_EQ(wait_error(&cl.f, cl.c, 5000),
                  (int)BATON__ERROR_CODE__ERROR_WORKER);
-    fake_stop(&f);
-    client_destroy(&c);
-    client_destroy(&ctl);
+    cluster_stop(&cl);
 
     /* 3: --max-retries 1, the decode worker's death after its failed
      * hand-off */
-    cluster_start("1", listen, control, &d0);
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    fake_start(&f, control, ctl);
-    BT_ASSERT_OK(client_submit(c, &req, &rid));
-    e1 = wait_task(&f, 0, 10000);
-    BT_CHECK(e1 != 0);
-    workerproc_send_prefill_failure(f.sock, f.task_id, e1,
-                                    BATON__ERROR_CODE__ERROR_WORKER,
-                                    "KV transfer to the decode worker failed");
-    e2 = wait_task(&f, e1, 5000); /* retry 1: back to d0, the only one */
+    e1 = cluster_start(&cl, "1");
+    fake_fail(&cl.f, e1, "KV transfer to the decode worker failed");
+    e2 = wait_task(&cl.f, e1, 5000); /* retry 1: back to d0, the only one */
     BT_CHECK(e2 != 0);
-    cu_kill(d0, SIGKILL);
+    cu_kill(cl.d0, SIGKILL);
     /* dropped after 0.5 s of silence: no second retry, no error */
-    BT_ASSERT_EQ(wait_error(&f, c, 1500), -1);
-    cu_spawn("baton-decode", "--router", control, "--null-model", "--name",
-             "d1", NULL);
-    e3 = wait_task(&f, e2, 20000);
+    BT_ASSERT_EQ(wait_error(&cl.f, cl.c, 1500), -1);
+    cu_spawn("baton-decode", "--router", cl.control, "--null-model",
+             "--name", "d1", NULL);
+    e3 = wait_task(&cl.f, e2, 20000);
     BT_CHECK(e3 != 0);
     fprintf(stderr, "the request survived d0's death: grants %llu, %llu "
             "(d0), %llu (d1)\n", (unsigned long long)e1,
             (unsigned long long)e2, (unsigned long long)e3);
-    workerproc_send_prefill_failure(f.sock, f.task_id, e3,
-                                    BATON__ERROR_CODE__ERROR_WORKER,
-                                    "KV transfer to the decode worker failed");
-    BT_ASSERT_EQ(wait_error(&f, c, 5000),
+    fake_fail(&cl.f, e3, "KV transfer to the decode worker failed");
+    BT_ASSERT_EQ(wait_error(&cl.f, cl.c, 5000),
                  (int)BATON__ERROR_CODE__ERROR_WORKER);
-    fake_stop(&f);
-    client_destroy(&c);
-    client_destroy(&ctl);
+    cluster_stop(&cl);
     BT_TEST_PASS("cluster/stale_prefill: a failure of another epoch is "
                  "ignored, the attempt's own counts, a decode worker's "
                  "death after its failed hand-off counts once");

@@ -602,39 +602,9 @@ static bt_status_t gemm_cand_launch(worker_gemm_ctx_t *ctx,
     return status;
 }
 
-/* Captures the lead and candidate c (c < 0: none) into *ge_p. */
-static bt_status_t gemm_cand_capture(worker_gemm_ctx_t *ctx,
-                                     const gemm_plan_t *p,
-                                     const cublasLtMatmulAlgo_t *algos, int c,
-                                     const void *d_w, const gemm_scratch_t *sc,
-                                     cudaStream_t stream,
-                                     cudaGraphExec_t *ge_p)
-{
-    cudaGraph_t g = NULL;
-    bt_status_t status, end;
-
-    *ge_p = NULL;
-    status = BT_CUDA_STATUS(
-        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    if (status != BT_OK)
-        return status;
-    status = gemm_cand_launch(ctx, p, algos, c, d_w, sc, NULL, stream);
-    end = BT_CUDA_STATUS(cudaStreamEndCapture(stream, &g));
-    if (status == BT_OK)
-        status = end;
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaGraphInstantiate(ge_p, g, 0));
-    if (g != NULL)
-        cudaGraphDestroy(g);
-    if (status != BT_OK) {
-        *ge_p = NULL;
-        (void)cudaGetLastError();
-    }
-    return status;
-}
-
-/* Readies candidate c (c < 0: the lead alone) for timing: its graph
- * when the lead is captured (*ge_p, else NULL), then one untimed run. */
+/* Readies candidate c (c < 0: the lead alone) for timing: behind a
+ * captured lead, the lead and c as one graph (*ge_p; else NULL), then
+ * one untimed run. */
 static bt_status_t gemm_cand_prepare(worker_gemm_ctx_t *ctx,
                                      const gemm_plan_t *p,
                                      const cublasLtMatmulAlgo_t *algos, int c,
@@ -642,16 +612,35 @@ static bt_status_t gemm_cand_prepare(worker_gemm_ctx_t *ctx,
                                      cudaStream_t stream,
                                      cudaGraphExec_t *ge_p)
 {
+    cudaGraph_t g = NULL;
     bt_status_t status = BT_OK;
 
     *ge_p = NULL;
-    if (sc->lead == GEMM_LEAD_GRAPH)
-        status = gemm_cand_capture(ctx, p, algos, c, d_w, sc, stream, ge_p);
+    if (sc->lead == GEMM_LEAD_GRAPH) {
+        status = BT_CUDA_STATUS(cudaStreamBeginCapture(
+            stream, cudaStreamCaptureModeThreadLocal));
+        if (status == BT_OK) {
+            bt_status_t end;
+            status = gemm_cand_launch(ctx, p, algos, c, d_w, sc, NULL, stream);
+            end = BT_CUDA_STATUS(cudaStreamEndCapture(stream, &g));
+            if (status == BT_OK)
+                status = end;
+        }
+        if (status == BT_OK) {
+            status = BT_CUDA_STATUS(cudaGraphInstantiate(ge_p, g, 0));
+            if (status != BT_OK)
+                *ge_p = NULL; /* no exec to destroy */
+        }
+        if (g != NULL)
+            cudaGraphDestroy(g);
+    }
     if (status == BT_OK)
         status = gemm_cand_launch(ctx, p, algos, c, d_w, sc, *ge_p, stream);
-    if (status != BT_OK && *ge_p != NULL) {
-        cudaGraphExecDestroy(*ge_p);
+    if (status != BT_OK) {
+        if (*ge_p != NULL)
+            cudaGraphExecDestroy(*ge_p);
         *ge_p = NULL;
+        (void)cudaGetLastError();
     }
     return status;
 }
