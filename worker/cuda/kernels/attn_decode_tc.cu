@@ -163,7 +163,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
 template <int HD, bool NEWROW, bool TMA>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early,
+                      int n_splits, float *ws, bool early, bool kv_first,
                       const __grid_constant__ tc_maps maps)
 {
     static_assert(!(TMA && NEWROW), "the new-row path copies by cp.async");
@@ -256,6 +256,10 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                           kt_new < TC_STAGES - 1;
     /* (the hole only in the early copies: the main loop's copy path is
      * the instruction-bound part of batch-64 steps) */
+    /* kv_first (BT_ATTN_KV_EVICT_FIRST): K/V are read once a step, so
+     * their lines go first and the next projection's weights, which the
+     * GEMM wrapper prefetched into L2 before this kernel, stay. */
+    const uint64_t kv_pol = kv_first ? tc_policy_evict_first() : 0;
     auto load_tile = [&](int stage, int kt, auto hole_t) {
         constexpr bool HOLE = decltype(hole_t)::value;
         if constexpr (TMA) {
@@ -298,9 +302,14 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        tc_copy_rows16<HD, HOLE>(sk + stage * TILE + warp * WPART,
-                                 sv + stage * TILE + warp * WPART, kbase,
-                                 vbase, off, lane);
+        if (kv_first)
+            tc_copy_rows16<HD, HOLE, true>(sk + stage * TILE + warp * WPART,
+                                           sv + stage * TILE + warp * WPART,
+                                           kbase, vbase, off, lane, kv_pol);
+        else
+            tc_copy_rows16<HD, HOLE>(sk + stage * TILE + warp * WPART,
+                                     sv + stage * TILE + warp * WPART, kbase,
+                                     vbase, off, lane);
     };
     const std::true_type with_hole;
     const std::false_type no_hole;
@@ -515,10 +524,12 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
+    env = getenv("BT_ATTN_KV_EVICT_FIRST");
+    const bool kv_first = env && strcmp(env, "1") == 0;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws, early, maps);
+                n_splits, ws, early, kv_first, maps);
     return cudaSuccess;
 }
 

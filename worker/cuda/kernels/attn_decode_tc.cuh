@@ -52,13 +52,14 @@ static __device__ __forceinline__ const bf16_t *tc_at(const bf16_t *t,
 /* Copies 16 K and V rows into dk / dv (16 rows of ROW).  Lane r < 16
  * holds `off`, the element offset of row r in the layer cache (-1: past
  * the keys, zero-filled; HOLE: -2, not copied at all, the caller writes
- * the row itself); the copying lanes take it by shuffle.  Round 11:
+ * the row itself); the copying lanes take it by shuffle.  HINT: the
+ * copies carry the L2 policy pol.  Round 11:
  * computing each row's offset once (instead of per 16-byte chunk) cut
  * the kernel's instructions by 28%. */
-template <int HD, bool HOLE = false>
+template <int HD, bool HOLE = false, bool HINT = false>
 static __device__ __forceinline__ void tc_copy_rows16(
     bf16_t *dk, bf16_t *dv, const bf16_t *kbase, const bf16_t *vbase,
-    long long off, int lane)
+    long long off, int lane, uint64_t pol = 0)
 {
     constexpr int ROW = tc_rows<HD>::ROW;
     constexpr int CPR = HD / 8;   /* 16-byte chunks per row */
@@ -71,8 +72,15 @@ static __device__ __forceinline__ void tc_copy_rows16(
         const bool ok = o >= 0;
         if (HOLE && o == -2)
             continue;
-        tc_cp16(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok);
-        tc_cp16(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase, ok);
+        if constexpr (HINT) {
+            tc_cp16_hint(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase,
+                         ok, pol);
+            tc_cp16_hint(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase,
+                         ok, pol);
+        } else {
+            tc_cp16(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok);
+            tc_cp16(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase, ok);
+        }
     }
 }
 

@@ -24,6 +24,31 @@ static __device__ __forceinline__ void tc_cp16(void *smem, const void *gmem,
                  :: "r"(s), "l"(gmem), "r"(n) : "memory");
 }
 
+/* tc_cp16 with an L2 cache policy (tc_policy_evict_first): data read
+ * once, such as a decode step's K/V, need not push out of L2 what later
+ * kernels will read (the next projection's weights, prefetched). */
+static __device__ __forceinline__ void tc_cp16_hint(void *smem,
+                                                    const void *gmem,
+                                                    bool valid, uint64_t pol)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0;
+
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, "
+                 "%2, %3;\n"
+                 :: "r"(s), "l"(gmem), "r"(n), "l"(pol) : "memory");
+}
+
+/* An L2 policy that evicts the lines it covers first. */
+static __device__ __forceinline__ uint64_t tc_policy_evict_first(void)
+{
+    uint64_t p;
+
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;"
+                 : "=l"(p));
+    return p;
+}
+
 static __device__ __forceinline__ void tc_cp_commit(void)
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
