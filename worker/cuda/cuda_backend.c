@@ -282,6 +282,11 @@ struct cuda_backend_s {
     unsigned pf_side;
     int pf_min_tok, pf_max_tok;
     size_t pf_bytes;
+    /* BT_GEMM_W_STREAMING=1: each product's weights under an access
+     * policy window marked streaming (evict first), up to max_window
+     * bytes of them (cuda_w_window) */
+    bool w_streaming;
+    size_t max_window;
 
     kv_layout_t kv;           /* one rank's pool */
 
@@ -1440,53 +1445,6 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
-/* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
- * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
- * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
-static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
-                                          bool fuse_norm, const void *d_g,
-                                          const void *d_w, int n_out,
-                                          void *d_out)
-{
-    const cuda_backend_t *b = r->b;
-    const model_config_t *mc = &b->mc;
-    const bool norm = !(b->skip & CUDA_SKIP_NORM);
-    bt_status_t status;
-
-    if (fuse_norm && norm)
-        return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
-                              d_w, d_out, b->dt, r->stream);
-    if (norm) {
-        status = cuda_rmsnorm(r->d_x, NULL, d_g, NULL, nt, mc->dim,
-                              mc->rms_eps, r->d_xn, b->dt, r->stream);
-        if (status != BT_OK)
-            return status;
-    }
-    return worker_gemm(r->gemm, nt, n_out, mc->dim, r->d_xn, d_w, b->dt,
-                       d_out, b->dt, false, r->stream);
-}
-
-/* The residual add of the o and down projections: x (nt, dim) f32 [+]=
- * in (nt, n_in) . w^T, rank 0 accumulating into x and the other ranks
- * writing their partial there, then (tensor parallelism) the all-reduce
- * of x over the ranks.  skip (BT_PROFILE_SKIP): no product, the
- * all-reduce still runs. */
-static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
-                                              const void *d_in, int n_in,
-                                              const void *d_w, bool skip)
-{
-    const cuda_backend_t *b = r->b;
-    const int dim = b->mc.dim;
-    bt_status_t status = BT_OK;
-
-    if (!skip)
-        status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
-                             r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
-    if (status == BT_OK && b->tp > 1)
-        status = cuda_tp_allreduce(r, (size_t)nt * dim);
-    return status;
-}
-
 /* Side-branch L2 prefetch (BT_PF_SIDE).  A decode step's projections
  * read their weights at 2.9-4.1 TB/s while the kernels between them
  * leave DRAM idle or not full: the attention (K / V at ~3.9 TB/s for
@@ -1523,6 +1481,39 @@ static void cuda_pf_side_config(cuda_backend_t *b)
     env = getenv("BT_PF_SIDE_MB");
     b->pf_bytes = env && *env ? (size_t)atoi(env) << 20
                               : cuda_l2_size() * 3 / 4;
+    env = getenv("BT_GEMM_W_STREAMING");
+    b->w_streaming = env && strcmp(env, "1") == 0;
+    int win = 0;
+    if (b->w_streaming &&
+        cudaDeviceGetAttribute(&win, cudaDevAttrMaxAccessPolicyWindowSize,
+                               0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        win = 0;
+    }
+    b->max_window = (size_t)win;
+    b->w_streaming = b->w_streaming && win > 0;
+}
+
+/* BT_GEMM_W_STREAMING: the access policy window of the rank's stream
+ * over the first max_window bytes of d_w, hits and misses streaming, so
+ * that the weights (read once a step) leave L2 first, as the attention's
+ * K / V do with BT_ATTN_KV_EVICT_FIRST. */
+static bt_status_t cuda_w_window(cuda_rank_t *r, const void *d_w,
+                                 size_t bytes)
+{
+    const cuda_backend_t *b = r->b;
+    cudaStreamAttrValue v;
+
+    if (!b->w_streaming)
+        return BT_OK;
+    memset(&v, 0, sizeof(v));
+    v.accessPolicyWindow.base_ptr = (void *)d_w;
+    v.accessPolicyWindow.num_bytes = BT_MIN(bytes, b->max_window);
+    v.accessPolicyWindow.hitRatio = 1.0f;
+    v.accessPolicyWindow.hitProp = cudaAccessPropertyStreaming;
+    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    return BT_CUDA_STATUS(cudaStreamSetAttribute(
+        r->stream, cudaStreamAttributeAccessPolicyWindow, &v));
 }
 
 /* Forks the side branch after the work enqueued so far and prefetches
@@ -1559,6 +1550,60 @@ static bt_status_t cuda_pf_join_branch(cuda_rank_t *r)
     if (status == BT_OK)
         status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->stream, r->pf_join,
                                                     0));
+    return status;
+}
+
+/* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
+ * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
+ * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
+static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
+                                          bool fuse_norm, const void *d_g,
+                                          const void *d_w, int n_out,
+                                          void *d_out)
+{
+    const cuda_backend_t *b = r->b;
+    const model_config_t *mc = &b->mc;
+    const bool norm = !(b->skip & CUDA_SKIP_NORM);
+    bt_status_t status;
+
+    if (fuse_norm && norm)
+        return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
+                              d_w, d_out, b->dt, r->stream);
+    if (norm) {
+        status = cuda_rmsnorm(r->d_x, NULL, d_g, NULL, nt, mc->dim,
+                              mc->rms_eps, r->d_xn, b->dt, r->stream);
+        if (status != BT_OK)
+            return status;
+    }
+    status = cuda_w_window(r, d_w, (size_t)n_out * mc->dim *
+                                       cuda_dtype_size(b->dt));
+    if (status != BT_OK)
+        return status;
+    return worker_gemm(r->gemm, nt, n_out, mc->dim, r->d_xn, d_w, b->dt,
+                       d_out, b->dt, false, r->stream);
+}
+
+/* The residual add of the o and down projections: x (nt, dim) f32 [+]=
+ * in (nt, n_in) . w^T, rank 0 accumulating into x and the other ranks
+ * writing their partial there, then (tensor parallelism) the all-reduce
+ * of x over the ranks.  skip (BT_PROFILE_SKIP): no product, the
+ * all-reduce still runs. */
+static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
+                                              const void *d_in, int n_in,
+                                              const void *d_w, bool skip)
+{
+    const cuda_backend_t *b = r->b;
+    const int dim = b->mc.dim;
+    bt_status_t status = BT_OK;
+
+    if (!skip)
+        status = cuda_w_window(r, d_w, (size_t)dim * n_in *
+                                           cuda_dtype_size(b->dt));
+    if (!skip && status == BT_OK)
+        status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
+                             r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
+    if (status == BT_OK && b->tp > 1)
+        status = cuda_tp_allreduce(r, (size_t)nt * dim);
     return status;
 }
 
