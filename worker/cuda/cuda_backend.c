@@ -282,11 +282,6 @@ struct cuda_backend_s {
     unsigned pf_side;
     int pf_min_tok, pf_max_tok;
     size_t pf_bytes;
-    /* BT_GEMM_W_STREAMING=1: each product's weights under an access
-     * policy window marked streaming (evict first), up to max_window
-     * bytes of them (cuda_w_window) */
-    bool w_streaming;
-    size_t max_window;
 
     kv_layout_t kv;           /* one rank's pool */
 
@@ -1481,40 +1476,8 @@ static void cuda_pf_side_config(cuda_backend_t *b)
     env = getenv("BT_PF_SIDE_MB");
     b->pf_bytes = env && *env ? (size_t)atoi(env) << 20
                               : cuda_l2_size() * 3 / 4;
-    env = getenv("BT_GEMM_W_STREAMING");
-    b->w_streaming = env && strcmp(env, "1") == 0;
-    int win = 0;
-    if (b->w_streaming &&
-        cudaDeviceGetAttribute(&win, cudaDevAttrMaxAccessPolicyWindowSize,
-                               0) != cudaSuccess) {
-        (void)cudaGetLastError();
-        win = 0;
-    }
-    b->max_window = (size_t)win;
-    b->w_streaming = b->w_streaming && win > 0;
 }
 
-/* BT_GEMM_W_STREAMING: the access policy window of the rank's stream
- * over the first max_window bytes of d_w, hits and misses streaming, so
- * that the weights (read once a step) leave L2 first, as the attention's
- * K / V do with BT_ATTN_KV_EVICT_FIRST. */
-static bt_status_t cuda_w_window(cuda_rank_t *r, const void *d_w,
-                                 size_t bytes)
-{
-    const cuda_backend_t *b = r->b;
-    cudaStreamAttrValue v;
-
-    if (!b->w_streaming)
-        return BT_OK;
-    memset(&v, 0, sizeof(v));
-    v.accessPolicyWindow.base_ptr = (void *)d_w;
-    v.accessPolicyWindow.num_bytes = BT_MIN(bytes, b->max_window);
-    v.accessPolicyWindow.hitRatio = 1.0f;
-    v.accessPolicyWindow.hitProp = cudaAccessPropertyStreaming;
-    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
-    return BT_CUDA_STATUS(cudaStreamSetAttribute(
-        r->stream, cudaStreamAttributeAccessPolicyWindow, &v));
-}
 
 /* Forks the side branch after the work enqueued so far and prefetches
  * bytes of d_w there, when `what` is enabled for a step of nt tokens. */
@@ -1575,10 +1538,6 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
         if (status != BT_OK)
             return status;
     }
-    status = cuda_w_window(r, d_w, (size_t)n_out * mc->dim *
-                                       cuda_dtype_size(b->dt));
-    if (status != BT_OK)
-        return status;
     return worker_gemm(r->gemm, nt, n_out, mc->dim, r->d_xn, d_w, b->dt,
                        d_out, b->dt, false, r->stream);
 }
@@ -1597,9 +1556,6 @@ static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
     bt_status_t status = BT_OK;
 
     if (!skip)
-        status = cuda_w_window(r, d_w, (size_t)dim * n_in *
-                                           cuda_dtype_size(b->dt));
-    if (!skip && status == BT_OK)
         status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
                              r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
     if (status == BT_OK && b->tp > 1)
