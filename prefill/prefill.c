@@ -71,6 +71,8 @@ struct prefill_task_s {
     bt_status_t commit_status;
     uint64_t t_start;
     uint64_t t_computed;
+    uint64_t t_moved;     /* staged: when a chunk last landed (seen) */
+    uint64_t n_landed;    /* staged: kv_stage_xfer_landed then */
     uint64_t transfer_ns;
     float *feat;          /* (dim) spec_features: last token's hidden */
     prefill_task_t *next;
@@ -1137,6 +1139,28 @@ static void run_batch(prefill_t *pf)
     (void)rows;
 }
 
+/* True when task t's hand-off has not moved for `limit` ns.  A staged
+ * one counts from the last chunk that landed, not from t_computed: its
+ * chunks move only while this loop turns, and this worker's own steps
+ * (a long forward; --step-delay-ms) hold the loop for hundreds of ms, so
+ * a live decode worker's long hand-off timed out as if it were dead (the
+ * router counted a retry, and the abandon failed every other hand-off to
+ * it).  A dead decode worker lands nothing and still times out. */
+static bool commit_stalled(prefill_task_t *t, uint64_t now, uint64_t limit)
+{
+    uint64_t since = t->t_computed;
+
+    if (t->sxfer != NULL) {
+        uint64_t landed = kv_stage_xfer_landed(t->sxfer);
+        if (landed != t->n_landed) {
+            t->n_landed = landed;
+            t->t_moved = now;
+        }
+        since = BT_MAX(since, t->t_moved);
+    }
+    return now - since > limit;
+}
+
 static void reap(prefill_t *pf)
 {
     prefill_task_t *t = pf->head, *next;
@@ -1173,11 +1197,11 @@ static void reap(prefill_t *pf)
             }
             t->state = PREFILL_TASK_DONE;
         } else if (t->state == PREFILL_TASK_COMMITTING &&
-                   now - t->t_computed > limit) {
+                   commit_stalled(t, now, limit)) {
             /* Without peer error handling a dead decode worker's commit
              * never completes: give up; the router retries elsewhere. */
-            BT_LOG_WARN("KV", "request %llu: KV hand-off not complete after "
-                        "%d ms; the decode worker is presumed dead",
+            BT_LOG_WARN("KV", "request %llu: KV hand-off stalled for %d "
+                        "ms; the decode worker is presumed dead",
                         (unsigned long long)t->id, pf->cfg.commit_timeout_ms);
             send_failure(pf, t->id, t->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                          "KV hand-off to the decode worker timed out");

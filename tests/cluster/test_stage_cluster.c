@@ -12,7 +12,10 @@
  *   1. 16 concurrent greedy requests give exactly golden.jsonl's ids.
  *   2. kill -9 of the decode worker while the prompts it granted wait in
  *      the prefill worker's step delay (their hand-offs go to a dead
- *      process): every request is retried on a new decode worker, exact.
+ *      process): every request is retried on a new decode worker, exact,
+ *      and at most once (one death, one retry: the prefill worker's
+ *      close of the dead endpoint once stalled its loop for seconds, the
+ *      router dropped it too and counted its requests a second time).
  *   3. kill -9 of the prefill worker mid-hand-off: the decode worker
  *      cancels the staged slots (receive blocks quarantined), a new
  *      prefill worker serves them again, exact.
@@ -122,6 +125,10 @@ int main(void)
             "exact %.2f s after it\n", retried, N_KILL,
             (double)(bt_time_ns() - t0) * 1e-9);
     BT_CHECK(retried >= 2);     /* d0's receive area held two */
+    for (int i = 0; i < N_KILL; i++)
+        if (res[i].retries > 1)
+            BT_TEST_FAIL("request %llu retried %d times after one death",
+                         (unsigned long long)res[i].rid, res[i].retries);
     cu_wait_workers(ctl, 1, 1, 5000); /* d0 dropped, d1 registered */
     cu_wait_kv_idle(ctl, 8000);
 

@@ -253,8 +253,17 @@ bt_status_t kv_ucx_connect(kv_ucx_t *ctx, const void *desc, size_t len,
                            kv_ucx_peer_t **peer_p);
 
 /* Drops a reference; the last one waits (bounded, 2 s) for outstanding
- * operations, then closes the endpoint.  NULL-safe; sets *peer_p = NULL. */
+ * operations, then closes the endpoint (an abandoned peer: at once, no
+ * wait).  NULL-safe; sets *peer_p = NULL. */
 void kv_ucx_disconnect(kv_ucx_peer_t **peer_p);
+
+/* Gives up on a peer presumed dead (a commit timed out; without peer
+ * error handling its operations may never complete): puts and commits
+ * fail with BT_ERR_NET from now on, kv_ucx_connect to its pool makes a
+ * new endpoint instead of returning this one, and the last
+ * kv_ucx_disconnect closes it without waiting for what is in flight.
+ * NULL-safe, idempotent. */
+void kv_ucx_peer_abandon(kv_ucx_peer_t *peer);
 
 /* The remote layout (blocks per layer, slot count...). */
 const kv_ucx_desc_t *kv_ucx_peer_desc(const kv_ucx_peer_t *peer);

@@ -764,6 +764,7 @@ struct kv_stage_xfer_s {
     uint8_t *queued;             /* (n_layers) layer queued */
     int n_committed;             /* layers whose final commit completed */
     int in_flight;               /* chunks in buffers + direct commits */
+    uint64_t n_landed;           /* chunks + direct layers committed */
     bt_status_t status;          /* IN_PROGRESS, OK or the first error */
     bool orphaned;               /* destroyed by the caller while busy */
     kv_stage_xfer_t *next_orphan;/* send->orphans */
@@ -1038,6 +1039,10 @@ void kv_stage_peer_abandon(kv_stage_peer_t *peer)
 {
     kv_stage_send_t *s = peer->send;
 
+    /* Its endpoint too (first: reaping orphans may drop the last
+     * reference): the close then never waits for operations a dead
+     * process will not complete (kv_ucx_peer_abandon). */
+    kv_ucx_peer_abandon(peer->up);
     for (int b = 0; b < s->n_buffers; b++) {
         kv_stage_buf_t *buf = &s->bufs[b];
         if (buf->state != KV_STAGE_BUF_PUT || buf->xfer == NULL ||
@@ -1049,7 +1054,7 @@ void kv_stage_peer_abandon(kv_stage_peer_t *peer)
         buf->state = KV_STAGE_BUF_FREE;
     }
     if (s->orphans != NULL)
-        kv_stage_reap_orphans(s);
+        kv_stage_reap_orphans(s); /* may free peer */
 }
 
 const kv_stage_desc_info_t *kv_stage_peer_info(const kv_stage_peer_t *peer)
@@ -1140,6 +1145,8 @@ static void kv_stage_buf_commit_cb(void *arg, int slot, uint64_t epoch,
         kv_stage_xfer_fail(x, status);
     else if (buf->last)
         kv_stage_xfer_layer_done(x);
+    if (status == BT_OK)
+        x->n_landed++;
     x->in_flight--;
     buf->xfer = NULL;
     buf->state = KV_STAGE_BUF_FREE;
@@ -1153,10 +1160,12 @@ static void kv_stage_direct_commit_cb(void *arg, int slot, uint64_t epoch,
 
     (void)slot;
     (void)epoch;
-    if (status != BT_OK)
+    if (status != BT_OK) {
         kv_stage_xfer_fail(x, status);
-    else
+    } else {
         kv_stage_xfer_layer_done(x);
+        x->n_landed++;
+    }
     x->in_flight--;
 }
 
@@ -1388,6 +1397,11 @@ bool kv_stage_send_progress(kv_stage_send_t *send)
 bt_status_t kv_stage_xfer_status(const kv_stage_xfer_t *xfer)
 {
     return xfer->status;
+}
+
+uint64_t kv_stage_xfer_landed(const kv_stage_xfer_t *xfer)
+{
+    return xfer->n_landed;
 }
 
 bt_status_t kv_stage_xfer_wait(kv_stage_xfer_t *xfer, int timeout_ms)

@@ -338,7 +338,9 @@ void kv_stage_disconnect(kv_stage_peer_t **peer_p);
  * transfers fail with BT_ERR_NET and the buffers are free at once.  Puts
  * already issued may still read those buffers and reach the dead peer; a
  * late completion of an abandoned commit is ignored.  Direct-mode layers
- * are not affected (they hold no buffer). */
+ * are not affected (they hold no buffer).  The UCX endpoint is abandoned
+ * too (kv_ucx_peer_abandon): later puts to it fail, the next connect to
+ * that receiver makes a new one, and closing it never blocks. */
 void kv_stage_peer_abandon(kv_stage_peer_t *peer);
 
 /* The peer's parsed descriptor header. */
@@ -371,6 +373,12 @@ bool kv_stage_send_progress(kv_stage_send_t *send);
  * the peer's arrival words; BT_IN_PROGRESS before; the first error
  * (BT_ERR_NET: the decode worker died) after which nothing more is put. */
 bt_status_t kv_stage_xfer_status(const kv_stage_xfer_t *xfer);
+
+/* Chunks (and direct layers) of the transfer whose commit has landed so
+ * far.  It grows as long as the peer takes data, however slowly the
+ * caller's loop turns: a caller times out a transfer that stopped moving,
+ * not one that is merely long. */
+uint64_t kv_stage_xfer_landed(const kv_stage_xfer_t *xfer);
 
 /* Progresses until the transfer's status is not BT_IN_PROGRESS, at most
  * timeout_ms (BT_ERR_TIMEOUT). */

@@ -141,6 +141,7 @@ struct kv_ucx_peer_s {
     int refs;                  /* kv_ucx_connect references */
     int pending;               /* puts + commits in flight */
     bt_status_t status;        /* sticky endpoint error */
+    bool abandoned;            /* kv_ucx_peer_abandon: presumed dead */
     uint64_t n_puts;           /* puts issued (after coalescing) */
     uint64_t n_bytes;          /* bytes put */
     kv_ucx_peer_t *next;       /* ctx->peers / ctx->zombies list */
@@ -1048,7 +1049,10 @@ bt_status_t kv_ucx_connect(kv_ucx_t *ctx, const void *desc, size_t len,
     if (status != BT_OK)
         return status;
     for (peer = ctx->peers; peer != NULL; peer = peer->next) {
-        if (peer->desc->pool_id == d->pool_id && peer->desc->len == len &&
+        /* An abandoned endpoint is never handed out again: if its pool
+         * is alive after all, a fresh endpoint reaches it. */
+        if (!peer->abandoned && peer->desc->pool_id == d->pool_id &&
+            peer->desc->len == len &&
             memcmp(peer->desc->buf, d->buf, len) == 0) {
             kv_ucx_desc_destroy(&d);
             peer->refs++;
@@ -1116,6 +1120,43 @@ err_free_peer:
     return status;
 }
 
+void kv_ucx_peer_abandon(kv_ucx_peer_t *peer)
+{
+    if (peer == NULL || peer->abandoned)
+        return;
+    peer->abandoned = true;
+    if (peer->status == BT_OK)
+        peer->status = BT_ERR_NET;
+}
+
+/* Closes an abandoned peer without waiting: without peer error handling
+ * a dead process's operations never complete, and the ordinary close
+ * waited for them (up to 3 x KV_UCX_CLOSE_MS) inside the caller's event
+ * loop; a prefill worker stalled there missed its heartbeats and was
+ * dropped by the router, which counted every request it held as one more
+ * failure.  The forced close cancels what is in flight; callbacks may
+ * still name the peer, so it stays a zombie until kv_ucx_destroy. */
+static void kv_ucx_close_abandoned(kv_ucx_peer_t *peer)
+{
+    ucp_request_param_t prm;
+    void *req;
+
+    for (int i = 0; i < peer->desc->n_regions; i++)
+        ucp_rkey_destroy(peer->rkeys[i]);
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    req = ucp_ep_close_nbx(peer->ep, &prm);
+    if (UCS_PTR_IS_PTR(req))
+        ucp_request_free(req); /* UCX finishes it on its own */
+    if (peer->pending == 0) {
+        kv_ucx_peer_free(peer);
+        return;
+    }
+    peer->next = peer->ctx->zombies;
+    peer->ctx->zombies = peer;
+}
+
 void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
 {
     kv_ucx_peer_t *peer = *peer_p, **pp;
@@ -1132,6 +1173,10 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
         BT_ASSERT(*pp != NULL);
     *pp = peer->next;
     peer->next = NULL;
+    if (peer->abandoned) {
+        kv_ucx_close_abandoned(peer);
+        return;
+    }
 
     /* Let in-flight operations finish (bounded): a dead peer in
      * UCP_ERR_HANDLING_MODE_NONE never completes them. */
