@@ -2,7 +2,7 @@
 # run_gpu_round23d.sh [CARRY] - round 23 (2026-12-03), ON THE DEVICE
 # MACHINE, issue 4: evict-first K / V is now the default ("def"); the
 # projections' weights under a streaming access policy window
-# (BT_GEMM_W_STREAMING=1, "ws": the same idea for the GEMMs' reads, if
+# (BT_GEMM_W_STREAMING=1, "ws", removed after this call: the same idea for the GEMMs' reads, if
 # captured kernel nodes keep the stream's window) against it, ABBA at
 # b1..b128 @2k on one BT_GEMM_CACHE file, a trace of a ws b64 step;
 # the target rows twice (b1 / b64 @2k, prefill 2048); test_attn,
