@@ -46,7 +46,6 @@
 #include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -223,12 +222,6 @@ typedef struct {
     uint8_t *d_mask;          /* b->mask_cap bytes */
 
     cudaEvent_t *layer_ev;    /* (n_layers) KV written, for callbacks */
-    /* The side branch of the L2 weight prefetch (BT_PF_SIDE): forked off
-     * stream at pf_fork, joined back through pf_join at the end of the
-     * layers (a capture must end with every branch joined). */
-    cudaStream_t pf_stream;
-    cudaEvent_t pf_fork, pf_join;
-    bool pf_forked;           /* the branch holds work not yet joined */
     cudaEvent_t ev_fwd[2];    /* rank 0: around a forward's device work */
     bool fwd_timed;           /* ev_fwd[0] recorded, [1] not yet read */
     atomic_int ev_layer;      /* last layer whose event is recorded */
@@ -276,12 +269,6 @@ struct cuda_backend_s {
                                  attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
-    /* Side-branch L2 prefetch of the next projection's weights
-     * (BT_PF_SIDE: CUDA_PF_* letters; see cuda_pf_side) on steps of
-     * pf_min_tok..pf_max_tok tokens, pf_bytes a matrix at most. */
-    unsigned pf_side;
-    int pf_min_tok, pf_max_tok;
-    size_t pf_bytes;
 
     kv_layout_t kv;           /* one rank's pool */
 
@@ -804,18 +791,6 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         if (status != BT_OK)
             return status;
     }
-    if (b->pf_side != 0) {
-        status = BT_CUDA_STATUS(cudaStreamCreateWithFlags(
-            &r->pf_stream, cudaStreamNonBlocking));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventCreateWithFlags(
-                &r->pf_fork, cudaEventDisableTiming));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventCreateWithFlags(
-                &r->pf_join, cudaEventDisableTiming));
-        if (status != BT_OK)
-            return status;
-    }
     return BT_OK;
 }
 
@@ -1059,8 +1034,6 @@ enum {
     CUDA_SKIP_DOWN = 1u << 7
 };
 
-static void cuda_pf_side_config(cuda_backend_t *b);
-
 static unsigned cuda_skip_parse(const char *env)
 {
     static const char *const names[] = {"norm", "qkv", "rope", "attn",
@@ -1147,7 +1120,6 @@ static bt_status_t cuda_create(const model_t *model,
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
     b->stream_k = cuda_attn_decode_sk_enabled();
-    cuda_pf_side_config(b);
     env = getenv("BT_PDL_SMALL");
     b->pdl_small = env == NULL ? 'l' : strcmp(env, "0") == 0 ? 'o'
                  : strcmp(env, "1") == 0 ? 'e' : 'l';
@@ -1248,16 +1220,6 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
         bt_free(r->layer_ev);
         r->layer_ev = NULL;
     }
-    if (r->pf_stream) {
-        (void)cudaStreamSynchronize(r->pf_stream);
-        cudaStreamDestroy(r->pf_stream);
-        r->pf_stream = NULL;
-    }
-    if (r->pf_fork)
-        cudaEventDestroy(r->pf_fork);
-    if (r->pf_join)
-        cudaEventDestroy(r->pf_join);
-    r->pf_fork = r->pf_join = NULL;
     if (r->comm)
         cuda_nccl_comm_destroy(b->nccl, &r->comm);
     cuda__dev_free((void **)&r->d_ar_flags);
@@ -1440,82 +1402,6 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
-/* Side-branch L2 prefetch (BT_PF_SIDE).  A decode step's projections
- * read their weights at 2.9-4.1 TB/s while the kernels between them
- * leave DRAM idle or not full: the attention (K / V at ~3.9 TB/s for
- * ~135 us a layer at batch 64), RMSNorm, RoPE, SwiGLU.  Prefetching the
- * next weights inline (BT_GEMM_PF_NEXT=1) serialises a 21 us prefetch
- * kernel before every product: batch 64 @2k 11.5 ms against 8.9, though
- * the products then ran 0.7-2 us faster each (round 23).  Here the
- * prefetch is a branch of the graph beside the main stream: forked after
- * a product, it streams the next matrix (pf_bytes of it at most) into
- * L2 while the kernels up to the next product run, and nothing waits for
- * it until the join at the end of the layers.  Letters: 'o' the o
- * weights after qkv (beside RoPE and the attention), 'g' gate|up after
- * o, 'd' down after gate|up (beside SwiGLU), 'q' the next layer's qkv
- * after down.  BT_PF_SIDE_TOK=MIN-MAX (3-128) bounds the step's tokens,
- * BT_PF_SIDE_MB the bytes a matrix (3/4 of the L2). */
-#define CUDA_PF_O 1u
-#define CUDA_PF_GU 2u
-#define CUDA_PF_DOWN 4u
-#define CUDA_PF_QKV 8u
-
-static void cuda_pf_side_config(cuda_backend_t *b)
-{
-    const char *env = getenv("BT_PF_SIDE");
-
-    b->pf_side = 0;
-    for (const char *c = env ? env : ""; *c; c++)
-        b->pf_side |= *c == 'o' ? CUDA_PF_O : *c == 'g' ? CUDA_PF_GU
-                    : *c == 'd' ? CUDA_PF_DOWN : *c == 'q' ? CUDA_PF_QKV : 0;
-    b->pf_min_tok = 3;
-    b->pf_max_tok = 128;
-    env = getenv("BT_PF_SIDE_TOK"); /* "MIN-MAX" */
-    if (env && sscanf(env, "%d-%d", &b->pf_min_tok, &b->pf_max_tok) != 2)
-        b->pf_min_tok = 3, b->pf_max_tok = 128;
-    env = getenv("BT_PF_SIDE_MB");
-    b->pf_bytes = env && *env ? (size_t)atoi(env) << 20
-                              : cuda_l2_size() * 3 / 4;
-}
-
-
-/* Forks the side branch after the work enqueued so far and prefetches
- * bytes of d_w there, when `what` is enabled for a step of nt tokens. */
-static bt_status_t cuda_pf_side(cuda_rank_t *r, unsigned what, int nt,
-                                const void *d_w, size_t bytes)
-{
-    const cuda_backend_t *b = r->b;
-    bt_status_t status;
-
-    if (!(b->pf_side & what) || nt < b->pf_min_tok || nt > b->pf_max_tok ||
-        d_w == NULL || r->pf_stream == NULL)
-        return BT_OK;
-    status = BT_CUDA_STATUS(cudaEventRecord(r->pf_fork, r->stream));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->pf_stream,
-                                                    r->pf_fork, 0));
-    if (status != BT_OK)
-        return status;
-    r->pf_forked = true;
-    return cuda_l2_prefetch_wide(d_w, BT_MIN(bytes, b->pf_bytes),
-                                 r->pf_stream);
-}
-
-/* Joins the side branch back into the rank's stream. */
-static bt_status_t cuda_pf_join_branch(cuda_rank_t *r)
-{
-    bt_status_t status;
-
-    if (!r->pf_forked)
-        return BT_OK;
-    r->pf_forked = false;
-    status = BT_CUDA_STATUS(cudaEventRecord(r->pf_join, r->pf_stream));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->stream, r->pf_join,
-                                                    0));
-    return status;
-}
-
 /* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
  * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
  * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
@@ -1580,7 +1466,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     cuda_rope_kv_args_t ra;
     cuda_attn_args_t aa;
 
-    r->pf_forked = false; /* an earlier forward that failed: nothing to join */
     status = cuda_embed(r->d_emb, b->dt, p->d_tokens, nt, mc->dim, r->d_x,
                         r->stream);
     if (status != BT_OK)
@@ -1654,9 +1539,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                      : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                               w->d_attn_norm, w->d_wqkv,
                                               b->qkv_dim, r->d_qkv);
-        if (status == BT_OK)
-            status = cuda_pf_side(r, CUDA_PF_O, nt, w->d_wo,
-                                  (size_t)b->q_dim * mc->dim * es);
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -1691,9 +1573,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
                                             w->d_wo, b->skip & CUDA_SKIP_O);
-        if (status == BT_OK && !fuse_glu)
-            status = cuda_pf_side(r, CUDA_PF_GU, nt, w->d_wgu,
-                                  (size_t)2 * b->hid * mc->dim * es);
         if (status != BT_OK)
             return status;
         if (fuse_glu) {
@@ -1706,9 +1585,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                          : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                                   w->d_ffn_norm, w->d_wgu,
                                                   2 * b->hid, r->d_gu);
-            if (status == BT_OK)
-                status = cuda_pf_side(r, CUDA_PF_DOWN, nt, w->d_wdown,
-                                      (size_t)b->hid * mc->dim * es);
             if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU))
                 status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
                                      r->stream);
@@ -1718,10 +1594,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
                                             w->d_wdown,
                                             b->skip & CUDA_SKIP_DOWN);
-        if (status == BT_OK && l + 1 < mc->n_layers)
-            status = cuda_pf_side(r, CUDA_PF_QKV, nt,
-                                  r->layers[l + 1].d_wqkv,
-                                  (size_t)b->qkv_dim * mc->dim * es);
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done && r->rank == 0) {
@@ -1737,9 +1609,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
     }
 
-    status = cuda_pf_join_branch(r);
-    if (status != BT_OK)
-        return status;
     for (int r0 = 0; r0 < p->n_rows; r0 += b->row_cap) {
         int n = BT_MIN(b->row_cap, p->n_rows - r0);
 

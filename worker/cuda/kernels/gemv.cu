@@ -1595,18 +1595,6 @@ bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
     return BT_CUDA_LAUNCH_STATUS();
 }
 
-bt_status_t cuda_l2_prefetch_wide(const void *d_p, size_t bytes,
-                                  cudaStream_t stream)
-{
-    bytes &= ~(size_t)15;
-    if (bytes == 0 || ((uintptr_t)d_p & 15) != 0)
-        return BT_OK;
-    size_t pieces = BT_DIV_UP(bytes, (size_t)32768);
-    gemv_l2_prefetch_kernel<<<(unsigned)BT_DIV_UP(pieces, 16), 16, 0,
-                              stream>>>((const char *)d_p, bytes);
-    return BT_CUDA_LAUNCH_STATUS();
-}
-
 /* Reads [p, p + n16 * 16) once (L2 loads) and writes nothing
  * unless the sum is exactly the impossible value 1.5 * 2^-149 (never):
  * the lines left in L2 are clean. */

@@ -209,14 +209,6 @@ bt_status_t cuda_gemv_norm_glu(int n_tok, int n_hid, int n_in,
 bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
                              cudaStream_t stream);
 
-/* cuda_l2_prefetch spread over many multiprocessors (one 32 KB piece per
- * thread, 16 threads a block; a multiprocessor's bulk prefetches run at
- * ~150 GB/s, so 8 blocks took 21 us for 25 MB, round 23) and launched
- * without programmatic dependent launch: for a side branch of the decode
- * graph that overlaps the kernels on the main stream. */
-bt_status_t cuda_l2_prefetch_wide(const void *d_p, size_t bytes,
-                                  cudaStream_t stream);
-
 /* Evicts L2 before a timed run by streaming through d_buf (bytes, larger
  * than L2): by default a read-only kernel, so the lines left behind are
  * clean as inside a decode step, where the kernel before a GEMM read its
