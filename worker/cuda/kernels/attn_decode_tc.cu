@@ -165,7 +165,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
 template <int HD, bool NEWROW, bool TMA>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early, bool kv_first,
+                      int n_splits, float *ws, bool early, int kv_first,
                       const __grid_constant__ tc_maps maps)
 {
     static_assert(!(TMA && NEWROW), "the new-row path copies by cp.async");
@@ -304,7 +304,17 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        if (kv_first)
+        if (kv_first == 256)
+            tc_copy_rows16<HD, HOLE, true, 256>(
+                sk + stage * TILE + warp * WPART,
+                sv + stage * TILE + warp * WPART, kbase, vbase, off, lane,
+                kv_pol);
+        else if (kv_first == 128)
+            tc_copy_rows16<HD, HOLE, true, 128>(
+                sk + stage * TILE + warp * WPART,
+                sv + stage * TILE + warp * WPART, kbase, vbase, off, lane,
+                kv_pol);
+        else if (kv_first)
             tc_copy_rows16<HD, HOLE, true>(sk + stage * TILE + warp * WPART,
                                            sv + stage * TILE + warp * WPART,
                                            kbase, vbase, off, lane, kv_pol);
@@ -528,7 +538,11 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     const bool early = !(env && strcmp(env, "0") == 0);
     /* round 23: -0.02..-0.03 ms at b64 @2k, -0.06 at b128 (H200) */
     env = getenv("BT_ATTN_KV_EVICT_FIRST");
-    const bool kv_first = !(env && strcmp(env, "0") == 0);
+    int kv_first = !(env && strcmp(env, "0") == 0);
+    /* BT_ATTN_KV_PF=128|256: the copies' L2 prefetch size too */
+    env = getenv("BT_ATTN_KV_PF");
+    if (kv_first && env && (atoi(env) == 128 || atoi(env) == 256))
+        kv_first = atoi(env);
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
