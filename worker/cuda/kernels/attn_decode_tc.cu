@@ -18,7 +18,8 @@
  * keys are all cached (older than this step) are issued before the PDL
  * wait (BT_ATTN_EARLY=0: after it).  The K / V copies carry an L2
  * evict-first policy (BT_ATTN_KV_EVICT_FIRST=0: none; K / V are read once
- * a step).  The per-warp copy and tile step are
+ * a step) and a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none).  The
+ * per-warp copy and tile step are
  * in attn_decode_tc.cuh, shared with the stream-K kernel
  * (attn_decode_sk.cu), which cuda_attn_decode() takes instead for one
  * split when the items outnumber the block slots.  Selected by
@@ -260,7 +261,11 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * the instruction-bound part of batch-64 steps) */
     /* kv_first (default; BT_ATTN_KV_EVICT_FIRST=0: off): K/V are read
      * once a step, so their lines leave L2 first and what is read again
-     * stays (round 23: the kernel 1.4% faster at batch 64 @2k). */
+     * stays (round 23: the kernel 1.4% faster at batch 64 @2k); 128 /
+     * 256: the copies also ask L2 to fetch the whole 128 / 256 bytes
+     * around them (a K or V row of one head is 256 contiguous bytes,
+     * copied as 16 chunks by 16 lanes; with 128 the first miss of a
+     * line brings the whole line, round 23: -0.11 ms at b64 @2k). */
     const uint64_t kv_pol = kv_first ? tc_policy_evict_first() : 0;
     auto load_tile = [&](int stage, int kt, auto hole_t) {
         constexpr bool HOLE = decltype(hole_t)::value;
@@ -536,13 +541,17 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     }
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
-    /* round 23: -0.02..-0.03 ms at b64 @2k, -0.06 at b128 (H200) */
+    /* The K/V copies' L2 policy: evict first (BT_ATTN_KV_EVICT_FIRST=0:
+     * none), with a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none,
+     * =256: 256 bytes).  Round 23 (H200, b64 @2k): evict first -0.02 to
+     * -0.03 ms a step; the 128-byte prefetch size -0.11 ms more (b128
+     * -0.25); 256 bytes equal to none. */
     env = getenv("BT_ATTN_KV_EVICT_FIRST");
     int kv_first = !(env && strcmp(env, "0") == 0);
-    /* BT_ATTN_KV_PF=128|256: the copies' L2 prefetch size too */
     env = getenv("BT_ATTN_KV_PF");
-    if (kv_first && env && (atoi(env) == 128 || atoi(env) == 256))
-        kv_first = atoi(env);
+    if (kv_first)
+        kv_first = env == NULL ? 128 : atoi(env) == 256 ? 256
+                 : atoi(env) == 128 ? 128 : 1;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
