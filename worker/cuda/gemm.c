@@ -109,6 +109,7 @@ typedef struct {
     cuda_dtype_t in_dt;
     cuda_dtype_t out_dt;
     bool accumulate;
+    int n_split;                   /* > 1: K slices (worker_gemm_kslices) */
     cublasLtMatmulDesc_t op;       /* compute type, transposes */
     cublasLtMatrixLayout_t a;      /* w */
     cublasLtMatrixLayout_t b;      /* x */
@@ -330,13 +331,16 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
     if (status != BT_OK)
         goto err;
+    /* K slices: slice s of w and x starts s * kc elements into each row
+     * (same leading dimension), of y n_tok * n_out floats further. */
+    const int kc = p->n_in / p->n_split;
     status = gemm_check(cublasLtMatrixLayoutCreate(
-        &p->a, gemm_cuda_type(p->in_dt), p->n_in, p->n_out, p->n_in),
+        &p->a, gemm_cuda_type(p->in_dt), kc, p->n_out, p->n_in),
         "layout A");
     if (status != BT_OK)
         goto err;
     status = gemm_check(cublasLtMatrixLayoutCreate(
-        &p->b, gemm_cuda_type(p->in_dt), p->n_in, p->n_tok, p->n_in),
+        &p->b, gemm_cuda_type(p->in_dt), kc, p->n_tok, p->n_in),
         "layout B");
     if (status != BT_OK)
         goto err;
@@ -345,6 +349,25 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         "layout D");
     if (status != BT_OK)
         goto err;
+    if (p->n_split > 1) {
+        const int32_t count = p->n_split;
+        const int64_t off_in = kc;
+        const int64_t off_out = (int64_t)p->n_tok * p->n_out;
+        cublasLtMatrixLayout_t lay[3] = {p->a, p->b, p->d};
+        const int64_t off[3] = {off_in, off_in, off_out};
+
+        for (int i = 0; i < 3 && status == BT_OK; i++) {
+            status = gemm_check(cublasLtMatrixLayoutSetAttribute(
+                lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                sizeof(count)), "batch count");
+            if (status == BT_OK)
+                status = gemm_check(cublasLtMatrixLayoutSetAttribute(
+                    lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &off[i], sizeof(off[i])), "batch offset");
+        }
+        if (status != BT_OK)
+            goto err;
+    }
     status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
     if (status != BT_OK)
         goto err;
@@ -377,10 +400,11 @@ err:
     return status;
 }
 
-static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
-                                  int n_out, int n_in, cuda_dtype_t in_dt,
-                                  cuda_dtype_t out_dt, bool accumulate,
-                                  gemm_plan_t **plan_p)
+static bt_status_t gemm_plan_find_split(worker_gemm_ctx_t *ctx, int n_tok,
+                                        int n_out, int n_in,
+                                        cuda_dtype_t in_dt,
+                                        cuda_dtype_t out_dt, bool accumulate,
+                                        int n_split, gemm_plan_t **plan_p)
 {
     gemm_plan_t *p;
     bt_status_t status;
@@ -389,7 +413,7 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
         p = &ctx->plans[i];
         if (p->n_tok == n_tok && p->n_out == n_out && p->n_in == n_in &&
             p->in_dt == in_dt && p->out_dt == out_dt &&
-            p->accumulate == accumulate) {
+            p->accumulate == accumulate && p->n_split == n_split) {
             *plan_p = p;
             return BT_OK;
         }
@@ -409,6 +433,7 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
     p->in_dt = in_dt;
     p->out_dt = out_dt;
     p->accumulate = accumulate;
+    p->n_split = n_split;
     status = gemm_plan_build(ctx, p);
     if (status != BT_OK)
         return status;
@@ -416,6 +441,15 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
     ctx->setups++;
     *plan_p = p;
     return BT_OK;
+}
+
+static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
+                                  int n_out, int n_in, cuda_dtype_t in_dt,
+                                  cuda_dtype_t out_dt, bool accumulate,
+                                  gemm_plan_t **plan_p)
+{
+    return gemm_plan_find_split(ctx, n_tok, n_out, n_in, in_dt, out_dt,
+                                accumulate, 1, plan_p);
 }
 
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx)
@@ -445,6 +479,28 @@ static bt_status_t gemm_lt_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
                                      d_x, p->b, &beta, d_y, p->d, d_y, p->d,
                                      algo, ctx->d_ws, ctx->ws_bytes, stream),
                       "matmul");
+}
+
+bool worker_gemm_kslices_ok(int n_in, int n_split)
+{
+    return n_split >= 2 && n_split <= WORKER_GEMM_KSLICES_MAX &&
+           n_in % n_split == 0 && (n_in / n_split) % 8 == 0;
+}
+
+bt_status_t worker_gemm_kslices(worker_gemm_ctx_t *ctx, int n_tok,
+                                int n_out, int n_in, int n_split,
+                                const void *d_x, const void *d_w,
+                                float *d_part, cudaStream_t stream)
+{
+    gemm_plan_t *p;
+    bt_status_t status;
+
+    BT_ASSERT(n_tok > 0 && worker_gemm_kslices_ok(n_in, n_split));
+    status = gemm_plan_find_split(ctx, n_tok, n_out, n_in, CUDA_DT_BF16,
+                                  CUDA_DT_F32, false, n_split, &p);
+    if (status != BT_OK)
+        return status;
+    return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_part, false, stream);
 }
 
 // ---------------------------------------------------------------------

@@ -192,3 +192,94 @@ bt_status_t cuda_rmsnorm(float *d_x, const void *d_add, const void *d_w,
                                  d_rows, dim, eps, (T *)d_out));
     return BT_CUDA_LAUNCH_STATUS();
 }
+
+/* cuda_rmsnorm_parts: one block per row, each thread a strided set of
+ * float4 columns (dim % 4 == 0, 16-byte aligned rows) or of floats; the
+ * partials are added in slice order, so the result does not depend on
+ * the launch.  Two passes over the row's x: the sum of squares needs the
+ * whole row before the first output. */
+template <typename T, bool VEC>
+static __global__ void rmsnorm_parts_kernel(float *x, const float *part,
+                                            int n_part, size_t stride,
+                                            const T *w, int dim, float eps,
+                                            T *out)
+{
+    __shared__ float sh[32];
+    kern_pdl_trigger();
+    kern_pdl_wait();
+    const size_t row = (size_t)blockIdx.x * dim;
+    float *xr = x + row;
+    float ss = 0.0f;
+
+    if constexpr (VEC) {
+        for (int i = threadIdx.x * 4; i < dim; i += blockDim.x * 4) {
+            float4 v = rms_ld4(xr + i);
+            for (int s = 0; s < n_part; s++) {
+                const float4 d = rms_ld4(part + s * stride + row + i);
+                v.x += d.x;
+                v.y += d.y;
+                v.z += d.z;
+                v.w += d.w;
+            }
+            rms_st4(xr + i, v);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            float v = xr[i];
+            for (int s = 0; s < n_part; s++)
+                v += part[s * stride + row + i];
+            xr[i] = v;
+            ss += v * v;
+        }
+    }
+    if (out == NULL)
+        return;
+    ss = kern_block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    T *o = out + row;
+    /* each thread reads back only the x it wrote itself */
+    if constexpr (VEC) {
+        for (int i = threadIdx.x * 4; i < dim; i += blockDim.x * 4) {
+            const float4 v = rms_ld4(xr + i), g = rms_ld4(w + i);
+            float4 r;
+            r.x = g.x * (inv * v.x);
+            r.y = g.y * (inv * v.y);
+            r.z = g.z * (inv * v.z);
+            r.w = g.w * (inv * v.w);
+            rms_st4(o + i, r);
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x)
+            o[i] = kern_from_f<T>(kern_to_f(w[i]) * (inv * xr[i]));
+    }
+}
+
+bt_status_t cuda_rmsnorm_parts(float *d_x, const float *d_part, int n_part,
+                               size_t part_stride, const void *d_w,
+                               int n_rows, int dim, float eps, void *d_out,
+                               cuda_dtype_t dt, cudaStream_t stream)
+{
+    const size_t es = cuda_dtype_size(dt);
+    const bool vec = dim % 4 == 0 && (uintptr_t)d_x % 16 == 0 &&
+                     (uintptr_t)d_part % 16 == 0 && part_stride % 4 == 0 &&
+                     (uintptr_t)d_w % (4 * es) == 0 &&
+                     (uintptr_t)d_out % (4 * es) == 0;
+    const int threads = dim >= 2048 ? 256 : 128;
+
+    BT_ASSERT(n_rows >= 0 && dim > 0 && n_part >= 0);
+    BT_ASSERT(d_out == NULL || d_w != NULL);
+    if (n_rows == 0)
+        return BT_OK;
+    if (vec)
+        KERN_DISPATCH_DT(dt, T,
+            kern_launch(rmsnorm_parts_kernel<T, true>, n_rows, threads, 0,
+                        stream, d_x, d_part, n_part, part_stride,
+                        (const T *)d_w, dim, eps, (T *)d_out));
+    else
+        KERN_DISPATCH_DT(dt, T,
+            kern_launch(rmsnorm_parts_kernel<T, false>, n_rows, threads, 0,
+                        stream, d_x, d_part, n_part, part_stride,
+                        (const T *)d_w, dim, eps, (T *)d_out));
+    return BT_CUDA_LAUNCH_STATUS();
+}
