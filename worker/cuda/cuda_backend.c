@@ -1440,7 +1440,7 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
     const bool norm = !(b->skip & CUDA_SKIP_NORM) && !norm_done;
     bt_status_t status;
 
-    if (fuse_norm && norm && !norm_done)
+    if (fuse_norm && norm)
         return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
                               d_w, d_out, b->dt, r->stream);
     if (norm) {
