@@ -71,8 +71,9 @@ struct prefill_task_s {
     bt_status_t commit_status;
     uint64_t t_start;
     uint64_t t_computed;
-    uint64_t t_moved;     /* staged: when a chunk last landed (seen) */
-    uint64_t n_landed;    /* staged: kv_stage_xfer_landed then */
+    uint64_t t_moved;     /* when the hand-off last moved (seen) */
+    uint64_t n_landed;    /* kv_stage_xfer_landed / kv_ucx_peer_completed
+                             then */
     uint64_t transfer_ns;
     float *feat;          /* (dim) spec_features: last token's hidden */
     prefill_task_t *next;
@@ -767,9 +768,10 @@ static void on_kv_peers(prefill_t *pf, const Baton__KvPeers *m)
 }
 
 /* Disconnects retired endpoints that no task uses and that have nothing
- * in flight, so closing never blocks the loop (a dead peer's operations
- * without peer error handling never complete: those wait for
- * prefill_destroy). */
+ * in flight, so closing never blocks the loop.  A dead peer's operations
+ * without peer error handling never complete: the commit timeout
+ * abandons such an endpoint (its status is no longer OK), and its close
+ * is then forced, at once (kv_ucx_peer_abandon). */
 static void peers_reap(prefill_t *pf)
 {
     for (int i = 0; i < pf->n_peers;) {
@@ -781,6 +783,8 @@ static void peers_reap(prefill_t *pf)
             continue;
         }
         kv_ucx_disconnect(&h->peer);
+        BT_LOG_INFO("KV", "closed the endpoint to KV pool %016llx",
+                    (unsigned long long)h->pool_id);
         pf->peers[i] = pf->peers[--pf->n_peers];
     }
 }
@@ -888,6 +892,10 @@ static void on_layer_done(void *arg, int layer)
                 t->stage_failed = true;
             }
             kv_stage_send_progress(pf->stage);
+        } else if (t->use_ucx && kv_ucx_peer_abandoned(t->peer)) {
+            /* Its decode worker is presumed dead (another hand-off to it
+             * timed out): no inline fallback to a dead process; the
+             * commit fails in task_computed and the router retries. */
         } else if (t->use_ucx) {
             int n = BT_DIV_UP(t->n_tokens, pf->block_size);
             bt_status_t status = kv_ucx_put_layer(
@@ -994,6 +1002,9 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
         bt_status_t status = kv_ucx_commit(t->peer, t->slot, t->epoch,
                                            commit_cb, pf);
         if (status == BT_OK) {
+            /* the stall clock starts now (commit_stalled) */
+            t->n_landed = kv_ucx_peer_completed(t->peer);
+            t->t_moved = t->t_computed;
             t->state = PREFILL_TASK_COMMITTING;
             return;
         }
@@ -1139,26 +1150,57 @@ static void run_batch(prefill_t *pf)
     (void)rows;
 }
 
-/* True when task t's hand-off has not moved for `limit` ns.  A staged
- * one counts from the last chunk that landed, not from t_computed: its
- * chunks move only while this loop turns, and this worker's own steps
- * (a long forward; --step-delay-ms) hold the loop for hundreds of ms, so
- * a live decode worker's long hand-off timed out as if it were dead (the
- * router counted a retry, and the abandon failed every other hand-off to
- * it).  A dead decode worker lands nothing and still times out. */
+/* What task t's hand-off has moved so far: chunks landed (staged), or
+ * operations its UCX endpoint completed (plain: a commit's flushes wait
+ * for every put on the endpoint, other tasks' too, so any completion
+ * shows the peer alive and this commit coming).  Others: nothing. */
+static uint64_t handoff_moved(const prefill_task_t *t)
+{
+    if (t->sxfer != NULL)
+        return kv_stage_xfer_landed(t->sxfer);
+    if (t->use_ucx && t->peer != NULL)
+        return kv_ucx_peer_completed(t->peer);
+    return 0;
+}
+
+/* True when task t's hand-off has not moved for `limit` ns.  UCX ones
+ * count from the last progress seen, not from t_computed: they move only
+ * while this loop turns, and this worker's own steps (a long forward;
+ * --step-delay-ms) hold the loop for hundreds of ms, so a live decode
+ * worker's hand-off timed out as if it were dead (the router counted a
+ * retry, and the abandon failed every other hand-off to it).  reap runs
+ * just after the loop progressed UCX, so a live peer's completions are
+ * seen first; a dead decode worker completes nothing and times out. */
 static bool commit_stalled(prefill_task_t *t, uint64_t now, uint64_t limit)
 {
     uint64_t since = t->t_computed;
+    uint64_t moved = handoff_moved(t);
 
-    if (t->sxfer != NULL) {
-        uint64_t landed = kv_stage_xfer_landed(t->sxfer);
-        if (landed != t->n_landed) {
-            t->n_landed = landed;
-            t->t_moved = now;
-        }
-        since = BT_MAX(since, t->t_moved);
+    if (moved != t->n_landed) {
+        t->n_landed = moved;
+        t->t_moved = now;
     }
+    if (t->sxfer != NULL || t->use_ucx)
+        since = BT_MAX(since, t->t_moved);
     return now - since > limit;
+}
+
+/* The commit timeout's verdict on a plain UCX hand-off: the decode worker
+ * is presumed dead, so its endpoint is abandoned (kv_ucx_peer_abandon)
+ * rather than only retired.  A retired endpoint with operations stuck in
+ * flight was never closed (peers_reap waits for them), one per dead
+ * decode worker until exit; an abandoned one fails every other hand-off
+ * on it (reap), is closed at once by peers_reap when no task holds it,
+ * and a later connect to that pool makes a fresh endpoint. */
+static void peer_abandon(prefill_t *pf, kv_ucx_peer_t *peer)
+{
+    if (kv_ucx_peer_abandoned(peer))
+        return;
+    BT_LOG_INFO("KV", "abandoning the endpoint to KV pool %016llx",
+                (unsigned long long)kv_ucx_desc_pool_id(
+                    kv_ucx_peer_desc(peer)));
+    kv_ucx_peer_abandon(peer);
+    peer_retire(pf, peer);
 }
 
 static void reap(prefill_t *pf)
@@ -1196,6 +1238,16 @@ static void reap(prefill_t *pf)
                     speer_drop(pf, t->speer);
             }
             t->state = PREFILL_TASK_DONE;
+        } else if (t->state == PREFILL_TASK_COMMITTING && t->use_ucx &&
+                   kv_ucx_peer_abandoned(t->peer)) {
+            /* Another hand-off on this endpoint timed out: this one's
+             * commit waits for the same dead peer.  Its callback (if
+             * UCX ever runs it) finds no task: commit_cb matches by
+             * (slot, epoch) among the live ones. */
+            send_failure(pf, t->id, t->epoch, BATON__ERROR_CODE__ERROR_WORKER,
+                         "KV hand-off abandoned: the decode worker is "
+                         "presumed dead");
+            t->state = PREFILL_TASK_DONE;
         } else if (t->state == PREFILL_TASK_COMMITTING &&
                    commit_stalled(t, now, limit)) {
             /* Without peer error handling a dead decode worker's commit
@@ -1205,8 +1257,8 @@ static void reap(prefill_t *pf)
                         (unsigned long long)t->id, pf->cfg.commit_timeout_ms);
             send_failure(pf, t->id, t->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                          "KV hand-off to the decode worker timed out");
-            if (t->peer != NULL)
-                peer_retire(pf, t->peer);
+            if (t->use_ucx && t->peer != NULL)
+                peer_abandon(pf, t->peer);
             if (t->speer != NULL) {
                 /* Its staging buffers would wait for the dead peer
                  * forever (t->sxfer still holds the peer). */

@@ -35,7 +35,7 @@ static void usage(FILE *out)
         "  --no-ucx               always send KV inline (control plane)\n"
         "  --ucx-peer-errors      UCX peer failure detection (forces tcp)\n"
         "  --kv-commit-timeout-ms N  fail a KV hand-off after N ms (5000;\n"
-        "                         staged: N ms without progress)\n"
+        "                         UCX: N ms without progress)\n"
         "  --precision f32|bf16   backend precision (default: backend's)\n"
         "  --no-cuda-ipc          never copy KV over CUDA IPC\n"
         "  --no-kv-stage          no staged UCX sender for device KV (decode\n"

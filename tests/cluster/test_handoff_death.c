@@ -8,7 +8,8 @@
  * is set far longer than the test's bound, so only the timeout can end
  * them in time.  Every request must still end with exactly the golden
  * tokens, the prefill worker must keep serving, and it must shut down
- * cleanly (bounded) with the dead endpoint still open.
+ * cleanly (bounded); the timeout abandoned the dead endpoint (closed at
+ * once, test_ucx_abandon.c), so shutdown has no close to wait for.
  *
  * d0 uses --kv-pool-malloc: its hand-offs need its own progress (software
  * RMA), so a dead d0 hangs the commit (with a UCX shared-memory pool the
@@ -82,7 +83,7 @@ int main(void)
     cu_collect(c, &after, 1, 20000);
     cu_check_golden(&after, &golden[1 % n_golden], -1);
 
-    /* A clean, bounded shutdown with the dead endpoint still held. */
+    /* A clean, bounded shutdown. */
     cu_kill(p0, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(p0, 20000), 0);
     cu_kill(d1, SIGTERM);

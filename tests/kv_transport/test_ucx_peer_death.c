@@ -10,7 +10,9 @@
  * the abandoned endpoint, and the close returns at once instead of
  * waiting seconds for operations that never complete (a prefill worker's
  * loop stalled there missed its heartbeats and was dropped by the
- * router).
+ * router).  Before the kill, a live peer is abandoned with a commit in
+ * flight: its callback runs once, failed, and the closed peer is freed
+ * once nothing is in flight (it used to wait for kv_ucx_destroy).
  */
 #include <errno.h>
 #include <signal.h>
@@ -96,6 +98,55 @@ static void abandon_and_close(kv_ucx_t *ctx, kv_ucx_peer_t **peer_p,
     BT_CHECK(bt_time_ns() - t0 < 500000000ull); /* was 4 s and more */
 }
 
+static int n_live_cb;
+static bt_status_t live_cb_status;
+
+static void live_cb(void *arg, int slot, uint64_t epoch, bt_status_t status)
+{
+    (void)arg;
+    (void)slot;
+    (void)epoch;
+    n_live_cb++;
+    live_cb_status = status;
+}
+
+/* A live peer abandoned with a hand-off in flight (a false presumption,
+ * or the staged path's abandon racing a completion): the forced close
+ * keeps the peer while UCX may still call back, the commit's callback
+ * runs once (failed), and the peer is freed as soon as nothing is in
+ * flight, not only at kv_ucx_destroy.  *peer_p is then a fresh endpoint
+ * to the same pool, which works. */
+static void abandon_live(kv_ucx_t *ctx, kv_ucx_peer_t **peer_p,
+                         const uint8_t *desc, uint64_t len,
+                         const uint8_t *src, const int *ids)
+{
+    size_t live = bt_alloc_live_count();
+    uint64_t t0 = bt_time_ns();
+
+    n_live_cb = 0;
+    BT_ASSERT_OK(kv_ucx_put_layer(*peer_p, 1, src, src, &layout,
+                                  KV_UCX_MEM_HOST, ids, ids, 64));
+    BT_ASSERT_OK(kv_ucx_commit(*peer_p, 2, 7, live_cb, NULL));
+    kv_ucx_peer_abandon(*peer_p);
+    bt_log_set_level(BT_LOG_LEVEL_FATAL); /* the cancelled commit */
+    kv_ucx_disconnect(peer_p);
+    while (bt_alloc_live_count() >= live && bt_time_ns() - t0 < 5000000000ull)
+        kv_ucx_wait(ctx, 10);
+    bt_log_set_level(BT_LOG_LEVEL_WARN);
+    fprintf(stderr, "abandoned live peer: %d callback(s) (%s), freed: %s "
+            "after %.1f ms\n", n_live_cb, bt_status_str(live_cb_status),
+            bt_alloc_live_count() < live ? "yes" : "no",
+            (double)(bt_time_ns() - t0) * 1e-6);
+    BT_ASSERT_EQ(n_live_cb, 1);
+    BT_ASSERT_EQ(live_cb_status, BT_ERR_NET); /* never on a closed ep */
+    BT_CHECK(bt_alloc_live_count() < live);   /* was kept to destroy */
+    BT_ASSERT_OK(kv_ucx_connect(ctx, desc, len, peer_p));
+    BT_ASSERT_OK(kv_ucx_put_layer(*peer_p, 0, src, src, &layout,
+                                  KV_UCX_MEM_HOST, ids, ids, 64));
+    BT_ASSERT_OK(kv_ucx_commit(*peer_p, 3, 8, NULL, NULL));
+    BT_ASSERT_OK(kv_ucx_peer_wait(*peer_p, 10000));
+}
+
 static void run(bool peer_errors)
 {
     size_t lb = kv_layout_layer_bytes(&layout);
@@ -135,6 +186,7 @@ static void run(bool peer_errors)
                                   KV_UCX_MEM_HOST, ids, ids, 64));
     BT_ASSERT_OK(kv_ucx_commit(peer, 0, 1, NULL, NULL));
     BT_ASSERT_OK(kv_ucx_peer_wait(peer, 10000));
+    abandon_live(ctx, &peer, desc, len, src, ids);
 
     /* Kill the decode worker; keep handing off until something fails.
      * Each wait is bounded, so the loop is too. */

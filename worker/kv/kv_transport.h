@@ -303,6 +303,17 @@ void kv_ucx_peer_print_info(const kv_ucx_peer_t *peer, FILE *stream);
 /* BT_OK, or the error that failed the endpoint (sticky). */
 bt_status_t kv_ucx_peer_status(const kv_ucx_peer_t *peer);
 
+/* Operations (puts and commit stages) the endpoint has completed
+ * successfully since connect.  Without peer error handling a dead peer
+ * never completes anything again, while a live one completes what is in
+ * flight as soon as the caller progresses, however rarely: a caller
+ * times out an endpoint that stopped moving, not a hand-off that merely
+ * waited for its own loop. */
+uint64_t kv_ucx_peer_completed(const kv_ucx_peer_t *peer);
+
+/* True once kv_ucx_peer_abandon was called on the peer (NULL: false). */
+bool kv_ucx_peer_abandoned(const kv_ucx_peer_t *peer);
+
 /* Progresses until kv_ucx_peer_pending(peer) == 0, at most `timeout_ms`.
  * BT_ERR_TIMEOUT when time ran out, the peer's error if it failed. */
 bt_status_t kv_ucx_peer_wait(kv_ucx_peer_t *peer, int timeout_ms);

@@ -142,6 +142,8 @@ struct kv_ucx_peer_s {
     int pending;               /* puts + commits in flight */
     bt_status_t status;        /* sticky endpoint error */
     bool abandoned;            /* kv_ucx_peer_abandon: presumed dead */
+    bool closed;               /* endpoint closed: issue nothing more */
+    uint64_t n_done;           /* operations the peer completed (OK) */
     uint64_t n_puts;           /* puts issued (after coalescing) */
     uint64_t n_bytes;          /* bytes put */
     kv_ucx_peer_t *next;       /* ctx->peers / ctx->zombies list */
@@ -353,6 +355,26 @@ void kv_ucx_destroy(kv_ucx_t **ctx_p)
 
 static void kv_ucx_commit_advance(kv_ucx_commit_t *c);
 
+/* Frees closed peers whose last operation has completed: nothing can
+ * name them any more (every put and commit holds a pending count, and
+ * neither touches the peer after dropping it).  Without this a peer
+ * closed with operations in flight (a dead decode worker's, cancelled by
+ * a forced close) stayed allocated until kv_ucx_destroy. */
+static void kv_ucx_reap_zombies(kv_ucx_t *ctx)
+{
+    kv_ucx_peer_t **pp = &ctx->zombies;
+
+    while (*pp != NULL) {
+        kv_ucx_peer_t *z = *pp;
+        if (z->pending > 0) {
+            pp = &z->next;
+            continue;
+        }
+        *pp = z->next;
+        kv_ucx_peer_free(z);
+    }
+}
+
 bool kv_ucx_progress(kv_ucx_t *ctx)
 {
     bool any = false;
@@ -367,6 +389,8 @@ bool kv_ucx_progress(kv_ucx_t *ctx)
         kv_ucx_commit_advance(c);
         any = true;
     }
+    if (ctx->zombies != NULL)
+        kv_ucx_reap_zombies(ctx);
     return any;
 }
 
@@ -1143,6 +1167,7 @@ static void kv_ucx_close_abandoned(kv_ucx_peer_t *peer)
 
     for (int i = 0; i < peer->desc->n_regions; i++)
         ucp_rkey_destroy(peer->rkeys[i]);
+    peer->closed = true;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -1189,6 +1214,7 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
                     "in flight: they are cancelled", peer->pending);
     for (int i = 0; i < peer->desc->n_regions; i++)
         ucp_rkey_destroy(peer->rkeys[i]);
+    peer->closed = true;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = peer->status == BT_OK && peer->pending == 0
@@ -1245,6 +1271,16 @@ bt_status_t kv_ucx_peer_status(const kv_ucx_peer_t *peer)
     return peer->status;
 }
 
+uint64_t kv_ucx_peer_completed(const kv_ucx_peer_t *peer)
+{
+    return peer->n_done;
+}
+
+bool kv_ucx_peer_abandoned(const kv_ucx_peer_t *peer)
+{
+    return peer != NULL && peer->abandoned;
+}
+
 bt_status_t kv_ucx_peer_wait(kv_ucx_peer_t *peer, int timeout_ms)
 {
     uint64_t deadline = bt_time_ns() + (uint64_t)timeout_ms * 1000000;
@@ -1277,6 +1313,8 @@ static void kv_ucx_put_done_cb(void *request, ucs_status_t ucs,
     if (ucs != UCS_OK && peer->status == BT_OK)
         peer->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS, "KV put failed: %s",
                                 ucs_status_string(ucs));
+    if (ucs == UCS_OK)
+        peer->n_done++;
     peer->pending--;
     ucp_request_free(request);
 }
@@ -1392,6 +1430,8 @@ static void kv_ucx_commit_stage_cb(void *request, ucs_status_t ucs,
                              "KV commit of slot %d epoch %llu failed: %s",
                              c->slot, (unsigned long long)c->epoch,
                              ucs_status_string(ucs));
+    if (ucs == UCS_OK)
+        c->peer->n_done++;
     ucp_request_free(request);
     c->stage++;
     /* Advance outside UCX's callback, in kv_ucx_progress. */
@@ -1408,10 +1448,16 @@ static void kv_ucx_commit_stage_cb(void *request, ucs_status_t ucs,
 static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
 {
     kv_ucx_peer_t *peer = c->peer;
+    kv_ucx_t *ctx = peer->ctx;
     const kv_ucx_desc_t *d = peer->desc;
     ucp_request_param_t prm;
     ucs_status_ptr_t req;
 
+    /* A stage that finished as the endpoint was closed (forced: a peer
+     * presumed dead) must not start the next one on a closed endpoint. */
+    if (peer->closed && c->status == BT_OK)
+        c->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
+                             "KV commit of slot %d: endpoint closed", c->slot);
     while (c->status == BT_OK && c->stage != KV_UCX_COMMIT_DONE) {
         memset(&prm, 0, sizeof(prm));
         prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -1439,10 +1485,12 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
     }
     if (c->status != BT_OK && peer->status == BT_OK)
         peer->status = c->status;
+    /* The peer is not touched after this: a closed one may be freed as
+     * soon as nothing is pending (kv_ucx_reap_zombies). */
     peer->pending--;
     if (c->cb != NULL)
         c->cb(c->arg, c->slot, c->epoch, c->status);
-    kv_ucx_commit_free(peer->ctx, c);
+    kv_ucx_commit_free(ctx, c);
 }
 
 bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
