@@ -110,6 +110,7 @@ typedef struct {
     cuda_dtype_t out_dt;
     bool accumulate;
     int n_split;                   /* > 1: K slices (worker_gemm_kslices) */
+    bool timed;                    /* K slices: algo picked by timing */
     cublasLtMatmulDesc_t op;       /* compute type, transposes */
     cublasLtMatrixLayout_t a;      /* w */
     cublasLtMatrixLayout_t b;      /* x */
@@ -487,6 +488,91 @@ bool worker_gemm_kslices_ok(int n_in, int n_split)
            n_in % n_split == 0 && (n_in / n_split) % 8 == 0;
 }
 
+static bool gemm_capturing(cudaStream_t stream);
+
+/* Median time in us of `reps` runs of algo on plan p (two untimed runs
+ * first), or a negative value when it fails.  The weights (> L2 for the
+ * shapes this serves) stream from DRAM in every run, as in a step. */
+static float gemm_kslices_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                               const cublasLtMatmulAlgo_t *algo,
+                               const void *d_x, const void *d_w,
+                               float *d_part, cudaEvent_t ev[2],
+                               cudaStream_t stream)
+{
+    enum { REPS = 9 };
+    float t[REPS];
+
+    for (int i = 0; i < 2; i++)
+        if (gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
+            BT_OK)
+            return -1.0f;
+    for (int i = 0; i < REPS; i++) {
+        if (cudaEventRecord(ev[0], stream) != cudaSuccess ||
+            gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
+                BT_OK ||
+            cudaEventRecord(ev[1], stream) != cudaSuccess ||
+            cudaEventSynchronize(ev[1]) != cudaSuccess ||
+            cudaEventElapsedTime(&t[i], ev[0], ev[1]) != cudaSuccess)
+            return -1.0f;
+    }
+    for (int i = 1; i < REPS; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float v = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = v;
+        }
+    return t[REPS / 2] * 1e3f;
+}
+
+/* Picks plan p's algorithm among the heuristic's first GEMM_LT_CANDS by
+ * timing them once, outside capture (BT_GEMM_KSLICES_TUNE=0: the
+ * heuristic's first, untimed).  A failure keeps the first. */
+static void gemm_kslices_tune(worker_gemm_ctx_t *ctx, gemm_plan_t *p,
+                              const void *d_x, const void *d_w,
+                              float *d_part, cudaStream_t stream)
+{
+    const char *env = getenv("BT_GEMM_KSLICES_TUNE");
+    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS];
+    cublasLtMatmulPreference_t pref = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int n_res = 0, best = -1;
+    float best_us = 0.0f;
+
+    p->timed = true; /* once, whatever happens */
+    if ((env && strcmp(env, "0") == 0) ||
+        cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS)
+        return;
+    if (cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
+            sizeof(ctx->ws_bytes)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoGetHeuristic(ctx->handle, p->op, p->a, p->b, p->d,
+                                       p->d, pref, GEMM_LT_CANDS, res,
+                                       &n_res) != CUBLAS_STATUS_SUCCESS)
+        n_res = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (n_res > 1 && cudaEventCreate(&ev[0]) == cudaSuccess &&
+        cudaEventCreate(&ev[1]) == cudaSuccess) {
+        for (int i = 0; i < n_res; i++) {
+            float us = gemm_kslices_time(ctx, p, &res[i].algo, d_x, d_w,
+                                         d_part, ev, stream);
+            if (us > 0.0f && (best < 0 || us < best_us)) {
+                best = i;
+                best_us = us;
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i] != NULL)
+            cudaEventDestroy(ev[i]);
+    (void)cudaGetLastError();
+    if (best >= 0) {
+        p->algo = res[best].algo;
+        BT_LOG_INFO("CUDA", "gemm k-slices %d x %d x %d / %d: candidate %d "
+                    "of %d, %.1f us", p->n_tok, p->n_out, p->n_in,
+                    p->n_split, best, n_res, best_us);
+    }
+}
+
 bt_status_t worker_gemm_kslices(worker_gemm_ctx_t *ctx, int n_tok,
                                 int n_out, int n_in, int n_split,
                                 const void *d_x, const void *d_w,
@@ -500,6 +586,8 @@ bt_status_t worker_gemm_kslices(worker_gemm_ctx_t *ctx, int n_tok,
                                   CUDA_DT_F32, false, n_split, &p);
     if (status != BT_OK)
         return status;
+    if (!p->timed && !gemm_capturing(stream))
+        gemm_kslices_tune(ctx, p, d_x, d_w, d_part, stream);
     return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_part, false, stream);
 }
 

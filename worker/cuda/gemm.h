@@ -46,7 +46,9 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 /* The split-K partials of a bf16 product, unreduced: for s < n_split,
  * d_part + s * n_tok * n_out (n_tok, n_out) f32 = x[:, K_s] . w[:, K_s]^T
  * over the s-th of n_split equal K slices, in one strided-batched
- * cuBLASLt call (the heuristic's algorithm; untuned).  For a caller that
+ * cuBLASLt call (the fastest of the heuristic's first candidates, timed
+ * at the shape's first call outside capture; BT_GEMM_KSLICES_TUNE=0:
+ * the heuristic's first).  For a caller that
  * folds the reduction into its next kernel (cuda_rmsnorm_parts: the
  * down projection's partials, the residual add and the next layer's
  * RMSNorm in one kernel instead of cuBLASLt's split-K reduce plus an
