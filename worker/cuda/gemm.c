@@ -311,11 +311,35 @@ static cudaDataType_t gemm_cuda_type(cuda_dtype_t dt)
     return dt == CUDA_DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
 }
 
+/* The heuristic's first n_req algorithms for plan p's descriptors (at
+ * most the workspace) into res, their count into *n_p (0: none). */
+static bt_status_t gemm_lt_heuristic(worker_gemm_ctx_t *ctx,
+                                     const gemm_plan_t *p, int n_req,
+                                     cublasLtMatmulHeuristicResult_t *res,
+                                     int *n_p)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    bt_status_t status;
+
+    *n_p = 0;
+    status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
+            sizeof(ctx->ws_bytes)), "pref workspace");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
+            ctx->handle, p->op, p->a, p->b, p->d, p->d, pref, n_req, res,
+            n_p), "heuristic");
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    return status;
+}
+
 /* Builds the descriptors of one shape and asks the heuristic. */
 static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
 {
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res;
     int n_res = 0;
     bt_status_t status;
@@ -369,33 +393,20 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         if (status != BT_OK)
             goto err;
     }
-    status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+    status = gemm_lt_heuristic(ctx, p, 1, &res, &n_res);
     if (status != BT_OK)
         goto err;
-    status = gemm_check(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
-        sizeof(ctx->ws_bytes)), "pref workspace");
-    if (status != BT_OK)
-        goto err_pref;
-    status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
-        ctx->handle, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &n_res),
-        "heuristic");
-    if (status != BT_OK)
-        goto err_pref;
     if (n_res == 0) {
         status = BT_ERROR(BT_ERR_CUDA, "CUDA",
                           "cuBLASLt has no algorithm for %d x %d x %d "
                           "(in %s, out %s)", p->n_tok, p->n_out, p->n_in,
                           p->in_dt == CUDA_DT_F32 ? "f32" : "bf16",
                           p->out_dt == CUDA_DT_F32 ? "f32" : "bf16");
-        goto err_pref;
+        goto err;
     }
     p->algo = res.algo;
-    cublasLtMatmulPreferenceDestroy(pref);
     return BT_OK;
 
-err_pref:
-    cublasLtMatmulPreferenceDestroy(pref);
 err:
     gemm_plan_cleanup(p);
     return status;
@@ -480,115 +491,6 @@ static bt_status_t gemm_lt_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
                                      d_x, p->b, &beta, d_y, p->d, d_y, p->d,
                                      algo, ctx->d_ws, ctx->ws_bytes, stream),
                       "matmul");
-}
-
-bool worker_gemm_kslices_ok(int n_in, int n_split)
-{
-    return n_split >= 2 && n_split <= WORKER_GEMM_KSLICES_MAX &&
-           n_in % n_split == 0 && (n_in / n_split) % 8 == 0;
-}
-
-static bool gemm_capturing(cudaStream_t stream);
-
-/* Median time in us of `reps` runs of algo on plan p (two untimed runs
- * first), or a negative value when it fails.  The weights (> L2 for the
- * shapes this serves) stream from DRAM in every run, as in a step. */
-static float gemm_kslices_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
-                               const cublasLtMatmulAlgo_t *algo,
-                               const void *d_x, const void *d_w,
-                               float *d_part, cudaEvent_t ev[2],
-                               cudaStream_t stream)
-{
-    enum { REPS = 9 };
-    float t[REPS];
-
-    for (int i = 0; i < 2; i++)
-        if (gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
-            BT_OK)
-            return -1.0f;
-    for (int i = 0; i < REPS; i++) {
-        if (cudaEventRecord(ev[0], stream) != cudaSuccess ||
-            gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
-                BT_OK ||
-            cudaEventRecord(ev[1], stream) != cudaSuccess ||
-            cudaEventSynchronize(ev[1]) != cudaSuccess ||
-            cudaEventElapsedTime(&t[i], ev[0], ev[1]) != cudaSuccess)
-            return -1.0f;
-    }
-    for (int i = 1; i < REPS; i++) /* insertion sort */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            float v = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = v;
-        }
-    return t[REPS / 2] * 1e3f;
-}
-
-/* Picks plan p's algorithm among the heuristic's first GEMM_LT_CANDS by
- * timing them once, outside capture (BT_GEMM_KSLICES_TUNE=0: the
- * heuristic's first, untimed).  A failure keeps the first. */
-static void gemm_kslices_tune(worker_gemm_ctx_t *ctx, gemm_plan_t *p,
-                              const void *d_x, const void *d_w,
-                              float *d_part, cudaStream_t stream)
-{
-    const char *env = getenv("BT_GEMM_KSLICES_TUNE");
-    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS];
-    cublasLtMatmulPreference_t pref = NULL;
-    cudaEvent_t ev[2] = {NULL, NULL};
-    int n_res = 0, best = -1;
-    float best_us = 0.0f;
-
-    p->timed = true; /* once, whatever happens */
-    if ((env && strcmp(env, "0") == 0) ||
-        cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS)
-        return;
-    if (cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
-            sizeof(ctx->ws_bytes)) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulAlgoGetHeuristic(ctx->handle, p->op, p->a, p->b, p->d,
-                                       p->d, pref, GEMM_LT_CANDS, res,
-                                       &n_res) != CUBLAS_STATUS_SUCCESS)
-        n_res = 0;
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (n_res > 1 && cudaEventCreate(&ev[0]) == cudaSuccess &&
-        cudaEventCreate(&ev[1]) == cudaSuccess) {
-        for (int i = 0; i < n_res; i++) {
-            float us = gemm_kslices_time(ctx, p, &res[i].algo, d_x, d_w,
-                                         d_part, ev, stream);
-            if (us > 0.0f && (best < 0 || us < best_us)) {
-                best = i;
-                best_us = us;
-            }
-        }
-    }
-    for (int i = 0; i < 2; i++)
-        if (ev[i] != NULL)
-            cudaEventDestroy(ev[i]);
-    (void)cudaGetLastError();
-    if (best >= 0) {
-        p->algo = res[best].algo;
-        BT_LOG_INFO("CUDA", "gemm k-slices %d x %d x %d / %d: candidate %d "
-                    "of %d, %.1f us", p->n_tok, p->n_out, p->n_in,
-                    p->n_split, best, n_res, best_us);
-    }
-}
-
-bt_status_t worker_gemm_kslices(worker_gemm_ctx_t *ctx, int n_tok,
-                                int n_out, int n_in, int n_split,
-                                const void *d_x, const void *d_w,
-                                float *d_part, cudaStream_t stream)
-{
-    gemm_plan_t *p;
-    bt_status_t status;
-
-    BT_ASSERT(n_tok > 0 && worker_gemm_kslices_ok(n_in, n_split));
-    status = gemm_plan_find_split(ctx, n_tok, n_out, n_in, CUDA_DT_BF16,
-                                  CUDA_DT_F32, false, n_split, &p);
-    if (status != BT_OK)
-        return status;
-    if (!p->timed && !gemm_capturing(stream))
-        gemm_kslices_tune(ctx, p, d_x, d_w, d_part, stream);
-    return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_part, false, stream);
 }
 
 // ---------------------------------------------------------------------
@@ -1130,7 +1032,6 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                           ? gemm_lt_cands("BT_GEMM_LT_CANDS_BIG",
                                           GEMM_LT_CANDS_BIG)
                           : gemm_lt_cands("BT_GEMM_LT_CANDS", GEMM_LT_CANDS);
-    cublasLtMatmulPreference_t pref = NULL;
     int n_algos = 0, n_heur = 0, best = -1, n_ok = 0;
     bool lt_ran[GEMM_LT_ALGOS_MAX] = {false};
     int cands[GEMM_TUNE_CANDS_MAX];        /* timed, in order */
@@ -1146,17 +1047,7 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     if (p == NULL)
         return BT_ERR_CUDA;
     /* cuBLASLt's candidates: the heuristic's first GEMM_LT_CANDS. */
-    status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
-    if (status == BT_OK)
-        status = gemm_check(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
-            sizeof(ctx->ws_bytes)), "pref workspace");
-    if (status == BT_OK)
-        status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
-            ctx->handle, p->op, p->a, p->b, p->d, p->d, pref, n_req, res,
-            &n_algos), "heuristic");
-    if (pref)
-        cublasLtMatmulPreferenceDestroy(pref);
+    status = gemm_lt_heuristic(ctx, p, n_req, res, &n_algos);
     if (status != BT_OK)
         return status;
     for (int i = 0; i < n_algos; i++)
@@ -1664,6 +1555,100 @@ static bool gemm_capturing(cudaStream_t stream)
         return true; /* unknown: do not tune */
     }
     return cs != cudaStreamCaptureStatusNone;
+}
+
+bool worker_gemm_kslices_ok(int n_in, int n_split)
+{
+    return n_split >= 2 && n_split <= WORKER_GEMM_KSLICES_MAX &&
+           n_in % n_split == 0 && (n_in / n_split) % 8 == 0;
+}
+
+/* Median time in us of `reps` runs of algo on plan p (two untimed runs
+ * first), or a negative value when it fails.  The weights (> L2 for the
+ * shapes this serves) stream from DRAM in every run, as in a step. */
+static float gemm_kslices_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                               const cublasLtMatmulAlgo_t *algo,
+                               const void *d_x, const void *d_w,
+                               float *d_part, cudaEvent_t ev[2],
+                               cudaStream_t stream)
+{
+    enum { REPS = 9 };
+    float t[REPS];
+
+    for (int i = 0; i < 2; i++)
+        if (gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
+            BT_OK)
+            return -1.0f;
+    for (int i = 0; i < REPS; i++) {
+        if (cudaEventRecord(ev[0], stream) != cudaSuccess ||
+            gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
+                BT_OK ||
+            cudaEventRecord(ev[1], stream) != cudaSuccess ||
+            cudaEventSynchronize(ev[1]) != cudaSuccess ||
+            cudaEventElapsedTime(&t[i], ev[0], ev[1]) != cudaSuccess)
+            return -1.0f;
+    }
+    return gemm_median_us(t, REPS, NULL, false);
+}
+
+/* Picks plan p's algorithm among the heuristic's first GEMM_LT_CANDS by
+ * timing them once, outside capture (BT_GEMM_KSLICES_TUNE=0: the
+ * heuristic's first, untimed).  A failure keeps the first. */
+static void gemm_kslices_tune(worker_gemm_ctx_t *ctx, gemm_plan_t *p,
+                              const void *d_x, const void *d_w,
+                              float *d_part, cudaStream_t stream)
+{
+    const char *env = getenv("BT_GEMM_KSLICES_TUNE");
+    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS];
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int n_res = 0, best = -1;
+    float best_us = 0.0f;
+
+    p->timed = true; /* once, whatever happens */
+    if ((env && strcmp(env, "0") == 0) ||
+        gemm_lt_heuristic(ctx, p, GEMM_LT_CANDS, res, &n_res) != BT_OK) {
+        bt_error_clear();
+        return;
+    }
+    if (n_res > 1 && cudaEventCreate(&ev[0]) == cudaSuccess &&
+        cudaEventCreate(&ev[1]) == cudaSuccess) {
+        for (int i = 0; i < n_res; i++) {
+            float us = gemm_kslices_time(ctx, p, &res[i].algo, d_x, d_w,
+                                         d_part, ev, stream);
+            if (us > 0.0f && (best < 0 || us < best_us)) {
+                best = i;
+                best_us = us;
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i] != NULL)
+            cudaEventDestroy(ev[i]);
+    (void)cudaGetLastError();
+    if (best >= 0) {
+        p->algo = res[best].algo;
+        BT_LOG_INFO("CUDA", "gemm k-slices %d x %d x %d / %d: candidate %d "
+                    "of %d, %.1f us", p->n_tok, p->n_out, p->n_in,
+                    p->n_split, best, n_res, best_us);
+    }
+}
+
+bt_status_t worker_gemm_kslices(worker_gemm_ctx_t *ctx, int n_tok,
+                                int n_out, int n_in, int n_split,
+                                const void *d_x, const void *d_w,
+                                float *d_part, cudaStream_t stream)
+{
+    gemm_plan_t *p;
+    bt_status_t status;
+
+    BT_ASSERT(n_tok > 0 && worker_gemm_kslices_ok(n_in, n_split));
+    status = gemm_plan_find_split(ctx, n_tok, n_out, n_in, CUDA_DT_BF16,
+                                  CUDA_DT_F32, false, n_split, &p);
+    if (status != BT_OK)
+        return status;
+    if (!p->timed && !gemm_capturing(stream))
+        gemm_kslices_tune(ctx, p, d_x, d_w, d_part, stream);
+    return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_part, false, stream);
 }
 
 const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,

@@ -261,11 +261,11 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * the instruction-bound part of batch-64 steps) */
     /* kv_first (default; BT_ATTN_KV_EVICT_FIRST=0: off): K/V are read
      * once a step, so their lines leave L2 first and what is read again
-     * stays (round 23: the kernel 1.4% faster at batch 64 @2k); 128 /
-     * 256: the copies also ask L2 to fetch the whole 128 / 256 bytes
-     * around them (a K or V row of one head is 256 contiguous bytes,
-     * copied as 16 chunks by 16 lanes; with 128 the first miss of a
-     * line brings the whole line, round 23: -0.11 ms at b64 @2k). */
+     * stays (round 23: the kernel 1.4% faster at batch 64 @2k); 128:
+     * the copies also ask L2 for the whole 128-byte line around them (a
+     * K or V row of one head is 256 contiguous bytes, copied as 16
+     * chunks by 16 lanes; the first miss of a line brings all of it,
+     * round 23: -0.11 ms at b64 @2k). */
     const uint64_t kv_pol = kv_first ? tc_policy_evict_first() : 0;
     auto load_tile = [&](int stage, int kt, auto hole_t) {
         constexpr bool HOLE = decltype(hole_t)::value;
@@ -309,13 +309,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        if (kv_first == 256)
-            tc_copy_rows16<HD, HOLE, true, 256>(
-                sk + stage * TILE + warp * WPART,
-                sv + stage * TILE + warp * WPART, kbase, vbase, off, lane,
-                kv_pol);
-        else if (kv_first == 128)
-            tc_copy_rows16<HD, HOLE, true, 128>(
+        if (kv_first == 128)
+            tc_copy_rows16<HD, HOLE, true, true>(
                 sk + stage * TILE + warp * WPART,
                 sv + stage * TILE + warp * WPART, kbase, vbase, off, lane,
                 kv_pol);
@@ -542,16 +537,15 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     const char *env = getenv("BT_ATTN_EARLY");
     const bool early = !(env && strcmp(env, "0") == 0);
     /* The K/V copies' L2 policy: evict first (BT_ATTN_KV_EVICT_FIRST=0:
-     * none), with a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none,
-     * =256: 256 bytes).  Round 23 (H200, b64 @2k): evict first -0.02 to
-     * -0.03 ms a step; the 128-byte prefetch size -0.11 ms more (b128
-     * -0.25); 256 bytes equal to none. */
+     * none), with a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none).
+     * Round 23 (H200, b64 @2k): evict first -0.02 to -0.03 ms a step; the
+     * 128-byte prefetch size -0.11 ms more on one machine (b128 -0.25);
+     * 256 bytes equal to none. */
     env = getenv("BT_ATTN_KV_EVICT_FIRST");
     int kv_first = !(env && strcmp(env, "0") == 0);
     env = getenv("BT_ATTN_KV_PF");
-    if (kv_first)
-        kv_first = env == NULL ? 128 : atoi(env) == 256 ? 256
-                 : atoi(env) == 128 ? 128 : 1;
+    if (kv_first && !(env && strcmp(env, "0") == 0))
+        kv_first = 128;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,

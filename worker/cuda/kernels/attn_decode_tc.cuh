@@ -53,10 +53,10 @@ static __device__ __forceinline__ const bf16_t *tc_at(const bf16_t *t,
  * holds `off`, the element offset of row r in the layer cache (-1: past
  * the keys, zero-filled; HOLE: -2, not copied at all, the caller writes
  * the row itself); the copying lanes take it by shuffle.  HINT: the
- * copies carry the L2 policy pol (and PF, the L2 prefetch size).  Round 11:
+ * copies carry the L2 policy pol (PF128: and a 128-byte prefetch size).  Round 11:
  * computing each row's offset once (instead of per 16-byte chunk) cut
  * the kernel's instructions by 28%. */
-template <int HD, bool HOLE = false, bool HINT = false, int PF = 0>
+template <int HD, bool HOLE = false, bool HINT = false, bool PF128 = false>
 static __device__ __forceinline__ void tc_copy_rows16(
     bf16_t *dk, bf16_t *dv, const bf16_t *kbase, const bf16_t *vbase,
     long long off, int lane, uint64_t pol = 0)
@@ -73,9 +73,9 @@ static __device__ __forceinline__ void tc_copy_rows16(
         if (HOLE && o == -2)
             continue;
         if constexpr (HINT) {
-            tc_cp16_hint<PF>(dk + r * ROW + c * 8,
+            tc_cp16_hint<PF128>(dk + r * ROW + c * 8,
                              ok ? kbase + o + c * 8 : kbase, ok, pol);
-            tc_cp16_hint<PF>(dv + r * ROW + c * 8,
+            tc_cp16_hint<PF128>(dv + r * ROW + c * 8,
                              ok ? vbase + o + c * 8 : vbase, ok, pol);
         } else {
             tc_cp16(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok);

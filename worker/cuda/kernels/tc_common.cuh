@@ -26,10 +26,10 @@ static __device__ __forceinline__ void tc_cp16(void *smem, const void *gmem,
 
 /* tc_cp16 with an L2 cache policy (tc_policy_evict_first): data read
  * once, such as a decode step's K/V, need not push out of L2 what is
- * read again.  PF: the L2 prefetch size of the copy (0: none, 128 or
- * 256 bytes: the whole 128- or 256-byte span around the chunk is
- * fetched from DRAM at once). */
-template <int PF = 0>
+ * read again.  PF128: the copy also asks L2 to fetch the whole 128-byte
+ * line around its chunk from DRAM on a miss (round 23: 256 bytes gained
+ * nothing). */
+template <bool PF128 = false>
 static __device__ __forceinline__ void tc_cp16_hint(void *smem,
                                                     const void *gmem,
                                                     bool valid, uint64_t pol)
@@ -37,11 +37,7 @@ static __device__ __forceinline__ void tc_cp16_hint(void *smem,
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     int n = valid ? 16 : 0;
 
-    if constexpr (PF == 256)
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B "
-                     "[%0], [%1], 16, %2, %3;\n"
-                     :: "r"(s), "l"(gmem), "r"(n), "l"(pol) : "memory");
-    else if constexpr (PF == 128)
+    if constexpr (PF128)
         asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B "
                      "[%0], [%1], 16, %2, %3;\n"
                      :: "r"(s), "l"(gmem), "r"(n), "l"(pol) : "memory");
