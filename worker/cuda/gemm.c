@@ -1563,7 +1563,7 @@ bool worker_gemm_kslices_ok(int n_in, int n_split)
            n_in % n_split == 0 && (n_in / n_split) % 8 == 0;
 }
 
-/* Median time in us of `reps` runs of algo on plan p (two untimed runs
+/* Median time in us of REPS runs of algo on plan p (two untimed runs
  * first), or a negative value when it fails.  The weights (> L2 for the
  * shapes this serves) stream from DRAM in every run, as in a step. */
 static float gemm_kslices_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
@@ -1625,6 +1625,7 @@ static void gemm_kslices_tune(worker_gemm_ctx_t *ctx, gemm_plan_t *p,
         if (ev[i] != NULL)
             cudaEventDestroy(ev[i]);
     (void)cudaGetLastError();
+    bt_error_clear(); /* a candidate that failed is only not picked */
     if (best >= 0) {
         p->algo = res[best].algo;
         BT_LOG_INFO("CUDA", "gemm k-slices %d x %d x %d / %d: candidate %d "
