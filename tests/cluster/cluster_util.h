@@ -76,6 +76,17 @@ static int cu_free_port(void)
     return -1;
 }
 
+/* A router's two loopback addresses on a free port pair: the client
+ * socket (listen) and the workers' control socket (control, port + 1). */
+__attribute__((unused)) static void cu_router_addrs(char listen[64],
+                                                  char control[64])
+{
+    int port = cu_free_port();
+
+    snprintf(listen, 64, "tcp://127.0.0.1:%d", port);
+    snprintf(control, 64, "tcp://127.0.0.1:%d", port + 1);
+}
+
 /* Starts BT_BIN_DIR/exe with argument list `ap`; its stderr goes to
  * `log` when not NULL, else to /dev/null (unless BT_TEST_LOGS is set). */
 static pid_t cu_spawn_va(const char *log, const char *exe, va_list ap)

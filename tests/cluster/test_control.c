@@ -146,15 +146,13 @@ int main(void)
     char listen2[64], control2[64];
     client_t *c = NULL, *ctl = NULL;
     pid_t d0;
-    int port, n_golden, n_over = 0;
+    int n_golden, n_over = 0;
     cu_status_t st;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     snprintf(tok, sizeof(tok), "%s/models/aidreams-tok512.bin", BT_SHARED_DIR);
     cu_spawn("baton-router", "--listen", listen, "--control", control,

@@ -29,14 +29,12 @@ int main(void)
     char listen[64], control[64], model[512];
     client_t *c = NULL, *ctl = NULL; /* ctl: status queries only */
     pid_t p[2], d[2];
-    int port, n_golden, retried = 0;
+    int n_golden, retried = 0;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);

@@ -15,15 +15,13 @@ int main(void)
     static cu_result_t res[N_REQ];
     char listen[64], control[64], model[512], tok[512];
     client_t *c = NULL;
-    int port, n_golden;
+    int n_golden;
     cu_status_t st;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     snprintf(tok, sizeof(tok), "%s/models/aidreams-tok512.bin", BT_SHARED_DIR);
     cu_spawn("baton-router", "--listen", listen, "--control", control,

@@ -26,16 +26,14 @@ int main(void)
     char listen[64], control[64], model[512];
     client_t *c = NULL, *ctl = NULL;
     pid_t p0, d0, d1;
-    int port, n_golden, retried = 0;
+    int n_golden, retried = 0;
     uint64_t t_kill;
     double secs;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     /* Liveness: a silent worker is dropped only after 30 s, so a
      * recovery well inside that comes from the commit timeout.  (Under

@@ -44,7 +44,7 @@ int main(void)
     char listen[64], control[64], model[512];
     client_t *c = NULL, *ctl = NULL;
     pid_t d0;
-    int port, n_golden, retried = 0;
+    int n_golden, retried = 0;
     const int max_tokens = 80;
 
     cu_init();
@@ -53,9 +53,7 @@ int main(void)
     for (int i = 0; i < N_REQ; i++)
         n_want[i] = run_reference(&golden[i % n_golden], 1000 + (uint64_t)i,
                                   max_tokens, want[i]);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);

@@ -66,7 +66,7 @@ int main(void)
     char listen[64], control[64], model[512], head[128], log[128];
     client_t *c = NULL;
     pid_t p0, p1;
-    int port, n_golden, drafted, plain;
+    int n_golden, drafted, plain;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, N_GOLD);
@@ -79,9 +79,7 @@ int main(void)
     unlink(log);
     scu_train_head(model, head);
 
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", NULL);
     p0 = cu_spawn("baton-prefill", "--router", control, "--model", model,

@@ -26,7 +26,7 @@ int main(void)
     char listen[64], control[64], model[512], head[128], log[128];
     client_t *c = NULL, *ctl = NULL;
     pid_t d0, d1, d2;
-    int port, n_golden;
+    int n_golden;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
@@ -39,9 +39,7 @@ int main(void)
              (int)getpid());
     unlink(log);
     scu_train_head(model, head);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
     cu_spawn("baton-prefill", "--router", control, "--model", model,

@@ -67,7 +67,7 @@ int main(void)
     char listen[64], control[64], model[512], log[256];
     client_t *c = NULL, *ctl = NULL;
     pid_t d0, d1, p0, p1;
-    int port, n_golden, retried;
+    int n_golden, retried;
     char *text = NULL;
     size_t len;
     const char *staged;
@@ -76,9 +76,7 @@ int main(void)
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     snprintf(log, sizeof(log), "/tmp/bt_stage_cluster_%d.log", (int)getpid());
     /* A silent worker is dropped after 0.5 s. */

@@ -218,7 +218,7 @@ int main(void)
     static const char *long_prompt = "Once upon a time";
     char listen[64], control[64], stop[TEXT_MAX + 2];
     run_out_t one, two, all, want, got;
-    int ids[CU_MAX_IDS], n_ids, port;
+    int ids[CU_MAX_IDS], n_ids;
     size_t l1;
     client_t *c = NULL, *ctl = NULL;
     pid_t d0;
@@ -238,9 +238,7 @@ int main(void)
             two.text);
     BT_CHECK(l1 >= 2 && strlen(two.text) >= l1 + 2 && n_ids >= 3);
 
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
     cu_spawn("baton-prefill", "--router", control, "--model", g_model,

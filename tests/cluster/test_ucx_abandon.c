@@ -118,16 +118,14 @@ int main(void)
     char closed[64];
     client_t *c = NULL, *ctl = NULL;
     pid_t p0, d0, d1;
-    int port, n_golden, retried;
+    int n_golden, retried;
     size_t mark;
     uint64_t t_kill;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
-    port = cu_free_port();
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-    snprintf(control, sizeof(control), "tcp://127.0.0.1:%d", port + 1);
+    cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     snprintf(log, sizeof(log), "/tmp/bt_ucx_abandon_%d.log", (int)getpid());
     cu_spawn("baton-router", "--listen", listen, "--control", control,
