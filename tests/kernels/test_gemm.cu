@@ -8,22 +8,17 @@
  * SwiGLU fused into its output.  --bench times the Llama-3-8B projection
  * shapes; --variant NAME runs only that variant's cases, --norm only the
  * fused-RMSNorm / SwiGLU ones (a new kernel's quick check on the device).
- * --cache: only the BT_GEMM_CACHE rounds (test_cache); --pdl: only the
- * programmatic edges into cuBLASLt (test_pdl).
- * Run: build-cuda/gpu/test_gemm [--bench | --variant NAME | --norm | --cache
- * | --pdl]
+ * --cache: only the BT_GEMM_CACHE rounds (test_cache).
+ * Run: build-cuda/gpu/test_gemm [--bench | --variant NAME | --norm | --cache]
  * (make gpu-test)
  */
 #include "gemm.h"
-#include "gemm_pdl.h"
 #include "kernels/gemv.h"
 #include "kernels/swiglu.h"
 #include "kernels_ref.h"
 #include "kt_common.h"
 
 #include <unistd.h>
-
-static void *pdl_w; /* test_pdl's rows-GEMV control: its weights */
 
 /* " PF=2" etc. for the rows-kernel switches that are set (labels). */
 static const char *kt_switches(void)
@@ -115,110 +110,6 @@ static void test_cache(void)
     }
     unsetenv("BT_GEMM_CACHE");
     remove(path);
-}
-
-/* gemm_pdl_probe's controls: a kernel that never waits for its
- * predecessor (the lead's own copy, x -> y) must be caught, one that
- * does (the rows GEMV) must pass. */
-static bt_status_t pdl_copy_run(void *arg, const void *d_x, void *d_y,
-                                bool acc, cudaStream_t stream)
-{
-    (void)acc;
-    return cuda_gemv_pdl_probe_lead(d_x, d_y, *(size_t *)arg, NULL, NULL, 0,
-                                    0, stream);
-}
-
-static bt_status_t pdl_rows_run(void *arg, const void *d_x, void *d_y,
-                                bool acc, cudaStream_t stream)
-{
-    (void)arg;
-    return cuda_gemv(2, 4096, 4096, d_x, pdl_w, d_y, CUDA_DT_F32, acc,
-                     stream);
-}
-
-/* BT_GEMM_LT_PDL: each Llama-3-8B decode shape captured behind a lead
- * that triggers its dependents at once and writes x (and y, for +=) 20 us
- * later, as gemm_pdl.c's probe does.  Every product must equal the
- * stream-ordered one bit for bit, whether or not its pick got the edge. */
-static void test_pdl(void)
-{
-    const struct { int o, i; cuda_dtype_t dt; bool acc; } sh[] = {
-        {6144, 4096, CUDA_DT_BF16, false}, {4096, 4096, CUDA_DT_F32, true},
-        {28672, 4096, CUDA_DT_BF16, false}, {4096, 14336, CUDA_DT_F32, true}};
-    const int toks[] = {8, 16, 32, 64, 128};
-    worker_gemm_ctx_t *c = NULL;
-    cudaStream_t s;
-    bool waits = true;
-    char what[128];
-    size_t bytes = (size_t)8 * 4096 * 2;
-
-    KT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    KT_CUDA(cudaMalloc(&pdl_w, (size_t)4096 * 4096 * 2));
-    KT_OK(cuda_gemv_fill(pdl_w, (size_t)4096 * 4096, 11, s));
-    KT_OK(gemm_pdl_probe(pdl_copy_run, &bytes, 8, 4096, 4096, CUDA_DT_BF16,
-                         s, &waits));
-    kt_check("gemm pdl probe: a kernel that does not wait is caught", !waits);
-    KT_OK(gemm_pdl_probe(pdl_rows_run, NULL, 2, 4096, 4096, CUDA_DT_F32, s,
-                         &waits));
-    kt_check("gemm pdl probe: the rows GEMV waits", waits);
-    KT_CUDA(cudaFree(pdl_w));
-
-    setenv("BT_GEMM_LT_PDL", "1", 1);
-    KT_OK(worker_gemm_ctx_create(32u << 20, &c));
-    for (size_t k = 0; k < sizeof(sh) / sizeof(sh[0]); k++) {
-        const int o = sh[k].o, i = sh[k].i;
-        const size_t es = cuda_dtype_size(sh[k].dt);
-        const size_t bx = (size_t)128 * i * 2, by = (size_t)128 * o * es;
-        void *d_w, *d_xs, *d_x, *d_y0, *d_ref, *d_y;
-        KT_CUDA(cudaMalloc(&d_w, (size_t)o * i * 2));
-        KT_CUDA(cudaMalloc(&d_xs, bx));
-        KT_CUDA(cudaMalloc(&d_x, bx));
-        KT_CUDA(cudaMalloc(&d_y0, by));
-        KT_CUDA(cudaMalloc(&d_ref, by));
-        KT_CUDA(cudaMalloc(&d_y, by));
-        KT_OK(cuda_gemv_fill(d_w, (size_t)o * i, 21 + (uint32_t)k, s));
-        KT_OK(cuda_gemv_fill(d_xs, (size_t)128 * i, 31 + (uint32_t)k, s));
-        /* tunes and probes the family; y0 a finite start for += */
-        KT_OK(worker_gemm(c, 128, o, i, d_xs, d_w, CUDA_DT_BF16, d_y0,
-                          sh[k].dt, false, s));
-        for (size_t j = 0; j < sizeof(toks) / sizeof(toks[0]); j++) {
-            const int t = toks[j];
-            const size_t tx = (size_t)t * i * 2, ty = (size_t)t * o * es;
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            KT_CUDA(cudaMemcpyAsync(d_ref, d_y0, ty, cudaMemcpyDefault, s));
-            KT_OK(worker_gemm(c, t, o, i, d_xs, d_w, CUDA_DT_BF16, d_ref,
-                              sh[k].dt, sh[k].acc, s));
-            KT_CUDA(cudaMemsetAsync(d_x, 0xff, tx, s));
-            KT_CUDA(cudaMemsetAsync(d_y, 0xff, ty, s));
-            KT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            KT_OK(cuda_gemv_pdl_probe_lead(d_xs, d_x, tx, d_y0, d_y,
-                                           sh[k].acc ? ty : 0, 20000, s));
-            KT_OK(worker_gemm(c, t, o, i, d_x, d_w, CUDA_DT_BF16, d_y,
-                              sh[k].dt, sh[k].acc, s));
-            KT_CUDA(cudaStreamEndCapture(s, &g));
-            KT_CUDA(cudaGraphInstantiate(&ge, g, 0));
-            KT_CUDA(cudaGraphLaunch(ge, s));
-            KT_CUDA(cudaStreamSynchronize(s));
-            float *y = kt_download(d_y, (size_t)t * o, sh[k].dt);
-            float *ref = kt_download(d_ref, (size_t)t * o, sh[k].dt);
-            const char *ch = worker_gemm_choice(c, t, o, i, sh[k].dt, NULL);
-            snprintf(what, sizeof(what), "gemm pdl o=%d i=%d t=%d%s (%s)", o,
-                     i, t, sh[k].acc ? " +=" : "", ch ? ch : "-");
-            kt_compare(what, y, ref, (size_t)t * o, 1e-6);
-            free(y);
-            free(ref);
-            cudaGraphExecDestroy(ge);
-            cudaGraphDestroy(g);
-        }
-        cudaFree(d_w); cudaFree(d_xs); cudaFree(d_x);
-        cudaFree(d_y0); cudaFree(d_ref); cudaFree(d_y);
-    }
-    printf("INFO gemm pdl: %d tuned cuBLASLt picks got a programmatic edge\n",
-           worker_gemm_pdl_picks(c));
-    worker_gemm_ctx_destroy(&c);
-    unsetenv("BT_GEMM_LT_PDL");
-    KT_CUDA(cudaStreamDestroy(s));
 }
 
 /* Split-K scratch for the tc variant (as worker_gemm's context holds). */
@@ -397,10 +288,6 @@ int main(int argc, char **argv)
     const bool norm_only = argc > 1 && strcmp(argv[1], "--norm") == 0;
     if (argc > 1 && strcmp(argv[1], "--cache") == 0) {
         test_cache(); /* BT_GEMM_CACHE only (a quick device check) */
-        return kt_finish("test_gemm");
-    }
-    if (argc > 1 && strcmp(argv[1], "--pdl") == 0) {
-        test_pdl(); /* BT_GEMM_LT_PDL only (a quick device check) */
         return kt_finish("test_gemm");
     }
     KT_OK(worker_gemm_ctx_create(32u << 20, &g));
@@ -583,7 +470,6 @@ int main(int argc, char **argv)
                    c ? c : "(none)", us);
         }
         test_cache();
-        test_pdl();
     }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench(g, "worker_gemm", 1 << 30);

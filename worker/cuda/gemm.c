@@ -71,7 +71,6 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "gemm_cache.h"
-#include "gemm_pdl.h"
 #include "kernels/gemv.h"
 
 #define GEMM_MAX_PLANS 256
@@ -135,9 +134,6 @@ typedef struct {
     int choice;                    /* cuda_gemv_kernel_t, or GEMM_CHOICE_LT + i */
     cublasLtMatmulAlgo_t algo;     /* the cuBLASLt winner's algorithm */
     float us;                      /* its median time */
-    bool pdl;                      /* probed: waits for its predecessor,
-                                    * so captured with a programmatic
-                                    * edge (gemm_pdl.h) */
 } gemm_tuned_t;
 
 struct worker_gemm_ctx_s {
@@ -174,8 +170,6 @@ struct worker_gemm_ctx_s {
     gemm_cache_entry_t *cached;    /* (GEMM_MAX_TUNED) */
     int n_cached;
     int cache_hits;                /* families installed from the file */
-    bool lt_pdl;                   /* BT_GEMM_LT_PDL: probe, then edges */
-    int n_pdl;                     /* tuned cuBLASLt picks given edges */
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -248,7 +242,6 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         env = getenv("BT_GEMM_PF_MB");
         ctx->pf_budget = env && *env ? (size_t)atoi(env) << 20
                                      : cuda_l2_size() / 2;
-        ctx->lt_pdl = gemm_pdl_enabled();
     }
     /* Shared-memory limits of the ring kernels, outside any capture.  A
      * failure only costs those kernels (their launches fail the tuner's
@@ -1564,70 +1557,6 @@ static bool gemm_capturing(cudaStream_t stream)
     return cs != cudaStreamCaptureStatusNone;
 }
 
-/* gemm_pdl_probe's product: the tuned cuBLASLt pick t on its weights. */
-typedef struct {
-    worker_gemm_ctx_t *ctx;
-    const gemm_tuned_t *t;
-    const void *d_w;
-} gemm_pdl_arg_t;
-
-static bt_status_t gemm_pdl_run(void *arg, const void *d_x, void *d_y,
-                                bool accumulate, cudaStream_t stream)
-{
-    const gemm_pdl_arg_t *a = arg;
-    gemm_plan_t *p;
-    bt_status_t status;
-
-    status = gemm_plan_find(a->ctx, a->t->bucket, a->t->n_out, a->t->n_in,
-                            CUDA_DT_BF16, a->t->out_dt, accumulate, &p);
-    if (status == BT_OK)
-        status = gemm_lt_run(a->ctx, p, &a->t->algo, d_x, a->d_w, d_y,
-                             accumulate, stream);
-    return status;
-}
-
-/* BT_GEMM_LT_PDL: probes every tuned cuBLASLt pick of a skinny family
- * (gemm_pdl.h) right after it was tuned or installed, outside capture;
- * the picks that wait for their predecessor get the edge from then on.
- * A failed probe only leaves the pick without it. */
-static void gemm_pdl_probe_family(worker_gemm_ctx_t *ctx, int n_out,
-                                  int n_in, cuda_dtype_t out_dt,
-                                  const void *d_w, cudaStream_t stream)
-{
-    int n_lt = 0, n_waits = 0;
-
-    for (int i = 0; i < ctx->n_tuned; i++) {
-        gemm_tuned_t *t = &ctx->tuned[i];
-        gemm_pdl_arg_t arg = {ctx, t, d_w};
-
-        if (t->n_out != n_out || t->n_in != n_in || t->out_dt != out_dt ||
-            t->bucket > GEMM_TUNE_MAX_TOK || t->choice < GEMM_CHOICE_LT ||
-            t->pdl)
-            continue;
-        n_lt++;
-        if (gemm_pdl_probe(gemm_pdl_run, &arg, t->bucket, n_out, n_in,
-                           out_dt, stream, &t->pdl) != BT_OK) {
-            BT_LOG_WARN("CUDA", "gemm pdl probe o=%d i=%d t=%d failed: "
-                        "no programmatic edge", n_out, n_in, t->bucket);
-            bt_error_clear();
-            (void)cudaStreamSynchronize(stream);
-            (void)cudaGetLastError();
-            t->pdl = false;
-        }
-        n_waits += t->pdl;
-    }
-    ctx->n_pdl += n_waits;
-    if (n_lt > 0)
-        BT_LOG_INFO("CUDA", "gemm pdl o=%d i=%d: %d of %d cuBLASLt picks "
-                    "wait for their predecessor (programmatic edge)", n_out,
-                    n_in, n_waits, n_lt);
-}
-
-int worker_gemm_pdl_picks(const worker_gemm_ctx_t *ctx)
-{
-    return ctx->n_pdl;
-}
-
 bool worker_gemm_kslices_ok(int n_in, int n_split)
 {
     return n_split >= 2 && n_split <= WORKER_GEMM_KSLICES_MAX &&
@@ -1833,9 +1762,6 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                 if (!gemm_cache_install(ctx, n_out, n_in, out_dt, 0))
                     gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, 0,
                                      stream);
-                if (ctx->lt_pdl)
-                    gemm_pdl_probe_family(ctx, n_out, n_in, out_dt, d_w,
-                                          stream);
                 if (n_tok <= GEMM_TUNE_MAX_TOK)
                     t = gemm_tuned_find(ctx, gemm_bucket(n_tok), n_out, n_in,
                                         out_dt);
@@ -1867,8 +1793,6 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                                     accumulate, &p);
             if (status != BT_OK)
                 return status;
-            if (t->pdl)
-                (void)gemm_pdl_edge(stream); /* only while capturing */
             return gemm_lt_run(ctx, p, &t->algo, d_x, d_w, d_y, accumulate,
                                stream);
         }

@@ -76,11 +76,6 @@ uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx);
  * instead of timing runs (gemm.c; 0 without the variable). */
 int worker_gemm_cache_hits(const worker_gemm_ctx_t *ctx);
 
-/* Tuned cuBLASLt picks that got a programmatic edge from their
- * predecessor in captured steps (BT_GEMM_LT_PDL=1, gemm_pdl.h: each
- * pick probed first; 0 without the variable). */
-int worker_gemm_pdl_picks(const worker_gemm_ctx_t *ctx);
-
 /* True when worker_gemm sends skinny shapes to the GEMV kernels (not
  * disabled with BT_GEMV=0); the backend then also fuses RMSNorm into them
  * (cuda_gemv_norm). */

@@ -1431,40 +1431,6 @@ bt_status_t cuda_gemv_tune_lead(const float *d_x, int n_rows, int n,
     return BT_CUDA_LAUNCH_STATUS();
 }
 
-static __global__ void gemv_pdl_probe_lead_kernel(const uint4 *src_a,
-                                                  uint4 *dst_a, size_t n_a,
-                                                  const uint4 *src_b,
-                                                  uint4 *dst_b, size_t n_b,
-                                                  unsigned spin_ns)
-{
-    const size_t step = (size_t)gridDim.x * blockDim.x;
-    unsigned long long t0, t;
-
-    kern_pdl_trigger();
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    while (t - t0 < spin_ns);
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_a;
-         i += step)
-        dst_a[i] = src_a[i];
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_b;
-         i += step)
-        dst_b[i] = src_b[i];
-}
-
-bt_status_t cuda_gemv_pdl_probe_lead(const void *src_a, void *dst_a,
-                                     size_t n_a, const void *src_b,
-                                     void *dst_b, size_t n_b,
-                                     unsigned spin_ns, cudaStream_t stream)
-{
-    BT_ASSERT(n_a % 16 == 0 && n_b % 16 == 0);
-    gemv_pdl_probe_lead_kernel<<<8, 256, 0, stream>>>(
-        (const uint4 *)src_a, (uint4 *)dst_a, n_a / 16,
-        (const uint4 *)src_b, (uint4 *)dst_b, n_b / 16, spin_ns);
-    return BT_CUDA_LAUNCH_STATUS();
-}
-
 /* BT_GEMV_KERNEL=stream sends cuda_gemv to the streaming kernel (A/B of
  * round 2).  Read at each call, so tests and benchmarks can switch. */
 static bool gemv_stream_enabled(void)

@@ -154,18 +154,6 @@ bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
 bt_status_t cuda_gemv_tune_lead(const float *d_x, int n_rows, int n,
                                 void *d_y, cudaStream_t stream);
 
-/* The lead of the programmatic-edge probe (gemm.c, BT_GEMM_LT_PDL): it
- * triggers its dependents at entry, waits spin_ns on the global timer,
- * then copies n_a bytes src_a -> dst_a and n_b bytes src_b -> dst_b (each
- * a multiple of 16; n_b may be 0).  A kernel behind it on a programmatic
- * edge starts at once, so it reads its inputs before they are written
- * unless it waits for its predecessor (griddepcontrol.wait).  Few blocks,
- * so the dependent's blocks find free multiprocessors. */
-bt_status_t cuda_gemv_pdl_probe_lead(const void *src_a, void *dst_a,
-                                     size_t n_a, const void *src_b,
-                                     void *dst_b, size_t n_b,
-                                     unsigned spin_ns, cudaStream_t stream);
-
 /* Difference of two device outputs of n elements in dt, for the
  * autotuner's check: writes {sum (y - ref)^2, sum ref^2, non-finite count
  * of y} to d_acc[3] (device doubles) on `stream`. */
