@@ -94,7 +94,6 @@ static int cuda_rope_fuse_max(void)
     }
     return max;
 }
-#define CUDA_KSPLIT_MAX_TOK 128   /* BT_DOWN_KSPLIT: decode-sized steps */
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
@@ -218,7 +217,6 @@ typedef struct {
     float *d_ws;              /* split-K partials */
     int *d_sk_count;          /* (max_tok, nkv) stream-K counters (zero) */
     float *d_sk_ws;           /* stream-K partials */
-    float *d_kpart;           /* down's K-slice partials (BT_DOWN_KSPLIT) */
 
     int *d_meta;              /* b->meta_cap ints */
     uint8_t *d_mask;          /* b->mask_cap bytes */
@@ -271,13 +269,6 @@ struct cuda_backend_s {
                                  attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
-    /* BT_DOWN_KSPLIT=S (opt-in, round 23, not yet measured): on steps of
-     * 3..CUDA_KSPLIT_MAX_TOK tokens without tensor parallelism, the down
-     * projection writes S K-slice partials (worker_gemm_kslices) and one
-     * kernel adds them to x and makes the next layer's RMSNorm
-     * (cuda_rmsnorm_parts) -- instead of cuBLASLt's split-K product, its
-     * reduce kernel and a separate RMSNorm.  0: off. */
-    int down_ksplit;
 
     kv_layout_t kv;           /* one rank's pool */
 
@@ -771,10 +762,6 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (rank == 0)
         CUDA_ACT(r->d_hidden, (size_t)b->hid_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
-    if (b->down_ksplit > 0)
-        CUDA_ACT(r->d_kpart, (size_t)b->down_ksplit *
-                                 BT_MIN(b->max_tok, CUDA_KSPLIT_MAX_TOK) *
-                                 b->mc.dim * 4, "down_kslices");
     if (b->stream_k) {
         CUDA_ACT(r->d_sk_ws,
                  cuda_attn_decode_sk_ws_floats(b->mc.head_dim) * 4,
@@ -1130,16 +1117,6 @@ static bt_status_t cuda_create(const model_t *model,
     env = getenv("BT_TREE_GRAPHS");
     b->tree_graphs = env == NULL || strcmp(env, "0") != 0;
     b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
-    env = getenv("BT_DOWN_KSPLIT");
-    b->down_ksplit = env ? atoi(env) : 0;
-    if (b->down_ksplit != 0 &&
-        (b->tp > 1 || b->dt != CUDA_DT_BF16 ||
-         !worker_gemm_kslices_ok(b->hid, b->down_ksplit))) {
-        BT_LOG_WARN("CUDA", "BT_DOWN_KSPLIT=%d ignored (needs bf16, no "
-                    "tensor parallelism, and %d rows divisible into slices "
-                    "of a multiple of 8)", b->down_ksplit, b->hid);
-        b->down_ksplit = 0;
-    }
     env = getenv("BT_GEMV_NORM_TOK");
     b->fuse_norm_max = env ? atoi(env) : 1;
     b->stream_k = cuda_attn_decode_sk_enabled();
@@ -1262,7 +1239,6 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_hidden);
     cuda__dev_free((void **)&r->d_ws);
     cuda__dev_free((void **)&r->d_sk_ws);
-    cuda__dev_free((void **)&r->d_kpart);
     cuda__dev_free((void **)&r->d_sk_count);
     cuda__dev_free(&r->d_k);
     cuda__dev_free(&r->d_v);
@@ -1428,16 +1404,15 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
 
 /* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
  * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
- * d_xn and worker_gemm; norm_done: d_xn holds it already (the down
- * K-slice path made it).  BT_PROFILE_SKIP=norm leaves the norm out. */
+ * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
 static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
-                                          bool fuse_norm, bool norm_done,
-                                          const void *d_g, const void *d_w,
-                                          int n_out, void *d_out)
+                                          bool fuse_norm, const void *d_g,
+                                          const void *d_w, int n_out,
+                                          void *d_out)
 {
     const cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
-    const bool norm = !(b->skip & CUDA_SKIP_NORM) && !norm_done;
+    const bool norm = !(b->skip & CUDA_SKIP_NORM);
     bt_status_t status;
 
     if (fuse_norm && norm)
@@ -1472,26 +1447,6 @@ static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
     if (status == BT_OK && b->tp > 1)
         status = cuda_tp_allreduce(r, (size_t)nt * dim);
     return status;
-}
-
-/* The down projection as K-slice partials, then one kernel adding them
- * to x (the residual) and, when d_next_g, making the next layer's
- * RMSNorm into d_xn (BT_DOWN_KSPLIT; single rank). */
-static bt_status_t cuda_enqueue_down_kslices(cuda_rank_t *r, int nt,
-                                             const void *d_w,
-                                             const void *d_next_g)
-{
-    const cuda_backend_t *b = r->b;
-    const int dim = b->mc.dim, s = b->down_ksplit;
-    bt_status_t status;
-
-    status = worker_gemm_kslices(r->gemm, nt, dim, b->hid, s, r->d_h, d_w,
-                                 r->d_kpart, r->stream);
-    if (status != BT_OK)
-        return status;
-    return cuda_rmsnorm_parts(r->d_x, r->d_kpart, s, (size_t)nt * dim,
-                              d_next_g, nt, dim, b->mc.rms_eps,
-                              d_next_g ? r->d_xn : NULL, b->dt, r->stream);
 }
 
 /* Enqueues the whole forward described by `p` on the rank's stream
@@ -1574,13 +1529,6 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                        CUDA_SKIP_NORM)) &&
                           cuda_gemv_norm_glu_ok(nt, mc->dim);
 
-    /* BT_DOWN_KSPLIT (see cuda_backend_s.down_ksplit); xn_ready: the
-     * previous layer's K-slice reduction made this layer's RMSNorm */
-    const bool ksplit = b->down_ksplit > 0 && nt >= 3 &&
-                        nt <= CUDA_KSPLIT_MAX_TOK && !fuse_norm &&
-                        !(b->skip & (CUDA_SKIP_DOWN | CUDA_SKIP_NORM));
-    bool xn_ready = false;
-
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &r->layers[l];
         void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
@@ -1588,10 +1536,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
 
         status = b->skip & CUDA_SKIP_QKV
                      ? BT_OK
-                     : cuda_enqueue_norm_gemm(r, nt, fuse_norm, xn_ready,
+                     : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                               w->d_attn_norm, w->d_wqkv,
                                               b->qkv_dim, r->d_qkv);
-        xn_ready = false;
         if (status != BT_OK)
             return status;
         ra.d_bias = w->d_bqkv;
@@ -1635,7 +1582,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         } else {
             status = b->skip & CUDA_SKIP_GU
                          ? BT_OK
-                         : cuda_enqueue_norm_gemm(r, nt, fuse_norm, false,
+                         : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                                   w->d_ffn_norm, w->d_wgu,
                                                   2 * b->hid, r->d_gu);
             if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU))
@@ -1644,15 +1591,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         if (status != BT_OK)
             return status;
-        if (ksplit)
-            status = cuda_enqueue_down_kslices(
-                r, nt, w->d_wdown,
-                l + 1 < mc->n_layers ? r->layers[l + 1].d_attn_norm : NULL);
-        else
-            status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
-                                                w->d_wdown,
-                                                b->skip & CUDA_SKIP_DOWN);
-        xn_ready = ksplit && l + 1 < mc->n_layers;
+        status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
+                                            w->d_wdown,
+                                            b->skip & CUDA_SKIP_DOWN);
         if (status != BT_OK)
             return status;
         if (p->batch && p->batch->on_layer_done && r->rank == 0) {

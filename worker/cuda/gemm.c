@@ -109,8 +109,6 @@ typedef struct {
     cuda_dtype_t in_dt;
     cuda_dtype_t out_dt;
     bool accumulate;
-    int n_split;                   /* > 1: K slices (worker_gemm_kslices) */
-    bool timed;                    /* K slices: algo picked by timing */
     cublasLtMatmulDesc_t op;       /* compute type, transposes */
     cublasLtMatrixLayout_t a;      /* w */
     cublasLtMatrixLayout_t b;      /* x */
@@ -356,16 +354,13 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
     if (status != BT_OK)
         goto err;
-    /* K slices: slice s of w and x starts s * kc elements into each row
-     * (same leading dimension), of y n_tok * n_out floats further. */
-    const int kc = p->n_in / p->n_split;
     status = gemm_check(cublasLtMatrixLayoutCreate(
-        &p->a, gemm_cuda_type(p->in_dt), kc, p->n_out, p->n_in),
+        &p->a, gemm_cuda_type(p->in_dt), p->n_in, p->n_out, p->n_in),
         "layout A");
     if (status != BT_OK)
         goto err;
     status = gemm_check(cublasLtMatrixLayoutCreate(
-        &p->b, gemm_cuda_type(p->in_dt), kc, p->n_tok, p->n_in),
+        &p->b, gemm_cuda_type(p->in_dt), p->n_in, p->n_tok, p->n_in),
         "layout B");
     if (status != BT_OK)
         goto err;
@@ -374,25 +369,6 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         "layout D");
     if (status != BT_OK)
         goto err;
-    if (p->n_split > 1) {
-        const int32_t count = p->n_split;
-        const int64_t off_in = kc;
-        const int64_t off_out = (int64_t)p->n_tok * p->n_out;
-        cublasLtMatrixLayout_t lay[3] = {p->a, p->b, p->d};
-        const int64_t off[3] = {off_in, off_in, off_out};
-
-        for (int i = 0; i < 3 && status == BT_OK; i++) {
-            status = gemm_check(cublasLtMatrixLayoutSetAttribute(
-                lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                sizeof(count)), "batch count");
-            if (status == BT_OK)
-                status = gemm_check(cublasLtMatrixLayoutSetAttribute(
-                    lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                    &off[i], sizeof(off[i])), "batch offset");
-        }
-        if (status != BT_OK)
-            goto err;
-    }
     status = gemm_lt_heuristic(ctx, p, 1, &res, &n_res);
     if (status != BT_OK)
         goto err;
@@ -412,11 +388,10 @@ err:
     return status;
 }
 
-static bt_status_t gemm_plan_find_split(worker_gemm_ctx_t *ctx, int n_tok,
-                                        int n_out, int n_in,
-                                        cuda_dtype_t in_dt,
-                                        cuda_dtype_t out_dt, bool accumulate,
-                                        int n_split, gemm_plan_t **plan_p)
+static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
+                                  int n_out, int n_in, cuda_dtype_t in_dt,
+                                  cuda_dtype_t out_dt, bool accumulate,
+                                  gemm_plan_t **plan_p)
 {
     gemm_plan_t *p;
     bt_status_t status;
@@ -425,7 +400,7 @@ static bt_status_t gemm_plan_find_split(worker_gemm_ctx_t *ctx, int n_tok,
         p = &ctx->plans[i];
         if (p->n_tok == n_tok && p->n_out == n_out && p->n_in == n_in &&
             p->in_dt == in_dt && p->out_dt == out_dt &&
-            p->accumulate == accumulate && p->n_split == n_split) {
+            p->accumulate == accumulate) {
             *plan_p = p;
             return BT_OK;
         }
@@ -445,7 +420,6 @@ static bt_status_t gemm_plan_find_split(worker_gemm_ctx_t *ctx, int n_tok,
     p->in_dt = in_dt;
     p->out_dt = out_dt;
     p->accumulate = accumulate;
-    p->n_split = n_split;
     status = gemm_plan_build(ctx, p);
     if (status != BT_OK)
         return status;
@@ -453,15 +427,6 @@ static bt_status_t gemm_plan_find_split(worker_gemm_ctx_t *ctx, int n_tok,
     ctx->setups++;
     *plan_p = p;
     return BT_OK;
-}
-
-static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
-                                  int n_out, int n_in, cuda_dtype_t in_dt,
-                                  cuda_dtype_t out_dt, bool accumulate,
-                                  gemm_plan_t **plan_p)
-{
-    return gemm_plan_find_split(ctx, n_tok, n_out, n_in, in_dt, out_dt,
-                                accumulate, 1, plan_p);
 }
 
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx)
@@ -1555,101 +1520,6 @@ static bool gemm_capturing(cudaStream_t stream)
         return true; /* unknown: do not tune */
     }
     return cs != cudaStreamCaptureStatusNone;
-}
-
-bool worker_gemm_kslices_ok(int n_in, int n_split)
-{
-    return n_split >= 2 && n_split <= WORKER_GEMM_KSLICES_MAX &&
-           n_in % n_split == 0 && (n_in / n_split) % 8 == 0;
-}
-
-/* Median time in us of REPS runs of algo on plan p (two untimed runs
- * first), or a negative value when it fails.  The weights (> L2 for the
- * shapes this serves) stream from DRAM in every run, as in a step. */
-static float gemm_kslices_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
-                               const cublasLtMatmulAlgo_t *algo,
-                               const void *d_x, const void *d_w,
-                               float *d_part, cudaEvent_t ev[2],
-                               cudaStream_t stream)
-{
-    enum { REPS = 9 };
-    float t[REPS];
-
-    for (int i = 0; i < 2; i++)
-        if (gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
-            BT_OK)
-            return -1.0f;
-    for (int i = 0; i < REPS; i++) {
-        if (cudaEventRecord(ev[0], stream) != cudaSuccess ||
-            gemm_lt_run(ctx, p, algo, d_x, d_w, d_part, false, stream) !=
-                BT_OK ||
-            cudaEventRecord(ev[1], stream) != cudaSuccess ||
-            cudaEventSynchronize(ev[1]) != cudaSuccess ||
-            cudaEventElapsedTime(&t[i], ev[0], ev[1]) != cudaSuccess)
-            return -1.0f;
-    }
-    return gemm_median_us(t, REPS, NULL, false);
-}
-
-/* Picks plan p's algorithm among the heuristic's first GEMM_LT_CANDS by
- * timing them once, outside capture (BT_GEMM_KSLICES_TUNE=0: the
- * heuristic's first, untimed).  A failure keeps the first. */
-static void gemm_kslices_tune(worker_gemm_ctx_t *ctx, gemm_plan_t *p,
-                              const void *d_x, const void *d_w,
-                              float *d_part, cudaStream_t stream)
-{
-    const char *env = getenv("BT_GEMM_KSLICES_TUNE");
-    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS];
-    cudaEvent_t ev[2] = {NULL, NULL};
-    int n_res = 0, best = -1;
-    float best_us = 0.0f;
-
-    p->timed = true; /* once, whatever happens */
-    if ((env && strcmp(env, "0") == 0) ||
-        gemm_lt_heuristic(ctx, p, GEMM_LT_CANDS, res, &n_res) != BT_OK) {
-        bt_error_clear();
-        return;
-    }
-    if (n_res > 1 && cudaEventCreate(&ev[0]) == cudaSuccess &&
-        cudaEventCreate(&ev[1]) == cudaSuccess) {
-        for (int i = 0; i < n_res; i++) {
-            float us = gemm_kslices_time(ctx, p, &res[i].algo, d_x, d_w,
-                                         d_part, ev, stream);
-            if (us > 0.0f && (best < 0 || us < best_us)) {
-                best = i;
-                best_us = us;
-            }
-        }
-    }
-    for (int i = 0; i < 2; i++)
-        if (ev[i] != NULL)
-            cudaEventDestroy(ev[i]);
-    (void)cudaGetLastError();
-    bt_error_clear(); /* a candidate that failed is only not picked */
-    if (best >= 0) {
-        p->algo = res[best].algo;
-        BT_LOG_INFO("CUDA", "gemm k-slices %d x %d x %d / %d: candidate %d "
-                    "of %d, %.1f us", p->n_tok, p->n_out, p->n_in,
-                    p->n_split, best, n_res, best_us);
-    }
-}
-
-bt_status_t worker_gemm_kslices(worker_gemm_ctx_t *ctx, int n_tok,
-                                int n_out, int n_in, int n_split,
-                                const void *d_x, const void *d_w,
-                                float *d_part, cudaStream_t stream)
-{
-    gemm_plan_t *p;
-    bt_status_t status;
-
-    BT_ASSERT(n_tok > 0 && worker_gemm_kslices_ok(n_in, n_split));
-    status = gemm_plan_find_split(ctx, n_tok, n_out, n_in, CUDA_DT_BF16,
-                                  CUDA_DT_F32, false, n_split, &p);
-    if (status != BT_OK)
-        return status;
-    if (!p->timed && !gemm_capturing(stream))
-        gemm_kslices_tune(ctx, p, d_x, d_w, d_part, stream);
-    return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_part, false, stream);
 }
 
 const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,

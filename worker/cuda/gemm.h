@@ -43,23 +43,6 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                         cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,
                         bool accumulate, cudaStream_t stream);
 
-/* The split-K partials of a bf16 product, unreduced: for s < n_split,
- * d_part + s * n_tok * n_out (n_tok, n_out) f32 = x[:, K_s] . w[:, K_s]^T
- * over the s-th of n_split equal K slices, in one strided-batched
- * cuBLASLt call (the fastest of the heuristic's first candidates, timed
- * at the shape's first call outside capture; BT_GEMM_KSLICES_TUNE=0:
- * the heuristic's first).  For a caller that
- * folds the reduction into its next kernel (cuda_rmsnorm_parts: the
- * down projection's partials, the residual add and the next layer's
- * RMSNorm in one kernel instead of cuBLASLt's split-K reduce plus an
- * RMSNorm).  worker_gemm_kslices_ok: the split count suits n_in. */
-#define WORKER_GEMM_KSLICES_MAX 8
-bool worker_gemm_kslices_ok(int n_in, int n_split);
-bt_status_t worker_gemm_kslices(worker_gemm_ctx_t *ctx, int n_tok,
-                                int n_out, int n_in, int n_split,
-                                const void *d_x, const void *d_w,
-                                float *d_part, cudaStream_t stream);
-
 /* The autotuned choice for n_tok tokens of a bf16 weight shape ("rows",
  * "mma1", "lt0" = cuBLASLt's heuristic algorithm 0, ...) and its median
  * time in us (*us_p, may be NULL), or NULL when not tuned (n_tok > 128:

@@ -20,18 +20,6 @@ bt_status_t cuda_rmsnorm(float *d_x, const void *d_add, const void *d_w,
                          const int *d_rows, int n_rows, int dim, float eps,
                          void *d_out, cuda_dtype_t dt, cudaStream_t stream);
 
-/* The reduction of split-K partials fused with the residual add and the
- * RMSNorm that follows it (worker_gemm_kslices' consumer):
- *   x[r] += part[0][r] + ... + part[n_part - 1][r]   (in that order)
- *   out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps)     (when d_out)
- * d_x (n_rows, dim) f32; d_part n_part slices of (n_rows, dim) f32,
- * part_stride floats apart; d_w (dim) dt; d_out (n_rows, dim) dt or NULL
- * (then only x is updated and d_w is not read). */
-bt_status_t cuda_rmsnorm_parts(float *d_x, const float *d_part, int n_part,
-                               size_t part_stride, const void *d_w,
-                               int n_rows, int dim, float eps, void *d_out,
-                               cuda_dtype_t dt, cudaStream_t stream);
-
 #ifdef __cplusplus
 }
 #endif
