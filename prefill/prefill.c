@@ -1173,16 +1173,14 @@ static uint64_t handoff_moved(const prefill_task_t *t)
  * seen first; a dead decode worker completes nothing and times out. */
 static bool commit_stalled(prefill_task_t *t, uint64_t now, uint64_t limit)
 {
-    uint64_t since = t->t_computed;
     uint64_t moved = handoff_moved(t);
 
     if (moved != t->n_landed) {
         t->n_landed = moved;
         t->t_moved = now;
     }
-    if (t->sxfer != NULL || t->use_ucx)
-        since = BT_MAX(since, t->t_moved);
-    return now - since > limit;
+    /* t_moved stays 0 for a hand-off that reports no progress */
+    return now - BT_MAX(t->t_computed, t->t_moved) > limit;
 }
 
 /* The commit timeout's verdict on a plain UCX hand-off: the decode worker

@@ -1153,35 +1153,6 @@ void kv_ucx_peer_abandon(kv_ucx_peer_t *peer)
         peer->status = BT_ERR_NET;
 }
 
-/* Closes an abandoned peer without waiting: without peer error handling
- * a dead process's operations never complete, and the ordinary close
- * waited for them (up to 3 x KV_UCX_CLOSE_MS) inside the caller's event
- * loop; a prefill worker stalled there missed its heartbeats and was
- * dropped by the router, which counted every request it held as one more
- * failure.  The forced close cancels what is in flight; callbacks may
- * still name the peer, so it stays a zombie until kv_ucx_destroy. */
-static void kv_ucx_close_abandoned(kv_ucx_peer_t *peer)
-{
-    ucp_request_param_t prm;
-    void *req;
-
-    for (int i = 0; i < peer->desc->n_regions; i++)
-        ucp_rkey_destroy(peer->rkeys[i]);
-    peer->closed = true;
-    memset(&prm, 0, sizeof(prm));
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    req = ucp_ep_close_nbx(peer->ep, &prm);
-    if (UCS_PTR_IS_PTR(req))
-        ucp_request_free(req); /* UCX finishes it on its own */
-    if (peer->pending == 0) {
-        kv_ucx_peer_free(peer);
-        return;
-    }
-    peer->next = peer->ctx->zombies;
-    peer->ctx->zombies = peer;
-}
-
 void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
 {
     kv_ucx_peer_t *peer = *peer_p, **pp;
@@ -1198,18 +1169,21 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
         BT_ASSERT(*pp != NULL);
     *pp = peer->next;
     peer->next = NULL;
-    if (peer->abandoned) {
-        kv_ucx_close_abandoned(peer);
-        return;
-    }
+    /* An abandoned peer is closed at once: without peer error handling a
+     * dead process's operations never complete, and the waits below
+     * (up to 3 x KV_UCX_CLOSE_MS) inside the caller's event loop stalled
+     * a prefill worker until it missed its heartbeats and the router
+     * dropped it, counting every request it held as one more failure.
+     * Its status is an error, so the close is forced. */
+    const bool wait = !peer->abandoned;
 
     /* Let in-flight operations finish (bounded): a dead peer in
      * UCP_ERR_HANDLING_MODE_NONE never completes them. */
     deadline = bt_time_ns() + (uint64_t)KV_UCX_CLOSE_MS * 1000000;
-    while (peer->pending > 0 && peer->status == BT_OK &&
+    while (wait && peer->pending > 0 && peer->status == BT_OK &&
            bt_time_ns() < deadline)
         kv_ucx_wait(peer->ctx, 10);
-    if (peer->pending > 0)
+    if (wait && peer->pending > 0)
         BT_LOG_WARN(KV_UCX_SUBSYS, "closing KV peer with %d operations "
                     "in flight: they are cancelled", peer->pending);
     for (int i = 0; i < peer->desc->n_regions; i++)
@@ -1223,16 +1197,17 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
     req = ucp_ep_close_nbx(peer->ep, &prm);
     if (UCS_PTR_IS_PTR(req)) {
         deadline = bt_time_ns() + (uint64_t)KV_UCX_CLOSE_MS * 1000000;
-        while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+        while (wait && ucp_request_check_status(req) == UCS_INPROGRESS &&
                bt_time_ns() < deadline)
             kv_ucx_wait(peer->ctx, 10);
-        ucp_request_free(req);
+        ucp_request_free(req); /* UCX finishes it on its own */
     }
     deadline = bt_time_ns() + (uint64_t)KV_UCX_CLOSE_MS * 1000000;
-    while (peer->pending > 0 && bt_time_ns() < deadline)
+    while (wait && peer->pending > 0 && bt_time_ns() < deadline)
         kv_ucx_wait(peer->ctx, 10);
     if (peer->pending > 0) {
-        /* Callbacks may still name this peer: keep it until the worker is
+        /* Callbacks may still name this peer: a zombie until its last
+         * operation completes (kv_ucx_reap_zombies) or the worker is
          * destroyed. */
         peer->next = peer->ctx->zombies;
         peer->ctx->zombies = peer;

@@ -166,7 +166,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
 template <int HD, bool NEWROW, bool TMA>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early, int kv_first,
+                      int n_splits, float *ws, bool early, int kv_hint,
                       const __grid_constant__ tc_maps maps)
 {
     static_assert(!(TMA && NEWROW), "the new-row path copies by cp.async");
@@ -259,14 +259,16 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                           kt_new < TC_STAGES - 1;
     /* (the hole only in the early copies: the main loop's copy path is
      * the instruction-bound part of batch-64 steps) */
-    /* kv_first (default; BT_ATTN_KV_EVICT_FIRST=0: off): K/V are read
-     * once a step, so their lines leave L2 first and what is read again
-     * stays (round 23: the kernel 1.4% faster at batch 64 @2k); 128:
+    /* kv_hint (tc_launch): 0 plain copies; 1 evict first; 128 (the
+     * default) evict first with a 128-byte prefetch size.  Evict first:
+     * K/V are read once a step, so their lines leave L2 first and what
+     * is read again stays (round 23: the kernel 1.4% faster at batch 64
+     * @2k); 128:
      * the copies also ask L2 for the whole 128-byte line around them (a
      * K or V row of one head is 256 contiguous bytes, copied as 16
      * chunks by 16 lanes; the first miss of a line brings all of it,
-     * round 23: -0.11 ms at b64 @2k). */
-    const uint64_t kv_pol = kv_first ? tc_policy_evict_first() : 0;
+     * rounds 23-24: -0.07 to -0.11 ms at b64 @2k). */
+    const uint64_t kv_pol = kv_hint ? tc_policy_evict_first() : 0;
     auto load_tile = [&](int stage, int kt, auto hole_t) {
         constexpr bool HOLE = decltype(hole_t)::value;
         if constexpr (TMA) {
@@ -309,12 +311,12 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        if (kv_first == 128)
+        if (kv_hint == 128)
             tc_copy_rows16<HD, HOLE, true, true>(
                 sk + stage * TILE + warp * WPART,
                 sv + stage * TILE + warp * WPART, kbase, vbase, off, lane,
                 kv_pol);
-        else if (kv_first)
+        else if (kv_hint)
             tc_copy_rows16<HD, HOLE, true>(sk + stage * TILE + warp * WPART,
                                            sv + stage * TILE + warp * WPART,
                                            kbase, vbase, off, lane, kv_pol);
@@ -539,17 +541,17 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     /* The K/V copies' L2 policy: evict first (BT_ATTN_KV_EVICT_FIRST=0:
      * none), with a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none).
      * Round 23 (H200, b64 @2k): evict first -0.02 to -0.03 ms a step; the
-     * 128-byte prefetch size -0.11 ms more on one machine (b128 -0.25);
-     * 256 bytes equal to none. */
+     * 128-byte prefetch size -0.07 to -0.11 ms more (b128 -0.24, two
+     * machines, rounds 23-24); 256 bytes equal to none. */
     env = getenv("BT_ATTN_KV_EVICT_FIRST");
-    int kv_first = !(env && strcmp(env, "0") == 0);
+    int kv_hint = !(env && strcmp(env, "0") == 0);
     env = getenv("BT_ATTN_KV_PF");
-    if (kv_first && !(env && strcmp(env, "0") == 0))
-        kv_first = 128;
+    if (kv_hint && !(env && strcmp(env, "0") == 0))
+        kv_hint = 128;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws, early, kv_first, maps);
+                n_splits, ws, early, kv_hint, maps);
     return cudaSuccess;
 }
 
