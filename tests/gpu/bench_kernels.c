@@ -330,12 +330,13 @@ static void bench_attn(void)
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
         /* With BT_PREFILL_KERNEL unset: the default kernel (fa2pp),
-         * then the previous one (BT_PREFILL_KERNEL=fa2wqv) as a second
-         * row. */
-        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 2;
+         * then the previous one (BT_PREFILL_KERNEL=fa2wqv) and the
+         * candidate on 128-key tiles (fa2pp128) as more rows. */
+        static const char *const alt[] = {NULL, "fa2wqv", "fa2pp128"};
+        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 3;
         for (int var = 0; var < n_var; var++) {
-        if (var == 1)
-            setenv("BT_PREFILL_KERNEL", "fa2wqv", 1);
+        if (var > 0)
+            setenv("BT_PREFILL_KERNEL", alt[var], 1);
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
         OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
@@ -357,7 +358,7 @@ static void bench_attn(void)
                us, fl / (us * 1e-6) / 1e12,
                100.0 * fl / (us * 1e-6) / 790e12, us * 32e-3);
         fflush(stdout);
-        if (var == 1)
+        if (var > 0)
             unsetenv("BT_PREFILL_KERNEL");
         }
         cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);

@@ -101,12 +101,14 @@
 /* WQ: S = Q K^T on wgmma (sm_90a): each warpgroup's 64 query rows are
  * staged once in shared memory and K tiles are laid out as wgmma's
  * K-major 128-byte-swizzle slabs of 64 dims (f2_slab). */
-template <int HD, int NW, bool WQ, bool PP> struct f2_cfg {
+template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
     /* PP: a producer warp refills a stage once both warpgroups released
-     * it; 5 stages keep up to 4 tiles ahead */
-    static constexpr int STAGES = PP ? 5 : NW == 8 ? 4 : 3;
+     * it; 5 stages keep up to 4 tiles ahead (128-key tiles at head 128:
+     * 3, all that fits in 227 KB beside Q) */
+    static constexpr int STAGES =
+        PP ? (BK * HD > 64 * 128 ? 3 : 5) : NW == 8 ? 4 : 3;
     static constexpr int CH = HD / 8;                  /* chunks per row */
-    static constexpr int TILE = F2_BK * HD;            /* elements */
+    static constexpr int TILE = BK * HD;               /* elements */
     static constexpr int THREADS = NW * 32; /* the consumers (the copies) */
     static constexpr int RSTEP = THREADS / CH;         /* row step */
     static constexpr int RPT = F2_BK * CH / THREADS;   /* rows per thread */
@@ -116,8 +118,21 @@ template <int HD, int NW, bool WQ, bool PP> struct f2_cfg {
         (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0) +
         (PP ? (size_t)2 * STAGES * sizeof(uint64_t) : 0);
     static_assert(THREADS % CH == 0, "thread count");
-    static_assert(RPT * THREADS == F2_BK * CH, "tile split");
+    static_assert(PP || (BK == F2_BK && RPT * THREADS == F2_BK * CH),
+                  "tile split");
+    static_assert(BK == 64 || BK == 128, "key tile");
 };
+
+/* Threads of a block: NW consumer warps, PP's producer (a warp; on
+ * 128-key tiles a whole warpgroup, so the consumers can take its
+ * registers with setmaxnreg: 9 warps give each at most 168 registers,
+ * ceil(9 / 4) warps sharing a scheduler's 16 K; 12 warps 168 at launch,
+ * then 232 for the consumers and 40 for the producer). */
+template <int NW, bool PP, int BK>
+static constexpr int f2_threads()
+{
+    return NW * 32 + (PP ? (BK == 128 ? 128 : 32) : 0);
+}
 
 /* 2^x (MUFU; -inf -> +0). */
 static __device__ __forceinline__ float f2_ex2(float x)
@@ -158,21 +173,22 @@ struct f2_maps {
     CUtensorMap k, v;
 };
 
-template <int HD, int NW, bool WQ, bool WV, bool PP>
-static __global__ void __launch_bounds__(NW * 32 + (PP ? 32 : 0))
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
+static __global__ void __launch_bounds__(f2_threads<NW, PP, BK>(), 1)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts, const __grid_constant__ f2_maps maps)
 {
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
-    typedef f2_cfg<HD, NW, WQ, PP> C;
+    static_assert(PP || BK == F2_BK, "128-key tiles: the ping-pong only");
+    typedef f2_cfg<HD, NW, WQ, PP, BK> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
     constexpr int CH = C::CH;
     constexpr int RPT = C::RPT;
     constexpr int KS = HD / 16; /* 16-dim k steps of S */
     constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
-    constexpr int KB = F2_BK / 8; /* 8-key column tiles of S */
+    constexpr int KB = BK / 8;    /* 8-key column tiles of S */
     extern __shared__ __align__(128) char smem[];
     /* wgmma operands need 1024-byte aligned tiles */
     const unsigned sm0 = (unsigned)__cvta_generic_to_shared(smem);
@@ -213,7 +229,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         return; /* whole block past the end of a short tile */
     const int q_last = min((u_last / G) * F2_SUB + F2_SUB, n_q) - 1;
     const int kv_end = mask ? ctx + n_tok : ctx + i0 + q_last + 1;
-    const int n_kt = (kv_end + F2_BK - 1) / F2_BK;
+    const int n_kt = (kv_end + BK - 1) / BK;
 
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -282,21 +298,27 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
             mbar_init_fence();
         }
-        __syncthreads(); /* the last barrier of all NW + 1 warps */
-        if (warp == NW) {
-            /* The producer: one lane, a tile's 64 keys as boxes of
-             * min(block, 64) cache slots (pages past the keys from an
-             * out-of-range slot: zeros), K and V of each 64-dim slab. */
-            if (lane == 0) {
-                const int rows = min(bs, F2_BK);
+        __syncthreads(); /* the last barrier of all the block's warps */
+        /* 128-key tiles: the producer warpgroup gives the consumers its
+         * registers (24 x 128 + 240 x 256 <= 64 K) */
+        constexpr bool REGS = f2_threads<NW, PP, BK>() == NW * 32 + 128;
+        if (warp >= NW) {
+            if (REGS)
+                wg_regs_dec<24>();
+            /* The producer: one lane, a tile's BK keys as boxes of
+             * min(block, BK) cache slots (pages past the keys from an
+             * out-of-range slot: zeros), K and V of each 64-dim slab;
+             * the warpgroup's other warps (128-key tiles) idle. */
+            if (warp == NW && lane == 0) {
+                const int rows = min(bs, BK);
                 for (int kt = 0; kt < n_kt; kt++) {
                     const int st = kt % STAGES;
                     if (kt >= STAGES)
                         mbar_wait(&bar_empty[st],
                                   (uint32_t)((kt / STAGES - 1) & 1));
                     mbar_expect(&bar_full[st], 2 * TILE * 2);
-                    for (int pg = 0; pg < F2_BK / rows; pg++) {
-                        const int key0 = kt * F2_BK + pg * rows;
+                    for (int pg = 0; pg < BK / rows; pg++) {
+                        const int key0 = kt * BK + pg * rows;
                         int slot0 = (int)a.kv_slots;
                         if (key0 < kv_end) {
                             const int blk =
@@ -305,7 +327,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         }
 #pragma unroll
                         for (int h2 = 0; h2 < HD / 64; h2++) {
-                            const int off = h2 * F2_BK * 64 + pg * rows * 64;
+                            const int off = h2 * BK * 64 + pg * rows * 64;
                             wg_tma_load_3d(sk + st * TILE + off, &maps.k,
                                            h2 * 64, kvh, slot0,
                                            &bar_full[st]);
@@ -318,6 +340,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
             return; /* the consumers wait for every copy it issued */
         }
+        if (REGS)
+            wg_regs_inc<240>();
     }
     int slot[RPT];
     if constexpr (!PP) {
@@ -420,7 +444,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
             tc_cp_commit();
         }
-        const int kb0 = kt * F2_BK;
+        const int kb0 = kt * BK;
         if (PP && kb0 > wg_last) {
             bar_sync_n(1 + wg, 256);
             bar_arrive_n(2 - wg, 256);
@@ -451,7 +475,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             for (int kk = 0; kk < KS; kk++) {
                 const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
                 wg_mma<KB>::run(s, wg_desc(qs + sl * 64 * 64 * 2 + 32 * kin),
-                                wg_desc(ks0 + sl * F2_BK * 64 * 2 + 32 * kin));
+                                wg_desc(ks0 + sl * BK * 64 * 2 + 32 * kin));
             }
             wg_commit();
             if (PP)
@@ -484,8 +508,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 
         /* Masks only where some key may be hidden; raw scores stay
          * unscaled (the scale goes into the exponent's FFMA). */
-        const bool full = kb0 + F2_BK <= ctx ||
-                          (mask == NULL && kb0 + F2_BK - 1 <= warp_full);
+        const bool full = kb0 + BK <= ctx ||
+                          (mask == NULL && kb0 + BK - 1 <= warp_full);
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < KB; nt++)
@@ -564,19 +588,19 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         if constexpr (WV) {
             /* wgmma m64n(HD)k16 per 16 keys: A = P from registers, B = the
              * V slabs N-major (16 key rows from row 16 kk, 128 bytes
-             * each; the next 64 dims one slab = F2_BK rows on) */
-            uint32_t pa[F2_BK / 16][4];
+             * each; the next 64 dims one slab = BK rows on) */
+            uint32_t pa[BK / 16][4];
 #pragma unroll
-            for (int kk = 0; kk < F2_BK / 16; kk++)
+            for (int kk = 0; kk < BK / 16; kk++)
                 make_p(kk, pa[kk]);
             const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
             wg_fence_acc<NT>(o);
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < F2_BK / 16; kk++)
+            for (int kk = 0; kk < BK / 16; kk++)
                 wg_mma_rs<NT>::run(o, pa[kk],
                                    wg_desc_mn(vs0 + kk * 16 * 128,
-                                              F2_BK * 64 * 2, 1024));
+                                              BK * 64 * 2, 1024));
             wg_commit();
             wg_wait<0>();
             wg_fence_acc<NT>(o);
@@ -635,50 +659,51 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
     return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
 }
 
-/* PP's map of one layer cache (see f2_maps). */
-static bool f2_map(CUtensorMap *m, const cuda_attn_args_t *a, const void *p)
+/* PP's map of one layer cache (see f2_maps), boxes of min(block, bk)
+ * slots. */
+static bool f2_map(CUtensorMap *m, const cuda_attn_args_t *a, const void *p,
+                   int bk)
 {
     return wg_cache_map(m, p, a->head_dim, a->n_kv_heads, a->kv_slots,
-                        a->block_size < F2_BK ? a->block_size : F2_BK);
+                        a->block_size < bk ? a->block_size : bk);
 }
 
-/* PP's maps, where they can be made: the caches' size known, blocks of
- * 8 .. 64 slots dividing a 64-key tile or multiples of 64, slot indices
- * in an int. */
-static bool f2_pp_maps(const cuda_attn_args_t *a, f2_maps *maps)
+/* PP's maps for key tiles of bk (64 or 128), where they can be made: the
+ * caches' size known, blocks of 8 .. bk slots dividing a tile or
+ * multiples of bk, slot indices in an int. */
+static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
 {
     const int bs = a->block_size;
 
     if (a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
-        !(bs >= 8 && (bs <= F2_BK ? F2_BK % bs == 0 : bs % F2_BK == 0)))
+        !(bs >= 8 && (bs <= bk ? bk % bs == 0 : bs % bk == 0)))
         return false;
-    return f2_map(&maps->k, a, a->d_k_cache) &&
-           f2_map(&maps->v, a, a->d_v_cache);
+    return f2_map(&maps->k, a, a->d_k_cache, bk) &&
+           f2_map(&maps->v, a, a->d_v_cache, bk);
 }
 
 /* maps: PP's (f2_pp_maps), unused by the others. */
-template <int HD, int NW, bool WQ, bool WV, bool PP>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, const f2_maps &maps,
                              cudaStream_t stream)
 {
     const int G = a->n_heads / a->n_kv_heads;
     const int parts = (F2_SUBS * G + NW - 1) / NW;
-    const size_t bytes = f2_cfg<HD, NW, WQ, PP>::BYTES;
+    const size_t bytes = f2_cfg<HD, NW, WQ, PP, BK>::BYTES;
     const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
     cudaError_t err;
 
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
-    err = cudaFuncSetAttribute(attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               (int)bytes);
+    err = cudaFuncSetAttribute(
+        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP><<<(unsigned)blocks,
-                                                  NW * 32 + (PP ? 32 : 0),
-                                                  bytes, stream>>>(
-        *a, tiles, n_tiles, parts, maps);
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>
+        <<<(unsigned)blocks, f2_threads<NW, PP, BK>(), bytes, stream>>>(
+            *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
 }
 
@@ -712,10 +737,18 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    /* wgmma 3 (fa2pp): the ping-pong needs two warpgroups a block and
-     * its tensor maps; without them it runs as fa2wqv */
+    /* wgmma 4 (fa2pp128): the ping-pong on 128-key tiles; wgmma 3
+     * (fa2pp): on 64-key tiles.  The ping-pong needs two warpgroups a
+     * block and its tensor maps; without them it runs as fa2wqv */
+    if (wgmma >= 4 && n_warps == 8 && cuda_wgmma_available() &&
+        f2_pp_maps(args, 128, &maps))
+        return args->head_dim == 64
+                   ? f2_launch<64, 8, true, true, true, 128>(
+                         args, d_tiles, n_tiles, maps, stream)
+                   : f2_launch<128, 8, true, true, true, 128>(
+                         args, d_tiles, n_tiles, maps, stream);
     if (wgmma >= 3 && n_warps == 8 && cuda_wgmma_available() &&
-        f2_pp_maps(args, &maps))
+        f2_pp_maps(args, F2_BK, &maps))
         return args->head_dim == 64
                    ? f2_launch<64, 8, true, true, true>(args, d_tiles,
                                                         n_tiles, maps, stream)

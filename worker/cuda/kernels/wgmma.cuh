@@ -215,6 +215,24 @@ static __device__ __forceinline__ void bar_arrive_n(int id, int n)
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");
 }
 
+/* Hands registers between warpgroups (FlashAttention-3's producer /
+ * consumer split): every warp of a warpgroup executes the same one; N a
+ * multiple of 8 in 24..256.  The block must have been launched with at
+ * most as many registers a thread as the smallest N gives back. */
+template <int N> static __device__ __forceinline__ void wg_regs_dec(void)
+{
+#if WG_ENABLED
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
+#endif
+}
+
+template <int N> static __device__ __forceinline__ void wg_regs_inc(void)
+{
+#if WG_ENABLED
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
+#endif
+}
+
 /* Orders this thread's generic-proxy shared-memory writes (cp.async
  * included) before later async-proxy reads (wgmma operands). */
 static __device__ __forceinline__ void wg_fence_proxy(void)
