@@ -331,9 +331,9 @@ static void bench_attn(void)
         a.d_out = out;
         /* With BT_PREFILL_KERNEL unset: the default kernel (fa2pp),
          * then the previous one (BT_PREFILL_KERNEL=fa2wqv) and the
-         * candidate on 128-key tiles (fa2pp128) as more rows. */
-        static const char *const alt[] = {NULL, "fa2wqv", "fa2pp128"};
-        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 3;
+         * candidates on 128-key tiles (fa2pp128, fa3) as more rows. */
+        static const char *const alt[] = {NULL, "fa2wqv", "fa2pp128", "fa3"};
+        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 4;
         for (int var = 0; var < n_var; var++) {
         if (var > 0)
             setenv("BT_PREFILL_KERNEL", alt[var], 1);

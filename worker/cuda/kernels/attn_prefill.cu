@@ -471,7 +471,7 @@ typedef struct {
     int family; /* 0: the shared-memory kernel, 1: WMMA, 2: fa2 */
     int warps;  /* fa2: warps per block, 0: chosen by the GQA group */
     int wgmma;  /* fa2: 1 S on wgmma, 2 P V too, 3 the ping-pong, 4 the
-                   ping-pong on 128-key tiles */
+                   ping-pong on 128-key tiles, 5 that with the overlap */
 } prefill_kind_t;
 
 static const prefill_kind_t prefill_kinds[] = {
@@ -485,6 +485,9 @@ static const prefill_kind_t prefill_kinds[] = {
     /* fa2pp on 128-key tiles (m64n128 S, half the per-key softmax
      * bookkeeping, 3 stages) */
     {"fa2pp128", 2, 0, 4},
+    /* fa2pp128 with FlashAttention-3's overlap inside each warpgroup
+     * (tile kt's softmax under tile kt-1's P V) */
+    {"fa3", 2, 0, 5},
     /* Default (and =fa2pp): attn_prefill_fa2.cu with S and P V on
      * wgmma, the warpgroups in ping-pong, K/V by a TMA producer warp;
      * warps per block chosen by the GQA group; at head sizes it does not

@@ -116,7 +116,7 @@ template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
     static constexpr size_t BYTES =
         (size_t)STAGES * 2 * TILE * 2 +
         (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0) +
-        (PP ? (size_t)2 * STAGES * sizeof(uint64_t) : 0);
+        (PP ? (size_t)4 * STAGES * sizeof(uint64_t) : 0);
     static_assert(THREADS % CH == 0, "thread count");
     static_assert(PP || (BK == F2_BK && RPT * THREADS == F2_BK * CH),
                   "tile split");
@@ -173,7 +173,8 @@ struct f2_maps {
     CUtensorMap k, v;
 };
 
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
+          bool OV = false>
 static __global__ void __launch_bounds__(f2_threads<NW, PP, BK>(), 1)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts, const __grid_constant__ f2_maps maps)
@@ -181,6 +182,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
     static_assert(PP || BK == F2_BK, "128-key tiles: the ping-pong only");
+    static_assert(!OV || (PP && BK == 128), "overlap: 128-key ping-pong");
     typedef f2_cfg<HD, NW, WQ, PP, BK> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
@@ -198,10 +200,13 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                                         slabs as K's) */
     bf16_t *sq = sv + STAGES * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
     /* PP: per stage, "full" (the producer's copies landed) and "empty"
-     * (both warpgroups' wgmmas on it done) */
+     * (both warpgroups' wgmmas on it done); OV: those for K, and the
+     * same pair for V (a tile's K is released after S, its V after P V) */
     uint64_t *bar_full =
         reinterpret_cast<uint64_t *>(sq + (NW / 4) * C::QTILE);
     uint64_t *bar_empty = bar_full + STAGES;
+    uint64_t *bar_full_v = bar_empty + STAGES;
+    uint64_t *bar_empty_v = bar_full_v + STAGES;
 
     /* Heaviest first: the last backend tile's blocks come first. */
     int bid = blockIdx.x;
@@ -295,6 +300,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             for (int st = 0; st < STAGES; st++) {
                 mbar_init(&bar_full[st], 1);
                 mbar_init(&bar_empty[st], 2);
+                mbar_init(&bar_full_v[st], 1);
+                mbar_init(&bar_empty_v[st], 2);
             }
             mbar_init_fence();
         }
@@ -311,12 +318,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
              * the warpgroup's other warps (128-key tiles) idle. */
             if (warp == NW && lane == 0) {
                 const int rows = min(bs, BK);
-                for (int kt = 0; kt < n_kt; kt++) {
-                    const int st = kt % STAGES;
-                    if (kt >= STAGES)
-                        mbar_wait(&bar_empty[st],
-                                  (uint32_t)((kt / STAGES - 1) & 1));
-                    mbar_expect(&bar_full[st], 2 * TILE * 2);
+                /* K (OV: K alone) or V of tile kt into stage st */
+                auto load = [&](int kt, int st, bool k, uint64_t *full) {
                     for (int pg = 0; pg < BK / rows; pg++) {
                         const int key0 = kt * BK + pg * rows;
                         int slot0 = (int)a.kv_slots;
@@ -328,13 +331,27 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
                         for (int h2 = 0; h2 < HD / 64; h2++) {
                             const int off = h2 * BK * 64 + pg * rows * 64;
-                            wg_tma_load_3d(sk + st * TILE + off, &maps.k,
-                                           h2 * 64, kvh, slot0,
-                                           &bar_full[st]);
-                            wg_tma_load_3d(sv + st * TILE + off, &maps.v,
-                                           h2 * 64, kvh, slot0,
-                                           &bar_full[st]);
+                            wg_tma_load_3d((k ? sk : sv) + st * TILE + off,
+                                           k ? &maps.k : &maps.v, h2 * 64,
+                                           kvh, slot0, full);
+                            if (!OV)
+                                wg_tma_load_3d(sv + st * TILE + off, &maps.v,
+                                               h2 * 64, kvh, slot0, full);
                         }
+                    }
+                };
+                for (int kt = 0; kt < n_kt; kt++) {
+                    const int st = kt % STAGES;
+                    const uint32_t par = (uint32_t)((kt / STAGES - 1) & 1);
+                    if (kt >= STAGES)
+                        mbar_wait(&bar_empty[st], par);
+                    mbar_expect(&bar_full[st], (OV ? 1 : 2) * TILE * 2);
+                    load(kt, st, true, &bar_full[st]);
+                    if (OV) {
+                        if (kt >= STAGES)
+                            mbar_wait(&bar_empty_v[st], par);
+                        mbar_expect(&bar_full_v[st], TILE * 2);
+                        load(kt, st, false, &bar_full_v[st]);
                     }
                 }
             }
@@ -413,6 +430,88 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     const float sl2 = a.scale * 1.4426950408889634f;
     const int sw = lane & 7; /* row & 7 of every ldmatrix row address */
 
+    /* One key tile's scores s (this lane's rows of keys kb0 ..): masked
+     * in place, the running maxima m and sums l moved on, the correction
+     * of the earlier O in c0 / c1, the exponent bases in b0 / b1. */
+    float b0 = 0.0f, b1 = 0.0f;
+    auto softmax_tile = [&](int kb0, float (&s)[KB][4], float &c0,
+                            float &c1) {
+        /* Masks only where some key may be hidden; raw scores stay
+         * unscaled (the scale goes into the exponent's FFMA). */
+        const bool full = kb0 + BK <= ctx ||
+                          (mask == NULL && kb0 + BK - 1 <= warp_full);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < KB; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float v0 = s[nt][j], v1 = s[nt][2 + j];
+                if (!full) {
+                    const int key = kb0 + nt * 8 + 2 * tq + j;
+                    bool vis0 = ok0 && key < kv_end;
+                    bool vis1 = ok1 && key < kv_end;
+                    if (key >= ctx) {
+                        if (mask) {
+                            vis0 = vis0 &&
+                                   mask[(size_t)qi0 * n_tok + key - ctx];
+                            vis1 = vis1 &&
+                                   mask[(size_t)qi1 * n_tok + key - ctx];
+                        } else {
+                            vis0 = vis0 && key - ctx <= qi0;
+                            vis1 = vis1 && key - ctx <= qi1;
+                        }
+                    }
+                    if (!vis0)
+                        v0 = -INFINITY;
+                    if (!vis1)
+                        v1 = -INFINITY;
+                }
+                s[nt][j] = v0;
+                s[nt][2 + j] = v1;
+                mx0 = fmaxf(mx0, v0);
+                mx1 = fmaxf(mx1, v1);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        /* Running maxima in base-2 units (sl2 > 0: max commutes). */
+        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+        /* A row with nothing visible yet keeps m = -inf: subtract 0. */
+        b0 = mn0 == -INFINITY ? 0.0f : mn0;
+        b1 = mn1 == -INFINITY ? 0.0f : mn1;
+        c0 = f2_ex2(m0 - b0);
+        c1 = f2_ex2(m1 - b1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= c0;
+        l1 *= c1;
+    };
+
+    /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
+     * the A fragment layout equals the C layout of two 8-key tiles);
+     * l sums what P V really multiplies (bf16 p). */
+    auto make_p = [&](const float (&s)[KB][4], int kk,
+                      uint32_t (&pa)[4]) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int nt = 2 * kk + hh;
+            pa[2 * hh] = tc_pack(f2_ex2(fmaf(s[nt][0], sl2, -b0)),
+                                 f2_ex2(fmaf(s[nt][1], sl2, -b0)));
+            pa[2 * hh + 1] =
+                tc_pack(f2_ex2(fmaf(s[nt][2], sl2, -b1)),
+                        f2_ex2(fmaf(s[nt][3], sl2, -b1)));
+            const __nv_bfloat162 q01 =
+                *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
+            const __nv_bfloat162 q23 =
+                *reinterpret_cast<const __nv_bfloat162 *>(
+                    &pa[2 * hh + 1]);
+            l0 += __low2float(q01) + __high2float(q01);
+            l1 += __low2float(q23) + __high2float(q23);
+        }
+    };
+
     /* PP (FlashAttention-3's ping-pong): no block barrier in the loop.
      * The warpgroups take turns issuing S on the tensor cores (named
      * barrier 1 + wg is warpgroup wg's turn, given by the other after
@@ -427,7 +526,103 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         if (wg == 1)
             bar_arrive_n(1, 256); /* warpgroup 0 goes first */
     }
-    for (int kt = 0; kt < n_kt; kt++) {
+    if constexpr (OV) {
+        /* FlashAttention-3's overlap inside a warpgroup on top of the
+         * ping-pong: a turn issues tile kt's S and tile kt-1's P V
+         * together, and kt's softmax runs under that P V (and the other
+         * warpgroup's turn).  P of the pending tile waits in pa, its O
+         * correction in cp; K of a stage is released after its S, V
+         * after its P V (the producer refills them separately).  The
+         * turns: n_kt + 1 a warpgroup, the last one the last P V. */
+        const unsigned qs =
+            (unsigned)__cvta_generic_to_shared(sq + wg * C::QTILE);
+        uint32_t pa[BK / 16][4];
+        float cp0 = 1.0f, cp1 = 1.0f;
+        int pend = -1; /* stage of the pending P V, -1: none */
+        for (int kt = 0; kt <= n_kt; kt++) {
+            const int st = kt % STAGES;
+            const uint32_t par = (uint32_t)((kt / STAGES) & 1);
+            const int kb0 = kt * BK;
+            const bool live = kt < n_kt && kb0 <= wg_last;
+            /* K may not be released before it landed (the producer
+             * would overwrite a stage the other warpgroup reads) */
+            if (kt < n_kt)
+                mbar_wait(&bar_full[st], par);
+            if (pend >= 0)
+                mbar_wait(&bar_full_v[pend],
+                          (uint32_t)(((kt - 1) / STAGES) & 1));
+            float s[KB][4];
+#pragma unroll
+            for (int nt = 0; nt < KB; nt++)
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
+            if (live) {
+                const unsigned ks0 =
+                    (unsigned)__cvta_generic_to_shared(sk + st * TILE);
+                wg_fence_acc<KB>(s);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++) {
+                    const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
+                    wg_mma<KB>::run(
+                        s, wg_desc(qs + sl * 64 * 64 * 2 + 32 * kin),
+                        wg_desc(ks0 + sl * BK * 64 * 2 + 32 * kin));
+                }
+                wg_commit();
+            }
+            if (pend >= 0) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    o[nt][0] *= cp0;
+                    o[nt][1] *= cp0;
+                    o[nt][2] *= cp1;
+                    o[nt][3] *= cp1;
+                }
+                const unsigned vs0 =
+                    (unsigned)__cvta_generic_to_shared(sv + pend * TILE);
+                wg_fence_acc<NT>(o);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++)
+                    wg_mma_rs<NT>::run(o, pa[kk],
+                                       wg_desc_mn(vs0 + kk * 16 * 128,
+                                                  BK * 64 * 2, 1024));
+                wg_commit();
+            }
+            bar_arrive_n(2 - wg, 256); /* the other's turn */
+            float c0 = 1.0f, c1 = 1.0f;
+            if (live) {
+                if (pend >= 0)
+                    wg_wait<1>(); /* S landed, P V may still run */
+                else
+                    wg_wait<0>();
+                wg_fence_acc<KB>(s);
+                if ((threadIdx.x & 127) == 0)
+                    mbar_arrive(&bar_empty[st]); /* K of tile kt read */
+                softmax_tile(kb0, s, c0, c1);
+            } else if (kt < n_kt && (threadIdx.x & 127) == 0) {
+                mbar_arrive(&bar_empty[st]); /* past this warpgroup's */
+                mbar_arrive(&bar_empty_v[st]); /* keys: released */
+            }
+            if (pend >= 0) {
+                wg_wait<0>();
+                wg_fence_acc<NT>(o);
+                if ((threadIdx.x & 127) == 0)
+                    mbar_arrive(&bar_empty_v[pend]); /* its V read */
+                pend = -1;
+            }
+            if (live) {
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++)
+                    make_p(s, kk, pa[kk]);
+                cp0 = c0;
+                cp1 = c1;
+                pend = st;
+            }
+        }
+    }
+    /* (OV ran its own loop above) */
+    for (int kt = 0; kt < (OV ? 0 : n_kt); kt++) {
         if constexpr (PP) {
             /* TMA writes through the async proxy, as wgmma reads */
             mbar_wait(&bar_full[kt % STAGES], (uint32_t)((kt / STAGES) & 1));
@@ -506,56 +701,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
         }
 
-        /* Masks only where some key may be hidden; raw scores stay
-         * unscaled (the scale goes into the exponent's FFMA). */
-        const bool full = kb0 + BK <= ctx ||
-                          (mask == NULL && kb0 + BK - 1 <= warp_full);
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < KB; nt++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                float v0 = s[nt][j], v1 = s[nt][2 + j];
-                if (!full) {
-                    const int key = kb0 + nt * 8 + 2 * tq + j;
-                    bool vis0 = ok0 && key < kv_end;
-                    bool vis1 = ok1 && key < kv_end;
-                    if (key >= ctx) {
-                        if (mask) {
-                            vis0 = vis0 &&
-                                   mask[(size_t)qi0 * n_tok + key - ctx];
-                            vis1 = vis1 &&
-                                   mask[(size_t)qi1 * n_tok + key - ctx];
-                        } else {
-                            vis0 = vis0 && key - ctx <= qi0;
-                            vis1 = vis1 && key - ctx <= qi1;
-                        }
-                    }
-                    if (!vis0)
-                        v0 = -INFINITY;
-                    if (!vis1)
-                        v1 = -INFINITY;
-                }
-                s[nt][j] = v0;
-                s[nt][2 + j] = v1;
-                mx0 = fmaxf(mx0, v0);
-                mx1 = fmaxf(mx1, v1);
-            }
-#pragma unroll
-        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-        }
-        /* Running maxima in base-2 units (sl2 > 0: max commutes). */
-        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
-        /* A row with nothing visible yet keeps m = -inf: subtract 0. */
-        const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
-        const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
-        const float c0 = f2_ex2(m0 - b0), c1 = f2_ex2(m1 - b1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= c0;
-        l1 *= c1;
+        float c0, c1;
+        softmax_tile(kb0, s, c0, c1);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             o[nt][0] *= c0;
@@ -564,27 +711,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             o[nt][3] *= c1;
         }
 
-        /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
-         * the A fragment layout equals the C layout of two 8-key tiles);
-         * l sums what P V really multiplies (bf16 p). */
-        auto make_p = [&](int kk, uint32_t (&pa)[4]) {
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int nt = 2 * kk + hh;
-                pa[2 * hh] = tc_pack(f2_ex2(fmaf(s[nt][0], sl2, -b0)),
-                                     f2_ex2(fmaf(s[nt][1], sl2, -b0)));
-                pa[2 * hh + 1] =
-                    tc_pack(f2_ex2(fmaf(s[nt][2], sl2, -b1)),
-                            f2_ex2(fmaf(s[nt][3], sl2, -b1)));
-                const __nv_bfloat162 q01 =
-                    *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
-                const __nv_bfloat162 q23 =
-                    *reinterpret_cast<const __nv_bfloat162 *>(
-                        &pa[2 * hh + 1]);
-                l0 += __low2float(q01) + __high2float(q01);
-                l1 += __low2float(q23) + __high2float(q23);
-            }
-        };
+        /* O += P V, 16 keys at a time (make_p). */
         if constexpr (WV) {
             /* wgmma m64n(HD)k16 per 16 keys: A = P from registers, B = the
              * V slabs N-major (16 key rows from row 16 kk, 128 bytes
@@ -592,7 +719,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             uint32_t pa[BK / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                make_p(kk, pa[kk]);
+                make_p(s, kk, pa[kk]);
             const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
             wg_fence_acc<NT>(o);
             wg_fence();
@@ -612,7 +739,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
             for (int kk = 0; kk < F2_BK / 16; kk++) {
                 uint32_t pa[4];
-                make_p(kk, pa);
+                make_p(s, kk, pa);
                 uint32_t b[HD / 16][4];
                 const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + sw;
 #pragma unroll
@@ -683,7 +810,8 @@ static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
 }
 
 /* maps: PP's (f2_pp_maps), unused by the others. */
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
+          bool OV = false>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, const f2_maps &maps,
                              cudaStream_t stream)
@@ -697,11 +825,11 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
     err = cudaFuncSetAttribute(
-        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>,
+        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>
         <<<(unsigned)blocks, f2_threads<NW, PP, BK>(), bytes, stream>>>(
             *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
@@ -737,9 +865,17 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    /* wgmma 4 (fa2pp128): the ping-pong on 128-key tiles; wgmma 3
-     * (fa2pp): on 64-key tiles.  The ping-pong needs two warpgroups a
-     * block and its tensor maps; without them it runs as fa2wqv */
+    /* wgmma 5 (fa3): the ping-pong on 128-key tiles with the overlap
+     * inside each warpgroup; 4 (fa2pp128): without it; 3 (fa2pp): on
+     * 64-key tiles.  The ping-pong needs two warpgroups a block and its
+     * tensor maps; without them it runs as fa2wqv */
+    if (wgmma >= 5 && n_warps == 8 && cuda_wgmma_available() &&
+        f2_pp_maps(args, 128, &maps))
+        return args->head_dim == 64
+                   ? f2_launch<64, 8, true, true, true, 128, true>(
+                         args, d_tiles, n_tiles, maps, stream)
+                   : f2_launch<128, 8, true, true, true, 128, true>(
+                         args, d_tiles, n_tiles, maps, stream);
     if (wgmma >= 4 && n_warps == 8 && cuda_wgmma_available() &&
         f2_pp_maps(args, 128, &maps))
         return args->head_dim == 64
