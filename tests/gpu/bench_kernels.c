@@ -329,11 +329,11 @@ static void bench_attn(void)
         a.d_ctx_len = a.d_bt_off + P;
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
-        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2pp),
-         * then the previous one (BT_PREFILL_KERNEL=fa2wqv) and the
-         * candidates on 128-key tiles (fa2pp128, fa3) as more rows. */
-        static const char *const alt[] = {NULL, "fa2wqv", "fa2pp128", "fa3"};
-        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 4;
+        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2pp128
+         * at head 128), then the previous ones (fa2pp, fa2wqv) as more
+         * rows. */
+        static const char *const alt[] = {NULL, "fa2pp", "fa2wqv"};
+        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 3;
         for (int var = 0; var < n_var; var++) {
         if (var > 0)
             setenv("BT_PREFILL_KERNEL", alt[var], 1);

@@ -460,18 +460,20 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * attn_prefill_fa2.cu on mma.sync only
  * (=fa2w4, =fa2w8 force the warp count), =fa2wq that kernel with
  * S = Q K^T on wgmma (sm_90a; H200 2026-12-01: 183.7 vs 182.7 us per
- * layer at 2048 tokens); =fa2wqv with P V on wgmma too; unset or =fa2pp
- * that with FlashAttention-3's ping-pong of the block's two warpgroups
- * and a TMA producer warp (the default since round 11; as fa2wqv where
- * a block has one warpgroup or the caches cannot be mapped, as fa2
- * without sm_90a wgmma).
+ * layer at 2048 tokens); =fa2wqv with P V on wgmma too; =fa2pp that
+ * with FlashAttention-3's ping-pong of the block's two warpgroups and a
+ * TMA producer warp (the default of rounds 11-24); =fa2pp128 that on
+ * 128-key tiles; unset: fa2pp128 at head 128, fa2pp at head 64 (as
+ * fa2wqv where a block has one warpgroup or the caches cannot be
+ * mapped, as fa2 without sm_90a wgmma).
  * Read at every launch, so tests can switch. */
 typedef struct {
     const char *name;
     int family; /* 0: the shared-memory kernel, 1: WMMA, 2: fa2 */
     int warps;  /* fa2: warps per block, 0: chosen by the GQA group */
     int wgmma;  /* fa2: 1 S on wgmma, 2 P V too, 3 the ping-pong, 4 the
-                   ping-pong on 128-key tiles, 5 that with the overlap */
+                   ping-pong on 128-key tiles, -1 4 at head 128 and 3
+                   at head 64 */
 } prefill_kind_t;
 
 static const prefill_kind_t prefill_kinds[] = {
@@ -482,22 +484,26 @@ static const prefill_kind_t prefill_kinds[] = {
     {"fa2w8", 2, 8, 0},
     {"fa2wq", 2, 0, 1},
     {"fa2wqv", 2, 0, 2},
-    /* fa2pp on 128-key tiles (m64n128 S, half the per-key softmax
-     * bookkeeping, 3 stages) */
-    {"fa2pp128", 2, 0, 4},
-    /* fa2pp128 with FlashAttention-3's overlap inside each warpgroup
-     * (tile kt's softmax under tile kt-1's P V) */
-    {"fa3", 2, 0, 5},
-    /* Default (and =fa2pp): attn_prefill_fa2.cu with S and P V on
-     * wgmma, the warpgroups in ping-pong, K/V by a TMA producer warp;
-     * warps per block chosen by the GQA group; at head sizes it does not
-     * take (16, 32), the WMMA kernel, and the shared-memory one at 256.
-     * H200, 2026-12-01, Llama-3-8B shape, attention per layer: 2048
-     * tokens 122.9 us (fa2wqv 162.5, fa2 183.8, the mma.sync kernel of
-     * rounds 2-3, removed in round 15, 271), 8192 tokens 1616 us (fa2wqv
-     * 2112, fa2 2496); whole 2048-token prefill 48.19 / 48.25 ms against
-     * fa2wqv's 49.00 / 49.39 in the same call. */
+    /* attn_prefill_fa2.cu with S and P V on wgmma, the warpgroups in
+     * ping-pong, K/V by a TMA producer warp; warps per block chosen by
+     * the GQA group.  H200, 2026-12-01, Llama-3-8B shape, attention per
+     * layer: 2048 tokens 122.9 us (fa2wqv 162.5, fa2 183.8, the
+     * mma.sync kernel of rounds 2-3, removed in round 15, 271), 8192
+     * tokens 1616 us (fa2wqv 2112, fa2 2496); whole 2048-token prefill
+     * 48.19 / 48.25 ms against fa2wqv's 49.00 / 49.39 in the same
+     * call. */
     {"fa2pp", 2, 0, 3},
+    /* fa2pp on 128-key tiles (m64n128 S, half the per-key softmax
+     * bookkeeping; 3 stages at head 128, the producer a warpgroup that
+     * gives the consumers its registers).  H200, 2026-12-03 (round 25),
+     * per layer against fa2pp: 2048 tokens 130.8 / 131.7 vs 133.6 /
+     * 130.5 us, 8192 tokens 1545 / 1552 vs 1737 / 1670 us; prefill 8192
+     * -2 to -3.5%, 2048 -0.1 to -0.5 ms. */
+    {"fa2pp128", 2, 0, 4},
+    /* Default (unset): fa2pp128 at head 128, fa2pp at head 64 (128-key
+     * tiles there not yet measured); at head sizes fa2 does not take
+     * (16, 32), the WMMA kernel, and the shared-memory one at 256. */
+    {"default", 2, 0, -1},
 };
 
 static const prefill_kind_t *attn_prefill_kind(void)
@@ -557,8 +563,11 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
     if (kind->family == 2 && cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
+        const int wgmma = kind->wgmma >= 0        ? kind->wgmma
+                          : args->head_dim == 128 ? 4
+                                                  : 3;
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, kind->warps,
-                                    kind->wgmma, stream);
+                                    wgmma, stream);
         if (err != cudaSuccess)
             return BT_CUDA_STATUS(err);
         return BT_CUDA_LAUNCH_STATUS();
