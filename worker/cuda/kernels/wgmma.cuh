@@ -72,8 +72,8 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
 /* mbarriers (sm_90; CTA scope).  mbar_wait: until the phase of parity
  * `parity` has completed (a fresh barrier counts the phase before it,
  * parity 1, as completed); a wait of more than ~2^34 cycles (seconds)
- * traps, so a pipeline bug becomes a launch error instead of a hung
- * GPU. */
+ * aborts (wg_abort), so a pipeline bug becomes a launch error instead of
+ * a hung GPU. */
 static __device__ __forceinline__ uint32_t mbar_smem(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -114,6 +114,17 @@ static __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
 #endif
 }
 
+/* Ends a wait that can never finish with an error the host sees (an
+ * illegal address), then exits the thread.  Not __trap(): ptxas ignores
+ * every setmaxnreg.inc of a kernel whose code can reach a trap, so a
+ * consumer warpgroup keeps the launch's register budget (168 at 384
+ * threads) and spills (round 25: the prefill attention's overlap). */
+static __device__ __forceinline__ void wg_abort(void)
+{
+    *(volatile int *)(uintptr_t)16 = 1;
+    asm volatile("exit;");
+}
+
 static __device__ __forceinline__ void mbar_wait(uint64_t *bar,
                                                  uint32_t parity)
 {
@@ -134,7 +145,7 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *bar,
             if (t0 == 0)
                 t0 = t;
             else if (t - t0 > (1LL << 34))
-                __trap();
+                wg_abort();
         }
     }
 #endif
