@@ -330,10 +330,10 @@ static void bench_attn(void)
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
         /* With BT_PREFILL_KERNEL unset: the default kernel (fa2pp128
-         * at head 128), then the previous ones (fa2pp, fa2wqv) and the
-         * candidate fa3 as more rows. */
-        static const char *const alt[] = {NULL, "fa2pp", "fa2wqv", "fa3"};
-        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 4;
+         * at head 128), then the previous ones (fa2pp, fa2wqv) as more
+         * rows. */
+        static const char *const alt[] = {NULL, "fa2pp", "fa2wqv"};
+        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 3;
         for (int var = 0; var < n_var; var++) {
         if (var > 0)
             setenv("BT_PREFILL_KERNEL", alt[var], 1);

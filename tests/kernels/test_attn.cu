@@ -12,7 +12,7 @@
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (wmma, fa2,
  *     fa2w4, fa2w8, fa2wq, fa2wqv, fa2pp, fa2pp128 = the default at
- *     head 128, fa3),
+ *     head 128),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -298,16 +298,16 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
      * S = Q K^T on wgmma (fa2wq), with P V on wgmma too (fa2wqv), and
      * with the two warpgroups in ping-pong fed by a TMA producer warp
      * (fa2pp), and that on 128-key tiles (fa2pp128, the default at head
-     * 128), with FlashAttention-3's overlap inside each warpgroup (fa3);
+     * 128);
      * other head sizes: the default, unset) */
     static const char *const pnames[] = {"wmma",  "fa2",    "fa2w4",
                                          "fa2w8", "fa2wq",  "fa2wqv",
-                                         "fa2pp", "fa2pp128", "fa3"};
+                                         "fa2pp", "fa2pp128"};
     const bool two = c->hd == 64 || c->hd == 128;
     /* KT_ATTN_FA2=0: without the fa2 passes (round 5 re-ran
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
-    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 9;
+    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 8;
     for (int pass = 0; pass < n_pass &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
@@ -519,11 +519,11 @@ static void bench(void)
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
         /* fa2pp, fa2pp128 (the default), then the alternatives */
-        static const char *const bnames[] = {"fa2pp", "fa2pp128", "fa3",
-                                             "wmma",  "fa2",      "fa2w4",
-                                             "fa2wq", "fa2wqv"};
+        static const char *const bnames[] = {"fa2pp", "fa2pp128", "wmma",
+                                             "fa2",   "fa2w4",    "fa2wq",
+                                             "fa2wqv"};
         const char *f2env = getenv("KT_ATTN_FA2");
-        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 4 : 8;
+        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 3 : 7;
         for (int pass = 0; pass < n_pass; pass++) {
         float ms[10];
         if (pass > 0)

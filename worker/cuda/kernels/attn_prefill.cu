@@ -472,8 +472,8 @@ typedef struct {
     int family; /* 0: the shared-memory kernel, 1: WMMA, 2: fa2 */
     int warps;  /* fa2: warps per block, 0: chosen by the GQA group */
     int wgmma;  /* fa2: 1 S on wgmma, 2 P V too, 3 the ping-pong, 4 the
-                   ping-pong on 128-key tiles, 5 that with the overlap,
-                   -1 4 at head 128 and 3 at head 64 */
+                   ping-pong on 128-key tiles, -1 4 at head 128 and 3
+                   at head 64 */
 } prefill_kind_t;
 
 static const prefill_kind_t prefill_kinds[] = {
@@ -500,9 +500,6 @@ static const prefill_kind_t prefill_kinds[] = {
      * 130.5 us, 8192 tokens 1545 / 1552 vs 1737 / 1670 us; prefill 8192
      * -2 to -3.5%, 2048 -0.1 to -0.5 ms. */
     {"fa2pp128", 2, 0, 4},
-    /* fa2pp128 with FlashAttention-3's overlap inside each warpgroup
-     * (tile kt's softmax under tile kt-1's P V) */
-    {"fa3", 2, 0, 5},
     /* Default (unset): fa2pp128 at head 128, fa2pp at head 64 (128-key
      * tiles there not yet measured); at head sizes fa2 does not take
      * (16, 32), the WMMA kernel, and the shared-memory one at 256. */

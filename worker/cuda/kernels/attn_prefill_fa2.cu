@@ -3,8 +3,8 @@
  * head 64/128) over the paged KV cache, the default prefill kernel: as
  * fa2pp128 below on sm_90a at head 128, fa2pp at head 64 (fa2wqv where
  * they do not apply), as fa2 elsewhere (BT_PREFILL_KERNEL=fa2 / fa2w4 /
- * fa2w8 / fa2wq / fa2wqv / fa2pp / fa2pp128 / fa3 pick a variant, the
- * other names the kernels of attn_prefill.cu).
+ * fa2w8 / fa2wq / fa2wqv / fa2pp / fa2pp128 pick a variant, the other
+ * names the kernels of attn_prefill.cu).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -76,22 +76,19 @@
  * fa2pp128 (BK = 128, the default at head 128): fa2pp on 128-key tiles,
  * m64n128 S, so the per-tile work (the row maxima's shuffles, the O
  * rescale, the barriers and waits) is paid once per 128 keys; 3 stages
- * at head 128 (64 KB each; 5 at head 64).  The producer is a whole
- * warpgroup that gives its registers to the consumers (setmaxnreg: 24 /
- * 240; 9 warps would allow 168 a thread, ceil(9 / 4) warps sharing a
- * scheduler's 16 K).  Round 25: 130.8 / 131.7 us a layer at 2048 tokens
- * (fa2pp 133.6 / 130.5), 1545 / 1552 at 8192 (1737 / 1670).  Blocks of
- * 8..128 slots dividing 128 or multiples of 128; else fa2pp.  test_attn
- * pass "fa2pp128".
- *
- * fa3 (OV): fa2pp128 with FlashAttention-3's overlap inside each
- * warpgroup: a turn issues tile kt's S together with tile kt-1's P V,
- * so kt's softmax runs under that P V; S 64 + O 64 + P 32 accumulator
- * registers live at once (217 a thread in all), which is why the
- * consumers need setmaxnreg's 240 -- and ptxas honours it only when no
- * code of the kernel can reach a trap (wg_abort in wgmma.cuh).  No wgmma
- * or wait of the loop sits on a branch: ptxas serializes every wgmma of
- * a kernel with one (C7514 / C7518).  test_attn pass "fa3".
+ * at head 128 (64 KB each; 5 at head 64).  Its accumulators (S 64 + O 64
+ * + P 32 registers a thread) do not fit the 168 registers that 9 warps
+ * allow (ceil(9 / 4) warps share a scheduler's 16 K), so the producer
+ * is a whole warpgroup that gives its registers to the consumers
+ * (setmaxnreg: 24 / 240) before they start.  Round 25: 128.8 - 131.7
+ * us a layer at 2048 tokens (fa2pp 129.8 - 133.8), 1508 - 1552 at 8192
+ * (1663 - 1737).  FlashAttention-3's overlap inside a warpgroup on top
+ * (a turn issues tile kt's S with tile kt-1's P V, kt's softmax under
+ * that P V) was built and lost twice: spilling (1a98376, 172.6 us at
+ * 2048), then without the spill (92e3421: every wgmma and wait off the
+ * branches, no trap in the kernel, 217 registers) still 152.5 us at
+ * 2048 and 1932 at 8192.  Blocks of 8..128 slots dividing 128 or
+ * multiples of 128; else fa2pp.  test_attn pass "fa2pp128".
  *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
@@ -136,7 +133,7 @@ template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
     static constexpr size_t BYTES =
         (size_t)STAGES * 2 * TILE * 2 +
         (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0) +
-        (PP ? (size_t)4 * STAGES * sizeof(uint64_t) : 0);
+        (PP ? (size_t)2 * STAGES * sizeof(uint64_t) : 0);
     static_assert(THREADS % CH == 0, "thread count");
     static_assert(PP || (BK == F2_BK && RPT * THREADS == F2_BK * CH),
                   "tile split");
@@ -193,8 +190,7 @@ struct f2_maps {
     CUtensorMap k, v;
 };
 
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
-          bool OV = false>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
 static __global__ void __launch_bounds__(f2_threads<NW, PP, BK>(), 1)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts, const __grid_constant__ f2_maps maps)
@@ -202,7 +198,6 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
     static_assert(PP || BK == F2_BK, "128-key tiles: the ping-pong only");
-    static_assert(!OV || (PP && BK == 128), "overlap: 128-key ping-pong");
     typedef f2_cfg<HD, NW, WQ, PP, BK> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
@@ -220,13 +215,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                                         slabs as K's) */
     bf16_t *sq = sv + STAGES * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
     /* PP: per stage, "full" (the producer's copies landed) and "empty"
-     * (both warpgroups' wgmmas on it done); OV: those for K, and the
-     * same pair for V (a tile's K is released after S, its V after P V) */
+     * (both warpgroups' wgmmas on it done) */
     uint64_t *bar_full =
         reinterpret_cast<uint64_t *>(sq + (NW / 4) * C::QTILE);
     uint64_t *bar_empty = bar_full + STAGES;
-    uint64_t *bar_full_v = bar_empty + STAGES;
-    uint64_t *bar_empty_v = bar_full_v + STAGES;
 
     /* Heaviest first: the last backend tile's blocks come first. */
     int bid = blockIdx.x;
@@ -320,8 +312,6 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             for (int st = 0; st < STAGES; st++) {
                 mbar_init(&bar_full[st], 1);
                 mbar_init(&bar_empty[st], 2);
-                mbar_init(&bar_full_v[st], 1);
-                mbar_init(&bar_empty_v[st], 2);
             }
             mbar_init_fence();
         }
@@ -338,8 +328,12 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
              * the warpgroup's other warps (128-key tiles) idle. */
             if (warp == NW && lane == 0) {
                 const int rows = min(bs, BK);
-                /* K (OV: K alone) or V of tile kt into stage st */
-                auto load = [&](int kt, int st, bool k, uint64_t *full) {
+                for (int kt = 0; kt < n_kt; kt++) {
+                    const int st = kt % STAGES;
+                    if (kt >= STAGES)
+                        mbar_wait(&bar_empty[st],
+                                  (uint32_t)((kt / STAGES - 1) & 1));
+                    mbar_expect(&bar_full[st], 2 * TILE * 2);
                     for (int pg = 0; pg < BK / rows; pg++) {
                         const int key0 = kt * BK + pg * rows;
                         int slot0 = (int)a.kv_slots;
@@ -351,27 +345,13 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
                         for (int h2 = 0; h2 < HD / 64; h2++) {
                             const int off = h2 * BK * 64 + pg * rows * 64;
-                            wg_tma_load_3d((k ? sk : sv) + st * TILE + off,
-                                           k ? &maps.k : &maps.v, h2 * 64,
-                                           kvh, slot0, full);
-                            if (!OV)
-                                wg_tma_load_3d(sv + st * TILE + off, &maps.v,
-                                               h2 * 64, kvh, slot0, full);
+                            wg_tma_load_3d(sk + st * TILE + off, &maps.k,
+                                           h2 * 64, kvh, slot0,
+                                           &bar_full[st]);
+                            wg_tma_load_3d(sv + st * TILE + off, &maps.v,
+                                           h2 * 64, kvh, slot0,
+                                           &bar_full[st]);
                         }
-                    }
-                };
-                for (int kt = 0; kt < n_kt; kt++) {
-                    const int st = kt % STAGES;
-                    const uint32_t par = (uint32_t)((kt / STAGES - 1) & 1);
-                    if (kt >= STAGES)
-                        mbar_wait(&bar_empty[st], par);
-                    mbar_expect(&bar_full[st], (OV ? 1 : 2) * TILE * 2);
-                    load(kt, st, true, &bar_full[st]);
-                    if (OV) {
-                        if (kt >= STAGES)
-                            mbar_wait(&bar_empty_v[st], par);
-                        mbar_expect(&bar_full_v[st], TILE * 2);
-                        load(kt, st, false, &bar_full_v[st]);
                     }
                 }
             }
@@ -450,88 +430,6 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     const float sl2 = a.scale * 1.4426950408889634f;
     const int sw = lane & 7; /* row & 7 of every ldmatrix row address */
 
-    /* One key tile's scores s (this lane's rows of keys kb0 ..): masked
-     * in place, the running maxima m and sums l moved on, the correction
-     * of the earlier O in c0 / c1, the exponent bases in b0 / b1. */
-    float b0 = 0.0f, b1 = 0.0f;
-    auto softmax_tile = [&](int kb0, float (&s)[KB][4], float &c0,
-                            float &c1) {
-        /* Masks only where some key may be hidden; raw scores stay
-         * unscaled (the scale goes into the exponent's FFMA). */
-        const bool full = kb0 + BK <= ctx ||
-                          (mask == NULL && kb0 + BK - 1 <= warp_full);
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < KB; nt++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                float v0 = s[nt][j], v1 = s[nt][2 + j];
-                if (!full) {
-                    const int key = kb0 + nt * 8 + 2 * tq + j;
-                    bool vis0 = ok0 && key < kv_end;
-                    bool vis1 = ok1 && key < kv_end;
-                    if (key >= ctx) {
-                        if (mask) {
-                            vis0 = vis0 &&
-                                   mask[(size_t)qi0 * n_tok + key - ctx];
-                            vis1 = vis1 &&
-                                   mask[(size_t)qi1 * n_tok + key - ctx];
-                        } else {
-                            vis0 = vis0 && key - ctx <= qi0;
-                            vis1 = vis1 && key - ctx <= qi1;
-                        }
-                    }
-                    if (!vis0)
-                        v0 = -INFINITY;
-                    if (!vis1)
-                        v1 = -INFINITY;
-                }
-                s[nt][j] = v0;
-                s[nt][2 + j] = v1;
-                mx0 = fmaxf(mx0, v0);
-                mx1 = fmaxf(mx1, v1);
-            }
-#pragma unroll
-        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-        }
-        /* Running maxima in base-2 units (sl2 > 0: max commutes). */
-        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
-        /* A row with nothing visible yet keeps m = -inf: subtract 0. */
-        b0 = mn0 == -INFINITY ? 0.0f : mn0;
-        b1 = mn1 == -INFINITY ? 0.0f : mn1;
-        c0 = f2_ex2(m0 - b0);
-        c1 = f2_ex2(m1 - b1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= c0;
-        l1 *= c1;
-    };
-
-    /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
-     * the A fragment layout equals the C layout of two 8-key tiles);
-     * l sums what P V really multiplies (bf16 p). */
-    auto make_p = [&](const float (&s)[KB][4], int kk,
-                      uint32_t (&pa)[4]) {
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int nt = 2 * kk + hh;
-            pa[2 * hh] = tc_pack(f2_ex2(fmaf(s[nt][0], sl2, -b0)),
-                                 f2_ex2(fmaf(s[nt][1], sl2, -b0)));
-            pa[2 * hh + 1] =
-                tc_pack(f2_ex2(fmaf(s[nt][2], sl2, -b1)),
-                        f2_ex2(fmaf(s[nt][3], sl2, -b1)));
-            const __nv_bfloat162 q01 =
-                *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
-            const __nv_bfloat162 q23 =
-                *reinterpret_cast<const __nv_bfloat162 *>(
-                    &pa[2 * hh + 1]);
-            l0 += __low2float(q01) + __high2float(q01);
-            l1 += __low2float(q23) + __high2float(q23);
-        }
-    };
-
     /* PP (FlashAttention-3's ping-pong): no block barrier in the loop.
      * The warpgroups take turns issuing S on the tensor cores (named
      * barrier 1 + wg is warpgroup wg's turn, given by the other after
@@ -546,111 +444,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         if (wg == 1)
             bar_arrive_n(1, 256); /* warpgroup 0 goes first */
     }
-    if constexpr (OV) {
-        /* FlashAttention-3's overlap inside a warpgroup on top of the
-         * ping-pong: a turn issues tile kt's S and tile kt-1's P V
-         * together, and kt's softmax runs under that P V (and the other
-         * warpgroup's turn).  Both warpgroups walk all n_kt tiles of the
-         * block (a tile past one's causal range is fully masked for
-         * it), so no wgmma or wait sits on a branch: ptxas serializes
-         * every wgmma of a kernel that has one (C7518).  P of the
-         * pending tile waits in pa, its O correction in cp; K of a stage
-         * is released after its S, V after its P V (the producer
-         * refills them separately).  n_kt + 1 turns a warpgroup. */
-        const unsigned qs =
-            (unsigned)__cvta_generic_to_shared(sq + wg * C::QTILE);
-        uint32_t pa[BK / 16][4];
-        float cp0 = 1.0f, cp1 = 1.0f;
-        auto issue_s = [&](int kt, float (&s)[KB][4]) {
-            const unsigned ks0 = (unsigned)__cvta_generic_to_shared(
-                sk + (kt % STAGES) * TILE);
-#pragma unroll
-            for (int nt = 0; nt < KB; nt++)
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            wg_fence_acc<KB>(s);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
-                wg_mma<KB>::run(s, wg_desc(qs + sl * 64 * 64 * 2 + 32 * kin),
-                                wg_desc(ks0 + sl * BK * 64 * 2 + 32 * kin));
-            }
-            wg_commit();
-        };
-        /* O = O cp + P V of tile kt (pa, cp) */
-        auto issue_pv = [&](int kt) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                o[nt][0] *= cp0;
-                o[nt][1] *= cp0;
-                o[nt][2] *= cp1;
-                o[nt][3] *= cp1;
-            }
-            const unsigned vs0 = (unsigned)__cvta_generic_to_shared(
-                sv + (kt % STAGES) * TILE);
-            wg_fence_acc<NT>(o);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                wg_mma_rs<NT>::run(o, pa[kk],
-                                   wg_desc_mn(vs0 + kk * 16 * 128,
-                                              BK * 64 * 2, 1024));
-            wg_commit();
-        };
-        const bool lead = (threadIdx.x & 127) == 0;
-        /* Straight-line turns (a prologue, the loop, an epilogue): a
-         * wait on a branch also serializes (C7514). */
-        float s[KB][4];
-        float c0, c1;
-        mbar_wait(&bar_full[0], 0u);
-        bar_sync_n(1 + wg, 256);
-        issue_s(0, s);
-        bar_arrive_n(2 - wg, 256);
-        wg_wait<0>();
-        wg_fence_acc<KB>(s);
-        if (lead)
-            mbar_arrive(&bar_empty[0]);
-        softmax_tile(0, s, c0, c1);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-            make_p(s, kk, pa[kk]);
-        cp0 = c0;
-        cp1 = c1;
-        for (int kt = 1; kt < n_kt; kt++) {
-            const int st = kt % STAGES, pst = (kt - 1) % STAGES;
-            mbar_wait(&bar_full[st], (uint32_t)((kt / STAGES) & 1));
-            mbar_wait(&bar_full_v[pst], (uint32_t)(((kt - 1) / STAGES) & 1));
-            bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
-            issue_s(kt, s);
-            issue_pv(kt - 1);
-            bar_arrive_n(2 - wg, 256); /* the other's turn */
-            wg_wait<1>(); /* S landed, P V may still run */
-            wg_fence_acc<KB>(s);
-            if (lead)
-                mbar_arrive(&bar_empty[st]); /* K of tile kt read */
-            softmax_tile(kt * BK, s, c0, c1);
-            wg_wait<0>();
-            wg_fence_acc<NT>(o);
-            if (lead)
-                mbar_arrive(&bar_empty_v[pst]); /* V of tile kt-1 read */
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                make_p(s, kk, pa[kk]);
-            cp0 = c0;
-            cp1 = c1;
-        }
-        const int lst = (n_kt - 1) % STAGES;
-        mbar_wait(&bar_full_v[lst], (uint32_t)(((n_kt - 1) / STAGES) & 1));
-        bar_sync_n(1 + wg, 256);
-        issue_pv(n_kt - 1);
-        bar_arrive_n(2 - wg, 256);
-        wg_wait<0>();
-        wg_fence_acc<NT>(o);
-        if (lead)
-            mbar_arrive(&bar_empty_v[lst]);
-    }
-    /* (OV ran its own loop above) */
-    for (int kt = 0; kt < (OV ? 0 : n_kt); kt++) {
+    for (int kt = 0; kt < n_kt; kt++) {
         if constexpr (PP) {
             /* TMA writes through the async proxy, as wgmma reads */
             mbar_wait(&bar_full[kt % STAGES], (uint32_t)((kt / STAGES) & 1));
@@ -729,8 +523,56 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
         }
 
-        float c0, c1;
-        softmax_tile(kb0, s, c0, c1);
+        /* Masks only where some key may be hidden; raw scores stay
+         * unscaled (the scale goes into the exponent's FFMA). */
+        const bool full = kb0 + BK <= ctx ||
+                          (mask == NULL && kb0 + BK - 1 <= warp_full);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < KB; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float v0 = s[nt][j], v1 = s[nt][2 + j];
+                if (!full) {
+                    const int key = kb0 + nt * 8 + 2 * tq + j;
+                    bool vis0 = ok0 && key < kv_end;
+                    bool vis1 = ok1 && key < kv_end;
+                    if (key >= ctx) {
+                        if (mask) {
+                            vis0 = vis0 &&
+                                   mask[(size_t)qi0 * n_tok + key - ctx];
+                            vis1 = vis1 &&
+                                   mask[(size_t)qi1 * n_tok + key - ctx];
+                        } else {
+                            vis0 = vis0 && key - ctx <= qi0;
+                            vis1 = vis1 && key - ctx <= qi1;
+                        }
+                    }
+                    if (!vis0)
+                        v0 = -INFINITY;
+                    if (!vis1)
+                        v1 = -INFINITY;
+                }
+                s[nt][j] = v0;
+                s[nt][2 + j] = v1;
+                mx0 = fmaxf(mx0, v0);
+                mx1 = fmaxf(mx1, v1);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        /* Running maxima in base-2 units (sl2 > 0: max commutes). */
+        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+        /* A row with nothing visible yet keeps m = -inf: subtract 0. */
+        const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
+        const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
+        const float c0 = f2_ex2(m0 - b0), c1 = f2_ex2(m1 - b1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= c0;
+        l1 *= c1;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             o[nt][0] *= c0;
@@ -739,7 +581,27 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             o[nt][3] *= c1;
         }
 
-        /* O += P V, 16 keys at a time (make_p). */
+        /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
+         * the A fragment layout equals the C layout of two 8-key tiles);
+         * l sums what P V really multiplies (bf16 p). */
+        auto make_p = [&](int kk, uint32_t (&pa)[4]) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int nt = 2 * kk + hh;
+                pa[2 * hh] = tc_pack(f2_ex2(fmaf(s[nt][0], sl2, -b0)),
+                                     f2_ex2(fmaf(s[nt][1], sl2, -b0)));
+                pa[2 * hh + 1] =
+                    tc_pack(f2_ex2(fmaf(s[nt][2], sl2, -b1)),
+                            f2_ex2(fmaf(s[nt][3], sl2, -b1)));
+                const __nv_bfloat162 q01 =
+                    *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
+                const __nv_bfloat162 q23 =
+                    *reinterpret_cast<const __nv_bfloat162 *>(
+                        &pa[2 * hh + 1]);
+                l0 += __low2float(q01) + __high2float(q01);
+                l1 += __low2float(q23) + __high2float(q23);
+            }
+        };
         if constexpr (WV) {
             /* wgmma m64n(HD)k16 per 16 keys: A = P from registers, B = the
              * V slabs N-major (16 key rows from row 16 kk, 128 bytes
@@ -747,7 +609,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             uint32_t pa[BK / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                make_p(s, kk, pa[kk]);
+                make_p(kk, pa[kk]);
             const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
             wg_fence_acc<NT>(o);
             wg_fence();
@@ -767,7 +629,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
             for (int kk = 0; kk < F2_BK / 16; kk++) {
                 uint32_t pa[4];
-                make_p(s, kk, pa);
+                make_p(kk, pa);
                 uint32_t b[HD / 16][4];
                 const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + sw;
 #pragma unroll
@@ -838,8 +700,7 @@ static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
 }
 
 /* maps: PP's (f2_pp_maps), unused by the others. */
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
-          bool OV = false>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, const f2_maps &maps,
                              cudaStream_t stream)
@@ -853,11 +714,11 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
     err = cudaFuncSetAttribute(
-        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>,
+        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>
         <<<(unsigned)blocks, f2_threads<NW, PP, BK>(), bytes, stream>>>(
             *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
@@ -893,17 +754,9 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    /* wgmma 5 (fa3): the ping-pong on 128-key tiles with the overlap
-     * inside each warpgroup; 4 (fa2pp128): without it; 3 (fa2pp): on
-     * 64-key tiles.  The ping-pong needs two warpgroups a block and its
-     * tensor maps; without them it runs as fa2wqv */
-    if (wgmma >= 5 && n_warps == 8 && cuda_wgmma_available() &&
-        f2_pp_maps(args, 128, &maps))
-        return args->head_dim == 64
-                   ? f2_launch<64, 8, true, true, true, 128, true>(
-                         args, d_tiles, n_tiles, maps, stream)
-                   : f2_launch<128, 8, true, true, true, 128, true>(
-                         args, d_tiles, n_tiles, maps, stream);
+    /* wgmma 4 (fa2pp128): the ping-pong on 128-key tiles; wgmma 3
+     * (fa2pp): on 64-key tiles.  The ping-pong needs two warpgroups a
+     * block and its tensor maps; without them it runs as fa2wqv */
     if (wgmma >= 4 && n_warps == 8 && cuda_wgmma_available() &&
         f2_pp_maps(args, 128, &maps))
         return args->head_dim == 64
