@@ -488,11 +488,13 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                 bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
             wg_fence_acc<KB>(s);
             wg_fence();
+            const uint64_t dq = wg_desc(qs), dk = wg_desc(ks0);
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) {
                 const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
-                wg_mma<KB>::run(s, wg_desc(qs + sl * 64 * 64 * 2 + 32 * kin),
-                                wg_desc(ks0 + sl * BK * 64 * 2 + 32 * kin));
+                wg_mma<KB>::run(
+                    s, wg_desc_add(dq, sl * 64 * 64 * 2 + 32 * kin),
+                    wg_desc_add(dk, sl * BK * 64 * 2 + 32 * kin));
             }
             wg_commit();
             if (PP)
@@ -613,11 +615,11 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
             wg_fence_acc<NT>(o);
             wg_fence();
+            const uint64_t dv = wg_desc_mn(vs0, BK * 64 * 2, 1024);
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
                 wg_mma_rs<NT>::run(o, pa[kk],
-                                   wg_desc_mn(vs0 + kk * 16 * 128,
-                                              BK * 64 * 2, 1024));
+                                   wg_desc_add(dv, kk * 16 * 128));
             wg_commit();
             wg_wait<0>();
             wg_fence_acc<NT>(o);

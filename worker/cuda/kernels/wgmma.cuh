@@ -327,6 +327,20 @@ static __device__ __forceinline__ uint64_t wg_desc_mn(uint32_t saddr,
            (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
 }
 
+/* Descriptor d (wg_desc / wg_desc_mn) moved `bytes` on in shared
+ * memory (a multiple of 16): only the start-address field, bits 0-13,
+ * changes, and a shared address >> 4 stays below 2^14, so the add never
+ * carries into the other fields.  Built once per tile and advanced per
+ * k step, a descriptor costs one add instead of the ~14 instructions
+ * ptxas emits to rebuild it before every wgmma (round 25). */
+static __device__ __forceinline__ uint64_t wg_desc_add(uint64_t d,
+                                                       uint32_t bytes)
+{
+    const uint32_t lo = (uint32_t)d + (bytes >> 4);
+
+    return (d & 0xFFFFFFFF00000000ull) | lo;
+}
+
 #if WG_ENABLED
 /* One specialisation per NT: the asm text and operand lists differ only
  * in the accumulator count (4 NT registers, then the two descriptors and
