@@ -77,10 +77,10 @@
  * m64n128 S, so the per-tile work (the row maxima's shuffles, the O
  * rescale, the barriers and waits) is paid once per 128 keys; 3 stages
  * at head 128 (64 KB each; 5 at head 64).  Its accumulators (S 64 + O 64
- * + P 32 registers a thread) do not fit the 168 registers that 9 warps
- * allow (ceil(9 / 4) warps share a scheduler's 16 K), so the producer
- * is a whole warpgroup that gives its registers to the consumers
- * (setmaxnreg: 24 / 240) before they start.  Round 25: 128.8 - 131.7
+ * + P 32 registers a thread) barely fit the 168 registers that 9 warps
+ * allow (ceil(9 / 4) warps share a scheduler's 16 K; ptxas spilled), so
+ * the producer is a whole warpgroup that gives its registers to the
+ * consumers (setmaxnreg: 24 / 240) before they start.  Round 25: 128.8 - 131.7
  * us a layer at 2048 tokens (fa2pp 129.8 - 133.8), 1508 - 1552 at 8192
  * (1663 - 1737).  FlashAttention-3's overlap inside a warpgroup on top
  * (a turn issues tile kt's S with tile kt-1's P V, kt's softmax under
@@ -144,7 +144,7 @@ template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
  * 128-key tiles a whole warpgroup, so the consumers can take its
  * registers with setmaxnreg: 9 warps give each at most 168 registers,
  * ceil(9 / 4) warps sharing a scheduler's 16 K; 12 warps 168 at launch,
- * then 232 for the consumers and 40 for the producer). */
+ * then 240 for the consumers and 24 for the producer). */
 template <int NW, bool PP, int BK>
 static constexpr int f2_threads()
 {
