@@ -2,7 +2,8 @@
  * bench_kernels.c - kernel timings behind issue 4's targets, ON THE
  * DEVICE MACHINE (tests/gpu/run_gpu_tc.sh and round scripts run it):
  *
- *   bench_kernels [--gemv] [--attn] [--small] [--dec] [--dec-only B:CTX]
+ *   bench_kernels [--gemv] [--attn] [--attn-hd 64|128] [--small] [--dec]
+ *                 [--dec-only B:CTX]
  *                 [--toks L] [--reps N]
  *   (default: all)
  *
@@ -17,7 +18,8 @@
  * --attn: cuda_attn_prefill on one causal prompt of 512/2048/8192 tokens
  *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
  *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; with BT_PREFILL_KERNEL
- *   unset, the default kernel (fa2) and then the previous one (mma).
+ *   unset, the default kernel (fa2pp128 at head 128), then fa2pp and
+ *   fa2wqv.  --attn-hd 64: the same at head 64 (Llama-3.2-1B's shape).
  * --dec: decode attention at batch x context (KV TB/s), with the split
  *   planner's splits ("split"); the stream-K kernel with one split
  *   (BT_ATTN_SK=1, "sk") and with runs of whole tokens where the items
@@ -267,9 +269,11 @@ static void bench_gemv(void)
 }
 
 /* One causal prompt of P tokens through cuda_attn_prefill. */
+static int g_attn_hd = 128; /* --attn-hd */
+
 static void bench_attn(void)
 {
-    const int nh = 32, nkv = 8, hd = 128, bs = 16;
+    const int nh = 32, nkv = 8, hd = g_attn_hd, bs = 16;
     const int lens[] = {512, 2048, 8192};
 
     for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
@@ -351,8 +355,9 @@ static void bench_attn(void)
         qsort(ms, n, sizeof(float), cmp_f);
         double fl = 4.0 * nh * hd * (double)P * (P + 1) / 2;
         double us = ms[n / 2] * 1e3;
-        printf("attn prefill P=%5d (BT_PREFILL_KERNEL=%s): %8.1f us/layer "
-               "%6.1f TFLOP/s (%.0f%% of 790); x32 layers = %.2f ms\n", P,
+        printf("attn prefill hd=%d P=%5d (BT_PREFILL_KERNEL=%s): %8.1f "
+               "us/layer %6.1f TFLOP/s (%.0f%% of 790); x32 layers = %.2f "
+               "ms\n", hd, P,
                getenv("BT_PREFILL_KERNEL") ? getenv("BT_PREFILL_KERNEL")
                                            : "default",
                us, fl / (us * 1e-6) / 1e12,
@@ -614,7 +619,11 @@ int main(int argc, char **argv)
             do_gemv = 1;
         else if (strcmp(argv[a], "--attn") == 0)
             do_attn = 1;
-        else if (strcmp(argv[a], "--small") == 0)
+        else if (strcmp(argv[a], "--attn-hd") == 0 && a + 1 < argc &&
+                 (atoi(argv[a + 1]) == 64 || atoi(argv[a + 1]) == 128)) {
+            g_attn_hd = atoi(argv[++a]);
+            do_attn = 1;
+        } else if (strcmp(argv[a], "--small") == 0)
             do_small = 1;
         else if (strcmp(argv[a], "--dec") == 0)
             do_dec = 1;
@@ -627,8 +636,8 @@ int main(int argc, char **argv)
             do_dec = 1;
         else {
             fprintf(stderr, "usage: bench_kernels [--gemv] [--attn] "
-                    "[--small] [--dec] [--dec-only B:CTX] [--toks 1,2,..] "
-                    "[--reps N]\n");
+                    "[--attn-hd 64|128] [--small] [--dec] [--dec-only "
+                    "B:CTX] [--toks 1,2,..] [--reps N]\n");
             return 2;
         }
     }
