@@ -12,6 +12,7 @@
 #                              those variables (at least one), 20 steps,
 #                              its table in $tmp/t_NAME
 #   bc_rows NAME...            the decode / prefill rows of those tables
+#   bc_ttft NAME               the prefill rows of that table, one line
 #   bc_steps NAME...           the step-ms column of those tables' decode
 #                              rows, all on one line
 #   pass_fail NAME...          "NAME: P PASS, F FAIL" and the first FAILs
@@ -66,6 +67,9 @@ bc_rows() {
     echo "### $f"
     grep -E "^\| (decode|prefill) " "$tmp/t_$f" 2>/dev/null | cut -d'|' -f2-6,9-11,13
   done
+}
+bc_ttft() {
+  grep -E '^\| prefill ' "$tmp/t_$1" 2>/dev/null | cut -d'|' -f3,5 | tr '\n' ' '
 }
 bc_steps() {
   local f

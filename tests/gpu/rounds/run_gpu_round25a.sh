@@ -25,7 +25,7 @@ report() {
     grep -h "^attn prefill" "$tmp/attn_b" 2>/dev/null
     for v in pp p128; do
       for k in 1 2; do
-        echo "$v $k: $(grep -E '^\| prefill ' "$tmp/t_${v}_$k" 2>/dev/null | cut -d'|' -f3,5 | tr '\n' ' ')"
+        echo "$v $k: $(bc_ttft ${v}_$k)"
       done
     done
     head -1 "$log"

@@ -26,7 +26,7 @@ report() {
     grep -h "^attn prefill" "$tmp/attn_b" 2>/dev/null
     for v in pp p128 fa3; do
       for k in 1 2 3; do
-        echo "$v $k: $(grep -E '^\| prefill ' "$tmp/t_${v}_$k" 2>/dev/null | cut -d'|' -f3,5 | tr '\n' ' ')"
+        echo "$v $k: $(bc_ttft ${v}_$k)"
       done
     done
     for v in pp p128 fa3; do

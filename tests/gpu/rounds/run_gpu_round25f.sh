@@ -23,7 +23,7 @@ report() {
       echo "### $f"; grep -h "^attn prefill" "$tmp/$f" 2>/dev/null | grep "default"
     done
     for v in new_1 old_1 old_2 new_2; do
-      echo "$v: $(grep -E '^\| prefill ' "$tmp/t_$v" 2>/dev/null | cut -d'|' -f3,5 | tr '\n' ' ')"
+      echo "$v: $(bc_ttft $v)"
     done
     head -1 "$log"
   } > "$table"

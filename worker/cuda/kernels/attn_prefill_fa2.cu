@@ -130,6 +130,14 @@ template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
     static constexpr int RSTEP = THREADS / CH;         /* row step */
     static constexpr int RPT = F2_BK * CH / THREADS;   /* rows per thread */
     static constexpr int QTILE = 64 * HD;              /* per warpgroup */
+    /* PP's producer: a warp; on 128-key tiles a whole warpgroup, so the
+     * consumers can take its registers with setmaxnreg (9 warps give
+     * each at most 168 registers, ceil(9 / 4) warps sharing a
+     * scheduler's 16 K; 12 warps 168 at launch, then 240 for the
+     * consumers and 24 for the producer) */
+    static constexpr bool PRODUCER_WG = PP && BK == 128;
+    static constexpr int BLOCK =
+        THREADS + (PRODUCER_WG ? 128 : PP ? 32 : 0); /* all threads */
     static constexpr size_t BYTES =
         (size_t)STAGES * 2 * TILE * 2 +
         (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0) +
@@ -139,17 +147,6 @@ template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
                   "tile split");
     static_assert(BK == 64 || BK == 128, "key tile");
 };
-
-/* Threads of a block: NW consumer warps, PP's producer (a warp; on
- * 128-key tiles a whole warpgroup, so the consumers can take its
- * registers with setmaxnreg: 9 warps give each at most 168 registers,
- * ceil(9 / 4) warps sharing a scheduler's 16 K; 12 warps 168 at launch,
- * then 240 for the consumers and 24 for the producer). */
-template <int NW, bool PP, int BK>
-static constexpr int f2_threads()
-{
-    return NW * 32 + (PP ? (BK == 128 ? 128 : 32) : 0);
-}
 
 /* 2^x (MUFU; -inf -> +0). */
 static __device__ __forceinline__ float f2_ex2(float x)
@@ -191,7 +188,8 @@ struct f2_maps {
 };
 
 template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
-static __global__ void __launch_bounds__(f2_threads<NW, PP, BK>(), 1)
+static __global__ void __launch_bounds__(f2_cfg<HD, NW, WQ, PP, BK>::BLOCK,
+                                         1)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts, const __grid_constant__ f2_maps maps)
 {
@@ -318,9 +316,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         __syncthreads(); /* the last barrier of all the block's warps */
         /* 128-key tiles: the producer warpgroup gives the consumers its
          * registers (24 x 128 + 240 x 256 <= 64 K) */
-        constexpr bool REGS = f2_threads<NW, PP, BK>() == NW * 32 + 128;
         if (warp >= NW) {
-            if (REGS)
+            if (C::PRODUCER_WG)
                 wg_regs_dec<24>();
             /* The producer: one lane, a tile's BK keys as boxes of
              * min(block, BK) cache slots (pages past the keys from an
@@ -357,7 +354,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
             return; /* the consumers wait for every copy it issued */
         }
-        if (REGS)
+        if (C::PRODUCER_WG)
             wg_regs_inc<240>();
     }
     int slot[RPT];
@@ -709,7 +706,8 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
 {
     const int G = a->n_heads / a->n_kv_heads;
     const int parts = (F2_SUBS * G + NW - 1) / NW;
-    const size_t bytes = f2_cfg<HD, NW, WQ, PP, BK>::BYTES;
+    typedef f2_cfg<HD, NW, WQ, PP, BK> C;
+    const size_t bytes = C::BYTES;
     const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
     cudaError_t err;
 
@@ -721,7 +719,7 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
     if (err != cudaSuccess)
         return err;
     attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>
-        <<<(unsigned)blocks, f2_threads<NW, PP, BK>(), bytes, stream>>>(
+        <<<(unsigned)blocks, C::BLOCK, bytes, stream>>>(
             *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
 }
