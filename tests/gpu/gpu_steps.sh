@@ -8,7 +8,8 @@
 #   run NAME TIMEOUT CMD...    one step: output in $tmp/NAME and the log,
 #                              "NAME rc=N" in $tmp/rcs (timeout -k: no
 #                              child keeps the GPU after a kill)
-#   bc NAME ENV... -- ARGS     $c/gpu/bench_cuda on synth:llama3-8b with
+#   bc NAME ENV... -- ARGS     $c/gpu/bench_cuda on $BC_MODEL (default
+#                              synth:llama3-8b) with
 #                              those variables (at least one), 20 steps,
 #                              its table in $tmp/t_NAME
 #   bc_rows NAME...            the decode / prefill rows of those tables
@@ -58,7 +59,7 @@ bc() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  run "bc_$name" 90 env "${envs[@]}" "$c/gpu/bench_cuda" --model synth:llama3-8b \
+  run "bc_$name" 90 env "${envs[@]}" "$c/gpu/bench_cuda" --model "${BC_MODEL:-synth:llama3-8b}" \
     --steps 20 --table "$tmp/t_$name" "$@"
 }
 bc_rows() {
@@ -114,7 +115,7 @@ smi_phase() {
 #                              binary of pack_carry.sh's AB_FROM), no env
 bcb() {
   local name=$1; shift
-  run "bc_$name" 90 "$c/gpu/bench_cuda_b" --model synth:llama3-8b \
+  run "bc_$name" 90 "$c/gpu/bench_cuda_b" --model "${BC_MODEL:-synth:llama3-8b}" \
     --steps 20 --table "$tmp/t_$name" "$@"
 }
 # bc_cols NAME...             the decode rows of those tables, every
@@ -139,7 +140,7 @@ trace_step() {
   run "trace_$name" 120 env "${envs[@]}" \
     CUDA_INJECTION64_PATH="$PWD/$c/gpu/libbt_kernel_trace.so" \
     BT_TRACE_OUT="$tmp/trace_$name.csv" "$c/gpu/$bin" \
-    --model synth:llama3-8b "$@"
+    --model "${BC_MODEL:-synth:llama3-8b}" "$@"
   run "tl_$name" 60 python3 "$(dirname "${BASH_SOURCE[0]}")/step_timeline.py" \
     "$tmp/trace_$name.csv"
 }

@@ -2,8 +2,8 @@
 # pack_carry.sh NAME SCRIPT BIN... - packs one device call (run it HERE,
 # in the repository root, after building build-cuda): build-NAME/ gets
 # the listed binaries from build-cuda (gpu/X -> gpu/X, bin/X -> bin/X,
-# stripped), the libraries the device lacks (../shared/tools/devlibs)
-# and, with the word `shared`, the tiny models plus the trained draft
+# stripped; obj/X.cu.o -> obj/, an object file for cuobjdump there),
+# the libraries the device lacks (../shared/tools/devlibs) and, with the word `shared`, the tiny models plus the trained draft
 # heads of build-spec-carry/shared/heads; it is compressed into
 # .carry/NAME.tar.xz next to .carry/call.sh, which unpacks it and runs
 # SCRIPT on it.  Then:
@@ -22,6 +22,8 @@ for b in "$@"; do
            if [ -n "${AB_FROM:-}" ] && [ -f "$AB_FROM/$b" ]; then
              cp "$AB_FROM/$b" "$d/${b}_b"; fi;;
     bin/*) cp "build-cuda/$b" "$d/bin/";;
+    obj/*) mkdir -p "$d/obj"   # a kernel object, to disassemble there
+           cp "$(find build-cuda -name "${b#obj/}" | head -1)" "$d/obj/";;
     shared) mkdir -p "$d/shared"
             cp -r ../shared/models "$d/shared/"
             chmod -R u+w "$d/shared"

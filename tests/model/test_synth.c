@@ -132,6 +132,15 @@ int main(void)
     BT_ASSERT_OK(model_synth_shape_config("llama3-70b", &cfg, NULL));
     BT_ASSERT_EQ(cfg.n_layers, 80);
     BT_ASSERT_OK(model_config_validate(&cfg));
+    /* the head-64 shape: Llama 3.2's rope scaling factor is 32, not 3.1's 8 */
+    BT_ASSERT_OK(model_synth_shape_config("llama3.2-1b", &cfg, NULL));
+    BT_ASSERT_EQ(cfg.head_dim, 64);
+    BT_ASSERT_EQ(cfg.n_layers, 16);
+    BT_CHECK(cfg.tied_embeddings);
+    BT_ASSERT_EQ(cfg.rope_scaling, MODEL_ROPE_SCALING_LLAMA3);
+    BT_ASSERT_NEAR(cfg.rope_factor, 32.0, 0);
+    BT_ASSERT_OK(model_synth_shape_config("llama3.1-8b", &cfg, NULL));
+    BT_ASSERT_NEAR(cfg.rope_factor, 8.0, 0);
     for (int i = 0; i < model_synth_shape_count(); i++) {
         BT_ASSERT_OK(model_synth_shape_config(model_synth_shape_name(i), &cfg,
                                               NULL));

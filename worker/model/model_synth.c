@@ -44,38 +44,43 @@ typedef struct {
     int bos;           /* bos id */
     int eos[2];        /* stop ids */
     int n_eos;         /* entries used in eos */
-    bool llama3_scaling; /* Llama 3.1 rope scaling (factor 8) */
+    float llama3_factor; /* Llama 3.x rope scaling factor (8 in 3.1, 32 in
+                            3.2); 0: none */
 } synth_shape_t;
 
 static const synth_shape_t synth_shapes[] = {
     { "tiny", "LlamaForCausalLM", "dim 64, 2 layers, 4 heads / 2 kv, vocab "
       "512, untied, f32", false, 64, 172, 2, 4, 2, 512, 256, 10000.0f, 1e-5f,
-      false, false, 1, { 2, 0 }, 1, false },
+      false, false, 1, { 2, 0 }, 1, 0.0f },
     { "tiny-gqa", "LlamaForCausalLM", "dim 128, 3 layers, 8 heads / 2 kv, "
       "vocab 512, tied, f32", false, 128, 344, 3, 8, 2, 512, 256, 10000.0f,
-      1e-5f, true, false, 1, { 2, 0 }, 1, false },
+      1e-5f, true, false, 1, { 2, 0 }, 1, 0.0f },
     { "tiny-qwen2", "Qwen2ForCausalLM", "dim 64, 2 layers, 4 heads / 2 kv, "
       "q/k/v bias, tied, f32", false, 64, 160, 2, 4, 2, 512, 256, 1e6f,
-      1e-6f, true, true, 1, { 2, 0 }, 1, false },
+      1e-6f, true, true, 1, { 2, 0 }, 1, 0.0f },
     { "llama2-7b", "LlamaForCausalLM", "Llama 2 7B: 4096, 32 layers, 32 "
       "heads, vocab 32000", true, 4096, 11008, 32, 32, 32, 32000, 4096,
-      10000.0f, 1e-5f, false, false, 1, { 2, 0 }, 1, false },
+      10000.0f, 1e-5f, false, false, 1, { 2, 0 }, 1, 0.0f },
     { "llama3-8b", "LlamaForCausalLM", "Llama 3 8B: 4096, 32 layers, 32 "
       "heads / 8 kv, vocab 128256", true, 4096, 14336, 32, 32, 8, 128256,
       8192, 500000.0f, 1e-5f, false, false, 128000, { 128001, 128009 }, 2,
-      false },
+      0.0f },
     { "llama3.1-8b", "LlamaForCausalLM", "Llama 3.1 8B: llama3-8b with "
       "llama3 rope scaling, ctx 131072", true, 4096, 14336, 32, 32, 8,
       128256, 131072, 500000.0f, 1e-5f, false, false, 128000,
-      { 128001, 128009 }, 2, true },
+      { 128001, 128009 }, 2, 8.0f },
     { "llama3-70b", "LlamaForCausalLM", "Llama 3 70B: 8192, 80 layers, 64 "
       "heads / 8 kv, vocab 128256", true, 8192, 28672, 80, 64, 8, 128256,
       8192, 500000.0f, 1e-5f, false, false, 128000, { 128001, 128009 }, 2,
-      false },
+      0.0f },
+    { "llama3.2-1b", "LlamaForCausalLM", "Llama 3.2 1B: 2048, 16 layers, "
+      "32 heads / 8 kv of 64 dims, tied, rope scaling 32", true, 2048, 8192,
+      16, 32, 8, 128256, 131072, 500000.0f, 1e-5f, true, false, 128000,
+      { 128001, 128009 }, 2, 32.0f },
     { "qwen2-0.5b", "Qwen2ForCausalLM", "Qwen2 0.5B: 896, 24 layers, 14 "
       "heads / 2 kv, q/k/v bias, tied", true, 896, 4864, 24, 14, 2, 151936,
       32768, 1000000.0f, 1e-6f, true, true, 151643, { 151643, 151645 }, 2,
-      false },
+      0.0f },
 };
 
 int model_synth_shape_count(void)
@@ -114,7 +119,7 @@ bt_status_t model_synth_shape_config(const char *shape, model_config_t *cfg_p,
         return BT_ERROR(BT_ERR_NOT_FOUND, "MODEL",
                         "unknown synth shape \"%.64s\" (tiny, tiny-gqa, "
                         "tiny-qwen2, llama2-7b, llama3-8b, llama3.1-8b, "
-                        "llama3-70b, qwen2-0.5b)", shape);
+                        "llama3.2-1b, llama3-70b, qwen2-0.5b)", shape);
     memset(&cfg, 0, sizeof(cfg));
     cfg.dim = s->dim;
     cfg.hidden_dim = s->hidden_dim;
@@ -128,9 +133,9 @@ bt_status_t model_synth_shape_config(const char *shape, model_config_t *cfg_p,
     cfg.rms_eps = s->eps;
     cfg.rope_layout = MODEL_ROPE_HALF;
     cfg.rope_scaling = MODEL_ROPE_SCALING_NONE;
-    if (s->llama3_scaling) {
+    if (s->llama3_factor > 0.0f) {
         cfg.rope_scaling = MODEL_ROPE_SCALING_LLAMA3;
-        cfg.rope_factor = 8.0f;
+        cfg.rope_factor = s->llama3_factor;
         cfg.rope_low_freq_factor = 1.0f;
         cfg.rope_high_freq_factor = 4.0f;
         cfg.rope_orig_max_pos = 8192;

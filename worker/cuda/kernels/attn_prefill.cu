@@ -463,16 +463,16 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * layer at 2048 tokens); =fa2wqv with P V on wgmma too; =fa2pp that
  * with FlashAttention-3's ping-pong of the block's two warpgroups and a
  * TMA producer warp (the default of rounds 11-24); =fa2pp128 that on
- * 128-key tiles; unset: fa2pp128 at head 128, fa2pp at head 64 (as
- * fa2wqv where a block has one warpgroup or the caches cannot be
- * mapped, as fa2 without sm_90a wgmma).
+ * 128-key tiles; unset: fa2pp128 at head 128, fa2wqv at head 64 (the
+ * ping-pong kernels as fa2wqv where a block has one warpgroup or the
+ * caches cannot be mapped; all as fa2 without sm_90a wgmma).
  * Read at every launch, so tests can switch. */
 typedef struct {
     const char *name;
     int family; /* 0: the shared-memory kernel, 1: WMMA, 2: fa2 */
     int warps;  /* fa2: warps per block, 0: chosen by the GQA group */
     int wgmma;  /* fa2: 1 S on wgmma, 2 P V too, 3 the ping-pong, 4 the
-                   ping-pong on 128-key tiles, -1 4 at head 128 and 3
+                   ping-pong on 128-key tiles, -1 4 at head 128 and 2
                    at head 64 */
 } prefill_kind_t;
 
@@ -500,9 +500,15 @@ static const prefill_kind_t prefill_kinds[] = {
      * 130.5 us, 8192 tokens 1545 / 1552 vs 1737 / 1670 us; prefill 8192
      * -2 to -3.5%, 2048 -0.1 to -0.5 ms. */
     {"fa2pp128", 2, 0, 4},
-    /* Default (unset): fa2pp128 at head 128, fa2pp at head 64 (128-key
-     * tiles there not yet measured); at head sizes fa2 does not take
-     * (16, 32), the WMMA kernel, and the shared-memory one at 256. */
+    /* Default (unset): fa2pp128 at head 128, fa2wqv at head 64; at
+     * head sizes fa2 does not take (16, 32), the WMMA kernel, and the
+     * shared-memory one at 256.  Head 64 (Llama-3.2-1B's attention
+     * shape, bench_kernels --attn-hd 64), H200 2026-12-04, us a layer at
+     * 2048 / 8192 tokens: fa2wqv 84.4 / 1112, fa2pp128 108.8 / 1291,
+     * fa2pp 117.6 / 1488.  The ping-pong's two 64-row warpgroups, one
+     * block an SM, hide too little of the softmax when a tile's
+     * products are half as long as at head 128; fa2wqv runs more warps
+     * an SM. */
     {"default", 2, 0, -1},
 };
 
@@ -565,7 +571,7 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
     if (kind->family == 2 && cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
         const int wgmma = kind->wgmma >= 0        ? kind->wgmma
                           : args->head_dim == 128 ? 4
-                                                  : 3;
+                                                  : 2;
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, kind->warps,
                                     wgmma, stream);
         if (err != cudaSuccess)

@@ -1,10 +1,11 @@
 /*
  * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16,
  * head 64/128) over the paged KV cache, the default prefill kernel: as
- * fa2pp128 below on sm_90a at head 128, fa2pp at head 64 (fa2wqv where
- * they do not apply), as fa2 elsewhere (BT_PREFILL_KERNEL=fa2 / fa2w4 /
- * fa2w8 / fa2wq / fa2wqv / fa2pp / fa2pp128 pick a variant, the other
- * names the kernels of attn_prefill.cu).
+ * fa2pp128 below on sm_90a at head 128 (fa2pp, then fa2wqv, where it
+ * does not apply), fa2wqv at head 64, as fa2 elsewhere
+ * (BT_PREFILL_KERNEL=fa2 / fa2w4 / fa2w8 / fa2wq / fa2wqv / fa2pp /
+ * fa2pp128 pick a variant, the other names the kernels of
+ * attn_prefill.cu).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -155,6 +156,24 @@ static __device__ __forceinline__ float f2_ex2(float x)
 
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+}
+
+/* The maximum of one row's scores of a tile (the m16n8 C layout: s[nt][c]
+ * and s[nt][c + 1], c = 0 for the lane's first row, 2 for its second),
+ * in four independent chains: one chain of 2 KB dependent FMNMX is
+ * latency that a scheduler's two consumer warps cannot hide. */
+template <int KB>
+static __device__ __forceinline__ float f2_rowmax(const float (&s)[KB][4],
+                                                  int c)
+{
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+
+#pragma unroll
+    for (int nt = 0; nt < KB; nt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            m[(2 * nt + j) & 3] = fmaxf(m[(2 * nt + j) & 3], s[nt][c + j]);
+    return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
 }
 
 static __device__ __forceinline__ void f2_mma(float *c, const uint32_t *a,
@@ -522,17 +541,18 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
         }
 
-        /* Masks only where some key may be hidden; raw scores stay
-         * unscaled (the scale goes into the exponent's FFMA). */
+        /* Masks only where some key may be hidden (one branch around
+         * the whole pass: a test per score pair cost ~100 instructions
+         * and as many branch stalls on every fully visible tile, round
+         * 26); raw scores stay unscaled (the scale goes into the
+         * exponent's FFMA). */
         const bool full = kb0 + BK <= ctx ||
                           (mask == NULL && kb0 + BK - 1 <= warp_full);
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        if (!full) {
 #pragma unroll
-        for (int nt = 0; nt < KB; nt++)
+            for (int nt = 0; nt < KB; nt++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                float v0 = s[nt][j], v1 = s[nt][2 + j];
-                if (!full) {
+                for (int j = 0; j < 2; j++) {
                     const int key = kb0 + nt * 8 + 2 * tq + j;
                     bool vis0 = ok0 && key < kv_end;
                     bool vis1 = ok1 && key < kv_end;
@@ -548,15 +568,12 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         }
                     }
                     if (!vis0)
-                        v0 = -INFINITY;
+                        s[nt][j] = -INFINITY;
                     if (!vis1)
-                        v1 = -INFINITY;
+                        s[nt][2 + j] = -INFINITY;
                 }
-                s[nt][j] = v0;
-                s[nt][2 + j] = v1;
-                mx0 = fmaxf(mx0, v0);
-                mx1 = fmaxf(mx1, v1);
-            }
+        }
+        float mx0 = f2_rowmax<KB>(s, 0), mx1 = f2_rowmax<KB>(s, 2);
 #pragma unroll
         for (int o2 = 1; o2 <= 2; o2 <<= 1) {
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
@@ -582,24 +599,39 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 
         /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
          * the A fragment layout equals the C layout of two 8-key tiles);
-         * l sums what P V really multiplies (bf16 p). */
+         * l sums the f32 p as FlashAttention does (round 26: summing the
+         * bf16 p that P V multiplies cost a PRMT and an IMAD to unpack
+         * each), in a partial per 16 keys so no chain of adds runs
+         * through the whole tile. */
+        float ls0[BK / 16], ls1[BK / 16];
         auto make_p = [&](int kk, uint32_t (&pa)[4]) {
+            float r0 = 0.0f, r1 = 0.0f;
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int nt = 2 * kk + hh;
-                pa[2 * hh] = tc_pack(f2_ex2(fmaf(s[nt][0], sl2, -b0)),
-                                     f2_ex2(fmaf(s[nt][1], sl2, -b0)));
-                pa[2 * hh + 1] =
-                    tc_pack(f2_ex2(fmaf(s[nt][2], sl2, -b1)),
-                            f2_ex2(fmaf(s[nt][3], sl2, -b1)));
-                const __nv_bfloat162 q01 =
-                    *reinterpret_cast<const __nv_bfloat162 *>(&pa[2 * hh]);
-                const __nv_bfloat162 q23 =
-                    *reinterpret_cast<const __nv_bfloat162 *>(
-                        &pa[2 * hh + 1]);
-                l0 += __low2float(q01) + __high2float(q01);
-                l1 += __low2float(q23) + __high2float(q23);
+                const float e0 = f2_ex2(fmaf(s[nt][0], sl2, -b0));
+                const float e1 = f2_ex2(fmaf(s[nt][1], sl2, -b0));
+                const float e2 = f2_ex2(fmaf(s[nt][2], sl2, -b1));
+                const float e3 = f2_ex2(fmaf(s[nt][3], sl2, -b1));
+                pa[2 * hh] = tc_pack(e0, e1);
+                pa[2 * hh + 1] = tc_pack(e2, e3);
+                r0 += e0 + e1;
+                r1 += e2 + e3;
             }
+            ls0[kk] = r0;
+            ls1[kk] = r1;
+        };
+        /* l += the partials, pairwise. */
+        auto add_l = [&](int n) {
+#pragma unroll
+            for (int w = 1; w < n; w <<= 1)
+#pragma unroll
+                for (int i = 0; i + w < n; i += 2 * w) {
+                    ls0[i] += ls0[i + w];
+                    ls1[i] += ls1[i + w];
+                }
+            l0 += ls0[0];
+            l1 += ls1[0];
         };
         if constexpr (WV) {
             /* wgmma m64n(HD)k16 per 16 keys: A = P from registers, B = the
@@ -618,6 +650,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                 wg_mma_rs<NT>::run(o, pa[kk],
                                    wg_desc_add(dv, kk * 16 * 128));
             wg_commit();
+            add_l(BK / 16); /* under the products */
             wg_wait<0>();
             wg_fence_acc<NT>(o);
             if (PP && (threadIdx.x & 127) == 0)
@@ -641,6 +674,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                     f2_mma(o[2 * dn + 1], pa, b[dn][2], b[dn][3]);
                 }
             }
+            add_l(F2_BK / 16);
         }
     }
     tc_cp_wait<0>();
