@@ -2,7 +2,8 @@
  * bench_kernels.c - kernel timings behind issue 4's targets, ON THE
  * DEVICE MACHINE (tests/gpu/run_gpu_tc.sh and round scripts run it):
  *
- *   bench_kernels [--gemv] [--attn] [--attn-hd 64|128] [--small] [--dec]
+ *   bench_kernels [--gemv] [--attn] [--attn-hd 64|128] [--attn-runs]
+ *                 [--small] [--dec]
  *                 [--dec-only B:CTX]
  *                 [--toks L] [--reps N]
  *   (default: all)
@@ -20,6 +21,9 @@
  *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; with BT_PREFILL_KERNEL
  *   unset, the default kernel (fa2pp128 at head 128), then fa2pp and
  *   fa2wqv.  --attn-hd 64: the same at head 64 (Llama-3.2-1B's shape).
+ *   The cache blocks are in reverse order (no two pages adjacent, as in
+ *   a used pool); --attn-runs: in order, as a fresh pool hands them out
+ *   (the ping-pong kernels then copy whole tiles as one box).
  * --dec: decode attention at batch x context (KV TB/s), with the split
  *   planner's splits ("split"); the stream-K kernel with one split
  *   (BT_ATTN_SK=1, "sk") and with runs of whole tokens where the items
@@ -268,8 +272,37 @@ static void bench_gemv(void)
     worker_gemm_ctx_destroy(&g);
 }
 
+/* A profiling build's phases (attn_prefill.h) of the runs just timed:
+ * cycles a tile per consumer warpgroup, the block's ends per warp. */
+static void print_prefill_prof(unsigned long long p[3][F2_PROF_N])
+{
+    static const char *const names[] = {"prologue", "full", "turn", "S",
+                                        "softmax", "PV", "skipped", "tail",
+                                        "epilogue"};
+
+    for (int wg = 0; wg < 2; wg++) {
+        const double tiles = p[wg][F2_PROF_TILES] ? p[wg][F2_PROF_TILES] : 1;
+        const double warps = p[wg][F2_PROF_WARPS] ? p[wg][F2_PROF_WARPS] : 1;
+        double sum = 0.0;
+
+        printf("attn prof wg%d: %.1f tiles a warp; cycles a tile:", wg,
+               tiles / warps);
+        for (int i = F2_PROF_FULL; i <= F2_PROF_SKIPPED; i++) {
+            printf(" %s %.0f", names[i], p[wg][i] / tiles);
+            sum += p[wg][i] / tiles;
+        }
+        printf(" (sum %.0f); a warp: prologue %.0f tail %.0f epilogue %.0f"
+               "\n", sum, p[wg][F2_PROF_PROLOGUE] / warps,
+               p[wg][F2_PROF_TAIL] / warps, p[wg][F2_PROF_EPILOGUE] / warps);
+    }
+    const double pt = p[2][F2_PROF_TILES] ? p[2][F2_PROF_TILES] : 1;
+    printf("attn prof producer: cycles a tile: empty %.0f issue %.0f\n",
+           p[2][F2_PROF_PROD_EMPTY] / pt, p[2][F2_PROF_PROD_ISSUE] / pt);
+}
+
 /* One causal prompt of P tokens through cuda_attn_prefill. */
 static int g_attn_hd = 128; /* --attn-hd */
+static int g_attn_runs;      /* --attn-runs */
 
 static void bench_attn(void)
 {
@@ -300,8 +333,10 @@ static void bench_attn(void)
             tp[CUDA_PT_BT_OFF] = 0;
             tp[CUDA_PT_MASK_OFF] = -1;
         }
+        /* not contiguous, like a used pool; --attn-runs: in order, as a
+         * fresh pool hands blocks out (the prefill kernels' runs) */
         for (int b = 0; b < nb; b++)
-            bt[b] = nb - 1 - b; /* not contiguous, like a used pool */
+            bt[b] = g_attn_runs ? b : nb - 1 - b;
         for (int t = 0; t < P; t++) {
             kvl[t] = t + 1;
             mo[t] = -1;
@@ -344,6 +379,8 @@ static void bench_attn(void)
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
         OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
+        unsigned long long prof[3][F2_PROF_N];
+        const bool profiled = cuda_attn_prefill_prof_take(prof); /* reset */
         for (int r = 0; r < n; r++) {
             flush_l2();
             CK(cudaEventRecord(g_e0, 0));
@@ -362,6 +399,8 @@ static void bench_attn(void)
                                            : "default",
                us, fl / (us * 1e-6) / 1e12,
                100.0 * fl / (us * 1e-6) / 790e12, us * 32e-3);
+        if (profiled && cuda_attn_prefill_prof_take(prof))
+            print_prefill_prof(prof);
         fflush(stdout);
         if (var > 0)
             unsetenv("BT_PREFILL_KERNEL");
@@ -623,6 +662,9 @@ int main(int argc, char **argv)
                  (atoi(argv[a + 1]) == 64 || atoi(argv[a + 1]) == 128)) {
             g_attn_hd = atoi(argv[++a]);
             do_attn = 1;
+        } else if (strcmp(argv[a], "--attn-runs") == 0) {
+            g_attn_runs = 1;
+            do_attn = 1;
         } else if (strcmp(argv[a], "--small") == 0)
             do_small = 1;
         else if (strcmp(argv[a], "--dec") == 0)
@@ -636,7 +678,8 @@ int main(int argc, char **argv)
             do_dec = 1;
         else {
             fprintf(stderr, "usage: bench_kernels [--gemv] [--attn] "
-                    "[--attn-hd 64|128] [--small] [--dec] [--dec-only "
+                    "[--attn-hd 64|128] [--attn-runs] [--small] [--dec] "
+                    "[--dec-only "
                     "B:CTX] [--toks 1,2,..] [--reps N]\n");
             return 2;
         }

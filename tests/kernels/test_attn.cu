@@ -16,7 +16,8 @@
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
- * shuffled block ids; f32 and bf16.  Output poisoned before each run.
+ * shuffled block ids (a third of the batches in order); f32 and bf16.
+ * Output poisoned before each run.
  * Run: build-cuda/gpu/test_attn [--bench]   (make gpu-test; gpu-bench
  * runs --bench: KV read bandwidth of decode, TFLOP/s of prefill)
  */
@@ -58,10 +59,14 @@ static void batch_build(const attn_case_t *c, cuda_dtype_t dt, batch_t *b)
     std::vector<int> perm(b->n_blocks);
     for (int i = 0; i < b->n_blocks; i++)
         perm[i] = i;
-    for (int i = b->n_blocks - 1; i > 0; i--) {
-        int j = (int)(kt_u32() % (i + 1));
-        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
-    }
+    /* A third of the batches keep their blocks in order, as a fresh pool
+     * hands them out: the ping-pong prefill kernels copy such runs as
+     * whole tiles, the rest page by page. */
+    if (kt_u32() % 3 != 0)
+        for (int i = b->n_blocks - 1; i > 0; i--) {
+            int j = (int)(kt_u32() % (i + 1));
+            int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        }
     int next = 0, tok = 0;
     for (const seq_t &s : c->seqs) {
         int nb = (s.ctx + s.n + c->bs - 1) / c->bs;

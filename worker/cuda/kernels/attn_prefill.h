@@ -53,6 +53,29 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   int n_warps, int wgmma,
                                   cudaStream_t stream);
 
+/* The ping-pong prefill kernels' phase profile (a build with cmake
+ * -DBT_PREFILL_PROF=ON, tests/gpu/bench_kernels --attn): cycles summed
+ * over lane 0 of each consumer warpgroup's first warp, [warpgroup][phase]
+ * (row 2: the producer warp's lane 0, PROD_* and the counts), since the
+ * last take; false (out untouched) in a normal build. */
+enum {
+    F2_PROF_PROLOGUE, /* block start to the key loop (Q staged) */
+    F2_PROF_FULL,     /* waits for a stage's copies */
+    F2_PROF_TURN,     /* waits for the warpgroup's turn on the tensor cores */
+    F2_PROF_S,        /* S issued until complete */
+    F2_PROF_SOFTMAX,  /* masks, maxima, O rescale, P */
+    F2_PROF_PV,       /* P V issued until complete */
+    F2_PROF_SKIPPED,  /* turns taken on tiles past the warpgroup's keys */
+    F2_PROF_TAIL,     /* after the loop, the last turn handed over */
+    F2_PROF_EPILOGUE, /* l reduced, O written */
+    F2_PROF_PROD_EMPTY, /* producer: waits for a stage to be released */
+    F2_PROF_PROD_ISSUE, /* producer: block-table reads and copies issued */
+    F2_PROF_TILES,    /* count: tiles computed */
+    F2_PROF_WARPS,    /* count: warps that reported */
+    F2_PROF_N
+};
+bool cuda_attn_prefill_prof_take(unsigned long long out[3][F2_PROF_N]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -204,7 +204,27 @@ static __device__ __forceinline__ int f2_slab(int rows, int r, int c)
  * 128-byte swizzled (the f2_slab layout). */
 struct f2_maps {
     CUtensorMap k, v;
+    CUtensorMap k_run, v_run; /* boxes of a whole tile's BK slots */
+    int one_lane; /* BT_F2_PRODUCER=lane: round 25's one-lane producer */
+    int runs;     /* k_run / v_run made and not BT_F2_RUNS=0 */
 };
+
+/* Phase profiler of the ping-pong kernels (a build with -DBT_F2_PROF,
+ * cmake -DBT_PREFILL_PROF=ON; bench_kernels --attn prints it): lane 0 of
+ * each consumer warpgroup's first warp charges the cycles since its last
+ * mark to a phase (F2_PROF_* in attn_prefill.h) and adds its sums to
+ * f2_prof at the end.  Off: the marks compile to nothing. */
+#ifdef BT_F2_PROF
+__device__ unsigned long long f2_prof[3][F2_PROF_N];
+#define F2_MARK(i)                                                          \
+    do {                                                                    \
+        const unsigned t_ = (unsigned)clock();                              \
+        f2_acc[i] += t_ - f2_t;                                             \
+        f2_t = t_;                                                          \
+    } while (0)
+#else
+#define F2_MARK(i) ((void)0)
+#endif
 
 template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
 static __global__ void __launch_bounds__(f2_cfg<HD, NW, WQ, PP, BK>::BLOCK,
@@ -224,6 +244,9 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
     constexpr int KB = BK / 8;    /* 8-key column tiles of S */
     extern __shared__ __align__(128) char smem[];
+#ifdef BT_F2_PROF
+    unsigned f2_t = (unsigned)clock(), f2_acc[F2_PROF_N] = {};
+#endif
     /* wgmma operands need 1024-byte aligned tiles */
     const unsigned sm0 = (unsigned)__cvta_generic_to_shared(smem);
     bf16_t *sk = (bf16_t *)(smem + (WQ ? (1024 - (sm0 & 1023)) & 1023 : 0));
@@ -338,26 +361,80 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         if (warp >= NW) {
             if (C::PRODUCER_WG)
                 wg_regs_dec<24>();
-            /* The producer: one lane, a tile's BK keys as boxes of
+            /* The producer warp: a tile's BK keys as boxes of
              * min(block, BK) cache slots (pages past the keys from an
-             * out-of-range slot: zeros), K and V of each 64-dim slab;
-             * the warpgroup's other warps (128-key tiles) idle. */
-            if (warp == NW && lane == 0) {
-                const int rows = min(bs, BK);
+             * out-of-range slot: zeros), K and V of each 64-dim slab.
+             * Lane p takes page p: its block-table entry is read before
+             * the stage is free and its copies go out beside the other
+             * lanes'.  (Round 26: one lane reading each entry, then
+             * issuing, page after page, kept the consumers waiting
+             * 1800 cycles of each 128-key tile for their stage.)  The
+             * warpgroup's other warps (128-key tiles) idle. */
+            if (warp == NW) {
+                const int rows = min(bs, BK), npg = BK / rows;
+                const int lanes = maps.one_lane ? 1 : npg;
+                if (lane == 0) {
+                    wg_tma_prefetch(&maps.k);
+                    wg_tma_prefetch(&maps.v);
+                    if (maps.runs) {
+                        wg_tma_prefetch(&maps.k_run);
+                        wg_tma_prefetch(&maps.v_run);
+                    }
+                }
+                /* First cache slot of page pg of tile kt (past the keys:
+                 * an out-of-range slot, read as zeros). */
+                auto page_slot = [&](int kt, int pg) {
+                    const int key0 = kt * BK + pg * rows;
+                    if (key0 >= kv_end)
+                        return (int)a.kv_slots;
+                    const int blk = bs_sh >= 0 ? key0 >> bs_sh : key0 / bs;
+                    return bt[blk] * bs + (key0 - blk * bs);
+                };
                 for (int kt = 0; kt < n_kt; kt++) {
                     const int st = kt % STAGES;
+                    F2_MARK(F2_PROF_PROD_ISSUE);
                     if (kt >= STAGES)
                         mbar_wait(&bar_empty[st],
                                   (uint32_t)((kt / STAGES - 1) & 1));
-                    mbar_expect(&bar_full[st], 2 * TILE * 2);
-                    for (int pg = 0; pg < BK / rows; pg++) {
-                        const int key0 = kt * BK + pg * rows;
-                        int slot0 = (int)a.kv_slots;
-                        if (key0 < kv_end) {
-                            const int blk =
-                                bs_sh >= 0 ? key0 >> bs_sh : key0 / bs;
-                            slot0 = bt[blk] * bs + (key0 - blk * bs);
+                    F2_MARK(F2_PROF_PROD_EMPTY);
+                    if (lane == 0)
+                        mbar_expect(&bar_full[st], 2 * TILE * 2);
+                    /* (Round 26: reading the next tile's entries a tile
+                     * ahead, across the wait, measured 5% slower.) */
+                    const int slot_lane =
+                        lanes > 1 && lane < lanes ? page_slot(kt, lane) : 0;
+                    /* A tile whose pages follow each other in the cache
+                     * (a pool handing out blocks in order) is one run of
+                     * BK slots: 2 HD / 64 boxes instead of 2 HD / 64 a
+                     * page.  The copy engine takes ~100 cycles a box
+                     * whatever its size (round 26: 3200-3400 cycles to
+                     * issue a 128-key tile of 16-slot pages, ~1100 as
+                     * runs). */
+                    if (npg > 1 && maps.runs && lanes == npg) {
+                        const int base = __shfl_sync(~0u, slot_lane, 0);
+                        const bool in_run = lane >= npg ||
+                                            slot_lane == base + lane * rows;
+                        if (__all_sync(~0u, in_run)) {
+                            if (lane == 0) {
+#pragma unroll
+                                for (int h2 = 0; h2 < HD / 64; h2++) {
+                                    const int off = h2 * BK * 64;
+                                    wg_tma_load_3d(sk + st * TILE + off,
+                                                   &maps.k_run, h2 * 64, kvh,
+                                                   base, &bar_full[st]);
+                                    wg_tma_load_3d(sv + st * TILE + off,
+                                                   &maps.v_run, h2 * 64, kvh,
+                                                   base, &bar_full[st]);
+                                }
+                            }
+                            continue;
                         }
+                    }
+                    __syncwarp();
+                    for (int pg = lane; pg < npg && lane < lanes;
+                         pg += lanes) {
+                        const int slot0 =
+                            lanes > 1 ? slot_lane : page_slot(kt, pg);
 #pragma unroll
                         for (int h2 = 0; h2 < HD / 64; h2++) {
                             const int off = h2 * BK * 64 + pg * rows * 64;
@@ -370,6 +447,16 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         }
                     }
                 }
+                F2_MARK(F2_PROF_PROD_ISSUE);
+#ifdef BT_F2_PROF
+                if (lane == 0) {
+                    f2_acc[F2_PROF_TILES] = n_kt;
+                    f2_acc[F2_PROF_WARPS] = 1;
+                    for (int i = 0; i < F2_PROF_N; i++)
+                        atomicAdd(&f2_prof[2][i],
+                                  (unsigned long long)f2_acc[i]);
+                }
+#endif
             }
             return; /* the consumers wait for every copy it issued */
         }
@@ -457,6 +544,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     const int wg = warp >> 2;
     if (PP) {
         bar_sync_n(3, NW * 32); /* Q staged, in the consumers only */
+        F2_MARK(F2_PROF_PROLOGUE);
         if (wg == 1)
             bar_arrive_n(1, 256); /* warpgroup 0 goes first */
     }
@@ -464,6 +552,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         if constexpr (PP) {
             /* TMA writes through the async proxy, as wgmma reads */
             mbar_wait(&bar_full[kt % STAGES], (uint32_t)((kt / STAGES) & 1));
+            F2_MARK(F2_PROF_FULL);
         } else {
             tc_cp_wait<STAGES - 2>();
             if (WQ)
@@ -483,6 +572,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             bar_arrive_n(2 - wg, 256);
             if ((threadIdx.x & 127) == 0)
                 mbar_arrive(&bar_empty[kt % STAGES]);
+            F2_MARK(F2_PROF_SKIPPED);
             continue; /* past this warpgroup's keys: its turn, released */
         }
         if (WQ ? kb0 > wg_last : !warp_live || kb0 > warp_last)
@@ -502,6 +592,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             const unsigned ks0 = (unsigned)__cvta_generic_to_shared(tk);
             if (PP)
                 bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
+            F2_MARK(F2_PROF_TURN);
             wg_fence_acc<KB>(s);
             wg_fence();
             const uint64_t dq = wg_desc(qs), dk = wg_desc(ks0);
@@ -516,6 +607,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             if (PP)
                 bar_arrive_n(2 - wg, 256); /* the other's turn */
             wg_wait<0>();
+            F2_MARK(F2_PROF_S);
             wg_fence_acc<KB>(s);
             /* WV: P V is the warpgroup's too, so a warp that sees none
              * of the tile still runs it, with every score masked (its
@@ -642,6 +734,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             for (int kk = 0; kk < BK / 16; kk++)
                 make_p(kk, pa[kk]);
             const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
+            F2_MARK(F2_PROF_SOFTMAX);
             wg_fence_acc<NT>(o);
             wg_fence();
             const uint64_t dv = wg_desc_mn(vs0, BK * 64 * 2, 1024);
@@ -652,6 +745,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             wg_commit();
             add_l(BK / 16); /* under the products */
             wg_wait<0>();
+            F2_MARK(F2_PROF_PV);
+#ifdef BT_F2_PROF
+            f2_acc[F2_PROF_TILES]++;
+#endif
             wg_fence_acc<NT>(o);
             if (PP && (threadIdx.x & 127) == 0)
                 mbar_arrive(&bar_empty[kt % STAGES]); /* tile kt read */
@@ -680,6 +777,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     tc_cp_wait<0>();
     if (PP && wg == 0)
         bar_sync_n(1, 256); /* warpgroup 1's last turn handed over */
+    F2_MARK(F2_PROF_TAIL);
 
     if (!warp_live)
         return;
@@ -702,6 +800,14 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             *(__nv_bfloat162 *)(out1 + nt * 8) =
                 __floats2bfloat162_rn(o[nt][2] * inv1, o[nt][3] * inv1);
     }
+#ifdef BT_F2_PROF
+    F2_MARK(F2_PROF_EPILOGUE);
+    if (PP && (threadIdx.x & 127) == 0) {
+        f2_acc[F2_PROF_WARPS] = 1;
+        for (int i = 0; i < F2_PROF_N; i++)
+            atomicAdd(&f2_prof[wg][i], (unsigned long long)f2_acc[i]);
+    }
+#endif
 }
 
 bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
@@ -712,10 +818,10 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
 /* PP's map of one layer cache (see f2_maps), boxes of min(block, bk)
  * slots. */
 static bool f2_map(CUtensorMap *m, const cuda_attn_args_t *a, const void *p,
-                   int bk)
+                   int rows)
 {
     return wg_cache_map(m, p, a->head_dim, a->n_kv_heads, a->kv_slots,
-                        a->block_size < bk ? a->block_size : bk);
+                        rows);
 }
 
 /* PP's maps for key tiles of bk (64 or 128), where they can be made: the
@@ -728,8 +834,16 @@ static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
     if (a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
         !(bs >= 8 && (bs <= bk ? bk % bs == 0 : bs % bk == 0)))
         return false;
-    return f2_map(&maps->k, a, a->d_k_cache, bk) &&
-           f2_map(&maps->v, a, a->d_v_cache, bk);
+    const char *prod = getenv("BT_F2_PRODUCER");
+    const char *runs = getenv("BT_F2_RUNS");
+    const int rows = bs < bk ? bs : bk;
+
+    maps->one_lane = prod != NULL && strcmp(prod, "lane") == 0;
+    maps->runs = bs < bk && !(runs != NULL && strcmp(runs, "0") == 0) &&
+                 f2_map(&maps->k_run, a, a->d_k_cache, bk) &&
+                 f2_map(&maps->v_run, a, a->d_v_cache, bk);
+    return f2_map(&maps->k, a, a->d_k_cache, rows) &&
+           f2_map(&maps->v, a, a->d_v_cache, rows);
 }
 
 /* maps: PP's (f2_pp_maps), unused by the others. */
@@ -813,4 +927,20 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                          stream);
     return f2_launch_hd<false, false>(args, d_tiles, n_tiles, n_warps,
                                       stream);
+}
+
+bool cuda_attn_prefill_prof_take(unsigned long long out[3][F2_PROF_N])
+{
+#ifdef BT_F2_PROF
+    static const unsigned long long zero[3][F2_PROF_N] = {};
+
+    if (cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpyFromSymbol(out, f2_prof, sizeof(zero)) != cudaSuccess ||
+        cudaMemcpyToSymbol(f2_prof, zero, sizeof(zero)) != cudaSuccess)
+        return false;
+    return true;
+#else
+    (void)out;
+    return false;
+#endif
 }

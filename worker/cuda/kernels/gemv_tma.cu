@@ -98,13 +98,6 @@ static __device__ __forceinline__ uint64_t tma_policy(bool keep)
     return p;
 }
 
-static __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *m)
-{
-#if WG_ENABLED
-    asm volatile("prefetch.tensormap [%0];" :: "l"((uint64_t)m) : "memory");
-#endif
-}
-
 /* Box (c0 = K offset, c1 = row offset) of the 2-D tensor map into dst,
  * completing on bar, with L2 policy pol. */
 static __device__ __forceinline__ void tma_load(void *dst,
@@ -201,8 +194,8 @@ gemv_tma_kernel(const __grid_constant__ CUtensorMap map_w,
         if (threadIdx.x == 0) {
             const int pre = (int)min((long long)STAGES, u1 - u0);
             const uint64_t pw = tma_policy(false), px = tma_policy(true);
-            tma_prefetch_map(&map_w);
-            tma_prefetch_map(&map_x);
+            wg_tma_prefetch(&map_w);
+            wg_tma_prefetch(&map_x);
             for (int i = 0; i < pre; i++) {
                 const long long u = u0 + i;
                 mbar_expect(&full[i], C::STAGE);

@@ -151,6 +151,15 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *bar,
 #endif
 }
 
+/* Starts fetching a tensor map's descriptor (kernel parameter space)
+ * into the copy engine's cache before the first copy needs it. */
+static __device__ __forceinline__ void wg_tma_prefetch(const CUtensorMap *m)
+{
+#if WG_ENABLED
+    asm volatile("prefetch.tensormap [%0];" :: "l"((uint64_t)m) : "memory");
+#endif
+}
+
 /* Box (c0, c1, c2) of the 3-D tensor map into dst (shared memory),
  * completing on bar with its byte count (zeros outside the tensor). */
 static __device__ __forceinline__ void wg_tma_load_3d(void *dst,
