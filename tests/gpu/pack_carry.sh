@@ -3,8 +3,9 @@
 # in the repository root, after building build-cuda): build-NAME/ gets
 # the listed binaries from build-cuda (gpu/X -> gpu/X, bin/X -> bin/X,
 # stripped; obj/X.cu.o -> obj/, an object file for cuobjdump there),
-# the libraries the device lacks (../shared/tools/devlibs) and, with the word `shared`, the tiny models plus the trained draft
-# heads of build-spec-carry/shared/heads; it is compressed into
+# the libraries the device lacks (../shared/tools/devlibs) and, with
+# the word `shared`, the tiny models plus the trained draft heads of
+# build-spec-carry/shared/heads; it is compressed into
 # .carry/NAME.tar.xz next to .carry/call.sh, which unpacks it and runs
 # SCRIPT on it.  Then:
 #   run(carry=[".carry"], command="bash .carry/call.sh")

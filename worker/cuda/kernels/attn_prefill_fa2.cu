@@ -66,7 +66,13 @@
  * loop: the consumer warpgroups take turns issuing S (named barriers 1
  * and 2), so one's softmax runs under the other's wgmma, and stages pass
  * on per-stage full mbarriers (the producer's expect_tx) and empty ones
- * (one arrival per warpgroup after its wgmma waits); 5 stages.  Round
+ * (one arrival per warpgroup after its wgmma waits); 5 stages.  The
+ * producer is a warp since round 26: lane p reads page p's block-table
+ * entry and issues its boxes, and a tile whose pages follow each other
+ * in the cache goes as one box a slab (maps k_run / v_run).  The copy
+ * engine costs ~100 cycles a box, so one lane issuing 32 boxes of 2 KB
+ * a 128-key tile kept the consumers waiting ~1800 cycles a tile for
+ * their stage (the phase profiler below).  Round
  * 11: 122.9 vs fa2wqv's 162.5 us a layer at 2048 tokens, 1616 vs 2112
  * at 8192 (the ping-pong alone, with the consumers still copying, was
  * equal to fa2wqv: their copy addressing kept the integer pipe busiest
@@ -81,9 +87,12 @@
  * + P 32 registers a thread) barely fit the 168 registers that 9 warps
  * allow (ceil(9 / 4) warps share a scheduler's 16 K; ptxas spilled), so
  * the producer is a whole warpgroup that gives its registers to the
- * consumers (setmaxnreg: 24 / 240) before they start.  Round 25: 128.8 - 131.7
- * us a layer at 2048 tokens (fa2pp 129.8 - 133.8), 1508 - 1552 at 8192
- * (1663 - 1737).  FlashAttention-3's overlap inside a warpgroup on top
+ * consumers (setmaxnreg: 24 / 240) before they start.  Round 25: 128.8 -
+ * 131.7 us a layer at 2048 tokens (fa2pp 129.8 - 133.8), 1508 - 1552 at
+ * 8192 (1663 - 1737); round 26 (the softmax's instructions, the producer
+ * warp): 97 - 101 us at 2048 and 1076 - 1134 at 8192 with the blocks
+ * scattered, 92 and 984 with them in order (runs; 59 -> 71% of the
+ * tensor rate).  FlashAttention-3's overlap inside a warpgroup on top
  * (a turn issues tile kt's S with tile kt-1's P V, kt's softmax under
  * that P V) was built and lost twice: spilling (1a98376, 172.6 us at
  * 2048), then without the spill (92e3421: every wgmma and wait off the
