@@ -68,8 +68,9 @@
  * on per-stage full mbarriers (the producer's expect_tx) and empty ones
  * (one arrival per warpgroup after its wgmma waits); 5 stages.  The
  * producer is a warp since round 26: lane p reads page p's block-table
- * entry and issues its boxes, and a tile whose pages follow each other
- * in the cache goes as one box a slab (maps k_run / v_run).  The copy
+ * entry and issues its boxes, and when all the blocks a block of the
+ * grid reads follow each other in the pool, each tile goes as one box a
+ * slab (maps k_run / v_run; BT_F2_RUNS=0 off).  The copy
  * engine costs ~100 cycles a box, so one lane issuing 32 boxes of 2 KB
  * a 128-key tile kept the consumers waiting ~1800 cycles a tile for
  * their stage (the phase profiler below).  Round
@@ -90,9 +91,9 @@
  * consumers (setmaxnreg: 24 / 240) before they start.  Round 25: 128.8 -
  * 131.7 us a layer at 2048 tokens (fa2pp 129.8 - 133.8), 1508 - 1552 at
  * 8192 (1663 - 1737); round 26 (the softmax's instructions, the producer
- * warp): 97 - 101 us at 2048 and 1076 - 1134 at 8192 with the blocks
- * scattered, 92 and 984 with them in order (runs; 59 -> 71% of the
- * tensor rate).  FlashAttention-3's overlap inside a warpgroup on top
+ * warp): 98.5 - 99.1 us at 2048 and 1064 - 1065 at 8192 with the
+ * blocks scattered, 94.5 and 994 with them in order (runs; 45 -> 70% of
+ * the tensor rate at 8192).  FlashAttention-3's overlap inside a warpgroup on top
  * (a turn issues tile kt's S with tile kt-1's P V, kt's softmax under
  * that P V) was built and lost twice: spilling (1a98376, 172.6 us at
  * 2048), then without the spill (92e3421: every wgmma and wait off the
@@ -399,6 +400,29 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                     const int blk = bs_sh >= 0 ? key0 >> bs_sh : key0 / bs;
                     return bt[blk] * bs + (key0 - blk * bs);
                 };
+                /* Runs: when every block the tiles read follows the
+                 * previous one in the pool (the KV allocator hands out
+                 * the lowest free ids, so a fresh prompt's blocks
+                 * usually do), each tile goes as one box of BK slots a
+                 * slab: 2 HD / 64 boxes instead of 2 HD / 64 a page; the
+                 * copy engine takes ~100 cycles a box whatever its size
+                 * (round 26: 3200-3400 cycles to issue a 128-key tile of
+                 * 16-slot pages, ~1100 as runs).  Checked once a block:
+                 * a check a tile (a shuffle and a vote) cost 4% with
+                 * scattered blocks, where the producer is the limit. */
+                bool runs = false;
+                int run0 = 0;
+                if (npg > 1 && maps.runs && lanes == npg) {
+                    const int nblk = (kv_end + bs - 1) / bs;
+                    run0 = bt[0];
+                    /* no early exit: the loads go out together (one
+                     * a lane at a time cost ~1 us a block at 8192) */
+                    bool in_run = true;
+#pragma unroll 8
+                    for (int b = lane; b < nblk; b += 32)
+                        in_run &= bt[b] == run0 + b;
+                    runs = __all_sync(~0u, in_run);
+                }
                 for (int kt = 0; kt < n_kt; kt++) {
                     const int st = kt % STAGES;
                     F2_MARK(F2_PROF_PROD_ISSUE);
@@ -408,42 +432,30 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                     F2_MARK(F2_PROF_PROD_EMPTY);
                     if (lane == 0)
                         mbar_expect(&bar_full[st], 2 * TILE * 2);
-                    /* (Round 26: reading the next tile's entries a tile
-                     * ahead, across the wait, measured 5% slower.) */
-                    const int slot_lane =
-                        lanes > 1 && lane < lanes ? page_slot(kt, lane) : 0;
-                    /* A tile whose pages follow each other in the cache
-                     * (a pool handing out blocks in order) is one run of
-                     * BK slots: 2 HD / 64 boxes instead of 2 HD / 64 a
-                     * page.  The copy engine takes ~100 cycles a box
-                     * whatever its size (round 26: 3200-3400 cycles to
-                     * issue a 128-key tile of 16-slot pages, ~1100 as
-                     * runs). */
-                    if (npg > 1 && maps.runs && lanes == npg) {
-                        const int base = __shfl_sync(~0u, slot_lane, 0);
-                        const bool in_run = lane >= npg ||
-                                            slot_lane == base + lane * rows;
-                        if (__all_sync(~0u, in_run)) {
-                            if (lane == 0) {
+                    if (runs) {
+                        /* slots past the keys: the pool's next blocks,
+                         * finite and masked, as in a partly used page */
+                        if (lane == 0) {
+                            const int base = run0 * bs + kt * BK;
 #pragma unroll
-                                for (int h2 = 0; h2 < HD / 64; h2++) {
-                                    const int off = h2 * BK * 64;
-                                    wg_tma_load_3d(sk + st * TILE + off,
-                                                   &maps.k_run, h2 * 64, kvh,
-                                                   base, &bar_full[st]);
-                                    wg_tma_load_3d(sv + st * TILE + off,
-                                                   &maps.v_run, h2 * 64, kvh,
-                                                   base, &bar_full[st]);
-                                }
+                            for (int h2 = 0; h2 < HD / 64; h2++) {
+                                const int off = h2 * BK * 64;
+                                wg_tma_load_3d(sk + st * TILE + off,
+                                               &maps.k_run, h2 * 64, kvh,
+                                               base, &bar_full[st]);
+                                wg_tma_load_3d(sv + st * TILE + off,
+                                               &maps.v_run, h2 * 64, kvh,
+                                               base, &bar_full[st]);
                             }
-                            continue;
                         }
+                        continue;
                     }
                     __syncwarp();
+                    /* (Round 26: reading the next tile's entries a tile
+                     * ahead, across the wait, measured no faster.) */
                     for (int pg = lane; pg < npg && lane < lanes;
                          pg += lanes) {
-                        const int slot0 =
-                            lanes > 1 ? slot_lane : page_slot(kt, pg);
+                        const int slot0 = page_slot(kt, pg);
 #pragma unroll
                         for (int h2 = 0; h2 < HD / 64; h2++) {
                             const int off = h2 * BK * 64 + pg * rows * 64;
