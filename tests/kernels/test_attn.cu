@@ -11,8 +11,8 @@
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
  *     at head 64/128 once per BT_PREFILL_KERNEL variant (wmma, fa2,
- *     fa2w4, fa2w8, fa2wq, fa2wqv, fa2pp, fa2pp128 = the default at
- *     head 128),
+ *     fa2w4, fa2w8, fa2wq, fa2wqv = the default at head 64, fa2pp,
+ *     fa2pp128 = the default at head 128, fa3),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -303,16 +303,17 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
      * S = Q K^T on wgmma (fa2wq), with P V on wgmma too (fa2wqv), and
      * with the two warpgroups in ping-pong fed by a TMA producer warp
      * (fa2pp), and that on 128-key tiles (fa2pp128, the default at head
-     * 128);
+     * 128), and that with the overlap inside a warpgroup (fa3, head 128;
+     * as fa2pp128 at head 64);
      * other head sizes: the default, unset) */
     static const char *const pnames[] = {"wmma",  "fa2",    "fa2w4",
                                          "fa2w8", "fa2wq",  "fa2wqv",
-                                         "fa2pp", "fa2pp128"};
+                                         "fa2pp", "fa2pp128", "fa3"};
     const bool two = c->hd == 64 || c->hd == 128;
     /* KT_ATTN_FA2=0: without the fa2 passes (round 5 re-ran
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
-    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 8;
+    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 9;
     for (int pass = 0; pass < n_pass &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {

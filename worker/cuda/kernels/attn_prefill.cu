@@ -472,8 +472,9 @@ typedef struct {
     int family; /* 0: the shared-memory kernel, 1: WMMA, 2: fa2 */
     int warps;  /* fa2: warps per block, 0: chosen by the GQA group */
     int wgmma;  /* fa2: 1 S on wgmma, 2 P V too, 3 the ping-pong, 4 the
-                   ping-pong on 128-key tiles, -1 4 at head 128 and 2
-                   at head 64 */
+                   ping-pong on 128-key tiles, 5 that with the overlap
+                   inside a warpgroup, -1 4 at head 128 and 2 at head
+                   64 */
 } prefill_kind_t;
 
 static const prefill_kind_t prefill_kinds[] = {
@@ -500,6 +501,16 @@ static const prefill_kind_t prefill_kinds[] = {
      * 130.5 us, 8192 tokens 1545 / 1552 vs 1737 / 1670 us; prefill 8192
      * -2 to -3.5%, 2048 -0.1 to -0.5 ms. */
     {"fa2pp128", 2, 0, 4},
+    /* fa2pp128 with FlashAttention-3's overlap inside each warpgroup
+     * (tile kt's softmax under tile kt-1's P V; head 128).  Lost in
+     * round 25 (152.5 vs 128.8 us at 2048 tokens) while one producer
+     * lane limited every ping-pong kernel; rebuilt on the producer warp
+     * in round 26: with the cache blocks in order (runs) 90.9 / 946.7
+     * us at 2048 / 8192 tokens against fa2pp128's 94.9 / 998.1, but
+     * scattered 109.7 / 1220.9 against 99.2 / 1067.6 (its producer
+     * issues K and V apart: twice the per-page work where the producer
+     * is already the limit); the engine's prefill equal.  Opt-in. */
+    {"fa3", 2, 0, 5},
     /* Default (unset): fa2pp128 at head 128, fa2wqv at head 64; at
      * head sizes fa2 does not take (16, 32), the WMMA kernel, and the
      * shared-memory one at 256.  Head 64 (Llama-3.2-1B's attention

@@ -101,6 +101,13 @@
  * 2048 and 1932 at 8192.  Blocks of 8..128 slots dividing 128 or
  * multiples of 128; else fa2pp.  test_attn pass "fa2pp128".
  *
+ * fa3 (OV, BT_PREFILL_KERNEL=fa3, head 128): that overlap again, on the
+ * producer warp of round 26; K and V of a stage on their own full /
+ * empty mbarriers.  Round 26: −4 / −5% against fa2pp128 at 2048 / 8192
+ * tokens with the blocks in order, +11 / +14% with them scattered
+ * (the producer, the limit there, now makes two passes a tile), the
+ * engine's prefill equal; opt-in.  test_attn pass "fa3".
+ *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
  * end of the keys, draft-tree masks), and blocks run heaviest first
@@ -152,7 +159,7 @@ template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
     static constexpr size_t BYTES =
         (size_t)STAGES * 2 * TILE * 2 +
         (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0) +
-        (PP ? (size_t)2 * STAGES * sizeof(uint64_t) : 0);
+        (PP ? (size_t)4 * STAGES * sizeof(uint64_t) : 0);
     static_assert(THREADS % CH == 0, "thread count");
     static_assert(PP || (BK == F2_BK && RPT * THREADS == F2_BK * CH),
                   "tile split");
@@ -236,7 +243,8 @@ __device__ unsigned long long f2_prof[3][F2_PROF_N];
 #define F2_MARK(i) ((void)0)
 #endif
 
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
+          bool OV = false>
 static __global__ void __launch_bounds__(f2_cfg<HD, NW, WQ, PP, BK>::BLOCK,
                                          1)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
@@ -245,6 +253,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
     static_assert(PP || BK == F2_BK, "128-key tiles: the ping-pong only");
+    static_assert(!OV || (PP && BK == 128), "overlap: 128-key ping-pong");
     typedef f2_cfg<HD, NW, WQ, PP, BK> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
@@ -269,6 +278,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     uint64_t *bar_full =
         reinterpret_cast<uint64_t *>(sq + (NW / 4) * C::QTILE);
     uint64_t *bar_empty = bar_full + STAGES;
+    /* OV: bar_full / bar_empty are K's, these V's (a tile's K is
+     * released after its S, its V after its P V) */
+    uint64_t *bar_full_v = bar_empty + STAGES;
+    uint64_t *bar_empty_v = bar_full_v + STAGES;
 
     /* Heaviest first: the last backend tile's blocks come first. */
     int bid = blockIdx.x;
@@ -362,6 +375,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             for (int st = 0; st < STAGES; st++) {
                 mbar_init(&bar_full[st], 1);
                 mbar_init(&bar_empty[st], 2);
+                if (OV) {
+                    mbar_init(&bar_full_v[st], 1);
+                    mbar_init(&bar_empty_v[st], 2);
+                }
             }
             mbar_init_fence();
         }
@@ -423,15 +440,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         in_run &= bt[b] == run0 + b;
                     runs = __all_sync(~0u, in_run);
                 }
-                for (int kt = 0; kt < n_kt; kt++) {
-                    const int st = kt % STAGES;
-                    F2_MARK(F2_PROF_PROD_ISSUE);
-                    if (kt >= STAGES)
-                        mbar_wait(&bar_empty[st],
-                                  (uint32_t)((kt / STAGES - 1) & 1));
-                    F2_MARK(F2_PROF_PROD_EMPTY);
-                    if (lane == 0)
-                        mbar_expect(&bar_full[st], 2 * TILE * 2);
+                /* K (which & 1) and / or V (which & 2) of tile kt into
+                 * stage st, completing on bar */
+                auto issue_tile = [&](int kt, int st, int which,
+                                      uint64_t *bar) {
                     if (runs) {
                         /* slots past the keys: the pool's next blocks,
                          * finite and masked, as in a partly used page */
@@ -440,15 +452,17 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
                             for (int h2 = 0; h2 < HD / 64; h2++) {
                                 const int off = h2 * BK * 64;
-                                wg_tma_load_3d(sk + st * TILE + off,
-                                               &maps.k_run, h2 * 64, kvh,
-                                               base, &bar_full[st]);
-                                wg_tma_load_3d(sv + st * TILE + off,
-                                               &maps.v_run, h2 * 64, kvh,
-                                               base, &bar_full[st]);
+                                if (which & 1)
+                                    wg_tma_load_3d(sk + st * TILE + off,
+                                                   &maps.k_run, h2 * 64, kvh,
+                                                   base, bar);
+                                if (which & 2)
+                                    wg_tma_load_3d(sv + st * TILE + off,
+                                                   &maps.v_run, h2 * 64, kvh,
+                                                   base, bar);
                             }
                         }
-                        continue;
+                        return;
                     }
                     __syncwarp();
                     /* (Round 26: reading the next tile's entries a tile
@@ -459,13 +473,31 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
                         for (int h2 = 0; h2 < HD / 64; h2++) {
                             const int off = h2 * BK * 64 + pg * rows * 64;
-                            wg_tma_load_3d(sk + st * TILE + off, &maps.k,
-                                           h2 * 64, kvh, slot0,
-                                           &bar_full[st]);
-                            wg_tma_load_3d(sv + st * TILE + off, &maps.v,
-                                           h2 * 64, kvh, slot0,
-                                           &bar_full[st]);
+                            if (which & 1)
+                                wg_tma_load_3d(sk + st * TILE + off, &maps.k,
+                                               h2 * 64, kvh, slot0, bar);
+                            if (which & 2)
+                                wg_tma_load_3d(sv + st * TILE + off, &maps.v,
+                                               h2 * 64, kvh, slot0, bar);
                         }
+                    }
+                };
+                for (int kt = 0; kt < n_kt; kt++) {
+                    const int st = kt % STAGES;
+                    const uint32_t par = (uint32_t)((kt / STAGES - 1) & 1);
+                    F2_MARK(F2_PROF_PROD_ISSUE);
+                    if (kt >= STAGES)
+                        mbar_wait(&bar_empty[st], par);
+                    F2_MARK(F2_PROF_PROD_EMPTY);
+                    if (lane == 0)
+                        mbar_expect(&bar_full[st], (OV ? 1 : 2) * TILE * 2);
+                    issue_tile(kt, st, OV ? 1 : 3, &bar_full[st]);
+                    if (OV) {
+                        if (kt >= STAGES)
+                            mbar_wait(&bar_empty_v[st], par);
+                        if (lane == 0)
+                            mbar_expect(&bar_full_v[st], TILE * 2);
+                        issue_tile(kt, st, 2, &bar_full_v[st]);
                     }
                 }
                 F2_MARK(F2_PROF_PROD_ISSUE);
@@ -554,6 +586,107 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     const float sl2 = a.scale * 1.4426950408889634f;
     const int sw = lane & 7; /* row & 7 of every ldmatrix row address */
 
+    /* One key tile's scores s (this lane's rows, keys kb0 ..): masked
+     * where some key may be hidden (one branch around the whole pass: a
+     * test per score pair cost ~100 instructions and as many branch
+     * stalls on every fully visible tile, round 26), the running maxima
+     * and sums moved on; the earlier O's correction in c0 / c1, the
+     * exponent bases in b0 / b1.  Raw scores stay unscaled (the scale
+     * goes into the exponent's FFMA). */
+    float b0 = 0.0f, b1 = 0.0f;
+    auto softmax_tile = [&](int kb0, float (&s)[KB][4], float &c0,
+                            float &c1) {
+        const bool full = kb0 + BK <= ctx ||
+                          (mask == NULL && kb0 + BK - 1 <= warp_full);
+        if (!full) {
+#pragma unroll
+            for (int nt = 0; nt < KB; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int key = kb0 + nt * 8 + 2 * tq + j;
+                    bool vis0 = ok0 && key < kv_end;
+                    bool vis1 = ok1 && key < kv_end;
+                    if (key >= ctx) {
+                        if (mask) {
+                            vis0 = vis0 &&
+                                   mask[(size_t)qi0 * n_tok + key - ctx];
+                            vis1 = vis1 &&
+                                   mask[(size_t)qi1 * n_tok + key - ctx];
+                        } else {
+                            vis0 = vis0 && key - ctx <= qi0;
+                            vis1 = vis1 && key - ctx <= qi1;
+                        }
+                    }
+                    if (!vis0)
+                        s[nt][j] = -INFINITY;
+                    if (!vis1)
+                        s[nt][2 + j] = -INFINITY;
+                }
+        }
+        float mx0 = f2_rowmax<KB>(s, 0), mx1 = f2_rowmax<KB>(s, 2);
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        /* Running maxima in base-2 units (sl2 > 0: max commutes). */
+        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+        /* A row with nothing visible yet keeps m = -inf: subtract 0. */
+        b0 = mn0 == -INFINITY ? 0.0f : mn0;
+        b1 = mn1 == -INFINITY ? 0.0f : mn1;
+        c0 = f2_ex2(m0 - b0);
+        c1 = f2_ex2(m1 - b1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= c0;
+        l1 *= c1;
+    };
+    /* O *= the correction */
+    auto rescale_o = [&](float c0, float c1) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= c0;
+            o[nt][1] *= c0;
+            o[nt][2] *= c1;
+            o[nt][3] *= c1;
+        }
+    };
+    /* P of 16 keys from the S accumulators (bf16; the A fragment layout
+     * equals the C layout of two 8-key tiles); l sums the f32 p as
+     * FlashAttention does (round 26: summing the bf16 p that P V
+     * multiplies cost a PRMT and an IMAD to unpack each), in a partial
+     * per 16 keys so no chain of adds runs through the whole tile. */
+    float ls0[BK / 16], ls1[BK / 16];
+    auto make_p = [&](const float (&s)[KB][4], int kk, uint32_t (&pa)[4]) {
+        float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int nt = 2 * kk + hh;
+            const float e0 = f2_ex2(fmaf(s[nt][0], sl2, -b0));
+            const float e1 = f2_ex2(fmaf(s[nt][1], sl2, -b0));
+            const float e2 = f2_ex2(fmaf(s[nt][2], sl2, -b1));
+            const float e3 = f2_ex2(fmaf(s[nt][3], sl2, -b1));
+            pa[2 * hh] = tc_pack(e0, e1);
+            pa[2 * hh + 1] = tc_pack(e2, e3);
+            r0 += e0 + e1;
+            r1 += e2 + e3;
+        }
+        ls0[kk] = r0;
+        ls1[kk] = r1;
+    };
+    /* l += the partials, pairwise. */
+    auto add_l = [&](int n) {
+#pragma unroll
+        for (int w = 1; w < n; w <<= 1)
+#pragma unroll
+            for (int i = 0; i + w < n; i += 2 * w) {
+                ls0[i] += ls0[i + w];
+                ls1[i] += ls1[i + w];
+            }
+        l0 += ls0[0];
+        l1 += ls1[0];
+    };
+
     /* PP (FlashAttention-3's ping-pong): no block barrier in the loop.
      * The warpgroups take turns issuing S on the tensor cores (named
      * barrier 1 + wg is warpgroup wg's turn, given by the other after
@@ -569,7 +702,120 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         if (wg == 1)
             bar_arrive_n(1, 256); /* warpgroup 0 goes first */
     }
-    for (int kt = 0; kt < n_kt; kt++) {
+    if constexpr (OV) {
+        /* FlashAttention-3's overlap inside a warpgroup on top of the
+         * ping-pong: a turn issues tile kt's S and tile kt-1's P V
+         * together, and kt's softmax runs under that P V (and the other
+         * warpgroup's turn).  Both warpgroups walk all n_kt tiles of the
+         * block (a tile past one's causal range is fully masked for it),
+         * so no wgmma or wait sits on a branch: ptxas serializes every
+         * wgmma of a kernel that has one (C7518 / C7514).  P of the
+         * pending tile waits in pa, its O correction in cp0 / cp1; K of
+         * a stage is released after its S, V after its P V.  n_kt + 1
+         * turns a warpgroup, as the loop below takes n_kt plus the
+         * hand-over after it.  (Rounds 25 and 26: lost twice while one
+         * producer lane limited every variant; rebuilt on the producer
+         * warp.) */
+        const unsigned qs =
+            (unsigned)__cvta_generic_to_shared(sq + wg * C::QTILE);
+        const uint64_t dq = wg_desc(qs);
+        uint32_t pa[BK / 16][4];
+        float cp0 = 1.0f, cp1 = 1.0f;
+        auto issue_s = [&](int kt, float (&s)[KB][4]) {
+            const unsigned ks0 = (unsigned)__cvta_generic_to_shared(
+                sk + (kt % STAGES) * TILE);
+#pragma unroll
+            for (int nt = 0; nt < KB; nt++)
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            wg_fence_acc<KB>(s);
+            wg_fence();
+            const uint64_t dk = wg_desc(ks0);
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
+                wg_mma<KB>::run(
+                    s, wg_desc_add(dq, sl * 64 * 64 * 2 + 32 * kin),
+                    wg_desc_add(dk, sl * BK * 64 * 2 + 32 * kin));
+            }
+            wg_commit();
+        };
+        /* O = O cp + P V of tile kt (pa) */
+        auto issue_pv = [&](int kt) {
+            rescale_o(cp0, cp1);
+            const unsigned vs0 = (unsigned)__cvta_generic_to_shared(
+                sv + (kt % STAGES) * TILE);
+            wg_fence_acc<NT>(o);
+            wg_fence();
+            const uint64_t dv = wg_desc_mn(vs0, BK * 64 * 2, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                wg_mma_rs<NT>::run(o, pa[kk],
+                                   wg_desc_add(dv, kk * 16 * 128));
+            wg_commit();
+        };
+        const bool lead = (threadIdx.x & 127) == 0;
+        float s[KB][4];
+        float c0, c1;
+        /* Straight-line turns: a prologue, the loop, an epilogue. */
+        mbar_wait(&bar_full[0], 0u);
+        bar_sync_n(1 + wg, 256);
+        issue_s(0, s);
+        bar_arrive_n(2 - wg, 256);
+        wg_wait<0>();
+        wg_fence_acc<KB>(s);
+        if (lead)
+            mbar_arrive(&bar_empty[0]);
+        softmax_tile(0, s, c0, c1);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            make_p(s, kk, pa[kk]);
+        add_l(BK / 16);
+        cp0 = c0;
+        cp1 = c1;
+        for (int kt = 1; kt < n_kt; kt++) {
+            const int st = kt % STAGES, pst = (kt - 1) % STAGES;
+            mbar_wait(&bar_full[st], (uint32_t)((kt / STAGES) & 1));
+            mbar_wait(&bar_full_v[pst], (uint32_t)(((kt - 1) / STAGES) & 1));
+            F2_MARK(F2_PROF_FULL);
+            bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
+            F2_MARK(F2_PROF_TURN);
+            issue_s(kt, s);
+            issue_pv(kt - 1);
+            bar_arrive_n(2 - wg, 256); /* the other's turn */
+            wg_wait<1>(); /* S landed, P V may still run */
+            wg_fence_acc<KB>(s);
+            F2_MARK(F2_PROF_S);
+            if (lead)
+                mbar_arrive(&bar_empty[st]); /* K of tile kt read */
+            softmax_tile(kt * BK, s, c0, c1);
+            F2_MARK(F2_PROF_SOFTMAX);
+            wg_wait<0>();
+            wg_fence_acc<NT>(o);
+            F2_MARK(F2_PROF_PV);
+#ifdef BT_F2_PROF
+            f2_acc[F2_PROF_TILES]++;
+#endif
+            if (lead)
+                mbar_arrive(&bar_empty_v[pst]); /* V of tile kt-1 read */
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                make_p(s, kk, pa[kk]);
+            add_l(BK / 16);
+            cp0 = c0;
+            cp1 = c1;
+        }
+        const int lst = (n_kt - 1) % STAGES;
+        mbar_wait(&bar_full_v[lst], (uint32_t)(((n_kt - 1) / STAGES) & 1));
+        bar_sync_n(1 + wg, 256);
+        issue_pv(n_kt - 1);
+        bar_arrive_n(2 - wg, 256);
+        wg_wait<0>();
+        wg_fence_acc<NT>(o);
+        if (lead)
+            mbar_arrive(&bar_empty_v[lst]);
+    }
+    /* (OV ran its own loop above) */
+    for (int kt = 0; kt < (OV ? 0 : n_kt); kt++) {
         if constexpr (PP) {
             /* TMA writes through the async proxy, as wgmma reads */
             mbar_wait(&bar_full[kt % STAGES], (uint32_t)((kt / STAGES) & 1));
@@ -654,98 +900,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             }
         }
 
-        /* Masks only where some key may be hidden (one branch around
-         * the whole pass: a test per score pair cost ~100 instructions
-         * and as many branch stalls on every fully visible tile, round
-         * 26); raw scores stay unscaled (the scale goes into the
-         * exponent's FFMA). */
-        const bool full = kb0 + BK <= ctx ||
-                          (mask == NULL && kb0 + BK - 1 <= warp_full);
-        if (!full) {
-#pragma unroll
-            for (int nt = 0; nt < KB; nt++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int key = kb0 + nt * 8 + 2 * tq + j;
-                    bool vis0 = ok0 && key < kv_end;
-                    bool vis1 = ok1 && key < kv_end;
-                    if (key >= ctx) {
-                        if (mask) {
-                            vis0 = vis0 &&
-                                   mask[(size_t)qi0 * n_tok + key - ctx];
-                            vis1 = vis1 &&
-                                   mask[(size_t)qi1 * n_tok + key - ctx];
-                        } else {
-                            vis0 = vis0 && key - ctx <= qi0;
-                            vis1 = vis1 && key - ctx <= qi1;
-                        }
-                    }
-                    if (!vis0)
-                        s[nt][j] = -INFINITY;
-                    if (!vis1)
-                        s[nt][2 + j] = -INFINITY;
-                }
-        }
-        float mx0 = f2_rowmax<KB>(s, 0), mx1 = f2_rowmax<KB>(s, 2);
-#pragma unroll
-        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-        }
-        /* Running maxima in base-2 units (sl2 > 0: max commutes). */
-        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
-        /* A row with nothing visible yet keeps m = -inf: subtract 0. */
-        const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
-        const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
-        const float c0 = f2_ex2(m0 - b0), c1 = f2_ex2(m1 - b1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            o[nt][0] *= c0;
-            o[nt][1] *= c0;
-            o[nt][2] *= c1;
-            o[nt][3] *= c1;
-        }
+        float c0, c1;
+        softmax_tile(kb0, s, c0, c1);
+        rescale_o(c0, c1);
 
-        /* O += P V, 16 keys at a time: P from the S accumulators (bf16,
-         * the A fragment layout equals the C layout of two 8-key tiles);
-         * l sums the f32 p as FlashAttention does (round 26: summing the
-         * bf16 p that P V multiplies cost a PRMT and an IMAD to unpack
-         * each), in a partial per 16 keys so no chain of adds runs
-         * through the whole tile. */
-        float ls0[BK / 16], ls1[BK / 16];
-        auto make_p = [&](int kk, uint32_t (&pa)[4]) {
-            float r0 = 0.0f, r1 = 0.0f;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int nt = 2 * kk + hh;
-                const float e0 = f2_ex2(fmaf(s[nt][0], sl2, -b0));
-                const float e1 = f2_ex2(fmaf(s[nt][1], sl2, -b0));
-                const float e2 = f2_ex2(fmaf(s[nt][2], sl2, -b1));
-                const float e3 = f2_ex2(fmaf(s[nt][3], sl2, -b1));
-                pa[2 * hh] = tc_pack(e0, e1);
-                pa[2 * hh + 1] = tc_pack(e2, e3);
-                r0 += e0 + e1;
-                r1 += e2 + e3;
-            }
-            ls0[kk] = r0;
-            ls1[kk] = r1;
-        };
-        /* l += the partials, pairwise. */
-        auto add_l = [&](int n) {
-#pragma unroll
-            for (int w = 1; w < n; w <<= 1)
-#pragma unroll
-                for (int i = 0; i + w < n; i += 2 * w) {
-                    ls0[i] += ls0[i + w];
-                    ls1[i] += ls1[i + w];
-                }
-            l0 += ls0[0];
-            l1 += ls1[0];
-        };
         if constexpr (WV) {
             /* wgmma m64n(HD)k16 per 16 keys: A = P from registers, B = the
              * V slabs N-major (16 key rows from row 16 kk, 128 bytes
@@ -753,7 +911,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             uint32_t pa[BK / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                make_p(kk, pa[kk]);
+                make_p(s, kk, pa[kk]);
             const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
             F2_MARK(F2_PROF_SOFTMAX);
             wg_fence_acc<NT>(o);
@@ -779,7 +937,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #pragma unroll
             for (int kk = 0; kk < F2_BK / 16; kk++) {
                 uint32_t pa[4];
-                make_p(kk, pa);
+                make_p(s, kk, pa);
                 uint32_t b[HD / 16][4];
                 const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + sw;
 #pragma unroll
@@ -868,7 +1026,8 @@ static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
 }
 
 /* maps: PP's (f2_pp_maps), unused by the others. */
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
+          bool OV = false>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, const f2_maps &maps,
                              cudaStream_t stream)
@@ -883,11 +1042,11 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
     err = cudaFuncSetAttribute(
-        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>,
+        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>
         <<<(unsigned)blocks, C::BLOCK, bytes, stream>>>(
             *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
@@ -923,9 +1082,15 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    /* wgmma 4 (fa2pp128): the ping-pong on 128-key tiles; wgmma 3
-     * (fa2pp): on 64-key tiles.  The ping-pong needs two warpgroups a
-     * block and its tensor maps; without them it runs as fa2wqv */
+    /* wgmma 5 (fa3): the ping-pong on 128-key tiles with the overlap
+     * inside each warpgroup (head 128; else as fa2pp128); wgmma 4
+     * (fa2pp128): the ping-pong on 128-key tiles; wgmma 3 (fa2pp): on
+     * 64-key tiles.  The ping-pong needs two warpgroups a block and its
+     * tensor maps; without them it runs as fa2wqv */
+    if (wgmma >= 5 && args->head_dim == 128 && n_warps == 8 &&
+        cuda_wgmma_available() && f2_pp_maps(args, 128, &maps))
+        return f2_launch<128, 8, true, true, true, 128, true>(
+            args, d_tiles, n_tiles, maps, stream);
     if (wgmma >= 4 && n_warps == 8 && cuda_wgmma_available() &&
         f2_pp_maps(args, 128, &maps))
         return args->head_dim == 64
