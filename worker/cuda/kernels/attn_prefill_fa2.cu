@@ -103,7 +103,7 @@
  *
  * fa3 (OV, BT_PREFILL_KERNEL=fa3, head 128): that overlap again, on the
  * producer warp of round 26; K and V of a stage on their own full /
- * empty mbarriers.  Round 26: −4 / −5% against fa2pp128 at 2048 / 8192
+ * empty mbarriers.  Round 26: -4 / -5% against fa2pp128 at 2048 / 8192
  * tokens with the blocks in order, +11 / +14% with them scattered
  * (the producer, the limit there, now makes two passes a tile), the
  * engine's prefill equal; opt-in.  test_attn pass "fa3".
