@@ -463,9 +463,10 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * layer at 2048 tokens); =fa2wqv with P V on wgmma too; =fa2pp that
  * with FlashAttention-3's ping-pong of the block's two warpgroups and a
  * TMA producer warp (the default of rounds 11-24); =fa2pp128 that on
- * 128-key tiles; unset: fa2pp128 at head 128, fa2wqv at head 64 (the
- * ping-pong kernels as fa2wqv where a block has one warpgroup or the
- * caches cannot be mapped; all as fa2 without sm_90a wgmma).
+ * 128-key tiles; =fa3 that with the overlap inside a warpgroup;
+ * unset: fa2pp128 at head 128, fa2wqv at head 64 (the ping-pong kernels
+ * as fa2wqv where a block has one warpgroup or the caches cannot be
+ * mapped; all as fa2 without sm_90a wgmma).
  * Read at every launch, so tests can switch. */
 typedef struct {
     const char *name;

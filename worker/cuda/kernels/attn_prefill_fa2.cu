@@ -222,7 +222,6 @@ static __device__ __forceinline__ int f2_slab(int rows, int r, int c)
 struct f2_maps {
     CUtensorMap k, v;
     CUtensorMap k_run, v_run; /* boxes of a whole tile's BK slots */
-    int one_lane; /* BT_F2_PRODUCER=lane: round 25's one-lane producer */
     int runs;     /* k_run / v_run made and not BT_F2_RUNS=0 */
 };
 
@@ -391,15 +390,13 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             /* The producer warp: a tile's BK keys as boxes of
              * min(block, BK) cache slots (pages past the keys from an
              * out-of-range slot: zeros), K and V of each 64-dim slab.
-             * Lane p takes page p: its block-table entry is read before
-             * the stage is free and its copies go out beside the other
-             * lanes'.  (Round 26: one lane reading each entry, then
+             * Lane p takes page p: it reads its block-table entry and
+             * issues its copies beside the other lanes'.  (Round 26: one lane reading each entry, then
              * issuing, page after page, kept the consumers waiting
              * 1800 cycles of each 128-key tile for their stage.)  The
              * warpgroup's other warps (128-key tiles) idle. */
             if (warp == NW) {
                 const int rows = min(bs, BK), npg = BK / rows;
-                const int lanes = maps.one_lane ? 1 : npg;
                 if (lane == 0) {
                     wg_tma_prefetch(&maps.k);
                     wg_tma_prefetch(&maps.v);
@@ -429,7 +426,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                  * scattered blocks, where the producer is the limit. */
                 bool runs = false;
                 int run0 = 0;
-                if (npg > 1 && maps.runs && lanes == npg) {
+                if (npg > 1 && maps.runs) {
                     const int nblk = (kv_end + bs - 1) / bs;
                     run0 = bt[0];
                     /* no early exit: the loads go out together (one
@@ -467,9 +464,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                     __syncwarp();
                     /* (Round 26: reading the next tile's entries a tile
                      * ahead, across the wait, measured no faster.) */
-                    for (int pg = lane; pg < npg && lane < lanes;
-                         pg += lanes) {
-                        const int slot0 = page_slot(kt, pg);
+                    if (lane < npg) {
+                        const int pg = lane, slot0 = page_slot(kt, pg);
 #pragma unroll
                         for (int h2 = 0; h2 < HD / 64; h2++) {
                             const int off = h2 * BK * 64 + pg * rows * 64;
@@ -686,6 +682,40 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         l0 += ls0[0];
         l1 += ls1[0];
     };
+    /* WQ: S = Q K^T of the key tile in stage st on wgmma, committed (64
+     * x BK per warpgroup; this warp's 16 rows in the m16n8 C layout),
+     * k16 steps over the HD / 64 slabs; s holds its start (zeros) */
+    auto wgmma_s = [&](int st, float (&s)[KB][4]) {
+        const unsigned qs = (unsigned)__cvta_generic_to_shared(
+            sq + (warp >> 2) * C::QTILE);
+        const unsigned ks0 =
+            (unsigned)__cvta_generic_to_shared(sk + st * TILE);
+        wg_fence_acc<KB>(s);
+        wg_fence();
+        const uint64_t dq = wg_desc(qs), dk = wg_desc(ks0);
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
+            wg_mma<KB>::run(s, wg_desc_add(dq, sl * 64 * 64 * 2 + 32 * kin),
+                            wg_desc_add(dk, sl * BK * 64 * 2 + 32 * kin));
+        }
+        wg_commit();
+    };
+    /* WV: O += P V of the tile in stage st on wgmma, committed: m64n(HD)k16
+     * per 16 keys, A = P from registers, B = the V slabs N-major (16 key
+     * rows from row 16 kk, 128 bytes each; the next 64 dims one slab =
+     * BK rows on) */
+    auto wgmma_pv = [&](int st, const uint32_t (&pa)[BK / 16][4]) {
+        const unsigned vs0 =
+            (unsigned)__cvta_generic_to_shared(sv + st * TILE);
+        wg_fence_acc<NT>(o);
+        wg_fence();
+        const uint64_t dv = wg_desc_mn(vs0, BK * 64 * 2, 1024);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            wg_mma_rs<NT>::run(o, pa[kk], wg_desc_add(dv, kk * 16 * 128));
+        wg_commit();
+    };
 
     /* PP (FlashAttention-3's ping-pong): no block barrier in the loop.
      * The warpgroups take turns issuing S on the tensor cores (named
@@ -716,42 +746,18 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
          * hand-over after it.  (Rounds 25 and 26: lost twice while one
          * producer lane limited every variant; rebuilt on the producer
          * warp.) */
-        const unsigned qs =
-            (unsigned)__cvta_generic_to_shared(sq + wg * C::QTILE);
-        const uint64_t dq = wg_desc(qs);
         uint32_t pa[BK / 16][4];
         float cp0 = 1.0f, cp1 = 1.0f;
         auto issue_s = [&](int kt, float (&s)[KB][4]) {
-            const unsigned ks0 = (unsigned)__cvta_generic_to_shared(
-                sk + (kt % STAGES) * TILE);
 #pragma unroll
             for (int nt = 0; nt < KB; nt++)
                 s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            wg_fence_acc<KB>(s);
-            wg_fence();
-            const uint64_t dk = wg_desc(ks0);
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
-                wg_mma<KB>::run(
-                    s, wg_desc_add(dq, sl * 64 * 64 * 2 + 32 * kin),
-                    wg_desc_add(dk, sl * BK * 64 * 2 + 32 * kin));
-            }
-            wg_commit();
+            wgmma_s(kt % STAGES, s);
         };
         /* O = O cp + P V of tile kt (pa) */
         auto issue_pv = [&](int kt) {
             rescale_o(cp0, cp1);
-            const unsigned vs0 = (unsigned)__cvta_generic_to_shared(
-                sv + (kt % STAGES) * TILE);
-            wg_fence_acc<NT>(o);
-            wg_fence();
-            const uint64_t dv = wg_desc_mn(vs0, BK * 64 * 2, 1024);
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                wg_mma_rs<NT>::run(o, pa[kk],
-                                   wg_desc_add(dv, kk * 16 * 128));
-            wg_commit();
+            wgmma_pv(kt % STAGES, pa);
         };
         const bool lead = (threadIdx.x & 127) == 0;
         float s[KB][4];
@@ -852,25 +858,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         for (int nt = 0; nt < KB; nt++)
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
         if constexpr (WQ) {
-            /* S (64 x 64 per warpgroup; this warp's 16 rows in the
-             * m16n8 C layout) = Q K^T, k16 steps over the HD / 64 slabs */
-            const unsigned qs = (unsigned)__cvta_generic_to_shared(
-                sq + (warp >> 2) * C::QTILE);
-            const unsigned ks0 = (unsigned)__cvta_generic_to_shared(tk);
             if (PP)
                 bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
             F2_MARK(F2_PROF_TURN);
-            wg_fence_acc<KB>(s);
-            wg_fence();
-            const uint64_t dq = wg_desc(qs), dk = wg_desc(ks0);
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const unsigned sl = (unsigned)(kk >> 2), kin = kk & 3;
-                wg_mma<KB>::run(
-                    s, wg_desc_add(dq, sl * 64 * 64 * 2 + 32 * kin),
-                    wg_desc_add(dk, sl * BK * 64 * 2 + 32 * kin));
-            }
-            wg_commit();
+            wgmma_s(kt % STAGES, s);
             if (PP)
                 bar_arrive_n(2 - wg, 256); /* the other's turn */
             wg_wait<0>();
@@ -905,23 +896,12 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         rescale_o(c0, c1);
 
         if constexpr (WV) {
-            /* wgmma m64n(HD)k16 per 16 keys: A = P from registers, B = the
-             * V slabs N-major (16 key rows from row 16 kk, 128 bytes
-             * each; the next 64 dims one slab = BK rows on) */
             uint32_t pa[BK / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
                 make_p(s, kk, pa[kk]);
-            const unsigned vs0 = (unsigned)__cvta_generic_to_shared(tv);
             F2_MARK(F2_PROF_SOFTMAX);
-            wg_fence_acc<NT>(o);
-            wg_fence();
-            const uint64_t dv = wg_desc_mn(vs0, BK * 64 * 2, 1024);
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                wg_mma_rs<NT>::run(o, pa[kk],
-                                   wg_desc_add(dv, kk * 16 * 128));
-            wg_commit();
+            wgmma_pv(kt % STAGES, pa);
             add_l(BK / 16); /* under the products */
             wg_wait<0>();
             F2_MARK(F2_PROF_PV);
@@ -1013,11 +993,9 @@ static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
     if (a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
         !(bs >= 8 && (bs <= bk ? bk % bs == 0 : bs % bk == 0)))
         return false;
-    const char *prod = getenv("BT_F2_PRODUCER");
     const char *runs = getenv("BT_F2_RUNS");
     const int rows = bs < bk ? bs : bk;
 
-    maps->one_lane = prod != NULL && strcmp(prod, "lane") == 0;
     maps->runs = bs < bk && !(runs != NULL && strcmp(runs, "0") == 0) &&
                  f2_map(&maps->k_run, a, a->d_k_cache, bk) &&
                  f2_map(&maps->v_run, a, a->d_v_cache, bk);
