@@ -63,7 +63,9 @@ typedef struct {
 typedef enum {
     BACKEND_PRECISION_DEFAULT = 0, /* CPU: f32, CUDA: bf16 */
     BACKEND_PRECISION_F32,         /* float32 weights and activations */
-    BACKEND_PRECISION_BF16
+    BACKEND_PRECISION_BF16         /* CUDA: bf16 weights and activations,
+                                      f32 accumulation and residual; CPU:
+                                      the same roundings in f32 math */
 } backend_precision_t;
 
 typedef struct {

@@ -2,6 +2,13 @@
  * cpu_backend.c - the float32 CPU backend: weights, the paged KV pool and
  * the batched forward pass (see backend.h for the attention semantics).
  *
+ * Precision bf16 keeps the float32 arithmetic but rounds the weights and,
+ * wherever the CUDA backend stores bf16, the activations: the normed
+ * inputs, the q/k/v and gate/up products, the K/V cache, the attention
+ * and SwiGLU outputs (the residual stream and the logits stay float32, as
+ * there).  It is the same-precision reference the GPU's bf16 path is
+ * checked against (tests/gpu/test_cuda_model.c).
+ *
  * create() converts every weight to float32 once, fuses wq/wk/wv into one
  * matrix and w_gate/w_up into another (rows interleaved gate_i, up_i), and
  * packs every matrix into panels (cpu__pack: 16 output rows, k-major) for
@@ -136,6 +143,8 @@ typedef struct {
     double min_work;          /* multiply-adds per extra thread */
     bool split_seqs;          /* sequence split allowed (BT_CPU_SPLIT) */
     bool split_always;        /* ... and always used (BT_CPU_SPLIT=seqs) */
+    bool bf16;                /* precision bf16: weights and activations
+                                 rounded where the CUDA backend keeps bf16 */
     cpu_mode_stat_t modes[CPU_MODE_CLASSES]; /* by batch-size class */
     double tok_work;          /* matmul multiply-adds per token */
     const float *tok_emb;     /* (vocab, dim) */
@@ -200,6 +209,7 @@ typedef struct {
     int n_out;
     bool accumulate;
     float *swiglu_out;   /* (n_tok, n_out / 2) or NULL: apply SwiGLU */
+    bool round_bf16;     /* round out (and swiglu_out) to bf16 */
     float *tmp;          /* (n_threads, tmp_ld) SwiGLU scratch */
     int tmp_ld;          /* >= n_out / 2, whole cache lines */
 } cpu_matmul_job_t;
@@ -218,6 +228,8 @@ static void cpu_matmul_part(const cpu_matmul_job_t *j, int part, int n_parts,
         return;
     cpu__matmul_packed(j->out, j->ldo, j->x, j->ldx, j->w, j->n_out, j->bias,
                        j->n_tok, j->k, n0, n1, j->accumulate);
+    if (j->round_bf16)
+        cpu__round_bf16_rows(j->out + n0, (size_t)j->ldo, j->n_tok, n1 - n0);
     if (j->swiglu_out != NULL) {
         int half = j->n_out / 2;
 
@@ -225,6 +237,9 @@ static void cpu_matmul_part(const cpu_matmul_job_t *j, int part, int n_parts,
             cpu__swiglu(j->swiglu_out + (size_t)t * half + n0 / 2,
                         j->out + (size_t)t * j->ldo + n0, (n1 - n0) / 2,
                         j->tmp + (size_t)slot * j->tmp_ld);
+        if (j->round_bf16)
+            cpu__round_bf16_rows(j->swiglu_out + n0 / 2, (size_t)half,
+                                 j->n_tok, (n1 - n0) / 2);
     }
 }
 
@@ -234,19 +249,21 @@ static void cpu_matmul_task(void *arg, int ith, int nth)
 }
 
 /* out[t0..t1) = x[t0..t1) @ w^T: split over the pool when `par`, else on
- * the calling thread `ith`. */
+ * the calling thread `ith`.  In bf16 mode a product is rounded unless it
+ * is a residual add (accumulate) or f32_out (the logits), as the CUDA
+ * backend's GEMM output. */
 static void cpu_matmul_rows(cpu_backend_t *be, const cpu_range_t *r,
                             bool par, int ith, float *out, int ldo,
                             const float *x, int ldx, const float *w,
                             const float *bias, int k, int n_out,
-                            bool accumulate, float *swiglu_out)
+                            bool accumulate, bool f32_out, float *swiglu_out)
 {
     int n_tok = r->t1 - r->t0;
     cpu_matmul_job_t j = {
         out + (size_t)r->t0 * ldo, ldo, x + (size_t)r->t0 * ldx, ldx, w,
         bias, n_tok, k, n_out, accumulate,
         swiglu_out != NULL ? swiglu_out + (size_t)r->t0 * (n_out / 2) : NULL,
-        be->tmp, be->tmp_ld };
+        be->bf16 && !accumulate && !f32_out, be->tmp, be->tmp_ld };
 
     if (par)
         cpu__pool_run(be->pool, cpu_nth(be, (double)n_tok * n_out * k),
@@ -271,9 +288,12 @@ static void cpu_norm_task(void *arg, int ith, int nth)
     int t0 = j->t0 + (int)((long)n * ith / nth);
     int t1 = j->t0 + (int)((long)n * (ith + 1) / nth);
 
-    for (int t = t0; t < t1; t++)
+    for (int t = t0; t < t1; t++) {
         cpu__rmsnorm(j->out + (size_t)t * dim, j->in + (size_t)t * dim,
                      j->weight, dim, j->be->cfg.rms_eps);
+        if (j->be->bf16)
+            cpu__round_bf16(j->out + (size_t)t * dim, (size_t)dim);
+    }
 }
 
 static void cpu_norm_rows(cpu_backend_t *be, const cpu_range_t *r, bool par,
@@ -297,7 +317,9 @@ typedef struct {
     atomic_int next;     /* next attention item to take (op split) */
 } cpu_layer_job_t;
 
-/* RoPE on q and k of each token, then K/V into the token's cache slot. */
+/* RoPE on q and k of each token, then K/V into the token's cache slot.
+ * bf16 (as the CUDA backend's rope_kv): the bias added to the rounded
+ * product here, in float32, and q, k and v rounded after RoPE. */
 static void cpu_rope_kv_task(void *arg, int ith, int nth)
 {
     const cpu_layer_job_t *j = arg;
@@ -318,12 +340,17 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
         size_t off = kv_layout_offset(&be->kv_layout, j->layer, block,
                                       slot % be->bcfg.block_size);
 
+        if (be->bf16 && be->layers[j->layer].bqkv != NULL)
+            for (int i = 0; i < be->qkv_dim; i++)
+                q[i] += be->layers[j->layer].bqkv[i];
         cpu__rope_apply(q, c->n_heads, c->head_dim, c->rope_layout,
                         be->rope_cos + (size_t)t * half,
                         be->rope_sin + (size_t)t * half);
         cpu__rope_apply(k, c->n_kv_heads, c->head_dim, c->rope_layout,
                         be->rope_cos + (size_t)t * half,
                         be->rope_sin + (size_t)t * half);
+        if (be->bf16)
+            cpu__round_bf16(q, (size_t)be->qkv_dim);
         memcpy(be->k_cache + off, k, (size_t)be->kv_dim * sizeof(float));
         memcpy(be->v_cache + off, v, (size_t)be->kv_dim * sizeof(float));
     }
@@ -351,12 +378,19 @@ static void cpu_attention_item(cpu_backend_t *be, int layer, int it,
         cpu__attention_decode(be->att + (size_t)t * be->q_dim,
                               be->qkv + (size_t)t * be->qkv_dim, &view,
                               c->n_kv_heads, group, scratch);
+        if (be->bf16)
+            cpu__round_bf16(be->att + (size_t)t * be->q_dim,
+                            (size_t)be->q_dim);
         return;
     }
     cpu__attention(be->att + (size_t)t * be->q_dim + head, be->q_dim,
                    be->qkv + (size_t)t * be->qkv_dim + head, be->qkv_dim,
                    &view, item->kv_head, group, item->i0, item->n_q,
                    scratch);
+    if (be->bf16)
+        cpu__round_bf16_rows(be->att + (size_t)t * be->q_dim + head,
+                             (size_t)be->q_dim, item->n_q,
+                             group * c->head_dim);
 }
 
 /* Attention items, taken dynamically: their costs differ (context
@@ -386,8 +420,10 @@ static void cpu_layer(cpu_backend_t *be, const backend_batch_t *batch,
 
     /* attention block */
     cpu_norm_rows(be, r, par, be->x, be->xb, w->attn_norm);
+    /* bf16: the bias is added after the product's rounding, with RoPE */
     cpu_matmul_rows(be, r, par, ith, be->qkv, be->qkv_dim, be->xb, dim,
-                    w->wqkv, w->bqkv, dim, be->qkv_dim, false, NULL);
+                    w->wqkv, be->bf16 ? NULL : w->bqkv, dim, be->qkv_dim,
+                    false, false, NULL);
     if (par)
         cpu__pool_run(be->pool, cpu_nth(be, 8.0 * (r->t1 - r->t0) *
                                             (be->q_dim + be->kv_dim)),
@@ -404,14 +440,15 @@ static void cpu_layer(cpu_backend_t *be, const backend_batch_t *batch,
             cpu_attention_item(be, l, it, ith);
     }
     cpu_matmul_rows(be, r, par, ith, be->x, dim, be->att, be->q_dim, w->wo,
-                    NULL, be->q_dim, dim, true, NULL);
+                    NULL, be->q_dim, dim, true, false, NULL);
 
     /* feed-forward block */
     cpu_norm_rows(be, r, par, be->x, be->xb, w->ffn_norm);
     cpu_matmul_rows(be, r, par, ith, be->gu, 2 * c->hidden_dim, be->xb, dim,
-                    w->wgu, NULL, dim, 2 * c->hidden_dim, false, be->hb);
+                    w->wgu, NULL, dim, 2 * c->hidden_dim, false, false,
+                    be->hb);
     cpu_matmul_rows(be, r, par, ith, be->x, dim, be->hb, c->hidden_dim,
-                    w->w_down, NULL, c->hidden_dim, dim, true, NULL);
+                    w->w_down, NULL, c->hidden_dim, dim, true, false, NULL);
 }
 
 /* The logits rows of range r: hidden copy, final norm, classifier. */
@@ -433,9 +470,11 @@ static void cpu_final(cpu_backend_t *be, const cpu_range_t *r, bool par,
                    (size_t)dim * sizeof(float));
         cpu__rmsnorm(be->xf + (size_t)row * dim, xr, be->final_norm, dim,
                      c->rms_eps);
+        if (be->bf16)
+            cpu__round_bf16(be->xf + (size_t)row * dim, (size_t)dim);
     }
     cpu_matmul_rows(be, &rows, par, ith, logits, c->vocab_size, be->xf, dim,
-                    be->cls, NULL, dim, c->vocab_size, false, NULL);
+                    be->cls, NULL, dim, c->vocab_size, false, true, NULL);
 }
 
 /* The tokens of range r enter the residual stream: embedding rows, and
@@ -657,7 +696,8 @@ static bt_status_t cpu_own(cpu_backend_t *be, void *buf)
 }
 
 /* A float32 view of `t`: the mapping itself when it is already F32, else
- * a converted copy owned by the backend. */
+ * a converted copy owned by the backend (always a copy in bf16 mode, with
+ * the values rounded to bf16). */
 static bt_status_t cpu_weight_f32(cpu_backend_t *be, const model_tensor_t *t,
                                   const float **out_p)
 {
@@ -665,7 +705,7 @@ static bt_status_t cpu_weight_f32(cpu_backend_t *be, const model_tensor_t *t,
     float *buf;
     bt_status_t status;
 
-    if (t->dtype == MODEL_DTYPE_F32) {
+    if (t->dtype == MODEL_DTYPE_F32 && !be->bf16) {
         *out_p = t->data;
         return BT_OK;
     }
@@ -673,6 +713,8 @@ static bt_status_t cpu_weight_f32(cpu_backend_t *be, const model_tensor_t *t,
     if (buf == NULL)
         return BT_ERR_NO_MEMORY;
     model_tensor_to_f32(t, 0, n, buf);
+    if (be->bf16)
+        cpu__round_bf16(buf, (size_t)n);
     status = cpu_own(be, buf);
     if (status != BT_OK)
         return status;
@@ -681,7 +723,7 @@ static bt_status_t cpu_weight_f32(cpu_backend_t *be, const model_tensor_t *t,
 }
 
 /* The packed form of the (n_out, k) float32 matrix w, owned by the
- * backend. */
+ * backend; its values rounded to bf16 in bf16 mode. */
 static bt_status_t cpu_pack_owned(cpu_backend_t *be, const float *w,
                                   int n_out, int k, const float **out_p)
 {
@@ -692,6 +734,8 @@ static bt_status_t cpu_pack_owned(cpu_backend_t *be, const float *w,
     if (buf == NULL)
         return BT_ERR_NO_MEMORY;
     cpu__pack(buf, w, k, n_out, k);
+    if (be->bf16)
+        cpu__round_bf16(buf, cpu__pack_size(n_out, k));
     status = cpu_own(be, buf);
     if (status != BT_OK)
         return status;
@@ -756,6 +800,8 @@ static bt_status_t cpu_fuse_qkv(cpu_backend_t *be, const model_layer_t *ml,
             model_tensor_to_f32(biases[p], 0, rows[p], b + off);
         off += (size_t)rows[p];
     }
+    if (be->bf16)
+        cpu__round_bf16(b, (size_t)be->qkv_dim);
     status = cpu_own(be, b);
     if (status != BT_OK)
         return status;
@@ -907,9 +953,6 @@ static bt_status_t cpu_create(const model_t *model,
     size_t kv_elems;
     bt_status_t status;
 
-    if (cfg->precision == BACKEND_PRECISION_BF16)
-        return BT_ERROR(BT_ERR_UNSUPPORTED, "CPU",
-                        "the cpu backend computes in float32 only");
     if ((long)cfg->n_kv_blocks * cfg->block_size > INT32_MAX / 2)
         return BT_ERROR(BT_ERR_INVALID_ARG, "CPU",
                         "KV pool of %d blocks x %d tokens is too large",
@@ -919,6 +962,7 @@ static bt_status_t cpu_create(const model_t *model,
         return BT_ERR_NO_MEMORY;
     be->cfg = *mc;
     be->bcfg = *cfg;
+    be->bf16 = cfg->precision == BACKEND_PRECISION_BF16;
     be->q_dim = mc->n_heads * mc->head_dim;
     be->kv_dim = mc->n_kv_heads * mc->head_dim;
     be->qkv_dim = be->q_dim + 2 * be->kv_dim;

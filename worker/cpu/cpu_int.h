@@ -88,6 +88,12 @@ void cpu__matmul_packed(float *out, int ldo, const float *x, int ldx,
                         int n_tok, int k, int n_begin, int n_end,
                         bool accumulate);
 
+/* Rounds each float to the nearest bf16 (ties to even), in place: the
+ * bf16 precision mode's rounding where the CUDA backend stores bf16.
+ * _rows: n_rows rows of n_cols, ld floats apart. */
+void cpu__round_bf16(float *x, size_t n);
+void cpu__round_bf16_rows(float *x, size_t ld, int n_rows, int n_cols);
+
 /* Copies row `token` of the (vocab, dim) table into out (dim). */
 void cpu__embed(float *out, const float *table, int dim, int token);
 
