@@ -65,10 +65,24 @@ clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz
 
 # GPU tests and benchmark (CUDA backend, issue 4).  They run ON THE DEVICE
-# MACHINE from the carried build-cuda + .devlibs and never rebuild; logs
-# and result tables go to $OUT when set (see docs/PERFORMANCE.md).
+# MACHINE from a carried build and never rebuild; logs and result tables
+# go to $OUT when set (see docs/PERFORMANCE.md).  Here: `make gpu-carry`
+# builds build-cuda for Hopper and packs their binaries, the libraries
+# the device lacks and the models into .carry/ (under the 64 MiB carry
+# limit); then the device call
+#   run(carry=[".carry"], command="bash .carry/call.sh")
+# runs both there (tests/gpu/run_gpu_make.sh).
 GPU_BUILD ?= build-cuda
-.PHONY: gpu-test gpu-bench
+GPU_TESTS = test_embed test_rmsnorm test_swiglu test_rope_kv test_sample \
+  test_topk test_sample_dist test_cuda_sample test_gemm test_attn \
+  test_cuda_model bench_cuda
+.PHONY: gpu-test gpu-bench gpu-carry
+gpu-carry: deps
+	cmake -S . -B build-cuda -DBT_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_CUDA_ARCHITECTURES=90a $(CMAKE_FLAGS)
+	cmake --build build-cuda -j$(JOBS)
+	bash tests/gpu/pack_carry.sh gpumake tests/gpu/run_gpu_make.sh \
+	  $(GPU_TESTS:%=gpu/%) shared
 gpu-test:
 	bash tests/gpu/run_gpu_test.sh $(GPU_BUILD)
 gpu-bench:
