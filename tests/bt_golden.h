@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "bt_alloc.h"
 #include "bt_test.h"
 #include "bt_util.h"
@@ -89,6 +90,44 @@ static inline void bt_golden_free(bt_golden_t *g, int n)
         free(g[i].want);
     }
     free(g);
+}
+
+/* Index of the largest of v[0..n), the first one on ties. */
+static inline int bt_argmax(const float *v, int n)
+{
+    int best = 0;
+
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Teacher-forced top-1: the argmax of every position of ids (n), the
+ * sequence fed in chunks of `chunk` tokens (1 = decode steps), its KV in
+ * blocks (i * 37) % n_blocks (scattered, never adjacent). */
+static inline void bt_golden_teacher_argmax(backend_t *be, int vocab,
+                                            const int *ids, int n, int chunk,
+                                            int n_blocks, int *out)
+{
+    int *table = malloc(sizeof(int) * (size_t)n_blocks);
+    float *logits = malloc(sizeof(float) * (size_t)vocab * n);
+
+    BT_CHECK(table != NULL && logits != NULL);
+    for (int i = 0; i < n_blocks; i++)
+        table[i] = (i * 37) % n_blocks;
+    for (int s = 0; s < n; s += chunk) {
+        int c = BT_MIN(chunk, n - s);
+        backend_seq_t seq = { .n_tokens = c, .ctx_len = s, .tokens = ids + s,
+                              .block_table = table, .n_logits = c };
+        backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
+
+        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+        for (int i = 0; i < c; i++)
+            out[s + i] = bt_argmax(logits + (size_t)i * vocab, vocab);
+    }
+    free(logits);
+    free(table);
 }
 
 #endif /* BT_TESTS_BT_GOLDEN_H */

@@ -21,41 +21,9 @@
 #include "bt_util.h"
 #include "kv/kv.h"
 
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
-/* Argmax of every position of ids (n), fed in chunks of `chunk` tokens. */
-static void teacher_argmax(backend_t *be, int vocab, const int *ids, int n,
-                           int chunk, int *out)
-{
-    int table[64];
-    float *logits = malloc(sizeof(float) * (size_t)vocab * n);
-
-    BT_CHECK(logits != NULL);
-    for (int i = 0; i < 64; i++)
-        table[i] = (i * 37) % 64;
-    for (int s = 0; s < n; s += chunk) {
-        int c = BT_MIN(chunk, n - s);
-        backend_seq_t seq = { .n_tokens = c, .ctx_len = s, .tokens = ids + s,
-                              .block_table = table, .n_logits = c };
-        backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
-
-        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-        for (int i = 0; i < c; i++)
-            out[s + i] = argmax(logits + (size_t)i * vocab, vocab);
-    }
-    free(logits);
-}
-
 /* Cached K/V values of layer 0 whose float32 pattern is not a bf16 one,
- * over the first n_slots slots the sequence wrote (block table above). */
+ * over the first n_slots slots the sequence wrote (the block table of
+ * bt_golden_teacher_argmax with 64 blocks). */
 static long non_bf16_values(backend_t *be, int n_slots)
 {
     const kv_layout_t *kl = backend_kv_layout(be);
@@ -119,13 +87,13 @@ int main(void)
         cfg.precision = BACKEND_PRECISION_BF16;
         BT_ASSERT_OK(backend_create("cpu", m, &cfg, &bf16));
 
-        teacher_argmax(f32, vocab, ids, n, n, ref);
+        bt_golden_teacher_argmax(f32, vocab, ids, n, n, 64, ref);
         BT_CHECK(non_bf16_values(f32, n) > 0);
-        teacher_argmax(bf16, vocab, ids, n, n, one);
+        bt_golden_teacher_argmax(bf16, vocab, ids, n, n, 64, one);
         if (non_bf16_values(bf16, n) != 0)
             BT_TEST_FAIL("%s: %ld cached K/V values of the bf16 mode are not "
                          "bf16", path, non_bf16_values(bf16, n));
-        teacher_argmax(bf16, vocab, ids, n, 1, dec);
+        bt_golden_teacher_argmax(bf16, vocab, ids, n, 1, 64, dec);
         for (int i = 0; i < n; i++) {
             vs_f32 += one[i] == ref[i];
             paths += one[i] == dec[i];

@@ -16,16 +16,6 @@
 #include "bt_test.h"
 #include "bt_util.h"
 
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* Generates greedily; returns the number of ids written to out. */
 static int greedy(backend_t *be, int vocab, int bs, const int *prompt,
                   int n_prompt, int steps, int *out)
@@ -42,7 +32,7 @@ static int greedy(backend_t *be, int vocab, int bs, const int *prompt,
     BT_CHECK(steps <= 64 * bs);
     BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
     for (;;) {
-        next = argmax(logits, vocab);
+        next = bt_argmax(logits, vocab);
         pos++;
         if (next == 1)
             break;

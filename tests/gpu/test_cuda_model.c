@@ -52,16 +52,6 @@ static const char *shared_dir(void)
     return env && *env ? env : BT_SHARED_DIR;
 }
 
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 static void cfg_small(backend_config_t *cfg, backend_precision_t prec)
 {
     backend_config_init(cfg);
@@ -89,7 +79,7 @@ static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
         table[i] = 127 - i;
     BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
     for (;;) {
-        next = argmax(logits, vocab);
+        next = bt_argmax(logits, vocab);
         pos++;
         if (next == 1)
             break;
@@ -150,29 +140,6 @@ static void test_golden(const bt_golden_t *g, int n_lines)
 
 // ---------------------------------------------------------------------
 // 2. bf16 teacher-forced agreement
-
-/* Argmax of every position of `ids` (n), fed in chunks of `chunk` tokens
- * (chunk 1 = decode steps). */
-static void teacher_argmax(backend_t *be, int vocab, const int *ids, int n,
-                           int chunk, int *out)
-{
-    int table[128];
-    float *logits = malloc(sizeof(float) * (size_t)vocab * n);
-
-    for (int i = 0; i < 128; i++)
-        table[i] = (i * 37) % 128;
-    for (int s = 0; s < n; s += chunk) {
-        int c = BT_MIN(chunk, n - s);
-        backend_seq_t seq = { .n_tokens = c, .ctx_len = s, .tokens = ids + s,
-                              .block_table = table, .n_logits = c };
-        backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
-
-        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-        for (int i = 0; i < c; i++)
-            out[s + i] = argmax(logits + (size_t)i * vocab, vocab);
-    }
-    free(logits);
-}
 
 /* Writes a copy of a llama2.c .bin with every weight rounded to bf16
  * (round to nearest even) to `out`: the cpu backend on it computes in f32
@@ -237,13 +204,16 @@ static void test_agreement(const bt_golden_t *g, int n_lines)
         BT_ASSERT_OK(backend_create("cuda", m, &cfg, &gpu));
         cfg.precision = BACKEND_PRECISION_BF16;
         BT_ASSERT_OK(backend_create("cpu", m, &cfg, &cpu_b));
-        teacher_argmax(cpu, vocab, ids, n, 100000, ref);
-        teacher_argmax(cpu_r, vocab, ids, n, 100000, ref_r);
+        bt_golden_teacher_argmax(cpu, vocab, ids, n, 100000, 128, ref);
+        bt_golden_teacher_argmax(cpu_r, vocab, ids, n, 100000, 128,
+                                 ref_r);
         for (int i = 0; i < n; i++)
             ceil_agree += ref[i] == ref_r[i];
         for (int c = 0; c < 3; c++) {
-            teacher_argmax(gpu, vocab, ids, n, chunks[c], got);
-            teacher_argmax(cpu_b, vocab, ids, n, chunks[c], ref_b);
+            bt_golden_teacher_argmax(gpu, vocab, ids, n, chunks[c], 128,
+                                     got);
+            bt_golden_teacher_argmax(cpu_b, vocab, ids, n, chunks[c], 128,
+                                     ref_b);
             for (int i = 0; i < n; i++) {
                 agree[c] += got[i] == ref[i];
                 agree_r[c] += got[i] == ref_r[i];
@@ -326,8 +296,8 @@ static void synth_compare(const float *ref, const float *got, int vocab,
     *exact = *tie = 0;
     for (int i = 0; i < n; i++) {
         const float *r = ref + (size_t)i * vocab;
-        int a = argmax(r, vocab);
-        int b = argmax(got + (size_t)i * vocab, vocab);
+        int a = bt_argmax(r, vocab);
+        int b = bt_argmax(got + (size_t)i * vocab, vocab);
 
         *exact += a == b;
         *tie += r[a] - r[b] <= SYNTH_TIE_DELTA;

@@ -62,16 +62,6 @@ static const char *shared_dir(void)
     return env && *env ? env : BT_SHARED_DIR;
 }
 
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 static double max_rel_rows(const float *a, const float *b, int rows, int n)
 {
     double worst = 0;
@@ -129,7 +119,7 @@ static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
     BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
     memcpy(first_logits, logits, sizeof(float) * vocab);
     for (;;) {
-        next = argmax(logits, vocab);
+        next = bt_argmax(logits, vocab);
         pos++;
         if (next == 1)
             break;
@@ -420,7 +410,8 @@ static agree_t agreement(const float *ref, const float *got, int vocab)
 
     for (int i = 0; i < AGREE_POS; i++) {
         const float *r = ref + (size_t)i * vocab;
-        int x = argmax(r, vocab), y = argmax(got + (size_t)i * vocab, vocab);
+        int x = bt_argmax(r, vocab);
+        int y = bt_argmax(got + (size_t)i * vocab, vocab);
         double mean = 0, var = 0, sd;
 
         if (x == y) {
