@@ -160,6 +160,9 @@ int main(void)
     cu_kill(d0, SIGKILL);
     t_kill = bt_time_ns();
     wait_log(log, mark, "presumed dead", 5000);
+    /* logged just after "presumed dead" (peer_abandon): reading the log
+     * between the two lines once failed in CI */
+    wait_log(log, mark, "dropping the endpoint to KV pool ", 3000);
     dropped_pool(log, mark, pool, sizeof(pool));
     snprintf(closed, sizeof(closed), "closed the endpoint to KV pool %s",
              pool);
