@@ -73,9 +73,7 @@ clean:
 #   run(carry=[".carry"], command="bash .carry/call.sh")
 # runs both there (tests/gpu/run_gpu_make.sh).
 GPU_BUILD ?= build-cuda
-GPU_TESTS = test_embed test_rmsnorm test_swiglu test_rope_kv test_sample \
-  test_topk test_sample_dist test_cuda_sample test_gemm test_attn \
-  test_cuda_model bench_cuda
+GPU_TESTS = $(shell bash tests/gpu/run_gpu_test.sh --list) bench_cuda
 .PHONY: gpu-test gpu-bench gpu-carry
 gpu-carry: deps
 	cmake -S . -B build-cuda -DBT_WERROR=ON -DCMAKE_BUILD_TYPE=Release \

@@ -103,9 +103,16 @@ static inline int bt_argmax(const float *v, int n)
     return best;
 }
 
+/* The pool block holding a teacher-forced sequence's block i: scattered,
+ * never adjacent (n_blocks a power of two, so 37 is invertible). */
+static inline int bt_golden_block(int i, int n_blocks)
+{
+    return (i * 37) % n_blocks;
+}
+
 /* Teacher-forced top-1: the argmax of every position of ids (n), the
  * sequence fed in chunks of `chunk` tokens (1 = decode steps), its KV in
- * blocks (i * 37) % n_blocks (scattered, never adjacent). */
+ * blocks bt_golden_block(i, n_blocks). */
 static inline void bt_golden_teacher_argmax(backend_t *be, int vocab,
                                             const int *ids, int n, int chunk,
                                             int n_blocks, int *out)
@@ -115,7 +122,7 @@ static inline void bt_golden_teacher_argmax(backend_t *be, int vocab,
 
     BT_CHECK(table != NULL && logits != NULL);
     for (int i = 0; i < n_blocks; i++)
-        table[i] = (i * 37) % n_blocks;
+        table[i] = bt_golden_block(i, n_blocks);
     for (int s = 0; s < n; s += chunk) {
         int c = BT_MIN(chunk, n - s);
         backend_seq_t seq = { .n_tokens = c, .ctx_len = s, .tokens = ids + s,

@@ -21,9 +21,10 @@
 #include "bt_util.h"
 #include "kv/kv.h"
 
+#define N_BLOCKS 64 /* the KV pool, and bt_golden_teacher_argmax's table */
+
 /* Cached K/V values of layer 0 whose float32 pattern is not a bf16 one,
- * over the first n_slots slots the sequence wrote (the block table of
- * bt_golden_teacher_argmax with 64 blocks). */
+ * over the first n_slots slots the teacher-forced sequence wrote. */
 static long non_bf16_values(backend_t *be, int n_slots)
 {
     const kv_layout_t *kl = backend_kv_layout(be);
@@ -34,7 +35,7 @@ static long non_bf16_values(backend_t *be, int n_slots)
         const float *base = backend_kv_data(be, 0, kv);
 
         for (int s = 0; s < n_slots; s++) {
-            int block = ((s / kl->block_size) * 37) % 64;
+            int block = bt_golden_block(s / kl->block_size, N_BLOCKS);
             const float *v = base + kv_layout_offset(kl, 0, block,
                                                      s % kl->block_size);
             for (size_t i = 0; i < row; i++) {
@@ -78,7 +79,7 @@ int main(void)
         BT_ASSERT_OK(model_load(path, &m));
         vocab = model_config(m)->vocab_size;
         backend_config_init(&cfg);
-        cfg.n_kv_blocks = 64;
+        cfg.n_kv_blocks = N_BLOCKS;
         cfg.block_size = 8;
         cfg.max_batch_tokens = 512;
         cfg.n_threads = 1 + l % 2;
@@ -87,13 +88,14 @@ int main(void)
         cfg.precision = BACKEND_PRECISION_BF16;
         BT_ASSERT_OK(backend_create("cpu", m, &cfg, &bf16));
 
-        bt_golden_teacher_argmax(f32, vocab, ids, n, n, 64, ref);
+        bt_golden_teacher_argmax(f32, vocab, ids, n, n, N_BLOCKS, ref);
         BT_CHECK(non_bf16_values(f32, n) > 0);
-        bt_golden_teacher_argmax(bf16, vocab, ids, n, n, 64, one);
-        if (non_bf16_values(bf16, n) != 0)
+        bt_golden_teacher_argmax(bf16, vocab, ids, n, n, N_BLOCKS, one);
+        long bad = non_bf16_values(bf16, n);
+        if (bad != 0)
             BT_TEST_FAIL("%s: %ld cached K/V values of the bf16 mode are not "
-                         "bf16", path, non_bf16_values(bf16, n));
-        bt_golden_teacher_argmax(bf16, vocab, ids, n, 1, 64, dec);
+                         "bf16", path, bad);
+        bt_golden_teacher_argmax(bf16, vocab, ids, n, 1, N_BLOCKS, dec);
         for (int i = 0; i < n; i++) {
             vs_f32 += one[i] == ref[i];
             paths += one[i] == dec[i];

@@ -1,10 +1,15 @@
 #!/bin/bash
 # run_gpu_test.sh BUILD_DIR - `make gpu-test`: every kernel test and the
 # whole-model test, ON THE DEVICE MACHINE, from a build made elsewhere
-# (nothing is rebuilt).  Writes gpu_test.log and gpu_test_table.md under
-# $OUT when set (else /tmp/baton-gpu-test); prints the table last.
+# (nothing is rebuilt); `--list` prints the tests it runs.  Writes
+# gpu_test.log and gpu_test_table.md under $OUT when set (else
+# /tmp/baton-gpu-test); prints the table last.
 # Models: $BT_SHARED_DIR, else ./.gpushared when carried, else ../shared.
 set -u
+# the tests, in order (`--list` prints them: make gpu-carry packs these)
+tests="test_embed test_rmsnorm test_swiglu test_rope_kv test_sample test_topk
+       test_sample_dist test_cuda_sample test_gemm test_attn test_cuda_model"
+if [ "${1:-}" = --list ]; then echo $tests; exit 0; fi
 build=${1:-build-cuda}
 out=${OUT:-/tmp/baton-gpu-test}
 mkdir -p "$out"
@@ -20,8 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   >> "$log" 2>&1
 fails=0
 rows=""
-for t in test_embed test_rmsnorm test_swiglu test_rope_kv test_sample test_topk \
-         test_sample_dist test_cuda_sample test_gemm test_attn test_cuda_model; do
+for t in $tests; do
   echo "=== $t" >> "$log"
   start=$(date +%s%N)
   timeout 240 "$build/gpu/$t" >> "$log" 2>&1

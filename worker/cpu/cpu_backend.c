@@ -325,6 +325,8 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
     const cpu_layer_job_t *j = arg;
     cpu_backend_t *be = j->be;
     const model_config_t *c = &be->cfg;
+    /* bf16: the bias, left out of the q/k/v product (cpu_layer) */
+    const float *bias = be->bf16 ? be->layers[j->layer].bqkv : NULL;
     int half = c->head_dim / 2;
     int n = j->r.t1 - j->r.t0;
     int t0 = j->r.t0 + (int)((long)n * ith / nth);
@@ -340,9 +342,9 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
         size_t off = kv_layout_offset(&be->kv_layout, j->layer, block,
                                       slot % be->bcfg.block_size);
 
-        if (be->bf16 && be->layers[j->layer].bqkv != NULL)
+        if (bias != NULL)
             for (int i = 0; i < be->qkv_dim; i++)
-                q[i] += be->layers[j->layer].bqkv[i];
+                q[i] += bias[i];
         cpu__rope_apply(q, c->n_heads, c->head_dim, c->rope_layout,
                         be->rope_cos + (size_t)t * half,
                         be->rope_sin + (size_t)t * half);
