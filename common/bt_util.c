@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +32,22 @@ uint64_t bt_time_ns(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t bt_random_u64(void)
+{
+    uint64_t v = 0;
+    struct timespec ts;
+
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)ts.tv_nsec ^
+            ((uint64_t)getpid() << 40) ^ bt_time_ns();
+        v ^= v >> 33;
+        v *= 0xff51afd7ed558ccdull; /* splitmix finalizer */
+        v ^= v >> 33;
+    }
+    return v != 0 ? v : 1;
 }
 
 double bt_time_s(void)

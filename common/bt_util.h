@@ -34,6 +34,12 @@ void bt_assert_fail(const char *expr, const char *file, int line,
 uint64_t bt_time_ns(void);
 double bt_time_s(void);
 
+/* 64 random bits from the kernel (getrandom), never 0; falls back to a
+ * mix of the clocks and the pid when getrandom fails.  For identities
+ * that must differ across processes and restarts (router instances,
+ * worker routing ids, KV epochs), not for secrets. */
+uint64_t bt_random_u64(void);
+
 /* Whole-string parses; return BT_ERR_INVALID_ARG on junk or overflow. */
 bt_status_t bt_parse_i64(const char *s, int64_t *out_p);
 bt_status_t bt_parse_int(const char *s, int *out_p);

@@ -63,6 +63,9 @@ typedef struct {
 typedef struct decode_seq_s decode_seq_t;
 struct decode_seq_s {
     uint64_t id;
+    uint64_t epoch;     /* of the reservation it came from: every TokenOut
+                           and TaskError carries it (the router relays
+                           only its current attempt's) */
     int *tokens;        /* (cap) prompt, generated; last one not yet fed */
     int n_tokens;
     int cap;
@@ -117,12 +120,11 @@ struct decode_s {
     int prefill_budget_left;    /* tokens local prefill may use this step */
     volatile sig_atomic_t stop;
     bool draining;
-    int heartbeat_ms;
-    uint64_t last_hb_ns;
+    workerproc_link_t *link;    /* sessions, acks, the heartbeat thread */
+    uint64_t last_hb_ns;        /* last urgent heartbeat */
     int last_hb_free;           /* free blocks the last heartbeat said */
-    uint64_t last_register_ns;
-    bool registered;
-    uint64_t next_epoch;
+    uint64_t next_epoch;        /* random start: never reused, even by a
+                                   restarted process */
     decode_resv_t *resv;        /* (max_reservations) */
     decode_quarantine_t *quar;  /* (max_reservations) */
     decode_seq_t *seqs;         /* running batch */
@@ -269,6 +271,11 @@ static void fill_layout(const decode_t *dec, Baton__KvLayout *l)
     l->elem_size = (uint32_t)dec->layout.elem_size;
 }
 
+static void drop_all(decode_t *dec);
+
+/* Every Register starts a new session (workerproc_link.h): what this
+ * worker held belongs to the old one, which the router has given up or
+ * is about to, so it is dropped first. */
 static void send_register(decode_t *dec)
 {
     workerproc_register_cfg_t rc = {
@@ -284,7 +291,10 @@ static void send_register(decode_t *dec)
     Baton__KvTransport transports[6];
     int n_tr = 0;
 
+    drop_all(dec);
     workerproc_register_init(&r, &rc);
+    reg->has_session = 1;
+    reg->session = workerproc_link_begin_session(dec->link);
     fill_layout(dec, &lay);
     reg->kv_layout = &lay;
     if (dec->pool != NULL) {
@@ -318,7 +328,6 @@ static void send_register(decode_t *dec)
     reg->has_can_prefill = 1;
     reg->can_prefill = dec->cfg.can_prefill;
     workerproc_send_register(dec->sock, reg);
-    dec->last_register_ns = bt_time_ns();
 }
 
 static int reserved_blocks(const decode_t *dec)
@@ -352,48 +361,52 @@ static int available_blocks(const decode_t *dec)
     return BT_MAX(0, kv_allocator_free_count(dec->kv) - promised_blocks(dec));
 }
 
-static void send_heartbeat(decode_t *dec)
+/* Publishes what the heartbeats say (the link's thread sends them);
+ * `now` sends one at once. */
+static void publish_beat(decode_t *dec, bool now)
 {
-    Baton__Heartbeat hb;
+    workerproc_beat_t b;
     uint64_t owed = 0;
 
+    memset(&b, 0, sizeof(b));
     for (decode_seq_t *s = dec->seqs; s; s = s->next)
         owed += 1;
     for (int i = 0; i < dec->cfg.max_reservations; i++)
         if (dec->resv[i].local)
             owed += (uint64_t)(dec->resv[i].n_ptokens - dec->resv[i].n_fed);
-    workerproc_heartbeat_init(&hb, dec->name, (uint32_t)dec->n_seqs, owed,
-                              dec->draining);
-    hb.has_free_kv_blocks = 1;
-    hb.free_kv_blocks = (uint32_t)available_blocks(dec);
-    dec->last_hb_free = (int)hb.free_kv_blocks;
-    hb.has_total_kv_blocks = 1;
-    hb.total_kv_blocks = (uint32_t)kv_allocator_total(dec->kv);
-    hb.has_reserved_blocks = 1;
-    hb.reserved_blocks = (uint32_t)reserved_blocks(dec);
+    b.running = (uint32_t)dec->n_seqs;
+    b.outstanding = owed;
+    b.draining = dec->draining;
+    b.has_kv = true;
+    b.free_kv = (uint32_t)available_blocks(dec);
+    dec->last_hb_free = (int)b.free_kv;
+    b.total_kv = (uint32_t)kv_allocator_total(dec->kv);
+    b.has_reserved = true;
+    b.reserved = (uint32_t)reserved_blocks(dec);
     if (dec->spec != NULL) {
         spec_stats_t st;
 
         spec_get_stats(dec->spec, &st);
-        hb.has_spec_verify_steps = 1;
-        hb.spec_verify_steps = st.verify_seqs;
-        hb.has_spec_verify_tokens = 1;
-        hb.spec_verify_tokens = st.verify_tokens;
-        hb.has_spec_accept_length = 1;
-        hb.spec_accept_length = spec_accept_length(dec->spec);
+        b.has_spec = true;
+        b.spec_verify_steps = st.verify_seqs;
+        b.spec_verify_tokens = st.verify_tokens;
+        b.spec_accept_length = spec_accept_length(dec->spec);
     }
-    workerproc_send_heartbeat(dec->sock, &hb);
-    dec->last_hb_ns = bt_time_ns();
+    workerproc_link_publish(dec->link, &b, now);
+    if (now)
+        dec->last_hb_ns = bt_time_ns();
 }
 
-static void send_task_error(decode_t *dec, uint64_t id, Baton__ErrorCode code,
-                            const char *text)
+static void send_task_error(decode_t *dec, uint64_t id, uint64_t epoch,
+                            Baton__ErrorCode code, const char *text)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__TaskError te = BATON__TASK_ERROR__INIT;
 
     te.has_request_id = 1;
     te.request_id = id;
+    te.has_epoch = epoch != 0;
+    te.epoch = epoch;
     te.has_code = 1;
     te.code = code;
     te.message = (char *)text;
@@ -505,6 +518,16 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = "duplicate reservation";
         goto reply;
     }
+    /* A request already running here cannot get a second sequence: two
+     * would both stream.  (After a router restart or a re-registration
+     * nothing runs; a live attempt here is cancelled before a new one is
+     * reserved.) */
+    for (decode_seq_t *s = dec->seqs; s; s = s->next) {
+        if (s->id == m->request_id) {
+            g.error = "request already running here";
+            goto reply;
+        }
+    }
     for (int i = 0; i < dec->cfg.max_reservations && r == NULL; i++)
         if (!dec->resv[i].used)
             r = &dec->resv[i];
@@ -577,6 +600,8 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.stage_block_ids = stage_ids;
     }
 reply:
+    g.has_attempt = m->has_attempt;
+    g.attempt = m->attempt;
     g.has_free_blocks = 1;
     g.free_blocks = (uint32_t)available_blocks(dec);
     fill_layout(dec, &lay);
@@ -759,9 +784,17 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
     bool arrived = false;
 
     if (r == NULL || r->epoch != m->epoch) {
-        send_task_error(dec, m->request_id, BATON__ERROR_CODE__ERROR_WORKER,
+        send_task_error(dec, m->request_id, m->epoch,
+                        BATON__ERROR_CODE__ERROR_WORKER,
                         "KV reservation expired or stale epoch");
         return false;
+    }
+    for (decode_seq_t *o = dec->seqs; o; o = o->next) {
+        if (o->id == m->request_id) {
+            code = BATON__ERROR_CODE__ERROR_WORKER;
+            why = "request already running here";
+            goto fail;
+        }
     }
     if (r->pending != NULL && r->pending != msg)
         proto_control_free(&r->pending); /* a duplicate: the newer wins */
@@ -840,6 +873,7 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
     if (s == NULL)
         goto fail;
     s->id = m->request_id;
+    s->epoch = r->epoch;
     s->cap = dec->max_context + 1;
     s->tokens = bt_malloc((size_t)s->cap * sizeof(int), "decode_seq");
     s->max_blocks = BT_DIV_UP(s->cap, dec->block_size);
@@ -976,7 +1010,7 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
 fail:
     if (s != NULL)
         seq_destroy(dec, s);
-    send_task_error(dec, m->request_id, code, why);
+    send_task_error(dec, m->request_id, r->epoch, code, why);
     resv_free(dec, r, arrived || (dec->pool == NULL && dec->cipc == NULL &&
                                   dec->stage == NULL));
     return false;
@@ -1228,6 +1262,27 @@ static void on_cancel(decode_t *dec, uint64_t id)
     }
 }
 
+/* Drops every sequence and reservation (a new session starts: see
+ * send_register).  Reserved blocks go through the quarantine, as on a
+ * cancel: a prefill worker of the old session may still be writing. */
+static void drop_all(decode_t *dec)
+{
+    int n_seqs = dec->n_seqs, n_resv = 0;
+
+    while (dec->seqs != NULL)
+        seq_remove(dec, dec->seqs);
+    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+        if (dec->resv[i].used) {
+            resv_free(dec, &dec->resv[i], false);
+            n_resv++;
+        }
+    }
+    if (n_seqs > 0 || n_resv > 0)
+        BT_LOG_WARN("DECODE", "%s: new session: dropped %d sequences and %d "
+                    "reservations of the old one (the router resumes them)",
+                    dec->name, n_seqs, n_resv);
+}
+
 /* workerproc_handlers_t.on_msg: the decode role's message kinds. */
 static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
 {
@@ -1254,17 +1309,11 @@ static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
     }
 }
 
-static void reregister(void *arg)
-{
-    send_register(arg);
-}
-
 static void handle_messages(decode_t *dec)
 {
     workerproc_handlers_t h = {
-        .sock = dec->sock, .registered = &dec->registered,
-        .heartbeat_ms = &dec->heartbeat_ms, .stop = &dec->stop,
-        .send_register = reregister, .on_msg = on_msg, .arg = dec,
+        .sock = dec->sock, .link = dec->link, .stop = &dec->stop,
+        .on_msg = on_msg, .arg = dec,
     };
 
     workerproc_handle_messages(&h);
@@ -1282,6 +1331,8 @@ static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
 
     out.has_request_id = 1;
     out.request_id = s->id;
+    out.has_epoch = 1;
+    out.epoch = s->epoch;
     out.has_index = 1;
     out.index = (uint32_t)index;
     out.n_ids = (size_t)n;
@@ -1415,7 +1466,7 @@ static void step_spec(decode_t *dec)
             if (s->wait_since == 0)
                 s->wait_since = now;
             if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
-                send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+                send_task_error(dec, s->id, s->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                                 "KV pool full for too long");
                 seq_remove(dec, s);
             }
@@ -1432,7 +1483,7 @@ static void step_spec(decode_t *dec)
     for (int i = 0; i < n; i++) {
         s = dec->bmap[i];
         if (status != BT_OK) {
-            send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+            send_task_error(dec, s->id, s->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                             bt_error_last());
             seq_remove(dec, s);
             continue;
@@ -1531,7 +1582,7 @@ static void step(decode_t *dec)
             if (s->wait_since == 0)
                 s->wait_since = now;
             if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
-                send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+                send_task_error(dec, s->id, s->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                                 "KV pool full for too long");
                 seq_remove(dec, s);
             }
@@ -1648,7 +1699,7 @@ static void step(decode_t *dec)
             continue;
         }
         if (status != BT_OK) {
-            send_task_error(dec, s->id, BATON__ERROR_CODE__ERROR_WORKER,
+            send_task_error(dec, s->id, s->epoch, BATON__ERROR_CODE__ERROR_WORKER,
                             bt_error_last());
             seq_remove(dec, s);
             continue;
@@ -1792,7 +1843,6 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     if (dec == NULL)
         return BT_ERR_NO_MEMORY;
     dec->cfg = *cfg;
-    dec->heartbeat_ms = 250;
     dec->next_epoch = bt_time_ns(); /* grows across restarts too */
     workerproc_name_init(dec->name, sizeof(dec->name), cfg->name, "decode");
     if (cfg->max_reservations <= 0 || b->max_seqs <= 0) {
@@ -1939,6 +1989,11 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                                 &dec->sock);
     if (status != BT_OK)
         goto err_ucx;
+    status = workerproc_link_create(dec->sock, dec->name, &dec->link);
+    if (status != BT_OK) {
+        workerproc_close(&dec->ctx, &dec->sock);
+        goto err_ucx;
+    }
     *dec_p = dec;
     return BT_OK;
 
@@ -1974,6 +2029,7 @@ void decode_destroy(decode_t **dec_p)
         }
     }
     spec_teardown(dec); /* after its sequences */
+    workerproc_link_destroy(&dec->link); /* its thread uses the socket */
     workerproc_close(&dec->ctx, &dec->sock);
     kv_stage_recv_destroy(&dec->stage); /* before the device pool */
     kv_ucx_pool_deregister(&dec->pool);
@@ -2009,11 +2065,9 @@ bt_status_t decode_run(decode_t *dec)
                 dec->cipc ? " (CUDA IPC pool exported)" : "",
                 dec->stage ? " (staged UCX receiver)" : "",
                 dec->cfg.can_prefill ? ", prefills too (role both)" : "");
-    send_register(dec);
-    send_heartbeat(dec);
     for (;;) {
         bt_status_t status;
-        int timeout;
+        int timeout, free_now;
         uint64_t now;
 
         if (dec->stop && !dec->draining) {
@@ -2032,6 +2086,7 @@ bt_status_t decode_run(decode_t *dec)
         status = workerproc_poll(dec->sock, dec->ucx, timeout);
         if (status != BT_OK)
             return status;
+        workerproc_link_turn_begin(dec->link);
         if (dec->ucx != NULL)
             kv_ucx_progress(dec->ucx);
         if (dec->stage != NULL) {
@@ -2039,17 +2094,28 @@ bt_status_t decode_run(decode_t *dec)
             stage_pending(dec);
         }
         handle_messages(dec);
+        switch (workerproc_link_check(dec->link)) {
+        case WORKERPROC_LINK_REGISTER:
+            send_register(dec); /* drops what the old session held */
+            break;
+        case WORKERPROC_LINK_REFUSED:
+            workerproc_link_turn_end(dec->link);
+            return BT_ERROR(BT_ERR_REMOTE, "DECODE", "the router refused "
+                            "this worker: %s",
+                            workerproc_link_refusal(dec->link));
+        case WORKERPROC_LINK_OK:
+            break;
+        }
         step(dec);
         expire(dec);
+        workerproc_link_turn_end(dec->link);
+        /* The heartbeat thread sends on schedule; sooner (at most every
+         * 10 ms) when the free block count moved, so the router's view
+         * stays fresh. */
         now = bt_time_ns();
-        /* Heartbeat on schedule, or sooner (at most every 10 ms) when the
-         * free block count moved, so the router's view stays fresh. */
-        if (now - dec->last_hb_ns >= (uint64_t)dec->heartbeat_ms * 1000000ull ||
-            (available_blocks(dec) != dec->last_hb_free &&
-             now - dec->last_hb_ns >= 10000000ull))
-            send_heartbeat(dec);
-        if (!dec->registered && now - dec->last_register_ns > 1000000000ull)
-            send_register(dec);
+        free_now = available_blocks(dec);
+        publish_beat(dec, free_now != dec->last_hb_free &&
+                              now - dec->last_hb_ns >= 10000000ull);
     }
     workerproc_send_shutdown(dec->sock, dec->name);
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, staged "

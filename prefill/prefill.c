@@ -118,10 +118,9 @@ struct prefill_s {
     int n_speers;
     volatile sig_atomic_t stop;
     bool draining;
-    int heartbeat_ms;
-    uint64_t last_hb_ns;
-    uint64_t last_register_ns;
-    bool registered;
+    workerproc_link_t *link;  /* sessions, acks, the heartbeat thread */
+    double tps;               /* prefill tokens/s, moving average (the
+                                 router's prefill deadlines use it) */
     prefill_task_t *head; /* tasks in arrival order */
     prefill_task_t *tail;
     float *logits;        /* (max_seqs, vocab) */
@@ -154,6 +153,10 @@ static void send_msg(prefill_t *pf, Baton__ControlMessage *msg)
     workerproc_send(pf->sock, msg);
 }
 
+static void drop_all(prefill_t *pf);
+
+/* Every Register starts a new session (workerproc_link.h): the tasks of
+ * the old one are dropped first (the router resumes them). */
 static void send_register(prefill_t *pf)
 {
     workerproc_register_cfg_t rc = {
@@ -166,7 +169,10 @@ static void send_register(prefill_t *pf)
     Baton__KvTransport transports[6];
     int n_tr = 0;
 
+    drop_all(pf);
     workerproc_register_init(&r, &rc);
+    r.reg.has_session = 1;
+    r.reg.session = workerproc_link_begin_session(pf->link);
     if (pf->ucx != NULL && !pf->kv_on_device)
         transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
     if (pf->cipc != NULL)
@@ -177,29 +183,27 @@ static void send_register(prefill_t *pf)
     r.reg.n_transports = (size_t)n_tr;
     r.reg.transports = transports;
     workerproc_send_register(pf->sock, &r.reg);
-    pf->last_register_ns = bt_time_ns();
 }
 
-static void send_heartbeat(prefill_t *pf)
+/* Publishes what the heartbeats say (the link's thread sends them). */
+static void publish_beat(prefill_t *pf)
 {
-    Baton__Heartbeat hb;
-    uint64_t owed = 0;
-    uint32_t n = 0;
+    workerproc_beat_t b;
 
+    memset(&b, 0, sizeof(b));
     for (prefill_task_t *t = pf->head; t; t = t->next) {
-        owed += (uint64_t)(t->n_tokens - t->n_fed);
-        n++;
+        b.outstanding += (uint64_t)(t->n_tokens - t->n_fed);
+        b.running++;
     }
-    workerproc_heartbeat_init(&hb, pf->name, n, owed, pf->draining);
+    b.draining = pf->draining;
     if (pf->engine != NULL) {
         kv_allocator_t *kv = engine_kv(pf->engine);
-        hb.has_free_kv_blocks = 1;
-        hb.free_kv_blocks = (uint32_t)kv_allocator_free_count(kv);
-        hb.has_total_kv_blocks = 1;
-        hb.total_kv_blocks = (uint32_t)kv_allocator_total(kv);
+        b.has_kv = true;
+        b.free_kv = (uint32_t)kv_allocator_free_count(kv);
+        b.total_kv = (uint32_t)kv_allocator_total(kv);
     }
-    workerproc_send_heartbeat(pf->sock, &hb);
-    pf->last_hb_ns = bt_time_ns();
+    b.prefill_tokens_per_s = pf->tps;
+    workerproc_link_publish(pf->link, &b, false);
 }
 
 static void send_failure(prefill_t *pf, uint64_t id, uint64_t epoch,
@@ -518,6 +522,26 @@ static void on_cancel(prefill_t *pf, uint64_t id)
     }
 }
 
+/* Drops every task of the old session (send_register).  A task whose
+ * commit is in flight finishes on its own: its PrefillDone names an
+ * attempt the router has given up, and is ignored there. */
+static void drop_all(prefill_t *pf)
+{
+    int n = 0;
+
+    for (prefill_task_t *t = pf->head, *next; t; t = next) {
+        next = t->next;
+        if (t->state == PREFILL_TASK_COMMITTING)
+            continue;
+        task_unlink(pf, t);
+        task_destroy(pf, t);
+        n++;
+    }
+    if (n > 0)
+        BT_LOG_WARN("PREFILL", "%s: new session: dropped %d tasks of the old "
+                    "one (the router resumes them)", pf->name, n);
+}
+
 static void on_kv_peers(prefill_t *pf, const Baton__KvPeers *m);
 
 /* workerproc_handlers_t.on_msg: the prefill role's message kinds. */
@@ -540,17 +564,11 @@ static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
     }
 }
 
-static void reregister(void *arg)
-{
-    send_register(arg);
-}
-
 static void handle_messages(prefill_t *pf)
 {
     workerproc_handlers_t h = {
-        .sock = pf->sock, .registered = &pf->registered,
-        .heartbeat_ms = &pf->heartbeat_ms, .stop = &pf->stop,
-        .send_register = reregister, .on_msg = on_msg, .arg = pf,
+        .sock = pf->sock, .link = pf->link, .stop = &pf->stop,
+        .on_msg = on_msg, .arg = pf,
     };
 
     workerproc_handle_messages(&h);
@@ -1047,6 +1065,7 @@ static void run_batch(prefill_t *pf)
     const backend_config_t *bcfg = &pf->cfg.engine.backend;
     kv_allocator_t *kv = engine_kv(pf->engine);
     int budget = bcfg->max_batch_tokens, rows = 0;
+    uint64_t t0;
     backend_batch_t batch;
     bt_status_t status;
 
@@ -1109,6 +1128,7 @@ static void run_batch(prefill_t *pf)
     }
     if (pf->n_batch == 0)
         return;
+    t0 = bt_time_ns();
     if (pf->cfg.step_delay_ms > 0)
         usleep((useconds_t)pf->cfg.step_delay_ms * 1000u);
     memset(&batch, 0, sizeof(batch));
@@ -1118,6 +1138,11 @@ static void run_batch(prefill_t *pf)
     batch.on_layer_arg = pf;
     status = backend_forward(engine_backend(pf->engine), &batch, pf->logits,
                              pf->hidden);
+    if (status == BT_OK && bt_time_ns() > t0) {
+        double rate = (double)(bcfg->max_batch_tokens - budget) * 1e9 /
+                      (double)(bt_time_ns() - t0);
+        pf->tps = pf->tps > 0 ? 0.8 * pf->tps + 0.2 * rate : rate;
+    }
     for (int b = 0, row = 0; b < pf->n_batch; b++) {
         prefill_task_t *t = pf->btasks[b];
         if (status != BT_OK) {
@@ -1369,7 +1394,6 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
     if (pf == NULL)
         return BT_ERR_NO_MEMORY;
     pf->cfg = *cfg;
-    pf->heartbeat_ms = 250;
     workerproc_name_init(pf->name, sizeof(pf->name), cfg->name, "prefill");
     if (cfg->chunk_tokens <= 0) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "PREFILL",
@@ -1444,6 +1468,11 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
     status = workerproc_connect(cfg->router, pf->name, &pf->ctx, &pf->sock);
     if (status != BT_OK)
         goto err_engine;
+    status = workerproc_link_create(pf->sock, pf->name, &pf->link);
+    if (status != BT_OK) {
+        workerproc_close(&pf->ctx, &pf->sock);
+        goto err_engine;
+    }
     *pf_p = pf;
     return BT_OK;
 
@@ -1472,6 +1501,7 @@ void prefill_destroy(prefill_t **pf_p)
     while (pf->n_speers > 0)
         speer_drop_at(pf, pf->n_speers - 1);
     kv_stage_send_destroy(&pf->stage); /* bounded wait for orphans */
+    workerproc_link_destroy(&pf->link); /* its thread uses the socket */
     workerproc_close(&pf->ctx, &pf->sock);
     engine_teardown(pf);
     bt_free(pf);
@@ -1490,12 +1520,9 @@ bt_status_t prefill_run(prefill_t *pf)
     BT_LOG_INFO("PREFILL", "%s serving %s via %s%s", pf->name,
                 pf->engine ? pf->cfg.engine.model_path : "the null model",
                 pf->cfg.router, pf->ucx ? " (KV over UCX)" : "");
-    send_register(pf);
-    send_heartbeat(pf);
     for (;;) {
         bt_status_t status;
         int timeout;
-        uint64_t now;
 
         if (pf->stop && !pf->draining) {
             workerproc_send_drain(pf->sock, pf->name);
@@ -1510,7 +1537,20 @@ bt_status_t prefill_run(prefill_t *pf)
         status = workerproc_poll(pf->sock, pf->ucx, timeout);
         if (status != BT_OK)
             return status;
+        workerproc_link_turn_begin(pf->link);
         handle_messages(pf);
+        switch (workerproc_link_check(pf->link)) {
+        case WORKERPROC_LINK_REGISTER:
+            send_register(pf); /* drops what the old session held */
+            break;
+        case WORKERPROC_LINK_REFUSED:
+            workerproc_link_turn_end(pf->link);
+            return BT_ERROR(BT_ERR_REMOTE, "PREFILL", "the router refused "
+                            "this worker: %s",
+                            workerproc_link_refusal(pf->link));
+        case WORKERPROC_LINK_OK:
+            break;
+        }
         if (pf->ucx != NULL)
             kv_ucx_progress(pf->ucx);
         if (pf->engine == NULL)
@@ -1524,11 +1564,8 @@ bt_status_t prefill_run(prefill_t *pf)
                 ;
         reap(pf);
         peers_reap(pf);
-        now = bt_time_ns();
-        if (now - pf->last_hb_ns >= (uint64_t)pf->heartbeat_ms * 1000000ull)
-            send_heartbeat(pf);
-        if (!pf->registered && now - pf->last_register_ns > 1000000000ull)
-            send_register(pf); /* the router may not be up yet */
+        workerproc_link_turn_end(pf->link);
+        publish_beat(pf);
     }
     workerproc_send_shutdown(pf->sock, pf->name);
     BT_LOG_INFO("PREFILL", "%s stopped after %llu prompts", pf->name,

@@ -54,6 +54,8 @@ void router_config_init(router_config_t *cfg)
     cfg->aggregate = "fallback";
     cfg->metrics_port = -1;
     cfg->metrics_host = "127.0.0.1";
+    cfg->stall_ms = 10000;
+    cfg->phase_ms = 10000;
 }
 
 bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
@@ -93,12 +95,18 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
         goto err_free;
     }
     if (cfg->max_queue <= 0 || cfg->heartbeat_ms <= 0 ||
-        cfg->heartbeat_miss <= 0) {
+        cfg->heartbeat_miss <= 0 || cfg->stall_ms <= 0 ||
+        cfg->phase_ms <= 0) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER",
-                          "max_queue, heartbeat_ms and heartbeat_miss must "
-                          "be positive");
+                          "max_queue, heartbeat_ms, heartbeat_miss, "
+                          "stall_ms and phase_ms must be positive");
         goto err_free;
     }
+    /* Request ids carry 23 random bits of this instance above a 40-bit
+     * counter: ids never repeat across router restarts, so a worker's
+     * message about a request of an earlier router can match nothing. */
+    r->instance = bt_random_u64();
+    r->next_req_id = ((r->instance >> 41) & 0x7fffffull) << 40;
     r->ctx = zmq_ctx_new();
     if (r->ctx == NULL) {
         status = BT_ZMQ_ERROR("zmq_ctx_new");
@@ -117,7 +125,11 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
     status = bt_zmq_socket_create(r->ctx, &scfg, &r->control_sock);
     if (status != BT_OK)
         goto err_client;
-    /* A restarted worker reuses its name: let it take the route over. */
+    /* A worker's routing id is its name plus a random per-process suffix
+     * (workerproc_connect), so only the same process can reconnect with
+     * it: handover lets that process's new connection replace a
+     * half-open old one.  Another process with the same name gets its
+     * own route and is refused at Register while the name is live. */
     zmq_setsockopt(r->control_sock, ZMQ_ROUTER_HANDOVER, &handover,
                    sizeof(handover));
     if (cfg->metrics_port >= 0) {
@@ -189,8 +201,9 @@ bt_status_t router_run(router_t *r)
     uint64_t last_tick = 0;
 
     BT_LOG_INFO("ROUTER", "serving clients on %s (port %d), workers on %s "
-                "(port %d), policy %s", r->cfg.listen, router_client_port(r),
-                r->cfg.control, router_control_port(r), r->policy->name);
+                "(port %d), policy %s, instance %016llx", r->cfg.listen,
+                router_client_port(r), r->cfg.control, router_control_port(r),
+                r->policy->name, (unsigned long long)r->instance);
     if (r->http != NULL)
         BT_LOG_INFO("ROUTER", "metrics on http://%s:%d/metrics",
                     r->cfg.metrics_host, router_metrics_port(r));

@@ -60,6 +60,15 @@ typedef struct {
                              * -1 (default): none, 0: any free port
                              * (router_metrics_port() tells which) */
     const char *metrics_host; /* address it binds ("127.0.0.1") */
+    int stall_ms;           /* a worker whose engine turn has run this
+                             * long (or 20 of its longest recent turns,
+                             * when longer) with work assigned is stuck:
+                             * dropped, its requests re-queued (10000) */
+    int phase_ms;           /* least time a request phase (reserve,
+                             * prefill, first token, next token) may take
+                             * before its attempt is abandoned and
+                             * re-queued; longer when the worker's
+                             * measured step cost says so (10000) */
 } router_config_t;
 
 void router_config_init(router_config_t *cfg);

@@ -18,8 +18,7 @@ void router__send_control(router_t *r, const router_worker_t *w,
 {
     if (w == NULL)
         return;
-    if (proto_control_send(r->control_sock, w->name, strlen(w->name), msg) !=
-        BT_OK)
+    if (proto_control_send(r->control_sock, w->rid, w->rid_len, msg) != BT_OK)
         BT_LOG_WARN("NET", "cannot send %s to worker %s",
                     proto_control_body_name(msg->body_case), w->name);
 }
@@ -79,21 +78,30 @@ void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
         router__on_register(r, id, id_len, msg->register_);
         goto out;
     }
-    w = router__worker_by_name(r, id, id_len);
+    w = router__worker_by_rid(r, id, id_len);
     if (w == NULL) {
-        /* Unknown (dropped, or the router restarted): ask to register. */
+        /* Unknown (dropped, or the router restarted): ask to register.
+         * Whatever it says belongs to a registration that is gone. */
         Baton__ControlMessage reply = BATON__CONTROL_MESSAGE__INIT;
         Baton__RegisterAck ack = BATON__REGISTER_ACK__INIT;
         ack.has_reregister = 1;
         ack.reregister = 1;
+        ack.has_router_instance = 1;
+        ack.router_instance = r->instance;
         reply.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
         reply.register_ack = &ack;
         proto_control_send(r->control_sock, id, id_len, &reply);
+        r->stale_msgs++;
         goto out;
     }
     w->last_seen_ns = bt_time_ns();
     switch (msg->body_case) {
     case BATON__CONTROL_MESSAGE__BODY_HEARTBEAT:
+        if (msg->heartbeat->has_session &&
+            msg->heartbeat->session != w->session) {
+            r->stale_msgs++; /* sent before its latest Register */
+            break;
+        }
         router__on_heartbeat(r, w, msg->heartbeat);
         break;
     case BATON__CONTROL_MESSAGE__BODY_KV_GRANT:

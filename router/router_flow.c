@@ -73,6 +73,8 @@ void router__dispatch(router_t *r)
         req->task_tokens = (uint64_t)n_tokens;
         req->reserved_blocks = blocks;
         req->state = ROUTER_REQ_RESERVING;
+        req->attempt++;
+        router__req_phase_deadline(r, req);
         p->outstanding += (uint64_t)n_tokens;
         p->assigned++;
         p->served++;
@@ -95,6 +97,8 @@ void router__dispatch(router_t *r)
             res.has_kv_stage = 1;
             res.kv_stage = 1;
         }
+        res.has_attempt = 1;
+        res.attempt = req->attempt;
         msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RESERVE;
         msg.kv_reserve = &res;
         router__send_control(r, d, &msg);
@@ -188,9 +192,13 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     int n_ids = 0;
 
     if (req == NULL || req->state != ROUTER_REQ_RESERVING ||
-        req->decode_uid != w->uid) {
-        if (g->ok) /* the request is gone or moved: free the blocks */
+        req->decode_uid != w->uid || !g->has_attempt ||
+        g->attempt != req->attempt) {
+        /* The request is gone or moved on (this grant answers an earlier
+         * attempt): free the blocks. */
+        if (g->ok)
             router__send_kv_release(r, w, g->request_id, g->epoch);
+        r->stale_msgs++;
         return;
     }
     w->pending_reserve -= req->reserved_blocks;
@@ -206,6 +214,12 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     }
     req->state = ROUTER_REQ_PREFILLING; /* reserve counted no more */
     req->epoch = g->epoch;
+    if (req->epoch == 0) { /* epochs fence every later message: required */
+        router__send_kv_release(r, w, req->id, 0);
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                         "decode worker granted KV without an epoch");
+        return;
+    }
     if (req->t_granted == 0) /* the first grant ends the queue wait */
         bt_prom_hist_observe(&r->metrics.queue_wait,
                              (double)(bt_time_ns() - req->t_arrival) * 1e-9);
@@ -281,6 +295,7 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     msg.prefill_task = &task;
     router__send_control(r, p, &msg);
     req->t_prefill_sent = bt_time_ns();
+    router__req_phase_deadline(r, req);
     bt_free(ids);
 }
 
@@ -455,6 +470,7 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
                         ROUTER_METRICS_TRANSPORTS]++;
     router__send_control(r, d, &msg);
     req->state = ROUTER_REQ_DECODING;
+    router__req_phase_deadline(r, req); /* the next token's */
     bt_free(tokens);
 }
 
@@ -464,16 +480,32 @@ void router__on_token_out(router_t *r, router_worker_t *w,
     router_req_t *req = router__req_find(r, out->request_id);
     int skip, n;
 
+    /* Only the current attempt speaks: the worker it went to, in the
+     * state that expects tokens, with the epoch of its grant.  Anything
+     * else comes from an attempt the router gave up (a paused worker
+     * that woke up, a sequence of an earlier registration) and is
+     * dropped: never relayed, never appended. */
     if (req == NULL || req->state != ROUTER_REQ_DECODING ||
-        req->decode_uid != w->uid)
-        return; /* from a worker the request left: never relayed twice */
+        req->decode_uid != w->uid || !out->has_epoch ||
+        out->epoch != req->epoch) {
+        r->stale_msgs++;
+        return;
+    }
     skip = req->n_generated - (int)out->index;
     if (skip < 0) {
+        /* Tokens are missing between what the client has and this
+         * chunk: appending would hand the client a wrong sequence.  The
+         * attempt is abandoned; the request resumes from what the client
+         * has, elsewhere or here. */
         BT_LOG_WARN("ROUTER", "request %llu: token gap (have %d, got index "
-                    "%u)", (unsigned long long)req->id, req->n_generated,
-                    out->index);
-        skip = 0;
+                    "%u): attempt abandoned, resuming", (unsigned long long)
+                    req->id, req->n_generated, out->index);
+        router__send_cancel_task(r, w, req->id);
+        req->failed_uid = w->uid;
+        router__req_requeue(r, req, true, 0);
+        return;
     }
+    router__req_phase_deadline(r, req); /* it moves: the next token's */
     n = (int)out->n_ids - skip;
     /* The decode worker's matcher state, for a failover. */
     req->n_stop_held = 0;
@@ -507,8 +539,11 @@ void router__on_task_error(router_t *r, router_worker_t *w,
     router_req_t *req = router__req_find(r, te->request_id);
 
     if (req == NULL ||
-        (req->prefill_uid != w->uid && req->decode_uid != w->uid))
+        (req->prefill_uid != w->uid && req->decode_uid != w->uid) ||
+        (te->has_epoch && te->epoch != 0 && te->epoch != req->epoch)) {
+        r->stale_msgs++; /* about an attempt that was given up */
         return;
+    }
     if (req->state == ROUTER_REQ_DECODING && req->decode_uid == w->uid)
         req->state = ROUTER_REQ_QUEUED; /* the decode already dropped it */
     router__req_fail(r, req,

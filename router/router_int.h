@@ -15,6 +15,7 @@
 
 #define ROUTER_MAX_WORKERS 256
 #define ROUTER_NAME_MAX 64
+#define ROUTER_RID_MAX 128 /* a worker's ZeroMQ routing id */
 #define ROUTER_MAX_EOS 8
 #define ROUTER_HASH_BUCKETS 4096
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
@@ -25,7 +26,18 @@
 typedef struct {
     bool used;                /* slot holds a registered worker */
     uint64_t uid;             /* registration number, never reused */
-    char name[ROUTER_NAME_MAX]; /* ZMQ routing id */
+    char name[ROUTER_NAME_MAX]; /* the name operators see (Register.name) */
+    uint8_t rid[ROUTER_RID_MAX]; /* (rid_len) ZeroMQ routing id: the name
+                                  plus the process's random suffix */
+    size_t rid_len;
+    uint64_t session;         /* Register.session of this registration */
+    uint64_t registered_ns;   /* when it registered */
+    /* Liveness off the compute thread (heartbeats from the worker's
+     * heartbeat thread): */
+    uint64_t progress;        /* main-loop turns the worker completed */
+    uint32_t busy_ms;         /* age of its turn running now */
+    uint32_t step_ms;         /* its longest recent turn */
+    double prefill_tps;       /* prefill: measured tokens/s (0 unknown) */
     Baton__Role role;
     uint64_t last_seen_ns;    /* last message from it */
     bool draining;            /* takes no new work */
@@ -154,6 +166,15 @@ struct router_req_s {
                                   put on (0 = none): its death, noticed
                                   later, is the same failure */
     uint64_t retry_at_ns;      /* queued: not before this time */
+    uint32_t attempt;          /* dispatches so far: KvReserve.attempt,
+                                  echoed by the grant (a stale grant of an
+                                  earlier attempt is released) */
+    uint64_t t_queued;         /* entered the queue last (arrival or
+                                  re-queue): the queue timeout counts
+                                  from here */
+    uint64_t phase_deadline_ns; /* reserving/prefilling/decoding: the
+                                  current phase must move by then, or the
+                                  attempt is abandoned and re-queued */
     char stop_held[ROUTER_STOP_HELD_MAX]; /* (n_stop_held) text the stop
                                   matcher holds back: after the first
                                   token, then as the decode worker last
@@ -295,8 +316,12 @@ struct router_s {
     bool draining;
     uint64_t drain_deadline_ns;
     router_worker_t workers[ROUTER_MAX_WORKERS];
+    uint64_t instance;         /* random per process: request ids carry it
+                                  and workers see a restart by it */
     uint64_t next_worker_uid;
-    uint64_t next_req_id;
+    uint64_t next_req_id;      /* instance tag in bits 40..62 */
+    uint64_t stale_msgs;       /* worker messages of a superseded attempt
+                                  or registration, dropped */
     unsigned rr_prefill;       /* round-robin cursors */
     unsigned rr_decode;
     router_req_t *all_head;    /* every live request */
@@ -316,9 +341,9 @@ struct router_s {
 // ---------------------------------------------------------------------------
 // router_registry.c: the worker table
 
-/* The registered worker with ZeroMQ routing id name[0..len), or NULL. */
-router_worker_t *router__worker_by_name(router_t *r, const void *name,
-                                        size_t len);
+/* The registered worker with ZeroMQ routing id rid[0..len), or NULL. */
+router_worker_t *router__worker_by_rid(router_t *r, const void *rid,
+                                       size_t len);
 /* The registered worker with registration number uid, or NULL (uid 0:
  * none). */
 router_worker_t *router__worker_by_uid(router_t *r, uint64_t uid);
@@ -339,6 +364,9 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
                          const Baton__Register *reg);
 void router__on_heartbeat(router_t *r, router_worker_t *w,
                           const Baton__Heartbeat *hb);
+/* How long a worker's running turn may last before it counts as stuck:
+ * the longer of cfg.stall_ms and 20 of its longest recent turns. */
+uint64_t router__worker_stall_ns(const router_t *r, const router_worker_t *w);
 
 // ---------------------------------------------------------------------------
 // router_request.c: request objects, the admission queue, endings
@@ -375,8 +403,12 @@ int router__req_prefill_tokens(const router_req_t *req);
  * buf holds PROTO_MAX_STOP + ROUTER_MAX_EOS. */
 int router__req_stop_ids(const router_req_t *req, const router_worker_t *d,
                          int *buf);
-/* Fails requests past their deadline or the queue timeout. */
+/* Fails requests past their deadline or the queue timeout; abandons
+ * (re-queues) attempts whose phase deadline passed. */
 void router__check_deadlines(router_t *r, uint64_t now);
+/* Sets req's phase deadline for the phase it just entered, from the
+ * measured step cost of the worker doing it (router_request.c). */
+void router__req_phase_deadline(router_t *r, router_req_t *req);
 
 // ---------------------------------------------------------------------------
 // router_flow.c: the request state machine

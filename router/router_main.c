@@ -47,6 +47,15 @@ static void usage(FILE *out)
         "  --queue-timeout-ms N longest wait for workers (30000)\n"
         "  --drain-timeout-ms N longest drain on SIGTERM (30000)\n"
         "  --max-retries N      re-prefills after worker failure (3)\n"
+        "  --stall-ms N         a worker whose engine turn runs this long\n"
+        "                       with work assigned is stuck: dropped, its\n"
+        "                       requests re-queued; 20 of its longest\n"
+        "                       recent turns when longer (10000)\n"
+        "  --phase-ms N         least time a request phase (reserve,\n"
+        "                       prefill, first token, next token) may take\n"
+        "                       before the attempt is re-queued; longer when\n"
+        "                       the worker's measured step cost says so\n"
+        "                       (10000)\n"
         "  --metrics-port N     serve Prometheus GET /metrics over HTTP on\n"
         "                       this port (env BATON_METRICS_PORT; 0 = any\n"
         "                       free port, logged; default: off)\n"
@@ -80,6 +89,8 @@ int main(int argc, char **argv)
         { "queue-timeout-ms", required_argument, 0, 'Q' },
         { "drain-timeout-ms", required_argument, 0, 'D' },
         { "max-retries", required_argument, 0, 'r' },
+        { "stall-ms", required_argument, 0, 1001 },
+        { "phase-ms", required_argument, 0, 1002 },
         { "metrics-port", required_argument, 0, 'm' },
         { "metrics-host", required_argument, 0, 'B' },
         { "help", no_argument, 0, 'h' },
@@ -115,6 +126,8 @@ int main(int argc, char **argv)
         case 'Q': ret = parse_int_opt("--queue-timeout-ms", optarg, &cfg.queue_timeout_ms); break;
         case 'D': ret = parse_int_opt("--drain-timeout-ms", optarg, &cfg.drain_timeout_ms); break;
         case 'r': ret = parse_int_opt("--max-retries", optarg, &cfg.max_retries); break;
+        case 1001: ret = parse_int_opt("--stall-ms", optarg, &cfg.stall_ms); break;
+        case 1002: ret = parse_int_opt("--phase-ms", optarg, &cfg.phase_ms); break;
         case 'm': ret = parse_int_opt("--metrics-port", optarg, &cfg.metrics_port); break;
         case 'B': cfg.metrics_host = optarg; break;
         case 'h': usage(stdout); return 0;

@@ -14,12 +14,23 @@
 #include "bt_util.h"
 #include "router_int.h"
 
-router_worker_t *router__worker_by_name(router_t *r, const void *name,
-                                        size_t len)
+router_worker_t *router__worker_by_rid(router_t *r, const void *rid,
+                                       size_t len)
 {
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &r->workers[i];
-        if (w->used && strlen(w->name) == len && memcmp(w->name, name, len) == 0)
+        if (w->used && w->rid_len == len && memcmp(w->rid, rid, len) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+/* The registered worker operators know as `name`, or NULL. */
+static router_worker_t *worker_by_name(router_t *r, const char *name)
+{
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        router_worker_t *w = &r->workers[i];
+        if (w->used && strcmp(w->name, name) == 0)
             return w;
     }
     return NULL;
@@ -141,6 +152,11 @@ void router__worker_drop(router_t *r, router_worker_t *w, const char *why)
         send_kv_peers(r, NULL);
 }
 
+uint64_t router__worker_stall_ns(const router_t *r, const router_worker_t *w)
+{
+    return BT_MAX((uint64_t)r->cfg.stall_ms, 20ull * w->step_ms) * 1000000ull;
+}
+
 void router__check_liveness(router_t *r, uint64_t now)
 {
     uint64_t limit = (uint64_t)r->cfg.heartbeat_ms * 1000000ull *
@@ -153,8 +169,19 @@ void router__check_liveness(router_t *r, uint64_t now)
         if (!w->used)
             continue;
         w->silent = now - w->last_seen_ns > quiet;
-        if (now - w->last_seen_ns > limit)
+        if (now - w->last_seen_ns > limit) {
             router__worker_drop(r, w, "missed heartbeats");
+        } else if (w->assigned > 0 &&
+                   (uint64_t)w->busy_ms * 1000000ull >
+                       router__worker_stall_ns(r, w)) {
+            /* It heartbeats (from its own thread) but its engine has been
+             * in one turn for too long: stuck.  Its requests go elsewhere;
+             * if it ever comes back it has to register again. */
+            char why[96];
+            snprintf(why, sizeof(why), "no progress for %u ms (engine stuck)",
+                     w->busy_ms);
+            router__worker_drop(r, w, why);
+        }
     }
 }
 
@@ -202,38 +229,84 @@ uint32_t router__cluster_min_vocab(router_t *r)
     return v;
 }
 
+/* Answers a Register that is refused (the worker stops with `why`). */
+static void refuse_register(router_t *r, const uint8_t *id, size_t id_len,
+                            const Baton__Register *reg, const char *why)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__RegisterAck ack = BATON__REGISTER_ACK__INIT;
+
+    BT_LOG_WARN("ROUTER", "registration of %s refused: %s",
+                reg->name != NULL ? reg->name : "?", why);
+    ack.refused = (char *)why;
+    ack.has_session = reg->has_session;
+    ack.session = reg->session;
+    ack.has_router_instance = 1;
+    ack.router_instance = r->instance;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
+    msg.register_ack = &ack;
+    proto_control_send(r->control_sock, id, id_len, &msg);
+}
+
 void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
                          const Baton__Register *reg)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__RegisterAck ack = BATON__REGISTER_ACK__INIT;
     router_worker_t *w;
+    const char *name = reg->name;
+    uint64_t now = bt_time_ns();
+    uint64_t quiet = (uint64_t)r->cfg.heartbeat_ms * 1000000ull * 3;
 
-    if (id_len == 0 || id_len >= ROUTER_NAME_MAX ||
+    if (id_len == 0 || id_len > ROUTER_RID_MAX ||
         (reg->role != BATON__ROLE__ROLE_PREFILL &&
          reg->role != BATON__ROLE__ROLE_DECODE)) {
         BT_LOG_WARN("ROUTER", "bad registration dropped (role %d, id %zu "
                     "bytes)", (int)reg->role, id_len);
         return;
     }
-    w = router__worker_by_name(r, id, id_len);
-    if (w != NULL && w->role != reg->role)
-        router__worker_drop(r, w, "re-registered with another role");
-    w = router__worker_by_name(r, id, id_len);
-    if (w == NULL) {
-        for (int i = 0; i < ROUTER_MAX_WORKERS && w == NULL; i++)
-            if (!r->workers[i].used)
-                w = &r->workers[i];
-        if (w == NULL) {
-            BT_LOG_WARN("ROUTER", "registry full; worker refused");
-            return;
-        }
-        router__worker_clear(w);
-        w->used = true;
-        w->uid = ++r->next_worker_uid;
-        memcpy(w->name, id, id_len);
-        w->name[id_len] = '\0';
+    if (name == NULL || name[0] == '\0' || strlen(name) >= ROUTER_NAME_MAX) {
+        refuse_register(r, id, id_len, reg, "a worker name of 1 to 63 bytes "
+                        "is required");
+        return;
     }
+    /* The same process registering again starts a new session: it has
+     * dropped every sequence and reservation it held, so its old
+     * registration ends here and its requests go back to the queue. */
+    w = router__worker_by_rid(r, id, id_len);
+    if (w != NULL)
+        router__worker_drop(r, w, "registered again (new session)");
+    /* Another process with a live worker's name is refused: a name is
+     * not a credential, and taking it over would orphan the live one.
+     * A name whose holder went quiet is taken over (a restarted worker
+     * with a fixed name, e.g. a Kubernetes pod). */
+    w = worker_by_name(r, name);
+    if (w != NULL && now - w->last_seen_ns <= quiet) {
+        char why[160];
+        snprintf(why, sizeof(why), "the name %s is in use by a live worker "
+                 "(pid-suffixed routing id differs); pick another --name",
+                 name);
+        refuse_register(r, id, id_len, reg, why);
+        return;
+    }
+    if (w != NULL)
+        router__worker_drop(r, w, "its name was registered by a new process");
+    w = NULL;
+    for (int i = 0; i < ROUTER_MAX_WORKERS && w == NULL; i++)
+        if (!r->workers[i].used)
+            w = &r->workers[i];
+    if (w == NULL) {
+        refuse_register(r, id, id_len, reg, "registry full");
+        return;
+    }
+    router__worker_clear(w);
+    w->used = true;
+    w->uid = ++r->next_worker_uid;
+    snprintf(w->name, sizeof(w->name), "%s", name);
+    memcpy(w->rid, id, id_len);
+    w->rid_len = id_len;
+    w->session = reg->session;
+    w->registered_ns = now;
     w->role = reg->role;
     w->last_seen_ns = bt_time_ns();
     w->vocab_size = reg->vocab_size;
@@ -306,6 +379,12 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
                 w->has_gpu ? ", gpu " : "", w->gpu_bus);
     ack.has_heartbeat_ms = 1;
     ack.heartbeat_ms = (uint32_t)r->cfg.heartbeat_ms;
+    ack.has_session = 1;
+    ack.session = w->session;
+    ack.has_router_instance = 1;
+    ack.router_instance = r->instance;
+    ack.has_liveness_ms = 1;
+    ack.liveness_ms = (uint32_t)(r->cfg.heartbeat_ms * r->cfg.heartbeat_miss);
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
     msg.register_ack = &ack;
     router__send_control(r, w, &msg);
@@ -319,6 +398,24 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
 void router__on_heartbeat(router_t *r, router_worker_t *w,
                           const Baton__Heartbeat *hb)
 {
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+    Baton__HeartbeatAck ack = BATON__HEARTBEAT_ACK__INIT;
+
+    /* The answer tells the worker this router still knows it. */
+    ack.has_router_instance = 1;
+    ack.router_instance = r->instance;
+    ack.has_session = 1;
+    ack.session = w->session;
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_HEARTBEAT_ACK;
+    msg.heartbeat_ack = &ack;
+    router__send_control(r, w, &msg);
+    if (hb->has_progress) {
+        w->progress = hb->progress;
+        w->busy_ms = hb->busy_ms;
+        w->step_ms = hb->step_ms;
+    }
+    if (hb->has_prefill_tokens_per_s)
+        w->prefill_tps = hb->prefill_tokens_per_s;
     if (w->role == BATON__ROLE__ROLE_DECODE) {
         w->hb_free_kv = hb->free_kv_blocks;
         w->total_kv = hb->total_kv_blocks;

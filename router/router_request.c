@@ -92,6 +92,7 @@ void router__req_admit(router_t *r, router_req_t *req)
     b = client_bucket(req->client_id, req->client_id_len, req->client_rid);
     req->cl_next = r->by_client[b];
     r->by_client[b] = req;
+    req->t_queued = bt_time_ns();
     queue_insert(r, req, false);
 }
 
@@ -204,6 +205,7 @@ void router__req_requeue(router_t *r, router_req_t *req, bool failure,
     req_unassign_decode(r, req);
     req->state = ROUTER_REQ_QUEUED;
     req->epoch = 0;
+    req->phase_deadline_ns = 0;
     if (failure) {
         req->retries++;
         if (req->retries > r->cfg.max_retries) {
@@ -218,6 +220,10 @@ void router__req_requeue(router_t *r, router_req_t *req, bool failure,
         r->metrics.retries++;
     }
     req->retry_at_ns = bt_time_ns() + delay_ns;
+    /* Failover is timed from here, not from arrival: a request that
+     * waited long for its first attempt still gets the whole queue
+     * timeout to find another worker. */
+    req->t_queued = bt_time_ns();
     queue_insert(r, req, true);
 }
 
@@ -279,6 +285,59 @@ int router__req_stop_ids(const router_req_t *req, const router_worker_t *d,
     return n;
 }
 
+static const char *const phase_names[] = {
+    "queue", "KV reservation", "prefill", "next token",
+};
+
+void router__req_phase_deadline(router_t *r, router_req_t *req)
+{
+    uint64_t ms = (uint64_t)r->cfg.phase_ms;
+    router_worker_t *w;
+
+    switch (req->state) {
+    case ROUTER_REQ_RESERVING: /* answered between two decode steps */
+    case ROUTER_REQ_DECODING:  /* a token (or KV arrival) per step */
+        w = router__worker_by_uid(r, req->decode_uid);
+        if (w != NULL)
+            ms = BT_MAX(ms, 20ull * w->step_ms);
+        break;
+    case ROUTER_REQ_PREFILLING:
+        /* Everything queued on the prefill worker, this prompt included,
+         * at its measured rate, four times over, plus its longest turn. */
+        w = router__worker_by_uid(r, req->prefill_uid);
+        if (w != NULL && w->prefill_tps > 0)
+            ms = BT_MAX(ms, (uint64_t)(4000.0 * (double)w->outstanding /
+                                       w->prefill_tps) +
+                                20ull * w->step_ms);
+        else if (w != NULL)
+            ms = BT_MAX(ms, 20ull * w->step_ms);
+        break;
+    default:
+        req->phase_deadline_ns = 0;
+        return;
+    }
+    req->phase_deadline_ns = bt_time_ns() + ms * 1000000ull;
+}
+
+/* The current attempt of req made no progress within its phase's
+ * deadline (a lost message, a worker that hangs on this request while
+ * it heartbeats): give it up and resume the request from what the client
+ * has.  Counts as a worker failure (max_retries bounds it). */
+static void abandon_attempt(router_t *r, router_req_t *req)
+{
+    router_worker_t *w = router__worker_by_uid(
+        r, req->state == ROUTER_REQ_PREFILLING ? req->prefill_uid
+                                               : req->decode_uid);
+
+    BT_LOG_WARN("ROUTER", "request %llu: %s on worker %s made no progress "
+                "by its deadline: attempt abandoned, resuming",
+                (unsigned long long)req->id, phase_names[req->state],
+                w != NULL ? w->name : "?");
+    router__req_release_workers(r, req);
+    req->failed_uid = w != NULL ? w->uid : 0;
+    router__req_requeue(r, req, true, 0);
+}
+
 void router__check_deadlines(router_t *r, uint64_t now)
 {
     router_req_t *req, *next;
@@ -289,8 +348,13 @@ void router__check_deadlines(router_t *r, uint64_t now)
         if (req->deadline_ns != 0 && now > req->deadline_ns) {
             router__req_fail(r, req, BATON__ERROR_CODE__ERROR_TIMEOUT,
                              "deadline exceeded");
+        } else if (req->state != ROUTER_REQ_QUEUED &&
+                   req->phase_deadline_ns != 0 &&
+                   now > req->phase_deadline_ns) {
+            abandon_attempt(r, req);
         } else if (req->state == ROUTER_REQ_QUEUED &&
-                   now - req->t_arrival > qt) {
+                   now > req->t_queued && /* re-queued after `now` was read */
+                   now - req->t_queued > qt) {
             bool workers = router__can_serve(r);
             router__req_fail(r, req,
                              workers ? BATON__ERROR_CODE__ERROR_TIMEOUT

@@ -8,7 +8,11 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <string.h>
+
+#include "bt_error.h"
 #include "bt_log.h"
+#include "bt_util.h"
 #include "bt_zmq.h"
 
 void workerproc_register_init(workerproc_register_t *r,
@@ -59,14 +63,21 @@ bt_status_t workerproc_connect(const char *router, const char *name,
 {
     bt_zmq_socket_config_t scfg;
     bt_status_t status;
-    void *ctx = zmq_ctx_new();
+    char rid[128];
+    void *ctx;
 
+    if (strlen(name) > 100)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "WORKER", "worker name longer "
+                        "than 63 bytes: %.40s...", name);
+    snprintf(rid, sizeof(rid), "%s#%016llx", name,
+             (unsigned long long)bt_random_u64());
+    ctx = zmq_ctx_new();
     if (ctx == NULL)
         return BT_ZMQ_ERROR("zmq_ctx_new");
     bt_zmq_socket_config_init(&scfg);
     scfg.type = ZMQ_DEALER;
     scfg.endpoint = router;
-    scfg.identity = name;
+    scfg.identity = rid;
     scfg.max_msg = PROTO_CONTROL_MAX_BYTES;
     status = bt_zmq_socket_create(ctx, &scfg, sock_p);
     if (status != BT_OK) {
@@ -81,15 +92,22 @@ void workerproc_close(void **ctx_p, void **sock_p)
 {
     int linger = 500; /* let the Shutdown reach the router */
 
+    workerproc_sock_lock();
     zmq_setsockopt(*sock_p, ZMQ_LINGER, &linger, sizeof(linger));
     bt_zmq_socket_destroy(sock_p);
+    workerproc_sock_unlock();
     zmq_ctx_term(*ctx_p);
     *ctx_p = NULL;
 }
 
 void workerproc_send(void *sock, Baton__ControlMessage *msg)
 {
-    if (proto_control_send(sock, NULL, 0, msg) != BT_OK)
+    bt_status_t status;
+
+    workerproc_sock_lock();
+    status = proto_control_send(sock, NULL, 0, msg);
+    workerproc_sock_unlock();
+    if (status != BT_OK)
         BT_LOG_WARN("NET", "cannot send %s to the router",
                     proto_control_body_name(msg->body_case));
 }
@@ -132,20 +150,24 @@ bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms)
             timeout_ms = 0;
         }
     }
-    if (zmq_poll(items, n_items, timeout_ms) < 0 && zmq_errno() != EINTR)
-        return BT_ZMQ_ERROR("zmq_poll");
-    return BT_OK;
-}
+    /* The socket is shared with the heartbeat thread: sleep in slices of
+     * at most 5 ms with the lock, so a heartbeat never waits longer. */
+    for (;;) {
+        int slice = timeout_ms < 0 ? 5 : BT_MIN(timeout_ms, 5);
+        int rc, err;
 
-bool workerproc_register_ack(const Baton__RegisterAck *ack, bool *registered,
-                             int *heartbeat_ms)
-{
-    if (ack->reregister)
-        return true;
-    *registered = true;
-    if (ack->heartbeat_ms > 0)
-        *heartbeat_ms = (int)ack->heartbeat_ms;
-    return false;
+        workerproc_sock_lock();
+        rc = zmq_poll(items, n_items, slice);
+        err = rc < 0 ? zmq_errno() : 0;
+        workerproc_sock_unlock();
+        if (rc < 0 && err != EINTR)
+            return BT_ZMQ_ERROR("zmq_poll");
+        if (rc != 0 || timeout_ms == slice)
+            break;
+        if (timeout_ms > 0)
+            timeout_ms -= slice;
+    }
+    return BT_OK;
 }
 
 void workerproc_name_init(char *buf, size_t size, const char *name,
@@ -215,23 +237,30 @@ void workerproc_handle_messages(const workerproc_handlers_t *h)
 {
     for (int k = 0; k < 1024; k++) {
         Baton__ControlMessage *msg = NULL;
-        bt_status_t status = proto_control_recv(h->sock, &msg);
+        bt_status_t status;
 
+        workerproc_sock_lock();
+        status = proto_control_recv(h->sock, &msg);
+        workerproc_sock_unlock();
         if (status == BT_ERR_FORMAT)
             continue;
         if (status != BT_OK)
             return;
+        if (workerproc_link_on_ack(h->link, msg)) {
+            proto_control_free(&msg);
+            continue;
+        }
         switch (msg->body_case) {
-        case BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK:
-            if (workerproc_register_ack(msg->register_ack, h->registered,
-                                        h->heartbeat_ms))
-                h->send_register(h->arg);
-            break;
         case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
         case BATON__CONTROL_MESSAGE__BODY_DRAIN:
             *h->stop = 1;
             break;
         default:
+            if (!workerproc_link_registered(h->link)) {
+                BT_LOG_DEBUG("NET", "%s of a given-up registration dropped",
+                             proto_control_body_name(msg->body_case));
+                break;
+            }
             switch (h->on_msg(h->arg, msg)) {
             case WORKERPROC_MSG_KEPT:
                 continue;

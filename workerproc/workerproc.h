@@ -17,6 +17,7 @@
 #include "kv/kv_transport_cuda_ipc.h"
 #include "model/model.h"
 #include "proto_msg.h"
+#include "workerproc_link.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,9 +52,12 @@ typedef struct {
 void workerproc_register_init(workerproc_register_t *r,
                               const workerproc_register_cfg_t *cfg);
 
-/* Opens the control connection: a new ZeroMQ context and a DEALER with
- * identity `name` connected to the router endpoint `router`.  On error
- * nothing is left open. */
+/* Opens the control connection: a new ZeroMQ context and a DEALER
+ * connected to the router endpoint `router`, its routing id `name` plus
+ * "#" and 16 random hex digits: unique per process, so no other process
+ * (a second worker with the same name, or anyone who read the name in
+ * the cluster status) can speak as this one.  On error nothing is left
+ * open. */
 bt_status_t workerproc_connect(const char *router, const char *name,
                                void **ctx_p, void **sock_p);
 
@@ -77,12 +81,6 @@ void workerproc_send_shutdown(void *sock, const char *name);
  * not wait for the timeout).  Returns BT_OK (also when interrupted by a
  * signal) or the zmq_poll failure. */
 bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms);
-
-/* Applies a RegisterAck: marks the worker registered and takes the
- * router's heartbeat period.  Returns true (changing nothing) when the
- * router asks the worker to register again. */
-bool workerproc_register_ack(const Baton__RegisterAck *ack, bool *registered,
-                             int *heartbeat_ms);
 
 /* Writes the worker's name into `buf`: `name` when it is not NULL,
  * else "<role>-<pid>". */
@@ -119,22 +117,23 @@ typedef enum {
 } workerproc_msg_t;
 
 /* The role's side of workerproc_handle_messages(): the state the common
- * kinds update and the role's callbacks (both get `arg`). */
+ * kinds update and the role's callback (it gets `arg`). */
 typedef struct {
     void *sock;                   /* DEALER to the router */
-    bool *registered;             /* set by a RegisterAck */
-    int *heartbeat_ms;            /* the router's period, from the ack */
+    workerproc_link_t *link;      /* takes RegisterAck and HeartbeatAck */
     volatile sig_atomic_t *stop;  /* set by a Shutdown or a Drain */
-    void (*send_register)(void *arg); /* the router asks again */
     workerproc_msg_t (*on_msg)(void *arg, Baton__ControlMessage *msg);
     void *arg;
 } workerproc_handlers_t;
 
 /* Handles the control messages waiting on h->sock without blocking (at
  * most 1024 in one call, so a flood cannot starve the role's work).
- * RegisterAck, Shutdown and Drain are handled here; every other kind goes
- * to h->on_msg.  Malformed messages are skipped (proto_control_recv
- * logged them). */
+ * RegisterAck, HeartbeatAck, Shutdown and Drain are handled here; every
+ * other kind goes to h->on_msg, but only while the link's current
+ * session is acknowledged: work that arrives between a Register and its
+ * ack was meant for a registration the worker has given up (the router
+ * re-queued it), and is dropped.  Malformed messages are skipped
+ * (proto_control_recv logged them). */
 void workerproc_handle_messages(const workerproc_handlers_t *h);
 
 #ifdef __cplusplus

@@ -75,11 +75,12 @@ static void fake_pump(fake_prefill_t *f, int ms)
         }
         (void)zmq_poll(&it, 1, 10);
         while (proto_control_recv(f->sock, &m) == BT_OK) {
-            int hb_ms = 0;
-            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK &&
-                workerproc_register_ack(m->register_ack, &f->registered,
-                                        &hb_ms))
-                fake_register(f);
+            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK) {
+                if (m->register_ack->reregister)
+                    fake_register(f);
+                else if (m->register_ack->refused == NULL)
+                    f->registered = true;
+            }
             if (m->body_case == BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK &&
                 m->prefill_task->grant != NULL) {
                 f->task_id = m->prefill_task->request_id;
