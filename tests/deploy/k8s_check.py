@@ -15,9 +15,16 @@ liveness /livez; workers drain (grace period >= 30 s); GPU
 requests per overlay; an OVERLAY named node-local-ipc* (the component
 components/node-local-ipc) gives workers BATON_HOST_ID = spec.nodeName,
 hostIPC and the node's /dev/shm; every --flag in a container command is one the
-binary's --help lists (with --bin).  --pods writes, per Deployment, the
-command and environment its container would run with (ConfigMap values
-and downward API resolved) for a local launch.
+binary's --help lists (with --bin); workers have startup, readiness and
+liveness exec probes that ask the router's client port for the pod's
+worker name; a PodDisruptionBudget per worker Deployment (maxUnavailable,
+selecting exactly its pods); a NetworkPolicy on the router pods that
+admits only workers to the control port and only workers and baton-http
+to the client port; the router serves metrics on the port its
+prometheus.io annotations name; the h200 overlay sizes the KV pool.
+--pods writes, per Deployment, the command and environment its container
+would run with (ConfigMap values and downward API resolved), its exec
+probes and its annotations, for a local launch.
 """
 import json
 import re
@@ -108,6 +115,8 @@ def main():
     pvcs = {n for (k, n) in objs if k == "PersistentVolumeClaim"}
     deps = {n: d for (k, n), d in objs.items() if k == "Deployment"}
     svcs = {n: d for (k, n), d in objs.items() if k == "Service"}
+    pdbs = {n: d for (k, n), d in objs.items() if k == "PodDisruptionBudget"}
+    netpols = [d for (k, n), d in objs.items() if k == "NetworkPolicy"]
 
     pods = {}
     ports = {}      # deployment -> {port name: number}
@@ -158,7 +167,13 @@ def main():
         pods[name] = {"command": cmd, "env": env,
                       "grace": pspec.get("terminationGracePeriodSeconds",
                                          30),
-                      "resources": c.get("resources", {})}
+                      "resources": c.get("resources", {}),
+                      "annotations": tmpl["metadata"].get("annotations",
+                                                          {}),
+                      "probes": {p: c[p]["exec"]["command"]
+                                 for p in ("startupProbe", "readinessProbe",
+                                           "livenessProbe")
+                                 if "exec" in c.get(p, {})}}
 
         if role in ("prefill", "decode"):
             if pods[name]["grace"] < 30:
@@ -174,6 +189,31 @@ def main():
                 err(f"{name}: no nvidia.com/gpu limit in h200")
             if overlay.endswith("cpu-tiny") and gpus:
                 err(f"{name}: GPU requested in cpu-tiny")
+            # probes: `baton status` on the client port finds the pod's
+            # worker name (the name the worker registers with)
+            client = "tcp://baton-router:%d" % svc_port("baton-router",
+                                                        "client", svcs)
+            if env.get("BATON_ROUTER_CLIENT") != client:
+                err(f"{name}: BATON_ROUTER_CLIENT "
+                    f"{env.get('BATON_ROUTER_CLIENT')} != {client}")
+            if '--name "$POD_NAME"' not in cmd[2]:
+                err(f"{name}: the worker is not named after its pod")
+            for p in ("startupProbe", "readinessProbe", "livenessProbe"):
+                pc = " ".join(c.get(p, {}).get("exec", {}).get("command",
+                                                                 []))
+                if "baton status" not in pc or "$POD_NAME" not in pc or \
+                        "$BATON_ROUTER_CLIENT" not in pc:
+                    err(f"{name}: {p} does not ask the router for $POD_NAME")
+            pdb = pdbs.get(name)
+            if pdb is None:
+                err(f"{name}: no PodDisruptionBudget")
+            else:
+                if pdb["spec"].get("selector", {}).get("matchLabels") != sel:
+                    err(f"{name}: PodDisruptionBudget selector "
+                        f"{pdb['spec'].get('selector')} != {sel}")
+                if "maxUnavailable" not in pdb["spec"]:
+                    err(f"{name}: PodDisruptionBudget without maxUnavailable"
+                        " (minAvailable blocks drains at one replica)")
             hid = [e for e in c.get("env", []) if e["name"] == "BATON_HOST_ID"]
             shm = vols.get("shm", {})
             if overlay.startswith("node-local-ipc"):
@@ -203,6 +243,20 @@ def main():
             if lp.get("path") != "/livez":
                 err(f"{name}: liveness probe is not GET /livez")
         if role == "router":
+            ann = tmpl["metadata"].get("annotations", {})
+            m = re.search(r"--metrics-port (\d+)", cmd[2])
+            if ann.get("prometheus.io/scrape") != "true" or not m:
+                err("baton-router: metrics off or no prometheus.io/scrape")
+            elif ann.get("prometheus.io/port") != m.group(1) or \
+                    ports[name].get("metrics") != int(m.group(1)):
+                err(f"baton-router: prometheus.io/port "
+                    f"{ann.get('prometheus.io/port')} / container port "
+                    f"{ports[name].get('metrics')} != --metrics-port "
+                    f"{m.group(1)}")
+            elif ann.get("prometheus.io/path") != "/metrics":
+                err("baton-router: prometheus.io/path is not /metrics")
+            if "--metrics-host 0.0.0.0" not in cmd[2]:
+                err("baton-router: metrics bound to loopback only")
             if spec.get("replicas", 1) != 1:
                 err("baton-router: workers register with one router: "
                     "replicas must be 1")
@@ -214,6 +268,13 @@ def main():
                         f"{pname} port")
         if overlay.endswith("cpu-tiny") and env.get("BATON_DEVICE") != "cpu":
             err(f"{name}: cpu-tiny must run on the CPU")
+
+    check_netpol(netpols, deps, ports)
+    if overlay.endswith("h200"):
+        kv = pods.get("baton-decode", {}).get("env", {}).get(
+            "BATON_KV_BLOCKS", "")
+        if not kv.isdigit() or int(kv) < 1000:
+            err(f"h200: BATON_KV_BLOCKS {kv!r} not sized for the GPU")
 
     for sname, s in svcs.items():
         sel = s["spec"].get("selector", {})
@@ -255,6 +316,66 @@ def main():
         print(f"ok {overlay}: {len(docs)} objects, "
               f"{', '.join(sorted(deps))}")
     return 1 if errors else 0
+
+
+def pods_of(selector, deps):
+    """Deployments whose pod labels a NetworkPolicy podSelector matches."""
+    out = set()
+    for n, d in deps.items():
+        labels = d["spec"]["template"]["metadata"].get("labels", {})
+        ok = all(labels.get(k) == v
+                 for k, v in selector.get("matchLabels", {}).items())
+        for e in selector.get("matchExpressions", []):
+            if e["operator"] == "In":
+                ok = ok and labels.get(e["key"]) in e["values"]
+            else:
+                err(f"NetworkPolicy: unexpected operator {e['operator']}")
+        if ok:
+            out.add(n)
+    return out
+
+
+def check_netpol(netpols, deps, ports):
+    """The router's control port admits only workers, its client port
+    only workers and baton-http, and its metrics port stays open."""
+    pols = [p for p in netpols if pods_of(p["spec"]["podSelector"], deps)
+            == {"baton-router"}]
+    if len(pols) != 1:
+        err(f"{len(pols)} NetworkPolicies select the router pods, want 1")
+        return
+    spec = pols[0]["spec"]
+    if spec.get("policyTypes") != ["Ingress"]:
+        err("NetworkPolicy: policyTypes is not [Ingress]")
+    rport = ports.get("baton-router", {})
+    admitted = {}       # port name -> set of Deployments, or "any"
+    for rule in spec.get("ingress", []):
+        srcs = rule.get("from")
+        who = "any"
+        if srcs is not None:
+            who = set()
+            for f in srcs:
+                if set(f) != {"podSelector"}:
+                    err(f"NetworkPolicy: a source other than pods: {f}")
+                    who = "any"
+                    break
+                who |= pods_of(f["podSelector"], deps)
+        for p in rule.get("ports") or [{"port": "all"}]:
+            pn = p["port"]
+            if isinstance(pn, int):
+                pn = {v: k for k, v in rport.items()}.get(pn, pn)
+            if pn not in rport and pn != "all":
+                err(f"NetworkPolicy: port {pn} is not a router port")
+            prev = admitted.get(pn, set())
+            admitted[pn] = "any" if "any" in (who, prev) else prev | who
+    want = {"control": {"baton-prefill", "baton-decode"},
+            "client": {"baton-prefill", "baton-decode", "baton-http"},
+            "metrics": "any"}
+    if "all" in admitted:
+        err("NetworkPolicy: a rule admits every port")
+    for pn, w in want.items():
+        if admitted.get(pn) != w:
+            err(f"NetworkPolicy: port {pn} admits {admitted.get(pn)}, "
+                f"want {w}")
 
 
 def svc_port(svc, pname, svcs):

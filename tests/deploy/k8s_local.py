@@ -5,9 +5,13 @@ kubelet): the exact container commands and environments k8s_check.py
 free ones.  Checks that the router, workers and baton-http come up, that
 /health turns 200 (and /livez, and `baton status --wait-workers 1,1`
 agrees), that a greedy request through the router gives the
-ids `baton run` gives and that baton-http serves a completion, then stops
-the pods as Kubernetes would (SIGTERM, workers first) and checks each
-exits 0 within its terminationGracePeriodSeconds.
+ids `baton run` gives and that baton-http serves a completion; that the
+router serves Prometheus metrics where its prometheus.io annotations
+say; that the workers' exec probes (startup, readiness, liveness) pass
+for each worker, that readiness fails for a pod name the router does not
+list and with the router unreachable, where liveness still passes; then
+stops the pods as Kubernetes would (SIGTERM, workers first) and checks
+each exits 0 within its terminationGracePeriodSeconds.
 
 usage: k8s_local.py PODS.json BIN_DIR
 """
@@ -43,9 +47,14 @@ def main():
     pods = json.load(open(sys.argv[1]))
     bindir = sys.argv[2]
     client, control, http = free_port(), free_port(), free_port()
+    metrics = free_port()
+    ann = pods["baton-router"].get("annotations", {})
+    mport = ann.get("prometheus.io/port", "9090")
     remap = {":5555": f":{client}", ":5556": f":{control}",
              ":8000": f":{http}", "//baton-router:": "//127.0.0.1:",
-             "0.0.0.0:": "127.0.0.1:"}
+             "0.0.0.0:": "127.0.0.1:",
+             f"--metrics-port {mport}": f"--metrics-port {metrics}",
+             "--metrics-host 0.0.0.0": "--metrics-host 127.0.0.1"}
 
     def fix(s):
         for a, b in remap.items():
@@ -94,6 +103,46 @@ def main():
         if st.returncode != 0 or not json.loads(st.stdout).get("ready"):
             raise SystemExit(f"FAIL: baton status: {st.stdout} {st.stderr}")
         print("ok /livez 200; baton status --wait-workers 1,1: ready")
+
+        # the router's metrics, where its annotations point a scraper
+        status, body = http_get(f"http://127.0.0.1:{metrics}"
+                                f"{ann.get('prometheus.io/path', '/')}")
+        if status != 200 or "\nbaton_" not in "\n" + body:
+            raise SystemExit(f"FAIL: router metrics: {status} {body[:200]}")
+        print(f"ok router metrics at prometheus.io/port {mport} "
+              f"{ann.get('prometheus.io/path')}: "
+              f"{sum(1 for l in body.splitlines() if l.startswith('baton_'))}"
+              f" samples")
+
+        # the workers' exec probes, as the kubelet runs them: in the
+        # pod's environment, bounded by timeoutSeconds
+        def probe(pod, kind, **over):
+            env = {k: fix(v) for k, v in pods[pod]["env"].items()}
+            env["PATH"] = bindir + ":/usr/bin:/bin"
+            env.update(over)
+            cmd = [fix(c) for c in pods[pod]["probes"][kind]]
+            return subprocess.run(cmd, env=env, capture_output=True,
+                                  timeout=10).returncode
+        dead = f"tcp://127.0.0.1:{free_port()}"
+        for pod in ("baton-prefill", "baton-decode"):
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if probe(pod, kind) != 0:
+                    raise SystemExit(f"FAIL: {pod} {kind} fails on a "
+                                     f"registered worker")
+            if probe(pod, "readinessProbe", POD_NAME=pod + "-other") == 0:
+                raise SystemExit(f"FAIL: {pod} readiness passes for a pod "
+                                 f"the router does not list")
+            if probe(pod, "livenessProbe", POD_NAME=pod + "-other") == 0:
+                raise SystemExit(f"FAIL: {pod} liveness passes for a pod "
+                                 f"the router does not list")
+            if probe(pod, "readinessProbe", BATON_ROUTER_CLIENT=dead) == 0:
+                raise SystemExit(f"FAIL: {pod} ready without a router")
+            if probe(pod, "livenessProbe", BATON_ROUTER_CLIENT=dead) != 0:
+                raise SystemExit(f"FAIL: {pod} liveness fails when the "
+                                 f"router is down (would restart workers)")
+        print("ok worker probes: pass when registered; readiness fails for "
+              "an unlisted pod and without a router, liveness only for an "
+              "unlisted pod")
 
         model = pods["baton-decode"]["env"]["BATON_MODEL"]
         ids = "1 5 9 14"

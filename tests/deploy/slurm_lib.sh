@@ -92,7 +92,7 @@ MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=${SLURM_TEST_SELECT:-CR_CPU_Memory}
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=5
@@ -108,7 +108,7 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus $gres State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=${SLURM_TEST_MEM:-4000} $gres State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
   export SLURM_CONF=$dir/slurm.conf

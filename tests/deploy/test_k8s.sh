@@ -51,7 +51,16 @@ if kubectl kustomize "$K8S/base" >"$tmp/base.yaml" 2>"$tmp/err"; then
     "$tmp/cpu-tiny.yaml" >"$tmp/bad2.yaml"
   # and a liveness probe on /health (restarts baton-http with no workers)
   sed 's|path: /livez|path: /health|' "$tmp/cpu-tiny.yaml" >"$tmp/bad3.yaml"
-  for b in bad1 bad2 bad3; do
+  # the NetworkPolicy admitting everyone's control traffic as client's,
+  # worker probes asking the control port, metrics annotated on a port
+  # the router does not serve
+  sed 's/port: control$/port: client/' "$tmp/cpu-tiny.yaml" >"$tmp/bad4.yaml"
+  sed 's/"\$BATON_ROUTER_CLIENT"/"$BATON_ROUTER"/' "$tmp/cpu-tiny.yaml" \
+    >"$tmp/bad5.yaml"
+  sed 's|prometheus.io/port: "9090"|prometheus.io/port: "9091"|' \
+    "$tmp/cpu-tiny.yaml" >"$tmp/bad6.yaml"
+  for b in bad1 bad2 bad3 bad4 bad5 bad6; do
+    cmp -s "$tmp/$b.yaml" "$tmp/cpu-tiny.yaml" && fail "$b changed nothing"
     if $CHECK "$tmp/$b.yaml" cpu-tiny --bin "$BATON_BIN" >"$tmp/$b.out"; then
       fail "the checker accepted $b"
     fi

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # deploy/slurm on a real one-node Slurm (slurmctld + slurmd on 127.0.0.1,
-# auth/none, state in a temp dir), CPU backend, aidreams260K:
-#   1. sbatch deploy/slurm/baton.sbatch (1 prefill + 1 decode + baton-http)
+# auth/none, state in a temp dir, memory tracked: CR_CPU_Memory),
+# CPU backend, aidreams260K:
+#   1. sbatch --mem=2000 deploy/slurm/baton.sbatch (1 prefill + 1 decode +
+#      baton-http; each worker step must ask for its share of the job's
+#      memory, or the second waits for the first's forever)
 #      becomes ready (endpoints file) and `baton generate` through its
 #      router returns the golden greedy ids of golden.jsonl's first line;
 #      baton-http answers /health; each worker task got its own GPU
@@ -13,10 +16,17 @@
 #      (`baton status --wait-workers 1,2` sees it register with the
 #      running router), `baton-scale.sh in` drains
 #      it (the router logs it draining, its job ends);
-#   3. scancel --batch --signal=TERM: ordered drain, the job ends, every
-#      process of both jobs is gone and each process logged its stop.
+#   3. a job with fewer tasks than workers fails at once with a message
+#      saying so (it used to wait for the readiness timeout);
+#   4. scancel --batch --signal=TERM: ordered drain, its budget cut to the
+#      job's time left (--time=3, BATON_DRAIN_TIMEOUT=600), the job ends,
+#      every process of both jobs is gone and each process logged its stop;
+#   5. BATON_GPUS_PER_WORKER=2: an aggregated decode worker gets two
+#      distinct GPUs and `--tp 2` (recorded by a stand-in baton-decode
+#      that then runs the real one on the CPU, which has no tensor
+#      parallelism) and the job becomes ready.
 # Skipped (exit 0, "SKIP") without root or the Slurm packages.  Every wait
-# is bounded; the whole test takes ~15 s.
+# is bounded; the whole test takes ~40 s.
 set -u
 SRC=${BT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 . "$SRC/tests/deploy/slurm_lib.sh"
@@ -27,25 +37,27 @@ BIN=$BATON_BIN
 MODELS=$BT_SHARED_DIR/models
 tmp=$(mktemp -d /tmp/baton-slurm.XXXXXX)
 chmod 755 "$tmp"
-JOB='' SCALE_JOB=''
+JOB='' SCALE_JOB='' SHORT_JOB='' TP_JOB=''
 fail() {
   echo "FAIL: $*"
   for f in "$tmp"/job/*.log "$tmp"/job.out "$tmp"/scale/*.log \
-           "$tmp"/scale.out "$tmp"/slurm/slurmctld.log; do
+           "$tmp"/scale.out "$tmp"/short.out "$tmp"/tp/*.log "$tmp"/tp.out \
+           "$tmp"/slurm/slurmctld.log; do
     [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }
   done
   exit 1
 }
 cleanup() {
-  [ -n "$SCALE_JOB" ] && timeout 5 scancel "$SCALE_JOB" 2>/dev/null
-  [ -n "$JOB" ] && timeout 5 scancel "$JOB" 2>/dev/null
-  for j in $JOB $SCALE_JOB; do
+  for j in $SCALE_JOB $JOB $SHORT_JOB $TP_JOB; do
+    timeout 5 scancel "$j" 2>/dev/null
+  done
+  for j in $JOB $SCALE_JOB $SHORT_JOB $TP_JOB; do
     for _ in $(seq 1 50); do
       [ -z "$(job_pids "$j")" ] && break; sleep 0.2
     done
   done
   slurm_stop
-  slurm_kill_leftovers $JOB $SCALE_JOB
+  slurm_kill_leftovers $JOB $SCALE_JOB $SHORT_JOB $TP_JOB
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -80,9 +92,10 @@ JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_MODEL=$MODELS/aidreams260K.bin \
   BATON_DECODE=1 BATON_GPUS_PER_WORKER=$GPUS BATON_CPUS_PER_WORKER=1 \
   BATON_DEVICE=cpu BATON_BLOCK_SIZE=8 BATON_KV_BLOCKS=128 \
   BATON_PORT=$PORT BATON_HTTP_PORT=$HTTP BATON_MODEL_NAME=aidreams \
-  BATON_READY_TIMEOUT=30 BATON_DRAIN_TIMEOUT=15 BATON_LOG_DIR=$tmp/job \
-  timeout 10 sbatch --parsable -N 1 --ntasks=2 --cpus-per-task=1 \
-    "${GPU_ARGS[@]}" --output="$tmp/job.out" "$SRC/deploy/slurm/baton.sbatch") ||
+  BATON_READY_TIMEOUT=30 BATON_DRAIN_TIMEOUT=600 BATON_LOG_DIR=$tmp/job \
+  timeout 10 sbatch --parsable -N 1 --ntasks=2 --cpus-per-task=1 --mem=2000 \
+    --time=3 "${GPU_ARGS[@]}" --output="$tmp/job.out" \
+    "$SRC/deploy/slurm/baton.sbatch") ||
   fail "sbatch refused the job: $JOB"
 echo "cluster job $JOB"
 for _ in $(seq 1 200); do
@@ -143,7 +156,7 @@ fi
 SCALE_JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_GPUS_PER_WORKER=$GPUS \
   BATON_DEVICE=cpu BATON_LOG_DIR=$tmp/scale \
   timeout 10 bash "$SRC/deploy/slurm/baton-scale.sh" out decode 1 \
-    --cluster-dir "$tmp/job" -- --cpus-per-task=1 "${GPU_ARGS[@]}" \
+    --cluster-dir "$tmp/job" -- --cpus-per-task=1 --mem=1000 "${GPU_ARGS[@]}" \
     --output="$tmp/scale.out") || fail "baton-scale.sh out: $SCALE_JOB"
 echo "scale-out job $SCALE_JOB"
 timeout 30 "$BIN/baton" status --router "$BATON_ROUTER_CLIENT" \
@@ -161,7 +174,21 @@ left=$(job_pids "$SCALE_JOB")
 [ -z "$left" ] || fail "scale-out job left processes: $left"
 echo "ok scale-in drained the worker and its job ended"
 
-# 3. ordered stop of the cluster job
+# 3. fewer tasks than workers: refused at once, not after the timeout
+SHORT_JOB=$(cd "$tmp" && BATON_BIN=$BIN BATON_MODEL=$MODELS/aidreams260K.bin \
+  BATON_PREFILL=1 BATON_DECODE=1 BATON_GPUS_PER_WORKER=0 BATON_DEVICE=cpu \
+  BATON_HTTP_PORT=0 BATON_PORT=$(free_port) BATON_READY_TIMEOUT=60 \
+  BATON_LOG_DIR=$tmp/short timeout 10 sbatch --parsable -N 1 --ntasks=1 \
+    --cpus-per-task=1 --mem=500 --output="$tmp/short.out" \
+    "$SRC/deploy/slurm/baton.sbatch") || fail "sbatch refused the short job"
+job_gone "$SHORT_JOB" 15 || fail "job $SHORT_JOB with 1 task for 2 workers" \
+  "still runs after 15 s"
+grep -q "the job has 1 tasks but needs one per worker.*--ntasks=2" \
+  "$tmp/short.out" || fail "no clear message for too few tasks"
+echo "ok 1 task for 2 workers: $(grep -o 'the job has.*' "$tmp/short.out")"
+SHORT_JOB=''
+
+# 4. ordered stop of the cluster job
 timeout 5 scancel --batch --signal=TERM "$JOB" || fail "scancel failed"
 job_gone "$JOB" 30 || fail "job $JOB still queued 30 s after SIGTERM"
 for _ in $(seq 1 25); do
@@ -180,9 +207,71 @@ for role in prefill decode; do
   grep -q "worker $role-.*-$JOB\..* is draining" "$tmp/job/router.log" ||
     fail "the router did not see the $role worker drain"
 done
-echo "ok scancel --batch: workers drained, router stopped, no process left"
+# the drain budget was cut to the job's time left (--time=3) minus the
+# front ends' 50 s and 5 s of slack, not BATON_DRAIN_TIMEOUT=600
+stop=$(grep -o "stopping: draining .*" "$tmp/job.out")
+budget=$(echo "$stop" |
+  sed -n 's/.* up to \([0-9]*\)s (the job ends in \([0-9]*\)s).*/\1 \2/p')
+[ -n "$budget" ] || fail "no drain budget with the job's time left: $stop"
+read -r b l <<<"$budget"
+[ "$b" -le $((l - 55)) ] && [ "$b" -lt 600 ] && [ "$l" -le 180 ] ||
+  fail "drain budget $b s with $l s left"
+echo "ok scancel --batch: workers drained, router stopped, no process left;" \
+  "drain budget $b s with $l s left"
+JOB=''
+
+# 5. two GPUs per worker: --tp 2.  The CPU backend has no tensor
+# parallelism, so a stand-in baton-decode records its arguments and GPUs,
+# then runs the real one on the CPU without --tp.
+if [ "$SLURM_TEST_GPUS" -ge 2 ]; then
+  mkdir -p "$tmp/tpbin" "$tmp/tp"
+  for b in baton baton-router baton-prefill baton-http; do
+    ln -s "$BIN/$b" "$tmp/tpbin/$b"
+  done
+  cat >"$tmp/tpbin/baton-decode" <<EOF
+#!/usr/bin/env bash
+echo "CUDA_VISIBLE_DEVICES=\${CUDA_VISIBLE_DEVICES:-} \$*" >"$tmp/tp/args.\$\$"
+a=()
+while [ \$# -gt 0 ]; do
+  case \$1 in
+    --tp) shift 2 ;;
+    --device) a+=(--device cpu); shift 2 ;;
+    *) a+=("\$1"); shift ;;
+  esac
+done
+exec "$BIN/baton-decode" "\${a[@]}"
+EOF
+  chmod 755 "$tmp/tpbin/baton-decode"
+  TP_JOB=$(cd "$tmp" && BATON_BIN=$tmp/tpbin \
+    BATON_MODEL=$MODELS/aidreams260K.bin BATON_PREFILL=0 BATON_DECODE=1 \
+    BATON_GPUS_PER_WORKER=2 BATON_CPUS_PER_WORKER=1 BATON_DEVICE=cuda \
+    BATON_BLOCK_SIZE=8 BATON_KV_BLOCKS=128 BATON_PORT=$(free_port) \
+    BATON_HTTP_PORT=0 BATON_READY_TIMEOUT=30 BATON_DRAIN_TIMEOUT=15 \
+    BATON_LOG_DIR=$tmp/tp timeout 10 sbatch --parsable -N 1 --ntasks=1 \
+      --cpus-per-task=1 --mem=1000 --gpus-per-task=2 --output="$tmp/tp.out" \
+      "$SRC/deploy/slurm/baton.sbatch") || fail "sbatch refused the tp job"
+  for _ in $(seq 1 150); do
+    [ -f "$tmp/tp/endpoints" ] && break
+    [ -z "$(timeout 5 squeue -h -j "$TP_JOB" -o %i 2>/dev/null)" ] &&
+      fail "tp job $TP_JOB ended before it was ready"
+    sleep 0.2
+  done
+  [ -f "$tmp/tp/endpoints" ] || fail "tp job $TP_JOB not ready after 30 s"
+  rec=$(cat "$tmp"/tp/args.* 2>/dev/null)
+  case "$rec " in
+    *" --tp 2 "*) ;;
+    *) fail "the 2-GPU worker ran without --tp 2: $rec" ;;
+  esac
+  devs=$(echo "$rec" | sed -n 's/^CUDA_VISIBLE_DEVICES=\([^ ]*\) .*/\1/p')
+  [ "$(echo "$devs" | tr , '\n' | sort -u | grep -c .)" = 2 ] ||
+    fail "the 2-GPU worker sees GPUs '$devs'"
+  echo "ok BATON_GPUS_PER_WORKER=2: GPUs $devs and --tp 2, job ready"
+  timeout 5 scancel --batch --signal=TERM "$TP_JOB" || fail "scancel tp failed"
+  job_gone "$TP_JOB" 30 || fail "tp job $TP_JOB still queued 30 s after SIGTERM"
+  TP_JOB=''
+fi
 slurm_stop
 left=$(daemon_pids)
 [ -z "$left" ] || fail "slurm daemons left processes: $left"
-JOB='' SCALE_JOB=''
+SCALE_JOB=''
 echo "PASS deploy/slurm ($(( $(date +%s) - t0 )) s)"
