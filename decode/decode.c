@@ -118,6 +118,7 @@ struct decode_s {
                                    are released (0: none) */
     bool kv_on_device;          /* backend KV in GPU memory (cuda) */
     int prefill_budget_left;    /* tokens local prefill may use this step */
+    double tps;                 /* local prefill tokens/s, moving average */
     volatile sig_atomic_t stop;
     bool draining;
     workerproc_link_t *link;    /* sessions, acks, the heartbeat thread */
@@ -383,6 +384,7 @@ static void publish_beat(decode_t *dec, bool now)
     b.total_kv = (uint32_t)kv_allocator_total(dec->kv);
     b.has_reserved = true;
     b.reserved = (uint32_t)reserved_blocks(dec);
+    b.prefill_tokens_per_s = dec->tps;
     if (dec->spec != NULL) {
         spec_stats_t st;
 
@@ -1222,6 +1224,9 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
     }
     r->local = false;
     r->local_done = true;
+    /* The reservation's clock starts again: it waited for this worker's
+     * own prefill queue, not for a remote writer. */
+    r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     r->expires_ns = bt_time_ns() +
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     done.has_request_id = 1;
@@ -1663,6 +1668,15 @@ static void step(decode_t *dec)
     } else {
         emit_pending(dec);
     }
+    if (n > n_decode && status == BT_OK && bt_time_ns() > t1) {
+        /* Local prefill rate (aggregated): the router's prefill
+         * deadlines for this worker come from it. */
+        double fed = 0, rate;
+        for (int i = n_decode; i < n; i++)
+            fed += dec->bseqs[i].n_tokens;
+        rate = fed * 1e9 / (double)(bt_time_ns() - t1);
+        dec->tps = dec->tps > 0 ? 0.8 * dec->tps + 0.2 * rate : rate;
+    }
     t1 = bt_time_ns();
     dec->steps++;
     for (int i = n_decode, row = n_decode; i < n; i++) {
@@ -1732,7 +1746,11 @@ static void expire(decode_t *dec)
     for (int i = 0; i < dec->cfg.max_reservations; i++) {
         decode_resv_t *r = &dec->resv[i];
         decode_quarantine_t *q = &dec->quar[i];
-        if (r->used && now > r->expires_ns) {
+        /* A prompt prefilled here (aggregated) waits for this worker's
+         * own steps, not for a remote writer: it never expires while
+         * queued (a cold burst of long prompts took longer than the
+         * timeout and lost every request behind it; issue 36). */
+        if (r->used && !r->local && now > r->expires_ns) {
             BT_LOG_WARN("KV", "reservation of request %llu expired: its KV "
                         "never arrived", (unsigned long long)r->id);
             resv_free(dec, r, false);
