@@ -14,6 +14,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "decode_budget.h"
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "kv/kv_transport_stage.h"
@@ -23,6 +24,7 @@
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
+#define DECODE_PREFILL_FLOOR 128 /* prompt tokens a step always may take */
 /* A KvReady over the staged transport comes after every layer's commit
  * landed; only the last host-to-device copies may still run.  Longer
  * than this means something broke: fail it (the router retries). */
@@ -119,6 +121,9 @@ struct decode_s {
     bool kv_on_device;          /* backend KV in GPU memory (cuda) */
     int prefill_budget_left;    /* tokens local prefill may use this step */
     double tps;                 /* local prefill tokens/s, moving average */
+    decode_budget_t cost;       /* step cost model: prefill tokens a step
+                                   may take under --tpot-target-ms */
+    int n_prefill_fed;          /* prompt tokens in the step in flight */
     volatile sig_atomic_t stop;
     bool draining;
     workerproc_link_t *link;    /* sessions, acks, the heartbeat thread */
@@ -178,6 +183,7 @@ void decode_config_init(decode_config_t *cfg)
     cfg->kv_stage = true;
     cfg->kv_stage_direct = true;
     spec_config_init(&cfg->spec);
+    cfg->tpot_target_ms = 0;
 }
 
 /* --spec-head: the draft head, the speculative decoder and its step
@@ -1609,8 +1615,14 @@ static void step(decode_t *dec)
     n_decode = n_rows = n;
     /* Aggregated mode: prompt chunks fill what the decode tokens left of
      * the step's budget (decode first: running streams never stall). */
+    dec->n_prefill_fed = 0;
     if (dec->cfg.can_prefill && dec->engine != NULL) {
-        int budget = dec->budget - n_decode;
+        /* Under a TPOT target the running streams' step time bounds the
+         * prompt tokens (decode_budget.h); a floor keeps prompts moving. */
+        int budget = decode_budget_prefill_tokens(
+            &dec->cost, n_decode, dec->cfg.tpot_target_ms,
+            dec->budget - n_decode,
+            BT_MIN(dec->budget - n_decode, DECODE_PREFILL_FLOOR));
         for (int i = 0; i < dec->cfg.max_reservations && n < dec->max_seqs &&
                         budget > 0; i++) {
             decode_resv_t *r = &dec->resv[i];
@@ -1638,6 +1650,7 @@ static void step(decode_t *dec)
             dec->pmap[n - n_decode] = r;
             n++;
             budget -= take;
+            dec->n_prefill_fed += take;
         }
     }
     t1 = bt_time_ns();
@@ -1733,6 +1746,8 @@ static void step(decode_t *dec)
         dec->emit_tok[dec->n_emit++] = tok;
     }
     dec->t_post_ns += bt_time_ns() - t1;
+    decode_budget_observe(&dec->cost, n_decode, dec->n_prefill_fed,
+                          (double)(bt_time_ns() - t0) * 1e-6);
     dec->n_timed++;
     log_step_times(dec, false);
     if (dec->cfg.step_delay_ms > 0)
@@ -1862,6 +1877,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         return BT_ERR_NO_MEMORY;
     dec->cfg = *cfg;
     dec->next_epoch = bt_time_ns(); /* grows across restarts too */
+    decode_budget_init(&dec->cost);
     workerproc_name_init(dec->name, sizeof(dec->name), cfg->name, "decode");
     if (cfg->max_reservations <= 0 || b->max_seqs <= 0) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "DECODE",
