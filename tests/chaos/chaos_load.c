@@ -16,7 +16,8 @@
  * Runs for --requests N submissions or --duration-s S seconds, then waits
  * up to --hang-ms for the rest.  SIGUSR1 marks "the fault ended now": the
  * recovery time printed is from the last mark to the end of the first
- * request submitted after it that came back identical (-1: none did).
+ * request submitted after it that came back identical (-1: none did);
+ * --mark sets one at the start.
  *
  * References (--refs FILE), one per line:
  *   TEMP SEED MAX_TOKENS | PROMPT IDS ... | EXPECTED IDS ...
@@ -156,6 +157,10 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "-v") == 0) {
             verbose = 1;
+            continue;
+        }
+        if (strcmp(a, "--mark") == 0) {
+            mark_flag = 1;
             continue;
         }
         if (v == NULL)
@@ -386,6 +391,6 @@ usage:
             "usage: chaos_load --router EP --refs FILE (--requests N | "
             "--duration-s S)\n"
             "       [--concurrency C] [--clients K] [--hang-ms MS] "
-            "[--out FILE] [-v]\n");
+            "[--out FILE] [--mark] [-v]\n");
     return 2;
 }
