@@ -449,7 +449,7 @@ class Suite:
         self.prompts = self.load_prompts()
         # Load phase length and request deadline of an ordinary row.
         self.dur = 6.0 if a.bounded else 30.0
-        self.hang_ms = 20000 if a.bounded else 60000
+        self.hang_ms = 15000 if a.bounded else 60000
 
     def bin(self, name):
         return os.path.join(self.a.bin, name)
@@ -780,7 +780,7 @@ def row_overload(s, c):
     c.http()
     c.wait_http()
     refs = s.http_refs(36)
-    dur = 8.0 if s.a.bounded else 30.0
+    dur = 6.0 if s.a.bounded else 30.0
     load1 = HttpLoad(c, refs, 8, dur, 30.0, source="127.0.0.1")
     load1.result()
     r1 = load1.results
@@ -844,7 +844,7 @@ def row_soak(s, c):
         den = sum((p[0] - mt) ** 2 for p in pts) or 1.0
         slope = sum((p[0] - mt) * (p[1] - mv) for p in pts) / den
         growth[n] = (slope * 3600 / 1024, (pts[-1][1] - pts[0][1]) / 1024)
-    notes.append("RSS MiB/h " + ", ".join(
+    notes.append("RSS MiB/h (slope after warm-up) " + ", ".join(
         "%s %+.1f" % (n, g[0]) for n, g in growth.items()))
     for n, (per_h, total) in growth.items():
         if secs >= 600:
