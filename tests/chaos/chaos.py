@@ -40,12 +40,26 @@ import time
 PROCS = []
 
 
+def _child_setup():
+    """In the child: its own session (process group), and SIGKILL when
+    the suite dies, even by SIGKILL (a CTest timeout)."""
+    os.setsid()
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the suite died before prctl
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
 def spawn(argv, log, stdout=None):
-    """Starts argv in its own session (process group); stderr to log."""
+    """Starts argv in its own process group; stderr to log."""
     f = open(log, "ab")
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                          stdout=stdout if stdout is not None else f,
-                         stderr=f, start_new_session=True)
+                         stderr=f, preexec_fn=_child_setup)
     f.close()
     p.argv0 = os.path.basename(argv[0])
     PROCS.append(p)
@@ -365,10 +379,16 @@ class HttpLoad:
             elif out in ("error", "unclear"):
                 time.sleep(0.05)
 
-    def result(self):
+    def result(self, mark=None):
+        """Counts; recovery from `mark` (a time.time()) to the end of the
+        first identical request sent after it."""
         for t in self.threads:
             t.join(timeout=self.timeout + 30)
         res = {"sent": len(self.results), "recovery": None}
+        if mark is not None:
+            ends = [r[1] + r[2] for r in self.results
+                    if r[0] == "identical" and r[1] >= mark]
+            res["recovery"] = min(ends) - mark if ends else -1.0
         for k in ("identical", "wrong", "error", "unclear", "hung"):
             res[k] = sum(1 for r in self.results if r[0] == k)
         res["failed"] = res["error"] + res["unclear"]
@@ -682,6 +702,35 @@ def row_router_down(s, c):
     return router_kill(s, c, 5.0, "router kill -9, down 5 s")
 
 
+def row_router_down_http(s, c):
+    # Issue item 3 at the HTTP edge: requests in flight through baton-http
+    # when the router dies must get an error, not wait for its 600 s.
+    c.router(*HB)
+    c.worker("prefill", "p0")
+    c.worker("decode", "d0", "--step-delay-ms", "20")
+    c.wait_workers(1, 1)
+    c.http()
+    c.wait_http()
+    ld = HttpLoad(c, s.http_refs(96), 16, 6.0, 15.0)
+    time.sleep(1.5)
+    c.signal("router", signal.SIGKILL)
+    time.sleep(5.0)
+    c.restart_router()
+    mark = time.time()
+    # The clients stuck on the old router hold their threads: new
+    # requests come from new clients, which time recovery.
+    ld2 = HttpLoad(c, s.http_refs(96), 8, s.dur / 2, 15.0)
+    r1, r2 = ld.result(), ld2.result(mark)
+    r = {k: r1[k] + r2[k] for k in ("sent", "identical", "wrong",
+                                     "failed", "hung", "unclear")}
+    r["recovery"] = r2["recovery"]
+    r["errors"] = (r1["errors"] + r2["errors"])[:4]
+    return row_result("router kill -9, down 5 s (HTTP)", r, [
+        recovered(r),
+        (r["unclear"] == 0, "%d answers without a clear error" %
+         r["unclear"])])
+
+
 def row_step_prefill(s, c):
     # Router defaults (heartbeat 250 ms x 4): the row is about them.
     c.router()
@@ -869,6 +918,7 @@ ROWS = [
     ("stop-prefill", row_stop_prefill),
     ("router-restart", row_router_restart),
     ("router-down", row_router_down),
+    ("router-down-http", row_router_down_http),
     ("step-prefill", row_step_prefill),
     ("step-decode", row_step_decode),
     ("takeover", row_takeover),
