@@ -169,14 +169,14 @@ class Cluster:
                                   "--threads", "1", "--name", name] +
                            list(extra))
 
-    def http(self, *extra):
+    def http(self, *extra, tokenizer=True):
         self.http_port = free_port_pair()
         return self._spawn("http", [self.s.bin("baton-http"),
                                     "--router", self.listen,
                                     "--listen", "127.0.0.1:%d" %
-                                    self.http_port,
-                                    "--tokenizer", self.s.tokenizer] +
-                           list(extra))
+                                    self.http_port] +
+                           (["--tokenizer", self.s.tokenizer]
+                            if tokenizer else []) + list(extra))
 
     def wait_workers(self, n_prefill, n_decode, timeout=30):
         r = subprocess.run([self.s.bin("baton"), "status", "--router",
@@ -819,6 +819,65 @@ def row_slowloris(s, c):
          r["unclear"])])
 
 
+def big_prompt_flood(port, stop_at, counts):
+    """One attacker: 1 MB text prompts, back to back, until stop_at."""
+    body = json.dumps({"prompt": "river " * (1 << 18), "max_tokens": 8})
+    while time.time() < stop_at:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            c.request("POST", "/v1/completions", body,
+                      {"Content-Type": "application/json"})
+            resp = c.getresponse()
+            st, data = resp.status, resp.read()
+            c.close()
+            try:
+                msg = json.loads(data)["error"]["message"][:50]
+            except (ValueError, KeyError, TypeError):
+                msg = "?"
+        except (OSError, http.client.HTTPException) as e:
+            st, msg = 0, type(e).__name__
+        counts[(st, msg)] = counts.get((st, msg), 0) + 1
+
+
+def row_big_prompts(s, c):
+    # Issue item 7: 8 clients sending 1 MB (over-long) prompts must not
+    # make everyone else wait; they are refused at the edge.
+    c.router(*HB)
+    c.worker("prefill", "p0")
+    c.worker("decode", "d0", "--step-delay-ms", "5")
+    c.wait_workers(1, 1)
+    c.http(tokenizer=False)  # text goes on to the workers
+    c.wait_http()
+    refs = s.http_refs(24)
+    dur = 5.0 if s.a.bounded else 20.0
+    quiet = HttpLoad(c, refs, 4, dur, 30.0)
+    quiet.result()
+    counts = {}
+    flood = [threading.Thread(target=big_prompt_flood, daemon=True,
+                              args=(c.http_port, time.time() + dur + 1,
+                                    counts)) for _ in range(8)]
+    for t in flood:
+        t.start()
+    time.sleep(0.5)
+    ld = HttpLoad(c, refs, 4, dur, 30.0)
+    r = ld.result()
+    for t in flood:
+        t.join(timeout=40)
+
+    def p50(load):
+        x = sorted(q[2] for q in load.results if q[0] == "identical")
+        return x[len(x) // 2] if x else float("inf")
+    q50, f50 = p50(quiet), p50(ld)
+    return row_result("8 clients of 1 MB prompts (HTTP)", r, [
+        (f50 <= max(1.0, 2 * q50), "p50 latency %.2f s under the flood, "
+         "%.2f s without" % (f50, q50)),
+        (r["failed"] == 0, "real requests failed"),
+        (all(k[0] in (400, 413) for k in counts),
+         "big prompts answered %s" % counts)],
+        ["big prompts answered %s; p50 %.2f s (quiet %.2f s)" %
+         (counts, f50, q50)])
+
+
 def row_overload(s, c):
     # Capacity: 8 sequences (KV for 8 requests of 48 tokens, --max-seqs 8).
     c.router(*HB)
@@ -924,6 +983,7 @@ ROWS = [
     ("takeover", row_takeover),
     ("queue-timeout", row_queue_timeout),
     ("slowloris", row_slowloris),
+    ("big-prompts", row_big_prompts),
     ("overload", row_overload),
     ("soak", row_soak),
 ]
