@@ -28,6 +28,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -130,7 +131,8 @@ class Cluster:
     def __init__(self, suite, row):
         self.s = suite
         self.dir = os.path.join(suite.out, row)
-        os.makedirs(self.dir, exist_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)  # a previous run's
+        os.makedirs(self.dir)
         port = free_port_pair()
         self.listen = "tcp://127.0.0.1:%d" % port
         self.control = "tcp://127.0.0.1:%d" % (port + 1)
