@@ -71,7 +71,7 @@ static client_pending_t *inflight_find(const client_t *c, uint64_t rid)
 {
     size_t i;
 
-    if (rid == 0)
+    if (rid == 0 || c->inflight_cap == 0)
         return NULL;
     for (i = inflight_slot(c, rid); c->inflight[i].rid != 0;
          i = (i + 1) & (c->inflight_cap - 1))
