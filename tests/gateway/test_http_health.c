@@ -77,7 +77,14 @@ int main(void)
 
     /* no workers: alive, not ready */
     bt_free(get(http, "/livez", 200));
+    /* 503 first says the router is not reached yet (baton-http and the
+     * router start together), then that it has no workers. */
     body = wait_health(http, 503, 10000);
+    for (int t = 0; t < 100 && strstr(body, "\"no_workers\"") == NULL; t++) {
+        bt_free(body);
+        usleep(100000);
+        body = wait_health(http, 503, 10000);
+    }
     BT_CHECK(strstr(body, "\"no_workers\"") != NULL);
     bt_free(body);
     {
