@@ -101,7 +101,11 @@ int main(void)
     BT_ASSERT_EQ(engine_config(e)->backend.max_seqs, 8);
     BT_ASSERT_EQ(backend_config(engine_backend(e))->max_seqs, 8);
     engine_destroy(&e);
-    e = make(0, (size_t)1 << 20, 0, 0, &status);
+    e = make(0, (size_t)1 << 20, 0, 0, &status); /* 51 blocks */
+    BT_ASSERT_OK(status);
+    BT_ASSERT_EQ(engine_config(e)->backend.max_seqs, 51);
+    engine_destroy(&e);
+    e = make(0, (size_t)2 << 20, 0, 0, &status); /* 102 blocks */
     BT_ASSERT_OK(status);
     BT_ASSERT_EQ(engine_config(e)->backend.max_seqs, BACKEND_MAX_SEQS_CPU);
     /* the warm-up runs the served shapes and gives every block back */

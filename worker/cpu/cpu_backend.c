@@ -958,9 +958,10 @@ static bt_status_t cpu_size_kv(const model_config_t *mc,
                          mc->head_dim * sizeof(float);
     size_t avail, budget;
     char what[128];
+    bool auto_seqs = cfg->max_seqs == 0;
     bt_status_t status;
 
-    if (cfg->max_seqs == 0)
+    if (auto_seqs)
         cfg->max_seqs = backend__max_seqs_auto(cfg, cfg->n_kv_blocks,
                                                BACKEND_MAX_SEQS_CPU);
     if (cfg->n_kv_blocks > 0)
@@ -982,6 +983,8 @@ static bt_status_t cpu_size_kv(const model_config_t *mc,
                                      cfg->max_seqs, what, &cfg->n_kv_blocks);
     if (status != BT_OK)
         return status;
+    if (auto_seqs) /* the pool known now: no more sequences than blocks */
+        cfg->max_seqs = BT_MIN(cfg->max_seqs, cfg->n_kv_blocks);
     BT_LOG_INFO("CPU", "KV pool sized from %s: %.1f MiB budget, %zu bytes "
                 "a token -> %d blocks of %d tokens (%lld tokens; capped at "
                 "%d contexts of %d)", what, (double)budget / 1048576.0,

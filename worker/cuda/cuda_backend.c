@@ -46,6 +46,8 @@
 #include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
