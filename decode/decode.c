@@ -14,6 +14,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "ctl/worker_ctl.h"
 #include "decode_budget.h"
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
@@ -182,6 +183,9 @@ void decode_config_init(decode_config_t *cfg)
     cfg->use_cuda_ipc = true;
     cfg->kv_stage = true;
     cfg->kv_stage_direct = true;
+    /* sized from memory and from the pool (issue 36) */
+    cfg->engine.backend.n_kv_blocks = 0;
+    cfg->engine.backend.max_seqs = 0;
     spec_config_init(&cfg->spec);
     cfg->tpot_target_ms = 0;
 }
@@ -1879,21 +1883,33 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     dec->next_epoch = bt_time_ns(); /* grows across restarts too */
     decode_budget_init(&dec->cost);
     workerproc_name_init(dec->name, sizeof(dec->name), cfg->name, "decode");
-    if (cfg->max_reservations <= 0 || b->max_seqs <= 0) {
+    if (cfg->max_reservations <= 0 || b->max_seqs < 0 ||
+        b->n_kv_blocks < 0) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "DECODE",
-                          "max reservations and seqs must be positive");
+                          "max reservations must be positive, KV blocks "
+                          "and seqs not negative");
         goto err_free;
     }
-    dec->max_seqs = b->max_seqs;
     dec->budget = cfg->step_tokens > 0
                       ? BT_MIN(cfg->step_tokens, b->max_batch_tokens)
                       : b->max_batch_tokens;
     if (cfg->null_model) {
+        /* no memory to size: the library defaults */
+        backend_config_t nb;
+
+        backend_config_init(&nb);
+        if (b->n_kv_blocks > 0)
+            nb.n_kv_blocks = b->n_kv_blocks;
+        if (b->max_seqs > 0)
+            nb.max_seqs = b->max_seqs;
+        dec->cfg.engine.backend.n_kv_blocks = nb.n_kv_blocks;
+        dec->cfg.engine.backend.max_seqs = nb.max_seqs;
         dec->vocab = PROTO_NULL_VOCAB;
         dec->max_context = PROTO_NULL_CONTEXT;
         dec->block_size = b->block_size;
-        dec->layout = (kv_layout_t){ 0, b->n_kv_blocks, b->block_size, 0, 0, 0 };
-        status = kv_allocator_create(b->n_kv_blocks, &dec->kv);
+        dec->layout = (kv_layout_t){ 0, nb.n_kv_blocks, b->block_size, 0, 0,
+                                     0 };
+        status = kv_allocator_create(nb.n_kv_blocks, &dec->kv);
         if (status != BT_OK)
             goto err_free;
     } else {
@@ -1916,6 +1932,11 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         status = engine_create(&ecfg, &dec->engine);
         if (status != BT_OK)
             goto err_free_ucx;
+        /* the sizes the backend chose (KV from memory, max_seqs) */
+        dec->cfg.engine.backend.n_kv_blocks =
+            engine_config(dec->engine)->backend.n_kv_blocks;
+        dec->cfg.engine.backend.max_seqs =
+            engine_config(dec->engine)->backend.max_seqs;
         mc = model_config(engine_model(dec->engine));
         dec->kv = engine_kv(dec->engine);
         dec->vocab = mc->vocab_size;
@@ -1931,6 +1952,14 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
             kv_ucx_destroy(&dec->ucx);
         }
     }
+    dec->max_seqs = dec->cfg.engine.backend.max_seqs;
+    BT_LOG_INFO("DECODE", "%s KV capacity: %d blocks of %d tokens = %lld "
+                "tokens (%s); at most %d sequences a step",
+                dec->name, kv_allocator_total(dec->kv), dec->block_size,
+                (long long)kv_allocator_total(dec->kv) * dec->block_size,
+                b->n_kv_blocks > 0 ? "--kv-blocks"
+                : dec->engine == NULL ? "null model default"
+                : "sized from memory", dec->max_seqs);
     dec->resv = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->resv),
                           "decode_resv");
     dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
@@ -2019,6 +2048,17 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     }
     if (dec->kv_on_device && dec->stage == NULL)
         kv_ucx_destroy(&dec->ucx); /* nothing else uses it */
+    /* Warm before the router hears of this worker (issue 36): GEMM
+     * tuning and graph capture must not run inside the first requests. */
+    if (dec->engine != NULL &&
+        worker_ctl_warmup_wanted(cfg->warmup,
+                                 backend_name(engine_backend(dec->engine)))) {
+        status = engine_warmup(dec->engine,
+                               cfg->can_prefill ? cfg->chunk_tokens : 0,
+                               cfg->can_prefill ? dec->budget : 0, true);
+        if (status != BT_OK)
+            goto err_ucx;
+    }
     status = workerproc_connect(cfg->router, dec->name, &dec->ctx,
                                 &dec->sock);
     if (status != BT_OK)

@@ -94,6 +94,8 @@ typedef struct {
                               * or the configured tree (fixed) */
     const char *host_id;     /* host identity sent to the router (NULL:
                               * hostname/boot-id); see prefill.h */
+    int warmup;              /* WORKER_CTL_WARMUP_*: engine_warmup()
+                              * before registering (auto: cuda only) */
 } decode_config_t;
 
 void decode_config_init(decode_config_t *cfg);

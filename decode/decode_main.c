@@ -28,10 +28,13 @@ static void usage(FILE *out)
         "  --device cpu|cuda|auto backend (default auto)\n"
         WORKER_CTL_USAGE_GPU
         "  --threads N            CPU threads (0 = all cores)\n"
-        "  --kv-blocks N          KV pool blocks (256)\n"
-        "  --block-size N         KV block size in tokens (16)\n"
+        WORKER_CTL_USAGE_KV
         "  --max-batch-tokens N   tokens per forward (2048)\n"
-        "  --max-seqs N           sequences per step (64)\n"
+        "  --max-seqs N           sequences per step (default: what the KV\n"
+        "                         pool and the batch allow: min(512 cuda /\n"
+        "                         64 cpu, max-batch-tokens, KV blocks); cuda\n"
+        "                         graphs are captured for each power of two\n"
+        "                         up to it during the warm-up)\n"
         "  --step-tokens N        token budget per step (0 = max-batch-tokens)\n"
         "  --tpot-target-ms T     --role both: bound the prompt tokens of a\n"
         "                         step so that steps with running streams\n"

@@ -14,6 +14,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "ctl/worker_ctl.h"
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "kv/kv_transport_stage.h"
@@ -143,6 +144,12 @@ void prefill_config_init(prefill_config_t *cfg)
     cfg->use_cuda_ipc = true;
     cfg->kv_stage = true;
     cfg->kv_stage_direct = true;
+    /* Sized from memory (issue 36), but a prefill pool only holds the
+     * prompts in flight: at most PREFILL_KV_AUTO_CONTEXTS full contexts
+     * (Llama-3-8B: 64k tokens, 8 GiB), so that a decode worker sharing
+     * the GPU keeps the rest. */
+    cfg->engine.backend.n_kv_blocks = 0;
+    cfg->engine.backend.kv_auto_contexts = PREFILL_KV_AUTO_CONTEXTS;
 }
 
 // ---------------------------------------------------------------------------
@@ -1406,10 +1413,13 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         pf->block_size = cfg->engine.backend.block_size;
     } else {
         const model_config_t *mc;
-        const backend_config_t *b = &cfg->engine.backend;
+        const backend_config_t *b;
         status = engine_create(&cfg->engine, &pf->engine);
         if (status != BT_OK)
             goto err_free;
+        /* the sizes the backend chose */
+        pf->cfg.engine.backend = engine_config(pf->engine)->backend;
+        b = &pf->cfg.engine.backend;
         mc = model_config(engine_model(pf->engine));
         pf->vocab = mc->vocab_size;
         pf->max_context = engine_max_context(pf->engine);
@@ -1464,6 +1474,23 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
             stage_setup(pf);
         if (pf->kv_on_device && pf->stage == NULL)
             kv_ucx_destroy(&pf->ucx); /* nothing else uses it */
+    }
+    if (pf->engine != NULL) {
+        const backend_config_t *b = &pf->cfg.engine.backend;
+
+        BT_LOG_INFO("PREFILL", "%s KV capacity: %d blocks of %d tokens = "
+                    "%lld tokens (%s)", pf->name, b->n_kv_blocks,
+                    b->block_size, (long long)b->n_kv_blocks * b->block_size,
+                    cfg->engine.backend.n_kv_blocks > 0 ? "--kv-blocks"
+                                                        : "sized from memory");
+        /* Warm before the router hears of this worker (issue 36). */
+        if (worker_ctl_warmup_wanted(cfg->warmup,
+                                     backend_name(engine_backend(pf->engine)))) {
+            status = engine_warmup(pf->engine, cfg->chunk_tokens,
+                                   b->max_batch_tokens, false);
+            if (status != BT_OK)
+                goto err_engine;
+        }
     }
     status = workerproc_connect(cfg->router, pf->name, &pf->ctx, &pf->sock);
     if (status != BT_OK)

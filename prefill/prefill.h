@@ -35,6 +35,10 @@
 extern "C" {
 #endif
 
+/* A prefill worker's pool sized from memory holds at most this many
+ * full contexts (backend_config_t.kv_auto_contexts). */
+#define PREFILL_KV_AUTO_CONTEXTS 8
+
 typedef struct {
     const char *router;      /* control endpoint of the router */
     const char *name;        /* unique worker name (default prefill-PID) */
@@ -70,6 +74,8 @@ typedef struct {
                               * hostname/boot-id); workers with equal ids
                               * are paired over CUDA IPC / UCX shared
                               * memory, so they must really share them */
+    int warmup;              /* WORKER_CTL_WARMUP_*: engine_warmup()
+                              * before registering (auto: cuda only) */
 } prefill_config_t;
 
 void prefill_config_init(prefill_config_t *cfg);

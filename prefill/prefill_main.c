@@ -27,9 +27,10 @@ static void usage(FILE *out)
         "  --device cpu|cuda|auto backend (default auto)\n"
         WORKER_CTL_USAGE_GPU
         "  --threads N            CPU threads (0 = all cores)\n"
-        "  --kv-blocks N          local KV pool blocks (256)\n"
-        "  --block-size N         KV block size (16; equal to the decode\n"
-        "                         workers' for UCX hand-off)\n"
+        WORKER_CTL_USAGE_KV
+        "                         (a prefill pool sized from memory holds\n"
+        "                         at most 8 full contexts: the prompts in\n"
+        "                         flight)\n"
         "  --max-batch-tokens N   tokens per forward (2048)\n"
         "  --chunk-tokens N       longest prompt chunk per forward (512)\n"
         "  --no-ucx               always send KV inline (control plane)\n"

@@ -34,12 +34,22 @@ void router__dispatch(router_t *r)
         Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
         Baton__KvReserve res = BATON__KV_RESERVE__INIT;
         int n_tokens, blocks;
+        char why[256];
 
         if (req->retry_at_ns > now) {
             i++;
             continue;
         }
         n_tokens = router__req_prefill_tokens(req);
+        /* Issue 36: a request no decode worker could ever hold fails
+         * now (ERROR_TOO_LONG) instead of retrying until the queue
+         * timeout; one that fits a pool but not its free blocks stays
+         * queued below (head-of-line, priority order kept). */
+        if (router__req_never_fits(r, req, req->prompt_ids ? n_tokens : 1,
+                                   why, sizeof(why))) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_TOO_LONG, why);
+            continue; /* removed from the queue: queue[i] is the next */
+        }
         p = NULL;
         d = NULL;
         if (r->aggregate == 2) /* always: aggregated workers first */

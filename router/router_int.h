@@ -309,6 +309,17 @@ int router__blocks_needed(const router_worker_t *w, int n_tokens);
 /* True when w may take new work of its role. */
 bool router__worker_is_usable(const router_worker_t *w);
 
+/* Admission that never times out silently (issue 36): true when at
+ * least one decode worker is registered (not draining) and none of them
+ * could ever hold the request, even with its whole KV pool free: its
+ * prompt of n_tokens is not shorter than the worker's context, or its
+ * whole growth (prompt + the tokens still to generate, capped at the
+ * context, as the decode worker reserves it) needs more blocks than the
+ * pool has.  Writes the reason (for the client) to `why`.  False while
+ * no decode worker is registered: the request waits for one. */
+bool router__req_never_fits(const router_t *r, const router_req_t *req,
+                            int n_tokens, char *why, size_t why_size);
+
 struct router_s {
     router_config_t cfg;
     const router_policy_t *policy;

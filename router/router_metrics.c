@@ -17,7 +17,8 @@
  *   baton_router_in_flight, baton_router_draining, baton_router_workers;
  *   per worker {worker, role}: baton_router_worker_up (heard from within
  *   3 heartbeats), _last_seen_seconds, _draining, _assigned_requests,
- *   _outstanding_tokens, _free_kv_blocks, _total_kv_blocks, and the
+ *   _outstanding_tokens, _free_kv_blocks, _total_kv_blocks,
+ *   _kv_capacity_tokens, and the
  *   counter baton_router_worker_served_total.
  * Histograms (seconds): baton_router_ttft_seconds (arrival -> first
  *   token sent), baton_router_tpot_seconds (per request, between its
@@ -132,6 +133,7 @@ typedef enum {
     WF_OUTSTANDING,
     WF_FREE_KV,
     WF_TOTAL_KV,
+    WF_KV_TOKENS,
     WF_SERVED,
     WF_COUNT
 } worker_field_t;
@@ -155,6 +157,8 @@ static const struct {
       "Free KV blocks of a decode worker (last heartbeat)" },
     { "baton_router_worker_total_kv_blocks", "gauge",
       "KV blocks of a decode worker" },
+    { "baton_router_worker_kv_capacity_tokens", "gauge",
+      "KV capacity of a decode worker in tokens (blocks x block size)" },
     { "baton_router_worker_served_total", "counter",
       "Requests assigned to the worker since it registered" },
 };
@@ -196,6 +200,11 @@ static bt_status_t render_workers(router_t *r, uint64_t now,
                 break;
             case WF_FREE_KV: P("%u\n", w->hb_free_kv); break;
             case WF_TOTAL_KV: P("%u\n", w->total_kv); break;
+            case WF_KV_TOKENS:
+                P("%llu\n", (unsigned long long)w->total_kv *
+                                 (w->role == BATON__ROLE__ROLE_DECODE
+                                      ? w->block_size : 0));
+                break;
             default: P("%llu\n", (unsigned long long)w->served); break;
             }
         }

@@ -6,6 +6,7 @@
  * requests).  "round-robin": the next usable worker of each role that has
  * room.  Add a policy by adding a table entry.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "bt_util.h"
@@ -20,6 +21,59 @@ int router__blocks_needed(const router_worker_t *w, int n_tokens)
 bool router__worker_is_usable(const router_worker_t *w)
 {
     return w->used && !w->draining;
+}
+
+bool router__req_never_fits(const router_t *r, const router_req_t *req,
+                            int n_tokens, char *why, size_t why_size)
+{
+    int candidates = 0;
+    int64_t best_blocks = 0;
+    uint32_t best_ctx = 0;
+    int64_t need_on_best = 0;
+
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        const router_worker_t *w = &r->workers[i];
+        int64_t growth, need;
+        uint32_t ctx;
+
+        /* silent workers count: they may speak again */
+        if (!router__worker_is_usable(w) ||
+            w->role != BATON__ROLE__ROLE_DECODE)
+            continue;
+        candidates++;
+        ctx = w->max_context;
+        if (w->total_kv == 0)
+            return false; /* pool not known yet: cannot tell */
+        /* a text prompt's length is only known after tokenization:
+         * judged by its growth alone */
+        if (req->prompt_ids != NULL && ctx > 0 && (uint32_t)n_tokens >= ctx)
+            continue;
+        growth = (int64_t)n_tokens + req->max_tokens - req->n_generated;
+        if (ctx > 0)
+            growth = BT_MIN(growth, (int64_t)ctx);
+        need = BT_DIV_UP(BT_MAX(growth, (int64_t)n_tokens),
+                         (int64_t)(w->block_size > 0 ? w->block_size : 16));
+        if (need <= (int64_t)w->total_kv)
+            return false;
+        if ((int64_t)w->total_kv > best_blocks) {
+            best_blocks = w->total_kv;
+            best_ctx = ctx;
+            need_on_best = need;
+        }
+    }
+    if (candidates == 0)
+        return false;
+    if (best_blocks == 0)
+        snprintf(why, why_size, "prompt of %d tokens does not fit the "
+                 "context of any decode worker", n_tokens);
+    else
+        snprintf(why, why_size, "request needs %lld KV blocks (prompt %d "
+                 "+ max tokens %d, context %u) but the largest decode "
+                 "worker's whole pool has %lld: it can never fit",
+                 (long long)need_on_best, n_tokens,
+                 req->max_tokens - req->n_generated, best_ctx,
+                 (long long)best_blocks);
+    return true;
 }
 
 /* Policies give new work only to workers heard from recently: a worker

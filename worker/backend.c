@@ -4,6 +4,7 @@
  */
 #include "backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,59 @@ void backend_config_init(backend_config_t *cfg)
     cfg->n_threads = 0;
     cfg->device_index = 0;
     cfg->precision = BACKEND_PRECISION_DEFAULT;
+    cfg->kv_memory_fraction = 0.90;
+}
+
+bt_status_t backend__kv_blocks_auto(const backend_config_t *cfg,
+                                    const model_config_t *mc,
+                                    size_t token_bytes, size_t budget,
+                                    int default_contexts, const char *what,
+                                    int *n_blocks_p)
+{
+    int contexts = cfg->kv_auto_contexts > 0 ? cfg->kv_auto_contexts
+                                              : default_contexts;
+    size_t tokens = token_bytes > 0 ? budget / token_bytes : 0;
+    size_t blocks;
+
+    if (contexts > 0 && mc->max_seq_len > 0)
+        tokens = BT_MIN(tokens, (size_t)contexts * (size_t)mc->max_seq_len);
+    tokens = BT_MIN(tokens, (size_t)BACKEND_KV_MAX_TOKENS);
+    blocks = tokens / (size_t)cfg->block_size;
+    if (blocks < 1)
+        return BT_ERROR(BT_ERR_NO_MEMORY, "ENGINE",
+                        "no room for the KV pool: %s is %.1f MiB, one "
+                        "block of %d tokens needs %.3f MiB (give "
+                        "--kv-blocks, --kv-memory-gb or a larger "
+                        "--kv-memory-fraction)", what,
+                        (double)budget / 1048576.0, cfg->block_size,
+                        (double)token_bytes * cfg->block_size / 1048576.0);
+    *n_blocks_p = (int)blocks;
+    return BT_OK;
+}
+
+int backend__max_seqs_auto(const backend_config_t *cfg, int n_kv_blocks,
+                           int cap)
+{
+    int n = BT_MIN(cap, cfg->max_batch_tokens);
+
+    if (n_kv_blocks > 0)
+        n = BT_MIN(n, n_kv_blocks);
+    return BT_MAX(n, 1);
+}
+
+size_t backend__host_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (size_t)kb * 1024;
 }
 
 bt_status_t backend_create(const char *name, const model_t *model,
@@ -73,14 +127,19 @@ bt_status_t backend_create(const char *name, const model_t *model,
         return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
                         "device '%s' is not available on this machine",
                         ops->name);
-    if (cfg->n_kv_blocks <= 0 || cfg->block_size <= 0 ||
-        cfg->max_batch_tokens <= 0 || cfg->max_seqs <= 0 ||
+    if (cfg->n_kv_blocks < 0 || cfg->block_size <= 0 ||
+        cfg->max_batch_tokens <= 0 || cfg->max_seqs < 0 ||
         cfg->n_threads < 0)
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "backend sizes must be positive (kv blocks %d, "
                         "block size %d, batch tokens %d, seqs %d)",
                         cfg->n_kv_blocks, cfg->block_size,
                         cfg->max_batch_tokens, cfg->max_seqs);
+    if (cfg->n_kv_blocks == 0 && cfg->kv_memory_bytes == 0 &&
+        !(cfg->kv_memory_fraction > 0 && cfg->kv_memory_fraction <= 1))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "KV memory fraction %g is outside (0, 1]",
+                        cfg->kv_memory_fraction);
     if (cfg->tp_size < 0 || cfg->tp_size > MODEL_SHARD_MAX_TP)
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "tensor parallelism %d is outside 1..%d",
@@ -100,11 +159,15 @@ bt_status_t backend_create(const char *name, const model_t *model,
     backend->ops = ops;
     backend->model = model;
     backend->cfg = *cfg;
-    status = ops->create(model, cfg, &backend->impl);
+    status = ops->create(model, &backend->cfg, &backend->impl);
     if (status != BT_OK) {
         bt_free(backend);
         return status;
     }
+    /* the sizes the implementation chose (auto KV, auto max_seqs) */
+    BT_ASSERT(backend->cfg.n_kv_blocks > 0 && backend->cfg.max_seqs > 0);
+    BT_ASSERT(ops->kv_layout(backend->impl)->n_blocks ==
+              backend->cfg.n_kv_blocks);
     *backend_p = backend;
     return BT_OK;
 }
@@ -124,6 +187,27 @@ void backend_destroy(backend_t **backend_p)
 const char *backend_name(const backend_t *backend)
 {
     return backend->ops->name;
+}
+
+const backend_config_t *backend_config(const backend_t *backend)
+{
+    return &backend->cfg;
+}
+
+bt_status_t backend_mem_info(const backend_t *backend, size_t *free_p,
+                             size_t *total_p)
+{
+    if (backend->ops->mem_info == NULL)
+        return BT_ERR_UNSUPPORTED;
+    return backend->ops->mem_info(backend->impl, free_p, total_p);
+}
+
+size_t backend_kv_token_bytes(const backend_t *backend)
+{
+    const kv_layout_t *lay = backend->ops->kv_layout(backend->impl);
+
+    return 2 * (size_t)lay->n_layers * (size_t)lay->n_kv_heads *
+           (size_t)lay->head_dim * (size_t)lay->elem_size;
 }
 
 void *backend__impl(const backend_t *backend)

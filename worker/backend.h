@@ -69,10 +69,26 @@ typedef enum {
 } backend_precision_t;
 
 typedef struct {
-    int n_kv_blocks;       /* KV pool size in blocks */
+    int n_kv_blocks;       /* KV pool size in blocks; 0 = sized from
+                            * memory (see "KV pool sizing" below) */
     int block_size;        /* tokens per KV block */
     int max_batch_tokens;  /* most new tokens one forward may carry */
-    int max_seqs;          /* most sequences one forward may carry */
+    int max_seqs;          /* most sequences one forward may carry; 0 =
+                            * from the KV capacity and the batch limits
+                            * (backend__max_seqs_auto) */
+    /* KV pool sizing when n_kv_blocks is 0.  cuda: kv_memory_fraction
+     * of the device memory free after the weights and activations are
+     * allocated (measured with cudaMemGetInfo, the least over the TP
+     * ranks); the rest stays for CUDA graphs, cuBLASLt, sampling and
+     * other processes.  cpu: a host budget (BACKEND_KV_HOST_DEFAULT_*).
+     * kv_memory_bytes > 0 is an absolute budget for either (it wins
+     * over the fraction). */
+    double kv_memory_fraction; /* 0 < f <= 1 (default 0.90) */
+    size_t kv_memory_bytes;    /* bytes for K + V of every layer, 0: none */
+    /* Auto sizing holds at most kv_auto_contexts sequences of the
+     * model's full context (a prefill worker needs only the prompts in
+     * flight); 0 = no cap (cpu: max_seqs contexts, all it can use). */
+    int kv_auto_contexts;
     int n_threads;         /* CPU worker threads (0 = all cores) */
     int device_index;      /* CUDA device ordinal */
     backend_precision_t precision;
@@ -94,8 +110,24 @@ typedef struct {
     int tp_size;
 } backend_config_t;
 
-/* Defaults: 256 blocks of 16 tokens, 2048 batch tokens, 64 seqs, all cores. */
+/* Defaults: 256 blocks of 16 tokens, 2048 batch tokens, 64 seqs, all
+ * cores; kv_memory_fraction 0.90 (used only when n_kv_blocks is set to
+ * 0, as the worker executables do). */
 void backend_config_init(backend_config_t *cfg);
+
+/* cpu KV host budget when n_kv_blocks is 0 and no kv_memory_bytes:
+ * MemAvailable / BACKEND_KV_HOST_DEFAULT_DIV, at most
+ * BACKEND_KV_HOST_DEFAULT_MAX bytes (and never more than max_seqs full
+ * contexts).  Conservative on purpose: the cpu backend is the reference
+ * and CI backend, it zeroes its whole pool (every page is touched), a CI
+ * host runs several workers at once (ctest -j, a cluster test starts up
+ * to six), and a decode worker's pool is UCX shared memory. */
+#define BACKEND_KV_HOST_DEFAULT_DIV 32
+#define BACKEND_KV_HOST_DEFAULT_MAX ((size_t)64 << 20)
+/* Auto max_seqs: at most this many (cuda), or BACKEND_MAX_SEQS_CPU
+ * (cpu: wider batches only lengthen its steps). */
+#define BACKEND_MAX_SEQS_AUTO 512
+#define BACKEND_MAX_SEQS_CPU 64
 
 typedef struct backend_s backend_t;
 
@@ -104,7 +136,9 @@ typedef struct backend_s backend_t;
 typedef struct {
     const char *name;
     bool (*is_available)(void);
-    bt_status_t (*create)(const model_t *model, const backend_config_t *cfg,
+    /* cfg: in, the configuration; out (on success), with n_kv_blocks and
+     * max_seqs resolved when they were 0 (auto). */
+    bt_status_t (*create)(const model_t *model, backend_config_t *cfg,
                           void **impl_p);
     void (*destroy)(void *impl);
     bt_status_t (*forward)(void *impl, const backend_batch_t *batch,
@@ -130,6 +164,9 @@ typedef struct {
                                         float *logits, float *hidden,
                                         bool *handled);
     bt_status_t (*forward_sample_end)(void *impl);
+    /* Device memory free now and in all (bytes, rank 0's GPU); optional
+     * (NULL: host memory, nothing to report). */
+    bt_status_t (*mem_info)(void *impl, size_t *free_p, size_t *total_p);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -139,6 +176,19 @@ bt_status_t backend_create(const char *name, const model_t *model,
                            const backend_config_t *cfg, backend_t **backend_p);
 void backend_destroy(backend_t **backend_p);
 const char *backend_name(const backend_t *backend);
+
+/* The configuration the backend runs with: the caller's, with the
+ * sizes it chose (n_kv_blocks, max_seqs) filled in. */
+const backend_config_t *backend_config(const backend_t *backend);
+
+/* The device memory free now and in all on the backend's (first) GPU;
+ * BT_ERR_UNSUPPORTED for host backends. */
+bt_status_t backend_mem_info(const backend_t *backend, size_t *free_p,
+                             size_t *total_p);
+
+/* Bytes one token takes in the KV pool (K and V, every layer, one
+ * rank's heads). */
+size_t backend_kv_token_bytes(const backend_t *backend);
 
 /* Runs one forward pass.  `logits` receives (sum of n_logits, vocab)
  * float32 rows; `hidden`, when not NULL, the matching (rows, dim) final

@@ -26,6 +26,29 @@ bt_status_t backend__kv_copy_slots_host(const kv_layout_t *lay, void *k,
                                         void *v, int n, const int *src_slots,
                                         const int *dst_slots);
 
+/* ---- KV pool sizing (backend_config_t.n_kv_blocks == 0) ---- */
+
+/* KV blocks for a budget of `budget` bytes at `token_bytes` per token:
+ * at most cfg->kv_auto_contexts (or `default_contexts` when that is 0;
+ * 0 too: no cap) full contexts of mc->max_seq_len tokens, and at most
+ * BACKEND_KV_MAX_TOKENS tokens.  `what` says where the budget came from
+ * (for the error).  BT_ERR_NO_MEMORY with a message when the budget
+ * holds less than one block. */
+#define BACKEND_KV_MAX_TOKENS (1 << 28)
+bt_status_t backend__kv_blocks_auto(const backend_config_t *cfg,
+                                    const model_config_t *mc,
+                                    size_t token_bytes, size_t budget,
+                                    int default_contexts, const char *what,
+                                    int *n_blocks_p);
+
+/* Auto max_seqs: min(cap, cfg->max_batch_tokens, n_kv_blocks) and at
+ * least 1 (n_kv_blocks 0: not known yet, not a limit). */
+int backend__max_seqs_auto(const backend_config_t *cfg, int n_kv_blocks,
+                           int cap);
+
+/* MemAvailable of /proc/meminfo in bytes, 0 when unknown. */
+size_t backend__host_mem_available(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -117,21 +117,27 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
                             &engine->backend);
     if (status != BT_OK)
         goto err_tok;
-    status = kv_allocator_create(cfg->backend.n_kv_blocks, &engine->kv);
+    /* the sizes the backend chose (KV from memory, auto max_seqs) */
+    engine->cfg.backend = *backend_config(engine->backend);
+    status = kv_allocator_create(engine->cfg.backend.n_kv_blocks, &engine->kv);
     if (status != BT_OK)
         goto err_backend;
-    engine->block_size = cfg->backend.block_size;
+    engine->block_size = engine->cfg.backend.block_size;
     engine->max_context = mcfg->max_seq_len;
-    engine->row_samplers = bt_calloc((size_t)cfg->backend.max_seqs,
-                                     sizeof(*engine->row_samplers),
-                                     "engine_rows");
-    engine->row_ids = bt_calloc((size_t)cfg->backend.max_seqs, sizeof(int),
-                                "engine_rows");
-    engine->batch_seqs = bt_calloc((size_t)cfg->backend.max_seqs,
-                                   sizeof(*engine->batch_seqs),
-                                   "engine_batch");
-    engine->batch_index = bt_calloc((size_t)cfg->backend.max_seqs,
-                                    sizeof(int), "engine_batch");
+    {
+        int seqs = engine->cfg.backend.max_seqs;
+
+        engine->row_samplers = bt_calloc((size_t)seqs,
+                                         sizeof(*engine->row_samplers),
+                                         "engine_rows");
+        engine->row_ids = bt_calloc((size_t)seqs, sizeof(int),
+                                    "engine_rows");
+        engine->batch_seqs = bt_calloc((size_t)seqs,
+                                       sizeof(*engine->batch_seqs),
+                                       "engine_batch");
+        engine->batch_index = bt_calloc((size_t)seqs, sizeof(int),
+                                        "engine_batch");
+    }
     if (engine->row_samplers == NULL || engine->row_ids == NULL ||
         engine->batch_seqs == NULL ||
         engine->batch_index == NULL) {
@@ -139,11 +145,11 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
         goto err_bufs;
     }
     BT_LOG_INFO("ENGINE", "model %s on %s: %d layers, dim %d, vocab %d, "
-                "context %d, KV %d blocks x %d tokens",
+                "context %d, KV %d blocks x %d tokens, %d seqs a step",
                 cfg->model_path, backend_name(engine->backend),
                 mcfg->n_layers, mcfg->dim, mcfg->vocab_size,
-                engine->max_context, cfg->backend.n_kv_blocks,
-                engine->block_size);
+                engine->max_context, engine->cfg.backend.n_kv_blocks,
+                engine->block_size, engine->cfg.backend.max_seqs);
     *engine_p = engine;
     return BT_OK;
 
@@ -480,5 +486,127 @@ bt_status_t engine_seq_adopt_kv(engine_t *engine, engine_seq_t *seq,
     memcpy(seq->blocks, blocks, sizeof(int) * (size_t)n_blocks);
     seq->n_blocks = n_blocks;
     seq->n_cached = n_cached;
+    return BT_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Warm-up
+
+/* One warm-up forward: n_seqs sequences of n_tokens new tokens each
+ * (token id 1, fresh KV blocks), greedy samplers on the logits rows.
+ * False when the pool cannot hold it (skipped). */
+static bt_status_t engine_warm_step(engine_t *engine, int n_seqs,
+                                    int n_tokens, sampler_t *greedy,
+                                    bool *ran_p)
+{
+    int bs = engine->block_size;
+    int per = BT_DIV_UP(n_tokens, bs);
+    int n_blocks = per * n_seqs;
+    int *blocks = NULL, *tokens = NULL, *ids = NULL;
+    sampler_t **samp = NULL;
+    backend_seq_t *seqs = NULL;
+    backend_batch_t batch;
+    bt_status_t status = BT_OK;
+
+    *ran_p = false;
+    if (n_seqs > engine->cfg.backend.max_seqs ||
+        (long)n_seqs * n_tokens > engine->cfg.backend.max_batch_tokens ||
+        n_tokens > engine->max_context ||
+        kv_allocator_free_count(engine->kv) < n_blocks)
+        return BT_OK;
+    blocks = bt_malloc((size_t)n_blocks * sizeof(int), "engine_warmup");
+    tokens = bt_malloc((size_t)n_tokens * sizeof(int), "engine_warmup");
+    ids = bt_malloc((size_t)n_seqs * sizeof(int), "engine_warmup");
+    samp = bt_malloc((size_t)n_seqs * sizeof(*samp), "engine_warmup");
+    seqs = bt_calloc((size_t)n_seqs, sizeof(*seqs), "engine_warmup");
+    if (blocks == NULL || tokens == NULL || ids == NULL || samp == NULL ||
+        seqs == NULL) {
+        status = BT_ERR_NO_MEMORY;
+        goto out;
+    }
+    status = kv_allocator_alloc(engine->kv, n_blocks, blocks);
+    if (status != BT_OK)
+        goto out;
+    for (int i = 0; i < n_tokens; i++)
+        tokens[i] = 1 % engine->vocab_size;
+    for (int s = 0; s < n_seqs; s++) {
+        seqs[s].n_tokens = n_tokens;
+        seqs[s].ctx_len = 0;
+        seqs[s].tokens = tokens;
+        seqs[s].block_table = blocks + (size_t)s * per;
+        seqs[s].n_logits = 1;
+        samp[s] = greedy;
+    }
+    memset(&batch, 0, sizeof(batch));
+    batch.n_seqs = n_seqs;
+    batch.seqs = seqs;
+    status = backend_forward_sample(engine->backend, &batch, samp, ids, NULL,
+                                    NULL);
+    kv_allocator_release(engine->kv, n_blocks, blocks);
+    *ran_p = status == BT_OK;
+out:
+    bt_free(blocks);
+    bt_free(tokens);
+    bt_free(ids);
+    bt_free(samp);
+    bt_free(seqs);
+    return status;
+}
+
+bt_status_t engine_warmup(engine_t *engine, int chunk_tokens,
+                          int batch_tokens, bool decode)
+{
+    const int max_seqs = engine->cfg.backend.max_seqs;
+    int prompts[3] = { 16, chunk_tokens, batch_tokens };
+    int n_prompts = 0, n_decode = 0, largest = 0;
+    uint64_t t0 = bt_time_ns();
+    sampler_params_t sp;
+    sampler_t *greedy = NULL;
+    bt_status_t status;
+
+    sampler_params_init(&sp); /* greedy */
+    status = sampler_create(&sp, engine->vocab_size, &greedy);
+    if (status != BT_OK)
+        return status;
+    /* prompts first: uncaptured, so the GEMMs are tuned before any
+     * decode graph is captured with them */
+    for (int i = 0; i < 3 && status == BT_OK; i++) {
+        bool ran;
+
+        if (prompts[i] <= 0 || (i == 2 && prompts[2] == prompts[1]))
+            continue;
+        status = engine_warm_step(engine, 1,
+                                  BT_MIN(prompts[i], engine->max_context),
+                                  greedy, &ran);
+        n_prompts += ran;
+    }
+    for (int n = 1; decode && status == BT_OK; n *= 2) {
+        bool ran;
+
+        n = BT_MIN(n, max_seqs);
+        status = engine_warm_step(engine, n, 1, greedy, &ran);
+        if (ran) {
+            n_decode++;
+            largest = n;
+        }
+        if (n == max_seqs)
+            break;
+    }
+    sampler_destroy(&greedy);
+    if (status != BT_OK)
+        return status;
+    BT_LOG_INFO("ENGINE", "warm-up done in %.2f s: %d prompt shapes (16, "
+                "%d, %d tokens), %d decode batch sizes up to %d sequences "
+                "(of %d)", (double)(bt_time_ns() - t0) * 1e-9, n_prompts,
+                chunk_tokens, batch_tokens, n_decode, largest, max_seqs);
+    {
+        size_t free_b, total_b;
+
+        if (backend_mem_info(engine->backend, &free_b, &total_b) == BT_OK)
+            BT_LOG_INFO("ENGINE", "device memory after the warm-up: %zu "
+                        "MiB free of %zu MiB (graphs, tuning and sampling "
+                        "came out of the KV fraction's remainder)",
+                        free_b >> 20, total_b >> 20);
+    }
     return BT_OK;
 }

@@ -81,6 +81,20 @@ int engine_seq_n_generated(const engine_seq_t *seq);
 bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
                         int token_budget, int *sampled);
 
+/* Warm-up before a worker takes work (issue 36): runs forwards of the
+ * shapes it will serve so that what a backend does the first time it
+ * sees a shape happens now, not inside a request: the CUDA backend tunes
+ * its GEMMs on the first uncaptured use of a weight shape (a 16-token
+ * prompt tunes every decode bucket, a `chunk_tokens` prompt the prefill
+ * shape; `batch_tokens`, when it differs, a full batch), then captures
+ * the decode graph of every power-of-two batch up to max_seqs (one
+ * token per sequence, greedy sampling on the device, as the decode
+ * worker runs it).  `decode` false: no decode steps (a prefill worker).
+ * Takes KV blocks from the pool and gives them all back (shapes the pool
+ * cannot hold are left out).  Logs what ran, how long it took and (cuda)
+ * the device memory still free.  Not thread-safe; call before serving. */
+bt_status_t engine_warmup(engine_t *engine, int chunk_tokens,
+                          int batch_tokens, bool decode);
 
 /* ---- speculative decoding support (worker/spec/) ----
  * The speculative decoder drives the backend itself (tree verification)

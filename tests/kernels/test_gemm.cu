@@ -108,7 +108,9 @@ static void test_cache(void)
         }
         worker_gemm_ctx_destroy(&c);
     }
-    unsetenv("BT_GEMM_CACHE");
+    /* not unset: unset means the per-host default file, and the
+     * other tests here time every variant afresh */
+    setenv("BT_GEMM_CACHE", "off", 1);
     remove(path);
 }
 
@@ -282,6 +284,9 @@ int main(int argc, char **argv)
 {
     /* line-buffered: a bench killed by its timeout keeps its rows */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* every variant timed here, not read from the per-host default
+     * tuning cache (test_cache sets its own file) */
+    setenv("BT_GEMM_CACHE", "off", 0);
     worker_gemm_ctx_t *g = NULL;
     const char *only = argc > 2 && strcmp(argv[1], "--variant") == 0
                            ? argv[2] : NULL;

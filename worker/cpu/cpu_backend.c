@@ -35,6 +35,7 @@
  */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -946,8 +947,57 @@ static bool cpu_alloc_kv(cpu_backend_t *be, float **p, size_t n)
     return *p != NULL;
 }
 
-static bt_status_t cpu_create(const model_t *model,
-                              const backend_config_t *cfg, void **impl_p)
+/* n_kv_blocks 0: the pool from a host budget (backend.h: the explicit
+ * kv_memory_bytes, else MemAvailable / BACKEND_KV_HOST_DEFAULT_DIV up to
+ * BACKEND_KV_HOST_DEFAULT_MAX), at most max_seqs full contexts; max_seqs
+ * 0: up to BACKEND_MAX_SEQS_CPU.  Logs where the size came from. */
+static bt_status_t cpu_size_kv(const model_config_t *mc,
+                               backend_config_t *cfg)
+{
+    size_t token_bytes = 2 * (size_t)mc->n_layers * mc->n_kv_heads *
+                         mc->head_dim * sizeof(float);
+    size_t avail, budget;
+    char what[128];
+    bool auto_seqs = cfg->max_seqs == 0;
+    bt_status_t status;
+
+    if (auto_seqs)
+        cfg->max_seqs = backend__max_seqs_auto(cfg, cfg->n_kv_blocks,
+                                               BACKEND_MAX_SEQS_CPU);
+    if (cfg->n_kv_blocks > 0)
+        return BT_OK;
+    avail = backend__host_mem_available();
+    if (cfg->kv_memory_bytes > 0) {
+        budget = cfg->kv_memory_bytes;
+        snprintf(what, sizeof(what), "the --kv-memory-gb budget");
+    } else {
+        budget = avail > 0 ? avail / BACKEND_KV_HOST_DEFAULT_DIV
+                           : BACKEND_KV_HOST_DEFAULT_MAX;
+        budget = BT_MIN(budget, BACKEND_KV_HOST_DEFAULT_MAX);
+        snprintf(what, sizeof(what), "the default host budget (1/%d of "
+                 "%zu MiB available, at most %zu MiB)",
+                 BACKEND_KV_HOST_DEFAULT_DIV, avail >> 20,
+                 BACKEND_KV_HOST_DEFAULT_MAX >> 20);
+    }
+    status = backend__kv_blocks_auto(cfg, mc, token_bytes, budget,
+                                     cfg->max_seqs, what, &cfg->n_kv_blocks);
+    if (status != BT_OK)
+        return status;
+    if (auto_seqs) /* the pool known now: no more sequences than blocks */
+        cfg->max_seqs = BT_MIN(cfg->max_seqs, cfg->n_kv_blocks);
+    BT_LOG_INFO("CPU", "KV pool sized from %s: %.1f MiB budget, %zu bytes "
+                "a token -> %d blocks of %d tokens (%lld tokens; capped at "
+                "%d contexts of %d)", what, (double)budget / 1048576.0,
+                token_bytes, cfg->n_kv_blocks, cfg->block_size,
+                (long long)cfg->n_kv_blocks * cfg->block_size,
+                cfg->kv_auto_contexts > 0 ? cfg->kv_auto_contexts
+                                          : cfg->max_seqs,
+                mc->max_seq_len);
+    return BT_OK;
+}
+
+static bt_status_t cpu_create(const model_t *model, backend_config_t *cfg,
+                              void **impl_p)
 {
     const model_config_t *mc = model_config(model);
     cpu_backend_t *be;
@@ -955,6 +1005,9 @@ static bt_status_t cpu_create(const model_t *model,
     size_t kv_elems;
     bt_status_t status;
 
+    status = cpu_size_kv(mc, cfg);
+    if (status != BT_OK)
+        return status;
     if ((long)cfg->n_kv_blocks * cfg->block_size > INT32_MAX / 2)
         return BT_ERROR(BT_ERR_INVALID_ARG, "CPU",
                         "KV pool of %d blocks x %d tokens is too large",

@@ -56,6 +56,27 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
                      b->device_index < 0 || b->device_index > 1023; break;
     case 1022: bad = bt_parse_int(arg, &b->tp_size) != BT_OK ||
                      b->tp_size < 1 || b->tp_size > 64; break;
+    case 1023: bad = bt_parse_double(arg, &b->kv_memory_fraction) != BT_OK ||
+                     !(b->kv_memory_fraction > 0 &&
+                       b->kv_memory_fraction <= 1); break;
+    case 1024: {
+        double gb;
+
+        bad = bt_parse_double(arg, &gb) != BT_OK || !(gb > 0 && gb < 1e6);
+        if (!bad)
+            b->kv_memory_bytes = (size_t)(gb * 1073741824.0);
+        break;
+    }
+    case 1025:
+        if (strcmp(arg, "auto") == 0)
+            *o->warmup = WORKER_CTL_WARMUP_AUTO;
+        else if (strcmp(arg, "on") == 0)
+            *o->warmup = WORKER_CTL_WARMUP_ON;
+        else if (strcmp(arg, "off") == 0)
+            *o->warmup = WORKER_CTL_WARMUP_OFF;
+        else
+            bad = true;
+        break;
     default: return BT_ERR_NOT_FOUND;
     }
     return bad ? BT_ERR_INVALID_ARG : BT_OK;
@@ -110,4 +131,11 @@ void worker_ctl_signals(void (*stop)(void *arg), void *arg)
 void worker_ctl_signals_clear(void)
 {
     g_stop = NULL;
+}
+
+bool worker_ctl_warmup_wanted(int mode, const char *backend_name)
+{
+    if (mode == WORKER_CTL_WARMUP_AUTO)
+        return backend_name != NULL && strcmp(backend_name, "cuda") == 0;
+    return mode == WORKER_CTL_WARMUP_ON;
 }

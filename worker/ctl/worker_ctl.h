@@ -46,7 +46,10 @@ extern "C" {
     { "kv-stage-blocks", required_argument, 0, 1012 },          \
     { "kv-stage-host", no_argument, 0, 1013 },                  \
     { "gpu", required_argument, 0, 1021 },                      \
-    { "tp", required_argument, 0, 1022 }
+    { "tp", required_argument, 0, 1022 },                       \
+    { "kv-memory-fraction", required_argument, 0, 1023 },       \
+    { "kv-memory-gb", required_argument, 0, 1024 },             \
+    { "warmup", required_argument, 0, 1025 }
 
 /* Usage lines of the first shared options, the same in every worker. */
 #define WORKER_CTL_USAGE_ROUTER                                              \
@@ -61,6 +64,27 @@ extern "C" {
     "  --model PATH           llama2.c .bin, HF directory or synth:NAME\n"  \
     "  --tokenizer PATH       llama2.c tokenizer (for text prompts)\n"      \
     "  --null-model           no model: instant deterministic tokens\n"
+
+/* Usage lines of the KV pool size (every worker). */
+#define WORKER_CTL_USAGE_KV                                                  \
+    "  --kv-blocks N          KV pool blocks; overrides the two below\n"    \
+    "                         (default: sized from memory)\n"              \
+    "  --kv-memory-fraction F cuda: the pool takes F of the device memory\n" \
+    "                         free after weights and activations, measured\n"\
+    "                         with cudaMemGetInfo (0.90; the rest is for\n" \
+    "                         CUDA graphs, cuBLASLt and sampling; give\n"   \
+    "                         each of two workers sharing a GPU its part)\n"\
+    "  --kv-memory-gb G       the pool's size in GiB (cuda per GPU, or cpu;\n"\
+    "                         wins over the fraction).  cpu default: 1/32\n"\
+    "                         of MemAvailable, at most 64 MiB and at most\n" \
+    "                         max-seqs full contexts (CI hosts run many\n"  \
+    "                         workers; the cpu pool is zeroed, so touched)\n"\
+    "  --block-size N         KV block size in tokens (16; equal on\n"      \
+    "                         prefill and decode for UCX hand-off)\n"       \
+    "  --warmup auto|on|off   run the shapes this worker serves (GEMM\n"    \
+    "                         tuning, CUDA graph capture) before it\n"      \
+    "                         registers with the router; auto: on for\n"   \
+    "                         cuda, off for cpu (nothing to warm)\n"
 
 /* Usage line of --gpu (after --device in every worker's usage). */
 #define WORKER_CTL_USAGE_GPU                                                 \
@@ -85,7 +109,17 @@ typedef struct {
     bool *kv_stage_direct;
     int *kv_stage_blocks;
     bool *kv_stage_host;
+    int *warmup;                  /* WORKER_CTL_WARMUP_* */
 } worker_ctl_opts_t;
+
+/* --warmup */
+#define WORKER_CTL_WARMUP_AUTO 0  /* on for cuda, off for cpu */
+#define WORKER_CTL_WARMUP_ON 1
+#define WORKER_CTL_WARMUP_OFF 2
+
+/* Whether --warmup `mode` warms a worker whose engine runs on backend
+ * `backend_name` ("cpu", "cuda"). */
+bool worker_ctl_warmup_wanted(int mode, const char *backend_name);
 
 /* Points a worker_ctl_opts_t at the same-named fields of config struct
  * `cfg` (prefill_config_t, decode_config_t). */
@@ -99,6 +133,7 @@ typedef struct {
         .kv_stage_direct = &(cfg).kv_stage_direct,                         \
         .kv_stage_blocks = &(cfg).kv_stage_blocks,                         \
         .kv_stage_host = &(cfg).kv_stage_host,                             \
+        .warmup = &(cfg).warmup,                                           \
     }
 
 /* Applies the environment defaults (BATON_ROUTER; BATON_HOST_ID when not

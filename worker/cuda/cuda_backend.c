@@ -46,6 +46,8 @@
 #include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -227,6 +229,8 @@ typedef struct {
     atomic_int ev_layer;      /* last layer whose event is recorded */
     cuda_graph_t graphs[CUDA_MAX_GRAPHS];
     int n_graphs;
+    size_t mem_free;          /* cudaMemGetInfo before the KV pool */
+    size_t mem_total;
 
     /* tensor parallelism */
     void *comm;               /* NCCL communicator */
@@ -719,31 +723,8 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
             return status;
     }
 
-    /* The KV pool: this rank's KV heads. */
-    {
-        size_t bytes = (size_t)b->mc.n_layers * b->cfg.n_kv_blocks *
-                       b->cfg.block_size * b->kv_dim * es;
-        status = cuda__dev_malloc(&r->d_k, bytes, "kv_cache_k");
-        if (status != BT_OK)
-            return status;
-        status = cuda__dev_malloc(&r->d_v, bytes, "kv_cache_v");
-        if (status != BT_OK)
-            return status;
-        /* Zeros, so every slot holds finite values: kernels that load
-         * whole pages (the TMA prefill attention) read slots past a
-         * sequence's end, where P = 0 must not meet a NaN in V. */
-        status = BT_CUDA_STATUS(cudaMemset(r->d_k, 0, bytes));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaMemset(r->d_v, 0, bytes));
-        if (status != BT_OK)
-            return status;
-        if (rank == 0)
-            BT_LOG_INFO("CUDA", "KV pool: %d blocks of %d tokens, %zu MiB%s",
-                        b->cfg.n_kv_blocks, b->cfg.block_size,
-                        (2 * bytes) >> 20, b->tp > 1 ? " per rank" : "");
-    }
-
-    /* Activations for the largest forward. */
+    /* Activations for the largest forward (the KV pool comes last,
+     * cuda_rank_kv_alloc, so that it can be sized from what is left). */
 #define CUDA_ACT(_p, _bytes, _name)                                         \
     do {                                                                    \
         status = cuda__dev_malloc((void **)&(_p), (_bytes), _name);         \
@@ -791,6 +772,103 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         if (status != BT_OK)
             return status;
     }
+    return BT_OK;
+}
+
+/* Rank op: the device memory free now (cudaMemGetInfo), into
+ * r->mem_free. */
+static bt_status_t cuda_rank_mem_probe(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    size_t free_b = 0, total_b = 0;
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status != BT_OK)
+        return status;
+    status = BT_CUDA_STATUS(cudaMemGetInfo(&free_b, &total_b));
+    r->mem_free = free_b;
+    r->mem_total = total_b;
+    return status;
+}
+
+/* Rank op: the KV pool, this rank's KV heads (b->cfg.n_kv_blocks). */
+static bt_status_t cuda_rank_kv_alloc(void *arg, int rank)
+{
+    cuda_backend_t *b = arg;
+    cuda_rank_t *r = &b->ranks[rank];
+    size_t bytes = (size_t)b->mc.n_layers * b->cfg.n_kv_blocks *
+                   b->cfg.block_size * b->kv_dim * cuda_dtype_size(b->dt);
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status != BT_OK)
+        return status;
+    status = cuda__dev_malloc(&r->d_k, bytes, "kv_cache_k");
+    if (status != BT_OK)
+        return status;
+    status = cuda__dev_malloc(&r->d_v, bytes, "kv_cache_v");
+    if (status != BT_OK)
+        return status;
+    /* Zeros, so every slot holds finite values: kernels that load
+     * whole pages (the TMA prefill attention) read slots past a
+     * sequence's end, where P = 0 must not meet a NaN in V. */
+    status = BT_CUDA_STATUS(cudaMemset(r->d_k, 0, bytes));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemset(r->d_v, 0, bytes));
+    if (status != BT_OK)
+        return status;
+    if (rank == 0)
+        BT_LOG_INFO("CUDA", "KV pool: %d blocks of %d tokens = %lld "
+                    "tokens, %zu MiB%s", b->cfg.n_kv_blocks,
+                    b->cfg.block_size,
+                    (long long)b->cfg.n_kv_blocks * b->cfg.block_size,
+                    (2 * bytes) >> 20, b->tp > 1 ? " per rank" : "");
+    return BT_OK;
+}
+
+/* Sizes the KV pool when cfg->n_kv_blocks is 0: kv_memory_bytes, or
+ * kv_memory_fraction of the device memory free now (after weights,
+ * activations and batch metadata; the least over the ranks, since every
+ * rank holds the same blocks).  The (1 - fraction) left over is for the
+ * CUDA graphs, cuBLASLt's tuning, device sampling and any other process
+ * on the GPU; the warm-up logs what is still free after it. */
+static bt_status_t cuda_size_kv(cuda_backend_t *b)
+{
+    size_t token_bytes = 2 * (size_t)b->mc.n_layers * b->kv_dim *
+                         cuda_dtype_size(b->dt);
+    size_t free_min = SIZE_MAX, total = 0, budget;
+    char what[160];
+    bt_status_t status;
+
+    if (b->cfg.n_kv_blocks > 0)
+        return BT_OK;
+    status = cuda_each_rank(b, cuda_rank_mem_probe);
+    if (status != BT_OK)
+        return status;
+    for (int r = 0; r < b->tp; r++) {
+        free_min = BT_MIN(free_min, b->ranks[r].mem_free);
+        total = b->ranks[r].mem_total;
+    }
+    if (b->cfg.kv_memory_bytes > 0) {
+        budget = b->cfg.kv_memory_bytes;
+        snprintf(what, sizeof(what), "the --kv-memory-gb budget (%zu MiB "
+                 "free on the GPU)", free_min >> 20);
+    } else {
+        budget = (size_t)((double)free_min * b->cfg.kv_memory_fraction);
+        snprintf(what, sizeof(what), "%.2f of the %zu MiB free on the GPU "
+                 "after weights and activations (of %zu MiB)",
+                 b->cfg.kv_memory_fraction, free_min >> 20, total >> 20);
+    }
+    status = backend__kv_blocks_auto(&b->cfg, &b->mc, token_bytes, budget,
+                                     0, what, &b->cfg.n_kv_blocks);
+    if (status != BT_OK)
+        return status;
+    b->kv.n_blocks = b->cfg.n_kv_blocks;
+    BT_LOG_INFO("CUDA", "KV pool sized from %s: %d blocks of %d tokens = "
+                "%lld tokens (%zu bytes a token%s)", what,
+                b->cfg.n_kv_blocks, b->cfg.block_size,
+                (long long)b->cfg.n_kv_blocks * b->cfg.block_size,
+                token_bytes, b->tp > 1 ? " per rank" : "");
     return BT_OK;
 }
 
@@ -1055,13 +1133,14 @@ static unsigned cuda_skip_parse(const char *env)
 }
 
 
-static bt_status_t cuda_create(const model_t *model,
-                               const backend_config_t *cfg, void **impl_p)
+static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
+                               void **impl_p)
 {
     cuda_backend_t *b;
     const char *env;
     model_shard_t sh0;
     int hd, n_dev = 0;
+    bool auto_seqs;
     bt_status_t status;
 
     b = bt_calloc(1, sizeof(*b), "cuda_backend");
@@ -1124,7 +1203,8 @@ static bt_status_t cuda_create(const model_t *model,
     b->pdl_small = env == NULL ? 'l' : strcmp(env, "0") == 0 ? 'o'
                  : strcmp(env, "1") == 0 ? 'e' : 'l';
 
-    /* The KV pool layout: one rank's heads. */
+    /* The KV pool layout: one rank's heads (n_blocks set again when the
+     * pool is sized from memory). */
     b->kv.n_layers = b->mc.n_layers;
     b->kv.n_blocks = cfg->n_kv_blocks;
     b->kv.block_size = cfg->block_size;
@@ -1132,8 +1212,14 @@ static bt_status_t cuda_create(const model_t *model,
     b->kv.head_dim = hd;
     b->kv.elem_size = cuda_dtype_size(b->dt);
 
+    /* Auto max_seqs: from the batch limits now (the activations are
+     * sized for it), clamped to the KV blocks once the pool is sized. */
+    auto_seqs = b->cfg.max_seqs == 0;
+    if (auto_seqs)
+        b->cfg.max_seqs = backend__max_seqs_auto(&b->cfg, b->cfg.n_kv_blocks,
+                                                 BACKEND_MAX_SEQS_AUTO);
     /* Activation sizes for the largest forward. */
-    b->bucket_max = cuda_pow2_ceil(cfg->max_seqs);
+    b->bucket_max = cuda_pow2_ceil(b->cfg.max_seqs);
     b->max_tok = BT_MAX(cfg->max_batch_tokens, b->bucket_max);
     b->row_cap = BT_MAX(256, b->bucket_max);
     /* every row of a step stays on the device (a draft head reads them
@@ -1188,8 +1274,19 @@ static bt_status_t cuda_create(const model_t *model,
     status = cuda_meta_reserve(b, (size_t)16 * b->max_tok + 4096, 4096);
     if (status != BT_OK)
         goto err;
-    BT_LOG_INFO("CUDA", "device memory in use: %zu MiB",
-                cuda__dev_live_bytes() >> 20);
+    status = cuda_size_kv(b);
+    if (status != BT_OK)
+        goto err;
+    status = cuda_each_rank(b, cuda_rank_kv_alloc);
+    if (status != BT_OK)
+        goto err;
+    if (auto_seqs)
+        b->cfg.max_seqs = BT_MIN(b->cfg.max_seqs, b->cfg.n_kv_blocks);
+    BT_LOG_INFO("CUDA", "device memory in use: %zu MiB; at most %d "
+                "sequences a step", cuda__dev_live_bytes() >> 20,
+                b->cfg.max_seqs);
+    cfg->n_kv_blocks = b->cfg.n_kv_blocks;
+    cfg->max_seqs = b->cfg.max_seqs;
     *impl_p = b;
     return BT_OK;
 
@@ -2429,6 +2526,19 @@ bt_status_t cuda_backend_check_allreduce(backend_t *backend, const char *path,
     return status;
 }
 
+static bt_status_t cuda_mem_info(void *impl, size_t *free_p,
+                                 size_t *total_p)
+{
+    cuda_backend_t *b = impl;
+    bt_status_t status = cuda_rank_mem_probe(b, 0);
+
+    if (status != BT_OK)
+        return status;
+    *free_p = b->ranks[0].mem_free;
+    *total_p = b->ranks[0].mem_total;
+    return BT_OK;
+}
+
 static const kv_layout_t *cuda_kv_layout(void *impl)
 {
     return &((cuda_backend_t *)impl)->kv;
@@ -2447,4 +2557,5 @@ const backend_ops_t cuda_backend_ops = {
     .kv_data_rank = cuda_kv_data_rank,
     .forward_sample_begin = cuda_forward_sample_begin,
     .forward_sample_end = cuda_forward_sample_end,
+    .mem_info = cuda_mem_info,
 };

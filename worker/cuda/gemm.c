@@ -48,7 +48,8 @@
  * by default, BT_GEMM_FLUSH=write for the memset of rounds 1-9).
  * BT_GEMM_TUNE_LEAD=0 times each candidate alone on the stream and
  * BT_GEMM_TUNE_FINAL=0 skips the final round (both: rounds 1-21's tuner).
- * BT_GEMM_CACHE=PATH keeps the picks across processes (gemm_cache.h):
+ * BT_GEMM_CACHE=PATH keeps the picks across processes (gemm_cache.h;
+ * unset: ~/.cache/baton/gemm-HOST.txt, "off": none):
  * a family found there whole (every bucket, each cuBLASLt algorithm
  * accepted by cublasLtMatmulAlgoCheck) is installed without timing, and
  * each family tuned here is merged into the file (bt_write_file: a
@@ -61,6 +62,8 @@
 
 #include <cublasLt.h>
 #include <ctype.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <math.h>
@@ -1320,12 +1323,63 @@ static int gemm_cache_read(const worker_gemm_ctx_t *ctx,
     return n;
 }
 
-/* BT_GEMM_CACHE: the path, the key and the entries this key has there. */
+/* The default tuning cache when BT_GEMM_CACHE is not set (issue 36):
+ * $XDG_CACHE_HOME/baton/gemm-HOST.txt, else ~/.cache/baton/gemm-HOST.txt
+ * (the host name in it: a home directory shared between hosts keeps one
+ * file per host; the key inside still names the GPU and libraries).
+ * Makes the directories; false (no cache) when there is no home or they
+ * cannot be made. */
+static bool gemm_cache_default_path(char *buf, size_t size)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    char host[128] = "host";
+    char dir[4096];
+    int n;
+
+    if (xdg != NULL && *xdg == '/')
+        n = snprintf(dir, sizeof(dir), "%s/baton", xdg);
+    else if (home != NULL && *home == '/')
+        n = snprintf(dir, sizeof(dir), "%s/.cache", home);
+    else
+        return false;
+    if (n <= 0 || (size_t)n >= sizeof(dir))
+        return false;
+    if (xdg == NULL || *xdg != '/') {
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return false;
+        if (strlen(dir) + sizeof("/baton") > sizeof(dir))
+            return false;
+        strcat(dir, "/baton");
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return false;
+    if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0')
+        strcpy(host, "host");
+    host[sizeof(host) - 1] = '\0';
+    for (char *c = host; *c; c++)
+        if (*c == '/')
+            *c = '_';
+    n = snprintf(buf, size, "%s/gemm-%s.txt", dir, host);
+    return n > 0 && (size_t)n < size;
+}
+
+/* BT_GEMM_CACHE (unset: the per-host default file; "off" or empty: no
+ * file): the path, the key and the entries this key has there. */
 static void gemm_cache_open(worker_gemm_ctx_t *ctx)
 {
     const char *path = getenv("BT_GEMM_CACHE");
+    char def[4096 + 160];
 
-    if (path == NULL || *path == '\0')
+    if (path == NULL) {
+        if (!gemm_cache_default_path(def, sizeof(def))) {
+            BT_LOG_INFO("CUDA", "no default gemm cache (no writable "
+                        "~/.cache/baton); BT_GEMM_CACHE=PATH sets one");
+            return;
+        }
+        path = def;
+    }
+    if (*path == '\0' || strcmp(path, "off") == 0)
         return;
     if (!gemm_cache_key(ctx->cache_key, sizeof(ctx->cache_key))) {
         BT_LOG_WARN("CUDA", "gemm cache %s: no device key, not used", path);
