@@ -256,8 +256,6 @@ bt_status_t router_run(router_t *r)
             last_tick = now;
             router__check_liveness(r, now);
             router__check_deadlines(r, now);
-            /* A burst with nothing arriving after it is bounded too. */
-            router__shed_stale(r, now);
         }
         router__dispatch(r);
     }
