@@ -315,10 +315,29 @@ static void req_fail(bench_t *b, int i, const char *code, const char *msg)
     b->n_failed++;
 }
 
+/* Counts n output tokens that arrived at t in the 10 ms histogram. */
+static void bucket_add(bench_t *b, uint64_t t, int n)
+{
+    uint64_t k = (t - b->t0) / BENCH_BUCKET_NS;
+
+    if (k >= (uint64_t)b->cap_bucket) {
+        int cap = (int)BT_MAX(k + 1, 2 * (uint64_t)b->cap_bucket);
+        int *nb = bt_realloc(b->bucket, (size_t)cap * sizeof(int), "bench");
+        if (nb == NULL) {
+            b->oom = true;
+            return;
+        }
+        memset(nb + b->cap_bucket, 0,
+               (size_t)(cap - b->cap_bucket) * sizeof(int));
+        b->bucket = nb;
+        b->cap_bucket = cap;
+    }
+    b->bucket[k] += n;
+}
+
 static void req_token(bench_t *b, int i, int n_ids, uint64_t t)
 {
     bench_req_t *r = &b->reqs[i];
-    uint64_t k;
 
     if (r->t_first == 0) {
         r->t_first = t;
@@ -338,20 +357,7 @@ static void req_token(bench_t *b, int i, int n_ids, uint64_t t)
     }
     r->t_last = t;
     r->n_counted += n_ids;
-    k = (t - b->t0) / BENCH_BUCKET_NS;
-    if (k >= (uint64_t)b->cap_bucket) {
-        int cap = (int)BT_MAX(k + 1, 2 * (uint64_t)b->cap_bucket);
-        int *nb = bt_realloc(b->bucket, (size_t)cap * sizeof(int), "bench");
-        if (nb == NULL) {
-            b->oom = true;
-            return;
-        }
-        memset(nb + b->cap_bucket, 0,
-               (size_t)(cap - b->cap_bucket) * sizeof(int));
-        b->bucket = nb;
-        b->cap_bucket = cap;
-    }
-    b->bucket[k] += n_ids;
+    bucket_add(b, t, n_ids);
 }
 
 /* usage_out/usage_prompt: the server's counts, -1 when it sent none. */
@@ -365,6 +371,10 @@ static void req_done(bench_t *b, int i, int usage_out, int usage_prompt)
     if (r->t_first == 0) /* no token event before the end (null text) */
         r->t_first = r->t_last = r->t_done;
     r->n_out = usage_out >= 0 ? usage_out : r->n_counted;
+    if (r->n_out > r->n_counted) /* tokens without an event of their own
+                                  * (HTTP: empty text): count them at the
+                                  * end for tok_s_mid */
+        bucket_add(b, r->t_done, r->n_out - r->n_counted);
     r->n_prompt_usage = usage_prompt;
     r->state = BR_DONE;
     b->done++;
@@ -1021,7 +1031,7 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
         fprintf(f, ",\"rate\":%.6g,\"rate_label\":\"%g\"", r->rate, r->rate);
     fprintf(f, ",\"burstiness\":%g,\"concurrency\":%d,\"requests\":%d,"
             "\"warmup\":%d,\"completed\":%d,\"failed\":%d,\"ok\":%d,"
-            "\"errors\":%d,\"duration_s\":%.4f,\"req_per_s\":%.4f,"
+            "\"errors\":%d,\"duration_s\":%.6f,\"req_per_s\":%.4f,"
             "\"tok_per_s\":%.3f,\"tok_per_s_mid\":%.3f,"
             "\"input_tok_per_s\":%.3f,\"total_tok_per_s\":%.3f,"
             "\"goodput_req_per_s\":%.4f,\"good\":%d,"
@@ -1446,6 +1456,7 @@ int cli_bench_main(int argc, char **argv)
     bench_t b;
     const char *json = NULL, *plot = NULL, *lfile = NULL;
     bool have_rate = false, have_n = false, quiet = false;
+    bool router_flag = false;
     bench_result_t *res = NULL;
     FILE *jf = NULL;
     int ret = 1, n_max, max_plen;
@@ -1467,7 +1478,7 @@ int cli_bench_main(int argc, char **argv)
         if (c == -1)
             break;
         switch (c) {
-        case O_ROUTER: b.router = optarg; break;
+        case O_ROUTER: b.router = optarg; router_flag = true; break;
         case O_HTTP: b.http = optarg; break;
         case O_MODEL: b.model = optarg; break;
         case O_REQUESTS:
@@ -1530,7 +1541,7 @@ int cli_bench_main(int argc, char **argv)
                 argv[optind]);
         return 2;
     }
-    if (b.http != NULL)
+    if (b.http != NULL && !router_flag)
         b.router = NULL; /* --http wins over BATON_ROUTER */
     if ((b.router == NULL) == (b.http == NULL) ||
         (b.conc <= 0 && !have_rate)) {
@@ -1567,8 +1578,12 @@ int cli_bench_main(int argc, char **argv)
             goto out;
     } else {
         struct rlimit rl;
-        if (cli_http_url_parse(b.http, "/v1/completions", &b.url) != BT_OK)
+        bt_status_t status = cli_http_url_parse(b.http, "/v1/completions",
+                                                &b.url);
+        if (status != BT_OK) {
+            ret = status == BT_ERR_INVALID_ARG ? 2 : 1;
             goto out;
+        }
         /* one connection per request in flight: lift the fd limit */
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
             rl.rlim_cur = rl.rlim_max;
