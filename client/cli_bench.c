@@ -1114,7 +1114,7 @@ static bool write_plot(const char *path, const bench_result_t *res, int n,
     const double W = 720, H = 440, L = 80, R = 170, T = 40, B = 60;
     const char *names[3] = { "TPOT p50", "TPOT p99", "TTFT p99" };
     const char *colors[3] = { "#1f77b4", "#ff7f0e", "#d62728" };
-    double xmax = 0, ymin = INFINITY, ymax = 0, lo, hi;
+    double xmax = 0, ymin = INFINITY, ymax = 0, lo, hi, xstep;
     int order[BENCH_MAX_RATES];
     FILE *f = fopen(path, "w");
 
@@ -1148,7 +1148,15 @@ static bool write_plot(const char *path, const bench_result_t *res, int n,
     hi = ceil(log10(ymax));
     if (hi <= lo)
         hi = lo + 1;
-    xmax = xmax > 0 ? xmax * 1.1 : 1;
+    if (xmax > 0) { /* a 1-2-5 tick step, 4 to 10 ticks */
+        double raw = xmax * 1.05 / 5, mag = pow(10, floor(log10(raw)));
+        xstep = raw <= mag ? mag : raw <= 2 * mag ? 2 * mag
+                                 : raw <= 5 * mag ? 5 * mag : 10 * mag;
+        xmax = ceil(xmax * 1.05 / xstep) * xstep;
+    } else {
+        xmax = 1;
+        xstep = 0.2;
+    }
 #define PX(x) (L + (x) / xmax * (W - L - R))
 #define PY(y) (T + (hi - log10(y)) / (hi - lo) * (H - T - B))
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -1179,11 +1187,11 @@ static bool write_plot(const char *path, const bench_result_t *res, int n,
                 "text-anchor=\"end\">%g</text>\n", L, y, W - R, y, L - 6,
                 y + 4, pow(10, e));
     }
-    for (int k = 0; k <= 5; k++) {
-        double xv = xmax * k / 5, x = PX(xv);
+    for (int k = 0; k * xstep <= xmax * 1.0001; k++) {
+        double xv = k * xstep, x = PX(xv);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%g\" x2=\"%.1f\" y2=\"%g\" "
                 "stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%g\" "
-                "text-anchor=\"middle\">%.0f</text>\n", x, T, x, H - B, x,
+                "text-anchor=\"middle\">%g</text>\n", x, T, x, H - B, x,
                 H - B + 16, xv);
     }
     fprintf(f, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">output "
@@ -1217,6 +1225,11 @@ static bool write_plot(const char *path, const bench_result_t *res, int n,
                     "</title></circle>\n", PX(r->out_tokens / r->duration_s),
                     PY(v), colors[k], names[k], rs, v,
                     r->out_tokens / r->duration_s);
+            if (k == 2) /* the rate next to its TTFT point */
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" "
+                        "fill=\"#555\">%s%s</text>\n",
+                        PX(r->out_tokens / r->duration_s) + 5, PY(v) - 6,
+                        rs, r->rate > 0 ? "/s" : "");
         }
         fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" "
                 "stroke=\"%s\" stroke-width=\"2\"/><text x=\"%g\" y=\"%g\">"
