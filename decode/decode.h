@@ -90,6 +90,13 @@ typedef struct {
                               * or the configured tree (fixed) */
     const char *host_id;     /* host identity sent to the router (NULL:
                               * hostname/boot-id); see prefill.h */
+    /* Metrics (issue 40; workerproc_metrics.h): */
+    int metrics_port;        /* --metrics-port (-1: none, 0: any free) */
+    const char *metrics_host;/* address it binds ("127.0.0.1") */
+    struct workerproc_metrics_s *metrics; /* the listener the main
+                              * started (not owned; NULL: none): the
+                              * role publishes its state and counts steps
+                              * into it, and attaches its router link */
 } decode_config_t;
 
 void decode_config_init(decode_config_t *cfg);

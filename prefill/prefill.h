@@ -70,6 +70,13 @@ typedef struct {
                               * hostname/boot-id); workers with equal ids
                               * are paired over CUDA IPC / UCX shared
                               * memory, so they must really share them */
+    /* Metrics (issue 40; workerproc_metrics.h): */
+    int metrics_port;        /* --metrics-port (-1: none, 0: any free) */
+    const char *metrics_host;/* address it binds ("127.0.0.1") */
+    struct workerproc_metrics_s *metrics; /* the listener the main
+                              * started (not owned; NULL: none): the
+                              * role publishes its state and counts steps
+                              * into it, and attaches its router link */
 } prefill_config_t;
 
 void prefill_config_init(prefill_config_t *cfg);
