@@ -10,7 +10,9 @@
 #      process's /metrics URL; worker names carry this run's pid;
 #   4. a --log-dir that cannot be created is refused with a clear error;
 #   5. a worker and baton-http started without --router say on stderr
-#      which endpoint they wait on.
+#      which endpoint they wait on;
+#   6. model load progress: shown with BATON_LOAD_PROGRESS=1 (a terminal
+#      and a big checkpoint turn it on by themselves), absent otherwise.
 set -u
 B="$BATON_BIN"
 tmp=$(mktemp -d)
@@ -157,6 +159,16 @@ done
 kill -TERM $W; wait $W 2>/dev/null; W=
 grep -q "baton-http: no --router given: waiting for the router at tcp://127.0.0.1:5555 (the default" \
   "$tmp/6.err" || { cat "$tmp/6.err"; fail "baton-http: no waiting line"; }
+
+# 6: load progress.
+M="$BT_SHARED_DIR/models/aidreams260K.bin"
+BATON_LOAD_PROGRESS=1 timeout 30 "$B/baton" run --model "$M" --prompt-ids 1,2 \
+  --ids --max-tokens 2 2>"$tmp/7.err" >/dev/null || fail "run with progress"
+grep -q "loading aidreams260K.bin: .*(100%)" "$tmp/7.err" ||
+  { cat "$tmp/7.err"; fail "no load progress"; }
+timeout 30 "$B/baton" run --model "$M" --prompt-ids 1,2 --ids --max-tokens 2 \
+  2>"$tmp/8.err" >/dev/null || fail "run without progress"
+grep -q "loading aidreams" "$tmp/8.err" && fail "progress off a terminal"
 
 [ $fails = 0 ] && echo "test_up_ops: OK"
 exit $fails
