@@ -81,7 +81,7 @@ static void up_usage(FILE *out)
 
 typedef struct {
     pid_t pid;
-    char name[32];
+    char name[64];
     int role; /* 0 router, 1 prefill, 2 decode, 3 baton-http */
 } up_proc_t;
 
@@ -462,7 +462,7 @@ int cli_up_main(int argc, char **argv)
         int count = role == 1 ? n_prefill : n_decode;
         for (int i = 0; i < count; i++) {
             char *args[UP_MAX_ARGS];
-            char name[32], mport[16];
+            char name[64], mport[16];
             int a = 1;
             snprintf(name, sizeof(name), "%s-%d-%d-%s",
                      role == 1 ? "prefill" : "decode", port, i, run_tag);
