@@ -8,7 +8,9 @@
 #   3. PromQL through its HTTP API: sum(baton_router_workers) equals the
 #      worker count, every worker exports its KV gauge and its info,
 #      tokens the workers generated are counted, and no name is exported
-#      by two processes (one owner per metric name).
+#      by two processes (one owner per metric name);
+#   4. every metric name scraped is in docs/OPERATIONS.md, and every
+#      query of deploy/grafana/baton.json runs in this Prometheus.
 # Skips (exit 0 with a message) only when prometheus/promtool are not
 # installed (`make deps` installs Debian's `prometheus`).
 set -u
@@ -140,6 +142,35 @@ got=$(query 'sum(baton_router_requests_total{outcome="length"})')
 # one owner per name: no metric name comes from two jobs
 got=$(query 'count(count by (__name__) (count by (__name__, job) ({__name__=~"baton_.+"})) > 1)')
 [ "$got" = none ] || fail "$got metric names come from more than one job"
+
+# 4: every name scraped is documented; every dashboard query is valid
+# PromQL (Prometheus parses and runs each through its API).
+for f in "$tmp"/m.*; do
+  for name in $(sed -n 's/^# TYPE \([a-z_:]*\) .*/\1/p' "$f"); do
+    grep -q "\`$name\`" "$BT_SOURCE_DIR/docs/OPERATIONS.md" ||
+      fail "$name is not in docs/OPERATIONS.md"
+  done
+done
+python3 - "http://127.0.0.1:$pport/api/v1/query" \
+  "$BT_SOURCE_DIR/deploy/grafana/baton.json" <<'PY' || fail "dashboard"
+import json, sys, urllib.parse, urllib.request, urllib.error
+dash = json.load(open(sys.argv[2]))
+bad = 0
+n = 0
+for p in dash["panels"]:
+    for t in p.get("targets", []):
+        n += 1
+        url = sys.argv[1] + "?" + urllib.parse.urlencode({"query": t["expr"]})
+        try:
+            r = json.load(urllib.request.urlopen(url, timeout=5))
+        except urllib.error.HTTPError as e:
+            r = json.load(e)
+        if r.get("status") != "success":
+            print("dashboard query fails:", t["expr"], r.get("error"))
+            bad += 1
+print("dashboard: %d queries, %d failed" % (n, bad))
+sys.exit(1 if bad or n < 20 else 0)
+PY
 
 kill -TERM $PROM; wait $PROM 2>/dev/null; PROM=
 kill -TERM $UP; wait $UP; rc=$?; UP=
