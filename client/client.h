@@ -7,6 +7,19 @@
  * arrive as decoded ClientMessage envelopes (proto/client.proto):
  * TokenChunk*, then Finished or Error for each request.  Not thread-safe:
  * one thread uses a client at a time.
+ *
+ * A lost router is an error, never a hang: the socket sends ZeroMQ
+ * heartbeats (ZMTP PING; the router's libzmq answers them itself) and a
+ * socket monitor watches the connection.  When the connection drops (the
+ * router died, was stopped, or restarted) or no heartbeat answer comes
+ * within heartbeat_timeout_ms, every request in flight ends with an
+ * Error of code ERROR_ROUTER_LOST, synthesized here: the router that
+ * held them is gone, even when a new one answers a moment later.  A
+ * request that waits longer than connect_timeout_ms for a connection ends
+ * the same way.  Such a request did not finish and may be resubmitted.
+ * Late messages for those requests (a stopped router that resumes) are
+ * dropped, and a Cancel is queued for each, so a router that sees the
+ * request after all does not run it for nobody.
  */
 #ifndef BT_CLIENT_CLIENT_H
 #define BT_CLIENT_CLIENT_H
@@ -49,10 +62,41 @@ void client_request_init(client_request_t *req);
 
 typedef struct client_s client_t;
 
+typedef struct {
+    int heartbeat_ms;         /* ZMTP PING interval (500; env
+                               * BT_CLIENT_HEARTBEAT_MS) */
+    int heartbeat_timeout_ms; /* no answer this long: the router is lost
+                               * (2000; env BT_CLIENT_HEARTBEAT_TIMEOUT_MS) */
+    int connect_timeout_ms;   /* a request waits this long for a
+                               * connection, then ERROR_ROUTER_LOST (5000;
+                               * env BT_CLIENT_CONNECT_TIMEOUT_MS) */
+} client_config_t;
+
+/* Defaults, then the BT_CLIENT_* environment overrides. */
+void client_config_init(client_config_t *cfg);
+
 /* Connects to a router's client endpoint (tcp://HOST:PORT).  ZeroMQ
- * connects lazily: an unreachable router shows up as a receive timeout. */
+ * connects lazily: an unreachable router shows up, after
+ * connect_timeout_ms, as ERROR_ROUTER_LOST for the requests sent.
+ * client_create() uses client_config_init()'s configuration. */
 bt_status_t client_create(const char *endpoint, client_t **client_p);
+bt_status_t client_create_cfg(const char *endpoint,
+                              const client_config_t *cfg,
+                              client_t **client_p);
 void client_destroy(client_t **client_p);
+
+typedef enum {
+    CLIENT_ROUTER_CONNECTING = 0, /* never connected yet */
+    CLIENT_ROUTER_UP,             /* connected, heartbeats answered */
+    CLIENT_ROUTER_LOST            /* was connected, is not now */
+} client_router_state_t;
+
+/* The state of the link to the router, as of the last client_recv() (or
+ * now: pending monitor events are read first). */
+client_router_state_t client_router_state(client_t *client);
+
+/* Times the router was lost since the client was created. */
+uint64_t client_router_losses(const client_t *client);
 
 /* Sends a request; its id (unique on this client) goes to *rid_p. */
 bt_status_t client_submit(client_t *client, const client_request_t *req,
@@ -68,8 +112,11 @@ bt_status_t client_cancel(client_t *client, uint64_t rid);
 bt_status_t client_status_request(client_t *client, uint64_t *rid_p);
 
 /* Waits up to timeout_ms (-1 = forever) for the next message from the
- * router.  BT_ERR_TIMEOUT when none came; BT_ERR_FORMAT for an
- * undecodable reply.  The caller frees *msg_p with proto_client_free(). */
+ * router, or for an ERROR_ROUTER_LOST this library synthesized for a
+ * request in flight.  BT_ERR_TIMEOUT when none came; BT_ERR_FORMAT for an
+ * undecodable reply.  The caller frees *msg_p with proto_client_free().
+ * Loss detection runs inside this call: callers with their own loop call
+ * it at least every few hundred milliseconds. */
 bt_status_t client_recv(client_t *client, int timeout_ms,
                         Baton__ClientMessage **msg_p);
 
@@ -80,7 +127,8 @@ uint64_t client_msg_request_id(const Baton__ClientMessage *msg);
  * messages (ZeroMQ's ZMQ_FD), for callers that run their own epoll/poll
  * loop: when it polls readable, and after every send, drain with
  * client_recv(client, 0, ...) until BT_ERR_TIMEOUT (the fd is
- * edge-triggered).  BT_ERR_NET when ZeroMQ cannot give it. */
+ * edge-triggered); also call it on a timer (a lost router does not make
+ * this fd readable).  BT_ERR_NET when ZeroMQ cannot give it. */
 bt_status_t client_fd(client_t *client, int *fd_p);
 
 /* A human name for an error code ("overloaded"). */

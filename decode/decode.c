@@ -14,6 +14,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "decode_budget.h"
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "kv/kv_transport_stage.h"
@@ -24,6 +25,7 @@
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
+#define DECODE_PREFILL_FLOOR 128 /* prompt tokens a step always may take */
 /* A KvReady over the staged transport comes after every layer's commit
  * landed; only the last host-to-device copies may still run.  Longer
  * than this means something broke: fail it (the router retries). */
@@ -119,6 +121,10 @@ struct decode_s {
                                    are released (0: none) */
     bool kv_on_device;          /* backend KV in GPU memory (cuda) */
     int prefill_budget_left;    /* tokens local prefill may use this step */
+    double tps;                 /* local prefill tokens/s, moving average */
+    decode_budget_t cost;       /* step cost model: prefill tokens a step
+                                   may take under --tpot-target-ms */
+    int n_prefill_fed;          /* prompt tokens in the step in flight */
     volatile sig_atomic_t stop;
     bool draining;
     workerproc_link_t *link;    /* sessions, acks, the heartbeat thread */
@@ -180,6 +186,7 @@ void decode_config_init(decode_config_t *cfg)
     cfg->kv_stage = true;
     cfg->kv_stage_direct = true;
     spec_config_init(&cfg->spec);
+    cfg->tpot_target_ms = 0;
 }
 
 /* --spec-head: the draft head, the speculative decoder and its step
@@ -388,6 +395,7 @@ static void publish_beat(decode_t *dec, bool now)
     b.total_kv = (uint32_t)kv_allocator_total(dec->kv);
     b.has_reserved = true;
     b.reserved = (uint32_t)reserved_blocks(dec);
+    b.prefill_tokens_per_s = dec->tps;
     if (dec->spec != NULL) {
         spec_stats_t st;
 
@@ -1229,6 +1237,9 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
     }
     r->local = false;
     r->local_done = true;
+    /* The reservation's clock starts again: it waited for this worker's
+     * own prefill queue, not for a remote writer. */
+    r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     r->expires_ns = bt_time_ns() +
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     done.has_request_id = 1;
@@ -1618,8 +1629,14 @@ static void step(decode_t *dec)
     n_decode = n_rows = n;
     /* Aggregated mode: prompt chunks fill what the decode tokens left of
      * the step's budget (decode first: running streams never stall). */
+    dec->n_prefill_fed = 0;
     if (dec->cfg.can_prefill && dec->engine != NULL) {
-        int budget = dec->budget - n_decode;
+        /* Under a TPOT target the running streams' step time bounds the
+         * prompt tokens (decode_budget.h); a floor keeps prompts moving. */
+        int budget = decode_budget_prefill_tokens(
+            &dec->cost, n_decode, dec->cfg.tpot_target_ms,
+            dec->budget - n_decode,
+            BT_MIN(dec->budget - n_decode, DECODE_PREFILL_FLOOR));
         for (int i = 0; i < dec->cfg.max_reservations && n < dec->max_seqs &&
                         budget > 0; i++) {
             decode_resv_t *r = &dec->resv[i];
@@ -1647,6 +1664,7 @@ static void step(decode_t *dec)
             dec->pmap[n - n_decode] = r;
             n++;
             budget -= take;
+            dec->n_prefill_fed += take;
         }
     }
     t1 = bt_time_ns();
@@ -1676,6 +1694,15 @@ static void step(decode_t *dec)
         dec->t_wait_ns += bt_time_ns() - t3;
     } else {
         emit_pending(dec);
+    }
+    if (n > n_decode && status == BT_OK && bt_time_ns() > t1) {
+        /* Local prefill rate (aggregated): the router's prefill
+         * deadlines for this worker come from it. */
+        double fed = 0, rate;
+        for (int i = n_decode; i < n; i++)
+            fed += dec->bseqs[i].n_tokens;
+        rate = fed * 1e9 / (double)(bt_time_ns() - t1);
+        dec->tps = dec->tps > 0 ? 0.8 * dec->tps + 0.2 * rate : rate;
     }
     t1 = bt_time_ns();
     dec->steps++;
@@ -1733,6 +1760,8 @@ static void step(decode_t *dec)
         dec->emit_tok[dec->n_emit++] = tok;
     }
     dec->t_post_ns += bt_time_ns() - t1;
+    decode_budget_observe(&dec->cost, n_decode, dec->n_prefill_fed,
+                          (double)(bt_time_ns() - t0) * 1e-6);
     dec->n_timed++;
     log_step_times(dec, false);
     if (dec->cfg.step_delay_ms > 0)
@@ -1754,7 +1783,11 @@ static void expire(decode_t *dec)
     for (int i = 0; i < dec->cfg.max_reservations; i++) {
         decode_resv_t *r = &dec->resv[i];
         decode_quarantine_t *q = &dec->quar[i];
-        if (r->used && now > r->expires_ns) {
+        /* A prompt prefilled here (aggregated) waits for this worker's
+         * own steps, not for a remote writer: it never expires while
+         * queued (a cold burst of long prompts took longer than the
+         * timeout and lost every request behind it; issue 36). */
+        if (r->used && !r->local && now > r->expires_ns) {
             BT_LOG_WARN("KV", "reservation of request %llu expired: its KV "
                         "never arrived", (unsigned long long)r->id);
             resv_free(dec, r, false);
@@ -1866,6 +1899,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         return BT_ERR_NO_MEMORY;
     dec->cfg = *cfg;
     dec->next_epoch = bt_time_ns(); /* grows across restarts too */
+    decode_budget_init(&dec->cost);
     workerproc_name_init(dec->name, sizeof(dec->name), cfg->name, "decode");
     if (cfg->max_reservations <= 0 || b->max_seqs <= 0) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "DECODE",

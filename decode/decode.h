@@ -61,6 +61,10 @@ typedef struct {
     engine_config_t engine;  /* model, tokenizer, --kv-blocks, --block-size */
     bool null_model;         /* no model: deterministic instant tokens */
     int step_tokens;         /* token budget per step (0 = max_batch_tokens) */
+    double tpot_target_ms;   /* --role both: prompt tokens per step are
+                                bounded so that steps with running streams
+                                stay under this (learned step cost,
+                                decode_budget.h); 0 = no bound */
     int kv_timeout_ms;       /* reservation without KV is freed (30000) */
     int quarantine_ms;       /* UCX: blocks of an aborted reservation (2000) */
     int max_reservations;    /* concurrent reservations = UCX slots (1024) */

@@ -34,6 +34,10 @@ static void usage(FILE *out)
         "  --max-batch-tokens N   tokens per forward (2048)\n"
         "  --max-seqs N           sequences per step (64)\n"
         "  --step-tokens N        token budget per step (0 = max-batch-tokens)\n"
+        "  --tpot-target-ms T     --role both: bound the prompt tokens of a\n"
+        "                         step so that steps with running streams\n"
+        "                         stay under T ms (learned step cost; at\n"
+        "                         least 128 tokens; 0 = no bound, default)\n"
         "  --kv-timeout-ms N      free a reservation whose KV never came (30000)\n"
         "  --no-ucx               do not register the pool with UCX\n"
         "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"
@@ -72,6 +76,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         WORKER_CTL_OPTIONS,
         { "step-tokens", required_argument, 0, 'c' },
+        { "tpot-target-ms", required_argument, 0, 1100 },
         { "max-seqs", required_argument, 0, 'S' },
         { "kv-timeout-ms", required_argument, 0, 'K' },
         { "kv-pool-malloc", no_argument, 0, 'M' },
@@ -104,6 +109,9 @@ int main(int argc, char **argv)
         } else {
             switch (c) {
             case 'c': bad = bt_parse_int(optarg, &cfg.step_tokens) != BT_OK;
+                break;
+            case 1100: bad = bt_parse_double(optarg, &cfg.tpot_target_ms) !=
+                                 BT_OK || cfg.tpot_target_ms < 0;
                 break;
             case 'S': bad = bt_parse_int(optarg, &b->max_seqs) != BT_OK; break;
             case 'K': bad = bt_parse_int(optarg, &cfg.kv_timeout_ms) != BT_OK;

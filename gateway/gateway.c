@@ -39,6 +39,7 @@
 #define TICK_MS 50
 #define LINGER_MS 2000
 #define READ_CHUNK 16384
+#define CONTEXT_POLL_MS 2000 /* how often the cluster context is asked */
 
 void gateway_config_init(gateway_config_t *cfg)
 {
@@ -47,6 +48,9 @@ void gateway_config_init(gateway_config_t *cfg)
     cfg->listen = "127.0.0.1:8000";
     cfg->model_name = "baton";
     cfg->max_connections = 1024;
+    cfg->max_conns_per_client = 128;
+    cfg->header_timeout_ms = 5000;
+    cfg->max_token_bytes = 128;
     cfg->max_header_bytes = 16384;
     cfg->max_body_bytes = 4u << 20;
     cfg->read_timeout_ms = 10000;
@@ -77,6 +81,8 @@ typedef enum {
 
 typedef struct {
     int fd;                  /* client socket, non-blocking */
+    uint8_t addr[16];        /* client address (IPv4: first 4 bytes) */
+    uint8_t addr_len;        /* 4, 16, or 0 when unknown */
     int slot;                /* index in gw->conns */
     uint32_t gen;            /* slot generation (stale-event guard) */
     conn_state_t state;
@@ -138,6 +144,10 @@ struct gateway_s {
     gateway_metrics_t metrics;
     gateway_buf_t scratch;       /* event JSON under construction */
     uint64_t id_counter;         /* response ids */
+    uint32_t max_context;        /* cluster context (tokens), 0 unknown */
+    uint64_t ctx_rid;            /* our own status request, 0 none */
+    uint64_t t_ctx_asked;        /* when it was sent (ns) */
+    uint64_t losses_seen;        /* client_router_losses() last sweep */
     volatile sig_atomic_t stop;
 };
 
@@ -404,6 +414,7 @@ static void conn_respond_error(gateway_t *gw, conn_t *conn,
                                const char *extra)
 {
     gateway_buf_t *b = &gw->scratch;
+    char retry[48];
 
     b->len = 0;
     if (gateway__api_error_json(err, b) != BT_OK ||
@@ -411,8 +422,13 @@ static void conn_respond_error(gateway_t *gw, conn_t *conn,
         conn_kill(gw, conn);
         return;
     }
-    if (extra == NULL && (err->status == 429 || err->status == 503))
-        extra = "Retry-After: 1\r\n";
+    if (extra == NULL && (err->status == 429 || err->status == 503 ||
+                          err->retry_after_ms > 0)) {
+        unsigned secs = (err->retry_after_ms + 999) / 1000;
+        snprintf(retry, sizeof(retry), "Retry-After: %u\r\n",
+                 secs > 0 ? secs : 1);
+        extra = retry;
+    }
     if (err->status >= 500 && err->status != 503 && err->status != 504)
         BT_LOG_WARN("HTTP", "%d: %s", err->status, err->message);
     conn_respond(gw, conn, err->status, "application/json", b->data, b->len,
@@ -583,14 +599,32 @@ static void generation_fail(gateway_t *gw, conn_t *conn,
     conn_respond_error(gw, conn, err, NULL);
 }
 
+static void respond_health(gateway_t *gw, conn_t *conn,
+                           const Baton__ClusterStatus *cs);
+static void respond_metrics(gateway_t *gw, conn_t *conn,
+                            const Baton__ClusterStatus *cs);
+
 static void on_error(gateway_t *gw, conn_t *conn, const Baton__Error *e)
 {
     gateway_api_error_t err;
+    conn_job_t job = conn->job;
 
-    if (conn->job != JOB_GENERATE)
+    if (job == JOB_HEALTH || job == JOB_METRICS) {
+        /* the status request was lost with the router */
+        conn_job_drop(gw, conn, false);
+        if (job == JOB_HEALTH)
+            respond_health(gw, conn, NULL);
+        else
+            respond_metrics(gw, conn, NULL);
+        return;
+    }
+    if (job != JOB_GENERATE)
         return;
     conn_job_drop(gw, conn, false);
-    gateway__api_error_from_router(e->code, e->message, &err);
+    gateway__api_error_from_router(e->code, e->message,
+                                   e->has_retry_after_ms ? e->retry_after_ms
+                                                         : 0,
+                                   &err);
     generation_fail(gw, conn, &err);
 }
 
@@ -602,8 +636,10 @@ static void respond_health(gateway_t *gw, conn_t *conn,
     int n;
 
     if (cs == NULL) {
-        n = snprintf(body, sizeof(body),
-                     "{\"status\":\"router_unreachable\"}\n");
+        n = snprintf(body, sizeof(body), "{\"status\":\"%s\"}\n",
+                     client_router_state(gw->client) == CLIENT_ROUTER_LOST
+                         ? "router_lost"
+                         : "router_unreachable");
         conn_respond(gw, conn, 503, "application/json", body, (size_t)n,
                      "Retry-After: 1\r\n");
         return;
@@ -674,6 +710,17 @@ static void drain_router(gateway_t *gw)
             continue; /* logged by the client library */
         if (status != BT_OK)
             return;
+        if (gw->ctx_rid != 0 && client_msg_request_id(m) == gw->ctx_rid) {
+            if (m->body_case == BATON__CLIENT_MESSAGE__BODY_STATUS &&
+                m->status->has_max_context)
+                gw->max_context = m->status->max_context;
+            gw->ctx_rid = 0;
+            proto_client_free(&m);
+            continue;
+        }
+        if (m->body_case == BATON__CLIENT_MESSAGE__BODY_STATUS &&
+            m->status->has_max_context && m->status->max_context > 0)
+            gw->max_context = m->status->max_context;
         conn = map_get(gw, client_msg_request_id(m));
         if (conn != NULL && !conn->dead) {
             switch (m->body_case) {
@@ -702,6 +749,47 @@ static void drain_router(gateway_t *gw)
 // ---------------------------------------------------------------------------
 // Requests
 
+/* True (err set: 400 context_length_exceeded) when the prompt cannot fit
+ * the cluster's context, so that no worker spends time on it.  Token ids
+ * are counted exactly.  Text is bounded by bytes first (a token is at
+ * most tok_max_piece_len bytes, or --max-token-bytes without a
+ * tokenizer), then, with a tokenizer and a prompt near the bound,
+ * counted exactly. */
+static bool prompt_too_long(gateway_t *gw, const gateway_api_req_t *areq,
+                            gateway_api_error_t *err)
+{
+    uint32_t ctx = gw->max_context;
+    size_t bytes, per_token, n_tokens = 0;
+
+    if (ctx == 0)
+        return false; /* not known yet: the router checks */
+    if (areq->req.n_prompt_ids > 0) {
+        n_tokens = (size_t)areq->req.n_prompt_ids;
+    } else if (areq->req.prompt != NULL) {
+        bytes = strlen(areq->req.prompt);
+        per_token = gw->tok ? (size_t)BT_MAX(tok_max_piece_len(gw->tok), 1)
+                            : (size_t)gw->cfg.max_token_bytes;
+        n_tokens = (bytes + per_token - 1) / per_token; /* a lower bound */
+        if (n_tokens < ctx && gw->tok != NULL && bytes + 1 >= ctx &&
+            bytes <= (1u << 20)) {
+            int *ids = NULL, n = 0;
+            if (tok_encode(gw->tok, areq->req.prompt, bytes,
+                           areq->req.add_bos && tok_adds_bos(gw->tok), &ids,
+                           &n) == BT_OK)
+                n_tokens = (size_t)n;
+            bt_free(ids);
+        }
+    }
+    if (n_tokens < ctx)
+        return false;
+    gateway__api_error_set(err, 400, "invalid_request_error",
+                           "context_length_exceeded", "prompt",
+                           "the prompt is %s%zu tokens, the context is %u",
+                           areq->req.n_prompt_ids > 0 ? "" : "at least ",
+                           n_tokens, ctx);
+    return true;
+}
+
 static void start_generation(gateway_t *gw, conn_t *conn,
                              gateway_api_kind_t kind, const char *body,
                              size_t len)
@@ -711,7 +799,20 @@ static void start_generation(gateway_t *gw, conn_t *conn,
     uint64_t rid;
     bt_status_t status;
 
+    if (client_router_state(gw->client) == CLIENT_ROUTER_LOST) {
+        /* fail fast rather than queue behind a router that is gone */
+        respond_simple_error(gw, conn, 503, "service_unavailable",
+                             "router_unreachable",
+                             "the baton router is unreachable", NULL);
+        return;
+    }
     if (gateway__api_parse(&gw->api, kind, body, len, &areq, &err) != BT_OK) {
+        conn_respond_error(gw, conn, &err, NULL);
+        return;
+    }
+    if (prompt_too_long(gw, &areq, &err)) {
+        gateway__api_req_cleanup(&areq);
+        gw->metrics.edge_too_long++;
         conn_respond_error(gw, conn, &err, NULL);
         return;
     }
@@ -750,7 +851,8 @@ static void start_status(gateway_t *gw, conn_t *conn, conn_job_t job)
 {
     uint64_t rid;
 
-    if (client_status_request(gw->client, &rid) != BT_OK) {
+    if (client_router_state(gw->client) != CLIENT_ROUTER_UP ||
+        client_status_request(gw->client, &rid) != BT_OK) {
         if (job == JOB_HEALTH)
             respond_health(gw, conn, NULL);
         else
@@ -964,6 +1066,64 @@ static void on_readable(gateway_t *gw, conn_t *conn, uint32_t events)
         conn_update_events(gw, conn);
 }
 
+/* Open connections from one client address. */
+static int conns_from(const gateway_t *gw, const uint8_t *addr, size_t len)
+{
+    int n = 0;
+
+    for (int i = 0; i < gw->cfg.max_connections; i++) {
+        const conn_t *c = gw->conns[i];
+        n += c != NULL && !c->dead && c->addr_len == len &&
+             memcmp(c->addr, addr, len) == 0;
+    }
+    return n;
+}
+
+/* All connections are taken: closes the one that has waited longest for
+ * a request to start or finish arriving (idle keep-alive, or a slow or
+ * never-finished request: slowloris).  Connections with a request at the
+ * router or output to send are never taken.  Without this, half-open
+ * connections from many addresses would keep real clients out (503)
+ * until their timeouts. */
+static void evict_one(gateway_t *gw)
+{
+    conn_t *victim = NULL;
+    uint64_t oldest = UINT64_MAX;
+
+    for (int i = 0; i < gw->cfg.max_connections; i++) {
+        conn_t *c = gw->conns[i];
+        uint64_t since;
+        if (c == NULL || c->dead || c->out.len > 0 ||
+            (c->state != CONN_READ && c->state != CONN_LINGER))
+            continue;
+        since = c->t_req_start != 0 ? c->t_req_start : c->t_activity;
+        if (c->state == CONN_LINGER)
+            since = 0; /* done already: first to go */
+        if (since < oldest) {
+            oldest = since;
+            victim = c;
+        }
+    }
+    if (victim == NULL)
+        return;
+    gw->metrics.evicted_conns++;
+    conn_kill(gw, victim);
+    /* Freed now, for its slot: out of the turn's dead and dirty lists
+     * first, so nothing touches it later in this turn (stale epoll
+     * events are caught by the slot generation). */
+    for (int i = 0; i < gw->n_dead; i++)
+        if (gw->dead[i] == victim) {
+            gw->dead[i] = gw->dead[--gw->n_dead];
+            break;
+        }
+    for (int i = 0; victim->in_dirty && i < gw->n_dirty; i++)
+        if (gw->dirty[i] == victim) {
+            gw->dirty[i] = gw->dirty[--gw->n_dirty];
+            break;
+        }
+    conn_free(gw, victim);
+}
+
 static void accept_all(gateway_t *gw)
 {
     static const char busy_body[] =
@@ -978,9 +1138,13 @@ static void accept_all(gateway_t *gw)
 
     for (;;) {
         struct epoll_event ev;
+        struct sockaddr_storage ss;
+        socklen_t ss_len = sizeof(ss);
+        uint8_t addr[16];
+        uint8_t addr_len = 0;
         conn_t *conn;
         int one = 1, slot;
-        int fd = accept4(gw->listen_fd, NULL, NULL,
+        int fd = accept4(gw->listen_fd, (struct sockaddr *)&ss, &ss_len,
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
 
         if (fd < 0) {
@@ -991,6 +1155,24 @@ static void accept_all(gateway_t *gw)
             return;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (ss.ss_family == AF_INET) {
+            memcpy(addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+            addr_len = 4;
+        } else if (ss.ss_family == AF_INET6) {
+            memcpy(addr, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+            addr_len = 16;
+        }
+        if (gw->cfg.max_conns_per_client > 0 && addr_len > 0 &&
+            conns_from(gw, addr, addr_len) >= gw->cfg.max_conns_per_client) {
+            ssize_t n = send(fd, busy, (size_t)busy_len, MSG_NOSIGNAL);
+            (void)n;
+            gw->metrics.rejected_conns++;
+            gateway__metrics_request(&gw->metrics, GATEWAY_EP_OTHER, 503);
+            close(fd);
+            continue;
+        }
+        if (gw->n_conns >= gw->cfg.max_connections)
+            evict_one(gw);
         if (gw->n_conns >= gw->cfg.max_connections) {
             ssize_t n = send(fd, busy, (size_t)busy_len, MSG_NOSIGNAL);
             (void)n;
@@ -1007,6 +1189,8 @@ static void accept_all(gateway_t *gw)
             continue;
         }
         conn->fd = fd;
+        memcpy(conn->addr, addr, sizeof(addr));
+        conn->addr_len = addr_len;
         conn->slot = slot;
         conn->gen = ++gw->gens[slot];
         conn->state = CONN_READ;
@@ -1027,6 +1211,42 @@ static void accept_all(gateway_t *gw)
     }
 }
 
+/* True when the pending request's headers have all arrived. */
+static bool headers_complete(const conn_t *conn)
+{
+    return conn->in.len >= 4 &&
+           (memmem(conn->in.data, conn->in.len, "\r\n\r\n", 4) != NULL ||
+            memmem(conn->in.data, conn->in.len, "\n\n", 2) != NULL);
+}
+
+/* The router link: counts losses, and keeps the cluster's context length
+ * fresh (asked every CONTEXT_POLL_MS while the link is up). */
+static void router_watch(gateway_t *gw, uint64_t now)
+{
+    client_router_state_t st = client_router_state(gw->client);
+    uint64_t losses = client_router_losses(gw->client);
+    uint64_t rid;
+
+    if (losses != gw->losses_seen) {
+        gw->metrics.router_lost += losses - gw->losses_seen;
+        gw->losses_seen = losses;
+        BT_LOG_WARN("HTTP", "router lost: requests in flight failed (502), "
+                    "/health is 503 until it is back");
+    }
+    if (st != CLIENT_ROUTER_UP)
+        return;
+    if (gw->ctx_rid != 0 &&
+        now - gw->t_ctx_asked < 4ull * CONTEXT_POLL_MS * 1000000ull)
+        return; /* still waiting (an unanswered one is given up later) */
+    if (gw->ctx_rid == 0 && gw->t_ctx_asked != 0 &&
+        now - gw->t_ctx_asked < CONTEXT_POLL_MS * 1000000ull)
+        return;
+    if (client_status_request(gw->client, &rid) == BT_OK) {
+        gw->ctx_rid = rid;
+        gw->t_ctx_asked = now;
+    }
+}
+
 /* Timeouts: slow request senders (408), idle keep-alive connections,
  * stalled readers, router requests past their time (504), lingering
  * closes. */
@@ -1034,6 +1254,7 @@ static void sweep(gateway_t *gw, uint64_t now)
 {
     uint64_t ms = 1000000ull;
 
+    router_watch(gw, now);
     for (int i = 0; i < gw->cfg.max_connections; i++) {
         conn_t *conn = gw->conns[i];
 
@@ -1047,8 +1268,11 @@ static void sweep(gateway_t *gw, uint64_t now)
         switch (conn->state) {
         case CONN_READ:
             if (conn->t_req_start != 0 &&
-                now - conn->t_req_start >
-                    (uint64_t)gw->cfg.read_timeout_ms * ms) {
+                (now - conn->t_req_start >
+                     (uint64_t)gw->cfg.read_timeout_ms * ms ||
+                 (now - conn->t_req_start >
+                      (uint64_t)gw->cfg.header_timeout_ms * ms &&
+                  !headers_complete(conn)))) {
                 conn->keep_alive = false;
                 conn->ep = GATEWAY_EP_OTHER;
                 conn->in.len = 0;

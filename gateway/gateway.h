@@ -9,6 +9,13 @@
  * SSE events (stream) or are gathered into one JSON response.  A client
  * that disconnects mid-request has its request cancelled at the router.
  *
+ * The edge protects the cluster: prompts longer than the cluster's
+ * context (from the router's ClusterStatus) are refused here with 400
+ * before any worker sees them; bodies over max_body_bytes get 413; a
+ * router OVERLOADED error becomes 429 with Retry-After; a lost router
+ * fails the requests in flight with 502 router_lost (or an SSE error
+ * event) and makes /health 503.
+ *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions,
  * GET /v1/models[/ID], GET /health, GET /metrics (Prometheus).
  */
@@ -31,9 +38,16 @@ typedef struct {
     const char *tokenizer;       /* tokenizer path for chat (may be NULL) */
     const char *chat_template;   /* template name; NULL: detect */
     const char *model_type;      /* config.json model_type hint, or NULL */
-    int max_connections;         /* open connections (1024) */
+    int max_connections;         /* open connections (1024); when all are
+                                  * taken, the one idle longest or slowest
+                                  * to send its request is closed for a
+                                  * new one (slowloris cannot fill them) */
+    int max_conns_per_client;    /* open connections per client address
+                                  * (128; 0 = no limit) */
     size_t max_header_bytes;     /* request line + headers (16 KiB) */
     size_t max_body_bytes;       /* request body (4 MiB) */
+    int header_timeout_ms;       /* a started request's headers must
+                                  * arrive (5 s) */
     int read_timeout_ms;         /* a started request must arrive (10 s) */
     int idle_timeout_ms;         /* idle keep-alive connection (60 s) */
     int write_timeout_ms;        /* output stalled this long: close (30 s) */
@@ -41,6 +55,9 @@ typedef struct {
     int status_timeout_ms;       /* /health, /metrics router wait (1 s) */
     uint32_t deadline_ms;        /* router deadline per request (0 none) */
     size_t max_stream_buffer;    /* unsent stream bytes before close (8 MiB) */
+    int max_token_bytes;         /* without a tokenizer: text prompts of
+                                  * more than context * this many bytes are
+                                  * refused here as too long (128) */
 } gateway_config_t;
 
 void gateway_config_init(gateway_config_t *cfg);

@@ -28,6 +28,7 @@ void gateway__api_error_set(gateway_api_error_t *err, int status,
     err->status = status;
     err->type = type;
     err->code = code;
+    err->retry_after_ms = 0;
     snprintf(err->param, sizeof(err->param), "%s", param ? param : "");
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof(err->message), fmt, ap);
@@ -561,6 +562,7 @@ bt_status_t gateway__api_error_json(const gateway_api_error_t *err,
 }
 
 void gateway__api_error_from_router(int router_code, const char *message,
+                                    uint32_t retry_after_ms,
                                     gateway_api_error_t *err)
 {
     const char *msg = message != NULL ? message : "";
@@ -594,12 +596,19 @@ void gateway__api_error_from_router(int router_code, const char *message,
         gateway__api_error_set(err, 502, "server_error", "worker_failed",
                                NULL, "%s", msg);
         break;
+    case BATON__ERROR_CODE__ERROR_ROUTER_LOST:
+        /* The router died or stopped answering with the request in
+         * flight: a gateway error; the request may be sent again. */
+        gateway__api_error_set(err, 502, "server_error", "router_lost",
+                               NULL, "%s", msg);
+        break;
     default:
         gateway__api_error_set(err, 500, "server_error",
                                client_error_name(router_code), NULL, "%s",
                                msg);
         break;
     }
+    err->retry_after_ms = retry_after_ms;
 }
 
 static void add_usage(cJSON *root, const gateway_api_resp_t *r)

@@ -117,6 +117,8 @@ typedef struct {
     const char *code;    /* NULL -> null */
     char param[64];      /* "" -> null */
     char message[320];
+    uint32_t retry_after_ms; /* Retry-After hint (0: none; 429 and 503
+                              * then say 1 s) */
 } gateway_api_error_t;
 
 void gateway__api_error_set(gateway_api_error_t *err, int status,
@@ -153,8 +155,10 @@ void gateway__api_req_cleanup(gateway_api_req_t *r);
 bt_status_t gateway__api_error_json(const gateway_api_error_t *err,
                                     gateway_buf_t *out);
 
-/* Maps a router error code to an OpenAI error (status, type, code). */
+/* Maps a router error (code, message, retry hint in ms or 0) to an OpenAI
+ * error (status, type, code, Retry-After). */
 void gateway__api_error_from_router(int router_code, const char *message,
+                                    uint32_t retry_after_ms,
                                     gateway_api_error_t *err);
 
 /* One response or stream event of a generation, as JSON text appended to
@@ -205,7 +209,12 @@ typedef struct {
     uint64_t prompt_tokens;
     uint64_t completion_tokens;
     uint64_t cancelled;       /* client went away mid-request */
-    uint64_t rejected_conns;  /* over --max-connections */
+    uint64_t rejected_conns;  /* over --max-connections or
+                                 --max-conns-per-client */
+    uint64_t evicted_conns;   /* idle or unfinished requests closed to
+                                 make room for a new connection */
+    uint64_t edge_too_long;   /* prompts refused here as over the context */
+    uint64_t router_lost;     /* times the router link was lost */
     int in_flight;            /* generation requests at the router */
     int connections;          /* open client connections */
     bt_prom_hist_t ttft;

@@ -39,13 +39,22 @@ static void usage(FILE *out)
         "                         HF directory) for chat prompts\n"
         "  --chat-template NAME   llama3, chatml, qwen, mistral, llama2, plain\n"
         "                         (default: from the tokenizer, else plain)\n"
-        "  --max-connections N    open client connections (1024)\n"
+        "  --max-connections N    open client connections (1024); when all\n"
+        "                         are taken, the one idle longest or slowest\n"
+        "                         to send its request is closed for the new\n"
+        "  --max-conns-per-client N  connections per client address (128;\n"
+        "                         0 = no limit; raise it behind a proxy)\n"
+        "  --header-timeout-ms N  a started request's headers must arrive\n"
+        "                         within (5000)\n"
         "  --max-header-bytes N   request line + headers (16384)\n"
         "  --max-body-bytes N     request body (4194304)\n"
         "  --read-timeout-ms N    a started request must arrive within (10000)\n"
         "  --idle-timeout-ms N    idle keep-alive connections close (60000)\n"
         "  --write-timeout-ms N   stalled readers are dropped (30000)\n"
         "  --request-timeout-ms N no router answer: 504 (600000)\n"
+        "  --max-token-bytes N    without a tokenizer, a text prompt over\n"
+        "                         context x N bytes is refused as too long\n"
+        "                         before the router sees it (128)\n"
         "  --deadline-ms N        router deadline of every request (0 = none;\n"
         "                         a request's \"deadline_ms\" field overrides)\n"
         "  --help\n"
@@ -53,6 +62,12 @@ static void usage(FILE *out)
         "GET /v1/models, GET /metrics, GET /health (200 once the router\n"
         "has a worker that can prefill and one that decodes: readiness),\n"
         "GET /livez (200 while this process serves: liveness).\n"
+        "Prompts over the cluster's context get 400 here (token ids, text\n"
+        "bounded by bytes, counted with --tokenizer); bodies over\n"
+        "--max-body-bytes 413; router overload 429 with Retry-After.  A lost\n"
+        "router (dead, stopped, restarted: noticed within ~2 s by ZeroMQ\n"
+        "heartbeats) fails requests in flight with 502 router_lost (an SSE\n"
+        "error event once a stream began); they may be sent again.\n"
         "SIGTERM/SIGINT: stop (in-flight requests are cancelled).\n");
 }
 
@@ -82,6 +97,9 @@ int main(int argc, char **argv)
         { "write-timeout-ms", required_argument, 0, 'W' },
         { "request-timeout-ms", required_argument, 0, 'T' },
         { "deadline-ms", required_argument, 0, 'D' },
+        { "max-conns-per-client", required_argument, 0, 'P' },
+        { "header-timeout-ms", required_argument, 0, 'E' },
+        { "max-token-bytes", required_argument, 0, 'K' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -148,6 +166,21 @@ int main(int argc, char **argv)
             if (parse_int_opt("--deadline-ms", optarg, 0, &v))
                 return 2;
             cfg.deadline_ms = (uint32_t)v;
+            break;
+        case 'P':
+            if (parse_int_opt("--max-conns-per-client", optarg, 0,
+                              &cfg.max_conns_per_client))
+                return 2;
+            break;
+        case 'E':
+            if (parse_int_opt("--header-timeout-ms", optarg, 1,
+                              &cfg.header_timeout_ms))
+                return 2;
+            break;
+        case 'K':
+            if (parse_int_opt("--max-token-bytes", optarg, 1,
+                              &cfg.max_token_bytes))
+                return 2;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -132,10 +132,25 @@ bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
       "baton_http_requests_cancelled_total %llu\n",
       (unsigned long long)m->cancelled);
     P("# HELP baton_http_connections_rejected_total Connections refused "
-      "over --max-connections.\n"
+      "over --max-connections or --max-conns-per-client.\n"
       "# TYPE baton_http_connections_rejected_total counter\n"
       "baton_http_connections_rejected_total %llu\n",
       (unsigned long long)m->rejected_conns);
+    P("# HELP baton_http_connections_evicted_total Idle connections or "
+      "unfinished requests closed to make room for a new connection.\n"
+      "# TYPE baton_http_connections_evicted_total counter\n"
+      "baton_http_connections_evicted_total %llu\n",
+      (unsigned long long)m->evicted_conns);
+    P("# HELP baton_http_prompts_too_long_total Prompts refused here as "
+      "longer than the cluster's context, before any worker saw them.\n"
+      "# TYPE baton_http_prompts_too_long_total counter\n"
+      "baton_http_prompts_too_long_total %llu\n",
+      (unsigned long long)m->edge_too_long);
+    P("# HELP baton_http_router_lost_total Times the router connection was "
+      "lost (requests in flight failed with 502 router_lost).\n"
+      "# TYPE baton_http_router_lost_total counter\n"
+      "baton_http_router_lost_total %llu\n",
+      (unsigned long long)m->router_lost);
     P("# HELP baton_http_requests_in_flight Generation requests waiting on "
       "the router.\n# TYPE baton_http_requests_in_flight gauge\n"
       "baton_http_requests_in_flight %d\n", m->in_flight);

@@ -47,6 +47,13 @@ typedef struct {
     int drain_timeout_ms;   /* longest drain on SIGTERM (30000) */
     int max_retries;        /* re-prefills after worker failures (3) */
     int max_inflight;       /* requests past the queue (0 = no limit) */
+    int max_queue_wait_ms;  /* overload bound: when a request arrives,
+                             * first attempts queued longer than this
+                             * (while workers serve) end OVERLOADED with
+                             * a retry hint, and so does the new one
+                             * while any had to; 0 = no bound (the
+                             * config_init default; baton-router's is
+                             * 1000) */
     const char *kv_transport; /* "auto" (default), "ucx", "cuda-ipc",
                                * "ucx-stage" or "inline": KV transport
                                * per prefill/decode pair; a forced one

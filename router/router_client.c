@@ -103,9 +103,80 @@ void router__send_req_error(router_t *r, router_req_t *req,
                             req->client_rid, code, "%s", text);
 }
 
+// ---------------------------------------------------------------------------
+// Overload
+
+#define ROUTER_RETRY_MIN_MS 1000u  /* shortest retry hint */
+#define ROUTER_RETRY_MAX_MS 30000u /* longest retry hint */
+
+/* An OVERLOADED error carrying a retry hint (Error.retry_after_ms). */
+static void send_overloaded(router_t *r, const uint8_t *cid, size_t cid_len,
+                            uint64_t rid, uint32_t retry_ms, const char *text)
+{
+    Baton__ClientMessage msg = BATON__CLIENT_MESSAGE__INIT;
+    Baton__Error e = BATON__ERROR__INIT;
+
+    e.has_client_request_id = 1;
+    e.client_request_id = rid;
+    e.has_code = 1;
+    e.code = BATON__ERROR_CODE__ERROR_OVERLOADED;
+    e.message = (char *)text;
+    e.has_retry_after_ms = 1;
+    e.retry_after_ms = retry_ms;
+    msg.body_case = BATON__CLIENT_MESSAGE__BODY_ERROR;
+    msg.error = &e;
+    proto_client_send(r->client_sock, cid, cid_len, &msg);
+}
+
+static uint32_t retry_hint_ms(uint64_t waited_ns)
+{
+    uint64_t ms = waited_ns / 1000000ull;
+
+    return (uint32_t)BT_MIN(BT_MAX(ms, ROUTER_RETRY_MIN_MS),
+                            ROUTER_RETRY_MAX_MS);
+}
+
+/* Ends, as OVERLOADED, every first attempt (never granted, never retried)
+ * that has waited in the queue longer than max_queue_wait_ms while the
+ * cluster serves: the wait a client sees stays bounded, and the workers
+ * stay busy with the requests that remain.  Requests waiting for a
+ * worker to exist at all, and re-queued ones (failover), are left to the
+ * queue timeout.  Returns how long the oldest shed one had waited (0:
+ * none).  Runs from the client handler only: no loop of the router's
+ * holds a request pointer then. */
+static uint64_t shed_stale(router_t *r, uint64_t now)
+{
+    uint64_t bound = (uint64_t)r->cfg.max_queue_wait_ms * 1000000ull;
+    uint64_t oldest = 0;
+
+    if (r->cfg.max_queue_wait_ms <= 0 || r->n_queued == 0 ||
+        !router__can_serve(r))
+        return 0;
+    for (int i = r->n_queued - 1; i >= 0; i--) {
+        router_req_t *req = r->queue[i];
+        uint64_t waited = now - req->t_arrival;
+        char text[128];
+
+        if (req->retries > 0 || req->t_granted != 0 || waited <= bound)
+            continue;
+        snprintf(text, sizeof(text), "overloaded: waited %llu ms in the "
+                 "queue (bound %d ms); retry later",
+                 (unsigned long long)(waited / 1000000ull),
+                 r->cfg.max_queue_wait_ms);
+        send_overloaded(r, req->client_id, req->client_id_len,
+                        req->client_rid, retry_hint_ms(waited), text);
+        r->failed++;
+        r->metrics.failed[BATON__ERROR_CODE__ERROR_OVERLOADED]++;
+        oldest = BT_MAX(oldest, waited);
+        router__req_destroy(r, req); /* takes it out of the queue */
+    }
+    return oldest;
+}
+
 static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
                         const Baton__GenerateRequest *g)
 {
+    uint64_t now = bt_time_ns(), shed;
     router_req_t *req;
     char err[256];
     uint64_t rid = g->client_request_id;
@@ -141,9 +212,25 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
         REJECT(BATON__ERROR_CODE__ERROR_DUPLICATE,
                "request id %llu already in flight", (unsigned long long)rid);
     if (r->n_queued >= r->cfg.max_queue ||
-        (r->cfg.max_inflight > 0 && r->n_live >= r->cfg.max_inflight))
-        REJECT(BATON__ERROR_CODE__ERROR_OVERLOADED,
-               "queue full (%d requests waiting)", r->n_queued);
+        (r->cfg.max_inflight > 0 && r->n_live >= r->cfg.max_inflight)) {
+        send_overloaded(r, cid, cid_len, rid, ROUTER_RETRY_MIN_MS,
+                        "overloaded: queue full; retry later");
+        r->failed++;
+        r->metrics.rejected[BATON__ERROR_CODE__ERROR_OVERLOADED]++;
+        return;
+    }
+    /* Requests queued past the wait bound: they go, and this one would
+     * wait as long, so it is refused at once (the client hears within
+     * the bound, not after minutes in the queue). */
+    shed = shed_stale(r, now);
+    if (shed > 0) {
+        send_overloaded(r, cid, cid_len, rid, retry_hint_ms(shed),
+                        "overloaded: the queue wait is over its bound; "
+                        "retry later");
+        r->failed++;
+        r->metrics.rejected[BATON__ERROR_CODE__ERROR_OVERLOADED]++;
+        return;
+    }
 
     if (r->n_live + 1 > r->queue_cap) {
         /* The queue array can hold every live request (retries go back
@@ -343,6 +430,8 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
     cs.completed = r->completed;
     cs.has_failed = 1;
     cs.failed = r->failed;
+    cs.has_max_context = 1;
+    cs.max_context = router__cluster_max_context(r);
     msg.body_case = BATON__CLIENT_MESSAGE__BODY_STATUS;
     msg.status = &cs;
     proto_client_send(r->client_sock, cid, cid_len, &msg);

@@ -21,6 +21,8 @@
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
 #define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's UCX descriptor */
 #define ROUTER_HOST_MAX 128
+#define ROUTER_PHASE_EXTENSIONS 3 /* re-estimates of a phase deadline
+                                     while its worker makes progress */
 #define ROUTER_STOP_HELD_MAX 256 /* held-back stop text (STOP_MAX_STRING_LEN) */
 
 typedef struct {
@@ -175,6 +177,9 @@ struct router_req_s {
     uint64_t phase_deadline_ns; /* reserving/prefilling/decoding: the
                                   current phase must move by then, or the
                                   attempt is abandoned and re-queued */
+    uint64_t phase_progress;   /* the worker's progress counter when the
+                                  deadline was set */
+    int phase_extensions;      /* deadlines re-estimated in this phase */
     char stop_held[ROUTER_STOP_HELD_MAX]; /* (n_stop_held) text the stop
                                   matcher holds back: after the first
                                   token, then as the decode worker last

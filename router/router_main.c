@@ -44,6 +44,10 @@ static void usage(FILE *out)
         "  --heartbeat-miss N   silent intervals before a drop (4)\n"
         "  --max-queue N        admission queue bound (1024)\n"
         "  --max-inflight N     requests past the queue (0 = no limit)\n"
+        "  --max-queue-wait-ms N overload bound (1000): first attempts queued\n"
+        "                       longer while workers serve end OVERLOADED with\n"
+        "                       a retry hint when the next request arrives,\n"
+        "                       which is refused too (0 = no bound)\n"
         "  --queue-timeout-ms N longest wait for workers (30000)\n"
         "  --drain-timeout-ms N longest drain on SIGTERM (30000)\n"
         "  --max-retries N      re-prefills after worker failure (3)\n"
@@ -86,6 +90,7 @@ int main(int argc, char **argv)
         { "heartbeat-miss", required_argument, 0, 'M' },
         { "max-queue", required_argument, 0, 'q' },
         { "max-inflight", required_argument, 0, 'i' },
+        { "max-queue-wait-ms", required_argument, 0, 'w' },
         { "queue-timeout-ms", required_argument, 0, 'Q' },
         { "drain-timeout-ms", required_argument, 0, 'D' },
         { "max-retries", required_argument, 0, 'r' },
@@ -104,6 +109,9 @@ int main(int argc, char **argv)
 
     bt_log_init("router");
     router_config_init(&cfg);
+    /* The executable bounds queue waits by default (router_config_init
+     * leaves in-process routers unbounded). */
+    cfg.max_queue_wait_ms = 1000;
     if (getenv("BATON_LISTEN"))
         cfg.listen = getenv("BATON_LISTEN");
     if (getenv("BATON_CONTROL"))
@@ -123,6 +131,7 @@ int main(int argc, char **argv)
         case 'M': ret = parse_int_opt("--heartbeat-miss", optarg, &cfg.heartbeat_miss); break;
         case 'q': ret = parse_int_opt("--max-queue", optarg, &cfg.max_queue); break;
         case 'i': ret = parse_int_opt("--max-inflight", optarg, &cfg.max_inflight); break;
+        case 'w': ret = parse_int_opt("--max-queue-wait-ms", optarg, &cfg.max_queue_wait_ms); break;
         case 'Q': ret = parse_int_opt("--queue-timeout-ms", optarg, &cfg.queue_timeout_ms); break;
         case 'D': ret = parse_int_opt("--drain-timeout-ms", optarg, &cfg.drain_timeout_ms); break;
         case 'r': ret = parse_int_opt("--max-retries", optarg, &cfg.max_retries); break;

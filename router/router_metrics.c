@@ -11,6 +11,8 @@
  *   baton_router_retries_total             re-queues after worker failures
  *   baton_router_kv_handoffs_total{transport}  KvReady sent, by transport
  *   baton_router_worker_drops_total        workers dropped (dead, left)
+ *   baton_router_stale_messages_total      worker messages of a given-up
+ *                                          attempt or registration, dropped
  * Gauges (now): baton_router_queue_depth, baton_router_queue_limit,
  *   baton_router_in_flight, baton_router_draining, baton_router_workers;
  *   per worker {worker, role}: baton_router_worker_up (heard from within
@@ -244,6 +246,11 @@ bt_status_t router__metrics_render(router_t *r, uint64_t now,
       "silent or left)\n# TYPE baton_router_worker_drops_total counter\n"
       "baton_router_worker_drops_total %llu\n",
       (unsigned long long)m->worker_drops);
+    P("# HELP baton_router_stale_messages_total Worker messages about an "
+      "attempt or registration the router gave up, dropped (never "
+      "relayed)\n# TYPE baton_router_stale_messages_total counter\n"
+      "baton_router_stale_messages_total %llu\n",
+      (unsigned long long)r->stale_msgs);
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
         n_workers += r->workers[i].used;
     P("# HELP baton_router_queue_depth Requests waiting for workers\n"

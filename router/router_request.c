@@ -289,7 +289,16 @@ static const char *const phase_names[] = {
     "queue", "KV reservation", "prefill", "next token",
 };
 
-void router__req_phase_deadline(router_t *r, router_req_t *req)
+/* The worker doing req's current phase (NULL when none). */
+static router_worker_t *phase_worker(router_t *r, const router_req_t *req)
+{
+    return router__worker_by_uid(r, req->state == ROUTER_REQ_PREFILLING
+                                        ? req->prefill_uid
+                                        : req->decode_uid);
+}
+
+/* Sets the deadline from the worker's measurements now. */
+static void phase_estimate(router_t *r, router_req_t *req)
 {
     uint64_t ms = (uint64_t)r->cfg.phase_ms;
     router_worker_t *w;
@@ -317,6 +326,14 @@ void router__req_phase_deadline(router_t *r, router_req_t *req)
         return;
     }
     req->phase_deadline_ns = bt_time_ns() + ms * 1000000ull;
+    w = phase_worker(r, req);
+    req->phase_progress = w != NULL ? w->progress : 0;
+}
+
+void router__req_phase_deadline(router_t *r, router_req_t *req)
+{
+    req->phase_extensions = 0;
+    phase_estimate(r, req);
 }
 
 /* The current attempt of req made no progress within its phase's
@@ -325,9 +342,17 @@ void router__req_phase_deadline(router_t *r, router_req_t *req)
  * has.  Counts as a worker failure (max_retries bounds it). */
 static void abandon_attempt(router_t *r, router_req_t *req)
 {
-    router_worker_t *w = router__worker_by_uid(
-        r, req->state == ROUTER_REQ_PREFILLING ? req->prefill_uid
-                                               : req->decode_uid);
+    router_worker_t *w = phase_worker(r, req);
+
+    /* A worker that kept turning may just have more queued than the
+     * estimate knew (a cold start measures its rate only after its first
+     * steps): estimate again from what it reports now, a few times. */
+    if (w != NULL && w->progress > req->phase_progress &&
+        req->phase_extensions < ROUTER_PHASE_EXTENSIONS) {
+        req->phase_extensions++;
+        phase_estimate(r, req);
+        return;
+    }
 
     BT_LOG_WARN("ROUTER", "request %llu: %s on worker %s made no progress "
                 "by its deadline: attempt abandoned, resuming",

@@ -6,7 +6,7 @@
  *   - /health is 503 with no worker, 503 with only a plain decode worker
  *     (nothing can prefill), 200 once a decode worker runs --role both
  *     (it prefills: aggregated mode) and a completion is served; 503
- *     again when that worker drains away; 503 router_unreachable when the
+ *     again when that worker drains away; 503 router_lost when the
  *     router is gone;
  *   - /metrics counts /livez under its own endpoint label.
  * Router: aidreams260K decode workers, 100 ms heartbeats.
@@ -128,7 +128,7 @@ int main(void)
     /* the router gone: still alive */
     cu_kill(router, SIGKILL);
     body = wait_health(http, 503, 10000);
-    BT_CHECK(strstr(body, "router_unreachable") != NULL);
+    BT_CHECK(strstr(body, "router_lost") != NULL);
     bt_free(body);
     bt_free(get(http, "/livez", 200));
 

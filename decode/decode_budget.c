@@ -1,0 +1,64 @@
+/*
+ * decode_budget.c - the prefill token budget of an aggregated decode
+ * step under a TPOT target (see decode_budget.h).
+ */
+#include "decode_budget.h"
+
+#include <string.h>
+
+#define BUDGET_ALPHA 0.2 /* weight of the newest step in the averages */
+
+void decode_budget_init(decode_budget_t *b)
+{
+    memset(b, 0, sizeof(*b));
+}
+
+static double ewma(double old, double x, bool have)
+{
+    return have ? (1.0 - BUDGET_ALPHA) * old + BUDGET_ALPHA * x : x;
+}
+
+void decode_budget_observe(decode_budget_t *b, int n_decode, int n_prefill,
+                           double step_ms)
+{
+    double extra;
+
+    if (step_ms < 0)
+        return;
+    if (n_prefill <= 0) {
+        if (n_decode > 0) {
+            b->decode_ms = ewma(b->decode_ms, step_ms, b->have_decode);
+            b->have_decode = true;
+        }
+        return;
+    }
+    /* The prefill tokens' share: what the step took beyond a decode-only
+     * step (all of it when the step had no decode rows). */
+    extra = n_decode > 0 && b->have_decode ? step_ms - b->decode_ms : step_ms;
+    if (extra < 0)
+        extra = 0;
+    b->token_ms = ewma(b->token_ms, extra / n_prefill, b->have_token);
+    b->have_token = true;
+}
+
+int decode_budget_prefill_tokens(const decode_budget_t *b, int n_decode,
+                                 double target_ms, int max_tokens,
+                                 int min_tokens)
+{
+    double room, n;
+
+    if (target_ms <= 0 || n_decode == 0 || !b->have_token ||
+        b->token_ms <= 0)
+        return max_tokens;
+    if (min_tokens > max_tokens)
+        min_tokens = max_tokens;
+    room = target_ms - (b->have_decode ? b->decode_ms : 0);
+    if (room <= 0)
+        return min_tokens;
+    n = room / b->token_ms;
+    if (n < min_tokens)
+        return min_tokens;
+    if (n > max_tokens)
+        return max_tokens;
+    return (int)n;
+}

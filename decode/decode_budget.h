@@ -1,0 +1,48 @@
+/*
+ * decode_budget.h - how many prompt tokens an aggregated decode worker
+ * may prefill in one step without pushing its running streams past a
+ * time-per-output-token target (issue 36: at 256 streams, 2048-token
+ * chunks made every decode step wait, TPOT p50 113 ms).
+ *
+ * The cost model is learned from the worker's own steps: the time of a
+ * step with only decode rows (moving average), and the extra time one
+ * prefill token adds (moving average of (step - decode step) / prefill
+ * tokens).  A step may then prefill (target - decode step) / per-token
+ * tokens, at least a floor (prompts always move) and at most the step's
+ * budget.  With no decode rows, or no target, prefill takes the budget:
+ * only time to first token is at stake then.
+ */
+#ifndef BT_DECODE_DECODE_BUDGET_H
+#define BT_DECODE_DECODE_BUDGET_H
+
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    double decode_ms;    /* a step with decode rows only */
+    double token_ms;     /* what one prefill token adds to a step */
+    bool have_decode;
+    bool have_token;
+} decode_budget_t;
+
+void decode_budget_init(decode_budget_t *b);
+
+/* Learns from one finished step: n_decode decode rows, n_prefill prompt
+ * tokens, step_ms of wall time. */
+void decode_budget_observe(decode_budget_t *b, int n_decode, int n_prefill,
+                           double step_ms);
+
+/* Prompt tokens the next step may take with n_decode decode rows:
+ * `max_tokens` when target_ms <= 0 or n_decode == 0, else the model's
+ * answer clamped to [min_tokens, max_tokens]. */
+int decode_budget_prefill_tokens(const decode_budget_t *b, int n_decode,
+                                 double target_ms, int max_tokens,
+                                 int min_tokens);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_DECODE_DECODE_BUDGET_H */

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""serve_bench.py BIN_DIR WORK_DIR TABLE_MD - serving at full load on one
+GPU (issues 35 and 36), run ON THE DEVICE MACHINE by
+tests/gpu/run_gpu_serve.sh (never in CI).
+
+Each mode is a fresh cluster of real processes (baton-router + workers,
+--device cuda, synth:llama3-8b in bf16 built by every worker):
+  agg        one `baton-decode --role both`
+  agg-tpot   the same with --tpot-target-ms (decode_budget.c)
+  disagg     1 prefill + 1 decode under CUDA MPS, KV over CUDA IPC
+The first `baton bench` of every mode is a cold start: a burst of
+BT_SERVE_COLD requests sent the moment the workers registered (no
+warm-up request before it); it must lose nothing.  Then the closed-loop
+runs of BT_SERVE_RUNS ("PROMPTxOUTPUT@CONCURRENCY:REQUESTS;...").
+
+Environment: BT_SERVE_MODES (agg,agg-tpot,disagg), BT_SERVE_RUNS,
+BT_SERVE_COLD (256 requests at once) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
+BT_SERVE_KV_BLOCKS (44000 decode; prefill 4096), BT_SERVE_TPOT_MS (50),
+BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda).
+Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
+failed anywhere.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import cluster_harness
+
+BIN, WORK, TABLE = sys.argv[1], sys.argv[2], sys.argv[3]
+MODES = os.environ.get("BT_SERVE_MODES", "agg,agg-tpot,disagg").split(",")
+RUNS = [(tuple(int(v) for v in shape.split("x")),
+         tuple(int(v) for v in load.split(":")))
+        for shape, load in (r.split("@") for r in os.environ.get(
+            "BT_SERVE_RUNS",
+            "2048x128@256:512;512x512@256:512;2048x2048@160:160").split(";"))]
+COLD = int(os.environ.get("BT_SERVE_COLD", "256"))
+COLD_SHAPE = tuple(int(v) for v in os.environ.get(
+    "BT_SERVE_COLD_SHAPE", "2048x128").split("x"))
+DEADLINE = time.time() + float(os.environ.get("BT_SERVE_DEADLINE_S", "540"))
+KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")
+TPOT_MS = os.environ.get("BT_SERVE_TPOT_MS", "50")
+MODEL = os.environ.get("BT_SERVE_MODEL", "synth:llama3-8b")
+DEVICE = os.environ.get("BT_SERVE_DEVICE", "cuda")
+VOCAB = int(os.environ.get("BT_SERVE_VOCAB", "32000"))
+PEER = {(2048, 128): "3,538", (2048, 2048): "12,194"}  # TRT-LLM FP8, H200
+T0 = time.time()
+rows = []
+failed = 0
+
+
+def log(msg):
+    print("[%6.1fs] %s" % (time.time() - T0, msg), flush=True)
+
+
+def write_table():
+    with open(TABLE, "w") as f:
+        f.write("| mode | in/out | conc | requests | failed | out tok/s | "
+                "TTFT p50 / p99 ms | TPOT p50 / p99 ms | TensorRT-LLM FP8 |\n"
+                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+        for r in rows:
+            f.write("| %s |\n" % " | ".join(str(x) for x in r))
+
+
+def worker_cmds(mode, ctl):
+    common = ["--router", ctl, "--model", MODEL, "--device", DEVICE,
+              "--precision", "bf16"]
+    dec = ["baton-decode"] + common + [
+        "--name", "d0", "--kv-blocks", KV, "--max-seqs", "256",
+        "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
+    if mode.startswith("agg"):
+        dec += ["--role", "both"]
+        if mode == "agg-tpot":
+            dec += ["--tpot-target-ms", TPOT_MS]
+        return [("d0", dec)]
+    pre = ["baton-prefill"] + common + [
+        "--name", "p0", "--kv-blocks", "4096", "--max-batch-tokens", "8192",
+        "--chunk-tokens", "8192"]
+    return [("p0", pre), ("d0", dec)]
+
+
+def bench(cl, mode, plen, olen, conc, n, label):
+    global failed
+    path = os.path.join(cl.dir, "bench_%s_%dx%d_c%d.json" %
+                        (label, plen, olen, conc))
+    cmd = cluster_harness.bench_cmd(BIN, cl.ep, n, plen, olen, VOCAB,
+                                    1000, 50, path, conc=conc, seed=plen)
+    left = DEADLINE - time.time()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True,
+                           timeout=max(30, left))
+    except subprocess.TimeoutExpired:
+        log("%s %dx%d c%d: timed out" % (mode, plen, olen, conc))
+        rows.append((mode + " " + label, "%d/%d" % (plen, olen), conc, n,
+                     "timeout", "", "", "", ""))
+        failed += 1
+        return
+    try:
+        j = json.load(open(path))
+    except (OSError, ValueError):
+        log("%s: no JSON (rc %d): %s" % (mode, r.returncode,
+                                         r.stderr.strip()[-400:]))
+        rows.append((mode + " " + label, "%d/%d" % (plen, olen), conc, n,
+                     "no result", "", "", "", ""))
+        failed += 1
+        return
+    errs = j.get("errors", j.get("failed", 0))
+    failed += errs
+    ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
+    rows.append((mode + " " + label, "%d/%d" % (plen, olen), conc,
+                 j.get("requests", n), errs,
+                 "{:,.0f}".format(j.get("tok_per_s", j.get(
+                     "output_tok_per_s", 0))),
+                 "%.0f / %.0f" % (ttft.get("p50", 0), ttft.get("p99", 0)),
+                 "%.1f / %.1f" % (tpot.get("p50", 0), tpot.get("p99", 0)),
+                 PEER.get((plen, olen), "")))
+    log("%s %s %dx%d c%d: %s" % (mode, label, plen, olen, conc, rows[-1]))
+    write_table()
+
+
+class Cluster(cluster_harness.Cluster):
+    def __init__(self, mode, env):
+        super().__init__(BIN, WORK, mode, env, "DECODE", log)
+        self.start_router()
+        self.names = []
+        for name, args in worker_cmds(mode, self.ctl):
+            self.spawn(name, args, "INFO")
+            self.names.append(name)
+
+    def wait_registered(self, limit):
+        """Until `baton status --wait-workers` says the cluster serves."""
+        r = subprocess.run([BIN + "/baton", "status", "--router", self.ep,
+                            "--wait-workers", "1,1", "--timeout",
+                            str(int(limit))], capture_output=True, text=True)
+        return r.returncode == 0
+
+
+def run_mode(mode):
+    mps = None
+    env = os.environ
+    if mode == "disagg":
+        mps, why = cluster_harness.mps_start(WORK)
+        if mps is None:
+            log("disagg without MPS: " + why)
+        else:
+            env = mps[1]
+    cl = Cluster(mode, env)
+    t0 = time.time()
+    if not cl.wait_registered(180):
+        log("%s: workers did not register; %s" % (mode, cl.dead()))
+        rows.append((mode, "", "", "", "no workers", "", "", "", ""))
+        cl.stop()
+        cluster_harness.mps_stop(mps, log, 2)
+        return
+    log("%s: registered after %.1f s: cold burst of %d" %
+        (mode, time.time() - t0, COLD))
+    bench(cl, mode, COLD_SHAPE[0], COLD_SHAPE[1], COLD, COLD, "cold")
+    for (plen, olen), (conc, n) in RUNS:
+        if DEADLINE - time.time() < 40:
+            log("%s: no time left for %dx%d" % (mode, plen, olen))
+            break
+        bench(cl, mode, plen, olen, conc, n, "warm")
+    cl.stop()
+    cluster_harness.mps_stop(mps, log, 2)
+
+
+def main():
+    try:
+        subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,"
+                        "clocks.sm,power.draw", "--format=csv"])
+    except OSError:
+        log("no nvidia-smi (a dry run on the CPU?)")
+    for mode in MODES:
+        if DEADLINE - time.time() < 60:
+            log("skipping %s: time" % mode)
+            continue
+        run_mode(mode)
+    write_table()
+    print(open(TABLE).read())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
