@@ -3,7 +3,15 @@
  * decode workers on 127.0.0.1) in one command.  Prints the client
  * endpoint; Ctrl-C or SIGTERM drains the workers, then the router, and
  * exits.  The binaries are taken from the directory of this executable.
+ *
+ * A cluster of its own or none (issue 40): the ports are checked before
+ * anything starts, and the workers start only once this run's router
+ * listens; a router that cannot bind fails `baton up` at once, instead
+ * of its workers joining whatever else listens there.  Worker names
+ * carry this run's pid, so two runs never present the same name to a
+ * router (which would take one for the other).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
@@ -12,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,7 +67,12 @@ static void up_usage(FILE *out)
 "  --chunk-tokens N     prefill chunk (default 512)\n"
 "  --no-ucx             KV travels inline on the control plane\n"
 "  --null-model         workers without a model (overhead benchmarks)\n"
-"  --log-dir DIR        write each process's log to DIR/NAME.log\n"
+"  --log-dir DIR        write each process's log to DIR/NAME.log (DIR is\n"
+"                       created when missing)\n"
+"  --http-port H        also start baton-http (OpenAI API) on\n"
+"                       127.0.0.1:H and print its URL\n"
+"  --metrics-port M     Prometheus /metrics: the router on M, each worker\n"
+"                       on M+1, M+2, ... (/health too; printed)\n"
 "  --spec-head PATH     EAGLE draft head: decode workers speculate, prefill\n"
 "                       workers ship features (--spec-features)\n"
 "  --spec-depth D, --spec-topk K, --spec-tokens N, --spec off|auto|fixed\n"
@@ -66,9 +81,101 @@ static void up_usage(FILE *out)
 
 typedef struct {
     pid_t pid;
-    char name[32];
-    int role; /* 0 router, 1 prefill, 2 decode */
+    char name[64];
+    int role; /* 0 router, 1 prefill, 2 decode, 3 baton-http */
 } up_proc_t;
+
+/* True when nothing listens on 127.0.0.1:port (we could bind it). */
+static bool up_port_free(int port)
+{
+    struct sockaddr_in a;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    bool ok;
+
+    if (fd < 0)
+        return true; /* cannot tell; the router will say */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* True when something accepts connections on 127.0.0.1:port. */
+static bool up_port_listens(int port)
+{
+    struct sockaddr_in a;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool ok;
+
+    if (fd < 0)
+        return false;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* Waits until this run's router (pid) listens on both of its ports.
+ * Returns false, having said why, when it exited first (it could not
+ * bind, or a bad flag) or did not listen within 15 s. */
+static bool up_wait_router(pid_t pid, int port, const char *log_dir)
+{
+    struct timespec ts = { 0, 20 * 1000000 };
+
+    for (int waited = 0; waited < 15000; waited += 20) {
+        int st;
+        bool listens = up_port_listens(port) && up_port_listens(port + 1);
+        if (listens) /* a bind failure ends the router within moments */
+            nanosleep(&ts, NULL);
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fprintf(stderr, "baton up: the router exited (%s %d) before "
+                    "it listened on 127.0.0.1:%d/%d; %s%s%s\n",
+                    WIFSIGNALED(st) ? "signal" : "status",
+                    WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st), port,
+                    port + 1, log_dir ? "see " : "its error is above",
+                    log_dir ? log_dir : "", log_dir ? "/router.log" : "");
+            return false;
+        }
+        /* Listening and still alive a moment later: the listener is
+         * ours (the ports were free before it started). */
+        if (listens)
+            return true;
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "baton up: the router does not listen on 127.0.0.1:%d "
+            "after 15 s\n", port);
+    return false;
+}
+
+/* mkdir -p: creates `dir` and its missing parents.  Returns false (with
+ * errno) when it cannot. */
+static bool up_mkdirs(const char *dir)
+{
+    char path[PATH_MAX];
+    size_t len = strlen(dir);
+
+    if (len == 0 || len >= sizeof(path)) {
+        errno = ENAMETOOLONG;
+        return false;
+    }
+    memcpy(path, dir, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        path[i] = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return false;
+        path[i] = i < len ? '/' : '\0';
+    }
+    return access(dir, W_OK | X_OK) == 0;
+}
 
 static pid_t up_spawn(const char *bin_dir, const char *exe, char **args,
                       const char *log_dir, const char *name)
@@ -85,7 +192,11 @@ static pid_t up_spawn(const char *bin_dir, const char *exe, char **args,
             FILE *f;
             snprintf(log, sizeof(log), "%s/%s.log", log_dir, name);
             f = freopen(log, "w", stderr);
-            (void)f;
+            if (f == NULL) { /* stderr is still the terminal's */
+                fprintf(stderr, "baton up: cannot write %s: %s\n", log,
+                        strerror(errno));
+                _exit(126);
+            }
         }
         execv(path, args);
         fprintf(stderr, "baton up: cannot run %s: %s\n", path,
@@ -208,6 +319,8 @@ int cli_up_main(int argc, char **argv)
         { "spec-topk", required_argument, NULL, 1002 },
         { "spec-tokens", required_argument, NULL, 1003 },
         { "spec", required_argument, NULL, 1004 },
+        { "http-port", required_argument, NULL, 1005 },
+        { "metrics-port", required_argument, NULL, 1006 },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -221,6 +334,8 @@ int cli_up_main(int argc, char **argv)
                                               "--spec-tokens", "--spec" };
     bool null_model = false, no_ucx = false, role_both = false;
     int n_prefill = 1, n_decode = 1, port = 5555, n = 0;
+    int http_port = -1, metrics_port = -1, ret = 0;
+    char run_tag[16]; /* this run's pid: unique worker names */
     up_proc_t procs[UP_MAX_PROCS];
     char self[PATH_MAX], bin_dir[PATH_MAX];
     char listen_ep[64], control_ep[64];
@@ -253,6 +368,11 @@ int cli_up_main(int argc, char **argv)
         case 1001: case 1002: case 1003: case 1004:
             spec_opt[c - 1001] = optarg;
             break;
+        case 1005: bad = bt_parse_int(optarg, &http_port) != BT_OK ||
+                         http_port <= 0 || http_port > 65535; break;
+        case 1006: bad = bt_parse_int(optarg, &metrics_port) != BT_OK ||
+                         metrics_port <= 0 || metrics_port > 65535 - 66;
+            break;
         case 'h': up_usage(stdout); return 0;
         default: up_usage(stderr); return 2;
         }
@@ -264,13 +384,40 @@ int cli_up_main(int argc, char **argv)
     if (n_prefill == 0)
         role_both = true; /* aggregated: decode workers prefill */
     if (optind < argc || (model == NULL) == !null_model || n_prefill < 0 ||
-        n_decode < 1 || n_prefill + n_decode + 1 > UP_MAX_PROCS ||
+        n_decode < 1 || n_prefill + n_decode + 2 > UP_MAX_PROCS ||
         port <= 0 || port > 65534) {
         fprintf(stderr, "baton up: need --model or --null-model, 0..32 "
                         "prefill and 1..32 decode workers and a port\n");
         up_usage(stderr);
         return 2;
     }
+    if (log_dir != NULL && !up_mkdirs(log_dir)) {
+        fprintf(stderr, "baton up: cannot create or write the log directory "
+                "%s: %s\n", log_dir, strerror(errno));
+        return 1;
+    }
+    /* Every port this run binds must be free now: a router that cannot
+     * bind would leave its workers to join whatever listens there. */
+    {
+        int ports[3 + UP_MAX_PROCS], n_ports = 0;
+        ports[n_ports++] = port;
+        ports[n_ports++] = port + 1;
+        if (http_port > 0)
+            ports[n_ports++] = http_port;
+        for (int i = 0; metrics_port > 0 && i <= n_prefill + n_decode; i++)
+            ports[n_ports++] = metrics_port + i;
+        for (int i = 0; i < n_ports; i++) {
+            if (up_port_free(ports[i]))
+                continue;
+            fprintf(stderr, "baton up: port %d on 127.0.0.1 is in use "
+                    "(another router or cluster?); choose other ports "
+                    "(--port%s)\n", ports[i],
+                    http_port > 0 || metrics_port > 0
+                        ? ", --http-port, --metrics-port" : "");
+            return 1;
+        }
+    }
+    snprintf(run_tag, sizeof(run_tag), "%ld", (long)getpid());
     len = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (len <= 0) {
         fprintf(stderr, "baton up: cannot find my own binary\n");
@@ -288,25 +435,46 @@ int cli_up_main(int argc, char **argv)
     memset(procs, 0, sizeof(procs));
 
     {
+        char mport[16];
         char *args[] = { NULL, "--listen", listen_ep, "--control", control_ep,
-                         "--kv-transport", (char *)kv_transport, NULL };
+                         "--kv-transport", (char *)kv_transport, NULL, NULL,
+                         NULL };
+        if (metrics_port > 0) {
+            snprintf(mport, sizeof(mport), "%d", metrics_port);
+            args[7] = "--metrics-port";
+            args[8] = mport;
+        }
         procs[n].pid = up_spawn(bin_dir, "baton-router", args, log_dir,
                                 "router");
         snprintf(procs[n].name, sizeof(procs[n].name), "router");
         procs[n++].role = 0;
+        if (procs[0].pid < 0 || !up_wait_router(procs[0].pid, port,
+                                                log_dir)) {
+            if (procs[0].pid > 0 && waitpid(procs[0].pid, NULL, WNOHANG) == 0) {
+                kill(procs[0].pid, SIGKILL);
+                waitpid(procs[0].pid, NULL, 0);
+            }
+            fprintf(stderr, "baton up: no cluster started\n");
+            return 1;
+        }
     }
     for (int role = 1; role <= 2; role++) {
         int count = role == 1 ? n_prefill : n_decode;
         for (int i = 0; i < count; i++) {
             char *args[UP_MAX_ARGS];
-            char name[32];
+            char name[64], mport[16];
             int a = 1;
-            snprintf(name, sizeof(name), "%s-%d-%d",
-                     role == 1 ? "prefill" : "decode", port, i);
+            snprintf(name, sizeof(name), "%s-%d-%d-%s",
+                     role == 1 ? "prefill" : "decode", port, i, run_tag);
             args[a++] = "--router";
             args[a++] = control_ep;
             args[a++] = "--name";
             args[a++] = name;
+            if (metrics_port > 0) {
+                snprintf(mport, sizeof(mport), "%d", metrics_port + n);
+                args[a++] = "--metrics-port";
+                args[a++] = mport;
+            }
             if (null_model) {
                 args[a++] = "--null-model";
             } else {
@@ -365,9 +533,42 @@ int cli_up_main(int argc, char **argv)
             procs[n++].role = role;
         }
     }
+    if (http_port > 0) {
+        char hlisten[32];
+        char *args[12];
+        int a = 1;
+        snprintf(hlisten, sizeof(hlisten), "127.0.0.1:%d", http_port);
+        args[a++] = "--router";
+        args[a++] = listen_ep;
+        args[a++] = "--listen";
+        args[a++] = hlisten;
+        if (!null_model) {
+            args[a++] = "--model";
+            args[a++] = (char *)model;
+            if (tokenizer != NULL) {
+                args[a++] = "--tokenizer";
+                args[a++] = (char *)tokenizer;
+            }
+        }
+        args[a] = NULL;
+        procs[n].pid = up_spawn(bin_dir, "baton-http", args, log_dir,
+                                "http");
+        snprintf(procs[n].name, sizeof(procs[n].name), "baton-http");
+        procs[n++].role = 3;
+    }
     printf("baton up: router %s (workers on %s), %d prefill + %d decode\n",
            listen_ep, control_ep, n_prefill, n_decode);
     printf("endpoint: %s\n", listen_ep);
+    if (http_port > 0)
+        printf("http: http://127.0.0.1:%d/v1 (OpenAI API; /health, "
+               "/metrics)\n", http_port);
+    if (metrics_port > 0)
+        for (int i = 0; i < n; i++)
+            if (procs[i].role <= 2)
+                printf("metrics: %-24s http://127.0.0.1:%d/metrics\n",
+                       procs[i].name, metrics_port + i);
+    if (log_dir != NULL)
+        printf("logs: %s/NAME.log\n", log_dir);
     fflush(stdout);
     up_print_status(listen_ep, n_prefill + n_decode);
 
@@ -387,11 +588,15 @@ int cli_up_main(int argc, char **argv)
                     WIFSIGNALED(status) ? "signal" : "status",
                     WIFSIGNALED(status) ? WTERMSIG(status)
                                         : WEXITSTATUS(status));
-            if (procs[i].role == 0)
+            if (procs[i].role == 0) {
                 up_stop = 1; /* no router, no cluster */
+                ret = 1;
+            }
         }
     }
     fprintf(stderr, "baton up: stopping\n");
+    up_signal_role(procs, n, 3, SIGTERM);
+    up_reap_role(procs, n, 3, 5000);
     up_signal_role(procs, n, 1, SIGTERM);
     up_signal_role(procs, n, 2, SIGTERM);
     up_reap_role(procs, n, 1, 15000);
@@ -399,5 +604,5 @@ int cli_up_main(int argc, char **argv)
     up_signal_role(procs, n, 0, SIGTERM);
     up_reap_role(procs, n, 0, 5000);
     fprintf(stderr, "baton up: stopped\n");
-    return 0;
+    return ret;
 }

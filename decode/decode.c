@@ -22,6 +22,7 @@
 #include "proto_msg.h"
 #include "stop.h"
 #include "workerproc.h"
+#include "workerproc_metrics.h"
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
@@ -172,6 +173,8 @@ struct decode_s {
 void decode_config_init(decode_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
+    cfg->metrics_port = -1; /* metrics hook */
+    cfg->metrics_host = "127.0.0.1";
     cfg->router = "tcp://127.0.0.1:5556";
     engine_config_init(&cfg->engine);
     cfg->kv_timeout_ms = 30000;
@@ -386,6 +389,8 @@ static void publish_beat(decode_t *dec, bool now)
         if (dec->resv[i].local)
             owed += (uint64_t)(dec->resv[i].n_ptokens - dec->resv[i].n_fed);
     b.running = (uint32_t)dec->n_seqs;
+    for (int i = 0; i < dec->cfg.max_reservations; i++) /* metrics */
+        b.waiting += dec->resv[i].used;
     b.outstanding = owed;
     b.draining = dec->draining;
     b.has_kv = true;
@@ -405,6 +410,8 @@ static void publish_beat(decode_t *dec, bool now)
         b.spec_accept_length = spec_accept_length(dec->spec);
     }
     workerproc_link_publish(dec->link, &b, now);
+    b.running += b.waiting; /* metrics: running + waiting are held */
+    workerproc_metrics_publish(dec->cfg.metrics, &b);
     if (now)
         dec->last_hb_ns = bt_time_ns();
 }
@@ -1495,6 +1502,13 @@ static void step_spec(decode_t *dec)
         return;
     status = spec_step(dec->spec, dec->sseqs, n, dec->n_out, dec->out);
     dec->steps++;
+    if (dec->cfg.metrics != NULL) { /* metrics hook */
+        uint64_t gen = 0;
+        for (int i = 0; status == BT_OK && i < n; i++)
+            gen += (uint64_t)BT_MAX(dec->n_out[i], 0);
+        workerproc_metrics_step(dec->cfg.metrics, n,
+                                (double)(bt_time_ns() - now) * 1e-9, 0, gen);
+    }
     for (int i = 0; i < n; i++) {
         s = dec->bmap[i];
         if (status != BT_OK) {
@@ -1756,6 +1770,14 @@ static void step(decode_t *dec)
     log_step_times(dec, false);
     if (dec->cfg.step_delay_ms > 0)
         usleep((useconds_t)dec->cfg.step_delay_ms * 1000u);
+    if (dec->cfg.metrics != NULL) { /* metrics hook */
+        uint64_t pre = 0;
+        for (int i = n_decode; status == BT_OK && i < n; i++)
+            pre += (uint64_t)dec->bseqs[i].n_tokens;
+        workerproc_metrics_step(dec->cfg.metrics, n,
+                                (double)(bt_time_ns() - t0) * 1e-9, pre,
+                                status == BT_OK ? (uint64_t)n_decode : 0);
+    }
 }
 
 static void expire(decode_t *dec)
@@ -2068,6 +2090,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         workerproc_close(&dec->ctx, &dec->sock);
         goto err_ucx;
     }
+    workerproc_metrics_attach(cfg->metrics, dec->link, dec->name);
     *dec_p = dec;
     return BT_OK;
 
@@ -2103,6 +2126,7 @@ void decode_destroy(decode_t **dec_p)
         }
     }
     spec_teardown(dec); /* after its sequences */
+    workerproc_metrics_attach(dec->cfg.metrics, NULL, NULL); /* /health */
     workerproc_link_destroy(&dec->link); /* its thread uses the socket */
     workerproc_close(&dec->ctx, &dec->sock);
     kv_stage_recv_destroy(&dec->stage); /* before the device pool */

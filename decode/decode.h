@@ -96,6 +96,13 @@ typedef struct {
                               * hostname/boot-id); see prefill.h */
     int warmup;              /* WORKER_CTL_WARMUP_*: engine_warmup()
                               * before registering (auto: cuda only) */
+    /* Metrics (issue 40; workerproc_metrics.h): */
+    int metrics_port;        /* --metrics-port (-1: none, 0: any free) */
+    const char *metrics_host;/* address it binds ("127.0.0.1") */
+    struct workerproc_metrics_s *metrics; /* the listener the main
+                              * started (not owned; NULL: none): the
+                              * role publishes its state and counts steps
+                              * into it, and attaches its router link */
 } decode_config_t;
 
 void decode_config_init(decode_config_t *cfg);

@@ -9,6 +9,7 @@
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "workerproc_metrics.h"
 #include "ctl/worker_ctl.h"
 #include "decode.h"
 
@@ -94,6 +95,7 @@ int main(int argc, char **argv)
     };
     decode_config_t cfg;
     decode_t *dec = NULL;
+    workerproc_metrics_t *metrics = NULL;
     worker_ctl_opts_t wo = WORKER_CTL_OPTS_INIT(cfg, "baton-decode", usage);
     bt_status_t status;
     int c, bad = 0;
@@ -155,15 +157,31 @@ int main(int argc, char **argv)
         fprintf(stderr, "baton-decode: %s\n", bt_error_last());
         return 2;
     }
+    /* Before the model loads: /health says "loading" meanwhile, and a
+     * port in use fails at once, not after minutes of loading. */
+    if (cfg.metrics_port >= 0) {
+        workerproc_metrics_config_t mc = {
+            .host = cfg.metrics_host, .port = cfg.metrics_port,
+            .role = cfg.can_prefill ? "both" : "decode", .router = cfg.router,
+        };
+        status = workerproc_metrics_create(&mc, &metrics);
+        if (status != BT_OK) {
+            fprintf(stderr, "baton-decode: %s\n", bt_error_last());
+            return 1;
+        }
+        cfg.metrics = metrics;
+    }
     status = decode_create(&cfg, &dec);
     if (status != BT_OK) {
         fprintf(stderr, "baton-decode: %s\n", bt_error_last());
+        workerproc_metrics_destroy(&metrics);
         return 1;
     }
     worker_ctl_signals(stop_worker, dec);
     status = decode_run(dec);
     worker_ctl_signals_clear();
     decode_destroy(&dec);
+    workerproc_metrics_destroy(&metrics);
     bt_alloc_report();
     return status == BT_OK ? 0 : 1;
 }

@@ -111,14 +111,17 @@ int main(int argc, char **argv)
     bt_status_t status;
     int c, v, ret = 0;
     bool named = false;
+    const char *router_from = "the default"; /* NULL: --router */
 
     bt_log_init("http");
     gateway_config_init(&cfg);
-    if (getenv("BATON_ROUTER"))
+    if (getenv("BATON_ROUTER")) {
         cfg.router = getenv("BATON_ROUTER");
+        router_from = "BATON_ROUTER";
+    }
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case 'r': cfg.router = optarg; break;
+        case 'r': cfg.router = optarg; router_from = NULL; break;
         case 'l': cfg.listen = optarg; break;
         case 'n': cfg.model_name = optarg; named = true; break;
         case 'm': model = optarg; break;
@@ -187,6 +190,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* A front end that waits on the wrong port looks like a slow one:
+     * say where it waits when the endpoint was not given explicitly. */
+    if (router_from != NULL)
+        fprintf(stderr, "baton-http: no --router given: waiting for the "
+                        "router at %s (%s; set --router or BATON_ROUTER)\n",
+                cfg.router, router_from);
     if (model != NULL) {
         struct stat st;
         size_t len = strlen(model);

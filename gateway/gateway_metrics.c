@@ -2,6 +2,13 @@
  * gateway_metrics.c - baton-http's counters and latency histograms, and
  * their Prometheus text exposition (format 0.0.4), together with the
  * router's and each worker's state from the latest ClusterStatus.
+ *
+ * One owner per metric name (issue 40): every name here starts with
+ * baton_http_.  The router's view as baton-http last saw it is
+ * baton_http_router_* / baton_http_worker_*, never the router's own
+ * baton_router_* names (with other labels, a sum() over both
+ * double-counted) nor the workers' baton_worker_*.  docs/OPERATIONS.md
+ * lists them all.
  */
 #include <stdio.h>
 #include <string.h>
@@ -163,8 +170,8 @@ bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
         status = render_hist(&m->e2e, "baton_http_e2e_request_latency_seconds",
                              "Request parsed to last byte queued.", out);
 
-    P("# HELP baton_router_up Whether the router answered the status "
-      "request.\n# TYPE baton_router_up gauge\nbaton_router_up %d\n",
+    P("# HELP baton_http_router_up Whether the router answered the status "
+      "request.\n# TYPE baton_http_router_up gauge\nbaton_http_router_up %d\n",
       cluster != NULL);
     if (cluster == NULL || status != BT_OK)
         return status;
@@ -172,42 +179,42 @@ bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
         n_prefill += cluster->workers[i]->role == 1;
         n_decode += cluster->workers[i]->role == 2;
     }
-    P("# HELP baton_router_workers Registered workers by role.\n"
-      "# TYPE baton_router_workers gauge\n"
-      "baton_router_workers{role=\"prefill\"} %d\n"
-      "baton_router_workers{role=\"decode\"} %d\n", n_prefill, n_decode);
-    P("# HELP baton_router_queued Requests waiting for KV or workers.\n"
-      "# TYPE baton_router_queued gauge\nbaton_router_queued %u\n",
+    P("# HELP baton_http_router_workers Registered workers by role.\n"
+      "# TYPE baton_http_router_workers gauge\n"
+      "baton_http_router_workers{role=\"prefill\"} %d\n"
+      "baton_http_router_workers{role=\"decode\"} %d\n", n_prefill, n_decode);
+    P("# HELP baton_http_router_queued Requests waiting for KV or workers.\n"
+      "# TYPE baton_http_router_queued gauge\nbaton_http_router_queued %u\n",
       cluster->queued);
-    P("# HELP baton_router_in_flight Requests past the queue.\n"
-      "# TYPE baton_router_in_flight gauge\nbaton_router_in_flight %u\n",
+    P("# HELP baton_http_router_in_flight Requests past the queue.\n"
+      "# TYPE baton_http_router_in_flight gauge\nbaton_http_router_in_flight %u\n",
       cluster->in_flight);
-    P("# HELP baton_router_completed_total Requests the router finished.\n"
-      "# TYPE baton_router_completed_total counter\n"
-      "baton_router_completed_total %llu\n",
+    P("# HELP baton_http_router_completed_total Requests the router finished.\n"
+      "# TYPE baton_http_router_completed_total counter\n"
+      "baton_http_router_completed_total %llu\n",
       (unsigned long long)cluster->completed);
-    P("# HELP baton_router_failed_total Requests the router failed.\n"
-      "# TYPE baton_router_failed_total counter\n"
-      "baton_router_failed_total %llu\n",
+    P("# HELP baton_http_router_failed_total Requests the router failed.\n"
+      "# TYPE baton_http_router_failed_total counter\n"
+      "baton_http_router_failed_total %llu\n",
       (unsigned long long)cluster->failed);
     if (status == BT_OK)
-        status = render_workers(cluster, "baton_worker_free_kv_blocks",
+        status = render_workers(cluster, "baton_http_worker_free_kv_blocks",
                                 "gauge", "Free KV blocks.", 0, out);
     if (status == BT_OK)
-        status = render_workers(cluster, "baton_worker_kv_blocks", "gauge",
+        status = render_workers(cluster, "baton_http_worker_kv_blocks", "gauge",
                                 "KV pool size in blocks.", 1, out);
     if (status == BT_OK)
-        status = render_workers(cluster, "baton_worker_running", "gauge",
+        status = render_workers(cluster, "baton_http_worker_running", "gauge",
                                 "Requests on the worker.", 2, out);
     if (status == BT_OK)
-        status = render_workers(cluster, "baton_worker_outstanding_tokens",
+        status = render_workers(cluster, "baton_http_worker_outstanding_tokens",
                                 "gauge", "Tokens the worker still owes.", 3,
                                 out);
     if (status == BT_OK)
-        status = render_workers(cluster, "baton_worker_draining", "gauge",
+        status = render_workers(cluster, "baton_http_worker_draining", "gauge",
                                 "1 while the worker drains.", 4, out);
     if (status == BT_OK)
-        status = render_workers(cluster, "baton_worker_served_total",
+        status = render_workers(cluster, "baton_http_worker_served_total",
                                 "counter", "Requests assigned so far.", 5,
                                 out);
     return status;

@@ -20,6 +20,7 @@
 #include "kv/kv_transport_stage.h"
 #include "proto_msg.h"
 #include "workerproc.h"
+#include "workerproc_metrics.h"
 
 #define PREFILL_NAME_MAX 64
 #define PREFILL_MAX_PEERS 64 /* decode pools kept connected */
@@ -136,6 +137,8 @@ struct prefill_s {
 void prefill_config_init(prefill_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
+    cfg->metrics_port = -1; /* metrics hook */
+    cfg->metrics_host = "127.0.0.1";
     cfg->router = "tcp://127.0.0.1:5556";
     engine_config_init(&cfg->engine);
     cfg->chunk_tokens = 512;
@@ -201,6 +204,7 @@ static void publish_beat(prefill_t *pf)
     for (prefill_task_t *t = pf->head; t; t = t->next) {
         b.outstanding += (uint64_t)(t->n_tokens - t->n_fed);
         b.running++;
+        b.waiting += t->state == PREFILL_TASK_WAITING; /* metrics */
     }
     b.draining = pf->draining;
     if (pf->engine != NULL) {
@@ -211,6 +215,7 @@ static void publish_beat(prefill_t *pf)
     }
     b.prefill_tokens_per_s = pf->tps;
     workerproc_link_publish(pf->link, &b, false);
+    workerproc_metrics_publish(pf->cfg.metrics, &b);
 }
 
 static void send_failure(prefill_t *pf, uint64_t id, uint64_t epoch,
@@ -225,6 +230,7 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
     ProtobufCBinaryData kv[2 * 512];
     uint64_t now = bt_time_ns();
+    double kv_bytes = 0; /* metrics: what the hand-off moved */
 
     done.has_request_id = 1;
     done.request_id = t->id;
@@ -259,6 +265,7 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
                      "put_us:%.1f commit_us:%.1f",
                      (unsigned long long)t->id, t->n_tokens, bytes,
                      t->transfer_ns / 1e3, (now - t->t_computed) / 1e3);
+        kv_bytes = bytes;
     }
     if (t->kv_inline != NULL && pf->n_layers <= 512) {
         for (int i = 0; i < 2 * pf->n_layers; i++) {
@@ -267,6 +274,7 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
         }
         done.n_kv_inline = (size_t)(2 * pf->n_layers);
         done.kv_inline = kv;
+        kv_bytes = 2.0 * pf->n_layers * (double)t->kv_row_bytes * t->n_tokens;
     }
     if (t->feat != NULL) {
         done.has_spec_feature = 1;
@@ -277,6 +285,9 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
     msg.prefill_done = &done;
     send_msg(pf, &msg);
     pf->served++;
+    if (pf->engine != NULL) /* metrics hook */
+        workerproc_metrics_handoff(pf->cfg.metrics, (uint64_t)kv_bytes,
+                                   (double)done.transfer_us * 1e-6);
 }
 
 // ---------------------------------------------------------------------------
@@ -1057,6 +1068,8 @@ static void run_null(prefill_t *pf)
     for (prefill_task_t *t = pf->head; t; t = t->next) {
         if (t->state != PREFILL_TASK_WAITING)
             continue;
+        workerproc_metrics_step(pf->cfg.metrics, 1, 0, /* metrics hook */
+                                (uint64_t)(t->n_tokens - t->n_fed), 0);
         t->n_fed = t->n_tokens;
         t->first_token = proto_null_next_token(t->tokens[t->n_tokens - 1],
                                                t->n_tokens);
@@ -1150,6 +1163,11 @@ static void run_batch(prefill_t *pf)
                       (double)(bt_time_ns() - t0);
         pf->tps = pf->tps > 0 ? 0.8 * pf->tps + 0.2 * rate : rate;
     }
+    workerproc_metrics_step(pf->cfg.metrics, pf->n_batch, /* metrics hook */
+                            (double)(bt_time_ns() - t0) * 1e-9,
+                            status == BT_OK
+                                ? (uint64_t)(bcfg->max_batch_tokens - budget)
+                                : 0, 0);
     for (int b = 0, row = 0; b < pf->n_batch; b++) {
         prefill_task_t *t = pf->btasks[b];
         if (status != BT_OK) {
@@ -1500,6 +1518,7 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         workerproc_close(&pf->ctx, &pf->sock);
         goto err_engine;
     }
+    workerproc_metrics_attach(cfg->metrics, pf->link, pf->name);
     *pf_p = pf;
     return BT_OK;
 
@@ -1528,6 +1547,7 @@ void prefill_destroy(prefill_t **pf_p)
     while (pf->n_speers > 0)
         speer_drop_at(pf, pf->n_speers - 1);
     kv_stage_send_destroy(&pf->stage); /* bounded wait for orphans */
+    workerproc_metrics_attach(pf->cfg.metrics, NULL, NULL); /* /health */
     workerproc_link_destroy(&pf->link); /* its thread uses the socket */
     workerproc_close(&pf->ctx, &pf->sock);
     engine_teardown(pf);

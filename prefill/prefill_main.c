@@ -8,6 +8,7 @@
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "workerproc_metrics.h"
 #include "ctl/worker_ctl.h"
 #include "prefill.h"
 
@@ -70,6 +71,7 @@ int main(int argc, char **argv)
     };
     prefill_config_t cfg;
     prefill_t *pf = NULL;
+    workerproc_metrics_t *metrics = NULL;
     worker_ctl_opts_t wo = WORKER_CTL_OPTS_INIT(cfg, "baton-prefill", usage);
     bt_status_t status;
     int c, bad = 0;
@@ -101,15 +103,31 @@ int main(int argc, char **argv)
     }
     if (!worker_ctl_opts_ok(&wo, argc, optind))
         return 2;
+    /* Before the model loads: /health says "loading" meanwhile, and a
+     * port in use fails at once, not after minutes of loading. */
+    if (cfg.metrics_port >= 0) {
+        workerproc_metrics_config_t mc = {
+            .host = cfg.metrics_host, .port = cfg.metrics_port,
+            .role = "prefill", .router = cfg.router,
+        };
+        status = workerproc_metrics_create(&mc, &metrics);
+        if (status != BT_OK) {
+            fprintf(stderr, "baton-prefill: %s\n", bt_error_last());
+            return 1;
+        }
+        cfg.metrics = metrics;
+    }
     status = prefill_create(&cfg, &pf);
     if (status != BT_OK) {
         fprintf(stderr, "baton-prefill: %s\n", bt_error_last());
+        workerproc_metrics_destroy(&metrics);
         return 1;
     }
     worker_ctl_signals(stop_worker, pf);
     status = prefill_run(pf);
     worker_ctl_signals_clear();
     prefill_destroy(&pf);
+    workerproc_metrics_destroy(&metrics);
     bt_alloc_report();
     return status == BT_OK ? 0 : 1;
 }

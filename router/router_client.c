@@ -142,8 +142,9 @@ static uint32_t retry_hint_ms(uint64_t waited_ns)
  * stay busy with the requests that remain.  Requests waiting for a
  * worker to exist at all, and re-queued ones (failover), are left to the
  * queue timeout.  Returns how long the oldest shed one had waited (0:
- * none).  Runs from the client handler and the router's tick, never
- * inside a loop that holds a request pointer. */
+ * none).  Runs when a request arrives (never from the tick: there it
+ * would also end requests waiting out a worker failover, which is not
+ * overload), never inside a loop that holds a request pointer. */
 uint64_t router__shed_stale(router_t *r, uint64_t now)
 {
     uint64_t bound = (uint64_t)r->cfg.max_queue_wait_ms * 1000000ull;

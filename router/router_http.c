@@ -1,459 +1,82 @@
 /*
- * router_http.c - the router's metrics listener: a minimal HTTP/1.1
- * server for GET /metrics, polled by the router's own zmq_poll loop (no
- * thread).  One request per connection (Connection: close); at most
- * ROUTER_HTTP_MAX_CONNS at once (more are closed at accept).
- *
- * The request parser is strict where leniency lets requests be
- * misread (bare CR, folded header lines, Transfer-Encoding, conflicting
- * Content-Length, a missing Host in HTTP/1.1: all 400) and answers
- * everything it cannot serve without touching router state: 404 for
- * other paths, 405 for other methods, 431 for an oversized head, 505
- * for other HTTP versions.  After the response the write side is shut
- * and unread input drained for a moment (a lingering close), so a client
- * that sent more than the head still reads the answer instead of a
- * reset.
+ * router_http.c - the router's metrics listener: GET /metrics served by
+ * the shared strict HTTP server (common/bt_http.c), polled by the
+ * router's own zmq_poll loop (no thread).  The parser and the
+ * connection handling moved to common/ so the workers' metrics and
+ * health endpoints use the same code; what stays here adapts it to the
+ * router's declarations in router_int.h.
  */
-#include <errno.h>
-#include <netdb.h>
-#include <stdio.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "bt_alloc.h"
-#include "bt_error.h"
-#include "bt_log.h"
-#include "bt_util.h"
+#include "bt_http.h"
 #include "router_int.h"
 
-#define HTTP_IO_TIMEOUT_NS (5 * 1000000000ull)    /* read / write */
-#define HTTP_LINGER_NS (1000000000ull)            /* drain after the reply */
-
-typedef enum {
-    CONN_FREE = 0, /* slot unused */
-    CONN_READ,     /* reading the request head */
-    CONN_WRITE,    /* writing the response */
-    CONN_LINGER,   /* write side shut; draining input until EOF */
-} conn_state_t;
-
-typedef struct {
-    conn_state_t state;
-    int fd;                             /* the client socket, non-blocking */
-    char in[ROUTER_HTTP_MAX_REQUEST];   /* (n_in) request bytes so far */
-    size_t n_in;
-    router_buf_t out;                   /* the response */
-    size_t off;                         /* bytes of out already sent */
-    uint64_t t_state;                   /* when the state began (ns) */
-    int item;                           /* its poll item, -1: none */
-} http_conn_t;
+_Static_assert(ROUTER_HTTP_MAX_CONNS == BT_HTTP_MAX_CONNS,
+               "the router polls room for every connection");
+_Static_assert(ROUTER_HTTP_MAX_REQUEST == BT_HTTP_MAX_REQUEST,
+               "one request size limit");
 
 struct router_http_s {
-    int fd;                                  /* listening socket */
-    int port;                                /* bound port */
-    http_conn_t conns[ROUTER_HTTP_MAX_CONNS];
+    bt_http_server_t *srv;   /* the listener and its connections */
 };
 
-// ---------------------------------------------------------------------------
-// Parsing
-
-/* RFC 9110 token characters. */
-static bool is_tchar(unsigned char c)
-{
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
-           (c >= 'A' && c <= 'Z') ||
-           (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL);
-}
-
-/* Field value bytes: HTAB, SP, VCHAR, obs-text. */
-static bool is_value_char(unsigned char c)
-{
-    return c == '\t' || (c >= 0x20 && c != 0x7f);
-}
-
-static bool name_is(const char *name, size_t len, const char *want)
-{
-    return strlen(want) == len && strncasecmp(name, want, len) == 0;
-}
-
-/* Parses the request line buf[0..len) (no line end).  Sets req->status
- * for what it cannot serve, req->head for HEAD, *minor_p. */
-static void parse_request_line(const char *buf, size_t len,
-                               router_http_req_t *req, int *minor_p)
-{
-    size_t m = 0, t, t_end, p_end;
-    const char *v;
-
-    while (m < len && is_tchar((unsigned char)buf[m]))
-        m++;
-    if (m == 0 || m >= len || buf[m] != ' ') {
-        req->status = 400;
-        return;
-    }
-    t = m + 1;
-    t_end = t;
-    while (t_end < len && buf[t_end] > 0x20 && buf[t_end] < 0x7f)
-        t_end++;
-    if (t_end == t || t_end >= len || buf[t_end] != ' ' || buf[t] != '/') {
-        req->status = 400;
-        return;
-    }
-    v = buf + t_end + 1;
-    if (len - t_end - 1 != 8 || memcmp(v, "HTTP/", 5) != 0 ||
-        v[5] < '0' || v[5] > '9' || v[6] != '.' || v[7] < '0' ||
-        v[7] > '9') {
-        req->status = 400;
-        return;
-    }
-    if (v[5] != '1' || v[7] > '1') {
-        req->status = 505;
-        return;
-    }
-    *minor_p = v[7] - '0';
-    p_end = t;
-    while (p_end < t_end && buf[p_end] != '?' && buf[p_end] != '#')
-        p_end++;
-    if (m == 3 && memcmp(buf, "GET", 3) == 0) {
-        req->head = false;
-    } else if (m == 4 && memcmp(buf, "HEAD", 4) == 0) {
-        req->head = true;
-    } else {
-        req->status = 405;
-        return;
-    }
-    req->status = (p_end - t == 8 && memcmp(buf + t, "/metrics", 8) == 0)
-                      ? 200
-                      : 404;
-}
-
-/* Checks one header line buf[0..len).  Counts Host, remembers the
- * Content-Length (-1: none yet); false when malformed. */
-static bool parse_header(const char *buf, size_t len, int *n_host,
-                         long long *content_length)
-{
-    size_t n = 0, v;
-    long long cl = 0;
-
-    while (n < len && is_tchar((unsigned char)buf[n]))
-        n++;
-    if (n == 0 || n >= len || buf[n] != ':')
-        return false; /* also a folded line (leading SP/HTAB) */
-    for (v = n + 1; v < len; v++)
-        if (!is_value_char((unsigned char)buf[v]))
-            return false;
-    if (name_is(buf, n, "Host")) {
-        (*n_host)++;
-    } else if (name_is(buf, n, "Transfer-Encoding")) {
-        return false; /* no request bodies here */
-    } else if (name_is(buf, n, "Content-Length")) {
-        size_t a = n + 1, b = len;
-        while (a < b && (buf[a] == ' ' || buf[a] == '\t'))
-            a++;
-        while (b > a && (buf[b - 1] == ' ' || buf[b - 1] == '\t'))
-            b--;
-        if (a == b || b - a > 15)
-            return false;
-        for (size_t k = a; k < b; k++) {
-            if (buf[k] < '0' || buf[k] > '9')
-                return false;
-            cl = cl * 10 + (buf[k] - '0');
-        }
-        if (*content_length >= 0 && *content_length != cl)
-            return false; /* conflicting values */
-        *content_length = cl;
-    }
-    return true;
-}
+/* The one path the router serves. */
+static const char *const router_paths[] = { "/metrics" };
 
 bt_status_t router__http_parse(const char *buf, size_t len,
                                router_http_req_t *req)
 {
-    size_t at = 0;
-    int minor = 1, n_host = 0;
-    long long content_length = -1;
-    bool have_line = false;
+    bt_http_req_t r;
+    bt_status_t status = bt_http_parse(buf, len, router_paths, 1, &r);
 
     memset(req, 0, sizeof(*req));
-    for (;;) {
-        size_t end = at, line_len;
-        const char *nl;
-
-        nl = memchr(buf + at, '\n', len - at);
-        if (nl == NULL) {
-            /* A bare CR can be refused before the line ends. */
-            const char *cr = memchr(buf + at, '\r', len - at);
-            if (cr != NULL && cr + 1 < buf + len) {
-                req->status = 400;
-                req->len = len;
-                return BT_OK;
-            }
-            if (len >= ROUTER_HTTP_MAX_REQUEST) {
-                req->status = 431;
-                req->len = len;
-                return BT_OK;
-            }
-            return BT_IN_PROGRESS;
-        }
-        end = (size_t)(nl - buf);
-        line_len = end - at;
-        if (line_len > 0 && buf[end - 1] == '\r')
-            line_len--;
-        if (memchr(buf + at, '\r', line_len) != NULL) {
-            req->status = 400; /* bare CR inside a line */
-            req->len = end + 1;
-            return BT_OK;
-        }
-        if (end + 1 > ROUTER_HTTP_MAX_REQUEST) {
-            req->status = 431;
-            req->len = end + 1;
-            return BT_OK;
-        }
-        if (!have_line) {
-            if (line_len > 0) { /* empty lines before it are ignored */
-                parse_request_line(buf + at, line_len, req, &minor);
-                if (req->status == 400 || req->status == 505) {
-                    req->len = end + 1;
-                    return BT_OK;
-                }
-                have_line = true;
-            }
-        } else if (line_len == 0) {
-            req->len = end + 1;
-            if (minor == 1 && n_host != 1)
-                req->status = 400; /* HTTP/1.1 needs exactly one Host */
-            else if (minor == 0 && n_host > 1)
-                req->status = 400;
-            return BT_OK;
-        } else if (!parse_header(buf + at, line_len, &n_host,
-                                 &content_length)) {
-            req->status = 400;
-            req->len = end + 1;
-            return BT_OK;
-        }
-        at = end + 1;
-    }
+    req->status = r.status;
+    req->head = r.head;
+    req->len = r.len;
+    return status;
 }
 
-// ---------------------------------------------------------------------------
-// Connections
+/* Context of one router__http_process call, for the handler. */
+typedef struct {
+    router_t *r;
+    uint64_t now;
+} http_ctx_t;
 
-static const char *http_reason(int status)
+/* bt_http_handler_fn: the router's metrics, rendered on the spot (the
+ * router's loop is the caller, so its state is consistent). */
+static int metrics_handler(void *arg, int route, bt_buf_t *body,
+                           const char **content_type)
 {
-    switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
+    http_ctx_t *ctx = arg;
+    router_buf_t text = { 0 };
+    bt_status_t status;
+
+    (void)route;
+    status = router__metrics_render(ctx->r, ctx->now, &text);
+    if (status == BT_OK && text.len > 0)
+        status = bt_buf_append(body, text.data, text.len);
+    router__buf_cleanup(&text);
+    if (status != BT_OK)
+        return 500;
+    *content_type = "text/plain; version=0.0.4; charset=utf-8";
+    return 200;
 }
-
-static void conn_close(http_conn_t *c)
-{
-    if (c->fd >= 0)
-        close(c->fd);
-    router__buf_cleanup(&c->out);
-    c->fd = -1;
-    c->n_in = 0;
-    c->off = 0;
-    c->state = CONN_FREE;
-}
-
-static void conn_set_state(http_conn_t *c, conn_state_t state, uint64_t now)
-{
-    c->state = state;
-    c->t_state = now;
-}
-
-/* Builds the response to `req` (the metrics of r for a 200). */
-static void conn_answer(http_conn_t *c, router_t *r,
-                        const router_http_req_t *req, uint64_t now)
-{
-    router_buf_t body = { 0 };
-    int status = req->status;
-    bt_status_t st = BT_OK;
-
-    if (status == 200)
-        st = router__metrics_render(r, now, &body);
-    else
-        st = router__buf_printf(&body, "%d %s\n", status,
-                                http_reason(status));
-    if (st != BT_OK) {
-        status = 500;
-        router__buf_cleanup(&body);
-        st = router__buf_printf(&body, "500 %s\n", http_reason(500));
-    }
-    c->out.len = 0;
-    if (st == BT_OK)
-        st = router__buf_printf(
-            &c->out,
-            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-            "%sConnection: close\r\n\r\n",
-            status, http_reason(status),
-            status == 200 ? "text/plain; version=0.0.4; charset=utf-8"
-                          : "text/plain; charset=utf-8",
-            body.len, status == 405 ? "Allow: GET, HEAD\r\n" : "");
-    if (st == BT_OK && !req->head && body.len > 0)
-        st = router__buf_printf(&c->out, "%s", body.data);
-    router__buf_cleanup(&body);
-    if (st != BT_OK) {
-        conn_close(c); /* out of memory: nothing sensible to send */
-        return;
-    }
-    if (status != 200)
-        BT_LOG_DEBUG("NET", "metrics HTTP request answered %d", status);
-    c->off = 0;
-    conn_set_state(c, CONN_WRITE, now);
-}
-
-static void conn_read(http_conn_t *c, router_t *r, uint64_t now)
-{
-    router_http_req_t req;
-
-    for (;;) {
-        ssize_t n;
-        if (c->n_in == sizeof(c->in))
-            break;
-        n = recv(c->fd, c->in + c->n_in, sizeof(c->in) - c->n_in, 0);
-        if (n > 0) {
-            c->n_in += (size_t)n;
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            break;
-        if (n < 0 && errno == EINTR)
-            continue;
-        conn_close(c); /* EOF or an error before a whole request */
-        return;
-    }
-    if (router__http_parse(c->in, c->n_in, &req) == BT_IN_PROGRESS)
-        return;
-    conn_answer(c, r, &req, now);
-}
-
-static void conn_write(http_conn_t *c, uint64_t now)
-{
-    while (c->off < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + c->off, c->out.len - c->off,
-                         MSG_NOSIGNAL);
-        if (n > 0) {
-            c->off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        if (n < 0 && errno == EINTR)
-            continue;
-        conn_close(c);
-        return;
-    }
-    shutdown(c->fd, SHUT_WR);
-    router__buf_cleanup(&c->out);
-    conn_set_state(c, CONN_LINGER, now);
-}
-
-/* Reads and drops input until EOF (then closes). */
-static void conn_drain(http_conn_t *c)
-{
-    char scratch[4096];
-
-    for (;;) {
-        ssize_t n = recv(c->fd, scratch, sizeof(scratch), 0);
-        if (n > 0)
-            continue;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        conn_close(c);
-        return;
-    }
-}
-
-static void http_accept(router_http_t *http, uint64_t now)
-{
-    for (;;) {
-        int fd = accept4(http->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        http_conn_t *c = NULL;
-
-        if (fd < 0)
-            return; /* EAGAIN, or an aborted connection */
-        for (int i = 0; i < ROUTER_HTTP_MAX_CONNS && c == NULL; i++)
-            if (http->conns[i].state == CONN_FREE)
-                c = &http->conns[i];
-        if (c == NULL) {
-            BT_LOG_WARN("NET", "metrics HTTP: %d connections open; one "
-                        "refused", ROUTER_HTTP_MAX_CONNS);
-            close(fd);
-            continue;
-        }
-        c->fd = fd;
-        c->n_in = 0;
-        c->off = 0;
-        c->item = -1;
-        conn_set_state(c, CONN_READ, now);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Listener
 
 bt_status_t router__http_create(const char *host, int port,
                                 router_http_t **http_p)
 {
-    struct addrinfo hints, *res = NULL;
-    struct sockaddr_storage sa;
-    socklen_t sa_len = sizeof(sa);
-    router_http_t *http;
-    char port_s[16];
-    int one = 1, rc;
+    router_http_t *http = bt_calloc(1, sizeof(*http), "router_http");
+    bt_status_t status;
 
-    if (port < 0 || port > 65535)
-        return BT_ERROR(BT_ERR_INVALID_ARG, "NET", "metrics port %d", port);
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    snprintf(port_s, sizeof(port_s), "%d", port);
-    rc = getaddrinfo(host, port_s, &hints, &res);
-    if (rc != 0)
-        return BT_ERROR(BT_ERR_INVALID_ARG, "NET", "metrics host '%s': %s",
-                        host ? host : "", gai_strerror(rc));
-    http = bt_calloc(1, sizeof(*http), "router_http");
-    if (http == NULL) {
-        freeaddrinfo(res);
+    if (http == NULL)
         return BT_ERR_NO_MEMORY;
-    }
-    for (int i = 0; i < ROUTER_HTTP_MAX_CONNS; i++)
-        http->conns[i].fd = -1;
-    http->fd = socket(res->ai_family,
-                      SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (http->fd < 0) {
-        int e = errno;
-        freeaddrinfo(res);
+    status = bt_http_server_create(host, port, router_paths, 1,
+                                   metrics_handler, "metrics", &http->srv);
+    if (status != BT_OK) {
         bt_free(http);
-        return BT_ERROR(BT_ERR_IO, "NET", "socket: %s", strerror(e));
+        return status;
     }
-    setsockopt(http->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(http->fd, res->ai_addr, res->ai_addrlen) != 0 ||
-        listen(http->fd, 64) != 0 ||
-        getsockname(http->fd, (struct sockaddr *)&sa, &sa_len) != 0) {
-        int e = errno;
-        freeaddrinfo(res);
-        close(http->fd);
-        bt_free(http);
-        return BT_ERROR(BT_ERR_NET, "NET", "cannot listen on %s:%d for "
-                        "metrics: %s", host ? host : "*", port,
-                        strerror(e));
-    }
-    freeaddrinfo(res);
-    http->port = sa.ss_family == AF_INET6
-                     ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
-                     : ntohs(((struct sockaddr_in *)&sa)->sin_port);
     *http_p = http;
     return BT_OK;
 }
@@ -464,69 +87,26 @@ void router__http_destroy(router_http_t **http_p)
 
     if (http == NULL)
         return;
-    for (int i = 0; i < ROUTER_HTTP_MAX_CONNS; i++)
-        if (http->conns[i].state != CONN_FREE)
-            conn_close(&http->conns[i]);
-    close(http->fd);
+    bt_http_server_destroy(&http->srv);
     bt_free(http);
     *http_p = NULL;
 }
 
 int router__http_port(const router_http_t *http)
 {
-    return http->port;
+    return bt_http_server_port(http->srv);
 }
 
 int router__http_poll_items(router_http_t *http, zmq_pollitem_t *items)
 {
-    int n = 0;
-
-    items[n].socket = NULL;
-    items[n].fd = http->fd;
-    items[n].events = ZMQ_POLLIN;
-    items[n].revents = 0;
-    n++;
-    for (int i = 0; i < ROUTER_HTTP_MAX_CONNS; i++) {
-        http_conn_t *c = &http->conns[i];
-        c->item = -1;
-        if (c->state == CONN_FREE)
-            continue;
-        c->item = n;
-        items[n].socket = NULL;
-        items[n].fd = c->fd;
-        items[n].events = c->state == CONN_WRITE ? ZMQ_POLLOUT : ZMQ_POLLIN;
-        items[n].revents = 0;
-        n++;
-    }
-    return n;
+    return bt_http_server_poll_items(http->srv, items);
 }
 
 void router__http_process(router_http_t *http, router_t *r,
                           const zmq_pollitem_t *items, int n_items,
                           uint64_t now)
 {
-    for (int i = 0; i < ROUTER_HTTP_MAX_CONNS; i++) {
-        http_conn_t *c = &http->conns[i];
-        short ev;
+    http_ctx_t ctx = { r, now };
 
-        if (c->state == CONN_FREE)
-            continue;
-        ev = c->item >= 0 && c->item < n_items ? items[c->item].revents : 0;
-        if (ev & ZMQ_POLLERR) {
-            conn_close(c);
-            continue;
-        }
-        if (c->state == CONN_READ && (ev & ZMQ_POLLIN))
-            conn_read(c, r, now);
-        if (c->state == CONN_WRITE && ((ev & ZMQ_POLLOUT) || c->off == 0))
-            conn_write(c, now); /* a fresh answer is tried at once */
-        if (c->state == CONN_LINGER && (ev & ZMQ_POLLIN))
-            conn_drain(c);
-        if (c->state != CONN_FREE &&
-            now - c->t_state > (c->state == CONN_LINGER ? HTTP_LINGER_NS
-                                                        : HTTP_IO_TIMEOUT_NS))
-            conn_close(c);
-    }
-    if (n_items > 0 && (items[0].revents & ZMQ_POLLIN))
-        http_accept(http, now);
+    bt_http_server_process(http->srv, &ctx, items, n_items, now);
 }

@@ -362,6 +362,23 @@ void workerproc_link_publish(workerproc_link_t *link,
         send_beat(link);
 }
 
+void workerproc_link_health(workerproc_link_t *link,
+                            workerproc_link_health_t *h)
+{
+    uint64_t now = bt_time_ns(), start;
+
+    pthread_mutex_lock(&link->mu);
+    h->registered = link->registered;
+    pthread_mutex_unlock(&link->mu);
+    start = atomic_load(&link->turn_start_ns);
+    h->progress = atomic_load(&link->progress);
+    h->busy_ms = start != 0 && now > start
+                     ? (uint32_t)BT_MIN((now - start) / 1000000ull,
+                                        (uint64_t)UINT32_MAX)
+                     : 0;
+    h->step_ms = atomic_load(&link->step_ms);
+}
+
 void workerproc_link_turn_begin(workerproc_link_t *link)
 {
     atomic_store(&link->turn_start_ns, bt_time_ns());

@@ -42,6 +42,10 @@ typedef struct workerproc_link_s workerproc_link_t;
  * sent by the link's thread). */
 typedef struct {
     uint32_t running;            /* sequences / tasks held */
+    uint32_t waiting;            /* of them: not started yet (prefill:
+                                    no chunk fed; decode: reservations
+                                    whose KV has not arrived) -- metrics
+                                    only */
     uint64_t outstanding;        /* tokens owed */
     bool draining;
     bool has_kv;                 /* the KV counts below are meaningful */
@@ -101,6 +105,18 @@ void workerproc_link_publish(workerproc_link_t *link,
  * longest recent turn, and count completed turns. */
 void workerproc_link_turn_begin(workerproc_link_t *link);
 void workerproc_link_turn_end(workerproc_link_t *link);
+
+/* What a health check needs, read from any thread. */
+typedef struct {
+    bool registered;   /* the current session was acknowledged */
+    uint64_t progress; /* turns completed */
+    uint32_t busy_ms;  /* age of the running turn (0: idle) */
+    uint32_t step_ms;  /* longest recent turn */
+} workerproc_link_health_t;
+
+/* Fills *h (thread-safe: the metrics thread calls it). */
+void workerproc_link_health(workerproc_link_t *link,
+                            workerproc_link_health_t *h);
 
 /* The lock every use of a worker's control socket holds (the main
  * thread's sends, receives and polls, and the heartbeat thread). */

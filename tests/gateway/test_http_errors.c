@@ -462,7 +462,7 @@ int main(void)
         BT_ASSERT_EQ(ht_request(a, "GET", "/metrics", NULL, &r), 200);
         BT_CHECK(strstr(r.head, "text/plain") != NULL);
         check_prometheus(r.body);
-        BT_CHECK(metric(r.body, "baton_router_up") == 1);
+        BT_CHECK(metric(r.body, "baton_http_router_up") == 1);
         BT_CHECK(metric(r.body, "baton_http_requests_total{endpoint="
                                 "\"/v1/completions\",code=\"400\"}") >= 15);
         BT_CHECK(metric(r.body, "baton_http_requests_total{endpoint="
@@ -475,9 +475,9 @@ int main(void)
         BT_CHECK(metric(r.body,
                         "baton_http_time_to_first_token_seconds_count") >= 2);
         BT_CHECK(metric(r.body, "baton_http_completion_tokens_total") >= 2);
-        BT_CHECK(metric(r.body, "baton_worker_kv_blocks{worker=\"d0\","
+        BT_CHECK(metric(r.body, "baton_http_worker_kv_blocks{worker=\"d0\","
                                 "role=\"decode\"}") > 0);
-        BT_CHECK(metric(r.body, "baton_router_workers{role=\"prefill\"}") == 1);
+        BT_CHECK(metric(r.body, "baton_http_router_workers{role=\"prefill\"}") == 1);
         ht_resp_free(&r);
         BT_ASSERT_EQ(ht_request(b, "GET", "/metrics", NULL, &r), 200);
         check_prometheus(r.body);

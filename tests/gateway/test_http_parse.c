@@ -264,7 +264,7 @@ static void test_metrics(void)
                               "{le=\"+Inf\"} 2\n"));
     BT_CHECK(strstr(out.data, "baton_http_time_to_first_token_seconds_count"
                               " 2\n"));
-    BT_CHECK(strstr(out.data, "baton_router_up 0\n"));
+    BT_CHECK(strstr(out.data, "baton_http_router_up 0\n"));
     gateway__buf_cleanup(&out);
 }
 

@@ -10,10 +10,24 @@
 
 #include "bt_util.h"
 
+/* Where the router endpoint came from (for the start-up line). */
+static const char *g_router_from = "the default";
+
 void worker_ctl_env(const worker_ctl_opts_t *o)
 {
-    if (getenv("BATON_ROUTER"))
+    const char *port = getenv("BATON_METRICS_PORT");
+
+    if (getenv("BATON_ROUTER")) {
         *o->router = getenv("BATON_ROUTER");
+        g_router_from = "BATON_ROUTER";
+    }
+    if (port != NULL && port[0] != '\0' &&
+        (bt_parse_int(port, o->metrics_port) != BT_OK ||
+         *o->metrics_port < 0 || *o->metrics_port > 65535)) {
+        fprintf(stderr, "%s: ignoring BATON_METRICS_PORT='%s' (not a "
+                        "port)\n", o->prog, port);
+        *o->metrics_port = -1;
+    }
     if (getenv("BATON_HOST_ID") && getenv("BATON_HOST_ID")[0] != '\0')
         *o->host_id = getenv("BATON_HOST_ID");
 }
@@ -25,7 +39,11 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
     bool bad = false;
 
     switch (c) {
-    case 'r': *o->router = arg; break;
+    case 'r': *o->router = arg; g_router_from = NULL; break;
+    case 1030: bad = bt_parse_int(arg, o->metrics_port) != BT_OK ||
+                     *o->metrics_port < 0 || *o->metrics_port > 65535;
+        break;
+    case 1031: *o->metrics_host = arg; break;
     case 1020: *o->host_id = arg; break;
     case 'm': o->engine->model_path = arg; break;
     case 't': o->engine->tokenizer_path = arg; break;
@@ -98,6 +116,10 @@ bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_)
         o->usage(stderr);
         return false;
     }
+    if (g_router_from != NULL)
+        fprintf(stderr, "%s: no --router given: waiting for the router at "
+                        "%s (%s; set --router or BATON_ROUTER)\n", o->prog,
+                *o->router, g_router_from);
     return true;
 }
 

@@ -49,7 +49,9 @@ extern "C" {
     { "tp", required_argument, 0, 1022 },                       \
     { "kv-memory-fraction", required_argument, 0, 1023 },       \
     { "kv-memory-gb", required_argument, 0, 1024 },             \
-    { "warmup", required_argument, 0, 1025 }
+    { "warmup", required_argument, 0, 1025 },                   \
+    { "metrics-port", required_argument, 0, 1030 },             \
+    { "metrics-host", required_argument, 0, 1031 }
 
 /* Usage lines of the first shared options, the same in every worker. */
 #define WORKER_CTL_USAGE_ROUTER                                              \
@@ -63,7 +65,11 @@ extern "C" {
     "                         and the IPC namespace); at most 127 bytes\n"  \
     "  --model PATH           llama2.c .bin, HF directory or synth:NAME\n"  \
     "  --tokenizer PATH       llama2.c tokenizer (for text prompts)\n"      \
-    "  --null-model           no model: instant deterministic tokens\n"
+    "  --null-model           no model: instant deterministic tokens\n"  \
+    "  --metrics-port N       serve Prometheus /metrics and /health on N\n" \
+    "                         (env BATON_METRICS_PORT; 0: any free port;\n"\
+    "                         default: off); see docs/OPERATIONS.md\n"     \
+    "  --metrics-host ADDR    address the metrics port binds (127.0.0.1)\n"
 
 /* Usage lines of the KV pool size (every worker). */
 #define WORKER_CTL_USAGE_KV                                                  \
@@ -110,6 +116,8 @@ typedef struct {
     int *kv_stage_blocks;
     bool *kv_stage_host;
     int *warmup;                  /* WORKER_CTL_WARMUP_* */
+    int *metrics_port;            /* -1: no metrics listener */
+    const char **metrics_host;
 } worker_ctl_opts_t;
 
 /* --warmup */
@@ -134,10 +142,12 @@ bool worker_ctl_warmup_wanted(int mode, const char *backend_name);
         .kv_stage_blocks = &(cfg).kv_stage_blocks,                         \
         .kv_stage_host = &(cfg).kv_stage_host,                             \
         .warmup = &(cfg).warmup,                                           \
+        .metrics_port = &(cfg).metrics_port,                               \
+        .metrics_host = &(cfg).metrics_host,                               \
     }
 
 /* Applies the environment defaults (BATON_ROUTER; BATON_HOST_ID when not
- * empty); call before parsing so flags win. */
+ * empty; BATON_METRICS_PORT); call before parsing so flags win. */
 void worker_ctl_env(const worker_ctl_opts_t *o);
 
 /* Applies getopt result `c` with argument `arg` when it is a shared
@@ -149,7 +159,9 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
 /* Checks the parsed shared options (host id 1 to 127 bytes, no operands,
  * exactly one of --model and --null-model), printing what is wrong (and
  * the usage, for the latter) to stderr.  Returns true when they are
- * fine. */
+ * fine.  A worker started without --router then says on stderr which
+ * endpoint it waits on (the default or BATON_ROUTER): a worker that
+ * silently waits on the wrong port is hard to tell from a slow one. */
 bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_);
 
 /* Makes SIGTERM and SIGINT call stop(arg) (which must be async-signal-

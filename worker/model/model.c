@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -61,6 +62,66 @@ void model_destroy(model_t **model_p)
     *model_p = NULL;
 }
 
+// ---------------------------------------------------------------------------
+// Load progress (issue 40)
+
+#define MODEL_PROGRESS_MIN_BYTES (1ull << 30) /* smaller files load fast */
+#define MODEL_PROGRESS_CHUNK (64ull << 20)
+
+/* True when reading `size` bytes should show progress: on a terminal
+ * for files of 1 GiB and more; BATON_LOAD_PROGRESS=1 forces it (tests,
+ * logs), =0 turns it off. */
+static bool model_progress_wanted(size_t size)
+{
+    const char *env = getenv("BATON_LOAD_PROGRESS");
+
+    if (env != NULL && env[0] != '\0')
+        return env[0] == '1';
+    return size >= MODEL_PROGRESS_MIN_BYTES && isatty(STDERR_FILENO);
+}
+
+/* Reads the mapping through once, in file order, printing how far it
+ * got on one rewritten stderr line.  Why: weights are mmap'ed, so a
+ * 16 GB checkpoint's disk time otherwise hides in the first weight
+ * upload or forward with no sign of life; read here sequentially (and
+ * with read-ahead advice) it shows progress, and the later upload finds
+ * the pages in the page cache. */
+static void model_read_with_progress(const char *path, const void *addr,
+                                     size_t size)
+{
+    const volatile unsigned char *p = addr;
+    uint64_t t0 = bt_time_ns(), last = 0;
+    long page = sysconf(_SC_PAGESIZE);
+    const char *base = strrchr(path, '/');
+    unsigned sum = 0;
+
+    base = base != NULL ? base + 1 : path;
+    if (page <= 0)
+        page = 4096;
+    madvise((void *)addr, size, MADV_SEQUENTIAL);
+    for (size_t off = 0; off < size;) {
+        size_t end = BT_MIN(size, off + MODEL_PROGRESS_CHUNK);
+        uint64_t now;
+
+        madvise((void *)((const char *)addr + (off & ~(size_t)(page - 1))),
+                end - (off & ~(size_t)(page - 1)), MADV_WILLNEED);
+        for (; off < end; off += (size_t)page)
+            sum += p[off];
+        off = end;
+        now = bt_time_ns();
+        if (now - last > 250000000ull || off == size) {
+            double s = (double)(now - t0) * 1e-9;
+            fprintf(stderr, "\rloading %s: %.1f / %.1f GB (%3.0f%%) %.2f GB/s",
+                    base, off / 1e9, size / 1e9, 100.0 * off / size,
+                    s > 0 ? off / 1e9 / s : 0.0);
+            last = now;
+        }
+    }
+    fprintf(stderr, "\n");
+    (void)sum;
+    madvise((void *)addr, size, MADV_NORMAL);
+}
+
 bt_status_t model__map_file(model_t *model, const char *path,
                             const void **data_p, size_t *size_p)
 {
@@ -87,6 +148,8 @@ bt_status_t model__map_file(model_t *model, const char *path,
         }
     }
     close(fd);
+    if (addr != NULL && model_progress_wanted((size_t)st.st_size))
+        model_read_with_progress(path, addr, (size_t)st.st_size);
     maps = bt_realloc(model->maps, sizeof(*maps) * (size_t)(model->n_maps + 1),
                       "model_maps");
     if (maps == NULL) {

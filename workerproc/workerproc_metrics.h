@@ -1,0 +1,81 @@
+/*
+ * workerproc_metrics.h - a worker's Prometheus metrics and health
+ * endpoint (--metrics-port; issue 40): GET /metrics (text format 0.0.4)
+ * and GET /health.
+ *
+ * Off the compute thread.  The listener runs on a thread of its own and
+ * renders from a snapshot that the main loop publishes once a turn (the
+ * heartbeat's workerproc_beat_t) plus counters and histograms the main
+ * loop bumps after each step; both take one short mutex, never held
+ * while the engine runs.  A scrape therefore never stalls a step, and is
+ * answered while a 2-second step runs.
+ *
+ * /health answers 200 "ok" while the worker is registered with its
+ * router (its current session acknowledged) and its engine turns
+ * progress; 503 with the reason otherwise: still loading the model, not
+ * registered (the router endpoint it waits on is named), a turn running
+ * longer than the stall limit (BATON_HEALTH_STALL_MS, default 10000, or
+ * 20 of the longest recent turns when longer, as the router judges), or
+ * stopping.
+ *
+ * Every function is NULL-safe in the metrics object, so a role without
+ * --metrics-port calls the hooks unconditionally.
+ */
+#ifndef BT_WORKERPROC_WORKERPROC_METRICS_H
+#define BT_WORKERPROC_WORKERPROC_METRICS_H
+
+#include <stdint.h>
+
+#include "bt_status.h"
+#include "workerproc_link.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct workerproc_metrics_s workerproc_metrics_t;
+
+/* Where and what to serve. */
+typedef struct {
+    const char *host;    /* address to bind ("127.0.0.1") */
+    int port;            /* 0: any free port */
+    const char *role;    /* "prefill", "decode", "both" (label) */
+    const char *router;  /* the router endpoint (for /health's reason) */
+} workerproc_metrics_config_t;
+
+/* Starts the listener and its thread; the strings are copied.  Errors
+ * (a port in use) are logged and returned. */
+bt_status_t workerproc_metrics_create(const workerproc_metrics_config_t *cfg,
+                                      workerproc_metrics_t **m_p);
+/* Stops the thread, closes the listener, frees.  NULL-safe. */
+void workerproc_metrics_destroy(workerproc_metrics_t **m_p);
+/* The bound port (-1 for NULL). */
+int workerproc_metrics_port(const workerproc_metrics_t *m);
+
+/* Attaches the worker's link (health reads its registration and turn
+ * ages) and its name (label); `link` NULL detaches, after which /health
+ * says "stopping".  Call with NULL before destroying the link: it waits
+ * for a scrape that reads it.  Main thread. */
+void workerproc_metrics_attach(workerproc_metrics_t *m,
+                               workerproc_link_t *link, const char *name);
+
+/* Publishes the state the next scrape shows (the heartbeat snapshot).
+ * Main thread, once a turn. */
+void workerproc_metrics_publish(workerproc_metrics_t *m,
+                                const workerproc_beat_t *beat);
+
+/* Counts one engine step: `batch` sequences in it, `seconds` of wall
+ * time, prompt tokens prefilled and tokens generated in it. */
+void workerproc_metrics_step(workerproc_metrics_t *m, int batch,
+                             double seconds, uint64_t prefill_tokens,
+                             uint64_t generated_tokens);
+
+/* Counts one KV hand-off sent: `bytes` of KV, `seconds` spent moving it
+ * (the puts and the commit; inline: packing). */
+void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
+                                double seconds);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKERPROC_WORKERPROC_METRICS_H */
