@@ -31,12 +31,20 @@ import time
 import cluster_harness
 
 BIN, WORK, TABLE = sys.argv[1], sys.argv[2], sys.argv[3]
-MODES = os.environ.get("BT_SERVE_MODES", "agg,agg-tpot,disagg").split(",")
-RUNS = [(tuple(int(v) for v in shape.split("x")),
-         tuple(int(v) for v in load.split(":")))
-        for shape, load in (r.split("@") for r in os.environ.get(
-            "BT_SERVE_RUNS",
-            "2048x128@256:512;512x512@256:512;2048x2048@160:160").split(";"))]
+MODES = os.environ.get("BT_SERVE_MODES", "agg,disagg,agg-tpot").split(",")
+
+
+def parse_runs(text):
+    return [(tuple(int(v) for v in shape.split("x")),
+             tuple(int(v) for v in load.split(":")))
+            for shape, load in (r.split("@") for r in text.split(";"))]
+
+
+RUNS = parse_runs(os.environ.get(
+    "BT_SERVE_RUNS", "2048x128@256:512;512x512@256:512;2048x2048@160:160"))
+# agg-tpot is an A/B of the prefill budget: the prefill-heavy shape only
+TPOT_RUNS = parse_runs(os.environ.get("BT_SERVE_TPOT_RUNS",
+                                      "2048x128@256:512"))
 COLD = int(os.environ.get("BT_SERVE_COLD", "256"))
 COLD_SHAPE = tuple(int(v) for v in os.environ.get(
     "BT_SERVE_COLD_SHAPE", "2048x128").split("x"))
@@ -76,11 +84,10 @@ def worker_cmds(mode, ctl):
         dec += ["--role", "both"]
         if AGG_KV != "auto":
             dec += ["--kv-blocks", AGG_KV]
-    else:
-        dec += ["--kv-blocks", KV]  # two workers share the GPU
         if mode == "agg-tpot":
             dec += ["--tpot-target-ms", TPOT_MS]
         return [("d0", dec)]
+    dec += ["--kv-blocks", KV]  # two workers share the GPU
     pre = ["baton-prefill"] + common + [
         "--name", "p0", "--kv-blocks", "4096", "--max-batch-tokens", "8192",
         "--chunk-tokens", "8192"]
@@ -163,7 +170,8 @@ def run_mode(mode):
     log("%s: registered after %.1f s: cold burst of %d" %
         (mode, time.time() - t0, COLD))
     bench(cl, mode, COLD_SHAPE[0], COLD_SHAPE[1], COLD, COLD, "cold")
-    for (plen, olen), (conc, n) in RUNS:
+    for (plen, olen), (conc, n) in (TPOT_RUNS if mode == "agg-tpot"
+                                    else RUNS):
         if DEADLINE - time.time() < 40:
             log("%s: no time left for %dx%d" % (mode, plen, olen))
             break
