@@ -461,6 +461,10 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     ready.want_text = req->want_text;
     ready.n_kv_inline = done->n_kv_inline; /* forwarded without a copy */
     ready.kv_inline = done->kv_inline;
+    /* The capability the prefill worker presented, relayed as it came:
+     * the decode worker judges it (issue 42). */
+    ready.has_capability = done->has_capability;
+    ready.capability = done->capability;
     ready.has_spec_feature = done->has_spec_feature; /* EAGLE hand-off */
     ready.spec_feature = done->spec_feature;
     ready.n_stop_strings = (size_t)req->n_stop_strings;
