@@ -78,6 +78,7 @@ void router__dispatch(router_t *r)
             n_tokens = BT_MIN(n_tokens, (int)d->max_context);
         blocks = router__blocks_needed(d, n_tokens);
         router__queue_remove(r, req); /* shifts queue[i+1..] down */
+        router__queue_dispatched(r, req);
         req->prefill_uid = p->uid;
         req->decode_uid = d->uid;
         req->task_tokens = (uint64_t)n_tokens;
