@@ -841,10 +841,14 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
         return false;
     }
     if (!capability_ok(r, &m->capability, m->has_capability)) {
-        /* Nothing of it is committed: the reservation stays as it was
-         * (a KvReady with the right capability may still come), and the
-         * router hears of the failure of this attempt. */
+        /* Nothing of it is committed.  The router fails the request on
+         * the TaskError below, so the reservation goes now (its blocks
+         * quarantined when a remote writer may still hold them) instead
+         * of at the KV timeout. */
         cap_rejected(dec);
+        if (r->pending == msg)
+            r->pending = NULL; /* the caller frees msg */
+        resv_free(dec, r, false);
         BT_LOG_WARN("KV", "request %llu: KvReady with a wrong capability "
                     "dropped", (unsigned long long)m->request_id);
         send_task_error(dec, m->request_id, m->epoch,
