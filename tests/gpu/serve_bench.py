@@ -15,7 +15,9 @@ runs of BT_SERVE_RUNS ("PROMPTxOUTPUT@CONCURRENCY:REQUESTS;...").
 
 Environment: BT_SERVE_MODES (agg,agg-tpot,disagg), BT_SERVE_RUNS,
 BT_SERVE_COLD (256 requests at once) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
-BT_SERVE_KV_BLOCKS (44000 decode; prefill 4096), BT_SERVE_TPOT_MS (50),
+BT_SERVE_KV_BLOCKS (44000: disagg's decode; its prefill 4096),
+BT_SERVE_AGG_KV (auto: the aggregated worker sizes KV from memory),
+BT_SERVE_TPOT_MS (50),
 BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda).
 Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
 failed anywhere.
@@ -39,7 +41,8 @@ COLD = int(os.environ.get("BT_SERVE_COLD", "256"))
 COLD_SHAPE = tuple(int(v) for v in os.environ.get(
     "BT_SERVE_COLD_SHAPE", "2048x128").split("x"))
 DEADLINE = time.time() + float(os.environ.get("BT_SERVE_DEADLINE_S", "540"))
-KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")
+KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")  # disagg's decode pool
+AGG_KV = os.environ.get("BT_SERVE_AGG_KV", "auto")  # auto: from memory
 TPOT_MS = os.environ.get("BT_SERVE_TPOT_MS", "50")
 MODEL = os.environ.get("BT_SERVE_MODEL", "synth:llama3-8b")
 DEVICE = os.environ.get("BT_SERVE_DEVICE", "cuda")
@@ -67,10 +70,14 @@ def worker_cmds(mode, ctl):
     common = ["--router", ctl, "--model", MODEL, "--device", DEVICE,
               "--precision", "bf16"]
     dec = ["baton-decode"] + common + [
-        "--name", "d0", "--kv-blocks", KV, "--max-seqs", "256",
+        "--name", "d0", "--max-seqs", "256",
         "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
     if mode.startswith("agg"):
         dec += ["--role", "both"]
+        if AGG_KV != "auto":
+            dec += ["--kv-blocks", AGG_KV]
+    else:
+        dec += ["--kv-blocks", KV]  # two workers share the GPU
         if mode == "agg-tpot":
             dec += ["--tpot-target-ms", TPOT_MS]
         return [("d0", dec)]
