@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # deploy/k8s against the Kubernetes API schemas, offline: renders the base,
-# every overlay, and every overlay with components/node-local-ipc with a
+# every overlay, every overlay with components/node-local-ipc and with
+# components/autoscaling (autoscaling/v2 HorizontalPodAutoscalers, the
+# prometheus-adapter ConfigMap), and h200 with both, with a
 # real kustomize (`kubectl kustomize`, kustomize v4 or later: components),
 # and validates each object with the npm package kubernetes-models (the
 # Kubernetes OpenAPI schemas compiled to ajv validators: types, required
 # fields, enums, formats; a kind without a schema fails).  The validator
-# must reject three broken variants, so this test can fail.
+# must reject four broken variants, so this test can fail.
 # npm packages (tests/deploy/npm: versions and hashes pinned by its
 # package-lock.json) go to BT_BUILD_DIR/deploy-npm, installed with `npm
 # ci` once per lock file, bounded by a timeout; an unreachable registry
@@ -58,14 +60,21 @@ for o in base $overlays; do
     fail "kubectl kustomize $o: $(cat "$tmp/err")"
   files+=("$tmp/$o.yaml")
 done
+with() {  # NAME OVERLAY COMPONENT...: an overlay of OVERLAY + components
+  local name=$1 o=$2 c; shift 2
+  mkdir -p "$tmp/k8s/overlays/$name"
+  { printf 'resources:\n  - ../%s\ncomponents:\n' "$o"
+    for c; do printf '  - ../../components/%s\n' "$c"; done
+  } >"$tmp/k8s/overlays/$name/kustomization.yaml"
+  kubectl kustomize "$tmp/k8s/overlays/$name" >"$tmp/$name.yaml" 2>"$tmp/err" ||
+    fail "kubectl kustomize $o + $*: $(cat "$tmp/err")"
+  files+=("$tmp/$name.yaml")
+}
 for o in $overlays; do
-  mkdir -p "$tmp/k8s/overlays/nl-$o"
-  printf 'resources:\n  - ../%s\ncomponents:\n  - ../../components/node-local-ipc\n' \
-    "$o" >"$tmp/k8s/overlays/nl-$o/kustomization.yaml"
-  kubectl kustomize "$tmp/k8s/overlays/nl-$o" >"$tmp/nl-$o.yaml" 2>"$tmp/err" ||
-    fail "kubectl kustomize $o + node-local-ipc: $(cat "$tmp/err")"
-  files+=("$tmp/nl-$o.yaml")
+  with "nl-$o" "$o" node-local-ipc
+  with "as-$o" "$o" autoscaling
 done
+with nl-as-h200 h200 node-local-ipc autoscaling
 
 # --- validate -------------------------------------------------------------------
 V=(timeout 60 node "$SRC/tests/deploy/k8s_schema.mjs" "$NPM_DIR/node_modules")
@@ -76,18 +85,24 @@ for k in ConfigMap Deployment NetworkPolicy PersistentVolumeClaim \
          PodDisruptionBudget Service; do
   grep -q "^kind: $k\$" "$tmp/h200.yaml" || fail "h200 has no $k"
 done
+grep -q "^kind: HorizontalPodAutoscaler\$" "$tmp/nl-as-h200.yaml" ||
+  fail "h200 + autoscaling has no HorizontalPodAutoscaler"
 
 # --- the validator is not vacuous -------------------------------------------------
-# a port number as a string, a container without its required name, and
-# an apiVersion Kubernetes does not have
+# a port number as a string, a container without its required name, an
+# apiVersion Kubernetes does not have, and an HPA whose maxReplicas is a
+# string
 sed '0,/containerPort: 5555/s//containerPort: "5555"/' "$tmp/h200.yaml" \
   >"$tmp/bad1.yaml"
 sed 's/^        name: router$/        nam: router/' "$tmp/h200.yaml" \
   >"$tmp/bad2.yaml"
 sed 's|apiVersion: policy/v1|apiVersion: policy/v1beta9|' "$tmp/h200.yaml" \
   >"$tmp/bad3.yaml"
-for b in bad1 bad2 bad3; do
-  cmp -s "$tmp/$b.yaml" "$tmp/h200.yaml" && fail "$b: the edit changed nothing"
+sed 's/^  maxReplicas: \([0-9]*\)$/  maxReplicas: "\1"/' "$tmp/nl-as-h200.yaml" \
+  >"$tmp/bad4.yaml"
+for b in bad1 bad2 bad3 bad4; do
+  ref=$tmp/h200.yaml; [ $b = bad4 ] && ref=$tmp/nl-as-h200.yaml
+  cmp -s "$tmp/$b.yaml" "$ref" && fail "$b: the edit changed nothing"
   if "${V[@]}" "$tmp/$b.yaml" >"$tmp/$b.out" 2>&1; then
     fail "the schema check accepted $b: $(cat "$tmp/$b.out")"
   fi
