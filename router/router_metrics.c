@@ -11,6 +11,9 @@
  *   baton_router_retries_total             re-queues after worker failures
  *   baton_router_kv_handoffs_total{transport}  KvReady sent, by transport
  *   baton_router_worker_drops_total        workers dropped (dead, left)
+ *   baton_router_curve, _insecure          CURVE on / --insecure (gauges)
+ *   baton_router_auth_denied_total{socket} CURVE handshakes refused
+ *   baton_router_foreign_messages_total    worker messages from another key
  *   baton_router_stale_messages_total      worker messages of a given-up
  *                                          attempt or registration, dropped
  * Gauges (now): baton_router_queue_depth, baton_router_queue_limit,
