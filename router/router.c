@@ -117,8 +117,9 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
     }
     /* CURVE encrypts in libzmq's I/O threads, not in the router's loop:
      * with it, two of them (BT_ZMQ_IO_THREADS overrides; set before the
-     * first socket), so the crypto of both sockets is not serialised on
-     * one core.  docs/SECURITY.md has the measurements. */
+     * first socket; each connection stays on one), so the crypto of the
+     * workers' and clients' connections is not serialised on one core.
+     * docs/SECURITY.md has the measurements. */
     {
         int io = cfg->curve_secret_key != NULL && cfg->curve_secret_key[0]
                      ? 2 : 1;
