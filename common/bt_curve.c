@@ -141,9 +141,11 @@ bt_status_t bt_curve_load_secret(const char *path, char *secret_p,
         return BT_ERROR(BT_ERR_INVALID_ARG, "CURVE", "cannot derive the "
                         "public key of %s: %s", path,
                         zmq_strerror(zmq_errno()));
-    if (stat(path, &st) == 0 && (st.st_mode & 077) != 0)
-        BT_LOG_WARN("CURVE", "secret key file %s is readable by group or "
-                    "others (mode %03o); chmod 600 it", path,
+    /* Group-readable is how Kubernetes hands a Secret to a non-root
+     * user (fsGroup, mode 0440); world-readable is a mistake. */
+    if (stat(path, &st) == 0 && (st.st_mode & 007) != 0)
+        BT_LOG_WARN("CURVE", "secret key file %s is readable by others "
+                    "(mode %03o); chmod 600 it", path,
                     (unsigned)(st.st_mode & 0777));
     memcpy(secret_p, sec, sizeof(sec));
     if (public_p != NULL)

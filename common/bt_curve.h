@@ -52,7 +52,7 @@ bt_status_t bt_curve_keygen(const char *prefix, char *public_p);
 
 /* Reads a secret key file; derives its public key.  BT_ERR_INVALID_ARG
  * with a message naming the file when it is missing, unreadable or not a
- * key.  Warns when the file is readable by group or others. */
+ * key.  Warns when the file is readable by others. */
 bt_status_t bt_curve_load_secret(const char *path, char *secret_p,
                                  char *public_p);
 

@@ -462,6 +462,7 @@ static void run_curve(void)
     usleep(1500000);
     BT_CHECK(!has_worker(ctl, "evil", NULL));
     BT_CHECK(count_in_file(rlog, "refused worker connection") >= 2);
+    BT_ASSERT_EQ(count_in_file(elog, "this worker's key is not allowed"), 1);
     cu_kill(evil_pid, SIGKILL);
 
     fprintf(stderr, "3. an unlisted client key gets no reply\n");
