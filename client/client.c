@@ -527,6 +527,12 @@ bt_status_t client_submit(client_t *client, const client_request_t *req,
     gen.deadline_ms = req->deadline_ms;
     gen.has_want_text = 1;
     gen.want_text = req->want_text;
+    gen.tenant = (char *)req->tenant;
+    gen.has_tenant_weight = req->tenant_weight > 0;
+    gen.tenant_weight = req->tenant_weight;
+    gen.has_cache_salt = req->cache_salt != NULL;
+    gen.cache_salt.data = (uint8_t *)req->cache_salt;
+    gen.cache_salt.len = req->cache_salt ? strlen(req->cache_salt) : 0;
     msg.body_case = BATON__CLIENT_MESSAGE__BODY_GENERATE;
     msg.generate = &gen;
     status = proto_client_send(client->sock, NULL, 0, &msg);

@@ -57,6 +57,10 @@ typedef struct {
     int priority;              /* higher first */
     uint32_t deadline_ms;      /* 0 = none */
     bool want_text;            /* default true */
+    /* Tenants (issue 42), set by a trusted front end: */
+    const char *tenant;        /* NULL: the default tenant */
+    uint32_t tenant_weight;    /* share within its priority (0: 1) */
+    const char *cache_salt;    /* NULL: none */
 } client_request_t;
 
 void client_request_init(client_request_t *req);

@@ -50,6 +50,34 @@ uint64_t bt_random_u64(void)
     return v != 0 ? v : 1;
 }
 
+bt_status_t bt_random_secret(void *buf, size_t len)
+{
+    uint8_t *p = buf;
+
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return BT_ERROR(BT_ERR_IO, "UTIL", "getrandom: %s",
+                            n < 0 ? strerror(errno) : "no bytes");
+        p += n;
+        len -= (size_t)n;
+    }
+    return BT_OK;
+}
+
+bool bt_ct_equal(const void *a, const void *b, size_t len)
+{
+    const volatile uint8_t *x = a;
+    const volatile uint8_t *y = b;
+    uint8_t d = 0;
+
+    for (size_t i = 0; i < len; i++)
+        d |= (uint8_t)(x[i] ^ y[i]);
+    return d == 0;
+}
+
 double bt_time_s(void)
 {
     return (double)bt_time_ns() * 1e-9;

@@ -40,6 +40,15 @@ double bt_time_s(void);
  * worker routing ids, KV epochs), not for secrets. */
 uint64_t bt_random_u64(void);
 
+/* len bytes from the kernel's CSPRNG (getrandom), for secrets (KV
+ * capabilities).  BT_ERR_IO when the kernel gives none: there is no
+ * fallback, a predictable secret is worse than a refused request. */
+bt_status_t bt_random_secret(void *buf, size_t len);
+
+/* Whether a[0..len) equals b[0..len), in time that depends on len only
+ * (for comparing secrets: API keys, capabilities). */
+bool bt_ct_equal(const void *a, const void *b, size_t len);
+
 /* Whole-string parses; return BT_ERR_INVALID_ARG on junk or overflow. */
 bt_status_t bt_parse_i64(const char *s, int64_t *out_p);
 bt_status_t bt_parse_int(const char *s, int *out_p);

@@ -36,6 +36,8 @@ typedef struct {
     bool used;
     uint64_t id;        /* request id */
     uint64_t epoch;     /* never reused */
+    uint8_t cap[PROTO_CAPABILITY_BYTES]; /* random capability of the
+                           grant (issue 42): a KvReady must present it */
     int *blocks;        /* (n_blocks) */
     int n_blocks;
     int limit_blocks;   /* blocks the request may grow to */
@@ -157,6 +159,8 @@ struct decode_s {
     uint64_t steps;
     uint64_t tokens_out;
     uint64_t staged;            /* requests admitted with staged KV */
+    uint64_t cap_rejected;      /* KvReady / local PrefillTask with a
+                                   wrong capability, dropped (issue 42) */
     /* Speculative decoding (--spec-head) */
     spec_head_t *head;
     spec_t *spec;
@@ -504,6 +508,21 @@ static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
     memset(r, 0, sizeof(*r));
 }
 
+static void cap_rejected(decode_t *dec)
+{
+    dec->cap_rejected++;
+    workerproc_metrics_kv_rejected(dec->cfg.metrics);
+}
+
+/* Whether the capability a KvReady (or a local PrefillTask's grant)
+ * presents is r's: 16 bytes, compared in constant time. */
+static bool capability_ok(const decode_resv_t *r,
+                          const ProtobufCBinaryData *cap, bool has)
+{
+    return has && cap->len == sizeof(r->cap) &&
+           bt_ct_equal(cap->data, r->cap, sizeof(r->cap));
+}
+
 static decode_resv_t *resv_find(decode_t *dec, uint64_t id)
 {
     for (int i = 0; i < dec->cfg.max_reservations; i++)
@@ -527,6 +546,7 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
                           dec->block_size);
     int *blocks = NULL;
     int *stage_ids = NULL;
+    uint8_t cap[PROTO_CAPABILITY_BYTES];
 
     g.has_request_id = 1;
     g.request_id = m->request_id;
@@ -552,6 +572,14 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
             r = &dec->resv[i];
     if (r == NULL || dec->draining) {
         g.error = dec->draining ? "draining" : "too many reservations";
+        goto reply;
+    }
+    /* The capability first: nothing to undo when the kernel has none. */
+    if (bt_random_secret(cap, sizeof(cap)) != BT_OK) {
+        BT_LOG_ERROR("KV", "request %llu: no random capability: %s",
+                     (unsigned long long)m->request_id, bt_error_last());
+        bt_error_clear();
+        g.error = "no random capability";
         goto reply;
     }
     limit = BT_MAX(limit, need);
@@ -590,6 +618,7 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     }
     r->used = true;
     r->id = m->request_id;
+    memcpy(r->cap, cap, sizeof(cap));
     r->epoch = ++dec->next_epoch;
     r->stage = stage_ids != NULL;
     r->blocks = blocks;
@@ -614,6 +643,9 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     g.epoch = r->epoch;
     g.has_slot = 1;
     g.slot = (int32_t)(r - dec->resv);
+    g.has_capability = 1;
+    g.capability.data = r->cap;
+    g.capability.len = sizeof(r->cap);
     if (stage_ids != NULL) {
         g.n_stage_block_ids = (size_t)need;
         g.stage_block_ids = stage_ids;
@@ -806,6 +838,22 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
         send_task_error(dec, m->request_id, m->epoch,
                         BATON__ERROR_CODE__ERROR_WORKER,
                         "KV reservation expired or stale epoch");
+        return false;
+    }
+    if (!capability_ok(r, &m->capability, m->has_capability)) {
+        /* Nothing of it is committed.  The router fails the request on
+         * the TaskError below, so the reservation goes now (its blocks
+         * quarantined when a remote writer may still hold them) instead
+         * of at the KV timeout. */
+        cap_rejected(dec);
+        if (r->pending == msg)
+            r->pending = NULL; /* the caller frees msg */
+        resv_free(dec, r, false);
+        BT_LOG_WARN("KV", "request %llu: KvReady with a wrong capability "
+                    "dropped", (unsigned long long)m->request_id);
+        send_task_error(dec, m->request_id, m->epoch,
+                        BATON__ERROR_CODE__ERROR_WORKER,
+                        "KV capability does not match the reservation");
         return false;
     }
     for (decode_seq_t *o = dec->seqs; o; o = o->next) {
@@ -1092,7 +1140,11 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
         return;
     }
     if (r == NULL || g == NULL || g->epoch != r->epoch || r->local ||
-        r->local_done) {
+        r->local_done || !capability_ok(r, &g->capability,
+                                        g->has_capability)) {
+        if (r != NULL && g != NULL && g->epoch == r->epoch &&
+            !capability_ok(r, &g->capability, g->has_capability))
+            cap_rejected(dec);
         send_prefill_failure(dec, m->request_id, g != NULL ? g->epoch : 0,
                              BATON__ERROR_CODE__ERROR_WORKER,
                              "no matching KV reservation for local prefill");
@@ -1261,6 +1313,9 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
     }
     done.has_epoch = 1;
     done.epoch = r->epoch;
+    done.has_capability = 1;
+    done.capability.data = r->cap;
+    done.capability.len = sizeof(r->cap);
     done.has_compute_us = 1;
     done.compute_us = (bt_time_ns() - r->t_start) / 1000;
     done.has_transfer_us = 1;
@@ -2217,9 +2272,11 @@ bt_status_t decode_run(decode_t *dec)
     }
     workerproc_send_shutdown(dec->sock, dec->name);
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, staged "
-                "hand-offs:%llu", dec->name, (unsigned long long)dec->steps,
+                "hand-offs:%llu kv_cap_rejected:%llu", dec->name,
+                (unsigned long long)dec->steps,
                 (unsigned long long)dec->tokens_out,
-                (unsigned long long)dec->staged);
+                (unsigned long long)dec->staged,
+                (unsigned long long)dec->cap_rejected);
     log_step_times(dec, true);
     return BT_OK;
 }

@@ -114,6 +114,10 @@ typedef struct {
     uint32_t n_tokens;       /* ids received */
     uint64_t t_start;        /* request parsed (ns) */
     uint64_t t_first;        /* first token received (ns) */
+    gateway_tenant_t *tenant; /* admitted against this tenant's limits
+                                (NULL: none); released at the job's end */
+    uint64_t charged;        /* tokens charged to it at admission */
+    uint64_t prompt_est;     /* of which the prompt's */
 } conn_t;
 
 typedef struct {
@@ -129,6 +133,7 @@ struct gateway_s {
     int epoll_fd;
     int router_fd;               /* ZMQ_FD of the client socket */
     client_t *client;
+    gateway_auth_t *auth;        /* API keys and tenants, NULL: open */
     tok_t *tok;                  /* NULL without --tokenizer */
     gateway_api_ctx_t api;
     gateway_http_limits_t limits;
@@ -253,6 +258,10 @@ static void conn_job_drop(gateway_t *gw, conn_t *conn, bool cancel)
             gw->metrics.cancelled++;
         }
         gw->metrics.in_flight--;
+        if (conn->tenant != NULL) /* tokens it cost: prompt + received */
+            gateway__tenant_release(conn->tenant, conn->charged,
+                                    conn->prompt_est + conn->n_tokens);
+        conn->tenant = NULL;
     }
     map_remove(gw, conn->rid);
     conn->job = JOB_NONE;
@@ -790,9 +799,54 @@ static bool prompt_too_long(gateway_t *gw, const gateway_api_req_t *areq,
     return true;
 }
 
+/* Prompt tokens of a parsed request: exact for ids, bytes / 4 for text
+ * (a tenant's token-rate charge; corrected at the end). */
+static uint64_t prompt_estimate(const gateway_api_req_t *areq)
+{
+    if (areq->req.n_prompt_ids > 0)
+        return (uint64_t)areq->req.n_prompt_ids;
+    return areq->req.prompt != NULL ? strlen(areq->req.prompt) / 4 + 1 : 1;
+}
+
+/* Admits a parsed request against its tenant's limits (none without
+ * one) and stamps it with the tenant's class, weight and salt.  False:
+ * answered 429 (areq cleaned up). */
+static bool tenant_admit(gateway_t *gw, conn_t *conn, gateway_tenant_t *t,
+                         gateway_api_req_t *areq)
+{
+    gateway_api_error_t err;
+    uint64_t out, prompt = prompt_estimate(areq);
+    uint32_t retry_ms = 0;
+    const char *why = NULL;
+
+    if (t == NULL)
+        return true;
+    out = areq->req.max_tokens > 0 ? (uint64_t)areq->req.max_tokens
+          : gw->max_context > 0    ? (uint64_t)gw->max_context
+                                   : 1024;
+    if (gateway__tenant_admit(t, bt_time_ns(), prompt + out, &retry_ms,
+                              &why) != BT_OK) {
+        gateway__api_req_cleanup(areq);
+        gw->metrics.tenant_limited++;
+        gateway__api_error_set(&err, 429, "rate_limit_exceeded",
+                               "rate_limit_exceeded", NULL, "%s", why);
+        err.retry_after_ms = BT_MAX(retry_ms, 1000u);
+        conn_respond_error(gw, conn, &err, NULL);
+        return false;
+    }
+    conn->tenant = t;
+    conn->charged = prompt + out;
+    conn->prompt_est = prompt;
+    areq->req.tenant = t->name;
+    areq->req.tenant_weight = t->weight;
+    areq->req.cache_salt = t->cache_salt;
+    areq->req.priority = t->priority; /* the tenant's class, not the body's */
+    return true;
+}
+
 static void start_generation(gateway_t *gw, conn_t *conn,
                              gateway_api_kind_t kind, const char *body,
-                             size_t len)
+                             size_t len, gateway_tenant_t *tenant)
 {
     gateway_api_req_t areq;
     gateway_api_error_t err;
@@ -816,11 +870,16 @@ static void start_generation(gateway_t *gw, conn_t *conn,
         conn_respond_error(gw, conn, &err, NULL);
         return;
     }
+    if (!tenant_admit(gw, conn, tenant, &areq))
+        return;
     status = client_submit(gw->client, &areq.req, &rid);
     conn->stream = areq.stream;
     conn->include_usage = areq.stream && areq.include_usage;
     gateway__api_req_cleanup(&areq);
     if (status != BT_OK) {
+        if (conn->tenant != NULL)
+            gateway__tenant_release(conn->tenant, conn->charged, 0);
+        conn->tenant = NULL;
         respond_simple_error(gw, conn, 503, "service_unavailable",
                              "router_unreachable",
                              "cannot reach the baton router", NULL);
@@ -894,12 +953,42 @@ static bool path_is(const gateway_http_req_t *req, const char *p)
     return req->path_len == n && memcmp(req->path, p, n) == 0;
 }
 
+/* With API keys: the tenant of the request's Bearer key, or NULL after
+ * answering 401 (nothing reaches the router).  Without keys: true with
+ * *t_p NULL.  The key is never logged. */
+static bool authorize(gateway_t *gw, conn_t *conn,
+                      const gateway_http_req_t *req, gateway_tenant_t **t_p)
+{
+    gateway_tenant_t *t = NULL;
+
+    *t_p = NULL;
+    if (gw->auth == NULL)
+        return true;
+    if (req->n_authorization == 1)
+        t = gateway__auth_check(gw->auth, req->authorization,
+                                req->authorization_len);
+    if (t == NULL) {
+        gw->metrics.unauthorized++;
+        respond_simple_error(gw, conn, 401, "invalid_request_error",
+                             "invalid_api_key",
+                             req->n_authorization == 0
+                                 ? "no API key: send Authorization: Bearer "
+                                   "KEY"
+                                 : "incorrect API key provided",
+                             "WWW-Authenticate: Bearer\r\n");
+        return false;
+    }
+    *t_p = t;
+    return true;
+}
+
 /* Answers one complete request (now, or later from the router). */
 static void dispatch(gateway_t *gw, conn_t *conn, const gateway_http_req_t *req)
 {
     const char *body = conn->in.data + req->header_len;
     bool get = req->method == GATEWAY_HTTP_GET;
     bool post = req->method == GATEWAY_HTTP_POST;
+    gateway_tenant_t *tenant = NULL;
 
     if (path_is(req, "/v1/completions") || path_is(req, "/v1/chat/completions")) {
         bool chat = path_is(req, "/v1/chat/completions");
@@ -910,9 +999,11 @@ static void dispatch(gateway_t *gw, conn_t *conn, const gateway_http_req_t *req)
                                  "Allow: POST\r\n");
             return;
         }
+        if (!authorize(gw, conn, req, &tenant))
+            return;
         start_generation(gw, conn,
                          chat ? GATEWAY_API_CHAT : GATEWAY_API_COMPLETIONS,
-                         body, req->content_length);
+                         body, req->content_length, tenant);
         return;
     }
     if (path_is(req, "/v1/models") ||
@@ -924,6 +1015,8 @@ static void dispatch(gateway_t *gw, conn_t *conn, const gateway_http_req_t *req)
                                  "Allow: GET\r\n");
             return;
         }
+        if (!authorize(gw, conn, req, &tenant))
+            return;
         if (req->path_len > 11)
             respond_models(gw, conn, req->path + 11, req->path_len - 11);
         else
@@ -955,6 +1048,9 @@ static void dispatch(gateway_t *gw, conn_t *conn, const gateway_http_req_t *req)
                                  "Allow: GET\r\n");
             return;
         }
+        if (!health && gw->cfg.metrics_auth &&
+            !authorize(gw, conn, req, &tenant))
+            return;
         start_status(gw, conn, health ? JOB_HEALTH : JOB_METRICS);
         return;
     }
@@ -1444,6 +1540,20 @@ bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p)
             goto err_destroy;
     }
 
+    if (cfg->api_key_file != NULL) {
+        /* fail closed: a key file that cannot be used stops us here */
+        status = gateway__auth_load(cfg->api_key_file, &gw->auth);
+        if (status != BT_OK)
+            goto err_destroy;
+        BT_LOG_INFO("HTTP", "API keys: %d keys of %d tenants from '%s'%s",
+                    gateway__auth_n_keys(gw->auth),
+                    gateway__auth_n_tenants(gw->auth), cfg->api_key_file,
+                    cfg->metrics_auth ? "; /metrics needs a key" : "");
+    } else if (cfg->metrics_auth) {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "HTTP",
+                          "--metrics-auth needs --api-key-file");
+        goto err_destroy;
+    }
     status = client_create(cfg->router, &gw->client);
     if (status != BT_OK)
         goto err_destroy;
@@ -1492,6 +1602,7 @@ void gateway_destroy(gateway_t **gw_p)
     if (gw->epoll_fd >= 0)
         close(gw->epoll_fd);
     client_destroy(&gw->client);
+    gateway__auth_destroy(&gw->auth);
     tok_destroy(&gw->tok);
     gateway__buf_cleanup(&gw->scratch);
     bt_free(gw->map);

@@ -22,6 +22,7 @@
 #ifndef BT_GATEWAY_GATEWAY_H
 #define BT_GATEWAY_GATEWAY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +56,9 @@ typedef struct {
     int status_timeout_ms;       /* /health, /metrics router wait (1 s) */
     uint32_t deadline_ms;        /* router deadline per request (0 none) */
     size_t max_stream_buffer;    /* unsent stream bytes before close (8 MiB) */
+    const char *api_key_file;    /* API keys and tenants (NULL: open, no
+                                  * tenants); unreadable: create fails */
+    bool metrics_auth;           /* /metrics needs a key too */
     int max_token_bytes;         /* without a tokenizer: text prompts of
                                   * more than context * this many bytes are
                                   * refused here as too long (128) */

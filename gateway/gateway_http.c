@@ -337,6 +337,11 @@ bt_status_t gateway__http_parse(const char *buf, size_t len,
             if (value_has_token(line + v_start, v_end - v_start,
                                 "keep-alive"))
                 conn_keep = true;
+        } else if (NAME_IS("Authorization")) {
+            /* the last one wins; never logged (a credential) */
+            req->authorization = line + v_start;
+            req->authorization_len = v_end - v_start;
+            req->n_authorization++;
         } else if (NAME_IS("Expect")) {
             if (v_end - v_start == 12 &&
                 strncasecmp(line + v_start, "100-continue", 12) == 0)

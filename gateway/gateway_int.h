@@ -73,6 +73,11 @@ typedef struct {
     size_t content_length; /* body bytes (0 when no Content-Length) */
     size_t header_len;     /* bytes up to the body; 0 until known */
     size_t total_len;      /* header_len + content_length */
+    const char *authorization; /* Authorization value (trimmed), or NULL;
+                              a credential: never log it */
+    size_t authorization_len;
+    int n_authorization;   /* Authorization fields seen (more than one:
+                              refused as ambiguous) */
     int error_status;      /* on BT_ERR_FORMAT: the HTTP status to send */
     const char *error;     /* on BT_ERR_FORMAT: why (static text) */
 } gateway_http_req_t;
@@ -188,6 +193,59 @@ bt_status_t gateway__api_models_json(const char *model, long long created,
                                      bool list, gateway_buf_t *out);
 
 // ---------------------------------------------------------------------------
+// API keys and tenants (gateway_auth.c; issue 42)
+
+#define GATEWAY_AUTH_MAX_KEY 256    /* key bytes at most (255 + NUL) */
+#define GATEWAY_AUTH_MIN_KEY 16     /* shorter keys are refused at load */
+
+/* A tenant: what its keys share.  Limits of 0 mean none. */
+typedef struct {
+    char name[65];             /* [A-Za-z0-9._-]{1,64} */
+    int priority;              /* the router priority class of its requests */
+    uint32_t weight;           /* its share within the class (1..1000) */
+    int max_concurrency;       /* requests in flight at once (0: no limit) */
+    uint64_t tokens_per_min;   /* token rate (0: no limit) */
+    char cache_salt[65];       /* default: the tenant's name */
+    /* state */
+    int in_flight;             /* generation requests admitted, not ended */
+    double bucket;             /* tokens it may still start (may go below
+                                  0: the overdraft of requests that used
+                                  more than charged) */
+    uint64_t t_bucket;         /* bucket last refilled (ns) */
+    uint64_t limited;          /* requests refused with 429 here */
+} gateway_tenant_t;
+
+typedef struct gateway_auth_s gateway_auth_t;
+
+/* Loads an API key file (format in docs/SECURITY.md): one key per line,
+ * "KEY TENANT [priority=N] [weight=N] [max_concurrency=N]
+ * [tokens_per_min=N] [cache_salt=S]"; '#' starts a comment.  Any error
+ * (missing or unreadable file, a malformed line, no key at all) fails
+ * the load with a message naming the line, never the key. */
+bt_status_t gateway__auth_load(const char *path, gateway_auth_t **auth_p);
+void gateway__auth_destroy(gateway_auth_t **auth_p);
+int gateway__auth_n_keys(const gateway_auth_t *auth);
+int gateway__auth_n_tenants(const gateway_auth_t *auth);
+
+/* The tenant of the credential in an Authorization header value
+ * ("Bearer KEY"), or NULL when it names no key.  Compares against every
+ * key in time that depends on the number of keys only. */
+gateway_tenant_t *gateway__auth_check(gateway_auth_t *auth,
+                                      const char *value, size_t len);
+
+/* Admission of one generation request of `tokens` estimated tokens for
+ * tenant t at `now`: BT_OK takes a concurrency slot and charges the
+ * tokens; BT_ERR_NO_RESOURCE (the caller answers 429) with how long to
+ * wait in *retry_ms and why in *why. */
+bt_status_t gateway__tenant_admit(gateway_tenant_t *t, uint64_t now,
+                                  uint64_t tokens, uint32_t *retry_ms,
+                                  const char **why);
+/* The end of an admitted request: frees its slot and corrects the charge
+ * (`charged` at admission, `used` in the end). */
+void gateway__tenant_release(gateway_tenant_t *t, uint64_t charged,
+                             uint64_t used);
+
+// ---------------------------------------------------------------------------
 // Metrics (Prometheus text exposition format)
 
 typedef enum {
@@ -215,6 +273,9 @@ typedef struct {
                                  make room for a new connection */
     uint64_t edge_too_long;   /* prompts refused here as over the context */
     uint64_t router_lost;     /* times the router link was lost */
+    uint64_t unauthorized;    /* 401: no or a wrong API key */
+    uint64_t tenant_limited;  /* 429: over a tenant's concurrency or
+                                 token-rate limit, refused here */
     int in_flight;            /* generation requests at the router */
     int connections;          /* open client connections */
     bt_prom_hist_t ttft;

@@ -62,7 +62,19 @@ static void usage(FILE *out)
         "                         before the router sees it (128)\n"
         "  --deadline-ms N        router deadline of every request (0 = none;\n"
         "                         a request's \"deadline_ms\" field overrides)\n"
+        "  --api-key-file FILE    API keys and tenants, one key per line:\n"
+        "                         KEY TENANT [priority=N] [weight=N]\n"
+        "                         [max_concurrency=N] [tokens_per_min=N]\n"
+        "                         [cache_salt=S] (docs/SECURITY.md); every\n"
+        "                         /v1 request then needs Authorization:\n"
+        "                         Bearer KEY (401 otherwise), tenants over\n"
+        "                         their limits get 429.  Unreadable or\n"
+        "                         malformed: baton-http does not start.\n"
+        "                         (env BATON_API_KEY_FILE)\n"
+        "  --metrics-auth         /metrics needs a key too (/health, /livez\n"
+        "                         stay open)\n"
         "  --help\n"
+        "No TLS here: put a TLS-terminating proxy in front (docs/SECURITY.md).\n"
         "Endpoints: POST /v1/completions, POST /v1/chat/completions,\n"
         "GET /v1/models, GET /metrics, GET /health (200 once the router\n"
         "has a worker that can prefill and one that decodes: readiness),\n"
@@ -105,6 +117,8 @@ int main(int argc, char **argv)
         { "max-conns-per-client", required_argument, 0, 'P' },
         { "header-timeout-ms", required_argument, 0, 'E' },
         { "max-token-bytes", required_argument, 0, 'K' },
+        { "api-key-file", required_argument, 0, 'A' },
+        { "metrics-auth", no_argument, 0, 'M' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -126,6 +140,8 @@ int main(int argc, char **argv)
         cfg.router = getenv("BATON_ROUTER");
         router_from = "BATON_ROUTER";
     }
+    if (getenv("BATON_API_KEY_FILE") && getenv("BATON_API_KEY_FILE")[0])
+        cfg.api_key_file = getenv("BATON_API_KEY_FILE");
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'r': cfg.router = optarg; router_from = NULL; break;
@@ -189,6 +205,8 @@ int main(int argc, char **argv)
                               &cfg.max_token_bytes))
                 return 2;
             break;
+        case 'A': cfg.api_key_file = optarg; break;
+        case 'M': cfg.metrics_auth = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -151,6 +151,16 @@ bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
       "# TYPE baton_http_router_lost_total counter\n"
       "baton_http_router_lost_total %llu\n",
       (unsigned long long)m->router_lost);
+    P("# HELP baton_http_unauthorized_total Requests refused with 401: no "
+      "or a wrong API key.\n"
+      "# TYPE baton_http_unauthorized_total counter\n"
+      "baton_http_unauthorized_total %llu\n",
+      (unsigned long long)m->unauthorized);
+    P("# HELP baton_http_tenant_limited_total Requests refused with 429 "
+      "over a tenant's concurrency or token-rate limit.\n"
+      "# TYPE baton_http_tenant_limited_total counter\n"
+      "baton_http_tenant_limited_total %llu\n",
+      (unsigned long long)m->tenant_limited);
     P("# HELP baton_http_requests_in_flight Generation requests waiting on "
       "the router.\n# TYPE baton_http_requests_in_flight gauge\n"
       "baton_http_requests_in_flight %d\n", m->in_flight);

@@ -46,6 +46,9 @@ struct prefill_task_s {
     int n_dst;
     int dst_block_size;
     uint64_t epoch;
+    uint8_t cap[PROTO_CAPABILITY_BYTES]; /* the grant's capability,
+                           presented back in PrefillDone (issue 42) */
+    size_t cap_len;       /* 0: the grant carried none */
     int slot;             /* UCX arrival slot of the reservation */
     uint8_t *desc;        /* (desc_len) UCX descriptor of the decode pool */
     size_t desc_len;
@@ -247,6 +250,9 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
     }
     done.has_epoch = 1;
     done.epoch = t->epoch;
+    done.has_capability = t->cap_len > 0;
+    done.capability.data = t->cap;
+    done.capability.len = t->cap_len;
     done.has_compute_us = 1;
     done.compute_us = (t->t_computed - t->t_start) / 1000;
     done.has_transfer_us = 1;
@@ -400,6 +406,10 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     t->id = m->request_id;
     t->t_start = bt_time_ns();
     t->epoch = g->epoch;
+    if (g->has_capability && g->capability.len == sizeof(t->cap)) {
+        memcpy(t->cap, g->capability.data, sizeof(t->cap));
+        t->cap_len = sizeof(t->cap);
+    }
     t->slot = g->has_slot ? g->slot : -1;
     t->dst_block_size = g->kv_layout ? (int)g->kv_layout->block_size : 0;
     params_from_proto(m->sampling, &t->sp);

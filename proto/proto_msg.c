@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <zmq.h>
 
@@ -181,6 +182,23 @@ bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
             snprintf(err, err_len, "stop string %zu empty or too long", i);
             return BT_ERR_INVALID_ARG;
         }
+    }
+    if (req->tenant != NULL && strlen(req->tenant) > PROTO_MAX_TENANT) {
+        snprintf(err, err_len, "tenant longer than %d bytes",
+                 PROTO_MAX_TENANT);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (req->has_cache_salt && req->cache_salt.len > PROTO_MAX_CACHE_SALT) {
+        snprintf(err, err_len, "cache_salt longer than %d bytes",
+                 PROTO_MAX_CACHE_SALT);
+        return BT_ERR_INVALID_ARG;
+    }
+    if (req->has_tenant_weight && (req->tenant_weight < 1 ||
+                                   req->tenant_weight >
+                                       PROTO_MAX_TENANT_WEIGHT)) {
+        snprintf(err, err_len, "tenant_weight must be 1..%d",
+                 PROTO_MAX_TENANT_WEIGHT);
+        return BT_ERR_INVALID_ARG;
     }
     if (req->sampling != NULL)
         return proto_sampling_validate(req->sampling, err, err_len);

@@ -32,6 +32,10 @@ extern "C" {
 #define PROTO_MAX_PROMPT_TOKENS (1 << 20)
 #define PROTO_MAX_STOP 64
 #define PROTO_MAX_STOP_BYTES 256
+#define PROTO_MAX_TENANT 64        /* GenerateRequest.tenant bytes */
+#define PROTO_MAX_CACHE_SALT 64    /* GenerateRequest.cache_salt bytes */
+#define PROTO_MAX_TENANT_WEIGHT 1000
+#define PROTO_CAPABILITY_BYTES 16  /* KvGrant.capability */
 
 /* Decodes a client message.  BT_ERR_FORMAT when it does not parse or has
  * no body (nothing returned); BT_ERR_UNSUPPORTED when its version is not

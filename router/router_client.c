@@ -305,6 +305,12 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     req->ignore_eos = g->ignore_eos;
     req->want_text = g->want_text;
     req->priority = g->priority;
+    req->tenant = router__tenant_slot(r, g->tenant);
+    req->weight = g->has_tenant_weight ? g->tenant_weight : 1;
+    if (g->has_cache_salt) { /* validated: at most PROTO_MAX_CACHE_SALT */
+        memcpy(req->cache_salt, g->cache_salt.data, g->cache_salt.len);
+        req->cache_salt_len = g->cache_salt.len;
+    }
     req->t_arrival = bt_time_ns();
     if (g->deadline_ms > 0)
         req->deadline_ns = req->t_arrival + (uint64_t)g->deadline_ms * 1000000ull;

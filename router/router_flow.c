@@ -78,6 +78,7 @@ void router__dispatch(router_t *r)
             n_tokens = BT_MIN(n_tokens, (int)d->max_context);
         blocks = router__blocks_needed(d, n_tokens);
         router__queue_remove(r, req); /* shifts queue[i+1..] down */
+        router__queue_dispatched(r, req);
         req->prefill_uid = p->uid;
         req->decode_uid = d->uid;
         req->task_tokens = (uint64_t)n_tokens;
@@ -461,6 +462,10 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     ready.want_text = req->want_text;
     ready.n_kv_inline = done->n_kv_inline; /* forwarded without a copy */
     ready.kv_inline = done->kv_inline;
+    /* The capability the prefill worker presented, relayed as it came:
+     * the decode worker judges it (issue 42). */
+    ready.has_capability = done->has_capability;
+    ready.capability = done->capability;
     ready.has_spec_feature = done->has_spec_feature; /* EAGLE hand-off */
     ready.spec_feature = done->spec_feature;
     ready.n_stop_strings = (size_t)req->n_stop_strings;

@@ -20,6 +20,10 @@
 #define ROUTER_MAX_EOS 8
 #define ROUTER_HASH_BUCKETS 4096
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
+#define ROUTER_MAX_TENANTS 256 /* tenants with live requests tracked apart;
+                                  beyond, they share the default's share */
+#define ROUTER_TENANT_OUTPUT_COST 4096 /* output tokens a request of
+                                  max_tokens 0 is charged in fair queueing */
 #define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's UCX descriptor */
 #define ROUTER_HOST_MAX 128
 #define ROUTER_PHASE_EXTENSIONS 3 /* re-estimates of a phase deadline
@@ -132,6 +136,15 @@ typedef enum {
     ROUTER_REQ_DECODING,    /* KvReady sent; tokens streaming */
 } router_req_state_t;
 
+/* A tenant with live requests (slot 0: the default tenant, "", never
+ * freed).  Its virtual finish tag is where its next request starts in the
+ * fair queue: tokens it was charged over its weight. */
+typedef struct {
+    char name[PROTO_MAX_TENANT + 1];
+    int live;                  /* live requests of it (0: slot free) */
+    double finish;             /* virtual finish of its last admission */
+} router_tenant_t;
+
 typedef struct router_req_s router_req_t;
 struct router_req_s {
     uint64_t id;               /* router-wide request id */
@@ -155,6 +168,17 @@ struct router_req_s {
     bool want_text;
     int priority;
     uint64_t deadline_ns;      /* 0 = none */
+    /* Tenants (issue 42): weighted-fair order within a priority. */
+    int tenant;                /* index in r->tenants (0: default) */
+    uint32_t weight;           /* its share (GenerateRequest.tenant_weight) */
+    double vtag;               /* virtual start tag (start-time fair
+                                  queueing): queued by it within a priority */
+    bool front;                /* re-queued: ahead of its priority, as before
+                                  tenants (its tag kept) */
+    uint8_t cache_salt[PROTO_MAX_CACHE_SALT]; /* (cache_salt_len) the
+                                  tenant's salt: any KV prefix reuse keys
+                                  on it (none exists yet) */
+    size_t cache_salt_len;
     /* progress */
     int *generated;            /* (cap_generated) ids sent to the client */
     int n_generated;
@@ -351,6 +375,9 @@ struct router_s {
     int queue_cap;
     router_req_t *by_id[ROUTER_HASH_BUCKETS];
     router_req_t *by_client[ROUTER_HASH_BUCKETS];
+    router_tenant_t tenants[ROUTER_MAX_TENANTS]; /* fair queueing */
+    double vclock;             /* virtual time: the largest start tag
+                                  dispatched so far */
     uint64_t completed;
     uint64_t failed;
     uint64_t last_liveness_ns;
@@ -421,6 +448,13 @@ router_req_t *router__req_find_client(router_t *r, const uint8_t *cid,
 /* Links a new request (takes ownership) into the live list and hashes
  * and queues it by priority. */
 void router__req_admit(router_t *r, router_req_t *req);
+/* The tenant slot for `name` (NULL or "": the default, 0), taking a free
+ * slot for a new one; every slot taken: the default's.  The caller
+ * counts the request in tenants[i].live. */
+int router__tenant_slot(router_t *r, const char *name);
+/* A request leaves the queue for a worker: the virtual clock moves to its
+ * tag. */
+void router__queue_dispatched(router_t *r, router_req_t *req);
 /* Takes a request out of the admission queue (no-op when not queued). */
 void router__queue_remove(router_t *r, router_req_t *req);
 /* Gives back the prefill worker's share of a request's load. */

@@ -56,18 +56,80 @@ void router__queue_remove(router_t *r, router_req_t *req)
     req->queued = false;
 }
 
-/* Inserts by priority (higher first); `front` puts it ahead of requests
- * of equal priority (retries keep their place).  The array holds every
- * live request, so it never overflows. */
+// ---------------------------------------------------------------------------
+// Tenants: weighted-fair queueing within a priority (issue 42)
+//
+// Start-time fair queueing (Goyal et al.): a request arriving for tenant
+// T gets the start tag S = max(T.finish, vclock) and moves T.finish to
+// S + cost / weight, cost its tokens (prompt + max_tokens).  Within a
+// priority the queue is ordered by S, so a tenant that floods the queue
+// pushes only its own later requests back: another tenant's next request
+// starts at the virtual clock and goes ahead of the flood's tail.  With
+// one tenant (no tenants configured) the tags grow with arrival: FIFO,
+// as before.  Priorities stay strict across classes; re-queued requests
+// (failover) still go first in theirs.
+
+int router__tenant_slot(router_t *r, const char *name)
+{
+    int free_slot = -1;
+
+    if (name == NULL || name[0] == '\0')
+        return 0;
+    for (int i = 1; i < ROUTER_MAX_TENANTS; i++) {
+        router_tenant_t *t = &r->tenants[i];
+        if (t->live > 0 && strcmp(t->name, name) == 0)
+            return i;
+        if (t->live == 0 && free_slot < 0)
+            free_slot = i;
+    }
+    if (free_slot < 0) {
+        BT_LOG_WARN("ROUTER", "more than %d tenants with live requests: "
+                    "tenant '%s' shares the default tenant's share",
+                    ROUTER_MAX_TENANTS - 1, name);
+        return 0;
+    }
+    snprintf(r->tenants[free_slot].name, sizeof(r->tenants[0].name), "%s",
+             name);
+    r->tenants[free_slot].finish = 0;
+    return free_slot;
+}
+
+/* Charges a newly admitted request to its tenant: its start tag. */
+static void tenant_charge(router_t *r, router_req_t *req)
+{
+    router_tenant_t *t = &r->tenants[req->tenant];
+    double out = req->max_tokens >= ROUTER_MAX_TOKENS
+                     ? ROUTER_TENANT_OUTPUT_COST
+                     : BT_MIN(req->max_tokens, ROUTER_MAX_TOKENS);
+    double in = req->prompt_ids != NULL ? req->n_prompt
+                                        : (double)req->text_len / 4.0;
+    double cost = BT_MAX(in + out, 1.0);
+
+    req->vtag = BT_MAX(t->finish, r->vclock);
+    t->finish = req->vtag + cost / (double)BT_MAX(req->weight, 1u);
+}
+
+void router__queue_dispatched(router_t *r, router_req_t *req)
+{
+    r->vclock = BT_MAX(r->vclock, req->vtag);
+    req->front = false;
+}
+
+/* Inserts by priority (higher first), within a priority by start tag;
+ * `front` puts it ahead of requests of equal priority (retries keep
+ * their place).  The array holds every live request, so it never
+ * overflows. */
 static void queue_insert(router_t *r, router_req_t *req, bool front)
 {
     int at = r->n_queued;
 
     BT_ASSERT(!req->queued && r->n_queued < r->n_live + 1);
+    req->front = front;
     while (at > 0) {
         router_req_t *p = r->queue[at - 1];
         if (p->priority > req->priority ||
-            (!front && p->priority == req->priority))
+            (!front && p->priority == req->priority &&
+             (p->front || p->vtag <= req->vtag)))
             break;
         at--;
     }
@@ -93,6 +155,8 @@ void router__req_admit(router_t *r, router_req_t *req)
     req->cl_next = r->by_client[b];
     r->by_client[b] = req;
     req->t_queued = bt_time_ns();
+    r->tenants[req->tenant].live++;
+    tenant_charge(r, req);
     queue_insert(r, req, false);
 }
 
@@ -148,6 +212,9 @@ void router__req_destroy(router_t *r, router_req_t *req)
     if (req->all_next)
         req->all_next->all_prev = req->all_prev;
     r->n_live--;
+    if (r->tenants[req->tenant].live > 0 &&
+        --r->tenants[req->tenant].live == 0 && req->tenant != 0)
+        memset(&r->tenants[req->tenant], 0, sizeof(r->tenants[0]));
     bt_free(req->prompt_ids);
     bt_free(req->prompt_text);
     bt_free(req->stop_ids);

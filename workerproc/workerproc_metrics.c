@@ -43,6 +43,7 @@ typedef struct {
     uint64_t generated_tokens;  /* tokens generated */
     uint64_t handoffs;          /* KV hand-offs sent */
     uint64_t handoff_bytes;     /* their KV bytes */
+    uint64_t kv_cap_rejected;   /* KV commits dropped: wrong capability */
     bt_prom_hist_t batch;       /* sequences per step */
     bt_prom_hist_t step;        /* seconds per step */
     bt_prom_hist_t handoff;     /* seconds per hand-off */
@@ -159,6 +160,10 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
     FAMILY("baton_worker_kv_handoff_bytes_total", "counter",
            "KV bytes of the hand-offs sent", "%llu",
            (unsigned long long)st->handoff_bytes);
+    FAMILY("baton_worker_kv_capability_rejected_total", "counter",
+           "KV commits (KvReady, local prefill) dropped: the capability "
+           "is not the live reservation's", "%llu",
+           (unsigned long long)st->kv_cap_rejected);
     if (b->has_spec) {
         FAMILY("baton_worker_spec_accept_length", "gauge",
                "Speculation: mean tokens accepted per verify step", "%.3f",
@@ -389,5 +394,14 @@ void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
     m->st.handoffs++;
     m->st.handoff_bytes += bytes;
     bt_prom_hist_observe(&m->st.handoff, seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void workerproc_metrics_kv_rejected(workerproc_metrics_t *m)
+{
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->st.kv_cap_rejected++;
     pthread_mutex_unlock(&m->mu);
 }

@@ -75,6 +75,10 @@ void workerproc_metrics_step(workerproc_metrics_t *m, int batch,
 void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
                                 double seconds);
 
+/* Counts one KV commit dropped because the capability it presented is
+ * not its live reservation's (issue 42). */
+void workerproc_metrics_kv_rejected(workerproc_metrics_t *m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,8 @@
 #!/bin/bash
-# gpu_steps.sh - helpers sourced by the device scripts tests/gpu/run_gpu_tc.sh
-# and tests/gpu/rounds/run_gpu_round*.sh (ON THE DEVICE MACHINE, from a
-# carried build; nothing is rebuilt).
+# gpu_steps.sh - helpers for a one-off device script (an A/B, a profile),
+# sourced by it ON THE DEVICE MACHINE from a build packed by
+# tests/gpu/pack_carry.sh (nothing is rebuilt).  The tuning rounds' own
+# scripts are in git history (tests/gpu/rounds/, removed in issue 41).
 #   gpu_steps_init TAG CARRY   $c, $out ($OUT or /tmp/baton-TAG), $log
 #                              ($out/TAG.log), $table ($out/TAG_table.md),
 #                              $tmp, $t0; the carry's lib/ on the path

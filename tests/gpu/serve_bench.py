@@ -15,7 +15,9 @@ runs of BT_SERVE_RUNS ("PROMPTxOUTPUT@CONCURRENCY:REQUESTS;...").
 
 Environment: BT_SERVE_MODES (agg,agg-tpot,disagg), BT_SERVE_RUNS,
 BT_SERVE_COLD (256 requests at once) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
-BT_SERVE_KV_BLOCKS (44000 decode; prefill 4096), BT_SERVE_TPOT_MS (50),
+BT_SERVE_KV_BLOCKS (44000: disagg's decode; its prefill 4096),
+BT_SERVE_AGG_KV (auto: the aggregated worker sizes KV from memory),
+BT_SERVE_TPOT_MS (50),
 BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda).
 Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
 failed anywhere.
@@ -29,17 +31,26 @@ import time
 import cluster_harness
 
 BIN, WORK, TABLE = sys.argv[1], sys.argv[2], sys.argv[3]
-MODES = os.environ.get("BT_SERVE_MODES", "agg,agg-tpot,disagg").split(",")
-RUNS = [(tuple(int(v) for v in shape.split("x")),
-         tuple(int(v) for v in load.split(":")))
-        for shape, load in (r.split("@") for r in os.environ.get(
-            "BT_SERVE_RUNS",
-            "2048x128@256:512;512x512@256:512;2048x2048@160:160").split(";"))]
+MODES = os.environ.get("BT_SERVE_MODES", "agg,disagg,agg-tpot").split(",")
+
+
+def parse_runs(text):
+    return [(tuple(int(v) for v in shape.split("x")),
+             tuple(int(v) for v in load.split(":")))
+            for shape, load in (r.split("@") for r in text.split(";"))]
+
+
+RUNS = parse_runs(os.environ.get(
+    "BT_SERVE_RUNS", "2048x128@256:512;512x512@256:512;2048x2048@160:160"))
+# agg-tpot is an A/B of the prefill budget: the prefill-heavy shape only
+TPOT_RUNS = parse_runs(os.environ.get("BT_SERVE_TPOT_RUNS",
+                                      "2048x128@256:512"))
 COLD = int(os.environ.get("BT_SERVE_COLD", "256"))
 COLD_SHAPE = tuple(int(v) for v in os.environ.get(
     "BT_SERVE_COLD_SHAPE", "2048x128").split("x"))
 DEADLINE = time.time() + float(os.environ.get("BT_SERVE_DEADLINE_S", "540"))
-KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")
+KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")  # disagg's decode pool
+AGG_KV = os.environ.get("BT_SERVE_AGG_KV", "auto")  # auto: from memory
 TPOT_MS = os.environ.get("BT_SERVE_TPOT_MS", "50")
 MODEL = os.environ.get("BT_SERVE_MODEL", "synth:llama3-8b")
 DEVICE = os.environ.get("BT_SERVE_DEVICE", "cuda")
@@ -67,13 +78,16 @@ def worker_cmds(mode, ctl):
     common = ["--router", ctl, "--model", MODEL, "--device", DEVICE,
               "--precision", "bf16"]
     dec = ["baton-decode"] + common + [
-        "--name", "d0", "--kv-blocks", KV, "--max-seqs", "256",
+        "--name", "d0", "--max-seqs", "256",
         "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
     if mode.startswith("agg"):
         dec += ["--role", "both"]
+        if AGG_KV != "auto":
+            dec += ["--kv-blocks", AGG_KV]
         if mode == "agg-tpot":
             dec += ["--tpot-target-ms", TPOT_MS]
         return [("d0", dec)]
+    dec += ["--kv-blocks", KV]  # two workers share the GPU
     pre = ["baton-prefill"] + common + [
         "--name", "p0", "--kv-blocks", "4096", "--max-batch-tokens", "8192",
         "--chunk-tokens", "8192"]
@@ -156,7 +170,8 @@ def run_mode(mode):
     log("%s: registered after %.1f s: cold burst of %d" %
         (mode, time.time() - t0, COLD))
     bench(cl, mode, COLD_SHAPE[0], COLD_SHAPE[1], COLD, COLD, "cold")
-    for (plen, olen), (conc, n) in RUNS:
+    for (plen, olen), (conc, n) in (TPOT_RUNS if mode == "agg-tpot"
+                                    else RUNS):
         if DEADLINE - time.time() < 40:
             log("%s: no time left for %dx%d" % (mode, plen, olen))
             break
