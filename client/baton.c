@@ -9,6 +9,7 @@
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "cli.h"
+#include "client.h"
 
 static const cli_command_t cli_commands[] = {
     { "run", "generate text from a model in one process", cli_run_main },
@@ -28,12 +29,17 @@ static const cli_command_t cli_commands[] = {
       cli_tokenize_main },
     { "detokenize", "token ids -> text", cli_detokenize_main },
     { "eagle", "train or benchmark EAGLE draft heads", cli_eagle_main },
+    { "keygen", "write a CURVE key pair (PREFIX.key, PREFIX.pub)",
+      cli_keygen_main },
 };
 
 static void usage(FILE *out)
 {
     fprintf(out, "usage: baton COMMAND [options]   (baton COMMAND --help)\n\n"
-                 "commands:\n");
+                 "Every command that talks to a router also takes\n"
+                 "  --curve-secret-key FILE --router-public-key FILE\n"
+                 "(env BATON_CURVE_SECRET_KEY, BATON_ROUTER_PUBLIC_KEY) to "
+                 "connect with CURVE.\n\ncommands:\n");
     for (size_t i = 0; i < sizeof(cli_commands) / sizeof(cli_commands[0]);
          i++)
         fprintf(out, "  %-14s %s\n", cli_commands[i].name,
@@ -51,6 +57,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (client_curve_args(&argc, argv, "baton") != 0)
+        return 2;
     for (size_t i = 0; i < sizeof(cli_commands) / sizeof(cli_commands[0]);
          i++) {
         if (strcmp(argv[1], cli_commands[i].name) == 0)

@@ -23,5 +23,6 @@ int cli_tokenize_main(int argc, char **argv);     /* cli_tokenize.c */
 int cli_detokenize_main(int argc, char **argv);   /* cli_tokenize.c */
 int cli_eagle_main(int argc, char **argv);        /* cli_eagle.c */
 int cli_status_main(int argc, char **argv);       /* cli_status.c */
+int cli_keygen_main(int argc, char **argv);       /* cli_keygen.c */
 
 #endif /* BT_CLIENT_CLI_H */

@@ -111,6 +111,14 @@ static void status_print_text(const char *router,
                w->gpu != NULL ? w->gpu : "",
                w->draining ? " (draining)" : "");
     }
+    if (st->security != NULL)
+        printf("security: %s\n",
+               strcmp(st->security, "insecure") == 0
+                   ? "INSECURE (router started with --insecure: no CURVE, "
+                     "anyone who reaches its ports is trusted)"
+                   : strcmp(st->security, "curve") == 0
+                         ? "curve (authenticated, encrypted)"
+                         : "loopback (no CURVE; loopback endpoints only)");
     printf("kv transports (--kv-transport %s):\n",
            str_or(st->kv_transport_mode, "?"));
     for (size_t i = 0; i < st->n_transports; i++)
@@ -142,6 +150,7 @@ static int status_print_json(const char *router,
     cJSON_AddNumberToObject(j, "failed", (double)st->failed);
     cJSON_AddStringToObject(j, "kv_transport_mode",
                             str_or(st->kv_transport_mode, ""));
+    cJSON_AddStringToObject(j, "security", str_or(st->security, ""));
     ws = cJSON_AddArrayToObject(j, "workers");
     for (size_t i = 0; ws != NULL && i < st->n_workers; i++) {
         const Baton__WorkerStatus *w = st->workers[i];

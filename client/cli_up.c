@@ -10,6 +10,13 @@
  * of its workers joining whatever else listens there.  Worker names
  * carry this run's pid, so two runs never present the same name to a
  * router (which would take one for the other).
+ *
+ * CURVE (docs/SECURITY.md): the run makes three key pairs (router,
+ * workers, clients) in DIR/keys with --log-dir, else in a fresh
+ * /tmp/baton-up-PID-XXXXXX; the router admits only the workers' and
+ * clients' keys, and the run prints the client flags and writes
+ * keys/client.env (`. keys/client.env` and every baton command uses
+ * them).  --no-curve: no keys (the cluster is on loopback either way).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,12 +33,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bt_curve.h"
+#include "bt_error.h"
 #include "bt_util.h"
 #include "cli.h"
 #include "client.h"
 
 #define UP_MAX_PROCS 66
-#define UP_MAX_ARGS 40
+#define UP_MAX_ARGS 48
 
 /* Set by the signal handler; read by the supervision loop. */
 static volatile sig_atomic_t up_stop;
@@ -71,6 +80,9 @@ static void up_usage(FILE *out)
 "                       created when missing)\n"
 "  --http-port H        also start baton-http (OpenAI API) on\n"
 "                       127.0.0.1:H and print its URL\n"
+"  --no-curve           no CURVE keys (default: the run makes a router, a\n"
+"                       worker and a client key pair in LOG_DIR/keys or a\n"
+"                       temp dir, and prints the client flags)\n"
 "  --metrics-port M     Prometheus /metrics: the router on M, each worker\n"
 "                       on M+1, M+2, ... (/health too; printed)\n"
 "  --spec-head PATH     EAGLE draft head: decode workers speculate, prefill\n"
@@ -243,6 +255,77 @@ static void up_reap_role(up_proc_t *procs, int n, int role, int ms)
     }
 }
 
+/* Paths of one run's keys (empty `dir`: no CURVE). */
+typedef struct {
+    char dir[PATH_MAX - 64];
+    char router_key[PATH_MAX];
+    char router_pub[PATH_MAX];
+    char worker_key[PATH_MAX];
+    char worker_pub[PATH_MAX];
+    char client_key[PATH_MAX];
+    char client_pub[PATH_MAX];
+} up_keys_t;
+
+/* Makes the run's key directory and three key pairs, writes
+ * client.env, and makes the client key this process's identity. */
+static bool up_make_keys(const char *log_dir, up_keys_t *k)
+{
+    static const char *const names[3] = { "router", "worker", "client" };
+    char prefix[PATH_MAX], env[PATH_MAX];
+    FILE *f;
+
+    if (log_dir != NULL) {
+        snprintf(k->dir, sizeof(k->dir), "%s/keys", log_dir);
+        if (mkdir(k->dir, 0700) != 0 && errno != EEXIST) {
+            fprintf(stderr, "baton up: cannot create %s: %s\n", k->dir,
+                    strerror(errno));
+            return false;
+        }
+    } else {
+        snprintf(k->dir, sizeof(k->dir), "/tmp/baton-up-%ld-XXXXXX",
+                 (long)getpid());
+        if (mkdtemp(k->dir) == NULL) {
+            fprintf(stderr, "baton up: cannot create a key directory: %s\n",
+                    strerror(errno));
+            return false;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(prefix, sizeof(prefix), "%.*s/%s", PATH_MAX - 80, k->dir,
+                 names[i]);
+        /* a --log-dir reused: a new run, new keys */
+        snprintf(env, sizeof(env), "%.*s.key", PATH_MAX - 8, prefix);
+        unlink(env);
+        if (bt_curve_keygen(prefix, NULL) != BT_OK) {
+            fprintf(stderr, "baton up: %s\n", bt_error_last());
+            return false;
+        }
+    }
+#define UP_KEY(field, name, ext)                                             \
+    snprintf(k->field, sizeof(k->field), "%s/%s.%s", k->dir, name, ext)
+    UP_KEY(router_key, "router", "key");
+    UP_KEY(router_pub, "router", "pub");
+    UP_KEY(worker_key, "worker", "key");
+    UP_KEY(worker_pub, "worker", "pub");
+    UP_KEY(client_key, "client", "key");
+    UP_KEY(client_pub, "client", "pub");
+#undef UP_KEY
+    snprintf(env, sizeof(env), "%s/client.env", k->dir);
+    f = fopen(env, "w");
+    if (f == NULL || fprintf(f, "export BATON_CURVE_SECRET_KEY=%s\n"
+                             "export BATON_ROUTER_PUBLIC_KEY=%s\n",
+                             k->client_key, k->router_pub) < 0 ||
+        fclose(f) != 0) {
+        fprintf(stderr, "baton up: cannot write %s\n", env);
+        return false;
+    }
+    if (bt_curve_identity_init(k->client_key, k->router_pub) != BT_OK) {
+        fprintf(stderr, "baton up: %s\n", bt_error_last());
+        return false;
+    }
+    return true;
+}
+
 /* Waits (bounded) until the router knows `n_workers` workers, then
  * prints each worker and the KV transport of every prefill/decode pair. */
 static void up_print_status(const char *endpoint, int n_workers)
@@ -321,6 +404,7 @@ int cli_up_main(int argc, char **argv)
         { "spec", required_argument, NULL, 1004 },
         { "http-port", required_argument, NULL, 1005 },
         { "metrics-port", required_argument, NULL, 1006 },
+        { "no-curve", no_argument, NULL, 1007 },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -333,6 +417,8 @@ int cli_up_main(int argc, char **argv)
     static const char *const spec_flag[4] = { "--spec-depth", "--spec-topk",
                                               "--spec-tokens", "--spec" };
     bool null_model = false, no_ucx = false, role_both = false;
+    bool curve = true;
+    static up_keys_t keys; /* large: not on the stack */
     int n_prefill = 1, n_decode = 1, port = 5555, n = 0;
     int http_port = -1, metrics_port = -1, ret = 0;
     char run_tag[16]; /* this run's pid: unique worker names */
@@ -373,6 +459,7 @@ int cli_up_main(int argc, char **argv)
         case 1006: bad = bt_parse_int(optarg, &metrics_port) != BT_OK ||
                          metrics_port <= 0 || metrics_port > 65535 - 66;
             break;
+        case 1007: curve = false; break;
         case 'h': up_usage(stdout); return 0;
         default: up_usage(stderr); return 2;
         }
@@ -417,6 +504,8 @@ int cli_up_main(int argc, char **argv)
             return 1;
         }
     }
+    if (curve && !up_make_keys(log_dir, &keys))
+        return 1;
     snprintf(run_tag, sizeof(run_tag), "%ld", (long)getpid());
     len = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (len <= 0) {
@@ -436,14 +525,24 @@ int cli_up_main(int argc, char **argv)
 
     {
         char mport[16];
-        char *args[] = { NULL, "--listen", listen_ep, "--control", control_ep,
-                         "--kv-transport", (char *)kv_transport, NULL, NULL,
-                         NULL };
+        char *args[16] = { NULL, "--listen", listen_ep, "--control",
+                           control_ep, "--kv-transport", (char *)kv_transport,
+                           NULL };
+        int a = 7;
         if (metrics_port > 0) {
             snprintf(mport, sizeof(mport), "%d", metrics_port);
-            args[7] = "--metrics-port";
-            args[8] = mport;
+            args[a++] = "--metrics-port";
+            args[a++] = mport;
         }
+        if (curve) {
+            args[a++] = "--curve-secret-key";
+            args[a++] = keys.router_key;
+            args[a++] = "--allow-workers";
+            args[a++] = keys.worker_pub;
+            args[a++] = "--allow-clients";
+            args[a++] = keys.client_pub;
+        }
+        args[a] = NULL;
         procs[n].pid = up_spawn(bin_dir, "baton-router", args, log_dir,
                                 "router");
         snprintf(procs[n].name, sizeof(procs[n].name), "router");
@@ -470,6 +569,12 @@ int cli_up_main(int argc, char **argv)
             args[a++] = control_ep;
             args[a++] = "--name";
             args[a++] = name;
+            if (curve) {
+                args[a++] = "--curve-secret-key";
+                args[a++] = keys.worker_key;
+                args[a++] = "--router-public-key";
+                args[a++] = keys.router_pub;
+            }
             if (metrics_port > 0) {
                 snprintf(mport, sizeof(mport), "%d", metrics_port + n);
                 args[a++] = "--metrics-port";
@@ -535,11 +640,17 @@ int cli_up_main(int argc, char **argv)
     }
     if (http_port > 0) {
         char hlisten[32];
-        char *args[12];
+        char *args[16];
         int a = 1;
         snprintf(hlisten, sizeof(hlisten), "127.0.0.1:%d", http_port);
         args[a++] = "--router";
         args[a++] = listen_ep;
+        if (curve) {
+            args[a++] = "--curve-secret-key";
+            args[a++] = keys.client_key;
+            args[a++] = "--router-public-key";
+            args[a++] = keys.router_pub;
+        }
         args[a++] = "--listen";
         args[a++] = hlisten;
         if (!null_model) {
@@ -569,6 +680,10 @@ int cli_up_main(int argc, char **argv)
                        procs[i].name, metrics_port + i);
     if (log_dir != NULL)
         printf("logs: %s/NAME.log\n", log_dir);
+    if (curve)
+        printf("curve: clients connect with --curve-secret-key %s "
+               "--router-public-key %s (or: . %s/client.env)\n",
+               keys.client_key, keys.router_pub, keys.dir);
     fflush(stdout);
     up_print_status(listen_ep, n_prefill + n_decode);
 
@@ -603,6 +718,17 @@ int cli_up_main(int argc, char **argv)
     up_reap_role(procs, n, 2, 15000);
     up_signal_role(procs, n, 0, SIGTERM);
     up_reap_role(procs, n, 0, 5000);
+    if (curve && log_dir == NULL) { /* the temp key directory goes too */
+        const char *files[7] = { keys.router_key, keys.router_pub,
+                                 keys.worker_key, keys.worker_pub,
+                                 keys.client_key, keys.client_pub, NULL };
+        char env[PATH_MAX];
+        snprintf(env, sizeof(env), "%s/client.env", keys.dir);
+        files[6] = env;
+        for (int i = 0; i < 7; i++)
+            unlink(files[i]);
+        rmdir(keys.dir);
+    }
     fprintf(stderr, "baton up: stopped\n");
     return ret;
 }

@@ -27,6 +27,7 @@ struct client_s {
     client_router_state_t state;
     uint64_t t_down;           /* ns: link down since (creation, loss) */
     uint64_t losses;           /* times the router was lost */
+    uint64_t auth_failures;    /* handshakes the router refused */
     uint64_t lost_below;       /* replies for ids under this that are not
                                   in flight belong to a lost router:
                                   dropped */
@@ -56,6 +57,48 @@ void client_config_init(client_config_t *cfg)
     cfg->heartbeat_ms = env_ms("BT_CLIENT_HEARTBEAT_MS", 500);
     cfg->heartbeat_timeout_ms = env_ms("BT_CLIENT_HEARTBEAT_TIMEOUT_MS", 2000);
     cfg->connect_timeout_ms = env_ms("BT_CLIENT_CONNECT_TIMEOUT_MS", 5000);
+    cfg->curve = NULL;
+}
+
+int client_curve_args(int *argc, char **argv, const char *prog)
+{
+    static const char *const names[2] = { "--curve-secret-key",
+                                          "--router-public-key" };
+    const char *vals[2] = { NULL, NULL };
+    int out = 1;
+
+    for (int i = 1; i < *argc; i++) {
+        int k = -1;
+        const char *val = NULL;
+        for (int j = 0; j < 2 && k < 0; j++) {
+            size_t n = strlen(names[j]);
+            if (strcmp(argv[i], names[j]) == 0) {
+                if (i + 1 >= *argc) {
+                    fprintf(stderr, "%s: %s needs a FILE\n", prog, names[j]);
+                    return -1;
+                }
+                k = j;
+                val = argv[++i];
+            } else if (strncmp(argv[i], names[j], n) == 0 &&
+                       argv[i][n] == '=') {
+                k = j;
+                val = argv[i] + n + 1;
+            }
+        }
+        if (k >= 0)
+            vals[k] = val;
+        else
+            argv[out++] = argv[i];
+    }
+    *argc = out;
+    argv[out] = NULL;
+    if (vals[0] == NULL && vals[1] == NULL)
+        return 0;
+    if (bt_curve_identity_init(vals[0], vals[1]) != BT_OK) {
+        fprintf(stderr, "%s: %s\n", prog, bt_error_last());
+        return -1;
+    }
+    return 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -243,6 +286,18 @@ static void monitor_drain(client_t *c)
         } else if (event == ZMQ_EVENT_DISCONNECTED &&
                    c->state == CLIENT_ROUTER_UP) {
             router_lost(c, "connection closed or heartbeats unanswered");
+        } else if ((event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+                    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) &&
+                   c->auth_failures++ == 0) {
+            /* Once: it repeats on every reconnect. */
+            BT_LOG_ERROR("CLIENT", "the router refused the connection (%s): "
+                         "check --curve-secret-key/--router-public-key "
+                         "(BATON_CURVE_SECRET_KEY, BATON_ROUTER_PUBLIC_KEY) "
+                         "and the router's --allow-clients",
+                         event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                             ? "key not allowed"
+                             : "security handshake failed: CURVE on one "
+                               "side only, or the wrong router key?");
         }
     }
 }
@@ -288,6 +343,8 @@ static bt_status_t socket_open(client_t *c, const char *endpoint)
     int timeout = c->cfg.heartbeat_timeout_ms, ttl = timeout;
     int handshake = BT_MAX(timeout, 1000);
     int64_t max_msg = PROTO_CLIENT_MAX_BYTES;
+    const bt_curve_client_t *curve = c->cfg.curve;
+    bt_status_t status;
     char mon_ep[64];
 
     c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
@@ -310,9 +367,20 @@ static bt_status_t socket_open(client_t *c, const char *endpoint)
         zmq_setsockopt(c->sock, ZMQ_HANDSHAKE_IVL, &handshake,
                        sizeof(handshake)) != 0)
         return BT_ZMQ_ERROR("zmq_setsockopt");
+    if (curve == NULL) {
+        status = bt_curve_identity(&curve);
+        if (status != BT_OK)
+            return status;
+    }
+    status = bt_curve_client_apply(c->sock, curve);
+    if (status != BT_OK)
+        return status;
     snprintf(mon_ep, sizeof(mon_ep), "inproc://bt-client-mon-%p", (void *)c);
-    if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
-                                                ZMQ_EVENT_DISCONNECTED) != 0)
+    if (zmq_socket_monitor(c->sock, mon_ep,
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                               ZMQ_EVENT_DISCONNECTED |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0)
         return BT_ZMQ_ERROR("zmq_socket_monitor");
     c->mon = zmq_socket(c->ctx, ZMQ_PAIR);
     if (c->mon == NULL)

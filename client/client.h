@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "bt_curve.h"
 #include "bt_status.h"
 #include "proto_msg.h"
 
@@ -74,6 +75,14 @@ typedef struct {
     int connect_timeout_ms;   /* a request waits this long for a
                                * connection, then ERROR_ROUTER_LOST (5000;
                                * env BT_CLIENT_CONNECT_TIMEOUT_MS) */
+    const bt_curve_client_t *curve; /* CURVE keys; NULL (default): the
+                               * process identity (bt_curve_identity():
+                               * --curve-secret-key/--router-public-key or
+                               * BATON_CURVE_SECRET_KEY and
+                               * BATON_ROUTER_PUBLIC_KEY).  A router that
+                               * refuses the key never answers: requests
+                               * end ERROR_ROUTER_LOST after
+                               * connect_timeout_ms (an error is logged) */
 } client_config_t;
 
 /* Defaults, then the BT_CLIENT_* environment overrides. */
@@ -82,12 +91,23 @@ void client_config_init(client_config_t *cfg);
 /* Connects to a router's client endpoint (tcp://HOST:PORT).  ZeroMQ
  * connects lazily: an unreachable router shows up, after
  * connect_timeout_ms, as ERROR_ROUTER_LOST for the requests sent.
- * client_create() uses client_config_init()'s configuration. */
+ * client_create() uses client_config_init()'s configuration.
+ * BT_ERR_INVALID_ARG when the CURVE key files cannot be read. */
 bt_status_t client_create(const char *endpoint, client_t **client_p);
 bt_status_t client_create_cfg(const char *endpoint,
                               const client_config_t *cfg,
                               client_t **client_p);
 void client_destroy(client_t **client_p);
+
+/* Takes --curve-secret-key FILE and --router-public-key FILE (also
+ * --opt=FILE) out of argv[1..argc) wherever they are, shifting the rest
+ * down and lowering *argc, and sets the process identity from them
+ * (bt_curve_identity_init; the environment fills in a missing one).
+ * Without either, nothing is loaded here (the environment is read when
+ * the first socket is made).  Lets every program that is a client (the
+ * CLI, baton-http) take the same two options.  Returns 0, or -1 after
+ * printing the error to stderr with `prog`. */
+int client_curve_args(int *argc, char **argv, const char *prog);
 
 typedef enum {
     CLIENT_ROUTER_CONNECTING = 0, /* never connected yet */

@@ -48,6 +48,23 @@ bt_status_t bt_zmq_socket_create(void *ctx, const bt_zmq_socket_config_t *cfg,
         status = BT_ZMQ_ERROR("zmq_setsockopt");
         goto err_close;
     }
+    if (cfg->bind && cfg->curve_secret != NULL) {
+        status = bt_curve_server_apply(sock, cfg->curve_secret,
+                                       cfg->zap_domain != NULL
+                                           ? cfg->zap_domain : "");
+        if (status != BT_OK)
+            goto err_close;
+    } else if (!cfg->bind) {
+        const bt_curve_client_t *curve = cfg->curve_client;
+        if (curve == NULL) {
+            status = bt_curve_identity(&curve);
+            if (status != BT_OK)
+                goto err_close;
+        }
+        status = bt_curve_client_apply(sock, curve);
+        if (status != BT_OK)
+            goto err_close;
+    }
     if (cfg->identity != NULL &&
         zmq_setsockopt(sock, ZMQ_ROUTING_ID, cfg->identity,
                        strlen(cfg->identity)) != 0) {
@@ -135,6 +152,16 @@ void bt_zmq_msg_close(bt_zmq_msg_t *msg)
     for (int i = 0; i < msg->n_frames; i++)
         zmq_msg_close(&msg->frames[i]);
     msg->n_frames = 0;
+}
+
+const char *bt_zmq_frame_user(bt_zmq_msg_t *msg, int i)
+{
+    const char *user;
+
+    if (i < 0 || i >= msg->n_frames)
+        return "";
+    user = zmq_msg_gets(&msg->frames[i], "User-Id");
+    return user != NULL ? user : "";
 }
 
 int bt_zmq_bound_port(void *sock)

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <zmq.h>
 
+#include "bt_curve.h"
 #include "bt_status.h"
 
 #ifdef __cplusplus
@@ -39,13 +40,22 @@ typedef struct {
     const char *identity; /* routing id for a DEALER, NULL = random */
     int64_t max_msg;      /* ZMQ_MAXMSGSIZE, 0 = BT_ZMQ_MAX_MSG_DEFAULT */
     int hwm;              /* send/receive high-water mark, 0 = 100000 */
+    /* CURVE (docs/SECURITY.md).  A bound socket is a CURVE server when
+     * curve_secret is set; its ZAP domain tells the router's ZAP handler
+     * which allow list applies.  A connecting socket uses curve_client,
+     * or the process identity (bt_curve_identity()) when NULL. */
+    const char *curve_secret;  /* bind: the server's secret key (Z85) */
+    const char *zap_domain;    /* bind: BT_CURVE_DOMAIN_* */
+    const bt_curve_client_t *curve_client; /* connect: NULL = identity */
 } bt_zmq_socket_config_t;
 
 void bt_zmq_socket_config_init(bt_zmq_socket_config_t *cfg);
 
 /* Creates, configures (linger 0, hwm, max message size, ROUTER_MANDATORY
- * off, TCP keepalive) and binds or connects a socket.  BT_ERR_NET with a
- * message naming the endpoint on failure. */
+ * off, TCP keepalive, CURVE keys) and binds or connects a socket.
+ * BT_ERR_NET with a message naming the endpoint on failure;
+ * BT_ERR_INVALID_ARG when the process identity's key files cannot be
+ * read. */
 bt_status_t bt_zmq_socket_create(void *ctx, const bt_zmq_socket_config_t *cfg,
                                  void **sock_p);
 
@@ -81,6 +91,11 @@ static inline size_t bt_zmq_frame_size(bt_zmq_msg_t *msg, int i)
 {
     return zmq_msg_size(&msg->frames[i]);
 }
+
+/* The ZAP User-Id of a received frame: the Z85 public key of the CURVE
+ * peer that sent it (the router's ZAP handler sets it), or "" without
+ * CURVE.  The pointer lives as long as the frame. */
+const char *bt_zmq_frame_user(bt_zmq_msg_t *msg, int i);
 
 /* The port a socket bound to (after binding port 0 on
  * any interface), or -1. */

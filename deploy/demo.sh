@@ -15,6 +15,9 @@ LOGS=$(mktemp -d)
 UP=$!
 trap 'kill -TERM $UP 2>/dev/null || true; wait $UP 2>/dev/null || true; rm -rf "$LOGS"' EXIT
 sleep 1.5
+# baton up made CURVE keys for this cluster; the client's are in
+# keys/client.env (docs/SECURITY.md).
+. "$LOGS/keys/client.env"
 
 for prompt in "The river" "Echoes of" "In the quiet"; do
   echo "== $prompt"

@@ -12,6 +12,7 @@
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "client.h"
 #include "gateway.h"
 
 /* The running gateway, for the signal handler (process-wide by nature). */
@@ -30,6 +31,10 @@ static void usage(FILE *out)
         "usage: baton-http --router tcp://HOST:PORT [options]\n"
         "OpenAI-compatible HTTP API in front of a baton router.\n"
         "  --router EP            router client endpoint (env BATON_ROUTER)\n"
+        "  --curve-secret-key F   CURVE: this front end's secret key (env\n"
+        "                         BATON_CURVE_SECRET_KEY)\n"
+        "  --router-public-key F  CURVE: the router's public key (env\n"
+        "                         BATON_ROUTER_PUBLIC_KEY)\n"
         "  --listen HOST:PORT     where to serve HTTP (127.0.0.1:8000)\n"
         "  --model-name NAME      model id in the API (default: the --model\n"
         "                         basename, else \"baton\")\n"
@@ -128,6 +133,8 @@ int main(int argc, char **argv)
     const char *router_from = "the default"; /* NULL: --router */
 
     bt_log_init("http");
+    if (client_curve_args(&argc, argv, "baton-http") != 0)
+        return 2;
     gateway_config_init(&cfg);
     if (getenv("BATON_ROUTER")) {
         cfg.router = getenv("BATON_ROUTER");

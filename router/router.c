@@ -20,10 +20,12 @@
  *   router_policy.c    which workers take a request; KV transport per pair
  *   router_metrics.c   counters, histograms, the Prometheus text
  *   router_http.c      the metrics HTTP listener (GET /metrics)
+ *   router_zap.c       CURVE: key files, allow lists, the ZAP handler
  */
 #include "router.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bt_alloc.h"
@@ -61,6 +63,7 @@ void router_config_init(router_config_t *cfg)
 bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
 {
     bt_zmq_socket_config_t scfg;
+    char secret[BT_CURVE_Z85_LEN + 1] = "";
     router_t *r;
     bt_status_t status;
     int handover = 1;
@@ -112,24 +115,59 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
         status = BT_ZMQ_ERROR("zmq_ctx_new");
         goto err_free;
     }
+    /* CURVE encrypts in libzmq's I/O threads, not in the router's loop:
+     * with it, two of them (BT_ZMQ_IO_THREADS overrides; set before the
+     * first socket; each connection stays on one), so the crypto of the
+     * workers' and clients' connections is not serialised on one core.
+     * docs/SECURITY.md has the measurements. */
+    {
+        int io = cfg->curve_secret_key != NULL && cfg->curve_secret_key[0]
+                     ? 2 : 1;
+        const char *env = getenv("BT_ZMQ_IO_THREADS");
+        if (env != NULL && bt_parse_int(env, &io) != BT_OK)
+            io = 1;
+        if (io > 1)
+            zmq_ctx_set(r->ctx, ZMQ_IO_THREADS, io);
+    }
+    /* The ZAP handler exists before anything binds (fail closed). */
+    status = router__zap_create(r, secret);
+    if (status != BT_OK)
+        goto err_ctx;
     bt_zmq_socket_config_init(&scfg);
     scfg.type = ZMQ_ROUTER;
     scfg.bind = true;
     scfg.endpoint = cfg->listen;
     scfg.max_msg = PROTO_CLIENT_MAX_BYTES;
+    scfg.curve_secret = r->curve ? secret : NULL;
+    scfg.zap_domain = BT_CURVE_DOMAIN_CLIENT;
     status = bt_zmq_socket_create(r->ctx, &scfg, &r->client_sock);
     if (status != BT_OK)
-        goto err_ctx;
+        goto err_zap;
     scfg.endpoint = cfg->control;
     scfg.max_msg = PROTO_CONTROL_MAX_BYTES;
+    scfg.zap_domain = BT_CURVE_DOMAIN_CONTROL;
     status = bt_zmq_socket_create(r->ctx, &scfg, &r->control_sock);
+    memset(secret, 0, sizeof(secret));
     if (status != BT_OK)
         goto err_client;
     /* A worker's routing id is its name plus a random per-process suffix
      * (workerproc_connect), so only the same process can reconnect with
      * it: handover lets that process's new connection replace a
      * half-open old one.  Another process with the same name gets its
-     * own route and is refused at Register while the name is live. */
+     * own route and is refused at Register while the name is live.
+     * With CURVE the suffix is not trusted to stay secret: handover is
+     * off, so no connection (whatever key it has) can take over the
+     * route of a live one and receive its messages; a duplicate id is
+     * ignored until the old connection is gone, which ZMTP heartbeats
+     * find out within a few seconds. */
+    if (r->curve) {
+        int ivl = 1000, timeout = 3000;
+        handover = 0;
+        zmq_setsockopt(r->control_sock, ZMQ_HEARTBEAT_IVL, &ivl,
+                       sizeof(ivl));
+        zmq_setsockopt(r->control_sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout,
+                       sizeof(timeout));
+    }
     zmq_setsockopt(r->control_sock, ZMQ_ROUTER_HANDOVER, &handover,
                    sizeof(handover));
     if (cfg->metrics_port >= 0) {
@@ -145,6 +183,8 @@ err_control:
     bt_zmq_socket_destroy(&r->control_sock);
 err_client:
     bt_zmq_socket_destroy(&r->client_sock);
+err_zap:
+    router__zap_destroy(r);
 err_ctx:
     zmq_ctx_term(r->ctx);
 err_free:
@@ -166,6 +206,7 @@ void router_destroy(router_t **router_p)
     router__http_destroy(&r->http);
     bt_zmq_socket_destroy(&r->client_sock);
     bt_zmq_socket_destroy(&r->control_sock);
+    router__zap_destroy(r);
     zmq_ctx_term(r->ctx);
     bt_free(r);
     *router_p = NULL;
@@ -193,17 +234,23 @@ int router_metrics_port(const router_t *router)
 
 bt_status_t router_run(router_t *r)
 {
-    /* The two ZeroMQ sockets, then the metrics listener's fds. */
-    zmq_pollitem_t items[2 + 1 + ROUTER_HTTP_MAX_CONNS] = {
+    /* The two ZeroMQ sockets, the ZAP handler (with CURVE), then the
+     * metrics listener's fds. */
+    zmq_pollitem_t items[3 + 1 + ROUTER_HTTP_MAX_CONNS] = {
         { r->client_sock, 0, ZMQ_POLLIN, 0 },
         { r->control_sock, 0, ZMQ_POLLIN, 0 },
+        { r->zap_sock, 0, ZMQ_POLLIN, 0 },
     };
+    const int n_zmq = r->zap_sock != NULL ? 3 : 2;
     uint64_t last_tick = 0;
 
     BT_LOG_INFO("ROUTER", "serving clients on %s (port %d), workers on %s "
-                "(port %d), policy %s, instance %016llx", r->cfg.listen,
+                "(port %d), policy %s, instance %016llx, %s", r->cfg.listen,
                 router_client_port(r), r->cfg.control, router_control_port(r),
-                r->policy->name, (unsigned long long)r->instance);
+                r->policy->name, (unsigned long long)r->instance,
+                r->curve ? "CURVE" : r->cfg.insecure
+                                         ? "INSECURE (no CURVE, --insecure)"
+                                         : "no CURVE (loopback only)");
     if (r->http != NULL)
         BT_LOG_INFO("ROUTER", "metrics on http://%s:%d/metrics",
                     r->cfg.metrics_host, router_metrics_port(r));
@@ -230,10 +277,12 @@ bt_status_t router_run(router_t *r)
             }
         }
         if (r->http != NULL)
-            n_http = router__http_poll_items(r->http, items + 2);
-        rc = zmq_poll(items, 2 + n_http, ROUTER_TICK_MS);
+            n_http = router__http_poll_items(r->http, items + n_zmq);
+        rc = zmq_poll(items, n_zmq + n_http, ROUTER_TICK_MS);
         if (rc < 0 && zmq_errno() != EINTR)
             return BT_ZMQ_ERROR("zmq_poll");
+        if (n_zmq == 3 && rc > 0 && (items[2].revents & ZMQ_POLLIN))
+            router__zap_process(r);
         for (int s = 0; s < 2 && rc > 0; s++) {
             if (!(items[s].revents & ZMQ_POLLIN))
                 continue;
@@ -250,8 +299,8 @@ bt_status_t router_run(router_t *r)
         }
         now = bt_time_ns();
         if (r->http != NULL)
-            router__http_process(r->http, r, items + 2, rc > 0 ? n_http : 0,
-                                 now);
+            router__http_process(r->http, r, items + n_zmq,
+                                 rc > 0 ? n_http : 0, now);
         if (now - last_tick >= ROUTER_TICK_MS * 1000000ull) {
             last_tick = now;
             router__check_liveness(r, now);

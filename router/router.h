@@ -28,6 +28,7 @@
 #define BT_ROUTER_ROUTER_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bt_status.h"
@@ -67,6 +68,16 @@ typedef struct {
                              * -1 (default): none, 0: any free port
                              * (router_metrics_port() tells which) */
     const char *metrics_host; /* address it binds ("127.0.0.1") */
+    /* CURVE (docs/SECURITY.md): with curve_secret_key set, both sockets
+     * are CURVE servers and a ZAP handler admits only the listed public
+     * keys, allow_workers on the control socket and allow_clients on the
+     * client socket (each a file of keys or a directory of *.pub).
+     * Without it, listen and control must be loopback (or ipc://)
+     * endpoints unless insecure is set. */
+    const char *curve_secret_key; /* secret key file, NULL = no CURVE */
+    const char *allow_workers;    /* worker public keys (file or dir) */
+    const char *allow_clients;    /* client public keys (file or dir) */
+    bool insecure;                /* no CURVE on non-loopback endpoints */
     int stall_ms;           /* a worker whose engine turn has run this
                              * long (or 20 of its longest recent turns,
                              * when longer) with work assigned is stuck:
@@ -83,7 +94,8 @@ void router_config_init(router_config_t *cfg);
 typedef struct router_s router_t;
 
 /* Binds both sockets.  BT_ERR_NET when an endpoint cannot be bound,
- * BT_ERR_INVALID_ARG for an unknown policy. */
+ * BT_ERR_INVALID_ARG for an unknown policy, an unreadable key file or
+ * allow list, or (without CURVE and insecure) a non-loopback endpoint. */
 bt_status_t router_create(const router_config_t *cfg, router_t **router_p);
 void router_destroy(router_t **router_p);
 

@@ -439,6 +439,8 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
     cs.failed = r->failed;
     cs.has_max_context = 1;
     cs.max_context = router__cluster_max_context(r);
+    cs.security = r->curve ? "curve" : r->cfg.insecure ? "insecure"
+                                                       : "loopback";
     msg.body_case = BATON__CLIENT_MESSAGE__BODY_STATUS;
     msg.status = &cs;
     proto_client_send(r->client_sock, cid, cid_len, &msg);

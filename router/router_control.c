@@ -4,6 +4,12 @@
  * routes the rest to the registry (Register, Heartbeat, Drain, Shutdown)
  * or the request state machine (KvGrant, PrefillDone, TokenOut,
  * TaskError); and the small sends to one worker (KvRelease, CancelTask).
+ *
+ * With CURVE every message carries the public key of the connection it
+ * came on (ZAP User-Id).  A registration is bound to the key that made
+ * it: a message whose key is not its registration's is dropped
+ * (foreign_msgs), so one worker can neither speak for, drain nor drop
+ * another's registration.
  */
 #include <string.h>
 
@@ -56,6 +62,7 @@ void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
     size_t id_len;
     Baton__ControlMessage *msg = NULL;
     router_worker_t *w;
+    const char *key;
     char err[256];
     bt_status_t status;
 
@@ -66,6 +73,12 @@ void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
     }
     id = bt_zmq_frame_data(zm, 0);
     id_len = bt_zmq_frame_size(zm, 0);
+    key = bt_zmq_frame_user(zm, 1);
+    if (r->curve && key[0] == '\0') {
+        /* Cannot happen: every CURVE connection went through ZAP. */
+        r->foreign_msgs++;
+        return;
+    }
     status = proto_control_decode(bt_zmq_frame_data(zm, 1),
                                   bt_zmq_frame_size(zm, 1), &msg, err,
                                   sizeof(err));
@@ -75,10 +88,18 @@ void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
         return;
     }
     if (msg->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER) {
-        router__on_register(r, id, id_len, msg->register_);
+        router__on_register(r, id, id_len, key, msg->register_);
         goto out;
     }
     w = router__worker_by_rid(r, id, id_len);
+    if (w != NULL && strcmp(w->key, key) != 0) {
+        /* Not the registration's key: never acted on, never answered. */
+        r->foreign_msgs++;
+        BT_LOG_WARN("ROUTER", "%s for worker %s from another CURVE key (%s) "
+                    "dropped", proto_control_body_name(msg->body_case),
+                    w->name, key);
+        goto out;
+    }
     if (w == NULL) {
         /* Unknown (dropped, or the router restarted): ask to register.
          * Whatever it says belongs to a registration that is gone. */

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "bt_curve.h"
 #include "bt_prom.h"
 #include "bt_zmq.h"
 #include "proto_msg.h"
@@ -81,6 +82,9 @@ typedef struct {
     bool gpu_ipc;             /* CUDA IPC usable on its side */
     int gpu_device;           /* CUDA ordinal */
     char gpu_bus[32];         /* PCI bus id */
+    char key[BT_CURVE_Z85_LEN + 1]; /* CURVE public key (Z85) that made
+                                       the registration; "" without CURVE.
+                                       Only messages from it count. */
 } router_worker_t;
 
 /* How the router chooses KV transports (router_config_t.kv_transport). */
@@ -379,7 +383,29 @@ struct router_s {
     uint64_t last_liveness_ns;
     router_metrics_t metrics;  /* for GET /metrics */
     router_http_t *http;       /* metrics listener, NULL without one */
+    /* CURVE (router_zap.c) */
+    bool curve;                /* sockets are CURVE servers */
+    void *zap_sock;            /* REP on inproc://zeromq.zap.01, or NULL */
+    bt_curve_allow_t *allow_workers; /* control socket's allow list */
+    bt_curve_allow_t *allow_clients; /* client socket's allow list */
+    uint64_t zap_allowed;      /* handshakes admitted */
+    uint64_t zap_denied[2];    /* refused: [0] clients, [1] workers */
+    uint64_t foreign_msgs;     /* worker messages from a key that is not
+                                  the registration's, dropped */
 };
+
+// ---------------------------------------------------------------------------
+// router_zap.c: CURVE authentication (ZAP handler)
+
+/* Loads the keys and allow lists and binds the ZAP handler (before the
+ * sockets bind, so no connection is ever admitted unauthenticated); a
+ * no-op without cfg.curve_secret_key, where it checks instead that both
+ * endpoints are loopback unless cfg.insecure.  Writes the server secret
+ * key to secret_p (41 bytes) when CURVE is on. */
+bt_status_t router__zap_create(router_t *r, char *secret_p);
+void router__zap_destroy(router_t *r);
+/* Answers every ZAP request waiting (non-blocking). */
+void router__zap_process(router_t *r);
 
 // ---------------------------------------------------------------------------
 // router_registry.c: the worker table
@@ -403,8 +429,10 @@ bool router__can_serve(router_t *r);
  * none known): limits checked at admission. */
 uint32_t router__cluster_max_context(router_t *r);
 uint32_t router__cluster_min_vocab(router_t *r);
+/* key: the CURVE public key (Z85) the Register came from, "" without
+ * CURVE. */
 void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
-                         const Baton__Register *reg);
+                         const char *key, const Baton__Register *reg);
 void router__on_heartbeat(router_t *r, router_worker_t *w,
                           const Baton__Heartbeat *hb);
 /* How long a worker's running turn may last before it counts as stuck:

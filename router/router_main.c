@@ -65,6 +65,17 @@ static void usage(FILE *out)
         "                       free port, logged; default: off)\n"
         "  --metrics-host H     address the metrics port binds (127.0.0.1;\n"
         "                       0.0.0.0 for a scraper on another host)\n"
+        "  --curve-secret-key FILE  CURVE: the router's secret key (`baton\n"
+        "                       keygen`); both sockets then admit only the\n"
+        "                       listed keys (env BATON_CURVE_SECRET_KEY)\n"
+        "  --allow-workers F|D  worker public keys: a file (one per line) or\n"
+        "                       a directory of *.pub (env BATON_ALLOW_WORKERS)\n"
+        "  --allow-clients F|D  client public keys, the same way (env\n"
+        "                       BATON_ALLOW_CLIENTS)\n"
+        "  --insecure           without CURVE, listen on non-loopback\n"
+        "                       addresses anyway (env BATON_INSECURE=1);\n"
+        "                       without keys and this, only loopback\n"
+        "                       endpoints are accepted (docs/SECURITY.md)\n"
         "  --help\n"
         "SIGTERM/SIGINT: stop admitting, finish in-flight requests, exit.\n");
 }
@@ -76,6 +87,14 @@ static int parse_int_opt(const char *name, const char *val, int *out)
         return -1;
     }
     return 0;
+}
+
+/* An environment variable, NULL when unset or empty. */
+static const char *env_nonempty(const char *name)
+{
+    const char *v = getenv(name);
+
+    return v != NULL && v[0] != '\0' ? v : NULL;
 }
 
 int main(int argc, char **argv)
@@ -98,6 +117,10 @@ int main(int argc, char **argv)
         { "phase-ms", required_argument, 0, 1002 },
         { "metrics-port", required_argument, 0, 'm' },
         { "metrics-host", required_argument, 0, 'B' },
+        { "curve-secret-key", required_argument, 0, 1003 },
+        { "allow-workers", required_argument, 0, 1004 },
+        { "allow-clients", required_argument, 0, 1005 },
+        { "insecure", no_argument, 0, 1006 },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -120,6 +143,11 @@ int main(int argc, char **argv)
         parse_int_opt("BATON_METRICS_PORT", getenv("BATON_METRICS_PORT"),
                       &cfg.metrics_port) != 0)
         return 2;
+    cfg.curve_secret_key = env_nonempty("BATON_CURVE_SECRET_KEY");
+    cfg.allow_workers = env_nonempty("BATON_ALLOW_WORKERS");
+    cfg.allow_clients = env_nonempty("BATON_ALLOW_CLIENTS");
+    cfg.insecure = getenv("BATON_INSECURE") != NULL &&
+                   strcmp(getenv("BATON_INSECURE"), "1") == 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'l': cfg.listen = optarg; break;
@@ -139,6 +167,10 @@ int main(int argc, char **argv)
         case 1002: ret = parse_int_opt("--phase-ms", optarg, &cfg.phase_ms); break;
         case 'm': ret = parse_int_opt("--metrics-port", optarg, &cfg.metrics_port); break;
         case 'B': cfg.metrics_host = optarg; break;
+        case 1003: cfg.curve_secret_key = optarg; break;
+        case 1004: cfg.allow_workers = optarg; break;
+        case 1005: cfg.allow_clients = optarg; break;
+        case 1006: cfg.insecure = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -11,6 +11,9 @@
  *   baton_router_retries_total             re-queues after worker failures
  *   baton_router_kv_handoffs_total{transport}  KvReady sent, by transport
  *   baton_router_worker_drops_total        workers dropped (dead, left)
+ *   baton_router_curve, _insecure          CURVE on / --insecure (gauges)
+ *   baton_router_auth_denied_total{socket} CURVE handshakes refused
+ *   baton_router_foreign_messages_total    worker messages from another key
  *   baton_router_stale_messages_total      worker messages of a given-up
  *                                          attempt or registration, dropped
  * Gauges (now): baton_router_queue_depth, baton_router_queue_limit,
@@ -260,6 +263,24 @@ bt_status_t router__metrics_render(router_t *r, uint64_t now,
       "relayed)\n# TYPE baton_router_stale_messages_total counter\n"
       "baton_router_stale_messages_total %llu\n",
       (unsigned long long)r->stale_msgs);
+    P("# HELP baton_router_curve 1 when the sockets use CURVE, 0 without "
+      "(loopback or --insecure)\n# TYPE baton_router_curve gauge\n"
+      "baton_router_curve %d\n"
+      "# HELP baton_router_insecure 1 when started with --insecure\n"
+      "# TYPE baton_router_insecure gauge\nbaton_router_insecure %d\n"
+      "# HELP baton_router_auth_denied_total CURVE handshakes refused (key "
+      "not in the allow list), by socket\n"
+      "# TYPE baton_router_auth_denied_total counter\n"
+      "baton_router_auth_denied_total{socket=\"client\"} %llu\n"
+      "baton_router_auth_denied_total{socket=\"control\"} %llu\n"
+      "# HELP baton_router_foreign_messages_total Worker messages from a "
+      "CURVE key that is not their registration's, dropped\n"
+      "# TYPE baton_router_foreign_messages_total counter\n"
+      "baton_router_foreign_messages_total %llu\n",
+      r->curve ? 1 : 0, r->cfg.insecure && !r->curve ? 1 : 0,
+      (unsigned long long)r->zap_denied[0],
+      (unsigned long long)r->zap_denied[1],
+      (unsigned long long)r->foreign_msgs);
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
         n_workers += r->workers[i].used;
     P("# HELP baton_router_queue_depth Requests waiting for workers\n"

@@ -249,7 +249,7 @@ static void refuse_register(router_t *r, const uint8_t *id, size_t id_len,
 }
 
 void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
-                         const Baton__Register *reg)
+                         const char *key, const Baton__Register *reg)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__RegisterAck ack = BATON__REGISTER_ACK__INIT;
@@ -274,6 +274,14 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
      * dropped every sequence and reservation it held, so its old
      * registration ends here and its requests go back to the queue. */
     w = router__worker_by_rid(r, id, id_len);
+    if (w != NULL && strcmp(w->key, key) != 0) {
+        /* Its routing id, another key: a replay or a forgery. */
+        r->foreign_msgs++;
+        BT_LOG_WARN("ROUTER", "registration of %s under the routing id of "
+                    "the live worker %s from another CURVE key (%s) dropped",
+                    name != NULL ? name : "?", w->name, key);
+        return;
+    }
     if (w != NULL)
         router__worker_drop(r, w, "registered again (new session)");
     /* Another process with a live worker's name is refused: a name is
@@ -281,6 +289,16 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
      * A name whose holder went quiet is taken over (a restarted worker
      * with a fixed name, e.g. a Kubernetes pod). */
     w = worker_by_name(r, name);
+    if (w != NULL && strcmp(w->key, key) != 0) {
+        /* With CURVE a name belongs to the key that registered it for as
+         * long as the registration lasts (live or quiet): another key
+         * can take it only once the router dropped it. */
+        char why[200];
+        snprintf(why, sizeof(why), "the name %s is registered by another "
+                 "CURVE key; pick another --name", name);
+        refuse_register(r, id, id_len, reg, why);
+        return;
+    }
     if (w != NULL && now - w->last_seen_ns <= quiet) {
         char why[160];
         snprintf(why, sizeof(why), "the name %s is in use by a live worker "
@@ -303,6 +321,7 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     w->used = true;
     w->uid = ++r->next_worker_uid;
     snprintf(w->name, sizeof(w->name), "%s", name);
+    snprintf(w->key, sizeof(w->key), "%s", key);
     memcpy(w->rid, id, id_len);
     w->rid_len = id_len;
     w->session = reg->session;

@@ -58,6 +58,75 @@ void workerproc_register_init(workerproc_register_t *r,
     }
 }
 
+/* The control socket's monitor (one control socket per worker process),
+ * read by the main thread in workerproc_poll(); NULL without CURVE. */
+static void *g_monitor;
+static bool g_auth_logged;
+
+/* Logs (once) a handshake the router refused.  Main thread only. */
+static void monitor_drain(void)
+{
+    while (g_monitor != NULL) {
+        zmq_msg_t ev;
+        uint16_t event = 0;
+        int more;
+
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, g_monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        if (zmq_msg_size(&ev) >= sizeof(event))
+            memcpy(&event, zmq_msg_data(&ev), sizeof(event));
+        more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&ev);
+            if (zmq_msg_recv(&ev, g_monitor, 0) < 0)
+                more = 0;
+            else
+                more = zmq_msg_more(&ev);
+            zmq_msg_close(&ev);
+        }
+        if (!g_auth_logged && (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+                               event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)) {
+            g_auth_logged = true;
+            BT_LOG_ERROR("WORKER", "the router refused the connection (%s): "
+                         "check --curve-secret-key/--router-public-key "
+                         "(BATON_CURVE_SECRET_KEY, BATON_ROUTER_PUBLIC_KEY) "
+                         "and the router's --allow-workers; retrying",
+                         event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                             ? "this worker's key is not allowed"
+                             : "security handshake failed: CURVE on one "
+                               "side only, or the wrong router key?");
+        }
+    }
+}
+
+/* Opens the monitor of a CURVE control socket; failures only cost the
+ * diagnostic. */
+static void monitor_open(void *ctx, void *sock)
+{
+    const bt_curve_client_t *id = NULL;
+    char ep[64];
+    int linger = 0;
+
+    if (bt_curve_identity(&id) != BT_OK || !id->on)
+        return;
+    snprintf(ep, sizeof(ep), "inproc://bt-worker-mon-%p", sock);
+    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0)
+        return;
+    g_monitor = zmq_socket(ctx, ZMQ_PAIR);
+    if (g_monitor == NULL)
+        return;
+    zmq_setsockopt(g_monitor, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_connect(g_monitor, ep) != 0) {
+        zmq_close(g_monitor);
+        g_monitor = NULL;
+    }
+}
+
 bt_status_t workerproc_connect(const char *router, const char *name,
                                void **ctx_p, void **sock_p)
 {
@@ -84,6 +153,7 @@ bt_status_t workerproc_connect(const char *router, const char *name,
         zmq_ctx_term(ctx);
         return status;
     }
+    monitor_open(ctx, *sock_p);
     *ctx_p = ctx;
     return BT_OK;
 }
@@ -93,6 +163,11 @@ void workerproc_close(void **ctx_p, void **sock_p)
     int linger = 500; /* let the Shutdown reach the router */
 
     workerproc_sock_lock();
+    if (g_monitor != NULL) {
+        zmq_socket_monitor(*sock_p, NULL, 0);
+        zmq_close(g_monitor);
+        g_monitor = NULL;
+    }
     zmq_setsockopt(*sock_p, ZMQ_LINGER, &linger, sizeof(linger));
     bt_zmq_socket_destroy(sock_p);
     workerproc_sock_unlock();
@@ -139,6 +214,7 @@ bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms)
     zmq_pollitem_t items[2];
     int n_items = 1;
 
+    monitor_drain();
     items[0] = (zmq_pollitem_t){ sock, 0, ZMQ_POLLIN, 0 };
     if (ucx != NULL && timeout_ms > 0 && kv_ucx_event_fd(ucx) >= 0) {
         bt_status_t armed = kv_ucx_arm(ucx);

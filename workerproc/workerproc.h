@@ -56,8 +56,10 @@ void workerproc_register_init(workerproc_register_t *r,
  * connected to the router endpoint `router`, its routing id `name` plus
  * "#" and 16 random hex digits: unique per process, so no other process
  * (a second worker with the same name, or anyone who read the name in
- * the cluster status) can speak as this one.  On error nothing is left
- * open. */
+ * the cluster status) can speak as this one.  With CURVE (the process
+ * identity, bt_curve_identity()) a socket monitor watches the handshake:
+ * a router that refuses this worker's key is logged once, as an ERROR,
+ * from workerproc_poll().  On error nothing is left open. */
 bt_status_t workerproc_connect(const char *router, const char *name,
                                void **ctx_p, void **sock_p);
 

@@ -39,11 +39,14 @@ case $cmd in
       [ -f "$dir/endpoints" ] ||
         { echo "baton-scale: no $dir/endpoints (is the cluster job ready?)" >&2; exit 1; }
       # endpoints file: BATON_ROUTER (control), BATON_MODEL, BATON_BLOCK_SIZE
-      eval "$(grep -E '^BATON_(ROUTER|MODEL|BLOCK_SIZE)=' "$dir/endpoints" |
+      eval "$(grep -E '^BATON_(ROUTER|MODEL|BLOCK_SIZE|KEY_DIR)=' "$dir/endpoints" |
         sed -E 's/^([A-Z_]+)=(.*)$/c_\1=\x27\2\x27/')"
       router=${router:-$c_BATON_ROUTER}
       export BATON_MODEL=${BATON_MODEL:-$c_BATON_MODEL}
       export BATON_BLOCK_SIZE=${BATON_BLOCK_SIZE:-$c_BATON_BLOCK_SIZE}
+      # the cluster's CURVE keys (worker.key, router.pub), when it has any
+      [ -n "${c_BATON_KEY_DIR:-}" ] &&
+        export BATON_KEY_DIR=${BATON_KEY_DIR:-$c_BATON_KEY_DIR}
     fi
     [ -n "$router" ] || { echo "baton-scale: give --cluster-dir or --router" >&2; exit 2; }
     [ -n "${BATON_MODEL:-}" ] || { echo "baton-scale: set BATON_MODEL" >&2; exit 2; }

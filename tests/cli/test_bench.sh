@@ -14,7 +14,7 @@ PORT=$((20000 + RANDOM % 12000))
 HPORT=$((PORT + 2))
 EP="tcp://127.0.0.1:$PORT"
 URL="http://127.0.0.1:$HPORT"
-"$B" up --null-model --prefill 1 --decode 1 --port "$PORT" \
+"$B" up --no-curve --null-model --prefill 1 --decode 1 --port "$PORT" \
   --log-dir "$tmp" >"$tmp/up.out" 2>&1 &
 UP=$!
 "$BATON_BIN/baton-http" --router "$EP" --listen "127.0.0.1:$HPORT" \

@@ -13,7 +13,7 @@ tmp=$(mktemp -d)
 PORT=$((20000 + RANDOM % 12000))
 HPORT=$((PORT + 2))
 EP="tcp://127.0.0.1:$PORT"
-"$B" up --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams-tok512.bin" \
+"$B" up --no-curve --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams-tok512.bin" \
   --prefill 1 --decode 1 --port "$PORT" --log-dir "$tmp" \
   >"$tmp/up.out" 2>&1 &
 UP=$!

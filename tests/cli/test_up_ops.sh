@@ -122,6 +122,18 @@ for k in 1 2; do
   [ "$(http_status http://127.0.0.1:$((mport + k))/health)" = 200 ] ||
     fail "worker $k /health not 200"
 done
+# CURVE: baton up made keys; clients with them get in, others do not.
+grep -q "^curve: clients connect with --curve-secret-key $tmp/new/a/b/keys/client.key" \
+  "$tmp/3.out" || fail "no CURVE client flags printed"
+[ "$(stat -c %a "$tmp/new/a/b/keys/router.key")" = 600 ] ||
+  fail "router.key not mode 600"
+( . "$tmp/new/a/b/keys/client.env"
+  timeout 10 "$B/baton" status --router "tcp://127.0.0.1:$port" ) \
+  >"$tmp/3s.out" 2>&1 || fail "status with the run's client key failed"
+grep -q "^security: curve" "$tmp/3s.out" || fail "status: security not curve"
+BT_CLIENT_CONNECT_TIMEOUT_MS=1000 timeout 10 "$B/baton" status \
+  --router "tcp://127.0.0.1:$port" >"$tmp/3n.out" 2>&1 &&
+  fail "status without keys got an answer"
 kill -TERM $UP; wait $UP; rc=$?; UP=
 [ $rc = 0 ] || fail "baton up stopped with $rc"
 for f in router http prefill-$port-0 decode-$port-0; do

@@ -59,96 +59,101 @@ static pid_t spawn_router(const char *listen, const char *control,
                     "--stall-ms", stall_ms, "--phase-ms", "20000", NULL);
 }
 
+/* A router (--stall-ms `stall_ms`), prefill p0 and decode d0 with the
+ * step delays given ("0": none), a client for requests and one for
+ * status polls; returns once both workers registered. */
+typedef struct {
+    char listen[64];
+    char control[64];
+    client_t *c;
+    client_t *ctl;
+    pid_t router;
+    pid_t p0;
+    pid_t d0;
+} fence_t;
+
+static void fence_start(fence_t *f, const char *stall_ms,
+                        const char *p_delay, const char *d_delay)
+{
+    memset(f, 0, sizeof(*f));
+    cu_router_addrs(f->listen, f->control);
+    f->router = spawn_router(f->listen, f->control, stall_ms);
+    BT_ASSERT_OK(client_create(f->listen, &f->c));
+    BT_ASSERT_OK(client_create(f->listen, &f->ctl));
+    f->p0 = cu_spawn("baton-prefill", "--router", f->control, "--model",
+                     g_model, "--threads", "1", "--name", "p0",
+                     "--step-delay-ms", p_delay, NULL);
+    f->d0 = cu_spawn("baton-decode", "--router", f->control, "--model",
+                     g_model, "--threads", "1", "--name", "d0",
+                     "--step-delay-ms", d_delay, NULL);
+    cu_wait_workers(f->ctl, 1, 1, 20000);
+}
+
+static void fence_stop(fence_t *f)
+{
+    client_destroy(&f->c);
+    client_destroy(&f->ctl);
+    cu_kill_all();
+}
+
 static void test_pause(void)
 {
     static cu_result_t res[N_REQ];
-    char listen[64], control[64];
-    client_t *c = NULL, *ctl = NULL;
-    pid_t d0;
+    fence_t f;
     int retried = 0;
 
-    cu_router_addrs(listen, control);
-    spawn_router(listen, control, "10000");
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    cu_spawn("baton-prefill", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "p0", NULL);
-    d0 = cu_spawn("baton-decode", "--router", control, "--model", g_model,
-                  "--threads", "1", "--name", "d0", "--step-delay-ms", "15",
-                  NULL);
-    cu_wait_workers(ctl, 1, 1, 20000);
-    submit_all(c, res, N_REQ);
-    cu_stream_until(c, res, N_REQ, 3, N_REQ / 2, "no tokens before the pause");
-    kill(d0, SIGSTOP);
+    fence_start(&f, "10000", "0", "15");
+    submit_all(f.c, res, N_REQ);
+    cu_stream_until(f.c, res, N_REQ, 3, N_REQ / 2,
+                    "no tokens before the pause");
+    kill(f.d0, SIGSTOP);
     usleep(1000000); /* > 300 ms: the router drops d0, re-queues all */
-    kill(d0, SIGCONT);
-    cu_collect(c, res, N_REQ, 60000);
+    kill(f.d0, SIGCONT);
+    cu_collect(f.c, res, N_REQ, 60000);
     check_all(res, N_REQ, "pause");
     for (int i = 0; i < N_REQ; i++)
         retried += res[i].retries > 0;
     BT_CHECK(retried > 0); /* the pause really moved requests */
     fprintf(stderr, "pause: %d of %d requests resumed, all exact\n", retried,
             N_REQ);
-    client_destroy(&c);
-    client_destroy(&ctl);
-    cu_kill_all();
+    fence_stop(&f);
 }
 
 static void test_router_restart(void)
 {
     static cu_result_t res[N_REQ];
-    char listen[64], control[64];
-    client_t *c = NULL, *c2 = NULL, *ctl = NULL;
-    pid_t router;
+    fence_t f;
+    client_t *c2 = NULL;
 
-    cu_router_addrs(listen, control);
-    router = spawn_router(listen, control, "10000");
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    cu_spawn("baton-prefill", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "p0", NULL);
-    cu_spawn("baton-decode", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "d0", "--step-delay-ms", "15",
-             NULL);
-    cu_wait_workers(ctl, 1, 1, 20000);
-    submit_all(c, res, N_REQ);
-    cu_stream_until(c, res, N_REQ, 2, N_REQ / 2,
+    fence_start(&f, "10000", "0", "15");
+    submit_all(f.c, res, N_REQ);
+    cu_stream_until(f.c, res, N_REQ, 2, N_REQ / 2,
                     "no tokens before the router restart");
-    cu_kill(router, SIGKILL);
-    spawn_router(listen, control, "10000");
-    client_destroy(&ctl);
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    BT_ASSERT_OK(client_create(listen, &c2));
-    cu_wait_workers(ctl, 1, 1, 20000);
+    cu_kill(f.router, SIGKILL);
+    spawn_router(f.listen, f.control, "10000");
+    client_destroy(&f.ctl);
+    BT_ASSERT_OK(client_create(f.listen, &f.ctl));
+    BT_ASSERT_OK(client_create(f.listen, &c2));
+    cu_wait_workers(f.ctl, 1, 1, 20000);
     submit_all(c2, res, N_REQ); /* the old client's requests are gone */
     cu_collect(c2, res, N_REQ, 60000);
     check_all(res, N_REQ, "router restart");
-    client_destroy(&c);
     client_destroy(&c2);
-    client_destroy(&ctl);
-    cu_kill_all();
+    fence_stop(&f);
 }
 
 static void test_name_takeover(void)
 {
     static cu_result_t res[4];
-    char listen[64], control[64], log[256], *text = NULL;
+    char log[256], *text = NULL;
     size_t len;
-    client_t *c = NULL, *ctl = NULL;
+    fence_t f;
     pid_t thief;
     int code;
 
-    cu_router_addrs(listen, control);
-    spawn_router(listen, control, "10000");
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    cu_spawn("baton-prefill", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "p0", NULL);
-    cu_spawn("baton-decode", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "d0", NULL);
-    cu_wait_workers(ctl, 1, 1, 20000);
+    fence_start(&f, "10000", "0", "0");
     snprintf(log, sizeof(log), "/tmp/bt_fence_thief_%d.log", (int)getpid());
-    thief = cu_spawn_log(log, "baton-decode", "--router", control,
+    thief = cu_spawn_log(log, "baton-decode", "--router", f.control,
                          "--null-model", "--name", "d0", NULL);
     code = cu_wait_exit(thief, 20000);
     BT_CHECK(code != 0 && code != -1); /* exited, with an error */
@@ -157,74 +162,48 @@ static void test_name_takeover(void)
         BT_TEST_FAIL("the refused worker did not say why:\n%s", text);
     bt_free(text);
     unlink(log);
-    submit_all(c, res, 4); /* the real d0 still serves, exactly */
-    cu_collect(c, res, 4, 30000);
+    submit_all(f.c, res, 4); /* the real d0 still serves, exactly */
+    cu_collect(f.c, res, 4, 30000);
     check_all(res, 4, "name takeover");
-    client_destroy(&c);
-    client_destroy(&ctl);
-    cu_kill_all();
+    fence_stop(&f);
 }
 
 static void test_long_steps(void)
 {
     static cu_result_t res[4];
-    char listen[64], control[64];
-    client_t *c = NULL, *ctl = NULL;
+    fence_t f;
     cu_status_t st;
 
-    cu_router_addrs(listen, control);
-    spawn_router(listen, control, "10000");
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    cu_spawn("baton-prefill", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "p0", "--step-delay-ms", "1200",
-             NULL);
-    cu_spawn("baton-decode", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "d0", NULL);
-    cu_wait_workers(ctl, 1, 1, 20000);
-    submit_all(c, res, 4);
-    cu_collect(c, res, 4, 30000);
+    fence_start(&f, "10000", "1200", "0");
+    submit_all(f.c, res, 4);
+    cu_collect(f.c, res, 4, 30000);
     check_all(res, 4, "long steps");
     for (int i = 0; i < 4; i++)
         BT_ASSERT_EQ(res[i].retries, 0); /* never dropped */
-    BT_ASSERT_EQ(cu_status(ctl, &st), 0);
+    BT_ASSERT_EQ(cu_status(f.ctl, &st), 0);
     BT_ASSERT_EQ(st.n_prefill, 1);
-    client_destroy(&c);
-    client_destroy(&ctl);
-    cu_kill_all();
+    fence_stop(&f);
 }
 
 static void test_stuck_engine(void)
 {
     static cu_result_t res[4];
-    char listen[64], control[64];
-    client_t *c = NULL, *ctl = NULL;
+    fence_t f;
     uint64_t t0;
 
-    cu_router_addrs(listen, control);
-    spawn_router(listen, control, "1500");
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    cu_spawn("baton-prefill", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "p0", NULL);
-    cu_spawn("baton-decode", "--router", control, "--model", g_model,
-             "--threads", "1", "--name", "d0", "--step-delay-ms", "60000",
-             NULL);
-    cu_wait_workers(ctl, 1, 1, 20000);
+    fence_start(&f, "1500", "0", "60000");
     t0 = bt_time_ns();
-    submit_all(c, res, 4); /* d0 takes them and sticks in its first step */
+    submit_all(f.c, res, 4); /* d0 takes them and sticks in its first step */
     usleep(300000);
-    cu_spawn("baton-decode", "--router", control, "--model", g_model,
+    cu_spawn("baton-decode", "--router", f.control, "--model", g_model,
              "--threads", "1", "--name", "d1", NULL);
-    cu_collect(c, res, 4, 30000);
+    cu_collect(f.c, res, 4, 30000);
     check_all(res, 4, "stuck engine");
     for (int i = 0; i < 4; i++)
         BT_CHECK(res[i].retries >= 1);
     fprintf(stderr, "stuck engine: requests resumed elsewhere in %.1f s\n",
             (double)(bt_time_ns() - t0) * 1e-9);
-    client_destroy(&c);
-    client_destroy(&ctl);
-    cu_kill_all();
+    fence_stop(&f);
 }
 
 int main(void)

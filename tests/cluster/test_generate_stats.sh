@@ -6,7 +6,7 @@ set -u
 B="$BATON_BIN/baton"
 tmp=$(mktemp -d)
 PORT=$((20000 + RANDOM % 12000))
-"$B" up --null-model --prefill 1 --decode 1 --port "$PORT" \
+"$B" up --no-curve --null-model --prefill 1 --decode 1 --port "$PORT" \
   --log-dir "$tmp" >"$tmp/up.out" 2>&1 &
 UP=$!
 trap 'kill -TERM $UP 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$tmp"' EXIT

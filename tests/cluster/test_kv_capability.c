@@ -24,76 +24,7 @@
 #include "gateway/http_util.h"
 #include "proto_msg.h"
 #include "workerproc.h"
-
-typedef struct {
-    void *ctx;
-    void *sock;
-    bool registered;
-    uint64_t last_hb_ns;
-    uint64_t task_id;    /* the PrefillTask received (0: none yet) */
-    uint64_t task_epoch;
-    uint8_t cap[PROTO_CAPABILITY_BYTES];
-    size_t cap_len;
-} fake_prefill_t;
-
-static void fake_register(fake_prefill_t *f)
-{
-    static Baton__KvTransport inline_only[] = {
-        BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE};
-    workerproc_register_cfg_t rc = {
-        .role = BATON__ROLE__ROLE_PREFILL, .name = "fake-prefill",
-        .vocab = PROTO_NULL_VOCAB, .max_context = PROTO_NULL_CONTEXT,
-        .host_id = "fake-host",
-    };
-    workerproc_register_t r;
-
-    workerproc_register_init(&r, &rc);
-    r.reg.n_transports = 1;
-    r.reg.transports = inline_only;
-    workerproc_send_register(f->sock, &r.reg);
-}
-
-/* Serves the fake's control socket for `ms`: RegisterAck, heartbeats,
- * and the PrefillTask (its id, epoch and capability kept in f). */
-static void fake_pump(fake_prefill_t *f, int ms)
-{
-    uint64_t end = bt_time_ns() + (uint64_t)ms * 1000000ull;
-
-    while (bt_time_ns() < end) {
-        Baton__ControlMessage *m = NULL;
-        zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
-
-        if (f->registered && bt_time_ns() - f->last_hb_ns > 100000000ull) {
-            Baton__Heartbeat hb;
-            workerproc_heartbeat_init(&hb, "fake-prefill", 0, 0, false);
-            workerproc_send_heartbeat(f->sock, &hb);
-            f->last_hb_ns = bt_time_ns();
-        }
-        (void)zmq_poll(&it, 1, 10);
-        while (proto_control_recv(f->sock, &m) == BT_OK) {
-            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK) {
-                if (m->register_ack->reregister)
-                    fake_register(f);
-                else if (m->register_ack->refused == NULL)
-                    f->registered = true;
-            }
-            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK &&
-                m->prefill_task->grant != NULL) {
-                const Baton__KvGrant *g = m->prefill_task->grant;
-                f->task_id = m->prefill_task->request_id;
-                f->task_epoch = g->epoch;
-                f->cap_len = 0;
-                if (g->has_capability &&
-                    g->capability.len == PROTO_CAPABILITY_BYTES) {
-                    memcpy(f->cap, g->capability.data, sizeof(f->cap));
-                    f->cap_len = sizeof(f->cap);
-                }
-            }
-            proto_control_free(&m);
-        }
-        bt_error_clear();
-    }
-}
+#include "fake_prefill.h"
 
 /* The fake's PrefillDone for its task: prompt `ids`, first token 7, the
  * capability `cap` (NULL: none). */

@@ -75,7 +75,7 @@ wait_query() {
 
 port=$(free_ports 2); hport=$(free_ports 1); mport=$(free_ports 4)
 pport=$(free_ports 1)
-"$B/baton" up --null-model --prefill 1 --decode 2 --port "$port" \
+"$B/baton" up --no-curve --null-model --prefill 1 --decode 2 --port "$port" \
   --http-port "$hport" --metrics-port "$mport" --log-dir "$tmp/logs" \
   >"$tmp/up.out" 2>&1 &
 UP=$!

@@ -29,68 +29,7 @@
 #include "bt_error.h"
 #include "cluster_util.h"
 #include "workerproc.h"
-
-typedef struct {
-    void *ctx;
-    void *sock;
-    bool registered;
-    uint64_t last_hb_ns;
-    uint64_t task_id;    /* the PrefillTask received (0: none yet) */
-    uint64_t task_epoch; /* its grant's epoch */
-} fake_prefill_t;
-
-static void fake_register(fake_prefill_t *f)
-{
-    static Baton__KvTransport inline_only[] = {
-        BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE};
-    workerproc_register_cfg_t rc = {
-        .role = BATON__ROLE__ROLE_PREFILL, .name = "fake-prefill",
-        .vocab = PROTO_NULL_VOCAB, .max_context = PROTO_NULL_CONTEXT,
-        .host_id = "fake-host",
-    };
-    workerproc_register_t r;
-
-    workerproc_register_init(&r, &rc);
-    r.reg.n_transports = 1;
-    r.reg.transports = inline_only;
-    workerproc_send_register(f->sock, &r.reg);
-}
-
-/* Serves the fake's control socket for `ms`: RegisterAck, heartbeats
- * every 100 ms, and the PrefillTask (kept in f). */
-static void fake_pump(fake_prefill_t *f, int ms)
-{
-    uint64_t end = bt_time_ns() + (uint64_t)ms * 1000000ull;
-
-    while (bt_time_ns() < end) {
-        Baton__ControlMessage *m = NULL;
-        zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
-
-        if (f->registered && bt_time_ns() - f->last_hb_ns > 100000000ull) {
-            Baton__Heartbeat hb;
-            workerproc_heartbeat_init(&hb, "fake-prefill",
-                                      f->task_id != 0, 0, false);
-            workerproc_send_heartbeat(f->sock, &hb);
-            f->last_hb_ns = bt_time_ns();
-        }
-        (void)zmq_poll(&it, 1, 10);
-        while (proto_control_recv(f->sock, &m) == BT_OK) {
-            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK) {
-                if (m->register_ack->reregister)
-                    fake_register(f);
-                else if (m->register_ack->refused == NULL)
-                    f->registered = true;
-            }
-            if (m->body_case == BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK &&
-                m->prefill_task->grant != NULL) {
-                f->task_id = m->prefill_task->request_id;
-                f->task_epoch = m->prefill_task->grant->epoch;
-            }
-            proto_control_free(&m);
-        }
-        bt_error_clear();
-    }
-}
+#include "fake_prefill.h"
 
 /* Pumps the fake until it holds a task whose grant epoch is not `old`;
  * returns that epoch (0 after `ms` without one). */

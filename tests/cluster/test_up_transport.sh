@@ -26,7 +26,7 @@ want=$(timeout 30 "$B" run --model "$M" --prompt-ids "$PROMPT" --ids \
 up_check() {
   local name=$1 expect=$2; shift 2
   local port=$((20000 + RANDOM % 12000)) got="" ok=0
-  "$B" up --model "$M" --port "$port" --log-dir "$tmp" "$@" \
+  "$B" up --no-curve --model "$M" --port "$port" --log-dir "$tmp" "$@" \
     >"$tmp/$name.out" 2>&1 &
   UP=$!
   for try in $(seq 1 100); do

@@ -22,6 +22,7 @@ terminationGracePeriodSeconds.
 usage: k8s_local.py PODS.json BIN_DIR
 """
 import json
+import shutil
 import os
 import signal
 import socket
@@ -105,6 +106,22 @@ def main():
                        pod["grace"], log)
 
     logdir = tempfile.mkdtemp(prefix="baton-k8s-")
+    # the baton-curve Secret (deploy/k8s/curve-secret.sh) at its mount
+    # path: the pods run with CURVE as in the cluster
+    keydir = os.path.join(logdir, "curve")
+    os.makedirs(keydir)
+    for k in ("router", "worker", "client"):
+        subprocess.run([f"{bindir}/baton", "keygen", "--out",
+                        os.path.join(keydir, k)], check=True,
+                       stdout=subprocess.DEVNULL)
+    with open(os.path.join(keydir, "clients.allow"), "w") as f:
+        # the client key only: the worker probes no longer run `baton
+        # status` (curve-secret.sh)
+        f.write(open(os.path.join(keydir, "client.pub")).read())
+    remap["/etc/baton/curve/"] = keydir + "/"
+    client_env = dict(os.environ,
+                      BATON_CURVE_SECRET_KEY=os.path.join(keydir, "client.key"),
+                      BATON_ROUTER_PUBLIC_KEY=os.path.join(keydir, "router.pub"))
     procs = {}
     ok = False
     try:
@@ -134,7 +151,8 @@ def main():
         st = subprocess.run([f"{bindir}/baton", "status", "--router",
                              f"tcp://127.0.0.1:{client}", "--wait-workers",
                              "1,1", "--timeout", "10", "--json"],
-                            capture_output=True, text=True, timeout=20)
+                            capture_output=True, text=True, timeout=20,
+                            env=client_env)
         if st.returncode != 0 or not json.loads(st.stdout).get("ready"):
             raise SystemExit(f"FAIL: baton status: {st.stdout} {st.stderr}")
         print("ok /livez 200; baton status --wait-workers 1,1: ready")
@@ -233,7 +251,7 @@ def main():
         got = subprocess.run(run[:1] + ["generate", "--router",
                                         f"tcp://127.0.0.1:{client}"] +
                              run[1:], capture_output=True, text=True,
-                             timeout=30)
+                             timeout=30, env=client_env)
         if not want.stdout.strip() or got.stdout != want.stdout:
             raise SystemExit(f"FAIL: cluster ids {got.stdout!r} "
                              f"({got.stderr.strip()[-200:]}), "
@@ -322,9 +340,7 @@ def main():
             if not ok:
                 print(f"--- {n}")
                 print(open(os.path.join(logdir, n + ".log")).read()[-1500:])
-        for f in os.listdir(logdir):
-            os.unlink(os.path.join(logdir, f))
-        os.rmdir(logdir)
+        shutil.rmtree(logdir, ignore_errors=True)
     return 0
 
 

@@ -106,6 +106,12 @@ for _ in $(seq 1 200); do
 done
 [ -f "$tmp/job/endpoints" ] || fail "job $JOB not ready after 40 s"
 . "$tmp/job/endpoints"
+# CURVE: the job made its keys; clients use client.env
+[ -n "${BATON_KEY_DIR:-}" ] || fail "no BATON_KEY_DIR in the endpoints file"
+[ "$(stat -c %a "$BATON_KEY_DIR")" = 700 ] || fail "key dir not mode 700"
+[ "$(stat -c %a "$BATON_KEY_DIR/router.key")" = 600 ] || fail "router.key not 600"
+. "$BATON_KEY_DIR/client.env"
+export BATON_CURVE_SECRET_KEY BATON_ROUTER_PUBLIC_KEY
 echo "ready in $(( $(date +%s) - t0 )) s: $BATON_ROUTER_CLIENT $BATON_HTTP"
 [ "$BATON_ROUTER_CLIENT" = "tcp://localhost:$PORT" ] ||
   fail "endpoints file says $BATON_ROUTER_CLIENT"

@@ -92,7 +92,7 @@ def up(label, args, env=None):
     logdir = os.path.join(OUT, label)
     os.makedirs(logdir, exist_ok=True)
     f = open(os.path.join(logdir, "up.out"), "w")
-    p = subprocess.Popen([BIN + "/baton", "up", "--model", MODEL, "--port",
+    p = subprocess.Popen([BIN + "/baton", "up", "--no-curve", "--model", MODEL, "--port",
                           str(port), "--log-dir", logdir, "--device",
                           DEVICE] + args, stdout=f, stderr=subprocess.STDOUT,
                          env=env)

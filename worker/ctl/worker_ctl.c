@@ -8,10 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bt_curve.h"
+#include "bt_error.h"
 #include "bt_util.h"
 
 /* Where the router endpoint came from (for the start-up line). */
 static const char *g_router_from = "the default";
+/* --curve-secret-key, --router-public-key (NULL: the environment). */
+static const char *g_curve_secret;
+static const char *g_router_public;
 
 void worker_ctl_env(const worker_ctl_opts_t *o)
 {
@@ -44,6 +49,8 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
                      *o->metrics_port < 0 || *o->metrics_port > 65535;
         break;
     case 1031: *o->metrics_host = arg; break;
+    case 1032: g_curve_secret = arg; break;
+    case 1033: g_router_public = arg; break;
     case 1020: *o->host_id = arg; break;
     case 'm': o->engine->model_path = arg; break;
     case 't': o->engine->tokenizer_path = arg; break;
@@ -114,6 +121,10 @@ bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_)
         fprintf(stderr, "%s: need exactly one of --model or "
                         "--null-model\n", o->prog);
         o->usage(stderr);
+        return false;
+    }
+    if (bt_curve_identity_init(g_curve_secret, g_router_public) != BT_OK) {
+        fprintf(stderr, "%s: %s\n", o->prog, bt_error_last());
         return false;
     }
     if (g_router_from != NULL)

@@ -51,7 +51,9 @@ extern "C" {
     { "kv-memory-gb", required_argument, 0, 1024 },             \
     { "warmup", required_argument, 0, 1025 },                   \
     { "metrics-port", required_argument, 0, 1030 },             \
-    { "metrics-host", required_argument, 0, 1031 }
+    { "metrics-host", required_argument, 0, 1031 },             \
+    { "curve-secret-key", required_argument, 0, 1032 },         \
+    { "router-public-key", required_argument, 0, 1033 }
 
 /* Usage lines of the first shared options, the same in every worker. */
 #define WORKER_CTL_USAGE_ROUTER                                              \
@@ -69,7 +71,11 @@ extern "C" {
     "  --metrics-port N       serve Prometheus /metrics and /health on N\n" \
     "                         (env BATON_METRICS_PORT; 0: any free port;\n"\
     "                         default: off); see docs/OPERATIONS.md\n"     \
-    "  --metrics-host ADDR    address the metrics port binds (127.0.0.1)\n"
+    "  --metrics-host ADDR    address the metrics port binds (127.0.0.1)\n"\
+    "  --curve-secret-key F   CURVE: this worker's secret key (`baton\n"   \
+    "                         keygen`; env BATON_CURVE_SECRET_KEY)\n"     \
+    "  --router-public-key F  CURVE: the router's public key (env\n"      \
+    "                         BATON_ROUTER_PUBLIC_KEY); both or neither\n"
 
 /* Usage lines of the KV pool size (every worker). */
 #define WORKER_CTL_USAGE_KV                                                  \
@@ -159,7 +165,10 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
 /* Checks the parsed shared options (host id 1 to 127 bytes, no operands,
  * exactly one of --model and --null-model), printing what is wrong (and
  * the usage, for the latter) to stderr.  Returns true when they are
- * fine.  A worker started without --router then says on stderr which
+ * fine.  It also loads the CURVE identity (--curve-secret-key,
+ * --router-public-key, else the environment): a key file that cannot be
+ * read is reported and fails the check.
+ * A worker started without --router then says on stderr which
  * endpoint it waits on (the default or BATON_ROUTER): a worker that
  * silently waits on the wrong port is hard to tell from a slow one. */
 bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_);
