@@ -32,6 +32,7 @@ void router__send_chunk(router_t *r, router_req_t *req, int index,
     Baton__ClientMessage msg = BATON__CLIENT_MESSAGE__INIT;
     Baton__TokenChunk c = BATON__TOKEN_CHUNK__INIT;
 
+    r->metrics.generated_tokens += (uint64_t)(n > 0 ? n : 0);
     c.has_client_request_id = 1;
     c.client_request_id = req->client_rid;
     c.has_index = 1;

@@ -265,6 +265,8 @@ typedef struct {
     bt_prom_hist_t tpot;       /* per request: (last - first token) /
                                   (tokens - 1) */
     bt_prom_hist_t queue_wait; /* arrival -> first KV grant */
+    uint64_t prompt_tokens;    /* of requests that finished */
+    uint64_t generated_tokens; /* streamed to clients, every request */
 } router_metrics_t;
 
 void router__metrics_init(router_metrics_t *m);

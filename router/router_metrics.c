@@ -9,6 +9,8 @@
  *   baton_router_admitted_total            requests taken into the queue
  *   baton_router_rejected_total{reason}    refused at admission (error name)
  *   baton_router_retries_total             re-queues after worker failures
+ *   baton_router_prompt_tokens_total       prompt tokens of finished requests
+ *   baton_router_generated_tokens_total    tokens streamed to clients
  *   baton_router_kv_handoffs_total{transport}  KvReady sent, by transport
  *   baton_router_worker_drops_total        workers dropped (dead, left)
  *   baton_router_curve, _insecure          CURVE on / --insecure (gauges)
@@ -241,6 +243,14 @@ bt_status_t router__metrics_render(router_t *r, uint64_t now,
     for (size_t i = 1; i < BT_ARRAY_SIZE(error_names); i++)
         P("baton_router_rejected_total{reason=\"%s\"} %llu\n",
           error_names[i], (unsigned long long)m->rejected[i]);
+    P("# HELP baton_router_prompt_tokens_total Prompt tokens of the "
+      "requests that finished\n# TYPE baton_router_prompt_tokens_total "
+      "counter\nbaton_router_prompt_tokens_total %llu\n",
+      (unsigned long long)m->prompt_tokens);
+    P("# HELP baton_router_generated_tokens_total Generated tokens streamed "
+      "to clients\n# TYPE baton_router_generated_tokens_total counter\n"
+      "baton_router_generated_tokens_total %llu\n",
+      (unsigned long long)m->generated_tokens);
     P("# HELP baton_router_retries_total Requests re-queued after a "
       "worker failure\n# TYPE baton_router_retries_total counter\n"
       "baton_router_retries_total %llu\n",

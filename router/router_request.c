@@ -302,6 +302,7 @@ void router__req_complete(router_t *r, router_req_t *req,
     router__send_finished(r, req, reason);
     r->completed++;
     r->metrics.finished[(unsigned)reason % ROUTER_METRICS_FINISH]++;
+    r->metrics.prompt_tokens += (uint64_t)req->n_prompt;
     if (req->n_generated >= 2 && req->t_first != 0 && now > req->t_first)
         bt_prom_hist_observe(&r->metrics.tpot,
                              (double)(now - req->t_first) * 1e-9 /

@@ -357,6 +357,8 @@ int main(void)
     BT_ASSERT_EQ(metric(body, "baton_router_requests_total{outcome="
                               "\"length\"}"), 1);
     BT_ASSERT_EQ(metric(body, "baton_router_queue_depth"), 0);
+    BT_ASSERT_EQ(metric(body, "baton_router_generated_tokens_total"), 8);
+    BT_CHECK(metric(body, "baton_router_prompt_tokens_total") > 0);
     BT_ASSERT_EQ(metric(body, "baton_router_queue_wait_seconds_count"), 1);
     BT_ASSERT_EQ(metric(body, "baton_router_ttft_seconds_count"), 1);
     BT_ASSERT_EQ(metric(body, "baton_router_ttft_seconds_bucket{le="
