@@ -65,6 +65,8 @@ void gateway_config_init(gateway_config_t *cfg)
 // ---------------------------------------------------------------------------
 // Types
 
+#define GATEWAY_REQUEST_ID_MAX 128 /* longer client X-Request-Ids: replaced */
+
 typedef enum {
     CONN_READ = 0, /* reading / parsing requests */
     CONN_WAIT,     /* a request is at the router */
@@ -97,6 +99,9 @@ typedef struct {
     uint64_t t_out_since;    /* output pending and unprogressed since */
     uint64_t t_linger_end;   /* LINGER: close at this time */
     bool sent_continue;      /* 100 Continue sent for this request */
+    char request_id[GATEWAY_REQUEST_ID_MAX + 1]; /* X-Request-Id of the
+                                request in progress: the client's or
+                                made here; "" between requests */
     /* the request in progress */
     bool keep_alive;         /* after the current response */
     bool http10;             /* HTTP/1.0 client: no chunked replies */
@@ -372,12 +377,15 @@ static void conn_request_reset(conn_t *conn)
     conn->t_first = 0;
     conn->text.len = 0;
     conn->sent_continue = false;
+    conn->request_id[0] = '\0';
 }
 
 /* The response to the current request is queued: count it and move to
  * the next request (keep-alive) or to closing. */
 static void conn_request_end(gateway_t *gw, conn_t *conn, int status)
 {
+    BT_LOG_INFO("HTTP", "request %s: %s %d", conn->request_id,
+                gateway__metrics_endpoint_name(conn->ep), status);
     gateway__metrics_request(&gw->metrics, conn->ep, status);
     conn_request_reset(conn);
     conn->state = conn->keep_alive ? CONN_READ : CONN_CLOSING;
@@ -402,6 +410,9 @@ static void conn_head(gateway_t *gw, conn_t *conn, int status,
     else if (!conn->http10)
         n += snprintf(head + n, sizeof(head) - (size_t)n,
                       "Transfer-Encoding: chunked\r\n");
+    if (conn->request_id[0] != '\0')
+        n += snprintf(head + n, sizeof(head) - (size_t)n,
+                      "X-Request-Id: %s\r\n", conn->request_id);
     n += snprintf(head + n, sizeof(head) - (size_t)n,
                   "Connection: %s\r\n%s\r\n",
                   conn->keep_alive ? "keep-alive" : "close",
@@ -439,7 +450,8 @@ static void conn_respond_error(gateway_t *gw, conn_t *conn,
         extra = retry;
     }
     if (err->status >= 500 && err->status != 503 && err->status != 504)
-        BT_LOG_WARN("HTTP", "%d: %s", err->status, err->message);
+        BT_LOG_WARN("HTTP", "request %s: %d: %s", conn->request_id,
+                    err->status, err->message);
     conn_respond(gw, conn, err->status, "application/json", b->data, b->len,
                  extra);
 }
@@ -1059,6 +1071,30 @@ static void dispatch(gateway_t *gw, conn_t *conn, const gateway_http_req_t *req)
                          "no such endpoint", NULL);
 }
 
+/* Sets the X-Request-Id of the request about to be answered: the
+ * client's (req, when given) if it is 1 to GATEWAY_REQUEST_ID_MAX visible
+ * ASCII characters, else a new unique one.  Echoed in the response head
+ * and logged with the request. */
+static void conn_request_id(gateway_t *gw, conn_t *conn,
+                            const gateway_http_req_t *req)
+{
+    bool ok = req != NULL && req->request_id != NULL &&
+              req->request_id_len > 0 &&
+              req->request_id_len <= GATEWAY_REQUEST_ID_MAX;
+
+    for (size_t i = 0; ok && i < req->request_id_len; i++)
+        ok = req->request_id[i] > 0x20 && req->request_id[i] < 0x7f;
+    if (ok) {
+        memcpy(conn->request_id, req->request_id, req->request_id_len);
+        conn->request_id[req->request_id_len] = '\0';
+        return;
+    }
+    gw->id_counter++;
+    snprintf(conn->request_id, sizeof(conn->request_id), "baton-%016llx",
+             (unsigned long long)(bt_time_ns() ^
+                                  (gw->id_counter * 0x9e3779b97f4a7c15ull)));
+}
+
 /* Parses and answers the requests waiting in the input buffer, in order,
  * until one has to wait for the router. */
 static void process_input(gateway_t *gw, conn_t *conn)
@@ -1077,6 +1113,7 @@ static void process_input(gateway_t *gw, conn_t *conn)
             }
             return;
         }
+        conn_request_id(gw, conn, status == BT_OK ? &req : NULL);
         if (status != BT_OK) {
             conn->ep = GATEWAY_EP_OTHER;
             conn->keep_alive = false;

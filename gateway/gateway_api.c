@@ -3,10 +3,10 @@
  * results to OpenAI-shaped JSON (completions, chat completions, their
  * stream chunks, errors).
  *
- * Unsupported OpenAI features are refused with 400 rather than silently
- * ignored (n > 1, echo, logprobs, best_of, suffix, logit_bias, tools), so
- * a client never gets something other than it asked for.  Unknown fields
- * are ignored, as most OpenAI-compatible servers do.
+ * Unsupported OpenAI (and vLLM) parameters are refused with 400 rather
+ * than silently ignored (api_param_rules below is the list), so a client
+ * never gets something other than it asked for.  Unknown fields are
+ * ignored, as most OpenAI-compatible servers do.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -102,24 +102,107 @@ static bool get_bool(const cJSON *root, const char *name, bool *out,
     return true;
 }
 
-/* Refuses a field unless absent, null, or equal to what baton does. */
-static bool refuse_unless(const cJSON *root, const char *name,
-                          bool ok_false, double ok_number,
-                          gateway_api_error_t *err)
-{
-    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+// ---------------------------------------------------------------------------
+// Parameters baton does not implement (issue 39: no silently ignored
+// parameter).  This table is the one list of them; README.md's baton-http
+// section documents it.  A field named here that is present with a value
+// other than those in `accepted` is refused with 400 naming it, so a client
+// never trusts a result that ignored what it asked for.  `accepted` holds
+// JSON texts separated by '|', compared with the field's value printed by
+// cJSON_PrintUnformatted(); absent and null are always accepted, "" accepts
+// nothing else.  `chat_reads`: /v1/chat/completions parses the field itself
+// (the row applies to /v1/completions only).
 
-    if (j == NULL || cJSON_IsNull(j))
-        return true;
-    if (ok_false && cJSON_IsFalse(j))
-        return true;
-    if (!isnan(ok_number) && cJSON_IsNumber(j) &&
-        j->valuedouble == ok_number)
-        return true;
-    if ((cJSON_IsObject(j) || cJSON_IsArray(j)) && j->child == NULL)
-        return true; /* {} or [] */
-    BAD_PARAM(name, "'%s' is not supported by baton", name);
+typedef struct {
+    const char *name;     /* the body field */
+    const char *accepted; /* JSON values that match what baton does */
+    bool chat_reads;      /* implemented for chat: checked on completions */
+    const char *why;      /* in the error message */
+} api_param_rule_t;
+
+static const api_param_rule_t api_param_rules[] = {
+    {"n", "1", false, "one choice per request"},
+    {"best_of", "1", false, "one choice per request"},
+    {"echo", "false", false, "the prompt is not echoed"},
+    {"logprobs", "false", false, "logprobs are not returned"},
+    {"top_logprobs", "0", false, "logprobs are not returned"},
+    {"prompt_logprobs", "", false, "logprobs are not returned"},
+    {"suffix", "\"\"", false, "no insertion (suffix) mode"},
+    {"logit_bias", "{}", false, "the sampler has no logit bias"},
+    {"tools", "[]", false, "no tool calling"},
+    {"functions", "[]", false, "no tool calling"},
+    {"tool_choice", "\"none\"", false, "no tool calling"},
+    {"response_format", "{\"type\":\"text\"}", false,
+     "no structured (JSON) output"},
+    {"min_tokens", "0", false, "the sampler has no minimum length"},
+    {"include_stop_str_in_output", "false", false,
+     "a matched stop string is always left out of the text"},
+    {"skip_special_tokens", "", false,
+     "whether special tokens show in the text depends on the model's "
+     "tokenizer, not on the request"},
+    {"return_tokens_as_token_ids", "false", false,
+     "no per-token output"},
+    {"truncate_prompt_tokens", "", false,
+     "prompts are never truncated (too long is a 400)"},
+    {"add_generation_prompt", "true", true,
+     "a completions prompt is not templated"},
+    {"continue_final_message", "false", false,
+     "the last message is always closed by the chat template"},
+    {"chat_template", "", false,
+     "the chat template is chosen at start (--chat-template)"},
+    {"chat_template_kwargs", "{}", false,
+     "the chat template takes no arguments"},
+};
+
+/* Whether `value` (unformatted JSON) is one of the '|'-separated texts. */
+static bool value_accepted(const char *value, const char *accepted)
+{
+    size_t vlen = strlen(value);
+
+    while (*accepted != '\0') {
+        const char *bar = strchr(accepted, '|');
+        size_t n = bar ? (size_t)(bar - accepted) : strlen(accepted);
+
+        if (n == vlen && memcmp(value, accepted, n) == 0)
+            return true;
+        accepted += n + (bar ? 1 : 0);
+    }
     return false;
+}
+
+/* Refuses the first field of api_param_rules present with a value baton
+ * does not implement. */
+static bool check_param_rules(const cJSON *root, gateway_api_kind_t kind,
+                              gateway_api_error_t *err)
+{
+    for (size_t i = 0; i < BT_ARRAY_SIZE(api_param_rules); i++) {
+        const api_param_rule_t *r = &api_param_rules[i];
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, r->name);
+        char *value;
+        bool ok;
+
+        if (j == NULL || cJSON_IsNull(j) ||
+            (r->chat_reads && kind == GATEWAY_API_CHAT))
+            continue;
+        value = cJSON_PrintUnformatted(j);
+        if (value == NULL) {
+            gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                                   "out of memory");
+            return false;
+        }
+        ok = value_accepted(value, r->accepted);
+        cJSON_free(value);
+        if (ok)
+            continue;
+        if (r->accepted[0] != '\0')
+            BAD_PARAM(r->name, "'%s' is not supported by baton except as "
+                      "%s: %s", r->name, r->accepted, r->why);
+        else
+            BAD_PARAM(r->name, "'%s' is not supported by baton: %s",
+                      r->name, r->why);
+        return false;
+    }
+    return true;
 }
 
 /* An array of token ids into a bt_malloc'ed array. */
@@ -249,6 +332,7 @@ static bool parse_messages(const gateway_api_ctx_t *ctx, const cJSON *root,
     char **contents = NULL;
     const cJSON *m;
     char *text = NULL;
+    bool add_generation_prompt = true;
     bool ok = false;
     int n, i = 0;
 
@@ -287,8 +371,11 @@ static bool parse_messages(const gateway_api_ctx_t *ctx, const cJSON *root,
         cm[i].content = contents[i];
         i++;
     }
-    if (chat_format(ctx->chat_template, cm, n, true, ctx->bos, ctx->eos,
-                    &text) != BT_OK) {
+    if (!get_bool(root, "add_generation_prompt", &add_generation_prompt,
+                  err))
+        goto out;
+    if (chat_format(ctx->chat_template, cm, n, add_generation_prompt,
+                    ctx->bos, ctx->eos, &text) != BT_OK) {
         BAD_PARAM("messages", "cannot format the messages");
         goto out;
     }
@@ -397,15 +484,7 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
             return false;
         }
     }
-    if (!refuse_unless(root, "n", false, 1, err) ||
-        !refuse_unless(root, "best_of", false, 1, err) ||
-        !refuse_unless(root, "echo", true, NAN, err) ||
-        !refuse_unless(root, "logprobs", true, NAN, err) ||
-        !refuse_unless(root, "top_logprobs", false, 0, err) ||
-        !refuse_unless(root, "suffix", false, NAN, err) ||
-        !refuse_unless(root, "logit_bias", false, NAN, err) ||
-        !refuse_unless(root, "tools", false, NAN, err) ||
-        !refuse_unless(root, "functions", false, NAN, err))
+    if (!check_param_rules(root, out->kind, err))
         return false;
 
     client_request_init(req);

@@ -342,6 +342,9 @@ bt_status_t gateway__http_parse(const char *buf, size_t len,
             req->authorization = line + v_start;
             req->authorization_len = v_end - v_start;
             req->n_authorization++;
+        } else if (NAME_IS("X-Request-Id")) {
+            req->request_id = line + v_start; /* the last one wins */
+            req->request_id_len = v_end - v_start;
         } else if (NAME_IS("Expect")) {
             if (v_end - v_start == 12 &&
                 strncasecmp(line + v_start, "100-continue", 12) == 0)

@@ -78,6 +78,8 @@ typedef struct {
     size_t authorization_len;
     int n_authorization;   /* Authorization fields seen (more than one:
                               refused as ambiguous) */
+    const char *request_id; /* X-Request-Id value (trimmed), or NULL */
+    size_t request_id_len;
     int error_status;      /* on BT_ERR_FORMAT: the HTTP status to send */
     const char *error;     /* on BT_ERR_FORMAT: why (static text) */
 } gateway_http_req_t;
@@ -284,6 +286,9 @@ typedef struct {
 } gateway_metrics_t;
 
 void gateway__metrics_init(gateway_metrics_t *m);
+
+/* The path an endpoint is counted under ("/v1/completions", "other"). */
+const char *gateway__metrics_endpoint_name(gateway_endpoint_t ep);
 void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
                               int status);
 

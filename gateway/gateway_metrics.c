@@ -27,6 +27,11 @@ static const char *const endpoint_names[GATEWAY_EP_COUNT] = {
     "/metrics", "/livez", "other",
 };
 
+const char *gateway__metrics_endpoint_name(gateway_endpoint_t ep)
+{
+    return ep >= 0 && ep < GATEWAY_EP_COUNT ? endpoint_names[ep] : "other";
+}
+
 void gateway__metrics_init(gateway_metrics_t *m)
 {
     memset(m, 0, sizeof(*m));
