@@ -116,19 +116,12 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
         goto err_free;
     }
     /* CURVE encrypts in libzmq's I/O threads, not in the router's loop:
-     * with it, two of them (BT_ZMQ_IO_THREADS overrides; set before the
-     * first socket; each connection stays on one), so the crypto of the
-     * workers' and clients' connections is not serialised on one core.
-     * docs/SECURITY.md has the measurements. */
-    {
-        int io = cfg->curve_secret_key != NULL && cfg->curve_secret_key[0]
-                     ? 2 : 1;
-        const char *env = getenv("BT_ZMQ_IO_THREADS");
-        if (env != NULL && bt_parse_int(env, &io) != BT_OK)
-            io = 1;
-        if (io > 1)
-            zmq_ctx_set(r->ctx, ZMQ_IO_THREADS, io);
-    }
+     * with it, two of them (set before the first socket; each connection
+     * stays on one), so the crypto of the workers' and clients'
+     * connections is not serialised on one core.  docs/SECURITY.md has
+     * the measurements (four measured the same as two). */
+    if (cfg->curve_secret_key != NULL && cfg->curve_secret_key[0])
+        zmq_ctx_set(r->ctx, ZMQ_IO_THREADS, 2);
     /* The ZAP handler exists before anything binds (fail closed). */
     status = router__zap_create(r, secret);
     if (status != BT_OK)

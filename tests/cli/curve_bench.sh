@@ -5,8 +5,7 @@
 # in alternation, REPS times each.  Not a CTest test (a measurement).
 #
 #   tests/cli/curve_bench.sh [BIN_DIR]     (N=30000 REPS=4 by default)
-# BT_ZMQ_IO_THREADS sets the router's ZeroMQ I/O threads (default: 2 with
-# CURVE).
+# The router runs two ZeroMQ I/O threads with CURVE, one without.
 set -u
 B=${1:-${BATON_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/build/bin}}
 N=${N:-30000}

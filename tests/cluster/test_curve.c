@@ -325,16 +325,6 @@ static int replay_registration(void *ctx, int control_port, const char *log,
     for (int t = 0; t < 5000 && has_worker(ctl, "ghost", NULL); t += 100)
         usleep(100000);
     BT_CHECK(!has_worker(ctl, "ghost", NULL));
-    if (getenv("BT_TEST_KEEP") != NULL) {
-        char dump[400];
-        FILE *f;
-        snprintf(dump, sizeof(dump), "%s/replay_%d.bin", g_dir, control_port);
-        f = fopen(dump, "wb");
-        if (f != NULL) {
-            fwrite(r->rec, 1, r->n_rec, f);
-            fclose(f);
-        }
-    }
     /* Paced as a real peer sends: the greeting's two parts, then one
      * ZMTP frame at a time (libzmq drops a peer whose greeting and first
      * command arrive in one read). */
@@ -622,7 +612,7 @@ int main(void)
     run_plain_replay();
     cu_kill_all();
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
-    if (getenv("BT_TEST_KEEP") == NULL && system(cmd) != 0)
+    if (system(cmd) != 0)
         fprintf(stderr, "cannot remove %s\n", g_dir);
     bt_alloc_report();
     fprintf(stderr, "PASS\n");
