@@ -348,15 +348,6 @@ static void send_register(decode_t *dec)
     workerproc_send_register(dec->sock, reg);
 }
 
-static int reserved_blocks(const decode_t *dec)
-{
-    int n = 0;
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].used)
-            n += dec->resv[i].n_blocks;
-    return n;
-}
-
 /* Blocks promised to admitted requests beyond what they hold now. */
 static int promised_blocks(const decode_t *dec)
 {
@@ -379,30 +370,33 @@ static int available_blocks(const decode_t *dec)
     return BT_MAX(0, kv_allocator_free_count(dec->kv) - promised_blocks(dec));
 }
 
-/* Publishes what the heartbeats say (the link's thread sends them);
- * `now` sends one at once. */
-static void publish_beat(decode_t *dec, bool now)
+/* Publishes what the heartbeats and the metrics say (the link's thread
+ * sends the heartbeats on schedule); one goes out at once, at most every
+ * 10 ms, when the free block count moved, so the router's view stays
+ * fresh.  Called once a turn: one pass over the reservations. */
+static void publish_beat(decode_t *dec)
 {
     workerproc_beat_t b;
-    uint64_t owed = 0;
+    uint64_t now = bt_time_ns();
+    bool urgent;
 
     memset(&b, 0, sizeof(b));
-    for (decode_seq_t *s = dec->seqs; s; s = s->next)
-        owed += 1;
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].local)
-            owed += (uint64_t)(dec->resv[i].n_ptokens - dec->resv[i].n_fed);
     b.running = (uint32_t)dec->n_seqs;
-    for (int i = 0; i < dec->cfg.max_reservations; i++) /* metrics */
-        b.waiting += dec->resv[i].used;
-    b.outstanding = owed;
+    b.outstanding = (uint64_t)dec->n_seqs; /* a token each */
+    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+        const decode_resv_t *r = &dec->resv[i];
+        if (!r->used)
+            continue;
+        b.waiting++;
+        b.reserved += (uint32_t)r->n_blocks;
+        if (r->local)
+            b.outstanding += (uint64_t)(r->n_ptokens - r->n_fed);
+    }
+    b.has_reserved = true;
     b.draining = dec->draining;
     b.has_kv = true;
     b.free_kv = (uint32_t)available_blocks(dec);
-    dec->last_hb_free = (int)b.free_kv;
     b.total_kv = (uint32_t)kv_allocator_total(dec->kv);
-    b.has_reserved = true;
-    b.reserved = (uint32_t)reserved_blocks(dec);
     b.prefill_tokens_per_s = dec->tps;
     if (dec->spec != NULL) {
         spec_stats_t st;
@@ -413,11 +407,13 @@ static void publish_beat(decode_t *dec, bool now)
         b.spec_verify_tokens = st.verify_tokens;
         b.spec_accept_length = spec_accept_length(dec->spec);
     }
-    workerproc_link_publish(dec->link, &b, now);
-    b.running += b.waiting; /* metrics: running + waiting are held */
+    urgent = (int)b.free_kv != dec->last_hb_free &&
+             now - dec->last_hb_ns >= 10000000ull;
+    dec->last_hb_free = (int)b.free_kv;
+    workerproc_link_publish(dec->link, &b, urgent);
     workerproc_metrics_publish(dec->cfg.metrics, &b);
-    if (now)
-        dec->last_hb_ns = bt_time_ns();
+    if (urgent)
+        dec->last_hb_ns = now;
 }
 
 static void send_task_error(decode_t *dec, uint64_t id, uint64_t epoch,
@@ -2220,8 +2216,7 @@ bt_status_t decode_run(decode_t *dec)
                 dec->cfg.can_prefill ? ", prefills too (role both)" : "");
     for (;;) {
         bt_status_t status;
-        int timeout, free_now;
-        uint64_t now;
+        int timeout;
 
         if (dec->stop && !dec->draining) {
             workerproc_send_drain(dec->sock, dec->name);
@@ -2262,13 +2257,7 @@ bt_status_t decode_run(decode_t *dec)
         step(dec);
         expire(dec);
         workerproc_link_turn_end(dec->link);
-        /* The heartbeat thread sends on schedule; sooner (at most every
-         * 10 ms) when the free block count moved, so the router's view
-         * stays fresh. */
-        now = bt_time_ns();
-        free_now = available_blocks(dec);
-        publish_beat(dec, free_now != dec->last_hb_free &&
-                              now - dec->last_hb_ns >= 10000000ull);
+        publish_beat(dec);
     }
     workerproc_send_shutdown(dec->sock, dec->name);
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, staged "

@@ -206,8 +206,10 @@ static void publish_beat(prefill_t *pf)
     memset(&b, 0, sizeof(b));
     for (prefill_task_t *t = pf->head; t; t = t->next) {
         b.outstanding += (uint64_t)(t->n_tokens - t->n_fed);
-        b.running++;
-        b.waiting += t->state == PREFILL_TASK_WAITING; /* metrics */
+        if (t->state == PREFILL_TASK_WAITING)
+            b.waiting++;
+        else
+            b.running++;
     }
     b.draining = pf->draining;
     if (pf->engine != NULL) {

@@ -98,8 +98,8 @@ static void send_beat(workerproc_link_t *link)
     pthread_mutex_unlock(&link->mu);
     if (!registered) /* the Register is on its way; it says it all */
         return;
-    workerproc_heartbeat_init(&hb, link->name, b.running, b.outstanding,
-                              b.draining);
+    workerproc_heartbeat_init(&hb, link->name, b.running + b.waiting,
+                              b.outstanding, b.draining);
     if (b.has_kv) {
         hb.has_free_kv_blocks = 1;
         hb.free_kv_blocks = b.free_kv;

@@ -41,11 +41,11 @@ typedef struct workerproc_link_s workerproc_link_t;
 /* What a role reports in its heartbeats (published by the main thread,
  * sent by the link's thread). */
 typedef struct {
-    uint32_t running;            /* sequences / tasks held */
-    uint32_t waiting;            /* of them: not started yet (prefill:
-                                    no chunk fed; decode: reservations
-                                    whose KV has not arrived) -- metrics
-                                    only */
+    uint32_t running;            /* sequences / prompts started */
+    uint32_t waiting;            /* held, not started yet (prefill: no
+                                    chunk fed; decode: reservations whose
+                                    KV has not arrived); the heartbeat
+                                    says running + waiting ("held") */
     uint64_t outstanding;        /* tokens owed */
     bool draining;
     bool has_kv;                 /* the KV counts below are meaningful */

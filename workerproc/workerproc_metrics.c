@@ -120,8 +120,8 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
            "1 while the worker drains (takes no new work)", "%d",
            b->draining ? 1 : 0);
     FAMILY("baton_worker_running_sequences", "gauge",
-           "Sequences (decode) or prompts (prefill) the worker holds", "%u",
-           b->running - BT_MIN(b->running, b->waiting));
+           "Sequences (decode) or prompts (prefill) started", "%u",
+           b->running);
     FAMILY("baton_worker_waiting_sequences", "gauge",
            "Held but not started: prompts with no chunk fed, or "
            "reservations whose KV has not arrived", "%u", b->waiting);
