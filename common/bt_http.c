@@ -50,67 +50,6 @@ struct bt_http_server_s {
 };
 
 // ---------------------------------------------------------------------------
-// Buffers
-
-void bt_buf_cleanup(bt_buf_t *buf)
-{
-    bt_free(buf->data);
-    memset(buf, 0, sizeof(*buf));
-}
-
-/* Makes room for `more` bytes and the NUL after them. */
-static bt_status_t buf_reserve(bt_buf_t *buf, size_t more)
-{
-    size_t need = buf->len + more + 1, cap;
-    char *data;
-
-    if (need <= buf->cap)
-        return BT_OK;
-    cap = buf->cap < 4096 ? 4096 : buf->cap;
-    while (cap < need)
-        cap *= 2;
-    data = bt_realloc(buf->data, cap, "bt_buf");
-    if (data == NULL)
-        return BT_ERR_NO_MEMORY;
-    buf->data = data;
-    buf->cap = cap;
-    return BT_OK;
-}
-
-bt_status_t bt_buf_append(bt_buf_t *buf, const char *text, size_t len)
-{
-    bt_status_t status = buf_reserve(buf, len);
-
-    if (status != BT_OK)
-        return status;
-    memcpy(buf->data + buf->len, text, len);
-    buf->len += len;
-    buf->data[buf->len] = '\0';
-    return BT_OK;
-}
-
-bt_status_t bt_buf_printf(bt_buf_t *buf, const char *fmt, ...)
-{
-    bt_status_t status;
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return BT_ERR_INTERNAL;
-    status = buf_reserve(buf, (size_t)n);
-    if (status != BT_OK)
-        return status;
-    va_start(ap, fmt);
-    vsnprintf(buf->data + buf->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    buf->len += (size_t)n;
-    return BT_OK;
-}
-
-// ---------------------------------------------------------------------------
 // Parsing
 
 /* RFC 9110 token characters. */

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <zmq.h>
 
+#include "bt_buf.h"
 #include "bt_status.h"
 
 #ifdef __cplusplus
@@ -37,21 +38,6 @@ extern "C" {
 #define BT_HTTP_MAX_CONNS 16     /* open connections at most */
 #define BT_HTTP_MAX_REQUEST 8192 /* request line + headers */
 #define BT_HTTP_MAX_ROUTES 8     /* paths one server answers */
-
-// ---------------------------------------------------------------------------
-// Growable buffer
-
-/* A growable byte string; data[len] is NUL when data != NULL. */
-typedef struct {
-    char *data;  /* (cap) bytes, bt_malloc'ed */
-    size_t len;  /* bytes in use */
-    size_t cap;  /* bytes allocated */
-} bt_buf_t;
-
-void bt_buf_cleanup(bt_buf_t *buf);
-bt_status_t bt_buf_append(bt_buf_t *buf, const char *text, size_t len);
-bt_status_t bt_buf_printf(bt_buf_t *buf, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 
 // ---------------------------------------------------------------------------
 // Parsing

@@ -92,8 +92,8 @@ typedef struct {
     bool in_dirty;           /* listed in gw->dirty */
     bool eof;                /* the client closed its side */
     uint32_t events;         /* epoll events registered */
-    gateway_buf_t in;        /* received, not yet consumed bytes */
-    gateway_buf_t out;       /* bytes to send */
+    bt_buf_t in;        /* received, not yet consumed bytes */
+    bt_buf_t out;       /* bytes to send */
     uint64_t t_activity;     /* last read or write progress (ns) */
     uint64_t t_req_start;    /* first byte of the pending request (0 none) */
     uint64_t t_out_since;    /* output pending and unprogressed since */
@@ -115,7 +115,7 @@ typedef struct {
     bool stream;
     bool include_usage;
     bool headers_sent;       /* stream head written */
-    gateway_buf_t text;      /* non-stream: gathered completion text */
+    bt_buf_t text;      /* non-stream: gathered completion text */
     uint32_t n_tokens;       /* ids received */
     uint64_t t_start;        /* request parsed (ns) */
     uint64_t t_first;        /* first token received (ns) */
@@ -152,7 +152,7 @@ struct gateway_s {
     rid_entry_t *map;            /* (map_cap) rid -> conn, open addressing */
     size_t map_cap;
     gateway_metrics_t metrics;
-    gateway_buf_t scratch;       /* event JSON under construction */
+    bt_buf_t scratch;       /* event JSON under construction */
     uint64_t id_counter;         /* response ids */
     uint32_t max_context;        /* cluster context (tokens), 0 unknown */
     uint64_t ctx_rid;            /* our own status request, 0 none */
@@ -291,9 +291,9 @@ static void conn_free(gateway_t *gw, conn_t *conn)
     gw->conns[conn->slot] = NULL;
     gw->n_conns--;
     gw->metrics.connections = gw->n_conns;
-    gateway__buf_cleanup(&conn->in);
-    gateway__buf_cleanup(&conn->out);
-    gateway__buf_cleanup(&conn->text);
+    bt_buf_cleanup(&conn->in);
+    bt_buf_cleanup(&conn->out);
+    bt_buf_cleanup(&conn->text);
     bt_free(conn);
 }
 
@@ -316,7 +316,7 @@ static bool conn_write(gateway_t *gw, conn_t *conn, const void *data,
         return false;
     if (conn->out.len == 0)
         conn->t_out_since = bt_time_ns();
-    if (gateway__buf_append(&conn->out, data, len) != BT_OK) {
+    if (bt_buf_append(&conn->out, data, len) != BT_OK) {
         conn_kill(gw, conn);
         return false;
     }
@@ -350,7 +350,7 @@ static void conn_flush(gateway_t *gw, conn_t *conn)
             return;
         }
     }
-    gateway__buf_consume(&conn->out, off);
+    bt_buf_consume(&conn->out, off);
     if (conn->out.len == 0 && conn->state == CONN_CLOSING) {
         if (conn->eof) {
             conn_kill(gw, conn);
@@ -433,12 +433,12 @@ static void conn_respond_error(gateway_t *gw, conn_t *conn,
                                const gateway_api_error_t *err,
                                const char *extra)
 {
-    gateway_buf_t *b = &gw->scratch;
+    bt_buf_t *b = &gw->scratch;
     char retry[48];
 
     b->len = 0;
     if (gateway__api_error_json(err, b) != BT_OK ||
-        gateway__buf_append(b, "\n", 1) != BT_OK) {
+        bt_buf_append(b, "\n", 1) != BT_OK) {
         conn_kill(gw, conn);
         return;
     }
@@ -527,7 +527,7 @@ static void on_chunk(gateway_t *gw, conn_t *conn, const Baton__TokenChunk *c)
     }
     conn->n_tokens += (uint32_t)c->n_ids;
     if (!conn->stream) {
-        if (gateway__buf_append(&conn->text, text, len) != BT_OK)
+        if (bt_buf_append(&conn->text, text, len) != BT_OK)
             conn_kill(gw, conn);
         return;
     }
@@ -557,7 +557,7 @@ static void on_finished(gateway_t *gw, conn_t *conn,
 {
     const char *finish = finish_name(f->reason);
     uint64_t now = bt_time_ns();
-    gateway_buf_t *b = &gw->scratch;
+    bt_buf_t *b = &gw->scratch;
 
     if (conn->job != JOB_GENERATE)
         return;
@@ -592,7 +592,7 @@ static void on_finished(gateway_t *gw, conn_t *conn,
     }
     if (gateway__api_response_json(&conn->resp, conn->text.data,
                                    conn->text.len, finish, b) != BT_OK ||
-        gateway__buf_append(b, "\n", 1) != BT_OK)
+        bt_buf_append(b, "\n", 1) != BT_OK)
         goto err_kill;
     conn_respond(gw, conn, 200, "application/json", b->data, b->len, NULL);
     return;
@@ -691,7 +691,7 @@ static void respond_health(gateway_t *gw, conn_t *conn,
 static void respond_metrics(gateway_t *gw, conn_t *conn,
                             const Baton__ClusterStatus *cs)
 {
-    gateway_buf_t *b = &gw->scratch;
+    bt_buf_t *b = &gw->scratch;
 
     b->len = 0;
     gw->metrics.connections = gw->n_conns;
@@ -941,7 +941,7 @@ static void start_status(gateway_t *gw, conn_t *conn, conn_job_t job)
 static void respond_models(gateway_t *gw, conn_t *conn, const char *one,
                            size_t one_len)
 {
-    gateway_buf_t *b = &gw->scratch;
+    bt_buf_t *b = &gw->scratch;
 
     b->len = 0;
     if (one != NULL && (one_len != strlen(gw->model_name) ||
@@ -952,7 +952,7 @@ static void respond_models(gateway_t *gw, conn_t *conn, const char *one,
     }
     if (gateway__api_models_json(gw->model_name, (long long)time(NULL),
                                  one == NULL, b) != BT_OK ||
-        gateway__buf_append(b, "\n", 1) != BT_OK) {
+        bt_buf_append(b, "\n", 1) != BT_OK) {
         conn_kill(gw, conn);
         return;
     }
@@ -1127,7 +1127,7 @@ static void process_input(gateway_t *gw, conn_t *conn)
         conn->keep_alive = req.keep_alive;
         conn->http10 = req.minor == 0;
         dispatch(gw, conn, &req);
-        gateway__buf_consume(&conn->in, req.total_len);
+        bt_buf_consume(&conn->in, req.total_len);
         conn->sent_continue = false;
         conn->t_req_start = conn->in.len > 0 ? bt_time_ns() : 0;
     }
@@ -1157,7 +1157,7 @@ static void on_readable(gateway_t *gw, conn_t *conn, uint32_t events)
         }
         room = limit - conn->in.len < READ_CHUNK ? limit - conn->in.len
                                                  : READ_CHUNK;
-        if (gateway__buf_reserve(&conn->in, room) != BT_OK) {
+        if (bt_buf_reserve(&conn->in, room) != BT_OK) {
             conn_kill(gw, conn);
             return;
         }
@@ -1538,7 +1538,7 @@ bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p)
     gw->listen_fd = -1;
     gw->epoll_fd = -1;
     gateway__metrics_init(&gw->metrics);
-    gateway__buf_init(&gw->scratch);
+    bt_buf_init(&gw->scratch);
     gw->model_name = bt_strdup(cfg->model_name, "gateway");
     gw->conns = bt_calloc((size_t)n, sizeof(*gw->conns), "gateway");
     gw->gens = bt_calloc((size_t)n, sizeof(*gw->gens), "gateway");
@@ -1641,7 +1641,7 @@ void gateway_destroy(gateway_t **gw_p)
     client_destroy(&gw->client);
     gateway__auth_destroy(&gw->auth);
     tok_destroy(&gw->tok);
-    gateway__buf_cleanup(&gw->scratch);
+    bt_buf_cleanup(&gw->scratch);
     bt_free(gw->map);
     bt_free(gw->dirty);
     bt_free(gw->dead);

@@ -282,7 +282,7 @@ static bool parse_prompt(const cJSON *root, gateway_api_req_t *out,
 static char *message_content(const cJSON *content, int index,
                              gateway_api_error_t *err)
 {
-    gateway_buf_t buf;
+    bt_buf_t buf;
     const cJSON *part;
     char param[64];
 
@@ -295,27 +295,27 @@ static char *message_content(const cJSON *content, int index,
         BAD_PARAM(param, "'%s' must be a string or an array of parts", param);
         return NULL;
     }
-    gateway__buf_init(&buf);
-    if (gateway__buf_reserve(&buf, 0) != BT_OK)
+    bt_buf_init(&buf);
+    if (bt_buf_reserve(&buf, 0) != BT_OK)
         goto err_oom;
     cJSON_ArrayForEach(part, content) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
             !cJSON_IsString(text)) {
-            gateway__buf_cleanup(&buf);
+            bt_buf_cleanup(&buf);
             BAD_PARAM(param, "'%s' parts must be {\"type\": \"text\", "
                       "\"text\": ...} (baton serves text models)", param);
             return NULL;
         }
-        if (gateway__buf_append(&buf, text->valuestring,
+        if (bt_buf_append(&buf, text->valuestring,
                                 strlen(text->valuestring)) != BT_OK)
             goto err_oom;
     }
     return buf.data;
 
 err_oom:
-    gateway__buf_cleanup(&buf);
+    bt_buf_cleanup(&buf);
     gateway__api_error_set(err, 500, "server_error", NULL, NULL,
                            "out of memory");
     return NULL;
@@ -601,7 +601,7 @@ bt_status_t gateway__api_parse(const gateway_api_ctx_t *ctx,
 // Responses
 
 /* Prints j unformatted, appends it to out and frees j. */
-static bt_status_t emit(cJSON *j, gateway_buf_t *out)
+static bt_status_t emit(cJSON *j, bt_buf_t *out)
 {
     char *s;
     bt_status_t status;
@@ -612,13 +612,13 @@ static bt_status_t emit(cJSON *j, gateway_buf_t *out)
     cJSON_Delete(j);
     if (s == NULL)
         return BT_ERR_NO_MEMORY;
-    status = gateway__buf_append(out, s, strlen(s));
+    status = bt_buf_append(out, s, strlen(s));
     cJSON_free(s);
     return status;
 }
 
 bt_status_t gateway__api_error_json(const gateway_api_error_t *err,
-                                    gateway_buf_t *out)
+                                    bt_buf_t *out)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
@@ -746,7 +746,7 @@ static void add_finish(cJSON *choice, const char *finish)
 
 bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
                                        const char *text, size_t text_len,
-                                       const char *finish, gateway_buf_t *out)
+                                       const char *finish, bt_buf_t *out)
 {
     bool chat = r->kind == GATEWAY_API_CHAT;
     cJSON *root = head(r, chat ? "chat.completion" : "text_completion");
@@ -771,7 +771,7 @@ bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
 bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
                                     const char *text, size_t text_len,
                                     bool role, const char *finish,
-                                    bool usage_null, gateway_buf_t *out)
+                                    bool usage_null, bt_buf_t *out)
 {
     bool chat = r->kind == GATEWAY_API_CHAT;
     cJSON *root = head(r, chat ? "chat.completion.chunk" : "text_completion");
@@ -797,7 +797,7 @@ bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
 }
 
 bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
-                                          gateway_buf_t *out)
+                                          bt_buf_t *out)
 {
     bool chat = r->kind == GATEWAY_API_CHAT;
     cJSON *root = head(r, chat ? "chat.completion.chunk" : "text_completion");
@@ -808,7 +808,7 @@ bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
 }
 
 bt_status_t gateway__api_models_json(const char *model, long long created,
-                                     bool list, gateway_buf_t *out)
+                                     bool list, bt_buf_t *out)
 {
     cJSON *m = cJSON_CreateObject();
     cJSON *root, *data;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "bt_prom.h"
+#include "bt_buf.h"
 #include "bt_status.h"
 #include "client.h"
 #include "model/chat_template.h"
@@ -22,27 +23,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// ---------------------------------------------------------------------------
-// Byte buffers
-
-/* A growable byte string; data[len] is always NUL when data != NULL. */
-typedef struct {
-    char *data;  /* (cap) bytes, bt_malloc'ed */
-    size_t len;  /* bytes in use */
-    size_t cap;  /* bytes allocated */
-} gateway_buf_t;
-
-void gateway__buf_init(gateway_buf_t *buf);
-void gateway__buf_cleanup(gateway_buf_t *buf);
-/* Makes room for `extra` more bytes (+1 for the NUL). */
-bt_status_t gateway__buf_reserve(gateway_buf_t *buf, size_t extra);
-bt_status_t gateway__buf_append(gateway_buf_t *buf, const void *data,
-                                size_t len);
-bt_status_t gateway__buf_printf(gateway_buf_t *buf, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-/* Drops the first n bytes (consumed input, written output). */
-void gateway__buf_consume(gateway_buf_t *buf, size_t n);
 
 // ---------------------------------------------------------------------------
 // HTTP/1.1 request parsing
@@ -160,7 +140,7 @@ void gateway__api_req_cleanup(gateway_api_req_t *r);
 
 /* The error object as JSON text appended to out. */
 bt_status_t gateway__api_error_json(const gateway_api_error_t *err,
-                                    gateway_buf_t *out);
+                                    bt_buf_t *out);
 
 /* Maps a router error (code, message, retry hint in ms or 0) to an OpenAI
  * error (status, type, code, Retry-After). */
@@ -182,17 +162,17 @@ typedef struct {
 
 bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
                                        const char *text, size_t text_len,
-                                       const char *finish, gateway_buf_t *out);
+                                       const char *finish, bt_buf_t *out);
 bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
                                     const char *text, size_t text_len,
                                     bool role, const char *finish,
-                                    bool usage_null, gateway_buf_t *out);
+                                    bool usage_null, bt_buf_t *out);
 bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
-                                          gateway_buf_t *out);
+                                          bt_buf_t *out);
 
 /* GET /v1/models (list) or /v1/models/ID (one model object). */
 bt_status_t gateway__api_models_json(const char *model, long long created,
-                                     bool list, gateway_buf_t *out);
+                                     bool list, bt_buf_t *out);
 
 // ---------------------------------------------------------------------------
 // API keys and tenants (gateway_auth.c; issue 42)
@@ -296,7 +276,7 @@ void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
  * answer) adds the router and per-worker gauges. */
 bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
                                     const Baton__ClusterStatus *cluster,
-                                    gateway_buf_t *out);
+                                    bt_buf_t *out);
 
 #ifdef __cplusplus
 }

@@ -56,14 +56,14 @@ void gateway__metrics_request(gateway_metrics_t *m, gateway_endpoint_t ep,
     m->requests[ep][k]++;
 }
 
-/* bt_prom_write_fn into a gateway_buf_t. */
+/* bt_prom_write_fn into a bt_buf_t. */
 static bt_status_t prom_write(void *out, const char *text, size_t len)
 {
-    return gateway__buf_append(out, text, len);
+    return bt_buf_append(out, text, len);
 }
 
 static bt_status_t render_hist(const bt_prom_hist_t *h, const char *name,
-                               const char *help, gateway_buf_t *out)
+                               const char *help, bt_buf_t *out)
 {
     return bt_prom_hist_render(h, name, help, prom_write, out);
 }
@@ -77,7 +77,7 @@ static const char *role_name(uint32_t role)
 static bt_status_t render_workers(const Baton__ClusterStatus *cs,
                                   const char *name, const char *type,
                                   const char *help, int field,
-                                  gateway_buf_t *out)
+                                  bt_buf_t *out)
 {
     bt_status_t status;
 
@@ -96,7 +96,7 @@ static bt_status_t render_workers(const Baton__ClusterStatus *cs,
         case 4: v = w->draining; break;
         default: v = w->served; break;
         }
-        status = gateway__buf_printf(out, "%s{worker=\"%s\",role=\"%s\"} %llu\n",
+        status = bt_buf_printf(out, "%s{worker=\"%s\",role=\"%s\"} %llu\n",
                                      name, wname, role_name(w->role), v);
     }
     return status;
@@ -105,12 +105,12 @@ static bt_status_t render_workers(const Baton__ClusterStatus *cs,
 #define P(...)                                                              \
     do {                                                                    \
         if (status == BT_OK)                                                \
-            status = gateway__buf_printf(out, __VA_ARGS__);                 \
+            status = bt_buf_printf(out, __VA_ARGS__);                 \
     } while (0)
 
 bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
                                     const Baton__ClusterStatus *cluster,
-                                    gateway_buf_t *out)
+                                    bt_buf_t *out)
 {
     bt_status_t status = BT_OK;
     int n_prefill = 0, n_decode = 0;

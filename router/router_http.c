@@ -49,14 +49,14 @@ static int metrics_handler(void *arg, int route, bt_buf_t *body,
                            const char **content_type)
 {
     http_ctx_t *ctx = arg;
-    router_buf_t text = { 0 };
+    bt_buf_t text = { 0 };
     bt_status_t status;
 
     (void)route;
     status = router__metrics_render(ctx->r, ctx->now, &text);
     if (status == BT_OK && text.len > 0)
         status = bt_buf_append(body, text.data, text.len);
-    router__buf_cleanup(&text);
+    bt_buf_cleanup(&text);
     if (status != BT_OK)
         return 500;
     *content_type = "text/plain; version=0.0.4; charset=utf-8";

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "bt_curve.h"
+#include "bt_buf.h"
 #include "bt_prom.h"
 #include "bt_zmq.h"
 #include "proto_msg.h"
@@ -235,17 +236,6 @@ struct router_req_s {
 #define ROUTER_METRICS_FINISH 4     /* FinishReason values counted */
 #define ROUTER_METRICS_TRANSPORTS 8 /* KvTransport values counted */
 
-/* A growable byte string; data[len] is NUL when data != NULL. */
-typedef struct {
-    char *data;  /* (cap) bytes, bt_malloc'ed */
-    size_t len;  /* bytes in use */
-    size_t cap;  /* bytes allocated */
-} router_buf_t;
-
-void router__buf_cleanup(router_buf_t *buf);
-bt_status_t router__buf_printf(router_buf_t *buf, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
 /* What the router counts (gauges are read from its state at render). */
 typedef struct {
     uint64_t finished[ROUTER_METRICS_FINISH]; /* ended with Finished, by
@@ -276,7 +266,7 @@ struct router_s;
 /* Appends every metric (the counters and the router's and each worker's
  * state now) in the Prometheus text format 0.0.4. */
 bt_status_t router__metrics_render(struct router_s *r, uint64_t now,
-                                   router_buf_t *out);
+                                   bt_buf_t *out);
 
 // ---------------------------------------------------------------------------
 // router_http.c: the metrics HTTP listener

@@ -60,43 +60,7 @@ _Static_assert(BT_ARRAY_SIZE(finish_names) <= ROUTER_METRICS_FINISH,
                "every finish reason has a counter");
 
 // ---------------------------------------------------------------------------
-// Buffers, histograms
-
-void router__buf_cleanup(router_buf_t *buf)
-{
-    bt_free(buf->data);
-    memset(buf, 0, sizeof(*buf));
-}
-
-bt_status_t router__buf_printf(router_buf_t *buf, const char *fmt, ...)
-{
-    va_list ap;
-    size_t need, cap;
-    char *data;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return BT_ERR_INTERNAL;
-    need = buf->len + (size_t)n + 1;
-    if (need > buf->cap) {
-        cap = buf->cap < 4096 ? 4096 : buf->cap;
-        while (cap < need)
-            cap *= 2;
-        data = bt_realloc(buf->data, cap, "router_buf");
-        if (data == NULL)
-            return BT_ERR_NO_MEMORY;
-        buf->data = data;
-        buf->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(buf->data + buf->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    buf->len += (size_t)n;
-    return BT_OK;
-}
+// Histograms
 
 void router__metrics_init(router_metrics_t *m)
 {
@@ -114,17 +78,17 @@ void router__metrics_init(router_metrics_t *m)
 #define P(...)                                                              \
     do {                                                                    \
         if (status == BT_OK)                                                \
-            status = router__buf_printf(out, __VA_ARGS__);                  \
+            status = bt_buf_printf(out, __VA_ARGS__);                  \
     } while (0)
 
-/* bt_prom_write_fn into a router_buf_t. */
+/* bt_prom_write_fn into a bt_buf_t. */
 static bt_status_t prom_write(void *out, const char *text, size_t len)
 {
-    return router__buf_printf(out, "%.*s", (int)len, text);
+    return bt_buf_printf(out, "%.*s", (int)len, text);
 }
 
 static bt_status_t render_hist(const bt_prom_hist_t *h, const char *name,
-                               const char *help, router_buf_t *out)
+                               const char *help, bt_buf_t *out)
 {
     return bt_prom_hist_render(h, name, help, prom_write, out);
 }
@@ -169,7 +133,7 @@ static const struct {
 };
 
 static bt_status_t render_workers(router_t *r, uint64_t now,
-                                  router_buf_t *out)
+                                  bt_buf_t *out)
 {
     bt_status_t status = BT_OK;
 
@@ -218,7 +182,7 @@ static bt_status_t render_workers(router_t *r, uint64_t now,
 }
 
 bt_status_t router__metrics_render(router_t *r, uint64_t now,
-                                   router_buf_t *out)
+                                   bt_buf_t *out)
 {
     const router_metrics_t *m = &r->metrics;
     bt_status_t status = BT_OK;

@@ -41,21 +41,21 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
     gateway_api_req_t req;
     gateway_api_error_t err;
     gateway_api_resp_t resp;
-    gateway_buf_t out;
+    bt_buf_t out;
 
     memset(&ctx, 0, sizeof(ctx));
     ctx.model_name = "m";
     ctx.tok = tok;
     ctx.chat_template = kind == GATEWAY_API_CHAT && tok == NULL
                             ? CHAT_TEMPLATE_LLAMA3 : CHAT_TEMPLATE_PLAIN;
-    gateway__buf_init(&out);
+    bt_buf_init(&out);
     if (gateway__api_parse(&ctx, kind, body, len, &req, &err) != BT_OK) {
         fz_check(err.status == 400 || err.status == 404 || err.status == 500,
                  "error status");
         fz_check(err.message[0] != '\0', "error without a message");
         fz_check(gateway__api_error_json(&err, &out) == BT_OK,
                  "error JSON");
-        gateway__buf_cleanup(&out);
+        bt_buf_cleanup(&out);
         return;
     }
     fz_check((req.req.prompt != NULL) != (req.req.n_prompt_ids > 0),
@@ -72,7 +72,7 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
                  BT_OK, "response JSON");
     fz_check(gateway__api_chunk_json(&resp, body, len, true, NULL, true,
                                      &out) == BT_OK, "chunk JSON");
-    gateway__buf_cleanup(&out);
+    bt_buf_cleanup(&out);
     gateway__api_req_cleanup(&req);
 }
 

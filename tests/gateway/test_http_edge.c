@@ -119,33 +119,33 @@ static void too_long(int http, client_t *c)
 {
     uint32_t ctx;
     uint64_t failed0, failed1;
-    gateway_buf_t b;
+    bt_buf_t b;
     ht_resp_t r;
 
     router_counters(c, &ctx, &failed0);
     BT_CHECK(ctx > 0);
     /* token ids: exactly the context */
-    gateway__buf_init(&b);
-    BT_ASSERT_OK(gateway__buf_printf(&b, "{\"prompt\":["));
+    bt_buf_init(&b);
+    BT_ASSERT_OK(bt_buf_printf(&b, "{\"prompt\":["));
     for (uint32_t i = 0; i < ctx; i++)
-        BT_ASSERT_OK(gateway__buf_printf(&b, "%s%u", i ? "," : "",
+        BT_ASSERT_OK(bt_buf_printf(&b, "%s%u", i ? "," : "",
                                          1 + i % 7));
-    BT_ASSERT_OK(gateway__buf_printf(&b, "],\"max_tokens\":4}"));
+    BT_ASSERT_OK(bt_buf_printf(&b, "],\"max_tokens\":4}"));
     BT_ASSERT_EQ(ht_request(http, "POST", "/v1/completions", b.data, &r),
                  400);
     BT_CHECK(strstr(r.body, "context_length_exceeded") != NULL);
     ht_resp_free(&r);
     /* text, no tokenizer: more than context x 128 bytes */
     b.len = 0;
-    BT_ASSERT_OK(gateway__buf_printf(&b, "{\"prompt\":\""));
+    BT_ASSERT_OK(bt_buf_printf(&b, "{\"prompt\":\""));
     for (uint32_t i = 0; i <= ctx * 128u / 8; i++)
-        BT_ASSERT_OK(gateway__buf_printf(&b, "abc def "));
-    BT_ASSERT_OK(gateway__buf_printf(&b, "\",\"max_tokens\":4}"));
+        BT_ASSERT_OK(bt_buf_printf(&b, "abc def "));
+    BT_ASSERT_OK(bt_buf_printf(&b, "\",\"max_tokens\":4}"));
     BT_ASSERT_EQ(ht_request(http, "POST", "/v1/completions", b.data, &r),
                  400);
     BT_CHECK(strstr(r.body, "context_length_exceeded") != NULL);
     ht_resp_free(&r);
-    gateway__buf_cleanup(&b);
+    bt_buf_cleanup(&b);
     router_counters(c, &ctx, &failed1);
     BT_ASSERT_EQ(failed1, failed0); /* the router never saw them */
     /* one token shorter is the router's to judge: it is served */

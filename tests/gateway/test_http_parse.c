@@ -144,7 +144,7 @@ static void test_api(void)
 {
     gateway_api_req_t req;
     gateway_api_error_t err;
-    gateway_buf_t out;
+    bt_buf_t out;
 
     BT_ASSERT_OK(api(GATEWAY_API_COMPLETIONS, "{\"prompt\":\"hi\"}", &req,
                      &err));
@@ -227,20 +227,20 @@ static void test_api(void)
                      "\"content\":\"x\"}],\"tools\":[{}]}", 400, "tools");
 
     /* error JSON shape */
-    gateway__buf_init(&out);
+    bt_buf_init(&out);
     gateway__api_error_set(&err, 400, "invalid_request_error", NULL, "n",
                            "bad \"n\"");
     BT_ASSERT_OK(gateway__api_error_json(&err, &out));
     BT_ASSERT_STREQ(out.data, "{\"error\":{\"message\":\"bad \\\"n\\\"\","
                     "\"type\":\"invalid_request_error\",\"param\":\"n\","
                     "\"code\":null}}");
-    gateway__buf_cleanup(&out);
+    bt_buf_cleanup(&out);
 }
 
 static void test_metrics(void)
 {
     gateway_metrics_t m;
-    gateway_buf_t out;
+    bt_buf_t out;
 
     gateway__metrics_init(&m);
     bt_prom_hist_observe(&m.ttft, 0.003);
@@ -248,7 +248,7 @@ static void test_metrics(void)
     gateway__metrics_request(&m, GATEWAY_EP_CHAT, 200);
     gateway__metrics_request(&m, GATEWAY_EP_CHAT, 200);
     gateway__metrics_request(&m, GATEWAY_EP_OTHER, 404);
-    gateway__buf_init(&out);
+    bt_buf_init(&out);
     BT_ASSERT_OK(gateway__metrics_render(&m, NULL, &out));
     BT_CHECK(strstr(out.data, "baton_http_requests_total{endpoint="
                               "\"/v1/chat/completions\",code=\"200\"} 2\n"));
@@ -265,7 +265,7 @@ static void test_metrics(void)
     BT_CHECK(strstr(out.data, "baton_http_time_to_first_token_seconds_count"
                               " 2\n"));
     BT_CHECK(strstr(out.data, "baton_http_router_up 0\n"));
-    gateway__buf_cleanup(&out);
+    bt_buf_cleanup(&out);
 }
 
 int main(void)
