@@ -20,6 +20,7 @@
 #include <sys/time.h>
 
 #include "cluster/cluster_util.h"
+#include "bt_prom_test.h"
 
 #define RESP_MAX (1 << 20)
 
@@ -76,21 +77,6 @@ static const char *body_of(const char *resp)
 
     BT_CHECK(b != NULL);
     return b + 4;
-}
-
-/* The value of the sample line `sample`, -1 if absent. */
-static double metric(const char *body, const char *sample)
-{
-    size_t n = strlen(sample);
-
-    for (const char *p = body; p != NULL && *p != '\0';) {
-        if (strncmp(p, sample, n) == 0 && p[n] == ' ')
-            return atof(p + n + 1);
-        p = strchr(p, '\n');
-        if (p != NULL)
-            p++;
-    }
-    return -1;
 }
 
 static double scrape(int port, const char *sample, char *resp, size_t cap)

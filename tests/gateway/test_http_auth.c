@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "gateway/http_util.h"
+#include "bt_prom_test.h"
 
 #define KEY_ALPHA "sk-test-alpha-0123456789"
 #define KEY_BETA "sk-test-beta-0123456789ab"
@@ -69,38 +70,6 @@ static int get_auth(int port, const char *path, const char *auth_lines,
                      path, auth_lines);
 
     return ht_raw(port, req, (size_t)n, r);
-}
-
-/* A Prometheus sample `name` (exact, no labels) from a /metrics body. */
-static double metric(const char *body, const char *name)
-{
-    size_t n = strlen(name);
-
-    for (const char *p = body; p != NULL && *p; p = strchr(p, '\n')) {
-        if (*p == '\n')
-            p++;
-        if (strncmp(p, name, n) == 0 && p[n] == ' ')
-            return atof(p + n + 1);
-    }
-    return -1;
-}
-
-/* The sum of every `name{...}` sample. */
-static double metric_sum(const char *body, const char *name)
-{
-    size_t n = strlen(name);
-    double sum = 0;
-
-    for (const char *p = body; p != NULL && *p; p = strchr(p, '\n')) {
-        if (*p == '\n')
-            p++;
-        if (strncmp(p, name, n) == 0 && p[n] == '{') {
-            const char *sp = strchr(p, ' ');
-            if (sp != NULL)
-                sum += atof(sp + 1);
-        }
-    }
-    return sum;
 }
 
 /* The router's admitted and rejected+failed counts. */

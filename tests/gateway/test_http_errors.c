@@ -16,6 +16,7 @@
  * live request.
  */
 #include "gateway/http_util.h"
+#include "bt_prom_test.h"
 
 /* Checks an OpenAI error body: {"error": {message, type, param, code}}. */
 static void check_error(const ht_resp_t *r, int status, const char *param,
@@ -128,20 +129,6 @@ static void check_prometheus(const char *text)
         line = end + 1;
     }
     BT_CHECK(n > 20);
-}
-
-/* The value of the metric line starting with `prefix ` (-1 if absent). */
-static double metric(const char *text, const char *prefix)
-{
-    const char *p = text;
-    size_t n = strlen(prefix);
-
-    while ((p = strstr(p, prefix)) != NULL) {
-        if ((p == text || p[-1] == '\n') && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-        p += n;
-    }
-    return -1;
 }
 
 int main(void)

@@ -22,6 +22,7 @@
 #include <sys/time.h>
 
 #include "cluster/cluster_util.h"
+#include "bt_prom_test.h"
 
 #define RESP_MAX (1 << 20)
 #define BIG_REQUEST 12000 /* more than the router reads of a head */
@@ -87,39 +88,6 @@ static const char *scrape(char *resp, size_t cap)
     body = strstr(resp, "\r\n\r\n");
     BT_CHECK(body != NULL);
     return body + 4;
-}
-
-/* The value of the sample line `sample` ("name{labels}"), -1 if absent. */
-static double metric(const char *body, const char *sample)
-{
-    size_t n = strlen(sample);
-
-    for (const char *p = body; p != NULL && *p != '\0';) {
-        if (strncmp(p, sample, n) == 0 && p[n] == ' ')
-            return atof(p + n + 1);
-        p = strchr(p, '\n');
-        if (p != NULL)
-            p++;
-    }
-    return -1;
-}
-
-/* Sum of every sample of family `name` (all label values). */
-static double metric_sum(const char *body, const char *name)
-{
-    size_t n = strlen(name);
-    double sum = 0;
-
-    for (const char *p = body; p != NULL && *p != '\0';) {
-        if (strncmp(p, name, n) == 0 && (p[n] == '{' || p[n] == ' ')) {
-            const char *sp = strchr(p, ' ');
-            sum += atof(sp + 1);
-        }
-        p = strchr(p, '\n');
-        if (p != NULL)
-            p++;
-    }
-    return sum;
 }
 
 /* Waits until metric(sample) == want (the router catches up). */
