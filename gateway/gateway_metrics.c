@@ -123,49 +123,44 @@ bt_status_t gateway__metrics_render(const gateway_metrics_t *m,
                 P("baton_http_requests_total{endpoint=\"%s\",code=\"%d\"} "
                   "%llu\n", endpoint_names[e], m->codes[k],
                   (unsigned long long)m->requests[e][k]);
-    P("# HELP baton_http_prompt_tokens_total Prompt tokens of finished "
-      "requests.\n# TYPE baton_http_prompt_tokens_total counter\n"
-      "baton_http_prompt_tokens_total %llu\n",
-      (unsigned long long)m->prompt_tokens);
-    P("# HELP baton_http_completion_tokens_total Generated tokens.\n"
-      "# TYPE baton_http_completion_tokens_total counter\n"
-      "baton_http_completion_tokens_total %llu\n",
-      (unsigned long long)m->completion_tokens);
-    P("# HELP baton_http_requests_cancelled_total Requests cancelled at the "
-      "router because the client went away.\n"
-      "# TYPE baton_http_requests_cancelled_total counter\n"
-      "baton_http_requests_cancelled_total %llu\n",
-      (unsigned long long)m->cancelled);
-    P("# HELP baton_http_connections_rejected_total Connections refused "
-      "over --max-connections or --max-conns-per-client.\n"
-      "# TYPE baton_http_connections_rejected_total counter\n"
-      "baton_http_connections_rejected_total %llu\n",
-      (unsigned long long)m->rejected_conns);
-    P("# HELP baton_http_connections_evicted_total Idle connections or "
-      "unfinished requests closed to make room for a new connection.\n"
-      "# TYPE baton_http_connections_evicted_total counter\n"
-      "baton_http_connections_evicted_total %llu\n",
-      (unsigned long long)m->evicted_conns);
-    P("# HELP baton_http_prompts_too_long_total Prompts refused here as "
-      "longer than the cluster's context, before any worker saw them.\n"
-      "# TYPE baton_http_prompts_too_long_total counter\n"
-      "baton_http_prompts_too_long_total %llu\n",
-      (unsigned long long)m->edge_too_long);
-    P("# HELP baton_http_router_lost_total Times the router connection was "
-      "lost (requests in flight failed with 502 router_lost).\n"
-      "# TYPE baton_http_router_lost_total counter\n"
-      "baton_http_router_lost_total %llu\n",
-      (unsigned long long)m->router_lost);
-    P("# HELP baton_http_unauthorized_total Requests refused with 401: no "
-      "or a wrong API key.\n"
-      "# TYPE baton_http_unauthorized_total counter\n"
-      "baton_http_unauthorized_total %llu\n",
-      (unsigned long long)m->unauthorized);
-    P("# HELP baton_http_tenant_limited_total Requests refused with 429 "
-      "over a tenant's concurrency or token-rate limit.\n"
-      "# TYPE baton_http_tenant_limited_total counter\n"
-      "baton_http_tenant_limited_total %llu\n",
-      (unsigned long long)m->tenant_limited);
+    {
+        /* The plain counters, one sample each. */
+        const struct {
+            const char *name;
+            const char *help;
+            uint64_t value;
+        } counters[] = {
+            { "baton_http_prompt_tokens_total",
+              "Prompt tokens of finished requests.", m->prompt_tokens },
+            { "baton_http_completion_tokens_total", "Generated tokens.",
+              m->completion_tokens },
+            { "baton_http_requests_cancelled_total",
+              "Requests cancelled at the router because the client went "
+              "away.", m->cancelled },
+            { "baton_http_connections_rejected_total",
+              "Connections refused over --max-connections or "
+              "--max-conns-per-client.", m->rejected_conns },
+            { "baton_http_connections_evicted_total",
+              "Idle connections or unfinished requests closed to make room "
+              "for a new connection.", m->evicted_conns },
+            { "baton_http_prompts_too_long_total",
+              "Prompts refused here as longer than the cluster's context, "
+              "before any worker saw them.", m->edge_too_long },
+            { "baton_http_router_lost_total",
+              "Times the router connection was lost (requests in flight "
+              "failed with 502 router_lost).", m->router_lost },
+            { "baton_http_unauthorized_total",
+              "Requests refused with 401: no or a wrong API key.",
+              m->unauthorized },
+            { "baton_http_tenant_limited_total",
+              "Requests refused with 429 over a tenant's concurrency or "
+              "token-rate limit.", m->tenant_limited },
+        };
+        for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
+            P("# HELP %s %s\n# TYPE %s counter\n%s %llu\n",
+              counters[i].name, counters[i].help, counters[i].name,
+              counters[i].name, (unsigned long long)counters[i].value);
+    }
     P("# HELP baton_http_requests_in_flight Generation requests waiting on "
       "the router.\n# TYPE baton_http_requests_in_flight gauge\n"
       "baton_http_requests_in_flight %d\n", m->in_flight);
