@@ -123,11 +123,9 @@ struct decode_s {
                                    blocks a cancel of slot i quarantined
                                    are released (0: none) */
     bool kv_on_device;          /* backend KV in GPU memory (cuda) */
-    int prefill_budget_left;    /* tokens local prefill may use this step */
     double tps;                 /* local prefill tokens/s, moving average */
     decode_budget_t cost;       /* step cost model: prefill tokens a step
                                    may take under --tpot-target-ms */
-    int n_prefill_fed;          /* prompt tokens in the step in flight */
     volatile sig_atomic_t stop;
     bool draining;
     workerproc_link_t *link;    /* sessions, acks, the heartbeat thread */
@@ -1646,7 +1644,7 @@ static void emit_pending(decode_t *dec)
  * until then).  What clients see is unchanged. */
 static void step(decode_t *dec)
 {
-    int n = 0, n_decode, n_rows;
+    int n = 0, n_decode, n_rows, n_fed = 0; /* n_fed: prompt tokens */
     uint64_t now = bt_time_ns(), t0 = now, t1;
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
@@ -1684,7 +1682,6 @@ static void step(decode_t *dec)
     n_decode = n_rows = n;
     /* Aggregated mode: prompt chunks fill what the decode tokens left of
      * the step's budget (decode first: running streams never stall). */
-    dec->n_prefill_fed = 0;
     if (dec->cfg.can_prefill && dec->engine != NULL) {
         /* Under a TPOT target the running streams' step time bounds the
          * prompt tokens (decode_budget.h); a floor keeps prompts moving. */
@@ -1719,7 +1716,7 @@ static void step(decode_t *dec)
             dec->pmap[n - n_decode] = r;
             n++;
             budget -= take;
-            dec->n_prefill_fed += take;
+            n_fed += take;
         }
     }
     t1 = bt_time_ns();
@@ -1750,13 +1747,10 @@ static void step(decode_t *dec)
     } else {
         emit_pending(dec);
     }
-    if (n > n_decode && status == BT_OK && bt_time_ns() > t1) {
+    if (n_fed > 0 && status == BT_OK && bt_time_ns() > t1) {
         /* Local prefill rate (aggregated): the router's prefill
          * deadlines for this worker come from it. */
-        double fed = 0, rate;
-        for (int i = n_decode; i < n; i++)
-            fed += dec->bseqs[i].n_tokens;
-        rate = fed * 1e9 / (double)(bt_time_ns() - t1);
+        double rate = n_fed * 1e9 / (double)(bt_time_ns() - t1);
         dec->tps = dec->tps > 0 ? 0.8 * dec->tps + 0.2 * rate : rate;
     }
     t1 = bt_time_ns();
@@ -1815,7 +1809,7 @@ static void step(decode_t *dec)
         dec->emit_tok[dec->n_emit++] = tok;
     }
     dec->t_post_ns += bt_time_ns() - t1;
-    decode_budget_observe(&dec->cost, n_decode, dec->n_prefill_fed,
+    decode_budget_observe(&dec->cost, n_decode, n_fed,
                           (double)(bt_time_ns() - t0) * 1e-6);
     dec->n_timed++;
     log_step_times(dec, false);

@@ -146,7 +146,7 @@ static uint32_t retry_hint_ms(uint64_t waited_ns)
  * none).  Runs when a request arrives (never from the tick: there it
  * would also end requests waiting out a worker failover, which is not
  * overload), never inside a loop that holds a request pointer. */
-uint64_t router__shed_stale(router_t *r, uint64_t now)
+static uint64_t shed_stale(router_t *r, uint64_t now)
 {
     uint64_t bound = (uint64_t)r->cfg.max_queue_wait_ms * 1000000ull;
     uint64_t oldest = 0;
@@ -224,7 +224,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     /* Requests queued past the wait bound: they go, and this one would
      * wait as long, so it is refused at once (the client hears within
      * the bound, not after minutes in the queue). */
-    shed = router__shed_stale(r, now);
+    shed = shed_stale(r, now);
     if (shed > 0) {
         send_overloaded(r, cid, cid_len, rid, retry_hint_ms(shed),
                         "overloaded: the queue wait is over its bound; "

@@ -510,9 +510,6 @@ void router__send_cancel_task(router_t *r, router_worker_t *w, uint64_t id);
 
 /* Handles one message from the client socket (routing id + body). */
 void router__handle_client(router_t *r, bt_zmq_msg_t *zm);
-/* Ends first attempts queued past max_queue_wait_ms as OVERLOADED (with
- * a retry hint); returns the longest wait shed (0: none). */
-uint64_t router__shed_stale(router_t *r, uint64_t now);
 /* A TokenChunk of n ids (may be 0) from index, with optional text. */
 void router__send_chunk(router_t *r, router_req_t *req, int index,
                         const int *ids, int n, const uint8_t *text,
