@@ -26,25 +26,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; fails=$((fails+1)); }
 
-# N consecutive free ports on 127.0.0.1: prints the first.
-free_ports() {
-  python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(200):
-    base = random.randint(20000, 60000 - n)
-    socks = []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
-    except OSError:
-        continue
-    finally:
-        for s in socks: s.close()
-    print(base); sys.exit(0)
-sys.exit(1)
-PY
-}
+. "$(dirname "$0")/../ports.sh" # free_ports
 http_status() { # URL -> status code (000 when no answer)
   python3 - "$1" <<'PY'
 import sys, urllib.request, urllib.error

@@ -30,24 +30,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   exit 0
 fi
 
-free_ports() { # N consecutive free ports; prints the first
-  python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(200):
-    base = random.randint(20000, 60000 - n)
-    socks = []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
-    except OSError:
-        continue
-    finally:
-        for s in socks: s.close()
-    print(base); sys.exit(0)
-sys.exit(1)
-PY
-}
+. "$(dirname "$0")/../ports.sh" # free_ports
 # query EXPR -> the first result's value ("none" when empty)
 query() {
   python3 - "http://127.0.0.1:$pport/api/v1/query" "$1" <<'PY'
