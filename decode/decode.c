@@ -409,7 +409,6 @@ static void publish_beat(decode_t *dec)
              now - dec->last_hb_ns >= 10000000ull;
     dec->last_hb_free = (int)b.free_kv;
     workerproc_link_publish(dec->link, &b, urgent);
-    workerproc_metrics_publish(dec->cfg.metrics, &b);
     if (urgent)
         dec->last_hb_ns = now;
 }

@@ -220,7 +220,6 @@ static void publish_beat(prefill_t *pf)
     }
     b.prefill_tokens_per_s = pf->tps;
     workerproc_link_publish(pf->link, &b, false);
-    workerproc_metrics_publish(pf->cfg.metrics, &b);
 }
 
 static void send_failure(prefill_t *pf, uint64_t id, uint64_t epoch,

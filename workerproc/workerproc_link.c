@@ -369,6 +369,7 @@ void workerproc_link_health(workerproc_link_t *link,
 
     pthread_mutex_lock(&link->mu);
     h->registered = link->registered;
+    h->beat = link->beat;
     pthread_mutex_unlock(&link->mu);
     start = atomic_load(&link->turn_start_ns);
     h->progress = atomic_load(&link->progress);

@@ -106,12 +106,13 @@ void workerproc_link_publish(workerproc_link_t *link,
 void workerproc_link_turn_begin(workerproc_link_t *link);
 void workerproc_link_turn_end(workerproc_link_t *link);
 
-/* What a health check needs, read from any thread. */
+/* What a health check or a scrape needs, read from any thread. */
 typedef struct {
     bool registered;   /* the current session was acknowledged */
     uint64_t progress; /* turns completed */
     uint32_t busy_ms;  /* age of the running turn (0: idle) */
     uint32_t step_ms;  /* longest recent turn */
+    workerproc_beat_t beat; /* the last published beat (zero before) */
 } workerproc_link_health_t;
 
 /* Fills *h (thread-safe: the metrics thread calls it). */

@@ -36,8 +36,6 @@ static const char *const metrics_paths[] = { "/metrics", "/health" };
 
 /* What a scrape shows: copied whole under the lock, rendered without. */
 typedef struct {
-    bool have_beat;             /* a snapshot was published */
-    workerproc_beat_t beat;     /* the latest snapshot */
     uint64_t steps;             /* engine steps */
     uint64_t prefill_tokens;    /* prompt tokens prefilled */
     uint64_t generated_tokens;  /* tokens generated */
@@ -94,7 +92,7 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
                           const workerproc_link_health_t *h, bool have_h,
                           bt_buf_t *out)
 {
-    const workerproc_beat_t *b = &st->beat;
+    const workerproc_beat_t *b = &h->beat; /* the link's (zero: none) */
     bt_status_t status = BT_OK;
     char lname[2 * 128 + 1];
     uint32_t used = b->total_kv > b->free_kv ? b->total_kv - b->free_kv : 0;
@@ -356,17 +354,6 @@ void workerproc_metrics_attach(workerproc_metrics_t *m,
     m->link = link;
     if (name != NULL)
         snprintf(m->name, sizeof(m->name), "%s", name);
-    pthread_mutex_unlock(&m->mu);
-}
-
-void workerproc_metrics_publish(workerproc_metrics_t *m,
-                                const workerproc_beat_t *beat)
-{
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&m->mu);
-    m->st.beat = *beat;
-    m->st.have_beat = true;
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -4,10 +4,10 @@
  * and GET /health.
  *
  * Off the compute thread.  The listener runs on a thread of its own and
- * renders from a snapshot that the main loop publishes once a turn (the
- * heartbeat's workerproc_beat_t) plus counters and histograms the main
- * loop bumps after each step; both take one short mutex, never held
- * while the engine runs.  A scrape therefore never stalls a step, and is
+ * renders from the beat the main loop publishes to its link once a turn
+ * (workerproc_link_health(): the same snapshot the heartbeats send)
+ * plus counters and histograms the main loop bumps after each step; each
+ * takes one short mutex, never held while the engine runs.  A scrape therefore never stalls a step, and is
  * answered while a 2-second step runs.
  *
  * /health answers 200 "ok" while the worker is registered with its
@@ -58,11 +58,6 @@ int workerproc_metrics_port(const workerproc_metrics_t *m);
  * for a scrape that reads it.  Main thread. */
 void workerproc_metrics_attach(workerproc_metrics_t *m,
                                workerproc_link_t *link, const char *name);
-
-/* Publishes the state the next scrape shows (the heartbeat snapshot).
- * Main thread, once a turn. */
-void workerproc_metrics_publish(workerproc_metrics_t *m,
-                                const workerproc_beat_t *beat);
 
 /* Counts one engine step: `batch` sequences in it, `seconds` of wall
  * time, prompt tokens prefilled and tokens generated in it. */
