@@ -28,34 +28,20 @@
 #include "bt_log.h"
 #include "bt_zmq.h"
 #include "proto_msg.h"
+#include "workerproc.h"
 
 static int send_register(void *sock, const char *name, int role)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__Register reg = BATON__REGISTER__INIT;
-    Baton__KvLayout layout = BATON__KV_LAYOUT__INIT;
+    workerproc_register_cfg_t rc = {
+        .role = (Baton__Role)role, .name = name, .vocab = PROTO_NULL_VOCAB,
+        .max_context = PROTO_NULL_CONTEXT, .host_id = "chaos-takeover",
+    };
+    workerproc_register_t r;
 
-    reg.has_role = 1;
-    reg.role = role;
-    reg.name = (char *)name;
-    reg.model = "null";
-    reg.has_vocab_size = 1;
-    reg.vocab_size = PROTO_NULL_VOCAB;
-    reg.has_max_context = 1;
-    reg.max_context = PROTO_NULL_CONTEXT;
-    reg.has_max_batch_tokens = 1;
-    reg.max_batch_tokens = 2048;
-    reg.has_pid = 1;
-    reg.pid = (uint32_t)getpid();
-    layout.has_n_layers = 1;
-    layout.n_layers = 1;
-    layout.has_n_blocks = 1;
-    layout.n_blocks = 16;
-    layout.has_block_size = 1;
-    layout.block_size = 16;
-    reg.kv_layout = &layout;
+    workerproc_register_init(&r, &rc);
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
-    msg.register_ = &reg;
+    msg.register_ = &r.reg;
     return proto_control_send(sock, NULL, 0, &msg) == BT_OK ? 0 : -1;
 }
 

@@ -22,6 +22,7 @@
 #include "bt_proto.h"
 #include "bt_zmq.h"
 #include "cluster/cluster_util.h"
+#include "workerproc.h"
 
 static char g_dir[256];
 
@@ -73,30 +74,20 @@ static void *raw_dealer(void *ctx, const char *ep, const char *rid,
 static size_t pack_register(const char *name, uint8_t *buf, size_t cap)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-    Baton__Register reg = BATON__REGISTER__INIT;
-    Baton__KvLayout layout = BATON__KV_LAYOUT__INIT;
+    workerproc_register_cfg_t rc = {
+        .role = BATON__ROLE__ROLE_DECODE, .name = name,
+        .vocab = PROTO_NULL_VOCAB, .max_context = PROTO_NULL_CONTEXT,
+        .host_id = "test-host",
+    };
+    workerproc_register_t r;
     size_t len;
 
-    reg.has_role = 1;
-    reg.role = BATON__ROLE__ROLE_DECODE;
-    reg.name = (char *)name;
-    reg.model = "null";
-    reg.has_vocab_size = 1;
-    reg.vocab_size = PROTO_NULL_VOCAB;
-    reg.has_max_context = 1;
-    reg.max_context = PROTO_NULL_CONTEXT;
-    reg.has_session = 1;
-    reg.session = 7;
-    layout.has_n_layers = 1;
-    layout.n_layers = 1;
-    layout.has_n_blocks = 1;
-    layout.n_blocks = 16;
-    layout.has_block_size = 1;
-    layout.block_size = 16;
-    reg.kv_layout = &layout;
+    workerproc_register_init(&r, &rc);
+    r.reg.has_session = 1;
+    r.reg.session = 7;
     msg.version = BT_PROTO_VERSION;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
-    msg.register_ = &reg;
+    msg.register_ = &r.reg;
     len = baton__control_message__get_packed_size(&msg);
     BT_CHECK(len <= cap);
     baton__control_message__pack(&msg, buf);
