@@ -38,7 +38,7 @@ smi_line=$(awk -F', *' '$2 + 0 > 0 {p += $1; c += $2; n++;
   "$out/smi_engine.csv")
 echo "$smi_line" >> "$log"
 echo "=== torch" >> "$log"
-PYTHONUNBUFFERED=1 timeout 150 python3 tests/gpu/torch_bench.py \
+PYTHONUNBUFFERED=1 timeout -k 10 150 python3 tests/gpu/torch_bench.py \
   --table "$out/torch_table.md" >> "$log" 2>&1 || echo "torch_bench rc $?" >> "$log"
 {
   echo "## baton (CUDA backend), synth:llama3-8b bf16, H200"
