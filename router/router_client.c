@@ -308,7 +308,9 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     req->priority = g->priority;
     req->tenant = router__tenant_slot(r, g->tenant);
     req->weight = g->has_tenant_weight ? g->tenant_weight : 1;
-    if (g->has_cache_salt) { /* validated: at most PROTO_MAX_CACHE_SALT */
+    if (g->has_cache_salt && g->cache_salt.len > 0) {
+        /* validated: at most PROTO_MAX_CACHE_SALT; an empty one has no
+         * data pointer, and memcpy from NULL is undefined even for 0 */
         memcpy(req->cache_salt, g->cache_salt.data, g->cache_salt.len);
         req->cache_salt_len = g->cache_salt.len;
     }

@@ -25,6 +25,11 @@
                                   beyond, they share the default's share */
 #define ROUTER_TENANT_OUTPUT_COST 4096 /* output tokens a request of
                                   max_tokens 0 is charged in fair queueing */
+/* What a registration may declare (router__on_register refuses more). */
+#define ROUTER_MAX_CONTEXT (1u << 26)
+#define ROUTER_MAX_VOCAB (1u << 24)
+#define ROUTER_MAX_BLOCK_SIZE 4096u
+#define ROUTER_MAX_KV_BLOCKS (1u << 30)
 #define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's UCX descriptor */
 #define ROUTER_HOST_MAX 128
 #define ROUTER_PHASE_EXTENSIONS 3 /* re-estimates of a phase deadline

@@ -6,6 +6,7 @@
  * requests).  "round-robin": the next usable worker of each role that has
  * room.  Add a policy by adding a table entry.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,8 +15,10 @@
 
 int router__blocks_needed(const router_worker_t *w, int n_tokens)
 {
-    int bs = w->block_size > 0 ? (int)w->block_size : 16;
-    return BT_DIV_UP(n_tokens, bs);
+    /* 64-bit: n_tokens may be near INT_MAX (max_tokens 0 means "until
+     * the context", and a worker need not declare one) */
+    int64_t bs = w->block_size > 0 ? (int64_t)w->block_size : 16;
+    return (int)BT_MIN(BT_DIV_UP((int64_t)n_tokens, bs), (int64_t)INT_MAX);
 }
 
 bool router__worker_is_usable(const router_worker_t *w)

@@ -270,6 +270,18 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
                         "is required");
         return;
     }
+    /* Numbers the router computes with are bounded here, so that no
+     * later sum or product can overflow whatever an admitted (but
+     * buggy or hostile) worker declares. */
+    if (reg->max_context > ROUTER_MAX_CONTEXT ||
+        reg->vocab_size > ROUTER_MAX_VOCAB ||
+        (reg->kv_layout != NULL &&
+         (reg->kv_layout->block_size > ROUTER_MAX_BLOCK_SIZE ||
+          reg->kv_layout->n_blocks > ROUTER_MAX_KV_BLOCKS))) {
+        refuse_register(r, id, id_len, reg, "context, vocabulary, block "
+                        "size or KV block count out of range");
+        return;
+    }
     /* The same process registering again starts a new session: it has
      * dropped every sequence and reservation it held, so its old
      * registration ends here and its requests go back to the queue. */
