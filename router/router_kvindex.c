@@ -308,7 +308,10 @@ bt_status_t router_kvindex_apply(router_kvindex_t *idx, int w,
     } else if (s->needs_resync) {
         *result_p = ROUTER_KVINDEX_RESYNC;
         return BT_OK;
-    } else if (seq_end <= s->seq_next) {
+    } else if (seq_end <= s->seq_next &&
+               !(n_events == 0 && seq_first == s->seq_next)) {
+        /* An empty batch at the expected number is the stream's position
+         * confirmed (it reveals a gap otherwise): applied, not stale. */
         *result_p = ROUTER_KVINDEX_STALE;
         return BT_OK;
     } else if (seq_first > s->seq_next) {
