@@ -251,6 +251,27 @@ static void test_chain_properties(void)
                                     other, 3), 3);
     for (int i = 0; i < 3; i++)
         BT_CHECK(!bt_blockhash_eq(full[i], other[i]));
+    /* the known answers docs/KV_EVENTS.md gives, so the byte format
+     * cannot drift from the document */
+    {
+        int k[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+        bt_blockhash_t kid = bt_blockhash_identity(4, "llama-test", "bf16");
+        bt_blockhash_t kr = bt_blockhash_root(kid, "", 0);
+        bt_blockhash_t ka = bt_blockhash_root(kid, "tenant-a", 8);
+        bt_blockhash_t kc[2];
+
+        BT_ASSERT_EQ(bt_blockhash_chain(kr, k, 8, 4, kc, 2), 2);
+        BT_CHECK(kid.lo == 0xb05f0add4f3b1be0ULL &&
+                 kid.hi == 0x2ea223bc0558ff30ULL);
+        BT_CHECK(kr.lo == 0x9b48a0de49240657ULL &&
+                 kr.hi == 0xa0850da608c7fc08ULL);
+        BT_CHECK(ka.lo == 0x8e4caa940beb19a2ULL &&
+                 ka.hi == 0x85d8128f2ce3a0c5ULL);
+        BT_CHECK(kc[0].lo == 0x759d8bf94bf04f4bULL &&
+                 kc[0].hi == 0x7f8351236a8cbf00ULL);
+        BT_CHECK(kc[1].lo == 0x3c0cf1c2007e1c47ULL &&
+                 kc[1].hi == 0x4c6a8eb7a35f3487ULL);
+    }
     BT_TEST_PASS("hash chain: identity, salt, chaining, partial blocks");
 }
 
