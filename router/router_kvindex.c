@@ -209,6 +209,10 @@ static bt_status_t validate(const router_kvindex_t *idx, uint64_t seq_first,
         return BT_ERROR(BT_ERR_FORMAT, "ROUTER",
                         "KV events: %d events in one batch (limit %d)",
                         n_events, idx->cfg.max_events);
+    if (seq_first > UINT64_MAX - (uint64_t)n_events)
+        return BT_ERROR(BT_ERR_FORMAT, "ROUTER",
+                        "KV events: sequence %llu + %d events overflows",
+                        (unsigned long long)seq_first, n_events);
     for (int i = 0; i < n_events; i++) {
         const router_kvindex_event_t *ev = &events[i];
 

@@ -350,7 +350,7 @@ static void test_events(void)
     kv_prefix_config_t cfg;
     bt_blockhash_t root, chain[3];
     kv_prefix_batch_t batch;
-    int t[12], a[3], x[8];
+    int t[12], a[3], x[16];
 
     pool_open(&p, 4, 4);
     root = kv_prefix_root(p.prefix, "s", 1);
@@ -475,7 +475,7 @@ static void test_random_leak(void)
 
     pool_open(&p, POOL, BS);
     for (int s = 0; s < 3; s++) {
-        char salt[8];
+        char salt[16];
         snprintf(salt, sizeof(salt), "t%d", s);
         roots[s] = kv_prefix_root(p.prefix, salt, strlen(salt));
     }

@@ -526,6 +526,9 @@ static void test_malformed(void)
     BT_CHECK(strstr(bt_error_last(), "hash 0") != NULL);
     BT_ASSERT_EQ(router_kvindex_apply(idx, 1, 3, 0, false, 1, &ev, &res),
                  BT_ERR_FORMAT);
+    BT_ASSERT_EQ(router_kvindex_apply(idx, 1, 3, UINT64_MAX, false, 1, &ev,
+                                      &res), BT_ERR_FORMAT);
+    BT_CHECK(strstr(bt_error_last(), "overflows") != NULL);
     BT_ASSERT_EQ(router_kvindex_apply(idx, 1, 0, 1, false, 1, &ev, &res),
                  BT_ERR_FORMAT);
     BT_CHECK(strstr(bt_error_last(), "instance 0") != NULL);

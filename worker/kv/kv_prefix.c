@@ -286,6 +286,7 @@ bt_status_t kv_prefix_snapshot(kv_prefix_t *p, kv_prefix_batch_t *batch)
     kv_prefix_event_t *events;
     int n = 1;
 
+    memset(batch, 0, sizeof(*batch)); /* empty on failure too */
     /* The pending events are covered by the snapshot.  Until one is
      * handed out, the log stays overflowed: a failed snapshot is retried
      * by the next take, never skipped. */

@@ -169,7 +169,9 @@ typedef struct {
 
 /* Moves the pending events into *batch (n_events 0 when none).  After the
  * log overflowed (max_pending) this is a snapshot instead.  The caller
- * owns the batch: kv_prefix_batch_cleanup. */
+ * owns the batch: kv_prefix_batch_cleanup.  BT_ERR_NO_MEMORY (a snapshot
+ * could not be built; *batch empty) leaves the snapshot owed to the next
+ * take. */
 bt_status_t kv_prefix_events_take(kv_prefix_t *prefix,
                                   kv_prefix_batch_t *batch);
 
