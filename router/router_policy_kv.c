@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +65,15 @@ bt_status_t router_kv_weights_parse(const char *spec,
     return BT_OK;
 }
 
+/* True when a candidate scoring `score` at `load` beats the best so far
+ * (none yet: best < 0).  Ties go to the lower load, then the earlier. */
+static bool kv_beats(int best, double best_score, double best_load,
+                     double score, double load)
+{
+    return best < 0 || score > best_score ||
+           (score == best_score && load < best_load);
+}
+
 int router_kv_pick(const router_kvindex_t *idx,
                    const router_kv_candidate_t *cands, int n,
                    const uint64_t *chain, int n_chain, int block_size,
@@ -79,8 +89,8 @@ int router_kv_pick(const router_kvindex_t *idx,
         double score = w->w_overlap * (double)overlap * (double)block_size -
                        w->w_load * cands[i].load;
 
-        if (best < 0 || score > best_score ||
-            (score == best_score && cands[i].load < cands[best].load)) {
+        if (kv_beats(best, best_score, best >= 0 ? cands[best].load : 0,
+                     score, cands[i].load)) {
             best = i;
             best_score = score;
             best_overlap = overlap;
@@ -140,8 +150,8 @@ bt_status_t router_kv_pick_tokens(const router_kvindex_t *idx,
         }
         score = w->w_overlap * (double)overlap * (double)bs -
                 w->w_load * cands[i].load;
-        if (best < 0 || score > best_score ||
-            (score == best_score && cands[i].load < cands[best].load)) {
+        if (kv_beats(best, best_score, best >= 0 ? cands[best].load : 0,
+                     score, cands[i].load)) {
             best = i;
             best_score = score;
             best_overlap = overlap;

@@ -468,6 +468,79 @@ static void test_sequence_gap_resync(void)
     BT_TEST_PASS("events: order, duplicates, gap -> resync, restart");
 }
 
+/* The stream under loss and duplication: batches are dropped or
+ * delivered twice at random; whenever the router asks for a resync it
+ * gets a snapshot.  Whenever it is in sync, its view equals the worker's
+ * cache exactly (block count, and the overlap of every recent prompt
+ * equals what the worker would match). */
+static void test_random_stream(void)
+{
+    enum { BS = 4, POOL = 48, STEPS = 3000, RECENT = 8 };
+    router_kvindex_config_t cfg;
+    router_kvindex_t *idx = NULL;
+    worker_t w;
+    uint64_t rng = 4242;
+    int recent[RECENT][40];
+    int recent_n[RECENT] = { 0 };
+    int resyncs = 0, checks = 0;
+    bt_blockhash_t root;
+
+    router_kvindex_config_init(&cfg);
+    cfg.max_workers = 1;
+    BT_ASSERT_OK(router_kvindex_create(&cfg, &idx));
+    worker_start(&w, POOL, BS, 31);
+    root = kv_prefix_root(w.prefix, "", 0);
+    for (int step = 0; step < STEPS; step++) {
+        int slot = step % RECENT;
+        int n = 1 + (int)(rng_next(&rng) % 40);
+        kv_prefix_batch_t b;
+        router_kvindex_result_t res = ROUTER_KVINDEX_APPLIED;
+        uint32_t fate = rng_next(&rng) % 10;
+
+        for (int i = 0; i < n; i++)
+            recent[slot][i] = (int)(rng_next(&rng) % 6); /* many shared */
+        recent_n[slot] = n;
+        worker_serve(&w, "", recent[slot], n);
+        BT_ASSERT_OK(kv_prefix_events_take(w.prefix, &b));
+        if (fate >= 1) /* 10 % lost */
+            BT_ASSERT_OK(deliver(idx, 0, &w, &b, &res));
+        if (fate == 9 && res != ROUTER_KVINDEX_RESYNC) {
+            BT_ASSERT_OK(deliver(idx, 0, &w, &b, &res)); /* duplicate */
+            BT_ASSERT_EQ(res, b.n_events > 0 ? ROUTER_KVINDEX_STALE
+                                             : ROUTER_KVINDEX_APPLIED);
+        }
+        kv_prefix_batch_cleanup(&b);
+        if (router_kvindex_needs_resync(idx, 0)) {
+            BT_ASSERT_EQ(resync(idx, 0, &w), ROUTER_KVINDEX_APPLIED);
+            resyncs++;
+        }
+        if (fate == 0)
+            continue; /* a batch may be lost unseen until the next one */
+        {
+            kv_prefix_stats_t st;
+
+            kv_prefix_stats(w.prefix, &st);
+            BT_ASSERT_EQ(router_kvindex_blocks(idx, 0), st.cached_blocks);
+        }
+        for (int r = 0; r < RECENT; r++) {
+            int ids[10];
+            int held = kv_prefix_match(w.prefix, root, recent[r],
+                                       recent_n[r], recent_n[r] / BS, ids);
+
+            kv_prefix_release(w.prefix, held, ids);
+            BT_ASSERT_EQ(router_overlap(idx, 0, "", recent[r], recent_n[r]),
+                         held);
+            checks++;
+        }
+    }
+    BT_CHECK(resyncs > 0);
+    fprintf(stderr, "random_stream: steps:%d resyncs:%d overlap_checks:%d\n",
+            STEPS, resyncs, checks);
+    worker_stop(&w);
+    router_kvindex_destroy(&idx);
+    BT_TEST_PASS("random loss/duplication: in sync = equal to the worker");
+}
+
 static void test_salt_isolation(void)
 {
     router_kvindex_config_t cfg;
@@ -753,6 +826,7 @@ int main(void)
     test_chain_property();
     test_sequence_gap_resync();
     test_salt_isolation();
+    test_random_stream();
     test_malformed();
     test_weights();
     test_scoring();

@@ -40,8 +40,11 @@ extern "C" {
 
 typedef struct {
     int block_size;        /* tokens per block (the pool's) */
-    const char *model_id;  /* names the weights; copied */
-    const char *kv_dtype;  /* "f32", "bf16", ...; copied */
+    const char *model_id;  /* names the weights and how they compute (name,
+                              checksum, compute precision): KV is shared
+                              only between equal ids; hashed at create,
+                              not kept */
+    const char *kv_dtype;  /* "f32", "bf16", ...; hashed, not kept */
     uint64_t instance;     /* events' instance; 0 = a random one */
     int max_pending;       /* event hashes held unpublished before the log
                               gives up and the next take is a snapshot */
