@@ -79,7 +79,7 @@ static void test_basic(void)
     kv_prefix_t *none = NULL;
     kv_prefix_stats_t st;
     bt_blockhash_t root;
-    int t[10], a[3], b[3];
+    int t[10], a[3], b[3], big[16];
     int hit;
 
     pool_open(&p, 16, 4);
@@ -99,7 +99,9 @@ static void test_basic(void)
     BT_ASSERT_EQ(kv_allocator_refcount(p.alloc, a[0]), 2); /* seq + cache */
     kv_prefix_release(p.prefix, 3, a);
     BT_ASSERT_EQ(kv_allocator_refcount(p.alloc, a[0]), 1); /* cache only */
-    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc), 14);
+    BT_ASSERT_EQ(kv_allocator_free_list_count(p.alloc), 14);
+    /* the pool offers the evictable blocks as free to its other users */
+    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc), 16);
     BT_ASSERT_EQ(kv_prefix_available(p.prefix), 16);
     BT_CHECK(kv_prefix_check(p.prefix));
 
@@ -129,9 +131,30 @@ static void test_basic(void)
     BT_ASSERT_EQ(st.cached_unused, 2);
     BT_ASSERT_EQ(st.evictions, 0);
 
+    /* One cache per pool. */
+    {
+        kv_prefix_config_t again;
+
+        kv_prefix_config_init(&again);
+        BT_ASSERT_EQ(kv_prefix_create(&again, p.alloc, &none),
+                     BT_ERR_INVALID_ARG);
+        BT_CHECK(none == NULL);
+    }
+    /* The pool's own calls go through the cache too (what the engine and
+     * the workers use): alloc evicts, release queues. */
+    BT_ASSERT_OK(kv_allocator_alloc(p.alloc, 15, big));
+    BT_ASSERT_EQ(kv_prefix_match(p.prefix, root, t, 10, 2, b), 1);
+    kv_allocator_release(p.alloc, 1, b);
+    BT_CHECK(kv_prefix_check(p.prefix));
+    kv_allocator_release(p.alloc, 15, big);
+    BT_ASSERT_EQ(kv_prefix_match(p.prefix, root, t, 10, 2, b), 1);
+    kv_allocator_release(p.alloc, 1, b);
+    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc), 16);
+    BT_CHECK(kv_prefix_check(p.prefix));
+
     /* Clear: the blocks return to the free list. */
     kv_prefix_clear(p.prefix);
-    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc), 16);
+    BT_ASSERT_EQ(kv_allocator_free_list_count(p.alloc), 16);
     BT_ASSERT_EQ(kv_prefix_match(p.prefix, root, t, 10, 2, b), 0);
     pool_close(&p);
     BT_TEST_PASS("basic: match, insert, release, reuse, clear");
@@ -151,7 +174,7 @@ static void test_partial_never_shared(void)
     BT_ASSERT_EQ(run_prompt(&p, root, t, 7, 4, ids, NULL), 2);
     BT_CHECK(!kv_prefix_is_cached(p.prefix, ids[1]));
     kv_prefix_release(p.prefix, 2, ids);
-    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc), 7);
+    BT_ASSERT_EQ(kv_allocator_free_list_count(p.alloc), 7);
     /* An 8-token prompt sharing those 7 tokens finds block 0 only. */
     BT_ASSERT_EQ(kv_prefix_match(p.prefix, root, t, 8, 2, ids), 1);
     kv_prefix_release(p.prefix, 1, ids);
@@ -223,7 +246,7 @@ static void test_lru_order(void)
     /* Use A again: it becomes the most recent. LRU: B, C, A. */
     BT_ASSERT_EQ(kv_prefix_match(p.prefix, root, ta, 4, 2, x), 2);
     kv_prefix_release(p.prefix, 2, x);
-    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc), 2);
+    BT_ASSERT_EQ(kv_allocator_free_list_count(p.alloc), 2);
 
     /* 3 blocks: 2 free + 1 evicted, B's last block (a sequence's tail
      * goes first). */
@@ -336,7 +359,7 @@ static void test_shared_refcounts(void)
     BT_CHECK(!kv_prefix_is_cached(p.prefix, b[0]));
     kv_prefix_release(p.prefix, 3, b);
     kv_prefix_release(p.prefix, 3, a);
-    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc), 5);
+    BT_ASSERT_EQ(kv_allocator_free_list_count(p.alloc), 5);
     pool_close(&p);
     BT_TEST_PASS("refcounts when two sequences share a prefix");
 }
@@ -538,7 +561,8 @@ static void test_random_leak(void)
     BT_CHECK(kv_prefix_check(p.prefix));
     kv_prefix_stats(p.prefix, &st);
     /* all released: every block free or cached unused */
-    BT_ASSERT_EQ(kv_allocator_free_count(p.alloc) + st.cached_unused, POOL);
+    BT_ASSERT_EQ(kv_allocator_free_list_count(p.alloc) + st.cached_unused,
+                 POOL);
     BT_ASSERT_EQ(st.cached_unused, st.cached_blocks);
     BT_CHECK(st.hit_blocks == hits && hits > 0 && st.evictions > 0);
     fprintf(stderr, "random_leak: requests:%d refused:%d hit_blocks:%llu "

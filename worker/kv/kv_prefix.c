@@ -332,12 +332,53 @@ bt_status_t kv_prefix_snapshot(kv_prefix_t *p, kv_prefix_batch_t *batch)
 // ----------------------------------------------------------------------------
 // create / destroy
 
+// ----------------------------------------------------------------------------
+// allocator hooks: every release and every short allocation of the pool,
+// whoever makes it (engine, worker), goes through the cache
+
+/* A release left block id at refcount: a cached block down to the
+ * cache's own reference is now unused, the most recently used. */
+static void hook_released(void *arg, int id, int refcount)
+{
+    kv_prefix_t *p = arg;
+    kv_prefix_block_t *b = &p->blocks[id];
+
+    if (!b->cached)
+        return;
+    /* Only uncache() drops the cache's own reference, after clearing
+     * `cached`: a cached block at 0 is a double release by a user. */
+    BT_ASSERT(refcount >= 1 && !b->in_lru);
+    if (refcount == 1)
+        lru_push_tail(p, id);
+}
+
+static void evict_one(kv_prefix_t *p);
+
+static bool hook_reclaim(void *arg, int short_by)
+{
+    kv_prefix_t *p = arg;
+
+    if (short_by > p->n_lru)
+        return false;
+    for (int i = 0; i < short_by; i++)
+        evict_one(p);
+    return true;
+}
+
+static int hook_reclaimable(const void *arg)
+{
+    const kv_prefix_t *p = arg;
+
+    return p->n_lru;
+}
+
 bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
                              kv_allocator_t *alloc, kv_prefix_t **prefix_p)
 {
     kv_prefix_t *p;
     size_t slots = 2;
     int n_blocks;
+    bt_status_t status = BT_ERR_NO_MEMORY;
 
     if (alloc == NULL || cfg->block_size <= 0 || cfg->model_id == NULL ||
         cfg->kv_dtype == NULL || cfg->max_pending <= 0)
@@ -375,14 +416,28 @@ bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
     p->lru_tail = KV_PREFIX_NONE;
     p->next_seq = 1;
     p->max_pending = cfg->max_pending;
+    {
+        kv_allocator_cache_t hooks = {
+            .released = hook_released,
+            .reclaim = hook_reclaim,
+            .reclaimable = hook_reclaimable,
+            .arg = p,
+        };
+
+        status = kv_allocator_set_cache(alloc, &hooks);
+        if (status != BT_OK)
+            goto err_free_map;
+    }
     *prefix_p = p;
     return BT_OK;
 
+err_free_map:
+    bt_free(p->map);
 err_free_blocks:
     bt_free(p->blocks);
 err_free_prefix:
     bt_free(p);
-    return BT_ERR_NO_MEMORY;
+    return status;
 }
 
 /* Takes block id out of the cache and drops the cache's reference. */
@@ -404,6 +459,7 @@ void kv_prefix_destroy(kv_prefix_t **prefix_p)
 
     if (p == NULL)
         return;
+    (void)kv_allocator_set_cache(p->alloc, NULL);
     for (int id = 0; id < p->n_blocks; id++)
         if (p->blocks[id].cached)
             uncache(p, id);
@@ -476,16 +532,7 @@ static void evict_one(kv_prefix_t *p)
 
 bt_status_t kv_prefix_alloc(kv_prefix_t *p, int n, int *ids)
 {
-    int short_by;
-
-    if (n < 0)
-        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
-                        "negative block count %d", n);
-    short_by = n - kv_allocator_free_count(p->alloc);
-    if (short_by > p->n_lru)
-        return BT_ERR_NO_RESOURCE; /* routine back-pressure, not logged */
-    for (int i = 0; i < short_by; i++)
-        evict_one(p);
+    /* The allocator asks hook_reclaim for what its free list lacks. */
     return kv_allocator_alloc(p->alloc, n, ids);
 }
 
@@ -528,20 +575,10 @@ int kv_prefix_insert(kv_prefix_t *p, bt_blockhash_t root, const int *tokens,
 
 void kv_prefix_release(kv_prefix_t *p, int n, const int *ids)
 {
-    /* Last block first: the LRU then evicts a sequence's tail before the
-     * prefix other prompts are likelier to share, and never orphans a
-     * cached child by evicting its parent first among one release. */
-    for (int i = n - 1; i >= 0; i--) {
-        int id = ids[i];
-        kv_prefix_block_t *b;
-
-        BT_ASSERT(id >= 0 && id < p->n_blocks);
-        b = &p->blocks[id];
-        BT_ASSERT(!b->in_lru); /* the caller held a reference */
-        kv_allocator_release(p->alloc, 1, &id);
-        if (b->cached && kv_allocator_refcount(p->alloc, id) == 1)
-            lru_push_tail(p, id);
-    }
+    /* Last block first (kv_allocator_release's order): the LRU then
+     * evicts a sequence's tail before the prefix other prompts are
+     * likelier to share; hook_released queues what falls to 1. */
+    kv_allocator_release(p->alloc, n, ids);
 }
 
 void kv_prefix_clear(kv_prefix_t *p)
@@ -557,7 +594,7 @@ void kv_prefix_clear(kv_prefix_t *p)
 
 int kv_prefix_available(const kv_prefix_t *p)
 {
-    return kv_allocator_free_count(p->alloc) + p->n_lru;
+    return kv_allocator_free_list_count(p->alloc) + p->n_lru;
 }
 
 bool kv_prefix_is_cached(const kv_prefix_t *p, int id)
@@ -626,9 +663,12 @@ bool kv_prefix_check(const kv_prefix_t *p)
     CHECK_OR_FAIL(in_lru == p->n_lru && walked == in_lru,
                   "LRU: %d marked, %d walked, %d counted", in_lru, walked,
                   p->n_lru);
-    CHECK_OR_FAIL(free_blocks == kv_allocator_free_count(p->alloc),
+    CHECK_OR_FAIL(free_blocks == kv_allocator_free_list_count(p->alloc),
                   "free blocks: %d at refcount 0, allocator says %d",
-                  free_blocks, kv_allocator_free_count(p->alloc));
+                  free_blocks, kv_allocator_free_list_count(p->alloc));
+    CHECK_OR_FAIL(kv_allocator_free_count(p->alloc) == free_blocks + in_lru,
+                  "allocator offers %d blocks, %d free + %d evictable",
+                  kv_allocator_free_count(p->alloc), free_blocks, in_lru);
     CHECK_OR_FAIL(free_blocks + in_lru + in_use == p->n_blocks,
                   "free %d + cached unused %d + in use %d != total %d",
                   free_blocks, in_lru, in_use, p->n_blocks);

@@ -12,10 +12,12 @@
  *
  * The cache sits on top of the pool's kv_allocator_t: it holds one
  * allocator reference of its own on every cached block, so "cached at
- * refcount 0" in the issue's words is allocator refcount 1 here, and the
- * allocator's API and its other users are unchanged.  Once a cache wraps
- * an allocator, sequences allocate with kv_prefix_alloc() and give blocks
- * back with kv_prefix_release(), never kv_allocator_release() directly.
+ * refcount 0" in the issue's words is allocator refcount 1 here.  It
+ * attaches to the allocator (kv_allocator_set_cache), which then tells it
+ * of every release and asks it to evict when an allocation finds the
+ * free list short, and counts evictable blocks as free: the allocator's
+ * users (engine, workers) run unchanged with a cache, and
+ * kv_prefix_alloc / kv_prefix_release are the same calls by name.
  *
  * Every change of the cached set is logged as an event (STORED / EVICTED /
  * CLEARED with wire hashes and sequence numbers) that the worker publishes
@@ -56,14 +58,16 @@ void kv_prefix_config_init(kv_prefix_config_t *cfg);
 
 typedef struct kv_prefix_s kv_prefix_t;
 
-/* Creates the cache of `alloc`'s pool.  Does not take ownership: `alloc`
- * must outlive the cache.  BT_ERR_INVALID_ARG for a bad block size or a
- * NULL model id / dtype. */
+/* Creates the cache of `alloc`'s pool and attaches it there.  Does not
+ * take ownership: `alloc` must outlive the cache.  BT_ERR_INVALID_ARG for
+ * a bad block size, a NULL model id / dtype, or a pool that has a cache
+ * already. */
 bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
                              kv_allocator_t *alloc, kv_prefix_t **prefix_p);
 
-/* Drops the cache's reference on every cached block (unused ones return
- * to the free list; ones in use stay with their sequences). */
+/* Detaches from the allocator and drops the cache's reference on every
+ * cached block (unused ones return to the free list; ones in use stay
+ * with their sequences). */
 void kv_prefix_destroy(kv_prefix_t **prefix_p);
 
 /* The pool's identity hash (published in every event batch). */
@@ -91,7 +95,8 @@ int kv_prefix_match(kv_prefix_t *prefix, bt_blockhash_t root,
 /* Takes n blocks (refcount 1 each) into ids, evicting least recently used
  * unreferenced cached blocks when the free list is short.  All or
  * nothing: BT_ERR_NO_RESOURCE (not logged) and no change, no eviction,
- * when fewer than n are free or evictable. */
+ * when fewer than n are free or evictable.  kv_allocator_alloc on the
+ * pool does the same. */
 bt_status_t kv_prefix_alloc(kv_prefix_t *prefix, int n, int *ids);
 
 /* Records the full blocks of a sequence whose KV is computed: ids[k]
@@ -105,17 +110,18 @@ int kv_prefix_insert(kv_prefix_t *prefix, bt_blockhash_t root,
                      const int *tokens, int n_tokens, const int *ids);
 
 /* Drops the caller's reference on each of ids[0..n): a cached block no
- * one uses any more waits in LRU order (the sequence's last block most
- * recent, so its tail is evicted before the prefix others can share); an
- * uncached one returns to the free list. */
+ * one uses any more waits in LRU order (the sequence's head most recent,
+ * so its tail is evicted before the prefix others can share); an uncached
+ * one returns to the free list.  kv_allocator_release on the pool does
+ * the same. */
 void kv_prefix_release(kv_prefix_t *prefix, int n, const int *ids);
 
 /* Forgets every cached block (a CLEARED event): unused ones return to the
  * free list, ones in use become plain blocks of their sequences. */
 void kv_prefix_clear(kv_prefix_t *prefix);
 
-/* Blocks an allocation can get: free plus evictable (what a worker should
- * report as free KV). */
+/* Blocks an allocation can get: free plus evictable (what the pool's
+ * kv_allocator_free_count reports while the cache is attached). */
 int kv_prefix_available(const kv_prefix_t *prefix);
 
 bool kv_prefix_is_cached(const kv_prefix_t *prefix, int id);
