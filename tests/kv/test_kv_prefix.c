@@ -364,6 +364,50 @@ static void test_shared_refcounts(void)
     BT_TEST_PASS("refcounts when two sequences share a prefix");
 }
 
+/* Inserting as blocks fill (a cursor, one token at a time) caches the
+ * same blocks under the same hashes, in the same events, as one insert
+ * at the end. */
+static void test_cursor(void)
+{
+    enum { BS = 3, N = 20 };
+    pool_t p, q;
+    bt_blockhash_t rp, rq;
+    kv_prefix_cursor_t cur;
+    kv_prefix_batch_t bp, bq;
+    int t[N], ip[7], iq[7], added = 0;
+
+    pool_open(&p, 8, BS);
+    pool_open(&q, 8, BS);
+    rp = kv_prefix_root(p.prefix, "c", 1);
+    rq = kv_prefix_root(q.prefix, "c", 1);
+    fill(t, N, 13);
+    BT_ASSERT_OK(kv_prefix_alloc(p.prefix, 7, ip));
+    BT_ASSERT_OK(kv_prefix_alloc(q.prefix, 7, iq));
+    kv_prefix_cursor_init(&cur, rp);
+    for (int n = 1; n <= N; n++) {
+        added += kv_prefix_insert_more(p.prefix, &cur, t, n, ip);
+        BT_ASSERT_EQ(cur.n_hashed, n / BS);
+    }
+    BT_ASSERT_EQ(added, N / BS);
+    BT_ASSERT_EQ(kv_prefix_insert(q.prefix, rq, t, N, iq), N / BS);
+    BT_ASSERT_OK(kv_prefix_events_take(p.prefix, &bp));
+    BT_ASSERT_OK(kv_prefix_events_take(q.prefix, &bq));
+    BT_ASSERT_EQ(bp.n_events, 1);
+    BT_ASSERT_EQ(bq.n_events, 1);
+    BT_ASSERT_EQ(bp.events[0].n_hashes, bq.events[0].n_hashes);
+    BT_CHECK(memcmp(bp.events[0].hashes, bq.events[0].hashes,
+                    sizeof(uint64_t) * (size_t)bq.events[0].n_hashes) == 0);
+    kv_prefix_batch_cleanup(&bp);
+    kv_prefix_batch_cleanup(&bq);
+    kv_prefix_release(p.prefix, 7, ip);
+    kv_prefix_release(q.prefix, 7, iq);
+    BT_ASSERT_EQ(kv_prefix_match(p.prefix, rp, t, N, N / BS, ip), N / BS);
+    kv_prefix_release(p.prefix, N / BS, ip);
+    pool_close(&p);
+    pool_close(&q);
+    BT_TEST_PASS("cursor: inserting as blocks fill = one insert");
+}
+
 // ----------------------------------------------------------------------------
 // events
 
@@ -635,6 +679,7 @@ int main(void)
     test_lru_order();
     test_tight_pool();
     test_shared_refcounts();
+    test_cursor();
     test_events();
     test_random_leak();
     bench();

@@ -536,14 +536,20 @@ bt_status_t kv_prefix_alloc(kv_prefix_t *p, int n, int *ids)
     return kv_allocator_alloc(p->alloc, n, ids);
 }
 
-int kv_prefix_insert(kv_prefix_t *p, bt_blockhash_t root, const int *tokens,
-                     int n_tokens, const int *ids)
+void kv_prefix_cursor_init(kv_prefix_cursor_t *cursor, bt_blockhash_t root)
+{
+    cursor->last = root;
+    cursor->n_hashed = 0;
+}
+
+int kv_prefix_insert_more(kv_prefix_t *p, kv_prefix_cursor_t *cursor,
+                          const int *tokens, int n_tokens, const int *ids)
 {
     int full = n_tokens > 0 ? n_tokens / p->block_size : 0;
-    bt_blockhash_t parent = root;
+    bt_blockhash_t parent = cursor->last;
     int added = 0;
 
-    for (int k = 0; k < full; k++) {
+    for (int k = cursor->n_hashed; k < full; k++) {
         int id = ids[k];
         kv_prefix_block_t *b;
         bt_blockhash_t h = bt_blockhash_next(
@@ -570,7 +576,20 @@ int kv_prefix_insert(kv_prefix_t *p, bt_blockhash_t root, const int *tokens,
         added++;
         parent = h;
     }
+    if (full > cursor->n_hashed) {
+        cursor->last = parent;
+        cursor->n_hashed = full;
+    }
     return added;
+}
+
+int kv_prefix_insert(kv_prefix_t *p, bt_blockhash_t root, const int *tokens,
+                     int n_tokens, const int *ids)
+{
+    kv_prefix_cursor_t cursor;
+
+    kv_prefix_cursor_init(&cursor, root);
+    return kv_prefix_insert_more(p, &cursor, tokens, n_tokens, ids);
 }
 
 void kv_prefix_release(kv_prefix_t *p, int n, const int *ids)

@@ -109,6 +109,24 @@ bt_status_t kv_prefix_alloc(kv_prefix_t *prefix, int n, int *ids);
 int kv_prefix_insert(kv_prefix_t *prefix, bt_blockhash_t root,
                      const int *tokens, int n_tokens, const int *ids);
 
+/* Where a growing sequence's insertion stands, so a worker that inserts
+ * as blocks fill (every step) hashes each block once, not the whole
+ * prefix again each time.  Embedded in the caller's sequence state. */
+typedef struct {
+    bt_blockhash_t last; /* hash of the last block hashed (the root first) */
+    int n_hashed;        /* full blocks hashed so far */
+} kv_prefix_cursor_t;
+
+/* A cursor at the start of a sequence under `root`. */
+void kv_prefix_cursor_init(kv_prefix_cursor_t *cursor, bt_blockhash_t root);
+
+/* kv_prefix_insert for the blocks that became full since the cursor:
+ * tokens[0..n_tokens) and ids are the whole sequence so far (same
+ * contract), only blocks from cursor->n_hashed on are hashed.  Advances
+ * the cursor; returns the number of blocks newly cached. */
+int kv_prefix_insert_more(kv_prefix_t *prefix, kv_prefix_cursor_t *cursor,
+                          const int *tokens, int n_tokens, const int *ids);
+
 /* Drops the caller's reference on each of ids[0..n): a cached block no
  * one uses any more waits in LRU order (the sequence's head most recent,
  * so its tail is evicted before the prefix others can share); an uncached
