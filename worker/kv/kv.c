@@ -8,6 +8,8 @@
  */
 #include "kv.h"
 
+#include <string.h>
+
 #include "bt_alloc.h"
 #include "bt_error.h"
 #include "bt_util.h"
@@ -17,6 +19,7 @@ struct kv_allocator_s {
     int n_free;     /* entries used in free_heap */
     int *free_heap; /* (n_blocks) min-heap of free block ids */
     int *refcount;  /* (n_blocks) references per block, 0 = free */
+    kv_allocator_cache_t cache; /* attached block cache, hooks NULL = none */
 };
 
 // ----------------------------------------------------------------------------
@@ -140,6 +143,9 @@ bt_status_t kv_allocator_alloc(kv_allocator_t *alloc, int n, int *ids)
     if (n < 0)
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
                         "negative block count %d", n);
+    if (n > alloc->n_free && alloc->cache.reclaim != NULL &&
+        alloc->cache.reclaimable(alloc->cache.arg) >= n - alloc->n_free)
+        (void)alloc->cache.reclaim(alloc->cache.arg, n - alloc->n_free);
     if (n > alloc->n_free)
         return BT_ERR_NO_RESOURCE; /* routine back-pressure, not logged */
     for (int i = 0; i < n; i++) {
@@ -161,19 +167,48 @@ void kv_allocator_ref(kv_allocator_t *alloc, int id)
 
 void kv_allocator_release(kv_allocator_t *alloc, int n, const int *ids)
 {
-    for (int i = 0; i < n; i++) {
+    /* Last first: the free list does not care, an LRU cache does (it
+     * should evict a sequence's tail before the head others share). */
+    for (int i = n - 1; i >= 0; i--) {
         int id = ids[i];
 
         BT_ASSERT(id >= 0 && id < alloc->n_blocks);
         BT_ASSERT(alloc->refcount[id] > 0);
         if (--alloc->refcount[id] == 0)
             kv_heap_push(alloc, id);
+        if (alloc->cache.released != NULL)
+            alloc->cache.released(alloc->cache.arg, id, alloc->refcount[id]);
     }
 }
 
 int kv_allocator_free_count(const kv_allocator_t *alloc)
 {
+    if (alloc->cache.reclaimable != NULL)
+        return alloc->n_free + alloc->cache.reclaimable(alloc->cache.arg);
     return alloc->n_free;
+}
+
+int kv_allocator_free_list_count(const kv_allocator_t *alloc)
+{
+    return alloc->n_free;
+}
+
+bt_status_t kv_allocator_set_cache(kv_allocator_t *alloc,
+                                   const kv_allocator_cache_t *cache)
+{
+    if (cache == NULL) {
+        memset(&alloc->cache, 0, sizeof(alloc->cache));
+        return BT_OK;
+    }
+    if (alloc->cache.released != NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                        "this KV pool already has a block cache");
+    if (cache->released == NULL || cache->reclaim == NULL ||
+        cache->reclaimable == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                        "a block cache needs all three hooks");
+    alloc->cache = *cache;
+    return BT_OK;
 }
 
 int kv_allocator_total(const kv_allocator_t *alloc)

@@ -20,6 +20,7 @@
 #ifndef BT_WORKER_KV_KV_H
 #define BT_WORKER_KV_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,13 +60,41 @@ bt_status_t kv_allocator_alloc(kv_allocator_t *alloc, int n, int *ids);
 /* Adds a reference to a block already held (prefix sharing). */
 void kv_allocator_ref(kv_allocator_t *alloc, int id);
 
-/* Drops one reference from each block; a block whose count reaches 0
- * returns to the free list. */
+/* Drops one reference from each block, last id first (an attached cache
+ * then sees a sequence's tail before its head); a block whose count
+ * reaches 0 returns to the free list. */
 void kv_allocator_release(kv_allocator_t *alloc, int n, const int *ids);
 
+/* Blocks an allocation can get now: the free list plus, with a cache
+ * attached, the cached blocks it would evict. */
 int kv_allocator_free_count(const kv_allocator_t *alloc);
 int kv_allocator_total(const kv_allocator_t *alloc);
 int kv_allocator_refcount(const kv_allocator_t *alloc, int id);
+
+/* ---- a block cache on top of the pool (worker/kv/kv_prefix.h) ----
+ * A cache keeps blocks no sequence uses by holding a reference of its own
+ * on them; these hooks let it see every release and free such blocks
+ * when an allocation finds the free list short, so the allocator's users
+ * (engine, workers) need no change to run with one. */
+typedef struct {
+    /* After a release left block `id` at `refcount` references. */
+    void (*released)(void *arg, int id, int refcount);
+    /* Asked for `short_by` more free blocks: either releases exactly that
+     * many of its own references down to 0 and returns true, or changes
+     * nothing and returns false. */
+    bool (*reclaim)(void *arg, int short_by);
+    /* How many blocks reclaim could free now. */
+    int (*reclaimable)(const void *arg);
+    void *arg; /* passed to each hook */
+} kv_allocator_cache_t;
+
+/* Attaches `cache` (copied; NULL detaches).  BT_ERR_INVALID_ARG when one
+ * is attached already. */
+bt_status_t kv_allocator_set_cache(kv_allocator_t *alloc,
+                                   const kv_allocator_cache_t *cache);
+
+/* Blocks on the free list only (refcount 0). */
+int kv_allocator_free_list_count(const kv_allocator_t *alloc);
 
 #ifdef __cplusplus
 }

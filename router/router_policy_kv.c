@@ -1,0 +1,165 @@
+/*
+ * router_policy_kv.c - the "kv-aware" choice: send a prompt where most of
+ * its prefix is already cached, unless that worker is too loaded.
+ *
+ *     score = w_overlap * overlap_tokens - w_load * load
+ *
+ * A linear score because both terms are in comparable units when load is
+ * counted in tokens: a cached prompt token is prefill work saved, a token
+ * of load is work queued ahead.  The weights say how much a saved token
+ * is worth against a queued one (w_overlap 0: least-loaded).  The
+ * overlap comes from router_kvindex (what workers reported holding); the
+ * load is the caller's measure.  Round robin and least-loaded stay in
+ * router_policy.c.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "router_kvindex.h"
+
+void router_kv_weights_init(router_kv_weights_t *w)
+{
+    w->w_overlap = 1.0;
+    w->w_load = 1.0;
+}
+
+bt_status_t router_kv_weights_parse(const char *spec,
+                                    router_kv_weights_t *w)
+{
+    router_kv_weights_t out = *w;
+    const char *p = spec;
+
+    if (spec == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "no KV weights");
+    while (*p != '\0') {
+        const char *eq = strchr(p, '=');
+        size_t key_len = eq != NULL ? (size_t)(eq - p) : 0;
+        double *dst = NULL;
+        char *end;
+        double v;
+
+        if (key_len == 7 && strncmp(p, "overlap", 7) == 0)
+            dst = &out.w_overlap;
+        else if (key_len == 4 && strncmp(p, "load", 4) == 0)
+            dst = &out.w_load;
+        if (dst == NULL)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER",
+                            "KV weights \"%s\": expected overlap=<x>,"
+                            "load=<y>", spec);
+        errno = 0;
+        v = strtod(eq + 1, &end);
+        if (errno != 0 || end == eq + 1 || !isfinite(v) || v < 0 ||
+            (*end != ',' && *end != '\0'))
+            return BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER",
+                            "KV weights \"%s\": a weight is a finite "
+                            "number >= 0", spec);
+        *dst = v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    *w = out;
+    return BT_OK;
+}
+
+/* True when a candidate scoring `score` at `load` beats the best so far
+ * (none yet: best < 0).  Ties go to the lower load, then the earlier. */
+static bool kv_beats(int best, double best_score, double best_load,
+                     double score, double load)
+{
+    return best < 0 || score > best_score ||
+           (score == best_score && load < best_load);
+}
+
+int router_kv_pick(const router_kvindex_t *idx,
+                   const router_kv_candidate_t *cands, int n,
+                   const uint64_t *chain, int n_chain, int block_size,
+                   const router_kv_weights_t *w, int *overlap_p)
+{
+    int best = -1;
+    int best_overlap = 0;
+    double best_score = 0;
+
+    for (int i = 0; i < n; i++) {
+        int overlap = router_kvindex_overlap(idx, cands[i].worker, chain,
+                                             n_chain);
+        double score = w->w_overlap * (double)overlap * (double)block_size -
+                       w->w_load * cands[i].load;
+
+        if (kv_beats(best, best_score, best >= 0 ? cands[best].load : 0,
+                     score, cands[i].load)) {
+            best = i;
+            best_score = score;
+            best_overlap = overlap;
+        }
+    }
+    if (overlap_p != NULL)
+        *overlap_p = best >= 0 ? best_overlap : 0;
+    return best;
+}
+
+bt_status_t router_kv_pick_tokens(const router_kvindex_t *idx,
+                                  const router_kv_candidate_t *cands, int n,
+                                  const void *salt, size_t salt_len,
+                                  const int *tokens, int n_tokens,
+                                  const router_kv_weights_t *w,
+                                  int *pick_p, int *overlap_p)
+{
+    uint64_t *chain = NULL;
+    size_t cap = 0;
+    bt_blockhash_t cur_id = { 0, 0 };
+    int cur_bs = 0;
+    int n_chain = 0;
+    int best = -1;
+    int best_overlap = 0;
+    double best_score = 0;
+
+    for (int i = 0; i < n; i++) {
+        bt_blockhash_t id;
+        int bs = 0;
+        int overlap = 0;
+        double score;
+
+        /* Candidates of one model share a chain: compute it once. */
+        if (router_kvindex_identity(idx, cands[i].worker, &id, &bs)) {
+            if (!bt_blockhash_eq(id, cur_id) || bs != cur_bs) {
+                size_t need = n_tokens > 0 ? (size_t)(n_tokens / bs) : 0;
+
+                if (need > cap) {
+                    uint64_t *grown = bt_realloc(chain, need * sizeof(*chain),
+                                                 "router_kv_chain");
+
+                    if (grown == NULL) {
+                        bt_free(chain);
+                        return BT_ERR_NO_MEMORY;
+                    }
+                    chain = grown;
+                    cap = need;
+                }
+                n_chain = bt_blockhash_chain64(
+                    bt_blockhash_root(id, salt, salt_len), tokens, n_tokens,
+                    bs, chain, (int)need);
+                cur_id = id;
+                cur_bs = bs;
+            }
+            overlap = router_kvindex_overlap(idx, cands[i].worker, chain,
+                                             n_chain);
+        }
+        score = w->w_overlap * (double)overlap * (double)bs -
+                w->w_load * cands[i].load;
+        if (kv_beats(best, best_score, best >= 0 ? cands[best].load : 0,
+                     score, cands[i].load)) {
+            best = i;
+            best_score = score;
+            best_overlap = overlap;
+        }
+    }
+    bt_free(chain);
+    *pick_p = best;
+    if (overlap_p != NULL)
+        *overlap_p = best >= 0 ? best_overlap : 0;
+    return BT_OK;
+}
