@@ -19,9 +19,8 @@
  * elsewhere.
  *
  * Characters: '.', negated classes and \D \W \S match one whole UTF-8
- * character (a lead byte C2-F4 and its continuation bytes), so {m,n}
- * counts characters and the output stays valid UTF-8 (the check is of
- * the byte structure only: overlong E0/F0 forms and surrogates pass).
+ * character (well-formed UTF-8 per RFC 3629), so {m,n} counts
+ * characters and the output stays valid UTF-8.
  *
  * Dead branches are pruned: NFA states that cannot reach the match state
  * are dropped from every subset, so every live DFA state can still
@@ -204,24 +203,39 @@ static frag_t frag_quant(parser_t *p, frag_t a, char kind)
     return (frag_t){ kind == '+' ? a.start : s, e };
 }
 
-/* One character of a class: the ASCII part as one byte, plus every
- * well-formed multi-byte UTF-8 character when nonascii. */
+static frag_t frag_seq(parser_t *p, const uint8_t (*r)[2], int n)
+{
+    frag_t f = frag_range(p, r[0][0], r[0][1]);
+
+    for (int i = 1; i < n; i++)
+        f = frag_cat(p, f, frag_range(p, r[i][0], r[i][1]));
+    return f;
+}
+
+/* One character of a class: the ASCII part as one byte, plus, when
+ * nonascii, every well-formed multi-byte UTF-8 character (RFC 3629:
+ * no overlong forms, no surrogates, nothing above U+10FFFF). */
 static frag_t frag_class(parser_t *p, const cls_t *c)
 {
+    static const uint8_t utf8[][4][2] = {
+        { { 0xC2, 0xDF }, { 0x80, 0xBF } },
+        { { 0xE0, 0xE0 }, { 0xA0, 0xBF }, { 0x80, 0xBF } },
+        { { 0xE1, 0xEC }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xED, 0xED }, { 0x80, 0x9F }, { 0x80, 0xBF } },
+        { { 0xEE, 0xEF }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xF0, 0xF0 }, { 0x90, 0xBF }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xF1, 0xF3 }, { 0x80, 0xBF }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+        { { 0xF4, 0xF4 }, { 0x80, 0x8F }, { 0x80, 0xBF }, { 0x80, 0xBF } },
+    };
+    static const int utf8_len[] = { 2, 3, 3, 3, 3, 4, 4, 4 };
     uint64_t set[4] = { c->ascii[0], c->ascii[1], 0, 0 };
-    frag_t f = frag_set(p, set), m2, m3, m4;
+    frag_t f = frag_set(p, set);
 
     if (!c->nonascii)
         return f;
-    m2 = frag_cat(p, frag_range(p, 0xC2, 0xDF), frag_range(p, 0x80, 0xBF));
-    m3 = frag_cat(p, frag_range(p, 0xE0, 0xEF), frag_range(p, 0x80, 0xBF));
-    m3 = frag_cat(p, m3, frag_range(p, 0x80, 0xBF));
-    m4 = frag_cat(p, frag_range(p, 0xF0, 0xF4), frag_range(p, 0x80, 0xBF));
-    m4 = frag_cat(p, m4, frag_range(p, 0x80, 0xBF));
-    m4 = frag_cat(p, m4, frag_range(p, 0x80, 0xBF));
-    if (p->status != BT_OK)
-        return (frag_t){ -1, -1 };
-    return frag_alt(p, frag_alt(p, f, m2), frag_alt(p, m3, m4));
+    for (size_t i = 0; i < BT_ARRAY_SIZE(utf8) && p->status == BT_OK; i++)
+        f = frag_alt(p, f, frag_seq(p, utf8[i], utf8_len[i]));
+    return f;
 }
 
 // ----------------------------------------------------------------------------

@@ -8,8 +8,8 @@
  * GRAMMAR_JSON_MAX_DEPTH) and nothing after it.  Whitespace policy, the
  * same as the schema regexes: none, except one optional space after ','
  * and ':' (a model cannot pad forever, and masks stay small).  Strings
- * must be well-formed UTF-8 by byte structure (lead C2-F4 and its
- * continuation bytes) with no raw control bytes.
+ * must be well-formed UTF-8 (RFC 3629) with no raw control bytes, and
+ * \u escapes of surrogates are refused (cJSON refuses a lone one).
  */
 #include "grammar_int.h"
 
@@ -41,6 +41,12 @@ enum {
     J_S_ESC,      /* after '\' */
     J_S_U4,       /* \u: 4 hex digits to go (J_S_U4 + 3: 1 to go) */
     J_S_C1 = 6,   /* UTF-8: 1 continuation byte to go (C2, C3) */
+    J_S_E0 = 9,   /* after E0: A0-BF (no overlong form) */
+    J_S_ED,       /* after ED: 80-9F (no surrogate) */
+    J_S_F0,       /* after F0: 90-BF */
+    J_S_F4,       /* after F4: 80-8F (at most U+10FFFF) */
+    J_S_UD        /* after \uD: 0-7 (no surrogate escapes, which cJSON
+                   * and most parsers refuse alone) */
 };
 
 static const char *const j_lits[3] = { "true", "false", "null" };
@@ -143,9 +149,17 @@ static bool j_string(grammar_state_t *st, uint8_t b)
             return true;
         if (b >= 0xC2 && b <= 0xDF)
             st->id = j_str(J_S_C1, key);
-        else if (b >= 0xE0 && b <= 0xEF)
+        else if (b == 0xE0)
+            st->id = j_str(J_S_E0, key);
+        else if (b == 0xED)
+            st->id = j_str(J_S_ED, key);
+        else if (b >= 0xE1 && b <= 0xEF)
             st->id = j_str(J_S_C1 + 1, key);
-        else if (b >= 0xF0 && b <= 0xF4)
+        else if (b == 0xF0)
+            st->id = j_str(J_S_F0, key);
+        else if (b == 0xF4)
+            st->id = j_str(J_S_F4, key);
+        else if (b >= 0xF1 && b <= 0xF3)
             st->id = j_str(J_S_C1 + 2, key);
         else
             return false;
@@ -162,6 +176,11 @@ static bool j_string(grammar_state_t *st, uint8_t b)
         }
         return false;
     case J_S_U4:
+        if ((b | 0x20) == 'd') {
+            st->id = j_str(J_S_UD, key);
+            return true;
+        }
+        /* fall through */
     case J_S_U4 + 1:
     case J_S_U4 + 2:
     case J_S_U4 + 3:
@@ -170,6 +189,23 @@ static bool j_string(grammar_state_t *st, uint8_t b)
             return false;
         st->id = j_str(sub == J_S_U4 + 3 ? J_S_CHAR : sub + 1, key);
         return true;
+    case J_S_UD:
+        if (b < '0' || b > '7')
+            return false;
+        st->id = j_str(J_S_U4 + 2, key);
+        return true;
+    case J_S_E0:
+    case J_S_ED:
+    case J_S_F0:
+    case J_S_F4: {
+        static const uint8_t lo[] = { 0xA0, 0x80, 0x90, 0x80 };
+        static const uint8_t hi[] = { 0xBF, 0x9F, 0xBF, 0x8F };
+        int k = sub - J_S_E0;
+        if (b < lo[k] || b > hi[k])
+            return false;
+        st->id = j_str(sub <= J_S_ED ? J_S_C1 : J_S_C1 + 1, key);
+        return true;
+    }
     default: /* J_S_C1 .. J_S_C1 + 2 */
         if (b < 0x80 || b > 0xBF)
             return false;

@@ -15,9 +15,10 @@
  *
  * Whitespace: none, except one optional space after ',' and ':'.
  * Integers have at most 16 digits and fractions and exponents are
- * bounded too, so a number always ends.  A schema with no type (or an
- * object without properties, an array without items) allows any JSON
- * value nested at most two levels deep: a regex cannot count brackets.
+ * bounded too, so a number always ends.  A schema with no type allows
+ * any JSON value with at most one level of nesting, an object without
+ * properties (an array without items) any object (array) of those: a
+ * regex cannot count brackets.
  */
 #include "grammar.h"
 
@@ -34,7 +35,10 @@
 #define SCH_MAX_DEPTH 32 /* nesting of subschemas and $refs */
 #define SCH_SEP ",[ ]?"
 #define SCH_COLON ":[ ]?"
-#define SCH_CHAR "([^\"\\\\\\x00-\\x1f]|\\\\[\"\\\\/bfnrt]|\\\\u[0-9a-fA-F]{4})"
+/* a string character: no surrogate escapes (cJSON refuses lone ones) */
+#define SCH_CHAR                                                            \
+    "([^\"\\\\\\x00-\\x1f]|\\\\[\"\\\\/bfnrt]|\\\\u([0-9a-cA-CeEfF][0-9a-fA-F]|"   \
+    "[dD][0-7])[0-9a-fA-F]{2})"
 #define SCH_STR "\"" SCH_CHAR "*\""
 #define SCH_INT "-?(0|[1-9][0-9]{0,15})"
 #define SCH_NUM SCH_INT "(\\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?"
