@@ -671,6 +671,12 @@ static frag_t re_alt(parser_t *p, int depth)
 // ----------------------------------------------------------------------------
 // pruning: which NFA states can reach the match
 
+static bool nfa_takes_nothing(const nfa_state_t *x)
+{
+    return x->type == NFA_CHAR &&
+           !(x->set[0] | x->set[1] | x->set[2] | x->set[3]);
+}
+
 static bt_status_t dfa_prune(grammar_dfa_t *d)
 {
     int n = d->n_nfa;
@@ -679,9 +685,12 @@ static bt_status_t dfa_prune(grammar_dfa_t *d)
 
     if (cnt == NULL)
         return BT_ERR_NO_MEMORY;
-    /* reverse edges in CSR form: cnt[v+1] counts predecessors of v */
+    /* reverse edges in CSR form: cnt[v+1] counts predecessors of v; a
+     * CHAR state that takes no byte leads nowhere and has no edge */
     for (int s = 0; s < n; s++) {
         const nfa_state_t *x = &d->nfa[s];
+        if (nfa_takes_nothing(x))
+            continue;
         if (x->out1 >= 0)
             cnt[x->out1 + 1]++;
         if (x->type == NFA_SPLIT && x->out2 >= 0)
@@ -702,10 +711,8 @@ static bt_status_t dfa_prune(grammar_dfa_t *d)
         memcpy(fill, cnt, sizeof(int) * (size_t)n);
         for (int s = 0; s < n; s++) {
             const nfa_state_t *x = &d->nfa[s];
-            bool empty = x->type == NFA_CHAR &&
-                         !(x->set[0] | x->set[1] | x->set[2] | x->set[3]);
-            if (empty)
-                continue; /* takes no byte: leads nowhere */
+            if (nfa_takes_nothing(x))
+                continue;
             if (x->out1 >= 0)
                 edges[fill[x->out1]++] = s;
             if (x->type == NFA_SPLIT && x->out2 >= 0)
