@@ -356,6 +356,13 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         need_blocks += (int)BT_DIV_UP(seq->n_cached + take,
                                       engine->block_size) - seq->n_blocks;
         left -= take;
+        if (seq->grammar != NULL && seq->n_cached + take == seq->n_tokens) {
+            /* the grammar's mask for the row it samples (the sampler reads
+             * gmask); here, so that a failure changes nothing */
+            status = grammar_mask(seq->grammar, seq->gstate, seq->gmask);
+            if (status != BT_OK)
+                return status;
+        }
     }
     if (need_blocks > kv_allocator_free_count(engine->kv))
         return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
@@ -385,12 +392,6 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         bs->block_table = seq->blocks;
         bs->n_logits = (seq->n_cached + take == seq->n_tokens) ? 1 : 0;
         engine->batch_index[n_batch] = i;
-        if (bs->n_logits && seq->grammar != NULL) {
-            /* the grammar's mask for this row: the sampler reads gmask */
-            status = grammar_mask(seq->grammar, seq->gstate, seq->gmask);
-            if (status != BT_OK)
-                return status;
-        }
         if (bs->n_logits)
             engine->row_samplers[n_rows] = seq->sampler;
         n_rows += bs->n_logits;

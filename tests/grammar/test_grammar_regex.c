@@ -24,7 +24,8 @@ static const case_t cases[] = {
     { "x{0,2}y", { "y", "xy", "xxy" }, { "xxxy" } },
     { "(a|b){0}c", { "c" }, { "ac" } },
     { "[a-c]+", { "a", "cab" }, { "", "d", "A" } },
-    { "[^a-c]", { "d", "Z", "\xc3\xa9", "\xe2\x82\xac" }, { "a", "dd", "\xc3" } },
+    { "[^a-c]", { "d", "Z", "\xc3\xa9", "\xe2\x82\xac" },
+      { "a", "dd", "\xc3" } },
     { "[-a]", { "-", "a" }, { "b" } },
     { "[a-]", { "-", "a" }, { "b" } },
     { "[]a]", { "]", "a" }, { "b" } },
@@ -87,13 +88,17 @@ static void test_refusals(void)
         { "[\xc3\xa9]", BT_ERR_UNSUPPORTED, "non-ASCII" },
         { "\\q", BT_ERR_UNSUPPORTED, "unknown escape" },
         { "a\\", BT_ERR_INVALID_ARG, "backslash" },
-        { "(((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((a", BT_ERR_UNSUPPORTED, "nested deeper" },
         { "(a{1000}){1000}", BT_ERR_UNSUPPORTED, "too large" },
         { "[^\\x00-\\x7f\\D]", BT_ERR_INVALID_ARG, "matches nothing" },
     };
 
+    char deep[256];
+
     for (size_t i = 0; i < BT_ARRAY_SIZE(bad); i++)
         gt_refused(GRAMMAR_REGEX, bad[i].re, bad[i].status, bad[i].what);
+    memset(deep, '(', 210);
+    strcpy(deep + 210, "a");
+    gt_refused(GRAMMAR_REGEX, deep, BT_ERR_UNSUPPORTED, "nested deeper");
 }
 
 int main(void)

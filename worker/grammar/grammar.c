@@ -506,7 +506,8 @@ static void grammar_mask_walk(grammar_t *g, grammar_state_t st,
 
 static uint32_t state_hash(grammar_state_t st)
 {
-    uint64_t h = st.id * 0x9e3779b97f4a7c15ull ^ st.aux * 0xc2b2ae3d27d4eb4full ^
+    uint64_t h = st.id * 0x9e3779b97f4a7c15ull ^
+                 st.aux * 0xc2b2ae3d27d4eb4full ^
                  st.stack * 0x165667b19e3779f9ull;
     return (uint32_t)(h ^ (h >> 29));
 }

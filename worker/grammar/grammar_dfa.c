@@ -354,7 +354,8 @@ static int re_escape(parser_t *p, cls_t *c)
         re_error(p, BT_ERR_UNSUPPORTED, "backreferences are not supported");
         return -1;
     }
-    if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (uint8_t)e >= 0x80) {
+    if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') ||
+        (uint8_t)e >= 0x80) {
         p->pos--;
         re_error(p, BT_ERR_UNSUPPORTED, "unknown escape");
         return -1;

@@ -37,8 +37,8 @@
 #define SCH_COLON ":[ ]?"
 /* a string character: no surrogate escapes (cJSON refuses lone ones) */
 #define SCH_CHAR                                                            \
-    "([^\"\\\\\\x00-\\x1f]|\\\\[\"\\\\/bfnrt]|\\\\u([0-9a-cA-CeEfF][0-9a-fA-F]|"   \
-    "[dD][0-7])[0-9a-fA-F]{2})"
+    "([^\"\\\\\\x00-\\x1f]|\\\\[\"\\\\/bfnrt]|"                                \
+    "\\\\u([0-9a-cA-CeEfF][0-9a-fA-F]|[dD][0-7])[0-9a-fA-F]{2})"
 #define SCH_STR "\"" SCH_CHAR "*\""
 #define SCH_INT "-?(0|[1-9][0-9]{0,15})"
 #define SCH_NUM SCH_INT "(\\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?"
