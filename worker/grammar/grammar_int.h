@@ -20,10 +20,35 @@
 /* A DFA state id that no byte leaves: the dead state. */
 #define GRAMMAR_DEAD UINT32_MAX
 
+/* A Thompson NFA (grammar_regex.c). */
+enum {
+    NFA_EPS = 0, /* out1 */
+    NFA_SPLIT,   /* out1, out2 */
+    NFA_CHAR,    /* out1 on a byte in set */
+    NFA_MATCH
+};
+
+typedef struct {
+    uint8_t type;    /* NFA_* */
+    int out1;        /* next state, -1 unpatched */
+    int out2;        /* SPLIT's second branch */
+    uint64_t set[4]; /* NFA_CHAR: the bytes taken (bit b of word b/64) */
+} grammar_nfa_state_t;
+
+typedef struct {
+    grammar_nfa_state_t *st; /* (n) bt_malloc'ed; the caller frees it */
+    int n;
+    int start;               /* where matching begins */
+    int match;               /* the one NFA_MATCH state */
+} grammar_nfa_t;
+
+/* Parses `regex` (the subset in grammar_dfa.c's header) into an NFA.
+ * BT_ERR_INVALID_ARG / BT_ERR_UNSUPPORTED naming the offending offset. */
+bt_status_t grammar__nfa_compile(const char *regex, grammar_nfa_t *nfa);
+
 typedef struct grammar_dfa_s grammar_dfa_t;
 
-/* Parses `regex` (the subset in grammar_dfa.c's header) into an NFA and
- * prepares its lazy DFA.  BT_ERR_INVALID_ARG / BT_ERR_UNSUPPORTED with
+/* Compiles `regex` to an NFA and prepares its lazy DFA.  BT_ERR_INVALID_ARG / BT_ERR_UNSUPPORTED with
  * the offending position. */
 bt_status_t grammar__dfa_create(const char *regex, grammar_dfa_t **dfa_p);
 void grammar__dfa_destroy(grammar_dfa_t **dfa_p);
