@@ -143,8 +143,14 @@ static void test_refusals(void)
         bt_status_t status;
         const char *what;
     } bad[] = {
-        { "{\"type\":\"integer\",\"minimum\":0}", BT_ERR_UNSUPPORTED,
-          "'minimum'" },
+        { "{\"type\":\"integer\",\"multipleOf\":2}", BT_ERR_UNSUPPORTED,
+          "'multipleOf'" },
+        { "{\"type\":\"number\",\"minimum\":0}", BT_ERR_UNSUPPORTED,
+          "on a number" },
+        { "{\"type\":\"integer\",\"minimum\":0.5}", BT_ERR_UNSUPPORTED,
+          "must be an integer" },
+        { "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}",
+          BT_ERR_INVALID_ARG, "no integer lies between" },
         { "{\"type\":\"string\",\"contentEncoding\":\"base64\"}",
           BT_ERR_UNSUPPORTED, "'contentEncoding'" },
         { "{\"type\":\"array\",\"uniqueItems\":true}", BT_ERR_UNSUPPORTED,
@@ -181,6 +187,63 @@ static void test_refusals(void)
     for (size_t i = 0; i < BT_ARRAY_SIZE(bad); i++)
         gt_refused(GRAMMAR_JSON_SCHEMA, bad[i].schema, bad[i].status,
                    bad[i].what);
+}
+
+/* Integer bounds against every value near them. */
+static void test_integer_ranges(void)
+{
+    static const struct {
+        const char *bounds;
+        long long lo, hi;
+    } r[] = {
+        { "\"minimum\":0,\"maximum\":100", 0, 100 },
+        { "\"minimum\":1,\"maximum\":12", 1, 12 },
+        { "\"minimum\":-40,\"maximum\":125", -40, 125 },
+        { "\"minimum\":-999,\"maximum\":-17", -999, -17 },
+        { "\"exclusiveMinimum\":7,\"exclusiveMaximum\":1000", 8, 999 },
+        { "\"minimum\":37,\"maximum\":4321", 37, 4321 },
+        { "\"minimum\":100,\"maximum\":199", 100, 199 },
+        { "\"minimum\":5,\"maximum\":5", 5, 5 },
+        { "\"minimum\":-3,\"maximum\":0", -3, 0 },
+        { "\"minimum\":1990,\"maximum\":2030", 1990, 2030 },
+    };
+    char schema[256], num[32];
+
+    for (size_t i = 0; i < BT_ARRAY_SIZE(r); i++) {
+        grammar_t *g;
+        snprintf(schema, sizeof(schema), "{\"type\":\"integer\",%s}",
+                 r[i].bounds);
+        g = gt_grammar(GRAMMAR_JSON_SCHEMA, schema);
+        for (long long v = r[i].lo - 1100; v <= r[i].hi + 1100; v++) {
+            snprintf(num, sizeof(num), "%lld", v);
+            if (gt_matches(g, num) != (v >= r[i].lo && v <= r[i].hi))
+                BT_TEST_FAIL("%s: %lld %s (regex %s)", schema, v,
+                             gt_matches(g, num) ? "accepted" : "refused",
+                             grammar_regex(g));
+        }
+        BT_CHECK(!gt_matches(g, "-0"));
+        BT_CHECK(!gt_matches(g, "05"));
+        BT_CHECK(!gt_matches(g, "+5"));
+        grammar_destroy(&g);
+    }
+    /* one-sided bounds reach the 16-digit limit */
+    {
+        grammar_t *g = gt_grammar(GRAMMAR_JSON_SCHEMA,
+                                  "{\"type\":\"integer\",\"minimum\":100}");
+        BT_CHECK(!gt_matches(g, "99"));
+        BT_CHECK(gt_matches(g, "100"));
+        BT_CHECK(gt_matches(g, "9999999999999999"));
+        BT_CHECK(!gt_matches(g, "10000000000000000"));
+        BT_CHECK(!gt_matches(g, "-100"));
+        grammar_destroy(&g);
+        g = gt_grammar(GRAMMAR_JSON_SCHEMA,
+                       "{\"type\":\"integer\",\"maximum\":-2}");
+        BT_CHECK(gt_matches(g, "-2"));
+        BT_CHECK(gt_matches(g, "-9999999999999999"));
+        BT_CHECK(!gt_matches(g, "-1"));
+        BT_CHECK(!gt_matches(g, "0"));
+        grammar_destroy(&g);
+    }
 }
 
 static void test_choice(void)
@@ -244,6 +307,7 @@ int main(void)
         grammar_destroy(&g);
     }
     test_refusals();
+    test_integer_ranges();
     test_choice();
     test_spec();
     BT_ASSERT_EQ(bt_alloc_live_bytes(), 0);

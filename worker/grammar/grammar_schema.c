@@ -4,7 +4,9 @@
  *
  * Supported: type (a name or a list), string (minLength, maxLength,
  * pattern, format date / time / date-time / uuid), integer, number,
- * boolean, null, enum, const, array (items, minItems, maxItems), object
+ * minimum / maximum / exclusiveMinimum / exclusiveMaximum on integers (as
+ * digit-range regexes), boolean, null, enum, const, array (items,
+ * minItems, maxItems), object
  * (properties in the schema's order, required, additionalProperties
  * false or true: only the listed properties are produced), anyOf / oneOf
  * (both as alternation: oneOf's exclusivity is not enforced), allOf with
@@ -82,6 +84,9 @@ static const struct {
     { "minLength", T_STRING }, { "maxLength", T_STRING },
     { "pattern", T_STRING }, { "format", T_STRING },
     { "items", T_ARRAY }, { "minItems", T_ARRAY }, { "maxItems", T_ARRAY },
+    { "minimum", T_INTEGER | T_NUMBER }, { "maximum", T_INTEGER | T_NUMBER },
+    { "exclusiveMinimum", T_INTEGER | T_NUMBER },
+    { "exclusiveMaximum", T_INTEGER | T_NUMBER },
     { "properties", T_OBJECT }, { "required", T_OBJECT },
     { "additionalProperties", T_OBJECT },
 };
@@ -542,12 +547,175 @@ static int sch_node_types(sch_t *s, const cJSON *node)
     return bits;
 }
 
+// ----------------------------------------------------------------------------
+// integer ranges
+
+#define SCH_INT_MAX 9999999999999999LL /* 16 digits, as SCH_INT */
+
+static bool sch_has_bounds(const cJSON *node)
+{
+    return cJSON_HasObjectItem(node, "minimum") ||
+           cJSON_HasObjectItem(node, "maximum") ||
+           cJSON_HasObjectItem(node, "exclusiveMinimum") ||
+           cJSON_HasObjectItem(node, "exclusiveMaximum");
+}
+
+/* Appends the regex of the same-length digit strings x..y (x <= y). */
+static bt_status_t sch_digits(bt_buf_t *b, const char *x, const char *y,
+                              int n)
+{
+    bt_status_t status;
+    bool x_low = true, y_high = true; /* x[1..] all 0, y[1..] all 9 */
+
+    if (n <= 0 || n > 20)
+        return n == 0 ? BT_OK : BT_ERR_INTERNAL;
+    if (x[0] == y[0]) {
+        status = bt_buf_append(b, x, 1);
+        return status != BT_OK ? status : sch_digits(b, x + 1, y + 1, n - 1);
+    }
+    for (int i = 1; i < n; i++) {
+        x_low = x_low && x[i] == '0';
+        y_high = y_high && y[i] == '9';
+    }
+    if (n == 1)
+        return bt_buf_printf(b, "[%c-%c]", x[0], y[0]);
+    /* x0 x[1..]..99, (x0+1)..(y0-1) then anything, y0 00..y[1..]; the
+     * ends fold into the middle when they span their whole decade */
+    {
+        char lo = x_low ? x[0] : (char)(x[0] + 1);
+        char hi = y_high ? y[0] : (char)(y[0] - 1);
+        char nines[24], zeros[24];
+        int alts = 0;
+
+        memset(nines, '9', (size_t)n);
+        memset(zeros, '0', (size_t)n);
+        status = bt_buf_append(b, "(", 1);
+        if (status == BT_OK && !x_low) {
+            status = bt_buf_append(b, x, 1);
+            if (status == BT_OK)
+                status = sch_digits(b, x + 1, nines, n - 1);
+            alts++;
+        }
+        if (status == BT_OK && lo <= hi) {
+            status = bt_buf_printf(b, "%s[%c-%c][0-9]{%d}", alts ? "|" : "",
+                                   lo, hi, n - 1);
+            alts++;
+        }
+        if (status == BT_OK && !y_high) {
+            status = bt_buf_printf(b, "%s%c", alts ? "|" : "", y[0]);
+            if (status == BT_OK)
+                status = sch_digits(b, zeros, y + 1, n - 1);
+        }
+        return status != BT_OK ? status : bt_buf_append(b, ")", 1);
+    }
+}
+
+/* Appends the regex of the integers a..b (0 <= a <= b), no leading zeros:
+ * one alternative per digit count. */
+static bt_status_t sch_range(bt_buf_t *b, long long a, long long b_hi)
+{
+    bt_status_t status = bt_buf_append(b, "(", 1);
+    long long lo_len = 1;
+    int alts = 0;
+
+    for (int n = 1; n <= 16 && status == BT_OK; n++, lo_len *= 10) {
+        long long lo = n == 1 ? 0 : lo_len, hi = lo_len * 10 - 1;
+        char x[24], y[24];
+
+        if (lo < a)
+            lo = a;
+        if (hi > b_hi)
+            hi = b_hi;
+        if (lo > hi)
+            continue;
+        snprintf(x, sizeof(x), "%lld", lo);
+        snprintf(y, sizeof(y), "%lld", hi);
+        if (alts++ > 0)
+            status = bt_buf_append(b, "|", 1);
+        if (status == BT_OK)
+            status = sch_digits(b, x, y, n);
+    }
+    return status != BT_OK ? status : bt_buf_append(b, ")", 1);
+}
+
+/* An integer bound: *v_p the inclusive value; false (with the error set)
+ * when it is not an integer or beyond 16 digits; true and *v_p untouched
+ * when absent. */
+static bool sch_bound(sch_t *s, const cJSON *node, const char *name,
+                      int adjust, long long *v_p)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(node, name);
+    double d;
+
+    if (v == NULL)
+        return true;
+    d = cJSON_IsNumber(v) ? v->valuedouble : 0.5;
+    if (d != (double)(long long)d || d > (double)SCH_INT_MAX ||
+        d < -(double)SCH_INT_MAX) {
+        sch_fail(s, BT_ERR_UNSUPPORTED, "schema: %s must be an integer of at "
+                 "most 16 digits for type integer", name);
+        return false;
+    }
+    *v_p = (long long)d + adjust;
+    return true;
+}
+
+/* -?(0|[1-9][0-9]{0,15}), or the integers between the bounds. */
+static char *sch_integer(sch_t *s, const cJSON *node)
+{
+    long long lo = -SCH_INT_MAX, hi = SCH_INT_MAX, m = lo, x = hi;
+    bt_buf_t b;
+    bt_status_t status = BT_OK;
+
+    if (!sch_has_bounds(node))
+        return sch_dup(s, SCH_INT);
+    if (!sch_bound(s, node, "minimum", 0, &lo) ||
+        !sch_bound(s, node, "exclusiveMinimum", 1, &m) ||
+        !sch_bound(s, node, "maximum", 0, &hi) ||
+        !sch_bound(s, node, "exclusiveMaximum", -1, &x))
+        return NULL;
+    lo = BT_MAX(lo, m);
+    hi = BT_MIN(hi, x);
+    if (lo > hi)
+        return sch_fail(s, BT_ERR_INVALID_ARG, "schema: %s",
+                        "no integer lies between the bounds");
+    bt_buf_init(&b);
+    if (lo >= 0) {
+        status = sch_range(&b, lo, hi);
+    } else if (hi < 0) {
+        status = bt_buf_append(&b, "-", 1);
+        if (status == BT_OK)
+            status = sch_range(&b, -hi, -lo);
+    } else {
+        status = bt_buf_append(&b, "(-", 2);
+        if (status == BT_OK)
+            status = sch_range(&b, 1, -lo);
+        if (status == BT_OK)
+            status = bt_buf_append(&b, "|", 1);
+        if (status == BT_OK)
+            status = sch_range(&b, 0, hi);
+        if (status == BT_OK)
+            status = bt_buf_append(&b, ")", 1);
+    }
+    if (status != BT_OK) {
+        bt_buf_cleanup(&b);
+        s->status = BT_ERR_NO_MEMORY;
+        return NULL;
+    }
+    return b.data;
+}
+
 static char *sch_type(sch_t *s, const cJSON *node, int bit, int depth)
 {
     switch (bit) {
     case T_STRING: return sch_string(s, node);
-    case T_INTEGER: return sch_dup(s, SCH_INT);
-    case T_NUMBER: return sch_dup(s, SCH_NUM);
+    case T_INTEGER: return sch_integer(s, node);
+    case T_NUMBER:
+        if (sch_has_bounds(node))
+            return sch_fail(s, BT_ERR_UNSUPPORTED, "schema: %s on a number "
+                            "is not supported (on an integer it is)",
+                            "minimum/maximum");
+        return sch_dup(s, SCH_NUM);
     case T_BOOLEAN: return sch_dup(s, "(true|false)");
     case T_NULL: return sch_dup(s, "null");
     case T_ARRAY: return sch_array(s, node, depth);
