@@ -3,6 +3,7 @@
  * the prompt, generates with the engine and streams the continuation.
  * This is the reference path every cluster test compares against.
  */
+#include <cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,13 @@ static void run_usage(FILE *out)
 "  --prompt-ids IDS       prompt token ids, space or comma separated\n"
 "  --ids                  print generated ids on one line instead of text\n"
 "  --stats                print timing and tokens/s to stderr\n"
+"\nstructured output (one of; speculative decoding is turned off):\n"
+"  --json-schema FILE     output matches the JSON schema in FILE\n"
+"  --json-object          output is one JSON object\n"
+"  --regex R              output matches the regex R in full\n"
+"  --choice A,B,C         output is exactly one of the choices\n"
+"  --grammar KIND:TEXT    the same as one spec: json_object,\n"
+"                         json_schema:SCHEMA, regex:R or choice:[\"A\"]\n"
 "\nspeculative decoding (EAGLE; cpu and cuda backends):\n"
 "  --spec-head PATH       draft head .safetensors (baton eagle train);\n"
 "  --draft PATH           the same\n"
@@ -48,6 +56,81 @@ static void run_usage(FILE *out)
 "  --spec-fixed           always draft the full tree (default: adaptive)\n"
 CLI_SAMPLING_HELP
 CLI_ENGINE_HELP);
+}
+
+/* Builds the "<kind>:<text>" grammar spec (worker/grammar/grammar.h) of
+ * a structured-output option into *spec_p (bt_malloc'ed).  Returns 0, or
+ * 2 with a message for a bad value. */
+static int run_grammar_spec(int opt, const char *arg, char **spec_p)
+{
+    char *text = NULL, *spec;
+    size_t len = 0;
+
+    switch (opt) {
+    case 3100: /* --json-schema FILE */
+        if (bt_read_file(arg, 1 << 20, &text, &len) != BT_OK) {
+            fprintf(stderr, "baton run: cannot read schema '%s': %s\n", arg,
+                    bt_error_last());
+            return 2;
+        }
+        spec = bt_malloc(len + 16, "cli_grammar");
+        if (spec != NULL)
+            snprintf(spec, len + 16, "json_schema:%s", text);
+        bt_free(text);
+        break;
+    case 3101: /* --json-object */
+        spec = bt_strdup("json_object:", "cli_grammar");
+        break;
+    case 3102: /* --regex R */
+        len = strlen(arg) + 8;
+        spec = bt_malloc(len, "cli_grammar");
+        if (spec != NULL)
+            snprintf(spec, len, "regex:%s", arg);
+        break;
+    case 3103: { /* --choice A,B,C: a JSON array of the parts */
+        cJSON *list = cJSON_CreateArray();
+        const char *p = arg;
+        char *json;
+        for (;;) {
+            const char *comma = strchr(p, ',');
+            size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
+            char *part = bt_strndup(p, n, "cli_grammar");
+            if (part == NULL)
+                break;
+            cJSON_AddItemToArray(list, cJSON_CreateString(part));
+            bt_free(part);
+            if (comma == NULL)
+                break;
+            p = comma + 1;
+        }
+        json = cJSON_PrintUnformatted(list);
+        cJSON_Delete(list);
+        spec = NULL;
+        if (json != NULL) {
+            len = strlen(json) + 8;
+            spec = bt_malloc(len, "cli_grammar");
+            if (spec != NULL)
+                snprintf(spec, len, "choice:%s", json);
+            cJSON_free(json);
+        }
+        break;
+    }
+    default: /* --grammar SPEC */
+        spec = bt_strdup(arg, "cli_grammar");
+        break;
+    }
+    if (spec == NULL) {
+        fprintf(stderr, "baton run: out of memory\n");
+        return 2;
+    }
+    if (*spec_p != NULL) {
+        bt_free(spec);
+        fprintf(stderr, "baton run: give at most one of --json-schema, "
+                        "--json-object, --regex, --choice, --grammar\n");
+        return 2;
+    }
+    *spec_p = spec;
+    return 0;
 }
 
 /* Encodes the prompt, in the chat format when asked: the prompt becomes
@@ -116,6 +199,9 @@ int cli_run_main(int argc, char **argv)
     spec_head_t *spec_head = NULL;
     spec_t *spec = NULL;
     spec_seq_t *sseq = NULL;
+    /* structured output */
+    char *grammar_spec = NULL;
+    grammar_t *grammar = NULL;
     static const struct option long_opts[] = {
         CLI_ENGINE_OPTIONS,
         CLI_SAMPLING_OPTIONS,
@@ -134,6 +220,12 @@ int cli_run_main(int argc, char **argv)
         { "spec-fixed", no_argument, NULL, 3004 },
         { "draft", required_argument, NULL, 3000 },
         { "spec", required_argument, NULL, 3005 },
+        /* structured output */
+        { "json-schema", required_argument, NULL, 3100 },
+        { "json-object", no_argument, NULL, 3101 },
+        { "regex", required_argument, NULL, 3102 },
+        { "choice", required_argument, NULL, 3103 },
+        { "grammar", required_argument, NULL, 3104 },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -187,7 +279,17 @@ int cli_run_main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'h': run_usage(stdout); return 0;
+        case 3100:
+        case 3101:
+        case 3102:
+        case 3103:
+        case 3104:
+            if (run_grammar_spec(c, optarg, &grammar_spec) != 0) {
+                bt_free(grammar_spec);
+                return 2;
+            }
+            break;
+        case 'h': run_usage(stdout); bt_free(grammar_spec); return 0;
         default:
             if (cli_engine_option(c, optarg, &ecfg) == 0 ||
                 cli_sampling_option(c, optarg, &gen) == 0)
@@ -200,12 +302,14 @@ int cli_run_main(int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "baton run: unexpected argument '%s'\n", argv[optind]);
+        bt_free(grammar_spec);
         return 2;
     }
     if (ecfg.model_path == NULL || (prompt == NULL) == (prompt_ids == NULL)) {
         fprintf(stderr, "baton run: need --model and exactly one of --prompt "
                         "or --prompt-ids\n");
         run_usage(stderr);
+        bt_free(grammar_spec);
         return 2;
     }
     if ((chat || system_msg != NULL) && prompt == NULL) {
@@ -255,6 +359,25 @@ int cli_run_main(int argc, char **argv)
     status = engine_seq_create(engine, ids, n_ids, &sp, &seq);
     if (status != BT_OK)
         goto out;
+    if (grammar_spec != NULL) {
+        const grammar_vocab_t *gvocab;
+
+        if ((status = engine_grammar_vocab(engine, &gvocab)) != BT_OK ||
+            (status = grammar_create_spec(grammar_spec, gvocab, &grammar)) !=
+                BT_OK ||
+            (status = engine_seq_set_grammar(engine, seq, grammar, -1)) !=
+                BT_OK) {
+            fprintf(stderr, "baton run: %s\n", bt_error_last());
+            ret = 2;
+            goto out;
+        }
+        /* drafts would be verified against the first position's mask
+         * only: a constrained sequence is decoded one token at a time */
+        if (spec_head_path != NULL && !spec_off)
+            fprintf(stderr, "baton run: speculative decoding is off for "
+                            "structured output\n");
+        spec_off = true;
+    }
     if (spec_off)
         spec_head_path = NULL;
     if (spec_head_path != NULL) {
@@ -341,6 +464,8 @@ out:
     spec_destroy(&spec);
     spec_head_destroy(&spec_head);
     engine_seq_destroy(engine, &seq);
+    grammar_destroy(&grammar);
+    bt_free(grammar_spec);
     stop_destroy(&stop);
     engine_destroy(&engine);
     bt_free(ids);

@@ -25,6 +25,8 @@ struct engine_s {
     int *row_ids;             /* (max_seqs) token sampled for each row */
     backend_seq_t *batch_seqs;/* (max_seqs) */
     int *batch_index;         /* (max_seqs) engine_step slot of each row */
+    grammar_vocab_t *gvocab;  /* token bytes for grammar masks, built on
+                               * first use (engine_grammar_vocab) */
 };
 
 struct engine_seq_s {
@@ -37,6 +39,11 @@ struct engine_seq_s {
     int n_blocks;
     int max_blocks;
     sampler_t *sampler;
+    grammar_t *grammar;       /* structured output (borrowed), or NULL */
+    grammar_state_t gstate;   /* the grammar's state after the tokens */
+    int g_start;              /* index of the first constrained token */
+    uint64_t *gmask;          /* (mask words) this step's allowed tokens,
+                               * the sampler's mask */
 };
 
 /* A Hugging Face model directory that holds tokenizer.json brings its own
@@ -182,6 +189,7 @@ void engine_destroy(engine_t **engine_p)
     bt_free(engine->batch_index);
     kv_allocator_destroy(&engine->kv);
     backend_destroy(&engine->backend);
+    grammar_vocab_destroy(&engine->gvocab);
     tok_destroy(&engine->tok);
     model_destroy(&engine->model);
     bt_free(engine);
@@ -278,6 +286,7 @@ void engine_seq_destroy(engine_t *engine, engine_seq_t **seq_p)
         return;
     kv_allocator_release(engine->kv, seq->n_blocks, seq->blocks);
     sampler_destroy(&seq->sampler);
+    bt_free(seq->gmask);
     bt_free(seq->tokens);
     bt_free(seq->blocks);
     bt_free(seq);
@@ -347,6 +356,13 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         need_blocks += (int)BT_DIV_UP(seq->n_cached + take,
                                       engine->block_size) - seq->n_blocks;
         left -= take;
+        if (seq->grammar != NULL && seq->n_cached + take == seq->n_tokens) {
+            /* the grammar's mask for the row it samples (the sampler reads
+             * gmask); here, so that a failure changes nothing */
+            status = grammar_mask(seq->grammar, seq->gstate, seq->gmask);
+            if (status != BT_OK)
+                return status;
+        }
     }
     if (need_blocks > kv_allocator_free_count(engine->kv))
         return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
@@ -404,6 +420,13 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         if (bs->n_logits == 0)
             continue;
         tok = engine->row_ids[row++];
+        if (seq->grammar != NULL) {
+            status = grammar_advance_token(seq->grammar, &seq->gstate, tok);
+            if (status != BT_OK)
+                return BT_ERROR(BT_ERR_INTERNAL, "ENGINE",
+                                "sampled token %d outside the grammar's "
+                                "mask", tok);
+        }
         sampler_observe(seq->sampler, tok);
         BT_ASSERT(seq->n_tokens < seq->cap);
         seq->tokens[seq->n_tokens++] = tok;
@@ -465,12 +488,103 @@ bt_status_t engine_seq_commit(engine_t *engine, engine_seq_t *seq,
         n_cached > seq->n_blocks * engine->block_size)
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "cached count %d out of range", n_cached);
+    if (seq->grammar != NULL) {
+        /* all or nothing: the tokens must fit the grammar */
+        grammar_state_t st = seq->gstate;
+        for (int i = 0; i < n; i++) {
+            bt_status_t status;
+            if (seq->n_tokens + i < seq->g_start)
+                continue;
+            status = grammar_advance_token(seq->grammar, &st, tokens[i]);
+            if (status != BT_OK)
+                return BT_ERROR(status, "ENGINE", "committed token %d (id "
+                                "%d) does not fit the grammar", i,
+                                tokens[i]);
+        }
+        seq->gstate = st;
+    }
     for (int i = 0; i < n; i++) {
         sampler_observe(seq->sampler, tokens[i]);
         seq->tokens[seq->n_tokens++] = tokens[i];
     }
     seq->n_cached = n_cached;
     return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// structured output
+
+bt_status_t engine_grammar_vocab(engine_t *engine,
+                                 const grammar_vocab_t **vocab_p)
+{
+    const model_config_t *mcfg = model_config(engine->model);
+    bt_status_t status;
+
+    if (engine->gvocab == NULL) {
+        if (engine->tok == NULL)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                            "structured output needs a tokenizer");
+        status = grammar_vocab_create(engine->tok, engine->vocab_size,
+                                      mcfg->eos_ids, mcfg->n_eos,
+                                      &engine->gvocab);
+        if (status != BT_OK)
+            return status;
+    }
+    *vocab_p = engine->gvocab;
+    return BT_OK;
+}
+
+bt_status_t engine_seq_set_grammar(engine_t *engine, engine_seq_t *seq,
+                                   grammar_t *grammar, int start)
+{
+    const grammar_vocab_t *vocab;
+    grammar_state_t st;
+    uint64_t *mask;
+    bt_status_t status;
+
+    if (start < 0)
+        start = seq->n_prompt;
+    if (start > seq->n_tokens)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
+                        "grammar start %d beyond the sequence's %d tokens",
+                        start, seq->n_tokens);
+    status = engine_grammar_vocab(engine, &vocab);
+    if (status != BT_OK)
+        return status;
+    if (grammar_vocab_size(vocab) != engine->vocab_size)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE", "grammar vocabulary "
+                        "of %d tokens, model of %d",
+                        grammar_vocab_size(vocab), engine->vocab_size);
+    /* the tokens already generated (a request taken over mid-stream) */
+    status = grammar_replay(grammar, seq->tokens + start,
+                            seq->n_tokens - start, &st);
+    if (status != BT_OK)
+        return status;
+    mask = bt_malloc(sizeof(uint64_t) * grammar_mask_words(vocab),
+                     "engine_grammar");
+    if (mask == NULL)
+        return BT_ERR_NO_MEMORY;
+    bt_free(seq->gmask);
+    seq->gmask = mask;
+    seq->grammar = grammar;
+    seq->gstate = st;
+    seq->g_start = start;
+    sampler_set_mask(seq->sampler, mask);
+    /* until the first step writes it: everything (never read before) */
+    memset(mask, 0xff, sizeof(uint64_t) * grammar_mask_words(vocab));
+    return BT_OK;
+}
+
+bool engine_seq_has_grammar(const engine_seq_t *seq)
+{
+    return seq->grammar != NULL;
+}
+
+bool engine_seq_grammar_final(const engine_seq_t *seq)
+{
+    return seq->grammar != NULL &&
+           grammar_is_accepting(seq->grammar, seq->gstate) &&
+           grammar_is_final(seq->grammar, seq->gstate);
 }
 
 bt_status_t engine_seq_adopt_kv(engine_t *engine, engine_seq_t *seq,

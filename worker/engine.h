@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "bt_status.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "sampler.h"
@@ -130,6 +131,34 @@ bt_status_t engine_seq_commit(engine_t *engine, engine_seq_t *seq,
 bt_status_t engine_seq_adopt_kv(engine_t *engine, engine_seq_t *seq,
                                 const int *blocks, int n_blocks,
                                 int n_cached);
+
+/* ---- structured output (worker/grammar/, issue 39) ---- */
+
+/* The engine's grammar vocabulary (its tokenizer's token bytes, the
+ * model's EOS ids), built on the first call; owned by the engine.
+ * BT_ERR_INVALID_ARG when the engine has no tokenizer. */
+bt_status_t engine_grammar_vocab(engine_t *engine,
+                                 const grammar_vocab_t **vocab_p);
+
+/* Holds the sequence's output to `grammar` (compiled for
+ * engine_grammar_vocab; borrowed, it must outlive the sequence; several
+ * sequences may share one since the engine is single-threaded) from
+ * token index `start` on (-1: the prompt's end).  Tokens already past
+ * start are replayed: a decode worker taking a request over creates the
+ * sequence from the prompt plus the tokens generated so far and passes
+ * the original prompt length, and the grammar state moves with the
+ * request.  Each step then samples under the state's mask, EOS only
+ * where the output is complete.  BT_ERR_INVALID_ARG when the replayed
+ * tokens do not fit the grammar.  Speculative decoding verifies against
+ * the first position's mask only: do not draft for such a sequence. */
+bt_status_t engine_seq_set_grammar(engine_t *engine, engine_seq_t *seq,
+                                   grammar_t *grammar, int start);
+
+bool engine_seq_has_grammar(const engine_seq_t *seq);
+
+/* True when the grammar accepts the output and no byte can follow: the
+ * next token can only be EOS (a caller may stop without stepping). */
+bool engine_seq_grammar_final(const engine_seq_t *seq);
 
 #ifdef __cplusplus
 }

@@ -48,6 +48,8 @@ struct sampler_s {
                                * row's probabilities */
     bool wide;                /* sampler_set_wide: last row's nucleus lay
                                * beyond a device's candidates */
+    const uint64_t *mask;     /* ((vocab_size + 63) / 64) allowed tokens
+                               * (sampler_set_mask, borrowed); NULL: all */
 };
 
 _Static_assert(sizeof(sampler_cand_t) == sizeof(uint64_t),
@@ -214,7 +216,7 @@ void sampler_observe(sampler_t *s, int token)
 }
 
 /* Applies penalties to a copy of the logits; returns the row to use. */
-static const float *sampler_penalise(sampler_t *s, const float *logits)
+static const float *sampler_penalise_only(sampler_t *s, const float *logits)
 {
     const sampler_params_t *p = &s->params;
 
@@ -234,6 +236,29 @@ static const float *sampler_penalise(sampler_t *s, const float *logits)
         v -= p->presence_penalty;
         v -= p->frequency_penalty * (float)s->seen[i].count;
         s->scratch[t] = v;
+    }
+    return s->scratch;
+}
+
+/* Penalties, then the grammar's mask (sampler_set_mask): disallowed
+ * tokens get -inf, so every later step (argmax, softmax, truncation)
+ * sees only allowed ones.  Returns the row to use. */
+static const float *sampler_penalise(sampler_t *s, const float *logits)
+{
+    const float *row = sampler_penalise_only(s, logits);
+    const int vocab = s->vocab_size;
+
+    if (s->mask == NULL)
+        return row;
+    if (row != s->scratch)
+        memcpy(s->scratch, logits, sizeof(float) * (size_t)vocab);
+    for (int w = 0; w * 64 < vocab; w++) {
+        uint64_t m = s->mask[w];
+        if (m == ~0ull)
+            continue;
+        for (int t = w * 64; t < vocab && t < w * 64 + 64; t++)
+            if (!(m >> (t - w * 64) & 1))
+                s->scratch[t] = -INFINITY;
     }
     return s->scratch;
 }
@@ -920,7 +945,13 @@ void sampler_probs(sampler_t *s, const float *logits, float *probs)
 
 bool sampler_is_argmax(const sampler_t *s)
 {
-    return s->params.temperature == 0.0f && !sampler_uses_penalties(s);
+    return s->params.temperature == 0.0f && !sampler_uses_penalties(s) &&
+           s->mask == NULL;
+}
+
+void sampler_set_mask(sampler_t *s, const uint64_t *allowed)
+{
+    s->mask = allowed;
 }
 
 // ---------------------------------------------------------------------
@@ -930,7 +961,7 @@ sampler_need_t sampler_need(const sampler_t *s)
 {
     const sampler_params_t *p = &s->params;
 
-    if (sampler_uses_penalties(s))
+    if (sampler_uses_penalties(s) || s->mask != NULL)
         return SAMPLER_NEED_ROW;
     if (p->temperature == 0.0f)
         return SAMPLER_NEED_ARGMAX;
@@ -973,7 +1004,8 @@ bool sampler_is_dist(const sampler_t *s)
 {
     const sampler_params_t *p = &s->params;
 
-    if (p->temperature == 0.0f || sampler_uses_penalties(s))
+    if (p->temperature == 0.0f || sampler_uses_penalties(s) ||
+        s->mask != NULL)
         return false;
     return p->top_p < 1.0f || p->top_k <= 1 || p->top_k >= s->vocab_size;
 }
@@ -1001,7 +1033,8 @@ bool sampler_sample_top(sampler_t *s, const int *ids, const float *logits,
     int n_rel, n_f = vocab, n = vocab, nn = -1;
     double keep = 0.0;
 
-    if (p->temperature == 0.0f || sampler_uses_penalties(s) || k < 1 ||
+    if (p->temperature == 0.0f || sampler_uses_penalties(s) ||
+        s->mask != NULL || k < 1 ||
         k > vocab || !(sum >= 1.0))
         return false;
     inv_t = 1.0f / p->temperature;

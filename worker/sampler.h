@@ -67,6 +67,16 @@ float sampler_uniform(sampler_t *sampler);
  * the logits (speculative verification on the GPU). */
 bool sampler_is_argmax(const sampler_t *sampler);
 
+/* Structured output (worker/grammar/): from now on only tokens whose bit
+ * is set in `allowed` can be drawn (bit t of word t / 64; (vocab_size +
+ * 63) / 64 words); the others' logits become -inf after the penalties.
+ * Borrowed: the caller keeps it alive and rewrites it between steps (the
+ * engine writes each step's grammar mask there); NULL allows all.  While
+ * set, the sampler asks for the whole row on the host (sampler_need is
+ * SAMPLER_NEED_ROW, sampler_is_argmax and sampler_is_dist are false), so
+ * a GPU backend copies the row back and the mask applies there. */
+void sampler_set_mask(sampler_t *sampler, const uint64_t *allowed);
+
 /* ---- sampling from a device's top candidates (backend_forward_sample) ----
  * A backend that samples on a GPU asks what the host needs for the next
  * row, computes it there, and copies back only that. */

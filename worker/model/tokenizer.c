@@ -636,6 +636,18 @@ static void tok_id_bytes(const tok_t *tok, int prev_id, int id,
     *n_p = n;
 }
 
+bool tok_id_bytes_mid(const tok_t *tok, int id, const char **s_p,
+                      size_t *n_p, char *byte_buf)
+{
+    if (id < 0 || id >= tok_vocab_size(tok))
+        return false;
+    /* prev_id: for llama2.c any id but BOS; for tokenizer.json one past
+     * its ids, which neither starts a sequence nor is special */
+    tok_id_bytes(tok, tok->json != NULL ? INT_MAX : -1, id, s_p, n_p,
+                 byte_buf);
+    return true;
+}
+
 static size_t tok_put_fffd(char *out)
 {
     out[0] = (char)0xEF;

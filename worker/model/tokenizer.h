@@ -97,6 +97,14 @@ bt_status_t tok_encode(const tok_t *tok, const char *text, size_t len,
 /* The raw piece of an id (NULL when out of range). */
 const char *tok_piece(const tok_t *tok, int id);
 
+/* The bytes id adds to text in the middle of a sequence (after an
+ * ordinary token: no leading space dropped; a <0xXX> piece is its byte,
+ * written to byte_buf[0]).  *s_p points into the tokenizer or byte_buf.
+ * Structured output (worker/grammar/) builds its masks from these.
+ * Returns false for an id out of range. */
+bool tok_id_bytes_mid(const tok_t *tok, int id, const char **s_p,
+                      size_t *n_p, char *byte_buf);
+
 /* The merge score of an id (0 when out of range). */
 float tok_score(const tok_t *tok, int id);
 
