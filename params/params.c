@@ -101,8 +101,8 @@ static bt_status_t params_check_row(const params_bound_t *b, double v,
     if (params_in(b, v))
         return BT_OK;
     return params_refuse(b->name, err, err_len, param_p,
-                         "%s is %g, must be in %c%g, %g]", b->name, v,
-                         b->min_open ? '(' : '[', b->min, b->max);
+                         "%s is %g, must be in %c%.10g, %.10g]", b->name,
+                         v, b->min_open ? '(' : '[', b->min, b->max);
 }
 
 bt_status_t params_check(const char *name, double value, char *err,
