@@ -436,7 +436,8 @@ static bool parse_stop(const cJSON *root, gateway_api_req_t *out,
         return false;
     }
     if (cJSON_GetArraySize(s) > PARAMS_MAX_STOP_STRINGS) {
-        BAD_PARAM("stop", "at most %d stop sequences", PARAMS_MAX_STOP_STRINGS);
+        BAD_PARAM("stop", "at most %d stop sequences",
+                  PARAMS_MAX_STOP_STRINGS);
         return false;
     }
     cJSON_ArrayForEach(x, s) {
@@ -534,8 +535,8 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
     if (sti != NULL && !cJSON_IsNull(sti) &&
         (!cJSON_IsArray(sti) ||
          (sti->child != NULL &&
-          !get_ids(sti, "stop_token_ids", PARAMS_MAX_STOP_IDS - 8, &out->stop_ids,
-                   &out->n_stop_ids, err)))) {
+          !get_ids(sti, "stop_token_ids", PARAMS_MAX_STOP_IDS - 8,
+                   &out->stop_ids, &out->n_stop_ids, err)))) {
         if (!cJSON_IsArray(sti))
             BAD_PARAM("stop_token_ids", "'stop_token_ids' must be an array");
         return false;
