@@ -820,9 +820,13 @@ bt_status_t tok_stream_push(tok_stream_t *stream, int id, char *out,
     if (status != BT_OK)
         return status;
     if (stream->skip_special && tok_is_special(stream->tok, id)) {
-        /* As if the id were not there (Hugging Face drops special ids
-         * before decoding): no text, and the next piece still follows
-         * prev_id (a leading space after BOS is dropped as before). */
+        /* No text.  tokenizer.json: as if the id were not there (Hugging
+         * Face drops special ids before decoding), so the next piece
+         * follows the one before it.  llama2.c: the id still precedes
+         * the next piece, so a leading space after BOS goes as in run.c
+         * (only BOS decides it). */
+        if (stream->tok->json == NULL)
+            stream->prev_id = id;
         out[0] = '\0';
         *len_p = 0;
         return BT_OK;

@@ -126,8 +126,10 @@ bt_status_t tok_stream_create(const tok_t *tok, int prev_id,
 void tok_stream_destroy(tok_stream_t **stream_p);
 
 /* Makes this stream print nothing for special ids (tok_is_special: BOS,
- * EOS, <unk> and a tokenizer.json's special added tokens), as if they
- * were not there: the request's `skip_special_tokens` (issue 39; every
+ * EOS, <unk> and a tokenizer.json's special added tokens; a
+ * tokenizer.json stream then goes on as if they were not there, as
+ * Hugging Face's decode does): the request's `skip_special_tokens`
+ * (issue 39; every
  * serving path sets it, true by default).  Off at creation, so streams
  * and tok_decode print every piece unless asked (tok_set_skip_special
  * remains the tokenizer-wide switch of tokenizer.json tokenizers). */
