@@ -89,7 +89,8 @@ static char *lib_text(client_t *c, const int *ids, int n, int max_tokens,
         if (m->body_case == BATON__CLIENT_MESSAGE__BODY_CHUNK) {
             const Baton__TokenChunk *ch = m->chunk;
             BT_CHECK(len + ch->text.len < 8192);
-            memcpy(text + len, ch->text.data, ch->text.len);
+            if (ch->text.len > 0) /* a chunk of a skipped token has none */
+                memcpy(text + len, ch->text.data, ch->text.len);
             len += ch->text.len;
         } else {
             BT_ASSERT_EQ(m->body_case,
