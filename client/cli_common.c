@@ -10,7 +10,7 @@
 void cli_gen_opts_init(cli_gen_opts_t *gen)
 {
     memset(gen, 0, sizeof(*gen));
-    sampler_params_init(&gen->sampling);
+    params_init(&gen->params);
 }
 
 void cli_gen_opts_cleanup(cli_gen_opts_t *gen)
@@ -78,14 +78,15 @@ int cli_engine_option(int opt, const char *arg, engine_config_t *cfg)
 
 int cli_sampling_option(int opt, const char *arg, cli_gen_opts_t *gen)
 {
-    sampler_params_t *sp = &gen->sampling;
+    params_sampling_t *sp = &gen->params.sampling;
+    params_t *p = &gen->params;
     uint64_t seed;
     int id;
 
     switch (opt) {
     case CLI_OPT_MAX_TOKENS:
-        if (bt_parse_int(arg, &gen->max_tokens) != BT_OK ||
-            gen->max_tokens <= 0)
+        if (bt_parse_int(arg, &p->max_tokens) != BT_OK ||
+            p->max_tokens <= 0)
             return cli_bad("max-tokens", arg);
         return 0;
     case CLI_OPT_TEMPERATURE:
@@ -112,44 +113,63 @@ int cli_sampling_option(int opt, const char *arg, cli_gen_opts_t *gen)
         sp->seed = seed;
         return 0;
     case CLI_OPT_STOP:
-        if (gen->n_stops >= STOP_MAX_STRINGS || arg[0] == '\0')
+        if (p->n_stop_strings >= PARAMS_MAX_STOP_STRINGS || arg[0] == '\0')
             return cli_bad("stop", arg);
-        gen->stops[gen->n_stops++] = arg;
+        gen->stops[p->n_stop_strings] = arg;
+        p->stop_strings[p->n_stop_strings].data = arg;
+        p->stop_strings[p->n_stop_strings].len = strlen(arg);
+        p->n_stop_strings++;
         return 0;
     case CLI_OPT_STOP_ID:
-        if (gen->n_stop_ids >= STOP_MAX_IDS - MODEL_MAX_EOS ||
+        if (p->n_stop_ids >= PARAMS_MAX_STOP_IDS - MODEL_MAX_EOS ||
             bt_parse_int(arg, &id) != BT_OK || id < 0)
             return cli_bad("stop-id", arg);
-        gen->stop_ids[gen->n_stop_ids++] = id;
+        p->stop_ids[p->n_stop_ids++] = id;
         return 0;
     case CLI_OPT_IGNORE_EOS:
-        gen->ignore_eos = true;
+        p->ignore_eos = true;
+        return 0;
+    case CLI_OPT_NO_SKIP_SPECIAL:
+        sp->skip_special_tokens = false;
         return 0;
     default:
         return 1;
     }
 }
 
+bt_status_t cli_gen_validate(const cli_gen_opts_t *gen, const char *prog)
+{
+    char err[160];
+
+    if (params_validate(&gen->params, err, sizeof(err), NULL) != BT_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return BT_ERR_INVALID_ARG;
+    }
+    return BT_OK;
+}
+
 bt_status_t cli_stop_config(const cli_gen_opts_t *gen,
                             const model_config_t *mcfg, int max_context,
                             int n_prompt, stop_config_t *scfg)
 {
+    const params_t *p = &gen->params;
+
     stop_config_init(scfg);
-    if (!gen->ignore_eos) {
+    if (!p->ignore_eos) {
         for (int i = 0; i < mcfg->n_eos; i++)
             scfg->ids[scfg->n_ids++] = mcfg->eos_ids[i];
     }
-    for (int i = 0; i < gen->n_stop_ids; i++) {
-        if (gen->stop_ids[i] >= mcfg->vocab_size)
+    for (int i = 0; i < p->n_stop_ids; i++) {
+        if (p->stop_ids[i] >= mcfg->vocab_size)
             return BT_ERROR(BT_ERR_INVALID_ARG, "CLI",
                             "stop id %d is outside the vocabulary of %d",
-                            gen->stop_ids[i], mcfg->vocab_size);
-        scfg->ids[scfg->n_ids++] = gen->stop_ids[i];
+                            p->stop_ids[i], mcfg->vocab_size);
+        scfg->ids[scfg->n_ids++] = p->stop_ids[i];
     }
-    for (int i = 0; i < gen->n_stops; i++)
+    for (int i = 0; i < p->n_stop_strings; i++)
         scfg->strings[scfg->n_strings++] = gen->stops[i];
-    scfg->max_tokens = gen->max_tokens > 0 ? gen->max_tokens
-                                           : max_context - n_prompt + 1;
+    scfg->max_tokens = p->max_tokens > 0 ? p->max_tokens
+                                         : max_context - n_prompt + 1;
     if (scfg->max_tokens <= 0)
         scfg->max_tokens = 1;
     return BT_OK;

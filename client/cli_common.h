@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "engine.h"
+#include "params.h"
 #include "stop.h"
 
 enum {
@@ -34,7 +35,8 @@ enum {
     CLI_OPT_SEED,
     CLI_OPT_STOP,
     CLI_OPT_STOP_ID,
-    CLI_OPT_IGNORE_EOS
+    CLI_OPT_IGNORE_EOS,
+    CLI_OPT_NO_SKIP_SPECIAL
 };
 
 #define CLI_ENGINE_OPTIONS                                                  \
@@ -60,7 +62,8 @@ enum {
     { "seed", required_argument, NULL, CLI_OPT_SEED },                      \
     { "stop", required_argument, NULL, CLI_OPT_STOP },                      \
     { "stop-id", required_argument, NULL, CLI_OPT_STOP_ID },                \
-    { "ignore-eos", no_argument, NULL, CLI_OPT_IGNORE_EOS }
+    { "ignore-eos", no_argument, NULL, CLI_OPT_IGNORE_EOS },             \
+    { "no-skip-special", no_argument, NULL, CLI_OPT_NO_SKIP_SPECIAL }
 
 #define CLI_ENGINE_HELP                                                     \
 "\nengine:\n"                                                               \
@@ -76,26 +79,27 @@ enum {
 "\ngeneration:\n"                                                           \
 "  --max-tokens N         tokens to generate (default: until the context\n" \
 "                         is full)\n"                                       \
-"  --temperature T        0 = greedy (default 0)\n"                         \
+"  --temperature T        [0, 2], 0 = greedy (default 0)\n"                \
 "  --top-k K              keep the K most likely tokens (0 = off)\n"        \
 "  --top-p P              nucleus sampling, (0, 1] (1 = off)\n"             \
-"  --min-p P              drop tokens below P x the top probability\n"      \
+"  --min-p P              drop tokens below P x the top probability, [0, 1]\n"\
 "  --repetition-penalty R (0, 10], 1 = off\n"                               \
 "  --presence-penalty X   [-2, 2]\n"                                        \
 "  --frequency-penalty X  [-2, 2]\n"                                        \
 "  --seed S               random seed (same seed, same output)\n"          \
 "  --stop TEXT            stop string (repeatable)\n"                       \
 "  --stop-id ID           stop token id (repeatable)\n"                     \
-"  --ignore-eos           do not stop at the model's end-of-text ids\n"
+"  --ignore-eos           do not stop at the model's end-of-text ids\n"     \
+"  --no-skip-special      print special tokens (BOS, EOS, control tokens)\n"\
+"                         in the text (default: they print as nothing)\n"  \
+"  (bounds: params/params.h, the contract baton-http and the router check)\n"
 
+/* The generation options: the parameter contract (params.h), checked by
+ * cli_gen_validate as baton-http and the router check it. */
 typedef struct {
-    sampler_params_t sampling;
-    int max_tokens;       /* <= 0: until the context is full */
-    const char *stops[STOP_MAX_STRINGS];
-    int n_stops;
-    int stop_ids[STOP_MAX_IDS];
-    int n_stop_ids;
-    bool ignore_eos;
+    params_t params;      /* max_tokens 0: until the context is full */
+    const char *stops[PARAMS_MAX_STOP_STRINGS]; /* (params.n_stop_strings)
+                           * the same stop strings, from argv */
 } cli_gen_opts_t;
 
 void cli_gen_opts_init(cli_gen_opts_t *gen);
@@ -106,6 +110,10 @@ void cli_gen_opts_cleanup(cli_gen_opts_t *gen);
  * printed). */
 int cli_engine_option(int opt, const char *arg, engine_config_t *cfg);
 int cli_sampling_option(int opt, const char *arg, cli_gen_opts_t *gen);
+
+/* params_validate; prints "PROG: <message>" to stderr and returns
+ * BT_ERR_INVALID_ARG when it refuses. */
+bt_status_t cli_gen_validate(const cli_gen_opts_t *gen, const char *prog);
 
 /* Builds the stop configuration: the model's EOS ids (unless
  * --ignore-eos) plus --stop-id, --stop strings, and max_tokens (default:

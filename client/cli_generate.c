@@ -102,24 +102,19 @@ int cli_generate_main(int argc, char **argv)
         fprintf(stderr, "baton generate: --prompt-ids must be integers\n");
         goto usage;
     }
+    if (cli_gen_validate(&gen, "baton generate") != BT_OK) {
+        bt_free(ids);
+        return 2;
+    }
     client_request_init(&req);
     req.prompt = prompt;
     req.prompt_ids = ids;
     req.n_prompt_ids = n_ids;
-    req.temperature = gen.sampling.temperature;
-    req.top_k = gen.sampling.top_k;
-    req.top_p = gen.sampling.top_p;
-    req.min_p = gen.sampling.min_p;
-    req.repetition_penalty = gen.sampling.repetition_penalty;
-    req.presence_penalty = gen.sampling.presence_penalty;
-    req.frequency_penalty = gen.sampling.frequency_penalty;
-    req.seed = gen.sampling.seed;
-    req.max_tokens = gen.max_tokens > 0 ? gen.max_tokens : 0;
-    req.stop_ids = gen.stop_ids;
-    req.n_stop_ids = gen.n_stop_ids;
+    client_request_set_params(&req, &gen.params);
+    req.stop_ids = gen.params.stop_ids;
+    req.n_stop_ids = gen.params.n_stop_ids;
     req.stop_strings = gen.stops;
-    req.n_stop_strings = gen.n_stops;
-    req.ignore_eos = gen.ignore_eos;
+    req.n_stop_strings = gen.params.n_stop_strings;
     req.priority = priority;
     req.deadline_ms = (uint32_t)deadline_ms;
     req.want_text = !print_ids;

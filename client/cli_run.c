@@ -316,11 +316,9 @@ int cli_run_main(int argc, char **argv)
         fprintf(stderr, "baton run: --chat needs --prompt\n");
         return 2;
     }
-    sp = gen.sampling;
-    if (sampler_params_validate(&sp) != BT_OK) {
-        fprintf(stderr, "baton run: %s\n", bt_error_last());
+    if (cli_gen_validate(&gen, "baton run") != BT_OK)
         return 2;
-    }
+    sp = gen.params.sampling;
     if (prompt_ids != NULL &&
         bt_parse_int_list(prompt_ids, &ids, &n_ids) != BT_OK) {
         fprintf(stderr, "baton run: --prompt-ids must be a list of integers\n");
@@ -393,6 +391,7 @@ int cli_run_main(int argc, char **argv)
                                    &stream);
         if (status != BT_OK)
             goto out;
+        tok_stream_set_skip_special(stream, sp.skip_special_tokens);
     }
 
     t_start = bt_time_ns();

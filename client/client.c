@@ -11,6 +11,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "params_proto.h"
 
 /* One request the router owes an ending (Finished, Error, ClusterStatus). */
 typedef struct {
@@ -327,12 +328,54 @@ static void check_connect_timeout(client_t *c, uint64_t now)
 
 void client_request_init(client_request_t *req)
 {
+    params_t p;
+
     memset(req, 0, sizeof(*req));
     req->add_bos = true;
-    req->top_p = 1.0f;
-    req->repetition_penalty = 1.0f;
-    req->max_tokens = 0;
     req->want_text = true;
+    params_init(&p);
+    client_request_set_params(req, &p);
+}
+
+void client_request_set_params(client_request_t *req, const params_t *p)
+{
+    req->temperature = p->sampling.temperature;
+    req->top_k = p->sampling.top_k;
+    req->top_p = p->sampling.top_p;
+    req->min_p = p->sampling.min_p;
+    req->repetition_penalty = p->sampling.repetition_penalty;
+    req->presence_penalty = p->sampling.presence_penalty;
+    req->frequency_penalty = p->sampling.frequency_penalty;
+    req->seed = p->sampling.seed;
+    req->skip_special_tokens = p->sampling.skip_special_tokens;
+    req->max_tokens = p->max_tokens;
+    req->ignore_eos = p->ignore_eos;
+}
+
+void client_request_params(const client_request_t *req, params_t *p)
+{
+    params_init(p);
+    p->sampling.temperature = req->temperature;
+    p->sampling.top_k = req->top_k;
+    p->sampling.top_p = req->top_p;
+    p->sampling.min_p = req->min_p;
+    p->sampling.repetition_penalty = req->repetition_penalty;
+    p->sampling.presence_penalty = req->presence_penalty;
+    p->sampling.frequency_penalty = req->frequency_penalty;
+    p->sampling.seed = req->seed;
+    p->sampling.skip_special_tokens = req->skip_special_tokens;
+    p->max_tokens = req->max_tokens;
+    p->ignore_eos = req->ignore_eos;
+    p->n_stop_ids = BT_MIN(req->n_stop_ids, PARAMS_MAX_STOP_IDS + 1);
+    for (int i = 0; i < req->n_stop_ids && i < PARAMS_MAX_STOP_IDS; i++)
+        p->stop_ids[i] = req->stop_ids[i];
+    p->n_stop_strings = BT_MIN(req->n_stop_strings,
+                               PARAMS_MAX_STOP_STRINGS + 1);
+    for (int i = 0; i < req->n_stop_strings && i < PARAMS_MAX_STOP_STRINGS;
+         i++) {
+        p->stop_strings[i].data = req->stop_strings[i];
+        p->stop_strings[i].len = strlen(req->stop_strings[i]);
+    }
 }
 
 /* Creates the DEALER with heartbeats (set before connecting: a connection
@@ -472,7 +515,8 @@ bt_status_t client_submit(client_t *client, const client_request_t *req,
 {
     Baton__ClientMessage msg = BATON__CLIENT_MESSAGE__INIT;
     Baton__GenerateRequest gen = BATON__GENERATE_REQUEST__INIT;
-    Baton__SamplingParams sp = BATON__SAMPLING_PARAMS__INIT;
+    Baton__SamplingParams sp;
+    params_t params;
     ProtobufCBinaryData stops[PROTO_MAX_STOP];
     bt_status_t status;
     uint64_t rid = client->next_id;
@@ -492,22 +536,8 @@ bt_status_t client_submit(client_t *client, const client_request_t *req,
     }
     gen.has_add_bos = 1;
     gen.add_bos = req->add_bos;
-    sp.has_temperature = 1;
-    sp.temperature = req->temperature;
-    sp.has_top_k = 1;
-    sp.top_k = req->top_k;
-    sp.has_top_p = 1;
-    sp.top_p = req->top_p;
-    sp.has_min_p = 1;
-    sp.min_p = req->min_p;
-    sp.has_repetition_penalty = 1;
-    sp.repetition_penalty = req->repetition_penalty;
-    sp.has_presence_penalty = 1;
-    sp.presence_penalty = req->presence_penalty;
-    sp.has_frequency_penalty = 1;
-    sp.frequency_penalty = req->frequency_penalty;
-    sp.has_seed = 1;
-    sp.seed = req->seed;
+    client_request_params(req, &params);
+    params_sampling_to_proto(&params.sampling, &sp);
     gen.sampling = &sp;
     gen.has_max_tokens = 1;
     gen.max_tokens = req->max_tokens;

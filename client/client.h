@@ -29,6 +29,7 @@
 
 #include "bt_curve.h"
 #include "bt_status.h"
+#include "params.h"
 #include "proto_msg.h"
 
 #ifdef __cplusplus
@@ -54,6 +55,8 @@ typedef struct {
     const char *const *stop_strings; /* (n_stop_strings) */
     int n_stop_strings;
     bool ignore_eos;
+    bool skip_special_tokens;  /* special tokens print as nothing
+                                * (default true; issue 39) */
     int priority;              /* higher first */
     uint32_t deadline_ms;      /* 0 = none */
     bool want_text;            /* default true */
@@ -64,6 +67,13 @@ typedef struct {
 } client_request_t;
 
 void client_request_init(client_request_t *req);
+
+/* The request's sampling, max_tokens and ignore_eos from the parameter
+ * contract (params/params.h); the stop lists are pointers the caller
+ * sets.  client_request_params is the reverse, stop lists included
+ * (borrowed from req). */
+void client_request_set_params(client_request_t *req, const params_t *p);
+void client_request_params(const client_request_t *req, params_t *p);
 
 typedef struct client_s client_t;
 

@@ -19,6 +19,7 @@
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "kv/kv_transport_stage.h"
+#include "params_proto.h"
 #include "proto_msg.h"
 #include "stop.h"
 #include "workerproc.h"
@@ -983,18 +984,7 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
     }
     if (dec->engine != NULL) {
         sampler_params_t sp;
-        const Baton__SamplingParams *p = m->sampling;
-        sampler_params_init(&sp);
-        if (p != NULL) {
-            sp.temperature = p->temperature;
-            sp.top_k = p->top_k;
-            sp.top_p = p->top_p;
-            sp.min_p = p->min_p;
-            sp.repetition_penalty = p->repetition_penalty;
-            sp.presence_penalty = p->presence_penalty;
-            sp.frequency_penalty = p->frequency_penalty;
-            sp.seed = p->seed;
-        }
+        params_sampling_from_proto(m->sampling, &sp);
         if (dec->spec != NULL) {
             /* The engine sequence observes every token in its sampler. */
             if (n > dec->max_context) {
@@ -1027,6 +1017,7 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
                               &s->stream) == BT_OK) {
             char scratch[256];
             size_t len;
+            tok_stream_set_skip_special(s->stream, sp.skip_special_tokens);
             /* The last token's text went out with the prefill's reply. */
             tok_stream_push(s->stream, s->tokens[n - 1], scratch,
                             sizeof(scratch), &len);
@@ -1196,17 +1187,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
                  "context (%d) or its reservation", n, dec->max_context);
         goto fail;
     }
-    sampler_params_init(&r->sp);
-    if (sp != NULL) {
-        r->sp.temperature = sp->temperature;
-        r->sp.top_k = sp->top_k;
-        r->sp.top_p = sp->top_p;
-        r->sp.min_p = sp->min_p;
-        r->sp.repetition_penalty = sp->repetition_penalty;
-        r->sp.presence_penalty = sp->presence_penalty;
-        r->sp.frequency_penalty = sp->frequency_penalty;
-        r->sp.seed = sp->seed;
-    }
+    params_sampling_from_proto(sp, &r->sp);
     if (dec->engine != NULL && sampler_params_validate(&r->sp) != BT_OK) {
         snprintf(err, sizeof(err), "%s", bt_error_last());
         goto fail;
@@ -1279,6 +1260,7 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
     if (tok != NULL &&
         tok_stream_create(tok, r->ptokens[r->n_ptokens - 1], &stream) ==
             BT_OK) {
+        tok_stream_set_skip_special(stream, r->sp.skip_special_tokens);
         if (tok_stream_push(stream, first, text, sizeof(text), &text_len) !=
             BT_OK)
             text_len = 0;

@@ -137,9 +137,6 @@ static const api_param_rule_t api_param_rules[] = {
     {"min_tokens", "0", false, "the sampler has no minimum length"},
     {"include_stop_str_in_output", "false", false,
      "a matched stop string is always left out of the text"},
-    {"skip_special_tokens", "", false,
-     "whether special tokens show in the text depends on the model's "
-     "tokenizer, not on the request"},
     {"return_tokens_as_token_ids", "false", false,
      "no per-token output"},
     {"truncate_prompt_tokens", "", false,
@@ -409,9 +406,9 @@ static bool add_stop(const cJSON *x, gateway_api_req_t *out,
                      gateway_api_error_t *err)
 {
     if (!cJSON_IsString(x) || x->valuestring[0] == '\0' ||
-        strlen(x->valuestring) > STOP_MAX_STRING_LEN) {
+        strlen(x->valuestring) > PARAMS_MAX_STOP_LEN) {
         BAD_PARAM("stop", "stop sequences must be non-empty strings of at "
-                  "most %d bytes", STOP_MAX_STRING_LEN);
+                  "most %d bytes", PARAMS_MAX_STOP_LEN);
         return false;
     }
     out->stops[out->n_stops] = bt_strdup(x->valuestring, "gateway_stop");
@@ -438,8 +435,9 @@ static bool parse_stop(const cJSON *root, gateway_api_req_t *out,
         BAD_PARAM("stop", "'stop' must be a string or an array of strings");
         return false;
     }
-    if (cJSON_GetArraySize(s) > STOP_MAX_STRINGS) {
-        BAD_PARAM("stop", "at most %d stop sequences", STOP_MAX_STRINGS);
+    if (cJSON_GetArraySize(s) > PARAMS_MAX_STOP_STRINGS) {
+        BAD_PARAM("stop", "at most %d stop sequences",
+                  PARAMS_MAX_STOP_STRINGS);
         return false;
     }
     cJSON_ArrayForEach(x, s) {
@@ -468,6 +466,9 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
     client_request_t *req = &out->req;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *so, *sti;
+    params_t params;
+    const char *param = NULL;
+    char msg[sizeof(err->message)];
     double v;
 
     if (model != NULL && !cJSON_IsNull(model)) {
@@ -488,35 +489,71 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
         return false;
 
     client_request_init(req);
+    params_init(&params);
     /* OpenAI's default temperature is 1; completions default to 16
-     * tokens, chat to "until the context is full". */
-    req->temperature = 1.0f;
-    req->max_tokens = out->kind == GATEWAY_API_COMPLETIONS ? 16 : 0;
-    v = req->max_tokens;
-    if (!get_int(root, "max_tokens", 1, 1 << 30, &v, err))
+     * tokens, chat to "until the context is full".  Values are read with
+     * their JSON types checked here and their bounds checked below by the
+     * contract's validator, as the router and the workers check them. */
+    params.sampling.temperature = 1.0f;
+    v = out->kind == GATEWAY_API_COMPLETIONS ? 16 : 0;
+    if (!get_int(root, "max_tokens", 1, PARAMS_MAX_TOKENS, &v, err))
         return false;
-    if (!get_int(root, "max_completion_tokens", 1, 1 << 30, &v, err))
+    if (!get_int(root, "max_completion_tokens", 1, PARAMS_MAX_TOKENS, &v,
+                 err))
         return false;
-    req->max_tokens = (int)v;
-    if (!get_float(root, "temperature", 0, 2, &req->temperature, err) ||
-        !get_float(root, "top_p", 1e-6, 1, &req->top_p, err) ||
-        !get_float(root, "min_p", 0, 1, &req->min_p, err) ||
-        !get_float(root, "presence_penalty", -2, 2, &req->presence_penalty,
-                   err) ||
-        !get_float(root, "frequency_penalty", -2, 2, &req->frequency_penalty,
-                   err) ||
-        !get_float(root, "repetition_penalty", 1e-6, 10,
-                   &req->repetition_penalty, err))
+    params.max_tokens = (int)v;
+    if (!get_float(root, "temperature", -INFINITY, INFINITY,
+                   &params.sampling.temperature, err) ||
+        !get_float(root, "top_p", -INFINITY, INFINITY,
+                   &params.sampling.top_p, err) ||
+        !get_float(root, "min_p", -INFINITY, INFINITY,
+                   &params.sampling.min_p, err) ||
+        !get_float(root, "presence_penalty", -INFINITY, INFINITY,
+                   &params.sampling.presence_penalty, err) ||
+        !get_float(root, "frequency_penalty", -INFINITY, INFINITY,
+                   &params.sampling.frequency_penalty, err) ||
+        !get_float(root, "repetition_penalty", -INFINITY, INFINITY,
+                   &params.sampling.repetition_penalty, err))
         return false;
     v = 0;
-    if (!get_int(root, "top_k", -1, 1 << 30, &v, err))
+    if (!get_int(root, "top_k", -2147483648.0, 2147483647.0, &v, err))
         return false;
-    req->top_k = v < 0 ? 0 : (int)v; /* -1 = off, as in vLLM */
+    /* -1 = off, as in vLLM; the contract's off is 0 */
+    params.sampling.top_k = v == -1 ? 0 : (int)v;
     v = 0;
     if (!get_int(root, "seed", -9223372036854775808.0, 18446744073709549568.0,
                  &v, err))
         return false;
-    req->seed = v < 0 ? (uint64_t)(int64_t)v : (uint64_t)v;
+    params.sampling.seed = v < 0 ? (uint64_t)(int64_t)v : (uint64_t)v;
+    if (!get_bool(root, "skip_special_tokens",
+                  &params.sampling.skip_special_tokens, err) ||
+        !get_bool(root, "ignore_eos", &params.ignore_eos, err))
+        return false;
+    if (!parse_stop(root, out, err))
+        return false;
+    sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
+    if (sti != NULL && !cJSON_IsNull(sti) &&
+        (!cJSON_IsArray(sti) ||
+         (sti->child != NULL &&
+          !get_ids(sti, "stop_token_ids", PARAMS_MAX_STOP_IDS - 8,
+                   &out->stop_ids, &out->n_stop_ids, err)))) {
+        if (!cJSON_IsArray(sti))
+            BAD_PARAM("stop_token_ids", "'stop_token_ids' must be an array");
+        return false;
+    }
+    for (int i = 0; i < out->n_stop_ids; i++)
+        params.stop_ids[i] = out->stop_ids[i];
+    params.n_stop_ids = out->n_stop_ids;
+    for (int i = 0; i < out->n_stops; i++) {
+        params.stop_strings[i].data = out->stops[i];
+        params.stop_strings[i].len = strlen(out->stops[i]);
+    }
+    params.n_stop_strings = out->n_stops;
+    if (params_validate(&params, msg, sizeof(msg), &param) != BT_OK) {
+        BAD_PARAM(param, "%s", msg);
+        return false;
+    }
+    client_request_set_params(req, &params);
     v = 0;
     if (!get_int(root, "priority", -1000000, 1000000, &v, err))
         return false;
@@ -525,8 +562,7 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
     if (!get_int(root, "deadline_ms", 0, 86400000, &v, err))
         return false;
     req->deadline_ms = (uint32_t)v;
-    if (!get_bool(root, "ignore_eos", &req->ignore_eos, err) ||
-        !get_bool(root, "stream", &out->stream, err))
+    if (!get_bool(root, "stream", &out->stream, err))
         return false;
     so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so != NULL && !cJSON_IsNull(so)) {
@@ -536,18 +572,6 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
         }
         if (!get_bool(so, "include_usage", &out->include_usage, err))
             return false;
-    }
-    if (!parse_stop(root, out, err))
-        return false;
-    sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
-    if (sti != NULL && !cJSON_IsNull(sti) &&
-        (!cJSON_IsArray(sti) ||
-         (sti->child != NULL &&
-          !get_ids(sti, "stop_token_ids", STOP_MAX_IDS - 8, &out->stop_ids,
-                   &out->n_stop_ids, err)))) {
-        if (!cJSON_IsArray(sti))
-            BAD_PARAM("stop_token_ids", "'stop_token_ids' must be an array");
-        return false;
     }
     return true;
 }

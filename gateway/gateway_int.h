@@ -18,7 +18,7 @@
 #include "client.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
-#include "stop.h"
+#include "params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,7 +125,7 @@ typedef struct {
     int n_prompt_ids;
     int *stop_ids;         /* owned: (n_stop_ids) */
     int n_stop_ids;
-    char *stops[STOP_MAX_STRINGS]; /* owned: (n_stops) stop strings */
+    char *stops[PARAMS_MAX_STOP_STRINGS]; /* owned: (n_stops) stop strings */
     int n_stops;
 } gateway_api_req_t;
 

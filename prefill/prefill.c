@@ -18,6 +18,7 @@
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "kv/kv_transport_stage.h"
+#include "params_proto.h"
 #include "proto_msg.h"
 #include "workerproc.h"
 #include "workerproc_metrics.h"
@@ -350,22 +351,6 @@ static void task_unlink(prefill_t *pf, prefill_task_t *t)
         pf->tail = prev;
 }
 
-static void params_from_proto(const Baton__SamplingParams *s,
-                              sampler_params_t *sp)
-{
-    sampler_params_init(sp);
-    if (s == NULL)
-        return;
-    sp->temperature = s->temperature;
-    sp->top_k = s->top_k;
-    sp->top_p = s->top_p;
-    sp->min_p = s->min_p;
-    sp->repetition_penalty = s->repetition_penalty;
-    sp->presence_penalty = s->presence_penalty;
-    sp->frequency_penalty = s->frequency_penalty;
-    sp->seed = s->seed;
-}
-
 /* Byte-level stand-in tokenizer of the null model. */
 static bt_status_t null_encode(const uint8_t *text, size_t len, bool bos,
                                int **ids_p, int *n_p)
@@ -413,7 +398,7 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     }
     t->slot = g->has_slot ? g->slot : -1;
     t->dst_block_size = g->kv_layout ? (int)g->kv_layout->block_size : 0;
-    params_from_proto(m->sampling, &t->sp);
+    params_sampling_from_proto(m->sampling, &t->sp);
     t->n_resumed = m->has_n_generated ? (int)m->n_generated : 0;
     if (m->n_prompt_ids > 0) {
         t->tokens = bt_malloc(m->n_prompt_ids * sizeof(int), "prefill_tokens");
@@ -1007,6 +992,7 @@ static void first_text(prefill_t *pf, prefill_task_t *t)
     if (tok == NULL ||
         tok_stream_create(tok, t->tokens[t->n_tokens - 1], &stream) != BT_OK)
         return;
+    tok_stream_set_skip_special(stream, t->sp.skip_special_tokens);
     if (tok_stream_push(stream, t->first_token, t->first_text,
                         sizeof(t->first_text), &t->first_text_len) != BT_OK)
         t->first_text_len = 0;

@@ -117,36 +117,6 @@ bt_status_t proto_client_send_error(void *sock, const void *id,
     return proto_client_send(sock, id, id_len, &msg);
 }
 
-bt_status_t proto_sampling_validate(const Baton__SamplingParams *sp,
-                                    char *err, size_t err_len)
-{
-    const char *bad = NULL;
-
-    if (!isfinite(sp->temperature) || sp->temperature < 0 ||
-        sp->temperature > 100)
-        bad = "temperature must be in [0, 100]";
-    else if (sp->top_k < 0)
-        bad = "top_k must be >= 0";
-    else if (!isfinite(sp->top_p) || sp->top_p <= 0 || sp->top_p > 1)
-        bad = "top_p must be in (0, 1]";
-    else if (!isfinite(sp->min_p) || sp->min_p < 0 || sp->min_p > 1)
-        bad = "min_p must be in [0, 1]";
-    else if (!isfinite(sp->repetition_penalty) ||
-             sp->repetition_penalty <= 0)
-        bad = "repetition_penalty must be > 0";
-    else if (!isfinite(sp->presence_penalty) || sp->presence_penalty < -2 ||
-             sp->presence_penalty > 2)
-        bad = "presence_penalty must be in [-2, 2]";
-    else if (!isfinite(sp->frequency_penalty) ||
-             sp->frequency_penalty < -2 || sp->frequency_penalty > 2)
-        bad = "frequency_penalty must be in [-2, 2]";
-    if (bad != NULL) {
-        snprintf(err, err_len, "invalid sampling: %s", bad);
-        return BT_ERR_INVALID_ARG;
-    }
-    return BT_OK;
-}
-
 bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
                                     char *err, size_t err_len)
 {
@@ -200,8 +170,6 @@ bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
                  PROTO_MAX_TENANT_WEIGHT);
         return BT_ERR_INVALID_ARG;
     }
-    if (req->sampling != NULL)
-        return proto_sampling_validate(req->sampling, err, err_len);
     return BT_OK;
 }
 

@@ -64,14 +64,12 @@ bt_status_t proto_client_send_error(void *sock, const void *id,
                                     Baton__ErrorCode code, const char *fmt,
                                     ...) __attribute__((format(printf, 6, 7)));
 
-/* Checks the fields of a GenerateRequest that do not need the model:
- * sampling ranges (as sampler_params_validate), sizes of the prompt and
- * stop lists, max_tokens.  BT_ERR_INVALID_ARG with a reason in `err`. */
+/* Checks the fields of a GenerateRequest that do not need the model and
+ * are not the parameter contract's: the prompt, sizes of the stop lists
+ * on the wire, tenant fields.  Sampling and stop values are checked by
+ * params/params_proto.h's params_from_generate (the one validator).
+ * BT_ERR_INVALID_ARG with a reason in `err`. */
 bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
-                                    char *err, size_t err_len);
-
-/* Checks sampling values against worker/sampler.h's ranges. */
-bt_status_t proto_sampling_validate(const Baton__SamplingParams *sp,
                                     char *err, size_t err_len);
 
 /* Maps a status to the client error code that best describes it. */

@@ -14,6 +14,7 @@
 #include "bt_proto.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "params_proto.h"
 #include "router_int.h"
 
 static void send_client(router_t *r, router_req_t *req,
@@ -180,6 +181,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
 {
     uint64_t now = bt_time_ns(), shed;
     router_req_t *req;
+    params_t params; /* checked only: req keeps the wire's fields */
     char err[256];
     uint64_t rid = g->client_request_id;
     uint32_t max_ctx, vocab;
@@ -197,6 +199,11 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     if (r->draining || r->stop)
         REJECT(BATON__ERROR_CODE__ERROR_DRAINING, "router is draining");
     status = proto_generate_validate(g, err, sizeof(err));
+    if (status != BT_OK)
+        REJECT(BATON__ERROR_CODE__ERROR_INVALID, "%s", err);
+    /* The parameter contract, checked here as everywhere (params.h):
+     * refused now, not by the worker after the request queued. */
+    status = params_from_generate(g, &params, err, sizeof(err), NULL);
     if (status != BT_OK)
         REJECT(BATON__ERROR_CODE__ERROR_INVALID, "%s", err);
     max_ctx = router__cluster_max_context(r);

@@ -117,8 +117,6 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
         status = tok_load(tok_path, mcfg->vocab_size, &engine->tok);
         if (status != BT_OK)
             goto err_model;
-        if (engine->tok != NULL && cfg->skip_special_tokens)
-            tok_set_skip_special(engine->tok, true);
     }
     status = backend_create(cfg->device, engine->model, &cfg->backend,
                             &engine->backend);

@@ -32,7 +32,6 @@ typedef struct {
     const char *tokenizer_path; /* llama2.c .bin, tokenizer.json or an HF
                                  * directory; NULL: the model directory's
                                  * tokenizer.json if any, else none */
-    bool skip_special_tokens;   /* decode special tokens as nothing */
     const char *device;         /* "auto", "cpu" or "cuda" */
     backend_config_t backend;
 } engine_config_t;

@@ -57,44 +57,15 @@ _Static_assert(sizeof(sampler_cand_t) == sizeof(uint64_t),
 
 void sampler_params_init(sampler_params_t *params)
 {
-    memset(params, 0, sizeof(*params));
-    params->temperature = 0.0f;
-    params->top_k = 0;
-    params->top_p = 1.0f;
-    params->min_p = 0.0f;
-    params->repetition_penalty = 1.0f;
-    params->presence_penalty = 0.0f;
-    params->frequency_penalty = 0.0f;
-    params->seed = 0;
+    params_sampling_init(params);
 }
 
 bt_status_t sampler_params_validate(const sampler_params_t *p)
 {
-    if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
-                        "temperature %g must be in [0, 100]",
-                        (double)p->temperature);
-    if (p->top_k < 0)
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
-                        "top_k %d must be >= 0 (0 disables)", p->top_k);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
-                        "top_p %g must be in (0, 1]", (double)p->top_p);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
-                        "min_p %g must be in [0, 1]", (double)p->min_p);
-    if (!(p->repetition_penalty > 0.0f && p->repetition_penalty <= 10.0f))
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
-                        "repetition_penalty %g must be in (0, 10]",
-                        (double)p->repetition_penalty);
-    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
-                        "presence_penalty %g must be in [-2, 2]",
-                        (double)p->presence_penalty);
-    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
-        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
-                        "frequency_penalty %g must be in [-2, 2]",
-                        (double)p->frequency_penalty);
+    char err[160];
+
+    if (params_sampling_validate(p, err, sizeof(err), NULL) != BT_OK)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE", "%s", err);
     return BT_OK;
 }
 

@@ -13,25 +13,22 @@
 #include <stdint.h>
 
 #include "bt_status.h"
+#include "params.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct {
-    float temperature;        /* 0 = greedy (argmax) */
-    int top_k;                /* 0 = off */
-    float top_p;              /* 1 = off, (0, 1] */
-    float min_p;              /* 0 = off, [0, 1] */
-    float repetition_penalty; /* 1 = off, > 0 (HF/CTRL semantics) */
-    float presence_penalty;   /* 0 = off, [-2, 2] (OpenAI semantics) */
-    float frequency_penalty;  /* 0 = off, [-2, 2] */
-    uint64_t seed;            /* random stream; same seed, same output */
-} sampler_params_t;
+/* The parameter contract's sampling part (params/params.h): its fields,
+ * defaults and bounds are the ones baton-http, the router and the CLI
+ * check. */
+typedef params_sampling_t sampler_params_t;
 
+/* params_sampling_init. */
 void sampler_params_init(sampler_params_t *params);
 
-/* BT_ERR_INVALID_ARG with a message naming the bad field. */
+/* params_sampling_validate, logging the refusal (BT_ERR_INVALID_ARG with
+ * the contract's message naming the bad field). */
 bt_status_t sampler_params_validate(const sampler_params_t *params);
 
 typedef struct sampler_s sampler_t;

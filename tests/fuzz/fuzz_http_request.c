@@ -63,7 +63,7 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
     fz_check(req.req.max_tokens >= 0, "max_tokens");
     fz_check(req.req.temperature >= 0 && req.req.temperature <= 2,
              "temperature");
-    fz_check(req.n_stops <= STOP_MAX_STRINGS, "stops");
+    fz_check(req.n_stops <= PARAMS_MAX_STOP_STRINGS, "stops");
     memset(&resp, 0, sizeof(resp));
     resp.kind = kind;
     resp.id = "x";

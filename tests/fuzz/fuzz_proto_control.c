@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "params_proto.h"
 #include "proto_msg.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -28,9 +29,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 for (size_t i = 0; i < msg->prefill_task->grant->n_block_ids;
                      i++)
                     sum += (size_t)msg->prefill_task->grant->block_ids[i];
-            if (msg->prefill_task->sampling != NULL)
-                proto_sampling_validate(msg->prefill_task->sampling, err,
-                                        sizeof(err));
+            if (msg->prefill_task->sampling != NULL) {
+                params_sampling_t sp;
+                params_sampling_from_proto(msg->prefill_task->sampling, &sp);
+                params_sampling_validate(&sp, err, sizeof(err), NULL);
+            }
             break;
         default:
             break;

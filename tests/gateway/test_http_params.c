@@ -71,8 +71,6 @@ static const refused_t refused[] = {
                         "{\"name\":\"x\",\"schema\":{}}}"},
     {"min_tokens", "5"},
     {"include_stop_str_in_output", "true"},
-    {"skip_special_tokens", "true"},
-    {"skip_special_tokens", "false"},
     {"continue_final_message", "true"},
     {"chat_template", "\"{{ messages }}\""},
     {"chat_template_kwargs", "{\"enable_thinking\":false}"},
@@ -105,7 +103,7 @@ static const refused_t refused[] = {
     "\"min_tokens\":0,\"include_stop_str_in_output\":false,"               \
     "\"return_tokens_as_token_ids\":false,\"truncate_prompt_tokens\":null," \
     "\"continue_final_message\":false,\"chat_template_kwargs\":{},"        \
-    "\"chat_template\":null,\"skip_special_tokens\":null"
+    "\"chat_template\":null,\"skip_special_tokens\":true"
 
 /* The value of X-Request-Id of one raw request (header line or ""). */
 static void request_id_of(int port, const char *extra_header,

@@ -165,6 +165,29 @@ static char *decode_both(const tok_t *tok, const int *ids, int n)
     return dec;
 }
 
+/* The text of ids streamed with the per-stream special-token switch (a
+ * request's skip_special_tokens), bt_malloc'ed. */
+static char *stream_skip(const tok_t *tok, const int *ids, int n, bool skip)
+{
+    char chunk[256], *text = bt_calloc(1, (size_t)n * 256 + 8, "test");
+    tok_stream_t *st = NULL;
+    size_t got, len = 0;
+
+    BT_ASSERT_OK(tok_stream_create(tok, -1, &st));
+    tok_stream_set_skip_special(st, skip);
+    for (int i = 0; i <= n; i++) {
+        if (i < n)
+            BT_ASSERT_OK(tok_stream_push(st, ids[i], chunk, sizeof(chunk),
+                                         &got));
+        else
+            BT_ASSERT_OK(tok_stream_flush(st, chunk, sizeof(chunk), &got));
+        memcpy(text + len, chunk, got);
+        len += got;
+    }
+    tok_stream_destroy(&st);
+    return text;
+}
+
 /* decode(encode(x)) == x on generated mixed text (valid UTF-8 only). */
 /* flags: 1 skips texts holding "<s>"/"</s>" ("x<s> y" normalizes " y" to
  * "▁▁y", as Hugging Face's legacy mode does), 2 texts starting with a
@@ -259,6 +282,13 @@ static void test_bytelevel_decode(void)
     char *dec;
 
     dec = decode_both(tok, ids, 6);
+    BT_ASSERT_STREQ(dec, "<|begin_of_text|>the\xf0\x9f\x98\x80<|eot_id|>");
+    bt_free(dec);
+    /* per stream (issue 39): the same as the tokenizer-wide switch */
+    dec = stream_skip(tok, ids, 6, true);
+    BT_ASSERT_STREQ(dec, "the\xf0\x9f\x98\x80");
+    bt_free(dec);
+    dec = stream_skip(tok, ids, 6, false);
     BT_ASSERT_STREQ(dec, "<|begin_of_text|>the\xf0\x9f\x98\x80<|eot_id|>");
     bt_free(dec);
     tok_set_skip_special(tok, true);

@@ -70,6 +70,7 @@ struct tok_stream_s {
     const tok_t *tok; /* borrowed; must outlive the stream */
     int prev_id;      /* last id pushed (or the creation prev_id) */
     tok_utf8_t utf8;  /* partial character held across pushes */
+    bool skip_special; /* special ids print nothing (as if absent) */
 };
 
 // ----------------------------------------------------------------------------
@@ -802,6 +803,11 @@ bt_status_t tok_stream_create(const tok_t *tok, int prev_id,
     return BT_OK;
 }
 
+void tok_stream_set_skip_special(tok_stream_t *stream, bool skip)
+{
+    stream->skip_special = skip;
+}
+
 void tok_stream_destroy(tok_stream_t **stream_p)
 {
     if (stream_p == NULL || *stream_p == NULL)
@@ -825,6 +831,18 @@ bt_status_t tok_stream_push(tok_stream_t *stream, int id, char *out,
     status = tok_check_id(stream->tok, id);
     if (status != BT_OK)
         return status;
+    if (stream->skip_special && tok_is_special(stream->tok, id)) {
+        /* No text.  tokenizer.json: as if the id were not there (Hugging
+         * Face drops special ids before decoding), so the next piece
+         * follows the one before it.  llama2.c: the id still precedes
+         * the next piece, so a leading space after BOS goes as in run.c
+         * (only BOS decides it). */
+        if (stream->tok->json == NULL)
+            stream->prev_id = id;
+        out[0] = '\0';
+        *len_p = 0;
+        return BT_OK;
+    }
     tok_id_bytes(stream->tok, stream->prev_id, id, &s, &sn, byte_buf);
     /* Decode into tmp on a copy of the state and commit only if it fits,
      * so a too-small buffer leaves the stream unchanged. */

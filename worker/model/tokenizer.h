@@ -71,7 +71,8 @@ int tok_eos_ids(const tok_t *tok, int *ids, int cap);
  * token such as "<|eot_id|>", or a vocab entry), -1 when none. */
 int tok_token_id(const tok_t *tok, const char *piece);
 
-/* Whether id is a special added token (BOS, EOS, chat markers). */
+/* Whether id is a special token: for tokenizer.json, a special added
+ * token (BOS, EOS, chat markers); for llama2.c, BOS, EOS and <unk>. */
 bool tok_is_special(const tok_t *tok, int id);
 
 /* Makes decoding and streaming print nothing for special tokens (the
@@ -131,6 +132,16 @@ typedef struct tok_stream_s tok_stream_t;
 bt_status_t tok_stream_create(const tok_t *tok, int prev_id,
                               tok_stream_t **stream_p);
 void tok_stream_destroy(tok_stream_t **stream_p);
+
+/* Makes this stream print nothing for special ids (tok_is_special: BOS,
+ * EOS, <unk> and a tokenizer.json's special added tokens; a
+ * tokenizer.json stream then goes on as if they were not there, as
+ * Hugging Face's decode does): the request's `skip_special_tokens`
+ * (issue 39; every
+ * serving path sets it, true by default).  Off at creation, so streams
+ * and tok_decode print every piece unless asked (tok_set_skip_special
+ * remains the tokenizer-wide switch of tokenizer.json tokenizers). */
+void tok_stream_set_skip_special(tok_stream_t *stream, bool skip);
 
 /* Feeds one id.  Appends only complete UTF-8 characters to `out` (NUL
  * terminated, capacity `cap`, at least 64 bytes) and returns their length

@@ -7,22 +7,29 @@
  * max_tokens.  Text that might be the start of a stop string is held back
  * until it is known not to be, so a client never sees half of a stop
  * string that later matched.
+ *
+ * It lives with the parameter contract (params/), below the engine: it
+ * needs strings, not the tokenizer, and the router runs it on the
+ * prefill-sampled first token.  It keeps the stop_ prefix it had in
+ * worker/ (docs/ARCHITECTURE.md, module prefixes).
  */
-#ifndef BT_WORKER_STOP_H
-#define BT_WORKER_STOP_H
+#ifndef BT_PARAMS_STOP_H
+#define BT_PARAMS_STOP_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "bt_status.h"
+#include "params.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define STOP_MAX_IDS 64
-#define STOP_MAX_STRINGS 16
-#define STOP_MAX_STRING_LEN 256
+/* The contract's limits (params.h). */
+#define STOP_MAX_IDS PARAMS_MAX_STOP_IDS
+#define STOP_MAX_STRINGS PARAMS_MAX_STOP_STRINGS
+#define STOP_MAX_STRING_LEN PARAMS_MAX_STOP_LEN
 
 typedef enum {
     STOP_NONE = 0,   /* keep generating */
@@ -78,4 +85,4 @@ const char *stop_reason_str(stop_reason_t reason);
 #ifdef __cplusplus
 }
 #endif
-#endif /* BT_WORKER_STOP_H */
+#endif /* BT_PARAMS_STOP_H */
