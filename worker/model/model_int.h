@@ -46,7 +46,11 @@ struct model_s {
     int n_copies;                 /* entries in copies */
     uint64_t synth_seed;          /* MODEL_FORMAT_SYNTH: generator seed */
     bool synth_lazy;              /* synth views without host data */
+    model_quant_t quant;          /* FP8 checkpoints: what was loaded */
 };
+
+/* A zeroed model-owned buffer of `bytes` (freed with the model). */
+bt_status_t model__alloc_owned(model_t *model, size_t bytes, void **buf_p);
 
 /* Makes an aligned, model-owned copy of `bytes` bytes at `src` (for
  * tensors whose file offset is not a multiple of their element size). */
