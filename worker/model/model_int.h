@@ -82,4 +82,11 @@ bt_status_t model__load_synth(const char *spec, unsigned flags,
 int64_t model__rope_row_adj_to_half(int64_t r, int head_dim);
 int64_t model__rope_row_half_to_adj(int64_t r, int head_dim);
 
+/* Writes config.json (weights described as `dtype`; `extra`, when not
+ * NULL, is one more top-level JSON member such as
+ * "\"quantization_config\": {...}") and generation_config.json into
+ * dir (model_write.c). */
+bt_status_t model__write_hf_config(const model_t *m, const char *dir,
+                                   model_dtype_t dtype, const char *extra);
+
 #endif /* BT_WORKER_MODEL_MODEL_INT_H */
