@@ -416,7 +416,7 @@ static bt_status_t hf_tensor(const hf_loader_t *ld, const char *name,
 /* A small F32/BF16/F16 tensor (a scale) as floats into out (n values):
  * its element count must be 1 or n; 1 is broadcast. */
 static bt_status_t hf_scale(const hf_loader_t *ld, const char *name,
-                            int64_t n, float *out)
+                            int64_t n, float *out, int64_t *numel_p)
 {
     const model_st_tensor_t *st = hf_lookup(ld, name);
     int64_t numel = 1;
@@ -450,6 +450,8 @@ static bt_status_t hf_scale(const hf_loader_t *ld, const char *name,
                             (long long)i, (double)out[i]);
     for (int64_t i = numel; i < n; i++)
         out[i] = out[0];
+    if (numel_p != NULL)
+        *numel_p = numel;
     return BT_OK;
 }
 
@@ -465,6 +467,7 @@ static bt_status_t hf_linear(const hf_loader_t *ld, const char *base,
     const model_st_tensor_t *st;
     char name[192];
     float *scale, *deq, in_scale = 0.0f;
+    int64_t n_scale = 0;
     bt_status_t status;
 
     snprintf(name, sizeof(name), "%s.weight", base);
@@ -484,12 +487,12 @@ static bt_status_t hf_linear(const hf_loader_t *ld, const char *base,
     if (status != BT_OK)
         return status;
     snprintf(name, sizeof(name), "%s.weight_scale", base);
-    status = hf_scale(ld, name, rows, scale);
+    status = hf_scale(ld, name, rows, scale, &n_scale);
     if (status != BT_OK)
         return status;
     snprintf(name, sizeof(name), "%s.input_scale", base);
     if (hf_lookup(ld, name) != NULL) {
-        status = hf_scale(ld, name, 1, &in_scale);
+        status = hf_scale(ld, name, 1, &in_scale, NULL);
         if (status != BT_OK)
             return status;
     } else if (q->static_act) {
@@ -509,7 +512,7 @@ static bt_status_t hf_linear(const hf_loader_t *ld, const char *base,
             deq[r * cols + j] = bt_e4m3_to_f32(c[j]) * scale[r];
     }
     *t = (model_tensor_t){ deq, MODEL_DTYPE_F32, rows, cols };
-    *f8 = (model_fp8_t){ st->data, scale, rows, in_scale };
+    *f8 = (model_fp8_t){ st->data, scale, n_scale, in_scale };
     return BT_OK;
 }
 
@@ -538,7 +541,7 @@ static bt_status_t hf_kv_scale(const hf_loader_t *ld, int l, char kv,
                                     (void **)&s);
         if (status != BT_OK)
             return status;
-        status = hf_scale(ld, name, n, s);
+        status = hf_scale(ld, name, n, s, NULL);
         if (status != BT_OK)
             return status;
         *out_p = s;
