@@ -55,7 +55,9 @@ static void quantize_usage(FILE *out)
             "%d)\n"
             "  --kv-scales[=head|tensor]  write k_scale/v_scale from "
             "calibration, per KV\n"
-            "                         head (default) or per layer\n",
+            "                         head (default) or per layer\n"
+            "  --keep-f32             embeddings, norms and the classifier "
+            "in f32 (default bf16)\n",
             CLI_CALIB_TOKENS);
 }
 
@@ -195,6 +197,7 @@ int cli_model_quantize(int argc, char **argv)
     const char *out = NULL, *calib_path = NULL, *tok_path = NULL;
     const char *model_path = NULL;
     bool fp8 = false, per_tensor = false, kv = false, kv_head = true;
+    bool keep_f32 = false;
     double pct = 100.0;
     int max_tokens = CLI_CALIB_TOKENS;
     model_t *m = NULL;
@@ -214,6 +217,8 @@ int cli_model_quantize(int argc, char **argv)
             fp8 = true;
         } else if (strcmp(a, "--per-tensor") == 0) {
             per_tensor = true;
+        } else if (strcmp(a, "--keep-f32") == 0) {
+            keep_f32 = true;
         } else if (strcmp(a, "--kv-scales") == 0 ||
                    strcmp(a, "--kv-scales=head") == 0) {
             kv = true;
@@ -264,7 +269,7 @@ int cli_model_quantize(int argc, char **argv)
                 bt_error_last());
         return 1;
     }
-    wq = (model_fp8_write_t){ per_tensor, NULL, NULL, kv_head };
+    wq = (model_fp8_write_t){ per_tensor, NULL, NULL, kv_head, keep_f32 };
     if (calib_path != NULL) {
         const model_config_t *c = model_config(m);
         int per = BACKEND_CALIB_PER_LAYER(c->n_kv_heads);

@@ -80,6 +80,23 @@ static void check_kv_copies(backend_t *b8)
                     (size_t)l->n_kv_heads * l->head_dim) == 0);
 }
 
+/* The calibration statistic: absmax, and percentiles read from the log2
+ * histogram within one bin (1/16 octave). */
+static void check_calib(void)
+{
+    static backend_calib_stat_t st;
+    float v[1000];
+
+    for (int i = 0; i < 1000; i++)
+        v[i] = (i % 2 ? -1.0f : 1.0f) * (float)(i + 1);
+    backend_calib_add(&st, v, 1000);
+    BT_ASSERT_EQ(st.count, 1000);
+    BT_ASSERT_NEAR(backend_calib_percentile(&st, 100.0), 1000.0, 0);
+    BT_ASSERT_NEAR(backend_calib_percentile(&st, 50.0), 500.0, 500.0 * 0.05);
+    BT_ASSERT_NEAR(backend_calib_percentile(&st, 99.9), 999.0, 1000.0 * 0.05);
+    BT_CHECK(backend_calib_percentile(&st, 99.9) <= 1000.0);
+}
+
 int main(void)
 {
     bt_golden_t *g;
@@ -94,6 +111,7 @@ int main(void)
     const char *names[2] = { "aidreams260K", "stories260K" };
     size_t before = bt_alloc_live_count();
 
+    check_calib();
     lines = bt_golden_read(&g);
     BT_CHECK(lines >= 2);
     for (int l = 0; l < lines; l++) {

@@ -237,8 +237,9 @@ static void test_roundtrip(const char *spec, bool per_tensor, bool modelopt,
         in_scale[i] = 0.01f + 0.001f * (float)i;
     for (size_t i = 0; i < nl * 2 * (size_t)c->n_kv_heads; i++)
         kv_scale[i] = 0.02f + 0.003f * (float)i;
+    /* the ModelOpt case also keeps the unquantized tensors in f32 */
     wq = (model_fp8_write_t){ per_tensor, modelopt ? in_scale : NULL,
-                              kv_scale, !modelopt };
+                              kv_scale, !modelopt, modelopt };
     BT_ASSERT_OK(model_write_hf_fp8(o, dir, &wq));
     if (modelopt)
         relabel_modelopt(dir);
@@ -247,6 +248,8 @@ static void test_roundtrip(const char *spec, bool per_tensor, bool modelopt,
     BT_ASSERT_STREQ(model_quant(q)->scheme,
                     modelopt ? "modelopt" : "compressed-tensors");
     BT_CHECK(model_quant(q)->kv_scales);
+    BT_ASSERT_EQ(model_tok_embedding(q)->dtype,
+                 modelopt ? MODEL_DTYPE_F32 : MODEL_DTYPE_BF16);
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer_t *ly = model_layer(q, l);
 

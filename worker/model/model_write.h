@@ -46,6 +46,8 @@ typedef struct {
                                  attn_head, shape [n_kv_heads, 1, 1]);
                                  false: per layer, the largest of the
                                  heads (strategy tensor, shape [1]) */
+    bool keep_f32;            /* embeddings, norms, biases and the
+                                 classifier in F32 (default BF16) */
 } model_fp8_write_t;
 
 /* Writes `model` as a compressed-tensors "float-quantized" FP8 Hugging
@@ -53,7 +55,7 @@ typedef struct {
  * with an F32 weight_scale ([out, 1] per channel, [1] per tensor,
  * absmax / 448, round to nearest even), input_scale [1] when static, the
  * attention's k_scale / v_scale when given; embeddings, norms and the
- * classifier in BF16.  config.json carries the quantization_config
+ * classifier in BF16 (F32 with keep_f32).  config.json carries the quantization_config
  * (quant_method compressed-tensors, format float-quantized, config_groups
  * targets Linear, ignore lm_head, kv_cache_scheme).  BT_ERR_IO names the
  * file on failure. */

@@ -106,10 +106,10 @@ static float *fp8_rows_f32(const model_t *m, const model_tensor_t *t,
     return dst;
 }
 
-/* A plain tensor as BF16. */
-static bt_status_t fp8_add_bf16(fp8_list_t *l, const model_t *m,
+/* A plain tensor as BF16, or F32 with keep_f32. */
+static bt_status_t fp8_add_plain(fp8_list_t *l, const model_t *m,
                                 const char *name, const model_tensor_t *t,
-                                bool qk)
+                                bool qk, bool keep_f32)
 {
     int64_t n = t->rows * t->cols;
     int64_t shape[2] = { t->rows, t->cols };
@@ -118,6 +118,10 @@ static bt_status_t fp8_add_bf16(fp8_list_t *l, const model_t *m,
 
     if (f == NULL)
         return BT_ERR_NO_MEMORY;
+    if (keep_f32)
+        return fp8_add(l, name, "F32", t->rows == 1 ? 1 : 2,
+                       t->rows == 1 ? &shape[1] : shape, f,
+                       (size_t)n * sizeof(float));
     h = bt_malloc((size_t)n * sizeof(*h), "fp8_write");
     if (h != NULL)
         for (int64_t i = 0; i < n; i++)
@@ -335,23 +339,28 @@ bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
         return BT_ERROR(BT_ERR_IO, "MODEL", "cannot create directory %s: %s",
                         dir, strerror(errno));
     fp8_quant_json(q, qjson, sizeof(qjson));
-    status = model__write_hf_config(model, dir, MODEL_DTYPE_BF16, qjson);
+    status = model__write_hf_config(model, dir, q->keep_f32
+                                                    ? MODEL_DTYPE_F32
+                                                    : MODEL_DTYPE_BF16, qjson);
     if (status != BT_OK)
         return status;
 
-    status = fp8_add_bf16(&l, model, "model.embed_tokens.weight",
-                          &model->tok_embedding, false);
+    status = fp8_add_plain(&l, model, "model.embed_tokens.weight",
+                          &model->tok_embedding, false,
+                                  q->keep_f32);
     for (int i = 0; i < c->n_layers && status == BT_OK; i++) {
         const model_layer_t *ly = &model->layers[i];
         const model_tensor_t *bias[3] = { &ly->bq, &ly->bk, &ly->bv };
 
         snprintf(name, sizeof(name), "model.layers.%d.input_layernorm.weight",
                  i);
-        status = fp8_add_bf16(&l, model, name, &ly->attn_norm, false);
+        status = fp8_add_plain(&l, model, name, &ly->attn_norm, false,
+                                  q->keep_f32);
         snprintf(name, sizeof(name),
                  "model.layers.%d.post_attention_layernorm.weight", i);
         if (status == BT_OK)
-            status = fp8_add_bf16(&l, model, name, &ly->ffn_norm, false);
+            status = fp8_add_plain(&l, model, name, &ly->ffn_norm, false,
+                                  q->keep_f32);
         for (int k = 0; k < MODEL_N_LINEAR && status == BT_OK; k++) {
             float in = q->input_scale ? q->input_scale[i * MODEL_N_LINEAR + k]
                                       : 0.0f;
@@ -367,7 +376,8 @@ bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
                 continue;
             snprintf(name, sizeof(name), "model.layers.%d.%s.bias", i,
                      lin[k]);
-            status = fp8_add_bf16(&l, model, name, bias[k], k < 2);
+            status = fp8_add_plain(&l, model, name, bias[k], k < 2,
+                                  q->keep_f32);
         }
         for (int kv = 0; kv < 2 && q->kv_scale != NULL && status == BT_OK;
              kv++) {
@@ -394,12 +404,13 @@ bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
         }
     }
     if (status == BT_OK)
-        status = fp8_add_bf16(&l, model, "model.norm.weight",
-                              &model->final_norm, false);
+        status = fp8_add_plain(&l, model, "model.norm.weight",
+                              &model->final_norm, false,
+                                  q->keep_f32);
     if (status == BT_OK && !c->tied_embeddings &&
         model->classifier.data != model->tok_embedding.data)
-        status = fp8_add_bf16(&l, model, "lm_head.weight", &model->classifier,
-                              false);
+        status = fp8_add_plain(&l, model, "lm_head.weight", &model->classifier,
+                              false, q->keep_f32);
     if (status == BT_OK) {
         snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         status = fp8_write_st(&l, path);
