@@ -266,21 +266,8 @@ static void cpu_matmul_fp8(const cpu_matmul_job_t *j, int n0, int n1)
 
     cpu__matmul_packed(dst, ldd, j->x, j->ldx, j->w, j->n_out, NULL,
                        j->n_tok, j->k, n0, n1, false);
-    for (int t = 0; t < j->n_tok; t++) {
-        float *d = dst + (size_t)t * ldd;
-        float *o = j->out + (size_t)t * j->ldo;
-
-        for (int n = n0; n < n1; n++) {
-            float v = d[n] * j->xs[t] * j->ws[n];
-
-            if (j->bias != NULL)
-                v += j->bias[n];
-            if (j->accumulate)
-                o[n] += v;
-            else
-                o[n] = v;
-        }
-    }
+    cpu__fp8_epilogue(j->out, j->ldo, dst, ldd, j->xs, j->ws, j->bias,
+                      j->n_tok, n0, n1, j->accumulate);
 }
 
 /* Part `part` of `n_parts` of a matmul (whole panels), with SwiGLU
@@ -320,31 +307,6 @@ static void cpu_matmul_task(void *arg, int ith, int nth)
     cpu_matmul_part(arg, ith, nth, ith);
 }
 
-/* fp8: rows [t0, t1) of x (k wide, ldx apart) divided by their scale and
- * rounded to E4M3 into be->xq (k apart), the scales into be->xs: the
- * static in_scale, or absmax / 448 of each row when in_scale is 0. */
-static void cpu_quant_rows(cpu_backend_t *be, const cpu_range_t *r,
-                           const float *x, int ldx, int k, float in_scale)
-{
-    for (int t = r->t0; t < r->t1; t++) {
-        const float *xr = x + (size_t)t * ldx;
-        float *q = be->xq + (size_t)t * k;
-        float s = in_scale, inv;
-
-        if (s == 0.0f) {
-            float amax = 0.0f;
-
-            for (int i = 0; i < k; i++)
-                amax = fmaxf(amax, fabsf(xr[i]));
-            s = bt_fp8_scale(amax);
-        }
-        inv = 1.0f / s;
-        for (int i = 0; i < k; i++)
-            q[i] = bt_fp8_round(xr[i] * inv);
-        be->xs[t] = s;
-    }
-}
-
 /* out[t0..t1) = x[t0..t1) @ w^T: split over the pool when `par`, else on
  * the calling thread `ith`.  In bf16 mode a product is rounded unless it
  * is a residual add (accumulate) or f32_out (the logits), as the CUDA
@@ -375,7 +337,9 @@ static void cpu_matmul_rows(cpu_backend_t *be, const cpu_range_t *r,
             backend_calib_add(st, x + (size_t)t * ldx, (size_t)k);
     }
     if (be->fp8 && gemm >= 0) {
-        cpu_quant_rows(be, r, x, ldx, k, lw->in_scale[gemm]);
+        cpu__fp8_quant_rows(be->xq + (size_t)r->t0 * k, be->xs + r->t0,
+                            x + (size_t)r->t0 * ldx, ldx, n_tok, k,
+                            lw->in_scale[gemm]);
         j.x = be->xq + (size_t)r->t0 * k;
         j.ldx = k;
         j.ws = lw->ws[gemm];
