@@ -14,6 +14,7 @@ typedef struct {
 
 int cli_run_main(int argc, char **argv);          /* cli_run.c */
 int cli_model_main(int argc, char **argv);        /* cli_model.c */
+int cli_model_quantize(int argc, char **argv);    /* cli_quantize.c */
 int cli_bench_engine_main(int argc, char **argv); /* cli_bench_engine.c */
 int cli_generate_main(int argc, char **argv);     /* cli_generate.c */
 int cli_up_main(int argc, char **argv);           /* cli_up.c */

@@ -68,8 +68,14 @@ int cli_engine_option(int opt, const char *arg, engine_config_t *cfg)
             cfg->backend.precision = BACKEND_PRECISION_F32;
         else if (strcmp(arg, "bf16") == 0)
             cfg->backend.precision = BACKEND_PRECISION_BF16;
+        else if (strcmp(arg, "fp8") == 0)
+            cfg->backend.precision = BACKEND_PRECISION_FP8;
         else
             return cli_bad("precision", arg);
+        return 0;
+    case CLI_OPT_KV_DTYPE:
+        if (backend_kv_dtype_parse(arg, &cfg->backend.kv_dtype) != BT_OK)
+            return cli_bad("kv-dtype", arg);
         return 0;
     default:
         return 1;

@@ -24,6 +24,7 @@ enum {
     CLI_OPT_MAX_BATCH_TOKENS,
     CLI_OPT_PRECISION,
     CLI_OPT_TP,
+    CLI_OPT_KV_DTYPE,
     CLI_OPT_MAX_TOKENS = 1100,
     CLI_OPT_TEMPERATURE,
     CLI_OPT_TOP_K,
@@ -48,7 +49,8 @@ enum {
     { "kv-blocks", required_argument, NULL, CLI_OPT_KV_BLOCKS },            \
     { "max-batch-tokens", required_argument, NULL, CLI_OPT_MAX_BATCH_TOKENS },\
     { "precision", required_argument, NULL, CLI_OPT_PRECISION },            \
-    { "tp", required_argument, NULL, CLI_OPT_TP }
+    { "tp", required_argument, NULL, CLI_OPT_TP },                          \
+    { "kv-dtype", required_argument, NULL, CLI_OPT_KV_DTYPE }
 
 #define CLI_SAMPLING_OPTIONS                                                \
     { "max-tokens", required_argument, NULL, CLI_OPT_MAX_TOKENS },          \
@@ -72,7 +74,9 @@ enum {
 "  --block-size N         KV block size in tokens (default 16)\n"           \
 "  --kv-blocks N          KV pool size in blocks (default 256)\n"          \
 "  --max-batch-tokens N   most tokens in one forward (default 2048)\n"      \
-"  --precision f32|bf16   compute precision (default: cpu f32, cuda bf16)\n"\
+"  --precision f32|bf16|fp8  compute precision (default: cpu f32, cuda\n"  \
+"                         bf16; fp8: cpu reference only)\n"                \
+"  --kv-dtype auto|bf16|fp8  KV cache dtype (fp8: E4M3, cpu only)\n"      \
 "  --tp N                 tensor parallelism over GPUs 0..N-1 (cuda)\n"
 
 #define CLI_SAMPLING_HELP                                                   \

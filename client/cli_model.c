@@ -1,5 +1,5 @@
 /*
- * cli_model.c - `baton model inspect|synth|convert`: look inside a model,
+ * cli_model.c - `baton model inspect|synth|convert|quantize`: look inside a model,
  * write a seeded random model to disk, convert between llama2.c and
  * Hugging Face formats.  Exit codes: 0 ok, 1 runtime error, 2 bad usage.
  */
@@ -28,7 +28,11 @@ static void model_usage(FILE *out)
             "Hugging Face dir\n"
             "  convert --in PATH --out PATH [--to hf|llama2c] "
             "[--dtype f32|bf16|f16]\n"
-            "                            llama2.c .bin <-> Hugging Face dir\n\n"
+            "                            llama2.c .bin <-> Hugging Face dir\n"
+            "  quantize --fp8 --out DIR [--per-tensor] [--calib FILE]\n"
+            "        [--percentile P] [--kv-scales] MODEL\n"
+            "                            write a compressed-tensors FP8 "
+            "checkpoint\n\n"
             "PATH is a llama2.c .bin, a Hugging Face directory (or its "
             "config.json),\nor synth:NAME[:SEED].  `baton model COMMAND "
             "--help` for details.\n");
@@ -385,6 +389,8 @@ int cli_model_main(int argc, char **argv)
         return cli_synth(argc - 1, argv + 1);
     if (strcmp(argv[1], "convert") == 0)
         return cli_convert(argc - 1, argv + 1);
+    if (strcmp(argv[1], "quantize") == 0)
+        return cli_model_quantize(argc - 1, argv + 1);
     fprintf(stderr, "baton model: unknown command '%s'\n", argv[1]);
     model_usage(stderr);
     return 2;

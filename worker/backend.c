@@ -4,6 +4,7 @@
  */
 #include "backend.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,69 @@ void backend_config_init(backend_config_t *cfg)
     cfg->device_index = 0;
     cfg->precision = BACKEND_PRECISION_DEFAULT;
     cfg->kv_memory_fraction = 0.90;
+}
+
+const char *backend_kv_dtype_name(backend_kv_dtype_t dtype)
+{
+    switch (dtype) {
+    case BACKEND_KV_DTYPE_AUTO:
+        return "auto";
+    case BACKEND_KV_DTYPE_BF16:
+        return "bf16";
+    case BACKEND_KV_DTYPE_FP8:
+        return "fp8";
+    }
+    return "?";
+}
+
+bt_status_t backend_kv_dtype_parse(const char *name,
+                                   backend_kv_dtype_t *dtype_p)
+{
+    if (strcmp(name, "auto") == 0)
+        *dtype_p = BACKEND_KV_DTYPE_AUTO;
+    else if (strcmp(name, "bf16") == 0)
+        *dtype_p = BACKEND_KV_DTYPE_BF16;
+    else if (strcmp(name, "fp8") == 0)
+        *dtype_p = BACKEND_KV_DTYPE_FP8;
+    else
+        return BT_ERR_INVALID_ARG;
+    return BT_OK;
+}
+
+void backend_calib_add(backend_calib_stat_t *st, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        int bin;
+
+        if (!(a > 0.0f)) {  /* zero (and NaN) count in the lowest bin */
+            bin = 0;
+        } else {
+            bin = (int)floor((log2((double)a) + 32.0) * 16.0);
+            bin = BT_MAX(0, BT_MIN(bin, BACKEND_CALIB_BINS - 1));
+        }
+        if (a > st->absmax)
+            st->absmax = a;
+        st->hist[bin]++;
+        st->count++;
+    }
+}
+
+double backend_calib_percentile(const backend_calib_stat_t *st, double p)
+{
+    uint64_t want, seen = 0;
+
+    if (st->count == 0)
+        return 0.0;
+    if (p >= 100.0)
+        return st->absmax;
+    want = (uint64_t)ceil(p / 100.0 * (double)st->count);
+    for (int b = 0; b < BACKEND_CALIB_BINS; b++) {
+        seen += st->hist[b];
+        if (seen >= want && seen > 0)
+            return BT_MIN(st->absmax, exp2((b + 1) / 16.0 - 32.0));
+    }
+    return st->absmax;
 }
 
 bt_status_t backend__kv_blocks_auto(const backend_config_t *cfg,
@@ -140,6 +204,13 @@ bt_status_t backend_create(const char *name, const model_t *model,
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "KV memory fraction %g is outside (0, 1]",
                         cfg->kv_memory_fraction);
+    if ((cfg->precision == BACKEND_PRECISION_FP8 ||
+         cfg->kv_dtype == BACKEND_KV_DTYPE_FP8 || cfg->calib != NULL) &&
+        strcmp(ops->name, "cpu") != 0)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
+                        "precision fp8, --kv-dtype fp8 and calibration run "
+                        "on the cpu backend only for now, not on %s",
+                        ops->name);
     if (cfg->tp_size < 0 || cfg->tp_size > MODEL_SHARD_MAX_TP)
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "tensor parallelism %d is outside 1..%d",

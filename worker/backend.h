@@ -63,10 +63,67 @@ typedef struct {
 typedef enum {
     BACKEND_PRECISION_DEFAULT = 0, /* CPU: f32, CUDA: bf16 */
     BACKEND_PRECISION_F32,         /* float32 weights and activations */
-    BACKEND_PRECISION_BF16         /* CUDA: bf16 weights and activations,
+    BACKEND_PRECISION_BF16,        /* CUDA: bf16 weights and activations,
                                       f32 accumulation and residual; CPU:
                                       the same roundings in f32 math */
+    BACKEND_PRECISION_FP8          /* CPU only (CUDA kernels to come):
+                                      bf16 mode, plus FP8 E4M3 linear
+                                      weights (per-channel or per-tensor
+                                      scales) and GEMM inputs (static
+                                      per-tensor or dynamic per-token
+                                      scales), f32 accumulation; the
+                                      embeddings, norms and classifier
+                                      stay bf16 */
 } backend_precision_t;
+
+/* The dtype K/V are stored in. */
+typedef enum {
+    BACKEND_KV_DTYPE_AUTO = 0, /* the precision's (cpu: f32 storage, bf16
+                                  values in bf16/fp8 precision) */
+    BACKEND_KV_DTYPE_BF16,     /* bf16 values (cpu: in f32 storage) */
+    BACKEND_KV_DTYPE_FP8       /* E4M3 bytes (kv_layout_t.elem_size 1),
+                                  value = code * scale with a scale per
+                                  layer and KV head (the checkpoint's
+                                  k_scale / v_scale, else 1); cpu only */
+} backend_kv_dtype_t;
+
+/* Name of a KV dtype ("auto", "bf16", "fp8") and the parser of one;
+ * BT_ERR_INVALID_ARG for an unknown name. */
+const char *backend_kv_dtype_name(backend_kv_dtype_t dtype);
+bt_status_t backend_kv_dtype_parse(const char *name,
+                                   backend_kv_dtype_t *dtype_p);
+
+/* ---- Calibration (baton model quantize --fp8) ----
+ * With backend_config_t.calib set, the cpu backend records, for every
+ * layer, the magnitudes of each GEMM input (the normed attention input,
+ * the attention output, the normed feed-forward input, the SwiGLU output)
+ * and of K and V per KV head: their absmax and a log2 histogram, from
+ * which a percentile is read.  It then runs on one thread. */
+#define BACKEND_CALIB_BINS 1024        /* 1/16 octave from 2^-32 to 2^32 */
+#define BACKEND_CALIB_GEMMS 4          /* qkv, o, gate/up, down inputs */
+/* stats of one layer: the GEMM inputs, then K per KV head, V per KV
+ * head */
+#define BACKEND_CALIB_PER_LAYER(n_kv_heads) \
+    (BACKEND_CALIB_GEMMS + 2 * (n_kv_heads))
+
+typedef struct {
+    double absmax;                      /* largest |x| seen */
+    uint64_t count;                     /* values seen */
+    uint64_t hist[BACKEND_CALIB_BINS];  /* |x| by log2 bin */
+} backend_calib_stat_t;
+
+typedef struct {
+    int n_layers;
+    int n_kv_heads;
+    backend_calib_stat_t *stats; /* (n_layers, BACKEND_CALIB_PER_LAYER) */
+} backend_calib_t;
+
+/* Adds n values to a statistic. */
+void backend_calib_add(backend_calib_stat_t *st, const float *x, size_t n);
+/* The p-th percentile (0 < p <= 100) of |x|: the upper edge of the bin
+ * where the cumulative count reaches p%, never above absmax; 100 gives
+ * absmax; 0 when nothing was seen. */
+double backend_calib_percentile(const backend_calib_stat_t *st, double p);
 
 typedef struct {
     int n_kv_blocks;       /* KV pool size in blocks; 0 = sized from
@@ -92,6 +149,9 @@ typedef struct {
     int n_threads;         /* CPU worker threads (0 = all cores) */
     int device_index;      /* CUDA device ordinal */
     backend_precision_t precision;
+    backend_kv_dtype_t kv_dtype; /* KV storage (see backend_kv_dtype_t) */
+    backend_calib_t *calib;      /* cpu: record calibration statistics
+                                    (model quantize); NULL = off */
     /* Optional allocator for the KV arrays (K and V, each
      * (n_layers, n_blocks, block_size, n_kv_heads, head_dim)), so a decode
      * worker can place its pool in memory a transport maps, e.g.

@@ -3,7 +3,9 @@
  * bias, accumulate, row ranges), RMSNorm, RoPE (both layouts, linear and
  * Llama 3 scaling), SwiGLU, paged attention (shuffled blocks, masks),
  * the all-heads decode attention (every tile shape, portable, AVX2 and
- * AVX-512VL kernels), and the thread pool.
+ * AVX-512VL kernels), the thread pool, and the FP8 GEMM of precision
+ * fp8 (activation quantization, packed matmul over E4M3 values, scaled
+ * epilogue) against cpu__fp8_gemm_ref from codes.
  *
  * Tolerance (abs + rel, llm.c style): |got - ref| <= 1e-6 + 1e-5 * scale,
  * where scale is the sum of |terms| of a reduction (matmul, attention) or
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 
 #include "bt_alloc.h"
+#include "bt_fp8.h"
 #include "bt_test.h"
 #include "bt_util.h"
 #include "cpu/cpu_int.h"
@@ -596,9 +599,105 @@ static void test_pool(void)
     BT_TEST_PASS("pool");
 }
 
+/* The fp8 GEMM as the backend runs it against the reference from codes:
+ * dynamic and static input scales (the static one small enough that some
+ * inputs saturate at 448), per-row and per-tensor weight scales, store
+ * and accumulate, shapes with panel tails. */
+static void test_fp8_gemm(void)
+{
+    const int shapes[][3] = { { 1, 16, 16 }, { 5, 37, 19 }, { 9, 64, 40 } };
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int nt = shapes[si][0], k = shapes[si][1], no = shapes[si][2];
+        float *x = bt_malloc_aligned(sizeof(float) * nt * k, "t");
+        float *w = bt_malloc_aligned(sizeof(float) * no * k, "t");
+        float *wp = bt_malloc_aligned(sizeof(float) * cpu__pack_size(no, k),
+                                      "t");
+        float *xq = bt_malloc_aligned(sizeof(float) * nt * k, "t");
+        float *acc = bt_malloc_aligned(sizeof(float) * nt * no, "t");
+        float *out = bt_malloc_aligned(sizeof(float) * nt * no, "t");
+        float *ref = bt_malloc_aligned(sizeof(float) * nt * no, "t");
+        float *xs = bt_malloc_aligned(sizeof(float) * nt, "t");
+        float *ws = bt_malloc_aligned(sizeof(float) * no, "t");
+        uint8_t *wc = bt_malloc(no * k, "t"), *xc = bt_malloc(nt * k, "t");
+
+        BT_CHECK(x && w && wp && xq && acc && out && ref && xs && ws && wc &&
+                 xc);
+        fill(x, (size_t)nt * k);
+        for (int i = 0; i < no * k; i++)
+            w[i] = frand() * (1.0f + (float)(i % 7));
+        for (int variant = 0; variant < 4; variant++) {
+            bool per_tensor = variant & 1, stat = variant & 2;
+            float in_scale = stat ? 1.0f / 600.0f : 0.0f; /* |x| < 1 */
+
+            for (int n = 0; n < no; n++) {
+                float amax = 0.0f;
+
+                for (int j = 0; j < k; j++)
+                    amax = fmaxf(amax, fabsf(w[n * k + j]));
+                ws[n] = bt_fp8_scale(per_tensor ? 7.0f : amax);
+                for (int j = 0; j < k; j++) {
+                    wc[n * k + j] = bt_f32_to_e4m3(w[n * k + j] / ws[n]);
+                    w[n * k + j] = bt_e4m3_to_f32(wc[n * k + j]);
+                }
+            }
+            cpu__pack(wp, w, k, no, k);
+            cpu__fp8_quant_rows(xq, xs, x, k, nt, k, in_scale);
+            for (int t = 0; t < nt; t++)
+                for (int j = 0; j < k; j++) {
+                    xc[t * k + j] = bt_f32_to_e4m3(x[t * k + j] / xs[t]);
+                    BT_ASSERT_NEAR(xq[t * k + j],
+                                   bt_e4m3_to_f32(xc[t * k + j]), 0);
+                    if (stat && fabsf(x[t * k + j]) > 448.0f * in_scale)
+                        BT_ASSERT_NEAR(fabsf(xq[t * k + j]), 448.0, 0);
+                }
+            cpu__fp8_gemm_ref(ref, xc, xs, wc, ws, per_tensor ? 1 : no, nt,
+                              k, no);
+            cpu__matmul_packed(acc, no, xq, k, wp, no, NULL, nt, k, 0, no,
+                               false);
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                for (int i = 0; i < nt * no; i++)
+                    out[i] = accumulate ? 1.0f : 0.0f;
+                cpu__fp8_epilogue(out, no, acc, no, xs, ws, NULL, nt, 0, no,
+                                  accumulate);
+                for (int t = 0; t < nt; t++)
+                    for (int n = 0; n < no; n++) {
+                        double scale = 0.0;
+
+                        for (int j = 0; j < k; j++)
+                            scale += fabs(xq[t * k + j] * w[n * k + j]);
+                        scale *= xs[t] * ws[n];
+                        CHECK_CLOSE(out[t * no + n] - (accumulate ? 1.0f : 0),
+                                    ref[t * no + n], scale + accumulate,
+                                    "fp8 gemm %dx%dx%d v%d t%d n%d: %g vs "
+                                    "%g\n", nt, k, no, variant, t, n,
+                                    (double)out[t * no + n],
+                                    (double)ref[t * no + n]);
+                    }
+            }
+            fill(x, (size_t)nt * k); /* restore w's source for the next */
+            for (int i = 0; i < no * k; i++)
+                w[i] = frand() * (1.0f + (float)(i % 7));
+        }
+        bt_free(x);
+        bt_free(w);
+        bt_free(wp);
+        bt_free(xq);
+        bt_free(acc);
+        bt_free(out);
+        bt_free(ref);
+        bt_free(xs);
+        bt_free(ws);
+        bt_free(wc);
+        bt_free(xc);
+    }
+}
+
 int main(void)
 {
     size_t before = bt_alloc_live_count();
+
+    test_fp8_gemm();
 
     test_matmul();
     test_matmul_packed_batch_invariant();

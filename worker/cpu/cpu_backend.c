@@ -18,6 +18,17 @@
  * tokens at once, and only attention and the KV writes look at sequence
  * boundaries.
  *
+ * Precision fp8 is bf16 mode plus FP8 E4M3 at the four GEMMs of a layer
+ * (q/k/v, o, gate/up, down): the weights are E4M3 values with a scale per
+ * output row (a per-tensor checkpoint repeats its scale), the GEMM input
+ * is rounded to E4M3 after dividing by its scale (the checkpoint's static
+ * input_scale, or per token absmax / 448), the products are summed in
+ * float32 (a product of two E4M3 values is exact there) and the sum is
+ * multiplied by input scale x weight scale, as an FP8 tensor-core GEMM
+ * with a scaled epilogue computes it.  --kv-dtype fp8 stores K/V as E4M3
+ * bytes (scale per layer and KV head); attention dequantizes the rows it
+ * reads into float32 scratch and computes in float32.
+ *
  * Threads, two ways:
  *   - sequence split (batches of several sequences, no on_layer_done):
  *     the batch is cut into chunks of whole sequences and each thread runs
@@ -42,6 +53,7 @@
 #include "backend_int.h"
 #include "bt_alloc.h"
 #include "bt_error.h"
+#include "bt_fp8.h"
 #include "bt_log.h"
 #include "bt_util.h"
 #include "cpu_int.h"
@@ -101,7 +113,17 @@ typedef struct {
     const float *wgu;       /* packed (2 * hidden_dim, dim) rows gate_0,
                                up_0, gate_1, ... */
     const float *w_down;    /* packed (dim, hidden_dim) */
+    /* fp8: per output row weight scales of the four GEMMs (the packed
+     * matrices then hold E4M3 values) and their static input scales
+     * (0 = dynamic per token) */
+    const float *ws[BACKEND_CALIB_GEMMS]; /* qkv, o, gate/up, down */
+    float in_scale[BACKEND_CALIB_GEMMS];
+    float *kv_scale;        /* kv8: (2, n_kv_heads) K then V scales */
 } cpu_layer_t;
+
+/* The GEMMs of a layer, in the order of cpu_layer_t.ws and of the
+ * calibration statistics. */
+enum { CPU_GEMM_QKV = 0, CPU_GEMM_O, CPU_GEMM_GU, CPU_GEMM_DOWN };
 
 /* Step-mode statistics of one batch-size class: one thread (mode 0) or
  * the sequence split (mode 1), see CPU_EXPLORE_*. */
@@ -145,7 +167,12 @@ typedef struct {
     bool split_seqs;          /* sequence split allowed (BT_CPU_SPLIT) */
     bool split_always;        /* ... and always used (BT_CPU_SPLIT=seqs) */
     bool bf16;                /* precision bf16: weights and activations
-                                 rounded where the CUDA backend keeps bf16 */
+                                 rounded where the CUDA backend keeps bf16
+                                 (also set in fp8) */
+    bool fp8;                 /* precision fp8: E4M3 GEMMs */
+    bool kv8;                 /* K/V stored as E4M3 bytes */
+    bool kv_round_bf16;       /* K/V rounded to bf16 (--kv-dtype bf16) */
+    backend_calib_t *calib;   /* calibration statistics or NULL */
     cpu_mode_stat_t modes[CPU_MODE_CLASSES]; /* by batch-size class */
     double tok_work;          /* matmul multiply-adds per token */
     const float *tok_emb;     /* (vocab, dim) */
@@ -154,9 +181,17 @@ typedef struct {
     cpu_layer_t *layers;      /* (n_layers) */
     void **owned;             /* (n_owned) weight buffers we allocated */
     int n_owned;
-    kv_layout_t kv_layout;    /* f32, (layers, blocks, bs, kv_heads, hd) */
-    float *k_cache;           /* (n_layers, n_blocks, bs, n_kv_heads, hd) */
+    kv_layout_t kv_layout;    /* f32 or E4M3 (elem_size 4 or 1),
+                                 (layers, blocks, bs, kv_heads, hd) */
+    float *k_cache;           /* (n_layers, n_blocks, bs, n_kv_heads, hd);
+                                 kv8: E4M3 bytes of that shape */
     float *v_cache;           /* (n_layers, n_blocks, bs, n_kv_heads, hd) */
+    float *kvg;               /* kv8: (n_threads, 2, max_ctx, kv_dim) K/V
+                                 rows dequantized for attention */
+    float *xq;                /* fp8: (max_tok, max_k) E4M3 GEMM inputs */
+    float *xs;                /* fp8: (max_tok) their scales */
+    float *mmo;               /* fp8: (max_tok, dim) residual GEMM sums */
+    int max_k;                /* largest GEMM input width */
     float *inv_freq;          /* (head_dim / 2) RoPE frequencies */
     cpu_pool_t *pool;
 
@@ -213,7 +248,27 @@ typedef struct {
     bool round_bf16;     /* round out (and swiglu_out) to bf16 */
     float *tmp;          /* (n_threads, tmp_ld) SwiGLU scratch */
     int tmp_ld;          /* >= n_out / 2, whole cache lines */
+    /* fp8: x holds E4M3 values; the sum of row t, output n is scaled by
+     * xs[t] * ws[n] (+ bias[n]); an accumulating product is summed into
+     * acc first (acc_ld floats a row) */
+    const float *ws;     /* (n_out) or NULL: not fp8 */
+    const float *xs;     /* (n_tok) */
+    float *acc;          /* (n_tok, acc_ld) */
+    int acc_ld;
 } cpu_matmul_job_t;
+
+/* fp8 GEMM of outputs [n0, n1): the E4M3 products summed in float32, then
+ * the scaled epilogue (see cpu_matmul_job_t). */
+static void cpu_matmul_fp8(const cpu_matmul_job_t *j, int n0, int n1)
+{
+    float *dst = j->accumulate ? j->acc : j->out;
+    int ldd = j->accumulate ? j->acc_ld : j->ldo;
+
+    cpu__matmul_packed(dst, ldd, j->x, j->ldx, j->w, j->n_out, NULL,
+                       j->n_tok, j->k, n0, n1, false);
+    cpu__fp8_epilogue(j->out, j->ldo, dst, ldd, j->xs, j->ws, j->bias,
+                      j->n_tok, n0, n1, j->accumulate);
+}
 
 /* Part `part` of `n_parts` of a matmul (whole panels), with SwiGLU
  * scratch row `slot`. */
@@ -227,8 +282,11 @@ static void cpu_matmul_part(const cpu_matmul_job_t *j, int part, int n_parts,
 
     if (n0 >= n1)
         return;
-    cpu__matmul_packed(j->out, j->ldo, j->x, j->ldx, j->w, j->n_out, j->bias,
-                       j->n_tok, j->k, n0, n1, j->accumulate);
+    if (j->ws != NULL)
+        cpu_matmul_fp8(j, n0, n1);
+    else
+        cpu__matmul_packed(j->out, j->ldo, j->x, j->ldx, j->w, j->n_out,
+                           j->bias, j->n_tok, j->k, n0, n1, j->accumulate);
     if (j->round_bf16)
         cpu__round_bf16_rows(j->out + n0, (size_t)j->ldo, j->n_tok, n1 - n0);
     if (j->swiglu_out != NULL) {
@@ -252,19 +310,43 @@ static void cpu_matmul_task(void *arg, int ith, int nth)
 /* out[t0..t1) = x[t0..t1) @ w^T: split over the pool when `par`, else on
  * the calling thread `ith`.  In bf16 mode a product is rounded unless it
  * is a residual add (accumulate) or f32_out (the logits), as the CUDA
- * backend's GEMM output. */
+ * backend's GEMM output.  `gemm` (CPU_GEMM_*, or -1 for the classifier)
+ * of layer `lw` selects the fp8 scales and the calibration statistic. */
 static void cpu_matmul_rows(cpu_backend_t *be, const cpu_range_t *r,
                             bool par, int ith, float *out, int ldo,
                             const float *x, int ldx, const float *w,
                             const float *bias, int k, int n_out,
-                            bool accumulate, bool f32_out, float *swiglu_out)
+                            bool accumulate, bool f32_out, float *swiglu_out,
+                            const cpu_layer_t *lw, int gemm)
 {
     int n_tok = r->t1 - r->t0;
     cpu_matmul_job_t j = {
         out + (size_t)r->t0 * ldo, ldo, x + (size_t)r->t0 * ldx, ldx, w,
         bias, n_tok, k, n_out, accumulate,
         swiglu_out != NULL ? swiglu_out + (size_t)r->t0 * (n_out / 2) : NULL,
-        be->bf16 && !accumulate && !f32_out, be->tmp, be->tmp_ld };
+        be->bf16 && !accumulate && !f32_out, be->tmp, be->tmp_ld,
+        NULL, NULL, NULL, 0 };
+
+    if (be->calib != NULL && gemm >= 0) {
+        backend_calib_stat_t *st =
+            &be->calib->stats[(size_t)(lw - be->layers) *
+                                  BACKEND_CALIB_PER_LAYER(be->cfg.n_kv_heads) +
+                              gemm];
+
+        for (int t = r->t0; t < r->t1; t++)
+            backend_calib_add(st, x + (size_t)t * ldx, (size_t)k);
+    }
+    if (be->fp8 && gemm >= 0) {
+        cpu__fp8_quant_rows(be->xq + (size_t)r->t0 * k, be->xs + r->t0,
+                            x + (size_t)r->t0 * ldx, ldx, n_tok, k,
+                            lw->in_scale[gemm]);
+        j.x = be->xq + (size_t)r->t0 * k;
+        j.ldx = k;
+        j.ws = lw->ws[gemm];
+        j.xs = be->xs + r->t0;
+        j.acc = be->mmo + (size_t)r->t0 * be->cfg.dim;
+        j.acc_ld = be->cfg.dim;
+    }
 
     if (par)
         cpu__pool_run(be->pool, cpu_nth(be, (double)n_tok * n_out * k),
@@ -318,6 +400,36 @@ typedef struct {
     atomic_int next;     /* next attention item to take (op split) */
 } cpu_layer_job_t;
 
+/* kv8: one token's K (or V) row as E4M3 codes, head h divided by
+ * scale[h]. */
+static void cpu_store_kv8(uint8_t *dst, const float *src, const float *scale,
+                          const cpu_backend_t *be)
+{
+    int hd = be->cfg.head_dim;
+
+    for (int h = 0; h < be->cfg.n_kv_heads; h++) {
+        float inv = 1.0f / scale[h];
+
+        for (int i = 0; i < hd; i++)
+            dst[h * hd + i] = bt_f32_to_e4m3(src[h * hd + i] * inv);
+    }
+}
+
+/* Calibration: one token's K and V rows into the per-head statistics. */
+static void cpu_calib_kv(cpu_backend_t *be, int layer, const float *k,
+                         const float *v)
+{
+    int nkv = be->cfg.n_kv_heads, hd = be->cfg.head_dim;
+    backend_calib_stat_t *st =
+        &be->calib->stats[(size_t)layer * BACKEND_CALIB_PER_LAYER(nkv) +
+                          BACKEND_CALIB_GEMMS];
+
+    for (int h = 0; h < nkv; h++) {
+        backend_calib_add(&st[h], k + h * hd, (size_t)hd);
+        backend_calib_add(&st[nkv + h], v + h * hd, (size_t)hd);
+    }
+}
+
 /* RoPE on q and k of each token, then K/V into the token's cache slot.
  * bf16 (as the CUDA backend's rope_kv): the bias added to the rounded
  * product here, in float32, and q, k and v rounded after RoPE. */
@@ -354,9 +466,62 @@ static void cpu_rope_kv_task(void *arg, int ith, int nth)
                         be->rope_sin + (size_t)t * half);
         if (be->bf16)
             cpu__round_bf16(q, (size_t)be->qkv_dim);
+        else if (be->kv_round_bf16)
+            cpu__round_bf16(k, 2 * (size_t)be->kv_dim);
+        if (be->calib != NULL)
+            cpu_calib_kv(be, j->layer, k, v);
+        if (be->kv8) {
+            cpu_store_kv8((uint8_t *)be->k_cache + off, k,
+                          be->layers[j->layer].kv_scale, be);
+            cpu_store_kv8((uint8_t *)be->v_cache + off, v,
+                          be->layers[j->layer].kv_scale + c->n_kv_heads, be);
+            continue;
+        }
         memcpy(be->k_cache + off, k, (size_t)be->kv_dim * sizeof(float));
         memcpy(be->v_cache + off, v, (size_t)be->kv_dim * sizeof(float));
     }
+}
+
+/* kv8: the K/V rows of one sequence (view) in layer `layer`, dequantized
+ * into thread `slot`'s scratch as one contiguous block, and the view
+ * pointed at it: every KV head when kv_head < 0 (decode), else only
+ * kv_head (the view's kv_row becomes head_dim). */
+static void cpu_gather_kv8(cpu_backend_t *be, int layer, cpu_attn_seq_t *view,
+                           int kv_head, int slot)
+{
+    static const int block0 = 0;
+    const model_config_t *c = &be->cfg;
+    const float *ks = be->layers[layer].kv_scale;
+    const float *vs = ks + c->n_kv_heads;
+    int n = view->ctx_len + view->n_new, hd = c->head_dim;
+    int h0 = kv_head < 0 ? 0 : kv_head;
+    int h1 = kv_head < 0 ? c->n_kv_heads : kv_head + 1;
+    int row = (h1 - h0) * hd;
+    float *kd = be->kvg + (size_t)slot * 2 * be->max_ctx * be->kv_dim;
+    float *vd = kd + (size_t)be->max_ctx * be->kv_dim;
+
+    for (int p = 0; p < n; p++) {
+        int block = view->block_table[p / view->block_size];
+        size_t off = kv_layout_offset(&be->kv_layout, layer, block,
+                                      p % view->block_size);
+        const uint8_t *kr = (const uint8_t *)be->k_cache + off;
+        const uint8_t *vr = (const uint8_t *)be->v_cache + off;
+
+        for (int h = h0; h < h1; h++) {
+            float *kdst = kd + (size_t)p * row + (h - h0) * hd;
+            float *vdst = vd + (size_t)p * row + (h - h0) * hd;
+
+            for (int i = 0; i < hd; i++) {
+                kdst[i] = bt_e4m3_to_f32(kr[h * hd + i]) * ks[h];
+                vdst[i] = bt_e4m3_to_f32(vr[h * hd + i]) * vs[h];
+            }
+        }
+    }
+    view->k_layer = kd;
+    view->v_layer = vd;
+    view->block_table = &block0;
+    view->block_size = be->max_ctx;
+    view->kv_row = row;
 }
 
 /* Attention work item `it` in layer `layer`, with the score scratch of
@@ -375,8 +540,23 @@ static void cpu_attention_item(cpu_backend_t *be, int layer, int it,
     int t = be->seq_first_tok[item->seq] + item->i0;
     size_t head = (size_t)item->kv_head * group * c->head_dim;
 
-    view.k_layer = be->k_cache + layer_off;
-    view.v_layer = be->v_cache + layer_off;
+    if (!be->kv8) {
+        view.k_layer = be->k_cache + layer_off;
+        view.v_layer = be->v_cache + layer_off;
+    } else {
+        cpu_gather_kv8(be, layer, &view, item->kv_head, slot);
+        if (item->kv_head >= 0) { /* the view holds that head alone */
+            cpu__attention(be->att + (size_t)t * be->q_dim + head, be->q_dim,
+                           be->qkv + (size_t)t * be->qkv_dim + head,
+                           be->qkv_dim, &view, 0, group, item->i0, item->n_q,
+                           scratch);
+            if (be->bf16)
+                cpu__round_bf16_rows(be->att + (size_t)t * be->q_dim + head,
+                                     (size_t)be->q_dim, item->n_q,
+                                     group * c->head_dim);
+            return;
+        }
+    }
     if (item->kv_head < 0) {
         cpu__attention_decode(be->att + (size_t)t * be->q_dim,
                               be->qkv + (size_t)t * be->qkv_dim, &view,
@@ -426,7 +606,7 @@ static void cpu_layer(cpu_backend_t *be, const backend_batch_t *batch,
     /* bf16: the bias is added after the product's rounding, with RoPE */
     cpu_matmul_rows(be, r, par, ith, be->qkv, be->qkv_dim, be->xb, dim,
                     w->wqkv, be->bf16 ? NULL : w->bqkv, dim, be->qkv_dim,
-                    false, false, NULL);
+                    false, false, NULL, w, CPU_GEMM_QKV);
     if (par)
         cpu__pool_run(be->pool, cpu_nth(be, 8.0 * (r->t1 - r->t0) *
                                             (be->q_dim + be->kv_dim)),
@@ -443,15 +623,16 @@ static void cpu_layer(cpu_backend_t *be, const backend_batch_t *batch,
             cpu_attention_item(be, l, it, ith);
     }
     cpu_matmul_rows(be, r, par, ith, be->x, dim, be->att, be->q_dim, w->wo,
-                    NULL, be->q_dim, dim, true, false, NULL);
+                    NULL, be->q_dim, dim, true, false, NULL, w, CPU_GEMM_O);
 
     /* feed-forward block */
     cpu_norm_rows(be, r, par, be->x, be->xb, w->ffn_norm);
     cpu_matmul_rows(be, r, par, ith, be->gu, 2 * c->hidden_dim, be->xb, dim,
                     w->wgu, NULL, dim, 2 * c->hidden_dim, false, false,
-                    be->hb);
+                    be->hb, w, CPU_GEMM_GU);
     cpu_matmul_rows(be, r, par, ith, be->x, dim, be->hb, c->hidden_dim,
-                    w->w_down, NULL, c->hidden_dim, dim, true, false, NULL);
+                    w->w_down, NULL, c->hidden_dim, dim, true, false, NULL, w,
+                    CPU_GEMM_DOWN);
 }
 
 /* The logits rows of range r: hidden copy, final norm, classifier. */
@@ -477,7 +658,8 @@ static void cpu_final(cpu_backend_t *be, const cpu_range_t *r, bool par,
             cpu__round_bf16(be->xf + (size_t)row * dim, (size_t)dim);
     }
     cpu_matmul_rows(be, &rows, par, ith, logits, c->vocab_size, be->xf, dim,
-                    be->cls, NULL, dim, c->vocab_size, false, true, NULL);
+                    be->cls, NULL, dim, c->vocab_size, false, true, NULL,
+                    NULL, -1);
 }
 
 /* The tokens of range r enter the residual stream: embedding rows, and
@@ -767,6 +949,89 @@ static bt_status_t cpu_weight_packed(cpu_backend_t *be,
     return status;
 }
 
+/* fp8: row `dst` (k floats, holding the f32 weight) becomes E4M3 values
+ * and *scale_p its scale: the checkpoint's codes and scale for source row
+ * `src` when the weight is FP8 there, else absmax / 448 of the row. */
+static void cpu_fp8_row(float *dst, int k, const model_fp8_t *f8,
+                        int64_t src, float *scale_p)
+{
+    float amax = 0.0f, s, inv;
+
+    if (f8 != NULL && f8->codes != NULL) {
+        const uint8_t *c = f8->codes + src * k;
+
+        for (int i = 0; i < k; i++)
+            dst[i] = bt_e4m3_to_f32(c[i]);
+        *scale_p = f8->w_scale[f8->n_w_scale == 1 ? 0 : src];
+        return;
+    }
+    for (int i = 0; i < k; i++)
+        amax = fmaxf(amax, fabsf(dst[i]));
+    s = bt_fp8_scale(amax);
+    inv = 1.0f / s;
+    for (int i = 0; i < k; i++)
+        dst[i] = bt_fp8_round(dst[i] * inv);
+    *scale_p = s;
+}
+
+/* fp8: the static input scale of a GEMM fed by the given linears (one
+ * input, so one scale: the largest, as vLLM fuses q/k/v); 0 (dynamic per
+ * token) unless every part has one. */
+static float cpu_fp8_in_scale(const model_layer_t *ml, int first, int n)
+{
+    float s = 0.0f;
+
+    for (int i = first; i < first + n; i++) {
+        if (ml->fp8[i].codes == NULL || ml->fp8[i].input_scale == 0.0f)
+            return 0.0f;
+        s = fmaxf(s, ml->fp8[i].input_scale);
+    }
+    return s;
+}
+
+/* A backend-owned array of n floats. */
+static bt_status_t cpu_owned_f32(cpu_backend_t *be, size_t n, float **out_p)
+{
+    float *buf = bt_calloc(n > 0 ? n : 1, sizeof(float), "cpu_weights");
+    bt_status_t status;
+
+    if (buf == NULL)
+        return BT_ERR_NO_MEMORY;
+    status = cpu_own(be, buf);
+    if (status != BT_OK)
+        return status;
+    *out_p = buf;
+    return BT_OK;
+}
+
+/* fp8: the packed E4M3 form of linear `which` of a layer (o or down),
+ * its row scales into *ws_p. */
+static bt_status_t cpu_weight_packed_fp8(cpu_backend_t *be,
+                                         const model_layer_t *ml,
+                                         model_linear_t which,
+                                         const float **out_p,
+                                         const float **ws_p)
+{
+    const model_tensor_t *t = model_layer_linear(ml, which);
+    int rows = (int)t->rows, k = (int)t->cols;
+    float *tmp, *ws;
+    bt_status_t status;
+
+    status = cpu_owned_f32(be, (size_t)rows, &ws);
+    if (status != BT_OK)
+        return status;
+    tmp = bt_malloc_aligned((size_t)rows * k * sizeof(float), "cpu_weights");
+    if (tmp == NULL)
+        return BT_ERR_NO_MEMORY;
+    model_tensor_to_f32(t, 0, (int64_t)rows * k, tmp);
+    for (int r = 0; r < rows; r++)
+        cpu_fp8_row(tmp + (size_t)r * k, k, &ml->fp8[which], r, &ws[r]);
+    status = cpu_pack_owned(be, tmp, rows, k, out_p);
+    bt_free(tmp);
+    *ws_p = ws;
+    return status;
+}
+
 /* Fused q/k/v weights (and biases when the model has them). */
 static bt_status_t cpu_fuse_qkv(cpu_backend_t *be, const model_layer_t *ml,
                                 cpu_layer_t *cl)
@@ -786,6 +1051,22 @@ static bt_status_t cpu_fuse_qkv(cpu_backend_t *be, const model_layer_t *ml,
     for (int p = 0; p < 3; p++) {
         model_tensor_to_f32(parts[p], 0, (int64_t)rows[p] * dim, w + off);
         off += (size_t)rows[p] * dim;
+    }
+    if (be->fp8) {
+        float *ws;
+        int r = 0;
+
+        status = cpu_owned_f32(be, (size_t)be->qkv_dim, &ws);
+        if (status != BT_OK) {
+            bt_free(w);
+            return status;
+        }
+        for (int p = 0; p < 3; p++)
+            for (int i = 0; i < rows[p]; i++, r++)
+                cpu_fp8_row(w + (size_t)r * dim, dim,
+                            &ml->fp8[MODEL_LIN_Q + p], i, &ws[r]);
+        cl->ws[CPU_GEMM_QKV] = ws;
+        cl->in_scale[CPU_GEMM_QKV] = cpu_fp8_in_scale(ml, MODEL_LIN_Q, 3);
     }
     status = cpu_pack_owned(be, w, be->qkv_dim, dim, &cl->wqkv);
     bt_free(w);
@@ -830,6 +1111,23 @@ static bt_status_t cpu_fuse_gate_up(cpu_backend_t *be,
         model_tensor_to_f32(&ml->w_up, (int64_t)i * dim, dim,
                             w + (size_t)(2 * i + 1) * dim);
     }
+    if (be->fp8) {
+        float *ws;
+
+        status = cpu_owned_f32(be, 2 * (size_t)hidden, &ws);
+        if (status != BT_OK) {
+            bt_free(w);
+            return status;
+        }
+        for (int i = 0; i < hidden; i++) {
+            cpu_fp8_row(w + (size_t)(2 * i) * dim, dim,
+                        &ml->fp8[MODEL_LIN_GATE], i, &ws[2 * i]);
+            cpu_fp8_row(w + (size_t)(2 * i + 1) * dim, dim,
+                        &ml->fp8[MODEL_LIN_UP], i, &ws[2 * i + 1]);
+        }
+        cl->ws[CPU_GEMM_GU] = ws;
+        cl->in_scale[CPU_GEMM_GU] = cpu_fp8_in_scale(ml, MODEL_LIN_GATE, 2);
+    }
     status = cpu_pack_owned(be, w, 2 * hidden, dim, &cl->wgu);
     bt_free(w);
     return status;
@@ -860,11 +1158,35 @@ static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
 
         if ((status = cpu_weight_f32(be, &ml->attn_norm, &cl->attn_norm)) ||
             (status = cpu_fuse_qkv(be, ml, cl)) ||
-            (status = cpu_weight_packed(be, &ml->wo, &cl->wo)) ||
             (status = cpu_weight_f32(be, &ml->ffn_norm, &cl->ffn_norm)) ||
-            (status = cpu_fuse_gate_up(be, ml, cl)) ||
-            (status = cpu_weight_packed(be, &ml->w_down, &cl->w_down)))
+            (status = cpu_fuse_gate_up(be, ml, cl)))
             return status;
+        if (be->fp8) {
+            if ((status = cpu_weight_packed_fp8(be, ml, MODEL_LIN_O, &cl->wo,
+                                                &cl->ws[CPU_GEMM_O])) ||
+                (status = cpu_weight_packed_fp8(be, ml, MODEL_LIN_DOWN,
+                                                &cl->w_down,
+                                                &cl->ws[CPU_GEMM_DOWN])))
+                return status;
+            cl->in_scale[CPU_GEMM_O] = cpu_fp8_in_scale(ml, MODEL_LIN_O, 1);
+            cl->in_scale[CPU_GEMM_DOWN] = cpu_fp8_in_scale(ml,
+                                                           MODEL_LIN_DOWN, 1);
+        } else if ((status = cpu_weight_packed(be, &ml->wo, &cl->wo)) ||
+                   (status = cpu_weight_packed(be, &ml->w_down,
+                                               &cl->w_down))) {
+            return status;
+        }
+        if (be->kv8) {
+            status = cpu_owned_f32(be, 2 * (size_t)c->n_kv_heads,
+                                   &cl->kv_scale);
+            if (status != BT_OK)
+                return status;
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                cl->kv_scale[h] = ml->k_scale ? ml->k_scale[h] : 1.0f;
+                cl->kv_scale[c->n_kv_heads + h] =
+                    ml->v_scale ? ml->v_scale[h] : 1.0f;
+            }
+        }
     }
     /* matmul multiply-adds per token, for the thread heuristics */
     be->tok_work = (double)c->n_layers *
@@ -917,6 +1239,10 @@ static void cpu_destroy(void *impl)
     bt_free(be->logit_tok);
     bt_free(be->attn_seqs);
     bt_free(be->scores);
+    bt_free(be->kvg);
+    bt_free(be->xq);
+    bt_free(be->xs);
+    bt_free(be->mmo);
     bt_free(be);
 }
 
@@ -935,15 +1261,15 @@ static bool cpu_alloc_f32(float **p, size_t rows, size_t cols,
 
 /* The KV arrays come from the caller's allocator when it gave one
  * (backend_config_t.kv_alloc: e.g. transport-mapped memory), else from
- * bt_malloc_aligned.  `n` floats. */
-static bool cpu_alloc_kv(cpu_backend_t *be, float **p, size_t n)
+ * bt_malloc_aligned.  `bytes` bytes (a whole number of floats, or E4M3
+ * bytes with kv8). */
+static bool cpu_alloc_kv(cpu_backend_t *be, float **p, size_t bytes)
 {
-    if (be->bcfg.kv_alloc == NULL)
-        return cpu_alloc_f32(p, n, 1, "kv_cache");
-    if (n > SIZE_MAX / sizeof(float))
-        return false;
-    *p = be->bcfg.kv_alloc(be->bcfg.kv_alloc_arg,
-                           (n > 0 ? n : 1) * sizeof(float));
+    if (be->bcfg.kv_alloc == NULL) {
+        *p = bt_malloc_aligned(bytes > 0 ? bytes : 1, "kv_cache");
+        return *p != NULL;
+    }
+    *p = be->bcfg.kv_alloc(be->bcfg.kv_alloc_arg, bytes > 0 ? bytes : 1);
     return *p != NULL;
 }
 
@@ -954,8 +1280,9 @@ static bool cpu_alloc_kv(cpu_backend_t *be, float **p, size_t n)
 static bt_status_t cpu_size_kv(const model_config_t *mc,
                                backend_config_t *cfg)
 {
+    size_t elem = cfg->kv_dtype == BACKEND_KV_DTYPE_FP8 ? 1 : sizeof(float);
     size_t token_bytes = 2 * (size_t)mc->n_layers * mc->n_kv_heads *
-                         mc->head_dim * sizeof(float);
+                         mc->head_dim * elem;
     size_t avail, budget;
     char what[128];
     bool auto_seqs = cfg->max_seqs == 0;
@@ -1002,9 +1329,18 @@ static bt_status_t cpu_create(const model_t *model, backend_config_t *cfg,
     const model_config_t *mc = model_config(model);
     cpu_backend_t *be;
     size_t max_tok = (size_t)cfg->max_batch_tokens;
-    size_t kv_elems;
+    size_t kv_bytes;
     bt_status_t status;
 
+    if (cfg->calib != NULL &&
+        (cfg->calib->n_layers != mc->n_layers ||
+         cfg->calib->n_kv_heads != mc->n_kv_heads ||
+         cfg->calib->stats == NULL))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CPU", "calibration statistics "
+                        "for %d layers x %d KV heads do not fit the model "
+                        "(%d x %d)", cfg->calib->n_layers,
+                        cfg->calib->n_kv_heads, mc->n_layers,
+                        mc->n_kv_heads);
     status = cpu_size_kv(mc, cfg);
     if (status != BT_OK)
         return status;
@@ -1017,7 +1353,13 @@ static bt_status_t cpu_create(const model_t *model, backend_config_t *cfg,
         return BT_ERR_NO_MEMORY;
     be->cfg = *mc;
     be->bcfg = *cfg;
-    be->bf16 = cfg->precision == BACKEND_PRECISION_BF16;
+    be->fp8 = cfg->precision == BACKEND_PRECISION_FP8;
+    be->bf16 = cfg->precision == BACKEND_PRECISION_BF16 || be->fp8;
+    be->kv8 = cfg->kv_dtype == BACKEND_KV_DTYPE_FP8;
+    be->kv_round_bf16 = cfg->kv_dtype == BACKEND_KV_DTYPE_BF16;
+    be->calib = cfg->calib;
+    be->max_k = BT_MAX(BT_MAX(mc->dim, mc->n_heads * mc->head_dim),
+                       mc->hidden_dim);
     be->q_dim = mc->n_heads * mc->head_dim;
     be->kv_dim = mc->n_kv_heads * mc->head_dim;
     be->qkv_dim = be->q_dim + 2 * be->kv_dim;
@@ -1045,9 +1387,12 @@ static bt_status_t cpu_create(const model_t *model, backend_config_t *cfg,
     }
     be->kv_layout = (kv_layout_t){ mc->n_layers, cfg->n_kv_blocks,
                                    cfg->block_size, mc->n_kv_heads,
-                                   mc->head_dim, sizeof(float) };
+                                   mc->head_dim,
+                                   be->kv8 ? 1 : sizeof(float) };
 
-    status = cpu__pool_create(cfg->n_threads, &be->pool);
+    /* calibration records into shared statistics: one thread */
+    status = cpu__pool_create(be->calib != NULL ? 1 : cfg->n_threads,
+                              &be->pool);
     if (status != BT_OK)
         goto err_destroy;
     status = BT_ERR_NO_MEMORY;
@@ -1060,13 +1405,31 @@ static bt_status_t cpu_create(const model_t *model, backend_config_t *cfg,
         goto err_destroy;
 
     status = BT_ERR_NO_MEMORY;
-    kv_elems = kv_layout_layer_bytes(&be->kv_layout) / sizeof(float);
+    kv_bytes = (size_t)mc->n_layers * kv_layout_layer_bytes(&be->kv_layout);
     BT_LOG_INFO("CPU", "allocating %.1f MiB for the KV cache (%d blocks of "
-                "%d tokens), %d threads",
-                2.0 * mc->n_layers * kv_elems * sizeof(float) / 1048576.0,
-                cfg->n_kv_blocks, cfg->block_size, cpu__pool_size(be->pool));
-    if (!cpu_alloc_kv(be, &be->k_cache, (size_t)mc->n_layers * kv_elems) ||
-        !cpu_alloc_kv(be, &be->v_cache, (size_t)mc->n_layers * kv_elems) ||
+                "%d tokens, %s), %d threads", 2.0 * kv_bytes / 1048576.0,
+                cfg->n_kv_blocks, cfg->block_size,
+                be->kv8 ? "fp8 e4m3" : "f32", cpu__pool_size(be->pool));
+    if (be->kv8) {
+        bool any = false;
+
+        for (int l = 0; l < mc->n_layers; l++)
+            any |= model_layer(model, l)->k_scale != NULL;
+        if (!any)
+            BT_LOG_WARN("CPU", "--kv-dtype fp8: the model has no k_scale / "
+                        "v_scale; using 1.0 (calibrate with baton model "
+                        "quantize --fp8 --kv-scales)");
+        if (!cpu_alloc_f32(&be->kvg, (size_t)cpu__pool_size(be->pool) * 2,
+                           (size_t)be->max_ctx * be->kv_dim, "cpu_scratch"))
+            goto err_destroy;
+    }
+    if (be->fp8 &&
+        (!cpu_alloc_f32(&be->xq, max_tok, (size_t)be->max_k, "cpu_scratch") ||
+         !cpu_alloc_f32(&be->xs, max_tok, 1, "cpu_scratch") ||
+         !cpu_alloc_f32(&be->mmo, max_tok, (size_t)mc->dim, "cpu_scratch")))
+        goto err_destroy;
+    if (!cpu_alloc_kv(be, &be->k_cache, kv_bytes) ||
+        !cpu_alloc_kv(be, &be->v_cache, kv_bytes) ||
         !cpu_alloc_f32(&be->inv_freq, 1, (size_t)mc->head_dim / 2 + 1,
                        "cpu_backend") ||
         !cpu_alloc_f32(&be->x, max_tok, (size_t)mc->dim, "cpu_scratch") ||
@@ -1090,8 +1453,8 @@ static bt_status_t cpu_create(const model_t *model, backend_config_t *cfg,
                        (size_t)be->tmp_ld, "cpu_scratch"))
         goto err_destroy;
     /* A fresh pool reads as zeros, never as garbage. */
-    memset(be->k_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
-    memset(be->v_cache, 0, (size_t)mc->n_layers * kv_elems * sizeof(float));
+    memset(be->k_cache, 0, kv_bytes);
+    memset(be->v_cache, 0, kv_bytes);
     be->tok_seq = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
     be->tok_idx = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
     be->tok_pos = bt_malloc(max_tok * sizeof(int), "cpu_scratch");
@@ -1129,7 +1492,8 @@ static void *cpu_kv_data(void *impl, int layer, int kv)
     cpu_backend_t *be = impl;
     size_t off = kv_layout_offset(&be->kv_layout, layer, 0, 0);
 
-    return (kv == 0 ? be->k_cache : be->v_cache) + off;
+    return (char *)(kv == 0 ? be->k_cache : be->v_cache) +
+           off * be->kv_layout.elem_size;
 }
 
 static bt_status_t cpu_kv_copy_block(void *impl, int src_block,
@@ -1141,11 +1505,12 @@ static bt_status_t cpu_kv_copy_block(void *impl, int src_block,
     if (src_block == dst_block)
         return BT_OK;
     for (int l = 0; l < be->cfg.n_layers; l++) {
-        size_t src = kv_layout_offset(&be->kv_layout, l, src_block, 0);
-        size_t dst = kv_layout_offset(&be->kv_layout, l, dst_block, 0);
+        size_t es = be->kv_layout.elem_size;
+        size_t src = kv_layout_offset(&be->kv_layout, l, src_block, 0) * es;
+        size_t dst = kv_layout_offset(&be->kv_layout, l, dst_block, 0) * es;
 
-        memcpy(be->k_cache + dst, be->k_cache + src, bytes);
-        memcpy(be->v_cache + dst, be->v_cache + src, bytes);
+        memcpy((char *)be->k_cache + dst, (char *)be->k_cache + src, bytes);
+        memcpy((char *)be->v_cache + dst, (char *)be->v_cache + src, bytes);
     }
     return BT_OK;
 }

@@ -94,6 +94,25 @@ void cpu__matmul_packed(float *out, int ldo, const float *x, int ldx,
 void cpu__round_bf16(float *x, size_t n);
 void cpu__round_bf16_rows(float *x, size_t ld, int n_rows, int n_cols);
 
+/* FP8 (E4M3) GEMM pieces of precision fp8 (cpu_fp8.c; the GEMM itself is
+ * cpu__matmul_packed over E4M3 values held as floats):
+ * quant_rows: n_tok rows of x (k floats, ldx apart) divided by their
+ * scale and rounded to E4M3 into xq (k apart), the scale of each row into
+ * xs: in_scale (static), or the row's absmax / 448 when in_scale is 0;
+ * epilogue: out[t*ldo + n] = (or += with accumulate) acc[t*lda + n] *
+ * xs[t] * ws[n] (+ bias[n], may be NULL) for n in [n0, n1). */
+void cpu__fp8_quant_rows(float *xq, float *xs, const float *x, int ldx,
+                         int n_tok, int k, float in_scale);
+void cpu__fp8_epilogue(float *out, int ldo, const float *acc, int lda,
+                       const float *xs, const float *ws, const float *bias,
+                       int n_tok, int n0, int n1, bool accumulate);
+/* The reference FP8 GEMM from codes, summed in double: out (n_tok, n_out)
+ * = (xq (n_tok, k) . wq (n_out, k)^T) * xs[t] * ws[n] (ws of n_ws = 1 or
+ * n_out values).  For tests, here and for the CUDA FP8 kernels. */
+void cpu__fp8_gemm_ref(float *out, const uint8_t *xq, const float *xs,
+                       const uint8_t *wq, const float *ws, int n_ws,
+                       int n_tok, int k, int n_out);
+
 /* Copies row `token` of the (vocab, dim) table into out (dim). */
 void cpu__embed(float *out, const float *table, int dim, int token);
 

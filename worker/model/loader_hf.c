@@ -18,6 +18,7 @@
 #include "bt_alloc.h"
 #include "bt_error.h"
 #include "bt_log.h"
+#include "bt_fp8.h"
 #include "bt_util.h"
 #include "safetensors.h"
 
@@ -412,6 +413,144 @@ static bt_status_t hf_tensor(const hf_loader_t *ld, const char *name,
     return BT_OK;
 }
 
+/* A small F32/BF16/F16 tensor (a scale) as floats into out (n values):
+ * its element count must be 1 or n; 1 is broadcast. */
+static bt_status_t hf_scale(const hf_loader_t *ld, const char *name,
+                            int64_t n, float *out, int64_t *numel_p)
+{
+    const model_st_tensor_t *st = hf_lookup(ld, name);
+    int64_t numel = 1;
+    model_tensor_t t;
+
+    if (st == NULL)
+        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: missing tensor %s",
+                        ld->dir, name);
+    if (!st->dtype_ok)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL", "%s: scale %s has dtype "
+                        "%s (F32, F16, BF16 are supported)", ld->dir, name,
+                        st->dtype_name);
+    for (int i = 0; i < st->ndim; i++)
+        numel *= st->shape[i];
+    if (numel != 1 && numel != n)
+        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: scale %s has %lld "
+                        "elements, expected 1 or %lld", ld->dir, name,
+                        (long long)numel, (long long)n);
+    t = (model_tensor_t){ st->data, st->dtype, 1, numel };
+    if ((uintptr_t)st->data % model_dtype_size(st->dtype) != 0) {
+        bt_status_t status = model__copy_aligned(
+            ld->model, st->data, (size_t)(st->end - st->begin), &t.data);
+        if (status != BT_OK)
+            return status;
+    }
+    model_tensor_to_f32(&t, 0, numel, out);
+    for (int64_t i = 0; i < numel; i++)
+        if (!(out[i] > 0.0f) || !isfinite(out[i]))
+            return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: scale %s[%lld] = %g "
+                            "is not a positive number", ld->dir, name,
+                            (long long)i, (double)out[i]);
+    for (int64_t i = numel; i < n; i++)
+        out[i] = out[0];
+    if (numel_p != NULL)
+        *numel_p = numel;
+    return BT_OK;
+}
+
+/* Linear weight `base`.weight of shape (rows, cols).  F8_E4M3 (an FP8
+ * checkpoint): the codes and scales go into *f8 (base.weight_scale, 1 or
+ * rows values; base.input_scale when the activations are static) and *t
+ * becomes a model-owned F32 dequantized copy; other dtypes as hf_tensor. */
+static bt_status_t hf_linear(const hf_loader_t *ld, const char *base,
+                             int64_t rows, int64_t cols, model_tensor_t *t,
+                             model_fp8_t *f8)
+{
+    const model_quant_t *q = &ld->model->quant;
+    const model_st_tensor_t *st;
+    char name[192];
+    float *scale, *deq, in_scale = 0.0f;
+    int64_t n_scale = 0;
+    bt_status_t status;
+
+    snprintf(name, sizeof(name), "%s.weight", base);
+    st = hf_lookup(ld, name);
+    if (st == NULL || strcmp(st->dtype_name, "F8_E4M3") != 0)
+        return hf_tensor(ld, name, rows, cols, t);
+    if (!q->fp8)
+        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: tensor %s is F8_E4M3 "
+                        "but config.json declares no FP8 quantization_config",
+                        ld->dir, name);
+    if (st->ndim != 2 || st->shape[0] != rows || st->shape[1] != cols)
+        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: tensor %s is not [%lld, "
+                        "%lld]", ld->dir, name, (long long)rows,
+                        (long long)cols);
+    status = model__alloc_owned(ld->model, (size_t)rows * sizeof(float),
+                                (void **)&scale);
+    if (status != BT_OK)
+        return status;
+    snprintf(name, sizeof(name), "%s.weight_scale", base);
+    status = hf_scale(ld, name, rows, scale, &n_scale);
+    if (status != BT_OK)
+        return status;
+    snprintf(name, sizeof(name), "%s.input_scale", base);
+    if (hf_lookup(ld, name) != NULL) {
+        status = hf_scale(ld, name, 1, &in_scale, NULL);
+        if (status != BT_OK)
+            return status;
+    } else if (q->static_act) {
+        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: missing tensor %s (the "
+                        "config declares static activation scales)", ld->dir,
+                        name);
+    }
+    status = model__alloc_owned(ld->model,
+                                (size_t)(rows * cols) * sizeof(float),
+                                (void **)&deq);
+    if (status != BT_OK)
+        return status;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *c = (const uint8_t *)st->data + r * cols;
+
+        for (int64_t j = 0; j < cols; j++)
+            deq[r * cols + j] = bt_e4m3_to_f32(c[j]) * scale[r];
+    }
+    *t = (model_tensor_t){ deq, MODEL_DTYPE_F32, rows, cols };
+    *f8 = (model_fp8_t){ st->data, scale, n_scale, in_scale };
+    return BT_OK;
+}
+
+/* k_scale / v_scale of layer l's attention (n_kv_heads values, from a
+ * per-tensor or per-head tensor), under the names compressed-tensors
+ * (self_attn.k_scale), ModelOpt (self_attn.k_proj.k_scale) and older vLLM
+ * exports (self_attn.k_proj.output_scale) use.  Absent: NULL. */
+static bt_status_t hf_kv_scale(const hf_loader_t *ld, int l, char kv,
+                               const float **out_p)
+{
+    const char *const fmts[] = {
+        "model.layers.%d.self_attn.%c_scale",
+        "model.layers.%d.self_attn.%c_proj.%c_scale",
+        "model.layers.%d.self_attn.%c_proj.output_scale",
+    };
+    int n = ld->model->cfg.n_kv_heads;
+    char name[160];
+    float *s;
+    bt_status_t status;
+
+    for (size_t i = 0; i < BT_ARRAY_SIZE(fmts); i++) {
+        snprintf(name, sizeof(name), fmts[i], l, kv, kv);
+        if (hf_lookup(ld, name) == NULL)
+            continue;
+        status = model__alloc_owned(ld->model, (size_t)n * sizeof(float),
+                                    (void **)&s);
+        if (status != BT_OK)
+            return status;
+        status = hf_scale(ld, name, n, s, NULL);
+        if (status != BT_OK)
+            return status;
+        *out_p = s;
+        return BT_OK;
+    }
+    *out_p = NULL;
+    return BT_OK;
+}
+
 static bt_status_t hf_resolve_all(hf_loader_t *ld)
 {
     model_t *m = ld->model;
@@ -430,6 +569,16 @@ static bt_status_t hf_resolve_all(hf_loader_t *ld)
             return status;                                                  \
     } while (0)
 
+    /* q/k/v/o and the feed-forward projections: FP8 or plain */
+#define HF_L(_which, _t, _rows, _cols, _module, _proj)                      \
+    do {                                                                    \
+        snprintf(name, sizeof(name), "model.layers.%d.%s.%s", l, _module,   \
+                 _proj);                                                    \
+        status = hf_linear(ld, name, _rows, _cols, _t, &ly->fp8[_which]);   \
+        if (status != BT_OK)                                                \
+            return status;                                                  \
+    } while (0)
+
     /* Llama's attention_bias also adds an o_proj bias, which baton's
      * layer struct does not carry: refuse rather than ignore it. */
     if (hf_lookup(ld, "model.layers.0.self_attn.o_proj.bias") != NULL)
@@ -441,20 +590,34 @@ static bt_status_t hf_resolve_all(hf_loader_t *ld)
         model_layer_t *ly = &m->layers[l];
         const char *p = "model.layers";
         HF_T(&ly->attn_norm, 0, dim, "%s.%d.input_layernorm.weight", p, l);
-        HF_T(&ly->wq, qd, dim, "%s.%d.self_attn.q_proj.weight", p, l);
-        HF_T(&ly->wk, kvd, dim, "%s.%d.self_attn.k_proj.weight", p, l);
-        HF_T(&ly->wv, kvd, dim, "%s.%d.self_attn.v_proj.weight", p, l);
+        HF_L(MODEL_LIN_Q, &ly->wq, qd, dim, "self_attn", "q_proj");
+        HF_L(MODEL_LIN_K, &ly->wk, kvd, dim, "self_attn", "k_proj");
+        HF_L(MODEL_LIN_V, &ly->wv, kvd, dim, "self_attn", "v_proj");
         if (c->qkv_bias) {
             HF_T(&ly->bq, 0, qd, "%s.%d.self_attn.q_proj.bias", p, l);
             HF_T(&ly->bk, 0, kvd, "%s.%d.self_attn.k_proj.bias", p, l);
             HF_T(&ly->bv, 0, kvd, "%s.%d.self_attn.v_proj.bias", p, l);
         }
-        HF_T(&ly->wo, dim, qd, "%s.%d.self_attn.o_proj.weight", p, l);
+        HF_L(MODEL_LIN_O, &ly->wo, dim, qd, "self_attn", "o_proj");
         HF_T(&ly->ffn_norm, 0, dim, "%s.%d.post_attention_layernorm.weight",
              p, l);
-        HF_T(&ly->w_gate, hid, dim, "%s.%d.mlp.gate_proj.weight", p, l);
-        HF_T(&ly->w_up, hid, dim, "%s.%d.mlp.up_proj.weight", p, l);
-        HF_T(&ly->w_down, dim, hid, "%s.%d.mlp.down_proj.weight", p, l);
+        HF_L(MODEL_LIN_GATE, &ly->w_gate, hid, dim, "mlp", "gate_proj");
+        HF_L(MODEL_LIN_UP, &ly->w_up, hid, dim, "mlp", "up_proj");
+        HF_L(MODEL_LIN_DOWN, &ly->w_down, dim, hid, "mlp", "down_proj");
+        if (m->quant.fp8) {
+            if ((status = hf_kv_scale(ld, l, 'k', &ly->k_scale)) ||
+                (status = hf_kv_scale(ld, l, 'v', &ly->v_scale)))
+                return status;
+            if ((ly->k_scale == NULL) != (ly->v_scale == NULL))
+                return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: layer %d has "
+                                "only one of k_scale and v_scale", ld->dir,
+                                l);
+            if (m->quant.kv_scales && ly->k_scale == NULL)
+                return BT_ERROR(BT_ERR_FORMAT, "MODEL", "%s: layer %d: "
+                                "missing self_attn.k_scale (the config "
+                                "declares a kv_cache_scheme)", ld->dir, l);
+            m->quant.kv_scales |= ly->k_scale != NULL;
+        }
     }
     HF_T(&m->final_norm, 0, dim, "model.norm.weight");
     if (c->tied_embeddings)
@@ -462,6 +625,7 @@ static bt_status_t hf_resolve_all(hf_loader_t *ld)
     else
         HF_T(&m->classifier, c->vocab_size, dim, "lm_head.weight");
 #undef HF_T
+#undef HF_L
     return BT_OK;
 }
 
@@ -597,6 +761,22 @@ bt_status_t model__load_hf(const char *path, model_t **model_p)
     status = model__create(cfg.n_layers, &ld.model);
     if (status != BT_OK)
         goto err_free_text;
+    {
+        char *hfq = NULL;
+        size_t hfq_len = 0;
+
+        snprintf(file, sizeof(file), "%s/hf_quant_config.json", dir);
+        if (access(file, F_OK) == 0)
+            status = bt_read_file(file, HF_MAX_JSON, &hfq, &hfq_len);
+        if (status == BT_OK)
+            status = model_hf_quant_parse(cfg_text, cfg_len, hfq, hfq_len,
+                                          &ld.model->quant);
+        bt_free(hfq);
+        if (status != BT_OK) {
+            model_destroy(&ld.model);
+            goto err_free_text;
+        }
+    }
     ld.model->cfg = cfg;
     ld.model->format = MODEL_FORMAT_HF;
     snprintf(ld.model->arch, sizeof(ld.model->arch), "%s", arch);

@@ -187,6 +187,26 @@ bt_status_t model__copy_aligned(model_t *model, const void *src, size_t bytes,
     return BT_OK;
 }
 
+bt_status_t model__alloc_owned(model_t *model, size_t bytes, void **buf_p)
+{
+    void **copies;
+    void *buf;
+
+    copies = bt_realloc(model->copies,
+                        sizeof(*copies) * (size_t)(model->n_copies + 1),
+                        "model_copies");
+    if (copies == NULL)
+        return BT_ERR_NO_MEMORY;
+    model->copies = copies;
+    buf = bt_malloc_aligned(bytes > 0 ? bytes : 1, "model_owned");
+    if (buf == NULL)
+        return BT_ERR_NO_MEMORY;
+    memset(buf, 0, bytes > 0 ? bytes : 1);
+    model->copies[model->n_copies++] = buf;
+    *buf_p = buf;
+    return BT_OK;
+}
+
 static bool model_is_dir(const char *path)
 {
     struct stat st;
@@ -272,6 +292,34 @@ const model_tensor_t *model_final_norm(const model_t *model)
 const model_tensor_t *model_classifier(const model_t *model)
 {
     return &model->classifier;
+}
+
+const model_quant_t *model_quant(const model_t *model)
+{
+    return &model->quant;
+}
+
+const model_tensor_t *model_layer_linear(const model_layer_t *layer,
+                                         model_linear_t which)
+{
+    switch (which) {
+    case MODEL_LIN_Q:
+        return &layer->wq;
+    case MODEL_LIN_K:
+        return &layer->wk;
+    case MODEL_LIN_V:
+        return &layer->wv;
+    case MODEL_LIN_O:
+        return &layer->wo;
+    case MODEL_LIN_GATE:
+        return &layer->w_gate;
+    case MODEL_LIN_UP:
+        return &layer->w_up;
+    case MODEL_LIN_DOWN:
+    case MODEL_N_LINEAR:
+        break;
+    }
+    return &layer->w_down;
 }
 
 int64_t model__tensor_numel(const model_tensor_t *t)

@@ -86,6 +86,42 @@ typedef struct {
     int64_t cols;
 } model_tensor_t;
 
+/* The linear layers of a transformer layer, in checkpoint order. */
+typedef enum {
+    MODEL_LIN_Q = 0,
+    MODEL_LIN_K,
+    MODEL_LIN_V,
+    MODEL_LIN_O,
+    MODEL_LIN_GATE,
+    MODEL_LIN_UP,
+    MODEL_LIN_DOWN,
+    MODEL_N_LINEAR
+} model_linear_t;
+
+/* The FP8 (OCP E4M3, common/bt_fp8.h) form of one linear weight as an FP8
+ * checkpoint stores it: weight = e4m3(codes) * w_scale (per output row or
+ * per tensor), and the GEMM input is quantized as x / input_scale (static)
+ * or per token (dynamic).  The layer's model_tensor_t holds the same
+ * weight dequantized to F32, so every consumer that knows nothing of FP8
+ * runs the checkpoint as a plain model; the CPU backend's fp8 precision
+ * uses the codes and scales themselves. */
+typedef struct {
+    const uint8_t *codes;  /* (rows, cols) E4M3 codes; NULL: not FP8 */
+    const float *w_scale;  /* (n_w_scale) */
+    int64_t n_w_scale;     /* 1 (per tensor) or rows (per output channel) */
+    float input_scale;     /* static per-tensor activation scale, 0 =
+                              dynamic per-token */
+} model_fp8_t;
+
+/* How a model's weights are quantized (model_quant()). */
+typedef struct {
+    bool fp8;              /* linear weights are FP8 E4M3 */
+    bool per_channel;      /* weight scales per output row (else tensor) */
+    bool static_act;       /* static input scales (else dynamic) */
+    bool kv_scales;        /* k_scale / v_scale present */
+    char scheme[48];       /* "compressed-tensors", "modelopt" or "" */
+} model_quant_t;
+
 typedef struct {
     model_tensor_t attn_norm; /* (dim) */
     model_tensor_t wq;        /* (n_heads*head_dim, dim) */
@@ -99,7 +135,17 @@ typedef struct {
     model_tensor_t w_gate;    /* (hidden_dim, dim)   llama2.c w1 */
     model_tensor_t w_down;    /* (dim, hidden_dim)   llama2.c w2 */
     model_tensor_t w_up;      /* (hidden_dim, dim)   llama2.c w3 */
+    /* FP8 checkpoints only (see model_fp8_t); absent (codes NULL)
+     * otherwise.  Indexed by model_linear_t. */
+    model_fp8_t fp8[MODEL_N_LINEAR];
+    const float *k_scale;     /* (n_kv_heads) KV-cache scales or NULL */
+    const float *v_scale;     /* (n_kv_heads) or NULL */
 } model_layer_t;
+
+/* The linear weight `which` of a layer. */
+const model_tensor_t *model_layer_linear(const model_layer_t *layer,
+                                         model_linear_t which);
+
 
 typedef struct model_s model_t;
 
@@ -140,6 +186,8 @@ const model_tensor_t *model_tok_embedding(const model_t *model); /* (vocab, dim)
 const model_layer_t *model_layer(const model_t *model, int layer);
 const model_tensor_t *model_final_norm(const model_t *model);    /* (dim) */
 const model_tensor_t *model_classifier(const model_t *model);    /* (vocab, dim) */
+/* The model's quantization (all false for unquantized models). */
+const model_quant_t *model_quant(const model_t *model);
 
 /* Parameter count and bytes of all weights as stored. */
 int64_t model_param_count(const model_t *model);
@@ -192,6 +240,19 @@ bt_status_t model_hf_config_parse(const char *json, size_t len,
                                   const char *gen_json, size_t gen_len,
                                   model_config_t *cfg_p, char *arch,
                                   size_t arch_len);
+
+/* Parses the quantization of a Hugging Face checkpoint: config.json's
+ * quantization_config (json, len) and, when given, ModelOpt's
+ * hf_quant_config.json (hfq, hfq_len; may be NULL).  Accepted:
+ * compressed-tensors "float-quantized" FP8 (8-bit float weights, strategy
+ * channel or tensor, static per-tensor or dynamic per-token input
+ * activations, optional kv_cache_scheme) and ModelOpt quant_algo FP8.
+ * No quantization: *q_p zeroed, BT_OK.  Anything else: BT_ERR_UNSUPPORTED
+ * naming what was found and what is supported; BT_ERR_FORMAT for
+ * malformed JSON. */
+bt_status_t model_hf_quant_parse(const char *json, size_t len,
+                                 const char *hfq, size_t hfq_len,
+                                 model_quant_t *q_p);
 
 /* Checks a config for internal consistency (positive sizes, heads divide,
  * etc).  Loaders call it; exposed for tests and synth. */

@@ -46,7 +46,11 @@ struct model_s {
     int n_copies;                 /* entries in copies */
     uint64_t synth_seed;          /* MODEL_FORMAT_SYNTH: generator seed */
     bool synth_lazy;              /* synth views without host data */
+    model_quant_t quant;          /* FP8 checkpoints: what was loaded */
 };
+
+/* A zeroed model-owned buffer of `bytes` (freed with the model). */
+bt_status_t model__alloc_owned(model_t *model, size_t bytes, void **buf_p);
 
 /* Makes an aligned, model-owned copy of `bytes` bytes at `src` (for
  * tensors whose file offset is not a multiple of their element size). */
@@ -77,5 +81,12 @@ bt_status_t model__load_synth(const char *spec, unsigned flags,
  * destination row `r`. */
 int64_t model__rope_row_adj_to_half(int64_t r, int head_dim);
 int64_t model__rope_row_half_to_adj(int64_t r, int head_dim);
+
+/* Writes config.json (weights described as `dtype`; `extra`, when not
+ * NULL, is one more top-level JSON member such as
+ * "\"quantization_config\": {...}") and generation_config.json into
+ * dir (model_write.c). */
+bt_status_t model__write_hf_config(const model_t *m, const char *dir,
+                                   model_dtype_t dtype, const char *extra);
 
 #endif /* BT_WORKER_MODEL_MODEL_INT_H */

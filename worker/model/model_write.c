@@ -240,8 +240,8 @@ static const char *write_dtype_torch(model_dtype_t dtype)
                                        : "float16";
 }
 
-static bt_status_t write_hf_config(const model_t *m, const char *dir,
-                                   model_dtype_t dtype)
+bt_status_t model__write_hf_config(const model_t *m, const char *dir,
+                                   model_dtype_t dtype, const char *extra)
 {
     const model_config_t *c = &m->cfg;
     const char *arch = write_hf_arch(m);
@@ -293,7 +293,10 @@ static bt_status_t write_hf_config(const model_t *m, const char *dir,
     write_ids(fp, &bos, bos >= 0 ? 1 : 0);
     fprintf(fp, ",\n  \"eos_token_id\": ");
     write_ids(fp, c->eos_ids, c->n_eos);
-    fprintf(fp, ",\n  \"torch_dtype\": \"%s\"\n}\n", write_dtype_torch(dtype));
+    fprintf(fp, ",\n  \"torch_dtype\": \"%s\"", write_dtype_torch(dtype));
+    if (extra != NULL)
+        fprintf(fp, ",\n  %s", extra);
+    fprintf(fp, "\n}\n");
     if (fclose(fp) != 0)
         return BT_ERROR(BT_ERR_IO, "MODEL", "cannot write %s: %s", path,
                         strerror(errno));
@@ -456,7 +459,7 @@ bt_status_t model_write_hf(const model_t *model, const char *dir,
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return BT_ERROR(BT_ERR_IO, "MODEL", "cannot create directory %s: %s",
                         dir, strerror(errno));
-    status = write_hf_config(model, dir, dtype);
+    status = model__write_hf_config(model, dir, dtype, NULL);
     if (status != BT_OK)
         return status;
     return write_st(model, dir, dtype);

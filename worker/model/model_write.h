@@ -10,6 +10,8 @@
 #ifndef BT_WORKER_MODEL_MODEL_WRITE_H
 #define BT_WORKER_MODEL_MODEL_WRITE_H
 
+#include <stdbool.h>
+
 #include "model.h"
 
 #ifdef __cplusplus
@@ -31,6 +33,34 @@ bt_status_t model_write_hf(const model_t *model, const char *dir,
 bt_status_t model_st_write(const char *path, int n, const char *const *names,
                            const model_tensor_t *tensors,
                            model_dtype_t dtype);
+
+/* What model_write_hf_fp8 writes besides the weights. */
+typedef struct {
+    bool per_tensor;          /* one weight scale per tensor (default:
+                                 one per output channel) */
+    const float *input_scale; /* (n_layers, MODEL_N_LINEAR) static GEMM
+                                 input scales; NULL = dynamic per token */
+    const float *kv_scale;    /* (n_layers, 2, n_kv_heads) K then V
+                                 scales; NULL = no KV scales */
+    bool kv_per_head;         /* write them per KV head (strategy
+                                 attn_head, shape [n_kv_heads, 1, 1]);
+                                 false: per layer, the largest of the
+                                 heads (strategy tensor, shape [1]) */
+    bool keep_f32;            /* embeddings, norms, biases and the
+                                 classifier in F32 (default BF16) */
+} model_fp8_write_t;
+
+/* Writes `model` as a compressed-tensors "float-quantized" FP8 Hugging
+ * Face checkpoint into dir: each q/k/v/o/gate/up/down weight as F8_E4M3
+ * with an F32 weight_scale ([out, 1] per channel, [1] per tensor,
+ * absmax / 448, round to nearest even), input_scale [1] when static, the
+ * attention's k_scale / v_scale when given; embeddings, norms and the
+ * classifier in BF16 (F32 with keep_f32).  config.json carries the quantization_config
+ * (quant_method compressed-tensors, format float-quantized, config_groups
+ * targets Linear, ignore lm_head, kv_cache_scheme).  BT_ERR_IO names the
+ * file on failure. */
+bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
+                               const model_fp8_write_t *q);
 
 /* Whether the llama2.c v0 format can express the model; when it cannot,
  * returns BT_ERR_UNSUPPORTED naming the reason (q/k/v biases, rope
