@@ -17,7 +17,9 @@
  * event) and makes /health 503.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions,
- * GET /v1/models[/ID], GET /health, GET /metrics (Prometheus).
+ * GET /v1/models[/ID], POST /tokenize, POST /detokenize, GET /version,
+ * GET /health, GET /livez, GET /metrics (Prometheus); OPTIONS preflights
+ * with --cors-origins.
  */
 #ifndef BT_GATEWAY_GATEWAY_H
 #define BT_GATEWAY_GATEWAY_H
@@ -59,6 +61,11 @@ typedef struct {
     const char *api_key_file;    /* API keys and tenants (NULL: open, no
                                   * tenants); unreadable: create fails */
     bool metrics_auth;           /* /metrics needs a key too */
+    const char *tls_cert;        /* PEM certificate (chain): HTTPS only;
+                                  * with tls_key; unusable: create fails */
+    const char *tls_key;         /* PEM private key */
+    const char *cors_origins;    /* "a,b" or "*": CORS for these origins
+                                  * (NULL: no CORS headers) */
     int max_token_bytes;         /* without a tokenizer: text prompts of
                                   * more than context * this many bytes are
                                   * refused here as too long (128) */
