@@ -282,7 +282,7 @@ static void req_kill(gateway_t *gw, req_t *req)
 /* Adds "Name: value\r\n" lines to a response. */
 static void add_extra_headers(struct MHD_Response *r, const char *extra)
 {
-    char line[256];
+    char line[1024];
 
     while (extra != NULL && *extra != '\0') {
         const char *end = strstr(extra, "\r\n");
@@ -1234,6 +1234,22 @@ static void on_completed(void *cls, struct MHD_Connection *mc,
     *req_cls = NULL;
 }
 
+/* The headers a preflight may allow: those it asks for (SDKs send their
+ * own, X-Stainless-*), when they are a plain list of field names; else
+ * the ones baton reads. */
+static const char *allow_headers(struct MHD_Connection *mc)
+{
+    const char *asked = MHD_lookup_connection_value(
+        mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    size_t len = asked ? strlen(asked) : 0;
+
+    if (len == 0 || len > 1024 ||
+        strspn(asked, "abcdefghijklmnopqrstuvwxyz"
+                      "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_, ") != len)
+        return "Authorization, Content-Type, X-Request-Id";
+    return asked;
+}
+
 /* The checks made on the headers alone, before any body is read: what
  * MHD accepts but baton refuses (chunked bodies, conflicting lengths,
  * bodies over --max-body-bytes, unknown expectations), and CORS.  May
@@ -1306,14 +1322,11 @@ static void req_check_head(gateway_t *gw, req_t *req, const char *url,
         }
         req_respond(gw, req, 204, NULL, "", 0,
                     "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-                    "Access-Control-Allow-Headers: Authorization, "
-                    "Content-Type, X-Request-Id, OpenAI-Organization, "
-                    "OpenAI-Project, X-Stainless-Lang, "
-                    "X-Stainless-Package-Version, X-Stainless-OS, "
-                    "X-Stainless-Arch, X-Stainless-Runtime, "
-                    "X-Stainless-Runtime-Version, X-Stainless-Retry-Count, "
-                    "X-Stainless-Timeout\r\n"
                     "Access-Control-Max-Age: 600\r\n");
+        if (req->resp != NULL)
+            MHD_add_response_header(req->resp,
+                                    "Access-Control-Allow-Headers",
+                                    allow_headers(mc));
     }
 }
 
