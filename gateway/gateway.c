@@ -92,7 +92,7 @@ typedef struct req_s req_t;
 
 /* One client connection: MHD's socket context. */
 typedef struct conn_s {
-    struct MHD_Connection *mhd;
+    struct MHD_Connection *mhd; /* MHD's handle of it */
     int fd;                  /* the socket (MHD owns it) */
     struct conn_s *prev;     /* gw->conns list */
     struct conn_s *next;
@@ -104,9 +104,9 @@ typedef struct conn_s {
 
 /* One request: MHD's request context, from the headers to the end. */
 struct req_s {
-    gateway_t *gw;
+    gateway_t *gw;           /* the gateway serving it */
     conn_t *conn;            /* its connection (NULL once closed) */
-    struct MHD_Connection *mhd;
+    struct MHD_Connection *mhd; /* MHD's handle of the connection */
     gateway_endpoint_t ep;   /* for metrics */
     bool has_body;           /* POST: wait for the body before dispatch */
     bool dispatched;         /* answered or at the router */
@@ -143,7 +143,7 @@ struct req_s {
 
 typedef struct {
     uint64_t rid;  /* 0 = empty */
-    req_t *conn;
+    req_t *conn;   /* the request waiting for rid */
 } rid_entry_t;
 
 struct gateway_s {
@@ -1136,10 +1136,10 @@ static void conn_timeout(gateway_t *gw, conn_t *conn)
 
     if (!gw->tls && conn->fd >= 0) {
         n = snprintf(msg, sizeof(msg),
-                     "HTTP/1.1 408 Request Timeout\r\nServer: baton-http\r\n"
+                     "HTTP/1.1 408 %s\r\nServer: baton-http\r\n"
                      "Content-Type: application/json\r\n"
                      "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                     sizeof(body) - 1, body);
+                     gateway__http_reason(408), sizeof(body) - 1, body);
         if (send(conn->fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
             BT_LOG_DEBUG("HTTP", "408: %s", strerror(errno));
     }
@@ -1459,10 +1459,11 @@ static void refuse(gateway_t *gw, int fd)
 
     if (!gw->tls) {
         n = snprintf(msg, sizeof(msg),
-                     "HTTP/1.1 503 Service Unavailable\r\n"
+                     "HTTP/1.1 503 %s\r\n"
                      "Server: baton-http\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\nConnection: close\r\n"
-                     "Retry-After: 1\r\n\r\n%s", sizeof(body) - 1, body);
+                     "Retry-After: 1\r\n\r\n%s", gateway__http_reason(503),
+                     sizeof(body) - 1, body);
         if (send(fd, msg, (size_t)n, MSG_NOSIGNAL) < 0)
             BT_LOG_DEBUG("HTTP", "503: %s", strerror(errno));
     }
