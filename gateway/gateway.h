@@ -46,14 +46,18 @@ typedef struct {
                                   * to send its request is closed for a
                                   * new one (slowloris cannot fill them) */
     int max_conns_per_client;    /* open connections per client address
-                                  * (128; 0 = no limit) */
-    size_t max_header_bytes;     /* request line + headers (16 KiB) */
+                                  * (128; 0 = no limit): libmicrohttpd's
+                                  * per-IP limit */
+    size_t max_header_bytes;     /* request line + headers (16 KiB; MHD's
+                                  * connection memory is this + 2 KiB) */
     size_t max_body_bytes;       /* request body (4 MiB) */
     int header_timeout_ms;       /* a started request's headers must
                                   * arrive (5 s) */
     int read_timeout_ms;         /* a started request must arrive (10 s) */
     int idle_timeout_ms;         /* idle keep-alive connection (60 s) */
-    int write_timeout_ms;        /* output stalled this long: close (30 s) */
+    int write_timeout_ms;        /* stalled output (30 s): the larger of
+                                  * this and idle_timeout_ms is MHD's
+                                  * connection timeout, which closes it */
     int request_timeout_ms;      /* no router answer: 504 (600 s) */
     int status_timeout_ms;       /* /health, /metrics router wait (1 s) */
     uint32_t deadline_ms;        /* router deadline per request (0 none) */
