@@ -100,8 +100,9 @@ static void expect_refused(int port, const char *req, size_t len)
 }
 
 /* Obsolete line folding and a bare CR inside a field value: RFC 9112
- * lets a recipient replace them with spaces, which libmicrohttpd does;
- * the request is then served (no smuggling: one reading only). */
+ * lets a recipient refuse them or read them as spaces; libmicrohttpd
+ * reads them into the value and serves the request (one request either
+ * way: nothing to smuggle).  A 400 would do as well. */
 static void expect_unfolded(int port, const char *req, size_t len)
 {
     ht_resp_t r;
