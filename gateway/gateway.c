@@ -98,6 +98,7 @@ typedef struct conn_s {
     struct conn_s *next;
     req_t *req;              /* request in the handler, NULL between */
     bool evicted;            /* shut down here; MHD closes it soon */
+    bool used;               /* a request line has arrived on it */
     uint64_t t_idle;         /* connected, or the last request ended (ns) */
     uint64_t t_req_start;    /* request line arrived (ns, 0: none) */
 } conn_t;
@@ -1195,8 +1196,10 @@ static void *on_request_line(void *cls, const char *uri,
 
     (void)cls;
     (void)uri;
-    if (conn != NULL)
+    if (conn != NULL) {
         conn->t_req_start = bt_time_ns();
+        conn->used = true;
+    }
     return NULL;
 }
 
@@ -1539,11 +1542,15 @@ static void router_watch(gateway_t *gw, uint64_t now)
     }
 }
 
-/* Timeouts: slow request senders (408), idle keep-alive connections,
+/* Timeouts: slow request senders (408; a new connection must send its
+ * first request head within --header-timeout-ms, as with nginx's
+ * client_header_timeout), idle keep-alive connections,
  * stalled readers, router requests past their time (504), lingering
  * closes. */
 
-/* Timeouts: slow request senders (408), idle keep-alive connections,
+/* Timeouts: slow request senders (408; a new connection must send its
+ * first request head within --header-timeout-ms, as with nginx's
+ * client_header_timeout), idle keep-alive connections,
  * router requests past their time (504), clients gone while their
  * request waits for the router (cancelled). */
 static void sweep(gateway_t *gw, uint64_t now)
@@ -1566,6 +1573,11 @@ static void sweep(gateway_t *gw, uint64_t now)
                                                     : gw->cfg.read_timeout_ms);
             if (c->t_req_start != 0 && now - c->t_req_start > limit * ms)
                 conn_timeout(gw, c);
+            else if (req == NULL && !c->used &&
+                     now - c->t_idle >
+                         (uint64_t)gw->cfg.header_timeout_ms * ms)
+                conn_timeout(gw, c); /* no request line since accept: a
+                                        partial one is invisible to us */
             else if (req == NULL && c->t_req_start == 0 &&
                      now - c->t_idle >
                          (uint64_t)gw->cfg.idle_timeout_ms * ms)

@@ -51,8 +51,9 @@ typedef struct {
     size_t max_header_bytes;     /* request line + headers (16 KiB; MHD's
                                   * connection memory is this + 2 KiB) */
     size_t max_body_bytes;       /* request body (4 MiB) */
-    int header_timeout_ms;       /* a started request's headers must
-                                  * arrive (5 s) */
+    int header_timeout_ms;       /* a started request's headers, and a
+                                  * new connection's first request head,
+                                  * must arrive (5 s) */
     int read_timeout_ms;         /* a started request must arrive (10 s) */
     int idle_timeout_ms;         /* idle keep-alive connection (60 s) */
     int write_timeout_ms;        /* stalled output (30 s): the larger of
