@@ -11,7 +11,8 @@ SHARED ?= $(abspath ../shared)
 DEB_PACKAGES = build-essential cmake pkg-config git clang \
   libcjson-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
   libucx-dev libpcre2-dev libutf8proc-dev python3 python3-yaml \
-  slurmctld slurmd slurm-client munge nodejs prometheus
+  slurmctld slurmd slurm-client munge nodejs prometheus \
+  libmicrohttpd-dev openssl curl
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build build-asan test test-asan demo fuzz clean format chaos

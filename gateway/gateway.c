@@ -1,24 +1,40 @@
 /*
- * gateway.c - baton-http's event loop: connections, request dispatch,
+ * gateway.c - baton-http on libmicrohttpd: the server wiring (accept,
+ * connection limits and eviction, timeouts, TLS), the request dispatch,
  * the router link and the responses (see gateway.h).
  *
- * Connection life: READ (parse requests as bytes arrive) -> WAIT (a
- * request is at the router; output streams as chunks arrive) -> READ
- * again (keep-alive) or CLOSING (flush, then half-close) -> LINGER (read
- * and drop until the client closes, so a reply sent before unread input
- * is not destroyed by a TCP reset) -> closed.  A connection is never
- * freed in the middle of a handler: conn_kill() marks it dead (cancelling
- * its router request) and the loop frees dead ones at the end of each
- * iteration, so stale pointers never survive a loop turn.
+ * One thread runs everything.  MHD runs in "external epoll" mode
+ * (MHD_USE_EPOLL without an internal thread): its epoll descriptor, our
+ * listening socket and the router's ZeroMQ descriptor sit in one epoll
+ * set, and each loop turn calls MHD_run(), drains the router and sweeps
+ * the timeouts.  Handlers therefore never race the router code.
+ *
+ * A request's life: MHD calls on_request() once with the headers (the
+ * checks MHD does not make: body size, Transfer-Encoding, Expect, CORS
+ * preflight), then with the body, then once more; dispatch() answers at
+ * once (a response is queued) or starts a router job and suspends the
+ * connection.  Router messages fill in the response (non-stream) or the
+ * SSE byte queue (stream, sent by a content-reader callback that suspends
+ * the connection whenever the queue is empty) and resume it.  MHD calls
+ * on_completed() when the request ends for any reason; a job still at
+ * the router is then cancelled there.
+ *
+ * We accept connections ourselves and hand them to MHD
+ * (MHD_add_connection), so that when --max-connections are open the one
+ * idle longest, or slowest to send its request, can be closed for the
+ * new one (MHD itself would refuse the newcomer: slowloris wins).
  */
 #include "gateway.h"
 
 #include <errno.h>
+#include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -34,11 +50,9 @@
 
 #define TAG_LISTEN 0u
 #define TAG_ROUTER 1u
-#define TAG_CONN0 2u
-#define MAX_EVENTS 256
+#define TAG_MHD 2u
+#define MAX_EVENTS 64
 #define TICK_MS 50
-#define LINGER_MS 2000
-#define READ_CHUNK 16384
 #define CONTEXT_POLL_MS 2000 /* how often the cluster context is asked */
 
 void gateway_config_init(gateway_config_t *cfg)
@@ -68,66 +82,69 @@ void gateway_config_init(gateway_config_t *cfg)
 #define GATEWAY_REQUEST_ID_MAX 128 /* longer client X-Request-Ids: replaced */
 
 typedef enum {
-    CONN_READ = 0, /* reading / parsing requests */
-    CONN_WAIT,     /* a request is at the router */
-    CONN_CLOSING,  /* flushing the last response */
-    CONN_LINGER    /* half-closed, dropping input until EOF */
-} conn_state_t;
-
-typedef enum {
     JOB_NONE = 0,
     JOB_GENERATE,  /* completion / chat request at the router */
     JOB_HEALTH,    /* cluster status for /health */
     JOB_METRICS    /* cluster status for /metrics */
 } conn_job_t;
 
-typedef struct {
-    int fd;                  /* client socket, non-blocking */
-    uint8_t addr[16];        /* client address (IPv4: first 4 bytes) */
-    uint8_t addr_len;        /* 4, 16, or 0 when unknown */
-    int slot;                /* index in gw->conns */
-    uint32_t gen;            /* slot generation (stale-event guard) */
-    conn_state_t state;
-    bool dead;               /* freed at the end of the loop turn */
-    bool in_dirty;           /* listed in gw->dirty */
-    bool eof;                /* the client closed its side */
-    uint32_t events;         /* epoll events registered */
-    bt_buf_t in;        /* received, not yet consumed bytes */
-    bt_buf_t out;       /* bytes to send */
-    uint64_t t_activity;     /* last read or write progress (ns) */
-    uint64_t t_req_start;    /* first byte of the pending request (0 none) */
-    uint64_t t_out_since;    /* output pending and unprogressed since */
-    uint64_t t_linger_end;   /* LINGER: close at this time */
-    bool sent_continue;      /* 100 Continue sent for this request */
-    char request_id[GATEWAY_REQUEST_ID_MAX + 1]; /* X-Request-Id of the
-                                request in progress: the client's or
-                                made here; "" between requests */
-    /* the request in progress */
-    bool keep_alive;         /* after the current response */
-    bool http10;             /* HTTP/1.0 client: no chunked replies */
+typedef struct req_s req_t;
+
+/* One client connection: MHD's socket context. */
+typedef struct conn_s {
+    struct MHD_Connection *mhd; /* MHD's handle of it */
+    int fd;                  /* the socket (MHD owns it) */
+    struct conn_s *prev;     /* gw->conns list */
+    struct conn_s *next;
+    req_t *req;              /* request in the handler, NULL between */
+    bool evicted;            /* shut down here; MHD closes it soon */
+    bool used;               /* a request line has arrived on it */
+    uint64_t t_idle;         /* connected, or the last request ended (ns) */
+    uint64_t t_req_start;    /* request line arrived (ns, 0: none) */
+} conn_t;
+
+/* One request: MHD's request context, from the headers to the end. */
+struct req_s {
+    gateway_t *gw;           /* the gateway serving it */
+    conn_t *conn;            /* its connection (NULL once closed) */
+    struct MHD_Connection *mhd; /* MHD's handle of the connection */
     gateway_endpoint_t ep;   /* for metrics */
+    bool has_body;           /* POST: wait for the body before dispatch */
+    bool dispatched;         /* answered or at the router */
+    bool queued;             /* a response is queued with MHD */
+    bool suspended;          /* MHD_suspend_connection in effect */
+    bool dead;               /* client gone or killed: close */
+    bool close;              /* Connection: close on the response */
+    char cors[256];          /* Access-Control-Allow-Origin value, or "" */
+    bt_buf_t body;           /* request body */
+    struct MHD_Response *resp; /* ready, not yet queued */
+    int status;              /* status of the response */
+    char request_id[GATEWAY_REQUEST_ID_MAX + 1]; /* X-Request-Id: the
+                                client's or made here */
     conn_job_t job;
     uint64_t rid;            /* router request id of job (0 none) */
     uint64_t t_deadline;     /* job gives up at this time (ns) */
     /* generation requests */
-    gateway_api_resp_t resp; /* id, created, model, usage */
-    char id[48];             /* resp.id storage */
+    gateway_api_resp_t resp_info; /* id, created, model, usage */
+    char id[48];             /* resp_info.id storage */
     bool stream;
     bool include_usage;
-    bool headers_sent;       /* stream head written */
-    bt_buf_t text;      /* non-stream: gathered completion text */
+    bool stream_started;     /* the 200 head and reader are set up */
+    bool stream_done;        /* [DONE] is in sse */
+    bt_buf_t sse;            /* stream bytes not yet taken by MHD */
+    bt_buf_t text;           /* non-stream: gathered completion text */
     uint32_t n_tokens;       /* ids received */
-    uint64_t t_start;        /* request parsed (ns) */
+    uint64_t t_start;        /* request dispatched (ns) */
     uint64_t t_first;        /* first token received (ns) */
     gateway_tenant_t *tenant; /* admitted against this tenant's limits
                                 (NULL: none); released at the job's end */
     uint64_t charged;        /* tokens charged to it at admission */
     uint64_t prompt_est;     /* of which the prompt's */
-} conn_t;
+};
 
 typedef struct {
     uint64_t rid;  /* 0 = empty */
-    conn_t *conn;
+    req_t *conn;   /* the request waiting for rid */
 } rid_entry_t;
 
 struct gateway_s {
@@ -137,22 +154,22 @@ struct gateway_s {
     int port;
     int epoll_fd;
     int router_fd;               /* ZMQ_FD of the client socket */
+    struct MHD_Daemon *mhd;
+    bool tls;                    /* HTTPS only */
+    char *tls_cert;              /* PEM text (owned) */
+    char *tls_key;               /* PEM text (owned; a secret) */
+    gateway_cors_t *cors;        /* allowed origins, NULL: no CORS */
     client_t *client;
     gateway_auth_t *auth;        /* API keys and tenants, NULL: open */
     tok_t *tok;                  /* NULL without --tokenizer */
     gateway_api_ctx_t api;
-    gateway_http_limits_t limits;
-    conn_t **conns;              /* (max_connections) slots, NULL = free */
-    uint32_t *gens;              /* (max_connections) slot generations */
+    conn_t *conns;               /* open connections */
     int n_conns;
-    conn_t **dead;               /* (max_connections) to free this turn */
-    int n_dead;
-    conn_t **dirty;              /* (max_connections) output to flush */
-    int n_dirty;
-    rid_entry_t *map;            /* (map_cap) rid -> conn, open addressing */
+    int n_evicted;               /* of which shut down, not yet closed */
+    rid_entry_t *map;            /* (map_cap) rid -> request */
     size_t map_cap;
     gateway_metrics_t metrics;
-    bt_buf_t scratch;       /* event JSON under construction */
+    bt_buf_t scratch;            /* event JSON under construction */
     uint64_t id_counter;         /* response ids */
     uint32_t max_context;        /* cluster context (tokens), 0 unknown */
     uint64_t ctx_rid;            /* our own status request, 0 none */
@@ -162,14 +179,14 @@ struct gateway_s {
 };
 
 // ---------------------------------------------------------------------------
-// rid -> connection map (linear probing, backward-shift deletion)
+// rid -> request map (linear probing, backward-shift deletion)
 
 static size_t map_hash(const gateway_t *gw, uint64_t rid)
 {
     return (size_t)((rid * 0x9e3779b97f4a7c15ull) >> 17) & (gw->map_cap - 1);
 }
 
-static void map_put(gateway_t *gw, uint64_t rid, conn_t *conn)
+static void map_put(gateway_t *gw, uint64_t rid, req_t *conn)
 {
     size_t i = map_hash(gw, rid);
 
@@ -179,7 +196,7 @@ static void map_put(gateway_t *gw, uint64_t rid, conn_t *conn)
     gw->map[i].conn = conn;
 }
 
-static conn_t *map_get(const gateway_t *gw, uint64_t rid)
+static req_t *map_get(const gateway_t *gw, uint64_t rid)
 {
     size_t i = map_hash(gw, rid);
 
@@ -216,222 +233,134 @@ static void map_remove(gateway_t *gw, uint64_t rid)
     }
 }
 
+
 // ---------------------------------------------------------------------------
-// Connection plumbing
+// Requests: jobs, responses
 
-static uint64_t epoll_tag(const conn_t *conn)
+/* Lets MHD go on with a suspended request (a response or stream bytes are
+ * ready, or it is to be closed). */
+static void req_resume(req_t *req)
 {
-    return ((uint64_t)conn->gen << 32) | (uint64_t)(conn->slot + TAG_CONN0);
+    if (!req->suspended)
+        return;
+    req->suspended = false;
+    MHD_resume_connection(req->mhd);
 }
 
-/* Registers the events the connection needs now. */
-static void conn_update_events(gateway_t *gw, conn_t *conn)
+/* Ends the router side of the request's job: cancels a generation still
+ * running there (cancel = true) and forgets the request id. */
+static void job_drop(gateway_t *gw, req_t *req, bool cancel)
 {
-    struct epoll_event ev;
-    uint32_t want = 0;
-    size_t in_limit = gw->cfg.max_header_bytes + gw->cfg.max_body_bytes;
-
-    if (conn->dead)
+    if (req->job == JOB_NONE)
         return;
-    if (!conn->eof) {
-        want |= EPOLLRDHUP;
-        if (!(conn->state == CONN_WAIT && conn->in.len >= in_limit))
-            want |= EPOLLIN;
-    }
-    if (conn->out.len > 0)
-        want |= EPOLLOUT;
-    if (want == conn->events)
-        return;
-    memset(&ev, 0, sizeof(ev));
-    ev.events = want;
-    ev.data.u64 = epoll_tag(conn);
-    if (epoll_ctl(gw->epoll_fd, EPOLL_CTL_MOD, conn->fd, &ev) == 0)
-        conn->events = want;
-}
-
-/* Ends the router side of the connection's job: cancels a generation
- * still running there (cancel = true) and forgets the request id. */
-static void conn_job_drop(gateway_t *gw, conn_t *conn, bool cancel)
-{
-    if (conn->job == JOB_NONE)
-        return;
-    if (conn->job == JOB_GENERATE) {
+    if (req->job == JOB_GENERATE) {
         if (cancel) {
-            if (client_cancel(gw->client, conn->rid) != BT_OK)
+            if (client_cancel(gw->client, req->rid) != BT_OK)
                 BT_LOG_WARN("HTTP", "cannot cancel request %llu",
-                            (unsigned long long)conn->rid);
+                            (unsigned long long)req->rid);
             gw->metrics.cancelled++;
         }
         gw->metrics.in_flight--;
-        if (conn->tenant != NULL) /* tokens it cost: prompt + received */
-            gateway__tenant_release(conn->tenant, conn->charged,
-                                    conn->prompt_est + conn->n_tokens);
-        conn->tenant = NULL;
+        if (req->tenant != NULL) /* tokens it cost: prompt + received */
+            gateway__tenant_release(req->tenant, req->charged,
+                                    req->prompt_est + req->n_tokens);
+        req->tenant = NULL;
     }
-    map_remove(gw, conn->rid);
-    conn->job = JOB_NONE;
-    conn->rid = 0;
+    map_remove(gw, req->rid);
+    req->job = JOB_NONE;
+    req->rid = 0;
 }
 
-/* Marks a connection dead; it is closed and freed at the end of the loop
- * turn.  A generation still at the router is cancelled there. */
-static void conn_kill(gateway_t *gw, conn_t *conn)
+/* Gives up on a request: its router job is cancelled and MHD closes the
+ * connection at the next chance. */
+static void req_kill(gateway_t *gw, req_t *req)
 {
-    if (conn->dead)
-        return;
-    conn_job_drop(gw, conn, true);
-    conn->dead = true;
-    gw->dead[gw->n_dead++] = conn;
+    job_drop(gw, req, true);
+    req->dead = true;
+    req_resume(req);
 }
 
-static void conn_free(gateway_t *gw, conn_t *conn)
+/* Adds "Name: value\r\n" lines to a response. */
+static void add_extra_headers(struct MHD_Response *r, const char *extra)
 {
-    epoll_ctl(gw->epoll_fd, EPOLL_CTL_DEL, conn->fd, NULL);
-    close(conn->fd);
-    gw->conns[conn->slot] = NULL;
-    gw->n_conns--;
-    gw->metrics.connections = gw->n_conns;
-    bt_buf_cleanup(&conn->in);
-    bt_buf_cleanup(&conn->out);
-    bt_buf_cleanup(&conn->text);
-    bt_free(conn);
-}
+    char line[1024];
 
-/* Queues the connection for a flush at the end of the loop turn, so the
- * chunks of one router batch leave in one send(). */
-static void conn_dirty(gateway_t *gw, conn_t *conn)
-{
-    if (conn->in_dirty)
-        return;
-    conn->in_dirty = true;
-    gw->dirty[gw->n_dirty++] = conn;
-}
+    while (extra != NULL && *extra != '\0') {
+        const char *end = strstr(extra, "\r\n");
+        size_t len = end ? (size_t)(end - extra) : strlen(extra);
+        char *colon;
 
-/* Appends to the output; when the connection cannot hold more (memory,
- * or a stream reader too slow for --max-stream-buffer) it is killed. */
-static bool conn_write(gateway_t *gw, conn_t *conn, const void *data,
-                       size_t len)
-{
-    if (conn->dead)
-        return false;
-    if (conn->out.len == 0)
-        conn->t_out_since = bt_time_ns();
-    if (bt_buf_append(&conn->out, data, len) != BT_OK) {
-        conn_kill(gw, conn);
-        return false;
-    }
-    if (conn->stream && conn->out.len > gw->cfg.max_stream_buffer) {
-        BT_LOG_WARN("HTTP", "stream reader too slow: %zu bytes unsent, "
-                    "closing", conn->out.len);
-        conn_kill(gw, conn);
-        return false;
-    }
-    conn_dirty(gw, conn);
-    return true;
-}
-
-/* Sends what the kernel takes now. */
-static void conn_flush(gateway_t *gw, conn_t *conn)
-{
-    size_t off = 0;
-
-    while (!conn->dead && off < conn->out.len) {
-        ssize_t n = send(conn->fd, conn->out.data + off, conn->out.len - off,
-                         MSG_NOSIGNAL);
-        if (n > 0) {
-            off += (size_t)n;
-            conn->t_activity = conn->t_out_since = bt_time_ns();
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            break;
-        } else {
-            conn_kill(gw, conn);
-            return;
+        if (len < sizeof(line)) {
+            memcpy(line, extra, len);
+            line[len] = '\0';
+            colon = strchr(line, ':');
+            if (colon != NULL) {
+                char *v = colon + 1;
+                *colon = '\0';
+                while (*v == ' ')
+                    v++;
+                MHD_add_response_header(r, line, v);
+            }
         }
+        extra = end ? end + 2 : extra + len;
     }
-    bt_buf_consume(&conn->out, off);
-    if (conn->out.len == 0 && conn->state == CONN_CLOSING) {
-        if (conn->eof) {
-            conn_kill(gw, conn);
-            return;
-        }
-        shutdown(conn->fd, SHUT_WR);
-        conn->state = CONN_LINGER;
-        conn->t_linger_end = bt_time_ns() + LINGER_MS * 1000000ull;
+}
+
+/* The headers of every response: server, request id, CORS, close. */
+static void add_common_headers(const req_t *req, struct MHD_Response *r,
+                               const char *ctype)
+{
+    MHD_add_response_header(r, "Server", "baton-http");
+    if (ctype != NULL)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (req->request_id[0] != '\0')
+        MHD_add_response_header(r, "X-Request-Id", req->request_id);
+    if (req->cors[0] != '\0') {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", req->cors);
+        MHD_add_response_header(r, "Access-Control-Expose-Headers",
+                                "X-Request-Id, Retry-After");
+        if (strcmp(req->cors, "*") != 0)
+            MHD_add_response_header(r, "Vary", "Origin");
     }
-    conn_update_events(gw, conn);
+    if (req->close)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
 }
 
-// ---------------------------------------------------------------------------
-// Responses
-
-static void conn_request_reset(conn_t *conn)
+/* Counts and logs the response of a request (status known). */
+static void req_count(gateway_t *gw, req_t *req, int status)
 {
-    conn->job = JOB_NONE;
-    conn->rid = 0;
-    conn->stream = false;
-    conn->include_usage = false;
-    conn->headers_sent = false;
-    conn->n_tokens = 0;
-    conn->t_first = 0;
-    conn->text.len = 0;
-    conn->sent_continue = false;
-    conn->request_id[0] = '\0';
+    req->status = status;
+    BT_LOG_INFO("HTTP", "request %s: %s %d", req->request_id,
+                gateway__metrics_endpoint_name(req->ep), status);
+    gateway__metrics_request(&gw->metrics, req->ep, status);
 }
 
-/* The response to the current request is queued: count it and move to
- * the next request (keep-alive) or to closing. */
-static void conn_request_end(gateway_t *gw, conn_t *conn, int status)
+/* Sets the whole response of a request (copied); it is queued by the
+ * handler, now or once the connection is resumed. */
+static void req_respond(gateway_t *gw, req_t *req, int status,
+                        const char *ctype, const char *body, size_t len,
+                        const char *extra)
 {
-    BT_LOG_INFO("HTTP", "request %s: %s %d", conn->request_id,
-                gateway__metrics_endpoint_name(conn->ep), status);
-    gateway__metrics_request(&gw->metrics, conn->ep, status);
-    conn_request_reset(conn);
-    conn->state = conn->keep_alive ? CONN_READ : CONN_CLOSING;
-    conn->t_req_start = conn->in.len > 0 ? bt_time_ns() : 0;
-    conn_dirty(gw, conn);
+    struct MHD_Response *r;
+
+    if (req->resp != NULL || req->queued || req->dead)
+        return;
+    r = MHD_create_response_from_buffer(len, (void *)body,
+                                        MHD_RESPMEM_MUST_COPY);
+    if (r == NULL) {
+        req_kill(gw, req);
+        return;
+    }
+    add_common_headers(req, r, ctype);
+    add_extra_headers(r, extra);
+    req->resp = r;
+    req_count(gw, req, status);
+    req_resume(req);
 }
 
-static void conn_head(gateway_t *gw, conn_t *conn, int status,
-                      const char *ctype, long long content_length,
-                      const char *extra)
-{
-    char head[768];
-    int n;
-
-    n = snprintf(head, sizeof(head),
-                 "HTTP/1.1 %d %s\r\nServer: baton-http\r\n"
-                 "Content-Type: %s\r\n",
-                 status, gateway__http_reason(status), ctype);
-    if (content_length >= 0)
-        n += snprintf(head + n, sizeof(head) - (size_t)n,
-                      "Content-Length: %lld\r\n", content_length);
-    else if (!conn->http10)
-        n += snprintf(head + n, sizeof(head) - (size_t)n,
-                      "Transfer-Encoding: chunked\r\n");
-    if (conn->request_id[0] != '\0')
-        n += snprintf(head + n, sizeof(head) - (size_t)n,
-                      "X-Request-Id: %s\r\n", conn->request_id);
-    n += snprintf(head + n, sizeof(head) - (size_t)n,
-                  "Connection: %s\r\n%s\r\n",
-                  conn->keep_alive ? "keep-alive" : "close",
-                  extra ? extra : "");
-    conn_write(gw, conn, head, (size_t)n);
-}
-
-static void conn_respond(gateway_t *gw, conn_t *conn, int status,
-                         const char *ctype, const char *body, size_t len,
-                         const char *extra)
-{
-    conn_head(gw, conn, status, ctype, (long long)len, extra);
-    conn_write(gw, conn, body, len);
-    conn_request_end(gw, conn, status);
-}
-
-static void conn_respond_error(gateway_t *gw, conn_t *conn,
-                               const gateway_api_error_t *err,
-                               const char *extra)
+static void req_respond_error(gateway_t *gw, req_t *req,
+                              const gateway_api_error_t *err,
+                              const char *extra)
 {
     bt_buf_t *b = &gw->scratch;
     char retry[48];
@@ -439,7 +368,7 @@ static void conn_respond_error(gateway_t *gw, conn_t *conn,
     b->len = 0;
     if (gateway__api_error_json(err, b) != BT_OK ||
         bt_buf_append(b, "\n", 1) != BT_OK) {
-        conn_kill(gw, conn);
+        req_kill(gw, req);
         return;
     }
     if (extra == NULL && (err->status == 429 || err->status == 503 ||
@@ -450,97 +379,138 @@ static void conn_respond_error(gateway_t *gw, conn_t *conn,
         extra = retry;
     }
     if (err->status >= 500 && err->status != 503 && err->status != 504)
-        BT_LOG_WARN("HTTP", "request %s: %d: %s", conn->request_id,
+        BT_LOG_WARN("HTTP", "request %s: %d: %s", req->request_id,
                     err->status, err->message);
-    conn_respond(gw, conn, err->status, "application/json", b->data, b->len,
-                 extra);
+    req_respond(gw, req, err->status, "application/json", b->data, b->len,
+                extra);
 }
 
-static void respond_simple_error(gateway_t *gw, conn_t *conn, int status,
+static void respond_simple_error(gateway_t *gw, req_t *req, int status,
                                  const char *type, const char *code,
                                  const char *msg, const char *extra)
 {
     gateway_api_error_t err;
 
     gateway__api_error_set(&err, status, type, code, NULL, "%s", msg);
-    conn_respond_error(gw, conn, &err, extra);
+    req_respond_error(gw, req, &err, extra);
 }
 
-/* One SSE event "data: JSON\n\n" (a chunk of its own when chunked). */
-static void stream_event(gateway_t *gw, conn_t *conn, const char *data,
+// ---------------------------------------------------------------------------
+// Streams (SSE)
+
+/* MHD's content reader of a stream: hands out the queued SSE bytes; with
+ * none, suspends the connection until the router sends more (returning 0
+ * without suspending would make MHD spin). */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    req_t *req = cls;
+    size_t n;
+
+    (void)pos;
+    if (req->dead)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (req->sse.len > 0) {
+        n = req->sse.len < max ? req->sse.len : max;
+        memcpy(buf, req->sse.data, n);
+        bt_buf_consume(&req->sse, n);
+        return (ssize_t)n;
+    }
+    if (req->stream_done)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    req->suspended = true;
+    MHD_suspend_connection(req->mhd);
+    return 0;
+}
+
+/* Queues one SSE event "data: JSON\n\n" (MHD frames it as a chunk). */
+static void stream_event(gateway_t *gw, req_t *req, const char *data,
                          size_t len)
 {
-    char pre[32];
-    int n;
-
-    if (!conn->http10) {
-        n = snprintf(pre, sizeof(pre), "%zx\r\n", len + 8);
-        conn_write(gw, conn, pre, (size_t)n);
-    }
-    conn_write(gw, conn, "data: ", 6);
-    conn_write(gw, conn, data, len);
-    conn_write(gw, conn, "\n\n", 2);
-    if (!conn->http10)
-        conn_write(gw, conn, "\r\n", 2);
-}
-
-static void stream_head(gateway_t *gw, conn_t *conn)
-{
-    if (conn->headers_sent)
+    if (req->dead)
         return;
-    conn->headers_sent = true;
-    if (conn->http10)
-        conn->keep_alive = false; /* the end of the stream is the close */
-    conn_head(gw, conn, 200, "text/event-stream", -1,
-              "Cache-Control: no-cache\r\n");
-    if (conn->resp.kind == GATEWAY_API_CHAT) {
-        gw->scratch.len = 0;
-        if (gateway__api_chunk_json(&conn->resp, "", 0, true, NULL,
-                                    conn->include_usage,
-                                    &gw->scratch) == BT_OK)
-            stream_event(gw, conn, gw->scratch.data, gw->scratch.len);
+    if (bt_buf_append(&req->sse, "data: ", 6) != BT_OK ||
+        bt_buf_append(&req->sse, data, len) != BT_OK ||
+        bt_buf_append(&req->sse, "\n\n", 2) != BT_OK) {
+        req_kill(gw, req);
+        return;
     }
+    if (req->sse.len > gw->cfg.max_stream_buffer) {
+        BT_LOG_WARN("HTTP", "stream reader too slow: %zu bytes unsent, "
+                    "closing", req->sse.len);
+        req_kill(gw, req);
+        return;
+    }
+    req_resume(req);
 }
 
-static void stream_end(gateway_t *gw, conn_t *conn)
+/* The 200 head of a stream (and chat's role delta), once. */
+static void stream_head(gateway_t *gw, req_t *req)
 {
-    stream_event(gw, conn, "[DONE]", 6);
-    if (!conn->http10)
-        conn_write(gw, conn, "0\r\n\r\n", 5);
+    struct MHD_Response *r;
+
+    if (req->stream_started || req->dead)
+        return;
+    req->stream_started = true;
+    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096,
+                                          stream_read, req, NULL);
+    if (r == NULL) {
+        req_kill(gw, req);
+        return;
+    }
+    add_common_headers(req, r, "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    req->resp = r;
+    req_count(gw, req, 200);
+    if (req->resp_info.kind == GATEWAY_API_CHAT) {
+        gw->scratch.len = 0;
+        if (gateway__api_chunk_json(&req->resp_info, "", 0, true, NULL,
+                                    req->include_usage,
+                                    &gw->scratch) == BT_OK)
+            stream_event(gw, req, gw->scratch.data, gw->scratch.len);
+    }
+    req_resume(req);
 }
+
+static void stream_end(gateway_t *gw, req_t *req)
+{
+    stream_event(gw, req, "[DONE]", 6);
+    req->stream_done = true;
+    req_resume(req);
+}
+
 
 // ---------------------------------------------------------------------------
 // Router messages
 
-static void on_chunk(gateway_t *gw, conn_t *conn, const Baton__TokenChunk *c)
+static void on_chunk(gateway_t *gw, req_t *req, const Baton__TokenChunk *c)
 {
     const char *text = c->has_text ? (const char *)c->text.data : "";
     size_t len = c->has_text ? c->text.len : 0;
     uint64_t now = bt_time_ns();
 
-    if (conn->job != JOB_GENERATE)
+    if (req->job != JOB_GENERATE)
         return;
-    if (conn->t_first == 0 && c->n_ids > 0) {
-        conn->t_first = now;
+    if (req->t_first == 0 && c->n_ids > 0) {
+        req->t_first = now;
         bt_prom_hist_observe(&gw->metrics.ttft,
-                              (double)(now - conn->t_start) * 1e-9);
+                             (double)(now - req->t_start) * 1e-9);
     }
-    conn->n_tokens += (uint32_t)c->n_ids;
-    if (!conn->stream) {
-        if (bt_buf_append(&conn->text, text, len) != BT_OK)
-            conn_kill(gw, conn);
+    req->n_tokens += (uint32_t)c->n_ids;
+    if (!req->stream) {
+        if (bt_buf_append(&req->text, text, len) != BT_OK)
+            req_kill(gw, req);
         return;
     }
-    stream_head(gw, conn);
+    stream_head(gw, req);
     if (len == 0)
         return;
     gw->scratch.len = 0;
-    if (gateway__api_chunk_json(&conn->resp, text, len, false, NULL,
-                                conn->include_usage, &gw->scratch) != BT_OK) {
-        conn_kill(gw, conn);
+    if (gateway__api_chunk_json(&req->resp_info, text, len, false, NULL,
+                                req->include_usage, &gw->scratch) != BT_OK) {
+        req_kill(gw, req);
         return;
     }
-    stream_event(gw, conn, gw->scratch.data, gw->scratch.len);
+    stream_event(gw, req, gw->scratch.data, gw->scratch.len);
 }
 
 static const char *finish_name(Baton__FinishReason r)
@@ -552,104 +522,101 @@ static const char *finish_name(Baton__FinishReason r)
     }
 }
 
-static void on_finished(gateway_t *gw, conn_t *conn,
-                        const Baton__Finished *f)
+static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
 {
     const char *finish = finish_name(f->reason);
     uint64_t now = bt_time_ns();
     bt_buf_t *b = &gw->scratch;
 
-    if (conn->job != JOB_GENERATE)
+    if (req->job != JOB_GENERATE)
         return;
-    conn_job_drop(gw, conn, false);
-    conn->resp.prompt_tokens = f->usage ? f->usage->prompt_tokens : 0;
-    conn->resp.completion_tokens =
-        f->usage ? f->usage->completion_tokens : conn->n_tokens;
-    gw->metrics.prompt_tokens += conn->resp.prompt_tokens;
-    gw->metrics.completion_tokens += conn->resp.completion_tokens;
+    job_drop(gw, req, false);
+    req->resp_info.prompt_tokens = f->usage ? f->usage->prompt_tokens : 0;
+    req->resp_info.completion_tokens =
+        f->usage ? f->usage->completion_tokens : req->n_tokens;
+    gw->metrics.prompt_tokens += req->resp_info.prompt_tokens;
+    gw->metrics.completion_tokens += req->resp_info.completion_tokens;
     bt_prom_hist_observe(&gw->metrics.e2e,
-                          (double)(now - conn->t_start) * 1e-9);
-    if (conn->n_tokens > 1 && conn->t_first != 0)
+                         (double)(now - req->t_start) * 1e-9);
+    if (req->n_tokens > 1 && req->t_first != 0)
         bt_prom_hist_observe(&gw->metrics.tpot,
-                              (double)(now - conn->t_first) * 1e-9 /
-                                  (conn->n_tokens - 1));
+                             (double)(now - req->t_first) * 1e-9 /
+                                 (req->n_tokens - 1));
     b->len = 0;
-    if (conn->stream) {
-        stream_head(gw, conn);
-        if (gateway__api_chunk_json(&conn->resp, "", 0, false, finish,
-                                    conn->include_usage, b) != BT_OK)
+    if (req->stream) {
+        stream_head(gw, req);
+        if (gateway__api_chunk_json(&req->resp_info, "", 0, false, finish,
+                                    req->include_usage, b) != BT_OK)
             goto err_kill;
-        stream_event(gw, conn, b->data, b->len);
-        if (conn->include_usage) {
+        stream_event(gw, req, b->data, b->len);
+        if (req->include_usage) {
             b->len = 0;
-            if (gateway__api_usage_chunk_json(&conn->resp, b) != BT_OK)
+            if (gateway__api_usage_chunk_json(&req->resp_info, b) != BT_OK)
                 goto err_kill;
-            stream_event(gw, conn, b->data, b->len);
+            stream_event(gw, req, b->data, b->len);
         }
-        stream_end(gw, conn);
-        conn_request_end(gw, conn, 200);
+        stream_end(gw, req);
         return;
     }
-    if (gateway__api_response_json(&conn->resp, conn->text.data,
-                                   conn->text.len, finish, b) != BT_OK ||
+    if (gateway__api_response_json(&req->resp_info, req->text.data,
+                                   req->text.len, finish, b) != BT_OK ||
         bt_buf_append(b, "\n", 1) != BT_OK)
         goto err_kill;
-    conn_respond(gw, conn, 200, "application/json", b->data, b->len, NULL);
+    req_respond(gw, req, 200, "application/json", b->data, b->len, NULL);
     return;
 
 err_kill:
-    conn_kill(gw, conn);
+    req_kill(gw, req);
 }
 
 /* Fails the current generation with err: a JSON error response, or an
  * error event when the stream has begun. */
-static void generation_fail(gateway_t *gw, conn_t *conn,
+static void generation_fail(gateway_t *gw, req_t *req,
                             const gateway_api_error_t *err)
 {
-    if (conn->stream && conn->headers_sent) {
+    if (req->stream && req->stream_started) {
         gw->scratch.len = 0;
         if (gateway__api_error_json(err, &gw->scratch) != BT_OK) {
-            conn_kill(gw, conn);
+            req_kill(gw, req);
             return;
         }
-        stream_event(gw, conn, gw->scratch.data, gw->scratch.len);
-        stream_end(gw, conn);
-        conn_request_end(gw, conn, 200); /* the status already sent */
+        stream_event(gw, req, gw->scratch.data, gw->scratch.len);
+        stream_end(gw, req);
         return;
     }
-    conn_respond_error(gw, conn, err, NULL);
+    req_respond_error(gw, req, err, NULL);
 }
 
-static void respond_health(gateway_t *gw, conn_t *conn,
+static void respond_health(gateway_t *gw, req_t *req,
                            const Baton__ClusterStatus *cs);
-static void respond_metrics(gateway_t *gw, conn_t *conn,
+static void respond_metrics(gateway_t *gw, req_t *req,
                             const Baton__ClusterStatus *cs);
 
-static void on_error(gateway_t *gw, conn_t *conn, const Baton__Error *e)
+static void on_error(gateway_t *gw, req_t *req, const Baton__Error *e)
 {
     gateway_api_error_t err;
-    conn_job_t job = conn->job;
+    conn_job_t job = req->job;
 
     if (job == JOB_HEALTH || job == JOB_METRICS) {
         /* the status request was lost with the router */
-        conn_job_drop(gw, conn, false);
+        job_drop(gw, req, false);
         if (job == JOB_HEALTH)
-            respond_health(gw, conn, NULL);
+            respond_health(gw, req, NULL);
         else
-            respond_metrics(gw, conn, NULL);
+            respond_metrics(gw, req, NULL);
         return;
     }
     if (job != JOB_GENERATE)
         return;
-    conn_job_drop(gw, conn, false);
+    job_drop(gw, req, false);
     gateway__api_error_from_router(e->code, e->message,
                                    e->has_retry_after_ms ? e->retry_after_ms
                                                          : 0,
                                    &err);
-    generation_fail(gw, conn, &err);
+    generation_fail(gw, req, &err);
 }
 
-static void respond_health(gateway_t *gw, conn_t *conn,
+static void respond_health(gateway_t *gw, req_t *req,
                            const Baton__ClusterStatus *cs)
 {
     int n_prefill = 0, n_decode = 0, n_both = 0, status;
@@ -661,8 +628,8 @@ static void respond_health(gateway_t *gw, conn_t *conn,
                      client_router_state(gw->client) == CLIENT_ROUTER_LOST
                          ? "router_lost"
                          : "router_unreachable");
-        conn_respond(gw, conn, 503, "application/json", body, (size_t)n,
-                     "Retry-After: 1\r\n");
+        req_respond(gw, req, 503, "application/json", body, (size_t)n,
+                    "Retry-After: 1\r\n");
         return;
     }
     /* Serving needs a worker that can prefill (a prefill worker, or a
@@ -684,40 +651,38 @@ static void respond_health(gateway_t *gw, conn_t *conn,
                  "\"queued\":%u,\"in_flight\":%u}\n",
                  status == 200 ? "ok" : "no_workers", n_prefill, n_decode,
                  n_both, cs->queued, cs->in_flight);
-    conn_respond(gw, conn, status, "application/json", body, (size_t)n,
-                 status == 503 ? "Retry-After: 1\r\n" : NULL);
+    req_respond(gw, req, status, "application/json", body, (size_t)n,
+                status == 503 ? "Retry-After: 1\r\n" : NULL);
 }
 
-static void respond_metrics(gateway_t *gw, conn_t *conn,
+static void respond_metrics(gateway_t *gw, req_t *req,
                             const Baton__ClusterStatus *cs)
 {
     bt_buf_t *b = &gw->scratch;
 
     b->len = 0;
-    gw->metrics.connections = gw->n_conns;
+    gw->metrics.connections = gw->n_conns - gw->n_evicted;
     if (gateway__metrics_render(&gw->metrics, cs, b) != BT_OK) {
-        conn_kill(gw, conn);
+        req_kill(gw, req);
         return;
     }
-    conn_respond(gw, conn, 200, "text/plain; version=0.0.4; charset=utf-8",
-                 b->data, b->len, NULL);
+    req_respond(gw, req, 200, "text/plain; version=0.0.4; charset=utf-8",
+                b->data, b->len, NULL);
 }
 
-static void on_status(gateway_t *gw, conn_t *conn,
+static void on_status(gateway_t *gw, req_t *req,
                       const Baton__ClusterStatus *cs)
 {
-    conn_job_t job = conn->job;
+    conn_job_t job = req->job;
 
     if (job != JOB_HEALTH && job != JOB_METRICS)
         return;
-    conn_job_drop(gw, conn, false);
+    job_drop(gw, req, false);
     if (job == JOB_HEALTH)
-        respond_health(gw, conn, cs);
+        respond_health(gw, req, cs);
     else
-        respond_metrics(gw, conn, cs);
+        respond_metrics(gw, req, cs);
 }
-
-static void process_input(gateway_t *gw, conn_t *conn);
 
 /* Takes every message the router has for us now. */
 static void drain_router(gateway_t *gw)
@@ -725,7 +690,7 @@ static void drain_router(gateway_t *gw)
     for (;;) {
         Baton__ClientMessage *m = NULL;
         bt_status_t status = client_recv(gw->client, 0, &m);
-        conn_t *conn;
+        req_t *req;
 
         if (status == BT_ERR_FORMAT)
             continue; /* logged by the client library */
@@ -742,33 +707,31 @@ static void drain_router(gateway_t *gw)
         if (m->body_case == BATON__CLIENT_MESSAGE__BODY_STATUS &&
             m->status->has_max_context && m->status->max_context > 0)
             gw->max_context = m->status->max_context;
-        conn = map_get(gw, client_msg_request_id(m));
-        if (conn != NULL && !conn->dead) {
+        req = map_get(gw, client_msg_request_id(m));
+        if (req != NULL && !req->dead) {
             switch (m->body_case) {
             case BATON__CLIENT_MESSAGE__BODY_CHUNK:
-                on_chunk(gw, conn, m->chunk);
+                on_chunk(gw, req, m->chunk);
                 break;
             case BATON__CLIENT_MESSAGE__BODY_FINISHED:
-                on_finished(gw, conn, m->finished);
+                on_finished(gw, req, m->finished);
                 break;
             case BATON__CLIENT_MESSAGE__BODY_ERROR:
-                on_error(gw, conn, m->error);
+                on_error(gw, req, m->error);
                 break;
             case BATON__CLIENT_MESSAGE__BODY_STATUS:
-                on_status(gw, conn, m->status);
+                on_status(gw, req, m->status);
                 break;
             default:
                 break;
             }
-            if (!conn->dead && conn->state == CONN_READ)
-                process_input(gw, conn); /* pipelined next request */
         }
         proto_client_free(&m);
     }
 }
 
 // ---------------------------------------------------------------------------
-// Requests
+// Dispatch
 
 /* True (err set: 400 context_length_exceeded) when the prompt cannot fit
  * the cluster's context, so that no worker spends time on it.  Token ids
@@ -823,7 +786,7 @@ static uint64_t prompt_estimate(const gateway_api_req_t *areq)
 /* Admits a parsed request against its tenant's limits (none without
  * one) and stamps it with the tenant's class, weight and salt.  False:
  * answered 429 (areq cleaned up). */
-static bool tenant_admit(gateway_t *gw, conn_t *conn, gateway_tenant_t *t,
+static bool tenant_admit(gateway_t *gw, req_t *conn, gateway_tenant_t *t,
                          gateway_api_req_t *areq)
 {
     gateway_api_error_t err;
@@ -843,7 +806,7 @@ static bool tenant_admit(gateway_t *gw, conn_t *conn, gateway_tenant_t *t,
         gateway__api_error_set(&err, 429, "rate_limit_exceeded",
                                "rate_limit_exceeded", NULL, "%s", why);
         err.retry_after_ms = BT_MAX(retry_ms, 1000u);
-        conn_respond_error(gw, conn, &err, NULL);
+        req_respond_error(gw, conn, &err, NULL);
         return false;
     }
     conn->tenant = t;
@@ -856,9 +819,10 @@ static bool tenant_admit(gateway_t *gw, conn_t *conn, gateway_tenant_t *t,
     return true;
 }
 
-static void start_generation(gateway_t *gw, conn_t *conn,
-                             gateway_api_kind_t kind, const char *body,
-                             size_t len, gateway_tenant_t *tenant)
+
+static void start_generation(gateway_t *gw, req_t *req,
+                             gateway_api_kind_t kind,
+                             gateway_tenant_t *tenant)
 {
     gateway_api_req_t areq;
     gateway_api_error_t err;
@@ -867,126 +831,144 @@ static void start_generation(gateway_t *gw, conn_t *conn,
 
     if (client_router_state(gw->client) == CLIENT_ROUTER_LOST) {
         /* fail fast rather than queue behind a router that is gone */
-        respond_simple_error(gw, conn, 503, "service_unavailable",
+        respond_simple_error(gw, req, 503, "service_unavailable",
                              "router_unreachable",
                              "the baton router is unreachable", NULL);
         return;
     }
-    if (gateway__api_parse(&gw->api, kind, body, len, &areq, &err) != BT_OK) {
-        conn_respond_error(gw, conn, &err, NULL);
+    if (gateway__api_parse(&gw->api, kind, req->body.data, req->body.len,
+                           &areq, &err) != BT_OK) {
+        req_respond_error(gw, req, &err, NULL);
         return;
     }
     if (prompt_too_long(gw, &areq, &err)) {
         gateway__api_req_cleanup(&areq);
         gw->metrics.edge_too_long++;
-        conn_respond_error(gw, conn, &err, NULL);
+        req_respond_error(gw, req, &err, NULL);
         return;
     }
-    if (!tenant_admit(gw, conn, tenant, &areq))
+    if (!tenant_admit(gw, req, tenant, &areq))
         return;
     status = client_submit(gw->client, &areq.req, &rid);
-    conn->stream = areq.stream;
-    conn->include_usage = areq.stream && areq.include_usage;
+    req->stream = areq.stream;
+    req->include_usage = areq.stream && areq.include_usage;
     gateway__api_req_cleanup(&areq);
     if (status != BT_OK) {
-        if (conn->tenant != NULL)
-            gateway__tenant_release(conn->tenant, conn->charged, 0);
-        conn->tenant = NULL;
-        respond_simple_error(gw, conn, 503, "service_unavailable",
+        if (req->tenant != NULL)
+            gateway__tenant_release(req->tenant, req->charged, 0);
+        req->tenant = NULL;
+        respond_simple_error(gw, req, 503, "service_unavailable",
                              "router_unreachable",
                              "cannot reach the baton router", NULL);
         return;
     }
-    conn->job = JOB_GENERATE;
-    conn->rid = rid;
-    conn->state = CONN_WAIT;
-    conn->t_start = bt_time_ns();
-    conn->t_deadline =
-        conn->t_start + (uint64_t)gw->cfg.request_timeout_ms * 1000000ull;
+    req->job = JOB_GENERATE;
+    req->rid = rid;
+    req->t_start = bt_time_ns();
+    req->t_deadline =
+        req->t_start + (uint64_t)gw->cfg.request_timeout_ms * 1000000ull;
     gw->id_counter++;
-    snprintf(conn->id, sizeof(conn->id), "%s-%016llx",
+    snprintf(req->id, sizeof(req->id), "%s-%016llx",
              kind == GATEWAY_API_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)((conn->t_start ^ (gw->id_counter *
+             (unsigned long long)((req->t_start ^ (gw->id_counter *
                                    0x9e3779b97f4a7c15ull))));
-    conn->resp.kind = kind;
-    conn->resp.id = conn->id;
-    conn->resp.created = (long long)time(NULL);
-    conn->resp.model = gw->model_name;
-    conn->resp.prompt_tokens = 0;
-    conn->resp.completion_tokens = 0;
+    req->resp_info.kind = kind;
+    req->resp_info.id = req->id;
+    req->resp_info.created = (long long)time(NULL);
+    req->resp_info.model = gw->model_name;
+    req->resp_info.prompt_tokens = 0;
+    req->resp_info.completion_tokens = 0;
     gw->metrics.in_flight++;
-    map_put(gw, rid, conn);
+    map_put(gw, rid, req);
 }
 
-static void start_status(gateway_t *gw, conn_t *conn, conn_job_t job)
+static void start_status(gateway_t *gw, req_t *req, conn_job_t job)
 {
     uint64_t rid;
 
     if (client_router_state(gw->client) != CLIENT_ROUTER_UP ||
         client_status_request(gw->client, &rid) != BT_OK) {
         if (job == JOB_HEALTH)
-            respond_health(gw, conn, NULL);
+            respond_health(gw, req, NULL);
         else
-            respond_metrics(gw, conn, NULL);
+            respond_metrics(gw, req, NULL);
         return;
     }
-    conn->job = job;
-    conn->rid = rid;
-    conn->state = CONN_WAIT;
-    conn->t_deadline =
+    req->job = job;
+    req->rid = rid;
+    req->t_deadline =
         bt_time_ns() + (uint64_t)gw->cfg.status_timeout_ms * 1000000ull;
-    map_put(gw, rid, conn);
+    map_put(gw, rid, req);
 }
 
-static void respond_models(gateway_t *gw, conn_t *conn, const char *one,
-                           size_t one_len)
+static void respond_models(gateway_t *gw, req_t *req, const char *one)
 {
     bt_buf_t *b = &gw->scratch;
 
     b->len = 0;
-    if (one != NULL && (one_len != strlen(gw->model_name) ||
-                        memcmp(one, gw->model_name, one_len) != 0)) {
-        respond_simple_error(gw, conn, 404, "invalid_request_error",
+    if (one != NULL && strcmp(one, gw->model_name) != 0) {
+        respond_simple_error(gw, req, 404, "invalid_request_error",
                              "model_not_found", "no such model", NULL);
         return;
     }
     if (gateway__api_models_json(gw->model_name, (long long)time(NULL),
                                  one == NULL, b) != BT_OK ||
         bt_buf_append(b, "\n", 1) != BT_OK) {
-        conn_kill(gw, conn);
+        req_kill(gw, req);
         return;
     }
-    conn_respond(gw, conn, 200, "application/json", b->data, b->len, NULL);
+    req_respond(gw, req, 200, "application/json", b->data, b->len, NULL);
 }
 
-static bool path_is(const gateway_http_req_t *req, const char *p)
+/* /tokenize, /detokenize (gateway_tokenize.c): answered here, no router. */
+static void respond_tokenize(gateway_t *gw, req_t *req, bool detokenize)
 {
-    size_t n = strlen(p);
-    return req->path_len == n && memcmp(req->path, p, n) == 0;
+    gateway_api_error_t err;
+    bt_buf_t *b = &gw->scratch;
+    bt_status_t status;
+
+    b->len = 0;
+    if (detokenize)
+        status = gateway__detokenize(&gw->api, req->body.data, req->body.len,
+                                     b, &err);
+    else
+        status = gateway__tokenize(&gw->api, gw->max_context, req->body.data,
+                                   req->body.len, b, &err);
+    if (status != BT_OK) {
+        req_respond_error(gw, req, &err, NULL);
+        return;
+    }
+    if (bt_buf_append(b, "\n", 1) != BT_OK) {
+        req_kill(gw, req);
+        return;
+    }
+    req_respond(gw, req, 200, "application/json", b->data, b->len, NULL);
 }
 
-/* With API keys: the tenant of the request's Bearer key, or NULL after
+/* With API keys: the tenant of the request's Bearer key, or false after
  * answering 401 (nothing reaches the router).  Without keys: true with
  * *t_p NULL.  The key is never logged. */
-static bool authorize(gateway_t *gw, conn_t *conn,
-                      const gateway_http_req_t *req, gateway_tenant_t **t_p)
+static bool authorize(gateway_t *gw, req_t *req, gateway_tenant_t **t_p)
 {
     gateway_tenant_t *t = NULL;
+    int n_auth;
+    const char *value;
 
     *t_p = NULL;
     if (gw->auth == NULL)
         return true;
-    if (req->n_authorization == 1)
-        t = gateway__auth_check(gw->auth, req->authorization,
-                                req->authorization_len);
+    n_auth = gateway__http_header_count(req->mhd, "Authorization");
+    value = MHD_lookup_connection_value(req->mhd, MHD_HEADER_KIND,
+                                        "Authorization");
+    if (n_auth == 1 && value != NULL)
+        t = gateway__auth_check(gw->auth, value, strlen(value));
     if (t == NULL) {
         gw->metrics.unauthorized++;
-        respond_simple_error(gw, conn, 401, "invalid_request_error",
+        respond_simple_error(gw, req, 401, "invalid_request_error",
                              "invalid_api_key",
-                             req->n_authorization == 0
-                                 ? "no API key: send Authorization: Bearer "
-                                   "KEY"
-                                 : "incorrect API key provided",
+                             n_auth == 0 ? "no API key: send Authorization: "
+                                           "Bearer KEY"
+                                         : "incorrect API key provided",
                              "WWW-Authenticate: Bearer\r\n");
         return false;
     }
@@ -994,244 +976,469 @@ static bool authorize(gateway_t *gw, conn_t *conn,
     return true;
 }
 
-/* Answers one complete request (now, or later from the router). */
-static void dispatch(gateway_t *gw, conn_t *conn, const gateway_http_req_t *req)
+static void method_not_allowed(gateway_t *gw, req_t *req, const char *allow)
 {
-    const char *body = conn->in.data + req->header_len;
-    bool get = req->method == GATEWAY_HTTP_GET;
-    bool post = req->method == GATEWAY_HTTP_POST;
+    char extra[64];
+
+    snprintf(extra, sizeof(extra), "Allow: %s\r\n", allow);
+    respond_simple_error(gw, req, 405, "invalid_request_error",
+                         "method_not_allowed",
+                         strcmp(allow, "GET") == 0 ? "use GET" : "use POST",
+                         extra);
+}
+
+/* Answers one complete request (now, or later from the router). */
+static void dispatch(gateway_t *gw, req_t *req, const char *path,
+                     const char *method)
+{
+    bool get = strcmp(method, "GET") == 0;
+    bool post = strcmp(method, "POST") == 0;
     gateway_tenant_t *tenant = NULL;
 
-    if (path_is(req, "/v1/completions") || path_is(req, "/v1/chat/completions")) {
-        bool chat = path_is(req, "/v1/chat/completions");
-        conn->ep = chat ? GATEWAY_EP_CHAT : GATEWAY_EP_COMPLETIONS;
+    if (strcmp(path, "/v1/completions") == 0 ||
+        strcmp(path, "/v1/chat/completions") == 0) {
+        bool chat = strcmp(path, "/v1/chat/completions") == 0;
+        req->ep = chat ? GATEWAY_EP_CHAT : GATEWAY_EP_COMPLETIONS;
         if (!post) {
-            respond_simple_error(gw, conn, 405, "invalid_request_error",
-                                 "method_not_allowed", "use POST",
-                                 "Allow: POST\r\n");
+            method_not_allowed(gw, req, "POST");
             return;
         }
-        if (!authorize(gw, conn, req, &tenant))
+        if (!authorize(gw, req, &tenant))
             return;
-        start_generation(gw, conn,
+        start_generation(gw, req,
                          chat ? GATEWAY_API_CHAT : GATEWAY_API_COMPLETIONS,
-                         body, req->content_length, tenant);
+                         tenant);
         return;
     }
-    if (path_is(req, "/v1/models") ||
-        (req->path_len > 11 && memcmp(req->path, "/v1/models/", 11) == 0)) {
-        conn->ep = GATEWAY_EP_MODELS;
+    if (strcmp(path, "/v1/models") == 0 ||
+        (strncmp(path, "/v1/models/", 11) == 0 && path[11] != '\0')) {
+        req->ep = GATEWAY_EP_MODELS;
         if (!get) {
-            respond_simple_error(gw, conn, 405, "invalid_request_error",
-                                 "method_not_allowed", "use GET",
-                                 "Allow: GET\r\n");
+            method_not_allowed(gw, req, "GET");
             return;
         }
-        if (!authorize(gw, conn, req, &tenant))
+        if (!authorize(gw, req, &tenant))
             return;
-        if (req->path_len > 11)
-            respond_models(gw, conn, req->path + 11, req->path_len - 11);
-        else
-            respond_models(gw, conn, NULL, 0);
+        respond_models(gw, req, path[10] == '/' ? path + 11 : NULL);
         return;
     }
-    if (path_is(req, "/livez")) {
+    if (strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0) {
+        req->ep = GATEWAY_EP_OTHER;
+        if (!post) {
+            method_not_allowed(gw, req, "POST");
+            return;
+        }
+        if (!authorize(gw, req, &tenant))
+            return;
+        respond_tokenize(gw, req, path[1] == 'd');
+        return;
+    }
+    if (strcmp(path, "/version") == 0) {
+        char body[96];
+        int n = snprintf(body, sizeof(body), "{\"version\":\"%s\"}\n",
+                         BT_VERSION_STRING);
+        req->ep = GATEWAY_EP_OTHER;
+        if (!get) {
+            method_not_allowed(gw, req, "GET");
+            return;
+        }
+        req_respond(gw, req, 200, "application/json", body, (size_t)n, NULL);
+        return;
+    }
+    if (strcmp(path, "/livez") == 0) {
         /* Liveness of this process only: answered by the event loop
          * without asking the router (a router restart or an empty
          * cluster must not get baton-http restarted). */
         static const char ok[] = "{\"status\":\"alive\"}\n";
-        conn->ep = GATEWAY_EP_LIVEZ;
+        req->ep = GATEWAY_EP_LIVEZ;
         if (!get) {
-            respond_simple_error(gw, conn, 405, "invalid_request_error",
-                                 "method_not_allowed", "use GET",
-                                 "Allow: GET\r\n");
+            method_not_allowed(gw, req, "GET");
             return;
         }
-        conn_respond(gw, conn, 200, "application/json", ok, sizeof(ok) - 1,
-                     NULL);
+        req_respond(gw, req, 200, "application/json", ok, sizeof(ok) - 1,
+                    NULL);
         return;
     }
-    if (path_is(req, "/health") || path_is(req, "/metrics")) {
-        bool health = path_is(req, "/health");
-        conn->ep = health ? GATEWAY_EP_HEALTH : GATEWAY_EP_METRICS;
+    if (strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0) {
+        bool health = strcmp(path, "/health") == 0;
+        req->ep = health ? GATEWAY_EP_HEALTH : GATEWAY_EP_METRICS;
         if (!get) {
-            respond_simple_error(gw, conn, 405, "invalid_request_error",
-                                 "method_not_allowed", "use GET",
-                                 "Allow: GET\r\n");
+            method_not_allowed(gw, req, "GET");
             return;
         }
-        if (!health && gw->cfg.metrics_auth &&
-            !authorize(gw, conn, req, &tenant))
+        if (!health && gw->cfg.metrics_auth && !authorize(gw, req, &tenant))
             return;
-        start_status(gw, conn, health ? JOB_HEALTH : JOB_METRICS);
+        start_status(gw, req, health ? JOB_HEALTH : JOB_METRICS);
         return;
     }
-    conn->ep = GATEWAY_EP_OTHER;
-    respond_simple_error(gw, conn, 404, "invalid_request_error", "not_found",
+    req->ep = GATEWAY_EP_OTHER;
+    respond_simple_error(gw, req, 404, "invalid_request_error", "not_found",
                          "no such endpoint", NULL);
 }
 
-/* Sets the X-Request-Id of the request about to be answered: the
- * client's (req, when given) if it is 1 to GATEWAY_REQUEST_ID_MAX visible
- * ASCII characters, else a new unique one.  Echoed in the response head
- * and logged with the request. */
-static void conn_request_id(gateway_t *gw, conn_t *conn,
-                            const gateway_http_req_t *req)
+/* Sets the X-Request-Id of the request: the client's if it is 1 to
+ * GATEWAY_REQUEST_ID_MAX visible ASCII characters, else a new unique one.
+ * Echoed in the response head and logged with the request. */
+static void req_set_id(gateway_t *gw, req_t *req)
 {
-    bool ok = req != NULL && req->request_id != NULL &&
-              req->request_id_len > 0 &&
-              req->request_id_len <= GATEWAY_REQUEST_ID_MAX;
+    const char *v = MHD_lookup_connection_value(req->mhd, MHD_HEADER_KIND,
+                                                "X-Request-Id");
+    size_t len = v ? strlen(v) : 0;
+    bool ok = len > 0 && len <= GATEWAY_REQUEST_ID_MAX;
 
-    for (size_t i = 0; ok && i < req->request_id_len; i++)
-        ok = req->request_id[i] > 0x20 && req->request_id[i] < 0x7f;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = v[i] > 0x20 && v[i] < 0x7f;
     if (ok) {
-        memcpy(conn->request_id, req->request_id, req->request_id_len);
-        conn->request_id[req->request_id_len] = '\0';
+        memcpy(req->request_id, v, len + 1);
         return;
     }
     gw->id_counter++;
-    snprintf(conn->request_id, sizeof(conn->request_id), "baton-%016llx",
+    snprintf(req->request_id, sizeof(req->request_id), "baton-%016llx",
              (unsigned long long)(bt_time_ns() ^
                                   (gw->id_counter * 0x9e3779b97f4a7c15ull)));
 }
 
-/* Parses and answers the requests waiting in the input buffer, in order,
- * until one has to wait for the router. */
-static void process_input(gateway_t *gw, conn_t *conn)
-{
-    while (!conn->dead && conn->state == CONN_READ && conn->in.len > 0) {
-        gateway_http_req_t req;
-        bt_status_t status;
 
-        status = gateway__http_parse(conn->in.data, conn->in.len, &gw->limits,
-                                     &req);
-        if (status == BT_IN_PROGRESS) {
-            if (req.header_len > 0 && req.expect_continue &&
-                !conn->sent_continue) {
-                conn->sent_continue = true;
-                conn_write(gw, conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-            }
-            return;
-        }
-        conn_request_id(gw, conn, status == BT_OK ? &req : NULL);
-        if (status != BT_OK) {
-            conn->ep = GATEWAY_EP_OTHER;
-            conn->keep_alive = false;
-            conn->http10 = false;
-            respond_simple_error(gw, conn, req.error_status,
-                                 "invalid_request_error", NULL, req.error,
-                                 NULL);
-            conn->in.len = 0;
-            return;
-        }
-        conn->keep_alive = req.keep_alive;
-        conn->http10 = req.minor == 0;
-        dispatch(gw, conn, &req);
-        bt_buf_consume(&conn->in, req.total_len);
-        conn->sent_continue = false;
-        conn->t_req_start = conn->in.len > 0 ? bt_time_ns() : 0;
+// ---------------------------------------------------------------------------
+// MHD callbacks
+
+static conn_t *conn_of(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+/* Closes a connection from our side (timeouts, eviction): shutdown()
+ * wakes MHD, which then sees the end of the stream and closes and frees
+ * the connection itself; the descriptor stays MHD's. */
+static void conn_shut(gateway_t *gw, conn_t *conn)
+{
+    if (conn->evicted)
+        return;
+    conn->evicted = true;
+    gw->n_evicted++;
+    if (conn->fd >= 0)
+        shutdown(conn->fd, SHUT_RDWR);
+    gw->metrics.connections = gw->n_conns - gw->n_evicted;
+}
+
+/* A request that did not arrive in time.  Plain HTTP gets a 408 written
+ * on the socket (MHD has nothing to send while it waits for a request);
+ * over TLS the connection just closes. */
+static void conn_timeout(gateway_t *gw, conn_t *conn)
+{
+    static const char body[] =
+        "{\"error\":{\"message\":\"request not received in time\",\"type\":"
+        "\"invalid_request_error\",\"param\":null,\"code\":null}}\n";
+    char msg[512];
+    int n;
+
+    if (!gw->tls && conn->fd >= 0) {
+        n = snprintf(msg, sizeof(msg),
+                     "HTTP/1.1 408 %s\r\nServer: baton-http\r\n"
+                     "Content-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                     gateway__http_reason(408), sizeof(body) - 1, body);
+        if (send(conn->fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+            BT_LOG_DEBUG("HTTP", "408: %s", strerror(errno));
     }
+    gateway__metrics_request(&gw->metrics, GATEWAY_EP_OTHER, 408);
+    conn_shut(gw, conn);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    gateway_t *gw = cls;
+    conn_t *conn = *socket_context;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn = bt_calloc(1, sizeof(*conn), "gateway_conn");
+        if (conn == NULL)
+            return; /* untracked: no eviction or timeouts of ours */
+        conn->mhd = mc;
+        conn->fd = ci != NULL ? ci->connect_fd : -1;
+        conn->t_idle = bt_time_ns();
+        conn->next = gw->conns;
+        if (gw->conns != NULL)
+            gw->conns->prev = conn;
+        gw->conns = conn;
+        gw->n_conns++;
+        *socket_context = conn;
+    } else if (conn != NULL) {
+        if (conn->req != NULL)
+            conn->req->conn = NULL;
+        if (conn->prev != NULL)
+            conn->prev->next = conn->next;
+        else
+            gw->conns = conn->next;
+        if (conn->next != NULL)
+            conn->next->prev = conn->prev;
+        gw->n_conns--;
+        if (conn->evicted)
+            gw->n_evicted--;
+        bt_free(conn);
+        *socket_context = NULL;
+    }
+    gw->metrics.connections = gw->n_conns - gw->n_evicted;
+}
+
+/* The request line has arrived: the start of the request's clock. */
+static void *on_request_line(void *cls, const char *uri,
+                             struct MHD_Connection *mc)
+{
+    conn_t *conn = conn_of(mc);
+
+    (void)cls;
+    (void)uri;
+    if (conn != NULL) {
+        conn->t_req_start = bt_time_ns();
+        conn->used = true;
+    }
+    return NULL;
+}
+
+static void req_free(req_t *req)
+{
+    if (req->resp != NULL)
+        MHD_destroy_response(req->resp);
+    if (req->conn != NULL) {
+        req->conn->req = NULL;
+        req->conn->t_idle = bt_time_ns();
+        req->conn->t_req_start = 0;
+    }
+    bt_buf_cleanup(&req->body);
+    bt_buf_cleanup(&req->sse);
+    bt_buf_cleanup(&req->text);
+    bt_free(req);
+}
+
+/* MHD is done with a request, answered or not: a job still at the
+ * router (the client went away) is cancelled there. */
+static void on_completed(void *cls, struct MHD_Connection *mc,
+                         void **req_cls, enum MHD_RequestTerminationCode toe)
+{
+    gateway_t *gw = cls;
+    req_t *req = *req_cls;
+
+    (void)mc;
+    if (req == NULL)
+        return;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        BT_LOG_DEBUG("HTTP", "request %s ended early (%d)", req->request_id,
+                     (int)toe);
+    job_drop(gw, req, true);
+    req_free(req);
+    *req_cls = NULL;
+}
+
+/* The headers a preflight may allow: those it asks for (SDKs send their
+ * own, X-Stainless-*), when they are a plain list of field names; else
+ * the ones baton reads. */
+static const char *allow_headers(struct MHD_Connection *mc)
+{
+    const char *asked = MHD_lookup_connection_value(
+        mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    size_t len = asked ? strlen(asked) : 0;
+
+    if (len == 0 || len > 1024 ||
+        strspn(asked, "abcdefghijklmnopqrstuvwxyz"
+                      "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_, ") != len)
+        return "Authorization, Content-Type, X-Request-Id";
+    return asked;
+}
+
+/* The checks made on the headers alone, before any body is read: what
+ * MHD accepts but baton refuses (chunked bodies, conflicting lengths,
+ * bodies over --max-body-bytes, unknown expectations), and CORS.  May
+ * set the response (an error, or a preflight's 204). */
+static void req_check_head(gateway_t *gw, req_t *req, const char *url,
+                           const char *method)
+{
+    struct MHD_Connection *mc = req->mhd;
+    const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                 "Content-Length");
+    const char *expect = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                     "Expect");
+    const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                     "Origin");
+    int n_te = gateway__http_header_count(mc, "Transfer-Encoding");
+    int n_cl = gateway__http_header_count(mc, "Content-Length");
+    bool post = strcmp(method, "POST") == 0;
+    const char *why = NULL;
+    int status = 0;
+
+    req_set_id(gw, req);
+    if (origin != NULL && gw->cors != NULL) {
+        const char *allow = gateway__cors_match(gw->cors, origin);
+        if (allow != NULL)
+            snprintf(req->cors, sizeof(req->cors), "%s", allow);
+    }
+    if (strlen(url) > GATEWAY_HTTP_MAX_TARGET) {
+        status = 414;
+        why = "request target too long";
+    } else if (n_te > 0 && n_cl > 0) {
+        status = 400;
+        why = "both Transfer-Encoding and Content-Length given";
+    } else if (n_te > 0) {
+        status = 411;
+        why = "chunked request bodies are not supported: send a "
+              "Content-Length";
+    } else if (n_cl > 1) {
+        status = 400;
+        why = "more than one Content-Length header";
+    } else if (post && cl == NULL) {
+        status = 411;
+        why = "POST needs a Content-Length";
+    } else if (cl != NULL && strtoull(cl, NULL, 10) > gw->cfg.max_body_bytes) {
+        status = 413;
+        why = "request body too large";
+    } else if (expect != NULL && strcasecmp(expect, "100-continue") != 0) {
+        status = 417;
+        why = "unsupported Expect value";
+    }
+    if (status != 0) {
+        req->ep = GATEWAY_EP_OTHER;
+        req->close = true; /* the body, if any, is not read */
+        respond_simple_error(gw, req, status, "invalid_request_error", NULL,
+                             why, NULL);
+        return;
+    }
+    if (strcmp(method, "OPTIONS") == 0 && gw->cors != NULL &&
+        origin != NULL &&
+        MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                    "Access-Control-Request-Method")) {
+        /* a CORS preflight: answered here, never authenticated (browsers
+         * send no credentials with it) */
+        req->ep = GATEWAY_EP_OTHER;
+        if (req->cors[0] == '\0') {
+            respond_simple_error(gw, req, 403, "invalid_request_error",
+                                 "cors_origin_not_allowed",
+                                 "origin not allowed (--cors-origins)",
+                                 NULL);
+            return;
+        }
+        req_respond(gw, req, 204, NULL, "", 0,
+                    "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
+                    "Access-Control-Max-Age: 600\r\n");
+        if (req->resp != NULL)
+            MHD_add_response_header(req->resp,
+                                    "Access-Control-Allow-Headers",
+                                    allow_headers(mc));
+    }
+}
+
+/* Queues a ready response, or suspends a dispatched request until the
+ * router answers. */
+static enum MHD_Result req_next(req_t *req)
+{
+    enum MHD_Result ret;
+
+    if (req->dead)
+        return MHD_NO;
+    if (req->resp != NULL) {
+        ret = MHD_queue_response(req->mhd, (unsigned)req->status, req->resp);
+        MHD_destroy_response(req->resp);
+        req->resp = NULL;
+        req->queued = true;
+        return ret;
+    }
+    if (req->dispatched && !req->queued) {
+        req->suspended = true;
+        MHD_suspend_connection(req->mhd);
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc,
+                                  const char *url, const char *method,
+                                  const char *version,
+                                  const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls)
+{
+    gateway_t *gw = cls;
+    req_t *req = *req_cls;
+
+    (void)version;
+    if (req == NULL) {
+        req = bt_calloc(1, sizeof(*req), "gateway_req");
+        if (req == NULL)
+            return MHD_NO;
+        req->gw = gw;
+        req->mhd = mc;
+        req->conn = conn_of(mc);
+        req->ep = GATEWAY_EP_OTHER;
+        if (req->conn != NULL)
+            req->conn->req = req;
+        bt_buf_init(&req->body);
+        bt_buf_init(&req->sse);
+        bt_buf_init(&req->text);
+        *req_cls = req;
+        req_check_head(gw, req, url, method);
+        return req_next(req);
+    }
+    if (req->dead)
+        return MHD_NO;
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (req->resp != NULL || req->queued)
+            return MHD_YES; /* answered already: dropped */
+        if (req->body.len + n > gw->cfg.max_body_bytes ||
+            bt_buf_append(&req->body, upload_data, n) != BT_OK)
+            return MHD_NO;
+        return MHD_YES;
+    }
+    if (!req->dispatched && req->resp == NULL && !req->queued) {
+        req->dispatched = true;
+        if (bt_buf_reserve(&req->body, 1) != BT_OK)
+            return MHD_NO;
+        req->body.data[req->body.len] = '\0';
+        dispatch(gw, req, url, method);
+    }
+    return req_next(req);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    size_t len;
+
+    (void)cls;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    len = strlen(msg);
+    while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == '\r'))
+        msg[--len] = '\0';
+    BT_LOG_INFO("HTTP", "libmicrohttpd: %s", msg);
 }
 
 // ---------------------------------------------------------------------------
-// Sockets
-
-static void on_readable(gateway_t *gw, conn_t *conn, uint32_t events)
-{
-    size_t limit = gw->cfg.max_header_bytes + gw->cfg.max_body_bytes;
-
-    if (events & EPOLLERR) {
-        conn_kill(gw, conn);
-        return;
-    }
-    while (!conn->dead && !conn->eof) {
-        size_t room;
-        ssize_t n;
-
-        if (conn->state == CONN_LINGER)
-            conn->in.len = 0; /* dropped */
-        if (conn->in.len >= limit) {
-            if ((events & (EPOLLRDHUP | EPOLLHUP)) && conn->state == CONN_WAIT)
-                conn_kill(gw, conn); /* cannot read, but the client left */
-            break;
-        }
-        room = limit - conn->in.len < READ_CHUNK ? limit - conn->in.len
-                                                 : READ_CHUNK;
-        if (bt_buf_reserve(&conn->in, room) != BT_OK) {
-            conn_kill(gw, conn);
-            return;
-        }
-        n = recv(conn->fd, conn->in.data + conn->in.len, room, 0);
-        if (n > 0) {
-            if (conn->in.len == 0 && conn->t_req_start == 0 &&
-                conn->state == CONN_READ)
-                conn->t_req_start = bt_time_ns();
-            conn->in.len += (size_t)n;
-            conn->in.data[conn->in.len] = '\0';
-            conn->t_activity = bt_time_ns();
-            if ((size_t)n < room)
-                break; /* drained for now */
-        } else if (n == 0) {
-            conn->eof = true;
-        } else if (errno == EINTR) {
-            continue;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            break;
-        } else {
-            conn_kill(gw, conn);
-            return;
-        }
-    }
-    if (conn->dead)
-        return;
-    if (conn->state == CONN_READ)
-        process_input(gw, conn);
-    if (conn->eof && !conn->dead) {
-        /* The client closed its side: a request at the router is
-         * abandoned (cancelled); queued output still goes out. */
-        if (conn->state == CONN_WAIT || conn->state == CONN_LINGER ||
-            conn->out.len == 0)
-            conn_kill(gw, conn);
-        else
-            conn->state = CONN_CLOSING;
-    }
-    if (!conn->dead)
-        conn_update_events(gw, conn);
-}
-
-/* Open connections from one client address. */
-static int conns_from(const gateway_t *gw, const uint8_t *addr, size_t len)
-{
-    int n = 0;
-
-    for (int i = 0; i < gw->cfg.max_connections; i++) {
-        const conn_t *c = gw->conns[i];
-        n += c != NULL && !c->dead && c->addr_len == len &&
-             memcmp(c->addr, addr, len) == 0;
-    }
-    return n;
-}
+// Connections: accept, limits, timeouts
 
 /* All connections are taken: closes the one that has waited longest for
  * a request to start or finish arriving (idle keep-alive, or a slow or
  * never-finished request: slowloris).  Connections with a request at the
- * router or output to send are never taken.  Without this, half-open
- * connections from many addresses would keep real clients out (503)
- * until their timeouts. */
+ * router or a response under way are never taken.  Without this,
+ * half-open connections from many addresses would keep real clients out
+ * (503) until their timeouts. */
 static void evict_one(gateway_t *gw)
 {
     conn_t *victim = NULL;
     uint64_t oldest = UINT64_MAX;
 
-    for (int i = 0; i < gw->cfg.max_connections; i++) {
-        conn_t *c = gw->conns[i];
+    for (conn_t *c = gw->conns; c != NULL; c = c->next) {
+        const req_t *r = c->req;
         uint64_t since;
-        if (c == NULL || c->dead || c->out.len > 0 ||
-            (c->state != CONN_READ && c->state != CONN_LINGER))
+
+        if (c->evicted ||
+            (r != NULL && (r->dispatched || r->queued || r->resp != NULL)))
             continue;
-        since = c->t_req_start != 0 ? c->t_req_start : c->t_activity;
-        if (c->state == CONN_LINGER)
-            since = 0; /* done already: first to go */
+        since = c->t_req_start != 0 ? c->t_req_start : c->t_idle;
         if (since < oldest) {
             oldest = since;
             victim = c;
@@ -1240,43 +1447,40 @@ static void evict_one(gateway_t *gw)
     if (victim == NULL)
         return;
     gw->metrics.evicted_conns++;
-    conn_kill(gw, victim);
-    /* Freed now, for its slot: out of the turn's dead and dirty lists
-     * first, so nothing touches it later in this turn (stale epoll
-     * events are caught by the slot generation). */
-    for (int i = 0; i < gw->n_dead; i++)
-        if (gw->dead[i] == victim) {
-            gw->dead[i] = gw->dead[--gw->n_dead];
-            break;
-        }
-    for (int i = 0; victim->in_dirty && i < gw->n_dirty; i++)
-        if (gw->dirty[i] == victim) {
-            gw->dirty[i] = gw->dirty[--gw->n_dirty];
-            break;
-        }
-    conn_free(gw, victim);
+    conn_shut(gw, victim);
+}
+
+/* Refuses a connection over --max-connections with 503 (plain HTTP; over
+ * TLS nothing can be said before a handshake, so it is just closed). */
+static void refuse(gateway_t *gw, int fd)
+{
+    static const char body[] =
+        "{\"error\":{\"message\":\"too many connections\",\"type\":"
+        "\"service_unavailable\",\"param\":null,\"code\":\"overloaded\"}}\n";
+    char msg[512];
+    int n;
+
+    if (!gw->tls) {
+        n = snprintf(msg, sizeof(msg),
+                     "HTTP/1.1 503 %s\r\n"
+                     "Server: baton-http\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n"
+                     "Retry-After: 1\r\n\r\n%s", gateway__http_reason(503),
+                     sizeof(body) - 1, body);
+        if (send(fd, msg, (size_t)n, MSG_NOSIGNAL) < 0)
+            BT_LOG_DEBUG("HTTP", "503: %s", strerror(errno));
+    }
+    close(fd);
+    gw->metrics.rejected_conns++;
+    gateway__metrics_request(&gw->metrics, GATEWAY_EP_OTHER, 503);
 }
 
 static void accept_all(gateway_t *gw)
 {
-    static const char busy_body[] =
-        "{\"error\":{\"message\":\"too many connections\",\"type\":"
-        "\"service_unavailable\",\"param\":null,\"code\":\"overloaded\"}}\n";
-    char busy[512];
-    int busy_len = snprintf(busy, sizeof(busy),
-        "HTTP/1.1 503 Service Unavailable\r\nServer: baton-http\r\n"
-        "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-        "Connection: close\r\nRetry-After: 1\r\n\r\n%s",
-        sizeof(busy_body) - 1, busy_body);
-
     for (;;) {
-        struct epoll_event ev;
         struct sockaddr_storage ss;
         socklen_t ss_len = sizeof(ss);
-        uint8_t addr[16];
-        uint8_t addr_len = 0;
-        conn_t *conn;
-        int one = 1, slot;
+        int one = 1;
         int fd = accept4(gw->listen_fd, (struct sockaddr *)&ss, &ss_len,
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
 
@@ -1288,72 +1492,30 @@ static void accept_all(gateway_t *gw)
             return;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        if (ss.ss_family == AF_INET) {
-            memcpy(addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
-            addr_len = 4;
-        } else if (ss.ss_family == AF_INET6) {
-            memcpy(addr, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
-            addr_len = 16;
-        }
-        if (gw->cfg.max_conns_per_client > 0 && addr_len > 0 &&
-            conns_from(gw, addr, addr_len) >= gw->cfg.max_conns_per_client) {
-            ssize_t n = send(fd, busy, (size_t)busy_len, MSG_NOSIGNAL);
-            (void)n;
-            gw->metrics.rejected_conns++;
-            gateway__metrics_request(&gw->metrics, GATEWAY_EP_OTHER, 503);
-            close(fd);
-            continue;
-        }
-        if (gw->n_conns >= gw->cfg.max_connections)
+        if (gw->n_conns - gw->n_evicted >= gw->cfg.max_connections)
             evict_one(gw);
-        if (gw->n_conns >= gw->cfg.max_connections) {
-            ssize_t n = send(fd, busy, (size_t)busy_len, MSG_NOSIGNAL);
-            (void)n;
+        if (gw->n_conns - gw->n_evicted >= gw->cfg.max_connections) {
+            refuse(gw, fd);
+            continue;
+        }
+        /* MHD applies --max-conns-per-client (and closes fd on refusal) */
+        if (MHD_add_connection(gw->mhd, fd, (struct sockaddr *)&ss,
+                               ss_len) != MHD_YES) {
             gw->metrics.rejected_conns++;
             gateway__metrics_request(&gw->metrics, GATEWAY_EP_OTHER, 503);
-            close(fd);
-            continue;
         }
-        for (slot = 0; gw->conns[slot] != NULL; slot++)
-            ;
-        conn = bt_calloc(1, sizeof(*conn), "gateway_conn");
-        if (conn == NULL) {
-            close(fd);
-            continue;
-        }
-        conn->fd = fd;
-        memcpy(conn->addr, addr, sizeof(addr));
-        conn->addr_len = addr_len;
-        conn->slot = slot;
-        conn->gen = ++gw->gens[slot];
-        conn->state = CONN_READ;
-        conn->t_activity = bt_time_ns();
-        conn->keep_alive = true;
-        memset(&ev, 0, sizeof(ev));
-        ev.events = EPOLLIN | EPOLLRDHUP;
-        ev.data.u64 = epoll_tag(conn);
-        if (epoll_ctl(gw->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
-            close(fd);
-            bt_free(conn);
-            continue;
-        }
-        conn->events = ev.events;
-        gw->conns[slot] = conn;
-        gw->n_conns++;
-        gw->metrics.connections = gw->n_conns;
     }
 }
 
-/* True when the pending request's headers have all arrived. */
-static bool headers_complete(const conn_t *conn)
+/* Whether the client has closed its side of a waiting connection. */
+static bool peer_gone(int fd)
 {
-    return conn->in.len >= 4 &&
-           (memmem(conn->in.data, conn->in.len, "\r\n\r\n", 4) != NULL ||
-            memmem(conn->in.data, conn->in.len, "\n\n", 2) != NULL);
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+
+    return fd >= 0 && poll(&p, 1, 0) > 0 &&
+           (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-/* The router link: counts losses, and keeps the cluster's context length
- * fresh (asked every CONTEXT_POLL_MS while the link is up). */
 static void router_watch(gateway_t *gw, uint64_t now)
 {
     client_router_state_t st = client_router_state(gw->client);
@@ -1380,74 +1542,69 @@ static void router_watch(gateway_t *gw, uint64_t now)
     }
 }
 
-/* Timeouts: slow request senders (408), idle keep-alive connections,
+/* Timeouts: slow request senders (408; a new connection must send its
+ * first request head within --header-timeout-ms, as with nginx's
+ * client_header_timeout), idle keep-alive connections,
  * stalled readers, router requests past their time (504), lingering
  * closes. */
+
+/* Timeouts: slow request senders (408; a new connection must send its
+ * first request head within --header-timeout-ms, as with nginx's
+ * client_header_timeout), idle keep-alive connections,
+ * router requests past their time (504), clients gone while their
+ * request waits for the router (cancelled). */
 static void sweep(gateway_t *gw, uint64_t now)
 {
     uint64_t ms = 1000000ull;
+    int header_ms = BT_MIN(gw->cfg.header_timeout_ms,
+                           gw->cfg.read_timeout_ms);
 
     router_watch(gw, now);
-    for (int i = 0; i < gw->cfg.max_connections; i++) {
-        conn_t *conn = gw->conns[i];
+    for (conn_t *c = gw->conns, *next; c != NULL; c = next) {
+        req_t *req = c->req;
 
-        if (conn == NULL || conn->dead)
+        next = c->next;
+        if (c->evicted)
             continue;
-        if (conn->out.len > 0 &&
-            now - conn->t_out_since > (uint64_t)gw->cfg.write_timeout_ms * ms) {
-            conn_kill(gw, conn);
+        if (req == NULL ||
+            (!req->dispatched && !req->queued && req->resp == NULL)) {
+            /* receiving: headers (no req yet) or the body */
+            uint64_t limit = (uint64_t)(req == NULL ? header_ms
+                                                    : gw->cfg.read_timeout_ms);
+            if (c->t_req_start != 0 && now - c->t_req_start > limit * ms)
+                conn_timeout(gw, c);
+            else if (req == NULL && !c->used &&
+                     now - c->t_idle >
+                         (uint64_t)gw->cfg.header_timeout_ms * ms)
+                conn_timeout(gw, c); /* no request line since accept: a
+                                        partial one is invisible to us */
+            else if (req == NULL && c->t_req_start == 0 &&
+                     now - c->t_idle >
+                         (uint64_t)gw->cfg.idle_timeout_ms * ms)
+                conn_shut(gw, c);
             continue;
         }
-        switch (conn->state) {
-        case CONN_READ:
-            if (conn->t_req_start != 0 &&
-                (now - conn->t_req_start >
-                     (uint64_t)gw->cfg.read_timeout_ms * ms ||
-                 (now - conn->t_req_start >
-                      (uint64_t)gw->cfg.header_timeout_ms * ms &&
-                  !headers_complete(conn)))) {
-                conn->keep_alive = false;
-                conn->ep = GATEWAY_EP_OTHER;
-                conn->in.len = 0;
-                respond_simple_error(gw, conn, 408, "invalid_request_error",
-                                     NULL, "request not received in time",
-                                     NULL);
-            } else if (conn->in.len == 0 && conn->out.len == 0 &&
-                       now - conn->t_activity >
-                           (uint64_t)gw->cfg.idle_timeout_ms * ms) {
-                conn_kill(gw, conn);
+        if (req->job != JOB_NONE && now > req->t_deadline) {
+            conn_job_t job = req->job;
+            if (job == JOB_GENERATE) {
+                gateway_api_error_t err;
+                client_cancel(gw->client, req->rid);
+                job_drop(gw, req, false);
+                gateway__api_error_set(&err, 504, "timeout",
+                                       "router_timeout", NULL,
+                                       "no answer from the router in %d ms",
+                                       gw->cfg.request_timeout_ms);
+                generation_fail(gw, req, &err);
+            } else {
+                job_drop(gw, req, false);
+                if (job == JOB_HEALTH)
+                    respond_health(gw, req, NULL);
+                else
+                    respond_metrics(gw, req, NULL);
             }
-            break;
-        case CONN_WAIT:
-            if (now > conn->t_deadline) {
-                conn_job_t job = conn->job;
-                if (job == JOB_GENERATE) {
-                    gateway_api_error_t err;
-                    client_cancel(gw->client, conn->rid);
-                    conn_job_drop(gw, conn, false);
-                    gateway__api_error_set(&err, 504, "timeout",
-                                           "router_timeout", NULL,
-                                           "no answer from the router in "
-                                           "%d ms", gw->cfg.request_timeout_ms);
-                    generation_fail(gw, conn, &err);
-                } else {
-                    conn_job_drop(gw, conn, false);
-                    if (job == JOB_HEALTH)
-                        respond_health(gw, conn, NULL);
-                    else
-                        respond_metrics(gw, conn, NULL);
-                }
-                if (!conn->dead && conn->state == CONN_READ)
-                    process_input(gw, conn);
-            }
-            break;
-        case CONN_LINGER:
-            if (now > conn->t_linger_end)
-                conn_kill(gw, conn);
-            break;
-        default:
-            break;
         }
+        if (req->suspended && !req->dead && peer_gone(c->fd))
+            req_kill(gw, req); /* the client left: cancel at the router */
     }
 }
 
@@ -1506,6 +1663,7 @@ static bt_status_t listen_on(gateway_t *gw, const char *spec)
     return BT_OK;
 }
 
+
 static bt_status_t epoll_add(gateway_t *gw, int fd, uint32_t events,
                              uint64_t tag)
 {
@@ -1517,6 +1675,74 @@ static bt_status_t epoll_add(gateway_t *gw, int fd, uint32_t events,
     if (epoll_ctl(gw->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0)
         return BT_ERROR(BT_ERR_IO, "HTTP", "epoll_ctl: %s", strerror(errno));
     return BT_OK;
+}
+
+/* Reads a PEM file for TLS.  Fails closed: missing, unreadable, empty or
+ * not PEM is an error naming the option. */
+static bt_status_t read_pem(const char *opt, const char *path, char **pem_p)
+{
+    char *data = NULL;
+    size_t len = 0;
+
+    if (bt_read_file(path, 1u << 20, &data, &len) != BT_OK)
+        return BT_ERROR(BT_ERR_IO, "HTTP", "%s: cannot read '%s'", opt, path);
+    if (len == 0 || strstr(data, "-----BEGIN ") == NULL) {
+        bt_free(data);
+        return BT_ERROR(BT_ERR_INVALID_ARG, "HTTP",
+                        "%s: '%s' is not a PEM file", opt, path);
+    }
+    *pem_p = data;
+    return BT_OK;
+}
+
+/* Starts MHD in external-epoll mode, without a listening socket of its
+ * own (we accept), with TLS when configured. */
+static bt_status_t start_mhd(gateway_t *gw)
+{
+    const gateway_config_t *cfg = &gw->cfg;
+    unsigned int flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                         MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG;
+    /* MHD's connection pool holds the request head and the response
+     * head: a request head over --max-header-bytes does not fit (431) */
+    size_t pool = cfg->max_header_bytes + 2048;
+    unsigned int timeout_s = (unsigned)((BT_MAX(cfg->idle_timeout_ms,
+                                                cfg->write_timeout_ms) +
+                                         999) / 1000);
+    /* evicted connections count at MHD until it has closed them */
+    unsigned int limit = (unsigned)cfg->max_connections * 2u + 16u;
+    const union MHD_DaemonInfo *info;
+
+    if (gw->tls) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "HTTP",
+                            "this libmicrohttpd has no TLS support");
+        flags |= MHD_USE_TLS;
+    }
+    gw->mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, gw,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, gw,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, gw,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, gw,
+        MHD_OPTION_URI_LOG_CALLBACK, on_request_line, gw,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
+        MHD_OPTION_CONNECTION_LIMIT, limit,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)cfg->max_conns_per_client,
+        MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+        MHD_OPTION_STRICT_FOR_CLIENT, 0,
+        gw->tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, gw->tls_cert,
+        MHD_OPTION_HTTPS_MEM_KEY, gw->tls_key,
+        MHD_OPTION_END);
+    if (gw->mhd == NULL)
+        return BT_ERROR(gw->tls ? BT_ERR_INVALID_ARG : BT_ERR_IO, "HTTP",
+                        gw->tls ? "cannot start HTTPS: --tls-cert/--tls-key "
+                                  "rejected (not a matching certificate "
+                                  "and private key?)"
+                                : "cannot start the HTTP server");
+    info = MHD_get_daemon_info(gw->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    if (info == NULL)
+        return BT_ERROR(BT_ERR_IO, "HTTP", "libmicrohttpd has no epoll fd");
+    return epoll_add(gw, info->epoll_fd, EPOLLIN, TAG_MHD);
 }
 
 bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p)
@@ -1531,6 +1757,9 @@ bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p)
         cfg->model_name[0] == '\0')
         return BT_ERROR(BT_ERR_INVALID_ARG, "HTTP",
                         "bad gateway configuration");
+    if ((cfg->tls_cert == NULL) != (cfg->tls_key == NULL))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "HTTP",
+                        "--tls-cert and --tls-key go together");
     gw = bt_calloc(1, sizeof(*gw), "gateway");
     if (gw == NULL)
         return BT_ERR_NO_MEMORY;
@@ -1540,20 +1769,27 @@ bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p)
     gateway__metrics_init(&gw->metrics);
     bt_buf_init(&gw->scratch);
     gw->model_name = bt_strdup(cfg->model_name, "gateway");
-    gw->conns = bt_calloc((size_t)n, sizeof(*gw->conns), "gateway");
-    gw->gens = bt_calloc((size_t)n, sizeof(*gw->gens), "gateway");
-    gw->dead = bt_calloc((size_t)n, sizeof(*gw->dead), "gateway");
-    gw->dirty = bt_calloc((size_t)n, sizeof(*gw->dirty), "gateway");
     for (gw->map_cap = 64; gw->map_cap < (size_t)n * 4; gw->map_cap *= 2)
         ;
     gw->map = bt_calloc(gw->map_cap, sizeof(*gw->map), "gateway");
-    if (gw->model_name == NULL || gw->conns == NULL || gw->gens == NULL ||
-        gw->dead == NULL || gw->dirty == NULL || gw->map == NULL) {
+    if (gw->model_name == NULL || gw->map == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto err_destroy;
     }
-    gw->limits.max_header_bytes = cfg->max_header_bytes;
-    gw->limits.max_body_bytes = cfg->max_body_bytes;
+    if (cfg->tls_cert != NULL) {
+        /* fail closed: never fall back to plain HTTP */
+        gw->tls = true;
+        status = read_pem("--tls-cert", cfg->tls_cert, &gw->tls_cert);
+        if (status == BT_OK)
+            status = read_pem("--tls-key", cfg->tls_key, &gw->tls_key);
+        if (status != BT_OK)
+            goto err_destroy;
+    }
+    if (cfg->cors_origins != NULL) {
+        status = gateway__cors_create(cfg->cors_origins, &gw->cors);
+        if (status != BT_OK)
+            goto err_destroy;
+    }
 
     gw->api.model_name = gw->model_name;
     gw->api.default_deadline_ms = cfg->deadline_ms;
@@ -1591,18 +1827,21 @@ bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p)
                           "--metrics-auth needs --api-key-file");
         goto err_destroy;
     }
-    status = client_create(cfg->router, &gw->client);
-    if (status != BT_OK)
-        goto err_destroy;
-    status = client_fd(gw->client, &gw->router_fd);
-    if (status != BT_OK)
-        goto err_destroy;
     gw->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     if (gw->epoll_fd < 0) {
         status = BT_ERROR(BT_ERR_IO, "HTTP", "epoll_create1: %s",
                           strerror(errno));
         goto err_destroy;
     }
+    status = start_mhd(gw);
+    if (status != BT_OK)
+        goto err_destroy;
+    status = client_create(cfg->router, &gw->client);
+    if (status != BT_OK)
+        goto err_destroy;
+    status = client_fd(gw->client, &gw->router_fd);
+    if (status != BT_OK)
+        goto err_destroy;
     status = listen_on(gw, cfg->listen);
     if (status != BT_OK)
         goto err_destroy;
@@ -1611,10 +1850,12 @@ bt_status_t gateway_create(const gateway_config_t *cfg, gateway_t **gw_p)
         status = epoll_add(gw, gw->router_fd, EPOLLIN | EPOLLET, TAG_ROUTER);
     if (status != BT_OK)
         goto err_destroy;
-    BT_LOG_INFO("HTTP", "listening on %s (port %d), router %s, model '%s', "
-                "chat template %s%s", cfg->listen, gw->port, cfg->router,
+    BT_LOG_INFO("HTTP", "listening on %s (port %d, %s), router %s, model "
+                "'%s', chat template %s%s%s", cfg->listen, gw->port,
+                gw->tls ? "HTTPS" : "plain HTTP", cfg->router,
                 gw->model_name, chat_template_name(gw->api.chat_template),
-                gw->tok ? "" : " (no tokenizer: chat prompts sent as text)");
+                gw->tok ? "" : " (no tokenizer: chat prompts sent as text)",
+                gw->cors ? ", CORS on" : "");
     *gw_p = gw;
     return BT_OK;
 
@@ -1629,24 +1870,29 @@ void gateway_destroy(gateway_t **gw_p)
 
     if (gw == NULL)
         return;
-    for (int i = 0; gw->conns != NULL && i < gw->cfg.max_connections; i++)
-        if (gw->conns[i] != NULL) {
-            conn_kill(gw, gw->conns[i]);
-            conn_free(gw, gw->conns[i]);
-        }
+    if (gw->mhd != NULL) {
+        /* waiting requests are cancelled at the router and let go, so
+         * that MHD can close their connections */
+        for (conn_t *c = gw->conns; c != NULL; c = c->next)
+            if (c->req != NULL && c->req->suspended)
+                req_kill(gw, c->req);
+        MHD_stop_daemon(gw->mhd); /* on_completed cancels the others */
+        gw->mhd = NULL;
+    }
     if (gw->listen_fd >= 0)
         close(gw->listen_fd);
     if (gw->epoll_fd >= 0)
         close(gw->epoll_fd);
     client_destroy(&gw->client);
     gateway__auth_destroy(&gw->auth);
+    gateway__cors_destroy(&gw->cors);
     tok_destroy(&gw->tok);
     bt_buf_cleanup(&gw->scratch);
+    if (gw->tls_key != NULL)
+        memset(gw->tls_key, 0, strlen(gw->tls_key)); /* a secret */
+    bt_free(gw->tls_key);
+    bt_free(gw->tls_cert);
     bt_free(gw->map);
-    bt_free(gw->dirty);
-    bt_free(gw->dead);
-    bt_free(gw->gens);
-    bt_free(gw->conns);
     bt_free(gw->model_name);
     bt_free(gw);
     *gw_p = NULL;
@@ -1668,48 +1914,31 @@ bt_status_t gateway_run(gateway_t *gw)
     uint64_t last_sweep = bt_time_ns();
 
     while (!gw->stop) {
-        int n = epoll_wait(gw->epoll_fd, events, MAX_EVENTS, TICK_MS);
+        MHD_UNSIGNED_LONG_LONG mhd_ms = TICK_MS;
+        int n;
         uint64_t now;
+
+        /* MHD may have work pending without a new socket event (data it
+         * has read but not yet processed): then it asks for 0 ms */
+        if (MHD_get_timeout(gw->mhd, &mhd_ms) != MHD_YES || mhd_ms > TICK_MS)
+            mhd_ms = TICK_MS;
+        n = epoll_wait(gw->epoll_fd, events, MAX_EVENTS, (int)mhd_ms);
 
         if (n < 0 && errno != EINTR)
             return BT_ERROR(BT_ERR_IO, "HTTP", "epoll_wait: %s",
                             strerror(errno));
-        for (int i = 0; i < n; i++) {
-            uint64_t tag = events[i].data.u64;
-            uint32_t slot = (uint32_t)tag - TAG_CONN0;
-            conn_t *conn;
-
-            if (tag == TAG_LISTEN) {
+        for (int i = 0; i < n; i++)
+            if (events[i].data.u64 == TAG_LISTEN)
                 accept_all(gw);
-                continue;
-            }
-            if (tag == TAG_ROUTER)
-                continue; /* drained below */
-            if (slot >= (uint32_t)gw->cfg.max_connections)
-                continue;
-            conn = gw->conns[slot];
-            if (conn == NULL || conn->dead || conn->gen != (uint32_t)(tag >> 32))
-                continue; /* stale event of a closed connection */
-            if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
-                on_readable(gw, conn, events[i].events);
-            if (!conn->dead && (events[i].events & EPOLLOUT))
-                conn_flush(gw, conn);
-        }
+        MHD_run(gw->mhd);
         drain_router(gw);
         now = bt_time_ns();
         if (now - last_sweep >= TICK_MS * 1000000ull) {
             last_sweep = now;
             sweep(gw, now);
         }
-        for (int i = 0; i < gw->n_dirty; i++) {
-            gw->dirty[i]->in_dirty = false;
-            if (!gw->dirty[i]->dead)
-                conn_flush(gw, gw->dirty[i]);
-        }
-        gw->n_dirty = 0;
-        for (int i = 0; i < gw->n_dead; i++)
-            conn_free(gw, gw->dead[i]);
-        gw->n_dead = 0;
+        /* what the router answered (resumed connections) goes out now */
+        MHD_run(gw->mhd);
     }
     return BT_OK;
 }

@@ -17,7 +17,9 @@
  * event) and makes /health 503.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions,
- * GET /v1/models[/ID], GET /health, GET /metrics (Prometheus).
+ * GET /v1/models[/ID], POST /tokenize, POST /detokenize, GET /version,
+ * GET /health, GET /livez, GET /metrics (Prometheus); OPTIONS preflights
+ * with --cors-origins.
  */
 #ifndef BT_GATEWAY_GATEWAY_H
 #define BT_GATEWAY_GATEWAY_H
@@ -44,14 +46,19 @@ typedef struct {
                                   * to send its request is closed for a
                                   * new one (slowloris cannot fill them) */
     int max_conns_per_client;    /* open connections per client address
-                                  * (128; 0 = no limit) */
-    size_t max_header_bytes;     /* request line + headers (16 KiB) */
+                                  * (128; 0 = no limit): libmicrohttpd's
+                                  * per-IP limit */
+    size_t max_header_bytes;     /* request line + headers (16 KiB; MHD's
+                                  * connection memory is this + 2 KiB) */
     size_t max_body_bytes;       /* request body (4 MiB) */
-    int header_timeout_ms;       /* a started request's headers must
-                                  * arrive (5 s) */
+    int header_timeout_ms;       /* a started request's headers, and a
+                                  * new connection's first request head,
+                                  * must arrive (5 s) */
     int read_timeout_ms;         /* a started request must arrive (10 s) */
     int idle_timeout_ms;         /* idle keep-alive connection (60 s) */
-    int write_timeout_ms;        /* output stalled this long: close (30 s) */
+    int write_timeout_ms;        /* stalled output (30 s): the larger of
+                                  * this and idle_timeout_ms is MHD's
+                                  * connection timeout, which closes it */
     int request_timeout_ms;      /* no router answer: 504 (600 s) */
     int status_timeout_ms;       /* /health, /metrics router wait (1 s) */
     uint32_t deadline_ms;        /* router deadline per request (0 none) */
@@ -59,6 +66,11 @@ typedef struct {
     const char *api_key_file;    /* API keys and tenants (NULL: open, no
                                   * tenants); unreadable: create fails */
     bool metrics_auth;           /* /metrics needs a key too */
+    const char *tls_cert;        /* PEM certificate (chain): HTTPS only;
+                                  * with tls_key; unusable: create fails */
+    const char *tls_key;         /* PEM private key */
+    const char *cors_origins;    /* "a,b" or "*": CORS for these origins
+                                  * (NULL: no CORS headers) */
     int max_token_bytes;         /* without a tokenizer: text prompts of
                                   * more than context * this many bytes are
                                   * refused here as too long (128) */

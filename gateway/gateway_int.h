@@ -1,9 +1,10 @@
 /*
- * gateway_int.h - the pieces of baton-http shared inside gateway/: the
- * HTTP/1.1 request parser, byte buffers, the OpenAI request parser and
- * response builders, and the metrics registry.  The parsers are pure
- * functions of their input (no sockets), so unit tests and the fuzz
- * target (tests/fuzz/fuzz_http_request.c) drive them directly.
+ * gateway_int.h - the pieces of baton-http shared inside gateway/: HTTP
+ * helpers on top of libmicrohttpd (CORS, header counts), the OpenAI
+ * request parser and response builders, /tokenize and /detokenize, and
+ * the metrics registry.  The parsers are pure functions of their input
+ * (no sockets), so unit tests and the fuzz target
+ * (tests/fuzz/fuzz_http_request.c) drive them directly.
  */
 #ifndef BT_GATEWAY_GATEWAY_INT_H
 #define BT_GATEWAY_GATEWAY_INT_H
@@ -25,59 +26,36 @@ extern "C" {
 #endif
 
 // ---------------------------------------------------------------------------
-// HTTP/1.1 request parsing
+// HTTP helpers (gateway_http.c).  libmicrohttpd parses HTTP/1.1; these are
+// the pieces baton adds on top of it.
 
-typedef enum {
-    GATEWAY_HTTP_GET = 0,
-    GATEWAY_HTTP_HEAD,
-    GATEWAY_HTTP_POST,
-    GATEWAY_HTTP_OTHER /* a well-formed method baton does not serve */
-} gateway_http_method_t;
+struct MHD_Connection;
 
-#define GATEWAY_HTTP_MAX_TARGET 2048 /* longer request targets: 414 */
-#define GATEWAY_HTTP_MAX_HEADERS 100 /* more header lines: 431 */
+#define GATEWAY_HTTP_MAX_TARGET 2048 /* longer request paths: 414 */
 
-typedef struct {
-    size_t max_header_bytes; /* request line + headers + blank line */
-    size_t max_body_bytes;   /* Content-Length above this: 413 */
-} gateway_http_limits_t;
-
-/* A parsed request.  Pointers point into the caller's buffer. */
-typedef struct {
-    gateway_http_method_t method;
-    const char *path;      /* request target up to '?' or '#' */
-    size_t path_len;
-    int minor;             /* HTTP/1.minor: 0 or 1 */
-    bool keep_alive;       /* after this request (version + Connection) */
-    bool expect_continue;  /* Expect: 100-continue */
-    size_t content_length; /* body bytes (0 when no Content-Length) */
-    size_t header_len;     /* bytes up to the body; 0 until known */
-    size_t total_len;      /* header_len + content_length */
-    const char *authorization; /* Authorization value (trimmed), or NULL;
-                              a credential: never log it */
-    size_t authorization_len;
-    int n_authorization;   /* Authorization fields seen (more than one:
-                              refused as ambiguous) */
-    const char *request_id; /* X-Request-Id value (trimmed), or NULL */
-    size_t request_id_len;
-    int error_status;      /* on BT_ERR_FORMAT: the HTTP status to send */
-    const char *error;     /* on BT_ERR_FORMAT: why (static text) */
-} gateway_http_req_t;
-
-/* Parses the request at the start of buf[0..len).  BT_OK: a whole request
- * (headers and body) is there, total_len bytes.  BT_IN_PROGRESS: more
- * bytes are needed; header_len > 0 once the headers are complete (the
- * caller may then answer Expect: 100-continue).  BT_ERR_FORMAT: the
- * request is malformed or over a limit; error_status (400, 411, 413,
- * 414, 417, 431, 501, 505) and error say how to answer, after
- * which the connection must close.  Chunked request bodies get 411:
- * baton needs a Content-Length.  Never reads past buf[len-1]. */
-bt_status_t gateway__http_parse(const char *buf, size_t len,
-                                const gateway_http_limits_t *limits,
-                                gateway_http_req_t *req);
+/* How many header fields named `name` (any case) the request has: MHD
+ * keeps them all, and baton refuses some repeated ones (Content-Length,
+ * Authorization) as ambiguous. */
+int gateway__http_header_count(struct MHD_Connection *c, const char *name);
 
 /* The reason phrase of an HTTP status ("Not Found"). */
 const char *gateway__http_reason(int status);
+
+/* CORS allowed origins (--cors-origins "https://a.example,http://b:3000"
+ * or "*").  Origins are compared exactly (scheme://host[:port], no
+ * trailing slash, case-insensitive). */
+typedef struct gateway_cors_s gateway_cors_t;
+
+/* BT_ERR_INVALID_ARG (with a message) for an empty list or an entry that
+ * is neither "*" nor an http(s)://host[:port] origin. */
+bt_status_t gateway__cors_create(const char *spec, gateway_cors_t **cors_p);
+void gateway__cors_destroy(gateway_cors_t **cors_p);
+
+/* The Access-Control-Allow-Origin value for a request's Origin ("*" when
+ * any origin is allowed, else the origin itself), or NULL when that
+ * origin is not allowed.  The result points into cors or origin. */
+const char *gateway__cors_match(const gateway_cors_t *cors,
+                                const char *origin);
 
 // ---------------------------------------------------------------------------
 // OpenAI request parsing and responses
@@ -173,6 +151,24 @@ bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
 /* GET /v1/models (list) or /v1/models/ID (one model object). */
 bt_status_t gateway__api_models_json(const char *model, long long created,
                                      bool list, bt_buf_t *out);
+
+/* POST /tokenize (vLLM's shape): {"prompt": "..."} or {"messages": [...]}
+ * (with "add_generation_prompt", default true; "add_special_tokens",
+ * default true for a prompt and false for messages) ->
+ * {"count": n, "max_model_len": M, "tokens": [...]}.  max_model_len is
+ * the cluster's context (0: not known yet -> null).  On
+ * BT_ERR_INVALID_ARG err holds a 400 (404 for an unknown model, 501
+ * without a tokenizer).  Safe on any bytes (fuzzed). */
+bt_status_t gateway__tokenize(const gateway_api_ctx_t *ctx,
+                              uint32_t max_model_len, const char *body,
+                              size_t len, bt_buf_t *out,
+                              gateway_api_error_t *err);
+
+/* POST /detokenize: {"tokens": [ids]} -> {"prompt": "text"}; an id out
+ * of the vocabulary is a 400. */
+bt_status_t gateway__detokenize(const gateway_api_ctx_t *ctx,
+                                const char *body, size_t len, bt_buf_t *out,
+                                gateway_api_error_t *err);
 
 // ---------------------------------------------------------------------------
 // API keys and tenants (gateway_auth.c; issue 42)

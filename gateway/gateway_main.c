@@ -49,7 +49,8 @@ static void usage(FILE *out)
         "                         to send its request is closed for the new\n"
         "  --max-conns-per-client N  connections per client address (128;\n"
         "                         0 = no limit; raise it behind a proxy)\n"
-        "  --header-timeout-ms N  a started request's headers must arrive\n"
+        "  --header-timeout-ms N  a started request's headers, and a new\n"
+        "                         connection's first request, must arrive\n"
         "                         within (5000)\n"
         "  --max-header-bytes N   request line + headers (16384)\n"
         "  --max-body-bytes N     request body (4194304)\n"
@@ -73,10 +74,18 @@ static void usage(FILE *out)
         "                         (env BATON_API_KEY_FILE)\n"
         "  --metrics-auth         /metrics needs a key too (/health, /livez\n"
         "                         stay open)\n"
+        "  --tls-cert FILE        serve HTTPS only, with this PEM certificate\n"
+        "  --tls-key FILE         (chain) and PEM private key; a missing,\n"
+        "                         unreadable or invalid file, or a key that\n"
+        "                         does not match, stops baton-http (never\n"
+        "                         plain HTTP instead)\n"
+        "  --cors-origins LIST    CORS for these origins, comma-separated\n"
+        "                         http[s]://host[:port], or * for any\n"
+        "                         (default: no CORS headers)\n"
         "  --help\n"
-        "No TLS here: put a TLS-terminating proxy in front (docs/SECURITY.md).\n"
         "Endpoints: POST /v1/completions, POST /v1/chat/completions,\n"
-        "GET /v1/models, GET /metrics, GET /health (200 once the router\n"
+        "GET /v1/models, POST /tokenize, POST /detokenize, GET /version,\n"
+        "GET /metrics, GET /health (200 once the router\n"
         "has a worker that can prefill and one that decodes: readiness),\n"
         "GET /livez (200 while this process serves: liveness).\n"
         "Prompts over the cluster's context get 400 here (token ids, text\n"
@@ -119,6 +128,9 @@ int main(int argc, char **argv)
         { "max-token-bytes", required_argument, 0, 'K' },
         { "api-key-file", required_argument, 0, 'A' },
         { "metrics-auth", no_argument, 0, 'M' },
+        { "tls-cert", required_argument, 0, 'X' },
+        { "tls-key", required_argument, 0, 'Y' },
+        { "cors-origins", required_argument, 0, 'O' },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -207,6 +219,9 @@ int main(int argc, char **argv)
             break;
         case 'A': cfg.api_key_file = optarg; break;
         case 'M': cfg.metrics_auth = true; break;
+        case 'X': cfg.tls_cert = optarg; break;
+        case 'Y': cfg.tls_key = optarg; break;
+        case 'O': cfg.cors_origins = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -1,16 +1,13 @@
 /*
- * fuzz_http_request.c - libFuzzer target for baton-http's request
- * parsers (gateway/gateway_http.c, gateway/gateway_api.c).
+ * fuzz_http_request.c - libFuzzer target for baton-http's request body
+ * parsers (gateway/gateway_api.c, gateway/gateway_tokenize.c).  HTTP/1.1
+ * itself is libmicrohttpd's (the hand-written parser this target used to
+ * fuzz is gone).
  *
- * Each input is used as:
- *  1. raw bytes from a client: parsed as an HTTP/1.1 request under small
- *     limits.  A complete request must lie inside the input with its path
- *     starting '/' (or '*'); every shorter prefix of it must parse as
- *     "incomplete"; an error must carry a 4xx/5xx status and a reason.
- *     A complete POST's body goes through the OpenAI parsers as below.
- *  2. a JSON body: parsed as a completions and as a chat request (chat
- *     with the aidreams tokenizer, loaded once); a parsed request must be
- *     consistent, and its response JSON must build.
+ * Each input is used as a JSON body: parsed as a completions and as a
+ * chat request (chat with the aidreams tokenizer, loaded once; a parsed
+ * request must be consistent, and its response JSON must build), and as
+ * a /tokenize and a /detokenize body (an answer or a 4xx/5xx error).
  * Anything else aborts, so it counts as a crash.
  *
  * Run: build-fuzz/fuzz/fuzz_http_request tests/fuzz/corpus/fuzz_http_request
@@ -76,12 +73,35 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
     gateway__api_req_cleanup(&req);
 }
 
+/* /tokenize and /detokenize: an error is a 4xx/5xx with a message; a
+ * success is a JSON object. */
+static void fz_tokenize(const char *body, size_t len, const tok_t *tok)
+{
+    gateway_api_ctx_t ctx;
+    gateway_api_error_t err;
+    bt_buf_t out;
+
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.model_name = "m";
+    ctx.tok = tok;
+    ctx.chat_template = CHAT_TEMPLATE_CHATML;
+    for (int detok = 0; detok < 2; detok++) {
+        bt_status_t st;
+        bt_buf_init(&out);
+        st = detok ? gateway__detokenize(&ctx, body, len, &out, &err)
+                   : gateway__tokenize(&ctx, 64, body, len, &out, &err);
+        if (st == BT_OK)
+            fz_check(out.len > 1 && out.data[0] == '{', "tokenize JSON");
+        else
+            fz_check(err.status >= 400 && err.status < 600 &&
+                         err.message[0] != '\0', "tokenize error");
+        bt_buf_cleanup(&out);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *buf = (const char *)data;
-    gateway_http_limits_t limits = { 2048, 8192 };
-    gateway_http_req_t req;
-    bt_status_t status;
 
     if (!g_tok_tried) {
         char path[512];
@@ -91,40 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (tok_load(path, 512, &g_tok) != BT_OK)
             g_tok = NULL;
     }
-
-    status = gateway__http_parse(buf, size, &limits, &req);
-    if (status == BT_OK) {
-        fz_check(req.header_len > 0 && req.header_len <= req.total_len &&
-                     req.total_len <= size, "lengths");
-        fz_check(req.total_len - req.header_len == req.content_length,
-                 "body length");
-        fz_check(req.path >= buf && req.path + req.path_len <= buf + size &&
-                     req.path_len > 0 &&
-                     (req.path[0] == '/' || req.path[0] == '*'), "path");
-        for (size_t cut = 0; cut < req.total_len; cut += 1 + cut / 4) {
-            gateway_http_req_t part;
-            fz_check(gateway__http_parse(buf, cut, &limits, &part) ==
-                         BT_IN_PROGRESS, "a prefix of a request is complete");
-        }
-        if (req.method == GATEWAY_HTTP_POST) {
-            fz_body(buf + req.header_len, req.content_length,
-                    GATEWAY_API_COMPLETIONS, NULL);
-            fz_body(buf + req.header_len, req.content_length,
-                    GATEWAY_API_CHAT, NULL);
-        }
-    } else if (status == BT_IN_PROGRESS) {
-        fz_check(req.header_len <= size, "header length");
-        fz_check(size < limits.max_header_bytes || req.header_len > 0,
-                 "header over the limit still incomplete");
-    } else {
-        fz_check(status == BT_ERR_FORMAT, "status");
-        fz_check(req.error_status >= 400 && req.error_status < 600 &&
-                     req.error != NULL, "error status");
-        fz_check(strcmp(gateway__http_reason(req.error_status), "Unknown") != 0,
-                 "reason phrase");
-    }
-
     fz_body(buf, size, GATEWAY_API_COMPLETIONS, NULL);
     fz_body(buf, size, GATEWAY_API_CHAT, g_tok);
+    fz_tokenize(buf, size, g_tok);
     return 0;
 }

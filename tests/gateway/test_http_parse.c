@@ -1,8 +1,9 @@
 /*
- * test_http_parse.c - baton-http's parsers without sockets: the HTTP/1.1
- * request parser (a table of good and bad requests, byte-by-byte arrival,
- * keep-alive rules, limits), the OpenAI request parser (defaults, every
- * field, refusals) and the Prometheus rendering of histograms.
+ * test_http_parse.c - baton-http's parsers without sockets: the CORS
+ * origin list, /tokenize and /detokenize (round trips, refusals), the
+ * OpenAI request parser (defaults, every field, refusals) and the
+ * Prometheus rendering of histograms.  HTTP/1.1 itself is
+ * libmicrohttpd's; test_http_errors.c checks it on the wire.
  */
 #include <string.h>
 
@@ -11,109 +12,131 @@
 #include "bt_test.h"
 #include "gateway_int.h"
 
-static const gateway_http_limits_t limits = { 1024, 4096 };
-
-static bt_status_t parse(const char *s, gateway_http_req_t *req)
+/* The CORS origin list: exact matches only, "*" explicitly, bad specs
+ * refused at start. */
+static void test_cors(void)
 {
-    return gateway__http_parse(s, strlen(s), &limits, req);
+    gateway_cors_t *cors = NULL;
+
+    BT_ASSERT_OK(gateway__cors_create("https://a.example, http://b:3000",
+                                      &cors));
+    BT_ASSERT_STREQ(gateway__cors_match(cors, "https://a.example"),
+                    "https://a.example");
+    BT_ASSERT_STREQ(gateway__cors_match(cors, "http://b:3000"),
+                    "http://b:3000");
+    BT_CHECK(gateway__cors_match(cors, "http://b:3001") == NULL);
+    BT_CHECK(gateway__cors_match(cors, "https://a.example.evil") == NULL);
+    BT_CHECK(gateway__cors_match(cors, "") == NULL);
+    BT_CHECK(gateway__cors_match(cors, NULL) == NULL);
+    gateway__cors_destroy(&cors);
+    BT_CHECK(cors == NULL);
+    BT_ASSERT_OK(gateway__cors_create("*", &cors));
+    BT_ASSERT_STREQ(gateway__cors_match(cors, "http://anything"), "*");
+    gateway__cors_destroy(&cors);
+    BT_ASSERT_EQ(gateway__cors_create("", &cors), BT_ERR_INVALID_ARG);
+    BT_ASSERT_EQ(gateway__cors_create(" , ", &cors), BT_ERR_INVALID_ARG);
+    BT_ASSERT_EQ(gateway__cors_create("a.example", &cors),
+                 BT_ERR_INVALID_ARG);
+    BT_ASSERT_EQ(gateway__cors_create("https://a.example/path", &cors),
+                 BT_ERR_INVALID_ARG);
+    BT_CHECK(cors == NULL);
+    BT_ASSERT_STREQ(gateway__http_reason(408), "Request Timeout");
 }
 
-static void expect_error(const char *s, int status)
+/* /tokenize and /detokenize on the aidreams tokenizer: round trips,
+ * chat ids equal the chat parser's, and every refusal. */
+static void test_tokenize(void)
 {
-    gateway_http_req_t req;
+    gateway_api_ctx_t ctx;
+    gateway_api_error_t err;
+    gateway_api_req_t areq;
+    tok_t *tok = NULL;
+    bt_buf_t out;
+    char path[512], body[512];
 
-    if (parse(s, &req) != BT_ERR_FORMAT || req.error_status != status)
-        BT_TEST_FAIL("'%s': status %d, expected error %d", s,
-                     req.error_status, status);
-}
-
-static void test_http(void)
-{
-    gateway_http_req_t req;
-    const char *post = "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\n"
-                       "content-length: 5\r\nConnection: Keep-Alive, Upgrade"
-                       "\r\n\r\nhelloGET";
-    size_t full = strlen(post) - 3;
-
-    BT_ASSERT_EQ(parse(post, &req), BT_OK);
-    BT_ASSERT_EQ(req.method, GATEWAY_HTTP_POST);
-    BT_ASSERT_EQ(req.path_len, 15);
-    BT_CHECK(memcmp(req.path, "/v1/completions", 15) == 0);
-    BT_ASSERT_EQ(req.content_length, 5);
-    BT_ASSERT_EQ(req.total_len, full);
-    BT_CHECK(memcmp(post + req.header_len, "hello", 5) == 0);
-    BT_CHECK(req.keep_alive);
-    /* byte by byte: incomplete until the last body byte */
-    for (size_t n = 0; n < full; n++) {
-        BT_ASSERT_EQ(gateway__http_parse(post, n, &limits, &req),
-                     BT_IN_PROGRESS);
-        if (n >= full - 5)
-            BT_CHECK(req.header_len == full - 5);
-    }
-
-    BT_ASSERT_EQ(parse("GET /health HTTP/1.0\r\n\r\n", &req), BT_OK);
-    BT_CHECK(!req.keep_alive && req.minor == 0);
-    BT_ASSERT_EQ(parse("GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-                       &req), BT_OK);
-    BT_CHECK(req.keep_alive);
-    BT_ASSERT_EQ(parse("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n",
-                       &req), BT_OK);
-    BT_CHECK(!req.keep_alive);
-    BT_ASSERT_EQ(parse("\r\nGET / HTTP/1.1\nHost: x\n\n", &req), BT_OK);
-    BT_ASSERT_EQ(req.method, GATEWAY_HTTP_GET);
-    BT_ASSERT_EQ(parse("PATCH /x HTTP/1.1\r\n\r\n", &req), BT_OK);
-    BT_ASSERT_EQ(req.method, GATEWAY_HTTP_OTHER);
-    BT_ASSERT_EQ(parse("POST /x HTTP/1.1\r\nExpect: 100-continue\r\n"
-                       "Content-Length: 3\r\n\r\n", &req), BT_IN_PROGRESS);
-    BT_CHECK(req.expect_continue && req.header_len > 0);
-
-    expect_error("garbage\r\n\r\n", 400);
-    expect_error("\x16\x03\x01", 400); /* a TLS hello */
-    expect_error("GET / HTTP/2.0\r\n\r\n", 505);
-    expect_error("GET / HTTX/1.1\r\n\r\n", 400);
-    expect_error("GET  / HTTP/1.1\r\n\r\n", 400);
-    expect_error("GET http://x/ HTTP/1.1\r\n\r\n", 400);
-    expect_error("GET /\x01 HTTP/1.1\r\n\r\n", 400);
-    expect_error("GET / HTTP/1.1\r\nNo colon\r\n\r\n", 400);
-    expect_error("GET / HTTP/1.1\r\nA : b\r\n\r\n", 400);
-    expect_error("GET / HTTP/1.1\r\nA: b\r\n c\r\n\r\n", 400);
-    expect_error("GET / HTTP/1.1\r\nA: b\x01\r\n\r\n", 400);
-    expect_error("GET / HTTP/1.1\rX\r\n\r\n", 400);
-    expect_error("POST / HTTP/1.1\r\n\r\n", 411);
-    expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411);
-    expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501);
-    expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
-                 "Content-Length: 1\r\n\r\nx", 400);
-    expect_error("POST / HTTP/1.1\r\nContent-Length: 1\r\n"
-                 "Content-Length: 2\r\n\r\nxx", 400);
-    expect_error("POST / HTTP/1.1\r\nContent-Length: 1x\r\n\r\n", 400);
-    expect_error("POST / HTTP/1.1\r\nContent-Length: 4097\r\n\r\n", 413);
-    expect_error("POST / HTTP/1.1\r\nContent-Length: "
-                 "99999999999999999999999\r\n\r\n", 413);
-    expect_error("GET / HTTP/1.1\r\nExpect: tea\r\n\r\n", 417);
-    expect_error("ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1\r\n\r\n", 501);
+    snprintf(path, sizeof(path), "%s/models/aidreams-tok512.bin",
+             BT_SHARED_DIR);
+    BT_ASSERT_OK(tok_load(path, 512, &tok));
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.model_name = "tiny";
+    ctx.tok = tok;
+    ctx.chat_template = CHAT_TEMPLATE_CHATML;
+    bt_buf_init(&out);
+    BT_ASSERT_OK(gateway__tokenize(&ctx, 128, "{\"prompt\":\"The river\"}",
+                                   23, &out, &err));
+    BT_CHECK(strstr(out.data, "\"max_model_len\":128") != NULL);
     {
-        char big[2048];
-        int n = snprintf(big, sizeof(big), "GET / HTTP/1.1\r\nX: ");
-        memset(big + n, 'a', sizeof(big) - (size_t)n - 1);
-        big[sizeof(big) - 1] = '\0';
-        expect_error(big, 431);
-        n = snprintf(big, sizeof(big), "GET /");
-        memset(big + n, 'a', sizeof(big) - (size_t)n - 1);
-        expect_error(big, 431); /* no line end within the header limit */
+        /* the ids decode back to the text */
+        const char *t = strstr(out.data, "\"tokens\":");
+        BT_CHECK(t != NULL);
+        snprintf(body, sizeof(body), "{\"tokens\":%s", t + 9);
+        out.len = 0;
+        BT_ASSERT_OK(gateway__detokenize(&ctx, body, strlen(body), &out,
+                                         &err));
+        BT_ASSERT_STREQ(out.data, "{\"prompt\":\"The river\"}");
     }
+    out.len = 0;
+    BT_ASSERT_OK(gateway__tokenize(&ctx, 0, "{\"prompt\":\"\",\"add_special_"
+                                   "tokens\":false}", 42, &out, &err));
+    BT_ASSERT_STREQ(out.data,
+                    "{\"count\":0,\"max_model_len\":null,\"tokens\":[]}");
+    /* messages: the ids the chat endpoint sends */
     {
-        /* too many header lines */
-        char many[4096];
-        gateway_http_limits_t wide = { 4096, 16 };
-        int n = snprintf(many, sizeof(many), "GET / HTTP/1.1\r\n");
-        for (int i = 0; i <= GATEWAY_HTTP_MAX_HEADERS; i++)
-            n += snprintf(many + n, sizeof(many) - (size_t)n, "A:b\r\n");
-        n += snprintf(many + n, sizeof(many) - (size_t)n, "\r\n");
-        BT_ASSERT_EQ(gateway__http_parse(many, (size_t)n, &wide, &req),
-                     BT_ERR_FORMAT);
-        BT_ASSERT_EQ(req.error_status, 431);
+        const char *msgs = "{\"messages\":[{\"role\":\"user\",\"content\":"
+                           "\"hi\"}]}";
+        char want[64];
+        BT_ASSERT_OK(gateway__api_parse(&ctx, GATEWAY_API_CHAT, msgs,
+                                        strlen(msgs), &areq, &err));
+        out.len = 0;
+        BT_ASSERT_OK(gateway__tokenize(&ctx, 0, msgs, strlen(msgs), &out,
+                                       &err));
+        snprintf(want, sizeof(want), "{\"count\":%d,", areq.n_prompt_ids);
+        BT_CHECK(strncmp(out.data, want, strlen(want)) == 0);
+        gateway__api_req_cleanup(&areq);
     }
+    /* refusals */
+    {
+        static const struct {
+            const char *body;
+            bool detok;
+            int status;
+            const char *param;
+        } bad[] = {
+            { "{", false, 400, "" },
+            { "[]", false, 400, "" },
+            { "{}", false, 400, "prompt" },
+            { "{\"prompt\":5}", false, 400, "prompt" },
+            { "{\"prompt\":\"a\",\"messages\":[]}", false, 400, "messages" },
+            { "{\"messages\":[]}", false, 400, "messages" },
+            { "{\"prompt\":\"a\",\"add_special_tokens\":1}", false, 400,
+              "add_special_tokens" },
+            { "{\"prompt\":\"a\",\"model\":\"other\"}", false, 404, "model" },
+            { "{}", true, 400, "tokens" },
+            { "{\"tokens\":[1,\"a\"]}", true, 400, "tokens" },
+            { "{\"tokens\":[1.5]}", true, 400, "tokens" },
+            { "{\"tokens\":[512]}", true, 400, "tokens" },
+            { "{\"tokens\":[-1]}", true, 400, "tokens" },
+        };
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            bt_status_t st =
+                bad[i].detok
+                    ? gateway__detokenize(&ctx, bad[i].body,
+                                          strlen(bad[i].body), &out, &err)
+                    : gateway__tokenize(&ctx, 0, bad[i].body,
+                                        strlen(bad[i].body), &out, &err);
+            if (st != BT_ERR_INVALID_ARG || err.status != bad[i].status ||
+                strcmp(err.param, bad[i].param) != 0)
+                BT_TEST_FAIL("%s: status %d param '%s' (%s), expected %d "
+                             "'%s'", bad[i].body, err.status, err.param,
+                             err.message, bad[i].status, bad[i].param);
+        }
+    }
+    ctx.tok = NULL;
+    BT_ASSERT_EQ(gateway__tokenize(&ctx, 0, "{\"prompt\":\"a\"}", 14, &out,
+                                   &err), BT_ERR_INVALID_ARG);
+    BT_ASSERT_EQ(err.status, 501);
+    bt_buf_cleanup(&out);
+    tok_destroy(&tok);
 }
 
 static bt_status_t api(gateway_api_kind_t kind, const char *body,
@@ -271,7 +294,8 @@ static void test_metrics(void)
 int main(void)
 {
     bt_log_init("test");
-    test_http();
+    test_cors();
+    test_tokenize();
     test_api();
     test_metrics();
     BT_ASSERT_EQ(bt_alloc_live_count(), 0);

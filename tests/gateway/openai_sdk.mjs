@@ -1,0 +1,133 @@
+// openai_sdk.mjs - the official OpenAI Node SDK against a running
+// baton-http (issue 39), driven by test_openai_sdk.sh, which installs the
+// `openai` package and starts the cluster.
+//
+// Environment: BATON_URL (http://127.0.0.1:PORT/v1), BATON_KEY (a valid
+// API key), BATON_MODEL (the served model id), OPENAI_SDK_DIR (the npm
+// prefix the package was installed into).
+//
+// Checks: models.list; a completion and a chat completion (text, usage
+// counts); streaming completions and chat whose chunks concatenate to the
+// non-stream text (greedy, temperature 0), with the usage chunk of
+// stream_options.include_usage; errors mapped to the SDK's classes: 400
+// BadRequestError naming the parameter, 404 NotFoundError for an unknown
+// model, 401 AuthenticationError for a wrong key.  Exits 0 on success,
+// 1 with a message on the first failure; bounded by a 120 s timer.
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const timer = setTimeout(() => {
+  console.error("FAIL: openai_sdk.mjs timed out after 120 s");
+  process.exit(1);
+}, 120000);
+
+const require = createRequire(path.join(process.env.OPENAI_SDK_DIR, "x.js"));
+const OpenAI = require("openai");
+const baseURL = process.env.BATON_URL;
+const model = process.env.BATON_MODEL;
+const client = new OpenAI({
+  baseURL,
+  apiKey: process.env.BATON_KEY,
+  maxRetries: 0,
+  timeout: 30000,
+});
+
+function check(cond, what) {
+  if (!cond) throw new Error(what);
+}
+
+async function expectError(cls, status, fn, what) {
+  try {
+    await fn();
+  } catch (e) {
+    check(e instanceof cls, `${what}: ${e.constructor.name}, expected ${cls.name} (${e.message})`);
+    check(e.status === status, `${what}: status ${e.status}, expected ${status}`);
+    return e;
+  }
+  throw new Error(`${what}: no error`);
+}
+
+async function main() {
+  // models
+  const models = [];
+  for await (const m of client.models.list()) models.push(m.id);
+  check(models.includes(model), `models.list: ${JSON.stringify(models)}`);
+
+  // completion
+  const params = { model, prompt: "The river", max_tokens: 12, temperature: 0 };
+  const c = await client.completions.create(params);
+  const text = c.choices[0].text;
+  check(typeof text === "string" && text.length > 0, `completion text: ${JSON.stringify(c)}`);
+  check(c.usage.prompt_tokens > 0 && c.usage.completion_tokens > 0 &&
+        c.usage.total_tokens === c.usage.prompt_tokens + c.usage.completion_tokens,
+        `completion usage: ${JSON.stringify(c.usage)}`);
+  check(c.model === model && c.object === "text_completion", `completion: ${JSON.stringify(c)}`);
+
+  // chat
+  const messages = [{ role: "system", content: "Be brief." },
+                    { role: "user", content: "Tell me a story" }];
+  const chatParams = { model, messages, max_tokens: 12, temperature: 0 };
+  const ch = await client.chat.completions.create(chatParams);
+  const msg = ch.choices[0].message;
+  check(msg.role === "assistant" && typeof msg.content === "string" && msg.content.length > 0,
+        `chat message: ${JSON.stringify(ch)}`);
+  check(ch.usage.prompt_tokens > 0 && ch.usage.completion_tokens > 0, `chat usage: ${JSON.stringify(ch.usage)}`);
+
+  // streaming completion: the chunks are the non-stream text
+  let streamed = "", nChunks = 0, finish = null;
+  const s = await client.completions.create({ ...params, stream: true });
+  for await (const chunk of s) {
+    nChunks++;
+    if (chunk.choices.length > 0) {
+      streamed += chunk.choices[0].text;
+      finish = chunk.choices[0].finish_reason ?? finish;
+    }
+  }
+  check(streamed === text, `stream text ${JSON.stringify(streamed)} != ${JSON.stringify(text)}`);
+  check(nChunks >= 2 && finish !== null, `stream: ${nChunks} chunks, finish ${finish}`);
+
+  // streaming chat with the usage chunk
+  let chatStreamed = "", usage = null, role = null;
+  const cs = await client.chat.completions.create({
+    ...chatParams, stream: true, stream_options: { include_usage: true } });
+  for await (const chunk of cs) {
+    if (chunk.usage) usage = chunk.usage;
+    if (chunk.choices.length > 0) {
+      const d = chunk.choices[0].delta;
+      if (d.role) role = d.role;
+      if (d.content) chatStreamed += d.content;
+    }
+  }
+  check(chatStreamed === msg.content,
+        `chat stream ${JSON.stringify(chatStreamed)} != ${JSON.stringify(msg.content)}`);
+  check(role === "assistant", `chat stream role ${role}`);
+  check(usage !== null && usage.completion_tokens === ch.usage.completion_tokens &&
+        usage.prompt_tokens === ch.usage.prompt_tokens,
+        `chat stream usage ${JSON.stringify(usage)} vs ${JSON.stringify(ch.usage)}`);
+
+  // errors in the SDK's classes
+  const bad = await expectError(OpenAI.BadRequestError, 400,
+    () => client.completions.create({ ...params, temperature: -1 }), "temperature -1");
+  check(bad.param === "temperature", `400 param ${bad.param}`);
+  await expectError(OpenAI.BadRequestError, 400,
+    () => client.chat.completions.create({ model, messages: [] }), "no messages");
+  await expectError(OpenAI.NotFoundError, 404,
+    () => client.completions.create({ ...params, model: "gpt-4" }), "unknown model");
+  const wrong = new OpenAI({ baseURL, apiKey: "sk-wrong-key-0123456789", maxRetries: 0 });
+  const auth = await expectError(OpenAI.AuthenticationError, 401,
+    () => wrong.completions.create(params), "wrong key");
+  check(auth.code === "invalid_api_key", `401 code ${auth.code}`);
+
+  console.log(`openai sdk: models ${JSON.stringify(models)}; completion ` +
+              `${JSON.stringify(text)} (${c.usage.completion_tokens} tokens) = ` +
+              `${nChunks} stream chunks; chat ${JSON.stringify(msg.content)} = stream; ` +
+              `400/404/401 mapped to the SDK's error classes`);
+}
+
+main().then(() => {
+  clearTimeout(timer);
+  process.exit(0);
+}, (e) => {
+  console.error(`FAIL: ${e.message}`);
+  process.exit(1);
+});
