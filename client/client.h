@@ -64,6 +64,8 @@ typedef struct {
     const char *tenant;        /* NULL: the default tenant */
     uint32_t tenant_weight;    /* share within its priority (0: 1) */
     const char *cache_salt;    /* NULL: none */
+    const char *grammar;       /* structured output "<kind>:<text>"
+                                * (GenerateRequest.grammar); NULL: none */
 } client_request_t;
 
 void client_request_init(client_request_t *req);

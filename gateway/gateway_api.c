@@ -132,8 +132,6 @@ static const api_param_rule_t api_param_rules[] = {
     {"tools", "[]", false, "no tool calling"},
     {"functions", "[]", false, "no tool calling"},
     {"tool_choice", "\"none\"", false, "no tool calling"},
-    {"response_format", "{\"type\":\"text\"}", false,
-     "no structured (JSON) output"},
     {"min_tokens", "0", false, "the sampler has no minimum length"},
     {"include_stop_str_in_output", "false", false,
      "a matched stop string is always left out of the text"},
@@ -448,10 +446,165 @@ static bool parse_stop(const cJSON *root, gateway_api_req_t *out,
 }
 
 // ---------------------------------------------------------------------------
+// Structured output (issue 39): OpenAI's response_format and vLLM's
+// guided_json / guided_regex / guided_choice become one grammar spec,
+// "<kind>:<text>" (worker/grammar/grammar.h), that the workers compile
+// against their vocabulary and apply to every sampled token.  A spec they
+// cannot compile (an unsupported schema keyword, say) fails the request
+// with a 400 naming the problem; nothing is ignored.
+
+static const cJSON *present(const cJSON *root, const char *name)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+
+    return j != NULL && !cJSON_IsNull(j) ? j : NULL;
+}
+
+/* kind + ':' + text into out->grammar; takes nothing over. */
+static bool set_grammar(gateway_api_req_t *out, const char *param,
+                        const char *kind, const char *text,
+                        gateway_api_error_t *err)
+{
+    size_t len = strlen(kind) + 1 + strlen(text);
+
+    if (out->grammar != NULL) {
+        BAD_PARAM(param, "at most one of response_format (json_object, "
+                  "json_schema), guided_json, guided_regex and "
+                  "guided_choice");
+        return false;
+    }
+    if (len > PROTO_MAX_GRAMMAR) {
+        BAD_PARAM(param, "'%s' is longer than %d bytes", param,
+                  PROTO_MAX_GRAMMAR);
+        return false;
+    }
+    out->grammar = bt_malloc(len + 1, "gateway_grammar");
+    if (out->grammar == NULL) {
+        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                               "out of memory");
+        return false;
+    }
+    snprintf(out->grammar, len + 1, "%s:%s", kind, text);
+    return true;
+}
+
+/* set_grammar with j printed as JSON text. */
+static bool set_grammar_json(gateway_api_req_t *out, const char *param,
+                             const char *kind, const cJSON *j,
+                             gateway_api_error_t *err)
+{
+    char *text = cJSON_PrintUnformatted(j);
+    bool ok;
+
+    if (text == NULL) {
+        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                               "out of memory");
+        return false;
+    }
+    ok = set_grammar(out, param, kind, text, err);
+    cJSON_free(text);
+    return ok;
+}
+
+static bool parse_structured(const cJSON *root, gateway_api_req_t *out,
+                             gateway_api_error_t *err)
+{
+    const cJSON *rf = present(root, "response_format");
+    const cJSON *gj = present(root, "guided_json");
+    const cJSON *gr = present(root, "guided_regex");
+    const cJSON *gc = present(root, "guided_choice");
+    const cJSON *x;
+
+    if (present(root, "guided_grammar") != NULL) {
+        BAD_PARAM("guided_grammar", "'guided_grammar' (EBNF) is not "
+                  "supported by baton: use response_format json_schema, "
+                  "guided_json, guided_regex or guided_choice");
+        return false;
+    }
+    if (rf != NULL) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(type)) {
+            BAD_PARAM("response_format", "'response_format' must be an "
+                      "object with a 'type' string");
+            return false;
+        }
+        if (strcmp(type->valuestring, "json_object") == 0) {
+            if (!set_grammar(out, "response_format", "json_object", "", err))
+                return false;
+        } else if (strcmp(type->valuestring, "json_schema") == 0) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(
+                rf, "json_schema");
+            const cJSON *schema = cJSON_IsObject(js)
+                ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+            if (!cJSON_IsObject(schema)) {
+                BAD_PARAM("response_format", "'response_format.json_schema"
+                          ".schema' must be a JSON schema object");
+                return false;
+            }
+            if (!set_grammar_json(out, "response_format", "json_schema",
+                                  schema, err))
+                return false;
+        } else if (strcmp(type->valuestring, "text") != 0) {
+            BAD_PARAM("response_format", "'response_format.type' must be "
+                      "text, json_object or json_schema");
+            return false;
+        }
+    }
+    if (gj != NULL) {
+        if (cJSON_IsString(gj)) {
+            if (!set_grammar(out, "guided_json", "json_schema",
+                             gj->valuestring, err))
+                return false;
+        } else if (!cJSON_IsObject(gj)) {
+            BAD_PARAM("guided_json", "'guided_json' must be a JSON schema "
+                      "(an object or its text)");
+            return false;
+        } else if (!set_grammar_json(out, "guided_json", "json_schema", gj,
+                                     err)) {
+            return false;
+        }
+    }
+    if (gr != NULL) {
+        if (!cJSON_IsString(gr) || gr->valuestring[0] == '\0') {
+            BAD_PARAM("guided_regex", "'guided_regex' must be a non-empty "
+                      "string");
+            return false;
+        }
+        if (!set_grammar(out, "guided_regex", "regex", gr->valuestring, err))
+            return false;
+    }
+    if (gc != NULL) {
+        if (!cJSON_IsArray(gc) || cJSON_GetArraySize(gc) == 0) {
+            BAD_PARAM("guided_choice", "'guided_choice' must be a non-empty "
+                      "array of strings");
+            return false;
+        }
+        cJSON_ArrayForEach(x, gc) {
+            if (!cJSON_IsString(x) || x->valuestring[0] == '\0') {
+                BAD_PARAM("guided_choice", "'guided_choice' must be a "
+                          "non-empty array of non-empty strings");
+                return false;
+            }
+        }
+        if (!set_grammar_json(out, "guided_choice", "choice", gc, err))
+            return false;
+    }
+    if (out->grammar != NULL && out->req.ignore_eos) {
+        /* a finished grammar allows only EOS */
+        BAD_PARAM("ignore_eos", "'ignore_eos' cannot be combined with "
+                  "structured output");
+        return false;
+    }
+    out->req.grammar = out->grammar;
+    return true;
+}
+
+// ---------------------------------------------------------------------------
 // The request
 
 void gateway__api_req_cleanup(gateway_api_req_t *r)
 {
+    bt_free(r->grammar);
     bt_free(r->prompt);
     bt_free(r->prompt_ids);
     bt_free(r->stop_ids);
@@ -554,6 +707,8 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
         return false;
     }
     client_request_set_params(req, &params);
+    if (!parse_structured(root, out, err))
+        return false;
     v = 0;
     if (!get_int(root, "priority", -1000000, 1000000, &v, err))
         return false;

@@ -105,6 +105,7 @@ typedef struct {
     int n_stop_ids;
     char *stops[PARAMS_MAX_STOP_STRINGS]; /* owned: (n_stops) stop strings */
     int n_stops;
+    char *grammar;         /* owned: structured output spec (NULL: none) */
 } gateway_api_req_t;
 
 /* Parses and validates a JSON body of `kind`.  On BT_ERR_INVALID_ARG, err

@@ -163,6 +163,32 @@ bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
                  PROTO_MAX_CACHE_SALT);
         return BT_ERR_INVALID_ARG;
     }
+    if (req->grammar != NULL && req->grammar[0] != '\0') {
+        /* The shape only: the workers compile it (grammar_spec_parse is
+         * the authority on the kinds; these are its names). */
+        static const char *const kinds[] = { "json_object:", "json_schema:",
+                                             "regex:", "choice:" };
+        bool known = false;
+        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+            known |= strncmp(req->grammar, kinds[i], strlen(kinds[i])) == 0;
+        if (strlen(req->grammar) > PROTO_MAX_GRAMMAR) {
+            snprintf(err, err_len, "grammar longer than %d bytes",
+                     PROTO_MAX_GRAMMAR);
+            return BT_ERR_INVALID_ARG;
+        }
+        if (!known) {
+            snprintf(err, err_len, "grammar must start with json_object:, "
+                     "json_schema:, regex: or choice:");
+            return BT_ERR_INVALID_ARG;
+        }
+        if (req->ignore_eos) {
+            /* a finished grammar allows only EOS: ignoring it would leave
+             * no token to sample */
+            snprintf(err, err_len, "a grammar (structured output) cannot "
+                     "be combined with ignore_eos");
+            return BT_ERR_INVALID_ARG;
+        }
+    }
     if (req->has_tenant_weight && (req->tenant_weight < 1 ||
                                    req->tenant_weight >
                                        PROTO_MAX_TENANT_WEIGHT)) {

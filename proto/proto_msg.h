@@ -34,6 +34,7 @@ extern "C" {
 #define PROTO_MAX_STOP_BYTES 256
 #define PROTO_MAX_TENANT 64        /* GenerateRequest.tenant bytes */
 #define PROTO_MAX_CACHE_SALT 64    /* GenerateRequest.cache_salt bytes */
+#define PROTO_MAX_GRAMMAR (1 << 16) /* GenerateRequest.grammar bytes */
 #define PROTO_MAX_TENANT_WEIGHT 1000
 #define PROTO_CAPABILITY_BYTES 16  /* KvGrant.capability */
 

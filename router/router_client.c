@@ -278,11 +278,17 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
             memcpy(req->stop_ids, g->stop_ids, g->n_stop_ids * sizeof(int));
         req->n_stop = (int)g->n_stop_ids;
     }
+    /* shape checked by proto_generate_validate; compiled by the workers */
+    if (g->grammar != NULL && g->grammar[0] != '\0')
+        req->grammar = bt_strdup(g->grammar, "router_grammar");
     if ((req->prompt_ids == NULL && req->prompt_text == NULL) ||
-        (req->n_stop > 0 && req->stop_ids == NULL)) {
+        (req->n_stop > 0 && req->stop_ids == NULL) ||
+        (g->grammar != NULL && g->grammar[0] != '\0' &&
+         req->grammar == NULL)) {
         bt_free(req->prompt_ids);
         bt_free(req->prompt_text);
         bt_free(req->stop_ids);
+        bt_free(req->grammar);
         bt_free(req);
         REJECT(BATON__ERROR_CODE__ERROR_INTERNAL, "out of memory");
     }
@@ -312,6 +318,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     }
     req->ignore_eos = g->ignore_eos;
     req->want_text = g->want_text;
+
     req->priority = g->priority;
     req->tenant = router__tenant_slot(r, g->tenant);
     req->weight = g->has_tenant_weight ? g->tenant_weight : 1;

@@ -285,6 +285,7 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     task.ignore_eos = req->ignore_eos;
     task.has_max_tokens = 1;
     task.max_tokens = (uint32_t)req->max_tokens;
+    task.grammar = req->grammar;
     /* Staged UCX needs the receive-area ids of this grant (the decode
      * worker gives none when it was not asked or has no receiver). */
     req->transport = router__choose_transport_ex(
@@ -470,6 +471,7 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     ready.spec_feature = done->spec_feature;
     ready.n_stop_strings = (size_t)req->n_stop_strings;
     ready.stop_strings = req->stop_strings;
+    ready.grammar = req->grammar;
     if (req->n_stop_held > 0) {
         ready.has_stop_held = 1;
         ready.stop_held.data = (uint8_t *)req->stop_held;

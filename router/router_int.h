@@ -185,6 +185,8 @@ struct router_req_s {
                                   tenant's salt: any KV prefix reuse keys
                                   on it (none exists yet) */
     size_t cache_salt_len;
+    char *grammar;             /* owned: structured output spec relayed to
+                                  both workers (NULL: none) */
     /* progress */
     int *generated;            /* (cap_generated) ids sent to the client */
     int n_generated;

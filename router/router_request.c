@@ -221,6 +221,7 @@ void router__req_destroy(router_t *r, router_req_t *req)
     for (int i = 0; i < req->n_stop_strings; i++)
         bt_free(req->stop_strings[i].data);
     bt_free(req->stop_strings);
+    bt_free(req->grammar);
     bt_free(req->generated);
     bt_free(req);
 }

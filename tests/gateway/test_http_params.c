@@ -66,9 +66,8 @@ typedef struct {
 } refused_t;
 
 static const refused_t refused[] = {
-    {"response_format", "{\"type\":\"json_object\"}"},
-    {"response_format", "{\"type\":\"json_schema\",\"json_schema\":"
-                        "{\"name\":\"x\",\"schema\":{}}}"},
+    {"response_format", "{\"type\":\"yaml\"}"},
+    {"guided_grammar", "\"root ::= x\""},
     {"min_tokens", "5"},
     {"include_stop_str_in_output", "true"},
     {"continue_final_message", "true"},
@@ -167,8 +166,8 @@ int main(void)
                    "add_generation_prompt");
     /* a stream is refused before it begins, as a plain 400 */
     expect_refused(g, paths[1], "{" CHAT_MSGS ",\"stream\":true,"
-                   "\"response_format\":{\"type\":\"json_object\"}}",
-                   "response_format");
+                   "\"min_tokens\":3}",
+                   "min_tokens");
 
     /* --- only supported values: served */
     expect_served(g, paths[0], "{\"prompt\":\"The river\","
