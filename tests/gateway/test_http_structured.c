@@ -19,6 +19,7 @@
 #include <regex.h>
 
 #include "gateway/http_util.h"
+#include "model/tokenizer.h"
 
 #define PROMPT "I dream"
 
