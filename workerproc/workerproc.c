@@ -211,20 +211,28 @@ void workerproc_send_shutdown(void *sock, const char *name)
 
 bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms)
 {
+    int fd = -1;
+
+    if (ucx != NULL && timeout_ms > 0 && kv_ucx_event_fd(ucx) >= 0) {
+        bt_status_t armed = kv_ucx_arm(ucx);
+        if (armed == BT_OK)
+            fd = kv_ucx_event_fd(ucx);
+        else if (armed == BT_IN_PROGRESS)
+            timeout_ms = 0;
+    }
+    return workerproc_poll_fd(sock, fd, timeout_ms);
+}
+
+bt_status_t workerproc_poll_fd(void *sock, int fd, int timeout_ms)
+{
     zmq_pollitem_t items[2];
     int n_items = 1;
 
     monitor_drain();
     items[0] = (zmq_pollitem_t){ sock, 0, ZMQ_POLLIN, 0 };
-    if (ucx != NULL && timeout_ms > 0 && kv_ucx_event_fd(ucx) >= 0) {
-        bt_status_t armed = kv_ucx_arm(ucx);
-        if (armed == BT_OK) {
-            items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(ucx),
-                                         ZMQ_POLLIN, 0 };
-            n_items = 2;
-        } else if (armed == BT_IN_PROGRESS) {
-            timeout_ms = 0;
-        }
+    if (fd >= 0) {
+        items[1] = (zmq_pollitem_t){ NULL, fd, ZMQ_POLLIN, 0 };
+        n_items = 2;
     }
     /* The socket is shared with the heartbeat thread: sleep in slices of
      * at most 5 ms with the lock, so a heartbeat never waits longer. */

@@ -84,6 +84,10 @@ void workerproc_send_shutdown(void *sock, const char *name);
  * signal) or the zmq_poll failure. */
 bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms);
 
+/* workerproc_poll with an fd the caller armed already (-1: none), e.g.
+ * kv_link_sender_arm's. */
+bt_status_t workerproc_poll_fd(void *sock, int fd, int timeout_ms);
+
 /* Writes the worker's name into `buf`: `name` when it is not NULL,
  * else "<role>-<pid>". */
 void workerproc_name_init(char *buf, size_t size, const char *name,
