@@ -14,13 +14,14 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
-#include "ctl/worker_ctl.h"
 #include "decode_budget.h"
 #include "kv/kv_link.h"
 #include "proto_msg.h"
 #include "stop.h"
 #include "workerproc.h"
+#include "workerproc_intake.h"
 #include "workerproc_metrics.h"
+#include "workerproc_opts.h"
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
@@ -44,10 +45,8 @@ typedef struct {
     /* Aggregated mode: a PrefillTask for this reservation runs here. */
     bool local;         /* prompt being prefilled locally */
     bool local_done;    /* its KV is in the blocks (LOCAL arrival) */
-    int *ptokens;       /* (n_ptokens) prompt (+ resumed tokens) */
-    int n_ptokens;
+    workerproc_prompt_t p; /* the admitted prompt (+ resumed tokens) */
     int n_fed;          /* prompt tokens whose KV is written */
-    int n_resumed;      /* tail of ptokens generated before (failover) */
     sampler_params_t sp;
     uint64_t t_start;   /* PrefillTask arrival */
     float *feat;        /* (dim) speculation: hidden state of the last
@@ -376,7 +375,7 @@ static void publish_beat(decode_t *dec)
         b.waiting++;
         b.reserved += (uint32_t)r->n_blocks;
         if (r->local)
-            b.outstanding += (uint64_t)(r->n_ptokens - r->n_fed);
+            b.outstanding += (uint64_t)(r->p.n_tokens - r->n_fed);
     }
     b.has_reserved = true;
     b.draining = dec->draining;
@@ -449,7 +448,7 @@ static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
     if (dec->links != NULL)
         kv_link_receiver_reset(dec->links, (int)(r - dec->resv), !safe);
     proto_control_free(&r->pending);
-    bt_free(r->ptokens);
+    workerproc_prompt_cleanup(&r->p);
     bt_free(r->feat);
     if (r->blocks != NULL) {
         if (!safe && remote && dec->cfg.quarantine_ms > 0) {
@@ -985,15 +984,19 @@ static void send_prefill_failure(decode_t *dec, uint64_t id, uint64_t epoch,
 static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first);
 
 /* PrefillTask for one of our own reservations (the router chose this
- * worker for both roles).  Validates like baton-prefill, then queues the
- * prompt for step(). */
+ * worker for both roles).  Admits the prompt through the intake it shares
+ * with baton-prefill (workerproc_intake.h), then queues it for step(). */
 static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
 {
     const Baton__KvGrant *g = m->grant;
     decode_resv_t *r = resv_find(dec, m->request_id);
     Baton__ErrorCode code = BATON__ERROR_CODE__ERROR_INVALID;
     char err[256];
-    int *ids = NULL, n = 0;
+    workerproc_intake_t in = {
+        .engine = dec->engine, .vocab = dec->vocab,
+        .max_context = dec->max_context,
+    };
+    workerproc_prompt_t p;
     const Baton__SamplingParams *sp = m->sampling;
 
     if (!dec->cfg.can_prefill) {
@@ -1013,58 +1016,11 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
                              "no matching KV reservation for local prefill");
         return;
     }
-    if (m->n_prompt_ids > 0) {
-        ids = bt_malloc(m->n_prompt_ids * sizeof(int), "decode_prefill");
-        if (ids == NULL) {
-            code = BATON__ERROR_CODE__ERROR_INTERNAL;
-            snprintf(err, sizeof(err), "out of memory");
-            goto fail;
-        }
-        memcpy(ids, m->prompt_ids, m->n_prompt_ids * sizeof(int));
-        n = (int)m->n_prompt_ids;
-    } else if (m->has_prompt_text && m->prompt_text.len > 0 &&
-               dec->engine == NULL) {
-        /* The null model's byte-level stand-in tokenizer (as prefill). */
-        ids = bt_malloc((m->prompt_text.len + 1) * sizeof(int),
-                        "decode_prefill");
-        if (ids == NULL) {
-            code = BATON__ERROR_CODE__ERROR_INTERNAL;
-            snprintf(err, sizeof(err), "out of memory");
-            goto fail;
-        }
-        if (m->add_bos)
-            ids[n++] = 1;
-        for (size_t i = 0; i < m->prompt_text.len; i++)
-            ids[n++] = 3 + m->prompt_text.data[i];
-    } else if (m->has_prompt_text && m->prompt_text.len > 0 &&
-               dec->engine != NULL && engine_tokenizer(dec->engine) != NULL) {
-        if (tok_encode(engine_tokenizer(dec->engine),
-                       (const char *)m->prompt_text.data, m->prompt_text.len,
-                       m->add_bos, &ids, &n) != BT_OK) {
-            snprintf(err, sizeof(err), "cannot tokenize the prompt: %s",
-                     bt_error_last());
-            goto fail;
-        }
-    } else {
-        snprintf(err, sizeof(err), m->has_prompt_text
-                                       ? "worker has no tokenizer: send "
-                                         "prompt ids"
-                                       : "empty prompt");
-        goto fail;
-    }
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= dec->vocab) {
-            snprintf(err, sizeof(err), "prompt id %d at %d is outside the "
-                     "vocabulary (%d)", ids[i], i, dec->vocab);
-            goto fail;
-        }
-    }
-    if (n < 1 || n >= dec->max_context ||
-        n > r->n_blocks * dec->block_size) {
-        code = BATON__ERROR_CODE__ERROR_TOO_LONG;
-        snprintf(err, sizeof(err), "prompt of %d tokens does not fit the "
-                 "context (%d) or its reservation", n, dec->max_context);
-        goto fail;
+    in.reserved_tokens = r->n_blocks * dec->block_size;
+    if (workerproc_intake_prompt(&in, m, &p, &code, err, sizeof(err)) !=
+        BT_OK) {
+        send_prefill_failure(dec, m->request_id, g->epoch, code, err);
+        return;
     }
     sampler_params_init(&r->sp);
     if (sp != NULL) {
@@ -1082,10 +1038,8 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
         goto fail;
     }
     r->local = true;
-    r->ptokens = ids;
-    r->n_ptokens = n;
+    r->p = p;
     r->n_fed = 0;
-    r->n_resumed = m->has_n_generated ? (int)m->n_generated : 0;
     r->t_start = bt_time_ns();
     /* Our own compute, not a remote writer: no arrival timeout. */
     r->expires_ns = UINT64_MAX;
@@ -1094,7 +1048,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     return;
 
 fail:
-    bt_free(ids);
+    workerproc_prompt_cleanup(&p);
     send_prefill_failure(dec, m->request_id, g->epoch, code, err);
 }
 
@@ -1115,16 +1069,14 @@ static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
 {
     sampler_t *sampler = NULL;
 
-    if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
+    if (workerproc_intake_sampler(&r->sp, dec->vocab, &r->p, &sampler) !=
+        BT_OK) {
         send_prefill_failure(dec, r->id, r->epoch,
                              BATON__ERROR_CODE__ERROR_INVALID,
                              bt_error_last());
         r->local = false;
         return NULL;
     }
-    for (int i = 0; i < r->n_ptokens; i++)
-        sampler_observe(sampler, r->ptokens[i]);
-    sampler_skip(sampler, r->n_resumed);
     return sampler;
 }
 
@@ -1133,59 +1085,27 @@ static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
  * reply. */
 static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
-    tok_stream_t *stream = NULL;
-    const tok_t *tok = dec->engine ? engine_tokenizer(dec->engine) : NULL;
     char text[256];
     size_t text_len = 0;
 
     if (dec->engine == NULL) {
-        first = proto_null_next_token(r->ptokens[r->n_ptokens - 1],
-                                      r->n_ptokens);
-        r->n_fed = r->n_ptokens;
-        tok = NULL;
-    }
-    if (tok != NULL &&
-        tok_stream_create(tok, r->ptokens[r->n_ptokens - 1], &stream) ==
-            BT_OK) {
-        if (tok_stream_push(stream, first, text, sizeof(text), &text_len) !=
-            BT_OK)
-            text_len = 0;
-        tok_stream_destroy(&stream);
+        first = proto_null_next_token(r->p.tokens[r->p.n_tokens - 1],
+                                      r->p.n_tokens);
+        r->n_fed = r->p.n_tokens;
+    } else {
+        text_len = workerproc_intake_first_text(dec->engine, &r->p, first,
+                                                text, sizeof(text));
     }
     r->local = false;
     r->local_done = true;
     /* The reservation's clock starts again: it waited for this worker's
      * own prefill queue, not for a remote writer. */
-    r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     r->expires_ns = bt_time_ns() +
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
-    done.has_request_id = 1;
-    done.request_id = r->id;
-    done.has_ok = 1;
-    done.ok = 1;
-    done.n_prompt_ids = (size_t)r->n_ptokens;
-    done.prompt_ids = r->ptokens;
-    done.has_first_token = 1;
-    done.first_token = first;
-    if (text_len > 0) {
-        done.has_first_text = 1;
-        done.first_text.data = (uint8_t *)text;
-        done.first_text.len = text_len;
-    }
-    done.has_epoch = 1;
-    done.epoch = r->epoch;
-    done.has_capability = 1;
-    done.capability.data = r->cap;
-    done.capability.len = sizeof(r->cap);
-    done.has_compute_us = 1;
-    done.compute_us = (bt_time_ns() - r->t_start) / 1000;
-    done.has_transfer_us = 1;
-    done.transfer_us = 0;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
-    msg.prefill_done = &done;
-    send_msg(dec, &msg);
+    workerproc_send_prefill_done(dec->sock, &done, r->id, &r->p, first, text,
+                                 text_len, r->epoch, r->cap, sizeof(r->cap),
+                                 (bt_time_ns() - r->t_start) / 1000, 0);
 }
 
 static void on_cancel(decode_t *dec, uint64_t id)
@@ -1566,17 +1486,17 @@ static void step(decode_t *dec)
             int take;
             if (!r->local)
                 continue;
-            take = BT_MIN(r->n_ptokens - r->n_fed,
+            take = BT_MIN(r->p.n_tokens - r->n_fed,
                           BT_MIN(budget, dec->cfg.chunk_tokens));
             if (take <= 0)
                 continue;
-            if (r->n_fed + take == r->n_ptokens &&
+            if (r->n_fed + take == r->p.n_tokens &&
                 (ps = local_prefill_sampler(dec, r)) == NULL)
                 continue; /* refused (failure sent) */
             memset(bs, 0, sizeof(*bs));
             bs->n_tokens = take;
             bs->ctx_len = r->n_fed;
-            bs->tokens = r->ptokens + r->n_fed;
+            bs->tokens = r->p.tokens + r->n_fed;
             bs->block_table = r->blocks;
             bs->n_logits = ps != NULL ? 1 : 0;
             if (ps != NULL)
@@ -1884,7 +1804,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     /* Warm before the router hears of this worker (issue 36): GEMM
      * tuning and graph capture must not run inside the first requests. */
     if (dec->engine != NULL &&
-        worker_ctl_warmup_wanted(cfg->warmup,
+        workerproc_opts_warmup_wanted(cfg->warmup,
                                  backend_name(engine_backend(dec->engine)))) {
         status = engine_warmup(dec->engine,
                                cfg->can_prefill ? cfg->chunk_tokens : 0,

@@ -5,6 +5,7 @@
 #include "prefill.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -14,11 +15,12 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
-#include "ctl/worker_ctl.h"
 #include "kv/kv_link.h"
 #include "proto_msg.h"
 #include "workerproc.h"
+#include "workerproc_intake.h"
 #include "workerproc_metrics.h"
+#include "workerproc_opts.h"
 
 #define PREFILL_NAME_MAX 64
 #define PREFILL_MAX_ENDPOINTS 256 /* KvPeers entries read */
@@ -34,8 +36,7 @@ typedef struct prefill_task_s prefill_task_t;
 struct prefill_task_s {
     uint64_t id;
     prefill_task_state_t state;
-    int *tokens;          /* (n_tokens) prompt (+ resumed tokens) */
-    int n_tokens;
+    workerproc_prompt_t p; /* the admitted prompt (+ resumed tokens) */
     int n_fed;            /* tokens already in the local KV */
     int *blocks;          /* (n_blocks) local block table */
     int n_blocks;
@@ -46,7 +47,6 @@ struct prefill_task_s {
     size_t cap_len;       /* 0: the grant carried none */
     kv_link_xfer_t *xfer; /* the KV hand-off (NULL: null model) */
     bool final_in_batch;  /* its last chunk is in the running forward */
-    int n_resumed;        /* tail of tokens generated before (failover) */
     int first_token;
     char first_text[256];
     size_t first_text_len;
@@ -109,11 +109,6 @@ void prefill_config_init(prefill_config_t *cfg)
 // ---------------------------------------------------------------------------
 // Messages to the router
 
-static void send_msg(prefill_t *pf, Baton__ControlMessage *msg)
-{
-    workerproc_send(pf->sock, msg);
-}
-
 static void drop_all(prefill_t *pf);
 
 /* Every Register starts a new session (workerproc_link.h): the tasks of
@@ -158,7 +153,7 @@ static void publish_beat(prefill_t *pf)
 
     memset(&b, 0, sizeof(b));
     for (prefill_task_t *t = pf->head; t; t = t->next) {
-        b.outstanding += (uint64_t)(t->n_tokens - t->n_fed);
+        b.outstanding += (uint64_t)(t->p.n_tokens - t->n_fed);
         if (t->state == PREFILL_TASK_WAITING)
             b.waiting++;
         else
@@ -183,7 +178,6 @@ static void send_failure(prefill_t *pf, uint64_t id, uint64_t epoch,
 
 static void send_done(prefill_t *pf, prefill_task_t *t)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
     ProtobufCBinaryData kv[2 * 512];
     uint64_t now = bt_time_ns();
@@ -193,41 +187,21 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
     size_t part_len = 0;
     int n_parts = t->xfer != NULL ? kv_link_xfer_payload(t->xfer, &parts,
                                                          &part_len) : 0;
+    uint64_t transfer_us;
 
-    done.has_request_id = 1;
-    done.request_id = t->id;
-    done.has_ok = 1;
-    done.ok = 1;
-    done.n_prompt_ids = (size_t)t->n_tokens;
-    done.prompt_ids = t->tokens;
-    done.has_first_token = 1;
-    done.first_token = t->first_token;
-    if (t->first_text_len > 0) {
-        done.has_first_text = 1;
-        done.first_text.data = (uint8_t *)t->first_text;
-        done.first_text.len = t->first_text_len;
-    }
-    done.has_epoch = 1;
-    done.epoch = t->epoch;
-    done.has_capability = t->cap_len > 0;
-    done.capability.data = t->cap;
-    done.capability.len = t->cap_len;
-    done.has_compute_us = 1;
-    done.compute_us = (t->t_computed - t->t_start) / 1000;
-    done.has_transfer_us = 1;
     /* Time spent moving KV: issuing the layer puts (over shared memory
      * they are the copies themselves, overlapped with later layers'
      * compute) plus the commit after the last layer; inline: packing. */
-    done.transfer_us = (t->transfer_ns +
-                        (remote ? now - t->t_computed : 0)) / 1000;
+    transfer_us = (t->transfer_ns + (remote ? now - t->t_computed : 0)) /
+                  1000;
     if (remote && pf->engine != NULL) {
         const kv_layout_t *lay = backend_kv_layout(engine_backend(pf->engine));
         double bytes = 2.0 * pf->n_layers * (double)kv_layout_block_bytes(lay) *
                        backend_tp_size(engine_backend(pf->engine)) *
-                       BT_DIV_UP(t->n_tokens, pf->block_size);
+                       BT_DIV_UP(t->p.n_tokens, pf->block_size);
         BT_LOG_DEBUG("KV", "kv_handoff request:%llu tokens:%d bytes:%.0f "
                      "put_us:%.1f commit_us:%.1f",
-                     (unsigned long long)t->id, t->n_tokens, bytes,
+                     (unsigned long long)t->id, t->p.n_tokens, bytes,
                      t->transfer_ns / 1e3, (now - t->t_computed) / 1e3);
         kv_bytes = bytes;
     }
@@ -245,13 +219,16 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
         done.spec_feature.data = (uint8_t *)t->feat;
         done.spec_feature.len = sizeof(float) * (size_t)pf->dim;
     }
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
-    msg.prefill_done = &done;
-    send_msg(pf, &msg);
+    workerproc_send_prefill_done(pf->sock, &done, t->id, &t->p,
+                                 t->first_token, t->first_text,
+                                 t->first_text_len, t->epoch, t->cap,
+                                 t->cap_len,
+                                 (t->t_computed - t->t_start) / 1000,
+                                 transfer_us);
     pf->served++;
     if (pf->engine != NULL) /* metrics hook */
         workerproc_metrics_handoff(pf->cfg.metrics, (uint64_t)kv_bytes,
-                                   (double)done.transfer_us * 1e-6);
+                                   (double)transfer_us * 1e-6);
 }
 
 // ---------------------------------------------------------------------------
@@ -268,7 +245,7 @@ static void task_destroy(prefill_t *pf, prefill_task_t *t)
 {
     task_free_kv(pf, t);
     kv_link_xfer_destroy(&t->xfer); /* cancels one in flight */
-    bt_free(t->tokens);
+    workerproc_prompt_cleanup(&t->p);
     bt_free(t->blocks);
     bt_free(t->feat);
     bt_free(t);
@@ -306,24 +283,6 @@ static void params_from_proto(const Baton__SamplingParams *s,
     sp->seed = s->seed;
 }
 
-/* Byte-level stand-in tokenizer of the null model. */
-static bt_status_t null_encode(const uint8_t *text, size_t len, bool bos,
-                               int **ids_p, int *n_p)
-{
-    int *ids = bt_malloc((len + 1) * sizeof(int), "prefill_tokens");
-    int n = 0;
-
-    if (ids == NULL)
-        return BT_ERR_NO_MEMORY;
-    if (bos)
-        ids[n++] = 1;
-    for (size_t i = 0; i < len; i++)
-        ids[n++] = 3 + text[i];
-    *ids_p = ids;
-    *n_p = n;
-    return BT_OK;
-}
-
 /* The task's KV hand-off over the link the router chose (its route's
  * endpoint); the link layer falls back to inline when it does not fit. */
 static bt_status_t task_route(prefill_t *pf, prefill_task_t *t,
@@ -341,7 +300,7 @@ static bt_status_t task_route(prefill_t *pf, prefill_task_t *t,
         .stage_blocks = g->stage_block_ids,
         .n_stage = (int)g->n_stage_block_ids,
         .dst_block_size = dst_block_size,
-        .n_tokens = t->n_tokens,
+        .n_tokens = t->p.n_tokens,
     };
 
     /* an endpoint of another link than the route's is not used */
@@ -356,11 +315,14 @@ static bt_status_t task_route(prefill_t *pf, prefill_task_t *t,
 static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
 {
     const Baton__KvGrant *g = m->grant;
+    workerproc_intake_t in = {
+        .engine = pf->engine, .vocab = pf->vocab,
+        .max_context = pf->max_context,
+    };
     prefill_task_t *t;
     int dst_block_size;
     char err[256];
     Baton__ErrorCode code = BATON__ERROR_CODE__ERROR_INVALID;
-    bt_status_t status;
 
     if (g == NULL || !g->ok || g->n_block_ids == 0) {
         send_failure(pf, m->request_id, g != NULL ? g->epoch : 0,
@@ -383,56 +345,12 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     }
     dst_block_size = g->kv_layout ? (int)g->kv_layout->block_size : 0;
     params_from_proto(m->sampling, &t->sp);
-    t->n_resumed = m->has_n_generated ? (int)m->n_generated : 0;
-    if (m->n_prompt_ids > 0) {
-        t->tokens = bt_malloc(m->n_prompt_ids * sizeof(int), "prefill_tokens");
-        if (t->tokens != NULL)
-            memcpy(t->tokens, m->prompt_ids, m->n_prompt_ids * sizeof(int));
-        t->n_tokens = (int)m->n_prompt_ids;
-        status = t->tokens ? BT_OK : BT_ERR_NO_MEMORY;
-    } else if (m->has_prompt_text && m->prompt_text.len > 0) {
-        if (pf->engine == NULL) {
-            status = null_encode(m->prompt_text.data, m->prompt_text.len,
-                                 m->add_bos, &t->tokens, &t->n_tokens);
-        } else if (engine_tokenizer(pf->engine) == NULL) {
-            snprintf(err, sizeof(err), "worker has no tokenizer: send "
-                     "prompt ids");
-            goto fail;
-        } else {
-            status = tok_encode(engine_tokenizer(pf->engine),
-                                (const char *)m->prompt_text.data,
-                                m->prompt_text.len, m->add_bos, &t->tokens,
-                                &t->n_tokens);
-        }
-    } else {
-        snprintf(err, sizeof(err), "empty prompt");
+    in.reserved_tokens = dst_block_size > 0
+        ? (int)BT_MIN(g->n_block_ids * (size_t)dst_block_size,
+                      (size_t)INT_MAX) : 0;
+    if (workerproc_intake_prompt(&in, m, &t->p, &code, err, sizeof(err)) !=
+        BT_OK)
         goto fail;
-    }
-    if (status != BT_OK) {
-        snprintf(err, sizeof(err), "cannot tokenize the prompt: %s",
-                 bt_error_last());
-        goto fail;
-    }
-    for (int i = 0; i < t->n_tokens; i++) {
-        if (t->tokens[i] < 0 || t->tokens[i] >= pf->vocab) {
-            snprintf(err, sizeof(err), "prompt id %d at %d is outside the "
-                     "vocabulary (%d)", t->tokens[i], i, pf->vocab);
-            goto fail;
-        }
-    }
-    if (t->n_tokens >= pf->max_context) {
-        code = BATON__ERROR_CODE__ERROR_TOO_LONG;
-        snprintf(err, sizeof(err), "prompt of %d tokens does not fit the "
-                 "context (%d)", t->n_tokens, pf->max_context);
-        goto fail;
-    }
-    if (dst_block_size > 0 &&
-        (size_t)t->n_tokens > g->n_block_ids * (size_t)dst_block_size) {
-        code = BATON__ERROR_CODE__ERROR_TOO_LONG;
-        snprintf(err, sizeof(err), "prompt of %d tokens exceeds its KV "
-                 "reservation", t->n_tokens);
-        goto fail;
-    }
     if (pf->engine != NULL && sampler_params_validate(&t->sp) != BT_OK) {
         snprintf(err, sizeof(err), "%s", bt_error_last());
         goto fail;
@@ -442,7 +360,7 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
             snprintf(err, sizeof(err), "out of memory");
             goto fail;
         }
-        t->blocks = bt_malloc((size_t)BT_DIV_UP(t->n_tokens, pf->block_size) *
+        t->blocks = bt_malloc((size_t)BT_DIV_UP(t->p.n_tokens, pf->block_size) *
                                   sizeof(int), "prefill_blocks");
         if (t->blocks == NULL) {
             snprintf(err, sizeof(err), "out of memory");
@@ -573,31 +491,12 @@ static bt_status_t sample_first(prefill_t *pf, prefill_task_t *t,
     sampler_t *sampler = NULL;
     bt_status_t status;
 
-    status = sampler_create(&t->sp, pf->vocab, &sampler);
+    status = workerproc_intake_sampler(&t->sp, pf->vocab, &t->p, &sampler);
     if (status != BT_OK)
         return status;
-    for (int i = 0; i < t->n_tokens; i++)
-        sampler_observe(sampler, t->tokens[i]);
-    /* Tokens generated before a failover drew from the same stream. */
-    sampler_skip(sampler, t->n_resumed);
     t->first_token = sampler_sample(sampler, logits);
     sampler_destroy(&sampler);
     return BT_OK;
-}
-
-static void first_text(prefill_t *pf, prefill_task_t *t)
-{
-    const tok_t *tok = pf->engine ? engine_tokenizer(pf->engine) : NULL;
-    tok_stream_t *stream = NULL;
-
-    t->first_text_len = 0;
-    if (tok == NULL ||
-        tok_stream_create(tok, t->tokens[t->n_tokens - 1], &stream) != BT_OK)
-        return;
-    if (tok_stream_push(stream, t->first_token, t->first_text,
-                        sizeof(t->first_text), &t->first_text_len) != BT_OK)
-        t->first_text_len = 0;
-    tok_stream_destroy(&stream);
 }
 
 /* A task whose prompt is computed: commit the KV hand-off, or reply now
@@ -607,7 +506,9 @@ static void task_computed(prefill_t *pf, prefill_task_t *t)
     bt_status_t status;
 
     t->t_computed = bt_time_ns();
-    first_text(pf, t);
+    t->first_text_len = workerproc_intake_first_text(
+        pf->engine, &t->p, t->first_token, t->first_text,
+        sizeof(t->first_text));
     status = kv_link_xfer_commit(t->xfer);
     if (status == BT_IN_PROGRESS) {
         t->state = PREFILL_TASK_COMMITTING;
@@ -637,10 +538,10 @@ static void run_null(prefill_t *pf)
         if (t->state != PREFILL_TASK_WAITING)
             continue;
         workerproc_metrics_step(pf->cfg.metrics, 1, 0, /* metrics hook */
-                                (uint64_t)(t->n_tokens - t->n_fed), 0);
-        t->n_fed = t->n_tokens;
-        t->first_token = proto_null_next_token(t->tokens[t->n_tokens - 1],
-                                               t->n_tokens);
+                                (uint64_t)(t->p.n_tokens - t->n_fed), 0);
+        t->n_fed = t->p.n_tokens;
+        t->first_token = proto_null_next_token(t->p.tokens[t->p.n_tokens - 1],
+                                               t->p.n_tokens);
         t->t_computed = bt_time_ns();
         send_done(pf, t);
         t->state = PREFILL_TASK_DONE;
@@ -664,7 +565,7 @@ static void run_batch(prefill_t *pf)
         int take;
 
         if (t->state == PREFILL_TASK_WAITING) {
-            int need = BT_DIV_UP(t->n_tokens, pf->block_size);
+            int need = BT_DIV_UP(t->p.n_tokens, pf->block_size);
             if (kv_allocator_alloc(kv, need, t->blocks) != BT_OK)
                 break; /* wait for blocks; keep arrival order */
             t->n_blocks = need;
@@ -673,7 +574,7 @@ static void run_batch(prefill_t *pf)
         }
         if (t->state != PREFILL_TASK_RUNNING)
             continue;
-        take = BT_MIN(t->n_tokens - t->n_fed,
+        take = BT_MIN(t->p.n_tokens - t->n_fed,
                       BT_MIN(budget, pf->cfg.chunk_tokens));
         if (take <= 0)
             continue;
@@ -681,9 +582,9 @@ static void run_batch(prefill_t *pf)
         memset(bs, 0, sizeof(*bs));
         bs->n_tokens = take;
         bs->ctx_len = t->n_fed;
-        bs->tokens = t->tokens + t->n_fed;
+        bs->tokens = t->p.tokens + t->n_fed;
         bs->block_table = t->blocks;
-        t->final_in_batch = t->n_fed + take == t->n_tokens;
+        t->final_in_batch = t->n_fed + take == t->p.n_tokens;
         bs->n_logits = t->final_in_batch ? 1 : 0;
         rows += bs->n_logits;
         pf->btasks[pf->n_batch++] = t;
@@ -774,7 +675,7 @@ static bool has_runnable(prefill_t *pf)
             (t->state == PREFILL_TASK_WAITING &&
              (pf->engine == NULL ||
               kv_allocator_free_count(engine_kv(pf->engine)) >=
-                  BT_DIV_UP(t->n_tokens, pf->block_size))))
+                  BT_DIV_UP(t->p.n_tokens, pf->block_size))))
             return true;
     return false;
 }
@@ -899,7 +800,7 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
                     cfg->engine.backend.n_kv_blocks > 0 ? "--kv-blocks"
                                                         : "sized from memory");
         /* Warm before the router hears of this worker (issue 36). */
-        if (worker_ctl_warmup_wanted(cfg->warmup,
+        if (workerproc_opts_warmup_wanted(cfg->warmup,
                                      backend_name(engine_backend(pf->engine)))) {
             status = engine_warmup(pf->engine, cfg->chunk_tokens,
                                    b->max_batch_tokens, false);
