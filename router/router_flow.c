@@ -18,6 +18,7 @@
 #include "bt_log.h"
 #include "bt_proto.h"
 #include "bt_util.h"
+#include "kv/kv_link_choose.h"
 #include "router_int.h"
 #include "stop.h"
 
@@ -101,10 +102,11 @@ void router__dispatch(router_t *r)
         res.max_total_tokens = (uint32_t)BT_MIN(
             (int64_t)n_tokens + req->max_tokens - req->n_generated,
             (int64_t)UINT32_MAX);
-        /* Staged UCX: the decode worker reserves receive-area blocks
-         * with the device blocks (only then: they are scarce). */
-        if (router__choose_transport(p, d, r->kv_mode) ==
-            BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+        /* A link writing through a receive area (staged UCX): the
+         * decode worker reserves its blocks with the pool's (only then:
+         * they are scarce). */
+        if (kv_link_wants_recv_area(
+                (int)router__choose_transport(p, d, r->kv_mode))) {
             res.has_kv_stage = 1;
             res.kv_stage = 1;
         }

@@ -70,6 +70,11 @@ int kv_link_choose(const kv_link_facts_t *p, const kv_link_facts_t *d,
     return KV_LINK_INLINE;
 }
 
+bool kv_link_wants_recv_area(int id)
+{
+    return id == KV_LINK_UCX_STAGE;
+}
+
 int kv_link_endpoint_id(int id)
 {
     return id == KV_LINK_UCX_SHM ? KV_LINK_UCX : id;

@@ -49,6 +49,11 @@ typedef struct {
 int kv_link_choose(const kv_link_facts_t *p, const kv_link_facts_t *d,
                    bool same_worker, int forced, bool stage_ok);
 
+/* True when link `id` writes through a receive area the decode worker
+ * reserves with the blocks (KvReserve.kv_stage, KvGrant.stage_block_ids):
+ * the router asks for one only then (they are scarce). */
+bool kv_link_wants_recv_area(int id);
+
 /* The link whose endpoint a route of `id` carries (ucx-shm: ucx's). */
 int kv_link_endpoint_id(int id);
 
