@@ -292,42 +292,21 @@ static void send_register(decode_t *dec)
     workerproc_register_t r;
     Baton__Register *reg = &r.reg;
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
-    Baton__KvEndpoint eps[KV_LINK_N_IDS];
-    Baton__KvEndpoint *ep_ptrs[KV_LINK_N_IDS];
-    Baton__KvTransport transports[KV_LINK_N_IDS];
-    kv_link_endpoint_t le[KV_LINK_N_IDS];
+    kv_link_endpoint_t eps[KV_LINK_N_IDS];
     int ids[KV_LINK_N_IDS];
-    int n_tr = 0, n_eps = 0;
 
     drop_all(dec);
     if (dec->links != NULL) {
-        n_tr = kv_link_receiver_offers(dec->links, ids, KV_LINK_N_IDS);
-        n_eps = kv_link_receiver_endpoints(dec->links, le, KV_LINK_N_IDS);
-    } else {
-        ids[n_tr++] = KV_LINK_INLINE;
-    }
-    for (int i = 0; i < n_tr; i++) {
-        transports[i] = (Baton__KvTransport)ids[i];
-        rc.cuda_ipc |= ids[i] == KV_LINK_CUDA_IPC;
+        rc.links = ids;
+        rc.n_links = kv_link_receiver_offers(dec->links, ids, KV_LINK_N_IDS);
+        rc.eps = eps;
+        rc.n_eps = kv_link_receiver_endpoints(dec->links, eps, KV_LINK_N_IDS);
     }
     workerproc_register_init(&r, &rc);
     reg->has_session = 1;
     reg->session = workerproc_link_begin_session(dec->link);
     fill_layout(dec, &lay);
     reg->kv_layout = &lay;
-    for (int i = 0; i < n_eps; i++) {
-        baton__kv_endpoint__init(&eps[i]);
-        eps[i].has_transport = 1;
-        eps[i].transport = (Baton__KvTransport)le[i].transport;
-        eps[i].has_desc = 1;
-        eps[i].desc.data = (uint8_t *)le[i].desc;
-        eps[i].desc.len = le[i].len;
-        ep_ptrs[i] = &eps[i];
-    }
-    reg->n_transports = (size_t)n_tr;
-    reg->transports = transports;
-    reg->n_endpoints = (size_t)n_eps;
-    reg->endpoints = ep_ptrs;
     reg->has_can_prefill = 1;
     reg->can_prefill = dec->cfg.can_prefill;
     workerproc_send_register(dec->sock, reg);
@@ -497,7 +476,7 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     int limit = BT_DIV_UP((int)BT_MIN(total, (uint32_t)dec->max_context),
                           dec->block_size);
     int *blocks = NULL;
-    int *stage_ids = NULL;
+    int *recv_ids = NULL;
     uint8_t cap[PROTO_CAPABILITY_BYTES];
 
     g.has_request_id = 1;
@@ -555,9 +534,9 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         };
         bt_status_t st = BT_OK;
         if (lg.want_recv_area) {
-            stage_ids = bt_malloc((size_t)need * sizeof(int), "decode_resv");
-            lg.recv_ids = stage_ids;
-            if (stage_ids == NULL)
+            recv_ids = bt_malloc((size_t)need * sizeof(int), "decode_resv");
+            lg.recv_ids = recv_ids;
+            if (recv_ids == NULL)
                 lg.want_recv_area = false;
         }
         st = kv_link_receiver_arm(dec->links, &lg);
@@ -569,8 +548,8 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
             goto reply;
         }
         if (!lg.has_recv_ids) { /* the grant goes without: another link */
-            bt_free(stage_ids);
-            stage_ids = NULL;
+            bt_free(recv_ids);
+            recv_ids = NULL;
         }
     }
     r->used = true;
@@ -591,9 +570,9 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     g.has_capability = 1;
     g.capability.data = r->cap;
     g.capability.len = sizeof(r->cap);
-    if (stage_ids != NULL) {
+    if (recv_ids != NULL) {
         g.n_stage_block_ids = (size_t)need;
-        g.stage_block_ids = stage_ids;
+        g.stage_block_ids = recv_ids;
     }
 reply:
     g.has_attempt = m->has_attempt;
@@ -605,7 +584,7 @@ reply:
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_GRANT;
     msg.kv_grant = &g;
     send_msg(dec, &msg);
-    bt_free(stage_ids);
+    bt_free(recv_ids);
 }
 
 static void on_release(decode_t *dec, const Baton__KvRelease *m)
@@ -703,7 +682,7 @@ static void import_feature(decode_t *dec, decode_seq_t *s,
 
 /* KvReady: the request joins the running batch once its KV is in the
  * reservation's blocks.  Returns true when it kept `msg` (staged KV whose
- * last copies still run: r->pending, retried by stage_pending), else the
+ * last copies still run: r->pending, retried by arrivals_pending), else the
  * caller frees it. */
 static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
 {

@@ -122,27 +122,16 @@ static void send_register(prefill_t *pf)
         .kv_on_device = pf->kv_on_device,
     };
     workerproc_register_t r;
-    Baton__KvTransport transports[KV_LINK_N_IDS];
     int ids[KV_LINK_N_IDS];
-    int n_tr = 0;
 
     drop_all(pf);
-    r.reg.has_session = 1;
-    r.reg.session = workerproc_link_begin_session(pf->link);
     if (pf->links != NULL) {
-        n_tr = kv_link_sender_offers(pf->links, ids, KV_LINK_N_IDS);
-        for (int i = 0; i < n_tr; i++) {
-            transports[i] = (Baton__KvTransport)ids[i];
-            rc.cuda_ipc |= ids[i] == KV_LINK_CUDA_IPC;
-        }
-    } else {
-        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+        rc.links = ids;
+        rc.n_links = kv_link_sender_offers(pf->links, ids, KV_LINK_N_IDS);
     }
     workerproc_register_init(&r, &rc);
     r.reg.has_session = 1;
     r.reg.session = workerproc_link_begin_session(pf->link);
-    r.reg.n_transports = (size_t)n_tr;
-    r.reg.transports = transports;
     workerproc_send_register(pf->sock, &r.reg);
 }
 

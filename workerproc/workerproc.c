@@ -21,6 +21,7 @@ void workerproc_register_init(workerproc_register_t *r,
     Baton__Register reg = BATON__REGISTER__INIT;
     Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
     int n_eos = 0;
+    bool ipc = cfg->cuda_ipc;
 
     r->reg = reg;
     r->gpu = gpu;
@@ -46,13 +47,34 @@ void workerproc_register_init(workerproc_register_t *r,
     else
         kv_cipc_host_id(r->host, sizeof(r->host));
     r->reg.host_id = r->host;
+    for (int i = 0; i < cfg->n_links && i < KV_LINK_N_IDS; i++) {
+        r->transports[i] = (Baton__KvTransport)cfg->links[i];
+        ipc |= cfg->links[i] == KV_LINK_CUDA_IPC;
+    }
+    r->reg.n_transports = (size_t)BT_MIN(cfg->n_links, KV_LINK_N_IDS);
+    if (r->reg.n_transports == 0)
+        r->transports[r->reg.n_transports++] =
+            BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+    r->reg.transports = r->transports;
+    for (int i = 0; i < cfg->n_eps && i < KV_LINK_N_IDS; i++) {
+        Baton__KvEndpoint *e = &r->eps[i];
+        baton__kv_endpoint__init(e);
+        e->has_transport = 1;
+        e->transport = (Baton__KvTransport)cfg->eps[i].transport;
+        e->has_desc = 1;
+        e->desc.data = (uint8_t *)cfg->eps[i].desc;
+        e->desc.len = cfg->eps[i].len;
+        r->ep_ptrs[i] = e;
+    }
+    r->reg.n_endpoints = (size_t)BT_MIN(BT_MAX(cfg->n_eps, 0), KV_LINK_N_IDS);
+    r->reg.endpoints = r->ep_ptrs;
     if (cfg->kv_on_device &&
         kv_cipc_gpu_info(cfg->ecfg->backend.device_index, &r->gi) == BT_OK) {
         r->gpu.has_device_index = 1;
         r->gpu.device_index = r->gi.device;
         r->gpu.pci_bus_id = r->gi.bus_id;
         r->gpu.has_ipc = 1;
-        r->gpu.ipc = r->gi.ipc && cfg->cuda_ipc;
+        r->gpu.ipc = r->gi.ipc && ipc;
         r->gpu.name = r->gi.name;
         r->reg.gpu = &r->gpu;
     }
