@@ -14,24 +14,24 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
-#include "ctl/worker_ctl.h"
 #include "decode_budget.h"
-#include "kv/kv_transport.h"
-#include "kv/kv_transport_cuda_ipc.h"
-#include "kv/kv_transport_stage.h"
+#include "kv/kv_link.h"
 #include "params_proto.h"
 #include "proto_msg.h"
 #include "stop.h"
 #include "workerproc.h"
+#include "workerproc_intake.h"
 #include "workerproc_metrics.h"
+#include "workerproc_opts.h"
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
 #define DECODE_PREFILL_FLOOR 128 /* prompt tokens a step always may take */
-/* A KvReady over the staged transport comes after every layer's commit
- * landed; only the last host-to-device copies may still run.  Longer
- * than this means something broke: fail it (the router retries). */
-#define DECODE_STAGE_WAIT_NS (2000ull * 1000000ull)
+/* A KvReady whose link still copies (staged: every layer's commit
+ * landed, only the last host-to-device copies may still run) waits at
+ * most this long; longer means something broke: fail it (the router
+ * retries). */
+#define DECODE_ARRIVAL_WAIT_NS (2000ull * 1000000ull)
 
 typedef struct {
     bool used;
@@ -46,18 +46,15 @@ typedef struct {
     /* Aggregated mode: a PrefillTask for this reservation runs here. */
     bool local;         /* prompt being prefilled locally */
     bool local_done;    /* its KV is in the blocks (LOCAL arrival) */
-    int *ptokens;       /* (n_ptokens) prompt (+ resumed tokens) */
-    int n_ptokens;
+    workerproc_prompt_t p; /* the admitted prompt (+ resumed tokens) */
     int n_fed;          /* prompt tokens whose KV is written */
-    int n_resumed;      /* tail of ptokens generated before (failover) */
     sampler_params_t sp;
     uint64_t t_start;   /* PrefillTask arrival */
     float *feat;        /* (dim) speculation: hidden state of the last
                            locally prefilled token, NULL when none */
-    /* Staged UCX (kv_transport_stage.h): slot = reservation index. */
-    bool stage;         /* receive-area blocks reserved (stage slot on) */
-    Baton__ControlMessage *pending; /* KvReady waiting for the last
-                           layers' copies to the device; owned */
+    /* The KV links' arrival slot is the reservation's index. */
+    Baton__ControlMessage *pending; /* KvReady waiting for its link's
+                           last copies to the pool; owned */
     uint64_t pending_since;
 } decode_resv_t;
 
@@ -115,14 +112,7 @@ struct decode_s {
     int budget;
     void *ctx;
     void *sock;
-    kv_ucx_t *ucx;
-    kv_ucx_pool_t *pool;
-    kv_cipc_pool_t *cipc;       /* device pool exported over CUDA IPC */
-    kv_stage_recv_t *stage;     /* staged UCX receiver (device pool, or
-                                   the CPU pool with --kv-stage-host) */
-    uint64_t *stage_quar_ns;    /* (max_reservations) when the receive
-                                   blocks a cancel of slot i quarantined
-                                   are released (0: none) */
+    kv_link_receiver_t *links;  /* the KV links it receives on */
     bool kv_on_device;          /* backend KV in GPU memory (cuda) */
     double tps;                 /* local prefill tokens/s, moving average */
     decode_budget_t cost;       /* step cost model: prefill tokens a step
@@ -157,7 +147,6 @@ struct decode_s {
     decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
     uint64_t steps;
     uint64_t tokens_out;
-    uint64_t staged;            /* requests admitted with staged KV */
     uint64_t cap_rejected;      /* KvReady / local PrefillTask with a
                                    wrong capability, dropped (issue 42) */
     /* Speculative decoding (--spec-head) */
@@ -299,49 +288,26 @@ static void send_register(decode_t *dec)
         .role = BATON__ROLE__ROLE_DECODE, .name = dec->name,
         .engine = dec->engine, .ecfg = &dec->cfg.engine, .vocab = dec->vocab,
         .max_context = dec->max_context, .host_id = dec->cfg.host_id,
-        .kv_on_device = dec->kv_on_device, .cuda_ipc = dec->cipc != NULL,
+        .kv_on_device = dec->kv_on_device,
     };
     workerproc_register_t r;
     Baton__Register *reg = &r.reg;
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
-    Baton__UcxDescriptor ucx = BATON__UCX_DESCRIPTOR__INIT;
-    Baton__KvTransport transports[6];
-    int n_tr = 0;
+    kv_link_endpoint_t eps[KV_LINK_N_IDS];
+    int ids[KV_LINK_N_IDS];
 
     drop_all(dec);
+    if (dec->links != NULL) {
+        rc.links = ids;
+        rc.n_links = kv_link_receiver_offers(dec->links, ids, KV_LINK_N_IDS);
+        rc.eps = eps;
+        rc.n_eps = kv_link_receiver_endpoints(dec->links, eps, KV_LINK_N_IDS);
+    }
     workerproc_register_init(&r, &rc);
     reg->has_session = 1;
     reg->session = workerproc_link_begin_session(dec->link);
     fill_layout(dec, &lay);
     reg->kv_layout = &lay;
-    if (dec->pool != NULL) {
-        size_t len;
-        const uint8_t *d = kv_ucx_pool_desc(dec->pool, &len);
-        ucx.has_packed = 1;
-        ucx.packed.data = (uint8_t *)d;
-        ucx.packed.len = len;
-        reg->ucx = &ucx;
-        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
-    }
-    if (dec->cipc != NULL) {
-        size_t len;
-        const uint8_t *d = kv_cipc_pool_desc(dec->cipc, &len);
-        reg->has_cuda_ipc = 1;
-        reg->cuda_ipc.data = (uint8_t *)d;
-        reg->cuda_ipc.len = len;
-        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
-    }
-    if (dec->stage != NULL) {
-        size_t len;
-        const uint8_t *d = kv_stage_recv_desc(dec->stage, &len);
-        reg->has_kv_stage = 1;
-        reg->kv_stage.data = (uint8_t *)d;
-        reg->kv_stage.len = len;
-        transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
-    }
-    transports[n_tr++] = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
-    reg->n_transports = (size_t)n_tr;
-    reg->transports = transports;
     reg->has_can_prefill = 1;
     reg->can_prefill = dec->cfg.can_prefill;
     workerproc_send_register(dec->sock, reg);
@@ -389,7 +355,7 @@ static void publish_beat(decode_t *dec)
         b.waiting++;
         b.reserved += (uint32_t)r->n_blocks;
         if (r->local)
-            b.outstanding += (uint64_t)(r->n_ptokens - r->n_fed);
+            b.outstanding += (uint64_t)(r->p.n_tokens - r->n_fed);
     }
     b.has_reserved = true;
     b.draining = dec->draining;
@@ -451,45 +417,18 @@ static void quarantine(decode_t *dec, int *blocks, int n)
     bt_free(blocks);
 }
 
-/* Ends the staged-UCX side of reservation r.  A slot whose KV did not
- * all arrive may still have a writer (`writer` true): its receive blocks
- * stay quarantined for --quarantine time (kv_stage_recv_cancel); when no
- * staged writer can exist they are free at once. */
-static void stage_end(decode_t *dec, decode_resv_t *r, bool writer)
-{
-    int slot = (int)(r - dec->resv);
-    bool done;
-
-    if (!r->stage || dec->stage == NULL)
-        return;
-    done = kv_stage_recv_poll(dec->stage, slot) == BT_OK;
-    kv_stage_recv_cancel(dec->stage, slot); /* waits for its copies */
-    if (!done && writer && dec->cfg.quarantine_ms > 0)
-        dec->stage_quar_ns[slot] = bt_time_ns() +
-            (uint64_t)dec->cfg.quarantine_ms * 1000000ull;
-    else if (dec->stage_quar_ns[slot] == 0)
-        kv_stage_recv_release_quarantine(dec->stage, slot);
-    /* else: an older cancel's quarantine releases these with it */
-    r->stage = false;
-}
-
-/* Frees a reservation.  `arrived_or_safe` tells that no remote writer can
- * still target its blocks (inline KV, or its KV already landed). */
+/* Frees a reservation.  `safe` tells that no remote writer can still
+ * target its blocks (inline KV, or its KV already landed). */
 static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
 {
-    int slot = (int)(r - dec->resv);
-    bool remote = dec->pool != NULL || dec->cipc != NULL ||
-                  dec->stage != NULL;
+    bool remote = dec->links != NULL && kv_link_receiver_is_remote(dec->links);
 
-    if (dec->pool != NULL)
-        kv_ucx_pool_slot_reset(dec->pool, slot);
-    if (dec->cipc != NULL)
-        kv_cipc_pool_slot_reset(dec->cipc, slot);
     if (r->local || r->local_done)
         safe = true; /* prefilled here: no remote writer */
-    stage_end(dec, r, !safe);
+    if (dec->links != NULL)
+        kv_link_receiver_reset(dec->links, (int)(r - dec->resv), !safe);
     proto_control_free(&r->pending);
-    bt_free(r->ptokens);
+    workerproc_prompt_cleanup(&r->p);
     bt_free(r->feat);
     if (r->blocks != NULL) {
         if (!safe && remote && dec->cfg.quarantine_ms > 0) {
@@ -530,7 +469,6 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__KvGrant g = BATON__KV_GRANT__INIT;
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
-    Baton__UcxDescriptor ucx = BATON__UCX_DESCRIPTOR__INIT;
     decode_resv_t *r = NULL;
     int need = BT_DIV_UP((int)BT_MIN(m->n_tokens, (uint32_t)dec->max_context),
                          dec->block_size);
@@ -539,7 +477,7 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     int limit = BT_DIV_UP((int)BT_MIN(total, (uint32_t)dec->max_context),
                           dec->block_size);
     int *blocks = NULL;
-    int *stage_ids = NULL;
+    int *recv_ids = NULL;
     uint8_t cap[PROTO_CAPABILITY_BYTES];
 
     g.has_request_id = 1;
@@ -587,14 +525,22 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = "KV pool full";
         goto reply;
     }
-    if (m->has_kv_stage && m->kv_stage && dec->stage != NULL) {
-        /* Staged UCX: receive-area blocks next to the device blocks. */
-        bt_status_t st = BT_ERR_NO_MEMORY;
-        stage_ids = bt_malloc((size_t)need * sizeof(int), "decode_resv");
-        if (stage_ids != NULL)
-            st = kv_stage_recv_begin(dec->stage, (int)(r - dec->resv),
-                                     dec->next_epoch + 1, blocks, need,
-                                     stage_ids);
+    if (dec->links != NULL) {
+        /* The links clear the slot; one writing through a receive area
+         * reserves it next to the blocks (only when asked: scarce). */
+        kv_link_grant_t lg = {
+            .request_id = m->request_id, .slot = (int)(r - dec->resv),
+            .epoch = dec->next_epoch + 1, .blocks = blocks, .n = need,
+            .want_recv_area = m->has_kv_stage && m->kv_stage,
+        };
+        bt_status_t st = BT_OK;
+        if (lg.want_recv_area) {
+            recv_ids = bt_malloc((size_t)need * sizeof(int), "decode_resv");
+            lg.recv_ids = recv_ids;
+            if (recv_ids == NULL)
+                lg.want_recv_area = false;
+        }
+        st = kv_link_receiver_arm(dec->links, &lg);
         if (st == BT_ERR_NO_RESOURCE) {
             /* The area holds the hand-offs in flight: wait for one. */
             kv_allocator_release(dec->kv, need, blocks);
@@ -602,34 +548,19 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
             g.error = "KV stage receive area full";
             goto reply;
         }
-        if (st != BT_OK) { /* the grant goes without: another transport */
-            BT_LOG_WARN("KV", "request %llu: no staged receive blocks (%s)",
-                        (unsigned long long)m->request_id,
-                        bt_status_str(st));
-            bt_free(stage_ids);
-            stage_ids = NULL;
+        if (!lg.has_recv_ids) { /* the grant goes without: another link */
+            bt_free(recv_ids);
+            recv_ids = NULL;
         }
     }
     r->used = true;
     r->id = m->request_id;
     memcpy(r->cap, cap, sizeof(cap));
     r->epoch = ++dec->next_epoch;
-    r->stage = stage_ids != NULL;
     r->blocks = blocks;
     r->n_blocks = need;
     r->limit_blocks = limit;
     r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
-    if (dec->pool != NULL) {
-        size_t len;
-        const uint8_t *d = kv_ucx_pool_desc(dec->pool, &len);
-        kv_ucx_pool_slot_reset(dec->pool, (int)(r - dec->resv));
-        ucx.has_packed = 1;
-        ucx.packed.data = (uint8_t *)d;
-        ucx.packed.len = len;
-        g.ucx = &ucx;
-    }
-    if (dec->cipc != NULL)
-        kv_cipc_pool_slot_reset(dec->cipc, (int)(r - dec->resv));
     g.ok = 1;
     g.n_block_ids = (size_t)need;
     g.block_ids = blocks;
@@ -640,9 +571,9 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     g.has_capability = 1;
     g.capability.data = r->cap;
     g.capability.len = sizeof(r->cap);
-    if (stage_ids != NULL) {
+    if (recv_ids != NULL) {
         g.n_stage_block_ids = (size_t)need;
-        g.stage_block_ids = stage_ids;
+        g.stage_block_ids = recv_ids;
     }
 reply:
     g.has_attempt = m->has_attempt;
@@ -654,7 +585,7 @@ reply:
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_GRANT;
     msg.kv_grant = &g;
     send_msg(dec, &msg);
-    bt_free(stage_ids);
+    bt_free(recv_ids);
 }
 
 static void on_release(decode_t *dec, const Baton__KvRelease *m)
@@ -708,84 +639,21 @@ static void seq_remove(decode_t *dec, decode_seq_t *s)
 /* Writes the inline KV of tokens [0, n) into the reservation's blocks.
  * Every size is checked against the layout (the bytes came from the
  * network). */
+/* Inline KV: KvReady's parts into the reservation's blocks. */
 static bt_status_t unpack_inline(decode_t *dec, const Baton__KvReady *m,
                                  const int *blocks, int n_blocks, int n)
 {
-    backend_t *be = engine_backend(dec->engine);
-    /* inline rows hold every KV head of a token (whatever either side's
-     * TP); rank r's pool holds the r-th `row` bytes of each */
-    const int tp = backend_tp_size(be);
-    size_t row = (size_t)dec->layout.n_kv_heads * (size_t)dec->layout.head_dim *
-                 dec->layout.elem_size;
-    size_t full = row * (size_t)tp;
+    const uint8_t *parts[2 * 512];
+    size_t lens[2 * 512];
 
-    if (m->n_kv_inline != (size_t)(2 * dec->n_layers) ||
-        BT_DIV_UP(n, dec->block_size) > n_blocks)
+    if (dec->links == NULL || m->n_kv_inline > BT_ARRAY_SIZE(parts))
         return BT_ERR_FORMAT;
-    for (size_t i = 0; i < m->n_kv_inline; i++)
-        if (m->kv_inline[i].len != full * (size_t)n)
-            return BT_ERR_FORMAT;
-    for (int l = 0; l < dec->n_layers; l++) {
-        for (int kv = 0; kv < 2 * tp; kv++) {
-            uint8_t *base = backend_kv_data_rank(be, kv / 2, l, kv % 2);
-            const uint8_t *src = m->kv_inline[2 * l + kv % 2].data +
-                                 (size_t)(kv / 2) * row;
-            /* One copy per block: its rows are adjacent on both sides. */
-            for (int s = 0; s < n;) {
-                int blk = blocks[s / dec->block_size];
-                int in = s % dec->block_size;
-                int cnt = BT_MIN(dec->block_size - in, n - s);
-                size_t off = ((size_t)blk * (size_t)dec->block_size +
-                              (size_t)in) * row;
-                if (!dec->kv_on_device)
-                    memcpy(base + off, src + (size_t)s * row,
-                           row * (size_t)cnt);
-                else if (tp == 1 ? kv_cipc_memcpy(base + off,
-                                                  src + (size_t)s * row,
-                                                  row * (size_t)cnt) != BT_OK
-                                 : kv_cipc_memcpy2d(base + off, row,
-                                                    src + (size_t)s * full,
-                                                    full, row,
-                                                    (size_t)cnt) != BT_OK)
-                    return BT_ERR_CUDA;
-                s += cnt;
-            }
-        }
+    for (size_t i = 0; i < m->n_kv_inline; i++) {
+        parts[i] = m->kv_inline[i].data;
+        lens[i] = m->kv_inline[i].len;
     }
-    return BT_OK;
-}
-
-static bool ucx_wait_arrival(decode_t *dec, int slot, uint64_t epoch)
-{
-    uint64_t until = bt_time_ns() + 2000000000ull;
-
-    while (bt_time_ns() < until) {
-        kv_ucx_progress(dec->ucx);
-        if (kv_ucx_pool_has_arrived(dec->pool, slot, epoch))
-            return true;
-        kv_ucx_wait(dec->ucx, 1);
-    }
-    return false;
-}
-
-/* CUDA IPC: the prefill worker wrote the epoch after its copies and
- * waited for them before PrefillDone, so the flag is normally set at
- * once; a bounded wait covers a reordered control message. */
-static bool cipc_wait_arrival(decode_t *dec, int slot, uint64_t epoch)
-{
-    uint64_t until = bt_time_ns() + 2000000000ull;
-
-    for (;;) {
-        bool arrived = false;
-        if (kv_cipc_pool_has_arrived(dec->cipc, slot, epoch, &arrived) !=
-            BT_OK)
-            return false;
-        if (arrived)
-            return true;
-        if (bt_time_ns() > until)
-            return false;
-        usleep(200);
-    }
+    return kv_link_receiver_unpack(dec->links, parts, lens,
+                                   (int)m->n_kv_inline, blocks, n_blocks, n);
 }
 
 /* Speculation-aware hand-off: seeds the draft state of s with the last
@@ -815,7 +683,7 @@ static void import_feature(decode_t *dec, decode_seq_t *s,
 
 /* KvReady: the request joins the running batch once its KV is in the
  * reservation's blocks.  Returns true when it kept `msg` (staged KV whose
- * last copies still run: r->pending, retried by stage_pending), else the
+ * last copies still run: r->pending, retried by arrivals_pending), else the
  * caller frees it. */
 static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
 {
@@ -888,46 +756,30 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
                 goto fail;
             }
             arrived = true;
-        } else if (m->has_transport &&
-                   m->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) {
-            if (dec->cipc == NULL ||
-                !cipc_wait_arrival(dec, (int)(r - dec->resv), r->epoch)) {
-                code = BATON__ERROR_CODE__ERROR_WORKER;
-                why = "KV did not arrive over CUDA IPC";
-                goto fail;
-            }
-            arrived = true;
-        } else if (m->has_transport &&
-                   m->transport ==
-                       BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
-            /* Every layer was committed before PrefillDone; its copies to
-             * the device may still run: wait without blocking. */
-            bt_status_t st = r->stage && dec->stage != NULL
-                ? kv_stage_recv_poll(dec->stage, (int)(r - dec->resv))
-                : BT_ERR_INVALID_ARG;
+        } else {
+            /* the link the router chose: bounded wait where the data is
+             * there already, "not yet" while its last copies run */
+            bt_status_t st = dec->links == NULL ? BT_ERR_INVALID_ARG
+                : kv_link_receiver_arrived(
+                      dec->links, m->has_transport ? (int)m->transport : -1,
+                      (int)(r - dec->resv), r->epoch, &why);
             if (st == BT_IN_PROGRESS) {
                 uint64_t now = bt_time_ns();
                 if (r->pending_since == 0)
                     r->pending_since = now;
-                if (now - r->pending_since < DECODE_STAGE_WAIT_NS) {
+                if (now - r->pending_since < DECODE_ARRIVAL_WAIT_NS) {
                     r->pending = msg;
                     return true;
                 }
+                why = "KV did not arrive in time";
             }
             if (st != BT_OK) {
                 code = BATON__ERROR_CODE__ERROR_WORKER;
-                why = "KV did not arrive over staged UCX";
+                if (dec->links == NULL)
+                    why = "KV did not arrive";
                 goto fail;
             }
             arrived = true;
-            dec->staged++;
-        } else if (dec->pool != NULL &&
-                   ucx_wait_arrival(dec, (int)(r - dec->resv), r->epoch)) {
-            arrived = true;
-        } else {
-            code = BATON__ERROR_CODE__ERROR_WORKER;
-            why = "KV did not arrive";
-            goto fail;
         }
     }
     s = bt_calloc(1, sizeof(*s), "decode_seq");
@@ -1062,16 +914,14 @@ fail:
     if (s != NULL)
         seq_destroy(dec, s);
     send_task_error(dec, m->request_id, r->epoch, code, why);
-    resv_free(dec, r, arrived || (dec->pool == NULL && dec->cipc == NULL &&
-                                  dec->stage == NULL));
+    resv_free(dec, r, arrived || dec->links == NULL ||
+                          !kv_link_receiver_is_remote(dec->links));
     return false;
 }
 
-/* Retries the KvReady messages waiting for staged copies. */
-static void stage_pending(decode_t *dec)
+/* Retries the KvReady messages waiting for their link's last copies. */
+static void arrivals_pending(decode_t *dec)
 {
-    if (dec->stage == NULL)
-        return;
     for (int i = 0; i < dec->cfg.max_reservations; i++) {
         decode_resv_t *r = &dec->resv[i];
         Baton__ControlMessage *msg;
@@ -1084,10 +934,8 @@ static void stage_pending(decode_t *dec)
     }
 }
 
-static bool has_stage_pending(const decode_t *dec)
+static bool has_arrivals_pending(const decode_t *dec)
 {
-    if (dec->stage == NULL)
-        return false;
     for (int i = 0; i < dec->cfg.max_reservations; i++)
         if (dec->resv[i].used && dec->resv[i].pending != NULL)
             return true;
@@ -1106,15 +954,19 @@ static void send_prefill_failure(decode_t *dec, uint64_t id, uint64_t epoch,
 static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first);
 
 /* PrefillTask for one of our own reservations (the router chose this
- * worker for both roles).  Validates like baton-prefill, then queues the
- * prompt for step(). */
+ * worker for both roles).  Admits the prompt through the intake it shares
+ * with baton-prefill (workerproc_intake.h), then queues it for step(). */
 static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
 {
     const Baton__KvGrant *g = m->grant;
     decode_resv_t *r = resv_find(dec, m->request_id);
     Baton__ErrorCode code = BATON__ERROR_CODE__ERROR_INVALID;
     char err[256];
-    int *ids = NULL, n = 0;
+    workerproc_intake_t in = {
+        .engine = dec->engine, .vocab = dec->vocab,
+        .max_context = dec->max_context,
+    };
+    workerproc_prompt_t p;
     const Baton__SamplingParams *sp = m->sampling;
 
     if (!dec->cfg.can_prefill) {
@@ -1134,58 +986,11 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
                              "no matching KV reservation for local prefill");
         return;
     }
-    if (m->n_prompt_ids > 0) {
-        ids = bt_malloc(m->n_prompt_ids * sizeof(int), "decode_prefill");
-        if (ids == NULL) {
-            code = BATON__ERROR_CODE__ERROR_INTERNAL;
-            snprintf(err, sizeof(err), "out of memory");
-            goto fail;
-        }
-        memcpy(ids, m->prompt_ids, m->n_prompt_ids * sizeof(int));
-        n = (int)m->n_prompt_ids;
-    } else if (m->has_prompt_text && m->prompt_text.len > 0 &&
-               dec->engine == NULL) {
-        /* The null model's byte-level stand-in tokenizer (as prefill). */
-        ids = bt_malloc((m->prompt_text.len + 1) * sizeof(int),
-                        "decode_prefill");
-        if (ids == NULL) {
-            code = BATON__ERROR_CODE__ERROR_INTERNAL;
-            snprintf(err, sizeof(err), "out of memory");
-            goto fail;
-        }
-        if (m->add_bos)
-            ids[n++] = 1;
-        for (size_t i = 0; i < m->prompt_text.len; i++)
-            ids[n++] = 3 + m->prompt_text.data[i];
-    } else if (m->has_prompt_text && m->prompt_text.len > 0 &&
-               dec->engine != NULL && engine_tokenizer(dec->engine) != NULL) {
-        if (tok_encode(engine_tokenizer(dec->engine),
-                       (const char *)m->prompt_text.data, m->prompt_text.len,
-                       m->add_bos, &ids, &n) != BT_OK) {
-            snprintf(err, sizeof(err), "cannot tokenize the prompt: %s",
-                     bt_error_last());
-            goto fail;
-        }
-    } else {
-        snprintf(err, sizeof(err), m->has_prompt_text
-                                       ? "worker has no tokenizer: send "
-                                         "prompt ids"
-                                       : "empty prompt");
-        goto fail;
-    }
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= dec->vocab) {
-            snprintf(err, sizeof(err), "prompt id %d at %d is outside the "
-                     "vocabulary (%d)", ids[i], i, dec->vocab);
-            goto fail;
-        }
-    }
-    if (n < 1 || n >= dec->max_context ||
-        n > r->n_blocks * dec->block_size) {
-        code = BATON__ERROR_CODE__ERROR_TOO_LONG;
-        snprintf(err, sizeof(err), "prompt of %d tokens does not fit the "
-                 "context (%d) or its reservation", n, dec->max_context);
-        goto fail;
+    in.reserved_tokens = r->n_blocks * dec->block_size;
+    if (workerproc_intake_prompt(&in, m, &p, &code, err, sizeof(err)) !=
+        BT_OK) {
+        send_prefill_failure(dec, m->request_id, g->epoch, code, err);
+        return;
     }
     params_sampling_from_proto(sp, &r->sp);
     if (dec->engine != NULL && sampler_params_validate(&r->sp) != BT_OK) {
@@ -1193,10 +998,8 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
         goto fail;
     }
     r->local = true;
-    r->ptokens = ids;
-    r->n_ptokens = n;
+    r->p = p;
     r->n_fed = 0;
-    r->n_resumed = m->has_n_generated ? (int)m->n_generated : 0;
     r->t_start = bt_time_ns();
     /* Our own compute, not a remote writer: no arrival timeout. */
     r->expires_ns = UINT64_MAX;
@@ -1205,7 +1008,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     return;
 
 fail:
-    bt_free(ids);
+    workerproc_prompt_cleanup(&p);
     send_prefill_failure(dec, m->request_id, g->epoch, code, err);
 }
 
@@ -1226,16 +1029,14 @@ static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
 {
     sampler_t *sampler = NULL;
 
-    if (sampler_create(&r->sp, dec->vocab, &sampler) != BT_OK) {
+    if (workerproc_intake_sampler(&r->sp, dec->vocab, &r->p, &sampler) !=
+        BT_OK) {
         send_prefill_failure(dec, r->id, r->epoch,
                              BATON__ERROR_CODE__ERROR_INVALID,
                              bt_error_last());
         r->local = false;
         return NULL;
     }
-    for (int i = 0; i < r->n_ptokens; i++)
-        sampler_observe(sampler, r->ptokens[i]);
-    sampler_skip(sampler, r->n_resumed);
     return sampler;
 }
 
@@ -1244,60 +1045,28 @@ static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
  * reply. */
 static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
-    tok_stream_t *stream = NULL;
-    const tok_t *tok = dec->engine ? engine_tokenizer(dec->engine) : NULL;
     char text[256];
     size_t text_len = 0;
 
     if (dec->engine == NULL) {
-        first = proto_null_next_token(r->ptokens[r->n_ptokens - 1],
-                                      r->n_ptokens);
-        r->n_fed = r->n_ptokens;
-        tok = NULL;
-    }
-    if (tok != NULL &&
-        tok_stream_create(tok, r->ptokens[r->n_ptokens - 1], &stream) ==
-            BT_OK) {
-        tok_stream_set_skip_special(stream, r->sp.skip_special_tokens);
-        if (tok_stream_push(stream, first, text, sizeof(text), &text_len) !=
-            BT_OK)
-            text_len = 0;
-        tok_stream_destroy(&stream);
+        first = proto_null_next_token(r->p.tokens[r->p.n_tokens - 1],
+                                      r->p.n_tokens);
+        r->n_fed = r->p.n_tokens;
+    } else {
+        text_len = workerproc_intake_first_text(dec->engine, &r->p, first,
+                                                r->sp.skip_special_tokens,
+                                                text, sizeof(text));
     }
     r->local = false;
     r->local_done = true;
     /* The reservation's clock starts again: it waited for this worker's
      * own prefill queue, not for a remote writer. */
-    r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     r->expires_ns = bt_time_ns() +
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
-    done.has_request_id = 1;
-    done.request_id = r->id;
-    done.has_ok = 1;
-    done.ok = 1;
-    done.n_prompt_ids = (size_t)r->n_ptokens;
-    done.prompt_ids = r->ptokens;
-    done.has_first_token = 1;
-    done.first_token = first;
-    if (text_len > 0) {
-        done.has_first_text = 1;
-        done.first_text.data = (uint8_t *)text;
-        done.first_text.len = text_len;
-    }
-    done.has_epoch = 1;
-    done.epoch = r->epoch;
-    done.has_capability = 1;
-    done.capability.data = r->cap;
-    done.capability.len = sizeof(r->cap);
-    done.has_compute_us = 1;
-    done.compute_us = (bt_time_ns() - r->t_start) / 1000;
-    done.has_transfer_us = 1;
-    done.transfer_us = 0;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
-    msg.prefill_done = &done;
-    send_msg(dec, &msg);
+    workerproc_send_prefill_done(dec->sock, &done, r->id, &r->p, first, text,
+                                 text_len, r->epoch, r->cap, sizeof(r->cap),
+                                 (bt_time_ns() - r->t_start) / 1000, 0);
 }
 
 static void on_cancel(decode_t *dec, uint64_t id)
@@ -1678,17 +1447,17 @@ static void step(decode_t *dec)
             int take;
             if (!r->local)
                 continue;
-            take = BT_MIN(r->n_ptokens - r->n_fed,
+            take = BT_MIN(r->p.n_tokens - r->n_fed,
                           BT_MIN(budget, dec->cfg.chunk_tokens));
             if (take <= 0)
                 continue;
-            if (r->n_fed + take == r->n_ptokens &&
+            if (r->n_fed + take == r->p.n_tokens &&
                 (ps = local_prefill_sampler(dec, r)) == NULL)
                 continue; /* refused (failure sent) */
             memset(bs, 0, sizeof(*bs));
             bs->n_tokens = take;
             bs->ctx_len = r->n_fed;
-            bs->tokens = r->ptokens + r->n_fed;
+            bs->tokens = r->p.tokens + r->n_fed;
             bs->block_table = r->blocks;
             bs->n_logits = ps != NULL ? 1 : 0;
             if (ps != NULL)
@@ -1827,83 +1596,22 @@ static void expire(decode_t *dec)
             bt_free(q->blocks);
             memset(q, 0, sizeof(*q));
         }
-        if (dec->stage != NULL && dec->stage_quar_ns[i] != 0 &&
-            now > dec->stage_quar_ns[i]) {
-            kv_stage_recv_release_quarantine(dec->stage, i);
-            dec->stage_quar_ns[i] = 0;
-        }
     }
+    if (dec->links != NULL)
+        kv_link_receiver_expire(dec->links, now);
 }
 
 // ---------------------------------------------------------------------------
 // Lifecycle
 
-/* The staged UCX receiver over the pool (kv_transport_stage.h): CUDA
- * copies into the device pool (or, direct, the device pool registered
- * with UCX), or host memcpys over the CPU pool with --kv-stage-host.  A
- * receiver that cannot be made is a warning: the router then picks
- * another transport.  BT_ERR_NO_MEMORY only. */
-static bt_status_t stage_setup(decode_t *dec)
-{
-    backend_t *be = engine_backend(dec->engine);
-    kv_stage_recv_config_t rc;
-    void **layers;
-    int prompt_blocks = BT_DIV_UP(dec->max_context, dec->block_size);
-    bt_status_t status;
-
-    layers = bt_calloc((size_t)dec->n_layers, 2 * sizeof(void *),
-                       "decode_layers");
-    if (layers == NULL)
-        return BT_ERR_NO_MEMORY;
-    for (int l = 0; l < dec->n_layers; l++) {
-        layers[l] = backend_kv_data(be, l, 0);
-        layers[dec->n_layers + l] = backend_kv_data(be, l, 1);
-    }
-    kv_stage_recv_config_init(&rc);
-    rc.layout = dec->layout;
-    rc.k_layers = layers;
-    rc.v_layers = layers + dec->n_layers;
-    rc.recv_blocks = dec->cfg.kv_stage_blocks > 0
-                         ? dec->cfg.kv_stage_blocks
-                         : BT_MIN(dec->layout.n_blocks, 4 * prompt_blocks);
-    rc.n_slots = dec->cfg.max_reservations;
-    if (dec->kv_on_device) {
-        rc.ops = kv_stage_ops_cuda();
-        rc.direct = dec->cfg.kv_stage_direct && kv_stage_ucx_has_cuda();
-    } else {
-        rc.ops = kv_stage_ops_host(true);
-    }
-    status = kv_stage_recv_create(dec->ucx, &rc, &dec->stage);
-    bt_free(layers);
-    if (status != BT_OK)
-        BT_LOG_WARN("KV", "no staged UCX receiver (%s); KV from other hosts "
-                    "arrives inline", bt_error_last());
-    return BT_OK;
-}
-
-/* backend_config_t.kv_alloc: the KV arrays in UCX-mapped shared memory. */
-static void *ucx_kv_alloc(void *arg, size_t bytes)
-{
-    void *p = NULL;
-
-    if (kv_ucx_mem_alloc(arg, bytes, KV_UCX_MEM_HOST, &p) != BT_OK)
-        return NULL;
-    return p;
-}
-
-static void ucx_kv_free(void *arg, void *ptr)
-{
-    kv_ucx_mem_free(arg, &ptr);
-}
-
 /* Frees the reservation and batch arrays and the engine (or the null
  * model's allocator); the error path of decode_create() and
- * decode_destroy() both end with it (then UCX, which backs the KV). */
+ * decode_destroy() both end with it (then the links: UCX may back the
+ * KV). */
 static void bufs_teardown(decode_t *dec)
 {
     bt_free(dec->resv);
     bt_free(dec->quar);
-    bt_free(dec->stage_quar_ns);
     bt_free(dec->rsamp);
     bt_free(dec->rids);
     bt_free(dec->psamp);
@@ -1916,6 +1624,28 @@ static void bufs_teardown(decode_t *dec)
         engine_destroy(&dec->engine); /* frees the KV through UCX */
     else
         kv_allocator_destroy(&dec->kv);
+}
+
+/* The KV links this worker receives on (kv_link.h), before the engine:
+ * the UCX link may provide the pool memory.  One that cannot start is
+ * left out with a warning; its KV arrives inline. */
+static bt_status_t links_create(decode_t *dec)
+{
+    const decode_config_t *cfg = &dec->cfg;
+    kv_link_recv_config_t lc = {
+        .use_ucx = cfg->use_ucx,
+        .ucx_shm_pool = cfg->ucx_shm_pool,
+        .use_cuda_ipc = cfg->use_cuda_ipc,
+        .kv_stage = cfg->kv_stage,
+        .kv_stage_direct = cfg->kv_stage_direct,
+        .kv_stage_host = cfg->kv_stage_host,
+        .kv_stage_blocks = cfg->kv_stage_blocks,
+        .n_slots = cfg->max_reservations,
+        .quarantine_ms = cfg->quarantine_ms,
+        .device_index = cfg->engine.backend.device_index,
+    };
+
+    return kv_link_receiver_create(&lc, &dec->links);
 }
 
 bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
@@ -1963,23 +1693,16 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     } else {
         const model_config_t *mc;
         engine_config_t ecfg = cfg->engine;
-        /* UCX first, so the backend can put its KV arrays in memory UCX
-         * maps into prefill workers: puts become one-sided memcpys. */
-        if (cfg->use_ucx) {
-            kv_ucx_config_t ucfg;
-            kv_ucx_config_init(&ucfg);
-            ucfg.peer_errors = false; /* no endpoints here */
-            if (kv_ucx_create(&ucfg, &dec->ucx) != BT_OK)
-                BT_LOG_WARN("KV", "UCX unavailable; KV arrives inline");
-            else if (cfg->ucx_shm_pool) {
-                ecfg.backend.kv_alloc = ucx_kv_alloc;
-                ecfg.backend.kv_free = ucx_kv_free;
-                ecfg.backend.kv_alloc_arg = dec->ucx;
-            }
-        }
+        /* The links first, so the backend can put its KV arrays in
+         * memory UCX maps into prefill workers: puts become one-sided
+         * memcpys. */
+        status = links_create(dec);
+        if (status != BT_OK)
+            goto err_free;
+        kv_link_receiver_kv_alloc(dec->links, &ecfg.backend);
         status = engine_create(&ecfg, &dec->engine);
         if (status != BT_OK)
-            goto err_free_ucx;
+            goto err_free_links;
         /* the sizes the backend chose (KV from memory, max_seqs) */
         dec->cfg.engine.backend.n_kv_blocks =
             engine_config(dec->engine)->backend.n_kv_blocks;
@@ -1994,11 +1717,6 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         dec->layout = *backend_kv_layout(engine_backend(dec->engine));
         dec->kv_on_device =
             strcmp(backend_name(engine_backend(dec->engine)), "cuda") == 0;
-        if (dec->kv_on_device && dec->ucx != NULL && !cfg->kv_stage) {
-            /* Device KV goes over CUDA IPC (same host) or inline; UCX
-             * only serves the staged receiver. */
-            kv_ucx_destroy(&dec->ucx);
-        }
     }
     dec->max_seqs = dec->cfg.engine.backend.max_seqs;
     BT_LOG_INFO("DECODE", "%s KV capacity: %d blocks of %d tokens = %lld "
@@ -2012,8 +1730,6 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_resv");
     dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
                           "decode_resv");
-    dec->stage_quar_ns = bt_calloc((size_t)cfg->max_reservations,
-                                   sizeof(uint64_t), "decode_resv");
     dec->rsamp = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->rsamp),
                            "decode_batch");
     dec->rids = bt_calloc((size_t)dec->max_seqs, sizeof(int), "decode_batch");
@@ -2032,7 +1748,6 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     if (dec->resv == NULL || dec->quar == NULL || dec->rsamp == NULL ||
         dec->rids == NULL || dec->psamp == NULL || dec->emit_q == NULL ||
         dec->emit_tok == NULL ||
-        dec->stage_quar_ns == NULL ||
         dec->bseqs == NULL || dec->bmap == NULL || dec->pmap == NULL) {
         status = BT_ERR_NO_MEMORY;
         goto err_bufs;
@@ -2040,95 +1755,44 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
     status = spec_setup(dec);
     if (status != BT_OK)
         goto err_bufs;
-    if (dec->ucx != NULL && !dec->kv_on_device) {
-        void *k_layers[1024], *v_layers[1024];
-        backend_t *be = engine_backend(dec->engine);
-        for (int l = 0; l < dec->n_layers && l < 1024; l++) {
-            k_layers[l] = backend_kv_data(be, l, 0);
-            v_layers[l] = backend_kv_data(be, l, 1);
-        }
-        if (dec->n_layers > 1024 ||
-            kv_ucx_pool_register(dec->ucx, &dec->layout, k_layers, v_layers,
-                                 KV_UCX_MEM_HOST, cfg->max_reservations,
-                                 &dec->pool) != BT_OK)
-            BT_LOG_WARN("KV", "UCX pool registration failed; KV arrives "
-                        "inline");
-    }
-    if (dec->kv_on_device && cfg->use_cuda_ipc) {
-        /* one pool per TP rank (descriptor version 2 when tp > 1):
-         * k_layers[r * n_layers + l], then the V bases alike */
-        backend_t *be = engine_backend(dec->engine);
-        int tp = backend_tp_size(be), nl = dec->n_layers;
-        int devices[KV_CIPC_MAX_RANKS];
-        void **k_layers = bt_calloc((size_t)nl * (size_t)tp,
-                                    2 * sizeof(void *), "decode_layers");
-        if (k_layers == NULL) {
-            status = BT_ERR_NO_MEMORY;
-            goto err_ucx;
-        }
-        for (int r = 0; r < tp; r++) {
-            if (r < KV_CIPC_MAX_RANKS)
-                devices[r] = cfg->engine.backend.device_index + r;
-            for (int l = 0; l < nl; l++) {
-                k_layers[(size_t)r * nl + l] =
-                    backend_kv_data_rank(be, r, l, 0);
-                k_layers[(size_t)(tp + r) * nl + l] =
-                    backend_kv_data_rank(be, r, l, 1);
-            }
-        }
-        if (tp > KV_CIPC_MAX_RANKS ||
-            kv_cipc_pool_export_ranks(&dec->layout, tp, k_layers,
-                                      k_layers + (size_t)tp * nl, devices,
-                                      cfg->max_reservations,
-                                      &dec->cipc) != BT_OK)
-            BT_LOG_WARN("KV", "CUDA IPC export failed; KV arrives inline");
-        bt_free(k_layers);
-    }
-    /* the staged receiver writes one pool: not with tp > 1 (KV from other
-     * hosts then arrives inline) */
-    if (dec->ucx != NULL && (dec->kv_on_device ? cfg->kv_stage
-                                               : cfg->kv_stage_host) &&
-        (dec->engine == NULL ||
-         backend_tp_size(engine_backend(dec->engine)) == 1)) {
-        status = stage_setup(dec);
+    if (dec->links != NULL) {
+        status = kv_link_receiver_attach(dec->links,
+                                         engine_backend(dec->engine),
+                                         dec->kv_on_device, dec->max_context);
         if (status != BT_OK)
-            goto err_ucx;
+            goto err_links;
     }
-    if (dec->kv_on_device && dec->stage == NULL)
-        kv_ucx_destroy(&dec->ucx); /* nothing else uses it */
     /* Warm before the router hears of this worker (issue 36): GEMM
      * tuning and graph capture must not run inside the first requests. */
     if (dec->engine != NULL &&
-        worker_ctl_warmup_wanted(cfg->warmup,
+        workerproc_opts_warmup_wanted(cfg->warmup,
                                  backend_name(engine_backend(dec->engine)))) {
         status = engine_warmup(dec->engine,
                                cfg->can_prefill ? cfg->chunk_tokens : 0,
                                cfg->can_prefill ? dec->budget : 0, true);
         if (status != BT_OK)
-            goto err_ucx;
+            goto err_links;
     }
     status = workerproc_connect(cfg->router, dec->name, &dec->ctx,
                                 &dec->sock);
     if (status != BT_OK)
-        goto err_ucx;
+        goto err_links;
     status = workerproc_link_create(dec->sock, dec->name, &dec->link);
     if (status != BT_OK) {
         workerproc_close(&dec->ctx, &dec->sock);
-        goto err_ucx;
+        goto err_links;
     }
     workerproc_metrics_attach(cfg->metrics, dec->link, dec->name);
     *dec_p = dec;
     return BT_OK;
 
-err_ucx:
-    kv_stage_recv_destroy(&dec->stage);
-    kv_cipc_pool_destroy(&dec->cipc);
-    kv_ucx_pool_deregister(&dec->pool);
+err_links:
+    kv_link_receiver_detach(dec->links); /* before the pool goes */
 err_bufs:
     spec_teardown(dec);
     bufs_teardown(dec);
-err_free_ucx:
-    kv_ucx_destroy(&dec->ucx);
+err_free_links:
+    kv_link_receiver_destroy(&dec->links); /* after: it may back the KV */
 err_free:
     bt_free(dec);
     return status;
@@ -2155,11 +1819,9 @@ void decode_destroy(decode_t **dec_p)
     workerproc_metrics_attach(dec->cfg.metrics, NULL, NULL); /* /health */
     workerproc_link_destroy(&dec->link); /* its thread uses the socket */
     workerproc_close(&dec->ctx, &dec->sock);
-    kv_stage_recv_destroy(&dec->stage); /* before the device pool */
-    kv_ucx_pool_deregister(&dec->pool);
-    kv_cipc_pool_destroy(&dec->cipc);
+    kv_link_receiver_detach(dec->links); /* before the pool goes */
     bufs_teardown(dec);
-    kv_ucx_destroy(&dec->ucx);
+    kv_link_receiver_destroy(&dec->links); /* after: it may back the KV */
     bt_free(dec);
     *dec_p = NULL;
 }
@@ -2180,18 +1842,18 @@ static bool has_reservations(const decode_t *dec)
 bt_status_t decode_run(decode_t *dec)
 {
     uint64_t drain_deadline = 0;
+    const char *links = dec->links ? kv_link_receiver_names(dec->links) : "";
+    char stats[128];
 
     BT_LOG_INFO("DECODE", "%s serving %s via %s: %d KV blocks of %d "
-                "tokens%s%s%s%s", dec->name,
+                "tokens (KV links: %s)%s", dec->name,
                 dec->engine ? dec->cfg.engine.model_path : "the null model",
                 dec->cfg.router, kv_allocator_total(dec->kv), dec->block_size,
-                dec->pool ? " (UCX pool registered)" : "",
-                dec->cipc ? " (CUDA IPC pool exported)" : "",
-                dec->stage ? " (staged UCX receiver)" : "",
+                links[0] != '\0' ? links : "inline",
                 dec->cfg.can_prefill ? ", prefills too (role both)" : "");
     for (;;) {
         bt_status_t status;
-        int timeout;
+        int timeout, fd = -1;
 
         if (dec->stop && !dec->draining) {
             workerproc_send_drain(dec->sock, dec->name);
@@ -2205,17 +1867,17 @@ bt_status_t decode_run(decode_t *dec)
              bt_time_ns() > drain_deadline))
             break;
         timeout = dec->seqs != NULL || has_local_prefill(dec) ||
-                  has_stage_pending(dec) ? 0 : 50;
-        status = workerproc_poll(dec->sock, dec->ucx, timeout);
+                  has_arrivals_pending(dec) ? 0 : 50;
+        if (timeout > 0 && dec->links != NULL &&
+            kv_link_receiver_arm_fd(dec->links, &fd) == BT_IN_PROGRESS)
+            timeout = 0; /* events pending: progress first */
+        status = workerproc_poll_fd(dec->sock, fd, timeout);
         if (status != BT_OK)
             return status;
         workerproc_link_turn_begin(dec->link);
-        if (dec->ucx != NULL)
-            kv_ucx_progress(dec->ucx);
-        if (dec->stage != NULL) {
-            kv_stage_recv_progress(dec->stage);
-            stage_pending(dec);
-        }
+        if (dec->links != NULL)
+            kv_link_receiver_progress(dec->links);
+        arrivals_pending(dec);
         handle_messages(dec);
         switch (workerproc_link_check(dec->link)) {
         case WORKERPROC_LINK_REGISTER:
@@ -2235,11 +1897,13 @@ bt_status_t decode_run(decode_t *dec)
         publish_beat(dec);
     }
     workerproc_send_shutdown(dec->sock, dec->name);
-    BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, staged "
-                "hand-offs:%llu kv_cap_rejected:%llu", dec->name,
+    stats[0] = '\0';
+    if (dec->links != NULL)
+        kv_link_receiver_stats(dec->links, stats, sizeof(stats));
+    BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, KV "
+                "hand-offs by link: %s kv_cap_rejected:%llu", dec->name,
                 (unsigned long long)dec->steps,
-                (unsigned long long)dec->tokens_out,
-                (unsigned long long)dec->staged,
+                (unsigned long long)dec->tokens_out, stats,
                 (unsigned long long)dec->cap_rejected);
     log_step_times(dec, true);
     return BT_OK;

@@ -94,7 +94,7 @@ typedef struct {
                               * or the configured tree (fixed) */
     const char *host_id;     /* host identity sent to the router (NULL:
                               * hostname/boot-id); see prefill.h */
-    int warmup;              /* WORKER_CTL_WARMUP_*: engine_warmup()
+    int warmup;              /* WORKERPROC_OPTS_WARMUP_*: engine_warmup()
                               * before registering (auto: cuda only) */
     /* Metrics (issue 40; workerproc_metrics.h): */
     int metrics_port;        /* --metrics-port (-1: none, 0: any free) */

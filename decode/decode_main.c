@@ -10,7 +10,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "workerproc_metrics.h"
-#include "ctl/worker_ctl.h"
+#include "workerproc_opts.h"
 #include "decode.h"
 
 /* SIGTERM/SIGINT: decode_stop (async-signal-safe). */
@@ -24,12 +24,12 @@ static void usage(FILE *out)
     fprintf(out,
         "usage: baton-decode --router EP (--model PATH | --null-model) "
         "[options]\n"
-        WORKER_CTL_USAGE_ROUTER
+        WORKERPROC_OPTS_USAGE_ROUTER
         "  --name NAME            worker name (default decode-PID)\n"
         "  --device cpu|cuda|auto backend (default auto)\n"
-        WORKER_CTL_USAGE_GPU
+        WORKERPROC_OPTS_USAGE_GPU
         "  --threads N            CPU threads (0 = all cores)\n"
-        WORKER_CTL_USAGE_KV
+        WORKERPROC_OPTS_USAGE_KV
         "  --max-batch-tokens N   tokens per forward (2048)\n"
         "  --max-seqs N           sequences per step (default: what the KV\n"
         "                         pool and the batch allow: min(512 cuda /\n"
@@ -77,7 +77,7 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        WORKER_CTL_OPTIONS,
+        WORKERPROC_OPTS_OPTIONS,
         { "step-tokens", required_argument, 0, 'c' },
         { "tpot-target-ms", required_argument, 0, 1100 },
         { "max-seqs", required_argument, 0, 'S' },
@@ -96,17 +96,17 @@ int main(int argc, char **argv)
     decode_config_t cfg;
     decode_t *dec = NULL;
     workerproc_metrics_t *metrics = NULL;
-    worker_ctl_opts_t wo = WORKER_CTL_OPTS_INIT(cfg, "baton-decode", usage);
+    workerproc_opts_t wo = WORKERPROC_OPTS_INIT(cfg, "baton-decode", usage);
     bt_status_t status;
     int c, bad = 0;
     bool spec_off = false;
 
     bt_log_init("decode");
     decode_config_init(&cfg);
-    worker_ctl_env(&wo);
+    workerproc_opts_env(&wo);
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         backend_config_t *b = &cfg.engine.backend;
-        status = worker_ctl_option(&wo, c, optarg);
+        status = workerproc_opts_option(&wo, c, optarg);
         if (status != BT_ERR_NOT_FOUND) {
             bad = status != BT_OK;
         } else {
@@ -149,7 +149,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!worker_ctl_opts_ok(&wo, argc, optind))
+    if (!workerproc_opts_ok(&wo, argc, optind))
         return 2;
     if (spec_off)
         cfg.spec_head = NULL;
@@ -177,9 +177,9 @@ int main(int argc, char **argv)
         workerproc_metrics_destroy(&metrics);
         return 1;
     }
-    worker_ctl_signals(stop_worker, dec);
+    workerproc_opts_signals(stop_worker, dec);
     status = decode_run(dec);
-    worker_ctl_signals_clear();
+    workerproc_opts_signals_clear();
     decode_destroy(&dec);
     workerproc_metrics_destroy(&metrics);
     bt_alloc_report();

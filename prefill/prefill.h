@@ -74,7 +74,7 @@ typedef struct {
                               * hostname/boot-id); workers with equal ids
                               * are paired over CUDA IPC / UCX shared
                               * memory, so they must really share them */
-    int warmup;              /* WORKER_CTL_WARMUP_*: engine_warmup()
+    int warmup;              /* WORKERPROC_OPTS_WARMUP_*: engine_warmup()
                               * before registering (auto: cuda only) */
     /* Metrics (issue 40; workerproc_metrics.h): */
     int metrics_port;        /* --metrics-port (-1: none, 0: any free) */

@@ -9,7 +9,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "workerproc_metrics.h"
-#include "ctl/worker_ctl.h"
+#include "workerproc_opts.h"
 #include "prefill.h"
 
 /* SIGTERM/SIGINT: prefill_stop (async-signal-safe). */
@@ -23,12 +23,12 @@ static void usage(FILE *out)
     fprintf(out,
         "usage: baton-prefill --router EP (--model PATH | --null-model) "
         "[options]\n"
-        WORKER_CTL_USAGE_ROUTER
+        WORKERPROC_OPTS_USAGE_ROUTER
         "  --name NAME            worker name (default prefill-PID)\n"
         "  --device cpu|cuda|auto backend (default auto)\n"
-        WORKER_CTL_USAGE_GPU
+        WORKERPROC_OPTS_USAGE_GPU
         "  --threads N            CPU threads (0 = all cores)\n"
-        WORKER_CTL_USAGE_KV
+        WORKERPROC_OPTS_USAGE_KV
         "                         (a prefill pool sized from memory holds\n"
         "                         at most 8 full contexts: the prompts in\n"
         "                         flight)\n"
@@ -60,7 +60,7 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        WORKER_CTL_OPTIONS,
+        WORKERPROC_OPTS_OPTIONS,
         { "chunk-tokens", required_argument, 0, 'c' },
         { "ucx-peer-errors", no_argument, 0, 'E' },
         { "kv-commit-timeout-ms", required_argument, 0, 'K' },
@@ -72,15 +72,15 @@ int main(int argc, char **argv)
     prefill_config_t cfg;
     prefill_t *pf = NULL;
     workerproc_metrics_t *metrics = NULL;
-    worker_ctl_opts_t wo = WORKER_CTL_OPTS_INIT(cfg, "baton-prefill", usage);
+    workerproc_opts_t wo = WORKERPROC_OPTS_INIT(cfg, "baton-prefill", usage);
     bt_status_t status;
     int c, bad = 0;
 
     bt_log_init("prefill");
     prefill_config_init(&cfg);
-    worker_ctl_env(&wo);
+    workerproc_opts_env(&wo);
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        status = worker_ctl_option(&wo, c, optarg);
+        status = workerproc_opts_option(&wo, c, optarg);
         if (status != BT_ERR_NOT_FOUND) {
             bad = status != BT_OK;
         } else {
@@ -101,7 +101,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!worker_ctl_opts_ok(&wo, argc, optind))
+    if (!workerproc_opts_ok(&wo, argc, optind))
         return 2;
     /* Before the model loads: /health says "loading" meanwhile, and a
      * port in use fails at once, not after minutes of loading. */
@@ -123,9 +123,9 @@ int main(int argc, char **argv)
         workerproc_metrics_destroy(&metrics);
         return 1;
     }
-    worker_ctl_signals(stop_worker, pf);
+    workerproc_opts_signals(stop_worker, pf);
     status = prefill_run(pf);
-    worker_ctl_signals_clear();
+    workerproc_opts_signals_clear();
     prefill_destroy(&pf);
     workerproc_metrics_destroy(&metrics);
     bt_alloc_report();

@@ -18,6 +18,7 @@
 #include "bt_log.h"
 #include "bt_proto.h"
 #include "bt_util.h"
+#include "kv/kv_link_choose.h"
 #include "router_int.h"
 #include "stop.h"
 
@@ -101,10 +102,11 @@ void router__dispatch(router_t *r)
         res.max_total_tokens = (uint32_t)BT_MIN(
             (int64_t)n_tokens + req->max_tokens - req->n_generated,
             (int64_t)UINT32_MAX);
-        /* Staged UCX: the decode worker reserves receive-area blocks
-         * with the device blocks (only then: they are scarce). */
-        if (router__choose_transport(p, d, r->kv_mode) ==
-            BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
+        /* A link writing through a receive area (staged UCX): the
+         * decode worker reserves its blocks with the pool's (only then:
+         * they are scarce). */
+        if (kv_link_wants_recv_area(
+                (int)router__choose_transport(p, d, r->kv_mode))) {
             res.has_kv_stage = 1;
             res.kv_stage = 1;
         }
@@ -196,6 +198,8 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__PrefillTask task = BATON__PREFILL_TASK__INIT;
+    Baton__KvEndpoint route = BATON__KV_ENDPOINT__INIT;
+    const router_endpoint_t *ep;
     router_req_t *req = router__req_find(r, g->request_id);
     router_worker_t *p;
     int stops[PROTO_MAX_STOP + ROUTER_MAX_EOS];
@@ -293,15 +297,16 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         g->n_stage_block_ids > 0 && g->n_stage_block_ids == g->n_block_ids);
     task.has_transport = 1;
     task.transport = req->transport;
-    if (req->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) {
-        task.has_cuda_ipc = 1;
-        task.cuda_ipc.data = w->cipc_desc;
-        task.cuda_ipc.len = w->cipc_desc_len;
-    }
-    if (req->transport == BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) {
-        task.has_kv_stage = 1;
-        task.kv_stage.data = w->stage_desc;
-        task.kv_stage.len = w->stage_desc_len;
+    /* The route: the decode worker's endpoint for that link, opaque
+     * here (the prefill worker's link parses it). */
+    ep = router__worker_endpoint(w, req->transport);
+    if (ep != NULL) {
+        route.has_transport = 1;
+        route.transport = (Baton__KvTransport)ep->transport;
+        route.has_desc = 1;
+        route.desc.data = ep->desc;
+        route.desc.len = ep->len;
+        task.route = &route;
     }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_TASK;
     msg.prefill_task = &task;

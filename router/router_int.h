@@ -30,11 +30,20 @@
 #define ROUTER_MAX_VOCAB (1u << 24)
 #define ROUTER_MAX_BLOCK_SIZE 4096u
 #define ROUTER_MAX_KV_BLOCKS (1u << 30)
-#define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's UCX descriptor */
+#define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's KV endpoint */
+#define ROUTER_MAX_ENDPOINTS 8 /* KV endpoints kept per decode worker */
 #define ROUTER_HOST_MAX 128
 #define ROUTER_PHASE_EXTENSIONS 3 /* re-estimates of a phase deadline
                                      while its worker makes progress */
 #define ROUTER_STOP_HELD_MAX 256 /* held-back stop text (STOP_MAX_STRING_LEN) */
+
+/* One KV endpoint of a decode worker (proto KvEndpoint), owned. */
+typedef struct {
+    int transport;            /* KV_LINK_* (kv_link_choose.h) */
+    uint8_t *desc;            /* (len) opaque: the prefill worker's link
+                                 parses and validates it */
+    size_t len;
+} router_endpoint_t;
 
 typedef struct {
     bool used;                /* slot holds a registered worker */
@@ -71,16 +80,9 @@ typedef struct {
     uint64_t served;          /* requests assigned so far */
     int eos_ids[ROUTER_MAX_EOS];
     int n_eos;
-    uint8_t *ucx_desc;        /* decode: (ucx_desc_len) packed UCX pool
-                                 descriptor from Register, owned; NULL
-                                 without UCX */
-    size_t ucx_desc_len;
-    uint8_t *cipc_desc;       /* decode: (cipc_desc_len) CUDA IPC pool
-                                 descriptor, owned; NULL without */
-    size_t cipc_desc_len;
-    uint8_t *stage_desc;      /* decode: (stage_desc_len) staged UCX
-                                 receiver descriptor, owned; NULL without */
-    size_t stage_desc_len;
+    router_endpoint_t eps[ROUTER_MAX_ENDPOINTS]; /* decode: (n_eps) KV
+                                 endpoints from Register, opaque here */
+    int n_eps;
     bool can_prefill;         /* decode --role both */
     uint32_t transports;      /* bit (1 << KvTransport) per one offered */
     char host_id[ROUTER_HOST_MAX]; /* "hostname/boot-id", "" = unknown */
@@ -106,19 +108,11 @@ typedef enum {
  * anything else. */
 bool router__kv_mode_parse(const char *s, router_kv_mode_t *mode_p);
 
-/* The transport KV takes from prefill worker p to decode worker d:
- *   p == d (aggregated)                         -> LOCAL
- *   same host, both GPU pools, both IPC-capable,
- *     decode exported its pool                  -> CUDA_IPC
- *   other hosts, both GPU pools, both offer the
- *     staged transport, decode has a receiver   -> UCX_STAGE
- *   same host, both host pools, both offer UCX  -> UCX_SHM
- *   both host pools, both offer UCX             -> UCX
- *   otherwise                                   -> INLINE
- * A forced mode is used when the pair supports it (ucx-stage: both offer
- * it and the decode has a receiver, wherever the pools are), else the
- * automatic choice.  A GPU pool never gets plain UCX (device memory goes
- * through the staged transport). */
+/* The transport KV takes from prefill worker p to decode worker d: the
+ * KV link interface decides (kv_link_choose.h: pure logic over what both
+ * registered), the router only hands it the facts and --kv-transport.
+ * A forced mode is used when the pair supports it, else the automatic
+ * choice. */
 Baton__KvTransport router__choose_transport(const router_worker_t *p,
                                             const router_worker_t *d,
                                             router_kv_mode_t mode);
@@ -134,6 +128,12 @@ Baton__KvTransport router__choose_transport_ex(const router_worker_t *p,
 /* "cuda-ipc", "ucx-stage", "ucx-shm", "ucx", "inline", "local",
  * "none". */
 const char *router__transport_name(Baton__KvTransport t);
+
+/* Decode worker w's endpoint for `transport` (ucx-shm: ucx's), NULL when
+ * it registered none. */
+const router_endpoint_t *router__worker_endpoint(const router_worker_t *w,
+                                                 Baton__KvTransport
+                                                     transport);
 
 typedef enum {
     ROUTER_REQ_QUEUED = 0,  /* waiting for workers / KV */

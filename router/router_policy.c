@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "bt_util.h"
+#include "kv/kv_link_choose.h"
 #include "router_int.h"
 
 int router__blocks_needed(const router_worker_t *w, int n_tokens)
@@ -209,39 +210,44 @@ bool router__kv_mode_parse(const char *s, router_kv_mode_t *mode_p)
     return false;
 }
 
-static bool offers(const router_worker_t *w, Baton__KvTransport t)
+/* The ids of kv_link_choose.h are the proto's KvTransport values. */
+_Static_assert((int)KV_LINK_INLINE ==
+                   (int)BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE &&
+               (int)KV_LINK_UCX == (int)BATON__KV_TRANSPORT__KV_TRANSPORT_UCX &&
+               (int)KV_LINK_NONE ==
+                   (int)BATON__KV_TRANSPORT__KV_TRANSPORT_NONE &&
+               (int)KV_LINK_CUDA_IPC ==
+                   (int)BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC &&
+               (int)KV_LINK_UCX_SHM ==
+                   (int)BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM &&
+               (int)KV_LINK_LOCAL ==
+                   (int)BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL &&
+               (int)KV_LINK_UCX_STAGE ==
+                   (int)BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE,
+               "kv_link_id_t must match control.proto KvTransport");
+
+const router_endpoint_t *router__worker_endpoint(const router_worker_t *w,
+                                                 Baton__KvTransport
+                                                     transport)
 {
-    return (w->transports & (1u << (unsigned)t)) != 0;
+    int id = kv_link_endpoint_id((int)transport);
+
+    for (int i = 0; i < w->n_eps; i++)
+        if (w->eps[i].transport == id)
+            return &w->eps[i];
+    return NULL;
 }
 
-static bool same_host(const router_worker_t *p, const router_worker_t *d)
+static void worker_facts(const router_worker_t *w, kv_link_facts_t *f)
 {
-    return p->host_id[0] != '\0' && strcmp(p->host_id, d->host_id) == 0;
-}
-
-static bool pair_cuda_ipc(const router_worker_t *p, const router_worker_t *d)
-{
-    return same_host(p, d) && p->has_gpu && d->has_gpu && p->gpu_ipc &&
-           d->gpu_ipc && d->cipc_desc != NULL &&
-           offers(p, BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC) &&
-           offers(d, BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC);
-}
-
-static bool pair_ucx(const router_worker_t *p, const router_worker_t *d)
-{
-    return !p->has_gpu && !d->has_gpu && d->ucx_desc != NULL &&
-           offers(p, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX) &&
-           offers(d, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX);
-}
-
-/* Both sides can run the staged UCX transport (wherever their pools are:
- * the automatic choice adds "GPU pools on other hosts"). */
-static bool pair_stage_capable(const router_worker_t *p,
-                               const router_worker_t *d)
-{
-    return d->stage_desc != NULL &&
-           offers(p, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE) &&
-           offers(d, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE);
+    f->offers = w->transports;
+    f->endpoints = 0;
+    for (int i = 0; i < w->n_eps; i++)
+        if ((unsigned)w->eps[i].transport < 32)
+            f->endpoints |= 1u << (unsigned)w->eps[i].transport;
+    f->host_id = w->host_id;
+    f->has_gpu = w->has_gpu;
+    f->gpu_ipc = w->gpu_ipc;
 }
 
 Baton__KvTransport router__choose_transport_ex(const router_worker_t *p,
@@ -249,25 +255,19 @@ Baton__KvTransport router__choose_transport_ex(const router_worker_t *p,
                                                router_kv_mode_t mode,
                                                bool stage_granted)
 {
-    bool stage = stage_granted && pair_stage_capable(p, d);
+    static const int forced[] = {
+        [ROUTER_KV_AUTO] = -1,
+        [ROUTER_KV_UCX] = KV_LINK_UCX,
+        [ROUTER_KV_CUDA_IPC] = -1, /* the automatic choice's first */
+        [ROUTER_KV_INLINE] = KV_LINK_INLINE,
+        [ROUTER_KV_UCX_STAGE] = KV_LINK_UCX_STAGE,
+    };
+    kv_link_facts_t pf, df;
 
-    if (p == d)
-        return BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL;
-    if (mode == ROUTER_KV_INLINE)
-        return BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
-    if (mode == ROUTER_KV_UCX && pair_ucx(p, d))
-        return same_host(p, d) ? BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM
-                               : BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
-    if (mode == ROUTER_KV_UCX_STAGE && stage)
-        return BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
-    if (pair_cuda_ipc(p, d))
-        return BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
-    if (stage && p->has_gpu && d->has_gpu && !same_host(p, d))
-        return BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
-    if (pair_ucx(p, d))
-        return same_host(p, d) ? BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM
-                               : BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
-    return BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+    worker_facts(p, &pf);
+    worker_facts(d, &df);
+    return (Baton__KvTransport)kv_link_choose(&pf, &df, p == d,
+                                              forced[mode], stage_granted);
 }
 
 Baton__KvTransport router__choose_transport(const router_worker_t *p,
@@ -279,14 +279,5 @@ Baton__KvTransport router__choose_transport(const router_worker_t *p,
 
 const char *router__transport_name(Baton__KvTransport t)
 {
-    switch (t) {
-    case BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE: return "inline";
-    case BATON__KV_TRANSPORT__KV_TRANSPORT_UCX: return "ucx";
-    case BATON__KV_TRANSPORT__KV_TRANSPORT_NONE: return "none";
-    case BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC: return "cuda-ipc";
-    case BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_SHM: return "ucx-shm";
-    case BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL: return "local";
-    case BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE: return "ucx-stage";
-    default: return "unknown";
-    }
+    return kv_link_name((int)t);
 }

@@ -46,48 +46,40 @@ router_worker_t *router__worker_by_uid(router_t *r, uint64_t uid)
     return NULL;
 }
 
-/* Sends prefill worker `to` (or every prefill worker when NULL) the UCX
- * pools of all registered decode workers, so it connects ahead of the
+/* Sends prefill worker `to` (or every prefill worker when NULL) the KV
+ * endpoints of all registered decode workers, so it connects ahead of the
  * first hand-off and drops endpoints of decode workers that are gone. */
 static void send_kv_peers(router_t *r, const router_worker_t *to)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__KvPeers kp = BATON__KV_PEERS__INIT;
-    Baton__UcxDescriptor descs[ROUTER_MAX_WORKERS];
-    Baton__UcxDescriptor *ptrs[ROUTER_MAX_WORKERS];
-    ProtobufCBinaryData cipc[ROUTER_MAX_WORKERS];
-    ProtobufCBinaryData stage[ROUTER_MAX_WORKERS];
-    size_t n = 0, n_cipc = 0, n_stage = 0;
+    Baton__KvEndpoint *eps;
+    Baton__KvEndpoint **ptrs;
+    size_t n = 0;
 
+    eps = bt_calloc(ROUTER_MAX_WORKERS * ROUTER_MAX_ENDPOINTS, sizeof(*eps),
+                    "router_peers");
+    ptrs = bt_calloc(ROUTER_MAX_WORKERS * ROUTER_MAX_ENDPOINTS,
+                     sizeof(*ptrs), "router_peers");
+    if (eps == NULL || ptrs == NULL)
+        goto out; /* the next change sends the list again */
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         const router_worker_t *d = &r->workers[i];
         if (!d->used || d->role != BATON__ROLE__ROLE_DECODE)
             continue;
-        if (d->cipc_desc != NULL) {
-            cipc[n_cipc].data = d->cipc_desc;
-            cipc[n_cipc].len = d->cipc_desc_len;
-            n_cipc++;
+        for (int e = 0; e < d->n_eps; e++) {
+            baton__kv_endpoint__init(&eps[n]);
+            eps[n].has_transport = 1;
+            eps[n].transport = (Baton__KvTransport)d->eps[e].transport;
+            eps[n].has_desc = 1;
+            eps[n].desc.data = d->eps[e].desc;
+            eps[n].desc.len = d->eps[e].len;
+            ptrs[n] = &eps[n];
+            n++;
         }
-        if (d->stage_desc != NULL) {
-            stage[n_stage].data = d->stage_desc;
-            stage[n_stage].len = d->stage_desc_len;
-            n_stage++;
-        }
-        if (d->ucx_desc == NULL)
-            continue;
-        baton__ucx_descriptor__init(&descs[n]);
-        descs[n].has_packed = 1;
-        descs[n].packed.data = d->ucx_desc;
-        descs[n].packed.len = d->ucx_desc_len;
-        ptrs[n] = &descs[n];
-        n++;
     }
-    kp.n_pools = n;
-    kp.pools = ptrs;
-    kp.n_cuda_ipc = n_cipc;
-    kp.cuda_ipc = cipc;
-    kp.n_kv_stage = n_stage;
-    kp.kv_stage = stage;
+    kp.n_endpoints = n;
+    kp.endpoints = ptrs;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_PEERS;
     msg.kv_peers = &kp;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
@@ -96,14 +88,47 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
             (to == NULL || to == p))
             router__send_control(r, p, &msg);
     }
+out:
+    bt_free(eps);
+    bt_free(ptrs);
+}
+
+static void endpoints_clear(router_worker_t *w)
+{
+    for (int i = 0; i < w->n_eps; i++)
+        bt_free(w->eps[i].desc);
+    w->n_eps = 0;
+}
+
+/* Keeps a decode worker's KV endpoints (opaque here; each prefill
+ * worker's link validates them), one per transport. */
+static void endpoints_set(router_worker_t *w, const Baton__Register *reg)
+{
+    endpoints_clear(w);
+    if (w->role != BATON__ROLE__ROLE_DECODE)
+        return;
+    for (size_t i = 0; i < reg->n_endpoints && w->n_eps < ROUTER_MAX_ENDPOINTS;
+         i++) {
+        const Baton__KvEndpoint *e = reg->endpoints[i];
+        router_endpoint_t *o = &w->eps[w->n_eps];
+        if (e == NULL || !e->has_transport || !e->has_desc ||
+            e->desc.len == 0 || e->desc.len > ROUTER_MAX_DESC_BYTES ||
+            router__worker_endpoint(w, e->transport) != NULL)
+            continue;
+        o->desc = bt_malloc(e->desc.len, "router_desc");
+        if (o->desc == NULL)
+            continue;
+        memcpy(o->desc, e->desc.data, e->desc.len);
+        o->len = e->desc.len;
+        o->transport = (int)e->transport;
+        w->n_eps++;
+    }
 }
 
 /* Forgets a worker's registration (the slot becomes free). */
 void router__worker_clear(router_worker_t *w)
 {
-    bt_free(w->ucx_desc);
-    bt_free(w->cipc_desc);
-    bt_free(w->stage_desc);
+    endpoints_clear(w);
     memset(w, 0, sizeof(*w));
 }
 
@@ -145,8 +170,7 @@ void router__worker_drop(router_t *r, router_worker_t *w, const char *why)
             }
         }
     }
-    had_pool = w->ucx_desc != NULL || w->cipc_desc != NULL ||
-               w->stage_desc != NULL;
+    had_pool = w->n_eps > 0;
     router__worker_clear(w);
     if (had_pool)
         send_kv_peers(r, NULL);
@@ -352,15 +376,6 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     w->n_eos = (int)BT_MIN(reg->n_eos_ids, (size_t)ROUTER_MAX_EOS);
     for (int i = 0; i < w->n_eos; i++)
         w->eos_ids[i] = reg->eos_ids[i];
-    bt_free(w->ucx_desc);
-    w->ucx_desc = NULL;
-    w->ucx_desc_len = 0;
-    bt_free(w->cipc_desc);
-    w->cipc_desc = NULL;
-    w->cipc_desc_len = 0;
-    bt_free(w->stage_desc);
-    w->stage_desc = NULL;
-    w->stage_desc_len = 0;
     w->can_prefill = w->role == BATON__ROLE__ROLE_DECODE && reg->can_prefill;
     w->transports = 0;
     for (size_t i = 0; i < reg->n_transports; i++)
@@ -374,33 +389,7 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     snprintf(w->gpu_bus, sizeof(w->gpu_bus), "%s",
              reg->gpu != NULL && reg->gpu->pci_bus_id != NULL
                  ? reg->gpu->pci_bus_id : "");
-    if (w->role == BATON__ROLE__ROLE_DECODE && reg->has_cuda_ipc &&
-        reg->cuda_ipc.len > 0 && reg->cuda_ipc.len <= ROUTER_MAX_DESC_BYTES) {
-        w->cipc_desc = bt_malloc(reg->cuda_ipc.len, "router_desc");
-        if (w->cipc_desc != NULL) {
-            memcpy(w->cipc_desc, reg->cuda_ipc.data, reg->cuda_ipc.len);
-            w->cipc_desc_len = reg->cuda_ipc.len;
-        }
-    }
-    if (w->role == BATON__ROLE__ROLE_DECODE && reg->has_kv_stage &&
-        reg->kv_stage.len > 0 && reg->kv_stage.len <= ROUTER_MAX_DESC_BYTES) {
-        /* Opaque here too; the prefill worker validates it. */
-        w->stage_desc = bt_malloc(reg->kv_stage.len, "router_desc");
-        if (w->stage_desc != NULL) {
-            memcpy(w->stage_desc, reg->kv_stage.data, reg->kv_stage.len);
-            w->stage_desc_len = reg->kv_stage.len;
-        }
-    }
-    if (w->role == BATON__ROLE__ROLE_DECODE && reg->ucx != NULL &&
-        reg->ucx->has_packed && reg->ucx->packed.len > 0 &&
-        reg->ucx->packed.len <= ROUTER_MAX_DESC_BYTES) {
-        /* Opaque here; each prefill worker validates it. */
-        w->ucx_desc = bt_malloc(reg->ucx->packed.len, "router_desc");
-        if (w->ucx_desc != NULL) {
-            memcpy(w->ucx_desc, reg->ucx->packed.data, reg->ucx->packed.len);
-            w->ucx_desc_len = reg->ucx->packed.len;
-        }
-    }
+    endpoints_set(w, reg);
     BT_LOG_INFO("ROUTER", "worker %s registered: %s, vocab %u, context %u, "
                 "kv %u x %u, host %s%s%s", w->name,
                 w->role == BATON__ROLE__ROLE_PREFILL ? "prefill"
@@ -421,8 +410,7 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     router__send_control(r, w, &msg);
     if (w->role == BATON__ROLE__ROLE_PREFILL)
         send_kv_peers(r, w);
-    else if (w->ucx_desc != NULL || w->cipc_desc != NULL ||
-             w->stage_desc != NULL)
+    else if (w->n_eps > 0)
         send_kv_peers(r, NULL);
 }
 

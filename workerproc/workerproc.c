@@ -21,6 +21,7 @@ void workerproc_register_init(workerproc_register_t *r,
     Baton__Register reg = BATON__REGISTER__INIT;
     Baton__GpuInfo gpu = BATON__GPU_INFO__INIT;
     int n_eos = 0;
+    bool ipc = cfg->cuda_ipc;
 
     r->reg = reg;
     r->gpu = gpu;
@@ -46,13 +47,34 @@ void workerproc_register_init(workerproc_register_t *r,
     else
         kv_cipc_host_id(r->host, sizeof(r->host));
     r->reg.host_id = r->host;
+    for (int i = 0; i < cfg->n_links && i < KV_LINK_N_IDS; i++) {
+        r->transports[i] = (Baton__KvTransport)cfg->links[i];
+        ipc |= cfg->links[i] == KV_LINK_CUDA_IPC;
+    }
+    r->reg.n_transports = (size_t)BT_MIN(cfg->n_links, KV_LINK_N_IDS);
+    if (r->reg.n_transports == 0)
+        r->transports[r->reg.n_transports++] =
+            BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+    r->reg.transports = r->transports;
+    for (int i = 0; i < cfg->n_eps && i < KV_LINK_N_IDS; i++) {
+        Baton__KvEndpoint *e = &r->eps[i];
+        baton__kv_endpoint__init(e);
+        e->has_transport = 1;
+        e->transport = (Baton__KvTransport)cfg->eps[i].transport;
+        e->has_desc = 1;
+        e->desc.data = (uint8_t *)cfg->eps[i].desc;
+        e->desc.len = cfg->eps[i].len;
+        r->ep_ptrs[i] = e;
+    }
+    r->reg.n_endpoints = (size_t)BT_MIN(BT_MAX(cfg->n_eps, 0), KV_LINK_N_IDS);
+    r->reg.endpoints = r->ep_ptrs;
     if (cfg->kv_on_device &&
         kv_cipc_gpu_info(cfg->ecfg->backend.device_index, &r->gi) == BT_OK) {
         r->gpu.has_device_index = 1;
         r->gpu.device_index = r->gi.device;
         r->gpu.pci_bus_id = r->gi.bus_id;
         r->gpu.has_ipc = 1;
-        r->gpu.ipc = r->gi.ipc && cfg->cuda_ipc;
+        r->gpu.ipc = r->gi.ipc && ipc;
         r->gpu.name = r->gi.name;
         r->reg.gpu = &r->gpu;
     }
@@ -211,20 +233,28 @@ void workerproc_send_shutdown(void *sock, const char *name)
 
 bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms)
 {
+    int fd = -1;
+
+    if (ucx != NULL && timeout_ms > 0 && kv_ucx_event_fd(ucx) >= 0) {
+        bt_status_t armed = kv_ucx_arm(ucx);
+        if (armed == BT_OK)
+            fd = kv_ucx_event_fd(ucx);
+        else if (armed == BT_IN_PROGRESS)
+            timeout_ms = 0;
+    }
+    return workerproc_poll_fd(sock, fd, timeout_ms);
+}
+
+bt_status_t workerproc_poll_fd(void *sock, int fd, int timeout_ms)
+{
     zmq_pollitem_t items[2];
     int n_items = 1;
 
     monitor_drain();
     items[0] = (zmq_pollitem_t){ sock, 0, ZMQ_POLLIN, 0 };
-    if (ucx != NULL && timeout_ms > 0 && kv_ucx_event_fd(ucx) >= 0) {
-        bt_status_t armed = kv_ucx_arm(ucx);
-        if (armed == BT_OK) {
-            items[1] = (zmq_pollitem_t){ NULL, kv_ucx_event_fd(ucx),
-                                         ZMQ_POLLIN, 0 };
-            n_items = 2;
-        } else if (armed == BT_IN_PROGRESS) {
-            timeout_ms = 0;
-        }
+    if (fd >= 0) {
+        items[1] = (zmq_pollitem_t){ NULL, fd, ZMQ_POLLIN, 0 };
+        n_items = 2;
     }
     /* The socket is shared with the heartbeat thread: sleep in slices of
      * at most 5 ms with the lock, so a heartbeat never waits longer. */

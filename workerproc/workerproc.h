@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "engine.h"
+#include "kv/kv_link.h"
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "model/model.h"
@@ -31,6 +32,9 @@ typedef struct {
     kv_cipc_gpu_info_t gi;
     char host[320];
     int eos[MODEL_MAX_EOS];
+    Baton__KvTransport transports[KV_LINK_N_IDS]; /* reg.transports */
+    Baton__KvEndpoint eps[KV_LINK_N_IDS];         /* reg.endpoints */
+    Baton__KvEndpoint *ep_ptrs[KV_LINK_N_IDS];
 } workerproc_register_t;
 
 /* What workerproc_register_init() fills a Register from. */
@@ -43,12 +47,19 @@ typedef struct {
     int max_context;
     const char *host_id;           /* NULL or "": hostname/boot-id */
     bool kv_on_device;             /* send the GPU's facts */
-    bool cuda_ipc;                 /* KV over CUDA IPC is set up */
+    bool cuda_ipc;                 /* KV over CUDA IPC is set up (also
+                                      implied by `links`) */
+    const int *links;              /* (n_links) KV links offered
+                                      (kv_link_*_offers); none: inline */
+    int n_links;
+    const kv_link_endpoint_t *eps; /* (n_eps) decode: its KV endpoints */
+    int n_eps;
 } workerproc_register_cfg_t;
 
 /* Initializes r->reg and fills its role-independent fields: role, name,
- * model, vocab size, max context, pid, EOS ids, host id and (with a
- * device KV pool) the GPU. */
+ * model, vocab size, max context, pid, EOS ids, host id, (with a device
+ * KV pool) the GPU, and the KV links offered with their endpoints.  The
+ * endpoints' bytes must outlive the send. */
 void workerproc_register_init(workerproc_register_t *r,
                               const workerproc_register_cfg_t *cfg);
 
@@ -83,6 +94,10 @@ void workerproc_send_shutdown(void *sock, const char *name);
  * not wait for the timeout).  Returns BT_OK (also when interrupted by a
  * signal) or the zmq_poll failure. */
 bt_status_t workerproc_poll(void *sock, kv_ucx_t *ucx, int timeout_ms);
+
+/* workerproc_poll with an fd the caller armed already (-1: none), e.g.
+ * kv_link_sender_arm's. */
+bt_status_t workerproc_poll_fd(void *sock, int fd, int timeout_ms);
 
 /* Writes the worker's name into `buf`: `name` when it is not NULL,
  * else "<role>-<pid>". */

@@ -17,6 +17,24 @@
 
 static uint8_t fake_desc[4];
 
+/* Gives (or takes) decode worker w an endpoint of link `t`. */
+static void set_ep(router_worker_t *w, int t, bool on)
+{
+    int k = -1;
+
+    for (int i = 0; i < w->n_eps; i++)
+        if (w->eps[i].transport == t)
+            k = i;
+    if (on && k < 0) {
+        w->eps[w->n_eps].transport = t;
+        w->eps[w->n_eps].desc = fake_desc;
+        w->eps[w->n_eps].len = sizeof(fake_desc);
+        w->n_eps++;
+    } else if (!on && k >= 0) {
+        w->eps[k] = w->eps[--w->n_eps];
+    }
+}
+
 static void worker(router_worker_t *w, Baton__Role role, const char *host,
                    bool gpu, bool ucx)
 {
@@ -28,8 +46,7 @@ static void worker(router_worker_t *w, Baton__Role role, const char *host,
     if (ucx && !gpu) {
         w->transports |= 1u << BATON__KV_TRANSPORT__KV_TRANSPORT_UCX;
         if (role == BATON__ROLE__ROLE_DECODE) {
-            w->ucx_desc = fake_desc;
-            w->ucx_desc_len = sizeof(fake_desc);
+            set_ep(w, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX, true);
         }
     }
     if (gpu) {
@@ -37,8 +54,7 @@ static void worker(router_worker_t *w, Baton__Role role, const char *host,
         w->gpu_ipc = true;
         w->transports |= 1u << BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC;
         if (role == BATON__ROLE__ROLE_DECODE) {
-            w->cipc_desc = fake_desc;
-            w->cipc_desc_len = sizeof(fake_desc);
+            set_ep(w, BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC, true);
         }
     }
 }
@@ -54,8 +70,7 @@ static void stage(router_worker_t *w)
 {
     w->transports |= 1u << BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE;
     if (w->role == BATON__ROLE__ROLE_DECODE) {
-        w->stage_desc = fake_desc;
-        w->stage_desc_len = sizeof(fake_desc);
+        set_ep(w, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE, true);
     }
 }
 
@@ -90,7 +105,7 @@ static void test_stage_choice(void)
                     "cuda-ipc") == 0);
     /* Other hosts, one side cannot stage: inline. */
     snprintf(d.host_id, sizeof(d.host_id), "h2/boot");
-    d.stage_desc = NULL;
+    set_ep(&d, BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE, false);
     BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "inline") == 0);
     BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_UCX_STAGE), "inline") == 0);
     stage(&d);
@@ -175,10 +190,10 @@ static void test_choice(void)
     BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "inline") == 0);
     /* Same host but the decode could not export (no descriptor). */
     snprintf(d.host_id, sizeof(d.host_id), "h1/boot");
-    d.cipc_desc = NULL;
+    set_ep(&d, BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC, false);
     BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "inline") == 0);
     /* Same host, prefill's GPU cannot do IPC. */
-    d.cipc_desc = fake_desc;
+    set_ep(&d, BATON__KV_TRANSPORT__KV_TRANSPORT_CUDA_IPC, true);
     p.gpu_ipc = false;
     BT_CHECK(strcmp(CHOOSE(&p, &d, ROUTER_KV_AUTO), "inline") == 0);
     /* Mixed: GPU prefill, host decode pool: inline. */

@@ -1,16 +1,16 @@
 /*
- * worker_ctl.h - process plumbing shared by the worker executables
+ * workerproc_opts.h - process plumbing shared by the worker executables
  * (baton-prefill, baton-decode): the options both take, their
  * environment defaults (BATON_ROUTER, BATON_HOST_ID), the checks on them,
  * and SIGTERM/SIGINT handling that asks the running worker to stop.
  *
  * Each main keeps its own option table and config struct: the table
- * starts with WORKER_CTL_OPTIONS, a worker_ctl_opts_t points at the
+ * starts with WORKERPROC_OPTS_OPTIONS, a workerproc_opts_t points at the
  * config fields the shared options fill, and the main's getopt loop hands
- * every option to worker_ctl_option() first.
+ * every option to workerproc_opts_option() first.
  */
-#ifndef BT_WORKER_CTL_WORKER_CTL_H
-#define BT_WORKER_CTL_WORKER_CTL_H
+#ifndef BT_WORKERPROC_WORKERPROC_OPTS_H
+#define BT_WORKERPROC_WORKERPROC_OPTS_H
 
 #include <getopt.h>
 #include <stdbool.h>
@@ -25,7 +25,7 @@ extern "C" {
 
 /* The struct option entries of the shared options (the values are their
  * getopt codes; role-specific options must not reuse them). */
-#define WORKER_CTL_OPTIONS                                      \
+#define WORKERPROC_OPTS_OPTIONS                                      \
     { "router", required_argument, 0, 'r' },                    \
     { "host-id", required_argument, 0, 1020 },                  \
     { "model", required_argument, 0, 'm' },                     \
@@ -56,7 +56,7 @@ extern "C" {
     { "router-public-key", required_argument, 0, 1033 }
 
 /* Usage lines of the first shared options, the same in every worker. */
-#define WORKER_CTL_USAGE_ROUTER                                              \
+#define WORKERPROC_OPTS_USAGE_ROUTER                                              \
     "  --router EP            router control endpoint (env BATON_ROUTER;\n" \
     "                         the flag wins)\n"                             \
     "  --host-id ID           host identity for the router's transport\n"  \
@@ -78,7 +78,7 @@ extern "C" {
     "                         BATON_ROUTER_PUBLIC_KEY); both or neither\n"
 
 /* Usage lines of the KV pool size (every worker). */
-#define WORKER_CTL_USAGE_KV                                                  \
+#define WORKERPROC_OPTS_USAGE_KV                                                  \
     "  --kv-blocks N          KV pool blocks; overrides the two below\n"    \
     "                         (default: sized from memory)\n"              \
     "  --kv-memory-fraction F cuda: the pool takes F of the device memory\n" \
@@ -99,7 +99,7 @@ extern "C" {
     "                         cuda, off for cpu (nothing to warm)\n"
 
 /* Usage line of --gpu (after --device in every worker's usage). */
-#define WORKER_CTL_USAGE_GPU                                                 \
+#define WORKERPROC_OPTS_USAGE_GPU                                                 \
     "  --gpu N                CUDA device ordinal of the backend and the\n"  \
     "                         exported KV pool (default 0)\n"              \
     "  --tp N                 tensor parallelism over GPUs gpu..gpu+N-1\n" \
@@ -121,23 +121,23 @@ typedef struct {
     bool *kv_stage_direct;
     int *kv_stage_blocks;
     bool *kv_stage_host;
-    int *warmup;                  /* WORKER_CTL_WARMUP_* */
+    int *warmup;                  /* WORKERPROC_OPTS_WARMUP_* */
     int *metrics_port;            /* -1: no metrics listener */
     const char **metrics_host;
-} worker_ctl_opts_t;
+} workerproc_opts_t;
 
 /* --warmup */
-#define WORKER_CTL_WARMUP_AUTO 0  /* on for cuda, off for cpu */
-#define WORKER_CTL_WARMUP_ON 1
-#define WORKER_CTL_WARMUP_OFF 2
+#define WORKERPROC_OPTS_WARMUP_AUTO 0  /* on for cuda, off for cpu */
+#define WORKERPROC_OPTS_WARMUP_ON 1
+#define WORKERPROC_OPTS_WARMUP_OFF 2
 
 /* Whether --warmup `mode` warms a worker whose engine runs on backend
  * `backend_name` ("cpu", "cuda"). */
-bool worker_ctl_warmup_wanted(int mode, const char *backend_name);
+bool workerproc_opts_warmup_wanted(int mode, const char *backend_name);
 
-/* Points a worker_ctl_opts_t at the same-named fields of config struct
+/* Points a workerproc_opts_t at the same-named fields of config struct
  * `cfg` (prefill_config_t, decode_config_t). */
-#define WORKER_CTL_OPTS_INIT(cfg, prog_, usage_)                            \
+#define WORKERPROC_OPTS_INIT(cfg, prog_, usage_)                            \
     {                                                                      \
         .prog = (prog_), .usage = (usage_), .router = &(cfg).router,       \
         .host_id = &(cfg).host_id, .name = &(cfg).name,                    \
@@ -154,12 +154,12 @@ bool worker_ctl_warmup_wanted(int mode, const char *backend_name);
 
 /* Applies the environment defaults (BATON_ROUTER; BATON_HOST_ID when not
  * empty; BATON_METRICS_PORT); call before parsing so flags win. */
-void worker_ctl_env(const worker_ctl_opts_t *o);
+void workerproc_opts_env(const workerproc_opts_t *o);
 
 /* Applies getopt result `c` with argument `arg` when it is a shared
  * option.  Returns BT_OK when applied, BT_ERR_INVALID_ARG for a bad value
  * (nothing printed), BT_ERR_NOT_FOUND when `c` is not a shared option. */
-bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
+bt_status_t workerproc_opts_option(const workerproc_opts_t *o, int c,
                               const char *arg);
 
 /* Checks the parsed shared options (host id 1 to 127 bytes, no operands,
@@ -171,15 +171,15 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
  * A worker started without --router then says on stderr which
  * endpoint it waits on (the default or BATON_ROUTER): a worker that
  * silently waits on the wrong port is hard to tell from a slow one. */
-bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_);
+bool workerproc_opts_ok(const workerproc_opts_t *o, int argc, int optind_);
 
 /* Makes SIGTERM and SIGINT call stop(arg) (which must be async-signal-
- * safe) and ignores SIGPIPE.  worker_ctl_signals_clear() makes the
+ * safe) and ignores SIGPIPE.  workerproc_opts_signals_clear() makes the
  * signals do nothing again; call it before freeing `arg`. */
-void worker_ctl_signals(void (*stop)(void *arg), void *arg);
-void worker_ctl_signals_clear(void);
+void workerproc_opts_signals(void (*stop)(void *arg), void *arg);
+void workerproc_opts_signals_clear(void);
 
 #ifdef __cplusplus
 }
 #endif
-#endif /* BT_WORKER_CTL_WORKER_CTL_H */
+#endif /* BT_WORKERPROC_WORKERPROC_OPTS_H */

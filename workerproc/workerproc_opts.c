@@ -1,8 +1,8 @@
 /*
- * worker_ctl.c - options, environment defaults and signals shared by
- * the worker executables (see worker_ctl.h).
+ * workerproc_opts.c - options, environment defaults and signals shared by
+ * the worker executables (see workerproc_opts.h).
  */
-#include "worker_ctl.h"
+#include "workerproc_opts.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -18,7 +18,7 @@ static const char *g_router_from = "the default";
 static const char *g_curve_secret;
 static const char *g_router_public;
 
-void worker_ctl_env(const worker_ctl_opts_t *o)
+void workerproc_opts_env(const workerproc_opts_t *o)
 {
     const char *port = getenv("BATON_METRICS_PORT");
 
@@ -37,7 +37,7 @@ void worker_ctl_env(const worker_ctl_opts_t *o)
         *o->host_id = getenv("BATON_HOST_ID");
 }
 
-bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
+bt_status_t workerproc_opts_option(const workerproc_opts_t *o, int c,
                               const char *arg)
 {
     backend_config_t *b = &o->engine->backend;
@@ -94,11 +94,11 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
     }
     case 1025:
         if (strcmp(arg, "auto") == 0)
-            *o->warmup = WORKER_CTL_WARMUP_AUTO;
+            *o->warmup = WORKERPROC_OPTS_WARMUP_AUTO;
         else if (strcmp(arg, "on") == 0)
-            *o->warmup = WORKER_CTL_WARMUP_ON;
+            *o->warmup = WORKERPROC_OPTS_WARMUP_ON;
         else if (strcmp(arg, "off") == 0)
-            *o->warmup = WORKER_CTL_WARMUP_OFF;
+            *o->warmup = WORKERPROC_OPTS_WARMUP_OFF;
         else
             bad = true;
         break;
@@ -107,7 +107,7 @@ bt_status_t worker_ctl_option(const worker_ctl_opts_t *o, int c,
     return bad ? BT_ERR_INVALID_ARG : BT_OK;
 }
 
-bool worker_ctl_opts_ok(const worker_ctl_opts_t *o, int argc, int optind_)
+bool workerproc_opts_ok(const workerproc_opts_t *o, int argc, int optind_)
 {
     const char *host_id = *o->host_id;
 
@@ -148,7 +148,7 @@ static void on_signal(int sig)
         stop(g_stop_arg);
 }
 
-void worker_ctl_signals(void (*stop)(void *arg), void *arg)
+void workerproc_opts_signals(void (*stop)(void *arg), void *arg)
 {
     struct sigaction sa;
 
@@ -161,14 +161,14 @@ void worker_ctl_signals(void (*stop)(void *arg), void *arg)
     signal(SIGPIPE, SIG_IGN);
 }
 
-void worker_ctl_signals_clear(void)
+void workerproc_opts_signals_clear(void)
 {
     g_stop = NULL;
 }
 
-bool worker_ctl_warmup_wanted(int mode, const char *backend_name)
+bool workerproc_opts_warmup_wanted(int mode, const char *backend_name)
 {
-    if (mode == WORKER_CTL_WARMUP_AUTO)
+    if (mode == WORKERPROC_OPTS_WARMUP_AUTO)
         return backend_name != NULL && strcmp(backend_name, "cuda") == 0;
-    return mode == WORKER_CTL_WARMUP_ON;
+    return mode == WORKERPROC_OPTS_WARMUP_ON;
 }

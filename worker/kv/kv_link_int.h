@@ -1,0 +1,106 @@
+/*
+ * kv_link_int.h - what a KV link implements (kv_link.h).  A link is one
+ * file under worker/kv/ defining one kv_link_ops_t, listed once in
+ * kv_links[] (kv_link.c).  Every op may be NULL where the link has
+ * nothing to do (inline has no endpoints; local no sender at all).
+ */
+#ifndef BT_WORKER_KV_KV_LINK_INT_H
+#define BT_WORKER_KV_KV_LINK_INT_H
+
+#include "kv/kv_link.h"
+#include "kv/kv_transport.h"
+
+/* State the links of one sender share: one UCX context serves the UCX and
+ * the staged links (one worker, one endpoint per decode process). */
+typedef struct {
+    const kv_link_config_t *cfg; /* sender: its copy; NULL in a receiver */
+    const kv_link_recv_config_t *rcfg; /* receiver: its copy, else NULL */
+    backend_t *backend;          /* the local pool (NULL: null model) */
+    bool kv_on_device;           /* it is in GPU memory */
+    int max_context;             /* receiver: the engine's context */
+    kv_ucx_t *ucx;               /* NULL until a link asks for it */
+    int ucx_users;               /* links holding it */
+    bool ucx_failed;             /* it could not start: not again */
+} kv_link_shared_t;
+
+/* The part of every xfer the generic code reads; a link's own xfer
+ * struct embeds it first. */
+typedef struct {
+    const char *error;           /* set with a failing status */
+    uint64_t request_id;
+} kv_link_xfer_base_t;
+
+typedef struct kv_link_ops_s {
+    const char *name;
+    int id;                      /* KV_LINK_* (proto KvTransport) */
+    int alias;                   /* another id the router's route may name
+                                    for this link (ucx-shm), or -1 */
+    bool spins;                  /* a commit completes in microseconds
+                                    whatever the peer does */
+    /* Sender: BT_ERR_UNSUPPORTED (no log) or an error (logged) leaves
+     * the link out. */
+    bt_status_t (*send_create)(kv_link_shared_t *sh, void **state_p);
+    void (*send_destroy)(void **state_p);
+    /* KvPeers: this link's endpoints only. */
+    void (*send_sync)(void *state, const kv_link_endpoint_t *eps, int n);
+    /* one pass; true if anything happened */
+    bool (*send_progress)(void *state);
+    /* closes dropped endpoints with nothing in flight */
+    void (*send_reap)(void *state);
+    /* A task's hand-off.  BT_ERR_UNSUPPORTED: the route does not fit
+     * (the caller goes inline). */
+    bt_status_t (*xfer_create)(void *state, const kv_link_route_t *route,
+                               kv_link_xfer_base_t **xfer_p);
+    /* errors: fall back to inline */
+    bt_status_t (*xfer_start)(kv_link_xfer_base_t *x, const int *src,
+                              int n);
+    /* an error: fall back to inline (BT_OK also when the failure is to
+     * be reported by the commit) */
+    bt_status_t (*xfer_layer)(kv_link_xfer_base_t *x, int layer);
+    bt_status_t (*xfer_commit)(kv_link_xfer_base_t *x);
+    /* BT_IN_PROGRESS, BT_OK, or an error (x->error set) */
+    bt_status_t (*xfer_query)(kv_link_xfer_base_t *x);
+    /* a counter that moves while the hand-off moves (stall detection) */
+    uint64_t (*xfer_moved)(kv_link_xfer_base_t *x);
+    /* the stall verdict: the peer is presumed dead */
+    void (*xfer_abandon)(kv_link_xfer_base_t *x);
+    int (*xfer_payload)(const kv_link_xfer_base_t *x,
+                        uint8_t *const **parts_p, size_t *part_len_p);
+    void (*xfer_destroy)(kv_link_xfer_base_t *x);
+    /* Receiver, once the pool exists.  BT_ERR_UNSUPPORTED (no log) or an
+     * error (logged) leaves the link out. */
+    bt_status_t (*recv_create)(kv_link_shared_t *sh, void **state_p);
+    void (*recv_destroy)(void **state_p);
+    /* its endpoint (NULL: none to publish) */
+    const uint8_t *(*recv_desc)(void *state, size_t *len_p);
+    bt_status_t (*recv_arm)(void *state, kv_link_grant_t *g);
+    bt_status_t (*recv_arrived)(void *state, int slot, uint64_t epoch);
+    void (*recv_reset)(void *state, int slot, bool writer);
+    bool (*recv_progress)(void *state);
+    void (*recv_expire)(void *state, uint64_t now);
+} kv_link_ops_t;
+
+extern const kv_link_ops_t kv_link_ucx_ops;
+extern const kv_link_ops_t kv_link_cuda_ipc_ops;
+extern const kv_link_ops_t kv_link_stage_ops;
+extern const kv_link_ops_t kv_link_inline_ops;
+extern const kv_link_ops_t kv_link_local_ops;
+
+/* The shared UCX context, created on first use (NULL and a warning when
+ * UCX cannot start).  Each acquire is matched by a release. */
+kv_ucx_t *kv_link__ucx_acquire(kv_link_shared_t *sh);
+void kv_link__ucx_release(kv_link_shared_t *sh);
+
+/* Unpacks inline KV into the local pool (kv_link_receiver_unpack). */
+bt_status_t kv_link__inline_unpack(const kv_link_shared_t *sh,
+                                   const uint8_t *const *parts,
+                                   const size_t *lens, int n_parts,
+                                   const int *blocks, int n_blocks,
+                                   int n_tokens);
+
+/* Inline hand-off of a route (the fallback every link ends in). */
+bt_status_t kv_link__inline_create(const kv_link_shared_t *sh,
+                                   const kv_link_route_t *route,
+                                   kv_link_xfer_base_t **xfer_p);
+
+#endif /* BT_WORKER_KV_KV_LINK_INT_H */

@@ -1,0 +1,491 @@
+/*
+ * kv_link_ucx.c - KV over UCX one-sided puts into a decode worker's host
+ * pool (kv_transport.h): one put per run of consecutive blocks per layer
+ * as soon as the layer is computed, then a commit that lands the grant's
+ * epoch in the arrival slot after every put.
+ *
+ * The sender keeps an endpoint per decode pool the router lists, so a
+ * hand-off never pays for connecting on a request's critical path.
+ */
+#include "kv/kv_link_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "bt_alloc.h"
+#include "bt_log.h"
+#include "bt_util.h"
+
+#define UCX_MAX_PEERS 64 /* decode pools kept connected */
+
+/* A decode pool this worker keeps an endpoint to. */
+typedef struct {
+    kv_ucx_peer_t *peer;  /* one reference, held by the sender */
+    uint64_t pool_id;     /* the pool's identity (descriptor) */
+    uint64_t last_used;   /* bt_time_ns of the last hand-off that used it */
+    bool retiring;        /* dropped: disconnect once nothing uses it */
+} ucx_held_t;
+
+typedef struct ucx_xfer_s ucx_xfer_t;
+
+typedef struct {
+    kv_link_shared_t *sh;
+    kv_ucx_t *ucx;                     /* sh->ucx, one acquire */
+    ucx_held_t peers[UCX_MAX_PEERS];   /* (n_peers) */
+    int n_peers;
+    ucx_xfer_t *xfers;                 /* live hand-offs */
+} ucx_send_t;
+
+struct ucx_xfer_s {
+    kv_link_xfer_base_t base;
+    ucx_send_t *s;
+    uint8_t *desc;        /* (desc_len) the decode pool's descriptor */
+    size_t desc_len;
+    kv_ucx_peer_t *peer;  /* one reference */
+    int slot;
+    uint64_t epoch;
+    const int *dst;       /* (n) the route's blocks (the xfer's copy) */
+    const int *src;       /* (n) local blocks, borrowed */
+    int n;
+    bool committing;
+    bool commit_done;
+    bt_status_t commit_status;
+    ucx_xfer_t *next;
+};
+
+// ---------------------------------------------------------------------------
+// Held endpoints
+
+static ucx_held_t *peer_find(ucx_send_t *s, const kv_ucx_peer_t *peer)
+{
+    for (int i = 0; i < s->n_peers; i++)
+        if (s->peers[i].peer == peer)
+            return &s->peers[i];
+    return NULL;
+}
+
+static void peer_retire(ucx_send_t *s, const kv_ucx_peer_t *peer)
+{
+    ucx_held_t *h = peer_find(s, peer);
+
+    if (h != NULL && !h->retiring) {
+        BT_LOG_INFO("KV", "dropping the endpoint to KV pool %016llx",
+                    (unsigned long long)h->pool_id);
+        h->retiring = true;
+    }
+}
+
+static bool peer_in_use(ucx_send_t *s, const kv_ucx_peer_t *peer)
+{
+    for (ucx_xfer_t *x = s->xfers; x; x = x->next)
+        if (x->peer == peer)
+            return true;
+    return false;
+}
+
+/* Connects to the decode pool of `desc` and keeps the endpoint: later
+ * hand-offs to that pool reuse it (kv_ucx_connect caches by pool id while
+ * a reference lives).  The first connect to a pool costs ~milliseconds
+ * (UCX endpoint, rkey unpack, shared-memory attach).  When the table is
+ * full, the least recently used endpoint is retired. */
+static kv_ucx_peer_t *peer_hold(ucx_send_t *s, const void *desc, size_t len)
+{
+    kv_ucx_peer_t *peer = NULL;
+    ucx_held_t *h;
+
+    if (kv_ucx_connect(s->ucx, desc, len, &peer) != BT_OK)
+        return NULL;
+    h = peer_find(s, peer);
+    if (h != NULL) {
+        h->retiring = false; /* in use again */
+        h->last_used = bt_time_ns();
+        kv_ucx_disconnect(&peer); /* the held reference stays */
+        return h->peer;
+    }
+    if (s->n_peers == UCX_MAX_PEERS) {
+        ucx_held_t *lru = NULL;
+        for (int i = 0; i < s->n_peers; i++)
+            if (!s->peers[i].retiring &&
+                (lru == NULL || s->peers[i].last_used < lru->last_used))
+                lru = &s->peers[i];
+        if (lru != NULL)
+            lru->retiring = true;
+        kv_ucx_disconnect(&peer); /* not held: connected per hand-off */
+        return NULL;
+    }
+    h = &s->peers[s->n_peers++];
+    h->peer = peer;
+    h->pool_id = kv_ucx_desc_pool_id(kv_ucx_peer_desc(peer));
+    h->last_used = bt_time_ns();
+    h->retiring = false;
+    BT_LOG_DEBUG("KV", "connected to KV pool %016llx",
+                 (unsigned long long)h->pool_id);
+    if (bt_log_is_enabled(BT_LOG_LEVEL_DEBUG, "KV"))
+        kv_ucx_peer_print_info(peer, stderr); /* lanes and transports */
+    return peer;
+}
+
+/* The stall verdict on a hand-off: the decode worker is presumed dead, so
+ * its endpoint is abandoned (kv_ucx_peer_abandon) rather than only
+ * retired.  A retired endpoint with operations stuck in flight was never
+ * closed (reap waits for them), one per dead decode worker until exit; an
+ * abandoned one fails every other hand-off on it, is closed at once by
+ * reap when no hand-off holds it, and a later connect to that pool makes
+ * a fresh endpoint. */
+static void peer_abandon(ucx_send_t *s, kv_ucx_peer_t *peer)
+{
+    if (kv_ucx_peer_abandoned(peer))
+        return;
+    BT_LOG_INFO("KV", "abandoning the endpoint to KV pool %016llx",
+                (unsigned long long)kv_ucx_desc_pool_id(
+                    kv_ucx_peer_desc(peer)));
+    kv_ucx_peer_abandon(peer);
+    peer_retire(s, peer);
+}
+
+// ---------------------------------------------------------------------------
+// Sender
+
+static bt_status_t ucx_send_create(kv_link_shared_t *sh, void **state_p)
+{
+    ucx_send_t *s;
+
+    /* device pools go over CUDA IPC or the staged link */
+    if (sh->cfg->backend == NULL || !sh->cfg->use_ucx ||
+        sh->cfg->kv_on_device)
+        return BT_ERR_UNSUPPORTED;
+    s = bt_calloc(1, sizeof(*s), "kv_link_ucx");
+    if (s == NULL)
+        return BT_ERR_NO_MEMORY;
+    s->sh = sh;
+    s->ucx = kv_link__ucx_acquire(sh);
+    if (s->ucx == NULL) {
+        bt_free(s);
+        return BT_ERR_UNSUPPORTED; /* logged */
+    }
+    *state_p = s;
+    return BT_OK;
+}
+
+static void ucx_send_destroy(void **state_p)
+{
+    ucx_send_t *s = *state_p;
+
+    BT_ASSERT(s->xfers == NULL);
+    for (int i = 0; i < s->n_peers; i++)
+        kv_ucx_disconnect(&s->peers[i].peer); /* bounded wait */
+    kv_link__ucx_release(s->sh);
+    bt_free(s);
+    *state_p = NULL;
+}
+
+/* KvPeers: connects to the new pools now and retires endpoints to pools
+ * no longer listed (their decode worker is gone). */
+static void ucx_send_sync(void *state, const kv_link_endpoint_t *eps, int n)
+{
+    ucx_send_t *s = state;
+    kv_ucx_peer_t *listed[UCX_MAX_PEERS];
+    int n_listed = 0;
+
+    for (int i = 0; i < n && n_listed < UCX_MAX_PEERS; i++) {
+        kv_ucx_peer_t *peer = peer_hold(s, eps[i].desc, eps[i].len);
+        if (peer != NULL)
+            listed[n_listed++] = peer;
+    }
+    for (int i = 0; i < s->n_peers; i++) {
+        bool keep = false;
+        for (int k = 0; k < n_listed && !keep; k++)
+            keep = listed[k] == s->peers[i].peer;
+        if (!keep)
+            peer_retire(s, s->peers[i].peer);
+    }
+}
+
+/* Disconnects retired endpoints that no hand-off uses and that have
+ * nothing in flight.  A dead peer's operations without peer error
+ * handling never complete: the stall verdict abandons such an endpoint
+ * (its status is no longer OK), and its close is then forced, at once. */
+static void ucx_send_reap(void *state)
+{
+    ucx_send_t *s = state;
+
+    for (int i = 0; i < s->n_peers;) {
+        ucx_held_t *h = &s->peers[i];
+        if (!h->retiring || peer_in_use(s, h->peer) ||
+            (kv_ucx_peer_pending(h->peer) > 0 &&
+             kv_ucx_peer_status(h->peer) == BT_OK)) {
+            i++;
+            continue;
+        }
+        kv_ucx_disconnect(&h->peer);
+        BT_LOG_INFO("KV", "closed the endpoint to KV pool %016llx",
+                    (unsigned long long)h->pool_id);
+        s->peers[i] = s->peers[--s->n_peers];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One hand-off
+
+static bt_status_t ucx_xfer_create(void *state, const kv_link_route_t *r,
+                                   kv_link_xfer_base_t **xfer_p)
+{
+    ucx_send_t *s = state;
+    const kv_layout_t *lay = backend_kv_layout(s->sh->cfg->backend);
+    ucx_xfer_t *x;
+
+    if (r->desc_len == 0 || r->slot < 0 ||
+        r->dst_block_size != (int)lay->block_size)
+        return BT_ERR_UNSUPPORTED;
+    x = bt_calloc(1, sizeof(*x), "kv_link_xfer");
+    if (x == NULL)
+        return BT_ERR_NO_MEMORY;
+    x->desc = bt_malloc(r->desc_len, "prefill_desc");
+    if (x->desc == NULL) {
+        bt_free(x);
+        return BT_ERR_NO_MEMORY;
+    }
+    memcpy(x->desc, r->desc, r->desc_len);
+    x->desc_len = r->desc_len;
+    x->s = s;
+    x->slot = r->slot;
+    x->epoch = r->epoch;
+    x->dst = r->dst_blocks;
+    x->next = s->xfers;
+    s->xfers = x;
+    *xfer_p = &x->base;
+    return BT_OK;
+}
+
+static bt_status_t ucx_xfer_start(kv_link_xfer_base_t *b, const int *src,
+                                  int n)
+{
+    ucx_xfer_t *x = (ucx_xfer_t *)b;
+
+    x->src = src;
+    x->n = n;
+    peer_hold(x->s, x->desc, x->desc_len);
+    return kv_ucx_connect(x->s->ucx, x->desc, x->desc_len, &x->peer);
+}
+
+static bt_status_t ucx_xfer_layer(kv_link_xfer_base_t *b, int layer)
+{
+    ucx_xfer_t *x = (ucx_xfer_t *)b;
+    backend_t *be = x->s->sh->cfg->backend;
+    bt_status_t status;
+
+    /* Its decode worker is presumed dead (another hand-off to it timed
+     * out): no inline fallback to a dead process; the commit fails and
+     * the router retries. */
+    if (kv_ucx_peer_abandoned(x->peer))
+        return BT_OK;
+    status = kv_ucx_put_layer(x->peer, layer, backend_kv_data(be, layer, 0),
+                              backend_kv_data(be, layer, 1),
+                              backend_kv_layout(be), KV_UCX_MEM_HOST, x->src,
+                              x->dst, x->n);
+    if (status != BT_OK)
+        BT_LOG_WARN("KV", "UCX put of request %llu failed; falling back to "
+                    "inline", (unsigned long long)b->request_id);
+    return status;
+}
+
+/* Commit completion.  The argument is the sender, not the hand-off: one
+ * whose hand-off timed out is freed while its commit may still complete,
+ * so it is found by (slot, epoch), which a grant never reuses. */
+static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t status)
+{
+    ucx_send_t *s = arg;
+
+    for (ucx_xfer_t *x = s->xfers; x; x = x->next) {
+        if (x->committing && x->slot == slot && x->epoch == epoch &&
+            !x->commit_done) {
+            x->commit_done = true;
+            x->commit_status = status;
+            return;
+        }
+    }
+}
+
+static bt_status_t ucx_xfer_commit(kv_link_xfer_base_t *b)
+{
+    ucx_xfer_t *x = (ucx_xfer_t *)b;
+
+    x->committing = true;
+    if (kv_ucx_commit(x->peer, x->slot, x->epoch, commit_cb, x->s) == BT_OK)
+        return BT_IN_PROGRESS;
+    x->committing = false;
+    b->error = "KV commit to the decode worker failed";
+    return BT_ERR_NET;
+}
+
+static bt_status_t ucx_xfer_query(kv_link_xfer_base_t *b)
+{
+    ucx_xfer_t *x = (ucx_xfer_t *)b;
+
+    if (x->commit_done) {
+        if (x->commit_status == BT_OK)
+            return BT_OK;
+        b->error = "KV transfer to the decode worker failed";
+        peer_retire(x->s, x->peer);
+        return x->commit_status;
+    }
+    if (kv_ucx_peer_abandoned(x->peer)) {
+        /* Another hand-off on this endpoint timed out: this commit waits
+         * for the same dead peer.  Its callback (if UCX ever runs it)
+         * finds no hand-off: commit_cb matches among the live ones. */
+        b->error = "KV hand-off abandoned: the decode worker is presumed "
+                   "dead";
+        return BT_ERR_NET;
+    }
+    return BT_IN_PROGRESS;
+}
+
+/* Operations the endpoint completed: a commit's flushes wait for every
+ * put on the endpoint, other hand-offs' too, so any completion shows the
+ * peer alive and this commit coming. */
+static uint64_t ucx_xfer_moved(kv_link_xfer_base_t *b)
+{
+    ucx_xfer_t *x = (ucx_xfer_t *)b;
+
+    return x->peer != NULL ? kv_ucx_peer_completed(x->peer) : 0;
+}
+
+static void ucx_xfer_abandon(kv_link_xfer_base_t *b)
+{
+    ucx_xfer_t *x = (ucx_xfer_t *)b;
+
+    if (x->peer != NULL)
+        peer_abandon(x->s, x->peer);
+}
+
+static void ucx_xfer_destroy(kv_link_xfer_base_t *b)
+{
+    ucx_xfer_t *x = (ucx_xfer_t *)b;
+
+    for (ucx_xfer_t **pp = &x->s->xfers; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == x) {
+            *pp = x->next;
+            break;
+        }
+    }
+    kv_ucx_disconnect(&x->peer);
+    bt_free(x->desc);
+    bt_free(x);
+}
+
+// ---------------------------------------------------------------------------
+// Receiver: the registered pool
+
+typedef struct {
+    kv_link_shared_t *sh;
+    kv_ucx_pool_t *pool;
+} ucx_recv_t;
+
+#define UCX_MAX_LAYERS 1024
+
+/* Registers the host pool (device pools go over CUDA IPC or staged). */
+static bt_status_t ucx_recv_create(kv_link_shared_t *sh, void **state_p)
+{
+    void *k_layers[UCX_MAX_LAYERS], *v_layers[UCX_MAX_LAYERS];
+    backend_t *be = sh->backend;
+    const kv_layout_t *lay;
+    ucx_recv_t *r;
+    int n_layers;
+
+    if (be == NULL || sh->kv_on_device || !sh->rcfg->use_ucx)
+        return BT_ERR_UNSUPPORTED;
+    lay = backend_kv_layout(be);
+    n_layers = (int)lay->n_layers;
+    r = bt_calloc(1, sizeof(*r), "kv_link_ucx");
+    if (r == NULL)
+        return BT_ERR_NO_MEMORY;
+    r->sh = sh;
+    if (kv_link__ucx_acquire(sh) == NULL) {
+        bt_free(r);
+        return BT_ERR_UNSUPPORTED; /* logged */
+    }
+    for (int l = 0; l < n_layers && l < UCX_MAX_LAYERS; l++) {
+        k_layers[l] = backend_kv_data(be, l, 0);
+        v_layers[l] = backend_kv_data(be, l, 1);
+    }
+    if (n_layers > UCX_MAX_LAYERS ||
+        kv_ucx_pool_register(sh->ucx, lay, k_layers, v_layers,
+                             KV_UCX_MEM_HOST, sh->rcfg->n_slots,
+                             &r->pool) != BT_OK) {
+        BT_LOG_WARN("KV", "UCX pool registration failed; KV arrives inline");
+        kv_link__ucx_release(sh);
+        bt_free(r);
+        return BT_ERR_UNSUPPORTED;
+    }
+    *state_p = r;
+    return BT_OK;
+}
+
+static void ucx_recv_destroy(void **state_p)
+{
+    ucx_recv_t *r = *state_p;
+
+    kv_ucx_pool_deregister(&r->pool);
+    kv_link__ucx_release(r->sh);
+    bt_free(r);
+    *state_p = NULL;
+}
+
+static const uint8_t *ucx_recv_desc(void *state, size_t *len_p)
+{
+    return kv_ucx_pool_desc(((ucx_recv_t *)state)->pool, len_p);
+}
+
+/* A reused slot never carries an old arrival. */
+static bt_status_t ucx_recv_arm(void *state, kv_link_grant_t *g)
+{
+    kv_ucx_pool_slot_reset(((ucx_recv_t *)state)->pool, g->slot);
+    return BT_OK;
+}
+
+static void ucx_recv_reset(void *state, int slot, bool writer)
+{
+    (void)writer;
+    kv_ucx_pool_slot_reset(((ucx_recv_t *)state)->pool, slot);
+}
+
+/* The prefill worker committed before PrefillDone, so the epoch is
+ * normally there; over software RMA this process copies the bytes in
+ * during its own progress, hence the bounded progress loop. */
+static bt_status_t ucx_recv_arrived(void *state, int slot, uint64_t epoch)
+{
+    ucx_recv_t *r = state;
+    uint64_t until = bt_time_ns() + 2000000000ull;
+
+    while (bt_time_ns() < until) {
+        kv_ucx_progress(r->sh->ucx);
+        if (kv_ucx_pool_has_arrived(r->pool, slot, epoch))
+            return BT_OK;
+        kv_ucx_wait(r->sh->ucx, 1);
+    }
+    return BT_ERR_TIMEOUT;
+}
+
+const kv_link_ops_t kv_link_ucx_ops = {
+    .name = "ucx",
+    .id = KV_LINK_UCX,
+    .alias = KV_LINK_UCX_SHM,
+    .send_create = ucx_send_create,
+    .send_destroy = ucx_send_destroy,
+    .send_sync = ucx_send_sync,
+    .send_reap = ucx_send_reap,
+    .xfer_create = ucx_xfer_create,
+    .xfer_start = ucx_xfer_start,
+    .xfer_layer = ucx_xfer_layer,
+    .xfer_commit = ucx_xfer_commit,
+    .xfer_query = ucx_xfer_query,
+    .xfer_moved = ucx_xfer_moved,
+    .xfer_abandon = ucx_xfer_abandon,
+    .xfer_destroy = ucx_xfer_destroy,
+    .recv_create = ucx_recv_create,
+    .recv_destroy = ucx_recv_destroy,
+    .recv_desc = ucx_recv_desc,
+    .recv_arm = ucx_recv_arm,
+    .recv_arrived = ucx_recv_arrived,
+    .recv_reset = ucx_recv_reset,
+};
