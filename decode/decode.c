@@ -79,6 +79,12 @@ struct decode_seq_s {
     int max_blocks;
     int limit_blocks;   /* blocks promised to it at admission */
     sampler_t *sampler; /* NULL for the null model */
+    /* Structured output (KvReady.grammar): the sampler is masked with
+     * gmask, written from gstate when the step is built; gstate follows
+     * every sampled token.  NULL: none. */
+    grammar_t *grammar; /* owned */
+    grammar_state_t gstate;
+    uint64_t *gmask;    /* (grammar_mask_words), owned */
     stop_t *stop;
     tok_stream_t *stream; /* NULL without text */
     int n_generated;    /* generated tokens of the request so far */
@@ -607,11 +613,51 @@ static void seq_destroy(decode_t *dec, decode_seq_t *s)
     else if (s->n_blocks > 0)
         kv_allocator_release(dec->kv, s->n_blocks, s->blocks);
     sampler_destroy(&s->sampler);
+    grammar_destroy(&s->grammar);
+    bt_free(s->gmask);
     stop_destroy(&s->stop);
     tok_stream_destroy(&s->stream);
     bt_free(s->tokens);
     bt_free(s->blocks);
     bt_free(s);
+}
+
+/* Structured output: compiles KvReady's grammar for the engine's
+ * vocabulary and replays the tokens generated so far (after the original
+ * prompt: by the prefill worker, or by a decode worker that failed), so
+ * the state moves with the request. */
+static bt_status_t seq_set_grammar(decode_t *dec, decode_seq_t *s,
+                                   const Baton__KvReady *m, const char **why)
+{
+    static char err[256];
+    const grammar_vocab_t *vocab = NULL;
+    int start = m->has_n_prompt ? (int)m->n_prompt : s->n_tokens;
+
+    if (dec->spec != NULL) {
+        /* drafts would be checked against one position's mask only */
+        *why = "structured output is not served by a decode worker with "
+               "--spec-head (speculative decoding)";
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (start < 1 || start > s->n_tokens ||
+        engine_grammar_vocab(dec->engine, &vocab) != BT_OK ||
+        grammar_create_spec(m->grammar, vocab, &s->grammar) != BT_OK ||
+        grammar_replay(s->grammar, s->tokens + start, s->n_tokens - start,
+                       &s->gstate) != BT_OK) {
+        snprintf(err, sizeof(err), "structured output: %s",
+                 start < 1 || start > s->n_tokens ? "bad prompt length"
+                                                  : bt_error_last());
+        *why = err;
+        return BT_ERR_INVALID_ARG;
+    }
+    s->gmask = bt_malloc(sizeof(uint64_t) * grammar_mask_words(vocab),
+                         "decode_grammar");
+    if (s->gmask == NULL) {
+        *why = "out of memory";
+        return BT_ERR_NO_MEMORY;
+    }
+    sampler_set_mask(s->sampler, s->gmask);
+    return BT_OK;
 }
 
 static void seq_remove(decode_t *dec, decode_seq_t *s)
@@ -782,6 +828,12 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
             arrived = true;
         }
     }
+    if (dec->engine == NULL && m->grammar != NULL && m->grammar[0] != '\0') {
+        code = BATON__ERROR_CODE__ERROR_INVALID;
+        why = "structured output needs a model (this worker runs the null "
+              "model)";
+        goto fail;
+    }
     s = bt_calloc(1, sizeof(*s), "decode_seq");
     if (s == NULL)
         goto fail;
@@ -863,6 +915,11 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
              * (prefill, a failed decode worker): continue their random
              * stream. */
             sampler_skip(s->sampler, s->n_generated);
+        }
+        if (m->grammar != NULL && m->grammar[0] != '\0' &&
+            seq_set_grammar(dec, s, m, &why) != BT_OK) {
+            code = BATON__ERROR_CODE__ERROR_INVALID;
+            goto fail;
         }
         if (m->want_text && engine_tokenizer(dec->engine) != NULL &&
             tok_stream_create(engine_tokenizer(dec->engine), s->tokens[n - 2],
@@ -1417,6 +1474,15 @@ static void step(decode_t *dec)
             continue;
         }
         s->wait_since = 0;
+        if (s->grammar != NULL &&
+            grammar_mask(s->grammar, s->gstate, s->gmask) != BT_OK) {
+            /* this request only, never the batch */
+            send_task_error(dec, s->id, s->epoch,
+                            BATON__ERROR_CODE__ERROR_INVALID,
+                            bt_error_last());
+            seq_remove(dec, s);
+            continue;
+        }
         if (dec->engine != NULL) {
             backend_seq_t *bs = &dec->bseqs[n];
             memset(bs, 0, sizeof(*bs));
@@ -1548,6 +1614,15 @@ static void step(decode_t *dec)
         if (dec->engine != NULL) {
             tok = dec->rids[i];
             sampler_observe(s->sampler, tok);
+            if (s->grammar != NULL &&
+                grammar_advance_token(s->grammar, &s->gstate, tok) !=
+                    BT_OK) {
+                send_task_error(dec, s->id, s->epoch,
+                                BATON__ERROR_CODE__ERROR_INTERNAL,
+                                bt_error_last());
+                seq_remove(dec, s);
+                continue;
+            }
         } else {
             tok = proto_null_next_token(s->tokens[s->n_tokens - 1],
                                         s->n_tokens);

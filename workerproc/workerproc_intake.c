@@ -30,6 +30,35 @@ static bt_status_t null_encode(const uint8_t *text, size_t len, bool bos,
     return BT_OK;
 }
 
+/* Compiles `spec` for the engine's vocabulary into p and replays the
+ * tokens generated before a failover (the tail of p->tokens). */
+static bt_status_t intake_grammar(const workerproc_intake_t *in,
+                                  const char *spec, workerproc_prompt_t *p,
+                                  char *err, size_t err_len)
+{
+    const grammar_vocab_t *vocab = NULL;
+
+    if (in->engine == NULL) {
+        snprintf(err, err_len, "structured output needs a model (this "
+                 "worker runs the null model)");
+        return BT_ERR_INVALID_ARG;
+    }
+    if (engine_grammar_vocab(in->engine, &vocab) != BT_OK ||
+        grammar_create_spec(spec, vocab, &p->grammar) != BT_OK ||
+        grammar_replay(p->grammar, p->tokens + p->n_tokens - p->n_resumed,
+                       p->n_resumed, &p->gstate) != BT_OK) {
+        snprintf(err, err_len, "structured output: %s", bt_error_last());
+        return BT_ERR_INVALID_ARG;
+    }
+    p->gmask = bt_malloc(sizeof(uint64_t) * grammar_mask_words(vocab),
+                         "prefill_grammar");
+    if (p->gmask == NULL) {
+        snprintf(err, err_len, "out of memory");
+        return BT_ERR_NO_MEMORY;
+    }
+    return BT_OK;
+}
+
 bt_status_t workerproc_intake_prompt(const workerproc_intake_t *in,
                                      const Baton__PrefillTask *m,
                                      workerproc_prompt_t *p,
@@ -95,6 +124,14 @@ bt_status_t workerproc_intake_prompt(const workerproc_intake_t *in,
         goto fail;
     }
     p->n_resumed = m->has_n_generated ? (int)m->n_generated : 0;
+    if (p->n_resumed < 0 || p->n_resumed >= p->n_tokens) {
+        snprintf(err, err_len, "%d resumed tokens of a %d-token prompt",
+                 p->n_resumed, p->n_tokens);
+        goto fail;
+    }
+    if (m->grammar != NULL && m->grammar[0] != '\0' &&
+        intake_grammar(in, m->grammar, p, err, err_len) != BT_OK)
+        goto fail;
     return BT_OK;
 
 fail:
@@ -107,6 +144,9 @@ void workerproc_prompt_cleanup(workerproc_prompt_t *p)
     bt_free(p->tokens);
     p->tokens = NULL;
     p->n_tokens = 0;
+    grammar_destroy(&p->grammar);
+    bt_free(p->gmask);
+    p->gmask = NULL;
 }
 
 bt_status_t workerproc_intake_sampler(const sampler_params_t *sp, int vocab,
@@ -118,6 +158,14 @@ bt_status_t workerproc_intake_sampler(const sampler_params_t *sp, int vocab,
 
     if (status != BT_OK)
         return status;
+    if (p->grammar != NULL) {
+        status = grammar_mask(p->grammar, p->gstate, p->gmask);
+        if (status != BT_OK) {
+            sampler_destroy(&sampler);
+            return status;
+        }
+        sampler_set_mask(sampler, p->gmask);
+    }
     for (int i = 0; i < p->n_tokens; i++)
         sampler_observe(sampler, p->tokens[i]);
     /* Tokens generated before a failover drew from the same stream. */

@@ -36,9 +36,17 @@ typedef struct {
     int *tokens;          /* (n_tokens) prompt (+ resumed tokens), owned */
     int n_tokens;
     int n_resumed;        /* tail of tokens generated before (failover) */
+    /* Structured output (PrefillTask.grammar): compiled at admission, its
+     * state replayed over the resumed tokens; the first token's sampler
+     * is masked with it.  NULL: none. */
+    grammar_t *grammar;   /* owned */
+    grammar_state_t gstate;
+    uint64_t *gmask;      /* (grammar_mask_words) the sampler's mask, owned */
 } workerproc_prompt_t;
 
-/* Admits task `m`'s prompt into *p.  On a refusal returns an error, sets
+/* Admits task `m`'s prompt into *p (and compiles its grammar, if any,
+ * against the engine's vocabulary: a spec that does not compile is
+ * refused here, INVALID naming why).  On a refusal returns an error, sets
  * *code_p (INVALID, TOO_LONG, INTERNAL) and writes why into `err` (for
  * the PrefillDone failure); *p holds nothing then. */
 bt_status_t workerproc_intake_prompt(const workerproc_intake_t *in,
@@ -47,12 +55,13 @@ bt_status_t workerproc_intake_prompt(const workerproc_intake_t *in,
                                      Baton__ErrorCode *code_p, char *err,
                                      size_t err_len);
 
-/* Frees p's tokens.  Idempotent. */
+/* Frees p's tokens and grammar.  Idempotent. */
 void workerproc_prompt_cleanup(workerproc_prompt_t *p);
 
 /* The sampler of the first token: it observed the prompt and skipped
  * the draws of the tokens generated before a failover, so it continues
- * the request's random stream (as baton run does). */
+ * the request's random stream (as baton run does); with a grammar it is
+ * masked by p's (p must outlive the sampler). */
 bt_status_t workerproc_intake_sampler(const sampler_params_t *sp, int vocab,
                                       const workerproc_prompt_t *p,
                                       sampler_t **sampler_p);

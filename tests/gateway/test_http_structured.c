@@ -19,6 +19,7 @@
 #include <regex.h>
 
 #include "gateway/http_util.h"
+#include "grammar/grammar.h"
 #include "model/tokenizer.h"
 
 #define PROMPT "I dream"
@@ -147,10 +148,21 @@ static void test_outputs(int port)
                 "\"response_format\":{\"type\":\"json_object\"}}", 200);
     got = completion_text(body);
     {
-        cJSON *j = cJSON_Parse(got);
-        if (!cJSON_IsObject(j))
+        /* Any JSON object may run past max_tokens: the text must be one
+         * the recognizer keeps alive, and a whole object when it
+         * stopped by itself. */
+        grammar_t *g = NULL;
+        grammar_state_t st;
+        BT_ASSERT_OK(grammar_create(GRAMMAR_JSON_OBJECT, "", NULL, &g));
+        st = grammar_start(g);
+        if (!grammar_advance_bytes(g, &st, got, strlen(got)))
             BT_TEST_FAIL("json_object gave '%s'", got);
-        cJSON_Delete(j);
+        if (strstr(body, "\"finish_reason\":\"stop\"") != NULL) {
+            cJSON *j = cJSON_Parse(got);
+            BT_CHECK(grammar_is_accepting(g, st) && cJSON_IsObject(j));
+            cJSON_Delete(j);
+        }
+        grammar_destroy(&g);
     }
     bt_free(got);
     bt_free(body);
