@@ -23,6 +23,7 @@
 #include "workerproc_intake.h"
 #include "workerproc_metrics.h"
 #include "workerproc_opts.h"
+#include "workerproc_prefix.h"
 
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
@@ -32,6 +33,8 @@
  * most this long; longer means something broke: fail it (the router
  * retries). */
 #define DECODE_ARRIVAL_WAIT_NS (2000ull * 1000000ull)
+/* Prefix cache events go to the router at most this often (batched). */
+#define DECODE_KV_EVENTS_MS 20
 
 typedef struct {
     bool used;
@@ -56,6 +59,10 @@ typedef struct {
     Baton__ControlMessage *pending; /* KvReady waiting for its link's
                            last copies to the pool; owned */
     uint64_t pending_since;
+    /* Prefix cache (issue 38): the local prompt's chain under its salt;
+     * its full blocks are cached as they are computed. */
+    kv_prefix_cursor_t pcur;
+    int n_hit;          /* prompt tokens found cached (not computed) */
 } decode_resv_t;
 
 typedef struct {
@@ -101,6 +108,10 @@ struct decode_seq_s {
     bool in_step;       /* part of the step in flight */
     bool finished;      /* ended when emitted during the step in flight:
                            removed after the step, its row discarded */
+    /* Prefix cache: its blocks are cached as they fill (prompt and
+     * generated), and left cached when it ends. */
+    bool pcache;        /* its blocks are its own (moved, verified) */
+    kv_prefix_cursor_t pcur;
     decode_seq_t *next;
 };
 
@@ -123,6 +134,8 @@ struct decode_s {
     double tps;                 /* local prefill tokens/s, moving average */
     decode_budget_t cost;       /* step cost model: prefill tokens a step
                                    may take under --tpot-target-ms */
+    workerproc_prefix_t *prefix; /* the pool's prefix cache (NULL: off,
+                                   or the null model) */
     volatile sig_atomic_t stop;
     bool draining;
     workerproc_link_t *link;    /* sessions, acks, the heartbeat thread */
@@ -189,6 +202,7 @@ void decode_config_init(decode_config_t *cfg)
     cfg->engine.backend.max_seqs = 0;
     spec_config_init(&cfg->spec);
     cfg->tpot_target_ms = 0;
+    cfg->prefix_cache = true;
 }
 
 /* --spec-head: the draft head, the speculative decoder and its step
@@ -303,6 +317,9 @@ static void send_register(decode_t *dec)
     int ids[KV_LINK_N_IDS];
 
     drop_all(dec);
+    /* A new session: the router forgot what this worker caches. */
+    if (dec->prefix != NULL)
+        workerproc_prefix_want_snapshot(dec->prefix);
     if (dec->links != NULL) {
         rc.links = ids;
         rc.n_links = kv_link_receiver_offers(dec->links, ids, KV_LINK_N_IDS);
@@ -369,6 +386,8 @@ static void publish_beat(decode_t *dec)
     b.free_kv = (uint32_t)available_blocks(dec);
     b.total_kv = (uint32_t)kv_allocator_total(dec->kv);
     b.prefill_tokens_per_s = dec->tps;
+    if (dec->prefix != NULL)
+        workerproc_prefix_beat(dec->prefix, &b);
     if (dec->spec != NULL) {
         spec_stats_t st;
 
@@ -605,8 +624,11 @@ static void on_release(decode_t *dec, const Baton__KvRelease *m)
 // ---------------------------------------------------------------------------
 // Sequences
 
+static void seq_cache_blocks(decode_t *dec, decode_seq_t *s);
+
 static void seq_destroy(decode_t *dec, decode_seq_t *s)
 {
+    seq_cache_blocks(dec, s); /* a finished sequence leaves them cached */
     spec_seq_destroy(&s->sseq);
     if (s->eseq != NULL)
         engine_seq_destroy(dec->engine, &s->eseq); /* releases its KV */
@@ -957,6 +979,17 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
                                                  sizeof(int));
     }
     s->limit_blocks = r->limit_blocks;
+    if (dec->prefix != NULL) {
+        /* Its KV is here and verified (prefilled here, or arrived): its
+         * full blocks may serve later prompts. */
+        s->pcache = true;
+        if (r->local_done)
+            s->pcur = r->pcur;
+        else
+            kv_prefix_cursor_init(&s->pcur, workerproc_prefix_root(
+                                      dec->prefix, m->has_cache_salt,
+                                      &m->cache_salt));
+    }
     if (r->n_blocks > 0)
         kv_allocator_release(dec->kv, r->n_blocks, r->blocks);
     bt_free(r->blocks);
@@ -1057,6 +1090,21 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     r->local = true;
     r->p = p;
     r->n_fed = 0;
+    if (dec->prefix != NULL) {
+        /* The prompt's leading full blocks cached already (same salt)
+         * replace the reserved ones: only the rest is computed. */
+        bt_blockhash_t root = workerproc_prefix_root(
+            dec->prefix, m->has_cache_salt, &m->cache_salt);
+        kv_prefix_cursor_init(&r->pcur, root);
+        r->n_hit = workerproc_prefix_adopt(dec->prefix, root, p.tokens,
+                                           p.n_tokens, r->blocks,
+                                           r->n_blocks);
+        r->n_fed = r->n_hit;
+        if (r->n_hit > 0)
+            BT_LOG_DEBUG("KV", "request %llu: %d of %d prompt tokens "
+                         "cached", (unsigned long long)r->id, r->n_hit,
+                         p.n_tokens);
+    }
     r->t_start = bt_time_ns();
     /* Our own compute, not a remote writer: no arrival timeout. */
     r->expires_ns = UINT64_MAX;
@@ -1181,6 +1229,10 @@ static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
         return WORKERPROC_MSG_DONE;
     case BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK:
         on_cancel(dec, msg->cancel_task->request_id);
+        return WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_KV_RESYNC:
+        if (dec->prefix != NULL)
+            workerproc_prefix_on_resync(dec->prefix, msg->kv_resync);
         return WORKERPROC_MSG_DONE;
     default:
         return WORKERPROC_MSG_UNKNOWN;
@@ -1650,6 +1702,53 @@ static void step(decode_t *dec)
     }
 }
 
+// ---------------------------------------------------------------------------
+// Prefix cache (issue 38): blocks enter it as they are computed
+
+/* Caches the full blocks of s computed since its cursor (the engine
+ * sequence's tables under speculation).  Only KV below the computed
+ * count is final: the step in flight and speculative drafts write at or
+ * after it. */
+static void seq_cache_blocks(decode_t *dec, decode_seq_t *s)
+{
+    if (dec->prefix == NULL || !s->pcache || s->in_step)
+        return;
+    if (s->eseq != NULL) {
+        int n_blocks;
+        const int *blocks = engine_seq_blocks(s->eseq, &n_blocks);
+        workerproc_prefix_insert(dec->prefix, &s->pcur,
+                                 engine_seq_tokens(s->eseq),
+                                 BT_MIN(engine_seq_cached(s->eseq),
+                                        n_blocks * dec->block_size),
+                                 blocks);
+    } else {
+        workerproc_prefix_insert(dec->prefix, &s->pcur, s->tokens,
+                                 BT_MIN(s->n_cached,
+                                        s->n_blocks * dec->block_size),
+                                 s->blocks);
+    }
+}
+
+/* After a step: the blocks that became full in local prompts and in
+ * running sequences are cached, so a request arriving while they still
+ * run hits them too. */
+static void cache_new_blocks(decode_t *dec)
+{
+    if (dec->prefix == NULL)
+        return;
+    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+        decode_resv_t *r = &dec->resv[i];
+        if (!r->used || !(r->local || r->local_done) || r->blocks == NULL)
+            continue;
+        workerproc_prefix_insert(dec->prefix, &r->pcur, r->p.tokens,
+                                 BT_MIN(r->n_fed,
+                                        r->n_blocks * dec->block_size),
+                                 r->blocks);
+    }
+    for (decode_seq_t *s = dec->seqs; s; s = s->next)
+        seq_cache_blocks(dec, s);
+}
+
 static void expire(decode_t *dec)
 {
     uint64_t now = bt_time_ns();
@@ -1695,6 +1794,8 @@ static void bufs_teardown(decode_t *dec)
     bt_free(dec->bseqs);
     bt_free(dec->bmap);
     bt_free(dec->pmap);
+    /* the cache lets go of its blocks before the pool goes */
+    workerproc_prefix_destroy(&dec->prefix);
     if (dec->engine != NULL)
         engine_destroy(&dec->engine); /* frees the KV through UCX */
     else
@@ -1792,6 +1893,12 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         dec->layout = *backend_kv_layout(engine_backend(dec->engine));
         dec->kv_on_device =
             strcmp(backend_name(engine_backend(dec->engine)), "cuda") == 0;
+        if (cfg->prefix_cache) {
+            status = workerproc_prefix_create(dec->engine, &ecfg,
+                                              &dec->prefix);
+            if (status != BT_OK)
+                goto err_bufs;
+        }
     }
     dec->max_seqs = dec->cfg.engine.backend.max_seqs;
     BT_LOG_INFO("DECODE", "%s KV capacity: %d blocks of %d tokens = %lld "
@@ -1967,7 +2074,11 @@ bt_status_t decode_run(decode_t *dec)
             break;
         }
         step(dec);
+        cache_new_blocks(dec);
         expire(dec);
+        if (dec->prefix != NULL && workerproc_link_registered(dec->link))
+            workerproc_prefix_publish(dec->prefix, dec->sock,
+                                      DECODE_KV_EVENTS_MS);
         workerproc_link_turn_end(dec->link);
         publish_beat(dec);
     }

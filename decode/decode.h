@@ -78,6 +78,10 @@ typedef struct {
                               * step's token budget, written in place into
                               * the reservation's blocks */
     int chunk_tokens;        /* longest local prefill chunk per step (512) */
+    bool prefix_cache;       /* --prefix-cache on|off (on): keep computed
+                              * full KV blocks for later prompts with the
+                              * same prefix and salt (issue 38;
+                              * workerproc_prefix.h) */
     bool use_cuda_ipc;       /* export a device KV pool over CUDA IPC */
     bool kv_stage;           /* device pool: staged UCX receiver (on) */
     bool kv_stage_direct;    /* ... registering the device pool itself

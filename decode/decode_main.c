@@ -49,6 +49,9 @@ static void usage(FILE *out)
         "                         mode; the router uses it when no prefill\n"
         "                         worker is registered)\n"
         "  --chunk-tokens N       longest local prefill chunk per step (512)\n"
+        "  --prefix-cache on|off  keep computed KV blocks for later prompts\n"
+        "                         that start the same way, same cache salt\n"
+        "                         (default on; docs/KV_EVENTS.md)\n"
         "  --precision f32|bf16   backend precision (default: backend's)\n"
         "  --no-cuda-ipc          do not export a device KV pool over CUDA IPC\n"
         "  --no-kv-stage          no staged UCX receiver for a device pool\n"
@@ -90,6 +93,7 @@ int main(int argc, char **argv)
         { "spec-topk", required_argument, 0, 1002 },
         { "spec-tokens", required_argument, 0, 1003 },
         { "spec", required_argument, 0, 1004 },
+        { "prefix-cache", required_argument, 0, 1101 },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -127,6 +131,10 @@ int main(int argc, char **argv)
                 break;
             case 'C': bad = bt_parse_int(optarg, &cfg.chunk_tokens) != BT_OK ||
                             cfg.chunk_tokens <= 0; break;
+            case 1101:
+                bad = strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0;
+                cfg.prefix_cache = strcmp(optarg, "on") == 0;
+                break;
             case 1000: cfg.spec_head = optarg; break;
             case 1001: bad = bt_parse_int(optarg, &cfg.spec.depth) != BT_OK;
                 break;

@@ -290,6 +290,9 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     task.has_max_tokens = 1;
     task.max_tokens = (uint32_t)req->max_tokens;
     task.grammar = req->grammar;
+    task.has_cache_salt = req->cache_salt_len > 0;
+    task.cache_salt.data = req->cache_salt;
+    task.cache_salt.len = req->cache_salt_len;
     /* Staged UCX needs the receive-area ids of this grant (the decode
      * worker gives none when it was not asked or has no receiver). */
     req->transport = router__choose_transport_ex(
@@ -477,6 +480,9 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     ready.n_stop_strings = (size_t)req->n_stop_strings;
     ready.stop_strings = req->stop_strings;
     ready.grammar = req->grammar;
+    ready.has_cache_salt = req->cache_salt_len > 0;
+    ready.cache_salt.data = req->cache_salt;
+    ready.cache_salt.len = req->cache_salt_len;
     if (req->n_stop_held > 0) {
         ready.has_stop_held = 1;
         ready.stop_held.data = (uint8_t *)req->stop_held;

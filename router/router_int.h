@@ -182,8 +182,9 @@ struct router_req_s {
     bool front;                /* re-queued: ahead of its priority, as before
                                   tenants (its tag kept) */
     uint8_t cache_salt[PROTO_MAX_CACHE_SALT]; /* (cache_salt_len) the
-                                  tenant's salt: any KV prefix reuse keys
-                                  on it (none exists yet) */
+                                  tenant's salt: KV prefix reuse keys on
+                                  it (PrefillTask, KvReady, the kv-aware
+                                  policy's chain) */
     size_t cache_salt_len;
     char *grammar;             /* owned: structured output spec relayed to
                                   both workers (NULL: none) */

@@ -58,6 +58,19 @@ typedef struct {
     uint64_t spec_verify_tokens;
     double spec_accept_length;
     double prefill_tokens_per_s; /* measured prefill rate, 0 unknown */
+    /* Prefix cache (issue 38; kv_prefix_stats_t, cumulative since
+     * start): shown by /metrics, the hit rate and cached blocks also in
+     * the heartbeat (baton status). */
+    bool has_prefix;             /* the worker keeps a prefix cache */
+    uint64_t prefix_lookups;     /* prompts looked up */
+    uint64_t prefix_lookup_tokens; /* their prompt tokens */
+    uint64_t prefix_hit_tokens;  /* of them, found cached */
+    uint64_t prefix_lookup_blocks; /* full blocks looked up */
+    uint64_t prefix_hit_blocks;  /* of them, found cached */
+    uint64_t prefix_inserted;    /* blocks that entered the cache */
+    uint64_t prefix_evictions;   /* blocks evicted to make room */
+    uint32_t prefix_cached_blocks; /* blocks cached now */
+    uint32_t prefix_cached_unused; /* of them, no sequence uses */
 } workerproc_beat_t;
 
 /* What the role must do after workerproc_link_check(). */

@@ -173,6 +173,39 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
                "Speculation: tokens those steps accepted", "%llu",
                (unsigned long long)b->spec_verify_tokens);
     }
+    if (b->has_prefix) {
+        FAMILY("baton_worker_prefix_lookups_total", "counter",
+               "Prefix cache: prompts looked up", "%llu",
+               (unsigned long long)b->prefix_lookups);
+        FAMILY("baton_worker_prefix_lookup_tokens_total", "counter",
+               "Prefix cache: prompt tokens looked up", "%llu",
+               (unsigned long long)b->prefix_lookup_tokens);
+        FAMILY("baton_worker_prefix_hit_tokens_total", "counter",
+               "Prefix cache: prompt tokens found cached (not computed)",
+               "%llu", (unsigned long long)b->prefix_hit_tokens);
+        FAMILY("baton_worker_prefix_lookup_blocks_total", "counter",
+               "Prefix cache: full prompt blocks looked up", "%llu",
+               (unsigned long long)b->prefix_lookup_blocks);
+        FAMILY("baton_worker_prefix_hit_blocks_total", "counter",
+               "Prefix cache: full prompt blocks found cached", "%llu",
+               (unsigned long long)b->prefix_hit_blocks);
+        FAMILY("baton_worker_prefix_inserted_blocks_total", "counter",
+               "Prefix cache: blocks that entered the cache", "%llu",
+               (unsigned long long)b->prefix_inserted);
+        FAMILY("baton_worker_prefix_evictions_total", "counter",
+               "Prefix cache: blocks evicted to make room", "%llu",
+               (unsigned long long)b->prefix_evictions);
+        if (status == BT_OK)
+            status = bt_prom_header("baton_worker_prefix_cached_blocks",
+                                    "gauge", "Prefix cache: blocks cached "
+                                    "now, by tier (0: the KV pool)",
+                                    prom_write, out);
+        P("baton_worker_prefix_cached_blocks{tier=\"0\"} %u\n",
+          b->prefix_cached_blocks);
+        FAMILY("baton_worker_prefix_cached_unused_blocks", "gauge",
+               "Prefix cache: cached blocks no sequence uses (evictable)",
+               "%u", b->prefix_cached_unused);
+    }
     if (status == BT_OK)
         status = bt_prom_hist_render(&st->batch, "baton_worker_batch_size",
                                      "Sequences per engine step",
