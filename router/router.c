@@ -79,6 +79,23 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
                           cfg->policy);
         goto err_free;
     }
+    router_kv_weights_init(&r->kv_weights);
+    if (cfg->kv_weights != NULL &&
+        router_kv_weights_parse(cfg->kv_weights, &r->kv_weights) != BT_OK) {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "bad --kv-weights "
+                          "'%s' (overlap=X,load=Y, not negative)",
+                          cfg->kv_weights);
+        goto err_free;
+    }
+    {
+        router_kvindex_config_t kc;
+
+        router_kvindex_config_init(&kc);
+        kc.max_workers = ROUTER_MAX_WORKERS;
+        status = router_kvindex_create(&kc, &r->kvindex);
+        if (status != BT_OK)
+            goto err_free;
+    }
     if (!router__kv_mode_parse(cfg->kv_transport, &r->kv_mode)) {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "unknown KV "
                           "transport %s (auto, ucx, cuda-ipc, ucx-stage, "
@@ -181,6 +198,7 @@ err_zap:
 err_ctx:
     zmq_ctx_term(r->ctx);
 err_free:
+    router_kvindex_destroy(&r->kvindex);
     bt_free(r);
     return status;
 }
@@ -201,6 +219,7 @@ void router_destroy(router_t **router_p)
     bt_zmq_socket_destroy(&r->control_sock);
     router__zap_destroy(r);
     zmq_ctx_term(r->ctx);
+    router_kvindex_destroy(&r->kvindex);
     bt_free(r);
     *router_p = NULL;
 }

@@ -40,7 +40,10 @@ extern "C" {
 typedef struct {
     const char *listen;     /* client endpoint, tcp://127.0.0.1:5555 */
     const char *control;    /* worker endpoint, tcp://127.0.0.1:5556 */
-    const char *policy;     /* "least-loaded" (default) or "round-robin" */
+    const char *policy;     /* "least-loaded" (default), "round-robin" or
+                             * "kv-aware" (decode workers by expected
+                             * prefix-cache overlap against load) */
+    const char *kv_weights; /* kv-aware: "overlap=X,load=Y" (NULL: 1,1) */
     int heartbeat_ms;       /* interval workers are told to use (250) */
     int heartbeat_miss;     /* silent intervals before a drop (4) */
     int max_queue;          /* admission bound (1024) */

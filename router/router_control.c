@@ -144,6 +144,9 @@ void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
     case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
         router__worker_drop(r, w, "left");
         break;
+    case BATON__CONTROL_MESSAGE__BODY_KV_EVENTS:
+        router__on_kv_events(r, w, msg->kv_events);
+        break;
     default:
         BT_LOG_WARN("NET", "unexpected %s from worker %s dropped",
                     proto_control_body_name(msg->body_case), w->name);

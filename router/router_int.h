@@ -14,6 +14,7 @@
 #include "bt_zmq.h"
 #include "proto_msg.h"
 #include "router.h"
+#include "router_kvindex.h"
 
 #define ROUTER_MAX_WORKERS 256
 #define ROUTER_NAME_MAX 64
@@ -93,6 +94,10 @@ typedef struct {
     char key[BT_CURVE_Z85_LEN + 1]; /* CURVE public key (Z85) that made
                                        the registration; "" without CURVE.
                                        Only messages from it count. */
+    uint64_t kv_resync_ns;    /* last KvResyncRequest sent (rate limit) */
+    uint32_t prefix_cached;   /* heartbeat: blocks its prefix cache holds */
+    double prefix_hit_rate;   /* heartbeat: prompt tokens found cached /
+                                 looked up, since start (-1: no cache) */
 } router_worker_t;
 
 /* How the router chooses KV transports (router_config_t.kv_transport). */
@@ -351,6 +356,13 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
 struct router_s {
     router_config_t cfg;
     const router_policy_t *policy;
+    /* Prefix caches (issue 38): which worker holds which KV blocks, from
+     * their KvEvents (slot = index in workers[]); the kv-aware policy
+     * scores by it. */
+    router_kvindex_t *kvindex;
+    router_kv_weights_t kv_weights; /* cfg.kv_weights parsed */
+    uint64_t kv_event_batches;  /* KvEvents applied */
+    uint64_t kv_resyncs;        /* KvResyncRequests sent */
     router_kv_mode_t kv_mode;  /* cfg.kv_transport parsed */
     int aggregate;             /* 0 never, 1 fallback, 2 always */
     void *ctx;                 /* ZeroMQ context */
@@ -418,6 +430,9 @@ router_worker_t *router__worker_by_rid(router_t *r, const void *rid,
 router_worker_t *router__worker_by_uid(router_t *r, uint64_t uid);
 /* Forgets a worker's registration (the slot becomes free). */
 void router__worker_clear(router_worker_t *w);
+/* A KvEvents batch from w (router_kvindex.h; asks for a resync). */
+void router__on_kv_events(router_t *r, router_worker_t *w,
+                          const Baton__KvEvents *ev);
 /* Removes a worker that died, left or went silent; its requests are
  * re-queued. */
 void router__worker_drop(router_t *r, router_worker_t *w, const char *why);

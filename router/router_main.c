@@ -31,7 +31,12 @@ static void usage(FILE *out)
         "                       env BATON_LISTEN)\n"
         "  --control EP         worker endpoint (tcp://127.0.0.1:5556,\n"
         "                       env BATON_CONTROL)\n"
-        "  --policy NAME        least-loaded (default) | round-robin\n"
+        "  --policy NAME        least-loaded (default) | round-robin |\n"
+        "                       kv-aware (decode worker by expected prefix-\n"
+        "                       cache overlap minus load; prompts given as\n"
+        "                       ids only, text prompts: least-loaded)\n"
+        "  --kv-weights overlap=X,load=Y  kv-aware score per cached prompt\n"
+        "                       token and per outstanding token (1,1)\n"
         "  --kv-transport MODE  auto (default) | ucx | cuda-ipc | ucx-stage |\n"
         "                       inline: KV transport per prefill/decode pair\n"
         "                       (auto: CUDA IPC on one host with GPU pools,\n"
@@ -103,6 +108,7 @@ int main(int argc, char **argv)
         { "listen", required_argument, 0, 'l' },
         { "control", required_argument, 0, 'c' },
         { "policy", required_argument, 0, 'p' },
+        { "kv-weights", required_argument, 0, 1007 },
         { "kv-transport", required_argument, 0, 'X' },
         { "aggregate", required_argument, 0, 'A' },
         { "heartbeat-ms", required_argument, 0, 'H' },
@@ -171,6 +177,7 @@ int main(int argc, char **argv)
         case 1004: cfg.allow_workers = optarg; break;
         case 1005: cfg.allow_clients = optarg; break;
         case 1006: cfg.insecure = true; break;
+        case 1007: cfg.kv_weights = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

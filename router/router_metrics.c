@@ -23,7 +23,8 @@
  *   per worker {worker, role}: baton_router_worker_up (heard from within
  *   3 heartbeats), _last_seen_seconds, _draining, _assigned_requests,
  *   _outstanding_tokens, _free_kv_blocks, _total_kv_blocks,
- *   _kv_capacity_tokens, and the
+ *   _kv_capacity_tokens, _kv_index_blocks (its prefix cache as the
+ *   router's index knows it), and the
  *   counter baton_router_worker_served_total.
  * Histograms (seconds): baton_router_ttft_seconds (arrival -> first
  *   token sent), baton_router_tpot_seconds (per request, between its
@@ -104,6 +105,7 @@ typedef enum {
     WF_TOTAL_KV,
     WF_KV_TOKENS,
     WF_SERVED,
+    WF_KV_INDEX,
     WF_COUNT
 } worker_field_t;
 
@@ -130,6 +132,9 @@ static const struct {
       "KV capacity of a decode worker in tokens (blocks x block size)" },
     { "baton_router_worker_served_total", "counter",
       "Requests assigned to the worker since it registered" },
+    { "baton_router_worker_kv_index_blocks", "gauge",
+      "KV blocks the router's prefix index says the worker caches "
+      "(its KvEvents; issue 38)" },
 };
 
 static bt_status_t render_workers(router_t *r, uint64_t now,
@@ -173,6 +178,9 @@ static bt_status_t render_workers(router_t *r, uint64_t now,
                 P("%llu\n", (unsigned long long)w->total_kv *
                                  (w->role == BATON__ROLE__ROLE_DECODE
                                       ? w->block_size : 0));
+                break;
+            case WF_KV_INDEX:
+                P("%d\n", router_kvindex_blocks(r->kvindex, i));
                 break;
             default: P("%llu\n", (unsigned long long)w->served); break;
             }

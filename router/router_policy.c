@@ -4,7 +4,12 @@
  * "least-loaded": the prefill worker with the fewest outstanding prompt
  * tokens, the decode worker with the most free KV blocks (ties: fewest
  * requests).  "round-robin": the next usable worker of each role that has
- * room.  Add a policy by adding a table entry.
+ * room.  "kv-aware" (issue 38): the decode worker whose prefix cache
+ * holds the most of the prompt, against its load (router_policy_kv.c:
+ * w_overlap * cached prompt tokens - w_load * outstanding tokens), for
+ * prompts given as ids (the router does not tokenize); prefill workers
+ * and text prompts as least-loaded.  Add a policy by adding a table
+ * entry.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -172,9 +177,39 @@ static router_worker_t *rr_pick_decode(router_t *router,
                    n_tokens, need_prefill);
 }
 
+static router_worker_t *kv_pick_decode(router_t *router,
+                                       const router_req_t *req, int n_tokens,
+                                       bool need_prefill)
+{
+    router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
+    int n = 0, pick = -1, overlap = 0;
+
+    if (req->prompt_ids == NULL || req->n_prompt <= 0)
+        return least_pick_decode(router, req, n_tokens, need_prefill);
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        router_worker_t *w = &router->workers[i];
+        if (!policy_decode_fits(w, n_tokens, need_prefill))
+            continue;
+        cands[n].worker = i;
+        cands[n].load = (double)w->outstanding;
+        n++;
+    }
+    if (n == 0)
+        return NULL;
+    /* The prompt as the worker will cache it: the ids the client gave
+     * (plus the tokens streamed before a failover: the same chain). */
+    if (router_kv_pick_tokens(router->kvindex, cands, n, req->cache_salt,
+                              req->cache_salt_len, req->prompt_ids,
+                              req->n_prompt, &router->kv_weights, &pick,
+                              &overlap) != BT_OK || pick < 0)
+        return least_pick_decode(router, req, n_tokens, need_prefill);
+    return &router->workers[cands[pick].worker];
+}
+
 static const router_policy_t router_policies[] = {
     { "least-loaded", least_pick_prefill, least_pick_decode },
     { "round-robin", rr_pick_prefill, rr_pick_decode },
+    { "kv-aware", least_pick_prefill, kv_pick_decode },
 };
 
 const router_policy_t *router__policy_find(const char *name)

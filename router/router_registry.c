@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_error.h"
 #include "bt_log.h"
 #include "bt_proto.h"
 #include "bt_util.h"
@@ -144,6 +145,7 @@ void router__worker_drop(router_t *r, router_worker_t *w, const char *why)
                 w->role == BATON__ROLE__ROLE_PREFILL ? "prefill" : "decode",
                 why);
     r->metrics.worker_drops++;
+    router_kvindex_reset(r->kvindex, (int)(w - r->workers));
     for (req = r->all_head; req != NULL; req = next) {
         next = req->all_next;
         /* Decode first: an aggregated worker is both of a request's. */
@@ -354,6 +356,9 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
         return;
     }
     router__worker_clear(w);
+    /* A new registration: what the slot's prefix cache held is
+     * forgotten; the worker sends a snapshot after its Register. */
+    router_kvindex_reset(r->kvindex, (int)(w - r->workers));
     w->used = true;
     w->uid = ++r->next_worker_uid;
     snprintf(w->name, sizeof(w->name), "%s", name);
@@ -412,6 +417,46 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
         send_kv_peers(r, w);
     else if (w->n_eps > 0)
         send_kv_peers(r, NULL);
+}
+
+/* KvEvents from w's prefix cache (docs/KV_EVENTS.md): applied to the
+ * index; a gap, an unknown instance or a malformed batch empties w's
+ * entry and asks w for a snapshot (at most every 500 ms: the batches
+ * that arrive before it are ignored by the index anyway). */
+void router__on_kv_events(router_t *r, router_worker_t *w,
+                          const Baton__KvEvents *ev)
+{
+    int slot = (int)(w - r->workers);
+    router_kvindex_result_t res = ROUTER_KVINDEX_APPLIED;
+    bt_status_t status;
+    uint64_t now = bt_time_ns();
+
+    status = router_kvindex_apply_msg(r->kvindex, slot, ev, &res);
+    if (status != BT_OK) {
+        BT_LOG_WARN("ROUTER", "worker %s: KV events refused (%s): its "
+                    "prefix index waits for a snapshot", w->name,
+                    bt_status_str(status));
+        bt_error_clear();
+        res = ROUTER_KVINDEX_RESYNC;
+    }
+    if (res == ROUTER_KVINDEX_APPLIED)
+        r->kv_event_batches++;
+    if (res == ROUTER_KVINDEX_RESYNC &&
+        now - w->kv_resync_ns >= 500ull * 1000000ull) {
+        Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+        Baton__KvResyncRequest rq = BATON__KV_RESYNC_REQUEST__INIT;
+
+        rq.instance = router_kvindex_instance(r->kvindex, slot);
+        rq.has_seq_next = 1;
+        rq.seq_next = router_kvindex_seq_next(r->kvindex, slot);
+        msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RESYNC;
+        msg.kv_resync = &rq;
+        router__send_control(r, w, &msg);
+        w->kv_resync_ns = now;
+        r->kv_resyncs++;
+        BT_LOG_INFO("ROUTER", "worker %s: prefix index lost track of its "
+                    "events: resync asked", w->name);
+    }
 }
 
 void router__on_heartbeat(router_t *r, router_worker_t *w,
