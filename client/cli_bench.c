@@ -9,6 +9,11 @@
  * Arrivals are open loop (--rate R: Poisson, or gamma with --burstiness;
  * --rate inf: all at once), closed loop (--concurrency C in flight), or
  * both (arrivals at R, at most C in flight).  --rates R1,R2,... sweeps.
+ * Shared-prefix traffic (prefix caching, issue 38): --shared-prefix-len
+ * N starts every prompt with the same N tokens (a system prompt or a
+ * shared document); --sessions K makes it multi-turn chat, request i
+ * being turn i / K of session i % K, whose prompt is the previous turn's
+ * plus --prompt-len more tokens.
  *
  * Per run it reports request and token throughput, goodput, and the
  * mean/p50/p90/p99 of TTFT, TPOT, ITL and E2E (percentiles interpolate
@@ -128,6 +133,9 @@ typedef struct bench_s {
     int n_file;
     double slo_ttft, slo_tpot;
     int vocab, seed, warmup, timeout_ms;
+    int shared_len;         /* --shared-prefix-len: tokens every prompt
+                               starts with (0: none) */
+    int sessions;           /* --sessions: multi-turn sessions (0: none) */
     bool ignore_eos, progress;
     /* transports */
     client_t *client;
@@ -395,12 +403,46 @@ static void req_lengths(bench_t *b, int i, int *plen_p, int *olen_p)
                                   (uint64_t)(b->olen_max - b->olen_min + 1));
 }
 
-static void make_prompt(bench_t *b, int plen)
+/* A prompt id that depends only on the seed, the stream (a session, or
+ * the shared prefix) and the position: so one session's prompts are
+ * prefixes of each other's, and every prompt's first shared_len ids are
+ * equal. */
+static int prompt_id_at(const bench_t *b, uint64_t stream, int k)
+{
+    uint64_t x = (uint64_t)b->seed * 0x9e3779b97f4a7c15ull ^
+                 (stream + 1) * 0xbf58476d1ce4e5b9ull ^
+                 (uint64_t)k * 0x94d049bb133111ebull;
+
+    x ^= x >> 31;
+    x *= 0xd6e8feb86659fd93ull;
+    x ^= x >> 32;
+    return 3 + (int)(x % (uint64_t)(b->vocab - 3));
+}
+
+/* Request i's prompt of plen ids into b->prompt: token 1, the shared
+ * prefix, then its session's history or random ids. */
+static void make_prompt(bench_t *b, int i, int plen)
 {
     b->prompt[0] = 1;
-    for (int k = 1; k < plen; k++)
-        b->prompt[k] = 3 + (int)(rng_next(&b->rng_prompt) %
-                                 (uint64_t)(b->vocab - 3));
+    for (int k = 1; k < plen; k++) {
+        if (k < b->shared_len)
+            b->prompt[k] = prompt_id_at(b, UINT64_MAX - 1, k);
+        else if (b->sessions > 0)
+            b->prompt[k] = prompt_id_at(b, (uint64_t)(i % b->sessions), k);
+        else
+            b->prompt[k] = 3 + (int)(rng_next(&b->rng_prompt) %
+                                     (uint64_t)(b->vocab - 3));
+    }
+}
+
+/* The prompt length of request i whose own part is plen tokens: the
+ * shared prefix plus one part per turn of its session so far. */
+static int workload_plen(const bench_t *b, int i, int plen)
+{
+    int turns = b->sessions > 0 ? i / b->sessions + 1 : 1;
+
+    return (int)BT_MIN((int64_t)b->shared_len + (int64_t)plen * turns,
+                       (int64_t)BENCH_MAX_LEN);
 }
 
 // ---------------------------------------------------------------------------
@@ -436,7 +478,7 @@ static void zmq_submit(bench_t *b, int i)
     client_request_t req;
 
     client_request_init(&req);
-    make_prompt(b, r->plen);
+    make_prompt(b, i, r->plen);
     req.prompt_ids = b->prompt;
     req.n_prompt_ids = r->plen;
     req.max_tokens = r->olen;
@@ -563,7 +605,7 @@ static bool http_body(bench_t *b, int i, size_t *len_p)
         b->body = nb;
         b->body_cap = need;
     }
-    make_prompt(b, r->plen);
+    make_prompt(b, i, r->plen);
     w = snprintf(b->body, b->body_cap, "{");
     n += (size_t)w;
     if (b->model != NULL) {
@@ -828,6 +870,7 @@ static bool bench_run(bench_t *b, int n, double rate, int conc)
     b->rng_arrival = (uint64_t)b->seed * 0x94d049bb133111ebull + 13;
     for (int i = 0; i < n; i++) {
         req_lengths(b, i, &b->reqs[i].plen, &b->reqs[i].olen);
+        b->reqs[i].plen = workload_plen(b, i, b->reqs[i].plen);
         b->reqs[i].slot = -1;
         b->reqs[i].n_prompt_usage = -1;
     }
@@ -1037,7 +1080,8 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
             "\"goodput_req_per_s\":%.4f,\"good\":%d,"
             "\"slo_ttft_ms\":%.3f,\"slo_tpot_ms\":%.3f,"
             "\"prompt_tokens\":%ld,\"output_tokens\":%ld,"
-            "\"output_tokens_asked\":%ld,\"ignore_eos\":%s,",
+            "\"output_tokens_asked\":%ld,\"ignore_eos\":%s,"
+            "\"shared_prefix_len\":%d,\"sessions\":%d,",
             b->burstiness, b->conc, r->n, b->warmup, r->completed, r->failed,
             r->completed, r->failed, r->duration_s,
             r->completed / r->duration_s, r->out_tokens / r->duration_s,
@@ -1045,7 +1089,7 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
             (r->in_tokens + r->out_tokens) / r->duration_s,
             r->good / r->duration_s, r->good, b->slo_ttft, b->slo_tpot,
             r->in_tokens, r->out_tokens, r->out_asked,
-            b->ignore_eos ? "true" : "false");
+            b->ignore_eos ? "true" : "false", b->shared_len, b->sessions);
     if (b->n_file > 0)
         fprintf(f, "\"lengths\":\"file\",");
     else if (b->plen_min == b->plen_max && b->olen_min == b->olen_max)
@@ -1285,6 +1329,14 @@ static void bench_usage(FILE *out)
 "  --vocab V            prompt ids are 1 then uniform in [3, V)\n"
 "                       (default 256)\n"
 "  --no-ignore-eos      stop at EOS (default: EOS ignored, exact lengths)\n"
+"Shared-prefix traffic (prefix caching):\n"
+"  --shared-prefix-len N  every prompt starts with the same N tokens (a\n"
+"                       system prompt, a shared document); the prompt\n"
+"                       length adds N\n"
+"  --sessions K         multi-turn: request i is turn i/K of session i%%K,\n"
+"                       its prompt the previous turn's plus --prompt-len\n"
+"                       tokens (histories grow; a turn's prompt is a\n"
+"                       prefix of the next)\n"
 "  --seed S             lengths, prompts and arrivals (default 1)\n"
 "Output:\n"
 "  --slo-ttft MS, --slo-tpot MS\n"
@@ -1439,7 +1491,8 @@ int cli_bench_main(int argc, char **argv)
         O_PLEN = 'L', O_OLEN = 'O', O_SLO_TTFT = 't', O_SLO_TPOT = 'p',
         O_JSON = 'j', O_VOCAB = 'V', O_SEED = 's', O_HELP = 'h',
         O_RATES = 1000, O_BURST, O_HTTP, O_MODEL, O_LFILE, O_WARMUP,
-        O_TIMEOUT, O_PLOT, O_NO_PROGRESS, O_NO_IGNORE_EOS
+        O_TIMEOUT, O_PLOT, O_NO_PROGRESS, O_NO_IGNORE_EOS, O_SHARED,
+        O_SESSIONS
     };
     static const struct option opts[] = {
         { "router", required_argument, NULL, O_ROUTER },
@@ -1463,6 +1516,8 @@ int cli_bench_main(int argc, char **argv)
         { "timeout-ms", required_argument, NULL, O_TIMEOUT },
         { "no-progress", no_argument, NULL, O_NO_PROGRESS },
         { "no-ignore-eos", no_argument, NULL, O_NO_IGNORE_EOS },
+        { "shared-prefix-len", required_argument, NULL, O_SHARED },
+        { "sessions", required_argument, NULL, O_SESSIONS },
         { "help", no_argument, NULL, O_HELP },
         { NULL, 0, NULL, 0 }
     };
@@ -1540,6 +1595,14 @@ int cli_bench_main(int argc, char **argv)
             break;
         case O_NO_PROGRESS: b.progress = false; break;
         case O_NO_IGNORE_EOS: b.ignore_eos = false; break;
+        case O_SHARED:
+            bad = bt_parse_int(optarg, &b.shared_len) != BT_OK ||
+                  b.shared_len < 0 || b.shared_len > BENCH_MAX_LEN / 2;
+            break;
+        case O_SESSIONS:
+            bad = bt_parse_int(optarg, &b.sessions) != BT_OK ||
+                  b.sessions < 0;
+            break;
         case O_HELP: bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;
         }
@@ -1574,7 +1637,7 @@ int cli_bench_main(int argc, char **argv)
             b.n_req = b.n_file;
     }
     n_max = BT_MAX(b.n_req, b.warmup);
-    max_plen = b.plen_max;
+    max_plen = workload_plen(&b, n_max - 1, b.plen_max);
     b.reqs = bt_calloc((size_t)n_max, sizeof(*b.reqs), "bench");
     b.prompt = bt_malloc((size_t)max_plen * sizeof(int), "bench");
     res = bt_calloc((size_t)b.n_rates, sizeof(*res), "bench");
