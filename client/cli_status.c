@@ -97,16 +97,21 @@ static void status_print_text(const char *router,
            st->queued, st->in_flight, (unsigned long long)st->completed,
            (unsigned long long)st->failed);
     printf("workers:\n");
-    printf("  %-28s %-8s %13s %7s  %s\n", "NAME", "ROLE", "FREE/TOTAL KV",
-           "RUNNING", "HOST");
+    printf("  %-28s %-8s %13s %7s %15s  %s\n", "NAME", "ROLE",
+           "FREE/TOTAL KV", "RUNNING", "CACHED/HIT", "HOST");
     for (size_t i = 0; i < st->n_workers; i++) {
         const Baton__WorkerStatus *w = st->workers[i];
-        char kv[32] = "-";
+        char kv[32] = "-", pc[32] = "-";
         if (w->role == BATON__ROLE__ROLE_DECODE)
             snprintf(kv, sizeof(kv), "%u/%u", w->free_kv_blocks,
                      w->total_kv_blocks);
-        printf("  %-28s %-8s %13s %7u  %s%s%s%s\n", str_or(w->name, "?"),
-               status_role(w), kv, w->running, str_or(w->host_id, "?"),
+        /* prefix cache: blocks cached, prompt-token hit rate */
+        if (w->has_prefix_cached_blocks)
+            snprintf(pc, sizeof(pc), "%u/%.1f%%", w->prefix_cached_blocks,
+                     100.0 * w->prefix_hit_rate);
+        printf("  %-28s %-8s %13s %7u %15s  %s%s%s%s\n",
+               str_or(w->name, "?"), status_role(w), kv, w->running, pc,
+               str_or(w->host_id, "?"),
                w->gpu != NULL && w->gpu[0] != '\0' ? " gpu " : "",
                w->gpu != NULL ? w->gpu : "",
                w->draining ? " (draining)" : "");
@@ -169,6 +174,12 @@ static int status_print_json(const char *router,
                                 (double)w->outstanding_tokens);
         cJSON_AddBoolToObject(o, "draining", w->draining);
         cJSON_AddNumberToObject(o, "served", (double)w->served);
+        if (w->has_prefix_cached_blocks) {
+            cJSON_AddNumberToObject(o, "prefix_cached_blocks",
+                                    w->prefix_cached_blocks);
+            cJSON_AddNumberToObject(o, "prefix_hit_rate",
+                                    w->prefix_hit_rate);
+        }
         cJSON_AddStringToObject(o, "host_id", str_or(w->host_id, ""));
         cJSON_AddStringToObject(o, "gpu", str_or(w->gpu, ""));
         cJSON_AddItemToArray(ws, o);

@@ -387,6 +387,10 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
         ws[n].served = w->served;
         ws[n].has_can_prefill = 1;
         ws[n].can_prefill = w->can_prefill;
+        ws[n].has_prefix_cached_blocks = w->has_prefix;
+        ws[n].prefix_cached_blocks = w->prefix_cached;
+        ws[n].has_prefix_hit_rate = w->has_prefix;
+        ws[n].prefix_hit_rate = w->prefix_hit_rate;
         ws[n].host_id = w->host_id;
         snprintf(gpu[n], sizeof(gpu[n]), "%s", "");
         if (w->has_gpu)

@@ -95,9 +95,10 @@ typedef struct {
                                        the registration; "" without CURVE.
                                        Only messages from it count. */
     uint64_t kv_resync_ns;    /* last KvResyncRequest sent (rate limit) */
+    bool has_prefix;          /* heartbeat: it keeps a prefix cache */
     uint32_t prefix_cached;   /* heartbeat: blocks its prefix cache holds */
     double prefix_hit_rate;   /* heartbeat: prompt tokens found cached /
-                                 looked up, since start (-1: no cache) */
+                                 looked up, since start */
 } router_worker_t;
 
 /* How the router chooses KV transports (router_config_t.kv_transport). */

@@ -118,6 +118,14 @@ static void send_beat(workerproc_link_t *link)
         hb.has_spec_accept_length = 1;
         hb.spec_accept_length = b.spec_accept_length;
     }
+    if (b.has_prefix) {
+        hb.has_prefix_cached_blocks = 1;
+        hb.prefix_cached_blocks = b.prefix_cached_blocks;
+        hb.has_prefix_hit_rate = 1;
+        hb.prefix_hit_rate = b.prefix_lookup_tokens > 0
+            ? (double)b.prefix_hit_tokens / (double)b.prefix_lookup_tokens
+            : 0.0;
+    }
     if (b.prefill_tokens_per_s > 0) {
         hb.has_prefill_tokens_per_s = 1;
         hb.prefill_tokens_per_s = b.prefill_tokens_per_s;

@@ -132,6 +132,41 @@ static void submit_one(client_t *c, const pc_req_t *q, cu_result_t *res)
     BT_ASSERT_EQ(res->finished, 1);
 }
 
+/* `baton status`'s source: the router's ClusterStatus shows the worker's
+ * cached blocks and hit rate from its heartbeats (bounded wait). */
+static void status_prefix(client_t *c, const char *name, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms; t += 50) {
+        uint64_t rid;
+        bool ok = false;
+
+        BT_ASSERT_OK(client_status_request(c, &rid));
+        for (;;) {
+            Baton__ClientMessage *m = NULL;
+            BT_ASSERT_OK(client_recv(c, 2000, &m));
+            if (m->body_case == BATON__CLIENT_MESSAGE__BODY_STATUS &&
+                m->status->client_request_id == rid) {
+                for (size_t i = 0; i < m->status->n_workers; i++) {
+                    Baton__WorkerStatus *w = m->status->workers[i];
+                    if (strcmp(w->name, name) == 0 &&
+                        w->has_prefix_cached_blocks &&
+                        w->prefix_cached_blocks > 0 &&
+                        w->prefix_hit_rate > 0.3 &&
+                        w->prefix_hit_rate < 1)
+                        ok = true;
+                }
+                proto_client_free(&m);
+                break;
+            }
+            proto_client_free(&m);
+        }
+        if (ok)
+            return;
+        usleep(50000);
+    }
+    BT_TEST_FAIL("status shows no prefix cache figures for %s", name);
+}
+
 static void append(pc_req_t *q, const int *ids, int n)
 {
     for (int i = 0; i < n && q->n_prompt < CU_MAX_IDS; i++)
@@ -285,6 +320,7 @@ int main(void)
     cu_wait_kv_idle(c, 5000);
     BT_CHECK(scrape(mport_on, "baton_worker_prefix_cached_blocks{tier=\"0\"}")
              > 0);
+    status_prefix(c, "pc", 1000);
 
     /* 3. events: the router's index of pc fills, empties with a new
      * process, fills again. */
