@@ -16,15 +16,10 @@
  * units), merged by its combine kernel.  Padded rows (2 x 16 B per row)
  * keep ldmatrix free of bank conflicts.  The first pipeline stages whose
  * keys are all cached (older than this step) are issued before the PDL
- * wait (BT_ATTN_EARLY=0: after it).  The K / V copies carry an L2
- * evict-first policy (BT_ATTN_KV_EVICT_FIRST=0: none; K / V are read once
- * a step) and a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none).  The
- * per-warp copy and tile step are
- * in attn_decode_tc.cuh, shared with the stream-K kernel
- * (attn_decode_sk.cu), which cuda_attn_decode() takes instead for one
- * split when the items outnumber the block slots.  Selected by
- * cuda_attn_decode(); tested by tests/kernels/test_attn.cu against the
- * CPU reference.
+ * wait.  The K / V copies carry an L2 evict-first policy (K / V are read
+ * once a step) and a 128-byte L2 prefetch size.  The per-warp copy and
+ * tile step are in attn_decode_tc.cuh.  Selected by cuda_attn_decode();
+ * tested by tests/kernels/test_attn.cu against the CPU reference.
  */
 #include "attn_decode.h"
 
@@ -33,6 +28,7 @@
 #include <type_traits>
 
 #include "bt_util.h"
+#include "../cuda_switches.h"
 #include "attn_decode_tc.cuh"
 #include "kern_common.cuh"
 #include "wgmma.cuh" /* mbarriers, TMA loads, the tensor-map encoder */
@@ -475,7 +471,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
 
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
 {
-    const char *env = getenv("BT_ATTN_TC");
+    const char *env = cuda_switches()->attn_tc;
     int group = a->n_heads / a->n_kv_heads;
 
     if (env && strcmp(env, "0") == 0)
@@ -488,30 +484,9 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * an early tile (fill_new): steps of <= TC_NEWROW_MAX_TOK tokens with the
  * fused RoPE and splits of <= 2 tiles, where that split is the
  * attention's last block; elsewhere the kernel without it (round 17: the
- * hole in every step's copy path cost batch 64 0.08 ms).  On by default
- * (round 18: batch 1 -0.05 to -0.07 ms at 512 and 2k); BT_ATTN_NEWROW=0
- * turns it off. */
+ * hole in every step's copy path cost batch 64; batch 1 gains, round 18
+ * of docs/PERFORMANCE.md). */
 #define TC_NEWROW_MAX_TOK 2
-
-/* The TMA copy's maps (BT_ATTN_TMA=1, opt-in): a 3-D tensor map over
- * each layer cache ({head dims, KV heads, slots}, 128-byte swizzle), boxes of 64
- * dims x 1 head x min(block, 16) slots, so a warp's 16 keys are one box
- * a 64-dim slab (two at block 8).  Blocks of 8 or a multiple of 16 slots
- * (16 keys never straddle a page), slot indices in an int, sm_90a. */
-static bool tc_tma_maps(const cuda_attn_args_t *a, tc_maps *m)
-{
-    const int bs = a->block_size, rows = bs < 16 ? bs : 16;
-    const char *env = getenv("BT_ATTN_TMA");
-
-    if (!(env && strcmp(env, "1") == 0) || a->d_qkv != NULL ||
-        !cuda_wgmma_available() || !(bs == 8 || bs % 16 == 0) ||
-        a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL)
-        return false;
-    return wg_cache_map(&m->k, a->d_k_cache, a->head_dim, a->n_kv_heads,
-                        a->kv_slots, rows) &&
-           wg_cache_map(&m->v, a->d_v_cache, a->head_dim, a->n_kv_heads,
-                        a->kv_slots, rows);
-}
 
 template <int HD, bool NEWROW, bool TMA>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
@@ -536,18 +511,14 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         if (dev >= 0 && dev < 64)
             attr_set[dev] = true;
     }
-    const char *env = getenv("BT_ATTN_EARLY");
-    const bool early = !(env && strcmp(env, "0") == 0);
-    /* The K/V copies' L2 policy: evict first (BT_ATTN_KV_EVICT_FIRST=0:
-     * none), with a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none).
-     * Round 23 (H200, b64 @2k): evict first -0.02 to -0.03 ms a step; the
-     * 128-byte prefetch size -0.07 to -0.11 ms more (b128 -0.24, two
-     * machines, rounds 23-24); 256 bytes equal to none. */
-    env = getenv("BT_ATTN_KV_EVICT_FIRST");
-    int kv_hint = !(env && strcmp(env, "0") == 0);
-    env = getenv("BT_ATTN_KV_PF");
-    if (kv_hint && !(env && strcmp(env, "0") == 0))
-        kv_hint = 128;
+    /* Early copies before the PDL wait, and the K/V copies' L2 policy:
+     * evict first with a 128-byte L2 prefetch size (faster at batch 64
+     * and 128 than either alone: rounds 23-24 of docs/PERFORMANCE.md).
+     * The kernel's other settings (late copies, plain or evict-first-only
+     * copies) lost their A/B and are never selected; their branches stay
+     * until a device session measures the kernel without them. */
+    const bool early = true;
+    const int kv_hint = 128;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
@@ -555,19 +526,15 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
     return cudaSuccess;
 }
 
-/* The instance for the new-row path (nr), the TMA copy (tma) or
- * neither. */
+/* The instance for the new-row path (nr) or without it. */
 template <int HD>
-static cudaError_t tc_launch_hd(bool nr, bool tma, const cuda_attn_args_t *a,
+static cudaError_t tc_launch_hd(bool nr, const cuda_attn_args_t *a,
                                 const int *tok_idx, int n, int n_splits,
                                 int split_len, float *ws, const tc_maps &maps,
                                 cudaStream_t stream)
 {
     if (nr)
         return tc_launch<HD, true, false>(a, tok_idx, n, n_splits, split_len,
-                                          ws, maps, stream);
-    if (tma)
-        return tc_launch<HD, false, true>(a, tok_idx, n, n_splits, split_len,
                                           ws, maps, stream);
     return tc_launch<HD, false, false>(a, tok_idx, n, n_splits, split_len, ws,
                                        maps, stream);
@@ -577,20 +544,16 @@ bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, int split_len, float *ws,
                                 cudaStream_t stream)
 {
-    /* BT_ATTN_NEWROW=0: off (the A/B switch; test_attn runs both) */
-    const char *env = getenv("BT_ATTN_NEWROW");
-    const bool nr = !(env && strcmp(env, "0") == 0) && a->d_qkv != NULL &&
-                    n <= TC_NEWROW_MAX_TOK &&
+    const bool nr = a->d_qkv != NULL && n <= TC_NEWROW_MAX_TOK &&
                     split_len <= (TC_STAGES - 1) * TC_TK;
     tc_maps maps;
     memset(&maps, 0, sizeof(maps));
-    const bool tma = !nr && tc_tma_maps(a, &maps);
     cudaError_t err =
         a->head_dim == 64
-            ? tc_launch_hd<64>(nr, tma, a, tok_idx, n, n_splits, split_len,
-                               ws, maps, stream)
-            : tc_launch_hd<128>(nr, tma, a, tok_idx, n, n_splits, split_len,
-                                ws, maps, stream);
+            ? tc_launch_hd<64>(nr, a, tok_idx, n, n_splits, split_len, ws,
+                               maps, stream)
+            : tc_launch_hd<128>(nr, a, tok_idx, n, n_splits, split_len, ws,
+                                maps, stream);
 
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);

@@ -27,6 +27,7 @@
 #include <math.h>
 
 #include "bt_util.h"
+#include "../cuda_switches.h"
 #include "kern_common.cuh"
 
 #define ARGMAX_U 8 /* loads in flight a thread */
@@ -1347,7 +1348,7 @@ static int sd_cluster_for(int vocab, int n)
             n_sm[dev] = 1;
     }
     c = max_c[dev];
-    const char *env = getenv("BT_SAMPLE_DIST_CLUSTER");
+    const char *env = cuda_switches()->sample_dist_cluster;
     const int force = env && *env ? atoi(env) : 0;
     while (c > 1 && force > 0 && c > force)
         c >>= 1;
