@@ -9,6 +9,9 @@
  * cuda_backend_create does before anything else (so at start, never per
  * launch or step); launchers read the fields, never the environment.
  * docs/PERFORMANCE.md "Environment switches" lists the same table.
+ * BT_NCCL_LIB alone is read elsewhere, by nccl_dl.c when it loads NCCL
+ * (once, at the first tensor-parallel backend; tests/worker/
+ * test_backend_tp sets it between loads).
  */
 #ifndef BT_WORKER_CUDA_CUDA_SWITCHES_H
 #define BT_WORKER_CUDA_CUDA_SWITCHES_H

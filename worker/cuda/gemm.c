@@ -462,10 +462,9 @@ static bool gemm_gemv_disabled(int k)
  * every skinny product runs inside a CUDA graph behind a small kernel (an
  * RMSNorm, SwiGLU, the attention).  Timed alone on the stream after the
  * L2 flush, a candidate also pays the stream's launch latency, and a
- * split-K pick its second launch, neither of which the graph has.  Round
- * 21: one machine's gate/up pick, an nvjet 80x64 kernel on 4x1 clusters,
- * started 4.7-9.3 us after its RMSNorm in every layer of the graph (0.15
- * ms a batch-64 step) although its stream timing made it the winner.  So
+ * split-K pick its second launch, neither of which the graph has, and a
+ * pick that wins on the stream can start late behind its RMSNorm in the
+ * graph (round 21 of docs/PERFORMANCE.md).  So
  * by default each candidate of a bucket <= GEMM_TUNE_MAX_TOK is captured
  * as a graph behind a lead (cuda_gemv_tune_lead: an RMSNorm's traffic for
  * the candidate's input shape) and timed as the
@@ -658,11 +657,10 @@ static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 }
 
 /* The final round of a skinny bucket.  The first pass's medians of
- * GEMM_TUNE_REPS runs can differ by less than their noise: in round 22
- * two picks 0.5 us ahead in the tuner were each 1 us behind in the step
- * (0.06 ms a batch-64 step).  So the candidates within GEMM_FINAL_MARGIN
- * of the best (GEMM_FINAL_MAX at most) run again GEMM_FINAL_REPS times
- * each, interleaved in a rotating order so that a drifting clock or an
+ * GEMM_TUNE_REPS runs can differ by less than their noise (round 22:
+ * picks ahead in the tuner were behind in the step).  So the candidates
+ * within GEMM_FINAL_MARGIN of the best (GEMM_FINAL_MAX at most) run
+ * again GEMM_FINAL_REPS times each, interleaved in a rotating order so that a drifting clock or an
  * order effect moves them all alike, and the best median wins.  cands /
  * us: the n candidates timed and their first-pass times; *best_p /
  * *best_us_p: in, the first pass's winner; out, the final's. */

@@ -68,9 +68,9 @@
  * waiting for their stage (the phase profiler below).  Faster than
  * fa2wqv (the ping-pong alone, with the consumers still copying, was
  * equal to it: their copy addressing kept the integer pipe busiest at
- * two warps a scheduler; round 11 of docs/PERFORMANCE.md).  Needs cuda_attn_args_t.kv_slots and
- * blocks of 8..64 slots dividing 64 (or multiples of 64); else it runs
- * as fa2wqv.  test_attn pass "fa2pp".
+ * two warps a scheduler; round 11 of docs/PERFORMANCE.md).  Needs
+ * cuda_attn_args_t.kv_slots and blocks of 8..64 slots dividing 64 (or
+ * multiples of 64); else it runs as fa2wqv.  test_attn pass "fa2pp".
  *
  * fa2pp128 (BK = 128, the default at head 128): fa2pp on 128-key tiles,
  * m64n128 S, so the per-tile work (the row maxima's shuffles, the O
@@ -361,9 +361,9 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
              * min(block, BK) cache slots (pages past the keys from an
              * out-of-range slot: zeros), K and V of each 64-dim slab.
              * Lane p takes page p: it reads its block-table entry and
-             * issues its copies beside the other lanes'.  (Round 26: one lane reading each entry, then
-             * issuing, page after page, kept the consumers waiting
-             * 1800 cycles of each 128-key tile for their stage.)  The
+             * issues its copies beside the other lanes' (one lane
+             * reading each entry, then issuing, page after page, kept
+             * the consumers waiting for their stage: round 26).  The
              * warpgroup's other warps (128-key tiles) idle. */
             if (warp == NW) {
                 const int rows = min(bs, BK), npg = BK / rows;
@@ -390,17 +390,17 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                  * usually do), each tile goes as one box of BK slots a
                  * slab: 2 HD / 64 boxes instead of 2 HD / 64 a page; the
                  * copy engine takes ~100 cycles a box whatever its size
-                 * (round 26: 3200-3400 cycles to issue a 128-key tile of
-                 * 16-slot pages, ~1100 as runs).  Checked once a block:
-                 * a check a tile (a shuffle and a vote) cost 4% with
-                 * scattered blocks, where the producer is the limit. */
+                 * (a third of the issue time as runs: round 26).
+                 * Checked once a block: a check a tile (a shuffle and a
+                 * vote) cost time with scattered blocks, where the
+                 * producer is the limit. */
                 bool runs = false;
                 int run0 = 0;
                 if (npg > 1 && maps.runs) {
                     const int nblk = (kv_end + bs - 1) / bs;
                     run0 = bt[0];
                     /* no early exit: the loads go out together (one
-                     * a lane at a time cost ~1 us a block at 8192) */
+                     * a lane at a time was slower at 8192 tokens) */
                     bool in_run = true;
 #pragma unroll 8
                     for (int b = lane; b < nblk; b += 32)

@@ -6,7 +6,7 @@
  *   chunks (8 bf16), 4 (8) chunks per lane loaded ahead of the ones being
  *   multiplied (software pipeline), x chunks from L1; a warp-shuffle sum per
  *   token.  Many short-lived warps: ramp-up and tail cost on 30-50 MB
- *   matrices (2.3-3.7 TB/s measured for rows, 2026-11-29).
+ *   matrices.
  * - stream: fixed grid of 2 blocks/SM, registers only (round 2, slower).
  * - ring / bulk: persistent (one 8-warp block per SM), each warp streams
  *   its contiguous share of the block's rows through a private ring of
@@ -98,15 +98,15 @@ static __device__ __forceinline__ void gemv_norm_gpre(
  * the sum of squares to the scaling at one token (n_in <= 4096 at 256
  * threads: all of them), so the scaling waits on no second load of x:
  * one L2 round trip on the path from the PDL wait to the first product
- * (BT_GEMV_NORM_REG=0: both passes load x, as before round 16).
+ * (keep false, never passed now: both passes load x, as before round
+ * 16).
  * n_in % 8 == 0; whole block; ends with __syncthreads(). */
 template <int T>
 static __device__ __forceinline__ void gemv_norm_stage(
     int n_in, const float *xf, const bf16_t *g, float eps, bf16_t *xs,
     float *red, const uint4 (&gpre)[GEMV_NORM_GPRE], bool keep)
 {
-    /* keep: BT_GEMV_NORM_REG; honoured at one token only (at two the
-     * registers spill) */
+    /* keep: honoured at one token only (at two the registers spill) */
     constexpr bool CAN_KEEP = T == 1;
 
 #pragma unroll 1
@@ -182,15 +182,14 @@ static __device__ __forceinline__ void gemv_norm_stage(
  * only (they never depend on the previous kernel), so with programmatic
  * dependent launch it overlaps the kernels before this one:
  * - blocks [0, pf_blocks) (the first wave) prefetch the first pf_bytes of
- *   their rows into L2 with one bulk prefetch per warp (gemv_prefetch_l2),
- *   so the small kernels between two GEMVs (RoPE, attention, SwiGLU) and
- *   the previous GEMV's tail run while DRAM streams this GEMV's weights;
+ *   their rows into L2 with one bulk prefetch per warp (gemv_prefetch_l2;
+ *   lost its A/B, so launched with pf_bytes 0: gemv_rows_launch);
  * - every warp loads its first U chunks.
  * kern_pdl_trigger() comes at entry (GEMV_TRIG_EARLY, the default in
  * late-trigger steps: gemv_trigger), after the wait (GEMV_TRIG_AFTER_WAIT,
  * other steps: the next kernel launches only once this one is past its
  * wait, so at most one GEMV ahead prefetches) or once the warp has issued
- * its last loads (GEMV_TRIG_LATE).
+ * its last loads (GEMV_TRIG_LATE: lost its A/B, no longer passed).
  * NORM: x is the RMSNorm of the f32 rows xf with weights g (cuda_gemv_norm),
  * staged per block into shared memory (T x n_in bf16, dynamic).
  * GLU (cuda_gemv_norm_glu): w is a fused gate|up matrix (2 n_out, n_in),
@@ -381,8 +380,9 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
  * rows as one stream of "lines" (32 lanes x 16 bytes; a row is n_in / 256
  * lines), double-buffered GEMV_LINES at a time across row boundaries, so
  * 8 to 16 lines per warp are in flight from the first load to the last;
- * the first lines load before kern_pdl_wait().  Only with
- * BT_GEMV_KERNEL=stream (see gemv_stream_enabled). */
+ * the first lines load before kern_pdl_wait().  A tuner candidate
+ * ("stream"), and the fused norm's kernel where the ring kernel does not
+ * take the shape under BT_GEMV_NORM=ring. */
 #define GEMV_LINES 8
 #define GEMV_STREAM_BLOCKS_PER_SM 2
 

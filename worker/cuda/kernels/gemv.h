@@ -123,9 +123,9 @@ bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
  * row reading n f32, writing n bf16: an RMSNorm's traffic), timed in a
  * graph ahead of each candidate.  It never triggers its dependents early,
  * so a GEMV variant launched with PDL behind it gains nothing from the
- * early start it may or may not get in the step (round 22: an RMSNorm
- * lead that triggered at once credited the tc GEMV with ~2 us it did not
- * win behind the attention, and batch 8 lost 0.07 ms a step). */
+ * early start it may or may not get in the step (round 22: a lead that
+ * triggered at once credited the tc GEMV with time it did not win behind
+ * the attention, and batch 8 lost). */
 bt_status_t cuda_gemv_tune_lead(const float *d_x, int n_rows, int n,
                                 void *d_y, cudaStream_t stream);
 

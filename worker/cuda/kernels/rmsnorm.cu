@@ -88,8 +88,8 @@ rmsnorm_vec_kernel(float *x, const T *add, const T *w, const int *rows,
     kern_pdl_trigger();
     /* The weights never depend on the kernels before this one: loaded
      * before the wait, so their latency is off the path that follows the
-     * reduction (round 13: ~3.3 us a norm at batch 64, a dependent load
-     * after the block sum was one of its three memory round trips). */
+     * reduction (a dependent load after the block sum was one of its
+     * three memory round trips: round 13). */
 #pragma unroll
     for (int j = 0; j < NV; j++) {
         const int i = (threadIdx.x + j * RMS_VEC_THREADS) * 4;
