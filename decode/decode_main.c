@@ -52,7 +52,11 @@ static void usage(FILE *out)
         "  --prefix-cache on|off  keep computed KV blocks for later prompts\n"
         "                         that start the same way, same cache salt\n"
         "                         (default on; docs/KV_EVENTS.md)\n"
-        "  --precision f32|bf16   backend precision (default: backend's)\n"
+        "  --precision f32|bf16|fp8  backend precision (default: the\n"
+        "                         backend's; fp8: cpu reference only)\n"
+        "  --kv-dtype auto|bf16|fp8  KV cache element type (fp8: E4M3 with\n"
+        "                         per-layer/head scales; a prefill and a\n"
+        "                         decode worker pair only when equal)\n"
         "  --no-cuda-ipc          do not export a device KV pool over CUDA IPC\n"
         "  --no-kv-stage          no staged UCX receiver for a device pool\n"
         "                         (prefill workers on other hosts: inline)\n"
@@ -102,13 +106,13 @@ int main(int argc, char **argv)
     workerproc_metrics_t *metrics = NULL;
     workerproc_opts_t wo = WORKERPROC_OPTS_INIT(cfg, "baton-decode", usage);
     bt_status_t status;
-    int c, bad = 0;
+    int c, bad = 0, opt_index = 0;
     bool spec_off = false;
 
     bt_log_init("decode");
     decode_config_init(&cfg);
     workerproc_opts_env(&wo);
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", opts, &opt_index)) != -1) {
         backend_config_t *b = &cfg.engine.backend;
         status = workerproc_opts_option(&wo, c, optarg);
         if (status != BT_ERR_NOT_FOUND) {
@@ -153,7 +157,8 @@ int main(int argc, char **argv)
             }
         }
         if (bad) {
-            fprintf(stderr, "baton-decode: bad value '%s'\n", optarg);
+            fprintf(stderr, "baton-decode: bad value '%s' for --%s\n", optarg,
+                    opts[opt_index].name);
             return 2;
         }
     }

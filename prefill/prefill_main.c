@@ -38,7 +38,11 @@ static void usage(FILE *out)
         "  --ucx-peer-errors      UCX peer failure detection (forces tcp)\n"
         "  --kv-commit-timeout-ms N  fail a KV hand-off after N ms (5000;\n"
         "                         UCX: N ms without progress)\n"
-        "  --precision f32|bf16   backend precision (default: backend's)\n"
+        "  --precision f32|bf16|fp8  backend precision (default: the\n"
+        "                         backend's; fp8: cpu reference only)\n"
+        "  --kv-dtype auto|bf16|fp8  KV cache element type (fp8: E4M3 with\n"
+        "                         per-layer/head scales; a prefill and a\n"
+        "                         decode worker pair only when equal)\n"
         "  --no-cuda-ipc          never copy KV over CUDA IPC\n"
         "  --no-kv-stage          no staged UCX sender for device KV (decode\n"
         "                         workers on other hosts: inline)\n"
@@ -74,12 +78,12 @@ int main(int argc, char **argv)
     workerproc_metrics_t *metrics = NULL;
     workerproc_opts_t wo = WORKERPROC_OPTS_INIT(cfg, "baton-prefill", usage);
     bt_status_t status;
-    int c, bad = 0;
+    int c, bad = 0, opt_index = 0;
 
     bt_log_init("prefill");
     prefill_config_init(&cfg);
     workerproc_opts_env(&wo);
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", opts, &opt_index)) != -1) {
         status = workerproc_opts_option(&wo, c, optarg);
         if (status != BT_ERR_NOT_FOUND) {
             bad = status != BT_OK;
@@ -97,7 +101,8 @@ int main(int argc, char **argv)
             }
         }
         if (bad) {
-            fprintf(stderr, "baton-prefill: bad value '%s'\n", optarg);
+            fprintf(stderr, "baton-prefill: bad value '%s' for --%s\n", optarg,
+                    opts[opt_index].name);
             return 2;
         }
     }

@@ -75,6 +75,18 @@ void router__dispatch(router_t *r)
         }
         if (d == NULL)
             return; /* head-of-line: keep priority order */
+        if (p != d && p->kv_dtype[0] != '\0' && d->kv_dtype[0] != '\0' &&
+            strcmp(p->kv_dtype, d->kv_dtype) != 0) {
+            /* Issue 37: the hand-off would move blocks of one element
+             * type into a pool of another.  No precision routing yet:
+             * the operator runs both roles with one --kv-dtype. */
+            snprintf(why, sizeof(why), "prefill worker %s holds %s KV, "
+                     "decode worker %s %s: run both with the same "
+                     "--kv-dtype/--precision", p->name, p->kv_dtype,
+                     d->name, d->kv_dtype);
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_INVALID, why);
+            continue; /* removed from the queue: queue[i] is the next */
+        }
         if (req->prompt_ids == NULL && d->max_context > 0)
             n_tokens = BT_MIN(n_tokens, (int)d->max_context);
         blocks = router__blocks_needed(d, n_tokens);

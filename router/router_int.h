@@ -34,6 +34,7 @@
 #define ROUTER_MAX_DESC_BYTES (1u << 20) /* a decode's KV endpoint */
 #define ROUTER_MAX_ENDPOINTS 8 /* KV endpoints kept per decode worker */
 #define ROUTER_HOST_MAX 128
+#define ROUTER_KV_DTYPE_MAX 8 /* "bf16", "fp8", "f32" */
 #define ROUTER_PHASE_EXTENSIONS 3 /* re-estimates of a phase deadline
                                      while its worker makes progress */
 #define ROUTER_STOP_HELD_MAX 256 /* held-back stop text (STOP_MAX_STRING_LEN) */
@@ -87,6 +88,7 @@ typedef struct {
     bool can_prefill;         /* decode --role both */
     uint32_t transports;      /* bit (1 << KvTransport) per one offered */
     char host_id[ROUTER_HOST_MAX]; /* "hostname/boot-id", "" = unknown */
+    char kv_dtype[ROUTER_KV_DTYPE_MAX]; /* Register.kv_dtype, "" = none */
     bool has_gpu;             /* KV pool in GPU memory */
     bool gpu_ipc;             /* CUDA IPC usable on its side */
     int gpu_device;           /* CUDA ordinal */

@@ -388,6 +388,8 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
             w->transports |= 1u << (unsigned)reg->transports[i];
     snprintf(w->host_id, sizeof(w->host_id), "%s",
              reg->host_id != NULL ? reg->host_id : "");
+    snprintf(w->kv_dtype, sizeof(w->kv_dtype), "%s",
+             reg->kv_dtype != NULL ? reg->kv_dtype : "");
     w->has_gpu = reg->gpu != NULL;
     w->gpu_ipc = reg->gpu != NULL && reg->gpu->ipc;
     w->gpu_device = reg->gpu != NULL ? reg->gpu->device_index : -1;

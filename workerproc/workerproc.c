@@ -40,6 +40,11 @@ void workerproc_register_init(workerproc_register_t *r,
         for (int i = 0; i < mc->n_eos && i < MODEL_MAX_EOS; i++)
             r->eos[n_eos++] = mc->eos_ids[i];
     }
+    if (cfg->engine != NULL) {
+        /* by the pool's element size: what the hand-off actually moves */
+        size_t elem = backend_kv_layout(engine_backend(cfg->engine))->elem_size;
+        r->reg.kv_dtype = elem == 1 ? "fp8" : elem == 2 ? "bf16" : "f32";
+    }
     r->reg.n_eos_ids = (size_t)n_eos;
     r->reg.eos_ids = r->eos;
     if (cfg->host_id != NULL && cfg->host_id[0] != '\0')

@@ -37,6 +37,30 @@ void workerproc_opts_env(const workerproc_opts_t *o)
         *o->host_id = getenv("BATON_HOST_ID");
 }
 
+static const char *g_gpu_uuid; /* --gpu named a UUID */
+
+/* --gpu: an ordinal, or a GPU / MIG instance UUID.  CUDA selects by UUID
+ * only through CUDA_VISIBLE_DEVICES (a MIG instance has no ordinal of
+ * its own), so a UUID becomes the one visible device, ordinal 0; the
+ * worker makes no CUDA call before its options are parsed. */
+static bool parse_gpu(const char *arg, backend_config_t *b)
+{
+    size_t n = strlen(arg);
+
+    if (strncmp(arg, "GPU-", 4) == 0 || strncmp(arg, "MIG-", 4) == 0) {
+        if (n < 8 || n > 128 || strspn(arg, "0123456789abcdefABCDEF"
+                                            "GPUMI-/") != n)
+            return true;
+        if (setenv("CUDA_VISIBLE_DEVICES", arg, 1) != 0)
+            return true;
+        b->device_index = 0;
+        g_gpu_uuid = arg;
+        return false;
+    }
+    return bt_parse_int(arg, &b->device_index) != BT_OK ||
+           b->device_index < 0 || b->device_index > 1023;
+}
+
 bt_status_t workerproc_opts_option(const workerproc_opts_t *o, int c,
                               const char *arg)
 {
@@ -68,8 +92,12 @@ bt_status_t workerproc_opts_option(const workerproc_opts_t *o, int c,
             b->precision = BACKEND_PRECISION_F32;
         else if (strcmp(arg, "bf16") == 0)
             b->precision = BACKEND_PRECISION_BF16;
+        else if (strcmp(arg, "fp8") == 0) /* cpu now; backend_create says */
+            b->precision = BACKEND_PRECISION_FP8;
         else
             bad = true;
+        break;
+    case 1034: bad = backend_kv_dtype_parse(arg, &b->kv_dtype) != BT_OK;
         break;
     case 'I': *o->use_cuda_ipc = false; break;
     case 1010: *o->kv_stage = false; break;
@@ -77,8 +105,7 @@ bt_status_t workerproc_opts_option(const workerproc_opts_t *o, int c,
     case 1012: bad = bt_parse_int(arg, o->kv_stage_blocks) != BT_OK ||
                      *o->kv_stage_blocks < 0; break;
     case 1013: *o->kv_stage_host = true; break;
-    case 1021: bad = bt_parse_int(arg, &b->device_index) != BT_OK ||
-                     b->device_index < 0 || b->device_index > 1023; break;
+    case 1021: bad = parse_gpu(arg, b); break;
     case 1022: bad = bt_parse_int(arg, &b->tp_size) != BT_OK ||
                      b->tp_size < 1 || b->tp_size > 64; break;
     case 1023: bad = bt_parse_double(arg, &b->kv_memory_fraction) != BT_OK ||
@@ -123,6 +150,15 @@ bool workerproc_opts_ok(const workerproc_opts_t *o, int argc, int optind_)
         o->usage(stderr);
         return false;
     }
+    if (g_gpu_uuid != NULL && o->engine->backend.tp_size > 1) {
+        fprintf(stderr, "%s: --gpu %s names one device; --tp %d needs a "
+                        "device ordinal (ranks use gpu..gpu+tp-1)\n",
+                o->prog, g_gpu_uuid, o->engine->backend.tp_size);
+        return false;
+    }
+    if (g_gpu_uuid != NULL)
+        fprintf(stderr, "%s: --gpu %s: CUDA_VISIBLE_DEVICES=%s, device 0\n",
+                o->prog, g_gpu_uuid, g_gpu_uuid);
     if (bt_curve_identity_init(g_curve_secret, g_router_public) != BT_OK) {
         fprintf(stderr, "%s: %s\n", o->prog, bt_error_last());
         return false;

@@ -53,7 +53,8 @@ extern "C" {
     { "metrics-port", required_argument, 0, 1030 },             \
     { "metrics-host", required_argument, 0, 1031 },             \
     { "curve-secret-key", required_argument, 0, 1032 },         \
-    { "router-public-key", required_argument, 0, 1033 }
+    { "router-public-key", required_argument, 0, 1033 },         \
+    { "kv-dtype", required_argument, 0, 1034 }
 
 /* Usage lines of the first shared options, the same in every worker. */
 #define WORKERPROC_OPTS_USAGE_ROUTER                                              \
@@ -100,8 +101,9 @@ extern "C" {
 
 /* Usage line of --gpu (after --device in every worker's usage). */
 #define WORKERPROC_OPTS_USAGE_GPU                                                 \
-    "  --gpu N                CUDA device ordinal of the backend and the\n"  \
-    "                         exported KV pool (default 0)\n"              \
+    "  --gpu ID               the backend's GPU: a CUDA ordinal (default\n" \
+    "                         0), a GPU UUID (GPU-...) or a MIG instance\n"\
+    "                         UUID (MIG-...; sets CUDA_VISIBLE_DEVICES)\n" \
     "  --tp N                 tensor parallelism over GPUs gpu..gpu+N-1\n" \
     "                         (cuda; default 1)\n"
 

@@ -64,20 +64,18 @@ void cuda_kprof_dump_combine(FILE *f);
 
 /* This device's read ceiling in bytes/s: the GEMM tuner's read-only L2
  * flush kernel (cuda_l2_flush: 528 blocks streaming 16-byte __ldcg
- * loads) over `bytes`, best of five; 0 when it cannot be measured
- * (BT_GEMM_FLUSH=write makes that kernel a memset).  H200s of one kind
+ * loads) over `bytes`, best of five; 0 when it cannot be measured.
+ * H200s of one kind
  * differ by ~2-3% in decode speed (PERFORMANCE.md round 22); the floor
  * keeps the issue's 4.5 TB/s, and this line says which kind of machine
  * a table came from. */
 static double read_ceiling(size_t bytes)
 {
-    const char *flush = getenv("BT_GEMM_FLUSH");
     void *d = NULL;
     cudaEvent_t ev[2] = {NULL, NULL};
     float best = 0.0f;
 
-    if ((flush != NULL && strcmp(flush, "write") == 0) ||
-        cudaMalloc(&d, bytes) != cudaSuccess) {
+    if (cudaMalloc(&d, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0.0;
     }
@@ -87,7 +85,7 @@ static double read_ceiling(size_t bytes)
     for (int r = 0; r < 6; r++) {
         float ms = 0.0f;
         cudaEventRecord(ev[0], 0);
-        if (cuda_l2_flush(d, bytes, 0, 0) != BT_OK)
+        if (cuda_l2_flush(d, bytes, 0) != BT_OK)
             break;
         cudaEventRecord(ev[1], 0);
         cudaEventSynchronize(ev[1]);

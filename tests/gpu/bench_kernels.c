@@ -13,23 +13,20 @@
  *   worker_gemm on the Llama-3-8B projections (qkv 6144x4096, o 4096x4096,
  *   gate|up 28672x4096, down 4096x14336, lm_head 128256x4096 with f32
  *   out) at 1..128 tokens: median of N runs, each after an L2 flush
- *   (cuda_l2_flush: a read, clean lines; BT_GEMM_FLUSH=write: the memset
- *   of rounds 1-9); TB/s counts the weight bytes.  Then the per-step GEMM sum (32 layers +
- *   classifier) of the best variant and of the tuned choice.
+ *   (cuda_l2_flush: a read, clean lines); TB/s counts the weight bytes.
+ *   Then the per-step GEMM sum (32 layers + classifier) of the best
+ *   variant and of the tuned choice.
  * --attn: cuda_attn_prefill on one causal prompt of 512/2048/8192 tokens
  *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
- *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; with BT_PREFILL_KERNEL
- *   unset, the default kernel (fa2pp128 at head 128), then fa2pp and
- *   fa2wqv.  --attn-hd 64: the same at head 64 (Llama-3.2-1B's shape).
+ *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; the default kernel
+ *   (fa2pp128 at head 128), then fa2pp and fa2wqv (cuda_attn_prefill_fa2
+ *   called directly).  --attn-hd 64: the same at head 64 (Llama-3.2-1B's shape).
  *   The cache blocks are in reverse order (no two pages adjacent, as in
  *   a used pool); --attn-runs: in order, as a fresh pool hands them out
  *   (the ping-pong kernels then copy whole tiles as one box).
  * --dec: decode attention at batch x context (KV TB/s), with the split
- *   planner's splits ("split"); the stream-K kernel with one split
- *   (BT_ATTN_SK=1, "sk") and with runs of whole tokens where the items
- *   outnumber the block slots (=2, "sk-tok").
- * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s), the
- *   first two again with the scalar kernels (BT_RMSNORM_VEC=0 ...).
+ *   planner's splits ("split").
+ * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s).
  * --toks LIST: only these token counts in --gemv.
  * --dec-only B:CTX: --dec's case of batch B at context CTX only (the
  *   kernels of one case under a profiler: each pass launches its kernel
@@ -42,6 +39,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_switches.h"
 #include "gemm.h"
 #include "kernels/attn_decode.h"
 #include "kernels/attn_prefill.h"
@@ -94,7 +92,7 @@ static int cmp_f(const void *a, const void *b)
 
 static void flush_l2(void)
 {
-    if (cuda_l2_flush(g_flush, 256u << 20, 1, 0) != BT_OK) {
+    if (cuda_l2_flush(g_flush, 256u << 20, 0) != BT_OK) {
         fprintf(stderr, "bench_kernels: L2 flush failed\n");
         exit(1);
     }
@@ -127,12 +125,22 @@ static void job_run(const gemv_job_t *j)
         OK(cuda_gemv_run((cuda_gemv_kernel_t)j->k, j->t, j->o, j->i, j->x,
                          j->w, j->y, j->out_dt, false, &g_gemv_ws, 0));
     } else {
-        if (j->kind == 1)
-            setenv("BT_GEMV_FORCE", "lt", 1);
         OK(worker_gemm(j->g, j->t, j->o, j->i, j->x, j->w, CUDA_DT_BF16,
                        j->y, j->out_dt, false, 0));
-        unsetenv("BT_GEMV_FORCE");
     }
+}
+
+/* Kind 1 runs worker_gemm with BT_GEMV_FORCE=lt: set (on) or unset
+ * around its runs, the switch table re-read (cuda_switches.h). */
+static void job_force_lt(const gemv_job_t *j, int on)
+{
+    if (j->kind != 1)
+        return;
+    if (on)
+        setenv("BT_GEMV_FORCE", "lt", 1);
+    else
+        unsetenv("BT_GEMV_FORCE");
+    cuda_switches_reload();
 }
 
 /* Median microseconds of a job, L2 flushed before each run. */
@@ -141,6 +149,7 @@ static float job_time(const gemv_job_t *j)
     float ms[64];
     int n = g_reps < 64 ? g_reps : 64;
 
+    job_force_lt(j, 1);
     job_run(j);
     for (int r = 0; r < n; r++) {
         flush_l2();
@@ -150,6 +159,7 @@ static float job_time(const gemv_job_t *j)
         CK(cudaEventSynchronize(g_e1));
         CK(cudaEventElapsedTime(&ms[r], g_e0, g_e1));
     }
+    job_force_lt(j, 0);
     CK(cudaGetLastError());
     qsort(ms, n, sizeof(float), cmp_f);
     return ms[n / 2] * 1e3f;
@@ -300,6 +310,20 @@ static void print_prefill_prof(unsigned long long p[3][F2_PROF_N])
            p[2][F2_PROF_PROD_EMPTY] / pt, p[2][F2_PROF_PROD_ISSUE] / pt);
 }
 
+
+/* One prefill attention launch: cuda_attn_prefill (wgmma < 0) or
+ * attn_prefill_fa2.cu's kernel for that wgmma (cuda_attn_prefill_fa2). */
+static void prefill_run(const cuda_attn_args_t *a, const int *d_tiles,
+                        int n_tiles, int wgmma)
+{
+    if (wgmma < 0) {
+        OK(cuda_attn_prefill(a, d_tiles, n_tiles, CUDA_DT_BF16, 0));
+        return;
+    }
+    CK(cuda_attn_prefill_fa2(a, d_tiles, n_tiles, 0, wgmma, 0));
+    CK(cudaGetLastError());
+}
+
 /* One causal prompt of P tokens through cuda_attn_prefill. */
 static int g_attn_hd = 128; /* --attn-hd */
 static int g_attn_runs;      /* --attn-runs */
@@ -368,23 +392,21 @@ static void bench_attn(void)
         a.d_ctx_len = a.d_bt_off + P;
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
-        /* With BT_PREFILL_KERNEL unset: the default kernel (fa2pp128
-         * at head 128), then the previous ones (fa2pp, fa2wqv) as more
-         * rows. */
-        static const char *const alt[] = {NULL, "fa2pp", "fa2wqv"};
-        const int n_var = getenv("BT_PREFILL_KERNEL") ? 1 : 3;
-        for (int var = 0; var < n_var; var++) {
-        if (var > 0)
-            setenv("BT_PREFILL_KERNEL", alt[var], 1);
+        /* The default kernel (fa2pp128 at head 128), then the ones it
+         * falls back to (fa2pp, fa2wqv: cuda_attn_prefill_fa2's wgmma 3
+         * and 2) as more rows. */
+        static const char *const alt[] = {"default", "fa2pp", "fa2wqv"};
+        static const int alt_wgmma[] = {-1, 3, 2};
+        for (int var = 0; var < 3; var++) {
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
-        OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
+        prefill_run(&a, d_meta, n_tiles, alt_wgmma[var]);
         unsigned long long prof[3][F2_PROF_N];
         const bool profiled = cuda_attn_prefill_prof_take(prof); /* reset */
         for (int r = 0; r < n; r++) {
             flush_l2();
             CK(cudaEventRecord(g_e0, 0));
-            OK(cuda_attn_prefill(&a, d_meta, n_tiles, CUDA_DT_BF16, 0));
+            prefill_run(&a, d_meta, n_tiles, alt_wgmma[var]);
             CK(cudaEventRecord(g_e1, 0));
             CK(cudaEventSynchronize(g_e1));
             CK(cudaEventElapsedTime(&ms[r], g_e0, g_e1));
@@ -392,18 +414,13 @@ static void bench_attn(void)
         qsort(ms, n, sizeof(float), cmp_f);
         double fl = 4.0 * nh * hd * (double)P * (P + 1) / 2;
         double us = ms[n / 2] * 1e3;
-        printf("attn prefill hd=%d P=%5d (BT_PREFILL_KERNEL=%s): %8.1f "
+        printf("attn prefill hd=%d P=%5d (%s): %8.1f "
                "us/layer %6.1f TFLOP/s (%.0f%% of 790); x32 layers = %.2f "
-               "ms\n", hd, P,
-               getenv("BT_PREFILL_KERNEL") ? getenv("BT_PREFILL_KERNEL")
-                                           : "default",
-               us, fl / (us * 1e-6) / 1e12,
+               "ms\n", hd, P, alt[var], us, fl / (us * 1e-6) / 1e12,
                100.0 * fl / (us * 1e-6) / 790e12, us * 32e-3);
         if (profiled && cuda_attn_prefill_prof_take(prof))
             print_prefill_prof(prof);
         fflush(stdout);
-        if (var > 0)
-            unsetenv("BT_PREFILL_KERNEL");
         }
         cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
         cudaFree(d_meta);
@@ -412,9 +429,8 @@ static void bench_attn(void)
 }
 
 /* Decode attention (one query token per sequence) at the Llama-3-8B
- * shape: KV read bandwidth with the split planner's choice on the split
- * kernel (BT_ATTN_SK=0, rows "split"), then one split on the stream-K
- * kernel (attn_decode_sk.cu, forced; rows "sk").  The last row is a
+ * shape: KV read bandwidth with the split planner's choice (rows
+ * "split").  The last row is a
  * layout probe: batch 64 x 8 KV heads run as 512 sequences of one KV
  * head (4 query heads), the same blocks and bytes, but a block's K (and
  * V) rows lie 256 B apart -- the access pattern of a head-major (HND)
@@ -443,8 +459,7 @@ static void bench_dec(void)
             *mo = ctxa + B;
         int *d_meta;
         void *q, *kc, *vc, *out;
-        float *ws = NULL, *sk_ws = NULL;
-        int *sk_cnt = NULL;
+        float *ws = NULL;
         cuda_attn_args_t a;
         uint32_t r = 12345;
 
@@ -470,10 +485,6 @@ static void bench_dec(void)
         CK(cudaMalloc(&vc, kv * 2));
         CK(cudaMalloc((void **)&ws, 4 * cuda_attn_decode_ws_floats(
                                             B, nh, hd, 64) + 4));
-        CK(cudaMalloc((void **)&sk_ws,
-                      4 * cuda_attn_decode_sk_ws_floats(hd)));
-        CK(cudaMalloc((void **)&sk_cnt, sizeof(int) * B * nkv));
-        CK(cudaMemset(sk_cnt, 0, sizeof(int) * B * nkv));
         OK(cuda_gemv_fill(q, (size_t)B * nh * hd, 1, 0));
         OK(cuda_gemv_fill(kc, kv, 2, 0));
         OK(cuda_gemv_fill(vc, kv, 3, 0));
@@ -492,28 +503,10 @@ static void bench_dec(void)
         a.d_ctx_len = a.d_bt_off + B;
         a.d_mask_off = a.d_ctx_len + B;
         a.d_out = out;
-        a.d_sk_count = sk_cnt;
-        a.d_sk_ws = sk_ws;
-        a.sk_max_tokens = B;
-        for (int pass = 0; pass < 3; pass++) {
+        {
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
-            /* pass 0: the planner's split, split kernel; 1: stream-K,
-             * one split (forced, also where the backend would split);
-             * 2: stream-K with runs of whole tokens (BT_ATTN_SK=2), where
-             * the items outnumber the block slots */
             cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm, 64, &ns, &sl);
-            if (pass == 0) {
-                setenv("BT_ATTN_SK", "0", 1);
-            } else {
-                setenv("BT_ATTN_SK", pass == 1 ? "1" : "2", 1);
-                ns = 1;
-                sl = 1 << 30;
-                if (!cuda_attn_decode_sk_ok(&a, B)) {
-                    unsetenv("BT_ATTN_SK");
-                    continue;
-                }
-            }
             OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
             for (int rr = 0; rr < n; rr++) {
                 flush_l2();
@@ -530,16 +523,14 @@ static void bench_dec(void)
             double us = ms[n / 2] * 1e3;
             printf("attn decode B=%3d ctx=%5d plan=%-7s %3d x %4d%s: %8.1f "
                    "us/layer %5.2f TB/s KV (%.0f%% of 4.5); x32 = %.2f ms\n",
-                   B, ctx, pass == 2 ? "sk-tok" : pass ? "sk" : "split",
-                   ns, sl,
+                   B, ctx, "split", ns, sl,
                    nkv == 1 ? " (HND probe)" : "", us,
                    bytes / (us * 1e-6) / 1e12,
                    100.0 * bytes / (us * 1e-6) / 4.5e12, us * 32e-3);
             fflush(stdout);
-            unsetenv("BT_ATTN_SK");
         }
         cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
-        cudaFree(ws); cudaFree(sk_ws); cudaFree(sk_cnt); cudaFree(d_meta);
+        cudaFree(ws); cudaFree(d_meta);
         free(h);
     }
 }
@@ -584,25 +575,20 @@ static void bench_small(void)
     OK(cuda_gemv_fill(g, dim, 4, 0));
     OK(cuda_gemv_fill(gu, (size_t)P * 2 * hid, 5, 0));
     OK(cuda_gemv_fill(qkvb, (size_t)P * qkv, 6, 0));
-    for (int which = 0; which < 5; which++) {
+    for (int which = 0; which < 3; which++) {
         double bytes;
         const char *name;
-        /* 3, 4: rmsnorm and rope_kv again with the scalar kernels */
-        if (which == 3)
-            setenv("BT_RMSNORM_VEC", "0", 1);
-        if (which == 4)
-            setenv("BT_ROPE_VEC", "0", 1);
         for (int r = 0; r <= n; r++) {
             if (r > 0) {
                 flush_l2();
                 CK(cudaEventRecord(g_e0, 0));
             }
-            if (which == 0 || which == 3) {
+            if (which == 0) {
                 OK(cuda_rmsnorm(x, NULL, g, NULL, P, dim, 1e-5f, xn,
                                 CUDA_DT_BF16, 0));
             } else if (which == 1) {
                 OK(cuda_swiglu(gu, P, hid, hbuf, CUDA_DT_BF16, 0));
-            } else { /* 2, 4 */
+            } else {
                 cuda_rope_kv_args_t ra;
                 memset(&ra, 0, sizeof(ra));
                 ra.n_tokens = P;
@@ -627,22 +613,19 @@ static void bench_small(void)
         }
         CK(cudaGetLastError());
         qsort(ms, n, sizeof(float), cmp_f);
-        if (which == 0 || which == 3) {
-            name = which ? "rmsnorm0" : "rmsnorm";
+        if (which == 0) {
+            name = "rmsnorm";
             bytes = (double)P * dim * 6;
         } else if (which == 1) {
             name = "swiglu";
             bytes = (double)P * hid * 6;
         } else {
-            name = which == 4 ? "rope_kv0" : "rope_kv";
+            name = "rope_kv";
             bytes = (double)P * qkv * 4;
         }
         printf("small %-8s P=%d: %7.1f us/layer %6.0f GB/s; x32 layers = "
-               "%.2f ms (x2 for rmsnorm)%s\n", name, P, ms[n / 2] * 1e3,
-               bytes / (ms[n / 2] * 1e-3) / 1e9, ms[n / 2] * 32,
-               which >= 3 ? " [scalar kernel]" : "");
-        unsetenv("BT_RMSNORM_VEC");
-        unsetenv("BT_ROPE_VEC");
+               "%.2f ms (x2 for rmsnorm)\n", name, P, ms[n / 2] * 1e3,
+               bytes / (ms[n / 2] * 1e-3) / 1e9, ms[n / 2] * 32);
     }
     cudaFree(x); cudaFree(xn); cudaFree(g); cudaFree(gu); cudaFree(hbuf);
     cudaFree(qkvb); cudaFree(q); cudaFree(kc); cudaFree(vc); cudaFree(inv);
@@ -688,9 +671,6 @@ int main(int argc, char **argv)
         do_gemv = do_attn = do_small = do_dec = 1;
     if (g_reps < 1)
         g_reps = 1;
-    /* Isolated timings: no prefetch of another shape's weights after each
-     * product (worker_gemm's next-weight prefetch, BT_GEMM_PF_NEXT). */
-    setenv("BT_GEMM_PF_NEXT", "0", 0);
     CK(cudaSetDevice(0));
     CK(cudaMalloc(&g_flush, 256u << 20));
     CK(cudaEventCreate(&g_e0));

@@ -26,6 +26,7 @@
 #include "backend.h"
 #include "bt_test.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_switches.h"
 #include "sampler.h"
 
 #define N_SEQ 12
@@ -202,6 +203,7 @@ int main(int argc, char **argv)
      * host's float walk; tests/gpu/test_sample_dist checks that
      * contract. */
     setenv("BT_SAMPLE_DIST", "0", 1);
+    cuda_switches_reload(); /* the backend reads the table, once */
 
     for (size_t mi = 0; mi < 2; mi++) {
         for (int prec = 0; prec < 2; prec++) {

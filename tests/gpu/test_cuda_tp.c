@@ -51,6 +51,7 @@
 #include "bt_test.h"
 #include "bt_util.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_switches.h"
 #include "model/model.h"
 #include "model/model_synth.h"
 
@@ -436,7 +437,8 @@ static agree_t agreement(const float *ref, const float *got, int vocab)
 }
 
 /* A bf16 backend of the 8B model with GEMM autotuning on or off (the
- * tuner reads BT_GEMM_TUNE when its context is made). */
+ * tuner reads BT_GEMM_TUNE when its context is made; the switch table,
+ * cuda_switches.h, is re-read around it). */
 static backend_t *make_8b(const model_t *m, int tp, bool tune)
 {
     const char *old = getenv("BT_GEMM_TUNE");
@@ -445,6 +447,7 @@ static backend_t *make_8b(const model_t *m, int tp, bool tune)
 
     if (!tune)
         setenv("BT_GEMM_TUNE", "0", 1);
+    cuda_switches_reload();
     be = make_backend(m, tp, BACKEND_PRECISION_BF16, 8, 512, 64, 16);
     if (keep) {
         setenv("BT_GEMM_TUNE", keep, 1);
@@ -452,6 +455,7 @@ static backend_t *make_8b(const model_t *m, int tp, bool tune)
     } else {
         unsetenv("BT_GEMM_TUNE");
     }
+    cuda_switches_reload();
     return be;
 }
 
@@ -525,8 +529,10 @@ static void test_agreement_8b(int tp)
         /* one GEMV kernel for every product (its per-row order does not
          * depend on how many rows a rank has) */
         setenv("BT_GEMV_FORCE", "rows", 1);
+        cuda_switches_reload();
         teacher_ex(b1, vocab, ids, AGREE_POS, 1, d1r, true);
         unsetenv("BT_GEMV_FORCE");
+        cuda_switches_reload();
         backend_destroy(&b1);
         b1 = make_8b(m, 1, false);
         teacher(b1, vocab, ids, AGREE_POS, 1, d1u);
@@ -540,8 +546,10 @@ static void test_agreement_8b(int tp)
         teacher(bt, vocab, ids, AGREE_POS, AGREE_POS, pt);
         teacher(bt, vocab, ids, AGREE_POS, 1, dt);
         setenv("BT_GEMV_FORCE", "rows", 1);
+        cuda_switches_reload();
         teacher_ex(bt, vocab, ids, AGREE_POS, 1, dtr, true);
         unsetenv("BT_GEMV_FORCE");
+        cuda_switches_reload();
         test_allreduce(bt, tp);
         backend_destroy(&bt);
         bt = make_8b(m, tp, false);

@@ -38,6 +38,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_sample.h"
+#include "cuda/cuda_switches.h"
 #include "cuda/kernels/sample.h"
 #include "kernels/sample_dist_ref.c"
 #include "sampler.h"
@@ -475,6 +476,7 @@ int main(int argc, char **argv)
     static const int vocabs[3] = {512, 32000, 128256};
 
     setenv("BT_SAMPLE_DIST", "1", 1); /* the path under test (the default) */
+    cuda_switches_reload(); /* launchers read the table, cuda_switches.h */
 
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench();
@@ -490,11 +492,14 @@ int main(int argc, char **argv)
     for (size_t ci = 0; sweep && ci < sizeof(clusters) / sizeof(clusters[0]);
          ci++) {
         setenv("BT_SAMPLE_DIST_CLUSTER", clusters[ci], 1);
+        cuda_switches_reload();
         for (int v = 1; v < 3; v++)
             check_kernel(vocabs[v]);
     }
-    if (sweep)
+    if (sweep) {
         unsetenv("BT_SAMPLE_DIST_CLUSTER");
+        cuda_switches_reload();
+    }
     check_end_to_end(32000);
     check_end_to_end(128256);
     printf("%s test_sample_dist\n", g_fail ? "FAIL" : "PASS");

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_int.h"
+#include "cuda_switches.h"
 
 #define KT_CUDA(_expr)                                                      \
     do {                                                                    \
@@ -37,6 +38,18 @@
             exit(1);                                                        \
         }                                                                   \
     } while (0)
+
+/* Sets (value NULL: unsets) a switch and re-reads the switch table,
+ * which the launchers read instead of the environment
+ * (cuda_switches.h). */
+static inline void kt_switch(const char *var, const char *value)
+{
+    if (value)
+        setenv(var, value, 1);
+    else
+        unsetenv(var);
+    cuda_switches_reload();
+}
 
 static uint64_t kt_rng = 0x9E3779B97F4A7C15ull;
 

@@ -3,16 +3,16 @@
  *   - cuda_attn_decode (per-token, split-K) with one split and with many;
  *     bf16 at head size 64/128 takes the tensor-core kernel
  *     (attn_decode_tc.cu), so those runs repeat once with BT_ATTN_TC=0 to
- *     keep the general kernel tested; where up to 4 heads share a KV head,
- *     the opt-in stream-K kernel (attn_decode_sk.cu), its counters checked
- *     back at zero after each launch, and with RoPE and the new keys'
+ *     keep the general kernel tested; and with RoPE and the new keys'
  *     K/V write fused into it (single-token steps, run_rope_case; at
- *     1-2 tokens with the new-row instance on and off, BT_ATTN_NEWROW),
+ *     1-2 tokens the new-row instance),
  *   - cuda_attn_prefill (tiled, tensor cores, bf16) for chunks >= 16
  *     tokens, the rest through cuda_attn_decode, as the backend mixes them;
- *     at head 64/128 once per BT_PREFILL_KERNEL variant (wmma, fa2,
- *     fa2w4, fa2w8, fa2wq, fa2wqv = the default at head 64, fa2pp,
- *     fa2pp128 = the default at head 128, fa3),
+ *     at head 64/128 also each kernel of attn_prefill_fa2.cu that the
+ *     default falls back to, called directly (cuda_attn_prefill_fa2: fa2
+ *     on mma.sync with the warp count it picks and with 4 and 8 warps,
+ *     fa2wqv = the default at head 64, fa2pp, fa2pp128 = the default at
+ *     head 128),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -183,7 +183,7 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     float *out;
     for (int pass = 0; pass < (tc ? 2 : 1); pass++) {
         if (pass)
-            setenv("BT_ATTN_TC", "0", 1);
+            kt_switch("BT_ATTN_TC", "0");
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_decode(&b.a, b.d_all, b.nt, 1, 1 << 30, NULL, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
@@ -204,135 +204,68 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
             kt_compare(what, out, ref, n_out, tol);
             free(out);
             cudaFree(d_ws);
-            unsetenv("BT_ATTN_TC");
+            kt_switch("BT_ATTN_TC", NULL);
         }
     }
 
-    /* 1b. Stream-K (attn_decode_sk.cu, opt-in) where it applies, with the
-     * early loads and without, and again on the same counters: the
-     * kernel must leave them zero. */
-    if (dt == CUDA_DT_BF16 && tc && c->nh / c->nkv <= CUDA_ATTN_SK_MAX_GROUP) {
-        int *d_cnt = NULL;
-        size_t n_cnt = (size_t)b.nt * c->nkv;
-        KT_CUDA(cudaMalloc(&d_cnt, sizeof(int) * n_cnt));
-        KT_CUDA(cudaMemset(d_cnt, 0, sizeof(int) * n_cnt));
-        KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_sk_ws_floats(c->hd)));
-        b.a.d_sk_count = d_cnt;
-        b.a.d_sk_ws = d_ws;
-        b.a.sk_max_tokens = b.nt;
-        for (int pass = 0; pass < 5; pass++) {
-            /* passes 3, 4: runs of whole tokens (BT_ATTN_SK=3) */
-            setenv("BT_ATTN_SK", pass < 3 ? "1" : "3", 1);
-            if (pass == 1 || pass == 4)
-                setenv("BT_ATTN_EARLY", "0", 1);
-            kt_poison(b.a.d_out, n_out, dt);
-            KT_OK(cuda_attn_decode(&b.a, b.d_all, b.nt, 1, 1 << 30, NULL, dt,
-                                   0));
-            out = kt_download(b.a.d_out, n_out, dt);
-            snprintf(what, sizeof(what), "attn decode stream-K%s%s %s",
-                     pass >= 3 ? " whole tokens" : "",
-                     pass == 1 || pass == 4 ? " early=0" : "", desc);
-            kt_compare(what, out, ref, n_out, tol);
-            free(out);
-            std::vector<int> cnt(n_cnt);
-            KT_CUDA(cudaMemcpy(cnt.data(), d_cnt, sizeof(int) * n_cnt,
-                               cudaMemcpyDeviceToHost));
-            int nz = 0;
-            for (size_t i = 0; i < n_cnt; i++)
-                nz += cnt[i] != 0;
-            snprintf(what, sizeof(what), "attn decode stream-K counters "
-                     "left zero (%d not) %s", nz, desc);
-            kt_check(what, nz == 0);
-            unsetenv("BT_ATTN_SK");
-            unsetenv("BT_ATTN_EARLY");
-        }
-        b.a.d_sk_count = NULL;
-        b.a.d_sk_ws = NULL;
-        b.a.sk_max_tokens = 0;
-        cudaFree(d_cnt);
-        cudaFree(d_ws);
-        d_ws = NULL;
-    }
-
-    /* 2. Split-K: the planner's choice, a forced 64-key split, and that
-     * again with the tensor-core kernel's early loads off; then (bf16,
-     * tensor cores) the TMA copy (BT_ATTN_TMA=1) with the planner's
-     * splits, 64-key splits, one split of the whole context and 64-key
-     * splits without the early loads; the other passes with the copy off
-     * (BT_ATTN_TMA=0). */
-    /* split: 0 the planner's, 64 keys, or -1 one split of everything */
-    static const struct {
-        int split;
-        bool early_off;
-        const char *tma; /* BT_ATTN_TMA */
-    } passes[] = {{0, false, "0"}, {64, false, "0"}, {64, true, "0"},
-                  {0, false, "1"}, {64, false, "1"}, {-1, false, "1"},
-                  {64, true, "1"}};
-    const size_t n_pass2 = tc && dt == CUDA_DT_BF16 ? 7 : 3;
-    for (size_t pi = 0; pi < n_pass2; pi++) {
+    /* 2. Split-K: the planner's choice, then a forced 64-key split. */
+    for (int pi = 0; pi < 2; pi++) {
         int ns, sl;
         cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 64, &ns, &sl);
-        if (passes[pi].split == 64) {
+        if (pi == 1) {
             sl = 64;
             ns = (max_kv + 63) / 64;
-        } else if (passes[pi].split < 0) {
-            sl = 1 << 30;
-            ns = 1;
         }
-        setenv("BT_ATTN_TMA", passes[pi].tma, 1);
-        if (passes[pi].early_off)
-            setenv("BT_ATTN_EARLY", "0", 1);
         KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
                                           b.nt, c->nh, c->hd, ns) + 4));
         kt_poison(b.a.d_out, n_out, dt);
         KT_OK(cuda_attn_decode(&b.a, NULL, b.nt, ns, sl, d_ws, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
-        snprintf(what, sizeof(what), "attn decode %dx%d%s%s %s", ns, sl,
-                 strcmp(passes[pi].tma, "0") ? " tma" : "",
-                 passes[pi].early_off ? " early=0" : "", desc);
+        snprintf(what, sizeof(what), "attn decode %dx%d %s", ns, sl, desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
         cudaFree(d_ws);
-        unsetenv("BT_ATTN_EARLY");
-        unsetenv("BT_ATTN_TMA");
     }
 
     /* 3. The backend's mix: tiles for chunks >= 16, per-token for rest. */
-    /* (head 64/128: the WMMA kernel, then attn_prefill_fa2.cu on mma.sync with
-     * the warp count it picks (fa2), with 4 and 8 warps forced, with
-     * S = Q K^T on wgmma (fa2wq), with P V on wgmma too (fa2wqv), and
-     * with the two warpgroups in ping-pong fed by a TMA producer warp
-     * (fa2pp), and that on 128-key tiles (fa2pp128, the default at head
-     * 128), and that with the overlap inside a warpgroup (fa3, head 128;
-     * as fa2pp128 at head 64);
-     * other head sizes: the default, unset) */
-    static const char *const pnames[] = {"wmma",  "fa2",    "fa2w4",
-                                         "fa2w8", "fa2wq",  "fa2wqv",
-                                         "fa2pp", "fa2pp128", "fa3"};
-    const bool two = c->hd == 64 || c->hd == 128;
+    /* (pass 0: the default; head 64/128 then attn_prefill_fa2.cu's
+     * kernels the default falls back to, called directly: on mma.sync
+     * (no sm_90a wgmma) with the warp count it picks (fa2) and with 4
+     * and 8 warps, with S and P V on wgmma (fa2wqv), with the two
+     * warpgroups in ping-pong fed by a TMA producer warp (fa2pp), and
+     * that on 128-key tiles (fa2pp128)) */
+    static const struct {
+        const char *name;
+        int warps; /* cuda_attn_prefill_fa2's n_warps */
+        int wgmma; /* ... and wgmma */
+    } pkinds[] = {{"default", 0, -1}, {"fa2", 0, 0},     {"fa2w4", 4, 0},
+                  {"fa2w8", 8, 0},    {"fa2wqv", 0, 2},  {"fa2pp", 0, 3},
+                  {"fa2pp128", 0, 4}};
+    const bool two = cuda_attn_prefill_fa2_ok(c->hd, dt);
     /* KT_ATTN_FA2=0: without the fa2 passes (round 5 re-ran
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
-    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 9;
+    const int n_pass = !two ? 1 : f2env && strcmp(f2env, "0") == 0 ? 1 : 7;
     for (int pass = 0; pass < n_pass &&
                        cuda_attn_prefill_ok(c->hd, dt) && !b.tiles.empty();
          pass++) {
-        if (two)
-            setenv("BT_PREFILL_KERNEL", pnames[pass], 1);
+        const int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
         kt_poison(b.a.d_out, n_out, dt);
-        KT_OK(cuda_attn_prefill(&b.a, b.d_tiles,
-                                (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS,
-                                dt, 0));
+        if (pkinds[pass].wgmma < 0)
+            KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, dt, 0));
+        else
+            KT_CUDA(cuda_attn_prefill_fa2(&b.a, b.d_tiles, n_tiles,
+                                          pkinds[pass].warps,
+                                          pkinds[pass].wgmma, 0));
         KT_OK(cuda_attn_decode(&b.a, b.d_gen, (int)b.gen.size(), 1, 1 << 30,
                                NULL, dt, 0));
         out = kt_download(b.a.d_out, n_out, dt);
         char pn[16] = "";
         if (two)
-            snprintf(pn, sizeof(pn), " (%s)", pnames[pass]);
+            snprintf(pn, sizeof(pn), " (%s)", pkinds[pass].name);
         snprintf(what, sizeof(what), "attn prefill%s+decode %s", pn, desc);
         kt_compare(what, out, ref, n_out, tol);
         free(out);
-        unsetenv("BT_PREFILL_KERNEL");
     }
     free(ref);
     batch_free(&b);
@@ -398,11 +331,9 @@ static void run_rope_case(int nh, int nkv, int hd, int bs, int rope_half,
     for (int t = 0; t < b.nt; t++)
         max_kv = b.kv_len[t] > max_kv ? b.kv_len[t] : max_kv;
     char desc[96], what[160];
-    const char *newrow = getenv("BT_ATTN_NEWROW");
-    int pos_c = snprintf(desc, sizeof(desc), "h=%d/%d hd=%d bs=%d %s%s%s%s ctx",
+    int pos_c = snprintf(desc, sizeof(desc), "h=%d/%d hd=%d bs=%d %s%s ctx",
                          nh, nkv, hd, bs, rope_half ? "half" : "pairs",
-                         bias ? "+bias" : "", newrow ? " newrow=" : "",
-                         newrow ? newrow : "");
+                         bias ? "+bias" : "");
     for (int ctx : ctxs)
         if (pos_c < (int)sizeof(desc) - 8)
             pos_c += snprintf(desc + pos_c, sizeof(desc) - pos_c, " %d", ctx);
@@ -483,15 +414,12 @@ static void bench(void)
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
-        /* pass 0: tc, 1: tc with the TMA copy, 2: the general kernel */
-        static const char *const tma_env[] = {"0", "1", "0"};
-        static const char *const pass_name[] = {"tc     ", "tc tma ",
-                                                "general"};
-        for (int pass = 0; pass < 3; pass++) {
+        /* pass 0: tc, 1: the general kernel */
+        static const char *const pass_name[] = {"tc     ", "general"};
+        for (int pass = 0; pass < 2; pass++) {
         float ms[20];
-        setenv("BT_ATTN_TMA", tma_env[pass], 1);
-        if (pass == 2)
-            setenv("BT_ATTN_TC", "0", 1);
+        if (pass == 1)
+            kt_switch("BT_ATTN_TC", "0");
         for (int it = 0; it < 23; it++) {
             kt_flush_l2();
             cudaEventRecord(e0);
@@ -509,8 +437,7 @@ static void bench(void)
                pass_name[pass], dec[i][0],
                dec[i][1], med * 1e3, bytes / (med * 1e-3) / 1e9,
                100.0 * bytes / (med * 1e-3) / 4.5e12, ns, sl);
-        unsetenv("BT_ATTN_TC");
-        unsetenv("BT_ATTN_TMA");
+        kt_switch("BT_ATTN_TC", NULL);
         }
         cudaFree(d_ws);
         batch_free(&b);
@@ -524,20 +451,23 @@ static void bench(void)
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
-        /* fa2pp, fa2pp128 (the default), then the alternatives */
-        static const char *const bnames[] = {"fa2pp", "fa2pp128", "wmma",
-                                             "fa2",   "fa2w4",    "fa2wq",
-                                             "fa2wqv"};
+        /* the default (fa2pp128 at head 128), then the kernels it falls
+         * back to (cuda_attn_prefill_fa2's wgmma 3, 2, 0) */
+        static const char *const bnames[] = {"default", "fa2pp", "fa2wqv",
+                                             "fa2"};
+        static const int bwgmma[] = {-1, 3, 2, 0};
         const char *f2env = getenv("KT_ATTN_FA2");
-        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 3 : 7;
+        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 1 : 4;
         for (int pass = 0; pass < n_pass; pass++) {
         float ms[10];
-        if (pass > 0)
-            setenv("BT_PREFILL_KERNEL", bnames[pass], 1);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
-            KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, CUDA_DT_BF16,
-                                    0));
+            if (bwgmma[pass] < 0)
+                KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles,
+                                        CUDA_DT_BF16, 0));
+            else
+                KT_CUDA(cuda_attn_prefill_fa2(&b.a, b.d_tiles, n_tiles, 0,
+                                              bwgmma[pass], 0));
             cudaEventRecord(e1);
             cudaEventSynchronize(e1);
             if (it >= 2)
@@ -545,11 +475,10 @@ static void bench(void)
         }
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
-        printf("prefill attn %-6s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
+        printf("prefill attn %-8s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
                "FLOPs)\n", bnames[pass], pre[i],
                med * 1e3,
                flops / (med * 1e-3) / 1e12);
-        unsetenv("BT_PREFILL_KERNEL");
         }
         batch_free(&b);
     }
@@ -599,9 +528,9 @@ int main(int argc, char **argv)
         /* group 8 at head 64, block 64: many tiles, chunk at 1000 */
         {16, 2, 64, 64, {{0, 449, 0}, {1000, 80, 0}}},
     };
-    /* stream-K with more items than the H200's 2 x 132 block slots: 40
-     * decode tokens x 8 KV heads, lengths from 1 to 2600 keys, one masked
-     * draft tree; again at head 64, block 8 */
+    /* more items than the H200's 2 x 132 block slots: 40 decode tokens x
+     * 8 KV heads, lengths from 1 to 2600 keys, one masked draft tree;
+     * again at head 64, block 8 */
     for (int v = 0; v < 2; v++) {
         attn_case_t big = {32, 8, v ? 64 : 128, v ? 8 : 16, {}};
         for (int i = 0; i < 40; i++)
@@ -621,17 +550,13 @@ int main(int argc, char **argv)
     run_rope_case(8, 8, 64, 16, 0, true, {300, 1, 1025});
     /* 1-2 token steps: with splits of <= 2 tiles the new-row kernel
      * instance (the new key's row left out of its early tile and written
-     * there by the prologue, BT_ATTN_NEWROW=1): the key first, last and
-     * inside a tile, the first token; then the same with it off */
-    for (int nr = 0; nr < 2; nr++) {
-        setenv("BT_ATTN_NEWROW", nr ? "0" : "1", 1);
-        run_rope_case(32, 8, 128, 16, 1, true, {2000});
-        run_rope_case(32, 8, 128, 16, 1, false, {63, 64});
-        run_rope_case(8, 2, 64, 8, 0, true, {0, 127});
-        run_rope_case(32, 2, 128, 64, 1, false, {128});
-        run_rope_case(8, 8, 64, 16, 0, false, {1, 95});
-    }
-    unsetenv("BT_ATTN_NEWROW");
+     * there by the prologue): the key first, last and inside a tile, the
+     * first token */
+    run_rope_case(32, 8, 128, 16, 1, true, {2000});
+    run_rope_case(32, 8, 128, 16, 1, false, {63, 64});
+    run_rope_case(8, 2, 64, 8, 0, true, {0, 127});
+    run_rope_case(32, 2, 128, 64, 1, false, {128});
+    run_rope_case(8, 8, 64, 16, 0, false, {1, 95});
     if (argc > 1 && strcmp(argv[1], "--bench") == 0)
         bench();
     return kt_finish("test_attn");

@@ -4,7 +4,7 @@
  * bf16 in with f32 out added to the existing output (the residual add),
  * odd shapes; output poisoned before each plain run.  Then every GEMV
  * variant of kernels/gemv.h (cuda_gemv_run) on every shape it supports,
- * the RMSNorm-fused GEMV (stream and ring kernels) and the rows kernel with
+ * the RMSNorm-fused GEMV (rows and ring kernels) and the rows kernel with
  * SwiGLU fused into its output.  --bench times the Llama-3-8B projection
  * shapes; --variant NAME runs only that variant's cases, --norm only the
  * fused-RMSNorm / SwiGLU ones (a new kernel's quick check on the device).
@@ -19,21 +19,6 @@
 #include "kt_common.h"
 
 #include <unistd.h>
-
-/* " PF=2" etc. for the rows-kernel switches that are set (labels). */
-static const char *kt_switches(void)
-{
-    static char buf[64];
-    const char *pf = getenv("BT_GEMV_PF"), *tr = getenv("BT_GEMV_TRIGGER");
-    const char *mb = getenv("BT_GEMV_PF_MB"), *rp = getenv("BT_GEMV_RPW");
-    const char *nr = getenv("BT_GEMV_NORM_REG");
-
-    snprintf(buf, sizeof(buf), "%s%s%s%s%s%s%s%s%s%s", pf ? " PF=" : "",
-             pf ? pf : "", tr ? " trigger=" : "", tr ? tr : "",
-             mb ? " PF_MB=" : "", mb ? mb : "", rp ? " RPW=" : "",
-             rp ? rp : "", nr ? " NORM_REG=" : "", nr ? nr : "");
-    return buf;
-}
 
 static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
                      cuda_dtype_t in_dt, cuda_dtype_t out_dt, int acc)
@@ -52,8 +37,8 @@ static void run_case(worker_gemm_ctx_t *g, int t, int o, int i,
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
     char what[160];
     snprintf(what, sizeof(what), "gemm%s%s %s->%s%s t=%d o=%d i=%d",
-             getenv("BT_GEMV_FORCE") ? " force=" : "",
-             getenv("BT_GEMV_FORCE") ? getenv("BT_GEMV_FORCE") : "",
+             cuda_switches()->gemv_force ? " force=" : "",
+             cuda_switches()->gemv_force ? cuda_switches()->gemv_force : "",
              kt_dt_name(in_dt), kt_dt_name(out_dt), acc ? " +=" : "", t, o, i);
     kt_compare(what, y, ref, (size_t)t * o,
                in_dt == CUDA_DT_F32 ? 1e-5 : 1e-2);
@@ -75,7 +60,7 @@ static void test_cache(void)
 
     snprintf(path, sizeof(path), "/tmp/bt_test_gemm_cache.%d", (int)getpid());
     remove(path);
-    setenv("BT_GEMM_CACHE", path, 1);
+    kt_switch("BT_GEMM_CACHE", path);
     for (int round = 0; round < 4; round++) {
         if (round == 2) { /* corrupt the file */
             f = fopen(path, "w");
@@ -110,7 +95,7 @@ static void test_cache(void)
     }
     /* not unset: unset means the per-host default file, and the
      * other tests here time every variant afresh */
-    setenv("BT_GEMM_CACHE", "off", 1);
+    kt_switch("BT_GEMM_CACHE", "off");
     remove(path);
 }
 
@@ -137,11 +122,10 @@ static void run_variant_ws(int k, int t, int o, int i, cuda_dtype_t out_dt,
     KT_CUDA(cudaGetLastError());
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
     char what[160];
-    snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d%s%s",
+    snprintf(what, sizeof(what), "gemv %s bf16->%s%s t=%d o=%d i=%d%s",
              cuda_gemv_kernel_name((cuda_gemv_kernel_t)k), kt_dt_name(out_dt),
-             acc ? " +=" : "", t, o, i, kt_switches(),
-             (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG || k == CUDA_GEMV_TMA) &&
-                     ws == NULL
+             acc ? " +=" : "", t, o, i,
+             (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG) && ws == NULL
                  ? " no-split" : "");
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_y);
@@ -177,11 +161,9 @@ static void run_norm_case(int t, int o, int i, cuda_dtype_t out_dt)
     KT_CUDA(cudaDeviceSynchronize());
     float *y = kt_download(d_y, (size_t)t * o, out_dt);
     char what[160];
-    snprintf(what, sizeof(what), "gemv+rmsnorm (%s) bf16->%s t=%d o=%d i=%d%s",
-             getenv("BT_GEMV_NORM") ? (getenv("BT_GEMV_NORM_KERNEL") ? "bulk"
-                                                                     : "ring")
-             : getenv("BT_GEMV_KERNEL") ? "stream" : "rows",
-             kt_dt_name(out_dt), t, o, i, kt_switches());
+    snprintf(what, sizeof(what), "gemv+rmsnorm (%s) bf16->%s t=%d o=%d i=%d",
+             cuda_switches()->gemv_norm ? "ring" : "rows",
+             kt_dt_name(out_dt), t, o, i);
     kt_compare(what, y, ref, (size_t)t * o, 1e-2);
     cudaFree(d_x); cudaFree(d_g); cudaFree(d_w); cudaFree(d_y);
     free(x); free(gw); free(w); free(xn); free(ref); free(y);
@@ -221,9 +203,9 @@ static void run_glu_case(int t, int hid, int i)
     float *h = kt_download(d_h, (size_t)t * hid, CUDA_DT_BF16);
     float *h2 = kt_download(d_h2, (size_t)t * hid, CUDA_DT_BF16);
     char what[160];
-    snprintf(what, sizeof(what), "gemv+rmsnorm+swiglu %s t=%d hid=%d i=%d%s",
-             getenv("BT_GEMV_GLU") ? getenv("BT_GEMV_GLU") : "", t, hid, i,
-             kt_switches());
+    snprintf(what, sizeof(what), "gemv+rmsnorm+swiglu %s t=%d hid=%d i=%d",
+             cuda_switches()->gemv_glu ? cuda_switches()->gemv_glu : "", t,
+             hid, i);
     kt_compare(what, h, ref, (size_t)t * hid, 1e-2);
     size_t diff = 0;
     for (size_t k = 0; k < (size_t)t * hid; k++)
@@ -287,6 +269,7 @@ int main(int argc, char **argv)
     /* every variant timed here, not read from the per-host default
      * tuning cache (test_cache sets its own file) */
     setenv("BT_GEMM_CACHE", "off", 0);
+    cuda_switches_reload();
     worker_gemm_ctx_t *g = NULL;
     const char *only = argc > 2 && strcmp(argv[1], "--variant") == 0
                            ? argv[2] : NULL;
@@ -308,16 +291,8 @@ int main(int argc, char **argv)
                          {2, 300, 1024}, {5, 1000, 4096}, {8, 77, 512},
                          {4, 33, 14336}, {1, 77, 8}, {1, 33, 264},
                          {2, 1000, 14336}, {1, 5, 512}, {2, 20000, 256}};
-    /* Pass 1: the streaming GEMV kernel where n_in % 256 == 0
-     * (BT_GEMV_KERNEL=stream), pass 0: the default (warp-per-row). */
-    for (int pass = only || norm_only ? -1 : 1; pass >= 0; pass--) {
-    if (pass)
-        setenv("BT_GEMV_KERNEL", "stream", 1);
-    else
-        unsetenv("BT_GEMV_KERNEL");
-    for (size_t s = 0; s < sizeof(sh) / sizeof(sh[0]); s++) {
-        if (pass && !(sh[s][0] <= 2 && sh[s][2] % 256 == 0))
-            continue; /* only the shapes the two kernels share */
+    for (size_t s = 0; !only && !norm_only && s < sizeof(sh) / sizeof(sh[0]);
+         s++) {
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 0);
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_F32, CUDA_DT_F32, 1);
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_BF16,
@@ -326,7 +301,6 @@ int main(int argc, char **argv)
                  0);
         run_case(g, sh[s][0], sh[s][1], sh[s][2], CUDA_DT_BF16, CUDA_DT_F32,
                  1);
-    }
     }
     {
         /* Every variant on every shape it supports: odd row counts, token
@@ -358,8 +332,7 @@ int main(int argc, char **argv)
                 run_variant(k, t, o, i, CUDA_DT_BF16, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 0);
                 run_variant(k, t, o, i, CUDA_DT_F32, 1);
-                if (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG ||
-                    k == CUDA_GEMV_TMA) /* unsplit */
+                if (k == CUDA_GEMV_TC || k == CUDA_GEMV_WG) /* unsplit */
                     run_variant_ws(k, t, o, i, CUDA_DT_F32, 1, NULL);
                 n++;
             }
@@ -368,23 +341,13 @@ int main(int argc, char **argv)
         }
     }
     if (!only) {
-        /* cuda_gemv_norm: the rows kernel (default), the streaming
-         * kernel, then the ring kernel (BT_GEMV_NORM=1) with cp.async
-         * and with bulk copies. */
+        /* cuda_gemv_norm: the rows kernel (default), then the ring
+         * kernel (BT_GEMV_NORM=1). */
         const int nsh[][3] = {{1, 6144, 4096}, {2, 1000, 4096}, {1, 7, 256},
                               {2, 3000, 1024}, {1, 28672, 4096},
                               {2, 77, 264}, {1, 4100, 14336}};
-        for (int mode = 0; mode < 4; mode++) {
-            unsetenv("BT_GEMV_KERNEL");
-            unsetenv("BT_GEMV_NORM");
-            unsetenv("BT_GEMV_NORM_KERNEL");
-            if (mode == 1) {
-                setenv("BT_GEMV_KERNEL", "stream", 1);
-            } else if (mode >= 2) {
-                setenv("BT_GEMV_NORM", "1", 1);
-                if (mode == 3)
-                    setenv("BT_GEMV_NORM_KERNEL", "bulk", 1);
-            }
+        for (int mode = 0; mode < 2; mode++) {
+            kt_switch("BT_GEMV_NORM", mode ? "1" : NULL);
             for (size_t s = 0; s < sizeof(nsh) / sizeof(nsh[0]); s++) {
                 int t = nsh[s][0], o = nsh[s][1], i = nsh[s][2];
                 if (mode > 0 && i % 256 != 0)
@@ -404,15 +367,13 @@ int main(int argc, char **argv)
          * pair, then one warp a pair): the Llama-3-8B MLP (14336 x 2 over
          * 4096), odd pair counts, n_in 1024 (the smallest with whole
          * 128-chunk steps) */
-        unsetenv("BT_GEMV_KERNEL");
-        unsetenv("BT_GEMV_NORM");
-        unsetenv("BT_GEMV_NORM_KERNEL");
+        kt_switch("BT_GEMV_NORM", NULL);
         const int gsh[][3] = {{1, 14336, 4096}, {2, 14336, 4096},
                               {1, 77, 1024}, {2, 1001, 2048},
                               {1, 3, 1024}};
         for (size_t s2 = 0; s2 < 2 * sizeof(gsh) / sizeof(gsh[0]); s2++) {
-            setenv("BT_GEMV_GLU",
-                   s2 < sizeof(gsh) / sizeof(gsh[0]) ? "pair" : "warp", 1);
+            kt_switch("BT_GEMV_GLU",
+                      s2 < sizeof(gsh) / sizeof(gsh[0]) ? "pair" : "warp");
             const int *sh2 = gsh[s2 % (sizeof(gsh) / sizeof(gsh[0]))];
             int t = sh2[0], hid = sh2[1], i = sh2[2];
             if (!cuda_gemv_norm_glu_ok(t, i)) {
@@ -422,51 +383,29 @@ int main(int argc, char **argv)
             }
             run_glu_case(t, hid, i);
         }
-        unsetenv("BT_GEMV_GLU");
+        kt_switch("BT_GEMV_GLU", NULL);
         if (cuda_gemv_norm_glu_ok(1, 264) || cuda_gemv_norm_glu_ok(3, 4096)) {
             printf("FAIL gemv_norm_glu_ok true for i=264 or 3 tokens\n");
             kt_failures++;
         }
-        /* The prefetch / trigger switches of the rows kernel change no
-         * result: whole-row prefetch, none, early trigger. */
-        const char *pf[][2] = {{"BT_GEMV_PF", "2"}, {"BT_GEMV_PF", "0"},
-                               {"BT_GEMV_TRIGGER", "early"},
-                               {"BT_GEMV_PF_MB", "1"}, {"BT_GEMV_RPW", "2"},
-                               {"BT_GEMV_RPW", "1"},
-                               {"BT_GEMV_NORM_REG", "0"}};
-        for (size_t f = 0; f < sizeof(pf) / sizeof(pf[0]); f++) {
-            setenv(pf[f][0], pf[f][1], 1);
-            run_variant(CUDA_GEMV_ROWS, 1, 6144, 4096, CUDA_DT_BF16, 0);
-            run_variant(CUDA_GEMV_ROWS, 2, 4100, 14336, CUDA_DT_F32, 1);
-            run_variant(CUDA_GEMV_ROWS8, 1, 77, 264, CUDA_DT_F32, 1);
-            run_variant(CUDA_GEMV_ROWS, 1, 77, 4096, CUDA_DT_F32, 1);
-            run_variant(CUDA_GEMV_ROWS8, 2, 301, 2048, CUDA_DT_BF16, 0);
-            run_norm_case(1, 6144, 4096, CUDA_DT_BF16);
-            run_norm_case(2, 1000, 4096, CUDA_DT_F32);
-            run_glu_case(1, 1001, 2048);
-            unsetenv(pf[f][0]);
-        }
         /* Late PDL triggers (cuda__pdl_late, the batch-1 default of the
-         * backend) change no result either. */
+         * backend) change no result. */
         cuda__pdl_late = 1;
         run_variant(CUDA_GEMV_ROWS, 1, 6144, 4096, CUDA_DT_BF16, 0);
         run_variant(CUDA_GEMV_ROWS, 2, 4100, 14336, CUDA_DT_F32, 1);
         run_norm_case(1, 6144, 4096, CUDA_DT_BF16);
         run_glu_case(1, 14336, 4096);
         cuda__pdl_late = 0;
-        unsetenv("BT_GEMV_KERNEL");
-        unsetenv("BT_GEMV_NORM");
-        unsetenv("BT_GEMV_NORM_KERNEL");
     }
     if (!only && !norm_only) {
         /* worker_gemm with a forced variant, and the tuned choices. */
         const char *force[] = {"mma1", "mma2", "ring", "bulk", "rows8", "lt"};
         for (size_t f = 0; f < sizeof(force) / sizeof(force[0]); f++) {
-            setenv("BT_GEMV_FORCE", force[f], 1);
+            kt_switch("BT_GEMV_FORCE", force[f]);
             run_case(g, 3, 1000, 4096, CUDA_DT_BF16, CUDA_DT_F32, 1);
             run_case(g, 2, 333, 512, CUDA_DT_BF16, CUDA_DT_BF16, 0);
         }
-        unsetenv("BT_GEMV_FORCE");
+        kt_switch("BT_GEMV_FORCE", NULL);
         for (int t = 1; t <= 128; t *= 2) {
             float us = 0.0f;
             const char *c = worker_gemm_choice(g, t, 1000, 4096, CUDA_DT_F32,
@@ -478,11 +417,8 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench(g, "worker_gemm", 1 << 30);
-        setenv("BT_GEMV_KERNEL", "stream", 1);
-        bench(g, "gemv stream", 2);
-        unsetenv("BT_GEMV_KERNEL");
         worker_gemm_ctx_t *g2 = NULL;
-        setenv("BT_GEMV", "0", 1);
+        kt_switch("BT_GEMV", "0");
         KT_OK(worker_gemm_ctx_create(32u << 20, &g2));
         bench(g2, "cuBLASLt only", 1 << 30);
         worker_gemm_ctx_destroy(&g2);

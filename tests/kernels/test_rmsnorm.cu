@@ -14,11 +14,7 @@ int main(void)
                              {5, 8192},
                              {2048, 4096}, {3, 12}, {2, 6144}};
     kt_seed(2);
-    /* pass 0: the default (vector kernel where dim % 4 == 0), pass 1:
-     * BT_RMSNORM_VEC=0 (scalar kernel everywhere). */
-    for (int pass = 0; pass < 2; pass++) {
-    if (pass)
-        setenv("BT_RMSNORM_VEC", "0", 1);
+    /* the vector kernel where dim % 4 == 0, else the scalar one */
     for (int dti = 0; dti < 2; dti++) {
         cuda_dtype_t dt = dti ? CUDA_DT_BF16 : CUDA_DT_F32;
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
@@ -47,8 +43,8 @@ int main(void)
                 float *out = kt_download(d_out, (size_t)n_rows * dim, dt);
                 float *xo = kt_download(d_x, nd, CUDA_DT_F32);
                 char what[96];
-                snprintf(what, sizeof(what), "rmsnorm%s %s %s n=%d dim=%d",
-                         pass ? " (scalar)" : "", kt_dt_name(dt),
+                snprintf(what, sizeof(what), "rmsnorm %s %s n=%d dim=%d",
+                         kt_dt_name(dt),
                          mode == 0 ? "plain" : mode == 1 ? "+add" : "gather",
                          n, dim);
                 /* bf16 output rounding: 2^-9 relative per element. */
@@ -67,7 +63,5 @@ int main(void)
             }
         }
     }
-    }
-    unsetenv("BT_RMSNORM_VEC");
     return kt_finish("test_rmsnorm");
 }

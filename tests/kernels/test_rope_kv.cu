@@ -137,16 +137,9 @@ int main(void)
         {16, 2, 64, 0, 0, 1, 8, 19},
     };
     kt_seed(5);
-    /* pass 0: default (vector kernel where head sizes allow), pass 1:
-     * BT_ROPE_VEC=0 (scalar kernel everywhere). */
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass)
-            setenv("BT_ROPE_VEC", "0", 1);
-        printf("INFO rope pass: %s\n", pass ? "scalar" : "default");
-        for (int dti = 0; dti < 2; dti++)
-            for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-                run_case(&cases[i], dti ? CUDA_DT_BF16 : CUDA_DT_F32);
-    }
-    unsetenv("BT_ROPE_VEC");
+    /* the vector kernel where head sizes allow, else the scalar one */
+    for (int dti = 0; dti < 2; dti++)
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+            run_case(&cases[i], dti ? CUDA_DT_BF16 : CUDA_DT_F32);
     return kt_finish("test_rope_kv");
 }

@@ -73,29 +73,19 @@
 #include "kernels/synth_fill.h"
 #include "model/model_shard.h"
 #include "model/model_synth.h"
+#include "cuda_switches.h"
 #include "nccl_dl.h"
 
 #define CUDA_MAX_SPLITS 64        /* key splits per token, at most */
 /* Decode steps up to this many tokens take RoPE inside the attention
- * kernel.  Round 12 (H200, 8B shape, 2k context): batch 1 -0.06 ms, batch
- * 8 -0.03..-0.1; batch 64 equal in one call and 0.04-0.1 ms slower than
- * the previous build in two others (there RoPE already ran under the
- * attention's start with PDL, and 512 blocks each rotate their heads). */
+ * kernel (one kernel a layer less; faster at batch 1 and 8, equal to
+ * slower at batch 64, where RoPE already ran under the attention's start
+ * with PDL: round 12 of docs/PERFORMANCE.md). */
 #define CUDA_ROPE_FUSE_MAX_TOK 16
-
-/* CUDA_ROPE_FUSE_MAX_TOK, or BT_ROPE_FUSE_MAX=N (A/B runs; read once). */
-static int cuda_rope_fuse_max(void)
-{
-    static int max = -1;
-
-    if (max < 0) {
-        const char *env = getenv("BT_ROPE_FUSE_MAX");
-        max = env && *env ? atoi(env) : CUDA_ROPE_FUSE_MAX_TOK;
-        if (max < 0)
-            max = 0;
-    }
-    return max;
-}
+/* Steps of up to this many tokens fuse RMSNorm (and SwiGLU) into the rows
+ * GEMV: at 2 tokens the tuner's picks beat the 2-token rows kernel, so
+ * unfused wins (round 12). */
+#define CUDA_FUSE_NORM_MAX_TOK 1
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
@@ -217,8 +207,6 @@ typedef struct {
     float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
     float *d_hidden;          /* (hid_cap, dim), rank 0 only */
     float *d_ws;              /* split-K partials */
-    int *d_sk_count;          /* (max_tok, nkv) stream-K counters (zero) */
-    float *d_sk_ws;           /* stream-K partials */
 
     int *d_meta;              /* b->meta_cap ints */
     uint8_t *d_mask;          /* b->mask_cap bytes */
@@ -259,18 +247,6 @@ struct cuda_backend_s {
     /* BT_PROFILE_SKIP (timing experiments only: results are garbage):
      * CUDA_SKIP_* bits of the per-layer ops cuda_enqueue leaves out */
     unsigned skip;
-    /* PDL on steps of <= 2 tokens (BT_PDL_SMALL): 'l' late triggers
-     * (default), 'o' off (=0), 'e' early triggers as on larger steps
-     * (=1); see cuda__pdl_late in cuda_int.h */
-    char pdl_small;
-    /* Steps of up to this many tokens fuse RMSNorm (and SwiGLU) into the
-     * rows GEMV (BT_GEMV_NORM_TOK, default 1).  Round 12 (H200, 8B shape,
-     * batch 2 @2k, same call): fused 5.021 / 5.028 ms, unfused 4.772 (the
-     * tuner's 2-token picks beat the 2-token rows kernel by 14-45% a
-     * projection). */
-    int fuse_norm_max;
-    bool stream_k;            /* BT_ATTN_SK: the opt-in stream-K decode
-                                 attention (its buffers are allocated) */
     bool tree_graphs;         /* graphs for tree-verification steps too
                                  (BT_TREE_GRAPHS=0: off) */
 
@@ -743,18 +719,6 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (rank == 0)
         CUDA_ACT(r->d_hidden, (size_t)b->hid_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
-    if (b->stream_k) {
-        CUDA_ACT(r->d_sk_ws,
-                 cuda_attn_decode_sk_ws_floats(b->mc.head_dim) * 4,
-                 "attn_stream_k");
-        CUDA_ACT(r->d_sk_count, (size_t)b->max_tok * b->nkv * sizeof(int),
-                 "attn_stream_k_counts");
-        /* The stream-K kernel leaves its counters zero; they start so. */
-        status = BT_CUDA_STATUS(cudaMemset(
-            r->d_sk_count, 0, (size_t)b->max_tok * b->nkv * sizeof(int)));
-        if (status != BT_OK)
-            return status;
-    }
 #undef CUDA_ACT
 
     for (int i = 0; i < 2; i++) {
@@ -1003,7 +967,7 @@ static bt_status_t cuda_rank_comm_check(void *arg, int rank)
 /* Tensor parallelism: NCCL, communicators, peer tables, self-check. */
 static bt_status_t cuda_tp_setup(cuda_backend_t *b)
 {
-    const char *env = getenv("BT_TP_ALLREDUCE");
+    const char *env = cuda_switches()->tp_allreduce;
     bt_status_t status;
 
     b->ar_mode = CUDA_AR_AUTO;
@@ -1020,7 +984,7 @@ static bt_status_t cuda_tp_setup(cuda_backend_t *b)
                             "or none", env);
     }
     b->ar_custom_max = b->tp == 2 ? (4u << 20) : (1u << 20);
-    env = getenv("BT_TP_AR_CUSTOM_MAX");
+    env = cuda_switches()->tp_ar_custom_max;
     if (env != NULL && env[0] != '\0') {
         uint64_t v;
 
@@ -1114,6 +1078,7 @@ enum {
 
 static unsigned cuda_skip_parse(const char *env)
 {
+    const char *env0 = env;
     static const char *const names[] = {"norm", "qkv", "rope", "attn",
                                         "o", "gu", "swiglu", "down"};
     unsigned mask = 0;
@@ -1128,7 +1093,7 @@ static unsigned cuda_skip_parse(const char *env)
     if (mask != 0)
         BT_LOG_WARN("CUDA", "BT_PROFILE_SKIP=%s: forwards leave ops out "
                     "(timing only, outputs are meaningless)",
-                    getenv("BT_PROFILE_SKIP"));
+                    env0);
     return mask;
 }
 
@@ -1136,6 +1101,8 @@ static unsigned cuda_skip_parse(const char *env)
 static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
                                void **impl_p)
 {
+    /* every switch read here, once (cuda_switches.h) */
+    const cuda_switches_t *sw = cuda_switches();
     cuda_backend_t *b;
     const char *env;
     model_shard_t sh0;
@@ -1191,17 +1158,11 @@ static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
     b->q_dim = b->nh * hd;
     b->kv_dim = b->nkv * hd;
     b->qkv_dim = b->q_dim + 2 * b->kv_dim;
-    env = getenv("BT_CUDA_GRAPHS");
+    env = sw->cuda_graphs;
     b->use_graphs = env == NULL || strcmp(env, "0") != 0;
-    env = getenv("BT_TREE_GRAPHS");
+    env = sw->tree_graphs;
     b->tree_graphs = env == NULL || strcmp(env, "0") != 0;
-    b->skip = cuda_skip_parse(getenv("BT_PROFILE_SKIP"));
-    env = getenv("BT_GEMV_NORM_TOK");
-    b->fuse_norm_max = env ? atoi(env) : 1;
-    b->stream_k = cuda_attn_decode_sk_enabled();
-    env = getenv("BT_PDL_SMALL");
-    b->pdl_small = env == NULL ? 'l' : strcmp(env, "0") == 0 ? 'o'
-                 : strcmp(env, "1") == 0 ? 'e' : 'l';
+    b->skip = cuda_skip_parse(sw->profile_skip);
 
     /* The KV pool layout: one rank's heads (n_blocks set again when the
      * pool is sized from memory). */
@@ -1335,8 +1296,6 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_logits);
     cuda__dev_free((void **)&r->d_hidden);
     cuda__dev_free((void **)&r->d_ws);
-    cuda__dev_free((void **)&r->d_sk_ws);
-    cuda__dev_free((void **)&r->d_sk_count);
     cuda__dev_free(&r->d_k);
     cuda__dev_free(&r->d_v);
     cuda__dev_free((void **)&r->d_inv_freq);
@@ -1595,14 +1554,11 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     aa.d_ctx_len = p->d_ctx;
     aa.d_mask_off = p->d_mask_off;
     aa.d_out = r->d_att;
-    aa.d_sk_count = r->d_sk_count;
-    aa.d_sk_ws = r->d_sk_ws;
-    aa.sk_max_tokens = b->max_tok;
     /* Single-token unmasked steps of up to CUDA_ROPE_FUSE_MAX_TOK tokens:
      * RoPE and the new keys' K/V write run inside the decode attention
      * kernel (one kernel a layer less; the per-layer events of
      * on_layer_done are never wanted then). */
-    const bool fuse_rope = p->single && p->n_gen <= cuda_rope_fuse_max() &&
+    const bool fuse_rope = p->single && p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
                            !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
                            cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);
     if (fuse_rope) {
@@ -1613,10 +1569,11 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         aa.rope_half = ra.rope_half;
     }
 
-    /* Steps of up to fuse_norm_max tokens (1; BT_GEMV_NORM_TOK) in bf16
-     * whose GEMMs may take the GEMV kernels: RMSNorm inside the rows GEMV
-     * that consumes it (one kernel less per norm; BT_GEMV_NORM=0: off). */
-    const bool fuse_norm = b->dt == CUDA_DT_BF16 && nt <= b->fuse_norm_max &&
+    /* Steps of up to CUDA_FUSE_NORM_MAX_TOK tokens in bf16 whose GEMMs
+     * may take the GEMV kernels: RMSNorm inside the rows GEMV that
+     * consumes it (one kernel less per norm; BT_GEMV_NORM=0: off). */
+    const bool fuse_norm = b->dt == CUDA_DT_BF16 &&
+                           nt <= CUDA_FUSE_NORM_MAX_TOK &&
                            worker_gemm_gemv_enabled(r->gemm) &&
                            cuda_gemv_norm_ok(nt, mc->dim);
     /* ... and there SwiGLU inside the gate|up GEMV's output (one kernel a
@@ -1731,21 +1688,17 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     return BT_OK;
 }
 
-/* cuda_enqueue_forward, with programmatic dependent launch on steps of
- * <= 2 tokens as BT_PDL_SMALL says: late triggers by default
- * (cuda__pdl_late, cuda_int.h: H200, batch 1, -0.07 ms against no PDL,
- * -0.2 ms against early triggers), or off, or early. */
+/* cuda_enqueue_forward, with late programmatic-dependent-launch
+ * triggers on steps of <= 2 tokens (cuda__pdl_late, cuda_int.h: faster
+ * there than no PDL or early triggers). */
 static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
 {
-    const int saved_off = cuda__pdl_off, saved_late = cuda__pdl_late;
+    const int saved_late = cuda__pdl_late;
     bt_status_t status;
 
-    if (p->nt <= 2 && r->b->pdl_small == 'o')
-        cuda__pdl_off = 1;
-    if (p->nt <= 2 && r->b->pdl_small == 'l')
+    if (p->nt <= 2)
         cuda__pdl_late = 1;
     status = cuda_enqueue_forward(r, p);
-    cuda__pdl_off = saved_off;
     cuda__pdl_late = saved_late;
     return status;
 }
@@ -2136,7 +2089,7 @@ static bt_status_t cuda_forward_sample_begin(void *impl,
     bt_status_t status;
 
     *handled = false;
-    if (b->tp > 1 || getenv("BT_HOST_SAMPLE") != NULL)
+    if (b->tp > 1 || cuda_switches()->host_sample != NULL)
         return BT_OK;
     for (int s = 0; s < batch->n_seqs; s++)
         n_rows += batch->seqs[s].n_logits;

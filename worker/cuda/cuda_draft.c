@@ -24,6 +24,7 @@
 
 #include "bt_alloc.h"
 #include "bt_log.h"
+#include "cuda_switches.h"
 #include "bt_util.h"
 #include "cuda_int.h"
 #include "gemm.h"
@@ -375,7 +376,7 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
     for (int i = 0; i < 2; i++)
         BT_CUDA_CHECK_GOTO(cudaEventCreate(&d->ev_pass[i]), status, err);
     {
-        const char *env = getenv("BT_DRAFT_PROFILE");
+        const char *env = cuda_switches()->draft_profile;
 
         d->prof = env != NULL && strcmp(env, "1") == 0;
         for (int i = 0; d->prof && i < DRAFT_PROF_N; i++)
@@ -465,7 +466,7 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
                                                       CUDA_DRAFT_TOPK_MAX)),
                   status, err);
     {
-        const char *env = getenv("BT_DRAFT_GRAPHS");
+        const char *env = cuda_switches()->draft_graphs;
 
         d->use_graphs = env == NULL || strcmp(env, "0") != 0;
     }

@@ -68,31 +68,21 @@ void cuda__dev_free(void **d_p);
 /* Device bytes currently held through cuda__dev_malloc. */
 size_t cuda__dev_live_bytes(void);
 
-/* Non-zero: the kernels this thread launches (kern_launch) leave out the
- * programmatic-dependent-launch attribute.  The backend sets it while it
- * enqueues (or captures) a forward of <= 2 tokens with BT_PDL_SMALL=0:
- * with early triggers the Llama-3-8B batch-1 step ran 0.08-0.27 ms
- * faster without PDL (four A/B runs, H200, 2026-11-29 / 12-01); the
- * default for those steps is now late triggers (cuda__pdl_late). */
-extern __thread int cuda__pdl_off;
-
 /* Non-zero (with PDL on): the kernels this thread launches trigger their
  * dependents late instead of after their PDL wait — the small kernels
  * (RoPE, decode attention, SwiGLU) not at all, i.e. when they end.  When
  * small unfused kernels sat between the GEMVs, early triggers chained
  * launches ahead and let the next GEMV's blocks take slots for the whole
- * of a batch-1 GEMV (PDL then lost 0.1-0.25 ms a step); late ones kept
- * the overlap of each GEMV's tail with the next GEMV's first weight loads
- * (round 6: -0.07 ms at batch 1 against no PDL, while batch 8 and 64
- * keep the early triggers, which win there).  Two kernels trigger at
- * their top: the split combine of the decode attention (its 32 blocks
- * leave room for the o projection's, which then load during it; round
- * 14, BT_ATTN_TRIG in attn_decode.cu), and, since the norm, RoPE and
- * SwiGLU are fused at 1 token, the rows GEMV (its trigger completes when
- * its last block is resident, so the next kernel takes each slot the
- * moment it frees; round 15, -0.05 ms at batch 1 @2k, BT_GEMV_TRIGGER in
- * gemv.cu).  Set by the backend for forwards of <= 2 tokens
- * (BT_PDL_SMALL). */
+ * of a batch-1 GEMV; late ones kept the overlap of each GEMV's tail with
+ * the next GEMV's first weight loads (faster at batch 1 than no PDL or
+ * early triggers, while batch 8 and 64 keep the early triggers, which
+ * win there: rounds 6, 14 and 15 of docs/PERFORMANCE.md).  Two kernels
+ * trigger at their top: the split combine of the decode attention (its
+ * 32 blocks leave room for the o projection's, which then load during
+ * it; attn_decode.cu), and, since the norm, RoPE and SwiGLU are fused at
+ * 1 token, the rows GEMV (its trigger completes when its last block is
+ * resident, so the next kernel takes each slot the moment it frees;
+ * gemv.cu).  Set by the backend for forwards of <= 2 tokens. */
 extern __thread int cuda__pdl_late;
 
 #ifdef __cplusplus

@@ -35,11 +35,9 @@
  * same distribution, usually the same token on peaked rows, often a
  * neighbour in draw order on huge flat nuclei (and, since the device's
  * P differ from the host's by up to 4 ulp, one near-tie neighbour away
- * where P values within a few ulp are ordered the other way).  H200,
- * 2026-12-01: 0.54-0.67 ms for 1-64 flat 128K rows at top_p 0.999,
- * 0.08-0.17 ms at plain temperature.  BT_SAMPLE_DIST=0 copies those rows
- * whole instead (bit-exact host replay, slow: ~1 s a step at batch 64 on
- * a flat 128K vocabulary before the O(V) host sampler, ~0.1 s after).
+ * where P values within a few ulp are ordered the other way); its cost
+ * is in docs/PERFORMANCE.md.  BT_SAMPLE_DIST=0 copies those rows whole
+ * instead (bit-exact host replay, much slower on flat rows).
  */
 #ifndef BT_WORKER_CUDA_CUDA_SAMPLE_H
 #define BT_WORKER_CUDA_CUDA_SAMPLE_H

@@ -23,7 +23,6 @@ static size_t cuda_dev_n;
 static size_t cuda_dev_cap;
 static size_t cuda_dev_live; /* bytes held */
 
-__thread int cuda__pdl_off;
 __thread int cuda__pdl_late;
 
 bt_status_t cuda__check(cudaError_t err, const char *expr, const char *file,

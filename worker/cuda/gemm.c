@@ -30,24 +30,13 @@
  * Prefill shapes whose n_tok is a multiple of GEMM_BIG_STEP (up to
  * GEMM_BIG_MAX) are tuned too, exactly, among GEMM_LT_CANDS_BIG cuBLASLt
  * algorithms, at their first uncaptured use.
- * Next-weight prefetch: worker_gemm remembers which weights followed
- * which (the layer order repeats every forward); after a product of 3 to
- * GEMM_TUNE_MAX_TOK tokens it enqueues an L2 prefetch of the weights used
- * next (cuda_l2_prefetch, at most BT_GEMM_PF_MB, default half the L2), so
- * they stream in while the small kernels between the products (RoPE,
- * attention, SwiGLU) run; BT_GEMM_PF_NEXT=0 turns it off.  (1-2 tokens:
- * the GEMV kernels prefetch their own rows, see gemv.h.)
- * Environment: BT_GEMM_TUNE=0 turns tuning off; BT_GEMV_FORCE=NAME forces
- * a GEMV variant wherever it supports the shape ("lt": cuBLASLt), only
- * on the row counts BT_GEMV_FORCE_OUT lists when that is set;
- * BT_GEMM_BIG_PICK=i makes prefill shapes use cuBLASLt's i-th candidate;
- * BT_GEMM_LT_SPLITK=0 stops timing split-K variants of cuBLASLt's first
- * picks (gemm_lt_add_splits); BT_GEMV_DISABLE=a,b drops variants from tuning; BT_GEMV_TMA=1 adds the
- * tma variant (left out by default); BT_GEMV=0 is cuBLASLt only.  Each
- * candidate is timed after an L2 flush (cuda_l2_flush: a read-only pass
- * by default, BT_GEMM_FLUSH=write for the memset of rounds 1-9).
- * BT_GEMM_TUNE_LEAD=0 times each candidate alone on the stream and
- * BT_GEMM_TUNE_FINAL=0 skips the final round (both: rounds 1-21's tuner).
+ * Split-K variants of cuBLASLt's first picks are timed too
+ * (gemm_lt_add_splits).  Each candidate is timed after a read-only L2
+ * flush (cuda_l2_flush).
+ * Switches (cuda_switches.h, read once): BT_GEMM_TUNE=0 turns tuning off;
+ * BT_GEMV_FORCE=NAME forces a GEMV variant wherever it supports the shape
+ * ("lt": cuBLASLt); BT_GEMV_DISABLE=a,b drops variants from tuning;
+ * BT_GEMV=0 is cuBLASLt only.
  * BT_GEMM_CACHE=PATH keeps the picks across processes (gemm_cache.h;
  * unset: ~/.cache/baton/gemm-HOST.txt, "off": none):
  * a family found there whole (every bucket, each cuBLASLt algorithm
@@ -73,6 +62,7 @@
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "cuda_switches.h"
 #include "gemm_cache.h"
 #include "kernels/gemv.h"
 
@@ -88,7 +78,6 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_TC_PART_BYTES ((size_t)2 * 132 * 128 * 128 * 4)
 #define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
 #define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
-#define GEMM_LT_CANDS_MAX 32    /* BT_GEMM_LT_CANDS / _BIG at most */
 #define GEMM_LT_SPLIT_BASES 2   /* heuristic picks given split-K variants */
 #define GEMM_LT_ALGOS_MAX 80    /* heuristic picks + their split-K variants */
 #define GEMM_TUNE_CANDS_MAX (CUDA_GEMV_N_KERNELS + GEMM_LT_ALGOS_MAX)
@@ -100,9 +89,7 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_FINAL_MARGIN 0.04f /* ... when within 4% (+0.2 us) of the best */
 #define GEMM_FLUSH_BYTES (128u << 20) /* > L2 (50 MB on H100/H200) */
 #define GEMM_CHOICE_LT 100      /* choice >= this: cuBLASLt algo (c - 100) */
-#define GEMM_PF_MAX 1024        /* weights remembered for next-prefetch */
-#define GEMM_PF_MIN_TOK 3       /* prefetch the next weights from here */
-#define GEMM_LEAD_DEFAULT 1     /* BT_GEMM_TUNE_LEAD unset: behind a lead */
+#define GEMM_LEAD_DEFAULT 1     /* skinny candidates timed behind a lead */
 
 /* One planned shape. */
 typedef struct {
@@ -118,13 +105,6 @@ typedef struct {
     cublasLtMatrixLayout_t d;      /* y */
     cublasLtMatmulAlgo_t algo;     /* the heuristic's first choice */
 } gemm_plan_t;
-
-/* Weights w were followed by next (next_bytes long) last time. */
-typedef struct {
-    const void *w;
-    const void *next;
-    size_t next_bytes;
-} gemm_pf_t;
 
 /* One tuned (bucket, weight shape): the winner and its time. */
 typedef struct {
@@ -155,15 +135,6 @@ struct worker_gemm_ctx_s {
     gemm_tuned_t *tuned;           /* (GEMM_MAX_TUNED) */
     int n_tuned;
     uint64_t setups;               /* plans built + families tuned */
-    /* Next-weight prefetch (BT_GEMM_PF_NEXT): the order in which weights
-     * are used repeats every forward, so after a product with w the
-     * weights used next are prefetched into L2 while the small kernels
-     * between the two products run. */
-    bool pf_next;
-    size_t pf_budget;              /* bytes prefetched at most */
-    const void *pf_last;           /* weights of the previous call */
-    gemm_pf_t *pf;                 /* (GEMM_PF_MAX) w -> next w */
-    int n_pf;
     /* The tuner's file (BT_GEMM_CACHE; cache_path NULL: none) and the
      * entries it held for this key when the context was created. */
     char *cache_path;
@@ -203,11 +174,6 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         status = BT_ERR_NO_MEMORY;
         goto err_free_plans;
     }
-    ctx->pf = bt_calloc(GEMM_PF_MAX, sizeof(*ctx->pf), "gemm_pf");
-    if (ctx->pf == NULL) {
-        status = BT_ERR_NO_MEMORY;
-        goto err_free_plans;
-    }
     status = gemm_check(cublasLtCreate(&ctx->handle), "create");
     if (status != BT_OK)
         goto err_free_plans;
@@ -231,18 +197,10 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     ctx->gemv_ws.d_cnt = ctx->d_cnt;
     ctx->gemv_ws.n_cnt = GEMM_TC_COUNTERS;
     {
-        const char *env = getenv("BT_GEMV"); /* 0: cuBLASLt for all */
+        const char *env = cuda_switches()->gemv; /* 0: cuBLASLt for all */
         ctx->use_gemv = env == NULL || strcmp(env, "0") != 0;
-        env = getenv("BT_GEMM_TUNE"); /* 0: static defaults */
+        env = cuda_switches()->gemm_tune; /* 0: static defaults */
         ctx->tune = ctx->use_gemv && (env == NULL || strcmp(env, "0") != 0);
-        /* 1: next-weight L2 prefetch.  Off by default: on the H200 it
-         * cost batch 64 at 2k context 11.5 ms vs 9.15 ms without it
-         * (2026-11-29; the prefetch competes with the GEMM's own reads). */
-        env = getenv("BT_GEMM_PF_NEXT");
-        ctx->pf_next = env != NULL && strcmp(env, "1") == 0;
-        env = getenv("BT_GEMM_PF_MB");
-        ctx->pf_budget = env && *env ? (size_t)atoi(env) << 20
-                                     : cuda_l2_size() / 2;
     }
     /* Shared-memory limits of the ring kernels, outside any capture.  A
      * failure only costs those kernels (their launches fail the tuner's
@@ -265,7 +223,6 @@ err_free_ws:
 err_destroy_handle:
     cublasLtDestroy(ctx->handle);
 err_free_plans:
-    bt_free(ctx->pf);
     bt_free(ctx->tuned);
     bt_free(ctx->plans);
 err_free_ctx:
@@ -300,7 +257,6 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
     cublasLtDestroy(ctx->handle);
     bt_free(ctx->cached);
     bt_free(ctx->cache_path);
-    bt_free(ctx->pf);
     bt_free(ctx->tuned);
     bt_free(ctx->plans);
     bt_free(ctx);
@@ -485,20 +441,12 @@ static gemm_tuned_t *gemm_tuned_find(worker_gemm_ctx_t *ctx, int bucket,
     return NULL;
 }
 
-/* True when variant k is listed in BT_GEMV_DISABLE (comma-separated),
- * or is tma without BT_GEMV_TMA=1: it lost to cuBLASLt on every decode
- * shape (round 10 of docs/PERFORMANCE.md), so it is not timed. */
+/* True when variant k is listed in BT_GEMV_DISABLE (comma-separated). */
 static bool gemm_gemv_disabled(int k)
 {
-    const char *env = getenv("BT_GEMV_DISABLE");
+    const char *env = cuda_switches()->gemv_disable;
     const char *name = cuda_gemv_kernel_name((cuda_gemv_kernel_t)k);
     size_t len = strlen(name);
-
-    if (k == CUDA_GEMV_TMA) {
-        const char *on = getenv("BT_GEMV_TMA");
-        if (!(on && strcmp(on, "1") == 0))
-            return true;
-    }
 
     for (const char *p = env; p && *p;) {
         const char *e = strchr(p, ',');
@@ -510,22 +458,19 @@ static bool gemm_gemv_disabled(int k)
     return false;
 }
 
-/* How a skinny candidate is timed (BT_GEMM_TUNE_LEAD).  In a decode step
+/* How a skinny candidate is timed.  In a decode step
  * every skinny product runs inside a CUDA graph behind a small kernel (an
  * RMSNorm, SwiGLU, the attention).  Timed alone on the stream after the
  * L2 flush, a candidate also pays the stream's launch latency, and a
- * split-K pick its second launch, neither of which the graph has.  Round
- * 21: one machine's gate/up pick, an nvjet 80x64 kernel on 4x1 clusters,
- * started 4.7-9.3 us after its RMSNorm in every layer of the graph (0.15
- * ms a batch-64 step) although its stream timing made it the winner.  So
+ * split-K pick its second launch, neither of which the graph has, and a
+ * pick that wins on the stream can start late behind its RMSNorm in the
+ * graph (round 21 of docs/PERFORMANCE.md).  So
  * by default each candidate of a bucket <= GEMM_TUNE_MAX_TOK is captured
  * as a graph behind a lead (cuda_gemv_tune_lead: an RMSNorm's traffic for
- * the candidate's input shape, with the next-weight prefetch when
- * BT_GEMM_PF_NEXT is on, as worker_gemm issues it) and timed as the
+ * the candidate's input shape) and timed as the
  * graph's time minus the lead's alone.  The lead never triggers early
  * (gemv.h says why).  Where capture fails (the legacy default stream) the
- * two are launched on the stream.  BT_GEMM_TUNE_LEAD=0: each candidate
- * alone on the stream (rounds 1-21). */
+ * two are launched on the stream. */
 typedef enum {
     GEMM_LEAD_NONE = 0,
     GEMM_LEAD_STREAM,    /* lead + candidate launched on the stream */
@@ -541,20 +486,10 @@ typedef struct {
                           * lead's zeroed f32 input and its output */
     double *d_err;       /* 3 doubles */
     cudaEvent_t ev[2];
-    gemm_lead_t lead_mode; /* of the family (gemm_lead_mode) */
+    gemm_lead_t lead_mode; /* of the family */
     gemm_lead_t lead;    /* of the bucket being tuned */
     float lead_us;       /* the lead's own median time in that bucket */
 } gemm_scratch_t;
-
-/* BT_GEMM_TUNE_LEAD: "0" none, anything else a lead (graph first). */
-static gemm_lead_t gemm_lead_mode(void)
-{
-    const char *env = getenv("BT_GEMM_TUNE_LEAD");
-
-    if (env == NULL || *env == '\0')
-        return GEMM_LEAD_DEFAULT ? GEMM_LEAD_GRAPH : GEMM_LEAD_NONE;
-    return strcmp(env, "0") == 0 ? GEMM_LEAD_NONE : GEMM_LEAD_GRAPH;
-}
 
 /* Bytes of the flush buffer's head the lead uses for n_in columns of
  * GEMM_TUNE_MAX_TOK rows: f32 input, bf16 output. */
@@ -565,21 +500,15 @@ static size_t gemm_lead_bytes(int n_in)
 
 /* The lead of plan p's candidates: what precedes a skinny product in a
  * decode step (see gemm_lead_t). */
-static bt_status_t gemm_lead_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
-                                 const void *d_w, const gemm_scratch_t *sc,
+static bt_status_t gemm_lead_run(const gemm_plan_t *p,
+                                 const gemm_scratch_t *sc,
                                  cudaStream_t stream)
 {
     char *head = (char *)sc->d_flush;
     const size_t x_bytes = (size_t)GEMM_TUNE_MAX_TOK * p->n_in * 4;
-    bt_status_t status = BT_OK;
 
-    if (ctx->pf_next && p->n_tok >= GEMM_PF_MIN_TOK)
-        status = cuda_l2_prefetch(d_w, BT_MIN((size_t)p->n_out * p->n_in * 2,
-                                              ctx->pf_budget), stream);
-    if (status == BT_OK)
-        status = cuda_gemv_tune_lead((const float *)head, p->n_tok, p->n_in,
-                                     head + x_bytes, stream);
-    return status;
+    return cuda_gemv_tune_lead((const float *)head, p->n_tok, p->n_in,
+                               head + x_bytes, stream);
 }
 
 /* Runs candidate c (gemv variant, or GEMM_CHOICE_LT + i of algos). */
@@ -609,7 +538,7 @@ static bt_status_t gemm_cand_launch(worker_gemm_ctx_t *ctx,
     if (ge != NULL)
         return BT_CUDA_STATUS(cudaGraphLaunch(ge, stream));
     if (sc->lead != GEMM_LEAD_NONE)
-        status = gemm_lead_run(ctx, p, d_w, sc, stream);
+        status = gemm_lead_run(p, sc, stream);
     if (status == BT_OK && c >= 0)
         status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y,
                                stream);
@@ -659,17 +588,17 @@ static bt_status_t gemm_cand_prepare(worker_gemm_ctx_t *ctx,
     return status;
 }
 
-/* One timed run of a prepared candidate after an L2 flush (flush fill
- * r), in milliseconds. */
+/* One timed run of a prepared candidate after an L2 flush, in
+ * milliseconds. */
 static bt_status_t gemm_cand_once(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
                                   const cublasLtMatmulAlgo_t *algos, int c,
                                   const void *d_w, gemm_scratch_t *sc,
-                                  cudaGraphExec_t ge, int r,
-                                  cudaStream_t stream, float *ms_p)
+                                  cudaGraphExec_t ge, cudaStream_t stream,
+                                  float *ms_p)
 {
     bt_status_t status;
 
-    status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, r, stream);
+    status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, stream);
     if (status == BT_OK)
         status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
     if (status == BT_OK)
@@ -717,7 +646,7 @@ static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 
     status = gemm_cand_prepare(ctx, p, algos, c, d_w, sc, stream, &ge);
     for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++)
-        status = gemm_cand_once(ctx, p, algos, c, d_w, sc, ge, r, stream,
+        status = gemm_cand_once(ctx, p, algos, c, d_w, sc, ge, stream,
                                 &t[r]);
     if (ge != NULL)
         cudaGraphExecDestroy(ge);
@@ -727,20 +656,11 @@ static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
     return BT_OK;
 }
 
-/* BT_GEMM_TUNE_FINAL=0: no final round (rounds 1-21; A/B). */
-static bool gemm_final_enabled(void)
-{
-    const char *env = getenv("BT_GEMM_TUNE_FINAL");
-
-    return env == NULL || strcmp(env, "0") != 0;
-}
-
 /* The final round of a skinny bucket.  The first pass's medians of
- * GEMM_TUNE_REPS runs can differ by less than their noise: in round 22
- * two picks 0.5 us ahead in the tuner were each 1 us behind in the step
- * (0.06 ms a batch-64 step).  So the candidates within GEMM_FINAL_MARGIN
- * of the best (GEMM_FINAL_MAX at most) run again GEMM_FINAL_REPS times
- * each, interleaved in a rotating order so that a drifting clock or an
+ * GEMM_TUNE_REPS runs can differ by less than their noise (round 22:
+ * picks ahead in the tuner were behind in the step).  So the candidates
+ * within GEMM_FINAL_MARGIN of the best (GEMM_FINAL_MAX at most) run
+ * again GEMM_FINAL_REPS times each, interleaved in a rotating order so that a drifting clock or an
  * order effect moves them all alike, and the best median wins.  cands /
  * us: the n candidates timed and their first-pass times; *best_p /
  * *best_us_p: in, the first pass's winner; out, the final's. */
@@ -782,7 +702,7 @@ static bt_status_t gemm_tune_final(worker_gemm_ctx_t *ctx,
     for (int r = 0; r < GEMM_FINAL_REPS && status == BT_OK && n_fin >= 2; r++)
         for (int j = 0; j < n_fin && status == BT_OK; j++) {
             const int f = (j + r) % n_fin;
-            status = gemm_cand_once(ctx, p, algos, fin[f], d_w, sc, ge[f], r,
+            status = gemm_cand_once(ctx, p, algos, fin[f], d_w, sc, ge[f],
                                     stream, &t[f][r]);
         }
     for (int f = 0; f < n_fin; f++)
@@ -862,29 +782,11 @@ static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
                                            cuda_dtype_t in_dt,
                                            cuda_dtype_t out_dt);
 
-/* How many of cuBLASLt's heuristic algorithms the tuner times: the
- * variable `env` (1..GEMM_LT_CANDS_MAX, A/B runs) or `def`. */
-static int gemm_lt_cands(const char *env, int def)
-{
-    const char *v = getenv(env);
-    int n = v ? atoi(v) : 0;
-
-    return n >= 1 && n <= GEMM_LT_CANDS_MAX ? n : def;
-}
-
 /* Besides the heuristic's picks, the tuner times split-K variants of its
  * first GEMM_LT_SPLIT_BASES (every K split in gemm_lt_splits and every
- * reduction scheme the algorithm supports; BT_GEMM_LT_SPLITK=0: not).
- * Round 13 (H200, 8B shape, same call, five pairs): batch 8 @2k 0.02-0.10
- * ms faster in every pair (the winners are mostly the heuristic's
- * algorithms with the split set to 1: 0.3-0.4 us a GEMM), batch 32 and
- * 64 within their spread. */
-static bool gemm_lt_splitk_enabled(void)
-{
-    const char *env = getenv("BT_GEMM_LT_SPLITK");
-
-    return env == NULL || strcmp(env, "0") != 0;
-}
+ * reduction scheme the algorithm supports): the winners are mostly the
+ * heuristic's algorithms with the split set to 1, a little faster at
+ * batch 8 (round 13 of docs/PERFORMANCE.md). */
 
 static const int gemm_lt_splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 static const uint32_t gemm_lt_reductions[] = {
@@ -995,13 +897,10 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
                                     cudaStream_t stream)
 {
     cublasLtMatmulAlgo_t algos[GEMM_LT_ALGOS_MAX];
-    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS_MAX];
-    const int n_req = bucket > GEMM_TUNE_MAX_TOK
-                          ? gemm_lt_cands("BT_GEMM_LT_CANDS_BIG",
-                                          GEMM_LT_CANDS_BIG)
-                          : gemm_lt_cands("BT_GEMM_LT_CANDS", GEMM_LT_CANDS);
+    cublasLtMatmulHeuristicResult_t res[GEMM_LT_CANDS_BIG];
+    const int n_req = bucket > GEMM_TUNE_MAX_TOK ? GEMM_LT_CANDS_BIG
+                                                 : GEMM_LT_CANDS;
     int n_algos = 0, n_heur = 0, best = -1, n_ok = 0;
-    bool lt_ran[GEMM_LT_ALGOS_MAX] = {false};
     int cands[GEMM_TUNE_CANDS_MAX];        /* timed, in order */
     float cand_us[GEMM_TUNE_CANDS_MAX];    /* ... their times */
     float best_us = 0.0f;
@@ -1023,7 +922,7 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     if (n_algos == 0)
         algos[n_algos++] = p->algo;
     n_heur = n_algos;
-    if (bucket >= 3 && bucket <= GEMM_TUNE_MAX_TOK && gemm_lt_splitk_enabled())
+    if (bucket >= 3 && bucket <= GEMM_TUNE_MAX_TOK)
         gemm_lt_add_splits(ctx, p, algos, &n_algos);
     /* The reference output: the heuristic's first algorithm. */
     status = gemm_lt_run(ctx, p, &algos[0], sc->d_x, d_w, sc->d_ref, false,
@@ -1081,8 +980,6 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
         cands[n_ok] = cand;
         cand_us[n_ok] = us;
         n_ok++;
-        if (cand >= GEMM_CHOICE_LT)
-            lt_ran[cand - GEMM_CHOICE_LT] = true;
         if (len < sizeof(line))
             len += (size_t)snprintf(line + len, sizeof(line) - len,
                                     "%s%s %.1f", n_ok > 1 ? ", " : "", name,
@@ -1094,7 +991,7 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     }
     if (best < 0)
         return BT_ERR_CUDA;
-    if (bucket <= GEMM_TUNE_MAX_TOK && gemm_final_enabled()) {
+    if (bucket <= GEMM_TUNE_MAX_TOK) {
         int fin[GEMM_FINAL_MAX], n_fin = 0;
         float fin_us[GEMM_FINAL_MAX];
         status = gemm_tune_final(ctx, p, algos, d_w, sc, stream, cands,
@@ -1108,18 +1005,6 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
             len += (size_t)snprintf(line + len, sizeof(line) - len,
                                     "%s%s %.2f", f == 0 ? "; final " : ", ",
                                     name, fin_us[f]);
-        }
-    }
-    if (bucket > GEMM_TUNE_MAX_TOK) {
-        /* BT_GEMM_BIG_PICK=i: prefill shapes take cuBLASLt's i-th
-         * heuristic candidate instead of the fastest in isolation (A/B
-         * under the power cap, where a prefill's GEMMs run ~17% below
-         * the clocks they were timed at; round 8 of PERFORMANCE.md) */
-        const char *e = getenv("BT_GEMM_BIG_PICK");
-        const int pick = e ? atoi(e) : -1;
-        if (pick >= 0 && pick < n_algos && lt_ran[pick]) {
-            best = GEMM_CHOICE_LT + pick;
-            best_us = -1.0f;
         }
     }
     if (ctx->n_tuned == GEMM_MAX_TUNED)
@@ -1189,7 +1074,7 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     /* the lead's input and output: zeros */
     sc.lead_mode = big > 0 || gemm_lead_bytes(n_in) > GEMM_FLUSH_BYTES
                        ? GEMM_LEAD_NONE
-                       : gemm_lead_mode();
+                       : GEMM_LEAD_GRAPH;
     if (status == BT_OK && sc.lead_mode != GEMM_LEAD_NONE)
         status = BT_CUDA_STATUS(cudaMemsetAsync(
             sc.d_flush, 0, gemm_lead_bytes(n_in), stream));
@@ -1255,11 +1140,6 @@ static uint32_t gemm_fnv(uint32_t h, const char *s)
  * of this build, and the variables that change what the tuner times. */
 static bool gemm_cache_key(char *key, size_t size)
 {
-    static const char *const vars[] = {
-        "BT_GEMV_DISABLE", "BT_GEMV_TMA", "BT_GEMM_LT_SPLITK",
-        "BT_GEMM_LT_CANDS", "BT_GEMM_LT_CANDS_BIG", "BT_GEMM_BIG_PICK",
-        "BT_GEMM_FLUSH", "BT_GEMM_TUNE_LEAD", "BT_GEMM_TUNE_FINAL",
-        "BT_GEMM_PF_NEXT", "BT_GEMM_PF_MB"};
     struct cudaDeviceProp prop;
     char num[64];
     uint32_t build = 2166136261u, env = 2166136261u;
@@ -1284,10 +1164,10 @@ static bool gemm_cache_key(char *key, size_t size)
              GEMM_LEAD_DEFAULT, GEMM_FINAL_MAX, GEMM_FINAL_REPS,
              (double)GEMM_FINAL_MARGIN);
     build = gemm_fnv(build, num);
-    for (size_t v = 0; v < sizeof(vars) / sizeof(vars[0]); v++) {
-        const char *val = getenv(vars[v]);
-        env = gemm_fnv(gemm_fnv(env, vars[v]), val ? val : "");
-    }
+    env = gemm_fnv(gemm_fnv(env, "BT_GEMV_DISABLE"),
+                   cuda_switches()->gemv_disable
+                       ? cuda_switches()->gemv_disable
+                       : "");
     n = snprintf(key, size, "%s/sm%d%d/%dsm/%dMB-L2/cublasLt-%zu/cudart-%d/"
                  "build-%08x/env-%08x", prop.name, prop.major, prop.minor,
                  prop.multiProcessorCount, prop.l2CacheSize >> 20,
@@ -1368,7 +1248,7 @@ static bool gemm_cache_default_path(char *buf, size_t size)
  * file): the path, the key and the entries this key has there. */
 static void gemm_cache_open(worker_gemm_ctx_t *ctx)
 {
-    const char *path = getenv("BT_GEMM_CACHE");
+    const char *path = cuda_switches()->gemm_cache;
     char def[4096 + 160];
 
     if (path == NULL) {
@@ -1537,29 +1417,14 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
     bt_free(all);
 }
 
-/* The forced variant (BT_GEMV_FORCE) for a product of n_out rows: a
- * cuda_gemv_kernel_t, GEMM_CHOICE_LT for "lt", or -1 when unset or
- * unknown, or when BT_GEMV_FORCE_OUT (comma-separated row counts) is set
- * and does not list n_out (A/B of one projection). */
-static int gemm_forced(int n_out)
+/* The forced variant (BT_GEMV_FORCE): a cuda_gemv_kernel_t, GEMM_CHOICE_LT
+ * for "lt", or -1 when unset or unknown. */
+static int gemm_forced(void)
 {
-    const char *env = getenv("BT_GEMV_FORCE");
-    const char *only;
+    const char *env = cuda_switches()->gemv_force;
 
     if (env == NULL || *env == '\0')
         return -1;
-    only = getenv("BT_GEMV_FORCE_OUT");
-    if (only && *only) {
-        bool listed = false;
-        for (const char *q = only; q != NULL;) {
-            listed = listed || atoi(q) == n_out;
-            q = strchr(q, ',');
-            if (q != NULL)
-                q++;
-        }
-        if (!listed)
-            return -1;
-    }
     if (strcmp(env, "lt") == 0)
         return GEMM_CHOICE_LT;
     return cuda_gemv_kernel_by_name(env);
@@ -1598,66 +1463,10 @@ const char *worker_gemm_choice(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     return cuda_gemv_kernel_name((cuda_gemv_kernel_t)t->choice);
 }
 
-static gemm_pf_t *gemm_pf_find(worker_gemm_ctx_t *ctx, const void *w)
-{
-    for (int i = ctx->n_pf - 1; i >= 0; i--)
-        if (ctx->pf[i].w == w)
-            return &ctx->pf[i];
-    return NULL;
-}
-
-/* Records that d_w (bytes long) follows the previous call's weights. */
-static void gemm_pf_learn(worker_gemm_ctx_t *ctx, const void *d_w,
-                          size_t bytes)
-{
-    if (ctx->pf_last != NULL && ctx->pf_last != d_w) {
-        gemm_pf_t *e = gemm_pf_find(ctx, ctx->pf_last);
-        if (e == NULL && ctx->n_pf < GEMM_PF_MAX) {
-            e = &ctx->pf[ctx->n_pf++];
-            e->w = ctx->pf_last;
-        }
-        if (e != NULL) {
-            e->next = d_w;
-            e->next_bytes = bytes;
-        }
-    }
-    ctx->pf_last = d_w;
-}
-
-static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                            int n_in, const void *d_x, const void *d_w,
-                            cuda_dtype_t in_dt, void *d_y,
-                            cuda_dtype_t out_dt, bool accumulate,
-                            cudaStream_t stream);
-
 bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                         int n_in, const void *d_x, const void *d_w,
                         cuda_dtype_t in_dt, void *d_y, cuda_dtype_t out_dt,
                         bool accumulate, cudaStream_t stream)
-{
-    bt_status_t status;
-
-    if (n_tok > 0 && in_dt == CUDA_DT_BF16)
-        gemm_pf_learn(ctx, d_w, (size_t)n_out * n_in * 2);
-    status = gemm_run(ctx, n_tok, n_out, n_in, d_x, d_w, in_dt, d_y, out_dt,
-                      accumulate, stream);
-    if (status == BT_OK && ctx->pf_next && in_dt == CUDA_DT_BF16 &&
-        n_tok >= GEMM_PF_MIN_TOK && n_tok <= GEMM_TUNE_MAX_TOK) {
-        const gemm_pf_t *e = gemm_pf_find(ctx, d_w);
-        if (e != NULL && e->next != NULL)
-            status = cuda_l2_prefetch(e->next,
-                                      BT_MIN(e->next_bytes, ctx->pf_budget),
-                                      stream);
-    }
-    return status;
-}
-
-/* worker_gemm without the next-weight prefetch. */
-static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                            int n_in, const void *d_x, const void *d_w,
-                            cuda_dtype_t in_dt, void *d_y,
-                            cuda_dtype_t out_dt, bool accumulate,
-                            cudaStream_t stream)
 {
     gemm_plan_t *p;
     bt_status_t status;
@@ -1666,7 +1475,7 @@ static bt_status_t gemm_run(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (n_tok == 0)
         return BT_OK;
     if (ctx->use_gemv && in_dt == CUDA_DT_BF16) {
-        int forced = gemm_forced(n_out);
+        int forced = gemm_forced();
         gemm_tuned_t *t = NULL;
 
         if (forced >= 0 && forced < GEMM_CHOICE_LT &&

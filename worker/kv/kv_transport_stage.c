@@ -101,7 +101,7 @@ static bool kv_stage_layout_ok(const kv_layout_t *l)
     return l->n_layers >= 1 && l->n_layers <= KV_STAGE_MAX_LAYERS &&
            l->n_blocks >= 1 && l->n_blocks <= KV_STAGE_MAX_BLOCKS &&
            l->block_size >= 1 && l->n_kv_heads >= 1 && l->head_dim >= 1 &&
-           (l->elem_size == 2 || l->elem_size == 4);
+           (l->elem_size == 1 || l->elem_size == 2 || l->elem_size == 4);
 }
 
 // ----------------------------------------------------------------------------

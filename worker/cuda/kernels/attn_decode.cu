@@ -292,10 +292,8 @@ static __global__ void attn_combine_kernel(cuda_attn_args_t a,
  * memory first, then merged from there: same operations in the same
  * order, so the same result bit for bit.  The staging copy keeps
  * COMBINE_ILP 8-byte loads in flight per thread: one load at a time, as
- * a plain copy loop compiles, made this kernel 16.4 us at batch 1 / 2k
- * context (32 splits x 130 floats per head, 82% of the time waiting on
- * L1TEX; Nsight Compute on the H200, 2026-12-01) against 8.3 us for the
- * attention kernel it merges. */
+ * a plain copy loop compiles, left the kernel waiting on L1TEX most of
+ * its time, twice as long as the attention it merges at batch 1. */
 #define COMBINE_ILP 8
 #define COMBINE_THREADS 256
 template <typename T>
@@ -358,33 +356,12 @@ static __global__ void attn_combine_smem_kernel(cuda_attn_args_t a,
     KPROF(0, 4);
 }
 
-/* BT_ATTN_COMBINE=0: the unstaged combine kernel (A/B). */
-static bool attn_combine_staged(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("BT_ATTN_COMBINE");
-        on = !(env && strcmp(env, "0") == 0);
-    }
-    return on != 0;
-}
-
 /* Under cuda__pdl_late (steps of <= 2 tokens) the combine still triggers
  * its dependents at its top: the o projection's blocks are then resident
- * and issue their first weight loads while it runs (round 14, H200,
- * batch 1 @2k: -0.03 ms a step, batch 2 -0.1; the decode kernels
- * triggering at their top too lost 0.08 ms).  BT_ATTN_TRIG=late (A/B):
- * it triggers by ending, as the decode kernels do. */
-static bool attn_combine_late(void)
-{
-    static int late = -1;
-    if (late < 0) {
-        const char *env = getenv("BT_ATTN_TRIG");
-        late = env && strcmp(env, "late") == 0;
-    }
-    return late != 0;
-}
-
+ * and issue their first weight loads while it runs (faster than
+ * triggering by ending, as the decode kernels do: round 14 of
+ * docs/PERFORMANCE.md).  The unstaged combine takes what does not fit in
+ * 48 KB of shared memory. */
 template <typename T>
 static void attn_combine_launch(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, const float *ws,
@@ -394,10 +371,10 @@ static void attn_combine_launch(const cuda_attn_args_t *a, const int *tok_idx,
                         sizeof(float);
     cuda_attn_args_t al = *a;
 
-    al.pdl_late = a->pdl_late && attn_combine_late();
+    al.pdl_late = 0; /* triggers at its top, late step or not */
     a = &al;
 
-    if (attn_combine_staged() && smem <= 48 * 1024) {
+    if (smem <= 48 * 1024) {
         kern_launch(attn_combine_smem_kernel<T>, dim3(n, a->n_heads),
                     dim3(COMBINE_THREADS), smem, stream, *a, tok_idx,
                     n_splits, ws);
@@ -419,15 +396,6 @@ static int attn_maxg(int group)
     return group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
 }
 
-/* BT_ATTN_PLAN=fill: the round-3 rule (the fewest splits that give
- * every multiprocessor four blocks).  Default: the cost model below. */
-static bool attn_plan_fill(void)
-{
-    const char *env = getenv("BT_ATTN_PLAN");
-
-    return env && strcmp(env, "fill") == 0;
-}
-
 /* Cost-model constants, in keys: a block's fixed cost (block table, Q,
  * pipeline fill and drain, merge) and the combine pass of a split run. */
 #define ATTN_PLAN_RAMP 64
@@ -443,7 +411,6 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
     long base = (long)n * n_kv_heads * BT_DIV_UP(group, maxg);
     int split_len = 4096;
     int n_splits;
-    const bool fill = attn_plan_fill();
 
     if (max_kv < 1)
         max_kv = 1;
@@ -452,23 +419,6 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
     if (n_sm < 1)
         n_sm = 1;
     {
-        /* BT_ATTN_SPLIT=LEN (A/B runs): splits of LEN keys (a power of
-         * two >= 64), longer where max_splits forces it. */
-        static int forced = -1; /* read once: the planner runs every step */
-        if (forced < 0) {
-            const char *env = getenv("BT_ATTN_SPLIT");
-            forced = env ? atoi(env) : 0;
-        }
-        int len = forced;
-        if (len >= 64 && (len & (len - 1)) == 0) {
-            while (BT_DIV_UP(max_kv, len) > max_splits)
-                len *= 2;
-            *split_len_p = len;
-            *n_splits_p = (int)BT_MAX(BT_DIV_UP(max_kv, len), 1L);
-            return;
-        }
-    }
-    if (!fill) {
         /* Every block of a wave streams about the same keys, so a step
          * costs waves x (ramp + keys per block) (+ the combine pass when
          * split): the fewest splits whose waves stay full win (batch 64 at
@@ -500,11 +450,6 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
         split_len = 4096; /* too many keys for max_splits: below */
     }
     while (split_len > 64 && split_len / 2 >= max_kv)
-        split_len /= 2;
-    /* Shorter splits until four blocks per multiprocessor (two waves of
-     * the tensor-core kernel, which fits two per SM), not below 64. */
-    while (fill && split_len > 64 &&
-           base * BT_DIV_UP(max_kv, split_len) < 4L * n_sm)
         split_len /= 2;
     while (BT_DIV_UP(max_kv, split_len) > max_splits)
         split_len *= 2;
@@ -596,13 +541,8 @@ static void attn_decode_launch(const cuda_attn_args_t *a, const int *tok_idx,
 bool cuda_attn_decode_rope_ok(const cuda_attn_args_t *args, int n,
                               cuda_dtype_t dt)
 {
-    const char *env = getenv("BT_ATTN_ROPE");
-
-    if (env && strcmp(env, "0") == 0)
-        return false;
-    /* stream-K (opt-in) has no fused prologue */
-    return cuda_attn_decode_tc_ok(args, dt) &&
-           !cuda_attn_decode_sk_ok(args, n);
+    (void)n;
+    return cuda_attn_decode_tc_ok(args, dt);
 }
 
 bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
@@ -621,8 +561,6 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
     args = &al;
     BT_ASSERT(args->d_qkv == NULL || cuda_attn_decode_rope_ok(args, n, dt));
     if (cuda_attn_decode_tc_ok(args, dt)) {
-        if (n_splits == 1 && cuda_attn_decode_sk_ok(args, n))
-            return cuda_attn_decode_sk(args, d_tok_idx, n, stream);
         bt_status_t st = cuda_attn_decode_tc(args, d_tok_idx, n, n_splits,
                                              split_len, d_ws, stream);
         if (st != BT_OK || n_splits == 1)

@@ -42,14 +42,6 @@ typedef struct {
     void *d_out;                /* (tokens, nh, hd) attention output */
     int pdl_late;               /* set by cuda_attn_decode from
                                    cuda__pdl_late (cuda_int.h) */
-    /* Optional, for the stream-K kernel (attn_decode_sk.cu); zero: not
-     * used.  The caller owns both buffers (one pair per stream: launches
-     * sharing them must not overlap). */
-    int *d_sk_count;            /* (sk_max_tokens, n_kv_heads) counters,
-                                   zero before the first launch; every
-                                   launch leaves them zero */
-    float *d_sk_ws;             /* cuda_attn_decode_sk_ws_floats() floats */
-    int sk_max_tokens;
     /* Optional: RoPE and the new key's K/V write fused into the decode
      * kernel (cuda_attn_decode_rope_ok), for steps whose every token is
      * one new token of its sequence, unmasked (kv_len = ctx_len + 1: no
@@ -64,11 +56,8 @@ typedef struct {
     int rope_half;              /* 1: rotate (i, i + hd/2); 0: (2i, 2i+1) */
 } cuda_attn_args_t;
 
-/* Heads per KV head the stream-K kernel takes (its merge buffers). */
-#define CUDA_ATTN_SK_MAX_GROUP 4
-
 /* True when cuda_attn_decode can take the fused RoPE fields for `n`
- * tokens (the tensor-core kernel runs them; BT_ATTN_ROPE=0: never). */
+ * tokens (the tensor-core kernel runs them). */
 bool cuda_attn_decode_rope_ok(const cuda_attn_args_t *args, int n,
                               cuda_dtype_t dt);
 
@@ -81,9 +70,7 @@ bool cuda_attn_head_dim_ok(int head_dim);
  * n_splits <= max_splits; the split that minimises waves x (fixed cost +
  * keys per block) + a combine cost when split, with two blocks per SM on
  * `n_sm` multiprocessors (one block per token and KV head when the batch
- * fills the GPU; short splits when one wave is not full).
- * BT_ATTN_PLAN=fill: the round-3 rule (fewest splits giving every SM four
- * blocks). */
+ * fills the GPU; short splits when one wave is not full). */
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int n_sm, int max_splits, int *n_splits_p,
                            int *split_len_p);
@@ -101,27 +88,11 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
 
 /* The tensor-core kernel (attn_decode_tc.cu) that cuda_attn_decode()
  * picks for bf16, head size 64/128 and up to 16 heads per KV head, unless
- * BT_ATTN_TC=0 is set (A/B timing, tests of the general kernel). */
+ * BT_ATTN_TC=0 is set (cuda_switches.h; tests of the general kernel). */
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *args, cuda_dtype_t dt);
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *args,
                                 const int *d_tok_idx, int n, int n_splits,
                                 int split_len, float *d_ws,
-                                cudaStream_t stream);
-
-/* The stream-K kernel (attn_decode_sk.cu): a fixed grid of about two
- * blocks an SM in groups of n_kv_heads, each group an equal run of the
- * step's (token, key tile) positions, cut items merged by the last block
- * to finish a piece (or, BT_ATTN_SK=2 / 3, runs of whole tokens).
- * Opt-in: cuda_attn_decode() takes it for one split when _sk_ok()
- * (BT_ATTN_SK set, the args carry its buffers, bf16, head 64/128, up to
- * CUDA_ATTN_SK_MAX_GROUP heads per KV head); it measured slower than
- * the split kernel (see the file).  _sk_enabled(): BT_ATTN_SK asks for
- * it at all (a backend allocates the buffers then). */
-bool cuda_attn_decode_sk_enabled(void);
-size_t cuda_attn_decode_sk_ws_floats(int head_dim);
-bool cuda_attn_decode_sk_ok(const cuda_attn_args_t *args, int n);
-bt_status_t cuda_attn_decode_sk(const cuda_attn_args_t *args,
-                                const int *d_tok_idx, int n,
                                 cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -16,15 +16,10 @@
  * units), merged by its combine kernel.  Padded rows (2 x 16 B per row)
  * keep ldmatrix free of bank conflicts.  The first pipeline stages whose
  * keys are all cached (older than this step) are issued before the PDL
- * wait (BT_ATTN_EARLY=0: after it).  The K / V copies carry an L2
- * evict-first policy (BT_ATTN_KV_EVICT_FIRST=0: none; K / V are read once
- * a step) and a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none).  The
- * per-warp copy and tile step are
- * in attn_decode_tc.cuh, shared with the stream-K kernel
- * (attn_decode_sk.cu), which cuda_attn_decode() takes instead for one
- * split when the items outnumber the block slots.  Selected by
- * cuda_attn_decode(); tested by tests/kernels/test_attn.cu against the
- * CPU reference.
+ * wait.  The K / V copies carry an L2 evict-first policy (K / V are read
+ * once a step) and a 128-byte L2 prefetch size.  The per-warp copy and
+ * tile step are in attn_decode_tc.cuh.  Selected by cuda_attn_decode();
+ * tested by tests/kernels/test_attn.cu against the CPU reference.
  */
 #include "attn_decode.h"
 
@@ -33,9 +28,9 @@
 #include <type_traits>
 
 #include "bt_util.h"
+#include "../cuda_switches.h"
 #include "attn_decode_tc.cuh"
 #include "kern_common.cuh"
-#include "wgmma.cuh" /* mbarriers, TMA loads, the tensor-map encoder */
 
 #define TC_BT_SMEM 512
 #define TC_MAX_GROUP 16
@@ -47,17 +42,6 @@ template <int HD> struct tc_smem {
     static constexpr size_t MERGE =
         (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
-    /* TMA: unpadded swizzled rows, the base aligned to 1024 bytes */
-    static constexpr size_t PIPE_TMA =
-        (size_t)TC_STAGES * 2 * TC_TK * HD * sizeof(bf16_t);
-    static constexpr size_t BYTES_TMA =
-        (PIPE_TMA > MERGE ? PIPE_TMA : MERGE) + 1024;
-};
-
-/* The TMA copy's tensor maps over the layer's K and V caches (see
- * tc_tma_maps). */
-struct tc_maps {
-    CUtensorMap k, v;
 };
 
 /* The fused RoPE's rotation table of token tok (cos, sin of pos x
@@ -145,47 +129,26 @@ static __device__ __forceinline__ void tc_rope_prologue(
     __syncthreads();
 }
 
-/* TMA (BT_ATTN_TMA=1, opt-in; steps without the fused RoPE): each
- * warp's 16 K and V rows of a tile arrive as TMA boxes of min(block, 16)
- * slots x 64 dims (tc_maps), issued by the warp's lane 0
- * and completing on the warp's mbarrier of the stage, in the 128-byte
- * swizzle tc_attend16<.., SWZ> reads: no per-lane address arithmetic or
- * 16-byte copies (round 11: the copy was the kernel's largest block of
- * instructions).  Pages past the keys come from an out-of-range slot
- * (zeros); slots past the keys inside a loaded page from the pool, which
- * the backend zeroes at allocation, so P = 0 never meets a NaN in V (as
- * fa2pp).  Round 19 measured it: alone 1-5% faster than the cp.async
- * copy at batch 8-128, but equal in the engine (b64 @2k 8.985 / 9.014
- * vs 9.004 / 8.986 ms) -- the kernel is bound by DRAM and its block
- * waves, no longer by the copy's instructions; two stages at three
- * blocks an SM lost (b64 @2k 152.8 vs 144.9 us).  Round 21, with the
- * GEMM picks fixed by one BT_GEMM_CACHE file: -0.04 ms a b64 step in
- * one call, +0.03 to +0.065 (b8-b64) in the next -- in both, the second
- * run of each pair was the faster one, so equal again.  Kept opt-in and
- * tested. */
-template <int HD, bool NEWROW, bool TMA>
+/* A K/V copy by TMA boxes (mbarriers, the 128-byte swizzle) measured
+ * equal in the engine (rounds 19 and 21 of docs/PERFORMANCE.md): the
+ * kernel is bound by DRAM and its block waves, no longer by the copy's
+ * instructions; it was deleted with its switch. */
+template <int HD, bool NEWROW>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early, int kv_hint,
-                      const __grid_constant__ tc_maps maps)
+                      int n_splits, float *ws, bool early, int kv_hint)
 {
-    static_assert(!(TMA && NEWROW), "the new-row path copies by cp.async");
     constexpr int ROW = tc_smem<HD>::ROW;
     /* a stage's K (or V) rows, and a warp's 16 of them, in elements */
-    constexpr int TILE = TMA ? TC_TK * HD : tc_smem<HD>::TILE;
-    constexpr int WPART = TMA ? 16 * HD : 16 * ROW;
+    constexpr int TILE = tc_smem<HD>::TILE;
+    constexpr int WPART = 16 * ROW;
     constexpr int KS = HD / 16; /* k-steps of Q K^T */
     constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
     extern __shared__ __align__(16) unsigned char tc_sm_raw[];
     __shared__ int sh_bt[TC_BT_SMEM];
     __shared__ __align__(16) bf16_t sh_q[TC_MAX_GROUP * HD]; /* fused RoPE */
     __shared__ float sh_c[HD / 2], sh_s[HD / 2];           /* its table */
-    __shared__ __align__(8) uint64_t tc_bar[TMA ? TC_WARPS : 1]
-                                           [TMA ? TC_STAGES : 1];
-    unsigned char *tc_sm =
-        TMA ? reinterpret_cast<unsigned char *>(
-                  ((uintptr_t)tc_sm_raw + 1023) & ~(uintptr_t)1023)
-            : tc_sm_raw;
+    unsigned char *tc_sm = tc_sm_raw;
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
     bf16_t *sv = sk + TC_STAGES * TILE;
 
@@ -229,29 +192,20 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
 
     if (a.d_qkv)
         tc_rope_table<HD>(a, tok, sh_c, sh_s);
-    if constexpr (TMA) {
-        if (threadIdx.x == 0) {
-            for (int w = 0; w < TC_WARPS; w++)
-                for (int st = 0; st < TC_STAGES; st++)
-                    mbar_init(&tc_bar[w][st], 1);
-            mbar_init_fence();
-        }
-    }
-    __syncthreads(); /* sh_bt, sh_c / sh_s, the mbarriers */
+    __syncthreads(); /* sh_bt, sh_c / sh_s */
     const int n_tiles = end > start ? (end - start + TC_TK - 1) / TC_TK : 0;
     /* Each warp copies only its own 16 keys of every tile (the rows it
      * alone reads), so the pipeline needs no block barrier; lanes 0-15
      * compute their row's offset once (block-table entry, 64-bit
-     * multiply) and the copying lanes take it by shuffle.  Round 11: the
-     * block-wide load it replaces (every thread a 16-byte chunk of every
-     * row, the address arithmetic per chunk) was ~45% of the kernel's
-     * instructions; batch 64 x 2048 keys 144.5 -> 137.1 us a layer. */
+     * multiply) and the copying lanes take it by shuffle (the block-wide
+     * load it replaced, the address arithmetic per chunk, was almost
+     * half the kernel's instructions: round 11). */
     /* The fused RoPE's new key (position ctx, the last key of a
      * single-token step) in an early tile: that tile is copied before the
      * wait with the new key's row left out (hole), and the prologue
-     * writes the row into shared memory itself (round 17: the split that
-     * held the new key copied its tile only after the wait and a fence,
-     * the last block of the attention by ~1.8 us at batch 1). */
+     * writes the row into shared memory itself (else the split that
+     * holds the new key copies its tile only after the wait and a fence,
+     * and is the attention's last block at batch 1: round 17). */
     const int kt_new = (ctx - start) / TC_TK;
     const bool fill_new = NEWROW && early && a.d_qkv && !mrow &&
                           end == ctx + 1 &&
@@ -262,45 +216,14 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     /* kv_hint (tc_launch): 0 plain copies; 1 evict first; 128 (the
      * default) evict first with a 128-byte prefetch size.  Evict first:
      * K/V are read once a step, so their lines leave L2 first and what
-     * is read again stays (round 23: the kernel 1.4% faster at batch 64
-     * @2k); 128:
-     * the copies also ask L2 for the whole 128-byte line around them (a
-     * K or V row of one head is 256 contiguous bytes, copied as 16
-     * chunks by 16 lanes; the first miss of a line brings all of it,
-     * rounds 23-24: -0.07 to -0.11 ms at b64 @2k). */
+     * is read again stays; 128: the copies also ask L2 for the whole
+     * 128-byte line around them (a K or V row of one head is 256
+     * contiguous bytes, copied as 16 chunks by 16 lanes; the first miss
+     * of a line brings all of it).  Both faster at batch 64 (rounds
+     * 23-24). */
     const uint64_t kv_pol = kv_hint ? tc_policy_evict_first() : 0;
     auto load_tile = [&](int stage, int kt, auto hole_t) {
         constexpr bool HOLE = decltype(hole_t)::value;
-        if constexpr (TMA) {
-            if (lane != 0)
-                return;
-            const int k0 = start + kt * TC_TK + warp * 16;
-            const int rows = bs < 16 ? bs : 16; /* the maps' box */
-            uint64_t *bar = &tc_bar[warp][stage];
-            bf16_t *dk = sk + stage * TILE + warp * WPART;
-            bf16_t *dv = sv + stage * TILE + warp * WPART;
-            /* this warp read the stage's last tile (generic proxy) before
-             * the copies (async proxy) overwrite it */
-            wg_fence_proxy();
-            mbar_expect(bar, 2u * 16 * HD * sizeof(bf16_t));
-            for (int p = 0; p < 16; p += rows) {
-                const int key = k0 + p;
-                int slot = (int)a.kv_slots; /* past the keys: zeros */
-                if (key < end) {
-                    int blk = bs_sh >= 0 ? key >> bs_sh : key / bs;
-                    int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
-                    slot = bid * bs + (key - blk * bs);
-                }
-#pragma unroll
-                for (int h2 = 0; h2 < HD / 64; h2++) {
-                    wg_tma_load_3d(dk + h2 * 16 * 64 + p * 64, &maps.k,
-                                   h2 * 64, kvh, slot, bar);
-                    wg_tma_load_3d(dv + h2 * 16 * 64 + p * 64, &maps.v,
-                                   h2 * 64, kvh, slot, bar);
-                }
-            }
-            return;
-        }
         const int k = start + kt * TC_TK + warp * 16 + (lane & 15);
         long long off = -1; /* -1: past the split, zero-filled */
         if (HOLE && fill_new && k == ctx) {
@@ -377,11 +300,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         tc_cp_commit();
     }
     for (int kt = 0; kt < n_tiles; kt++) {
-        if constexpr (TMA)
-            mbar_wait(&tc_bar[warp][kt % TC_STAGES],
-                      (uint32_t)((kt / TC_STAGES) & 1));
-        else
-            tc_cp_wait<TC_STAGES - 2>();
+        tc_cp_wait<TC_STAGES - 2>();
         /* tile kt landed in this warp's rows (the only ones it writes and
          * reads); tile kt-1's stage is free there */
         __syncwarp();
@@ -398,11 +317,11 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             continue; /* this warp's 16 keys are all past the split */
 
         if (mrow)
-            tc_attend16<HD, true, TMA>(qa, tk, tv, kb, end, ctx, mrow, sl2,
-                                       o, m0, m1, l0, l1, lane);
+            tc_attend16<HD, true>(qa, tk, tv, kb, end, ctx, mrow, sl2, o,
+                                  m0, m1, l0, l1, lane);
         else
-            tc_attend16<HD, false, TMA>(qa, tk, tv, kb, end, ctx, mrow, sl2,
-                                        o, m0, m1, l0, l1, lane);
+            tc_attend16<HD, false>(qa, tk, tv, kb, end, ctx, mrow, sl2, o,
+                                   m0, m1, l0, l1, lane);
     }
     tc_cp_wait<0>();
     __syncthreads(); /* the pipeline's shared memory is reused below */
@@ -475,7 +394,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
 
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
 {
-    const char *env = getenv("BT_ATTN_TC");
+    const char *env = cuda_switches()->attn_tc;
     int group = a->n_heads / a->n_kv_heads;
 
     if (env && strcmp(env, "0") == 0)
@@ -488,37 +407,16 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * an early tile (fill_new): steps of <= TC_NEWROW_MAX_TOK tokens with the
  * fused RoPE and splits of <= 2 tiles, where that split is the
  * attention's last block; elsewhere the kernel without it (round 17: the
- * hole in every step's copy path cost batch 64 0.08 ms).  On by default
- * (round 18: batch 1 -0.05 to -0.07 ms at 512 and 2k); BT_ATTN_NEWROW=0
- * turns it off. */
+ * hole in every step's copy path cost batch 64; batch 1 gains, round 18
+ * of docs/PERFORMANCE.md). */
 #define TC_NEWROW_MAX_TOK 2
 
-/* The TMA copy's maps (BT_ATTN_TMA=1, opt-in): a 3-D tensor map over
- * each layer cache ({head dims, KV heads, slots}, 128-byte swizzle), boxes of 64
- * dims x 1 head x min(block, 16) slots, so a warp's 16 keys are one box
- * a 64-dim slab (two at block 8).  Blocks of 8 or a multiple of 16 slots
- * (16 keys never straddle a page), slot indices in an int, sm_90a. */
-static bool tc_tma_maps(const cuda_attn_args_t *a, tc_maps *m)
-{
-    const int bs = a->block_size, rows = bs < 16 ? bs : 16;
-    const char *env = getenv("BT_ATTN_TMA");
-
-    if (!(env && strcmp(env, "1") == 0) || a->d_qkv != NULL ||
-        !cuda_wgmma_available() || !(bs == 8 || bs % 16 == 0) ||
-        a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL)
-        return false;
-    return wg_cache_map(&m->k, a->d_k_cache, a->head_dim, a->n_kv_heads,
-                        a->kv_slots, rows) &&
-           wg_cache_map(&m->v, a->d_v_cache, a->head_dim, a->n_kv_heads,
-                        a->kv_slots, rows);
-}
-
-template <int HD, bool NEWROW, bool TMA>
+template <int HD, bool NEWROW>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
-                             const tc_maps &maps, cudaStream_t stream)
+                             cudaStream_t stream)
 {
-    const size_t bytes = TMA ? tc_smem<HD>::BYTES_TMA : tc_smem<HD>::BYTES;
+    const size_t bytes = tc_smem<HD>::BYTES;
     /* The shared-memory opt-in is a per-device attribute: tensor-parallel
      * ranks (one thread per GPU) each need it on their own device. */
     static bool attr_set[64];
@@ -529,68 +427,53 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
-            attn_decode_tc_kernel<HD, NEWROW, TMA>,
+            attn_decode_tc_kernel<HD, NEWROW>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
         if (dev >= 0 && dev < 64)
             attr_set[dev] = true;
     }
-    const char *env = getenv("BT_ATTN_EARLY");
-    const bool early = !(env && strcmp(env, "0") == 0);
-    /* The K/V copies' L2 policy: evict first (BT_ATTN_KV_EVICT_FIRST=0:
-     * none), with a 128-byte L2 prefetch size (BT_ATTN_KV_PF=0: none).
-     * Round 23 (H200, b64 @2k): evict first -0.02 to -0.03 ms a step; the
-     * 128-byte prefetch size -0.07 to -0.11 ms more (b128 -0.24, two
-     * machines, rounds 23-24); 256 bytes equal to none. */
-    env = getenv("BT_ATTN_KV_EVICT_FIRST");
-    int kv_hint = !(env && strcmp(env, "0") == 0);
-    env = getenv("BT_ATTN_KV_PF");
-    if (kv_hint && !(env && strcmp(env, "0") == 0))
-        kv_hint = 128;
-    kern_launch(attn_decode_tc_kernel<HD, NEWROW, TMA>,
+    /* Early copies before the PDL wait, and the K/V copies' L2 policy:
+     * evict first with a 128-byte L2 prefetch size (faster at batch 64
+     * and 128 than either alone: rounds 23-24 of docs/PERFORMANCE.md).
+     * The kernel's other settings (late copies, plain or evict-first-only
+     * copies) lost their A/B and are never selected; their branches stay
+     * until a device session measures the kernel without them. */
+    const bool early = true;
+    const int kv_hint = 128;
+    kern_launch(attn_decode_tc_kernel<HD, NEWROW>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws, early, kv_hint, maps);
+                n_splits, ws, early, kv_hint);
     return cudaSuccess;
 }
 
-/* The instance for the new-row path (nr), the TMA copy (tma) or
- * neither. */
+/* The instance for the new-row path (nr) or without it. */
 template <int HD>
-static cudaError_t tc_launch_hd(bool nr, bool tma, const cuda_attn_args_t *a,
+static cudaError_t tc_launch_hd(bool nr, const cuda_attn_args_t *a,
                                 const int *tok_idx, int n, int n_splits,
-                                int split_len, float *ws, const tc_maps &maps,
-                                cudaStream_t stream)
+                                int split_len, float *ws, cudaStream_t stream)
 {
     if (nr)
-        return tc_launch<HD, true, false>(a, tok_idx, n, n_splits, split_len,
-                                          ws, maps, stream);
-    if (tma)
-        return tc_launch<HD, false, true>(a, tok_idx, n, n_splits, split_len,
-                                          ws, maps, stream);
-    return tc_launch<HD, false, false>(a, tok_idx, n, n_splits, split_len, ws,
-                                       maps, stream);
+        return tc_launch<HD, true>(a, tok_idx, n, n_splits, split_len, ws,
+                                   stream);
+    return tc_launch<HD, false>(a, tok_idx, n, n_splits, split_len, ws,
+                                stream);
 }
 
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,
                                 int n, int n_splits, int split_len, float *ws,
                                 cudaStream_t stream)
 {
-    /* BT_ATTN_NEWROW=0: off (the A/B switch; test_attn runs both) */
-    const char *env = getenv("BT_ATTN_NEWROW");
-    const bool nr = !(env && strcmp(env, "0") == 0) && a->d_qkv != NULL &&
-                    n <= TC_NEWROW_MAX_TOK &&
+    const bool nr = a->d_qkv != NULL && n <= TC_NEWROW_MAX_TOK &&
                     split_len <= (TC_STAGES - 1) * TC_TK;
-    tc_maps maps;
-    memset(&maps, 0, sizeof(maps));
-    const bool tma = !nr && tc_tma_maps(a, &maps);
     cudaError_t err =
         a->head_dim == 64
-            ? tc_launch_hd<64>(nr, tma, a, tok_idx, n, n_splits, split_len,
-                               ws, maps, stream)
-            : tc_launch_hd<128>(nr, tma, a, tok_idx, n, n_splits, split_len,
-                                ws, maps, stream);
+            ? tc_launch_hd<64>(nr, a, tok_idx, n, n_splits, split_len, ws,
+                               stream)
+            : tc_launch_hd<128>(nr, a, tok_idx, n, n_splits, split_len, ws,
+                                stream);
 
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);

@@ -1,8 +1,7 @@
 /*
  * attn_decode_tc.cuh - the per-warp pieces of the tensor-core decode
- * attention, shared by the split kernel (attn_decode_tc.cu: one block per
- * KV head, token and key split) and the stream-K kernel (attn_decode_sk.cu:
- * a fixed grid, each block an equal run of key tiles across items):
+ * attention (attn_decode_tc.cu: one block per KV head, token and key
+ * split):
  *   - tc_copy_rows16: one warp's 16 K and V rows of a 64-key tile into its
  *     rows of a pipeline stage (cp.async, zero fill past the keys);
  *   - tc_attend16: those 16 keys against the group's heads: S = Q K^T on
@@ -10,11 +9,7 @@
  *     P re-packed from the accumulators (no shared-memory round trip);
  *   - tc_load_q: Q of the group's heads as the A operand.
  * Row layout in shared memory: HD bf16 + TC_PAD of padding (2 x 16 B,
- * which keeps ldmatrix free of bank conflicts); or (SWZ, the TMA copy of
- * attn_decode_tc.cu) a warp's 16 rows as HD / 64 slabs of 16 x 64 bf16
- * in the 128-byte swizzle of a TMA box (16-byte chunk c of row r at
- * chunk c ^ (r & 7)), which keeps ldmatrix conflict-free without
- * padding.
+ * which keeps ldmatrix free of bank conflicts).
  */
 #ifndef BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH
 #define BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH
@@ -35,18 +30,13 @@ template <int HD> struct tc_rows {
         (size_t)TC_STAGES * 2 * TILE * sizeof(bf16_t);
 };
 
-/* Element (row, col) of a warp's 16 K or V rows at t: padded rows of
- * ROW, or (SWZ) the swizzled 64-column slabs of a TMA box (slab base
- * 1024-byte aligned). */
-template <int HD, bool SWZ>
+/* Element (row, col) of a warp's 16 K or V rows at t (padded rows of
+ * ROW). */
+template <int HD>
 static __device__ __forceinline__ const bf16_t *tc_at(const bf16_t *t,
                                                       int row, int col)
 {
-    if constexpr (SWZ)
-        return t + (col >> 6) * 16 * 64 + row * 64 +
-               ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
-    else
-        return t + row * tc_rows<HD>::ROW + col;
+    return t + row * tc_rows<HD>::ROW + col;
 }
 
 /* Copies 16 K and V rows into dk / dv (16 rows of ROW).  Lane r < 16
@@ -107,9 +97,9 @@ static __device__ __forceinline__ void tc_load_q(uint32_t (&qa)[HD / 16][4],
  * keys (>= ctx) that mrow hides, are -inf.  sl2: scale x log2(e).
  * Callers branch once on mrow and call the MASKED or the plain instance:
  * the kernels' own loops had that split made by the compiler, which it no
- * longer made once the step was a function (a mask test per key: round
- * 12, 64 x 512 keys 42.7 -> 44.3 us a layer). */
-template <int HD, bool MASKED, bool SWZ = false>
+ * longer made once the step was a function (a mask test per key cost
+ * 4% at batch 64: round 12). */
+template <int HD, bool MASKED>
 static __device__ __forceinline__ void tc_attend16(
     const uint32_t (&qa)[HD / 16][4], const bf16_t *tk, const bf16_t *tv,
     int kb, int end, int ctx, const uint8_t *mrow, float sl2,
@@ -127,7 +117,7 @@ static __device__ __forceinline__ void tc_attend16(
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             uint32_t b[4];
-            tc_ldm(b, tc_at<HD, SWZ>(tk, nt * 8 + (lane & 7),
+            tc_ldm(b, tc_at<HD>(tk, nt * 8 + (lane & 7),
                                      k2 * 32 + (lane >> 3) * 8));
             tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
             tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
@@ -181,7 +171,7 @@ static __device__ __forceinline__ void tc_attend16(
 #pragma unroll
     for (int dn = 0; dn < HD / 16; dn++) {
         uint32_t b[4];
-        tc_ldm_t(b, tc_at<HD, SWZ>(tv, (lane & 7) + ((lane >> 3) & 1) * 8,
+        tc_ldm_t(b, tc_at<HD>(tv, (lane & 7) + ((lane >> 3) & 1) * 8,
                                    dn * 16 + (lane >> 4) * 8));
         tc_mma(o[2 * dn], pa, b[0], b[1]);
         tc_mma(o[2 * dn + 1], pa, b[2], b[3]);

@@ -454,157 +454,71 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
             head_dim == 128 || head_dim == 256);
 }
 
-/* BT_PREFILL_KERNEL=smem selects the shared-memory kernel everywhere
- * (reference point for the register-resident ones), =wmma the WMMA
- * register-resident kernel at head 64/128 too; =fa2 the kernel of
- * attn_prefill_fa2.cu on mma.sync only
- * (=fa2w4, =fa2w8 force the warp count), =fa2wq that kernel with
- * S = Q K^T on wgmma (sm_90a; H200 2026-12-01: 183.7 vs 182.7 us per
- * layer at 2048 tokens); =fa2wqv with P V on wgmma too; =fa2pp that
- * with FlashAttention-3's ping-pong of the block's two warpgroups and a
- * TMA producer warp (the default of rounds 11-24); =fa2pp128 that on
- * 128-key tiles; =fa3 that with the overlap inside a warpgroup;
- * unset: fa2pp128 at head 128, fa2wqv at head 64 (the ping-pong kernels
- * as fa2wqv where a block has one warpgroup or the caches cannot be
- * mapped; all as fa2 without sm_90a wgmma).
- * Read at every launch, so tests can switch. */
-typedef struct {
-    const char *name;
-    int family; /* 0: the shared-memory kernel, 1: WMMA, 2: fa2 */
-    int warps;  /* fa2: warps per block, 0: chosen by the GQA group */
-    int wgmma;  /* fa2: 1 S on wgmma, 2 P V too, 3 the ping-pong, 4 the
-                   ping-pong on 128-key tiles, 5 that with the overlap
-                   inside a warpgroup, -1 4 at head 128 and 2 at head
-                   64 */
-} prefill_kind_t;
-
-static const prefill_kind_t prefill_kinds[] = {
-    {"smem", 0, 0, 0},
-    {"wmma", 1, 0, 0},
-    {"fa2", 2, 0, 0},    /* on mma.sync (the default of rounds 4-10) */
-    {"fa2w4", 2, 4, 0},
-    {"fa2w8", 2, 8, 0},
-    {"fa2wq", 2, 0, 1},
-    {"fa2wqv", 2, 0, 2},
-    /* attn_prefill_fa2.cu with S and P V on wgmma, the warpgroups in
-     * ping-pong, K/V by a TMA producer warp; warps per block chosen by
-     * the GQA group.  H200, 2026-12-01, Llama-3-8B shape, attention per
-     * layer: 2048 tokens 122.9 us (fa2wqv 162.5, fa2 183.8, the
-     * mma.sync kernel of rounds 2-3, removed in round 15, 271), 8192
-     * tokens 1616 us (fa2wqv 2112, fa2 2496); whole 2048-token prefill
-     * 48.19 / 48.25 ms against fa2wqv's 49.00 / 49.39 in the same
-     * call. */
-    {"fa2pp", 2, 0, 3},
-    /* fa2pp on 128-key tiles (m64n128 S, half the per-key softmax
-     * bookkeeping; 3 stages at head 128, the producer a warpgroup that
-     * gives the consumers its registers).  H200, 2026-12-03 (round 25),
-     * per layer against fa2pp: 2048 tokens 130.8 / 131.7 vs 133.6 /
-     * 130.5 us, 8192 tokens 1545 / 1552 vs 1737 / 1670 us; prefill 8192
-     * -2 to -3.5%, 2048 -0.1 to -0.5 ms. */
-    {"fa2pp128", 2, 0, 4},
-    /* fa2pp128 with FlashAttention-3's overlap inside each warpgroup
-     * (tile kt's softmax under tile kt-1's P V; head 128).  Lost in
-     * round 25 (152.5 vs 128.8 us at 2048 tokens) while one producer
-     * lane limited every ping-pong kernel; rebuilt on the producer warp
-     * in round 26: with the cache blocks in order (runs) 90.9 / 946.7
-     * us at 2048 / 8192 tokens against fa2pp128's 94.9 / 998.1, but
-     * scattered 109.7 / 1220.9 against 99.2 / 1067.6 (its producer
-     * issues K and V apart: twice the per-page work where the producer
-     * is already the limit); the engine's prefill equal.  Opt-in. */
-    {"fa3", 2, 0, 5},
-    /* Default (unset): fa2pp128 at head 128, fa2wqv at head 64; at
-     * head sizes fa2 does not take (16, 32), the WMMA kernel, and the
-     * shared-memory one at 256.  Head 64 (Llama-3.2-1B's attention
-     * shape, bench_kernels --attn-hd 64), H200 2026-12-04, us a layer at
-     * 2048 / 8192 tokens: fa2wqv 84.4 / 1112, fa2pp128 108.8 / 1291,
-     * fa2pp 117.6 / 1488.  The ping-pong's two 64-row warpgroups, one
-     * block an SM, hide too little of the softmax when a tile's
-     * products are half as long as at head 128; fa2wqv runs more warps
-     * an SM. */
-    {"default", 2, 0, -1},
-};
-
-static const prefill_kind_t *attn_prefill_kind(void)
-{
-    const char *env = getenv("BT_PREFILL_KERNEL");
-    const size_t n = sizeof(prefill_kinds) / sizeof(prefill_kinds[0]);
-
-    for (size_t i = 0; env && i < n; i++)
-        if (strcmp(env, prefill_kinds[i].name) == 0)
-            return &prefill_kinds[i];
-    return &prefill_kinds[n - 1];
-}
-
-/* The kernels of this file: WMMA (family >= 1, head <= 128) or the
- * shared-memory one. */
+/* The kernel for a head size: attn_prefill_fa2.cu at head 64/128 (bf16),
+ * the ping-pong on 128-key tiles at head 128 and fa2wqv at head 64 (the
+ * ping-pong kernels run as fa2wqv where a block has one warpgroup or the
+ * caches cannot be mapped, all as mma.sync without sm_90a wgmma); the
+ * WMMA kernel of this file at head 16 and 32; the shared-memory one at
+ * 256.  At head 64 fa2wqv beats the ping-pong: its two 64-row
+ * warpgroups, one block an SM, hide too little of the softmax when a
+ * tile's products are half as long as at head 128, and fa2wqv runs more
+ * warps an SM (docs/PERFORMANCE.md has the figures of each kernel). */
 template <int HD>
 static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
                                        const int *tiles, int n_tiles,
-                                       const prefill_kind_t *kind,
                                        cudaStream_t stream)
 {
     if constexpr (HD <= 128) {
-        if (kind->family >= 1) {
-            size_t fbytes = fa_smem<HD>::BYTES;
-            cudaError_t ferr = cudaFuncSetAttribute(
-                attn_prefill_fa_kernel<HD>,
-                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fbytes);
-            if (ferr != cudaSuccess)
-                return ferr;
-            attn_prefill_fa_kernel<HD><<<dim3(n_tiles, a->n_heads),
-                                         PF_WARPS * 32, fbytes, stream>>>(
-                *a, tiles);
-            return cudaSuccess;
-        }
-    }
-    size_t bytes = pf_smem<HD>::BYTES;
-    cudaError_t err = cudaFuncSetAttribute(
-        attn_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        (int)bytes);
+        size_t fbytes = fa_smem<HD>::BYTES;
+        cudaError_t ferr = cudaFuncSetAttribute(
+            attn_prefill_fa_kernel<HD>,
+            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fbytes);
+        if (ferr != cudaSuccess)
+            return ferr;
+        attn_prefill_fa_kernel<HD><<<dim3(n_tiles, a->n_heads),
+                                     PF_WARPS * 32, fbytes, stream>>>(
+            *a, tiles);
+        return cudaSuccess;
+    } else {
+        size_t bytes = pf_smem<HD>::BYTES;
+        cudaError_t err = cudaFuncSetAttribute(
+            attn_prefill_kernel<HD>,
+            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 
-    if (err != cudaSuccess)
-        return err;
-    attn_prefill_kernel<HD><<<dim3(n_tiles, a->n_heads), PF_WARPS * 32,
-                              bytes, stream>>>(*a, tiles);
-    return cudaSuccess;
+        if (err != cudaSuccess)
+            return err;
+        attn_prefill_kernel<HD><<<dim3(n_tiles, a->n_heads), PF_WARPS * 32,
+                                  bytes, stream>>>(*a, tiles);
+        return cudaSuccess;
+    }
 }
 
 bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
                               const int *d_tiles, int n_tiles,
                               cuda_dtype_t dt, cudaStream_t stream)
 {
-    const prefill_kind_t *kind = attn_prefill_kind();
     cudaError_t err;
 
     if (n_tiles == 0)
         return BT_OK;
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
-    if (kind->family == 2 && cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
-        const int wgmma = kind->wgmma >= 0        ? kind->wgmma
-                          : args->head_dim == 128 ? 4
-                                                  : 2;
-        err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, kind->warps,
-                                    wgmma, stream);
+    if (cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
+        err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, 0,
+                                    args->head_dim == 128 ? 4 : 2, stream);
         if (err != cudaSuccess)
             return BT_CUDA_STATUS(err);
         return BT_CUDA_LAUNCH_STATUS();
     }
     switch (args->head_dim) {
     case 16:
-        err = attn_prefill_launch<16>(args, d_tiles, n_tiles, kind, stream);
+        err = attn_prefill_launch<16>(args, d_tiles, n_tiles, stream);
         break;
     case 32:
-        err = attn_prefill_launch<32>(args, d_tiles, n_tiles, kind, stream);
-        break;
-    case 64:
-        err = attn_prefill_launch<64>(args, d_tiles, n_tiles, kind, stream);
-        break;
-    case 128:
-        err = attn_prefill_launch<128>(args, d_tiles, n_tiles, kind, stream);
+        err = attn_prefill_launch<32>(args, d_tiles, n_tiles, stream);
         break;
     default:
-        err = attn_prefill_launch<256>(args, d_tiles, n_tiles, kind, stream);
+        err = attn_prefill_launch<256>(args, d_tiles, n_tiles, stream);
         break;
     }
     if (err != cudaSuccess)

@@ -38,16 +38,19 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
                               const int *d_tiles, int n_tiles,
                               cuda_dtype_t dt, cudaStream_t stream);
 
-/* The FlashAttention-2 class kernel (attn_prefill_fa2.cu; the default
- * of cuda_attn_prefill at head 64/128 unless BT_PREFILL_KERNEL names
- * another kernel): bf16, head_dim 64 or 128. */
+/* The FlashAttention-2 class kernel (attn_prefill_fa2.cu; what
+ * cuda_attn_prefill runs at head 64/128): bf16, head_dim 64 or 128. */
 bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt);
 
 /* Same tiles and semantics as cuda_attn_prefill; the query heads of one
  * KV head share a block.  n_warps: 4 or 8 per block, anything else =
- * 8 when n_heads / n_kv_heads is even, else 4.  wgmma: 1 runs S = Q K^T
- * on wgmma, 2 also O += P V, where cuda_wgmma_available()
- * (kernels/wgmma.cuh); 0 (or no wgmma) mma.sync only. */
+ * 8 when n_heads / n_kv_heads is even, else 4.  wgmma: 2 runs S = Q K^T
+ * and O += P V on wgmma (fa2wqv), 3 the two warpgroups of 8 warps in
+ * ping-pong fed by a TMA producer warp (fa2pp), 4 that on 128-key tiles
+ * (fa2pp128), each falling back to the one before where it cannot run;
+ * 0 (or no wgmma, cuda_wgmma_available in kernels/wgmma.cuh) mma.sync
+ * only.  cuda_attn_prefill passes 4 at head 128 and 2 at head 64; tests
+ * name the others to check the fallbacks. */
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   const int *d_tiles, int n_tiles,
                                   int n_warps, int wgmma,

@@ -3,9 +3,7 @@
  * head 64/128) over the paged KV cache, the default prefill kernel: as
  * fa2pp128 below on sm_90a at head 128 (fa2pp, then fa2wqv, where it
  * does not apply), fa2wqv at head 64, as fa2 elsewhere
- * (BT_PREFILL_KERNEL=fa2 / fa2w4 / fa2w8 / fa2wq / fa2wqv / fa2pp /
- * fa2pp128 pick a variant, the other names the kernels of
- * attn_prefill.cu).
+ * (cuda_attn_prefill_fa2's wgmma argument names each, for tests).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -33,27 +31,22 @@
  * block table one iteration ahead of their copy, so the block-id loads
  * never stall the copy issue.
  *
- * fa2wq (WQ, sm_90a): each warpgroup's four warp units stage their Q
- * rows once in shared memory and K tiles are written as wgmma's K-major
- * 128-byte-swizzle slabs of 64 dims, so S for 64 rows is 4 (HD 64) or 8
- * (HD 128) m64n64k16 wgmmas reading both operands from shared memory --
- * no Q registers, no K ldmatrix; the accumulators land in the same m16n8
- * layout, so masks, softmax and P V (mma.sync) are shared with fa2.  A
+ * fa2wqv (WQ + WV, sm_90a): each warpgroup's four warp units stage their
+ * Q rows once in shared memory and K tiles are written as wgmma's
+ * K-major 128-byte-swizzle slabs of 64 dims, so S for 64 rows is 4 (HD
+ * 64) or 8 (HD 128) m64n64k16 wgmmas reading both operands from shared
+ * memory -- no Q registers, no K ldmatrix; the accumulators land in the
+ * same m16n8 layout, so masks and softmax are shared with fa2.  A
  * warpgroup skips a key tile only when all four of its warps would.
- * Measured equal to fa2 (H200, 183.7 vs 182.7 us a layer at 2048
- * tokens): the QK^T operand traffic is not what bounds this kernel; its
- * register savings (184 vs 232) are the room an FA3-style overlap of the
- * next tile's S with this tile's softmax would need.
- *
- * fa2wqv (WV, sm_90a): fa2wq with O += P V on wgmma as well: P stays in
- * registers as the A operand (the re-packed S accumulators are already
- * wgmma's register-A layout per warp), V tiles are written as the same
- * 128-byte-swizzle slabs as K and read N-major (wg_desc_mn), one
- * m64n(HD)k16 per 16 keys; the O accumulators keep the m16n8 layout, so
- * the rescale and the epilogue are fa2's.  A warp runs every tile its
- * warpgroup runs (the wgmma is collective), fully masked where it sees
- * nothing.  162 vs fa2's 183 us a layer at 2048 tokens; test_attn pass
- * "fa2wqv".
+ * O += P V runs on wgmma as well: P stays in registers as the A operand
+ * (the re-packed S accumulators are already wgmma's register-A layout
+ * per warp), V tiles are written as the same 128-byte-swizzle slabs as K
+ * and read N-major (wg_desc_mn), one m64n(HD)k16 per 16 keys; the O
+ * accumulators keep the m16n8 layout, so the rescale and the epilogue
+ * are fa2's.  A warp runs every tile its warpgroup runs (the wgmma is
+ * collective), fully masked where it sees nothing.  S alone on wgmma
+ * (WQ without WV) measured equal to fa2 and is not built.  test_attn
+ * pass "fa2wqv".
  *
  * fa2pp (PP, two warpgroups a block): fa2wqv with
  * FlashAttention-3's structure.  A ninth warp is the producer: one lane
@@ -70,16 +63,14 @@
  * producer is a warp since round 26: lane p reads page p's block-table
  * entry and issues its boxes, and when all the blocks a block of the
  * grid reads follow each other in the pool, each tile goes as one box a
- * slab (maps k_run / v_run; BT_F2_RUNS=0 off).  The copy
- * engine costs ~100 cycles a box, so one lane issuing 32 boxes of 2 KB
- * a 128-key tile kept the consumers waiting ~1800 cycles a tile for
- * their stage (the phase profiler below).  Round
- * 11: 122.9 vs fa2wqv's 162.5 us a layer at 2048 tokens, 1616 vs 2112
- * at 8192 (the ping-pong alone, with the consumers still copying, was
- * equal to fa2wqv: their copy addressing kept the integer pipe busiest
- * at two warps a scheduler).  Needs cuda_attn_args_t.kv_slots and
- * blocks of 8..64 slots dividing 64 (or multiples of 64); else it runs
- * as fa2wqv.  test_attn pass "fa2pp".
+ * slab (maps k_run / v_run).  The copy engine costs ~100 cycles a box,
+ * so one lane issuing 32 boxes of 2 KB a 128-key tile kept the consumers
+ * waiting for their stage (the phase profiler below).  Faster than
+ * fa2wqv (the ping-pong alone, with the consumers still copying, was
+ * equal to it: their copy addressing kept the integer pipe busiest at
+ * two warps a scheduler; round 11 of docs/PERFORMANCE.md).  Needs
+ * cuda_attn_args_t.kv_slots and blocks of 8..64 slots dividing 64 (or
+ * multiples of 64); else it runs as fa2wqv.  test_attn pass "fa2pp".
  *
  * fa2pp128 (BK = 128, the default at head 128): fa2pp on 128-key tiles,
  * m64n128 S, so the per-tile work (the row maxima's shuffles, the O
@@ -88,25 +79,15 @@
  * + P 32 registers a thread) barely fit the 168 registers that 9 warps
  * allow (ceil(9 / 4) warps share a scheduler's 16 K; ptxas spilled), so
  * the producer is a whole warpgroup that gives its registers to the
- * consumers (setmaxnreg: 24 / 240) before they start.  Round 25: 128.8 -
- * 131.7 us a layer at 2048 tokens (fa2pp 129.8 - 133.8), 1508 - 1552 at
- * 8192 (1663 - 1737); round 26 (the softmax's instructions, the producer
- * warp): 98.5 - 99.1 us at 2048 and 1064 - 1065 at 8192 with the
- * blocks scattered, 94.5 and 994 with them in order (runs; 45 -> 70% of
- * the tensor rate at 8192).  FlashAttention-3's overlap inside a warpgroup on top
- * (a turn issues tile kt's S with tile kt-1's P V, kt's softmax under
- * that P V) was built and lost twice: spilling (1a98376, 172.6 us at
- * 2048), then without the spill (92e3421: every wgmma and wait off the
- * branches, no trap in the kernel, 217 registers) still 152.5 us at
- * 2048 and 1932 at 8192.  Blocks of 8..128 slots dividing 128 or
- * multiples of 128; else fa2pp.  test_attn pass "fa2pp128".
- *
- * fa3 (OV, BT_PREFILL_KERNEL=fa3, head 128): that overlap again, on the
- * producer warp of round 26; K and V of a stage on their own full /
- * empty mbarriers.  Round 26: -4 / -5% against fa2pp128 at 2048 / 8192
- * tokens with the blocks in order, +11 / +14% with them scattered
- * (the producer, the limit there, now makes two passes a tile), the
- * engine's prefill equal; opt-in.  test_attn pass "fa3".
+ * consumers (setmaxnreg: 24 / 240) before they start.  Faster than
+ * fa2pp at 8192 tokens, equal at 2048 (rounds 25-26).
+ * FlashAttention-3's overlap inside a warpgroup on top (a turn issues
+ * tile kt's S with tile kt-1's P V, kt's softmax under that P V) lost
+ * three times (rounds 25-26: spilling; without the spill; on the
+ * producer warp, faster with the blocks in order but slower scattered,
+ * its producer making two passes a tile) and is not built (git log:
+ * "fa3").  Blocks of 8..128 slots dividing 128 or multiples of 128; else
+ * fa2pp.  test_attn pass "fa2pp128".
  *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
@@ -116,8 +97,7 @@
  * Semantics are those of cuda_attn_prefill (attn_prefill.h): query i of
  * a chunk after `ctx` cached tokens sees every cached key and the new
  * keys j <= i (or mask[i][j] when the sequence has a mask).
- * Test: test_attn (pass "fa2"); bench: bench_kernels --attn (the
- * default row; BT_PREFILL_KERNEL=mma for the previous kernel).
+ * Test: test_attn (pass "fa2"); bench: bench_kernels --attn.
  */
 #include "attn_prefill.h"
 
@@ -222,7 +202,7 @@ static __device__ __forceinline__ int f2_slab(int rows, int r, int c)
 struct f2_maps {
     CUtensorMap k, v;
     CUtensorMap k_run, v_run; /* boxes of a whole tile's BK slots */
-    int runs;     /* k_run / v_run made and not BT_F2_RUNS=0 */
+    int runs;     /* k_run / v_run made */
 };
 
 /* Phase profiler of the ping-pong kernels (a build with -DBT_F2_PROF,
@@ -242,8 +222,7 @@ __device__ unsigned long long f2_prof[3][F2_PROF_N];
 #define F2_MARK(i) ((void)0)
 #endif
 
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
-          bool OV = false>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
 static __global__ void __launch_bounds__(f2_cfg<HD, NW, WQ, PP, BK>::BLOCK,
                                          1)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
@@ -252,7 +231,6 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
     static_assert(PP || BK == F2_BK, "128-key tiles: the ping-pong only");
-    static_assert(!OV || (PP && BK == 128), "overlap: 128-key ping-pong");
     typedef f2_cfg<HD, NW, WQ, PP, BK> C;
     constexpr int STAGES = C::STAGES;
     constexpr int TILE = C::TILE;
@@ -277,10 +255,6 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     uint64_t *bar_full =
         reinterpret_cast<uint64_t *>(sq + (NW / 4) * C::QTILE);
     uint64_t *bar_empty = bar_full + STAGES;
-    /* OV: bar_full / bar_empty are K's, these V's (a tile's K is
-     * released after its S, its V after its P V) */
-    uint64_t *bar_full_v = bar_empty + STAGES;
-    uint64_t *bar_empty_v = bar_full_v + STAGES;
 
     /* Heaviest first: the last backend tile's blocks come first. */
     int bid = blockIdx.x;
@@ -374,10 +348,6 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             for (int st = 0; st < STAGES; st++) {
                 mbar_init(&bar_full[st], 1);
                 mbar_init(&bar_empty[st], 2);
-                if (OV) {
-                    mbar_init(&bar_full_v[st], 1);
-                    mbar_init(&bar_empty_v[st], 2);
-                }
             }
             mbar_init_fence();
         }
@@ -391,9 +361,9 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
              * min(block, BK) cache slots (pages past the keys from an
              * out-of-range slot: zeros), K and V of each 64-dim slab.
              * Lane p takes page p: it reads its block-table entry and
-             * issues its copies beside the other lanes'.  (Round 26: one lane reading each entry, then
-             * issuing, page after page, kept the consumers waiting
-             * 1800 cycles of each 128-key tile for their stage.)  The
+             * issues its copies beside the other lanes' (one lane
+             * reading each entry, then issuing, page after page, kept
+             * the consumers waiting for their stage: round 26).  The
              * warpgroup's other warps (128-key tiles) idle. */
             if (warp == NW) {
                 const int rows = min(bs, BK), npg = BK / rows;
@@ -420,17 +390,17 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                  * usually do), each tile goes as one box of BK slots a
                  * slab: 2 HD / 64 boxes instead of 2 HD / 64 a page; the
                  * copy engine takes ~100 cycles a box whatever its size
-                 * (round 26: 3200-3400 cycles to issue a 128-key tile of
-                 * 16-slot pages, ~1100 as runs).  Checked once a block:
-                 * a check a tile (a shuffle and a vote) cost 4% with
-                 * scattered blocks, where the producer is the limit. */
+                 * (a third of the issue time as runs: round 26).
+                 * Checked once a block: a check a tile (a shuffle and a
+                 * vote) cost time with scattered blocks, where the
+                 * producer is the limit. */
                 bool runs = false;
                 int run0 = 0;
                 if (npg > 1 && maps.runs) {
                     const int nblk = (kv_end + bs - 1) / bs;
                     run0 = bt[0];
                     /* no early exit: the loads go out together (one
-                     * a lane at a time cost ~1 us a block at 8192) */
+                     * a lane at a time was slower at 8192 tokens) */
                     bool in_run = true;
 #pragma unroll 8
                     for (int b = lane; b < nblk; b += 32)
@@ -476,25 +446,8 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         }
                     }
                 };
-                /* V of tile kt (OV): its stage's own empty / full pair */
-                auto issue_v = [&](int kt) {
-                    const int st = kt % STAGES;
-                    if (kt >= STAGES)
-                        mbar_wait(&bar_empty_v[st],
-                                  (uint32_t)((kt / STAGES - 1) & 1));
-                    if (lane == 0)
-                        mbar_expect(&bar_full_v[st], TILE * 2);
-                    issue_tile(kt, st, 2, &bar_full_v[st]);
-                };
-                /* (Round 26: reading the next tile's entries a tile
-                 * ahead, across the wait, measured no faster.)  OV's
-                 * consumers want K of tile kt before V of tile kt - 1
-                 * (S of kt runs under P V of kt - 1), so its V copies
-                 * go a tile behind its K copies, in the order they are
-                 * waited for: V behind K of the same tile held K of the
-                 * next tile back until P V released a V stage, +11-14%
-                 * with scattered blocks (round 26 section 8; this order:
-                 * +10%, round 27 call 4). */
+                /* (Reading the next tile's entries a tile ahead,
+                 * across the wait, measured no faster: round 26.) */
                 for (int kt = 0; kt < n_kt; kt++) {
                     const int st = kt % STAGES;
                     const uint32_t par = (uint32_t)((kt / STAGES - 1) & 1);
@@ -503,13 +456,9 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         mbar_wait(&bar_empty[st], par);
                     F2_MARK(F2_PROF_PROD_EMPTY);
                     if (lane == 0)
-                        mbar_expect(&bar_full[st], (OV ? 1 : 2) * TILE * 2);
-                    issue_tile(kt, st, OV ? 1 : 3, &bar_full[st]);
-                    if (OV && kt > 0)
-                        issue_v(kt - 1);
+                        mbar_expect(&bar_full[st], 2 * TILE * 2);
+                    issue_tile(kt, st, 3, &bar_full[st]);
                 }
-                if (OV && n_kt > 0)
-                    issue_v(n_kt - 1);
                 F2_MARK(F2_PROF_PROD_ISSUE);
 #ifdef BT_F2_PROF
                 if (lane == 0) {
@@ -746,96 +695,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         if (wg == 1)
             bar_arrive_n(1, 256); /* warpgroup 0 goes first */
     }
-    if constexpr (OV) {
-        /* FlashAttention-3's overlap inside a warpgroup on top of the
-         * ping-pong: a turn issues tile kt's S and tile kt-1's P V
-         * together, and kt's softmax runs under that P V (and the other
-         * warpgroup's turn).  Both warpgroups walk all n_kt tiles of the
-         * block (a tile past one's causal range is fully masked for it),
-         * so no wgmma or wait sits on a branch: ptxas serializes every
-         * wgmma of a kernel that has one (C7518 / C7514).  P of the
-         * pending tile waits in pa, its O correction in cp0 / cp1; K of
-         * a stage is released after its S, V after its P V.  n_kt + 1
-         * turns a warpgroup, as the loop below takes n_kt plus the
-         * hand-over after it.  (Rounds 25 and 26: lost twice while one
-         * producer lane limited every variant; rebuilt on the producer
-         * warp.) */
-        uint32_t pa[BK / 16][4];
-        float cp0 = 1.0f, cp1 = 1.0f;
-        auto issue_s = [&](int kt, float (&s)[KB][4]) {
-#pragma unroll
-            for (int nt = 0; nt < KB; nt++)
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            wgmma_s(kt % STAGES, s);
-        };
-        /* O = O cp + P V of tile kt (pa) */
-        auto issue_pv = [&](int kt) {
-            rescale_o(cp0, cp1);
-            wgmma_pv(kt % STAGES, pa);
-        };
-        const bool lead = (threadIdx.x & 127) == 0;
-        float s[KB][4];
-        float c0, c1;
-        /* Straight-line turns: a prologue, the loop, an epilogue. */
-        mbar_wait(&bar_full[0], 0u);
-        bar_sync_n(1 + wg, 256);
-        issue_s(0, s);
-        bar_arrive_n(2 - wg, 256);
-        wg_wait<0>();
-        wg_fence_acc<KB>(s);
-        if (lead)
-            mbar_arrive(&bar_empty[0]);
-        softmax_tile(0, s, c0, c1);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-            make_p(s, kk, pa[kk]);
-        add_l(BK / 16);
-        cp0 = c0;
-        cp1 = c1;
-        for (int kt = 1; kt < n_kt; kt++) {
-            const int st = kt % STAGES, pst = (kt - 1) % STAGES;
-            mbar_wait(&bar_full[st], (uint32_t)((kt / STAGES) & 1));
-            mbar_wait(&bar_full_v[pst], (uint32_t)(((kt - 1) / STAGES) & 1));
-            F2_MARK(F2_PROF_FULL);
-            bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
-            F2_MARK(F2_PROF_TURN);
-            issue_s(kt, s);
-            issue_pv(kt - 1);
-            bar_arrive_n(2 - wg, 256); /* the other's turn */
-            wg_wait<1>(); /* S landed, P V may still run */
-            wg_fence_acc<KB>(s);
-            F2_MARK(F2_PROF_S);
-            if (lead)
-                mbar_arrive(&bar_empty[st]); /* K of tile kt read */
-            softmax_tile(kt * BK, s, c0, c1);
-            F2_MARK(F2_PROF_SOFTMAX);
-            wg_wait<0>();
-            wg_fence_acc<NT>(o);
-            F2_MARK(F2_PROF_PV);
-#ifdef BT_F2_PROF
-            f2_acc[F2_PROF_TILES]++;
-#endif
-            if (lead)
-                mbar_arrive(&bar_empty_v[pst]); /* V of tile kt-1 read */
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                make_p(s, kk, pa[kk]);
-            add_l(BK / 16);
-            cp0 = c0;
-            cp1 = c1;
-        }
-        const int lst = (n_kt - 1) % STAGES;
-        mbar_wait(&bar_full_v[lst], (uint32_t)(((n_kt - 1) / STAGES) & 1));
-        bar_sync_n(1 + wg, 256);
-        issue_pv(n_kt - 1);
-        bar_arrive_n(2 - wg, 256);
-        wg_wait<0>();
-        wg_fence_acc<NT>(o);
-        if (lead)
-            mbar_arrive(&bar_empty_v[lst]);
-    }
-    /* (OV ran its own loop above) */
-    for (int kt = 0; kt < (OV ? 0 : n_kt); kt++) {
+    for (int kt = 0; kt < n_kt; kt++) {
         if constexpr (PP) {
             /* TMA writes through the async proxy, as wgmma reads */
             mbar_wait(&bar_full[kt % STAGES], (uint32_t)((kt / STAGES) & 1));
@@ -1007,19 +867,16 @@ static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
     if (a->kv_slots <= 0 || a->kv_slots >= 0x7fffffffLL ||
         !(bs >= 8 && (bs <= bk ? bk % bs == 0 : bs % bk == 0)))
         return false;
-    const char *runs = getenv("BT_F2_RUNS");
     const int rows = bs < bk ? bs : bk;
 
-    maps->runs = bs < bk && !(runs != NULL && strcmp(runs, "0") == 0) &&
-                 f2_map(&maps->k_run, a, a->d_k_cache, bk) &&
+    maps->runs = bs < bk && f2_map(&maps->k_run, a, a->d_k_cache, bk) &&
                  f2_map(&maps->v_run, a, a->d_v_cache, bk);
     return f2_map(&maps->k, a, a->d_k_cache, rows) &&
            f2_map(&maps->v, a, a->d_v_cache, rows);
 }
 
 /* maps: PP's (f2_pp_maps), unused by the others. */
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
-          bool OV = false>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, const f2_maps &maps,
                              cudaStream_t stream)
@@ -1034,11 +891,11 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
     err = cudaFuncSetAttribute(
-        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>,
+        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, OV>
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>
         <<<(unsigned)blocks, C::BLOCK, bytes, stream>>>(
             *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
@@ -1074,15 +931,9 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
-    /* wgmma 5 (fa3): the ping-pong on 128-key tiles with the overlap
-     * inside each warpgroup (head 128; else as fa2pp128); wgmma 4
-     * (fa2pp128): the ping-pong on 128-key tiles; wgmma 3 (fa2pp): on
-     * 64-key tiles.  The ping-pong needs two warpgroups a block and its
-     * tensor maps; without them it runs as fa2wqv */
-    if (wgmma >= 5 && args->head_dim == 128 && n_warps == 8 &&
-        cuda_wgmma_available() && f2_pp_maps(args, 128, &maps))
-        return f2_launch<128, 8, true, true, true, 128, true>(
-            args, d_tiles, n_tiles, maps, stream);
+    /* wgmma 4 (fa2pp128): the ping-pong on 128-key tiles; wgmma 3
+     * (fa2pp): on 64-key tiles.  The ping-pong needs two warpgroups a
+     * block and its tensor maps; without them it runs as fa2wqv */
     if (wgmma >= 4 && n_warps == 8 && cuda_wgmma_available() &&
         f2_pp_maps(args, 128, &maps))
         return args->head_dim == 64
@@ -1100,9 +951,6 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
     if (wgmma >= 2 && cuda_wgmma_available())
         return f2_launch_hd<true, true>(args, d_tiles, n_tiles, n_warps,
                                         stream);
-    if (wgmma == 1 && cuda_wgmma_available())
-        return f2_launch_hd<true, false>(args, d_tiles, n_tiles, n_warps,
-                                         stream);
     return f2_launch_hd<false, false>(args, d_tiles, n_tiles, n_warps,
                                       stream);
 }

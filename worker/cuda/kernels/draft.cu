@@ -117,8 +117,8 @@ static __device__ __forceinline__ void topk_warp_best(float *v, int *i,
  * max (NaN left out) and its k best (value, id), into part (row, split)
  * records of 2 + 2k floats: max, sum, then k values and k ids (as int
  * bits).  Every thread loads all its PER elements first (independent
- * loads in flight: the old one-block-per-row loop was latency-bound at
- * ~0.2 ms a row) and keeps the KL >= k best of them in registers (KL a
+ * loads in flight: the old one-block-per-row loop was latency-bound)
+ * and keeps the KL >= k best of them in registers (KL a
  * compile-time power of two, so the insertion unrolls into predicated
  * swaps instead of a local-memory array); each thread visits its
  * elements in increasing id order, and the swaps compare (value, id), so

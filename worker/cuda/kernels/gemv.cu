@@ -6,7 +6,7 @@
  *   chunks (8 bf16), 4 (8) chunks per lane loaded ahead of the ones being
  *   multiplied (software pipeline), x chunks from L1; a warp-shuffle sum per
  *   token.  Many short-lived warps: ramp-up and tail cost on 30-50 MB
- *   matrices (2.3-3.7 TB/s measured for rows, 2026-11-29).
+ *   matrices.
  * - stream: fixed grid of 2 blocks/SM, registers only (round 2, slower).
  * - ring / bulk: persistent (one 8-warp block per SM), each warp streams
  *   its contiguous share of the block's rows through a private ring of
@@ -23,6 +23,7 @@
 #include "gemv.h"
 
 #include "bt_util.h"
+#include "../cuda_switches.h"
 #include "kern_common.cuh"
 #include "tc_common.cuh"
 
@@ -97,15 +98,15 @@ static __device__ __forceinline__ void gemv_norm_gpre(
  * the sum of squares to the scaling at one token (n_in <= 4096 at 256
  * threads: all of them), so the scaling waits on no second load of x:
  * one L2 round trip on the path from the PDL wait to the first product
- * (BT_GEMV_NORM_REG=0: both passes load x, as before round 16).
+ * (keep false, never passed now: both passes load x, as before round
+ * 16).
  * n_in % 8 == 0; whole block; ends with __syncthreads(). */
 template <int T>
 static __device__ __forceinline__ void gemv_norm_stage(
     int n_in, const float *xf, const bf16_t *g, float eps, bf16_t *xs,
     float *red, const uint4 (&gpre)[GEMV_NORM_GPRE], bool keep)
 {
-    /* keep: BT_GEMV_NORM_REG; honoured at one token only (at two the
-     * registers spill) */
+    /* keep: honoured at one token only (at two the registers spill) */
     constexpr bool CAN_KEEP = T == 1;
 
 #pragma unroll 1
@@ -181,15 +182,14 @@ static __device__ __forceinline__ void gemv_norm_stage(
  * only (they never depend on the previous kernel), so with programmatic
  * dependent launch it overlaps the kernels before this one:
  * - blocks [0, pf_blocks) (the first wave) prefetch the first pf_bytes of
- *   their rows into L2 with one bulk prefetch per warp (gemv_prefetch_l2),
- *   so the small kernels between two GEMVs (RoPE, attention, SwiGLU) and
- *   the previous GEMV's tail run while DRAM streams this GEMV's weights;
+ *   their rows into L2 with one bulk prefetch per warp (gemv_prefetch_l2;
+ *   lost its A/B, so launched with pf_bytes 0: gemv_rows_launch);
  * - every warp loads its first U chunks.
  * kern_pdl_trigger() comes at entry (GEMV_TRIG_EARLY, the default in
  * late-trigger steps: gemv_trigger), after the wait (GEMV_TRIG_AFTER_WAIT,
  * other steps: the next kernel launches only once this one is past its
  * wait, so at most one GEMV ahead prefetches) or once the warp has issued
- * its last loads (GEMV_TRIG_LATE).
+ * its last loads (GEMV_TRIG_LATE: lost its A/B, no longer passed).
  * NORM: x is the RMSNorm of the f32 rows xf with weights g (cuda_gemv_norm),
  * staged per block into shared memory (T x n_in bf16, dynamic).
  * GLU (cuda_gemv_norm_glu): w is a fused gate|up matrix (2 n_out, n_in),
@@ -380,8 +380,9 @@ gemv_kernel(int n_out, int n_in, const bf16_t *x, const float *xf,
  * rows as one stream of "lines" (32 lanes x 16 bytes; a row is n_in / 256
  * lines), double-buffered GEMV_LINES at a time across row boundaries, so
  * 8 to 16 lines per warp are in flight from the first load to the last;
- * the first lines load before kern_pdl_wait().  Only with
- * BT_GEMV_KERNEL=stream (see gemv_stream_enabled). */
+ * the first lines load before kern_pdl_wait().  A tuner candidate
+ * ("stream"), and the fused norm's kernel where the ring kernel does not
+ * take the shape under BT_GEMV_NORM=ring. */
 #define GEMV_LINES 8
 #define GEMV_STREAM_BLOCKS_PER_SM 2
 
@@ -1109,81 +1110,31 @@ static void gemv_stream_launch(int n_tok, int n_out, int n_in,
                     n_out, n_in, n_warps, x, xf, g, eps, w, y, acc);
 }
 
-/* L2 prefetch settings of the rows kernel (BT_GEMV_PF, read at each
- * launch so tests and benchmarks can switch):
- *   "1":         the first wave prefetches up to gemv_pf_budget() bytes
- *                (default half the L2) spread evenly over its rows;
- *   "2":         every block prefetches its whole rows (deeper stream);
- *   unset / "0": no prefetch.  Default off: on the H200 (2026-11-29,
- *                bench_cuda synth:llama3-8b) batch-1 decode took 4.42 ms
- *                without it and 4.75 ms with it (see PERFORMANCE.md).
- * BT_GEMV_PF_MB overrides the budget. */
-static int gemv_pf_mode(void)
-{
-    const char *env = getenv("BT_GEMV_PF");
-
-    if (env == NULL || *env == '\0')
-        return 0;
-    return atoi(env);
-}
-
-static size_t gemv_pf_budget(void)
-{
-    static size_t cache[64];
-    const char *env = getenv("BT_GEMV_PF_MB");
-    int dev = 0, l2 = 0;
-
-    if (env && *env)
-        return (size_t)atoi(env) << 20;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
-        return 16u << 20;
-    if (cache[dev] == 0) {
-        if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) !=
-                cudaSuccess || l2 <= 0)
-            l2 = 32 << 20;
-        cache[dev] = (size_t)l2 / 2;
-    }
-    return cache[dev];
-}
-
 /* Where the rows kernel triggers its dependents (PDL).  Under late
  * triggers (cuda__pdl_late: steps of <= 2 tokens) at its first
  * instruction: a trigger completes once every block of the grid has
  * issued it, i.e. once the last block is resident, so the next kernel is
  * launched then and its blocks take each slot this grid frees, at once,
- * and issue their first weight loads under its tail.  Round 15 (H200,
- * batch 1): -0.045 / -0.06 / -0.08 ms a step at 512 / 2k / 8k against
- * triggering once the warp's last loads are issued (GEMV_TRIG_LATE,
- * BT_GEMV_TRIGGER=late), which left the slots freed meanwhile idle until
- * the launch.  Round 2's early triggers lost while small unfused kernels
- * sat between the GEMVs.  Otherwise after the PDL wait. */
+ * and issue their first weight loads under its tail (faster than
+ * triggering once the warp's last loads are issued, GEMV_TRIG_LATE, which
+ * left the slots freed meanwhile idle until the launch: round 15 of
+ * docs/PERFORMANCE.md).  Otherwise after the PDL wait. */
 static int gemv_trigger(void)
 {
-    const char *env = getenv("BT_GEMV_TRIGGER");
-
-    if (env && strcmp(env, "early") == 0) /* in every step (test_gemm) */
-        return GEMV_TRIG_EARLY;
-    if (!cuda__pdl_late)
-        return GEMV_TRIG_AFTER_WAIT;
-    return env && strcmp(env, "late") == 0 ? GEMV_TRIG_LATE : GEMV_TRIG_EARLY;
+    return cuda__pdl_late ? GEMV_TRIG_EARLY : GEMV_TRIG_AFTER_WAIT;
 }
 
 /* Rows per warp of the rows kernel: 1, or 2 when the grid of one row per
  * warp is at most two waves and its last wave is less than 60% full
  * while two rows per warp make a fuller last wave (qkv 6144 x 4096: 768
  * blocks = 1.45 waves of 528 -> 384 blocks in one wave, all resident, no
- * half-empty second wave).  Needs n_in / 8 % (32 U) == 0.  BT_GEMV_RPW=1
- * or 2 forces (2 still needs the divisibility). */
+ * half-empty second wave).  Needs n_in / 8 % (32 U) == 0. */
 static int gemv_rows_per_warp(int n_out, int n_in, int U, int wave)
 {
-    const char *env = getenv("BT_GEMV_RPW");
     const int n_ch = n_in / 8;
-    int force = env && *env ? atoi(env) : 0;
 
-    if (n_ch % (32 * U) != 0 || force == 1)
+    if (n_ch % (32 * U) != 0)
         return 1;
-    if (force == 2)
-        return 2;
     long b1 = BT_DIV_UP(n_out, GEMV_WARPS);
     long b2 = BT_DIV_UP(n_out, 2 * GEMV_WARPS);
     if (b1 > 2L * wave)
@@ -1206,27 +1157,14 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
     const int rpw = GLU ? 1 : gemv_rows_per_warp(n_out, n_in, U, wave);
     const int blocks = (int)BT_DIV_UP(
         n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2 : GEMV_WARPS * rpw);
-    const int mode = gemv_pf_mode();
-    const size_t row_bytes = (size_t)n_in * sizeof(bf16_t) *
-                             (GLU == GEMV_GLU_WARP ? 2 : rpw);
     const size_t smem = NORM ? (size_t)n_tok * n_in * sizeof(bf16_t) : 0;
     const int trig = gemv_trigger();
-    const char *keep_env = NORM ? getenv("BT_GEMV_NORM_REG") : NULL;
-    const bool norm_keep = !(keep_env && strcmp(keep_env, "0") == 0);
-    int pf_bytes = 0, pf_blocks = 0;
-
-    if (mode == 2) {
-        pf_blocks = blocks;
-        pf_bytes = (int)BT_MIN(row_bytes, (size_t)1 << 30);
-    } else if (mode == 1) {
-        pf_blocks = BT_MIN(blocks, wave);
-        size_t rows = BT_MIN((size_t)pf_blocks * GEMV_WARPS,
-                             (size_t)BT_DIV_UP(n_out, rpw)); /* warps */
-        size_t per = gemv_pf_budget() / BT_MAX(rows, (size_t)1);
-        per = BT_MIN(per, row_bytes) & ~(size_t)255;
-        pf_bytes = per >= 1024 ? (int)per : 0;
-    }
-    pf_bytes &= ~15;
+    /* The kernel's L2 prefetch (pf_bytes, pf_blocks) and its x reload
+     * (norm_keep false) lost their A/B and are never selected: 0, 0 and
+     * true below.  Their branches stay in gemv_kernel until a device
+     * session measures the kernel without them. */
+    const int pf_bytes = 0, pf_blocks = 0;
+    const bool norm_keep = true;
 
 #define GEMV_ROWS_K(T)                                                      \
     kern_launch(gemv_kernel<T, OUT, U, NORM && T <= 2,                      \
@@ -1247,7 +1185,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 
 static const char *const gemv_names[CUDA_GEMV_N_KERNELS] = {
     "rows", "rows8", "stream", "ring", "bulk", "mma1", "mma2", "tc",
-    "wg", "tma"};
+    "wg"};
 
 const char *cuda_gemv_kernel_name(cuda_gemv_kernel_t k)
 {
@@ -1283,8 +1221,6 @@ bool cuda_gemv_kernel_ok(cuda_gemv_kernel_t k, int n_tok, int n_out,
         return cuda_gemv_tc_ok(n_tok, n_out, n_in);
     case CUDA_GEMV_WG:
         return cuda_gemv_wg_ok(n_tok, n_out, n_in);
-    case CUDA_GEMV_TMA:
-        return cuda_gemv_tma_ok(n_tok, n_out, n_in);
     default:
         return false;
     }
@@ -1334,10 +1270,6 @@ bt_status_t cuda_gemv_run(cuda_gemv_kernel_t k, int n_tok, int n_out,
         err = cuda_gemv_tc(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
                            accumulate, k == CUDA_GEMV_WG, ws, stream);
         break;
-    case CUDA_GEMV_TMA:
-        err = cuda_gemv_tma(n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
-                            accumulate, ws, stream);
-        break;
     default:
         break;
     }
@@ -1383,8 +1315,6 @@ bt_status_t cuda_gemv_prepare(void)
 #undef GEMV_PREP_RING
     if (err == cudaSuccess)
         err = cuda_gemv_tc_prepare();
-    if (err == cudaSuccess)
-        err = cuda_gemv_tma_prepare();
     return BT_CUDA_STATUS(err);
 }
 
@@ -1431,34 +1361,22 @@ bt_status_t cuda_gemv_tune_lead(const float *d_x, int n_rows, int n,
     return BT_CUDA_LAUNCH_STATUS();
 }
 
-/* BT_GEMV_KERNEL=stream sends cuda_gemv to the streaming kernel (A/B of
- * round 2).  Read at each call, so tests and benchmarks can switch. */
-static bool gemv_stream_enabled(void)
-{
-    const char *env = getenv("BT_GEMV_KERNEL");
-
-    return env && strcmp(env, "stream") == 0;
-}
-
-/* Which kernel cuda_gemv_norm uses (BT_GEMV_NORM, read at each call):
+/* Which kernel cuda_gemv_norm uses (BT_GEMV_NORM, cuda_switches.h):
  * unset / "rows": the rows kernel with the norm staged per block (the
  * default); "0": no fusion (cuda_gemv_norm_ok false: the backend runs
  * cuda_rmsnorm + worker_gemm); "1" / "ring": the ring kernel (round 3,
- * slower); BT_GEMV_KERNEL=stream (with BT_GEMV_NORM unset): the
- * streaming kernel. */
-typedef enum { GEMV_NORM_OFF, GEMV_NORM_ROWS, GEMV_NORM_RING,
-               GEMV_NORM_STREAM } gemv_norm_mode_t;
+ * slower; the streaming kernel where the ring does not take the shape). */
+typedef enum { GEMV_NORM_OFF, GEMV_NORM_ROWS, GEMV_NORM_RING
+} gemv_norm_mode_t;
 
 static gemv_norm_mode_t gemv_norm_mode(void)
 {
-    const char *env = getenv("BT_GEMV_NORM");
+    const char *env = cuda_switches()->gemv_norm;
 
     if (env && strcmp(env, "0") == 0)
         return GEMV_NORM_OFF;
     if (env && (strcmp(env, "1") == 0 || strcmp(env, "ring") == 0))
         return GEMV_NORM_RING;
-    if ((env == NULL || *env == '\0') && gemv_stream_enabled())
-        return GEMV_NORM_STREAM;
     return GEMV_NORM_ROWS;
 }
 
@@ -1473,12 +1391,8 @@ bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
                       bool accumulate, cudaStream_t stream)
 {
     BT_ASSERT(cuda_gemv_ok(n_tok, n_in, CUDA_DT_BF16));
-    return cuda_gemv_run(n_in % 256 == 0 && n_tok <= 2 &&
-                                 gemv_stream_enabled()
-                             ? CUDA_GEMV_STREAM
-                             : CUDA_GEMV_ROWS,
-                         n_tok, n_out, n_in, d_x, d_w, d_y, out_dt,
-                         accumulate, NULL, stream);
+    return cuda_gemv_run(CUDA_GEMV_ROWS, n_tok, n_out, n_in, d_x, d_w, d_y,
+                         out_dt, accumulate, NULL, stream);
 }
 
 bool cuda_gemv_norm_ok(int n_tok, int n_in)
@@ -1508,10 +1422,8 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
             n_tok, n_out, n_in, NULL, d_x, g, eps, w, (OUT *)d_y, false,
             stream)));
     } else if (m == GEMV_NORM_RING && gemv_ring_ok(n_tok, n_out, n_in)) {
-        const char *env = getenv("BT_GEMV_NORM_KERNEL"); /* ring | bulk */
-        bool bulk = env && strcmp(env, "bulk") == 0;
         KERN_DISPATCH_DT(out_dt, OUT, err = gemv_ring_launch<OUT, true>(
-            bulk, n_tok, n_out, n_in, NULL, d_x, g, eps, w, (OUT *)d_y,
+            false, n_tok, n_out, n_in, NULL, d_x, g, eps, w, (OUT *)d_y,
             false, stream));
     } else {
         KERN_DISPATCH_DT(out_dt, OUT,
@@ -1524,17 +1436,15 @@ bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
     return BT_CUDA_LAUNCH_STATUS();
 }
 
-/* BT_GEMV_GLU (read at each call): "pair" GEMV_GLU_PAIR, "warp"
+/* BT_GEMV_GLU (cuda_switches.h): "pair" GEMV_GLU_PAIR, "warp"
  * GEMV_GLU_WARP, "0" off (cuda_gemv_norm_glu_ok false); unset: pair at 1
- * token, warp at 2.  Round 12 (H200, Llama-3-8B shape, same call, ms a
- * step at 2k): 1 token pair 4.117 / 4.132, warp 4.216 / 4.246, off 4.177
- * / 4.206; 2 tokens pair 5.227 / 5.235, warp 5.010 / 5.018, off 5.260 /
- * 5.267.  Pair keeps the unfused kernel's waves (warp: half the blocks,
- * 3.4 waves at 1 token); why warp wins so much at 2 tokens is not
- * measured. */
+ * token, warp at 2, the faster of the two at each (round 12 of
+ * docs/PERFORMANCE.md).  Pair keeps the unfused kernel's waves (warp:
+ * half the blocks, 3.4 waves at 1 token); why warp wins so much at 2
+ * tokens is not measured. */
 static int gemv_glu_mode(int n_tok)
 {
-    const char *env = getenv("BT_GEMV_GLU");
+    const char *env = cuda_switches()->gemv_glu;
 
     if (env && strcmp(env, "0") == 0)
         return GEMV_GLU_OFF;
@@ -1571,30 +1481,6 @@ bt_status_t cuda_gemv_norm_glu(int n_tok, int n_hid, int n_in,
     return BT_CUDA_LAUNCH_STATUS();
 }
 
-/* One thread per 32 KB piece: a bulk L2 prefetch, then exit (the
- * prefetches complete in the memory system after the grid is gone).
- * Triggers its dependents at once: nothing depends on it. */
-static __global__ void gemv_l2_prefetch_kernel(const char *p, size_t bytes)
-{
-    kern_pdl_trigger();
-    const size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) *
-                       32768;
-    if (off < bytes)
-        gemv_prefetch_l2(p + off, (int)BT_MIN((size_t)32768, bytes - off));
-}
-
-bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
-                             cudaStream_t stream)
-{
-    bytes &= ~(size_t)15;
-    if (bytes == 0 || ((uintptr_t)d_p & 15) != 0)
-        return BT_OK;
-    size_t pieces = BT_DIV_UP(bytes, (size_t)32768);
-    kern_launch(gemv_l2_prefetch_kernel, (unsigned)BT_DIV_UP(pieces, 128),
-                128, 0, stream, (const char *)d_p, bytes);
-    return BT_CUDA_LAUNCH_STATUS();
-}
-
 /* Reads [p, p + n16 * 16) once (L2 loads) and writes nothing
  * unless the sum is exactly the impossible value 1.5 * 2^-149 (never):
  * the lines left in L2 are clean. */
@@ -1612,25 +1498,11 @@ static __global__ void gemv_l2_flush_kernel(const uint4 *p, size_t n16,
         *sink = acc;
 }
 
-bt_status_t cuda_l2_flush(void *d_buf, size_t bytes, int fill,
-                          cudaStream_t stream)
+bt_status_t cuda_l2_flush(void *d_buf, size_t bytes, cudaStream_t stream)
 {
-    static int mode = -1; /* BT_GEMM_FLUSH: 1 read (default), 0 write */
-
-    if (mode < 0) {
-        const char *e = getenv("BT_GEMM_FLUSH");
-        mode = !(e != NULL && strcmp(e, "write") == 0);
-    }
-    if (mode == 0)
-        return BT_CUDA_STATUS(cudaMemsetAsync(d_buf, fill, bytes, stream));
     gemv_l2_flush_kernel<<<4 * 132, 512, 0, stream>>>(
         (const uint4 *)d_buf, bytes / 16, NULL);
     return BT_CUDA_LAUNCH_STATUS();
-}
-
-size_t cuda_l2_size(void)
-{
-    return gemv_pf_budget() * 2;
 }
 
 /* acc[0] += sum (y - ref)^2, acc[1] += sum ref^2, acc[2] += count of

@@ -8,15 +8,9 @@
  *
  * Variants (cuda_gemv_kernel_t):
  * - rows:   one warp per output row, 4 + 4 16-byte chunks in flight per
- *           lane (the default for 1-2 tokens).  Before its PDL wait the
- *           first wave can prefetch the head of its rows into L2 with
- *           bulk prefetches (BT_GEMV_PF: unset / 0 off, the default; 1
- *           the first wave; 2 whole rows; BT_GEMV_PF_MB budget, default
- *           half the L2), and it triggers
- *           its dependents at entry in late-trigger steps (<= 2 tokens;
- *           BT_GEMV_TRIGGER=late: once its last loads are issued, the
- *           default before round 15), after the wait otherwise
- *           (BT_GEMV_TRIGGER=early: at entry there too).
+ *           lane (the default for 1-2 tokens); it triggers its
+ *           dependents at entry in late-trigger steps (<= 2 tokens),
+ *           after the PDL wait otherwise.
  * - rows8:  the same with 8 + 8 chunks in flight, 16 warps per SM.
  * - stream: fixed grid, rows strided over warps, registers (round 2).
  * - ring:   one block per SM (persistent); each warp streams a contiguous
@@ -41,11 +35,6 @@
  *           so speculative verification of 128-token steps has it too):
  *           one warpgroup per 64 weight rows reads both operands straight
  *           from the swizzled stages, no ldmatrix traffic.
- * - tma:    warp-specialized persistent stream-K GEMM for 1 to 128 tokens
- *           (gemv_tma.cu, sm_90a only): one producer thread feeds a 6-12
- *           stage ring with TMA tensor copies on mbarriers, two consumer
- *           warpgroups run wgmma, every SM streams an equal share of the
- *           weights whatever the tile count.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_GEMV_H
 #define BT_WORKER_CUDA_KERNELS_GEMV_H
@@ -73,7 +62,6 @@ typedef enum {
     CUDA_GEMV_MMA2,
     CUDA_GEMV_TC,
     CUDA_GEMV_WG,
-    CUDA_GEMV_TMA,
     CUDA_GEMV_N_KERNELS
 } cuda_gemv_kernel_t;
 
@@ -120,19 +108,6 @@ cudaError_t cuda_gemv_tc(int n_tok, int n_out, int n_in, const void *d_x,
                          const cuda_gemv_ws_t *ws, cudaStream_t stream);
 cudaError_t cuda_gemv_tc_prepare(void);
 
-/* The tma variant (gemv_tma.cu): true for 1..CUDA_GEMV_WG_MAX_TOK tokens,
- * n_in % 64 == 0, where cuda_wgmma_available() and the driver has
- * cuTensorMapEncodeTiled; the launch (cudaErrorInvalidValue when a tensor
- * map cannot be made, e.g. a pointer not 16-byte aligned; launch errors
- * are left for cudaGetLastError); the shared-memory limits, outside
- * capture. */
-bool cuda_gemv_tma_ok(int n_tok, int n_out, int n_in);
-cudaError_t cuda_gemv_tma(int n_tok, int n_out, int n_in, const void *d_x,
-                          const void *d_w, void *d_y, cuda_dtype_t out_dt,
-                          bool accumulate, const cuda_gemv_ws_t *ws,
-                          cudaStream_t stream);
-cudaError_t cuda_gemv_tma_prepare(void);
-
 /* Raises the shared-memory limit of the ring/bulk/mma kernels on the
  * current device (also done lazily at their first launch); call outside
  * stream capture. */
@@ -148,9 +123,9 @@ bt_status_t cuda_gemv_fill(void *d, size_t n, uint32_t seed,
  * row reading n f32, writing n bf16: an RMSNorm's traffic), timed in a
  * graph ahead of each candidate.  It never triggers its dependents early,
  * so a GEMV variant launched with PDL behind it gains nothing from the
- * early start it may or may not get in the step (round 22: an RMSNorm
- * lead that triggered at once credited the tc GEMV with ~2 us it did not
- * win behind the attention, and batch 8 lost 0.07 ms a step). */
+ * early start it may or may not get in the step (round 22: a lead that
+ * triggered at once credited the tc GEMV with time it did not win behind
+ * the attention, and batch 8 lost). */
 bt_status_t cuda_gemv_tune_lead(const float *d_x, int n_rows, int n,
                                 void *d_y, cudaStream_t stream);
 
@@ -165,7 +140,7 @@ bt_status_t cuda_gemv_rel_err(const void *d_y, const void *d_ref, size_t n,
  * 1 <= n_tok <= CUDA_GEMV_MAX_TOK. */
 bool cuda_gemv_ok(int n_tok, int n_in, cuda_dtype_t in_dt);
 
-/* The rows kernel (or BT_GEMV_KERNEL=stream): y (n_tok, n_out) [+]= x .
+/* The rows kernel: y (n_tok, n_out) [+]= x .
  * w^T, bf16 inputs, f32 accumulation, y in out_dt. */
 bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
                       const void *d_w, void *d_y, cuda_dtype_t out_dt,
@@ -173,9 +148,8 @@ bt_status_t cuda_gemv(int n_tok, int n_out, int n_in, const void *d_x,
 
 /* True when cuda_gemv_norm handles the shape and the fusion is selected:
  * 1 <= n_tok <= CUDA_GEMV_MAX_TOK, n_tok * n_in bf16 <= 48 KB, and
- * BT_GEMV_NORM unset (the rows kernel, n_in % 8 == 0: the default),
- * "1"/"ring" (ring kernel, n_in % 256 == 0) or unset with
- * BT_GEMV_KERNEL=stream (n_in % 256 == 0); BT_GEMV_NORM=0: false. */
+ * BT_GEMV_NORM unset (the rows kernel, n_in % 8 == 0: the default) or
+ * "1"/"ring" (ring kernel, n_in % 256 == 0); BT_GEMV_NORM=0: false. */
 bool cuda_gemv_norm_ok(int n_tok, int n_in);
 
 /* RMSNorm fused into the GEMV input (decode steps): y (n_tok, n_out) =
@@ -183,7 +157,7 @@ bool cuda_gemv_norm_ok(int n_tok, int n_in);
  * per block from the f32 residual rows x (n_tok, n_in) exactly as
  * cuda_rmsnorm() (no add) would; g and w bf16, y in out_dt.  At one
  * token each thread keeps its x chunks in registers from the sum of
- * squares to the scaling (BT_GEMV_NORM_REG=0: it loads them twice). */
+ * squares to the scaling. */
 bt_status_t cuda_gemv_norm(int n_tok, int n_out, int n_in, const float *d_x,
                            const void *d_g, float eps, const void *d_w,
                            void *d_y, cuda_dtype_t out_dt,
@@ -203,23 +177,12 @@ bt_status_t cuda_gemv_norm_glu(int n_tok, int n_hid, int n_in,
                                const void *d_w, void *d_h,
                                cudaStream_t stream);
 
-/* Enqueues L2 prefetches of [d_p, d_p + bytes) (16-byte aligned; the
- * length is rounded down to 16) in a tiny kernel that exits at once: the
- * lines arrive in L2 while the kernels after it run. */
-bt_status_t cuda_l2_prefetch(const void *d_p, size_t bytes,
-                             cudaStream_t stream);
-
 /* Evicts L2 before a timed run by streaming through d_buf (bytes, larger
- * than L2): by default a read-only kernel, so the lines left behind are
- * clean as inside a decode step, where the kernel before a GEMM read its
- * weights; BT_GEMM_FLUSH=write: cudaMemsetAsync(d_buf, fill), which
- * leaves L2 full of dirty lines whose write-back the timed kernel pays
- * (~8 us on the H200: the rounds 1-9 figures of bench_kernels). */
-bt_status_t cuda_l2_flush(void *d_buf, size_t bytes, int fill,
-                          cudaStream_t stream);
-
-/* The device's L2 size in bytes (BT_GEMV_PF_MB x 2 when that is set). */
-size_t cuda_l2_size(void);
+ * than L2) with a read-only kernel, so the lines left behind are clean as
+ * inside a decode step, where the kernel before a GEMM read its weights
+ * (a memset would leave dirty lines whose write-back the timed kernel
+ * pays). */
+bt_status_t cuda_l2_flush(void *d_buf, size_t bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

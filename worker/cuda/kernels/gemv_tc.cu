@@ -5,9 +5,9 @@
  * verification), bf16 in, f32 accumulation, y bf16 or f32.
  *
  * Why: at 8-64 tokens cuBLASLt reads the Llama-3-8B projection weights
- * at 1.9-3.4 TB/s (H200, 2026-12-01), the per-row GEMVs do T x the FMAs
- * on CUDA cores, and the mma1/mma2 variants re-read x from L2 for every
- * 16-32 weight rows (0.6-1.0 TB/s at 64 tokens).  Here a block owns 128
+ * well below the bandwidth limit, the per-row GEMVs do T x the FMAs on
+ * CUDA cores, and the mma1/mma2 variants re-read x from L2 for every
+ * 16-32 weight rows.  Here a block owns 128
  * weight rows and streams them through shared memory once, with x's
  * matching K slice beside them, so x is read n_out / 128 times in all
  * (at 64 tokens half the weight bytes, from L2) and every weight byte

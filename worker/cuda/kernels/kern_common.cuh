@@ -106,8 +106,7 @@ static __device__ __forceinline__ float kern_block_sum(float v, float *sh)
  * returns once the previous grid has completed and its memory is visible
  * (and that grid waited for its own predecessor, so the order is
  * transitive).  kern_pdl_trigger() lets the next kernel launch early.
- * Both are no-ops when the kernel was launched without the attribute.
- * BT_PDL=0 in the environment turns the attribute off (A/B timing). */
+ * Both are no-ops when the kernel was launched without the attribute. */
 static __device__ __forceinline__ void kern_pdl_wait(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -184,22 +183,21 @@ static inline void kprof_dump(const char *name, FILE *f)
 #endif
 
 /* True when launches should carry the programmatic-serialization
- * attribute: compute capability >= 9 and BT_PDL is not "0". */
+ * attribute: compute capability >= 9. */
 static inline bool kern_pdl_enabled(void)
 {
     static int on = -1;
 
     if (on < 0) {
-        const char *env = getenv("BT_PDL");
         int dev = 0, major = 0;
 
         if (cudaGetDevice(&dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
                                    dev) != cudaSuccess)
             major = 0;
-        on = major >= 9 && !(env && strcmp(env, "0") == 0);
+        on = major >= 9;
     }
-    return on != 0 && !cuda__pdl_off;
+    return on != 0;
 }
 
 /* Launches kernel `k` like k<<<grid, block, smem, st>>>(args...), with the

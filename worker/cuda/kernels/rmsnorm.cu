@@ -4,7 +4,7 @@
  * x (rows, dim) f32 (the residual stream), add/w/out in the activation
  * dtype (f32 or bf16), one block per row, f32 sums.  dim % 4 == 0 (every
  * model): the vector kernel (16-byte loads, the row held in registers);
- * BT_RMSNORM_VEC=0 keeps the scalar one.
+ * the scalar one otherwise.
  * Test: build-cuda/tests/kernels/test_rmsnorm (make gpu-test runs it).
  */
 #include "rmsnorm.h"
@@ -88,8 +88,8 @@ rmsnorm_vec_kernel(float *x, const T *add, const T *w, const int *rows,
     kern_pdl_trigger();
     /* The weights never depend on the kernels before this one: loaded
      * before the wait, so their latency is off the path that follows the
-     * reduction (round 13: ~3.3 us a norm at batch 64, a dependent load
-     * after the block sum was one of its three memory round trips). */
+     * reduction (a dependent load after the block sum was one of its
+     * three memory round trips: round 13). */
 #pragma unroll
     for (int j = 0; j < NV; j++) {
         const int i = (threadIdx.x + j * RMS_VEC_THREADS) * 4;
@@ -143,14 +143,13 @@ rmsnorm_vec_kernel(float *x, const T *add, const T *w, const int *rows,
 }
 
 /* The vector kernel's register count NV for dim, or 0 when it does not
- * apply (dim % 4, alignment, dim > 8192, BT_RMSNORM_VEC=0). */
+ * apply (dim % 4, alignment, dim > 8192). */
 static int rmsnorm_vec_nv(const void *x, const void *add, const void *w,
                           const void *out, int dim, size_t es)
 {
-    const char *env = getenv("BT_RMSNORM_VEC");
     const size_t al = 4 * es;
 
-    if ((env && strcmp(env, "0") == 0) || dim % 4 != 0 || dim > 8192 ||
+    if (dim % 4 != 0 || dim > 8192 ||
         (uintptr_t)x % 16 != 0 || (uintptr_t)add % al != 0 ||
         (uintptr_t)w % al != 0 || (uintptr_t)out % al != 0 ||
         ((size_t)dim * es) % al != 0)

@@ -5,8 +5,7 @@
  * cache rows (slot, nkv, hd).  Angles pos * inv_freq[i] in f32 with
  * accurate sincosf (matching the CPU reference within an ulp).  Head
  * sizes with 16-byte chunks (every model): the vector kernel, (cos, sin)
- * once per token, 16-byte loads and stores; BT_ROPE_VEC=0 keeps the
- * scalar one.
+ * once per token, 16-byte loads and stores; the scalar one otherwise.
  * Test: build-cuda/tests/kernels/test_rope_kv (make gpu-test runs it).
  */
 #include "rope_kv.h"
@@ -241,15 +240,12 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
     }
 }
 
-/* True when rope_kv_vec_kernel applies (and BT_ROPE_VEC is not "0"). */
+/* True when rope_kv_vec_kernel applies. */
 static bool rope_kv_vec_ok(const cuda_rope_kv_args_t *a, size_t es)
 {
-    const char *env = getenv("BT_ROPE_VEC");
     const int E = (int)(16 / es);
     const int hd = a->head_dim;
 
-    if (env && strcmp(env, "0") == 0)
-        return false;
     if (hd / 2 > ROPE_MAX_HALF)
         return false;
     if (a->rope_half ? (hd / 2) % E != 0 : hd % E != 0)

@@ -27,6 +27,7 @@
 #include <math.h>
 
 #include "bt_util.h"
+#include "../cuda_switches.h"
 #include "kern_common.cuh"
 
 #define ARGMAX_U 8 /* loads in flight a thread */
@@ -52,7 +53,7 @@ static __global__ void argmax_kernel(const float *logits, size_t ld,
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     /* ARGMAX_U loads a thread in flight before it compares (one load at
-     * a time made a 128K row take ~0.2 ms: latency-bound); float4 loads
+     * a time left a 128K row latency-bound); float4 loads
      * where the row is 16-byte aligned.  The merge is order-free (value,
      * then lower index), so the visiting order does not matter. */
     const int n4 = ((ld & 3) == 0 && ((uintptr_t)logits & 15) == 0)
@@ -284,8 +285,7 @@ static __device__ void top_pick_bin(const unsigned *hist, unsigned *digit,
 /* Adds one element to bin `bin` of a shared histogram (in: whether this
  * lane has one), one atomic per distinct bin of the warp: logits of a
  * row share their top key byte, so plain per-element atomics on that
- * bin serialize all 1024 threads (round 13: 243 us a 128K row at batch
- * 1).  Every lane of the warp must call it. */
+ * bin serialize all 1024 threads (round 13).  Every lane of the warp must call it. */
 static __device__ __forceinline__ void top_hist_add(unsigned *hist,
                                                     unsigned bin, bool in)
 {
@@ -296,9 +296,8 @@ static __device__ __forceinline__ void top_hist_add(unsigned *hist,
 }
 
 /* cuda_sample_top in three launches, so that a 128K row is walked by
- * TOP_SPLIT_MAX blocks instead of one (round 13: the one-block kernel
- * took 242 us a row at batch 1, issue-bound at ~14 cycles an
- * instruction; Nsight Compute):
+ * TOP_SPLIT_MAX blocks instead of one (the one-block kernel was
+ * issue-bound on one SM: round 13):
  *   top_part_kernel  (rows x splits): each block's top kk of its slice
  *                    (radix select, then sorted) and the slice's max;
  *   top_sum_kernel   (rows x splits): the row max from the slices' maxima,
@@ -307,7 +306,7 @@ static __device__ __forceinline__ void top_hist_add(unsigned *hist,
  *   top_merge_kernel (rows): the kk best of the slices' sorted lists, each
  *                    candidate placed at its rank (its place in its list
  *                    plus a binary search in every other list: a
- *                    bitonic sort of all 3840 took 49 us), and the sum
+ *                    bitonic sort of all 3840 was slower), and the sum
  *                    of the slices' sums in slice order.
  * The candidates are exactly the one-block kernel's (a total order: key,
  * then lower index); each term of the sum is the same, summed in another
@@ -633,8 +632,8 @@ bt_status_t cuda_sample_top(const float *d_logits, size_t ld,
 // from one ordered scan.  Sorted mode: nucleus by mass (top_p), else by
 // count (the limit), then the draw (u * keep): about 12 reads of the row
 // from L2.  Id order: one ordered prefix scan of the masses.
-// Round 13 measured the one-block kernel at 557 us a 128K row (issue-
-// bound on one SM); the cluster spreads those passes over 16 SMs.
+// The one-block kernel was issue-bound on one SM (round 13); the
+// cluster spreads those passes over 16 SMs.
 
 #include <cooperative_groups.h>
 
@@ -1302,8 +1301,8 @@ done:
 /* Blocks a row for n rows: 16 (a non-portable cluster, when the device
  * can run one), else 8; fewer when the row is short (SD_SLICE_MIN
  * elements a block at least) or when n rows would need more than two
- * blocks an SM (round 19: 64 rows of 128K at 16 blocks a row, 1024
- * blocks, took 654 us against 101 for one row); 1 without clusters
+ * blocks an SM (64 rows at 16 blocks a row queued behind each other:
+ * round 19); 1 without clusters
  * (before sm_90).  BT_SAMPLE_DIST_CLUSTER=N sets it whatever the row
  * count (at most the device's, a power of two; 1: one block a row). */
 static int sd_cluster_for(int vocab, int n)
@@ -1347,7 +1346,7 @@ static int sd_cluster_for(int vocab, int n)
             n_sm[dev] = 1;
     }
     c = max_c[dev];
-    const char *env = getenv("BT_SAMPLE_DIST_CLUSTER");
+    const char *env = cuda_switches()->sample_dist_cluster;
     const int force = env && *env ? atoi(env) : 0;
     while (c > 1 && force > 0 && c > force)
         c >>= 1;

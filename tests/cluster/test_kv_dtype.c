@@ -1,0 +1,176 @@
+/*
+ * test_kv_dtype.c - the KV cache's element type across the hand-off
+ * (issue 37 item 4), with real processes on 127.0.0.1 and the CPU
+ * backend's FP8 reference:
+ *   1. a prefill worker with an FP8 KV cache and a decode worker with a
+ *      float one are never paired: the request fails at once, INVALID,
+ *      naming both workers and --kv-dtype (it does not move FP8 bytes
+ *      into a float pool, nor time out);
+ *   2. a pair that both run --kv-dtype fp8 serves greedy requests whose
+ *      ids equal `baton run --kv-dtype fp8` (the FP8 blocks cross the
+ *      hand-off byte for byte), for every golden prompt;
+ *   3. --gpu takes a GPU or MIG UUID (refused with --tp > 1, as are
+ *      malformed values), so an operator can pin a worker to a MIG slice.
+ */
+#include "cluster_util.h"
+
+#define MODEL BT_SHARED_DIR "/models/aidreams260K.bin"
+#define N_REQ 6
+
+/* `baton run --kv-dtype fp8` greedy ids of golden prompt g. */
+static int run_fp8(const cu_golden_t *g, int *out, int cap)
+{
+    char cmd[8192], *p = cmd;
+    FILE *f;
+    int n = 0;
+
+    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s --kv-dtype fp8 "
+                  "--threads 1 --device cpu --ids --ignore-eos --stop-id 1 "
+                  "--max-tokens %d --prompt-ids '", BT_BIN_DIR, MODEL,
+                  g->max_tokens);
+    for (int i = 0; i < g->n_prompt; i++)
+        p += snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "%s%d",
+                      i ? " " : "", g->prompt[i]);
+    snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "'");
+    f = popen(cmd, "r");
+    BT_CHECK(f != NULL);
+    while (n < cap && fscanf(f, "%d", &out[n]) == 1)
+        n++;
+    BT_ASSERT_EQ(pclose(f), 0);
+    return n;
+}
+
+static void test_mismatch(void)
+{
+    char listen[64], control[64];
+    client_t *c = NULL;
+    client_request_t req;
+    Baton__ClientMessage *m = NULL;
+    uint64_t rid, until;
+    int ids[3] = { 1, 50, 60 };
+
+    fprintf(stderr, "1. fp8 prefill + float decode: refused at pairing\n");
+    cu_router_addrs(listen, control);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", NULL);
+    cu_spawn("baton-prefill", "--router", control, "--model", MODEL,
+             "--threads", "1", "--name", "p8", "--kv-dtype", "fp8", NULL);
+    cu_spawn("baton-decode", "--router", control, "--model", MODEL,
+             "--threads", "1", "--name", "d32", NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    cu_wait_workers(c, 1, 1, 20000);
+    client_request_init(&req);
+    req.prompt_ids = ids;
+    req.n_prompt_ids = 3;
+    req.max_tokens = 4;
+    BT_ASSERT_OK(client_submit(c, &req, &rid));
+    until = bt_time_ns() + 10000000000ull;
+    for (;;) {
+        BT_CHECK(bt_time_ns() < until);
+        if (client_recv(c, 500, &m) != BT_OK)
+            continue;
+        if (client_msg_request_id(m) == rid &&
+            m->body_case == BATON__CLIENT_MESSAGE__BODY_ERROR)
+            break;
+        BT_CHECK(m->body_case != BATON__CLIENT_MESSAGE__BODY_CHUNK);
+        proto_client_free(&m);
+    }
+    BT_ASSERT_EQ(m->error->code, BATON__ERROR_CODE__ERROR_INVALID);
+    fprintf(stderr, "   %s\n", m->error->message);
+    BT_CHECK(strstr(m->error->message, "--kv-dtype") != NULL &&
+             strstr(m->error->message, "p8") != NULL &&
+             strstr(m->error->message, "fp8") != NULL);
+    proto_client_free(&m);
+    client_destroy(&c);
+    cu_kill_all();
+}
+
+static void test_fp8_pair(void)
+{
+    static cu_golden_t golden[32];
+    static cu_result_t res[N_REQ];
+    static int want[N_REQ][CU_MAX_IDS];
+    int n_want[N_REQ];
+    char listen[64], control[64];
+    client_t *c = NULL;
+    int n_golden;
+
+    fprintf(stderr, "2. fp8 prefill + fp8 decode: baton run's ids\n");
+    n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
+    BT_CHECK(n_golden > 0);
+    for (int i = 0; i < N_REQ; i++)
+        n_want[i] = run_fp8(&golden[i % n_golden], want[i], CU_MAX_IDS);
+    cu_router_addrs(listen, control);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", NULL);
+    cu_spawn("baton-prefill", "--router", control, "--model", MODEL,
+             "--threads", "1", "--name", "p8", "--kv-dtype", "fp8", NULL);
+    cu_spawn("baton-decode", "--router", control, "--model", MODEL,
+             "--threads", "1", "--name", "d8", "--kv-dtype", "fp8",
+             "--kv-blocks", "400", NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    cu_wait_workers(c, 1, 1, 20000);
+    for (int i = 0; i < N_REQ; i++)
+        res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
+    cu_collect(c, res, N_REQ, 60000);
+    for (int i = 0; i < N_REQ; i++) {
+        BT_ASSERT_EQ(res[i].finished, 1);
+        BT_ASSERT_EQ(res[i].n_ids, n_want[i]);
+        for (int k = 0; k < n_want[i]; k++)
+            if (res[i].ids[k] != want[i][k])
+                BT_TEST_FAIL("request %d: id %d is %d, baton run %d", i, k,
+                             res[i].ids[k], want[i][k]);
+    }
+    cu_wait_kv_idle(c, 5000);
+    client_destroy(&c);
+    cu_kill_all();
+}
+
+/* A worker started with `gpu` (and `tp`) exits by itself with a message
+ * containing `want` (NULL: it must not exit within a second). */
+static void gpu_case(const char *gpu, const char *tp, const char *want)
+{
+    char log[] = "/tmp/bt_kvdtype_gpu_XXXXXX", line[512];
+    int fd = mkstemp(log), rc, found = 0;
+    pid_t pid;
+    FILE *f;
+
+    BT_CHECK(fd >= 0);
+    close(fd);
+    pid = cu_spawn_log(log, "baton-decode", "--router",
+                       "tcp://127.0.0.1:1", "--null-model", "--name", "g",
+                       "--device", "cpu", "--gpu", gpu, "--tp", tp, NULL);
+    rc = cu_wait_exit(pid, want != NULL ? 10000 : 1000);
+    if (want == NULL) {
+        BT_ASSERT_EQ(rc, -1); /* still running: accepted */
+        cu_kill(pid, SIGKILL);
+    } else {
+        BT_CHECK(rc > 0);
+    }
+    f = fopen(log, "r");
+    BT_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL)
+        found |= strstr(line, want != NULL ? want
+                                           : "CUDA_VISIBLE_DEVICES") != NULL;
+    fclose(f);
+    unlink(log);
+    if (!found)
+        BT_TEST_FAIL("--gpu %s --tp %s: no '%s' in its log", gpu, tp,
+                     want != NULL ? want : "CUDA_VISIBLE_DEVICES");
+}
+
+int main(void)
+{
+    cu_init();
+    test_mismatch();
+    test_fp8_pair();
+    fprintf(stderr, "3. --gpu by UUID\n");
+    gpu_case("MIG-4f2c1a9e-0b7d-5e55-9c1b-2f0d7a6b1c3e", "1", NULL);
+    gpu_case("GPU-4f2c1a9e-0b7d-5e55-9c1b-2f0d7a6b1c3e", "1", NULL);
+    gpu_case("MIG-4f2c1a9e-0b7d-5e55-9c1b-2f0d7a6b1c3e", "2",
+             "names one device");
+    gpu_case("GPU-$(rm)", "1", "--gpu");
+    BT_TEST_PASS("cluster/kv_dtype: fp8 pairs refused or served exactly; "
+                 "--gpu UUIDs");
+    return 0;
+}
