@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "bt_alloc.h"
+#include "bt_blockhash.h"
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
@@ -815,6 +816,23 @@ static bool tenant_admit(gateway_t *gw, req_t *conn, gateway_tenant_t *t,
     areq->req.tenant = t->name;
     areq->req.tenant_weight = t->weight;
     areq->req.cache_salt = t->cache_salt;
+    if (areq->cache_salt[0] != '\0') {
+        /* The body's salt under the tenant's: 32 hex digits of a keyed
+         * hash of both, so no body reaches another tenant's blocks. */
+        static const char key[] = "baton-tenant-slt"; /* 16 bytes */
+        uint8_t buf[sizeof(t->cache_salt) + GATEWAY_CACHE_SALT_MAX + 1];
+        size_t lt = strlen(t->cache_salt), lr = strlen(areq->cache_salt);
+        bt_blockhash_t h;
+
+        memcpy(buf, t->cache_salt, lt);
+        buf[lt] = 0;
+        memcpy(buf + lt + 1, areq->cache_salt, lr);
+        h = bt_siphash128((const uint8_t *)key, buf, lt + 1 + lr);
+        snprintf(areq->cache_salt, sizeof(areq->cache_salt),
+                 "%016llx%016llx", (unsigned long long)h.hi,
+                 (unsigned long long)h.lo);
+        areq->req.cache_salt = areq->cache_salt;
+    }
     areq->req.priority = t->priority; /* the tenant's class, not the body's */
     return true;
 }

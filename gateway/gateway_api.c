@@ -709,6 +709,17 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
     client_request_set_params(req, &params);
     if (!parse_structured(root, out, err))
         return false;
+    so = cJSON_GetObjectItemCaseSensitive(root, "cache_salt");
+    if (so != NULL && !cJSON_IsNull(so)) {
+        size_t len = cJSON_IsString(so) ? strlen(so->valuestring) : 0;
+        if (len == 0 || len > GATEWAY_CACHE_SALT_MAX) {
+            BAD_PARAM("cache_salt", "'cache_salt' must be a string of 1 to "
+                      "%d bytes", GATEWAY_CACHE_SALT_MAX);
+            return false;
+        }
+        memcpy(out->cache_salt, so->valuestring, len + 1);
+        req->cache_salt = out->cache_salt;
+    }
     v = 0;
     if (!get_int(root, "priority", -1000000, 1000000, &v, err))
         return false;

@@ -91,6 +91,8 @@ void gateway__api_error_set(gateway_api_error_t *err, int status,
                             const char *param, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+#define GATEWAY_CACHE_SALT_MAX 32 /* bytes of a body's cache_salt */
+
 /* A parsed generation request; `req`'s pointers point into this struct's
  * own storage, released by gateway__api_req_cleanup(). */
 typedef struct {
@@ -106,6 +108,10 @@ typedef struct {
     char *stops[PARAMS_MAX_STOP_STRINGS]; /* owned: (n_stops) stop strings */
     int n_stops;
     char *grammar;         /* owned: structured output spec (NULL: none) */
+    /* The body's "cache_salt" (issue 38; vLLM's field): requests share
+     * cached KV only under equal salts.  A tenant's salt is mixed in at
+     * admission (gateway.c), so a body cannot reach another tenant's. */
+    char cache_salt[GATEWAY_CACHE_SALT_MAX + 1]; /* "" = none */
 } gateway_api_req_t;
 
 /* Parses and validates a JSON body of `kind`.  On BT_ERR_INVALID_ARG, err

@@ -291,10 +291,39 @@ static void test_metrics(void)
     bt_buf_cleanup(&out);
 }
 
+/* The cache_salt extension (issue 38): a string of 1..32 bytes handed to
+ * the router as GenerateRequest.cache_salt; anything else is a 400. */
+static void test_cache_salt(void)
+{
+    gateway_api_req_t req;
+    gateway_api_error_t err;
+
+    BT_ASSERT_OK(api(GATEWAY_API_COMPLETIONS,
+                     "{\"prompt\":\"hi\",\"cache_salt\":\"team-a\"}", &req,
+                     &err));
+    BT_ASSERT_STREQ(req.req.cache_salt, "team-a");
+    gateway__api_req_cleanup(&req);
+    BT_ASSERT_OK(api(GATEWAY_API_COMPLETIONS,
+                     "{\"prompt\":\"hi\",\"cache_salt\":null}", &req, &err));
+    BT_CHECK(req.req.cache_salt == NULL);
+    gateway__api_req_cleanup(&req);
+    expect_api_error(GATEWAY_API_COMPLETIONS,
+                     "{\"prompt\":\"hi\",\"cache_salt\":\"\"}", 400,
+                     "cache_salt");
+    expect_api_error(GATEWAY_API_COMPLETIONS,
+                     "{\"prompt\":\"hi\",\"cache_salt\":7}", 400,
+                     "cache_salt");
+    expect_api_error(GATEWAY_API_CHAT,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                     "\"cache_salt\":\"0123456789abcdef0123456789abcdefX\"}",
+                     400, "cache_salt");
+}
+
 int main(void)
 {
     bt_log_init("test");
     test_cors();
+    test_cache_salt();
     test_tokenize();
     test_api();
     test_metrics();
