@@ -90,6 +90,13 @@ void workerproc_prefix_destroy(workerproc_prefix_t **prefix_p)
     if (p == NULL)
         return;
     kv_prefix_destroy(&p->cache);
+    /* Called once every sequence and reservation let go: every block
+     * must be free now (the cache's references included). */
+    if (kv_allocator_free_count(p->kv) != kv_allocator_total(p->kv))
+        BT_LOG_WARN("KV", "leak: %d of %d KV blocks still held after the "
+                    "prefix cache", kv_allocator_total(p->kv) -
+                    kv_allocator_free_count(p->kv),
+                    kv_allocator_total(p->kv));
     bt_free(p->ids);
     bt_free(p);
     *prefix_p = NULL;

@@ -38,7 +38,8 @@ bt_status_t workerproc_prefix_create(engine_t *engine,
                                      workerproc_prefix_t **prefix_p);
 
 /* Forgets the cache (blocks in use stay with their sequences: call it
- * after they are gone, before the engine). */
+ * after they are gone, before the engine); logs "leak:" (WARN) when any
+ * block of the pool is still held then. */
 void workerproc_prefix_destroy(workerproc_prefix_t **prefix_p);
 
 /* The chain root of a request's cache salt (absent / empty: the default

@@ -15,7 +15,8 @@
  *      new process under the same name it is empty, and fills again
  *      after the new process serves a request.
  *   5. Every KV block is free once the requests are done (cached blocks
- *      count as free: evictable).
+ *      count as free: evictable), and the worker exits cleanly on
+ *      SIGTERM with no leak of KV blocks or host memory in its log.
  */
 #include <errno.h>
 #include <sys/time.h>
@@ -175,14 +176,15 @@ static void append(pc_req_t *q, const int *ids, int n)
 
 /* Starts an aggregated worker named `name` reporting metrics on mport. */
 static pid_t start_worker(const char *control, const char *name, int mport,
-                          bool cache)
+                          bool cache, const char *log)
 {
     char model[512], mport_s[16];
 
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
              BT_SHARED_DIR);
     snprintf(mport_s, sizeof(mport_s), "%d", mport);
-    return cu_spawn("baton-decode", "--router", control, "--model", model,
+    return cu_spawn_log(log, "baton-decode", "--router", control, "--model",
+                    model,
                     "--threads", "1", "--name", name, "--role", "both",
                     "--kv-blocks", "600", "--block-size", "4",
                     "--chunk-tokens", "16", "--metrics-port", mport_s,
@@ -195,7 +197,7 @@ int main(void)
     static pc_req_t reqs[N_REQ];
     static cu_result_t off[N_REQ], on[N_REQ], after;
     char listen[64], control[64], rport_s[16];
-    char gauge[128];
+    char gauge[128], log[128];
     int n_golden, rport, mport_off, mport_on, shared;
     client_t *c = NULL;
     pid_t w;
@@ -258,7 +260,7 @@ int main(void)
     BT_ASSERT_OK(client_create(listen, &c));
 
     /* 1. cache off: the reference outputs. */
-    w = start_worker(control, "pc", mport_off, false);
+    w = start_worker(control, "pc", mport_off, false, NULL);
     cu_wait_workers(c, 0, 1, 20000);
     for (int i = 0; i < N_REQ; i++) {
         if (i == 8) /* a follow-up turn: S+B, its greedy output, more */
@@ -277,7 +279,7 @@ int main(void)
     }
 
     /* 2. cache on: the same outputs, and the hits. */
-    w = start_worker(control, "pc", mport_on, true);
+    w = start_worker(control, "pc", mport_on, true, NULL);
     cu_wait_workers(c, 0, 1, 20000);
     wait_metric(mport_on, "baton_worker_registered", 1, 1, 10000);
     for (int i = 0; i < N_REQ; i++) {
@@ -328,7 +330,8 @@ int main(void)
              "{worker=\"pc\",role=\"decode+prefill\"}");
     wait_metric(rport, gauge, 1, 1e9, 5000);
     cu_kill(w, SIGKILL);
-    w = start_worker(control, "pc", mport_off, true);
+    snprintf(log, sizeof(log), "/tmp/bt_prefix_cache_%d.log", (int)getpid());
+    w = start_worker(control, "pc", mport_off, true, log);
     wait_metric(mport_off, "baton_worker_registered", 1, 1, 20000);
     wait_metric(rport, gauge, 0, 0, 5000);
     submit_one(c, &reqs[3], &after);
@@ -340,6 +343,19 @@ int main(void)
                  0);
     wait_metric(rport, gauge, (reqs[3].n_prompt - 1) / 4, 1e9, 5000);
     cu_wait_kv_idle(c, 5000);
+    /* 5. a clean exit: every KV block and host allocation accounted for
+     * (the worker logs "leak:" otherwise) */
+    cu_kill(w, SIGTERM);
+    BT_ASSERT_EQ(cu_wait_exit(w, 10000), 0);
+    {
+        char *text = NULL;
+        size_t len;
+        BT_ASSERT_OK(bt_read_file(log, 1 << 24, &text, &len));
+        if (strstr(text, "leak") != NULL)
+            BT_TEST_FAIL("the worker reports a leak:\n%s", text);
+        bt_free(text);
+        unlink(log);
+    }
     client_destroy(&c);
     BT_TEST_PASS("cluster/prefix_cache: on = off token for token (greedy, "
                  "seeded, golden), hits counted and not prefilled, salts "
