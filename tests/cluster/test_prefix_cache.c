@@ -14,6 +14,8 @@
  *      baton_router_worker_kv_index_blocks) fills; after kill -9 and a
  *      new process under the same name it is empty, and fills again
  *      after the new process serves a request.
+ *   4b. Under eviction (the new process has a pool 3 blocks larger than
+ *      the largest request) two more rounds give the cache-off outputs.
  *   5. Every KV block is free once the requests are done (cached blocks
  *      count as free: evictable), and the worker exits cleanly on
  *      SIGTERM with no leak of KV blocks or host memory in its log.
@@ -176,7 +178,7 @@ static void append(pc_req_t *q, const int *ids, int n)
 
 /* Starts an aggregated worker named `name` reporting metrics on mport. */
 static pid_t start_worker(const char *control, const char *name, int mport,
-                          bool cache, const char *log)
+                          bool cache, const char *log, const char *blocks)
 {
     char model[512], mport_s[16];
 
@@ -186,7 +188,7 @@ static pid_t start_worker(const char *control, const char *name, int mport,
     return cu_spawn_log(log, "baton-decode", "--router", control, "--model",
                     model,
                     "--threads", "1", "--name", name, "--role", "both",
-                    "--kv-blocks", "600", "--block-size", "4",
+                    "--kv-blocks", blocks, "--block-size", "4",
                     "--chunk-tokens", "16", "--metrics-port", mport_s,
                     "--prefix-cache", cache ? "on" : "off", NULL);
 }
@@ -260,7 +262,7 @@ int main(void)
     BT_ASSERT_OK(client_create(listen, &c));
 
     /* 1. cache off: the reference outputs. */
-    w = start_worker(control, "pc", mport_off, false, NULL);
+    w = start_worker(control, "pc", mport_off, false, NULL, "600");
     cu_wait_workers(c, 0, 1, 20000);
     for (int i = 0; i < N_REQ; i++) {
         if (i == 8) /* a follow-up turn: S+B, its greedy output, more */
@@ -279,7 +281,7 @@ int main(void)
     }
 
     /* 2. cache on: the same outputs, and the hits. */
-    w = start_worker(control, "pc", mport_on, true, NULL);
+    w = start_worker(control, "pc", mport_on, true, NULL, "600");
     cu_wait_workers(c, 0, 1, 20000);
     wait_metric(mport_on, "baton_worker_registered", 1, 1, 10000);
     for (int i = 0; i < N_REQ; i++) {
@@ -331,7 +333,9 @@ int main(void)
     wait_metric(rport, gauge, 1, 1e9, 5000);
     cu_kill(w, SIGKILL);
     snprintf(log, sizeof(log), "/tmp/bt_prefix_cache_%d.log", (int)getpid());
-    w = start_worker(control, "pc", mport_off, true, log);
+    /* a pool 3 blocks larger than the largest request (33 blocks: a
+     * golden prompt and its 123 tokens), so caching evicts */
+    w = start_worker(control, "pc", mport_off, true, log, "36");
     wait_metric(mport_off, "baton_worker_registered", 1, 1, 20000);
     wait_metric(rport, gauge, 0, 0, 5000);
     submit_one(c, &reqs[3], &after);
@@ -342,6 +346,25 @@ int main(void)
     BT_ASSERT_EQ(scrape(mport_off, "baton_worker_prefix_hit_tokens_total"),
                  0);
     wait_metric(rport, gauge, (reqs[3].n_prompt - 1) / 4, 1e9, 5000);
+    cu_wait_kv_idle(c, 5000);
+    /* 4. under eviction the outputs stay the cache-off ones */
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N_REQ; i++) {
+            submit_one(c, &reqs[i], &after);
+            BT_ASSERT_EQ(after.n_ids, off[i].n_ids);
+            for (int k = 0; k < off[i].n_ids; k++)
+                if (after.ids[k] != off[i].ids[k])
+                    BT_TEST_FAIL("tight pool, request %d: id %d is %d, "
+                                 "%d without the cache", i, k, after.ids[k],
+                                 off[i].ids[k]);
+        }
+    }
+    wait_metric(mport_off, "baton_worker_prefix_evictions_total", 1, 1e9,
+                5000);
+    BT_CHECK(scrape(mport_off, "baton_worker_prefix_hit_tokens_total") > 0);
+    fprintf(stderr, "tight pool (36 blocks): evictions %g, hit tokens %g\n",
+            scrape(mport_off, "baton_worker_prefix_evictions_total"),
+            scrape(mport_off, "baton_worker_prefix_hit_tokens_total"));
     cu_wait_kv_idle(c, 5000);
     /* 5. a clean exit: every KV block and host allocation accounted for
      * (the worker logs "leak:" otherwise) */
