@@ -2092,5 +2092,19 @@ bt_status_t decode_run(decode_t *dec)
                 (unsigned long long)dec->tokens_out, stats,
                 (unsigned long long)dec->cap_rejected);
     log_step_times(dec, true);
+    if (dec->prefix != NULL) {
+        kv_prefix_stats_t st;
+
+        kv_prefix_stats(workerproc_prefix_cache(dec->prefix), &st);
+        BT_LOG_INFO("KV", "%s prefix cache: lookups:%llu lookup_tokens:%llu "
+                    "hit_tokens:%llu hit_blocks:%llu inserted:%llu "
+                    "evictions:%llu cached:%d", dec->name,
+                    (unsigned long long)st.lookups,
+                    (unsigned long long)st.lookup_tokens,
+                    (unsigned long long)st.hit_tokens,
+                    (unsigned long long)st.hit_blocks,
+                    (unsigned long long)st.inserted,
+                    (unsigned long long)st.evictions, st.cached_blocks);
+    }
     return BT_OK;
 }

@@ -1,0 +1,157 @@
+/*
+ * test_prefix_spec.c - the prefix cache under speculative decoding (issue
+ * 38): an aggregated worker (baton-decode --role both, aidreams260K,
+ * block size 4) with an EAGLE head, whose engine sequences own their
+ * block tables, serves golden prompts twice and a set of requests
+ * sharing a 40-token prefix, first with --prefix-cache off, then on: the
+ * outputs are identical token for token (and golden's for the golden
+ * prompts), and the cache hit.
+ */
+#include "cluster/spec_cluster_util.h"
+
+#define N_REQ 8
+#define MAX_TOKENS 24
+
+typedef struct {
+    int prompt[CU_MAX_IDS];
+    int n_prompt;
+    int max_tokens;
+    const cu_golden_t *golden;
+} ps_req_t;
+
+static void submit_one(client_t *c, const ps_req_t *q, cu_result_t *res)
+{
+    static const int stop1[] = { 1 };
+    client_request_t req;
+
+    memset(res, 0, sizeof(*res));
+    client_request_init(&req);
+    req.prompt_ids = q->prompt;
+    req.n_prompt_ids = q->n_prompt;
+    req.max_tokens = q->max_tokens;
+    req.ignore_eos = true;
+    req.stop_ids = stop1;
+    req.n_stop_ids = 1;
+    req.want_text = false;
+    req.temperature = 0;
+    BT_ASSERT_OK(client_submit(c, &req, &res->rid));
+    cu_collect(c, res, 1, 30000);
+    BT_ASSERT_EQ(res->finished, 1);
+}
+
+static pid_t start_worker(const char *control, const char *model,
+                          const char *head, const char *log, bool cache)
+{
+    return scu_spawn_logged(log, "baton-decode", "--router", control,
+                            "--model", model, "--threads", "1", "--name",
+                            "ps", "--role", "both", "--block-size", "4",
+                            "--kv-blocks", "400", "--chunk-tokens", "16",
+                            "--spec-head", head, "--spec", "fixed",
+                            "--spec-tokens", "8", "--spec-depth", "4",
+                            "--prefix-cache", cache ? "on" : "off", NULL);
+}
+
+int main(void)
+{
+    static cu_golden_t golden[8];
+    static ps_req_t reqs[N_REQ];
+    static cu_result_t off[N_REQ], on[N_REQ];
+    char listen[64], control[64], model[512], head[128], log[128];
+    client_t *c = NULL;
+    pid_t w;
+    int n_golden, hits = 0;
+
+    cu_init();
+    n_golden = cu_golden_load("aidreams260K.bin", golden, 8);
+    BT_CHECK(n_golden >= 5);
+    snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
+             BT_SHARED_DIR);
+    snprintf(head, sizeof(head), "/tmp/bt_prefix_spec_%d.safetensors",
+             (int)getpid());
+    snprintf(log, sizeof(log), "/tmp/bt_prefix_spec_%d.log", (int)getpid());
+    scu_train_head(model, head);
+
+    /* golden prompts, each twice; then S + five tails (S: a golden prompt
+     * and 40 - its length of its greedy continuation) */
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 2; k++) {
+            ps_req_t *q = &reqs[2 * i + k];
+            memcpy(q->prompt, golden[i].prompt,
+                   sizeof(int) * (size_t)golden[i].n_prompt);
+            q->n_prompt = golden[i].n_prompt;
+            q->max_tokens = golden[i].max_tokens;
+            q->golden = &golden[i];
+        }
+    }
+    for (int i = 4; i < N_REQ; i++) {
+        ps_req_t *q = &reqs[i];
+        memcpy(q->prompt, golden[2].prompt,
+               sizeof(int) * (size_t)golden[2].n_prompt);
+        memcpy(q->prompt + golden[2].n_prompt, golden[2].expect,
+               sizeof(int) * (size_t)(40 - golden[2].n_prompt));
+        memcpy(q->prompt + 40, golden[3 + i % 2].expect + i,
+               sizeof(int) * 7);
+        q->n_prompt = 47;
+        q->max_tokens = MAX_TOKENS;
+    }
+
+    cu_router_addrs(listen, control);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    for (int pass = 0; pass < 2; pass++) {
+        cu_result_t *res = pass == 0 ? off : on;
+
+        unlink(log);
+        w = start_worker(control, model, head, log, pass == 1);
+        cu_wait_workers(c, 0, 1, 30000);
+        for (int i = 0; i < N_REQ; i++) {
+            submit_one(c, &reqs[i], &res[i]);
+            if (reqs[i].golden != NULL)
+                cu_check_golden(&res[i], reqs[i].golden, i);
+        }
+        cu_wait_kv_idle(c, 5000);
+        cu_kill(w, SIGTERM);
+        BT_ASSERT_EQ(cu_wait_exit(w, 10000), 0);
+        BT_CHECK(scu_count(log, "leak") == 0);
+        if (pass == 1) { /* the cache was on, and hit */
+            char *text = NULL;
+            const char *p;
+            size_t len;
+
+            BT_ASSERT_OK(bt_read_file(log, 1 << 24, &text, &len));
+            p = strstr(text, "prefix cache: lookups:");
+            BT_CHECK(p != NULL && (p = strstr(p, "hit_tokens:")) != NULL);
+            hits = atoi(p + strlen("hit_tokens:"));
+            fprintf(stderr, "speculation with the cache: %d prompt tokens "
+                    "hit\n", hits);
+            /* 2 golden repeats (1 block each) + 4 shared 40-token
+             * prefixes after the first */
+            BT_CHECK(hits >= 2 * 4 + 3 * 40);
+            bt_free(text);
+        } else {
+            BT_CHECK(scu_count(log, "prefix cache: lookups:") == 0);
+        }
+        for (int t = 0; t < 100; t++) {
+            cu_status_t st;
+            if (cu_status(c, &st) == 0 && st.n_decode == 0)
+                break;
+            usleep(50000);
+        }
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        if (off[i].n_ids != on[i].n_ids)
+            BT_TEST_FAIL("request %d: %d ids with the cache, %d without", i,
+                         on[i].n_ids, off[i].n_ids);
+        for (int k = 0; k < off[i].n_ids; k++)
+            if (on[i].ids[k] != off[i].ids[k])
+                BT_TEST_FAIL("request %d: id %d is %d with the cache, %d "
+                             "without", i, k, on[i].ids[k], off[i].ids[k]);
+    }
+    unlink(head);
+    unlink(log);
+    client_destroy(&c);
+    BT_TEST_PASS("cluster/prefix_spec: speculative decoding with the prefix "
+                 "cache on = off, golden exact");
+    return 0;
+}
