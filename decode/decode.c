@@ -99,6 +99,10 @@ struct decode_seq_s {
                            (dec->emit_q; the next step emits it while
                            the GPU runs) */
     bool in_step;       /* part of the step in flight */
+    bool has_lp;        /* lp holds the pending token's logprobs */
+    sampler_logprobs_t lp; /* taken when sampled: the sampler's own is
+                           overwritten by the step that runs while the
+                           token is emitted */
     bool finished;      /* ended when emitted during the step in flight:
                            removed after the step, its row discarded */
     decode_seq_t *next;
@@ -889,6 +893,12 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
     if (dec->engine != NULL) {
         sampler_params_t sp;
         params_sampling_from_proto(m->sampling, &sp);
+        if (dec->spec != NULL && sp.logprobs) {
+            /* a verified draft has no per-token rows on the host */
+            code = BATON__ERROR_CODE__ERROR_INVALID;
+            why = "logprobs are not supported with speculative decoding";
+            goto fail;
+        }
         if (dec->spec != NULL) {
             /* The engine sequence observes every token in its sampler. */
             if (n > dec->max_context) {
@@ -1008,7 +1018,8 @@ static void send_prefill_failure(decode_t *dec, uint64_t id, uint64_t epoch,
     workerproc_send_prefill_failure(dec->sock, id, epoch, code, text);
 }
 
-static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first);
+static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first,
+                               const sampler_logprobs_t *lp);
 
 /* PrefillTask for one of our own reservations (the router chose this
  * worker for both roles).  Admits the prompt through the intake it shares
@@ -1061,7 +1072,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     /* Our own compute, not a remote writer: no arrival timeout. */
     r->expires_ns = UINT64_MAX;
     if (dec->engine == NULL) /* null model: instant */
-        local_prefill_done(dec, r, -1);
+        local_prefill_done(dec, r, -1, NULL);
     return;
 
 fail:
@@ -1100,7 +1111,8 @@ static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
 /* A local prompt is computed and its first token sampled (by
  * local_prefill_sampler's sampler; the null model picks it here):
  * reply. */
-static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
+static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first,
+                               const sampler_logprobs_t *lp)
 {
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
     char text[256];
@@ -1121,6 +1133,7 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
      * own prefill queue, not for a remote writer. */
     r->expires_ns = bt_time_ns() +
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
+    workerproc_prefill_done_logprobs(&done, lp);
     workerproc_send_prefill_done(dec->sock, &done, r->id, &r->p, first, text,
                                  text_len, r->epoch, r->cap, sizeof(r->cap),
                                  (bt_time_ns() - r->t_start) / 1000, 0);
@@ -1200,12 +1213,26 @@ static void handle_messages(decode_t *dec)
 // ---------------------------------------------------------------------------
 // The decode step
 
+/* lp: the logprobs of ids[0] when n is 1 (SamplingParams.logprobs), else
+ * NULL. */
 static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
                         const int *ids, int n, const char *text,
-                        size_t text_len, Baton__FinishReason finish)
+                        size_t text_len, Baton__FinishReason finish,
+                        const sampler_logprobs_t *lp)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__TokenOut out = BATON__TOKEN_OUT__INIT;
+    float logprob;
+
+    if (lp != NULL && n == 1) {
+        logprob = lp->logprob;
+        out.n_logprobs = 1;
+        out.logprobs = &logprob;
+        out.n_top_ids = (size_t)lp->n_top;
+        out.top_ids = (int32_t *)lp->top_ids;
+        out.n_top_logprobs = (size_t)lp->n_top;
+        out.top_logprobs = (float *)lp->top_logprobs;
+    }
 
     out.has_request_id = 1;
     out.request_id = s->id;
@@ -1245,6 +1272,9 @@ static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
 static bool seq_emit_n(decode_t *dec, decode_seq_t *s, const int *toks,
                        int n)
 {
+    /* logprobs come with plain steps only (one token; speculative
+     * decoding refuses requests that want them) */
+    const sampler_logprobs_t *lp = n == 1 && s->has_lp ? &s->lp : NULL;
     char piece[512], shown[8192];
     size_t shown_len = 0;
     Baton__FinishReason finish = BATON__FINISH_REASON__FINISH_NONE;
@@ -1260,7 +1290,7 @@ static bool seq_emit_n(decode_t *dec, decode_seq_t *s, const int *toks,
         if (sizeof(shown) - shown_len < 2 * sizeof(piece) + 1024 ||
             n_ids == (int)(sizeof(ids) / sizeof(ids[0]))) {
             send_tokens(dec, s, index, ids, n_ids, shown, shown_len,
-                        finish);
+                        finish, NULL);
             index += n_ids;
             n_ids = 0;
             shown_len = 0;
@@ -1299,7 +1329,9 @@ static bool seq_emit_n(decode_t *dec, decode_seq_t *s, const int *toks,
     }
     if (n_ids > 0 || shown_len > 0 ||
         finish != BATON__FINISH_REASON__FINISH_NONE)
-        send_tokens(dec, s, index, ids, n_ids, shown, shown_len, finish);
+        send_tokens(dec, s, index, ids, n_ids, shown, shown_len, finish,
+                    lp);
+    s->has_lp = false;
     dec->tokens_out += (uint64_t)n_ids;
     return finish != BATON__FINISH_REASON__FINISH_NONE;
 }
@@ -1592,7 +1624,8 @@ static void step(decode_t *dec)
                     memcpy(r->feat, dec->hidden + (size_t)row * dec->dim,
                            sizeof(float) * (size_t)dec->dim);
             }
-            local_prefill_done(dec, r, dec->rids[row++]);
+            local_prefill_done(dec, r, dec->rids[row++],
+                               sampler_last_logprobs(ps));
         }
         sampler_destroy(&ps);
     }
@@ -1628,6 +1661,10 @@ static void step(decode_t *dec)
                                         s->n_tokens);
         }
         /* fed next step, emitted while that step runs */
+        if (s->sampler != NULL && sampler_last_logprobs(s->sampler)) {
+            s->lp = *sampler_last_logprobs(s->sampler);
+            s->has_lp = true;
+        }
         s->tokens[s->n_tokens++] = tok;
         s->pend = true;
         dec->emit_q[dec->n_emit] = s;

@@ -49,6 +49,8 @@ struct prefill_task_s {
     kv_link_xfer_t *xfer; /* the KV hand-off (NULL: null model) */
     bool final_in_batch;  /* its last chunk is in the running forward */
     int first_token;
+    bool has_lp;          /* lp is first_token's (sp.logprobs) */
+    sampler_logprobs_t lp;
     char first_text[256];
     size_t first_text_len;
     uint64_t t_start;
@@ -209,6 +211,7 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
         done.spec_feature.data = (uint8_t *)t->feat;
         done.spec_feature.len = sizeof(float) * (size_t)pf->dim;
     }
+    workerproc_prefill_done_logprobs(&done, t->has_lp ? &t->lp : NULL);
     workerproc_send_prefill_done(pf->sock, &done, t->id, &t->p,
                                  t->first_token, t->first_text,
                                  t->first_text_len, t->epoch, t->cap,
@@ -469,6 +472,10 @@ static bt_status_t sample_first(prefill_t *pf, prefill_task_t *t,
     if (status != BT_OK)
         return status;
     t->first_token = sampler_sample(sampler, logits);
+    if (sampler_last_logprobs(sampler) != NULL) {
+        t->lp = *sampler_last_logprobs(sampler);
+        t->has_lp = true;
+    }
     sampler_destroy(&sampler);
     return BT_OK;
 }

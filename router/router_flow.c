@@ -427,7 +427,17 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
         text_len += req->n_stop_held;
         req->n_stop_held = 0;
     }
-    router__send_chunk(r, req, req->n_generated - 1, &first, 1, text, text_len);
+    if (done->has_first_logprob &&
+        done->n_first_top_ids == done->n_first_top_logprobs) {
+        router_chunk_lp_t lp = {&done->first_logprob, done->first_top_ids,
+                                done->first_top_logprobs,
+                                (int)done->n_first_top_ids};
+        router__send_chunk_lp(r, req, req->n_generated - 1, &first, 1, text,
+                              text_len, &lp);
+    } else {
+        router__send_chunk(r, req, req->n_generated - 1, &first, 1, text,
+                           text_len);
+    }
     bt_free(shown);
     if (reason == STOP_STRING || req->n_generated >= req->max_tokens) {
         router__send_kv_release(r, d, req->id, req->epoch);
@@ -527,6 +537,15 @@ void router__on_token_out(router_t *r, router_worker_t *w,
         router__req_requeue(r, req, true, 0);
         return;
     }
+    if (out->n_logprobs > 0 &&
+        (out->n_logprobs != out->n_ids ||
+         out->n_top_ids != out->n_top_logprobs ||
+         out->n_top_ids % out->n_ids != 0)) {
+        /* never relay numbers that cannot be matched to their ids */
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                         "decode worker sent malformed logprobs");
+        return;
+    }
     router__req_phase_deadline(r, req); /* it moves: the next token's */
     n = (int)out->n_ids - skip;
     /* The decode worker's matcher state, for a failover. */
@@ -547,9 +566,21 @@ void router__on_token_out(router_t *r, router_worker_t *w,
             return;
         }
         /* Text of a partly duplicated chunk cannot be split: drop it. */
-        router__send_chunk(r, req, index, out->ids + skip, n,
-                           skip == 0 && out->has_text ? out->text.data : NULL,
-                           out->text.len);
+        if (out->n_logprobs > 0) {
+            int k = (int)(out->n_top_ids / out->n_ids);
+            router_chunk_lp_t lp = {out->logprobs + skip,
+                                    out->top_ids + (size_t)skip * k,
+                                    out->top_logprobs + (size_t)skip * k, k};
+            router__send_chunk_lp(r, req, index, out->ids + skip, n,
+                                  skip == 0 && out->has_text
+                                      ? out->text.data : NULL,
+                                  out->text.len, &lp);
+        } else {
+            router__send_chunk(r, req, index, out->ids + skip, n,
+                               skip == 0 && out->has_text ? out->text.data
+                                                          : NULL,
+                               out->text.len);
+        }
     }
     if (out->has_finish && out->finish != BATON__FINISH_REASON__FINISH_NONE)
         router__req_complete(r, req, out->finish);

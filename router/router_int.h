@@ -521,6 +521,20 @@ void router__handle_client(router_t *r, bt_zmq_msg_t *zm);
 void router__send_chunk(router_t *r, router_req_t *req, int index,
                         const int *ids, int n, const uint8_t *text,
                         size_t text_len);
+
+/* Logprobs relayed with a chunk (SamplingParams.logprobs): one logprob
+ * per id and k alternatives per id (top_ids/top_logprobs hold n * k). */
+typedef struct {
+    const float *logprobs;     /* (n) */
+    const int32_t *top_ids;    /* (n, k) */
+    const float *top_logprobs; /* (n, k) */
+    int k;
+} router_chunk_lp_t;
+
+/* router__send_chunk with logprobs (lp NULL: none). */
+void router__send_chunk_lp(router_t *r, router_req_t *req, int index,
+                           const int *ids, int n, const uint8_t *text,
+                           size_t text_len, const router_chunk_lp_t *lp);
 /* Finished with usage and per-phase timings. */
 void router__send_finished(router_t *r, router_req_t *req,
                            Baton__FinishReason reason);

@@ -50,6 +50,7 @@ struct sampler_s {
                                * beyond a device's candidates */
     const uint64_t *mask;     /* ((vocab_size + 63) / 64) allowed tokens
                                * (sampler_set_mask, borrowed); NULL: all */
+    sampler_logprobs_t lp;    /* the last sample's (params.logprobs) */
 };
 
 _Static_assert(sizeof(sampler_cand_t) == sizeof(uint64_t),
@@ -849,7 +850,62 @@ void sampler_skip(sampler_t *s, int n)
         (void)sampler_uniform(s);
 }
 
+void sampler_logprobs_row(const float *logits, int vocab, int token,
+                          int n_top, sampler_logprobs_t *out)
+{
+    float m = -INFINITY;
+    double sum = 0.0;
+    float lse;
+    int n = 0;
+
+    n_top = BT_MIN(BT_MAX(n_top, 0), BT_MIN(vocab, PARAMS_MAX_LOGPROBS));
+    for (int i = 0; i < vocab; i++)
+        m = logits[i] > m ? logits[i] : m;
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)logits[i] - (double)m);
+    lse = (float)((double)m + log(sum));
+    /* top n_top by insertion: ids ascending and a strict > keep the
+     * lower id first among ties, as the argmax does */
+    for (int i = 0; i < vocab && n_top > 0; i++) {
+        float v = logits[i];
+        int j;
+
+        if (n == n_top && !(v > out->top_logprobs[n - 1]))
+            continue;
+        j = n < n_top ? n++ : n - 1;
+        while (j > 0 && v > out->top_logprobs[j - 1]) {
+            out->top_logprobs[j] = out->top_logprobs[j - 1];
+            out->top_ids[j] = out->top_ids[j - 1];
+            j--;
+        }
+        out->top_logprobs[j] = v;
+        out->top_ids[j] = i;
+    }
+    for (int j = 0; j < n; j++)
+        out->top_logprobs[j] -= lse;
+    out->n_top = n;
+    out->logprob = token >= 0 && token < vocab ? logits[token] - lse
+                                               : -INFINITY;
+}
+
+const sampler_logprobs_t *sampler_last_logprobs(const sampler_t *s)
+{
+    return s->params.logprobs ? &s->lp : NULL;
+}
+
+static int sampler_sample_row(sampler_t *s, float *logits);
+
 int sampler_sample(sampler_t *s, float *logits)
+{
+    int tok = sampler_sample_row(s, logits);
+
+    if (s->params.logprobs)
+        sampler_logprobs_row(logits, s->vocab_size, tok,
+                             s->params.top_logprobs, &s->lp);
+    return tok;
+}
+
+static int sampler_sample_row(sampler_t *s, float *logits)
 {
     const float *row = sampler_penalise(s, logits);
     sampler_dist_t d;
@@ -917,7 +973,7 @@ void sampler_probs(sampler_t *s, const float *logits, float *probs)
 bool sampler_is_argmax(const sampler_t *s)
 {
     return s->params.temperature == 0.0f && !sampler_uses_penalties(s) &&
-           s->mask == NULL;
+           s->mask == NULL && !s->params.logprobs;
 }
 
 void sampler_set_mask(sampler_t *s, const uint64_t *allowed)
@@ -932,7 +988,7 @@ sampler_need_t sampler_need(const sampler_t *s)
 {
     const sampler_params_t *p = &s->params;
 
-    if (sampler_uses_penalties(s) || s->mask != NULL)
+    if (sampler_uses_penalties(s) || s->mask != NULL || p->logprobs)
         return SAMPLER_NEED_ROW;
     if (p->temperature == 0.0f)
         return SAMPLER_NEED_ARGMAX;
@@ -976,7 +1032,7 @@ bool sampler_is_dist(const sampler_t *s)
     const sampler_params_t *p = &s->params;
 
     if (p->temperature == 0.0f || sampler_uses_penalties(s) ||
-        s->mask != NULL)
+        s->mask != NULL || p->logprobs)
         return false;
     return p->top_p < 1.0f || p->top_k <= 1 || p->top_k >= s->vocab_size;
 }
@@ -1005,7 +1061,7 @@ bool sampler_sample_top(sampler_t *s, const int *ids, const float *logits,
     double keep = 0.0;
 
     if (p->temperature == 0.0f || sampler_uses_penalties(s) ||
-        s->mask != NULL || k < 1 ||
+        s->mask != NULL || p->logprobs || k < 1 ||
         k > vocab || !(sum >= 1.0))
         return false;
     inv_t = 1.0f / p->temperature;

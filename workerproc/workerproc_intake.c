@@ -193,6 +193,19 @@ size_t workerproc_intake_first_text(engine_t *engine,
     return n;
 }
 
+void workerproc_prefill_done_logprobs(Baton__PrefillDone *done,
+                                      const sampler_logprobs_t *lp)
+{
+    if (lp == NULL)
+        return;
+    done->has_first_logprob = 1;
+    done->first_logprob = lp->logprob;
+    done->n_first_top_ids = (size_t)lp->n_top;
+    done->first_top_ids = (int32_t *)lp->top_ids;
+    done->n_first_top_logprobs = (size_t)lp->n_top;
+    done->first_top_logprobs = (float *)lp->top_logprobs;
+}
+
 void workerproc_send_prefill_done(void *sock, Baton__PrefillDone *done,
                                   uint64_t id, const workerproc_prompt_t *p,
                                   int first, const char *text,
