@@ -40,7 +40,18 @@ void router__send_chunk_lp(router_t *r, router_req_t *req, int index,
     Baton__ClientMessage msg = BATON__CLIENT_MESSAGE__INIT;
     Baton__TokenChunk c = BATON__TOKEN_CHUNK__INIT;
 
-    if (lp != NULL && n > 0) {
+    if (lp != NULL && lp->n_prompt > 0) {
+        size_t np = (size_t)lp->n_prompt - 1;
+        c.n_prompt_ids = (size_t)lp->n_prompt;
+        c.prompt_ids = (int32_t *)lp->prompt_ids;
+        c.n_prompt_logprobs = np;
+        c.prompt_logprobs = (float *)lp->prompt_logprobs;
+        c.n_prompt_top_ids = np * (size_t)lp->pk;
+        c.prompt_top_ids = (int32_t *)lp->prompt_top_ids;
+        c.n_prompt_top_logprobs = c.n_prompt_top_ids;
+        c.prompt_top_logprobs = (float *)lp->prompt_top_logprobs;
+    }
+    if (lp != NULL && lp->logprobs != NULL && n > 0) {
         c.n_logprobs = (size_t)n;
         c.logprobs = (float *)lp->logprobs;
         c.n_top_ids = (size_t)n * (size_t)lp->k;
