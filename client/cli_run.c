@@ -34,6 +34,22 @@ static void run_print_logprobs(int index, int tok,
     fprintf(stderr, "\n");
 }
 
+/* --prompt-logprobs: "prompt_logprob pos:P id:T logprob:L top:..." for
+ * positions 1.. of the prompt. */
+static void run_print_prompt_logprobs(const sampler_prompt_lp_t *plp,
+                                      const int *tokens)
+{
+    for (int p = 1; plp != NULL && p < plp->n; p++) {
+        fprintf(stderr, "prompt_logprob pos:%d id:%d logprob:%.9g top:", p,
+                tokens[p], plp->lps[p - 1]);
+        for (int i = 0; i < plp->k; i++)
+            fprintf(stderr, "%s%d=%.9g", i ? "," : "",
+                    plp->top_ids[(size_t)(p - 1) * plp->k + i],
+                    plp->top_lps[(size_t)(p - 1) * plp->k + i]);
+        fprintf(stderr, "\n");
+    }
+}
+
 static void run_usage(FILE *out)
 {
     fprintf(out,
@@ -58,6 +74,9 @@ static void run_usage(FILE *out)
 "                         (0..20) most likely alternatives to stderr, one\n"
 "                         line a token (log_softmax of the raw logits;\n"
 "                         speculative decoding is turned off)\n"
+"  --prompt-logprobs N    print each prompt token's logprob (the first has\n"
+"                         none) and N alternatives to stderr, the numbers\n"
+"                         echo returns\n"
 "\nstructured output (one of; speculative decoding is turned off):\n"
 "  --json-schema FILE     output matches the JSON schema in FILE\n"
 "  --json-object          output is one JSON object\n"
@@ -229,6 +248,7 @@ int cli_run_main(int argc, char **argv)
         { "ids", no_argument, NULL, 'i' },
         { "stats", no_argument, NULL, 'S' },
         { "logprobs", required_argument, NULL, 3200 },
+        { "prompt-logprobs", required_argument, NULL, 3201 },
         { "chat", no_argument, NULL, 'c' },
         { "system", required_argument, NULL, 's' },
         { "chat-template", required_argument, NULL, 'C' },
@@ -309,19 +329,26 @@ int cli_run_main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 3200: {
+        case 3200:
+        case 3201: {
             int v;
             char err[160];
             if (bt_parse_int(optarg, &v) != BT_OK ||
-                params_check("logprobs", v, err, sizeof(err)) != BT_OK) {
+                params_check(c == 3200 ? "logprobs" : "prompt_logprobs", v,
+                             err, sizeof(err)) != BT_OK) {
                 fprintf(stderr, "baton run: %s\n",
                         bt_parse_int(optarg, &v) != BT_OK
                             ? "--logprobs takes an integer" : err);
                 bt_free(grammar_spec);
                 return 2;
             }
-            gen.params.sampling.logprobs = true;
-            gen.params.sampling.top_logprobs = v;
+            if (c == 3200) {
+                gen.params.sampling.logprobs = true;
+                gen.params.sampling.top_logprobs = v;
+            } else {
+                gen.params.sampling.prompt_logprobs = true;
+                gen.params.sampling.prompt_top_logprobs = v;
+            }
             break;
         }
         case 'h': run_usage(stdout); bt_free(grammar_spec); return 0;
@@ -448,8 +475,11 @@ int cli_run_main(int argc, char **argv)
             goto out;
         if (tok < 0)
             continue; /* a prompt chunk without a sample */
-        if (n_gen++ == 0)
+        if (n_gen++ == 0) {
             t_first = bt_time_ns();
+            run_print_prompt_logprobs(engine_seq_prompt_logprobs(seq),
+                                      engine_seq_tokens(seq));
+        }
 
         if (stream != NULL) {
             status = tok_stream_push(stream, tok, piece, sizeof(piece),

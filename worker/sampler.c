@@ -893,6 +893,70 @@ const sampler_logprobs_t *sampler_last_logprobs(const sampler_t *s)
     return s->params.logprobs ? &s->lp : NULL;
 }
 
+bt_status_t sampler_prompt_lp_create(int n, int k,
+                                     sampler_prompt_lp_t **plp_p)
+{
+    sampler_prompt_lp_t *plp;
+    size_t m = n > 1 ? (size_t)n - 1 : 1;
+
+    if (n < 1 || k < 0 || k > PARAMS_MAX_LOGPROBS)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
+                        "prompt logprobs of %d tokens, %d alternatives", n,
+                        k);
+    plp = bt_calloc(1, sizeof(*plp), "sampler_prompt_lp");
+    if (plp == NULL)
+        return BT_ERR_NO_MEMORY;
+    plp->n = n;
+    plp->k = k;
+    plp->lps = bt_calloc(m, sizeof(float), "sampler_prompt_lp");
+    plp->top_ids = bt_calloc(m * (size_t)BT_MAX(k, 1), sizeof(int),
+                             "sampler_prompt_lp");
+    plp->top_lps = bt_calloc(m * (size_t)BT_MAX(k, 1), sizeof(float),
+                             "sampler_prompt_lp");
+    if (plp->lps == NULL || plp->top_ids == NULL || plp->top_lps == NULL) {
+        sampler_prompt_lp_destroy(&plp);
+        return BT_ERR_NO_MEMORY;
+    }
+    *plp_p = plp;
+    return BT_OK;
+}
+
+void sampler_prompt_lp_destroy(sampler_prompt_lp_t **plp_p)
+{
+    sampler_prompt_lp_t *plp = *plp_p;
+
+    if (plp == NULL)
+        return;
+    bt_free(plp->lps);
+    bt_free(plp->top_ids);
+    bt_free(plp->top_lps);
+    bt_free(plp);
+    *plp_p = NULL;
+}
+
+void sampler_prompt_lp_rows(sampler_prompt_lp_t *plp, const float *logits,
+                            int vocab, const int *tokens, int pos0,
+                            int n_rows)
+{
+    sampler_logprobs_t lp;
+
+    for (int r = 0; r < n_rows; r++) {
+        int p = pos0 + r + 1; /* the position this row scores */
+        if (p < 1 || p >= plp->n)
+            continue;
+        sampler_logprobs_row(logits + (size_t)r * (size_t)vocab, vocab,
+                             tokens[p], plp->k, &lp);
+        plp->lps[p - 1] = lp.logprob;
+        for (int j = 0; j < plp->k; j++) {
+            /* n_top < k only for a vocabulary smaller than k */
+            plp->top_ids[(size_t)(p - 1) * plp->k + j] =
+                j < lp.n_top ? lp.top_ids[j] : 0;
+            plp->top_lps[(size_t)(p - 1) * plp->k + j] =
+                j < lp.n_top ? lp.top_logprobs[j] : -INFINITY;
+        }
+    }
+}
+
 static int sampler_sample_row(sampler_t *s, float *logits);
 
 int sampler_sample(sampler_t *s, float *logits)

@@ -76,6 +76,28 @@ void sampler_logprobs_row(const float *logits, int vocab, int token,
  * next sample. */
 const sampler_logprobs_t *sampler_last_logprobs(const sampler_t *sampler);
 
+/* A prompt's logprobs (echo / prompt_logprobs), gathered chunk by chunk
+ * from the logits rows of every prompt position: position p's logprob
+ * (p >= 1; position 0 has none) comes from the row after position p-1. */
+typedef struct {
+    int n;          /* prompt tokens */
+    int k;          /* alternatives per position, 0..PARAMS_MAX_LOGPROBS */
+    float *lps;     /* (n - 1) position p's at index p - 1 */
+    int *top_ids;   /* (n - 1, k) most likely first */
+    float *top_lps; /* (n - 1, k) */
+} sampler_prompt_lp_t;
+
+bt_status_t sampler_prompt_lp_create(int n, int k,
+                                     sampler_prompt_lp_t **plp_p);
+void sampler_prompt_lp_destroy(sampler_prompt_lp_t **plp_p);
+
+/* Scores n_rows logits rows (vocab floats each): row r holds the logits
+ * after prompt position pos0 + r (tokens: the prompt).  Rows past the
+ * prompt's last position are ignored. */
+void sampler_prompt_lp_rows(sampler_prompt_lp_t *plp, const float *logits,
+                            int vocab, const int *tokens, int pos0,
+                            int n_rows);
+
 /* Advances the random stream as if n tokens had been sampled: a request
  * whose earlier tokens were sampled in another process (prefill, or a
  * decode worker that died) continues the same stream, so a seeded request
