@@ -52,6 +52,9 @@ typedef struct {
     uint64_t t_start;   /* PrefillTask arrival */
     float *feat;        /* (dim) speculation: hidden state of the last
                            locally prefilled token, NULL when none */
+    sampler_prompt_lp_t *plp; /* the prompt's logprobs (local prefill with
+                           sp.prompt_logprobs: a row per position), or
+                           NULL */
     /* The KV links' arrival slot is the reservation's index. */
     Baton__ControlMessage *pending; /* KvReady waiting for its link's
                            last copies to the pool; owned */
@@ -63,6 +66,10 @@ typedef struct {
     int n_blocks;
     uint64_t release_ns;
 } decode_quarantine_t;
+
+/* A local prompt with prompt logprobs takes a logits row per position:
+ * one such prompt a step, at most this many tokens of it. */
+#define DECODE_LP_ROWS 64
 
 typedef struct decode_seq_s decode_seq_t;
 struct decode_seq_s {
@@ -138,8 +145,13 @@ struct decode_s {
     decode_quarantine_t *quar;  /* (max_reservations) */
     decode_seq_t *seqs;         /* running batch */
     int n_seqs;
-    sampler_t **rsamp;          /* (max_seqs) sampler of each logits row */
-    int *rids;                  /* (max_seqs) token sampled for each row */
+    sampler_t **rsamp;          /* (max_seqs + DECODE_LP_ROWS) sampler of
+                                   each logits row */
+    int *rids;                  /* (max_seqs + DECODE_LP_ROWS) token
+                                   sampled for each row */
+    float *lp_logits;           /* (max_seqs + DECODE_LP_ROWS, vocab) rows
+                                   of a local prompt's positions (prompt
+                                   logprobs), made on first use */
     sampler_t **psamp;          /* (max_seqs) local prefill rows' samplers */
     decode_seq_t **emit_q;      /* (max_seqs) sampled, not yet emitted */
     int *emit_tok;              /* (max_seqs) their tokens */
@@ -440,6 +452,7 @@ static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
     proto_control_free(&r->pending);
     workerproc_prompt_cleanup(&r->p);
     bt_free(r->feat);
+    sampler_prompt_lp_destroy(&r->plp);
     if (r->blocks != NULL) {
         if (!safe && remote && dec->cfg.quarantine_ms > 0) {
             quarantine(dec, r->blocks, r->n_blocks);
@@ -1065,6 +1078,20 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
         snprintf(err, sizeof(err), "%s", bt_error_last());
         goto fail;
     }
+    if (dec->engine != NULL && r->sp.prompt_logprobs) {
+        code = BATON__ERROR_CODE__ERROR_INVALID;
+        snprintf(err, sizeof(err), "prompt logprobs are not supported with "
+                 "speculative decoding");
+        if (dec->spec != NULL)
+            goto fail;
+        sampler_prompt_lp_destroy(&r->plp);
+        if (sampler_prompt_lp_create(p.n_tokens, r->sp.prompt_top_logprobs,
+                                     &r->plp) != BT_OK) {
+            code = BATON__ERROR_CODE__ERROR_WORKER;
+            snprintf(err, sizeof(err), "out of memory");
+            goto fail;
+        }
+    }
     r->local = true;
     r->p = p;
     r->n_fed = 0;
@@ -1134,6 +1161,7 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first,
     r->expires_ns = bt_time_ns() +
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     workerproc_prefill_done_logprobs(&done, lp);
+    workerproc_prefill_done_prompt_logprobs(&done, r->plp);
     workerproc_send_prefill_done(dec->sock, &done, r->id, &r->p, first, text,
                                  text_len, r->epoch, r->cap, sizeof(r->cap),
                                  (bt_time_ns() - r->t_start) / 1000, 0);
@@ -1357,6 +1385,17 @@ static bool seq_has_room(decode_t *dec, decode_seq_t *s)
     return true;
 }
 
+/* Makes the rows buffer of prompt logprobs, once; false: no memory (the
+ * prompt waits). */
+static bool lp_logits_ready(decode_t *dec)
+{
+    if (dec->lp_logits == NULL)
+        dec->lp_logits = bt_malloc(((size_t)dec->max_seqs + DECODE_LP_ROWS) *
+                                       (size_t)dec->vocab * sizeof(float),
+                                   "decode_lp_logits");
+    return dec->lp_logits != NULL;
+}
+
 /* Speculative decoding: one spec_step over the running batch.  Each
  * sequence first gets the KV slot plain decoding needs (else it waits a
  * step, as in plain mode); the draft tree's extra slots are taken by
@@ -1484,6 +1523,7 @@ static void emit_pending(decode_t *dec)
 static void step(decode_t *dec)
 {
     int n = 0, n_decode, n_rows, n_fed = 0; /* n_fed: prompt tokens */
+    int lp_i = -1; /* the batch entry with a row per prompt position */
     uint64_t now = bt_time_ns(), t0 = now, t1;
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
@@ -1549,6 +1589,12 @@ static void step(decode_t *dec)
                           BT_MIN(budget, dec->cfg.chunk_tokens));
             if (take <= 0)
                 continue;
+            if (r->plp != NULL) {
+                if (lp_i >= 0 || !lp_logits_ready(dec))
+                    continue; /* a later step */
+                take = BT_MIN(take, DECODE_LP_ROWS);
+                lp_i = n;
+            }
             if (r->n_fed + take == r->p.n_tokens &&
                 (ps = local_prefill_sampler(dec, r)) == NULL)
                 continue; /* refused (failure sent) */
@@ -1558,6 +1604,11 @@ static void step(decode_t *dec)
             bs->tokens = r->p.tokens + r->n_fed;
             bs->block_table = r->blocks;
             bs->n_logits = ps != NULL ? 1 : 0;
+            if (lp_i == n) { /* prompt rows, then the sampled one */
+                for (int k = 0; k < take - bs->n_logits; k++)
+                    dec->rsamp[n_rows++] = NULL;
+                bs->n_logits = take;
+            }
             if (ps != NULL)
                 dec->rsamp[n_rows++] = ps;
             dec->psamp[n - n_decode] = ps;
@@ -1584,7 +1635,10 @@ static void step(decode_t *dec)
         batch.n_seqs = n;
         batch.seqs = dec->bseqs;
         status = backend_forward_sample_begin(be, &batch, dec->rsamp,
-                                              dec->rids, NULL, dec->hidden);
+                                              dec->rids,
+                                              lp_i >= 0 ? dec->lp_logits
+                                                        : NULL,
+                                              dec->hidden);
         t2 = bt_time_ns();
         emit_pending(dec); /* while the GPU works */
         t3 = bt_time_ns();
@@ -1615,7 +1669,15 @@ static void step(decode_t *dec)
             continue;
         }
         r->n_fed += dec->bseqs[i].n_tokens;
-        if (dec->bseqs[i].n_logits == 1) {
+        if (i == lp_i) {
+            int n_lp = dec->bseqs[i].n_logits - (ps != NULL ? 1 : 0);
+            sampler_prompt_lp_rows(r->plp,
+                                   dec->lp_logits + (size_t)row * dec->vocab,
+                                   dec->vocab, r->p.tokens,
+                                   r->n_fed - dec->bseqs[i].n_tokens, n_lp);
+            row += n_lp;
+        }
+        if (ps != NULL) {
             if (dec->hidden != NULL && r->feat == NULL) {
                 /* speculation: the request drafts from its first step */
                 r->feat = bt_malloc(sizeof(float) * (size_t)dec->dim,
@@ -1725,6 +1787,7 @@ static void bufs_teardown(decode_t *dec)
     bt_free(dec->resv);
     bt_free(dec->quar);
     bt_free(dec->rsamp);
+    bt_free(dec->lp_logits);
     bt_free(dec->rids);
     bt_free(dec->psamp);
     bt_free(dec->emit_q);
@@ -1842,9 +1905,10 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_resv");
     dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
                           "decode_resv");
-    dec->rsamp = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->rsamp),
-                           "decode_batch");
-    dec->rids = bt_calloc((size_t)dec->max_seqs, sizeof(int), "decode_batch");
+    dec->rsamp = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
+                           sizeof(*dec->rsamp), "decode_batch");
+    dec->rids = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
+                          sizeof(int), "decode_batch");
     dec->psamp = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->psamp),
                            "decode_batch");
     dec->emit_q = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->emit_q),

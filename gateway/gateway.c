@@ -690,6 +690,7 @@ static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
                 return;
         }
         b->len = 0;
+        req->resp_info.logprobs = false; /* the finish has no tokens */
         if (gateway__api_chunk_json(&req->resp_info, "", 0, false, finish,
                                     req->include_usage, b) != BT_OK)
             goto err_kill;

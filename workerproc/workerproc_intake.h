@@ -82,6 +82,11 @@ size_t workerproc_intake_first_text(engine_t *engine,
 void workerproc_prefill_done_logprobs(Baton__PrefillDone *done,
                                       const sampler_logprobs_t *lp);
 
+/* Sets the prompt's logprobs (SamplingParams.prompt_logprobs) in `done`;
+ * plp NULL: none.  Borrows plp until done is sent. */
+void workerproc_prefill_done_prompt_logprobs(Baton__PrefillDone *done,
+                                             const sampler_prompt_lp_t *plp);
+
 void workerproc_send_prefill_done(void *sock, Baton__PrefillDone *done,
                                   uint64_t id, const workerproc_prompt_t *p,
                                   int first, const char *text,
