@@ -334,11 +334,12 @@ int cli_run_main(int argc, char **argv)
             int v;
             char err[160];
             if (bt_parse_int(optarg, &v) != BT_OK ||
-                params_check(c == 3200 ? "logprobs" : "prompt_logprobs", v,
-                             err, sizeof(err)) != BT_OK) {
-                fprintf(stderr, "baton run: %s\n",
-                        bt_parse_int(optarg, &v) != BT_OK
-                            ? "--logprobs takes an integer" : err);
+                params_check(c == 3200 ? "top_logprobs" : "prompt_logprobs",
+                             v, err, sizeof(err)) != BT_OK) {
+                fprintf(stderr, "baton run: --%s takes an integer in "
+                        "[0, %d], not '%s'\n",
+                        c == 3200 ? "logprobs" : "prompt-logprobs",
+                        PARAMS_MAX_LOGPROBS, optarg);
                 bt_free(grammar_spec);
                 return 2;
             }

@@ -612,14 +612,17 @@ void gateway__api_req_cleanup(gateway_api_req_t *r)
 // ---------------------------------------------------------------------------
 // Log-probabilities and echo (issue 39)
 
-/* A bounds-table check as a 400 naming the parameter. */
-static bool check_bound(const char *name, double v, gateway_api_error_t *err)
+/* A bounds-table check (row `row`) as a 400 naming the parameter as the
+ * body does (completions' `logprobs` is the top_logprobs row). */
+static bool check_bound(const char *name, const char *row, double v,
+                        gateway_api_error_t *err)
 {
-    char msg[sizeof(err->message)];
+    const params_bound_t *b = params_bound(row);
 
-    if (params_check(name, v, msg, sizeof(msg)) == BT_OK)
+    if (params_check(row, v, NULL, 0) == BT_OK)
         return true;
-    BAD_PARAM(name, "%s", msg);
+    BAD_PARAM(name, "%s is %g, must be in [%g, %g]", name, v, b->min,
+              b->max);
     return false;
 }
 
@@ -649,7 +652,7 @@ static bool parse_logprobs(const gateway_api_ctx_t *ctx, const cJSON *root,
         }
         if (lp != NULL && !cJSON_IsFalse(lp)) {
             if (!get_int(root, "logprobs", -INFINITY, INFINITY, &v, err) ||
-                !check_bound("logprobs", v, err))
+                !check_bound("logprobs", "top_logprobs", v, err))
                 return false;
             s->logprobs = true;
             s->top_logprobs = (int)v;
@@ -659,7 +662,7 @@ static bool parse_logprobs(const gateway_api_ctx_t *ctx, const cJSON *root,
     } else {
         if (!get_bool(root, "logprobs", &s->logprobs, err) ||
             !get_int(root, "top_logprobs", -INFINITY, INFINITY, &v, err) ||
-            !check_bound("top_logprobs", v, err))
+            !check_bound("top_logprobs", "top_logprobs", v, err))
             return false;
         if (v > 0 && !s->logprobs) {
             BAD_PARAM("top_logprobs", "'top_logprobs' needs 'logprobs': "
@@ -677,7 +680,7 @@ static bool parse_logprobs(const gateway_api_ctx_t *ctx, const cJSON *root,
         v = 0;
         if (!get_int(root, "prompt_logprobs", -INFINITY, INFINITY, &v,
                      err) ||
-            !check_bound("prompt_logprobs", v, err))
+            !check_bound("prompt_logprobs", "prompt_logprobs", v, err))
             return false;
         s->prompt_logprobs = true;
         s->prompt_top_logprobs = (int)v;

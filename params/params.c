@@ -26,9 +26,9 @@ static const params_bound_t params_table[] = {
     {"frequency_penalty", -2, 2, false, 0, "off"},
     {"max_tokens", 0, PARAMS_MAX_TOKENS, false, 0,
      "until the context is full"},
-    /* legacy completions' integer `logprobs` (and `baton run --logprobs
-     * N`): the sampled token's logprob plus N alternatives */
-    {"logprobs", 0, PARAMS_MAX_LOGPROBS, false, 0, "off"},
+    /* alternatives per generated token (chat's top_logprobs; legacy
+     * completions' integer `logprobs` and `baton run --logprobs N` are
+     * this row under their own name) */
     {"top_logprobs", 0, PARAMS_MAX_LOGPROBS, false, 0, "none"},
     /* vLLM's prompt_logprobs; echo + logprobs N asks for it too */
     {"prompt_logprobs", 0, PARAMS_MAX_LOGPROBS, false, 0, "off"},

@@ -319,10 +319,10 @@ int main(void)
                       "prompt", NULL);
     expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"n\":2}", 400,
                       "n", NULL);
-    expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"echo\":true}",
+    expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"echo\":1}",
                       400, "echo", NULL);
     expect_json_error(a, "/v1/completions",
-                      "{\"prompt\":\"x\",\"logprobs\":5}", 400, "logprobs",
+                      "{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs",
                       NULL);
     expect_json_error(a, "/v1/completions",
                       "{\"prompt\":\"x\",\"temperature\":-1}", 400,
