@@ -439,7 +439,7 @@ int cli_run_main(int argc, char **argv)
                             "structured output\n");
         spec_off = true;
     }
-    if (sp.logprobs) {
+    if (sp.logprobs || sp.prompt_logprobs) {
         /* a verified draft has no per-token rows on the host */
         if (spec_head_path != NULL && !spec_off)
             fprintf(stderr, "baton run: speculative decoding is off for "

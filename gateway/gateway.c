@@ -553,6 +553,9 @@ static gateway_lp_t *lp_entries(const int32_t *ids, size_t n,
     return e;
 }
 
+static void generation_fail(gateway_t *gw, req_t *req,
+                            const gateway_api_error_t *err);
+
 static void on_chunk(gateway_t *gw, req_t *req, const Baton__TokenChunk *c)
 {
     const char *text = c->has_text ? (const char *)c->text.data : "";
@@ -590,9 +593,15 @@ static void on_chunk(gateway_t *gw, req_t *req, const Baton__TokenChunk *c)
         (ge != NULL && !lp_append(&all, &n_all, &cap_all, ge, n_ge))) {
         /* asked, not sent (a worker without logprobs) or no memory:
          * never answer without what was asked */
+        gateway_api_error_t err;
         BT_LOG_WARN("HTTP", "request %s: logprobs missing from the "
                     "cluster's reply", req->id);
-        goto err_kill;
+        job_drop(gw, req, true);
+        gateway__api_error_set(&err, 502, "server_error", "worker_failed",
+                               NULL, "the cluster returned no logprobs "
+                               "for this request");
+        generation_fail(gw, req, &err);
+        goto out;
     }
     if (pe != NULL && req->show_plp) {
         req->plp = pe;
@@ -666,6 +675,14 @@ static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
 
     if (req->job != JOB_GENERATE)
         return;
+    if (req->stream && !req->first_seen && req->echo_text != NULL) {
+        /* nothing came (the first token was a stop): the prompt still
+         * shows */
+        Baton__TokenChunk none = BATON__TOKEN_CHUNK__INIT;
+        on_chunk(gw, req, &none);
+        if (req->dead || req->job != JOB_GENERATE)
+            return;
+    }
     job_drop(gw, req, false);
     req->resp_info.prompt_tokens = f->usage ? f->usage->prompt_tokens : 0;
     req->resp_info.completion_tokens =
@@ -681,14 +698,6 @@ static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
     b->len = 0;
     if (req->stream) {
         stream_head(gw, req);
-        if (!req->first_seen && req->echo_text != NULL) {
-            /* nothing came (the first token was a stop): the prompt
-             * still shows */
-            Baton__TokenChunk none = BATON__TOKEN_CHUNK__INIT;
-            on_chunk(gw, req, &none);
-            if (req->dead)
-                return;
-        }
         b->len = 0;
         req->resp_info.logprobs = false; /* the finish has no tokens */
         if (gateway__api_chunk_json(&req->resp_info, "", 0, false, finish,
