@@ -195,6 +195,7 @@ void engine_destroy(engine_t **engine_p)
     bt_free(engine->row_ids);
     bt_free(engine->batch_seqs);
     bt_free(engine->batch_index);
+    bt_free(engine->lp_logits);
     kv_allocator_destroy(&engine->kv);
     backend_destroy(&engine->backend);
     grammar_vocab_destroy(&engine->gvocab);
