@@ -22,9 +22,20 @@
 #define G 16         /* tokens generated */
 #define TOL 1e-4
 
-static const int prompt[] = {1, 368, 430, 429, 302, 450, 437, 434,
+/* 90 tokens: BOS, a real phrase, then arbitrary ids; longer than the
+ * 64-position chunks of prompt logprobs, and the prefill below runs
+ * 24-token chunks, so both splits are crossed */
+#define NP 90
+static int prompt[NP];
+static const int phrase[] = {1, 368, 430, 429, 302, 450, 437, 434,
                              281, 269, 435, 447, 431, 275};
-#define NP ((int)BT_ARRAY_SIZE(prompt))
+
+static void make_prompt(void)
+{
+    for (int i = 0; i < NP; i++)
+        prompt[i] = i < (int)BT_ARRAY_SIZE(phrase)
+                        ? phrase[i] : 3 + (i * 37 + 11) % 500;
+}
 
 /* One token's numbers. */
 typedef struct {
@@ -122,8 +133,26 @@ static void reference(const char *model, run_t *ref)
     for (int p = 1; p < NP + G; p++) {
         const tok_lp_t *want = p < NP ? &ref->plp[p] : &ref->gen[p - NP];
         sampler_logprobs_t lp;
-        sampler_logprobs_row(logits + (size_t)(p - 1) * vocab, vocab,
-                             seqv[p], K, &lp);
+        const float *x = logits + (size_t)(p - 1) * vocab;
+        double m = -INFINITY, sum = 0, lse;
+        int best = 0;
+
+        /* log_softmax here, not the sampler's function: the numbers the
+         * product computes are checked against an independent sum */
+        for (int v = 0; v < vocab; v++)
+            m = x[v] > m ? x[v] : m;
+        for (int v = 0; v < vocab; v++) {
+            sum += exp((double)x[v] - m);
+            best = x[v] > x[best] ? v : best;
+        }
+        lse = m + log(sum);
+        if (fabs((x[seqv[p]] - lse) - want->lp) > TOL ||
+            want->top_ids[0] != best ||
+            fabs((x[best] - lse) - want->top_lps[0]) > TOL)
+            BT_TEST_FAIL("position %d: log_softmax %.6f (best %d), engine "
+                         "%.6f (best %d)", p, x[seqv[p]] - lse, best,
+                         want->lp, want->top_ids[0]);
+        sampler_logprobs_row(x, vocab, seqv[p], K, &lp);
         if (fabs(lp.logprob - want->lp) > TOL)
             BT_TEST_FAIL("teacher forcing, position %d: %.6f, engine %.6f",
                          p, lp.logprob, want->lp);
@@ -217,7 +246,7 @@ static void parse_line(const char *line, tok_lp_t *t)
 
 static void baton_run(const char *model, run_t *out)
 {
-    char log[] = "/tmp/bt_test_logprobs_XXXXXX", ids[512], line[1024];
+    char log[] = "/tmp/bt_test_logprobs_XXXXXX", ids[1024], line[1024];
     char k[8];
     size_t len = 0;
     FILE *f;
@@ -362,6 +391,7 @@ int main(void)
     uint64_t rid;
 
     cu_init();
+    make_prompt();
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
              BT_SHARED_DIR);
     reference(model, &ref);
@@ -376,7 +406,7 @@ int main(void)
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
     cu_spawn("baton-prefill", "--router", control, "--model", model,
-             "--threads", "1", "--name", "p0", NULL);
+             "--threads", "1", "--name", "p0", "--chunk-tokens", "24", NULL);
     d0 = cu_spawn("baton-decode", "--router", control, "--model", model,
                   "--threads", "1", "--name", "d0", "--step-delay-ms", "30",
                   NULL);
@@ -390,7 +420,8 @@ int main(void)
     cu_spawn("baton-router", "--listen", listen2, "--control", control2,
              "--heartbeat-ms", "100", NULL);
     cu_spawn("baton-decode", "--router", control2, "--model", model,
-             "--threads", "1", "--name", "a0", "--role", "both", NULL);
+             "--threads", "1", "--name", "a0", "--role", "both",
+             "--chunk-tokens", "40", NULL);
     BT_ASSERT_OK(client_create(listen2, &c2));
     cu_wait_workers(c2, 0, 1, 30000);
     run_once(c2, &agg);
