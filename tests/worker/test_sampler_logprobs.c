@@ -137,6 +137,7 @@ static void test_sampler(void)
     for (int i = 0; i < 20; i++) {
         int top1;
         tok = sampler_sample(s, x);
+        BT_CHECK(memcmp(x, copy, sizeof(x)) == 0);
         lp = sampler_last_logprobs(s);
         BT_CHECK(fabs(lp->logprob - brute_lp(x, V, tok)) < TOL);
         top1 = brute_rank(x, V, 0);
