@@ -244,9 +244,16 @@ static void parse_line(const char *line, tok_lp_t *t)
     }
 }
 
+static char run_log[] = "/tmp/bt_test_logprobs_XXXXXX";
+
+static void run_log_unlink(void)
+{
+    unlink(run_log);
+}
+
 static void baton_run(const char *model, run_t *out)
 {
-    char log[] = "/tmp/bt_test_logprobs_XXXXXX", ids[1024], line[1024];
+    char *log = run_log, ids[1024], line[1024];
     char k[8];
     size_t len = 0;
     FILE *f;
@@ -255,6 +262,7 @@ static void baton_run(const char *model, run_t *out)
 
     BT_CHECK(fd >= 0);
     close(fd);
+    atexit(run_log_unlink); /* a failed check exits */
     for (int i = 0; i < NP; i++)
         len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%d",
                                 i ? " " : "", prompt[i]);
@@ -278,7 +286,6 @@ static void baton_run(const char *model, run_t *out)
         }
     }
     fclose(f);
-    unlink(log);
 }
 
 // ---------------------------------------------------------------------------
