@@ -19,6 +19,37 @@
 #include "stop.h"
 #include "spec/spec.h" /* --spec-head (EAGLE speculative decoding) */
 
+/* --logprobs: one stderr line per generated token, for tools and tests:
+ * "logprob index:I id:T logprob:L top:ID=LP,ID=LP,...". */
+static void run_print_logprobs(int index, int tok,
+                               const sampler_logprobs_t *lp)
+{
+    if (lp == NULL)
+        return;
+    fprintf(stderr, "logprob index:%d id:%d logprob:%.9g top:", index, tok,
+            lp->logprob);
+    for (int i = 0; i < lp->n_top; i++)
+        fprintf(stderr, "%s%d=%.9g", i ? "," : "", lp->top_ids[i],
+                lp->top_logprobs[i]);
+    fprintf(stderr, "\n");
+}
+
+/* --prompt-logprobs: "prompt_logprob pos:P id:T logprob:L top:..." for
+ * positions 1.. of the prompt. */
+static void run_print_prompt_logprobs(const sampler_prompt_lp_t *plp,
+                                      const int *tokens)
+{
+    for (int p = 1; plp != NULL && p < plp->n; p++) {
+        fprintf(stderr, "prompt_logprob pos:%d id:%d logprob:%.9g top:", p,
+                tokens[p], plp->lps[p - 1]);
+        for (int i = 0; i < plp->k; i++)
+            fprintf(stderr, "%s%d=%.9g", i ? "," : "",
+                    plp->top_ids[(size_t)(p - 1) * plp->k + i],
+                    plp->top_lps[(size_t)(p - 1) * plp->k + i]);
+        fprintf(stderr, "\n");
+    }
+}
+
 static void run_usage(FILE *out)
 {
     fprintf(out,
@@ -39,6 +70,13 @@ static void run_usage(FILE *out)
 "  --prompt-ids IDS       prompt token ids, space or comma separated\n"
 "  --ids                  print generated ids on one line instead of text\n"
 "  --stats                print timing and tokens/s to stderr\n"
+"  --logprobs N           print each generated token's logprob and its N\n"
+"                         (0..20) most likely alternatives to stderr, one\n"
+"                         line a token (log_softmax of the raw logits;\n"
+"                         speculative decoding is turned off)\n"
+"  --prompt-logprobs N    print each prompt token's logprob (the first has\n"
+"                         none) and N alternatives to stderr, the numbers\n"
+"                         echo returns\n"
 "\nstructured output (one of; speculative decoding is turned off):\n"
 "  --json-schema FILE     output matches the JSON schema in FILE\n"
 "  --json-object          output is one JSON object\n"
@@ -209,6 +247,8 @@ int cli_run_main(int argc, char **argv)
         { "prompt-ids", required_argument, NULL, 'I' },
         { "ids", no_argument, NULL, 'i' },
         { "stats", no_argument, NULL, 'S' },
+        { "logprobs", required_argument, NULL, 3200 },
+        { "prompt-logprobs", required_argument, NULL, 3201 },
         { "chat", no_argument, NULL, 'c' },
         { "system", required_argument, NULL, 's' },
         { "chat-template", required_argument, NULL, 'C' },
@@ -289,6 +329,29 @@ int cli_run_main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 3200:
+        case 3201: {
+            int v;
+            char err[160];
+            if (bt_parse_int(optarg, &v) != BT_OK ||
+                params_check(c == 3200 ? "top_logprobs" : "prompt_logprobs",
+                             v, err, sizeof(err)) != BT_OK) {
+                fprintf(stderr, "baton run: --%s takes an integer in "
+                        "[0, %d], not '%s'\n",
+                        c == 3200 ? "logprobs" : "prompt-logprobs",
+                        PARAMS_MAX_LOGPROBS, optarg);
+                bt_free(grammar_spec);
+                return 2;
+            }
+            if (c == 3200) {
+                gen.params.sampling.logprobs = true;
+                gen.params.sampling.top_logprobs = v;
+            } else {
+                gen.params.sampling.prompt_logprobs = true;
+                gen.params.sampling.prompt_top_logprobs = v;
+            }
+            break;
+        }
         case 'h': run_usage(stdout); bt_free(grammar_spec); return 0;
         default:
             if (cli_engine_option(c, optarg, &ecfg) == 0 ||
@@ -376,6 +439,13 @@ int cli_run_main(int argc, char **argv)
                             "structured output\n");
         spec_off = true;
     }
+    if (sp.logprobs || sp.prompt_logprobs) {
+        /* a verified draft has no per-token rows on the host */
+        if (spec_head_path != NULL && !spec_off)
+            fprintf(stderr, "baton run: speculative decoding is off for "
+                            "--logprobs\n");
+        spec_off = true;
+    }
     if (spec_off)
         spec_head_path = NULL;
     if (spec_head_path != NULL) {
@@ -406,8 +476,12 @@ int cli_run_main(int argc, char **argv)
             goto out;
         if (tok < 0)
             continue; /* a prompt chunk without a sample */
-        if (n_gen++ == 0)
+        if (n_gen++ == 0) {
             t_first = bt_time_ns();
+            run_print_prompt_logprobs(engine_seq_prompt_logprobs(seq),
+                                      engine_seq_tokens(seq));
+        }
+
         if (stream != NULL) {
             status = tok_stream_push(stream, tok, piece, sizeof(piece),
                                      &piece_len);
@@ -416,6 +490,10 @@ int cli_run_main(int argc, char **argv)
         }
         reason = stop_feed(stop, tok, piece, piece_len, shown, sizeof(shown),
                            &shown_len);
+        if (sp.logprobs && sseq == NULL && reason != STOP_EOS)
+            run_print_logprobs(n_gen - 1, tok,
+                               sampler_last_logprobs(
+                                   engine_seq_sampler(seq)));
         if (print_ids) {
             if (reason != STOP_EOS)
                 printf("%s%d", n_gen > 1 ? " " : "", tok);

@@ -348,6 +348,10 @@ void client_request_set_params(client_request_t *req, const params_t *p)
     req->frequency_penalty = p->sampling.frequency_penalty;
     req->seed = p->sampling.seed;
     req->skip_special_tokens = p->sampling.skip_special_tokens;
+    req->logprobs = p->sampling.logprobs;
+    req->top_logprobs = p->sampling.top_logprobs;
+    req->prompt_logprobs = p->sampling.prompt_logprobs;
+    req->prompt_top_logprobs = p->sampling.prompt_top_logprobs;
     req->max_tokens = p->max_tokens;
     req->ignore_eos = p->ignore_eos;
 }
@@ -364,6 +368,10 @@ void client_request_params(const client_request_t *req, params_t *p)
     p->sampling.frequency_penalty = req->frequency_penalty;
     p->sampling.seed = req->seed;
     p->sampling.skip_special_tokens = req->skip_special_tokens;
+    p->sampling.logprobs = req->logprobs;
+    p->sampling.top_logprobs = req->top_logprobs;
+    p->sampling.prompt_logprobs = req->prompt_logprobs;
+    p->sampling.prompt_top_logprobs = req->prompt_top_logprobs;
     p->max_tokens = req->max_tokens;
     p->ignore_eos = req->ignore_eos;
     p->n_stop_ids = BT_MIN(req->n_stop_ids, PARAMS_MAX_STOP_IDS + 1);

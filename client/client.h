@@ -66,6 +66,15 @@ typedef struct {
     const char *cache_salt;    /* NULL: none */
     const char *grammar;       /* structured output "<kind>:<text>"
                                 * (GenerateRequest.grammar); NULL: none */
+    /* Log-probabilities (issue 39; params.h): each TokenChunk then holds
+     * logprobs (one per id), top_ids and top_logprobs (top_logprobs per
+     * id, most likely first); the first chunk holds prompt_ids and
+     * prompt_logprobs (positions 1.., prompt_top_logprobs alternatives
+     * each) when prompt_logprobs is set. */
+    bool logprobs;
+    int top_logprobs;          /* 0..20 */
+    bool prompt_logprobs;
+    int prompt_top_logprobs;   /* 0..20 */
 } client_request_t;
 
 void client_request_init(client_request_t *req);

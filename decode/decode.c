@@ -55,6 +55,9 @@ typedef struct {
     uint64_t t_start;   /* PrefillTask arrival */
     float *feat;        /* (dim) speculation: hidden state of the last
                            locally prefilled token, NULL when none */
+    sampler_prompt_lp_t *plp; /* the prompt's logprobs (local prefill with
+                           sp.prompt_logprobs: a row per position), or
+                           NULL */
     /* The KV links' arrival slot is the reservation's index. */
     Baton__ControlMessage *pending; /* KvReady waiting for its link's
                            last copies to the pool; owned */
@@ -70,6 +73,10 @@ typedef struct {
     int n_blocks;
     uint64_t release_ns;
 } decode_quarantine_t;
+
+/* A local prompt with prompt logprobs takes a logits row per position:
+ * one such prompt a step, at most this many tokens of it. */
+#define DECODE_LP_ROWS 64
 
 typedef struct decode_seq_s decode_seq_t;
 struct decode_seq_s {
@@ -106,6 +113,10 @@ struct decode_seq_s {
                            (dec->emit_q; the next step emits it while
                            the GPU runs) */
     bool in_step;       /* part of the step in flight */
+    bool has_lp;        /* lp holds the pending token's logprobs */
+    sampler_logprobs_t lp; /* taken when sampled: the sampler's own is
+                           overwritten by the step that runs while the
+                           token is emitted */
     bool finished;      /* ended when emitted during the step in flight:
                            removed after the step, its row discarded */
     /* Prefix cache: its blocks are cached as they fill (prompt and
@@ -147,8 +158,13 @@ struct decode_s {
     decode_quarantine_t *quar;  /* (max_reservations) */
     decode_seq_t *seqs;         /* running batch */
     int n_seqs;
-    sampler_t **rsamp;          /* (max_seqs) sampler of each logits row */
-    int *rids;                  /* (max_seqs) token sampled for each row */
+    sampler_t **rsamp;          /* (max_seqs + DECODE_LP_ROWS) sampler of
+                                   each logits row */
+    int *rids;                  /* (max_seqs + DECODE_LP_ROWS) token
+                                   sampled for each row */
+    float *lp_logits;           /* (max_seqs + DECODE_LP_ROWS, vocab) rows
+                                   of a local prompt's positions (prompt
+                                   logprobs), made on first use */
     sampler_t **psamp;          /* (max_seqs) local prefill rows' samplers */
     decode_seq_t **emit_q;      /* (max_seqs) sampled, not yet emitted */
     int *emit_tok;              /* (max_seqs) their tokens */
@@ -455,6 +471,7 @@ static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
     proto_control_free(&r->pending);
     workerproc_prompt_cleanup(&r->p);
     bt_free(r->feat);
+    sampler_prompt_lp_destroy(&r->plp);
     if (r->blocks != NULL) {
         if (!safe && remote && dec->cfg.quarantine_ms > 0) {
             quarantine(dec, r->blocks, r->n_blocks);
@@ -911,6 +928,12 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
     if (dec->engine != NULL) {
         sampler_params_t sp;
         params_sampling_from_proto(m->sampling, &sp);
+        if (dec->spec != NULL && sp.logprobs) {
+            /* a verified draft has no per-token rows on the host */
+            code = BATON__ERROR_CODE__ERROR_INVALID;
+            why = "logprobs are not supported with speculative decoding";
+            goto fail;
+        }
         if (dec->spec != NULL) {
             /* The engine sequence observes every token in its sampler. */
             if (n > dec->max_context) {
@@ -1041,7 +1064,8 @@ static void send_prefill_failure(decode_t *dec, uint64_t id, uint64_t epoch,
     workerproc_send_prefill_failure(dec->sock, id, epoch, code, text);
 }
 
-static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first);
+static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first,
+                               const sampler_logprobs_t *lp);
 
 /* PrefillTask for one of our own reservations (the router chose this
  * worker for both roles).  Admits the prompt through the intake it shares
@@ -1087,6 +1111,20 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
         snprintf(err, sizeof(err), "%s", bt_error_last());
         goto fail;
     }
+    if (dec->engine != NULL && r->sp.prompt_logprobs) {
+        code = BATON__ERROR_CODE__ERROR_INVALID;
+        snprintf(err, sizeof(err), "prompt logprobs are not supported with "
+                 "speculative decoding");
+        if (dec->spec != NULL)
+            goto fail;
+        sampler_prompt_lp_destroy(&r->plp);
+        if (sampler_prompt_lp_create(p.n_tokens, r->sp.prompt_top_logprobs,
+                                     &r->plp) != BT_OK) {
+            code = BATON__ERROR_CODE__ERROR_WORKER;
+            snprintf(err, sizeof(err), "out of memory");
+            goto fail;
+        }
+    }
     r->local = true;
     r->p = p;
     r->n_fed = 0;
@@ -1109,7 +1147,7 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     /* Our own compute, not a remote writer: no arrival timeout. */
     r->expires_ns = UINT64_MAX;
     if (dec->engine == NULL) /* null model: instant */
-        local_prefill_done(dec, r, -1);
+        local_prefill_done(dec, r, -1, NULL);
     return;
 
 fail:
@@ -1148,7 +1186,8 @@ static sampler_t *local_prefill_sampler(decode_t *dec, decode_resv_t *r)
 /* A local prompt is computed and its first token sampled (by
  * local_prefill_sampler's sampler; the null model picks it here):
  * reply. */
-static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
+static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first,
+                               const sampler_logprobs_t *lp)
 {
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
     char text[256];
@@ -1169,6 +1208,8 @@ static void local_prefill_done(decode_t *dec, decode_resv_t *r, int first)
      * own prefill queue, not for a remote writer. */
     r->expires_ns = bt_time_ns() +
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
+    workerproc_prefill_done_logprobs(&done, lp);
+    workerproc_prefill_done_prompt_logprobs(&done, r->plp);
     workerproc_send_prefill_done(dec->sock, &done, r->id, &r->p, first, text,
                                  text_len, r->epoch, r->cap, sizeof(r->cap),
                                  (bt_time_ns() - r->t_start) / 1000, 0);
@@ -1252,12 +1293,26 @@ static void handle_messages(decode_t *dec)
 // ---------------------------------------------------------------------------
 // The decode step
 
+/* lp: the logprobs of ids[0] when n is 1 (SamplingParams.logprobs), else
+ * NULL. */
 static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
                         const int *ids, int n, const char *text,
-                        size_t text_len, Baton__FinishReason finish)
+                        size_t text_len, Baton__FinishReason finish,
+                        const sampler_logprobs_t *lp)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__TokenOut out = BATON__TOKEN_OUT__INIT;
+    float logprob;
+
+    if (lp != NULL && n == 1) {
+        logprob = lp->logprob;
+        out.n_logprobs = 1;
+        out.logprobs = &logprob;
+        out.n_top_ids = (size_t)lp->n_top;
+        out.top_ids = (int32_t *)lp->top_ids;
+        out.n_top_logprobs = (size_t)lp->n_top;
+        out.top_logprobs = (float *)lp->top_logprobs;
+    }
 
     out.has_request_id = 1;
     out.request_id = s->id;
@@ -1297,6 +1352,9 @@ static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
 static bool seq_emit_n(decode_t *dec, decode_seq_t *s, const int *toks,
                        int n)
 {
+    /* logprobs come with plain steps only (one token; speculative
+     * decoding refuses requests that want them) */
+    const sampler_logprobs_t *lp = n == 1 && s->has_lp ? &s->lp : NULL;
     char piece[512], shown[8192];
     size_t shown_len = 0;
     Baton__FinishReason finish = BATON__FINISH_REASON__FINISH_NONE;
@@ -1312,7 +1370,7 @@ static bool seq_emit_n(decode_t *dec, decode_seq_t *s, const int *toks,
         if (sizeof(shown) - shown_len < 2 * sizeof(piece) + 1024 ||
             n_ids == (int)(sizeof(ids) / sizeof(ids[0]))) {
             send_tokens(dec, s, index, ids, n_ids, shown, shown_len,
-                        finish);
+                        finish, NULL);
             index += n_ids;
             n_ids = 0;
             shown_len = 0;
@@ -1351,7 +1409,9 @@ static bool seq_emit_n(decode_t *dec, decode_seq_t *s, const int *toks,
     }
     if (n_ids > 0 || shown_len > 0 ||
         finish != BATON__FINISH_REASON__FINISH_NONE)
-        send_tokens(dec, s, index, ids, n_ids, shown, shown_len, finish);
+        send_tokens(dec, s, index, ids, n_ids, shown, shown_len, finish,
+                    lp);
+    s->has_lp = false;
     dec->tokens_out += (uint64_t)n_ids;
     return finish != BATON__FINISH_REASON__FINISH_NONE;
 }
@@ -1375,6 +1435,17 @@ static bool seq_has_room(decode_t *dec, decode_seq_t *s)
         return false;
     s->n_blocks++;
     return true;
+}
+
+/* Makes the rows buffer of prompt logprobs, once; false: no memory (the
+ * prompt waits). */
+static bool lp_logits_ready(decode_t *dec)
+{
+    if (dec->lp_logits == NULL)
+        dec->lp_logits = bt_malloc(((size_t)dec->max_seqs + DECODE_LP_ROWS) *
+                                       (size_t)dec->vocab * sizeof(float),
+                                   "decode_lp_logits");
+    return dec->lp_logits != NULL;
 }
 
 /* Speculative decoding: one spec_step over the running batch.  Each
@@ -1504,6 +1575,7 @@ static void emit_pending(decode_t *dec)
 static void step(decode_t *dec)
 {
     int n = 0, n_decode, n_rows, n_fed = 0; /* n_fed: prompt tokens */
+    int lp_i = -1; /* the batch entry with a row per prompt position */
     uint64_t now = bt_time_ns(), t0 = now, t1;
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
@@ -1569,6 +1641,12 @@ static void step(decode_t *dec)
                           BT_MIN(budget, dec->cfg.chunk_tokens));
             if (take <= 0)
                 continue;
+            if (r->plp != NULL) {
+                if (lp_i >= 0 || !lp_logits_ready(dec))
+                    continue; /* a later step */
+                take = BT_MIN(take, DECODE_LP_ROWS);
+                lp_i = n;
+            }
             if (r->n_fed + take == r->p.n_tokens &&
                 (ps = local_prefill_sampler(dec, r)) == NULL)
                 continue; /* refused (failure sent) */
@@ -1578,6 +1656,11 @@ static void step(decode_t *dec)
             bs->tokens = r->p.tokens + r->n_fed;
             bs->block_table = r->blocks;
             bs->n_logits = ps != NULL ? 1 : 0;
+            if (lp_i == n) { /* prompt rows, then the sampled one */
+                for (int k = 0; k < take - bs->n_logits; k++)
+                    dec->rsamp[n_rows++] = NULL;
+                bs->n_logits = take;
+            }
             if (ps != NULL)
                 dec->rsamp[n_rows++] = ps;
             dec->psamp[n - n_decode] = ps;
@@ -1604,7 +1687,10 @@ static void step(decode_t *dec)
         batch.n_seqs = n;
         batch.seqs = dec->bseqs;
         status = backend_forward_sample_begin(be, &batch, dec->rsamp,
-                                              dec->rids, NULL, dec->hidden);
+                                              dec->rids,
+                                              lp_i >= 0 ? dec->lp_logits
+                                                        : NULL,
+                                              dec->hidden);
         t2 = bt_time_ns();
         emit_pending(dec); /* while the GPU works */
         t3 = bt_time_ns();
@@ -1635,7 +1721,15 @@ static void step(decode_t *dec)
             continue;
         }
         r->n_fed += dec->bseqs[i].n_tokens;
-        if (dec->bseqs[i].n_logits == 1) {
+        if (i == lp_i) {
+            int n_lp = dec->bseqs[i].n_logits - (ps != NULL ? 1 : 0);
+            sampler_prompt_lp_rows(r->plp,
+                                   dec->lp_logits + (size_t)row * dec->vocab,
+                                   dec->vocab, r->p.tokens,
+                                   r->n_fed - dec->bseqs[i].n_tokens, n_lp);
+            row += n_lp;
+        }
+        if (ps != NULL) {
             if (dec->hidden != NULL && r->feat == NULL) {
                 /* speculation: the request drafts from its first step */
                 r->feat = bt_malloc(sizeof(float) * (size_t)dec->dim,
@@ -1644,7 +1738,8 @@ static void step(decode_t *dec)
                     memcpy(r->feat, dec->hidden + (size_t)row * dec->dim,
                            sizeof(float) * (size_t)dec->dim);
             }
-            local_prefill_done(dec, r, dec->rids[row++]);
+            local_prefill_done(dec, r, dec->rids[row++],
+                               sampler_last_logprobs(ps));
         }
         sampler_destroy(&ps);
     }
@@ -1680,6 +1775,10 @@ static void step(decode_t *dec)
                                         s->n_tokens);
         }
         /* fed next step, emitted while that step runs */
+        if (s->sampler != NULL && sampler_last_logprobs(s->sampler)) {
+            s->lp = *sampler_last_logprobs(s->sampler);
+            s->has_lp = true;
+        }
         s->tokens[s->n_tokens++] = tok;
         s->pend = true;
         dec->emit_q[dec->n_emit] = s;
@@ -1787,6 +1886,7 @@ static void bufs_teardown(decode_t *dec)
     bt_free(dec->resv);
     bt_free(dec->quar);
     bt_free(dec->rsamp);
+    bt_free(dec->lp_logits);
     bt_free(dec->rids);
     bt_free(dec->psamp);
     bt_free(dec->emit_q);
@@ -1912,9 +2012,10 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_resv");
     dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
                           "decode_resv");
-    dec->rsamp = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->rsamp),
-                           "decode_batch");
-    dec->rids = bt_calloc((size_t)dec->max_seqs, sizeof(int), "decode_batch");
+    dec->rsamp = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
+                           sizeof(*dec->rsamp), "decode_batch");
+    dec->rids = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
+                          sizeof(int), "decode_batch");
     dec->psamp = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->psamp),
                            "decode_batch");
     dec->emit_q = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->emit_q),

@@ -141,6 +141,19 @@ struct req_s {
                                 (NULL: none); released at the job's end */
     uint64_t charged;        /* tokens charged to it at admission */
     uint64_t prompt_est;     /* of which the prompt's */
+    /* logprobs and echo (issue 39) */
+    bool logprobs;           /* choices[].logprobs asked */
+    bool echo_lp;            /* ... with the echoed prompt's tokens */
+    bool show_plp;           /* vLLM's prompt_logprobs asked */
+    bool first_seen;         /* a chunk was shown (echo goes first) */
+    char *echo_text;         /* owned: the prompt's text (echo), or NULL */
+    gateway_lp_t *lp;        /* (n_lp, cap_lp) non-stream: every token's */
+    int n_lp;
+    int cap_lp;
+    gateway_lp_t *plp;       /* (n_plp) prompt_logprobs, owned */
+    int n_plp;
+    int last_id;             /* the last token shown (token strings) */
+    uint32_t text_off;       /* stream: text_offset of the next token */
 };
 
 typedef struct {
@@ -483,11 +496,77 @@ static void stream_end(gateway_t *gw, req_t *req)
 // ---------------------------------------------------------------------------
 // Router messages
 
+/* Appends n entries to *a (n_p, cap_p); false: no memory. */
+static bool lp_append(gateway_lp_t **a, int *n_p, int *cap_p,
+                      const gateway_lp_t *e, int n)
+{
+    if (*n_p + n > *cap_p) {
+        int cap = BT_MAX(*cap_p * 2, *n_p + n + 16);
+        gateway_lp_t *b = bt_realloc(*a, (size_t)cap * sizeof(*b),
+                                     "gateway_logprobs");
+        if (b == NULL)
+            return false;
+        *a = b;
+        *cap_p = cap;
+    }
+    memcpy(*a + *n_p, e, (size_t)n * sizeof(*e));
+    *n_p += n;
+    return true;
+}
+
+/* n entries from ids, one logprob each and the same count of
+ * alternatives each (top: (n, k)); first_null: entry 0 has no logprob
+ * (the prompt's first token; then lps/top start at entry 1).  NULL (and
+ * *n_p 0) when the sizes do not match. */
+static gateway_lp_t *lp_entries(const int32_t *ids, size_t n,
+                                const float *lps, size_t n_lps,
+                                const int32_t *top_ids, size_t n_top_ids,
+                                const float *top_lps, size_t n_top_lps,
+                                bool first_null, int *n_p)
+{
+    size_t with = first_null ? n - 1 : n, k;
+    gateway_lp_t *e;
+
+    *n_p = 0;
+    if (n == 0 || n_lps != with || n_top_ids != n_top_lps ||
+        (with > 0 && n_top_ids % with != 0) || (with == 0 && n_top_ids))
+        return NULL;
+    k = with > 0 ? n_top_ids / with : 0;
+    if (k > PARAMS_MAX_LOGPROBS)
+        return NULL;
+    e = bt_calloc(n, sizeof(*e), "gateway_logprobs");
+    if (e == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = first_null ? i - 1 : i;
+        e[i].id = ids[i];
+        if (first_null && i == 0)
+            continue;
+        e[i].has_logprob = true;
+        e[i].logprob = lps[j];
+        e[i].n_top = (int)k;
+        for (size_t t = 0; t < k; t++) {
+            e[i].top_ids[t] = top_ids[j * k + t];
+            e[i].top_logprobs[t] = top_lps[j * k + t];
+        }
+    }
+    *n_p = (int)n;
+    return e;
+}
+
+static void generation_fail(gateway_t *gw, req_t *req,
+                            const gateway_api_error_t *err);
+
 static void on_chunk(gateway_t *gw, req_t *req, const Baton__TokenChunk *c)
 {
     const char *text = c->has_text ? (const char *)c->text.data : "";
     size_t len = c->has_text ? c->text.len : 0;
     uint64_t now = bt_time_ns();
+    gateway_lp_t *pe = NULL, *ge = NULL, *all = NULL;
+    int n_pe = 0, n_ge = 0, n_all = 0, cap_all = 0;
+    bool first = !req->first_seen;
+    gateway_api_resp_t *ri = &req->resp_info;
+    bt_buf_t shown;
 
     if (req->job != JOB_GENERATE)
         return;
@@ -497,21 +576,87 @@ static void on_chunk(gateway_t *gw, req_t *req, const Baton__TokenChunk *c)
                              (double)(now - req->t_start) * 1e-9);
     }
     req->n_tokens += (uint32_t)c->n_ids;
+    req->first_seen = true;
+    /* the prompt's (first chunk) then the generated tokens' logprobs */
+    if (first && c->n_prompt_ids > 0 && (req->echo_lp || req->show_plp))
+        pe = lp_entries(c->prompt_ids, c->n_prompt_ids, c->prompt_logprobs,
+                        c->n_prompt_logprobs, c->prompt_top_ids,
+                        c->n_prompt_top_ids, c->prompt_top_logprobs,
+                        c->n_prompt_top_logprobs, true, &n_pe);
+    if (req->logprobs && c->n_ids > 0)
+        ge = lp_entries(c->ids, c->n_ids, c->logprobs, c->n_logprobs,
+                        c->top_ids, c->n_top_ids, c->top_logprobs,
+                        c->n_top_logprobs, false, &n_ge);
+    if ((first && (req->echo_lp || req->show_plp) && pe == NULL) ||
+        (req->logprobs && c->n_ids > 0 && ge == NULL) ||
+        (req->echo_lp && pe != NULL &&
+         !lp_append(&all, &n_all, &cap_all, pe, n_pe)) ||
+        (ge != NULL && !lp_append(&all, &n_all, &cap_all, ge, n_ge))) {
+        /* asked, not sent (a worker without logprobs) or no memory:
+         * never answer without what was asked */
+        gateway_api_error_t err;
+        BT_LOG_WARN("HTTP", "request %s: logprobs missing from the "
+                    "cluster's reply", req->id);
+        job_drop(gw, req, true);
+        gateway__api_error_set(&err, 502, "server_error", "worker_failed",
+                               NULL, "the cluster returned no logprobs "
+                               "for this request");
+        generation_fail(gw, req, &err);
+        goto out;
+    }
+    if (pe != NULL && req->show_plp) {
+        req->plp = pe;
+        req->n_plp = n_pe;
+        pe = NULL;
+    }
     if (!req->stream) {
-        if (bt_buf_append(&req->text, text, len) != BT_OK)
-            req_kill(gw, req);
-        return;
+        if (bt_buf_append(&req->text, text, len) != BT_OK ||
+            (n_all > 0 &&
+             !lp_append(&req->lp, &req->n_lp, &req->cap_lp, all, n_all)))
+            goto err_kill;
+        goto out;
     }
     stream_head(gw, req);
-    if (len == 0)
-        return;
-    gw->scratch.len = 0;
-    if (gateway__api_chunk_json(&req->resp_info, text, len, false, NULL,
-                                req->include_usage, &gw->scratch) != BT_OK) {
-        req_kill(gw, req);
-        return;
+    if (len == 0 && n_all == 0 && !(first && (req->echo_text != NULL ||
+                                              req->plp != NULL)))
+        goto out;
+    bt_buf_init(&shown);
+    if ((first && req->echo_text != NULL &&
+         bt_buf_append(&shown, req->echo_text, strlen(req->echo_text)) !=
+             BT_OK) ||
+        bt_buf_append(&shown, text, len) != BT_OK) {
+        bt_buf_cleanup(&shown);
+        goto err_kill;
     }
+    ri->logprobs = req->logprobs;
+    ri->lp = all;
+    ri->n_lp = n_all;
+    ri->prev_id = req->last_id;
+    ri->text_offset = req->text_off;
+    ri->plp = first && req->show_plp ? req->plp : NULL;
+    ri->n_plp = req->n_plp;
+    gw->scratch.len = 0;
+    if (gateway__api_chunk_json(ri, shown.data, shown.len, false, NULL,
+                                req->include_usage, &gw->scratch) != BT_OK) {
+        bt_buf_cleanup(&shown);
+        goto err_kill;
+    }
+    req->text_off += gateway__api_lp_chars(ri);
+    if (n_all > 0)
+        req->last_id = all[n_all - 1].id;
+    ri->lp = NULL;
+    ri->n_lp = 0;
+    ri->plp = NULL;
+    bt_buf_cleanup(&shown);
     stream_event(gw, req, gw->scratch.data, gw->scratch.len);
+    goto out;
+
+err_kill:
+    req_kill(gw, req);
+out:
+    bt_free(pe);
+    bt_free(ge);
+    bt_free(all);
 }
 
 static const char *finish_name(Baton__FinishReason r)
@@ -531,6 +676,14 @@ static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
 
     if (req->job != JOB_GENERATE)
         return;
+    if (req->stream && !req->first_seen && req->echo_text != NULL) {
+        /* nothing came (the first token was a stop): the prompt still
+         * shows */
+        Baton__TokenChunk none = BATON__TOKEN_CHUNK__INIT;
+        on_chunk(gw, req, &none);
+        if (req->dead || req->job != JOB_GENERATE)
+            return;
+    }
     job_drop(gw, req, false);
     req->resp_info.prompt_tokens = f->usage ? f->usage->prompt_tokens : 0;
     req->resp_info.completion_tokens =
@@ -546,6 +699,8 @@ static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
     b->len = 0;
     if (req->stream) {
         stream_head(gw, req);
+        b->len = 0;
+        req->resp_info.logprobs = false; /* the finish has no tokens */
         if (gateway__api_chunk_json(&req->resp_info, "", 0, false, finish,
                                     req->include_usage, b) != BT_OK)
             goto err_kill;
@@ -559,6 +714,13 @@ static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
         stream_end(gw, req);
         return;
     }
+    req->resp_info.logprobs = req->logprobs;
+    req->resp_info.lp = req->lp;
+    req->resp_info.n_lp = req->n_lp;
+    req->resp_info.prev_id = -1;
+    req->resp_info.text_offset = 0;
+    req->resp_info.plp = req->show_plp ? req->plp : NULL;
+    req->resp_info.n_plp = req->n_plp;
     if (gateway__api_response_json(&req->resp_info, req->text.data,
                                    req->text.len, finish, b) != BT_OK ||
         bt_buf_append(b, "\n", 1) != BT_OK)
@@ -838,6 +1000,45 @@ static bool tenant_admit(gateway_t *gw, req_t *conn, gateway_tenant_t *t,
 }
 
 
+/* echo: keeps the prompt's text to show before the completion (a text
+ * prompt as given, ids decoded by --tokenizer; without it an ids prompt
+ * cannot be echoed: 400).  Non-streamed text starts with it now. */
+static bt_status_t start_echo(gateway_t *gw, req_t *req,
+                              const gateway_api_req_t *areq,
+                              gateway_api_error_t *err)
+{
+    char *text = NULL;
+
+    if (areq->req.n_prompt_ids > 0) {
+        if (gw->tok == NULL) {
+            gateway__api_error_set(err, 400, "invalid_request_error", NULL,
+                                   "echo", "'echo' of a token-id prompt "
+                                   "needs baton-http --tokenizer");
+            return BT_ERR_INVALID_ARG;
+        }
+        if (tok_decode(gw->tok, -1, areq->req.prompt_ids,
+                       areq->req.n_prompt_ids, &text) != BT_OK) {
+            gateway__api_error_set(err, 400, "invalid_request_error", NULL,
+                                   "prompt", "the prompt holds ids out of "
+                                   "the vocabulary");
+            return BT_ERR_INVALID_ARG;
+        }
+    } else {
+        text = bt_strdup(areq->req.prompt ? areq->req.prompt : "",
+                         "gateway_echo");
+    }
+    if (text == NULL || (!areq->stream &&
+                         bt_buf_append(&req->text, text, strlen(text)) !=
+                             BT_OK)) {
+        bt_free(text);
+        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                               "out of memory");
+        return BT_ERR_NO_MEMORY;
+    }
+    req->echo_text = text;
+    return BT_OK;
+}
+
 static void start_generation(gateway_t *gw, req_t *req,
                              gateway_api_kind_t kind,
                              gateway_tenant_t *tenant)
@@ -867,6 +1068,18 @@ static void start_generation(gateway_t *gw, req_t *req,
     }
     if (!tenant_admit(gw, req, tenant, &areq))
         return;
+    if (areq.echo && start_echo(gw, req, &areq, &err) != BT_OK) {
+        gateway__api_req_cleanup(&areq);
+        if (req->tenant != NULL)
+            gateway__tenant_release(req->tenant, req->charged, 0);
+        req->tenant = NULL;
+        req_respond_error(gw, req, &err, NULL);
+        return;
+    }
+    req->logprobs = areq.req.logprobs;
+    req->echo_lp = areq.echo && areq.req.logprobs;
+    req->show_plp = areq.show_prompt_logprobs;
+    req->last_id = -1;
     status = client_submit(gw->client, &areq.req, &rid);
     req->stream = areq.stream;
     req->include_usage = areq.stream && areq.include_usage;
@@ -896,6 +1109,7 @@ static void start_generation(gateway_t *gw, req_t *req,
     req->resp_info.model = gw->model_name;
     req->resp_info.prompt_tokens = 0;
     req->resp_info.completion_tokens = 0;
+    req->resp_info.tok = gw->tok;
     gw->metrics.in_flight++;
     map_put(gw, rid, req);
 }
@@ -1233,6 +1447,9 @@ static void req_free(req_t *req)
     bt_buf_cleanup(&req->body);
     bt_buf_cleanup(&req->sse);
     bt_buf_cleanup(&req->text);
+    bt_free(req->echo_text);
+    bt_free(req->lp);
+    bt_free(req->plp);
     bt_free(req);
 }
 

@@ -123,10 +123,6 @@ typedef struct {
 static const api_param_rule_t api_param_rules[] = {
     {"n", "1", false, "one choice per request"},
     {"best_of", "1", false, "one choice per request"},
-    {"echo", "false", false, "the prompt is not echoed"},
-    {"logprobs", "false", false, "logprobs are not returned"},
-    {"top_logprobs", "0", false, "logprobs are not returned"},
-    {"prompt_logprobs", "", false, "logprobs are not returned"},
     {"suffix", "\"\"", false, "no insertion (suffix) mode"},
     {"logit_bias", "{}", false, "the sampler has no logit bias"},
     {"tools", "[]", false, "no tool calling"},
@@ -613,6 +609,96 @@ void gateway__api_req_cleanup(gateway_api_req_t *r)
     memset(r, 0, sizeof(*r));
 }
 
+// ---------------------------------------------------------------------------
+// Log-probabilities and echo (issue 39)
+
+/* A bounds-table check (row `row`) as a 400 naming the parameter as the
+ * body does (completions' `logprobs` is the top_logprobs row). */
+static bool check_bound(const char *name, const char *row, double v,
+                        gateway_api_error_t *err)
+{
+    const params_bound_t *b = params_bound(row);
+
+    if (params_check(row, v, NULL, 0) == BT_OK)
+        return true;
+    BAD_PARAM(name, "%s is %g, must be in [%g, %g]", name, v, b->min,
+              b->max);
+    return false;
+}
+
+/* completions: integer `logprobs` (OpenAI's legacy: the sampled token and
+ * N alternatives; false as off), `echo`; chat: boolean `logprobs` and
+ * `top_logprobs`.  Both: vLLM's integer `prompt_logprobs`.  echo with
+ * logprobs N asks for the prompt's logprobs with N alternatives. */
+static bool parse_logprobs(const gateway_api_ctx_t *ctx, const cJSON *root,
+                           gateway_api_req_t *out, params_t *p,
+                           gateway_api_error_t *err)
+{
+    const cJSON *lp = present(root, "logprobs");
+    const cJSON *tl = present(root, "top_logprobs");
+    params_sampling_t *s = &p->sampling;
+    double v = 0;
+
+    if (out->kind == GATEWAY_API_COMPLETIONS) {
+        if (tl != NULL && !(cJSON_IsNumber(tl) && tl->valuedouble == 0)) {
+            BAD_PARAM("top_logprobs", "'top_logprobs' is a chat parameter: "
+                      "completions take an integer 'logprobs'");
+            return false;
+        }
+        if (lp != NULL && cJSON_IsTrue(lp)) {
+            BAD_PARAM("logprobs", "'logprobs' must be an integer (0 to %d) "
+                      "on /v1/completions", PARAMS_MAX_LOGPROBS);
+            return false;
+        }
+        if (lp != NULL && !cJSON_IsFalse(lp)) {
+            if (!get_int(root, "logprobs", -INFINITY, INFINITY, &v, err) ||
+                !check_bound("logprobs", "top_logprobs", v, err))
+                return false;
+            s->logprobs = true;
+            s->top_logprobs = (int)v;
+        }
+        if (!get_bool(root, "echo", &p->echo, err))
+            return false;
+    } else {
+        if (!get_bool(root, "logprobs", &s->logprobs, err) ||
+            !get_int(root, "top_logprobs", -INFINITY, INFINITY, &v, err) ||
+            !check_bound("top_logprobs", "top_logprobs", v, err))
+            return false;
+        if (v > 0 && !s->logprobs) {
+            BAD_PARAM("top_logprobs", "'top_logprobs' needs 'logprobs': "
+                      "true");
+            return false;
+        }
+        s->top_logprobs = (int)v;
+        if (present(root, "echo") != NULL && !cJSON_IsFalse(present(root,
+                                                                  "echo"))) {
+            BAD_PARAM("echo", "'echo' is a /v1/completions parameter");
+            return false;
+        }
+    }
+    if (present(root, "prompt_logprobs") != NULL) {
+        v = 0;
+        if (!get_int(root, "prompt_logprobs", -INFINITY, INFINITY, &v,
+                     err) ||
+            !check_bound("prompt_logprobs", "prompt_logprobs", v, err))
+            return false;
+        s->prompt_logprobs = true;
+        s->prompt_top_logprobs = (int)v;
+        out->show_prompt_logprobs = true;
+    }
+    if (p->echo && s->logprobs && !s->prompt_logprobs) {
+        s->prompt_logprobs = true;
+        s->prompt_top_logprobs = s->top_logprobs;
+    }
+    if ((s->logprobs || s->prompt_logprobs) && ctx->tok == NULL) {
+        BAD_PARAM(s->logprobs ? "logprobs" : "prompt_logprobs",
+                  "logprobs need baton-http --tokenizer (token strings)");
+        return false;
+    }
+    out->echo = p->echo;
+    return true;
+}
+
 static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
                          gateway_api_req_t *out, gateway_api_error_t *err)
 {
@@ -682,7 +768,8 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
                   &params.sampling.skip_special_tokens, err) ||
         !get_bool(root, "ignore_eos", &params.ignore_eos, err))
         return false;
-    if (!parse_stop(root, out, err))
+    if (!parse_stop(root, out, err) ||
+        !parse_logprobs(ctx, root, out, &params, err))
         return false;
     sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
     if (sti != NULL && !cJSON_IsNull(sti) &&
@@ -934,6 +1021,213 @@ static void add_finish(cJSON *choice, const char *finish)
         cJSON_AddNullToObject(choice, "finish_reason");
 }
 
+// ---------------------------------------------------------------------------
+// Log-probabilities in the response (issue 39)
+
+/* A token's string: its text in the middle of a sequence (tok_decode after
+ * `prev`), valid UTF-8 (a partial character shows as U+FFFD; the chat
+ * format's `bytes` has the exact bytes).  bt_malloc'ed; NULL: no memory
+ * or an id out of the vocabulary. */
+static char *lp_token(const gateway_api_resp_t *r, int prev, int id)
+{
+    char *text = NULL;
+
+    if (tok_decode(r->tok, prev, &id, 1, &text) != BT_OK)
+        return NULL;
+    return text;
+}
+
+static uint32_t utf8_chars(const char *s)
+{
+    uint32_t n = 0;
+
+    for (; *s != '\0'; s++)
+        n += ((unsigned char)*s & 0xc0) != 0x80;
+    return n;
+}
+
+uint32_t gateway__api_lp_chars(const gateway_api_resp_t *r)
+{
+    uint32_t n = 0;
+
+    for (int i = 0; r->tok != NULL && i < r->n_lp; i++) {
+        char *t = lp_token(r, i > 0 ? r->lp[i - 1].id : r->prev_id,
+                           r->lp[i].id);
+        if (t != NULL)
+            n += utf8_chars(t);
+        bt_free(t);
+    }
+    return n;
+}
+
+/* cJSON number of a logprob: -inf (an impossible token) as JSON cannot
+ * say it: -9999, as vLLM does. */
+static cJSON *lp_number(float v)
+{
+    return cJSON_CreateNumber(isfinite(v) ? (double)v : -9999.0);
+}
+
+/* The exact bytes of a token, as chat's `bytes` array: a byte-fallback
+ * piece (<0xXX>) is its one raw byte, which the token string shows as
+ * U+FFFD when it is part of a character; other tokens are their string's
+ * bytes. */
+static cJSON *lp_bytes(const gateway_api_resp_t *r, int prev, int id)
+{
+    cJSON *a = cJSON_CreateArray();
+    char *t = NULL;
+    const char *s = NULL;
+    size_t n = 0;
+    char byte = 0;
+
+    if (!tok_id_bytes_mid(r->tok, id, &s, &n, &byte) || s != &byte) {
+        t = lp_token(r, prev, id);
+        s = t;
+        n = t != NULL ? strlen(t) : 0;
+    }
+    for (size_t i = 0; a != NULL && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i]));
+    bt_free(t);
+    return a;
+}
+
+/* Legacy completions: {tokens, token_logprobs, top_logprobs, text_offset}
+ * (top_logprobs: one {token: logprob} object per token, the sampled
+ * token included, as vLLM does; null for the prompt's first token). */
+static cJSON *lp_completions(const gateway_api_resp_t *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    uint32_t off = r->text_offset;
+
+    for (int i = 0; i < r->n_lp; i++) {
+        const gateway_lp_t *e = &r->lp[i];
+        int prev = i > 0 ? r->lp[i - 1].id : r->prev_id;
+        char *t = lp_token(r, prev, e->id);
+        cJSON *top;
+
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(t ? t : ""));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber(off));
+        off += t != NULL ? utf8_chars(t) : 0;
+        if (!e->has_logprob) {
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            bt_free(t);
+            continue;
+        }
+        cJSON_AddItemToArray(lps, lp_number(e->logprob));
+        top = cJSON_CreateObject();
+        for (int k = 0; k < e->n_top; k++) {
+            char *a = lp_token(r, prev, e->top_ids[k]);
+            if (a != NULL && !cJSON_HasObjectItem(top, a))
+                cJSON_AddItemToObject(top, a, lp_number(e->top_logprobs[k]));
+            bt_free(a);
+        }
+        if (t != NULL && !cJSON_HasObjectItem(top, t))
+            cJSON_AddItemToObject(top, t, lp_number(e->logprob));
+        cJSON_AddItemToArray(tops, top);
+        bt_free(t);
+    }
+    return o;
+}
+
+/* One chat entry {token, logprob, bytes}. */
+static cJSON *lp_chat_entry(const gateway_api_resp_t *r, int prev, int id,
+                            float logprob)
+{
+    cJSON *o = cJSON_CreateObject();
+    char *t = lp_token(r, prev, id);
+
+    cJSON_AddStringToObject(o, "token", t ? t : "");
+    cJSON_AddItemToObject(o, "logprob", lp_number(logprob));
+    cJSON_AddItemToObject(o, "bytes", lp_bytes(r, prev, id));
+    bt_free(t);
+    return o;
+}
+
+/* Chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}],
+ * "refusal": null}. */
+static cJSON *lp_chat(const gateway_api_resp_t *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(o, "content");
+
+    for (int i = 0; i < r->n_lp; i++) {
+        const gateway_lp_t *e = &r->lp[i];
+        int prev = i > 0 ? r->lp[i - 1].id : r->prev_id;
+        cJSON *x = lp_chat_entry(r, prev, e->id, e->logprob);
+        cJSON *top = cJSON_AddArrayToObject(x, "top_logprobs");
+
+        for (int k = 0; k < e->n_top; k++)
+            cJSON_AddItemToArray(top, lp_chat_entry(r, prev, e->top_ids[k],
+                                                    e->top_logprobs[k]));
+        cJSON_AddItemToArray(content, x);
+    }
+    cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+/* vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}},
+ * ...]: the prompt token and its alternatives (rank: 1-based place among
+ * them, absent when it is not among them). */
+static cJSON *lp_prompt(const gateway_api_resp_t *r)
+{
+    cJSON *a = cJSON_CreateArray();
+
+    for (int i = 0; i < r->n_plp; i++) {
+        const gateway_lp_t *e = &r->plp[i];
+        int prev = i > 0 ? r->plp[i - 1].id : -1;
+        cJSON *d;
+        char key[16];
+        int rank = 0;
+
+        if (!e->has_logprob) {
+            cJSON_AddItemToArray(a, cJSON_CreateNull());
+            continue;
+        }
+        d = cJSON_CreateObject();
+        for (int k = -1; k < e->n_top; k++) {
+            int id = k < 0 ? e->id : e->top_ids[k];
+            cJSON *x;
+            char *t;
+
+            snprintf(key, sizeof(key), "%d", id);
+            if (cJSON_HasObjectItem(d, key))
+                continue;
+            for (int j = 0; k < 0 && j < e->n_top; j++)
+                if (e->top_ids[j] == id)
+                    rank = j + 1;
+            x = cJSON_CreateObject();
+            cJSON_AddItemToObject(x, "logprob",
+                                  lp_number(k < 0 ? e->logprob
+                                                  : e->top_logprobs[k]));
+            if (k >= 0 || rank > 0)
+                cJSON_AddNumberToObject(x, "rank", k < 0 ? rank : k + 1);
+            t = lp_token(r, prev, id);
+            cJSON_AddStringToObject(x, "decoded_token", t ? t : "");
+            bt_free(t);
+            cJSON_AddItemToObject(d, key, x);
+        }
+        cJSON_AddItemToArray(a, d);
+    }
+    return a;
+}
+
+/* choices[].logprobs (null when not asked) and prompt_logprobs. */
+static void add_logprobs(cJSON *c, const gateway_api_resp_t *r)
+{
+    if (!r->logprobs || r->tok == NULL)
+        cJSON_AddNullToObject(c, "logprobs");
+    else
+        cJSON_AddItemToObject(c, "logprobs",
+                              r->kind == GATEWAY_API_CHAT ? lp_chat(r)
+                                                          : lp_completions(r));
+    if (r->plp != NULL && r->tok != NULL)
+        cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt(r));
+}
+
 bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
                                        const char *text, size_t text_len,
                                        const char *finish, bt_buf_t *out)
@@ -952,7 +1246,7 @@ bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
     } else {
         cJSON_AddItemToObject(c, "text", string_n(text, text_len));
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    add_logprobs(c, r);
     add_finish(c, finish);
     add_usage(root, r);
     return emit(root, out);
@@ -979,7 +1273,7 @@ bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
     } else {
         cJSON_AddItemToObject(c, "text", string_n(text, text_len));
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    add_logprobs(c, r);
     add_finish(c, finish);
     if (usage_null)
         cJSON_AddNullToObject(root, "usage");

@@ -112,6 +112,8 @@ typedef struct {
      * cached KV only under equal salts.  A tenant's salt is mixed in at
      * admission (gateway.c), so a body cannot reach another tenant's. */
     char cache_salt[GATEWAY_CACHE_SALT_MAX + 1]; /* "" = none */
+    bool echo;             /* completions: the prompt starts the text */
+    bool show_prompt_logprobs; /* vLLM's choices[].prompt_logprobs */
 } gateway_api_req_t;
 
 /* Parses and validates a JSON body of `kind`.  On BT_ERR_INVALID_ARG, err
@@ -136,6 +138,18 @@ void gateway__api_error_from_router(int router_code, const char *message,
 /* One response or stream event of a generation, as JSON text appended to
  * out.  `text` may be NULL (empty).  finish NULL -> null.  usage when
  * with_usage.  For streams, `first` marks chat's role delta. */
+/* One token's log-probabilities as the gateway shows them (issue 39):
+ * the cluster sends ids and numbers, the gateway's tokenizer makes the
+ * token strings (one tokenizer, the one that makes the text). */
+typedef struct {
+    int id;
+    bool has_logprob;      /* false: the prompt's first token (null) */
+    float logprob;
+    int n_top;
+    int top_ids[PARAMS_MAX_LOGPROBS];      /* (n_top) most likely first */
+    float top_logprobs[PARAMS_MAX_LOGPROBS]; /* (n_top) */
+} gateway_lp_t;
+
 typedef struct {
     gateway_api_kind_t kind;
     const char *id;        /* "cmpl-..." / "chatcmpl-..." */
@@ -143,7 +157,22 @@ typedef struct {
     const char *model;
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
+    /* logprobs of this response or chunk (borrowed; set per call) */
+    const tok_t *tok;      /* token strings; NULL: no logprobs shown */
+    bool logprobs;         /* choices[].logprobs is an object, not null */
+    const gateway_lp_t *lp; /* (n_lp) tokens of choices[].logprobs: the
+                            * echoed prompt's, then the generated ones */
+    int n_lp;
+    int prev_id;           /* the token before lp[0] (-1: none) */
+    uint32_t text_offset;  /* completions: text_offset of lp[0] */
+    const gateway_lp_t *plp; /* (n_plp) vLLM's choices[].prompt_logprobs
+                            * (NULL: field absent) */
+    int n_plp;
 } gateway_api_resp_t;
+
+/* The characters (code points) that choices[].logprobs.text_offset
+ * advances by for these tokens (streams carry it from chunk to chunk). */
+uint32_t gateway__api_lp_chars(const gateway_api_resp_t *r);
 
 bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
                                        const char *text, size_t text_len,

@@ -26,6 +26,12 @@ static const params_bound_t params_table[] = {
     {"frequency_penalty", -2, 2, false, 0, "off"},
     {"max_tokens", 0, PARAMS_MAX_TOKENS, false, 0,
      "until the context is full"},
+    /* alternatives per generated token (chat's top_logprobs; legacy
+     * completions' integer `logprobs` and `baton run --logprobs N` are
+     * this row under their own name) */
+    {"top_logprobs", 0, PARAMS_MAX_LOGPROBS, false, 0, "none"},
+    /* vLLM's prompt_logprobs; echo + logprobs N asks for it too */
+    {"prompt_logprobs", 0, PARAMS_MAX_LOGPROBS, false, 0, "off"},
 };
 
 const params_bound_t *params_bounds(int *n_p)
@@ -130,6 +136,8 @@ bt_status_t params_sampling_validate(const params_sampling_t *s, char *err,
         {"repetition_penalty", s->repetition_penalty},
         {"presence_penalty", s->presence_penalty},
         {"frequency_penalty", s->frequency_penalty},
+        {"top_logprobs", s->top_logprobs},
+        {"prompt_logprobs", s->prompt_top_logprobs},
     };
 
     for (size_t i = 0; i < BT_ARRAY_SIZE(v); i++) {

@@ -31,6 +31,8 @@ extern "C" {
 #define PARAMS_MAX_STOP_STRINGS 16  /* a request's stop strings */
 #define PARAMS_MAX_STOP_LEN 256     /* bytes of one stop string */
 #define PARAMS_MAX_TOKENS (1 << 30) /* max_tokens; 0 = until the context */
+#define PARAMS_MAX_LOGPROBS 20      /* top alternatives per token (OpenAI's
+                                     * and vLLM's limit) */
 
 /* What the sampler reads: the SamplingParams message of proto/client.proto
  * field for field (params_proto.h converts).  worker/sampler.h's
@@ -46,6 +48,14 @@ typedef struct {
     uint64_t seed;            /* random stream; same seed, same output */
     bool skip_special_tokens; /* special tokens (BOS, EOS, control
                                * tokens) print as nothing (default) */
+    /* Log-probabilities (issue 39): those of the raw model distribution,
+     * log_softmax(logits) before penalties, temperature, truncation and
+     * grammar masks (vLLM's default "raw_logprobs"), so they do not
+     * depend on how the token was drawn. */
+    bool logprobs;            /* each generated token's logprob */
+    int top_logprobs;         /* and its top alternatives, 0..20 */
+    bool prompt_logprobs;     /* each prompt token's logprob (echo) */
+    int prompt_top_logprobs;  /* and its top alternatives, 0..20 */
 } params_sampling_t;
 
 /* A stop string: bytes, not NUL-terminated, not owned. */
@@ -65,6 +75,9 @@ typedef struct {
                                * borrowed */
     int n_stop_strings;
     bool ignore_eos;          /* the model's EOS ids do not stop */
+    bool echo;                /* the response starts with the prompt
+                               * (completions; a front end's job: the
+                               * router and workers never see it) */
 } params_t;
 
 /* Defaults: greedy, no truncation, no penalties, seed 0, special tokens

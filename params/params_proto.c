@@ -20,6 +20,10 @@ void params_sampling_from_proto(const Baton__SamplingParams *sp,
     s->frequency_penalty = sp->frequency_penalty;
     s->seed = sp->seed;
     s->skip_special_tokens = sp->skip_special_tokens;
+    s->logprobs = sp->logprobs;
+    s->top_logprobs = sp->top_logprobs;
+    s->prompt_logprobs = sp->prompt_logprobs;
+    s->prompt_top_logprobs = sp->prompt_top_logprobs;
 }
 
 void params_sampling_to_proto(const params_sampling_t *s,
@@ -44,6 +48,19 @@ void params_sampling_to_proto(const params_sampling_t *s,
     sp->seed = s->seed;
     sp->has_skip_special_tokens = 1;
     sp->skip_special_tokens = s->skip_special_tokens;
+    /* absent when off: a message to an older peer stays what it was */
+    if (s->logprobs) {
+        sp->has_logprobs = 1;
+        sp->logprobs = 1;
+        sp->has_top_logprobs = 1;
+        sp->top_logprobs = s->top_logprobs;
+    }
+    if (s->prompt_logprobs) {
+        sp->has_prompt_logprobs = 1;
+        sp->prompt_logprobs = 1;
+        sp->has_prompt_top_logprobs = 1;
+        sp->prompt_top_logprobs = s->prompt_top_logprobs;
+    }
 }
 
 bt_status_t params_from_generate(const Baton__GenerateRequest *g,

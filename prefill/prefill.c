@@ -49,6 +49,11 @@ struct prefill_task_s {
     kv_link_xfer_t *xfer; /* the KV hand-off (NULL: null model) */
     bool final_in_batch;  /* its last chunk is in the running forward */
     int first_token;
+    bool has_lp;          /* lp is first_token's (sp.logprobs) */
+    sampler_logprobs_t lp;
+    sampler_prompt_lp_t *plp; /* the prompt's logprobs (sp.prompt_logprobs:
+                           every chunk has a row per position), or NULL */
+    bool lp_rows;         /* its chunk in the running forward has them */
     char first_text[256];
     size_t first_text_len;
     uint64_t t_start;
@@ -57,6 +62,10 @@ struct prefill_task_s {
     float *feat;          /* (dim) spec_features: last token's hidden */
     prefill_task_t *next;
 };
+
+/* Prompt logprobs take a logits row per prompt position: one such task a
+ * forward, at most this many tokens of it. */
+#define PREFILL_LP_ROWS 64
 
 struct prefill_s {
     prefill_config_t cfg;
@@ -77,8 +86,10 @@ struct prefill_s {
                                  router's prefill deadlines use it) */
     prefill_task_t *head; /* tasks in arrival order */
     prefill_task_t *tail;
-    float *logits;        /* (max_seqs, vocab) */
-    float *hidden;        /* (max_seqs, dim) spec_features only */
+    float *logits;        /* (logits_rows, vocab) */
+    float *hidden;        /* (logits_rows, dim) spec_features only */
+    int logits_rows;      /* max_seqs, + PREFILL_LP_ROWS once a task
+                             wanted prompt logprobs */
     int dim;
     backend_seq_t *bseqs; /* (max_seqs) */
     prefill_task_t **btasks; /* (max_seqs) task of each batch row */
@@ -209,6 +220,8 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
         done.spec_feature.data = (uint8_t *)t->feat;
         done.spec_feature.len = sizeof(float) * (size_t)pf->dim;
     }
+    workerproc_prefill_done_logprobs(&done, t->has_lp ? &t->lp : NULL);
+    workerproc_prefill_done_prompt_logprobs(&done, t->plp);
     workerproc_send_prefill_done(pf->sock, &done, t->id, &t->p,
                                  t->first_token, t->first_text,
                                  t->first_text_len, t->epoch, t->cap,
@@ -238,6 +251,7 @@ static void task_destroy(prefill_t *pf, prefill_task_t *t)
     workerproc_prompt_cleanup(&t->p);
     bt_free(t->blocks);
     bt_free(t->feat);
+    sampler_prompt_lp_destroy(&t->plp);
     bt_free(t);
 }
 
@@ -327,6 +341,12 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
         goto fail;
     if (pf->engine != NULL && sampler_params_validate(&t->sp) != BT_OK) {
         snprintf(err, sizeof(err), "%s", bt_error_last());
+        goto fail;
+    }
+    if (pf->engine != NULL && t->sp.prompt_logprobs &&
+        sampler_prompt_lp_create(t->p.n_tokens, t->sp.prompt_top_logprobs,
+                                 &t->plp) != BT_OK) {
+        snprintf(err, sizeof(err), "out of memory");
         goto fail;
     }
     if (pf->engine != NULL) {
@@ -469,6 +489,10 @@ static bt_status_t sample_first(prefill_t *pf, prefill_task_t *t,
     if (status != BT_OK)
         return status;
     t->first_token = sampler_sample(sampler, logits);
+    if (sampler_last_logprobs(sampler) != NULL) {
+        t->lp = *sampler_last_logprobs(sampler);
+        t->has_lp = true;
+    }
     sampler_destroy(&sampler);
     return BT_OK;
 }
@@ -522,12 +546,43 @@ static void run_null(prefill_t *pf)
     }
 }
 
+/* Makes room for PREFILL_LP_ROWS more logits (and hidden) rows, once. */
+static bt_status_t grow_logits(prefill_t *pf)
+{
+    int want = pf->cfg.engine.backend.max_seqs + PREFILL_LP_ROWS;
+    float *l, *h = NULL;
+
+    if (pf->logits_rows >= want)
+        return BT_OK;
+    l = bt_malloc((size_t)want * (size_t)pf->vocab * sizeof(float),
+                  "prefill_logits");
+    if (pf->hidden != NULL)
+        h = bt_malloc((size_t)want * (size_t)pf->dim * sizeof(float),
+                      "prefill_logits");
+    if (l == NULL || (pf->hidden != NULL && h == NULL)) {
+        bt_free(l);
+        bt_free(h);
+        BT_LOG_WARN("PREFILL", "no memory for prompt logprobs rows: "
+                    "waiting");
+        return BT_ERR_NO_MEMORY;
+    }
+    bt_free(pf->logits);
+    pf->logits = l;
+    if (h != NULL) {
+        bt_free(pf->hidden);
+        pf->hidden = h;
+    }
+    pf->logits_rows = want;
+    return BT_OK;
+}
+
 /* One batched forward over the waiting and running prompts. */
 static void run_batch(prefill_t *pf)
 {
     const backend_config_t *bcfg = &pf->cfg.engine.backend;
     kv_allocator_t *kv = engine_kv(pf->engine);
     int budget = bcfg->max_batch_tokens, rows = 0;
+    bool lp_used = false;
     uint64_t t0;
     backend_batch_t batch;
     bt_status_t status;
@@ -552,6 +607,14 @@ static void run_batch(prefill_t *pf)
                       BT_MIN(budget, pf->cfg.chunk_tokens));
         if (take <= 0)
             continue;
+        t->lp_rows = false;
+        if (t->plp != NULL) {
+            if (lp_used || grow_logits(pf) != BT_OK)
+                continue; /* the next forward */
+            lp_used = true;
+            t->lp_rows = true;
+            take = BT_MIN(take, PREFILL_LP_ROWS);
+        }
         bs = &pf->bseqs[pf->n_batch];
         memset(bs, 0, sizeof(*bs));
         bs->n_tokens = take;
@@ -559,7 +622,7 @@ static void run_batch(prefill_t *pf)
         bs->tokens = t->p.tokens + t->n_fed;
         bs->block_table = t->blocks;
         t->final_in_batch = t->n_fed + take == t->p.n_tokens;
-        bs->n_logits = t->final_in_batch ? 1 : 0;
+        bs->n_logits = t->lp_rows ? take : t->final_in_batch ? 1 : 0;
         rows += bs->n_logits;
         pf->btasks[pf->n_batch++] = t;
         budget -= take;
@@ -595,6 +658,17 @@ static void run_batch(prefill_t *pf)
             continue;
         }
         t->n_fed += pf->bseqs[b].n_tokens;
+        if (t->lp_rows) {
+            /* the rows of prompt positions; a final chunk's last row
+             * samples (below) */
+            int n_lp = pf->bseqs[b].n_logits - (t->final_in_batch ? 1 : 0);
+            sampler_prompt_lp_rows(t->plp,
+                                   pf->logits + (size_t)row * pf->vocab,
+                                   pf->vocab, t->p.tokens,
+                                   t->n_fed - pf->bseqs[b].n_tokens, n_lp);
+            row += n_lp;
+            t->lp_rows = false;
+        }
         if (!t->final_in_batch)
             continue;
         if (sample_first(pf, t, pf->logits + (size_t)row * pf->vocab) !=
@@ -751,6 +825,7 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         pf->btasks = bt_calloc((size_t)b->max_seqs, sizeof(*pf->btasks),
                                "prefill_batch");
         pf->dim = mc->dim;
+        pf->logits_rows = b->max_seqs;
         if (cfg->spec_features)
             pf->hidden = bt_malloc((size_t)b->max_seqs * (size_t)pf->dim *
                                        sizeof(float), "prefill_logits");

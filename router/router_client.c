@@ -30,8 +30,35 @@ void router__send_chunk(router_t *r, router_req_t *req, int index,
                         const int *ids, int n, const uint8_t *text,
                         size_t text_len)
 {
+    router__send_chunk_lp(r, req, index, ids, n, text, text_len, NULL);
+}
+
+void router__send_chunk_lp(router_t *r, router_req_t *req, int index,
+                           const int *ids, int n, const uint8_t *text,
+                           size_t text_len, const router_chunk_lp_t *lp)
+{
     Baton__ClientMessage msg = BATON__CLIENT_MESSAGE__INIT;
     Baton__TokenChunk c = BATON__TOKEN_CHUNK__INIT;
+
+    if (lp != NULL && lp->n_prompt > 0) {
+        size_t np = (size_t)lp->n_prompt - 1;
+        c.n_prompt_ids = (size_t)lp->n_prompt;
+        c.prompt_ids = (int32_t *)lp->prompt_ids;
+        c.n_prompt_logprobs = np;
+        c.prompt_logprobs = (float *)lp->prompt_logprobs;
+        c.n_prompt_top_ids = np * (size_t)lp->pk;
+        c.prompt_top_ids = (int32_t *)lp->prompt_top_ids;
+        c.n_prompt_top_logprobs = c.n_prompt_top_ids;
+        c.prompt_top_logprobs = (float *)lp->prompt_top_logprobs;
+    }
+    if (lp != NULL && lp->logprobs != NULL && n > 0) {
+        c.n_logprobs = (size_t)n;
+        c.logprobs = (float *)lp->logprobs;
+        c.n_top_ids = (size_t)n * (size_t)lp->k;
+        c.top_ids = (int32_t *)lp->top_ids;
+        c.n_top_logprobs = c.n_top_ids;
+        c.top_logprobs = (float *)lp->top_logprobs;
+    }
 
     r->metrics.generated_tokens += (uint64_t)(n > 0 ? n : 0);
     c.has_client_request_id = 1;

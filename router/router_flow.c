@@ -338,6 +338,7 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     Baton__KvReady ready = BATON__KV_READY__INIT;
     router_req_t *req = router__req_find(r, done->request_id);
     router_worker_t *d;
+    router_chunk_lp_t lp;
     int stops[PROTO_MAX_STOP + ROUTER_MAX_EOS];
     int n_stops, first, n_tokens;
     int *tokens;
@@ -397,6 +398,40 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
                done->n_prompt_ids * sizeof(int));
         req->n_prompt = (int)done->n_prompt_ids;
     }
+    /* The first chunk's logprobs: the first token's, and the prompt's
+     * once per request (a resumed attempt recomputes them: not again). */
+    memset(&lp, 0, sizeof(lp));
+    if (done->has_first_logprob &&
+        done->n_first_top_ids == done->n_first_top_logprobs) {
+        lp.logprobs = &done->first_logprob;
+        lp.top_ids = done->first_top_ids;
+        lp.top_logprobs = done->first_top_logprobs;
+        lp.k = (int)done->n_first_top_ids;
+    }
+    if (!req->plp_sent && req->sampling.prompt_logprobs &&
+        req->n_prompt >= 1 &&
+        done->n_prompt_logprobs >= (size_t)req->n_prompt - 1) {
+        size_t np = done->n_prompt_logprobs;
+        if (done->n_prompt_top_ids != done->n_prompt_top_logprobs ||
+            (np > 0 && done->n_prompt_top_ids % np != 0)) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                             "prefill sent malformed prompt logprobs");
+            return;
+        }
+        lp.prompt_ids = req->prompt_ids;
+        lp.n_prompt = req->n_prompt;
+        lp.prompt_logprobs = done->prompt_logprobs;
+        lp.prompt_top_ids = done->prompt_top_ids;
+        lp.prompt_top_logprobs = done->prompt_top_logprobs;
+        lp.pk = np > 0 ? (int)(done->n_prompt_top_ids / np) : 0;
+        req->plp_sent = true;
+        /* a resumed attempt (failover) need not compute them again */
+        req->sampling.prompt_logprobs = 0;
+    } else if (!req->plp_sent && req->sampling.prompt_logprobs) {
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                         "prefill sent no prompt logprobs");
+        return;
+    }
     first = done->first_token;
     n_stops = router__req_stop_ids(req, d, stops);
     text = req->want_text && done->has_first_text ? done->first_text.data
@@ -421,9 +456,9 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     }
     if (reason == STOP_EOS) {
         /* Not emitted; text a failed decode worker held back goes out. */
-        if (text_len > 0)
-            router__send_chunk(r, req, req->n_generated, NULL, 0, text,
-                               text_len);
+        if (text_len > 0 || lp.n_prompt > 0)
+            router__send_chunk_lp(r, req, req->n_generated, NULL, 0, text,
+                                  text_len, &lp);
         bt_free(shown);
         router__send_kv_release(r, d, req->id, req->epoch);
         router__req_complete(r, req, BATON__FINISH_REASON__FINISH_STOP);
@@ -442,7 +477,8 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
         text_len += req->n_stop_held;
         req->n_stop_held = 0;
     }
-    router__send_chunk(r, req, req->n_generated - 1, &first, 1, text, text_len);
+    router__send_chunk_lp(r, req, req->n_generated - 1, &first, 1, text,
+                          text_len, &lp);
     bt_free(shown);
     if (reason == STOP_STRING || req->n_generated >= req->max_tokens) {
         router__send_kv_release(r, d, req->id, req->epoch);
@@ -545,6 +581,15 @@ void router__on_token_out(router_t *r, router_worker_t *w,
         router__req_requeue(r, req, true, 0);
         return;
     }
+    if (out->n_logprobs > 0 &&
+        (out->n_logprobs != out->n_ids ||
+         out->n_top_ids != out->n_top_logprobs ||
+         out->n_top_ids % out->n_ids != 0)) {
+        /* never relay numbers that cannot be matched to their ids */
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                         "decode worker sent malformed logprobs");
+        return;
+    }
     router__req_phase_deadline(r, req); /* it moves: the next token's */
     n = (int)out->n_ids - skip;
     /* The decode worker's matcher state, for a failover. */
@@ -565,9 +610,24 @@ void router__on_token_out(router_t *r, router_worker_t *w,
             return;
         }
         /* Text of a partly duplicated chunk cannot be split: drop it. */
-        router__send_chunk(r, req, index, out->ids + skip, n,
-                           skip == 0 && out->has_text ? out->text.data : NULL,
-                           out->text.len);
+        if (out->n_logprobs > 0) {
+            int k = (int)(out->n_top_ids / out->n_ids);
+            router_chunk_lp_t lp;
+            memset(&lp, 0, sizeof(lp));
+            lp.logprobs = out->logprobs + skip;
+            lp.top_ids = out->top_ids + (size_t)skip * k;
+            lp.top_logprobs = out->top_logprobs + (size_t)skip * k;
+            lp.k = k;
+            router__send_chunk_lp(r, req, index, out->ids + skip, n,
+                                  skip == 0 && out->has_text
+                                      ? out->text.data : NULL,
+                                  out->text.len, &lp);
+        } else {
+            router__send_chunk(r, req, index, out->ids + skip, n,
+                               skip == 0 && out->has_text ? out->text.data
+                                                          : NULL,
+                               out->text.len);
+        }
     }
     if (out->has_finish && out->finish != BATON__FINISH_REASON__FINISH_NONE)
         router__req_complete(r, req, out->finish);

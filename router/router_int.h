@@ -230,6 +230,8 @@ struct router_req_s {
                                   token, then as the decode worker last
                                   reported it (continues a failover) */
     size_t n_stop_held;
+    bool plp_sent;          /* the prompt's logprobs went to the client
+                               (SamplingParams.prompt_logprobs; once) */
     /* timings (ns, bt_time_ns) */
     uint64_t t_arrival;
     uint64_t t_granted;
@@ -540,6 +542,28 @@ void router__handle_client(router_t *r, bt_zmq_msg_t *zm);
 void router__send_chunk(router_t *r, router_req_t *req, int index,
                         const int *ids, int n, const uint8_t *text,
                         size_t text_len);
+
+/* Logprobs relayed with a chunk (SamplingParams.logprobs): one logprob
+ * per id and k alternatives per id (top_ids/top_logprobs hold n * k). */
+typedef struct {
+    const float *logprobs;     /* (n) */
+    const int32_t *top_ids;    /* (n, k) */
+    const float *top_logprobs; /* (n, k) */
+    int k;
+    /* the prompt's (first chunk only; n_prompt 0: none) */
+    const int *prompt_ids;     /* (n_prompt) */
+    int n_prompt;
+    const float *prompt_logprobs;     /* (n_prompt - 1) positions 1.. */
+    const int32_t *prompt_top_ids;    /* (n_prompt - 1, pk) */
+    const float *prompt_top_logprobs; /* (n_prompt - 1, pk) */
+    int pk;
+} router_chunk_lp_t;
+
+/* router__send_chunk with logprobs (lp NULL: none; lp->logprobs NULL:
+ * only the prompt's). */
+void router__send_chunk_lp(router_t *r, router_req_t *req, int index,
+                           const int *ids, int n, const uint8_t *text,
+                           size_t text_len, const router_chunk_lp_t *lp);
 /* Finished with usage and per-phase timings. */
 void router__send_finished(router_t *r, router_req_t *req,
                            Baton__FinishReason reason);

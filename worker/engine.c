@@ -27,7 +27,14 @@ struct engine_s {
     int *batch_index;         /* (max_seqs) engine_step slot of each row */
     grammar_vocab_t *gvocab;  /* token bytes for grammar masks, built on
                                * first use (engine_grammar_vocab) */
+    float *lp_logits;         /* (max_seqs + ENGINE_LP_ROWS, vocab) rows of
+                               * prompt positions (prompt logprobs), made
+                               * on first use */
 };
+
+/* Prompt logprobs need a logits row per prompt position: one such
+ * sequence per step feeds at most this many tokens, so the rows fit. */
+#define ENGINE_LP_ROWS 64
 
 struct engine_seq_s {
     int *tokens;      /* (cap) prompt then generated ids */
@@ -44,6 +51,8 @@ struct engine_seq_s {
     int g_start;              /* index of the first constrained token */
     uint64_t *gmask;          /* (mask words) this step's allowed tokens,
                                * the sampler's mask */
+    sampler_prompt_lp_t *plp; /* the prompt's logprobs (params
+                               * prompt_logprobs), or NULL */
 };
 
 /* A Hugging Face model directory that holds tokenizer.json brings its own
@@ -130,7 +139,7 @@ bt_status_t engine_create(const engine_config_t *cfg, engine_t **engine_p)
     engine->block_size = engine->cfg.backend.block_size;
     engine->max_context = mcfg->max_seq_len;
     {
-        int seqs = engine->cfg.backend.max_seqs;
+        int seqs = engine->cfg.backend.max_seqs + ENGINE_LP_ROWS;
 
         engine->row_samplers = bt_calloc((size_t)seqs,
                                          sizeof(*engine->row_samplers),
@@ -163,6 +172,7 @@ err_bufs:
     bt_free(engine->row_ids);
     bt_free(engine->batch_seqs);
     bt_free(engine->batch_index);
+    bt_free(engine->lp_logits);
     kv_allocator_destroy(&engine->kv);
 err_backend:
     backend_destroy(&engine->backend);
@@ -185,6 +195,7 @@ void engine_destroy(engine_t **engine_p)
     bt_free(engine->row_ids);
     bt_free(engine->batch_seqs);
     bt_free(engine->batch_index);
+    bt_free(engine->lp_logits);
     kv_allocator_destroy(&engine->kv);
     backend_destroy(&engine->backend);
     grammar_vocab_destroy(&engine->gvocab);
@@ -259,6 +270,13 @@ bt_status_t engine_seq_create(engine_t *engine, const int *prompt,
         status = BT_ERR_NO_MEMORY;
         goto err_bufs;
     }
+    if (params->prompt_logprobs) {
+        status = sampler_prompt_lp_create(n_prompt,
+                                          params->prompt_top_logprobs,
+                                          &seq->plp);
+        if (status != BT_OK)
+            goto err_bufs;
+    }
     memcpy(seq->tokens, prompt, sizeof(int) * (size_t)n_prompt);
     seq->n_tokens = n_prompt;
     seq->n_prompt = n_prompt;
@@ -268,6 +286,7 @@ bt_status_t engine_seq_create(engine_t *engine, const int *prompt,
     return BT_OK;
 
 err_bufs:
+    sampler_prompt_lp_destroy(&seq->plp);
     bt_free(seq->tokens);
     bt_free(seq->blocks);
     sampler_destroy(&seq->sampler);
@@ -284,6 +303,7 @@ void engine_seq_destroy(engine_t *engine, engine_seq_t **seq_p)
         return;
     kv_allocator_release(engine->kv, seq->n_blocks, seq->blocks);
     sampler_destroy(&seq->sampler);
+    sampler_prompt_lp_destroy(&seq->plp);
     bt_free(seq->gmask);
     bt_free(seq->tokens);
     bt_free(seq->blocks);
@@ -316,10 +336,33 @@ int engine_seq_n_generated(const engine_seq_t *seq)
     return seq->n_tokens - seq->n_prompt;
 }
 
-/* Tokens to feed for seq this step, given the remaining budget. */
-static int engine_seq_take(const engine_seq_t *seq, int budget)
+const sampler_prompt_lp_t *engine_seq_prompt_logprobs(
+    const engine_seq_t *seq)
 {
-    return BT_MIN(seq->n_tokens - seq->n_cached, budget);
+    return seq->plp;
+}
+
+/* Whether seq's next chunk needs a logits row per position. */
+static bool engine_seq_lp_rows(const engine_seq_t *seq)
+{
+    return seq->plp != NULL && seq->n_cached < seq->n_prompt;
+}
+
+/* Tokens to feed for seq this step, given the remaining budget.  One
+ * sequence a step gathers prompt logprobs (*lp_used), ENGINE_LP_ROWS
+ * tokens at most; another waits for the next step. */
+static int engine_seq_take(const engine_seq_t *seq, int budget,
+                           bool *lp_used)
+{
+    int take = BT_MIN(seq->n_tokens - seq->n_cached, budget);
+
+    if (take > 0 && engine_seq_lp_rows(seq)) {
+        if (*lp_used)
+            return 0;
+        *lp_used = true;
+        take = BT_MIN(take, ENGINE_LP_ROWS);
+    }
+    return take;
 }
 
 bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
@@ -327,6 +370,8 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
 {
     const backend_config_t *bcfg = &engine->cfg.backend;
     int budget, need_blocks = 0, n_batch = 0, n_rows = 0;
+    bool lp_plan = false, lp_used = false;
+    int lp_b = -1; /* the batch entry with a row per position */
     backend_batch_t batch;
     bt_status_t status;
 
@@ -342,7 +387,7 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
      * pool changes nothing. */
     for (int i = 0, left = budget; i < n; i++) {
         engine_seq_t *seq = seqs[i];
-        int take = engine_seq_take(seq, left);
+        int take = engine_seq_take(seq, left, &lp_plan);
 
         sampled[i] = -1;
         if (take <= 0)
@@ -366,10 +411,19 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
                         "KV pool full: step needs %d blocks, %d free",
                         need_blocks, kv_allocator_free_count(engine->kv));
+    if (lp_plan && engine->lp_logits == NULL) {
+        engine->lp_logits = bt_malloc(sizeof(float) * (size_t)engine->vocab_size *
+                                          (size_t)(bcfg->max_seqs +
+                                                   ENGINE_LP_ROWS),
+                                      "engine_lp_logits");
+        if (engine->lp_logits == NULL)
+            return BT_ERR_NO_MEMORY;
+    }
 
     for (int i = 0, left = budget; i < n; i++) {
         engine_seq_t *seq = seqs[i];
-        int take = engine_seq_take(seq, left);
+        bool lp_rows = engine_seq_lp_rows(seq) && !lp_used;
+        int take = engine_seq_take(seq, left, &lp_used);
         int want;
         backend_seq_t *bs;
 
@@ -390,9 +444,20 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
         bs->block_table = seq->blocks;
         bs->n_logits = (seq->n_cached + take == seq->n_tokens) ? 1 : 0;
         engine->batch_index[n_batch] = i;
-        if (bs->n_logits)
-            engine->row_samplers[n_rows] = seq->sampler;
-        n_rows += bs->n_logits;
+        if (lp_rows) {
+            /* a row per position: the prompt's logprobs; the last
+             * samples when the chunk ends the prompt */
+            for (int r = 0; r < take - bs->n_logits; r++)
+                engine->row_samplers[n_rows++] = NULL;
+            if (bs->n_logits)
+                engine->row_samplers[n_rows++] = seq->sampler;
+            bs->n_logits = take;
+            lp_b = n_batch;
+        } else {
+            if (bs->n_logits)
+                engine->row_samplers[n_rows] = seq->sampler;
+            n_rows += bs->n_logits;
+        }
         n_batch++;
         left -= take;
     }
@@ -405,17 +470,28 @@ bt_status_t engine_step(engine_t *engine, engine_seq_t **seqs, int n,
      * back */
     status = backend_forward_sample(engine->backend, &batch,
                                     engine->row_samplers, engine->row_ids,
-                                    NULL, NULL);
+                                    lp_used ? engine->lp_logits : NULL,
+                                    NULL);
     if (status != BT_OK)
         return status;
 
     for (int b = 0, row = 0; b < n_batch; b++) {
         engine_seq_t *seq = seqs[engine->batch_index[b]];
         const backend_seq_t *bs = &engine->batch_seqs[b];
+        int samples = seq->n_cached + bs->n_tokens == seq->n_tokens;
         int tok;
 
+        if (b == lp_b) {
+            /* rows of prompt positions (the sampled one excluded) */
+            sampler_prompt_lp_rows(seq->plp,
+                                   engine->lp_logits +
+                                       (size_t)row * engine->vocab_size,
+                                   engine->vocab_size, seq->tokens,
+                                   seq->n_cached, bs->n_logits - samples);
+            row += bs->n_logits - samples;
+        }
         seq->n_cached += bs->n_tokens;
-        if (bs->n_logits == 0)
+        if (!samples || bs->n_logits == 0)
             continue;
         tok = engine->row_ids[row++];
         if (seq->grammar != NULL) {

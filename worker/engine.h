@@ -71,6 +71,13 @@ const int *engine_seq_tokens(const engine_seq_t *seq);
 /* Tokens generated so far (those after the prompt). */
 int engine_seq_n_generated(const engine_seq_t *seq);
 
+/* The prompt's logprobs (sampler_params_t.prompt_logprobs; NULL when not
+ * asked), filled as the prompt is fed: complete once the first token is
+ * sampled.  Every prompt position gets a logits row (its chunks feed at
+ * most 64 tokens a step, one such sequence a step). */
+const sampler_prompt_lp_t *engine_seq_prompt_logprobs(
+    const engine_seq_t *seq);
+
 /* Runs one forward over `n` sequences.  Each feeds up to its pending
  * tokens, with at most `token_budget` new tokens in all (0 = backend
  * limit); a sequence left without budget is skipped this step.  For each

@@ -50,6 +50,7 @@ struct sampler_s {
                                * beyond a device's candidates */
     const uint64_t *mask;     /* ((vocab_size + 63) / 64) allowed tokens
                                * (sampler_set_mask, borrowed); NULL: all */
+    sampler_logprobs_t lp;    /* the last sample's (params.logprobs) */
 };
 
 _Static_assert(sizeof(sampler_cand_t) == sizeof(uint64_t),
@@ -849,7 +850,126 @@ void sampler_skip(sampler_t *s, int n)
         (void)sampler_uniform(s);
 }
 
+void sampler_logprobs_row(const float *logits, int vocab, int token,
+                          int n_top, sampler_logprobs_t *out)
+{
+    float m = -INFINITY;
+    double sum = 0.0;
+    float lse;
+    int n = 0;
+
+    n_top = BT_MIN(BT_MAX(n_top, 0), BT_MIN(vocab, PARAMS_MAX_LOGPROBS));
+    for (int i = 0; i < vocab; i++)
+        m = logits[i] > m ? logits[i] : m;
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)logits[i] - (double)m);
+    lse = (float)((double)m + log(sum));
+    /* top n_top by insertion: ids ascending and a strict > keep the
+     * lower id first among ties, as the argmax does */
+    for (int i = 0; i < vocab && n_top > 0; i++) {
+        float v = logits[i];
+        int j;
+
+        if (n == n_top && !(v > out->top_logprobs[n - 1]))
+            continue;
+        j = n < n_top ? n++ : n - 1;
+        while (j > 0 && v > out->top_logprobs[j - 1]) {
+            out->top_logprobs[j] = out->top_logprobs[j - 1];
+            out->top_ids[j] = out->top_ids[j - 1];
+            j--;
+        }
+        out->top_logprobs[j] = v;
+        out->top_ids[j] = i;
+    }
+    for (int j = 0; j < n; j++)
+        out->top_logprobs[j] -= lse;
+    out->n_top = n;
+    out->logprob = token >= 0 && token < vocab ? logits[token] - lse
+                                               : -INFINITY;
+}
+
+const sampler_logprobs_t *sampler_last_logprobs(const sampler_t *s)
+{
+    return s->params.logprobs ? &s->lp : NULL;
+}
+
+bt_status_t sampler_prompt_lp_create(int n, int k,
+                                     sampler_prompt_lp_t **plp_p)
+{
+    sampler_prompt_lp_t *plp;
+    size_t m = n > 1 ? (size_t)n - 1 : 1;
+
+    if (n < 1 || k < 0 || k > PARAMS_MAX_LOGPROBS)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "SAMPLE",
+                        "prompt logprobs of %d tokens, %d alternatives", n,
+                        k);
+    plp = bt_calloc(1, sizeof(*plp), "sampler_prompt_lp");
+    if (plp == NULL)
+        return BT_ERR_NO_MEMORY;
+    plp->n = n;
+    plp->k = k;
+    plp->lps = bt_calloc(m, sizeof(float), "sampler_prompt_lp");
+    plp->top_ids = bt_calloc(m * (size_t)BT_MAX(k, 1), sizeof(int),
+                             "sampler_prompt_lp");
+    plp->top_lps = bt_calloc(m * (size_t)BT_MAX(k, 1), sizeof(float),
+                             "sampler_prompt_lp");
+    if (plp->lps == NULL || plp->top_ids == NULL || plp->top_lps == NULL) {
+        sampler_prompt_lp_destroy(&plp);
+        return BT_ERR_NO_MEMORY;
+    }
+    *plp_p = plp;
+    return BT_OK;
+}
+
+void sampler_prompt_lp_destroy(sampler_prompt_lp_t **plp_p)
+{
+    sampler_prompt_lp_t *plp = *plp_p;
+
+    if (plp == NULL)
+        return;
+    bt_free(plp->lps);
+    bt_free(plp->top_ids);
+    bt_free(plp->top_lps);
+    bt_free(plp);
+    *plp_p = NULL;
+}
+
+void sampler_prompt_lp_rows(sampler_prompt_lp_t *plp, const float *logits,
+                            int vocab, const int *tokens, int pos0,
+                            int n_rows)
+{
+    sampler_logprobs_t lp;
+
+    for (int r = 0; r < n_rows; r++) {
+        int p = pos0 + r + 1; /* the position this row scores */
+        if (p < 1 || p >= plp->n)
+            continue;
+        sampler_logprobs_row(logits + (size_t)r * (size_t)vocab, vocab,
+                             tokens[p], plp->k, &lp);
+        plp->lps[p - 1] = lp.logprob;
+        for (int j = 0; j < plp->k; j++) {
+            /* n_top < k only for a vocabulary smaller than k */
+            plp->top_ids[(size_t)(p - 1) * plp->k + j] =
+                j < lp.n_top ? lp.top_ids[j] : 0;
+            plp->top_lps[(size_t)(p - 1) * plp->k + j] =
+                j < lp.n_top ? lp.top_logprobs[j] : -INFINITY;
+        }
+    }
+}
+
+static int sampler_sample_row(sampler_t *s, float *logits);
+
 int sampler_sample(sampler_t *s, float *logits)
+{
+    int tok = sampler_sample_row(s, logits);
+
+    if (s->params.logprobs)
+        sampler_logprobs_row(logits, s->vocab_size, tok,
+                             s->params.top_logprobs, &s->lp);
+    return tok;
+}
+
+static int sampler_sample_row(sampler_t *s, float *logits)
 {
     const float *row = sampler_penalise(s, logits);
     sampler_dist_t d;
@@ -917,7 +1037,7 @@ void sampler_probs(sampler_t *s, const float *logits, float *probs)
 bool sampler_is_argmax(const sampler_t *s)
 {
     return s->params.temperature == 0.0f && !sampler_uses_penalties(s) &&
-           s->mask == NULL;
+           s->mask == NULL && !s->params.logprobs;
 }
 
 void sampler_set_mask(sampler_t *s, const uint64_t *allowed)
@@ -932,7 +1052,7 @@ sampler_need_t sampler_need(const sampler_t *s)
 {
     const sampler_params_t *p = &s->params;
 
-    if (sampler_uses_penalties(s) || s->mask != NULL)
+    if (sampler_uses_penalties(s) || s->mask != NULL || p->logprobs)
         return SAMPLER_NEED_ROW;
     if (p->temperature == 0.0f)
         return SAMPLER_NEED_ARGMAX;
@@ -976,7 +1096,7 @@ bool sampler_is_dist(const sampler_t *s)
     const sampler_params_t *p = &s->params;
 
     if (p->temperature == 0.0f || sampler_uses_penalties(s) ||
-        s->mask != NULL)
+        s->mask != NULL || p->logprobs)
         return false;
     return p->top_p < 1.0f || p->top_k <= 1 || p->top_k >= s->vocab_size;
 }
@@ -1005,7 +1125,7 @@ bool sampler_sample_top(sampler_t *s, const int *ids, const float *logits,
     double keep = 0.0;
 
     if (p->temperature == 0.0f || sampler_uses_penalties(s) ||
-        s->mask != NULL || k < 1 ||
+        s->mask != NULL || p->logprobs || k < 1 ||
         k > vocab || !(sum >= 1.0))
         return false;
     inv_t = 1.0f / p->temperature;

@@ -41,14 +41,62 @@ void sampler_destroy(sampler_t **sampler_p);
  * every generated token). */
 void sampler_observe(sampler_t *sampler, int token);
 
-/* Picks the next token from `logits` (vocab_size floats, modified in
- * place).  Does not observe the result; the caller does. */
+/* Picks the next token from `logits` (vocab_size floats, not modified).
+ * Does not observe the result; the caller does.  With params.logprobs it
+ * also computes the token's logprobs (sampler_last_logprobs): a device
+ * backend then sends the whole row (sampler_need is SAMPLER_NEED_ROW). */
 int sampler_sample(sampler_t *sampler, float *logits);
 
 /* Probability distribution the sampler draws from, after penalties,
  * temperature and truncation (speculative rejection sampling needs it).
  * `probs` has vocab_size floats; greedy gives a one-hot row. */
 void sampler_probs(sampler_t *sampler, const float *logits, float *probs);
+
+/* ---- log-probabilities (issue 39) ----
+ * Of the raw model distribution: log_softmax of the logits as the model
+ * gave them, before penalties, grammar mask, temperature and truncation
+ * (vLLM's default), so the numbers say what the model thinks, not how
+ * the token was drawn. */
+typedef struct {
+    float logprob;                           /* the token's */
+    int n_top;                               /* alternatives below */
+    int top_ids[PARAMS_MAX_LOGPROBS];        /* (n_top) most likely first,
+                                              * ties: lower id first */
+    float top_logprobs[PARAMS_MAX_LOGPROBS]; /* (n_top) */
+} sampler_logprobs_t;
+
+/* Computes `token`'s logprob and the n_top (<= PARAMS_MAX_LOGPROBS) most
+ * likely ids of the row `logits` (vocab floats, not modified).  Used by
+ * the sampler and for prompt positions (echo), so both agree. */
+void sampler_logprobs_row(const float *logits, int vocab, int token,
+                          int n_top, sampler_logprobs_t *out);
+
+/* The last sampler_sample()'s token logprobs (with params.top_logprobs
+ * alternatives), or NULL when the params ask for none.  Valid until the
+ * next sample. */
+const sampler_logprobs_t *sampler_last_logprobs(const sampler_t *sampler);
+
+/* A prompt's logprobs (echo / prompt_logprobs), gathered chunk by chunk
+ * from the logits rows of every prompt position: position p's logprob
+ * (p >= 1; position 0 has none) comes from the row after position p-1. */
+typedef struct {
+    int n;          /* prompt tokens */
+    int k;          /* alternatives per position, 0..PARAMS_MAX_LOGPROBS */
+    float *lps;     /* (n - 1) position p's at index p - 1 */
+    int *top_ids;   /* (n - 1, k) most likely first */
+    float *top_lps; /* (n - 1, k) */
+} sampler_prompt_lp_t;
+
+bt_status_t sampler_prompt_lp_create(int n, int k,
+                                     sampler_prompt_lp_t **plp_p);
+void sampler_prompt_lp_destroy(sampler_prompt_lp_t **plp_p);
+
+/* Scores n_rows logits rows (vocab floats each): row r holds the logits
+ * after prompt position pos0 + r (tokens: the prompt).  Rows past the
+ * prompt's last position are ignored. */
+void sampler_prompt_lp_rows(sampler_prompt_lp_t *plp, const float *logits,
+                            int vocab, const int *tokens, int pos0,
+                            int n_rows);
 
 /* Advances the random stream as if n tokens had been sampled: a request
  * whose earlier tokens were sampled in another process (prefill, or a
@@ -86,6 +134,9 @@ typedef enum {
                               * temperature, top-k without top-p) */
 } sampler_need_t;
 
+/* Logprobs need the whole row on the host as the grammar mask does: a
+ * vocab-sized device-to-host copy per step (about 0.5 MB for a 128K
+ * vocabulary), the price of exact numbers. */
 sampler_need_t sampler_need(const sampler_t *sampler);
 
 float sampler_temperature(const sampler_t *sampler);

@@ -193,6 +193,35 @@ size_t workerproc_intake_first_text(engine_t *engine,
     return n;
 }
 
+void workerproc_prefill_done_logprobs(Baton__PrefillDone *done,
+                                      const sampler_logprobs_t *lp)
+{
+    if (lp == NULL)
+        return;
+    done->has_first_logprob = 1;
+    done->first_logprob = lp->logprob;
+    done->n_first_top_ids = (size_t)lp->n_top;
+    done->first_top_ids = (int32_t *)lp->top_ids;
+    done->n_first_top_logprobs = (size_t)lp->n_top;
+    done->first_top_logprobs = (float *)lp->top_logprobs;
+}
+
+void workerproc_prefill_done_prompt_logprobs(Baton__PrefillDone *done,
+                                             const sampler_prompt_lp_t *plp)
+{
+    size_t n;
+
+    if (plp == NULL)
+        return;
+    n = (size_t)plp->n - 1;
+    done->n_prompt_logprobs = n;
+    done->prompt_logprobs = plp->lps;
+    done->n_prompt_top_ids = n * (size_t)plp->k;
+    done->prompt_top_ids = (int32_t *)plp->top_ids;
+    done->n_prompt_top_logprobs = done->n_prompt_top_ids;
+    done->prompt_top_logprobs = plp->top_lps;
+}
+
 void workerproc_send_prefill_done(void *sock, Baton__PrefillDone *done,
                                   uint64_t id, const workerproc_prompt_t *p,
                                   int first, const char *text,

@@ -77,6 +77,16 @@ size_t workerproc_intake_first_text(engine_t *engine,
 /* A successful PrefillDone: the prompt ids, first token and text, the
  * grant's epoch and capability, timings; `done` may carry more (inline
  * KV, the spec feature) set by the caller before the call. */
+/* Sets the first token's logprobs (SamplingParams.logprobs) in `done`;
+ * lp NULL: none.  Borrows lp until done is sent. */
+void workerproc_prefill_done_logprobs(Baton__PrefillDone *done,
+                                      const sampler_logprobs_t *lp);
+
+/* Sets the prompt's logprobs (SamplingParams.prompt_logprobs) in `done`;
+ * plp NULL: none.  Borrows plp until done is sent. */
+void workerproc_prefill_done_prompt_logprobs(Baton__PrefillDone *done,
+                                             const sampler_prompt_lp_t *plp);
+
 void workerproc_send_prefill_done(void *sock, Baton__PrefillDone *done,
                                   uint64_t id, const workerproc_prompt_t *p,
                                   int first, const char *text,

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "bt_alloc.h"
@@ -69,6 +70,45 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
                  BT_OK, "response JSON");
     fz_check(gateway__api_chunk_json(&resp, body, len, true, NULL, true,
                                      &out) == BT_OK, "chunk JSON");
+    fz_check(req.req.top_logprobs >= 0 &&
+                 req.req.top_logprobs <= PARAMS_MAX_LOGPROBS &&
+                 req.req.prompt_top_logprobs >= 0 &&
+                 req.req.prompt_top_logprobs <= PARAMS_MAX_LOGPROBS,
+             "logprobs bounds");
+    if (tok != NULL) {
+        /* logprobs of ids from the body's bytes: out of the vocabulary,
+         * negative, -inf, the asked count of alternatives */
+        gateway_lp_t lp[4];
+        memset(lp, 0, sizeof(lp));
+        for (int i = 0; i < 4; i++) {
+            lp[i].id = (len > (size_t)i ? (unsigned char)body[i] : i) * 3 -
+                       100;
+            lp[i].has_logprob = i > 0;
+            lp[i].logprob = i == 3 ? -INFINITY : -0.5f * (float)i;
+            lp[i].n_top = req.req.top_logprobs;
+            for (int k = 0; k < lp[i].n_top; k++) {
+                lp[i].top_ids[k] = lp[i].id + k;
+                lp[i].top_logprobs[k] = -(float)k;
+            }
+        }
+        resp.tok = tok;
+        resp.logprobs = true;
+        resp.lp = lp;
+        resp.n_lp = 4;
+        resp.prev_id = -1;
+        resp.plp = lp;
+        resp.n_plp = 4;
+        for (int k = 0; k < 2; k++) {
+            resp.kind = k ? GATEWAY_API_CHAT : GATEWAY_API_COMPLETIONS;
+            fz_check(gateway__api_response_json(&resp, body, len, "stop",
+                                                &out) == BT_OK,
+                     "logprobs response JSON");
+            fz_check(gateway__api_chunk_json(&resp, body, len, false, NULL,
+                                             false, &out) == BT_OK,
+                     "logprobs chunk JSON");
+        }
+        (void)gateway__api_lp_chars(&resp);
+    }
     bt_buf_cleanup(&out);
     gateway__api_req_cleanup(&req);
 }

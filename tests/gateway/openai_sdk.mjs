@@ -9,7 +9,12 @@
 // Checks: models.list; a completion and a chat completion (text, usage
 // counts); streaming completions and chat whose chunks concatenate to the
 // non-stream text (greedy, temperature 0), with the usage chunk of
-// stream_options.include_usage; errors mapped to the SDK's classes: 400
+// stream_options.include_usage; logprobs (issue 39): the legacy format
+// (tokens concatenate to the text, greedy token is the top-1, text_offset
+// counts characters), echo (prompt first, its first logprob null, the
+// completion's logprobs unchanged), streamed logprobs equal to the
+// non-stream ones, chat logprobs.content with bytes and top_logprobs,
+// logprobs 21 refused; errors mapped to the SDK's classes: 400
 // BadRequestError naming the parameter, 404 NotFoundError for an unknown
 // model, 401 AuthenticationError for a wrong key.  Exits 0 on success,
 // 1 with a message on the first failure; bounded by a 120 s timer.
@@ -105,6 +110,64 @@ async function main() {
         usage.prompt_tokens === ch.usage.prompt_tokens,
         `chat stream usage ${JSON.stringify(usage)} vs ${JSON.stringify(ch.usage)}`);
 
+  // logprobs (issue 39): the legacy completions format, greedy
+  const lpc = await client.completions.create({ ...params, logprobs: 3 });
+  const lp = lpc.choices[0].logprobs;
+  check(lpc.choices[0].text === text, `logprobs changed the text: ${JSON.stringify(lpc)}`);
+  check(lp && lp.tokens.length === lpc.usage.completion_tokens &&
+        lp.token_logprobs.length === lp.tokens.length &&
+        lp.top_logprobs.length === lp.tokens.length &&
+        lp.text_offset.length === lp.tokens.length, `logprobs shape: ${JSON.stringify(lp)}`);
+  check(lp.tokens.join("") === text, `tokens ${JSON.stringify(lp.tokens)} != text`);
+  let off = 0;
+  lp.tokens.forEach((t, i) => {
+    const top = lp.top_logprobs[i];
+    const best = Math.max(...Object.values(top));
+    check(lp.token_logprobs[i] <= 0, `logprob ${i} > 0`);
+    check(Object.keys(top).length >= 3 && top[t] === lp.token_logprobs[i] && best === top[t],
+          `greedy token ${JSON.stringify(t)} is not the top-1: ${JSON.stringify(top)}`);
+    check(lp.text_offset[i] === off, `text_offset ${i}: ${lp.text_offset[i]} != ${off}`);
+    off += [...t].length;
+  });
+
+  // echo: the prompt's tokens first (the first without a logprob)
+  const ec = await client.completions.create({ ...params, logprobs: 1, echo: true });
+  const el = ec.choices[0].logprobs;
+  const nPrompt = el.tokens.length - lp.tokens.length;
+  check(ec.choices[0].text === params.prompt + text, `echo text ${JSON.stringify(ec.choices[0].text)}`);
+  check(nPrompt === ec.usage.prompt_tokens && el.token_logprobs[0] === null &&
+        el.top_logprobs[0] === null, `echo prompt logprobs: ${JSON.stringify(el)}`);
+  check(el.token_logprobs.slice(1).every((v) => typeof v === "number" && v <= 0),
+        `echo logprobs: ${JSON.stringify(el.token_logprobs)}`);
+  check(el.token_logprobs.slice(nPrompt).every((v, i) => v === lp.token_logprobs[i]),
+        `echo's completion logprobs differ from the plain request's`);
+  check(el.text_offset[nPrompt] === params.prompt.length, `echo text_offset ${el.text_offset}`);
+
+  // streamed logprobs are the non-stream ones, chunk by chunk
+  const st = [], stl = [];
+  for await (const chunk of await client.completions.create({ ...params, logprobs: 3, stream: true })) {
+    const l = chunk.choices.length > 0 ? chunk.choices[0].logprobs : null;
+    if (l) { st.push(...l.tokens); stl.push(...l.token_logprobs); }
+  }
+  check(JSON.stringify(st) === JSON.stringify(lp.tokens) &&
+        JSON.stringify(stl) === JSON.stringify(lp.token_logprobs),
+        `stream logprobs ${JSON.stringify(stl)} != ${JSON.stringify(lp.token_logprobs)}`);
+
+  // chat: logprobs.content with bytes and top_logprobs
+  const cl = await client.chat.completions.create({ ...chatParams, logprobs: true, top_logprobs: 2 });
+  const content = cl.choices[0].logprobs.content;
+  check(content.length === cl.usage.completion_tokens &&
+        content.map((e) => e.token).join("") === cl.choices[0].message.content,
+        `chat logprobs: ${JSON.stringify(cl.choices[0])}`);
+  for (const e of content)
+    check(e.logprob <= 0 && Array.isArray(e.bytes) && e.top_logprobs.length === 2 &&
+          e.top_logprobs[0].token === e.token && e.top_logprobs[0].logprob === e.logprob &&
+          e.top_logprobs[1].logprob <= e.top_logprobs[0].logprob,
+          `chat logprob entry ${JSON.stringify(e)}`);
+  const lpBad = await expectError(OpenAI.BadRequestError, 400,
+    () => client.completions.create({ ...params, logprobs: 21 }), "logprobs 21");
+  check(lpBad.param === "logprobs", `400 param ${lpBad.param}`);
+
   // errors in the SDK's classes
   const bad = await expectError(OpenAI.BadRequestError, 400,
     () => client.completions.create({ ...params, temperature: -1 }), "temperature -1");
@@ -121,6 +184,7 @@ async function main() {
   console.log(`openai sdk: models ${JSON.stringify(models)}; completion ` +
               `${JSON.stringify(text)} (${c.usage.completion_tokens} tokens) = ` +
               `${nChunks} stream chunks; chat ${JSON.stringify(msg.content)} = stream; ` +
+              `logprobs, echo, stream and chat logprobs consistent; ` +
               `400/404/401 mapped to the SDK's error classes`);
 }
 

@@ -319,11 +319,31 @@ int main(void)
                       "prompt", NULL);
     expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"n\":2}", 400,
                       "n", NULL);
-    expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"echo\":true}",
+    expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"echo\":1}",
                       400, "echo", NULL);
     expect_json_error(a, "/v1/completions",
-                      "{\"prompt\":\"x\",\"logprobs\":5}", 400, "logprobs",
+                      "{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs",
                       NULL);
+    /* logprobs (issue 39): each API's own form, nothing else */
+    expect_json_error(a, "/v1/completions",
+                      "{\"prompt\":\"x\",\"logprobs\":true}", 400,
+                      "logprobs", NULL);
+    expect_json_error(a, "/v1/completions",
+                      "{\"prompt\":\"x\",\"top_logprobs\":3}", 400,
+                      "top_logprobs", NULL);
+    expect_json_error(a, "/v1/completions",
+                      "{\"prompt\":\"x\",\"prompt_logprobs\":-1}", 400,
+                      "prompt_logprobs", NULL);
+    expect_json_error(a, "/v1/chat/completions",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                      "\"echo\":true}", 400, "echo", NULL);
+    expect_json_error(a, "/v1/chat/completions",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                      "\"top_logprobs\":2}", 400, "top_logprobs", NULL);
+    expect_json_error(a, "/v1/chat/completions",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                      "\"logprobs\":true,\"top_logprobs\":21}", 400,
+                      "top_logprobs", NULL);
     expect_json_error(a, "/v1/completions",
                       "{\"prompt\":\"x\",\"temperature\":-1}", 400,
                       "temperature", NULL);

@@ -36,6 +36,10 @@ static void set_value(params_t *p, const char *name, double v)
         s->frequency_penalty = (float)v;
     else if (strcmp(name, "max_tokens") == 0)
         p->max_tokens = (int)v;
+    else if (strcmp(name, "top_logprobs") == 0)
+        s->top_logprobs = (int)v;
+    else if (strcmp(name, "prompt_logprobs") == 0)
+        s->prompt_top_logprobs = (int)v;
     else
         BT_TEST_FAIL("table row %s has no field in params_t", name);
 }
@@ -44,7 +48,8 @@ static void set_value(params_t *p, const char *name, double v)
 static double outside(const params_bound_t *b, double edge, int dir)
 {
     bool integer = strcmp(b->name, "top_k") == 0 ||
-                   strcmp(b->name, "max_tokens") == 0;
+                   strcmp(b->name, "max_tokens") == 0 ||
+                   strstr(b->name, "logprobs") != NULL;
     return integer ? edge + dir : edge + dir * 0.01;
 }
 
@@ -188,9 +193,15 @@ static void test_proto(void)
     a.frequency_penalty = 1.5f;
     a.seed = 0xfeedfacecafebeefull;
     a.skip_special_tokens = false;
+    a.logprobs = true;
+    a.top_logprobs = 5;
+    a.prompt_logprobs = true;
+    a.prompt_top_logprobs = 20;
     params_sampling_to_proto(&a, &sp);
     params_sampling_from_proto(&sp, &b);
     BT_CHECK(memcmp(&a, &b, sizeof(a)) == 0);
+    BT_CHECK(b.logprobs && b.top_logprobs == 5 && b.prompt_logprobs &&
+             b.prompt_top_logprobs == 20);
     /* an absent message and absent fields are the defaults */
     params_sampling_init(&a);
     params_sampling_from_proto(NULL, &b);

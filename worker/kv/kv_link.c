@@ -705,3 +705,41 @@ void kv_link_receiver_stats(const kv_link_receiver_t *r, char *buf,
                                      used > 0 ? " " : "", kv_links[i]->name,
                                      (unsigned long long)r->arrivals[i]);
 }
+
+// ---------------------------------------------------------------------------
+// Remote links' shared xfer start (kv_link_int.h)
+
+bt_status_t kv_link__remote_xfer_create(const kv_link_route_t *r,
+                                        const kv_layout_t *lay, size_t size,
+                                        size_t remote_off, const int *dst,
+                                        kv_link_xfer_base_t **xfer_p)
+{
+    kv_link_xfer_base_t *x;
+    kv_link_remote_t *rt;
+
+    if (r->desc_len == 0 || r->slot < 0 ||
+        r->dst_block_size != (int)lay->block_size)
+        return BT_ERR_UNSUPPORTED;
+    x = bt_calloc(1, size, "kv_link_xfer");
+    if (x == NULL)
+        return BT_ERR_NO_MEMORY;
+    rt = (kv_link_remote_t *)((uint8_t *)x + remote_off);
+    rt->desc = bt_malloc(r->desc_len, "prefill_desc");
+    if (rt->desc == NULL) {
+        bt_free(x);
+        return BT_ERR_NO_MEMORY;
+    }
+    memcpy(rt->desc, r->desc, r->desc_len);
+    rt->desc_len = r->desc_len;
+    rt->slot = r->slot;
+    rt->epoch = r->epoch;
+    rt->dst = dst;
+    *xfer_p = x;
+    return BT_OK;
+}
+
+void kv_link__remote_cleanup(kv_link_remote_t *rt)
+{
+    bt_free(rt->desc);
+    rt->desc = NULL;
+}

@@ -7,6 +7,7 @@
  */
 #include "kv/kv_link_int.h"
 
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,13 +28,9 @@ typedef struct {
 typedef struct {
     kv_link_xfer_base_t base;
     cipc_send_t *s;
-    uint8_t *desc;              /* (desc_len) the pool's descriptor */
-    size_t desc_len;
+    kv_link_remote_t rt;       /* endpoint, slot, epoch, where to */
     kv_cipc_peer_t *peer;       /* mapped decode pool (one reference) */
     kv_cipc_commit_t *commit;   /* in flight after the commit */
-    int slot;
-    uint64_t epoch;
-    const int *dst;             /* (n) */
     const int *src;             /* (n) */
     int n;
 } cipc_xfer_t;
@@ -97,25 +94,15 @@ static bt_status_t cipc_xfer_create(void *state, const kv_link_route_t *r,
 {
     cipc_send_t *s = state;
     const kv_layout_t *lay = backend_kv_layout(s->cfg->backend);
+    kv_link_xfer_base_t *b;
     cipc_xfer_t *x;
+    bt_status_t status = kv_link__remote_xfer_create(
+        r, lay, sizeof(*x), offsetof(cipc_xfer_t, rt), r->dst_blocks, &b);
 
-    if (r->desc_len == 0 || r->slot < 0 ||
-        r->dst_block_size != (int)lay->block_size)
-        return BT_ERR_UNSUPPORTED;
-    x = bt_calloc(1, sizeof(*x), "kv_link_xfer");
-    if (x == NULL)
-        return BT_ERR_NO_MEMORY;
-    x->desc = bt_malloc(r->desc_len, "prefill_desc");
-    if (x->desc == NULL) {
-        bt_free(x);
-        return BT_ERR_NO_MEMORY;
-    }
-    memcpy(x->desc, r->desc, r->desc_len);
-    x->desc_len = r->desc_len;
+    if (status != BT_OK)
+        return status;
+    x = (cipc_xfer_t *)b;
     x->s = s;
-    x->slot = r->slot;
-    x->epoch = r->epoch;
-    x->dst = r->dst_blocks;
     *xfer_p = &x->base;
     return BT_OK;
 }
@@ -128,7 +115,7 @@ static bt_status_t cipc_xfer_start(kv_link_xfer_base_t *b, const int *src,
 
     x->src = src;
     x->n = n;
-    status = kv_cipc_connect(x->s->cipc, x->desc, x->desc_len, &x->peer);
+    status = kv_cipc_connect(x->s->cipc, x->rt.desc, x->rt.desc_len, &x->peer);
     if (status != BT_OK) {
         BT_LOG_WARN("KV", "request %llu: cannot map the decode pool over "
                     "CUDA IPC; KV goes inline",
@@ -152,7 +139,7 @@ static bt_status_t cipc_xfer_layer(kv_link_xfer_base_t *b, int layer)
                                                      tp, r);
         status = kv_cipc_put_layer_ranks(
             x->peer, layer, backend_kv_data_rank(be, r, layer, 0),
-            backend_kv_data_rank(be, r, layer, 1), &src, x->src, x->dst,
+            backend_kv_data_rank(be, r, layer, 1), &src, x->src, x->rt.dst,
             x->n);
     }
     if (status != BT_OK)
@@ -165,7 +152,7 @@ static bt_status_t cipc_xfer_commit(kv_link_xfer_base_t *b)
 {
     cipc_xfer_t *x = (cipc_xfer_t *)b;
 
-    if (kv_cipc_commit(x->peer, x->slot, x->epoch, &x->commit) == BT_OK)
+    if (kv_cipc_commit(x->peer, x->rt.slot, x->rt.epoch, &x->commit) == BT_OK)
         return BT_IN_PROGRESS;
     b->error = "KV commit over CUDA IPC failed";
     return BT_ERR_CUDA;
@@ -187,7 +174,7 @@ static void cipc_xfer_destroy(kv_link_xfer_base_t *b)
 
     kv_cipc_commit_destroy(&x->commit);
     kv_cipc_release(&x->peer);
-    bt_free(x->desc);
+    kv_link__remote_cleanup(&x->rt);
     bt_free(x);
 }
 

@@ -30,6 +30,32 @@ typedef struct {
     uint64_t request_id;
 } kv_link_xfer_base_t;
 
+/* What a remote link's hand-off (UCX, CUDA IPC, staged UCX) keeps of
+ * its route: the receiver's endpoint (a copy: the task's message is gone
+ * before the commit), the arrival slot and epoch the commit writes, and
+ * the destination block ids (the route's, which outlive the xfer). */
+typedef struct {
+    uint8_t *desc;               /* (desc_len), owned */
+    size_t desc_len;
+    int slot;
+    uint64_t epoch;
+    const int *dst;              /* pool or receive-area block ids */
+} kv_link_remote_t;
+
+/* Creates a remote link's xfer: `size` zeroed bytes that start with the
+ * kv_link_xfer_base_t and hold a kv_link_remote_t at `remote_off`,
+ * filled from route r with destination `dst`.  BT_ERR_UNSUPPORTED (no
+ * log) when r cannot be a remote hand-off into a pool laid out as `lay`
+ * (no endpoint, no arrival slot, another block size): the caller goes
+ * inline. */
+bt_status_t kv_link__remote_xfer_create(const kv_link_route_t *r,
+                                        const kv_layout_t *lay, size_t size,
+                                        size_t remote_off, const int *dst,
+                                        kv_link_xfer_base_t **xfer_p);
+
+/* Frees what kv_link__remote_xfer_create copied (not the xfer). */
+void kv_link__remote_cleanup(kv_link_remote_t *rt);
+
 typedef struct kv_link_ops_s {
     const char *name;
     int id;                      /* KV_LINK_* (proto KvTransport) */

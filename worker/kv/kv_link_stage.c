@@ -8,6 +8,7 @@
  */
 #include "kv/kv_link_int.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "bt_alloc.h"
@@ -37,13 +38,9 @@ typedef struct {
 typedef struct {
     kv_link_xfer_base_t base;
     stage_send_t *s;
-    uint8_t *desc;             /* (desc_len) the receiver's descriptor */
-    size_t desc_len;
+    kv_link_remote_t rt;       /* endpoint, slot, epoch, where to */
     kv_stage_peer_t *peer;     /* held in s->peers (not owned) */
     kv_stage_xfer_t *xfer;     /* the hand-off, from start on */
-    int slot;
-    uint64_t epoch;
-    const int *dst;            /* receive-area ids */
     bool failed;               /* a layer could not be queued */
 } stage_xfer_t;
 
@@ -215,25 +212,19 @@ static bt_status_t stage_xfer_create(void *state, const kv_link_route_t *r,
 {
     stage_send_t *s = state;
     const kv_layout_t *lay = backend_kv_layout(s->sh->cfg->backend);
+    kv_link_xfer_base_t *b;
     stage_xfer_t *x;
+    bt_status_t status;
 
-    if (r->desc_len == 0 || r->slot < 0 || r->n_stage != r->n_dst ||
-        r->dst_block_size != (int)lay->block_size)
+    if (r->n_stage != r->n_dst)
         return BT_ERR_UNSUPPORTED;
-    x = bt_calloc(1, sizeof(*x), "kv_link_xfer");
-    if (x == NULL)
-        return BT_ERR_NO_MEMORY;
-    x->desc = bt_malloc(r->desc_len, "prefill_desc");
-    if (x->desc == NULL) {
-        bt_free(x);
-        return BT_ERR_NO_MEMORY;
-    }
-    memcpy(x->desc, r->desc, r->desc_len);
-    x->desc_len = r->desc_len;
+    status = kv_link__remote_xfer_create(r, lay, sizeof(*x),
+                                         offsetof(stage_xfer_t, rt),
+                                         r->stage_blocks, &b);
+    if (status != BT_OK)
+        return status;
+    x = (stage_xfer_t *)b;
     x->s = s;
-    x->slot = r->slot;
-    x->epoch = r->epoch;
-    x->dst = r->stage_blocks;
     *xfer_p = &x->base;
     return BT_OK;
 }
@@ -243,10 +234,10 @@ static bt_status_t stage_xfer_start(kv_link_xfer_base_t *b, const int *src,
 {
     stage_xfer_t *x = (stage_xfer_t *)b;
 
-    x->peer = peer_hold(x->s, x->desc, x->desc_len);
+    x->peer = peer_hold(x->s, x->rt.desc, x->rt.desc_len);
     if (x->peer == NULL ||
-        kv_stage_xfer_begin(x->s->stage, x->peer, x->slot, x->epoch, src,
-                            x->dst, n, &x->xfer) != BT_OK) {
+        kv_stage_xfer_begin(x->s->stage, x->peer, x->rt.slot, x->rt.epoch, src,
+                            x->rt.dst, n, &x->xfer) != BT_OK) {
         BT_LOG_WARN("KV", "request %llu: cannot start the staged hand-off; "
                     "KV goes inline", (unsigned long long)b->request_id);
         bt_error_clear();
@@ -330,7 +321,7 @@ static void stage_xfer_destroy(kv_link_xfer_base_t *b)
     stage_xfer_t *x = (stage_xfer_t *)b;
 
     kv_stage_xfer_destroy(&x->xfer);
-    bt_free(x->desc);
+    kv_link__remote_cleanup(&x->rt);
     bt_free(x);
 }
 

@@ -9,6 +9,7 @@
  */
 #include "kv/kv_link_int.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,12 +40,8 @@ typedef struct {
 struct ucx_xfer_s {
     kv_link_xfer_base_t base;
     ucx_send_t *s;
-    uint8_t *desc;        /* (desc_len) the decode pool's descriptor */
-    size_t desc_len;
+    kv_link_remote_t rt;       /* endpoint, slot, epoch, where to */
     kv_ucx_peer_t *peer;  /* one reference */
-    int slot;
-    uint64_t epoch;
-    const int *dst;       /* (n) the route's blocks (the xfer's copy) */
     const int *src;       /* (n) local blocks, borrowed */
     int n;
     bool committing;
@@ -232,25 +229,15 @@ static bt_status_t ucx_xfer_create(void *state, const kv_link_route_t *r,
 {
     ucx_send_t *s = state;
     const kv_layout_t *lay = backend_kv_layout(s->sh->cfg->backend);
+    kv_link_xfer_base_t *b;
     ucx_xfer_t *x;
+    bt_status_t status = kv_link__remote_xfer_create(
+        r, lay, sizeof(*x), offsetof(ucx_xfer_t, rt), r->dst_blocks, &b);
 
-    if (r->desc_len == 0 || r->slot < 0 ||
-        r->dst_block_size != (int)lay->block_size)
-        return BT_ERR_UNSUPPORTED;
-    x = bt_calloc(1, sizeof(*x), "kv_link_xfer");
-    if (x == NULL)
-        return BT_ERR_NO_MEMORY;
-    x->desc = bt_malloc(r->desc_len, "prefill_desc");
-    if (x->desc == NULL) {
-        bt_free(x);
-        return BT_ERR_NO_MEMORY;
-    }
-    memcpy(x->desc, r->desc, r->desc_len);
-    x->desc_len = r->desc_len;
+    if (status != BT_OK)
+        return status;
+    x = (ucx_xfer_t *)b;
     x->s = s;
-    x->slot = r->slot;
-    x->epoch = r->epoch;
-    x->dst = r->dst_blocks;
     x->next = s->xfers;
     s->xfers = x;
     *xfer_p = &x->base;
@@ -264,8 +251,8 @@ static bt_status_t ucx_xfer_start(kv_link_xfer_base_t *b, const int *src,
 
     x->src = src;
     x->n = n;
-    peer_hold(x->s, x->desc, x->desc_len);
-    return kv_ucx_connect(x->s->ucx, x->desc, x->desc_len, &x->peer);
+    peer_hold(x->s, x->rt.desc, x->rt.desc_len);
+    return kv_ucx_connect(x->s->ucx, x->rt.desc, x->rt.desc_len, &x->peer);
 }
 
 static bt_status_t ucx_xfer_layer(kv_link_xfer_base_t *b, int layer)
@@ -282,7 +269,7 @@ static bt_status_t ucx_xfer_layer(kv_link_xfer_base_t *b, int layer)
     status = kv_ucx_put_layer(x->peer, layer, backend_kv_data(be, layer, 0),
                               backend_kv_data(be, layer, 1),
                               backend_kv_layout(be), KV_UCX_MEM_HOST, x->src,
-                              x->dst, x->n);
+                              x->rt.dst, x->n);
     if (status != BT_OK)
         BT_LOG_WARN("KV", "UCX put of request %llu failed; falling back to "
                     "inline", (unsigned long long)b->request_id);
@@ -297,7 +284,7 @@ static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t status)
     ucx_send_t *s = arg;
 
     for (ucx_xfer_t *x = s->xfers; x; x = x->next) {
-        if (x->committing && x->slot == slot && x->epoch == epoch &&
+        if (x->committing && x->rt.slot == slot && x->rt.epoch == epoch &&
             !x->commit_done) {
             x->commit_done = true;
             x->commit_status = status;
@@ -311,7 +298,7 @@ static bt_status_t ucx_xfer_commit(kv_link_xfer_base_t *b)
     ucx_xfer_t *x = (ucx_xfer_t *)b;
 
     x->committing = true;
-    if (kv_ucx_commit(x->peer, x->slot, x->epoch, commit_cb, x->s) == BT_OK)
+    if (kv_ucx_commit(x->peer, x->rt.slot, x->rt.epoch, commit_cb, x->s) == BT_OK)
         return BT_IN_PROGRESS;
     x->committing = false;
     b->error = "KV commit to the decode worker failed";
@@ -369,7 +356,7 @@ static void ucx_xfer_destroy(kv_link_xfer_base_t *b)
         }
     }
     kv_ucx_disconnect(&x->peer);
-    bt_free(x->desc);
+    kv_link__remote_cleanup(&x->rt);
     bt_free(x);
 }
 
