@@ -1130,13 +1130,16 @@ static void on_prefill_task(decode_t *dec, const Baton__PrefillTask *m)
     r->n_fed = 0;
     if (dec->prefix != NULL) {
         /* The prompt's leading full blocks cached already (same salt)
-         * replace the reserved ones: only the rest is computed. */
+         * replace the reserved ones: only the rest is computed.  Not
+         * with prompt logprobs: every position's logits are computed
+         * then (its blocks are still cached for later requests). */
         bt_blockhash_t root = workerproc_prefix_root(
             dec->prefix, m->has_cache_salt, &m->cache_salt);
         kv_prefix_cursor_init(&r->pcur, root);
-        r->n_hit = workerproc_prefix_adopt(dec->prefix, root, p.tokens,
-                                           p.n_tokens, r->blocks,
-                                           r->n_blocks);
+        if (r->plp == NULL)
+            r->n_hit = workerproc_prefix_adopt(dec->prefix, root, p.tokens,
+                                               p.n_tokens, r->blocks,
+                                               r->n_blocks);
         r->n_fed = r->n_hit;
         if (r->n_hit > 0)
             BT_LOG_DEBUG("KV", "request %llu: %d of %d prompt tokens "

@@ -27,7 +27,7 @@
 #include "bt_prom_test.h"
 
 #define RESP_MAX (1 << 20)
-#define N_REQ 9
+#define N_REQ 10
 #define LONG_TOKENS 24
 
 typedef struct {
@@ -35,6 +35,7 @@ typedef struct {
     int n_prompt;
     const char *salt;
     bool sampled;
+    bool prompt_logprobs; /* every prompt position computed: no hit */
     int max_tokens;
     int min_hit;    /* hit tokens expected at least (exactly when exact) */
     bool exact;
@@ -123,6 +124,7 @@ static void submit_one(client_t *c, const pc_req_t *q, cu_result_t *res)
     req.n_stop_ids = 1;
     req.want_text = false;
     req.cache_salt = q->salt;
+    req.prompt_logprobs = q->prompt_logprobs;
     if (q->sampled) {
         req.temperature = 0.9f;
         req.top_k = 40;
@@ -255,6 +257,10 @@ int main(void)
     append(&reqs[8], golden[3].expect, 9);   /* S+B + S+B's output: hits
                                                 the blocks of generated ids */
     reqs[8].exact = true;
+    append(&reqs[9], golden[3].expect, 9);   /* S+B with prompt logprobs:
+                                                computed whole, no hit */
+    reqs[9].prompt_logprobs = true;
+    reqs[9].exact = true;
 
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3",
@@ -293,8 +299,11 @@ int main(void)
         BT_CHECK(hit0 >= 0 && pre0 >= 0 && look >= 0);
         submit_one(c, &reqs[i], &on[i]);
         /* the heartbeat's snapshot trails the step by a turn */
-        wait_metric(mport_on, "baton_worker_prefix_lookups_total", look + 1,
-                    look + 1, 5000);
+        if (reqs[i].prompt_logprobs) /* not looked up at all */
+            usleep(200000);
+        else
+            wait_metric(mport_on, "baton_worker_prefix_lookups_total",
+                        look + 1, look + 1, 5000);
         hit = scrape(mport_on, "baton_worker_prefix_hit_tokens_total") - hit0;
         pre = scrape(mport_on, "baton_worker_prefill_tokens_total") - pre0;
         fprintf(stderr, "request %d: prompt %d, hit %g, prefilled %g%s%s\n",
