@@ -2,14 +2,14 @@
  * test_quantize_fp8.c - `baton model quantize --fp8` end to end, and the
  * FP8 accuracy of the cpu reference (docs/PERFORMANCE.md, "FP8 accuracy"):
  *   1. the real binary quantizes aidreams260K.bin (llama2.c) per channel
- *      and per tensor, calibrated on docs/OPERATIONS.md with KV scales,
+ *      and per tensor, calibrated on ../shared/docs/STYLE.md with KV scales,
  *      and stories260K-hf (a Hugging Face dir) without calibration;
  *   2. each checkpoint loads as compressed-tensors FP8 (scheme, strategy,
  *      static/dynamic, KV scales) and its dequantized weights are within
  *      E4M3 rounding of the original's;
  *   3. `baton run --precision fp8 --kv-dtype fp8` generates from it;
  *   4. accuracy against bf16: teacher-forced top-1 over the golden
- *      positions, and perplexity of the held text docs/ARCHITECTURE.md
+ *      positions, and perplexity of the held text ../shared/docs/DESIGN.md
  *      (not the calibration text) in windows of the model's context,
  *      for every variant, printed as the table PERFORMANCE.md carries and
  *      held at the measured levels with a small margin (the tiny models
@@ -257,7 +257,6 @@ static void check_checkpoint(const char *dir, const char *orig,
 int main(void)
 {
     const char *bin = BT_BIN_DIR "/baton";
-    const char *src = BT_SOURCE_DIR;
     char ai[512], aitok[512], st[512], ch[300], te[300], sd[300];
     char cmd[4096];
     bt_golden_t *g;
@@ -282,12 +281,13 @@ int main(void)
 
     /* 1. the command */
     snprintf(cmd, sizeof(cmd), "%s model quantize --fp8 --calib "
-             "%s/docs/OPERATIONS.md --tokenizer %s --kv-scales --out %s %s",
-             bin, src, aitok, ch, ai);
+             "%s/docs/STYLE.md --tokenizer %s --kv-scales --out %s %s",
+             bin, bt_golden_shared_dir(), aitok, ch, ai);
     run_ok(cmd);
     snprintf(cmd, sizeof(cmd), "%s model quantize --fp8 --per-tensor "
-             "--percentile 99.99 --calib %s/docs/OPERATIONS.md --tokenizer "
-             "%s --kv-scales=tensor --out %s %s", bin, src, aitok, te, ai);
+             "--percentile 99.99 --calib %s/docs/STYLE.md --tokenizer "
+             "%s --kv-scales=tensor --out %s %s", bin, bt_golden_shared_dir(),
+             aitok, te, ai);
     run_ok(cmd);
     snprintf(cmd, sizeof(cmd), "%s model quantize --fp8 --out %s %s", bin,
              sd, st);
@@ -324,7 +324,7 @@ int main(void)
     ref_st = calloc((size_t)lines, sizeof(*ref_st));
     BT_CHECK(ref_ai && ref_st);
     BT_ASSERT_OK(tok_load(aitok, 512, &tok));
-    snprintf(cmd, sizeof(cmd), "%s/docs/ARCHITECTURE.md", src);
+    snprintf(cmd, sizeof(cmd), "%s/docs/DESIGN.md", bt_golden_shared_dir());
     BT_ASSERT_OK(bt_read_file(cmd, 1 << 22, &text, &len));
     BT_ASSERT_OK(tok_encode(tok, text, len, false, &ids, &n_ids));
     bt_free(text);
@@ -372,7 +372,7 @@ int main(void)
         double g0 = 0, t0 = 0;
         bool ok = true;
 
-        printf("aidreams260K: %d held-text tokens (docs/ARCHITECTURE.md)\n",
+        printf("aidreams260K: %d held-text tokens (../shared/docs/DESIGN.md)\n",
                n_ids);
         printf("| model | variant | top-1 vs bf16 | golden ppl | vs bf16 | "
                "held-text ppl | vs bf16 |\n");
