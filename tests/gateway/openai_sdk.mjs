@@ -168,6 +168,33 @@ async function main() {
     () => client.completions.create({ ...params, logprobs: 21 }), "logprobs 21");
   check(lpBad.param === "logprobs", `400 param ${lpBad.param}`);
 
+  // structured output (issue 39): response_format json_schema, the
+  // reply parsed by the client as JSON and checked against the schema
+  const schema = {
+    type: "object",
+    properties: {
+      name: { type: "string", maxLength: 12 },
+      mood: { enum: ["calm", "wild", "sad"] },
+      count: { type: "integer", minimum: 0, maximum: 99 },
+    },
+    required: ["name", "mood", "count"],
+    additionalProperties: false,
+  };
+  const so = await client.chat.completions.create({
+    ...chatParams, max_tokens: 200, temperature: 0,
+    response_format: { type: "json_schema", json_schema: { name: "dream", schema, strict: true } },
+  });
+  const obj = JSON.parse(so.choices[0].message.content);
+  check(so.choices[0].finish_reason === "stop" && typeof obj.name === "string" &&
+        obj.name.length <= 12 && ["calm", "wild", "sad"].includes(obj.mood) &&
+        Number.isInteger(obj.count) && obj.count >= 0 && obj.count <= 99 &&
+        Object.keys(obj).length === 3, `json_schema reply ${so.choices[0].message.content}`);
+  const bogus = await expectError(OpenAI.BadRequestError, 400,
+    () => client.chat.completions.create({ ...chatParams, response_format: {
+      type: "json_schema", json_schema: { name: "x", schema: { type: "object", patternProperties: {} } } } }),
+    "unsupported schema keyword");
+  check(/patternProperties/.test(bogus.message), `400 message ${bogus.message}`);
+
   // errors in the SDK's classes
   const bad = await expectError(OpenAI.BadRequestError, 400,
     () => client.completions.create({ ...params, temperature: -1 }), "temperature -1");
@@ -185,6 +212,7 @@ async function main() {
               `${JSON.stringify(text)} (${c.usage.completion_tokens} tokens) = ` +
               `${nChunks} stream chunks; chat ${JSON.stringify(msg.content)} = stream; ` +
               `logprobs, echo, stream and chat logprobs consistent; ` +
+              `json_schema reply ${JSON.stringify(obj)} parsed; ` +
               `400/404/401 mapped to the SDK's error classes`);
 }
 
