@@ -42,6 +42,7 @@ void router__dispatch(router_t *r)
             continue;
         }
         n_tokens = router__req_prefill_tokens(req);
+        r->kv_pick_hit = 0;
         /* Issue 36: a request no decode worker could ever hold fails
          * now (ERROR_TOO_LONG) instead of retrying until the queue
          * timeout; one that fits a pool but not its free blocks stays
@@ -94,12 +95,19 @@ void router__dispatch(router_t *r)
         router__queue_dispatched(r, req);
         req->prefill_uid = p->uid;
         req->decode_uid = d->uid;
-        req->task_tokens = (uint64_t)n_tokens;
+        /* The prefill work: a worker that prefills its own request
+         * (aggregated) skips the prefix the kv-aware pick found cached
+         * there, so its load (and the phase deadline) counts only the
+         * rest; otherwise a busy worker holding a hot prefix looks
+         * heavier than it is and the prefix loses its worker. */
+        req->task_tokens = (uint64_t)n_tokens -
+            (uint64_t)(p == d ? BT_MAX(0, BT_MIN(r->kv_pick_hit,
+                                                 n_tokens - 1)) : 0);
         req->reserved_blocks = blocks;
         req->state = ROUTER_REQ_RESERVING;
         req->attempt++;
         router__req_phase_deadline(r, req);
-        p->outstanding += (uint64_t)n_tokens;
+        p->outstanding += req->task_tokens;
         p->assigned++;
         p->served++;
         d->assigned++;

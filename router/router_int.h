@@ -368,6 +368,10 @@ struct router_s {
     router_kv_weights_t kv_weights; /* cfg.kv_weights parsed */
     uint64_t kv_event_batches;  /* KvEvents applied */
     uint64_t kv_resyncs;        /* KvResyncRequests sent */
+    int kv_pick_hit;            /* prompt tokens the last kv-aware pick
+                                   expects cached at its decode worker;
+                                   the dispatch turns it into less
+                                   prefill work (reset per request) */
     router_kv_mode_t kv_mode;  /* cfg.kv_transport parsed */
     int aggregate;             /* 0 never, 1 fallback, 2 always */
     void *ctx;                 /* ZeroMQ context */

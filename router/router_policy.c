@@ -203,7 +203,12 @@ static router_worker_t *kv_pick_decode(router_t *router,
                               req->n_prompt, &router->kv_weights, &pick,
                               &overlap) != BT_OK || pick < 0)
         return least_pick_decode(router, req, n_tokens, need_prefill);
-    return &router->workers[cands[pick].worker];
+    {
+        router_worker_t *w = &router->workers[cands[pick].worker];
+        router->kv_pick_hit = overlap * (w->block_size > 0
+                                             ? (int)w->block_size : 16);
+        return w;
+    }
 }
 
 static const router_policy_t router_policies[] = {
