@@ -65,13 +65,29 @@ bt_status_t router_kv_weights_parse(const char *spec,
     return BT_OK;
 }
 
-/* True when a candidate scoring `score` at `load` beats the best so far
- * (none yet: best < 0).  Ties go to the lower load, then the earlier. */
-static bool kv_beats(int best, double best_score, double best_load,
-                     double score, double load)
+/* The best candidate so far (best < 0: none yet). */
+typedef struct {
+    int best;
+    double score;
+    int overlap;   /* its cached leading blocks */
+} kv_best_t;
+
+/* Scores candidate i (`overlap` cached blocks of `block_size` tokens)
+ * and keeps it when it beats the best.  Ties go to the lower load, then
+ * the earlier. */
+static void kv_consider(kv_best_t *b, const router_kv_candidate_t *cands,
+                        int i, int overlap, int block_size,
+                        const router_kv_weights_t *w)
 {
-    return best < 0 || score > best_score ||
-           (score == best_score && load < best_load);
+    double score = w->w_overlap * (double)overlap * (double)block_size -
+                   w->w_load * cands[i].load;
+
+    if (b->best < 0 || score > b->score ||
+        (score == b->score && cands[i].load < cands[b->best].load)) {
+        b->best = i;
+        b->score = score;
+        b->overlap = overlap;
+    }
 }
 
 int router_kv_pick(const router_kvindex_t *idx,
@@ -79,26 +95,16 @@ int router_kv_pick(const router_kvindex_t *idx,
                    const uint64_t *chain, int n_chain, int block_size,
                    const router_kv_weights_t *w, int *overlap_p)
 {
-    int best = -1;
-    int best_overlap = 0;
-    double best_score = 0;
+    kv_best_t b = { -1, 0, 0 };
 
-    for (int i = 0; i < n; i++) {
-        int overlap = router_kvindex_overlap(idx, cands[i].worker, chain,
-                                             n_chain);
-        double score = w->w_overlap * (double)overlap * (double)block_size -
-                       w->w_load * cands[i].load;
-
-        if (kv_beats(best, best_score, best >= 0 ? cands[best].load : 0,
-                     score, cands[i].load)) {
-            best = i;
-            best_score = score;
-            best_overlap = overlap;
-        }
-    }
+    for (int i = 0; i < n; i++)
+        kv_consider(&b, cands, i,
+                    router_kvindex_overlap(idx, cands[i].worker, chain,
+                                           n_chain),
+                    block_size, w);
     if (overlap_p != NULL)
-        *overlap_p = best >= 0 ? best_overlap : 0;
-    return best;
+        *overlap_p = b.overlap;
+    return b.best;
 }
 
 bt_status_t router_kv_pick_tokens(const router_kvindex_t *idx,
@@ -113,15 +119,12 @@ bt_status_t router_kv_pick_tokens(const router_kvindex_t *idx,
     bt_blockhash_t cur_id = { 0, 0 };
     int cur_bs = 0;
     int n_chain = 0;
-    int best = -1;
-    int best_overlap = 0;
-    double best_score = 0;
+    kv_best_t b = { -1, 0, 0 };
 
     for (int i = 0; i < n; i++) {
         bt_blockhash_t id;
         int bs = 0;
         int overlap = 0;
-        double score;
 
         /* Candidates of one model share a chain: compute it once. */
         if (router_kvindex_identity(idx, cands[i].worker, &id, &bs)) {
@@ -148,18 +151,11 @@ bt_status_t router_kv_pick_tokens(const router_kvindex_t *idx,
             overlap = router_kvindex_overlap(idx, cands[i].worker, chain,
                                              n_chain);
         }
-        score = w->w_overlap * (double)overlap * (double)bs -
-                w->w_load * cands[i].load;
-        if (kv_beats(best, best_score, best >= 0 ? cands[best].load : 0,
-                     score, cands[i].load)) {
-            best = i;
-            best_score = score;
-            best_overlap = overlap;
-        }
+        kv_consider(&b, cands, i, overlap, bs, w);
     }
     bt_free(chain);
-    *pick_p = best;
+    *pick_p = b.best;
     if (overlap_p != NULL)
-        *overlap_p = best >= 0 ? best_overlap : 0;
+        *overlap_p = b.overlap;
     return BT_OK;
 }
