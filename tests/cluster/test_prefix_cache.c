@@ -42,50 +42,13 @@ typedef struct {
     const cu_golden_t *golden; /* NULL: not a golden prompt */
 } pc_req_t;
 
-static int http_get(int port, const char *path, char *resp, size_t cap)
-{
-    struct sockaddr_in a;
-    struct timeval tv = { 5, 0 };
-    char req[256];
-    size_t got = 0;
-    int fd, status = -1;
-
-    snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", path);
-    resp[0] = '\0';
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    BT_CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    BT_CHECK(send(fd, req, strlen(req), MSG_NOSIGNAL) == (ssize_t)strlen(req));
-    for (;;) {
-        ssize_t n = recv(fd, resp + got, cap - 1 - got, 0);
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-        if (got == cap - 1)
-            break;
-    }
-    resp[got] = '\0';
-    close(fd);
-    if (got > 12 && strncmp(resp, "HTTP/1.1 ", 9) == 0)
-        status = atoi(resp + 9);
-    return status;
-}
-
 /* One sample of port's /metrics (-1: absent or no answer). */
 static double scrape(int port, const char *sample)
 {
     static char resp[RESP_MAX];
     const char *body;
 
-    if (http_get(port, "/metrics", resp, sizeof(resp)) != 200)
+    if (prom_http_get(port, "/metrics", resp, sizeof(resp)) != 200)
         return -1;
     body = strstr(resp, "\r\n\r\n");
     return body != NULL ? metric(body + 4, sample) : -1;

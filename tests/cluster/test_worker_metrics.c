@@ -30,44 +30,17 @@
 static int http_get(int port, const char *path, const char *raw, char *resp,
                     size_t cap, double *ms_p)
 {
-    struct sockaddr_in a;
-    struct timeval tv = { 5, 0 };
     char req[256];
-    size_t got = 0;
     uint64_t t0 = bt_time_ns();
-    int fd, status = -1;
+    int status;
 
     if (raw == NULL)
         snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", path);
     else
         snprintf(req, sizeof(req), "%s", raw);
-    resp[0] = '\0';
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    BT_CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    BT_CHECK(send(fd, req, strlen(req), MSG_NOSIGNAL) == (ssize_t)strlen(req));
-    for (;;) {
-        ssize_t n = recv(fd, resp + got, cap - 1 - got, 0);
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-        if (got == cap - 1)
-            break;
-    }
-    resp[got] = '\0';
-    close(fd);
+    status = prom_http_raw(port, req, strlen(req), resp, cap);
     if (ms_p != NULL)
         *ms_p = (double)(bt_time_ns() - t0) / 1e6;
-    if (got > 12 && strncmp(resp, "HTTP/1.1 ", 9) == 0)
-        status = atoi(resp + 9);
     return status;
 }
 

@@ -34,42 +34,7 @@ static int g_port; /* the router's metrics port */
  * connection error; the response goes to resp (NUL-terminated). */
 static int http_raw(const char *req, size_t len, char *resp, size_t cap)
 {
-    struct sockaddr_in a;
-    struct timeval tv = { 5, 0 };
-    size_t got = 0, sent = 0;
-    int fd, status = -1;
-
-    resp[0] = '\0';
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    BT_CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)g_port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    while (sent < len) {
-        ssize_t n = send(fd, req + sent, len - sent, MSG_NOSIGNAL);
-        if (n <= 0)
-            break; /* the router may answer before reading it all */
-        sent += (size_t)n;
-    }
-    for (;;) {
-        ssize_t n = recv(fd, resp + got, cap - 1 - got, 0);
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-        if (got == cap - 1)
-            break;
-    }
-    resp[got] = '\0';
-    close(fd);
-    if (got > 12 && strncmp(resp, "HTTP/1.1 ", 9) == 0)
-        status = atoi(resp + 9);
-    return status;
+    return prom_http_raw(g_port, req, len, resp, cap);
 }
 
 static int http_str(const char *req, char *resp, size_t cap)
