@@ -196,6 +196,8 @@ struct router_req_s {
     size_t cache_salt_len;
     char *grammar;             /* owned: structured output spec relayed to
                                   both workers (NULL: none) */
+    router_kv_chain_t kv_chain; /* the prompt's block hashes, a memo of
+                                  the kv-aware pick (owned) */
     /* progress */
     int *generated;            /* (cap_generated) ids sent to the client */
     int n_generated;

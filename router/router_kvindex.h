@@ -137,13 +137,31 @@ int router_kv_pick(const router_kvindex_t *idx,
                    const uint64_t *chain, int n_chain, int block_size,
                    const router_kv_weights_t *w, int *overlap_p);
 
+/* A prompt's block-hash chain for one pool identity and block size, kept
+ * with its request: a request that waits in the queue is hashed once,
+ * not on every dispatch attempt (a 64K-token prompt costs ~1 ms).
+ * Zeroed = empty; router_kv_chain_cleanup frees it. */
+typedef struct {
+    uint64_t *hashes;      /* (cap) */
+    int cap;
+    int n;                 /* hashes of the computed chain */
+    bt_blockhash_t id;     /* what it was computed for */
+    int block_size;        /* 0: nothing computed yet */
+    int n_tokens;
+} router_kv_chain_t;
+
+void router_kv_chain_cleanup(router_kv_chain_t *chain);
+
 /* The same from a prompt: computes the chain of tokens[0..n_tokens)
  * under `salt` from each candidate's published identity and block size
- * (candidates that published none count as holding nothing). */
+ * (candidates that published none count as holding nothing).  `memo`
+ * (NULL: none) keeps the chain between calls for the same tokens and
+ * salt. */
 bt_status_t router_kv_pick_tokens(const router_kvindex_t *idx,
                                   const router_kv_candidate_t *cands, int n,
                                   const void *salt, size_t salt_len,
                                   const int *tokens, int n_tokens,
+                                  router_kv_chain_t *memo,
                                   const router_kv_weights_t *w,
                                   int *pick_p, int *overlap_p);
 

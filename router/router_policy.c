@@ -198,10 +198,15 @@ static router_worker_t *kv_pick_decode(router_t *router,
         return NULL;
     /* The prompt as the worker will cache it: the ids the client gave
      * (plus the tokens streamed before a failover: the same chain). */
+    /* kv_chain is a memo (the same prompt hashes the same), not request
+     * state: written through a const request on purpose. */
     if (router_kv_pick_tokens(router->kvindex, cands, n, req->cache_salt,
                               req->cache_salt_len, req->prompt_ids,
-                              req->n_prompt, &router->kv_weights, &pick,
-                              &overlap) != BT_OK || pick < 0)
+                              req->n_prompt,
+                              (router_kv_chain_t *)&req->kv_chain,
+                              &router->kv_weights, &pick, &overlap) !=
+            BT_OK ||
+        pick < 0)
         return least_pick_decode(router, req, n_tokens, need_prefill);
     {
         router_worker_t *w = &router->workers[cands[pick].worker];

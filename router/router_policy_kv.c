@@ -107,53 +107,70 @@ int router_kv_pick(const router_kvindex_t *idx,
     return b.best;
 }
 
+void router_kv_chain_cleanup(router_kv_chain_t *chain)
+{
+    bt_free(chain->hashes);
+    memset(chain, 0, sizeof(*chain));
+}
+
+/* Makes c the chain of tokens under (id, bs, salt), computing it only
+ * when c holds another. */
+static bt_status_t chain_for(router_kv_chain_t *c, bt_blockhash_t id, int bs,
+                             const void *salt, size_t salt_len,
+                             const int *tokens, int n_tokens)
+{
+    int need = n_tokens > 0 ? n_tokens / bs : 0;
+
+    if (c->block_size == bs && c->n_tokens == n_tokens &&
+        bt_blockhash_eq(c->id, id))
+        return BT_OK;
+    if (need > c->cap) {
+        uint64_t *grown = bt_realloc(c->hashes, (size_t)need * sizeof(uint64_t),
+                                     "router_kv_chain");
+        if (grown == NULL)
+            return BT_ERR_NO_MEMORY;
+        c->hashes = grown;
+        c->cap = need;
+    }
+    c->n = bt_blockhash_chain64(bt_blockhash_root(id, salt, salt_len), tokens,
+                                n_tokens, bs, c->hashes, need);
+    c->id = id;
+    c->block_size = bs;
+    c->n_tokens = n_tokens;
+    return BT_OK;
+}
+
 bt_status_t router_kv_pick_tokens(const router_kvindex_t *idx,
                                   const router_kv_candidate_t *cands, int n,
                                   const void *salt, size_t salt_len,
                                   const int *tokens, int n_tokens,
+                                  router_kv_chain_t *memo,
                                   const router_kv_weights_t *w,
                                   int *pick_p, int *overlap_p)
 {
-    uint64_t *chain = NULL;
-    size_t cap = 0;
-    bt_blockhash_t cur_id = { 0, 0 };
-    int cur_bs = 0;
-    int n_chain = 0;
+    router_kv_chain_t local = { 0 };
+    router_kv_chain_t *c = memo != NULL ? memo : &local;
     kv_best_t b = { -1, 0, 0 };
+    bt_status_t status = BT_OK;
 
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && status == BT_OK; i++) {
         bt_blockhash_t id;
         int bs = 0;
         int overlap = 0;
 
-        /* Candidates of one model share a chain: compute it once. */
+        /* Candidates of one model share a chain: computed once. */
         if (router_kvindex_identity(idx, cands[i].worker, &id, &bs)) {
-            if (!bt_blockhash_eq(id, cur_id) || bs != cur_bs) {
-                size_t need = n_tokens > 0 ? (size_t)(n_tokens / bs) : 0;
-
-                if (need > cap) {
-                    uint64_t *grown = bt_realloc(chain, need * sizeof(*chain),
-                                                 "router_kv_chain");
-
-                    if (grown == NULL) {
-                        bt_free(chain);
-                        return BT_ERR_NO_MEMORY;
-                    }
-                    chain = grown;
-                    cap = need;
-                }
-                n_chain = bt_blockhash_chain64(
-                    bt_blockhash_root(id, salt, salt_len), tokens, n_tokens,
-                    bs, chain, (int)need);
-                cur_id = id;
-                cur_bs = bs;
-            }
-            overlap = router_kvindex_overlap(idx, cands[i].worker, chain,
-                                             n_chain);
+            status = chain_for(c, id, bs, salt, salt_len, tokens, n_tokens);
+            if (status == BT_OK)
+                overlap = router_kvindex_overlap(idx, cands[i].worker,
+                                                 c->hashes, c->n);
         }
         kv_consider(&b, cands, i, overlap, bs, w);
     }
-    bt_free(chain);
+    if (memo == NULL)
+        router_kv_chain_cleanup(&local);
+    if (status != BT_OK)
+        return status;
     *pick_p = b.best;
     if (overlap_p != NULL)
         *overlap_p = b.overlap;

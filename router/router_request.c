@@ -222,6 +222,7 @@ void router__req_destroy(router_t *r, router_req_t *req)
         bt_free(req->stop_strings[i].data);
     bt_free(req->stop_strings);
     bt_free(req->grammar);
+    router_kv_chain_cleanup(&req->kv_chain);
     bt_free(req->generated);
     bt_free(req);
 }

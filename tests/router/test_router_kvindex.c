@@ -730,13 +730,13 @@ static void test_scoring(void)
     /* from tokens: the same choices, chain computed per identity */
     c[0].load = 10;
     c[1].load = 10;
-    BT_ASSERT_OK(router_kv_pick_tokens(idx, c, 3, "", 0, t, 64, &wt, &pick,
-                                       &ov));
+    BT_ASSERT_OK(router_kv_pick_tokens(idx, c, 3, "", 0, t, 64, NULL, &wt,
+                                       &pick, &ov));
     BT_ASSERT_EQ(pick, 0);
     BT_ASSERT_EQ(ov, 4);
     /* another tenant's prompt overlaps nowhere: least loaded wins */
-    BT_ASSERT_OK(router_kv_pick_tokens(idx, c, 3, "z", 1, t, 64, &wt, &pick,
-                                       &ov));
+    BT_ASSERT_OK(router_kv_pick_tokens(idx, c, 3, "z", 1, t, 64, NULL, &wt,
+                                       &pick, &ov));
     BT_ASSERT_EQ(pick, 2);
     BT_ASSERT_EQ(ov, 0);
     for (int i = 0; i < 3; i++)
@@ -802,7 +802,7 @@ static void bench(void)
         best_overlap = BT_MIN(best_overlap, bt_time_ns() - t0);
         t0 = bt_time_ns();
         BT_ASSERT_OK(router_kv_pick_tokens(idx, c, WORKERS, "", 0, t,
-                                           N * BS, &wt, &pick, &ov));
+                                           N * BS, NULL, &wt, &pick, &ov));
         best_pick = BT_MIN(best_pick, bt_time_ns() - t0);
         BT_ASSERT_EQ(pick, WORKERS - 1);
         BT_ASSERT_EQ(ov, N);
