@@ -662,11 +662,13 @@ static void seq_destroy(decode_t *dec, decode_seq_t *s)
 }
 
 /* Structured output: compiles KvReady's grammar for the engine's
- * vocabulary and replays the tokens generated so far (after the original
- * prompt: by the prefill worker, or by a decode worker that failed), so
- * the state moves with the request. */
+ * vocabulary (or takes over the one this worker's own prefill of the
+ * request compiled, with its warm mask cache) and replays the tokens
+ * generated so far (after the original prompt: by the prefill worker, or
+ * by a decode worker that failed), so the state moves with the request. */
 static bt_status_t seq_set_grammar(decode_t *dec, decode_seq_t *s,
-                                   const Baton__KvReady *m, const char **why)
+                                   decode_resv_t *r, const Baton__KvReady *m,
+                                   const char **why)
 {
     static char err[256];
     const grammar_vocab_t *vocab = NULL;
@@ -678,9 +680,17 @@ static bt_status_t seq_set_grammar(decode_t *dec, decode_seq_t *s,
                "--spec-head (speculative decoding)";
         return BT_ERR_UNSUPPORTED;
     }
+    if (r->local_done && r->p.grammar != NULL) {
+        /* the same spec: the router sent it in both messages */
+        s->grammar = r->p.grammar;
+        s->gmask = r->p.gmask;
+        r->p.grammar = NULL;
+        r->p.gmask = NULL;
+    }
     if (start < 1 || start > s->n_tokens ||
         engine_grammar_vocab(dec->engine, &vocab) != BT_OK ||
-        grammar_create_spec(m->grammar, vocab, &s->grammar) != BT_OK ||
+        (s->grammar == NULL &&
+         grammar_create_spec(m->grammar, vocab, &s->grammar) != BT_OK) ||
         grammar_replay(s->grammar, s->tokens + start, s->n_tokens - start,
                        &s->gstate) != BT_OK) {
         snprintf(err, sizeof(err), "structured output: %s",
@@ -689,8 +699,9 @@ static bt_status_t seq_set_grammar(decode_t *dec, decode_seq_t *s,
         *why = err;
         return BT_ERR_INVALID_ARG;
     }
-    s->gmask = bt_malloc(sizeof(uint64_t) * grammar_mask_words(vocab),
-                         "decode_grammar");
+    if (s->gmask == NULL)
+        s->gmask = bt_malloc(sizeof(uint64_t) * grammar_mask_words(vocab),
+                             "decode_grammar");
     if (s->gmask == NULL) {
         *why = "out of memory";
         return BT_ERR_NO_MEMORY;
@@ -962,7 +973,7 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
             sampler_skip(s->sampler, s->n_generated);
         }
         if (m->grammar != NULL && m->grammar[0] != '\0' &&
-            seq_set_grammar(dec, s, m, &why) != BT_OK) {
+            seq_set_grammar(dec, s, r, m, &why) != BT_OK) {
             code = BATON__ERROR_CODE__ERROR_INVALID;
             goto fail;
         }

@@ -14,7 +14,9 @@
  *   4. failover: a schema-constrained stream whose decode worker is
  *      killed (-9) mid-stream continues on another decode worker and ends
  *      with exactly the ids of the uninterrupted run (the grammar state is
- *      replayed from the tokens the new worker receives).
+ *      replayed from the tokens the new worker receives);
+ *   5. an aggregated worker (decode --role both), whose own prefill's
+ *      grammar carries on into its decode steps, gives the same ids.
  */
 #include <regex.h>
 
@@ -280,6 +282,48 @@ static void test_failover(const char *listen, const char *control,
     client_destroy(&c);
 }
 
+static void test_aggregated(const char *model, const char *tok)
+{
+    static int want[1024];
+    static cu_result_t res[1];
+    char listen[64], control[64], spec[2048];
+    client_request_t req;
+    client_t *c = NULL;
+    tok_t *tk = NULL;
+    int *ids = NULL, n_ids = 0, n_want;
+
+    fprintf(stderr, "5. an aggregated worker\n");
+    n_want = reference_ids(want, 1024);
+    cu_router_addrs(listen, control);
+    cu_spawn("baton-router", "--listen", listen, "--control", control,
+             "--heartbeat-ms", "100", NULL);
+    cu_spawn("baton-decode", "--router", control, "--model", model,
+             "--tokenizer", tok, "--threads", "1", "--name", "agg",
+             "--role", "both", "--kv-blocks", "400", NULL);
+    BT_ASSERT_OK(client_create(listen, &c));
+    cu_wait_workers(c, 0, 1, 20000);
+    BT_ASSERT_OK(tok_load(tok, 512, &tk));
+    BT_ASSERT_OK(tok_encode(tk, PROMPT, strlen(PROMPT), true, &ids, &n_ids));
+    snprintf(spec, sizeof(spec), "json_schema:%s", schema);
+    for (int round = 0; round < 2; round++) { /* the second: cached masks */
+        client_request_init(&req);
+        req.prompt_ids = ids;
+        req.n_prompt_ids = n_ids;
+        req.max_tokens = 300;
+        req.grammar = spec;
+        memset(res, 0, sizeof(res));
+        BT_ASSERT_OK(client_submit(c, &req, &res[0].rid));
+        cu_collect(c, res, 1, 60000);
+        BT_ASSERT_EQ(res[0].finished, 1);
+        BT_ASSERT_EQ(res[0].n_ids, n_want);
+        for (int i = 0; i < n_want; i++)
+            BT_ASSERT_EQ(res[0].ids[i], want[i]);
+    }
+    bt_free(ids);
+    tok_destroy(&tk);
+    client_destroy(&c);
+}
+
 int main(void)
 {
     char listen[64], control[64], model[512], tok[512];
@@ -310,6 +354,7 @@ int main(void)
 
     test_outputs(hport);
     test_failover(listen, control, model, tok, d0);
+    test_aggregated(model, tok);
 
     client_destroy(&c);
     unlink(g_schema_file);
