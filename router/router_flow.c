@@ -34,7 +34,7 @@ void router__dispatch(router_t *r)
         router_worker_t *p, *d;
         Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
         Baton__KvReserve res = BATON__KV_RESERVE__INIT;
-        int n_tokens, blocks;
+        int n_tokens, blocks, cached = 0;
         char why[256];
 
         if (req->retry_at_ns > now) {
@@ -42,7 +42,6 @@ void router__dispatch(router_t *r)
             continue;
         }
         n_tokens = router__req_prefill_tokens(req);
-        r->kv_pick_hit = 0;
         /* Issue 36: a request no decode worker could ever hold fails
          * now (ERROR_TOO_LONG) instead of retrying until the queue
          * timeout; one that fits a pool but not its free blocks stays
@@ -56,7 +55,7 @@ void router__dispatch(router_t *r)
         d = NULL;
         if (r->aggregate == 2) /* always: aggregated workers first */
             d = r->policy->pick_decode(r, req, req->prompt_ids ? n_tokens : 1,
-                                       true);
+                                       true, &cached);
         if (d != NULL) {
             p = d;
         } else {
@@ -65,14 +64,14 @@ void router__dispatch(router_t *r)
                 /* No prefill worker: a --role both decode worker
                  * prefills its own request (aggregated mode). */
                 d = r->policy->pick_decode(
-                    r, req, req->prompt_ids ? n_tokens : 1, true);
+                    r, req, req->prompt_ids ? n_tokens : 1, true, &cached);
                 p = d;
             }
             if (p == NULL)
                 return;
             if (d == NULL)
                 d = r->policy->pick_decode(
-                    r, req, req->prompt_ids ? n_tokens : 1, false);
+                    r, req, req->prompt_ids ? n_tokens : 1, false, &cached);
         }
         if (d == NULL)
             return; /* head-of-line: keep priority order */
@@ -101,7 +100,7 @@ void router__dispatch(router_t *r)
          * rest; otherwise a busy worker holding a hot prefix looks
          * heavier than it is and the prefix loses its worker. */
         req->task_tokens = (uint64_t)n_tokens -
-            (uint64_t)(p == d ? BT_MAX(0, BT_MIN(r->kv_pick_hit,
+            (uint64_t)(p == d ? BT_MAX(0, BT_MIN(cached,
                                                  n_tokens - 1)) : 0);
         req->reserved_blocks = blocks;
         req->state = ROUTER_REQ_RESERVING;

@@ -335,10 +335,12 @@ typedef struct {
     const char *name;
     router_worker_t *(*pick_prefill)(struct router_s *router,
                                      const router_req_t *req);
-    /* need_prefill: only --role both workers (aggregated). */
+    /* need_prefill: only --role both workers (aggregated).  *cached_p:
+     * the prompt tokens the policy expects cached at the pick (0 for a
+     * policy that does not know). */
     router_worker_t *(*pick_decode)(struct router_s *router,
                                     const router_req_t *req, int n_tokens,
-                                    bool need_prefill);
+                                    bool need_prefill, int *cached_p);
 } router_policy_t;
 
 const router_policy_t *router__policy_find(const char *name);
@@ -370,10 +372,6 @@ struct router_s {
     router_kv_weights_t kv_weights; /* cfg.kv_weights parsed */
     uint64_t kv_event_batches;  /* KvEvents applied */
     uint64_t kv_resyncs;        /* KvResyncRequests sent */
-    int kv_pick_hit;            /* prompt tokens the last kv-aware pick
-                                   expects cached at its decode worker;
-                                   the dispatch turns it into less
-                                   prefill work (reset per request) */
     router_kv_mode_t kv_mode;  /* cfg.kv_transport parsed */
     int aggregate;             /* 0 never, 1 fallback, 2 always */
     void *ctx;                 /* ZeroMQ context */

@@ -125,11 +125,13 @@ static router_worker_t *least_pick_prefill(router_t *router,
 
 static router_worker_t *least_pick_decode(router_t *router,
                                           const router_req_t *req,
-                                          int n_tokens, bool need_prefill)
+                                          int n_tokens, bool need_prefill,
+                                          int *cached_p)
 {
     router_worker_t *best = NULL;
 
     (void)req;
+    *cached_p = 0;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
         if (!policy_decode_fits(w, n_tokens, need_prefill))
@@ -170,22 +172,24 @@ static router_worker_t *rr_pick_prefill(router_t *router,
 
 static router_worker_t *rr_pick_decode(router_t *router,
                                        const router_req_t *req, int n_tokens,
-                                       bool need_prefill)
+                                       bool need_prefill, int *cached_p)
 {
     (void)req;
+    *cached_p = 0;
     return rr_pick(router, &router->rr_decode, BATON__ROLE__ROLE_DECODE,
                    n_tokens, need_prefill);
 }
 
 static router_worker_t *kv_pick_decode(router_t *router,
                                        const router_req_t *req, int n_tokens,
-                                       bool need_prefill)
+                                       bool need_prefill, int *cached_p)
 {
     router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
     int n = 0, pick = -1, overlap = 0;
 
     if (req->prompt_ids == NULL || req->n_prompt <= 0)
-        return least_pick_decode(router, req, n_tokens, need_prefill);
+        return least_pick_decode(router, req, n_tokens, need_prefill,
+                                 cached_p);
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
         if (!policy_decode_fits(w, n_tokens, need_prefill))
@@ -194,11 +198,11 @@ static router_worker_t *kv_pick_decode(router_t *router,
         cands[n].load = (double)w->outstanding;
         n++;
     }
+    *cached_p = 0;
     if (n == 0)
         return NULL;
-    /* The prompt as the worker will cache it: the ids the client gave
-     * (plus the tokens streamed before a failover: the same chain). */
-    /* kv_chain is a memo (the same prompt hashes the same), not request
+    /* The prompt as the worker will cache it: the ids the client gave.
+     * kv_chain is a memo (the same prompt hashes the same), not request
      * state: written through a const request on purpose. */
     if (router_kv_pick_tokens(router->kvindex, cands, n, req->cache_salt,
                               req->cache_salt_len, req->prompt_ids,
@@ -207,11 +211,11 @@ static router_worker_t *kv_pick_decode(router_t *router,
                               &router->kv_weights, &pick, &overlap) !=
             BT_OK ||
         pick < 0)
-        return least_pick_decode(router, req, n_tokens, need_prefill);
+        return least_pick_decode(router, req, n_tokens, need_prefill,
+                                 cached_p);
     {
         router_worker_t *w = &router->workers[cands[pick].worker];
-        router->kv_pick_hit = overlap * (w->block_size > 0
-                                             ? (int)w->block_size : 16);
+        *cached_p = overlap * (w->block_size > 0 ? (int)w->block_size : 16);
         return w;
     }
 }
