@@ -7,6 +7,7 @@
 #include "workerproc_metrics.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,37 @@ static bt_status_t prom_write(void *out, const char *text, size_t len)
     } while (0)
 
 /* One unlabelled sample with its family header. */
+/* The prefix cache's counters (workerproc_prefix.h), one row each. */
+typedef struct {
+    const char *name;
+    const char *help;
+    size_t offset; /* of the uint64_t in workerproc_beat_t */
+} prefix_counter_t;
+
+static const prefix_counter_t prefix_counters[] = {
+    { "baton_worker_prefix_lookups_total",
+      "Prefix cache: prompts looked up",
+      offsetof(workerproc_beat_t, prefix_lookups) },
+    { "baton_worker_prefix_lookup_tokens_total",
+      "Prefix cache: prompt tokens looked up",
+      offsetof(workerproc_beat_t, prefix_lookup_tokens) },
+    { "baton_worker_prefix_hit_tokens_total",
+      "Prefix cache: prompt tokens found cached (not computed)",
+      offsetof(workerproc_beat_t, prefix_hit_tokens) },
+    { "baton_worker_prefix_lookup_blocks_total",
+      "Prefix cache: full prompt blocks looked up",
+      offsetof(workerproc_beat_t, prefix_lookup_blocks) },
+    { "baton_worker_prefix_hit_blocks_total",
+      "Prefix cache: full prompt blocks found cached",
+      offsetof(workerproc_beat_t, prefix_hit_blocks) },
+    { "baton_worker_prefix_inserted_blocks_total",
+      "Prefix cache: blocks that entered the cache",
+      offsetof(workerproc_beat_t, prefix_inserted) },
+    { "baton_worker_prefix_evictions_total",
+      "Prefix cache: blocks evicted to make room",
+      offsetof(workerproc_beat_t, prefix_evictions) },
+};
+
 #define FAMILY(name, type, help, fmt, value)                                \
     do {                                                                    \
         if (status == BT_OK)                                                \
@@ -174,27 +206,12 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
                (unsigned long long)b->spec_verify_tokens);
     }
     if (b->has_prefix) {
-        FAMILY("baton_worker_prefix_lookups_total", "counter",
-               "Prefix cache: prompts looked up", "%llu",
-               (unsigned long long)b->prefix_lookups);
-        FAMILY("baton_worker_prefix_lookup_tokens_total", "counter",
-               "Prefix cache: prompt tokens looked up", "%llu",
-               (unsigned long long)b->prefix_lookup_tokens);
-        FAMILY("baton_worker_prefix_hit_tokens_total", "counter",
-               "Prefix cache: prompt tokens found cached (not computed)",
-               "%llu", (unsigned long long)b->prefix_hit_tokens);
-        FAMILY("baton_worker_prefix_lookup_blocks_total", "counter",
-               "Prefix cache: full prompt blocks looked up", "%llu",
-               (unsigned long long)b->prefix_lookup_blocks);
-        FAMILY("baton_worker_prefix_hit_blocks_total", "counter",
-               "Prefix cache: full prompt blocks found cached", "%llu",
-               (unsigned long long)b->prefix_hit_blocks);
-        FAMILY("baton_worker_prefix_inserted_blocks_total", "counter",
-               "Prefix cache: blocks that entered the cache", "%llu",
-               (unsigned long long)b->prefix_inserted);
-        FAMILY("baton_worker_prefix_evictions_total", "counter",
-               "Prefix cache: blocks evicted to make room", "%llu",
-               (unsigned long long)b->prefix_evictions);
+        for (size_t i = 0; i < BT_ARRAY_SIZE(prefix_counters); i++) {
+            const prefix_counter_t *pc = &prefix_counters[i];
+            FAMILY(pc->name, "counter", pc->help, "%llu",
+                   (unsigned long long)*(const uint64_t *)(
+                       (const uint8_t *)b + pc->offset));
+        }
         if (status == BT_OK)
             status = bt_prom_header("baton_worker_prefix_cached_blocks",
                                     "gauge", "Prefix cache: blocks cached "
