@@ -90,7 +90,7 @@ static void test_tokenize(void)
         out.len = 0;
         BT_ASSERT_OK(gateway__tokenize(&ctx, 0, msgs, strlen(msgs), &out,
                                        &err));
-        snprintf(want, sizeof(want), "{\"count\":%d,", areq.n_prompt_ids);
+        snprintf(want, sizeof(want), "{\"count\":%d,", areq.req.n_prompt_ids);
         BT_CHECK(strncmp(out.data, want, strlen(want)) == 0);
         gateway__api_req_cleanup(&areq);
     }
