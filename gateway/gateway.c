@@ -1051,7 +1051,7 @@ static bool prompt_too_long(gateway_t *gw, const gateway_api_req_t *areq,
     const gateway_api_prompt_t *pr = &areq->prompts[p];
     uint32_t ctx = gw->max_context;
     size_t bytes, per_token, n_tokens = 0;
-    char where[32] = "";
+    char where[32] = "the prompt";
 
     if (ctx == 0)
         return false; /* not known yet: the router checks */
@@ -1075,10 +1075,10 @@ static bool prompt_too_long(gateway_t *gw, const gateway_api_req_t *areq,
     if (n_tokens < ctx)
         return false;
     if (areq->n_prompts > 1)
-        snprintf(where, sizeof(where), "prompt[%d] ", p);
+        snprintf(where, sizeof(where), "prompt[%d]", p);
     gateway__api_error_set(err, 400, "invalid_request_error",
                            "context_length_exceeded", "prompt",
-                           "the prompt %sis %s%zu tokens, the context is %u",
+                           "%s is %s%zu tokens, the context is %u",
                            where, pr->ids != NULL ? "" : "at least ",
                            n_tokens, ctx);
     return true;
