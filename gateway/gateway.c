@@ -857,6 +857,8 @@ static void on_finished(gateway_t *gw, req_t *req, int i,
             return;
         }
         stream_event(gw, req, b->data, b->len);
+        if (req->dead)
+            return; /* a reader too slow: killed, nothing more to send */
     }
     if (req->n_open == 0)
         generation_done(gw, req);
