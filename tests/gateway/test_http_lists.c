@@ -18,6 +18,8 @@
  *   - one choice the router refuses fails the whole request (non-stream
  *     and stream: an error event, no later chunk, [DONE]) and the others
  *     are cancelled: the cluster is idle afterwards;
+ *   - a client that leaves a streamed list has every choice cancelled
+ *     (the decode worker sleeps 10 ms a step, so they cannot just end);
  *   - tenants: a list counts as that many requests against
  *     max_concurrency (over it: 400; within it: served).
  */
@@ -269,7 +271,7 @@ int main(void)
              "--tokenizer", tok, "--threads", "1", "--name", "p0", NULL);
     cu_spawn("baton-decode", "--router", control, "--model", model,
              "--tokenizer", tok, "--threads", "1", "--name", "d0",
-             "--kv-blocks", "400", NULL);
+             "--kv-blocks", "400", "--step-delay-ms", "10", NULL);
     hport = ht_start_gateway(listen, "--tokenizer", tok, "--model-name",
                              "aidreams", NULL);
     BT_ASSERT_OK(client_create(listen, &cl));
@@ -482,6 +484,46 @@ int main(void)
         }
         ht_resp_free(&r);
         wait_router_idle(hport, 5000);
+        cu_wait_kv_idle(cl, 5000);
+    }
+
+    /* the client leaves a streamed list after its first chunk: every
+     * choice is cancelled at the router, long before the 120 decode
+     * steps (10 ms each at least) would have ended them */
+    {
+        char req[1024], buf[4096];
+        long long cancelled = metric(hport, "baton_http_requests_cancelled_total");
+        const char *b = "{\"prompt\":[\"The river\",\"A quiet machine\","
+                        "\"Stars fall\"],\"max_tokens\":120,"
+                        "\"ignore_eos\":true,\"temperature\":0,"
+                        "\"stream\":true}";
+        int rl = snprintf(req, sizeof(req),
+                          "POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+                          "Content-Length: %zu\r\n\r\n%s", strlen(b), b);
+        int fd = ht_connect(hport);
+        size_t got = 0;
+        uint64_t t0 = bt_time_ns(), t_idle;
+
+        BT_CHECK(ht_send(fd, req, (size_t)rl));
+        while (got + 1 < sizeof(buf)) {
+            ssize_t n = recv(fd, buf + got, sizeof(buf) - 1 - got, 0);
+            BT_CHECK(n > 0);
+            got += (size_t)n;
+            buf[got] = '\0';
+            if (strstr(buf, "\"text\":\"") != NULL)
+                break;
+        }
+        BT_CHECK(metric(hport, "baton_http_requests_in_flight") == 3);
+        close(fd);
+        wait_router_idle(hport, 5000);
+        t_idle = bt_time_ns();
+        BT_ASSERT_EQ(metric(hport, "baton_http_requests_cancelled_total"),
+                     cancelled + 1);
+        BT_ASSERT_EQ(metric(hport, "baton_http_requests_in_flight"), 0);
+        fprintf(stderr, "client left: the router idle %.0f ms after the "
+                "request (its 120 steps take >= 1200 ms)\n",
+                (double)(t_idle - t0) * 1e-6);
+        BT_CHECK(t_idle - t0 < 900000000ull);
         cu_wait_kv_idle(cl, 5000);
     }
 
