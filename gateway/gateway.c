@@ -104,6 +104,28 @@ typedef struct conn_s {
     uint64_t t_req_start;    /* request line arrived (ns, 0: none) */
 } conn_t;
 
+/* One choice of a generation request (choices[].index = its place):
+ * one router request, prompt i / n, sample i % n. */
+typedef struct {
+    uint64_t rid;            /* router request id (0: ended or not sent) */
+    const char *finish;      /* finish_reason once finished, NULL before */
+    bt_buf_t text;           /* non-stream: gathered text (echo first) */
+    uint32_t n_tokens;       /* ids received */
+    uint32_t prompt_tokens;  /* Finished.usage */
+    uint32_t completion_tokens;
+    uint64_t prompt_est;     /* the prompt's tokens as charged */
+    uint64_t t_first;        /* first token received (ns) */
+    bool first_seen;         /* a chunk was shown (echo goes first) */
+    char *echo_text;         /* owned: the prompt's text (echo), or NULL */
+    gateway_lp_t *lp;        /* (n_lp, cap_lp) non-stream: every token's */
+    int n_lp;
+    int cap_lp;
+    gateway_lp_t *plp;       /* (n_plp) prompt_logprobs, owned */
+    int n_plp;
+    int last_id;             /* the last token shown (token strings) */
+    uint32_t text_off;       /* stream: text_offset of the next token */
+} choice_t;
+
 /* One request: MHD's request context, from the headers to the end. */
 struct req_s {
     gateway_t *gw;           /* the gateway serving it */
@@ -123,9 +145,14 @@ struct req_s {
     char request_id[GATEWAY_REQUEST_ID_MAX + 1]; /* X-Request-Id: the
                                 client's or made here */
     conn_job_t job;
-    uint64_t rid;            /* router request id of job (0 none) */
+    uint64_t rid;            /* router request id of a status job */
     uint64_t t_deadline;     /* job gives up at this time (ns) */
-    /* generation requests */
+    /* generation requests: one router request per choice; the job ends
+     * when every choice has finished, or at the first that fails */
+    choice_t *choices;       /* (n_choices) owned */
+    int n_choices;
+    int n_per_prompt;        /* OpenAI's n */
+    int n_open;              /* choices still at the router */
     gateway_api_resp_t resp_info; /* id, created, model, usage */
     char id[48];             /* resp_info.id storage */
     bool stream;
@@ -133,32 +160,20 @@ struct req_s {
     bool stream_started;     /* the 200 head and reader are set up */
     bool stream_done;        /* [DONE] is in sse */
     bt_buf_t sse;            /* stream bytes not yet taken by MHD */
-    bt_buf_t text;           /* non-stream: gathered completion text */
-    uint32_t n_tokens;       /* ids received */
     uint64_t t_start;        /* request dispatched (ns) */
-    uint64_t t_first;        /* first token received (ns) */
     gateway_tenant_t *tenant; /* admitted against this tenant's limits
                                 (NULL: none); released at the job's end */
     uint64_t charged;        /* tokens charged to it at admission */
-    uint64_t prompt_est;     /* of which the prompt's */
     /* logprobs and echo (issue 39) */
     bool logprobs;           /* choices[].logprobs asked */
     bool echo_lp;            /* ... with the echoed prompt's tokens */
     bool show_plp;           /* vLLM's prompt_logprobs asked */
-    bool first_seen;         /* a chunk was shown (echo goes first) */
-    char *echo_text;         /* owned: the prompt's text (echo), or NULL */
-    gateway_lp_t *lp;        /* (n_lp, cap_lp) non-stream: every token's */
-    int n_lp;
-    int cap_lp;
-    gateway_lp_t *plp;       /* (n_plp) prompt_logprobs, owned */
-    int n_plp;
-    int last_id;             /* the last token shown (token strings) */
-    uint32_t text_off;       /* stream: text_offset of the next token */
 };
 
 typedef struct {
     uint64_t rid;  /* 0 = empty */
     req_t *conn;   /* the request waiting for rid */
+    int choice;    /* its choice (-1: a status job) */
 } rid_entry_t;
 
 struct gateway_s {
@@ -182,6 +197,7 @@ struct gateway_s {
     int n_evicted;               /* of which shut down, not yet closed */
     rid_entry_t *map;            /* (map_cap) rid -> request */
     size_t map_cap;
+    size_t map_n;                /* entries in use (at most half) */
     gateway_metrics_t metrics;
     bt_buf_t scratch;            /* event JSON under construction */
     uint64_t id_counter;         /* response ids */
@@ -200,25 +216,58 @@ static size_t map_hash(const gateway_t *gw, uint64_t rid)
     return (size_t)((rid * 0x9e3779b97f4a7c15ull) >> 17) & (gw->map_cap - 1);
 }
 
-static void map_put(gateway_t *gw, uint64_t rid, req_t *conn)
+static void map_insert(gateway_t *gw, const rid_entry_t *e)
 {
-    size_t i = map_hash(gw, rid);
+    size_t i = map_hash(gw, e->rid);
 
     while (gw->map[i].rid != 0)
         i = (i + 1) & (gw->map_cap - 1);
-    gw->map[i].rid = rid;
-    gw->map[i].conn = conn;
+    gw->map[i] = *e;
 }
 
-static req_t *map_get(const gateway_t *gw, uint64_t rid)
+/* Doubles the table (a request may hold GATEWAY_MAX_CHOICES ids, so the
+ * connection limit does not bound the entries).  False: no memory. */
+static bool map_grow(gateway_t *gw)
+{
+    rid_entry_t *old = gw->map;
+    size_t old_cap = gw->map_cap;
+
+    gw->map = bt_calloc(old_cap * 2, sizeof(*gw->map), "gateway");
+    if (gw->map == NULL) {
+        gw->map = old;
+        return false;
+    }
+    gw->map_cap = old_cap * 2;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].rid != 0)
+            map_insert(gw, &old[i]);
+    bt_free(old);
+    return true;
+}
+
+/* rid -> (conn, choice); false: no memory to grow the table. */
+static bool map_put(gateway_t *gw, uint64_t rid, req_t *conn, int choice)
+{
+    rid_entry_t e = { rid, conn, choice };
+
+    if ((gw->map_n + 1) * 2 > gw->map_cap && !map_grow(gw))
+        return false;
+    map_insert(gw, &e);
+    gw->map_n++;
+    return true;
+}
+
+static req_t *map_get(const gateway_t *gw, uint64_t rid, int *choice_p)
 {
     size_t i = map_hash(gw, rid);
 
     if (rid == 0)
         return NULL;
     while (gw->map[i].rid != 0) {
-        if (gw->map[i].rid == rid)
+        if (gw->map[i].rid == rid) {
+            *choice_p = gw->map[i].choice;
             return gw->map[i].conn;
+        }
         i = (i + 1) & (gw->map_cap - 1);
     }
     return NULL;
@@ -235,6 +284,7 @@ static void map_remove(gateway_t *gw, uint64_t rid)
         i = (i + 1) & mask;
     }
     gw->map[i].rid = 0;
+    gw->map_n--;
     /* shift back the entries of the cluster that follows */
     for (j = (i + 1) & mask; gw->map[j].rid != 0; j = (j + 1) & mask) {
         size_t h = map_hash(gw, gw->map[j].rid);
@@ -261,28 +311,60 @@ static void req_resume(req_t *req)
     MHD_resume_connection(req->mhd);
 }
 
-/* Ends the router side of the request's job: cancels a generation still
- * running there (cancel = true) and forgets the request id. */
+/* Forgets choice i's router request (it ended, or is given up: cancel
+ * asks the router to stop it). */
+static void choice_forget(gateway_t *gw, req_t *req, int i, bool cancel)
+{
+    choice_t *ch = &req->choices[i];
+
+    if (ch->rid == 0)
+        return;
+    if (cancel && client_cancel(gw->client, ch->rid) != BT_OK)
+        BT_LOG_WARN("HTTP", "cannot cancel request %llu",
+                    (unsigned long long)ch->rid);
+    map_remove(gw, ch->rid);
+    ch->rid = 0;
+    req->n_open--;
+    gw->metrics.in_flight--;
+}
+
+/* Ends the router side of the request's job: cancels the choices of a
+ * generation still running there (cancel = true) and forgets the
+ * request ids. */
 static void job_drop(gateway_t *gw, req_t *req, bool cancel)
 {
     if (req->job == JOB_NONE)
         return;
     if (req->job == JOB_GENERATE) {
-        if (cancel) {
-            if (client_cancel(gw->client, req->rid) != BT_OK)
-                BT_LOG_WARN("HTTP", "cannot cancel request %llu",
-                            (unsigned long long)req->rid);
+        uint64_t used = 0;
+
+        if (cancel && req->n_open > 0)
             gw->metrics.cancelled++;
+        for (int i = 0; i < req->n_choices; i++) {
+            choice_forget(gw, req, i, cancel);
+            used += req->choices[i].prompt_est + req->choices[i].n_tokens;
         }
-        gw->metrics.in_flight--;
-        if (req->tenant != NULL) /* tokens it cost: prompt + received */
-            gateway__tenant_release(req->tenant, req->charged,
-                                    req->prompt_est + req->n_tokens);
+        if (req->tenant != NULL) /* tokens it cost: prompts + received */
+            gateway__tenant_release(req->tenant, req->charged, used,
+                                    req->n_choices);
         req->tenant = NULL;
+    } else {
+        map_remove(gw, req->rid);
     }
-    map_remove(gw, req->rid);
     req->job = JOB_NONE;
     req->rid = 0;
+}
+
+/* A generation that failed (a choice's error, the gateway's timeout):
+ * the choices still running are cancelled at the router; not counted
+ * as a client's cancel. */
+static void job_abort(gateway_t *gw, req_t *req)
+{
+    if (req->job != JOB_GENERATE)
+        return;
+    for (int i = 0; i < req->n_choices; i++)
+        choice_forget(gw, req, i, true);
+    job_drop(gw, req, false);
 }
 
 /* Gives up on a request: its router job is cancelled and MHD closes the
@@ -475,9 +557,12 @@ static void stream_head(gateway_t *gw, req_t *req)
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     req->resp = r;
     req_count(gw, req, 200);
-    if (req->resp_info.kind == GATEWAY_API_CHAT) {
+    for (int i = 0; req->resp_info.kind == GATEWAY_API_CHAT &&
+                    i < req->n_choices; i++) {
+        /* each choice's role delta first, as OpenAI streams them */
+        gateway_api_choice_t c = { .index = i, .text = "" };
         gw->scratch.len = 0;
-        if (gateway__api_chunk_json(&req->resp_info, "", 0, true, NULL,
+        if (gateway__api_chunk_json(&req->resp_info, &c, true,
                                     req->include_usage,
                                     &gw->scratch) == BT_OK)
             stream_event(gw, req, gw->scratch.data, gw->scratch.len);
@@ -557,26 +642,30 @@ static gateway_lp_t *lp_entries(const int32_t *ids, size_t n,
 static void generation_fail(gateway_t *gw, req_t *req,
                             const gateway_api_error_t *err);
 
-static void on_chunk(gateway_t *gw, req_t *req, const Baton__TokenChunk *c)
+/* Tokens of choice i: gathered (non-stream) or sent as a chunk with its
+ * index (stream). */
+static void on_chunk(gateway_t *gw, req_t *req, int i,
+                     const Baton__TokenChunk *c)
 {
     const char *text = c->has_text ? (const char *)c->text.data : "";
     size_t len = c->has_text ? c->text.len : 0;
     uint64_t now = bt_time_ns();
     gateway_lp_t *pe = NULL, *ge = NULL, *all = NULL;
     int n_pe = 0, n_ge = 0, n_all = 0, cap_all = 0;
-    bool first = !req->first_seen;
-    gateway_api_resp_t *ri = &req->resp_info;
+    choice_t *ch = &req->choices[i];
+    bool first = !ch->first_seen;
+    gateway_api_choice_t view;
     bt_buf_t shown;
 
     if (req->job != JOB_GENERATE)
         return;
-    if (req->t_first == 0 && c->n_ids > 0) {
-        req->t_first = now;
+    if (ch->t_first == 0 && c->n_ids > 0) {
+        ch->t_first = now;
         bt_prom_hist_observe(&gw->metrics.ttft,
                              (double)(now - req->t_start) * 1e-9);
     }
-    req->n_tokens += (uint32_t)c->n_ids;
-    req->first_seen = true;
+    ch->n_tokens += (uint32_t)c->n_ids;
+    ch->first_seen = true;
     /* the prompt's (first chunk) then the generated tokens' logprobs */
     if (first && c->n_prompt_ids > 0 && (req->echo_lp || req->show_plp))
         pe = lp_entries(c->prompt_ids, c->n_prompt_ids, c->prompt_logprobs,
@@ -605,48 +694,49 @@ static void on_chunk(gateway_t *gw, req_t *req, const Baton__TokenChunk *c)
         goto out;
     }
     if (pe != NULL && req->show_plp) {
-        req->plp = pe;
-        req->n_plp = n_pe;
+        ch->plp = pe;
+        ch->n_plp = n_pe;
         pe = NULL;
     }
     if (!req->stream) {
-        if (bt_buf_append(&req->text, text, len) != BT_OK ||
+        if (bt_buf_append(&ch->text, text, len) != BT_OK ||
             (n_all > 0 &&
-             !lp_append(&req->lp, &req->n_lp, &req->cap_lp, all, n_all)))
+             !lp_append(&ch->lp, &ch->n_lp, &ch->cap_lp, all, n_all)))
             goto err_kill;
         goto out;
     }
     stream_head(gw, req);
-    if (len == 0 && n_all == 0 && !(first && (req->echo_text != NULL ||
-                                              req->plp != NULL)))
+    if (len == 0 && n_all == 0 && !(first && (ch->echo_text != NULL ||
+                                              ch->plp != NULL)))
         goto out;
     bt_buf_init(&shown);
-    if ((first && req->echo_text != NULL &&
-         bt_buf_append(&shown, req->echo_text, strlen(req->echo_text)) !=
+    if ((first && ch->echo_text != NULL &&
+         bt_buf_append(&shown, ch->echo_text, strlen(ch->echo_text)) !=
              BT_OK) ||
         bt_buf_append(&shown, text, len) != BT_OK) {
         bt_buf_cleanup(&shown);
         goto err_kill;
     }
-    ri->logprobs = req->logprobs;
-    ri->lp = all;
-    ri->n_lp = n_all;
-    ri->prev_id = req->last_id;
-    ri->text_offset = req->text_off;
-    ri->plp = first && req->show_plp ? req->plp : NULL;
-    ri->n_plp = req->n_plp;
+    memset(&view, 0, sizeof(view));
+    view.index = i;
+    view.text = shown.data;
+    view.text_len = shown.len;
+    view.logprobs = req->logprobs;
+    view.lp = all;
+    view.n_lp = n_all;
+    view.prev_id = ch->last_id;
+    view.text_offset = ch->text_off;
+    view.plp = first && req->show_plp ? ch->plp : NULL;
+    view.n_plp = ch->n_plp;
     gw->scratch.len = 0;
-    if (gateway__api_chunk_json(ri, shown.data, shown.len, false, NULL,
+    if (gateway__api_chunk_json(&req->resp_info, &view, false,
                                 req->include_usage, &gw->scratch) != BT_OK) {
         bt_buf_cleanup(&shown);
         goto err_kill;
     }
-    req->text_off += gateway__api_lp_chars(ri);
+    ch->text_off += gateway__api_lp_chars(&req->resp_info, &view);
     if (n_all > 0)
-        req->last_id = all[n_all - 1].id;
-    ri->lp = NULL;
-    ri->n_lp = 0;
-    ri->plp = NULL;
+        ch->last_id = all[n_all - 1].id;
     bt_buf_cleanup(&shown);
     stream_event(gw, req, gw->scratch.data, gw->scratch.len);
     goto out;
@@ -668,68 +758,110 @@ static const char *finish_name(Baton__FinishReason r)
     }
 }
 
-static void on_finished(gateway_t *gw, req_t *req, const Baton__Finished *f)
+/* Every choice has finished: usage summed (a prompt's tokens once, not
+ * once per sample, as OpenAI counts n), then the response, or the usage
+ * chunk and [DONE]. */
+static void generation_done(gateway_t *gw, req_t *req)
 {
-    const char *finish = finish_name(f->reason);
-    uint64_t now = bt_time_ns();
+    gateway_api_resp_t *ri = &req->resp_info;
+    gateway_api_choice_t *views = NULL;
     bt_buf_t *b = &gw->scratch;
 
-    if (req->job != JOB_GENERATE)
-        return;
-    if (req->stream && !req->first_seen && req->echo_text != NULL) {
-        /* nothing came (the first token was a stop): the prompt still
-         * shows */
-        Baton__TokenChunk none = BATON__TOKEN_CHUNK__INIT;
-        on_chunk(gw, req, &none);
-        if (req->dead || req->job != JOB_GENERATE)
-            return;
+    job_drop(gw, req, false); /* ends the job: the tenant's slots */
+    ri->prompt_tokens = 0;
+    ri->completion_tokens = 0;
+    for (int i = 0; i < req->n_choices; i++) {
+        if (i % req->n_per_prompt == 0)
+            ri->prompt_tokens += req->choices[i].prompt_tokens;
+        ri->completion_tokens += req->choices[i].completion_tokens;
     }
-    job_drop(gw, req, false);
-    req->resp_info.prompt_tokens = f->usage ? f->usage->prompt_tokens : 0;
-    req->resp_info.completion_tokens =
-        f->usage ? f->usage->completion_tokens : req->n_tokens;
-    gw->metrics.prompt_tokens += req->resp_info.prompt_tokens;
-    gw->metrics.completion_tokens += req->resp_info.completion_tokens;
     bt_prom_hist_observe(&gw->metrics.e2e,
-                         (double)(now - req->t_start) * 1e-9);
-    if (req->n_tokens > 1 && req->t_first != 0)
-        bt_prom_hist_observe(&gw->metrics.tpot,
-                             (double)(now - req->t_first) * 1e-9 /
-                                 (req->n_tokens - 1));
+                         (double)(bt_time_ns() - req->t_start) * 1e-9);
     b->len = 0;
     if (req->stream) {
-        stream_head(gw, req);
-        b->len = 0;
-        req->resp_info.logprobs = false; /* the finish has no tokens */
-        if (gateway__api_chunk_json(&req->resp_info, "", 0, false, finish,
-                                    req->include_usage, b) != BT_OK)
-            goto err_kill;
-        stream_event(gw, req, b->data, b->len);
         if (req->include_usage) {
-            b->len = 0;
-            if (gateway__api_usage_chunk_json(&req->resp_info, b) != BT_OK)
+            if (gateway__api_usage_chunk_json(ri, b) != BT_OK)
                 goto err_kill;
             stream_event(gw, req, b->data, b->len);
         }
         stream_end(gw, req);
         return;
     }
-    req->resp_info.logprobs = req->logprobs;
-    req->resp_info.lp = req->lp;
-    req->resp_info.n_lp = req->n_lp;
-    req->resp_info.prev_id = -1;
-    req->resp_info.text_offset = 0;
-    req->resp_info.plp = req->show_plp ? req->plp : NULL;
-    req->resp_info.n_plp = req->n_plp;
-    if (gateway__api_response_json(&req->resp_info, req->text.data,
-                                   req->text.len, finish, b) != BT_OK ||
+    views = bt_calloc((size_t)req->n_choices, sizeof(*views),
+                      "gateway_choices");
+    if (views == NULL)
+        goto err_kill;
+    for (int i = 0; i < req->n_choices; i++) {
+        const choice_t *ch = &req->choices[i];
+        views[i].index = i;
+        views[i].text = ch->text.data;
+        views[i].text_len = ch->text.len;
+        views[i].finish = ch->finish;
+        views[i].logprobs = req->logprobs;
+        views[i].lp = ch->lp;
+        views[i].n_lp = ch->n_lp;
+        views[i].prev_id = -1;
+        views[i].plp = req->show_plp ? ch->plp : NULL;
+        views[i].n_plp = ch->n_plp;
+    }
+    if (gateway__api_response_json(ri, views, req->n_choices, b) != BT_OK ||
         bt_buf_append(b, "\n", 1) != BT_OK)
         goto err_kill;
+    bt_free(views);
     req_respond(gw, req, 200, "application/json", b->data, b->len, NULL);
     return;
 
 err_kill:
+    bt_free(views);
     req_kill(gw, req);
+}
+
+/* Choice i has finished: its finish chunk (stream), then the whole
+ * request once it was the last. */
+static void on_finished(gateway_t *gw, req_t *req, int i,
+                        const Baton__Finished *f)
+{
+    choice_t *ch = &req->choices[i];
+    uint64_t now = bt_time_ns();
+    bt_buf_t *b = &gw->scratch;
+
+    if (req->job != JOB_GENERATE)
+        return;
+    if (req->stream && !ch->first_seen && ch->echo_text != NULL) {
+        /* nothing came (the first token was a stop): the prompt still
+         * shows */
+        Baton__TokenChunk none = BATON__TOKEN_CHUNK__INIT;
+        on_chunk(gw, req, i, &none);
+        if (req->dead || req->job != JOB_GENERATE)
+            return;
+    }
+    choice_forget(gw, req, i, false);
+    ch->finish = finish_name(f->reason);
+    ch->prompt_tokens = f->usage ? f->usage->prompt_tokens : 0;
+    ch->completion_tokens =
+        f->usage ? f->usage->completion_tokens : ch->n_tokens;
+    gw->metrics.prompt_tokens += ch->prompt_tokens;
+    gw->metrics.completion_tokens += ch->completion_tokens;
+    if (ch->n_tokens > 1 && ch->t_first != 0)
+        bt_prom_hist_observe(&gw->metrics.tpot,
+                             (double)(now - ch->t_first) * 1e-9 /
+                                 (ch->n_tokens - 1));
+    if (req->stream) {
+        gateway_api_choice_t view = { .index = i, .text = "",
+                                      .finish = ch->finish };
+        stream_head(gw, req);
+        b->len = 0;
+        if (gateway__api_chunk_json(&req->resp_info, &view, false,
+                                    req->include_usage, b) != BT_OK) {
+            req_kill(gw, req);
+            return;
+        }
+        stream_event(gw, req, b->data, b->len);
+        if (req->dead)
+            return; /* a reader too slow: killed, nothing more to send */
+    }
+    if (req->n_open == 0)
+        generation_done(gw, req);
 }
 
 /* Fails the current generation with err: a JSON error response, or an
@@ -755,10 +887,14 @@ static void respond_health(gateway_t *gw, req_t *req,
 static void respond_metrics(gateway_t *gw, req_t *req,
                             const Baton__ClusterStatus *cs);
 
-static void on_error(gateway_t *gw, req_t *req, const Baton__Error *e)
+/* An error for choice i (or the status job): a generation fails as a
+ * whole, its other choices cancelled at the router (never a response
+ * with a choice missing). */
+static void on_error(gateway_t *gw, req_t *req, int i, const Baton__Error *e)
 {
     gateway_api_error_t err;
     conn_job_t job = req->job;
+    char msg[sizeof(err.message)];
 
     if (job == JOB_HEALTH || job == JOB_METRICS) {
         /* the status request was lost with the router */
@@ -771,8 +907,13 @@ static void on_error(gateway_t *gw, req_t *req, const Baton__Error *e)
     }
     if (job != JOB_GENERATE)
         return;
-    job_drop(gw, req, false);
-    gateway__api_error_from_router(e->code, e->message,
+    job_abort(gw, req);
+    if (req->n_choices > 1)
+        snprintf(msg, sizeof(msg), "choice %d (prompt %d): %s", i,
+                 i / req->n_per_prompt, e->message ? e->message : "");
+    else
+        snprintf(msg, sizeof(msg), "%s", e->message ? e->message : "");
+    gateway__api_error_from_router(e->code, msg,
                                    e->has_retry_after_ms ? e->retry_after_ms
                                                          : 0,
                                    &err);
@@ -854,6 +995,7 @@ static void drain_router(gateway_t *gw)
         Baton__ClientMessage *m = NULL;
         bt_status_t status = client_recv(gw->client, 0, &m);
         req_t *req;
+        int choice = -1;
 
         if (status == BT_ERR_FORMAT)
             continue; /* logged by the client library */
@@ -870,17 +1012,20 @@ static void drain_router(gateway_t *gw)
         if (m->body_case == BATON__CLIENT_MESSAGE__BODY_STATUS &&
             m->status->has_max_context && m->status->max_context > 0)
             gw->max_context = m->status->max_context;
-        req = map_get(gw, client_msg_request_id(m));
+        req = map_get(gw, client_msg_request_id(m), &choice);
         if (req != NULL && !req->dead) {
+            bool gen = choice >= 0 && req->job == JOB_GENERATE;
             switch (m->body_case) {
             case BATON__CLIENT_MESSAGE__BODY_CHUNK:
-                on_chunk(gw, req, m->chunk);
+                if (gen)
+                    on_chunk(gw, req, choice, m->chunk);
                 break;
             case BATON__CLIENT_MESSAGE__BODY_FINISHED:
-                on_finished(gw, req, m->finished);
+                if (gen)
+                    on_finished(gw, req, choice, m->finished);
                 break;
             case BATON__CLIENT_MESSAGE__BODY_ERROR:
-                on_error(gw, req, m->error);
+                on_error(gw, req, choice, m->error);
                 break;
             case BATON__CLIENT_MESSAGE__BODY_STATUS:
                 on_status(gw, req, m->status);
@@ -896,31 +1041,33 @@ static void drain_router(gateway_t *gw)
 // ---------------------------------------------------------------------------
 // Dispatch
 
-/* True (err set: 400 context_length_exceeded) when the prompt cannot fit
+/* True (err set: 400 context_length_exceeded) when prompt p cannot fit
  * the cluster's context, so that no worker spends time on it.  Token ids
  * are counted exactly.  Text is bounded by bytes first (a token is at
  * most tok_max_piece_len bytes, or --max-token-bytes without a
  * tokenizer), then, with a tokenizer and a prompt near the bound,
- * counted exactly. */
+ * counted exactly.  A list's entry is named by its index. */
 static bool prompt_too_long(gateway_t *gw, const gateway_api_req_t *areq,
-                            gateway_api_error_t *err)
+                            int p, gateway_api_error_t *err)
 {
+    const gateway_api_prompt_t *pr = &areq->prompts[p];
     uint32_t ctx = gw->max_context;
     size_t bytes, per_token, n_tokens = 0;
+    char where[32] = "the prompt";
 
     if (ctx == 0)
         return false; /* not known yet: the router checks */
-    if (areq->req.n_prompt_ids > 0) {
-        n_tokens = (size_t)areq->req.n_prompt_ids;
-    } else if (areq->req.prompt != NULL) {
-        bytes = strlen(areq->req.prompt);
+    if (pr->ids != NULL) {
+        n_tokens = (size_t)pr->n_ids;
+    } else if (pr->text != NULL) {
+        bytes = strlen(pr->text);
         per_token = gw->tok ? (size_t)BT_MAX(tok_max_piece_len(gw->tok), 1)
                             : (size_t)gw->cfg.max_token_bytes;
         n_tokens = (bytes + per_token - 1) / per_token; /* a lower bound */
         if (n_tokens < ctx && gw->tok != NULL && bytes + 1 >= ctx &&
             bytes <= (1u << 20)) {
             int *ids = NULL, n = 0;
-            if (tok_encode(gw->tok, areq->req.prompt, bytes,
+            if (tok_encode(gw->tok, pr->text, bytes,
                            areq->req.add_bos && tok_adds_bos(gw->tok), &ids,
                            &n) == BT_OK)
                 n_tokens = (size_t)n;
@@ -929,52 +1076,66 @@ static bool prompt_too_long(gateway_t *gw, const gateway_api_req_t *areq,
     }
     if (n_tokens < ctx)
         return false;
+    if (areq->n_prompts > 1)
+        snprintf(where, sizeof(where), "prompt[%d]", p);
     gateway__api_error_set(err, 400, "invalid_request_error",
                            "context_length_exceeded", "prompt",
-                           "the prompt is %s%zu tokens, the context is %u",
-                           areq->req.n_prompt_ids > 0 ? "" : "at least ",
+                           "%s is %s%zu tokens, the context is %u",
+                           where, pr->ids != NULL ? "" : "at least ",
                            n_tokens, ctx);
     return true;
 }
 
-/* Prompt tokens of a parsed request: exact for ids, bytes / 4 for text
- * (a tenant's token-rate charge; corrected at the end). */
-static uint64_t prompt_estimate(const gateway_api_req_t *areq)
+/* Prompt tokens of prompt p: exact for ids, bytes / 4 for text (a
+ * tenant's token-rate charge; corrected at the end). */
+static uint64_t prompt_estimate(const gateway_api_req_t *areq, int p)
 {
-    if (areq->req.n_prompt_ids > 0)
-        return (uint64_t)areq->req.n_prompt_ids;
-    return areq->req.prompt != NULL ? strlen(areq->req.prompt) / 4 + 1 : 1;
+    const gateway_api_prompt_t *pr = &areq->prompts[p];
+
+    if (pr->ids != NULL)
+        return (uint64_t)pr->n_ids;
+    return pr->text != NULL ? strlen(pr->text) / 4 + 1 : 1;
 }
 
 /* Admits a parsed request against its tenant's limits (none without
- * one) and stamps it with the tenant's class, weight and salt.  False:
- * answered 429 (areq cleaned up). */
+ * one): each choice counts as a request, and the tokens of all of them
+ * are charged.  Stamps the request with the tenant's class, weight and
+ * salt.  False: answered 429 (or 400 when the tenant can never run that
+ * many at once). */
 static bool tenant_admit(gateway_t *gw, req_t *conn, gateway_tenant_t *t,
                          gateway_api_req_t *areq)
 {
     gateway_api_error_t err;
-    uint64_t out, prompt = prompt_estimate(areq);
+    uint64_t out, prompt = 0;
     uint32_t retry_ms = 0;
     const char *why = NULL;
+    bt_status_t status;
 
     if (t == NULL)
         return true;
+    for (int i = 0; i < conn->n_choices; i++)
+        prompt += conn->choices[i].prompt_est;
     out = areq->req.max_tokens > 0 ? (uint64_t)areq->req.max_tokens
           : gw->max_context > 0    ? (uint64_t)gw->max_context
                                    : 1024;
-    if (gateway__tenant_admit(t, bt_time_ns(), prompt + out, &retry_ms,
-                              &why) != BT_OK) {
-        gateway__api_req_cleanup(areq);
+    out *= (uint64_t)conn->n_choices;
+    status = gateway__tenant_admit(t, bt_time_ns(), prompt + out,
+                                   conn->n_choices, &retry_ms, &why);
+    if (status != BT_OK) {
         gw->metrics.tenant_limited++;
-        gateway__api_error_set(&err, 429, "rate_limit_exceeded",
-                               "rate_limit_exceeded", NULL, "%s", why);
-        err.retry_after_ms = BT_MAX(retry_ms, 1000u);
+        if (status == BT_ERR_INVALID_ARG) {
+            gateway__api_error_set(&err, 400, "invalid_request_error",
+                                   "too_many_choices", "n", "%s", why);
+        } else {
+            gateway__api_error_set(&err, 429, "rate_limit_exceeded",
+                                   "rate_limit_exceeded", NULL, "%s", why);
+            err.retry_after_ms = BT_MAX(retry_ms, 1000u);
+        }
         req_respond_error(gw, conn, &err, NULL);
         return false;
     }
     conn->tenant = t;
     conn->charged = prompt + out;
-    conn->prompt_est = prompt;
     areq->req.tenant = t->name;
     areq->req.tenant_weight = t->weight;
     areq->req.cache_salt = t->cache_salt;
@@ -1000,53 +1161,139 @@ static bool tenant_admit(gateway_t *gw, req_t *conn, gateway_tenant_t *t,
 }
 
 
-/* echo: keeps the prompt's text to show before the completion (a text
- * prompt as given, ids decoded by --tokenizer; without it an ids prompt
- * cannot be echoed: 400).  Non-streamed text starts with it now. */
-static bt_status_t start_echo(gateway_t *gw, req_t *req,
-                              const gateway_api_req_t *areq,
-                              gateway_api_error_t *err)
+/* echo: keeps prompt p's text to show before choice ch's completion (a
+ * text prompt as given, ids decoded by --tokenizer; without it an ids
+ * prompt cannot be echoed: 400).  Non-streamed text starts with it now. */
+static bt_status_t start_echo(gateway_t *gw, const gateway_api_req_t *areq,
+                              int p, choice_t *ch, gateway_api_error_t *err)
 {
+    const gateway_api_prompt_t *pr = &areq->prompts[p];
     char *text = NULL;
 
-    if (areq->req.n_prompt_ids > 0) {
+    if (pr->ids != NULL) {
         if (gw->tok == NULL) {
             gateway__api_error_set(err, 400, "invalid_request_error", NULL,
                                    "echo", "'echo' of a token-id prompt "
                                    "needs baton-http --tokenizer");
             return BT_ERR_INVALID_ARG;
         }
-        if (tok_decode(gw->tok, -1, areq->req.prompt_ids,
-                       areq->req.n_prompt_ids, &text) != BT_OK) {
+        if (tok_decode(gw->tok, -1, pr->ids, pr->n_ids, &text) != BT_OK) {
             gateway__api_error_set(err, 400, "invalid_request_error", NULL,
-                                   "prompt", "the prompt holds ids out of "
-                                   "the vocabulary");
+                                   "prompt", "the prompt%s holds ids out of "
+                                   "the vocabulary",
+                                   areq->n_prompts > 1 ? " list" : "");
             return BT_ERR_INVALID_ARG;
         }
     } else {
-        text = bt_strdup(areq->req.prompt ? areq->req.prompt : "",
-                         "gateway_echo");
+        text = bt_strdup(pr->text ? pr->text : "", "gateway_echo");
     }
     if (text == NULL || (!areq->stream &&
-                         bt_buf_append(&req->text, text, strlen(text)) !=
+                         bt_buf_append(&ch->text, text, strlen(text)) !=
                              BT_OK)) {
         bt_free(text);
         gateway__api_error_set(err, 500, "server_error", NULL, NULL,
                                "out of memory");
         return BT_ERR_NO_MEMORY;
     }
-    req->echo_text = text;
+    ch->echo_text = text;
     return BT_OK;
 }
 
+/* splitmix64: the seeds of a request's samples. */
+static uint64_t seed_mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The seed of sample j of a prompt: sample 0 keeps the request's (so n =
+ * 1 is unchanged); the others get distinct seeds derived from it when
+ * the body set one (reproducible), else fresh ones (independent). */
+static uint64_t sample_seed(gateway_t *gw, const gateway_api_req_t *areq,
+                            uint64_t seed, int j)
+{
+    if (j == 0)
+        return seed;
+    if (areq->has_seed)
+        return seed_mix(seed ^ seed_mix((uint64_t)j));
+    gw->id_counter++;
+    return seed_mix(bt_time_ns() ^ (gw->id_counter * 0x9e3779b97f4a7c15ull));
+}
+
+/* Everything a request's choices need before any is sent: the state of
+ * each, every prompt checked against the context, echo texts.  False:
+ * answered (err), nothing sent. */
+static bool choices_prepare(gateway_t *gw, req_t *req,
+                            const gateway_api_req_t *areq,
+                            gateway_api_error_t *err)
+{
+    int n = areq->n_prompts * areq->n;
+
+    for (int p = 0; p < areq->n_prompts; p++) {
+        if (prompt_too_long(gw, areq, p, err)) {
+            gw->metrics.edge_too_long++;
+            return false;
+        }
+    }
+    req->choices = bt_calloc((size_t)n, sizeof(*req->choices),
+                             "gateway_choices");
+    if (req->choices == NULL) {
+        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                               "out of memory");
+        return false;
+    }
+    req->n_choices = n;
+    req->n_per_prompt = areq->n;
+    for (int i = 0; i < n; i++) {
+        choice_t *ch = &req->choices[i];
+        int p = i / areq->n;
+
+        bt_buf_init(&ch->text);
+        ch->last_id = -1;
+        ch->prompt_est = prompt_estimate(areq, p);
+        if (areq->echo && start_echo(gw, areq, p, ch, err) != BT_OK)
+            return false;
+    }
+    return true;
+}
+
+/* Sends every choice to the router.  False: a send failed; the choices
+ * sent are cancelled there. */
+static bool choices_submit(gateway_t *gw, req_t *req,
+                           gateway_api_req_t *areq)
+{
+    uint64_t seed = areq->req.seed;
+
+    for (int i = 0; i < req->n_choices; i++) {
+        choice_t *ch = &req->choices[i];
+        uint64_t rid;
+
+        gateway__api_req_use_prompt(areq, i / req->n_per_prompt);
+        areq->req.seed = sample_seed(gw, areq, seed, i % req->n_per_prompt);
+        if (client_submit(gw->client, &areq->req, &rid) != BT_OK)
+            return false;
+        if (!map_put(gw, rid, req, i)) {
+            client_cancel(gw->client, rid);
+            return false;
+        }
+        ch->rid = rid;
+        req->n_open++;
+        gw->metrics.in_flight++;
+    }
+    return true;
+}
+
+/* A completion or chat request: parsed and checked as a whole, then one
+ * router request per choice (a prompt list, `n`). */
 static void start_generation(gateway_t *gw, req_t *req,
                              gateway_api_kind_t kind,
                              gateway_tenant_t *tenant)
 {
     gateway_api_req_t areq;
     gateway_api_error_t err;
-    uint64_t rid;
-    bt_status_t status;
+    bool sent;
 
     if (client_router_state(gw->client) == CLIENT_ROUTER_LOST) {
         /* fail fast rather than queue behind a router that is gone */
@@ -1060,44 +1307,33 @@ static void start_generation(gateway_t *gw, req_t *req,
         req_respond_error(gw, req, &err, NULL);
         return;
     }
-    if (prompt_too_long(gw, &areq, &err)) {
-        gateway__api_req_cleanup(&areq);
-        gw->metrics.edge_too_long++;
-        req_respond_error(gw, req, &err, NULL);
-        return;
-    }
-    if (!tenant_admit(gw, req, tenant, &areq))
-        return;
-    if (areq.echo && start_echo(gw, req, &areq, &err) != BT_OK) {
-        gateway__api_req_cleanup(&areq);
-        if (req->tenant != NULL)
-            gateway__tenant_release(req->tenant, req->charged, 0);
-        req->tenant = NULL;
-        req_respond_error(gw, req, &err, NULL);
-        return;
-    }
+    req->stream = areq.stream;
+    req->include_usage = areq.stream && areq.include_usage;
     req->logprobs = areq.req.logprobs;
     req->echo_lp = areq.echo && areq.req.logprobs;
     req->show_plp = areq.show_prompt_logprobs;
-    req->last_id = -1;
-    status = client_submit(gw->client, &areq.req, &rid);
-    req->stream = areq.stream;
-    req->include_usage = areq.stream && areq.include_usage;
+    if (!choices_prepare(gw, req, &areq, &err)) {
+        gateway__api_req_cleanup(&areq);
+        req_respond_error(gw, req, &err, NULL);
+        return;
+    }
+    if (!tenant_admit(gw, req, tenant, &areq)) {
+        gateway__api_req_cleanup(&areq);
+        return;
+    }
+    req->job = JOB_GENERATE;
+    req->t_start = bt_time_ns();
+    req->t_deadline =
+        req->t_start + (uint64_t)gw->cfg.request_timeout_ms * 1000000ull;
+    sent = choices_submit(gw, req, &areq);
     gateway__api_req_cleanup(&areq);
-    if (status != BT_OK) {
-        if (req->tenant != NULL)
-            gateway__tenant_release(req->tenant, req->charged, 0);
-        req->tenant = NULL;
+    if (!sent) {
+        job_abort(gw, req);
         respond_simple_error(gw, req, 503, "service_unavailable",
                              "router_unreachable",
                              "cannot reach the baton router", NULL);
         return;
     }
-    req->job = JOB_GENERATE;
-    req->rid = rid;
-    req->t_start = bt_time_ns();
-    req->t_deadline =
-        req->t_start + (uint64_t)gw->cfg.request_timeout_ms * 1000000ull;
     gw->id_counter++;
     snprintf(req->id, sizeof(req->id), "%s-%016llx",
              kind == GATEWAY_API_CHAT ? "chatcmpl" : "cmpl",
@@ -1110,8 +1346,6 @@ static void start_generation(gateway_t *gw, req_t *req,
     req->resp_info.prompt_tokens = 0;
     req->resp_info.completion_tokens = 0;
     req->resp_info.tok = gw->tok;
-    gw->metrics.in_flight++;
-    map_put(gw, rid, req);
 }
 
 static void start_status(gateway_t *gw, req_t *req, conn_job_t job)
@@ -1126,11 +1360,15 @@ static void start_status(gateway_t *gw, req_t *req, conn_job_t job)
             respond_metrics(gw, req, NULL);
         return;
     }
+    if (!map_put(gw, rid, req, -1)) {
+        respond_simple_error(gw, req, 500, "server_error", NULL,
+                             "out of memory", NULL);
+        return;
+    }
     req->job = job;
     req->rid = rid;
     req->t_deadline =
         bt_time_ns() + (uint64_t)gw->cfg.status_timeout_ms * 1000000ull;
-    map_put(gw, rid, req);
 }
 
 static void respond_models(gateway_t *gw, req_t *req, const char *one)
@@ -1446,10 +1684,14 @@ static void req_free(req_t *req)
     }
     bt_buf_cleanup(&req->body);
     bt_buf_cleanup(&req->sse);
-    bt_buf_cleanup(&req->text);
-    bt_free(req->echo_text);
-    bt_free(req->lp);
-    bt_free(req->plp);
+    for (int i = 0; req->choices != NULL && i < req->n_choices; i++) {
+        choice_t *ch = &req->choices[i];
+        bt_buf_cleanup(&ch->text);
+        bt_free(ch->echo_text);
+        bt_free(ch->lp);
+        bt_free(ch->plp);
+    }
+    bt_free(req->choices);
     bt_free(req);
 }
 
@@ -1612,7 +1854,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc,
             req->conn->req = req;
         bt_buf_init(&req->body);
         bt_buf_init(&req->sse);
-        bt_buf_init(&req->text);
         *req_cls = req;
         req_check_head(gw, req, url, method);
         return req_next(req);
@@ -1823,8 +2064,7 @@ static void sweep(gateway_t *gw, uint64_t now)
             conn_job_t job = req->job;
             if (job == JOB_GENERATE) {
                 gateway_api_error_t err;
-                client_cancel(gw->client, req->rid);
-                job_drop(gw, req, false);
+                job_abort(gw, req);
                 gateway__api_error_set(&err, 504, "timeout",
                                        "router_timeout", NULL,
                                        "no answer from the router in %d ms",

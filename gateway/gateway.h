@@ -5,9 +5,12 @@
  * One thread runs one epoll loop over the listening socket, the client
  * connections (non-blocking, keep-alive, pipelined requests answered in
  * order) and the router's ZeroMQ socket (client library, client.h).  A
- * generation request becomes one router request; its TokenChunks become
- * SSE events (stream) or are gathered into one JSON response.  A client
- * that disconnects mid-request has its request cancelled at the router.
+ * generation request becomes one router request per choice (one unless a
+ * /v1/completions prompt list or `n` asks for more); their TokenChunks
+ * become SSE events with the choice's index (stream) or are gathered into
+ * one JSON response.  One failed choice fails the request and cancels
+ * the others.  A client that disconnects mid-request has its requests
+ * cancelled at the router.
  *
  * The edge protects the cluster: prompts longer than the cluster's
  * context (from the router's ClusterStatus) are refused here with 400

@@ -121,8 +121,7 @@ typedef struct {
 } api_param_rule_t;
 
 static const api_param_rule_t api_param_rules[] = {
-    {"n", "1", false, "one choice per request"},
-    {"best_of", "1", false, "one choice per request"},
+    {"best_of", "1", false, "no server-side ranking of samples (use n)"},
     {"suffix", "\"\"", false, "no insertion (suffix) mode"},
     {"logit_bias", "{}", false, "the sampler has no logit bias"},
     {"tools", "[]", false, "no tool calling"},
@@ -233,38 +232,91 @@ static bool get_ids(const cJSON *arr, const char *param, int max_n,
 // ---------------------------------------------------------------------------
 // Prompts
 
+static bool oom(gateway_api_error_t *err)
+{
+    gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                           "out of memory");
+    return false;
+}
+
+/* A one-entry prompt list (chat, a single completions prompt). */
+static gateway_api_prompt_t *one_prompt(gateway_api_req_t *out,
+                                        gateway_api_error_t *err)
+{
+    out->prompts = bt_calloc(1, sizeof(*out->prompts), "gateway_prompts");
+    if (out->prompts == NULL) {
+        oom(err);
+        return NULL;
+    }
+    out->n_prompts = 1;
+    return out->prompts;
+}
+
+/* One prompt: a string, or (ids_ok) an array of token ids.  `index` >= 0
+ * names its place in a list in the error messages. */
+static bool parse_one_prompt(const cJSON *p, int index,
+                             gateway_api_prompt_t *out,
+                             gateway_api_error_t *err)
+{
+    char name[32];
+
+    if (index >= 0)
+        snprintf(name, sizeof(name), "prompt[%d]", index);
+    else
+        snprintf(name, sizeof(name), "prompt");
+    if (cJSON_IsString(p)) {
+        out->text = bt_strdup(p->valuestring, "gateway_prompt");
+        return out->text != NULL || oom(err);
+    }
+    if (cJSON_IsArray(p)) {
+        if (get_ids(p, name, PROTO_MAX_PROMPT_TOKENS, &out->ids,
+                    &out->n_ids, err))
+            return true;
+        snprintf(err->param, sizeof(err->param), "prompt");
+        return false;
+    }
+    BAD_PARAM("prompt", "'%s' must be a string or an array of token ids",
+              name);
+    return false;
+}
+
+/* OpenAI's (and vLLM's) prompt forms: a string, an array of token ids,
+ * or a list of either (one choice each, in order; GATEWAY_MAX_CHOICES at
+ * most).  Every entry is checked here, before anything is sent. */
 static bool parse_prompt(const cJSON *root, gateway_api_req_t *out,
                          gateway_api_error_t *err)
 {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    const cJSON *x;
+    int n, i = 0;
 
     if (p == NULL || cJSON_IsNull(p)) {
         BAD_PARAM("prompt", "'prompt' is required");
         return false;
     }
-    /* ["text"] and [[ids]] are single prompts in list form */
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
-        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
-        p = p->child;
-    else if (cJSON_IsArray(p) && p->child != NULL &&
-             !cJSON_IsNumber(p->child)) {
-        BAD_PARAM("prompt", "baton takes one prompt per request");
+    if (!cJSON_IsArray(p) || p->child == NULL || cJSON_IsNumber(p->child)) {
+        /* a string or one array of ids ([] is refused by get_ids) */
+        if (one_prompt(out, err) == NULL)
+            return false;
+        return parse_one_prompt(p, -1, &out->prompts[0], err);
+    }
+    n = cJSON_GetArraySize(p);
+    if (n > GATEWAY_MAX_CHOICES) {
+        BAD_PARAM("prompt", "'prompt' holds %d prompts, at most %d", n,
+                  GATEWAY_MAX_CHOICES);
         return false;
     }
-    if (cJSON_IsString(p)) {
-        out->prompt = bt_strdup(p->valuestring, "gateway_prompt");
-        if (out->prompt == NULL) {
-            gateway__api_error_set(err, 500, "server_error", NULL, NULL,
-                                   "out of memory");
+    out->prompts = bt_calloc((size_t)n, sizeof(*out->prompts),
+                             "gateway_prompts");
+    if (out->prompts == NULL)
+        return oom(err);
+    out->n_prompts = n;
+    cJSON_ArrayForEach(x, p) {
+        if (!parse_one_prompt(x, i, &out->prompts[i], err))
             return false;
-        }
-        return true;
+        i++;
     }
-    if (cJSON_IsArray(p))
-        return get_ids(p, "prompt", PROTO_MAX_PROMPT_TOKENS,
-                       &out->prompt_ids, &out->n_prompt_ids, err);
-    BAD_PARAM("prompt", "'prompt' must be a string or an array of token ids");
-    return false;
+    return true;
 }
 
 /* A message's content: a string, or an array of {"type": "text", "text"}
@@ -370,20 +422,21 @@ static bool parse_messages(const gateway_api_ctx_t *ctx, const cJSON *root,
         BAD_PARAM("messages", "cannot format the messages");
         goto out;
     }
+    if (one_prompt(out, err) == NULL)
+        goto out;
     if (ctx->tok != NULL) {
+        gateway_api_prompt_t *pr = &out->prompts[0];
         if (tok_encode(ctx->tok, text, strlen(text), tok_adds_bos(ctx->tok),
-                       &out->prompt_ids, &out->n_prompt_ids) != BT_OK) {
+                       &pr->ids, &pr->n_ids) != BT_OK) {
             BAD_PARAM("messages", "cannot tokenize the messages");
             goto out;
         }
-        if (out->n_prompt_ids > PROTO_MAX_PROMPT_TOKENS) {
-            BT_FREE(out->prompt_ids);
-            out->n_prompt_ids = 0;
+        if (pr->n_ids > PROTO_MAX_PROMPT_TOKENS) {
             BAD_PARAM("messages", "the conversation is too long");
             goto out;
         }
     } else {
-        out->prompt = text;
+        out->prompts[0].text = text;
         text = NULL;
     }
     ok = true;
@@ -601,8 +654,11 @@ static bool parse_structured(const cJSON *root, gateway_api_req_t *out,
 void gateway__api_req_cleanup(gateway_api_req_t *r)
 {
     bt_free(r->grammar);
-    bt_free(r->prompt);
-    bt_free(r->prompt_ids);
+    for (int i = 0; r->prompts != NULL && i < r->n_prompts; i++) {
+        bt_free(r->prompts[i].text);
+        bt_free(r->prompts[i].ids);
+    }
+    bt_free(r->prompts);
     bt_free(r->stop_ids);
     for (int i = 0; i < r->n_stops; i++)
         bt_free(r->stops[i]);
@@ -764,6 +820,11 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
                  &v, err))
         return false;
     params.sampling.seed = v < 0 ? (uint64_t)(int64_t)v : (uint64_t)v;
+    out->has_seed = present(root, "seed") != NULL;
+    v = 1;
+    if (!get_int(root, "n", 1, GATEWAY_MAX_CHOICES, &v, err))
+        return false;
+    out->n = (int)v;
     if (!get_bool(root, "skip_special_tokens",
                   &params.sampling.skip_special_tokens, err) ||
         !get_bool(root, "ignore_eos", &params.ignore_eos, err))
@@ -856,22 +917,35 @@ bt_status_t gateway__api_parse(const gateway_api_ctx_t *ctx,
                                              : parse_messages(ctx, root, out,
                                                               err);
     cJSON_Delete(root);
+    if (ok && out->n_prompts * out->n > GATEWAY_MAX_CHOICES) {
+        BAD_PARAM("n", "%d prompts times n = %d make %d choices, at most %d",
+                  out->n_prompts, out->n, out->n_prompts * out->n,
+                  GATEWAY_MAX_CHOICES);
+        ok = false;
+    }
     if (!ok) {
         gateway__api_req_cleanup(out);
         return BT_ERR_INVALID_ARG;
     }
     out->kind = kind;
-    out->req.prompt = out->prompt;
-    out->req.prompt_ids = out->prompt_ids;
-    out->req.n_prompt_ids = out->n_prompt_ids;
+    gateway__api_req_use_prompt(out, 0);
     out->req.stop_ids = out->stop_ids;
     out->req.n_stop_ids = out->n_stop_ids;
     out->req.stop_strings = (const char *const *)out->stops;
     out->req.n_stop_strings = out->n_stops;
     out->req.want_text = true;
-    if (out->prompt_ids != NULL && kind == GATEWAY_API_CHAT)
+    if (out->prompts[0].ids != NULL && kind == GATEWAY_API_CHAT)
         out->req.add_bos = false; /* tok_encode already decided */
     return BT_OK;
+}
+
+void gateway__api_req_use_prompt(gateway_api_req_t *areq, int p)
+{
+    const gateway_api_prompt_t *pr = &areq->prompts[p];
+
+    areq->req.prompt = pr->ids != NULL ? NULL : pr->text;
+    areq->req.prompt_ids = pr->ids;
+    areq->req.n_prompt_ids = pr->ids != NULL ? pr->n_ids : 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -1046,13 +1120,14 @@ static uint32_t utf8_chars(const char *s)
     return n;
 }
 
-uint32_t gateway__api_lp_chars(const gateway_api_resp_t *r)
+uint32_t gateway__api_lp_chars(const gateway_api_resp_t *r,
+                               const gateway_api_choice_t *c)
 {
     uint32_t n = 0;
 
-    for (int i = 0; r->tok != NULL && i < r->n_lp; i++) {
-        char *t = lp_token(r, i > 0 ? r->lp[i - 1].id : r->prev_id,
-                           r->lp[i].id);
+    for (int i = 0; r->tok != NULL && i < c->n_lp; i++) {
+        char *t = lp_token(r, i > 0 ? c->lp[i - 1].id : c->prev_id,
+                           c->lp[i].id);
         if (t != NULL)
             n += utf8_chars(t);
         bt_free(t);
@@ -1093,18 +1168,19 @@ static cJSON *lp_bytes(const gateway_api_resp_t *r, int prev, int id)
 /* Legacy completions: {tokens, token_logprobs, top_logprobs, text_offset}
  * (top_logprobs: one {token: logprob} object per token, the sampled
  * token included, as vLLM does; null for the prompt's first token). */
-static cJSON *lp_completions(const gateway_api_resp_t *r)
+static cJSON *lp_completions(const gateway_api_resp_t *r,
+                             const gateway_api_choice_t *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
     cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
     cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
-    uint32_t off = r->text_offset;
+    uint32_t off = c->text_offset;
 
-    for (int i = 0; i < r->n_lp; i++) {
-        const gateway_lp_t *e = &r->lp[i];
-        int prev = i > 0 ? r->lp[i - 1].id : r->prev_id;
+    for (int i = 0; i < c->n_lp; i++) {
+        const gateway_lp_t *e = &c->lp[i];
+        int prev = i > 0 ? c->lp[i - 1].id : c->prev_id;
         char *t = lp_token(r, prev, e->id);
         cJSON *top;
 
@@ -1149,14 +1225,15 @@ static cJSON *lp_chat_entry(const gateway_api_resp_t *r, int prev, int id,
 
 /* Chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}],
  * "refusal": null}. */
-static cJSON *lp_chat(const gateway_api_resp_t *r)
+static cJSON *lp_chat(const gateway_api_resp_t *r,
+                      const gateway_api_choice_t *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *content = cJSON_AddArrayToObject(o, "content");
 
-    for (int i = 0; i < r->n_lp; i++) {
-        const gateway_lp_t *e = &r->lp[i];
-        int prev = i > 0 ? r->lp[i - 1].id : r->prev_id;
+    for (int i = 0; i < c->n_lp; i++) {
+        const gateway_lp_t *e = &c->lp[i];
+        int prev = i > 0 ? c->lp[i - 1].id : c->prev_id;
         cJSON *x = lp_chat_entry(r, prev, e->id, e->logprob);
         cJSON *top = cJSON_AddArrayToObject(x, "top_logprobs");
 
@@ -1172,13 +1249,14 @@ static cJSON *lp_chat(const gateway_api_resp_t *r)
 /* vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}},
  * ...]: the prompt token and its alternatives (rank: 1-based place among
  * them, absent when it is not among them). */
-static cJSON *lp_prompt(const gateway_api_resp_t *r)
+static cJSON *lp_prompt(const gateway_api_resp_t *r,
+                        const gateway_api_choice_t *c)
 {
     cJSON *a = cJSON_CreateArray();
 
-    for (int i = 0; i < r->n_plp; i++) {
-        const gateway_lp_t *e = &r->plp[i];
-        int prev = i > 0 ? r->plp[i - 1].id : -1;
+    for (int i = 0; i < c->n_plp; i++) {
+        const gateway_lp_t *e = &c->plp[i];
+        int prev = i > 0 ? c->plp[i - 1].id : -1;
         cJSON *d;
         char key[16];
         int rank = 0;
@@ -1216,65 +1294,73 @@ static cJSON *lp_prompt(const gateway_api_resp_t *r)
 }
 
 /* choices[].logprobs (null when not asked) and prompt_logprobs. */
-static void add_logprobs(cJSON *c, const gateway_api_resp_t *r)
+static void add_logprobs(cJSON *o, const gateway_api_resp_t *r,
+                         const gateway_api_choice_t *c)
 {
-    if (!r->logprobs || r->tok == NULL)
-        cJSON_AddNullToObject(c, "logprobs");
+    if (!c->logprobs || r->tok == NULL)
+        cJSON_AddNullToObject(o, "logprobs");
     else
-        cJSON_AddItemToObject(c, "logprobs",
-                              r->kind == GATEWAY_API_CHAT ? lp_chat(r)
-                                                          : lp_completions(r));
-    if (r->plp != NULL && r->tok != NULL)
-        cJSON_AddItemToObject(c, "prompt_logprobs", lp_prompt(r));
+        cJSON_AddItemToObject(o, "logprobs",
+                              r->kind == GATEWAY_API_CHAT ? lp_chat(r, c)
+                                                          : lp_completions(r,
+                                                                           c));
+    if (c->plp != NULL && r->tok != NULL)
+        cJSON_AddItemToObject(o, "prompt_logprobs", lp_prompt(r, c));
 }
 
 bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
-                                       const char *text, size_t text_len,
-                                       const char *finish, bt_buf_t *out)
+                                       const gateway_api_choice_t *choices,
+                                       int n, bt_buf_t *out)
 {
     bool chat = r->kind == GATEWAY_API_CHAT;
     cJSON *root = head(r, chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    cJSON *c = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(root, "choices");
 
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    if (chat) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddItemToObject(m, "content", string_n(text, text_len));
-    } else {
-        cJSON_AddItemToObject(c, "text", string_n(text, text_len));
+    for (int i = 0; i < n; i++) {
+        const gateway_api_choice_t *c = &choices[i];
+        cJSON *o = cJSON_CreateObject();
+
+        cJSON_AddItemToArray(arr, o);
+        cJSON_AddNumberToObject(o, "index", c->index);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(o, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddItemToObject(m, "content",
+                                  string_n(c->text, c->text_len));
+        } else {
+            cJSON_AddItemToObject(o, "text", string_n(c->text, c->text_len));
+        }
+        add_logprobs(o, r, c);
+        add_finish(o, c->finish);
     }
-    add_logprobs(c, r);
-    add_finish(c, finish);
     add_usage(root, r);
     return emit(root, out);
 }
 
 bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
-                                    const char *text, size_t text_len,
-                                    bool role, const char *finish,
-                                    bool usage_null, bt_buf_t *out)
+                                    const gateway_api_choice_t *c,
+                                    bool role, bool usage_null,
+                                    bt_buf_t *out)
 {
     bool chat = r->kind == GATEWAY_API_CHAT;
     cJSON *root = head(r, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    cJSON *c = cJSON_CreateObject();
+    cJSON *o = cJSON_CreateObject();
 
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddItemToArray(choices, o);
+    cJSON_AddNumberToObject(o, "index", c->index);
     if (chat) {
-        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        cJSON *d = cJSON_AddObjectToObject(o, "delta");
         if (role)
             cJSON_AddStringToObject(d, "role", "assistant");
-        if (text != NULL && (text_len > 0 || role))
-            cJSON_AddItemToObject(d, "content", string_n(text, text_len));
+        if (c->text != NULL && (c->text_len > 0 || role))
+            cJSON_AddItemToObject(d, "content",
+                                  string_n(c->text, c->text_len));
     } else {
-        cJSON_AddItemToObject(c, "text", string_n(text, text_len));
+        cJSON_AddItemToObject(o, "text", string_n(c->text, c->text_len));
     }
-    add_logprobs(c, r);
-    add_finish(c, finish);
+    add_logprobs(o, r, c);
+    add_finish(o, c->finish);
     if (usage_null)
         cJSON_AddNullToObject(root, "usage");
     return emit(root, out);

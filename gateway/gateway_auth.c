@@ -349,10 +349,18 @@ static void bucket_refill(gateway_tenant_t *t, uint64_t now)
 }
 
 bt_status_t gateway__tenant_admit(gateway_tenant_t *t, uint64_t now,
-                                  uint64_t tokens, uint32_t *retry_ms,
-                                  const char **why)
+                                  uint64_t tokens, int n_requests,
+                                  uint32_t *retry_ms, const char **why)
 {
-    if (t->max_concurrency > 0 && t->in_flight >= t->max_concurrency) {
+    if (t->max_concurrency > 0 && n_requests > t->max_concurrency) {
+        *retry_ms = 0;
+        *why = "the request has more choices (prompts times n) than this "
+               "API key's tenant may run at once (max_concurrency)";
+        t->limited++;
+        return BT_ERR_INVALID_ARG;
+    }
+    if (t->max_concurrency > 0 &&
+        t->in_flight + n_requests > t->max_concurrency) {
         *retry_ms = 1000;
         *why = "too many concurrent requests for this API key's tenant";
         t->limited++;
@@ -373,15 +381,14 @@ bt_status_t gateway__tenant_admit(gateway_tenant_t *t, uint64_t now,
         }
         t->bucket -= (double)tokens;
     }
-    t->in_flight++;
+    t->in_flight += n_requests;
     return BT_OK;
 }
 
 void gateway__tenant_release(gateway_tenant_t *t, uint64_t charged,
-                             uint64_t used)
+                             uint64_t used, int n_requests)
 {
-    if (t->in_flight > 0)
-        t->in_flight--;
+    t->in_flight = BT_MAX(t->in_flight - n_requests, 0);
     if (t->tokens_per_min > 0)
         t->bucket = fmin((double)t->tokens_per_min,
                          t->bucket + (double)charged - (double)used);

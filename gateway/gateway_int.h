@@ -93,16 +93,33 @@ void gateway__api_error_set(gateway_api_error_t *err, int status,
 
 #define GATEWAY_CACHE_SALT_MAX 32 /* bytes of a body's cache_salt */
 
+/* Choices of one request at most: prompts in a /v1/completions list
+ * times `n`.  Each choice is one router request, so the bound keeps one
+ * HTTP request from flooding the router's queue. */
+#define GATEWAY_MAX_CHOICES 128
+
+/* One prompt of a request: text or token ids. */
+typedef struct {
+    char *text;            /* owned: text prompt or formatted chat, or NULL */
+    int *ids;              /* owned: (n_ids) token ids, or NULL */
+    int n_ids;
+} gateway_api_prompt_t;
+
 /* A parsed generation request; `req`'s pointers point into this struct's
- * own storage, released by gateway__api_req_cleanup(). */
+ * own storage, released by gateway__api_req_cleanup().  `req` holds
+ * prompts[0]; the gateway points it at each prompt in turn to submit
+ * one router request per choice (n_prompts * n of them; choice i is
+ * prompt i / n, sample i % n, as OpenAI numbers them). */
 typedef struct {
     gateway_api_kind_t kind;
     client_request_t req;  /* ready for client_submit() */
     bool stream;           /* SSE response */
     bool include_usage;    /* stream_options.include_usage */
-    char *prompt;          /* owned: text prompt or formatted chat */
-    int *prompt_ids;       /* owned: (n_prompt_ids) ids */
-    int n_prompt_ids;
+    gateway_api_prompt_t *prompts; /* owned: (n_prompts) completions: the
+                            * list in order; chat: the formatted messages */
+    int n_prompts;
+    int n;                 /* choices per prompt (OpenAI's `n`) */
+    bool has_seed;         /* the body set `seed` */
     int *stop_ids;         /* owned: (n_stop_ids) */
     int n_stop_ids;
     char *stops[PARAMS_MAX_STOP_STRINGS]; /* owned: (n_stops) stop strings */
@@ -115,6 +132,9 @@ typedef struct {
     bool echo;             /* completions: the prompt starts the text */
     bool show_prompt_logprobs; /* vLLM's choices[].prompt_logprobs */
 } gateway_api_req_t;
+
+/* Points areq->req at prompt p (text or ids). */
+void gateway__api_req_use_prompt(gateway_api_req_t *areq, int p);
 
 /* Parses and validates a JSON body of `kind`.  On BT_ERR_INVALID_ARG, err
  * holds the OpenAI error (400 for bad values, 404 for an unknown model)
@@ -135,9 +155,6 @@ void gateway__api_error_from_router(int router_code, const char *message,
                                     uint32_t retry_after_ms,
                                     gateway_api_error_t *err);
 
-/* One response or stream event of a generation, as JSON text appended to
- * out.  `text` may be NULL (empty).  finish NULL -> null.  usage when
- * with_usage.  For streams, `first` marks chat's role delta. */
 /* One token's log-probabilities as the gateway shows them (issue 39):
  * the cluster sends ids and numbers, the gateway's tokenizer makes the
  * token strings (one tokenizer, the one that makes the text). */
@@ -150,15 +167,23 @@ typedef struct {
     float top_logprobs[PARAMS_MAX_LOGPROBS]; /* (n_top) */
 } gateway_lp_t;
 
+/* What every response object or chunk of one request shares. */
 typedef struct {
     gateway_api_kind_t kind;
     const char *id;        /* "cmpl-..." / "chatcmpl-..." */
     long long created;     /* Unix seconds */
     const char *model;
-    uint32_t prompt_tokens;
+    uint32_t prompt_tokens;     /* usage, summed over the choices */
     uint32_t completion_tokens;
-    /* logprobs of this response or chunk (borrowed; set per call) */
     const tok_t *tok;      /* token strings; NULL: no logprobs shown */
+} gateway_api_resp_t;
+
+/* One entry of choices[] (borrowed pointers, set per call). */
+typedef struct {
+    int index;             /* choices[].index */
+    const char *text;      /* (text_len) bytes; NULL: empty */
+    size_t text_len;
+    const char *finish;    /* finish_reason; NULL -> null */
     bool logprobs;         /* choices[].logprobs is an object, not null */
     const gateway_lp_t *lp; /* (n_lp) tokens of choices[].logprobs: the
                             * echoed prompt's, then the generated ones */
@@ -168,19 +193,24 @@ typedef struct {
     const gateway_lp_t *plp; /* (n_plp) vLLM's choices[].prompt_logprobs
                             * (NULL: field absent) */
     int n_plp;
-} gateway_api_resp_t;
+} gateway_api_choice_t;
 
 /* The characters (code points) that choices[].logprobs.text_offset
- * advances by for these tokens (streams carry it from chunk to chunk). */
-uint32_t gateway__api_lp_chars(const gateway_api_resp_t *r);
+ * advances by for c's tokens (streams carry it from chunk to chunk). */
+uint32_t gateway__api_lp_chars(const gateway_api_resp_t *r,
+                               const gateway_api_choice_t *c);
 
+/* A whole response with n choices (in the order given) and usage, as
+ * JSON text appended to out. */
 bt_status_t gateway__api_response_json(const gateway_api_resp_t *r,
-                                       const char *text, size_t text_len,
-                                       const char *finish, bt_buf_t *out);
+                                       const gateway_api_choice_t *choices,
+                                       int n, bt_buf_t *out);
+/* One stream chunk of one choice.  `role`: chat's role delta;
+ * usage_null: "usage": null (stream_options.include_usage). */
 bt_status_t gateway__api_chunk_json(const gateway_api_resp_t *r,
-                                    const char *text, size_t text_len,
-                                    bool role, const char *finish,
-                                    bool usage_null, bt_buf_t *out);
+                                    const gateway_api_choice_t *c,
+                                    bool role, bool usage_null,
+                                    bt_buf_t *out);
 bt_status_t gateway__api_usage_chunk_json(const gateway_api_resp_t *r,
                                           bt_buf_t *out);
 
@@ -247,17 +277,20 @@ int gateway__auth_n_tenants(const gateway_auth_t *auth);
 gateway_tenant_t *gateway__auth_check(gateway_auth_t *auth,
                                       const char *value, size_t len);
 
-/* Admission of one generation request of `tokens` estimated tokens for
- * tenant t at `now`: BT_OK takes a concurrency slot and charges the
- * tokens; BT_ERR_NO_RESOURCE (the caller answers 429) with how long to
- * wait in *retry_ms and why in *why. */
+/* Admission of an HTTP request that makes n_requests router requests
+ * (its choices: a prompt list, `n`) of `tokens` estimated tokens in all,
+ * for tenant t at `now`: they count as n_requests requests against the
+ * tenant's concurrency.  BT_OK takes the slots and charges the tokens;
+ * BT_ERR_NO_RESOURCE (the caller answers 429) with how long to wait in
+ * *retry_ms and why in *why; BT_ERR_INVALID_ARG (400) when n_requests is
+ * over the tenant's max_concurrency, so waiting would never help. */
 bt_status_t gateway__tenant_admit(gateway_tenant_t *t, uint64_t now,
-                                  uint64_t tokens, uint32_t *retry_ms,
-                                  const char **why);
-/* The end of an admitted request: frees its slot and corrects the charge
- * (`charged` at admission, `used` in the end). */
+                                  uint64_t tokens, int n_requests,
+                                  uint32_t *retry_ms, const char **why);
+/* The end of an admitted request: frees its n_requests slots and
+ * corrects the charge (`charged` at admission, `used` in the end). */
 void gateway__tenant_release(gateway_tenant_t *t, uint64_t charged,
-                             uint64_t used);
+                             uint64_t used, int n_requests);
 
 // ---------------------------------------------------------------------------
 // Metrics (Prometheus text exposition format)

@@ -98,10 +98,10 @@ static bool messages_ids(const gateway_api_ctx_t *ctx, const cJSON *root,
     cJSON_free(text);
     if (status != BT_OK)
         return false;
-    *ids_p = areq.prompt_ids;
-    *n_p = areq.n_prompt_ids;
-    areq.prompt_ids = NULL; /* ours now */
-    areq.n_prompt_ids = 0;
+    *ids_p = areq.prompts[0].ids;
+    *n_p = areq.prompts[0].n_ids;
+    areq.prompts[0].ids = NULL; /* ours now */
+    areq.prompts[0].n_ids = 0;
     gateway__api_req_cleanup(&areq);
     return true;
 }

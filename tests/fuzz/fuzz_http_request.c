@@ -39,6 +39,7 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
     gateway_api_req_t req;
     gateway_api_error_t err;
     gateway_api_resp_t resp;
+    gateway_api_choice_t ch[2];
     bt_buf_t out;
 
     memset(&ctx, 0, sizeof(ctx));
@@ -62,14 +63,27 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
     fz_check(req.req.temperature >= 0 && req.req.temperature <= 2,
              "temperature");
     fz_check(req.n_stops <= PARAMS_MAX_STOP_STRINGS, "stops");
+    fz_check(req.n_prompts >= 1 && req.n >= 1 &&
+                 req.n_prompts * req.n <= GATEWAY_MAX_CHOICES, "choices");
+    for (int i = 0; i < req.n_prompts; i++)
+        fz_check((req.prompts[i].text != NULL) != (req.prompts[i].ids != NULL),
+                 "each prompt text or ids");
     memset(&resp, 0, sizeof(resp));
+    memset(ch, 0, sizeof(ch));
     resp.kind = kind;
     resp.id = "x";
     resp.model = "m";
-    fz_check(gateway__api_response_json(&resp, body, len, "stop", &out) ==
-                 BT_OK, "response JSON");
-    fz_check(gateway__api_chunk_json(&resp, body, len, true, NULL, true,
-                                     &out) == BT_OK, "chunk JSON");
+    for (int i = 0; i < 2; i++) {
+        ch[i].index = i;
+        ch[i].text = body;
+        ch[i].text_len = len;
+        ch[i].finish = "stop";
+    }
+    fz_check(gateway__api_response_json(&resp, ch, 2, &out) == BT_OK,
+             "response JSON");
+    ch[0].finish = NULL;
+    fz_check(gateway__api_chunk_json(&resp, &ch[0], true, true, &out) ==
+                 BT_OK, "chunk JSON");
     fz_check(req.req.top_logprobs >= 0 &&
                  req.req.top_logprobs <= PARAMS_MAX_LOGPROBS &&
                  req.req.prompt_top_logprobs >= 0 &&
@@ -92,22 +106,23 @@ static void fz_body(const char *body, size_t len, gateway_api_kind_t kind,
             }
         }
         resp.tok = tok;
-        resp.logprobs = true;
-        resp.lp = lp;
-        resp.n_lp = 4;
-        resp.prev_id = -1;
-        resp.plp = lp;
-        resp.n_plp = 4;
+        for (int i = 0; i < 2; i++) {
+            ch[i].logprobs = true;
+            ch[i].lp = lp;
+            ch[i].n_lp = 4;
+            ch[i].prev_id = -1;
+            ch[i].plp = lp;
+            ch[i].n_plp = 4;
+        }
         for (int k = 0; k < 2; k++) {
             resp.kind = k ? GATEWAY_API_CHAT : GATEWAY_API_COMPLETIONS;
-            fz_check(gateway__api_response_json(&resp, body, len, "stop",
-                                                &out) == BT_OK,
+            fz_check(gateway__api_response_json(&resp, ch, 2, &out) == BT_OK,
                      "logprobs response JSON");
-            fz_check(gateway__api_chunk_json(&resp, body, len, false, NULL,
-                                             false, &out) == BT_OK,
+            fz_check(gateway__api_chunk_json(&resp, &ch[1], false, false,
+                                             &out) == BT_OK,
                      "logprobs chunk JSON");
         }
-        (void)gateway__api_lp_chars(&resp);
+        (void)gateway__api_lp_chars(&resp, &ch[0]);
     }
     bt_buf_cleanup(&out);
     gateway__api_req_cleanup(&req);

@@ -16,7 +16,8 @@
 // non-stream ones, chat logprobs.content with bytes and top_logprobs,
 // logprobs 21 refused; errors mapped to the SDK's classes: 400
 // BadRequestError naming the parameter, 404 NotFoundError for an unknown
-// model, 401 AuthenticationError for a wrong key.  Exits 0 on success,
+// model, 401 AuthenticationError for a wrong key; a prompt list (choices
+// in order, each equal to its prompt alone, streamed by index) and chat n.  Exits 0 on success,
 // 1 with a message on the first failure; bounded by a 120 s timer.
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -195,6 +196,35 @@ async function main() {
     "unsupported schema keyword");
   check(/patternProperties/.test(bogus.message), `400 message ${bogus.message}`);
 
+  // a prompt list (one choice per prompt, in order) and n, as the SDK
+  // sends them; each list choice equals its prompt alone (greedy)
+  const prompts = ["The river", "A quiet machine", "Stars fall"];
+  const lc = await client.completions.create({ ...params, prompt: prompts });
+  check(lc.choices.length === 3 && lc.choices.every((x, i) => x.index === i),
+        `list choices ${JSON.stringify(lc.choices)}`);
+  let alonePrompt = 0, aloneCompletion = 0;
+  for (let i = 0; i < 3; i++) {
+    const one = await client.completions.create({ ...params, prompt: prompts[i] });
+    check(lc.choices[i].text === one.choices[0].text,
+          `list choice ${i} ${JSON.stringify(lc.choices[i].text)} != ${JSON.stringify(one.choices[0].text)}`);
+    alonePrompt += one.usage.prompt_tokens;
+    aloneCompletion += one.usage.completion_tokens;
+  }
+  check(lc.usage.prompt_tokens === alonePrompt && lc.usage.completion_tokens === aloneCompletion,
+        `list usage ${JSON.stringify(lc.usage)}`);
+  const seen = new Map();
+  for await (const chunk of await client.completions.create({ ...params, prompt: prompts, stream: true })) {
+    for (const x of chunk.choices) seen.set(x.index, (seen.get(x.index) ?? "") + x.text);
+  }
+  check(seen.size === 3 && [0, 1, 2].every((i) => seen.get(i) === lc.choices[i].text),
+        `list stream ${JSON.stringify([...seen])}`);
+  const nc = await client.chat.completions.create({ ...chatParams, n: 2 });
+  check(nc.choices.length === 2 && nc.choices[1].index === 1 &&
+        nc.choices[1].message.content === msg.content, `chat n=2 ${JSON.stringify(nc.choices)}`);
+  const ebad = await expectError(OpenAI.BadRequestError, 400,
+    () => client.completions.create({ ...params, prompt: ["a", 5] }), "list with a number");
+  check(/prompt\[1\]/.test(ebad.message), `400 message ${ebad.message}`);
+
   // errors in the SDK's classes
   const bad = await expectError(OpenAI.BadRequestError, 400,
     () => client.completions.create({ ...params, temperature: -1 }), "temperature -1");
@@ -212,6 +242,7 @@ async function main() {
               `${JSON.stringify(text)} (${c.usage.completion_tokens} tokens) = ` +
               `${nChunks} stream chunks; chat ${JSON.stringify(msg.content)} = stream; ` +
               `logprobs, echo, stream and chat logprobs consistent; ` +
+              `a list of 3 prompts and chat n=2 as choices 0..; ` +
               `json_schema reply ${JSON.stringify(obj)} parsed; ` +
               `400/404/401 mapped to the SDK's error classes`);
 }

@@ -313,12 +313,14 @@ int main(void)
     expect_json_error(a, "/v1/completions", "{}", 400, "prompt", NULL);
     expect_json_error(a, "/v1/completions", "{\"prompt\":5}", 400, "prompt",
                       NULL);
-    expect_json_error(a, "/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", 400,
+    expect_json_error(a, "/v1/completions", "{\"prompt\":[\"a\",5]}", 400,
                       "prompt", NULL);
     expect_json_error(a, "/v1/completions", "{\"prompt\":[1,-2]}", 400,
                       "prompt", NULL);
-    expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"n\":2}", 400,
+    expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"n\":0}", 400,
                       "n", NULL);
+    expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"n\":129}",
+                      400, "n", NULL);
     expect_json_error(a, "/v1/completions", "{\"prompt\":\"x\",\"echo\":1}",
                       400, "echo", NULL);
     expect_json_error(a, "/v1/completions",

@@ -78,7 +78,7 @@ static const refused_t refused[] = {
     {"tool_choice", "\"required\""},
     {"tool_choice", "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"},
     {"return_tokens_as_token_ids", "true"},
-    {"n", "2"},
+    {"n", "129"}, /* over GATEWAY_MAX_CHOICES */
     {"best_of", "2"},
     {"suffix", "\"end\""},
     {"logit_bias", "{\"5\":1}"},

@@ -90,7 +90,7 @@ static void test_tokenize(void)
         out.len = 0;
         BT_ASSERT_OK(gateway__tokenize(&ctx, 0, msgs, strlen(msgs), &out,
                                        &err));
-        snprintf(want, sizeof(want), "{\"count\":%d,", areq.n_prompt_ids);
+        snprintf(want, sizeof(want), "{\"count\":%d,", areq.req.n_prompt_ids);
         BT_CHECK(strncmp(out.data, want, strlen(want)) == 0);
         gateway__api_req_cleanup(&areq);
     }
@@ -319,6 +319,90 @@ static void test_cache_salt(void)
                      400, "cache_salt");
 }
 
+/* Prompt lists and n (issue 39): the forms OpenAI and vLLM take, each
+ * entry checked with its index named, the choices bound; the response
+ * lists the choices with their indices. */
+static void test_lists(void)
+{
+    gateway_api_req_t req;
+    gateway_api_error_t err;
+    gateway_api_resp_t r;
+    gateway_api_choice_t ch[2];
+    bt_buf_t out;
+
+    BT_ASSERT_OK(api(GATEWAY_API_COMPLETIONS,
+                     "{\"prompt\":[\"a\",[5,6],\"\"],\"n\":2,\"seed\":3}",
+                     &req, &err));
+    BT_ASSERT_EQ(req.n_prompts, 3);
+    BT_ASSERT_EQ(req.n, 2);
+    BT_CHECK(req.has_seed);
+    BT_ASSERT_STREQ(req.prompts[0].text, "a");
+    BT_ASSERT_EQ(req.prompts[1].n_ids, 2);
+    BT_ASSERT_EQ(req.prompts[1].ids[1], 6);
+    BT_ASSERT_STREQ(req.prompts[2].text, "");
+    BT_ASSERT_STREQ(req.req.prompt, "a"); /* req holds prompt 0 */
+    gateway__api_req_use_prompt(&req, 1);
+    BT_CHECK(req.req.prompt == NULL && req.req.n_prompt_ids == 2);
+    gateway__api_req_cleanup(&req);
+
+    BT_ASSERT_OK(api(GATEWAY_API_COMPLETIONS, "{\"prompt\":[7,8,9]}", &req,
+                     &err));
+    BT_ASSERT_EQ(req.n_prompts, 1);
+    BT_ASSERT_EQ(req.n, 1);
+    BT_CHECK(!req.has_seed);
+    BT_ASSERT_EQ(req.req.n_prompt_ids, 3);
+    gateway__api_req_cleanup(&req);
+
+    BT_ASSERT_EQ(api(GATEWAY_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\",7]}",
+                     &req, &err), BT_ERR_INVALID_ARG);
+    BT_ASSERT_STREQ(err.param, "prompt");
+    BT_CHECK(strstr(err.message, "prompt[2]") != NULL);
+    BT_ASSERT_EQ(api(GATEWAY_API_COMPLETIONS, "{\"prompt\":[[1],[1,2.5]]}",
+                     &req, &err), BT_ERR_INVALID_ARG);
+    BT_ASSERT_STREQ(err.param, "prompt");
+    BT_CHECK(strstr(err.message, "prompt[1]") != NULL);
+    expect_api_error(GATEWAY_API_COMPLETIONS, "{\"prompt\":[[]]}", 400,
+                     "prompt");
+    expect_api_error(GATEWAY_API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":0}",
+                     400, "n");
+    expect_api_error(GATEWAY_API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":1.5}",
+                     400, "n");
+    expect_api_error(GATEWAY_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"],"
+                     "\"n\":65}", 400, "n");
+    BT_ASSERT_OK(api(GATEWAY_API_CHAT, "{\"messages\":[{\"role\":\"user\","
+                     "\"content\":\"x\"}],\"n\":128}", &req, &err));
+    BT_ASSERT_EQ(req.n, 128);
+    gateway__api_req_cleanup(&req);
+
+    memset(&r, 0, sizeof(r));
+    memset(ch, 0, sizeof(ch));
+    r.kind = GATEWAY_API_COMPLETIONS;
+    r.id = "cmpl-1";
+    r.model = "m";
+    r.prompt_tokens = 4;
+    r.completion_tokens = 6;
+    ch[0].text = "x";
+    ch[0].text_len = 1;
+    ch[0].finish = "stop";
+    ch[1].index = 1;
+    ch[1].text = "yz";
+    ch[1].text_len = 2;
+    ch[1].finish = "length";
+    bt_buf_init(&out);
+    BT_ASSERT_OK(gateway__api_response_json(&r, ch, 2, &out));
+    BT_CHECK(strstr(out.data, "\"choices\":[{\"index\":0,\"text\":\"x\","
+                              "\"logprobs\":null,\"finish_reason\":\"stop\"},"
+                              "{\"index\":1,\"text\":\"yz\",\"logprobs\":null,"
+                              "\"finish_reason\":\"length\"}],\"usage\":"
+                              "{\"prompt_tokens\":4,\"completion_tokens\":6,"
+                              "\"total_tokens\":10}") != NULL);
+    out.len = 0;
+    BT_ASSERT_OK(gateway__api_chunk_json(&r, &ch[1], false, false, &out));
+    BT_CHECK(strstr(out.data, "\"choices\":[{\"index\":1,\"text\":\"yz\"") !=
+             NULL);
+    bt_buf_cleanup(&out);
+}
+
 int main(void)
 {
     bt_log_init("test");
@@ -326,6 +410,7 @@ int main(void)
     test_cache_salt();
     test_tokenize();
     test_api();
+    test_lists();
     test_metrics();
     BT_ASSERT_EQ(bt_alloc_live_count(), 0);
     BT_TEST_PASS("gateway/http_parse");
