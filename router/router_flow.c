@@ -35,6 +35,7 @@ void router__dispatch(router_t *r)
         Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
         Baton__KvReserve res = BATON__KV_RESERVE__INIT;
         int n_tokens, blocks, cached = 0;
+        int *ids = NULL;
         char why[256];
 
         if (req->retry_at_ns > now) {
@@ -131,9 +132,29 @@ void router__dispatch(router_t *r)
         }
         res.has_attempt = 1;
         res.attempt = req->attempt;
+        /* Disaggregated: the decode worker pins what its prefix cache
+         * holds of the prompt and the hand-off skips it (issue 38).  A
+         * worker that prefills its own request matches at the task. */
+        if (p != d && req->prompt_ids != NULL &&
+            n_tokens == req->n_prompt + req->n_generated) {
+            ids = bt_malloc((size_t)n_tokens * sizeof(int), "router_task_ids");
+            if (ids != NULL) {
+                memcpy(ids, req->prompt_ids,
+                       (size_t)req->n_prompt * sizeof(int));
+                if (req->n_generated > 0)
+                    memcpy(ids + req->n_prompt, req->generated,
+                           (size_t)req->n_generated * sizeof(int));
+                res.n_prompt_ids = (size_t)n_tokens;
+                res.prompt_ids = ids;
+                res.has_cache_salt = req->cache_salt_len > 0;
+                res.cache_salt.data = req->cache_salt;
+                res.cache_salt.len = req->cache_salt_len;
+            }
+        }
         msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RESERVE;
         msg.kv_reserve = &res;
         router__send_control(r, d, &msg);
+        bt_free(ids);
         BT_LOG_DEBUG("ROUTER", "request %llu -> prefill %s, decode %s (%d "
                      "tokens, %d blocks)", (unsigned long long)req->id,
                      p->name, d->name, n_tokens, blocks);
@@ -254,6 +275,13 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
                          "decode worker granted KV without an epoch");
         return;
     }
+    if (g->has_cached_blocks && g->cached_blocks >= g->n_block_ids) {
+        /* the hand-off always moves the last token's block */
+        router__send_kv_release(r, w, req->id, req->epoch);
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                         "decode worker granted KV holding the whole prompt");
+        return;
+    }
     if (req->t_granted == 0) /* the first grant ends the queue wait */
         bt_prom_hist_observe(&r->metrics.queue_wait,
                              (double)(bt_time_ns() - req->t_arrival) * 1e-9);
@@ -316,7 +344,8 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
      * worker gives none when it was not asked or has no receiver). */
     req->transport = router__choose_transport_ex(
         p, w, r->kv_mode,
-        g->n_stage_block_ids > 0 && g->n_stage_block_ids == g->n_block_ids);
+        g->n_stage_block_ids > 0 &&
+            g->n_stage_block_ids == g->n_block_ids - g->cached_blocks);
     task.has_transport = 1;
     task.transport = req->transport;
     /* The route: the decode worker's endpoint for that link, opaque
