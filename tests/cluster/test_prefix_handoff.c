@@ -13,7 +13,8 @@
  *      decode worker's ..._received_total by the missing ones.
  *   3. The prefill worker's own cache: a repeated prefix is not prefilled
  *      again there (baton_worker_prefill_tokens_total grows by the suffix
- *      only; its baton_worker_prefix_hit_tokens_total by the prefix).
+ *      only, in several chunks for the last request; its
+ *      baton_worker_prefix_hit_tokens_total by the prefix).
  *   4. Two salts never hit, on either side.
  *   5. kill -9 of the prefill worker while a hand-off with held blocks
  *      waits: the request is prefilled again elsewhere with the same
@@ -26,7 +27,7 @@
 #include "bt_prom_test.h"
 
 #define RESP_MAX (1 << 20)
-#define N_REQ 7
+#define N_REQ 8
 #define MAX_TOKENS 16
 
 typedef struct {
@@ -228,7 +229,7 @@ int main(void)
     pid_t p, d;
 
     cu_init();
-    BT_CHECK(cu_golden_load("aidreams260K.bin", golden, 8) >= 4);
+    BT_CHECK(cu_golden_load("aidreams260K.bin", golden, 8) >= 5);
     cu_router_addrs(listen, control);
     pm = cu_free_port();
     dm = cu_free_port();
@@ -269,6 +270,11 @@ int main(void)
     reqs[6].held = (reqs[6].n_prompt - 1) / 4;
     reqs[6].pf_hit = (reqs[6].n_prompt - 1) / 4 * 4;
     reqs[6].exact = true;
+    append(&reqs[7], golden[2].expect, 7);  /* S+A+C: a suffix of chunks */
+    BT_CHECK(golden[4].n_expect >= 26);
+    append(&reqs[7], golden[4].expect, 26);
+    reqs[7].held = (reqs[6].n_prompt - 1) / 4;
+    reqs[7].pf_hit = (reqs[6].n_prompt - 1) / 4 * 4;
 
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
