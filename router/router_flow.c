@@ -34,7 +34,7 @@ void router__dispatch(router_t *r)
         router_worker_t *p, *d;
         Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
         Baton__KvReserve res = BATON__KV_RESERVE__INIT;
-        int n_tokens, blocks, cached = 0;
+        int n_tokens, blocks, cached = 0, p_cached = 0;
         int *ids = NULL;
         char why[256];
 
@@ -60,7 +60,7 @@ void router__dispatch(router_t *r)
         if (d != NULL) {
             p = d;
         } else {
-            p = r->policy->pick_prefill(r, req);
+            p = r->policy->pick_prefill(r, req, &p_cached);
             if (p == NULL && r->aggregate >= 1) {
                 /* No prefill worker: a --role both decode worker
                  * prefills its own request (aggregated mode). */
@@ -95,14 +95,16 @@ void router__dispatch(router_t *r)
         router__queue_dispatched(r, req);
         req->prefill_uid = p->uid;
         req->decode_uid = d->uid;
-        /* The prefill work: a worker that prefills its own request
-         * (aggregated) skips the prefix the kv-aware pick found cached
-         * there, so its load (and the phase deadline) counts only the
-         * rest; otherwise a busy worker holding a hot prefix looks
-         * heavier than it is and the prefix loses its worker. */
+        /* The prefill work: the prefilling worker (aggregated or a
+         * prefill worker, issue 38) skips the prefix the kv-aware pick
+         * found cached there, so its load (and the phase deadline)
+         * counts only the rest; otherwise a busy worker holding a hot
+         * prefix looks heavier than it is and the prefix loses its
+         * worker. */
+        if (p != d)
+            cached = p_cached;
         req->task_tokens = (uint64_t)n_tokens -
-            (uint64_t)(p == d ? BT_MAX(0, BT_MIN(cached,
-                                                 n_tokens - 1)) : 0);
+            (uint64_t)BT_MAX(0, BT_MIN(cached, n_tokens - 1));
         req->reserved_blocks = blocks;
         req->state = ROUTER_REQ_RESERVING;
         req->attempt++;
@@ -288,8 +290,10 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     req->t_granted = bt_time_ns();
     p = router__worker_by_uid(r, req->prefill_uid);
     if (p == NULL || !router__worker_is_usable(p)) {
+        int p_cached = 0; /* task_tokens stays the first pick's */
+
         router__req_unassign_prefill(r, req);
-        p = r->policy->pick_prefill(r, req);
+        p = r->policy->pick_prefill(r, req, &p_cached);
         if (p == NULL && r->aggregate >= 1 && w->can_prefill)
             p = w; /* aggregated: the decode worker prefills it */
         if (p == NULL) {
