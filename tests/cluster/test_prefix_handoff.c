@@ -20,6 +20,9 @@
  *      waits: the request is prefilled again elsewhere with the same
  *      tokens, every KV block comes back (cached ones count as free), and
  *      the decode worker exits with no leak in its log.
+ *   6. kill -9 of a decode worker streaming a request whose hand-off it
+ *      partly held: the seeded request resumes elsewhere with the
+ *      cache-off tokens.
  */
 #include <errno.h>
 
@@ -153,6 +156,22 @@ static pid_t start_decode(const char *control, const char *name, int mport,
                         "--prefix-cache", cache ? "on" : "off", NULL);
 }
 
+/* A decode worker whose steps take 100 ms: a stream lasts long enough
+ * to kill it in the middle. */
+static pid_t start_decode_slow(const char *control, const char *name,
+                               int mport)
+{
+    char model[512], mport_s[16];
+
+    snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
+             BT_SHARED_DIR);
+    snprintf(mport_s, sizeof(mport_s), "%d", mport);
+    return cu_spawn("baton-decode", "--router", control, "--model", model,
+                    "--threads", "1", "--name", name, "--block-size", "4",
+                    "--kv-blocks", "400", "--metrics-port", mport_s,
+                    "--step-delay-ms", "100", NULL);
+}
+
 /* Counter deltas of one request on the prefill (pm) and decode (dm)
  * workers. */
 typedef struct {
@@ -224,7 +243,7 @@ int main(void)
     static ph_req_t reqs[N_REQ];
     static cu_result_t off[N_REQ], on[N_REQ], again;
     char listen[64], control[64], log[128];
-    int shared, pm, dm, pm2;
+    int shared, pm, dm, pm2, dm2;
     client_t *c = NULL;
     pid_t p, d;
 
@@ -234,7 +253,9 @@ int main(void)
     pm = cu_free_port();
     dm = cu_free_port();
     pm2 = cu_free_port();
-    BT_CHECK(pm != dm && pm2 != pm && pm2 != dm);
+    dm2 = cu_free_port();
+    BT_CHECK(pm != dm && pm2 != pm && pm2 != dm && dm2 != pm && dm2 != dm &&
+             dm2 != pm2);
 
     /* S: a 40-token shared prefix (a golden prompt and its greedy
      * continuation), A and B: two different tails. */
@@ -362,11 +383,43 @@ int main(void)
         bt_free(text);
         unlink(log);
     }
+    /* 6. failover: a decode worker that held the prefix at the grant
+     * dies mid-stream (kill -9); the request resumes on a cold one,
+     * prompt + streamed tokens prefilled again (the prefill worker's
+     * cache holds the prompt), and the seeded stream continues: the
+     * cache-off tokens. */
+    p = start_prefill(control, "p5", pm, true, true, 0);
+    d = start_decode_slow(control, "d2", dm);
+    cu_wait_workers(c, 1, 1, 20000);
+    wait_metric(dm, "baton_worker_registered", 1, 1, 10000);
+    run_one(c, &reqs[3], &again); /* d2 caches S+B */
+    same_ids(&again, &off[3], 3, "failover warm-up");
+    {
+        double held0 = scrape(dm, "baton_worker_kv_blocks_held_total");
+        pid_t d3;
+
+        memset(&again, 0, sizeof(again));
+        again.rid = submit(c, &reqs[3]);
+        cu_stream_until(c, &again, 1, 3, 1, "no tokens before the kill");
+        BT_CHECK(scrape(dm, "baton_worker_kv_blocks_held_total") - held0 ==
+                 reqs[3].held);
+        d3 = start_decode(control, "d3", dm2, true, NULL);
+        cu_kill(d, SIGKILL);
+        cu_collect(c, &again, 1, 30000);
+        BT_ASSERT_EQ(again.finished, 1);
+        BT_CHECK(again.retries > 0);
+        same_ids(&again, &off[3], 3, "after the decode worker's kill -9");
+        cu_kill(d3, SIGTERM);
+        BT_ASSERT_EQ(cu_wait_exit(d3, 10000), 0);
+    }
+    cu_kill(p, SIGTERM);
+    BT_ASSERT_EQ(cu_wait_exit(p, 10000), 0);
+
     client_destroy(&c);
     BT_TEST_PASS("cluster/prefix_handoff: disaggregated hits on both sides "
                  "(decode holds, hand-off moves the rest; prefill computes "
                  "the suffix), on = off token for token over UCX and "
-                 "inline, salts apart, kill -9 mid-hand-off recovers with "
-                 "no leak");
+                 "inline, salts apart, kill -9 of the prefill mid-hand-off "
+                 "recovers with no leak, decode failover exact");
     return 0;
 }
