@@ -66,6 +66,12 @@ typedef struct {
      * its full blocks are cached as they are computed. */
     kv_prefix_cursor_t pcur;
     int n_hit;          /* prompt tokens found cached (not computed) */
+    /* Disaggregated hits: blocks[0..held) were cached here at the grant
+     * (KvGrant.cached_blocks, bound to this epoch); the hand-off moves
+     * only blocks[held..).  held_hash is their chain hash: the KvReady's
+     * prompt must start with the tokens they hold. */
+    int held;
+    bt_blockhash_t held_hash;
 } decode_resv_t;
 
 typedef struct {
@@ -474,7 +480,15 @@ static void resv_free(decode_t *dec, decode_resv_t *r, bool safe)
     sampler_prompt_lp_destroy(&r->plp);
     if (r->blocks != NULL) {
         if (!safe && remote && dec->cfg.quarantine_ms > 0) {
-            quarantine(dec, r->blocks, r->n_blocks);
+            /* Cached blocks held for the hand-off were never a writer's
+             * target: back to the cache now, the rest waits. */
+            int held = BT_MIN(r->held, r->n_blocks);
+            if (held > 0) {
+                kv_allocator_release(dec->kv, held, r->blocks);
+                memmove(r->blocks, r->blocks + held,
+                        (size_t)(r->n_blocks - held) * sizeof(int));
+            }
+            quarantine(dec, r->blocks, r->n_blocks - held);
         } else {
             kv_allocator_release(dec->kv, r->n_blocks, r->blocks);
             bt_free(r->blocks);
@@ -506,6 +520,48 @@ static decode_resv_t *resv_find(decode_t *dec, uint64_t id)
     return NULL;
 }
 
+/* The chain hash of tokens' first n_blocks full blocks under root. */
+static bt_blockhash_t held_chain(const decode_t *dec, bt_blockhash_t root,
+                                 const int *tokens, int n_blocks)
+{
+    for (int k = 0; k < n_blocks; k++)
+        root = bt_blockhash_next(root, tokens + (size_t)k * dec->block_size,
+                                 dec->block_size);
+    return root;
+}
+
+/* Disaggregated hits (issue 38): the prompt's leading full blocks this
+ * worker's prefix cache holds (same identity and salt as a local prefill;
+ * never the last token's block) replace blocks[0..) of a new reservation
+ * of `need`.  Only ids the router sent, exactly the reservation's tokens,
+ * are matched.  Returns the blocks held (0: none). */
+static int reserve_held(decode_t *dec, const Baton__KvReserve *m,
+                        int *blocks, int need, bt_blockhash_t *hash_p)
+{
+    bt_blockhash_t root;
+    int hit;
+
+    if (dec->prefix == NULL || m->n_prompt_ids == 0 ||
+        m->n_prompt_ids != m->n_tokens ||
+        m->n_tokens > (uint32_t)dec->max_context)
+        return 0;
+    for (size_t i = 0; i < m->n_prompt_ids; i++)
+        if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= dec->vocab)
+            return 0; /* the prefill worker refuses it */
+    root = workerproc_prefix_root(dec->prefix, m->has_cache_salt,
+                                  &m->cache_salt);
+    hit = workerproc_prefix_adopt(dec->prefix, root, m->prompt_ids,
+                                  (int)m->n_prompt_ids, blocks, need) /
+          dec->block_size;
+    if (hit > 0) {
+        *hash_p = held_chain(dec, root, m->prompt_ids, hit);
+        BT_LOG_DEBUG("KV", "request %llu: %d of %d reserved blocks held "
+                     "(prefix cache): the hand-off moves the rest",
+                     (unsigned long long)m->request_id, hit, need);
+    }
+    return hit;
+}
+
 static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
@@ -520,6 +576,8 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
                           dec->block_size);
     int *blocks = NULL;
     int *recv_ids = NULL;
+    int held = 0;
+    bt_blockhash_t held_hash = { 0, 0 };
     uint8_t cap[PROTO_CAPABILITY_BYTES];
 
     g.has_request_id = 1;
@@ -567,17 +625,20 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = "KV pool full";
         goto reply;
     }
+    held = reserve_held(dec, m, blocks, need, &held_hash);
     if (dec->links != NULL) {
         /* The links clear the slot; one writing through a receive area
-         * reserves it next to the blocks (only when asked: scarce). */
+         * reserves it next to the blocks (only when asked: scarce).  The
+         * held blocks are no writer's target. */
         kv_link_grant_t lg = {
             .request_id = m->request_id, .slot = (int)(r - dec->resv),
-            .epoch = dec->next_epoch + 1, .blocks = blocks, .n = need,
+            .epoch = dec->next_epoch + 1, .blocks = blocks + held,
+            .n = need - held,
             .want_recv_area = m->has_kv_stage && m->kv_stage,
         };
         bt_status_t st = BT_OK;
         if (lg.want_recv_area) {
-            recv_ids = bt_malloc((size_t)need * sizeof(int), "decode_resv");
+            recv_ids = bt_malloc((size_t)lg.n * sizeof(int), "decode_resv");
             lg.recv_ids = recv_ids;
             if (recv_ids == NULL)
                 lg.want_recv_area = false;
@@ -601,6 +662,8 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     r->epoch = ++dec->next_epoch;
     r->blocks = blocks;
     r->n_blocks = need;
+    r->held = held;
+    r->held_hash = held_hash;
     r->limit_blocks = limit;
     r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     g.ok = 1;
@@ -613,8 +676,10 @@ static void on_reserve(decode_t *dec, const Baton__KvReserve *m)
     g.has_capability = 1;
     g.capability.data = r->cap;
     g.capability.len = sizeof(r->cap);
+    g.has_cached_blocks = held > 0;
+    g.cached_blocks = (uint32_t)held;
     if (recv_ids != NULL) {
-        g.n_stage_block_ids = (size_t)need;
+        g.n_stage_block_ids = (size_t)(need - held);
         g.stage_block_ids = recv_ids;
     }
 reply:
@@ -837,7 +902,21 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
             goto fail;
         }
     }
-    /* The KV of tokens [0, n-1) came from the prefill worker. */
+    /* Blocks held at the grant must hold this prompt's first tokens:
+     * checked by their chain (the KvReady's salt), never assumed. */
+    if (r->held > 0 && !r->local_done &&
+        ((int64_t)r->held * dec->block_size >= n - 1 ||
+         dec->prefix == NULL ||
+         !bt_blockhash_eq(r->held_hash, held_chain(
+             dec, workerproc_prefix_root(dec->prefix, m->has_cache_salt,
+                                         &m->cache_salt),
+             m->tokens, r->held)))) {
+        code = BATON__ERROR_CODE__ERROR_WORKER;
+        why = "the prompt does not start with the KV blocks held for it";
+        goto fail;
+    }
+    /* The KV of tokens [0, n-1) came from the prefill worker (but for
+     * the blocks held here). */
     if (dec->engine != NULL) {
         if (r->local_done) {
             arrived = true; /* prefilled here, in place */
@@ -846,7 +925,9 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
             why = "KvReady before the local prefill finished";
             goto fail;
         } else if (m->n_kv_inline > 0) {
-            if (unpack_inline(dec, m, r->blocks, r->n_blocks, n - 1) != BT_OK) {
+            int skip = r->held * dec->block_size;
+            if (unpack_inline(dec, m, r->blocks + r->held,
+                              r->n_blocks - r->held, n - 1 - skip) != BT_OK) {
                 code = BATON__ERROR_CODE__ERROR_MALFORMED;
                 why = "inline KV does not match the pool layout";
                 goto fail;
@@ -877,6 +958,12 @@ static bool on_ready(decode_t *dec, Baton__ControlMessage *msg)
             }
             arrived = true;
         }
+        if (!r->local_done) /* metrics hook */
+            workerproc_metrics_kv_blocks(
+                dec->cfg.metrics, false,
+                (uint64_t)BT_MAX(BT_DIV_UP(n - 1, dec->block_size) - r->held,
+                                 0),
+                (uint64_t)r->held);
     }
     if (dec->engine == NULL && m->grammar != NULL && m->grammar[0] != '\0') {
         code = BATON__ERROR_CODE__ERROR_INVALID;

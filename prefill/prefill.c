@@ -22,9 +22,12 @@
 #include "workerproc_intake.h"
 #include "workerproc_metrics.h"
 #include "workerproc_opts.h"
+#include "workerproc_prefix.h"
 
 #define PREFILL_NAME_MAX 64
 #define PREFILL_MAX_ENDPOINTS 256 /* KvPeers entries read */
+/* Prefix cache events go to the router at most this often (batched). */
+#define PREFILL_KV_EVENTS_MS 20
 
 typedef enum {
     PREFILL_TASK_WAITING = 0, /* not started (needs KV blocks) */
@@ -47,6 +50,9 @@ struct prefill_task_s {
                            presented back in PrefillDone (issue 42) */
     size_t cap_len;       /* 0: the grant carried none */
     kv_link_xfer_t *xfer; /* the KV hand-off (NULL: null model) */
+    int held_blocks;      /* the grant's leading blocks the decode worker
+                             holds already (its prefix cache): not sent */
+    int dst_blocks;       /* the grant's blocks */
     bool final_in_batch;  /* its last chunk is in the running forward */
     int first_token;
     bool has_lp;          /* lp is first_token's (sp.logprobs) */
@@ -60,6 +66,11 @@ struct prefill_task_s {
     uint64_t t_computed;
     uint64_t transfer_ns; /* spent shipping layers (while computing) */
     float *feat;          /* (dim) spec_features: last token's hidden */
+    /* Prefix cache (issue 38): the prompt's chain under its salt; its
+     * leading cached blocks are matched when its blocks are taken, its
+     * full blocks cached as they are computed. */
+    kv_prefix_cursor_t pcur;
+    int n_hit;            /* prompt tokens found cached (not computed) */
     prefill_task_t *next;
 };
 
@@ -78,6 +89,8 @@ struct prefill_s {
     void *ctx;
     void *sock;           /* DEALER to the router */
     kv_link_sender_t *links; /* the KV links (NULL: null model) */
+    workerproc_prefix_t *prefix; /* the pool's prefix cache (NULL: off, or
+                                 the null model) */
     bool kv_on_device;    /* backend KV in GPU memory (cuda) */
     volatile sig_atomic_t stop;
     bool draining;
@@ -110,6 +123,7 @@ void prefill_config_init(prefill_config_t *cfg)
     cfg->use_cuda_ipc = true;
     cfg->kv_stage = true;
     cfg->kv_stage_direct = true;
+    cfg->prefix_cache = true;
     /* Sized from memory (issue 36), but a prefill pool only holds the
      * prompts in flight: at most PREFILL_KV_AUTO_CONTEXTS full contexts
      * (Llama-3-8B: 64k tokens, 8 GiB), so that a decode worker sharing
@@ -141,6 +155,8 @@ static void send_register(prefill_t *pf)
         rc.links = ids;
         rc.n_links = kv_link_sender_offers(pf->links, ids, KV_LINK_N_IDS);
     }
+    if (pf->prefix != NULL) /* the router's index starts over */
+        workerproc_prefix_want_snapshot(pf->prefix);
     workerproc_register_init(&r, &rc);
     r.reg.has_session = 1;
     r.reg.session = workerproc_link_begin_session(pf->link);
@@ -168,6 +184,8 @@ static void publish_beat(prefill_t *pf)
         b.total_kv = (uint32_t)kv_allocator_total(kv);
     }
     b.prefill_tokens_per_s = pf->tps;
+    if (pf->prefix != NULL)
+        workerproc_prefix_beat(pf->prefix, &b);
     workerproc_link_publish(pf->link, &b, false);
 }
 
@@ -199,7 +217,8 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
         const kv_layout_t *lay = backend_kv_layout(engine_backend(pf->engine));
         double bytes = 2.0 * pf->n_layers * (double)kv_layout_block_bytes(lay) *
                        backend_tp_size(engine_backend(pf->engine)) *
-                       BT_DIV_UP(t->p.n_tokens, pf->block_size);
+                       (BT_DIV_UP(t->p.n_tokens, pf->block_size) -
+                        t->held_blocks);
         BT_LOG_DEBUG("KV", "kv_handoff request:%llu tokens:%d bytes:%.0f "
                      "put_us:%.1f commit_us:%.1f",
                      (unsigned long long)t->id, t->p.n_tokens, bytes,
@@ -229,9 +248,14 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
                                  (t->t_computed - t->t_start) / 1000,
                                  transfer_us);
     pf->served++;
-    if (pf->engine != NULL) /* metrics hook */
+    if (pf->engine != NULL) { /* metrics hook */
         workerproc_metrics_handoff(pf->cfg.metrics, (uint64_t)kv_bytes,
                                    (double)transfer_us * 1e-6);
+        workerproc_metrics_kv_blocks(
+            pf->cfg.metrics, true,
+            (uint64_t)BT_MAX(t->dst_blocks - t->held_blocks, 0),
+            (uint64_t)t->held_blocks);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -289,6 +313,7 @@ static bt_status_t task_route(prefill_t *pf, prefill_task_t *t,
         .n_stage = (int)g->n_stage_block_ids,
         .dst_block_size = dst_block_size,
         .n_tokens = t->p.n_tokens,
+        .first_block = t->held_blocks,
     };
 
     /* an endpoint of another link than the route's is not used */
@@ -339,6 +364,21 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
     if (workerproc_intake_prompt(&in, m, &t->p, &code, err, sizeof(err)) !=
         BT_OK)
         goto fail;
+    /* The decode worker holds the grant's first cached_blocks already
+     * (issue 38): only the rest moves.  At least the last token's block
+     * moves, so a grant saying otherwise is not this prompt's. */
+    t->dst_blocks = (int)BT_MIN(g->n_block_ids, (size_t)INT_MAX);
+    if (g->has_cached_blocks && g->cached_blocks > 0) {
+        if (dst_block_size <= 0 || g->cached_blocks >= g->n_block_ids ||
+            (int64_t)g->cached_blocks * dst_block_size >= t->p.n_tokens) {
+            code = BATON__ERROR_CODE__ERROR_INTERNAL;
+            snprintf(err, sizeof(err), "KV grant holds %u cached blocks of "
+                     "%zu for a %d-token prompt", g->cached_blocks,
+                     g->n_block_ids, t->p.n_tokens);
+            goto fail;
+        }
+        t->held_blocks = (int)g->cached_blocks;
+    }
     if (pf->engine != NULL && sampler_params_validate(&t->sp) != BT_OK) {
         snprintf(err, sizeof(err), "%s", bt_error_last());
         goto fail;
@@ -349,6 +389,10 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
         snprintf(err, sizeof(err), "out of memory");
         goto fail;
     }
+    if (pf->prefix != NULL)
+        kv_prefix_cursor_init(&t->pcur, workerproc_prefix_root(
+                                  pf->prefix, m->has_cache_salt,
+                                  &m->cache_salt));
     if (pf->engine != NULL) {
         if (task_route(pf, t, m, dst_block_size) != BT_OK) {
             snprintf(err, sizeof(err), "out of memory");
@@ -420,6 +464,10 @@ static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
         return WORKERPROC_MSG_DONE;
     case BATON__CONTROL_MESSAGE__BODY_KV_PEERS:
         on_kv_peers(pf, msg->kv_peers);
+        return WORKERPROC_MSG_DONE;
+    case BATON__CONTROL_MESSAGE__BODY_KV_RESYNC:
+        if (pf->prefix != NULL)
+            workerproc_prefix_on_resync(pf->prefix, msg->kv_resync);
         return WORKERPROC_MSG_DONE;
     default:
         return WORKERPROC_MSG_UNKNOWN;
@@ -576,6 +624,26 @@ static bt_status_t grow_logits(prefill_t *pf)
     return BT_OK;
 }
 
+/* A task took its blocks: the prompt's leading full blocks this pool's
+ * prefix cache holds (same identity and salt) replace the first ones, so
+ * only the suffix is computed, attending to them; never the last token's
+ * block (it is computed to sample from).  Not with prompt logprobs: every
+ * position's logits are computed then (its blocks are still cached).  The
+ * hand-off sends the same bytes either way. */
+static void task_match(prefill_t *pf, prefill_task_t *t)
+{
+    if (pf->prefix == NULL || t->plp != NULL)
+        return;
+    /* the cursor hashed nothing yet: its last hash is the root */
+    t->n_hit = workerproc_prefix_adopt(pf->prefix, t->pcur.last,
+                                       t->p.tokens, t->p.n_tokens, t->blocks,
+                                       t->n_blocks);
+    t->n_fed = t->n_hit;
+    if (t->n_hit > 0)
+        BT_LOG_DEBUG("KV", "request %llu: %d of %d prompt tokens cached",
+                     (unsigned long long)t->id, t->n_hit, t->p.n_tokens);
+}
+
 /* One batched forward over the waiting and running prompts. */
 static void run_batch(prefill_t *pf)
 {
@@ -598,6 +666,7 @@ static void run_batch(prefill_t *pf)
             if (kv_allocator_alloc(kv, need, t->blocks) != BT_OK)
                 break; /* wait for blocks; keep arrival order */
             t->n_blocks = need;
+            task_match(pf, t);
             kv_link_xfer_start(t->xfer, t->blocks, need);
             t->state = PREFILL_TASK_RUNNING;
         }
@@ -658,6 +727,9 @@ static void run_batch(prefill_t *pf)
             continue;
         }
         t->n_fed += pf->bseqs[b].n_tokens;
+        if (pf->prefix != NULL) /* its blocks that became full */
+            workerproc_prefix_insert(pf->prefix, &t->pcur, t->p.tokens,
+                                     t->n_fed, t->blocks);
         if (t->lp_rows) {
             /* the rows of prompt positions; a final chunk's last row
              * samples (below) */
@@ -757,6 +829,7 @@ static bool has_committing(prefill_t *pf)
 static void engine_teardown(prefill_t *pf)
 {
     kv_link_sender_destroy(&pf->links); /* bounded wait for what flies */
+    workerproc_prefix_destroy(&pf->prefix); /* the tasks are gone */
     bt_free(pf->logits);
     bt_free(pf->hidden);
     bt_free(pf->bseqs);
@@ -839,6 +912,12 @@ bt_status_t prefill_create(const prefill_config_t *cfg, prefill_t **pf_p)
         status = links_setup(pf);
         if (status != BT_OK)
             goto err_engine;
+        if (cfg->prefix_cache) {
+            status = workerproc_prefix_create(pf->engine, &cfg->engine,
+                                              &pf->prefix);
+            if (status != BT_OK)
+                goto err_engine;
+        }
     }
     if (pf->engine != NULL) {
         const backend_config_t *b = &pf->cfg.engine.backend;
@@ -954,6 +1033,9 @@ bt_status_t prefill_run(prefill_t *pf)
         reap(pf);
         if (pf->links != NULL)
             kv_link_sender_reap(pf->links);
+        if (pf->prefix != NULL && workerproc_link_registered(pf->link))
+            workerproc_prefix_publish(pf->prefix, pf->sock,
+                                      PREFILL_KV_EVENTS_MS);
         workerproc_link_turn_end(pf->link);
         publish_beat(pf);
     }

@@ -76,6 +76,9 @@ typedef struct {
                               * memory, so they must really share them */
     int warmup;              /* WORKERPROC_OPTS_WARMUP_*: engine_warmup()
                               * before registering (auto: cuda only) */
+    bool prefix_cache;       /* --prefix-cache on|off (on): keep computed
+                              * prompt blocks and prefill only the
+                              * uncached suffix of later prompts */
     /* Metrics (issue 40; workerproc_metrics.h): */
     int metrics_port;        /* --metrics-port (-1: none, 0: any free) */
     const char *metrics_host;/* address it binds ("127.0.0.1") */

@@ -3,6 +3,7 @@
  */
 #include <getopt.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "bt_alloc.h"
 #include "bt_error.h"
@@ -53,6 +54,8 @@ static void usage(FILE *out)
         "                         the CPU pool, host memcpys standing in for\n"
         "                         the CUDA copies (router --kv-transport\n"
         "                         ucx-stage uses it)\n"
+        "  --prefix-cache on|off  keep computed prompt blocks; prefill only\n"
+        "                         the uncached suffix of later prompts (on)\n"
         "  --step-delay-ms N      tests: sleep N ms per step\n"
         "  --spec-features        send the last prompt token's hidden state\n"
         "                         with the KV (EAGLE decode workers draft\n"
@@ -70,6 +73,7 @@ int main(int argc, char **argv)
         { "kv-commit-timeout-ms", required_argument, 0, 'K' },
         { "spec-features", no_argument, 0, 1000 },
         { "spec-head", required_argument, 0, 1001 },
+        { "prefix-cache", required_argument, 0, 1101 },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -94,6 +98,10 @@ int main(int argc, char **argv)
             case 'c': bad = bt_parse_int(optarg, &cfg.chunk_tokens) != BT_OK;
                 break;
             case 'E': cfg.ucx_peer_errors = true; break;
+            case 1101:
+                bad = strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0;
+                cfg.prefix_cache = strcmp(optarg, "on") == 0;
+                break;
             case 'K': bad = bt_parse_int(optarg, &cfg.commit_timeout_ms) !=
                             BT_OK || cfg.commit_timeout_ms <= 0; break;
             case 'h': usage(stdout); return 0;

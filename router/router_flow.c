@@ -34,7 +34,8 @@ void router__dispatch(router_t *r)
         router_worker_t *p, *d;
         Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
         Baton__KvReserve res = BATON__KV_RESERVE__INIT;
-        int n_tokens, blocks, cached = 0;
+        int n_tokens, blocks, cached = 0, p_cached = 0;
+        int *ids = NULL;
         char why[256];
 
         if (req->retry_at_ns > now) {
@@ -59,7 +60,7 @@ void router__dispatch(router_t *r)
         if (d != NULL) {
             p = d;
         } else {
-            p = r->policy->pick_prefill(r, req);
+            p = r->policy->pick_prefill(r, req, &p_cached);
             if (p == NULL && r->aggregate >= 1) {
                 /* No prefill worker: a --role both decode worker
                  * prefills its own request (aggregated mode). */
@@ -94,14 +95,16 @@ void router__dispatch(router_t *r)
         router__queue_dispatched(r, req);
         req->prefill_uid = p->uid;
         req->decode_uid = d->uid;
-        /* The prefill work: a worker that prefills its own request
-         * (aggregated) skips the prefix the kv-aware pick found cached
-         * there, so its load (and the phase deadline) counts only the
-         * rest; otherwise a busy worker holding a hot prefix looks
-         * heavier than it is and the prefix loses its worker. */
+        /* The prefill work: the prefilling worker (aggregated or a
+         * prefill worker, issue 38) skips the prefix the kv-aware pick
+         * found cached there, so its load (and the phase deadline)
+         * counts only the rest; otherwise a busy worker holding a hot
+         * prefix looks heavier than it is and the prefix loses its
+         * worker. */
+        if (p != d)
+            cached = p_cached;
         req->task_tokens = (uint64_t)n_tokens -
-            (uint64_t)(p == d ? BT_MAX(0, BT_MIN(cached,
-                                                 n_tokens - 1)) : 0);
+            (uint64_t)BT_MAX(0, BT_MIN(cached, n_tokens - 1));
         req->reserved_blocks = blocks;
         req->state = ROUTER_REQ_RESERVING;
         req->attempt++;
@@ -131,9 +134,29 @@ void router__dispatch(router_t *r)
         }
         res.has_attempt = 1;
         res.attempt = req->attempt;
+        /* Disaggregated: the decode worker pins what its prefix cache
+         * holds of the prompt and the hand-off skips it (issue 38).  A
+         * worker that prefills its own request matches at the task. */
+        if (p != d && req->prompt_ids != NULL &&
+            n_tokens == req->n_prompt + req->n_generated) {
+            ids = bt_malloc((size_t)n_tokens * sizeof(int), "router_task_ids");
+            if (ids != NULL) {
+                memcpy(ids, req->prompt_ids,
+                       (size_t)req->n_prompt * sizeof(int));
+                if (req->n_generated > 0)
+                    memcpy(ids + req->n_prompt, req->generated,
+                           (size_t)req->n_generated * sizeof(int));
+                res.n_prompt_ids = (size_t)n_tokens;
+                res.prompt_ids = ids;
+                res.has_cache_salt = req->cache_salt_len > 0;
+                res.cache_salt.data = req->cache_salt;
+                res.cache_salt.len = req->cache_salt_len;
+            }
+        }
         msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_RESERVE;
         msg.kv_reserve = &res;
         router__send_control(r, d, &msg);
+        bt_free(ids);
         BT_LOG_DEBUG("ROUTER", "request %llu -> prefill %s, decode %s (%d "
                      "tokens, %d blocks)", (unsigned long long)req->id,
                      p->name, d->name, n_tokens, blocks);
@@ -254,14 +277,23 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
                          "decode worker granted KV without an epoch");
         return;
     }
+    if (g->has_cached_blocks && g->cached_blocks >= g->n_block_ids) {
+        /* the hand-off always moves the last token's block */
+        router__send_kv_release(r, w, req->id, req->epoch);
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                         "decode worker granted KV holding the whole prompt");
+        return;
+    }
     if (req->t_granted == 0) /* the first grant ends the queue wait */
         bt_prom_hist_observe(&r->metrics.queue_wait,
                              (double)(bt_time_ns() - req->t_arrival) * 1e-9);
     req->t_granted = bt_time_ns();
     p = router__worker_by_uid(r, req->prefill_uid);
     if (p == NULL || !router__worker_is_usable(p)) {
+        int p_cached = 0; /* task_tokens stays the first pick's */
+
         router__req_unassign_prefill(r, req);
-        p = r->policy->pick_prefill(r, req);
+        p = r->policy->pick_prefill(r, req, &p_cached);
         if (p == NULL && r->aggregate >= 1 && w->can_prefill)
             p = w; /* aggregated: the decode worker prefills it */
         if (p == NULL) {
@@ -316,7 +348,8 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
      * worker gives none when it was not asked or has no receiver). */
     req->transport = router__choose_transport_ex(
         p, w, r->kv_mode,
-        g->n_stage_block_ids > 0 && g->n_stage_block_ids == g->n_block_ids);
+        g->n_stage_block_ids > 0 &&
+            g->n_stage_block_ids == g->n_block_ids - g->cached_blocks);
     task.has_transport = 1;
     task.transport = req->transport;
     /* The route: the decode worker's endpoint for that link, opaque

@@ -333,11 +333,12 @@ void router__http_process(router_http_t *http, struct router_s *r,
 /* A policy picks workers for a request; NULL when none can take it. */
 typedef struct {
     const char *name;
+    /* *cached_p (both picks): the prompt tokens the policy expects
+     * cached on the worker picked (0 for a policy that does not know);
+     * its prefill work is counted without them. */
     router_worker_t *(*pick_prefill)(struct router_s *router,
-                                     const router_req_t *req);
-    /* need_prefill: only --role both workers (aggregated).  *cached_p:
-     * the prompt tokens the policy expects cached at the pick (0 for a
-     * policy that does not know). */
+                                     const router_req_t *req, int *cached_p);
+    /* need_prefill: only --role both workers (aggregated). */
     router_worker_t *(*pick_decode)(struct router_s *router,
                                     const router_req_t *req, int n_tokens,
                                     bool need_prefill, int *cached_p);

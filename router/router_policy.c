@@ -106,11 +106,13 @@ static bool policy_decode_fits(const router_worker_t *w, int n_tokens,
 }
 
 static router_worker_t *least_pick_prefill(router_t *router,
-                                           const router_req_t *req)
+                                           const router_req_t *req,
+                                           int *cached_p)
 {
     router_worker_t *best = NULL;
 
     (void)req;
+    *cached_p = 0;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
         if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL)
@@ -163,9 +165,11 @@ static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
 }
 
 static router_worker_t *rr_pick_prefill(router_t *router,
-                                        const router_req_t *req)
+                                        const router_req_t *req,
+                                        int *cached_p)
 {
     (void)req;
+    *cached_p = 0;
     return rr_pick(router, &router->rr_prefill, BATON__ROLE__ROLE_PREFILL, 0,
                    false);
 }
@@ -220,10 +224,50 @@ static router_worker_t *kv_pick_decode(router_t *router,
     }
 }
 
+/* Prefill workers keep a prefix cache too (issue 38): the one holding
+ * most of the prompt against its queued tokens, as for decode workers.
+ * A prompt with prompt logprobs is computed whole (no match there), and
+ * one the router cannot hash (text) goes least-loaded. */
+static router_worker_t *kv_pick_prefill(router_t *router,
+                                        const router_req_t *req,
+                                        int *cached_p)
+{
+    router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
+    int n = 0, pick = -1, overlap = 0;
+
+    if (req->prompt_ids == NULL || req->n_prompt <= 0 ||
+        req->sampling.prompt_logprobs)
+        return least_pick_prefill(router, req, cached_p);
+    *cached_p = 0;
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        router_worker_t *w = &router->workers[i];
+        if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL)
+            continue;
+        cands[n].worker = i;
+        cands[n].load = (double)w->outstanding;
+        n++;
+    }
+    if (n == 0)
+        return NULL;
+    if (router_kv_pick_tokens(router->kvindex, cands, n, req->cache_salt,
+                              req->cache_salt_len, req->prompt_ids,
+                              req->n_prompt,
+                              (router_kv_chain_t *)&req->kv_chain,
+                              &router->kv_weights, &pick, &overlap) !=
+            BT_OK ||
+        pick < 0)
+        return least_pick_prefill(router, req, cached_p);
+    {
+        router_worker_t *w = &router->workers[cands[pick].worker];
+        *cached_p = overlap * (w->block_size > 0 ? (int)w->block_size : 16);
+        return w;
+    }
+}
+
 static const router_policy_t router_policies[] = {
     { "least-loaded", least_pick_prefill, least_pick_decode },
     { "round-robin", rr_pick_prefill, rr_pick_decode },
-    { "kv-aware", least_pick_prefill, kv_pick_decode },
+    { "kv-aware", kv_pick_prefill, kv_pick_decode },
 };
 
 const router_policy_t *router__policy_find(const char *name)

@@ -43,6 +43,10 @@ typedef struct {
     uint64_t handoffs;          /* KV hand-offs sent */
     uint64_t handoff_bytes;     /* their KV bytes */
     uint64_t kv_cap_rejected;   /* KV commits dropped: wrong capability */
+    uint64_t kv_blocks_sent;    /* hand-off blocks put to decode workers */
+    uint64_t kv_blocks_received;/* hand-off blocks that arrived here */
+    uint64_t kv_blocks_held;    /* hand-off blocks not moved: the decode
+                                   worker's prefix cache held them */
     bt_prom_hist_t batch;       /* sequences per step */
     bt_prom_hist_t step;        /* seconds per step */
     bt_prom_hist_t handoff;     /* seconds per hand-off */
@@ -190,6 +194,15 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
     FAMILY("baton_worker_kv_handoff_bytes_total", "counter",
            "KV bytes of the hand-offs sent", "%llu",
            (unsigned long long)st->handoff_bytes);
+    FAMILY("baton_worker_kv_blocks_sent_total", "counter",
+           "KV blocks of the hand-offs sent (prefill)", "%llu",
+           (unsigned long long)st->kv_blocks_sent);
+    FAMILY("baton_worker_kv_blocks_received_total", "counter",
+           "KV blocks of the hand-offs received (decode)", "%llu",
+           (unsigned long long)st->kv_blocks_received);
+    FAMILY("baton_worker_kv_blocks_held_total", "counter",
+           "Hand-off blocks not moved: the decode worker's prefix cache "
+           "held them", "%llu", (unsigned long long)st->kv_blocks_held);
     FAMILY("baton_worker_kv_capability_rejected_total", "counter",
            "KV commits (KvReady, local prefill) dropped: the capability "
            "is not the live reservation's", "%llu",
@@ -440,5 +453,19 @@ void workerproc_metrics_kv_rejected(workerproc_metrics_t *m)
         return;
     pthread_mutex_lock(&m->mu);
     m->st.kv_cap_rejected++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void workerproc_metrics_kv_blocks(workerproc_metrics_t *m, bool sent,
+                                  uint64_t moved, uint64_t held)
+{
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&m->mu);
+    if (sent)
+        m->st.kv_blocks_sent += moved;
+    else
+        m->st.kv_blocks_received += moved;
+    m->st.kv_blocks_held += held;
     pthread_mutex_unlock(&m->mu);
 }

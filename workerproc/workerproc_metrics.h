@@ -24,6 +24,7 @@
 #ifndef BT_WORKERPROC_WORKERPROC_METRICS_H
 #define BT_WORKERPROC_WORKERPROC_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bt_status.h"
@@ -73,6 +74,12 @@ void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
 /* Counts one KV commit dropped because the capability it presented is
  * not its live reservation's (issue 42). */
 void workerproc_metrics_kv_rejected(workerproc_metrics_t *m);
+
+/* One hand-off's blocks (issue 38): `moved` put (sent: the prefill side)
+ * or arrived (the decode side), `held` skipped because the decode
+ * worker's prefix cache held them.  NULL-safe. */
+void workerproc_metrics_kv_blocks(workerproc_metrics_t *m, bool sent,
+                                  uint64_t moved, uint64_t held);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,11 @@
 #                        --policy round-robin / kv-aware (weights 1,1
 #                        and overlap=1,load=0.1); hit rate =
 #                        hit / looked-up prompt tokens over the 4 workers
+#   *-1p1d-off / -on     disaggregated: 1 baton-prefill + 1 baton-decode,
+#                        both caches off / on (issue 38 item 2); hit rate
+#                        over both pools (each looks every prompt up),
+#                        plus the KV blocks handed off
+# PREFIX_BENCH_ONLY="rag-1p1d-off rag-1p1d-on": only the runs named.
 set -u
 BUILD=${1:?usage: prefix_bench.sh BUILD_DIR}
 B="$BUILD/bin"
@@ -31,6 +36,17 @@ cluster() {
   "$B/baton-router" --listen "$EP" --control "tcp://127.0.0.1:$((port + 1))" \
     --policy "$policy" ${KV_WEIGHTS:+--kv-weights "$KV_WEIGHTS"} \
     2>"$tmp/router.log" &
+  if [ -n "${DISAGG:-}" ]; then # 1 prefill + 1 decode worker
+    MPORTS="$((port + 10)) $((port + 11))"
+    "$B/baton-prefill" --router "tcp://127.0.0.1:$((port + 1))" \
+      --model "$MODEL" --threads 1 --name p0 --prefix-cache "$cache" \
+      --metrics-port $((port + 10)) 2>"$tmp/p0.log" &
+    "$B/baton-decode" --router "tcp://127.0.0.1:$((port + 1))" \
+      --model "$MODEL" --threads 1 --name d0 --role decode \
+      --kv-blocks 1024 --prefix-cache "$cache" \
+      --metrics-port $((port + 11)) 2>"$tmp/d0.log" &
+    n=0
+  fi
   for i in $(seq 0 $((n - 1))); do
     local mp=$((port + 10 + i))
     MPORTS="$MPORTS $mp"
@@ -63,22 +79,27 @@ msum() {
 run() {
   local name=$1 n=$2 cache=$3 policy=$4
   shift 4
+  case " ${PREFIX_BENCH_ONLY:-$name} " in *" $name "*) ;; *) return ;; esac
   cluster "$n" "$cache" "$policy"
-  local h0 l0
+  local h0 l0 s0
   h0=$(msum baton_worker_prefix_hit_tokens_total)
   l0=$(msum baton_worker_prefix_lookup_tokens_total)
+  s0=$(msum baton_worker_kv_blocks_sent_total)
   "$B/baton" bench --router "$EP" --vocab 512 --no-progress --seed 7 "$@" \
     --json "$tmp/$name.json" >"$tmp/$name.out" 2>&1 || { cat "$tmp/$name.out"; }
   sleep 0.3 # the last heartbeat's counters
-  local h l
+  local h l sent
   h=$(( $(msum baton_worker_prefix_hit_tokens_total) - h0 ))
   l=$(( $(msum baton_worker_prefix_lookup_tokens_total) - l0 ))
-  python3 - "$tmp/$name.json" "$name" "$h" "$l" <<'EOF'
+  sent=$(( $(msum baton_worker_kv_blocks_sent_total) - s0 ))
+  python3 - "$tmp/$name.json" "$name" "$h" "$l" "$sent" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
 j = j[0] if isinstance(j, list) else j
-h, l = int(sys.argv[3]), int(sys.argv[4])
+h, l, sent = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 hr = "%.1f%%" % (100.0 * h / l) if l > 0 else "-"
+if sent > 0:
+    hr += ", %d KV blocks handed off" % sent
 print("| %s | %d | %.1f | %.1f | %.1f | %.1f | %s |" % (
     sys.argv[2], j["completed"], j["ttft_ms"]["p50"], j["ttft_ms"]["p99"],
     j["e2e_ms"]["p50"], j["tok_per_s"], hr))
@@ -100,6 +121,12 @@ CHAT="--requests 70 --concurrency 4 --sessions 7 --shared-prefix-len 128 --promp
 run chat-rr 4 on round-robin $CHAT
 run chat-kv-1-1 4 on kv-aware $CHAT
 KV_WEIGHTS="overlap=1,load=0.1" run chat-kv-1-0.1 4 on kv-aware $CHAT
+# disaggregated 1P+1D: prefill computes the uncached suffix, the hand-off
+# moves the blocks the decode worker lacks
+DISAGG=1 run rag-1p1d-off 1 off least-loaded $RAG
+DISAGG=1 run rag-1p1d-on 1 on least-loaded $RAG
+DISAGG=1 run chat-1p1d-off 1 off least-loaded $CHAT
+DISAGG=1 run chat-1p1d-on 1 on least-loaded $CHAT
 # the ideal: every request on the worker holding its session's last turn
 # (or, for a first turn, the system prompt) - one cache seeing everything
 python3 - <<'EOF'

@@ -3,9 +3,11 @@
  * 38): an aggregated worker (baton-decode --role both, aidreams260K,
  * block size 4) with an EAGLE head, whose engine sequences own their
  * block tables, serves golden prompts twice and a set of requests
- * sharing a 40-token prefix, first with --prefix-cache off, then on: the
- * outputs are identical token for token (and golden's for the golden
- * prompts), and the cache hit.
+ * sharing a 40-token prefix, first with --prefix-cache off, then on, then
+ * disaggregated (baton-prefill + the worker as --role decode: the decode
+ * worker holds the cached prefix at the grant): the outputs are
+ * identical token for token (and golden's for the golden prompts), and
+ * the cache hit.
  */
 #include "cluster/spec_cluster_util.h"
 
@@ -40,11 +42,12 @@ static void submit_one(client_t *c, const ps_req_t *q, cu_result_t *res)
 }
 
 static pid_t start_worker(const char *control, const char *model,
-                          const char *head, const char *log, bool cache)
+                          const char *head, const char *log, bool cache,
+                          const char *role)
 {
     return scu_spawn_logged(log, "baton-decode", "--router", control,
                             "--model", model, "--threads", "1", "--name",
-                            "ps", "--role", "both", "--block-size", "4",
+                            "ps", "--role", role, "--block-size", "4",
                             "--kv-blocks", "400", "--chunk-tokens", "16",
                             "--spec-head", head, "--spec", "fixed",
                             "--spec-tokens", "8", "--spec-depth", "4",
@@ -99,12 +102,22 @@ int main(void)
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "3", NULL);
     BT_ASSERT_OK(client_create(listen, &c));
-    for (int pass = 0; pass < 2; pass++) {
+    /* pass 0: cache off; 1: on; 2: disaggregated (a baton-prefill with
+     * its own cache ships the hidden state; the decode worker holds the
+     * cached prefix at each grant, its engine sequence adopts it) */
+    for (int pass = 0; pass < 3; pass++) {
         cu_result_t *res = pass == 0 ? off : on;
+        pid_t pf = -1;
 
         unlink(log);
-        w = start_worker(control, model, head, log, pass == 1);
-        cu_wait_workers(c, 0, 1, 30000);
+        w = start_worker(control, model, head, log, pass >= 1,
+                         pass == 2 ? "decode" : "both");
+        if (pass == 2)
+            pf = cu_spawn("baton-prefill", "--router", control, "--model",
+                          model, "--threads", "1", "--name", "psp",
+                          "--block-size", "4", "--kv-blocks", "200",
+                          "--chunk-tokens", "16", "--spec-features", NULL);
+        cu_wait_workers(c, pass == 2 ? 1 : 0, 1, 30000);
         for (int i = 0; i < N_REQ; i++) {
             submit_one(c, &reqs[i], &res[i]);
             if (reqs[i].golden != NULL)
@@ -113,8 +126,12 @@ int main(void)
         cu_wait_kv_idle(c, 5000);
         cu_kill(w, SIGTERM);
         BT_ASSERT_EQ(cu_wait_exit(w, 10000), 0);
+        if (pf > 0) {
+            cu_kill(pf, SIGTERM);
+            BT_ASSERT_EQ(cu_wait_exit(pf, 10000), 0);
+        }
         BT_CHECK(scu_count(log, "leak") == 0);
-        if (pass == 1) { /* the cache was on, and hit */
+        if (pass >= 1) { /* the cache was on, and hit */
             char *text = NULL;
             const char *p;
             size_t len;
@@ -123,8 +140,9 @@ int main(void)
             p = strstr(text, "prefix cache: lookups:");
             BT_CHECK(p != NULL && (p = strstr(p, "hit_tokens:")) != NULL);
             hits = atoi(p + strlen("hit_tokens:"));
-            fprintf(stderr, "speculation with the cache: %d prompt tokens "
-                    "hit\n", hits);
+            fprintf(stderr, "speculation with the cache%s: %d prompt "
+                    "tokens hit\n", pass == 2 ? " (disaggregated, held at "
+                    "the grant)" : "", hits);
             /* 2 golden repeats (1 block each) + 4 shared 40-token
              * prefixes after the first */
             BT_CHECK(hits >= 2 * 4 + 3 * 40);
@@ -134,9 +152,20 @@ int main(void)
         }
         for (int t = 0; t < 100; t++) {
             cu_status_t st;
-            if (cu_status(c, &st) == 0 && st.n_decode == 0)
+            if (cu_status(c, &st) == 0 && st.n_decode == 0 &&
+                st.n_prefill == 0)
                 break;
             usleep(50000);
+        }
+        for (int i = 0; pass >= 1 && i < N_REQ; i++) {
+            if (off[i].n_ids != on[i].n_ids)
+                BT_TEST_FAIL("pass %d, request %d: %d ids, %d without the "
+                             "cache", pass, i, on[i].n_ids, off[i].n_ids);
+            for (int k = 0; k < off[i].n_ids; k++)
+                if (on[i].ids[k] != off[i].ids[k])
+                    BT_TEST_FAIL("pass %d, request %d: id %d is %d, %d "
+                                 "without the cache", pass, i, k,
+                                 on[i].ids[k], off[i].ids[k]);
         }
     }
     for (int i = 0; i < N_REQ; i++) {
@@ -152,6 +181,7 @@ int main(void)
     unlink(log);
     client_destroy(&c);
     BT_TEST_PASS("cluster/prefix_spec: speculative decoding with the prefix "
-                 "cache on = off, golden exact");
+                 "cache on = off (aggregated and disaggregated), golden "
+                 "exact");
     return 0;
 }

@@ -12,10 +12,13 @@
  *      inline too; a receiver asked about a link it does not run fails
  *      at once with a reason.
  *   4. the router's chooser (kv_link_choose) on the host cases and names.
+ *   5. a block range (kv_link_route_t.first_block): only the blocks the
+ *      decode pool lacks move, over ucx and inline.
  */
 #include <string.h>
 
 #include "backend.h"
+#include "bt_error.h"
 #include "bt_log.h"
 #include "bt_test.h"
 #include "bt_util.h"
@@ -211,6 +214,67 @@ int main(void)
              BT_OK);
     BT_ASSERT_STREQ(why, "KV did not arrive over cuda-ipc");
 
+    /* 5. a range (issue 38): the decode pool holds the first block (its
+     * prefix cache), only blocks [1, 3) move, over ucx and inline; the
+     * held block is not written; a range past the prompt is refused. */
+    {
+        int dst3[3] = { 6, 7, 8 }, dst4[3] = { 10, 11, 15 };
+        const kv_layout_t *lay = backend_kv_layout(pbe);
+        size_t bb = kv_layout_block_bytes(lay);
+        kv_link_grant_t g3 = { .request_id = 3, .slot = 1, .epoch = 78,
+                               .blocks = dst3 + 1, .n = 2 };
+        kv_link_route_t r3 = route;
+        size_t lens[64];
+        const uint8_t *cp[64];
+
+        r3.request_id = 3;
+        r3.transport = KV_LINK_UCX_SHM;
+        r3.slot = 1;
+        r3.epoch = 78;
+        r3.dst_blocks = dst3;
+        r3.first_block = 1;
+        r3.desc = eps[0].desc;
+        r3.desc_len = eps[0].len;
+        BT_ASSERT_OK(kv_link_receiver_arm(rcv, &g3));
+        x = ship(snd, rcv, pbe, &r3, src, 3);
+        BT_CHECK(kv_link_xfer_is_remote(x));
+        BT_ASSERT_OK(kv_link_receiver_arrived(rcv, KV_LINK_UCX_SHM, 1, 78,
+                                              &why));
+        check_same(pbe, src + 1, dbe, dst3 + 1, n_tokens - BS);
+        BT_CHECK(memcmp((uint8_t *)backend_kv_data(pbe, 0, 0) +
+                            (size_t)src[0] * bb,
+                        (uint8_t *)backend_kv_data(dbe, 0, 0) +
+                            (size_t)dst3[0] * bb, bb) != 0);
+        kv_link_xfer_destroy(&x);
+        kv_link_receiver_reset(rcv, 1, false);
+
+        r3.desc = bad; /* inline: the token range [BS, n_tokens) */
+        r3.desc_len = sizeof(bad);
+        r3.dst_blocks = dst4;
+        x = ship(snd, NULL, pbe, &r3, src, 3);
+        BT_CHECK(!kv_link_xfer_is_remote(x));
+        n = kv_link_xfer_payload(x, &parts, &part_len);
+        BT_CHECK(n > 0 && n <= 64);
+        BT_ASSERT_EQ(part_len, (bb / BS) * (size_t)(n_tokens - BS));
+        for (int i = 0; i < n; i++) {
+            cp[i] = parts[i];
+            lens[i] = part_len;
+        }
+        BT_ASSERT_OK(kv_link_receiver_unpack(rcv, cp, lens, n, dst4 + 1, 2,
+                                             n_tokens - BS));
+        check_same(pbe, src + 1, dbe, dst4 + 1, n_tokens - BS);
+        BT_CHECK(memcmp((uint8_t *)backend_kv_data(pbe, 0, 0) +
+                            (size_t)src[0] * bb,
+                        (uint8_t *)backend_kv_data(dbe, 0, 0) +
+                            (size_t)dst4[0] * bb, bb) != 0);
+        kv_link_xfer_destroy(&x);
+
+        r3.first_block = 3; /* the whole prompt held: not a hand-off */
+        BT_ASSERT_EQ(kv_link_xfer_create(snd, &r3, &x), BT_ERR_INVALID_ARG);
+        BT_CHECK(x == NULL);
+        bt_error_clear();
+    }
+
     kv_link_sender_destroy(&snd);
     kv_link_receiver_detach(rcv);
     backend_destroy(&dbe); /* its memory is the receiver's UCX's */
@@ -240,6 +304,6 @@ int main(void)
         BT_ASSERT_STREQ(kv_link_name(99), "unknown");
     }
     BT_TEST_PASS("kv/kv_link: ucx route exact, corrupt endpoint and "
-                 "foreign link go inline, chooser");
+                 "foreign link go inline, block ranges, chooser");
     return 0;
 }

@@ -247,7 +247,7 @@ static void fall_back(kv_link_xfer_t *xf)
     xf->x = NULL;
     xf->link = inl;
     if (kv_link__inline_create(&xf->sender->sh, &xf->route, &x) != BT_OK) {
-        xf->error = "out of memory";
+        xf->error = "out of memory"; /* the range was checked at create */
         return;
     }
     xf->x = x;
@@ -287,11 +287,29 @@ bt_status_t kv_link_xfer_create(kv_link_sender_t *s,
     xf->route.stage_blocks = xf->stage;
     xf->route.desc = NULL; /* the links copy what they keep */
     xf->route.desc_len = 0;
+    if (route->first_block < 0 || route->first_block >= BT_MAX(route->n_dst, 1)
+        || (route->first_block > 0 && (route->dst_block_size <= 0 ||
+                                       (int64_t)route->first_block *
+                                       route->dst_block_size >=
+                                       route->n_tokens))) {
+        BT_LOG_ERROR("KV", "request %llu: hand-off range from block %d of "
+                     "%d (block size %d) is not a range",
+                     (unsigned long long)route->request_id,
+                     route->first_block, route->n_dst,
+                     route->dst_block_size);
+        status = BT_ERR_INVALID_ARG;
+        goto err_free;
+    }
     if (i >= 0 && s->running[i] && kv_links[i]->id != KV_LINK_INLINE &&
         kv_links[i]->xfer_create != NULL) {
+        /* A remote link puts whole blocks of one size on both sides
+         * (kv_link__remote_xfer_create checks): the range is the tail of
+         * both tables.  Inline moves tokens (kv_link__inline_create). */
         kv_link_route_t r = xf->route;
         r.desc = route->desc;
         r.desc_len = route->desc_len;
+        r.dst_blocks = xf->dst + route->first_block;
+        r.n_dst = route->n_dst - route->first_block;
         status = kv_links[i]->xfer_create(s->state[i], &r, &xf->x);
         if (status == BT_OK)
             xf->link = i;
@@ -316,16 +334,23 @@ bt_status_t kv_link_xfer_create(kv_link_sender_t *s,
 
 err_free:
     kv_link_xfer_destroy(&xf);
-    return BT_ERR_NO_MEMORY;
+    return status == BT_ERR_INVALID_ARG ? status : BT_ERR_NO_MEMORY;
 }
 
 void kv_link_xfer_start(kv_link_xfer_t *xf, const int *src, int n)
 {
     const kv_link_ops_t *ops = kv_links[xf->link];
 
+    int skip = ops->id != KV_LINK_INLINE ? xf->route.first_block : 0;
+
     xf->src = src;
     xf->n_src = n;
-    if (ops->xfer_start != NULL && ops->xfer_start(xf->x, src, n) != BT_OK)
+    if (skip >= n) {
+        xf->error = "hand-off range past the prompt's blocks";
+        return;
+    }
+    if (ops->xfer_start != NULL &&
+        ops->xfer_start(xf->x, src + skip, n - skip) != BT_OK)
         fall_back(xf);
 }
 
@@ -344,8 +369,8 @@ bt_status_t kv_link_xfer_commit(kv_link_xfer_t *xf)
     const kv_link_ops_t *ops = kv_links[xf->link];
     bt_status_t status;
 
-    if (xf->x == NULL)
-        return BT_ERR_NO_MEMORY; /* xf->error says so */
+    if (xf->x == NULL || xf->error != NULL)
+        return BT_ERR_INVALID_ARG; /* xf->error says why */
     xf->committed = true;
     xf->t_commit = bt_time_ns();
     status = ops->xfer_commit != NULL ? ops->xfer_commit(xf->x) : BT_OK;

@@ -79,7 +79,11 @@ typedef struct {
     const int *stage_blocks;/* (n_stage) receive-area ids (staged UCX) */
     int n_stage;
     int dst_block_size;     /* the decode pool's block size (0: unknown) */
-    int n_tokens;           /* prompt tokens whose KV moves */
+    int n_tokens;           /* prompt tokens whose KV the decode needs */
+    int first_block;        /* the range moved: dst blocks [first_block,
+                               n_dst), tokens [first_block * dst_block_size,
+                               n_tokens); the decode pool holds the ones
+                               before (its prefix cache).  0: all */
 } kv_link_route_t;
 
 typedef struct kv_link_sender_s kv_link_sender_t;
@@ -134,8 +138,9 @@ bt_status_t kv_link_xfer_create(kv_link_sender_t *sender,
                                 const kv_link_route_t *route,
                                 kv_link_xfer_t **xfer_p);
 
-/* The task's local blocks exist (`src_blocks`, borrowed until destroy):
- * connects, begins the transfer.  Falls back to inline on failure. */
+/* The task's local blocks exist (`src_blocks`, the prompt's whole table,
+ * borrowed until destroy): connects, begins the transfer of the route's
+ * range.  Falls back to inline on failure. */
 void kv_link_xfer_start(kv_link_xfer_t *xfer, const int *src_blocks, int n);
 
 /* Layer `layer` of the prompt is computed: ships it (or packs it inline)
@@ -260,8 +265,9 @@ bt_status_t kv_link_receiver_arrived(kv_link_receiver_t *recv, int transport,
                                      const char **why_p);
 
 /* Inline KV (KvReady.kv_inline): `n_parts` parts of `lens` bytes, layer
- * l's K then V, n_tokens rows each, into `blocks`.  BT_ERR_FORMAT when
- * they do not match the pool, BT_ERR_CUDA. */
+ * l's K then V, n_tokens rows each, into `blocks` (row 0 at the start of
+ * blocks[0]: a hand-off of a range passes the range's blocks).
+ * BT_ERR_FORMAT when they do not match the pool, BT_ERR_CUDA. */
 bt_status_t kv_link_receiver_unpack(kv_link_receiver_t *recv,
                                     const uint8_t *const *parts,
                                     const size_t *lens, int n_parts,

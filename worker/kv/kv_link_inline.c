@@ -1,7 +1,8 @@
 /*
- * kv_link_inline.c - KV in the control messages: every prompt token's K
- * and V, packed in token order per layer, travel in PrefillDone.kv_inline
- * and KvReady.kv_inline.  No endpoint, no setup; the fallback of every
+ * kv_link_inline.c - KV in the control messages: the K and V of every
+ * prompt token of the route's range (all but the decode's cached prefix),
+ * packed in token order per layer, travel in PrefillDone.kv_inline and
+ * KvReady.kv_inline.  No endpoint, no setup; the fallback of every
  * other link, and the only one between a GPU and a CPU pool.
  */
 #include "kv/kv_link_int.h"
@@ -16,7 +17,8 @@
 typedef struct {
     kv_link_xfer_base_t base;
     const kv_link_config_t *cfg;
-    int n_tokens;
+    int first;            /* the first token whose KV moves */
+    int n_tokens;         /* tokens [first, n_tokens) move */
     int n_layers;
     const int *src;       /* (n_src) local blocks, borrowed */
     int n_src;
@@ -39,7 +41,12 @@ bt_status_t kv_link__inline_create(const kv_link_shared_t *sh,
     if (x == NULL)
         return BT_ERR_NO_MEMORY;
     x->cfg = sh->cfg;
+    x->first = route->first_block * route->dst_block_size;
     x->n_tokens = route->n_tokens;
+    if (x->first < 0 || x->first >= x->n_tokens) {
+        bt_free(x);
+        return BT_ERR_INVALID_ARG;
+    }
     x->base.request_id = route->request_id;
     *xfer_p = &x->base;
     return BT_OK;
@@ -82,7 +89,8 @@ static bt_status_t pack_layer(inline_xfer_t *x, int layer)
         x->row_bytes = full;
     }
     for (int kv = 0; kv < 2; kv++) {
-        uint8_t *out = bt_malloc(full * (size_t)x->n_tokens, "prefill_inline");
+        uint8_t *out = bt_malloc(full * (size_t)(x->n_tokens - x->first),
+                                 "prefill_inline");
         if (out == NULL)
             return BT_ERR_NO_MEMORY;
         bt_free(x->parts[2 * layer + kv]); /* a repack after a fallback */
@@ -90,19 +98,21 @@ static bt_status_t pack_layer(inline_xfer_t *x, int layer)
         for (int r = 0; r < tp; r++) {
             const uint8_t *base = backend_kv_data_rank(be, r, layer, kv);
             uint8_t *o = out + (size_t)r * row;
-            /* One copy per block: its rows are adjacent on both sides. */
-            for (int s = 0; s < x->n_tokens;) {
+            /* One copy per block: its rows are adjacent on both sides.
+             * Token s goes to row s - first. */
+            for (int s = x->first; s < x->n_tokens;) {
                 int blk = x->src[s / lay->block_size];
                 int in = s % lay->block_size;
                 int cnt = BT_MIN(lay->block_size - in, x->n_tokens - s);
                 size_t off = ((size_t)blk * (size_t)lay->block_size +
                               (size_t)in) * row;
+                size_t at = (size_t)(s - x->first);
                 if (!x->cfg->kv_on_device)
-                    memcpy(o + (size_t)s * row, base + off, row * (size_t)cnt);
-                else if (tp == 1 ? kv_cipc_memcpy(o + (size_t)s * row,
+                    memcpy(o + at * row, base + off, row * (size_t)cnt);
+                else if (tp == 1 ? kv_cipc_memcpy(o + at * row,
                                                   base + off,
                                                   row * (size_t)cnt) != BT_OK
-                                 : kv_cipc_memcpy2d(o + (size_t)s * full,
+                                 : kv_cipc_memcpy2d(o + at * full,
                                                     full, base + off, row,
                                                     row,
                                                     (size_t)cnt) != BT_OK)
@@ -133,7 +143,7 @@ static int inline_payload(const kv_link_xfer_base_t *b,
     if (x->parts == NULL)
         return 0;
     *parts_p = x->parts;
-    *part_len_p = x->row_bytes * (size_t)x->n_tokens;
+    *part_len_p = x->row_bytes * (size_t)(x->n_tokens - x->first);
     return 2 * x->n_layers;
 }
 

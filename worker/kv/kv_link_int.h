@@ -74,7 +74,10 @@ typedef struct kv_link_ops_s {
     /* closes dropped endpoints with nothing in flight */
     void (*send_reap)(void *state);
     /* A task's hand-off.  BT_ERR_UNSUPPORTED: the route does not fit
-     * (the caller goes inline). */
+     * (the caller goes inline).  A remote link sees only the route's
+     * range (kv_link.c offsets dst_blocks/n_dst here and src/n in
+     * xfer_start by route->first_block); inline gets the whole tables
+     * and moves tokens from first_block * dst_block_size. */
     bt_status_t (*xfer_create)(void *state, const kv_link_route_t *route,
                                kv_link_xfer_base_t **xfer_p);
     /* errors: fall back to inline */
