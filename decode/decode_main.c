@@ -40,7 +40,7 @@ static void usage(FILE *out)
         "  --tpot-target-ms T     --role both: bound the prompt tokens of a\n"
         "                         step so that steps with running streams\n"
         "                         stay under T ms (learned step cost; at\n"
-        "                         least 128 tokens; 0 = no bound, default)\n"
+        "                         least 128 tokens; default 50, 0 = no bound)\n"
         "  --kv-timeout-ms N      free a reservation whose KV never came (30000)\n"
         "  --no-ucx               do not register the pool with UCX\n"
         "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"

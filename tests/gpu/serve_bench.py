@@ -6,18 +6,19 @@ tests/gpu/run_gpu_serve.sh (never in CI).
 Each mode is a fresh cluster of real processes (baton-router + workers,
 --device cuda, synth:llama3-8b in bf16 built by every worker):
   agg        one `baton-decode --role both`
-  agg-tpot   the same with --tpot-target-ms (decode_budget.c)
+  agg-nobound the same with --tpot-target-ms 0 (no prefill budget: the
+             A/B of decode_budget.c's default 50 ms bound)
   disagg     1 prefill + 1 decode under CUDA MPS, KV over CUDA IPC
 The first `baton bench` of every mode is a cold start: a burst of
 BT_SERVE_COLD requests sent the moment the workers registered (no
 warm-up request before it); it must lose nothing.  Then the closed-loop
 runs of BT_SERVE_RUNS ("PROMPTxOUTPUT@CONCURRENCY:REQUESTS;...").
 
-Environment: BT_SERVE_MODES (agg,agg-tpot,disagg), BT_SERVE_RUNS,
+Environment: BT_SERVE_MODES (agg,disagg,agg-nobound), BT_SERVE_RUNS,
 BT_SERVE_COLD (256 requests at once) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
 BT_SERVE_KV_BLOCKS (44000: disagg's decode; its prefill 4096),
 BT_SERVE_AGG_KV (auto: the aggregated worker sizes KV from memory),
-BT_SERVE_TPOT_MS (50),
+BT_SERVE_TPOT_MS (50: agg's --tpot-target-ms),
 BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda).
 Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
 failed anywhere.
@@ -31,7 +32,7 @@ import time
 import cluster_harness
 
 BIN, WORK, TABLE = sys.argv[1], sys.argv[2], sys.argv[3]
-MODES = os.environ.get("BT_SERVE_MODES", "agg,disagg,agg-tpot").split(",")
+MODES = os.environ.get("BT_SERVE_MODES", "agg,disagg,agg-nobound").split(",")
 
 
 def parse_runs(text):
@@ -42,7 +43,7 @@ def parse_runs(text):
 
 RUNS = parse_runs(os.environ.get(
     "BT_SERVE_RUNS", "2048x128@256:512;512x512@256:512;2048x2048@160:160"))
-# agg-tpot is an A/B of the prefill budget: the prefill-heavy shape only
+# agg-nobound is an A/B of the prefill budget: the prefill-heavy shape only
 TPOT_RUNS = parse_runs(os.environ.get("BT_SERVE_TPOT_RUNS",
                                       "2048x128@256:512"))
 COLD = int(os.environ.get("BT_SERVE_COLD", "256"))
@@ -84,8 +85,8 @@ def worker_cmds(mode, ctl):
         dec += ["--role", "both"]
         if AGG_KV != "auto":
             dec += ["--kv-blocks", AGG_KV]
-        if mode == "agg-tpot":
-            dec += ["--tpot-target-ms", TPOT_MS]
+        dec += ["--tpot-target-ms",
+                "0" if mode == "agg-nobound" else TPOT_MS]
         return [("d0", dec)]
     dec += ["--kv-blocks", KV]  # two workers share the GPU
     pre = ["baton-prefill"] + common + [
@@ -170,7 +171,7 @@ def run_mode(mode):
     log("%s: registered after %.1f s: cold burst of %d" %
         (mode, time.time() - t0, COLD))
     bench(cl, mode, COLD_SHAPE[0], COLD_SHAPE[1], COLD, COLD, "cold")
-    for (plen, olen), (conc, n) in (TPOT_RUNS if mode == "agg-tpot"
+    for (plen, olen), (conc, n) in (TPOT_RUNS if mode == "agg-nobound"
                                     else RUNS):
         if DEADLINE - time.time() < 40:
             log("%s: no time left for %dx%d" % (mode, plen, olen))
