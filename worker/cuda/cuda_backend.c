@@ -910,8 +910,14 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
                                                        2 * b->hid),
                                                 b->mc.dim));
 
-        r->acc_floats = (size_t)BT_MIN(b->max_tok, CUDA_FP8_ACC_TOK) * ldd;
-        CUDA_ACT(r->d_xq, (size_t)b->max_tok * ld, "act_fp8_codes");
+        /* (cuBLASLt's FP8 calls read token counts rounded up to 16) */
+        size_t tok16 = (size_t)BT_DIV_UP(b->max_tok, 16) * 16;
+
+        r->acc_floats = BT_MIN(tok16, (size_t)CUDA_FP8_ACC_TOK) * ldd;
+        CUDA_ACT(r->d_xq, tok16 * ld, "act_fp8_codes");
+        status = BT_CUDA_STATUS(cudaMemset(r->d_xq, 0, tok16 * ld));
+        if (status != BT_OK)
+            return status;
         CUDA_ACT(r->d_xv, (size_t)b->max_tok * ld * 2, "act_fp8_values");
         CUDA_ACT(r->d_xs, (size_t)b->max_tok * 4, "act_fp8_scales");
         CUDA_ACT(r->d_acc, r->acc_floats * 4, "act_fp8_sums");

@@ -95,6 +95,7 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
  * with rows padded to 16 floats; never a cuda_dtype_t of the kernels. */
 #define GEMM_DT_E4M3 ((cuda_dtype_t)0x38)
 #define GEMM_FP8_BAD_MAX 64
+#define GEMM_FP8_TOK_ALIGN 16   /* FP8 plans' token counts: multiples */
 
 /* One planned shape. */
 typedef struct {
@@ -1570,17 +1571,29 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 // (bf16 products, or the f32 residual += ...): the per-row weight scales
 // and per-token input scales are not expressible as cuBLASLt's scalar
 // scales.  Tokens go through in chunks of as many rows as the scratch
-// holds.  A shape cuBLASLt has no FP8 algorithm for (odd sizes of the
+// holds, each planned with its token count rounded up to 16 (the FP8
+// kernels' alignment; the extra input rows are whatever d_xq holds there,
+// and their output columns are never read: a column of the product
+// depends on its own input row only).  A shape cuBLASLt has no FP8 algorithm for (odd sizes of the
 // tiny models) takes the GEMV in groups of CUDA_GEMV_FP8_MAX_TOK tokens,
 // with one WARN.  Not tuned: one heuristic plan per shape, cached like
 // the bf16 ones (the bf16 families and their cache file are untouched).
 
-/* Tokens per cuBLASLt call: what the scratch holds, at most n_tok. */
+/* Tokens per cuBLASLt call: what the scratch holds in whole groups of
+ * GEMM_FP8_TOK_ALIGN, at most n_tok (0: not even one group). */
 static int gemm_fp8_chunk(int n_tok, int n_out, size_t acc_floats)
 {
-    size_t rows = acc_floats / (size_t)cuda_fp8_ld(n_out);
+    size_t rows = acc_floats / (size_t)cuda_fp8_ld(n_out) /
+                  GEMM_FP8_TOK_ALIGN * GEMM_FP8_TOK_ALIGN;
 
     return (int)BT_MIN(rows, (size_t)n_tok);
+}
+
+/* The token count a chunk of n tokens is planned with. */
+static int gemm_fp8_plan_tok(int n)
+{
+    return (n + GEMM_FP8_TOK_ALIGN - 1) / GEMM_FP8_TOK_ALIGN *
+           GEMM_FP8_TOK_ALIGN;
 }
 
 /* The cuBLASLt FP8 plan of n_tok x n_out x ld, or NULL when cuBLASLt
@@ -1617,9 +1630,10 @@ bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 
     if (n_tok <= CUDA_GEMV_FP8_MAX_TOK || chunk < 1)
         return true;
-    if (gemm_fp8_plan(ctx, chunk, n_out, ld) == NULL ||
+    if (gemm_fp8_plan(ctx, gemm_fp8_plan_tok(chunk), n_out, ld) == NULL ||
         (n_tok % chunk != 0 &&
-         gemm_fp8_plan(ctx, n_tok % chunk, n_out, ld) == NULL)) {
+         gemm_fp8_plan(ctx, gemm_fp8_plan_tok(n_tok % chunk), n_out,
+                       ld) == NULL)) {
         static bool warned;
 
         if (!warned)
@@ -1662,7 +1676,7 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     chunk = gemm_fp8_chunk(n_tok, n_out, a->acc_floats);
     for (int t0 = 0; t0 < n_tok && status == BT_OK; t0 += chunk) {
         int n = BT_MIN(chunk, n_tok - t0);
-        gemm_plan_t *p = gemm_fp8_plan(ctx, n, n_out, ld);
+        gemm_plan_t *p = gemm_fp8_plan(ctx, gemm_fp8_plan_tok(n), n_out, ld);
 
         if (p == NULL)  /* planned by worker_gemm_fp8_gemv above */
             return BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 plan %d x %d x %d "

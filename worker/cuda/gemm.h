@@ -69,9 +69,11 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
  * weights with rows of ld bytes (cuda_fp8_ld of n_in), f32 sums, y in
  * out_dt.  1..CUDA_GEMV_FP8_MAX_TOK tokens take the FP8 GEMV, which
  * reads the inputs' bf16 values (d_xv); more take cuBLASLt's FP8 GEMM,
- * which reads the codes (d_xq), into the f32 scratch d_acc (acc_floats;
- * at least cuda_fp8_ld(n_out) a token, more makes fewer calls), then a
- * scaling epilogue.  Safe inside graph capture once the shape was seen
+ * which reads the codes (d_xq: n_tok rounded up to 16 rows must be
+ * there, the extra ones are read and their products dropped), into the
+ * f32 scratch d_acc (acc_floats: at least 16 x cuda_fp8_ld(n_out), more
+ * makes fewer calls; else the GEMV takes every shape), then a scaling
+ * epilogue.  Safe inside graph capture once the shape was seen
  * (the cuBLASLt plan is built at first use, host work only). */
 typedef struct {
     const uint8_t *d_xq;   /* (n_tok, ld) input codes */
