@@ -17,6 +17,11 @@
  *      14336) and the tiny models' (dim 64, hidden 172: padded rows), 1-8
  *      tokens (GEMV) and 9-2048 (GEMM).  The reference is computed on a
  *      sample of up to 32 tokens x 256 rows of each product.
+ *   4. the fused producers: cuda_fp8_glu_quant gives exactly cuda_swiglu
+ *      then cuda_fp8_quant_act (same elementwise arithmetic);
+ *      cuda_fp8_norm_quant the same as cuda_rmsnorm then
+ *      cuda_fp8_quant_act up to the norm's sum order (dequantized
+ *      relative difference < 1e-2, the differing codes counted).
  * INFO lines time the 8B shapes (L2 flushed before each run): GB/s of
  * weights for the GEMV, TFLOP/s for the GEMM.
  * Prints one PASS/FAIL line per check; exits non-zero on any failure.
@@ -35,6 +40,8 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels/fp8.h"
 #include "cuda/kernels/gemv.h"
+#include "cuda/kernels/rmsnorm.h"
+#include "cuda/kernels/swiglu.h"
 
 #define REF_TOK 32     /* tokens of a product checked against the cpu */
 #define REF_ROWS 256   /* rows of it */
@@ -392,6 +399,87 @@ static void run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
     free(y);
 }
 
+/* Quantizes n_tok rows of k through the fused producer (glu: SwiGLU of
+ * (n_tok, 2k) bf16 gate|up rows; else RMSNorm of (n_tok, k) f32 rows)
+ * and through the unfused kernels, and compares (check 4). */
+static void fused_one(bufs_t *b, bool glu, int n_tok, int k, bool st)
+{
+    const int ld = cuda_fp8_ld(k);
+    const size_t nin = (size_t)n_tok * k * (glu ? 2 : 1);
+    const float eps = 1e-5f, in_scale = st ? 0.01f : 0.0f;
+    uint8_t *qa = malloc((size_t)n_tok * ld), *qb = malloc((size_t)n_tok * ld);
+    float *sa = malloc(4 * n_tok), *sb = malloc(4 * n_tok);
+    void *d_in, *d_mid, *d_g = NULL;
+    long diff = 0;
+    double num = 0.0, den = 0.0, rel;
+    bool ok;
+
+    CK(cudaMalloc(&d_in, nin * 4));
+    CK(cudaMalloc(&d_mid, (size_t)n_tok * k * 2));
+    if (glu) {
+        uint16_t *h = malloc(nin * 2);
+        for (size_t i = 0; i < nin; i++)
+            h[i] = bf16_of(3.0f * frand());
+        CK(cudaMemcpy(d_in, h, nin * 2, cudaMemcpyHostToDevice));
+        free(h);
+        BT_ASSERT_OK(cuda_swiglu(d_in, n_tok, k, d_mid, CUDA_DT_BF16, NULL));
+    } else {
+        float *h = malloc(nin * 4);
+        uint16_t *g = malloc((size_t)k * 2);
+        for (size_t i = 0; i < nin; i++)
+            h[i] = 2.0f * frand() * (i % 61 == 7 ? 10.0f : 1.0f);
+        for (int i = 0; i < k; i++)
+            g[i] = bf16_of(1.0f + 0.5f * frand());
+        CK(cudaMalloc(&d_g, (size_t)k * 2));
+        CK(cudaMemcpy(d_in, h, nin * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_g, g, (size_t)k * 2, cudaMemcpyHostToDevice));
+        free(h);
+        free(g);
+        BT_ASSERT_OK(cuda_rmsnorm(d_in, NULL, d_g, NULL, n_tok, k, eps,
+                                  d_mid, CUDA_DT_BF16, NULL));
+    }
+    BT_ASSERT_OK(cuda_fp8_quant_act(d_mid, CUDA_DT_BF16, n_tok, k, ld,
+                                    in_scale, b->d_xq, NULL, b->d_xs, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(qa, b->d_xq, (size_t)n_tok * ld, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sa, b->d_xs, 4 * n_tok, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(b->d_xq, 0xFF, (size_t)n_tok * ld));
+    if (glu)
+        BT_ASSERT_OK(cuda_fp8_glu_quant(d_in, n_tok, k, ld, in_scale,
+                                        b->d_xq, NULL, b->d_xs, NULL));
+    else
+        BT_ASSERT_OK(cuda_fp8_norm_quant(d_in, d_g, eps, n_tok, k, ld,
+                                         in_scale, b->d_xq, NULL, b->d_xs,
+                                         NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(qb, b->d_xq, (size_t)n_tok * ld, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sb, b->d_xs, 4 * n_tok, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < ld; i++) {
+            uint8_t ca = qa[(size_t)t * ld + i], cb = qb[(size_t)t * ld + i];
+            double va = (double)bt_e4m3_to_f32(ca) * sa[t];
+            double vb = (double)bt_e4m3_to_f32(cb) * sb[t];
+
+            diff += ca != cb || (i == 0 && sa[t] != sb[t]);
+            num += (va - vb) * (va - vb);
+            den += va * va;
+        }
+    rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+    ok = glu ? diff == 0 : rel < 1e-2 && isfinite(rel);
+    printf("%s fp8 fused %s + quantization, %d tokens x %d, %s: %ld codes "
+           "or scales differ from the unfused kernels, relative %.2e\n",
+           ok ? "PASS" : "FAIL", glu ? "SwiGLU" : "RMSNorm", n_tok, k,
+           st ? "static" : "dynamic", diff, rel);
+    g_fail += !ok;
+    cudaFree(d_in);
+    cudaFree(d_mid);
+    cudaFree(d_g);
+    free(qa);
+    free(qb);
+    free(sa);
+    free(sb);
+}
+
 typedef struct {
     const char *name;
     int n_out, n_in;
@@ -435,6 +523,19 @@ int main(void)
     CK(cudaMalloc(&b.d_flush, FLUSH_BYTES));
     CK(cudaMemset(b.d_flush, 0, FLUSH_BYTES));
 
+    {
+        static const int fk[][2] = { {1, 4096}, {8, 4096}, {64, 4096},
+                                     {512, 4096}, {3, 64}, {37, 64} };
+        static const int gk[][2] = { {1, 14336}, {8, 14336}, {512, 14336},
+                                     {3, 172}, {37, 172} };
+
+        for (size_t i = 0; i < sizeof(fk) / sizeof(fk[0]); i++)
+            for (int st = 0; st < 2; st++)
+                fused_one(&b, false, fk[i][0], fk[i][1], st == 1);
+        for (size_t i = 0; i < sizeof(gk) / sizeof(gk[0]); i++)
+            for (int st = 0; st < 2; st++)
+                fused_one(&b, true, gk[i][0], gk[i][1], st == 1);
+    }
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         const shape_t *sh = &shapes[s];
 

@@ -213,12 +213,12 @@ typedef struct {
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
 
     float *d_x;               /* (max_tok, dim) residual stream */
-    void *d_xn;               /* (max_tok, dim) normed */
+    void *d_xn;               /* (max_tok, dim) normed (not in fp8) */
     void *d_qkv;              /* (max_tok, qkv_dim) */
     void *d_q;                /* (max_tok, q_dim) rotated q */
     void *d_att;              /* (max_tok, q_dim) attention out */
     void *d_gu;               /* (max_tok, 2 hid) */
-    void *d_h;                /* (max_tok, hid) */
+    void *d_h;                /* (max_tok, hid) (not in fp8) */
     void *d_xr;               /* (row_cap, dim) normed logits rows */
     float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
     float *d_hidden;          /* (hid_cap, dim), rank 0 only */
@@ -889,12 +889,16 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
             return status;                                                  \
     } while (0)
     CUDA_ACT(r->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
-    CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
+    /* (fp8 makes the normed and SwiGLU rows inside its input
+     * quantization: no d_xn, no d_h) */
+    if (!b->fp8)
+        CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
     CUDA_ACT(r->d_qkv, (size_t)b->max_tok * b->qkv_dim * es, "act_qkv");
     CUDA_ACT(r->d_q, (size_t)b->max_tok * b->q_dim * es, "act_q");
     CUDA_ACT(r->d_att, (size_t)b->max_tok * b->q_dim * es, "act_att");
     CUDA_ACT(r->d_gu, (size_t)b->max_tok * 2 * b->hid * es, "act_gate_up");
-    CUDA_ACT(r->d_h, (size_t)b->max_tok * b->hid * es, "act_h");
+    if (!b->fp8)
+        CUDA_ACT(r->d_h, (size_t)b->max_tok * b->hid * es, "act_h");
     CUDA_ACT(r->d_xr, (size_t)b->row_cap * b->mc.dim * es, "act_rows");
     CUDA_ACT(r->d_logits, (size_t)b->row_cap * r->sh.n_vocab * 4, "logits");
     if (rank == 0)
@@ -1674,10 +1678,20 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
-/* Precision fp8: out (nt, n_out) [+]= in (nt, n_in, bf16) . f^T, the
- * input quantized (kernels/fp8.h: into the form the product reads) then
+/* What feeds an fp8 linear: the bf16 rows d_in themselves, the RMSNorm
+ * of the f32 rows d_in with weights g, or the SwiGLU of the gate|up rows
+ * d_in (kernels/fp8.h: made and quantized in one kernel). */
+typedef enum {
+    CUDA_F8_IN_ROWS = 0,
+    CUDA_F8_IN_NORM,
+    CUDA_F8_IN_GLU
+} cuda_f8_in_t;
+
+/* Precision fp8: out (nt, n_out) [+]= in (nt, n_in) . f^T, the input
+ * made and quantized (into the form the product reads) then
  * worker_gemm_fp8. */
-static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, const void *d_in,
+static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_f8_in_t in,
+                                   const void *d_in, const void *d_g,
                                    int n_in, const cuda_fp8_lin_t *f,
                                    int n_out, void *d_out,
                                    cuda_dtype_t out_dt, bool accumulate)
@@ -1687,11 +1701,21 @@ static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, const void *d_in,
                                            r->acc_floats);
     const worker_gemm_fp8_t a = { r->d_xq, r->d_xv, r->d_xs, f->d_w,
                                   f->d_ws, r->d_acc, r->acc_floats };
+    uint8_t *d_q = gemv ? NULL : r->d_xq;
+    void *d_v = gemv ? r->d_xv : NULL;
     bt_status_t status;
 
-    status = cuda_fp8_quant_act(d_in, r->b->dt, nt, n_in, ld, f->in_scale,
-                                gemv ? NULL : r->d_xq, gemv ? r->d_xv : NULL,
-                                r->d_xs, r->stream);
+    if (in == CUDA_F8_IN_NORM)
+        status = cuda_fp8_norm_quant(d_in, d_g, r->b->mc.rms_eps, nt, n_in,
+                                     ld, f->in_scale, d_q, d_v, r->d_xs,
+                                     r->stream);
+    else if (in == CUDA_F8_IN_GLU)
+        status = cuda_fp8_glu_quant(d_in, nt, n_in, ld, f->in_scale, d_q,
+                                    d_v, r->d_xs, r->stream);
+    else
+        status = cuda_fp8_quant_act(d_in, r->b->dt, nt, n_in, ld,
+                                    f->in_scale, d_q, d_v, r->d_xs,
+                                    r->stream);
     if (status != BT_OK)
         return status;
     return worker_gemm_fp8(r->gemm, nt, n_out, ld, &a, d_out, out_dt,
@@ -1700,7 +1724,8 @@ static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, const void *d_in,
 
 /* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
  * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
- * d_xn and worker_gemm (f8: the fp8 linear instead of w).
+ * d_xn and worker_gemm; fp8: the fp8 linear f8 instead of w, the norm
+ * made inside its input quantization.
  * BT_PROFILE_SKIP=norm leaves the norm out. */
 static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
                                           bool fuse_norm, const void *d_g,
@@ -1713,6 +1738,9 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
     const bool norm = !(b->skip & CUDA_SKIP_NORM);
     bt_status_t status;
 
+    if (b->fp8) /* the norm inside the input quantization */
+        return cuda_fp8_linear(r, nt, CUDA_F8_IN_NORM, r->d_x, d_g, mc->dim,
+                               f8, n_out, d_out, b->dt, false);
     if (fuse_norm && norm)
         return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
                               d_w, d_out, b->dt, r->stream);
@@ -1722,9 +1750,6 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
         if (status != BT_OK)
             return status;
     }
-    if (b->fp8)
-        return cuda_fp8_linear(r, nt, r->d_xn, mc->dim, f8, n_out, d_out,
-                               b->dt, false);
     return worker_gemm(r->gemm, nt, n_out, mc->dim, r->d_xn, d_w, b->dt,
                        d_out, b->dt, false, r->stream);
 }
@@ -1733,20 +1758,21 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
  * in (nt, n_in) . w^T, rank 0 accumulating into x and the other ranks
  * writing their partial there, then (tensor parallelism) the all-reduce
  * of x over the ranks.  skip (BT_PROFILE_SKIP): no product, the
- * all-reduce still runs. */
+ * all-reduce still runs.  fp8: f8 instead of w, fed by f8_in (the
+ * SwiGLU of d_in for the down projection). */
 static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
                                               const void *d_in, int n_in,
                                               const void *d_w,
                                               const cuda_fp8_lin_t *f8,
-                                              bool skip)
+                                              cuda_f8_in_t f8_in, bool skip)
 {
     const cuda_backend_t *b = r->b;
     const int dim = b->mc.dim;
     bt_status_t status = BT_OK;
 
     if (!skip && b->fp8) /* one rank (fp8 refuses tp > 1): accumulate */
-        status = cuda_fp8_linear(r, nt, d_in, n_in, f8, dim, r->d_x,
-                                 CUDA_DT_F32, true);
+        status = cuda_fp8_linear(r, nt, f8_in, d_in, NULL, n_in, f8, dim,
+                                 r->d_x, CUDA_DT_F32, true);
     else if (!skip)
         status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
                              r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
@@ -1878,6 +1904,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
                                             w->d_wo, &w->f8[CUDA_F8_O],
+                                            CUDA_F8_IN_ROWS,
                                             b->skip & CUDA_SKIP_O);
         if (status != BT_OK)
             return status;
@@ -1892,14 +1919,18 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                                   w->d_ffn_norm, w->d_wgu,
                                                   &w->f8[CUDA_F8_GU],
                                                   2 * b->hid, r->d_gu);
-            if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU))
+            /* (fp8: the SwiGLU is made inside the down projection's
+             * input quantization) */
+            if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU) && !b->fp8)
                 status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
                                      r->stream);
         }
         if (status != BT_OK)
             return status;
-        status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
-                                            w->d_wdown, &w->f8[CUDA_F8_DOWN],
+        status = cuda_enqueue_residual_gemm(r, nt, b->fp8 ? r->d_gu : r->d_h,
+                                            b->hid, w->d_wdown,
+                                            &w->f8[CUDA_F8_DOWN],
+                                            CUDA_F8_IN_GLU,
                                             b->skip & CUDA_SKIP_DOWN);
         if (status != BT_OK)
             return status;

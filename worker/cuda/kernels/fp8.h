@@ -54,6 +54,22 @@ bt_status_t cuda_fp8_quant_act(const void *d_x, cuda_dtype_t dt, int n_tok,
                                int k, int ld, float in_scale, uint8_t *d_q,
                                void *d_xv, float *d_xs, cudaStream_t stream);
 
+/* cuda_fp8_quant_act of the bf16 rows an RMSNorm gives: bf16(g * (x *
+ * 1 / sqrtf(mean(x^2) + eps))) of the f32 residual rows d_x (n_tok, k)
+ * with the bf16 weights d_g, rmsnorm.cu's arithmetic (no add) -- the
+ * norm and the quantization in one kernel. */
+bt_status_t cuda_fp8_norm_quant(const float *d_x, const void *d_g, float eps,
+                                int n_tok, int k, int ld, float in_scale,
+                                uint8_t *d_q, void *d_xv, float *d_xs,
+                                cudaStream_t stream);
+
+/* cuda_fp8_quant_act of the rows a SwiGLU gives: bf16(silu(g) * u) of the
+ * bf16 gate|up rows d_gu (n_tok, 2 k), bit for bit cuda_swiglu's values
+ * -- the SwiGLU and the quantization in one kernel. */
+bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
+                               float in_scale, uint8_t *d_q, void *d_xv,
+                               float *d_xs, cudaStream_t stream);
+
 /* The epilogue of the cuBLASLt FP8 GEMM: y[t, n] (=, or += when
  * accumulate) acc[t, n] * xs[t] * ws[n] for t < n_tok, n < n_out; acc
  * f32 with ld_acc floats a row, y (n_tok, n_out) in out_dt. */
