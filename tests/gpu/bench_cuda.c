@@ -343,8 +343,9 @@ int main(int argc, char **argv)
             const double own = ceiling > 0.0 ? floor_ms * BW_READ / ceiling
                                              : 0.0;
             EMIT("| decode%s | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | "
-                 "%.3f | %.2f | %.0f | %.2f |\n", tag, B, C, d, h, smp[0], smp[1],
-                 d, floor_ms, floor_ms / d, B / (d * 1e-3), own / d);
+                 "%.3f | %.2f | %.0f | %.2f |\n", tag, B, C, d, h, smp[0],
+                 smp[1], d, floor_ms, floor_ms / d, B / (d * 1e-3),
+                 own / d);
 #ifdef BT_KPROF
             /* the per-block phases of the last step's last layer */
             printf("KPROF batch %d ctx %d\n", B, C);

@@ -1574,10 +1574,11 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 // holds, each planned with its token count rounded up to 16 (the FP8
 // kernels' alignment; the extra input rows are whatever d_xq holds there,
 // and their output columns are never read: a column of the product
-// depends on its own input row only).  A shape cuBLASLt has no FP8 algorithm for (odd sizes of the
-// tiny models) takes the GEMV in groups of CUDA_GEMV_FP8_MAX_TOK tokens,
-// with one WARN.  Not tuned: one heuristic plan per shape, cached like
-// the bf16 ones (the bf16 families and their cache file are untouched).
+// depends on its own input row only).  A shape cuBLASLt has no FP8
+// algorithm for (odd sizes of the tiny models) takes the GEMV in groups
+// of CUDA_GEMV_FP8_MAX_TOK tokens, with one WARN.  Not tuned: one
+// heuristic plan per shape, cached like the bf16 ones (the bf16 families
+// and their cache file are untouched).
 
 /* Tokens per cuBLASLt call: what the scratch holds in whole groups of
  * GEMM_FP8_TOK_ALIGN, at most n_tok (0: not even one group). */
