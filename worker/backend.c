@@ -204,13 +204,16 @@ bt_status_t backend_create(const char *name, const model_t *model,
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "KV memory fraction %g is outside (0, 1]",
                         cfg->kv_memory_fraction);
-    if ((cfg->precision == BACKEND_PRECISION_FP8 ||
-         cfg->kv_dtype == BACKEND_KV_DTYPE_FP8 || cfg->calib != NULL) &&
+    if (cfg->precision == BACKEND_PRECISION_FP8 &&
+        strcmp(ops->name, "cpu") != 0 && strcmp(ops->name, "cuda") != 0)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
+                        "precision fp8 runs on the cpu and cuda backends, "
+                        "not on %s", ops->name);
+    if ((cfg->kv_dtype == BACKEND_KV_DTYPE_FP8 || cfg->calib != NULL) &&
         strcmp(ops->name, "cpu") != 0)
         return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
-                        "precision fp8, --kv-dtype fp8 and calibration run "
-                        "on the cpu backend only for now, not on %s",
-                        ops->name);
+                        "--kv-dtype fp8 and calibration run on the cpu "
+                        "backend only for now, not on %s", ops->name);
     if (cfg->tp_size < 0 || cfg->tp_size > MODEL_SHARD_MAX_TP)
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "tensor parallelism %d is outside 1..%d",

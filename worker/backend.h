@@ -66,7 +66,8 @@ typedef enum {
     BACKEND_PRECISION_BF16,        /* CUDA: bf16 weights and activations,
                                       f32 accumulation and residual; CPU:
                                       the same roundings in f32 math */
-    BACKEND_PRECISION_FP8          /* CPU only (CUDA kernels to come):
+    BACKEND_PRECISION_FP8          /* cpu, and cuda on one GPU (bf16 KV;
+                                      worker/cuda/kernels/fp8.h):
                                       bf16 mode, plus FP8 E4M3 linear
                                       weights (per-channel or per-tensor
                                       scales) and GEMM inputs (static

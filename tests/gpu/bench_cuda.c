@@ -4,7 +4,7 @@
  *
  *   bench_cuda [--model synth:llama3-8b] [--batch 1,8,32,64,128]
  *              [--ctx 512,2048,8192] [--prefill 512,2048,8192]
- *              [--steps 20] [--table FILE]
+ *              [--steps 20] [--table FILE] [--precision bf16|fp8]
  *
  * Decode rows: B sequences each at context C (the KV pool is filled with
  * non-zero values; contexts are not computed, only read), one token per
@@ -24,6 +24,11 @@
  *           790 TFLOP/s (per-token params: every layer matrix; the
  *           classifier once).
  * ratio = floor / measured (1.0 = at the floor).
+ * --precision fp8 (rows "decode fp8" / "prefill fp8"): the linears are
+ * E4M3 (one byte a weight; embeddings, norms and classifier bf16), so
+ * the decode floor reads those bytes, and the prefill floor counts the
+ * linears' FLOPs at the dense fp8 rate (~1,400 TFLOP/s measured,
+ * DEVICE.md), the classifier and attention at the bf16 one.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -42,6 +47,7 @@
 
 #define BW_READ 4.5e12   /* measured read bandwidth, B/s */
 #define BF16_RATE 790e12 /* measured dense bf16 rate, FLOP/s */
+#define FP8_RATE 1400e12 /* measured dense fp8 rate, FLOP/s */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -105,6 +111,7 @@ int main(int argc, char **argv)
     const char *model_path = "synth:llama3-8b";
     const char *batch_s = "1,8,32,64,128", *ctx_s = "512,2048,8192";
     const char *pre_s = "512,2048,8192", *table_path = NULL;
+    bool fp8 = false;
     int *batches, *ctxs, *pres, nb, nc, np, steps = 20;
     int block_size = 16, n_blocks;
     model_t *m = NULL;
@@ -118,6 +125,7 @@ int main(int argc, char **argv)
         {"prefill", required_argument, NULL, 'p'},
         {"steps", required_argument, NULL, 's'},
         {"table", required_argument, NULL, 't'},
+        {"precision", required_argument, NULL, 'P'},
         {NULL, 0, NULL, 0}};
     int opt;
 
@@ -131,9 +139,17 @@ int main(int argc, char **argv)
         case 'p': pre_s = optarg; break;
         case 's': steps = atoi(optarg); break;
         case 't': table_path = optarg; break;
+        case 'P':
+            if (strcmp(optarg, "fp8") != 0 && strcmp(optarg, "bf16") != 0) {
+                fprintf(stderr, "bench_cuda: --precision bf16 or fp8\n");
+                return 2;
+            }
+            fp8 = strcmp(optarg, "fp8") == 0;
+            break;
         default:
             fprintf(stderr, "usage: bench_cuda [--model M] [--batch L] "
-                    "[--ctx L] [--prefill L] [--steps N] [--table F]\n");
+                    "[--ctx L] [--prefill L] [--steps N] [--table F] "
+                    "[--precision bf16|fp8]\n");
             return 2;
         }
     }
@@ -172,6 +188,8 @@ int main(int argc, char **argv)
     cfg.n_kv_blocks = n_blocks;
     cfg.max_seqs = 128;
     cfg.max_batch_tokens = 8192;
+    if (fp8)
+        cfg.precision = BACKEND_PRECISION_FP8;
     for (int i = 0; i < np; i++)
         cfg.max_batch_tokens = BT_MAX(cfg.max_batch_tokens, pres[i]);
     if (backend_create("cuda", m, &cfg, &be) != BT_OK) {
@@ -199,7 +217,12 @@ int main(int argc, char **argv)
          (double)mc->n_heads * mc->head_dim * mc->dim +
          3.0 * mc->dim * mc->hidden_dim + 2.0 * mc->dim);
     double cls_params = (double)mc->vocab_size * mc->dim;
-    double w_bytes = 2.0 * (layer_params + cls_params);
+    /* fp8: the linears one byte a weight, the 2 dim norms a layer bf16 */
+    double lin_params = layer_params - 2.0 * mc->n_layers * mc->dim;
+    double w_bytes = fp8 ? lin_params + 2.0 * (layer_params - lin_params +
+                                               cls_params)
+                         : 2.0 * (layer_params + cls_params);
+    const char *tag = fp8 ? " fp8" : "";
     double kv_tok_bytes = 2.0 * mc->n_layers * mc->n_kv_heads *
                           mc->head_dim * 2;
 
@@ -235,9 +258,9 @@ int main(int argc, char **argv)
                "%.0f ms\n", (bt_time_s() - a) * 1e3);
     }
 
-    EMIT("\n| decode | batch | ctx | step ms | +logits ms | +sample ms | "
+    EMIT("\n| decode%s | batch | ctx | step ms | +logits ms | +sample ms | "
          "+top-p ms | TPOT ms | floor ms | floor/step | tok/s | "
-         "own floor/step |\n");
+         "own floor/step |\n", tag);
     EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
          "---: | ---: | ---: |\n");
     for (int ci = 0; ci < nc; ci++) {
@@ -245,8 +268,8 @@ int main(int argc, char **argv)
             int B = batches[bi], C = ctxs[ci];
             int per = (int)BT_DIV_UP(C + 1, block_size);
             if (B > 128 || (long)B * per > n_blocks) {
-                EMIT("| decode | %d | %d | skipped: KV of %.0f GB does not "
-                     "fit | | | | | | | | |\n", B, C,
+                EMIT("| decode%s | %d | %d | skipped: KV of %.0f GB does not "
+                     "fit | | | | | | | | |\n", tag, B, C,
                      B * (double)C * kv_tok_bytes / 1e9);
                 continue;
             }
@@ -319,9 +342,10 @@ int main(int argc, char **argv)
              * ceiling (the issue's "measured read bandwidth") */
             const double own = ceiling > 0.0 ? floor_ms * BW_READ / ceiling
                                              : 0.0;
-            EMIT("| decode | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | "
-                 "%.3f | %.2f | %.0f | %.2f |\n", B, C, d, h, smp[0], smp[1],
-                 d, floor_ms, floor_ms / d, B / (d * 1e-3), own / d);
+            EMIT("| decode%s | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | "
+                 "%.3f | %.2f | %.0f | %.2f |\n", tag, B, C, d, h, smp[0],
+                 smp[1], d, floor_ms, floor_ms / d, B / (d * 1e-3),
+                 own / d);
 #ifdef BT_KPROF
             /* the per-block phases of the last step's last layer */
             printf("KPROF batch %d ctx %d\n", B, C);
@@ -333,8 +357,8 @@ int main(int argc, char **argv)
         }
     }
 
-    EMIT("\n| prefill | tokens | | TTFT ms | | | | | floor ms | floor/TTFT | "
-         "tok/s | |\n");
+    EMIT("\n| prefill%s | tokens | | TTFT ms | | | | | floor ms | floor/TTFT | "
+         "tok/s | |\n", tag);
     EMIT("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
          "---: | ---: | |\n");
     for (int pi = 0; pi < np; pi++) {
@@ -365,8 +389,11 @@ int main(int argc, char **argv)
                        4.0 * mc->n_layers * mc->n_heads * mc->head_dim *
                            (double)P * (P + 1) / 2;
         double floor_ms = flops / BF16_RATE * 1e3;
-        EMIT("| prefill | %d | | %.2f | | | | | %.2f | %.2f | %.0f | |\n", P,
-             ms, floor_ms, floor_ms / ms, P / (ms * 1e-3));
+        if (fp8) /* the linears at the fp8 rate */
+            floor_ms = (2.0 * lin_params * P / FP8_RATE +
+                        (flops - 2.0 * lin_params * P) / BF16_RATE) * 1e3;
+        EMIT("| prefill%s | %d | | %.2f | | | | | %.2f | %.2f | %.0f | |\n",
+             tag, P, ms, floor_ms, floor_ms / ms, P / (ms * 1e-3));
         free(tables);
         free(toks);
     }

@@ -8,7 +8,8 @@
 set -u
 # the tests, in order (`--list` prints them: make gpu-carry packs these)
 tests="test_embed test_rmsnorm test_swiglu test_rope_kv test_sample test_topk
-       test_sample_dist test_cuda_sample test_gemm test_attn test_cuda_model"
+       test_sample_dist test_cuda_sample test_gemm test_attn test_cuda_fp8
+       test_cuda_model"
 if [ "${1:-}" = --list ]; then echo $tests; exit 0; fi
 build=${1:-build-cuda}
 out=${OUT:-/tmp/baton-gpu-test}
@@ -41,7 +42,7 @@ done
   echo "| --- | --- | ---: | ---: | ---: |"
   printf "$rows"
 } > "$table"
-grep -E '^(PASS|FAIL|INFO) (golden|bf16|f32|cpu|synth)' "$log" >> "$table"
+grep -E '^(PASS|FAIL|INFO) (golden|bf16|f32|cpu|synth|fp8 top-1)' "$log" >> "$table"
 echo
 cat "$table"
 [ $fails -eq 0 ]

@@ -65,6 +65,7 @@
 #include "kernels/attn_prefill.h"
 #include "kernels/convert.h"
 #include "kernels/embed.h"
+#include "kernels/fp8.h"
 #include "kernels/gemv.h"
 #include "kernels/kv_copy.h"
 #include "kernels/rmsnorm.h"
@@ -89,10 +90,25 @@
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
+#define CUDA_FP8_ACC_TOK 2048     /* fp8: tokens of one cuBLASLt FP8 call */
+
+/* Precision fp8: the four GEMMs of a layer (the fused ones as one). */
+enum { CUDA_F8_QKV = 0, CUDA_F8_O, CUDA_F8_GU, CUDA_F8_DOWN, CUDA_F8_N };
+
+/* One linear in precision fp8 (kernels/fp8.h): E4M3 codes, rows padded
+ * to cuda_fp8_ld(n_in) bytes, and a scale per output row. */
+typedef struct {
+    uint8_t *d_w;      /* (n_out, cuda_fp8_ld(n_in)) */
+    float *d_ws;       /* (n_out) */
+    float in_scale;    /* static input scale, 0: per token */
+} cuda_fp8_lin_t;
 
 /* Device copy of one layer's weights (activation dtype), one rank's
- * shard (nh, nkv, hid: the rank's heads and feed-forward rows). */
+ * shard (nh, nkv, hid: the rank's heads and feed-forward rows).  In
+ * precision fp8 the four linears are in f8[] instead (d_wqkv, d_wo,
+ * d_wgu and d_wdown NULL), in the same row order. */
 typedef struct {
+    cuda_fp8_lin_t f8[CUDA_F8_N];
     void *d_wqkv;      /* ((nh + 2 nkv) hd, dim) q rows, k rows, v rows */
     void *d_bqkv;      /* ((nh + 2 nkv) hd) or NULL */
     void *d_wo;        /* (dim, nh hd) */
@@ -197,16 +213,23 @@ typedef struct {
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
 
     float *d_x;               /* (max_tok, dim) residual stream */
-    void *d_xn;               /* (max_tok, dim) normed */
+    void *d_xn;               /* (max_tok, dim) normed (not in fp8) */
     void *d_qkv;              /* (max_tok, qkv_dim) */
     void *d_q;                /* (max_tok, q_dim) rotated q */
     void *d_att;              /* (max_tok, q_dim) attention out */
     void *d_gu;               /* (max_tok, 2 hid) */
-    void *d_h;                /* (max_tok, hid) */
+    void *d_h;                /* (max_tok, hid) (not in fp8) */
     void *d_xr;               /* (row_cap, dim) normed logits rows */
     float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
     float *d_hidden;          /* (hid_cap, dim), rank 0 only */
     float *d_ws;              /* split-K partials */
+    /* precision fp8: a GEMM input quantized (kernels/fp8.h) and the f32
+     * sums of the cuBLASLt FP8 GEMM */
+    uint8_t *d_xq;            /* (max_tok, ld max) codes */
+    void *d_xv;               /* (max_tok, ld max) their values, bf16 */
+    float *d_xs;              /* (max_tok) input scales */
+    float *d_acc;             /* acc_floats */
+    size_t acc_floats;
 
     int *d_meta;              /* b->meta_cap ints */
     uint8_t *d_mask;          /* b->mask_cap bytes */
@@ -233,6 +256,7 @@ struct cuda_backend_s {
     model_config_t mc;
     backend_config_t cfg;
     cuda_dtype_t dt;          /* activations, weights, KV */
+    bool fp8;                 /* precision fp8: E4M3 linears (dt bf16) */
     int tp;                   /* ranks (1 without TP) */
     /* Per-rank sizes (the whole model when tp == 1): */
     int nh;                   /* query heads */
@@ -345,12 +369,13 @@ static bool cuda_same_tensor(const model_t *model, const model_tensor_t *a,
            model_synth_tensor(model, b, &sb) && sa.id == sb.id;
 }
 
-/* Puts the rank's slice of `t` into d_dst in the backend's dtype:
- * generated on the device for synthesized models, else copied (through
- * d_stage, 2D when the slice is a column range) and converted. */
-static bt_status_t cuda_put_tensor(cuda_rank_t *r, const model_t *model,
-                                   const model_tensor_t *t, model_part_t part,
-                                   void *d_stage, void *d_dst)
+/* Puts the rank's slice of `t` into d_dst in dtype dt: generated on the
+ * device for synthesized models, else copied (through d_stage, 2D when
+ * the slice is a column range) and converted. */
+static bt_status_t cuda_put_tensor_as(cuda_rank_t *r, const model_t *model,
+                                      const model_tensor_t *t,
+                                      model_part_t part, void *d_stage,
+                                      void *d_dst, cuda_dtype_t dt)
 {
     cuda_backend_t *b = r->b;
     model_slice_t s = model_shard_slice(&r->sh, &b->mc, t, part);
@@ -370,7 +395,7 @@ static bt_status_t cuda_put_tensor(cuda_rank_t *r, const model_t *model,
         a.col0 = s.col0;
         a.rows = s.rows;
         a.cols = s.cols;
-        return cuda_synth_fill(&a, d_dst, b->dt, r->stream);
+        return cuda_synth_fill(&a, d_dst, dt, r->stream);
     }
     if (t->data == NULL)
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
@@ -389,13 +414,124 @@ static bt_status_t cuda_put_tensor(cuda_rank_t *r, const model_t *model,
     if (status != BT_OK)
         return status;
     return cuda_convert(d_stage, (cuda_src_dtype_t)t->dtype,
-                        (size_t)(s.rows * s.cols), d_dst, b->dt, r->stream);
+                        (size_t)(s.rows * s.cols), d_dst, dt, r->stream);
 }
 
-/* Allocates and fills one layer's fused weights (the rank's shard). */
+/* cuda_put_tensor_as in the backend's dtype. */
+static bt_status_t cuda_put_tensor(cuda_rank_t *r, const model_t *model,
+                                   const model_tensor_t *t, model_part_t part,
+                                   void *d_stage, void *d_dst)
+{
+    return cuda_put_tensor_as(r, model, t, part, d_stage, d_dst, r->b->dt);
+}
+
+/* Precision fp8: rows [row0, row0 + rows of t) of the fused linear f
+ * (rows of ld bytes): the checkpoint's E4M3 codes and scales when it has
+ * them (a per-tensor scale broadcast to the rows), else t in f32 (through
+ * d_f32) quantized on the device per row (absmax / 448) -- both exactly
+ * what the cpu's precision fp8 holds (cpu_backend.c cpu_fp8_row). */
+static bt_status_t cuda_put_fp8(cuda_rank_t *r, const model_t *model,
+                                const model_tensor_t *t,
+                                const model_fp8_t *f8, model_part_t part,
+                                void *d_stage, float *d_f32,
+                                const cuda_fp8_lin_t *f, int row0, int ld)
+{
+    const int rows = (int)t->rows, cols = (int)t->cols;
+    uint8_t *d_w = f->d_w + (size_t)row0 * ld;
+    float *h_ws;
+    bt_status_t status;
+
+    if (f8->codes == NULL) {
+        status = cuda_put_tensor_as(r, model, t, part, d_stage, d_f32,
+                                    CUDA_DT_F32);
+        if (status != BT_OK)
+            return status;
+        return cuda_fp8_quant_weight(d_f32, rows, cols, ld, d_w,
+                                     f->d_ws + row0, r->stream);
+    }
+    if (f8->n_w_scale != 1 && f8->n_w_scale != rows)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                        "an FP8 weight of %d rows has %lld scales", rows,
+                        (long long)f8->n_w_scale);
+    h_ws = bt_malloc(sizeof(float) * (size_t)rows, "fp8_scales");
+    if (h_ws == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int i = 0; i < rows; i++)
+        h_ws[i] = f8->w_scale[f8->n_w_scale == 1 ? 0 : i];
+    status = BT_CUDA_STATUS(cudaMemcpy2DAsync(
+        d_w, (size_t)ld, f8->codes, (size_t)cols, (size_t)cols,
+        (size_t)rows, cudaMemcpyHostToDevice, r->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(
+            f->d_ws + row0, h_ws, sizeof(float) * (size_t)rows,
+            cudaMemcpyHostToDevice, r->stream));
+    /* h_ws is pageable and freed now: the copies must be done */
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+    bt_free(h_ws);
+    return status;
+}
+
+/* fp8: the static input scale of a GEMM fed by linears [first, first +
+ * n) of the layer (one input, one scale: the largest), 0 (per token)
+ * unless every part has one -- cpu_backend.c's cpu_fp8_in_scale. */
+static float cuda_fp8_in_scale(const model_layer_t *ml, int first, int n)
+{
+    float s = 0.0f;
+
+    for (int i = first; i < first + n; i++) {
+        if (ml->fp8[i].codes == NULL || ml->fp8[i].input_scale == 0.0f)
+            return 0.0f;
+        s = fmaxf(s, ml->fp8[i].input_scale);
+    }
+    return s;
+}
+
+/* fp8: one fused linear of n_out rows and n_in columns from its parts
+ * (linears [first, first + n_parts) of the layer, stacked in order). */
+static bt_status_t cuda_layer_load_fp8(cuda_rank_t *r, const model_t *model,
+                                       const model_layer_t *ml, int first,
+                                       int n_parts, const model_part_t *parts,
+                                       int n_in, void *d_stage, float *d_f32,
+                                       cuda_fp8_lin_t *f)
+{
+    const int ld = cuda_fp8_ld(n_in);
+    int n_out = 0, row = 0;
+    bt_status_t status;
+
+    for (int p = 0; p < n_parts; p++)
+        n_out += (int)model_layer_linear(ml, (model_linear_t)(first + p))
+                     ->rows;
+    status = cuda__dev_malloc((void **)&f->d_w, (size_t)n_out * ld,
+                              "w_fp8");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&f->d_ws,
+                                  sizeof(float) * (size_t)n_out, "w_fp8_scale");
+    if (status == BT_OK) /* the padding columns stay zero */
+        status = BT_CUDA_STATUS(cudaMemsetAsync(f->d_w, 0,
+                                                (size_t)n_out * ld,
+                                                r->stream));
+    for (int p = 0; p < n_parts && status == BT_OK; p++) {
+        const model_linear_t which = (model_linear_t)(first + p);
+        const model_tensor_t *t = model_layer_linear(ml, which);
+
+        if ((int)t->cols != n_in)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                            "linear %d has %lld columns, not %d", (int)which,
+                            (long long)t->cols, n_in);
+        status = cuda_put_fp8(r, model, t, &ml->fp8[which], parts[p],
+                              d_stage, d_f32, f, row, ld);
+        row += (int)t->rows;
+    }
+    f->in_scale = cuda_fp8_in_scale(ml, first, n_parts);
+    return status;
+}
+
+/* Allocates and fills one layer's fused weights (the rank's shard);
+ * d_f32: fp8's f32 staging of one linear (NULL otherwise). */
 static bt_status_t cuda_layer_load(cuda_rank_t *r, const model_t *model,
                                    const model_layer_t *ml, void *d_stage,
-                                   cuda_layer_t *cl)
+                                   float *d_f32, cuda_layer_t *cl)
 {
     cuda_backend_t *b = r->b;
     size_t es = cuda_dtype_size(b->dt);
@@ -415,12 +551,43 @@ static bt_status_t cuda_layer_load(cuda_rank_t *r, const model_t *model,
             return status;                                                  \
     } while (0)
 
-    CUDA_ALLOC(cl->d_wqkv, (size_t)b->qkv_dim * dim, "w_qkv");
-    CUDA_UP(&ml->wq, MODEL_PART_WQ, cl->d_wqkv);
-    CUDA_UP(&ml->wk, MODEL_PART_WK,
-            (char *)cl->d_wqkv + (size_t)b->q_dim * dim * es);
-    CUDA_UP(&ml->wv, MODEL_PART_WV,
-            (char *)cl->d_wqkv + (size_t)(b->q_dim + b->kv_dim) * dim * es);
+    if (b->fp8) {
+        static const model_part_t qkv[] = {MODEL_PART_WQ, MODEL_PART_WK,
+                                           MODEL_PART_WV};
+        static const model_part_t gu[] = {MODEL_PART_GATE, MODEL_PART_UP};
+        static const model_part_t o[] = {MODEL_PART_WO};
+        static const model_part_t down[] = {MODEL_PART_DOWN};
+
+        if ((status = cuda_layer_load_fp8(r, model, ml, MODEL_LIN_Q, 3, qkv,
+                                          (int)dim, d_stage, d_f32,
+                                          &cl->f8[CUDA_F8_QKV])) ||
+            (status = cuda_layer_load_fp8(r, model, ml, MODEL_LIN_O, 1, o,
+                                          b->q_dim, d_stage, d_f32,
+                                          &cl->f8[CUDA_F8_O])) ||
+            (status = cuda_layer_load_fp8(r, model, ml, MODEL_LIN_GATE, 2,
+                                          gu, (int)dim, d_stage, d_f32,
+                                          &cl->f8[CUDA_F8_GU])) ||
+            (status = cuda_layer_load_fp8(r, model, ml, MODEL_LIN_DOWN, 1,
+                                          down, (int)hid, d_stage, d_f32,
+                                          &cl->f8[CUDA_F8_DOWN])))
+            return status;
+    } else {
+        CUDA_ALLOC(cl->d_wqkv, (size_t)b->qkv_dim * dim, "w_qkv");
+        CUDA_UP(&ml->wq, MODEL_PART_WQ, cl->d_wqkv);
+        CUDA_UP(&ml->wk, MODEL_PART_WK,
+                (char *)cl->d_wqkv + (size_t)b->q_dim * dim * es);
+        CUDA_UP(&ml->wv, MODEL_PART_WV,
+                (char *)cl->d_wqkv +
+                    (size_t)(b->q_dim + b->kv_dim) * dim * es);
+        CUDA_ALLOC(cl->d_wo, dim * b->q_dim, "w_o");
+        CUDA_UP(&ml->wo, MODEL_PART_WO, cl->d_wo);
+        CUDA_ALLOC(cl->d_wgu, 2 * hid * dim, "w_gate_up");
+        CUDA_UP(&ml->w_gate, MODEL_PART_GATE, cl->d_wgu);
+        CUDA_UP(&ml->w_up, MODEL_PART_UP,
+                (char *)cl->d_wgu + hid * dim * es);
+        CUDA_ALLOC(cl->d_wdown, dim * hid, "w_down");
+        CUDA_UP(&ml->w_down, MODEL_PART_DOWN, cl->d_wdown);
+    }
     if (b->mc.qkv_bias && (ml->bq.data != NULL || model_is_lazy(model))) {
         CUDA_ALLOC(cl->d_bqkv, b->qkv_dim, "b_qkv");
         CUDA_UP(&ml->bq, MODEL_PART_BQ, cl->d_bqkv);
@@ -429,13 +596,6 @@ static bt_status_t cuda_layer_load(cuda_rank_t *r, const model_t *model,
         CUDA_UP(&ml->bv, MODEL_PART_BV,
                 (char *)cl->d_bqkv + (size_t)(b->q_dim + b->kv_dim) * es);
     }
-    CUDA_ALLOC(cl->d_wo, dim * b->q_dim, "w_o");
-    CUDA_UP(&ml->wo, MODEL_PART_WO, cl->d_wo);
-    CUDA_ALLOC(cl->d_wgu, 2 * hid * dim, "w_gate_up");
-    CUDA_UP(&ml->w_gate, MODEL_PART_GATE, cl->d_wgu);
-    CUDA_UP(&ml->w_up, MODEL_PART_UP, (char *)cl->d_wgu + hid * dim * es);
-    CUDA_ALLOC(cl->d_wdown, dim * hid, "w_down");
-    CUDA_UP(&ml->w_down, MODEL_PART_DOWN, cl->d_wdown);
     CUDA_ALLOC(cl->d_attn_norm, dim, "attn_norm");
     CUDA_UP(&ml->attn_norm, MODEL_PART_WHOLE, cl->d_attn_norm);
     CUDA_ALLOC(cl->d_ffn_norm, dim, "ffn_norm");
@@ -447,6 +607,10 @@ static bt_status_t cuda_layer_load(cuda_rank_t *r, const model_t *model,
 
 static void cuda_layer_free(cuda_layer_t *cl)
 {
+    for (int i = 0; i < CUDA_F8_N; i++) {
+        cuda__dev_free((void **)&cl->f8[i].d_w);
+        cuda__dev_free((void **)&cl->f8[i].d_ws);
+    }
     cuda__dev_free(&cl->d_wqkv);
     cuda__dev_free(&cl->d_bqkv);
     cuda__dev_free(&cl->d_wo);
@@ -465,6 +629,7 @@ static bt_status_t cuda_weights_load(cuda_rank_t *r, const model_t *model)
     size_t es = cuda_dtype_size(b->dt);
     size_t stage_bytes = 0;
     void *d_stage = NULL;
+    float *d_f32 = NULL;
     model_slice_t s;
     bt_status_t status;
 
@@ -496,6 +661,17 @@ static bt_status_t cuda_weights_load(cuda_rank_t *r, const model_t *model)
     status = cuda__dev_malloc(&d_stage, stage_bytes, "weight_stage");
     if (status != BT_OK)
         return status;
+    /* fp8: the largest linear in f32, quantized from there (tp 1: whole
+     * tensors) */
+    if (b->fp8) {
+        status = cuda__dev_malloc(
+            (void **)&d_f32,
+            sizeof(float) * (size_t)BT_MAX(BT_MAX(b->q_dim, b->kv_dim),
+                                           b->hid) * b->mc.dim,
+            "weight_stage_f32");
+        if (status != BT_OK)
+            goto out;
+    }
 
     r->layers = bt_calloc(b->mc.n_layers, sizeof(*r->layers), "cuda_layers");
     if (r->layers == NULL) {
@@ -536,12 +712,15 @@ static bt_status_t cuda_weights_load(cuda_rank_t *r, const model_t *model)
         goto out;
     for (int l = 0; l < b->mc.n_layers; l++) {
         status = cuda_layer_load(r, model, model_layer(model, l), d_stage,
-                                 &r->layers[l]);
+                                 d_f32, &r->layers[l]);
         if (status != BT_OK)
             goto out;
     }
     status = BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
 out:
+    if (status != BT_OK) /* in-flight conversions still read the stages */
+        (void)cudaStreamSynchronize(r->stream);
+    cuda__dev_free((void **)&d_f32);
     cuda__dev_free(&d_stage);
     return status;
 }
@@ -681,7 +860,9 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (b->tp == 1)
         BT_LOG_INFO("CUDA", "weights: %zu MiB on device (%s)",
                     cuda__dev_live_bytes() >> 20,
-                    b->dt == CUDA_DT_F32 ? "f32" : "bf16");
+                    b->dt == CUDA_DT_F32 ? "f32"
+                    : b->fp8             ? "fp8 e4m3 linears, bf16 rest"
+                                         : "bf16");
 
     {
         float *inv = bt_malloc(sizeof(float) * (hd / 2), "inv_freq");
@@ -708,17 +889,43 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
             return status;                                                  \
     } while (0)
     CUDA_ACT(r->d_x, (size_t)b->max_tok * b->mc.dim * 4, "act_x");
-    CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
+    /* (fp8 makes the normed and SwiGLU rows inside its input
+     * quantization: no d_xn, no d_h) */
+    if (!b->fp8)
+        CUDA_ACT(r->d_xn, (size_t)b->max_tok * b->mc.dim * es, "act_xn");
     CUDA_ACT(r->d_qkv, (size_t)b->max_tok * b->qkv_dim * es, "act_qkv");
     CUDA_ACT(r->d_q, (size_t)b->max_tok * b->q_dim * es, "act_q");
     CUDA_ACT(r->d_att, (size_t)b->max_tok * b->q_dim * es, "act_att");
     CUDA_ACT(r->d_gu, (size_t)b->max_tok * 2 * b->hid * es, "act_gate_up");
-    CUDA_ACT(r->d_h, (size_t)b->max_tok * b->hid * es, "act_h");
+    if (!b->fp8)
+        CUDA_ACT(r->d_h, (size_t)b->max_tok * b->hid * es, "act_h");
     CUDA_ACT(r->d_xr, (size_t)b->row_cap * b->mc.dim * es, "act_rows");
     CUDA_ACT(r->d_logits, (size_t)b->row_cap * r->sh.n_vocab * 4, "logits");
     if (rank == 0)
         CUDA_ACT(r->d_hidden, (size_t)b->hid_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
+    if (b->fp8) {
+        /* a GEMM input of up to max_tok rows of the widest K, and f32
+         * sums of up to CUDA_FP8_ACC_TOK rows of the widest product (a
+         * longer chunk is done in pieces: worker_gemm_fp8) */
+        size_t ld = (size_t)cuda_fp8_ld(BT_MAX(BT_MAX(b->mc.dim, b->q_dim),
+                                               b->hid));
+        size_t ldd = (size_t)cuda_fp8_ld(BT_MAX(BT_MAX(b->qkv_dim,
+                                                       2 * b->hid),
+                                                b->mc.dim));
+
+        /* (cuBLASLt's FP8 calls read token counts rounded up to 16) */
+        size_t tok16 = (size_t)BT_DIV_UP(b->max_tok, 16) * 16;
+
+        r->acc_floats = BT_MIN(tok16, (size_t)CUDA_FP8_ACC_TOK) * ldd;
+        CUDA_ACT(r->d_xq, tok16 * ld, "act_fp8_codes");
+        status = BT_CUDA_STATUS(cudaMemset(r->d_xq, 0, tok16 * ld));
+        if (status != BT_OK)
+            return status;
+        CUDA_ACT(r->d_xv, (size_t)b->max_tok * ld * 2, "act_fp8_values");
+        CUDA_ACT(r->d_xs, (size_t)b->max_tok * 4, "act_fp8_scales");
+        CUDA_ACT(r->d_acc, r->acc_floats * 4, "act_fp8_sums");
+    }
 #undef CUDA_ACT
 
     for (int i = 0; i < 2; i++) {
@@ -1118,7 +1325,16 @@ static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
     b->tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
     b->dt = cfg->precision == BACKEND_PRECISION_F32 ? CUDA_DT_F32
                                                      : CUDA_DT_BF16;
+    b->fp8 = cfg->precision == BACKEND_PRECISION_FP8;
     hd = b->mc.head_dim;
+    if (b->fp8 && (b->tp > 1 || cfg->kv_dtype == BACKEND_KV_DTYPE_FP8)) {
+        bt_free(b);
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "precision fp8 runs on one GPU with a bf16 KV "
+                        "cache for now (tensor parallelism %d, --kv-dtype "
+                        "%s)", b->tp > 1 ? b->tp : 1,
+                        backend_kv_dtype_name(cfg->kv_dtype));
+    }
     if (!cuda_attn_head_dim_ok(hd) ||
         b->mc.n_heads % b->mc.n_kv_heads != 0) {
         bt_free(b);
@@ -1296,6 +1512,10 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_logits);
     cuda__dev_free((void **)&r->d_hidden);
     cuda__dev_free((void **)&r->d_ws);
+    cuda__dev_free((void **)&r->d_xq);
+    cuda__dev_free(&r->d_xv);
+    cuda__dev_free((void **)&r->d_xs);
+    cuda__dev_free((void **)&r->d_acc);
     cuda__dev_free(&r->d_k);
     cuda__dev_free(&r->d_v);
     cuda__dev_free((void **)&r->d_inv_freq);
@@ -1458,19 +1678,69 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
+/* What feeds an fp8 linear: the bf16 rows d_in themselves, the RMSNorm
+ * of the f32 rows d_in with weights g, or the SwiGLU of the gate|up rows
+ * d_in (kernels/fp8.h: made and quantized in one kernel). */
+typedef enum {
+    CUDA_F8_IN_ROWS = 0,
+    CUDA_F8_IN_NORM,
+    CUDA_F8_IN_GLU
+} cuda_f8_in_t;
+
+/* Precision fp8: out (nt, n_out) [+]= in (nt, n_in) . f^T, the input
+ * made and quantized (into the form the product reads) then
+ * worker_gemm_fp8. */
+static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_f8_in_t in,
+                                   const void *d_in, const void *d_g,
+                                   int n_in, const cuda_fp8_lin_t *f,
+                                   int n_out, void *d_out,
+                                   cuda_dtype_t out_dt, bool accumulate)
+{
+    const int ld = cuda_fp8_ld(n_in);
+    const bool gemv = worker_gemm_fp8_gemv(r->gemm, nt, n_out, ld,
+                                           r->acc_floats);
+    const worker_gemm_fp8_t a = { r->d_xq, r->d_xv, r->d_xs, f->d_w,
+                                  f->d_ws, r->d_acc, r->acc_floats };
+    uint8_t *d_q = gemv ? NULL : r->d_xq;
+    void *d_v = gemv ? r->d_xv : NULL;
+    bt_status_t status;
+
+    if (in == CUDA_F8_IN_NORM)
+        status = cuda_fp8_norm_quant(d_in, d_g, r->b->mc.rms_eps, nt, n_in,
+                                     ld, f->in_scale, d_q, d_v, r->d_xs,
+                                     r->stream);
+    else if (in == CUDA_F8_IN_GLU)
+        status = cuda_fp8_glu_quant(d_in, nt, n_in, ld, f->in_scale, d_q,
+                                    d_v, r->d_xs, r->stream);
+    else
+        status = cuda_fp8_quant_act(d_in, r->b->dt, nt, n_in, ld,
+                                    f->in_scale, d_q, d_v, r->d_xs,
+                                    r->stream);
+    if (status != BT_OK)
+        return status;
+    return worker_gemm_fp8(r->gemm, nt, n_out, ld, &a, d_out, out_dt,
+                           accumulate, r->stream);
+}
+
 /* out (nt, n_out) = rmsnorm(x) . w^T for the layer's input norm g: one
  * kernel (the norm inside the GEMV) when fuse_norm, else the norm into
- * d_xn and worker_gemm.  BT_PROFILE_SKIP=norm leaves the norm out. */
+ * d_xn and worker_gemm; fp8: the fp8 linear f8 instead of w, the norm
+ * made inside its input quantization.
+ * BT_PROFILE_SKIP=norm leaves the norm out. */
 static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
                                           bool fuse_norm, const void *d_g,
-                                          const void *d_w, int n_out,
-                                          void *d_out)
+                                          const void *d_w,
+                                          const cuda_fp8_lin_t *f8,
+                                          int n_out, void *d_out)
 {
     const cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
     const bool norm = !(b->skip & CUDA_SKIP_NORM);
     bt_status_t status;
 
+    if (b->fp8) /* the norm inside the input quantization */
+        return cuda_fp8_linear(r, nt, CUDA_F8_IN_NORM, r->d_x, d_g, mc->dim,
+                               f8, n_out, d_out, b->dt, false);
     if (fuse_norm && norm)
         return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
                               d_w, d_out, b->dt, r->stream);
@@ -1488,16 +1758,22 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
  * in (nt, n_in) . w^T, rank 0 accumulating into x and the other ranks
  * writing their partial there, then (tensor parallelism) the all-reduce
  * of x over the ranks.  skip (BT_PROFILE_SKIP): no product, the
- * all-reduce still runs. */
+ * all-reduce still runs.  fp8: f8 instead of w, fed by f8_in (the
+ * SwiGLU of d_in for the down projection). */
 static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
                                               const void *d_in, int n_in,
-                                              const void *d_w, bool skip)
+                                              const void *d_w,
+                                              const cuda_fp8_lin_t *f8,
+                                              cuda_f8_in_t f8_in, bool skip)
 {
     const cuda_backend_t *b = r->b;
     const int dim = b->mc.dim;
     bt_status_t status = BT_OK;
 
-    if (!skip)
+    if (!skip && b->fp8) /* one rank (fp8 refuses tp > 1): accumulate */
+        status = cuda_fp8_linear(r, nt, f8_in, d_in, NULL, n_in, f8, dim,
+                                 r->d_x, CUDA_DT_F32, true);
+    else if (!skip)
         status = worker_gemm(r->gemm, nt, dim, n_in, d_in, d_w, b->dt,
                              r->d_x, CUDA_DT_F32, r->rank == 0, r->stream);
     if (status == BT_OK && b->tp > 1)
@@ -1572,7 +1848,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     /* Steps of up to CUDA_FUSE_NORM_MAX_TOK tokens in bf16 whose GEMMs
      * may take the GEMV kernels: RMSNorm inside the rows GEMV that
      * consumes it (one kernel less per norm; BT_GEMV_NORM=0: off). */
-    const bool fuse_norm = b->dt == CUDA_DT_BF16 &&
+    const bool fuse_norm = b->dt == CUDA_DT_BF16 && !b->fp8 &&
                            nt <= CUDA_FUSE_NORM_MAX_TOK &&
                            worker_gemm_gemv_enabled(r->gemm) &&
                            cuda_gemv_norm_ok(nt, mc->dim);
@@ -1592,6 +1868,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                      ? BT_OK
                      : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                               w->d_attn_norm, w->d_wqkv,
+                                              &w->f8[CUDA_F8_QKV],
                                               b->qkv_dim, r->d_qkv);
         if (status != BT_OK)
             return status;
@@ -1626,7 +1903,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                 return status;
         }
         status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
-                                            w->d_wo, b->skip & CUDA_SKIP_O);
+                                            w->d_wo, &w->f8[CUDA_F8_O],
+                                            CUDA_F8_IN_ROWS,
+                                            b->skip & CUDA_SKIP_O);
         if (status != BT_OK)
             return status;
         if (fuse_glu) {
@@ -1638,15 +1917,20 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                          ? BT_OK
                          : cuda_enqueue_norm_gemm(r, nt, fuse_norm,
                                                   w->d_ffn_norm, w->d_wgu,
+                                                  &w->f8[CUDA_F8_GU],
                                                   2 * b->hid, r->d_gu);
-            if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU))
+            /* (fp8: the SwiGLU is made inside the down projection's
+             * input quantization) */
+            if (status == BT_OK && !(b->skip & CUDA_SKIP_SWIGLU) && !b->fp8)
                 status = cuda_swiglu(r->d_gu, nt, b->hid, r->d_h, b->dt,
                                      r->stream);
         }
         if (status != BT_OK)
             return status;
-        status = cuda_enqueue_residual_gemm(r, nt, r->d_h, b->hid,
-                                            w->d_wdown,
+        status = cuda_enqueue_residual_gemm(r, nt, b->fp8 ? r->d_gu : r->d_h,
+                                            b->hid, w->d_wdown,
+                                            &w->f8[CUDA_F8_DOWN],
+                                            CUDA_F8_IN_GLU,
                                             b->skip & CUDA_SKIP_DOWN);
         if (status != BT_OK)
             return status;

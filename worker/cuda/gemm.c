@@ -64,6 +64,7 @@
 #include "bt_util.h"
 #include "cuda_switches.h"
 #include "gemm_cache.h"
+#include "kernels/fp8.h"
 #include "kernels/gemv.h"
 
 #define GEMM_MAX_PLANS 256
@@ -90,6 +91,11 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_FLUSH_BYTES (128u << 20) /* > L2 (50 MB on H100/H200) */
 #define GEMM_CHOICE_LT 100      /* choice >= this: cuBLASLt algo (c - 100) */
 #define GEMM_LEAD_DEFAULT 1     /* skinny candidates timed behind a lead */
+/* The input dtype of an FP8 plan (worker_gemm_fp8): E4M3 A and B, f32 D
+ * with rows padded to 16 floats; never a cuda_dtype_t of the kernels. */
+#define GEMM_DT_E4M3 ((cuda_dtype_t)0x38)
+#define GEMM_FP8_BAD_MAX 64
+#define GEMM_FP8_TOK_ALIGN 16   /* FP8 plans' token counts: multiples */
 
 /* One planned shape. */
 typedef struct {
@@ -142,6 +148,9 @@ struct worker_gemm_ctx_s {
     gemm_cache_entry_t *cached;    /* (GEMM_MAX_TUNED) */
     int n_cached;
     int cache_hits;                /* families installed from the file */
+    /* FP8 shapes cuBLASLt has no algorithm for (asked once each) */
+    int fp8_bad[GEMM_FP8_BAD_MAX][3];
+    int n_fp8_bad;
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -265,7 +274,21 @@ void worker_gemm_ctx_destroy(worker_gemm_ctx_t **ctx_p)
 
 static cudaDataType_t gemm_cuda_type(cuda_dtype_t dt)
 {
+    if (dt == GEMM_DT_E4M3)
+        return CUDA_R_8F_E4M3;
     return dt == CUDA_DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+
+static const char *gemm_dt_name(cuda_dtype_t dt)
+{
+    return dt == GEMM_DT_E4M3 ? "e4m3" : dt == CUDA_DT_F32 ? "f32" : "bf16";
+}
+
+/* Leading dimension of a plan's D: FP8 plans write f32 sums with rows
+ * of whole 16-byte groups (cuBLASLt's FP8 kernels want aligned ones). */
+static int gemm_ldd(const gemm_plan_t *p)
+{
+    return p->in_dt == GEMM_DT_E4M3 ? cuda_fp8_ld(p->n_out) : p->n_out;
 }
 
 /* The heuristic's first n_req algorithms for plan p's descriptors (at
@@ -324,7 +347,7 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
     if (status != BT_OK)
         goto err;
     status = gemm_check(cublasLtMatrixLayoutCreate(
-        &p->d, gemm_cuda_type(p->out_dt), p->n_out, p->n_tok, p->n_out),
+        &p->d, gemm_cuda_type(p->out_dt), p->n_out, p->n_tok, gemm_ldd(p)),
         "layout D");
     if (status != BT_OK)
         goto err;
@@ -335,8 +358,7 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         status = BT_ERROR(BT_ERR_CUDA, "CUDA",
                           "cuBLASLt has no algorithm for %d x %d x %d "
                           "(in %s, out %s)", p->n_tok, p->n_out, p->n_in,
-                          p->in_dt == CUDA_DT_F32 ? "f32" : "bf16",
-                          p->out_dt == CUDA_DT_F32 ? "f32" : "bf16");
+                          gemm_dt_name(p->in_dt), gemm_dt_name(p->out_dt));
         goto err;
     }
     p->algo = res.algo;
@@ -1535,4 +1557,143 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (status != BT_OK)
         return status;
     return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_y, accumulate, stream);
+}
+
+// ---------------------------------------------------------------------
+// FP8 (precision fp8, kernels/fp8.h)
+//
+// Up to CUDA_GEMV_FP8_MAX_TOK tokens: the FP8 GEMV (the weights read once
+// at the bandwidth limit).  More: cuBLASLt's FP8 GEMM (E4M3 A and B in
+// the "TN" layout Hopper's FP8 kernels require -- A = w transposed, as
+// every plan here -- f32 compute, no fast accumulation, scale pointers
+// left at 1) into f32 sums in the caller's scratch, then one epilogue
+// kernel multiplies by the token's and the row's scale and writes y
+// (bf16 products, or the f32 residual += ...): the per-row weight scales
+// and per-token input scales are not expressible as cuBLASLt's scalar
+// scales.  Tokens go through in chunks of as many rows as the scratch
+// holds, each planned with its token count rounded up to 16 (the FP8
+// kernels' alignment; the extra input rows are whatever d_xq holds there,
+// and their output columns are never read: a column of the product
+// depends on its own input row only).  A shape cuBLASLt has no FP8
+// algorithm for (odd sizes of the tiny models) takes the GEMV in groups
+// of CUDA_GEMV_FP8_MAX_TOK tokens, with one WARN.  Not tuned: one
+// heuristic plan per shape, cached like the bf16 ones (the bf16 families
+// and their cache file are untouched).
+
+/* Tokens per cuBLASLt call: what the scratch holds in whole groups of
+ * GEMM_FP8_TOK_ALIGN, at most n_tok (0: not even one group). */
+static int gemm_fp8_chunk(int n_tok, int n_out, size_t acc_floats)
+{
+    size_t rows = acc_floats / (size_t)cuda_fp8_ld(n_out) /
+                  GEMM_FP8_TOK_ALIGN * GEMM_FP8_TOK_ALIGN;
+
+    return (int)BT_MIN(rows, (size_t)n_tok);
+}
+
+/* The token count a chunk of n tokens is planned with. */
+static int gemm_fp8_plan_tok(int n)
+{
+    return (n + GEMM_FP8_TOK_ALIGN - 1) / GEMM_FP8_TOK_ALIGN *
+           GEMM_FP8_TOK_ALIGN;
+}
+
+/* The cuBLASLt FP8 plan of n_tok x n_out x ld, or NULL when cuBLASLt
+ * has none (logged once per shape, then remembered; the error is
+ * cleared: the caller falls back). */
+static gemm_plan_t *gemm_fp8_plan(worker_gemm_ctx_t *ctx, int n_tok,
+                                  int n_out, int ld)
+{
+    gemm_plan_t *p = NULL;
+
+    for (int i = 0; i < ctx->n_fp8_bad; i++)
+        if (ctx->fp8_bad[i][0] == n_tok && ctx->fp8_bad[i][1] == n_out &&
+            ctx->fp8_bad[i][2] == ld)
+            return NULL;
+    if (gemm_plan_find(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, CUDA_DT_F32,
+                       false, &p) != BT_OK) {
+        bt_error_clear();
+        (void)cudaGetLastError();
+        if (ctx->n_fp8_bad < GEMM_FP8_BAD_MAX) {
+            ctx->fp8_bad[ctx->n_fp8_bad][0] = n_tok;
+            ctx->fp8_bad[ctx->n_fp8_bad][1] = n_out;
+            ctx->fp8_bad[ctx->n_fp8_bad][2] = ld;
+            ctx->n_fp8_bad++;
+        }
+        return NULL;
+    }
+    return p;
+}
+
+bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                          int ld, size_t acc_floats)
+{
+    int chunk = gemm_fp8_chunk(n_tok, n_out, acc_floats);
+
+    if (n_tok <= CUDA_GEMV_FP8_MAX_TOK || chunk < 1)
+        return true;
+    if (gemm_fp8_plan(ctx, gemm_fp8_plan_tok(chunk), n_out, ld) == NULL ||
+        (n_tok % chunk != 0 &&
+         gemm_fp8_plan(ctx, gemm_fp8_plan_tok(n_tok % chunk), n_out,
+                       ld) == NULL)) {
+        static bool warned;
+
+        if (!warned)
+            BT_LOG_WARN("CUDA", "cuBLASLt has no FP8 algorithm for %d x %d "
+                        "x %d: the FP8 GEMV takes it (slower)", n_tok, n_out,
+                        ld);
+        warned = true;
+        return true;
+    }
+    return false;
+}
+
+bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                            int ld, const worker_gemm_fp8_t *a, void *d_y,
+                            cuda_dtype_t out_dt, bool accumulate,
+                            cudaStream_t stream)
+{
+    const size_t es = cuda_dtype_size(out_dt);
+    const int ldd = cuda_fp8_ld(n_out);
+    const float one = 1.0f, zero = 0.0f;
+    bt_status_t status = BT_OK;
+    int chunk;
+
+    BT_ASSERT(n_tok >= 0 && n_out > 0 && ld > 0 && ld % 16 == 0);
+    if (n_tok == 0)
+        return BT_OK;
+    if (worker_gemm_fp8_gemv(ctx, n_tok, n_out, ld, a->acc_floats)) {
+        for (int t0 = 0; t0 < n_tok && status == BT_OK;
+             t0 += CUDA_GEMV_FP8_MAX_TOK) {
+            int n = BT_MIN(CUDA_GEMV_FP8_MAX_TOK, n_tok - t0);
+
+            status = cuda_gemv_fp8(
+                n, n_out, ld, (const char *)a->d_xv + (size_t)t0 * ld * 2,
+                a->d_xs + t0, a->d_wq, a->d_ws,
+                (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
+                stream);
+        }
+        return status;
+    }
+    chunk = gemm_fp8_chunk(n_tok, n_out, a->acc_floats);
+    for (int t0 = 0; t0 < n_tok && status == BT_OK; t0 += chunk) {
+        int n = BT_MIN(chunk, n_tok - t0);
+        gemm_plan_t *p = gemm_fp8_plan(ctx, gemm_fp8_plan_tok(n), n_out, ld);
+
+        if (p == NULL)  /* planned by worker_gemm_fp8_gemv above */
+            return BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 plan %d x %d x %d "
+                            "lost", n, n_out, ld);
+        status = gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
+                                           p->a,
+                                           a->d_xq + (size_t)t0 * ld, p->b,
+                                           &zero, a->d_acc, p->d, a->d_acc,
+                                           p->d, &p->algo, ctx->d_ws,
+                                           ctx->ws_bytes, stream),
+                            "fp8 matmul");
+        if (status == BT_OK)
+            status = cuda_fp8_scale_out(
+                a->d_acc, ldd, a->d_xs + t0, a->d_ws, n, n_out,
+                (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
+                stream);
+    }
+    return status;
 }

@@ -1,0 +1,579 @@
+/*
+ * test_cuda_fp8.c - the CUDA FP8 kernels (worker/cuda/kernels/fp8.h,
+ * worker_gemm_fp8 in gemm.h) against the cpu backend's FP8 reference
+ * (worker/cpu/cpu_fp8.c), op by op (needs a GPU; run by `make gpu-test`
+ * and tests/gpu/run_gpu_fp8.sh, never by ctest):
+ *   1. weight quantization on the device (per row, absmax / 448) gives
+ *      the cpu's codes and scales bit for bit;
+ *   2. GEMM-input quantization (static per-tensor scale or dynamic per
+ *      token) gives cpu__fp8_quant_rows' codes and scales bit for bit;
+ *   3. the product (FP8 GEMV up to 8 tokens, cuBLASLt FP8 GEMM + scaling
+ *      epilogue beyond) against cpu__fp8_gemm_ref on the same codes:
+ *      relative error < 5e-2 (DEVICE.md's fp8 bound; f32 sums of exact
+ *      products leave ~1e-3, the bf16 output's rounding), with per-channel
+ *      and per-tensor weight scales, static and dynamic input scales, bf16
+ *      output and the f32 residual's +=, on Llama-3-8B's shapes (q|k|v
+ *      6144 x 4096, o 4096 x 4096, gate|up 28672 x 4096, down 4096 x
+ *      14336) and the tiny models' (dim 64, hidden 172: padded rows), 1-8
+ *      tokens (GEMV) and 9-2048 (GEMM).  The reference is computed on a
+ *      sample of up to 32 tokens x 256 rows of each product.
+ *   4. the fused producers: cuda_fp8_glu_quant gives exactly cuda_swiglu
+ *      then cuda_fp8_quant_act (same elementwise arithmetic);
+ *      cuda_fp8_norm_quant the same as cuda_rmsnorm then
+ *      cuda_fp8_quant_act up to the norm's sum order (dequantized
+ *      relative difference < 1e-2, the differing codes counted).
+ * INFO lines time the 8B shapes (L2 flushed before each run): GB/s of
+ * weights for the GEMV, TFLOP/s for the GEMM.
+ * Prints one PASS/FAIL line per check; exits non-zero on any failure.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "bt_fp8.h"
+#include "bt_test.h"
+#include "cpu/cpu_int.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels/fp8.h"
+#include "cuda/kernels/gemv.h"
+#include "cuda/kernels/rmsnorm.h"
+#include "cuda/kernels/swiglu.h"
+
+#define REF_TOK 32     /* tokens of a product checked against the cpu */
+#define REF_ROWS 256   /* rows of it */
+#define REL_MAX 5e-2
+#define FLUSH_BYTES ((size_t)256 << 20)
+
+static int g_fail;
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+
+#define CK(_e)                                                              \
+    do {                                                                    \
+        cudaError_t _err = (_e);                                            \
+        if (_err != cudaSuccess) {                                          \
+            printf("FAIL cuda %s: %s\n", #_e, cudaGetErrorString(_err));    \
+            exit(1);                                                        \
+        }                                                                   \
+    } while (0)
+
+static float frand(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+static uint16_t bf16_of(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float f32_of_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One weight shape on the device, quantized one way. */
+typedef struct {
+    int n_out, n_in, ld;
+    bool per_tensor;
+    uint8_t *h_q;      /* (n_out, n_in) the cpu's codes */
+    float *h_ws;       /* (n_out); per tensor: all equal */
+    uint8_t *d_q;      /* (n_out, ld) */
+    float *d_ws;
+} wt_t;
+
+/* Quantizes w (n_out, n_in) as the cpu does (cpu_backend.c cpu_fp8_row;
+ * per tensor: one absmax / 448 for all rows, as a checkpoint has). */
+static void host_quant_w(const float *w, wt_t *q)
+{
+    float gmax = 0.0f;
+
+    if (q->per_tensor)
+        for (size_t i = 0; i < (size_t)q->n_out * q->n_in; i++)
+            gmax = fmaxf(gmax, fabsf(w[i]));
+    for (int r = 0; r < q->n_out; r++) {
+        const float *wr = w + (size_t)r * q->n_in;
+        float amax = 0.0f, s, inv;
+
+        for (int i = 0; i < q->n_in; i++)
+            amax = fmaxf(amax, fabsf(wr[i]));
+        s = bt_fp8_scale(q->per_tensor ? gmax : amax);
+        inv = 1.0f / s;
+        for (int i = 0; i < q->n_in; i++)
+            q->h_q[(size_t)r * q->n_in + i] = bt_f32_to_e4m3(wr[i] * inv);
+        q->h_ws[r] = s;
+    }
+}
+
+/* Weights of the shape with rows of different magnitudes (so per-row
+ * scales matter); per channel: quantized on the device and checked
+ * against the host's codes (check 1); per tensor: the host's codes
+ * uploaded, as a checkpoint's are. */
+static void wt_make(wt_t *q, int n_out, int n_in, bool per_tensor,
+                    const char *name)
+{
+    size_t n = (size_t)n_out * n_in;
+    float *w = malloc(sizeof(float) * n);
+    uint8_t *back;
+    float *ws_back;
+    long bad = 0;
+
+    memset(q, 0, sizeof(*q));
+    q->n_out = n_out;
+    q->n_in = n_in;
+    q->ld = cuda_fp8_ld(n_in);
+    q->per_tensor = per_tensor;
+    q->h_q = malloc(n);
+    q->h_ws = malloc(sizeof(float) * n_out);
+    for (int r = 0; r < n_out; r++) {
+        float mag = 0.02f * (1.0f + (float)(r % 13));
+        for (int i = 0; i < n_in; i++)
+            w[(size_t)r * n_in + i] = frand() * mag;
+    }
+    host_quant_w(w, q);
+    CK(cudaMalloc((void **)&q->d_q, (size_t)n_out * q->ld));
+    CK(cudaMalloc((void **)&q->d_ws, sizeof(float) * n_out));
+    CK(cudaMemset(q->d_q, 0xFF, (size_t)n_out * q->ld)); /* padding too */
+    if (per_tensor) {
+        CK(cudaMemset(q->d_q, 0, (size_t)n_out * q->ld));
+        CK(cudaMemcpy2D(q->d_q, q->ld, q->h_q, n_in, n_in, n_out,
+                        cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(q->d_ws, q->h_ws, sizeof(float) * n_out,
+                      cudaMemcpyHostToDevice));
+        free(w);
+        return;
+    }
+    {
+        float *d_w;
+
+        CK(cudaMalloc((void **)&d_w, sizeof(float) * n));
+        CK(cudaMemcpy(d_w, w, sizeof(float) * n, cudaMemcpyHostToDevice));
+        BT_ASSERT_OK(cuda_fp8_quant_weight(d_w, n_out, n_in, q->ld, q->d_q,
+                                           q->d_ws, NULL));
+        CK(cudaDeviceSynchronize());
+        CK(cudaFree(d_w));
+    }
+    back = malloc((size_t)n_out * q->ld);
+    ws_back = malloc(sizeof(float) * n_out);
+    CK(cudaMemcpy(back, q->d_q, (size_t)n_out * q->ld,
+                  cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ws_back, q->d_ws, sizeof(float) * n_out,
+                  cudaMemcpyDeviceToHost));
+    for (int r = 0; r < n_out; r++) {
+        bad += ws_back[r] != q->h_ws[r];
+        for (int i = 0; i < q->ld; i++)
+            bad += back[(size_t)r * q->ld + i] !=
+                   (i < n_in ? q->h_q[(size_t)r * n_in + i] : 0);
+    }
+    printf("%s fp8 weight quantization %s %d x %d: %ld of %zu codes and "
+           "scales differ from the cpu's\n", bad ? "FAIL" : "PASS", name,
+           n_out, n_in, bad, (size_t)n_out * q->ld + n_out);
+    g_fail += bad != 0;
+    free(back);
+    free(ws_back);
+    free(w);
+}
+
+static void wt_free(wt_t *q)
+{
+    cudaFree(q->d_q);
+    cudaFree(q->d_ws);
+    free(q->h_q);
+    free(q->h_ws);
+}
+
+/* Device buffers shared by the runs (sized for the largest). */
+typedef struct {
+    worker_gemm_ctx_t *ctx;
+    void *d_x;        /* bf16 inputs */
+    uint8_t *d_xq;
+    void *d_xv;
+    float *d_xs;
+    void *d_y;
+    float *d_acc;
+    size_t acc_floats;
+    void *d_flush;
+} bufs_t;
+
+/* Median time (us) of reps runs of worker_gemm_fp8, L2 flushed before
+ * each. */
+static float time_gemm(bufs_t *b, const wt_t *q, int n_tok,
+                       const worker_gemm_fp8_t *a, cuda_dtype_t out_dt,
+                       bool acc)
+{
+    enum { REPS = 9 };
+    float t[REPS];
+    cudaEvent_t e0, e1;
+
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < REPS; i++) {
+        BT_ASSERT_OK(cuda_l2_flush(b->d_flush, FLUSH_BYTES, NULL));
+        CK(cudaEventRecord(e0, NULL));
+        BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, q->n_out, q->ld, a,
+                                     b->d_y, out_dt, acc, NULL));
+        CK(cudaEventRecord(e1, NULL));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    for (int i = 1; i < REPS; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return t[REPS / 2] * 1000.0f;
+}
+
+/* One product: n_tok inputs quantized on the device (check 2), the
+ * product (check 3), optionally timed. */
+static void run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
+                bool static_act, bool acc, bool timed)
+{
+    const int n_in = q->n_in, ld = q->ld, n_out = q->n_out;
+    const cuda_dtype_t out_dt = acc ? CUDA_DT_F32 : CUDA_DT_BF16;
+    const size_t oes = acc ? 4 : 2;
+    size_t nx = (size_t)n_tok * n_in;
+    uint16_t *hx = malloc(2 * nx);
+    float *xf = malloc(sizeof(float) * nx), *xqf = malloc(sizeof(float) * nx);
+    float *xs = malloc(sizeof(float) * n_tok), *xs_d = malloc(4 * n_tok);
+    uint8_t *xq_d = malloc((size_t)n_tok * ld);
+    uint16_t *xv_d = malloc((size_t)n_tok * ld * 2);
+    float *y0 = NULL;
+    void *y = malloc((size_t)n_tok * n_out * oes);
+    float in_scale = 0.0f, gmax = 0.0f;
+    long qbad = 0;
+    bool gemv;
+    worker_gemm_fp8_t a;
+    char what[192];
+
+    snprintf(what, sizeof(what), "%s %d x %d, %s weights, %s inputs, %d "
+             "tokens, %s", name, n_out, n_in,
+             q->per_tensor ? "per-tensor" : "per-channel",
+             static_act ? "static" : "dynamic", n_tok,
+             acc ? "f32 +=" : "bf16 out");
+    for (int t = 0; t < n_tok; t++) {
+        float mag = 0.5f + 0.25f * (float)(t % 9);
+        for (int i = 0; i < n_in; i++) {
+            size_t k = (size_t)t * n_in + i;
+            /* an outlier column or two, as real activations have */
+            float v = frand() * mag * (i % 97 == 3 ? 8.0f : 1.0f);
+            hx[k] = bf16_of(v);
+            xf[k] = f32_of_bf16(hx[k]);
+            gmax = fmaxf(gmax, fabsf(xf[k]));
+        }
+    }
+    if (static_act) /* a calibrated scale a little under the absmax */
+        in_scale = 0.8f * gmax / 448.0f;
+    CK(cudaMemcpy(b->d_x, hx, 2 * nx, cudaMemcpyHostToDevice));
+    BT_ASSERT_OK(cuda_fp8_quant_act(b->d_x, CUDA_DT_BF16, n_tok, n_in, ld,
+                                    in_scale, b->d_xq, b->d_xv, b->d_xs,
+                                    NULL));
+    CK(cudaDeviceSynchronize());
+    cpu__fp8_quant_rows(xqf, xs, xf, n_in, n_tok, n_in, in_scale);
+    CK(cudaMemcpy(xq_d, b->d_xq, (size_t)n_tok * ld, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(xv_d, b->d_xv, (size_t)n_tok * ld * 2,
+                  cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(xs_d, b->d_xs, 4 * n_tok, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < n_tok; t++) {
+        qbad += xs_d[t] != xs[t];
+        for (int i = 0; i < ld; i++) {
+            uint8_t c = xq_d[(size_t)t * ld + i];
+            float want = i < n_in ? xqf[(size_t)t * n_in + i] : 0.0f;
+            qbad += bt_e4m3_to_f32(c) != want || (i >= n_in && c != 0);
+            qbad += f32_of_bf16(xv_d[(size_t)t * ld + i]) != want;
+        }
+    }
+    if (qbad || n_tok == 1 || n_tok == 2048) {
+        printf("%s fp8 input quantization %s: %ld of %d codes, values and "
+               "scales differ from cpu__fp8_quant_rows\n",
+               qbad ? "FAIL" : "PASS", what, qbad, n_tok * (2 * ld + 1));
+        g_fail += qbad != 0;
+    }
+
+    if (acc) {
+        float *h0 = malloc(sizeof(float) * (size_t)n_tok * n_out);
+        for (size_t i = 0; i < (size_t)n_tok * n_out; i++)
+            h0[i] = frand();
+        CK(cudaMemcpy(b->d_y, h0, sizeof(float) * (size_t)n_tok * n_out,
+                      cudaMemcpyHostToDevice));
+        y0 = h0;
+    }
+    a = (worker_gemm_fp8_t){ b->d_xq, b->d_xv, b->d_xs, q->d_q, q->d_ws,
+                             b->d_acc, b->acc_floats };
+    gemv = worker_gemm_fp8_gemv(b->ctx, n_tok, n_out, ld, b->acc_floats);
+    BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, n_out, ld, &a, b->d_y,
+                                 out_dt, acc, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(y, b->d_y, (size_t)n_tok * n_out * oes,
+                  cudaMemcpyDeviceToHost));
+
+    /* the reference on a sample of tokens and rows */
+    {
+        int nt = n_tok < REF_TOK ? n_tok : REF_TOK;
+        int nr = n_out < REF_ROWS ? n_out : REF_ROWS;
+        int *ti = malloc(sizeof(int) * nt), *ri = malloc(sizeof(int) * nr);
+        uint8_t *sxq = malloc((size_t)nt * n_in);
+        uint8_t *swq = malloc((size_t)nr * n_in);
+        float *sxs = malloc(sizeof(float) * nt), *sws = malloc(4 * nr);
+        float *ref = malloc(sizeof(float) * (size_t)nt * nr);
+        double num = 0.0, den = 0.0;
+        long nonfinite = 0;
+
+        for (int i = 0; i < nt; i++) {
+            ti[i] = (int)((long)i * (n_tok - 1) / (nt > 1 ? nt - 1 : 1));
+            sxs[i] = xs[ti[i]];
+            for (int j = 0; j < n_in; j++)
+                sxq[(size_t)i * n_in + j] =
+                    bt_f32_to_e4m3(xqf[(size_t)ti[i] * n_in + j]);
+        }
+        for (int i = 0; i < nr; i++) {
+            ri[i] = (int)((long)i * (n_out - 1) / (nr > 1 ? nr - 1 : 1));
+            sws[i] = q->h_ws[ri[i]];
+            memcpy(swq + (size_t)i * n_in, q->h_q + (size_t)ri[i] * n_in,
+                   (size_t)n_in);
+        }
+        cpu__fp8_gemm_ref(ref, sxq, sxs, swq, sws,
+                          q->per_tensor ? 1 : nr, nt, n_in, nr);
+        for (int i = 0; i < nt; i++)
+            for (int j = 0; j < nr; j++) {
+                size_t k = (size_t)ti[i] * n_out + ri[j];
+                double g = acc ? (double)((float *)y)[k] - (double)y0[k]
+                               : (double)f32_of_bf16(((uint16_t *)y)[k]);
+                double r = ref[(size_t)i * nr + j];
+
+                if (!isfinite(g))
+                    nonfinite++;
+                num += (g - r) * (g - r);
+                den += r * r;
+            }
+        {
+            double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+            bool ok = rel < REL_MAX && nonfinite == 0;
+
+            printf("%s fp8 %s %s: relative error %.2e vs cpu__fp8_gemm_ref "
+                   "(%d tokens x %d rows checked)\n", ok ? "PASS" : "FAIL",
+                   gemv ? "gemv" : "cublaslt", what, rel, nt, nr);
+            g_fail += !ok;
+        }
+        free(ti);
+        free(ri);
+        free(sxq);
+        free(swq);
+        free(sxs);
+        free(sws);
+        free(ref);
+    }
+    if (timed) {
+        float us = time_gemm(b, q, n_tok, &a, out_dt, acc);
+        double bytes = (double)n_out * ld + (double)n_tok * ld * 2.0;
+        double flops = 2.0 * n_tok * (double)n_out * n_in;
+
+        printf("INFO fp8 time %s %s: %.1f us, %.0f GB/s of weights and "
+               "inputs, %.1f TFLOP/s\n", gemv ? "gemv" : "cublaslt", what,
+               us, bytes / us * 1e-3, flops / us * 1e-6);
+    }
+    free(hx);
+    free(xf);
+    free(xqf);
+    free(xs);
+    free(xs_d);
+    free(xq_d);
+    free(xv_d);
+    free(y0);
+    free(y);
+}
+
+/* Quantizes n_tok rows of k through the fused producer (glu: SwiGLU of
+ * (n_tok, 2k) bf16 gate|up rows; else RMSNorm of (n_tok, k) f32 rows)
+ * and through the unfused kernels, and compares (check 4). */
+static void fused_one(bufs_t *b, bool glu, int n_tok, int k, bool st)
+{
+    const int ld = cuda_fp8_ld(k);
+    const size_t nin = (size_t)n_tok * k * (glu ? 2 : 1);
+    const float eps = 1e-5f, in_scale = st ? 0.01f : 0.0f;
+    uint8_t *qa = malloc((size_t)n_tok * ld), *qb = malloc((size_t)n_tok * ld);
+    float *sa = malloc(4 * n_tok), *sb = malloc(4 * n_tok);
+    void *d_in, *d_mid, *d_g = NULL;
+    long diff = 0;
+    double num = 0.0, den = 0.0, rel;
+    bool ok;
+
+    CK(cudaMalloc(&d_in, nin * 4));
+    CK(cudaMalloc(&d_mid, (size_t)n_tok * k * 2));
+    if (glu) {
+        uint16_t *h = malloc(nin * 2);
+        for (size_t i = 0; i < nin; i++)
+            h[i] = bf16_of(3.0f * frand());
+        CK(cudaMemcpy(d_in, h, nin * 2, cudaMemcpyHostToDevice));
+        free(h);
+        BT_ASSERT_OK(cuda_swiglu(d_in, n_tok, k, d_mid, CUDA_DT_BF16, NULL));
+    } else {
+        float *h = malloc(nin * 4);
+        uint16_t *g = malloc((size_t)k * 2);
+        for (size_t i = 0; i < nin; i++)
+            h[i] = 2.0f * frand() * (i % 61 == 7 ? 10.0f : 1.0f);
+        for (int i = 0; i < k; i++)
+            g[i] = bf16_of(1.0f + 0.5f * frand());
+        CK(cudaMalloc(&d_g, (size_t)k * 2));
+        CK(cudaMemcpy(d_in, h, nin * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_g, g, (size_t)k * 2, cudaMemcpyHostToDevice));
+        free(h);
+        free(g);
+        BT_ASSERT_OK(cuda_rmsnorm(d_in, NULL, d_g, NULL, n_tok, k, eps,
+                                  d_mid, CUDA_DT_BF16, NULL));
+    }
+    BT_ASSERT_OK(cuda_fp8_quant_act(d_mid, CUDA_DT_BF16, n_tok, k, ld,
+                                    in_scale, b->d_xq, NULL, b->d_xs, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(qa, b->d_xq, (size_t)n_tok * ld, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sa, b->d_xs, 4 * n_tok, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(b->d_xq, 0xFF, (size_t)n_tok * ld));
+    if (glu)
+        BT_ASSERT_OK(cuda_fp8_glu_quant(d_in, n_tok, k, ld, in_scale,
+                                        b->d_xq, NULL, b->d_xs, NULL));
+    else
+        BT_ASSERT_OK(cuda_fp8_norm_quant(d_in, d_g, eps, n_tok, k, ld,
+                                         in_scale, b->d_xq, NULL, b->d_xs,
+                                         NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(qb, b->d_xq, (size_t)n_tok * ld, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sb, b->d_xs, 4 * n_tok, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < ld; i++) {
+            uint8_t ca = qa[(size_t)t * ld + i], cb = qb[(size_t)t * ld + i];
+            double va = (double)bt_e4m3_to_f32(ca) * sa[t];
+            double vb = (double)bt_e4m3_to_f32(cb) * sb[t];
+
+            diff += ca != cb || (i == 0 && sa[t] != sb[t]);
+            num += (va - vb) * (va - vb);
+            den += va * va;
+        }
+    rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+    ok = glu ? diff == 0 : rel < 1e-2 && isfinite(rel);
+    printf("%s fp8 fused %s + quantization, %d tokens x %d, %s: %ld codes "
+           "or scales differ from the unfused kernels, relative %.2e\n",
+           ok ? "PASS" : "FAIL", glu ? "SwiGLU" : "RMSNorm", n_tok, k,
+           st ? "static" : "dynamic", diff, rel);
+    g_fail += !ok;
+    cudaFree(d_in);
+    cudaFree(d_mid);
+    cudaFree(d_g);
+    free(qa);
+    free(qb);
+    free(sa);
+    free(sb);
+}
+
+typedef struct {
+    const char *name;
+    int n_out, n_in;
+    bool acc;            /* the residual projections (o, down) */
+    bool big;            /* 8B shapes: timed, fewer mode combinations */
+} shape_t;
+
+int main(void)
+{
+    static const shape_t shapes[] = {
+        { "8b qkv", 6144, 4096, false, true },
+        { "8b o", 4096, 4096, true, true },
+        { "8b gate_up", 28672, 4096, false, true },
+        { "8b down", 4096, 14336, true, true },
+        { "tiny qkv", 128, 64, false, false },
+        { "tiny o", 64, 64, true, false },
+        { "tiny gate_up", 344, 64, false, false },
+        { "tiny down", 64, 172, true, false },
+    };
+    static const int toks_all[] = { 1, 2, 3, 4, 5, 8, 9, 16, 64, 512, 2048 };
+    static const int toks_modes[] = { 1, 8, 2048 };
+    static const int toks_tiny[] = { 1, 2, 5, 8, 9, 37, 128 };
+    const int max_tok = 2048, max_ld = 14336, max_out = 28672;
+    bufs_t b;
+    int dev_n = 0;
+
+    if (cudaGetDeviceCount(&dev_n) != cudaSuccess || dev_n == 0) {
+        printf("FAIL no CUDA device\n");
+        return 1;
+    }
+    memset(&b, 0, sizeof(b));
+    BT_ASSERT_OK(worker_gemm_ctx_create(32u << 20, &b.ctx));
+    CK(cudaMalloc(&b.d_x, (size_t)max_tok * max_ld * 2));
+    CK(cudaMalloc((void **)&b.d_xq, (size_t)max_tok * max_ld));
+    CK(cudaMalloc(&b.d_xv, (size_t)max_tok * max_ld * 2));
+    CK(cudaMalloc((void **)&b.d_xs, sizeof(float) * max_tok));
+    CK(cudaMalloc(&b.d_y, (size_t)max_tok * max_out * 4));
+    /* 1024 tokens of the widest product: 2048 goes in two pieces */
+    b.acc_floats = (size_t)1024 * max_out;
+    CK(cudaMalloc((void **)&b.d_acc, sizeof(float) * b.acc_floats));
+    CK(cudaMalloc(&b.d_flush, FLUSH_BYTES));
+    CK(cudaMemset(b.d_flush, 0, FLUSH_BYTES));
+
+    {
+        static const int fk[][2] = { {1, 4096}, {8, 4096}, {64, 4096},
+                                     {512, 4096}, {3, 64}, {37, 64} };
+        static const int gk[][2] = { {1, 14336}, {8, 14336}, {512, 14336},
+                                     {3, 172}, {37, 172} };
+
+        for (size_t i = 0; i < sizeof(fk) / sizeof(fk[0]); i++)
+            for (int st = 0; st < 2; st++)
+                fused_one(&b, false, fk[i][0], fk[i][1], st == 1);
+        for (size_t i = 0; i < sizeof(gk) / sizeof(gk[0]); i++)
+            for (int st = 0; st < 2; st++)
+                fused_one(&b, true, gk[i][0], gk[i][1], st == 1);
+    }
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        const shape_t *sh = &shapes[s];
+
+        for (int pt = 0; pt < 2; pt++) {
+            wt_t q;
+
+            wt_make(&q, sh->n_out, sh->n_in, pt == 1, sh->name);
+            for (int st = 0; st < 2; st++) {
+                const int *toks = !sh->big ? toks_tiny
+                                  : pt == 0 && st == 0 ? toks_all
+                                                       : toks_modes;
+                int n = !sh->big ? (int)(sizeof(toks_tiny) / sizeof(int))
+                        : pt == 0 && st == 0
+                            ? (int)(sizeof(toks_all) / sizeof(int))
+                            : (int)(sizeof(toks_modes) / sizeof(int));
+
+                for (int i = 0; i < n; i++)
+                    run(&b, &q, sh->name, toks[i], st == 1, sh->acc,
+                        sh->big && pt == 0 && st == 0 &&
+                            (toks[i] == 1 || toks[i] == 8 ||
+                             toks[i] >= 64));
+            }
+            /* the other output kind once: bf16 out for the residual
+             * shapes, f32 += for the others */
+            run(&b, &q, sh->name, 4, false, !sh->acc, false);
+            run(&b, &q, sh->name, sh->big ? 512 : 37, false, !sh->acc,
+                false);
+            wt_free(&q);
+        }
+    }
+    cudaFree(b.d_flush);
+    cudaFree(b.d_acc);
+    cudaFree(b.d_y);
+    cudaFree(b.d_xs);
+    cudaFree(b.d_xv);
+    cudaFree(b.d_xq);
+    cudaFree(b.d_x);
+    worker_gemm_ctx_destroy(&b.ctx);
+    printf("test_cuda_fp8: %s\n", g_fail ? "FAILED" : "all passed");
+    return g_fail ? 1 : 0;
+}

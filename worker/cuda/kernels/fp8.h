@@ -1,0 +1,99 @@
+/*
+ * fp8.h - the FP8 (OCP E4M3, common/bt_fp8.h) kernels of the cuda
+ * backend's precision fp8: quantizing weights and GEMM inputs
+ * (quant_fp8.cu), the scaled epilogue of the cuBLASLt FP8 GEMM
+ * (quant_fp8.cu) and the skinny FP8 GEMV of decode steps (gemv_fp8.cu).
+ *
+ * The GEMM they compute is the cpu reference's (worker/cpu/cpu_fp8.c,
+ * cpu__fp8_gemm_ref): y[t, n] = (sum_j xq[t, j] * wq[n, j]) * xs[t] * ws[n],
+ * xq and wq E4M3 values, the sum in float32, xs the input scale (static
+ * per tensor, or absmax / 448 of the row), ws the weight scale of output
+ * row n.  Quantization rounds exactly as the cpu does (bt_f32_to_e4m3 of
+ * x * (1 / s)), so the codes are the same bytes.
+ *
+ * E4M3 matrices are stored row-major with rows padded with zero codes to
+ * cuda_fp8_ld(k) bytes (a multiple of 16): every row starts 16-byte
+ * aligned for the GEMV's vector loads, and cuBLASLt's FP8 kernels want
+ * 16-byte aligned leading dimensions.  The zeros add nothing to a sum.
+ */
+#ifndef BT_WORKER_CUDA_KERNELS_FP8_H
+#define BT_WORKER_CUDA_KERNELS_FP8_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../cuda_int.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tokens the FP8 GEMV takes in one launch (decode steps of 1-8). */
+#define CUDA_GEMV_FP8_MAX_TOK 8
+
+/* Row stride in bytes (= codes) of an E4M3 matrix of k columns. */
+static inline int cuda_fp8_ld(int k)
+{
+    return (k + 15) & ~15;
+}
+
+/* Weights: the f32 rows d_w (rows, k) become E4M3 codes d_q (rows, ld,
+ * zero padded) with a scale per row, d_ws[r] = absmax / 448 of the row
+ * (bt_fp8_scale), the cpu's quantization of a bf16/f32 checkpoint. */
+bt_status_t cuda_fp8_quant_weight(const float *d_w, int rows, int k, int ld,
+                                  uint8_t *d_q, float *d_ws,
+                                  cudaStream_t stream);
+
+/* GEMM inputs: the rows of d_x (n_tok, k; bf16 or f32 as dt) quantized
+ * with in_scale (> 0: static per tensor) or per token (0: absmax / 448
+ * of the row), the scale of each row into d_xs (n_tok).  Writes the
+ * codes into d_q (n_tok, ld) when not NULL (the cuBLASLt path) and their
+ * values as bf16 (exact: every E4M3 value is a bf16) into d_xv (n_tok,
+ * ld) when not NULL (the GEMV path); the padding columns are zeros. */
+bt_status_t cuda_fp8_quant_act(const void *d_x, cuda_dtype_t dt, int n_tok,
+                               int k, int ld, float in_scale, uint8_t *d_q,
+                               void *d_xv, float *d_xs, cudaStream_t stream);
+
+/* cuda_fp8_quant_act of the bf16 rows an RMSNorm gives: bf16(g * (x *
+ * 1 / sqrtf(mean(x^2) + eps))) of the f32 residual rows d_x (n_tok, k)
+ * with the bf16 weights d_g, rmsnorm.cu's arithmetic (no add) -- the
+ * norm and the quantization in one kernel. */
+bt_status_t cuda_fp8_norm_quant(const float *d_x, const void *d_g, float eps,
+                                int n_tok, int k, int ld, float in_scale,
+                                uint8_t *d_q, void *d_xv, float *d_xs,
+                                cudaStream_t stream);
+
+/* cuda_fp8_quant_act of the rows a SwiGLU gives: bf16(silu(g) * u) of the
+ * bf16 gate|up rows d_gu (n_tok, 2 k), bit for bit cuda_swiglu's values
+ * -- the SwiGLU and the quantization in one kernel. */
+bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
+                               float in_scale, uint8_t *d_q, void *d_xv,
+                               float *d_xs, cudaStream_t stream);
+
+/* The epilogue of the cuBLASLt FP8 GEMM: y[t, n] (=, or += when
+ * accumulate) acc[t, n] * xs[t] * ws[n] for t < n_tok, n < n_out; acc
+ * f32 with ld_acc floats a row, y (n_tok, n_out) in out_dt. */
+bt_status_t cuda_fp8_scale_out(const float *d_acc, int ld_acc,
+                               const float *d_xs, const float *d_ws,
+                               int n_tok, int n_out, void *d_y,
+                               cuda_dtype_t out_dt, bool accumulate,
+                               cudaStream_t stream);
+
+/* True when cuda_gemv_fp8 takes the shape: 1 <= n_tok <=
+ * CUDA_GEMV_FP8_MAX_TOK, ld a positive multiple of 16. */
+bool cuda_gemv_fp8_ok(int n_tok, int ld);
+
+/* The FP8 GEMV: y (n_tok, n_out) [+]= (xv . wq^T) * xs[t] * ws[n], with
+ * d_xv (n_tok, ld) the bf16 values of the input codes
+ * (cuda_fp8_quant_act), d_wq (n_out, ld) E4M3 codes, f32 sums, y in
+ * out_dt.  One warp per output row streaming the row in 16-byte chunks,
+ * the structure of gemv.cu's rows kernel. */
+bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const void *d_xv,
+                          const float *d_xs, const uint8_t *d_wq,
+                          const float *d_ws, void *d_y, cuda_dtype_t out_dt,
+                          bool accumulate, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BT_WORKER_CUDA_KERNELS_FP8_H */
