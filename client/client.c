@@ -569,6 +569,7 @@ bt_status_t client_submit(client_t *client, const client_request_t *req,
     gen.has_tenant_weight = req->tenant_weight > 0;
     gen.tenant_weight = req->tenant_weight;
     gen.grammar = (char *)req->grammar;
+    gen.precision = (char *)req->precision;
     gen.has_cache_salt = req->cache_salt != NULL;
     gen.cache_salt.data = (uint8_t *)req->cache_salt;
     gen.cache_salt.len = req->cache_salt ? strlen(req->cache_salt) : 0;

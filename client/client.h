@@ -66,6 +66,11 @@ typedef struct {
     const char *cache_salt;    /* NULL: none */
     const char *grammar;       /* structured output "<kind>:<text>"
                                 * (GenerateRequest.grammar); NULL: none */
+    const char *precision;     /* precision class the workers must serve
+                                * it in: "f32", "bf16", "fp8"; NULL or "":
+                                * any (issue 37; the router refuses an
+                                * unknown class and a class no worker
+                                * registered) */
     /* Log-probabilities (issue 39; params.h): each TokenChunk then holds
      * logprobs (one per id), top_ids and top_logprobs (top_logprobs per
      * id, most likely first); the first chunk holds prompt_ids and
