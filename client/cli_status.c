@@ -1,7 +1,8 @@
 /*
  * cli_status.c - `baton status`: print a router's cluster status
- * (workers, roles, free KV blocks, KV transport of each pair), and with
- * --wait-workers P,D wait until the cluster can serve: at least P
+ * (workers, roles, precision pools, free KV blocks, KV transport of each
+ * pair), and with --wait-workers P,D wait until the cluster can serve: at
+ * least P
  * prefill-capable workers (prefill workers, or decode workers running
  * --role both) and D decode workers registered, draining ones not
  * counted.  The readiness check of deploy scripts (deploy/slurm).
@@ -33,9 +34,9 @@ static void status_usage(FILE *out)
 "usage: baton status --router tcp://HOST:PORT [--wait-workers P,D]\n"
 "                    [--timeout S] [--json]\n"
 "\n"
-"Prints the router's cluster status: workers (role, free/total KV blocks,\n"
-"running requests, host, GPU), queue, and the KV transport of every\n"
-"prefill/decode pair.\n"
+"Prints the router's cluster status: workers (role, precision class and\n"
+"KV dtype, free/total KV blocks, running requests, host, GPU), queue, the\n"
+"precision pools, and the KV transport of every prefill/decode pair.\n"
 "\n"
 "  --router EP            the router's client endpoint (env BATON_ROUTER)\n"
 "  --wait-workers P,D     wait until at least P prefill-capable workers\n"

@@ -8,8 +8,10 @@
  * holds the most of the prompt, against its load (router_policy_kv.c:
  * w_overlap * cached prompt tokens - w_load * outstanding tokens), for
  * prompts given as ids (the router does not tokenize); prefill workers
- * and text prompts as least-loaded.  Add a policy by adding a table
- * entry.
+ * and text prompts as least-loaded.  Every pick considers only the
+ * workers of the class it is given (router_pool.c: the request's
+ * precision, or the prefill worker's pool).  Add a policy by adding a
+ * table entry.
  */
 #include <limits.h>
 #include <stdio.h>
