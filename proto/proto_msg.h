@@ -67,8 +67,9 @@ bt_status_t proto_client_send_error(void *sock, const void *id,
 
 /* Checks the fields of a GenerateRequest that do not need the model and
  * are not the parameter contract's: the prompt, sizes of the stop lists
- * on the wire, tenant fields, the precision class.  Sampling and stop values are checked by
- * params/params_proto.h's params_from_generate (the one validator).
+ * on the wire, tenant fields, the precision class.  Sampling and stop
+ * values are checked by params/params_proto.h's params_from_generate
+ * (the one validator).
  * BT_ERR_INVALID_ARG with a reason in `err`. */
 bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
                                     char *err, size_t err_len);

@@ -7,7 +7,8 @@
  *      worker only, f32 likewise; a class nobody registered (bf16) fails
  *      within a second, NO_WORKERS, naming the registered classes; an
  *      unknown one (fp4) is INVALID naming the allowed ones; `baton
- *      status` shows the column and the pools line;
+ *      status` shows the column and the pools line; `baton bench` and
+ *      `baton generate --precision` reach the right worker;
  *   2. the "precision" extension field through baton-http: fp8 served
  *      by the fp8 worker, bf16 a 503 with the message, fp9 a 400;
  *   3. prefill/decode: a bf16 prefill worker, an fp8 prefill worker and
@@ -134,6 +135,20 @@ static void expect_refused(client_t *c, const char *precision, int code,
     proto_client_free(&m);
 }
 
+/* Runs a shell command; its exit status. */
+__attribute__((format(printf, 1, 2))) static int sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
 /* `baton status` prints a line containing each of the NULL-ended
  * strings (checked line by line: a column and a pools line). */
 static void status_shows(const char *listen, const char *const *want)
@@ -215,6 +230,24 @@ static void test_aggregated(void)
         };
         status_shows(listen, want);
     }
+
+    /* the CLI: baton bench and baton generate --precision */
+    s8 = served(c, "a8");
+    s32 = served(c, "a32");
+    BT_ASSERT_EQ(sh("%s/baton bench --router %s --requests 4 --concurrency 2 "
+                    "--prompt-len 8 --output-len 4 --precision fp8 "
+                    "--no-progress --json /dev/null >&2", BT_BIN_DIR,
+                    listen), 0);
+    BT_ASSERT_EQ(served(c, "a8"), s8 + 8);
+    BT_ASSERT_EQ(sh("%s/baton generate --router %s --prompt-ids '1 50 60' "
+                    "--max-tokens 4 --ids --precision f32 >&2", BT_BIN_DIR,
+                    listen), 0);
+    BT_ASSERT_EQ(served(c, "a32"), s32 + 2);
+    BT_CHECK(sh("%s/baton generate --router %s --prompt-ids '1 50 60' "
+                "--max-tokens 4 --precision bf16 2>&1 | grep -q \"no worker "
+                "serves precision 'bf16'\"", BT_BIN_DIR, listen) == 0);
+    BT_CHECK(sh("%s/baton generate --router %s --prompt-ids '1 50 60' "
+                "--precision fp16 2>/dev/null", BT_BIN_DIR, listen) != 0);
 
     fprintf(stderr, "2. the \"precision\" field through baton-http\n");
     s8 = served(c, "a8");
