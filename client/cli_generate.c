@@ -75,12 +75,12 @@ int cli_generate_main(int argc, char **argv)
         case 'i': print_ids = true; break;
         case 'S': stats = true; break;
         case 'X':
-            precision = proto_precision_find(optarg);
-            if (precision == NULL) {
+            if (proto_precision_find(optarg) == NULL) {
                 fprintf(stderr, "baton generate: --precision is one of %s, "
                                 "not '%s'\n", PROTO_PRECISIONS, optarg);
                 goto usage;
             }
+            precision = optarg;
             break;
         case 'P':
         case 'D':
@@ -129,7 +129,7 @@ int cli_generate_main(int argc, char **argv)
     req.priority = priority;
     req.deadline_ms = (uint32_t)deadline_ms;
     req.want_text = !print_ids;
-    req.precision = precision;
+    (void)client_request_set_precision(&req, precision); /* checked */
 
     status = client_create(router, &client);
     if (status != BT_OK)

@@ -326,6 +326,19 @@ static void check_connect_timeout(client_t *c, uint64_t now)
 // ---------------------------------------------------------------------------
 // Requests
 
+bt_status_t client_request_set_precision(client_request_t *req,
+                                         const char *precision)
+{
+    const char *cls = proto_precision_find(precision);
+
+    if (cls == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CLIENT", "precision '%s' is "
+                        "not a precision class (%s)", precision,
+                        PROTO_PRECISIONS);
+    req->precision = cls[0] != '\0' ? cls : NULL;
+    return BT_OK;
+}
+
 void client_request_init(client_request_t *req)
 {
     params_t p;

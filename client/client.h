@@ -90,6 +90,12 @@ void client_request_init(client_request_t *req);
  * (borrowed from req). */
 void client_request_set_params(client_request_t *req, const params_t *p);
 void client_request_params(const client_request_t *req, params_t *p);
+/* Asks for workers of precision class `precision` ("f32", "bf16",
+ * "fp8"; NULL or "": any), as req->precision (a static string, so the
+ * argument need not outlive req).  BT_ERR_INVALID_ARG for any other
+ * name, req unchanged. */
+bt_status_t client_request_set_precision(client_request_t *req,
+                                         const char *precision);
 
 typedef struct client_s client_t;
 

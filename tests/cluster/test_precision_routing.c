@@ -17,6 +17,7 @@
  *      waits (its class has a prefill worker, no decode) and is served
  *      as `baton run --precision bf16` once a bf16 decode worker joins.
  */
+#include "bt_error.h"
 #include "gateway/http_util.h"
 
 #define MODEL BT_SHARED_DIR "/models/aidreams260K.bin"
@@ -67,7 +68,10 @@ static uint64_t submit(client_t *c, const cu_golden_t *g,
     req.stop_ids = stop1;
     req.n_stop_ids = 1;
     req.want_text = false;
-    req.precision = precision;
+    if (client_request_set_precision(&req, precision) != BT_OK) {
+        bt_error_clear();
+        req.precision = precision; /* the router's check, not the setter's */
+    }
     BT_ASSERT_OK(client_submit(c, &req, &rid));
     return rid;
 }
