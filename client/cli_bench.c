@@ -137,6 +137,7 @@ typedef struct bench_s {
                                starts with (0: none) */
     int sessions;           /* --sessions: multi-turn sessions (0: none) */
     bool ignore_eos, progress;
+    const char *precision;  /* --precision: the class asked (NULL: any) */
     /* transports */
     client_t *client;
     cli_http_url_t url;
@@ -484,6 +485,7 @@ static void zmq_submit(bench_t *b, int i)
     req.max_tokens = r->olen;
     req.ignore_eos = b->ignore_eos;
     req.want_text = false;
+    req.precision = b->precision;
     if (client_submit(b->client, &req, &r->rid) != BT_OK) {
         req_fail(b, i, "submit", bt_error_last());
         return;
@@ -621,6 +623,9 @@ static bool http_body(bench_t *b, int i, size_t *len_p)
         cJSON_free(q);
         cJSON_Delete(s);
     }
+    if (b->precision != NULL) /* a class name: nothing to escape */
+        n += (size_t)snprintf(b->body + n, b->body_cap - n,
+                              "\"precision\":\"%s\",", b->precision);
     n += (size_t)snprintf(b->body + n, b->body_cap - n, "\"prompt\":[");
     for (int k = 0; k < r->plen; k++)
         n += (size_t)snprintf(b->body + n, b->body_cap - n, "%s%d",
@@ -1081,7 +1086,7 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
             "\"slo_ttft_ms\":%.3f,\"slo_tpot_ms\":%.3f,"
             "\"prompt_tokens\":%ld,\"output_tokens\":%ld,"
             "\"output_tokens_asked\":%ld,\"ignore_eos\":%s,"
-            "\"shared_prefix_len\":%d,\"sessions\":%d,",
+            "\"shared_prefix_len\":%d,\"sessions\":%d,\"precision\":\"%s\",",
             b->burstiness, b->conc, r->n, b->warmup, r->completed, r->failed,
             r->completed, r->failed, r->duration_s,
             r->completed / r->duration_s, r->out_tokens / r->duration_s,
@@ -1089,7 +1094,8 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
             (r->in_tokens + r->out_tokens) / r->duration_s,
             r->good / r->duration_s, r->good, b->slo_ttft, b->slo_tpot,
             r->in_tokens, r->out_tokens, r->out_asked,
-            b->ignore_eos ? "true" : "false", b->shared_len, b->sessions);
+            b->ignore_eos ? "true" : "false", b->shared_len, b->sessions,
+            b->precision != NULL ? b->precision : "");
     if (b->n_file > 0)
         fprintf(f, "\"lengths\":\"file\",");
     else if (b->plen_min == b->plen_max && b->olen_min == b->olen_max)
@@ -1338,6 +1344,9 @@ static void bench_usage(FILE *out)
 "                       tokens (histories grow; a turn's prompt is a\n"
 "                       prefix of the next)\n"
 "  --seed S             lengths, prompts and arrivals (default 1)\n"
+"  --precision CLASS    every request asks for workers of f32, bf16 or\n"
+"                       fp8 (the \"precision\" field over HTTP; default:\n"
+"                       any)\n"
 "Output:\n"
 "  --slo-ttft MS, --slo-tpot MS\n"
 "                       goodput = completed requests meeting both per s\n"
@@ -1492,7 +1501,7 @@ int cli_bench_main(int argc, char **argv)
         O_JSON = 'j', O_VOCAB = 'V', O_SEED = 's', O_HELP = 'h',
         O_RATES = 1000, O_BURST, O_HTTP, O_MODEL, O_LFILE, O_WARMUP,
         O_TIMEOUT, O_PLOT, O_NO_PROGRESS, O_NO_IGNORE_EOS, O_SHARED,
-        O_SESSIONS
+        O_SESSIONS, O_PRECISION
     };
     static const struct option opts[] = {
         { "router", required_argument, NULL, O_ROUTER },
@@ -1518,6 +1527,7 @@ int cli_bench_main(int argc, char **argv)
         { "no-ignore-eos", no_argument, NULL, O_NO_IGNORE_EOS },
         { "shared-prefix-len", required_argument, NULL, O_SHARED },
         { "sessions", required_argument, NULL, O_SESSIONS },
+        { "precision", required_argument, NULL, O_PRECISION },
         { "help", no_argument, NULL, O_HELP },
         { NULL, 0, NULL, 0 }
     };
@@ -1602,6 +1612,10 @@ int cli_bench_main(int argc, char **argv)
         case O_SESSIONS:
             bad = bt_parse_int(optarg, &b.sessions) != BT_OK ||
                   b.sessions < 0;
+            break;
+        case O_PRECISION:
+            b.precision = proto_precision_find(optarg);
+            bad = b.precision == NULL;
             break;
         case O_HELP: bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;

@@ -29,6 +29,8 @@ static void generate_usage(FILE *out)
 "  --stats                print usage and timings to stderr\n"
 "  --priority N           higher first (default 0)\n"
 "  --deadline-ms N        fail the request after N ms (0 = none)\n"
+"  --precision CLASS      served only by workers of f32, bf16 or fp8\n"
+"                         (default: any)\n"
 "  --timeout-ms N         give up waiting for the router (default 60000)\n"
 CLI_SAMPLING_HELP);
 }
@@ -45,11 +47,12 @@ int cli_generate_main(int argc, char **argv)
         { "priority", required_argument, NULL, 'P' },
         { "deadline-ms", required_argument, NULL, 'D' },
         { "timeout-ms", required_argument, NULL, 'T' },
+        { "precision", required_argument, NULL, 'X' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
     const char *router = getenv("BATON_ROUTER");
-    const char *prompt = NULL, *prompt_ids = NULL;
+    const char *prompt = NULL, *prompt_ids = NULL, *precision = NULL;
     bool print_ids = false, stats = false;
     int timeout_ms = 60000, priority = 0, deadline_ms = 0;
     cli_gen_opts_t gen;
@@ -71,6 +74,14 @@ int cli_generate_main(int argc, char **argv)
         case 'I': prompt_ids = optarg; break;
         case 'i': print_ids = true; break;
         case 'S': stats = true; break;
+        case 'X':
+            if (proto_precision_find(optarg) == NULL) {
+                fprintf(stderr, "baton generate: --precision is one of %s, "
+                                "not '%s'\n", PROTO_PRECISIONS, optarg);
+                goto usage;
+            }
+            precision = optarg;
+            break;
         case 'P':
         case 'D':
         case 'T':
@@ -118,6 +129,7 @@ int cli_generate_main(int argc, char **argv)
     req.priority = priority;
     req.deadline_ms = (uint32_t)deadline_ms;
     req.want_text = !print_ids;
+    (void)client_request_set_precision(&req, precision); /* checked */
 
     status = client_create(router, &client);
     if (status != BT_OK)

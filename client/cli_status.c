@@ -1,7 +1,8 @@
 /*
  * cli_status.c - `baton status`: print a router's cluster status
- * (workers, roles, free KV blocks, KV transport of each pair), and with
- * --wait-workers P,D wait until the cluster can serve: at least P
+ * (workers, roles, precision pools, free KV blocks, KV transport of each
+ * pair), and with --wait-workers P,D wait until the cluster can serve: at
+ * least P
  * prefill-capable workers (prefill workers, or decode workers running
  * --role both) and D decode workers registered, draining ones not
  * counted.  The readiness check of deploy scripts (deploy/slurm).
@@ -33,9 +34,9 @@ static void status_usage(FILE *out)
 "usage: baton status --router tcp://HOST:PORT [--wait-workers P,D]\n"
 "                    [--timeout S] [--json]\n"
 "\n"
-"Prints the router's cluster status: workers (role, free/total KV blocks,\n"
-"running requests, host, GPU), queue, and the KV transport of every\n"
-"prefill/decode pair.\n"
+"Prints the router's cluster status: workers (role, precision class and\n"
+"KV dtype, free/total KV blocks, running requests, host, GPU), queue, the\n"
+"precision pools, and the KV transport of every prefill/decode pair.\n"
 "\n"
 "  --router EP            the router's client endpoint (env BATON_ROUTER)\n"
 "  --wait-workers P,D     wait until at least P prefill-capable workers\n"
@@ -86,6 +87,63 @@ static const char *str_or(const char *s, const char *dflt)
     return s != NULL && s[0] != '\0' ? s : dflt;
 }
 
+/* "f32", "fp8/kv bf16" (precision and KV dtype differ), "-" (none): the
+ * class a worker serves requests of and pairs within (issue 37). */
+static void status_class(const Baton__WorkerStatus *w, char *buf,
+                         size_t size)
+{
+    const char *p = str_or(w->precision, "-");
+    const char *kv = str_or(w->kv_dtype, "-");
+
+    if (strcmp(p, kv) == 0 || strcmp(kv, "-") == 0)
+        snprintf(buf, size, "%s", p);
+    else
+        snprintf(buf, size, "%s/kv %s", p, kv);
+}
+
+/* "pools: bf16 (1P+2D), fp8 (0P+1D, 1 both)": the workers (not draining)
+ * of each class, which the router pairs only among themselves. */
+static void status_print_pools(const Baton__ClusterStatus *st)
+{
+    char names[16][32];
+    int counts[16][3]; /* prefill, decode, of those decode --role both */
+    int n = 0;
+
+    for (size_t i = 0; i < st->n_workers; i++) {
+        const Baton__WorkerStatus *w = st->workers[i];
+        char name[32];
+        int k = 0;
+
+        if (w->draining)
+            continue;
+        status_class(w, name, sizeof(name));
+        while (k < n && strcmp(names[k], name) != 0)
+            k++;
+        if (k == n) {
+            if (n == 16)
+                continue;
+            snprintf(names[n], sizeof(names[n]), "%s", name);
+            memset(counts[n], 0, sizeof(counts[n]));
+            n++;
+        }
+        if (w->role == BATON__ROLE__ROLE_PREFILL) {
+            counts[k][0]++;
+        } else if (w->role == BATON__ROLE__ROLE_DECODE) {
+            counts[k][1]++;
+            counts[k][2] += w->can_prefill;
+        }
+    }
+    printf("pools:");
+    for (int k = 0; k < n; k++) {
+        printf("%s %s (%dP+%dD", k ? "," : "", names[k], counts[k][0],
+               counts[k][1]);
+        if (counts[k][2] > 0)
+            printf(", %d both", counts[k][2]);
+        printf(")");
+    }
+    printf("%s\n", n == 0 ? " none" : "");
+}
+
 static void status_print_text(const char *router,
                               const Baton__ClusterStatus *st,
                               const status_counts_t *n)
@@ -97,11 +155,12 @@ static void status_print_text(const char *router,
            st->queued, st->in_flight, (unsigned long long)st->completed,
            (unsigned long long)st->failed);
     printf("workers:\n");
-    printf("  %-28s %-8s %13s %7s %15s  %s\n", "NAME", "ROLE",
-           "FREE/TOTAL KV", "RUNNING", "CACHED/HIT", "HOST");
+    printf("  %-28s %-8s %-12s %13s %7s %15s  %s\n", "NAME", "ROLE",
+           "PRECISION", "FREE/TOTAL KV", "RUNNING", "CACHED/HIT", "HOST");
     for (size_t i = 0; i < st->n_workers; i++) {
         const Baton__WorkerStatus *w = st->workers[i];
-        char kv[32] = "-", pc[32] = "-";
+        char kv[32] = "-", pc[32] = "-", cls[32];
+        status_class(w, cls, sizeof(cls));
         if (w->role == BATON__ROLE__ROLE_DECODE)
             snprintf(kv, sizeof(kv), "%u/%u", w->free_kv_blocks,
                      w->total_kv_blocks);
@@ -109,13 +168,14 @@ static void status_print_text(const char *router,
         if (w->has_prefix_cached_blocks)
             snprintf(pc, sizeof(pc), "%u/%.1f%%", w->prefix_cached_blocks,
                      100.0 * w->prefix_hit_rate);
-        printf("  %-28s %-8s %13s %7u %15s  %s%s%s%s\n",
-               str_or(w->name, "?"), status_role(w), kv, w->running, pc,
+        printf("  %-28s %-8s %-12s %13s %7u %15s  %s%s%s%s\n",
+               str_or(w->name, "?"), status_role(w), cls, kv, w->running, pc,
                str_or(w->host_id, "?"),
                w->gpu != NULL && w->gpu[0] != '\0' ? " gpu " : "",
                w->gpu != NULL ? w->gpu : "",
                w->draining ? " (draining)" : "");
     }
+    status_print_pools(st);
     if (st->security != NULL)
         printf("security: %s\n",
                strcmp(st->security, "insecure") == 0
@@ -180,6 +240,8 @@ static int status_print_json(const char *router,
             cJSON_AddNumberToObject(o, "prefix_hit_rate",
                                     w->prefix_hit_rate);
         }
+        cJSON_AddStringToObject(o, "precision", str_or(w->precision, ""));
+        cJSON_AddStringToObject(o, "kv_dtype", str_or(w->kv_dtype, ""));
         cJSON_AddStringToObject(o, "host_id", str_or(w->host_id, ""));
         cJSON_AddStringToObject(o, "gpu", str_or(w->gpu, ""));
         cJSON_AddItemToArray(ws, o);

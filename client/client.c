@@ -326,6 +326,19 @@ static void check_connect_timeout(client_t *c, uint64_t now)
 // ---------------------------------------------------------------------------
 // Requests
 
+bt_status_t client_request_set_precision(client_request_t *req,
+                                         const char *precision)
+{
+    const char *cls = proto_precision_find(precision);
+
+    if (cls == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CLIENT", "precision '%s' is "
+                        "not a precision class (%s)", precision,
+                        PROTO_PRECISIONS);
+    req->precision = cls[0] != '\0' ? cls : NULL;
+    return BT_OK;
+}
+
 void client_request_init(client_request_t *req)
 {
     params_t p;
@@ -569,6 +582,7 @@ bt_status_t client_submit(client_t *client, const client_request_t *req,
     gen.has_tenant_weight = req->tenant_weight > 0;
     gen.tenant_weight = req->tenant_weight;
     gen.grammar = (char *)req->grammar;
+    gen.precision = (char *)req->precision;
     gen.has_cache_salt = req->cache_salt != NULL;
     gen.cache_salt.data = (uint8_t *)req->cache_salt;
     gen.cache_salt.len = req->cache_salt ? strlen(req->cache_salt) : 0;

@@ -66,6 +66,11 @@ typedef struct {
     const char *cache_salt;    /* NULL: none */
     const char *grammar;       /* structured output "<kind>:<text>"
                                 * (GenerateRequest.grammar); NULL: none */
+    const char *precision;     /* precision class the workers must serve
+                                * it in: "f32", "bf16", "fp8"; NULL or "":
+                                * any (issue 37; the router refuses an
+                                * unknown class and a class no worker
+                                * registered) */
     /* Log-probabilities (issue 39; params.h): each TokenChunk then holds
      * logprobs (one per id), top_ids and top_logprobs (top_logprobs per
      * id, most likely first); the first chunk holds prompt_ids and
@@ -85,6 +90,12 @@ void client_request_init(client_request_t *req);
  * (borrowed from req). */
 void client_request_set_params(client_request_t *req, const params_t *p);
 void client_request_params(const client_request_t *req, params_t *p);
+/* Asks for workers of precision class `precision` ("f32", "bf16",
+ * "fp8"; NULL or "": any), as req->precision (a static string, so the
+ * argument need not outlive req).  BT_ERR_INVALID_ARG for any other
+ * name, req unchanged. */
+bt_status_t client_request_set_precision(client_request_t *req,
+                                         const char *precision);
 
 typedef struct client_s client_t;
 

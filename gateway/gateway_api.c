@@ -868,6 +868,18 @@ static bool parse_fields(const gateway_api_ctx_t *ctx, const cJSON *root,
         memcpy(out->cache_salt, so->valuestring, len + 1);
         req->cache_salt = out->cache_salt;
     }
+    /* Extension (issue 37): the precision class to serve it in; the
+     * canonical names are static, so nothing is copied. */
+    so = cJSON_GetObjectItemCaseSensitive(root, "precision");
+    if (so != NULL && !cJSON_IsNull(so)) {
+        req->precision = cJSON_IsString(so)
+                             ? proto_precision_find(so->valuestring) : NULL;
+        if (req->precision == NULL) {
+            BAD_PARAM("precision", "'precision' must be one of %s",
+                      PROTO_PRECISIONS);
+            return false;
+        }
+    }
     v = 0;
     if (!get_int(root, "priority", -1000000, 1000000, &v, err))
         return false;

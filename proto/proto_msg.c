@@ -117,6 +117,18 @@ bt_status_t proto_client_send_error(void *sock, const void *id,
     return proto_client_send(sock, id, id_len, &msg);
 }
 
+const char *proto_precision_find(const char *name)
+{
+    static const char *const classes[] = { "", "f32", "bf16", "fp8" };
+
+    if (name == NULL)
+        return classes[0];
+    for (size_t i = 0; i < sizeof(classes) / sizeof(classes[0]); i++)
+        if (strcmp(name, classes[i]) == 0)
+            return classes[i];
+    return NULL;
+}
+
 bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
                                     char *err, size_t err_len)
 {
@@ -188,6 +200,14 @@ bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
                      "be combined with ignore_eos");
             return BT_ERR_INVALID_ARG;
         }
+    }
+    if (proto_precision_find(req->precision) == NULL) {
+        /* the class is routing, not sampling: the router picks workers
+         * by it (router_pool.c) */
+        snprintf(err, err_len, "precision '%.16s' is not a precision "
+                 "class: use one of %s (or none for any)", req->precision,
+                 PROTO_PRECISIONS);
+        return BT_ERR_INVALID_ARG;
     }
     if (req->has_tenant_weight && (req->tenant_weight < 1 ||
                                    req->tenant_weight >

@@ -67,11 +67,21 @@ bt_status_t proto_client_send_error(void *sock, const void *id,
 
 /* Checks the fields of a GenerateRequest that do not need the model and
  * are not the parameter contract's: the prompt, sizes of the stop lists
- * on the wire, tenant fields.  Sampling and stop values are checked by
- * params/params_proto.h's params_from_generate (the one validator).
+ * on the wire, tenant fields, the precision class.  Sampling and stop
+ * values are checked by params/params_proto.h's params_from_generate
+ * (the one validator).
  * BT_ERR_INVALID_ARG with a reason in `err`. */
 bt_status_t proto_generate_validate(const Baton__GenerateRequest *req,
                                     char *err, size_t err_len);
+
+/* The precision classes a request may ask for (GenerateRequest.precision)
+ * and a worker may register (Register.precision), as the error messages
+ * list them. */
+#define PROTO_PRECISIONS "f32, bf16, fp8"
+
+/* The canonical (static) spelling of precision class `name`: "" for NULL
+ * or "" (any), "f32", "bf16" or "fp8"; NULL for anything else. */
+const char *proto_precision_find(const char *name);
 
 /* Maps a status to the client error code that best describes it. */
 Baton__ErrorCode proto_error_code(bt_status_t status);

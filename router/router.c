@@ -18,6 +18,8 @@
  *                      prefilling -> decoding (dispatch, grants, the
  *                      first token, the token relay)
  *   router_policy.c    which workers take a request; KV transport per pair
+ *   router_pool.c      precision routing: a request's class, pairs of one
+ *                      precision and KV dtype
  *   router_metrics.c   counters, histograms, the Prometheus text
  *   router_http.c      the metrics HTTP listener (GET /metrics)
  *   router_zap.c       CURVE: key files, allow lists, the ZAP handler

@@ -209,7 +209,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     uint64_t now = bt_time_ns(), shed;
     router_req_t *req;
     params_t params; /* checked only: req keeps the wire's fields */
-    char err[256];
+    char err[512];
     uint64_t rid = g->client_request_id;
     uint32_t max_ctx, vocab;
     bt_status_t status;
@@ -244,6 +244,16 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
             REJECT(BATON__ERROR_CODE__ERROR_INVALID,
                    "prompt id %d at %zu is outside the vocabulary (%u)",
                    g->prompt_ids[i], i, vocab);
+    {
+        /* Issue 37: a class no registered worker serves fails now */
+        router_pool_t pools[ROUTER_MAX_POOLS];
+        int n_pools = router__pools(r, pools);
+
+        if (router__class_unservable(r, pools, n_pools,
+                                     proto_precision_find(g->precision), err,
+                                     sizeof(err)))
+            REJECT(BATON__ERROR_CODE__ERROR_NO_WORKERS, "%s", err);
+    }
     if (router__req_find_client(r, cid, cid_len, rid) != NULL)
         REJECT(BATON__ERROR_CODE__ERROR_DUPLICATE,
                "request id %llu already in flight", (unsigned long long)rid);
@@ -345,6 +355,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     }
     req->ignore_eos = g->ignore_eos;
     req->want_text = g->want_text;
+    req->precision = proto_precision_find(g->precision); /* validated */
 
     req->priority = g->priority;
     req->tenant = router__tenant_slot(r, g->tenant);
@@ -419,6 +430,8 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
         ws[n].has_prefix_hit_rate = w->has_prefix;
         ws[n].prefix_hit_rate = w->prefix_hit_rate;
         ws[n].host_id = w->host_id;
+        ws[n].precision = w->precision;
+        ws[n].kv_dtype = w->kv_dtype;
         snprintf(gpu[n], sizeof(gpu[n]), "%s", "");
         if (w->has_gpu)
             snprintf(gpu[n], sizeof(gpu[n]), "cuda:%d %s%s", w->gpu_device,
@@ -454,6 +467,8 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
                     continue;
                 if (p->role != BATON__ROLE__ROLE_PREFILL && p != d)
                     continue; /* aggregated workers prefill for themselves */
+                if (!router__pair_matches(p, d))
+                    continue; /* another pool: never paired */
                 t = router__choose_transport(p, d, r->kv_mode);
                 baton__pair_transport__init(&pairs[n_pairs]);
                 pairs[n_pairs].prefill = p->name;

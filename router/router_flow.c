@@ -25,9 +25,88 @@
 _Static_assert(ROUTER_STOP_HELD_MAX >= STOP_MAX_STRING_LEN,
                "the router keeps any held-back stop text");
 
+/* Picks the workers for req (n_tokens of prompt): the aggregated worker
+ * or the prefill/decode pair of one pool (router_pool.c) that the policy
+ * prefers, among the workers of the class it asked.  When the policy's
+ * prefill worker has no decode worker of its pool with room, another
+ * pool of the class may have both.  *cached_p / *p_cached_p: the prompt
+ * tokens the policy expects cached on d / p.  False when none can take
+ * it now. */
+static bool pick_pair(router_t *r, const router_req_t *req, int n_tokens,
+                      const router_pool_t *pools, int n_pools,
+                      router_worker_t **p_p, router_worker_t **d_p,
+                      int *cached_p, int *p_cached_p)
+{
+    router_class_t want = { req->precision, "" };
+    router_class_t pair;
+    router_worker_t *p = NULL, *d = NULL;
+
+    if (r->aggregate == 2) /* always: aggregated workers first */
+        d = r->policy->pick_decode(r, req, n_tokens, true, &want, cached_p);
+    if (d != NULL) {
+        p = d;
+    } else {
+        p = r->policy->pick_prefill(r, req, &want, p_cached_p);
+        if (p == NULL && r->aggregate >= 1) {
+            /* No prefill worker: a --role both decode worker prefills
+             * its own request (aggregated mode). */
+            d = r->policy->pick_decode(r, req, n_tokens, true, &want,
+                                       cached_p);
+            p = d;
+        }
+        if (p == NULL)
+            return false;
+        if (d == NULL) {
+            pair = router__worker_class(p);
+            d = r->policy->pick_decode(r, req, n_tokens, false, &pair,
+                                       cached_p);
+        }
+    }
+    for (int k = 0; d == NULL && k < n_pools; k++) {
+        const router_pool_t *pool = &pools[k];
+        router_worker_t *p2;
+
+        if (pool->n_prefill == 0 || pool->n_decode + pool->n_both == 0 ||
+            (req->precision[0] != '\0' &&
+             strcmp(pool->precision, req->precision) != 0) ||
+            (strcmp(pool->precision, p->precision) == 0 &&
+             strcmp(pool->kv_dtype, p->kv_dtype) == 0))
+            continue;
+        pair.precision = pool->precision;
+        pair.kv_dtype = pool->kv_dtype;
+        p2 = r->policy->pick_prefill(r, req, &pair, p_cached_p);
+        if (p2 == NULL)
+            continue;
+        d = r->policy->pick_decode(r, req, n_tokens, false, &pair, cached_p);
+        if (d != NULL)
+            p = p2;
+    }
+    if (d == NULL)
+        return false;
+    BT_ASSERT(router__pair_matches(p, d));
+    *p_p = p;
+    *d_p = d;
+    return true;
+}
+
+/* True when `precision` is in blocked[0..n): a request of that class
+ * waits, so later ones of it wait behind it. */
+static bool class_blocked(const char *const *blocked, int n,
+                          const char *precision)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(blocked[i], precision) == 0)
+            return true;
+    return false;
+}
+
 void router__dispatch(router_t *r)
 {
     uint64_t now = bt_time_ns();
+    router_pool_t pools[ROUTER_MAX_POOLS];
+    int n_pools = router__pools(r, pools);
+    const char *blocked[ROUTER_MAX_POOLS + 1]; /* classes waiting */
+    int n_blocked = 0;
 
     for (int i = 0; i < r->n_queued;) {
         router_req_t *req = r->queue[i];
@@ -36,7 +115,7 @@ void router__dispatch(router_t *r)
         Baton__KvReserve res = BATON__KV_RESERVE__INIT;
         int n_tokens, blocks, cached = 0, p_cached = 0;
         int *ids = NULL;
-        char why[256];
+        char why[512];
 
         if (req->retry_at_ns > now) {
             i++;
@@ -52,41 +131,30 @@ void router__dispatch(router_t *r)
             router__req_fail(r, req, BATON__ERROR_CODE__ERROR_TOO_LONG, why);
             continue; /* removed from the queue: queue[i] is the next */
         }
-        p = NULL;
-        d = NULL;
-        if (r->aggregate == 2) /* always: aggregated workers first */
-            d = r->policy->pick_decode(r, req, req->prompt_ids ? n_tokens : 1,
-                                       true, &cached);
-        if (d != NULL) {
-            p = d;
-        } else {
-            p = r->policy->pick_prefill(r, req, &p_cached);
-            if (p == NULL && r->aggregate >= 1) {
-                /* No prefill worker: a --role both decode worker
-                 * prefills its own request (aggregated mode). */
-                d = r->policy->pick_decode(
-                    r, req, req->prompt_ids ? n_tokens : 1, true, &cached);
-                p = d;
-            }
-            if (p == NULL)
-                return;
-            if (d == NULL)
-                d = r->policy->pick_decode(
-                    r, req, req->prompt_ids ? n_tokens : 1, false, &cached);
+        /* Issue 37: no pool serves its precision class (the workers that
+         * did left): it fails now, not at the queue timeout. */
+        if (router__class_unservable(r, pools, n_pools, req->precision, why,
+                                     sizeof(why))) {
+            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_NO_WORKERS,
+                             why);
+            continue;
         }
-        if (d == NULL)
-            return; /* head-of-line: keep priority order */
-        if (p != d && p->kv_dtype[0] != '\0' && d->kv_dtype[0] != '\0' &&
-            strcmp(p->kv_dtype, d->kv_dtype) != 0) {
-            /* Issue 37: the hand-off would move blocks of one element
-             * type into a pool of another.  No precision routing yet:
-             * the operator runs both roles with one --kv-dtype. */
-            snprintf(why, sizeof(why), "prefill worker %s holds %s KV, "
-                     "decode worker %s %s: run both with the same "
-                     "--kv-dtype/--precision", p->name, p->kv_dtype,
-                     d->name, d->kv_dtype);
-            router__req_fail(r, req, BATON__ERROR_CODE__ERROR_INVALID, why);
-            continue; /* removed from the queue: queue[i] is the next */
+        /* Head-of-line per class: a request that waits holds back the
+         * later ones that could take its workers (its own class, or any
+         * class), not those of another class. */
+        if (req->precision[0] == '\0' && n_blocked > 0)
+            return;
+        if (class_blocked(blocked, n_blocked, req->precision)) {
+            i++;
+            continue;
+        }
+        if (!pick_pair(r, req, req->prompt_ids ? n_tokens : 1, pools,
+                       n_pools, &p, &d, &cached, &p_cached)) {
+            if (req->precision[0] == '\0' || n_blocked == ROUTER_MAX_POOLS)
+                return; /* head-of-line: keep priority order */
+            blocked[n_blocked++] = req->precision;
+            i++;
+            continue;
         }
         if (req->prompt_ids == NULL && d->max_context > 0)
             n_tokens = BT_MIN(n_tokens, (int)d->max_context);
@@ -290,10 +358,12 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     req->t_granted = bt_time_ns();
     p = router__worker_by_uid(r, req->prefill_uid);
     if (p == NULL || !router__worker_is_usable(p)) {
+        /* another prefill worker of the decode worker's pool */
+        router_class_t pair = router__worker_class(w);
         int p_cached = 0; /* task_tokens stays the first pick's */
 
         router__req_unassign_prefill(r, req);
-        p = r->policy->pick_prefill(r, req, &p_cached);
+        p = r->policy->pick_prefill(r, req, &pair, &p_cached);
         if (p == NULL && r->aggregate >= 1 && w->can_prefill)
             p = w; /* aggregated: the decode worker prefills it */
         if (p == NULL) {

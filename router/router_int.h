@@ -89,6 +89,8 @@ typedef struct {
     uint32_t transports;      /* bit (1 << KvTransport) per one offered */
     char host_id[ROUTER_HOST_MAX]; /* "hostname/boot-id", "" = unknown */
     char kv_dtype[ROUTER_KV_DTYPE_MAX]; /* Register.kv_dtype, "" = none */
+    char precision[ROUTER_KV_DTYPE_MAX]; /* Register.precision ("f32",
+                                 "bf16", "fp8"), "" = none (null model) */
     bool has_gpu;             /* KV pool in GPU memory */
     bool gpu_ipc;             /* CUDA IPC usable on its side */
     int gpu_device;           /* CUDA ordinal */
@@ -196,6 +198,8 @@ struct router_req_s {
     size_t cache_salt_len;
     char *grammar;             /* owned: structured output spec relayed to
                                   both workers (NULL: none) */
+    const char *precision;     /* the class asked (static, from
+                                  proto_precision_find): "" = any */
     router_kv_chain_t kv_chain; /* the prompt's block hashes, a memo of
                                   the kv-aware pick (owned) */
     /* progress */
@@ -330,18 +334,70 @@ void router__http_process(router_http_t *http, struct router_s *r,
                           const zmq_pollitem_t *items, int n_items,
                           uint64_t now);
 
-/* A policy picks workers for a request; NULL when none can take it. */
+// ---------------------------------------------------------------------------
+// router_pool.c: precision routing (issue 37)
+
+#define ROUTER_MAX_POOLS 16 /* (precision, KV dtype) classes told apart */
+
+/* Which workers a pick may take (router__worker_in_class): "" = any.  A
+ * request's class names only a precision; a prefill worker's pair class
+ * (router__worker_class) names its precision and KV dtype. */
+typedef struct {
+    const char *precision;    /* equal to the worker's, or "" */
+    const char *kv_dtype;     /* equal to the worker's, "" here or there
+                                 (the null model moves no KV) */
+} router_class_t;
+
+/* The usable (registered, not draining) workers of one precision and KV
+ * dtype: a prefill worker hands off only inside its pool. */
+typedef struct {
+    char precision[ROUTER_KV_DTYPE_MAX];
+    char kv_dtype[ROUTER_KV_DTYPE_MAX];
+    int n_prefill;            /* --role prefill */
+    int n_decode;             /* --role decode */
+    int n_both;               /* --role both (aggregated) */
+} router_pool_t;
+
+bool router__worker_in_class(const router_worker_t *w,
+                             const router_class_t *cls);
+/* The class of the workers w may pair with (its own precision and KV
+ * dtype); the strings are w's. */
+router_class_t router__worker_class(const router_worker_t *w);
+/* True when prefill worker p may hand its KV to decode worker d: the
+ * same worker (aggregated), or the same precision and KV dtype. */
+bool router__pair_matches(const router_worker_t *p, const router_worker_t *d);
+/* Fills pools[ROUTER_MAX_POOLS] with the usable workers' pools; returns
+ * how many (workers of a pool past the table's end are not counted). */
+int router__pools(const struct router_s *r, router_pool_t *pools);
+/* True when a request of `precision` ("" any) can never be served by the
+ * workers registered now, so it fails at once (ERROR_NO_WORKERS) instead
+ * of waiting out the queue timeout: workers are registered but none of
+ * that class, or the class has workers of both sides but no pool pairs
+ * them (a bf16 prefill worker beside an fp8 decode worker only).  While
+ * a class has workers of one side only, it waits for the other (as a
+ * cluster starting).  Writes the reason (for the client) to `why`. */
+bool router__class_unservable(const struct router_s *r,
+                              const router_pool_t *pools, int n_pools,
+                              const char *precision, char *why,
+                              size_t why_size);
+
+/* A policy picks workers for a request; NULL when none can take it.  Both
+ * picks consider only workers in `cls` (router__worker_in_class). */
 typedef struct {
     const char *name;
     /* *cached_p (both picks): the prompt tokens the policy expects
      * cached on the worker picked (0 for a policy that does not know);
      * its prefill work is counted without them. */
     router_worker_t *(*pick_prefill)(struct router_s *router,
-                                     const router_req_t *req, int *cached_p);
+                                     const router_req_t *req,
+                                     const router_class_t *cls,
+                                     int *cached_p);
     /* need_prefill: only --role both workers (aggregated). */
     router_worker_t *(*pick_decode)(struct router_s *router,
                                     const router_req_t *req, int n_tokens,
-                                    bool need_prefill, int *cached_p);
+                                    bool need_prefill,
+                                    const router_class_t *cls,
+                                    int *cached_p);
 } router_policy_t;
 
 const router_policy_t *router__policy_find(const char *name);

@@ -24,8 +24,8 @@
  *   3 heartbeats), _last_seen_seconds, _draining, _assigned_requests,
  *   _outstanding_tokens, _free_kv_blocks, _total_kv_blocks,
  *   _kv_capacity_tokens, _kv_index_blocks (its prefix cache as the
- *   router's index knows it), and the
- *   counter baton_router_worker_served_total.
+ *   router's index knows it), _info (1, with labels precision and
+ *   kv_dtype), and the counter baton_router_worker_served_total.
  * Histograms (seconds): baton_router_ttft_seconds (arrival -> first
  *   token sent), baton_router_tpot_seconds (per request, between its
  *   first and last token), baton_router_queue_wait_seconds (arrival ->
@@ -106,6 +106,7 @@ typedef enum {
     WF_KV_TOKENS,
     WF_SERVED,
     WF_KV_INDEX,
+    WF_INFO,
     WF_COUNT
 } worker_field_t;
 
@@ -135,6 +136,9 @@ static const struct {
     { "baton_router_worker_kv_index_blocks", "gauge",
       "KV blocks the router's prefix index says the worker caches "
       "(its KvEvents; issue 38)" },
+    { "baton_router_worker_info", "gauge",
+      "1 per worker, labelled with its precision class and KV dtype "
+      "(issue 37; \"\" for none)" },
 };
 
 static bt_status_t render_workers(router_t *r, uint64_t now,
@@ -158,8 +162,14 @@ static bt_status_t render_workers(router_t *r, uint64_t now,
             role = w->role == BATON__ROLE__ROLE_PREFILL ? "prefill"
                    : w->can_prefill                    ? "decode+prefill"
                                                        : "decode";
-            P("%s{worker=\"%s\",role=\"%s\"} ", worker_families[f].name,
+            P("%s{worker=\"%s\",role=\"%s\"", worker_families[f].name,
               name, role);
+            if (f == WF_INFO) {
+                char kv[2 * ROUTER_KV_DTYPE_MAX + 1];
+                bt_prom_label_escape(w->kv_dtype, kv, sizeof(kv));
+                P(",precision=\"%s\",kv_dtype=\"%s\"", w->precision, kv);
+            }
+            P("} ");
             switch ((worker_field_t)f) {
             case WF_UP: P("%d\n", !w->silent); break;
             case WF_LAST_SEEN:
@@ -182,6 +192,7 @@ static bt_status_t render_workers(router_t *r, uint64_t now,
             case WF_KV_INDEX:
                 P("%d\n", router_kvindex_blocks(r->kvindex, i));
                 break;
+            case WF_INFO: P("1\n"); break;
             default: P("%llu\n", (unsigned long long)w->served); break;
             }
         }

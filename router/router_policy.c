@@ -8,8 +8,10 @@
  * holds the most of the prompt, against its load (router_policy_kv.c:
  * w_overlap * cached prompt tokens - w_load * outstanding tokens), for
  * prompts given as ids (the router does not tokenize); prefill workers
- * and text prompts as least-loaded.  Add a policy by adding a table
- * entry.
+ * and text prompts as least-loaded.  Every pick considers only the
+ * workers of the class it is given (router_pool.c: the request's
+ * precision, or the prefill worker's pool).  Add a policy by adding a
+ * table entry.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -45,9 +47,12 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
         int64_t growth, need;
         uint32_t ctx;
 
-        /* silent workers count: they may speak again */
+        /* silent workers count: they may speak again; workers of
+         * another precision class never take it */
         if (!router__worker_is_usable(w) ||
-            w->role != BATON__ROLE__ROLE_DECODE)
+            w->role != BATON__ROLE__ROLE_DECODE ||
+            (req->precision[0] != '\0' &&
+             strcmp(w->precision, req->precision) != 0))
             continue;
         candidates++;
         ctx = w->max_context;
@@ -94,9 +99,10 @@ static bool policy_takes_work(const router_worker_t *w)
 }
 
 static bool policy_decode_fits(const router_worker_t *w, int n_tokens,
-                               bool need_prefill)
+                               bool need_prefill, const router_class_t *cls)
 {
-    if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_DECODE)
+    if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_DECODE ||
+        !router__worker_in_class(w, cls))
         return false;
     if (need_prefill && !w->can_prefill)
         return false;
@@ -107,6 +113,7 @@ static bool policy_decode_fits(const router_worker_t *w, int n_tokens,
 
 static router_worker_t *least_pick_prefill(router_t *router,
                                            const router_req_t *req,
+                                           const router_class_t *cls,
                                            int *cached_p)
 {
     router_worker_t *best = NULL;
@@ -115,7 +122,8 @@ static router_worker_t *least_pick_prefill(router_t *router,
     *cached_p = 0;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
-        if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL)
+        if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL ||
+            !router__worker_in_class(w, cls))
             continue;
         if (best == NULL || w->outstanding < best->outstanding ||
             (w->outstanding == best->outstanding &&
@@ -128,6 +136,7 @@ static router_worker_t *least_pick_prefill(router_t *router,
 static router_worker_t *least_pick_decode(router_t *router,
                                           const router_req_t *req,
                                           int n_tokens, bool need_prefill,
+                                          const router_class_t *cls,
                                           int *cached_p)
 {
     router_worker_t *best = NULL;
@@ -136,7 +145,7 @@ static router_worker_t *least_pick_decode(router_t *router,
     *cached_p = 0;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
-        if (!policy_decode_fits(w, n_tokens, need_prefill))
+        if (!policy_decode_fits(w, n_tokens, need_prefill, cls))
             continue;
         if (best == NULL || w->est_free_kv > best->est_free_kv ||
             (w->est_free_kv == best->est_free_kv &&
@@ -148,15 +157,16 @@ static router_worker_t *least_pick_decode(router_t *router,
 
 static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
                                 Baton__Role role, int n_tokens,
-                                bool need_prefill)
+                                bool need_prefill, const router_class_t *cls)
 {
     for (int k = 0; k < ROUTER_MAX_WORKERS; k++) {
         unsigned i = (*cursor + (unsigned)k) % ROUTER_MAX_WORKERS;
         router_worker_t *w = &router->workers[i];
-        if (!policy_takes_work(w) || w->role != role)
+        if (!policy_takes_work(w) || w->role != role ||
+            !router__worker_in_class(w, cls))
             continue;
         if (role == BATON__ROLE__ROLE_DECODE &&
-            !policy_decode_fits(w, n_tokens, need_prefill))
+            !policy_decode_fits(w, n_tokens, need_prefill, cls))
             continue;
         *cursor = i + 1;
         return w;
@@ -166,37 +176,42 @@ static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
 
 static router_worker_t *rr_pick_prefill(router_t *router,
                                         const router_req_t *req,
+                                        const router_class_t *cls,
                                         int *cached_p)
 {
     (void)req;
     *cached_p = 0;
     return rr_pick(router, &router->rr_prefill, BATON__ROLE__ROLE_PREFILL, 0,
-                   false);
+                   false, cls);
 }
 
 static router_worker_t *rr_pick_decode(router_t *router,
                                        const router_req_t *req, int n_tokens,
-                                       bool need_prefill, int *cached_p)
+                                       bool need_prefill,
+                                       const router_class_t *cls,
+                                       int *cached_p)
 {
     (void)req;
     *cached_p = 0;
     return rr_pick(router, &router->rr_decode, BATON__ROLE__ROLE_DECODE,
-                   n_tokens, need_prefill);
+                   n_tokens, need_prefill, cls);
 }
 
 static router_worker_t *kv_pick_decode(router_t *router,
                                        const router_req_t *req, int n_tokens,
-                                       bool need_prefill, int *cached_p)
+                                       bool need_prefill,
+                                       const router_class_t *cls,
+                                       int *cached_p)
 {
     router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
     int n = 0, pick = -1, overlap = 0;
 
     if (req->prompt_ids == NULL || req->n_prompt <= 0)
-        return least_pick_decode(router, req, n_tokens, need_prefill,
+        return least_pick_decode(router, req, n_tokens, need_prefill, cls,
                                  cached_p);
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
-        if (!policy_decode_fits(w, n_tokens, need_prefill))
+        if (!policy_decode_fits(w, n_tokens, need_prefill, cls))
             continue;
         cands[n].worker = i;
         cands[n].load = (double)w->outstanding;
@@ -215,7 +230,7 @@ static router_worker_t *kv_pick_decode(router_t *router,
                               &router->kv_weights, &pick, &overlap) !=
             BT_OK ||
         pick < 0)
-        return least_pick_decode(router, req, n_tokens, need_prefill,
+        return least_pick_decode(router, req, n_tokens, need_prefill, cls,
                                  cached_p);
     {
         router_worker_t *w = &router->workers[cands[pick].worker];
@@ -230,6 +245,7 @@ static router_worker_t *kv_pick_decode(router_t *router,
  * one the router cannot hash (text) goes least-loaded. */
 static router_worker_t *kv_pick_prefill(router_t *router,
                                         const router_req_t *req,
+                                        const router_class_t *cls,
                                         int *cached_p)
 {
     router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
@@ -237,11 +253,12 @@ static router_worker_t *kv_pick_prefill(router_t *router,
 
     if (req->prompt_ids == NULL || req->n_prompt <= 0 ||
         req->sampling.prompt_logprobs)
-        return least_pick_prefill(router, req, cached_p);
+        return least_pick_prefill(router, req, cls, cached_p);
     *cached_p = 0;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
-        if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL)
+        if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL ||
+            !router__worker_in_class(w, cls))
             continue;
         cands[n].worker = i;
         cands[n].load = (double)w->outstanding;
@@ -256,7 +273,7 @@ static router_worker_t *kv_pick_prefill(router_t *router,
                               &router->kv_weights, &pick, &overlap) !=
             BT_OK ||
         pick < 0)
-        return least_pick_prefill(router, req, cached_p);
+        return least_pick_prefill(router, req, cls, cached_p);
     {
         router_worker_t *w = &router->workers[cands[pick].worker];
         *cached_p = overlap * (w->block_size > 0 ? (int)w->block_size : 16);

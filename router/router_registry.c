@@ -296,6 +296,15 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
                         "is required");
         return;
     }
+    /* A class the router does not know would be a pool no request can
+     * name (issue 37): refused, with the classes it knows. */
+    if (proto_precision_find(reg->precision) == NULL) {
+        char why[160];
+        snprintf(why, sizeof(why), "precision '%.16s' is not a precision "
+                 "class (%s)", reg->precision, PROTO_PRECISIONS);
+        refuse_register(r, id, id_len, reg, why);
+        return;
+    }
     /* Numbers the router computes with are bounded here, so that no
      * later sum or product can overflow whatever an admitted (but
      * buggy or hostile) worker declares. */
@@ -390,6 +399,8 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
              reg->host_id != NULL ? reg->host_id : "");
     snprintf(w->kv_dtype, sizeof(w->kv_dtype), "%s",
              reg->kv_dtype != NULL ? reg->kv_dtype : "");
+    snprintf(w->precision, sizeof(w->precision), "%s",
+             proto_precision_find(reg->precision));
     w->has_gpu = reg->gpu != NULL;
     w->gpu_ipc = reg->gpu != NULL && reg->gpu->ipc;
     w->gpu_device = reg->gpu != NULL ? reg->gpu->device_index : -1;
@@ -398,10 +409,12 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
                  ? reg->gpu->pci_bus_id : "");
     endpoints_set(w, reg);
     BT_LOG_INFO("ROUTER", "worker %s registered: %s, vocab %u, context %u, "
-                "kv %u x %u, host %s%s%s", w->name,
+                "kv %u x %u %s, precision %s, host %s%s%s", w->name,
                 w->role == BATON__ROLE__ROLE_PREFILL ? "prefill"
                 : w->can_prefill ? "decode+prefill" : "decode",
                 w->vocab_size, w->max_context, w->total_kv, w->block_size,
+                w->kv_dtype[0] ? w->kv_dtype : "-",
+                w->precision[0] ? w->precision : "-",
                 w->host_id[0] ? w->host_id : "?",
                 w->has_gpu ? ", gpu " : "", w->gpu_bus);
     ack.has_heartbeat_ms = 1;

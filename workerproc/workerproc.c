@@ -15,6 +15,22 @@
 #include "bt_util.h"
 #include "bt_zmq.h"
 
+/* The precision class the engine computes in, as Register.precision
+ * says it: the backend's effective precision (its default resolved: cpu
+ * f32, the GPU backends bf16), which is what a request's class names. */
+static const char *engine_precision_class(engine_t *engine)
+{
+    const backend_t *be = engine_backend(engine);
+
+    switch (backend_config(be)->precision) {
+    case BACKEND_PRECISION_F32: return "f32";
+    case BACKEND_PRECISION_BF16: return "bf16";
+    case BACKEND_PRECISION_FP8: return "fp8";
+    default: break;
+    }
+    return strcmp(backend_name(be), "cpu") == 0 ? "f32" : "bf16";
+}
+
 void workerproc_register_init(workerproc_register_t *r,
                               const workerproc_register_cfg_t *cfg)
 {
@@ -44,6 +60,7 @@ void workerproc_register_init(workerproc_register_t *r,
         /* by the pool's element size: what the hand-off actually moves */
         size_t elem = backend_kv_layout(engine_backend(cfg->engine))->elem_size;
         r->reg.kv_dtype = elem == 1 ? "fp8" : elem == 2 ? "bf16" : "f32";
+        r->reg.precision = (char *)engine_precision_class(cfg->engine);
     }
     r->reg.n_eos_ids = (size_t)n_eos;
     r->reg.eos_ids = r->eos;
