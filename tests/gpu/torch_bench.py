@@ -89,40 +89,25 @@ def prefill(model, cache, ids):
 
 
 def decode_tpot(model, cfg, batch, ctx, n_new, n_warm, step_fn, device,
-                dtype, graph=False):
+                dtype):
     """(seconds per decode step, host seconds per step) at `batch`
     sequences of `ctx` cached tokens (the cache grows by one token per
     step, as in serving).  The host figure is the wall time of issuing
     the timed steps before the final sync: when it is as large as the
     step, the step waits for Python to launch its kernels (eager mode's
-    launch bound on this host's CPU), not for the GPU.  graph=True
-    captures one eager step in a CUDA graph (what reduce-overhead does,
-    without compiling) and replays it: the same kernels, no launch cost."""
+    launch bound on this host's CPU), not for the GPU."""
     cache = make_cache(cfg, batch, ctx + n_warm + n_new + 1, device, dtype)
     ids = torch.randint(0, cfg.vocab_size, (batch, ctx), device=device)
     prefill(model, cache, ids)
     tok = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
     pos = torch.empty(1, dtype=torch.long, device=device)
-    run = lambda: step_fn(tok, cache, pos)  # noqa: E731
-    if graph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for i in range(3):
-                pos.fill_(ctx + i)
-                step_fn(tok, cache, pos)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step_fn(tok, cache, pos)
-        run = g.replay
     timer = Timer(device)
     for i in range(n_warm + n_new):
         if i == n_warm:
             timer.start()
             t_host = time.perf_counter()
         pos.fill_(ctx + i)
-        run()
+        step_fn(tok, cache, pos)
     t_host = time.perf_counter() - t_host
     return timer.stop() / n_new, t_host / n_new
 
@@ -149,9 +134,6 @@ def main():
     ap.add_argument("--warm", type=int, default=8,
                     help="untimed decode steps before timing")
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--graph", action="store_true",
-                    help="also replay each eager decode step as a captured "
-                         "CUDA graph (the GPU's time without launch cost)")
     ap.add_argument("--tiny", action="store_true",
                     help="2-layer toy on the CPU: checks the script only")
     args = ap.parse_args()
@@ -208,18 +190,6 @@ def main():
             except Exception as e:  # noqa: BLE001 - report and go on
                 rows.append(f"| decode | {b} | {ctx} | error: "
                             f"{type(e).__name__}: {e} | | |")
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            print(rows[-1], flush=True)
-        for b, ctx in (shapes if args.graph and not args.compile else []):
-            try:
-                t, h = decode_tpot(model, cfg, b, ctx, args.new, args.warm,
-                                   step, device, dtype, graph=True)
-                rows.append(f"| decode, eager step as a CUDA graph | {b} | "
-                            f"{ctx} | {t*1e3:.2f} | | {h*1e3:.2f} |")
-            except Exception as e:  # noqa: BLE001
-                rows.append(f"| decode, eager step as a CUDA graph | {b} | "
-                            f"{ctx} | error: {type(e).__name__}: {e} | | |")
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             print(rows[-1], flush=True)
