@@ -128,6 +128,8 @@ struct decode_seq_s {
 
 struct decode_s {
     decode_config_t cfg;
+    proto_batch_t tok_out; /* TokenOuts of the step being emitted, sent
+                            * as one message (issue 42); zeroed = empty */
     char name[DECODE_NAME_MAX];
     engine_t *engine;   /* NULL with --null-model */
     kv_allocator_t *kv; /* engine's, or own with --null-model */
@@ -292,8 +294,20 @@ static void spec_teardown(decode_t *dec)
 // ---------------------------------------------------------------------------
 // Messages
 
+/* Sends the TokenOuts emitted so far, as one ControlBatch when the
+ * router takes them: CURVE boxes one message per step, not one per
+ * sequence (issue 42). */
+static void send_token_outs(decode_t *dec)
+{
+    workerproc_send_batch(dec->sock, &dec->tok_out,
+                          workerproc_link_batches(dec->link));
+}
+
+/* Pending TokenOuts go first: the router sees messages in the order they
+ * were made. */
 static void send_msg(decode_t *dec, Baton__ControlMessage *msg)
 {
+    send_token_outs(dec);
     workerproc_send(dec->sock, msg);
 }
 
@@ -1356,7 +1370,12 @@ static void send_tokens(decode_t *dec, decode_seq_t *s, int index,
     }
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_TOKEN_OUT;
     msg.token_out = &out;
-    send_msg(dec, &msg);
+    msg.version = BT_PROTO_VERSION;
+    if (proto_batch_is_full(&dec->tok_out,
+                            baton__control_message__get_packed_size(&msg)))
+        send_token_outs(dec);
+    if (proto_batch_add_control(&dec->tok_out, &msg) != BT_OK)
+        send_msg(dec, &msg); /* no memory: alone, after the others */
 }
 
 /* Handles n new tokens of `s` in order (one TokenOut for all of them);
@@ -1526,6 +1545,7 @@ static void step_spec(decode_t *dec)
                        dec->n_out[i]))
             seq_remove(dec, s);
     }
+    send_token_outs(dec);
 }
 
 /* Host time per plain decode step (µs), at shutdown or every 1000
@@ -1573,6 +1593,7 @@ static void emit_pending(decode_t *dec)
                 seq_remove(dec, s);
         }
     }
+    send_token_outs(dec);
     dec->t_emit_ns += bt_time_ns() - t0;
 }
 
@@ -2114,6 +2135,7 @@ void decode_destroy(decode_t **dec_p)
     }
     spec_teardown(dec); /* after its sequences */
     workerproc_metrics_attach(dec->cfg.metrics, NULL, NULL); /* /health */
+    proto_batch_cleanup(&dec->tok_out);
     workerproc_link_destroy(&dec->link); /* its thread uses the socket */
     workerproc_close(&dec->ctx, &dec->sock);
     kv_link_receiver_detach(dec->links); /* before the pool goes */

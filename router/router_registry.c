@@ -412,6 +412,8 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     ack.router_instance = r->instance;
     ack.has_liveness_ms = 1;
     ack.liveness_ms = (uint32_t)(r->cfg.heartbeat_ms * r->cfg.heartbeat_miss);
+    ack.has_batches = 1; /* ControlBatch welcome (router_control.c) */
+    ack.batches = 1;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
     msg.register_ack = &ack;
     router__send_control(r, w, &msg);

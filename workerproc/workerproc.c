@@ -214,6 +214,20 @@ void workerproc_send(void *sock, Baton__ControlMessage *msg)
                     proto_control_body_name(msg->body_case));
 }
 
+void workerproc_send_batch(void *sock, proto_batch_t *b, bool batched)
+{
+    size_t n = b->n;
+    bt_status_t status;
+
+    if (n == 0)
+        return;
+    workerproc_sock_lock();
+    status = proto_batch_send_control(b, sock, NULL, 0, batched);
+    workerproc_sock_unlock();
+    if (status != BT_OK)
+        BT_LOG_WARN("NET", "cannot send %zu messages to the router", n);
+}
+
 void workerproc_send_drain(void *sock, const char *name)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;

@@ -17,6 +17,7 @@
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "model/model.h"
+#include "proto_batch.h"
 #include "proto_msg.h"
 #include "workerproc_link.h"
 
@@ -81,6 +82,12 @@ void workerproc_close(void **ctx_p, void **sock_p);
 /* Sends `msg` on the DEALER `sock` to the router; a failure is logged
  * (WARN) and otherwise ignored (the router notices a silent worker). */
 void workerproc_send(void *sock, Baton__ControlMessage *msg);
+
+/* Sends what `b` holds to the router as one message, a ControlBatch
+ * when `batched` (workerproc_link_batches), else one by one; empties
+ * `b`.  CURVE's cost is per message (issue 42): a decode step's TokenOuts
+ * go out this way.  A failure is logged (WARN) and otherwise ignored. */
+void workerproc_send_batch(void *sock, proto_batch_t *b, bool batched);
 
 /* Tells the router this worker drains (takes no new work) or has shut
  * down; `name` is the worker's. */
