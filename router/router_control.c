@@ -20,11 +20,45 @@
 #include "proto_batch.h"
 #include "router_int.h"
 
-void router__send_control(router_t *r, const router_worker_t *w,
+void router__worker_flush(router_t *r, router_worker_t *w)
+{
+    size_t n = w->outbox.n;
+
+    if (n > 0 && proto_batch_send_control(&w->outbox, r->control_sock, w->rid,
+                                          w->rid_len, true) != BT_OK)
+        BT_LOG_WARN("NET", "cannot send %zu messages to worker %s", n,
+                    w->name);
+}
+
+void router__control_flush(router_t *r)
+{
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (r->workers[i].used)
+            router__worker_flush(r, &r->workers[i]);
+}
+
+/* To a worker that takes batches, messages wait in its outbox for the
+ * end of the loop turn (router__control_flush): a turn that dispatches
+ * many requests sends each worker one message.  One that is too large
+ * for a batch, or cannot be queued, goes at once after what the outbox
+ * holds, so the worker sees them in the order they were made. */
+void router__send_control(router_t *r, router_worker_t *w,
                           Baton__ControlMessage *msg)
 {
+    size_t len;
+
     if (w == NULL)
         return;
+    if (w->batches) {
+        msg->version = BT_PROTO_VERSION;
+        len = baton__control_message__get_packed_size(msg);
+        if (proto_batch_is_full(&w->outbox, len))
+            router__worker_flush(r, w);
+        if (len <= PROTO_BATCH_MAX_BYTES &&
+            proto_batch_add_control(&w->outbox, msg) == BT_OK)
+            return;
+        router__worker_flush(r, w);
+    }
     if (proto_control_send(r->control_sock, w->rid, w->rid_len, msg) != BT_OK)
         BT_LOG_WARN("NET", "cannot send %s to worker %s",
                     proto_control_body_name(msg->body_case), w->name);

@@ -50,6 +50,9 @@ typedef struct {
 
 typedef struct {
     bool used;                /* slot holds a registered worker */
+    bool batches;             /* Register.batches: takes ControlBatch */
+    proto_batch_t outbox;     /* with batches: what this loop turn sends
+                                 it, sent at the turn's end (issue 42) */
     uint64_t uid;             /* registration number, never reused */
     char name[ROUTER_NAME_MAX]; /* the name operators see (Register.name) */
     uint8_t rid[ROUTER_RID_MAX]; /* (rid_len) ZeroMQ routing id: the name
@@ -546,9 +549,16 @@ void router__on_task_error(router_t *r, router_worker_t *w,
 
 /* Handles one message from the control socket (routing id + body). */
 void router__handle_control(router_t *r, bt_zmq_msg_t *zm);
-/* Sends msg to worker w (NULL: nothing); a failure is logged. */
-void router__send_control(router_t *r, const router_worker_t *w,
+/* Sends msg to worker w (NULL: nothing): at once, or with the rest of
+ * the loop turn's when w takes batches (router__control_flush); a failure
+ * is logged. */
+void router__send_control(router_t *r, router_worker_t *w,
                           Baton__ControlMessage *msg);
+/* Sends what the loop turn queued for each worker (router__send_control
+ * to a worker that takes batches), one message per worker. */
+void router__control_flush(router_t *r);
+/* The same for one worker (before it is dropped). */
+void router__worker_flush(router_t *r, router_worker_t *w);
 void router__send_kv_release(router_t *r, router_worker_t *d, uint64_t id,
                              uint64_t epoch);
 void router__send_cancel_task(router_t *r, router_worker_t *w, uint64_t id);

@@ -60,7 +60,10 @@ typedef struct {
 /* Initializes r->reg and fills its role-independent fields: role, name,
  * model, vocab size, max context, pid, EOS ids, host id, (with a device
  * KV pool) the GPU, and the KV links offered with their endpoints.  The
- * endpoints' bytes must outlive the send. */
+ * endpoints' bytes must outlive the send.  It also says the worker takes
+ * ControlBatch (Register.batches), which workerproc_handle_messages()
+ * unpacks: a caller with a receive loop of its own clears
+ * r->reg.has_batches. */
 void workerproc_register_init(workerproc_register_t *r,
                               const workerproc_register_cfg_t *cfg);
 
@@ -157,7 +160,8 @@ typedef struct {
  * session is acknowledged: work that arrives between a Register and its
  * ack was meant for a registration the worker has given up (the router
  * re-queued it), and is dropped.  Malformed messages are skipped
- * (proto_control_recv logged them). */
+ * (proto_control_recv logged them).  The entries of a ControlBatch are
+ * handled in order as if each had come alone. */
 void workerproc_handle_messages(const workerproc_handlers_t *h);
 
 #ifdef __cplusplus

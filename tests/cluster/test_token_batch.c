@@ -51,6 +51,7 @@ static void fake_register(fake_decode_t *f)
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
 
     workerproc_register_init(&r, &rc);
+    r.reg.has_batches = 0; /* fake_pump takes one message at a time */
     lay.has_n_blocks = 1;
     lay.n_blocks = 1024;
     lay.has_block_size = 1;
