@@ -109,7 +109,6 @@ static void on_batch(router_t *r, router_worker_t *w,
     char err[256];
 
     if (batch->n_msgs > PROTO_BATCH_MAX_MSGS) {
-        r->stale_msgs++;
         BT_LOG_WARN("NET", "control batch of %zu messages from worker %s "
                     "dropped (at most %d)", batch->n_msgs, w->name,
                     PROTO_BATCH_MAX_MSGS);
