@@ -12,6 +12,7 @@
 #include "bt_util.h"
 #include "bt_zmq.h"
 #include "params_proto.h"
+#include "proto_batch.h"
 
 /* One request the router owes an ending (Finished, Error, ClusterStatus). */
 typedef struct {
@@ -180,6 +181,30 @@ static void inflight_remove(client_t *c, uint64_t rid)
 // ---------------------------------------------------------------------------
 // Lost router: synthesized errors
 
+/* Appends `msg` to the messages client_recv() hands out before reading
+ * the socket again.  Takes ownership of `msg` (freed on failure).
+ * BT_ERR_NO_MEMORY. */
+static bt_status_t ready_push(client_t *c, Baton__ClientMessage *msg)
+{
+    if (c->n_ready == c->ready_cap) {
+        size_t cap = c->ready_cap ? c->ready_cap * 2 : 64;
+        Baton__ClientMessage **q = bt_calloc(cap, sizeof(*q), "client_ready");
+        if (q == NULL) {
+            proto_client_free(&msg);
+            return BT_ERR_NO_MEMORY;
+        }
+        for (size_t i = 0; i < c->n_ready; i++)
+            q[i] = c->ready[(c->ready_head + i) % c->ready_cap];
+        bt_free(c->ready);
+        c->ready = q;
+        c->ready_cap = cap;
+        c->ready_head = 0;
+    }
+    c->ready[(c->ready_head + c->n_ready) % c->ready_cap] = msg;
+    c->n_ready++;
+    return BT_OK;
+}
+
 /* Queues an Error(ERROR_ROUTER_LOST) for rid.  It is built by encoding and
  * decoding a real message, so the caller frees it with
  * proto_client_free() like any other. */
@@ -210,22 +235,7 @@ static void ready_push_lost(client_t *c, uint64_t rid, const char *why)
     baton__client_message__pack(&msg, buf);
     if (proto_client_decode(buf, len, &out, err, sizeof(err)) != BT_OK)
         return;
-    if (c->n_ready == c->ready_cap) {
-        size_t cap = c->ready_cap ? c->ready_cap * 2 : 64;
-        Baton__ClientMessage **q = bt_calloc(cap, sizeof(*q), "client_ready");
-        if (q == NULL) {
-            proto_client_free(&out);
-            return;
-        }
-        for (size_t i = 0; i < c->n_ready; i++)
-            q[i] = c->ready[(c->ready_head + i) % c->ready_cap];
-        bt_free(c->ready);
-        c->ready = q;
-        c->ready_cap = cap;
-        c->ready_head = 0;
-    }
-    c->ready[(c->ready_head + c->n_ready) % c->ready_cap] = out;
-    c->n_ready++;
+    (void)ready_push(c, out);
 }
 
 /* Ends request rid with ERROR_ROUTER_LOST.  A Cancel is queued for it: a
@@ -583,6 +593,8 @@ bt_status_t client_submit(client_t *client, const client_request_t *req,
     gen.tenant_weight = req->tenant_weight;
     gen.grammar = (char *)req->grammar;
     gen.precision = (char *)req->precision;
+    gen.has_accept_batch = 1; /* recv_one unpacks ClientBatch */
+    gen.accept_batch = 1;
     gen.has_cache_salt = req->cache_salt != NULL;
     gen.cache_salt.data = (uint8_t *)req->cache_salt;
     gen.cache_salt.len = req->cache_salt ? strlen(req->cache_salt) : 0;
@@ -643,15 +655,67 @@ static bool msg_is_final(const Baton__ClientMessage *msg)
            msg->body_case == BATON__CLIENT_MESSAGE__BODY_STATUS;
 }
 
+/* Takes a decoded reply: false when it belongs to a request already
+ * ended as lost (the caller drops it); a final one ends its request. */
+static bool reply_accept(client_t *client, const Baton__ClientMessage *msg)
+{
+    uint64_t rid = client_msg_request_id(msg);
+
+    if (rid != 0 && rid < client->lost_below &&
+        inflight_find(client, rid) == NULL)
+        return false; /* already ended as ERROR_ROUTER_LOST */
+    if (msg_is_final(msg))
+        inflight_remove(client, rid);
+    return true;
+}
+
+/* A ClientBatch (issue 42): its entries are queued in order as if each
+ * had come alone.  An entry that does not decode, has another version or
+ * is itself a batch is dropped with a log line (the rest are kept): it
+ * cannot be matched to a request.  A batch with more entries than the
+ * router makes is dropped whole. */
+static void batch_unpack(client_t *client, const Baton__ClientBatch *batch)
+{
+    char err[256];
+
+    if (batch->n_msgs > PROTO_BATCH_MAX_MSGS) {
+        BT_LOG_WARN("CLIENT", "router reply batch of %zu messages dropped "
+                    "(at most %d)", batch->n_msgs, PROTO_BATCH_MAX_MSGS);
+        return;
+    }
+    for (size_t i = 0; i < batch->n_msgs; i++) {
+        Baton__ClientMessage *m = NULL;
+        bt_status_t status;
+
+        status = proto_client_decode(batch->msgs[i].data, batch->msgs[i].len,
+                                     &m, err, sizeof(err));
+        if (status == BT_OK &&
+            m->body_case == BATON__CLIENT_MESSAGE__BODY_BATCH) {
+            status = BT_ERR_FORMAT;
+            snprintf(err, sizeof(err), "a batch inside a batch");
+        }
+        if (status != BT_OK) {
+            BT_LOG_WARN("CLIENT", "entry %zu of a router reply batch "
+                        "dropped: %s", i, err);
+            proto_client_free(&m);
+            continue;
+        }
+        if (!reply_accept(client, m)) {
+            proto_client_free(&m);
+            continue;
+        }
+        (void)ready_push(client, m);
+    }
+}
+
 /* Receives and decodes one message the socket holds (BT_ERR_TIMEOUT: none).
- * Messages for requests already ended as lost are dropped (BT_IN_PROGRESS:
- * look again). */
+ * Messages for requests already ended as lost are dropped, and a batch's
+ * entries are queued for client_recv (BT_IN_PROGRESS: look again). */
 static bt_status_t recv_one(client_t *client, Baton__ClientMessage **msg_p)
 {
     bt_zmq_msg_t zmsg;
     char err[256];
     bt_status_t status;
-    uint64_t rid;
 
     status = bt_zmq_recv(client->sock, ZMQ_DONTWAIT, &zmsg);
     if (status != BT_OK)
@@ -670,14 +734,15 @@ static bt_status_t recv_one(client_t *client, Baton__ClientMessage **msg_p)
     }
     if (status != BT_OK)
         return status;
-    rid = client_msg_request_id(*msg_p);
-    if (rid != 0 && rid < client->lost_below &&
-        inflight_find(client, rid) == NULL) {
-        proto_client_free(msg_p); /* already ended as ERROR_ROUTER_LOST */
+    if ((*msg_p)->body_case == BATON__CLIENT_MESSAGE__BODY_BATCH) {
+        batch_unpack(client, (*msg_p)->batch);
+        proto_client_free(msg_p);
         return BT_IN_PROGRESS;
     }
-    if (msg_is_final(*msg_p))
-        inflight_remove(client, rid);
+    if (!reply_accept(client, *msg_p)) {
+        proto_client_free(msg_p);
+        return BT_IN_PROGRESS;
+    }
     return BT_OK;
 }
 

@@ -5,7 +5,9 @@
  * One client_t is one DEALER socket; many requests may be in flight on
  * it, told apart by the request id client_submit() returns.  Messages
  * arrive as decoded ClientMessage envelopes (proto/client.proto):
- * TokenChunk*, then Finished or Error for each request.  Not thread-safe:
+ * TokenChunk*, then Finished or Error for each request (a router's
+ * ClientBatch, several replies in one ZeroMQ message, is unpacked here and
+ * handed out one reply at a time, in order).  Not thread-safe:
  * one thread uses a client at a time.
  *
  * A lost router is an error, never a hang: the socket sends ZeroMQ

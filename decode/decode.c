@@ -134,6 +134,9 @@ struct decode_seq_s {
 
 struct decode_s {
     decode_config_t cfg;
+    proto_batch_t outbox; /* control messages of this turn's phase (the
+                           * messages handled, the step's TokenOuts), sent
+                           * as one message (issue 42); zeroed = empty */
     char name[DECODE_NAME_MAX];
     engine_t *engine;   /* NULL with --null-model */
     kv_allocator_t *kv; /* engine's, or own with --null-model */
@@ -302,8 +305,27 @@ static void spec_teardown(decode_t *dec)
 // ---------------------------------------------------------------------------
 // Messages
 
+/* Sends what the outbox holds, as one ControlBatch when the router takes
+ * them: CURVE boxes one message per step (every sequence's TokenOut) and
+ * one per burst of requests handled (their KvGrants), not one per
+ * request (issue 42). */
+static void send_outbox(decode_t *dec)
+{
+    workerproc_send_batch(dec->sock, &dec->outbox,
+                          workerproc_link_batches(dec->link));
+}
+
+/* Queues msg in the outbox (sent by send_outbox within this loop turn,
+ * in order); alone, after the queued ones, when it cannot be queued. */
 static void send_msg(decode_t *dec, Baton__ControlMessage *msg)
 {
+    msg->version = BT_PROTO_VERSION;
+    if (proto_batch_is_full(&dec->outbox,
+                            baton__control_message__get_packed_size(msg)))
+        send_outbox(dec);
+    if (proto_batch_add_control(&dec->outbox, msg) == BT_OK)
+        return;
+    send_outbox(dec);
     workerproc_send(dec->sock, msg);
 }
 
@@ -359,6 +381,7 @@ static void send_register(decode_t *dec)
     reg->kv_layout = &lay;
     reg->has_can_prefill = 1;
     reg->can_prefill = dec->cfg.can_prefill;
+    send_outbox(dec); /* the old session's last words go first */
     workerproc_send_register(dec->sock, reg);
 }
 
@@ -1617,6 +1640,7 @@ static void step_spec(decode_t *dec)
                        dec->n_out[i]))
             seq_remove(dec, s);
     }
+    send_outbox(dec);
 }
 
 /* Host time per plain decode step (µs), at shutdown or every 1000
@@ -1664,6 +1688,7 @@ static void emit_pending(decode_t *dec)
                 seq_remove(dec, s);
         }
     }
+    send_outbox(dec);
     dec->t_emit_ns += bt_time_ns() - t0;
 }
 
@@ -2205,6 +2230,7 @@ void decode_destroy(decode_t **dec_p)
     }
     spec_teardown(dec); /* after its sequences */
     workerproc_metrics_attach(dec->cfg.metrics, NULL, NULL); /* /health */
+    proto_batch_cleanup(&dec->outbox);
     workerproc_link_destroy(&dec->link); /* its thread uses the socket */
     workerproc_close(&dec->ctx, &dec->sock);
     kv_link_receiver_detach(dec->links); /* before the pool goes */
@@ -2267,6 +2293,7 @@ bt_status_t decode_run(decode_t *dec)
             kv_link_receiver_progress(dec->links);
         arrivals_pending(dec);
         handle_messages(dec);
+        send_outbox(dec); /* the grants, before the step */
         switch (workerproc_link_check(dec->link)) {
         case WORKERPROC_LINK_REGISTER:
             send_register(dec); /* drops what the old session held */
@@ -2285,6 +2312,7 @@ bt_status_t decode_run(decode_t *dec)
         if (dec->prefix != NULL && workerproc_link_registered(dec->link))
             workerproc_prefix_publish(dec->prefix, dec->sock,
                                       DECODE_KV_EVENTS_MS);
+        send_outbox(dec);
         workerproc_link_turn_end(dec->link);
         publish_beat(dec);
     }

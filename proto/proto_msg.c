@@ -247,7 +247,7 @@ const char *proto_control_body_name(Baton__ControlMessage__BodyCase body)
         "none", "?", "register", "register_ack", "heartbeat", "kv_reserve",
         "kv_grant", "kv_release", "prefill_task", "prefill_done", "kv_ready",
         "token_out", "cancel_task", "task_error", "drain", "shutdown",
-        "kv_peers", "heartbeat_ack",
+        "kv_peers", "heartbeat_ack", "kv_events", "kv_resync", "batch",
     };
     if ((unsigned)body < sizeof(names) / sizeof(names[0]))
         return names[body];

@@ -213,9 +213,11 @@ void router_destroy(router_t **router_p)
         return;
     while (r->all_head != NULL)
         router__req_destroy(r, r->all_head);
+    router__control_flush(r);
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
         router__worker_clear(&r->workers[i]);
     bt_free(r->queue);
+    router__client_outbox_cleanup(r);
     router__http_destroy(&r->http);
     bt_zmq_socket_destroy(&r->client_sock);
     bt_zmq_socket_destroy(&r->control_sock);
@@ -321,7 +323,11 @@ bt_status_t router_run(router_t *r)
             router__check_deadlines(r, now);
         }
         router__dispatch(r);
+        router__control_flush(r); /* one message per worker and turn */
+        router__client_flush(r); /* this turn's replies, one per client */
     }
+    router__control_flush(r);
+    router__client_flush(r); /* the drain's last errors */
     BT_LOG_INFO("ROUTER", "stopped: %llu completed, %llu failed",
                 (unsigned long long)r->completed,
                 (unsigned long long)r->failed);

@@ -17,9 +17,74 @@
 #include "params_proto.h"
 #include "router_int.h"
 
+// ---------------------------------------------------------------------------
+// Replies and the outbox (issue 42)
+
+/* The outbox entry of connection id[0..len), made when absent (a full
+ * table is flushed first). */
+static router_outbox_t *outbox_get(router_t *r, const uint8_t *id,
+                                   size_t len)
+{
+    router_outbox_t *ob;
+
+    for (int i = r->n_outbox - 1; i >= 0; i--) {
+        ob = &r->outbox[i];
+        if (ob->id_len == len && memcmp(ob->id, id, len) == 0)
+            return ob;
+    }
+    if (r->n_outbox == ROUTER_OUTBOX_CONNS)
+        router__client_flush(r);
+    ob = &r->outbox[r->n_outbox++];
+    memcpy(ob->id, id, len);
+    ob->id_len = len;
+    return ob;
+}
+
+static void outbox_send(router_t *r, router_outbox_t *ob)
+{
+    size_t n = ob->batch.n;
+
+    if (n > 0 && proto_batch_send_client(&ob->batch, r->client_sock, ob->id,
+                                         ob->id_len, true) != BT_OK)
+        BT_LOG_WARN("NET", "cannot reach a client: %zu replies lost", n);
+}
+
+void router__client_flush(router_t *r)
+{
+    for (int i = 0; i < r->n_outbox; i++)
+        outbox_send(r, &r->outbox[i]);
+    r->n_outbox = 0;
+}
+
+void router__client_outbox_cleanup(router_t *r)
+{
+    for (int i = 0; i < ROUTER_OUTBOX_CONNS; i++)
+        proto_batch_cleanup(&r->outbox[i].batch);
+    r->n_outbox = 0;
+}
+
+/* Sends a reply of `req`: into its connection's outbox when its client
+ * takes batches (GenerateRequest.accept_batch), else at once.  A reply
+ * too large for a batch, or one that cannot be queued, goes at once
+ * after what the outbox holds for that connection, so the order a
+ * client sees is always the order replies were made. */
 static void send_client(router_t *r, router_req_t *req,
                         Baton__ClientMessage *msg)
 {
+    router_outbox_t *ob;
+    size_t len;
+
+    if (req->batch_ok) {
+        ob = outbox_get(r, req->client_id, req->client_id_len);
+        msg->version = BT_PROTO_VERSION;
+        len = baton__client_message__get_packed_size(msg);
+        if (proto_batch_is_full(&ob->batch, len))
+            outbox_send(r, ob);
+        if (len <= PROTO_BATCH_MAX_BYTES &&
+            proto_batch_add_client(&ob->batch, msg) == BT_OK)
+            return;
+        outbox_send(r, ob);
+    }
     if (proto_client_send(r->client_sock, req->client_id, req->client_id_len,
                           msg) != BT_OK)
         BT_LOG_WARN("NET", "cannot reach client of request %llu",
@@ -128,8 +193,17 @@ void router__send_finished(router_t *r, router_req_t *req,
 void router__send_req_error(router_t *r, router_req_t *req,
                             Baton__ErrorCode code, const char *text)
 {
-    proto_client_send_error(r->client_sock, req->client_id, req->client_id_len,
-                            req->client_rid, code, "%s", text);
+    Baton__ClientMessage msg = BATON__CLIENT_MESSAGE__INIT;
+    Baton__Error e = BATON__ERROR__INIT;
+
+    e.has_client_request_id = 1;
+    e.client_request_id = req->client_rid;
+    e.has_code = 1;
+    e.code = code;
+    e.message = (char *)text;
+    msg.body_case = BATON__CLIENT_MESSAGE__BODY_ERROR;
+    msg.error = &e;
+    send_client(r, req, &msg); /* after its chunks, when batched */
 }
 
 // ---------------------------------------------------------------------------
@@ -356,6 +430,7 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
     req->ignore_eos = g->ignore_eos;
     req->want_text = g->want_text;
     req->precision = proto_precision_find(g->precision); /* validated */
+    req->batch_ok = g->accept_batch;
 
     req->priority = g->priority;
     req->tenant = router__tenant_slot(r, g->tenant);

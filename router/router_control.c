@@ -17,13 +17,48 @@
 #include "bt_proto.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "proto_batch.h"
 #include "router_int.h"
 
-void router__send_control(router_t *r, const router_worker_t *w,
+void router__worker_flush(router_t *r, router_worker_t *w)
+{
+    size_t n = w->outbox.n;
+
+    if (n > 0 && proto_batch_send_control(&w->outbox, r->control_sock, w->rid,
+                                          w->rid_len, true) != BT_OK)
+        BT_LOG_WARN("NET", "cannot send %zu messages to worker %s", n,
+                    w->name);
+}
+
+void router__control_flush(router_t *r)
+{
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++)
+        if (r->workers[i].used)
+            router__worker_flush(r, &r->workers[i]);
+}
+
+/* To a worker that takes batches, messages wait in its outbox for the
+ * end of the loop turn (router__control_flush): a turn that dispatches
+ * many requests sends each worker one message.  One that is too large
+ * for a batch, or cannot be queued, goes at once after what the outbox
+ * holds, so the worker sees them in the order they were made. */
+void router__send_control(router_t *r, router_worker_t *w,
                           Baton__ControlMessage *msg)
 {
+    size_t len;
+
     if (w == NULL)
         return;
+    if (w->batches) {
+        msg->version = BT_PROTO_VERSION;
+        len = baton__control_message__get_packed_size(msg);
+        if (proto_batch_is_full(&w->outbox, len))
+            router__worker_flush(r, w);
+        if (len <= PROTO_BATCH_MAX_BYTES &&
+            proto_batch_add_control(&w->outbox, msg) == BT_OK)
+            return;
+        router__worker_flush(r, w);
+    }
     if (proto_control_send(r->control_sock, w->rid, w->rid_len, msg) != BT_OK)
         BT_LOG_WARN("NET", "cannot send %s to worker %s",
                     proto_control_body_name(msg->body_case), w->name);
@@ -54,6 +89,96 @@ void router__send_cancel_task(router_t *r, router_worker_t *w, uint64_t id)
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_CANCEL_TASK;
     msg.cancel_task = &c;
     router__send_control(r, w, &msg);
+}
+
+static void on_worker_msg(router_t *r, router_worker_t *w,
+                          const Baton__ControlMessage *msg);
+
+/* A ControlBatch (issue 42): each entry is handled as if it had come
+ * alone, in order, with the batch's sender and key, so fencing judges
+ * every entry on its own (a stale TokenOut drops that entry, not the
+ * batch).  An entry that does not decode, a Register (it must come
+ * alone: it binds the connection's key) and a nested batch are dropped
+ * with a log line; the rest still count.  A batch with more entries
+ * than any worker sends is dropped whole.  Stops early when an entry
+ * (a Shutdown) dropped the worker. */
+static void on_batch(router_t *r, router_worker_t *w,
+                     const Baton__ControlBatch *batch)
+{
+    uint64_t uid = w->uid;
+    char err[256];
+
+    if (batch->n_msgs > PROTO_BATCH_MAX_MSGS) {
+        BT_LOG_WARN("NET", "control batch of %zu messages from worker %s "
+                    "dropped (at most %d)", batch->n_msgs, w->name,
+                    PROTO_BATCH_MAX_MSGS);
+        return;
+    }
+    for (size_t i = 0; i < batch->n_msgs && w->used && w->uid == uid; i++) {
+        Baton__ControlMessage *m = NULL;
+        bt_status_t status;
+
+        status = proto_control_decode(batch->msgs[i].data, batch->msgs[i].len,
+                                      &m, err, sizeof(err));
+        if (status != BT_OK) {
+            BT_LOG_WARN("NET", "entry %zu of a control batch from worker %s "
+                        "dropped: %s", i, w->name, err);
+        } else if (m->body_case == BATON__CONTROL_MESSAGE__BODY_REGISTER ||
+                   m->body_case == BATON__CONTROL_MESSAGE__BODY_BATCH) {
+            BT_LOG_WARN("NET", "entry %zu of a control batch from worker %s "
+                        "dropped: a %s must come alone", i, w->name,
+                        proto_control_body_name(m->body_case));
+        } else {
+            on_worker_msg(r, w, m);
+        }
+        proto_control_free(&m);
+    }
+}
+
+/* Acts on one message of registered worker `w` (alone or a batch's
+ * entry). */
+static void on_worker_msg(router_t *r, router_worker_t *w,
+                          const Baton__ControlMessage *msg)
+{
+    switch (msg->body_case) {
+    case BATON__CONTROL_MESSAGE__BODY_HEARTBEAT:
+        if (msg->heartbeat->has_session &&
+            msg->heartbeat->session != w->session) {
+            r->stale_msgs++; /* sent before its latest Register */
+            break;
+        }
+        router__on_heartbeat(r, w, msg->heartbeat);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_KV_GRANT:
+        router__on_kv_grant(r, w, msg->kv_grant);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE:
+        router__on_prefill_done(r, w, msg->prefill_done);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_TOKEN_OUT:
+        router__on_token_out(r, w, msg->token_out);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_TASK_ERROR:
+        router__on_task_error(r, w, msg->task_error);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_DRAIN:
+        BT_LOG_INFO("ROUTER", "worker %s is draining", w->name);
+        w->draining = true;
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
+        router__worker_drop(r, w, "left");
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_KV_EVENTS:
+        router__on_kv_events(r, w, msg->kv_events);
+        break;
+    case BATON__CONTROL_MESSAGE__BODY_BATCH:
+        on_batch(r, w, msg->batch);
+        break;
+    default:
+        BT_LOG_WARN("NET", "unexpected %s from worker %s dropped",
+                    proto_control_body_name(msg->body_case), w->name);
+        break;
+    }
 }
 
 void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
@@ -116,42 +241,7 @@ void router__handle_control(router_t *r, bt_zmq_msg_t *zm)
         goto out;
     }
     w->last_seen_ns = bt_time_ns();
-    switch (msg->body_case) {
-    case BATON__CONTROL_MESSAGE__BODY_HEARTBEAT:
-        if (msg->heartbeat->has_session &&
-            msg->heartbeat->session != w->session) {
-            r->stale_msgs++; /* sent before its latest Register */
-            break;
-        }
-        router__on_heartbeat(r, w, msg->heartbeat);
-        break;
-    case BATON__CONTROL_MESSAGE__BODY_KV_GRANT:
-        router__on_kv_grant(r, w, msg->kv_grant);
-        break;
-    case BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE:
-        router__on_prefill_done(r, w, msg->prefill_done);
-        break;
-    case BATON__CONTROL_MESSAGE__BODY_TOKEN_OUT:
-        router__on_token_out(r, w, msg->token_out);
-        break;
-    case BATON__CONTROL_MESSAGE__BODY_TASK_ERROR:
-        router__on_task_error(r, w, msg->task_error);
-        break;
-    case BATON__CONTROL_MESSAGE__BODY_DRAIN:
-        BT_LOG_INFO("ROUTER", "worker %s is draining", w->name);
-        w->draining = true;
-        break;
-    case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
-        router__worker_drop(r, w, "left");
-        break;
-    case BATON__CONTROL_MESSAGE__BODY_KV_EVENTS:
-        router__on_kv_events(r, w, msg->kv_events);
-        break;
-    default:
-        BT_LOG_WARN("NET", "unexpected %s from worker %s dropped",
-                    proto_control_body_name(msg->body_case), w->name);
-        break;
-    }
+    on_worker_msg(r, w, msg);
 out:
     proto_control_free(&msg);
 }

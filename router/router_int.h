@@ -12,6 +12,7 @@
 #include "bt_buf.h"
 #include "bt_prom.h"
 #include "bt_zmq.h"
+#include "proto_batch.h"
 #include "proto_msg.h"
 #include "router.h"
 #include "router_kvindex.h"
@@ -49,6 +50,9 @@ typedef struct {
 
 typedef struct {
     bool used;                /* slot holds a registered worker */
+    bool batches;             /* Register.batches: takes ControlBatch */
+    proto_batch_t outbox;     /* with batches: what this loop turn sends
+                                 it, sent at the turn's end (issue 42) */
     uint64_t uid;             /* registration number, never reused */
     char name[ROUTER_NAME_MAX]; /* the name operators see (Register.name) */
     uint8_t rid[ROUTER_RID_MAX]; /* (rid_len) ZeroMQ routing id: the name
@@ -236,6 +240,8 @@ struct router_req_s {
                                   token, then as the decode worker last
                                   reported it (continues a failover) */
     size_t n_stop_held;
+    bool batch_ok;          /* GenerateRequest.accept_batch: its replies
+                               go through the client outbox */
     bool plp_sent;          /* the prompt's logprobs went to the client
                                (SamplingParams.prompt_logprobs; once) */
     /* timings (ns, bt_time_ns) */
@@ -419,6 +425,16 @@ bool router__worker_is_usable(const router_worker_t *w);
 bool router__req_never_fits(const router_t *r, const router_req_t *req,
                             int n_tokens, char *why, size_t why_size);
 
+/* The replies one loop turn made for one client connection (issue 42):
+ * sent as one ClientBatch when the turn ends (router__client_flush), so
+ * CURVE boxes one message per connection and turn, not one per token. */
+#define ROUTER_OUTBOX_CONNS 64
+typedef struct {
+    uint8_t id[256];           /* (id_len) the connection's routing id */
+    size_t id_len;
+    proto_batch_t batch;       /* its replies, in order */
+} router_outbox_t;
+
 struct router_s {
     router_config_t cfg;
     const router_policy_t *policy;
@@ -470,6 +486,9 @@ struct router_s {
     uint64_t zap_denied[2];    /* refused: [0] clients, [1] workers */
     uint64_t foreign_msgs;     /* worker messages from a key that is not
                                   the registration's, dropped */
+    router_outbox_t outbox[ROUTER_OUTBOX_CONNS]; /* (n_outbox) used this
+                                  turn; memory kept across turns */
+    int n_outbox;
 };
 
 // ---------------------------------------------------------------------------
@@ -587,9 +606,16 @@ void router__on_task_error(router_t *r, router_worker_t *w,
 
 /* Handles one message from the control socket (routing id + body). */
 void router__handle_control(router_t *r, bt_zmq_msg_t *zm);
-/* Sends msg to worker w (NULL: nothing); a failure is logged. */
-void router__send_control(router_t *r, const router_worker_t *w,
+/* Sends msg to worker w (NULL: nothing): at once, or with the rest of
+ * the loop turn's when w takes batches (router__control_flush); a failure
+ * is logged. */
+void router__send_control(router_t *r, router_worker_t *w,
                           Baton__ControlMessage *msg);
+/* Sends what the loop turn queued for each worker (router__send_control
+ * to a worker that takes batches), one message per worker. */
+void router__control_flush(router_t *r);
+/* The same for one worker (before it is dropped). */
+void router__worker_flush(router_t *r, router_worker_t *w);
 void router__send_kv_release(router_t *r, router_worker_t *d, uint64_t id,
                              uint64_t epoch);
 void router__send_cancel_task(router_t *r, router_worker_t *w, uint64_t id);
@@ -630,5 +656,9 @@ void router__send_finished(router_t *r, router_req_t *req,
                            Baton__FinishReason reason);
 void router__send_req_error(router_t *r, router_req_t *req,
                             Baton__ErrorCode code, const char *text);
+/* Sends every reply the outbox holds (end of a loop turn). */
+void router__client_flush(router_t *r);
+/* Frees the outbox's memory (router_destroy). */
+void router__client_outbox_cleanup(router_t *r);
 
 #endif /* BT_ROUTER_ROUTER_INT_H */

@@ -84,7 +84,7 @@ static void send_kv_peers(router_t *r, const router_worker_t *to)
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_KV_PEERS;
     msg.kv_peers = &kp;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
-        const router_worker_t *p = &r->workers[i];
+        router_worker_t *p = &r->workers[i];
         if (p->used && p->role == BATON__ROLE__ROLE_PREFILL &&
             (to == NULL || to == p))
             router__send_control(r, p, &msg);
@@ -130,6 +130,7 @@ static void endpoints_set(router_worker_t *w, const Baton__Register *reg)
 void router__worker_clear(router_worker_t *w)
 {
     endpoints_clear(w);
+    proto_batch_cleanup(&w->outbox); /* unsent: for a worker gone */
     memset(w, 0, sizeof(*w));
 }
 
@@ -173,6 +174,7 @@ void router__worker_drop(router_t *r, router_worker_t *w, const char *why)
         }
     }
     had_pool = w->n_eps > 0;
+    router__worker_flush(r, w); /* what it was told before the drop */
     router__worker_clear(w);
     if (had_pool)
         send_kv_peers(r, NULL);
@@ -391,6 +393,7 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     for (int i = 0; i < w->n_eos; i++)
         w->eos_ids[i] = reg->eos_ids[i];
     w->can_prefill = w->role == BATON__ROLE__ROLE_DECODE && reg->can_prefill;
+    w->batches = reg->has_batches && reg->batches;
     w->transports = 0;
     for (size_t i = 0; i < reg->n_transports; i++)
         if ((unsigned)reg->transports[i] < 32)
@@ -425,6 +428,8 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     ack.router_instance = r->instance;
     ack.has_liveness_ms = 1;
     ack.liveness_ms = (uint32_t)(r->cfg.heartbeat_ms * r->cfg.heartbeat_miss);
+    ack.has_batches = 1; /* ControlBatch welcome (router_control.c) */
+    ack.batches = 1;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER_ACK;
     msg.register_ack = &ack;
     router__send_control(r, w, &msg);

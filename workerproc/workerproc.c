@@ -51,6 +51,8 @@ void workerproc_register_init(workerproc_register_t *r,
     r->reg.max_context = (uint32_t)cfg->max_context;
     r->reg.has_pid = 1;
     r->reg.pid = (uint32_t)getpid();
+    r->reg.has_batches = 1; /* workerproc_handle_messages unpacks them */
+    r->reg.batches = 1;
     if (cfg->engine != NULL) {
         const model_config_t *mc = model_config(engine_model(cfg->engine));
         for (int i = 0; i < mc->n_eos && i < MODEL_MAX_EOS; i++)
@@ -231,6 +233,20 @@ void workerproc_send(void *sock, Baton__ControlMessage *msg)
                     proto_control_body_name(msg->body_case));
 }
 
+void workerproc_send_batch(void *sock, proto_batch_t *b, bool batched)
+{
+    size_t n = b->n;
+    bt_status_t status;
+
+    if (n == 0)
+        return;
+    workerproc_sock_lock();
+    status = proto_batch_send_control(b, sock, NULL, 0, batched);
+    workerproc_sock_unlock();
+    if (status != BT_OK)
+        BT_LOG_WARN("NET", "cannot send %zu messages to the router", n);
+}
+
 void workerproc_send_drain(void *sock, const char *name)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
@@ -361,6 +377,72 @@ void workerproc_send_prefill_failure(void *sock, uint64_t id, uint64_t epoch,
     workerproc_send(sock, &msg);
 }
 
+/* Handles one control message (alone or a batch's entry); frees it
+ * unless the role kept it. */
+static void handle_one(const workerproc_handlers_t *h,
+                       Baton__ControlMessage *msg)
+{
+    if (workerproc_link_on_ack(h->link, msg)) {
+        proto_control_free(&msg);
+        return;
+    }
+    switch (msg->body_case) {
+    case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
+    case BATON__CONTROL_MESSAGE__BODY_DRAIN:
+        *h->stop = 1;
+        break;
+    default:
+        if (!workerproc_link_registered(h->link)) {
+            BT_LOG_DEBUG("NET", "%s of a given-up registration dropped",
+                         proto_control_body_name(msg->body_case));
+            break;
+        }
+        switch (h->on_msg(h->arg, msg)) {
+        case WORKERPROC_MSG_KEPT:
+            return;
+        case WORKERPROC_MSG_UNKNOWN:
+            BT_LOG_WARN("NET", "unexpected %s dropped",
+                        proto_control_body_name(msg->body_case));
+            break;
+        case WORKERPROC_MSG_DONE:
+            break;
+        }
+        break;
+    }
+    proto_control_free(&msg);
+}
+
+/* A ControlBatch from the router (issue 42): each entry is handled as if
+ * it had come alone, in order.  An entry that does not decode or is
+ * itself a batch is dropped with a log line; the others still count. */
+static void handle_batch(const workerproc_handlers_t *h,
+                         const Baton__ControlBatch *batch)
+{
+    char err[256];
+
+    if (batch->n_msgs > PROTO_BATCH_MAX_MSGS) {
+        BT_LOG_WARN("NET", "control batch of %zu messages dropped (at most "
+                    "%d)", batch->n_msgs, PROTO_BATCH_MAX_MSGS);
+        return;
+    }
+    for (size_t i = 0; i < batch->n_msgs; i++) {
+        Baton__ControlMessage *m = NULL;
+
+        if (proto_control_decode(batch->msgs[i].data, batch->msgs[i].len, &m,
+                                 err, sizeof(err)) != BT_OK) {
+            BT_LOG_WARN("NET", "entry %zu of a control batch dropped: %s", i,
+                        err);
+            proto_control_free(&m);
+        } else if (m->body_case == BATON__CONTROL_MESSAGE__BODY_BATCH) {
+            BT_LOG_WARN("NET", "entry %zu of a control batch dropped: a "
+                        "batch inside a batch", i);
+            proto_control_free(&m);
+        } else {
+            handle_one(h, m);
+        }
+    }
+}
+
 void workerproc_handle_messages(const workerproc_handlers_t *h)
 {
     for (int k = 0; k < 1024; k++) {
@@ -374,33 +456,11 @@ void workerproc_handle_messages(const workerproc_handlers_t *h)
             continue;
         if (status != BT_OK)
             return;
-        if (workerproc_link_on_ack(h->link, msg)) {
+        if (msg->body_case == BATON__CONTROL_MESSAGE__BODY_BATCH) {
+            handle_batch(h, msg->batch);
             proto_control_free(&msg);
             continue;
         }
-        switch (msg->body_case) {
-        case BATON__CONTROL_MESSAGE__BODY_SHUTDOWN:
-        case BATON__CONTROL_MESSAGE__BODY_DRAIN:
-            *h->stop = 1;
-            break;
-        default:
-            if (!workerproc_link_registered(h->link)) {
-                BT_LOG_DEBUG("NET", "%s of a given-up registration dropped",
-                             proto_control_body_name(msg->body_case));
-                break;
-            }
-            switch (h->on_msg(h->arg, msg)) {
-            case WORKERPROC_MSG_KEPT:
-                continue;
-            case WORKERPROC_MSG_UNKNOWN:
-                BT_LOG_WARN("NET", "unexpected %s dropped",
-                            proto_control_body_name(msg->body_case));
-                break;
-            case WORKERPROC_MSG_DONE:
-                break;
-            }
-            break;
-        }
-        proto_control_free(&msg);
+        handle_one(h, msg);
     }
 }

@@ -17,6 +17,7 @@
 #include "kv/kv_transport.h"
 #include "kv/kv_transport_cuda_ipc.h"
 #include "model/model.h"
+#include "proto_batch.h"
 #include "proto_msg.h"
 #include "workerproc_link.h"
 
@@ -59,7 +60,10 @@ typedef struct {
 /* Initializes r->reg and fills its role-independent fields: role, name,
  * model, vocab size, max context, pid, EOS ids, host id, (with a device
  * KV pool) the GPU, and the KV links offered with their endpoints.  The
- * endpoints' bytes must outlive the send. */
+ * endpoints' bytes must outlive the send.  It also says the worker takes
+ * ControlBatch (Register.batches), which workerproc_handle_messages()
+ * unpacks: a caller with a receive loop of its own clears
+ * r->reg.has_batches. */
 void workerproc_register_init(workerproc_register_t *r,
                               const workerproc_register_cfg_t *cfg);
 
@@ -81,6 +85,12 @@ void workerproc_close(void **ctx_p, void **sock_p);
 /* Sends `msg` on the DEALER `sock` to the router; a failure is logged
  * (WARN) and otherwise ignored (the router notices a silent worker). */
 void workerproc_send(void *sock, Baton__ControlMessage *msg);
+
+/* Sends what `b` holds to the router as one message, a ControlBatch
+ * when `batched` (workerproc_link_batches), else one by one; empties
+ * `b`.  CURVE's cost is per message (issue 42): a decode step's TokenOuts
+ * go out this way.  A failure is logged (WARN) and otherwise ignored. */
+void workerproc_send_batch(void *sock, proto_batch_t *b, bool batched);
 
 /* Tells the router this worker drains (takes no new work) or has shut
  * down; `name` is the worker's. */
@@ -150,7 +160,8 @@ typedef struct {
  * session is acknowledged: work that arrives between a Register and its
  * ack was meant for a registration the worker has given up (the router
  * re-queued it), and is dropped.  Malformed messages are skipped
- * (proto_control_recv logged them). */
+ * (proto_control_recv logged them).  The entries of a ControlBatch are
+ * handled in order as if each had come alone. */
 void workerproc_handle_messages(const workerproc_handlers_t *h);
 
 #ifdef __cplusplus

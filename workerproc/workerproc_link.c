@@ -33,6 +33,8 @@ struct workerproc_link_s {
     uint64_t session;          /* Register messages sent */
     bool registered;           /* the current session was acknowledged */
     int heartbeat_ms;          /* the router's period (250 until told) */
+    bool batches;              /* the router takes ControlBatch
+                                  (RegisterAck.batches; main thread) */
     uint64_t last_beat_ns;     /* last heartbeat sent */
     workerproc_beat_t beat;    /* what the next heartbeat says */
     /* Main thread only: */
@@ -285,6 +287,7 @@ static void on_register_ack(workerproc_link_t *link,
         link->router_instance = ack->router_instance;
     if (ack->has_liveness_ms && ack->liveness_ms > 0)
         link->liveness_ms = (int)ack->liveness_ms;
+    link->batches = ack->has_batches && ack->batches;
     link->refused = false;
     link->want_register = false;
     link->last_ack_ns = now;
@@ -295,6 +298,11 @@ static void on_register_ack(workerproc_link_t *link,
     link->last_beat_ns = 0; /* a heartbeat at once */
     pthread_cond_signal(&link->cv);
     pthread_mutex_unlock(&link->mu);
+}
+
+bool workerproc_link_batches(const workerproc_link_t *link)
+{
+    return link->batches;
 }
 
 bool workerproc_link_on_ack(workerproc_link_t *link,

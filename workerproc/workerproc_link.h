@@ -96,6 +96,10 @@ uint64_t workerproc_link_begin_session(workerproc_link_t *link);
  * taken). */
 bool workerproc_link_registered(const workerproc_link_t *link);
 
+/* True when the router's RegisterAck said it takes ControlBatch (issue
+ * 42): the worker may coalesce its messages (workerproc_send_batch). */
+bool workerproc_link_batches(const workerproc_link_t *link);
+
 /* Applies a RegisterAck or HeartbeatAck (other kinds: false).  Returns
  * true when it was one of them. */
 bool workerproc_link_on_ack(workerproc_link_t *link,

@@ -40,6 +40,7 @@ static int send_register(void *sock, const char *name, int role)
     workerproc_register_t r;
 
     workerproc_register_init(&r, &rc);
+    r.reg.has_batches = 0; /* its own receive loop: one message at a time */
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_REGISTER;
     msg.register_ = &r.reg;
     return proto_control_send(sock, NULL, 0, &msg) == BT_OK ? 0 : -1;

@@ -39,6 +39,7 @@ static void fake_register(fake_prefill_t *f)
     workerproc_register_t r;
 
     workerproc_register_init(&r, &rc);
+    r.reg.has_batches = 0; /* fake_pump takes one message at a time */
     r.reg.n_transports = 1;
     r.reg.transports = inline_only;
     workerproc_send_register(f->sock, &r.reg);

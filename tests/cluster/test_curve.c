@@ -83,6 +83,7 @@ static size_t pack_register(const char *name, uint8_t *buf, size_t cap)
     size_t len;
 
     workerproc_register_init(&r, &rc);
+    r.reg.has_batches = 0; /* its own receive loop: one message at a time */
     r.reg.has_session = 1;
     r.reg.session = 7;
     msg.version = BT_PROTO_VERSION;
