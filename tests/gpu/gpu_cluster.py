@@ -15,6 +15,12 @@ Phases, each with real processes and --device cuda:
      over; ids == golden.  With CUDA MPS when the daemon starts (prefill
      and decode get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE 60 / 40), else
      time-sliced.
+  F  prefix hits across a CUDA IPC hand-off (issue 38), float32: per
+     golden line, the prompt plus half its greedy ids, then the prompt
+     plus all but 8 of them (the first's blocks cached in both workers):
+     the second hand-off moves only the blocks the decode worker lacks
+     (`kv_link_route_t.first_block` > 0: the decode log's "blocks held"
+     lines count them); both continue exactly as golden.jsonl.
   E  speculation with the draft head on the GPU: `baton up --prefill 1
      --decode 1 --spec-head H --spec fixed` in float32 with
      BT_DRAFT_DEVICE=device (auto would draft a head this small on the
@@ -23,7 +29,7 @@ Phases, each with real processes and --device cuda:
      first decode step drafts; ids == golden.  H is
      $BT_SHARED_DIR/heads/aidreams260K.bin.head.safetensors when present,
      else phase E is skipped (reported).
-BT_GPU_CLUSTER_PHASES (default ABCDE) picks the phases.
+BT_GPU_CLUSTER_PHASES (default ABCDEF) picks the phases.
 Prints a summary table last; exits nonzero on any failure.
 """
 import os
@@ -255,12 +261,45 @@ def phase_spec():
            [t[2] for t in tr], secs))
 
 
+def phase_prefix():
+    label = "F-prefix-cuda-ipc-f32"
+    env = dict(os.environ, BT_LOG="DEBUG")  # the "blocks held" lines
+    p, port, text = up(label, ["--prefill", "1", "--decode", "1",
+                               "--precision", "f32"], env)
+    tr = transports(text)
+    bad = n = 0
+    for i, (prompt, want, _) in enumerate(GOLD):
+        for keep in (len(want) // 2, len(want) - 8):
+            got, err = None, ""
+            for _ in range(50):  # workers may still be registering
+                got, err = generate(port, prompt + want[:keep], 8)
+                if got is not None:
+                    break
+                time.sleep(0.2)
+            n += 1
+            if got != want[keep:keep + 8]:
+                bad += 1
+                log("FAIL %s line %d keep %d: got %s want %s %s" %
+                    (label, i, keep, got, want[keep:keep + 8], err))
+    down(p)
+    held = grep_logs(label, r"reserved blocks held")
+    inline = grep_logs(label, r"goes inline|falling back to inline")
+    check("F prefix hits over cuda-ipc f32 == golden", bad == 0 and
+          held >= 1 and inline == 0 and len(tr) == 1 and
+          tr[0][2] == "cuda-ipc",
+          "%d/%d requests, hand-offs with held blocks %d, inline %d, "
+          "transport %s" % (n - bad, n, held, inline, [t[2] for t in tr]))
+
+
 def main():
     random.seed(os.getpid())
-    phases = os.environ.get("BT_GPU_CLUSTER_PHASES", "ABCDE")
+    phases = os.environ.get("BT_GPU_CLUSTER_PHASES", "ABCDEF")
     log("golden prompts: %d (aidreams260K)" % len(GOLD))
     if phases == "E":  # speculation only
         phase_spec()
+        return summary()
+    if phases == "F":  # prefix hits only
+        phase_prefix()
         return summary()
     # A: aggregated, f32.
     tr, ids_a, bad, secs = phase_up("A-aggregated-f32",
@@ -302,6 +341,8 @@ def main():
           (mode, len(GOLD) - bad, len(GOLD), mapped, inline))
     if "E" in phases:
         phase_spec()
+    if "F" in phases:
+        phase_prefix()
     return summary()
 
 
