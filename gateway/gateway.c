@@ -1157,6 +1157,8 @@ static bool tenant_admit(gateway_t *gw, req_t *conn, gateway_tenant_t *t,
         areq->req.cache_salt = areq->cache_salt;
     }
     areq->req.priority = t->priority; /* the tenant's class, not the body's */
+    if (areq->req.precision == NULL)  /* the body's own class wins */
+        areq->req.precision = t->precision;
     return true;
 }
 

@@ -6,7 +6,7 @@
  * Key file (docs/SECURITY.md): one key per line,
  *
  *     KEY TENANT [priority=N] [weight=N] [max_concurrency=N]
- *                [tokens_per_min=N] [cache_salt=S]
+ *                [tokens_per_min=N] [cache_salt=S] [precision=P]
  *
  * '#' starts a comment; blank lines are skipped.  KEY is 16..255
  * printable ASCII characters without spaces; TENANT is 1..64 of
@@ -28,6 +28,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "gateway_int.h"
+#include "proto_msg.h"
 
 #define AUTH_MAX_FILE (16u << 20)
 #define AUTH_MAX_WEIGHT 1000
@@ -51,6 +52,7 @@ struct gateway_auth_s {
 /* Set by the option parser per tenant line: which options were given. */
 typedef struct {
     bool priority, weight, max_concurrency, tokens_per_min, cache_salt;
+    bool precision;
 } auth_given_t;
 
 static bool tenant_name_ok(const char *s)
@@ -104,6 +106,19 @@ static const char *apply_option(gateway_tenant_t *t, auth_given_t *given,
     name_len = (size_t)(eq - opt);
     v = eq + 1;
 #define OPT_IS(_s) (name_len == sizeof(_s) - 1 && memcmp(opt, _s, name_len) == 0)
+    if (OPT_IS("precision")) {
+        /* the default precision class of the tenant's requests (a body's
+         * own "precision" wins; issue 42 item 5) */
+        const char *cls = proto_precision_find(v);
+
+        if (cls == NULL)
+            return "precision must be one of " PROTO_PRECISIONS;
+        if (given->precision && t->precision != cls)
+            return "precision differs from an earlier line of the tenant";
+        t->precision = cls;
+        given->precision = true;
+        return NULL;
+    }
     if (OPT_IS("cache_salt")) {
         if (strlen(v) == 0 || strlen(v) > 64)
             return "cache_salt must be 1..64 bytes";
@@ -148,7 +163,7 @@ static const char *apply_option(gateway_tenant_t *t, auth_given_t *given,
         given->tokens_per_min = true;
     } else {
         return "unknown option (priority, weight, max_concurrency, "
-               "tokens_per_min, cache_salt)";
+               "tokens_per_min, cache_salt, precision)";
     }
 #undef OPT_IS
     return NULL;

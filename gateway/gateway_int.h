@@ -250,6 +250,9 @@ typedef struct {
     int max_concurrency;       /* requests in flight at once (0: no limit) */
     uint64_t tokens_per_min;   /* token rate (0: no limit) */
     char cache_salt[65];       /* default: the tenant's name */
+    const char *precision;     /* its requests' precision class when the
+                                  body names none (proto_precision_find's
+                                  static string), NULL: any */
     /* state */
     int in_flight;             /* generation requests admitted, not ended */
     double bucket;             /* tokens it may still start (may go below

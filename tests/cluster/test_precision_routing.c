@@ -179,6 +179,26 @@ static void status_shows(const char *listen, const char *const *want)
             BT_TEST_FAIL("baton status shows no '%s'", want[i]);
 }
 
+/* POST /v1/completions with key `key` and body `body` to baton-http at
+ * port; returns the status. */
+static int post_key(int port, const char *key, const char *body)
+{
+    char req[2048];
+    ht_resp_t r;
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: test\r\n"
+                     "Authorization: Bearer %s\r\n"
+                     "Content-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     key, strlen(body), body);
+    int status = ht_raw(port, req, (size_t)n, &r);
+
+    if (status != 200)
+        fprintf(stderr, "   %d: %s\n", status, r.body ? r.body : "");
+    ht_resp_free(&r);
+    return status;
+}
+
 static void test_aggregated(void)
 {
     static int want8[N_REQ][CU_MAX_IDS], want32[N_REQ][CU_MAX_IDS];
@@ -285,6 +305,44 @@ static void test_aggregated(void)
     ht_resp_free(&r);
     BT_ASSERT_EQ(served(c, "a8"), s8 + 4);
     BT_ASSERT_EQ(served(c, "a32"), s32);
+
+    fprintf(stderr, "3. a tenant's default precision (api-key-file)\n");
+    {
+        char keys[] = "/tmp/bt_prec_keysXXXXXX";
+        int fd = mkstemp(keys), kport;
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        const char *plain = "{\"prompt\":\"The river\",\"max_tokens\":4}";
+        const char *f32b = "{\"prompt\":\"The river\",\"max_tokens\":4,"
+                           "\"precision\":\"f32\"}";
+
+        BT_CHECK(f != NULL);
+        fprintf(f, "sk-prec-eight-0123456789 t8 precision=fp8\n"
+                   "sk-prec-any-0123456789ab tany\n");
+        fclose(f);
+        kport = ht_start_gateway(listen, "--api-key-file", keys, NULL);
+        ht_wait_healthy(kport, 10000);
+        s8 = served(c, "a8");
+        s32 = served(c, "a32");
+        /* no precision in the body: the tenant's class */
+        BT_ASSERT_EQ(post_key(kport, "sk-prec-eight-0123456789", plain), 200);
+        BT_ASSERT_EQ(served(c, "a8"), s8 + 2);
+        BT_ASSERT_EQ(served(c, "a32"), s32);
+        /* the body's own class wins */
+        BT_ASSERT_EQ(post_key(kport, "sk-prec-eight-0123456789", f32b), 200);
+        BT_ASSERT_EQ(served(c, "a32"), s32 + 2);
+        /* a tenant without one: any (the least-loaded pick) */
+        BT_ASSERT_EQ(post_key(kport, "sk-prec-any-0123456789ab", plain), 200);
+        BT_ASSERT_EQ(served(c, "a8") + served(c, "a32"), s8 + s32 + 6);
+        /* an unknown class in the key file stops baton-http at start */
+        f = fopen(keys, "w");
+        BT_CHECK(f != NULL);
+        fprintf(f, "sk-prec-eight-0123456789 t8 precision=fp9\n");
+        fclose(f);
+        BT_CHECK(sh("%s/baton-http --router %s --listen 127.0.0.1:0 "
+                    "--api-key-file %s 2>&1 | grep -q 'precision must be one "
+                    "of'", BT_BIN_DIR, listen, keys) == 0);
+        unlink(keys);
+    }
     client_destroy(&c);
     cu_kill_all();
 }
