@@ -197,29 +197,17 @@ static router_worker_t *rr_pick_decode(router_t *router,
                    n_tokens, need_prefill, cls);
 }
 
-static router_worker_t *kv_pick_decode(router_t *router,
-                                       const router_req_t *req, int n_tokens,
-                                       bool need_prefill,
-                                       const router_class_t *cls,
-                                       int *cached_p)
+/* The candidate of cands[0..n) the kv-aware score prefers for req's
+ * prompt, *cached_p its expected cached prompt tokens; NULL when the
+ * index cannot score it (the caller goes least-loaded). */
+static router_worker_t *kv_pick_scored(router_t *router,
+                                       const router_req_t *req,
+                                       const router_kv_candidate_t *cands,
+                                       int n, int *cached_p)
 {
-    router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
-    int n = 0, pick = -1, overlap = 0;
+    router_worker_t *w;
+    int pick = -1, overlap = 0;
 
-    if (req->prompt_ids == NULL || req->n_prompt <= 0)
-        return least_pick_decode(router, req, n_tokens, need_prefill, cls,
-                                 cached_p);
-    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
-        router_worker_t *w = &router->workers[i];
-        if (!policy_decode_fits(w, n_tokens, need_prefill, cls))
-            continue;
-        cands[n].worker = i;
-        cands[n].load = (double)w->outstanding;
-        n++;
-    }
-    *cached_p = 0;
-    if (n == 0)
-        return NULL;
     /* The prompt as the worker will cache it: the ids the client gave.
      * kv_chain is a memo (the same prompt hashes the same), not request
      * state: written through a const request on purpose. */
@@ -230,13 +218,40 @@ static router_worker_t *kv_pick_decode(router_t *router,
                               &router->kv_weights, &pick, &overlap) !=
             BT_OK ||
         pick < 0)
+        return NULL;
+    w = &router->workers[cands[pick].worker];
+    *cached_p = overlap * (w->block_size > 0 ? (int)w->block_size : 16);
+    return w;
+}
+
+static router_worker_t *kv_pick_decode(router_t *router,
+                                       const router_req_t *req, int n_tokens,
+                                       bool need_prefill,
+                                       const router_class_t *cls,
+                                       int *cached_p)
+{
+    router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
+    router_worker_t *w;
+    int n = 0;
+
+    if (req->prompt_ids == NULL || req->n_prompt <= 0)
         return least_pick_decode(router, req, n_tokens, need_prefill, cls,
                                  cached_p);
-    {
-        router_worker_t *w = &router->workers[cands[pick].worker];
-        *cached_p = overlap * (w->block_size > 0 ? (int)w->block_size : 16);
-        return w;
+    for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
+        if (!policy_decode_fits(&router->workers[i], n_tokens, need_prefill,
+                                cls))
+            continue;
+        cands[n].worker = i;
+        cands[n].load = (double)router->workers[i].outstanding;
+        n++;
     }
+    *cached_p = 0;
+    if (n == 0)
+        return NULL;
+    w = kv_pick_scored(router, req, cands, n, cached_p);
+    return w != NULL ? w
+                     : least_pick_decode(router, req, n_tokens, need_prefill,
+                                         cls, cached_p);
 }
 
 /* Prefill workers keep a prefix cache too (issue 38): the one holding
@@ -249,36 +264,26 @@ static router_worker_t *kv_pick_prefill(router_t *router,
                                         int *cached_p)
 {
     router_kv_candidate_t cands[ROUTER_MAX_WORKERS];
-    int n = 0, pick = -1, overlap = 0;
+    router_worker_t *w;
+    int n = 0;
 
     if (req->prompt_ids == NULL || req->n_prompt <= 0 ||
         req->sampling.prompt_logprobs)
         return least_pick_prefill(router, req, cls, cached_p);
     *cached_p = 0;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
-        router_worker_t *w = &router->workers[i];
-        if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_PREFILL ||
-            !router__worker_in_class(w, cls))
+        const router_worker_t *c = &router->workers[i];
+        if (!policy_takes_work(c) || c->role != BATON__ROLE__ROLE_PREFILL ||
+            !router__worker_in_class(c, cls))
             continue;
         cands[n].worker = i;
-        cands[n].load = (double)w->outstanding;
+        cands[n].load = (double)c->outstanding;
         n++;
     }
     if (n == 0)
         return NULL;
-    if (router_kv_pick_tokens(router->kvindex, cands, n, req->cache_salt,
-                              req->cache_salt_len, req->prompt_ids,
-                              req->n_prompt,
-                              (router_kv_chain_t *)&req->kv_chain,
-                              &router->kv_weights, &pick, &overlap) !=
-            BT_OK ||
-        pick < 0)
-        return least_pick_prefill(router, req, cls, cached_p);
-    {
-        router_worker_t *w = &router->workers[cands[pick].worker];
-        *cached_p = overlap * (w->block_size > 0 ? (int)w->block_size : 16);
-        return w;
-    }
+    w = kv_pick_scored(router, req, cands, n, cached_p);
+    return w != NULL ? w : least_pick_prefill(router, req, cls, cached_p);
 }
 
 static const router_policy_t router_policies[] = {
