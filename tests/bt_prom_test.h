@@ -111,4 +111,18 @@ __attribute__((unused)) static double metric_sum(const char *body,
     return sum;
 }
 
+/* GET /metrics on port and the value of its sample line `sample`; -1
+ * when there is no connection or no such sample. */
+__attribute__((unused)) static double prom_scrape(int port,
+                                                  const char *sample)
+{
+    static char resp[1 << 20];
+    const char *body;
+
+    if (prom_http_get(port, "/metrics", resp, sizeof(resp)) < 0)
+        return -1;
+    body = strstr(resp, "\r\n\r\n");
+    return body != NULL ? metric(body + 4, sample) : -1;
+}
+
 #endif /* BT_TESTS_BT_PROM_TEST_H */

@@ -14,43 +14,15 @@
 
 #define N_WORKERS 4
 #define N_FOLLOW 6
-#define RESP_MAX (1 << 20)
 
 /* The router's per-worker sample `family` of worker `name`. */
 static double worker_metric(int port, const char *family, const char *name)
 {
-    static char resp[RESP_MAX];
     char sample[256];
-    struct sockaddr_in a;
-    struct timeval tv = { 5, 0 };
-    const char *req = "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n";
-    const char *body;
-    size_t got = 0;
-    int fd;
 
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    BT_CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    BT_CHECK(send(fd, req, strlen(req), MSG_NOSIGNAL) == (ssize_t)strlen(req));
-    for (;;) {
-        ssize_t n = recv(fd, resp + got, sizeof(resp) - 1 - got, 0);
-        if (n <= 0 || (got += (size_t)n) == sizeof(resp) - 1)
-            break;
-    }
-    resp[got] = '\0';
-    close(fd);
-    body = strstr(resp, "\r\n\r\n");
     snprintf(sample, sizeof(sample), "%s{worker=\"%s\",role=\"decode+"
              "prefill\"}", family, name);
-    return body != NULL ? metric(body + 4, sample) : -1;
+    return prom_scrape(port, sample);
 }
 
 static void run_one(client_t *c, const int *prompt, int n, const char *salt)
