@@ -119,10 +119,29 @@ __attribute__((unused)) static double prom_scrape(int port,
     static char resp[1 << 20];
     const char *body;
 
-    if (prom_http_get(port, "/metrics", resp, sizeof(resp)) < 0)
+    if (prom_http_get(port, "/metrics", resp, sizeof(resp)) != 200)
         return -1;
     body = strstr(resp, "\r\n\r\n");
     return body != NULL ? metric(body + 4, sample) : -1;
+}
+
+/* Waits (bounded) until `sample` on port reads within [lo, hi]; fails
+ * the test after timeout_ms.  Returns the last value read. */
+__attribute__((unused)) static double prom_wait(int port, const char *sample,
+                                                double lo, double hi,
+                                                int timeout_ms)
+{
+    double v = -1;
+
+    for (int t = 0; t < timeout_ms; t += 20) {
+        v = prom_scrape(port, sample);
+        if (v >= lo && v <= hi)
+            return v;
+        usleep(20000);
+    }
+    BT_TEST_FAIL("%s on port %d is %g, want %g..%g", sample, port, v, lo,
+                 hi);
+    return v;
 }
 
 #endif /* BT_TESTS_BT_PROM_TEST_H */

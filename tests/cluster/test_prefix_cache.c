@@ -26,7 +26,6 @@
 #include "cluster/cluster_util.h"
 #include "bt_prom_test.h"
 
-#define RESP_MAX (1 << 20)
 #define N_REQ 10
 #define LONG_TOKENS 24
 
@@ -41,36 +40,6 @@ typedef struct {
     bool exact;
     const cu_golden_t *golden; /* NULL: not a golden prompt */
 } pc_req_t;
-
-/* One sample of port's /metrics (-1: absent or no answer). */
-static double scrape(int port, const char *sample)
-{
-    static char resp[RESP_MAX];
-    const char *body;
-
-    if (prom_http_get(port, "/metrics", resp, sizeof(resp)) != 200)
-        return -1;
-    body = strstr(resp, "\r\n\r\n");
-    return body != NULL ? metric(body + 4, sample) : -1;
-}
-
-/* Waits (bounded) until `sample` on port satisfies value >= lo (and
- * value <= hi); returns the last value read. */
-static double wait_metric(int port, const char *sample, double lo, double hi,
-                          int timeout_ms)
-{
-    double v = -1;
-
-    for (int t = 0; t < timeout_ms; t += 20) {
-        v = scrape(port, sample);
-        if (v >= lo && v <= hi)
-            return v;
-        usleep(20000);
-    }
-    BT_TEST_FAIL("%s on port %d is %g, want %g..%g", sample, port, v, lo,
-                 hi);
-    return v;
-}
 
 static void submit_one(client_t *c, const pc_req_t *q, cu_result_t *res)
 {
@@ -239,7 +208,7 @@ int main(void)
         submit_one(c, &reqs[i], &off[i]);
     }
     reqs[8].min_hit = (reqs[8].n_prompt - 1) / 4 * 4;
-    BT_CHECK(scrape(mport_off, "baton_worker_prefix_lookups_total") < 0);
+    BT_CHECK(prom_scrape(mport_off, "baton_worker_prefix_lookups_total") < 0);
     cu_kill(w, SIGTERM);
     BT_CHECK(cu_wait_exit(w, 10000) == 0);
     for (int t = 0; t < 100; t++) {
@@ -252,11 +221,11 @@ int main(void)
     /* 2. cache on: the same outputs, and the hits. */
     w = start_worker(control, "pc", mport_on, true, NULL, "600");
     cu_wait_workers(c, 0, 1, 20000);
-    wait_metric(mport_on, "baton_worker_registered", 1, 1, 10000);
+    prom_wait(mport_on, "baton_worker_registered", 1, 1, 10000);
     for (int i = 0; i < N_REQ; i++) {
-        double hit0 = scrape(mport_on, "baton_worker_prefix_hit_tokens_total");
-        double pre0 = scrape(mport_on, "baton_worker_prefill_tokens_total");
-        double look = scrape(mport_on, "baton_worker_prefix_lookups_total");
+        double hit0 = prom_scrape(mport_on, "baton_worker_prefix_hit_tokens_total");
+        double pre0 = prom_scrape(mport_on, "baton_worker_prefill_tokens_total");
+        double look = prom_scrape(mport_on, "baton_worker_prefix_lookups_total");
         double hit, pre;
 
         BT_CHECK(hit0 >= 0 && pre0 >= 0 && look >= 0);
@@ -265,10 +234,10 @@ int main(void)
         if (reqs[i].prompt_logprobs) /* not looked up at all */
             usleep(200000);
         else
-            wait_metric(mport_on, "baton_worker_prefix_lookups_total",
+            prom_wait(mport_on, "baton_worker_prefix_lookups_total",
                         look + 1, look + 1, 5000);
-        hit = scrape(mport_on, "baton_worker_prefix_hit_tokens_total") - hit0;
-        pre = scrape(mport_on, "baton_worker_prefill_tokens_total") - pre0;
+        hit = prom_scrape(mport_on, "baton_worker_prefix_hit_tokens_total") - hit0;
+        pre = prom_scrape(mport_on, "baton_worker_prefill_tokens_total") - pre0;
         fprintf(stderr, "request %d: prompt %d, hit %g, prefilled %g%s%s\n",
                 i, reqs[i].n_prompt, hit, pre,
                 reqs[i].salt ? ", salt " : "",
@@ -294,7 +263,7 @@ int main(void)
     /* the follow-up turn hit blocks holding S+B's generated ids */
     BT_CHECK(reqs[8].min_hit > reqs[3].n_prompt);
     cu_wait_kv_idle(c, 5000);
-    BT_CHECK(scrape(mport_on, "baton_worker_prefix_cached_blocks{tier=\"0\"}")
+    BT_CHECK(prom_scrape(mport_on, "baton_worker_prefix_cached_blocks{tier=\"0\"}")
              > 0);
     status_prefix(c, "pc", 1000);
 
@@ -302,22 +271,22 @@ int main(void)
      * process, fills again. */
     snprintf(gauge, sizeof(gauge), "baton_router_worker_kv_index_blocks"
              "{worker=\"pc\",role=\"decode+prefill\"}");
-    wait_metric(rport, gauge, 1, 1e9, 5000);
+    prom_wait(rport, gauge, 1, 1e9, 5000);
     cu_kill(w, SIGKILL);
     snprintf(log, sizeof(log), "/tmp/bt_prefix_cache_%d.log", (int)getpid());
     /* a pool 3 blocks larger than the largest request (33 blocks: a
      * golden prompt and its 123 tokens), so caching evicts */
     w = start_worker(control, "pc", mport_off, true, log, "36");
-    wait_metric(mport_off, "baton_worker_registered", 1, 1, 20000);
-    wait_metric(rport, gauge, 0, 0, 5000);
+    prom_wait(mport_off, "baton_worker_registered", 1, 1, 20000);
+    prom_wait(rport, gauge, 0, 0, 5000);
     submit_one(c, &reqs[3], &after);
     BT_ASSERT_EQ(after.n_ids, off[3].n_ids);
     BT_CHECK(memcmp(after.ids, off[3].ids, sizeof(int) * (size_t)after.n_ids)
              == 0);
-    wait_metric(mport_off, "baton_worker_prefix_lookups_total", 1, 1, 5000);
-    BT_ASSERT_EQ(scrape(mport_off, "baton_worker_prefix_hit_tokens_total"),
+    prom_wait(mport_off, "baton_worker_prefix_lookups_total", 1, 1, 5000);
+    BT_ASSERT_EQ(prom_scrape(mport_off, "baton_worker_prefix_hit_tokens_total"),
                  0);
-    wait_metric(rport, gauge, (reqs[3].n_prompt - 1) / 4, 1e9, 5000);
+    prom_wait(rport, gauge, (reqs[3].n_prompt - 1) / 4, 1e9, 5000);
     cu_wait_kv_idle(c, 5000);
     /* 4. under eviction the outputs stay the cache-off ones */
     for (int round = 0; round < 2; round++) {
@@ -331,12 +300,12 @@ int main(void)
                                  off[i].ids[k]);
         }
     }
-    wait_metric(mport_off, "baton_worker_prefix_evictions_total", 1, 1e9,
+    prom_wait(mport_off, "baton_worker_prefix_evictions_total", 1, 1e9,
                 5000);
-    BT_CHECK(scrape(mport_off, "baton_worker_prefix_hit_tokens_total") > 0);
+    BT_CHECK(prom_scrape(mport_off, "baton_worker_prefix_hit_tokens_total") > 0);
     fprintf(stderr, "tight pool (36 blocks): evictions %g, hit tokens %g\n",
-            scrape(mport_off, "baton_worker_prefix_evictions_total"),
-            scrape(mport_off, "baton_worker_prefix_hit_tokens_total"));
+            prom_scrape(mport_off, "baton_worker_prefix_evictions_total"),
+            prom_scrape(mport_off, "baton_worker_prefix_hit_tokens_total"));
     cu_wait_kv_idle(c, 5000);
     /* 5. a clean exit: every KV block and host allocation accounted for
      * (the worker logs "leak:" otherwise) */

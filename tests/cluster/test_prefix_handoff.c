@@ -29,7 +29,6 @@
 #include "cluster/cluster_util.h"
 #include "bt_prom_test.h"
 
-#define RESP_MAX (1 << 20)
 #define N_REQ 8
 #define MAX_TOKENS 16
 
@@ -43,33 +42,6 @@ typedef struct {
     int pf_hit;     /* prompt tokens the prefill worker finds cached */
     const cu_golden_t *golden;
 } ph_req_t;
-
-static double scrape(int port, const char *sample)
-{
-    static char resp[RESP_MAX];
-    const char *body;
-
-    if (prom_http_get(port, "/metrics", resp, sizeof(resp)) != 200)
-        return -1;
-    body = strstr(resp, "\r\n\r\n");
-    return body != NULL ? metric(body + 4, sample) : -1;
-}
-
-static double wait_metric(int port, const char *sample, double lo, double hi,
-                          int timeout_ms)
-{
-    double v = -1;
-
-    for (int t = 0; t < timeout_ms; t += 20) {
-        v = scrape(port, sample);
-        if (v >= lo && v <= hi)
-            return v;
-        usleep(20000);
-    }
-    BT_TEST_FAIL("%s on port %d is %g, want %g..%g", sample, port, v, lo,
-                 hi);
-    return v;
-}
 
 static uint64_t submit(client_t *c, const ph_req_t *q)
 {
@@ -180,12 +152,12 @@ typedef struct {
 
 static void counts(int pm, int dm, ph_counts_t *c)
 {
-    c->sent = scrape(pm, "baton_worker_kv_blocks_sent_total");
-    c->pf_held = scrape(pm, "baton_worker_kv_blocks_held_total");
-    c->pf_hit = scrape(pm, "baton_worker_prefix_hit_tokens_total");
-    c->pf_tokens = scrape(pm, "baton_worker_prefill_tokens_total");
-    c->received = scrape(dm, "baton_worker_kv_blocks_received_total");
-    c->held = scrape(dm, "baton_worker_kv_blocks_held_total");
+    c->sent = prom_scrape(pm, "baton_worker_kv_blocks_sent_total");
+    c->pf_held = prom_scrape(pm, "baton_worker_kv_blocks_held_total");
+    c->pf_hit = prom_scrape(pm, "baton_worker_prefix_hit_tokens_total");
+    c->pf_tokens = prom_scrape(pm, "baton_worker_prefill_tokens_total");
+    c->received = prom_scrape(dm, "baton_worker_kv_blocks_received_total");
+    c->held = prom_scrape(dm, "baton_worker_kv_blocks_held_total");
     BT_CHECK(c->sent >= 0 && c->pf_held >= 0 && c->pf_tokens >= 0 &&
              c->received >= 0 && c->held >= 0);
 }
@@ -203,9 +175,9 @@ static void run_on(client_t *c, ph_req_t *reqs, cu_result_t *off,
         counts(pm, dm, &a);
         run_one(c, q, &on[i]);
         /* the decode side counts at KvReady, before the first token */
-        wait_metric(dm, "baton_worker_kv_blocks_received_total",
+        prom_wait(dm, "baton_worker_kv_blocks_received_total",
                     a.received + 1, 1e9, 5000);
-        wait_metric(pm, "baton_worker_kv_blocks_sent_total", a.sent + 1, 1e9,
+        prom_wait(pm, "baton_worker_kv_blocks_sent_total", a.sent + 1, 1e9,
                     5000);
         counts(pm, dm, &b);
         held = b.held - a.held;
@@ -310,7 +282,7 @@ int main(void)
         if (reqs[i].golden != NULL)
             cu_check_golden(&off[i], reqs[i].golden, i);
     }
-    BT_ASSERT_EQ(scrape(dm, "baton_worker_kv_blocks_held_total"), 0);
+    BT_ASSERT_EQ(prom_scrape(dm, "baton_worker_kv_blocks_held_total"), 0);
     cu_kill(p, SIGTERM);
     cu_kill(d, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(p, 10000), 0);
@@ -322,8 +294,8 @@ int main(void)
     p = start_prefill(control, "p1", pm, true, true, 0);
     d = start_decode(control, "d1", dm, true, log);
     cu_wait_workers(c, 1, 1, 20000);
-    wait_metric(dm, "baton_worker_registered", 1, 1, 10000);
-    wait_metric(pm, "baton_worker_registered", 1, 1, 10000);
+    prom_wait(dm, "baton_worker_registered", 1, 1, 10000);
+    prom_wait(pm, "baton_worker_registered", 1, 1, 10000);
     run_on(c, reqs, off, on, pm, dm, "ucx");
     cu_kill(p, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(p, 10000), 0);
@@ -341,7 +313,7 @@ int main(void)
     reqs[0].held = (reqs[0].n_prompt - 1) / 4; /* golden[0]: cached too */
     p = start_prefill(control, "p2", pm2, true, false, 0);
     cu_wait_workers(c, 1, 1, 20000);
-    wait_metric(pm2, "baton_worker_registered", 1, 1, 10000);
+    prom_wait(pm2, "baton_worker_registered", 1, 1, 10000);
     run_on(c, reqs, off, on, pm2, dm, "inline");
     cu_kill(p, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(p, 10000), 0);
@@ -352,14 +324,14 @@ int main(void)
      * quarantined), and the request is prefilled again on p4. */
     p = start_prefill(control, "p3", pm, true, true, 600);
     cu_wait_workers(c, 1, 1, 20000);
-    wait_metric(pm, "baton_worker_registered", 1, 1, 10000);
+    prom_wait(pm, "baton_worker_registered", 1, 1, 10000);
     {
-        double held0 = scrape(dm, "baton_worker_kv_blocks_held_total");
+        double held0 = prom_scrape(dm, "baton_worker_kv_blocks_held_total");
         memset(&again, 0, sizeof(again));
         again.rid = submit(c, &reqs[2]);
         usleep(200000);
         cu_kill(p, SIGKILL);
-        BT_ASSERT_EQ(scrape(dm, "baton_worker_kv_blocks_held_total"), held0);
+        BT_ASSERT_EQ(prom_scrape(dm, "baton_worker_kv_blocks_held_total"), held0);
     }
     p = start_prefill(control, "p4", pm2, true, true, 0);
     cu_collect(c, &again, 1, 30000);
@@ -391,17 +363,17 @@ int main(void)
     p = start_prefill(control, "p5", pm, true, true, 0);
     d = start_decode_slow(control, "d2", dm);
     cu_wait_workers(c, 1, 1, 20000);
-    wait_metric(dm, "baton_worker_registered", 1, 1, 10000);
+    prom_wait(dm, "baton_worker_registered", 1, 1, 10000);
     run_one(c, &reqs[3], &again); /* d2 caches S+B */
     same_ids(&again, &off[3], 3, "failover warm-up");
     {
-        double held0 = scrape(dm, "baton_worker_kv_blocks_held_total");
+        double held0 = prom_scrape(dm, "baton_worker_kv_blocks_held_total");
         pid_t d3;
 
         memset(&again, 0, sizeof(again));
         again.rid = submit(c, &reqs[3]);
         cu_stream_until(c, &again, 1, 3, 1, "no tokens before the kill");
-        BT_CHECK(scrape(dm, "baton_worker_kv_blocks_held_total") - held0 ==
+        BT_CHECK(prom_scrape(dm, "baton_worker_kv_blocks_held_total") - held0 ==
                  reqs[3].held);
         d3 = start_decode(control, "d3", dm2, true, NULL);
         cu_kill(d, SIGKILL);
