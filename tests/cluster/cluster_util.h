@@ -413,21 +413,29 @@ __attribute__((unused)) static void cu_stream_until(client_t *c,
     }
 }
 
+/* req as golden line g's greedy request (stop at id 1 only). */
+__attribute__((unused)) static void cu_golden_request(client_request_t *req,
+                                                      const cu_golden_t *g)
+{
+    static const int stop1[] = { 1 };
+
+    client_request_init(req);
+    req->prompt_ids = g->prompt;
+    req->n_prompt_ids = g->n_prompt;
+    req->max_tokens = g->max_tokens;
+    req->ignore_eos = true;
+    req->stop_ids = stop1;
+    req->n_stop_ids = 1;
+    req->want_text = false;
+}
+
 /* Submits golden line g as a greedy request (stop at id 1 only). */
 __attribute__((unused)) static uint64_t cu_submit_golden(client_t *c, const cu_golden_t *g)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
     uint64_t rid;
 
-    client_request_init(&req);
-    req.prompt_ids = g->prompt;
-    req.n_prompt_ids = g->n_prompt;
-    req.max_tokens = g->max_tokens;
-    req.ignore_eos = true;
-    req.stop_ids = stop1;
-    req.n_stop_ids = 1;
-    req.want_text = false;
+    cu_golden_request(&req, g);
     BT_ASSERT_OK(client_submit(c, &req, &rid));
     return rid;
 }

@@ -56,18 +56,10 @@ static int run_ids(const char *precision, const cu_golden_t *g, int *out,
 static uint64_t submit(client_t *c, const cu_golden_t *g,
                        const char *precision)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
     uint64_t rid;
 
-    client_request_init(&req);
-    req.prompt_ids = g->prompt;
-    req.n_prompt_ids = g->n_prompt;
-    req.max_tokens = g->max_tokens;
-    req.ignore_eos = true;
-    req.stop_ids = stop1;
-    req.n_stop_ids = 1;
-    req.want_text = false;
+    cu_golden_request(&req, g);
     if (client_request_set_precision(&req, precision) != BT_OK) {
         bt_error_clear();
         req.precision = precision; /* the router's check, not the setter's */
