@@ -92,7 +92,8 @@ bt_status_t workerproc_opts_option(const workerproc_opts_t *o, int c,
             b->precision = BACKEND_PRECISION_F32;
         else if (strcmp(arg, "bf16") == 0)
             b->precision = BACKEND_PRECISION_BF16;
-        else if (strcmp(arg, "fp8") == 0) /* cpu now; backend_create says */
+        else if (strcmp(arg, "fp8") == 0) /* backend_create refuses what a
+                                             backend cannot run */
             b->precision = BACKEND_PRECISION_FP8;
         else
             bad = true;
