@@ -55,14 +55,8 @@ void decode__send_outbox(decode_t *dec)
  * in order); alone, after the queued ones, when it cannot be queued. */
 void decode__send_msg(decode_t *dec, Baton__ControlMessage *msg)
 {
-    msg->version = BT_PROTO_VERSION;
-    if (proto_batch_is_full(&dec->outbox,
-                            baton__control_message__get_packed_size(msg)))
-        decode__send_outbox(dec);
-    if (proto_batch_add_control(&dec->outbox, msg) == BT_OK)
-        return;
-    decode__send_outbox(dec);
-    workerproc_send(dec->sock, msg);
+    workerproc_queue(dec->sock, &dec->outbox,
+                     workerproc_link_batches(dec->link), msg);
 }
 
 void decode__fill_layout(const decode_t *dec, Baton__KvLayout *l)

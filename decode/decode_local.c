@@ -8,10 +8,23 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Queues a PrefillDone in the outbox, as baton-prefill does. */
+static void send_prefill_done(decode_t *dec, Baton__PrefillDone *done)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
+    msg.prefill_done = done;
+    decode__send_msg(dec, &msg);
+}
+
 void decode__send_prefill_failure(decode_t *dec, uint64_t id, uint64_t epoch,
                                   Baton__ErrorCode code, const char *text)
 {
-    workerproc_send_prefill_failure(dec->sock, id, epoch, code, text);
+    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
+
+    workerproc_prefill_failure_init(&done, id, epoch, code, text);
+    send_prefill_done(dec, &done);
 }
 
 /* PrefillTask for one of our own reservations (the router chose this
@@ -162,7 +175,8 @@ void decode__local_prefill_done(decode_t *dec, decode_resv_t *r, int first,
                     (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     workerproc_prefill_done_logprobs(&done, lp);
     workerproc_prefill_done_prompt_logprobs(&done, r->plp);
-    workerproc_send_prefill_done(dec->sock, &done, r->id, &r->p, first, text,
-                                 text_len, r->epoch, r->cap, sizeof(r->cap),
+    workerproc_prefill_done_init(&done, r->id, &r->p, first, text, text_len,
+                                 r->epoch, r->cap, sizeof(r->cap),
                                  (bt_time_ns() - r->t_start) / 1000, 0);
+    send_prefill_done(dec, &done);
 }
