@@ -88,6 +88,8 @@ struct prefill_s {
     int n_layers;
     void *ctx;
     void *sock;           /* DEALER to the router */
+    proto_batch_t outbox; /* this turn's PrefillDones (and failures), sent
+                           * as one message (issue 42); zeroed = empty */
     kv_link_sender_t *links; /* the KV links (NULL: null model) */
     workerproc_prefix_t *prefix; /* the pool's prefix cache (NULL: off, or
                                  the null model) */
@@ -137,6 +139,26 @@ void prefill_config_init(prefill_config_t *cfg)
 
 static void drop_all(prefill_t *pf);
 
+/* Sends what the outbox holds, as one ControlBatch when the router takes
+ * them: CURVE boxes one message per loop turn (the PrefillDones of a
+ * batch of prompts), not one per request (issue 42). */
+static void send_outbox(prefill_t *pf)
+{
+    workerproc_send_batch(pf->sock, &pf->outbox,
+                          workerproc_link_batches(pf->link));
+}
+
+/* Queues a PrefillDone in the outbox (sent within this loop turn). */
+static void queue_done(prefill_t *pf, Baton__PrefillDone *done)
+{
+    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
+
+    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
+    msg.prefill_done = done;
+    workerproc_queue(pf->sock, &pf->outbox,
+                     workerproc_link_batches(pf->link), &msg);
+}
+
 /* Every Register starts a new session (workerproc_link.h): the tasks of
  * the old one are dropped first (the router resumes them). */
 static void send_register(prefill_t *pf)
@@ -160,6 +182,7 @@ static void send_register(prefill_t *pf)
     workerproc_register_init(&r, &rc);
     r.reg.has_session = 1;
     r.reg.session = workerproc_link_begin_session(pf->link);
+    send_outbox(pf); /* the old session's last words go first */
     workerproc_send_register(pf->sock, &r.reg);
 }
 
@@ -192,7 +215,10 @@ static void publish_beat(prefill_t *pf)
 static void send_failure(prefill_t *pf, uint64_t id, uint64_t epoch,
                          Baton__ErrorCode code, const char *text)
 {
-    workerproc_send_prefill_failure(pf->sock, id, epoch, code, text);
+    Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
+
+    workerproc_prefill_failure_init(&done, id, epoch, code, text);
+    queue_done(pf, &done);
 }
 
 static void send_done(prefill_t *pf, prefill_task_t *t)
@@ -241,12 +267,12 @@ static void send_done(prefill_t *pf, prefill_task_t *t)
     }
     workerproc_prefill_done_logprobs(&done, t->has_lp ? &t->lp : NULL);
     workerproc_prefill_done_prompt_logprobs(&done, t->plp);
-    workerproc_send_prefill_done(pf->sock, &done, t->id, &t->p,
-                                 t->first_token, t->first_text,
-                                 t->first_text_len, t->epoch, t->cap,
-                                 t->cap_len,
+    workerproc_prefill_done_init(&done, t->id, &t->p, t->first_token,
+                                 t->first_text, t->first_text_len, t->epoch,
+                                 t->cap, t->cap_len,
                                  (t->t_computed - t->t_start) / 1000,
                                  transfer_us);
+    queue_done(pf, &done);
     pf->served++;
     if (pf->engine != NULL) { /* metrics hook */
         workerproc_metrics_handoff(pf->cfg.metrics, (uint64_t)kv_bytes,
@@ -967,6 +993,7 @@ void prefill_destroy(prefill_t **pf_p)
         task_destroy(pf, t);
     }
     workerproc_metrics_attach(pf->cfg.metrics, NULL, NULL); /* /health */
+    proto_batch_cleanup(&pf->outbox);
     workerproc_link_destroy(&pf->link); /* its thread uses the socket */
     workerproc_close(&pf->ctx, &pf->sock);
     engine_teardown(pf);
@@ -1010,6 +1037,7 @@ bt_status_t prefill_run(prefill_t *pf)
             return status;
         workerproc_link_turn_begin(pf->link);
         handle_messages(pf);
+        send_outbox(pf); /* the refusals, before the step */
         switch (workerproc_link_check(pf->link)) {
         case WORKERPROC_LINK_REGISTER:
             send_register(pf); /* drops what the old session held */
@@ -1033,6 +1061,7 @@ bt_status_t prefill_run(prefill_t *pf)
         reap(pf);
         if (pf->links != NULL)
             kv_link_sender_reap(pf->links);
+        send_outbox(pf); /* this turn's PrefillDones, in one message */
         if (pf->prefix != NULL && workerproc_link_registered(pf->link))
             workerproc_prefix_publish(pf->prefix, pf->sock,
                                       PREFILL_KV_EVENTS_MS);

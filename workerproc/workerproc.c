@@ -247,6 +247,18 @@ void workerproc_send_batch(void *sock, proto_batch_t *b, bool batched)
         BT_LOG_WARN("NET", "cannot send %zu messages to the router", n);
 }
 
+void workerproc_queue(void *sock, proto_batch_t *b, bool batched,
+                      Baton__ControlMessage *msg)
+{
+    msg->version = BT_PROTO_VERSION;
+    if (proto_batch_is_full(b, baton__control_message__get_packed_size(msg)))
+        workerproc_send_batch(sock, b, batched);
+    if (proto_batch_add_control(b, msg) == BT_OK)
+        return;
+    workerproc_send_batch(sock, b, batched);
+    workerproc_send(sock, msg);
+}
+
 void workerproc_send_drain(void *sock, const char *name)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
@@ -357,21 +369,28 @@ void workerproc_send_heartbeat(void *sock, Baton__Heartbeat *hb)
     workerproc_send(sock, &msg);
 }
 
+void workerproc_prefill_failure_init(Baton__PrefillDone *done, uint64_t id,
+                                     uint64_t epoch, Baton__ErrorCode code,
+                                     const char *text)
+{
+    done->has_request_id = 1;
+    done->request_id = id;
+    done->has_epoch = epoch != 0;
+    done->epoch = epoch;
+    done->has_ok = 1;
+    done->ok = 0;
+    done->has_error_code = 1;
+    done->error_code = code;
+    done->error = (char *)text;
+}
+
 void workerproc_send_prefill_failure(void *sock, uint64_t id, uint64_t epoch,
                                      Baton__ErrorCode code, const char *text)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__PrefillDone done = BATON__PREFILL_DONE__INIT;
 
-    done.has_request_id = 1;
-    done.request_id = id;
-    done.has_epoch = epoch != 0;
-    done.epoch = epoch;
-    done.has_ok = 1;
-    done.ok = 0;
-    done.has_error_code = 1;
-    done.error_code = code;
-    done.error = (char *)text;
+    workerproc_prefill_failure_init(&done, id, epoch, code, text);
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
     msg.prefill_done = &done;
     workerproc_send(sock, &msg);

@@ -92,6 +92,14 @@ void workerproc_send(void *sock, Baton__ControlMessage *msg);
  * go out this way.  A failure is logged (WARN) and otherwise ignored. */
 void workerproc_send_batch(void *sock, proto_batch_t *b, bool batched);
 
+/* Queues `msg` in the outbox `b` (the caller sends it with
+ * workerproc_send_batch within this loop turn, in order).  A full `b` is
+ * sent first; a message that cannot be queued goes alone, after the
+ * queued ones.  The message is packed now: its fields may change after
+ * the call. */
+void workerproc_queue(void *sock, proto_batch_t *b, bool batched,
+                      Baton__ControlMessage *msg);
+
 /* Tells the router this worker drains (takes no new work) or has shut
  * down; `name` is the worker's. */
 void workerproc_send_drain(void *sock, const char *name);
@@ -126,11 +134,15 @@ void workerproc_heartbeat_init(Baton__Heartbeat *hb, const char *name,
                                bool draining);
 void workerproc_send_heartbeat(void *sock, Baton__Heartbeat *hb);
 
-/* Tells the router the prefill of request `id` failed (a PrefillDone
- * with ok = false, `code` and the message `text`), stamped with the KV
- * grant's `epoch` (0: no grant known) so that the router can tell a
- * failure of this attempt from a late one of an attempt it already
- * re-queued. */
+/* Fills `done` as the failure of request `id`'s prefill (ok = false,
+ * `code` and the message `text`, borrowed), stamped with the KV grant's
+ * `epoch` (0: no grant known) so that the router can tell a failure of
+ * this attempt from a late one of an attempt it already re-queued.  The
+ * roles queue it in their outbox; workerproc_send_prefill_failure sends
+ * it at once. */
+void workerproc_prefill_failure_init(Baton__PrefillDone *done, uint64_t id,
+                                     uint64_t epoch, Baton__ErrorCode code,
+                                     const char *text);
 void workerproc_send_prefill_failure(void *sock, uint64_t id, uint64_t epoch,
                                      Baton__ErrorCode code, const char *text);
 

@@ -222,15 +222,13 @@ void workerproc_prefill_done_prompt_logprobs(Baton__PrefillDone *done,
     done->prompt_top_logprobs = plp->top_lps;
 }
 
-void workerproc_send_prefill_done(void *sock, Baton__PrefillDone *done,
-                                  uint64_t id, const workerproc_prompt_t *p,
-                                  int first, const char *text,
-                                  size_t text_len, uint64_t epoch,
-                                  const uint8_t *cap, size_t cap_len,
-                                  uint64_t compute_us, uint64_t transfer_us)
+void workerproc_prefill_done_init(Baton__PrefillDone *done, uint64_t id,
+                                  const workerproc_prompt_t *p, int first,
+                                  const char *text, size_t text_len,
+                                  uint64_t epoch, const uint8_t *cap,
+                                  size_t cap_len, uint64_t compute_us,
+                                  uint64_t transfer_us)
 {
-    Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
-
     done->has_request_id = 1;
     done->request_id = id;
     done->has_ok = 1;
@@ -253,7 +251,4 @@ void workerproc_send_prefill_done(void *sock, Baton__PrefillDone *done,
     done->compute_us = compute_us;
     done->has_transfer_us = 1;
     done->transfer_us = transfer_us;
-    msg.body_case = BATON__CONTROL_MESSAGE__BODY_PREFILL_DONE;
-    msg.prefill_done = done;
-    workerproc_send(sock, &msg);
 }

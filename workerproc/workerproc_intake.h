@@ -74,9 +74,6 @@ size_t workerproc_intake_first_text(engine_t *engine,
                                     bool skip_special, char *buf,
                                     size_t len);
 
-/* A successful PrefillDone: the prompt ids, first token and text, the
- * grant's epoch and capability, timings; `done` may carry more (inline
- * KV, the spec feature) set by the caller before the call. */
 /* Sets the first token's logprobs (SamplingParams.logprobs) in `done`;
  * lp NULL: none.  Borrows lp until done is sent. */
 void workerproc_prefill_done_logprobs(Baton__PrefillDone *done,
@@ -87,12 +84,17 @@ void workerproc_prefill_done_logprobs(Baton__PrefillDone *done,
 void workerproc_prefill_done_prompt_logprobs(Baton__PrefillDone *done,
                                              const sampler_prompt_lp_t *plp);
 
-void workerproc_send_prefill_done(void *sock, Baton__PrefillDone *done,
-                                  uint64_t id, const workerproc_prompt_t *p,
-                                  int first, const char *text,
-                                  size_t text_len, uint64_t epoch,
-                                  const uint8_t *cap, size_t cap_len,
-                                  uint64_t compute_us, uint64_t transfer_us);
+/* Fills `done` as a successful PrefillDone: the prompt ids, first token
+ * and text, the grant's epoch and capability, timings (all borrowed
+ * until it is queued or sent); `done` may carry more (inline KV, the
+ * spec feature, logprobs) set by the caller.  The roles queue it in
+ * their outbox (workerproc_queue): one ControlBatch a loop turn. */
+void workerproc_prefill_done_init(Baton__PrefillDone *done, uint64_t id,
+                                  const workerproc_prompt_t *p, int first,
+                                  const char *text, size_t text_len,
+                                  uint64_t epoch, const uint8_t *cap,
+                                  size_t cap_len, uint64_t compute_us,
+                                  uint64_t transfer_us);
 
 #ifdef __cplusplus
 }
