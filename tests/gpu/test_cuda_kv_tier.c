@@ -173,10 +173,10 @@ static void round_trip(model_t *m, const bt_golden_t *g, int line)
     kv_prefix_stats_t st;
     bt_blockhash_t root;
     int vocab = model_config(m)->vocab_size;
-    int table[POOL], fill[POOL], seq[256], out[256];
+    int table[POOL], fill[POOL], seq[POOL * BS + 1], out[POOL * BS + 1];
     int n_seq, n_out, need, hit, half, avail, first_bad = -1;
     char *host;
-    char detail[160];
+    char detail[400];
 
     cfg_small(&cfg);
     BT_ASSERT_OK(backend_create(g_backend, m, &cfg, &be));

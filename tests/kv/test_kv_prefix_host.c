@@ -137,8 +137,8 @@ static int request(tier_t *t, bt_blockhash_t root, int salt, const int *tok,
         kv_prefix_release(t->prefix, hit, ids);
         return -1;
     }
-    for (int k = hit; k < need; k++)
-        compute(t, ids[k], content_of(salt, tok, (k + 1) * bs));
+    for (int k = hit; k < need; k++) /* the last one may be partial */
+        compute(t, ids[k], content_of(salt, tok, BT_MIN((k + 1) * bs, n)));
     kv_prefix_insert(t->prefix, root, tok, n, ids);
     *n_ids = need;
     return hit;
