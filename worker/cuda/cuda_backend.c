@@ -2552,8 +2552,10 @@ static bt_status_t cuda_kv_copy_slots_op(void *impl, int n,
  * slots are both consecutive (a 2D copy: device rows of one block,
  * host rows a slot apart), on the compute stream so that a save reads
  * what every earlier step wrote and a load lands before any later step
- * reads; synchronized so the host bytes (save) and the blocks (load)
- * are complete on return.  tp == 1 (backend.c refuses more). */
+ * reads.  Synchronized, not left in flight: a decode worker's evicted
+ * block is reused at once for a hand-off that a peer writes outside
+ * this stream (CUDA IPC, UCX), which must not overtake the save.
+ * tp == 1 (backend.c refuses more). */
 static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
                                      void *const *host, bool to_host)
 {
