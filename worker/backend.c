@@ -434,6 +434,58 @@ bt_status_t backend_kv_copy_block(backend_t *backend, int src_block,
     return backend->ops->kv_copy_block(backend->impl, src_block, dst_block);
 }
 
+size_t backend_kv_host_block_bytes(const backend_t *backend)
+{
+    const kv_layout_t *lay = backend->ops->kv_layout(backend->impl);
+
+    return 2 * (size_t)lay->n_layers * kv_layout_block_bytes(lay);
+}
+
+static bt_status_t kv_host_copy(backend_t *backend, int n, const int *blocks,
+                                void *const *host, bool to_host)
+{
+    if (backend_tp_size(backend) > 1 || backend->ops->kv_host_copy == NULL)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "BACKEND",
+                        "%s backend%s: no host copies of KV blocks (the "
+                        "prefix cache's host tier needs one GPU)",
+                        backend->ops->name,
+                        backend_tp_size(backend) > 1 ? " with tp > 1" : "");
+    if (n < 0 || (n > 0 && (blocks == NULL || host == NULL)))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "BACKEND",
+                        "host copy of %d KV blocks without arrays", n);
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= backend->cfg.n_kv_blocks ||
+            host[i] == NULL)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "BACKEND",
+                            "host copy of block %d outside the pool of %d "
+                            "(or no host memory)", blocks[i],
+                            backend->cfg.n_kv_blocks);
+    if (n == 0)
+        return BT_OK;
+    return backend->ops->kv_host_copy(backend->impl, n, blocks, host,
+                                      to_host);
+}
+
+bt_status_t backend_kv_save(backend_t *backend, int n, const int *blocks,
+                            void *const *host)
+{
+    return kv_host_copy(backend, n, blocks, host, true);
+}
+
+bt_status_t backend_kv_load(backend_t *backend, int n, const int *blocks,
+                            void *const *host)
+{
+    return kv_host_copy(backend, n, blocks, host, false);
+}
+
+bt_status_t backend_host_pin(backend_t *backend, void *ptr, size_t bytes,
+                             bool pin)
+{
+    if (backend->ops->host_pin == NULL)
+        return BT_OK;
+    return backend->ops->host_pin(backend->impl, ptr, bytes, pin);
+}
+
 static int backend_int_cmp(const void *a, const void *b)
 {
     int x = *(const int *)a, y = *(const int *)b;

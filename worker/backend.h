@@ -169,6 +169,11 @@ typedef struct {
      * a hidden/tp slice of the feed-forward and a vocab/tp slice of the
      * classifier (model/model_shard.h). */
     int tp_size;
+    /* Host tier of the prefix cache (--kv-host-gb; issue 38): bytes of
+     * host memory for pool blocks the cache evicts, 0 = none.  Not used
+     * by the backend itself: workerproc_prefix sizes the tier from it
+     * and copies through backend_kv_save / backend_kv_load. */
+    size_t kv_host_bytes;
 } backend_config_t;
 
 /* Defaults: 256 blocks of 16 tokens, 2048 batch tokens, 64 seqs, all
@@ -228,6 +233,14 @@ typedef struct {
     /* Device memory free now and in all (bytes, rank 0's GPU); optional
      * (NULL: host memory, nothing to report). */
     bt_status_t (*mem_info)(void *impl, size_t *free_p, size_t *total_p);
+    /* Host tier copies (see backend_kv_save); arguments checked, one
+     * rank.  to_host: blocks[i] -> host[i], else host[i] -> blocks[i].
+     * Complete on return.  Optional (NULL: BT_ERR_UNSUPPORTED). */
+    bt_status_t (*kv_host_copy)(void *impl, int n, const int *blocks,
+                                void *const *host, bool to_host);
+    /* Page-locks (pin) or releases host memory the copies go through;
+     * optional (NULL: nothing to do). */
+    bt_status_t (*host_pin)(void *impl, void *ptr, size_t bytes, bool pin);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -337,6 +350,25 @@ bt_status_t backend_kv_copy_block(backend_t *backend, int src_block,
  * dst.  Host arrays; synchronous. */
 bt_status_t backend_kv_copy_slots(backend_t *backend, int n,
                                   const int *src_slots, const int *dst_slots);
+
+/* ---- Host tier of the prefix cache (issue 38 item 4) ----
+ * A block's K and V of every layer copied out of the pool to host memory
+ * and back: host[i] holds backend_kv_host_block_bytes() bytes, layer 0
+ * K, layer 0 V, layer 1 K, ...  Both calls are complete on return: after
+ * a save the bytes are in host memory, after a load the blocks hold
+ * them before any later forward reads them (cuda: copies on the compute
+ * stream, then synchronized).  BT_ERR_INVALID_ARG (nothing copied) for
+ * n < 0 or a block outside the pool; BT_ERR_UNSUPPORTED with tp > 1 or
+ * a backend without the copies. */
+size_t backend_kv_host_block_bytes(const backend_t *backend);
+bt_status_t backend_kv_save(backend_t *backend, int n, const int *blocks,
+                            void *const *host);
+bt_status_t backend_kv_load(backend_t *backend, int n, const int *blocks,
+                            void *const *host);
+/* Pins host memory for those copies (cuda: cudaHostRegister, so they run
+ * at PCIe speed; cpu: nothing); pin false undoes it. */
+bt_status_t backend_host_pin(backend_t *backend, void *ptr, size_t bytes,
+                             bool pin);
 
 /* Shared batch check used by every implementation. */
 bt_status_t backend_batch_validate(const backend_batch_t *batch,

@@ -71,6 +71,11 @@ typedef struct {
     uint64_t prefix_evictions;   /* blocks evicted to make room */
     uint32_t prefix_cached_blocks; /* blocks cached now */
     uint32_t prefix_cached_unused; /* of them, no sequence uses */
+    uint32_t prefix_host_blocks; /* host tier slots (0: no tier) */
+    uint32_t prefix_host_cached; /* blocks cached in the host tier */
+    uint64_t prefix_host_saves;  /* pool evictions kept in the host */
+    uint64_t prefix_host_loads;  /* host blocks loaded back on a hit */
+    uint64_t prefix_host_evictions; /* host blocks dropped for good */
 } workerproc_beat_t;
 
 /* What the role must do after workerproc_link_check(). */

@@ -114,6 +114,15 @@ static const prefix_counter_t prefix_counters[] = {
     { "baton_worker_prefix_evictions_total",
       "Prefix cache: blocks evicted to make room",
       offsetof(workerproc_beat_t, prefix_evictions) },
+    { "baton_worker_prefix_host_saves_total",
+      "Prefix cache: evicted blocks kept in the host tier (--kv-host-gb)",
+      offsetof(workerproc_beat_t, prefix_host_saves) },
+    { "baton_worker_prefix_host_loads_total",
+      "Prefix cache: host-tier blocks loaded back into the pool on a hit",
+      offsetof(workerproc_beat_t, prefix_host_loads) },
+    { "baton_worker_prefix_host_evictions_total",
+      "Prefix cache: host-tier blocks dropped for good",
+      offsetof(workerproc_beat_t, prefix_host_evictions) },
 };
 
 #define FAMILY(name, type, help, fmt, value)                                \
@@ -228,10 +237,13 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
         if (status == BT_OK)
             status = bt_prom_header("baton_worker_prefix_cached_blocks",
                                     "gauge", "Prefix cache: blocks cached "
-                                    "now, by tier (0: the KV pool)",
-                                    prom_write, out);
+                                    "now, by tier (0: the KV pool, 1: "
+                                    "the host tier)", prom_write, out);
         P("baton_worker_prefix_cached_blocks{tier=\"0\"} %u\n",
           b->prefix_cached_blocks);
+        if (b->prefix_host_blocks > 0)
+            P("baton_worker_prefix_cached_blocks{tier=\"1\"} %u\n",
+              b->prefix_host_cached);
         FAMILY("baton_worker_prefix_cached_unused_blocks", "gauge",
                "Prefix cache: cached blocks no sequence uses (evictable)",
                "%u", b->prefix_cached_unused);

@@ -120,6 +120,14 @@ bt_status_t workerproc_opts_option(const workerproc_opts_t *o, int c,
             b->kv_memory_bytes = (size_t)(gb * 1073741824.0);
         break;
     }
+    case 1035: {
+        double gb;
+
+        bad = bt_parse_double(arg, &gb) != BT_OK || !(gb >= 0 && gb < 1e6);
+        if (!bad)
+            b->kv_host_bytes = (size_t)(gb * 1073741824.0);
+        break;
+    }
     case 1025:
         if (strcmp(arg, "auto") == 0)
             *o->warmup = WORKERPROC_OPTS_WARMUP_AUTO;

@@ -54,7 +54,8 @@ extern "C" {
     { "metrics-host", required_argument, 0, 1031 },             \
     { "curve-secret-key", required_argument, 0, 1032 },         \
     { "router-public-key", required_argument, 0, 1033 },         \
-    { "kv-dtype", required_argument, 0, 1034 }
+    { "kv-dtype", required_argument, 0, 1034 },                 \
+    { "kv-host-gb", required_argument, 0, 1035 }
 
 /* Usage lines of the first shared options, the same in every worker. */
 #define WORKERPROC_OPTS_USAGE_ROUTER                                              \
@@ -92,6 +93,10 @@ extern "C" {
     "                         of MemAvailable, at most 64 MiB and at most\n" \
     "                         max-seqs full contexts (CI hosts run many\n"  \
     "                         workers; the cpu pool is zeroed, so touched)\n"\
+    "  --kv-host-gb G         with --prefix-cache: a host-memory tier of\n"\
+    "                         G GiB (pinned for cuda) that blocks the pool\n"\
+    "                         evicts spill to and come back from on a hit\n"\
+    "                         (one GPU; default 0: off)\n"                  \
     "  --block-size N         KV block size in tokens (16; equal on\n"      \
     "                         prefill and decode for UCX hand-off)\n"       \
     "  --warmup auto|on|off   run the shapes this worker serves (GEMM\n"    \

@@ -16,6 +16,10 @@
 struct workerproc_prefix_s {
     kv_prefix_t *cache;     /* owned */
     kv_allocator_t *kv;     /* the engine's pool, not owned */
+    backend_t *backend;     /* the engine's, not owned (host tier copies) */
+    void *host_mem;         /* host tier (owned), NULL: none */
+    size_t host_bytes;
+    bool host_pinned;       /* backend_host_pin succeeded */
     int block_size;
     bool snapshot_owed;     /* the next publication is a snapshot */
     uint64_t last_pub_ns;   /* last publication */
@@ -33,6 +37,64 @@ static const char *precision_name(backend_precision_t p)
     }
 }
 
+static bt_status_t host_save(void *arg, int n, const int *blocks,
+                             void *const *host)
+{
+    return backend_kv_save(arg, n, blocks, host);
+}
+
+static bt_status_t host_load(void *arg, int n, const int *blocks,
+                             void *const *host)
+{
+    return backend_kv_load(arg, n, blocks, host);
+}
+
+/* --kv-host-gb: the host tier's memory, as many whole blocks as fit,
+ * pinned where the backend pins (a failed pin only slows the copies). */
+static bt_status_t host_tier_init(workerproc_prefix_t *p, size_t bytes,
+                                  kv_prefix_config_t *pc)
+{
+    size_t block_bytes = backend_kv_host_block_bytes(p->backend);
+    size_t n = block_bytes > 0 ? bytes / block_bytes : 0;
+    bt_status_t status;
+
+    if (backend_tp_size(p->backend) > 1)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "KV",
+                        "--kv-host-gb: the host tier needs one GPU (--tp "
+                        "%d)", backend_tp_size(p->backend));
+    if (n == 0 || n > (1u << 28))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                        "--kv-host-gb: %zu bytes hold %zu KV blocks of %zu "
+                        "bytes (1 to 2^28 needed)", bytes, n, block_bytes);
+    p->host_bytes = n * block_bytes;
+    p->host_mem = bt_malloc(p->host_bytes, "workerproc_prefix_host");
+    if (p->host_mem == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, "KV",
+                        "--kv-host-gb: cannot allocate %zu bytes of host "
+                        "memory", p->host_bytes);
+    status = backend_host_pin(p->backend, p->host_mem, p->host_bytes, true);
+    if (status != BT_OK)
+        BT_LOG_WARN("KV", "host tier not pinned (%s): its copies are "
+                    "staged, slower", bt_status_str(status));
+    p->host_pinned = status == BT_OK;
+    pc->host_blocks = (int)n;
+    pc->host_block_bytes = block_bytes;
+    pc->host_mem = p->host_mem;
+    pc->host_save = host_save;
+    pc->host_load = host_load;
+    pc->host_arg = p->backend;
+    return BT_OK;
+}
+
+static void host_tier_free(workerproc_prefix_t *p)
+{
+    if (p->host_pinned)
+        (void)backend_host_pin(p->backend, p->host_mem, p->host_bytes,
+                               false);
+    bt_free(p->host_mem);
+    p->host_mem = NULL;
+}
+
 bt_status_t workerproc_prefix_create(engine_t *engine,
                                      const engine_config_t *ecfg,
                                      workerproc_prefix_t **prefix_p)
@@ -48,6 +110,7 @@ bt_status_t workerproc_prefix_create(engine_t *engine,
     if (p == NULL)
         return BT_ERR_NO_MEMORY;
     p->kv = engine_kv(engine);
+    p->backend = engine_backend(engine);
     p->block_size = engine_block_size(engine);
     p->max_blocks = BT_DIV_UP(engine_max_context(engine) + 1, p->block_size);
     p->ids = bt_malloc((size_t)p->max_blocks * sizeof(int),
@@ -67,17 +130,25 @@ bt_status_t workerproc_prefix_create(engine_t *engine,
     pc.block_size = p->block_size;
     pc.model_id = model_id;
     pc.kv_dtype = backend_kv_dtype_name(ecfg->backend.kv_dtype);
+    if (ecfg->backend.kv_host_bytes > 0) {
+        status = host_tier_init(p, ecfg->backend.kv_host_bytes, &pc);
+        if (status != BT_OK)
+            goto err_free;
+    }
     status = kv_prefix_create(&pc, p->kv, &p->cache);
     if (status != BT_OK)
         goto err_free;
     BT_LOG_INFO("KV", "prefix cache on: model id '%s', KV dtype %s, block "
-                "size %d, instance %016llx", model_id, pc.kv_dtype,
-                p->block_size,
-                (unsigned long long)kv_prefix_instance(p->cache));
+                "size %d, instance %016llx, host tier %d blocks (%.2f "
+                "GiB%s)", model_id, pc.kv_dtype, p->block_size,
+                (unsigned long long)kv_prefix_instance(p->cache),
+                pc.host_blocks, (double)p->host_bytes / 1073741824.0,
+                p->host_pinned ? ", pinned" : "");
     *prefix_p = p;
     return BT_OK;
 
 err_free:
+    host_tier_free(p);
     bt_free(p->ids);
     bt_free(p);
     return status;
@@ -97,6 +168,7 @@ void workerproc_prefix_destroy(workerproc_prefix_t **prefix_p)
                     "prefix cache", kv_allocator_total(p->kv) -
                     kv_allocator_free_count(p->kv),
                     kv_allocator_total(p->kv));
+    host_tier_free(p);
     bt_free(p->ids);
     bt_free(p);
     *prefix_p = NULL;
@@ -192,6 +264,8 @@ static bt_status_t send_batch(workerproc_prefix_t *prefix, void *sock,
         evs[i].block_hashes = e->hashes;
         evs[i].has_parent_hash = e->type == KV_PREFIX_EV_STORED;
         evs[i].parent_hash = e->parent;
+        evs[i].has_tier = e->tier != 0;
+        evs[i].tier = (uint32_t)e->tier;
         ptrs[i] = &evs[i];
     }
     for (int i = 0; i < 8; i++) {
@@ -265,4 +339,9 @@ void workerproc_prefix_beat(const workerproc_prefix_t *prefix,
     b->prefix_evictions = st.evictions;
     b->prefix_cached_blocks = (uint32_t)st.cached_blocks;
     b->prefix_cached_unused = (uint32_t)st.cached_unused;
+    b->prefix_host_blocks = (uint32_t)st.host_blocks;
+    b->prefix_host_cached = (uint32_t)st.host_cached;
+    b->prefix_host_saves = st.host_saves;
+    b->prefix_host_loads = st.host_loads;
+    b->prefix_host_evictions = st.host_evictions;
 }

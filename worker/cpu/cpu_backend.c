@@ -1525,6 +1525,37 @@ static bt_status_t cpu_kv_copy_slots(void *impl, int n,
                                        be->v_cache, n, src_slots, dst_slots);
 }
 
+/* Host tier copies: the pool is host memory, so plain copies, each
+ * layer's K then V of a block next to each other in host[i]. */
+static bt_status_t cpu_kv_host_copy(void *impl, int n, const int *blocks,
+                                    void *const *host, bool to_host)
+{
+    cpu_backend_t *be = impl;
+    size_t bytes = kv_layout_block_bytes(&be->kv_layout);
+    size_t es = be->kv_layout.elem_size;
+
+    for (int i = 0; i < n; i++) {
+        char *h = host[i];
+
+        for (int l = 0; l < be->cfg.n_layers; l++) {
+            size_t off = kv_layout_offset(&be->kv_layout, l, blocks[i], 0) *
+                         es;
+            char *k = (char *)be->k_cache + off;
+            char *v = (char *)be->v_cache + off;
+
+            if (to_host) {
+                memcpy(h, k, bytes);
+                memcpy(h + bytes, v, bytes);
+            } else {
+                memcpy(k, h, bytes);
+                memcpy(v, h + bytes, bytes);
+            }
+            h += 2 * bytes;
+        }
+    }
+    return BT_OK;
+}
+
 static const kv_layout_t *cpu_kv_layout(void *impl)
 {
     cpu_backend_t *be = impl;
@@ -1547,4 +1578,5 @@ const backend_ops_t cpu_backend_ops = {
     .kv_copy_block = cpu_kv_copy_block,
     .kv_layout = cpu_kv_layout,
     .kv_copy_slots = cpu_kv_copy_slots,
+    .kv_host_copy = cpu_kv_host_copy,
 };

@@ -2546,6 +2546,68 @@ static bt_status_t cuda_kv_copy_slots_op(void *impl, int n,
 }
 
 // ---------------------------------------------------------------------
+// Host tier of the prefix cache (backend_kv_save / backend_kv_load)
+
+/* One copy per layer, K and V, per run of blocks whose ids and host
+ * slots are both consecutive (a 2D copy: device rows of one block,
+ * host rows a slot apart), on the compute stream so that a save reads
+ * what every earlier step wrote and a load lands before any later step
+ * reads.  Synchronized, not left in flight: a decode worker's evicted
+ * block is reused at once for a hand-off that a peer writes outside
+ * this stream (CUDA IPC, UCX), which must not overtake the save.
+ * tp == 1 (backend.c refuses more). */
+static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
+                                     void *const *host, bool to_host)
+{
+    cuda_backend_t *b = impl;
+    cuda_rank_t *r = &b->ranks[0];
+    size_t blk = (size_t)b->kv.block_size * b->kv_dim * b->kv.elem_size;
+    size_t slot = 2 * (size_t)b->kv.n_layers * blk;
+    bt_status_t status = cuda_rank_enter(r);
+
+    for (int i = 0, run; i < n && status == BT_OK; i += run) {
+        for (run = 1; i + run < n && blocks[i + run] == blocks[i] + run &&
+                      (char *)host[i + run] == (char *)host[i] + run * slot;
+             run++)
+            ;
+        for (int l = 0; l < b->kv.n_layers && status == BT_OK; l++) {
+            for (int kv = 0; kv < 2 && status == BT_OK; kv++) {
+                char *dev = (char *)cuda_kv_data_rank(b, 0, l, kv) +
+                            (size_t)blocks[i] * blk;
+                char *h = (char *)host[i] + (2 * (size_t)l + kv) * blk;
+
+                status = BT_CUDA_STATUS(
+                    to_host ? cudaMemcpy2DAsync(h, slot, dev, blk, blk,
+                                                (size_t)run,
+                                                cudaMemcpyDeviceToHost,
+                                                r->stream)
+                            : cudaMemcpy2DAsync(dev, blk, h, slot, blk,
+                                                (size_t)run,
+                                                cudaMemcpyHostToDevice,
+                                                r->stream));
+            }
+        }
+    }
+    if (status != BT_OK) {
+        (void)cudaStreamSynchronize(r->stream);
+        return status;
+    }
+    return BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+}
+
+/* Page-locks the host tier (cudaHostRegister) so its copies are DMA at
+ * PCIe speed instead of staged through a driver buffer. */
+static bt_status_t cuda_host_pin(void *impl, void *ptr, size_t bytes,
+                                 bool pin)
+{
+    (void)impl;
+    if (!pin)
+        return BT_CUDA_STATUS(cudaHostUnregister(ptr));
+    return BT_CUDA_STATUS(
+        cudaHostRegister(ptr, bytes, cudaHostRegisterDefault));
+}
+
+// ---------------------------------------------------------------------
 // All-reduce benchmark (cuda_backend.h)
 
 /* Rank op: a graph of op_i0 all-reduces, replayed; rank 0 times it. */
@@ -2795,4 +2857,6 @@ const backend_ops_t cuda_backend_ops = {
     .forward_sample_begin = cuda_forward_sample_begin,
     .forward_sample_end = cuda_forward_sample_end,
     .mem_info = cuda_mem_info,
+    .kv_host_copy = cuda_kv_host_copy,
+    .host_pin = cuda_host_pin,
 };

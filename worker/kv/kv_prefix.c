@@ -10,6 +10,13 @@
  * match, insert, release and eviction never allocate; only the event log
  * grows (bounded by max_pending).
  *
+ * Host tier: entries n_blocks .. n_blocks + host_blocks - 1 of the same
+ * per-entry array and map are the host slots (slot = entry - n_blocks),
+ * with their own LRU list and a stack of free slots.  A pool block moves
+ * there when evicted (evict_one: saved, then re-keyed) and back when a
+ * match reaches it (host_fetch: a pool block taken, loaded, re-keyed), so
+ * a hash names at most one entry in either tier.
+ *
  * No token ids are kept to re-check a hit: a false hit needs two
  * different prefixes with one 128-bit chain hash (bt_blockhash.h gives
  * the odds), so the hash is the name.
@@ -28,11 +35,19 @@
 typedef struct {
     bt_blockhash_t hash;   /* chain hash, while cached */
     bt_blockhash_t parent; /* the previous block's hash (or the root) */
-    bool cached;           /* in the map; the cache holds a reference */
-    bool in_lru;           /* cached and no sequence uses it */
+    bool cached;           /* in the map; the cache holds a reference (a
+                              pool block) */
+    bool in_lru;           /* cached and no sequence uses it (a host
+                              entry: cached and not being loaded) */
     int lru_prev;          /* older neighbour, KV_PREFIX_NONE at the head */
     int lru_next;          /* newer neighbour, KV_PREFIX_NONE at the tail */
 } kv_prefix_block_t;
+
+typedef struct {
+    int head;              /* least recently used */
+    int tail;              /* most recently used */
+    int n;
+} kv_prefix_lru_t;
 
 struct kv_prefix_s {
     kv_allocator_t *alloc;     /* the pool's allocator, not owned */
@@ -40,13 +55,22 @@ struct kv_prefix_s {
     int block_size;            /* tokens per block */
     bt_blockhash_t identity;   /* model, dtype, block size */
     uint64_t instance;         /* names this cache's event stream */
-    kv_prefix_block_t *blocks; /* (n_blocks) per-block state */
-    int *map;                  /* (map_mask + 1) block ids, NONE = empty */
+    kv_prefix_block_t *blocks; /* (n_blocks + host_blocks) per entry */
+    int *map;                  /* (map_mask + 1) entries, NONE = empty */
     uint32_t map_mask;         /* slots - 1, slots a power of two */
-    int lru_head;              /* least recently used unused cached block */
-    int lru_tail;              /* most recently used */
-    int n_cached;              /* blocks in the map */
-    int n_lru;                 /* blocks in the LRU list */
+    kv_prefix_lru_t lru;       /* unused cached pool blocks */
+    int n_cached;              /* pool blocks in the map */
+    /* host tier */
+    int host_blocks;           /* slots (0: no tier) */
+    size_t host_block_bytes;
+    char *host_mem;            /* the caller's */
+    bt_status_t (*host_save)(void *, int, const int *, void *const *);
+    bt_status_t (*host_load)(void *, int, const int *, void *const *);
+    void *host_arg;
+    kv_prefix_lru_t host_lru;  /* cached host entries */
+    int *host_free;            /* (host_blocks) stack of free entries */
+    int n_host_free;
+    int n_host_cached;         /* host entries in the map */
     kv_prefix_stats_t stats;   /* counters (cached_* filled on read) */
     /* event log */
     uint64_t next_seq;         /* sequence number of the next event */
@@ -125,39 +149,47 @@ static void map_remove(kv_prefix_t *p, int id)
 // ----------------------------------------------------------------------------
 // LRU of unused cached blocks
 
+/* The list entry id belongs to: the pool's or the host tier's. */
+static kv_prefix_lru_t *lru_of(kv_prefix_t *p, int id)
+{
+    return id < p->n_blocks ? &p->lru : &p->host_lru;
+}
+
 static void lru_push_tail(kv_prefix_t *p, int id)
 {
     kv_prefix_block_t *b = &p->blocks[id];
+    kv_prefix_lru_t *l = lru_of(p, id);
 
     BT_ASSERT(b->cached && !b->in_lru);
     b->in_lru = true;
-    b->lru_prev = p->lru_tail;
+    b->lru_prev = l->tail;
     b->lru_next = KV_PREFIX_NONE;
-    if (p->lru_tail != KV_PREFIX_NONE)
-        p->blocks[p->lru_tail].lru_next = id;
+    if (l->tail != KV_PREFIX_NONE)
+        p->blocks[l->tail].lru_next = id;
     else
-        p->lru_head = id;
-    p->lru_tail = id;
-    p->n_lru++;
+        l->head = id;
+    l->tail = id;
+    l->n++;
 }
 
 static void lru_unlink(kv_prefix_t *p, int id)
 {
     kv_prefix_block_t *b = &p->blocks[id];
+    kv_prefix_lru_t *l = lru_of(p, id);
 
     BT_ASSERT(b->in_lru);
     if (b->lru_prev != KV_PREFIX_NONE)
         p->blocks[b->lru_prev].lru_next = b->lru_next;
     else
-        p->lru_head = b->lru_next;
+        l->head = b->lru_next;
     if (b->lru_next != KV_PREFIX_NONE)
         p->blocks[b->lru_next].lru_prev = b->lru_prev;
     else
-        p->lru_tail = b->lru_prev;
+        l->tail = b->lru_prev;
     b->in_lru = false;
     b->lru_prev = KV_PREFIX_NONE;
     b->lru_next = KV_PREFIX_NONE;
-    p->n_lru--;
+    l->n--;
 }
 
 // ----------------------------------------------------------------------------
@@ -201,7 +233,7 @@ static bt_status_t event_push(kv_prefix_event_t *ev, uint64_t hash)
 /* A new event at the end of the log (its sequence number taken), or NULL
  * when the log had to give up. */
 static kv_prefix_event_t *log_new(kv_prefix_t *p, kv_prefix_ev_type_t type,
-                                  uint64_t parent)
+                                  int tier, uint64_t parent)
 {
     kv_prefix_event_t *ev;
 
@@ -220,6 +252,7 @@ static kv_prefix_event_t *log_new(kv_prefix_t *p, kv_prefix_ev_type_t type,
     ev = &p->pending[p->n_pending++];
     memset(ev, 0, sizeof(*ev));
     ev->type = type;
+    ev->tier = tier;
     ev->parent = parent;
     p->next_seq++;
     return ev;
@@ -228,7 +261,7 @@ static kv_prefix_event_t *log_new(kv_prefix_t *p, kv_prefix_ev_type_t type,
 /* Appends one hash to the log, extending the last event when it
  * continues it (a STORED chain, a run of EVICTED) so batches stay small.
  * A full or failing log is dropped; the next take is then a snapshot. */
-static void log_event(kv_prefix_t *p, kv_prefix_ev_type_t type,
+static void log_event(kv_prefix_t *p, kv_prefix_ev_type_t type, int tier,
                       uint64_t parent, uint64_t hash)
 {
     kv_prefix_event_t *ev = NULL;
@@ -242,13 +275,15 @@ static void log_event(kv_prefix_t *p, kv_prefix_ev_type_t type,
     if (p->n_pending > 0) {
         kv_prefix_event_t *last = &p->pending[p->n_pending - 1];
 
-        if (last->type == type && type == KV_PREFIX_EV_EVICTED)
+        if (last->type != type || last->tier != tier)
+            ev = NULL;
+        else if (type == KV_PREFIX_EV_EVICTED)
             ev = last;
-        else if (last->type == type && type == KV_PREFIX_EV_STORED &&
+        else if (type == KV_PREFIX_EV_STORED &&
                  last->hashes[last->n_hashes - 1] == parent)
             ev = last;
     }
-    if (ev == NULL && (ev = log_new(p, type, parent)) == NULL)
+    if (ev == NULL && (ev = log_new(p, type, tier, parent)) == NULL)
         return;
     if (event_push(ev, hash) != BT_OK) {
         log_overflow(p, "out of memory");
@@ -293,22 +328,26 @@ bt_status_t kv_prefix_snapshot(kv_prefix_t *p, kv_prefix_batch_t *batch)
     log_drop(p);
     p->overflowed = true;
     /* Worst case one STORED per block, plus the CLEARED. */
-    events = bt_calloc((size_t)p->n_cached + 1, sizeof(*events),
-                       "kv_prefix_log");
+    events = bt_calloc((size_t)(p->n_cached + p->n_host_cached) + 1,
+                       sizeof(*events), "kv_prefix_log");
     if (events == NULL)
         return BT_ERR_NO_MEMORY;
     events[0].type = KV_PREFIX_EV_CLEARED;
-    /* Blocks in id order: a sequence's blocks are mostly adjacent runs,
-     * so its chain folds into one STORED event. */
-    for (int id = 0; id < p->n_blocks; id++) {
+    /* Blocks in id order (the pool's, then the host tier's): a
+     * sequence's blocks are mostly adjacent runs, so its chain folds
+     * into one STORED event. */
+    for (int id = 0; id < p->n_blocks + p->host_blocks; id++) {
         const kv_prefix_block_t *b = &p->blocks[id];
         kv_prefix_event_t *last = &events[n - 1];
+        int tier = id < p->n_blocks ? 0 : 1;
 
         if (!b->cached)
             continue;
-        if (n == 1 || last->hashes[last->n_hashes - 1] != b->parent.lo) {
+        if (n == 1 || last->tier != tier ||
+            last->hashes[last->n_hashes - 1] != b->parent.lo) {
             last = &events[n++];
             last->type = KV_PREFIX_EV_STORED;
+            last->tier = tier;
             last->parent = b->parent.lo;
         }
         if (event_push(last, b->hash.lo) != BT_OK) {
@@ -358,7 +397,7 @@ static bool hook_reclaim(void *arg, int short_by)
 {
     kv_prefix_t *p = arg;
 
-    if (short_by > p->n_lru)
+    if (short_by > p->lru.n)
         return false;
     for (int i = 0; i < short_by; i++)
         evict_one(p);
@@ -369,7 +408,7 @@ static int hook_reclaimable(const void *arg)
 {
     const kv_prefix_t *p = arg;
 
-    return p->n_lru;
+    return p->lru.n;
 }
 
 bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
@@ -387,24 +426,48 @@ bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
                         "(got %d), a model id, a KV dtype and room for "
                         "events (max_pending %d)", cfg->block_size,
                         cfg->max_pending);
+    if (cfg->host_blocks < 0 || cfg->host_blocks > (1 << 28) ||
+        (cfg->host_blocks > 0 &&
+         (cfg->host_mem == NULL || cfg->host_block_bytes == 0 ||
+          cfg->host_save == NULL || cfg->host_load == NULL)))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV",
+                        "prefix cache host tier of %d blocks needs 0 to "
+                        "2^28 blocks, memory, a block size in bytes and "
+                        "save / load hooks", cfg->host_blocks);
     n_blocks = kv_allocator_total(alloc);
-    while (slots < 2 * (size_t)n_blocks)
+    while (slots < 2 * ((size_t)n_blocks + (size_t)cfg->host_blocks))
         slots *= 2;
     p = bt_calloc(1, sizeof(*p), "kv_prefix");
     if (p == NULL)
         return BT_ERR_NO_MEMORY;
-    p->blocks = bt_calloc((size_t)n_blocks, sizeof(*p->blocks), "kv_prefix");
+    p->blocks = bt_calloc((size_t)n_blocks + (size_t)cfg->host_blocks,
+                          sizeof(*p->blocks), "kv_prefix");
     if (p->blocks == NULL)
         goto err_free_prefix;
     p->map = bt_malloc(slots * sizeof(*p->map), "kv_prefix");
     if (p->map == NULL)
         goto err_free_blocks;
+    p->host_free = bt_malloc(((size_t)cfg->host_blocks + 1) *
+                                 sizeof(*p->host_free), "kv_prefix");
+    if (p->host_free == NULL)
+        goto err_free_map;
     for (size_t i = 0; i < slots; i++)
         p->map[i] = KV_PREFIX_NONE;
-    for (int id = 0; id < n_blocks; id++) {
+    for (int id = 0; id < n_blocks + cfg->host_blocks; id++) {
         p->blocks[id].lru_prev = KV_PREFIX_NONE;
         p->blocks[id].lru_next = KV_PREFIX_NONE;
     }
+    /* Lowest slot on top: the first spills fill the tier in order. */
+    for (int i = 0; i < cfg->host_blocks; i++)
+        p->host_free[i] = n_blocks + cfg->host_blocks - 1 - i;
+    p->n_host_free = cfg->host_blocks;
+    p->host_blocks = cfg->host_blocks;
+    p->host_block_bytes = cfg->host_block_bytes;
+    p->host_mem = cfg->host_mem;
+    p->host_save = cfg->host_save;
+    p->host_load = cfg->host_load;
+    p->host_arg = cfg->host_arg;
+    p->host_lru.head = p->host_lru.tail = KV_PREFIX_NONE;
     p->alloc = alloc;
     p->n_blocks = n_blocks;
     p->block_size = cfg->block_size;
@@ -412,8 +475,8 @@ bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
                                         cfg->kv_dtype);
     p->instance = cfg->instance != 0 ? cfg->instance : bt_random_u64();
     p->map_mask = (uint32_t)(slots - 1);
-    p->lru_head = KV_PREFIX_NONE;
-    p->lru_tail = KV_PREFIX_NONE;
+    p->lru.head = KV_PREFIX_NONE;
+    p->lru.tail = KV_PREFIX_NONE;
     p->next_seq = 1;
     p->max_pending = cfg->max_pending;
     {
@@ -426,11 +489,13 @@ bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
 
         status = kv_allocator_set_cache(alloc, &hooks);
         if (status != BT_OK)
-            goto err_free_map;
+            goto err_free_host;
     }
     *prefix_p = p;
     return BT_OK;
 
+err_free_host:
+    bt_free(p->host_free);
 err_free_map:
     bt_free(p->map);
 err_free_blocks:
@@ -453,6 +518,44 @@ static void uncache(kv_prefix_t *p, int id)
     kv_allocator_release(p->alloc, 1, &id);
 }
 
+/* Host slot entry e's bytes. */
+static void *host_ptr(const kv_prefix_t *p, int e)
+{
+    return p->host_mem + (size_t)(e - p->n_blocks) * p->host_block_bytes;
+}
+
+/* Takes host entry e (cached) out of the tier: its slot is free again. */
+static void host_uncache(kv_prefix_t *p, int e)
+{
+    kv_prefix_block_t *b = &p->blocks[e];
+
+    if (b->in_lru)
+        lru_unlink(p, e);
+    map_remove(p, e);
+    b->cached = false;
+    p->n_host_cached--;
+    p->host_free[p->n_host_free++] = e;
+}
+
+/* Drops host entry e for good (an EVICTED of tier 1). */
+static void host_evict(kv_prefix_t *p, int e)
+{
+    log_event(p, KV_PREFIX_EV_EVICTED, 1, 0, p->blocks[e].hash.lo);
+    host_uncache(p, e);
+    p->stats.host_evictions++;
+}
+
+/* A free host entry, evicting the host LRU's oldest when none is free;
+ * KV_PREFIX_NONE without a tier or when every entry is being loaded. */
+static int host_take(kv_prefix_t *p)
+{
+    if (p->n_host_free == 0 && p->host_lru.head != KV_PREFIX_NONE)
+        host_evict(p, p->host_lru.head);
+    if (p->n_host_free == 0)
+        return KV_PREFIX_NONE;
+    return p->host_free[--p->n_host_free];
+}
+
 void kv_prefix_destroy(kv_prefix_t **prefix_p)
 {
     kv_prefix_t *p = *prefix_p;
@@ -465,6 +568,7 @@ void kv_prefix_destroy(kv_prefix_t **prefix_p)
             uncache(p, id);
     log_drop(p);
     bt_free(p->pending);
+    bt_free(p->host_free);
     bt_free(p->map);
     bt_free(p->blocks);
     bt_free(p);
@@ -490,6 +594,49 @@ uint64_t kv_prefix_instance(const kv_prefix_t *p)
 // ----------------------------------------------------------------------------
 // sequences
 
+/* Brings host entry e back into a pool block: taken from the allocator
+ * (which may evict pool LRU blocks, spilling them to the host; e is out
+ * of the host LRU meanwhile so that cannot drop it), loaded, re-keyed.
+ * Returns the block, cached, with the cache's reference and one for the
+ * caller (kv_prefix_match's, so it is not in the LRU), or KV_PREFIX_NONE:
+ * no pool block free (e stays in the host tier) or the load failed (e
+ * dropped: fail closed, the caller computes those tokens). */
+static int host_fetch(kv_prefix_t *p, int e)
+{
+    kv_prefix_block_t *h = &p->blocks[e];
+    void *src = host_ptr(p, e);
+    kv_prefix_block_t *b;
+    bt_status_t status;
+    int id;
+
+    lru_unlink(p, e);
+    if (kv_allocator_alloc(p->alloc, 1, &id) != BT_OK) {
+        lru_push_tail(p, e);
+        return KV_PREFIX_NONE;
+    }
+    status = p->host_load(p->host_arg, 1, &id, &src);
+    if (status != BT_OK) {
+        BT_LOG_WARN("KV", "prefix cache: loading a block from the host "
+                    "tier failed (%s): dropped, recomputed",
+                    bt_status_str(status));
+        kv_allocator_release(p->alloc, 1, &id);
+        host_evict(p, e);
+        return KV_PREFIX_NONE;
+    }
+    b = &p->blocks[id];
+    b->hash = h->hash;
+    b->parent = h->parent;
+    log_event(p, KV_PREFIX_EV_EVICTED, 1, 0, h->hash.lo);
+    host_uncache(p, e);
+    b->cached = true;
+    map_put(p, id);
+    p->n_cached++;
+    kv_allocator_ref(p->alloc, id); /* the cache's own; alloc's: caller's */
+    log_event(p, KV_PREFIX_EV_STORED, 0, b->parent.lo, b->hash.lo);
+    p->stats.host_loads++;
+    return id;
+}
+
 int kv_prefix_match(kv_prefix_t *p, bt_blockhash_t root, const int *tokens,
                     int n_tokens, int max_blocks, int *ids)
 {
@@ -509,9 +656,15 @@ int kv_prefix_match(kv_prefix_t *p, bt_blockhash_t root, const int *tokens,
         id = map_find(p, h);
         if (id == KV_PREFIX_NONE)
             break;
-        if (p->blocks[id].in_lru)
-            lru_unlink(p, id);
-        kv_allocator_ref(p->alloc, id);
+        if (id >= p->n_blocks) {
+            /* host_fetch takes the caller's reference itself */
+            if ((id = host_fetch(p, id)) == KV_PREFIX_NONE)
+                break;
+        } else {
+            if (p->blocks[id].in_lru)
+                lru_unlink(p, id);
+            kv_allocator_ref(p->alloc, id);
+        }
         ids[n] = id;
     }
     p->stats.hit_blocks += (uint64_t)n;
@@ -520,14 +673,45 @@ int kv_prefix_match(kv_prefix_t *p, bt_blockhash_t root, const int *tokens,
 }
 
 /* Evicts the least recently used unused cached block. */
+/* Evicts the least recently used unused cached block of the pool: with
+ * a host tier, saved to a host slot and cached there (the router still
+ * sees it cached: removed from tier 0, stored in tier 1). */
 static void evict_one(kv_prefix_t *p)
 {
-    int id = p->lru_head;
+    int id = p->lru.head;
+    kv_prefix_block_t *b;
+    int e;
 
     BT_ASSERT(id != KV_PREFIX_NONE);
-    log_event(p, KV_PREFIX_EV_EVICTED, 0, p->blocks[id].hash.lo);
-    uncache(p, id);
+    b = &p->blocks[id];
+    log_event(p, KV_PREFIX_EV_EVICTED, 0, 0, b->hash.lo);
     p->stats.evictions++;
+    e = host_take(p);
+    if (e != KV_PREFIX_NONE) {
+        void *dst = host_ptr(p, e);
+        bt_status_t status = p->host_save(p->host_arg, 1, &id, &dst);
+
+        if (status != BT_OK) {
+            BT_LOG_WARN("KV", "prefix cache: saving a block to the host "
+                        "tier failed (%s): dropped", bt_status_str(status));
+            p->host_free[p->n_host_free++] = e;
+            e = KV_PREFIX_NONE;
+        }
+    }
+    if (e == KV_PREFIX_NONE) {
+        uncache(p, id);
+        return;
+    }
+    p->blocks[e].hash = b->hash;
+    p->blocks[e].parent = b->parent;
+    uncache(p, id); /* out of the map before its host copy goes in */
+    p->blocks[e].cached = true;
+    map_put(p, e);
+    p->n_host_cached++;
+    lru_push_tail(p, e);
+    log_event(p, KV_PREFIX_EV_STORED, 1, p->blocks[e].parent.lo,
+              p->blocks[e].hash.lo);
+    p->stats.host_saves++;
 }
 
 bt_status_t kv_prefix_alloc(kv_prefix_t *p, int n, int *ids)
@@ -559,9 +743,18 @@ int kv_prefix_insert_more(kv_prefix_t *p, kv_prefix_cursor_t *cursor,
         BT_ASSERT(id >= 0 && id < p->n_blocks);
         BT_ASSERT(kv_allocator_refcount(p->alloc, id) > 0);
         b = &p->blocks[id];
-        /* Already cached (matched, or inserted before), or another block
-         * holds this prefix: nothing to add. */
-        if (b->cached || map_find(p, h) != KV_PREFIX_NONE) {
+        /* Already cached (matched, or inserted before), or another pool
+         * block holds this prefix: nothing to add.  A host copy gives
+         * way to this one, which needs no load. */
+        if (!b->cached) {
+            int other = map_find(p, h);
+
+            if (other >= p->n_blocks)
+                host_evict(p, other);
+            else if (other != KV_PREFIX_NONE)
+                b = NULL;
+        }
+        if (b == NULL || b->cached) {
             parent = h;
             continue;
         }
@@ -571,7 +764,7 @@ int kv_prefix_insert_more(kv_prefix_t *p, kv_prefix_cursor_t *cursor,
         map_put(p, id);
         p->n_cached++;
         kv_allocator_ref(p->alloc, id); /* the cache's own reference */
-        log_event(p, KV_PREFIX_EV_STORED, parent.lo, h.lo);
+        log_event(p, KV_PREFIX_EV_STORED, 0, parent.lo, h.lo);
         p->stats.inserted++;
         added++;
         parent = h;
@@ -605,15 +798,18 @@ void kv_prefix_clear(kv_prefix_t *p)
     for (int id = 0; id < p->n_blocks; id++)
         if (p->blocks[id].cached)
             uncache(p, id);
+    for (int e = p->n_blocks; e < p->n_blocks + p->host_blocks; e++)
+        if (p->blocks[e].cached)
+            host_uncache(p, e);
     /* Pending events stay: they carry sequence numbers the reader must
      * see, and applying them before the CLEARED ends in the same state. */
     if (!p->overflowed)
-        (void)log_new(p, KV_PREFIX_EV_CLEARED, 0);
+        (void)log_new(p, KV_PREFIX_EV_CLEARED, 0, 0);
 }
 
 int kv_prefix_available(const kv_prefix_t *p)
 {
-    return kv_allocator_free_list_count(p->alloc) + p->n_lru;
+    return kv_allocator_free_list_count(p->alloc) + p->lru.n;
 }
 
 bool kv_prefix_is_cached(const kv_prefix_t *p, int id)
@@ -628,7 +824,9 @@ void kv_prefix_stats(const kv_prefix_t *p, kv_prefix_stats_t *stats)
 {
     *stats = p->stats;
     stats->cached_blocks = p->n_cached;
-    stats->cached_unused = p->n_lru;
+    stats->cached_unused = p->lru.n;
+    stats->host_cached = p->n_host_cached;
+    stats->host_blocks = p->host_blocks;
 }
 
 #define CHECK_OR_FAIL(_cond, ...)                                           \
@@ -638,6 +836,49 @@ void kv_prefix_stats(const kv_prefix_t *p, kv_prefix_stats_t *stats)
             return false;                                                   \
         }                                                                   \
     } while (0)
+
+/* The host tier: every slot free (on the stack once) or cached (in the
+ * map and the host LRU), and the counts agree. */
+static bool host_check(const kv_prefix_t *p)
+{
+    int cached = 0, walked = 0, mapped = 0;
+
+    for (int e = p->n_blocks; e < p->n_blocks + p->host_blocks; e++) {
+        const kv_prefix_block_t *b = &p->blocks[e];
+        int on_stack = 0;
+
+        for (int i = 0; i < p->n_host_free; i++)
+            on_stack += p->host_free[i] == e;
+        if (b->cached) {
+            cached++;
+            CHECK_OR_FAIL(on_stack == 0 && b->in_lru &&
+                          map_find(p, b->hash) == e,
+                          "host entry %d: cached but free %d, in LRU %d, "
+                          "found %d", e, on_stack, b->in_lru,
+                          map_find(p, b->hash));
+        } else {
+            CHECK_OR_FAIL(on_stack == 1 && !b->in_lru,
+                          "host entry %d: free %d times, in LRU %d", e,
+                          on_stack, b->in_lru);
+        }
+    }
+    for (uint32_t i = 0; i <= p->map_mask; i++)
+        if (p->map[i] >= p->n_blocks)
+            mapped++;
+    for (int e = p->host_lru.head; e != KV_PREFIX_NONE;
+         e = p->blocks[e].lru_next) {
+        CHECK_OR_FAIL(e >= p->n_blocks && p->blocks[e].in_lru,
+                      "host LRU walk hit entry %d", e);
+        CHECK_OR_FAIL(++walked <= p->host_blocks, "host LRU has a cycle");
+    }
+    CHECK_OR_FAIL(cached == p->n_host_cached && mapped == cached &&
+                  walked == cached && p->host_lru.n == cached &&
+                  cached + p->n_host_free == p->host_blocks,
+                  "host tier: %d cached, %d counted, %d mapped, %d walked, "
+                  "%d free of %d", cached, p->n_host_cached, mapped, walked,
+                  p->n_host_free, p->host_blocks);
+    return true;
+}
 
 bool kv_prefix_check(const kv_prefix_t *p)
 {
@@ -668,9 +909,11 @@ bool kv_prefix_check(const kv_prefix_t *p)
             in_use++;
     }
     for (uint32_t i = 0; i <= p->map_mask; i++)
-        if (p->map[i] != KV_PREFIX_NONE)
+        if (p->map[i] != KV_PREFIX_NONE && p->map[i] < p->n_blocks)
             mapped++;
-    for (int id = p->lru_head; id != KV_PREFIX_NONE;
+    if (!host_check(p))
+        return false;
+    for (int id = p->lru.head; id != KV_PREFIX_NONE;
          id = p->blocks[id].lru_next) {
         CHECK_OR_FAIL(p->blocks[id].in_lru, "LRU walk hit block %d not "
                       "marked in it", id);
@@ -679,9 +922,9 @@ bool kv_prefix_check(const kv_prefix_t *p)
     CHECK_OR_FAIL(cached == p->n_cached && mapped == cached,
                   "cached blocks: %d marked, %d mapped, %d counted", cached,
                   mapped, p->n_cached);
-    CHECK_OR_FAIL(in_lru == p->n_lru && walked == in_lru,
+    CHECK_OR_FAIL(in_lru == p->lru.n && walked == in_lru,
                   "LRU: %d marked, %d walked, %d counted", in_lru, walked,
-                  p->n_lru);
+                  p->lru.n);
     CHECK_OR_FAIL(free_blocks == kv_allocator_free_list_count(p->alloc),
                   "free blocks: %d at refcount 0, allocator says %d",
                   free_blocks, kv_allocator_free_list_count(p->alloc));

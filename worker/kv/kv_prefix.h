@@ -23,6 +23,14 @@
  * CLEARED with wire hashes and sequence numbers) that the worker publishes
  * to the router; see docs/KV_EVENTS.md.
  *
+ * Host tier (optional, config host_blocks): a block the pool evicts is
+ * first saved to a host slot (the caller's save hook copies its K/V
+ * there) and stays cached in tier 1, LRU there too; evicting it from the
+ * host drops it for good.  A match that reaches a host block takes a pool
+ * block (evicting pool LRU blocks, never one the match holds), loads the
+ * bytes back (the load hook) and returns it like any hit.  Both tiers are
+ * keyed by the same chain hash, so by the salt too.
+ *
  * Not thread-safe: the scheduler thread that owns the allocator owns it.
  */
 #ifndef BT_WORKER_KV_KV_PREFIX_H
@@ -50,18 +58,32 @@ typedef struct {
     uint64_t instance;     /* events' instance; 0 = a random one */
     int max_pending;       /* event hashes held unpublished before the log
                               gives up and the next take is a snapshot */
+    /* Host tier: host_blocks slots of host_block_bytes each at host_mem
+     * (the caller's, kept until destroy; 0 slots: no tier).  save copies
+     * the K/V of pool blocks[i] to host[i], load copies host[i] back
+     * into blocks[i]; both complete before they return (a load before
+     * any later forward reads the blocks).  A failing save drops the
+     * block; a failing load drops the host copy and ends the match. */
+    int host_blocks;
+    size_t host_block_bytes;
+    void *host_mem;
+    bt_status_t (*host_save)(void *arg, int n, const int *blocks,
+                             void *const *host);
+    bt_status_t (*host_load)(void *arg, int n, const int *blocks,
+                             void *const *host);
+    void *host_arg;
 } kv_prefix_config_t;
 
 /* Defaults: block_size 16, model "", dtype "f32", random instance,
- * 65536 pending hashes. */
+ * 65536 pending hashes, no host tier. */
 void kv_prefix_config_init(kv_prefix_config_t *cfg);
 
 typedef struct kv_prefix_s kv_prefix_t;
 
 /* Creates the cache of `alloc`'s pool and attaches it there.  Does not
  * take ownership: `alloc` must outlive the cache.  BT_ERR_INVALID_ARG for
- * a bad block size, a NULL model id / dtype, or a pool that has a cache
- * already. */
+ * a bad block size, a NULL model id / dtype, a host tier without memory,
+ * block bytes or hooks, or a pool that has a cache already. */
 bt_status_t kv_prefix_create(const kv_prefix_config_t *cfg,
                              kv_allocator_t *alloc, kv_prefix_t **prefix_p);
 
@@ -87,7 +109,9 @@ uint64_t kv_prefix_instance(const kv_prefix_t *prefix);
  * prompt token passes (n_tokens - 1) / block_size).  Writes the cached
  * block ids, in order, to ids[] and takes one reference on each for the
  * caller (release with kv_prefix_release); returns how many (0..).  Counts
- * the lookup in the hit-rate statistics. */
+ * the lookup in the hit-rate statistics.  Blocks found in the host tier
+ * are loaded into newly taken pool blocks first (the match stops where
+ * no pool block is left for one). */
 int kv_prefix_match(kv_prefix_t *prefix, bt_blockhash_t root,
                     const int *tokens, int n_tokens, int max_blocks,
                     int *ids);
@@ -154,16 +178,24 @@ typedef struct {
     uint64_t lookup_blocks; /* full blocks they asked about */
     uint64_t hit_blocks;    /* blocks found cached */
     uint64_t inserted;      /* blocks that entered the cache */
-    uint64_t evictions;     /* blocks evicted to make room */
-    int cached_blocks;      /* blocks cached now, in use or not */
+    uint64_t evictions;     /* blocks evicted from the pool to make room
+                               (spilled to the host tier or not) */
+    uint64_t host_saves;    /* pool evictions kept in the host tier */
+    uint64_t host_loads;    /* host blocks a match loaded back (hits) */
+    uint64_t host_evictions; /* host blocks dropped for good */
+    int cached_blocks;      /* blocks cached in the pool now, in use or
+                               not */
     int cached_unused;      /* of them, unreferenced (evictable) */
+    int host_cached;        /* blocks cached in the host tier now */
+    int host_blocks;        /* host tier slots (0: no tier) */
 } kv_prefix_stats_t;
 
 void kv_prefix_stats(const kv_prefix_t *prefix, kv_prefix_stats_t *stats);
 
 /* Checks every internal invariant against the allocator: the hash map and
  * the block states agree, the LRU holds exactly the cached blocks at
- * allocator refcount 1, and free + cached unused + in use = total.  For
+ * allocator refcount 1, free + cached unused + in use = total, and every
+ * host slot is free or cached (in the map and the host LRU).  For
  * tests; returns false (and logs what broke) on the first violation. */
 bool kv_prefix_check(const kv_prefix_t *prefix);
 
@@ -178,6 +210,7 @@ typedef enum {
 
 typedef struct {
     kv_prefix_ev_type_t type;
+    int tier;          /* STORED / EVICTED: 0 the pool, 1 the host tier */
     uint64_t parent;   /* STORED: wire hash of hashes[0]'s parent (the
                           root's for a first block) */
     int n_hashes;
@@ -202,7 +235,8 @@ typedef struct {
 bt_status_t kv_prefix_events_take(kv_prefix_t *prefix,
                                   kv_prefix_batch_t *batch);
 
-/* A resync batch: CLEARED, then STORED for every cached block, numbered
+/* A resync batch: CLEARED, then STORED for every cached block (pool,
+ * then host tier), numbered
  * after everything logged so far (the pending events it covers are
  * dropped).  For a reader that lost track (gap, restart). */
 bt_status_t kv_prefix_snapshot(kv_prefix_t *prefix,
