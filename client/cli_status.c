@@ -164,8 +164,13 @@ static void status_print_text(const char *router,
         if (w->role == BATON__ROLE__ROLE_DECODE)
             snprintf(kv, sizeof(kv), "%u/%u", w->free_kv_blocks,
                      w->total_kv_blocks);
-        /* prefix cache: blocks cached, prompt-token hit rate */
-        if (w->has_prefix_cached_blocks)
+        /* prefix cache: blocks cached (pool+host tier), prompt-token
+         * hit rate */
+        if (w->has_prefix_cached_blocks && w->has_prefix_host_cached_blocks)
+            snprintf(pc, sizeof(pc), "%u+%u/%.1f%%", w->prefix_cached_blocks,
+                     w->prefix_host_cached_blocks,
+                     100.0 * w->prefix_hit_rate);
+        else if (w->has_prefix_cached_blocks)
             snprintf(pc, sizeof(pc), "%u/%.1f%%", w->prefix_cached_blocks,
                      100.0 * w->prefix_hit_rate);
         printf("  %-28s %-8s %-12s %13s %7u %15s  %s%s%s%s\n",
@@ -240,6 +245,9 @@ static int status_print_json(const char *router,
             cJSON_AddNumberToObject(o, "prefix_hit_rate",
                                     w->prefix_hit_rate);
         }
+        if (w->has_prefix_host_cached_blocks)
+            cJSON_AddNumberToObject(o, "prefix_host_cached_blocks",
+                                    w->prefix_host_cached_blocks);
         cJSON_AddStringToObject(o, "precision", str_or(w->precision, ""));
         cJSON_AddStringToObject(o, "kv_dtype", str_or(w->kv_dtype, ""));
         cJSON_AddStringToObject(o, "host_id", str_or(w->host_id, ""));

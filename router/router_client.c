@@ -504,6 +504,8 @@ static void on_status_request(router_t *r, const uint8_t *cid, size_t cid_len,
         ws[n].prefix_cached_blocks = w->prefix_cached;
         ws[n].has_prefix_hit_rate = w->has_prefix;
         ws[n].prefix_hit_rate = w->prefix_hit_rate;
+        ws[n].has_prefix_host_cached_blocks = w->has_prefix_host;
+        ws[n].prefix_host_cached_blocks = w->prefix_host_cached;
         ws[n].host_id = w->host_id;
         ws[n].precision = w->precision;
         ws[n].kv_dtype = w->kv_dtype;

@@ -105,6 +105,8 @@ typedef struct {
     uint64_t kv_resync_ns;    /* last KvResyncRequest sent (rate limit) */
     bool has_prefix;          /* heartbeat: it keeps a prefix cache */
     uint32_t prefix_cached;   /* heartbeat: blocks its prefix cache holds */
+    bool has_prefix_host;     /* heartbeat: it keeps a host tier */
+    uint32_t prefix_host_cached; /* heartbeat: blocks the host tier holds */
     double prefix_hit_rate;   /* heartbeat: prompt tokens found cached /
                                  looked up, since start */
 } router_worker_t;

@@ -508,6 +508,8 @@ void router__on_heartbeat(router_t *r, router_worker_t *w,
     w->hb_running = hb->running;
     w->has_prefix = hb->has_prefix_cached_blocks;
     w->prefix_cached = hb->prefix_cached_blocks;
+    w->has_prefix_host = hb->has_prefix_host_cached_blocks;
+    w->prefix_host_cached = hb->prefix_host_cached_blocks;
     w->prefix_hit_rate = hb->has_prefix_hit_rate ? hb->prefix_hit_rate : 0;
     if (hb->draining && !w->draining) {
         BT_LOG_INFO("ROUTER", "worker %s is draining", w->name);

@@ -123,6 +123,8 @@ static void send_beat(workerproc_link_t *link)
     if (b.has_prefix) {
         hb.has_prefix_cached_blocks = 1;
         hb.prefix_cached_blocks = b.prefix_cached_blocks;
+        hb.has_prefix_host_cached_blocks = b.prefix_host_blocks > 0;
+        hb.prefix_host_cached_blocks = b.prefix_host_cached;
         hb.has_prefix_hit_rate = 1;
         hb.prefix_hit_rate = b.prefix_lookup_tokens > 0
             ? (double)b.prefix_hit_tokens / (double)b.prefix_lookup_tokens

@@ -23,7 +23,6 @@
 #include "cluster/cluster_util.h"
 #include "bt_prom_test.h"
 
-#define RESP_MAX (1 << 20)
 #define N_REQ 12
 #define GEN_TOKENS 24
 
@@ -37,33 +36,6 @@ typedef struct {
     bool no_hit;    /* another salt: nothing hits */
     const cu_golden_t *golden; /* NULL: not a golden prompt */
 } ph_req_t;
-
-static double scrape(int port, const char *sample)
-{
-    static char resp[RESP_MAX];
-    const char *body;
-
-    if (prom_http_get(port, "/metrics", resp, sizeof(resp)) != 200)
-        return -1;
-    body = strstr(resp, "\r\n\r\n");
-    return body != NULL ? metric(body + 4, sample) : -1;
-}
-
-static double wait_metric(int port, const char *sample, double lo, double hi,
-                          int timeout_ms)
-{
-    double v = -1;
-
-    for (int t = 0; t < timeout_ms; t += 20) {
-        v = scrape(port, sample);
-        if (v >= lo && v <= hi)
-            return v;
-        usleep(20000);
-    }
-    BT_TEST_FAIL("%s on port %d is %g, want %g..%g", sample, port, v, lo,
-                 hi);
-    return v;
-}
 
 static void submit_one(client_t *c, const ph_req_t *q, cu_result_t *res)
 {
@@ -212,24 +184,24 @@ int main(void)
     snprintf(log, sizeof(log), "/tmp/bt_prefix_host_%d.log", (int)getpid());
     w = start_worker(control, mport_on, true, log, "36");
     cu_wait_workers(c, 0, 1, 20000);
-    wait_metric(mport_on, "baton_worker_registered", 1, 1, 10000);
+    prom_wait(mport_on, "baton_worker_registered", 1, 1, 10000);
     for (int i = 0; i < N_REQ; i++) {
-        double look = scrape(mport_on, "baton_worker_prefix_lookups_total");
-        double hit0 = scrape(mport_on, "baton_worker_prefix_hit_tokens_total");
-        double pre0 = scrape(mport_on, "baton_worker_prefill_tokens_total");
-        double ld0 = scrape(mport_on, "baton_worker_prefix_host_loads_total");
+        double look = prom_scrape(mport_on, "baton_worker_prefix_lookups_total");
+        double hit0 = prom_scrape(mport_on, "baton_worker_prefix_hit_tokens_total");
+        double pre0 = prom_scrape(mport_on, "baton_worker_prefill_tokens_total");
+        double ld0 = prom_scrape(mport_on, "baton_worker_prefix_host_loads_total");
         double hit, pre, ld;
 
         BT_CHECK(look >= 0 && hit0 >= 0 && pre0 >= 0 && ld0 >= 0);
         submit_one(c, &reqs[i], &on[i]);
-        wait_metric(mport_on, "baton_worker_prefix_lookups_total", look + 1,
+        prom_wait(mport_on, "baton_worker_prefix_lookups_total", look + 1,
                     look + 1, 5000);
-        hit = scrape(mport_on, "baton_worker_prefix_hit_tokens_total") - hit0;
-        pre = scrape(mport_on, "baton_worker_prefill_tokens_total") - pre0;
-        ld = scrape(mport_on, "baton_worker_prefix_host_loads_total") - ld0;
+        hit = prom_scrape(mport_on, "baton_worker_prefix_hit_tokens_total") - hit0;
+        pre = prom_scrape(mport_on, "baton_worker_prefill_tokens_total") - pre0;
+        ld = prom_scrape(mport_on, "baton_worker_prefix_host_loads_total") - ld0;
         fprintf(stderr, "request %d: prompt %d, hit %g, prefilled %g, "
                 "host loads %g, host cached %g\n", i, reqs[i].n_prompt, hit,
-                pre, ld, scrape(mport_on, "baton_worker_prefix_cached_blocks"
+                pre, ld, prom_scrape(mport_on, "baton_worker_prefix_cached_blocks"
                                           "{tier=\"1\"}"));
         BT_ASSERT_EQ((int)pre, reqs[i].n_prompt - (int)hit);
         if (reqs[i].host_hit && (hit < 40 || ld < 10))
@@ -244,13 +216,30 @@ int main(void)
             cu_check_golden(&on[i], reqs[i].golden, i);
         }
     }
-    BT_CHECK(scrape(mport_on, "baton_worker_prefix_host_saves_total") > 0);
-    BT_CHECK(scrape(mport_on, "baton_worker_prefix_cached_blocks{tier=\"1\"}")
+    BT_CHECK(prom_scrape(mport_on, "baton_worker_prefix_host_saves_total") > 0);
+    BT_CHECK(prom_scrape(mport_on, "baton_worker_prefix_cached_blocks{tier=\"1\"}")
              > 0);
     /* the router counts blocks of both tiers (more than the pool holds) */
     snprintf(gauge, sizeof(gauge), "baton_router_worker_kv_index_blocks"
              "{worker=\"ph\",role=\"decode+prefill\"}");
-    wait_metric(rport, gauge, 37, 1e9, 5000);
+    prom_wait(rport, gauge, 37, 1e9, 5000);
+    /* baton status shows both tiers (pool+host/hit%), from heartbeats */
+    {
+        char cmd[512];
+        bool shown = false;
+
+        snprintf(cmd, sizeof(cmd), "%s/baton status --router %s --json | "
+                 "grep -q '\"prefix_host_cached_blocks\":[1-9]' && %s/baton "
+                 "status --router %s | grep -Eq ' ph .* [0-9]+\\+[1-9][0-9]*/'",
+                 BT_BIN_DIR, listen, BT_BIN_DIR, listen);
+        for (int t = 0; t < 50 && !shown; t++) {
+            shown = system(cmd) == 0;
+            if (!shown)
+                usleep(100000);
+        }
+        if (!shown)
+            BT_TEST_FAIL("baton status does not show the host tier's blocks");
+    }
     cu_wait_kv_idle(c, 5000);
     cu_kill(w, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(w, 10000), 0);
