@@ -21,7 +21,9 @@
  *   - a client that leaves a streamed list has every choice cancelled
  *     (the decode worker sleeps 10 ms a step, so they cannot just end);
  *   - tenants: a list counts as that many requests against
- *     max_concurrency (over it: 400; within it: served).
+ *     max_concurrency (over it: 400; within it: served);
+ *   - a decode worker killed -9 while a list streams: its choices fail
+ *     over and every choice still equals its prompt alone.
  */
 #include "gateway/http_util.h"
 
@@ -244,6 +246,19 @@ static void wait_context_known(int port)
     BT_TEST_FAIL("baton-http never learnt the cluster's context");
 }
 
+/* Requests decode worker `name` was given so far. */
+static uint64_t served(client_t *c, const char *name)
+{
+    cu_status_t st;
+
+    BT_ASSERT_EQ(cu_status(c, &st), 0);
+    for (int i = 0; i < st.n_workers && i < 16; i++)
+        if (strcmp(st.names[i], name) == 0)
+            return st.served[i];
+    BT_TEST_FAIL("worker %s is not registered", name);
+    return 0;
+}
+
 static const char *prompts[3] = { "The river", "A quiet machine",
                                   "Stars fall" };
 
@@ -256,6 +271,7 @@ int main(void)
     int rport, hport, sum_prompt = 0, sum_completion = 0;
     bool err, inter;
     long long ended;
+    pid_t d0;
 
     cu_init();
     rport = cu_free_port();
@@ -269,9 +285,9 @@ int main(void)
              "--heartbeat-ms", "100", NULL);
     cu_spawn("baton-prefill", "--router", control, "--model", model,
              "--tokenizer", tok, "--threads", "1", "--name", "p0", NULL);
-    cu_spawn("baton-decode", "--router", control, "--model", model,
-             "--tokenizer", tok, "--threads", "1", "--name", "d0",
-             "--kv-blocks", "400", "--step-delay-ms", "10", NULL);
+    d0 = cu_spawn("baton-decode", "--router", control, "--model", model,
+                  "--tokenizer", tok, "--threads", "1", "--name", "d0",
+                  "--kv-blocks", "400", "--step-delay-ms", "10", NULL);
     hport = ht_start_gateway(listen, "--tokenizer", tok, "--model-name",
                              "aidreams", NULL);
     BT_ASSERT_OK(client_create(listen, &cl));
@@ -564,6 +580,84 @@ int main(void)
             ht_resp_free(&r);
         }
         unlink(keys);
+    }
+
+    /* a decode worker killed -9 while a list streams: the router moves
+     * its choices to the other decode worker, which continues them
+     * exactly (greedy), so every choice still equals its prompt alone,
+     * no chunk twice, one [DONE] */
+    {
+        char out[] = "/tmp/bt_lists_failoverXXXXXX";
+        choices_t alone[3];
+        uint64_t s0, s1;
+        pid_t child, d1;
+        int fd, st = 0;
+
+        d1 = cu_spawn("baton-decode", "--router", control, "--model",
+                      model, "--tokenizer", tok, "--threads", "1", "--name",
+                      "d1", "--kv-blocks", "400", "--step-delay-ms", "10",
+                      NULL);
+        cu_wait_workers(cl, 1, 2, 20000);
+        for (int i = 0; i < 3; i++) {
+            char *js = ht_json_str(prompts[i]);
+            snprintf(body, sizeof(body), "{\"prompt\":%s,\"max_tokens\":"
+                     "96,\"temperature\":0,\"ignore_eos\":true}", js);
+            post_choices(hport, "/v1/completions", body, "text", &alone[i]);
+            bt_free(js);
+        }
+        snprintf(body, sizeof(body), "{\"prompt\":[\"%s\",\"%s\",\"%s\"],"
+                 "\"max_tokens\":96,\"temperature\":0,\"ignore_eos\":true,"
+                 "\"stream\":true}", prompts[0], prompts[1], prompts[2]);
+        fd = mkstemp(out);
+        BT_CHECK(fd >= 0);
+        s0 = served(cl, "d0");
+        s1 = served(cl, "d1");
+        child = fork();
+        BT_CHECK(child >= 0);
+        if (child == 0) { /* the client, streaming into the file */
+            ht_resp_t r;
+            int status = ht_request(hport, "POST", "/v1/completions", body,
+                                    &r);
+            FILE *f = fdopen(fd, "w");
+
+            fprintf(f, "%d\n%s", status, r.body ? r.body : "");
+            fclose(f);
+            _exit(0);
+        }
+        close(fd);
+        /* the three choices reach the decode workers; one that took
+         * some dies with them mid-stream (96 steps of >= 10 ms each) */
+        for (int t = 0; t < 300 && served(cl, "d0") + served(cl, "d1") <
+                                       s0 + s1 + 3; t++)
+            usleep(10000);
+        BT_CHECK(served(cl, "d0") + served(cl, "d1") >= s0 + s1 + 3);
+        usleep(300000);
+        cu_kill(served(cl, "d1") > s1 ? d1 : d0, SIGKILL);
+        for (int t = 0; t < 3000; t++) {
+            if (waitpid(child, &st, WNOHANG) == child)
+                break;
+            BT_CHECK(t < 2999); /* 30 s */
+            usleep(10000);
+        }
+        {
+            char *text = NULL;
+            size_t len;
+
+            BT_ASSERT_OK(bt_read_file(out, 1 << 24, &text, &len));
+            unlink(out);
+            BT_ASSERT_EQ(atoi(text), 200);
+            parse_stream(strchr(text, '\n') + 1, &c, &err, &inter);
+            BT_CHECK(!err);
+            BT_ASSERT_EQ(c.n, 3);
+            for (int i = 0; i < 3; i++)
+                BT_ASSERT_STREQ(c.text[i], alone[i].text[0]);
+            choices_free(&c);
+            bt_free(text);
+        }
+        for (int i = 0; i < 3; i++)
+            choices_free(&alone[i]);
+        fprintf(stderr, "decode worker killed mid-list: 3 choices equal "
+                "their prompts alone\n");
     }
 
     wait_router_idle(hport, 5000);
