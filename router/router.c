@@ -111,9 +111,11 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
         r->aggregate = 2;
     } else if (strcmp(cfg->aggregate, "never") == 0) {
         r->aggregate = 0;
+    } else if (strcmp(cfg->aggregate, "ttft") == 0) {
+        r->aggregate = 3;
     } else {
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER", "unknown aggregate "
-                          "mode %s (fallback, always, never)", cfg->aggregate);
+                          "mode %s (fallback, ttft, always, never)", cfg->aggregate);
         goto err_free;
     }
     if (cfg->max_queue <= 0 || cfg->heartbeat_ms <= 0 ||

@@ -66,7 +66,10 @@ typedef struct {
                              * --role both prefills its own requests when
                              * no prefill worker is usable; "always": such
                              * workers always prefill their requests;
-                             * "never" */
+                             * "ttft": as fallback, and also when such a
+                             * worker's predicted first token comes
+                             * sooner than the prefill worker's
+                             * (conditional disaggregation); "never" */
     int metrics_port;       /* HTTP port serving Prometheus GET /metrics;
                              * -1 (default): none, 0: any free port
                              * (router_metrics_port() tells which) */

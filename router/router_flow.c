@@ -25,6 +25,37 @@
 _Static_assert(ROUTER_STOP_HELD_MAX >= STOP_MAX_STRING_LEN,
                "the router keeps any held-back stop text");
 
+/* Predicted seconds to worker w's first token for a prompt of n_tokens
+ * with `cached` of them cached there: its queued prompt tokens and this
+ * prompt's uncached ones at its measured prefill rate (`rate`). */
+static double predicted_ttft(const router_worker_t *w, int cached,
+                             int n_tokens, double rate)
+{
+    int todo = n_tokens - BT_MAX(0, BT_MIN(cached, n_tokens - 1));
+
+    return ((double)w->outstanding + (double)todo) / rate;
+}
+
+/* --aggregate ttft (conditional disaggregation, issue 36): true when
+ * aggregated worker a would give the first token sooner than prefill
+ * worker p.  Both rates are the workers' measured prefill tokens/s (an
+ * aggregated worker's includes the decode rows its steps carry); one
+ * that has not prefilled yet is taken at p's rate, and with p's unknown
+ * too the prefill worker keeps it (as fallback does).  The hand-off
+ * (tens of microseconds to milliseconds) is left out. */
+static bool ttft_local_sooner(const router_worker_t *p, int p_cached,
+                              const router_worker_t *a, int a_cached,
+                              int n_tokens)
+{
+    double p_rate = p->prefill_tps;
+    double a_rate = a->prefill_tps > 0 ? a->prefill_tps : p_rate;
+
+    if (p_rate <= 0)
+        return false;
+    return predicted_ttft(a, a_cached, n_tokens, a_rate) <
+           predicted_ttft(p, p_cached, n_tokens, p_rate);
+}
+
 /* Picks the workers for req (n_tokens of prompt): the aggregated worker
  * or the prefill/decode pair of one pool (router_pool.c) that the policy
  * prefers, among the workers of the class it asked.  When the policy's
@@ -47,6 +78,16 @@ static bool pick_pair(router_t *r, const router_req_t *req, int n_tokens,
         p = d;
     } else {
         p = r->policy->pick_prefill(r, req, &want, p_cached_p);
+        if (p != NULL && r->aggregate == 3) {
+            /* ttft: an aggregated worker prefills it when its first token
+             * is predicted sooner than the prefill worker's */
+            router_worker_t *a = r->policy->pick_decode(r, req, n_tokens,
+                                                        true, &want,
+                                                        cached_p);
+            if (a != NULL && ttft_local_sooner(p, *p_cached_p, a,
+                                               *cached_p, n_tokens))
+                d = p = a;
+        }
         if (p == NULL && r->aggregate >= 1) {
             /* No prefill worker: a --role both decode worker prefills
              * its own request (aggregated mode). */

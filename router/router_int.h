@@ -448,7 +448,8 @@ struct router_s {
     uint64_t kv_event_batches;  /* KvEvents applied */
     uint64_t kv_resyncs;        /* KvResyncRequests sent */
     router_kv_mode_t kv_mode;  /* cfg.kv_transport parsed */
-    int aggregate;             /* 0 never, 1 fallback, 2 always */
+    int aggregate;             /* 0 never, 1 fallback, 2 always, 3 ttft
+                                  (router_flow.c pick_pair) */
     void *ctx;                 /* ZeroMQ context */
     void *client_sock;         /* ROUTER, clients */
     void *control_sock;        /* ROUTER, workers */
