@@ -413,20 +413,93 @@ __attribute__((unused)) static void cu_stream_until(client_t *c,
     }
 }
 
-/* req as golden line g's greedy request (stop at id 1 only). */
-__attribute__((unused)) static void cu_golden_request(client_request_t *req,
-                                                      const cu_golden_t *g)
+/* req as a greedy request for prompt ids[0..n) of max_tokens tokens
+ * (stop at id 1 only; ids back, no text). */
+__attribute__((unused)) static void cu_ids_request(client_request_t *req,
+                                                   const int *ids, int n,
+                                                   int max_tokens)
 {
     static const int stop1[] = { 1 };
 
     client_request_init(req);
-    req->prompt_ids = g->prompt;
-    req->n_prompt_ids = g->n_prompt;
-    req->max_tokens = g->max_tokens;
+    req->prompt_ids = ids;
+    req->n_prompt_ids = n;
+    req->max_tokens = max_tokens;
     req->ignore_eos = true;
     req->stop_ids = stop1;
     req->n_stop_ids = 1;
     req->want_text = false;
+}
+
+/* req sampled (temperature 0.9, top-k 40) with `seed`: a seeded stream
+ * the tests compare token for token across cache on/off and failover. */
+__attribute__((unused)) static void cu_request_sampled(client_request_t *req,
+                                                       uint64_t seed)
+{
+    req->temperature = 0.9f;
+    req->top_k = 40;
+    req->seed = seed;
+}
+
+/* req as golden line g's greedy request (stop at id 1 only). */
+__attribute__((unused)) static void cu_golden_request(client_request_t *req,
+                                                      const cu_golden_t *g)
+{
+    cu_ids_request(req, g->prompt, g->n_prompt, g->max_tokens);
+}
+
+/* Submits req and waits (30 s) until it finished; res holds its ids. */
+__attribute__((unused)) static void cu_run_request(client_t *c,
+                                                   const client_request_t *req,
+                                                   cu_result_t *res)
+{
+    memset(res, 0, sizeof(*res));
+    BT_ASSERT_OK(client_submit(c, req, &res->rid));
+    cu_collect(c, res, 1, 30000);
+    BT_ASSERT_EQ(res->finished, 1);
+}
+
+/* Requests the router gave worker `name` so far (an aggregated worker
+ * that prefills its own request counts it twice). */
+__attribute__((unused)) static uint64_t cu_served(client_t *c,
+                                                  const char *name)
+{
+    cu_status_t st;
+
+    BT_ASSERT_EQ(cu_status(c, &st), 0);
+    for (int i = 0; i < st.n_workers && i < 16; i++)
+        if (strcmp(st.names[i], name) == 0)
+            return st.served[i];
+    BT_TEST_FAIL("worker %s is not registered", name);
+    return 0;
+}
+
+/* `baton run` (cpu, one thread) of golden prompt g with the extra
+ * options `opts` (e.g. "--precision fp8"), stopping as cu_golden_request's
+ * requests do; its greedy ids into out (at most cap).  Returns how many. */
+__attribute__((unused)) static int cu_baton_run_golden(const char *model,
+                                                       const char *opts,
+                                                       const cu_golden_t *g,
+                                                       int *out, int cap)
+{
+    char cmd[8192], *p = cmd;
+    FILE *f;
+    int n = 0;
+
+    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s %s --threads 1 "
+                  "--device cpu --ids --ignore-eos --stop-id 1 --max-tokens "
+                  "%d --prompt-ids '", BT_BIN_DIR, model, opts,
+                  g->max_tokens);
+    for (int i = 0; i < g->n_prompt; i++)
+        p += snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "%s%d",
+                      i ? " " : "", g->prompt[i]);
+    snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "'");
+    f = popen(cmd, "r");
+    BT_CHECK(f != NULL);
+    while (n < cap && fscanf(f, "%d", &out[n]) == 1)
+        n++;
+    BT_ASSERT_EQ(pclose(f), 0);
+    return n;
 }
 
 /* Submits golden line g as a greedy request (stop at id 1 only). */

@@ -19,18 +19,6 @@
 #define MODEL BT_SHARED_DIR "/models/aidreams260K.bin"
 #define N_BURST 6
 
-static uint64_t served(client_t *c, const char *name)
-{
-    cu_status_t st;
-
-    BT_ASSERT_EQ(cu_status(c, &st), 0);
-    for (int i = 0; i < st.n_workers && i < 16; i++)
-        if (strcmp(st.names[i], name) == 0)
-            return st.served[i];
-    BT_TEST_FAIL("worker %s is not registered", name);
-    return 0;
-}
-
 /* Runs golden requests [first, first + n) at once; each must give its
  * golden ids. */
 static void burst(client_t *c, const cu_golden_t *golden, int n_golden,
@@ -70,11 +58,11 @@ static int run(const char *mode, const cu_golden_t *golden, int n_golden)
     /* the prefill worker's rate, measured and heard in a heartbeat */
     burst(c, golden, n_golden, 0, 1);
     usleep(400000);
-    p0 = served(c, "slowp");
-    a0 = served(c, "both");
+    p0 = cu_served(c, "slowp");
+    a0 = cu_served(c, "both");
     burst(c, golden, n_golden, 1, N_BURST);
-    dp = served(c, "slowp") - p0;
-    da = served(c, "both") - a0;
+    dp = cu_served(c, "slowp") - p0;
+    da = cu_served(c, "both") - a0;
     fprintf(stderr, "--aggregate %s: prefill worker took %llu prompts, "
             "the aggregated worker prefilled %llu and decoded %d\n", mode,
             (unsigned long long)dp, (unsigned long long)(da - N_BURST),

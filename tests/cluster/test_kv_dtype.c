@@ -21,24 +21,7 @@
 /* `baton run --kv-dtype fp8` greedy ids of golden prompt g. */
 static int run_fp8(const cu_golden_t *g, int *out, int cap)
 {
-    char cmd[8192], *p = cmd;
-    FILE *f;
-    int n = 0;
-
-    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s --kv-dtype fp8 "
-                  "--threads 1 --device cpu --ids --ignore-eos --stop-id 1 "
-                  "--max-tokens %d --prompt-ids '", BT_BIN_DIR, MODEL,
-                  g->max_tokens);
-    for (int i = 0; i < g->n_prompt; i++)
-        p += snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "%s%d",
-                      i ? " " : "", g->prompt[i]);
-    snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "'");
-    f = popen(cmd, "r");
-    BT_CHECK(f != NULL);
-    while (n < cap && fscanf(f, "%d", &out[n]) == 1)
-        n++;
-    BT_ASSERT_EQ(pclose(f), 0);
-    return n;
+    return cu_baton_run_golden(MODEL, "--kv-dtype fp8", g, out, cap);
 }
 
 static void test_mismatch(void)

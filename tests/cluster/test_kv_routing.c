@@ -27,24 +27,12 @@ static double worker_metric(int port, const char *family, const char *name)
 
 static void run_one(client_t *c, const int *prompt, int n, const char *salt)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
     cu_result_t res;
 
-    memset(&res, 0, sizeof(res));
-    client_request_init(&req);
-    req.prompt_ids = prompt;
-    req.n_prompt_ids = n;
-    req.max_tokens = 8;
-    req.ignore_eos = true;
-    req.stop_ids = stop1;
-    req.n_stop_ids = 1;
-    req.want_text = false;
-    req.temperature = 0;
+    cu_ids_request(&req, prompt, n, 8);
     req.cache_salt = salt;
-    BT_ASSERT_OK(client_submit(c, &req, &res.rid));
-    cu_collect(c, &res, 1, 30000);
-    BT_ASSERT_EQ(res.finished, 1);
+    cu_run_request(c, &req, &res);
     BT_ASSERT_EQ(res.n_ids, 8);
 }
 

@@ -32,19 +32,10 @@ static double worker_metric(int port, const char *family, const char *name)
 static void submit(client_t *c, const int *prompt, int n, const char *salt,
                    cu_result_t *res)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
 
     memset(res, 0, sizeof(*res));
-    client_request_init(&req);
-    req.prompt_ids = prompt;
-    req.n_prompt_ids = n;
-    req.max_tokens = 8;
-    req.ignore_eos = true;
-    req.stop_ids = stop1;
-    req.n_stop_ids = 1;
-    req.want_text = false;
-    req.temperature = 0;
+    cu_ids_request(&req, prompt, n, 8);
     req.cache_salt = salt;
     BT_ASSERT_OK(client_submit(c, &req, &res->rid));
 }

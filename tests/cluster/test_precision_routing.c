@@ -27,29 +27,14 @@
 static cu_golden_t golden[32];
 static int n_golden;
 
-/* `baton run --precision P` greedy ids of golden prompt g (stopping as
- * cu_submit_golden's requests do). */
+/* `baton run --precision P` greedy ids of golden prompt g. */
 static int run_ids(const char *precision, const cu_golden_t *g, int *out,
                    int cap)
 {
-    char cmd[8192], *p = cmd;
-    FILE *f;
-    int n = 0;
+    char opts[64];
 
-    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s --precision %s "
-                  "--threads 1 --device cpu --ids --ignore-eos --stop-id 1 "
-                  "--max-tokens %d --prompt-ids '", BT_BIN_DIR, MODEL,
-                  precision, g->max_tokens);
-    for (int i = 0; i < g->n_prompt; i++)
-        p += snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "%s%d",
-                      i ? " " : "", g->prompt[i]);
-    snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "'");
-    f = popen(cmd, "r");
-    BT_CHECK(f != NULL);
-    while (n < cap && fscanf(f, "%d", &out[n]) == 1)
-        n++;
-    BT_ASSERT_EQ(pclose(f), 0);
-    return n;
+    snprintf(opts, sizeof(opts), "--precision %s", precision);
+    return cu_baton_run_golden(MODEL, opts, g, out, cap);
 }
 
 /* cu_submit_golden asking for `precision` (NULL: any). */
@@ -88,19 +73,6 @@ static void serve_and_check(client_t *c, const char *precision,
                              precision ? precision : "any", i, k,
                              res[i].ids[k], want[i][k]);
     }
-}
-
-/* Requests served by worker `name` so far (router status). */
-static uint64_t served(client_t *c, const char *name)
-{
-    cu_status_t st;
-
-    BT_ASSERT_EQ(cu_status(c, &st), 0);
-    for (int i = 0; i < st.n_workers && i < 16; i++)
-        if (strcmp(st.names[i], name) == 0)
-            return st.served[i];
-    BT_TEST_FAIL("worker %s is not registered", name);
-    return 0;
 }
 
 /* A request asking `precision` fails within a second with `code`, its
@@ -229,11 +201,11 @@ static void test_aggregated(void)
 
     /* served counts an aggregated worker's both roles: 2 a request */
     serve_and_check(c, "fp8", want8, n_want8);
-    BT_ASSERT_EQ(served(c, "a8"), 2 * N_REQ);
-    BT_ASSERT_EQ(served(c, "a32"), 0);
+    BT_ASSERT_EQ(cu_served(c, "a8"), 2 * N_REQ);
+    BT_ASSERT_EQ(cu_served(c, "a32"), 0);
     serve_and_check(c, "f32", want32, n_want32);
-    BT_ASSERT_EQ(served(c, "a8"), 2 * N_REQ);
-    BT_ASSERT_EQ(served(c, "a32"), 2 * N_REQ);
+    BT_ASSERT_EQ(cu_served(c, "a8"), 2 * N_REQ);
+    BT_ASSERT_EQ(cu_served(c, "a32"), 2 * N_REQ);
     expect_refused(c, "bf16", BATON__ERROR_CODE__ERROR_NO_WORKERS,
                    "no worker serves precision 'bf16' (registered: ",
                    "fp8 x1");
@@ -248,17 +220,17 @@ static void test_aggregated(void)
     }
 
     /* the CLI: baton bench and baton generate --precision */
-    s8 = served(c, "a8");
-    s32 = served(c, "a32");
+    s8 = cu_served(c, "a8");
+    s32 = cu_served(c, "a32");
     BT_ASSERT_EQ(sh("%s/baton bench --router %s --requests 4 --concurrency 2 "
                     "--prompt-len 8 --output-len 4 --precision fp8 "
                     "--no-progress --json /dev/null >&2", BT_BIN_DIR,
                     listen), 0);
-    BT_ASSERT_EQ(served(c, "a8"), s8 + 8);
+    BT_ASSERT_EQ(cu_served(c, "a8"), s8 + 8);
     BT_ASSERT_EQ(sh("%s/baton generate --router %s --prompt-ids '1 50 60' "
                     "--max-tokens 4 --ids --precision f32 >&2", BT_BIN_DIR,
                     listen), 0);
-    BT_ASSERT_EQ(served(c, "a32"), s32 + 2);
+    BT_ASSERT_EQ(cu_served(c, "a32"), s32 + 2);
     BT_CHECK(sh("%s/baton generate --router %s --prompt-ids '1 50 60' "
                 "--max-tokens 4 --precision bf16 2>&1 | grep -q \"no worker "
                 "serves precision 'bf16'\"", BT_BIN_DIR, listen) == 0);
@@ -266,8 +238,8 @@ static void test_aggregated(void)
                 "--precision fp16 2>/dev/null", BT_BIN_DIR, listen) != 0);
 
     fprintf(stderr, "2. the \"precision\" field through baton-http\n");
-    s8 = served(c, "a8");
-    s32 = served(c, "a32");
+    s8 = cu_served(c, "a8");
+    s32 = cu_served(c, "a32");
     snprintf(body, sizeof(body), "{\"prompt\":\"The river\",\"max_tokens\":"
              "8,\"temperature\":0,\"precision\":\"fp8\"}");
     BT_ASSERT_EQ(ht_request(hport, "POST", "/v1/completions", body, &r), 200);
@@ -278,8 +250,8 @@ static void test_aggregated(void)
     BT_ASSERT_EQ(ht_request(hport, "POST", "/v1/chat/completions", body, &r),
                  200);
     ht_resp_free(&r);
-    BT_ASSERT_EQ(served(c, "a8"), s8 + 4);
-    BT_ASSERT_EQ(served(c, "a32"), s32);
+    BT_ASSERT_EQ(cu_served(c, "a8"), s8 + 4);
+    BT_ASSERT_EQ(cu_served(c, "a32"), s32);
     snprintf(body, sizeof(body), "{\"prompt\":\"The river\",\"max_tokens\":"
              "8,\"precision\":\"bf16\"}");
     BT_ASSERT_EQ(ht_request(hport, "POST", "/v1/completions", body, &r), 503);
@@ -295,8 +267,8 @@ static void test_aggregated(void)
              "8,\"precision\":8}");
     BT_ASSERT_EQ(ht_request(hport, "POST", "/v1/completions", body, &r), 400);
     ht_resp_free(&r);
-    BT_ASSERT_EQ(served(c, "a8"), s8 + 4);
-    BT_ASSERT_EQ(served(c, "a32"), s32);
+    BT_ASSERT_EQ(cu_served(c, "a8"), s8 + 4);
+    BT_ASSERT_EQ(cu_served(c, "a32"), s32);
 
     fprintf(stderr, "3. a tenant's default precision (api-key-file)\n");
     {
@@ -313,18 +285,18 @@ static void test_aggregated(void)
         fclose(f);
         kport = ht_start_gateway(listen, "--api-key-file", keys, NULL);
         ht_wait_healthy(kport, 10000);
-        s8 = served(c, "a8");
-        s32 = served(c, "a32");
+        s8 = cu_served(c, "a8");
+        s32 = cu_served(c, "a32");
         /* no precision in the body: the tenant's class */
         BT_ASSERT_EQ(post_key(kport, "sk-prec-eight-0123456789", plain), 200);
-        BT_ASSERT_EQ(served(c, "a8"), s8 + 2);
-        BT_ASSERT_EQ(served(c, "a32"), s32);
+        BT_ASSERT_EQ(cu_served(c, "a8"), s8 + 2);
+        BT_ASSERT_EQ(cu_served(c, "a32"), s32);
         /* the body's own class wins */
         BT_ASSERT_EQ(post_key(kport, "sk-prec-eight-0123456789", f32b), 200);
-        BT_ASSERT_EQ(served(c, "a32"), s32 + 2);
+        BT_ASSERT_EQ(cu_served(c, "a32"), s32 + 2);
         /* a tenant without one: any (the least-loaded pick) */
         BT_ASSERT_EQ(post_key(kport, "sk-prec-any-0123456789ab", plain), 200);
-        BT_ASSERT_EQ(served(c, "a8") + served(c, "a32"), s8 + s32 + 6);
+        BT_ASSERT_EQ(cu_served(c, "a8") + cu_served(c, "a32"), s8 + s32 + 6);
         /* an unknown class in the key file stops baton-http at start */
         f = fopen(keys, "w");
         BT_CHECK(f != NULL);
@@ -369,9 +341,9 @@ static void test_pairs(void)
     /* twice: least-loaded ties pick the bf16 prefill worker first */
     serve_and_check(c, NULL, want8, n_want8);
     serve_and_check(c, NULL, want8, n_want8);
-    BT_ASSERT_EQ(served(c, "pb"), 0);
-    BT_ASSERT_EQ(served(c, "p8"), 2 * N_REQ);
-    BT_ASSERT_EQ(served(c, "d8"), 2 * N_REQ);
+    BT_ASSERT_EQ(cu_served(c, "pb"), 0);
+    BT_ASSERT_EQ(cu_served(c, "p8"), 2 * N_REQ);
+    BT_ASSERT_EQ(cu_served(c, "d8"), 2 * N_REQ);
 
     /* bf16: a prefill worker of the class, no decode worker: it waits */
     memset(res, 0, sizeof(res));
@@ -385,8 +357,8 @@ static void test_pairs(void)
     BT_ASSERT_EQ(res[0].n_ids, n_want16[0]);
     for (int k = 0; k < n_want16[0]; k++)
         BT_ASSERT_EQ(res[0].ids[k], want16[0][k]);
-    BT_ASSERT_EQ(served(c, "pb"), 1);
-    BT_ASSERT_EQ(served(c, "db"), 1);
+    BT_ASSERT_EQ(cu_served(c, "pb"), 1);
+    BT_ASSERT_EQ(cu_served(c, "db"), 1);
     cu_wait_kv_idle(c, 5000);
     client_destroy(&c);
     cu_kill_all();

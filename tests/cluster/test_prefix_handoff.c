@@ -45,26 +45,14 @@ typedef struct {
 
 static uint64_t submit(client_t *c, const ph_req_t *q)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
     uint64_t rid;
 
-    client_request_init(&req);
-    req.prompt_ids = q->prompt;
-    req.n_prompt_ids = q->n_prompt;
-    req.max_tokens = q->golden != NULL ? q->golden->max_tokens : MAX_TOKENS;
-    req.ignore_eos = true;
-    req.stop_ids = stop1;
-    req.n_stop_ids = 1;
-    req.want_text = false;
+    cu_ids_request(&req, q->prompt, q->n_prompt,
+                   q->golden != NULL ? q->golden->max_tokens : MAX_TOKENS);
     req.cache_salt = q->salt;
-    if (q->sampled) {
-        req.temperature = 0.9f;
-        req.top_k = 40;
-        req.seed = 4321;
-    } else {
-        req.temperature = 0;
-    }
+    if (q->sampled)
+        cu_request_sampled(&req, 4321);
     BT_ASSERT_OK(client_submit(c, &req, &rid));
     return rid;
 }

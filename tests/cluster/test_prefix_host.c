@@ -39,29 +39,13 @@ typedef struct {
 
 static void submit_one(client_t *c, const ph_req_t *q, cu_result_t *res)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
 
-    memset(res, 0, sizeof(*res));
-    client_request_init(&req);
-    req.prompt_ids = q->prompt;
-    req.n_prompt_ids = q->n_prompt;
-    req.max_tokens = q->max_tokens;
-    req.ignore_eos = true;
-    req.stop_ids = stop1;
-    req.n_stop_ids = 1;
-    req.want_text = false;
+    cu_ids_request(&req, q->prompt, q->n_prompt, q->max_tokens);
     req.cache_salt = q->salt;
-    if (q->sampled) {
-        req.temperature = 0.9f;
-        req.top_k = 40;
-        req.seed = 4321;
-    } else {
-        req.temperature = 0;
-    }
-    BT_ASSERT_OK(client_submit(c, &req, &res->rid));
-    cu_collect(c, res, 1, 30000);
-    BT_ASSERT_EQ(res->finished, 1);
+    if (q->sampled)
+        cu_request_sampled(&req, 4321);
+    cu_run_request(c, &req, res);
 }
 
 static void append(ph_req_t *q, const int *ids, int n)

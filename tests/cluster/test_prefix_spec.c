@@ -23,22 +23,10 @@ typedef struct {
 
 static void submit_one(client_t *c, const ps_req_t *q, cu_result_t *res)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
 
-    memset(res, 0, sizeof(*res));
-    client_request_init(&req);
-    req.prompt_ids = q->prompt;
-    req.n_prompt_ids = q->n_prompt;
-    req.max_tokens = q->max_tokens;
-    req.ignore_eos = true;
-    req.stop_ids = stop1;
-    req.n_stop_ids = 1;
-    req.want_text = false;
-    req.temperature = 0;
-    BT_ASSERT_OK(client_submit(c, &req, &res->rid));
-    cu_collect(c, res, 1, 30000);
-    BT_ASSERT_EQ(res->finished, 1);
+    cu_ids_request(&req, q->prompt, q->n_prompt, q->max_tokens);
+    cu_run_request(c, &req, res);
 }
 
 static pid_t start_worker(const char *control, const char *model,

@@ -246,19 +246,6 @@ static void wait_context_known(int port)
     BT_TEST_FAIL("baton-http never learnt the cluster's context");
 }
 
-/* Requests decode worker `name` was given so far. */
-static uint64_t served(client_t *c, const char *name)
-{
-    cu_status_t st;
-
-    BT_ASSERT_EQ(cu_status(c, &st), 0);
-    for (int i = 0; i < st.n_workers && i < 16; i++)
-        if (strcmp(st.names[i], name) == 0)
-            return st.served[i];
-    BT_TEST_FAIL("worker %s is not registered", name);
-    return 0;
-}
-
 static const char *prompts[3] = { "The river", "A quiet machine",
                                   "Stars fall" };
 
@@ -610,8 +597,8 @@ int main(void)
                  "\"stream\":true}", prompts[0], prompts[1], prompts[2]);
         fd = mkstemp(out);
         BT_CHECK(fd >= 0);
-        s0 = served(cl, "d0");
-        s1 = served(cl, "d1");
+        s0 = cu_served(cl, "d0");
+        s1 = cu_served(cl, "d1");
         child = fork();
         BT_CHECK(child >= 0);
         if (child == 0) { /* the client, streaming into the file */
@@ -627,12 +614,12 @@ int main(void)
         close(fd);
         /* the three choices reach the decode workers; one that took
          * some dies with them mid-stream (96 steps of >= 10 ms each) */
-        for (int t = 0; t < 300 && served(cl, "d0") + served(cl, "d1") <
+        for (int t = 0; t < 300 && cu_served(cl, "d0") + cu_served(cl, "d1") <
                                        s0 + s1 + 3; t++)
             usleep(10000);
-        BT_CHECK(served(cl, "d0") + served(cl, "d1") >= s0 + s1 + 3);
+        BT_CHECK(cu_served(cl, "d0") + cu_served(cl, "d1") >= s0 + s1 + 3);
         usleep(300000);
-        cu_kill(served(cl, "d1") > s1 ? d1 : d0, SIGKILL);
+        cu_kill(cu_served(cl, "d1") > s1 ? d1 : d0, SIGKILL);
         for (int t = 0; t < 3000; t++) {
             if (waitpid(child, &st, WNOHANG) == child)
                 break;
