@@ -246,6 +246,20 @@ void decode__seq_remove(decode_t *dec, decode_seq_t *s)
     decode__seq_destroy(dec, s);
 }
 
+/* s has no room for its next token this step: it waits for blocks, and
+ * one that waited longer than DECODE_BLOCK_WAIT_NS fails (removed). */
+void decode__seq_no_room(decode_t *dec, decode_seq_t *s, uint64_t now)
+{
+    if (s->wait_since == 0)
+        s->wait_since = now;
+    if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
+        decode__send_task_error(dec, s->id, s->epoch,
+                                BATON__ERROR_CODE__ERROR_WORKER,
+                                "KV pool full for too long");
+        decode__seq_remove(dec, s);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Message dispatch
 
@@ -404,14 +418,7 @@ static void step(decode_t *dec)
         if (s->pend && s->n_tokens > dec->max_context)
             continue; /* cannot be fed: its emission ends it */
         if (!seq_has_room(dec, s)) {
-            if (s->wait_since == 0)
-                s->wait_since = now;
-            if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
-                decode__send_task_error(dec, s->id, s->epoch,
-                                        BATON__ERROR_CODE__ERROR_WORKER,
-                                        "KV pool full for too long");
-                decode__seq_remove(dec, s);
-            }
+            decode__seq_no_room(dec, s, now);
             continue;
         }
         s->wait_since = 0;

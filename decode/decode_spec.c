@@ -117,14 +117,7 @@ void decode__step_spec(decode_t *dec)
         int cached = engine_seq_cached(s->eseq);
         next = s->next;
         if (engine_seq_reserve(dec->engine, s->eseq, cached + 1) != BT_OK) {
-            if (s->wait_since == 0)
-                s->wait_since = now;
-            if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
-                decode__send_task_error(dec, s->id, s->epoch,
-                                        BATON__ERROR_CODE__ERROR_WORKER,
-                                        "KV pool full for too long");
-                decode__seq_remove(dec, s);
-            }
+            decode__seq_no_room(dec, s, now);
             continue;
         }
         s->wait_since = 0;

@@ -106,6 +106,26 @@ static bool messages_ids(const gateway_api_ctx_t *ctx, const cJSON *root,
     return true;
 }
 
+/* Appends JSON object res to out; `built` false (res NULL or a field
+ * that did not fit) or an append that fails sets a 500.  Returns BT_OK
+ * or BT_ERR_INVALID_ARG (the error is in err). */
+static bt_status_t put_json(const cJSON *res, bool built, bt_buf_t *out,
+                            gateway_api_error_t *err)
+{
+    char *s = built && res != NULL ? cJSON_PrintUnformatted(res) : NULL;
+    bt_status_t status = BT_ERR_NO_MEMORY;
+
+    if (s != NULL) {
+        status = bt_buf_append(out, s, strlen(s));
+        cJSON_free(s);
+    }
+    if (status == BT_OK)
+        return BT_OK;
+    gateway__api_error_set(err, 500, "server_error", NULL, NULL,
+                           "out of memory");
+    return BT_ERR_INVALID_ARG;
+}
+
 bt_status_t gateway__tokenize(const gateway_api_ctx_t *ctx,
                               uint32_t max_model_len, const char *body,
                               size_t len, bt_buf_t *out,
@@ -116,7 +136,6 @@ bt_status_t gateway__tokenize(const gateway_api_ctx_t *ctx,
     bool add_special = true;
     int *ids = NULL, n = 0;
     bt_status_t status = BT_ERR_INVALID_ARG;
-    char *s;
 
     if (root == NULL)
         return BT_ERR_INVALID_ARG;
@@ -154,28 +173,22 @@ bt_status_t gateway__tokenize(const gateway_api_ctx_t *ctx,
         goto out;
     }
     res = cJSON_CreateObject();
-    if (res == NULL || !cJSON_AddNumberToObject(res, "count", n) ||
-        !(max_model_len > 0
-              ? cJSON_AddNumberToObject(res, "max_model_len", max_model_len)
-              : cJSON_AddNullToObject(res, "max_model_len")) ||
-        !cJSON_AddItemToObject(res, "tokens",
-                               n > 0 ? cJSON_CreateIntArray(ids, n)
-                                     : cJSON_CreateArray()) ||
-        (s = cJSON_PrintUnformatted(res)) == NULL) {
-        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
-                               "out of memory");
-        goto out;
-    }
-    status = bt_buf_append(out, s, strlen(s));
-    cJSON_free(s);
-    if (status != BT_OK)
-        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
-                               "out of memory");
+    status = put_json(
+        res,
+        res != NULL && cJSON_AddNumberToObject(res, "count", n) &&
+            (max_model_len > 0
+                 ? cJSON_AddNumberToObject(res, "max_model_len",
+                                           max_model_len)
+                 : cJSON_AddNullToObject(res, "max_model_len")) &&
+            cJSON_AddItemToObject(res, "tokens",
+                                  n > 0 ? cJSON_CreateIntArray(ids, n)
+                                        : cJSON_CreateArray()),
+        out, err);
 out:
     cJSON_Delete(res);
     cJSON_Delete(root);
     bt_free(ids);
-    return status == BT_OK ? BT_OK : BT_ERR_INVALID_ARG;
+    return status;
 }
 
 bt_status_t gateway__detokenize(const gateway_api_ctx_t *ctx,
@@ -185,7 +198,7 @@ bt_status_t gateway__detokenize(const gateway_api_ctx_t *ctx,
     cJSON *root = parse_object(body, len, err), *res = NULL;
     const cJSON *tokens, *t;
     int *ids = NULL, n = 0, vocab;
-    char *text = NULL, *s;
+    char *text = NULL;
     bt_status_t status = BT_ERR_INVALID_ARG;
 
     if (root == NULL)
@@ -228,21 +241,13 @@ bt_status_t gateway__detokenize(const gateway_api_ctx_t *ctx,
         goto out;
     }
     res = cJSON_CreateObject();
-    if (res == NULL || !cJSON_AddStringToObject(res, "prompt", text) ||
-        (s = cJSON_PrintUnformatted(res)) == NULL) {
-        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
-                               "out of memory");
-        goto out;
-    }
-    status = bt_buf_append(out, s, strlen(s));
-    cJSON_free(s);
-    if (status != BT_OK)
-        gateway__api_error_set(err, 500, "server_error", NULL, NULL,
-                               "out of memory");
+    status = put_json(res, res != NULL &&
+                               cJSON_AddStringToObject(res, "prompt", text),
+                      out, err);
 out:
     cJSON_Delete(res);
     cJSON_Delete(root);
     bt_free(text);
     bt_free(ids);
-    return status == BT_OK ? BT_OK : BT_ERR_INVALID_ARG;
+    return status;
 }
