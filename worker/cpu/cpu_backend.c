@@ -974,21 +974,6 @@ static void cpu_fp8_row(float *dst, int k, const model_fp8_t *f8,
     *scale_p = s;
 }
 
-/* fp8: the static input scale of a GEMM fed by the given linears (one
- * input, so one scale: the largest, as vLLM fuses q/k/v); 0 (dynamic per
- * token) unless every part has one. */
-static float cpu_fp8_in_scale(const model_layer_t *ml, int first, int n)
-{
-    float s = 0.0f;
-
-    for (int i = first; i < first + n; i++) {
-        if (ml->fp8[i].codes == NULL || ml->fp8[i].input_scale == 0.0f)
-            return 0.0f;
-        s = fmaxf(s, ml->fp8[i].input_scale);
-    }
-    return s;
-}
-
 /* A backend-owned array of n floats. */
 static bt_status_t cpu_owned_f32(cpu_backend_t *be, size_t n, float **out_p)
 {
@@ -1066,7 +1051,7 @@ static bt_status_t cpu_fuse_qkv(cpu_backend_t *be, const model_layer_t *ml,
                 cpu_fp8_row(w + (size_t)r * dim, dim,
                             &ml->fp8[MODEL_LIN_Q + p], i, &ws[r]);
         cl->ws[CPU_GEMM_QKV] = ws;
-        cl->in_scale[CPU_GEMM_QKV] = cpu_fp8_in_scale(ml, MODEL_LIN_Q, 3);
+        cl->in_scale[CPU_GEMM_QKV] = model_fp8_in_scale(ml, MODEL_LIN_Q, 3);
     }
     status = cpu_pack_owned(be, w, be->qkv_dim, dim, &cl->wqkv);
     bt_free(w);
@@ -1126,7 +1111,7 @@ static bt_status_t cpu_fuse_gate_up(cpu_backend_t *be,
                         &ml->fp8[MODEL_LIN_UP], i, &ws[2 * i + 1]);
         }
         cl->ws[CPU_GEMM_GU] = ws;
-        cl->in_scale[CPU_GEMM_GU] = cpu_fp8_in_scale(ml, MODEL_LIN_GATE, 2);
+        cl->in_scale[CPU_GEMM_GU] = model_fp8_in_scale(ml, MODEL_LIN_GATE, 2);
     }
     status = cpu_pack_owned(be, w, 2 * hidden, dim, &cl->wgu);
     bt_free(w);
@@ -1168,8 +1153,8 @@ static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
                                                 &cl->w_down,
                                                 &cl->ws[CPU_GEMM_DOWN])))
                 return status;
-            cl->in_scale[CPU_GEMM_O] = cpu_fp8_in_scale(ml, MODEL_LIN_O, 1);
-            cl->in_scale[CPU_GEMM_DOWN] = cpu_fp8_in_scale(ml,
+            cl->in_scale[CPU_GEMM_O] = model_fp8_in_scale(ml, MODEL_LIN_O, 1);
+            cl->in_scale[CPU_GEMM_DOWN] = model_fp8_in_scale(ml,
                                                            MODEL_LIN_DOWN, 1);
         } else if ((status = cpu_weight_packed(be, &ml->wo, &cl->wo)) ||
                    (status = cpu_weight_packed(be, &ml->w_down,

@@ -472,21 +472,6 @@ static bt_status_t cuda_put_fp8(cuda_rank_t *r, const model_t *model,
     return status;
 }
 
-/* fp8: the static input scale of a GEMM fed by linears [first, first +
- * n) of the layer (one input, one scale: the largest), 0 (per token)
- * unless every part has one -- cpu_backend.c's cpu_fp8_in_scale. */
-static float cuda_fp8_in_scale(const model_layer_t *ml, int first, int n)
-{
-    float s = 0.0f;
-
-    for (int i = first; i < first + n; i++) {
-        if (ml->fp8[i].codes == NULL || ml->fp8[i].input_scale == 0.0f)
-            return 0.0f;
-        s = fmaxf(s, ml->fp8[i].input_scale);
-    }
-    return s;
-}
-
 /* fp8: one fused linear of n_out rows and n_in columns from its parts
  * (linears [first, first + n_parts) of the layer, stacked in order). */
 static bt_status_t cuda_layer_load_fp8(cuda_rank_t *r, const model_t *model,
@@ -523,7 +508,7 @@ static bt_status_t cuda_layer_load_fp8(cuda_rank_t *r, const model_t *model,
                               d_stage, d_f32, f, row, ld);
         row += (int)t->rows;
     }
-    f->in_scale = cuda_fp8_in_scale(ml, first, n_parts);
+    f->in_scale = model_fp8_in_scale(ml, first, n_parts);
     return status;
 }
 

@@ -322,6 +322,18 @@ const model_tensor_t *model_layer_linear(const model_layer_t *layer,
     return &layer->w_down;
 }
 
+float model_fp8_in_scale(const model_layer_t *layer, int first, int n)
+{
+    float s = 0.0f;
+
+    for (int i = first; i < first + n; i++) {
+        if (layer->fp8[i].codes == NULL || layer->fp8[i].input_scale == 0.0f)
+            return 0.0f;
+        s = s > layer->fp8[i].input_scale ? s : layer->fp8[i].input_scale;
+    }
+    return s;
+}
+
 int64_t model__tensor_numel(const model_tensor_t *t)
 {
     return t->data == NULL ? 0 : t->rows * t->cols;

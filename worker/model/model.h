@@ -146,6 +146,12 @@ typedef struct {
 const model_tensor_t *model_layer_linear(const model_layer_t *layer,
                                          model_linear_t which);
 
+/* FP8 checkpoints: the static input scale of a GEMM fed by linears
+ * [first, first + n) of a layer (one input, so one scale: the largest,
+ * as vLLM fuses q/k/v); 0 (dynamic per token) unless every part has one.
+ * The cpu reference and the cuda backend both take it from here. */
+float model_fp8_in_scale(const model_layer_t *layer, int first, int n);
+
 
 typedef struct model_s model_t;
 
