@@ -314,9 +314,9 @@ static void run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
                       cudaMemcpyHostToDevice));
         y0 = h0;
     }
-    a = (worker_gemm_fp8_t){ b->d_xq, b->d_xv, b->d_xs, q->d_q, q->d_ws,
-                             b->d_acc, b->acc_floats };
     gemv = worker_gemm_fp8_gemv(b->ctx, n_tok, n_out, ld, b->acc_floats);
+    a = (worker_gemm_fp8_t){ b->d_xq, b->d_xv, b->d_xs, q->d_q, q->d_ws,
+                             b->d_acc, b->acc_floats, gemv };
     BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, n_out, ld, &a, b->d_y,
                                  out_dt, acc, NULL));
     CK(cudaDeviceSynchronize());

@@ -1689,7 +1689,7 @@ static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_f8_in_t in,
     const bool gemv = worker_gemm_fp8_gemv(r->gemm, nt, n_out, ld,
                                            r->acc_floats);
     const worker_gemm_fp8_t a = { r->d_xq, r->d_xv, r->d_xs, f->d_w,
-                                  f->d_ws, r->d_acc, r->acc_floats };
+                                  f->d_ws, r->d_acc, r->acc_floats, gemv };
     uint8_t *d_q = gemv ? NULL : r->d_xq;
     void *d_v = gemv ? r->d_xv : NULL;
     bt_status_t status;

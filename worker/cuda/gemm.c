@@ -1661,7 +1661,7 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     BT_ASSERT(n_tok >= 0 && n_out > 0 && ld > 0 && ld % 16 == 0);
     if (n_tok == 0)
         return BT_OK;
-    if (worker_gemm_fp8_gemv(ctx, n_tok, n_out, ld, a->acc_floats)) {
+    if (a->gemv) {
         for (int t0 = 0; t0 < n_tok && status == BT_OK;
              t0 += CUDA_GEMV_FP8_MAX_TOK) {
             int n = BT_MIN(CUDA_GEMV_FP8_MAX_TOK, n_tok - t0);

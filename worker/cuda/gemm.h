@@ -83,11 +83,16 @@ typedef struct {
     const float *d_ws;     /* (n_out) weight scales */
     float *d_acc;          /* f32 sums scratch */
     size_t acc_floats;
+    bool gemv;             /* worker_gemm_fp8_gemv's answer for the
+                              shape: the caller asked it to know which
+                              input form to make, so the GEMM takes it
+                              rather than asking again */
 } worker_gemm_fp8_t;
 
-/* True when worker_gemm_fp8 takes the GEMV for this shape (so the input
- * must be quantized into d_xv; false: into d_xq).  Plans the cuBLASLt
- * shape on first use. */
+/* True when the FP8 GEMV must take this shape (the input quantized into
+ * d_xv; false: cuBLASLt, into d_xq); the caller passes the answer to
+ * worker_gemm_fp8 in worker_gemm_fp8_t.gemv.  Plans the cuBLASLt shape on
+ * first use. */
 bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                           int ld, size_t acc_floats);
 bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
