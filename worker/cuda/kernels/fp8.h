@@ -83,12 +83,11 @@ bt_status_t cuda_fp8_scale_out(const float *d_acc, int ld_acc,
  * CUDA_GEMV_FP8_MAX_TOK, ld a positive multiple of 16. */
 bool cuda_gemv_fp8_ok(int n_tok, int ld);
 
-/* The FP8 GEMV: y (n_tok, n_out) [+]= (xv . wq^T) * xs[t] * ws[n], with
- * d_xv (n_tok, ld) the bf16 values of the input codes
- * (cuda_fp8_quant_act), d_wq (n_out, ld) E4M3 codes, f32 sums, y in
- * out_dt.  One warp per output row streaming the row in 16-byte chunks,
- * the structure of gemv.cu's rows kernel. */
-bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const void *d_xv,
+/* The FP8 GEMV: y (n_tok, n_out) [+]= (xq . wq^T) * xs[t] * ws[n], with
+ * d_xq (n_tok, ld) the input codes (cuda_fp8_quant_act), d_wq (n_out,
+ * ld) E4M3 codes, f32 sums, y in out_dt.  Tensor-core MMAs over 16-row
+ * blocks, the row's chunks split between warps (gemv_fp8.cu says why). */
+bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
                           const float *d_xs, const uint8_t *d_wq,
                           const float *d_ws, void *d_y, cuda_dtype_t out_dt,
                           bool accumulate, cudaStream_t stream);

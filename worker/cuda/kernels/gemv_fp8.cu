@@ -1,126 +1,177 @@
 /*
  * gemv_fp8.cu - the FP8 GEMV of decode steps (1-8 tokens, fp8.h): E4M3
- * weights times the bf16 values of E4M3 inputs, f32 sums, times the
- * token's scale and the row's scale.  Memory-bound: the weights are read
- * once, so the structure is gemv.cu's rows kernel (the best bf16 one at
- * 1-2 tokens): one warp per output row, lanes walking the row in 16-byte
- * chunks (16 codes), U chunks per lane loaded ahead of the ones being
- * multiplied (software pipeline, 2 x U x 16 bytes in flight per lane),
- * the first loads issued before the programmatic-dependent-launch wait
- * (weights never depend on the previous kernel), x from L1/L2, a warp
- * sum per token.  Codes become floats through the hardware's
- * e4m3x2 -> f16x2 conversion (exact), inputs are bf16 (exact for E4M3
- * values), so every product is exact in f32, as in the cpu reference.
+ * weights times E4M3 inputs, f32 sums, times the token's scale and the
+ * row's scale.  Memory-bound: the weights are read once, so the work per
+ * byte must stay small.  The first version (one warp a row, codes turned
+ * into f32 by the conversion unit, an f32 FMA a weight) ran out of
+ * instruction issue at 1.6-3.2 TB/s; this one feeds the tensor cores:
+ *
+ * - A block owns 16 output rows; its GF8_WARPS warps split the row's
+ *   64-column chunks between them (qkv's 6,144 rows make 384 blocks, all
+ *   resident at once: no tail wave) and add their sums in shared memory.
+ * - Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8
+ *   and the same 16 bytes of token g's input codes, a chunk's columns
+ *   [16 t, 16 t + 16), coalesced; U chunks ahead of the ones multiplied
+ *   (the first before the programmatic-dependent-launch wait: weights
+ *   never depend on the previous kernel).
+ * - Codes become f16 by moving bits (gf8_f16x2: Marlin's trick, value x
+ *   2^-8, exact, subnormals included) and meet in mma.m16n8k16 (f16 in,
+ *   f32 sums).  A sum is permutation-free, so each lane's bytes are the
+ *   k-slots of its own fragment registers: the input codes take the same
+ *   permutation, nothing is shuffled.  Every product of two E4M3 values
+ *   is exact in the tensor core and the sums are f32, as in the cpu
+ *   reference; the two 2^-8 come back as an exact 2^16.
+ * - Tokens are the MMA's 8 columns: 1-8 tokens cost the same weight
+ *   bytes; columns past n_tok multiply zeros.
+ *
  * Test: build-DIR/gpu/test_cuda_fp8 (against cpu__fp8_gemm_ref).
  */
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include "fp8.h"
 
+#include "bt_util.h"
 #include "kern_common.cuh"
 
-#define GF8_WARPS 8
-#define GF8_UNROLL 4
+#define GF8_WARPS 4  /* warps of a block, splitting a row's chunks */
+#define GF8_UNROLL 4 /* chunks a lane has in flight, twice over */
+#define GF8_ROWS 16  /* output rows of a block (the MMA's M) */
+#define GF8_CHUNK 64 /* columns of a chunk: 4 lanes x 16 bytes */
 
-/* The 16 codes of a chunk as floats. */
-static __device__ __forceinline__ void gf8_codes(const uint4 &wv,
-                                                 float (&wf)[16])
+/* Four E4M3 codes b0..b3 as two f16x2 of value x 2^-8: (b0, b2), (b1,
+ * b3).  The code's sign, exponent and mantissa land in the f16's sign,
+ * low exponent bits and high mantissa bits; the biases differ by 8. */
+static __device__ __forceinline__ void gf8_f16x2(uint32_t q, uint32_t &p02,
+                                                 uint32_t &p13)
 {
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
-            (__nv_fp8x2_storage_t)(words[i] & 0xFFFFu), __NV_E4M3);
-        const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
-            (__nv_fp8x2_storage_t)(words[i] >> 16), __NV_E4M3);
-        const float2 a = __half22float2(__half2(lo));
-        const float2 b = __half22float2(__half2(hi));
-        wf[4 * i + 0] = a.x;
-        wf[4 * i + 1] = a.y;
-        wf[4 * i + 2] = b.x;
-        wf[4 * i + 3] = b.y;
-    }
+    p13 = (q & 0x80008000u) | ((q & 0x7F007F00u) >> 1);
+    q <<= 8;
+    p02 = (q & 0x80008000u) | ((q & 0x7F007F00u) >> 1);
 }
 
-/* Multiply-adds chunk c (16 columns) of the row into the T sums. */
-template <int T>
-static __device__ __forceinline__ void gf8_chunk(const uint4 &wv,
-                                                 const bf16_t *x, int ld,
-                                                 int c, float *acc)
+/* d += A (16 x 16, rows g and g + 8) . B (16 x 8, column g), f16 in. */
+static __device__ __forceinline__ void gf8_mma(float (&d)[4], uint32_t a0,
+                                               uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0,
+                                               uint32_t b1)
 {
-    float wf[16];
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 
-    gf8_codes(wv, wf);
+/* One chunk: the lane's 16 bytes of rows g (wa), g + 8 (wb) and of token
+ * g's input (xv), four MMAs of 16 columns.  Word j of the lane's bytes
+ * gives the k-slots (2t, 2t + 1) <- bytes (4j, 4j + 2) and (2t + 8, 2t +
+ * 9) <- bytes (4j + 1, 4j + 3) of MMA j, for weights and inputs alike. */
+static __device__ __forceinline__ void gf8_chunk(const uint4 &wa,
+                                                 const uint4 &wb,
+                                                 const uint4 &xv,
+                                                 float (&d)[4])
+{
+    const uint32_t qa[4] = {wa.x, wa.y, wa.z, wa.w};
+    const uint32_t qb[4] = {wb.x, wb.y, wb.z, wb.w};
+    const uint32_t qx[4] = {xv.x, xv.y, xv.z, xv.w};
+
 #pragma unroll
-    for (int t = 0; t < T; t++) {
-        const uint4 *xp =
-            reinterpret_cast<const uint4 *>(x + (size_t)t * ld + 16 * c);
-        const uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-        const bf16_t *e0 = reinterpret_cast<const bf16_t *>(&x0);
-        const bf16_t *e1 = reinterpret_cast<const bf16_t *>(&x1);
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            acc[t] += wf[e] * __bfloat162float(e0[e]);
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            acc[t] += wf[8 + e] * __bfloat162float(e1[e]);
+    for (int j = 0; j < 4; j++) {
+        uint32_t a02, a13, b02, b13, x02, x13;
+
+        gf8_f16x2(qa[j], a02, a13);
+        gf8_f16x2(qb[j], b02, b13);
+        gf8_f16x2(qx[j], x02, x13);
+        gf8_mma(d, a02, b02, a13, b13, x02, x13);
     }
 }
 
 template <int T, typename OUT>
-static __global__ void __launch_bounds__(GF8_WARPS * 32, T <= 2 ? 4 : 2)
-gf8_kernel(int n_out, int ld, const bf16_t *x, const float *xs,
+static __global__ void __launch_bounds__(GF8_WARPS * 32)
+gf8_kernel(int n_out, int ld, const uint8_t *xq, const float *xs,
            const uint8_t *w, const float *ws, OUT *y, bool accumulate)
 {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GF8_WARPS + (threadIdx.x >> 5);
-    const int n_ch = ld / 16;
-    const uint4 *wr = reinterpret_cast<const uint4 *>(
-        w + (size_t)(row < n_out ? row : 0) * ld);
-    const int n_tot = row < n_out ? n_ch : 0;
-    uint4 cur[GF8_UNROLL];
-    float acc[T];
+    __shared__ float red[GF8_WARPS][GF8_ROWS][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, col = 16 * (lane & 3);
+    const int row0 = blockIdx.x * GF8_ROWS;
+    const int ra = BT_MIN(row0 + g, n_out - 1);     /* rows past n_out: */
+    const int rb = BT_MIN(row0 + g + 8, n_out - 1); /* read, dropped */
+    const int n_ch = (ld + GF8_CHUNK - 1) / GF8_CHUNK;
+    const uint8_t *pa = w + (size_t)ra * ld + col;
+    const uint8_t *pb = w + (size_t)rb * ld + col;
+    const uint8_t *px = xq + (size_t)(g < T ? g : 0) * ld + col;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    uint4 ca[GF8_UNROLL], cb[GF8_UNROLL];
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
+    /* chunk c holds this lane's bytes when 64 c + col < ld (ld is a
+     * multiple of 16: a lane's 16 bytes are all in or all out) */
+#define GF8_IN(c) ((c) < n_ch && GF8_CHUNK * (c) + col < ld)
+#define GF8_LD(p, c) \
+    (GF8_IN(c) ? __ldcs(reinterpret_cast<const uint4 *>( \
+                     (p) + (size_t)GF8_CHUNK * (c))) : zero)
 #pragma unroll
     for (int u = 0; u < GF8_UNROLL; u++) {
-        const int c = lane + 32 * u;
-        cur[u] = c < n_tot ? __ldcs(wr + c) : make_uint4(0, 0, 0, 0);
+        const int c = warp + GF8_WARPS * u;
+        ca[u] = GF8_LD(pa, c);
+        cb[u] = GF8_LD(pb, c);
     }
     kern_pdl_wait();
     kern_pdl_trigger();
-    if (row >= n_out)
-        return;
+    for (int c0 = warp; c0 < n_ch; c0 += GF8_WARPS * GF8_UNROLL) {
+        const int c1 = c0 + GF8_WARPS * GF8_UNROLL;
+        uint4 na[GF8_UNROLL], nb[GF8_UNROLL];
+
 #pragma unroll
-    for (int t = 0; t < T; t++)
-        acc[t] = 0.0f;
-    for (int c0 = lane; c0 < n_tot; c0 += 32 * GF8_UNROLL) {
-        uint4 nxt[GF8_UNROLL];
-        const int c1 = c0 + 32 * GF8_UNROLL;
+        for (int u = 0; u < GF8_UNROLL; u++) {
+            const int c = c1 + GF8_WARPS * u;
+            na[u] = GF8_LD(pa, c);
+            nb[u] = GF8_LD(pb, c);
+        }
 #pragma unroll
-        for (int u = 0; u < GF8_UNROLL; u++)
-            nxt[u] = c1 + 32 * u < n_tot ? __ldcs(wr + c1 + 32 * u)
-                                         : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < GF8_UNROLL; u++) {
+            const int c = c0 + GF8_WARPS * u;
+
+            if (c < n_ch) { /* warp-uniform: the MMA needs every lane */
+                const uint4 xv =
+                    g < T && GF8_IN(c)
+                        ? __ldg(reinterpret_cast<const uint4 *>(
+                              px + (size_t)GF8_CHUNK * c))
+                        : zero;
+                gf8_chunk(ca[u], cb[u], xv, d);
+            }
+        }
 #pragma unroll
-        for (int u = 0; u < GF8_UNROLL; u++)
-            if (c0 + 32 * u < n_tot)
-                gf8_chunk<T>(cur[u], x, ld, c0 + 32 * u, acc);
-#pragma unroll
-        for (int u = 0; u < GF8_UNROLL; u++)
-            cur[u] = nxt[u];
+        for (int u = 0; u < GF8_UNROLL; u++) {
+            ca[u] = na[u];
+            cb[u] = nb[u];
+        }
     }
+#undef GF8_LD
+#undef GF8_IN
+    /* lane (g, t) holds rows g, g + 8 of tokens 2t, 2t + 1 */
+    {
+        const int t2 = 2 * (lane & 3);
+        red[warp][g][t2] = d[0];
+        red[warp][g][t2 + 1] = d[1];
+        red[warp][g + 8][t2] = d[2];
+        red[warp][g + 8][t2 + 1] = d[3];
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < GF8_ROWS * T) {
+        const int t = threadIdx.x / GF8_ROWS, r = threadIdx.x % GF8_ROWS;
+        const int row = row0 + r;
+
+        if (row < n_out) {
+            float s = 0.0f;
 #pragma unroll
-    for (int t = 0; t < T; t++)
-        acc[t] = kern_warp_sum(acc[t]);
-    /* lane t writes token t (static indices keep acc in registers) */
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        if (lane == t) {
-            float v = acc[t] * xs[t] * ws[row];
-            OUT *d = y + (size_t)t * n_out + row;
+            for (int k = 0; k < GF8_WARPS; k++)
+                s += red[k][r][t];
+            /* 2^16 undoes the two 2^-8 of gf8_f16x2 (exact) */
+            float v = s * 65536.0f * xs[t] * ws[row];
+            OUT *o = y + (size_t)t * n_out + row;
             if (accumulate)
-                v += kern_to_f(*d);
-            *d = kern_from_f<OUT>(v);
+                v += kern_to_f(*o);
+            *o = kern_from_f<OUT>(v);
         }
     }
 }
@@ -132,17 +183,17 @@ bool cuda_gemv_fp8_ok(int n_tok, int ld)
 }
 
 template <typename OUT>
-static void gf8_launch(int n_tok, int n_out, int ld, const bf16_t *x,
+static void gf8_launch(int n_tok, int n_out, int ld, const uint8_t *xq,
                        const float *xs, const uint8_t *w, const float *ws,
                        OUT *y, bool accumulate, cudaStream_t stream)
 {
-    const dim3 grid((n_out + GF8_WARPS - 1) / GF8_WARPS);
+    const dim3 grid((n_out + GF8_ROWS - 1) / GF8_ROWS);
     const dim3 block(GF8_WARPS * 32);
 
 #define GF8_CASE(_t)                                                        \
     case _t:                                                                \
         kern_launch(gf8_kernel<_t, OUT>, grid, block, 0, stream, n_out, ld, \
-                    x, xs, w, ws, y, accumulate);                           \
+                    xq, xs, w, ws, y, accumulate);                          \
         break
     switch (n_tok) {
     GF8_CASE(1);
@@ -159,7 +210,7 @@ static void gf8_launch(int n_tok, int n_out, int ld, const bf16_t *x,
 #undef GF8_CASE
 }
 
-bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const void *d_xv,
+bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
                           const float *d_xs, const uint8_t *d_wq,
                           const float *d_ws, void *d_y, cuda_dtype_t out_dt,
                           bool accumulate, cudaStream_t stream)
@@ -169,8 +220,7 @@ bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const void *d_xv,
                         "fp8 GEMV of %d tokens x %d rows (ld %d)", n_tok,
                         n_out, ld);
     KERN_DISPATCH_DT(out_dt, OUT,
-                     gf8_launch<OUT>(n_tok, n_out, ld, (const bf16_t *)d_xv,
-                                     d_xs, d_wq, d_ws, (OUT *)d_y,
-                                     accumulate, stream));
+                     gf8_launch<OUT>(n_tok, n_out, ld, d_xq, d_xs, d_wq,
+                                     d_ws, (OUT *)d_y, accumulate, stream));
     return BT_CUDA_LAUNCH_STATUS();
 }
