@@ -1,28 +1,33 @@
 /*
  * gemv_fp8.cu - the FP8 GEMV of decode steps (1-8 tokens, fp8.h): E4M3
  * weights times E4M3 inputs, f32 sums, times the token's scale and the
- * row's scale.  Memory-bound: the weights are read once, so the work per
- * byte must stay small.  The first version (one warp a row, codes turned
- * into f32 by the conversion unit, an f32 FMA a weight) ran out of
- * instruction issue at 1.6-3.2 TB/s; this one feeds the tensor cores:
+ * row's scale.  Memory-bound: the weights are read once.  The first
+ * version (one warp a row, codes turned into f32 by the conversion unit,
+ * an f32 FMA a weight) ran out of instruction issue at 1.6-3.2 TB/s; a
+ * register-pipelined tensor-core version (2026-12-05) did not keep
+ * enough bytes in flight (1.2-2.8 TB/s).  This one is gemv.cu's mma ring
+ * for E4M3:
  *
- * - A block owns 16 output rows; its GF8_WARPS warps split the row's
- *   64-column chunks between them (qkv's 6,144 rows make 384 blocks, all
- *   resident at once: no tail wave) and add their sums in shared memory.
- * - Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8
- *   and the same 16 bytes of token g's input codes, a chunk's columns
- *   [16 t, 16 t + 16), coalesced; U chunks ahead of the ones multiplied
- *   (the first before the programmatic-dependent-launch wait: weights
- *   never depend on the previous kernel).
+ * - One block of RING_WARPS warps per SM takes the row groups [g0, g1)
+ *   (16 rows each); for each group the warps split K into blocks of 64
+ *   columns (64 bytes a row) and each streams its (group, k-block) units
+ *   through a private cp.async ring of 4 KB stages (4 units a stage), so
+ *   ~190 KB per SM are in flight, the first stages issued before the PDL
+ *   wait (weights never depend on the previous kernel).
+ * - Lane (g, q) = (lane / 4, lane % 4) copies bytes [16 q, 16 q + 16) of
+ *   the block from rows g and g + 8, reads back only those (no warp
+ *   barrier) and loads the same 16 bytes of token g's input codes.
  * - Codes become f16 by moving bits (gf8_f16x2: Marlin's trick, value x
  *   2^-8, exact, subnormals included) and meet in mma.m16n8k16 (f16 in,
  *   f32 sums).  A sum is permutation-free, so each lane's bytes are the
- *   k-slots of its own fragment registers: the input codes take the same
- *   permutation, nothing is shuffled.  Every product of two E4M3 values
- *   is exact in the tensor core and the sums are f32, as in the cpu
- *   reference; the two 2^-8 come back as an exact 2^16.
+ *   k-slots of its own fragment registers and the input codes take the
+ *   same permutation: nothing is shuffled.  Every product of two E4M3
+ *   values is exact in the tensor core and the sums are f32, as in the
+ *   cpu reference; the two 2^-8 come back as an exact 2^16.
  * - Tokens are the MMA's 8 columns: 1-8 tokens cost the same weight
- *   bytes; columns past n_tok multiply zeros.
+ *   bytes; columns past n_tok multiply zeros.  The warps add their
+ *   fragments into a shared (tokens x 16) buffer with atomics; two
+ *   buffers alternate so one barrier per group suffices.
  *
  * Test: build-DIR/gpu/test_cuda_fp8 (against cpu__fp8_gemm_ref).
  */
@@ -30,11 +35,14 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "ring_common.cuh"
 
-#define GF8_WARPS 4  /* warps of a block, splitting a row's chunks */
-#define GF8_UNROLL 4 /* chunks a lane has in flight, twice over */
-#define GF8_ROWS 16  /* output rows of a block (the MMA's M) */
-#define GF8_CHUNK 64 /* columns of a chunk: 4 lanes x 16 bytes */
+#define GF8_WARPS 8      /* warps of a block (one block per SM) */
+#define GF8_PIECE 4096   /* bytes per warp per stage */
+#define GF8_UNITS 4      /* units (16 rows x 64 bytes) per stage */
+#define GF8_MAX_STAGES 8
+#define GF8_ROWS 16      /* rows of a group (the MMA's M) */
+#define GF8_KB 64        /* columns of a k-block: 4 lanes x 16 bytes */
 
 /* Four E4M3 codes b0..b3 as two f16x2 of value x 2^-8: (b0, b2), (b1,
  * b3).  The code's sign, exponent and mantissa land in the f16's sign,
@@ -60,14 +68,14 @@ static __device__ __forceinline__ void gf8_mma(float (&d)[4], uint32_t a0,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* One chunk: the lane's 16 bytes of rows g (wa), g + 8 (wb) and of token
+/* One unit: the lane's 16 bytes of rows g (wa), g + 8 (wb) and of token
  * g's input (xv), four MMAs of 16 columns.  Word j of the lane's bytes
- * gives the k-slots (2t, 2t + 1) <- bytes (4j, 4j + 2) and (2t + 8, 2t +
+ * gives the k-slots (2q, 2q + 1) <- bytes (4j, 4j + 2) and (2q + 8, 2q +
  * 9) <- bytes (4j + 1, 4j + 3) of MMA j, for weights and inputs alike. */
-static __device__ __forceinline__ void gf8_chunk(const uint4 &wa,
-                                                 const uint4 &wb,
-                                                 const uint4 &xv,
-                                                 float (&d)[4])
+static __device__ __forceinline__ void gf8_unit(const uint4 &wa,
+                                                const uint4 &wb,
+                                                const uint4 &xv,
+                                                float (&d)[4])
 {
     const uint32_t qa[4] = {wa.x, wa.y, wa.z, wa.w};
     const uint32_t qb[4] = {wb.x, wb.y, wb.z, wb.w};
@@ -84,130 +92,156 @@ static __device__ __forceinline__ void gf8_chunk(const uint4 &wa,
     }
 }
 
-template <int T, typename OUT>
-static __global__ void __launch_bounds__(GF8_WARPS * 32)
-gf8_kernel(int n_out, int ld, const uint8_t *xq, const float *xs,
-           const uint8_t *w, const float *ws, OUT *y, bool accumulate)
+/* Dynamic shared memory: the rings (GF8_WARPS x n_stages x GF8_PIECE),
+ * then 2 x 8 x GF8_ROWS floats of sums. */
+template <typename OUT>
+static __global__ void __launch_bounds__(GF8_WARPS * 32, 1)
+gf8_kernel(int n_tok, int n_out, int ld, int n_stages, const uint8_t *xq,
+           const float *xs, const uint8_t *w, const float *ws, OUT *y,
+           bool accumulate)
 {
-    __shared__ float red[GF8_WARPS][GF8_ROWS][8];
+    extern __shared__ __align__(128) unsigned char gf8_sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, col = 16 * (lane & 3);
-    const int row0 = blockIdx.x * GF8_ROWS;
-    const int ra = BT_MIN(row0 + g, n_out - 1);     /* rows past n_out: */
-    const int rb = BT_MIN(row0 + g + 8, n_out - 1); /* read, dropped */
-    const int n_ch = (ld + GF8_CHUNK - 1) / GF8_CHUNK;
-    const uint8_t *pa = w + (size_t)ra * ld + col;
-    const uint8_t *pb = w + (size_t)rb * ld + col;
-    const uint8_t *px = xq + (size_t)(g < T ? g : 0) * ld + col;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    uint4 ca[GF8_UNROLL], cb[GF8_UNROLL];
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int lg = lane >> 2, col = 16 * (lane & 3);
+    const int n_groups = (n_out + GF8_ROWS - 1) / GF8_ROWS;
+    const int g0 = (int)((long long)blockIdx.x * n_groups / gridDim.x);
+    const int g1 = (int)((long long)(blockIdx.x + 1) * n_groups / gridDim.x);
+    const int ng = g1 - g0;
+    const int KB = (ld + GF8_KB - 1) / GF8_KB;
+    const int kb0 = KB * warp / GF8_WARPS;
+    const int nk = KB * (warp + 1) / GF8_WARPS - kb0;
+    const int nu = ng * nk;                         /* this warp's units */
+    const int n_st = (nu + GF8_UNITS - 1) / GF8_UNITS; /* and stages */
+    unsigned char *ring = gf8_sm + (size_t)warp * n_stages * GF8_PIECE;
+    float *red = reinterpret_cast<float *>(
+        gf8_sm + (size_t)GF8_WARPS * n_stages * GF8_PIECE);
+    const uint8_t *px = xq + (size_t)(lg < n_tok ? lg : 0) * ld + col;
 
-    /* chunk c holds this lane's bytes when 64 c + col < ld (ld is a
-     * multiple of 16: a lane's 16 bytes are all in or all out) */
-#define GF8_IN(c) ((c) < n_ch && GF8_CHUNK * (c) + col < ld)
-#define GF8_LD(p, c) \
-    (GF8_IN(c) ? __ldcs(reinterpret_cast<const uint4 *>( \
-                     (p) + (size_t)GF8_CHUNK * (c))) : zero)
-#pragma unroll
-    for (int u = 0; u < GF8_UNROLL; u++) {
-        const int c = warp + GF8_WARPS * u;
-        ca[u] = GF8_LD(pa, c);
-        cb[u] = GF8_LD(pb, c);
-    }
-    kern_pdl_wait();
     kern_pdl_trigger();
-    for (int c0 = warp; c0 < n_ch; c0 += GF8_WARPS * GF8_UNROLL) {
-        const int c1 = c0 + GF8_WARPS * GF8_UNROLL;
-        uint4 na[GF8_UNROLL], nb[GF8_UNROLL];
-
+    /* Issues stage k: units k * GF8_UNITS .. of this warp.  A lane's 16
+     * bytes are all in the row or all past ld (a multiple of 16): those
+     * and rows past n_out are zero-filled. */
+    auto issue = [&](int k) {
+        unsigned char *dst = ring + (size_t)(k % n_stages) * GF8_PIECE;
 #pragma unroll
-        for (int u = 0; u < GF8_UNROLL; u++) {
-            const int c = c1 + GF8_WARPS * u;
-            na[u] = GF8_LD(pa, c);
-            nb[u] = GF8_LD(pb, c);
-        }
+        for (int ku = 0; ku < GF8_UNITS; ku++) {
+            const int u = k * GF8_UNITS + ku;
+            if (u < nu) {
+                const int gi = u / nk;
+                const int kb = kb0 + (u - gi * nk);
 #pragma unroll
-        for (int u = 0; u < GF8_UNROLL; u++) {
-            const int c = c0 + GF8_WARPS * u;
-
-            if (c < n_ch) { /* warp-uniform: the MMA needs every lane */
-                const uint4 xv =
-                    g < T && GF8_IN(c)
-                        ? __ldg(reinterpret_cast<const uint4 *>(
-                              px + (size_t)GF8_CHUNK * c))
-                        : zero;
-                gf8_chunk(ca[u], cb[u], xv, d);
+                for (int h = 0; h < 2; h++) {
+                    const int row = (g0 + gi) * GF8_ROWS + lg + 8 * h;
+                    const bool ok = row < n_out && kb * GF8_KB + col < ld;
+                    tc_cp16(dst + (ku * 2 + h) * 512 + lane * 16,
+                            w + (ok ? (size_t)row * ld + kb * GF8_KB + col
+                                    : 0),
+                            ok);
+                }
             }
         }
-#pragma unroll
-        for (int u = 0; u < GF8_UNROLL; u++) {
-            ca[u] = na[u];
-            cb[u] = nb[u];
-        }
+    };
+    for (int k = 0; k < n_stages; k++) {
+        if (k < n_st)
+            issue(k);
+        tc_cp_commit();
     }
-#undef GF8_LD
-#undef GF8_IN
-    /* lane (g, t) holds rows g, g + 8 of tokens 2t, 2t + 1 */
-    {
-        const int t2 = 2 * (lane & 3);
-        red[warp][g][t2] = d[0];
-        red[warp][g][t2 + 1] = d[1];
-        red[warp][g + 8][t2] = d[2];
-        red[warp][g + 8][t2 + 1] = d[3];
-    }
+    kern_pdl_wait();
+    for (int i = threadIdx.x; i < 2 * 8 * GF8_ROWS; i += blockDim.x)
+        red[i] = 0.0f;
     __syncthreads();
-    if ((int)threadIdx.x < GF8_ROWS * T) {
-        const int t = threadIdx.x / GF8_ROWS, r = threadIdx.x % GF8_ROWS;
-        const int row = row0 + r;
 
-        if (row < n_out) {
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < GF8_WARPS; k++)
-                s += red[k][r][t];
-            /* 2^16 undoes the two 2^-8 of gf8_f16x2 (exact) */
-            float v = s * 65536.0f * xs[t] * ws[row];
-            OUT *o = y + (size_t)t * n_out + row;
-            if (accumulate)
-                v += kern_to_f(*o);
-            *o = kern_from_f<OUT>(v);
+    int uc = 0, buf = 0;
+    for (int gi = 0; gi < ng; gi++) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+        for (int kb = kb0; kb < kb0 + nk; kb++, uc++) {
+            const int k = uc / GF8_UNITS, ku = uc - k * GF8_UNITS;
+            const uint4 *st = reinterpret_cast<const uint4 *>(
+                ring + (size_t)(k % n_stages) * GF8_PIECE);
+            const bool xin = lg < n_tok && kb * GF8_KB + col < ld;
+            const uint4 xv = xin ? __ldg(reinterpret_cast<const uint4 *>(
+                                       px + (size_t)kb * GF8_KB))
+                                 : make_uint4(0, 0, 0, 0);
+
+            if (ku == 0)
+                ring_cp_wait(n_stages - 1);
+            gf8_unit(st[(ku * 2 + 0) * 32 + lane],
+                     st[(ku * 2 + 1) * 32 + lane], xv, c);
+            if (ku == GF8_UNITS - 1 || uc == nu - 1) {
+                issue(k + n_stages);
+                tc_cp_commit();
+            }
         }
+        /* lane (g, q) holds rows g, g + 8 of tokens 2q, 2q + 1 */
+        float *rb = red + buf * 8 * GF8_ROWS;
+        if (nk > 0) {
+            const int tok = 2 * (lane & 3);
+            if (tok < n_tok) {
+                atomicAdd(&rb[tok * GF8_ROWS + lg], c[0]);
+                atomicAdd(&rb[tok * GF8_ROWS + lg + 8], c[2]);
+            }
+            if (tok + 1 < n_tok) {
+                atomicAdd(&rb[(tok + 1) * GF8_ROWS + lg], c[1]);
+                atomicAdd(&rb[(tok + 1) * GF8_ROWS + lg + 8], c[3]);
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < n_tok * GF8_ROWS; i += blockDim.x) {
+            const int t = i / GF8_ROWS, r = i - t * GF8_ROWS;
+            const int row = (g0 + gi) * GF8_ROWS + r;
+            float v = rb[i];
+            rb[i] = 0.0f;
+            if (row < n_out) {
+                OUT *o = y + (size_t)t * n_out + row;
+                /* 2^16 undoes the two 2^-8 of gf8_f16x2 (exact) */
+                v = v * 65536.0f * xs[t] * ws[row];
+                if (accumulate)
+                    v += kern_to_f(*o);
+                *o = kern_from_f<OUT>(v);
+            }
+        }
+        buf ^= 1;
     }
+}
+
+/* Stages that fit beside the sums (at least 2). */
+static int gf8_stages(void)
+{
+    size_t fixed = (size_t)2 * 8 * GF8_ROWS * 4 + 128;
+    size_t budget = ring_smem_budget();
+
+    if (fixed >= budget)
+        return 0;
+    return (int)BT_MIN((size_t)GF8_MAX_STAGES,
+                       (budget - fixed) / ((size_t)GF8_WARPS * GF8_PIECE));
 }
 
 bool cuda_gemv_fp8_ok(int n_tok, int ld)
 {
     return n_tok >= 1 && n_tok <= CUDA_GEMV_FP8_MAX_TOK && ld > 0 &&
-           ld % 16 == 0;
+           ld % 16 == 0 && gf8_stages() >= 2;
 }
 
 template <typename OUT>
-static void gf8_launch(int n_tok, int n_out, int ld, const uint8_t *xq,
-                       const float *xs, const uint8_t *w, const float *ws,
-                       OUT *y, bool accumulate, cudaStream_t stream)
+static cudaError_t gf8_launch(int n_tok, int n_out, int ld,
+                              const uint8_t *xq, const float *xs,
+                              const uint8_t *w, const float *ws, OUT *y,
+                              bool accumulate, cudaStream_t stream)
 {
-    const dim3 grid((n_out + GF8_ROWS - 1) / GF8_ROWS);
-    const dim3 block(GF8_WARPS * 32);
+    auto k = gf8_kernel<OUT>;
+    const int n_groups = (n_out + GF8_ROWS - 1) / GF8_ROWS;
+    const int blocks = BT_MIN(ring_n_sm(), n_groups);
+    const int stages = gf8_stages();
+    const size_t smem = (size_t)GF8_WARPS * stages * GF8_PIECE +
+                        (size_t)2 * 8 * GF8_ROWS * 4;
+    cudaError_t err = ring_smem_attr(k, sizeof(OUT) == 4 ? 1 : 0);
 
-#define GF8_CASE(_t)                                                        \
-    case _t:                                                                \
-        kern_launch(gf8_kernel<_t, OUT>, grid, block, 0, stream, n_out, ld, \
-                    xq, xs, w, ws, y, accumulate);                          \
-        break
-    switch (n_tok) {
-    GF8_CASE(1);
-    GF8_CASE(2);
-    GF8_CASE(3);
-    GF8_CASE(4);
-    GF8_CASE(5);
-    GF8_CASE(6);
-    GF8_CASE(7);
-    GF8_CASE(8);
-    default:
-        break;
-    }
-#undef GF8_CASE
+    if (err != cudaSuccess)
+        return err;
+    kern_launch(k, blocks, GF8_WARPS * 32, smem, stream, n_tok, n_out, ld,
+                stages, xq, xs, w, ws, y, accumulate);
+    return cudaSuccess;
 }
 
 bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
@@ -219,8 +253,13 @@ bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
                         "fp8 GEMV of %d tokens x %d rows (ld %d)", n_tok,
                         n_out, ld);
+    cudaError_t err = cudaSuccess;
+
     KERN_DISPATCH_DT(out_dt, OUT,
-                     gf8_launch<OUT>(n_tok, n_out, ld, d_xq, d_xs, d_wq,
-                                     d_ws, (OUT *)d_y, accumulate, stream));
+                     err = gf8_launch<OUT>(n_tok, n_out, ld, d_xq, d_xs,
+                                           d_wq, d_ws, (OUT *)d_y,
+                                           accumulate, stream));
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
     return BT_CUDA_LAUNCH_STATUS();
 }
