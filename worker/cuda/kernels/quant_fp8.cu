@@ -15,6 +15,7 @@
 #include "fp8.h"
 
 #include "bt_fp8.h"
+#include "bt_util.h"
 #include "kern_common.cuh"
 
 #define QF8_THREADS 256
@@ -95,6 +96,174 @@ qf8_rows_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
         xs[blockIdx.x] = s;
 }
 
+/* The GEMM inputs' kernel (2026-12-05: qf8_rows_kernel's element loops
+ * are a dependent load each, 11-33 us a row on the H200): the row's
+ * values computed once into registers from 16-byte loads (all in
+ * flight), its absmax, then its codes 8 at a time.  QF8_VEC_THREADS a
+ * row, QF8_VEC_NV chunks of 8 values a thread at most: k % 8 == 0, k <=
+ * 8 QF8_VEC_NV QF8_VEC_THREADS, 16-byte aligned rows (qf8_vec_nv).  The
+ * values are qf8_rows_kernel's own; only the RMSNorm's sum of squares
+ * is added in another order. */
+#define QF8_VEC_THREADS 512
+#define QF8_VEC_NV 4
+
+/* 8 consecutive elements of a row as floats. */
+static __device__ __forceinline__ void qf8_ld8(const float *p, float (&v)[8])
+{
+    const float4 a = *reinterpret_cast<const float4 *>(p);
+    const float4 b = *reinterpret_cast<const float4 *>(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+static __device__ __forceinline__ void qf8_ld8(const bf16_t *p,
+                                               float (&v)[8])
+{
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const bf16_t *e = reinterpret_cast<const bf16_t *>(&u);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        v[j] = __bfloat162float(e[j]);
+}
+
+template <typename T, int MODE, int NV>
+static __global__ void __launch_bounds__(QF8_VEC_THREADS)
+qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
+               uint8_t *q, bf16_t *xv, float *xs, const bf16_t *g,
+               float eps)
+{
+    __shared__ float sh[32];
+    const T *xr = x + (size_t)blockIdx.x * ldx;
+    float v[NV][8];
+    float s = in_scale, amax = 0.0f;
+
+    kern_pdl_wait();
+    kern_pdl_trigger();
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+        if (i < k) {
+            qf8_ld8(xr + i, v[j]);
+            if (MODE == QF8_GLU) {
+                float u[8];
+                qf8_ld8(xr + k + i, u);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[j][e] = __bfloat162float(__float2bfloat16_rn(
+                        kern_swiglu_f(v[j][e], u[e])));
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[j][e] = 0.0f;
+        }
+    }
+    if (MODE == QF8_NORM) {
+        /* rmsnorm.cu's arithmetic: 1 / sqrtf(mean(x^2) + eps) */
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                ss += v[j][e] * v[j][e];
+        ss = kern_block_sum(ss, sh);
+        const float ninv = 1.0f / sqrtf(ss / (float)k + eps);
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+            if (i < k) {
+                float gv[8];
+                qf8_ld8(g + i, gv);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[j][e] = __bfloat162float(
+                        __float2bfloat16_rn(gv[e] * (ninv * v[j][e])));
+            }
+        }
+    }
+    if (!(s > 0.0f)) {
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                amax = fmaxf(amax, fabsf(v[j][e]));
+        s = bt_fp8_scale(qf8_block_max(amax, sh));
+    }
+    const float inv = 1.0f / s;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+        if (i < ld) { /* codes past k (up to ld) are the zero padding */
+            uint32_t c[2] = {0, 0};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (i + e < k)
+                    c[e / 4] |= (uint32_t)bt_f32_to_e4m3(v[j][e] * inv)
+                                << (8 * (e % 4));
+            if (q != NULL)
+                *reinterpret_cast<uint2 *>(q + (size_t)blockIdx.x * ld + i) =
+                    make_uint2(c[0], c[1]);
+            if (xv != NULL) {
+                uint4 o;
+                bf16_t *oe = reinterpret_cast<bf16_t *>(&o);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    oe[e] = __float2bfloat16_rn(bt_e4m3_to_f32(
+                        (uint8_t)(c[e / 4] >> (8 * (e % 4)))));
+                *reinterpret_cast<uint4 *>(xv + (size_t)blockIdx.x * ld +
+                                           i) = o;
+            }
+        }
+    }
+    if (threadIdx.x == 0 && xs != NULL)
+        xs[blockIdx.x] = s;
+}
+
+/* Chunks a thread of qf8_vec_kernel holds for rows of k (0: the row
+ * kernel must take them).  ld (a multiple of 16) is at most k rounded up
+ * to 16, so the padding codes are written by the chunk threads too. */
+static int qf8_vec_nv(int k, int ld, size_t ldx, size_t es, const void *x,
+                      const void *q, const void *xv, const void *g)
+{
+    if (k % 8 != 0 || ld > k + 8 || (ldx * es) % 16 != 0 ||
+        (uintptr_t)x % 16 != 0 || (uintptr_t)q % 16 != 0 ||
+        (uintptr_t)xv % 16 != 0 || (uintptr_t)g % 16 != 0 ||
+        ((size_t)k * es) % 16 != 0)
+        return 0;
+    int nv = (int)BT_DIV_UP(ld, 8 * QF8_VEC_THREADS);
+    return nv <= 1 ? 1 : nv <= 2 ? 2 : nv <= QF8_VEC_NV ? QF8_VEC_NV : 0;
+}
+
+/* Launches the row quantization of n rows: the vector kernel when it
+ * takes the shape, else the row kernel. */
+template <typename T, int MODE>
+static void qf8_rows_launch(int n, const T *x, size_t ldx, int k, int ld,
+                            float in_scale, uint8_t *q, bf16_t *xv,
+                            float *xs, const bf16_t *g, float eps,
+                            cudaStream_t stream)
+{
+    switch (qf8_vec_nv(k, ld, ldx, sizeof(T), x, q, xv, g)) {
+    case 1:
+        kern_launch(qf8_vec_kernel<T, MODE, 1>, dim3(n),
+                    dim3(QF8_VEC_THREADS), 0, stream, x, ldx, k, ld,
+                    in_scale, q, xv, xs, g, eps);
+        break;
+    case 2:
+        kern_launch(qf8_vec_kernel<T, MODE, 2>, dim3(n),
+                    dim3(QF8_VEC_THREADS), 0, stream, x, ldx, k, ld,
+                    in_scale, q, xv, xs, g, eps);
+        break;
+    case QF8_VEC_NV:
+        kern_launch(qf8_vec_kernel<T, MODE, QF8_VEC_NV>, dim3(n),
+                    dim3(QF8_VEC_THREADS), 0, stream, x, ldx, k, ld,
+                    in_scale, q, xv, xs, g, eps);
+        break;
+    default:
+        kern_launch(qf8_rows_kernel<T, MODE>, dim3(n), dim3(QF8_THREADS), 0,
+                    stream, x, ldx, k, ld, in_scale, q, xv, xs, g, eps);
+        break;
+    }
+}
+
 bt_status_t cuda_fp8_quant_weight(const float *d_w, int rows, int k, int ld,
                                   uint8_t *d_q, float *d_ws,
                                   cudaStream_t stream)
@@ -120,11 +289,10 @@ bt_status_t cuda_fp8_quant_act(const void *d_x, cuda_dtype_t dt, int n_tok,
                         "fp8 input quantization of %d x %d (ld %d, scale "
                         "%g)", n_tok, k, ld, (double)in_scale);
     KERN_DISPATCH_DT(dt, T,
-                     kern_launch(qf8_rows_kernel<T, QF8_PLAIN>, dim3(n_tok),
-                                 dim3(QF8_THREADS), 0, stream,
-                                 (const T *)d_x, (size_t)k, k, ld, in_scale,
-                                 d_q, (bf16_t *)d_xv, d_xs,
-                                 (const bf16_t *)NULL, 0.0f));
+                     qf8_rows_launch<T, QF8_PLAIN>(
+                         n_tok, (const T *)d_x, (size_t)k, k, ld, in_scale,
+                         d_q, (bf16_t *)d_xv, d_xs, (const bf16_t *)NULL,
+                         0.0f, stream));
     return BT_CUDA_LAUNCH_STATUS();
 }
 
@@ -139,10 +307,9 @@ bt_status_t cuda_fp8_norm_quant(const float *d_x, const void *d_g, float eps,
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
                         "fp8 norm + quantization of %d x %d (ld %d)", n_tok,
                         k, ld);
-    kern_launch(qf8_rows_kernel<float, QF8_NORM>, dim3(n_tok),
-                dim3(QF8_THREADS), 0, stream, d_x, (size_t)k, k, ld,
-                in_scale, d_q, (bf16_t *)d_xv, d_xs, (const bf16_t *)d_g,
-                eps);
+    qf8_rows_launch<float, QF8_NORM>(n_tok, d_x, (size_t)k, k, ld, in_scale,
+                                     d_q, (bf16_t *)d_xv, d_xs,
+                                     (const bf16_t *)d_g, eps, stream);
     return BT_CUDA_LAUNCH_STATUS();
 }
 
@@ -156,10 +323,10 @@ bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
                         "fp8 SwiGLU + quantization of %d x %d (ld %d)",
                         n_tok, k, ld);
-    kern_launch(qf8_rows_kernel<bf16_t, QF8_GLU>, dim3(n_tok),
-                dim3(QF8_THREADS), 0, stream, (const bf16_t *)d_gu,
-                (size_t)2 * k, k, ld, in_scale, d_q, (bf16_t *)d_xv, d_xs,
-                (const bf16_t *)NULL, 0.0f);
+    qf8_rows_launch<bf16_t, QF8_GLU>(n_tok, (const bf16_t *)d_gu,
+                                     (size_t)2 * k, k, ld, in_scale, d_q,
+                                     (bf16_t *)d_xv, d_xs,
+                                     (const bf16_t *)NULL, 0.0f, stream);
     return BT_CUDA_LAUNCH_STATUS();
 }
 
