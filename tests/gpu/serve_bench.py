@@ -4,11 +4,14 @@ GPU (issues 35 and 36), run ON THE DEVICE MACHINE by
 tests/gpu/run_gpu_serve.sh (never in CI).
 
 Each mode is a fresh cluster of real processes (baton-router + workers,
---device cuda, synth:llama3-8b in bf16 built by every worker):
+--device cuda, synth:llama3-8b built by every worker, BT_SERVE_PRECISION):
   agg        one `baton-decode --role both`
   agg-nobound the same with --tpot-target-ms 0 (no prefill budget: the
              A/B of decode_budget.c's default 50 ms bound)
   disagg     1 prefill + 1 decode under CUDA MPS, KV over CUDA IPC
+  prefix-on / prefix-off  the aggregated worker with --prefix-cache on /
+             off, BT_SERVE_PREFIX_RUNS only (prompts = a shared prefix +
+             a unique tail: issue 38's TTFT with a 4k-token shared prefix)
 The first `baton bench` of every mode is a cold start: a burst of
 BT_SERVE_COLD requests sent the moment the workers registered (no
 warm-up request before it); it must lose nothing.  Then the closed-loop
@@ -19,7 +22,10 @@ BT_SERVE_COLD (256 requests at once) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE
 BT_SERVE_KV_BLOCKS (44000: disagg's decode; its prefill 4096),
 BT_SERVE_AGG_KV (auto: the aggregated worker sizes KV from memory),
 BT_SERVE_TPOT_MS (50: agg's --tpot-target-ms),
-BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda).
+BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda),
+BT_SERVE_PRECISION (bf16; fp8), BT_SERVE_KV_DTYPE (unset: the default),
+BT_SERVE_PREFIX_RUNS ("SHARED+UNIQUExOUTPUT@CONCURRENCY:REQUESTS;...",
+4096+256x16@8:64).
 Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
 failed anywhere.
 """
@@ -46,6 +52,10 @@ RUNS = parse_runs(os.environ.get(
 # agg-nobound is an A/B of the prefill budget: the prefill-heavy shape only
 TPOT_RUNS = parse_runs(os.environ.get("BT_SERVE_TPOT_RUNS",
                                       "2048x128@256:512"))
+PREFIX_RUNS = [(tuple(int(v) for v in shape.replace("+", "x").split("x")),
+                tuple(int(v) for v in load.split(":")))
+               for shape, load in (r.split("@") for r in os.environ.get(
+                   "BT_SERVE_PREFIX_RUNS", "4096+256x16@8:64").split(";"))]
 COLD = int(os.environ.get("BT_SERVE_COLD", "256"))
 COLD_SHAPE = tuple(int(v) for v in os.environ.get(
     "BT_SERVE_COLD_SHAPE", "2048x128").split("x"))
@@ -55,6 +65,9 @@ AGG_KV = os.environ.get("BT_SERVE_AGG_KV", "auto")  # auto: from memory
 TPOT_MS = os.environ.get("BT_SERVE_TPOT_MS", "50")
 MODEL = os.environ.get("BT_SERVE_MODEL", "synth:llama3-8b")
 DEVICE = os.environ.get("BT_SERVE_DEVICE", "cuda")
+PRECISION = os.environ.get("BT_SERVE_PRECISION", "bf16")
+KV_DTYPE = (["--kv-dtype", os.environ["BT_SERVE_KV_DTYPE"]]
+            if os.environ.get("BT_SERVE_KV_DTYPE") else [])
 VOCAB = int(os.environ.get("BT_SERVE_VOCAB", "32000"))
 PEER = {(2048, 128): "3,538", (2048, 2048): "12,194"}  # TRT-LLM FP8, H200
 T0 = time.time()
@@ -77,10 +90,14 @@ def write_table():
 
 def worker_cmds(mode, ctl):
     common = ["--router", ctl, "--model", MODEL, "--device", DEVICE,
-              "--precision", "bf16"]
+              "--precision", PRECISION] + KV_DTYPE
     dec = ["baton-decode"] + common + [
         "--name", "d0", "--max-seqs", "256",
         "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
+    if mode.startswith("prefix"):
+        return [("d0", dec + ["--role", "both", "--prefix-cache",
+                              "on" if mode == "prefix-on" else "off",
+                              "--tpot-target-ms", TPOT_MS])]
     if mode.startswith("agg"):
         dec += ["--role", "both"]
         if AGG_KV != "auto":
@@ -95,19 +112,22 @@ def worker_cmds(mode, ctl):
     return [("p0", pre), ("d0", dec)]
 
 
-def bench(cl, mode, plen, olen, conc, n, label):
+def bench(cl, mode, plen, olen, conc, n, label, shared=0):
     global failed
     path = os.path.join(cl.dir, "bench_%s_%dx%d_c%d.json" %
                         (label, plen, olen, conc))
     cmd = cluster_harness.bench_cmd(BIN, cl.ep, n, plen, olen, VOCAB,
                                     1000, 50, path, conc=conc, seed=plen)
+    if shared:
+        cmd += ["--shared-prefix-len", str(shared)]
+        plen = "%d+%d" % (shared, plen)
     left = DEADLINE - time.time()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True,
                            timeout=max(30, left))
     except subprocess.TimeoutExpired:
         log("%s %dx%d c%d: timed out" % (mode, plen, olen, conc))
-        rows.append((mode + " " + label, "%d/%d" % (plen, olen), conc, n,
+        rows.append((mode + " " + label, "%s/%d" % (plen, olen), conc, n,
                      "timeout", "", "", "", ""))
         failed += 1
         return
@@ -116,21 +136,21 @@ def bench(cl, mode, plen, olen, conc, n, label):
     except (OSError, ValueError):
         log("%s: no JSON (rc %d): %s" % (mode, r.returncode,
                                          r.stderr.strip()[-400:]))
-        rows.append((mode + " " + label, "%d/%d" % (plen, olen), conc, n,
+        rows.append((mode + " " + label, "%s/%d" % (plen, olen), conc, n,
                      "no result", "", "", "", ""))
         failed += 1
         return
     errs = j.get("errors", j.get("failed", 0))
     failed += errs
     ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
-    rows.append((mode + " " + label, "%d/%d" % (plen, olen), conc,
+    rows.append((mode + " " + label, "%s/%d" % (plen, olen), conc,
                  j.get("requests", n), errs,
                  "{:,.0f}".format(j.get("tok_per_s", j.get(
                      "output_tok_per_s", 0))),
                  "%.0f / %.0f" % (ttft.get("p50", 0), ttft.get("p99", 0)),
                  "%.1f / %.1f" % (tpot.get("p50", 0), tpot.get("p99", 0)),
                  PEER.get((plen, olen), "")))
-    log("%s %s %dx%d c%d: %s" % (mode, label, plen, olen, conc, rows[-1]))
+    log("%s %s %sx%d c%d: %s" % (mode, label, plen, olen, conc, rows[-1]))
     write_table()
 
 
@@ -167,6 +187,12 @@ def run_mode(mode):
         rows.append((mode, "", "", "", "no workers", "", "", "", ""))
         cl.stop()
         cluster_harness.mps_stop(mps, log, 2)
+        return
+    if mode.startswith("prefix"):
+        log("%s: registered after %.1f s" % (mode, time.time() - t0))
+        for (shared, plen, olen), (conc, n) in PREFIX_RUNS:
+            bench(cl, mode, plen, olen, conc, n, "warm", shared)
+        cl.stop()
         return
     log("%s: registered after %.1f s: cold burst of %d" %
         (mode, time.time() - t0, COLD))
