@@ -315,8 +315,8 @@ static void run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
         y0 = h0;
     }
     gemv = worker_gemm_fp8_gemv(b->ctx, n_tok, n_out, ld, b->acc_floats);
-    a = (worker_gemm_fp8_t){ b->d_xq, b->d_xs, q->d_q, q->d_ws, b->d_acc,
-                             b->acc_floats, gemv };
+    a = (worker_gemm_fp8_t){ b->d_xq, b->d_xv, b->d_xs, q->d_q, q->d_ws,
+                             b->d_acc, b->acc_floats, gemv };
     BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, n_out, ld, &a, b->d_y,
                                  out_dt, acc, NULL));
     CK(cudaDeviceSynchronize());
@@ -381,7 +381,7 @@ static void run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
     }
     if (timed) {
         float us = time_gemm(b, q, n_tok, &a, out_dt, acc);
-        double bytes = (double)n_out * ld + (double)n_tok * ld;
+        double bytes = (double)n_out * ld + (double)n_tok * ld * 2.0;
         double flops = 2.0 * n_tok * (double)n_out * n_in;
 
         printf("INFO fp8 time %s %s: %.1f us, %.0f GB/s of weights and "

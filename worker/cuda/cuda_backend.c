@@ -226,6 +226,7 @@ typedef struct {
     /* precision fp8: a GEMM input quantized (kernels/fp8.h) and the f32
      * sums of the cuBLASLt FP8 GEMM */
     uint8_t *d_xq;            /* (max_tok, ld max) codes */
+    void *d_xv;               /* (1, ld max) a token's values, bf16 */
     float *d_xs;              /* (max_tok) input scales */
     float *d_acc;             /* acc_floats */
     size_t acc_floats;
@@ -906,6 +907,7 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         status = BT_CUDA_STATUS(cudaMemset(r->d_xq, 0, tok16 * ld));
         if (status != BT_OK)
             return status;
+        CUDA_ACT(r->d_xv, ld * 2, "act_fp8_values");
         CUDA_ACT(r->d_xs, (size_t)b->max_tok * 4, "act_fp8_scales");
         CUDA_ACT(r->d_acc, r->acc_floats * 4, "act_fp8_sums");
     }
@@ -1500,6 +1502,7 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_hidden);
     cuda__dev_free((void **)&r->d_ws);
     cuda__dev_free((void **)&r->d_xq);
+    cuda__dev_free(&r->d_xv);
     cuda__dev_free((void **)&r->d_xs);
     cuda__dev_free((void **)&r->d_acc);
     cuda__dev_free(&r->d_k);
@@ -1685,10 +1688,11 @@ static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_f8_in_t in,
     const int ld = cuda_fp8_ld(n_in);
     const bool gemv = worker_gemm_fp8_gemv(r->gemm, nt, n_out, ld,
                                            r->acc_floats);
-    const worker_gemm_fp8_t a = { r->d_xq, r->d_xs, f->d_w, f->d_ws,
+    /* codes for every product; the 1-token GEMV reads the bf16 values */
+    void *d_v = gemv && nt == 1 ? r->d_xv : NULL;
+    const worker_gemm_fp8_t a = { r->d_xq, d_v, r->d_xs, f->d_w, f->d_ws,
                                   r->d_acc, r->acc_floats, gemv };
     uint8_t *d_q = r->d_xq;
-    void *d_v = NULL; /* (no product reads the bf16 values) */
     bt_status_t status;
 
     if (in == CUDA_F8_IN_NORM)

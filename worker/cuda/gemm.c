@@ -1668,7 +1668,7 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 
             status = cuda_gemv_fp8(
                 n, n_out, ld, a->d_xq + (size_t)t0 * ld,
-                a->d_xs + t0, a->d_wq, a->d_ws,
+                n_tok == 1 ? a->d_xv : NULL, a->d_xs + t0, a->d_wq, a->d_ws,
                 (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
                 stream);
         }

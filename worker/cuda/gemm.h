@@ -67,29 +67,33 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
 /* ---- FP8 (precision fp8; kernels/fp8.h says the layout) ----
  * y (n_tok, n_out) [+]= (xq . wq^T) * xs[t] * ws[n]: E4M3 inputs and
  * weights with rows of ld bytes (cuda_fp8_ld of n_in), f32 sums, y in
- * out_dt.  1..CUDA_GEMV_FP8_MAX_TOK tokens take the FP8 GEMV; more take
- * cuBLASLt's FP8 GEMM (d_xq: n_tok rounded up to 16 rows must be there,
- * the extra ones are read and their products dropped), into the
+ * out_dt.  1..CUDA_GEMV_FP8_MAX_TOK tokens take the FP8 GEMV, which
+ * reads the codes (d_xq), or the bf16 values (d_xv) of a 1-token input
+ * when they are given; more take cuBLASLt's FP8 GEMM, which reads the
+ * codes (d_xq: n_tok rounded up to 16 rows must be
+ * there, the extra ones are read and their products dropped), into the
  * f32 scratch d_acc (acc_floats: at least 16 x cuda_fp8_ld(n_out), more
  * makes fewer calls; else the GEMV takes every shape), then a scaling
  * epilogue.  Safe inside graph capture once the shape was seen
  * (the cuBLASLt plan is built at first use, host work only). */
 typedef struct {
     const uint8_t *d_xq;   /* (n_tok, ld) input codes */
+    const void *d_xv;      /* (1, ld) their bf16 values, or NULL */
     const float *d_xs;     /* (n_tok) input scales */
     const uint8_t *d_wq;   /* (n_out, ld) weight codes */
     const float *d_ws;     /* (n_out) weight scales */
     float *d_acc;          /* f32 sums scratch */
     size_t acc_floats;
     bool gemv;             /* worker_gemm_fp8_gemv's answer for the
-                              shape: the caller asked it to size the
-                              quantization, so the GEMM takes it rather
-                              than asking again */
+                              shape: the caller asked it to know which
+                              input form to make, so the GEMM takes it
+                              rather than asking again */
 } worker_gemm_fp8_t;
 
 /* True when the FP8 GEMV must take this shape (false: cuBLASLt); the
- * caller passes the answer to worker_gemm_fp8 in worker_gemm_fp8_t.gemv.
- * Plans the cuBLASLt shape on first use. */
+ * caller passes the answer to
+ * worker_gemm_fp8 in worker_gemm_fp8_t.gemv.  Plans the cuBLASLt shape on
+ * first use. */
 bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                           int ld, size_t acc_floats);
 bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,

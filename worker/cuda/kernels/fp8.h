@@ -84,13 +84,16 @@ bt_status_t cuda_fp8_scale_out(const float *d_acc, int ld_acc,
 bool cuda_gemv_fp8_ok(int n_tok, int ld);
 
 /* The FP8 GEMV: y (n_tok, n_out) [+]= (xq . wq^T) * xs[t] * ws[n], with
- * d_xq (n_tok, ld) the input codes (cuda_fp8_quant_act), d_wq (n_out,
- * ld) E4M3 codes, f32 sums, y in out_dt.  Tensor-core MMAs over 16-row
- * blocks, the row's chunks split between warps (gemv_fp8.cu says why). */
+ * d_xq (n_tok, ld) the input codes (cuda_fp8_quant_act) and, for one
+ * token, d_xv (1, ld) their bf16 values or NULL; d_wq (n_out, ld) E4M3
+ * codes, f32 sums, y in out_dt.  One token with values: a warp per row
+ * on the f32 FMAs; else tensor-core MMAs over 16-row blocks (gemv_fp8.cu
+ * says why). */
 bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
-                          const float *d_xs, const uint8_t *d_wq,
-                          const float *d_ws, void *d_y, cuda_dtype_t out_dt,
-                          bool accumulate, cudaStream_t stream);
+                          const void *d_xv, const float *d_xs,
+                          const uint8_t *d_wq, const float *d_ws, void *d_y,
+                          cuda_dtype_t out_dt, bool accumulate,
+                          cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -25,7 +25,6 @@
 #include "bt_util.h"
 #include "../cuda_switches.h"
 #include "kern_common.cuh"
-#include "ring_common.cuh"
 #include "tc_common.cuh"
 
 #define GEMV_WARPS 8
@@ -497,12 +496,27 @@ gemv_stream_kernel(int n_out, int n_in, int n_warps, const bf16_t *x,
 #define RING_MAX_STAGES 8
 #define RING_MIN_STAGES 2
 #define RING_MAX_TOK 4
+#define GEMV_SMEM_MAX (226 * 1024)     /* under sm_90's 227 KB opt-in */
 
 static __device__ __forceinline__ uint32_t gemv_smem_u32(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* cp.async.wait_group with a run-time count (0..7). */
+static __device__ __forceinline__ void gemv_cp_wait(int n)
+{
+    switch (n) {
+    case 0: tc_cp_wait<0>(); break;
+    case 1: tc_cp_wait<1>(); break;
+    case 2: tc_cp_wait<2>(); break;
+    case 3: tc_cp_wait<3>(); break;
+    case 4: tc_cp_wait<4>(); break;
+    case 5: tc_cp_wait<5>(); break;
+    case 6: tc_cp_wait<6>(); break;
+    default: tc_cp_wait<7>(); break;
+    }
+}
 
 /* mbarrier + bulk copy (sm_90): one thread arms the barrier with the
  * byte count and issues the copy; the warp waits on the phase parity. */
@@ -690,7 +704,7 @@ gemv_ring_kernel(int n_tok, int n_out, int n_in, int n_stages,
         if (BULK)
             gemv_mbar_wait(&bars[s], (uint32_t)((p / n_stages) & 1));
         else
-            ring_cp_wait(n_stages - 1);
+            gemv_cp_wait(n_stages - 1);
 #pragma unroll
         for (int j = 0; j < RING_LINES; j++) {
             if (j < cnt) { /* warp-uniform */
@@ -828,7 +842,7 @@ gemv_mma_kernel(int n_tok, int n_out, int n_in, int n_stages,
             uint4 xv[NT];
 
             if (ku == 0)
-                ring_cp_wait(n_stages - 1);
+                gemv_cp_wait(n_stages - 1);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int tok = nt * 8 + lg;
@@ -892,15 +906,69 @@ gemv_mma_kernel(int n_tok, int n_out, int n_in, int n_stages,
 // ---------------------------------------------------------------------
 // Launchers
 
+/* Multiprocessors of the current device (cached per device). */
+static int gemv_n_sm(void)
+{
+    static int cache[64];
+    int dev = 0, n = 0;
 
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 132;
+    if (cache[dev] == 0) {
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount,
+                                   dev) != cudaSuccess || n <= 0)
+            n = 132;
+        cache[dev] = n;
+    }
+    return cache[dev];
+}
 
+/* Dynamic shared memory the ring kernels may use on the current device:
+ * GEMV_SMEM_MAX, less where the opt-in limit is lower (1 KB left for
+ * static shared memory).  Cached per device. */
+static size_t gemv_smem_budget(void)
+{
+    static size_t cache[64];
+    int dev = 0, optin = 0;
+
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 48 * 1024;
+    if (cache[dev] == 0) {
+        if (cudaDeviceGetAttribute(&optin,
+                                   cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                   dev) != cudaSuccess || optin <= 0)
+            optin = 48 * 1024;
+        cache[dev] = BT_MIN((size_t)GEMV_SMEM_MAX, (size_t)optin - 1024);
+    }
+    return cache[dev];
+}
+
+/* Raises kernel k's dynamic shared memory limit to gemv_smem_budget()
+ * once per device (bit `slot` of a per-device mask). */
+template <typename K>
+static cudaError_t gemv_smem_attr(K k, int slot)
+{
+    static uint64_t done[64];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+
+    if (err != cudaSuccess)
+        return err;
+    if (dev >= 0 && dev < 64 && (done[dev] >> slot & 1))
+        return cudaSuccess;
+    err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)gemv_smem_budget());
+    if (err == cudaSuccess && dev >= 0 && dev < 64)
+        done[dev] |= 1ull << slot;
+    return err;
+}
 
 /* Blocks and shared memory of the ring kernels: one block per SM (fewer
  * when there are fewer rows), as many stages as fit. */
 static int gemv_ring_stages(size_t fixed)
 {
     size_t per = (size_t)RING_WARPS * (RING_PIECE + 8);
-    size_t budget = ring_smem_budget();
+    size_t budget = gemv_smem_budget();
 
     if (fixed >= budget)
         return 0;
@@ -922,7 +990,7 @@ static size_t gemv_ring_fixed(int n_tok, int n_out, int n_in, int blocks)
 
 static bool gemv_ring_ok(int n_tok, int n_out, int n_in)
 {
-    int blocks = BT_MIN(ring_n_sm(), n_out);
+    int blocks = BT_MIN(gemv_n_sm(), n_out);
 
     return n_tok >= 1 && n_tok <= RING_MAX_TOK && n_in % 256 == 0 &&
            gemv_ring_stages(gemv_ring_fixed(n_tok, n_out, n_in, blocks)) >=
@@ -937,13 +1005,13 @@ static cudaError_t gemv_ring_launch_t(int n_tok, int n_out, int n_in,
                                       cudaStream_t st)
 {
     auto k = gemv_ring_kernel<T, OUT, NORM, BULK>;
-    int blocks = BT_MIN(ring_n_sm(), n_out);
+    int blocks = BT_MIN(gemv_n_sm(), n_out);
     size_t fixed = gemv_ring_fixed(n_tok, n_out, n_in, blocks);
     int stages = gemv_ring_stages(fixed);
     size_t smem = (size_t)RING_WARPS * stages * (RING_PIECE + 8) + fixed;
     int slot = (T == 1 ? 0 : T == 2 ? 1 : 2) * 8 +
                (sizeof(OUT) == 4 ? 4 : 0) + (NORM ? 2 : 0) + (BULK ? 1 : 0);
-    cudaError_t err = ring_smem_attr(k, slot);
+    cudaError_t err = gemv_smem_attr(k, slot);
 
     if (err != cudaSuccess)
         return err;
@@ -992,13 +1060,13 @@ static cudaError_t gemv_mma_launch_t(int n_tok, int n_out, int n_in,
 {
     auto k = gemv_mma_kernel<NT, MW, OUT>;
     int n_groups = (int)BT_DIV_UP(n_out, MW * 16);
-    int blocks = BT_MIN(ring_n_sm(), n_groups);
+    int blocks = BT_MIN(gemv_n_sm(), n_groups);
     size_t fixed = (size_t)2 * NT * 8 * MW * 16 * 4 + 128;
     int stages = gemv_ring_stages(fixed);
     size_t smem = (size_t)RING_WARPS * stages * RING_PIECE + fixed;
     int slot = 24 + (NT == 1 ? 0 : NT == 2 ? 1 : NT == 4 ? 2 : 3) * 4 +
                (MW - 1) * 2 + (sizeof(OUT) == 4 ? 1 : 0);
-    cudaError_t err = ring_smem_attr(k, slot);
+    cudaError_t err = gemv_smem_attr(k, slot);
 
     if (err != cudaSuccess)
         return err;
@@ -1027,7 +1095,7 @@ static void gemv_stream_launch(int n_tok, int n_out, int n_in,
                                const bf16_t *g, float eps, const bf16_t *w,
                                OUT *y, bool acc, cudaStream_t st)
 {
-    int max_warps = ring_n_sm() * GEMV_STREAM_BLOCKS_PER_SM * GEMV_WARPS;
+    int max_warps = gemv_n_sm() * GEMV_STREAM_BLOCKS_PER_SM * GEMV_WARPS;
     int rpw = (int)BT_DIV_UP(n_out, max_warps);
     int n_warps = (int)BT_DIV_UP(n_out, rpw);
     int blocks = (int)BT_DIV_UP(n_warps, GEMV_WARPS);
@@ -1085,7 +1153,7 @@ static void gemv_rows_launch(int n_tok, int n_out, int n_in, const bf16_t *x,
 {
     const int th = GEMV_WARPS * 32;
     const int per_sm = U > 4 ? 2 : (n_tok <= 2 ? 4 : 2);
-    const int wave = ring_n_sm() * per_sm;
+    const int wave = gemv_n_sm() * per_sm;
     const int rpw = GLU ? 1 : gemv_rows_per_warp(n_out, n_in, U, wave);
     const int blocks = (int)BT_DIV_UP(
         n_out, GLU == GEMV_GLU_PAIR ? GEMV_WARPS / 2 : GEMV_WARPS * rpw);
@@ -1216,7 +1284,7 @@ bt_status_t cuda_gemv_prepare(void)
 
 #define GEMV_PREP_RING(T, OUT, NORM, BULK, SLOT)                            \
     if (err == cudaSuccess)                                                 \
-        err = ring_smem_attr(gemv_ring_kernel<T, OUT, NORM, BULK>, SLOT);
+        err = gemv_smem_attr(gemv_ring_kernel<T, OUT, NORM, BULK>, SLOT);
 #define GEMV_PREP_RING4(T, SLOT0)                                           \
     GEMV_PREP_RING(T, bf16_t, false, false, SLOT0 + 0)                      \
     GEMV_PREP_RING(T, bf16_t, false, true, SLOT0 + 1)                       \
@@ -1231,13 +1299,13 @@ bt_status_t cuda_gemv_prepare(void)
     GEMV_PREP_RING4(4, 16)
 #define GEMV_PREP_MMA(NT, NTI)                                              \
     if (err == cudaSuccess)                                                 \
-        err = ring_smem_attr(gemv_mma_kernel<NT, 1, bf16_t>, 24 + NTI * 4); \
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 1, bf16_t>, 24 + NTI * 4); \
     if (err == cudaSuccess)                                                 \
-        err = ring_smem_attr(gemv_mma_kernel<NT, 1, float>, 25 + NTI * 4);  \
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 1, float>, 25 + NTI * 4);  \
     if (err == cudaSuccess)                                                 \
-        err = ring_smem_attr(gemv_mma_kernel<NT, 2, bf16_t>, 26 + NTI * 4); \
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 2, bf16_t>, 26 + NTI * 4); \
     if (err == cudaSuccess)                                                 \
-        err = ring_smem_attr(gemv_mma_kernel<NT, 2, float>, 27 + NTI * 4);
+        err = gemv_smem_attr(gemv_mma_kernel<NT, 2, float>, 27 + NTI * 4);
     GEMV_PREP_MMA(1, 0)
     GEMV_PREP_MMA(2, 1)
     GEMV_PREP_MMA(4, 2)
