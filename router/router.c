@@ -89,6 +89,16 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
                           cfg->kv_weights);
         goto err_free;
     }
+    if (cfg->tokenizer != NULL) {
+        status = tok_load(cfg->tokenizer, 0, &r->tok);
+        if (status != BT_OK)
+            goto err_free;
+        r->tok_id = tok_identity(r->tok);
+        BT_LOG_INFO("ROUTER", "tokenizer %s (%s, identity %016llx): text "
+                    "prompts are tokenized here for workers of the same "
+                    "identity", cfg->tokenizer, tok_kind_name(r->tok),
+                    (unsigned long long)r->tok_id);
+    }
     {
         router_kvindex_config_t kc;
 
@@ -203,6 +213,7 @@ err_ctx:
     zmq_ctx_term(r->ctx);
 err_free:
     router_kvindex_destroy(&r->kvindex);
+    tok_destroy(&r->tok);
     bt_free(r);
     return status;
 }
@@ -226,6 +237,7 @@ void router_destroy(router_t **router_p)
     router__zap_destroy(r);
     zmq_ctx_term(r->ctx);
     router_kvindex_destroy(&r->kvindex);
+    tok_destroy(&r->tok);
     bt_free(r);
     *router_p = NULL;
 }

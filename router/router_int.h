@@ -12,6 +12,7 @@
 #include "bt_buf.h"
 #include "bt_prom.h"
 #include "bt_zmq.h"
+#include "model/tokenizer.h"
 #include "proto_batch.h"
 #include "proto_msg.h"
 #include "router.h"
@@ -95,6 +96,7 @@ typedef struct {
     char kv_dtype[ROUTER_KV_DTYPE_MAX]; /* Register.kv_dtype, "" = none */
     char precision[ROUTER_KV_DTYPE_MAX]; /* Register.precision ("f32",
                                  "bf16", "fp8"), "" = none (null model) */
+    uint64_t tokenizer_id;    /* Register.tokenizer_id, 0 = none */
     bool has_gpu;             /* KV pool in GPU memory */
     bool gpu_ipc;             /* CUDA IPC usable on its side */
     int gpu_device;           /* CUDA ordinal */
@@ -179,6 +181,9 @@ struct router_req_s {
     int n_prompt;
     uint8_t *prompt_text;      /* (text_len) when given as text */
     size_t text_len;
+    bool ids_from_text;        /* prompt_ids are the router's --tokenizer
+                                  encoding of prompt_text, not yet
+                                  confirmed by a worker (PrefillDone) */
     bool add_bos;
     Baton__SamplingParams sampling;
     int max_tokens;
@@ -444,6 +449,10 @@ struct router_s {
      * their KvEvents (slot = index in workers[]); the kv-aware policy
      * scores by it. */
     router_kvindex_t *kvindex;
+    /* --tokenizer (issue 38): text prompts tokenized at admission, for
+     * the kv-aware pick and the decode worker's prefix match; NULL: none */
+    tok_t *tok;
+    uint64_t tok_id;            /* tok_identity(tok), 0 without one */
     router_kv_weights_t kv_weights; /* cfg.kv_weights parsed */
     uint64_t kv_event_batches;  /* KvEvents applied */
     uint64_t kv_resyncs;        /* KvResyncRequests sent */
