@@ -180,7 +180,9 @@ void router__dispatch(router_t *r)
          * now (ERROR_TOO_LONG) instead of retrying until the queue
          * timeout; one that fits a pool but not its free blocks stays
          * queued below (head-of-line, priority order kept). */
-        if (router__req_never_fits(r, req, req->prompt_ids ? n_tokens : 1,
+        if (router__req_never_fits(r, req,
+                                   req->prompt_ids != NULL &&
+                                   !req->ids_from_text ? n_tokens : 1,
                                    why, sizeof(why))) {
             router__req_fail(r, req, BATON__ERROR_CODE__ERROR_TOO_LONG, why);
             continue; /* removed from the queue: queue[i] is the next */
@@ -210,8 +212,15 @@ void router__dispatch(router_t *r)
             i++;
             continue;
         }
-        if (req->prompt_ids == NULL && d->max_context > 0)
-            n_tokens = BT_MIN(n_tokens, (int)d->max_context);
+        /* A text prompt: the worker's tokens, at most one a byte.  The
+         * router's --tokenizer ids count only for a prefill worker that
+         * takes them (req_ids_for): another tokenizer's may be more. */
+        req->reserved_by_ids = req->ids_from_text && req_ids_for(r, req, p);
+        if (!req_ids_for(r, req, p)) {
+            n_tokens = router__req_text_tokens(req);
+            if (d->max_context > 0)
+                n_tokens = BT_MIN(n_tokens, (int)d->max_context);
+        }
         blocks = router__blocks_needed(d, n_tokens);
         router__queue_remove(r, req); /* shifts queue[i+1..] down */
         router__queue_dispatched(r, req);
@@ -420,6 +429,9 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         p = r->policy->pick_prefill(r, req, &pair, &p_cached);
         if (p == NULL && r->aggregate >= 1 && w->can_prefill)
             p = w; /* aggregated: the decode worker prefills it */
+        if (p != NULL && req->reserved_by_ids && !req_ids_for(r, req, p))
+            p = NULL; /* it would tokenize the text: maybe past the
+                         reservation sized by the router's ids */
         if (p == NULL) {
             router__send_kv_release(r, w, req->id, req->epoch);
             req->state = ROUTER_REQ_RESERVING;

@@ -184,6 +184,8 @@ struct router_req_s {
     bool ids_from_text;        /* prompt_ids are the router's --tokenizer
                                   encoding of prompt_text, not yet
                                   confirmed by a worker (PrefillDone) */
+    bool reserved_by_ids;      /* ... and the KV reservation was sized by
+                                  them (its prefill worker takes ids) */
     bool add_bos;
     Baton__SamplingParams sampling;
     int max_tokens;
@@ -589,6 +591,8 @@ void router__req_complete(router_t *r, router_req_t *req,
 bool router__req_append_generated(router_req_t *req, const int *ids, int n);
 /* Tokens the request's next prefill covers (an upper bound for text). */
 int router__req_prefill_tokens(const router_req_t *req);
+/* The upper bound of a text prompt's tokens (a worker tokenizes it). */
+int router__req_text_tokens(const router_req_t *req);
 /* The stop ids a request's decode obeys (its own + the model's EOS);
  * buf holds PROTO_MAX_STOP + ROUTER_MAX_EOS. */
 int router__req_stop_ids(const router_req_t *req, const router_worker_t *d,
