@@ -59,6 +59,7 @@ void router_config_init(router_config_t *cfg)
     cfg->metrics_port = -1;
     cfg->metrics_host = "127.0.0.1";
     cfg->stall_ms = 10000;
+    cfg->tokenize_max_bytes = 16384;
     cfg->phase_ms = 10000;
 }
 
@@ -134,6 +135,11 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER",
                           "max_queue, heartbeat_ms, heartbeat_miss, "
                           "stall_ms and phase_ms must be positive");
+        goto err_free;
+    }
+    if (cfg->tokenize_max_bytes < 0) {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER",
+                          "--tokenize-max-bytes must not be negative");
         goto err_free;
     }
     /* Request ids carry 23 random bits of this instance above a 40-bit

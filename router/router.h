@@ -49,6 +49,9 @@ typedef struct {
                              * here for routing and KvReserve, and sent
                              * as ids to workers of the same identity;
                              * NULL: text prompts go as text */
+    int tokenize_max_bytes; /* --tokenizer: longer texts go as text (the
+                             * router's one thread tokenizes, ~0.1-0.3 us
+                             * a byte; 16384) */
     int heartbeat_ms;       /* interval workers are told to use (250) */
     int heartbeat_miss;     /* silent intervals before a drop (4) */
     int max_queue;          /* admission bound (1024) */

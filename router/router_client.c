@@ -284,13 +284,15 @@ static uint64_t shed_stale(router_t *r, uint64_t now)
  * stay the router's guess (ids_from_text) until a worker's PrefillDone
  * confirms them; a worker of another tokenizer identity gets the text.
  * Text that does not encode, or encodes past the protocol's bound, stays
- * a text prompt: the worker answers it as without --tokenizer. */
+ * a text prompt: the worker answers it as without --tokenizer; so does
+ * text over --tokenize-max-bytes (the cost is about linear in bytes, and
+ * this is the router's one thread). */
 static void req_tokenize_text(router_t *r, router_req_t *req, bool add_bos)
 {
     int *ids = NULL;
     int n = 0;
 
-    if (r->tok == NULL)
+    if (r->tok == NULL || req->text_len > (size_t)r->cfg.tokenize_max_bytes)
         return;
     if (tok_encode(r->tok, (const char *)req->prompt_text, req->text_len,
                    add_bos, &ids, &n) != BT_OK) {

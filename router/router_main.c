@@ -43,6 +43,7 @@ static void usage(FILE *out)
         "                       decode-side prefix hits see their ids; sent\n"
         "                       as ids only to workers that loaded the same\n"
         "                       tokenizer bytes (Register.tokenizer_id)\n"
+        "  --tokenize-max-bytes N  longer text prompts go as text (16384)\n"
         "  --kv-transport MODE  auto (default) | ucx | cuda-ipc | ucx-stage |\n"
         "                       inline: KV transport per prefill/decode pair\n"
         "                       (auto: CUDA IPC on one host with GPU pools,\n"
@@ -118,6 +119,7 @@ int main(int argc, char **argv)
         { "policy", required_argument, 0, 'p' },
         { "kv-weights", required_argument, 0, 1007 },
         { "tokenizer", required_argument, 0, 1008 },
+        { "tokenize-max-bytes", required_argument, 0, 1009 },
         { "kv-transport", required_argument, 0, 'X' },
         { "aggregate", required_argument, 0, 'A' },
         { "heartbeat-ms", required_argument, 0, 'H' },
@@ -189,6 +191,7 @@ int main(int argc, char **argv)
         case 1006: cfg.insecure = true; break;
         case 1007: cfg.kv_weights = optarg; break;
         case 1008: cfg.tokenizer = optarg; break;
+        case 1009: ret = parse_int_opt("--tokenize-max-bytes", optarg, &cfg.tokenize_max_bytes); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
