@@ -39,6 +39,26 @@ typedef struct {
     double sent, received, held;
 } pt_counts_t;
 
+/* Prompt tokens found cached, all three workers together, once two
+ * scrapes 100 ms apart agree (a worker publishes its counters once a
+ * turn: the last request's may be on the way). */
+static double hit_tokens(int pm, const int dm[2])
+{
+    const char *name = "baton_worker_prefix_hit_tokens_total";
+    double last = -1;
+
+    for (int t = 0; t < 30; t++) {
+        double v = prom_scrape(pm, name) + prom_scrape(dm[0], name) +
+                   prom_scrape(dm[1], name);
+        if (v == last)
+            return v;
+        last = v;
+        usleep(100000);
+    }
+    BT_TEST_FAIL("baton_worker_prefix_hit_tokens_total never settled");
+    return -1;
+}
+
 static void counts(int pm, int dm0, int dm1, pt_counts_t *c)
 {
     c->sent = prom_scrape(pm, "baton_worker_kv_blocks_sent_total");
@@ -182,7 +202,7 @@ int main(void)
     char text[N_REQ][256];
     int ids[N_REQ][CU_MAX_IDS], n_ids[N_REQ];
     int rport, pm, dm[2], home = -1, n_prefix_blocks;
-    double held_text = 0, held_ids = 0;
+    double held_text = 0, held_ids = 0, hits[2];
     client_t *c = NULL;
     tok_t *tok = NULL;
 
@@ -245,6 +265,7 @@ int main(void)
         double *held_sum = pass == 0 ? &held_text : &held_ids;
 
         home = -1;
+        hits[pass] = -hit_tokens(pm, dm);
         for (int i = 0; i < N_REQ; i++) {
             cu_result_t res;
             pt_counts_t d;
@@ -283,10 +304,13 @@ int main(void)
                              "hit)", salt, i, d.held, n_prefix_blocks);
             *held_sum += d.held;
         }
+        hits[pass] += hit_tokens(pm, dm);
     }
-    fprintf(stderr, "blocks held at the grant: text %g, ids %g\n",
-            held_text, held_ids);
+    fprintf(stderr, "blocks held at the grant: text %g, ids %g; prompt "
+            "tokens hit (baton_worker_prefix_hit_tokens_total): text %g, "
+            "ids %g\n", held_text, held_ids, hits[0], hits[1]);
     BT_ASSERT_EQ((int)held_text, (int)held_ids);
+    BT_ASSERT_EQ((int)hits[0], (int)hits[1]);
 
     client_destroy(&c);
     other_tokenizer(model, tokf, text[1]);
