@@ -46,6 +46,7 @@
 #define BENCH_MAX_CODES 32          /* distinct error codes counted */
 #define BENCH_FIRST_ERRORS 5        /* error messages kept */
 #define BENCH_MAX_LEN (1 << 20)     /* a prompt or output length bound */
+#define BENCH_WORD_MAX 4            /* --text: bytes a prompt id becomes */
 #define BENCH_MAX_RATES 64          /* --rates entries */
 
 enum { BR_IDLE, BR_FLIGHT, BR_DONE, BR_FAILED };
@@ -164,6 +165,8 @@ typedef struct bench_s {
     bench_first_t first[BENCH_FIRST_ERRORS];
     int n_first;
     int *prompt;            /* scratch ids */
+    bool text;              /* --text: prompts go as text */
+    char *text_buf;         /* (max prompt len * BENCH_WORD_MAX) scratch */
     char *body;             /* scratch HTTP body */
     size_t body_cap;
     uint64_t rng_len, rng_arrival, rng_prompt;
@@ -473,6 +476,22 @@ static int rid_get(const bench_t *b, uint64_t rid)
     return -1;
 }
 
+/* --text: ids[1..n) as text, each a space and two letters (26 * 26
+ * words; the leading 1 is the BOS the worker adds), so prompts that
+ * share ids share a text prefix.  The worker's tokens are not the ids. */
+static const char *prompt_text(bench_t *b, const int *ids, int n)
+{
+    char *p = b->text_buf;
+
+    for (int k = 1; k < n; k++) {
+        *p++ = ' ';
+        *p++ = (char)('a' + ids[k] % 26);
+        *p++ = (char)('a' + ids[k] / 26 % 26);
+    }
+    *p = '\0';
+    return b->text_buf;
+}
+
 static void zmq_submit(bench_t *b, int i)
 {
     bench_req_t *r = &b->reqs[i];
@@ -480,8 +499,12 @@ static void zmq_submit(bench_t *b, int i)
 
     client_request_init(&req);
     make_prompt(b, i, r->plen);
-    req.prompt_ids = b->prompt;
-    req.n_prompt_ids = r->plen;
+    if (b->text) {
+        req.prompt = prompt_text(b, b->prompt, r->plen);
+    } else {
+        req.prompt_ids = b->prompt;
+        req.n_prompt_ids = r->plen;
+    }
     req.max_tokens = r->olen;
     req.ignore_eos = b->ignore_eos;
     req.want_text = false;
@@ -1333,6 +1356,9 @@ static void bench_usage(FILE *out)
 "  --lengths-file FILE  lines \"PROMPT OUTPUT\" (# comments), used in\n"
 "                       order, cycling\n"
 "  --vocab V            prompt ids are 1 then uniform in [3, V)\n"
+"  --text               (--router) prompts as text: each id after the\n"
+"                       first a space and two letters (the worker, or\n"
+"                       a router with --tokenizer, tokenizes them)\n"
 "                       (default 256)\n"
 "  --no-ignore-eos      stop at EOS (default: EOS ignored, exact lengths)\n"
 "Shared-prefix traffic (prefix caching):\n"
@@ -1489,6 +1515,7 @@ static void bench_cleanup(bench_t *b)
     BT_FREE(b->itl);
     BT_FREE(b->bucket);
     BT_FREE(b->prompt);
+    BT_FREE(b->text_buf);
     BT_FREE(b->body);
     BT_FREE(b->file_len);
 }
@@ -1501,7 +1528,7 @@ int cli_bench_main(int argc, char **argv)
         O_JSON = 'j', O_VOCAB = 'V', O_SEED = 's', O_HELP = 'h',
         O_RATES = 1000, O_BURST, O_HTTP, O_MODEL, O_LFILE, O_WARMUP,
         O_TIMEOUT, O_PLOT, O_NO_PROGRESS, O_NO_IGNORE_EOS, O_SHARED,
-        O_SESSIONS, O_PRECISION
+        O_SESSIONS, O_PRECISION, O_TEXT
     };
     static const struct option opts[] = {
         { "router", required_argument, NULL, O_ROUTER },
@@ -1528,6 +1555,7 @@ int cli_bench_main(int argc, char **argv)
         { "shared-prefix-len", required_argument, NULL, O_SHARED },
         { "sessions", required_argument, NULL, O_SESSIONS },
         { "precision", required_argument, NULL, O_PRECISION },
+        { "text", no_argument, NULL, O_TEXT },
         { "help", no_argument, NULL, O_HELP },
         { NULL, 0, NULL, 0 }
     };
@@ -1617,6 +1645,7 @@ int cli_bench_main(int argc, char **argv)
             b.precision = proto_precision_find(optarg);
             bad = b.precision == NULL;
             break;
+        case O_TEXT: b.text = true; break;
         case O_HELP: bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;
         }
@@ -1640,6 +1669,10 @@ int cli_bench_main(int argc, char **argv)
         bench_usage(stderr);
         return 2;
     }
+    if (b.text && b.http != NULL) {
+        fprintf(stderr, "baton bench: --text is for --router only\n");
+        return 2;
+    }
     if (!have_rate) {
         b.rates[0] = 0; /* closed loop */
         b.n_rates = 1;
@@ -1654,8 +1687,11 @@ int cli_bench_main(int argc, char **argv)
     max_plen = workload_plen(&b, n_max - 1, b.plen_max);
     b.reqs = bt_calloc((size_t)n_max, sizeof(*b.reqs), "bench");
     b.prompt = bt_malloc((size_t)max_plen * sizeof(int), "bench");
+    if (b.text)
+        b.text_buf = bt_malloc((size_t)max_plen * BENCH_WORD_MAX + 1,
+                               "bench");
     res = bt_calloc((size_t)b.n_rates, sizeof(*res), "bench");
-    if (!b.reqs || !b.prompt || !res)
+    if (!b.reqs || !b.prompt || !res || (b.text && !b.text_buf))
         goto out;
     if (b.router != NULL) {
         b.rid_cap = 64;

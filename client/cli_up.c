@@ -525,10 +525,14 @@ int cli_up_main(int argc, char **argv)
 
     {
         char mport[16];
-        char *args[16] = { NULL, "--listen", listen_ep, "--control",
+        char *args[20] = { NULL, "--listen", listen_ep, "--control",
                            control_ep, "--kv-transport", (char *)kv_transport,
                            NULL };
         int a = 7;
+        if (tokenizer != NULL) { /* the workers': text prompts' ids */
+            args[a++] = "--tokenizer";
+            args[a++] = (char *)tokenizer;
+        }
         if (metrics_port > 0) {
             snprintf(mport, sizeof(mport), "%d", metrics_port);
             args[a++] = "--metrics-port";

@@ -59,6 +59,7 @@ void router_config_init(router_config_t *cfg)
     cfg->metrics_port = -1;
     cfg->metrics_host = "127.0.0.1";
     cfg->stall_ms = 10000;
+    cfg->tokenize_max_bytes = 16384;
     cfg->phase_ms = 10000;
 }
 
@@ -88,6 +89,16 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
                           "'%s' (overlap=X,load=Y, not negative)",
                           cfg->kv_weights);
         goto err_free;
+    }
+    if (cfg->tokenizer != NULL) {
+        status = tok_load(cfg->tokenizer, 0, &r->tok);
+        if (status != BT_OK)
+            goto err_free;
+        r->tok_id = tok_identity(r->tok);
+        BT_LOG_INFO("ROUTER", "tokenizer %s (%s, identity %016llx): text "
+                    "prompts are tokenized here for workers of the same "
+                    "identity", cfg->tokenizer, tok_kind_name(r->tok),
+                    (unsigned long long)r->tok_id);
     }
     {
         router_kvindex_config_t kc;
@@ -124,6 +135,11 @@ bt_status_t router_create(const router_config_t *cfg, router_t **router_p)
         status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER",
                           "max_queue, heartbeat_ms, heartbeat_miss, "
                           "stall_ms and phase_ms must be positive");
+        goto err_free;
+    }
+    if (cfg->tokenize_max_bytes < 0) {
+        status = BT_ERROR(BT_ERR_INVALID_ARG, "ROUTER",
+                          "--tokenize-max-bytes must not be negative");
         goto err_free;
     }
     /* Request ids carry 23 random bits of this instance above a 40-bit
@@ -203,6 +219,7 @@ err_ctx:
     zmq_ctx_term(r->ctx);
 err_free:
     router_kvindex_destroy(&r->kvindex);
+    tok_destroy(&r->tok);
     bt_free(r);
     return status;
 }
@@ -226,6 +243,7 @@ void router_destroy(router_t **router_p)
     router__zap_destroy(r);
     zmq_ctx_term(r->ctx);
     router_kvindex_destroy(&r->kvindex);
+    tok_destroy(&r->tok);
     bt_free(r);
     *router_p = NULL;
 }

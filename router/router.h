@@ -44,6 +44,14 @@ typedef struct {
                              * "kv-aware" (decode workers by expected
                              * prefix-cache overlap against load) */
     const char *kv_weights; /* kv-aware: "overlap=X,load=Y" (NULL: 1,1) */
+    const char *tokenizer;  /* the workers' tokenizer (file or HF model
+                             * directory): text prompts are tokenized
+                             * here for routing and KvReserve, and sent
+                             * as ids to workers of the same identity;
+                             * NULL: text prompts go as text */
+    int tokenize_max_bytes; /* --tokenizer: longer texts go as text (the
+                             * router's one thread tokenizes, ~0.1-0.3 us
+                             * a byte; 16384) */
     int heartbeat_ms;       /* interval workers are told to use (250) */
     int heartbeat_miss;     /* silent intervals before a drop (4) */
     int max_queue;          /* admission bound (1024) */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_error.h"
 #include "bt_log.h"
 #include "bt_proto.h"
 #include "bt_util.h"
@@ -277,6 +278,37 @@ static uint64_t shed_stale(router_t *r, uint64_t now)
     return oldest;
 }
 
+/* --tokenizer (issue 38): req's text prompt encoded exactly as a worker
+ * encodes PrefillTask.prompt_text (tok_encode with the request's add_bos),
+ * so the kv-aware pick and KvReserve see its ids on the first try.  They
+ * stay the router's guess (ids_from_text) until a worker's PrefillDone
+ * confirms them; a worker of another tokenizer identity gets the text.
+ * Text that does not encode, or encodes past the protocol's bound, stays
+ * a text prompt: the worker answers it as without --tokenizer; so does
+ * text over --tokenize-max-bytes (the cost is about linear in bytes, and
+ * this is the router's one thread). */
+static void req_tokenize_text(router_t *r, router_req_t *req, bool add_bos)
+{
+    int *ids = NULL;
+    int n = 0;
+
+    if (r->tok == NULL || req->text_len > (size_t)r->cfg.tokenize_max_bytes)
+        return;
+    if (tok_encode(r->tok, (const char *)req->prompt_text, req->text_len,
+                   add_bos, &ids, &n) != BT_OK) {
+        BT_LOG_DEBUG("ROUTER", "text prompt not tokenized here (%s): the "
+                     "worker tokenizes it", bt_error_last());
+        return;
+    }
+    if (n <= 0 || (size_t)n > PROTO_MAX_PROMPT_TOKENS) {
+        bt_free(ids);
+        return;
+    }
+    req->prompt_ids = ids;
+    req->n_prompt = n;
+    req->ids_from_text = true;
+}
+
 static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
                         const Baton__GenerateRequest *g)
 {
@@ -382,6 +414,8 @@ static void on_generate(router_t *r, const uint8_t *cid, size_t cid_len,
         if (req->prompt_text != NULL)
             memcpy(req->prompt_text, g->prompt.data, g->prompt.len);
         req->text_len = g->prompt.len;
+        if (req->prompt_text != NULL)
+            req_tokenize_text(r, req, g->add_bos);
     }
     if (g->n_stop_ids > 0) {
         req->stop_ids = bt_malloc(g->n_stop_ids * sizeof(int), "router_stop");

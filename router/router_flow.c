@@ -130,6 +130,19 @@ static bool pick_pair(router_t *r, const router_req_t *req, int n_tokens,
     return true;
 }
 
+/* True when req's prompt ids may go to prefill worker p: ids the client
+ * sent or a worker confirmed, or the router's --tokenizer encoding of
+ * its text when p encodes with a tokenizer of the same identity (the
+ * same bytes: the same ids).  Otherwise p gets the text, and the ids
+ * stay a routing guess that no KV reservation is matched against. */
+static bool req_ids_for(const router_t *r, const router_req_t *req,
+                        const router_worker_t *p)
+{
+    return req->prompt_ids != NULL &&
+           (!req->ids_from_text ||
+            (r->tok_id != 0 && p->tokenizer_id == r->tok_id));
+}
+
 /* True when `precision` is in blocked[0..n): a request of that class
  * waits, so later ones of it wait behind it. */
 static bool class_blocked(const char *const *blocked, int n,
@@ -167,7 +180,9 @@ void router__dispatch(router_t *r)
          * now (ERROR_TOO_LONG) instead of retrying until the queue
          * timeout; one that fits a pool but not its free blocks stays
          * queued below (head-of-line, priority order kept). */
-        if (router__req_never_fits(r, req, req->prompt_ids ? n_tokens : 1,
+        if (router__req_never_fits(r, req,
+                                   req->prompt_ids != NULL &&
+                                   !req->ids_from_text ? n_tokens : 1,
                                    why, sizeof(why))) {
             router__req_fail(r, req, BATON__ERROR_CODE__ERROR_TOO_LONG, why);
             continue; /* removed from the queue: queue[i] is the next */
@@ -197,8 +212,15 @@ void router__dispatch(router_t *r)
             i++;
             continue;
         }
-        if (req->prompt_ids == NULL && d->max_context > 0)
-            n_tokens = BT_MIN(n_tokens, (int)d->max_context);
+        /* A text prompt: the worker's tokens, at most one a byte.  The
+         * router's --tokenizer ids count only for a prefill worker that
+         * takes them (req_ids_for): another tokenizer's may be more. */
+        req->reserved_by_ids = req->ids_from_text && req_ids_for(r, req, p);
+        if (!req_ids_for(r, req, p)) {
+            n_tokens = router__req_text_tokens(req);
+            if (d->max_context > 0)
+                n_tokens = BT_MIN(n_tokens, (int)d->max_context);
+        }
         blocks = router__blocks_needed(d, n_tokens);
         router__queue_remove(r, req); /* shifts queue[i+1..] down */
         router__queue_dispatched(r, req);
@@ -246,7 +268,7 @@ void router__dispatch(router_t *r)
         /* Disaggregated: the decode worker pins what its prefix cache
          * holds of the prompt and the hand-off skips it (issue 38).  A
          * worker that prefills its own request matches at the task. */
-        if (p != d && req->prompt_ids != NULL &&
+        if (p != d && req_ids_for(r, req, p) &&
             n_tokens == req->n_prompt + req->n_generated) {
             ids = bt_malloc((size_t)n_tokens * sizeof(int), "router_task_ids");
             if (ids != NULL) {
@@ -407,6 +429,9 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         p = r->policy->pick_prefill(r, req, &pair, &p_cached);
         if (p == NULL && r->aggregate >= 1 && w->can_prefill)
             p = w; /* aggregated: the decode worker prefills it */
+        if (p != NULL && req->reserved_by_ids && !req_ids_for(r, req, p))
+            p = NULL; /* it would tokenize the text: maybe past the
+                         reservation sized by the router's ids */
         if (p == NULL) {
             router__send_kv_release(r, w, req->id, req->epoch);
             req->state = ROUTER_REQ_RESERVING;
@@ -419,7 +444,7 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
     }
     task.has_request_id = 1;
     task.request_id = req->id;
-    if (req->prompt_ids != NULL) {
+    if (req_ids_for(r, req, p)) {
         n_ids = req->n_prompt + req->n_generated;
         ids = bt_malloc((size_t)n_ids * sizeof(int), "router_task_ids");
         if (ids == NULL) {
@@ -532,6 +557,22 @@ void router__on_prefill_done(router_t *r, router_worker_t *w,
     }
     req->t_prefill_done = bt_time_ns();
     req->transfer_us += done->transfer_us;
+    if (req->ids_from_text && done->n_prompt_ids == (size_t)req->n_prompt &&
+        memcmp(done->prompt_ids, req->prompt_ids,
+               (size_t)req->n_prompt * sizeof(int)) == 0) {
+        req->ids_from_text = false; /* the worker encoded them the same */
+    } else if (req->ids_from_text) {
+        /* A worker of another tokenizer had the text: its ids are the
+         * prompt (what it computed); the router's guess goes. */
+        BT_LOG_DEBUG("ROUTER", "request %llu: the prefill worker's ids "
+                     "differ from --tokenizer's (%zu vs %d): its are kept",
+                     (unsigned long long)req->id, done->n_prompt_ids,
+                     req->n_prompt);
+        bt_free(req->prompt_ids);
+        req->prompt_ids = NULL;
+        req->n_prompt = 0;
+        req->ids_from_text = false;
+    }
     if (req->prompt_ids == NULL) {
         if (done->n_prompt_ids == 0) {
             router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,

@@ -12,6 +12,7 @@
 #include "bt_buf.h"
 #include "bt_prom.h"
 #include "bt_zmq.h"
+#include "model/tokenizer.h"
 #include "proto_batch.h"
 #include "proto_msg.h"
 #include "router.h"
@@ -95,6 +96,7 @@ typedef struct {
     char kv_dtype[ROUTER_KV_DTYPE_MAX]; /* Register.kv_dtype, "" = none */
     char precision[ROUTER_KV_DTYPE_MAX]; /* Register.precision ("f32",
                                  "bf16", "fp8"), "" = none (null model) */
+    uint64_t tokenizer_id;    /* Register.tokenizer_id, 0 = none */
     bool has_gpu;             /* KV pool in GPU memory */
     bool gpu_ipc;             /* CUDA IPC usable on its side */
     int gpu_device;           /* CUDA ordinal */
@@ -179,6 +181,11 @@ struct router_req_s {
     int n_prompt;
     uint8_t *prompt_text;      /* (text_len) when given as text */
     size_t text_len;
+    bool ids_from_text;        /* prompt_ids are the router's --tokenizer
+                                  encoding of prompt_text, not yet
+                                  confirmed by a worker (PrefillDone) */
+    bool reserved_by_ids;      /* ... and the KV reservation was sized by
+                                  them (its prefill worker takes ids) */
     bool add_bos;
     Baton__SamplingParams sampling;
     int max_tokens;
@@ -444,6 +451,10 @@ struct router_s {
      * their KvEvents (slot = index in workers[]); the kv-aware policy
      * scores by it. */
     router_kvindex_t *kvindex;
+    /* --tokenizer (issue 38): text prompts tokenized at admission, for
+     * the kv-aware pick and the decode worker's prefix match; NULL: none */
+    tok_t *tok;
+    uint64_t tok_id;            /* tok_identity(tok), 0 without one */
     router_kv_weights_t kv_weights; /* cfg.kv_weights parsed */
     uint64_t kv_event_batches;  /* KvEvents applied */
     uint64_t kv_resyncs;        /* KvResyncRequests sent */
@@ -580,6 +591,8 @@ void router__req_complete(router_t *r, router_req_t *req,
 bool router__req_append_generated(router_req_t *req, const int *ids, int n);
 /* Tokens the request's next prefill covers (an upper bound for text). */
 int router__req_prefill_tokens(const router_req_t *req);
+/* The upper bound of a text prompt's tokens (a worker tokenizes it). */
+int router__req_text_tokens(const router_req_t *req);
 /* The stop ids a request's decode obeys (its own + the model's EOS);
  * buf holds PROTO_MAX_STOP + ROUTER_MAX_EOS. */
 int router__req_stop_ids(const router_req_t *req, const router_worker_t *d,

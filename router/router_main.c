@@ -37,6 +37,13 @@ static void usage(FILE *out)
         "                       ids only, text prompts: least-loaded)\n"
         "  --kv-weights overlap=X,load=Y  kv-aware score per cached prompt\n"
         "                       token and per outstanding token (1,1)\n"
+        "  --tokenizer PATH     the workers' tokenizer (file or model dir;\n"
+        "                       env BATON_TOKENIZER): text prompts are\n"
+        "                       tokenized here, so kv-aware routing and\n"
+        "                       decode-side prefix hits see their ids; sent\n"
+        "                       as ids only to workers that loaded the same\n"
+        "                       tokenizer bytes (Register.tokenizer_id)\n"
+        "  --tokenize-max-bytes N  longer text prompts go as text (16384)\n"
         "  --kv-transport MODE  auto (default) | ucx | cuda-ipc | ucx-stage |\n"
         "                       inline: KV transport per prefill/decode pair\n"
         "                       (auto: CUDA IPC on one host with GPU pools,\n"
@@ -111,6 +118,8 @@ int main(int argc, char **argv)
         { "control", required_argument, 0, 'c' },
         { "policy", required_argument, 0, 'p' },
         { "kv-weights", required_argument, 0, 1007 },
+        { "tokenizer", required_argument, 0, 1008 },
+        { "tokenize-max-bytes", required_argument, 0, 1009 },
         { "kv-transport", required_argument, 0, 'X' },
         { "aggregate", required_argument, 0, 'A' },
         { "heartbeat-ms", required_argument, 0, 'H' },
@@ -151,6 +160,7 @@ int main(int argc, char **argv)
         parse_int_opt("BATON_METRICS_PORT", getenv("BATON_METRICS_PORT"),
                       &cfg.metrics_port) != 0)
         return 2;
+    cfg.tokenizer = env_nonempty("BATON_TOKENIZER");
     cfg.curve_secret_key = env_nonempty("BATON_CURVE_SECRET_KEY");
     cfg.allow_workers = env_nonempty("BATON_ALLOW_WORKERS");
     cfg.allow_clients = env_nonempty("BATON_ALLOW_CLIENTS");
@@ -180,6 +190,8 @@ int main(int argc, char **argv)
         case 1005: cfg.allow_clients = optarg; break;
         case 1006: cfg.insecure = true; break;
         case 1007: cfg.kv_weights = optarg; break;
+        case 1008: cfg.tokenizer = optarg; break;
+        case 1009: ret = parse_int_opt("--tokenize-max-bytes", optarg, &cfg.tokenize_max_bytes); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -404,6 +404,7 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
              reg->kv_dtype != NULL ? reg->kv_dtype : "");
     snprintf(w->precision, sizeof(w->precision), "%s",
              proto_precision_find(reg->precision));
+    w->tokenizer_id = reg->has_tokenizer_id ? reg->tokenizer_id : 0;
     w->has_gpu = reg->gpu != NULL;
     w->gpu_ipc = reg->gpu != NULL && reg->gpu->ipc;
     w->gpu_device = reg->gpu != NULL ? reg->gpu->device_index : -1;

@@ -336,6 +336,11 @@ int router__req_prefill_tokens(const router_req_t *req)
 {
     if (req->prompt_ids != NULL)
         return req->n_prompt + req->n_generated;
+    return router__req_text_tokens(req);
+}
+
+int router__req_text_tokens(const router_req_t *req)
+{
     return (int)BT_MIN(req->text_len + 2, (size_t)PROTO_MAX_PROMPT_TOKENS);
 }
 

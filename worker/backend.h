@@ -354,12 +354,14 @@ bt_status_t backend_kv_copy_slots(backend_t *backend, int n,
 /* ---- Host tier of the prefix cache (issue 38 item 4) ----
  * A block's K and V of every layer copied out of the pool to host memory
  * and back: host[i] holds backend_kv_host_block_bytes() bytes, layer 0
- * K, layer 0 V, layer 1 K, ...  Both calls are complete on return: after
- * a save the bytes are in host memory, after a load the blocks hold
- * them before any later forward reads them (cuda: copies on the compute
- * stream, then synchronized).  BT_ERR_INVALID_ARG (nothing copied) for
- * n < 0 or a block outside the pool; BT_ERR_UNSUPPORTED with tp > 1 or
- * a backend without the copies. */
+ * K, layer 0 V, layer 1 K, ...  After a save the bytes are in host
+ * memory.  After a load the blocks hold them before any later forward or
+ * KV copy of this backend reads them; the load may still be reading the
+ * host memory (cuda: a copy stream the compute stream waits for), so the
+ * caller changes it only through later saves and frees it only after
+ * backend_host_pin(false) or backend_destroy, which wait for it.
+ * BT_ERR_INVALID_ARG (nothing copied) for n < 0 or a block outside the
+ * pool; BT_ERR_UNSUPPORTED with tp > 1 or a backend without the copies. */
 size_t backend_kv_host_block_bytes(const backend_t *backend);
 bt_status_t backend_kv_save(backend_t *backend, int n, const int *blocks,
                             void *const *host);

@@ -14,6 +14,7 @@
 #include "bt_log.h"
 #include "bt_util.h"
 #include "bt_zmq.h"
+#include "model/tokenizer.h"
 
 /* The precision class the engine computes in, as Register.precision
  * says it: the backend's effective precision (its default resolved: cpu
@@ -63,6 +64,10 @@ void workerproc_register_init(workerproc_register_t *r,
         size_t elem = backend_kv_layout(engine_backend(cfg->engine))->elem_size;
         r->reg.kv_dtype = elem == 1 ? "fp8" : elem == 2 ? "bf16" : "f32";
         r->reg.precision = (char *)engine_precision_class(cfg->engine);
+        if (engine_tokenizer(cfg->engine) != NULL) {
+            r->reg.has_tokenizer_id = 1;
+            r->reg.tokenizer_id = tok_identity(engine_tokenizer(cfg->engine));
+        }
     }
     r->reg.n_eos_ids = (size_t)n_eos;
     r->reg.eos_ids = r->eos;

@@ -4,7 +4,8 @@
 # token counts equal what was asked (EOS ignored), every request has a
 # TTFT below its E2E and a TPOT, and ITL covers (nearly) every gap: over
 # HTTP, each SSE event with text is one token, so the gap count is at
-# least 80 % of sum(output - 1) (a token may decode to no text).
+# least 80 % of sum(output - 1) (a token may decode to no text); text
+# prompts (--text) are served too.
 set -u
 B="$BATON_BIN/baton"
 M="$BT_SHARED_DIR/models"
@@ -62,4 +63,11 @@ print("%s: tokens, ttft/tpot, itl %d of %d gaps ok"
       % (j["transport"], j["itl_ms"]["n"], gaps))
 PY
 done
+# text prompts (--text), tokenized by the router (baton up passes it the
+# workers' --tokenizer): all served
+timeout 60 "$B" bench --router "$EP" --text --requests 12 --concurrency 4 \
+  --prompt-len 4:16 --output-len 8 --vocab 512 --no-progress \
+  >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "bench --text"; }
+grep -q "requests:12 ok:12 errors:0" "$tmp/out" ||
+  { cat "$tmp/out"; fail "bench --text: not all served"; }
 echo "PASS cli/bench_model"

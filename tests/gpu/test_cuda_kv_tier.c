@@ -9,6 +9,11 @@
  *      pushed to the host, then prompt + half the golden ids matched
  *      (every full block loaded back from the host) and decoded on:
  *      golden-exact.
+ *   3. the copy stream (cuda: saves and loads off the compute stream):
+ *      blocks saved, then at once overwritten by a forward of other
+ *      tokens (kernels), hold the first bytes on the host; loaded back
+ *      and read at once by a forward: the same logits as a copy of the
+ *      prompt that never left the pool, and saved again, the same bytes.
  * Prints PASS/FAIL lines; exits non-zero on any failure.  An argument
  * names another backend ("cpu": the same checks without a GPU).
  */
@@ -114,6 +119,91 @@ static void test_bytes(model_t *m, const bt_golden_t *g)
     free(h2);
     free(ids);
     free(logits);
+    backend_destroy(&be);
+}
+
+// ---------------------------------------------------------------------
+// 3. the copy stream: a saved slot reused at once, a loaded one read at once
+
+/* One forward of tokens[0..n) after ctx tokens in table; logits of the
+ * last row into logits. */
+static void fwd(backend_t *be, const int *tokens, int n, int ctx,
+                int *table, float *logits)
+{
+    backend_seq_t seq = { .n_tokens = n, .ctx_len = ctx, .tokens = tokens,
+                          .block_table = table, .n_logits = 1 };
+    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
+
+    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+}
+
+static void test_async(model_t *m, const bt_golden_t *g)
+{
+    enum { NB = 3, T = NB * BS };
+    int vocab = model_config(m)->vocab_size;
+    int a[T], b[T], next;
+    int slot[NB + 1] = { 0, 1, 2, 3 };
+    int ref[NB + 1] = { 20, 21, 22, 23 };
+    void *hp[NB], *hp_ref[NB], *hp_again[NB];
+    float *l_slot, *l_ref;
+    backend_t *be = NULL;
+    backend_config_t cfg;
+    size_t bb;
+    char *h, *h_ref, *h_again;
+    bool ok;
+
+    BT_CHECK(g->n_prompt + g->n_want > T);
+    memcpy(a, g->prompt, sizeof(int) * (size_t)g->n_prompt);
+    memcpy(a + g->n_prompt, g->want, sizeof(int) * (size_t)(T - g->n_prompt));
+    next = g->want[T - g->n_prompt];
+    for (int i = 0; i < T; i++) /* other tokens, same positions */
+        b[i] = 3 + (a[i] * 7 + 11) % (vocab - 3);
+    cfg_small(&cfg);
+    BT_ASSERT_OK(backend_create(g_backend, m, &cfg, &be));
+    bb = backend_kv_host_block_bytes(be);
+    h = calloc(NB, bb);
+    h_ref = calloc(NB, bb);
+    h_again = calloc(NB, bb);
+    l_slot = malloc(sizeof(float) * (size_t)vocab);
+    l_ref = malloc(sizeof(float) * (size_t)vocab);
+    BT_CHECK(h && h_ref && h_again && l_slot && l_ref);
+    BT_ASSERT_OK(backend_host_pin(be, h, NB * bb, true));
+    BT_ASSERT_OK(backend_host_pin(be, h_ref, NB * bb, true));
+    BT_ASSERT_OK(backend_host_pin(be, h_again, NB * bb, true));
+    for (int i = 0; i < NB; i++) {
+        hp[i] = h + (size_t)i * bb;
+        hp_ref[i] = h_ref + (size_t)i * bb;
+        hp_again[i] = h_again + (size_t)i * bb;
+    }
+    /* the prompt twice: in the slots under test and in blocks that stay */
+    fwd(be, a, T, 0, slot, l_slot);
+    fwd(be, a, T, 0, ref, l_slot);
+    /* save, then at once other KV into the same slots (kernels) */
+    BT_ASSERT_OK(backend_kv_save(be, NB, slot, hp));
+    fwd(be, b, T, 0, slot, l_slot);
+    BT_ASSERT_OK(backend_kv_save(be, NB, ref, hp_ref));
+    ok = memcmp(h, h_ref, NB * bb) == 0;
+    report(ok, "async save", "3 blocks saved, then overwritten at once by "
+           "a forward of other tokens: the host holds the first bytes");
+    /* load back, then at once a forward that reads them */
+    BT_ASSERT_OK(backend_kv_load(be, NB, slot, hp));
+    fwd(be, &next, 1, T, slot, l_slot);
+    fwd(be, &next, 1, T, ref, l_ref);
+    ok = memcmp(l_slot, l_ref, sizeof(float) * (size_t)vocab) == 0;
+    report(ok, "async load", "3 blocks loaded, read at once by a forward: "
+           "the logits of the blocks that never left the pool");
+    BT_ASSERT_OK(backend_kv_save(be, NB, slot, hp_again));
+    ok = memcmp(h_again, h_ref, NB * bb) == 0;
+    report(ok, "async round trip", "the loaded blocks saved again: the "
+           "same bytes");
+    BT_ASSERT_OK(backend_host_pin(be, h, NB * bb, false));
+    BT_ASSERT_OK(backend_host_pin(be, h_ref, NB * bb, false));
+    BT_ASSERT_OK(backend_host_pin(be, h_again, NB * bb, false));
+    free(h);
+    free(h_ref);
+    free(h_again);
+    free(l_slot);
+    free(l_ref);
     backend_destroy(&be);
 }
 
@@ -260,8 +350,10 @@ int main(int argc, char **argv)
         snprintf(path, sizeof(path), "%s/models/%s", bt_golden_shared_dir(),
                  g[li].model);
         BT_ASSERT_OK(model_load(path, &m));
-        if (li == 0)
+        if (li == 0) {
             test_bytes(m, &g[li]);
+            test_async(m, &g[li]);
+        }
         round_trip(m, &g[li], li);
         model_destroy(&m);
     }

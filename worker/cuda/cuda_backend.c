@@ -320,6 +320,12 @@ struct cuda_backend_s {
     int *row_map;             /* (hid_cap) */
     int n_rows;
     bool hid_kept;
+
+    /* host tier of the prefix cache (cuda_kv_host_copy; tp == 1, rank
+     * 0's device), made at first use */
+    cudaStream_t copy_stream; /* saves and loads, off the compute stream */
+    cudaEvent_t ev_queued;    /* compute-stream work so far: a load waits */
+    cudaEvent_t ev_copied;    /* the last copies: the compute stream waits */
 };
 
 // ---------------------------------------------------------------------
@@ -734,6 +740,7 @@ static int cuda_pow2_ceil(int x)
 }
 
 static void cuda_destroy(void *impl);
+static void cuda_host_tier_free(cuda_backend_t *b);
 
 /* Drops every captured graph of the rank (they hold pointers to buffers
  * that are about to move). */
@@ -1533,6 +1540,7 @@ static void cuda_destroy(void *impl)
     if (b == NULL)
         return;
     cuda_sampling_destroy(&b->samp); /* tp == 1: rank 0's device */
+    cuda_host_tier_free(b);          /* tp == 1 too */
     if (b->ranks) /* by the crew, or from here when it never started */
         (void)cuda_each_rank(b, cuda_rank_free);
     backend_tp_crew_destroy(&b->crew);
@@ -2538,14 +2546,72 @@ static bt_status_t cuda_kv_copy_slots_op(void *impl, int n,
 // ---------------------------------------------------------------------
 // Host tier of the prefix cache (backend_kv_save / backend_kv_load)
 
+/* The copy stream and its events, made at the first host-tier copy
+ * (after cuda_rank_enter: rank 0's device). */
+static bt_status_t cuda_host_tier_init(cuda_backend_t *b)
+{
+    bt_status_t status;
+
+    if (b->copy_stream != NULL)
+        return BT_OK;
+    status = BT_CUDA_STATUS(cudaStreamCreateWithFlags(&b->copy_stream,
+                                                      cudaStreamNonBlocking));
+    if (status != BT_OK)
+        return status;
+    status = BT_CUDA_STATUS(cudaEventCreateWithFlags(&b->ev_queued,
+                                                     cudaEventDisableTiming));
+    if (status != BT_OK)
+        goto err_stream;
+    status = BT_CUDA_STATUS(cudaEventCreateWithFlags(&b->ev_copied,
+                                                     cudaEventDisableTiming));
+    if (status != BT_OK)
+        goto err_queued;
+    return BT_OK;
+
+err_queued:
+    (void)cudaEventDestroy(b->ev_queued);
+    b->ev_queued = NULL;
+err_stream:
+    (void)cudaStreamDestroy(b->copy_stream);
+    b->copy_stream = NULL;
+    return status;
+}
+
+/* Waits for copies in flight (a load reads host memory the caller is
+ * about to free), then frees the stream and events.  NULL-safe. */
+static void cuda_host_tier_free(cuda_backend_t *b)
+{
+    if (b->copy_stream == NULL)
+        return;
+    (void)cudaStreamSynchronize(b->copy_stream);
+    (void)cudaEventDestroy(b->ev_copied);
+    (void)cudaEventDestroy(b->ev_queued);
+    (void)cudaStreamDestroy(b->copy_stream);
+    b->copy_stream = NULL;
+    b->ev_copied = NULL;
+    b->ev_queued = NULL;
+}
+
 /* One copy per layer, K and V, per run of blocks whose ids and host
- * slots are both consecutive (a 2D copy: device rows of one block,
- * host rows a slot apart), on the compute stream so that a save reads
- * what every earlier step wrote and a load lands before any later step
- * reads.  Synchronized, not left in flight: a decode worker's evicted
- * block is reused at once for a hand-off that a peer writes outside
- * this stream (CUDA IPC, UCX), which must not overtake the save.
- * tp == 1 (backend.c refuses more). */
+ * slots are both consecutive (a 2D copy: device rows of one block, host
+ * rows a slot apart), on the copy stream, so that neither waits for the
+ * step in flight on the compute stream nor holds up the next one:
+ *   - a save reads a cached block: complete (inserted only after the
+ *     step or the verified hand-off that wrote it) and never written
+ *     while cached, so it waits for nothing.  It returns complete: the
+ *     evicted block may be handed at once to a peer that writes it
+ *     outside these streams (CUDA IPC, UCX).
+ *   - a load writes a block just taken from the allocator, which work
+ *     queued on the compute stream may still read (its last owner's
+ *     step): it waits for that work on the device (ev_queued), and is
+ *     left in flight.  The host memory it reads is written only by later
+ *     saves (this stream, so after it) and freed after host_pin(false)
+ *     or destroy, which wait for it.
+ * Either way the compute stream waits for the copies (ev_copied) before
+ * its next work: no kernel writes a saved slot before the save read it,
+ * none reads a loaded block before it landed, and every other use of the
+ * pool (hand-off reads, block copies) runs on the compute stream or
+ * after a step it finished.  tp == 1 (backend.c refuses more). */
 static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
                                      void *const *host, bool to_host)
 {
@@ -2555,6 +2621,16 @@ static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
     size_t slot = 2 * (size_t)b->kv.n_layers * blk;
     bt_status_t status = cuda_rank_enter(r);
 
+    if (status == BT_OK)
+        status = cuda_host_tier_init(b);
+    if (status != BT_OK)
+        return status;
+    if (!to_host) {
+        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_queued, r->stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(
+                cudaStreamWaitEvent(b->copy_stream, b->ev_queued, 0));
+    }
     for (int i = 0, run; i < n && status == BT_OK; i += run) {
         for (run = 1; i + run < n && blocks[i + run] == blocks[i] + run &&
                       (char *)host[i + run] == (char *)host[i] + run * slot;
@@ -2570,19 +2646,28 @@ static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
                     to_host ? cudaMemcpy2DAsync(h, slot, dev, blk, blk,
                                                 (size_t)run,
                                                 cudaMemcpyDeviceToHost,
-                                                r->stream)
+                                                b->copy_stream)
                             : cudaMemcpy2DAsync(dev, blk, h, slot, blk,
                                                 (size_t)run,
                                                 cudaMemcpyHostToDevice,
-                                                r->stream));
+                                                b->copy_stream));
             }
         }
     }
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_copied,
+                                                b->copy_stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->stream, b->ev_copied,
+                                                    0));
     if (status != BT_OK) {
-        (void)cudaStreamSynchronize(r->stream);
+        /* nothing half-done left behind: the caller drops the entry */
+        (void)cudaStreamSynchronize(b->copy_stream);
         return status;
     }
-    return BT_CUDA_STATUS(cudaStreamSynchronize(r->stream));
+    if (to_host)
+        return BT_CUDA_STATUS(cudaEventSynchronize(b->ev_copied));
+    return BT_OK;
 }
 
 /* Page-locks the host tier (cudaHostRegister) so its copies are DMA at
@@ -2590,7 +2675,15 @@ static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
 static bt_status_t cuda_host_pin(void *impl, void *ptr, size_t bytes,
                                  bool pin)
 {
-    (void)impl;
+    cuda_backend_t *b = impl;
+
+    /* a load in flight may still read it */
+    if (!pin && b->copy_stream != NULL) {
+        bt_status_t status = BT_CUDA_STATUS(
+            cudaStreamSynchronize(b->copy_stream));
+        if (status != BT_OK)
+            return status;
+    }
     if (!pin)
         return BT_CUDA_STATUS(cudaHostUnregister(ptr));
     return BT_CUDA_STATUS(

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_blockhash.h"
 #include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
@@ -55,6 +56,7 @@ struct tok_s {
     uint32_t hash_mask;  /* table size - 1 (a power of two) */
     int space_id;        /* id of the piece " " (dummy prefix), -1 none */
     tokjson_t *json;     /* a tokenizer.json tokenizer: calls forward */
+    uint64_t identity;   /* digest of the bytes it was loaded from */
 };
 
 /* Strict UTF-8 validator state carried between pushes. */
@@ -282,6 +284,7 @@ bt_status_t tok_load_llama2c_mem(const void *data, size_t len, int vocab_size,
         tok_hash_insert(tok, i);
     }
     tok->space_id = tok_lookup(tok, " ", 1);
+    tok->identity = tok__digest(tok__digest(0, "llama2.c", 8), data, len);
     *tok_p = tok;
     return BT_OK;
 
@@ -323,6 +326,27 @@ bt_status_t tok__create_json(tokjson_t *tj, tok_t **tok_p)
     tok->space_id = -1;
     *tok_p = tok;
     return BT_OK;
+}
+
+uint64_t tok__digest(uint64_t prev, const void *data, size_t len)
+{
+    uint8_t key[16] = "baton tokenizer";
+    bt_blockhash_t h;
+
+    for (int i = 0; i < 8; i++)
+        key[i] ^= (uint8_t)(prev >> (8 * i));
+    h = bt_siphash128(key, data != NULL ? data : "", len);
+    return h.lo != 0 ? h.lo : 1; /* 0 means "none" */
+}
+
+void tok__set_identity(tok_t *tok, uint64_t identity)
+{
+    tok->identity = identity;
+}
+
+uint64_t tok_identity(const tok_t *tok)
+{
+    return tok != NULL ? tok->identity : 0;
 }
 
 tokjson_t *tok__json(const tok_t *tok)

@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "bt_status.h"
 
@@ -51,6 +52,14 @@ bt_status_t tok_load(const char *path, int vocab_size, tok_t **tok_p);
 bt_status_t tok_load_json_mem(const char *json, size_t len,
                               const char *config, size_t config_len,
                               tok_t **tok_p);
+
+/* The tokenizer's identity: a 64-bit digest (SipHash) of every byte it
+ * was loaded from (the llama2.c file; tokenizer.json with the
+ * tokenizer_config.json and generation_config.json read beside it).  Two
+ * tokenizers with equal identities encode every text to the same ids, so
+ * a router may tokenize for a worker that reports the same identity
+ * (Register.tokenizer_id).  Never 0. */
+uint64_t tok_identity(const tok_t *tok);
 
 /* "llama2.c", "tokenizer.json byte-level BPE" or "tokenizer.json
  * sentencepiece-style BPE". */

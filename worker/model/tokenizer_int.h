@@ -47,6 +47,11 @@ void tokjson_id_bytes(const tokjson_t *tj, int prev_id, int id,
 /* tokenizer.c: wraps a tokjson_t in a tok_t (takes ownership of tj, also
  * on failure). */
 bt_status_t tok__create_json(tokjson_t *tj, tok_t **tok_p);
+/* tokenizer.c: tok_identity's digest: `len` bytes of data chained onto
+ * the digest `prev` (0 to start); never 0. */
+uint64_t tok__digest(uint64_t prev, const void *data, size_t len);
+/* tokenizer.c: sets what tok_identity returns (the loaders, once). */
+void tok__set_identity(tok_t *tok, uint64_t identity);
 /* tokenizer.c: the tokjson_t inside tok, or NULL for a llama2.c one. */
 tokjson_t *tok__json(const tok_t *tok);
 

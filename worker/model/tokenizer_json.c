@@ -2669,11 +2669,27 @@ static int tj_count_llama2c(const char *data, size_t len)
     return n;
 }
 
+/* tok_identity of a tokenizer.json tokenizer: every byte read, each
+ * file's length first so that bytes cannot move between files unseen. */
+static uint64_t tj_identity(const char *json, size_t len, const char *cfg,
+                            size_t cfg_len, const char *gen, size_t gen_len)
+{
+    uint64_t id = tok__digest(0, "tokenizer.json", 14);
+
+    id = tok__digest(id, &len, sizeof(len));
+    id = tok__digest(id, json, len);
+    id = tok__digest(id, &cfg_len, sizeof(cfg_len));
+    id = tok__digest(id, cfg, cfg_len);
+    id = tok__digest(id, &gen_len, sizeof(gen_len));
+    return tok__digest(id, gen, gen_len);
+}
+
 bt_status_t tok_load(const char *path, int vocab_size, tok_t **tok_p)
 {
     char dir[4096];
     char *data = NULL, *cfg = NULL, *gen = NULL;
     size_t len = 0, cfg_len = 0, gen_len = 0, i = 0;
+    uint64_t id;
     const char *file = path;
     char file_buf[4096];
     bt_status_t status;
@@ -2719,6 +2735,7 @@ bt_status_t tok_load(const char *path, int vocab_size, tok_t **tok_p)
                                 TJ_MAX_CONFIG_BYTES, &gen, &gen_len);
     if (status == BT_OK)
         status = tokjson_load_mem(data, len, cfg, cfg_len, gen, gen_len, &tj);
+    id = tj_identity(data, len, cfg, cfg_len, gen, gen_len);
     bt_free(gen);
     bt_free(cfg);
     bt_free(data);
@@ -2734,7 +2751,10 @@ bt_status_t tok_load(const char *path, int vocab_size, tok_t **tok_p)
     BT_LOG_DEBUG("TOK", "loaded %s: %s, %d tokens, %d merges, %d added",
                  file, tokjson_kind_name(tj), tj->vocab_size, tj->n_merges,
                  tj->n_added);
-    return tok__create_json(tj, tok_p);
+    status = tok__create_json(tj, tok_p);
+    if (status == BT_OK)
+        tok__set_identity(*tok_p, id);
+    return status;
 }
 
 bt_status_t tok_load_json_mem(const char *json, size_t len,
@@ -2744,9 +2764,14 @@ bt_status_t tok_load_json_mem(const char *json, size_t len,
     tokjson_t *tj = NULL;
     bt_status_t status = tokjson_load_mem(json, len, config, config_len,
                                           NULL, 0, &tj);
+    uint64_t id = tj_identity(json, len, config, config_len, NULL, 0);
+
     if (status != BT_OK)
         return status;
-    return tok__create_json(tj, tok_p);
+    status = tok__create_json(tj, tok_p);
+    if (status == BT_OK)
+        tok__set_identity(*tok_p, id);
+    return status;
 }
 
 const char *tok_kind_name(const tok_t *tok)
