@@ -7,8 +7,10 @@
  *      the cpu's codes and scales bit for bit;
  *   2. GEMM-input quantization (static per-tensor scale or dynamic per
  *      token) gives cpu__fp8_quant_rows' codes and scales bit for bit;
- *   3. the product (FP8 GEMV up to 8 tokens, cuBLASLt FP8 GEMM + scaling
- *      epilogue beyond) against cpu__fp8_gemm_ref on the same codes:
+ *   3. the product (FP8 GEMV up to 8 tokens, cuBLASLt's FP8 GEMM beyond:
+ *      the scales inside the GEMM where cuBLASLt runs that, "cublaslt-vec",
+ *      else and when forced f32 sums + the scaling epilogue,
+ *      "cublaslt-epilogue") against cpu__fp8_gemm_ref on the same codes:
  *      relative error < 5e-2 (DEVICE.md's fp8 bound; f32 sums of exact
  *      products leave ~1e-3, the bf16 output's rounding), with per-channel
  *      and per-tensor weight scales, static and dynamic input scales, bf16
@@ -23,7 +25,9 @@
  *      cuda_fp8_quant_act up to the norm's sum order (dequantized
  *      relative difference < 1e-2, the differing codes counted).
  * INFO lines time the 8B shapes (L2 flushed before each run): GB/s of
- * weights for the GEMV, TFLOP/s for the GEMM.
+ * weights for the GEMV, TFLOP/s for the GEMM; gemm_paths checks both
+ * cuBLASLt paths on the 8B shapes and prints one row per shape at 2048
+ * tokens, old path (epilogue) vs new (vec), in TFLOP/s.
  * Prints one PASS/FAIL line per check; exits non-zero on any failure.
  */
 #include <math.h>
