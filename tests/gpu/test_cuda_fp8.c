@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -554,6 +555,41 @@ static void gemm_paths(bufs_t *b)
     }
 }
 
+/* The tuned FP8 picks through the tuner's file (BT_GEMM_CACHE, set by
+ * main to a file of this process): a second context installs the 2048-
+ * token pick of the 8B o shape from it instead of timing (a cache hit),
+ * and the product with it is checked against the reference again. */
+static void gemm_cache_fp8(bufs_t *b)
+{
+    worker_gemm_ctx_t *first = b->ctx, *second = NULL;
+    worker_gemm_fp8_t a;
+    wt_t q;
+    bool vec;
+
+    BT_ASSERT_OK(worker_gemm_ctx_create(32u << 20, &second));
+    b->ctx = second;
+    wt_make(&q, 4096, 4096, false, "8b o");
+    a = (worker_gemm_fp8_t){ b->d_xq, b->d_xv, b->d_xs, q.d_q, q.d_ws,
+                             b->d_acc, b->acc_floats, false };
+    vec = worker_gemm_fp8_uses_vec(second, 2048, q.n_out, q.ld, &a,
+                                   CUDA_DT_F32, true, NULL);
+    run(b, &q, "8b o (cached pick)", 2048, false, true, false);
+    if (vec) {
+        int hits = worker_gemm_cache_hits(second);
+
+        printf("%s fp8 gemm cache: a second context installed %d pick(s) "
+               "from the file instead of timing\n", hits >= 1 ? "PASS"
+                                                             : "FAIL", hits);
+        g_fail += hits < 1;
+    } else {
+        printf("INFO fp8 gemm cache: not checked (no scale vectors in this "
+               "cuBLASLt, nothing tuned)\n");
+    }
+    wt_free(&q);
+    b->ctx = first;
+    worker_gemm_ctx_destroy(&second);
+}
+
 typedef struct {
     const char *name;
     int n_out, n_in;
@@ -579,12 +615,19 @@ int main(void)
     const int max_tok = 2048, max_ld = 14336, max_out = 28672;
     bufs_t b;
     int dev_n = 0;
+    char cache[64];
 
     if (cudaGetDeviceCount(&dev_n) != cudaSuccess || dev_n == 0) {
         printf("FAIL no CUDA device\n");
         return 1;
     }
     memset(&b, 0, sizeof(b));
+    /* the tuner's picks in a file of this test's own (gemm_cache_fp8),
+     * read by the contexts created below */
+    snprintf(cache, sizeof(cache), "/tmp/bt_test_fp8_gemm_cache.%d",
+             (int)getpid());
+    unlink(cache);
+    setenv("BT_GEMM_CACHE", cache, 1);
     BT_ASSERT_OK(worker_gemm_ctx_create(32u << 20, &b.ctx));
     CK(cudaMalloc(&b.d_x, (size_t)max_tok * max_ld * 2));
     CK(cudaMalloc((void **)&b.d_xq, (size_t)max_tok * max_ld));
@@ -641,6 +684,8 @@ int main(void)
         }
     }
     gemm_paths(&b);
+    gemm_cache_fp8(&b);
+    unlink(cache);
     cudaFree(b.d_flush);
     cudaFree(b.d_acc);
     cudaFree(b.d_y);
