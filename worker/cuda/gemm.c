@@ -2115,6 +2115,24 @@ static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
     return true;
 }
 
+/* Sends a shape to the epilogue path for good: cuBLASLt has no vec
+ * algorithm for it, or refused the call (logged once per shape, with
+ * the library's reason; the error is cleared). */
+static void gemm_fp8_vec_drop(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                              int ld, cuda_dtype_t out_dt, bool acc)
+{
+    const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
+
+    BT_LOG_INFO("CUDA", "FP8 GEMM %d x %d x %d (out %s%s): cuBLASLt does "
+                "not run it with scale vectors (%s); f32 sums and a scaling "
+                "pass", n_tok, n_out, ld, gemm_dt_name(out_dt),
+                acc ? " +=" : "", bt_error_last());
+    bt_error_clear();
+    (void)cudaGetLastError();
+    if (ctx->n_fp8_vec_bad < GEMM_FP8_BAD_MAX)
+        memcpy(ctx->fp8_vec_bad[ctx->n_fp8_vec_bad++], key, sizeof(key));
+}
+
 /* The vec plan for this call and its algorithm (*p_p, *algo_p), or false
  * when the call takes the epilogue path: forced, the library without vec
  * (probed here at the first uncaptured call; a captured call before that
@@ -2157,14 +2175,7 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     }
     if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt, acc,
                             true, &p) != BT_OK) {
-        BT_LOG_INFO("CUDA", "FP8 GEMM %d x %d x %d (out %s%s): no cuBLASLt "
-                    "algorithm with scale vectors (%s); f32 sums and a "
-                    "scaling pass", n_tok, n_out, ld, gemm_dt_name(out_dt),
-                    acc ? " +=" : "", bt_error_last());
-        bt_error_clear();
-        (void)cudaGetLastError();
-        if (ctx->n_fp8_vec_bad < GEMM_FP8_BAD_MAX)
-            memcpy(ctx->fp8_vec_bad[ctx->n_fp8_vec_bad++], key, sizeof(key));
+        gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, acc);
         return false;
     }
     *p_p = p;
@@ -2222,9 +2233,17 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         const cublasLtMatmulAlgo_t *algo;
 
         if (gemm_fp8_vec_pick(ctx, n_tok, n_out, ld, out_dt, accumulate, a,
-                              stream, &p, &algo))
-            return gemm_fp8_vec_run(ctx, p, algo, a, d_y, accumulate,
-                                    stream);
+                              stream, &p, &algo)) {
+            status = gemm_fp8_vec_run(ctx, p, algo, a, d_y, accumulate,
+                                      stream);
+            if (status == BT_OK)
+                return BT_OK;
+            /* refused at the call (cuBLASLt checks its arguments before
+             * it enqueues anything): this shape takes the epilogue from
+             * now on; a device fault fails the epilogue's call as well */
+            gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, accumulate);
+            status = BT_OK;
+        }
     }
     chunk = gemm_fp8_chunk(n_tok, n_out, a->acc_floats);
     for (int t0 = 0; t0 < n_tok && status == BT_OK; t0 += chunk) {
