@@ -39,6 +39,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         BT_ASSERT(back[i].n_out == out[i].n_out);
         BT_ASSERT(back[i].n_in == out[i].n_in);
         BT_ASSERT(back[i].lt == out[i].lt);
+        BT_ASSERT(back[i].out_f32 == out[i].out_f32);
+        BT_ASSERT(back[i].kind == out[i].kind);
+        BT_ASSERT(back[i].accumulate == out[i].accumulate);
         BT_ASSERT(strcmp(back[i].choice, out[i].choice) == 0);
         BT_ASSERT(memcmp(back[i].algo, out[i].algo, sizeof(out[i].algo)) == 0);
     }

@@ -44,7 +44,8 @@ static int parse(const char *text, const char *key, gemm_cache_entry_t *out,
 
 static void test_round_trip(void)
 {
-    gemm_cache_entry_t in[4], out[8];
+    enum { N_IN = 8 };
+    gemm_cache_entry_t in[N_IN], out[N_IN + 4];
     char *text;
     size_t len;
     int n;
@@ -53,15 +54,30 @@ static void test_round_trip(void)
     in[1] = entry(64, 6144, 4096, 0, "lt3", 17.0f);
     in[2] = entry(2048, 128256, 4096, 1, "lt0", 251.5f);
     in[3] = entry(64, 28672, 4096, 0, "wg", -1.0f); /* a BIG_PICK pick */
-    BT_ASSERT_OK(gemm_cache_format(KEY, in, 4, &text, &len));
+    /* the FP8 GEMM's picks: the same (T, O, I, out dtype) as a bf16 one
+     * is another entry, and so is the accumulating form */
+    in[4] = entry(2048, 6144, 4096, 0, "lt5", 40.0f);
+    in[4].kind = GEMM_CACHE_KIND_FP8_VEC;
+    in[5] = entry(2048, 4096, 14336, 1, "lt1", 60.5f);
+    in[5].kind = GEMM_CACHE_KIND_FP8_VEC;
+    in[5].accumulate = 1;
+    in[6] = entry(2048, 4096, 14336, 1, "lt2", 61.0f);
+    in[6].kind = GEMM_CACHE_KIND_FP8_VEC;
+    in[7] = entry(2048, 6144, 4096, 0, "lt0", 80.0f); /* in[4]'s bf16 twin */
+    BT_ASSERT_OK(gemm_cache_format(KEY, in, N_IN, &text, &len));
     BT_ASSERT_EQ(strlen(text), len);
-    BT_ASSERT_OK(gemm_cache_parse(text, len, KEY, out, 8, &n));
-    BT_ASSERT_EQ(n, 4);
-    for (int i = 0; i < 4; i++) {
+    BT_CHECK(strstr(text, " fp8v-bf16 lt5 ") != NULL);
+    BT_CHECK(strstr(text, " fp8v-f32+ lt1 ") != NULL);
+    BT_CHECK(strstr(text, " fp8v-f32 lt2 ") != NULL);
+    BT_ASSERT_OK(gemm_cache_parse(text, len, KEY, out, N_IN + 4, &n));
+    BT_ASSERT_EQ(n, N_IN);
+    for (int i = 0; i < N_IN; i++) {
         BT_ASSERT_EQ(out[i].bucket, in[i].bucket);
         BT_ASSERT_EQ(out[i].n_out, in[i].n_out);
         BT_ASSERT_EQ(out[i].n_in, in[i].n_in);
         BT_ASSERT_EQ(out[i].out_f32, in[i].out_f32);
+        BT_ASSERT_EQ(out[i].kind, in[i].kind);
+        BT_ASSERT_EQ(out[i].accumulate, in[i].accumulate);
         BT_ASSERT_STREQ(out[i].choice, in[i].choice);
         BT_ASSERT_NEAR(out[i].us, in[i].us, 1e-3);
         BT_ASSERT_EQ(out[i].lt, in[i].lt);
@@ -74,18 +90,21 @@ static void test_round_trip(void)
     /* another device / build: a stale file, no entries, not an error */
     BT_ASSERT_OK(gemm_cache_parse(text, len, KEY "x", out, 8, &n));
     BT_ASSERT_EQ(n, 0);
-    /* every truncation: an error, or a valid prefix of the entries */
+    /* every truncation: an error, or a valid prefix of the entries (a
+     * cut inside "fp8v-f32+" may leave "fp8v-f32": only the kind and the
+     * output are then sure) */
     for (size_t cut = 0; cut < len; cut++) {
-        bt_status_t st = gemm_cache_parse(text, cut, KEY, out, 8, &n);
+        bt_status_t st = gemm_cache_parse(text, cut, KEY, out, N_IN + 4, &n);
         bt_error_clear();
         if (st != BT_OK) {
             BT_ASSERT_EQ(n, 0);
             continue;
         }
-        BT_CHECK(n <= 4);
+        BT_CHECK(n <= N_IN);
         for (int i = 0; i < n; i++) {
             BT_ASSERT_EQ(out[i].n_out, in[i].n_out);
             BT_ASSERT_EQ(out[i].lt, in[i].lt);
+            BT_ASSERT_EQ(out[i].kind, in[i].kind);
         }
     }
     bt_free(text);
@@ -121,6 +140,11 @@ static void test_malformed(void)
         "baton-gemm-cache 1 " KEY "\n1 6144 99999999 bf16 rows 1.0\n",
         "baton-gemm-cache 1 " KEY "\n65537 6144 4096 bf16 rows 1.0\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 f16 rows 1.0\n",
+        "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16+ rows 1.0\n",
+        "baton-gemm-cache 1 " KEY "\n1 6144 4096 fp8v rows 1.0\n",
+        "baton-gemm-cache 1 " KEY "\n1 6144 4096 fp8v-f16 lt0 1 1 2 3 4 5 6 7 8\n",
+        "baton-gemm-cache 1 " KEY "\n1 6144 4096 fp8v-bf16++ rows 1.0\n",
+        "baton-gemm-cache 1 " KEY "\n1 6144 4096 FP8V-BF16 rows 1.0\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 Rows 1.0\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 row$ 1.0\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 averyveryverylongname 1\n",
@@ -130,6 +154,8 @@ static void test_malformed(void)
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 rows 1.0x\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 rows 1.0\n"
         "1 6144 4096 bf16 mma1 2.0\n",                  /* duplicate */
+        "baton-gemm-cache 1 " KEY "\n1 6144 4096 fp8v-f32+ rows 1.0\n"
+        "1 6144 4096 fp8v-f32+ mma1 2.0\n",
         "baton-gemm-cache 1 " KEY "\nbaton-gemm-cache 1 " KEY "\n",
     };
     gemm_cache_entry_t out[8];
@@ -162,6 +188,19 @@ static void test_malformed(void)
     BT_ASSERT_EQ(out[0].out_f32, 1);
     BT_ASSERT_EQ(out[1].out_f32, 0);
     BT_ASSERT_STREQ(out[1].choice, "mma1");
+    /* one shape in every kind: four entries, no duplicate */
+    BT_ASSERT_OK(parse("baton-gemm-cache 1 " KEY "\n"
+                       "2 6144 4096 f32 rows 1\n2 6144 4096 fp8v-f32 rows 1\n"
+                       "2 6144 4096 fp8v-f32+ rows 1\n"
+                       "2 6144 4096 fp8v-bf16+ rows 1\n", KEY, out, 8, &n));
+    BT_ASSERT_EQ(n, 4);
+    BT_ASSERT_EQ(out[0].kind, GEMM_CACHE_KIND_DENSE);
+    BT_ASSERT_EQ(out[1].kind, GEMM_CACHE_KIND_FP8_VEC);
+    BT_ASSERT_EQ(out[1].accumulate, 0);
+    BT_ASSERT_EQ(out[2].accumulate, 1);
+    BT_ASSERT_EQ(out[2].out_f32, 1);
+    BT_ASSERT_EQ(out[3].out_f32, 0);
+    BT_ASSERT_EQ(out[3].accumulate, 1);
     /* duplicates under another key are not this process's concern */
     BT_ASSERT_OK(parse("baton-gemm-cache 1 other\n1 6 4 bf16 rows 1\n"
                        "1 6 4 bf16 rows 1\n", KEY, out, 8, &n));
@@ -181,6 +220,13 @@ static void test_format_rejects(void)
     BT_ASSERT_EQ(gemm_cache_format("", &e, 1, &text, &len),
                  BT_ERR_INVALID_ARG);
     e.lt = 1; /* "rows" with an algorithm: inconsistent */
+    BT_ASSERT_EQ(gemm_cache_format(KEY, &e, 1, &text, &len),
+                 BT_ERR_INVALID_ARG);
+    e = entry(1, 6144, 4096, 0, "rows", 1.0f);
+    e.accumulate = 1; /* accumulate is the FP8 kinds' only */
+    BT_ASSERT_EQ(gemm_cache_format(KEY, &e, 1, &text, &len),
+                 BT_ERR_INVALID_ARG);
+    e.kind = 2;
     BT_ASSERT_EQ(gemm_cache_format(KEY, &e, 1, &text, &len),
                  BT_ERR_INVALID_ARG);
     e = entry(0, 6144, 4096, 0, "rows", 1.0f);

@@ -60,6 +60,7 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_fp8.h"
 #include "bt_log.h"
 #include "bt_util.h"
 #include "cuda_switches.h"
@@ -96,6 +97,7 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_DT_E4M3 ((cuda_dtype_t)0x38)
 #define GEMM_FP8_BAD_MAX 64
 #define GEMM_FP8_TOK_ALIGN 16   /* FP8 plans' token counts: multiples */
+#define GEMM_FP8_CANDS 16       /* cuBLASLt FP8 algorithms timed */
 
 /* One planned shape. */
 typedef struct {
@@ -105,6 +107,8 @@ typedef struct {
     cuda_dtype_t in_dt;
     cuda_dtype_t out_dt;
     bool accumulate;
+    bool fp8_vec;                  /* E4M3, the scale vectors applied in
+                                    * the GEMM, D = y itself (rows n_out) */
     cublasLtMatmulDesc_t op;       /* compute type, transposes */
     cublasLtMatrixLayout_t a;      /* w */
     cublasLtMatrixLayout_t b;      /* x */
@@ -118,6 +122,8 @@ typedef struct {
     int n_out;
     int n_in;
     cuda_dtype_t out_dt;
+    int kind;                      /* gemm_cache_kind_t: bf16 or FP8 */
+    bool accumulate;               /* FP8 only: y += */
     int choice;                    /* cuda_gemv_kernel_t, or GEMM_CHOICE_LT + i */
     cublasLtMatmulAlgo_t algo;     /* the cuBLASLt winner's algorithm */
     float us;                      /* its median time */
@@ -151,6 +157,13 @@ struct worker_gemm_ctx_s {
     /* FP8 shapes cuBLASLt has no algorithm for (asked once each) */
     int fp8_bad[GEMM_FP8_BAD_MAX][3];
     int n_fp8_bad;
+    /* FP8 with the scale vectors in the GEMM: -1 not probed yet, 0 the
+     * library does not run it (f32 sums + cuda_fp8_scale_out), 1 it does */
+    int fp8_vec;
+    bool fp8_force_epilogue;       /* worker_gemm_fp8_force_epilogue */
+    /* (n_tok, n_out, ld, out_dt, accumulate) without such an algorithm */
+    int fp8_vec_bad[GEMM_FP8_BAD_MAX][5];
+    int n_fp8_vec_bad;
 };
 
 static bt_status_t gemm_check(cublasStatus_t st, const char *what)
@@ -222,6 +235,7 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     }
     if (ctx->tune)
         gemm_cache_open(ctx);
+    ctx->fp8_vec = -1;
     *ctx_p = ctx;
     return BT_OK;
 
@@ -288,7 +302,8 @@ static const char *gemm_dt_name(cuda_dtype_t dt)
  * of whole 16-byte groups (cuBLASLt's FP8 kernels want aligned ones). */
 static int gemm_ldd(const gemm_plan_t *p)
 {
-    return p->in_dt == GEMM_DT_E4M3 ? cuda_fp8_ld(p->n_out) : p->n_out;
+    return p->in_dt == GEMM_DT_E4M3 && !p->fp8_vec ? cuda_fp8_ld(p->n_out)
+                                                   : p->n_out;
 }
 
 /* The heuristic's first n_req algorithms for plan p's descriptors (at
@@ -336,6 +351,30 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
     if (status != BT_OK)
         goto err;
+    if (p->fp8_vec) {
+        /* A = w: one scale per output row (cuBLASLt's m); B = x: one per
+         * token (its n).  The pointers are set per call (gemm_fp8_vec_run);
+         * until then any device address stands in. */
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+
+        status = gemm_check(cublasLtMatmulDescSetAttribute(
+            p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)),
+            "A scale mode");
+        if (status == BT_OK)
+            status = gemm_check(cublasLtMatmulDescSetAttribute(
+                p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                sizeof(mode)), "B scale mode");
+        if (status == BT_OK)
+            status = gemm_check(cublasLtMatmulDescSetAttribute(
+                p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ctx->d_ws,
+                sizeof(ctx->d_ws)), "A scale pointer");
+        if (status == BT_OK)
+            status = gemm_check(cublasLtMatmulDescSetAttribute(
+                p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ctx->d_ws,
+                sizeof(ctx->d_ws)), "B scale pointer");
+        if (status != BT_OK)
+            goto err;
+    }
     status = gemm_check(cublasLtMatrixLayoutCreate(
         &p->a, gemm_cuda_type(p->in_dt), p->n_in, p->n_out, p->n_in),
         "layout A");
@@ -357,8 +396,10 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
     if (n_res == 0) {
         status = BT_ERROR(BT_ERR_CUDA, "CUDA",
                           "cuBLASLt has no algorithm for %d x %d x %d "
-                          "(in %s, out %s)", p->n_tok, p->n_out, p->n_in,
-                          gemm_dt_name(p->in_dt), gemm_dt_name(p->out_dt));
+                          "(in %s%s, out %s)", p->n_tok, p->n_out, p->n_in,
+                          gemm_dt_name(p->in_dt),
+                          p->fp8_vec ? " with scale vectors" : "",
+                          gemm_dt_name(p->out_dt));
         goto err;
     }
     p->algo = res.algo;
@@ -369,10 +410,14 @@ err:
     return status;
 }
 
-static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
-                                  int n_out, int n_in, cuda_dtype_t in_dt,
-                                  cuda_dtype_t out_dt, bool accumulate,
-                                  gemm_plan_t **plan_p)
+/* The plan of a shape (fp8_vec: an E4M3 plan with the scale vectors in
+ * the GEMM), built on first use.  The pointer stays valid until the next
+ * plan is built (the oldest is recycled past GEMM_MAX_PLANS). */
+static bt_status_t gemm_plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
+                                       int n_out, int n_in,
+                                       cuda_dtype_t in_dt,
+                                       cuda_dtype_t out_dt, bool accumulate,
+                                       bool fp8_vec, gemm_plan_t **plan_p)
 {
     gemm_plan_t *p;
     bt_status_t status;
@@ -381,7 +426,7 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
         p = &ctx->plans[i];
         if (p->n_tok == n_tok && p->n_out == n_out && p->n_in == n_in &&
             p->in_dt == in_dt && p->out_dt == out_dt &&
-            p->accumulate == accumulate) {
+            p->accumulate == accumulate && p->fp8_vec == fp8_vec) {
             *plan_p = p;
             return BT_OK;
         }
@@ -401,6 +446,7 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
     p->in_dt = in_dt;
     p->out_dt = out_dt;
     p->accumulate = accumulate;
+    p->fp8_vec = fp8_vec;
     status = gemm_plan_build(ctx, p);
     if (status != BT_OK)
         return status;
@@ -408,6 +454,15 @@ static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
     ctx->setups++;
     *plan_p = p;
     return BT_OK;
+}
+
+static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
+                                  int n_out, int n_in, cuda_dtype_t in_dt,
+                                  cuda_dtype_t out_dt, bool accumulate,
+                                  gemm_plan_t **plan_p)
+{
+    return gemm_plan_find_kind(ctx, n_tok, n_out, n_in, in_dt, out_dt,
+                               accumulate, false, plan_p);
 }
 
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx)
@@ -451,16 +506,27 @@ static int gemm_bucket(int n_tok)
     return b;
 }
 
-static gemm_tuned_t *gemm_tuned_find(worker_gemm_ctx_t *ctx, int bucket,
-                                     int n_out, int n_in, cuda_dtype_t out_dt)
+static gemm_tuned_t *gemm_tuned_find_kind(worker_gemm_ctx_t *ctx,
+                                          int bucket, int n_out, int n_in,
+                                          cuda_dtype_t out_dt, int kind,
+                                          bool accumulate)
 {
     for (int i = 0; i < ctx->n_tuned; i++) {
         gemm_tuned_t *t = &ctx->tuned[i];
         if (t->bucket == bucket && t->n_out == n_out && t->n_in == n_in &&
-            t->out_dt == out_dt)
+            t->out_dt == out_dt && t->kind == kind &&
+            t->accumulate == accumulate)
             return t;
     }
     return NULL;
+}
+
+/* A bf16 weight shape's pick (the FP8 GEMM's are gemm_fp8_tuned's). */
+static gemm_tuned_t *gemm_tuned_find(worker_gemm_ctx_t *ctx, int bucket,
+                                     int n_out, int n_in, cuda_dtype_t out_dt)
+{
+    return gemm_tuned_find_kind(ctx, bucket, n_out, n_in, out_dt,
+                                GEMM_CACHE_KIND_DENSE, false);
 }
 
 /* True when variant k is listed in BT_GEMV_DISABLE (comma-separated). */
@@ -1180,11 +1246,11 @@ static bool gemm_cache_key(char *key, size_t size)
     for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++)
         build = gemm_fnv(build,
                          cuda_gemv_kernel_name((cuda_gemv_kernel_t)k));
-    snprintf(num, sizeof(num), "%d/%d/%d/%d/%d/%d/%d/%d/%d/%g",
+    snprintf(num, sizeof(num), "%d/%d/%d/%d/%d/%d/%d/%d/%d/%g/fp8v%d",
              GEMM_TUNE_MAX_TOK, GEMM_LT_CANDS, GEMM_LT_CANDS_BIG,
              GEMM_LT_SPLIT_BASES, GEMM_BIG_STEP, GEMM_TUNE_REPS,
              GEMM_LEAD_DEFAULT, GEMM_FINAL_MAX, GEMM_FINAL_REPS,
-             (double)GEMM_FINAL_MARGIN);
+             (double)GEMM_FINAL_MARGIN, GEMM_FP8_CANDS);
     build = gemm_fnv(build, num);
     env = gemm_fnv(gemm_fnv(env, "BT_GEMV_DISABLE"),
                    cuda_switches()->gemv_disable
@@ -1304,11 +1370,12 @@ static void gemm_cache_open(worker_gemm_ctx_t *ctx)
 
 static const gemm_cache_entry_t *gemm_cache_find(
     const gemm_cache_entry_t *e, int n, int bucket, int n_out, int n_in,
-    cuda_dtype_t out_dt)
+    cuda_dtype_t out_dt, int kind, bool accumulate)
 {
     for (int i = 0; i < n; i++)
         if (e[i].bucket == bucket && e[i].n_out == n_out &&
-            e[i].n_in == n_in && e[i].out_f32 == (out_dt == CUDA_DT_F32))
+            e[i].n_in == n_in && e[i].out_f32 == (out_dt == CUDA_DT_F32) &&
+            e[i].kind == kind && e[i].accumulate == (int)accumulate)
             return &e[i];
     return NULL;
 }
@@ -1332,7 +1399,7 @@ static bool gemm_cache_install(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     for (int b = first; b <= last; b *= 2) {
         const gemm_cache_entry_t *e =
             gemm_cache_find(ctx->cached, ctx->n_cached, b, n_out, n_in,
-                            out_dt);
+                            out_dt, GEMM_CACHE_KIND_DENSE, false);
         gemm_tuned_t *t = &add[n_add];
 
         if (e == NULL)
@@ -1406,6 +1473,8 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
         e->n_out = t->n_out;
         e->n_in = t->n_in;
         e->out_f32 = t->out_dt == CUDA_DT_F32;
+        e->kind = t->kind;
+        e->accumulate = t->accumulate;
         e->us = t->us;
         if (t->choice >= GEMM_CHOICE_LT) {
             e->lt = 1;
@@ -1424,9 +1493,9 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
     n_disk = gemm_cache_read(ctx, disk);
     for (int i = 0; i < n_disk; i++)
         if (gemm_cache_find(all, n, disk[i].bucket, disk[i].n_out,
-                            disk[i].n_in, disk[i].out_f32 ? CUDA_DT_F32
-                                                          : CUDA_DT_BF16) ==
-            NULL)
+                            disk[i].n_in,
+                            disk[i].out_f32 ? CUDA_DT_F32 : CUDA_DT_BF16,
+                            disk[i].kind, disk[i].accumulate) == NULL)
             all[n++] = disk[i];
     if (gemm_cache_format(ctx->cache_key, all, BT_MIN(n, GEMM_MAX_TUNED),
                           &text, &len) != BT_OK ||
@@ -1565,20 +1634,31 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 // Up to CUDA_GEMV_FP8_MAX_TOK tokens: the FP8 GEMV (the weights read once
 // at the bandwidth limit).  More: cuBLASLt's FP8 GEMM (E4M3 A and B in
 // the "TN" layout Hopper's FP8 kernels require -- A = w transposed, as
-// every plan here -- f32 compute, no fast accumulation, scale pointers
-// left at 1) into f32 sums in the caller's scratch, then one epilogue
-// kernel multiplies by the token's and the row's scale and writes y
-// (bf16 products, or the f32 residual += ...): the per-row weight scales
-// and per-token input scales are not expressible as cuBLASLt's scalar
-// scales.  Tokens go through in chunks of as many rows as the scratch
-// holds, each planned with its token count rounded up to 16 (the FP8
-// kernels' alignment; the extra input rows are whatever d_xq holds there,
-// and their output columns are never read: a column of the product
-// depends on its own input row only).  A shape cuBLASLt has no FP8
-// algorithm for (odd sizes of the tiny models) takes the GEMV in groups
-// of CUDA_GEMV_FP8_MAX_TOK tokens, with one WARN.  Not tuned: one
-// heuristic plan per shape, cached like the bf16 ones (the bf16 families
-// and their cache file are untouched).
+// every plan here -- f32 compute, no fast accumulation), in one of two
+// ways, decided once per context (gemm_fp8_vec_probe, logged once):
+//   vec: the weight scales (one per output row, cuBLASLt's m) and the
+//     input scales (one per token, its n) as CUBLASLT_MATMUL_MATRIX_SCALE_
+//     OUTER_VEC_32F vectors, so the GEMM's own epilogue scales and writes
+//     y directly: bf16, or the f32 residual with beta = 1 (C = D = y).
+//     One plan per exact token count; prefill counts (multiples of
+//     GEMM_BIG_STEP up to GEMM_BIG_MAX) timed among GEMM_FP8_CANDS of the
+//     heuristic's algorithms at their first uncaptured use (the warm-up's
+//     prompts), each checked against the first, the fastest kept and
+//     cached in the tuner's file (gemm_cache.h kind FP8_VEC).  Per-tensor
+//     scales are the same call: the input kernels write a scale per token
+//     either way and a checkpoint's tensor scale is repeated per row.
+//   epilogue (the library does not run vec, a shape it has no vec
+//     algorithm for, or worker_gemm_fp8_force_epilogue): f32 sums into the
+//     caller's scratch, then cuda_fp8_scale_out multiplies by the token's
+//     and the row's scale and writes y.  Tokens go through in chunks of as
+//     many rows as the scratch holds, each planned with its token count
+//     rounded up to 16 (the extra input rows are whatever d_xq holds
+//     there, and their output columns are never read: a column of the
+//     product depends on its own input row only).  Heuristic algorithm,
+//     not tuned.
+// A shape cuBLASLt has no epilogue algorithm for (odd sizes of the tiny
+// models) takes the GEMV in groups of CUDA_GEMV_FP8_MAX_TOK tokens, with
+// one WARN.
 
 /* Tokens per cuBLASLt call: what the scratch holds in whole groups of
  * GEMM_FP8_TOK_ALIGN, at most n_tok (0: not even one group). */
@@ -1647,6 +1727,480 @@ bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     return false;
 }
 
+/* Enqueues plan p (fp8_vec) with algorithm algo: y [+]= (xq . wq^T) *
+ * xs[t] * ws[n], written by the GEMM itself. */
+static bt_status_t gemm_fp8_vec_run(worker_gemm_ctx_t *ctx,
+                                    const gemm_plan_t *p,
+                                    const cublasLtMatmulAlgo_t *algo,
+                                    const worker_gemm_fp8_t *a, void *d_y,
+                                    bool accumulate, cudaStream_t stream)
+{
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    bt_status_t status;
+
+    status = gemm_check(cublasLtMatmulDescSetAttribute(
+        p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a->d_ws,
+        sizeof(a->d_ws)), "A scale pointer");
+    if (status == BT_OK)
+        status = gemm_check(cublasLtMatmulDescSetAttribute(
+            p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a->d_xs,
+            sizeof(a->d_xs)), "B scale pointer");
+    if (status != BT_OK)
+        return status;
+    return gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq, p->a,
+                                     a->d_xq, p->b, &beta, d_y, p->d, d_y,
+                                     p->d, algo, ctx->d_ws, ctx->ws_bytes,
+                                     stream),
+                      "fp8 matmul (scale vectors)");
+}
+
+/* The probe's product: PT tokens, PO rows, PK columns of small integers
+ * (exact in E4M3, exact sums), scales that differ per token and row. */
+enum { GEMM_PROBE_T = 32, GEMM_PROBE_O = 64, GEMM_PROBE_K = 64 };
+
+static float gemm_probe_x(int t, int k)
+{
+    return (float)((t * 3 + k * 5) % 7 - 3);
+}
+
+static float gemm_probe_w(int n, int k)
+{
+    return (float)((n * 5 + k * 3) % 5 - 2);
+}
+
+static float gemm_probe_xs(int t)
+{
+    return 0.25f * (float)(1 + t % 5);
+}
+
+static float gemm_probe_ws(int n)
+{
+    return 0.5f + 0.125f * (float)(n % 9);
+}
+
+/* One probe product on the device (bufs d, layout as gemm_fp8_vec_probe
+ * makes it): bf16 out, or f32 += onto ones; true when every value is the
+ * exact product within the output's rounding. */
+static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, bool acc,
+                               cudaStream_t stream)
+{
+    const size_t xq_off = 0, wq_off = 4096, xs_off = 8192, ws_off = 8448;
+    const size_t y_off = 8704, ny = (size_t)GEMM_PROBE_T * GEMM_PROBE_O;
+    const cuda_dtype_t out_dt = acc ? CUDA_DT_F32 : CUDA_DT_BF16;
+    const worker_gemm_fp8_t a = {
+        (const uint8_t *)(d + xq_off), NULL, (const float *)(d + xs_off),
+        (const uint8_t *)(d + wq_off), (const float *)(d + ws_off), NULL, 0,
+        false };
+    float h_y[GEMM_PROBE_T * GEMM_PROBE_O];
+    uint16_t h_b[GEMM_PROBE_T * GEMM_PROBE_O];
+    gemm_plan_t *p;
+
+    for (size_t i = 0; i < ny; i++)
+        h_y[i] = 1.0f;
+    if (gemm_plan_find_kind(ctx, GEMM_PROBE_T, GEMM_PROBE_O, GEMM_PROBE_K,
+                            GEMM_DT_E4M3, out_dt, acc, true, &p) != BT_OK ||
+        BT_CUDA_STATUS(cudaMemcpyAsync(d + y_off, h_y, sizeof(h_y),
+                                       cudaMemcpyHostToDevice, stream)) !=
+            BT_OK ||
+        gemm_fp8_vec_run(ctx, p, &p->algo, &a, d + y_off, acc, stream) !=
+            BT_OK ||
+        BT_CUDA_STATUS(cudaMemcpyAsync(acc ? (void *)h_y : (void *)h_b,
+                                       d + y_off,
+                                       ny * cuda_dtype_size(out_dt),
+                                       cudaMemcpyDeviceToHost, stream)) !=
+            BT_OK ||
+        BT_CUDA_STATUS(cudaStreamSynchronize(stream)) != BT_OK)
+        return false;
+    for (int t = 0; t < GEMM_PROBE_T; t++)
+        for (int n = 0; n < GEMM_PROBE_O; n++) {
+            const size_t i = (size_t)t * GEMM_PROBE_O + n;
+            float sum = 0.0f, want, got;
+            uint32_t u;
+
+            for (int k = 0; k < GEMM_PROBE_K; k++)
+                sum += gemm_probe_x(t, k) * gemm_probe_w(n, k);
+            want = sum * gemm_probe_xs(t) * gemm_probe_ws(n) +
+                   (acc ? 1.0f : 0.0f);
+            if (acc) {
+                got = h_y[i];
+            } else {
+                u = (uint32_t)h_b[i] << 16;
+                memcpy(&got, &u, sizeof(got));
+            }
+            if (!(fabsf(got - want) <= (acc ? 1e-5f : 8e-3f) * fabsf(want) +
+                                           1e-6f))
+                return false;
+        }
+    return true;
+}
+
+/* Decides ctx->fp8_vec once: does cuBLASLt run the FP8 GEMM with the
+ * scale vectors inside it, and get it right (a library can accept the
+ * mode at plan time and refuse it at the call, and a result that ignored
+ * a vector would be a wrong token, so the probe multiplies and checks)?
+ * Not during capture (it synchronizes the stream). */
+static void gemm_fp8_vec_probe(worker_gemm_ctx_t *ctx, cudaStream_t stream)
+{
+    enum { BYTES = 8704 + GEMM_PROBE_T * GEMM_PROBE_O * 4 };
+    uint8_t h_q[8192];          /* x codes at 0, w codes at 4096 */
+    float h_s[GEMM_PROBE_T + GEMM_PROBE_O]; /* xs at 8192, ws at 8448 */
+    char *d = NULL;
+    bool ok;
+
+    bt_error_clear(); /* what is logged below is the probe's */
+    memset(h_q, 0, sizeof(h_q));
+    for (int t = 0; t < GEMM_PROBE_T; t++)
+        for (int k = 0; k < GEMM_PROBE_K; k++)
+            h_q[t * GEMM_PROBE_K + k] = bt_f32_to_e4m3(gemm_probe_x(t, k));
+    for (int n = 0; n < GEMM_PROBE_O; n++)
+        for (int k = 0; k < GEMM_PROBE_K; k++)
+            h_q[4096 + n * GEMM_PROBE_K + k] =
+                bt_f32_to_e4m3(gemm_probe_w(n, k));
+    ok = cuda__dev_malloc((void **)&d, BYTES, "gemm_fp8_probe") == BT_OK;
+    if (ok) {
+        for (int t = 0; t < GEMM_PROBE_T; t++)
+            h_s[t] = gemm_probe_xs(t);
+        for (int n = 0; n < GEMM_PROBE_O; n++)
+            h_s[GEMM_PROBE_T + n] = gemm_probe_ws(n);
+        ok = BT_CUDA_STATUS(cudaMemcpyAsync(d, h_q, sizeof(h_q),
+                                            cudaMemcpyHostToDevice,
+                                            stream)) == BT_OK &&
+             BT_CUDA_STATUS(cudaMemcpyAsync(d + 8192, h_s,
+                                            GEMM_PROBE_T * sizeof(float),
+                                            cudaMemcpyHostToDevice,
+                                            stream)) == BT_OK &&
+             BT_CUDA_STATUS(cudaMemcpyAsync(d + 8448, h_s + GEMM_PROBE_T,
+                                            GEMM_PROBE_O * sizeof(float),
+                                            cudaMemcpyHostToDevice,
+                                            stream)) == BT_OK &&
+             gemm_fp8_probe_one(ctx, d, false, stream) &&
+             gemm_fp8_probe_one(ctx, d, true, stream);
+    }
+    (void)cudaStreamSynchronize(stream);
+    cuda__dev_free((void **)&d);
+    ctx->fp8_vec = ok ? 1 : 0;
+    if (ok) {
+        BT_LOG_INFO("CUDA", "FP8 GEMM: cuBLASLt applies the per-token and "
+                    "per-row scales inside the GEMM and writes the output "
+                    "directly");
+    } else {
+        BT_LOG_WARN("CUDA", "FP8 GEMM: cuBLASLt does not run the FP8 GEMM "
+                    "with per-token and per-row scale vectors here (%s): "
+                    "f32 sums and a scaling pass instead (slower)",
+                    *bt_error_last() ? bt_error_last() : "wrong result");
+        bt_error_clear();
+        (void)cudaGetLastError();
+    }
+}
+
+/* Median time in us of one run of plan p with algo into d_y, over
+ * GEMM_TUNE_REPS runs after an L2 flush each (one untimed run first). */
+static bt_status_t gemm_fp8_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                                 const cublasLtMatmulAlgo_t *algo,
+                                 const worker_gemm_fp8_t *a, void *d_y,
+                                 bool acc, gemm_scratch_t *sc,
+                                 cudaStream_t stream, float *us_p)
+{
+    float t[GEMM_TUNE_REPS];
+    bt_status_t status;
+
+    status = gemm_fp8_vec_run(ctx, p, algo, a, d_y, acc, stream);
+    for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++) {
+        status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
+        if (status == BT_OK)
+            status = gemm_fp8_vec_run(ctx, p, algo, a, d_y, acc, stream);
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[1], stream));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventSynchronize(sc->ev[1]));
+        if (status == BT_OK)
+            status = BT_CUDA_STATUS(cudaEventElapsedTime(&t[r], sc->ev[0],
+                                                         sc->ev[1]));
+    }
+    if (status != BT_OK)
+        return status;
+    *us_p = gemm_median_us(t, GEMM_TUNE_REPS, sc, false);
+    return BT_OK;
+}
+
+/* Relative difference of d_y from sc->d_ref (n values of dt); > 1 when
+ * anything is not finite. */
+static bt_status_t gemm_fp8_rel(const void *d_y, gemm_scratch_t *sc,
+                                size_t n, cuda_dtype_t dt,
+                                cudaStream_t stream, double *rel_p)
+{
+    double h[3];
+    bt_status_t status;
+
+    status = cuda_gemv_rel_err(d_y, sc->d_ref, n, dt, sc->d_err, stream);
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpyAsync(h, sc->d_err, sizeof(h),
+                                                cudaMemcpyDeviceToHost,
+                                                stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
+    if (status != BT_OK)
+        return status;
+    *rel_p = h[2] > 0 ? 2.0 : sqrt(h[0] / (h[1] > 0 ? h[1] : 1.0));
+    return BT_OK;
+}
+
+/* Times the heuristic's first GEMM_FP8_CANDS algorithms for the vec plan
+ * of (n_tok, n_out, ld, out_dt, acc) on the caller's inputs (read only;
+ * the outputs go to scratch), each checked against the first, and adds
+ * the fastest to ctx->tuned (then the cache file).  A failure keeps the
+ * heuristic's first algorithm (WARN). */
+static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                          int ld, cuda_dtype_t out_dt, bool acc,
+                          const worker_gemm_fp8_t *a, cudaStream_t stream)
+{
+    cublasLtMatmulHeuristicResult_t res[GEMM_FP8_CANDS];
+    const size_t ny = (size_t)n_tok * n_out;
+    const size_t y_bytes = ny * cuda_dtype_size(out_dt);
+    const double flop = 2.0 * n_tok * (double)n_out * ld;
+    gemm_scratch_t sc;
+    gemm_plan_t *p = NULL;
+    gemm_tuned_t *t;
+    char line[1024];
+    size_t len = 0;
+    int n_res = 0, best = -1;
+    float best_us = 0.0f;
+    bt_status_t status;
+    double t0 = bt_time_s();
+
+    ctx->setups++;
+    memset(&sc, 0, sizeof(sc));
+    status = gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
+                                 acc, true, &p);
+    if (status == BT_OK)
+        status = gemm_lt_heuristic(ctx, p, GEMM_FP8_CANDS, res, &n_res);
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc.d_y, y_bytes, "gemm_tune_y");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc.d_ref, y_bytes, "gemm_tune_ref");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc.d_flush, GEMM_FLUSH_BYTES,
+                                  "gemm_tune_flush");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&sc.d_err, 3 * sizeof(double),
+                                  "gemm_tune_err");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[0]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[1]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_flush, 0,
+                                                GEMM_FLUSH_BYTES, stream));
+    /* the reference: the heuristic's first algorithm (onto zeros) */
+    if (status == BT_OK && n_res > 0)
+        status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_ref, 0, y_bytes,
+                                                stream));
+    if (status == BT_OK && n_res > 0)
+        status = gemm_fp8_vec_run(ctx, p, &res[0].algo, a, sc.d_ref, acc,
+                                  stream);
+    for (int i = 0; i < n_res && status == BT_OK; i++) {
+        double rel = 0.0;
+        float us = 0.0f;
+
+        /* each candidate must write every value (NaN bytes first), and
+         * agree with the first */
+        if (BT_CUDA_STATUS(cudaMemsetAsync(sc.d_y, acc ? 0 : 0xFF, y_bytes,
+                                           stream)) != BT_OK ||
+            gemm_fp8_vec_run(ctx, p, &res[i].algo, a, sc.d_y, acc, stream) !=
+                BT_OK ||
+            gemm_fp8_rel(sc.d_y, &sc, ny, out_dt, stream, &rel) != BT_OK) {
+            bt_error_clear();
+            (void)cudaGetLastError();
+            continue; /* an algorithm that does not run */
+        }
+        if (!(rel <= 2e-2)) {
+            BT_LOG_WARN("CUDA", "gemm tune fp8: lt%d disagrees with lt0 at "
+                        "t=%d o=%d ld=%d (rel err %.3g): dropped", i, n_tok,
+                        n_out, ld, rel);
+            continue;
+        }
+        if (gemm_fp8_time(ctx, p, &res[i].algo, a, sc.d_y, acc, &sc, stream,
+                          &us) != BT_OK) {
+            bt_error_clear();
+            (void)cudaGetLastError();
+            continue;
+        }
+        if (len < sizeof(line))
+            len += (size_t)snprintf(line + len, sizeof(line) - len,
+                                    "%slt%d %.1f", len ? ", " : "", i, us);
+        if (best < 0 || us < best_us) {
+            best = i;
+            best_us = us;
+        }
+    }
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaGetLastError();
+    /* an entry even on failure (the heuristic's pick): a shape is tried
+     * once, not at every call */
+    if (p != NULL && ctx->n_tuned < GEMM_MAX_TUNED) {
+        t = &ctx->tuned[ctx->n_tuned++];
+        memset(t, 0, sizeof(*t));
+        t->bucket = n_tok;
+        t->n_out = n_out;
+        t->n_in = ld;
+        t->out_dt = out_dt;
+        t->kind = GEMM_CACHE_KIND_FP8_VEC;
+        t->accumulate = acc;
+        t->choice = GEMM_CHOICE_LT + (best < 0 ? 0 : best);
+        t->algo = best < 0 ? p->algo : res[best].algo;
+        t->us = best < 0 ? -1.0f : best_us;
+    }
+    if (status != BT_OK || best < 0) {
+        BT_LOG_WARN("CUDA", "gemm tune fp8 t=%d o=%d ld=%d failed: the "
+                    "heuristic's algorithm", n_tok, n_out, ld);
+        bt_error_clear();
+    } else {
+        BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d out=%s%s: lt%d "
+                    "%.1f us (%.0f TFLOP/s) [%s us] in %.0f ms", n_tok,
+                    n_out, ld, gemm_dt_name(out_dt), acc ? " +=" : "", best,
+                    best_us, flop / (best_us * 1e-6) / 1e12, line,
+                    (bt_time_s() - t0) * 1e3);
+        if (ctx->cache_path != NULL)
+            gemm_cache_save(ctx);
+    }
+    if (sc.ev[1])
+        cudaEventDestroy(sc.ev[1]);
+    if (sc.ev[0])
+        cudaEventDestroy(sc.ev[0]);
+    cuda__dev_free((void **)&sc.d_err);
+    cuda__dev_free(&sc.d_flush);
+    cuda__dev_free(&sc.d_ref);
+    cuda__dev_free(&sc.d_y);
+}
+
+/* Installs the cache file's pick for the vec plan p, when it is there
+ * and cublasLtMatmulAlgoCheck still accepts it within the workspace. */
+static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
+                                   const gemm_plan_t *p)
+{
+    const gemm_cache_entry_t *e;
+    cublasLtMatmulHeuristicResult_t chk;
+    gemm_tuned_t *t;
+
+    if (ctx->n_cached == 0 || ctx->n_tuned == GEMM_MAX_TUNED)
+        return false;
+    e = gemm_cache_find(ctx->cached, ctx->n_cached, p->n_tok, p->n_out,
+                        p->n_in, p->out_dt, GEMM_CACHE_KIND_FP8_VEC,
+                        p->accumulate);
+    if (e == NULL || !e->lt)
+        return false;
+    t = &ctx->tuned[ctx->n_tuned];
+    memset(t, 0, sizeof(*t));
+    memcpy(&t->algo, e->algo, sizeof(t->algo));
+    memset(&chk, 0, sizeof(chk));
+    if (cublasLtMatmulAlgoCheck(ctx->handle, p->op, p->a, p->b, p->d, p->d,
+                                &t->algo, &chk) != CUBLAS_STATUS_SUCCESS ||
+        chk.workspaceSize > ctx->ws_bytes)
+        return false;
+    t->bucket = p->n_tok;
+    t->n_out = p->n_out;
+    t->n_in = p->n_in;
+    t->out_dt = p->out_dt;
+    t->kind = GEMM_CACHE_KIND_FP8_VEC;
+    t->accumulate = p->accumulate;
+    t->choice = GEMM_CHOICE_LT + atoi(e->choice + 2);
+    t->us = e->us;
+    ctx->n_tuned++;
+    ctx->setups++;
+    ctx->cache_hits++;
+    BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d: %s from %s",
+                p->n_tok, p->n_out, p->n_in, e->choice, ctx->cache_path);
+    return true;
+}
+
+/* Sends a shape to the epilogue path for good: cuBLASLt has no vec
+ * algorithm for it, or refused the call (logged once per shape, with
+ * the library's reason; the error is cleared). */
+static void gemm_fp8_vec_drop(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                              int ld, cuda_dtype_t out_dt, bool acc)
+{
+    const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
+
+    BT_LOG_INFO("CUDA", "FP8 GEMM %d x %d x %d (out %s%s): cuBLASLt does "
+                "not run it with scale vectors (%s); f32 sums and a scaling "
+                "pass", n_tok, n_out, ld, gemm_dt_name(out_dt),
+                acc ? " +=" : "", bt_error_last());
+    bt_error_clear();
+    (void)cudaGetLastError();
+    if (ctx->n_fp8_vec_bad < GEMM_FP8_BAD_MAX)
+        memcpy(ctx->fp8_vec_bad[ctx->n_fp8_vec_bad++], key, sizeof(key));
+}
+
+/* The vec plan for this call and its algorithm (*p_p, *algo_p), or false
+ * when the call takes the epilogue path: forced, the library without vec
+ * (probed here at the first uncaptured call; a captured call before that
+ * takes the epilogue), or no vec algorithm for the shape (logged once). */
+static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                              int ld, cuda_dtype_t out_dt, bool acc,
+                              const worker_gemm_fp8_t *a, cudaStream_t stream,
+                              gemm_plan_t **p_p,
+                              const cublasLtMatmulAlgo_t **algo_p)
+{
+    const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
+    gemm_tuned_t *t = NULL;
+    gemm_plan_t *p = NULL;
+
+    if (ctx->fp8_force_epilogue)
+        return false;
+    if (ctx->fp8_vec < 0) {
+        if (gemm_capturing(stream))
+            return false;
+        gemm_fp8_vec_probe(ctx, stream);
+    }
+    if (ctx->fp8_vec == 0)
+        return false;
+    for (int i = 0; i < ctx->n_fp8_vec_bad; i++)
+        if (memcmp(ctx->fp8_vec_bad[i], key, sizeof(key)) == 0)
+            return false;
+    if (ctx->tune && n_tok % GEMM_BIG_STEP == 0 && n_tok <= GEMM_BIG_MAX) {
+        t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                 GEMM_CACHE_KIND_FP8_VEC, acc);
+        if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
+            !gemm_capturing(stream)) {
+            if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
+                                    out_dt, acc, true, &p) == BT_OK &&
+                !gemm_fp8_cache_install(ctx, p))
+                gemm_fp8_tune(ctx, n_tok, n_out, ld, out_dt, acc, a, stream);
+            bt_error_clear();
+            t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                     GEMM_CACHE_KIND_FP8_VEC, acc);
+        }
+    }
+    if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt, acc,
+                            true, &p) != BT_OK) {
+        gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, acc);
+        return false;
+    }
+    *p_p = p;
+    *algo_p = t != NULL ? &t->algo : &p->algo;
+    return true;
+}
+
+void worker_gemm_fp8_force_epilogue(worker_gemm_ctx_t *ctx, bool on)
+{
+    ctx->fp8_force_epilogue = on;
+}
+
+bool worker_gemm_fp8_uses_vec(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                              int ld, const worker_gemm_fp8_t *a,
+                              cuda_dtype_t out_dt, bool accumulate,
+                              cudaStream_t stream)
+{
+    gemm_plan_t *p;
+    const cublasLtMatmulAlgo_t *algo;
+
+    return !a->gemv && n_tok > 0 &&
+           gemm_fp8_vec_pick(ctx, n_tok, n_out, ld, out_dt, accumulate, a,
+                             stream, &p, &algo);
+}
+
 bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                             int ld, const worker_gemm_fp8_t *a, void *d_y,
                             cuda_dtype_t out_dt, bool accumulate,
@@ -1673,6 +2227,23 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                 stream);
         }
         return status;
+    }
+    {
+        gemm_plan_t *p;
+        const cublasLtMatmulAlgo_t *algo;
+
+        if (gemm_fp8_vec_pick(ctx, n_tok, n_out, ld, out_dt, accumulate, a,
+                              stream, &p, &algo)) {
+            status = gemm_fp8_vec_run(ctx, p, algo, a, d_y, accumulate,
+                                      stream);
+            if (status == BT_OK)
+                return BT_OK;
+            /* refused at the call (cuBLASLt checks its arguments before
+             * it enqueues anything): this shape takes the epilogue from
+             * now on; a device fault fails the epilogue's call as well */
+            gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, accumulate);
+            status = BT_OK;
+        }
     }
     chunk = gemm_fp8_chunk(n_tok, n_out, a->acc_floats);
     for (int t0 = 0; t0 < n_tok && status == BT_OK; t0 += chunk) {

@@ -70,12 +70,15 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
  * out_dt.  1..CUDA_GEMV_FP8_MAX_TOK tokens take the FP8 GEMV, which
  * reads the codes (d_xq), or the bf16 values (d_xv) of a 1-token input
  * when they are given; more take cuBLASLt's FP8 GEMM, which reads the
- * codes (d_xq: n_tok rounded up to 16 rows must be
- * there, the extra ones are read and their products dropped), into the
- * f32 scratch d_acc (acc_floats: at least 16 x cuda_fp8_ld(n_out), more
- * makes fewer calls; else the GEMV takes every shape), then a scaling
- * epilogue.  Safe inside graph capture once the shape was seen
- * (the cuBLASLt plan is built at first use, host work only). */
+ * codes (d_xq: n_tok rounded up to 16 rows must be there, the extra ones
+ * may be read and their products dropped).  Where cuBLASLt applies xs
+ * and ws as scale vectors itself (probed once per context at the first
+ * uncaptured call, logged once) the GEMM writes y directly, its
+ * algorithm tuned per prefill shape (gemm.c); else it writes f32 sums
+ * into the scratch d_acc (acc_floats: at least 16 x cuda_fp8_ld(n_out),
+ * more makes fewer calls; else the GEMV takes every shape) and a scaling
+ * epilogue writes y.  Safe inside graph capture once the shape was seen
+ * (plans are built at first use, host work only). */
 typedef struct {
     const uint8_t *d_xq;   /* (n_tok, ld) input codes */
     const void *d_xv;      /* (1, ld) their bf16 values, or NULL */
@@ -100,6 +103,19 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                             int ld, const worker_gemm_fp8_t *a, void *d_y,
                             cuda_dtype_t out_dt, bool accumulate,
                             cudaStream_t stream);
+
+/* True when worker_gemm_fp8 with these arguments takes cuBLASLt with the
+ * scale vectors inside the GEMM (false: the GEMV, or f32 sums and the
+ * scaling epilogue).  Plans (and may probe and tune, outside capture)
+ * as that call would; for tests and logs. */
+bool worker_gemm_fp8_uses_vec(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
+                              int ld, const worker_gemm_fp8_t *a,
+                              cuda_dtype_t out_dt, bool accumulate,
+                              cudaStream_t stream);
+
+/* Tests: on, worker_gemm_fp8 takes the f32 sums + scaling epilogue path
+ * even where cuBLASLt applies the scale vectors (the fallback's check). */
+void worker_gemm_fp8_force_epilogue(worker_gemm_ctx_t *ctx, bool on);
 
 #ifdef __cplusplus
 }

@@ -124,6 +124,36 @@ static bool gc_key_ok(const char *s, size_t n)
     return true;
 }
 
+/* The OUT field's spellings (gemm_cache.h), indexed by kind, accumulate
+ * (FP8_VEC only) and out_f32. */
+static const char *const gc_outs[2][2][2] = {
+    { { "bf16", "f32" }, { NULL, NULL } },
+    { { "fp8v-bf16", "fp8v-f32" }, { "fp8v-bf16+", "fp8v-f32+" } },
+};
+
+static const char *gc_out_name(const gemm_cache_entry_t *e)
+{
+    if (e->kind < 0 || e->kind > 1 || e->accumulate < 0 ||
+        e->accumulate > 1 || e->out_f32 < 0 || e->out_f32 > 1)
+        return NULL;
+    return gc_outs[e->kind][e->accumulate][e->out_f32];
+}
+
+static bool gc_out_parse(const char *s, gemm_cache_entry_t *e)
+{
+    for (int k = 0; k < 2; k++)
+        for (int a = 0; a < 2; a++)
+            for (int f = 0; f < 2; f++)
+                if (gc_outs[k][a][f] != NULL &&
+                    strcmp(s, gc_outs[k][a][f]) == 0) {
+                    e->kind = k;
+                    e->accumulate = a;
+                    e->out_f32 = f;
+                    return true;
+                }
+    return false;
+}
+
 static bool gc_entry(const gc_fields_t *fl, gemm_cache_entry_t *e)
 {
     char *end;
@@ -136,11 +166,7 @@ static bool gc_entry(const gc_fields_t *fl, gemm_cache_entry_t *e)
         !gc_int(fl->f[1], 1, GC_MAX_DIM, &e->n_out) ||
         !gc_int(fl->f[2], 1, GC_MAX_DIM, &e->n_in))
         return false;
-    if (strcmp(fl->f[3], "bf16") == 0)
-        e->out_f32 = 0;
-    else if (strcmp(fl->f[3], "f32") == 0)
-        e->out_f32 = 1;
-    else
+    if (!gc_out_parse(fl->f[3], e))
         return false;
     if (!gc_choice_ok(fl->f[4]))
         return false;
@@ -164,7 +190,8 @@ static bool gc_same_shape(const gemm_cache_entry_t *a,
                           const gemm_cache_entry_t *b)
 {
     return a->bucket == b->bucket && a->n_out == b->n_out &&
-           a->n_in == b->n_in && a->out_f32 == b->out_f32;
+           a->n_in == b->n_in && a->out_f32 == b->out_f32 &&
+           a->kind == b->kind && a->accumulate == b->accumulate;
 }
 
 bt_status_t gemm_cache_parse(const char *text, size_t len, const char *key,
@@ -235,7 +262,8 @@ bt_status_t gemm_cache_parse(const char *text, size_t len, const char *key,
 bt_status_t gemm_cache_format(const char *key, const gemm_cache_entry_t *e,
                               int n, char **text_p, size_t *len_p)
 {
-    /* per line: 3 ints, out, choice, us, 8 x 16 hex + blanks < 256 */
+    /* per line: 3 ints, out (<= 10), choice, us, 8 x 16 hex + blanks
+     * < 256 */
     const size_t cap = 512 + GEMM_CACHE_KEY_MAX + (size_t)(n > 0 ? n : 0) * 256;
     char *buf;
     size_t len = 0;
@@ -257,6 +285,7 @@ bt_status_t gemm_cache_format(const char *key, const gemm_cache_entry_t *e,
         if (x->bucket < 1 || x->bucket > GC_MAX_BUCKET || x->n_out < 1 ||
             x->n_out > GC_MAX_DIM || x->n_in < 1 || x->n_in > GC_MAX_DIM ||
             !gc_choice_ok(x->choice) || x->lt != gc_choice_is_lt(x->choice) ||
+            gc_out_name(x) == NULL ||
             !isfinite(x->us) || x->us < -1.0f || x->us > 1e9f) {
             bt_free(buf);
             return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
@@ -264,7 +293,7 @@ bt_status_t gemm_cache_format(const char *key, const gemm_cache_entry_t *e,
         }
         len += (size_t)snprintf(buf + len, cap - len, "%d %d %d %s %s %.3f",
                                 x->bucket, x->n_out, x->n_in,
-                                x->out_f32 ? "f32" : "bf16", x->choice,
+                                gc_out_name(x), x->choice,
                                 (double)x->us);
         for (int w = 0; x->lt && w < GEMM_CACHE_ALGO_WORDS; w++)
             len += (size_t)snprintf(buf + len, cap - len, " %" PRIx64,

@@ -16,7 +16,11 @@
  * KEY: one token without spaces naming device, driver-independent
  * library versions and build (gemm.c); a file whose key differs holds no
  * entries for this process (it is rewritten on the next tune).  T tokens
- * (bucket), O x I weight, OUT "bf16" or "f32", CHOICE a GEMV variant name
+ * (bucket), O x I weight, OUT the kind of product: "bf16" or "f32" (bf16
+ * inputs, that output), or for the FP8 GEMM with its scale vectors
+ * applied inside cuBLASLt (gemm.c, worker_gemm_fp8) "fp8v-bf16",
+ * "fp8v-f32", with "+" appended when it accumulates into the output (I
+ * is then the codes' row stride); CHOICE a GEMV variant name
  * (kernels/gemv.h) or "ltN" (cuBLASLt, N the candidate's index, kept for
  * the log), US its median time, A0..A7 (ltN only) the 8 words of
  * cublasLtMatmulAlgo_t in hex.
@@ -39,11 +43,20 @@ extern "C" {
 #define GEMM_CACHE_ALGO_WORDS 8
 #define GEMM_CACHE_MAX_BYTES (4u << 20)
 
+/* What an entry's product is: its inputs and how they are scaled. */
+typedef enum {
+    GEMM_CACHE_KIND_DENSE = 0,  /* bf16 inputs (worker_gemm) */
+    GEMM_CACHE_KIND_FP8_VEC = 1 /* E4M3 inputs, per-token and per-row f32
+                                   scales inside the GEMM (worker_gemm_fp8) */
+} gemm_cache_kind_t;
+
 typedef struct {
     int bucket;                         /* tokens, 1 .. 65536 */
     int n_out;
     int n_in;
     int out_f32;                        /* 1: f32 output, 0: bf16 */
+    int kind;                           /* gemm_cache_kind_t */
+    int accumulate;                     /* FP8_VEC only: 1 when y += */
     char choice[GEMM_CACHE_CHOICE_MAX]; /* "rows", "lt3", ... */
     float us;                           /* median time when tuned */
     int lt;                             /* choice is "ltN": algo is set */

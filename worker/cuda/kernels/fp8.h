@@ -70,7 +70,8 @@ bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
                                float in_scale, uint8_t *d_q, void *d_xv,
                                float *d_xs, cudaStream_t stream);
 
-/* The epilogue of the cuBLASLt FP8 GEMM: y[t, n] (=, or += when
+/* The epilogue of the cuBLASLt FP8 GEMM where cuBLASLt cannot apply the
+ * scale vectors itself (gemm.c's fallback): y[t, n] (=, or += when
  * accumulate) acc[t, n] * xs[t] * ws[n] for t < n_tok, n < n_out; acc
  * f32 with ld_acc floats a row, y (n_tok, n_out) in out_dt. */
 bt_status_t cuda_fp8_scale_out(const float *d_acc, int ld_acc,
