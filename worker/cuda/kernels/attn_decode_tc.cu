@@ -399,7 +399,9 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
 
     if (env && strcmp(env, "0") == 0)
         return false;
-    return dt == CUDA_DT_BF16 && (a->head_dim == 64 || a->head_dim == 128) &&
+    /* (FP8 KV: the general kernel reads the codes; not this one yet) */
+    return dt == CUDA_DT_BF16 && a->d_kv_scale == NULL &&
+           (a->head_dim == 64 || a->head_dim == 128) &&
            group >= 1 && group <= TC_MAX_GROUP;
 }
 

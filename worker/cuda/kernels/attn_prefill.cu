@@ -502,6 +502,8 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
     if (n_tiles == 0)
         return BT_OK;
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
+    /* FP8 KV: the caller gives every token to cuda_attn_decode */
+    BT_ASSERT(args->d_kv_scale == NULL);
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
     if (cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, 0,
