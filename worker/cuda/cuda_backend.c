@@ -1867,7 +1867,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
      * RoPE and the new keys' K/V write run inside the decode attention
      * kernel (one kernel a layer less; the per-layer events of
      * on_layer_done are never wanted then). */
-    const bool fuse_rope = p->single && p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
+    const bool fuse_rope = !b->kv8 && p->single &&
+                           p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
                            !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
                            cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);
     if (fuse_rope) {
