@@ -827,13 +827,20 @@ static bt_status_t cuda_kv_scales_load(cuda_rank_t *r, const model_t *model)
     cuda_backend_t *b = r->b;
     size_t n = (size_t)b->mc.n_layers * 2 * b->nkv;
     float *h = bt_malloc(sizeof(float) * n, "kv_scale");
+    bool any = false;
     bt_status_t status;
 
     if (h == NULL)
         return BT_ERR_NO_MEMORY;
-    for (int l = 0; l < b->mc.n_layers; l++)
+    for (int l = 0; l < b->mc.n_layers; l++) {
         backend_kv8_scales(model_layer(model, l), b->nkv,
                            h + (size_t)l * 2 * b->nkv);
+        any |= model_layer(model, l)->k_scale != NULL;
+    }
+    if (!any && r->rank == 0)
+        BT_LOG_WARN("CUDA", "--kv-dtype fp8: the model has no k_scale / "
+                    "v_scale; using 1.0 (calibrate with baton model "
+                    "quantize --fp8 --kv-scales)");
     status = cuda__dev_malloc((void **)&r->d_kv_scale, sizeof(float) * n,
                               "kv_scale");
     if (status == BT_OK)
