@@ -16,9 +16,11 @@
  *      < 1e-2 (the bf16 kernel tests' bound): decode tokens at context
  *      1 .. 4100 with the planner's split and with forced short splits
  *      (many splits + combine), a prompt chunk after a cached prefix
- *      (causal, what the backend sends instead of the tiled prefill
- *      kernel with FP8 KV) and a masked tree; head sizes 64 and 128, GQA
- *      groups 1, 4 and 7.
+ *      (causal) and a masked tree; head sizes 64 and 128, GQA groups 1,
+ *      4 and 7;
+ *   3. cuda_attn_prefill (the tiled prefill, the shared-memory kernel with
+ *      FP8 KV) on the same prompt chunk (two 64-query tiles) after the
+ *      cached prefix and the masked tree, same reference and bound.
  * Prints one PASS/FAIL line per check; exits non-zero on any failure.
  */
 #include <math.h>
@@ -32,6 +34,7 @@
 
 #include "bt_fp8.h"
 #include "cuda/kernels/attn_decode.h"
+#include "cuda/kernels/attn_prefill.h"
 #include "cuda/kernels/rope_kv.h"
 
 static int g_fail;
@@ -349,9 +352,12 @@ typedef struct {
  * the sequence layout of the tokens is given by seq_of[t]. */
 typedef struct {
     int n;             /* tokens */
-    int kv_len[64], ctx[64], mask_off[64], seq[64];
+    int kv_len[160], ctx[160], mask_off[160], seq[160];
 } batch_t;
 
+/* force_split: > 0 the decode kernel with splits of that many keys, 0
+ * with the planner's split, < 0 the tiled prefill kernel (the tokens of
+ * a sequence contiguous in the batch). */
 static void attn_run(const attn_case_t *ac, const batch_t *bt_,
                      const int *seq_len, int n_seqs, const uint8_t *masks,
                      size_t mask_bytes, int force_split, const char *what)
@@ -390,7 +396,7 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
     uint16_t *q = malloc(sizeof(uint16_t) * (size_t)n * nh * hd);
     for (size_t i = 0; i < (size_t)n * nh * hd; i++)
         q[i] = bf16_of(frand() * 2.0f);
-    int tok_bt[64];
+    int tok_bt[160];
     for (int t = 0; t < n; t++)
         tok_bt[t] = bt_off[bt_->seq[t]];
     int max_kv = 1;
@@ -400,8 +406,10 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
     int n_sm = 0, dev = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    int n_splits, split_len;
-    if (force_split > 0) {
+    int n_splits = 1, split_len = 64;
+    if (force_split < 0) {
+        /* tiles are made below */
+    } else if (force_split > 0) {
         split_len = force_split;
         n_splits = (max_kv + split_len - 1) / split_len;
     } else {
@@ -445,8 +453,38 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
     a.d_ctx_len = d_ctx;
     a.d_mask_off = d_mo;
     a.d_out = d_out;
-    OK(cuda_attn_decode(&a, NULL, n, n_splits, split_len, d_ws,
-                        CUDA_DT_BF16, 0));
+    if (force_split < 0) {
+        int tiles[64][CUDA_PREFILL_TILE_INTS], n_tiles = 0;
+        for (int sq = 0; sq < n_seqs; sq++) {
+            int t0 = -1, nq = 0;
+            for (int t = 0; t < n; t++)
+                if (bt_->seq[t] == sq) {
+                    if (t0 < 0)
+                        t0 = t;
+                    nq++;
+                }
+            for (int i0 = 0; t0 >= 0 && i0 < nq; i0 += CUDA_PREFILL_BQ) {
+                int *tp = tiles[n_tiles++];
+                tp[CUDA_PT_TOK0] = t0;
+                tp[CUDA_PT_I0] = i0;
+                tp[CUDA_PT_NQ] = nq - i0 < CUDA_PREFILL_BQ ? nq - i0
+                                                           : CUDA_PREFILL_BQ;
+                tp[CUDA_PT_NTOK] = nq;
+                tp[CUDA_PT_CTX] = bt_->ctx[t0];
+                tp[CUDA_PT_BT_OFF] = bt_off[sq];
+                tp[CUDA_PT_MASK_OFF] = bt_->mask_off[t0];
+                tp[CUDA_PT_PAD] = 0;
+            }
+        }
+        int *d_tiles = dev_up(tiles, sizeof(int) * CUDA_PREFILL_TILE_INTS *
+                                         (size_t)n_tiles);
+        OK(cuda_attn_prefill(&a, d_tiles, n_tiles, CUDA_DT_BF16, 0));
+        CK(cudaDeviceSynchronize());
+        cudaFree(d_tiles);
+    } else {
+        OK(cuda_attn_decode(&a, NULL, n, n_splits, split_len, d_ws,
+                            CUDA_DT_BF16, 0));
+    }
     CK(cudaDeviceSynchronize());
     uint16_t *out = malloc(sizeof(uint16_t) * (size_t)n * nh * hd);
     CK(cudaMemcpy(out, d_out, sizeof(uint16_t) * (size_t)n * nh * hd,
@@ -502,10 +540,15 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
     }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     bool ok = nonfinite == 0 && rel < 1e-2;
-    printf("%s attn_decode fp8 KV %s, %s: rel_err %.3e (tol 1e-2), %d "
-           "split(s) of %d, max kv %d%s\n", ok ? "PASS" : "FAIL", ac->name,
-           what, rel, n_splits, split_len, max_kv,
-           nonfinite ? ", NON-FINITE outputs" : "");
+    if (force_split < 0)
+        printf("%s attn_prefill fp8 KV %s, %s: rel_err %.3e (tol 1e-2), "
+               "max kv %d%s\n", ok ? "PASS" : "FAIL", ac->name, what, rel,
+               max_kv, nonfinite ? ", NON-FINITE outputs" : "");
+    else
+        printf("%s attn_decode fp8 KV %s, %s: rel_err %.3e (tol 1e-2), %d "
+               "split(s) of %d, max kv %d%s\n", ok ? "PASS" : "FAIL",
+               ac->name, what, rel, n_splits, split_len, max_kv,
+               nonfinite ? ", NON-FINITE outputs" : "");
     g_fail += !ok;
 
     free(sc);
@@ -561,16 +604,16 @@ static void test_attn(void)
         attn_run(&cases[c], &b, seq_len, n_ctx, mask, 1, 64,
                  "decode, splits of 64");
 
-        /* a 37-token chunk after 700 cached tokens (causal), and a
+        /* a 100-token chunk after 700 cached tokens (causal), and a
          * 5-token masked tree after 50 */
         memset(&b, 0, sizeof(b));
-        for (int i = 0; i < 37; i++, b.n++) {
+        for (int i = 0; i < 100; i++, b.n++) {
             b.kv_len[b.n] = 700 + i + 1;
             b.ctx[b.n] = 700;
             b.mask_off[b.n] = -1;
             b.seq[b.n] = 0;
         }
-        seq_len[0] = 737;
+        seq_len[0] = 800;
         for (int i = 0; i < 25; i++) /* a tree: each sees itself and its
                                         ancestors (i -> (i - 1) / 2) */
             mask[i] = 0;
@@ -592,6 +635,9 @@ static void test_attn(void)
         attn_run(&cases[c], &b, seq_len, 2, mask, sizeof(mask), 128,
                  "prompt chunk after a cached prefix + masked tree, "
                  "splits of 128");
+        attn_run(&cases[c], &b, seq_len, 2, mask, sizeof(mask), -1,
+                 "tiles: prompt chunk after a cached prefix + masked "
+                 "tree");
     }
 }
 

@@ -2213,10 +2213,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
 {
     cuda_backend_t *b = impl;
     const int bs = b->kv.block_size;
-    /* (FP8 KV: every token takes the per-token attention kernel; the
-     * tiled prefill kernels read bf16 K/V only) */
-    const bool bf16_tiles = !b->kv8 &&
-                            cuda_attn_prefill_ok(b->mc.head_dim, b->dt);
+    const bool bf16_tiles = cuda_attn_prefill_ok(b->mc.head_dim, b->dt);
     int nt = 0, n_rows = 0, n_gen = 0, n_tiles = 0, max_kv = 1, nt_pad;
     size_t bt_total = 0, mask_total = 0, ints, off;
     bool graph = b->use_graphs && batch->on_layer_done == NULL;

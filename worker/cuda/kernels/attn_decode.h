@@ -30,10 +30,11 @@ typedef struct {
     const float *d_kv_scale;    /* NULL: K/V in the activation dtype; else
                                    FP8 KV (bf16 only): E4M3 codes, value =
                                    code * scale, (2, nkv) K then V scales
-                                   of this layer (rope_kv.h).  Only the
-                                   general per-token kernel reads it; the
-                                   tensor-core, fused-RoPE and tiled
-                                   prefill kernels decline (their _ok) */
+                                   of this layer (rope_kv.h).  Read by
+                                   the general per-token kernel and the
+                                   shared-memory prefill kernel; the
+                                   tensor-core decode (and so the fused
+                                   RoPE) and FA2 prefill kernels do not */
     long long kv_slots;         /* n_blocks * block_size of those caches, or
                                    0 (unknown: the TMA prefill kernel,
                                    which maps them, is then not used) */

@@ -51,6 +51,26 @@ static __device__ __forceinline__ KT kv_store(float x, float inv)
     }
 }
 
+/* Eight codes (a uint2, first code in the low byte) as eight bf16 (a
+ * uint4, same order): exact, every E4M3 value is a bf16 (through f16,
+ * the hardware's conversion). */
+static __device__ __forceinline__ uint4 kv8_to_bf16x8(uint2 c)
+{
+    uint4 r;
+    uint32_t *o = reinterpret_cast<uint32_t *>(&r);
+    const uint32_t w[2] = {c.x, c.y};
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const __nv_fp8x2_storage_t p =
+            (__nv_fp8x2_storage_t)((w[i / 2] >> (16 * (i % 2))) & 0xFFFFu);
+        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(p, __NV_E4M3));
+        const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+        o[i] = *reinterpret_cast<const uint32_t *>(&b);
+    }
+    return r;
+}
+
 /* A register word of B bytes (B = 1, 2, 4, 8 or 16), for rows of cache
  * elements loaded raw and converted later. */
 template <int B> struct kv_word;
