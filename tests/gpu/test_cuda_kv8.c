@@ -281,6 +281,13 @@ static void rope_case(const rope_case_t *rc, int mode, float scale_all)
         bad_k += kc[i] != 0x55;
         bad_v += vc[i] != 0x55;
     }
+    if (mode != 2) {
+        const size_t o = (size_t)(nt + 2 - nt / 2) * kv_dim;
+        for (size_t i = 0; i < (size_t)kv_dim; i++) {
+            bad_k += kc[o + i] != 0x55;
+            bad_v += vc[o + i] != 0x55;
+        }
+    }
     snprintf(what, sizeof(what), "%s, %s%s", rc->name,
              mode == 0 ? "random positions" : mode == 1 ? "position 0"
                                                         : "every bf16 V",
@@ -585,7 +592,7 @@ static void test_attn(void)
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         batch_t b;
         int seq_len[64];
-        uint8_t mask[25];
+        uint8_t mask[25] = {0};
 
         /* decode: one token per sequence at each context length */
         memset(&b, 0, sizeof(b));
