@@ -11,7 +11,9 @@
  *      layouts) at position 0, where the rotation is exact; K at random
  *      positions within one code of the host's rotation (the device's
  *      sincosf and FMA contraction may move the f32 value by an ulp).
- *   2. cuda_attn_decode on FP8 codes against a double-precision reference
+ *   2. cuda_attn_decode on FP8 codes, both kernels it picks (the tensor-
+ *      core one, then the general one under BT_ATTN_TC=0), against a
+ *      double-precision reference
  *      over the dequantized values (code * scale), relative L2 error
  *      < 1e-2 (the bf16 kernel tests' bound): decode tokens at context
  *      1 .. 4100 with the planner's split and with forced short splits
@@ -34,6 +36,7 @@
 
 #include "bt_fp8.h"
 #include "cuda/kernels/attn_decode.h"
+#include "cuda/cuda_switches.h"
 #include "cuda/kernels/attn_prefill.h"
 #include "cuda/kernels/rope_kv.h"
 
@@ -365,6 +368,8 @@ typedef struct {
 /* force_split: > 0 the decode kernel with splits of that many keys, 0
  * with the planner's split, < 0 the tiled prefill kernel (the tokens of
  * a sequence contiguous in the batch). */
+static const char *g_kernel = ""; /* the decode kernel under test */
+
 static void attn_run(const attn_case_t *ac, const batch_t *bt_,
                      const int *seq_len, int n_seqs, const uint8_t *masks,
                      size_t mask_bytes, int force_split, const char *what)
@@ -552,9 +557,9 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
                "max kv %d%s\n", ok ? "PASS" : "FAIL", ac->name, what, rel,
                max_kv, nonfinite ? ", NON-FINITE outputs" : "");
     else
-        printf("%s attn_decode fp8 KV %s, %s: rel_err %.3e (tol 1e-2), %d "
-               "split(s) of %d, max kv %d%s\n", ok ? "PASS" : "FAIL",
-               ac->name, what, rel, n_splits, split_len, max_kv,
+        printf("%s attn_decode%s fp8 KV %s, %s: rel_err %.3e (tol 1e-2), "
+               "%d split(s) of %d, max kv %d%s\n", ok ? "PASS" : "FAIL",
+               g_kernel, ac->name, what, rel, n_splits, split_len, max_kv,
                nonfinite ? ", NON-FINITE outputs" : "");
     g_fail += !ok;
 
@@ -579,7 +584,7 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
     free(bt_off);
 }
 
-static void test_attn(void)
+static void test_attn(bool tc)
 {
     static const attn_case_t cases[] = {
         { 32, 8, 128, "hd 128 group 4" },
@@ -589,6 +594,9 @@ static void test_attn(void)
     static const int ctx_lens[] = { 1, 7, 64, 300, 1500, 4100 };
     const int n_ctx = (int)(sizeof(ctx_lens) / sizeof(ctx_lens[0]));
 
+    setenv("BT_ATTN_TC", tc ? "1" : "0", 1);
+    cuda_switches_reload();
+    g_kernel = tc ? " (tensor cores)" : " (general)";
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         batch_t b;
         int seq_len[64];
@@ -642,9 +650,10 @@ static void test_attn(void)
         attn_run(&cases[c], &b, seq_len, 2, mask, sizeof(mask), 128,
                  "prompt chunk after a cached prefix + masked tree, "
                  "splits of 128");
-        attn_run(&cases[c], &b, seq_len, 2, mask, sizeof(mask), -1,
-                 "tiles: prompt chunk after a cached prefix + masked "
-                 "tree");
+        if (tc) /* (the tiled kernel does not depend on the switch) */
+            attn_run(&cases[c], &b, seq_len, 2, mask, sizeof(mask), -1,
+                     "tiles: prompt chunk after a cached prefix + masked "
+                     "tree");
     }
 }
 
@@ -657,7 +666,8 @@ int main(void)
         return 1;
     }
     test_rope();
-    test_attn();
+    test_attn(true);
+    test_attn(false);
     printf("test_cuda_kv8: %s\n", g_fail ? "FAILED" : "all passed");
     return g_fail ? 1 : 0;
 }

@@ -31,10 +31,9 @@ typedef struct {
                                    FP8 KV (bf16 only): E4M3 codes, value =
                                    code * scale, (2, nkv) K then V scales
                                    of this layer (rope_kv.h).  Read by
-                                   the general per-token kernel and the
-                                   shared-memory prefill kernel; the
-                                   tensor-core decode (and so the fused
-                                   RoPE) and FA2 prefill kernels do not */
+                                   both decode kernels and the shared-
+                                   memory prefill kernel; not with the
+                                   fused RoPE (d_qkv) nor by FA2 */
     long long kv_slots;         /* n_blocks * block_size of those caches, or
                                    0 (unknown: the TMA prefill kernel,
                                    which maps them, is then not used) */
