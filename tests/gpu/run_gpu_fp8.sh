@@ -74,7 +74,7 @@ for p in fp8 bf16 kv8; do
 done
 {
   echo "## precision fp8 checks ($(grep -c '^PASS' "$log") PASS, $(grep -c '^FAIL' "$log") FAIL, $fails failed programs)"
-  grep -E '^(FAIL|PASS fp8 (gemv|cublaslt) 8b|PASS fp8 top-1|PASS fp8 checkpoint|PASS kv fp8 top-1|INFO fp8 (time|baton))|^rc ' "$log"
+  grep -E '^(FAIL|PASS fp8 (gemv|cublaslt) 8b|PASS fp8 top-1|PASS fp8 checkpoint|PASS kv fp8 top-1|PASS kv8 pool|INFO fp8 (time|baton))|^rc ' "$log"
   echo
   echo "## bench_cuda synth:llama3-8b, fp8, bf16, then bf16 with fp8 KV"
   cat "$out/bench_fp8.md" "$out/bench_bf16.md" "$out/bench_kv8.md" 2>/dev/null
