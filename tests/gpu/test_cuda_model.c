@@ -44,8 +44,8 @@
  *      section 2) and precision fp8 (section 4's levels), on the models
  *      as they are (scales 1.0) and on an FP8 checkpoint with calibrated-
  *      like per-head k_scale / v_scale (model_write_hf_fp8 kv_per_head).
- * `--fp8` runs section 4 alone, `--kv-fp8` section 5 alone.  Prints one result line per check and a
- * summary; exits non-zero on any failure.
+ * `--fp8` runs section 4 alone, `--kv-fp8` section 5 alone.  Prints one
+ * result line per check and a summary; exits non-zero on any failure.
  */
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -533,28 +533,28 @@ static void attn_decode_launch(const cuda_attn_args_t *a, const int *tok_idx,
 {
     switch (a->head_dim) {
     case 8:
-        attn_decode_launch_hd<T, KT, 8>(a, tok_idx, n, n_splits, split_len, ws,
-                                    stream);
+        attn_decode_launch_hd<T, KT, 8>(a, tok_idx, n, n_splits,
+                                        split_len, ws, stream);
         break;
     case 16:
-        attn_decode_launch_hd<T, KT, 16>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream);
+        attn_decode_launch_hd<T, KT, 16>(a, tok_idx, n, n_splits,
+                                         split_len, ws, stream);
         break;
     case 32:
-        attn_decode_launch_hd<T, KT, 32>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream);
+        attn_decode_launch_hd<T, KT, 32>(a, tok_idx, n, n_splits,
+                                         split_len, ws, stream);
         break;
     case 64:
-        attn_decode_launch_hd<T, KT, 64>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream);
+        attn_decode_launch_hd<T, KT, 64>(a, tok_idx, n, n_splits,
+                                         split_len, ws, stream);
         break;
     case 128:
-        attn_decode_launch_hd<T, KT, 128>(a, tok_idx, n, n_splits, split_len, ws,
-                                      stream);
+        attn_decode_launch_hd<T, KT, 128>(a, tok_idx, n, n_splits,
+                                          split_len, ws, stream);
         break;
     default:
-        attn_decode_launch_hd<T, KT, 256>(a, tok_idx, n, n_splits, split_len, ws,
-                                      stream);
+        attn_decode_launch_hd<T, KT, 256>(a, tok_idx, n, n_splits,
+                                          split_len, ws, stream);
         break;
     }
 }

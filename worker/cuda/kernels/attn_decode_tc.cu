@@ -52,7 +52,7 @@ template <int HD> struct tc_smem {
     static constexpr size_t STAGE8 = (size_t)TC_STAGES * TC_TK * HD;
     static constexpr size_t KV8_BYTES = 2 * STAGE8 +
                                   (size_t)TC_WARPS * 2 * 16 * ROW * 2;
-    static_assert(KV8_BYTES <= BYTES, "FP8 KV stages exceed the kernel's smem");
+    static_assert(KV8_BYTES <= BYTES, "FP8 KV stages exceed the smem");
 };
 
 /* The fused RoPE's rotation table of token tok (cos, sin of pos x
