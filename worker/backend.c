@@ -82,6 +82,15 @@ bt_status_t backend_kv_dtype_parse(const char *name,
     return BT_OK;
 }
 
+void backend_kv8_scales(const model_layer_t *ml, int n_kv_heads,
+                        float *scales)
+{
+    for (int h = 0; h < n_kv_heads; h++) {
+        scales[h] = ml->k_scale ? ml->k_scale[h] : 1.0f;
+        scales[n_kv_heads + h] = ml->v_scale ? ml->v_scale[h] : 1.0f;
+    }
+}
+
 void backend_calib_add(backend_calib_stat_t *st, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -209,11 +218,15 @@ bt_status_t backend_create(const char *name, const model_t *model,
         return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
                         "precision fp8 runs on the cpu and cuda backends, "
                         "not on %s", ops->name);
-    if ((cfg->kv_dtype == BACKEND_KV_DTYPE_FP8 || cfg->calib != NULL) &&
-        strcmp(ops->name, "cpu") != 0)
+    if (cfg->kv_dtype == BACKEND_KV_DTYPE_FP8 &&
+        strcmp(ops->name, "cpu") != 0 && strcmp(ops->name, "cuda") != 0)
         return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
-                        "--kv-dtype fp8 and calibration run on the cpu "
-                        "backend only for now, not on %s", ops->name);
+                        "--kv-dtype fp8 runs on the cpu and cuda backends, "
+                        "not on %s", ops->name);
+    if (cfg->calib != NULL && strcmp(ops->name, "cpu") != 0)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "ENGINE",
+                        "calibration runs on the cpu backend only, not on "
+                        "%s", ops->name);
     if (cfg->tp_size < 0 || cfg->tp_size > MODEL_SHARD_MAX_TP)
         return BT_ERROR(BT_ERR_INVALID_ARG, "ENGINE",
                         "tensor parallelism %d is outside 1..%d",

@@ -85,12 +85,20 @@ typedef enum {
     BACKEND_KV_DTYPE_FP8       /* E4M3 bytes (kv_layout_t.elem_size 1),
                                   value = code * scale with a scale per
                                   layer and KV head (the checkpoint's
-                                  k_scale / v_scale, else 1); cpu only */
+                                  k_scale / v_scale, else 1, from
+                                  backend_kv8_scales); cpu and cuda */
 } backend_kv_dtype_t;
 
 /* Name of a KV dtype ("auto", "bf16", "fp8") and the parser of one;
  * BT_ERR_INVALID_ARG for an unknown name. */
 const char *backend_kv_dtype_name(backend_kv_dtype_t dtype);
+
+/* The FP8 KV scales of one layer: scales[h] for K head h and
+ * scales[n_kv_heads + h] for V, the checkpoint's k_scale / v_scale, else
+ * 1.0 (every backend takes them from here, so they store the same
+ * codes). */
+void backend_kv8_scales(const model_layer_t *ml, int n_kv_heads,
+                        float *scales);
 bt_status_t backend_kv_dtype_parse(const char *name,
                                    backend_kv_dtype_t *dtype_p);
 

@@ -5,6 +5,7 @@
  *   bench_cuda [--model synth:llama3-8b] [--batch 1,8,32,64,128]
  *              [--ctx 512,2048,8192] [--prefill 512,2048,8192]
  *              [--steps 20] [--table FILE] [--precision bf16|fp8]
+ *              [--kv-dtype bf16|fp8]
  *
  * Decode rows: B sequences each at context C (the KV pool is filled with
  * non-zero values; contexts are not computed, only read), one token per
@@ -29,6 +30,9 @@
  * the decode floor reads those bytes, and the prefill floor counts the
  * linears' FLOPs at the dense fp8 rate (~1,400 TFLOP/s measured,
  * DEVICE.md), the classifier and attention at the bf16 one.
+ * --kv-dtype fp8 (rows tagged "kv8"): the KV cache in E4M3 codes (one
+ * byte an element, per-KV-head scales; the pool holds twice the tokens),
+ * so the decode floor reads half the KV bytes.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -111,7 +115,7 @@ int main(int argc, char **argv)
     const char *model_path = "synth:llama3-8b";
     const char *batch_s = "1,8,32,64,128", *ctx_s = "512,2048,8192";
     const char *pre_s = "512,2048,8192", *table_path = NULL;
-    bool fp8 = false;
+    bool fp8 = false, kv8 = false;
     int *batches, *ctxs, *pres, nb, nc, np, steps = 20;
     int block_size = 16, n_blocks;
     model_t *m = NULL;
@@ -126,6 +130,7 @@ int main(int argc, char **argv)
         {"steps", required_argument, NULL, 's'},
         {"table", required_argument, NULL, 't'},
         {"precision", required_argument, NULL, 'P'},
+        {"kv-dtype", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0}};
     int opt;
 
@@ -146,10 +151,17 @@ int main(int argc, char **argv)
             }
             fp8 = strcmp(optarg, "fp8") == 0;
             break;
+        case 'K':
+            if (strcmp(optarg, "fp8") != 0 && strcmp(optarg, "bf16") != 0) {
+                fprintf(stderr, "bench_cuda: --kv-dtype bf16 or fp8\n");
+                return 2;
+            }
+            kv8 = strcmp(optarg, "fp8") == 0;
+            break;
         default:
             fprintf(stderr, "usage: bench_cuda [--model M] [--batch L] "
                     "[--ctx L] [--prefill L] [--steps N] [--table F] "
-                    "[--precision bf16|fp8]\n");
+                    "[--precision bf16|fp8] [--kv-dtype bf16|fp8]\n");
             return 2;
         }
     }
@@ -176,7 +188,7 @@ int main(int argc, char **argv)
         size_t free_b = 0, total_b = 0;
         double weights = (double)model_param_count(m) * 2;
         double blk = 2.0 * mc->n_layers * block_size * mc->n_kv_heads *
-                     mc->head_dim * 2;
+                     mc->head_dim * (kv8 ? 1 : 2);
         cudaMemGetInfo(&free_b, &total_b);
         double avail = (double)free_b - weights - 6e9;
         n_blocks = (int)(avail / blk);
@@ -190,6 +202,8 @@ int main(int argc, char **argv)
     cfg.max_batch_tokens = 8192;
     if (fp8)
         cfg.precision = BACKEND_PRECISION_FP8;
+    if (kv8)
+        cfg.kv_dtype = BACKEND_KV_DTYPE_FP8;
     for (int i = 0; i < np; i++)
         cfg.max_batch_tokens = BT_MAX(cfg.max_batch_tokens, pres[i]);
     if (backend_create("cuda", m, &cfg, &be) != BT_OK) {
@@ -222,9 +236,10 @@ int main(int argc, char **argv)
     double w_bytes = fp8 ? lin_params + 2.0 * (layer_params - lin_params +
                                                cls_params)
                          : 2.0 * (layer_params + cls_params);
-    const char *tag = fp8 ? " fp8" : "";
+    const char *tag = fp8 ? (kv8 ? " fp8 kv8" : " fp8")
+                          : (kv8 ? " kv8" : "");
     double kv_tok_bytes = 2.0 * mc->n_layers * mc->n_kv_heads *
-                          mc->head_dim * 2;
+                          mc->head_dim * (double)kl->elem_size;
 
     if (table_path)
         tf = fopen(table_path, "w");

@@ -2,7 +2,8 @@
 # run_gpu_fp8.sh [CARRY] - precision fp8 on the cuda backend (issue 37),
 # ON THE DEVICE MACHINE, from a folder packed here (nothing is rebuilt):
 #   bash tests/gpu/pack_carry.sh gpufp8 tests/gpu/run_gpu_fp8.sh \
-#     gpu/test_cuda_fp8 gpu/test_cuda_model gpu/bench_cuda bin/baton shared
+#     gpu/test_cuda_fp8 gpu/test_cuda_kv8 gpu/test_cuda_model gpu/bench_cuda \
+#     bin/baton shared
 #   then run(carry=[".carry"], command="bash .carry/call.sh")
 #   1. test_cuda_fp8: the kernels against the cpu's FP8 reference
 #      (weight and input quantization bit for bit, the GEMV and cuBLASLt
@@ -10,13 +11,18 @@
 #      tiny shapes, with INFO timings;
 #   2. test_cuda_model --fp8: whole models vs the cpu's fp8 mode
 #      (teacher-forced top-1, golden sequences) and FP8 checkpoints;
+#   2a. test_cuda_kv8: the FP8 KV cache's kernels (rope_kv's codes bit
+#      for bit, decode attention over codes vs a dequantized reference)
+#      and test_cuda_model --kv-fp8: whole models, cuda --kv-dtype fp8 vs
+#      the cpu's --kv-dtype fp8 (teacher-forced top-1);
 #   2b. with bin/baton carried: `baton run --precision fp8` greedy on
 #      stories260K, cuda vs cpu (INFO: greedy continuations may part
 #      where the top two logits are within the backends' difference);
 #   3. bench_cuda on synth:llama3-8b, decode batch 1 and 64 at 2k and
 #      prefill 2048: --precision fp8 rows against the FP8 floor, then the
-#      same rows in bf16 (one machine, for the ratio).
-# About 4 minutes.  Writes gpu_fp8.log and gpu_fp8_table.md under $OUT
+#      same rows in bf16 (one machine, for the ratio), then bf16 with
+#      --kv-dtype fp8 (rows "kv8").
+# About 6 minutes.  Writes gpu_fp8.log and gpu_fp8_table.md under $OUT
 # (else /tmp/baton-gpu-fp8); prints the table last; exits non-zero when
 # a test fails.
 set -u
@@ -35,7 +41,8 @@ export BT_LOG=${BT_LOG:-WARN}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
   --format=csv >> "$log" 2>&1
 fails=0
-for t in "test_cuda_fp8" "test_cuda_model --fp8"; do
+for t in "test_cuda_fp8" "test_cuda_model --fp8" "test_cuda_kv8" \
+         "test_cuda_model --kv-fp8"; do
   echo "=== $t" >> "$log"
   timeout 300 $c/gpu/$t >> "$log" 2>&1
   rc=$?
@@ -56,19 +63,21 @@ if [ -x "$c/bin/baton" ]; then
     echo "INFO fp8 baton run: cuda and cpu greedy ids differ: cuda [$(cat "$out/run_cuda.txt")] cpu [$(cat "$out/run_cpu.txt")]" >> "$log"
   fi
 fi
-for p in fp8 bf16; do
-  echo "=== bench_cuda --precision $p" >> "$log"
+for p in fp8 bf16 kv8; do
+  a="--precision $p"
+  [ $p = kv8 ] && a="--precision bf16 --kv-dtype fp8"
+  echo "=== bench_cuda $a" >> "$log"
   timeout 240 "$c/gpu/bench_cuda" --model synth:llama3-8b --batch 1,64 \
-    --ctx 2048 --prefill 2048 --precision $p \
+    --ctx 2048 --prefill 2048 $a \
     --table "$out/bench_$p.md" >> "$log" 2>&1 ||
-    echo "bench_cuda --precision $p rc $?" >> "$log"
+    echo "bench_cuda $a rc $?" >> "$log"
 done
 {
   echo "## precision fp8 checks ($(grep -c '^PASS' "$log") PASS, $(grep -c '^FAIL' "$log") FAIL, $fails failed programs)"
-  grep -E '^(FAIL|PASS fp8 (gemv|cublaslt) 8b|PASS fp8 top-1|PASS fp8 checkpoint|INFO fp8 (time|baton))|^rc ' "$log"
+  grep -E '^(FAIL|PASS fp8 (gemv|cublaslt) 8b|PASS fp8 top-1|PASS fp8 checkpoint|PASS kv fp8 top-1|PASS kv8 pool|INFO fp8 (time|baton))|^rc ' "$log"
   echo
-  echo "## bench_cuda synth:llama3-8b, fp8 then bf16"
-  cat "$out/bench_fp8.md" "$out/bench_bf16.md" 2>/dev/null
+  echo "## bench_cuda synth:llama3-8b, fp8, bf16, then bf16 with fp8 KV"
+  cat "$out/bench_fp8.md" "$out/bench_bf16.md" "$out/bench_kv8.md" 2>/dev/null
   grep -E 'bench_cuda .* rc' "$log"
 } > "$table"
 echo

@@ -9,7 +9,7 @@ set -u
 # the tests, in order (`--list` prints them: make gpu-carry packs these)
 tests="test_embed test_rmsnorm test_swiglu test_rope_kv test_sample test_topk
        test_sample_dist test_cuda_sample test_gemm test_attn test_cuda_fp8
-       test_cuda_model test_cuda_kv_tier"
+       test_cuda_kv8 test_cuda_model test_cuda_kv_tier"
 if [ "${1:-}" = --list ]; then echo $tests; exit 0; fi
 build=${1:-build-cuda}
 out=${OUT:-/tmp/baton-gpu-test}

@@ -36,8 +36,16 @@
  *      per-channel one giving bit-identical logits to the device's own
  *      quantization of the original weights (the -hf copies, whose q/k
  *      rows the writer does not permute).
- * `--fp8` runs section 4 alone.  Prints one result line per check and a
- * summary; exits non-zero on any failure.
+ *   5. the FP8 KV cache (--kv-dtype fp8, E4M3 codes with per-layer per-KV-
+ *      head scales): cuda against the cpu's --kv-dtype fp8 (same codes,
+ *      bit for bit, for the same bf16 K/V: test_cuda_kv8), teacher-forced
+ *      top-1 agreement on the golden sequences in precision bf16 (one
+ *      prompt, chunks of 5, decode steps: >= 99%, what bf16 KV holds in
+ *      section 2) and precision fp8 (section 4's levels), on the models
+ *      as they are (scales 1.0) and on an FP8 checkpoint with calibrated-
+ *      like per-head k_scale / v_scale (model_write_hf_fp8 kv_per_head).
+ * `--fp8` runs section 4 alone, `--kv-fp8` section 5 alone.  Prints one
+ * result line per check and a summary; exits non-zero on any failure.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -717,6 +725,120 @@ static void test_fp8(const bt_golden_t *g, int n_lines)
     fp8_report("checkpoint per tensor, static inputs", agree_ck[1], total);
 }
 
+// ---------------------------------------------------------------------
+// 5. the FP8 KV cache
+
+/* Teacher-forced top-1 agreement of cuda with the cpu, both --kv-dtype
+ * fp8 in precision prec, over ids (n) per feeding mode into agree[0..2]. */
+static void kv8_agree(model_t *m, backend_precision_t prec, const int *ids,
+                      int n, long agree[3])
+{
+    const int chunks[] = {100000, 5, 1};
+    int vocab = model_config(m)->vocab_size;
+    int *ref = malloc(sizeof(int) * n), *got = malloc(sizeof(int) * n);
+    backend_t *cpu = NULL, *gpu = NULL;
+    backend_config_t cfg;
+
+    cfg_small(&cfg, prec);
+    cfg.kv_dtype = BACKEND_KV_DTYPE_FP8;
+    cfg.n_threads = 0;
+    BT_ASSERT_OK(backend_create("cpu", m, &cfg, &cpu));
+    BT_ASSERT_OK(backend_create("cuda", m, &cfg, &gpu));
+    BT_CHECK(backend_kv_layout(gpu)->elem_size == 1);
+    for (int c = 0; c < 3; c++) {
+        bt_golden_teacher_argmax(cpu, vocab, ids, n, chunks[c], 128, ref);
+        bt_golden_teacher_argmax(gpu, vocab, ids, n, chunks[c], 128, got);
+        for (int i = 0; i < n; i++)
+            agree[c] += got[i] == ref[i];
+    }
+    backend_destroy(&gpu);
+    backend_destroy(&cpu);
+    free(ref);
+    free(got);
+}
+
+static void kv8_report(const char *what, long agree[2][3],
+                       const long total[2], const double min[2][3])
+{
+    for (int k = 0; k < 2; k++) {
+        for (int c = 0; c < 3; c++) {
+            const char *mode = c == 0 ? "one prompt"
+                               : c == 1 ? "chunks of 5" : "decode";
+            double pct = 100.0 * agree[k][c] / (double)total[k];
+            bool ok = total[k] > 0 && pct >= min[k][c];
+
+            printf("%s kv fp8 top-1 agreement with the cpu's --kv-dtype "
+                   "fp8, %s, %s (%s): %.2f%% of %ld positions (>= %.0f "
+                   "held)\n", ok ? "PASS" : "FAIL",
+                   k ? "stories260K" : "aidreams260K", what, mode, pct,
+                   total[k], min[k][c]);
+            g_fail += !ok;
+        }
+    }
+}
+
+static void test_kv8(const bt_golden_t *g, int n_lines)
+{
+    static const double bf16_min[2][3] = { { 99.0, 99.0, 99.0 },
+                                           { 99.0, 99.0, 99.0 } };
+    long agree_b[2][3] = {{0}}, agree_f[2][3] = {{0}}, agree_s[2][3] = {{0}};
+    long total[2] = {0};
+
+    for (int li = 0; li < n_lines; li++) {
+        char path[512], hf[512], dir[512], cmd[700];
+        int n = g[li].n_prompt + g[li].n_want;
+        int *ids = malloc(sizeof(int) * n);
+        model_t *m = NULL, *mh = NULL, *q = NULL;
+        const model_config_t *c;
+        model_fp8_write_t wq;
+        float *kv_scale;
+        const int km = strstr(g[li].model, "stories") != NULL;
+
+        memcpy(ids, g[li].prompt, sizeof(int) * g[li].n_prompt);
+        memcpy(ids + g[li].n_prompt, g[li].want, sizeof(int) * g[li].n_want);
+        snprintf(path, sizeof(path), "%s/models/%s", shared_dir(),
+                 g[li].model);
+        BT_ASSERT_OK(model_load(path, &m));
+        c = model_config(m);
+        kv8_agree(m, BACKEND_PRECISION_BF16, ids, n, agree_b[km]);
+        kv8_agree(m, BACKEND_PRECISION_FP8, ids, n, agree_f[km]);
+        total[km] += n;
+
+        /* per-head scales that differ (0.01 .. 0.1: the codes use the
+         * E4M3 range for these models' |K|, |V| of a few units) */
+        snprintf(hf, sizeof(hf), "%s", path);
+        if (strlen(hf) > 4 && strcmp(hf + strlen(hf) - 4, ".bin") == 0)
+            strcpy(hf + strlen(hf) - 4, "-hf");
+        BT_ASSERT_OK(model_load(hf, &mh));
+        kv_scale = malloc(sizeof(float) * 2 * (size_t)c->n_layers *
+                          c->n_kv_heads);
+        for (int i = 0; i < 2 * c->n_layers * c->n_kv_heads; i++)
+            kv_scale[i] = 0.01f + 0.09f * (float)(i % 7) / 6.0f;
+        memset(&wq, 0, sizeof(wq));
+        wq.kv_scale = kv_scale;
+        wq.kv_per_head = true;
+        wq.keep_f32 = true;
+        snprintf(dir, sizeof(dir), "/tmp/baton-kv8-%d-%s", (int)getpid(),
+                 g[li].model);
+        BT_ASSERT_OK(model_write_hf_fp8(mh, dir, &wq));
+        BT_ASSERT_OK(model_load(dir, &q));
+        BT_CHECK(model_layer(q, 0)->k_scale != NULL);
+        kv8_agree(q, BACKEND_PRECISION_FP8, ids, n, agree_s[km]);
+        model_destroy(&q);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            printf("INFO could not remove %s\n", dir);
+        free(kv_scale);
+        model_destroy(&mh);
+        model_destroy(&m);
+        free(ids);
+    }
+    kv8_report("precision bf16", agree_b, total, bf16_min);
+    kv8_report("precision fp8", agree_f, total, fp8_agree_min);
+    kv8_report("precision fp8, checkpoint k_scale/v_scale per head",
+               agree_s, total, fp8_agree_min);
+}
+
 int main(int argc, char **argv)
 {
     bt_golden_t *g;
@@ -732,11 +854,20 @@ int main(int argc, char **argv)
                g_fail ? "FAILED" : "all passed");
         return g_fail ? 1 : 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--kv-fp8") == 0) {
+        /* section 5 alone (tests/gpu/run_gpu_fp8.sh) */
+        test_kv8(g, n_lines);
+        bt_golden_free(g, n_lines);
+        printf("test_cuda_model --kv-fp8: %s\n",
+               g_fail ? "FAILED" : "all passed");
+        return g_fail ? 1 : 0;
+    }
     test_golden(g, n_lines);
     test_agreement(g, n_lines);
     test_synth_agreement();
     test_mixed();
     test_fp8(g, n_lines);
+    test_kv8(g, n_lines);
     bt_golden_free(g, n_lines);
     printf("test_cuda_model: %s\n", g_fail ? "FAILED" : "all passed");
     return g_fail ? 1 : 0;

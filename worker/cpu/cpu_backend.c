@@ -1166,11 +1166,7 @@ static bt_status_t cpu_load_weights(cpu_backend_t *be, const model_t *model)
                                    &cl->kv_scale);
             if (status != BT_OK)
                 return status;
-            for (int h = 0; h < c->n_kv_heads; h++) {
-                cl->kv_scale[h] = ml->k_scale ? ml->k_scale[h] : 1.0f;
-                cl->kv_scale[c->n_kv_heads + h] =
-                    ml->v_scale ? ml->v_scale[h] : 1.0f;
-            }
+            backend_kv8_scales(ml, c->n_kv_heads, cl->kv_scale);
         }
     }
     /* matmul multiply-adds per token, for the thread heuristics */

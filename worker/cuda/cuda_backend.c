@@ -211,6 +211,7 @@ typedef struct {
 
     void *d_k;                /* (layers, blocks, block_size, nkv, hd) */
     void *d_v;                /* (layers, blocks, block_size, nkv, hd) */
+    float *d_kv_scale;        /* kv8: (layers, 2, nkv) K then V scales */
 
     float *d_x;               /* (max_tok, dim) residual stream */
     void *d_xn;               /* (max_tok, dim) normed (not in fp8) */
@@ -257,6 +258,8 @@ struct cuda_backend_s {
     backend_config_t cfg;
     cuda_dtype_t dt;          /* activations, weights, KV */
     bool fp8;                 /* precision fp8: E4M3 linears (dt bf16) */
+    bool kv8;                 /* --kv-dtype fp8: K/V cached as E4M3 codes
+                                 of value / scale (kv.elem_size 1) */
     int tp;                   /* ranks (1 without TP) */
     /* Per-rank sizes (the whole model when tp == 1): */
     int nh;                   /* query heads */
@@ -823,6 +826,38 @@ static bt_status_t cuda_meta_reserve(cuda_backend_t *b, size_t ints,
 
 /* Rank op: device, stream, cuBLASLt, the weight shard, RoPE table, KV
  * heads, activations and events. */
+/* kv8: every layer's K and V scales (backend_kv8_scales, as the cpu
+ * backend takes them) to r->d_kv_scale.  tp == 1: the rank holds every
+ * KV head. */
+static bt_status_t cuda_kv_scales_load(cuda_rank_t *r, const model_t *model)
+{
+    cuda_backend_t *b = r->b;
+    size_t n = (size_t)b->mc.n_layers * 2 * b->nkv;
+    float *h = bt_malloc(sizeof(float) * n, "kv_scale");
+    bool any = false;
+    bt_status_t status;
+
+    if (h == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int l = 0; l < b->mc.n_layers; l++) {
+        backend_kv8_scales(model_layer(model, l), b->nkv,
+                           h + (size_t)l * 2 * b->nkv);
+        any |= model_layer(model, l)->k_scale != NULL;
+    }
+    if (!any && r->rank == 0)
+        BT_LOG_WARN("CUDA", "--kv-dtype fp8: the model has no k_scale / "
+                    "v_scale; using 1.0 (calibrate with baton model "
+                    "quantize --fp8 --kv-scales)");
+    status = cuda__dev_malloc((void **)&r->d_kv_scale, sizeof(float) * n,
+                              "kv_scale");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaMemcpy(r->d_kv_scale, h,
+                                           sizeof(float) * n,
+                                           cudaMemcpyHostToDevice));
+    bt_free(h);
+    return status;
+}
+
 static bt_status_t cuda_rank_init(void *arg, int rank)
 {
     cuda_backend_t *b = arg;
@@ -868,6 +903,11 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
                                                sizeof(float) * (hd / 2),
                                                cudaMemcpyHostToDevice));
         bt_free(inv);
+        if (status != BT_OK)
+            return status;
+    }
+    if (b->kv8) {
+        status = cuda_kv_scales_load(r, b->op_model);
         if (status != BT_OK)
             return status;
     }
@@ -961,7 +1001,7 @@ static bt_status_t cuda_rank_kv_alloc(void *arg, int rank)
     cuda_backend_t *b = arg;
     cuda_rank_t *r = &b->ranks[rank];
     size_t bytes = (size_t)b->mc.n_layers * b->cfg.n_kv_blocks *
-                   b->cfg.block_size * b->kv_dim * cuda_dtype_size(b->dt);
+                   b->cfg.block_size * b->kv_dim * b->kv.elem_size;
     bt_status_t status = cuda_rank_enter(r);
 
     if (status != BT_OK)
@@ -982,10 +1022,11 @@ static bt_status_t cuda_rank_kv_alloc(void *arg, int rank)
         return status;
     if (rank == 0)
         BT_LOG_INFO("CUDA", "KV pool: %d blocks of %d tokens = %lld "
-                    "tokens, %zu MiB%s", b->cfg.n_kv_blocks,
+                    "tokens, %zu MiB%s%s", b->cfg.n_kv_blocks,
                     b->cfg.block_size,
                     (long long)b->cfg.n_kv_blocks * b->cfg.block_size,
-                    (2 * bytes) >> 20, b->tp > 1 ? " per rank" : "");
+                    (2 * bytes) >> 20, b->tp > 1 ? " per rank" : "",
+                    b->kv8 ? " (fp8 e4m3)" : "");
     return BT_OK;
 }
 
@@ -998,7 +1039,7 @@ static bt_status_t cuda_rank_kv_alloc(void *arg, int rank)
 static bt_status_t cuda_size_kv(cuda_backend_t *b)
 {
     size_t token_bytes = 2 * (size_t)b->mc.n_layers * b->kv_dim *
-                         cuda_dtype_size(b->dt);
+                         b->kv.elem_size;
     size_t free_min = SIZE_MAX, total = 0, budget;
     char what[160];
     bt_status_t status;
@@ -1318,14 +1359,24 @@ static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
     b->dt = cfg->precision == BACKEND_PRECISION_F32 ? CUDA_DT_F32
                                                      : CUDA_DT_BF16;
     b->fp8 = cfg->precision == BACKEND_PRECISION_FP8;
+    b->kv8 = cfg->kv_dtype == BACKEND_KV_DTYPE_FP8;
     hd = b->mc.head_dim;
-    if (b->fp8 && (b->tp > 1 || cfg->kv_dtype == BACKEND_KV_DTYPE_FP8)) {
+    if (b->fp8 && b->tp > 1) {
         bt_free(b);
         return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
-                        "precision fp8 runs on one GPU with a bf16 KV "
-                        "cache for now (tensor parallelism %d, --kv-dtype "
-                        "%s)", b->tp > 1 ? b->tp : 1,
-                        backend_kv_dtype_name(cfg->kv_dtype));
+                        "precision fp8 runs on one GPU for now (tensor "
+                        "parallelism %d)", b->tp);
+    }
+    /* The FP8 cache holds E4M3 codes of bf16-precision K/V; an f32 model
+     * asks for exactness, which the codes would throw away.  Per-rank
+     * scales under TP are not wired yet. */
+    if (b->kv8 && (b->dt == CUDA_DT_F32 || b->tp > 1)) {
+        bt_free(b);
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "--kv-dtype fp8 needs precision bf16 or fp8 on one "
+                        "GPU (precision %s, tensor parallelism %d)",
+                        b->dt == CUDA_DT_F32 ? "f32" : "bf16/fp8",
+                        b->tp > 1 ? b->tp : 1);
     }
     if (b->fp8) /* say so rather than let a user find it in the figures */
         BT_LOG_WARN("CUDA", "precision fp8: correct against the cpu "
@@ -1383,7 +1434,7 @@ static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
     b->kv.block_size = cfg->block_size;
     b->kv.n_kv_heads = b->nkv;
     b->kv.head_dim = hd;
-    b->kv.elem_size = cuda_dtype_size(b->dt);
+    b->kv.elem_size = b->kv8 ? 1 : cuda_dtype_size(b->dt);
 
     /* Auto max_seqs: from the batch limits now (the activations are
      * sized for it), clamped to the KV blocks once the pool is sized. */
@@ -1515,6 +1566,7 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free(&r->d_k);
     cuda__dev_free(&r->d_v);
     cuda__dev_free((void **)&r->d_inv_freq);
+    cuda__dev_free((void **)&r->d_kv_scale);
     if (r->layers) {
         for (int l = 0; l < b->mc.n_layers; l++)
             cuda_layer_free(&r->layers[l]);
@@ -1788,8 +1840,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
 {
     cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
-    size_t es = cuda_dtype_size(b->dt);
-    size_t layer_kv = cuda_layer_kv_elems(b);
+    size_t layer_kv_bytes = cuda_layer_kv_elems(b) * b->kv.elem_size;
     int nt = p->nt;
     const bool tp = b->tp > 1;
     bt_status_t status;
@@ -1832,7 +1883,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
      * RoPE and the new keys' K/V write run inside the decode attention
      * kernel (one kernel a layer less; the per-layer events of
      * on_layer_done are never wanted then). */
-    const bool fuse_rope = p->single && p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
+    const bool fuse_rope = !b->kv8 && p->single &&
+                           p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
                            !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
                            cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);
     if (fuse_rope) {
@@ -1859,8 +1911,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
 
     for (int l = 0; l < mc->n_layers; l++) {
         const cuda_layer_t *w = &r->layers[l];
-        void *d_kl = (char *)r->d_k + (size_t)l * layer_kv * es;
-        void *d_vl = (char *)r->d_v + (size_t)l * layer_kv * es;
+        void *d_kl = (char *)r->d_k + (size_t)l * layer_kv_bytes;
+        void *d_vl = (char *)r->d_v + (size_t)l * layer_kv_bytes;
 
         status = b->skip & CUDA_SKIP_QKV
                      ? BT_OK
@@ -1873,6 +1925,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         ra.d_bias = w->d_bqkv;
         ra.d_k_cache = d_kl;
         ra.d_v_cache = d_vl;
+        ra.d_kv_scale = r->d_kv_scale
+                            ? r->d_kv_scale + (size_t)l * 2 * b->nkv
+                            : NULL;
         if (!(b->skip & CUDA_SKIP_ROPE) && !fuse_rope)
             status = cuda_rope_kv(&ra, b->dt, r->stream);
         if (status != BT_OK)
@@ -1887,6 +1942,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         aa.d_k_cache = d_kl;
         aa.d_v_cache = d_vl;
+        aa.d_kv_scale = ra.d_kv_scale;
         if (fuse_rope)
             aa.d_qkv_bias = w->d_bqkv;
         if (!(b->skip & CUDA_SKIP_ATTN)) {

@@ -36,7 +36,7 @@ typedef struct {
     int block_size;   /* tokens per block */
     int n_kv_heads;
     int head_dim;
-    size_t elem_size; /* bytes per element: 4 (f32) or 2 (bf16) */
+    size_t elem_size; /* bytes per element: 4 (f32), 2 (bf16), 1 (fp8) */
 } kv_layout_t;
 
 /* Bytes of one block of K (or V) in one layer. */

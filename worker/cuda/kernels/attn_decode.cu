@@ -10,6 +10,9 @@
  * block writes (max, sum, acc) partials and attn_combine_kernel merges
  * them (flash-decoding), so batch 1 at long context still fills the GPU.
  * q (tokens, nh, hd); K/V cache (slots, nkv, hd); f32 or bf16, f32 math.
+ * FP8 KV (kv8.cuh, bf16 only): the same loop over E4M3 codes, half the
+ * bytes a key; a KV head's K scale is folded into q (score = q.k_code *
+ * k_scale) and its V scale into the output ((P.v_code) * v_scale).
  * Test: build-cuda/tests/kernels/test_attn (make gpu-test runs it).
  */
 #include "attn_decode.h"
@@ -18,6 +21,7 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "kv8.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_UNROLL 4
@@ -32,11 +36,12 @@ template <> __device__ __forceinline__ float attn_exp<float>(float x)
     return expf(x); /* exactness mode: accurate exp */
 }
 
-template <typename T, int HD, int MAXG>
+template <typename T, typename KT, int HD, int MAXG>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
                    int split_len, int n_splits, float *ws)
 {
+    constexpr bool KV8 = std::is_same<KT, kv8_t>::value;
     constexpr int VE = 16 / (int)sizeof(T);
     constexpr int E = (HD / 32 > VE) ? HD / 32 : (HD < VE ? HD : VE);
     constexpr int L = HD / E;    /* lanes per key row */
@@ -68,6 +73,7 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
 
     float q[MAXG][E];
     float m[MAXG], l[MAXG], acc[MAXG][E];
+    const float qscale = KV8 ? a.scale * a.d_kv_scale[kvh] : a.scale;
     const T *qp = (const T *)a.d_q + ((size_t)tok * a.n_heads + h0) * HD +
                   li * E;
 #pragma unroll
@@ -76,7 +82,7 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
             kern_load_vec<T, E>(qp + g * HD, q[g]);
 #pragma unroll
             for (int e = 0; e < E; e++)
-                q[g][e] *= a.scale;
+                q[g][e] *= qscale;
         } else {
 #pragma unroll
             for (int e = 0; e < E; e++)
@@ -94,9 +100,13 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
     const int moff = a.d_mask_off[tok];
     const uint8_t *mrow = moff >= 0 ? a.d_masks + moff : NULL;
     const size_t slot_stride = (size_t)a.n_kv_heads * HD;
-    const T *kbase = (const T *)a.d_k_cache + (size_t)kvh * HD + li * E;
-    const T *vbase = (const T *)a.d_v_cache + (size_t)kvh * HD + li * E;
-    constexpr int NV = E * (int)sizeof(T) / 16; /* 16-byte loads per row */
+    const KT *kbase = (const KT *)a.d_k_cache + (size_t)kvh * HD + li * E;
+    const KT *vbase = (const KT *)a.d_v_cache + (size_t)kvh * HD + li * E;
+    /* a lane's E elements of a row: NV loads of W bytes */
+    constexpr int RB = E * (int)sizeof(KT);
+    constexpr int W = RB < 16 ? RB : 16;
+    constexpr int NV = RB / W;
+    typedef typename kv_word<W>::type word_t;
 
     /* This split's slice of the block table, staged once, so a key's
      * address costs no dependent global load. */
@@ -110,7 +120,7 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
     __syncthreads();
 
     for (int k0 = start + warp * KPW; k0 < end; k0 += ATTN_UNROLL * STEP) {
-        uint4 kr[ATTN_UNROLL][NV], vr[ATTN_UNROLL][NV];
+        word_t kr[ATTN_UNROLL][NV], vr[ATTN_UNROLL][NV];
         bool valid[ATTN_UNROLL];
 
         /* Issue every load of the step before using any. */
@@ -124,8 +134,10 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
                 int blk = k / bs;
                 int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
                 size_t slot = (size_t)bid * bs + (k - blk * bs);
-                const uint4 *kp = (const uint4 *)(kbase + slot * slot_stride);
-                const uint4 *vp = (const uint4 *)(vbase + slot * slot_stride);
+                const word_t *kp =
+                    (const word_t *)(kbase + slot * slot_stride);
+                const word_t *vp =
+                    (const word_t *)(vbase + slot * slot_stride);
 #pragma unroll
                 for (int c = 0; c < NV; c++) {
                     kr[u][c] = kp[c];
@@ -134,7 +146,7 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
             } else {
 #pragma unroll
                 for (int c = 0; c < NV; c++)
-                    kr[u][c] = vr[u][c] = make_uint4(0, 0, 0, 0);
+                    kr[u][c] = vr[u][c] = word_t{};
             }
         }
         /* Scores of the step's keys, then ONE softmax rescale per head
@@ -143,7 +155,7 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
             float kv[E];
-            kern_load_vec<T, E>((const T *)kr[u], kv);
+            kern_load_vec<KT, E>((const KT *)kr[u], kv);
 #pragma unroll
             for (int g = 0; g < MAXG; g++) {
                 float d = 0.0f;
@@ -163,7 +175,7 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
         float vv[ATTN_UNROLL][E];
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++)
-            kern_load_vec<T, E>((const T *)vr[u], vv[u]);
+            kern_load_vec<KT, E>((const KT *)vr[u], vv[u]);
 #pragma unroll
         for (int g = 0; g < MAXG; g++) {
             if (g >= ng)
@@ -192,6 +204,15 @@ attn_decode_kernel(cuda_attn_args_t a, const int *tok_idx, int n_hgroups,
             }
             m[g] = mx;
         }
+    }
+
+    if (KV8) { /* the V scale, once per output element */
+        const float vs = a.d_kv_scale[a.n_kv_heads + kvh];
+#pragma unroll
+        for (int g = 0; g < MAXG; g++)
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[g][e] *= vs;
     }
 
     /* Merge the lane groups of this warp (lanes li, li+L, li+2L, ...). */
@@ -468,7 +489,7 @@ size_t cuda_attn_decode_ws_floats(int n, int n_heads, int head_dim,
     return (size_t)n * n_heads * n_splits * (head_dim + 2);
 }
 
-template <typename T, int HD>
+template <typename T, typename KT, int HD>
 static void attn_decode_launch_hd(const cuda_attn_args_t *a,
                                   const int *tok_idx, int n, int n_splits,
                                   int split_len, float *ws,
@@ -481,22 +502,22 @@ static void attn_decode_launch_hd(const cuda_attn_args_t *a,
 
     switch (maxg) {
     case 1:
-        kern_launch(attn_decode_kernel<T, HD, 1>, grid, ATTN_WARPS * 32, 0,
+        kern_launch(attn_decode_kernel<T, KT, HD, 1>, grid, ATTN_WARPS * 32, 0,
                     stream, *a, tok_idx, n_hgroups, split_len, n_splits,
                     ws);
         break;
     case 2:
-        kern_launch(attn_decode_kernel<T, HD, 2>, grid, ATTN_WARPS * 32, 0,
+        kern_launch(attn_decode_kernel<T, KT, HD, 2>, grid, ATTN_WARPS * 32, 0,
                     stream, *a, tok_idx, n_hgroups, split_len, n_splits,
                     ws);
         break;
     case 4:
-        kern_launch(attn_decode_kernel<T, HD, 4>, grid, ATTN_WARPS * 32, 0,
+        kern_launch(attn_decode_kernel<T, KT, HD, 4>, grid, ATTN_WARPS * 32, 0,
                     stream, *a, tok_idx, n_hgroups, split_len, n_splits,
                     ws);
         break;
     default:
-        kern_launch(attn_decode_kernel<T, HD, 8>, grid, ATTN_WARPS * 32, 0,
+        kern_launch(attn_decode_kernel<T, KT, HD, 8>, grid, ATTN_WARPS * 32, 0,
                     stream, *a, tok_idx, n_hgroups, split_len, n_splits,
                     ws);
         break;
@@ -505,35 +526,35 @@ static void attn_decode_launch_hd(const cuda_attn_args_t *a,
         attn_combine_launch<T>(a, tok_idx, n, n_splits, ws, stream);
 }
 
-template <typename T>
+template <typename T, typename KT>
 static void attn_decode_launch(const cuda_attn_args_t *a, const int *tok_idx,
                                int n, int n_splits, int split_len, float *ws,
                                cudaStream_t stream)
 {
     switch (a->head_dim) {
     case 8:
-        attn_decode_launch_hd<T, 8>(a, tok_idx, n, n_splits, split_len, ws,
-                                    stream);
+        attn_decode_launch_hd<T, KT, 8>(a, tok_idx, n, n_splits,
+                                        split_len, ws, stream);
         break;
     case 16:
-        attn_decode_launch_hd<T, 16>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream);
+        attn_decode_launch_hd<T, KT, 16>(a, tok_idx, n, n_splits,
+                                         split_len, ws, stream);
         break;
     case 32:
-        attn_decode_launch_hd<T, 32>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream);
+        attn_decode_launch_hd<T, KT, 32>(a, tok_idx, n, n_splits,
+                                         split_len, ws, stream);
         break;
     case 64:
-        attn_decode_launch_hd<T, 64>(a, tok_idx, n, n_splits, split_len, ws,
-                                     stream);
+        attn_decode_launch_hd<T, KT, 64>(a, tok_idx, n, n_splits,
+                                         split_len, ws, stream);
         break;
     case 128:
-        attn_decode_launch_hd<T, 128>(a, tok_idx, n, n_splits, split_len, ws,
-                                      stream);
+        attn_decode_launch_hd<T, KT, 128>(a, tok_idx, n, n_splits,
+                                          split_len, ws, stream);
         break;
     default:
-        attn_decode_launch_hd<T, 256>(a, tok_idx, n, n_splits, split_len, ws,
-                                      stream);
+        attn_decode_launch_hd<T, KT, 256>(a, tok_idx, n, n_splits,
+                                          split_len, ws, stream);
         break;
     }
 }
@@ -542,7 +563,7 @@ bool cuda_attn_decode_rope_ok(const cuda_attn_args_t *args, int n,
                               cuda_dtype_t dt)
 {
     (void)n;
-    return cuda_attn_decode_tc_ok(args, dt);
+    return args->d_kv_scale == NULL && cuda_attn_decode_tc_ok(args, dt);
 }
 
 bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
@@ -569,9 +590,15 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
                                     stream);
         return BT_CUDA_LAUNCH_STATUS();
     }
+    if (args->d_kv_scale != NULL) {
+        BT_ASSERT(dt == CUDA_DT_BF16); /* FP8 KV: bf16 activations */
+        attn_decode_launch<bf16_t, kv8_t>(args, d_tok_idx, n, n_splits,
+                                          split_len, d_ws, stream);
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     KERN_DISPATCH_DT(dt, T,
-                     attn_decode_launch<T>(args, d_tok_idx, n, n_splits,
-                                           split_len, d_ws, stream));
+                     attn_decode_launch<T, T>(args, d_tok_idx, n, n_splits,
+                                              split_len, d_ws, stream));
     return BT_CUDA_LAUNCH_STATUS();
 }
 

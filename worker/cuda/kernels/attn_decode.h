@@ -27,6 +27,13 @@ typedef struct {
     const void *d_q;            /* (tokens, nh, hd) rotated queries */
     const void *d_k_cache;      /* (n_blocks * block_size, nkv, hd) layer K */
     const void *d_v_cache;      /* (n_blocks * block_size, nkv, hd) layer V */
+    const float *d_kv_scale;    /* NULL: K/V in the activation dtype; else
+                                   FP8 KV (bf16 only): E4M3 codes, value =
+                                   code * scale, (2, nkv) K then V scales
+                                   of this layer (rope_kv.h).  Read by
+                                   both decode kernels and the shared-
+                                   memory prefill kernel; not with the
+                                   fused RoPE (d_qkv) nor by FA2 */
     long long kv_slots;         /* n_blocks * block_size of those caches, or
                                    0 (unknown: the TMA prefill kernel,
                                    which maps them, is then not used) */

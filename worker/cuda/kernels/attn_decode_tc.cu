@@ -20,6 +20,11 @@
  * once a step) and a 128-byte L2 prefetch size.  The per-warp copy and
  * tile step are in attn_decode_tc.cuh.  Selected by cuda_attn_decode();
  * tested by tests/kernels/test_attn.cu against the CPU reference.
+ * FP8 KV (KV8, d_kv_scale): the stages hold E4M3 codes (half the bytes
+ * copied), each warp widens its 16 rows of a tile to bf16 rows of its
+ * own (exact) before the products; the KV head's K scale joins the score
+ * scale and its V scale the output.  No fused RoPE with it.  Tested by
+ * tests/gpu/test_cuda_kv8.c.
  */
 #include "attn_decode.h"
 
@@ -42,6 +47,12 @@ template <int HD> struct tc_smem {
     static constexpr size_t MERGE =
         (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
+    /* FP8 KV: the code stages (K then V), then each warp's widened K and
+     * V rows; inside BYTES */
+    static constexpr size_t STAGE8 = (size_t)TC_STAGES * TC_TK * HD;
+    static constexpr size_t KV8_BYTES = 2 * STAGE8 +
+                                  (size_t)TC_WARPS * 2 * 16 * ROW * 2;
+    static_assert(KV8_BYTES <= BYTES, "FP8 KV stages exceed the smem");
 };
 
 /* The fused RoPE's rotation table of token tok (cos, sin of pos x
@@ -133,7 +144,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
  * equal in the engine (rounds 19 and 21 of docs/PERFORMANCE.md): the
  * kernel is bound by DRAM and its block waves, no longer by the copy's
  * instructions; it was deleted with its switch. */
-template <int HD, bool NEWROW>
+template <int HD, bool NEWROW, bool KV8>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                       int n_splits, float *ws, bool early, int kv_hint)
@@ -151,6 +162,11 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     unsigned char *tc_sm = tc_sm_raw;
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
     bf16_t *sv = sk + TC_STAGES * TILE;
+    /* KV8: code stages [STAGES][TK][HD] bytes of K, then of V, then the
+     * warps' widened rows (16 of K, 16 of V each) */
+    constexpr size_t STAGE8 = tc_smem<HD>::STAGE8;
+    uint8_t *sk8 = tc_sm;
+    uint8_t *sv8 = sk8 + STAGE8;
 
     const int G = a.n_heads / a.n_kv_heads;
     const int kvh = blockIdx.x;
@@ -161,6 +177,9 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const int warp = threadIdx.x >> 5;
     const int gr = lane >> 2; /* accumulator row (and row + 8) */
     const int tq = lane & 3;  /* accumulator column pair */
+    bf16_t *skw = reinterpret_cast<bf16_t *>(sk8 + 2 * STAGE8) +
+                  warp * 2 * WPART;
+    bf16_t *svw = skw + WPART;
     KPROF(0, 0);
 
     /* Everything up to kern_pdl_wait() reads only what the host wrote
@@ -182,6 +201,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const size_t slot_stride = (size_t)a.n_kv_heads * HD;
     const bf16_t *kbase = (const bf16_t *)a.d_k_cache + (size_t)kvh * HD;
     const bf16_t *vbase = (const bf16_t *)a.d_v_cache + (size_t)kvh * HD;
+    const uint8_t *kbase8 = (const uint8_t *)a.d_k_cache + (size_t)kvh * HD;
+    const uint8_t *vbase8 = (const uint8_t *)a.d_v_cache + (size_t)kvh * HD;
 
     const int blk0 = start / bs;
     const int n_blk = end > start ? (end - 1) / bs - blk0 + 1 : 0;
@@ -234,7 +255,18 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        if (kv_hint == 128)
+        if constexpr (KV8) {
+            uint8_t *dk = sk8 + (size_t)stage * TC_TK * HD + warp * 16 * HD;
+            uint8_t *dv = sv8 + (size_t)stage * TC_TK * HD + warp * 16 * HD;
+            if (kv_hint == 128)
+                tc_copy_rows16_kv8<HD, true, true>(dk, dv, kbase8, vbase8,
+                                                   off, lane, kv_pol);
+            else if (kv_hint)
+                tc_copy_rows16_kv8<HD, true>(dk, dv, kbase8, vbase8, off,
+                                             lane, kv_pol);
+            else
+                tc_copy_rows16_kv8<HD>(dk, dv, kbase8, vbase8, off, lane);
+        } else if (kv_hint == 128)
             tc_copy_rows16<HD, HOLE, true, true>(
                 sk + stage * TILE + warp * WPART,
                 sv + stage * TILE + warp * WPART, kbase, vbase, off, lane,
@@ -289,7 +321,9 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     for (int nt = 0; nt < NT; nt++)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 */
+    /* scores in log2 (KV8: times the KV head's K scale) */
+    const float sl2 = (KV8 ? a.scale * a.d_kv_scale[kvh] : a.scale) *
+                      1.4426950408889634f;
 
 #pragma unroll
     for (int s = 0; s < TC_STAGES - 1; s++) {
@@ -315,6 +349,17 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         const int kb = start + kt * TC_TK + warp * 16;
         if (kb >= end)
             continue; /* this warp's 16 keys are all past the split */
+        if constexpr (KV8) {
+            /* (the __syncwarp above: the last tile's reads of skw / svw
+             * are done) */
+            const size_t so = (size_t)(kt % TC_STAGES) * TC_TK * HD +
+                              warp * 16 * HD;
+            tc_widen16<HD>(skw, sk8 + so, lane);
+            tc_widen16<HD>(svw, sv8 + so, lane);
+            __syncwarp();
+            tk = skw;
+            tv = svw;
+        }
 
         if (mrow)
             tc_attend16<HD, true>(qa, tk, tv, kb, end, ctx, mrow, sl2, o,
@@ -372,6 +417,8 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             as += sm_o[(w * TC_MAX_GROUP + g) * HD + d] * sc;
         }
         int h = h0 + g;
+        if constexpr (KV8) /* the KV head's V scale */
+            as *= a.d_kv_scale[a.n_kv_heads + kvh];
         if (n_splits == 1) {
             bf16_t *op = (bf16_t *)a.d_out + ((size_t)tok * a.n_heads + h) * HD;
             op[d] = __float2bfloat16_rn(ls > 0.0f ? as / ls : 0.0f);
@@ -411,7 +458,7 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * of docs/PERFORMANCE.md). */
 #define TC_NEWROW_MAX_TOK 2
 
-template <int HD, bool NEWROW>
+template <int HD, bool NEWROW, bool KV8>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
                              cudaStream_t stream)
@@ -427,7 +474,7 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
-            attn_decode_tc_kernel<HD, NEWROW>,
+            attn_decode_tc_kernel<HD, NEWROW, KV8>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
@@ -442,24 +489,27 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
      * until a device session measures the kernel without them. */
     const bool early = true;
     const int kv_hint = 128;
-    kern_launch(attn_decode_tc_kernel<HD, NEWROW>,
+    kern_launch(attn_decode_tc_kernel<HD, NEWROW, KV8>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
                 n_splits, ws, early, kv_hint);
     return cudaSuccess;
 }
 
-/* The instance for the new-row path (nr) or without it. */
+/* The instance for the new-row path (nr), FP8 KV, or neither. */
 template <int HD>
 static cudaError_t tc_launch_hd(bool nr, const cuda_attn_args_t *a,
                                 const int *tok_idx, int n, int n_splits,
                                 int split_len, float *ws, cudaStream_t stream)
 {
+    if (a->d_kv_scale != NULL)
+        return tc_launch<HD, false, true>(a, tok_idx, n, n_splits, split_len,
+                                          ws, stream);
     if (nr)
-        return tc_launch<HD, true>(a, tok_idx, n, n_splits, split_len, ws,
-                                   stream);
-    return tc_launch<HD, false>(a, tok_idx, n, n_splits, split_len, ws,
-                                stream);
+        return tc_launch<HD, true, false>(a, tok_idx, n, n_splits, split_len,
+                                          ws, stream);
+    return tc_launch<HD, false, false>(a, tok_idx, n, n_splits, split_len,
+                                       ws, stream);
 }
 
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *a, const int *tok_idx,

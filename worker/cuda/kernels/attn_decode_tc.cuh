@@ -7,7 +7,9 @@
  *   - tc_attend16: those 16 keys against the group's heads: S = Q K^T on
  *     mma.m16n8k16, the mask, an online softmax in base 2, O += P V with
  *     P re-packed from the accumulators (no shared-memory round trip);
- *   - tc_load_q: Q of the group's heads as the A operand.
+ *   - tc_load_q: Q of the group's heads as the A operand;
+ *   - FP8 KV: tc_copy_rows16_kv8 copies rows of codes, tc_widen16 turns a
+ *     warp's 16 of them into the bf16 rows tc_attend16 reads.
  * Row layout in shared memory: HD bf16 + TC_PAD of padding (2 x 16 B,
  * which keeps ldmatrix free of bank conflicts).
  */
@@ -16,6 +18,7 @@
 
 #include <math.h>
 
+#include "kv8.cuh"
 #include "tc_common.cuh"
 
 #define TC_WARPS 4
@@ -71,6 +74,57 @@ static __device__ __forceinline__ void tc_copy_rows16(
             tc_cp16(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok);
             tc_cp16(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase, ok);
         }
+    }
+}
+
+/* FP8 KV: copies 16 rows of E4M3 codes (HD bytes each, unpadded) of K
+ * and V into dk / dv, as tc_copy_rows16 (off: the row's element, so byte,
+ * offset; -1 zero-filled). */
+template <int HD, bool HINT = false, bool PF128 = false>
+static __device__ __forceinline__ void tc_copy_rows16_kv8(
+    uint8_t *dk, uint8_t *dv, const uint8_t *kbase, const uint8_t *vbase,
+    long long off, int lane, uint64_t pol = 0)
+{
+    constexpr int CPR = HD / 16;  /* 16-byte chunks per row */
+    constexpr int RPI = 32 / CPR; /* rows per copy instruction */
+    const int c = lane % CPR;
+#pragma unroll
+    for (int i = 0; i < 16 / RPI; i++) {
+        const int r = i * RPI + lane / CPR;
+        const long long o = __shfl_sync(0xffffffffu, off, r);
+        const bool ok = o >= 0;
+        if constexpr (HINT) {
+            tc_cp16_hint<PF128>(dk + r * HD + c * 16,
+                                ok ? kbase + o + c * 16 : kbase, ok, pol);
+            tc_cp16_hint<PF128>(dv + r * HD + c * 16,
+                                ok ? vbase + o + c * 16 : vbase, ok, pol);
+        } else {
+            tc_cp16(dk + r * HD + c * 16, ok ? kbase + o + c * 16 : kbase,
+                    ok);
+            tc_cp16(dv + r * HD + c * 16, ok ? vbase + o + c * 16 : vbase,
+                    ok);
+        }
+    }
+}
+
+/* FP8 KV: a warp's 16 rows of codes (src, HD bytes apart) widened to
+ * bf16 rows of ROW (dst), exactly (kv8_to_bf16x8); the caller syncs the
+ * warp before and after. */
+template <int HD>
+static __device__ __forceinline__ void tc_widen16(bf16_t *dst,
+                                                  const uint8_t *src,
+                                                  int lane)
+{
+    constexpr int ROW = tc_rows<HD>::ROW;
+    constexpr int C8 = HD / 8; /* 8-code chunks per row */
+#pragma unroll
+    for (int i = 0; i < 16 * C8 / 32; i++) {
+        const int ci = lane + 32 * i;
+        const int r = ci / C8, c = ci - r * C8;
+        const uint2 codes = *reinterpret_cast<const uint2 *>(src + r * HD +
+                                                             c * 8);
+        *reinterpret_cast<uint4 *>(dst + r * ROW + c * 8) =
+            kv8_to_bf16x8(codes);
     }
 }
 

@@ -7,6 +7,9 @@
  * rule or the sequence's mask, then O += P V with WMMA; O lives in
  * accumulator fragments and is rescaled through shared memory.
  * q (tokens, nh, hd) bf16, K/V cache (slots, nkv, hd) bf16, out like q.
+ * FP8 KV (d_kv_scale, kv8.cuh): this kernel at every head size, the
+ * codes widened to bf16 (exact) as the tile is staged, the KV head's K
+ * scale folded into the score scale and its V scale into the output.
  * Test: build-cuda/tests/kernels/test_attn (make gpu-test runs it).
  */
 #include "attn_prefill.h"
@@ -19,6 +22,7 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "kv8.cuh"
 
 using namespace nvcuda;
 
@@ -41,7 +45,7 @@ template <int HD> struct pf_smem {
     static constexpr size_t BYTES = C_OFF + (size_t)PF_BQ * 4;
 };
 
-template <int HD>
+template <int HD, bool KV8>
 static __global__ void __launch_bounds__(PF_WARPS * 32)
 attn_prefill_kernel(cuda_attn_args_t a, const int *tiles)
 {
@@ -95,6 +99,10 @@ attn_prefill_kernel(cuda_attn_args_t a, const int *tiles)
     const size_t slot_stride = (size_t)a.n_kv_heads * HD;
     const bf16_t *kb_base = (const bf16_t *)a.d_k_cache + (size_t)kvh * HD;
     const bf16_t *vb_base = (const bf16_t *)a.d_v_cache + (size_t)kvh * HD;
+    /* FP8 KV: 8 codes (8 bytes) per chunk of 8 elements */
+    const uint8_t *kb8 = (const uint8_t *)a.d_k_cache + (size_t)kvh * HD;
+    const uint8_t *vb8 = (const uint8_t *)a.d_v_cache + (size_t)kvh * HD;
+    const float s_scale = KV8 ? a.scale * a.d_kv_scale[kvh] : a.scale;
 
     for (int kb = 0; kb < kv_end; kb += PF_BK) {
         __syncthreads(); /* everyone is done with the previous K/V tile */
@@ -105,8 +113,17 @@ attn_prefill_kernel(cuda_attn_args_t a, const int *tiles)
             if (s < kv_end) {
                 int blk = s / bs;
                 size_t slot = (size_t)bt[blk] * bs + (s - blk * bs);
-                kv = *(const uint4 *)(kb_base + slot * slot_stride + c * 8);
-                vv = *(const uint4 *)(vb_base + slot * slot_stride + c * 8);
+                if constexpr (KV8) {
+                    kv = kv8_to_bf16x8(*(const uint2 *)(
+                        kb8 + slot * slot_stride + c * 8));
+                    vv = kv8_to_bf16x8(*(const uint2 *)(
+                        vb8 + slot * slot_stride + c * 8));
+                } else {
+                    kv = *(const uint4 *)(kb_base + slot * slot_stride +
+                                          c * 8);
+                    vv = *(const uint4 *)(vb_base + slot * slot_stride +
+                                          c * 8);
+                }
             }
             *(uint4 *)(Ks + r * SM::LDQ + c * 8) = kv;
             *(uint4 *)(Vs + r * SM::LDQ + c * 8) = vv;
@@ -145,7 +162,7 @@ attn_prefill_kernel(cuda_attn_args_t a, const int *tiles)
             bool vis = row_ok && s < kv_end &&
                        (s < ctx || (mask ? mask[(size_t)qi * n_tok + s - ctx]
                                          : s - ctx <= qi));
-            float v = vis ? srow[c] * a.scale : -INFINITY;
+            float v = vis ? srow[c] * s_scale : -INFINITY;
             srow[c] = v;
             tmax = fmaxf(tmax, v);
         }
@@ -212,6 +229,8 @@ attn_prefill_kernel(cuda_attn_args_t a, const int *tiles)
     __syncwarp();
     if (row_ok) {
         float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        if (KV8) /* the V scale of the KV head */
+            inv *= a.d_kv_scale[a.n_kv_heads + kvh];
         bf16_t *out = (bf16_t *)a.d_out +
                       ((size_t)(tok0 + qi) * a.n_heads + h) * HD;
         for (int d = half * (HD / 2); d < (half + 1) * (HD / 2); d++)
@@ -463,6 +482,24 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * warpgroups, one block an SM, hide too little of the softmax when a
  * tile's products are half as long as at head 128, and fa2wqv runs more
  * warps an SM (docs/PERFORMANCE.md has the figures of each kernel). */
+/* The shared-memory kernel (KV8: over FP8 codes). */
+template <int HD, bool KV8>
+static cudaError_t attn_prefill_plain_launch(const cuda_attn_args_t *a,
+                                             const int *tiles, int n_tiles,
+                                             cudaStream_t stream)
+{
+    size_t bytes = pf_smem<HD>::BYTES;
+    cudaError_t err = cudaFuncSetAttribute(
+        attn_prefill_kernel<HD, KV8>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+
+    if (err != cudaSuccess)
+        return err;
+    attn_prefill_kernel<HD, KV8><<<dim3(n_tiles, a->n_heads), PF_WARPS * 32,
+                                   bytes, stream>>>(*a, tiles);
+    return cudaSuccess;
+}
+
 template <int HD>
 static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
                                        const int *tiles, int n_tiles,
@@ -480,16 +517,8 @@ static cudaError_t attn_prefill_launch(const cuda_attn_args_t *a,
             *a, tiles);
         return cudaSuccess;
     } else {
-        size_t bytes = pf_smem<HD>::BYTES;
-        cudaError_t err = cudaFuncSetAttribute(
-            attn_prefill_kernel<HD>,
-            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-
-        if (err != cudaSuccess)
-            return err;
-        attn_prefill_kernel<HD><<<dim3(n_tiles, a->n_heads), PF_WARPS * 32,
-                                  bytes, stream>>>(*a, tiles);
-        return cudaSuccess;
+        return attn_prefill_plain_launch<HD, false>(a, tiles, n_tiles,
+                                                    stream);
     }
 }
 
@@ -503,6 +532,35 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         return BT_OK;
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
+    if (args->d_kv_scale != NULL) {
+        /* FP8 KV: the shared-memory kernel, which widens the codes as it
+         * stages a tile (the FA2 kernels copy bf16 rows as they are) */
+        switch (args->head_dim) {
+        case 16:
+            err = attn_prefill_plain_launch<16, true>(args, d_tiles, n_tiles,
+                                                      stream);
+            break;
+        case 32:
+            err = attn_prefill_plain_launch<32, true>(args, d_tiles, n_tiles,
+                                                      stream);
+            break;
+        case 64:
+            err = attn_prefill_plain_launch<64, true>(args, d_tiles, n_tiles,
+                                                      stream);
+            break;
+        case 128:
+            err = attn_prefill_plain_launch<128, true>(args, d_tiles,
+                                                       n_tiles, stream);
+            break;
+        default:
+            err = attn_prefill_plain_launch<256, true>(args, d_tiles,
+                                                       n_tiles, stream);
+            break;
+        }
+        if (err != cudaSuccess)
+            return BT_CUDA_STATUS(err);
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     if (cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, 0,
                                     args->head_dim == 128 ? 4 : 2, stream);

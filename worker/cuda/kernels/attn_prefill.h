@@ -29,7 +29,8 @@ enum {
 };
 
 /* True when the tiled kernel supports this head size and dtype (bf16,
- * head_dim 16, 32, 64, 128 or 256). */
+ * head_dim 16, 32, 64, 128 or 256).  FP8 KV (args->d_kv_scale) runs the
+ * shared-memory kernel at every one of those sizes. */
 bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt);
 
 /* Runs the n_tiles tiles of d_tiles (n_tiles, CUDA_PREFILL_TILE_INTS);

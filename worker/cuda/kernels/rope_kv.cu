@@ -6,7 +6,10 @@
  * accurate sincosf (matching the CPU reference within an ulp).  Head
  * sizes with 16-byte chunks (every model): the vector kernel, (cos, sin)
  * once per token, 16-byte loads and stores; the scalar one otherwise.
- * Test: build-cuda/tests/kernels/test_rope_kv (make gpu-test runs it).
+ * FP8 KV (d_kv_scale set): the scalar kernel writes E4M3 codes
+ * (kv8.cuh: the cpu's rounding, bit for bit).
+ * Test: build-cuda/tests/kernels/test_rope_kv (make gpu-test runs it);
+ * FP8: tests/gpu/test_cuda_kv8.c.
  */
 #include "rope_kv.h"
 
@@ -14,10 +17,12 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "kv8.cuh"
 
-template <typename T>
+template <typename T, typename KT>
 static __global__ void rope_kv_kernel(cuda_rope_kv_args_t a)
 {
+    constexpr bool KV8 = std::is_same<KT, kv8_t>::value;
     if (!a.pdl_late)
         kern_pdl_trigger();
     kern_pdl_wait();
@@ -55,21 +60,24 @@ static __global__ void rope_kv_kernel(cuda_rope_kv_args_t a)
             q[e1] = kern_from_f<T>(y1);
         } else if (slot >= 0) {
             int kh = head - a.n_heads;
-            T *k = (T *)a.d_k_cache +
-                   ((size_t)slot * a.n_kv_heads + kh) * hd;
-            k[e0] = kern_from_f<T>(y0);
-            k[e1] = kern_from_f<T>(y1);
+            KT *k = (KT *)a.d_k_cache +
+                    ((size_t)slot * a.n_kv_heads + kh) * hd;
+            float inv = KV8 ? __frcp_rn(a.d_kv_scale[kh]) : 1.0f;
+            k[e0] = kv_store<T, KT>(y0, inv);
+            k[e1] = kv_store<T, KT>(y1, inv);
         }
     }
     if (slot < 0)
         return;
     int v_off = (a.n_heads + a.n_kv_heads) * hd;
-    T *v = (T *)a.d_v_cache + (size_t)slot * a.n_kv_heads * hd;
+    KT *v = (KT *)a.d_v_cache + (size_t)slot * a.n_kv_heads * hd;
     for (int e = threadIdx.x; e < a.n_kv_heads * hd; e += blockDim.x) {
         float x = kern_to_f(row[v_off + e]);
         if (bias)
             x += kern_to_f(bias[v_off + e]);
-        v[e] = kern_from_f<T>(x);
+        float inv = KV8 ? __frcp_rn(a.d_kv_scale[a.n_kv_heads + e / hd])
+                        : 1.0f;
+        v[e] = kv_store<T, KT>(x, inv);
     }
 }
 
@@ -265,6 +273,13 @@ bt_status_t cuda_rope_kv(const cuda_rope_kv_args_t *args, cuda_dtype_t dt,
     cuda_rope_kv_args_t al = *args;
     al.pdl_late = cuda__pdl_late;
     args = &al;
+    if (args->d_kv_scale != NULL) {
+        /* FP8 KV: bf16 activations only (cuda_backend.c refuses f32) */
+        BT_ASSERT(dt == CUDA_DT_BF16);
+        kern_launch(rope_kv_kernel<bf16_t, kv8_t>, args->n_tokens, 256, 0,
+                    stream, *args);
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     if (rope_kv_vec_ok(args, cuda_dtype_size(dt))) {
         /* Threads: one 16-byte chunk pair each for the q/k heads. */
         int th = args->n_heads * args->head_dim >= 4096 ? 256 : 128;
@@ -274,7 +289,7 @@ bt_status_t cuda_rope_kv(const cuda_rope_kv_args_t *args, cuda_dtype_t dt,
         return BT_CUDA_LAUNCH_STATUS();
     }
     KERN_DISPATCH_DT(dt, T,
-                     kern_launch(rope_kv_kernel<T>, args->n_tokens, 256, 0,
+                     kern_launch(rope_kv_kernel<T, T>, args->n_tokens, 256, 0,
                                  stream, *args));
     return BT_CUDA_LAUNCH_STATUS();
 }

@@ -26,6 +26,11 @@ typedef struct {
     void *d_q;                 /* (n_tokens, nh * hd) rotated q (out) */
     void *d_k_cache;           /* (n_blocks * block_size, nkv, hd) layer K */
     void *d_v_cache;           /* (n_blocks * block_size, nkv, hd) layer V */
+    const float *d_kv_scale;   /* NULL: the cache is in the activation
+                                  dtype; else FP8 KV, (2, nkv) this layer's
+                                  K then V scales: the cache holds E4M3
+                                  codes of bf16(value) / scale, rounded as
+                                  common/bt_fp8.h (the cpu's bytes) */
     int pdl_late;              /* set by cuda_rope_kv from cuda__pdl_late
                                   (cuda_int.h) */
 } cuda_rope_kv_args_t;
