@@ -18,7 +18,7 @@ warm-up request before it); it must lose nothing.  Then the closed-loop
 runs of BT_SERVE_RUNS ("PROMPTxOUTPUT@CONCURRENCY:REQUESTS;...").
 
 Environment: BT_SERVE_MODES (agg,disagg,agg-nobound), BT_SERVE_RUNS,
-BT_SERVE_COLD (256 requests at once) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
+BT_SERVE_COLD (256 requests at once; 0: none) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
 BT_SERVE_KV_BLOCKS (44000: disagg's decode; its prefill 4096),
 BT_SERVE_AGG_KV (auto: the aggregated worker sizes KV from memory),
 BT_SERVE_TPOT_MS (50: agg's --tpot-target-ms),
@@ -196,7 +196,8 @@ def run_mode(mode):
         return
     log("%s: registered after %.1f s: cold burst of %d" %
         (mode, time.time() - t0, COLD))
-    bench(cl, mode, COLD_SHAPE[0], COLD_SHAPE[1], COLD, COLD, "cold")
+    if COLD > 0:
+        bench(cl, mode, COLD_SHAPE[0], COLD_SHAPE[1], COLD, COLD, "cold")
     for (plen, olen), (conc, n) in (TPOT_RUNS if mode == "agg-nobound"
                                     else RUNS):
         if DEADLINE - time.time() < 40:
