@@ -71,7 +71,12 @@ typedef struct {
     bool use_ucx;            /* register the pool with UCX */
     bool ucx_shm_pool;       /* KV arrays from kv_ucx_mem_alloc (shared
                               * memory: one-sided puts, no decode CPU);
-                              * off: malloc, copied by UCX's software RMA */
+                              * off: malloc, copied by UCX's software RMA;
+                              * only with kv_direct_writes */
+    bool kv_direct_writes;   /* UCX: prefill workers write the pool itself
+                              * (weaker: a stale writer can reach reused
+                              * blocks); default off: a receive window per
+                              * reservation, copied in (SECURITY.md 5) */
     int step_delay_ms;       /* tests: sleep after each step (slow streams) */
     bool can_prefill;        /* --role both: also prefill prompts locally
                               * (aggregated mode), chunked inside the

@@ -27,12 +27,18 @@ static void quarantine(decode_t *dec, int *blocks, int n)
  * target its blocks (inline KV, or its KV already landed). */
 void decode__resv_free(decode_t *dec, decode_resv_t *r, bool safe)
 {
-    bool remote = dec->links != NULL && kv_link_receiver_is_remote(dec->links);
+    /* Only a writer holding a key to the pool itself makes freed blocks
+     * wait; receive windows are revoked by the reset below. */
+    bool remote = dec->links != NULL &&
+                  kv_link_receiver_pool_exposed(dec->links);
 
     if (r->local || r->local_done)
         safe = true; /* prefilled here: no remote writer */
-    if (dec->links != NULL)
-        kv_link_receiver_reset(dec->links, (int)(r - dec->resv), !safe);
+    if (dec->links != NULL &&
+        kv_link_receiver_reset(dec->links, (int)(r - dec->resv), !safe)) {
+        dec->windows_revoked++;
+        workerproc_metrics_kv_window_revoked(dec->cfg.metrics);
+    }
     proto_control_free(&r->pending);
     workerproc_prompt_cleanup(&r->p);
     bt_free(r->feat);
@@ -203,6 +209,9 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
                 lg.want_recv_area = false;
         }
         st = kv_link_receiver_arm(dec->links, &lg);
+        g.has_ucx_window = lg.ucx_window != NULL;
+        g.ucx_window.data = (uint8_t *)lg.ucx_window;
+        g.ucx_window.len = lg.ucx_window_len;
         if (st == BT_ERR_NO_RESOURCE) {
             /* The area holds the hand-offs in flight: wait for one. */
             kv_allocator_release(dec->kv, need, blocks);
