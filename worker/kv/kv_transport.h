@@ -274,6 +274,9 @@ void kv_ucx_window_destroy(kv_ucx_window_t **win_p);
 bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
                                size_t len, kv_ucx_rwindow_t **rw_p);
 
+/* Blocks per layer of an opened window. */
+int kv_ucx_rwindow_blocks(const kv_ucx_rwindow_t *rw);
+
 /* As kv_ucx_put_layer into the window: source block src_ids[i] goes to
  * window block i (n at most the window's blocks). */
 bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,

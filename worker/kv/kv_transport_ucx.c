@@ -1780,6 +1780,11 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
     return BT_OK;
 }
 
+int kv_ucx_rwindow_blocks(const kv_ucx_rwindow_t *rw)
+{
+    return rw->n_blocks;
+}
+
 bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                                     kv_ucx_rwindow_t *rw, int layer,
                                     const void *src_k, const void *src_v,
