@@ -6,9 +6,11 @@
  *
  * Reservations carry an epoch that is never reused; KV (UCX arrival or
  * inline bytes) with another epoch is refused, and a reservation whose KV
- * never arrives within --kv-timeout-ms is freed.  With UCX, blocks of a
- * reservation freed before its KV arrived stay quarantined for a while so
- * a late remote write cannot land in blocks granted to someone else.
+ * never arrives within --kv-timeout-ms is freed.  UCX KV lands in a
+ * receive window per reservation, unmapped when it ends, so a late remote
+ * write cannot reach blocks granted to someone else; where a writer holds
+ * a key to the pool itself (--kv-direct-writes, CUDA IPC, staged) the
+ * freed blocks stay quarantined for a while instead.
  *
  * Aggregated mode (--role both): the router may send this worker the
  * PrefillTask of a reservation it granted; the prompt is then computed

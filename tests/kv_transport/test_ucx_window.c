@@ -252,15 +252,29 @@ int main(void)
     fprintf(stderr, "bad window descriptors: refused\n");
 
     /* 4. the reservation ends: its window is unmapped; the stale key's
-     * puts reach nothing the next window holds */
+     * puts reach nothing the next window holds, whether the key was
+     * unpacked before the unmap (rw) or only after it (late) */
+    uint8_t old_desc[256];
+    size_t old_len = wlen;
+    kv_ucx_rwindow_t *late = NULL;
+    BT_CHECK(wlen <= sizeof(old_desc));
+    memcpy(old_desc, wdesc, wlen);
     kv_ucx_window_destroy(&w);
     BT_ASSERT_OK(kv_ucx_window_create(pool, 5, &w2));
+    if (kv_ucx_window_open(peer, old_desc, old_len, &late) != BT_OK) {
+        bt_error_clear(); /* the segment is gone: refused outright */
+        fprintf(stderr, "a key unpacked after the unmap: refused\n");
+    }
     for (int round = 0; round < 3; round++) {
         for (int l = 0; l < layout.n_layers; l++) {
             memset(src, 0x5a, 4 * kv_layout_block_bytes(&layout));
             if (kv_ucx_put_layer_window(peer, rw, l, src, src, &layout,
                                         KV_UCX_MEM_HOST, ids, 4) != BT_OK)
                 bt_error_clear(); /* refused outright: also fine */
+            if (late != NULL &&
+                kv_ucx_put_layer_window(peer, late, l, src, src, &layout,
+                                        KV_UCX_MEM_HOST, ids, 4) != BT_OK)
+                bt_error_clear();
         }
         if (kv_ucx_peer_wait(peer, 1000) != BT_OK)
             bt_error_clear();
@@ -270,7 +284,29 @@ int main(void)
     fprintf(stderr, "stale key after the unmap: the next window is "
             "untouched\n");
     kv_ucx_window_close(&rw);
+    kv_ucx_window_close(&late);
     BT_CHECK(rw == NULL);
+
+    /* a window that ended before its writer started: opening its key is
+     * refused cleanly (UCX 1.13 crashed attaching the gone segment) */
+    {
+        kv_ucx_window_t *w3 = NULL;
+        uint8_t gone[256];
+        size_t glen;
+        const uint8_t *gd;
+        kv_ucx_rwindow_t *x = NULL;
+
+        BT_ASSERT_OK(kv_ucx_window_create(pool, 3, &w3));
+        gd = kv_ucx_window_desc(w3, &glen);
+        BT_CHECK(glen <= sizeof(gone));
+        memcpy(gone, gd, glen);
+        kv_ucx_window_destroy(&w3);
+        BT_ASSERT_EQ(kv_ucx_window_open(peer, gone, glen, &x), BT_ERR_NET);
+        BT_CHECK(x == NULL);
+        bt_error_clear();
+        fprintf(stderr, "a window gone before its writer opened it: "
+                "refused\n");
+    }
 
     /* 5. cost */
     {

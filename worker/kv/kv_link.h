@@ -228,7 +228,8 @@ bt_status_t kv_link_receiver_create(const kv_link_recv_config_t *cfg,
                                     kv_link_receiver_t **recv_p);
 
 /* Points the backend's KV allocator at UCX-mapped memory when the UCX
- * link runs with ucx_shm_pool: puts become one-sided memcpys. */
+ * link runs with ucx_shm_pool and kv_direct_writes (puts become one-sided
+ * memcpys); with receive windows no writer maps the pool. */
 void kv_link_receiver_kv_alloc(kv_link_receiver_t *recv,
                                backend_config_t *bcfg);
 

@@ -53,6 +53,7 @@ struct ucx_xfer_s {
     kv_link_remote_t rt;       /* endpoint, slot, epoch, where to */
     kv_ucx_peer_t *peer;  /* one reference */
     kv_ucx_rwindow_t *win;/* the grant's receive window, or NULL */
+    bool win_failed;      /* it could not be opened: the commit fails */
     const int *src;       /* (n) local blocks, borrowed */
     int n;
     bool committing;
@@ -259,7 +260,6 @@ static bt_status_t ucx_xfer_start(kv_link_xfer_base_t *b, const int *src,
                                   int n)
 {
     ucx_xfer_t *x = (ucx_xfer_t *)b;
-
     bt_status_t status;
 
     x->src = src;
@@ -269,10 +269,23 @@ static bt_status_t ucx_xfer_start(kv_link_xfer_base_t *b, const int *src,
     if (status != BT_OK)
         return status;
     /* A windowed pool takes KV only through the grant's window; a grant
-     * without one (another decode version) goes inline. */
-    if (x->rt.window != NULL)
-        return kv_ucx_window_open(x->peer, x->rt.window, x->rt.window_len,
-                                  &x->win);
+     * without one, or with one this version cannot read, goes inline.  A
+     * window UCX cannot open is gone (the reservation ended) or its
+     * process is (a dead decode worker): inline would go to the same
+     * place, so the hand-off fails and the router retries. */
+    if (x->rt.window != NULL) {
+        status = kv_ucx_window_open(x->peer, x->rt.window, x->rt.window_len,
+                                    &x->win);
+        if (status == BT_ERR_FORMAT || status == BT_ERR_NO_MEMORY)
+            return status;
+        if (status != BT_OK) {
+            BT_LOG_WARN("KV", "request %llu: its UCX receive window could "
+                        "not be opened", (unsigned long long)b->request_id);
+            bt_error_clear();
+            x->win_failed = true;
+        }
+        return BT_OK;
+    }
     if (kv_ucx_desc_windowed(kv_ucx_peer_desc(x->peer)))
         return BT_ERR_UNSUPPORTED;
     return BT_OK;
@@ -287,7 +300,7 @@ static bt_status_t ucx_xfer_layer(kv_link_xfer_base_t *b, int layer)
     /* Its decode worker is presumed dead (another hand-off to it timed
      * out): no inline fallback to a dead process; the commit fails and
      * the router retries. */
-    if (kv_ucx_peer_abandoned(x->peer))
+    if (kv_ucx_peer_abandoned(x->peer) || x->win_failed)
         return BT_OK;
     if (x->win != NULL)
         status = kv_ucx_put_layer_window(
@@ -327,6 +340,11 @@ static bt_status_t ucx_xfer_commit(kv_link_xfer_base_t *b)
 {
     ucx_xfer_t *x = (ucx_xfer_t *)b;
 
+    if (x->win_failed) {
+        b->error = "KV receive window of the decode worker could not be "
+                   "opened";
+        return BT_ERR_NET;
+    }
     x->committing = true;
     if (kv_ucx_commit(x->peer, x->rt.slot, x->rt.epoch, commit_cb, x->s) == BT_OK)
         return BT_IN_PROGRESS;

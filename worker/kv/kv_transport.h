@@ -53,6 +53,8 @@
  * until that writer is fenced: the prefill worker acknowledged an abort on
  * the control plane, or it is known dead (heartbeat lost; UCX endpoints of
  * a dead process fail).  A quarantine period covers in-flight bytes.
+ * Receive windows (below) remove the need: a windowed pool is never a
+ * target, and each reservation's window is unmapped when it ends.
  *
  * Progress: all progress is driven by the caller (no UCX thread).  Both
  * sides must call kv_ucx_progress() regularly: on transports without true

@@ -26,7 +26,10 @@
  *   end-8   8  FNV-1a 64 of every byte before it
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
+#include <stdio.h>
+#include <sys/shm.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1614,10 +1617,53 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
 //   0  4 magic "BTKW"   4  4 version (1) + 3 reserved bytes, 0
 //   8  8 pool id        16 4 n_layers     20 4 n_blocks
 //  24  8 block bytes    32 8 base address 40 8 length
-//  48  4 rkey length    52   rkey bytes,  then FNV-1a 64 of all before
+//  48  8 System V shm id + 1 of the segment UCX placed it in (0: not one)
+//  56  4 rkey length    60   rkey bytes,  then FNV-1a 64 of all before
+//
+// Why the shm id: UCX 1.13's ucp_ep_rkey_unpack crashes (SIGSEGV in its
+// error path, uct_rkey_release) when a System V segment it must attach is
+// gone - exactly a window whose reservation ended, or whose decode worker
+// died, before the hand-off started.  The writer checks the segment first
+// (kv_ucx_window_open) and fails the hand-off cleanly instead.
 
 #define KV_UCX_WIN_MAGIC "BTKW"
-#define KV_UCX_WIN_HDR 52
+#define KV_UCX_WIN_HDR 60
+
+/* The System V shm id of the mapping holding `addr` (its inode in
+ * /proc/self/maps, path "/SYSV........"), or -1. */
+static long kv_ucx_sysv_id(const void *addr)
+{
+    uintptr_t a = (uintptr_t)addr;
+    char line[512];
+    long id = -1;
+    FILE *f = fopen("/proc/self/maps", "r");
+
+    if (f == NULL)
+        return -1;
+    while (id < 0 && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi, ino;
+        char path[256] = "";
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %lu %255s", &lo, &hi, &ino,
+                   path) >= 3 &&
+            a >= lo && a < hi)
+            id = strncmp(path, "/SYSV", 5) == 0 ? (long)ino : -2;
+    }
+    fclose(f);
+    return id >= 0 ? id : -1;
+}
+
+/* False when the System V segment `id_plus_1` names is gone (its
+ * attach would crash UCX 1.13); true when it exists or is not one. */
+static bool kv_ucx_sysv_alive(uint64_t id_plus_1)
+{
+    struct shmid_ds ds;
+
+    if (id_plus_1 == 0 || id_plus_1 > (uint64_t)INT_MAX + 1)
+        return id_plus_1 == 0;
+    if (shmctl((int)(id_plus_1 - 1), IPC_STAT, &ds) == 0)
+        return !((ds.shm_perm.mode & SHM_DEST) && ds.shm_nattch == 0);
+    return errno != EINVAL && errno != EIDRM;
+}
 
 bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
                                  kv_ucx_window_t **win_p)
@@ -1682,6 +1728,7 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
     kv_ucx_put_u64(&p, (uint64_t)bb);
     kv_ucx_put_u64(&p, (uint64_t)(uintptr_t)w->base);
     kv_ucx_put_u64(&p, (uint64_t)w->len);
+    kv_ucx_put_u64(&p, (uint64_t)(kv_ucx_sysv_id(w->base) + 1));
     kv_ucx_put_u32(&p, (uint32_t)rkey_len);
     memcpy(p, rkey, rkey_len);
     p += rkey_len;
@@ -1745,7 +1792,7 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
     if (b == NULL || len < KV_UCX_WIN_HDR + 8 || len > KV_UCX_DESC_MAX_BYTES ||
         memcmp(b, KV_UCX_WIN_MAGIC, 4) != 0 || kv_ucx_get_u32(b + 4) != 1)
         return KV_UCX_BAD("not a receive window (%zu bytes)", len);
-    rkey_len = kv_ucx_get_u32(b + 48);
+    rkey_len = kv_ucx_get_u32(b + 56);
     if (rkey_len < 1 || rkey_len > KV_UCX_MAX_RKEY ||
         len != KV_UCX_WIN_HDR + (size_t)rkey_len + 8 ||
         kv_ucx_get_u64(b + len - 8) != kv_ucx_fnv1a(b, len - 8))
@@ -1763,6 +1810,11 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
                           (unsigned long long)d->pool_id);
     if (peer->status != BT_OK)
         return peer->status;
+    if (!kv_ucx_sysv_alive(kv_ucx_get_u64(b + 48)))
+        return BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
+                        "receive window of pool %016llx is gone (its "
+                        "reservation ended or its process died)",
+                        (unsigned long long)d->pool_id);
     rw = bt_calloc(1, sizeof(*rw), "kv_ucx_rwindow");
     if (rw == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
