@@ -427,6 +427,7 @@ typedef struct {
     bool windowed;        /* receive windows (not --kv-direct-writes) */
     ucx_slot_t *slots;    /* (n_slots) when windowed */
     int n_slots;
+    bool warned;          /* a window could not be mapped (logged once) */
 } ucx_recv_t;
 
 #define UCX_MAX_LAYERS 1024
@@ -538,8 +539,11 @@ static bt_status_t ucx_recv_arm(void *state, kv_link_grant_t *g)
     if (sl->blocks == NULL)
         return BT_OK;
     if (kv_ucx_window_create(r->pool, g->n, &sl->win) != BT_OK) {
-        BT_LOG_WARN("KV", "request %llu: no UCX receive window; its KV "
-                    "comes inline", (unsigned long long)g->request_id);
+        if (!r->warned) /* once: it would repeat for every grant */
+            BT_LOG_WARN("KV", "request %llu: no UCX receive window (%s); "
+                        "KV comes inline", (unsigned long long)g->request_id,
+                        bt_error_last());
+        r->warned = true;
         bt_error_clear();
         slot_unmap(sl);
         return BT_OK;

@@ -167,6 +167,7 @@ struct kv_ucx_window_s {
     size_t len;
     int n_blocks;
     size_t block_bytes;
+    long sysv_id;              /* its System V segment */
     uint8_t *desc;             /* (desc_len) KvGrant.ucx_window */
     size_t desc_len;
 };
@@ -1707,6 +1708,17 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
         goto err_unmap;
     w->base = attr.address;
     w->len = mp.length;
+    /* Only a System V segment is known to be revoked by the unmap and
+     * never aliased by a later window (a POSIX one shared through
+     * /proc/<pid>/fd/<fd> reuses fd numbers): anything else and the
+     * grant goes without a window (its KV comes inline). */
+    w->sysv_id = kv_ucx_sysv_id(w->base);
+    if (w->sysv_id < 0) {
+        status = BT_ERROR(BT_ERR_UNSUPPORTED, KV_UCX_SUBSYS,
+                          "UCX placed the receive window outside a System V "
+                          "segment (UCX_ALLOC_PRIO?): no safe revocation");
+        goto err_unmap;
+    }
     status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, w->memh, &rkey,
                                         &rkey_len),
                           "ucp_rkey_pack(window)");
@@ -1728,7 +1740,7 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
     kv_ucx_put_u64(&p, (uint64_t)bb);
     kv_ucx_put_u64(&p, (uint64_t)(uintptr_t)w->base);
     kv_ucx_put_u64(&p, (uint64_t)w->len);
-    kv_ucx_put_u64(&p, (uint64_t)(kv_ucx_sysv_id(w->base) + 1));
+    kv_ucx_put_u64(&p, (uint64_t)(w->sysv_id + 1));
     kv_ucx_put_u32(&p, (uint32_t)rkey_len);
     memcpy(p, rkey, rkey_len);
     p += rkey_len;
