@@ -209,9 +209,6 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
                 lg.want_recv_area = false;
         }
         st = kv_link_receiver_arm(dec->links, &lg);
-        g.has_ucx_window = lg.ucx_window != NULL;
-        g.ucx_window.data = (uint8_t *)lg.ucx_window;
-        g.ucx_window.len = lg.ucx_window_len;
         if (st == BT_ERR_NO_RESOURCE) {
             /* The area holds the hand-offs in flight: wait for one. */
             kv_allocator_release(dec->kv, need, blocks);
@@ -219,6 +216,10 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
             g.error = "KV stage receive area full";
             goto reply;
         }
+        /* valid until the slot is reset: the reply below is sent first */
+        g.has_ucx_window = lg.ucx_window != NULL;
+        g.ucx_window.data = (uint8_t *)lg.ucx_window;
+        g.ucx_window.len = lg.ucx_window_len;
         if (!lg.has_recv_ids) { /* the grant goes without: another link */
             bt_free(recv_ids);
             recv_ids = NULL;

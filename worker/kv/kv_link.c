@@ -665,6 +665,8 @@ bt_status_t kv_link_receiver_arm(kv_link_receiver_t *r, kv_link_grant_t *g)
                 if (r->running[k] && kv_links[k]->recv_reset != NULL)
                     kv_links[k]->recv_reset(r->state[k], g->slot, false);
             g->has_recv_ids = false;
+            g->ucx_window = NULL; /* unmapped by the reset */
+            g->ucx_window_len = 0;
             return status;
         }
     }
