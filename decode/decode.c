@@ -717,6 +717,7 @@ static bt_status_t links_create(decode_t *dec)
         .kv_stage_blocks = cfg->kv_stage_blocks,
         .n_slots = cfg->max_reservations,
         .quarantine_ms = cfg->quarantine_ms,
+        .kv_direct_writes = cfg->kv_direct_writes,
         .device_index = cfg->engine.backend.device_index,
     };
 
@@ -990,10 +991,12 @@ bt_status_t decode_run(decode_t *dec)
     if (dec->links != NULL)
         kv_link_receiver_stats(dec->links, stats, sizeof(stats));
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, KV "
-                "hand-offs by link: %s kv_cap_rejected:%llu", dec->name,
+                "hand-offs by link: %s kv_cap_rejected:%llu "
+                "kv_windows_revoked:%llu", dec->name,
                 (unsigned long long)dec->steps,
                 (unsigned long long)dec->tokens_out, stats,
-                (unsigned long long)dec->cap_rejected);
+                (unsigned long long)dec->cap_rejected,
+                (unsigned long long)dec->windows_revoked);
     log_step_times(dec, true);
     if (dec->prefix != NULL) {
         kv_prefix_stats_t st;

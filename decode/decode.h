@@ -6,9 +6,11 @@
  *
  * Reservations carry an epoch that is never reused; KV (UCX arrival or
  * inline bytes) with another epoch is refused, and a reservation whose KV
- * never arrives within --kv-timeout-ms is freed.  With UCX, blocks of a
- * reservation freed before its KV arrived stay quarantined for a while so
- * a late remote write cannot land in blocks granted to someone else.
+ * never arrives within --kv-timeout-ms is freed.  UCX KV lands in a
+ * receive window per reservation, unmapped when it ends, so a late remote
+ * write cannot reach blocks granted to someone else; where a writer holds
+ * a key to the pool itself (--kv-direct-writes, CUDA IPC, staged) the
+ * freed blocks stay quarantined for a while instead.
  *
  * Aggregated mode (--role both): the router may send this worker the
  * PrefillTask of a reservation it granted; the prompt is then computed
@@ -71,7 +73,12 @@ typedef struct {
     bool use_ucx;            /* register the pool with UCX */
     bool ucx_shm_pool;       /* KV arrays from kv_ucx_mem_alloc (shared
                               * memory: one-sided puts, no decode CPU);
-                              * off: malloc, copied by UCX's software RMA */
+                              * off: malloc, copied by UCX's software RMA;
+                              * only with kv_direct_writes */
+    bool kv_direct_writes;   /* UCX: prefill workers write the pool itself
+                              * (weaker: a stale writer can reach reused
+                              * blocks); default off: a receive window per
+                              * reservation, copied in (SECURITY.md 5) */
     int step_delay_ms;       /* tests: sleep after each step (slow streams) */
     bool can_prefill;        /* --role both: also prefill prompts locally
                               * (aggregated mode), chunked inside the

@@ -200,6 +200,8 @@ struct decode_s {
     decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
     uint64_t steps;
     uint64_t tokens_out;
+    uint64_t windows_revoked;   /* UCX receive windows unmapped while
+                                 * their writer may still hold the key */
     uint64_t cap_rejected;      /* KvReady / local PrefillTask with a
                                    wrong capability, dropped (issue 42) */
     /* Speculative decoding (--spec-head) */

@@ -44,7 +44,12 @@ static void usage(FILE *out)
         "  --kv-timeout-ms N      free a reservation whose KV never came (30000)\n"
         "  --no-ucx               do not register the pool with UCX\n"
         "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"
-        "                         (puts then need this process's CPU)\n"
+        "                         (puts then need this process's CPU;\n"
+        "                         with --kv-direct-writes)\n"
+        "  --kv-direct-writes     UCX: prefill workers write the pool itself\n"
+        "                         instead of a receive window per reservation\n"
+        "                         (weaker: a stale writer's key reaches reused\n"
+        "                         blocks; saves the copy-in, SECURITY.md 5)\n"
         "  --role decode|both     both: also prefill prompts here (aggregated\n"
         "                         mode; the router uses it when no prefill\n"
         "                         worker is registered)\n"
@@ -90,6 +95,7 @@ int main(int argc, char **argv)
         { "max-seqs", required_argument, 0, 'S' },
         { "kv-timeout-ms", required_argument, 0, 'K' },
         { "kv-pool-malloc", no_argument, 0, 'M' },
+        { "kv-direct-writes", no_argument, 0, 1102 },
         { "role", required_argument, 0, 'R' },
         { "chunk-tokens", required_argument, 0, 'C' },
         { "spec-head", required_argument, 0, 1000 },
@@ -128,6 +134,7 @@ int main(int argc, char **argv)
             case 'K': bad = bt_parse_int(optarg, &cfg.kv_timeout_ms) != BT_OK;
                 break;
             case 'M': cfg.ucx_shm_pool = false; break;
+            case 1102: cfg.kv_direct_writes = true; break;
             case 'R':
                 bad = strcmp(optarg, "both") != 0 &&
                       strcmp(optarg, "decode") != 0;

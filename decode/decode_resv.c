@@ -27,12 +27,18 @@ static void quarantine(decode_t *dec, int *blocks, int n)
  * target its blocks (inline KV, or its KV already landed). */
 void decode__resv_free(decode_t *dec, decode_resv_t *r, bool safe)
 {
-    bool remote = dec->links != NULL && kv_link_receiver_is_remote(dec->links);
+    /* Only a writer holding a key to the pool itself makes freed blocks
+     * wait; receive windows are revoked by the reset below. */
+    bool remote = dec->links != NULL &&
+                  kv_link_receiver_pool_exposed(dec->links);
 
     if (r->local || r->local_done)
         safe = true; /* prefilled here: no remote writer */
-    if (dec->links != NULL)
-        kv_link_receiver_reset(dec->links, (int)(r - dec->resv), !safe);
+    if (dec->links != NULL &&
+        kv_link_receiver_reset(dec->links, (int)(r - dec->resv), !safe)) {
+        dec->windows_revoked++;
+        workerproc_metrics_kv_window_revoked(dec->cfg.metrics);
+    }
     proto_control_free(&r->pending);
     workerproc_prompt_cleanup(&r->p);
     bt_free(r->feat);
@@ -210,6 +216,10 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
             g.error = "KV stage receive area full";
             goto reply;
         }
+        /* valid until the slot is reset: the reply below is sent first */
+        g.has_ucx_window = lg.ucx_window != NULL;
+        g.ucx_window.data = (uint8_t *)lg.ucx_window;
+        g.ucx_window.len = lg.ucx_window_len;
         if (!lg.has_recv_ids) { /* the grant goes without: another link */
             bt_free(recv_ids);
             recv_ids = NULL;

@@ -43,6 +43,7 @@ typedef struct {
     uint64_t handoffs;          /* KV hand-offs sent */
     uint64_t handoff_bytes;     /* their KV bytes */
     uint64_t kv_cap_rejected;   /* KV commits dropped: wrong capability */
+    uint64_t kv_windows_revoked;/* receive windows unmapped with a writer */
     uint64_t kv_blocks_sent;    /* hand-off blocks put to decode workers */
     uint64_t kv_blocks_received;/* hand-off blocks that arrived here */
     uint64_t kv_blocks_held;    /* hand-off blocks not moved: the decode
@@ -216,6 +217,10 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
            "KV commits (KvReady, local prefill) dropped: the capability "
            "is not the live reservation's", "%llu",
            (unsigned long long)st->kv_cap_rejected);
+    FAMILY("baton_worker_kv_windows_revoked_total", "counter",
+           "UCX receive windows unmapped while their writer may still hold "
+           "the key (the reservation ended before its KV arrived)", "%llu",
+           (unsigned long long)st->kv_windows_revoked);
     if (b->has_spec) {
         FAMILY("baton_worker_spec_accept_length", "gauge",
                "Speculation: mean tokens accepted per verify step", "%.3f",
@@ -465,6 +470,15 @@ void workerproc_metrics_kv_rejected(workerproc_metrics_t *m)
         return;
     pthread_mutex_lock(&m->mu);
     m->st.kv_cap_rejected++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void workerproc_metrics_kv_window_revoked(workerproc_metrics_t *m)
+{
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->st.kv_windows_revoked++;
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -75,6 +75,10 @@ void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
  * not its live reservation's (issue 42). */
 void workerproc_metrics_kv_rejected(workerproc_metrics_t *m);
 
+/* Counts one UCX receive window unmapped while its writer may still hold
+ * the key (issue 42).  NULL-safe. */
+void workerproc_metrics_kv_window_revoked(workerproc_metrics_t *m);
+
 /* One hand-off's blocks (issue 38): `moved` put (sent: the prefill side)
  * or arrived (the decode side), `held` skipped because the decode
  * worker's prefix cache held them.  NULL-safe. */

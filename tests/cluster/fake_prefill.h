@@ -1,9 +1,10 @@
 /*
  * fake_prefill.h - a prefill worker played by a cluster test over a real
- * DEALER with workerproc's helpers: it registers (inline KV only),
- * heartbeats and keeps the PrefillTask it receives (id, grant epoch,
- * KV capability), so a test can answer it as it likes
- * (test_stale_prefill, test_kv_capability).
+ * DEALER with workerproc's helpers: it registers (inline KV only, or UCX
+ * too with offer_ucx), heartbeats and keeps the PrefillTask it receives
+ * (id, grant epoch, KV capability, the route's UCX endpoint and the
+ * grant's receive window), so a test can answer it as it likes
+ * (test_stale_prefill, test_kv_capability, test_kv_stale_writer).
  */
 #ifndef BT_TESTS_CLUSTER_FAKE_PREFILL_H
 #define BT_TESTS_CLUSTER_FAKE_PREFILL_H
@@ -25,11 +26,22 @@ typedef struct {
     uint64_t task_epoch;
     uint8_t cap[PROTO_CAPABILITY_BYTES];
     size_t cap_len;
+    bool offer_ucx;      /* register with UCX besides inline */
+    const char *precision;/* precision class and KV dtype ("f32"), so a
+                             real model's decode worker pairs with it;
+                             NULL: none (a null-model decode worker) */
+    uint8_t route[16384];/* (route_len) PrefillTask.route's endpoint */
+    size_t route_len;
+    uint8_t window[4096];/* (window_len) KvGrant.ucx_window */
+    size_t window_len;
 } fake_prefill_t;
 
 static void fake_register(fake_prefill_t *f)
 {
     static Baton__KvTransport inline_only[] = {
+        BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE};
+    static Baton__KvTransport with_ucx[] = {
+        BATON__KV_TRANSPORT__KV_TRANSPORT_UCX,
         BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE};
     workerproc_register_cfg_t rc = {
         .role = BATON__ROLE__ROLE_PREFILL, .name = "fake-prefill",
@@ -40,9 +52,24 @@ static void fake_register(fake_prefill_t *f)
 
     workerproc_register_init(&r, &rc);
     r.reg.has_batches = 0; /* fake_pump takes one message at a time */
-    r.reg.n_transports = 1;
-    r.reg.transports = inline_only;
+    if (f->precision != NULL) { /* pairs with a real decode worker */
+        r.reg.precision = (char *)f->precision;
+        r.reg.kv_dtype = (char *)f->precision;
+    }
+    r.reg.n_transports = f->offer_ucx ? 2 : 1;
+    r.reg.transports = f->offer_ucx ? with_ucx : inline_only;
     workerproc_send_register(f->sock, &r.reg);
+}
+
+/* Keeps a copy of optional bytes (len 0 when absent or too long). */
+static void fake_keep(uint8_t *dst, size_t cap, size_t *len_p, bool has,
+                      const ProtobufCBinaryData *b)
+{
+    *len_p = 0;
+    if (has && b != NULL && b->len <= cap) {
+        memcpy(dst, b->data, b->len);
+        *len_p = b->len;
+    }
 }
 
 /* Serves the fake's control socket for `ms`: RegisterAck, heartbeats,
@@ -81,6 +108,13 @@ static void fake_pump(fake_prefill_t *f, int ms)
                     memcpy(f->cap, g->capability.data, sizeof(f->cap));
                     f->cap_len = sizeof(f->cap);
                 }
+                fake_keep(f->route, sizeof(f->route), &f->route_len,
+                          m->prefill_task->route != NULL &&
+                              m->prefill_task->route->has_desc,
+                          m->prefill_task->route != NULL
+                              ? &m->prefill_task->route->desc : NULL);
+                fake_keep(f->window, sizeof(f->window), &f->window_len,
+                          g->has_ucx_window, &g->ucx_window);
             }
             proto_control_free(&m);
         }

@@ -11,9 +11,10 @@
  * cleanly (bounded); the timeout abandoned the dead endpoint (closed at
  * once, test_ucx_abandon.c), so shutdown has no close to wait for.
  *
- * d0 uses --kv-pool-malloc: its hand-offs need its own progress (software
- * RMA), so a dead d0 hangs the commit (with a UCX shared-memory pool the
- * puts would land in the mapped segment and complete anyway).
+ * A dead d0 hangs the commit: the epoch goes to its malloc'ed arrival
+ * slots by software RMA, which needs d0's progress (the KV puts land in
+ * its shared-memory receive window and complete anyway; --kv-pool-malloc
+ * only matters under --kv-direct-writes).
  */
 #include "cluster_util.h"
 

@@ -3,8 +3,11 @@
  * UCX transport (no peer error handling, as on one host): it must tell a
  * dead decode worker from a live one that its own slow loop kept waiting.
  *
- * d0 and d1 use --kv-pool-malloc, so each hand-off needs the decode
- * worker's progress (software RMA): a dead one never completes it.  The
+ * Each hand-off's commit needs the decode worker's progress (the epoch
+ * goes to its malloc'ed arrival slots by software RMA; the KV itself to a
+ * shared-memory receive window, and with --kv-pool-malloc, which only
+ * matters under --kv-direct-writes, to its pool by software RMA too): a
+ * dead one never completes it.  The
  * prefill worker's forwards take 400 ms (--step-delay-ms), longer than
  * its 300 ms commit timeout; the router drops a silent worker only after
  * 30 s, so only the timeout can end a hand-off to a dead process.

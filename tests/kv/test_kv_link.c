@@ -112,6 +112,9 @@ int main(void)
     kv_link_recv_config_t rc = {
         .use_ucx = true, .ucx_shm_pool = true, .n_slots = 4,
         .quarantine_ms = 100,
+        .kv_direct_writes = true, /* the pool itself (windows: kv_transport/
+                                     test_ucx_window, cluster/
+                                     test_kv_stale_writer) */
     };
     kv_link_config_t sc = { .use_ucx = true };
     kv_link_receiver_t *rcv = NULL;

@@ -517,7 +517,8 @@ static void ucx_kv_free(void *arg, void *ptr)
 
 void kv_link_receiver_kv_alloc(kv_link_receiver_t *r, backend_config_t *bcfg)
 {
-    if (r->sh.ucx == NULL || !r->cfg.ucx_shm_pool)
+    /* with receive windows no writer maps the pool: plain memory */
+    if (r->sh.ucx == NULL || !r->cfg.ucx_shm_pool || !r->cfg.kv_direct_writes)
         return;
     bcfg->kv_alloc = ucx_kv_alloc;
     bcfg->kv_free = ucx_kv_free;
@@ -638,6 +639,18 @@ bool kv_link_receiver_is_remote(const kv_link_receiver_t *r)
     return false;
 }
 
+bool kv_link_receiver_pool_exposed(const kv_link_receiver_t *r)
+{
+    for (size_t i = 0; i < KV_LINK_N; i++) {
+        if (!r->running[i] || kv_links[i]->id == KV_LINK_INLINE)
+            continue;
+        if (kv_links[i]->recv_pool_exposed == NULL ||
+            kv_links[i]->recv_pool_exposed(r->state[i]))
+            return true;
+    }
+    return false;
+}
+
 bt_status_t kv_link_receiver_arm(kv_link_receiver_t *r, kv_link_grant_t *g)
 {
     g->has_recv_ids = false;
@@ -652,6 +665,8 @@ bt_status_t kv_link_receiver_arm(kv_link_receiver_t *r, kv_link_grant_t *g)
                 if (r->running[k] && kv_links[k]->recv_reset != NULL)
                     kv_links[k]->recv_reset(r->state[k], g->slot, false);
             g->has_recv_ids = false;
+            g->ucx_window = NULL; /* unmapped by the reset */
+            g->ucx_window_len = 0;
             return status;
         }
     }
@@ -690,11 +705,14 @@ bt_status_t kv_link_receiver_unpack(kv_link_receiver_t *r,
                                   n_blocks, n_tokens);
 }
 
-void kv_link_receiver_reset(kv_link_receiver_t *r, int slot, bool writer)
+bool kv_link_receiver_reset(kv_link_receiver_t *r, int slot, bool writer)
 {
+    bool revoked = false;
+
     for (size_t i = 0; i < KV_LINK_N; i++)
         if (r->running[i] && kv_links[i]->recv_reset != NULL)
-            kv_links[i]->recv_reset(r->state[i], slot, writer);
+            revoked |= kv_links[i]->recv_reset(r->state[i], slot, writer);
+    return revoked;
 }
 
 void kv_link_receiver_progress(kv_link_receiver_t *r)
@@ -756,6 +774,16 @@ bt_status_t kv_link__remote_xfer_create(const kv_link_route_t *r,
     }
     memcpy(rt->desc, r->desc, r->desc_len);
     rt->desc_len = r->desc_len;
+    if (r->ucx_window_len > 0) {
+        rt->window = bt_malloc(r->ucx_window_len, "prefill_desc");
+        if (rt->window == NULL) {
+            bt_free(rt->desc);
+            bt_free(x);
+            return BT_ERR_NO_MEMORY;
+        }
+        memcpy(rt->window, r->ucx_window, r->ucx_window_len);
+        rt->window_len = r->ucx_window_len;
+    }
     rt->slot = r->slot;
     rt->epoch = r->epoch;
     rt->dst = dst;
@@ -767,4 +795,6 @@ void kv_link__remote_cleanup(kv_link_remote_t *rt)
 {
     bt_free(rt->desc);
     rt->desc = NULL;
+    bt_free(rt->window);
+    rt->window = NULL;
 }

@@ -78,6 +78,9 @@ typedef struct {
     int n_dst;
     const int *stage_blocks;/* (n_stage) receive-area ids (staged UCX) */
     int n_stage;
+    const uint8_t *ucx_window; /* (ucx_window_len) KvGrant.ucx_window: the
+                               UCX link puts there, not into the pool */
+    size_t ucx_window_len;
     int dst_block_size;     /* the decode pool's block size (0: unknown) */
     int n_tokens;           /* prompt tokens whose KV the decode needs */
     int first_block;        /* the range moved: dst blocks [first_block,
@@ -193,6 +196,9 @@ typedef struct {
     int kv_stage_blocks; /* receive area in blocks (0: 4 prompts) */
     int n_slots;         /* reservations: one arrival slot each */
     int quarantine_ms;   /* receive blocks of a cancelled staged slot */
+    bool kv_direct_writes;/* UCX: register the pool itself (the weaker
+                            --kv-direct-writes) instead of a receive
+                            window per reservation */
     int device_index;    /* CUDA ordinal of rank 0 (device KV) */
 } kv_link_recv_config_t;
 
@@ -209,6 +215,10 @@ typedef struct {
                              through a receive area (KvReserve.kv_stage) */
     int *recv_ids;        /* (n) out: the receive-area ids */
     bool has_recv_ids;    /* out: recv_ids were filled */
+    const uint8_t *ucx_window; /* out: the UCX receive window's descriptor
+                                  (KvGrant.ucx_window), valid until the
+                                  slot is reset; NULL without */
+    size_t ucx_window_len;
 } kv_link_grant_t;
 
 /* Before the engine: the UCX context, so the backend can place its KV
@@ -218,7 +228,8 @@ bt_status_t kv_link_receiver_create(const kv_link_recv_config_t *cfg,
                                     kv_link_receiver_t **recv_p);
 
 /* Points the backend's KV allocator at UCX-mapped memory when the UCX
- * link runs with ucx_shm_pool: puts become one-sided memcpys. */
+ * link runs with ucx_shm_pool and kv_direct_writes (puts become one-sided
+ * memcpys); with receive windows no writer maps the pool. */
 void kv_link_receiver_kv_alloc(kv_link_receiver_t *recv,
                                backend_config_t *bcfg);
 
@@ -250,6 +261,12 @@ const char *kv_link_receiver_names(const kv_link_receiver_t *recv);
  * blocks of a reservation whose KV did not land are quarantined. */
 bool kv_link_receiver_is_remote(const kv_link_receiver_t *recv);
 
+/* True when a remote writer holds a key to the pool's own blocks (UCX
+ * with kv_direct_writes, CUDA IPC, the staged link in direct mode); false
+ * when every remote link writes through receive windows or areas that the
+ * links guard themselves: freed blocks need no quarantine then. */
+bool kv_link_receiver_pool_exposed(const kv_link_receiver_t *recv);
+
 /* A reservation is granted: every link clears its arrival slot; one
  * with a receive area reserves it (g->recv_ids).  BT_ERR_NO_RESOURCE:
  * the receive area is full, refuse the grant for now. */
@@ -275,8 +292,10 @@ bt_status_t kv_link_receiver_unpack(kv_link_receiver_t *recv,
                                     int n_tokens);
 
 /* The reservation of `slot` ends.  `writer`: a remote writer may still
- * target it (its KV did not land): receive blocks are quarantined. */
-void kv_link_receiver_reset(kv_link_receiver_t *recv, int slot, bool writer);
+ * target it (its KV did not land): receive blocks are quarantined.
+ * Returns true when a receive window that writer holds a key to was
+ * unmapped (revoked) here. */
+bool kv_link_receiver_reset(kv_link_receiver_t *recv, int slot, bool writer);
 
 /* Progresses every link (software RMA, staged copies). */
 void kv_link_receiver_progress(kv_link_receiver_t *recv);

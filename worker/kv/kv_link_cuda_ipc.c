@@ -243,10 +243,11 @@ static bt_status_t cipc_recv_arm(void *state, kv_link_grant_t *g)
     return BT_OK;
 }
 
-static void cipc_recv_reset(void *state, int slot, bool writer)
+static bool cipc_recv_reset(void *state, int slot, bool writer)
 {
     (void)writer;
     kv_cipc_pool_slot_reset(state, slot);
+    return false; /* the pool's one IPC handle: nothing to revoke */
 }
 
 /* The prefill worker wrote the epoch after its copies and waited for

@@ -40,6 +40,9 @@ typedef struct {
     int slot;
     uint64_t epoch;
     const int *dst;              /* pool or receive-area block ids */
+    uint8_t *window;             /* (window_len) the grant's UCX receive
+                                    window, owned; NULL without */
+    size_t window_len;
 } kv_link_remote_t;
 
 /* Creates a remote link's xfer: `size` zeroed bytes that start with the
@@ -104,7 +107,11 @@ typedef struct kv_link_ops_s {
     const uint8_t *(*recv_desc)(void *state, size_t *len_p);
     bt_status_t (*recv_arm)(void *state, kv_link_grant_t *g);
     bt_status_t (*recv_arrived)(void *state, int slot, uint64_t epoch);
-    void (*recv_reset)(void *state, int slot, bool writer);
+    /* true: a receive window was revoked (unmapped) with a writer */
+    bool (*recv_reset)(void *state, int slot, bool writer);
+    /* true when a remote writer holds a key to the pool's own blocks
+     * (NULL: true for every remote link) */
+    bool (*recv_pool_exposed)(void *state);
     bool (*recv_progress)(void *state);
     void (*recv_expire)(void *state, uint64_t now);
 } kv_link_ops_t;

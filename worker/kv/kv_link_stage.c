@@ -471,14 +471,14 @@ static bt_status_t stage_recv_arrived(void *state, int slot, uint64_t epoch)
 /* A slot whose KV did not all arrive may still have a writer: its
  * receive blocks stay quarantined for the quarantine time
  * (kv_stage_recv_cancel); when no writer can exist they are free now. */
-static void stage_recv_reset(void *state, int slot, bool writer)
+static bool stage_recv_reset(void *state, int slot, bool writer)
 {
     stage_recv_t *r = state;
     int q_ms = r->sh->rcfg->quarantine_ms;
     bool done;
 
     if (slot < 0 || slot >= r->n_slots || !r->staged[slot])
-        return;
+        return false;
     done = kv_stage_recv_poll(r->recv, slot) == BT_OK;
     kv_stage_recv_cancel(r->recv, slot); /* waits for its copies */
     if (!done && writer && q_ms > 0)
@@ -487,6 +487,7 @@ static void stage_recv_reset(void *state, int slot, bool writer)
         kv_stage_recv_release_quarantine(r->recv, slot);
     /* else: an older cancel's quarantine releases these with it */
     r->staged[slot] = false;
+    return false; /* one registered area: quarantined, not revoked */
 }
 
 static bool stage_recv_progress(void *state)

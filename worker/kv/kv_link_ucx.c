@@ -6,6 +6,15 @@
  *
  * The sender keeps an endpoint per decode pool the router lists, so a
  * hand-off never pays for connecting on a request's critical path.
+ *
+ * Receive windows (issue 42, the default): the decode worker registers
+ * only its arrival slots and maps one window per reservation
+ * (kv_ucx_window_create); the grant carries its key, the hand-off puts
+ * into it, and the decode worker copies it into the reservation's blocks
+ * once KvReady's capability was checked and the epoch arrived, then
+ * unmaps it.  A reservation that ends otherwise unmaps it too, so the
+ * pool is never a remote writer's target and a stale key reaches nothing
+ * a sequence reads.  --kv-direct-writes registers the pool instead.
  */
 #include "kv/kv_link_int.h"
 
@@ -14,6 +23,7 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
 
@@ -42,6 +52,8 @@ struct ucx_xfer_s {
     ucx_send_t *s;
     kv_link_remote_t rt;       /* endpoint, slot, epoch, where to */
     kv_ucx_peer_t *peer;  /* one reference */
+    kv_ucx_rwindow_t *win;/* the grant's receive window, or NULL */
+    bool win_failed;      /* it could not be opened: the commit fails */
     const int *src;       /* (n) local blocks, borrowed */
     int n;
     bool committing;
@@ -248,11 +260,35 @@ static bt_status_t ucx_xfer_start(kv_link_xfer_base_t *b, const int *src,
                                   int n)
 {
     ucx_xfer_t *x = (ucx_xfer_t *)b;
+    bt_status_t status;
 
     x->src = src;
     x->n = n;
     peer_hold(x->s, x->rt.desc, x->rt.desc_len);
-    return kv_ucx_connect(x->s->ucx, x->rt.desc, x->rt.desc_len, &x->peer);
+    status = kv_ucx_connect(x->s->ucx, x->rt.desc, x->rt.desc_len, &x->peer);
+    if (status != BT_OK)
+        return status;
+    /* A windowed pool takes KV only through the grant's window; a grant
+     * without one, or with one this version cannot read, goes inline.  A
+     * window UCX cannot open is gone (the reservation ended) or its
+     * process is (a dead decode worker): inline would go to the same
+     * place, so the hand-off fails and the router retries. */
+    if (x->rt.window != NULL) {
+        status = kv_ucx_window_open(x->peer, x->rt.window, x->rt.window_len,
+                                    &x->win);
+        if (status == BT_ERR_FORMAT || status == BT_ERR_NO_MEMORY)
+            return status;
+        if (status != BT_OK) {
+            BT_LOG_WARN("KV", "request %llu: its UCX receive window could "
+                        "not be opened", (unsigned long long)b->request_id);
+            bt_error_clear();
+            x->win_failed = true;
+        }
+        return BT_OK;
+    }
+    if (kv_ucx_desc_windowed(kv_ucx_peer_desc(x->peer)))
+        return BT_ERR_UNSUPPORTED;
+    return BT_OK;
 }
 
 static bt_status_t ucx_xfer_layer(kv_link_xfer_base_t *b, int layer)
@@ -264,12 +300,19 @@ static bt_status_t ucx_xfer_layer(kv_link_xfer_base_t *b, int layer)
     /* Its decode worker is presumed dead (another hand-off to it timed
      * out): no inline fallback to a dead process; the commit fails and
      * the router retries. */
-    if (kv_ucx_peer_abandoned(x->peer))
+    if (kv_ucx_peer_abandoned(x->peer) || x->win_failed)
         return BT_OK;
-    status = kv_ucx_put_layer(x->peer, layer, backend_kv_data(be, layer, 0),
-                              backend_kv_data(be, layer, 1),
-                              backend_kv_layout(be), KV_UCX_MEM_HOST, x->src,
-                              x->rt.dst, x->n);
+    if (x->win != NULL)
+        status = kv_ucx_put_layer_window(
+            x->peer, x->win, layer, backend_kv_data(be, layer, 0),
+            backend_kv_data(be, layer, 1), backend_kv_layout(be),
+            KV_UCX_MEM_HOST, x->src, x->n);
+    else
+        status = kv_ucx_put_layer(x->peer, layer,
+                                  backend_kv_data(be, layer, 0),
+                                  backend_kv_data(be, layer, 1),
+                                  backend_kv_layout(be), KV_UCX_MEM_HOST,
+                                  x->src, x->rt.dst, x->n);
     if (status != BT_OK)
         BT_LOG_WARN("KV", "UCX put of request %llu failed; falling back to "
                     "inline", (unsigned long long)b->request_id);
@@ -297,6 +340,11 @@ static bt_status_t ucx_xfer_commit(kv_link_xfer_base_t *b)
 {
     ucx_xfer_t *x = (ucx_xfer_t *)b;
 
+    if (x->win_failed) {
+        b->error = "KV receive window of the decode worker could not be "
+                   "opened";
+        return BT_ERR_NET;
+    }
     x->committing = true;
     if (kv_ucx_commit(x->peer, x->rt.slot, x->rt.epoch, commit_cb, x->s) == BT_OK)
         return BT_IN_PROGRESS;
@@ -355,52 +403,85 @@ static void ucx_xfer_destroy(kv_link_xfer_base_t *b)
             break;
         }
     }
+    kv_ucx_window_close(&x->win); /* before the peer reference goes */
     kv_ucx_disconnect(&x->peer);
     kv_link__remote_cleanup(&x->rt);
     bt_free(x);
 }
 
 // ---------------------------------------------------------------------------
-// Receiver: the registered pool
+// Receiver: the arrival slots, and a window per reservation or the pool
+
+/* One reservation slot's receive window. */
+typedef struct {
+    kv_ucx_window_t *win; /* mapped for the live grant, else NULL */
+    int *blocks;          /* (n) the pool blocks it is copied into */
+    int n;
+    uint64_t epoch;       /* the grant's */
+    uint64_t copied;      /* the epoch whose window was copied in (0) */
+} ucx_slot_t;
 
 typedef struct {
     kv_link_shared_t *sh;
     kv_ucx_pool_t *pool;
+    bool windowed;        /* receive windows (not --kv-direct-writes) */
+    ucx_slot_t *slots;    /* (n_slots) when windowed */
+    int n_slots;
+    bool warned;          /* a window could not be mapped (logged once) */
 } ucx_recv_t;
 
 #define UCX_MAX_LAYERS 1024
 
-/* Registers the host pool (device pools go over CUDA IPC or staged). */
-static bt_status_t ucx_recv_create(kv_link_shared_t *sh, void **state_p)
+static bt_status_t ucx_register(ucx_recv_t *r, backend_t *be)
 {
     void *k_layers[UCX_MAX_LAYERS], *v_layers[UCX_MAX_LAYERS];
+    const kv_layout_t *lay = backend_kv_layout(be);
+    int n_layers = (int)lay->n_layers;
+
+    if (r->windowed)
+        return kv_ucx_pool_register_windowed(r->sh->ucx, lay, r->n_slots,
+                                             &r->pool);
+    if (n_layers > UCX_MAX_LAYERS)
+        return BT_ERR_INVALID_ARG;
+    for (int l = 0; l < n_layers; l++) {
+        k_layers[l] = backend_kv_data(be, l, 0);
+        v_layers[l] = backend_kv_data(be, l, 1);
+    }
+    return kv_ucx_pool_register(r->sh->ucx, lay, k_layers, v_layers,
+                                KV_UCX_MEM_HOST, r->n_slots, &r->pool);
+}
+
+/* Host pools only (device pools go over CUDA IPC or staged). */
+static bt_status_t ucx_recv_create(kv_link_shared_t *sh, void **state_p)
+{
     backend_t *be = sh->backend;
-    const kv_layout_t *lay;
     ucx_recv_t *r;
-    int n_layers;
 
     if (be == NULL || sh->kv_on_device || !sh->rcfg->use_ucx)
         return BT_ERR_UNSUPPORTED;
-    lay = backend_kv_layout(be);
-    n_layers = (int)lay->n_layers;
     r = bt_calloc(1, sizeof(*r), "kv_link_ucx");
     if (r == NULL)
         return BT_ERR_NO_MEMORY;
     r->sh = sh;
+    r->windowed = !sh->rcfg->kv_direct_writes;
+    r->n_slots = sh->rcfg->n_slots;
+    if (r->windowed) {
+        r->slots = bt_calloc((size_t)r->n_slots, sizeof(*r->slots),
+                             "kv_link_ucx");
+        if (r->slots == NULL) {
+            bt_free(r);
+            return BT_ERR_NO_MEMORY;
+        }
+    }
     if (kv_link__ucx_acquire(sh) == NULL) {
+        bt_free(r->slots);
         bt_free(r);
         return BT_ERR_UNSUPPORTED; /* logged */
     }
-    for (int l = 0; l < n_layers && l < UCX_MAX_LAYERS; l++) {
-        k_layers[l] = backend_kv_data(be, l, 0);
-        v_layers[l] = backend_kv_data(be, l, 1);
-    }
-    if (n_layers > UCX_MAX_LAYERS ||
-        kv_ucx_pool_register(sh->ucx, lay, k_layers, v_layers,
-                             KV_UCX_MEM_HOST, sh->rcfg->n_slots,
-                             &r->pool) != BT_OK) {
+    if (ucx_register(r, be) != BT_OK) {
         BT_LOG_WARN("KV", "UCX pool registration failed; KV arrives inline");
         kv_link__ucx_release(sh);
+        bt_free(r->slots);
         bt_free(r);
         return BT_ERR_UNSUPPORTED;
     }
@@ -408,10 +489,26 @@ static bt_status_t ucx_recv_create(kv_link_shared_t *sh, void **state_p)
     return BT_OK;
 }
 
+/* Unmaps slot s's window.  Returns true when it was still mapped for a
+ * reservation whose KV never arrived: its writer's key is revoked. */
+static bool slot_unmap(ucx_slot_t *sl)
+{
+    bool revoked = sl->win != NULL;
+
+    kv_ucx_window_destroy(&sl->win);
+    bt_free(sl->blocks);
+    sl->blocks = NULL;
+    sl->n = 0;
+    return revoked;
+}
+
 static void ucx_recv_destroy(void **state_p)
 {
     ucx_recv_t *r = *state_p;
 
+    for (int i = 0; r->slots != NULL && i < r->n_slots; i++)
+        slot_unmap(&r->slots[i]);
+    bt_free(r->slots);
     kv_ucx_pool_deregister(&r->pool);
     kv_link__ucx_release(r->sh);
     bt_free(r);
@@ -423,17 +520,72 @@ static const uint8_t *ucx_recv_desc(void *state, size_t *len_p)
     return kv_ucx_pool_desc(((ucx_recv_t *)state)->pool, len_p);
 }
 
-/* A reused slot never carries an old arrival. */
+/* A reused slot never carries an old arrival.  Windowed: maps the
+ * grant's window (a grant that cannot get one goes without: its KV then
+ * comes inline, never into the pool). */
 static bt_status_t ucx_recv_arm(void *state, kv_link_grant_t *g)
 {
-    kv_ucx_pool_slot_reset(((ucx_recv_t *)state)->pool, g->slot);
+    ucx_recv_t *r = state;
+    ucx_slot_t *sl;
+
+    kv_ucx_pool_slot_reset(r->pool, g->slot);
+    g->ucx_window = NULL;
+    g->ucx_window_len = 0;
+    if (!r->windowed || g->n <= 0 || g->slot < 0 || g->slot >= r->n_slots)
+        return BT_OK;
+    sl = &r->slots[g->slot];
+    slot_unmap(sl); /* a slot is reset before it is granted again */
+    sl->blocks = bt_malloc((size_t)g->n * sizeof(int), "kv_link_ucx");
+    if (sl->blocks == NULL)
+        return BT_OK;
+    if (kv_ucx_window_create(r->pool, g->n, &sl->win) != BT_OK) {
+        if (!r->warned) /* once: it would repeat for every grant */
+            BT_LOG_WARN("KV", "request %llu: no UCX receive window (%s); "
+                        "KV comes inline", (unsigned long long)g->request_id,
+                        bt_error_last());
+        r->warned = true;
+        bt_error_clear();
+        slot_unmap(sl);
+        return BT_OK;
+    }
+    memcpy(sl->blocks, g->blocks, (size_t)g->n * sizeof(int));
+    sl->n = g->n;
+    sl->epoch = g->epoch;
+    sl->copied = 0;
+    g->ucx_window = kv_ucx_window_desc(sl->win, &g->ucx_window_len);
     return BT_OK;
 }
 
-static void ucx_recv_reset(void *state, int slot, bool writer)
+static bool ucx_recv_reset(void *state, int slot, bool writer)
 {
-    (void)writer;
-    kv_ucx_pool_slot_reset(((ucx_recv_t *)state)->pool, slot);
+    ucx_recv_t *r = state;
+    bool revoked = false;
+
+    kv_ucx_pool_slot_reset(r->pool, slot);
+    if (r->windowed && slot >= 0 && slot < r->n_slots) {
+        revoked = slot_unmap(&r->slots[slot]) && writer;
+        r->slots[slot].copied = 0;
+    }
+    return revoked;
+}
+
+/* The window's blocks into the pool's (host memory: memcpy), after the
+ * epoch arrived (acquire) and KvReady's capability was checked. */
+static void copy_in(ucx_recv_t *r, const ucx_slot_t *sl)
+{
+    backend_t *be = r->sh->backend;
+    size_t bb = kv_layout_block_bytes(backend_kv_layout(be));
+    int n_layers = (int)backend_kv_layout(be)->n_layers;
+
+    for (int l = 0; l < n_layers; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            const uint8_t *src = kv_ucx_window_data(sl->win, l, kv);
+            uint8_t *dst = backend_kv_data(be, l, kv);
+            for (int i = 0; i < sl->n; i++)
+                memcpy(dst + (size_t)sl->blocks[i] * bb, src + (size_t)i * bb,
+                       bb);
+        }
+    }
 }
 
 /* The prefill worker committed before PrefillDone, so the epoch is
@@ -443,14 +595,31 @@ static bt_status_t ucx_recv_arrived(void *state, int slot, uint64_t epoch)
 {
     ucx_recv_t *r = state;
     uint64_t until = bt_time_ns() + 2000000000ull;
+    ucx_slot_t *sl = r->windowed && slot >= 0 && slot < r->n_slots
+                         ? &r->slots[slot] : NULL;
 
+    if (sl != NULL && epoch != 0 && sl->copied == epoch)
+        return BT_OK; /* asked again: already in the pool */
+    if (r->windowed && (sl == NULL || sl->win == NULL || sl->epoch != epoch))
+        return BT_ERR_INVALID_ARG; /* no window of this grant */
     while (bt_time_ns() < until) {
         kv_ucx_progress(r->sh->ucx);
-        if (kv_ucx_pool_has_arrived(r->pool, slot, epoch))
+        if (kv_ucx_pool_has_arrived(r->pool, slot, epoch)) {
+            if (sl != NULL) {
+                copy_in(r, sl);
+                slot_unmap(sl); /* its writer is done: nothing revoked */
+                sl->copied = epoch;
+            }
             return BT_OK;
+        }
         kv_ucx_wait(r->sh->ucx, 1);
     }
     return BT_ERR_TIMEOUT;
+}
+
+static bool ucx_recv_pool_exposed(void *state)
+{
+    return !((ucx_recv_t *)state)->windowed;
 }
 
 const kv_link_ops_t kv_link_ucx_ops = {
@@ -475,4 +644,5 @@ const kv_link_ops_t kv_link_ucx_ops = {
     .recv_arm = ucx_recv_arm,
     .recv_arrived = ucx_recv_arrived,
     .recv_reset = ucx_recv_reset,
+    .recv_pool_exposed = ucx_recv_pool_exposed,
 };

@@ -53,6 +53,8 @@
  * until that writer is fenced: the prefill worker acknowledged an abort on
  * the control plane, or it is known dead (heartbeat lost; UCX endpoints of
  * a dead process fail).  A quarantine period covers in-flight bytes.
+ * Receive windows (below) remove the need: a windowed pool is never a
+ * target, and each reservation's window is unmapped when it ends.
  *
  * Progress: all progress is driven by the caller (no UCX thread).  Both
  * sides must call kv_ucx_progress() regularly: on transports without true
@@ -197,6 +199,15 @@ bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
                                  kv_ucx_mem_type_t mem_type, int n_slots,
                                  kv_ucx_pool_t **pool_p);
 
+/* As kv_ucx_pool_register, but only the arrival slots are registered:
+ * the KV arrays are never exposed and every hand-off goes through a
+ * receive window (below).  The descriptor says so; kv_ucx_put_layer into
+ * such a pool is refused. */
+bt_status_t kv_ucx_pool_register_windowed(kv_ucx_t *ctx,
+                                          const kv_layout_t *layout,
+                                          int n_slots,
+                                          kv_ucx_pool_t **pool_p);
+
 /* Unmaps and frees the pool's registrations and arrival slots.  Writers
  * must have stopped (see "What epochs can NOT do").  NULL-safe. */
 void kv_ucx_pool_deregister(kv_ucx_pool_t **pool_p);
@@ -220,6 +231,68 @@ uint64_t kv_ucx_pool_slot_value(const kv_ucx_pool_t *pool, int slot);
 void kv_ucx_pool_slot_reset(kv_ucx_pool_t *pool, int slot);
 
 /* ------------------------------------------------------------------------
+ * Receive windows: one per reservation (issue 42)
+ *
+ * A remote key of the pool lets its holder write any block of it for as
+ * long as the pool lives, long after its reservation ended (a prefill
+ * worker stopped with SIGSTOP and resumed).  A window is host memory
+ * mapped for ONE reservation (ucp_mem_map ALLOCATE: its own shared memory
+ * segment on one host, its own memory region on RDMA), laid out
+ * (n_layers, K|V, n_blocks, block), whose descriptor (address + a fresh
+ * packed rkey) travels in that grant only.  The decode worker copies it
+ * into the reservation's pool blocks once the capability was checked and
+ * the epoch arrived, then unmaps it; a reservation that ends otherwise
+ * unmaps it too.  After the unmap a stale rkey reaches nothing the decode
+ * worker reads: on shared memory the writer's attachment is an orphaned
+ * segment, on RDMA the key is invalid (the put fails).  UCX's software
+ * RMA (tcp) does not check keys at all: see docs/SECURITY.md section 5.
+ * --------------------------------------------------------------------- */
+
+typedef struct kv_ucx_window_s kv_ucx_window_t;   /* decode: mapped */
+typedef struct kv_ucx_rwindow_s kv_ucx_rwindow_t; /* prefill: opened */
+
+/* Maps a window of `n_blocks` blocks per layer for `pool`'s layout.
+ * BT_ERR_INVALID_ARG for n_blocks outside 1..pool blocks, BT_ERR_NET when
+ * UCX cannot map it, BT_ERR_NO_MEMORY. */
+bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
+                                 kv_ucx_window_t **win_p);
+
+/* The window's descriptor bytes (KvGrant.ucx_window), valid while it
+ * lives. */
+const uint8_t *kv_ucx_window_desc(const kv_ucx_window_t *win,
+                                  size_t *len_p);
+
+/* Layer `layer`'s K (`kv` 0) or V (1) array of the window: n_blocks
+ * blocks of the pool's block bytes. */
+const void *kv_ucx_window_data(const kv_ucx_window_t *win, int layer,
+                               int kv);
+int kv_ucx_window_blocks(const kv_ucx_window_t *win);
+
+/* Unmaps the window (its rkey dies with it).  NULL-safe. */
+void kv_ucx_window_destroy(kv_ucx_window_t **win_p);
+
+/* Prefill: unpacks a window descriptor of the peer's pool (BT_ERR_FORMAT
+ * for bytes that are not one, or one of another pool or shape). */
+bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
+                               size_t len, kv_ucx_rwindow_t **rw_p);
+
+/* Blocks per layer of an opened window. */
+int kv_ucx_rwindow_blocks(const kv_ucx_rwindow_t *rw);
+
+/* As kv_ucx_put_layer into the window: source block src_ids[i] goes to
+ * window block i (n at most the window's blocks). */
+bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
+                                    kv_ucx_rwindow_t *rw, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_layout_t *src_layout,
+                                    kv_ucx_mem_type_t src_mem,
+                                    const int *src_ids, int n);
+
+/* Drops the unpacked key (at the peer's next quiet moment when puts are
+ * still in flight).  NULL-safe; sets *rw_p = NULL. */
+void kv_ucx_window_close(kv_ucx_rwindow_t **rw_p);
+
+/* ------------------------------------------------------------------------
  * Descriptors (exposed for tests, fuzzing and the control plane)
  * --------------------------------------------------------------------- */
 
@@ -236,6 +309,8 @@ void kv_ucx_desc_destroy(kv_ucx_desc_t **desc_p);
 const kv_layout_t *kv_ucx_desc_layout(const kv_ucx_desc_t *desc);
 int kv_ucx_desc_n_slots(const kv_ucx_desc_t *desc);
 uint64_t kv_ucx_desc_pool_id(const kv_ucx_desc_t *desc);
+/* True for a pool that takes KV through receive windows only. */
+bool kv_ucx_desc_windowed(const kv_ucx_desc_t *desc);
 
 /* ------------------------------------------------------------------------
  * Prefill side: peers, puts, commits

@@ -7,7 +7,9 @@
  *     0     4  magic "BTKV"
  *     4     1  version (KV_UCX_DESC_VERSION)
  *     5     1  memory type (kv_ucx_mem_type_t)
- *     6     2  reserved, 0
+ *     6     1  flags: 1 = windowed (kv_ucx_pool_register_windowed: one
+ *              region, the arrival slots, and no layer entries)
+ *     7     1  reserved, 0
  *     8     4  total length in bytes (== the buffer length)
  *    12     4  reserved, 0
  *    16     8  pool id (random per registration)
@@ -24,7 +26,10 @@
  *   end-8   8  FNV-1a 64 of every byte before it
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
+#include <stdio.h>
+#include <sys/shm.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -108,6 +113,7 @@ struct kv_ucx_desc_s {
     size_t len;                /* descriptor length */
     uint64_t pool_id;          /* random identity of the pool */
     kv_ucx_mem_type_t mem_type;/* memory type of the KV regions */
+    bool windowed;             /* no KV regions: receive windows only */
     kv_layout_t layout;        /* remote pool layout */
     size_t block_bytes;        /* bytes of one block of one layer's K */
     size_t layer_bytes;        /* n_blocks * block_bytes */
@@ -131,6 +137,9 @@ struct kv_ucx_pool_s {
     int n_slots;               /* reservation slots */
     uint8_t *desc;             /* (desc_len) serialized descriptor */
     size_t desc_len;           /* bytes */
+    uint64_t id;               /* the descriptor's pool id */
+    bool windowed;             /* KV only through receive windows */
+    int n_windows;             /* live windows (unmapped before the pool) */
 };
 
 struct kv_ucx_peer_s {
@@ -146,8 +155,40 @@ struct kv_ucx_peer_s {
     uint64_t n_done;           /* operations the peer completed (OK) */
     uint64_t n_puts;           /* puts issued (after coalescing) */
     uint64_t n_bytes;          /* bytes put */
+    struct kv_ucx_rwindow_s *retired; /* closed windows whose keys wait
+                                       * for the puts in flight */
     kv_ucx_peer_t *next;       /* ctx->peers / ctx->zombies list */
 };
+
+struct kv_ucx_window_s {
+    kv_ucx_pool_t *pool;       /* whose layout and context */
+    ucp_mem_h memh;            /* this window's own mapping */
+    uint8_t *base;             /* (len) n_layers x K|V x n_blocks blocks */
+    size_t len;
+    int n_blocks;
+    size_t block_bytes;
+    long sysv_id;              /* its System V segment */
+    uint8_t *desc;             /* (desc_len) KvGrant.ucx_window */
+    size_t desc_len;
+};
+
+struct kv_ucx_rwindow_s {
+    kv_ucx_peer_t *peer;       /* the pool's endpoint (not a reference) */
+    ucp_rkey_h rkey;           /* unpacked on peer->ep */
+    uint64_t base;             /* the window's remote address */
+    int n_blocks;
+    struct kv_ucx_rwindow_s *next; /* peer->retired */
+};
+
+static void kv_ucx_retired_free(kv_ucx_peer_t *peer)
+{
+    while (peer->retired != NULL) {
+        kv_ucx_rwindow_t *rw = peer->retired;
+        peer->retired = rw->next;
+        ucp_rkey_destroy(rw->rkey);
+        bt_free(rw);
+    }
+}
 
 typedef enum {
     KV_UCX_COMMIT_FLUSH_DATA = 0, /* flushing the reservation's data */
@@ -391,6 +432,9 @@ bool kv_ucx_progress(kv_ucx_t *ctx)
     }
     if (ctx->zombies != NULL)
         kv_ucx_reap_zombies(ctx);
+    for (kv_ucx_peer_t *p = ctx->peers; p != NULL; p = p->next)
+        if (p->retired != NULL && p->pending == 0)
+            kv_ucx_retired_free(p);
     return any;
 }
 
@@ -555,13 +599,13 @@ static bt_status_t kv_ucx_pool_spans(kv_ucx_t *ctx,
                                      const uint64_t *arrival, int n_slots,
                                      kv_ucx_span_t **spans_p, int *n_p)
 {
-    int n_arrays = 2 * layout->n_layers, n = 0;
+    int n_arrays = k_layers != NULL ? 2 * layout->n_layers : 0, n = 0;
     kv_ucx_span_t *all;
 
     all = bt_calloc((size_t)n_arrays + 1, sizeof(*all), "kv_ucx_spans");
     if (all == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "spans");
-    for (int l = 0; l < layout->n_layers; l++) {
+    for (int l = 0; l < n_arrays / 2; l++) {
         if (k_layers[l] == NULL || v_layers[l] == NULL) {
             bt_free(all);
             return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
@@ -600,12 +644,14 @@ static bt_status_t kv_ucx_pool_spans(kv_ucx_t *ctx,
     return BT_OK;
 }
 
-bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
-                                 void *const *k_layers,
-                                 void *const *v_layers,
-                                 kv_ucx_mem_type_t mem_type, int n_slots,
-                                 kv_ucx_pool_t **pool_p)
+/* k_layers == NULL: windowed, only the arrival slots are registered. */
+static bt_status_t kv_ucx_pool_map(kv_ucx_t *ctx, const kv_layout_t *layout,
+                                   void *const *k_layers,
+                                   void *const *v_layers,
+                                   kv_ucx_mem_type_t mem_type, int n_slots,
+                                   kv_ucx_pool_t **pool_p)
 {
+    bool windowed = k_layers == NULL;
     size_t block_bytes, layer_bytes, rkey_total = 0, len;
     kv_ucx_span_t *spans = NULL;
     void **rkeys = NULL;
@@ -695,7 +741,8 @@ bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
 
     /* Serialize (format at the top of this file). */
     len = KV_UCX_HDR_BYTES + rkey_total +
-          (size_t)layout->n_layers * KV_UCX_LAYER_BYTES + addr_len + 8;
+          (windowed ? 0 : (size_t)layout->n_layers * KV_UCX_LAYER_BYTES) +
+          addr_len + 8;
     pool->desc = bt_malloc(len, "kv_ucx_desc");
     if (pool->desc == NULL) {
         status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "descriptor");
@@ -707,11 +754,12 @@ bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
     p += 4;
     *p++ = KV_UCX_DESC_VERSION;
     *p++ = (uint8_t)mem_type;
-    *p++ = 0;
+    *p++ = windowed ? 1 : 0;
     *p++ = 0;
     kv_ucx_put_u32(&p, (uint32_t)len);
     kv_ucx_put_u32(&p, 0);
-    kv_ucx_put_u64(&p, kv_ucx_random_id());
+    pool->id = kv_ucx_random_id();
+    kv_ucx_put_u64(&p, pool->id);
     kv_ucx_put_u32(&p, (uint32_t)layout->n_layers);
     kv_ucx_put_u32(&p, (uint32_t)layout->n_blocks);
     kv_ucx_put_u32(&p, (uint32_t)layout->block_size);
@@ -730,7 +778,7 @@ bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
         memcpy(p, rkeys[i], rkey_lens[i]);
         p += rkey_lens[i];
     }
-    for (int l = 0; l < layout->n_layers; l++) {
+    for (int l = 0; l < (windowed ? 0 : layout->n_layers); l++) {
         kv_ucx_ref_t k, v;
         bool ok_k = kv_ucx_find_region(spans, n_spans - 1, k_layers[l],
                                        layer_bytes, &k);
@@ -754,9 +802,11 @@ bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
     bt_free(rkey_lens);
     BT_LOG_INFO(KV_UCX_SUBSYS,
                 "registered KV pool: %d layers x %d blocks x %zu B, %d "
-                "regions, %d slots, descriptor %zu B",
+                "regions, %d slots, descriptor %zu B%s",
                 layout->n_layers, layout->n_blocks, block_bytes,
-                n_spans, n_slots, len);
+                n_spans, n_slots, len,
+                windowed ? " (receive windows only)" : "");
+    pool->windowed = windowed;
     bt_free(spans);
     ctx->n_pools++;
     *pool_p = pool;
@@ -783,6 +833,28 @@ err_free_pool:
     return status;
 }
 
+bt_status_t kv_ucx_pool_register(kv_ucx_t *ctx, const kv_layout_t *layout,
+                                 void *const *k_layers,
+                                 void *const *v_layers,
+                                 kv_ucx_mem_type_t mem_type, int n_slots,
+                                 kv_ucx_pool_t **pool_p)
+{
+    if (k_layers == NULL || v_layers == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "KV pool without layer arrays");
+    return kv_ucx_pool_map(ctx, layout, k_layers, v_layers, mem_type,
+                           n_slots, pool_p);
+}
+
+bt_status_t kv_ucx_pool_register_windowed(kv_ucx_t *ctx,
+                                          const kv_layout_t *layout,
+                                          int n_slots,
+                                          kv_ucx_pool_t **pool_p)
+{
+    return kv_ucx_pool_map(ctx, layout, NULL, NULL, KV_UCX_MEM_HOST, n_slots,
+                           pool_p);
+}
+
 void kv_ucx_pool_deregister(kv_ucx_pool_t **pool_p)
 {
     kv_ucx_pool_t *pool = *pool_p;
@@ -791,6 +863,7 @@ void kv_ucx_pool_deregister(kv_ucx_pool_t **pool_p)
     for (int i = 0; i < pool->n_regions; i++)
         if (pool->own[i])
             ucp_mem_unmap(pool->ctx->context, pool->memh[i]);
+    BT_ASSERT(pool->n_windows == 0);
     pool->ctx->n_pools--;
     bt_free(pool->memh);
     bt_free(pool->own);
@@ -871,7 +944,7 @@ bt_status_t kv_ucx_desc_parse(const void *buf, size_t len,
                           KV_UCX_DESC_VERSION);
     if (b[5] > KV_UCX_MEM_CUDA)
         return KV_UCX_BAD("memory type %u", b[5]);
-    if (b[6] != 0 || b[7] != 0 || kv_ucx_get_u32(b + 12) != 0)
+    if (b[6] > 1 || b[7] != 0 || kv_ucx_get_u32(b + 12) != 0)
         return KV_UCX_BAD("reserved bytes set");
     if (kv_ucx_get_u32(b + 8) != len)
         return KV_UCX_BAD("length field %u, have %zu bytes",
@@ -889,6 +962,7 @@ bt_status_t kv_ucx_desc_parse(const void *buf, size_t len,
     b = d->buf;
     d->len = len;
     d->mem_type = (kv_ucx_mem_type_t)b[5];
+    d->windowed = b[6] == 1;
     d->pool_id = kv_ucx_get_u64(b + 16);
 
     /* Layout: each u32 must fit an int before the range checks. */
@@ -919,7 +993,7 @@ bt_status_t kv_ucx_desc_parse(const void *buf, size_t len,
     d->slots.offset = kv_ucx_get_u64(b + 56);
     n_regions = kv_ucx_get_u32(b + 64);
     addr_len = kv_ucx_get_u32(b + 68);
-    if (n_regions < 2 ||
+    if ((d->windowed ? n_regions != 1 : n_regions < 2) ||
         n_regions > 2 * (uint32_t)d->layout.n_layers + 1) {
         status = KV_UCX_BAD("%u regions for %d layers", n_regions,
                             d->layout.n_layers);
@@ -964,7 +1038,7 @@ bt_status_t kv_ucx_desc_parse(const void *buf, size_t len,
         r->rkey = b + off;
         off += r->rkey_len;
     }
-    for (int l = 0; l < d->layout.n_layers; l++) {
+    for (int l = 0; l < (d->windowed ? 0 : d->layout.n_layers); l++) {
         if (!kv_ucx_has(off, len, KV_UCX_LAYER_BYTES)) {
             status = KV_UCX_BAD("truncated in layer %d", l);
             goto err_free_arrays;
@@ -1035,6 +1109,11 @@ int kv_ucx_desc_n_slots(const kv_ucx_desc_t *desc)
     return desc->n_slots;
 }
 
+bool kv_ucx_desc_windowed(const kv_ucx_desc_t *desc)
+{
+    return desc->windowed;
+}
+
 uint64_t kv_ucx_desc_pool_id(const kv_ucx_desc_t *desc)
 {
     return desc->pool_id;
@@ -1055,6 +1134,7 @@ static void kv_ucx_ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t ucs)
 
 static void kv_ucx_peer_free(kv_ucx_peer_t *peer)
 {
+    kv_ucx_retired_free(peer);
     kv_ucx_desc_destroy(&peer->desc);
     bt_free(peer->rkeys);
     bt_free(peer);
@@ -1188,6 +1268,7 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
                     "in flight: they are cancelled", peer->pending);
     for (int i = 0; i < peer->desc->n_regions; i++)
         ucp_rkey_destroy(peer->rkeys[i]);
+    kv_ucx_retired_free(peer);
     peer->closed = true;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -1323,6 +1404,60 @@ static bt_status_t kv_ucx_put(kv_ucx_peer_t *peer, const void *src,
     return BT_OK;
 }
 
+/* The source blocks' shape must be the remote pool's (n_blocks may
+ * differ). */
+static bt_status_t kv_ucx_shape_check(const kv_layout_t *src,
+                                      const kv_layout_t *dl)
+{
+    if (src->block_size != dl->block_size ||
+        src->n_kv_heads != dl->n_kv_heads ||
+        src->head_dim != dl->head_dim || src->elem_size != dl->elem_size)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "source block shape (%d x %d x %d x %zu B) differs "
+                        "from the remote pool's (%d x %d x %d x %zu B)",
+                        src->block_size, src->n_kv_heads, src->head_dim,
+                        src->elem_size, dl->block_size, dl->n_kv_heads,
+                        dl->head_dim, dl->elem_size);
+    return BT_OK;
+}
+
+/* Puts n blocks of one layer, src_ids[i] -> dst_ids[i] (NULL: i), one
+ * put per run consecutive in both, K to kbase/krkey, V to vbase/vrkey.
+ * The ids were checked by the caller. */
+static bt_status_t kv_ucx_put_runs(kv_ucx_peer_t *peer, const void *src_k,
+                                   const void *src_v, size_t bb,
+                                   const int *src_ids, const int *dst_ids,
+                                   int n, uint64_t kbase, ucp_rkey_h krkey,
+                                   uint64_t vbase, ucp_rkey_h vrkey,
+                                   ucs_memory_type_t mem)
+{
+    bt_status_t status;
+    int run;
+
+    for (int i = 0; i < n; i += run) {
+        int d0 = dst_ids != NULL ? dst_ids[i] : i;
+        size_t soff = (size_t)src_ids[i] * bb;
+        uint64_t doff = (uint64_t)d0 * bb;
+        size_t bytes;
+
+        for (run = 1; i + run < n && src_ids[i + run] == src_ids[i] + run &&
+                      (dst_ids != NULL ? dst_ids[i + run] : i + run) ==
+                          d0 + run;
+             run++)
+            ;
+        bytes = (size_t)run * bb;
+        status = kv_ucx_put(peer, (const uint8_t *)src_k + soff, bytes,
+                            kbase + doff, krkey, mem);
+        if (status != BT_OK)
+            return status;
+        status = kv_ucx_put(peer, (const uint8_t *)src_v + soff, bytes,
+                            vbase + doff, vrkey, mem);
+        if (status != BT_OK)
+            return status;
+    }
+    return BT_OK;
+}
+
 bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
                              const void *src_k, const void *src_v,
                              const kv_layout_t *src_layout,
@@ -1331,31 +1466,23 @@ bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
 {
     const kv_ucx_desc_t *d = peer->desc;
     const kv_layout_t *dl = &d->layout;
-    size_t bb = d->block_bytes;
-    ucs_memory_type_t mem = kv_ucx_mem_type(src_mem);
     bt_status_t status;
-    int i, run;
 
     if (peer->status != BT_OK)
         return peer->status;
+    if (d->windowed)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "the KV pool takes KV through receive windows only");
     if (layer < 0 || layer >= dl->n_layers || n < 0 ||
         (n > 0 && (src_k == NULL || src_v == NULL || src_ids == NULL ||
                    dst_ids == NULL)))
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "kv_ucx_put_layer: layer %d of %d, n %d", layer,
                         dl->n_layers, n);
-    if (src_layout->block_size != dl->block_size ||
-        src_layout->n_kv_heads != dl->n_kv_heads ||
-        src_layout->head_dim != dl->head_dim ||
-        src_layout->elem_size != dl->elem_size)
-        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
-                        "source block shape (%d x %d x %d x %zu B) differs "
-                        "from the remote pool's (%d x %d x %d x %zu B)",
-                        src_layout->block_size, src_layout->n_kv_heads,
-                        src_layout->head_dim, src_layout->elem_size,
-                        dl->block_size, dl->n_kv_heads, dl->head_dim,
-                        dl->elem_size);
-    for (i = 0; i < n; i++) {
+    status = kv_ucx_shape_check(src_layout, dl);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < n; i++) {
         if (src_ids[i] < 0 || src_ids[i] >= src_layout->n_blocks ||
             dst_ids[i] < 0 || dst_ids[i] >= dl->n_blocks)
             return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
@@ -1363,32 +1490,12 @@ bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
                             i, src_ids[i], dst_ids[i], src_layout->n_blocks,
                             dl->n_blocks);
     }
-    for (i = 0; i < n; i += run) {
-        uint64_t kbase = d->regions[d->k[layer].region].base +
-                         d->k[layer].offset;
-        uint64_t vbase = d->regions[d->v[layer].region].base +
-                         d->v[layer].offset;
-        size_t soff = (size_t)src_ids[i] * bb;
-        uint64_t doff = (uint64_t)dst_ids[i] * bb;
-        size_t bytes;
-
-        for (run = 1; i + run < n && src_ids[i + run] == src_ids[i] + run &&
-                      dst_ids[i + run] == dst_ids[i] + run;
-             run++)
-            ;
-        bytes = (size_t)run * bb;
-        status = kv_ucx_put(peer, (const uint8_t *)src_k + soff, bytes,
-                            kbase + doff, peer->rkeys[d->k[layer].region],
-                            mem);
-        if (status != BT_OK)
-            return status;
-        status = kv_ucx_put(peer, (const uint8_t *)src_v + soff, bytes,
-                            vbase + doff, peer->rkeys[d->v[layer].region],
-                            mem);
-        if (status != BT_OK)
-            return status;
-    }
-    return BT_OK;
+    return kv_ucx_put_runs(
+        peer, src_k, src_v, d->block_bytes, src_ids, dst_ids, n,
+        d->regions[d->k[layer].region].base + d->k[layer].offset,
+        peer->rkeys[d->k[layer].region],
+        d->regions[d->v[layer].region].base + d->v[layer].offset,
+        peer->rkeys[d->v[layer].region], kv_ucx_mem_type(src_mem));
 }
 
 // ----------------------------------------------------------------------------
@@ -1502,4 +1609,290 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
         peer->ctx->ready = c;
     peer->ctx->ready_tail = c;
     return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Receive windows (kv_transport.h): one mapping and one key per reservation
+//
+// Window descriptor, little-endian:
+//   0  4 magic "BTKW"   4  4 version (1) + 3 reserved bytes, 0
+//   8  8 pool id        16 4 n_layers     20 4 n_blocks
+//  24  8 block bytes    32 8 base address 40 8 length
+//  48  8 System V shm id + 1 of the segment UCX placed it in (0: not one)
+//  56  4 rkey length    60   rkey bytes,  then FNV-1a 64 of all before
+//
+// Why the shm id: UCX 1.13's ucp_ep_rkey_unpack crashes (SIGSEGV in its
+// error path, uct_rkey_release) when a System V segment it must attach is
+// gone - exactly a window whose reservation ended, or whose decode worker
+// died, before the hand-off started.  The writer checks the segment first
+// (kv_ucx_window_open) and fails the hand-off cleanly instead.
+
+#define KV_UCX_WIN_MAGIC "BTKW"
+#define KV_UCX_WIN_HDR 60
+
+/* The System V shm id of the mapping holding `addr` (its inode in
+ * /proc/self/maps, path "/SYSV........"), or -1. */
+static long kv_ucx_sysv_id(const void *addr)
+{
+    uintptr_t a = (uintptr_t)addr;
+    char line[512];
+    long id = -1;
+    FILE *f = fopen("/proc/self/maps", "r");
+
+    if (f == NULL)
+        return -1;
+    while (id < 0 && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi, ino;
+        char path[256] = "";
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %lu %255s", &lo, &hi, &ino,
+                   path) >= 3 &&
+            a >= lo && a < hi)
+            id = strncmp(path, "/SYSV", 5) == 0 ? (long)ino : -2;
+    }
+    fclose(f);
+    return id >= 0 ? id : -1;
+}
+
+/* False when the System V segment `id_plus_1` names is gone (its
+ * attach would crash UCX 1.13); true when it exists or is not one. */
+static bool kv_ucx_sysv_alive(uint64_t id_plus_1)
+{
+    struct shmid_ds ds;
+
+    if (id_plus_1 == 0 || id_plus_1 > (uint64_t)INT_MAX + 1)
+        return id_plus_1 == 0;
+    if (shmctl((int)(id_plus_1 - 1), IPC_STAT, &ds) == 0)
+        return !((ds.shm_perm.mode & SHM_DEST) && ds.shm_nattch == 0);
+    return errno != EINVAL && errno != EIDRM;
+}
+
+bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
+                                 kv_ucx_window_t **win_p)
+{
+    kv_ucx_t *ctx = pool->ctx;
+    size_t bb, layer_bytes, rkey_len = 0;
+    ucp_mem_map_params_t mp;
+    ucp_mem_attr_t attr;
+    kv_ucx_window_t *w;
+    void *rkey = NULL;
+    bt_status_t status;
+    uint8_t *p;
+
+    if (n_blocks < 1 || n_blocks > pool->layout.n_blocks ||
+        !kv_ucx_layout_sizes(&pool->layout, &bb, &layer_bytes))
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "receive window of %d blocks (pool %d)", n_blocks,
+                        pool->layout.n_blocks);
+    w = bt_calloc(1, sizeof(*w), "kv_ucx_window");
+    if (w == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+    w->pool = pool;
+    w->n_blocks = n_blocks;
+    w->block_bytes = bb;
+    /* ALLOCATE: on one host its own shared memory segment, which a
+     * writer attaches through this key only. */
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.length = 2 * (size_t)pool->layout.n_layers * (size_t)n_blocks * bb;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    status = KV_UCX_CHECK(ucp_mem_map(ctx->context, &mp, &w->memh),
+                          "ucp_mem_map(window)");
+    if (status != BT_OK)
+        goto err_free;
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    status = KV_UCX_CHECK(ucp_mem_query(w->memh, &attr), "ucp_mem_query");
+    if (status != BT_OK)
+        goto err_unmap;
+    w->base = attr.address;
+    w->len = mp.length;
+    /* Only a System V segment is known to be revoked by the unmap and
+     * never aliased by a later window (a POSIX one shared through
+     * /proc/<pid>/fd/<fd> reuses fd numbers): anything else and the
+     * grant goes without a window (its KV comes inline). */
+    w->sysv_id = kv_ucx_sysv_id(w->base);
+    if (w->sysv_id < 0) {
+        status = BT_ERROR(BT_ERR_UNSUPPORTED, KV_UCX_SUBSYS,
+                          "UCX placed the receive window outside a System V "
+                          "segment (UCX_ALLOC_PRIO?): no safe revocation");
+        goto err_unmap;
+    }
+    status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, w->memh, &rkey,
+                                        &rkey_len),
+                          "ucp_rkey_pack(window)");
+    if (status != BT_OK)
+        goto err_unmap;
+    w->desc_len = KV_UCX_WIN_HDR + rkey_len + 8;
+    w->desc = bt_malloc(w->desc_len, "kv_ucx_window");
+    if (w->desc == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+        goto err_rkey;
+    }
+    p = w->desc;
+    memcpy(p, KV_UCX_WIN_MAGIC, 4);
+    p += 4;
+    kv_ucx_put_u32(&p, 1);
+    kv_ucx_put_u64(&p, pool->id);
+    kv_ucx_put_u32(&p, (uint32_t)pool->layout.n_layers);
+    kv_ucx_put_u32(&p, (uint32_t)n_blocks);
+    kv_ucx_put_u64(&p, (uint64_t)bb);
+    kv_ucx_put_u64(&p, (uint64_t)(uintptr_t)w->base);
+    kv_ucx_put_u64(&p, (uint64_t)w->len);
+    kv_ucx_put_u64(&p, (uint64_t)(w->sysv_id + 1));
+    kv_ucx_put_u32(&p, (uint32_t)rkey_len);
+    memcpy(p, rkey, rkey_len);
+    p += rkey_len;
+    kv_ucx_put_u64(&p, kv_ucx_fnv1a(w->desc, w->desc_len - 8));
+    BT_ASSERT((size_t)(p - w->desc) == w->desc_len);
+    ucp_rkey_buffer_release(rkey);
+    pool->n_windows++;
+    *win_p = w;
+    return BT_OK;
+
+err_rkey:
+    ucp_rkey_buffer_release(rkey);
+err_unmap:
+    ucp_mem_unmap(ctx->context, w->memh);
+err_free:
+    bt_free(w);
+    return status;
+}
+
+const uint8_t *kv_ucx_window_desc(const kv_ucx_window_t *win, size_t *len_p)
+{
+    *len_p = win->desc_len;
+    return win->desc;
+}
+
+const void *kv_ucx_window_data(const kv_ucx_window_t *win, int layer, int kv)
+{
+    return win->base +
+           (2 * (size_t)layer + (size_t)(kv != 0)) * (size_t)win->n_blocks *
+               win->block_bytes;
+}
+
+int kv_ucx_window_blocks(const kv_ucx_window_t *win)
+{
+    return win->n_blocks;
+}
+
+void kv_ucx_window_destroy(kv_ucx_window_t **win_p)
+{
+    kv_ucx_window_t *w = *win_p;
+
+    if (w == NULL)
+        return;
+    ucp_mem_unmap(w->pool->ctx->context, w->memh);
+    w->pool->n_windows--;
+    bt_free(w->desc);
+    bt_free(w);
+    *win_p = NULL;
+}
+
+bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
+                               size_t len, kv_ucx_rwindow_t **rw_p)
+{
+    const kv_ucx_desc_t *d = peer->desc;
+    const uint8_t *b = desc;
+    uint32_t n_layers, n_blocks, rkey_len;
+    uint64_t bb, length;
+    kv_ucx_rwindow_t *rw;
+    bt_status_t status;
+
+    if (b == NULL || len < KV_UCX_WIN_HDR + 8 || len > KV_UCX_DESC_MAX_BYTES ||
+        memcmp(b, KV_UCX_WIN_MAGIC, 4) != 0 || kv_ucx_get_u32(b + 4) != 1)
+        return KV_UCX_BAD("not a receive window (%zu bytes)", len);
+    rkey_len = kv_ucx_get_u32(b + 56);
+    if (rkey_len < 1 || rkey_len > KV_UCX_MAX_RKEY ||
+        len != KV_UCX_WIN_HDR + (size_t)rkey_len + 8 ||
+        kv_ucx_get_u64(b + len - 8) != kv_ucx_fnv1a(b, len - 8))
+        return KV_UCX_BAD("receive window: rkey length %u, %zu bytes",
+                          rkey_len, len);
+    n_layers = kv_ucx_get_u32(b + 16);
+    n_blocks = kv_ucx_get_u32(b + 20);
+    bb = kv_ucx_get_u64(b + 24);
+    length = kv_ucx_get_u64(b + 40);
+    if (kv_ucx_get_u64(b + 8) != d->pool_id ||
+        n_layers != (uint32_t)d->layout.n_layers || bb != d->block_bytes ||
+        n_blocks < 1 || n_blocks > (uint32_t)d->layout.n_blocks ||
+        length / 2 / n_layers / n_blocks < bb)
+        return KV_UCX_BAD("receive window does not fit pool %016llx",
+                          (unsigned long long)d->pool_id);
+    if (peer->status != BT_OK)
+        return peer->status;
+    if (!kv_ucx_sysv_alive(kv_ucx_get_u64(b + 48)))
+        return BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
+                        "receive window of pool %016llx is gone (its "
+                        "reservation ended or its process died)",
+                        (unsigned long long)d->pool_id);
+    rw = bt_calloc(1, sizeof(*rw), "kv_ucx_rwindow");
+    if (rw == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+    status = KV_UCX_CHECK(ucp_ep_rkey_unpack(peer->ep, b + KV_UCX_WIN_HDR,
+                                             &rw->rkey),
+                          "ucp_ep_rkey_unpack(window)");
+    if (status != BT_OK) {
+        bt_free(rw);
+        return status;
+    }
+    rw->peer = peer;
+    rw->base = kv_ucx_get_u64(b + 32);
+    rw->n_blocks = (int)n_blocks;
+    *rw_p = rw;
+    return BT_OK;
+}
+
+int kv_ucx_rwindow_blocks(const kv_ucx_rwindow_t *rw)
+{
+    return rw->n_blocks;
+}
+
+bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
+                                    kv_ucx_rwindow_t *rw, int layer,
+                                    const void *src_k, const void *src_v,
+                                    const kv_layout_t *src_layout,
+                                    kv_ucx_mem_type_t src_mem,
+                                    const int *src_ids, int n)
+{
+    const kv_layout_t *dl = &peer->desc->layout;
+    size_t bb = peer->desc->block_bytes;
+    uint64_t k0, span = (uint64_t)rw->n_blocks * bb;
+    bt_status_t status;
+
+    if (peer->status != BT_OK)
+        return peer->status;
+    if (rw->peer != peer || layer < 0 || layer >= dl->n_layers || n < 0 ||
+        n > rw->n_blocks ||
+        (n > 0 && (src_k == NULL || src_v == NULL || src_ids == NULL)))
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_put_layer_window: layer %d of %d, n %d of "
+                        "%d", layer, dl->n_layers, n, rw->n_blocks);
+    status = kv_ucx_shape_check(src_layout, dl);
+    if (status != BT_OK)
+        return status;
+    for (int i = 0; i < n; i++)
+        if (src_ids[i] < 0 || src_ids[i] >= src_layout->n_blocks)
+            return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                            "source block %d out of range (%d)", src_ids[i],
+                            src_layout->n_blocks);
+    k0 = rw->base + 2 * (uint64_t)layer * span;
+    return kv_ucx_put_runs(peer, src_k, src_v, bb, src_ids, NULL, n, k0,
+                           rw->rkey, k0 + span, rw->rkey,
+                           kv_ucx_mem_type(src_mem));
+}
+
+void kv_ucx_window_close(kv_ucx_rwindow_t **rw_p)
+{
+    kv_ucx_rwindow_t *rw = *rw_p;
+
+    if (rw == NULL)
+        return;
+    *rw_p = NULL;
+    /* UCX may still read the key for puts in flight */
+    rw->next = rw->peer->retired;
+    rw->peer->retired = rw;
+    if (rw->peer->pending == 0 && !rw->peer->closed)
+        kv_ucx_retired_free(rw->peer);
 }
