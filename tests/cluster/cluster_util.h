@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "bt_alloc.h"
+#include "bt_error.h"
 #include "bt_log.h"
 #include "bt_test.h"
 #include "bt_util.h"
@@ -489,6 +490,24 @@ __attribute__((unused)) static uint64_t cu_served(client_t *c,
             return st.served[i];
     BT_TEST_FAIL("worker %s is not registered", name);
     return 0;
+}
+
+/* Whether the file at `path` (a worker's log, at most 16 MiB) holds
+ * `needle` now; false when it cannot be read. */
+__attribute__((unused)) static bool cu_file_has(const char *path,
+                                                const char *needle)
+{
+    char *text = NULL;
+    size_t len = 0;
+    bool has;
+
+    if (bt_read_file(path, 1 << 24, &text, &len) != BT_OK) {
+        bt_error_clear();
+        return false;
+    }
+    has = strstr(text, needle) != NULL;
+    bt_free(text);
+    return has;
 }
 
 /* Runs the shell command `cmd` (a `baton run ... --ids`, the reference a

@@ -135,22 +135,6 @@ static bool golden_equal(const cu_result_t *r, const cu_golden_t *g)
     return true;
 }
 
-/* Whether the decode worker's log holds `what`. */
-static bool log_has(const char *log, const char *what)
-{
-    char *text = NULL;
-    size_t len = 0;
-    bool has;
-
-    if (bt_read_file(log, 1 << 24, &text, &len) != BT_OK) {
-        bt_error_clear();
-        return false;
-    }
-    has = strstr(text, what) != NULL;
-    bt_free(text);
-    return has;
-}
-
 /* One run of the scenario; returns whether B equalled the golden. */
 static bool run(bool direct, const cu_golden_t *g)
 {
@@ -264,7 +248,7 @@ static bool run(bool direct, const cu_golden_t *g)
     cu_kill(router, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(router, 20000), 0);
     if (!direct) /* B went through a receive window, not inline */
-        BT_CHECK(log_has(log, "hand-offs by link: ucx:1 "));
+        BT_CHECK(cu_file_has(log, "hand-offs by link: ucx:1 "));
     unlink(log);
     client_destroy(&c);
     client_destroy(&adm);
