@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "bt_alloc.h"
+#include "bt_error.h"
 #include "bt_log.h"
 #include "bt_test.h"
 #include "bt_util.h"
@@ -413,22 +414,39 @@ __attribute__((unused)) static void cu_stream_until(client_t *c,
     }
 }
 
-/* req as a greedy request for prompt ids[0..n) of max_tokens tokens
- * (stop at id 1 only; ids back, no text). */
-__attribute__((unused)) static void cu_ids_request(client_request_t *req,
-                                                   const int *ids, int n,
-                                                   int max_tokens)
+/* req as a greedy request of max_tokens tokens with no prompt yet (stop
+ * at id 1 only; ids back, no text). */
+__attribute__((unused)) static void cu_greedy_request(client_request_t *req,
+                                                      int max_tokens)
 {
     static const int stop1[] = { 1 };
 
     client_request_init(req);
-    req->prompt_ids = ids;
-    req->n_prompt_ids = n;
     req->max_tokens = max_tokens;
     req->ignore_eos = true;
     req->stop_ids = stop1;
     req->n_stop_ids = 1;
     req->want_text = false;
+}
+
+/* req as a greedy request (cu_greedy_request) for prompt ids[0..n). */
+__attribute__((unused)) static void cu_ids_request(client_request_t *req,
+                                                   const int *ids, int n,
+                                                   int max_tokens)
+{
+    cu_greedy_request(req, max_tokens);
+    req->prompt_ids = ids;
+    req->n_prompt_ids = n;
+}
+
+/* req as a greedy request (cu_greedy_request) for the text prompt
+ * `text`, which the router or the prefill worker tokenizes. */
+__attribute__((unused)) static void cu_text_request(client_request_t *req,
+                                                    const char *text,
+                                                    int max_tokens)
+{
+    cu_greedy_request(req, max_tokens);
+    req->prompt = text;
 }
 
 /* req sampled (temperature 0.9, top-k 40) with `seed`: a seeded stream
@@ -474,6 +492,41 @@ __attribute__((unused)) static uint64_t cu_served(client_t *c,
     return 0;
 }
 
+/* Whether the file at `path` (a worker's log, at most 16 MiB) holds
+ * `needle` now; false when it cannot be read. */
+__attribute__((unused)) static bool cu_file_has(const char *path,
+                                                const char *needle)
+{
+    char *text = NULL;
+    size_t len = 0;
+    bool has;
+
+    if (bt_read_file(path, 1 << 24, &text, &len) != BT_OK) {
+        bt_error_clear();
+        return false;
+    }
+    has = strstr(text, needle) != NULL;
+    bt_free(text);
+    return has;
+}
+
+/* Runs the shell command `cmd` (a `baton run ... --ids`, the reference a
+ * test compares with) and reads the ids it prints into out (at most cap);
+ * fails the test when it does not exit 0.  Returns how many. */
+__attribute__((unused)) static int cu_popen_ids(const char *cmd, int *out,
+                                                int cap)
+{
+    FILE *f;
+    int n = 0;
+
+    f = popen(cmd, "r");
+    BT_CHECK(f != NULL);
+    while (n < cap && fscanf(f, "%d", &out[n]) == 1)
+        n++;
+    BT_ASSERT_EQ(pclose(f), 0);
+    return n;
+}
+
 /* `baton run` (cpu, one thread) of golden prompt g with the extra
  * options `opts` (e.g. "--precision fp8"), stopping as cu_golden_request's
  * requests do; its greedy ids into out (at most cap).  Returns how many. */
@@ -483,8 +536,6 @@ __attribute__((unused)) static int cu_baton_run_golden(const char *model,
                                                        int *out, int cap)
 {
     char cmd[8192], *p = cmd;
-    FILE *f;
-    int n = 0;
 
     p += snprintf(p, sizeof(cmd), "%s/baton run --model %s %s --threads 1 "
                   "--device cpu --ids --ignore-eos --stop-id 1 --max-tokens "
@@ -494,12 +545,7 @@ __attribute__((unused)) static int cu_baton_run_golden(const char *model,
         p += snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "%s%d",
                       i ? " " : "", g->prompt[i]);
     snprintf(p, sizeof(cmd) - (size_t)(p - cmd), "'");
-    f = popen(cmd, "r");
-    BT_CHECK(f != NULL);
-    while (n < cap && fscanf(f, "%d", &out[n]) == 1)
-        n++;
-    BT_ASSERT_EQ(pclose(f), 0);
-    return n;
+    return cu_popen_ids(cmd, out, cap);
 }
 
 /* Submits golden line g as a greedy request (stop at id 1 only). */

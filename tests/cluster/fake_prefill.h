@@ -4,7 +4,8 @@
  * too with offer_ucx), heartbeats and keeps the PrefillTask it receives
  * (id, grant epoch, KV capability, the route's UCX endpoint and the
  * grant's receive window), so a test can answer it as it likes
- * (test_stale_prefill, test_kv_capability, test_kv_stale_writer).
+ * (test_stale_prefill, test_kv_capability, test_kv_stale_writer);
+ * fake_start and fake_wait_task are the steps all three take.
  */
 #ifndef BT_TESTS_CLUSTER_FAKE_PREFILL_H
 #define BT_TESTS_CLUSTER_FAKE_PREFILL_H
@@ -14,6 +15,7 @@
 
 #include "bt_error.h"
 #include "bt_util.h"
+#include "cluster_util.h"
 #include "proto_msg.h"
 #include "workerproc.h"
 
@@ -119,6 +121,41 @@ static void fake_pump(fake_prefill_t *f, int ms)
             proto_control_free(&m);
         }
         bt_error_clear();
+    }
+}
+
+/* Connects the fake to the router's control endpoint, registers it and
+ * pumps it until the router (asked through the client `adm`) knows it and
+ * one decode worker; fails the test when that takes more than `ms`. */
+__attribute__((unused)) static void fake_start(fake_prefill_t *f,
+                                               const char *control,
+                                               client_t *adm, int ms)
+{
+    BT_ASSERT_OK(workerproc_connect(control, "fake-prefill", &f->ctx,
+                                    &f->sock));
+    fake_register(f);
+    for (int t = 0;; t += 50) {
+        cu_status_t st;
+        if (f->registered && cu_status(adm, &st) == 0 &&
+            st.n_prefill == 1 && st.n_decode == 1)
+            break;
+        if (t >= ms)
+            BT_TEST_FAIL("the fake prefill worker and the decode worker "
+                         "did not register within %d ms", ms);
+        fake_pump(f, 50);
+    }
+}
+
+/* Pumps the fake until a PrefillTask other than `old` (a request id, 0:
+ * none yet) reached it; fails the test after `ms`. */
+__attribute__((unused)) static void fake_wait_task(fake_prefill_t *f,
+                                                   uint64_t old, int ms)
+{
+    for (int t = 0; f->task_id == old; t += 20) {
+        if (t > ms)
+            BT_TEST_FAIL("no PrefillTask reached the fake prefill worker "
+                         "within %d ms", ms);
+        fake_pump(f, 20);
     }
 }
 

@@ -52,16 +52,7 @@ static void check_prefix(const cu_result_t *r, const cu_golden_t *g, int n,
 static bool log_has(const char *path, const char *needle)
 {
     for (int t = 0; t < 200; t++) {
-        char *text = NULL;
-        size_t len = 0;
-        bool found = false;
-
-        if (bt_read_file(path, 1 << 22, &text, &len) == BT_OK) {
-            found = strstr(text, needle) != NULL;
-            bt_free(text);
-        }
-        bt_error_clear();
-        if (found)
+        if (cu_file_has(path, needle))
             return true;
         usleep(50000);
     }

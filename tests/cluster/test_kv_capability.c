@@ -21,7 +21,8 @@
 #include <zmq.h>
 
 #include "bt_error.h"
-#include "gateway/http_util.h"
+#include "bt_prom_test.h"
+#include "cluster_util.h"
 #include "proto_msg.h"
 #include "workerproc.h"
 #include "fake_prefill.h"
@@ -88,25 +89,10 @@ static int wait_end(fake_prefill_t *f, client_t *c, int *n_ids, int *code)
     return 0;
 }
 
+/* The decode worker's count of refused KV commits (-1: no answer). */
 static double rejected_count(int port)
 {
-    ht_resp_t r;
-    const char *name = "baton_worker_kv_capability_rejected_total";
-    const char *p;
-    double v = -1;
-
-    BT_ASSERT_EQ(ht_request(port, "GET", "/metrics", NULL, &r), 200);
-    p = strstr(r.body, name);
-    while (p != NULL && p > r.body && p[-1] != '\n')
-        p = strstr(p + 1, name); /* skip HELP / TYPE */
-    if (p != NULL) {
-        p += strlen(name);
-        while (*p != ' ' && *p != '\n' && *p)
-            p++; /* labels */
-        v = atof(p);
-    }
-    ht_resp_free(&r);
-    return v;
+    return prom_scrape(port, "baton_worker_kv_capability_rejected_total");
 }
 
 int main(void)
@@ -129,18 +115,7 @@ int main(void)
              "d0", "--metrics-port", mport_s, NULL);
     BT_ASSERT_OK(client_create(listen, &c));
     BT_ASSERT_OK(client_create(listen, &ctl));
-    BT_ASSERT_OK(workerproc_connect(control, "fake-prefill", &f.ctx,
-                                    &f.sock));
-    fake_register(&f);
-    for (int t = 0;; t++) {
-        cu_status_t st;
-        if (f.registered && cu_status(ctl, &st) == 0 && st.n_prefill == 1 &&
-            st.n_decode == 1)
-            break;
-        if (t == 200)
-            BT_TEST_FAIL("the fake prefill worker and d0 did not register");
-        fake_pump(&f, 50);
-    }
+    fake_start(&f, control, ctl, 10000);
     BT_ASSERT_EQ((long long)rejected_count(mport), 0);
 
     for (int step = 1; step <= 4; step++) {
@@ -153,11 +128,7 @@ int main(void)
         req.max_tokens = 6;
         req.ignore_eos = true;
         BT_ASSERT_OK(client_submit(c, &req, &rid));
-        for (int t = 0; f.task_id == old; t += 20) {
-            if (t > 10000)
-                BT_TEST_FAIL("no PrefillTask reached the fake");
-            fake_pump(&f, 20);
-        }
+        fake_wait_task(&f, old, 10000);
         BT_ASSERT_EQ((long long)f.cap_len, PROTO_CAPABILITY_BYTES);
         if (step == 1) {
             memcpy(stale, f.cap, sizeof(stale));

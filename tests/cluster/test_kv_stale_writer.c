@@ -30,7 +30,8 @@
 #include <zmq.h>
 
 #include "bt_error.h"
-#include "gateway/http_util.h"
+#include "bt_prom_test.h"
+#include "cluster_util.h"
 #include "kv/kv_transport.h"
 #include "proto_msg.h"
 #include "workerproc.h"
@@ -117,27 +118,11 @@ static void stale_writer(const fake_prefill_t *f, bool direct, int ctl,
     _exit(0); /* the decode worker may be gone: no bounded close wait */
 }
 
-static double metric(int port, const char *name)
+/* The decode worker's count of receive windows unmapped while their
+ * writer may still hold the key (-1: no answer). */
+static double revoked_count(int port)
 {
-    ht_resp_t r;
-    const char *p;
-    double v = -1;
-
-    if (ht_request(port, "GET", "/metrics", NULL, &r) != 200) {
-        bt_error_clear();
-        return -1;
-    }
-    p = strstr(r.body, name);
-    while (p != NULL && p > r.body && p[-1] != '\n')
-        p = strstr(p + 1, name); /* skip HELP / TYPE */
-    if (p != NULL) {
-        p += strlen(name);
-        while (*p != ' ' && *p != '\n' && *p)
-            p++; /* labels */
-        v = atof(p);
-    }
-    ht_resp_free(&r);
-    return v;
+    return prom_scrape(port, "baton_worker_kv_windows_revoked_total");
 }
 
 static bool golden_equal(const cu_result_t *r, const cu_golden_t *g)
@@ -148,22 +133,6 @@ static bool golden_equal(const cu_result_t *r, const cu_golden_t *g)
         if (r->ids[k] != g->expect[k])
             return false;
     return true;
-}
-
-/* Whether the decode worker's log holds `what`. */
-static bool log_has(const char *log, const char *what)
-{
-    char *text = NULL;
-    size_t len = 0;
-    bool has;
-
-    if (bt_read_file(log, 1 << 24, &text, &len) != BT_OK) {
-        bt_error_clear();
-        return false;
-    }
-    has = strstr(text, what) != NULL;
-    bt_free(text);
-    return has;
 }
 
 /* One run of the scenario; returns whether B equalled the golden. */
@@ -200,27 +169,12 @@ static bool run(bool direct, const cu_golden_t *g)
     unsetenv("BT_LOG");
     BT_ASSERT_OK(client_create(listen, &c));
     BT_ASSERT_OK(client_create(listen, &adm));
-    BT_ASSERT_OK(workerproc_connect(control, "fake-prefill", &f.ctx,
-                                    &f.sock));
-    fake_register(&f);
-    for (int t = 0;; t++) {
-        cu_status_t s;
-        if (f.registered && cu_status(adm, &s) == 0 && s.n_prefill == 1 &&
-            s.n_decode == 1)
-            break;
-        if (t == 400)
-            BT_TEST_FAIL("F and d0 did not register");
-        fake_pump(&f, 50);
-    }
+    fake_start(&f, control, adm, 20000);
 
     /* A reaches F over UCX; W takes its keys while A is live */
     memset(&res, 0, sizeof(res));
     res.rid = cu_submit_golden(c, g);
-    for (int t = 0; f.task_id == 0; t += 20) {
-        if (t > 10000)
-            BT_TEST_FAIL("no PrefillTask reached F");
-        fake_pump(&f, 20);
-    }
+    fake_wait_task(&f, 0, 10000);
     BT_CHECK(f.route_len > 0);
     BT_CHECK(direct ? f.window_len == 0 : f.window_len > 0);
     /* close-on-exec: p0 must not hold W's stop pipe open */
@@ -250,8 +204,7 @@ static bool run(bool direct, const cu_golden_t *g)
     for (int t = 0;; t += 50) {
         cu_status_t s;
         if (cu_status(adm, &s) == 0 && s.n_prefill == 0 &&
-            (direct || metric(mport, "baton_worker_kv_windows_revoked_total")
-                           >= 1))
+            (direct || revoked_count(mport) >= 1))
             break;
         if (t > 10000)
             BT_TEST_FAIL("F was not dropped, or A's window not revoked");
@@ -280,13 +233,12 @@ static bool run(bool direct, const cu_golden_t *g)
             "revoked %.0f\n", direct ? "direct writes" : "windows",
             exact ? "exact" : "NOT the golden output", res.n_ids,
             res.retries, st.rounds, st.pool_refused, st.put_errors,
-            metric(mport, "baton_worker_kv_windows_revoked_total"));
+            revoked_count(mport));
     BT_CHECK(st.rounds > 0);
     BT_CHECK(res.retries >= 1); /* B is a new reservation, not A's */
     if (!direct) {
         BT_CHECK(st.pool_refused > 0); /* no key to the pool */
-        BT_CHECK(metric(mport, "baton_worker_kv_windows_revoked_total") >=
-                 1);
+        BT_CHECK(revoked_count(mport) >= 1);
     }
 
     cu_kill(p0, SIGTERM);
@@ -296,7 +248,7 @@ static bool run(bool direct, const cu_golden_t *g)
     cu_kill(router, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(router, 20000), 0);
     if (!direct) /* B went through a receive window, not inline */
-        BT_CHECK(log_has(log, "hand-offs by link: ucx:1 "));
+        BT_CHECK(cu_file_has(log, "hand-offs by link: ucx:1 "));
     unlink(log);
     client_destroy(&c);
     client_destroy(&adm);

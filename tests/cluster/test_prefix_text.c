@@ -73,19 +73,12 @@ static int baton_run_text(const char *model, const char *tok,
                           const char *text, int *out, int cap)
 {
     char cmd[4096];
-    FILE *f;
-    int n = 0;
 
     snprintf(cmd, sizeof(cmd), "%s/baton run --model %s --tokenizer %s "
              "--threads 1 --device cpu --ids --ignore-eos --stop-id 1 "
              "--max-tokens %d --prompt '%s'", BT_BIN_DIR, model, tok,
              MAX_TOKENS, text);
-    f = popen(cmd, "r");
-    BT_CHECK(f != NULL);
-    while (n < cap && fscanf(f, "%d", &out[n]) == 1)
-        n++;
-    BT_ASSERT_EQ(pclose(f), 0);
-    return n;
+    return cu_popen_ids(cmd, out, cap);
 }
 
 /* One request (text, or ids when ids != NULL) under `salt`; its output
@@ -95,23 +88,15 @@ static int run_one(client_t *c, const char *text, const int *ids, int n_ids,
                    const char *salt, const char names[2][16], int pm,
                    const int dm[2], cu_result_t *res, pt_counts_t *delta)
 {
-    static const int stop1[] = { 1 };
     client_request_t req;
     pt_counts_t a, b;
     uint64_t s0[2], s1[2];
     int home = -1;
 
-    if (ids != NULL) {
+    if (ids != NULL)
         cu_ids_request(&req, ids, n_ids, MAX_TOKENS);
-    } else {
-        client_request_init(&req);
-        req.prompt = text;
-        req.max_tokens = MAX_TOKENS;
-        req.ignore_eos = true;
-        req.stop_ids = stop1;
-        req.n_stop_ids = 1;
-        req.want_text = false;
-    }
+    else
+        cu_text_request(&req, text, MAX_TOKENS);
     req.cache_salt = salt;
     for (int i = 0; i < 2; i++)
         s0[i] = cu_served(c, names[i]);
@@ -156,7 +141,6 @@ static void wait_index(int rport, const char *name, int blocks)
 static void other_tokenizer(const char *model, const char *tokf,
                             const char *text)
 {
-    static const int stop1[] = { 1 };
     char listen[64], control[64], other[512];
     client_request_t req;
     cu_result_t res;
@@ -179,13 +163,7 @@ static void other_tokenizer(const char *model, const char *tokf,
     cu_wait_workers(c, 1, 1, 30000);
     n_ref = baton_run_text(model, tokf, text, ref, CU_MAX_IDS);
     for (int i = 0; i < 2; i++) { /* the second one is a prefix hit */
-        client_request_init(&req);
-        req.prompt = text;
-        req.max_tokens = MAX_TOKENS;
-        req.ignore_eos = true;
-        req.stop_ids = stop1;
-        req.n_stop_ids = 1;
-        req.want_text = false;
+        cu_text_request(&req, text, MAX_TOKENS);
         cu_run_request(c, &req, &res);
         BT_ASSERT_EQ(res.n_ids, n_ref);
         for (int k = 0; k < n_ref; k++)

@@ -15,8 +15,6 @@ static int run_reference(const cu_golden_t *g, uint64_t seed, int max_tokens,
                          int *ids)
 {
     char cmd[8192], *p = cmd;
-    FILE *f;
-    int n = 0;
 
     p += snprintf(p, sizeof(cmd), "%s/baton run --model %s/models/"
                   "aidreams260K.bin --threads 1 --temperature 0.9 "
@@ -27,12 +25,7 @@ static int run_reference(const cu_golden_t *g, uint64_t seed, int max_tokens,
         p += snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "%d ",
                       g->prompt[i]);
     snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "'");
-    f = popen(cmd, "r");
-    BT_CHECK(f != NULL);
-    while (n < CU_MAX_IDS && fscanf(f, "%d", &ids[n]) == 1)
-        n++;
-    BT_ASSERT_EQ(pclose(f), 0);
-    return n;
+    return cu_popen_ids(cmd, ids, CU_MAX_IDS);
 }
 
 int main(void)

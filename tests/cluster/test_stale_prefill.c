@@ -82,18 +82,7 @@ static uint64_t cluster_start(cluster_t *cl, const char *max_retries)
                       "--null-model", "--name", "d0", NULL);
     BT_ASSERT_OK(client_create(listen, &cl->c));
     BT_ASSERT_OK(client_create(listen, &cl->ctl));
-    BT_ASSERT_OK(workerproc_connect(cl->control, "fake-prefill", &cl->f.ctx,
-                                    &cl->f.sock));
-    fake_register(&cl->f);
-    for (int t = 0;; t++) {
-        cu_status_t st;
-        if (cl->f.registered && cu_status(cl->ctl, &st) == 0 &&
-            st.n_prefill == 1 && st.n_decode == 1)
-            break;
-        if (t == 200)
-            BT_TEST_FAIL("the fake prefill worker and d0 did not register");
-        fake_pump(&cl->f, 50);
-    }
+    fake_start(&cl->f, cl->control, cl->ctl, 10000);
     client_request_init(&req);
     req.prompt = "hello";
     req.max_tokens = 4;

@@ -493,13 +493,49 @@ typedef struct {
     kv_ucx_alloc_t *alloc;  /* kv_ucx_mem_alloc block holding it, or NULL */
 } kv_ucx_span_t;
 
-bt_status_t kv_ucx_mem_alloc(kv_ucx_t *ctx, size_t bytes,
-                             kv_ucx_mem_type_t mem_type, void **ptr_p)
+/* Maps `bytes` of new memory UCX allocates itself (UCP_MEM_MAP_ALLOCATE:
+ * on one host a shared memory segment a peer attaches through the key)
+ * and finds where it went: *memh_p, *addr_p and *len_p (at least bytes)
+ * are set on success only; the caller unmaps the handle.  `what` names
+ * the mapping in the error. */
+static bt_status_t kv_ucx_map_allocate(kv_ucx_t *ctx, size_t bytes,
+                                       const char *what, ucp_mem_h *memh_p,
+                                       void **addr_p, size_t *len_p)
 {
     ucp_mem_map_params_t mp;
     ucp_mem_attr_t attr;
+    ucp_mem_h memh;
+    bt_status_t status;
+
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.length = bytes;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    status = KV_UCX_CHECK(ucp_mem_map(ctx->context, &mp, &memh), what);
+    if (status != BT_OK)
+        return status;
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    status = KV_UCX_CHECK(ucp_mem_query(memh, &attr), "ucp_mem_query");
+    if (status != BT_OK) {
+        ucp_mem_unmap(ctx->context, memh);
+        return status;
+    }
+    BT_ASSERT(attr.length >= bytes);
+    *memh_p = memh;
+    *addr_p = attr.address;
+    *len_p = attr.length;
+    return BT_OK;
+}
+
+bt_status_t kv_ucx_mem_alloc(kv_ucx_t *ctx, size_t bytes,
+                             kv_ucx_mem_type_t mem_type, void **ptr_p)
+{
     kv_ucx_alloc_t *a;
     bt_status_t status;
+    void *ptr;
 
     if (bytes == 0 || mem_type != KV_UCX_MEM_HOST)
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
@@ -508,35 +544,17 @@ bt_status_t kv_ucx_mem_alloc(kv_ucx_t *ctx, size_t bytes,
     a = bt_calloc(1, sizeof(*a), "kv_ucx_alloc");
     if (a == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "alloc");
-    memset(&mp, 0, sizeof(mp));
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-    mp.address = NULL;
-    mp.length = bytes;
-    mp.flags = UCP_MEM_MAP_ALLOCATE;
-    status = KV_UCX_CHECK(ucp_mem_map(ctx->context, &mp, &a->memh),
-                          "ucp_mem_map(ALLOCATE)");
-    if (status != BT_OK)
-        goto err_free;
-    memset(&attr, 0, sizeof(attr));
-    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-    status = KV_UCX_CHECK(ucp_mem_query(a->memh, &attr), "ucp_mem_query");
-    if (status != BT_OK)
-        goto err_unmap;
-    BT_ASSERT(attr.length >= bytes);
-    a->ptr = attr.address;
-    a->len = attr.length;
+    status = kv_ucx_map_allocate(ctx, bytes, "ucp_mem_map(ALLOCATE)",
+                                 &a->memh, &ptr, &a->len);
+    if (status != BT_OK) {
+        bt_free(a);
+        return status;
+    }
+    a->ptr = ptr;
     a->next = ctx->allocs;
     ctx->allocs = a;
     *ptr_p = a->ptr;
     return BT_OK;
-
-err_unmap:
-    ucp_mem_unmap(ctx->context, a->memh);
-err_free:
-    bt_free(a);
-    return status;
 }
 
 void kv_ucx_mem_free(kv_ucx_t *ctx, void **ptr_p)
@@ -1670,11 +1688,9 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
                                  kv_ucx_window_t **win_p)
 {
     kv_ucx_t *ctx = pool->ctx;
-    size_t bb, layer_bytes, rkey_len = 0;
-    ucp_mem_map_params_t mp;
-    ucp_mem_attr_t attr;
+    size_t bb, layer_bytes, rkey_len = 0, mapped;
     kv_ucx_window_t *w;
-    void *rkey = NULL;
+    void *rkey = NULL, *base;
     bt_status_t status;
     uint8_t *p;
 
@@ -1691,23 +1707,12 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
     w->block_bytes = bb;
     /* ALLOCATE: on one host its own shared memory segment, which a
      * writer attaches through this key only. */
-    memset(&mp, 0, sizeof(mp));
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-    mp.length = 2 * (size_t)pool->layout.n_layers * (size_t)n_blocks * bb;
-    mp.flags = UCP_MEM_MAP_ALLOCATE;
-    status = KV_UCX_CHECK(ucp_mem_map(ctx->context, &mp, &w->memh),
-                          "ucp_mem_map(window)");
+    w->len = 2 * (size_t)pool->layout.n_layers * (size_t)n_blocks * bb;
+    status = kv_ucx_map_allocate(ctx, w->len, "ucp_mem_map(window)",
+                                 &w->memh, &base, &mapped);
     if (status != BT_OK)
         goto err_free;
-    memset(&attr, 0, sizeof(attr));
-    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-    status = KV_UCX_CHECK(ucp_mem_query(w->memh, &attr), "ucp_mem_query");
-    if (status != BT_OK)
-        goto err_unmap;
-    w->base = attr.address;
-    w->len = mp.length;
+    w->base = base;
     /* Only a System V segment is known to be revoked by the unmap and
      * never aliased by a later window (a POSIX one shared through
      * /proc/<pid>/fd/<fd> reuses fd numbers): anything else and the
