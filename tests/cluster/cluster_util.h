@@ -175,8 +175,9 @@ typedef struct {
     int n_workers;
     int n_prefill;
     int n_decode;
-    int free_kv;     /* summed over decode workers */
-    int total_kv;
+    long long free_kv; /* summed over decode workers (64 bits: a fuzzed
+                          registration may claim INT_MAX blocks) */
+    long long total_kv;
     int in_flight;
     int queued;
     int n_draining;  /* workers the router knows are draining */
@@ -208,8 +209,8 @@ static int cu_status(client_t *c, cu_status_t *st)
                     st->n_prefill++;
                 if (w->role == 2) {
                     st->n_decode++;
-                    st->free_kv += (int)w->free_kv_blocks;
-                    st->total_kv += (int)w->total_kv_blocks;
+                    st->free_kv += w->free_kv_blocks;
+                    st->total_kv += w->total_kv_blocks;
                 }
             }
             st->in_flight = (int)m->status->in_flight;
@@ -268,7 +269,7 @@ __attribute__((unused)) static void cu_wait_kv_idle(client_t *c, int timeout_ms)
             return;
         usleep(50000);
     }
-    BT_TEST_FAIL("KV blocks did not return to idle: %d of %d free",
+    BT_TEST_FAIL("KV blocks did not return to idle: %lld of %lld free",
                  st.free_kv, st.total_kv);
 }
 

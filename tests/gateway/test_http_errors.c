@@ -441,7 +441,7 @@ int main(void)
             usleep(20000);
         }
         if (!idle)
-            BT_TEST_FAIL("request not cancelled: in flight %d, KV %d/%d free",
+            BT_TEST_FAIL("request not cancelled: in flight %d, KV %lld/%lld free",
                          st.in_flight, st.free_kv, st.total_kv);
         fprintf(stderr, "cancelled and idle %.0f ms after the disconnect\n",
                 (double)(bt_time_ns() - t0) * 1e-6);
