@@ -143,18 +143,20 @@ class Cluster:
         self.debug_subsys = debug_subsys
         self.procs = []
 
-    def start_router(self, on_retry=None):
-        """Starts the router on a free port pair below the ephemeral range
-        (32768-), so connections never hold it: a port in use makes the
-        router exit, and another pair is tried (on_retry() told first).
-        Sets port, ep (clients) and ctl (workers)."""
+    def start_router(self, on_retry=None, extra=()):
+        """Starts the router (with the `extra` arguments) on a free port
+        pair below the ephemeral range (32768-), so connections never hold
+        it: a port in use makes the router exit, and another pair is tried
+        (on_retry() told first).  Sets port, ep (clients) and ctl
+        (workers)."""
         for _ in range(5):
             self.port = 15000 + 2 * random.randint(0, 8000)
             self.ep = "tcp://127.0.0.1:%d" % self.port
             self.ctl = "tcp://127.0.0.1:%d" % (self.port + 1)
             self.procs = []
             self.spawn("router", ["baton-router", "--listen", self.ep,
-                                  "--control", self.ctl], "INFO")
+                                  "--control", self.ctl] + list(extra),
+                       "INFO")
             time.sleep(0.3)
             if self.procs[0][1].poll() is None:
                 break

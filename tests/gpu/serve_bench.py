@@ -12,6 +12,12 @@ Each mode is a fresh cluster of real processes (baton-router + workers,
   prefix-on / prefix-off  the aggregated worker with --prefix-cache on /
              off, BT_SERVE_PREFIX_RUNS only (prompts = a shared prefix +
              a unique tail: issue 38's TTFT with a 4k-token shared prefix)
+  rand-on / rand-off  the same on BT_SERVE_RAND_RUNS (nothing shared:
+             what the cache costs)
+  chat-kv / chat-rr  4 aggregated workers under MPS, router --policy
+             kv-aware / round-robin, multi-turn chat (BT_SERVE_CHAT, baton
+             bench's --sessions); the hit column is the workers' prefix
+             hit rates weighted by requests served (`baton status --json`)
 The first `baton bench` of every mode is a cold start: a burst of
 BT_SERVE_COLD requests sent the moment the workers registered (no
 warm-up request before it); it must lose nothing.  Then the closed-loop
@@ -25,7 +31,10 @@ BT_SERVE_TPOT_MS (50: agg's --tpot-target-ms),
 BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda),
 BT_SERVE_PRECISION (bf16; fp8), BT_SERVE_KV_DTYPE (unset: the default),
 BT_SERVE_PREFIX_RUNS ("SHARED+UNIQUExOUTPUT@CONCURRENCY:REQUESTS;...",
-4096+256x16@8:64).
+4096+256x16@8:64), BT_SERVE_RAND_RUNS (BT_SERVE_RUNS' form,
+2048x128@64:256), BT_SERVE_CHAT (baton bench arguments: 14 sessions of a
+2048-token system prompt growing 256 tokens a turn, 10 turns),
+BT_SERVE_CHAT_KV (4096 blocks a chat worker).
 Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
 failed anywhere.
 """
@@ -56,6 +65,13 @@ PREFIX_RUNS = [(tuple(int(v) for v in shape.replace("+", "x").split("x")),
                 tuple(int(v) for v in load.split(":")))
                for shape, load in (r.split("@") for r in os.environ.get(
                    "BT_SERVE_PREFIX_RUNS", "4096+256x16@8:64").split(";"))]
+RAND_RUNS = parse_runs(os.environ.get("BT_SERVE_RAND_RUNS",
+                                      "2048x128@64:256"))
+CHAT = os.environ.get(
+    "BT_SERVE_CHAT", "--requests 140 --concurrency 8 --sessions 14 "
+    "--shared-prefix-len 2048 --prompt-len 256 --output-len 32").split()
+CHAT_KV = os.environ.get("BT_SERVE_CHAT_KV", "4096")
+CHAT_WORKERS = 4
 COLD = int(os.environ.get("BT_SERVE_COLD", "256"))
 COLD_SHAPE = tuple(int(v) for v in os.environ.get(
     "BT_SERVE_COLD_SHAPE", "2048x128").split("x"))
@@ -82,8 +98,10 @@ def log(msg):
 def write_table():
     with open(TABLE, "w") as f:
         f.write("| mode | in/out | conc | requests | failed | out tok/s | "
-                "TTFT p50 / p99 ms | TPOT p50 / p99 ms | TensorRT-LLM FP8 |\n"
-                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+                "TTFT p50 / p99 ms | TPOT p50 / p99 ms | TensorRT-LLM FP8 | "
+                "prefix hit |\n"
+                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                "| ---: |\n")
         for r in rows:
             f.write("| %s |\n" % " | ".join(str(x) for x in r))
 
@@ -94,10 +112,16 @@ def worker_cmds(mode, ctl):
     dec = ["baton-decode"] + common + [
         "--name", "d0", "--max-seqs", "256",
         "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
-    if mode.startswith("prefix"):
+    if mode.startswith(("prefix", "rand")):
         return [("d0", dec + ["--role", "both", "--prefix-cache",
-                              "on" if mode == "prefix-on" else "off",
+                              "off" if mode.endswith("-off") else "on",
                               "--tpot-target-ms", TPOT_MS])]
+    if mode.startswith("chat"):
+        return [("d%d" % i, ["baton-decode"] + common + [
+            "--name", "d%d" % i, "--max-seqs", "64", "--max-batch-tokens",
+            "8192", "--chunk-tokens", "2048", "--role", "both",
+            "--kv-blocks", CHAT_KV, "--prefix-cache", "on",
+            "--tpot-target-ms", TPOT_MS]) for i in range(CHAT_WORKERS)]
     if mode.startswith("agg"):
         dec += ["--role", "both"]
         if AGG_KV != "auto":
@@ -112,12 +136,34 @@ def worker_cmds(mode, ctl):
     return [("p0", pre), ("d0", dec)]
 
 
-def bench(cl, mode, plen, olen, conc, n, label, shared=0):
+def hit_rate(cl):
+    """The workers' prefix hit rates (`baton status --json`), weighted by
+    the requests each served (a worker that saw only first turns would
+    otherwise count as much as one that saw whole sessions)."""
+    try:
+        r = subprocess.run([BIN + "/baton", "status", "--router", cl.ep,
+                            "--json"], capture_output=True, text=True,
+                           timeout=20)
+        ws = [(w["prefix_hit_rate"], w.get("served", 0)) for w in
+              json.loads(r.stdout).get("workers", [])
+              if "prefix_hit_rate" in w]
+    except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return ""
+    n = sum(s for _, s in ws)
+    return "%.1f%%" % (100.0 * sum(h * s for h, s in ws) / n) if n else ""
+
+
+def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
     global failed
-    path = os.path.join(cl.dir, "bench_%s_%dx%d_c%d.json" %
+    path = os.path.join(cl.dir, "bench_%s_%sx%d_c%d.json" %
                         (label, plen, olen, conc))
-    cmd = cluster_harness.bench_cmd(BIN, cl.ep, n, plen, olen, VOCAB,
-                                    1000, 50, path, conc=conc, seed=plen)
+    if args is not None:  # a whole baton bench argument list (chat)
+        cmd = [BIN + "/baton", "bench", "--router", cl.ep, "--vocab",
+               str(VOCAB), "--json", path, "--seed", "7"] + args
+    else:
+        cmd = cluster_harness.bench_cmd(BIN, cl.ep, n, plen, olen, VOCAB,
+                                        1000, 50, path, conc=conc,
+                                        seed=plen)
     if shared:
         cmd += ["--shared-prefix-len", str(shared)]
         plen = "%d+%d" % (shared, plen)
@@ -127,8 +173,9 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0):
                            timeout=max(30, left))
     except subprocess.TimeoutExpired:
         log("%s %dx%d c%d: timed out" % (mode, plen, olen, conc))
-        rows.append((mode + " " + label, "%s/%d" % (plen, olen), conc, n,
-                     "timeout", "", "", "", ""))
+        rows.append((mode + " " + label,
+                 "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc, n,
+                     "timeout", "", "", "", "", ""))
         failed += 1
         return
     try:
@@ -136,20 +183,24 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0):
     except (OSError, ValueError):
         log("%s: no JSON (rc %d): %s" % (mode, r.returncode,
                                          r.stderr.strip()[-400:]))
-        rows.append((mode + " " + label, "%s/%d" % (plen, olen), conc, n,
-                     "no result", "", "", "", ""))
+        rows.append((mode + " " + label,
+                 "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc, n,
+                     "no result", "", "", "", "", ""))
         failed += 1
         return
     errs = j.get("errors", j.get("failed", 0))
     failed += errs
     ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
-    rows.append((mode + " " + label, "%s/%d" % (plen, olen), conc,
+    rows.append((mode + " " + label,
+                 "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc,
                  j.get("requests", n), errs,
                  "{:,.0f}".format(j.get("tok_per_s", j.get(
                      "output_tok_per_s", 0))),
                  "%.0f / %.0f" % (ttft.get("p50", 0), ttft.get("p99", 0)),
                  "%.1f / %.1f" % (tpot.get("p50", 0), tpot.get("p99", 0)),
-                 PEER.get((plen, olen), "")))
+                 PEER.get((plen, olen), ""),
+                 hit_rate(cl) if mode.startswith(("prefix", "rand", "chat"))
+                 else ""))
     log("%s %s %sx%d c%d: %s" % (mode, label, plen, olen, conc, rows[-1]))
     write_table()
 
@@ -157,7 +208,10 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0):
 class Cluster(cluster_harness.Cluster):
     def __init__(self, mode, env):
         super().__init__(BIN, WORK, mode, env, "DECODE", log)
-        self.start_router()
+        self.start_router(extra=["--policy", "kv-aware"]
+                          if mode == "chat-kv" else
+                          ["--policy", "round-robin"]
+                          if mode == "chat-rr" else [])
         self.names = []
         for name, args in worker_cmds(mode, self.ctl):
             self.spawn(name, args, "INFO")
@@ -165,8 +219,10 @@ class Cluster(cluster_harness.Cluster):
 
     def wait_registered(self, limit):
         """Until `baton status --wait-workers` says the cluster serves."""
+        n = len(self.names)
+        want = "%d,%d" % (n, n) if self.label.startswith("chat") else "1,1"
         r = subprocess.run([BIN + "/baton", "status", "--router", self.ep,
-                            "--wait-workers", "1,1", "--timeout",
+                            "--wait-workers", want, "--timeout",
                             str(int(limit))], capture_output=True, text=True)
         return r.returncode == 0
 
@@ -174,10 +230,10 @@ class Cluster(cluster_harness.Cluster):
 def run_mode(mode):
     mps = None
     env = os.environ
-    if mode == "disagg":
+    if mode == "disagg" or mode.startswith("chat"):
         mps, why = cluster_harness.mps_start(WORK)
         if mps is None:
-            log("disagg without MPS: " + why)
+            log("%s without MPS: %s" % (mode, why))
         else:
             env = mps[1]
     cl = Cluster(mode, env)
@@ -188,11 +244,18 @@ def run_mode(mode):
         cl.stop()
         cluster_harness.mps_stop(mps, log, 2)
         return
-    if mode.startswith("prefix"):
+    if mode.startswith(("prefix", "rand", "chat")):
         log("%s: registered after %.1f s" % (mode, time.time() - t0))
-        for (shared, plen, olen), (conc, n) in PREFIX_RUNS:
-            bench(cl, mode, plen, olen, conc, n, "warm", shared)
+        if mode.startswith("prefix"):
+            for (shared, plen, olen), (conc, n) in PREFIX_RUNS:
+                bench(cl, mode, plen, olen, conc, n, "warm", shared)
+        elif mode.startswith("rand"):
+            for (plen, olen), (conc, n) in RAND_RUNS:
+                bench(cl, mode, plen, olen, conc, n, "warm")
+        else:
+            bench(cl, mode, "chat", 0, 0, 0, "warm", args=CHAT)
         cl.stop()
+        cluster_harness.mps_stop(mps, log, 2)
         return
     log("%s: registered after %.1f s: cold burst of %d" %
         (mode, time.time() - t0, COLD))
