@@ -190,6 +190,16 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
         return
     errs = j.get("errors", j.get("failed", 0))
     failed += errs
+    if errs:  # why, in the log that comes back (worker logs may not)
+        first = j.get("first_errors") or [{}]
+        log("%s: %d failed %s, first: %s" % (
+            mode, errs, json.dumps(j.get("errors_by_code", {})),
+            first[0].get("message", r.stderr.strip()[-300:])))
+        for name, _ in cl.procs:
+            bad = [ln for ln in cl.logtext(name).splitlines()
+                   if " ERROR " in ln or " WARN " in ln][:5]
+            for ln in bad:
+                log("  %s: %s" % (name, ln[:300]))
     ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
     rows.append((mode + " " + label,
                  "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc,
