@@ -4,12 +4,16 @@
 # binaries' FP8 rows, into ONE file ($OUT/summary.md; a device call
 # returns at most 8 files).  Pack here:
 #   bash tests/gpu/pack_carry.sh c8 tests/gpu/run_gpu_fp8_diag.sh \
-#     gpu/test_cuda_kv8 gpu/bench_cuda bin/baton shared
+#     gpu/test_cuda_kv8 gpu/bench_cuda bin/baton bin/baton-router \
+#     bin/baton-decode shared
 # 1. `baton run` of synth:llama3-8b in fp8 with fp8 KV, then bf16 KV
 #    (a failing request's error is the stderr tail);
 # 2. bench_cuda --precision fp8 [--kv-dtype fp8], decode b1/b8/b64 @2k
 #    and prefill 2048;
-# 3. test_cuda_kv8's counts and FAIL lines.
+# 3. one aggregated fp8 + fp8-KV worker serving 64 requests of 2048/128
+#    (serve_bench.py logs a failure's codes, first message and the
+#    worker's first ERROR/WARN lines);
+# 4. test_cuda_kv8's counts and FAIL lines.
 set -u
 c=${1:-build-c8}
 out=${OUT:-/tmp/baton-fp8-diag}
@@ -38,10 +42,18 @@ for a in "--precision fp8 --kv-dtype fp8" "--precision fp8"; do
   grep -E "ERROR|FAIL|rror" "$out/b.log" | head -3 >> "$S"
   rm -f "$out/t.md"
 done
+el "serve fp8 + fp8 KV (agg, 64 requests)"
+UCX_MODULE_DIR=$PWD/$c/lib/ucx BT_SERVE_MODES=agg BT_SERVE_PRECISION=fp8 \
+  BT_SERVE_KV_DTYPE=fp8 BT_SERVE_COLD=0 BT_SERVE_RUNS="2048x128@64:64" \
+  BT_SERVE_DEADLINE_S=100 timeout -k 10 120 python3 tests/gpu/serve_bench.py \
+  "$PWD/$c/bin" /tmp/baton-fp8-diag-serve "$out/s.md" > "$out/s.log" 2>&1
+grep -vE "^\|" "$out/s.log" | tail -12 >> "$S"
+cat "$out/s.md" >> "$S" 2>/dev/null
 el "test_cuda_kv8"
 timeout -k 5 60 "$c/gpu/test_cuda_kv8" > "$out/kv8.log" 2>&1
 echo "rc $? $(grep -c '^PASS' "$out/kv8.log") PASS $(grep -c '^FAIL' "$out/kv8.log") FAIL" >> "$S"
 grep -E "^FAIL" "$out/kv8.log" | head -8 | cut -c1-200 >> "$S"
 el done
-rm -f "$out/r.txt" "$out/r.err" "$out/kv8.log" "$out/b.log"
+rm -f "$out/r.txt" "$out/r.err" "$out/kv8.log" "$out/b.log" "$out/s.md" \
+  "$out/s.log"
 cat "$S"
