@@ -14,8 +14,8 @@
  *      nowhere a new window (mapped next, maybe at the same address)
  *      holds.
  *   5. Cost: mapping a window and copying it out, for a 2048-token
- *      hand-off of the test layout (printed; BT_WINDOW_BENCH_MIB sets a
- *      larger hand-off for a measurement by hand).
+ *      hand-off of the test layout (printed; `test_ucx_window MIB` adds a
+ *      32-layer hand-off of MIB MiB, for a measurement by hand).
  *
  * Shared memory and no peer error handling (the default single-host
  * configuration): UCX_TLS defaults to "tcp,sm,self" here.
@@ -180,7 +180,7 @@ static void bench(kv_ucx_pool_t *pool, const kv_layout_t *lay, int tokens)
     bt_free(dst);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     kv_ucx_config_t cfg;
     kv_ucx_pool_t *pool = NULL, *pool2 = NULL;
@@ -192,7 +192,7 @@ int main(void)
     size_t len, wlen;
     uint8_t *src;
     int ids[4] = { 0, 1, 2, 3 };
-    const char *big;
+    const int big_mib = argc > 1 ? atoi(argv[1]) : 0;
 
     alarm(120);
     setenv("UCX_TLS", "tcp,sm,self", 0);
@@ -316,13 +316,12 @@ int main(void)
         BT_ASSERT_OK(kv_ucx_pool_register_windowed(dctx, &lay, 1, &bp));
         bench(bp, &lay, 2048);
         kv_ucx_pool_deregister(&bp);
-        big = getenv("BT_WINDOW_BENCH_MIB");
-        if (big != NULL && atoi(big) > 0) {
-            /* a 2048-token hand-off of atoi(big) MiB: 32 layers */
+        if (big_mib > 0) {
+            /* a 2048-token hand-off of big_mib MiB: 32 layers */
             lay.n_layers = 32;
             lay.n_kv_heads = 8;
             lay.head_dim = 128;
-            lay.elem_size = (size_t)atoi(big) * (1u << 20) /
+            lay.elem_size = (size_t)big_mib * (1u << 20) /
                             (2u * 32 * 2048 * 8 * 128);
             if (lay.elem_size < 1)
                 lay.elem_size = 1;
