@@ -579,6 +579,43 @@ typedef struct {
     float lead_us;       /* the lead's own median time in that bucket */
 } gemm_scratch_t;
 
+/* The tuners' scratch after the caller zeroed it: outputs y and ref of
+ * y_bytes, the flush buffer, the error sums, two events.  The bf16 tuner
+ * adds its inputs (d_x); gemm_scratch_free undoes either, also after a
+ * failure part way. */
+static bt_status_t gemm_scratch_alloc(gemm_scratch_t *sc, size_t y_bytes)
+{
+    bt_status_t status;
+
+    status = cuda__dev_malloc(&sc->d_y, y_bytes, "gemm_tune_y");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc->d_ref, y_bytes, "gemm_tune_ref");
+    if (status == BT_OK)
+        status = cuda__dev_malloc(&sc->d_flush, GEMM_FLUSH_BYTES,
+                                  "gemm_tune_flush");
+    if (status == BT_OK)
+        status = cuda__dev_malloc((void **)&sc->d_err, 3 * sizeof(double),
+                                  "gemm_tune_err");
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&sc->ev[0]));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventCreate(&sc->ev[1]));
+    return status;
+}
+
+static void gemm_scratch_free(gemm_scratch_t *sc)
+{
+    if (sc->ev[1])
+        cudaEventDestroy(sc->ev[1]);
+    if (sc->ev[0])
+        cudaEventDestroy(sc->ev[0]);
+    cuda__dev_free((void **)&sc->d_err);
+    cuda__dev_free(&sc->d_flush);
+    cuda__dev_free(&sc->d_ref);
+    cuda__dev_free(&sc->d_y);
+    cuda__dev_free(&sc->d_x);
+}
+
 /* Bytes of the flush buffer's head the lead uses for n_in columns of
  * GEMM_TUNE_MAX_TOK rows: f32 input, bf16 output. */
 static size_t gemm_lead_bytes(int n_in)
@@ -1143,19 +1180,7 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     status = cuda__dev_malloc(&sc.d_x, (size_t)rows * n_in * 2,
                               "gemm_tune_x");
     if (status == BT_OK)
-        status = cuda__dev_malloc(&sc.d_y, ny * es, "gemm_tune_y");
-    if (status == BT_OK)
-        status = cuda__dev_malloc(&sc.d_ref, ny * es, "gemm_tune_ref");
-    if (status == BT_OK)
-        status = cuda__dev_malloc(&sc.d_flush, GEMM_FLUSH_BYTES,
-                                  "gemm_tune_flush");
-    if (status == BT_OK)
-        status = cuda__dev_malloc((void **)&sc.d_err, 3 * sizeof(double),
-                                  "gemm_tune_err");
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[0]));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[1]));
+        status = gemm_scratch_alloc(&sc, ny * es);
     if (status == BT_OK)
         status = cuda_gemv_fill(sc.d_x, (size_t)rows * n_in,
                                 0x5eed1234u ^ (uint32_t)n_out, stream);
@@ -1187,15 +1212,7 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
         if (ctx->cache_path != NULL)
             gemm_cache_save(ctx);
     }
-    if (sc.ev[1])
-        cudaEventDestroy(sc.ev[1]);
-    if (sc.ev[0])
-        cudaEventDestroy(sc.ev[0]);
-    cuda__dev_free((void **)&sc.d_err);
-    cuda__dev_free(&sc.d_flush);
-    cuda__dev_free(&sc.d_ref);
-    cuda__dev_free(&sc.d_y);
-    cuda__dev_free(&sc.d_x);
+    gemm_scratch_free(&sc);
 }
 
 static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
@@ -1977,19 +1994,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (status == BT_OK)
         status = gemm_lt_heuristic(ctx, p, GEMM_FP8_CANDS, res, &n_res);
     if (status == BT_OK)
-        status = cuda__dev_malloc(&sc.d_y, y_bytes, "gemm_tune_y");
-    if (status == BT_OK)
-        status = cuda__dev_malloc(&sc.d_ref, y_bytes, "gemm_tune_ref");
-    if (status == BT_OK)
-        status = cuda__dev_malloc(&sc.d_flush, GEMM_FLUSH_BYTES,
-                                  "gemm_tune_flush");
-    if (status == BT_OK)
-        status = cuda__dev_malloc((void **)&sc.d_err, 3 * sizeof(double),
-                                  "gemm_tune_err");
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[0]));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaEventCreate(&sc.ev[1]));
+        status = gemm_scratch_alloc(&sc, y_bytes);
     if (status == BT_OK)
         status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_flush, 0,
                                                 GEMM_FLUSH_BYTES, stream));
@@ -2065,14 +2070,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         if (ctx->cache_path != NULL)
             gemm_cache_save(ctx);
     }
-    if (sc.ev[1])
-        cudaEventDestroy(sc.ev[1]);
-    if (sc.ev[0])
-        cudaEventDestroy(sc.ev[0]);
-    cuda__dev_free((void **)&sc.d_err);
-    cuda__dev_free(&sc.d_flush);
-    cuda__dev_free(&sc.d_ref);
-    cuda__dev_free(&sc.d_y);
+    gemm_scratch_free(&sc);
 }
 
 /* Installs the cache file's pick for the vec plan p, when it is there
