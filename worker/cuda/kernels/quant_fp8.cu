@@ -39,6 +39,18 @@ static __device__ __forceinline__ float qf8_block_max(float v, float *sh)
 #define QF8_NORM 1  /* bf16(g * (inv * x)), x the f32 residual row */
 #define QF8_GLU 2   /* bf16(silu(x[i]) * x[k + i]), x a gate|up row */
 
+/* The values the bf16 kernels store (rmsnorm.cu, swiglu.cu), as floats:
+ * both quantization kernels make their rows through these. */
+static __device__ __forceinline__ float qf8_norm_val(float g, float ninv,
+                                                     float x)
+{
+    return __bfloat162float(__float2bfloat16_rn(g * (ninv * x)));
+}
+static __device__ __forceinline__ float qf8_glu_val(float gate, float up)
+{
+    return __bfloat162float(__float2bfloat16_rn(kern_swiglu_f(gate, up)));
+}
+
 /* Row blockIdx.x of x (stride ldx) -> codes / bf16 values (ld, zero
  * padded) and its scale: in_scale when > 0, else absmax / 448 of the k
  * values the row gives (MODE). */
@@ -68,11 +80,10 @@ qf8_rows_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
     /* value i of the row, as the bf16 kernel producing it would store it */
     auto val = [&](int i) -> float {
         if (MODE == QF8_NORM)
-            return __bfloat162float(__float2bfloat16_rn(
-                __bfloat162float(g[i]) * (ninv * kern_to_f(xr[i]))));
+            return qf8_norm_val(__bfloat162float(g[i]), ninv,
+                                kern_to_f(xr[i]));
         if (MODE == QF8_GLU)
-            return __bfloat162float(__float2bfloat16_rn(kern_swiglu_f(
-                kern_to_f(xr[i]), kern_to_f(xr[k + i]))));
+            return qf8_glu_val(kern_to_f(xr[i]), kern_to_f(xr[k + i]));
         return kern_to_f(xr[i]);
     };
     if (!(s > 0.0f)) {
@@ -148,8 +159,7 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
                 qf8_ld8(xr + k + i, u);
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    v[j][e] = __bfloat162float(__float2bfloat16_rn(
-                        kern_swiglu_f(v[j][e], u[e])));
+                    v[j][e] = qf8_glu_val(v[j][e], u[e]);
             }
         } else {
 #pragma unroll
@@ -175,8 +185,7 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
                 qf8_ld8(g + i, gv);
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    v[j][e] = __bfloat162float(
-                        __float2bfloat16_rn(gv[e] * (ninv * v[j][e])));
+                    v[j][e] = qf8_norm_val(gv[e], ninv, v[j][e]);
             }
         }
     }
