@@ -47,6 +47,7 @@
 #include "cuda/kernels/gemv.h"
 #include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/swiglu.h"
+#include "gpu_test_util.h"
 
 #define REF_TOK 32     /* tokens of a product checked against the cpu */
 #define REF_ROWS 256   /* rows of it */
@@ -56,38 +57,12 @@
 static int g_fail;
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 
-#define CK(_e)                                                              \
-    do {                                                                    \
-        cudaError_t _err = (_e);                                            \
-        if (_err != cudaSuccess) {                                          \
-            printf("FAIL cuda %s: %s\n", #_e, cudaGetErrorString(_err));    \
-            exit(1);                                                        \
-        }                                                                   \
-    } while (0)
-
 static float frand(void)
 {
     g_rng ^= g_rng << 13;
     g_rng ^= g_rng >> 7;
     g_rng ^= g_rng << 17;
     return (float)((g_rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
-}
-
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float f32_of_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 /* One weight shape on the device, quantized one way. */

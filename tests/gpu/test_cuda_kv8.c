@@ -50,18 +50,10 @@
 #include "cuda/cuda_switches.h"
 #include "cuda/kernels/attn_prefill.h"
 #include "cuda/kernels/rope_kv.h"
+#include "gpu_test_util.h"
 
 static int g_fail;
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-
-#define CK(_e)                                                              \
-    do {                                                                    \
-        cudaError_t _err = (_e);                                            \
-        if (_err != cudaSuccess) {                                          \
-            printf("FAIL cuda %s: %s\n", #_e, cudaGetErrorString(_err));    \
-            exit(1);                                                        \
-        }                                                                   \
-    } while (0)
 
 #define OK(_e)                                                              \
     do {                                                                    \
@@ -83,23 +75,6 @@ static uint32_t urand(void)
 static float frand(void)
 {
     return (float)(urand() >> 8) / 8388608.0f - 1.0f;
-}
-
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float f32_of_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 static bool e4m3_nan(uint8_t c)
