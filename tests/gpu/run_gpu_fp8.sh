@@ -22,7 +22,8 @@
 #      prefill 2048: --precision fp8 rows against the FP8 floor, then the
 #      same rows in bf16 (one machine, for the ratio), then bf16 with
 #      --kv-dtype fp8 (rows "kv8"); BT_FP8_BENCH picks among fp8kv8
-#      (fp8 with fp8 KV), fp8, bf16 and kv8 (default all four).
+#      (fp8 with fp8 KV), fp8, bf16 and kv8 (default all four);
+#      BT_FP8_TEST_TIMEOUT (300) bounds each test program in seconds.
 # About 6 minutes.  Writes gpu_fp8.log and gpu_fp8_table.md under $OUT
 # (else /tmp/baton-gpu-fp8); prints the table last; exits non-zero when
 # a test fails.
