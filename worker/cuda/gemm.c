@@ -2219,7 +2219,8 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             int n = BT_MIN(CUDA_GEMV_FP8_MAX_TOK, n_tok - t0);
 
             status = cuda_gemv_fp8(
-                n, n_out, ld, a->d_xq + (size_t)t0 * ld,
+                n, n_out, ld,
+                a->d_xq != NULL ? a->d_xq + (size_t)t0 * ld : NULL,
                 n_tok == 1 ? a->d_xv : NULL, a->d_xs + t0, a->d_wq, a->d_ws,
                 (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
                 stream);

@@ -80,7 +80,8 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
  * epilogue writes y.  Safe inside graph capture once the shape was seen
  * (plans are built at first use, host work only). */
 typedef struct {
-    const uint8_t *d_xq;   /* (n_tok, ld) input codes */
+    const uint8_t *d_xq;   /* (n_tok, ld) input codes (NULL: a 1-token
+                              GEMV input given as d_xv) */
     const void *d_xv;      /* (1, ld) their bf16 values, or NULL */
     const float *d_xs;     /* (n_tok) input scales */
     const uint8_t *d_wq;   /* (n_out, ld) weight codes */
