@@ -171,6 +171,25 @@ __attribute__((unused)) static int cu_wait_exit(pid_t pid, int timeout_ms)
     return -1;
 }
 
+/* SIGTERMs a worker that logs to `log` and fails the test unless it exits
+ * 0 with no "leak" in its log: every KV block and host allocation came
+ * back.  `who` names it in the failure. */
+__attribute__((unused)) static void cu_stop_no_leak(pid_t pid,
+                                                    const char *log,
+                                                    const char *who)
+{
+    char *text = NULL;
+    size_t len;
+
+    cu_kill(pid, SIGTERM);
+    BT_ASSERT_EQ(cu_wait_exit(pid, 10000), 0);
+    BT_ASSERT_OK(bt_read_file(log, 1 << 24, &text, &len));
+    if (strstr(text, "leak") != NULL)
+        BT_TEST_FAIL("the %s reports a leak:\n%s", who, text);
+    bt_free(text);
+    unlink(log);
+}
+
 typedef struct {
     int n_workers;
     int n_prefill;
