@@ -594,4 +594,22 @@ __attribute__((unused)) static void cu_check_golden(const cu_result_t *r, const 
                          r->ids[k], g->expect[k]);
 }
 
+/* Each of the n results finished with the ids of want[i] (baton run's,
+ * n_want[i] of them); `what` names the requests in a failure. */
+__attribute__((unused)) static void cu_check_baton_run(const cu_result_t *res,
+                                                      int n,
+                                                      int want[][CU_MAX_IDS],
+                                                      const int *n_want,
+                                                      const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        BT_ASSERT_EQ(res[i].finished, 1);
+        BT_ASSERT_EQ(res[i].n_ids, n_want[i]);
+        for (int k = 0; k < n_want[i]; k++)
+            if (res[i].ids[k] != want[i][k])
+                BT_TEST_FAIL("%s request %d: id %d is %d, baton run %d",
+                             what, i, k, res[i].ids[k], want[i][k]);
+    }
+}
+
 #endif /* BT_TESTS_CLUSTER_UTIL_H */
