@@ -246,6 +246,18 @@ static void wait_context_known(int port)
     BT_TEST_FAIL("baton-http never learnt the cluster's context");
 }
 
+/* body = {<head>"prompt":["p0","p1",...]}: count text prompts. */
+static void text_prompts_body(char *body, size_t cap, const char *head,
+                              int count)
+{
+    int n = snprintf(body, cap, "{%s\"prompt\":[", head);
+
+    for (int i = 0; i < count; i++)
+        n += snprintf(body + n, cap - (size_t)n, "%s\"p%d\"", i ? "," : "",
+                      i);
+    snprintf(body + n, cap - (size_t)n, "]}");
+}
+
 static const char *prompts[3] = { "The river", "A quiet machine",
                                   "Stars fall" };
 
@@ -428,17 +440,11 @@ int main(void)
     expect_400(hport, "{\"prompt\":[]}", "prompt", NULL);
     {
         /* 129 prompts; 65 prompts times n = 2 */
-        int n = snprintf(body, sizeof(body), "{\"prompt\":[");
-        for (int i = 0; i < 129; i++)
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"p%d\"",
-                          i ? "," : "", i);
-        snprintf(body + n, sizeof(body) - (size_t)n, "]}");
+        int n;
+
+        text_prompts_body(body, sizeof(body), "", 129);
         expect_400(hport, body, "prompt", "129 prompts, at most 128");
-        n = snprintf(body, sizeof(body), "{\"n\":2,\"prompt\":[");
-        for (int i = 0; i < 65; i++)
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"p%d\"",
-                          i ? "," : "", i);
-        snprintf(body + n, sizeof(body) - (size_t)n, "]}");
+        text_prompts_body(body, sizeof(body), "\"n\":2,", 65);
         expect_400(hport, body, "n", "130 choices");
         /* the third prompt is over the context (128): ids, counted
          * exactly */
