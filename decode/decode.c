@@ -246,6 +246,14 @@ void decode__seq_remove(decode_t *dec, decode_seq_t *s)
     decode__seq_destroy(dec, s);
 }
 
+/* One request fails alone: the router hears why, the sequence goes. */
+void decode__seq_fail(decode_t *dec, decode_seq_t *s, Baton__ErrorCode code,
+                      const char *why)
+{
+    decode__send_task_error(dec, s->id, s->epoch, code, why);
+    decode__seq_remove(dec, s);
+}
+
 /* s has no room for its next token this step: it waits for blocks, and
  * one that waited longer than DECODE_BLOCK_WAIT_NS fails (removed). */
 void decode__seq_no_room(decode_t *dec, decode_seq_t *s, uint64_t now)
@@ -253,10 +261,8 @@ void decode__seq_no_room(decode_t *dec, decode_seq_t *s, uint64_t now)
     if (s->wait_since == 0)
         s->wait_since = now;
     if (now - s->wait_since > DECODE_BLOCK_WAIT_NS) {
-        decode__send_task_error(dec, s->id, s->epoch,
-                                BATON__ERROR_CODE__ERROR_WORKER,
-                                "KV pool full for too long");
-        decode__seq_remove(dec, s);
+        decode__seq_fail(dec, s, BATON__ERROR_CODE__ERROR_WORKER,
+                         "KV pool full for too long");
     }
 }
 
@@ -425,10 +431,8 @@ static void step(decode_t *dec)
         if (s->grammar != NULL &&
             grammar_mask(s->grammar, s->gstate, s->gmask) != BT_OK) {
             /* this request only, never the batch */
-            decode__send_task_error(dec, s->id, s->epoch,
-                                    BATON__ERROR_CODE__ERROR_INVALID,
-                                    bt_error_last());
-            decode__seq_remove(dec, s);
+            decode__seq_fail(dec, s, BATON__ERROR_CODE__ERROR_INVALID,
+                             bt_error_last());
             continue;
         }
         if (dec->engine != NULL) {
@@ -576,10 +580,8 @@ static void step(decode_t *dec)
             continue;
         }
         if (status != BT_OK) {
-            decode__send_task_error(dec, s->id, s->epoch,
-                                    BATON__ERROR_CODE__ERROR_WORKER,
-                                    bt_error_last());
-            decode__seq_remove(dec, s);
+            decode__seq_fail(dec, s, BATON__ERROR_CODE__ERROR_WORKER,
+                             bt_error_last());
             continue;
         }
         s->n_cached++;
@@ -589,10 +591,8 @@ static void step(decode_t *dec)
             if (s->grammar != NULL &&
                 grammar_advance_token(s->grammar, &s->gstate, tok) !=
                     BT_OK) {
-                decode__send_task_error(dec, s->id, s->epoch,
-                                        BATON__ERROR_CODE__ERROR_INTERNAL,
-                                        bt_error_last());
-                decode__seq_remove(dec, s);
+                decode__seq_fail(dec, s, BATON__ERROR_CODE__ERROR_INTERNAL,
+                                 bt_error_last());
                 continue;
             }
         } else {

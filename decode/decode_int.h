@@ -228,6 +228,8 @@ void decode__fill_layout(const decode_t *dec, Baton__KvLayout *l);
 int decode__available_blocks(const decode_t *dec);
 void decode__seq_destroy(decode_t *dec, decode_seq_t *s);
 void decode__seq_remove(decode_t *dec, decode_seq_t *s);
+void decode__seq_fail(decode_t *dec, decode_seq_t *s, Baton__ErrorCode code,
+                      const char *why);
 void decode__seq_no_room(decode_t *dec, decode_seq_t *s, uint64_t now);
 void decode__seq_cache_blocks(decode_t *dec, decode_seq_t *s);
 

@@ -138,10 +138,8 @@ void decode__step_spec(decode_t *dec)
     for (int i = 0; i < n; i++) {
         s = dec->bmap[i];
         if (status != BT_OK) {
-            decode__send_task_error(dec, s->id, s->epoch,
-                                    BATON__ERROR_CODE__ERROR_WORKER,
-                                    bt_error_last());
-            decode__seq_remove(dec, s);
+            decode__seq_fail(dec, s, BATON__ERROR_CODE__ERROR_WORKER,
+                             bt_error_last());
             continue;
         }
         if (!s->spec_started && dec->n_out[i] > 0) {

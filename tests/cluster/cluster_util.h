@@ -171,6 +171,25 @@ __attribute__((unused)) static int cu_wait_exit(pid_t pid, int timeout_ms)
     return -1;
 }
 
+/* SIGTERMs a worker that logs to `log` and fails the test unless it exits
+ * 0 with no "leak" in its log: every KV block and host allocation came
+ * back.  `who` names it in the failure. */
+__attribute__((unused)) static void cu_stop_no_leak(pid_t pid,
+                                                    const char *log,
+                                                    const char *who)
+{
+    char *text = NULL;
+    size_t len;
+
+    cu_kill(pid, SIGTERM);
+    BT_ASSERT_EQ(cu_wait_exit(pid, 10000), 0);
+    BT_ASSERT_OK(bt_read_file(log, 1 << 24, &text, &len));
+    if (strstr(text, "leak") != NULL)
+        BT_TEST_FAIL("the %s reports a leak:\n%s", who, text);
+    bt_free(text);
+    unlink(log);
+}
+
 typedef struct {
     int n_workers;
     int n_prefill;
@@ -573,6 +592,24 @@ __attribute__((unused)) static void cu_check_golden(const cu_result_t *r, const 
         if (r->ids[k] != g->expect[k])
             BT_TEST_FAIL("request %d: id %d is %d, golden %d", which, k,
                          r->ids[k], g->expect[k]);
+}
+
+/* Each of the n results finished with the ids of want[i] (baton run's,
+ * n_want[i] of them); `what` names the requests in a failure. */
+__attribute__((unused)) static void cu_check_baton_run(const cu_result_t *res,
+                                                      int n,
+                                                      int want[][CU_MAX_IDS],
+                                                      const int *n_want,
+                                                      const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        BT_ASSERT_EQ(res[i].finished, 1);
+        BT_ASSERT_EQ(res[i].n_ids, n_want[i]);
+        for (int k = 0; k < n_want[i]; k++)
+            if (res[i].ids[k] != want[i][k])
+                BT_TEST_FAIL("%s request %d: id %d is %d, baton run %d",
+                             what, i, k, res[i].ids[k], want[i][k]);
+    }
 }
 
 #endif /* BT_TESTS_CLUSTER_UTIL_H */

@@ -99,14 +99,7 @@ static void test_fp8_pair(void)
     for (int i = 0; i < N_REQ; i++)
         res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
     cu_collect(c, res, N_REQ, 60000);
-    for (int i = 0; i < N_REQ; i++) {
-        BT_ASSERT_EQ(res[i].finished, 1);
-        BT_ASSERT_EQ(res[i].n_ids, n_want[i]);
-        for (int k = 0; k < n_want[i]; k++)
-            if (res[i].ids[k] != want[i][k])
-                BT_TEST_FAIL("request %d: id %d is %d, baton run %d", i, k,
-                             res[i].ids[k], want[i][k]);
-    }
+    cu_check_baton_run(res, N_REQ, want, n_want, "fp8");
     cu_wait_kv_idle(c, 5000);
     client_destroy(&c);
     cu_kill_all();

@@ -9,21 +9,10 @@
  */
 #include <sys/time.h>
 
-#include "cluster/cluster_util.h"
-#include "bt_prom_test.h"
+#include "cluster/kv_routing_util.h"
 
 #define N_WORKERS 4
 #define N_FOLLOW 6
-
-/* The router's per-worker sample `family` of worker `name`. */
-static double worker_metric(int port, const char *family, const char *name)
-{
-    char sample[256];
-
-    snprintf(sample, sizeof(sample), "%s{worker=\"%s\",role=\"decode+"
-             "prefill\"}", family, name);
-    return prom_scrape(port, sample);
-}
 
 static void run_one(client_t *c, const int *prompt, int n, const char *salt)
 {
@@ -34,20 +23,6 @@ static void run_one(client_t *c, const int *prompt, int n, const char *salt)
     req.cache_salt = salt;
     cu_run_request(c, &req, &res);
     BT_ASSERT_EQ(res.n_ids, 8);
-}
-
-/* Served requests per worker name (order of names[]). */
-static void served(client_t *c, const char names[][16], uint64_t *out)
-{
-    cu_status_t st;
-
-    BT_CHECK(cu_status(c, &st) == 0);
-    for (int i = 0; i < N_WORKERS; i++) {
-        out[i] = 0;
-        for (int k = 0; k < st.n_workers && k < 16; k++)
-            if (strcmp(st.names[k], names[i]) == 0)
-                out[i] = st.served[k];
-    }
 }
 
 int main(void)
@@ -80,13 +55,10 @@ int main(void)
     cu_wait_workers(c, 0, N_WORKERS, 30000);
 
     /* The shared prefix: a golden prompt and its greedy continuation. */
-    memcpy(prompt, golden[1].prompt, sizeof(int) * (size_t)golden[1].n_prompt);
-    memcpy(prompt + golden[1].n_prompt, golden[1].expect,
-           sizeof(int) * (size_t)(n_shared - golden[1].n_prompt));
-    memcpy(prompt + n_shared, golden[2].expect, sizeof(int) * 7);
-    served(c, names, before);
+    kr_shared_prompt(prompt, golden, n_shared);
+    kr_served(c, names, N_WORKERS, before);
     run_one(c, prompt, n_shared + 7, NULL);
-    served(c, names, after);
+    kr_served(c, names, N_WORKERS, after);
     for (int i = 0; i < N_WORKERS; i++)
         if (after[i] > before[i]) {
             BT_CHECK(home < 0); /* one worker took it */
@@ -94,18 +66,12 @@ int main(void)
         }
     BT_CHECK(home >= 0);
     /* its events reached the router */
-    for (int t = 0; t < 250; t++) {
-        if (worker_metric(rport, "baton_router_worker_kv_index_blocks",
-                          names[home]) >= n_shared / 4)
-            break;
-        BT_CHECK(t < 249);
-        usleep(20000);
-    }
+    kr_wait_indexed(rport, names[home], "decode+prefill", n_shared / 4);
     for (int i = 0; i < N_WORKERS; i++)
         if (i != home)
-            BT_ASSERT_EQ(worker_metric(rport,
-                                       "baton_router_worker_kv_index_blocks",
-                                       names[i]), 0);
+            BT_ASSERT_EQ(kr_worker_metric(rport,
+                                          "baton_router_worker_kv_index_blocks",
+                                          names[i], "decode+prefill"), 0);
 
     /* Every request sharing the prefix follows it. */
     for (int r = 0; r < N_FOLLOW; r++) {
@@ -113,7 +79,7 @@ int main(void)
                sizeof(int) * 9);
         run_one(c, prompt, n_shared + 9, NULL);
     }
-    served(c, names, before);
+    kr_served(c, names, N_WORKERS, before);
     for (int i = 0; i < N_WORKERS; i++)
         fprintf(stderr, "%s: %llu served%s\n", names[i],
                 (unsigned long long)before[i], i == home ? " (home)" : "");

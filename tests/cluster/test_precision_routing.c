@@ -64,15 +64,8 @@ static void serve_and_check(client_t *c, const char *precision,
     for (int i = 0; i < N_REQ; i++)
         res[i].rid = submit(c, &golden[i % n_golden], precision);
     cu_collect(c, res, N_REQ, 60000);
-    for (int i = 0; i < N_REQ; i++) {
-        BT_ASSERT_EQ(res[i].finished, 1);
-        BT_ASSERT_EQ(res[i].n_ids, n_want[i]);
-        for (int k = 0; k < n_want[i]; k++)
-            if (res[i].ids[k] != want[i][k])
-                BT_TEST_FAIL("%s request %d: id %d is %d, baton run %d",
-                             precision ? precision : "any", i, k,
-                             res[i].ids[k], want[i][k]);
-    }
+    cu_check_baton_run(res, N_REQ, want, n_want,
+                       precision ? precision : "any");
 }
 
 /* A request asking `precision` fails within a second with `code`, its

@@ -293,17 +293,7 @@ int main(void)
     cu_wait_kv_idle(c, 5000);
     /* 5. a clean exit: every KV block and host allocation accounted for
      * (the worker logs "leak:" otherwise) */
-    cu_kill(w, SIGTERM);
-    BT_ASSERT_EQ(cu_wait_exit(w, 10000), 0);
-    {
-        char *text = NULL;
-        size_t len;
-        BT_ASSERT_OK(bt_read_file(log, 1 << 24, &text, &len));
-        if (strstr(text, "leak") != NULL)
-            BT_TEST_FAIL("the worker reports a leak:\n%s", text);
-        bt_free(text);
-        unlink(log);
-    }
+    cu_stop_no_leak(w, log, "worker");
     client_destroy(&c);
     BT_TEST_PASS("cluster/prefix_cache: on = off token for token (greedy, "
                  "seeded, golden), hits counted and not prefilled, salts "

@@ -246,6 +246,32 @@ static void wait_context_known(int port)
     BT_TEST_FAIL("baton-http never learnt the cluster's context");
 }
 
+/* c holds the three prompts' choices, each as served alone (single[i]),
+ * and their usage summed. */
+static void expect_as_single(const choices_t *c, const choices_t *single,
+                             int sum_prompt, int sum_completion)
+{
+    BT_ASSERT_EQ(c->n, 3);
+    for (int i = 0; i < 3; i++) {
+        BT_ASSERT_STREQ(c->text[i], single[i].text[0]);
+        BT_ASSERT_STREQ(c->finish[i], single[i].finish[0]);
+    }
+    BT_ASSERT_EQ(c->prompt_tokens, sum_prompt);
+    BT_ASSERT_EQ(c->completion_tokens, sum_completion);
+}
+
+/* body = {<head>"prompt":["p0","p1",...]}: count text prompts. */
+static void text_prompts_body(char *body, size_t cap, const char *head,
+                              int count)
+{
+    int n = snprintf(body, cap, "{%s\"prompt\":[", head);
+
+    for (int i = 0; i < count; i++)
+        n += snprintf(body + n, cap - (size_t)n, "%s\"p%d\"", i ? "," : "",
+                      i);
+    snprintf(body + n, cap - (size_t)n, "]}");
+}
+
 static const char *prompts[3] = { "The river", "A quiet machine",
                                   "Stars fall" };
 
@@ -298,13 +324,7 @@ int main(void)
              "\"max_tokens\":%d,\"temperature\":0}", prompts[0], prompts[1],
              prompts[2], MAX_TOKENS);
     post_choices(hport, "/v1/completions", body, "text", &c);
-    BT_ASSERT_EQ(c.n, 3);
-    for (int i = 0; i < 3; i++) {
-        BT_ASSERT_STREQ(c.text[i], single[i].text[0]);
-        BT_ASSERT_STREQ(c.finish[i], single[i].finish[0]);
-    }
-    BT_ASSERT_EQ(c.prompt_tokens, sum_prompt);
-    BT_ASSERT_EQ(c.completion_tokens, sum_completion);
+    expect_as_single(&c, single, sum_prompt, sum_completion);
     choices_free(&c);
     {
         ht_resp_t r;
@@ -316,13 +336,7 @@ int main(void)
                      200);
         parse_stream(r.body, &c, &err, &inter);
         BT_CHECK(!err);
-        BT_ASSERT_EQ(c.n, 3);
-        for (int i = 0; i < 3; i++) {
-            BT_ASSERT_STREQ(c.text[i], single[i].text[0]);
-            BT_ASSERT_STREQ(c.finish[i], single[i].finish[0]);
-        }
-        BT_ASSERT_EQ(c.prompt_tokens, sum_prompt);
-        BT_ASSERT_EQ(c.completion_tokens, sum_completion);
+        expect_as_single(&c, single, sum_prompt, sum_completion);
         fprintf(stderr, "stream of 3 choices: chunks %sinterleaved\n",
                 inter ? "" : "not ");
         choices_free(&c);
@@ -428,17 +442,11 @@ int main(void)
     expect_400(hport, "{\"prompt\":[]}", "prompt", NULL);
     {
         /* 129 prompts; 65 prompts times n = 2 */
-        int n = snprintf(body, sizeof(body), "{\"prompt\":[");
-        for (int i = 0; i < 129; i++)
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"p%d\"",
-                          i ? "," : "", i);
-        snprintf(body + n, sizeof(body) - (size_t)n, "]}");
+        int n;
+
+        text_prompts_body(body, sizeof(body), "", 129);
         expect_400(hport, body, "prompt", "129 prompts, at most 128");
-        n = snprintf(body, sizeof(body), "{\"n\":2,\"prompt\":[");
-        for (int i = 0; i < 65; i++)
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"p%d\"",
-                          i ? "," : "", i);
-        snprintf(body + n, sizeof(body) - (size_t)n, "]}");
+        text_prompts_body(body, sizeof(body), "\"n\":2,", 65);
         expect_400(hport, body, "n", "130 choices");
         /* the third prompt is over the context (128): ids, counted
          * exactly */

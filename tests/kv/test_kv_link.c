@@ -67,6 +67,17 @@ static void check_same(backend_t *a, const int *s, backend_t *b,
             }
 }
 
+/* Block s of a (layer 0, K) and block d of b differ: d was not written
+ * (a hand-off from a first block past it). */
+static bool block_differs(backend_t *a, int s, backend_t *b, int d)
+{
+    size_t bb = kv_layout_block_bytes(backend_kv_layout(a));
+
+    return memcmp((uint8_t *)backend_kv_data(a, 0, 0) + (size_t)s * bb,
+                  (uint8_t *)backend_kv_data(b, 0, 0) + (size_t)d * bb,
+                  bb) != 0;
+}
+
 static backend_t *make_backend(const model_t *model, backend_config_t *cfg)
 {
     backend_t *be = NULL;
@@ -244,10 +255,7 @@ int main(void)
         BT_ASSERT_OK(kv_link_receiver_arrived(rcv, KV_LINK_UCX_SHM, 1, 78,
                                               &why));
         check_same(pbe, src + 1, dbe, dst3 + 1, n_tokens - BS);
-        BT_CHECK(memcmp((uint8_t *)backend_kv_data(pbe, 0, 0) +
-                            (size_t)src[0] * bb,
-                        (uint8_t *)backend_kv_data(dbe, 0, 0) +
-                            (size_t)dst3[0] * bb, bb) != 0);
+        BT_CHECK(block_differs(pbe, src[0], dbe, dst3[0]));
         kv_link_xfer_destroy(&x);
         kv_link_receiver_reset(rcv, 1, false);
 
@@ -266,10 +274,7 @@ int main(void)
         BT_ASSERT_OK(kv_link_receiver_unpack(rcv, cp, lens, n, dst4 + 1, 2,
                                              n_tokens - BS));
         check_same(pbe, src + 1, dbe, dst4 + 1, n_tokens - BS);
-        BT_CHECK(memcmp((uint8_t *)backend_kv_data(pbe, 0, 0) +
-                            (size_t)src[0] * bb,
-                        (uint8_t *)backend_kv_data(dbe, 0, 0) +
-                            (size_t)dst4[0] * bb, bb) != 0);
+        BT_CHECK(block_differs(pbe, src[0], dbe, dst4[0]));
         kv_link_xfer_destroy(&x);
 
         r3.first_block = 3; /* the whole prompt held: not a hand-off */
