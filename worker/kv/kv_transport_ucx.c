@@ -59,6 +59,8 @@
  * only: the decode worker never starts a rendezvous for a writer). */
 #define KV_UCX_AM_DATA 0x4b56
 #define KV_UCX_AM_COMMIT 0x4b57
+#define KV_UCX_AM_ACK 0x4b58
+#define KV_UCX_MAX_ACKS 4096 /* acks queued at most (a flood is dropped) */
 #define KV_UCX_AM_HDR 64
 #define KV_UCX_AM_CHUNK (256u << 10)
 #define KV_UCX_TOKEN_BYTES 16
@@ -82,6 +84,7 @@ static bt_status_t kv_ucx_status_from(ucs_status_t ucs, const char *what,
 // Types
 
 typedef struct kv_ucx_commit_s kv_ucx_commit_t;
+typedef struct kv_ucx_ack_s kv_ucx_ack_t;
 
 struct kv_ucx_s {
     ucp_context_h context;   /* UCX context (RMA [+ wakeup]) */
@@ -98,6 +101,19 @@ struct kv_ucx_s {
     struct kv_ucx_pool_s *wpools;/* windowed pools (active-message lookup) */
     uint64_t refused;            /* KV messages the handlers dropped */
     uint64_t refused_log_ns;     /* last refusal logged (rate limit) */
+    kv_ucx_ack_t *acks;          /* commit acks to send (after progress) */
+    kv_ucx_ack_t *acks_sent;     /* acks in flight (freed at destroy) */
+    int n_acks;                  /* both lists */
+};
+
+/* A commit's answer to its writer: queued by the handler, sent from
+ * kv_ucx_progress (never from inside UCX's callback). */
+struct kv_ucx_ack_s {
+    ucp_ep_h ep;                 /* the writer's reply endpoint */
+    uint8_t hdr[64];             /* KV_UCX_AM_HDR bytes */
+    kv_ucx_t *ctx;
+    kv_ucx_ack_t *prev;          /* ctx->acks_sent */
+    kv_ucx_ack_t *next;          /* ctx->acks or ctx->acks_sent */
 };
 
 typedef struct kv_ucx_alloc_s {
@@ -197,6 +213,7 @@ struct kv_ucx_window_s {
     uint64_t commit_bytes;     /* what the accepted commit announced */
     bool commit_pending;       /* committed, bytes still to come */
     bool sealed;               /* arrived: nothing more is accepted */
+    ucp_ep_h ack_ep;           /* the committer's reply endpoint, or NULL */
 };
 
 struct kv_ucx_rwindow_s {
@@ -238,6 +255,8 @@ struct kv_ucx_commit_s {
     bool window;                  /* a window's: the epoch goes as an
                                    * active message carrying hdr */
     uint8_t hdr[KV_UCX_AM_HDR];   /* its header (lives until done) */
+    bool acked;                   /* the decode worker answered */
+    bool waiting_ack;             /* parked until it does */
     bt_status_t status;           /* first error */
     kv_ucx_commit_cb_t cb;        /* user completion, may be NULL */
     void *arg;                    /* for cb */
@@ -350,6 +369,10 @@ static ucs_status_t kv_ucx_am_commit_cb(void *arg, const void *header,
                                         size_t header_length, void *data,
                                         size_t length,
                                         const ucp_am_recv_param_t *param);
+static ucs_status_t kv_ucx_am_ack_cb(void *arg, const void *header,
+                                     size_t header_length, void *data,
+                                     size_t length,
+                                     const ucp_am_recv_param_t *param);
 
 /* The receive side of the active-message hand-off: installed on every
  * context (a writer's too: with no windowed pool it refuses all). */
@@ -373,6 +396,12 @@ static bt_status_t kv_ucx_am_handlers_set(kv_ucx_t *ctx)
         return status;
     hp.id = KV_UCX_AM_COMMIT;
     hp.cb = kv_ucx_am_commit_cb;
+    status = KV_UCX_CHECK(ucp_worker_set_am_recv_handler(ctx->worker, &hp),
+                          "ucp_worker_set_am_recv_handler");
+    if (status != BT_OK)
+        return status;
+    hp.id = KV_UCX_AM_ACK;
+    hp.cb = kv_ucx_am_ack_cb;
     return KV_UCX_CHECK(ucp_worker_set_am_recv_handler(ctx->worker, &hp),
                         "ucp_worker_set_am_recv_handler");
 }
@@ -447,6 +476,8 @@ err_free_ctx:
 }
 
 static void kv_ucx_peer_free(kv_ucx_peer_t *peer);
+static void kv_ucx_acks_free(kv_ucx_t *ctx);
+static void kv_ucx_acks_send(kv_ucx_t *ctx);
 
 void kv_ucx_destroy(kv_ucx_t **ctx_p)
 {
@@ -457,6 +488,7 @@ void kv_ucx_destroy(kv_ucx_t **ctx_p)
     BT_ASSERT(ctx->peers == NULL);
     BT_ASSERT(ctx->allocs == NULL);
     ucp_worker_destroy(ctx->worker);
+    kv_ucx_acks_free(ctx);
     /* Commits still in flight (a peer that died and was force-closed)
      * are dropped without their callbacks: the worker is gone. */
     while (ctx->commits != NULL)
@@ -501,6 +533,10 @@ bool kv_ucx_progress(kv_ucx_t *ctx)
     bool any = false;
     while (ucp_worker_progress(ctx->worker) != 0)
         any = true;
+    if (ctx->acks != NULL) {
+        kv_ucx_acks_send(ctx);
+        any = true;
+    }
     while (ctx->ready != NULL) {
         kv_ucx_commit_t *c = ctx->ready;
         ctx->ready = c->next;
@@ -529,7 +565,7 @@ bt_status_t kv_ucx_arm(kv_ucx_t *ctx)
     if (ctx->efd < 0)
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "kv_ucx_arm without wakeup");
-    if (ctx->ready != NULL)
+    if (ctx->ready != NULL || ctx->acks != NULL)
         return BT_IN_PROGRESS;
     ucs = ucp_worker_arm(ctx->worker);
     if (ucs == UCS_ERR_BUSY)
@@ -1410,6 +1446,19 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
         ucp_rkey_destroy(peer->rkeys[i]);
     kv_ucx_retired_free(peer);
     peer->closed = true;
+    /* no answer comes on a closed endpoint: its waiting commits fail */
+    for (kv_ucx_commit_t *c = peer->ctx->commits; c != NULL;
+         c = c->all_next) {
+        if (c->peer != peer || !c->waiting_ack)
+            continue;
+        c->waiting_ack = false;
+        c->next = NULL;
+        if (peer->ctx->ready_tail != NULL)
+            peer->ctx->ready_tail->next = c;
+        else
+            peer->ctx->ready = c;
+        peer->ctx->ready_tail = c;
+    }
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = peer->status == BT_OK && peer->pending == 0
@@ -1690,15 +1739,27 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
             peer->am_waiters = c;
             return;
         }
+        if (c->window && c->stage == KV_UCX_COMMIT_FLUSH_EPOCH) {
+            /* Its answer, not a flush, says the epoch landed: a message
+             * on shared memory is "flushed" once it sits in the decode
+             * worker's queue, dead or alive. */
+            if (!c->acked) {
+                c->waiting_ack = true; /* kv_ucx_am_ack_cb continues */
+                return;
+            }
+            c->stage = KV_UCX_COMMIT_DONE;
+            break;
+        }
         memset(&prm, 0, sizeof(prm));
         prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                            UCP_OP_ATTR_FIELD_USER_DATA;
         prm.cb.send = kv_ucx_commit_stage_cb;
         prm.user_data = c;
         if (c->stage == KV_UCX_COMMIT_PUT_EPOCH && c->window) {
-            /* the decode worker checks it and sets the slot itself */
+            /* the decode worker checks it, sets the slot itself and
+             * answers on the reply endpoint */
             prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-            prm.flags = UCP_AM_SEND_FLAG_EAGER;
+            prm.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
             req = ucp_am_send_nbx(peer->ep, KV_UCX_AM_COMMIT, c->hdr,
                                   KV_UCX_AM_HDR, NULL, 0, &prm);
         } else if (c->stage == KV_UCX_COMMIT_PUT_EPOCH) {
@@ -2158,8 +2219,101 @@ static kv_ucx_window_t *kv_ucx_am_window(kv_ucx_t *ctx,
     return w;
 }
 
+/* Queues the answer to a commit of (slot, epoch) of pool `pool_id` on
+ * the writer's reply endpoint: accepted (the epoch landed) or refused. */
+static void kv_ucx_ack_queue(kv_ucx_t *ctx, ucp_ep_h ep, uint64_t pool_id,
+                             uint32_t slot, uint64_t epoch, bool accepted)
+{
+    kv_ucx_am_hdr_t h;
+    kv_ucx_ack_t *a;
+
+    if (ep == NULL || ctx->n_acks >= KV_UCX_MAX_ACKS)
+        return; /* the writer's commit times out instead */
+    a = bt_calloc(1, sizeof(*a), "kv_ucx_ack");
+    if (a == NULL)
+        return;
+    memset(&h, 0, sizeof(h));
+    h.pool_id = pool_id;
+    h.slot = slot;
+    h.epoch = epoch;
+    h.kv = accepted ? 0 : 1;
+    kv_ucx_am_hdr_pack(&h, a->hdr);
+    a->ep = ep;
+    a->ctx = ctx;
+    a->next = ctx->acks;
+    ctx->acks = a;
+    ctx->n_acks++;
+}
+
+static void kv_ucx_ack_unlink_free(kv_ucx_ack_t *a)
+{
+    kv_ucx_t *ctx = a->ctx;
+
+    if (a->prev != NULL)
+        a->prev->next = a->next;
+    else
+        ctx->acks_sent = a->next;
+    if (a->next != NULL)
+        a->next->prev = a->prev;
+    ctx->n_acks--;
+    bt_free(a);
+}
+
+static void kv_ucx_ack_done_cb(void *request, ucs_status_t ucs,
+                               void *user_data)
+{
+    (void)ucs; /* a writer that is gone: its commit fails on its side */
+    kv_ucx_ack_unlink_free(user_data);
+    ucp_request_free(request);
+}
+
+/* Sends the queued acks (kv_ucx_progress, outside UCX's callbacks). */
+static void kv_ucx_acks_send(kv_ucx_t *ctx)
+{
+    while (ctx->acks != NULL) {
+        kv_ucx_ack_t *a = ctx->acks;
+        ucp_request_param_t prm;
+        ucs_status_ptr_t req;
+
+        ctx->acks = a->next;
+        a->prev = NULL;
+        a->next = ctx->acks_sent;
+        if (a->next != NULL)
+            a->next->prev = a;
+        ctx->acks_sent = a;
+        memset(&prm, 0, sizeof(prm));
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                           UCP_OP_ATTR_FIELD_USER_DATA |
+                           UCP_OP_ATTR_FIELD_FLAGS;
+        prm.cb.send = kv_ucx_ack_done_cb;
+        prm.user_data = a;
+        prm.flags = UCP_AM_SEND_FLAG_EAGER;
+        req = ucp_am_send_nbx(a->ep, KV_UCX_AM_ACK, a->hdr, KV_UCX_AM_HDR,
+                              NULL, 0, &prm);
+        if (!UCS_PTR_IS_PTR(req))
+            kv_ucx_ack_unlink_free(a); /* done at once, or failed */
+    }
+}
+
+/* After the worker is destroyed: acks never sent or never completed. */
+static void kv_ucx_acks_free(kv_ucx_t *ctx)
+{
+    while (ctx->acks != NULL) {
+        kv_ucx_ack_t *a = ctx->acks;
+        ctx->acks = a->next;
+        bt_free(a);
+    }
+    while (ctx->acks_sent != NULL) {
+        kv_ucx_ack_t *a = ctx->acks_sent;
+        ctx->acks_sent = a->next;
+        bt_free(a);
+    }
+    ctx->n_acks = 0;
+}
+
 /* The epoch lands once the commit came and every byte it announced did
- * (messages may arrive on several lanes, in any order). */
+ * (messages may arrive on several lanes, in any order); its writer is
+ * told. */
 static void kv_ucx_window_try_arrive(kv_ucx_window_t *w)
 {
     if (!w->commit_pending || w->am_bytes != w->commit_bytes)
@@ -2167,6 +2321,8 @@ static void kv_ucx_window_try_arrive(kv_ucx_window_t *w)
     w->commit_pending = false;
     w->sealed = true;
     __atomic_store_n(&w->pool->arrival[w->slot], w->epoch, __ATOMIC_RELEASE);
+    kv_ucx_ack_queue(w->pool->ctx, w->ack_ep, w->pool->id,
+                     (uint32_t)w->slot, w->epoch, true);
 }
 
 static ucs_status_t kv_ucx_am_data_cb(void *arg, const void *header,
@@ -2213,21 +2369,68 @@ static ucs_status_t kv_ucx_am_commit_cb(void *arg, const void *header,
     kv_ucx_am_hdr_t h;
     kv_ucx_window_t *w;
 
+    ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+                         ? param->reply_ep : NULL;
+    const char *why = NULL;
+
     (void)data;
     if (!kv_ucx_am_hdr_unpack(header, header_length, &h))
         return kv_ucx_am_refuse(ctx, param, NULL, "malformed commit");
     w = kv_ucx_am_window(ctx, &h);
     if (w == NULL)
-        return kv_ucx_am_refuse(ctx, param, &h, "commit of no live window "
-                                "of that slot, epoch and token");
-    if (length != 0 || h.layer != 0 || h.kv != 0 || h.offset != 0)
-        return kv_ucx_am_refuse(ctx, param, &h, "malformed commit");
-    if (w->sealed || w->commit_pending || h.length < w->am_bytes)
-        return kv_ucx_am_refuse(ctx, param, &h, "second commit, or fewer "
-                                "bytes than arrived");
+        why = "commit of no live window of that slot, epoch and token";
+    else if (length != 0 || h.layer != 0 || h.kv != 0 || h.offset != 0)
+        why = "malformed commit";
+    else if (w->sealed || w->commit_pending || h.length < w->am_bytes)
+        why = "second commit, or fewer bytes than arrived";
+    if (why != NULL) {
+        /* told at once: its hand-off fails now, not at a timeout */
+        kv_ucx_ack_queue(ctx, reply, h.pool_id, h.slot, h.epoch, false);
+        return kv_ucx_am_refuse(ctx, param, &h, why);
+    }
     w->commit_bytes = h.length;
     w->commit_pending = true;
+    w->ack_ep = reply;
     kv_ucx_window_try_arrive(w);
+    return UCS_OK;
+}
+
+/* Writer: the decode worker's answer to a window commit. */
+static ucs_status_t kv_ucx_am_ack_cb(void *arg, const void *header,
+                                     size_t header_length, void *data,
+                                     size_t length,
+                                     const ucp_am_recv_param_t *param)
+{
+    kv_ucx_t *ctx = arg;
+    kv_ucx_am_hdr_t h;
+
+    (void)data;
+    (void)length;
+    (void)param;
+    if (!kv_ucx_am_hdr_unpack(header, header_length, &h))
+        return UCS_OK;
+    for (kv_ucx_commit_t *c = ctx->commits; c != NULL; c = c->all_next) {
+        if (!c->window || c->acked || c->peer->desc->pool_id != h.pool_id ||
+            (uint32_t)c->slot != h.slot || c->epoch != h.epoch)
+            continue;
+        c->acked = true;
+        if (h.kv != 0 && c->status == BT_OK)
+            c->status = BT_ERROR(BT_ERR_REMOTE, KV_UCX_SUBSYS,
+                                 "KV commit of slot %d epoch %llu refused "
+                                 "by the decode worker (its reservation "
+                                 "ended?)", c->slot,
+                                 (unsigned long long)c->epoch);
+        if (c->waiting_ack) {
+            c->waiting_ack = false;
+            c->next = NULL;
+            if (ctx->ready_tail != NULL)
+                ctx->ready_tail->next = c;
+            else
+                ctx->ready = c;
+            ctx->ready_tail = c;
+        }
+        break;
+    }
     return UCS_OK;
 }
 
