@@ -198,7 +198,9 @@ struct kv_ucx_peer_s {
 struct kv_ucx_window_s {
     kv_ucx_pool_t *pool;       /* whose layout and context */
     ucp_mem_h memh;            /* this window's own mapping */
-    uint8_t *base;             /* (len) n_layers x K|V x n_blocks blocks */
+    uint8_t *base;             /* (len) n_layers x K|V x n_blocks blocks:
+                                * UCX's segment, or bt_calloc'ed when it
+                                * has no key (memh NULL) */
     size_t len;
     int n_blocks;
     size_t block_bytes;
@@ -1781,7 +1783,9 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
         else
             c->stage++;
     }
-    if (c->status != BT_OK && peer->status == BT_OK)
+    /* a refused commit says nothing about the endpoint: not sticky */
+    if (c->status != BT_OK && c->status != BT_ERR_REMOTE &&
+        peer->status == BT_OK)
         peer->status = c->status;
     /* The peer is not touched after this: a closed one may be freed as
      * soon as nothing is pending (kv_ucx_reap_zombies). */
@@ -1853,7 +1857,8 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
 //  48  8 System V shm id + 1 of the segment UCX placed it in (0: not one)
 //  56  4 arrival slot   60 4 reserved, 0  64 8 epoch
 //  72 16 token (random per window: names the grant in active messages)
-//  88  4 rkey length    92   rkey bytes,  then FNV-1a 64 of all before
+//  88  4 rkey length (0: no key, written by message only)
+//  92    rkey bytes,  then FNV-1a 64 of all before
 //
 // Why the shm id: UCX 1.13's ucp_ep_rkey_unpack crashes (SIGSEGV in its
 // error path, uct_rkey_release) when a System V segment it must attach is
@@ -1946,20 +1951,25 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
     w->base = base;
     /* Only a System V segment is known to be revoked by the unmap and
      * never aliased by a later window (a POSIX one shared through
-     * /proc/<pid>/fd/<fd> reuses fd numbers): anything else and the
-     * grant goes without a window (its KV comes inline). */
+     * /proc/<pid>/fd/<fd> reuses fd numbers).  Anywhere else (no shared
+     * memory transport, UCX_ALLOC_PRIO) the window gets no key at all:
+     * plain memory, written by message only. */
     w->sysv_id = kv_ucx_sysv_id(w->base);
     if (w->sysv_id < 0) {
-        status = BT_ERROR(BT_ERR_UNSUPPORTED, KV_UCX_SUBSYS,
-                          "UCX placed the receive window outside a System V "
-                          "segment (UCX_ALLOC_PRIO?): no safe revocation");
-        goto err_unmap;
+        ucp_mem_unmap(ctx->context, w->memh);
+        w->memh = NULL;
+        w->base = bt_calloc(1, w->len, "kv_ucx_window");
+        if (w->base == NULL) {
+            status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+            goto err_free;
+        }
+    } else {
+        status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, w->memh, &rkey,
+                                            &rkey_len),
+                              "ucp_rkey_pack(window)");
+        if (status != BT_OK)
+            goto err_unmap;
     }
-    status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, w->memh, &rkey,
-                                        &rkey_len),
-                          "ucp_rkey_pack(window)");
-    if (status != BT_OK)
-        goto err_unmap;
     w->desc_len = KV_UCX_WIN_HDR + rkey_len + 8;
     w->desc = bt_malloc(w->desc_len, "kv_ucx_window");
     if (w->desc == NULL) {
@@ -1983,20 +1993,26 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
     memcpy(p, w->token, sizeof(w->token));
     p += sizeof(w->token);
     kv_ucx_put_u32(&p, (uint32_t)rkey_len);
-    memcpy(p, rkey, rkey_len);
+    if (rkey_len > 0)
+        memcpy(p, rkey, rkey_len);
     p += rkey_len;
     kv_ucx_put_u64(&p, kv_ucx_fnv1a(w->desc, w->desc_len - 8));
     BT_ASSERT((size_t)(p - w->desc) == w->desc_len);
-    ucp_rkey_buffer_release(rkey);
+    if (rkey != NULL)
+        ucp_rkey_buffer_release(rkey);
     pool->n_windows++;
     pool->slot_win[slot] = w;
     *win_p = w;
     return BT_OK;
 
 err_rkey:
-    ucp_rkey_buffer_release(rkey);
+    if (rkey != NULL)
+        ucp_rkey_buffer_release(rkey);
 err_unmap:
-    ucp_mem_unmap(ctx->context, w->memh);
+    if (w->memh != NULL)
+        ucp_mem_unmap(ctx->context, w->memh);
+    else
+        bt_free(w->base);
 err_free:
     bt_free(w);
     return status;
@@ -2028,7 +2044,10 @@ void kv_ucx_window_destroy(kv_ucx_window_t **win_p)
         return;
     /* from here on its messages find no window: refused */
     w->pool->slot_win[w->slot] = NULL;
-    ucp_mem_unmap(w->pool->ctx->context, w->memh);
+    if (w->memh != NULL)
+        ucp_mem_unmap(w->pool->ctx->context, w->memh);
+    else
+        bt_free(w->base);
     w->pool->n_windows--;
     bt_free(w->desc);
     bt_free(w);
@@ -2049,8 +2068,8 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
         memcmp(b, KV_UCX_WIN_MAGIC, 4) != 0 ||
         kv_ucx_get_u32(b + 4) != KV_UCX_WIN_VERSION)
         return KV_UCX_BAD("not a receive window (%zu bytes)", len);
-    rkey_len = kv_ucx_get_u32(b + 88);
-    if (rkey_len < 1 || rkey_len > KV_UCX_MAX_RKEY ||
+    rkey_len = kv_ucx_get_u32(b + 88); /* 0: by message only */
+    if (rkey_len > KV_UCX_MAX_RKEY ||
         len != KV_UCX_WIN_HDR + (size_t)rkey_len + 8 ||
         kv_ucx_get_u64(b + len - 8) != kv_ucx_fnv1a(b, len - 8))
         return KV_UCX_BAD("receive window: rkey length %u, %zu bytes",
@@ -2084,7 +2103,7 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
      * worker takes the data only as messages it checks, and its key is
      * never unpacked (nor its segment, maybe on another host, looked
      * up). */
-    rw->am = !peer->rma_lanes;
+    rw->am = !peer->rma_lanes || rkey_len == 0;
     if (rw->am) {
         *rw_p = rw;
         return BT_OK;
