@@ -18,6 +18,10 @@
  *   4. A writer that skips the protocol and puts over tcp straight into a
  *      window's address: the decode side (no RMA) drops it.  Control: the
  *      same put against a context with RMA lands - the attack is real.
+ *   5. Cost (printed): a 2048-token hand-off of the test layout by message
+ *      into a window, and by software-RMA puts into a registered pool (the
+ *      --kv-direct-writes path over tcp); `test_ucx_am_window MIB` adds a
+ *      32-layer hand-off of MIB MiB, for a measurement by hand.
  *
  * Window descriptors are forged here as an attacker would: the layout is
  * in kv_transport_ucx.c (slot at 56, epoch at 64, token at 72, n_blocks
@@ -310,8 +314,114 @@ static void raw_put(kv_ucx_t *target, const kv_ucx_pool_t *pool,
         kv_ucx_progress(target);
 }
 
-int main(void)
+// ---------------------------------------------------------------------------
+// Cost
+
+/* Hands off every layer's n blocks of `lay` from `src` (one layer's
+ * bytes, reused for K, V and every layer) and waits for the slot: by
+ * message into a window (`by_message`), else by puts into a registered
+ * pool.  Returns the seconds it took. */
+static double bench_one(const kv_layout_t *lay, const uint8_t *src,
+                        bool by_message)
 {
+    kv_ucx_config_t dcfg;
+    kv_ucx_t *bctx = NULL;
+    kv_ucx_pool_t *bp = NULL;
+    kv_ucx_peer_t *peer = NULL;
+    kv_ucx_window_t *w = NULL;
+    kv_ucx_rwindow_t *rw = NULL;
+    uint8_t *pool_mem = NULL;
+    void **k = NULL, **v = NULL;
+    size_t lb = kv_layout_block_bytes(lay) * (size_t)lay->n_blocks, len;
+    const uint8_t *desc;
+    int n = lay->n_blocks, *ids = bt_malloc((size_t)n * sizeof(int), "test");
+    bt_status_t done = BT_IN_PROGRESS;
+    uint64_t t0, until;
+
+    BT_CHECK(ids != NULL);
+    for (int i = 0; i < n; i++)
+        ids[i] = i;
+    kv_ucx_config_init(&dcfg);
+    dcfg.rma = !by_message;
+    BT_ASSERT_OK(kv_ucx_create(&dcfg, &bctx));
+    if (by_message) {
+        BT_ASSERT_OK(kv_ucx_pool_register_windowed(bctx, lay, 1, &bp));
+        BT_ASSERT_OK(kv_ucx_window_create(bp, 0, 1, n, &w));
+    } else {
+        pool_mem = bt_calloc(2 * (size_t)lay->n_layers, lb, "test");
+        k = bt_calloc((size_t)lay->n_layers, sizeof(*k), "test");
+        v = bt_calloc((size_t)lay->n_layers, sizeof(*v), "test");
+        BT_CHECK(pool_mem != NULL && k != NULL && v != NULL);
+        for (int l = 0; l < lay->n_layers; l++) {
+            k[l] = pool_mem + 2 * (size_t)l * lb;
+            v[l] = pool_mem + (2 * (size_t)l + 1) * lb;
+        }
+        BT_ASSERT_OK(kv_ucx_pool_register(bctx, lay, k, v, KV_UCX_MEM_HOST,
+                                          1, &bp));
+    }
+    desc = kv_ucx_pool_desc(bp, &len);
+    BT_ASSERT_OK(kv_ucx_connect(pctx, desc, len, &peer));
+    if (by_message) {
+        const uint8_t *wd = kv_ucx_window_desc(w, &len);
+        BT_ASSERT_OK(kv_ucx_window_open(peer, wd, len, &rw));
+    }
+    t0 = bt_time_ns();
+    for (int l = 0; l < lay->n_layers; l++) {
+        if (by_message)
+            BT_ASSERT_OK(kv_ucx_put_layer_window(peer, rw, l, src, src, lay,
+                                                 KV_UCX_MEM_HOST, ids, n));
+        else
+            BT_ASSERT_OK(kv_ucx_put_layer(peer, l, src, src, lay,
+                                          KV_UCX_MEM_HOST, ids, ids, n));
+        kv_ucx_progress(pctx);
+        kv_ucx_progress(bctx);
+    }
+    if (by_message)
+        BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, commit_cb, &done));
+    else
+        BT_ASSERT_OK(kv_ucx_commit(peer, 0, 1, commit_cb, &done));
+    until = bt_time_ns() + 60ull * 1000000000ull;
+    while (done == BT_IN_PROGRESS || !kv_ucx_pool_has_arrived(bp, 0, 1)) {
+        if (bt_time_ns() > until)
+            BT_TEST_FAIL("the hand-off did not complete");
+        kv_ucx_progress(pctx);
+        kv_ucx_progress(bctx);
+    }
+    BT_ASSERT_OK(done);
+    t0 = bt_time_ns() - t0;
+    kv_ucx_window_close(&rw);
+    kv_ucx_disconnect(&peer);
+    kv_ucx_window_destroy(&w);
+    kv_ucx_pool_deregister(&bp);
+    kv_ucx_destroy(&bctx);
+    bt_free(pool_mem);
+    bt_free(k);
+    bt_free(v);
+    bt_free(ids);
+    return (double)t0 * 1e-9;
+}
+
+static void bench(const kv_layout_t *lay)
+{
+    size_t lb = kv_layout_block_bytes(lay) * (size_t)lay->n_blocks;
+    double bytes = 2.0 * (double)lay->n_layers * (double)lb, msg, put;
+    uint8_t *src = bt_malloc(lb, "test");
+
+    BT_CHECK(src != NULL);
+    memset(src, 3, lb);
+    msg = bench_one(lay, src, true);
+    put = bench_one(lay, src, false);
+    fprintf(stderr, "  tcp hand-off of %d tokens, %.1f MiB: by message "
+            "into a window %.1f ms (%.2f GB/s), by software-RMA puts into "
+            "the pool %.1f ms (%.2f GB/s)\n",
+            lay->n_blocks * lay->block_size, bytes / (1 << 20), msg * 1e3,
+            bytes / msg * 1e-9, put * 1e3, bytes / put * 1e-9);
+    bt_free(src);
+}
+
+int main(int argc, char **argv)
+{
+    const int big_mib = argc > 1 ? atoi(argv[1]) : 0;
     kv_ucx_config_t dcfg, pcfg;
     kv_ucx_pool_t *pool = NULL;
     kv_ucx_peer_t *peer = NULL;
@@ -434,6 +544,24 @@ int main(void)
         kv_ucx_window_destroy(&rw_ctl);
         kv_ucx_pool_deregister(&rpool);
         kv_ucx_destroy(&rctx);
+    }
+
+    /* 5. cost */
+    {
+        kv_layout_t lay = layout;
+        lay.n_blocks = 2048 / lay.block_size;
+        bench(&lay);
+        if (big_mib > 0) {
+            /* a 2048-token hand-off of big_mib MiB: 32 layers */
+            lay.n_layers = 32;
+            lay.n_kv_heads = 8;
+            lay.head_dim = 128;
+            lay.elem_size = (size_t)big_mib * (1u << 20) /
+                            (2u * 32 * 2048 * 8 * 128);
+            if (lay.elem_size < 1)
+                lay.elem_size = 1;
+            bench(&lay);
+        }
     }
 
     kv_ucx_window_close(&rw);
