@@ -44,7 +44,9 @@
  * writes an old epoch, so it can never make the new reservation look
  * complete: has_arrived(s, e_new) stays false.  (A stale epoch landing
  * after the new one can only hide an arrival: that reservation times out
- * and is retried, never accepted early.)
+ * and is retried, never accepted early.)  A windowed pool's commit is a
+ * message the decode worker checks and answers instead
+ * (kv_ucx_commit_window, "Receive windows" below).
  *
  * What epochs can NOT do: one-sided RMA cannot be refused by the target, so
  * a writer that is still running after its reservation timed out could
