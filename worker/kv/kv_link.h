@@ -197,9 +197,10 @@ typedef struct {
     int kv_stage_blocks; /* receive area in blocks (0: 4 prompts) */
     int n_slots;         /* reservations: one arrival slot each */
     int quarantine_ms;   /* receive blocks of a cancelled staged slot */
-    bool kv_direct_writes;/* UCX: register the pool itself (the weaker
-                            --kv-direct-writes) instead of a receive
-                            window per reservation */
+    bool kv_direct_writes;/* register shared areas (the weaker
+                            --kv-direct-writes: UCX the pool itself,
+                            staged one receive area or the device pool)
+                            instead of a receive window per reservation */
     int device_index;    /* CUDA ordinal of rank 0 (device KV) */
 } kv_link_recv_config_t;
 
