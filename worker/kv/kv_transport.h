@@ -288,6 +288,17 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                                     kv_ucx_mem_type_t src_mem,
                                     const int *src_ids, int n);
 
+/* As kv_ucx_put_layer_window, into window blocks first .. first + n - 1
+ * (source block src_ids[i] goes to window block first + i): the staged
+ * link (kv_transport_stage.h) puts a layer in chunks. */
+bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
+                                       kv_ucx_rwindow_t *rw, int layer,
+                                       int first, const void *src_k,
+                                       const void *src_v,
+                                       const kv_layout_t *src_layout,
+                                       kv_ucx_mem_type_t src_mem,
+                                       const int *src_ids, int n);
+
 /* Drops the unpacked key (at the peer's next quiet moment when puts are
  * still in flight).  NULL-safe; sets *rw_p = NULL. */
 void kv_ucx_window_close(kv_ucx_rwindow_t **rw_p);

@@ -1861,6 +1861,18 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                                     kv_ucx_mem_type_t src_mem,
                                     const int *src_ids, int n)
 {
+    return kv_ucx_put_layer_window_at(peer, rw, layer, 0, src_k, src_v,
+                                      src_layout, src_mem, src_ids, n);
+}
+
+bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
+                                       kv_ucx_rwindow_t *rw, int layer,
+                                       int first, const void *src_k,
+                                       const void *src_v,
+                                       const kv_layout_t *src_layout,
+                                       kv_ucx_mem_type_t src_mem,
+                                       const int *src_ids, int n)
+{
     const kv_layout_t *dl = &peer->desc->layout;
     size_t bb = peer->desc->block_bytes;
     uint64_t k0, span = (uint64_t)rw->n_blocks * bb;
@@ -1869,11 +1881,12 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
     if (peer->status != BT_OK)
         return peer->status;
     if (rw->peer != peer || layer < 0 || layer >= dl->n_layers || n < 0 ||
-        n > rw->n_blocks ||
+        first < 0 || first > rw->n_blocks || n > rw->n_blocks - first ||
         (n > 0 && (src_k == NULL || src_v == NULL || src_ids == NULL)))
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
-                        "kv_ucx_put_layer_window: layer %d of %d, n %d of "
-                        "%d", layer, dl->n_layers, n, rw->n_blocks);
+                        "kv_ucx_put_layer_window: layer %d of %d, blocks "
+                        "%d + %d of %d", layer, dl->n_layers, first, n,
+                        rw->n_blocks);
     status = kv_ucx_shape_check(src_layout, dl);
     if (status != BT_OK)
         return status;
@@ -1882,7 +1895,7 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
             return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                             "source block %d out of range (%d)", src_ids[i],
                             src_layout->n_blocks);
-    k0 = rw->base + 2 * (uint64_t)layer * span;
+    k0 = rw->base + 2 * (uint64_t)layer * span + (uint64_t)first * bb;
     return kv_ucx_put_runs(peer, src_k, src_v, bb, src_ids, NULL, n, k0,
                            rw->rkey, k0 + span, rw->rkey,
                            kv_ucx_mem_type(src_mem));
