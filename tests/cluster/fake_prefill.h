@@ -4,7 +4,8 @@
  * too with offer_ucx), heartbeats and keeps the PrefillTask it receives
  * (id, grant epoch, KV capability, the route's UCX endpoint and the
  * grant's receive window), so a test can answer it as it likes
- * (test_stale_prefill, test_kv_capability, test_kv_stale_writer);
+ * (test_stale_prefill, test_kv_capability, test_kv_stale_writer,
+ * test_kv_stale_writer_stage);
  * fake_start and fake_wait_task are the steps all three take.
  */
 #ifndef BT_TESTS_CLUSTER_FAKE_PREFILL_H
@@ -29,6 +30,7 @@ typedef struct {
     uint8_t cap[PROTO_CAPABILITY_BYTES];
     size_t cap_len;
     bool offer_ucx;      /* register with UCX besides inline */
+    bool offer_stage;    /* register with staged UCX besides inline */
     const char *precision;/* precision class and KV dtype ("f32"), so a
                              real model's decode worker pairs with it;
                              NULL: none (a null-model decode worker) */
@@ -45,6 +47,9 @@ static void fake_register(fake_prefill_t *f)
     static Baton__KvTransport with_ucx[] = {
         BATON__KV_TRANSPORT__KV_TRANSPORT_UCX,
         BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE};
+    static Baton__KvTransport with_stage[] = {
+        BATON__KV_TRANSPORT__KV_TRANSPORT_UCX_STAGE,
+        BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE};
     workerproc_register_cfg_t rc = {
         .role = BATON__ROLE__ROLE_PREFILL, .name = "fake-prefill",
         .vocab = PROTO_NULL_VOCAB, .max_context = PROTO_NULL_CONTEXT,
@@ -58,8 +63,10 @@ static void fake_register(fake_prefill_t *f)
         r.reg.precision = (char *)f->precision;
         r.reg.kv_dtype = (char *)f->precision;
     }
-    r.reg.n_transports = f->offer_ucx ? 2 : 1;
-    r.reg.transports = f->offer_ucx ? with_ucx : inline_only;
+    r.reg.n_transports = f->offer_ucx || f->offer_stage ? 2 : 1;
+    r.reg.transports = f->offer_stage ? with_stage
+                       : f->offer_ucx ? with_ucx
+                                      : inline_only;
     workerproc_send_register(f->sock, &r.reg);
 }
 

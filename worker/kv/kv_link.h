@@ -79,7 +79,8 @@ typedef struct {
     const int *stage_blocks;/* (n_stage) receive-area ids (staged UCX) */
     int n_stage;
     const uint8_t *ucx_window; /* (ucx_window_len) KvGrant.ucx_window: the
-                               UCX link puts there, not into the pool */
+                               UCX and staged links put there, not into
+                               the pool or receive area */
     size_t ucx_window_len;
     int dst_block_size;     /* the decode pool's block size (0: unknown) */
     int n_tokens;           /* prompt tokens whose KV the decode needs */
@@ -196,9 +197,10 @@ typedef struct {
     int kv_stage_blocks; /* receive area in blocks (0: 4 prompts) */
     int n_slots;         /* reservations: one arrival slot each */
     int quarantine_ms;   /* receive blocks of a cancelled staged slot */
-    bool kv_direct_writes;/* UCX: register the pool itself (the weaker
-                            --kv-direct-writes) instead of a receive
-                            window per reservation */
+    bool kv_direct_writes;/* register shared areas (the weaker
+                            --kv-direct-writes: UCX the pool itself,
+                            staged one receive area or the device pool)
+                            instead of a receive window per reservation */
     int device_index;    /* CUDA ordinal of rank 0 (device KV) */
 } kv_link_recv_config_t;
 
@@ -215,9 +217,11 @@ typedef struct {
                              through a receive area (KvReserve.kv_stage) */
     int *recv_ids;        /* (n) out: the receive-area ids */
     bool has_recv_ids;    /* out: recv_ids were filled */
-    const uint8_t *ucx_window; /* out: the UCX receive window's descriptor
-                                  (KvGrant.ucx_window), valid until the
-                                  slot is reset; NULL without */
+    const uint8_t *ucx_window; /* out: the receive window's descriptor
+                                  (KvGrant.ucx_window): the UCX link's, or
+                                  with want_recv_area the staged link's;
+                                  valid until the slot is reset; NULL
+                                  without */
     size_t ucx_window_len;
 } kv_link_grant_t;
 

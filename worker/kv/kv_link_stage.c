@@ -5,6 +5,15 @@
  * buffer (or, direct, put straight from device memory), put into the
  * decode worker's receive area and committed layer by layer; the decode
  * side copies it into the reserved blocks.
+ *
+ * Receive windows (issue 42, the default): the decode worker registers no
+ * receive area; each grant maps its own window (kv_stage_recv_begin with
+ * windows), whose descriptor travels in KvGrant.ucx_window to that task's
+ * prefill worker only; the window is unmapped when its KV was copied in
+ * or the reservation ends otherwise (counted as revoked), so a stale key
+ * reaches nothing the decode worker reads and freed memory needs no
+ * quarantine.  --kv-direct-writes keeps the one shared area (and allows
+ * the direct mode that registers the device pool itself).
  */
 #include "kv/kv_link_int.h"
 
@@ -229,15 +238,26 @@ static bt_status_t stage_xfer_create(void *state, const kv_link_route_t *r,
     return BT_OK;
 }
 
+/* A receiver with windows takes the KV only through the grant's window
+ * (a grant without one goes inline); one whose window is gone (the
+ * reservation ended) fails here too: inline then reaches a reservation
+ * that no longer exists, which the decode worker refuses. */
 static bt_status_t stage_xfer_start(kv_link_xfer_base_t *b, const int *src,
                                     int n)
 {
     stage_xfer_t *x = (stage_xfer_t *)b;
+    bt_status_t status = BT_ERR_NET;
 
     x->peer = peer_hold(x->s, x->rt.desc, x->rt.desc_len);
-    if (x->peer == NULL ||
-        kv_stage_xfer_begin(x->s->stage, x->peer, x->rt.slot, x->rt.epoch, src,
-                            x->rt.dst, n, &x->xfer) != BT_OK) {
+    if (x->peer != NULL && kv_stage_peer_info(x->peer)->windowed)
+        status = kv_stage_xfer_begin_window(x->s->stage, x->peer, x->rt.slot,
+                                            x->rt.epoch, src, n, x->rt.window,
+                                            x->rt.window_len, &x->xfer);
+    else if (x->peer != NULL)
+        status = kv_stage_xfer_begin(x->s->stage, x->peer, x->rt.slot,
+                                     x->rt.epoch, src, x->rt.dst, n,
+                                     &x->xfer);
+    if (status != BT_OK) {
         BT_LOG_WARN("KV", "request %llu: cannot start the staged hand-off; "
                     "KV goes inline", (unsigned long long)b->request_id);
         bt_error_clear();
@@ -331,6 +351,8 @@ static void stage_xfer_destroy(kv_link_xfer_base_t *b)
 typedef struct {
     kv_link_shared_t *sh;
     kv_stage_recv_t *recv;
+    bool windows;         /* a receive window per reservation */
+    bool direct;          /* the device pool itself is registered */
     int n_slots;
     bool *staged;         /* (n_slots) the slot holds receive blocks */
     uint64_t *quar_ns;    /* (n_slots) when the receive blocks a cancel
@@ -401,6 +423,17 @@ static bt_status_t stage_recv_create(kv_link_shared_t *sh, void **state_p)
     } else {
         rc.ops = kv_stage_ops_host(true);
     }
+    /* Direct receive registers the device pool itself: a writer's key
+     * then reaches every block for the pool's life, which only
+     * --kv-direct-writes accepts; otherwise windows, staged. */
+    rc.windows = !cfg->kv_direct_writes;
+    if (rc.direct && rc.windows) {
+        BT_LOG_INFO("KV", "staged receiver: receive windows; direct "
+                    "receive into the device pool needs --kv-direct-writes");
+        rc.direct = false;
+    }
+    r->windows = rc.windows;
+    r->direct = rc.direct;
     status = kv_stage_recv_create(sh->ucx, &rc, &r->recv);
     bt_free(layers);
     if (status != BT_OK) {
@@ -453,6 +486,11 @@ static bt_status_t stage_recv_arm(void *state, kv_link_grant_t *g)
     }
     r->staged[g->slot] = true;
     g->has_recv_ids = true;
+    /* its window travels in the grant (the UCX link maps none when a
+     * receive area was asked for) */
+    if (r->windows)
+        g->ucx_window = kv_stage_recv_window(r->recv, g->slot,
+                                             &g->ucx_window_len);
     return BT_OK;
 }
 
@@ -468,26 +506,38 @@ static bt_status_t stage_recv_arrived(void *state, int slot, uint64_t epoch)
     return kv_stage_recv_poll(r->recv, slot);
 }
 
-/* A slot whose KV did not all arrive may still have a writer: its
+/* A slot whose KV did not all arrive may still have a writer.  With
+ * windows its window is unmapped now (the key revoked: true when that
+ * writer may still hold it) and nothing waits; with the shared area its
  * receive blocks stay quarantined for the quarantine time
  * (kv_stage_recv_cancel); when no writer can exist they are free now. */
 static bool stage_recv_reset(void *state, int slot, bool writer)
 {
     stage_recv_t *r = state;
     int q_ms = r->sh->rcfg->quarantine_ms;
-    bool done;
+    bool done, revoked;
 
     if (slot < 0 || slot >= r->n_slots || !r->staged[slot])
         return false;
     done = kv_stage_recv_poll(r->recv, slot) == BT_OK;
-    kv_stage_recv_cancel(r->recv, slot); /* waits for its copies */
-    if (!done && writer && q_ms > 0)
+    revoked = kv_stage_recv_cancel(r->recv, slot); /* waits for copies */
+    if (!done && writer && q_ms > 0 && !r->windows)
         r->quar_ns[slot] = bt_time_ns() + (uint64_t)q_ms * 1000000ull;
     else if (r->quar_ns[slot] == 0)
         kv_stage_recv_release_quarantine(r->recv, slot);
     /* else: an older cancel's quarantine releases these with it */
     r->staged[slot] = false;
-    return false; /* one registered area: quarantined, not revoked */
+    return revoked && writer;
+}
+
+/* The shared area (--kv-direct-writes) and direct receive expose memory
+ * a writer keeps a key to; windows expose nothing that outlives its
+ * reservation. */
+static bool stage_recv_pool_exposed(void *state)
+{
+    stage_recv_t *r = state;
+
+    return r->direct || !r->windows;
 }
 
 static bool stage_recv_progress(void *state)
@@ -530,6 +580,7 @@ const kv_link_ops_t kv_link_stage_ops = {
     .recv_arm = stage_recv_arm,
     .recv_arrived = stage_recv_arrived,
     .recv_reset = stage_recv_reset,
+    .recv_pool_exposed = stage_recv_pool_exposed,
     .recv_progress = stage_recv_progress,
     .recv_expire = stage_recv_expire,
 };

@@ -542,10 +542,13 @@ static bt_status_t ucx_recv_arm(void *state, kv_link_grant_t *g)
     kv_ucx_pool_slot_reset(r->pool, g->slot);
     g->ucx_window = NULL;
     g->ucx_window_len = 0;
-    if (!r->windowed || g->n <= 0 || g->slot < 0 || g->slot >= r->n_slots)
+    if (!r->windowed || g->slot < 0 || g->slot >= r->n_slots)
         return BT_OK;
     sl = &r->slots[g->slot];
     slot_unmap(sl); /* a slot is reset before it is granted again */
+    /* a grant for the staged link carries that link's window instead */
+    if (g->n <= 0 || g->want_recv_area)
+        return BT_OK;
     sl->blocks = bt_malloc((size_t)g->n * sizeof(int), "kv_link_ucx");
     if (sl->blocks == NULL)
         return BT_OK;

@@ -324,12 +324,24 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                                     kv_ucx_mem_type_t src_mem,
                                     const int *src_ids, int n);
 
+/* As kv_ucx_put_layer_window, into window blocks first .. first + n - 1
+ * (source block src_ids[i] goes to window block first + i): the staged
+ * link (kv_transport_stage.h) puts a layer in chunks. */
+bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
+                                       kv_ucx_rwindow_t *rw, int layer,
+                                       int first, const void *src_k,
+                                       const void *src_v,
+                                       const kv_layout_t *src_layout,
+                                       kv_ucx_mem_type_t src_mem,
+                                       const int *src_ids, int n);
+
 /* Commits the window's reservation: waits for its messages to complete,
  * flushes, sends the commit message (slot, epoch, token, the bytes sent
- * by message), flushes.  As kv_ucx_commit otherwise: `cb` runs from
- * kv_ucx_progress; an error return means it never runs.  The decode
- * worker sets the arrival slot when the commit and every byte it
- * announces were accepted. */
+ * by message) and waits for the decode worker's answer: `cb` gets BT_OK
+ * when it set the arrival slot (the commit and every byte it announced
+ * were accepted), BT_ERR_REMOTE when it refused (the window ended), the
+ * endpoint's error if it failed.  As kv_ucx_commit otherwise: `cb` runs
+ * from kv_ucx_progress; an error return means it never runs. */
 bt_status_t kv_ucx_commit_window(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
                                  kv_ucx_commit_cb_t cb, void *arg);
 
@@ -404,8 +416,9 @@ bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
                              const int *dst_ids, int n);
 
 /* Marks reservation `slot` complete with `epoch` (non-zero) after every
- * put issued so far on this peer: flush, put epoch, flush (see top).
- * Not for a windowed pool (BT_ERR_INVALID_ARG): kv_ucx_commit_window.
+ * put and message issued so far on this peer: flush, put epoch, flush
+ * (see top).  A decode context without RMA drops the epoch put: the UCX
+ * link's windows commit with kv_ucx_commit_window.
  * Non-blocking; `cb` (may be NULL) runs from kv_ucx_progress when done.
  * An error return means `cb` will never run. */
 bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,

@@ -13,7 +13,8 @@
  * Receiver state per reservation slot:
  *   IDLE --begin--> ACTIVE --all layers arrived, last H2D event done-->
  *   DONE --finish--> IDLE; ACTIVE/DONE --cancel--> IDLE (receive blocks
- *   quarantined).
+ *   quarantined).  With windows: begin maps and pins the slot's window,
+ *   ACTIVE -> DONE and cancel unpin and unmap it (no quarantine).
  */
 #include <sched.h>
 #include <string.h>
@@ -158,8 +159,9 @@ bt_status_t kv_stage_desc_parse(const void *buf, size_t len,
         return BT_ERROR(BT_ERR_FORMAT, KV_STAGE_SUBSYS,
                         "stage descriptor: header disagrees with its pool");
     }
-    kv_ucx_desc_destroy(&ud);
     info.direct = (b[5] & 1u) != 0;
+    info.windowed = kv_ucx_desc_windowed(ud);
+    kv_ucx_desc_destroy(&ud);
     info.n_layers = (int)n_layers;
     info.recv_blocks = (int)recv_blocks;
     info.n_slots = (int)n_slots;
@@ -220,22 +222,28 @@ typedef struct {
     bt_status_t status;          /* first copy error */
     int *quarantine;             /* (n_quarantine) blocks of cancels */
     int n_quarantine;            /* quarantined receive blocks */
+    kv_ucx_window_t *win;        /* windows: mapped for the reservation
+                                  * until DONE or cancel, else NULL */
+    bool win_pinned;             /* ops->host_register of win succeeded */
 } kv_stage_slot_t;
 
 struct kv_stage_recv_s {
     kv_ucx_t *ucx;              /* owner of the UCX worker */
     const kv_stage_ops_t *ops;  /* copies (NULL in direct mode) */
     bool direct;                /* device pool registered directly */
+    bool windows;               /* a receive window per reservation */
     kv_layout_t layout;         /* device pool */
     uint8_t **d_k;              /* (n_layers) device K base per layer */
     uint8_t **d_v;              /* (n_layers) device V base per layer */
     size_t block_bytes;         /* bytes of one block of one layer's K */
     int recv_blocks;            /* receive-area blocks per layer */
     uint8_t *h_area;            /* (2, n_layers, recv_blocks, block_size,
-                                 *  n_kv_heads, head_dim) K then V */
+                                 *  n_kv_heads, head_dim) K then V; NULL
+                                 *  with windows */
     size_t area_bytes;          /* bytes of h_area */
     bool pinned;                /* ops->host_register succeeded */
-    kv_allocator_t *alloc;      /* receive-area blocks */
+    kv_allocator_t *alloc;      /* receive-area blocks (with windows:
+                                 * only the budget of blocks in flight) */
     void *stream;               /* H2D copy stream */
     kv_ucx_pool_t *pool;        /* registration + arrival words */
     int n_slots;                /* reservation slots */
@@ -268,7 +276,7 @@ bt_status_t kv_stage_recv_create(kv_ucx_t *ucx,
     void **v_reg = NULL;
     kv_layout_t reg_layout;
     const uint8_t *ud;
-    size_t ud_len, area;
+    size_t ud_len, area = 0;
     int L = cfg->layout.n_layers;
     bt_status_t status;
 
@@ -277,6 +285,7 @@ bt_status_t kv_stage_recv_create(kv_ucx_t *ucx,
         cfg->n_slots > KV_STAGE_MAX_SLOTS || cfg->recv_blocks < 0 ||
         cfg->recv_blocks > KV_STAGE_MAX_BLOCKS ||
         (!cfg->direct && cfg->ops == NULL) ||
+        (cfg->direct && cfg->windows) ||
         (uint64_t)cfg->n_slots * (uint64_t)L + 1 > (1u << 24))
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_STAGE_SUBSYS,
                         "kv_stage_recv_create: bad configuration");
@@ -285,6 +294,7 @@ bt_status_t kv_stage_recv_create(kv_ucx_t *ucx,
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_STAGE_SUBSYS, "receiver");
     r->ucx = ucx;
     r->direct = cfg->direct;
+    r->windows = cfg->windows;
     r->ops = cfg->direct ? NULL : cfg->ops;
     r->layout = cfg->layout;
     r->block_bytes = kv_layout_block_bytes(&cfg->layout);
@@ -330,15 +340,17 @@ bt_status_t kv_stage_recv_create(kv_ucx_t *ucx,
                               "receive area size overflows");
             goto err_free;
         }
-        status = kv_ucx_mem_alloc(ucx, area, KV_UCX_MEM_HOST,
-                                  (void **)&r->h_area);
-        if (status != BT_OK)
-            goto err_free;
-        r->area_bytes = area;
-        status = r->ops->host_register(r->h_area, area);
-        if (status != BT_OK)
-            goto err_free_area;
-        r->pinned = true;
+        if (!r->windows) {
+            status = kv_ucx_mem_alloc(ucx, area, KV_UCX_MEM_HOST,
+                                      (void **)&r->h_area);
+            if (status != BT_OK)
+                goto err_free;
+            r->area_bytes = area;
+            status = r->ops->host_register(r->h_area, area);
+            if (status != BT_OK)
+                goto err_free_area;
+            r->pinned = true;
+        }
         status = kv_allocator_create(r->recv_blocks, &r->alloc);
         if (status != BT_OK)
             goto err_free_area;
@@ -350,17 +362,23 @@ bt_status_t kv_stage_recv_create(kv_ucx_t *ucx,
             if (status != BT_OK)
                 goto err_free_area;
         }
-        for (int l = 0; l < L; l++) {
+        for (int l = 0; l < L && !r->windows; l++) {
             k_reg[l] = kv_stage_recv_h_layer(r, 0, l);
             v_reg[l] = kv_stage_recv_h_layer(r, 1, l);
         }
     }
-    status = kv_ucx_pool_register(ucx, &reg_layout, k_reg, v_reg,
-                                  r->direct ? (cfg->ops != NULL
-                                                   ? cfg->ops->mem_type
-                                                   : KV_UCX_MEM_CUDA)
-                                            : KV_UCX_MEM_HOST,
-                                  r->n_slots * L + 1, &r->pool);
+    /* With windows only the arrival words are registered: no writer ever
+     * holds a key to memory that outlives its reservation. */
+    if (r->windows)
+        status = kv_ucx_pool_register_windowed(ucx, &reg_layout,
+                                               r->n_slots * L + 1, &r->pool);
+    else
+        status = kv_ucx_pool_register(ucx, &reg_layout, k_reg, v_reg,
+                                      r->direct ? (cfg->ops != NULL
+                                                       ? cfg->ops->mem_type
+                                                       : KV_UCX_MEM_CUDA)
+                                                : KV_UCX_MEM_HOST,
+                                      r->n_slots * L + 1, &r->pool);
     if (status != BT_OK)
         goto err_free_area;
     ud = kv_ucx_pool_desc(r->pool, &ud_len);
@@ -373,8 +391,10 @@ bt_status_t kv_stage_recv_create(kv_ucx_t *ucx,
     BT_LOG_INFO(KV_STAGE_SUBSYS,
                 "stage receiver: %s, %d layers, %d receive blocks "
                 "(%.1f MiB), %d slots, copies %s",
-                r->direct ? "direct" : "staged", L, r->recv_blocks,
-                (double)r->area_bytes / (1 << 20), r->n_slots,
+                r->direct    ? "direct"
+                : r->windows ? "staged, a receive window per reservation"
+                             : "staged",
+                L, r->recv_blocks, (double)area / (1 << 20), r->n_slots,
                 r->ops != NULL ? r->ops->name : "none");
     *recv_p = r;
     return BT_OK;
@@ -386,6 +406,50 @@ err_free:
     bt_free(v_reg);
     kv_stage_recv_destroy(&r);
     return status;
+}
+
+/* Bytes of a window of n blocks (K and V of every layer). */
+static size_t kv_stage_window_bytes(const kv_stage_recv_t *r, int n)
+{
+    return 2 * (size_t)r->layout.n_layers * (size_t)n * r->block_bytes;
+}
+
+/* Maps and pins slot sl's window of n blocks.  Pinned per window through
+ * the ops (cudaHostRegister with the CUDA ops): the H2D copies out of it
+ * are asynchronous DMA, which needs page-locked memory, and a window is
+ * fresh memory every time (docs/SECURITY.md section 5 has the cost). */
+static bt_status_t kv_stage_slot_map(kv_stage_recv_t *r, kv_stage_slot_t *sl,
+                                     int slot, uint64_t epoch, int n)
+{
+    /* named by its layer-0 arrival word and epoch in messages (tcp) */
+    bt_status_t status = kv_ucx_window_create(
+        r->pool, slot * r->layout.n_layers, epoch, n, &sl->win);
+
+    if (status != BT_OK)
+        return status;
+    status = r->ops->host_register(
+        (void *)(uintptr_t)kv_ucx_window_data(sl->win, 0, 0),
+        kv_stage_window_bytes(r, n));
+    if (status != BT_OK) {
+        kv_ucx_window_destroy(&sl->win);
+        return status;
+    }
+    sl->win_pinned = true;
+    return BT_OK;
+}
+
+/* Unpins and unmaps slot sl's window: its key dies with it.  Its copies
+ * must be done.  Returns true when there was one. */
+static bool kv_stage_slot_unmap(kv_stage_recv_t *r, kv_stage_slot_t *sl)
+{
+    if (sl->win == NULL)
+        return false;
+    if (sl->win_pinned)
+        r->ops->host_unregister(
+            (void *)(uintptr_t)kv_ucx_window_data(sl->win, 0, 0));
+    sl->win_pinned = false;
+    kv_ucx_window_destroy(&sl->win);
+    return true;
 }
 
 /* Waits for the slot's H2D copies (bounded); false on timeout. */
@@ -416,7 +480,6 @@ void kv_stage_recv_destroy(kv_stage_recv_t **recv_p)
 
     if (r == NULL)
         return;
-    kv_ucx_pool_deregister(&r->pool);
     if (r->slots != NULL) {
         for (int s = 0; s < r->n_slots; s++) {
             kv_stage_slot_t *sl = &r->slots[s];
@@ -424,12 +487,14 @@ void kv_stage_recv_destroy(kv_stage_recv_t **recv_p)
                 (void)kv_stage_slot_drain(r, sl);
                 r->ops->event_destroy(sl->event);
             }
+            (void)kv_stage_slot_unmap(r, sl); /* before the pool */
             bt_free(sl->dev_ids);
             bt_free(sl->recv_ids);
             bt_free(sl->arrived);
             bt_free(sl->quarantine);
         }
     }
+    kv_ucx_pool_deregister(&r->pool);
     if (r->stream != NULL)
         r->ops->stream_destroy(r->stream);
     kv_allocator_destroy(&r->alloc);
@@ -497,10 +562,18 @@ bt_status_t kv_stage_recv_begin(kv_stage_recv_t *recv, int slot,
         sl->recv_ids = d;
         sl->cap = n;
     }
+    (void)kv_stage_slot_unmap(recv, sl); /* none: idle slots have none */
     if (!recv->direct && n > 0) {
         status = kv_allocator_alloc(recv->alloc, n, sl->recv_ids);
         if (status != BT_OK)
             return status; /* BT_ERR_NO_RESOURCE, not logged: expected */
+        if (recv->windows) {
+            status = kv_stage_slot_map(recv, sl, slot, epoch, n);
+            if (status != BT_OK) {
+                kv_allocator_release(recv->alloc, n, sl->recv_ids);
+                return status;
+            }
+        }
     } else if (n > 0) {
         memcpy(sl->recv_ids, dev_ids, (size_t)n * sizeof(int));
     }
@@ -508,6 +581,8 @@ bt_status_t kv_stage_recv_begin(kv_stage_recv_t *recv, int slot,
         memcpy(sl->dev_ids, dev_ids, (size_t)n * sizeof(int));
         memcpy(dst_ids, sl->recv_ids, (size_t)n * sizeof(int));
     }
+    for (int i = 0; i < n && recv->windows; i++)
+        dst_ids[i] = i; /* window block i */
     kv_stage_slot_reset_words(recv, slot);
     memset(sl->arrived, 0, (size_t)recv->layout.n_layers);
     sl->n_arrived = 0;
@@ -525,15 +600,22 @@ static bt_status_t kv_stage_slot_copy_layer(kv_stage_recv_t *r,
                                             kv_stage_slot_t *sl, int layer)
 {
     size_t bb = r->block_bytes;
-    const uint8_t *hk = kv_stage_recv_h_layer(r, 0, layer);
-    const uint8_t *hv = kv_stage_recv_h_layer(r, 1, layer);
+    const uint8_t *hk, *hv;
     bt_status_t status;
     int run;
 
+    if (sl->n == 0)
+        return BT_OK;
+    hk = r->windows ? kv_ucx_window_data(sl->win, layer, 0)
+                    : kv_stage_recv_h_layer(r, 0, layer);
+    hv = r->windows ? kv_ucx_window_data(sl->win, layer, 1)
+                    : kv_stage_recv_h_layer(r, 1, layer);
     for (int i = 0; i < sl->n; i += run) {
-        size_t hoff = (size_t)sl->recv_ids[i] * bb;
+        /* window block i, or the area's id */
+        size_t hoff = (size_t)(r->windows ? i : sl->recv_ids[i]) * bb;
         size_t doff = (size_t)sl->dev_ids[i] * bb;
-        run = kv_stage_run(sl->recv_ids, sl->dev_ids, i, sl->n);
+        run = r->windows ? kv_stage_run(sl->dev_ids, NULL, i, sl->n)
+                         : kv_stage_run(sl->recv_ids, sl->dev_ids, i, sl->n);
         status = r->ops->copy_async(r->stream, r->d_k[layer] + doff,
                                     hk + hoff, (size_t)run * bb);
         if (status != BT_OK)
@@ -595,8 +677,17 @@ static bool kv_stage_slot_advance(kv_stage_recv_t *r, int slot)
     }
     if (!r->direct && sl->n > 0)
         kv_allocator_release(r->alloc, sl->n, sl->recv_ids);
+    (void)kv_stage_slot_unmap(r, sl); /* its writer is done: not revoked */
     sl->state = KV_STAGE_SLOT_DONE;
     return true;
+}
+
+const uint8_t *kv_stage_recv_window(const kv_stage_recv_t *recv, int slot,
+                                    size_t *len_p)
+{
+    if (slot < 0 || slot >= recv->n_slots || recv->slots[slot].win == NULL)
+        return NULL;
+    return kv_ucx_window_desc(recv->slots[slot].win, len_p);
 }
 
 bool kv_stage_recv_progress(kv_stage_recv_t *recv)
@@ -658,20 +749,28 @@ void kv_stage_recv_finish(kv_stage_recv_t *recv, int slot)
     kv_stage_slot_reset_words(recv, slot);
 }
 
-void kv_stage_recv_cancel(kv_stage_recv_t *recv, int slot)
+bool kv_stage_recv_cancel(kv_stage_recv_t *recv, int slot)
 {
     kv_stage_slot_t *sl;
+    bool revoked;
 
     BT_ASSERT(slot >= 0 && slot < recv->n_slots);
     sl = &recv->slots[slot];
     if (sl->state == KV_STAGE_SLOT_IDLE)
-        return;
+        return false;
     if (recv->ops != NULL && !kv_stage_slot_drain(recv, sl)) {
         /* Copies stuck: leak the receive blocks rather than reuse them
-         * under a running copy (they stay reserved forever). */
+         * under a running copy (they stay reserved forever).  A window is
+         * unmapped all the same: revoking its key matters more than a
+         * copy the device never finishes. */
         sl->n = 0;
     }
-    if (sl->state == KV_STAGE_SLOT_ACTIVE && !recv->direct && sl->n > 0) {
+    revoked = kv_stage_slot_unmap(recv, sl);
+    if (sl->state == KV_STAGE_SLOT_ACTIVE && recv->windows && sl->n > 0) {
+        /* no writer can reach them: free now */
+        kv_allocator_release(recv->alloc, sl->n, sl->recv_ids);
+    } else if (sl->state == KV_STAGE_SLOT_ACTIVE && !recv->direct &&
+               sl->n > 0) {
         int *q = bt_realloc(sl->quarantine,
                             (size_t)(sl->n_quarantine + sl->n) * sizeof(*q),
                             "kv_stage_slot");
@@ -689,6 +788,7 @@ void kv_stage_recv_cancel(kv_stage_recv_t *recv, int slot)
     kv_stage_slot_reset_words(recv, slot);
     sl->state = KV_STAGE_SLOT_IDLE;
     sl->n = 0;
+    return revoked;
 }
 
 void kv_stage_recv_release_quarantine(kv_stage_recv_t *recv, int slot)
@@ -760,7 +860,10 @@ struct kv_stage_xfer_s {
     uint64_t epoch;              /* its epoch */
     int n;                       /* blocks */
     int *src_ids;                /* (n) local block ids */
-    int *dst_ids;                /* (n) peer's destination ids */
+    int *dst_ids;                /* (n) peer's destination ids (window
+                                  * block ids with a window) */
+    kv_ucx_rwindow_t *win;       /* the grant's receive window, opened on
+                                  * peer->up; NULL: the peer's area */
     uint8_t *queued;             /* (n_layers) layer queued */
     int n_committed;             /* layers whose final commit completed */
     int in_flight;               /* chunks in buffers + direct commits */
@@ -899,6 +1002,7 @@ static void kv_stage_peer_unref(kv_stage_peer_t *p)
 
 static void kv_stage_xfer_free(kv_stage_xfer_t *x)
 {
+    kv_ucx_window_close(&x->win); /* before the endpoint's last reference */
     kv_stage_peer_unref(x->peer);
     bt_free(x->src_ids);
     bt_free(x->dst_ids);
@@ -1062,27 +1166,17 @@ const kv_stage_desc_info_t *kv_stage_peer_info(const kv_stage_peer_t *peer)
     return &peer->info;
 }
 
-bt_status_t kv_stage_xfer_begin(kv_stage_send_t *send, kv_stage_peer_t *peer,
-                                int slot, uint64_t epoch, const int *src_ids,
-                                const int *dst_ids, int n,
-                                kv_stage_xfer_t **xfer_p)
+/* A transfer of n blocks src_ids[i] -> dst_ids[i] (NULL: i, a window's
+ * blocks), its lists copied; the ids were checked by the caller. */
+static bt_status_t kv_stage_xfer_new(kv_stage_send_t *send,
+                                     kv_stage_peer_t *peer, int slot,
+                                     uint64_t epoch, const int *src_ids,
+                                     const int *dst_ids, int n,
+                                     kv_stage_xfer_t **xfer_p)
 {
     kv_stage_xfer_t *x;
     size_t ids = (size_t)(n > 0 ? n : 1) * sizeof(int);
 
-    if (slot < 0 || slot >= peer->info.n_slots || epoch == 0 || n < 0 ||
-        (n > 0 && (src_ids == NULL || dst_ids == NULL)))
-        return BT_ERROR(BT_ERR_INVALID_ARG, KV_STAGE_SUBSYS,
-                        "kv_stage_xfer_begin: slot %d of %d, epoch %llu, "
-                        "n %d", slot, peer->info.n_slots,
-                        (unsigned long long)epoch, n);
-    for (int i = 0; i < n; i++)
-        if (src_ids[i] < 0 || src_ids[i] >= send->layout.n_blocks ||
-            dst_ids[i] < 0 || dst_ids[i] >= peer->info.recv_blocks)
-            return BT_ERROR(BT_ERR_INVALID_ARG, KV_STAGE_SUBSYS,
-                            "kv_stage_xfer_begin: pair %d: %d -> %d out of "
-                            "range (%d, %d)", i, src_ids[i], dst_ids[i],
-                            send->layout.n_blocks, peer->info.recv_blocks);
     x = bt_calloc(1, sizeof(*x), "kv_stage_xfer");
     if (x == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_STAGE_SUBSYS, "transfer");
@@ -1096,10 +1190,10 @@ bt_status_t kv_stage_xfer_begin(kv_stage_send_t *send, kv_stage_peer_t *peer,
         bt_free(x);
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_STAGE_SUBSYS, "transfer");
     }
-    if (n > 0) {
+    if (n > 0)
         memcpy(x->src_ids, src_ids, (size_t)n * sizeof(int));
-        memcpy(x->dst_ids, dst_ids, (size_t)n * sizeof(int));
-    }
+    for (int i = 0; i < n; i++)
+        x->dst_ids[i] = dst_ids != NULL ? dst_ids[i] : i;
     x->send = send;
     x->peer = peer;
     peer->refs++;
@@ -1108,6 +1202,93 @@ bt_status_t kv_stage_xfer_begin(kv_stage_send_t *send, kv_stage_peer_t *peer,
     x->n = n;
     x->status = BT_IN_PROGRESS;
     send->n_xfers++;
+    *xfer_p = x;
+    return BT_OK;
+}
+
+/* Checks a transfer's slot, epoch and source ids (and dst_ids against
+ * the peer's area, when given). */
+static bt_status_t kv_stage_xfer_check(const kv_stage_send_t *send,
+                                       const kv_stage_peer_t *peer, int slot,
+                                       uint64_t epoch, const int *src_ids,
+                                       const int *dst_ids, int n)
+{
+    if (slot < 0 || slot >= peer->info.n_slots || epoch == 0 || n < 0 ||
+        (n > 0 && src_ids == NULL))
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_STAGE_SUBSYS,
+                        "kv_stage_xfer_begin: slot %d of %d, epoch %llu, "
+                        "n %d", slot, peer->info.n_slots,
+                        (unsigned long long)epoch, n);
+    for (int i = 0; i < n; i++)
+        if (src_ids[i] < 0 || src_ids[i] >= send->layout.n_blocks ||
+            (dst_ids != NULL &&
+             (dst_ids[i] < 0 || dst_ids[i] >= peer->info.recv_blocks)))
+            return BT_ERROR(BT_ERR_INVALID_ARG, KV_STAGE_SUBSYS,
+                            "kv_stage_xfer_begin: pair %d: %d -> %d out of "
+                            "range (%d, %d)", i, src_ids[i],
+                            dst_ids != NULL ? dst_ids[i] : i,
+                            send->layout.n_blocks, peer->info.recv_blocks);
+    return BT_OK;
+}
+
+bt_status_t kv_stage_xfer_begin(kv_stage_send_t *send, kv_stage_peer_t *peer,
+                                int slot, uint64_t epoch, const int *src_ids,
+                                const int *dst_ids, int n,
+                                kv_stage_xfer_t **xfer_p)
+{
+    bt_status_t status;
+
+    if (n > 0 && (dst_ids == NULL || peer->info.windowed))
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_STAGE_SUBSYS,
+                        "kv_stage_xfer_begin: %s", dst_ids == NULL
+                            ? "no destination ids"
+                            : "the receiver takes KV through receive "
+                              "windows only");
+    status = kv_stage_xfer_check(send, peer, slot, epoch, src_ids, dst_ids,
+                                 n);
+    if (status != BT_OK)
+        return status;
+    return kv_stage_xfer_new(send, peer, slot, epoch, src_ids, dst_ids, n,
+                             xfer_p);
+}
+
+bt_status_t kv_stage_xfer_begin_window(kv_stage_send_t *send,
+                                       kv_stage_peer_t *peer, int slot,
+                                       uint64_t epoch, const int *src_ids,
+                                       int n, const void *window,
+                                       size_t window_len,
+                                       kv_stage_xfer_t **xfer_p)
+{
+    kv_ucx_rwindow_t *rw = NULL;
+    kv_stage_xfer_t *x;
+    bt_status_t status;
+
+    if (!peer->info.windowed)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_STAGE_SUBSYS,
+                        "kv_stage_xfer_begin_window: the receiver has a "
+                        "receive area, not windows");
+    status = kv_stage_xfer_check(send, peer, slot, epoch, src_ids, NULL, n);
+    if (status != BT_OK)
+        return status;
+    if (n > 0) {
+        /* the descriptor is untrusted: parsed and checked against this
+         * peer's pool before its key is unpacked */
+        status = kv_ucx_window_open(peer->up, window, window_len, &rw);
+        if (status != BT_OK)
+            return status;
+        if (kv_ucx_rwindow_blocks(rw) < n) {
+            int have = kv_ucx_rwindow_blocks(rw);
+            kv_ucx_window_close(&rw);
+            return BT_ERROR(BT_ERR_FORMAT, KV_STAGE_SUBSYS,
+                            "receive window of %d blocks for %d", have, n);
+        }
+    }
+    status = kv_stage_xfer_new(send, peer, slot, epoch, src_ids, NULL, n, &x);
+    if (status != BT_OK) {
+        kv_ucx_window_close(&rw);
+        return status;
+    }
+    x->win = rw;
     *xfer_p = x;
     return BT_OK;
 }
@@ -1178,6 +1359,25 @@ static int kv_stage_commit_word(const kv_stage_xfer_t *x, int layer,
                 : info->n_slots * info->n_layers; /* scratch */
 }
 
+/* Puts blocks [off, off + cnt) of x's layer `layer` from src_k / src_v
+ * (laid out by `lay`, blocks src_ids[0..cnt)): into the grant's window
+ * at the same offsets, or to the peer's area ids dst_ids[off..]. */
+static bt_status_t kv_stage_put(kv_stage_xfer_t *x, int layer, int off,
+                                const void *src_k, const void *src_v,
+                                const kv_layout_t *lay,
+                                kv_ucx_mem_type_t mem, const int *src_ids,
+                                int cnt)
+{
+    if (cnt == 0)
+        return BT_OK; /* a windowed peer takes no put without a window */
+    if (x->win != NULL)
+        return kv_ucx_put_layer_window_at(x->peer->up, x->win, layer, off,
+                                          src_k, src_v, lay, mem, src_ids,
+                                          cnt);
+    return kv_ucx_put_layer(x->peer->up, layer, src_k, src_v, lay, mem,
+                            src_ids, x->dst_ids + off, cnt);
+}
+
 /* Direct mode: puts a whole layer from device memory and commits it. */
 static bt_status_t kv_stage_direct_layer(kv_stage_send_t *s,
                                          kv_stage_job_t *j)
@@ -1185,9 +1385,8 @@ static bt_status_t kv_stage_direct_layer(kv_stage_send_t *s,
     kv_stage_xfer_t *x = j->xfer;
     bt_status_t status;
 
-    status = kv_ucx_put_layer(x->peer->up, j->layer, j->src_k, j->src_v,
-                              &s->layout, s->src_mem, x->src_ids,
-                              x->dst_ids, x->n);
+    status = kv_stage_put(x, j->layer, 0, j->src_k, j->src_v, &s->layout,
+                          s->src_mem, x->src_ids, x->n);
     if (status == BT_OK)
         status = kv_ucx_commit(x->peer->up,
                                kv_stage_commit_word(x, j->layer, true),
@@ -1325,10 +1524,9 @@ static bool kv_stage_flush_staged(kv_stage_send_t *s)
         if (status == BT_OK && x->status != BT_IN_PROGRESS)
             status = BT_ERR_CANCELLED; /* failed meanwhile: put nothing */
         if (status == BT_OK)
-            status = kv_ucx_put_layer(x->peer->up, buf->layer, buf->h_k,
-                                      buf->h_v, &s->stage_layout,
-                                      KV_UCX_MEM_HOST, s->stage_ids,
-                                      x->dst_ids + buf->off, buf->cnt);
+            status = kv_stage_put(x, buf->layer, buf->off, buf->h_k,
+                                  buf->h_v, &s->stage_layout,
+                                  KV_UCX_MEM_HOST, s->stage_ids, buf->cnt);
         if (status == BT_OK)
             status = kv_ucx_commit(x->peer->up,
                                    kv_stage_commit_word(x, buf->layer,

@@ -54,6 +54,25 @@
  * prefill worker known dead) - kv_stage_recv_cancel therefore keeps them
  * quarantined until kv_stage_recv_release_quarantine.
  *
+ * Receive windows (cfg.windows; the decode worker's default, issue 42).
+ * A receive area registered once lets every writer that ever held its key
+ * write any receive block for as long as the area lives, so a writer
+ * stopped past its reservation (SIGSTOP) could write into blocks that
+ * now carry another reservation's KV.  With windows the receiver
+ * registers only its arrival words; kv_stage_recv_begin maps a window of
+ * the reservation's n blocks (kv_ucx_window_create: its own shared memory
+ * segment on one host, its own memory region on RDMA), pins it
+ * (ops->host_register, for the async H2D) and hands out its descriptor
+ * (kv_stage_recv_window: KvGrant.ucx_window) and the ids 0..n-1.  The
+ * sender puts into it (kv_stage_xfer_begin_window) exactly as into an
+ * area; the decode side copies each arrived layer from the window to the
+ * device blocks and unmaps the window once the last H2D completed, or at
+ * once on kv_stage_recv_cancel (its key is revoked: nothing the decode
+ * worker reads is reachable with it).  recv_blocks then only bounds the
+ * blocks in flight (BT_ERR_NO_RESOURCE as before) and freed blocks need
+ * no quarantine.  Not with direct mode (it registers the device pool
+ * itself: the operator's --kv-direct-writes).
+ *
  * Direct mode (no staging).  When UCX was built with CUDA support
  * (kv_stage_ucx_has_cuda(): ucp_context_query reports
  * UCS_MEMORY_TYPE_CUDA, i.e. the cuda_copy / cuda_ipc / gdr_copy
@@ -192,6 +211,7 @@ bool kv_stage_ucx_has_cuda(void);
  * (kv_transport.h), FNV-1a 64 of every byte before it. */
 typedef struct {
     bool direct;          /* decode receives into device memory itself */
+    bool windowed;        /* a receive window per reservation (no area) */
     int n_layers;         /* layers per reservation */
     int recv_blocks;      /* blocks per layer of the receive area */
     int n_slots;          /* reservation slots */
@@ -221,16 +241,20 @@ typedef struct {
     int n_slots;             /* reservation slots */
     const kv_stage_ops_t *ops; /* copies (required unless direct) */
     bool direct;             /* register the device pool with UCX instead */
+    bool windows;            /* a receive window per reservation instead
+                                of one registered area (not with direct) */
 } kv_stage_recv_config_t;
 
 /* Defaults: recv_blocks 0 (= layout.n_blocks, a full mirror), 16 slots,
- * CUDA ops, not direct; the caller fills layout and the layer bases. */
+ * CUDA ops, not direct, one registered area (no windows); the caller
+ * fills layout and the layer bases. */
 void kv_stage_recv_config_init(kv_stage_recv_config_t *cfg);
 
 /* Allocates and registers the receive area (or registers the device pool
- * in direct mode), its arrival words and the H2D stream.  The device pool
- * is not owned and must outlive the receiver.  BT_ERR_INVALID_ARG for a
- * bad config, BT_ERR_NET, BT_ERR_CUDA, BT_ERR_NO_MEMORY. */
+ * in direct mode; or, with windows, nothing but the arrival words), its
+ * arrival words and the H2D stream.  The device pool is not owned and
+ * must outlive the receiver.  BT_ERR_INVALID_ARG for a bad config
+ * (windows with direct), BT_ERR_NET, BT_ERR_CUDA, BT_ERR_NO_MEMORY. */
 bt_status_t kv_stage_recv_create(kv_ucx_t *ucx,
                                  const kv_stage_recv_config_t *cfg,
                                  kv_stage_recv_t **recv_p);
@@ -247,11 +271,20 @@ const uint8_t *kv_stage_recv_desc(const kv_stage_recv_t *recv,
  * reused) for device blocks dev_ids[0..n): reserves n receive blocks
  * (lowest ids first, so runs stay runs), clears the slot's arrival words
  * and writes into dst_ids[0..n) the ids the prefill side must put to
- * (receive-area ids; the device ids in direct mode).  BT_ERR_INVALID_ARG
- * (bad slot/epoch/ids, slot busy), BT_ERR_NO_RESOURCE (area full). */
+ * (receive-area ids; the device ids in direct mode; 0..n-1 with windows,
+ * where n > 0 also maps and pins the slot's window).  BT_ERR_INVALID_ARG
+ * (bad slot/epoch/ids, slot busy), BT_ERR_NO_RESOURCE (area full), with
+ * windows BT_ERR_NET / BT_ERR_UNSUPPORTED (UCX cannot map a revocable
+ * window) or the pinning's error: nothing is reserved then. */
 bt_status_t kv_stage_recv_begin(kv_stage_recv_t *recv, int slot,
                                 uint64_t epoch, const int *dev_ids, int n,
                                 int *dst_ids);
+
+/* With windows: the descriptor of `slot`'s window (KvGrant.ucx_window),
+ * valid until the window is unmapped (the slot completes or is
+ * cancelled); NULL when the slot has none (no windows, idle, n == 0). */
+const uint8_t *kv_stage_recv_window(const kv_stage_recv_t *recv, int slot,
+                                    size_t *len_p);
 
 /* Advances every active reservation: enqueues the H2D copies of each
  * layer whose arrival word holds the epoch, and completes reservations
@@ -281,10 +314,13 @@ void kv_stage_recv_finish(kv_stage_recv_t *recv, int slot);
 /* Abandons `slot` (timeout, abort): waits for its H2D copies in flight
  * (bounded), clears its arrival words and makes it idle, but keeps its
  * receive blocks quarantined (a stale writer may still put into them)
- * until kv_stage_recv_release_quarantine(slot).  The device blocks may
- * have been partly written.  A slot whose quarantine is not released can
- * be begun again (the quarantined blocks simply stay out of use). */
-void kv_stage_recv_cancel(kv_stage_recv_t *recv, int slot);
+ * until kv_stage_recv_release_quarantine(slot).  With windows the
+ * slot's window is unmapped instead (its key revoked) and its blocks are
+ * free at once.  The device blocks may have been partly written.  A slot
+ * whose quarantine is not released can be begun again (the quarantined
+ * blocks simply stay out of use).  Returns true when a window was
+ * unmapped here, i.e. its KV had not all arrived. */
+bool kv_stage_recv_cancel(kv_stage_recv_t *recv, int slot);
 
 /* Frees the receive blocks quarantined by cancels of `slot`. */
 void kv_stage_recv_release_quarantine(kv_stage_recv_t *recv, int slot);
@@ -350,11 +386,27 @@ const kv_stage_desc_info_t *kv_stage_peer_info(const kv_stage_peer_t *peer);
  * block src_ids[i] goes to the peer's destination id dst_ids[i] (as the
  * grant gave them) in every layer.  The lists are copied.  Layers are
  * then queued with kv_stage_xfer_layer.  BT_ERR_INVALID_ARG for bad ids,
- * slot or epoch. */
+ * slot or epoch, or a windowed peer with n > 0 (it has no area: use
+ * kv_stage_xfer_begin_window). */
 bt_status_t kv_stage_xfer_begin(kv_stage_send_t *send, kv_stage_peer_t *peer,
                                 int slot, uint64_t epoch, const int *src_ids,
                                 const int *dst_ids, int n,
                                 kv_stage_xfer_t **xfer_p);
+
+/* As kv_stage_xfer_begin, into a receiver with windows
+ * (kv_stage_peer_info(peer)->windowed): block src_ids[i] goes to block i
+ * of the reservation's window, whose descriptor (`window`, the grant's
+ * KvGrant.ucx_window, copied as needed) is opened on the peer's
+ * endpoint.  window may be NULL when n == 0.  BT_ERR_INVALID_ARG for bad
+ * ids, slot or epoch; BT_ERR_FORMAT for a descriptor that is not one of
+ * this peer's windows or holds fewer than n blocks; BT_ERR_NET when the
+ * window is gone (its reservation ended, or its process died). */
+bt_status_t kv_stage_xfer_begin_window(kv_stage_send_t *send,
+                                       kv_stage_peer_t *peer, int slot,
+                                       uint64_t epoch, const int *src_ids,
+                                       int n, const void *window,
+                                       size_t window_len,
+                                       kv_stage_xfer_t **xfer_p);
 
 /* Queues layer `layer` (each layer once): src_k / src_v are that layer's
  * K / V base in the local pool (device memory), which must hold the

@@ -1732,8 +1732,7 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
         c->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
                              "KV commit of slot %d: endpoint closed", c->slot);
     while (c->status == BT_OK && c->stage != KV_UCX_COMMIT_DONE) {
-        if (c->window && c->stage == KV_UCX_COMMIT_FLUSH_DATA &&
-            peer->am_inflight > 0) {
+        if (c->stage == KV_UCX_COMMIT_FLUSH_DATA && peer->am_inflight > 0) {
             /* A flush does not wait for messages; their completion does
              * (the source blocks stay put until then): parked until the
              * last one completes (kv_ucx_am_done_cb). */
@@ -1836,10 +1835,6 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
 
     if (peer->status != BT_OK)
         return peer->status;
-    if (peer->desc->windowed)
-        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
-                        "a windowed pool's reservation is committed through "
-                        "its window (kv_ucx_commit_window)");
     if (slot < 0 || slot >= peer->desc->n_slots || epoch == 0)
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "kv_ucx_commit: slot %d of %d, epoch %llu", slot,
@@ -2553,10 +2548,10 @@ static bt_status_t kv_ucx_am_send(kv_ucx_peer_t *peer,
     return BT_OK;
 }
 
-/* As kv_ucx_put_runs into a window, as messages of at most
- * KV_UCX_AM_CHUNK bytes. */
+/* As kv_ucx_put_runs into a window from its block `first` on, as
+ * messages of at most KV_UCX_AM_CHUNK bytes. */
 static bt_status_t kv_ucx_am_runs(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
-                                  int layer, const void *src_k,
+                                  int layer, int first, const void *src_k,
                                   const void *src_v, size_t bb,
                                   const int *src_ids, int n,
                                   ucs_memory_type_t mem)
@@ -2576,8 +2571,9 @@ static bt_status_t kv_ucx_am_runs(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
             for (size_t off = 0; off < bytes; off += KV_UCX_AM_CHUNK) {
                 size_t c = BT_MIN(bytes - off, (size_t)KV_UCX_AM_CHUNK);
                 status = kv_ucx_am_send(peer, rw, layer, kv,
-                                        (uint64_t)i * bb + off, src + off, c,
-                                        mem);
+                                        ((uint64_t)first + (uint64_t)i) *
+                                                bb + off,
+                                        src + off, c, mem);
                 if (status != BT_OK)
                     return status;
                 rw->am_bytes += c;
@@ -2597,6 +2593,18 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                                     kv_ucx_mem_type_t src_mem,
                                     const int *src_ids, int n)
 {
+    return kv_ucx_put_layer_window_at(peer, rw, layer, 0, src_k, src_v,
+                                      src_layout, src_mem, src_ids, n);
+}
+
+bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
+                                       kv_ucx_rwindow_t *rw, int layer,
+                                       int first, const void *src_k,
+                                       const void *src_v,
+                                       const kv_layout_t *src_layout,
+                                       kv_ucx_mem_type_t src_mem,
+                                       const int *src_ids, int n)
+{
     const kv_layout_t *dl = &peer->desc->layout;
     size_t bb = peer->desc->block_bytes;
     uint64_t k0, span = (uint64_t)rw->n_blocks * bb;
@@ -2605,11 +2613,12 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
     if (peer->status != BT_OK)
         return peer->status;
     if (rw->peer != peer || layer < 0 || layer >= dl->n_layers || n < 0 ||
-        n > rw->n_blocks ||
+        first < 0 || first > rw->n_blocks || n > rw->n_blocks - first ||
         (n > 0 && (src_k == NULL || src_v == NULL || src_ids == NULL)))
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
-                        "kv_ucx_put_layer_window: layer %d of %d, n %d of "
-                        "%d", layer, dl->n_layers, n, rw->n_blocks);
+                        "kv_ucx_put_layer_window: layer %d of %d, blocks "
+                        "%d + %d of %d", layer, dl->n_layers, first, n,
+                        rw->n_blocks);
     status = kv_ucx_shape_check(src_layout, dl);
     if (status != BT_OK)
         return status;
@@ -2619,9 +2628,9 @@ bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                             "source block %d out of range (%d)", src_ids[i],
                             src_layout->n_blocks);
     if (rw->am)
-        return kv_ucx_am_runs(peer, rw, layer, src_k, src_v, bb, src_ids, n,
-                              kv_ucx_mem_type(src_mem));
-    k0 = rw->base + 2 * (uint64_t)layer * span;
+        return kv_ucx_am_runs(peer, rw, layer, first, src_k, src_v, bb,
+                              src_ids, n, kv_ucx_mem_type(src_mem));
+    k0 = rw->base + 2 * (uint64_t)layer * span + (uint64_t)first * bb;
     return kv_ucx_put_runs(peer, src_k, src_v, bb, src_ids, NULL, n, k0,
                            rw->rkey, k0 + span, rw->rkey,
                            kv_ucx_mem_type(src_mem));

@@ -1,0 +1,359 @@
+/*
+ * test_stage_window.c - per-reservation receive windows of the staged UCX
+ * link (kv_transport_stage.h "Receive windows", issue 42 item 3) over real
+ * UCX on loopback, one process with two UCX contexts: "decode" runs a
+ * receiver with windows into a host-memory stand-in for its device pool
+ * (kv_stage_ops_host, threaded copies), "prefill" a staged sender.
+ *
+ *   1. The receiver registers no receive area: its descriptor says
+ *      "windowed", and a hand-off into area ids is refused; windows and
+ *      direct receive together are refused at create.
+ *   2. A hand-off through a window: chunks larger and smaller than a
+ *      staging buffer, scattered device blocks; every byte of the pool is
+ *      checked (the reserved blocks hold the source, the rest is
+ *      untouched); the window is unmapped once the last copy is done, and
+ *      the whole budget of receive blocks is free again.
+ *   3. Window descriptors are untrusted: every single-byte change, a
+ *      truncation, none at all, and a window smaller than the hand-off
+ *      are refused before anything is put.
+ *   4. A stale key: reservation A's writer attaches A's window, A is
+ *      cancelled (the window is unmapped: revoked, no quarantine), B is
+ *      granted on the same slot and the same device blocks; B's KV is put
+ *      and committed, then the stale writer writes garbage with A's key
+ *      before the decode side copies B in: B's blocks are exact.  A
+ *      window unmapped before any writer attached it is refused.
+ *
+ * UCX_TLS defaults to "tcp,sm,self"; shared memory without peer error
+ * handling (the single-host default).  Every wait is bounded.
+ * Run: ctest -R kv_transport/test_stage_window (well under a second).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bt_alloc.h"
+#include "bt_error.h"
+#include "bt_test.h"
+#include "bt_util.h"
+#include "kv/kv_transport_stage.h"
+
+#define WAIT_MS 10000
+#define SENTINEL 0xEEu
+#define RECV_BLOCKS 16
+
+/* decode "device" pool and prefill pool: same block shape */
+static const kv_layout_t dev_layout = {
+    .n_layers = 4, .n_blocks = 32, .block_size = 4, .n_kv_heads = 2,
+    .head_dim = 8, .elem_size = 4,
+};
+static const kv_layout_t src_layout = {
+    .n_layers = 4, .n_blocks = 24, .block_size = 4, .n_kv_heads = 2,
+    .head_dim = 8, .elem_size = 4,
+};
+
+static kv_ucx_t *dctx, *pctx;
+static uint8_t *dev_k[4], *dev_v[4]; /* (n_blocks * bb) per layer */
+static uint8_t *src_k[4], *src_v[4];
+static size_t bb;
+
+/* The source byte of (layer, K|V, block, j) for hand-off `tag`. */
+static uint8_t pattern(int tag, int layer, int kv, int block, size_t j)
+{
+    return (uint8_t)(tag * 31 + layer * 7 + kv * 3 + block * 5 + (int)j);
+}
+
+static void fill_source(int tag)
+{
+    for (int l = 0; l < src_layout.n_layers; l++)
+        for (int b = 0; b < src_layout.n_blocks; b++)
+            for (size_t j = 0; j < bb; j++) {
+                src_k[l][(size_t)b * bb + j] = pattern(tag, l, 0, b, j);
+                src_v[l][(size_t)b * bb + j] = pattern(tag, l, 1, b, j);
+            }
+}
+
+static void reset_pool(void)
+{
+    for (int l = 0; l < dev_layout.n_layers; l++) {
+        memset(dev_k[l], SENTINEL, (size_t)dev_layout.n_blocks * bb);
+        memset(dev_v[l], SENTINEL, (size_t)dev_layout.n_blocks * bb);
+    }
+}
+
+/* Device block dev[i] holds source block src[i] of hand-off `tag`; every
+ * other block still holds the sentinel. */
+static void check_pool(const int *src, const int *dev, int n, int tag)
+{
+    for (int l = 0; l < dev_layout.n_layers; l++)
+        for (int b = 0; b < dev_layout.n_blocks; b++) {
+            int from = -1;
+            for (int i = 0; i < n; i++)
+                if (dev[i] == b)
+                    from = src[i];
+            for (int kv = 0; kv < 2; kv++) {
+                const uint8_t *p = (kv ? dev_v : dev_k)[l] + (size_t)b * bb;
+                for (size_t j = 0; j < bb; j++) {
+                    uint8_t want = from < 0 ? SENTINEL
+                                            : pattern(tag, l, kv, from, j);
+                    if (p[j] != want)
+                        BT_TEST_FAIL("layer %d %c block %d byte %zu: %u, "
+                                     "want %u (from %d)", l, kv ? 'V' : 'K',
+                                     b, j, p[j], want, from);
+                }
+            }
+        }
+}
+
+/* Queues every layer of x and progresses the sender (and the decode
+ * context, for software RMA) until x is done; the receiver is NOT
+ * progressed, so nothing is copied in yet. */
+static void send_all(kv_stage_send_t *send, kv_stage_xfer_t *x)
+{
+    uint64_t until = bt_time_ns() + (uint64_t)WAIT_MS * 1000000ull;
+
+    for (int l = 0; l < src_layout.n_layers; l++)
+        BT_ASSERT_OK(kv_stage_xfer_layer(x, l, src_k[l], src_v[l]));
+    while (kv_stage_xfer_status(x) == BT_IN_PROGRESS) {
+        if (bt_time_ns() > until)
+            BT_TEST_FAIL("the staged transfer did not finish");
+        kv_stage_send_progress(send);
+        kv_ucx_progress(dctx);
+    }
+    BT_ASSERT_OK(kv_stage_xfer_status(x));
+}
+
+/* Progresses the receiver until slot's KV is in the pool. */
+static void receive(kv_stage_recv_t *recv, int slot)
+{
+    uint64_t until = bt_time_ns() + (uint64_t)WAIT_MS * 1000000ull;
+    bt_status_t st;
+
+    while ((st = kv_stage_recv_poll(recv, slot)) == BT_IN_PROGRESS) {
+        if (bt_time_ns() > until)
+            BT_TEST_FAIL("slot %d: %d layers after %d ms", slot,
+                         kv_stage_recv_layers_arrived(recv, slot), WAIT_MS);
+        kv_ucx_progress(dctx);
+        kv_ucx_progress(pctx);
+    }
+    BT_ASSERT_OK(st);
+}
+
+/* Every corrupted form of a window descriptor is refused. */
+static void check_refused(kv_stage_send_t *send, kv_stage_peer_t *peer,
+                          const uint8_t *desc, size_t len, int n,
+                          const int *src)
+{
+    uint8_t *bad = bt_malloc(len, "test");
+    kv_stage_xfer_t *x = NULL;
+
+    BT_CHECK(bad != NULL);
+    for (size_t i = 0; i < len; i++) {
+        memcpy(bad, desc, len);
+        bad[i] ^= 0x01;
+        if (kv_stage_xfer_begin_window(send, peer, 3, 77, src, n, bad, len,
+                                       &x) == BT_OK)
+            BT_TEST_FAIL("a window descriptor with byte %zu changed was "
+                         "accepted", i);
+        bt_error_clear();
+    }
+    BT_CHECK(kv_stage_xfer_begin_window(send, peer, 3, 77, src, n, desc,
+                                        len - 1, &x) != BT_OK);
+    BT_CHECK(kv_stage_xfer_begin_window(send, peer, 3, 77, src, n, NULL, 0,
+                                        &x) != BT_OK);
+    /* a window of n blocks does not carry n + 1 (src has n + 1 ids) */
+    BT_ASSERT_EQ(kv_stage_xfer_begin_window(send, peer, 3, 77, src, n + 1,
+                                            desc, len, &x),
+                 BT_ERR_FORMAT);
+    BT_CHECK(x == NULL);
+    bt_error_clear();
+    bt_free(bad);
+}
+
+int main(void)
+{
+    kv_ucx_config_t ucfg;
+    kv_stage_recv_config_t rc;
+    kv_stage_send_config_t sc;
+    kv_stage_recv_t *recv = NULL, *bad_recv = NULL;
+    kv_stage_send_t *send = NULL;
+    kv_stage_peer_t *peer = NULL;
+    kv_stage_xfer_t *x = NULL;
+    kv_ucx_peer_t *up = NULL;
+    kv_ucx_rwindow_t *stale = NULL, *late = NULL;
+    void *k_layers[4], *v_layers[4];
+    uint8_t a_desc[512], *junk;
+    size_t a_len, len;
+    const uint8_t *desc, *wd;
+    int dst[RECV_BLOCKS], ids[RECV_BLOCKS];
+    /* scattered device blocks with runs; 7 > 3 staging blocks: chunks */
+    const int src1[7] = { 2, 3, 4, 9, 1, 0, 23 };
+    const int dev1[7] = { 30, 31, 5, 6, 7, 12, 0 };
+    const int srcA[6] = { 10, 11, 12, 13, 14, 15 };
+    const int devA[5] = { 20, 21, 22, 8, 9 };
+
+    alarm(60);
+    setenv("UCX_TLS", "tcp,sm,self", 0);
+    bb = kv_layout_block_bytes(&dev_layout);
+    for (int l = 0; l < 4; l++) {
+        dev_k[l] = bt_malloc((size_t)dev_layout.n_blocks * bb, "test");
+        dev_v[l] = bt_malloc((size_t)dev_layout.n_blocks * bb, "test");
+        src_k[l] = bt_malloc((size_t)src_layout.n_blocks * bb, "test");
+        src_v[l] = bt_malloc((size_t)src_layout.n_blocks * bb, "test");
+        BT_CHECK(dev_k[l] != NULL && dev_v[l] != NULL && src_k[l] != NULL &&
+                 src_v[l] != NULL);
+        k_layers[l] = dev_k[l];
+        v_layers[l] = dev_v[l];
+    }
+    junk = bt_malloc((size_t)src_layout.n_blocks * bb, "test");
+    BT_CHECK(junk != NULL);
+    memset(junk, 0x5a, (size_t)src_layout.n_blocks * bb);
+    kv_ucx_config_init(&ucfg);
+    ucfg.peer_errors = false; /* shared memory: the single-host default */
+    BT_ASSERT_OK(kv_ucx_create(&ucfg, &dctx));
+    BT_ASSERT_OK(kv_ucx_create(&ucfg, &pctx));
+
+    /* 1. a receiver with windows registers no area */
+    kv_stage_recv_config_init(&rc);
+    rc.layout = dev_layout;
+    rc.k_layers = k_layers;
+    rc.v_layers = v_layers;
+    rc.recv_blocks = RECV_BLOCKS;
+    rc.n_slots = 4;
+    rc.ops = kv_stage_ops_host(true);
+    rc.windows = true;
+    rc.direct = true;
+    BT_ASSERT_EQ(kv_stage_recv_create(dctx, &rc, &bad_recv),
+                 BT_ERR_INVALID_ARG);
+    BT_CHECK(bad_recv == NULL);
+    bt_error_clear();
+    rc.direct = false;
+    BT_ASSERT_OK(kv_stage_recv_create(dctx, &rc, &recv));
+    kv_stage_send_config_init(&sc);
+    sc.layout = src_layout;
+    sc.stage_blocks = 3;
+    sc.ops = kv_stage_ops_host(true);
+    BT_ASSERT_OK(kv_stage_send_create(pctx, &sc, &send));
+    desc = kv_stage_recv_desc(recv, &len);
+    BT_ASSERT_OK(kv_stage_connect(send, desc, len, &peer));
+    BT_CHECK(kv_stage_peer_info(peer)->windowed);
+    BT_CHECK(!kv_stage_peer_info(peer)->direct);
+    for (int i = 0; i < RECV_BLOCKS; i++)
+        ids[i] = i;
+    BT_ASSERT_EQ(kv_stage_xfer_begin(send, peer, 0, 5, src1, ids, 7, &x),
+                 BT_ERR_INVALID_ARG);
+    BT_CHECK(x == NULL);
+    bt_error_clear();
+    fprintf(stderr, "a receiver with windows exposes no receive area\n");
+
+    /* 2. a hand-off through a window */
+    reset_pool();
+    fill_source(1);
+    BT_ASSERT_OK(kv_stage_recv_begin(recv, 1, 101, dev1, 7, dst));
+    for (int i = 0; i < 7; i++)
+        BT_ASSERT_EQ(dst[i], i);
+    BT_ASSERT_EQ(kv_stage_recv_free_blocks(recv), RECV_BLOCKS - 7);
+    wd = kv_stage_recv_window(recv, 1, &len);
+    BT_CHECK(wd != NULL && len > 0);
+    BT_ASSERT_OK(kv_stage_xfer_begin_window(send, peer, 1, 101, src1, 7, wd,
+                                            len, &x));
+    send_all(send, x);
+    kv_stage_xfer_destroy(&x);
+    receive(recv, 1);
+    check_pool(src1, dev1, 7, 1);
+    BT_CHECK(kv_stage_recv_window(recv, 1, &len) == NULL); /* unmapped */
+    BT_ASSERT_EQ(kv_stage_recv_free_blocks(recv), RECV_BLOCKS);
+    BT_CHECK(!kv_stage_recv_cancel(recv, 1)); /* done: nothing revoked */
+    fprintf(stderr, "hand-off through a window: exact, window unmapped\n");
+
+    /* 3. untrusted window descriptors */
+    BT_ASSERT_OK(kv_stage_recv_begin(recv, 3, 301, devA, 5, dst));
+    wd = kv_stage_recv_window(recv, 3, &len);
+    BT_CHECK(wd != NULL);
+    check_refused(send, peer, wd, len, 5, srcA);
+    BT_CHECK(wd != NULL && len <= sizeof(a_desc));
+    memcpy(a_desc, wd, len);
+    a_len = len;
+    BT_CHECK(kv_stage_recv_cancel(recv, 3)); /* mapped, never written */
+    /* a window gone before its writer opened it: refused cleanly */
+    BT_ASSERT_EQ(kv_stage_xfer_begin_window(send, peer, 3, 301, srcA, 5,
+                                            a_desc, a_len, &x),
+                 BT_ERR_NET);
+    BT_CHECK(x == NULL);
+    bt_error_clear();
+    fprintf(stderr, "bad or gone window descriptors: refused\n");
+
+    /* 4. A's writer keeps its key past A's end */
+    reset_pool();
+    BT_ASSERT_OK(kv_stage_recv_begin(recv, 2, 201, devA, 5, dst));
+    wd = kv_stage_recv_window(recv, 2, &a_len);
+    BT_CHECK(wd != NULL && a_len <= sizeof(a_desc));
+    memcpy(a_desc, wd, a_len);
+    BT_ASSERT_OK(kv_ucx_connect(pctx, kv_stage_peer_info(peer)->ucx,
+                                kv_stage_peer_info(peer)->ucx_len, &up));
+    BT_ASSERT_OK(kv_ucx_window_open(up, a_desc, a_len, &stale));
+    BT_ASSERT_OK(kv_ucx_put_layer_window(up, stale, 0, junk, junk,
+                                         &src_layout, KV_UCX_MEM_HOST, ids,
+                                         5)); /* attached now */
+    BT_ASSERT_OK(kv_ucx_peer_wait(up, WAIT_MS));
+    /* A ends: its window is unmapped, its blocks free at once */
+    BT_CHECK(kv_stage_recv_cancel(recv, 2));
+    BT_ASSERT_EQ(kv_stage_recv_free_blocks(recv), RECV_BLOCKS);
+    kv_stage_recv_release_quarantine(recv, 2); /* nothing quarantined */
+    BT_ASSERT_EQ(kv_stage_recv_free_blocks(recv), RECV_BLOCKS);
+    /* B: the same slot and device blocks, a new window */
+    fill_source(2);
+    BT_ASSERT_OK(kv_stage_recv_begin(recv, 2, 202, devA, 5, dst));
+    wd = kv_stage_recv_window(recv, 2, &len);
+    BT_CHECK(wd != NULL && (len != a_len || memcmp(wd, a_desc, len) != 0));
+    BT_ASSERT_OK(kv_stage_xfer_begin_window(send, peer, 2, 202, srcA, 5, wd,
+                                            len, &x));
+    send_all(send, x); /* B's KV and epochs are in B's window */
+    kv_stage_xfer_destroy(&x);
+    /* the stale writer's garbage, before the decode side copies B in,
+     * with the key it unpacked while A lived and with one unpacked only
+     * now (refused once nobody holds A's segment; here the stale writer
+     * itself still does, so it may open: it reaches the same orphan) */
+    if (kv_ucx_window_open(up, a_desc, a_len, &late) != BT_OK)
+        bt_error_clear();
+    for (int round = 0; round < 3; round++) {
+        for (int l = 0; l < src_layout.n_layers; l++) {
+            if (kv_ucx_put_layer_window(up, stale, l, junk, junk,
+                                        &src_layout, KV_UCX_MEM_HOST, ids,
+                                        5) != BT_OK)
+                bt_error_clear(); /* refused outright: also fine */
+            if (late != NULL &&
+                kv_ucx_put_layer_window(up, late, l, junk, junk,
+                                        &src_layout, KV_UCX_MEM_HOST, ids,
+                                        5) != BT_OK)
+                bt_error_clear();
+        }
+        if (kv_ucx_peer_wait(up, 1000) != BT_OK)
+            bt_error_clear();
+    }
+    receive(recv, 2);
+    check_pool(srcA, devA, 5, 2);
+    BT_CHECK(!kv_stage_recv_cancel(recv, 2));
+    fprintf(stderr, "stale key after the unmap: B's blocks exact\n");
+
+    kv_ucx_window_close(&late);
+    kv_ucx_window_close(&stale);
+    kv_ucx_disconnect(&up);
+    kv_stage_disconnect(&peer);
+    kv_stage_send_destroy(&send);
+    kv_stage_recv_destroy(&recv);
+    kv_ucx_destroy(&pctx);
+    kv_ucx_destroy(&dctx);
+    for (int l = 0; l < 4; l++) {
+        bt_free(dev_k[l]);
+        bt_free(dev_v[l]);
+        bt_free(src_k[l]);
+        bt_free(src_v[l]);
+    }
+    bt_free(junk);
+    BT_TEST_PASS("kv_transport/stage_window: no receive area exposed, a "
+                 "window carries a staged hand-off exactly and is unmapped "
+                 "after it, bad descriptors are refused, a stale key "
+                 "reaches nothing after the unmap");
+    return 0;
+}
