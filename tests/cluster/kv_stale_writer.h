@@ -352,7 +352,18 @@ static bool run(bool direct, bool tcp, const cu_golden_t *g)
     cu_kill(p0, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(p0, 20000), 0);
     cu_kill(d0, SIGTERM);
-    BT_ASSERT_EQ(cu_wait_exit(d0, 20000), 0);
+    if (direct && tcp) {
+        /* The control keeps UCX's software RMA, whose put handler in
+         * UCX 1.13 aborts the process (fatal "Endpoint timeout") when it
+         * cannot answer a writer that went away: one more reason for
+         * the default.  Reported, not required. */
+        int d0_exit = cu_wait_exit(d0, 20000);
+        if (d0_exit != 0)
+            fprintf(stderr, "direct writes over tcp: d0 exited %d after "
+                    "the stale writer left\n", d0_exit);
+    } else {
+        BT_ASSERT_EQ(cu_wait_exit(d0, 20000), 0);
+    }
     cu_kill(router, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(router, 20000), 0);
     if (!direct) /* B went through a receive window, not inline */
@@ -381,10 +392,16 @@ static int stale_writer_main(bool tcp)
     if (!run(false, tcp, &golden[best]))
         BT_TEST_FAIL("receive windows%s: the stale writer changed B's "
                      "output", tcp ? " over tcp" : "");
-    if (run(true, tcp, &golden[best]))
-        BT_TEST_FAIL("control: with --kv-direct-writes the stale "
-                     "writer's garbage did not reach B (the test would "
-                     "not see the attack)");
+    /* The control races the writer's garbage against B's hand-off and
+     * decode: over tcp the garbage is slow, so it gets three tries. */
+    for (int t = 0;; t++) {
+        if (!run(true, tcp, &golden[best]))
+            break;
+        if (t == (tcp ? 2 : 0))
+            BT_TEST_FAIL("control: with --kv-direct-writes the stale "
+                         "writer's garbage did not reach B (the test "
+                         "would not see the attack)");
+    }
     if (tcp)
         BT_TEST_PASS("cluster/kv_stale_writer_tcp: over tcp the stale "
                      "writer's messages are refused and counted and its "
