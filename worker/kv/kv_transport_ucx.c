@@ -110,8 +110,8 @@ struct kv_ucx_s {
  * kv_ucx_progress (never from inside UCX's callback). */
 struct kv_ucx_ack_s {
     ucp_ep_h ep;                 /* the writer's reply endpoint */
-    uint8_t hdr[64];             /* KV_UCX_AM_HDR bytes */
-    kv_ucx_t *ctx;
+    uint8_t hdr[KV_UCX_AM_HDR];  /* accepted (kv 0) or refused (1) */
+    kv_ucx_t *ctx;               /* whose lists hold it */
     kv_ucx_ack_t *prev;          /* ctx->acks_sent */
     kv_ucx_ack_t *next;          /* ctx->acks or ctx->acks_sent */
 };
@@ -189,7 +189,7 @@ struct kv_ucx_peer_s {
                                 * RDMA): keys are checked; none means
                                 * software RMA over the AM lane (tcp) */
     int am_inflight;           /* active-message sends in flight */
-    kv_ucx_commit_t *am_waiters; /* window commits waiting for them */
+    kv_ucx_commit_t *am_waiters; /* commits waiting for them to complete */
     struct kv_ucx_rwindow_s *retired; /* closed windows whose keys wait
                                        * for the puts in flight */
     kv_ucx_peer_t *next;       /* ctx->peers / ctx->zombies list */
