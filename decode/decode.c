@@ -959,8 +959,15 @@ bt_status_t decode_run(decode_t *dec)
         if (status != BT_OK)
             return status;
         workerproc_link_turn_begin(dec->link);
-        if (dec->links != NULL)
+        if (dec->links != NULL) {
+            uint64_t refused;
             kv_link_receiver_progress(dec->links);
+            refused = kv_link_receiver_writes_refused(dec->links);
+            if (refused != dec->writes_refused) /* stale or forged */
+                workerproc_metrics_kv_writes_refused(
+                    dec->cfg.metrics, refused - dec->writes_refused);
+            dec->writes_refused = refused;
+        }
         decode__arrivals_pending(dec);
         handle_messages(dec);
         decode__send_outbox(dec); /* the grants, before the step */
@@ -992,11 +999,12 @@ bt_status_t decode_run(decode_t *dec)
         kv_link_receiver_stats(dec->links, stats, sizeof(stats));
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, KV "
                 "hand-offs by link: %s kv_cap_rejected:%llu "
-                "kv_windows_revoked:%llu", dec->name,
-                (unsigned long long)dec->steps,
+                "kv_windows_revoked:%llu kv_writes_refused:%llu",
+                dec->name, (unsigned long long)dec->steps,
                 (unsigned long long)dec->tokens_out, stats,
                 (unsigned long long)dec->cap_rejected,
-                (unsigned long long)dec->windows_revoked);
+                (unsigned long long)dec->windows_revoked,
+                (unsigned long long)dec->writes_refused);
     log_step_times(dec, true);
     if (dec->prefix != NULL) {
         kv_prefix_stats_t st;

@@ -202,6 +202,8 @@ struct decode_s {
     uint64_t tokens_out;
     uint64_t windows_revoked;   /* UCX receive windows unmapped while
                                  * their writer may still hold the key */
+    uint64_t writes_refused;    /* KV messages the UCX link refused, as
+                                 * last reported to the metrics */
     uint64_t cap_rejected;      /* KvReady / local PrefillTask with a
                                    wrong capability, dropped (issue 42) */
     /* Speculative decoding (--spec-head) */

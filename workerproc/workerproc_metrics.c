@@ -44,6 +44,7 @@ typedef struct {
     uint64_t handoff_bytes;     /* their KV bytes */
     uint64_t kv_cap_rejected;   /* KV commits dropped: wrong capability */
     uint64_t kv_windows_revoked;/* receive windows unmapped with a writer */
+    uint64_t kv_writes_refused; /* KV messages refused (stale, forged) */
     uint64_t kv_blocks_sent;    /* hand-off blocks put to decode workers */
     uint64_t kv_blocks_received;/* hand-off blocks that arrived here */
     uint64_t kv_blocks_held;    /* hand-off blocks not moved: the decode
@@ -221,6 +222,11 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
            "UCX receive windows unmapped while their writer may still hold "
            "the key (the reservation ended before its KV arrived)", "%llu",
            (unsigned long long)st->kv_windows_revoked);
+    FAMILY("baton_worker_kv_writes_refused_total", "counter",
+           "KV writes the UCX link refused: messages naming no live "
+           "receive window of their slot, epoch and token, or out of its "
+           "bounds (a stale or forged writer)", "%llu",
+           (unsigned long long)st->kv_writes_refused);
     if (b->has_spec) {
         FAMILY("baton_worker_spec_accept_length", "gauge",
                "Speculation: mean tokens accepted per verify step", "%.3f",
@@ -479,6 +485,16 @@ void workerproc_metrics_kv_window_revoked(workerproc_metrics_t *m)
         return;
     pthread_mutex_lock(&m->mu);
     m->st.kv_windows_revoked++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void workerproc_metrics_kv_writes_refused(workerproc_metrics_t *m,
+                                          uint64_t n)
+{
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->st.kv_writes_refused += n;
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -79,6 +79,12 @@ void workerproc_metrics_kv_rejected(workerproc_metrics_t *m);
  * the key (issue 42).  NULL-safe. */
 void workerproc_metrics_kv_window_revoked(workerproc_metrics_t *m);
 
+/* Counts `n` KV writes the UCX link refused: messages naming no live
+ * receive window of their slot, epoch and token, or out of its bounds
+ * (a stale or forged writer; docs/SECURITY.md 5).  NULL-safe. */
+void workerproc_metrics_kv_writes_refused(workerproc_metrics_t *m,
+                                          uint64_t n);
+
 /* One hand-off's blocks (issue 38): `moved` put (sent: the prefill side)
  * or arrived (the decode side), `held` skipped because the decode
  * worker's prefix cache held them.  NULL-safe. */

@@ -62,9 +62,9 @@ static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t st)
 }
 
 /* Puts `n` blocks of every layer (block i filled with `seed` + layer + i)
- * into window rw and commits `epoch` into `slot`. */
+ * into window rw and commits it (its grant's slot and epoch). */
 static void put_all(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw, uint8_t *src,
-                    int n, int seed, int slot, uint64_t epoch)
+                    int n, int seed)
 {
     size_t bb = kv_layout_block_bytes(&layout);
     int ids[64];
@@ -79,9 +79,28 @@ static void put_all(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw, uint8_t *src,
                                              KV_UCX_MEM_HOST, ids, n));
         settle(peer); /* src is reused for the next layer */
     }
-    BT_ASSERT_OK(kv_ucx_commit(peer, slot, epoch, commit_cb, &done));
+    BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, commit_cb, &done));
     settle(peer);
     BT_ASSERT_OK(done);
+}
+
+/* Progresses the decode side until its handler took the commit of
+ * (slot, epoch): the writer's commit completes when the message left. */
+static void wait_arrived(const kv_ucx_pool_t *pool, int slot, uint64_t epoch)
+{
+    uint64_t until = bt_time_ns() + (uint64_t)WAIT_MS * 1000000ull;
+
+    while (!kv_ucx_pool_has_arrived(pool, slot, epoch)) {
+        if (bt_time_ns() > until)
+            BT_TEST_FAIL("slot %d: epoch %llu did not arrive (slot holds "
+                         "%llu, %llu messages refused)", slot,
+                         (unsigned long long)epoch,
+                         (unsigned long long)kv_ucx_pool_slot_value(pool,
+                                                                    slot),
+                         (unsigned long long)kv_ucx_writes_refused(dctx));
+        kv_ucx_progress(dctx);
+        kv_ucx_progress(pctx);
+    }
 }
 
 /* Window block i of every layer (K and V) holds seed + layer + i. */
@@ -156,7 +175,7 @@ static void bench(kv_ucx_pool_t *pool, const kv_layout_t *lay, int tokens)
     BT_CHECK(dst != NULL);
     memset(dst, 1, bytes); /* the pool's pages exist */
     t0 = bt_time_ns();
-    BT_ASSERT_OK(kv_ucx_window_create(pool, n, &w));
+    BT_ASSERT_OK(kv_ucx_window_create(pool, 0, 1, n, &w));
     t1 = bt_time_ns();
     for (int l = 0; l < lay->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
@@ -216,15 +235,15 @@ int main(int argc, char **argv)
     bt_error_clear();
 
     /* 2. a hand-off through a window */
-    BT_ASSERT_OK(kv_ucx_window_create(pool, 5, &w));
+    BT_ASSERT_OK(kv_ucx_window_create(pool, 1, 901, 5, &w));
     BT_ASSERT_EQ(kv_ucx_window_blocks(w), 5);
     BT_CHECK(window_zero(w));
     wdesc = kv_ucx_window_desc(w, &wlen);
     BT_ASSERT_OK(kv_ucx_window_open(peer, wdesc, wlen, &rw));
     BT_ASSERT_EQ(kv_ucx_rwindow_blocks(rw), 5);
     kv_ucx_pool_slot_reset(pool, 1);
-    put_all(peer, rw, src, 5, 40, 1, 901);
-    BT_CHECK(kv_ucx_pool_has_arrived(pool, 1, 901));
+    put_all(peer, rw, src, 5, 40);
+    wait_arrived(pool, 1, 901);
     check_window(w, 5, 40);
     /* more blocks than the window holds: refused, nothing put */
     BT_ASSERT_EQ(kv_ucx_put_layer_window(peer, rw, 0, src, src, &layout,
@@ -236,7 +255,7 @@ int main(int argc, char **argv)
     /* 3. untrusted descriptors */
     check_refused(peer, wdesc, wlen);
     BT_ASSERT_OK(kv_ucx_pool_register_windowed(dctx, &layout, 4, &pool2));
-    BT_ASSERT_OK(kv_ucx_window_create(pool2, 2, &other));
+    BT_ASSERT_OK(kv_ucx_window_create(pool2, 0, 7, 2, &other));
     {
         size_t olen;
         const uint8_t *od = kv_ucx_window_desc(other, &olen);
@@ -245,8 +264,9 @@ int main(int argc, char **argv)
         BT_CHECK(x == NULL);
         bt_error_clear();
     }
-    BT_CHECK(kv_ucx_window_create(pool, 0, &w2) != BT_OK);
-    BT_CHECK(kv_ucx_window_create(pool, layout.n_blocks + 1, &w2) != BT_OK);
+    BT_CHECK(kv_ucx_window_create(pool, 2, 5, 0, &w2) != BT_OK);
+    BT_CHECK(kv_ucx_window_create(pool, 2, 5, layout.n_blocks + 1,
+                                  &w2) != BT_OK);
     BT_CHECK(w2 == NULL);
     bt_error_clear();
     fprintf(stderr, "bad window descriptors: refused\n");
@@ -260,7 +280,7 @@ int main(int argc, char **argv)
     BT_CHECK(wlen <= sizeof(old_desc));
     memcpy(old_desc, wdesc, wlen);
     kv_ucx_window_destroy(&w);
-    BT_ASSERT_OK(kv_ucx_window_create(pool, 5, &w2));
+    BT_ASSERT_OK(kv_ucx_window_create(pool, 1, 902, 5, &w2));
     if (kv_ucx_window_open(peer, old_desc, old_len, &late) != BT_OK) {
         bt_error_clear(); /* the segment is gone: refused outright */
         fprintf(stderr, "a key unpacked after the unmap: refused\n");
@@ -296,7 +316,7 @@ int main(int argc, char **argv)
         const uint8_t *gd;
         kv_ucx_rwindow_t *x = NULL;
 
-        BT_ASSERT_OK(kv_ucx_window_create(pool, 3, &w3));
+        BT_ASSERT_OK(kv_ucx_window_create(pool, 2, 903, 3, &w3));
         gd = kv_ucx_window_desc(w3, &glen);
         BT_CHECK(glen <= sizeof(gone));
         memcpy(gone, gd, glen);

@@ -70,6 +70,14 @@ kv_ucx_t *kv_link__ucx_acquire(kv_link_shared_t *sh)
          * endpoints. */
         ucfg.peer_errors = sh->cfg != NULL &&
                            (sh->cfg->ucx_peer_errors || sh->kv_on_device);
+        /* A receiver takes RMA only for a link that needs puts into
+         * memory it registers (the pool with --kv-direct-writes, the
+         * staged receive area): without it its UCX writes no address a
+         * put over tcp names (kv_transport.h "Receive windows"). */
+        if (sh->rcfg != NULL)
+            ucfg.rma = sh->rcfg->kv_direct_writes ||
+                       (sh->kv_on_device ? sh->rcfg->kv_stage
+                                         : sh->rcfg->kv_stage_host);
         if (kv_ucx_create(&ucfg, &sh->ucx) != BT_OK) {
             BT_LOG_WARN("KV", "UCX unavailable; KV %s inline",
                         sh->cfg != NULL ? "goes" : "arrives");
@@ -492,9 +500,10 @@ bt_status_t kv_link_receiver_create(const kv_link_recv_config_t *cfg,
         return BT_ERR_NO_MEMORY;
     r->cfg = *cfg;
     r->sh.rcfg = &r->cfg;
-    /* UCX first, so the backend can put its KV arrays in memory UCX maps
-     * into prefill workers (its failure is a warning: KV comes inline) */
-    if (cfg->use_ucx)
+    /* UCX first when the backend puts its KV arrays in memory UCX maps
+     * into prefill workers (its failure is a warning: KV comes inline);
+     * otherwise at attach, when it is known whether a link needs RMA */
+    if (cfg->use_ucx && cfg->ucx_shm_pool && cfg->kv_direct_writes)
         r->alloc_ref = kv_link__ucx_acquire(&r->sh) != NULL;
     *recv_p = r;
     return BT_OK;
@@ -729,6 +738,11 @@ void kv_link_receiver_expire(kv_link_receiver_t *r, uint64_t now)
     for (size_t i = 0; i < KV_LINK_N; i++)
         if (r->running[i] && kv_links[i]->recv_expire != NULL)
             kv_links[i]->recv_expire(r->state[i], now);
+}
+
+uint64_t kv_link_receiver_writes_refused(const kv_link_receiver_t *r)
+{
+    return kv_ucx_writes_refused(r->sh.ucx);
 }
 
 bt_status_t kv_link_receiver_arm_fd(kv_link_receiver_t *r, int *fd_p)

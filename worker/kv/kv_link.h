@@ -307,6 +307,10 @@ void kv_link_receiver_progress(kv_link_receiver_t *recv);
 /* Ends quarantines that are over. */
 void kv_link_receiver_expire(kv_link_receiver_t *recv, uint64_t now);
 
+/* KV messages refused by the UCX link's checks (a stale or forged
+ * write: kv_ucx_writes_refused); 0 without UCX. */
+uint64_t kv_link_receiver_writes_refused(const kv_link_receiver_t *recv);
+
 /* As kv_link_sender_arm. */
 bt_status_t kv_link_receiver_arm_fd(kv_link_receiver_t *recv, int *fd_p);
 

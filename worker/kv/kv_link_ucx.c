@@ -15,6 +15,14 @@
  * unmaps it.  A reservation that ends otherwise unmaps it too, so the
  * pool is never a remote writer's target and a stale key reaches nothing
  * a sequence reads.  --kv-direct-writes registers the pool instead.
+ *
+ * Where UCX would not check the window's key (an endpoint without RMA
+ * lanes: software RMA over tcp) the hand-off sends the data as active
+ * messages the decode worker checks against the live grant (slot, epoch,
+ * the window's token, bounds) and copies itself; the commit always goes
+ * that way.  The decode worker's UCX runs without RMA unless another
+ * receiving link needs it, so a put over tcp writes nothing there
+ * (kv_transport.h "Receive windows", docs/SECURITY.md 5).
  */
 #include "kv/kv_link_int.h"
 
@@ -346,7 +354,10 @@ static bt_status_t ucx_xfer_commit(kv_link_xfer_base_t *b)
         return BT_ERR_NET;
     }
     x->committing = true;
-    if (kv_ucx_commit(x->peer, x->rt.slot, x->rt.epoch, commit_cb, x->s) == BT_OK)
+    if ((x->win != NULL
+             ? kv_ucx_commit_window(x->peer, x->win, commit_cb, x->s)
+             : kv_ucx_commit(x->peer, x->rt.slot, x->rt.epoch, commit_cb,
+                             x->s)) == BT_OK)
         return BT_IN_PROGRESS;
     x->committing = false;
     b->error = "KV commit to the decode worker failed";
@@ -541,7 +552,8 @@ static bt_status_t ucx_recv_arm(void *state, kv_link_grant_t *g)
     sl->blocks = bt_malloc((size_t)g->n * sizeof(int), "kv_link_ucx");
     if (sl->blocks == NULL)
         return BT_OK;
-    if (kv_ucx_window_create(r->pool, g->n, &sl->win) != BT_OK) {
+    if (kv_ucx_window_create(r->pool, g->slot, g->epoch, g->n, &sl->win) !=
+        BT_OK) {
         if (!r->warned) /* once: it would repeat for every grant */
             BT_LOG_WARN("KV", "request %llu: no UCX receive window (%s); "
                         "KV comes inline", (unsigned long long)g->request_id,

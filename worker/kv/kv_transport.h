@@ -44,7 +44,9 @@
  * writes an old epoch, so it can never make the new reservation look
  * complete: has_arrived(s, e_new) stays false.  (A stale epoch landing
  * after the new one can only hide an arrival: that reservation times out
- * and is retried, never accepted early.)
+ * and is retried, never accepted early.)  A windowed pool's commit is a
+ * message the decode worker checks and answers instead
+ * (kv_ucx_commit_window, "Receive windows" below).
  *
  * What epochs can NOT do: one-sided RMA cannot be refused by the target, so
  * a writer that is still running after its reservation timed out could
@@ -118,6 +120,11 @@ typedef struct kv_ucx_pool_s kv_ucx_pool_t; /* decode: registered pool */
 typedef struct kv_ucx_peer_s kv_ucx_peer_t; /* prefill: one decode pool */
 typedef struct kv_ucx_desc_s kv_ucx_desc_t; /* a parsed descriptor */
 
+/* Commit completion: status BT_OK when the epoch landed, an error when the
+ * endpoint failed (the decode worker died).  Runs inside kv_ucx_progress. */
+typedef void (*kv_ucx_commit_cb_t)(void *arg, int slot, uint64_t epoch,
+                                   bt_status_t status);
+
 typedef struct {
     bool serialized; /* UCS_THREAD_MODE_SERIALIZED instead of SINGLE */
     bool wakeup;     /* request UCP_FEATURE_WAKEUP (event fd); default on */
@@ -128,10 +135,17 @@ typedef struct {
                       * "Transports") but a dead peer's commits never
                       * complete, so the caller's timeout must end them
                       * (kv_ucx_peer_wait, then kv_ucx_disconnect). */
+    bool rma;        /* UCP_FEATURE_RMA; default on.  Off on a decode
+                      * worker whose pool takes KV through receive windows
+                      * only: its UCX then runs no software-RMA handler,
+                      * so a put reaching it over tcp (where no key is
+                      * checked) is dropped instead of written to the
+                      * address it names; shared-memory and RDMA puts into
+                      * windows still work (they need no target code). */
 } kv_ucx_config_t;
 
-/* Fills `cfg` with the defaults (single thread, wakeup and peer error
- * detection on). */
+/* Fills `cfg` with the defaults (single thread, wakeup, peer error
+ * detection and RMA on). */
 void kv_ucx_config_init(kv_ucx_config_t *cfg);
 
 /* ------------------------------------------------------------------------
@@ -244,17 +258,32 @@ void kv_ucx_pool_slot_reset(kv_ucx_pool_t *pool, int slot);
  * the epoch arrived, then unmaps it; a reservation that ends otherwise
  * unmaps it too.  After the unmap a stale rkey reaches nothing the decode
  * worker reads: on shared memory the writer's attachment is an orphaned
- * segment, on RDMA the key is invalid (the put fails).  UCX's software
- * RMA (tcp) does not check keys at all: see docs/SECURITY.md section 5.
+ * segment, on RDMA the key is invalid (the put fails).
+ *
+ * Where UCX checks no key - an endpoint without RMA lanes, i.e. software
+ * RMA over tcp - the receiver decides where bytes land: the writer sends
+ * the data as active messages naming (pool, slot, epoch, the window's
+ * random 128-bit token, layer, K|V, offset, length), and the decode
+ * worker's handler copies each into the live window of that slot, epoch
+ * and token, within its bounds, or drops it and counts it
+ * (kv_ucx_writes_refused).  The commit always goes that way, after the
+ * data (shared memory and RDMA put the data, then send the commit): the
+ * handler sets the arrival slot itself once every announced byte came.
+ * A decode context created with cfg.rma off runs no software-RMA handler,
+ * so a forged put over tcp cannot write it either (docs/SECURITY.md 5).
  * --------------------------------------------------------------------- */
 
 typedef struct kv_ucx_window_s kv_ucx_window_t;   /* decode: mapped */
 typedef struct kv_ucx_rwindow_s kv_ucx_rwindow_t; /* prefill: opened */
 
-/* Maps a window of `n_blocks` blocks per layer for `pool`'s layout.
- * BT_ERR_INVALID_ARG for n_blocks outside 1..pool blocks, BT_ERR_NET when
- * UCX cannot map it, BT_ERR_NO_MEMORY. */
-bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
+/* Maps a window of `n_blocks` blocks per layer for `pool`'s layout, for
+ * the grant of arrival slot `slot` with `epoch` (its messages must name
+ * both, and its fresh token).  BT_ERR_INVALID_ARG for n_blocks outside
+ * 1..pool blocks, a slot out of range or holding a window, epoch 0 or a
+ * pool that is not windowed; BT_ERR_NET when UCX cannot map it;
+ * BT_ERR_NO_MEMORY; the error of bt_random_secret. */
+bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
+                                 uint64_t epoch, int n_blocks,
                                  kv_ucx_window_t **win_p);
 
 /* The window's descriptor bytes (KvGrant.ucx_window), valid while it
@@ -268,19 +297,26 @@ const void *kv_ucx_window_data(const kv_ucx_window_t *win, int layer,
                                int kv);
 int kv_ucx_window_blocks(const kv_ucx_window_t *win);
 
-/* Unmaps the window (its rkey dies with it).  NULL-safe. */
+/* Unmaps the window (its rkey dies with it; its messages are refused
+ * from now on).  NULL-safe. */
 void kv_ucx_window_destroy(kv_ucx_window_t **win_p);
 
 /* Prefill: unpacks a window descriptor of the peer's pool (BT_ERR_FORMAT
- * for bytes that are not one, or one of another pool or shape). */
+ * for bytes that are not one, or one of another pool or shape).  On an
+ * endpoint without RMA lanes the window is written by message (its key
+ * is not unpacked). */
 bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
                                size_t len, kv_ucx_rwindow_t **rw_p);
 
 /* Blocks per layer of an opened window. */
 int kv_ucx_rwindow_blocks(const kv_ucx_rwindow_t *rw);
 
+/* True when the window is written by active message (no RMA lanes). */
+bool kv_ucx_rwindow_by_message(const kv_ucx_rwindow_t *rw);
+
 /* As kv_ucx_put_layer into the window: source block src_ids[i] goes to
- * window block i (n at most the window's blocks). */
+ * window block i (n at most the window's blocks).  By message on an
+ * endpoint without RMA lanes (eager, at most 256 KiB each). */
 bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                                     kv_ucx_rwindow_t *rw, int layer,
                                     const void *src_k, const void *src_v,
@@ -299,9 +335,24 @@ bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
                                        kv_ucx_mem_type_t src_mem,
                                        const int *src_ids, int n);
 
+/* Commits the window's reservation: waits for its messages to complete,
+ * flushes, sends the commit message (slot, epoch, token, the bytes sent
+ * by message) and waits for the decode worker's answer: `cb` gets BT_OK
+ * when it set the arrival slot (the commit and every byte it announced
+ * were accepted), BT_ERR_REMOTE when it refused (the window ended), the
+ * endpoint's error if it failed.  As kv_ucx_commit otherwise: `cb` runs
+ * from kv_ucx_progress; an error return means it never runs. */
+bt_status_t kv_ucx_commit_window(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
+                                 kv_ucx_commit_cb_t cb, void *arg);
+
 /* Drops the unpacked key (at the peer's next quiet moment when puts are
  * still in flight).  NULL-safe; sets *rw_p = NULL. */
 void kv_ucx_window_close(kv_ucx_rwindow_t **rw_p);
+
+/* Decode: KV messages this context's handlers dropped (a window that
+ * ended or never was, a wrong token or epoch, out of bounds, after the
+ * commit, malformed, a rendezvous offer).  NULL: 0. */
+uint64_t kv_ucx_writes_refused(const kv_ucx_t *ctx);
 
 /* ------------------------------------------------------------------------
  * Descriptors (exposed for tests, fuzzing and the control plane)
@@ -327,10 +378,6 @@ bool kv_ucx_desc_windowed(const kv_ucx_desc_t *desc);
  * Prefill side: peers, puts, commits
  * --------------------------------------------------------------------- */
 
-/* Commit completion: status BT_OK when the epoch landed, an error when the
- * endpoint failed (the decode worker died).  Runs inside kv_ucx_progress. */
-typedef void (*kv_ucx_commit_cb_t)(void *arg, int slot, uint64_t epoch,
-                                   bt_status_t status);
 
 /* Connects to the pool described by `desc` (parses it first; BT_ERR_FORMAT
  * for a bad one).  Peers are cached in `ctx` by pool id: connecting to a
@@ -369,7 +416,9 @@ bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
                              const int *dst_ids, int n);
 
 /* Marks reservation `slot` complete with `epoch` (non-zero) after every
- * put issued so far on this peer: flush, put epoch, flush (see top).
+ * put and message issued so far on this peer: flush, put epoch, flush
+ * (see top).  A decode context without RMA drops the epoch put: the UCX
+ * link's windows commit with kv_ucx_commit_window.
  * Non-blocking; `cb` (may be NULL) runs from kv_ucx_progress when done.
  * An error return means `cb` will never run. */
 bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,

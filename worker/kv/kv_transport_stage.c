@@ -419,9 +419,11 @@ static size_t kv_stage_window_bytes(const kv_stage_recv_t *r, int n)
  * are asynchronous DMA, which needs page-locked memory, and a window is
  * fresh memory every time (docs/SECURITY.md section 5 has the cost). */
 static bt_status_t kv_stage_slot_map(kv_stage_recv_t *r, kv_stage_slot_t *sl,
-                                     int n)
+                                     int slot, uint64_t epoch, int n)
 {
-    bt_status_t status = kv_ucx_window_create(r->pool, n, &sl->win);
+    /* named by its layer-0 arrival word and epoch in messages (tcp) */
+    bt_status_t status = kv_ucx_window_create(
+        r->pool, slot * r->layout.n_layers, epoch, n, &sl->win);
 
     if (status != BT_OK)
         return status;
@@ -566,7 +568,7 @@ bt_status_t kv_stage_recv_begin(kv_stage_recv_t *recv, int slot,
         if (status != BT_OK)
             return status; /* BT_ERR_NO_RESOURCE, not logged: expected */
         if (recv->windows) {
-            status = kv_stage_slot_map(recv, sl, n);
+            status = kv_stage_slot_map(recv, sl, slot, epoch, n);
             if (status != BT_OK) {
                 kv_allocator_release(recv->alloc, n, sl->recv_ids);
                 return status;

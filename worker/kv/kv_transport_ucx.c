@@ -54,6 +54,16 @@
 #define KV_UCX_MAX_RKEY 65536
 #define KV_UCX_MAX_ADDR 65536
 #define KV_UCX_CLOSE_MS 2000
+/* Active-message hand-off (receive windows over software RMA, below):
+ * ids, header bytes, and the most bytes one data message carries (eager
+ * only: the decode worker never starts a rendezvous for a writer). */
+#define KV_UCX_AM_DATA 0x4b56
+#define KV_UCX_AM_COMMIT 0x4b57
+#define KV_UCX_AM_ACK 0x4b58
+#define KV_UCX_MAX_ACKS 4096 /* acks queued at most (a flood is dropped) */
+#define KV_UCX_AM_HDR 64
+#define KV_UCX_AM_CHUNK (256u << 10)
+#define KV_UCX_TOKEN_BYTES 16
 
 /* Converts a UCX status at the boundary: logs once and evaluates to a
  * bt_status_t (BT_OK for UCS_OK). */
@@ -74,6 +84,7 @@ static bt_status_t kv_ucx_status_from(ucs_status_t ucs, const char *what,
 // Types
 
 typedef struct kv_ucx_commit_s kv_ucx_commit_t;
+typedef struct kv_ucx_ack_s kv_ucx_ack_t;
 
 struct kv_ucx_s {
     ucp_context_h context;   /* UCX context (RMA [+ wakeup]) */
@@ -87,6 +98,22 @@ struct kv_ucx_s {
     kv_ucx_commit_t *ready_tail; /* last of `ready` (FIFO) */
     struct kv_ucx_alloc_s *allocs; /* kv_ucx_mem_alloc blocks */
     kv_ucx_commit_t *commits;    /* every live commit (freed at destroy) */
+    struct kv_ucx_pool_s *wpools;/* windowed pools (active-message lookup) */
+    uint64_t refused;            /* KV messages the handlers dropped */
+    uint64_t refused_log_ns;     /* last refusal logged (rate limit) */
+    kv_ucx_ack_t *acks;          /* commit acks to send (after progress) */
+    kv_ucx_ack_t *acks_sent;     /* acks in flight (freed at destroy) */
+    int n_acks;                  /* both lists */
+};
+
+/* A commit's answer to its writer: queued by the handler, sent from
+ * kv_ucx_progress (never from inside UCX's callback). */
+struct kv_ucx_ack_s {
+    ucp_ep_h ep;                 /* the writer's reply endpoint */
+    uint8_t hdr[KV_UCX_AM_HDR];  /* accepted (kv 0) or refused (1) */
+    kv_ucx_t *ctx;               /* whose lists hold it */
+    kv_ucx_ack_t *prev;          /* ctx->acks_sent */
+    kv_ucx_ack_t *next;          /* ctx->acks or ctx->acks_sent */
 };
 
 typedef struct kv_ucx_alloc_s {
@@ -140,6 +167,9 @@ struct kv_ucx_pool_s {
     uint64_t id;               /* the descriptor's pool id */
     bool windowed;             /* KV only through receive windows */
     int n_windows;             /* live windows (unmapped before the pool) */
+    struct kv_ucx_window_s **slot_win; /* (n_slots) windowed: the live
+                                        * window of each slot, or NULL */
+    struct kv_ucx_pool_s *wnext;/* ctx->wpools */
 };
 
 struct kv_ucx_peer_s {
@@ -155,6 +185,11 @@ struct kv_ucx_peer_s {
     uint64_t n_done;           /* operations the peer completed (OK) */
     uint64_t n_puts;           /* puts issued (after coalescing) */
     uint64_t n_bytes;          /* bytes put */
+    bool rma_lanes;            /* the endpoint has RMA lanes (shared memory,
+                                * RDMA): keys are checked; none means
+                                * software RMA over the AM lane (tcp) */
+    int am_inflight;           /* active-message sends in flight */
+    kv_ucx_commit_t *am_waiters; /* commits waiting for them to complete */
     struct kv_ucx_rwindow_s *retired; /* closed windows whose keys wait
                                        * for the puts in flight */
     kv_ucx_peer_t *next;       /* ctx->peers / ctx->zombies list */
@@ -163,20 +198,36 @@ struct kv_ucx_peer_s {
 struct kv_ucx_window_s {
     kv_ucx_pool_t *pool;       /* whose layout and context */
     ucp_mem_h memh;            /* this window's own mapping */
-    uint8_t *base;             /* (len) n_layers x K|V x n_blocks blocks */
+    uint8_t *base;             /* (len) n_layers x K|V x n_blocks blocks:
+                                * UCX's segment, or bt_calloc'ed when it
+                                * has no key (memh NULL) */
     size_t len;
     int n_blocks;
     size_t block_bytes;
     long sysv_id;              /* its System V segment */
     uint8_t *desc;             /* (desc_len) KvGrant.ucx_window */
     size_t desc_len;
+    int slot;                  /* the reservation's arrival slot */
+    uint64_t epoch;            /* the grant's epoch */
+    uint8_t token[KV_UCX_TOKEN_BYTES]; /* random: names this grant in
+                                        * active messages */
+    uint64_t am_bytes;         /* data bytes accepted by message */
+    uint64_t commit_bytes;     /* what the accepted commit announced */
+    bool commit_pending;       /* committed, bytes still to come */
+    bool sealed;               /* arrived: nothing more is accepted */
+    ucp_ep_h ack_ep;           /* the committer's reply endpoint, or NULL */
 };
 
 struct kv_ucx_rwindow_s {
     kv_ucx_peer_t *peer;       /* the pool's endpoint (not a reference) */
-    ucp_rkey_h rkey;           /* unpacked on peer->ep */
+    ucp_rkey_h rkey;           /* unpacked on peer->ep; NULL when am */
     uint64_t base;             /* the window's remote address */
     int n_blocks;
+    int slot;                  /* from the descriptor */
+    uint64_t epoch;
+    uint8_t token[KV_UCX_TOKEN_BYTES];
+    bool am;                   /* data by active message (no RMA lanes) */
+    uint64_t am_bytes;         /* data bytes sent by message */
     struct kv_ucx_rwindow_s *next; /* peer->retired */
 };
 
@@ -185,7 +236,8 @@ static void kv_ucx_retired_free(kv_ucx_peer_t *peer)
     while (peer->retired != NULL) {
         kv_ucx_rwindow_t *rw = peer->retired;
         peer->retired = rw->next;
-        ucp_rkey_destroy(rw->rkey);
+        if (rw->rkey != NULL)
+            ucp_rkey_destroy(rw->rkey);
         bt_free(rw);
     }
 }
@@ -202,6 +254,11 @@ struct kv_ucx_commit_s {
     int slot;                     /* reservation slot */
     uint64_t epoch;               /* put source: must live until done */
     kv_ucx_commit_stage_t stage;  /* stage in progress */
+    bool window;                  /* a window's: the epoch goes as an
+                                   * active message carrying hdr */
+    uint8_t hdr[KV_UCX_AM_HDR];   /* its header (lives until done) */
+    bool acked;                   /* the decode worker answered */
+    bool waiting_ack;             /* parked until it does */
     bt_status_t status;           /* first error */
     kv_ucx_commit_cb_t cb;        /* user completion, may be NULL */
     void *arg;                    /* for cb */
@@ -303,6 +360,52 @@ void kv_ucx_config_init(kv_ucx_config_t *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->wakeup = true;
     cfg->peer_errors = true;
+    cfg->rma = true;
+}
+
+static ucs_status_t kv_ucx_am_data_cb(void *arg, const void *header,
+                                      size_t header_length, void *data,
+                                      size_t length,
+                                      const ucp_am_recv_param_t *param);
+static ucs_status_t kv_ucx_am_commit_cb(void *arg, const void *header,
+                                        size_t header_length, void *data,
+                                        size_t length,
+                                        const ucp_am_recv_param_t *param);
+static ucs_status_t kv_ucx_am_ack_cb(void *arg, const void *header,
+                                     size_t header_length, void *data,
+                                     size_t length,
+                                     const ucp_am_recv_param_t *param);
+
+/* The receive side of the active-message hand-off: installed on every
+ * context (a writer's too: with no windowed pool it refuses all). */
+static bt_status_t kv_ucx_am_handlers_set(kv_ucx_t *ctx)
+{
+    ucp_am_handler_param_t hp;
+    bt_status_t status;
+
+    memset(&hp, 0, sizeof(hp));
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.arg = ctx;
+    hp.id = KV_UCX_AM_DATA;
+    hp.cb = kv_ucx_am_data_cb;
+    status = KV_UCX_CHECK(ucp_worker_set_am_recv_handler(ctx->worker, &hp),
+                          "ucp_worker_set_am_recv_handler");
+    if (status != BT_OK)
+        return status;
+    hp.id = KV_UCX_AM_COMMIT;
+    hp.cb = kv_ucx_am_commit_cb;
+    status = KV_UCX_CHECK(ucp_worker_set_am_recv_handler(ctx->worker, &hp),
+                          "ucp_worker_set_am_recv_handler");
+    if (status != BT_OK)
+        return status;
+    hp.id = KV_UCX_AM_ACK;
+    hp.cb = kv_ucx_am_ack_cb;
+    return KV_UCX_CHECK(ucp_worker_set_am_recv_handler(ctx->worker, &hp),
+                        "ucp_worker_set_am_recv_handler");
 }
 
 bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p)
@@ -330,7 +433,12 @@ bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p)
         goto err_free_ctx;
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA;
+    /* Without RMA this process runs no software-RMA handler: a put that
+     * reaches it over tcp (where UCX checks no key) is dropped by UCX
+     * instead of written to the address it names (kv_transport.h). */
+    params.features = UCP_FEATURE_AM;
+    if (cfg->rma)
+        params.features |= UCP_FEATURE_RMA;
     if (cfg->wakeup)
         params.features |= UCP_FEATURE_WAKEUP;
     status = KV_UCX_CHECK(ucp_init(&params, config, &ctx->context),
@@ -354,6 +462,9 @@ bt_status_t kv_ucx_create(const kv_ucx_config_t *cfg, kv_ucx_t **ctx_p)
         if (status != BT_OK)
             goto err_destroy_worker;
     }
+    status = kv_ucx_am_handlers_set(ctx);
+    if (status != BT_OK)
+        goto err_destroy_worker;
     *ctx_p = ctx;
     return BT_OK;
 
@@ -367,6 +478,8 @@ err_free_ctx:
 }
 
 static void kv_ucx_peer_free(kv_ucx_peer_t *peer);
+static void kv_ucx_acks_free(kv_ucx_t *ctx);
+static void kv_ucx_acks_send(kv_ucx_t *ctx);
 
 void kv_ucx_destroy(kv_ucx_t **ctx_p)
 {
@@ -377,6 +490,7 @@ void kv_ucx_destroy(kv_ucx_t **ctx_p)
     BT_ASSERT(ctx->peers == NULL);
     BT_ASSERT(ctx->allocs == NULL);
     ucp_worker_destroy(ctx->worker);
+    kv_ucx_acks_free(ctx);
     /* Commits still in flight (a peer that died and was force-closed)
      * are dropped without their callbacks: the worker is gone. */
     while (ctx->commits != NULL)
@@ -421,6 +535,10 @@ bool kv_ucx_progress(kv_ucx_t *ctx)
     bool any = false;
     while (ucp_worker_progress(ctx->worker) != 0)
         any = true;
+    if (ctx->acks != NULL) {
+        kv_ucx_acks_send(ctx);
+        any = true;
+    }
     while (ctx->ready != NULL) {
         kv_ucx_commit_t *c = ctx->ready;
         ctx->ready = c->next;
@@ -449,7 +567,7 @@ bt_status_t kv_ucx_arm(kv_ucx_t *ctx)
     if (ctx->efd < 0)
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "kv_ucx_arm without wakeup");
-    if (ctx->ready != NULL)
+    if (ctx->ready != NULL || ctx->acks != NULL)
         return BT_IN_PROGRESS;
     ucs = ucp_worker_arm(ctx->worker);
     if (ucs == UCS_ERR_BUSY)
@@ -764,7 +882,7 @@ static bt_status_t kv_ucx_pool_map(kv_ucx_t *ctx, const kv_layout_t *layout,
     pool->desc = bt_malloc(len, "kv_ucx_desc");
     if (pool->desc == NULL) {
         status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "descriptor");
-        goto err_release_addr;
+        goto err_unmap;
     }
     pool->desc_len = len;
     p = pool->desc;
@@ -813,26 +931,37 @@ static bt_status_t kv_ucx_pool_map(kv_ucx_t *ctx, const kv_layout_t *layout,
     kv_ucx_put_u64(&p, kv_ucx_fnv1a(pool->desc, len - 8));
     BT_ASSERT((size_t)(p - pool->desc) == len);
 
+    pool->windowed = windowed;
+    if (windowed) {
+        pool->slot_win = bt_calloc((size_t)n_slots, sizeof(*pool->slot_win),
+                                   "kv_ucx_pool");
+        if (pool->slot_win == NULL) {
+            status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "windows");
+            bt_free(pool->desc);
+            goto err_unmap;
+        }
+        pool->wnext = ctx->wpools;
+        ctx->wpools = pool;
+    }
     ucp_worker_release_address(ctx->worker, addr);
     for (int i = 0; i < n_spans; i++)
         ucp_rkey_buffer_release(rkeys[i]);
     bt_free(rkeys);
     bt_free(rkey_lens);
+    bt_free(spans);
     BT_LOG_INFO(KV_UCX_SUBSYS,
                 "registered KV pool: %d layers x %d blocks x %zu B, %d "
                 "regions, %d slots, descriptor %zu B%s",
                 layout->n_layers, layout->n_blocks, block_bytes,
                 n_spans, n_slots, len,
                 windowed ? " (receive windows only)" : "");
-    pool->windowed = windowed;
-    bt_free(spans);
     ctx->n_pools++;
     *pool_p = pool;
     return BT_OK;
 
-err_release_addr:
-    ucp_worker_release_address(ctx->worker, addr);
 err_unmap:
+    if (addr != NULL)
+        ucp_worker_release_address(ctx->worker, addr);
     for (int i = 0; i < mapped; i++) {
         ucp_rkey_buffer_release(rkeys[i]);
         if (pool->own[i])
@@ -882,6 +1011,13 @@ void kv_ucx_pool_deregister(kv_ucx_pool_t **pool_p)
         if (pool->own[i])
             ucp_mem_unmap(pool->ctx->context, pool->memh[i]);
     BT_ASSERT(pool->n_windows == 0);
+    if (pool->windowed) {
+        kv_ucx_pool_t **pp = &pool->ctx->wpools;
+        while (*pp != pool)
+            pp = &(*pp)->wnext;
+        *pp = pool->wnext;
+    }
+    bt_free(pool->slot_win);
     pool->ctx->n_pools--;
     bt_free(pool->memh);
     bt_free(pool->own);
@@ -1150,6 +1286,27 @@ static void kv_ucx_ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t ucs)
                                 ucs_status_string(ucs));
 }
 
+/* True when the endpoint has RMA lanes (UCX prints a "put[lane]" line
+ * for each): shared memory or RDMA, where a put needs a key the target
+ * checks (its segment, its memory region).  Without one UCX emulates RMA
+ * over the AM lane (tcp), and the target writes whatever address a put
+ * names.  Unknown (no memory for the text): false, the safe answer. */
+static bool kv_ucx_ep_has_rma_lanes(ucp_ep_h ep)
+{
+    char *text = NULL;
+    size_t len = 0;
+    bool rma;
+    FILE *f = open_memstream(&text, &len);
+
+    if (f == NULL)
+        return false;
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    rma = text != NULL && strstr(text, " put[") != NULL;
+    free(text); /* open_memstream's buffer, from libc */
+    return rma;
+}
+
 static void kv_ucx_peer_free(kv_ucx_peer_t *peer)
 {
     kv_ucx_retired_free(peer);
@@ -1217,10 +1374,13 @@ bt_status_t kv_ucx_connect(kv_ucx_t *ctx, const void *desc, size_t len,
         if (status != BT_OK)
             goto err_close_ep;
     }
+    peer->rma_lanes = kv_ucx_ep_has_rma_lanes(peer->ep);
     peer->next = ctx->peers;
     ctx->peers = peer;
-    BT_LOG_DEBUG(KV_UCX_SUBSYS, "connected to KV pool %016llx",
-                 (unsigned long long)d->pool_id);
+    BT_LOG_DEBUG(KV_UCX_SUBSYS, "connected to KV pool %016llx (%s)",
+                 (unsigned long long)d->pool_id,
+                 peer->rma_lanes ? "RMA lanes"
+                                 : "no RMA lanes: windows by message");
     *peer_p = peer;
     return BT_OK;
 
@@ -1288,6 +1448,19 @@ void kv_ucx_disconnect(kv_ucx_peer_t **peer_p)
         ucp_rkey_destroy(peer->rkeys[i]);
     kv_ucx_retired_free(peer);
     peer->closed = true;
+    /* no answer comes on a closed endpoint: its waiting commits fail */
+    for (kv_ucx_commit_t *c = peer->ctx->commits; c != NULL;
+         c = c->all_next) {
+        if (c->peer != peer || !c->waiting_ack)
+            continue;
+        c->waiting_ack = false;
+        c->next = NULL;
+        if (peer->ctx->ready_tail != NULL)
+            peer->ctx->ready_tail->next = c;
+        else
+            peer->ctx->ready = c;
+        peer->ctx->ready_tail = c;
+    }
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = peer->status == BT_OK && peer->pending == 0
@@ -1559,12 +1732,38 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
         c->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
                              "KV commit of slot %d: endpoint closed", c->slot);
     while (c->status == BT_OK && c->stage != KV_UCX_COMMIT_DONE) {
+        if (c->stage == KV_UCX_COMMIT_FLUSH_DATA && peer->am_inflight > 0) {
+            /* A flush does not wait for messages; their completion does
+             * (the source blocks stay put until then): parked until the
+             * last one completes (kv_ucx_am_done_cb). */
+            c->next = peer->am_waiters;
+            peer->am_waiters = c;
+            return;
+        }
+        if (c->window && c->stage == KV_UCX_COMMIT_FLUSH_EPOCH) {
+            /* Its answer, not a flush, says the epoch landed: a message
+             * on shared memory is "flushed" once it sits in the decode
+             * worker's queue, dead or alive. */
+            if (!c->acked) {
+                c->waiting_ack = true; /* kv_ucx_am_ack_cb continues */
+                return;
+            }
+            c->stage = KV_UCX_COMMIT_DONE;
+            break;
+        }
         memset(&prm, 0, sizeof(prm));
         prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                            UCP_OP_ATTR_FIELD_USER_DATA;
         prm.cb.send = kv_ucx_commit_stage_cb;
         prm.user_data = c;
-        if (c->stage == KV_UCX_COMMIT_PUT_EPOCH) {
+        if (c->stage == KV_UCX_COMMIT_PUT_EPOCH && c->window) {
+            /* the decode worker checks it, sets the slot itself and
+             * answers on the reply endpoint */
+            prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+            prm.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+            req = ucp_am_send_nbx(peer->ep, KV_UCX_AM_COMMIT, c->hdr,
+                                  KV_UCX_AM_HDR, NULL, 0, &prm);
+        } else if (c->stage == KV_UCX_COMMIT_PUT_EPOCH) {
             uint64_t raddr = d->regions[d->slots.region].base +
                              d->slots.offset +
                              (uint64_t)c->slot * sizeof(uint64_t);
@@ -1583,7 +1782,9 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
         else
             c->stage++;
     }
-    if (c->status != BT_OK && peer->status == BT_OK)
+    /* a refused commit says nothing about the endpoint: not sticky */
+    if (c->status != BT_OK && c->status != BT_ERR_REMOTE &&
+        peer->status == BT_OK)
         peer->status = c->status;
     /* The peer is not touched after this: a closed one may be freed as
      * soon as nothing is pending (kv_ucx_reap_zombies). */
@@ -1593,18 +1794,15 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
     kv_ucx_commit_free(ctx, c);
 }
 
-bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
-                          kv_ucx_commit_cb_t cb, void *arg)
+/* Queues a commit of (slot, epoch) on `peer`; the caller checked them.
+ * Returns it (BT_OK) so a window's commit can fill its header. */
+static bt_status_t kv_ucx_commit_queue(kv_ucx_peer_t *peer, int slot,
+                                       uint64_t epoch,
+                                       kv_ucx_commit_cb_t cb, void *arg,
+                                       kv_ucx_commit_t **c_p)
 {
-    kv_ucx_commit_t *c;
+    kv_ucx_commit_t *c = bt_calloc(1, sizeof(*c), "kv_ucx_commit");
 
-    if (peer->status != BT_OK)
-        return peer->status;
-    if (slot < 0 || slot >= peer->desc->n_slots || epoch == 0)
-        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
-                        "kv_ucx_commit: slot %d of %d, epoch %llu", slot,
-                        peer->desc->n_slots, (unsigned long long)epoch);
-    c = bt_calloc(1, sizeof(*c), "kv_ucx_commit");
     if (c == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "commit");
     c->peer = peer;
@@ -1626,18 +1824,36 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
     else
         peer->ctx->ready = c;
     peer->ctx->ready_tail = c;
+    *c_p = c;
     return BT_OK;
+}
+
+bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
+                          kv_ucx_commit_cb_t cb, void *arg)
+{
+    kv_ucx_commit_t *c = NULL;
+
+    if (peer->status != BT_OK)
+        return peer->status;
+    if (slot < 0 || slot >= peer->desc->n_slots || epoch == 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_commit: slot %d of %d, epoch %llu", slot,
+                        peer->desc->n_slots, (unsigned long long)epoch);
+    return kv_ucx_commit_queue(peer, slot, epoch, cb, arg, &c);
 }
 
 // ----------------------------------------------------------------------------
 // Receive windows (kv_transport.h): one mapping and one key per reservation
 //
 // Window descriptor, little-endian:
-//   0  4 magic "BTKW"   4  4 version (1) + 3 reserved bytes, 0
+//   0  4 magic "BTKW"   4  4 version (2)
 //   8  8 pool id        16 4 n_layers     20 4 n_blocks
 //  24  8 block bytes    32 8 base address 40 8 length
 //  48  8 System V shm id + 1 of the segment UCX placed it in (0: not one)
-//  56  4 rkey length    60   rkey bytes,  then FNV-1a 64 of all before
+//  56  4 arrival slot   60 4 reserved, 0  64 8 epoch
+//  72 16 token (random per window: names the grant in active messages)
+//  88  4 rkey length (0: no key, written by message only)
+//  92    rkey bytes,  then FNV-1a 64 of all before
 //
 // Why the shm id: UCX 1.13's ucp_ep_rkey_unpack crashes (SIGSEGV in its
 // error path, uct_rkey_release) when a System V segment it must attach is
@@ -1646,7 +1862,8 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
 // (kv_ucx_window_open) and fails the hand-off cleanly instead.
 
 #define KV_UCX_WIN_MAGIC "BTKW"
-#define KV_UCX_WIN_HDR 60
+#define KV_UCX_WIN_VERSION 2
+#define KV_UCX_WIN_HDR 92
 
 /* The System V shm id of the mapping holding `addr` (its inode in
  * /proc/self/maps, path "/SYSV........"), or -1. */
@@ -1684,7 +1901,8 @@ static bool kv_ucx_sysv_alive(uint64_t id_plus_1)
     return errno != EINVAL && errno != EIDRM;
 }
 
-bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
+bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
+                                 uint64_t epoch, int n_blocks,
                                  kv_ucx_window_t **win_p)
 {
     kv_ucx_t *ctx = pool->ctx;
@@ -1699,12 +1917,25 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "receive window of %d blocks (pool %d)", n_blocks,
                         pool->layout.n_blocks);
+    if (!pool->windowed || slot < 0 || slot >= pool->n_slots || epoch == 0 ||
+        pool->slot_win[slot] != NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "receive window for slot %d epoch %llu: not a "
+                        "windowed pool's free slot", slot,
+                        (unsigned long long)epoch);
     w = bt_calloc(1, sizeof(*w), "kv_ucx_window");
     if (w == NULL)
         return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
     w->pool = pool;
     w->n_blocks = n_blocks;
     w->block_bytes = bb;
+    w->slot = slot;
+    w->epoch = epoch;
+    /* the grant's name in active messages: as secret as the capability,
+     * and like it never made up (no randomness: no window) */
+    status = bt_random_secret(w->token, sizeof(w->token));
+    if (status != BT_OK)
+        goto err_free;
     /* ALLOCATE: on one host its own shared memory segment, which a
      * writer attaches through this key only. */
     w->len = 2 * (size_t)pool->layout.n_layers * (size_t)n_blocks * bb;
@@ -1715,20 +1946,25 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
     w->base = base;
     /* Only a System V segment is known to be revoked by the unmap and
      * never aliased by a later window (a POSIX one shared through
-     * /proc/<pid>/fd/<fd> reuses fd numbers): anything else and the
-     * grant goes without a window (its KV comes inline). */
+     * /proc/<pid>/fd/<fd> reuses fd numbers).  Anywhere else (no shared
+     * memory transport, UCX_ALLOC_PRIO) the window gets no key at all:
+     * plain memory, written by message only. */
     w->sysv_id = kv_ucx_sysv_id(w->base);
     if (w->sysv_id < 0) {
-        status = BT_ERROR(BT_ERR_UNSUPPORTED, KV_UCX_SUBSYS,
-                          "UCX placed the receive window outside a System V "
-                          "segment (UCX_ALLOC_PRIO?): no safe revocation");
-        goto err_unmap;
+        ucp_mem_unmap(ctx->context, w->memh);
+        w->memh = NULL;
+        w->base = bt_calloc(1, w->len, "kv_ucx_window");
+        if (w->base == NULL) {
+            status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+            goto err_free;
+        }
+    } else {
+        status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, w->memh, &rkey,
+                                            &rkey_len),
+                              "ucp_rkey_pack(window)");
+        if (status != BT_OK)
+            goto err_unmap;
     }
-    status = KV_UCX_CHECK(ucp_rkey_pack(ctx->context, w->memh, &rkey,
-                                        &rkey_len),
-                          "ucp_rkey_pack(window)");
-    if (status != BT_OK)
-        goto err_unmap;
     w->desc_len = KV_UCX_WIN_HDR + rkey_len + 8;
     w->desc = bt_malloc(w->desc_len, "kv_ucx_window");
     if (w->desc == NULL) {
@@ -1738,7 +1974,7 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
     p = w->desc;
     memcpy(p, KV_UCX_WIN_MAGIC, 4);
     p += 4;
-    kv_ucx_put_u32(&p, 1);
+    kv_ucx_put_u32(&p, KV_UCX_WIN_VERSION);
     kv_ucx_put_u64(&p, pool->id);
     kv_ucx_put_u32(&p, (uint32_t)pool->layout.n_layers);
     kv_ucx_put_u32(&p, (uint32_t)n_blocks);
@@ -1746,20 +1982,32 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int n_blocks,
     kv_ucx_put_u64(&p, (uint64_t)(uintptr_t)w->base);
     kv_ucx_put_u64(&p, (uint64_t)w->len);
     kv_ucx_put_u64(&p, (uint64_t)(w->sysv_id + 1));
+    kv_ucx_put_u32(&p, (uint32_t)slot);
+    kv_ucx_put_u32(&p, 0);
+    kv_ucx_put_u64(&p, epoch);
+    memcpy(p, w->token, sizeof(w->token));
+    p += sizeof(w->token);
     kv_ucx_put_u32(&p, (uint32_t)rkey_len);
-    memcpy(p, rkey, rkey_len);
+    if (rkey_len > 0)
+        memcpy(p, rkey, rkey_len);
     p += rkey_len;
     kv_ucx_put_u64(&p, kv_ucx_fnv1a(w->desc, w->desc_len - 8));
     BT_ASSERT((size_t)(p - w->desc) == w->desc_len);
-    ucp_rkey_buffer_release(rkey);
+    if (rkey != NULL)
+        ucp_rkey_buffer_release(rkey);
     pool->n_windows++;
+    pool->slot_win[slot] = w;
     *win_p = w;
     return BT_OK;
 
 err_rkey:
-    ucp_rkey_buffer_release(rkey);
+    if (rkey != NULL)
+        ucp_rkey_buffer_release(rkey);
 err_unmap:
-    ucp_mem_unmap(ctx->context, w->memh);
+    if (w->memh != NULL)
+        ucp_mem_unmap(ctx->context, w->memh);
+    else
+        bt_free(w->base);
 err_free:
     bt_free(w);
     return status;
@@ -1789,7 +2037,12 @@ void kv_ucx_window_destroy(kv_ucx_window_t **win_p)
 
     if (w == NULL)
         return;
-    ucp_mem_unmap(w->pool->ctx->context, w->memh);
+    /* from here on its messages find no window: refused */
+    w->pool->slot_win[w->slot] = NULL;
+    if (w->memh != NULL)
+        ucp_mem_unmap(w->pool->ctx->context, w->memh);
+    else
+        bt_free(w->base);
     w->pool->n_windows--;
     bt_free(w->desc);
     bt_free(w);
@@ -1801,16 +2054,17 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
 {
     const kv_ucx_desc_t *d = peer->desc;
     const uint8_t *b = desc;
-    uint32_t n_layers, n_blocks, rkey_len;
-    uint64_t bb, length;
+    uint32_t n_layers, n_blocks, rkey_len, slot;
+    uint64_t bb, length, epoch;
     kv_ucx_rwindow_t *rw;
     bt_status_t status;
 
     if (b == NULL || len < KV_UCX_WIN_HDR + 8 || len > KV_UCX_DESC_MAX_BYTES ||
-        memcmp(b, KV_UCX_WIN_MAGIC, 4) != 0 || kv_ucx_get_u32(b + 4) != 1)
+        memcmp(b, KV_UCX_WIN_MAGIC, 4) != 0 ||
+        kv_ucx_get_u32(b + 4) != KV_UCX_WIN_VERSION)
         return KV_UCX_BAD("not a receive window (%zu bytes)", len);
-    rkey_len = kv_ucx_get_u32(b + 56);
-    if (rkey_len < 1 || rkey_len > KV_UCX_MAX_RKEY ||
+    rkey_len = kv_ucx_get_u32(b + 88); /* 0: by message only */
+    if (rkey_len > KV_UCX_MAX_RKEY ||
         len != KV_UCX_WIN_HDR + (size_t)rkey_len + 8 ||
         kv_ucx_get_u64(b + len - 8) != kv_ucx_fnv1a(b, len - 8))
         return KV_UCX_BAD("receive window: rkey length %u, %zu bytes",
@@ -1819,22 +2073,43 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
     n_blocks = kv_ucx_get_u32(b + 20);
     bb = kv_ucx_get_u64(b + 24);
     length = kv_ucx_get_u64(b + 40);
+    slot = kv_ucx_get_u32(b + 56);
+    epoch = kv_ucx_get_u64(b + 64);
     if (kv_ucx_get_u64(b + 8) != d->pool_id ||
         n_layers != (uint32_t)d->layout.n_layers || bb != d->block_bytes ||
         n_blocks < 1 || n_blocks > (uint32_t)d->layout.n_blocks ||
-        length / 2 / n_layers / n_blocks < bb)
+        length / 2 / n_layers / n_blocks < bb ||
+        slot >= (uint32_t)d->n_slots || kv_ucx_get_u32(b + 60) != 0 ||
+        epoch == 0)
         return KV_UCX_BAD("receive window does not fit pool %016llx",
                           (unsigned long long)d->pool_id);
     if (peer->status != BT_OK)
         return peer->status;
-    if (!kv_ucx_sysv_alive(kv_ucx_get_u64(b + 48)))
+    rw = bt_calloc(1, sizeof(*rw), "kv_ucx_rwindow");
+    if (rw == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+    rw->peer = peer;
+    rw->base = kv_ucx_get_u64(b + 32);
+    rw->n_blocks = (int)n_blocks;
+    rw->slot = (int)slot;
+    rw->epoch = epoch;
+    memcpy(rw->token, b + 72, sizeof(rw->token));
+    /* No RMA lanes (tcp): UCX would not check the key, so the decode
+     * worker takes the data only as messages it checks, and its key is
+     * never unpacked (nor its segment, maybe on another host, looked
+     * up). */
+    rw->am = !peer->rma_lanes || rkey_len == 0;
+    if (rw->am) {
+        *rw_p = rw;
+        return BT_OK;
+    }
+    if (!kv_ucx_sysv_alive(kv_ucx_get_u64(b + 48))) {
+        bt_free(rw);
         return BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
                         "receive window of pool %016llx is gone (its "
                         "reservation ended or its process died)",
                         (unsigned long long)d->pool_id);
-    rw = bt_calloc(1, sizeof(*rw), "kv_ucx_rwindow");
-    if (rw == NULL)
-        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+    }
     status = KV_UCX_CHECK(ucp_ep_rkey_unpack(peer->ep, b + KV_UCX_WIN_HDR,
                                              &rw->rkey),
                           "ucp_ep_rkey_unpack(window)");
@@ -1842,9 +2117,6 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
         bt_free(rw);
         return status;
     }
-    rw->peer = peer;
-    rw->base = kv_ucx_get_u64(b + 32);
-    rw->n_blocks = (int)n_blocks;
     *rw_p = rw;
     return BT_OK;
 }
@@ -1853,6 +2125,466 @@ int kv_ucx_rwindow_blocks(const kv_ucx_rwindow_t *rw)
 {
     return rw->n_blocks;
 }
+
+bool kv_ucx_rwindow_by_message(const kv_ucx_rwindow_t *rw)
+{
+    return rw->am;
+}
+
+// ----------------------------------------------------------------------------
+// Active-message hand-off: the receiver decides where bytes land
+//
+// Header of both messages (64 bytes, little-endian):
+//   0 8 pool id   8 4 slot   12 4 layer   16 8 epoch   24 16 token
+//  40 4 K (0) | V (1)   44 4 reserved, 0
+//  48 8 data: byte offset in the window's layer K|V array; commit: 0
+//  56 8 data: its length (== the message's); commit: the data bytes the
+//       writer sent by message for this window (0 when it put them)
+
+typedef struct {
+    uint64_t pool_id;
+    uint32_t slot;
+    uint32_t layer;
+    uint64_t epoch;
+    uint8_t token[KV_UCX_TOKEN_BYTES];
+    uint32_t kv;
+    uint64_t offset;
+    uint64_t length;
+} kv_ucx_am_hdr_t;
+
+static void kv_ucx_am_hdr_pack(const kv_ucx_am_hdr_t *h, uint8_t *b)
+{
+    uint8_t *p = b;
+
+    kv_ucx_put_u64(&p, h->pool_id);
+    kv_ucx_put_u32(&p, h->slot);
+    kv_ucx_put_u32(&p, h->layer);
+    kv_ucx_put_u64(&p, h->epoch);
+    memcpy(p, h->token, KV_UCX_TOKEN_BYTES);
+    p += KV_UCX_TOKEN_BYTES;
+    kv_ucx_put_u32(&p, h->kv);
+    kv_ucx_put_u32(&p, 0);
+    kv_ucx_put_u64(&p, h->offset);
+    kv_ucx_put_u64(&p, h->length);
+    BT_ASSERT(p - b == KV_UCX_AM_HDR);
+}
+
+/* False for a header of the wrong size or with reserved bits set. */
+static bool kv_ucx_am_hdr_unpack(const void *hdr, size_t len,
+                                 kv_ucx_am_hdr_t *h)
+{
+    const uint8_t *b = hdr;
+
+    if (hdr == NULL || len != KV_UCX_AM_HDR || kv_ucx_get_u32(b + 44) != 0)
+        return false;
+    h->pool_id = kv_ucx_get_u64(b);
+    h->slot = kv_ucx_get_u32(b + 8);
+    h->layer = kv_ucx_get_u32(b + 12);
+    h->epoch = kv_ucx_get_u64(b + 16);
+    memcpy(h->token, b + 24, KV_UCX_TOKEN_BYTES);
+    h->kv = kv_ucx_get_u32(b + 40);
+    h->offset = kv_ucx_get_u64(b + 48);
+    h->length = kv_ucx_get_u64(b + 56);
+    return true;
+}
+
+/* Counts a message the handlers drop and logs it (at most once a
+ * second: a writer could send millions).  A rendezvous offer is
+ * declined, which fails the sender's request; eager data is simply
+ * dropped. */
+static ucs_status_t kv_ucx_am_refuse(kv_ucx_t *ctx,
+                                     const ucp_am_recv_param_t *param,
+                                     const kv_ucx_am_hdr_t *h,
+                                     const char *why)
+{
+    uint64_t now = bt_time_ns();
+
+    ctx->refused++;
+    if (now - ctx->refused_log_ns > 1000000000ull) {
+        ctx->refused_log_ns = now;
+        BT_LOG_WARN(KV_UCX_SUBSYS, "KV message refused (%s): slot %u epoch "
+                    "%llu layer %u; %llu refused so far", why,
+                    h != NULL ? h->slot : 0,
+                    h != NULL ? (unsigned long long)h->epoch : 0ull,
+                    h != NULL ? h->layer : 0,
+                    (unsigned long long)ctx->refused);
+    }
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_REJECTED
+                                                           : UCS_OK;
+}
+
+/* The live window a message names: pool, slot, the grant's epoch and
+ * its token (compared in constant time).  NULL for anything else: a
+ * reservation that ended, a later grant of the slot, a forged token. */
+static kv_ucx_window_t *kv_ucx_am_window(kv_ucx_t *ctx,
+                                         const kv_ucx_am_hdr_t *h)
+{
+    kv_ucx_pool_t *pool = ctx->wpools;
+    kv_ucx_window_t *w;
+
+    while (pool != NULL && pool->id != h->pool_id)
+        pool = pool->wnext;
+    if (pool == NULL || h->slot >= (uint32_t)pool->n_slots)
+        return NULL;
+    w = pool->slot_win[h->slot];
+    if (w == NULL || w->epoch != h->epoch ||
+        !bt_ct_equal(w->token, h->token, KV_UCX_TOKEN_BYTES))
+        return NULL;
+    return w;
+}
+
+/* Queues the answer to a commit of (slot, epoch) of pool `pool_id` on
+ * the writer's reply endpoint: accepted (the epoch landed) or refused. */
+static void kv_ucx_ack_queue(kv_ucx_t *ctx, ucp_ep_h ep, uint64_t pool_id,
+                             uint32_t slot, uint64_t epoch, bool accepted)
+{
+    kv_ucx_am_hdr_t h;
+    kv_ucx_ack_t *a;
+
+    if (ep == NULL || ctx->n_acks >= KV_UCX_MAX_ACKS)
+        return; /* the writer's commit times out instead */
+    a = bt_calloc(1, sizeof(*a), "kv_ucx_ack");
+    if (a == NULL)
+        return;
+    memset(&h, 0, sizeof(h));
+    h.pool_id = pool_id;
+    h.slot = slot;
+    h.epoch = epoch;
+    h.kv = accepted ? 0 : 1;
+    kv_ucx_am_hdr_pack(&h, a->hdr);
+    a->ep = ep;
+    a->ctx = ctx;
+    a->next = ctx->acks;
+    ctx->acks = a;
+    ctx->n_acks++;
+}
+
+static void kv_ucx_ack_unlink_free(kv_ucx_ack_t *a)
+{
+    kv_ucx_t *ctx = a->ctx;
+
+    if (a->prev != NULL)
+        a->prev->next = a->next;
+    else
+        ctx->acks_sent = a->next;
+    if (a->next != NULL)
+        a->next->prev = a->prev;
+    ctx->n_acks--;
+    bt_free(a);
+}
+
+static void kv_ucx_ack_done_cb(void *request, ucs_status_t ucs,
+                               void *user_data)
+{
+    (void)ucs; /* a writer that is gone: its commit fails on its side */
+    kv_ucx_ack_unlink_free(user_data);
+    ucp_request_free(request);
+}
+
+/* Sends the queued acks (kv_ucx_progress, outside UCX's callbacks). */
+static void kv_ucx_acks_send(kv_ucx_t *ctx)
+{
+    while (ctx->acks != NULL) {
+        kv_ucx_ack_t *a = ctx->acks;
+        ucp_request_param_t prm;
+        ucs_status_ptr_t req;
+
+        ctx->acks = a->next;
+        a->prev = NULL;
+        a->next = ctx->acks_sent;
+        if (a->next != NULL)
+            a->next->prev = a;
+        ctx->acks_sent = a;
+        memset(&prm, 0, sizeof(prm));
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                           UCP_OP_ATTR_FIELD_USER_DATA |
+                           UCP_OP_ATTR_FIELD_FLAGS;
+        prm.cb.send = kv_ucx_ack_done_cb;
+        prm.user_data = a;
+        prm.flags = UCP_AM_SEND_FLAG_EAGER;
+        req = ucp_am_send_nbx(a->ep, KV_UCX_AM_ACK, a->hdr, KV_UCX_AM_HDR,
+                              NULL, 0, &prm);
+        if (!UCS_PTR_IS_PTR(req))
+            kv_ucx_ack_unlink_free(a); /* done at once, or failed */
+    }
+}
+
+/* After the worker is destroyed: acks never sent or never completed. */
+static void kv_ucx_acks_free(kv_ucx_t *ctx)
+{
+    while (ctx->acks != NULL) {
+        kv_ucx_ack_t *a = ctx->acks;
+        ctx->acks = a->next;
+        bt_free(a);
+    }
+    while (ctx->acks_sent != NULL) {
+        kv_ucx_ack_t *a = ctx->acks_sent;
+        ctx->acks_sent = a->next;
+        bt_free(a);
+    }
+    ctx->n_acks = 0;
+}
+
+/* The epoch lands once the commit came and every byte it announced did
+ * (messages may arrive on several lanes, in any order); its writer is
+ * told. */
+static void kv_ucx_window_try_arrive(kv_ucx_window_t *w)
+{
+    if (!w->commit_pending || w->am_bytes != w->commit_bytes)
+        return;
+    w->commit_pending = false;
+    w->sealed = true;
+    __atomic_store_n(&w->pool->arrival[w->slot], w->epoch, __ATOMIC_RELEASE);
+    kv_ucx_ack_queue(w->pool->ctx, w->ack_ep, w->pool->id,
+                     (uint32_t)w->slot, w->epoch, true);
+}
+
+static ucs_status_t kv_ucx_am_data_cb(void *arg, const void *header,
+                                      size_t header_length, void *data,
+                                      size_t length,
+                                      const ucp_am_recv_param_t *param)
+{
+    kv_ucx_t *ctx = arg;
+    kv_ucx_am_hdr_t h;
+    kv_ucx_window_t *w;
+    uint64_t span;
+
+    if (!kv_ucx_am_hdr_unpack(header, header_length, &h))
+        return kv_ucx_am_refuse(ctx, param, NULL, "malformed header");
+    w = kv_ucx_am_window(ctx, &h);
+    if (w == NULL)
+        return kv_ucx_am_refuse(ctx, param, &h, "no live window of that "
+                                "slot, epoch and token");
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+        return kv_ucx_am_refuse(ctx, param, &h, "rendezvous");
+    if (w->sealed)
+        return kv_ucx_am_refuse(ctx, param, &h, "after its commit");
+    span = (uint64_t)w->n_blocks * w->block_bytes;
+    if (h.layer >= (uint32_t)w->pool->layout.n_layers || h.kv > 1 ||
+        h.length != length || h.offset > span || span - h.offset < length)
+        return kv_ucx_am_refuse(ctx, param, &h, "out of the window");
+    if (w->commit_pending && w->commit_bytes - w->am_bytes < length)
+        return kv_ucx_am_refuse(ctx, param, &h, "more than committed");
+    if (length > 0)
+        memcpy((uint8_t *)kv_ucx_window_data(w, (int)h.layer, (int)h.kv) +
+                   h.offset,
+               data, length);
+    w->am_bytes += length;
+    kv_ucx_window_try_arrive(w);
+    return UCS_OK;
+}
+
+static ucs_status_t kv_ucx_am_commit_cb(void *arg, const void *header,
+                                        size_t header_length, void *data,
+                                        size_t length,
+                                        const ucp_am_recv_param_t *param)
+{
+    kv_ucx_t *ctx = arg;
+    kv_ucx_am_hdr_t h;
+    kv_ucx_window_t *w;
+
+    ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+                         ? param->reply_ep : NULL;
+    const char *why = NULL;
+
+    (void)data;
+    if (!kv_ucx_am_hdr_unpack(header, header_length, &h))
+        return kv_ucx_am_refuse(ctx, param, NULL, "malformed commit");
+    w = kv_ucx_am_window(ctx, &h);
+    if (w == NULL)
+        why = "commit of no live window of that slot, epoch and token";
+    else if (length != 0 || h.layer != 0 || h.kv != 0 || h.offset != 0)
+        why = "malformed commit";
+    else if (w->sealed || w->commit_pending || h.length < w->am_bytes)
+        why = "second commit, or fewer bytes than arrived";
+    if (why != NULL) {
+        /* told at once: its hand-off fails now, not at a timeout */
+        kv_ucx_ack_queue(ctx, reply, h.pool_id, h.slot, h.epoch, false);
+        return kv_ucx_am_refuse(ctx, param, &h, why);
+    }
+    w->commit_bytes = h.length;
+    w->commit_pending = true;
+    w->ack_ep = reply;
+    kv_ucx_window_try_arrive(w);
+    return UCS_OK;
+}
+
+/* Writer: the decode worker's answer to a window commit. */
+static ucs_status_t kv_ucx_am_ack_cb(void *arg, const void *header,
+                                     size_t header_length, void *data,
+                                     size_t length,
+                                     const ucp_am_recv_param_t *param)
+{
+    kv_ucx_t *ctx = arg;
+    kv_ucx_am_hdr_t h;
+
+    (void)data;
+    (void)length;
+    (void)param;
+    if (!kv_ucx_am_hdr_unpack(header, header_length, &h))
+        return UCS_OK;
+    for (kv_ucx_commit_t *c = ctx->commits; c != NULL; c = c->all_next) {
+        if (!c->window || c->acked || c->peer->desc->pool_id != h.pool_id ||
+            (uint32_t)c->slot != h.slot || c->epoch != h.epoch)
+            continue;
+        c->acked = true;
+        if (h.kv != 0 && c->status == BT_OK)
+            c->status = BT_ERROR(BT_ERR_REMOTE, KV_UCX_SUBSYS,
+                                 "KV commit of slot %d epoch %llu refused "
+                                 "by the decode worker (its reservation "
+                                 "ended?)", c->slot,
+                                 (unsigned long long)c->epoch);
+        if (c->waiting_ack) {
+            c->waiting_ack = false;
+            c->next = NULL;
+            if (ctx->ready_tail != NULL)
+                ctx->ready_tail->next = c;
+            else
+                ctx->ready = c;
+            ctx->ready_tail = c;
+        }
+        break;
+    }
+    return UCS_OK;
+}
+
+uint64_t kv_ucx_writes_refused(const kv_ucx_t *ctx)
+{
+    return ctx != NULL ? ctx->refused : 0;
+}
+
+/* A window commit parked behind messages continues (kv_ucx_progress). */
+static void kv_ucx_am_release_waiters(kv_ucx_peer_t *peer)
+{
+    kv_ucx_t *ctx = peer->ctx;
+
+    while (peer->am_waiters != NULL) {
+        kv_ucx_commit_t *c = peer->am_waiters;
+        peer->am_waiters = c->next;
+        c->next = NULL;
+        if (ctx->ready_tail != NULL)
+            ctx->ready_tail->next = c;
+        else
+            ctx->ready = c;
+        ctx->ready_tail = c;
+    }
+}
+
+/* A data message in flight, with the header UCX reads until it is
+ * done. */
+typedef struct {
+    kv_ucx_peer_t *peer;
+    uint8_t hdr[KV_UCX_AM_HDR];
+} kv_ucx_am_send_t;
+
+static void kv_ucx_am_done_cb(void *request, ucs_status_t ucs,
+                              void *user_data)
+{
+    kv_ucx_am_send_t *m = user_data;
+    kv_ucx_peer_t *peer = m->peer;
+
+    if (ucs != UCS_OK && peer->status == BT_OK)
+        peer->status = BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
+                                "KV message failed: %s",
+                                ucs_status_string(ucs));
+    if (ucs == UCS_OK)
+        peer->n_done++;
+    bt_free(m);
+    ucp_request_free(request);
+    if (--peer->am_inflight == 0)
+        kv_ucx_am_release_waiters(peer);
+    peer->pending--; /* last: a closed peer may be freed after this */
+}
+
+/* Sends `bytes` of `src` as one eager data message for window `rw`. */
+static bt_status_t kv_ucx_am_send(kv_ucx_peer_t *peer,
+                                  const kv_ucx_rwindow_t *rw, int layer,
+                                  int kv, uint64_t offset, const void *src,
+                                  size_t bytes, ucs_memory_type_t mem)
+{
+    kv_ucx_am_hdr_t h;
+    kv_ucx_am_send_t *m = bt_malloc(sizeof(*m), "kv_ucx_am");
+    ucp_request_param_t prm;
+    ucs_status_ptr_t req;
+
+    if (m == NULL)
+        return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "KV message");
+    h.pool_id = peer->desc->pool_id;
+    h.slot = (uint32_t)rw->slot;
+    h.layer = (uint32_t)layer;
+    h.epoch = rw->epoch;
+    memcpy(h.token, rw->token, sizeof(h.token));
+    h.kv = (uint32_t)kv;
+    h.offset = offset;
+    h.length = bytes;
+    m->peer = peer;
+    kv_ucx_am_hdr_pack(&h, m->hdr);
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS |
+                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    prm.cb.send = kv_ucx_am_done_cb;
+    prm.user_data = m;
+    prm.flags = UCP_AM_SEND_FLAG_EAGER; /* the receiver starts nothing */
+    prm.memory_type = mem;
+    req = ucp_am_send_nbx(peer->ep, KV_UCX_AM_DATA, m->hdr, KV_UCX_AM_HDR,
+                          src, bytes, &prm);
+    peer->n_puts++;
+    peer->n_bytes += bytes;
+    if (req == NULL) {
+        bt_free(m);
+        return BT_OK;
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        bt_free(m);
+        if (peer->status == BT_OK)
+            peer->status = KV_UCX_CHECK(UCS_PTR_STATUS(req),
+                                        "ucp_am_send_nbx");
+        return peer->status;
+    }
+    peer->pending++;
+    peer->am_inflight++;
+    return BT_OK;
+}
+
+/* As kv_ucx_put_runs into a window from its block `first` on, as
+ * messages of at most KV_UCX_AM_CHUNK bytes. */
+static bt_status_t kv_ucx_am_runs(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
+                                  int layer, int first, const void *src_k,
+                                  const void *src_v, size_t bb,
+                                  const int *src_ids, int n,
+                                  ucs_memory_type_t mem)
+{
+    bt_status_t status;
+    int run;
+
+    for (int i = 0; i < n; i += run) {
+        size_t soff = (size_t)src_ids[i] * bb, bytes;
+
+        for (run = 1; i + run < n && src_ids[i + run] == src_ids[i] + run;
+             run++)
+            ;
+        bytes = (size_t)run * bb;
+        for (int kv = 0; kv < 2; kv++) {
+            const uint8_t *src = (const uint8_t *)(kv ? src_v : src_k) + soff;
+            for (size_t off = 0; off < bytes; off += KV_UCX_AM_CHUNK) {
+                size_t c = BT_MIN(bytes - off, (size_t)KV_UCX_AM_CHUNK);
+                status = kv_ucx_am_send(peer, rw, layer, kv,
+                                        ((uint64_t)first + (uint64_t)i) *
+                                                bb + off,
+                                        src + off, c, mem);
+                if (status != BT_OK)
+                    return status;
+                rw->am_bytes += c;
+            }
+        }
+    }
+    return BT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Prefill side: writing a window
 
 bt_status_t kv_ucx_put_layer_window(kv_ucx_peer_t *peer,
                                     kv_ucx_rwindow_t *rw, int layer,
@@ -1895,10 +2627,39 @@ bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
             return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                             "source block %d out of range (%d)", src_ids[i],
                             src_layout->n_blocks);
+    if (rw->am)
+        return kv_ucx_am_runs(peer, rw, layer, first, src_k, src_v, bb,
+                              src_ids, n, kv_ucx_mem_type(src_mem));
     k0 = rw->base + 2 * (uint64_t)layer * span + (uint64_t)first * bb;
     return kv_ucx_put_runs(peer, src_k, src_v, bb, src_ids, NULL, n, k0,
                            rw->rkey, k0 + span, rw->rkey,
                            kv_ucx_mem_type(src_mem));
+}
+
+bt_status_t kv_ucx_commit_window(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
+                                 kv_ucx_commit_cb_t cb, void *arg)
+{
+    kv_ucx_am_hdr_t h;
+    kv_ucx_commit_t *c = NULL;
+    bt_status_t status;
+
+    if (peer->status != BT_OK)
+        return peer->status;
+    if (rw == NULL || rw->peer != peer)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_commit_window: not a window of this peer");
+    status = kv_ucx_commit_queue(peer, rw->slot, rw->epoch, cb, arg, &c);
+    if (status != BT_OK)
+        return status;
+    memset(&h, 0, sizeof(h));
+    h.pool_id = peer->desc->pool_id;
+    h.slot = (uint32_t)rw->slot;
+    h.epoch = rw->epoch;
+    memcpy(h.token, rw->token, sizeof(h.token));
+    h.length = rw->am_bytes;
+    c->window = true;
+    kv_ucx_am_hdr_pack(&h, c->hdr);
+    return BT_OK;
 }
 
 void kv_ucx_window_close(kv_ucx_rwindow_t **rw_p)
