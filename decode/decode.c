@@ -374,28 +374,44 @@ static bool lp_logits_ready(decode_t *dec)
     return dec->lp_logits != NULL;
 }
 
-/* Host time per plain decode step (µs), at shutdown or every 1000
- * timed steps (DEBUG). */
+/* Mean µs per step of each phase, at shutdown (INFO) or every 1000
+ * steps (DEBUG). */
 static void log_step_times(decode_t *dec, bool final)
 {
-    double n = (double)(dec->n_timed ? dec->n_timed : 1);
+    const workerproc_step_split_t *t = &dec->split_sum;
+    double us = 1e6 / (double)(dec->n_timed ? dec->n_timed : 1);
 
     if (dec->n_timed == 0 || (!final && dec->n_timed % 1000 != 0))
         return;
-    if (final)
-        BT_LOG_INFO("DECODE", "host us per step over %llu steps: build %.1f, "
-                    "enqueue %.1f, emit %.1f (overlapped), wait %.1f, "
-                    "post %.1f", (unsigned long long)dec->n_timed,
-                    dec->t_build_ns / n / 1e3, dec->t_begin_ns / n / 1e3,
-                    dec->t_emit_ns / n / 1e3, dec->t_wait_ns / n / 1e3,
-                    dec->t_post_ns / n / 1e3);
-    else
-        BT_LOG_DEBUG("DECODE", "host us per step over %llu steps: build "
-                     "%.1f, enqueue %.1f, emit %.1f, wait %.1f, post %.1f",
-                     (unsigned long long)dec->n_timed,
-                     dec->t_build_ns / n / 1e3, dec->t_begin_ns / n / 1e3,
-                     dec->t_emit_ns / n / 1e3, dec->t_wait_ns / n / 1e3,
-                     dec->t_post_ns / n / 1e3);
+    BT_LOG_AT(final ? BT_LOG_LEVEL_INFO : BT_LOG_LEVEL_DEBUG, "DECODE",
+              "host us per step over %llu steps: serial %.1f (build %.1f + "
+              "post %.1f), enqueue %.1f, emit %.1f (overlapped), wait %.1f",
+              (unsigned long long)dec->n_timed, (t->build + t->post) * us,
+              t->build * us, t->post * us, t->enqueue * us, t->emit * us,
+              t->wait * us);
+}
+
+/* Counts the step of this turn, if one ran: its post phase ends now.
+ * Called at the turn's end and after a speculative step, so that every
+ * step workerproc_metrics_step() counted is split once. */
+void decode__step_split_observe(decode_t *dec)
+{
+    uint64_t now = bt_time_ns();
+    workerproc_step_split_t *t = &dec->split;
+
+    if (dec->step_ended_ns == 0)
+        return;
+    t->post = (double)(now - dec->step_ended_ns) * 1e-9;
+    workerproc_metrics_step_split(dec->cfg.metrics, t); /* metrics hook */
+    dec->split_sum.build += t->build;
+    dec->split_sum.enqueue += t->enqueue;
+    dec->split_sum.emit += t->emit;
+    dec->split_sum.wait += t->wait;
+    dec->split_sum.post += t->post;
+    dec->n_timed++;
+    log_step_times(dec, false);
+    dec->step_ended_ns = 0;
+    dec->turn_t0 = now; /* a later step of this turn starts here */
 }
 
 /* One plain step (spec_step handles the decode batch with a draft
@@ -412,7 +428,7 @@ static void step(decode_t *dec)
 {
     int n = 0, n_decode, n_rows, n_fed = 0; /* n_fed: prompt tokens */
     int lp_i = -1; /* the batch entry with a row per prompt position */
-    uint64_t now = bt_time_ns(), t0 = now, t1;
+    uint64_t now = bt_time_ns(), t0 = now, t1, t2, t3;
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
 
@@ -498,18 +514,17 @@ static void step(decode_t *dec)
             n_fed += take;
         }
     }
-    t1 = bt_time_ns();
     if (n == 0) {
         decode__emit_pending(dec);
         return;
     }
-    dec->t_build_ns += t1 - t0;
     for (int i = 0; i < n_decode; i++)
         dec->bmap[i]->in_step = true;
+    t1 = t2 = bt_time_ns();
+    dec->split.build = (double)(t1 - dec->turn_t0) * 1e-9;
     if (dec->engine != NULL) {
         backend_t *be = engine_backend(dec->engine);
         backend_batch_t batch;
-        uint64_t t2, t3;
 
         memset(&batch, 0, sizeof(batch));
         batch.n_seqs = n;
@@ -520,22 +535,21 @@ static void step(decode_t *dec)
                                                         : NULL,
                                               dec->hidden);
         t2 = bt_time_ns();
-        decode__emit_pending(dec); /* while the GPU works */
-        t3 = bt_time_ns();
-        if (status == BT_OK)
-            status = backend_forward_sample_end(be);
-        dec->t_begin_ns += t2 - t1;
-        dec->t_wait_ns += bt_time_ns() - t3;
-    } else {
-        decode__emit_pending(dec);
     }
+    decode__emit_pending(dec); /* while the GPU works */
+    t3 = bt_time_ns();
+    if (dec->engine != NULL && status == BT_OK)
+        status = backend_forward_sample_end(engine_backend(dec->engine));
+    dec->step_ended_ns = bt_time_ns();
+    dec->split.enqueue = (double)(t2 - t1) * 1e-9;
+    dec->split.emit = (double)(t3 - t2) * 1e-9;
+    dec->split.wait = (double)(dec->step_ended_ns - t3) * 1e-9;
     if (n_fed > 0 && status == BT_OK && bt_time_ns() > t1) {
         /* Local prefill rate (aggregated): the router's prefill
          * deadlines for this worker come from it. */
         double rate = n_fed * 1e9 / (double)(bt_time_ns() - t1);
         dec->tps = dec->tps > 0 ? 0.8 * dec->tps + 0.2 * rate : rate;
     }
-    t1 = bt_time_ns();
     dec->steps++;
     for (int i = n_decode, row = n_decode; i < n; i++) {
         decode_resv_t *r = dec->pmap[i - n_decode];
@@ -609,11 +623,8 @@ static void step(decode_t *dec)
         dec->emit_q[dec->n_emit] = s;
         dec->emit_tok[dec->n_emit++] = tok;
     }
-    dec->t_post_ns += bt_time_ns() - t1;
     decode_budget_observe(&dec->cost, n_decode, n_fed,
                           (double)(bt_time_ns() - t0) * 1e-6);
-    dec->n_timed++;
-    log_step_times(dec, false);
     if (dec->cfg.step_delay_ms > 0)
         usleep((useconds_t)dec->cfg.step_delay_ms * 1000u);
     if (dec->cfg.metrics != NULL) { /* metrics hook */
@@ -955,9 +966,13 @@ bt_status_t decode_run(decode_t *dec)
         if (timeout > 0 && dec->links != NULL &&
             kv_link_receiver_arm_fd(dec->links, &fd) == BT_IN_PROGRESS)
             timeout = 0; /* events pending: progress first */
+        /* a turn's host work starts at the poll, unless it idles there */
+        dec->turn_t0 = bt_time_ns();
         status = workerproc_poll_fd(dec->sock, fd, timeout);
         if (status != BT_OK)
             return status;
+        if (timeout > 0)
+            dec->turn_t0 = bt_time_ns();
         workerproc_link_turn_begin(dec->link);
         if (dec->links != NULL)
             kv_link_receiver_progress(dec->links);
@@ -985,6 +1000,7 @@ bt_status_t decode_run(decode_t *dec)
         decode__send_outbox(dec);
         workerproc_link_turn_end(dec->link);
         publish_beat(dec);
+        decode__step_split_observe(dec);
     }
     workerproc_send_shutdown(dec->sock, dec->name);
     stats[0] = '\0';

@@ -187,13 +187,16 @@ struct decode_s {
     decode_seq_t **emit_q;      /* (max_seqs) sampled, not yet emitted */
     int *emit_tok;              /* (max_seqs) their tokens */
     int n_emit;
-    /* host time of the plain decode steps (ns, summed; BT_LOG_INFO at
-     * shutdown, DEBUG every 1000 steps) */
-    uint64_t t_build_ns;        /* building the batch */
-    uint64_t t_begin_ns;        /* enqueue (cpu: forward + sampling) */
-    uint64_t t_emit_ns;         /* previous step's tokens out */
-    uint64_t t_wait_ns;         /* waiting for the device + sampling */
-    uint64_t t_post_ns;         /* per-row bookkeeping after the step */
+    /* Each step's wall time by phase (issue 36; workerproc_metrics.h
+     * says what each is): build runs from the turn's start, so the
+     * messages handled before the step count; post runs to the turn's
+     * end, so the prefix cache, expiry, outbox and beat after it count.
+     * Observed at the turn's end (decode__step_split_close). */
+    uint64_t turn_t0;           /* this turn's start (ns) */
+    uint64_t step_ended_ns;     /* the step's ids came back (ns); 0: no
+                                   plain step this turn */
+    workerproc_step_split_t split; /* this turn's step (seconds) */
+    workerproc_step_split_t split_sum; /* summed over n_timed steps */
     uint64_t n_timed;
     backend_seq_t *bseqs;       /* (max_seqs) */
     decode_seq_t **bmap;        /* (max_seqs) */
@@ -232,6 +235,7 @@ void decode__seq_fail(decode_t *dec, decode_seq_t *s, Baton__ErrorCode code,
                       const char *why);
 void decode__seq_no_room(decode_t *dec, decode_seq_t *s, uint64_t now);
 void decode__seq_cache_blocks(decode_t *dec, decode_seq_t *s);
+void decode__step_split_observe(decode_t *dec);
 
 // ---------------------------------------------------------------------------
 // decode_resv.c: the reservation table, grants, expiry and quarantine
