@@ -119,9 +119,8 @@ static void send_register(decode_t *dec)
 static int promised_blocks(const decode_t *dec)
 {
     int n = 0;
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].used)
-            n += BT_MAX(0, dec->resv[i].limit_blocks - dec->resv[i].n_blocks);
+    DECODE_RESV_FOREACH(dec, i)
+        n += BT_MAX(0, dec->resv[i].limit_blocks - dec->resv[i].n_blocks);
     for (const decode_seq_t *s = dec->seqs; s; s = s->next) {
         int held = s->n_blocks;
         if (s->eseq != NULL)
@@ -150,10 +149,8 @@ static void publish_beat(decode_t *dec)
     memset(&b, 0, sizeof(b));
     b.running = (uint32_t)dec->n_seqs;
     b.outstanding = (uint64_t)dec->n_seqs; /* a token each */
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+    DECODE_RESV_FOREACH(dec, i) {
         const decode_resv_t *r = &dec->resv[i];
-        if (!r->used)
-            continue;
         b.waiting++;
         b.reserved += (uint32_t)r->n_blocks;
         if (r->local)
@@ -292,11 +289,9 @@ static void drop_all(decode_t *dec)
 
     while (dec->seqs != NULL)
         decode__seq_remove(dec, dec->seqs);
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
-        if (dec->resv[i].used) {
-            decode__resv_free(dec, &dec->resv[i], false);
-            n_resv++;
-        }
+    DECODE_RESV_FOREACH(dec, i) {
+        decode__resv_free(dec, &dec->resv[i], false);
+        n_resv++;
     }
     if (n_seqs > 0 || n_resv > 0)
         BT_LOG_WARN("DECODE", "%s: new session: dropped %d sequences and %d "
@@ -414,12 +409,15 @@ void decode__step_split_observe(decode_t *dec)
     dec->turn_t0 = now; /* a later step of this turn starts here */
 }
 
+static void cache_new_blocks(decode_t *dec);
+
 /* One plain step (spec_step handles the decode batch with a draft
  * head).  Overlapped with the GPU: the batch is built from every running
  * sequence, the forward and the device sampling are enqueued
  * (backend_forward_sample_begin), the previous step's tokens go out
- * (detokenize, stop conditions, TokenOut) while the device works, then
- * the step's ids are collected.  The token a sequence was just given is
+ * (detokenize, stop conditions, TokenOut) and newly full blocks enter
+ * the prefix cache while the device works, then the step's ids are
+ * collected.  The token a sequence was just given is
  * fed before it is emitted, so a sequence that the emission ends (stop
  * string, stop id, length) rides one step for nothing: its row is
  * dropped and it is removed after the wait (its KV blocks are its own
@@ -473,12 +471,13 @@ static void step(decode_t *dec)
             &dec->cost, n_decode, dec->cfg.tpot_target_ms,
             dec->budget - n_decode,
             BT_MIN(dec->budget - n_decode, DECODE_PREFILL_FLOOR));
-        for (int i = 0; i < dec->cfg.max_reservations && n < dec->max_seqs &&
-                        budget > 0; i++) {
+        DECODE_RESV_FOREACH(dec, i) {
             decode_resv_t *r = &dec->resv[i];
             backend_seq_t *bs = &dec->bseqs[n];
             sampler_t *ps = NULL;
             int take;
+            if (n >= dec->max_seqs || budget <= 0)
+                break;
             if (!r->local)
                 continue;
             take = BT_MIN(r->p.n_tokens - r->n_fed,
@@ -516,6 +515,7 @@ static void step(decode_t *dec)
     }
     if (n == 0) {
         decode__emit_pending(dec);
+        cache_new_blocks(dec);
         return;
     }
     for (int i = 0; i < n_decode; i++)
@@ -537,6 +537,7 @@ static void step(decode_t *dec)
         t2 = bt_time_ns();
     }
     decode__emit_pending(dec); /* while the GPU works */
+    cache_new_blocks(dec);
     t3 = bt_time_ns();
     if (dec->engine != NULL && status == BT_OK)
         status = backend_forward_sample_end(engine_backend(dec->engine));
@@ -643,10 +644,11 @@ static void step(decode_t *dec)
 /* Caches the full blocks of s computed since its cursor (the engine
  * sequence's tables under speculation).  Only KV below the computed
  * count is final: the step in flight and speculative drafts write at or
- * after it. */
+ * after it, so only full blocks below it are cached, and this may run
+ * while s is in the step in flight (cache_new_blocks does). */
 void decode__seq_cache_blocks(decode_t *dec, decode_seq_t *s)
 {
-    if (dec->prefix == NULL || !s->pcache || s->in_step)
+    if (dec->prefix == NULL || !s->pcache)
         return;
     if (s->eseq != NULL) {
         int n_blocks;
@@ -664,16 +666,18 @@ void decode__seq_cache_blocks(decode_t *dec, decode_seq_t *s)
     }
 }
 
-/* After a step: the blocks that became full in local prompts and in
- * running sequences are cached, so a request arriving while they still
- * run hits them too. */
+/* The blocks that became full in local prompts and in running
+ * sequences up to the last step are cached, so a request arriving while
+ * they still run hits them too.  step() calls it while the device runs
+ * the next step (issue 36: ~20 us a step at 256 streams that no longer
+ * add to it); the step in flight writes only above what is cached. */
 static void cache_new_blocks(decode_t *dec)
 {
     if (dec->prefix == NULL)
         return;
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+    DECODE_RESV_FOREACH(dec, i) {
         decode_resv_t *r = &dec->resv[i];
-        if (!r->used || !(r->local || r->local_done) || r->blocks == NULL)
+        if (!(r->local || r->local_done) || r->blocks == NULL)
             continue;
         workerproc_prefix_insert(dec->prefix, &r->pcur, r->p.tokens,
                                  BT_MIN(r->n_fed,
@@ -695,6 +699,8 @@ static void bufs_teardown(decode_t *dec)
 {
     bt_free(dec->resv);
     bt_free(dec->quar);
+    bt_free(dec->resv_bits);
+    bt_free(dec->quar_bits);
     bt_free(dec->rsamp);
     bt_free(dec->lp_logits);
     bt_free(dec->rids);
@@ -823,6 +829,10 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_resv");
     dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
                           "decode_resv");
+    dec->resv_bits = bt_calloc(DECODE_BIT_WORDS(cfg->max_reservations),
+                               sizeof(uint64_t), "decode_resv");
+    dec->quar_bits = bt_calloc(DECODE_BIT_WORDS(cfg->max_reservations),
+                               sizeof(uint64_t), "decode_resv");
     dec->rsamp = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
                            sizeof(*dec->rsamp), "decode_batch");
     dec->rids = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
@@ -839,7 +849,8 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_batch");
     dec->pmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->pmap),
                           "decode_batch");
-    if (dec->resv == NULL || dec->quar == NULL || dec->rsamp == NULL ||
+    if (dec->resv == NULL || dec->quar == NULL || dec->resv_bits == NULL ||
+        dec->quar_bits == NULL || dec->rsamp == NULL ||
         dec->rids == NULL || dec->psamp == NULL || dec->emit_q == NULL ||
         dec->emit_tok == NULL ||
         dec->bseqs == NULL || dec->bmap == NULL || dec->pmap == NULL) {
@@ -928,10 +939,7 @@ void decode_stop(decode_t *dec)
 
 static bool has_reservations(const decode_t *dec)
 {
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].used)
-            return true;
-    return false;
+    return dec->n_resv > 0;
 }
 
 bt_status_t decode_run(decode_t *dec)
@@ -992,7 +1000,6 @@ bt_status_t decode_run(decode_t *dec)
             break;
         }
         step(dec);
-        cache_new_blocks(dec);
         decode__resv_expire(dec);
         if (dec->prefix != NULL && workerproc_link_registered(dec->link))
             workerproc_prefix_publish(dec->prefix, dec->sock,
