@@ -119,9 +119,8 @@ static void send_register(decode_t *dec)
 static int promised_blocks(const decode_t *dec)
 {
     int n = 0;
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].used)
-            n += BT_MAX(0, dec->resv[i].limit_blocks - dec->resv[i].n_blocks);
+    DECODE_RESV_FOREACH(dec, i)
+        n += BT_MAX(0, dec->resv[i].limit_blocks - dec->resv[i].n_blocks);
     for (const decode_seq_t *s = dec->seqs; s; s = s->next) {
         int held = s->n_blocks;
         if (s->eseq != NULL)
@@ -150,10 +149,8 @@ static void publish_beat(decode_t *dec)
     memset(&b, 0, sizeof(b));
     b.running = (uint32_t)dec->n_seqs;
     b.outstanding = (uint64_t)dec->n_seqs; /* a token each */
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+    DECODE_RESV_FOREACH(dec, i) {
         const decode_resv_t *r = &dec->resv[i];
-        if (!r->used)
-            continue;
         b.waiting++;
         b.reserved += (uint32_t)r->n_blocks;
         if (r->local)
@@ -292,11 +289,9 @@ static void drop_all(decode_t *dec)
 
     while (dec->seqs != NULL)
         decode__seq_remove(dec, dec->seqs);
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
-        if (dec->resv[i].used) {
-            decode__resv_free(dec, &dec->resv[i], false);
-            n_resv++;
-        }
+    DECODE_RESV_FOREACH(dec, i) {
+        decode__resv_free(dec, &dec->resv[i], false);
+        n_resv++;
     }
     if (n_seqs > 0 || n_resv > 0)
         BT_LOG_WARN("DECODE", "%s: new session: dropped %d sequences and %d "
@@ -374,36 +369,55 @@ static bool lp_logits_ready(decode_t *dec)
     return dec->lp_logits != NULL;
 }
 
-/* Host time per plain decode step (µs), at shutdown or every 1000
- * timed steps (DEBUG). */
+/* Mean µs per step of each phase, at shutdown (INFO) or every 1000
+ * steps (DEBUG). */
 static void log_step_times(decode_t *dec, bool final)
 {
-    double n = (double)(dec->n_timed ? dec->n_timed : 1);
+    const workerproc_step_split_t *t = &dec->split_sum;
+    double us = 1e6 / (double)(dec->n_timed ? dec->n_timed : 1);
 
     if (dec->n_timed == 0 || (!final && dec->n_timed % 1000 != 0))
         return;
-    if (final)
-        BT_LOG_INFO("DECODE", "host us per step over %llu steps: build %.1f, "
-                    "enqueue %.1f, emit %.1f (overlapped), wait %.1f, "
-                    "post %.1f", (unsigned long long)dec->n_timed,
-                    dec->t_build_ns / n / 1e3, dec->t_begin_ns / n / 1e3,
-                    dec->t_emit_ns / n / 1e3, dec->t_wait_ns / n / 1e3,
-                    dec->t_post_ns / n / 1e3);
-    else
-        BT_LOG_DEBUG("DECODE", "host us per step over %llu steps: build "
-                     "%.1f, enqueue %.1f, emit %.1f, wait %.1f, post %.1f",
-                     (unsigned long long)dec->n_timed,
-                     dec->t_build_ns / n / 1e3, dec->t_begin_ns / n / 1e3,
-                     dec->t_emit_ns / n / 1e3, dec->t_wait_ns / n / 1e3,
-                     dec->t_post_ns / n / 1e3);
+    BT_LOG_AT(final ? BT_LOG_LEVEL_INFO : BT_LOG_LEVEL_DEBUG, "DECODE",
+              "host us per step over %llu steps: serial %.1f (build %.1f + "
+              "post %.1f), enqueue %.1f, emit %.1f (overlapped), wait %.1f",
+              (unsigned long long)dec->n_timed, (t->build + t->post) * us,
+              t->build * us, t->post * us, t->enqueue * us, t->emit * us,
+              t->wait * us);
 }
+
+/* Counts the step of this turn, if one ran: its post phase ends now.
+ * Called at the turn's end and after a speculative step, so that every
+ * step workerproc_metrics_step() counted is split once. */
+void decode__step_split_observe(decode_t *dec)
+{
+    uint64_t now = bt_time_ns();
+    workerproc_step_split_t *t = &dec->split;
+
+    if (dec->step_ended_ns == 0)
+        return;
+    t->post = (double)(now - dec->step_ended_ns) * 1e-9;
+    workerproc_metrics_step_split(dec->cfg.metrics, t); /* metrics hook */
+    dec->split_sum.build += t->build;
+    dec->split_sum.enqueue += t->enqueue;
+    dec->split_sum.emit += t->emit;
+    dec->split_sum.wait += t->wait;
+    dec->split_sum.post += t->post;
+    dec->n_timed++;
+    log_step_times(dec, false);
+    dec->step_ended_ns = 0;
+    dec->turn_t0 = now; /* a later step of this turn starts here */
+}
+
+static void cache_new_blocks(decode_t *dec);
 
 /* One plain step (spec_step handles the decode batch with a draft
  * head).  Overlapped with the GPU: the batch is built from every running
  * sequence, the forward and the device sampling are enqueued
  * (backend_forward_sample_begin), the previous step's tokens go out
- * (detokenize, stop conditions, TokenOut) while the device works, then
- * the step's ids are collected.  The token a sequence was just given is
+ * (detokenize, stop conditions, TokenOut) and newly full blocks enter
+ * the prefix cache while the device works, then the step's ids are
+ * collected.  The token a sequence was just given is
  * fed before it is emitted, so a sequence that the emission ends (stop
  * string, stop id, length) rides one step for nothing: its row is
  * dropped and it is removed after the wait (its KV blocks are its own
@@ -412,7 +426,7 @@ static void step(decode_t *dec)
 {
     int n = 0, n_decode, n_rows, n_fed = 0; /* n_fed: prompt tokens */
     int lp_i = -1; /* the batch entry with a row per prompt position */
-    uint64_t now = bt_time_ns(), t0 = now, t1;
+    uint64_t now = bt_time_ns(), t0 = now, t1, t2, t3;
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
 
@@ -457,12 +471,13 @@ static void step(decode_t *dec)
             &dec->cost, n_decode, dec->cfg.tpot_target_ms,
             dec->budget - n_decode,
             BT_MIN(dec->budget - n_decode, DECODE_PREFILL_FLOOR));
-        for (int i = 0; i < dec->cfg.max_reservations && n < dec->max_seqs &&
-                        budget > 0; i++) {
+        DECODE_RESV_FOREACH(dec, i) {
             decode_resv_t *r = &dec->resv[i];
             backend_seq_t *bs = &dec->bseqs[n];
             sampler_t *ps = NULL;
             int take;
+            if (n >= dec->max_seqs || budget <= 0)
+                break;
             if (!r->local)
                 continue;
             take = BT_MIN(r->p.n_tokens - r->n_fed,
@@ -498,18 +513,18 @@ static void step(decode_t *dec)
             n_fed += take;
         }
     }
-    t1 = bt_time_ns();
     if (n == 0) {
         decode__emit_pending(dec);
+        cache_new_blocks(dec);
         return;
     }
-    dec->t_build_ns += t1 - t0;
     for (int i = 0; i < n_decode; i++)
         dec->bmap[i]->in_step = true;
+    t1 = t2 = bt_time_ns();
+    dec->split.build = (double)(t1 - dec->turn_t0) * 1e-9;
     if (dec->engine != NULL) {
         backend_t *be = engine_backend(dec->engine);
         backend_batch_t batch;
-        uint64_t t2, t3;
 
         memset(&batch, 0, sizeof(batch));
         batch.n_seqs = n;
@@ -520,22 +535,22 @@ static void step(decode_t *dec)
                                                         : NULL,
                                               dec->hidden);
         t2 = bt_time_ns();
-        decode__emit_pending(dec); /* while the GPU works */
-        t3 = bt_time_ns();
-        if (status == BT_OK)
-            status = backend_forward_sample_end(be);
-        dec->t_begin_ns += t2 - t1;
-        dec->t_wait_ns += bt_time_ns() - t3;
-    } else {
-        decode__emit_pending(dec);
     }
+    decode__emit_pending(dec); /* while the GPU works */
+    cache_new_blocks(dec);
+    t3 = bt_time_ns();
+    if (dec->engine != NULL && status == BT_OK)
+        status = backend_forward_sample_end(engine_backend(dec->engine));
+    dec->step_ended_ns = bt_time_ns();
+    dec->split.enqueue = (double)(t2 - t1) * 1e-9;
+    dec->split.emit = (double)(t3 - t2) * 1e-9;
+    dec->split.wait = (double)(dec->step_ended_ns - t3) * 1e-9;
     if (n_fed > 0 && status == BT_OK && bt_time_ns() > t1) {
         /* Local prefill rate (aggregated): the router's prefill
          * deadlines for this worker come from it. */
         double rate = n_fed * 1e9 / (double)(bt_time_ns() - t1);
         dec->tps = dec->tps > 0 ? 0.8 * dec->tps + 0.2 * rate : rate;
     }
-    t1 = bt_time_ns();
     dec->steps++;
     for (int i = n_decode, row = n_decode; i < n; i++) {
         decode_resv_t *r = dec->pmap[i - n_decode];
@@ -609,11 +624,8 @@ static void step(decode_t *dec)
         dec->emit_q[dec->n_emit] = s;
         dec->emit_tok[dec->n_emit++] = tok;
     }
-    dec->t_post_ns += bt_time_ns() - t1;
     decode_budget_observe(&dec->cost, n_decode, n_fed,
                           (double)(bt_time_ns() - t0) * 1e-6);
-    dec->n_timed++;
-    log_step_times(dec, false);
     if (dec->cfg.step_delay_ms > 0)
         usleep((useconds_t)dec->cfg.step_delay_ms * 1000u);
     if (dec->cfg.metrics != NULL) { /* metrics hook */
@@ -632,10 +644,11 @@ static void step(decode_t *dec)
 /* Caches the full blocks of s computed since its cursor (the engine
  * sequence's tables under speculation).  Only KV below the computed
  * count is final: the step in flight and speculative drafts write at or
- * after it. */
+ * after it, so only full blocks below it are cached, and this may run
+ * while s is in the step in flight (cache_new_blocks does). */
 void decode__seq_cache_blocks(decode_t *dec, decode_seq_t *s)
 {
-    if (dec->prefix == NULL || !s->pcache || s->in_step)
+    if (dec->prefix == NULL || !s->pcache)
         return;
     if (s->eseq != NULL) {
         int n_blocks;
@@ -653,16 +666,18 @@ void decode__seq_cache_blocks(decode_t *dec, decode_seq_t *s)
     }
 }
 
-/* After a step: the blocks that became full in local prompts and in
- * running sequences are cached, so a request arriving while they still
- * run hits them too. */
+/* The blocks that became full in local prompts and in running
+ * sequences up to the last step are cached, so a request arriving while
+ * they still run hits them too.  step() calls it while the device runs
+ * the next step (issue 36: ~20 us a step at 256 streams that no longer
+ * add to it); the step in flight writes only above what is cached. */
 static void cache_new_blocks(decode_t *dec)
 {
     if (dec->prefix == NULL)
         return;
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+    DECODE_RESV_FOREACH(dec, i) {
         decode_resv_t *r = &dec->resv[i];
-        if (!r->used || !(r->local || r->local_done) || r->blocks == NULL)
+        if (!(r->local || r->local_done) || r->blocks == NULL)
             continue;
         workerproc_prefix_insert(dec->prefix, &r->pcur, r->p.tokens,
                                  BT_MIN(r->n_fed,
@@ -684,6 +699,8 @@ static void bufs_teardown(decode_t *dec)
 {
     bt_free(dec->resv);
     bt_free(dec->quar);
+    bt_free(dec->resv_bits);
+    bt_free(dec->quar_bits);
     bt_free(dec->rsamp);
     bt_free(dec->lp_logits);
     bt_free(dec->rids);
@@ -812,6 +829,10 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_resv");
     dec->quar = bt_calloc((size_t)cfg->max_reservations, sizeof(*dec->quar),
                           "decode_resv");
+    dec->resv_bits = bt_calloc(DECODE_BIT_WORDS(cfg->max_reservations),
+                               sizeof(uint64_t), "decode_resv");
+    dec->quar_bits = bt_calloc(DECODE_BIT_WORDS(cfg->max_reservations),
+                               sizeof(uint64_t), "decode_resv");
     dec->rsamp = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
                            sizeof(*dec->rsamp), "decode_batch");
     dec->rids = bt_calloc((size_t)dec->max_seqs + DECODE_LP_ROWS,
@@ -828,7 +849,8 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "decode_batch");
     dec->pmap = bt_calloc((size_t)dec->max_seqs, sizeof(*dec->pmap),
                           "decode_batch");
-    if (dec->resv == NULL || dec->quar == NULL || dec->rsamp == NULL ||
+    if (dec->resv == NULL || dec->quar == NULL || dec->resv_bits == NULL ||
+        dec->quar_bits == NULL || dec->rsamp == NULL ||
         dec->rids == NULL || dec->psamp == NULL || dec->emit_q == NULL ||
         dec->emit_tok == NULL ||
         dec->bseqs == NULL || dec->bmap == NULL || dec->pmap == NULL) {
@@ -917,10 +939,7 @@ void decode_stop(decode_t *dec)
 
 static bool has_reservations(const decode_t *dec)
 {
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].used)
-            return true;
-    return false;
+    return dec->n_resv > 0;
 }
 
 bt_status_t decode_run(decode_t *dec)
@@ -955,9 +974,13 @@ bt_status_t decode_run(decode_t *dec)
         if (timeout > 0 && dec->links != NULL &&
             kv_link_receiver_arm_fd(dec->links, &fd) == BT_IN_PROGRESS)
             timeout = 0; /* events pending: progress first */
+        /* a turn's host work starts at the poll, unless it idles there */
+        dec->turn_t0 = bt_time_ns();
         status = workerproc_poll_fd(dec->sock, fd, timeout);
         if (status != BT_OK)
             return status;
+        if (timeout > 0)
+            dec->turn_t0 = bt_time_ns();
         workerproc_link_turn_begin(dec->link);
         if (dec->links != NULL) {
             uint64_t refused;
@@ -984,7 +1007,6 @@ bt_status_t decode_run(decode_t *dec)
             break;
         }
         step(dec);
-        cache_new_blocks(dec);
         decode__resv_expire(dec);
         if (dec->prefix != NULL && workerproc_link_registered(dec->link))
             workerproc_prefix_publish(dec->prefix, dec->sock,
@@ -992,6 +1014,7 @@ bt_status_t decode_run(decode_t *dec)
         decode__send_outbox(dec);
         workerproc_link_turn_end(dec->link);
         publish_beat(dec);
+        decode__step_split_observe(dec);
     }
     workerproc_send_shutdown(dec->sock, dec->name);
     stats[0] = '\0';

@@ -141,7 +141,6 @@ static bool seq_emit(decode_t *dec, decode_seq_t *s, int tok)
  * removes it after the wait. */
 void decode__emit_pending(decode_t *dec)
 {
-    uint64_t t0 = bt_time_ns();
     int n = dec->n_emit;
 
     dec->n_emit = 0;
@@ -157,5 +156,4 @@ void decode__emit_pending(decode_t *dec)
         }
     }
     decode__send_outbox(dec);
-    dec->t_emit_ns += bt_time_ns() - t0;
 }

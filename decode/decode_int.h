@@ -174,6 +174,13 @@ struct decode_s {
                                    restarted process */
     decode_resv_t *resv;        /* (max_reservations) */
     decode_quarantine_t *quar;  /* (max_reservations) */
+    /* Bit i: resv[i].used, quar[i].blocks != NULL.  Every turn visits
+     * the reservations several times; the bits let it visit only the
+     * used ones, in slot order (at 1024 slots the full scans took ~20 us
+     * a step; issue 36).  DECODE_RESV_FOREACH walks them. */
+    uint64_t *resv_bits;        /* (DECODE_BIT_WORDS(max_reservations)) */
+    uint64_t *quar_bits;        /* (DECODE_BIT_WORDS(max_reservations)) */
+    int n_resv;                 /* reservations used */
     decode_seq_t *seqs;         /* running batch */
     int n_seqs;
     sampler_t **rsamp;          /* (max_seqs + DECODE_LP_ROWS) sampler of
@@ -187,13 +194,16 @@ struct decode_s {
     decode_seq_t **emit_q;      /* (max_seqs) sampled, not yet emitted */
     int *emit_tok;              /* (max_seqs) their tokens */
     int n_emit;
-    /* host time of the plain decode steps (ns, summed; BT_LOG_INFO at
-     * shutdown, DEBUG every 1000 steps) */
-    uint64_t t_build_ns;        /* building the batch */
-    uint64_t t_begin_ns;        /* enqueue (cpu: forward + sampling) */
-    uint64_t t_emit_ns;         /* previous step's tokens out */
-    uint64_t t_wait_ns;         /* waiting for the device + sampling */
-    uint64_t t_post_ns;         /* per-row bookkeeping after the step */
+    /* Each step's wall time by phase (issue 36; workerproc_metrics.h
+     * says what each is): build runs from the turn's start, so the
+     * messages handled before the step count; post runs to the turn's
+     * end, so the prefix cache, expiry, outbox and beat after it count.
+     * Observed at the turn's end (decode__step_split_close). */
+    uint64_t turn_t0;           /* this turn's start (ns) */
+    uint64_t step_ended_ns;     /* the step's ids came back (ns); 0: no
+                                   plain step this turn */
+    workerproc_step_split_t split; /* this turn's step (seconds) */
+    workerproc_step_split_t split_sum; /* summed over n_timed steps */
     uint64_t n_timed;
     backend_seq_t *bseqs;       /* (max_seqs) */
     decode_seq_t **bmap;        /* (max_seqs) */
@@ -220,6 +230,52 @@ struct decode_s {
 };
 
 // ---------------------------------------------------------------------------
+// Slot bitmaps (resv_bits, quar_bits)
+
+#define DECODE_BIT_WORDS(n) (((size_t)(n) + 63) / 64)
+
+/* The first set bit of bits[0..n) at or after i, or -1. */
+static inline int decode__bit_next(const uint64_t *bits, int n, int i)
+{
+    while (i < n) {
+        uint64_t w = bits[i >> 6] >> (i & 63);
+        if (w != 0) {
+            i += __builtin_ctzll(w);
+            return i < n ? i : -1;
+        }
+        i = (i | 63) + 1;
+    }
+    return -1;
+}
+
+/* The first clear bit of bits[0..n), or -1. */
+static inline int decode__bit_first_clear(const uint64_t *bits, int n)
+{
+    for (int w = 0; w < (int)DECODE_BIT_WORDS(n); w++) {
+        if (~bits[w] != 0) {
+            int i = w * 64 + __builtin_ctzll(~bits[w]);
+            return i < n ? i : -1;
+        }
+    }
+    return -1;
+}
+
+static inline void decode__bit_put(uint64_t *bits, int i, bool on)
+{
+    if (on)
+        bits[i >> 6] |= 1ull << (i & 63);
+    else
+        bits[i >> 6] &= ~(1ull << (i & 63));
+}
+
+/* for (each used reservation slot i, ascending): the body may free it. */
+#define DECODE_RESV_FOREACH(dec, i)                                         \
+    for (int i = decode__bit_next((dec)->resv_bits,                         \
+                                  (dec)->cfg.max_reservations, 0);          \
+         i >= 0; i = decode__bit_next((dec)->resv_bits,                     \
+                                      (dec)->cfg.max_reservations, i + 1))
+
+// ---------------------------------------------------------------------------
 // decode.c: messages, sequences
 
 void decode__send_outbox(decode_t *dec);
@@ -234,6 +290,7 @@ void decode__seq_fail(decode_t *dec, decode_seq_t *s, Baton__ErrorCode code,
                       const char *why);
 void decode__seq_no_room(decode_t *dec, decode_seq_t *s, uint64_t now);
 void decode__seq_cache_blocks(decode_t *dec, decode_seq_t *s);
+void decode__step_split_observe(decode_t *dec);
 
 // ---------------------------------------------------------------------------
 // decode_resv.c: the reservation table, grants, expiry and quarantine

@@ -124,7 +124,7 @@ bool decode__has_local_prefill(const decode_t *dec)
 {
     if (!dec->cfg.can_prefill)
         return false;
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
+    DECODE_RESV_FOREACH(dec, i)
         if (dec->resv[i].local)
             return true;
     return false;

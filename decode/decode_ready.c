@@ -369,10 +369,10 @@ fail:
 /* Retries the KvReady messages waiting for their link's last copies. */
 void decode__arrivals_pending(decode_t *dec)
 {
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+    DECODE_RESV_FOREACH(dec, i) {
         decode_resv_t *r = &dec->resv[i];
         Baton__ControlMessage *msg;
-        if (!r->used || r->pending == NULL)
+        if (r->pending == NULL)
             continue;
         msg = r->pending;
         r->pending = NULL;
@@ -383,8 +383,8 @@ void decode__arrivals_pending(decode_t *dec)
 
 bool decode__has_arrivals_pending(const decode_t *dec)
 {
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].used && dec->resv[i].pending != NULL)
+    DECODE_RESV_FOREACH(dec, i)
+        if (dec->resv[i].pending != NULL)
             return true;
     return false;
 }

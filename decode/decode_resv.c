@@ -9,10 +9,12 @@
 
 static void quarantine(decode_t *dec, int *blocks, int n)
 {
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+    int i = decode__bit_first_clear(dec->quar_bits,
+                                    dec->cfg.max_reservations);
+
+    if (i >= 0) {
         decode_quarantine_t *q = &dec->quar[i];
-        if (q->blocks != NULL)
-            continue;
+        decode__bit_put(dec->quar_bits, i, true);
         q->blocks = blocks;
         q->n_blocks = n;
         q->release_ns = bt_time_ns() +
@@ -59,6 +61,10 @@ void decode__resv_free(decode_t *dec, decode_resv_t *r, bool safe)
             bt_free(r->blocks);
         }
     }
+    if (r->used) {
+        decode__bit_put(dec->resv_bits, (int)(r - dec->resv), false);
+        dec->n_resv--;
+    }
     memset(r, 0, sizeof(*r));
 }
 
@@ -79,8 +85,8 @@ bool decode__capability_ok(const decode_resv_t *r,
 
 decode_resv_t *decode__resv_find(decode_t *dec, uint64_t id)
 {
-    for (int i = 0; i < dec->cfg.max_reservations; i++)
-        if (dec->resv[i].used && dec->resv[i].id == id)
+    DECODE_RESV_FOREACH(dec, i)
+        if (dec->resv[i].id == id)
             return &dec->resv[i];
     return NULL;
 }
@@ -141,7 +147,7 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
                           dec->block_size);
     int *blocks = NULL;
     int *recv_ids = NULL;
-    int held = 0;
+    int held = 0, slot;
     bt_blockhash_t held_hash = { 0, 0 };
     uint8_t cap[PROTO_CAPABILITY_BYTES];
 
@@ -164,9 +170,9 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
             goto reply;
         }
     }
-    for (int i = 0; i < dec->cfg.max_reservations && r == NULL; i++)
-        if (!dec->resv[i].used)
-            r = &dec->resv[i];
+    slot = decode__bit_first_clear(dec->resv_bits, dec->cfg.max_reservations);
+    if (slot >= 0)
+        r = &dec->resv[slot];
     if (r == NULL || dec->draining) {
         g.error = dec->draining ? "draining" : "too many reservations";
         goto reply;
@@ -226,6 +232,8 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
         }
     }
     r->used = true;
+    decode__bit_put(dec->resv_bits, slot, true);
+    dec->n_resv++;
     r->id = m->request_id;
     memcpy(r->cap, cap, sizeof(cap));
     r->epoch = ++dec->next_epoch;
@@ -276,22 +284,28 @@ void decode__resv_expire(decode_t *dec)
 {
     uint64_t now = bt_time_ns();
 
-    for (int i = 0; i < dec->cfg.max_reservations; i++) {
+    DECODE_RESV_FOREACH(dec, i) {
         decode_resv_t *r = &dec->resv[i];
-        decode_quarantine_t *q = &dec->quar[i];
         /* A prompt prefilled here (aggregated) waits for this worker's
          * own steps, not for a remote writer: it never expires while
          * queued (a cold burst of long prompts took longer than the
          * timeout and lost every request behind it; issue 36). */
-        if (r->used && !r->local && now > r->expires_ns) {
+        if (!r->local && now > r->expires_ns) {
             BT_LOG_WARN("KV", "reservation of request %llu expired: its KV "
                         "never arrived", (unsigned long long)r->id);
             decode__resv_free(dec, r, false);
         }
-        if (q->blocks != NULL && now > q->release_ns) {
+    }
+    for (int i = decode__bit_next(dec->quar_bits, dec->cfg.max_reservations,
+                                  0);
+         i >= 0; i = decode__bit_next(dec->quar_bits,
+                                      dec->cfg.max_reservations, i + 1)) {
+        decode_quarantine_t *q = &dec->quar[i];
+        if (now > q->release_ns) {
             kv_allocator_release(dec->kv, q->n_blocks, q->blocks);
             bt_free(q->blocks);
             memset(q, 0, sizeof(*q));
+            decode__bit_put(dec->quar_bits, i, false);
         }
     }
     if (dec->links != NULL)

@@ -109,7 +109,7 @@ void decode__spec_import_feature(decode_t *dec, decode_seq_t *s,
 void decode__step_spec(decode_t *dec)
 {
     int n = 0, max_step = spec_max_step_tokens(dec->spec);
-    uint64_t now = bt_time_ns();
+    uint64_t now = bt_time_ns(), t_fwd;
     decode_seq_t *s, *next;
     bt_status_t status;
 
@@ -126,7 +126,14 @@ void decode__step_spec(decode_t *dec)
     }
     if (n == 0)
         return;
+    /* not overlapped: the draft and verify forwards count as waiting,
+     * the emission below as post */
+    memset(&dec->split, 0, sizeof(dec->split));
+    t_fwd = bt_time_ns();
+    dec->split.build = (double)(t_fwd - dec->turn_t0) * 1e-9;
     status = spec_step(dec->spec, dec->sseqs, n, dec->n_out, dec->out);
+    dec->step_ended_ns = bt_time_ns();
+    dec->split.wait = (double)(dec->step_ended_ns - t_fwd) * 1e-9;
     dec->steps++;
     if (dec->cfg.metrics != NULL) { /* metrics hook */
         uint64_t gen = 0;
@@ -159,4 +166,5 @@ void decode__step_spec(decode_t *dec)
             decode__seq_remove(dec, s);
     }
     decode__send_outbox(dec);
+    decode__step_split_observe(dec);
 }

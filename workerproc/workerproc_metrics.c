@@ -29,6 +29,10 @@ static const double batch_bounds[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256,
                                        512 };
 static const double step_bounds[] = { 0.001, 0.0025, 0.005, 0.01, 0.025,
                                       0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 };
+/* serial host seconds per decode step: 10 us .. 100 ms */
+static const double host_bounds[] = { 0.00001, 0.000025, 0.00005, 0.0001,
+                                      0.00025, 0.0005, 0.001, 0.0025,
+                                      0.005, 0.01, 0.025, 0.05, 0.1 };
 static const double handoff_bounds[] = { 0.0005, 0.001, 0.0025, 0.005,
                                          0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                          1, 2.5, 5 };
@@ -52,7 +56,34 @@ typedef struct {
     bt_prom_hist_t batch;       /* sequences per step */
     bt_prom_hist_t step;        /* seconds per step */
     bt_prom_hist_t handoff;     /* seconds per hand-off */
+    bt_prom_hist_t host;        /* serial host seconds per decode step */
+    workerproc_step_split_t phases; /* decode steps' seconds by phase,
+                                   summed */
 } metrics_state_t;
+
+/* The phases of workerproc_step_split_t, by label. */
+typedef struct {
+    const char *label;
+    size_t offset; /* of the double in workerproc_step_split_t */
+} phase_t;
+
+static const phase_t phases[] = {
+    { "build", offsetof(workerproc_step_split_t, build) },
+    { "enqueue", offsetof(workerproc_step_split_t, enqueue) },
+    { "emit", offsetof(workerproc_step_split_t, emit) },
+    { "wait", offsetof(workerproc_step_split_t, wait) },
+    { "post", offsetof(workerproc_step_split_t, post) },
+};
+
+static double *phase_of(workerproc_step_split_t *s, const phase_t *ph)
+{
+    return (double *)((uint8_t *)s + ph->offset);
+}
+
+static double phase_get(const workerproc_step_split_t *s, const phase_t *ph)
+{
+    return *(const double *)((const uint8_t *)s + ph->offset);
+}
 
 struct workerproc_metrics_s {
     char role[16];
@@ -267,6 +298,23 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
         status = bt_prom_hist_render(&st->step, "baton_worker_step_seconds",
                                      "Wall time per engine step",
                                      prom_write, out);
+    if (strcmp(role, "prefill") != 0) { /* decode steps only */
+        if (status == BT_OK)
+            status = bt_prom_hist_render(
+                &st->host, "baton_worker_step_host_seconds",
+                "Serial host time per decode step: before the forward is "
+                "enqueued and after its ids are back (what every device "
+                "step waits for)", prom_write, out);
+        if (status == BT_OK)
+            status = bt_prom_header(
+                "baton_worker_step_phase_seconds_total", "counter",
+                "Decode steps' wall time by phase: build and post are "
+                "serial host work, emit overlaps the device, enqueue and "
+                "wait are the device's", prom_write, out);
+        for (size_t i = 0; i < BT_ARRAY_SIZE(phases); i++)
+            P("baton_worker_step_phase_seconds_total{phase=\"%s\"} %.6f\n",
+              phases[i].label, phase_get(&st->phases, &phases[i]));
+    }
     if (status == BT_OK)
         status = bt_prom_hist_render(&st->handoff,
                                      "baton_worker_kv_handoff_seconds",
@@ -387,6 +435,8 @@ bt_status_t workerproc_metrics_create(const workerproc_metrics_config_t *cfg,
                       (int)BT_ARRAY_SIZE(step_bounds));
     bt_prom_hist_init(&m->st.handoff, handoff_bounds,
                       (int)BT_ARRAY_SIZE(handoff_bounds));
+    bt_prom_hist_init(&m->st.host, host_bounds,
+                      (int)BT_ARRAY_SIZE(host_bounds));
     status = bt_http_server_create(m->host, cfg->port, metrics_paths, 2,
                                    handler, "worker metrics", &m->srv);
     if (status != BT_OK)
@@ -455,6 +505,19 @@ void workerproc_metrics_step(workerproc_metrics_t *m, int batch,
     m->st.generated_tokens += generated_tokens;
     bt_prom_hist_observe(&m->st.batch, (double)batch);
     bt_prom_hist_observe(&m->st.step, seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void workerproc_metrics_step_split(workerproc_metrics_t *m,
+                                   const workerproc_step_split_t *split)
+{
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&m->mu);
+    bt_prom_hist_observe(&m->st.host, split->build + split->post);
+    for (size_t i = 0; i < BT_ARRAY_SIZE(phases); i++)
+        *phase_of(&m->st.phases, &phases[i]) +=
+            phase_get(split, &phases[i]);
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -66,6 +66,27 @@ void workerproc_metrics_step(workerproc_metrics_t *m, int batch,
                              double seconds, uint64_t prefill_tokens,
                              uint64_t generated_tokens);
 
+/* One decode step's wall time by phase (seconds; issue 36).  build and
+ * post are the serial host work every device step waits for; emit runs
+ * while the device works. */
+typedef struct {
+    double build;   /* host, from the turn's start (messages, scheduling,
+                       the batch) until the forward is enqueued */
+    double enqueue; /* enqueuing the forward (cpu: the forward itself) */
+    double emit;    /* host, while the device runs: the previous step's
+                       tokens out */
+    double wait;    /* waiting for the device's ids */
+    double post;    /* host, from then to the turn's end (bookkeeping,
+                       prefix cache, expiry, messages, the beat) */
+} workerproc_step_split_t;
+
+/* Counts one decode step's split: build + post into the histogram
+ * baton_worker_step_host_seconds, each phase into
+ * baton_worker_step_phase_seconds_total.  Decode roles call it once for
+ * every step they pass to workerproc_metrics_step(). */
+void workerproc_metrics_step_split(workerproc_metrics_t *m,
+                                   const workerproc_step_split_t *split);
+
 /* Counts one KV hand-off sent: `bytes` of KV, `seconds` spent moving it
  * (the puts and the commit; inline: packing). */
 void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
