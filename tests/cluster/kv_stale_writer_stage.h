@@ -36,7 +36,9 @@
  * address: d0's UCX runs without RMA (its per-layer commits are checked
  * messages now, not epoch puts), so they are dropped - with RMA they
  * crashed d0 (SEGV).  d0 must exit cleanly, B be golden-exact and have
- * gone over the staged link.
+ * gone over the staged link.  The control over tcp keeps software RMA,
+ * which UCX 1.13 often aborts when the writer goes away: a d0 that died
+ * before B finished counts as the attack seen too.
  *
  * Run: ctest -R cluster/test_kv_stale_writer_stage (about 10 s each).
  */
@@ -180,6 +182,39 @@ static bool golden_equal(const cu_result_t *r, const cu_golden_t *g)
     return true;
 }
 
+/* True once `pid` has died (it stays a zombie for cu_wait_exit). */
+static bool died(pid_t pid)
+{
+    siginfo_t si;
+
+    memset(&si, 0, sizeof(si));
+    return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           si.si_pid == pid;
+}
+
+/* As cu_collect for one result, but gives up when d0 died: the control
+ * over tcp keeps UCX's software RMA, which UCX 1.13 may abort when the
+ * stale writer's endpoint goes away - B then never finishes, and that
+ * too is the attack seen.  False when d0 died first. */
+static bool collect_unless_dead(client_t *c, cu_result_t *res, pid_t d0,
+                                int timeout_ms)
+{
+    uint64_t until = bt_time_ns() + (uint64_t)timeout_ms * 1000000ull;
+
+    while (res->finished == 0) {
+        Baton__ClientMessage *m = NULL;
+        if (died(d0))
+            return false;
+        if (bt_time_ns() > until)
+            BT_TEST_FAIL("B unfinished after %d ms, d0 alive", timeout_ms);
+        if (client_recv(c, 100, &m) != BT_OK)
+            continue;
+        cu_apply(res, 1, m);
+        proto_client_free(&m);
+    }
+    return true;
+}
+
 /* One run of the scenario; returns whether B equalled the golden. */
 static bool run(bool direct, bool tcp, const cu_golden_t *g)
 {
@@ -190,7 +225,8 @@ static bool run(bool direct, bool tcp, const cu_golden_t *g)
     cu_result_t res;
     writer_stats_t st;
     pid_t router, d0, p0, w;
-    bool exact;
+    int d0_exit;
+    bool exact, d0_alive;
     char ready;
 
     memset(&f, 0, sizeof(f));
@@ -263,8 +299,13 @@ static bool run(bool direct, bool tcp, const cu_golden_t *g)
     p0 = cu_spawn("baton-prefill", "--router", control, "--model", model,
                   "--threads", "1", "--name", "p0", "--kv-stage-host",
                   "--block-size", "4", "--kv-stage-blocks", "1", NULL);
-    cu_collect(c, &res, 1, 30000);
-    exact = golden_equal(&res, g);
+    if (direct && tcp) {
+        d0_alive = collect_unless_dead(c, &res, d0, 30000);
+    } else {
+        cu_collect(c, &res, 1, 30000);
+        d0_alive = true;
+    }
+    exact = d0_alive && golden_equal(&res, g);
     usleep(100000); /* garbage keeps flowing after B's last token */
     close(ctl[1]);
     BT_ASSERT_EQ(waitpid(w, &status, 0), w);
@@ -275,6 +316,9 @@ static bool run(bool direct, bool tcp, const cu_golden_t *g)
                                        : WTERMSIG(status));
     BT_ASSERT_EQ((int)read(rep[0], &st, sizeof(st)), (int)sizeof(st));
     close(rep[0]);
+    if (!d0_alive)
+        fprintf(stderr, "direct writes over tcp: d0 died before B "
+                "finished\n");
     fprintf(stderr, "%s%s: B %s (%d ids, retries %d); the stale writer "
             "ran %d rounds (%s), %d area puts refused, %d put errors, %d "
             "raw puts; windows revoked %.0f, writes refused %.0f\n",
@@ -284,7 +328,8 @@ static bool run(bool direct, bool tcp, const cu_golden_t *g)
             st.pool_refused, st.put_errors, st.raw_puts,
             revoked_count(mport), refused_count(mport));
     BT_CHECK(st.rounds > 0);
-    BT_CHECK(res.retries >= 1); /* B is a new reservation, not A's */
+    /* B is a new reservation, not A's */
+    BT_CHECK(res.retries >= 1 || !d0_alive);
     if (!direct) {
         BT_CHECK(st.pool_refused > 0); /* no key to a receive area */
         BT_CHECK(revoked_count(mport) >= 1);
@@ -300,21 +345,29 @@ static bool run(bool direct, bool tcp, const cu_golden_t *g)
     cu_kill(p0, SIGTERM);
     BT_ASSERT_EQ(cu_wait_exit(p0, 20000), 0);
     cu_kill(d0, SIGTERM);
+    d0_exit = cu_wait_exit(d0, 20000);
     if (direct && tcp) {
         /* The control keeps UCX's software RMA, whose put handler in
          * UCX 1.13 may abort the process when a writer went away
          * (docs/SECURITY.md 5).  Reported, not required. */
-        int d0_exit = cu_wait_exit(d0, 20000);
         if (d0_exit != 0)
             fprintf(stderr, "direct writes over tcp: d0 exited %d after "
                     "the stale writer left\n", d0_exit);
     } else {
-        BT_ASSERT_EQ(cu_wait_exit(d0, 20000), 0);
+        BT_ASSERT_EQ(d0_exit, 0);
     }
-    cu_kill(router, SIGTERM);
-    BT_ASSERT_EQ(cu_wait_exit(router, 20000), 0);
-    /* B went over the staged link (through a window), not inline */
-    BT_CHECK(cu_file_has(log, "ucx-stage:1 "));
+    if (d0_alive) {
+        cu_kill(router, SIGTERM);
+        BT_ASSERT_EQ(cu_wait_exit(router, 20000), 0);
+    } else {
+        /* B is still queued for a decode worker that died: the router's
+         * graceful stop is not what this test is about */
+        cu_kill(router, SIGKILL);
+    }
+    /* B went over the staged link (through a window), not inline: d0's
+     * stop line says so (an aborted control d0 wrote none) */
+    if (d0_exit == 0)
+        BT_CHECK(cu_file_has(log, "ucx-stage:1 "));
     if (!direct)
         BT_CHECK(cu_file_has(log, "a receive window per reservation"));
     unlink(log);
