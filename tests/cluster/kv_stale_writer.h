@@ -40,7 +40,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
-#include <ucp/api/ucp.h>
 #include <zmq.h>
 
 #include "bt_error.h"
@@ -50,6 +49,7 @@
 #include "proto_msg.h"
 #include "workerproc.h"
 #include "fake_prefill.h"
+#include "kv_raw_writer.h"
 
 /* What the stale writer W reports. */
 typedef struct {
@@ -59,61 +59,6 @@ typedef struct {
     int raw_puts;       /* tcp: raw puts at A's window address */
     bool by_message;    /* its window was written by message */
 } writer_stats_t;
-
-/* A raw UCX endpoint to the decode worker of pool descriptor `desc`,
- * outside this project's library: what a compromised prefill worker
- * holds.  Its key is the pool's arrival-slot key (every prefill worker
- * has it); software RMA over tcp checks none. */
-typedef struct {
-    ucp_context_h context;
-    ucp_worker_h worker;
-    ucp_ep_h ep;
-    ucp_rkey_h rkey;
-} raw_writer_t;
-
-static bool raw_open(raw_writer_t *w, const uint8_t *desc, size_t len)
-{
-    ucp_params_t params;
-    ucp_worker_params_t wparams;
-    ucp_ep_params_t ep_params;
-    ucp_config_t *config;
-    uint32_t addr_len;
-
-    if (len < 100)
-        return false;
-    addr_len = (uint32_t)desc[68] | (uint32_t)desc[69] << 8 |
-               (uint32_t)desc[70] << 16 | (uint32_t)desc[71] << 24;
-    if (addr_len + 8 > len || ucp_config_read(NULL, NULL, &config) != UCS_OK)
-        return false;
-    memset(&params, 0, sizeof(params));
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA;
-    if (ucp_init(&params, config, &w->context) != UCS_OK)
-        return false;
-    ucp_config_release(config);
-    memset(&wparams, 0, sizeof(wparams));
-    memset(&ep_params, 0, sizeof(ep_params));
-    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep_params.address = (const ucp_address_t *)(desc + len - 8 - addr_len);
-    return ucp_worker_create(w->context, &wparams, &w->worker) == UCS_OK &&
-           ucp_ep_create(w->worker, &ep_params, &w->ep) == UCS_OK &&
-           ucp_ep_rkey_unpack(w->ep, desc + 92, &w->rkey) == UCS_OK;
-}
-
-/* Fire and forget: a target without RMA never completes it. */
-static void raw_put(raw_writer_t *w, const void *src, size_t len,
-                    uint64_t addr)
-{
-    ucp_request_param_t prm;
-    void *req;
-
-    memset(&prm, 0, sizeof(prm));
-    req = ucp_put_nbx(w->ep, src, len, addr, w->rkey, &prm);
-    if (UCS_PTR_IS_PTR(req))
-        ucp_request_free(req);
-    for (int i = 0; i < 16; i++)
-        ucp_worker_progress(w->worker);
-}
 
 /* W: connects with F's route, opens F's window (while A is live), says
  * ready, waits for go, then writes garbage over every block its keys
@@ -156,16 +101,7 @@ static void stale_writer(const fake_prefill_t *f, bool direct, bool tcp,
         /* attach the window's segment now, while A holds it */
         win_n = kv_ucx_rwindow_blocks(rw);
         st.by_message = kv_ucx_rwindow_by_message(rw);
-        win_addr = f->window_len >= 40
-                       ? (uint64_t)f->window[32] |
-                             (uint64_t)f->window[33] << 8 |
-                             (uint64_t)f->window[34] << 16 |
-                             (uint64_t)f->window[35] << 24 |
-                             (uint64_t)f->window[36] << 32 |
-                             (uint64_t)f->window[37] << 40 |
-                             (uint64_t)f->window[38] << 48 |
-                             (uint64_t)f->window[39] << 56
-                       : 0;
+        win_addr = raw_window_addr(f->window, f->window_len);
         if (kv_ucx_put_layer_window(peer, rw, 0, junk, junk, lay,
                                     KV_UCX_MEM_HOST, ids, win_n) != BT_OK ||
             kv_ucx_peer_wait(peer, 5000) != BT_OK)

@@ -70,14 +70,13 @@ kv_ucx_t *kv_link__ucx_acquire(kv_link_shared_t *sh)
          * endpoints. */
         ucfg.peer_errors = sh->cfg != NULL &&
                            (sh->cfg->ucx_peer_errors || sh->kv_on_device);
-        /* A receiver takes RMA only for a link that needs puts into
-         * memory it registers (the pool with --kv-direct-writes, the
-         * staged receive area): without it its UCX writes no address a
+        /* A receiver takes RMA only with --kv-direct-writes (the pool,
+         * the staged receive area or the device pool registered for
+         * puts and epoch puts): windows of both UCX links take their
+         * commits by message, so without it its UCX writes no address a
          * put over tcp names (kv_transport.h "Receive windows"). */
         if (sh->rcfg != NULL)
-            ucfg.rma = sh->rcfg->kv_direct_writes ||
-                       (sh->kv_on_device ? sh->rcfg->kv_stage
-                                         : sh->rcfg->kv_stage_host);
+            ucfg.rma = sh->rcfg->kv_direct_writes;
         if (kv_ucx_create(&ucfg, &sh->ucx) != BT_OK) {
             BT_LOG_WARN("KV", "UCX unavailable; KV %s inline",
                         sh->cfg != NULL ? "goes" : "arrives");

@@ -267,8 +267,10 @@ void kv_ucx_pool_slot_reset(kv_ucx_pool_t *pool, int slot);
  * worker's handler copies each into the live window of that slot, epoch
  * and token, within its bounds, or drops it and counts it
  * (kv_ucx_writes_refused).  The commit always goes that way, after the
- * data (shared memory and RDMA put the data, then send the commit): the
- * handler sets the arrival slot itself once every announced byte came.
+ * data (shared memory and RDMA put the data, flush, then send the
+ * commit): the handler sets the arrival slot itself once every announced
+ * byte came.  The staged link's windows commit layer by layer that way
+ * (kv_ucx_window_create_layers), so no windowed pool takes epoch puts.
  * A decode context created with cfg.rma off runs no software-RMA handler,
  * so a forged put over tcp cannot write it either (docs/SECURITY.md 5).
  * --------------------------------------------------------------------- */
@@ -285,6 +287,15 @@ typedef struct kv_ucx_rwindow_s kv_ucx_rwindow_t; /* prefill: opened */
 bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
                                  uint64_t epoch, int n_blocks,
                                  kv_ucx_window_t **win_p);
+
+/* As kv_ucx_window_create, for a window whose writer commits it layer
+ * by layer (the staged link): layer l's commit
+ * (kv_ucx_commit_window_layer) sets arrival slot `slot + l`, so slots
+ * slot .. slot + n_layers - 1 must exist; once a layer committed, its
+ * messages are refused (the decode worker may be reading it). */
+bt_status_t kv_ucx_window_create_layers(kv_ucx_pool_t *pool, int slot,
+                                        uint64_t epoch, int n_blocks,
+                                        kv_ucx_window_t **win_p);
 
 /* The window's descriptor bytes (KvGrant.ucx_window), valid while it
  * lives. */
@@ -344,6 +355,16 @@ bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
  * from kv_ucx_progress; an error return means it never runs. */
 bt_status_t kv_ucx_commit_window(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
                                  kv_ucx_commit_cb_t cb, void *arg);
+
+/* As kv_ucx_commit_window for layer `layer` of a window that commits
+ * layer by layer (kv_ucx_window_create_layers; BT_ERR_INVALID_ARG for
+ * any other): the decode worker sets that layer's arrival slot once the
+ * commit and every byte of that layer sent by message came, and refuses
+ * it for anything but the live window of that slot, epoch and token.
+ * Call it after the layer's last put or message. */
+bt_status_t kv_ucx_commit_window_layer(kv_ucx_peer_t *peer,
+                                       kv_ucx_rwindow_t *rw, int layer,
+                                       kv_ucx_commit_cb_t cb, void *arg);
 
 /* Drops the unpacked key (at the peer's next quiet moment when puts are
  * still in flight).  NULL-safe; sets *rw_p = NULL. */
@@ -417,12 +438,20 @@ bt_status_t kv_ucx_put_layer(kv_ucx_peer_t *peer, int layer,
 
 /* Marks reservation `slot` complete with `epoch` (non-zero) after every
  * put and message issued so far on this peer: flush, put epoch, flush
- * (see top).  A decode context without RMA drops the epoch put: the UCX
- * link's windows commit with kv_ucx_commit_window.
+ * (see top).  Refused (BT_ERR_INVALID_ARG) for a windowed pool, whose
+ * decode worker may run without RMA: windows commit by message
+ * (kv_ucx_commit_window, kv_ucx_commit_window_layer).
  * Non-blocking; `cb` (may be NULL) runs from kv_ucx_progress when done.
  * An error return means `cb` will never run. */
 bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
                           kv_ucx_commit_cb_t cb, void *arg);
+
+/* Completes (`cb` gets slot -1 and `tag` as its epoch) once every put
+ * issued so far on this peer is remotely complete and every message
+ * sent: a staging buffer may then be reused.  Nothing reaches the decode
+ * worker's arrival slots.  As kv_ucx_commit otherwise. */
+bt_status_t kv_ucx_flush(kv_ucx_peer_t *peer, uint64_t tag,
+                         kv_ucx_commit_cb_t cb, void *arg);
 
 /* Operations still in flight on this peer (puts + commits). */
 int kv_ucx_peer_pending(const kv_ucx_peer_t *peer);

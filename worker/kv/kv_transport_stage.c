@@ -5,7 +5,7 @@
  *
  * Sender state machine per staging buffer:
  *   FREE --dispatch: D2H of a chunk's runs + event record--> D2H
- *   D2H  --event complete: kv_ucx_put_layer + kv_ucx_commit--> PUT
+ *   D2H  --event complete: puts + the chunk's commit--> PUT
  *   PUT  --commit callback--> FREE
  * Buffers leave D2H in the order they entered it (fill sequence), so the
  * puts and commits of one transfer reach the endpoint in layer order.
@@ -421,8 +421,9 @@ static size_t kv_stage_window_bytes(const kv_stage_recv_t *r, int n)
 static bt_status_t kv_stage_slot_map(kv_stage_recv_t *r, kv_stage_slot_t *sl,
                                      int slot, uint64_t epoch, int n)
 {
-    /* named by its layer-0 arrival word and epoch in messages (tcp) */
-    bt_status_t status = kv_ucx_window_create(
+    /* named by its layer-0 arrival word, epoch and token in messages;
+     * layer l's commit message sets word slot * L + l */
+    bt_status_t status = kv_ucx_window_create_layers(
         r->pool, slot * r->layout.n_layers, epoch, n, &sl->win);
 
     if (status != BT_OK)
@@ -640,8 +641,11 @@ static bool kv_stage_slot_advance(kv_stage_recv_t *r, int slot)
     if (sl->state != KV_STAGE_SLOT_ACTIVE || sl->status != BT_OK)
         return false;
     for (int l = 0; l < L && sl->n_arrived < L; l++) {
+        /* windows: a grant of no blocks has no window and nothing to
+         * wait for (its sender commits nothing) */
         if (sl->arrived[l] ||
-            !kv_ucx_pool_has_arrived(r->pool, slot * L + l, sl->epoch))
+            (!kv_ucx_pool_has_arrived(r->pool, slot * L + l, sl->epoch) &&
+             !(r->windows && sl->n == 0)))
             continue;
         if (!r->direct) {
             status = kv_stage_slot_copy_layer(r, sl, l);
@@ -1311,6 +1315,8 @@ static void kv_stage_xfer_layer_done(kv_stage_xfer_t *x)
 
 static int kv_stage_commit_word(const kv_stage_xfer_t *x, int layer,
                                 bool last);
+static bool kv_stage_commit_is(const kv_stage_xfer_t *x, int layer,
+                               bool last, int slot, uint64_t epoch);
 
 /* Commit callback of a staged chunk: the buffer is free again. */
 static void kv_stage_buf_commit_cb(void *arg, int slot, uint64_t epoch,
@@ -1319,8 +1325,8 @@ static void kv_stage_buf_commit_cb(void *arg, int slot, uint64_t epoch,
     kv_stage_buf_t *buf = arg;
     kv_stage_xfer_t *x = buf->xfer;
 
-    if (buf->state != KV_STAGE_BUF_PUT || x == NULL || epoch != x->epoch ||
-        slot != kv_stage_commit_word(x, buf->layer, buf->last))
+    if (buf->state != KV_STAGE_BUF_PUT || x == NULL ||
+        !kv_stage_commit_is(x, buf->layer, buf->last, slot, epoch))
         return; /* abandoned (kv_stage_peer_abandon); buffer reused */
     if (status != BT_OK)
         kv_stage_xfer_fail(x, status);
@@ -1359,6 +1365,40 @@ static int kv_stage_commit_word(const kv_stage_xfer_t *x, int layer,
                 : info->n_slots * info->n_layers; /* scratch */
 }
 
+/* True when a commit callback's (slot, epoch) is that of x's chunk
+ * commit (kv_stage_commit), not a late one of an abandoned buffer. */
+static bool kv_stage_commit_is(const kv_stage_xfer_t *x, int layer,
+                               bool last, int slot, uint64_t epoch)
+{
+    if (epoch != x->epoch)
+        return false;
+    if (!x->peer->info.windowed)
+        return slot == kv_stage_commit_word(x, layer, last);
+    /* a flush reports slot -1; a window's commit its layer-0 word */
+    return slot == (!last || x->win == NULL
+                        ? -1 : x->slot * x->peer->info.n_layers);
+}
+
+/* Commits a chunk of x's layer `layer` (`last`: the layer's last).  With
+ * a receive area, an epoch put into its arrival word (the last chunk's)
+ * or the scratch word (the others': only to learn that the staging
+ * buffer's puts are remotely complete).  With windows the decode worker
+ * may run without RMA: the layer's last chunk commits by a message it
+ * checks and answers (token, slot, epoch, that layer's bytes), the
+ * others only flush - the buffer's puts complete remotely, its messages
+ * are sent, and the layer's commit checks them all. */
+static bt_status_t kv_stage_commit(kv_stage_xfer_t *x, int layer, bool last,
+                                   kv_ucx_commit_cb_t cb, void *arg)
+{
+    if (!x->peer->info.windowed)
+        return kv_ucx_commit(x->peer->up,
+                             kv_stage_commit_word(x, layer, last), x->epoch,
+                             cb, arg);
+    if (!last || x->win == NULL) /* x->win NULL: n == 0, nothing to land */
+        return kv_ucx_flush(x->peer->up, x->epoch, cb, arg);
+    return kv_ucx_commit_window_layer(x->peer->up, x->win, layer, cb, arg);
+}
+
 /* Puts blocks [off, off + cnt) of x's layer `layer` from src_k / src_v
  * (laid out by `lay`, blocks src_ids[0..cnt)): into the grant's window
  * at the same offsets, or to the peer's area ids dst_ids[off..]. */
@@ -1388,9 +1428,8 @@ static bt_status_t kv_stage_direct_layer(kv_stage_send_t *s,
     status = kv_stage_put(x, j->layer, 0, j->src_k, j->src_v, &s->layout,
                           s->src_mem, x->src_ids, x->n);
     if (status == BT_OK)
-        status = kv_ucx_commit(x->peer->up,
-                               kv_stage_commit_word(x, j->layer, true),
-                               x->epoch, kv_stage_direct_commit_cb, x);
+        status = kv_stage_commit(x, j->layer, true, kv_stage_direct_commit_cb,
+                                 x);
     if (status != BT_OK)
         return status;
     x->in_flight++;
@@ -1528,10 +1567,8 @@ static bool kv_stage_flush_staged(kv_stage_send_t *s)
                                   buf->h_v, &s->stage_layout,
                                   KV_UCX_MEM_HOST, s->stage_ids, buf->cnt);
         if (status == BT_OK)
-            status = kv_ucx_commit(x->peer->up,
-                                   kv_stage_commit_word(x, buf->layer,
-                                                        buf->last),
-                                   x->epoch, kv_stage_buf_commit_cb, buf);
+            status = kv_stage_commit(x, buf->layer, buf->last,
+                                     kv_stage_buf_commit_cb, buf);
         if (status == BT_OK) {
             buf->state = KV_STAGE_BUF_PUT;
             continue;

@@ -68,7 +68,13 @@
  * area; the decode side copies each arrived layer from the window to the
  * device blocks and unmaps the window once the last H2D completed, or at
  * once on kv_stage_recv_cancel (its key is revoked: nothing the decode
- * worker reads is reachable with it).  recv_blocks then only bounds the
+ * worker reads is reachable with it).  Commits then go by message, not
+ * epoch puts: a layer's last chunk commits with
+ * kv_ucx_commit_window_layer (the decode worker checks slot, epoch,
+ * token and that layer's bytes before it sets the layer's arrival word,
+ * and answers; a refused commit fails the transfer at once), the other
+ * chunks only flush (kv_ucx_flush), so the receiver's UCX needs no RMA
+ * (docs/SECURITY.md 5).  recv_blocks then only bounds the
  * blocks in flight (BT_ERR_NO_RESOURCE as before) and freed blocks need
  * no quarantine.  Not with direct mode (it registers the device pool
  * itself: the operator's --kv-direct-writes).

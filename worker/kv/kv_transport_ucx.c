@@ -195,6 +195,16 @@ struct kv_ucx_peer_s {
     kv_ucx_peer_t *next;       /* ctx->peers / ctx->zombies list */
 };
 
+/* What a window's handlers know of one commit unit: the whole window, or
+ * one layer of a window that commits layer by layer. */
+typedef struct {
+    uint64_t am_bytes;         /* data bytes accepted by message */
+    uint64_t commit_bytes;     /* what the accepted commit announced */
+    bool commit_pending;       /* committed, bytes still to come */
+    bool sealed;               /* arrived: nothing more is accepted */
+    ucp_ep_h ack_ep;           /* the committer's reply endpoint, or NULL */
+} kv_ucx_wunit_t;
+
 struct kv_ucx_window_s {
     kv_ucx_pool_t *pool;       /* whose layout and context */
     ucp_mem_h memh;            /* this window's own mapping */
@@ -211,11 +221,10 @@ struct kv_ucx_window_s {
     uint64_t epoch;            /* the grant's epoch */
     uint8_t token[KV_UCX_TOKEN_BYTES]; /* random: names this grant in
                                         * active messages */
-    uint64_t am_bytes;         /* data bytes accepted by message */
-    uint64_t commit_bytes;     /* what the accepted commit announced */
-    bool commit_pending;       /* committed, bytes still to come */
-    bool sealed;               /* arrived: nothing more is accepted */
-    ucp_ep_h ack_ep;           /* the committer's reply endpoint, or NULL */
+    bool per_layer;            /* commits layer by layer (the staged
+                                * link): layer l's sets slot + l */
+    int n_units;               /* commit units: 1, or n_layers per layer */
+    kv_ucx_wunit_t *units;     /* (n_units) */
 };
 
 struct kv_ucx_rwindow_s {
@@ -227,7 +236,9 @@ struct kv_ucx_rwindow_s {
     uint64_t epoch;
     uint8_t token[KV_UCX_TOKEN_BYTES];
     bool am;                   /* data by active message (no RMA lanes) */
+    bool per_layer;            /* commits layer by layer */
     uint64_t am_bytes;         /* data bytes sent by message */
+    uint64_t *layer_bytes;     /* (n_layers) per_layer: of each layer */
     struct kv_ucx_rwindow_s *next; /* peer->retired */
 };
 
@@ -238,6 +249,7 @@ static void kv_ucx_retired_free(kv_ucx_peer_t *peer)
         peer->retired = rw->next;
         if (rw->rkey != NULL)
             ucp_rkey_destroy(rw->rkey);
+        bt_free(rw->layer_bytes);
         bt_free(rw);
     }
 }
@@ -256,6 +268,8 @@ struct kv_ucx_commit_s {
     kv_ucx_commit_stage_t stage;  /* stage in progress */
     bool window;                  /* a window's: the epoch goes as an
                                    * active message carrying hdr */
+    uint32_t unit;                /* window: its commit unit (layer) */
+    bool flush_only;              /* kv_ucx_flush: no epoch at all */
     uint8_t hdr[KV_UCX_AM_HDR];   /* its header (lives until done) */
     bool acked;                   /* the decode worker answered */
     bool waiting_ack;             /* parked until it does */
@@ -1740,6 +1754,10 @@ static void kv_ucx_commit_advance(kv_ucx_commit_t *c)
             peer->am_waiters = c;
             return;
         }
+        if (c->flush_only && c->stage == KV_UCX_COMMIT_PUT_EPOCH) {
+            c->stage = KV_UCX_COMMIT_DONE; /* flushed: all it asked */
+            break;
+        }
         if (c->window && c->stage == KV_UCX_COMMIT_FLUSH_EPOCH) {
             /* Its answer, not a flush, says the epoch landed: a message
              * on shared memory is "flushed" once it sits in the decode
@@ -1839,7 +1857,28 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "kv_ucx_commit: slot %d of %d, epoch %llu", slot,
                         peer->desc->n_slots, (unsigned long long)epoch);
+    /* its decode worker may have no RMA: an epoch put over tcp would be
+     * dropped and its flush never complete */
+    if (peer->desc->windowed)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_commit: pool %016llx takes commits by "
+                        "message only (kv_ucx_commit_window)",
+                        (unsigned long long)peer->desc->pool_id);
     return kv_ucx_commit_queue(peer, slot, epoch, cb, arg, &c);
+}
+
+bt_status_t kv_ucx_flush(kv_ucx_peer_t *peer, uint64_t tag,
+                         kv_ucx_commit_cb_t cb, void *arg)
+{
+    kv_ucx_commit_t *c = NULL;
+    bt_status_t status;
+
+    if (peer->status != BT_OK)
+        return peer->status;
+    status = kv_ucx_commit_queue(peer, -1, tag, cb, arg, &c);
+    if (status == BT_OK)
+        c->flush_only = true;
+    return status;
 }
 
 // ----------------------------------------------------------------------------
@@ -1850,7 +1889,8 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
 //   8  8 pool id        16 4 n_layers     20 4 n_blocks
 //  24  8 block bytes    32 8 base address 40 8 length
 //  48  8 System V shm id + 1 of the segment UCX placed it in (0: not one)
-//  56  4 arrival slot   60 4 reserved, 0  64 8 epoch
+//  56  4 arrival slot   60 4 flags (bit 0: commits layer by layer, layer
+//        l's setting slot + l; the other bits 0)   64 8 epoch
 //  72 16 token (random per window: names the grant in active messages)
 //  88  4 rkey length (0: no key, written by message only)
 //  92    rkey bytes,  then FNV-1a 64 of all before
@@ -1864,6 +1904,7 @@ bt_status_t kv_ucx_commit(kv_ucx_peer_t *peer, int slot, uint64_t epoch,
 #define KV_UCX_WIN_MAGIC "BTKW"
 #define KV_UCX_WIN_VERSION 2
 #define KV_UCX_WIN_HDR 92
+#define KV_UCX_WIN_PER_LAYER 1u
 
 /* The System V shm id of the mapping holding `addr` (its inode in
  * /proc/self/maps, path "/SYSV........"), or -1. */
@@ -1901,12 +1942,16 @@ static bool kv_ucx_sysv_alive(uint64_t id_plus_1)
     return errno != EINVAL && errno != EIDRM;
 }
 
-bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
-                                 uint64_t epoch, int n_blocks,
-                                 kv_ucx_window_t **win_p)
+/* kv_ucx_window_create and kv_ucx_window_create_layers: `per_layer`
+ * windows commit layer by layer into arrival slots slot .. slot +
+ * n_layers - 1. */
+static bt_status_t kv_ucx_window_map(kv_ucx_pool_t *pool, int slot,
+                                     uint64_t epoch, int n_blocks,
+                                     bool per_layer, kv_ucx_window_t **win_p)
 {
     kv_ucx_t *ctx = pool->ctx;
     size_t bb, layer_bytes, rkey_len = 0, mapped;
+    int words = per_layer ? pool->layout.n_layers : 1;
     kv_ucx_window_t *w;
     void *rkey = NULL, *base;
     bt_status_t status;
@@ -1917,8 +1962,8 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "receive window of %d blocks (pool %d)", n_blocks,
                         pool->layout.n_blocks);
-    if (!pool->windowed || slot < 0 || slot >= pool->n_slots || epoch == 0 ||
-        pool->slot_win[slot] != NULL)
+    if (!pool->windowed || slot < 0 || slot > pool->n_slots - words ||
+        epoch == 0 || pool->slot_win[slot] != NULL)
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
                         "receive window for slot %d epoch %llu: not a "
                         "windowed pool's free slot", slot,
@@ -1931,6 +1976,13 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
     w->block_bytes = bb;
     w->slot = slot;
     w->epoch = epoch;
+    w->per_layer = per_layer;
+    w->n_units = words;
+    w->units = bt_calloc((size_t)words, sizeof(*w->units), "kv_ucx_window");
+    if (w->units == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+        goto err_free;
+    }
     /* the grant's name in active messages: as secret as the capability,
      * and like it never made up (no randomness: no window) */
     status = bt_random_secret(w->token, sizeof(w->token));
@@ -1983,7 +2035,7 @@ bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
     kv_ucx_put_u64(&p, (uint64_t)w->len);
     kv_ucx_put_u64(&p, (uint64_t)(w->sysv_id + 1));
     kv_ucx_put_u32(&p, (uint32_t)slot);
-    kv_ucx_put_u32(&p, 0);
+    kv_ucx_put_u32(&p, per_layer ? KV_UCX_WIN_PER_LAYER : 0);
     kv_ucx_put_u64(&p, epoch);
     memcpy(p, w->token, sizeof(w->token));
     p += sizeof(w->token);
@@ -2009,8 +2061,23 @@ err_unmap:
     else
         bt_free(w->base);
 err_free:
+    bt_free(w->units);
     bt_free(w);
     return status;
+}
+
+bt_status_t kv_ucx_window_create(kv_ucx_pool_t *pool, int slot,
+                                 uint64_t epoch, int n_blocks,
+                                 kv_ucx_window_t **win_p)
+{
+    return kv_ucx_window_map(pool, slot, epoch, n_blocks, false, win_p);
+}
+
+bt_status_t kv_ucx_window_create_layers(kv_ucx_pool_t *pool, int slot,
+                                        uint64_t epoch, int n_blocks,
+                                        kv_ucx_window_t **win_p)
+{
+    return kv_ucx_window_map(pool, slot, epoch, n_blocks, true, win_p);
 }
 
 const uint8_t *kv_ucx_window_desc(const kv_ucx_window_t *win, size_t *len_p)
@@ -2045,6 +2112,7 @@ void kv_ucx_window_destroy(kv_ucx_window_t **win_p)
         bt_free(w->base);
     w->pool->n_windows--;
     bt_free(w->desc);
+    bt_free(w->units);
     bt_free(w);
     *win_p = NULL;
 }
@@ -2054,7 +2122,7 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
 {
     const kv_ucx_desc_t *d = peer->desc;
     const uint8_t *b = desc;
-    uint32_t n_layers, n_blocks, rkey_len, slot;
+    uint32_t n_layers, n_blocks, rkey_len, slot, flags;
     uint64_t bb, length, epoch;
     kv_ucx_rwindow_t *rw;
     bt_status_t status;
@@ -2074,12 +2142,16 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
     bb = kv_ucx_get_u64(b + 24);
     length = kv_ucx_get_u64(b + 40);
     slot = kv_ucx_get_u32(b + 56);
+    flags = kv_ucx_get_u32(b + 60);
     epoch = kv_ucx_get_u64(b + 64);
     if (kv_ucx_get_u64(b + 8) != d->pool_id ||
         n_layers != (uint32_t)d->layout.n_layers || bb != d->block_bytes ||
         n_blocks < 1 || n_blocks > (uint32_t)d->layout.n_blocks ||
         length / 2 / n_layers / n_blocks < bb ||
-        slot >= (uint32_t)d->n_slots || kv_ucx_get_u32(b + 60) != 0 ||
+        (flags & ~KV_UCX_WIN_PER_LAYER) != 0 ||
+        slot >= (uint32_t)d->n_slots ||
+        ((flags & KV_UCX_WIN_PER_LAYER) &&
+         (uint32_t)d->n_slots - slot < n_layers) ||
         epoch == 0)
         return KV_UCX_BAD("receive window does not fit pool %016llx",
                           (unsigned long long)d->pool_id);
@@ -2094,6 +2166,15 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
     rw->slot = (int)slot;
     rw->epoch = epoch;
     memcpy(rw->token, b + 72, sizeof(rw->token));
+    rw->per_layer = (flags & KV_UCX_WIN_PER_LAYER) != 0;
+    if (rw->per_layer) {
+        rw->layer_bytes = bt_calloc(n_layers, sizeof(*rw->layer_bytes),
+                                    "kv_ucx_rwindow");
+        if (rw->layer_bytes == NULL) {
+            bt_free(rw);
+            return BT_ERROR(BT_ERR_NO_MEMORY, KV_UCX_SUBSYS, "window");
+        }
+    }
     /* No RMA lanes (tcp): UCX would not check the key, so the decode
      * worker takes the data only as messages it checks, and its key is
      * never unpacked (nor its segment, maybe on another host, looked
@@ -2104,6 +2185,7 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
         return BT_OK;
     }
     if (!kv_ucx_sysv_alive(kv_ucx_get_u64(b + 48))) {
+        bt_free(rw->layer_bytes);
         bt_free(rw);
         return BT_ERROR(BT_ERR_NET, KV_UCX_SUBSYS,
                         "receive window of pool %016llx is gone (its "
@@ -2114,6 +2196,7 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
                                              &rw->rkey),
                           "ucp_ep_rkey_unpack(window)");
     if (status != BT_OK) {
+        bt_free(rw->layer_bytes);
         bt_free(rw);
         return status;
     }
@@ -2139,7 +2222,11 @@ bool kv_ucx_rwindow_by_message(const kv_ucx_rwindow_t *rw)
 //  40 4 K (0) | V (1)   44 4 reserved, 0
 //  48 8 data: byte offset in the window's layer K|V array; commit: 0
 //  56 8 data: its length (== the message's); commit: the data bytes the
-//       writer sent by message for this window (0 when it put them)
+//       writer sent by message for this window (0 when it put them), or
+//       for this layer of a window that commits layer by layer
+// A commit's layer is 0, or the layer it commits in such a window; its
+// answer (ack) repeats pool, slot, epoch and layer, K|V 0 accepted, 1
+// refused.
 
 typedef struct {
     uint64_t pool_id;
@@ -2233,10 +2320,12 @@ static kv_ucx_window_t *kv_ucx_am_window(kv_ucx_t *ctx,
     return w;
 }
 
-/* Queues the answer to a commit of (slot, epoch) of pool `pool_id` on
- * the writer's reply endpoint: accepted (the epoch landed) or refused. */
+/* Queues the answer to a commit of (slot, layer, epoch) of pool
+ * `pool_id` on the writer's reply endpoint: accepted (the epoch landed)
+ * or refused. */
 static void kv_ucx_ack_queue(kv_ucx_t *ctx, ucp_ep_h ep, uint64_t pool_id,
-                             uint32_t slot, uint64_t epoch, bool accepted)
+                             uint32_t slot, uint32_t layer, uint64_t epoch,
+                             bool accepted)
 {
     kv_ucx_am_hdr_t h;
     kv_ucx_ack_t *a;
@@ -2249,6 +2338,7 @@ static void kv_ucx_ack_queue(kv_ucx_t *ctx, ucp_ep_h ep, uint64_t pool_id,
     memset(&h, 0, sizeof(h));
     h.pool_id = pool_id;
     h.slot = slot;
+    h.layer = layer;
     h.epoch = epoch;
     h.kv = accepted ? 0 : 1;
     kv_ucx_am_hdr_pack(&h, a->hdr);
@@ -2325,18 +2415,27 @@ static void kv_ucx_acks_free(kv_ucx_t *ctx)
     ctx->n_acks = 0;
 }
 
-/* The epoch lands once the commit came and every byte it announced did
- * (messages may arrive on several lanes, in any order); its writer is
- * told. */
-static void kv_ucx_window_try_arrive(kv_ucx_window_t *w)
+/* The commit unit layer `layer` (checked) belongs to. */
+static kv_ucx_wunit_t *kv_ucx_window_unit(kv_ucx_window_t *w, uint32_t layer)
 {
-    if (!w->commit_pending || w->am_bytes != w->commit_bytes)
+    return &w->units[w->per_layer ? layer : 0];
+}
+
+/* A unit's epoch lands once its commit came and every byte it announced
+ * did (messages may arrive on several lanes, in any order), in arrival
+ * slot slot + unit; its writer is told. */
+static void kv_ucx_window_try_arrive(kv_ucx_window_t *w, kv_ucx_wunit_t *u)
+{
+    uint32_t unit = (uint32_t)(u - w->units);
+
+    if (!u->commit_pending || u->am_bytes != u->commit_bytes)
         return;
-    w->commit_pending = false;
-    w->sealed = true;
-    __atomic_store_n(&w->pool->arrival[w->slot], w->epoch, __ATOMIC_RELEASE);
-    kv_ucx_ack_queue(w->pool->ctx, w->ack_ep, w->pool->id,
-                     (uint32_t)w->slot, w->epoch, true);
+    u->commit_pending = false;
+    u->sealed = true;
+    __atomic_store_n(&w->pool->arrival[w->slot + (int)unit], w->epoch,
+                     __ATOMIC_RELEASE);
+    kv_ucx_ack_queue(w->pool->ctx, u->ack_ep, w->pool->id,
+                     (uint32_t)w->slot, unit, w->epoch, true);
 }
 
 static ucs_status_t kv_ucx_am_data_cb(void *arg, const void *header,
@@ -2347,6 +2446,7 @@ static ucs_status_t kv_ucx_am_data_cb(void *arg, const void *header,
     kv_ucx_t *ctx = arg;
     kv_ucx_am_hdr_t h;
     kv_ucx_window_t *w;
+    kv_ucx_wunit_t *u;
     uint64_t span;
 
     if (!kv_ucx_am_hdr_unpack(header, header_length, &h))
@@ -2357,20 +2457,22 @@ static ucs_status_t kv_ucx_am_data_cb(void *arg, const void *header,
                                 "slot, epoch and token");
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
         return kv_ucx_am_refuse(ctx, param, &h, "rendezvous");
-    if (w->sealed)
-        return kv_ucx_am_refuse(ctx, param, &h, "after its commit");
     span = (uint64_t)w->n_blocks * w->block_bytes;
     if (h.layer >= (uint32_t)w->pool->layout.n_layers || h.kv > 1 ||
         h.length != length || h.offset > span || span - h.offset < length)
         return kv_ucx_am_refuse(ctx, param, &h, "out of the window");
-    if (w->commit_pending && w->commit_bytes - w->am_bytes < length)
+    /* a committed layer may already be read: it takes nothing more */
+    u = kv_ucx_window_unit(w, h.layer);
+    if (u->sealed)
+        return kv_ucx_am_refuse(ctx, param, &h, "after its commit");
+    if (u->commit_pending && u->commit_bytes - u->am_bytes < length)
         return kv_ucx_am_refuse(ctx, param, &h, "more than committed");
     if (length > 0)
         memcpy((uint8_t *)kv_ucx_window_data(w, (int)h.layer, (int)h.kv) +
                    h.offset,
                data, length);
-    w->am_bytes += length;
-    kv_ucx_window_try_arrive(w);
+    u->am_bytes += length;
+    kv_ucx_window_try_arrive(w, u);
     return UCS_OK;
 }
 
@@ -2382,6 +2484,7 @@ static ucs_status_t kv_ucx_am_commit_cb(void *arg, const void *header,
     kv_ucx_t *ctx = arg;
     kv_ucx_am_hdr_t h;
     kv_ucx_window_t *w;
+    kv_ucx_wunit_t *u = NULL;
 
     ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
                          ? param->reply_ep : NULL;
@@ -2393,19 +2496,22 @@ static ucs_status_t kv_ucx_am_commit_cb(void *arg, const void *header,
     w = kv_ucx_am_window(ctx, &h);
     if (w == NULL)
         why = "commit of no live window of that slot, epoch and token";
-    else if (length != 0 || h.layer != 0 || h.kv != 0 || h.offset != 0)
+    else if (length != 0 || h.kv != 0 || h.offset != 0 ||
+             h.layer >= (uint32_t)w->n_units)
         why = "malformed commit";
-    else if (w->sealed || w->commit_pending || h.length < w->am_bytes)
+    else if ((u = kv_ucx_window_unit(w, h.layer))->sealed ||
+             u->commit_pending || h.length < u->am_bytes)
         why = "second commit, or fewer bytes than arrived";
     if (why != NULL) {
         /* told at once: its hand-off fails now, not at a timeout */
-        kv_ucx_ack_queue(ctx, reply, h.pool_id, h.slot, h.epoch, false);
+        kv_ucx_ack_queue(ctx, reply, h.pool_id, h.slot, h.layer, h.epoch,
+                         false);
         return kv_ucx_am_refuse(ctx, param, &h, why);
     }
-    w->commit_bytes = h.length;
-    w->commit_pending = true;
-    w->ack_ep = reply;
-    kv_ucx_window_try_arrive(w);
+    u->commit_bytes = h.length;
+    u->commit_pending = true;
+    u->ack_ep = reply;
+    kv_ucx_window_try_arrive(w, u);
     return UCS_OK;
 }
 
@@ -2425,7 +2531,8 @@ static ucs_status_t kv_ucx_am_ack_cb(void *arg, const void *header,
         return UCS_OK;
     for (kv_ucx_commit_t *c = ctx->commits; c != NULL; c = c->all_next) {
         if (!c->window || c->acked || c->peer->desc->pool_id != h.pool_id ||
-            (uint32_t)c->slot != h.slot || c->epoch != h.epoch)
+            (uint32_t)c->slot != h.slot || c->unit != h.layer ||
+            c->epoch != h.epoch)
             continue;
         c->acked = true;
         if (h.kv != 0 && c->status == BT_OK)
@@ -2577,6 +2684,8 @@ static bt_status_t kv_ucx_am_runs(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
                 if (status != BT_OK)
                     return status;
                 rw->am_bytes += c;
+                if (rw->per_layer)
+                    rw->layer_bytes[layer] += c;
             }
         }
     }
@@ -2636,8 +2745,10 @@ bt_status_t kv_ucx_put_layer_window_at(kv_ucx_peer_t *peer,
                            kv_ucx_mem_type(src_mem));
 }
 
-bt_status_t kv_ucx_commit_window(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
-                                 kv_ucx_commit_cb_t cb, void *arg)
+/* kv_ucx_commit_window (`layer` -1) and kv_ucx_commit_window_layer. */
+static bt_status_t kv_ucx_commit_unit(kv_ucx_peer_t *peer,
+                                      kv_ucx_rwindow_t *rw, int layer,
+                                      kv_ucx_commit_cb_t cb, void *arg)
 {
     kv_ucx_am_hdr_t h;
     kv_ucx_commit_t *c = NULL;
@@ -2645,21 +2756,43 @@ bt_status_t kv_ucx_commit_window(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
 
     if (peer->status != BT_OK)
         return peer->status;
-    if (rw == NULL || rw->peer != peer)
+    if (rw == NULL || rw->peer != peer || rw->per_layer != (layer >= 0) ||
+        layer >= peer->desc->layout.n_layers)
         return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
-                        "kv_ucx_commit_window: not a window of this peer");
+                        "kv_ucx_commit_window: not a window of this peer "
+                        "that commits %s", layer >= 0 ? "layer by layer"
+                                                      : "as a whole");
     status = kv_ucx_commit_queue(peer, rw->slot, rw->epoch, cb, arg, &c);
     if (status != BT_OK)
         return status;
     memset(&h, 0, sizeof(h));
     h.pool_id = peer->desc->pool_id;
     h.slot = (uint32_t)rw->slot;
+    h.layer = layer >= 0 ? (uint32_t)layer : 0;
     h.epoch = rw->epoch;
     memcpy(h.token, rw->token, sizeof(h.token));
-    h.length = rw->am_bytes;
+    /* the bytes sent so far: the caller commits after the last of them */
+    h.length = layer >= 0 ? rw->layer_bytes[layer] : rw->am_bytes;
     c->window = true;
+    c->unit = h.layer;
     kv_ucx_am_hdr_pack(&h, c->hdr);
     return BT_OK;
+}
+
+bt_status_t kv_ucx_commit_window(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
+                                 kv_ucx_commit_cb_t cb, void *arg)
+{
+    return kv_ucx_commit_unit(peer, rw, -1, cb, arg);
+}
+
+bt_status_t kv_ucx_commit_window_layer(kv_ucx_peer_t *peer,
+                                       kv_ucx_rwindow_t *rw, int layer,
+                                       kv_ucx_commit_cb_t cb, void *arg)
+{
+    if (layer < 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, KV_UCX_SUBSYS,
+                        "kv_ucx_commit_window_layer: layer %d", layer);
+    return kv_ucx_commit_unit(peer, rw, layer, cb, arg);
 }
 
 void kv_ucx_window_close(kv_ucx_rwindow_t **rw_p)
