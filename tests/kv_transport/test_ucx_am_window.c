@@ -128,8 +128,9 @@ static void forged_write(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
  * a fresh raw context, with the arrival slots' key of the pool
  * descriptor every prefill worker holds (region 0: its rkey length at 88,
  * its bytes at 92) and the window's address: what a compromised prefill
- * worker could do without this library (software RMA checks no key).  Returns when the put and its
- * flush completed or after 1 s (a target without RMA never answers). */
+ * worker could do without this library (software RMA checks no key).
+ * Returns when the put and its flush completed or after 1 s (a target
+ * without RMA never answers). */
 static void raw_put(kv_ucx_t *target, const kv_ucx_pool_t *pool,
                     const kv_ucx_window_t *w)
 {
