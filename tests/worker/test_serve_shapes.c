@@ -160,6 +160,17 @@ static void check_row(run_t *r, const opts_t *o, const char *what, int row,
         r->worst = rel;
 }
 
+/* The device memory still free (cuda): what the pool sized from memory
+ * left for graphs, tuning and sampling. */
+static void mem_line(run_t *r, const char *when)
+{
+    size_t free_b = 0, total_b = 0;
+
+    if (backend_mem_info(r->be, &free_b, &total_b) == BT_OK)
+        printf("INFO device memory %s: %zu MiB free of %zu MiB\n", when,
+               free_b >> 20, total_b >> 20);
+}
+
 static void step_done(run_t *r, const char *name)
 {
     printf("PASS %s: worst relative L2 %.3g\n", name, r->worst);
@@ -306,6 +317,7 @@ int main(int argc, char **argv)
         if (status != BT_OK)
             return 1;
     }
+    mem_line(&r, "after the warm-up");
 
     n_dec = o.n_mixed + 1; /* one per mixed step, then a decode step */
     BT_CHECK(o.prompt + n_dec <= max_ctx);
@@ -453,6 +465,7 @@ int main(int argc, char **argv)
         step_done(&r, name);
     }
 
+    mem_line(&r, "at the end");
     bt_free(r.logits);
     bt_free(ref_pre);
     bt_free(ref_dec);
