@@ -14,8 +14,9 @@
 #    sequence 0 again with its blocks at the top of the pool, every
 #    logits row against the sequence run alone.  Its STEP/PASS/FAIL lines
 #    name the first step that fails and its error.  When it fails, the
-#    same with bf16 KV (FP8 KV or the FP8 linears?) and with FP8 KV in a
-#    pool of 8192 blocks (the pool's size, i.e. 32-bit offsets?);
+#    same with bf16 KV (FP8 KV or the FP8 linears?), with FP8 KV in a
+#    pool of 8192 blocks (the pool's size, i.e. 32-bit offsets?) and
+#    without the warm-up (its tuning / graphs?);
 # 2. one aggregated fp8 + FP8-KV worker serving 64 requests of 2048/128
 #    (serve_bench.py), with the worker's KV / warm-up / memory lines, its
 #    first ERROR/WARN/FATAL lines and its last lines;
@@ -53,6 +54,8 @@ if ! shapes "fp8, FP8 KV from memory" 150 --kv-dtype fp8 --kv-blocks 0; then
     --kv-blocks 0
   left 170 && shapes "fp8, FP8 KV, 8192 blocks" 70 --kv-dtype fp8 \
     --kv-blocks 8192
+  left 190 && shapes "fp8, FP8 KV from memory, no warm-up" 50 \
+    --kv-dtype fp8 --kv-blocks 0 --no-warmup
 fi
 if left 200; then
   el "serve fp8 + fp8 KV (agg, 64 requests)"
