@@ -277,10 +277,10 @@ bool kv_link_receiver_is_remote(const kv_link_receiver_t *recv);
 bool kv_link_receiver_pool_exposed(const kv_link_receiver_t *recv);
 
 /* A reservation is granted: the link the router means to use
- * (g->want_link; every link without has_want_link) arms the slot: it clears its
- * arrival slot, maps a receive window or reserves its receive area
- * (g->recv_ids).  The other links only clear the slot and map nothing:
- * a prompt prefilled here (local) or sent inline has no window at all.
+ * (g->want_link; every link without has_want_link) arms the slot: it
+ * clears its arrival slot, maps a receive window or reserves its receive
+ * area (g->recv_ids).  The other links only clear the slot and map
+ * nothing: a prompt prefilled here (local) or sent inline has no window.
  * BT_ERR_NO_RESOURCE: the receive area is full, refuse the grant for
  * now. */
 bt_status_t kv_link_receiver_arm(kv_link_receiver_t *recv,
