@@ -29,21 +29,6 @@ static const char *const windows_metric = "baton_worker_kv_windows_total";
 static const char *const received_metric =
     "baton_worker_kv_blocks_received_total";
 
-/* Lines of the file at `path` holding `needle` (0 without the file). */
-static int count_lines(const char *path, const char *needle)
-{
-    char line[1024];
-    int n = 0;
-    FILE *f = fopen(path, "r");
-
-    if (f == NULL)
-        return 0;
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, needle) != NULL;
-    fclose(f);
-    return n;
-}
-
 /* One cluster: a router (with `router_mode` as --kv-transport, or the
  * automatic choice when NULL), a decode worker with a metrics port
  * (--role both when `agg`, else beside a prefill worker), N_REQ golden
@@ -119,7 +104,7 @@ static double run_cluster(const cu_golden_t *golden, int n_golden, bool agg,
         cu_kill(p0, SIGKILL);
     cu_kill(d0, SIGKILL);
     cu_kill(router, SIGKILL);
-    *downgraded_p = count_lines(router_log, "was armed, not ");
+    *downgraded_p = cu_count_lines(router_log, "was armed, not ");
     unlink(router_log);
     return windows - retries;
 }
