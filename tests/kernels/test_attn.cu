@@ -275,6 +275,38 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     batch_free(&b);
 }
 
+/* Turns batch b (built bf16 for case c) into an FP8 KV one: K (times 3)
+ * and V quantized to E4M3 codes at a random scale per KV head and
+ * direction (1 to 3 times amax / 448), the device caches replaced by the
+ * codes, b->k and b->v by what the codes mean (code x scale), and
+ * b->a.d_kv_scale set.  Returns the device scales (the caller frees). */
+static float *batch_make_kv8(const attn_case_t *c, batch_t *b)
+{
+    const size_t cache_n = (size_t)b->n_blocks * c->bs * c->nkv * c->hd;
+    std::vector<float> scale(2 * c->nkv);
+    for (int h = 0; h < c->nkv; h++) {
+        scale[h] = 3.0f / 448.0f * kt_uniform(1.0f, 3.0f);
+        scale[c->nkv + h] = 1.0f / 448.0f * kt_uniform(1.0f, 3.0f);
+    }
+    std::vector<uint8_t> kc(cache_n), vc(cache_n);
+    for (size_t i = 0; i < cache_n; i++) {
+        const int kvh = (int)((i / c->hd) % c->nkv);
+        const float ks = scale[kvh], vs = scale[c->nkv + kvh];
+        kc[i] = bt_f32_to_e4m3(3.0f * b->k[i] / ks);
+        vc[i] = bt_f32_to_e4m3(b->v[i] / vs);
+        b->k[i] = bt_e4m3_to_f32(kc[i]) * ks; /* what the codes mean */
+        b->v[i] = bt_e4m3_to_f32(vc[i]) * vs;
+    }
+    cudaFree((void *)b->a.d_k_cache);
+    cudaFree((void *)b->a.d_v_cache);
+    b->a.d_k_cache = kt_upload_raw(kc.data(), cache_n);
+    b->a.d_v_cache = kt_upload_raw(vc.data(), cache_n);
+    float *d_scale = (float *)kt_upload_raw(scale.data(),
+                                            sizeof(float) * scale.size());
+    b->a.d_kv_scale = d_scale;
+    return d_scale;
+}
+
 /* FP8 KV (cuda_attn_args_t.d_kv_scale): the prefill tiles of case c over
  * a cache of E4M3 codes with a K and a V scale per KV head, against
  * attn_ref on the dequantized values (code x scale, what the cache
@@ -298,30 +330,9 @@ static void run_kv8_case(const attn_case_t *c)
         batch_free(&b);
         return;
     }
-    const size_t cache_n = (size_t)b.n_blocks * c->bs * c->nkv * c->hd;
     const size_t n_out = (size_t)b.nt * c->nh * c->hd;
     const size_t row = (size_t)c->nh * c->hd;
-    std::vector<float> scale(2 * c->nkv);
-    for (int h = 0; h < c->nkv; h++) {
-        scale[h] = 3.0f / 448.0f * kt_uniform(1.0f, 3.0f);
-        scale[c->nkv + h] = 1.0f / 448.0f * kt_uniform(1.0f, 3.0f);
-    }
-    std::vector<uint8_t> kc(cache_n), vc(cache_n);
-    for (size_t i = 0; i < cache_n; i++) {
-        const int kvh = (int)((i / c->hd) % c->nkv);
-        const float ks = scale[kvh], vs = scale[c->nkv + kvh];
-        kc[i] = bt_f32_to_e4m3(3.0f * b.k[i] / ks);
-        vc[i] = bt_f32_to_e4m3(b.v[i] / vs);
-        b.k[i] = bt_e4m3_to_f32(kc[i]) * ks; /* what the codes mean */
-        b.v[i] = bt_e4m3_to_f32(vc[i]) * vs;
-    }
-    cudaFree((void *)b.a.d_k_cache);
-    cudaFree((void *)b.a.d_v_cache);
-    b.a.d_k_cache = kt_upload_raw(kc.data(), cache_n);
-    b.a.d_v_cache = kt_upload_raw(vc.data(), cache_n);
-    float *d_scale = (float *)kt_upload_raw(scale.data(),
-                                            sizeof(float) * scale.size());
-    b.a.d_kv_scale = d_scale;
+    float *d_scale = batch_make_kv8(c, &b);
 
     float *ref = (float *)malloc(sizeof(float) * n_out);
     attn_ref(c->nh, c->nkv, c->hd, c->bs, b.a.scale, b.q, b.k, b.v,
@@ -574,14 +585,19 @@ static void bench(void)
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
         /* the default (fa2pp128 at head 128), then the kernels it falls
-         * back to (cuda_attn_prefill_fa2's wgmma 3, 2, 0) */
+         * back to (cuda_attn_prefill_fa2's wgmma 3, 2, 0); then over FP8
+         * KV codes (batch_make_kv8): the default (fa2wqv) and fa2 */
         static const char *const bnames[] = {"default", "fa2pp", "fa2wqv",
-                                             "fa2"};
-        static const int bwgmma[] = {-1, 3, 2, 0};
+                                             "fa2", "kv8 default",
+                                             "kv8 fa2"};
+        static const int bwgmma[] = {-1, 3, 2, 0, -1, 0};
         const char *f2env = getenv("KT_ATTN_FA2");
-        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 1 : 4;
+        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 1 : 6;
+        float *d_scale = NULL;
         for (int pass = 0; pass < n_pass; pass++) {
         float ms[10];
+        if (pass == 4)
+            d_scale = batch_make_kv8(&c, &b);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
             if (bwgmma[pass] < 0)
@@ -597,11 +613,12 @@ static void bench(void)
         }
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
-        printf("prefill attn %-8s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
-               "FLOPs)\n", bnames[pass], pre[i],
+        printf("prefill attn %-11s %5d tokens: %8.1f us  %6.1f TFLOP/s "
+               "(causal FLOPs)\n", bnames[pass], pre[i],
                med * 1e3,
                flops / (med * 1e-3) / 1e12);
         }
+        cudaFree(d_scale);
         batch_free(&b);
     }
 }
