@@ -221,6 +221,7 @@ static void parse(int argc, char **argv, opts_t *o)
     };
     int c;
 
+    memset(o, 0, sizeof(*o));
     o->device = "cpu";
     o->model = BT_SHARED_DIR "/models/stories260K.bin";
     o->precision = BACKEND_PRECISION_FP8;
