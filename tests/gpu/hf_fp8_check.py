@@ -72,7 +72,11 @@ def llama3_8b_config(layers):
                                  "rope_theta": 500000.0}
     else:
         kw["rope_theta"] = 500000.0
-    return LlamaConfig(**kw)
+    cfg = LlamaConfig(**kw)
+    if config_theta(cfg) != 500000.0:
+        raise ValueError("LlamaConfig took rope_theta as %r" %
+                         (config_theta(cfg),))
+    return cfg
 
 
 def make_model(cfg):
@@ -139,8 +143,8 @@ def cmd_write(out_dir, tokens_path, refs_path):
     res["bf16"] = top1(model, ids)
     res["bf16_s"] = time.time() - t0
     t0 = time.time()
+    # (no sync: the next steps read it from the page cache)
     model.save_pretrained(out_dir, max_shard_size="5GB")
-    os.sync()
     res["save_s"] = time.time() - t0
     res["bytes"] = dir_bytes(out_dir)
     with open(os.path.join(out_dir, "config.json")) as f:
@@ -292,16 +296,24 @@ def cmd_load(d, tokens_path, out_path):
     ids = read_tokens(tokens_path)
     res = {"dir": d, "bytes": dir_bytes(d), "errors": []}
     model = None
-    t0 = time.time()
-    try:
-        import compressed_tensors
-        res["compressed_tensors"] = getattr(compressed_tensors,
-                                            "__version__", "?")
-    except Exception as e:  # the device may lack pydantic
-        res["errors"].append("import compressed_tensors: %s: %s" % (
-            type(e).__name__, e))
-    if "compressed_tensors" in res and \
-            os.environ.get("HF8_FALLBACK_ONLY") != "1":
+    if os.environ.get("HF8_FALLBACK_ONLY") == "1":
+        # a second step after transformers' loader failed or ran out of
+        # time: keep what the first one found
+        try:
+            with open(out_path) as f:
+                res["errors"] = json.load(f)["errors"]
+        except (OSError, ValueError, KeyError):
+            res["errors"].append("transformers' loader: no result (killed "
+                                 "at its step's time limit?)")
+    else:
+        try:
+            import compressed_tensors
+            res["compressed_tensors"] = getattr(compressed_tensors,
+                                                "__version__", "?")
+        except Exception as e:  # the device may lack pydantic
+            res["errors"].append("import compressed_tensors: %s: %s" % (
+                type(e).__name__, e))
+    if "compressed_tensors" in res:
         from transformers import AutoModelForCausalLM
         tries = [("from_pretrained", {}),
                  ("from_pretrained run_compressed=False", {"rc": False})]
@@ -328,6 +340,8 @@ def cmd_load(d, tokens_path, out_path):
                 res["errors"].append("%s: %s: %s" % (
                     what, type(e).__name__,
                     str(e).replace("\n", " ")[:300]))
+                with open(out_path, "w") as f:  # for a fallback step
+                    json.dump(res, f)
                 traceback.print_exc()
                 model = None
                 res.pop("top1", None)

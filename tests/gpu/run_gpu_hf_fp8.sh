@@ -22,8 +22,9 @@
 #    bf16 dir, cuda bf16 and fp8 (quantized on the device);
 # 5. transformers loads each FP8 dir (its compressed-tensors loader when
 #    `import compressed_tensors` works from .pylib: it needs pydantic 2
-#    and psutil on the device, else hf_fp8_check.py's fallback loader;
-#    the summary says which ran and why), and baton cuda fp8 on each;
+#    and psutil on the device; else, or when it raises or runs out of
+#    time, hf_fp8_check.py's fallback loader; the summary says which ran
+#    and why), and baton cuda fp8 on each;
 #    then baton f32 on the bf16 dir if time is left;
 # 6. summary.md: the agreement table (raw, on the half of the positions
 #    with the largest reference margin, bf16-vs-f32 ceiling), checkpoint
@@ -92,6 +93,16 @@ top1() { # NAME MODEL_DIR PRECISION
     --out "$W/$1.txt" --device "$dev" --precision "$3" --threads 0
 }
 
+# transformers loads $W/fp8$1: its own loader (the fallback follows in
+# the same process when it raises); if that step fails or times out,
+# the fallback alone in a second step.
+hf_load() {
+  step "hf_$1" 120 env HF8_BF16_DIR="$bf" \
+      $PY load "$W/fp8$1" "$W/tokens.txt" "$W/hf_$1.json" ||
+    step "hf_$1_fallback" 100 env HF8_BF16_DIR="$bf" HF8_FALLBACK_ONLY=1 \
+      $PY load "$W/fp8$1" "$W/tokens.txt" "$W/hf_$1.json"
+}
+
 echo "- start $(date -u +%H:%M:%S) UTC; $(nproc) cores; disk free at" \
   "$W: $(df -h --output=avail "$W" | tail -1 | tr -d ' ');" \
   "$(free -g | awk '/Mem:/ {print $2 " GB memory"}')" >> "$S"
@@ -128,15 +139,13 @@ if [ -n "$bf" ]; then
   pgpu=$!
   if step quant_dyn 240 "$B" model quantize --fp8 --out "$W/fp8dyn" "$bf"
   then
-    [ $hf -eq 1 ] && step hf_dyn 150 env HF8_BF16_DIR="$bf" \
-      $PY load "$W/fp8dyn" "$W/tokens.txt" "$W/hf_dyn.json"
+    [ $hf -eq 1 ] && hf_load dyn
     wait $pgpu
     top1 b_fp8dyn "$W/fp8dyn" fp8
   fi
   wait $pgpu 2>/dev/null
   if wait $pcal; then
-    [ $hf -eq 1 ] && step hf_cal 150 env HF8_BF16_DIR="$bf" \
-      $PY load "$W/fp8cal" "$W/tokens.txt" "$W/hf_cal.json"
+    [ $hf -eq 1 ] && hf_load cal
     top1 b_fp8cal "$W/fp8cal" fp8
   fi
   top1 b_f32 "$bf" f32
