@@ -39,7 +39,8 @@
 # .pylib/ (git-ignored; copied into the carry by pack_carry.sh's `pylib`):
 # src/compressed_tensors of github:vllm-project/compressed-tensors (plus
 # a version.py, which setuptools_scm writes on install) and loguru/ of
-# github:Delgan/loguru; both pure Python, 2.6 MB.
+# github:Delgan/loguru; both pure Python, 2.6 MB; a compressed_tensors-
+# 0.18.0.dist-info/METADATA so importlib.metadata finds its version.
 set -u
 c=${1:-build-hf8}
 out=${OUT:-/tmp/baton-hf8}
