@@ -48,6 +48,7 @@ typedef struct {
     const char *tokens;
     const char *out;
     const char *device;
+    const char *precision_name; /* as given: "f32", "bf16", "fp8" */
     backend_precision_t precision;
     backend_kv_dtype_t kv_dtype;
     int chunk;        /* 0: the whole sequence in one forward */
@@ -181,8 +182,8 @@ static bt_status_t top1_write(const top1_opts_t *o, const top1_row_t *rows,
     f = fopen(tmp, "w");
     if (f == NULL)
         return BT_ERROR(BT_ERR_IO, "TEST", "%s: %s", tmp, strerror(errno));
-    fprintf(f, "# model %s device %s precision %d kv %s tokens %d chunk %d\n",
-            o->model, o->device, (int)o->precision,
+    fprintf(f, "# model %s device %s precision %s kv %s tokens %d chunk %d\n",
+            o->model, o->device, o->precision_name,
             backend_kv_dtype_name(o->kv_dtype), n, o->chunk);
     for (int i = 0; i < n; i++)
         fprintf(f, "%d %d %.6g %.6g\n", i, rows[i].top1, rows[i].margin,
@@ -277,7 +278,7 @@ static int top1_main(int argc, char **argv)
         { "threads", required_argument, NULL, 'n' },
         { NULL, 0, NULL, 0 }
     };
-    top1_opts_t o = { NULL, NULL, NULL, "cpu", BACKEND_PRECISION_F32,
+    top1_opts_t o = { NULL, NULL, NULL, "cpu", "f32", BACKEND_PRECISION_F32,
                       BACKEND_KV_DTYPE_AUTO, 0, 1 };
     int c;
 
@@ -299,6 +300,7 @@ static int top1_main(int argc, char **argv)
                                 "(f32|bf16|fp8)\n", optarg);
                 return 2;
             }
+            o.precision_name = optarg;
             break;
         case 'k':
             if (backend_kv_dtype_parse(optarg, &o.kv_dtype) != BT_OK) {
@@ -425,7 +427,7 @@ static void self_test(void)
         model_destroy(&m);
         if (!tool_done[mi]) {
             /* the tool path: tokens file in, output file back */
-            top1_opts_t o = { dir, tok_path, out_path, "cpu",
+            top1_opts_t o = { dir, tok_path, out_path, "cpu", "f32",
                               BACKEND_PRECISION_F32, BACKEND_KV_DTYPE_AUTO,
                               5, 1 };
             FILE *f = fopen(tok_path, "w");
