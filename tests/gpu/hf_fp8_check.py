@@ -149,6 +149,8 @@ def cmd_write(out_dir, tokens_path, refs_path):
     res["bytes"] = dir_bytes(out_dir)
     with open(os.path.join(out_dir, "config.json")) as f:
         res["rope_theta"] = rope_theta_of(json.load(f))
+    with open(refs_path, "w") as f:  # the rest still runs if f32 fails
+        json.dump(res, f)
     t0 = time.time()
     model.float()  # the same weights, f32 compute: the ceiling
     res["f32"] = top1(model, ids)

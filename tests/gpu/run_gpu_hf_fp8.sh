@@ -122,9 +122,12 @@ if [ -n "${HF8_MODEL:-}" ]; then
   echo "- model: $bf (HF8_MODEL; transformers did not write it)" >> "$S"
 else
   bf=$W/bf16
-  if [ $hf -eq 0 ] || ! step hf_write 240 $PY write "$bf" "$W/tokens.txt" \
-      "$W/refs.json"; then
+  if [ $hf -eq 0 ]; then
     bf=
+  elif ! step hf_write 240 $PY write "$bf" "$W/tokens.txt" "$W/refs.json"
+  then
+    # saved but failed after (the f32 ceiling): the rest can still run
+    [ -f "$W/refs.json" ] || bf=
   fi
 fi
 
