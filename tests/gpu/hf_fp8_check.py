@@ -73,10 +73,21 @@ def llama3_8b_config(layers):
     else:
         kw["rope_theta"] = 500000.0
     cfg = LlamaConfig(**kw)
-    if config_theta(cfg) != 500000.0:
-        raise ValueError("LlamaConfig took rope_theta as %r" %
-                         (config_theta(cfg),))
+    set_theta(cfg, 500000.0)
     return cfg
+
+
+def set_theta(tcfg, theta):
+    """Makes a transformers config hold RoPE base theta wherever this
+    version reads it; raises when it still does not."""
+    if config_theta(tcfg) != theta:
+        if isinstance(getattr(tcfg, "rope_parameters", None), dict):
+            tcfg.rope_parameters["rope_theta"] = theta
+        else:
+            tcfg.rope_theta = theta
+    if config_theta(tcfg) != theta:
+        raise ValueError("cannot set rope_theta %r (config holds %r)" % (
+            theta, config_theta(tcfg)))
 
 
 def make_model(cfg):
@@ -215,10 +226,7 @@ def load_fallback(d):
         # agreement below would measure the RoPE base, not FP8)
         note = "; transformers read rope_theta %r, file %r: set" % (
             config_theta(tcfg), theta)
-        if isinstance(getattr(tcfg, "rope_parameters", None), dict):
-            tcfg.rope_parameters["rope_theta"] = theta
-        else:
-            tcfg.rope_theta = theta
+        set_theta(tcfg, theta)
     model = make_model(tcfg)
     # tensor by tensor into the model's parameters (a whole state dict
     # would hold a second copy of the weights on the GPU)
