@@ -483,11 +483,11 @@ def cmd_summary(work, out_md):
         ag = agreement(series[a], series[r])
         out.append("| %s | %s vs %s | %.2f%% | %.2f%% | %d | %s |" % (
             tag, a, r, 100 * ag[0], 100 * ag[1], ag[2], what))
-    out += ["", "Reading: random weights leave small margins, so no row reaches "
-            "100%; the ceiling is what bf16 rounding alone moves.  (ii) close "
-            "to (i): baton's FP8 loses no more than transformers' on the same "
-            "checkpoint; cross close to (iii): both read the FP8 checkpoint "
-            "alike."]
+    out += ["", "Reading: random weights leave small margins, so no row "
+            "reaches 100%; the ceiling is what bf16 rounding alone moves.  "
+            "(ii) close to (i): baton's FP8 loses no more than transformers' "
+            "on the same checkpoint; cross close to (iii): both read the FP8 "
+            "checkpoint alike."]
     out += ["", "| checkpoint / load | result |", "| --- | --- |"]
     if refs:
         out.append("| bf16 (transformers save_pretrained) | %.2f GB, init "

@@ -83,8 +83,8 @@ step() {
   fi
   timeout -k 10 "$lim" "$@" > "$W/log/$name.log" 2>&1
   rc=$?
-  echo "| $name | $rc | $(( $(date +%s) - t )) s | $(( $(date +%s) - T0 )) s |" \
-    >> "$W/steps.md"
+  now=$(date +%s)
+  echo "| $name | $rc | $(( now - t )) s | $(( now - T0 )) s |" >> "$W/steps.md"
   if [ $rc -ne 0 ]; then
     { echo "### $name: rc $rc (124: its limit of $lim s)"; echo '```'
       tail -12 "$W/log/$name.log" | cut -c1-300; echo '```'; } >> "$W/fail.md"
