@@ -87,7 +87,8 @@ step() {
   echo "| $name | $rc | $(( now - t )) s | $(( now - T0 )) s |" >> "$W/steps.md"
   if [ $rc -ne 0 ]; then
     { echo "### $name: rc $rc (124: its limit of $lim s)"; echo '```'
-      tail -12 "$W/log/$name.log" | cut -c1-300; echo '```'; } >> "$W/fail.md"
+      tail -12 "$W/log/$name.log" | cut -c1-300; echo '```'
+    } > "$W/log/$name.fail"  # one file a step: steps run in parallel
   fi
   return $rc
 }
@@ -171,5 +172,5 @@ python3 tests/gpu/hf_fp8_check.py summary "$W" "$S" > /dev/null 2>&1 ||
   echo "summary failed: $(python3 tests/gpu/hf_fp8_check.py summary "$W" \
     /dev/null 2>&1 | tail -2)" >> "$S"
 { echo; echo "## Steps (took $(( $(date +%s) - T0 )) s)"; echo
-  cat "$W/steps.md"; echo; cat "$W/fail.md" 2>/dev/null; } >> "$S"
+  cat "$W/steps.md"; echo; cat "$W/log/"*.fail 2>/dev/null; } >> "$S"
 cat "$S"
