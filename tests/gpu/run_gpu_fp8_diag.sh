@@ -57,6 +57,7 @@ echo "rc $? ($(grep -c '^PASS' "$out/f.log") PASS)" >> "$S"
 grep -E "^FAIL" "$out/f.log" | head -12 | cut -c1-200 >> "$S"
 grep -E "cublaslt.* (2053|4100|8191)" "$out/f.log" | head -16 |
   cut -c1-200 >> "$S"
+grep -E "^INFO fp8 time" "$out/f.log" | head -24 | cut -c1-160 >> "$S"
 el "serve fp8 + fp8 KV, CUDA_LAUNCH_BLOCKING=1 BT_CUDA_GRAPHS=0"
 rm -rf /tmp/baton-fp8-diag-serve
 CUDA_LAUNCH_BLOCKING=1 BT_CUDA_GRAPHS=0 BT_SERVE_MODES=agg \
