@@ -228,29 +228,30 @@ gemm_fp8_skinny_kernel(int n_tok, int n_out, int ld, int kt_split,
             wg_commit();
             wg_wait<0>(); /* the stage is refilled next iteration */
             wg_fence_acc<NT>(c);
-            continue;
-        }
-        const uint8_t *wsm = sw + (i % SK_STAGES) * WB + warp * 16 * SK_BK;
-        const uint8_t *xsm = sx + (i % SK_STAGES) * XB;
+        } else {
+            const uint8_t *wsm =
+                sw + (i % SK_STAGES) * WB + warp * 16 * SK_BK;
+            const uint8_t *xsm = sx + (i % SK_STAGES) * XB;
 #pragma unroll
-        for (int kp = 0; kp < 2; kp++) {
-            /* A: rows 0-15 of the warp, k32 steps 2 kp (chunks 4 kp,
-             * 4 kp + 1) and 2 kp + 1: lanes 0-15 address rows 0-15 of
-             * the step's first chunk, lanes 16-31 of its second, so
-             * the four matrices are a0..a3 of m16n8k32 */
-            uint32_t a0[4], a1[4];
-            const int ar = lane & 15;
-            sk_ldm(a0, wsm + sk_swz(ar, 4 * kp + (lane >> 4)));
-            sk_ldm(a1, wsm + sk_swz(ar, 4 * kp + 2 + (lane >> 4)));
+            for (int kp = 0; kp < 2; kp++) {
+                /* A: rows 0-15 of the warp, k32 steps 2 kp (chunks 4 kp,
+                 * 4 kp + 1) and 2 kp + 1: lanes 0-15 address rows 0-15 of
+                 * the step's first chunk, lanes 16-31 of its second, so
+                 * the four matrices are a0..a3 of m16n8k32 */
+                uint32_t a0[4], a1[4];
+                const int ar = lane & 15;
+                sk_ldm(a0, wsm + sk_swz(ar, 4 * kp + (lane >> 4)));
+                sk_ldm(a1, wsm + sk_swz(ar, 4 * kp + 2 + (lane >> 4)));
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                /* B: tokens 8 nt..8 nt+7, chunks 4 kp..4 kp+3 = (b0, b1)
-                 * of both k32 steps */
-                uint32_t b[4];
-                const int br = nt * 8 + (lane & 7);
-                sk_ldm(b, xsm + sk_swz(br, 4 * kp + (lane >> 3)));
-                sk_mma(c[nt], a0, b[0], b[1]);
-                sk_mma(c[nt], a1, b[2], b[3]);
+                for (int nt = 0; nt < NT; nt++) {
+                    /* B: tokens 8 nt..8 nt+7, chunks 4 kp..4 kp+3 =
+                     * (b0, b1) of both k32 steps */
+                    uint32_t b[4];
+                    const int br = nt * 8 + (lane & 7);
+                    sk_ldm(b, xsm + sk_swz(br, 4 * kp + (lane >> 3)));
+                    sk_mma(c[nt], a0, b[0], b[1]);
+                    sk_mma(c[nt], a1, b[2], b[3]);
+                }
             }
         }
     }
