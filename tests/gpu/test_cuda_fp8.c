@@ -580,6 +580,79 @@ static void skinny_fallback(bufs_t *b, const wt_t *q, const char *name,
  * 64 tokens: both checked against the reference and timed, then one
  * INFO row per shape and token count (us and GB/s of weights); and the
  * skinny GEMM's mma fallback at 9, 33 and 64 tokens. */
+/* Median time (us) of 9 runs of the skinny GEMM (wgmma, no split) or
+ * the FP8 GEMV on b's current inputs, L2 flushed before each. */
+static float time_small(bufs_t *b, const wt_t *q, int n_tok, bool skinny)
+{
+    enum { REPS = 9 };
+    float t[REPS];
+    cudaEvent_t e0, e1;
+
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < REPS; i++) {
+        BT_ASSERT_OK(cuda_l2_flush(b->d_flush, FLUSH_BYTES, NULL));
+        CK(cudaEventRecord(e0, NULL));
+        if (skinny)
+            BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
+                                              b->d_xq, b->d_xs, q->d_q,
+                                              q->d_ws, b->d_y, CUDA_DT_BF16,
+                                              false, true, NULL, NULL));
+        else
+            BT_ASSERT_OK(cuda_gemv_fp8(n_tok, q->n_out, q->ld, b->d_xq,
+                                       n_tok == 1 ? b->d_xv : NULL, b->d_xs,
+                                       q->d_q, q->d_ws, b->d_y, CUDA_DT_BF16,
+                                       false, NULL));
+        CK(cudaEventRecord(e1, NULL));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    for (int i = 1; i < REPS; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return t[REPS / 2] * 1000.0f;
+}
+
+/* Timing only (the products are checked elsewhere): could the skinny
+ * GEMM's native E4M3 MMAs also take 1-8 tokens from the FP8 GEMV?
+ * Both on the same quantized inputs (run() leaves them in b), bf16 out,
+ * no split. */
+static void skinny_small(bufs_t *b)
+{
+    static const struct {
+        const char *name;
+        int n_out, n_in;
+    } sh[] = {
+        { "8b qkv", 6144, 4096 },
+        { "8b gate_up", 28672, 4096 },
+        { "8b down", 4096, 14336 },
+    };
+    static const int toks[] = { 1, 4, 8 };
+
+    for (int i = 0; i < 3; i++) {
+        wt_t q;
+
+        wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
+        for (int k = 0; k < 3; k++) {
+            const double wb = (double)q.n_out * q.ld;
+            float us_g, us_s;
+
+            run(b, &q, sh[i].name, toks[k], false, false, false);
+            us_g = time_small(b, &q, toks[k], false);
+            us_s = time_small(b, &q, toks[k], true);
+            printf("INFO fp8 small %d x %d x %d: gemv %.1f us %.0f GB/s, "
+                   "skinny %.1f us %.0f GB/s\n", toks[k], q.n_out, q.n_in,
+                   us_g, wb / us_g * 1e-3, us_s, wb / us_s * 1e-3);
+        }
+        wt_free(&q);
+    }
+}
+
 static void skinny_paths(bufs_t *b)
 {
     static const struct {
@@ -766,6 +839,7 @@ int main(void)
     }
     gemm_paths(&b);
     skinny_paths(&b);
+    skinny_small(&b);
     gemm_cache_fp8(&b);
     unlink(cache);
     cudaFree(b.d_flush);
