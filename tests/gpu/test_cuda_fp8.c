@@ -194,11 +194,15 @@ typedef struct {
     void *d_flush;
 } bufs_t;
 
-/* Median time (us) of reps runs of worker_gemm_fp8, L2 flushed before
- * each. */
-static float time_gemm(bufs_t *b, const wt_t *q, int n_tok,
-                       const worker_gemm_fp8_t *a, cuda_dtype_t out_dt,
-                       bool acc)
+/* What time_op times: worker_gemm_fp8 (whichever path it takes), or
+ * on b's current inputs, bf16 out, the FP8 GEMV or the skinny GEMM
+ * (wgmma, no split) directly. */
+typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY } op_t;
+
+/* Median time (us) of 9 runs of op, L2 flushed before each. */
+static float time_op(bufs_t *b, const wt_t *q, int n_tok,
+                     const worker_gemm_fp8_t *a, cuda_dtype_t out_dt,
+                     bool acc, op_t op)
 {
     enum { REPS = 9 };
     float t[REPS];
@@ -209,8 +213,19 @@ static float time_gemm(bufs_t *b, const wt_t *q, int n_tok,
     for (int i = 0; i < REPS; i++) {
         BT_ASSERT_OK(cuda_l2_flush(b->d_flush, FLUSH_BYTES, NULL));
         CK(cudaEventRecord(e0, NULL));
-        BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, q->n_out, q->ld, a,
-                                     b->d_y, out_dt, acc, NULL));
+        if (op == OP_GEMM)
+            BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, q->n_out, q->ld, a,
+                                         b->d_y, out_dt, acc, NULL));
+        else if (op == OP_SKINNY)
+            BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
+                                              b->d_xq, b->d_xs, q->d_q,
+                                              q->d_ws, b->d_y, CUDA_DT_BF16,
+                                              false, true, NULL, NULL));
+        else
+            BT_ASSERT_OK(cuda_gemv_fp8(n_tok, q->n_out, q->ld, b->d_xq,
+                                       n_tok == 1 ? b->d_xv : NULL, b->d_xs,
+                                       q->d_q, q->d_ws, b->d_y, CUDA_DT_BF16,
+                                       false, NULL));
         CK(cudaEventRecord(e1, NULL));
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&t[i], e0, e1));
@@ -381,7 +396,7 @@ static float run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
         double bytes = (double)n_out * ld + (double)n_tok * ld * 2.0;
         double flops = 2.0 * n_tok * (double)n_out * n_in;
 
-        us = time_gemm(b, q, n_tok, &a, out_dt, acc);
+        us = time_op(b, q, n_tok, &a, out_dt, acc, OP_GEMM);
         printf("INFO fp8 time %s %s: %.1f us, %.0f GB/s of weights and "
                "inputs, %.1f TFLOP/s\n", path, what, us, bytes / us * 1e-3,
                flops / us * 1e-6);
@@ -580,44 +595,6 @@ static void skinny_fallback(bufs_t *b, const wt_t *q, const char *name,
  * 64 tokens: both checked against the reference and timed, then one
  * INFO row per shape and token count (us and GB/s of weights); and the
  * skinny GEMM's mma fallback at 9, 33 and 64 tokens. */
-/* Median time (us) of 9 runs of the skinny GEMM (wgmma, no split) or
- * the FP8 GEMV on b's current inputs, L2 flushed before each. */
-static float time_small(bufs_t *b, const wt_t *q, int n_tok, bool skinny)
-{
-    enum { REPS = 9 };
-    float t[REPS];
-    cudaEvent_t e0, e1;
-
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i < REPS; i++) {
-        BT_ASSERT_OK(cuda_l2_flush(b->d_flush, FLUSH_BYTES, NULL));
-        CK(cudaEventRecord(e0, NULL));
-        if (skinny)
-            BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
-                                              b->d_xq, b->d_xs, q->d_q,
-                                              q->d_ws, b->d_y, CUDA_DT_BF16,
-                                              false, true, NULL, NULL));
-        else
-            BT_ASSERT_OK(cuda_gemv_fp8(n_tok, q->n_out, q->ld, b->d_xq,
-                                       n_tok == 1 ? b->d_xv : NULL, b->d_xs,
-                                       q->d_q, q->d_ws, b->d_y, CUDA_DT_BF16,
-                                       false, NULL));
-        CK(cudaEventRecord(e1, NULL));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    for (int i = 1; i < REPS; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            float x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return t[REPS / 2] * 1000.0f;
-}
-
 /* Timing only (the products are checked elsewhere): could the skinny
  * GEMM's native E4M3 MMAs also take 1-8 tokens from the FP8 GEMV?
  * Both on the same quantized inputs (run() leaves them in b), bf16 out,
@@ -643,8 +620,10 @@ static void skinny_small(bufs_t *b)
             float us_g, us_s;
 
             run(b, &q, sh[i].name, toks[k], false, false, false);
-            us_g = time_small(b, &q, toks[k], false);
-            us_s = time_small(b, &q, toks[k], true);
+            us_g = time_op(b, &q, toks[k], NULL, CUDA_DT_BF16, false,
+                           OP_GEMV);
+            us_s = time_op(b, &q, toks[k], NULL, CUDA_DT_BF16, false,
+                           OP_SKINNY);
             printf("INFO fp8 small %d x %d x %d: gemv %.1f us %.0f GB/s, "
                    "skinny %.1f us %.0f GB/s\n", toks[k], q.n_out, q.n_in,
                    us_g, wb / us_g * 1e-3, us_s, wb / us_s * 1e-3);
