@@ -192,11 +192,12 @@ typedef struct {
     float *d_acc;
     size_t acc_floats;
     void *d_flush;
+    cuda_gemv_ws_t ws; /* split-K scratch of the skinny GEMM timed alone */
 } bufs_t;
 
 /* What time_op times: worker_gemm_fp8 (whichever path it takes), or
  * on b's current inputs, bf16 out, the FP8 GEMV or the skinny GEMM
- * (wgmma, no split) directly. */
+ * (wgmma, split K through b->ws as the engine's context does) directly. */
 typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY } op_t;
 
 /* Median time (us) of 9 runs of op, L2 flushed before each. */
@@ -220,7 +221,7 @@ static float time_op(bufs_t *b, const wt_t *q, int n_tok,
             BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
                                               b->d_xq, b->d_xs, q->d_q,
                                               q->d_ws, b->d_y, CUDA_DT_BF16,
-                                              false, true, NULL, NULL));
+                                              false, true, &b->ws, NULL));
         else
             BT_ASSERT_OK(cuda_gemv_fp8(n_tok, q->n_out, q->ld, b->d_xq,
                                        n_tok == 1 ? b->d_xv : NULL, b->d_xs,
@@ -597,8 +598,7 @@ static void skinny_fallback(bufs_t *b, const wt_t *q, const char *name,
  * skinny GEMM's mma fallback at 9, 33 and 64 tokens. */
 /* Timing only (the products are checked elsewhere): could the skinny
  * GEMM's native E4M3 MMAs also take 1-8 tokens from the FP8 GEMV?
- * Both on the same quantized inputs (run() leaves them in b), bf16 out,
- * no split. */
+ * Both on the same quantized inputs (run() leaves them in b), bf16 out. */
 static void skinny_small(bufs_t *b)
 {
     static const struct {
@@ -766,6 +766,11 @@ int main(void)
     b.acc_floats = (size_t)1024 * max_out;
     CK(cudaMalloc((void **)&b.d_acc, sizeof(float) * b.acc_floats));
     CK(cudaMalloc(&b.d_flush, FLUSH_BYTES));
+    b.ws.part_bytes = (size_t)32 << 20;
+    b.ws.n_cnt = 4096;
+    CK(cudaMalloc((void **)&b.ws.d_part, b.ws.part_bytes));
+    CK(cudaMalloc((void **)&b.ws.d_cnt, sizeof(int) * b.ws.n_cnt));
+    CK(cudaMemset(b.ws.d_cnt, 0, sizeof(int) * b.ws.n_cnt));
     CK(cudaMemset(b.d_flush, 0, FLUSH_BYTES));
 
     {
