@@ -1749,12 +1749,7 @@ static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_f8_in_t in,
     const bool gemv = worker_gemm_fp8_gemv(r->gemm, nt, n_out, ld,
                                            r->acc_floats);
     /* the 1-token GEMV reads the bf16 values, every other product codes */
-    const worker_gemm_fp8_t probe = { NULL, NULL, NULL, NULL, NULL, NULL,
-                                      0, gemv };
-    void *d_v = gemv && nt == 1 &&
-                        !worker_gemm_fp8_uses_skinny(r->gemm, nt, &probe)
-                    ? r->d_xv
-                    : NULL;
+    void *d_v = gemv && nt == 1 ? r->d_xv : NULL;
     uint8_t *d_q = d_v != NULL ? NULL : r->d_xq;
     const worker_gemm_fp8_t a = { d_q, d_v, r->d_xs, f->d_w, f->d_ws,
                                   r->d_acc, r->acc_floats, gemv };

@@ -2223,15 +2223,7 @@ void worker_gemm_fp8_force_cublaslt(worker_gemm_ctx_t *ctx, bool on)
 bool worker_gemm_fp8_uses_skinny(const worker_gemm_ctx_t *ctx, int n_tok,
                                  const worker_gemm_fp8_t *a)
 {
-    /* EXPERIMENT (A/B on the device, not for main): BT_FP8_SKINNY_FROM=1
-     * sends 1-8 tokens to the skinny GEMM too */
-    static int from = -1;
-
-    if (from < 0) {
-        const char *e = getenv("BT_FP8_SKINNY_FROM");
-        from = e != NULL && atoi(e) >= 1 ? atoi(e) : CUDA_GEMV_FP8_MAX_TOK + 1;
-    }
-    return a->gemv && n_tok >= from && ctx->fp8_skinny;
+    return a->gemv && n_tok > CUDA_GEMV_FP8_MAX_TOK && ctx->fp8_skinny;
 }
 
 /* The gemv form of worker_gemm_fp8 (a->gemv): the skinny GEMM in pieces
