@@ -195,9 +195,9 @@ typedef struct {
     cuda_gemv_ws_t ws; /* split-K scratch of the skinny GEMM timed alone */
 } bufs_t;
 
-/* What time_op times: worker_gemm_fp8 (whichever path it takes), or
- * on b's current inputs, bf16 out, the FP8 GEMV or the skinny GEMM
- * (wgmma, split K through b->ws as the engine's context does) directly. */
+/* What time_op times: worker_gemm_fp8 (whichever path it takes), or on
+ * b's current inputs the FP8 GEMV or the skinny GEMM (wgmma, split K
+ * through b->ws as the engine's context does) directly. */
 typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY } op_t;
 
 /* Median time (us) of 9 runs of op, L2 flushed before each. */
@@ -220,13 +220,13 @@ static float time_op(bufs_t *b, const wt_t *q, int n_tok,
         else if (op == OP_SKINNY)
             BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
                                               b->d_xq, b->d_xs, q->d_q,
-                                              q->d_ws, b->d_y, CUDA_DT_BF16,
-                                              false, true, &b->ws, NULL));
+                                              q->d_ws, b->d_y, out_dt, acc,
+                                              true, &b->ws, NULL));
         else
             BT_ASSERT_OK(cuda_gemv_fp8(n_tok, q->n_out, q->ld, b->d_xq,
                                        n_tok == 1 ? b->d_xv : NULL, b->d_xs,
-                                       q->d_q, q->d_ws, b->d_y, CUDA_DT_BF16,
-                                       false, NULL));
+                                       q->d_q, q->d_ws, b->d_y, out_dt, acc,
+                                       NULL));
         CK(cudaEventRecord(e1, NULL));
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&t[i], e0, e1));
@@ -557,9 +557,10 @@ static void gemm_paths(bufs_t *b)
 }
 
 /* The skinny GEMM's mma.m16n8k32 fallback (cuda_gemm_fp8_skinny with
- * wgmma off, no workspace: no split K) against the product run() left in
- * b->d_y (bf16 out, the inputs of its n_tok tokens in b->d_xq): relative
- * difference < REL_MAX (the two sum in different orders and precisions). */
+ * wgmma off, no workspace: no split K) against worker_gemm_fp8's product
+ * that run() left in b->d_y (bf16 out, the inputs of its n_tok tokens in
+ * b->d_xq): relative difference < REL_MAX (the two sum in different
+ * orders and precisions). */
 static void skinny_fallback(bufs_t *b, const wt_t *q, const char *name,
                             int n_tok)
 {
@@ -584,18 +585,13 @@ static void skinny_fallback(bufs_t *b, const wt_t *q, const char *name,
     rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
     ok = rel < REL_MAX && isfinite(rel);
     printf("%s fp8 skinny mma.m16n8k32 fallback %s %d x %d, %d tokens: "
-           "relative difference %.2e from the default form\n",
+           "relative difference %.2e from worker_gemm_fp8\n",
            ok ? "PASS" : "FAIL", name, q->n_out, q->n_in, n_tok, rel);
     g_fail += !ok;
     free(ya);
     free(yb);
 }
 
-/* The skinny FP8 GEMM against cuBLASLt's FP8 GEMM (forced with
- * worker_gemm_fp8_force_cublaslt) on the 8B decode shapes at 16, 32 and
- * 64 tokens: both checked against the reference and timed, then one
- * INFO row per shape and token count (us and GB/s of weights); and the
- * skinny GEMM's mma fallback at 9, 33 and 64 tokens. */
 /* Timing only (the products are checked elsewhere): could the skinny
  * GEMM's native E4M3 MMAs also take 1-8 tokens from the FP8 GEMV?
  * Both on the same quantized inputs (run() leaves them in b), bf16 out. */
@@ -632,6 +628,12 @@ static void skinny_small(bufs_t *b)
     }
 }
 
+/* The skinny FP8 GEMM against cuBLASLt's FP8 GEMM (forced with
+ * worker_gemm_fp8_force_cublaslt, checked against the reference) on the
+ * 8B decode shapes at 16, 32 and 64 tokens, both timed on the same
+ * inputs, then one INFO row per shape and token count (us and GB/s of
+ * weights): where gemm.c's routing bound should be; and the skinny
+ * GEMM's mma fallback at 9, 33 and 64 tokens. */
 static void skinny_paths(bufs_t *b)
 {
     static const struct {
@@ -653,12 +655,15 @@ static void skinny_paths(bufs_t *b)
         wt_t q;
 
         wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
-        for (int k = 0; k < NT; k++)
-            for (int forced = 0; forced < 2; forced++) {
-                worker_gemm_fp8_force_cublaslt(b->ctx, forced == 1);
-                (forced ? t_lt : t_sk)[i][k] =
-                    run(b, &q, sh[i].name, toks[k], false, sh[i].acc, true);
-            }
+        for (int k = 0; k < NT; k++) {
+            const cuda_dtype_t dt = sh[i].acc ? CUDA_DT_F32 : CUDA_DT_BF16;
+
+            worker_gemm_fp8_force_cublaslt(b->ctx, true);
+            t_lt[i][k] =
+                run(b, &q, sh[i].name, toks[k], false, sh[i].acc, true);
+            t_sk[i][k] = time_op(b, &q, toks[k], NULL, dt, sh[i].acc,
+                                 OP_SKINNY);
+        }
         worker_gemm_fp8_force_cublaslt(b->ctx, false);
         for (int k = 0; k < (int)(sizeof(fb_toks) / sizeof(int)); k++) {
             run(b, &q, sh[i].name, fb_toks[k], false, false, false);

@@ -98,6 +98,11 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_FP8_BAD_MAX 64
 #define GEMM_FP8_TOK_ALIGN 16   /* FP8 plans' token counts: multiples */
 #define GEMM_FP8_CANDS 16       /* cuBLASLt FP8 algorithms timed */
+/* FP8 token counts the skinny GEMM takes from cuBLASLt (above the GEMV's
+ * 8): H100, 2026-12-05, bench_cuda fp8 + FP8 KV @2k: batch 16 6.665 ->
+ * 5.482 ms with it, batch 64 9.307 -> 9.878 (cuBLASLt's split-free tiles
+ * beat its split K at 64 tokens); 17-63 unmeasured */
+#define GEMM_FP8_SKINNY_ROUTE_MAX 16
 
 /* One planned shape. */
 typedef struct {
@@ -1660,7 +1665,7 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 // FP8 (precision fp8, kernels/fp8.h)
 //
 // Up to CUDA_GEMV_FP8_MAX_TOK tokens: the FP8 GEMV (the weights read once
-// at the bandwidth limit).  Up to CUDA_GEMM_FP8_SKINNY_MAX_TOK: the skinny
+// at the bandwidth limit).  Up to GEMM_FP8_SKINNY_ROUTE_MAX: the skinny
 // FP8 GEMM (kernels/gemm_fp8_skinny.cu: the weights read once on the
 // tensor cores; cuBLASLt's kernels, tiled for prefill, read these shapes
 // well below bandwidth), unless worker_gemm_fp8_force_cublaslt.  Both go
@@ -1746,6 +1751,7 @@ static bool gemm_fp8_skinny_takes(const worker_gemm_ctx_t *ctx, int n_tok,
 {
     return ctx->fp8_skinny && !ctx->fp8_force_cublaslt &&
            n_tok > CUDA_GEMV_FP8_MAX_TOK &&
+           n_tok <= GEMM_FP8_SKINNY_ROUTE_MAX &&
            cuda_gemm_fp8_skinny_ok(n_tok, n_out, ld);
 }
 
