@@ -4,7 +4,9 @@
  * swizzle the cp.async rings of tc_common.cuh already write (16-byte
  * chunk c of 128-byte row r at chunk c ^ (r & 7), tile base 1024-byte
  * aligned), the fences, commit and wait, and m64nNk16 bf16 -> f32 for
- * N = 8 NT, NT in {1, 2, 4, 8, 16}; and the register-A form with an
+ * N = 8 NT, NT in {1, 2, 4, 8, 16}; m64nNk32 E4M3 -> f32 for NT in {1,
+ * 2, 4, 8} (the same tiles: a k32 step of E4M3 codes is the 32 bytes of
+ * a bf16 k16 step); and the register-A form with an
  * N-major B (wg_mma_rs, wg_desc_mn) for P V in attention.
  *
  * Operands: A is 64 rows x 16 K (rows 128 bytes apart, 8-row groups
@@ -306,6 +308,18 @@ template <int NT> struct wg_mma {
     }
 };
 
+/* c (64 x 8 NT f32, per warpgroup) += A (64 x 32 E4M3) . B (8 NT x 32
+ * E4M3)^T, both K-major in shared memory (wg_desc; FP8 has no
+ * transposed forms). */
+template <int NT> struct wg_mma_e4m3 {
+    static __device__ __forceinline__ void run(float (&c)[NT][4],
+                                               uint64_t da, uint64_t db)
+    {
+        (void)c; (void)da; (void)db;
+        __trap();
+    }
+};
+
 /* c (64 x 8 NT f32, per warpgroup) += A (64 x 16, registers) . B
  * (16 x 8 NT, shared memory, N-major: K rows of contiguous N values,
  * wg_desc_mn), NT in {8, 16}.  A per warp w: its rows 16 w .. 16 w + 15
@@ -405,6 +419,46 @@ WG_MMA(16, "128",
        WG_C(13), WG_C(14), WG_C(15));
 
 #undef WG_MMA
+
+#define WG_MMA_E4M3(NT, N, REGS, DA, DB, ONE, ...)                         \
+    template <> struct wg_mma_e4m3<NT> {                                   \
+        static __device__ __forceinline__ void run(float (&c)[NT][4],      \
+                                                   uint64_t da,            \
+                                                   uint64_t db)            \
+        {                                                                  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n" \
+                         "wgmma.mma_async.sync.aligned.m64n" N             \
+                         "k32.f32.e4m3.e4m3 {" REGS "}, %" DA ", %" DB     \
+                         ", p, 1, 1;\n}\n"                                 \
+                         : __VA_ARGS__                                     \
+                         : "l"(da), "l"(db), "r"(1));                      \
+        }                                                                  \
+    }
+
+WG_MMA_E4M3(1, "8",
+            "%0,%1,%2,%3",
+            "4", "5", "6",
+            WG_C(0));
+
+WG_MMA_E4M3(2, "16",
+            "%0,%1,%2,%3,%4,%5,%6,%7",
+            "8", "9", "10",
+            WG_C(0), WG_C(1));
+
+WG_MMA_E4M3(4, "32",
+            "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15",
+            "16", "17", "18",
+            WG_C(0), WG_C(1), WG_C(2), WG_C(3));
+
+WG_MMA_E4M3(8, "64",
+            "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+            "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"
+            "%30,%31",
+            "32", "33", "34",
+            WG_C(0), WG_C(1), WG_C(2), WG_C(3), WG_C(4), WG_C(5), WG_C(6),
+            WG_C(7));
+
+#undef WG_MMA_E4M3
 
 #define WG_MMA_RS(NT, N, REGS, AREGS, DB, ONE, ...)                        \
     template <> struct wg_mma_rs<NT> {                                     \
