@@ -1,8 +1,10 @@
 /*
  * tc_common.cuh - tensor-core building blocks shared by the attention
- * kernels (attn_decode_tc.cu, attn_prefill.cu): 16-byte cp.async copies
- * into shared memory with zero fill, ldmatrix (plain and transposed),
- * mma.m16n8k16 bf16 -> f32 and bf16 pair packing.  Fragment layout of
+ * kernels (attn_decode_tc.cu, attn_prefill.cu) and the skinny GEMMs
+ * (gemv_tc.cu, gemm_fp8_skinny.cu): 16-byte cp.async copies into shared
+ * memory with zero fill, ldmatrix (plain and transposed), mma.m16n8k16
+ * bf16 -> f32, bf16 pair packing, and the skinny GEMMs' split-K
+ * epilogue (tc_splitk_store).  Fragment layout of
  * mma.m16n8k16 (lane = 4 g + t): A regs {row g, cols 2t..2t+1}, {row g+8},
  * {row g, cols 2t+8..}, {row g+8, cols 2t+8..}; B regs {rows 2t..2t+1,
  * col g}, {rows 2t+8..}; C {row g, cols 2t, 2t+1}, {row g+8, same}.
