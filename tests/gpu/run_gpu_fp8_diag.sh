@@ -19,8 +19,9 @@
 #    compute-sanitizer memcheck when the machine has it;
 # 2. the failing serving burst with BT_ATTN_TC=0 (the general decode
 #    attention: does the fault go away, or move to another kernel, i.e.
-#    memory damaged elsewhere?), then with CUDA_LAUNCH_BLOCKING=1
-#    BT_CUDA_GRAPHS=0 (the first ERROR names the launch);
+#    memory damaged elsewhere?), then with CUDA_MODULE_LOADING=EAGER
+#    CUDA_LAUNCH_BLOCKING=1 BT_CUDA_GRAPHS=0 (H100, lazy loading: the
+#    fault named attn_decode_tc; does it stay there?);
 # 3. test_serve_shapes with FP8 KV; bench_cuda b1/b16/b64 + prefill.
 # (test_cuda_fp8 and the kernels: tests/gpu/run_gpu_fp8.sh.)
 set -u
@@ -71,7 +72,11 @@ fi
 # the TC kernel out of the way: does the fault move (memory damaged by
 # another kernel) or go away (this kernel)?
 serve "the general decode attention" BT_ATTN_TC=0
-serve "launches serialized" CUDA_LAUNCH_BLOCKING=1 BT_CUDA_GRAPHS=0
+# kernels loaded at start, not on first use (lazy loading puts a kernel's
+# code next to allocations made later, where a stray write can reach
+# it), launches serialized so the first ERROR names the launch
+serve "eager modules, serialized" CUDA_MODULE_LOADING=EAGER \
+  CUDA_LAUNCH_BLOCKING=1 BT_CUDA_GRAPHS=0
 el "test_serve_shapes fp8, FP8 KV (finite, correlated rows: its fp8 tolerance)"
 timeout -k 5 50 "$c/tests/worker_test_serve_shapes" --device cuda \
   --model synth:llama3-8b --max-seqs 256 --max-batch-tokens 8192 \
