@@ -147,7 +147,7 @@ static __device__ __forceinline__ void tc_rope_prologue(
 template <int HD, bool NEWROW, bool KV8>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
-                      int n_splits, float *ws, bool early, int kv_hint)
+                      int n_splits, float *ws)
 {
     constexpr int ROW = tc_smem<HD>::ROW;
     /* a stage's K (or V) rows, and a warp's 16 of them, in elements */
@@ -228,21 +228,19 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * holds the new key copies its tile only after the wait and a fence,
      * and is the attention's last block at batch 1: round 17). */
     const int kt_new = (ctx - start) / TC_TK;
-    const bool fill_new = NEWROW && early && a.d_qkv && !mrow &&
+    const bool fill_new = NEWROW && a.d_qkv && !mrow &&
                           end == ctx + 1 &&
                           start <= ctx && a.d_slot[tok] >= 0 &&
                           kt_new < TC_STAGES - 1;
     /* (the hole only in the early copies: the main loop's copy path is
      * the instruction-bound part of batch-64 steps) */
-    /* kv_hint (tc_launch): 0 plain copies; 1 evict first; 128 (the
-     * default) evict first with a 128-byte prefetch size.  Evict first:
-     * K/V are read once a step, so their lines leave L2 first and what
-     * is read again stays; 128: the copies also ask L2 for the whole
-     * 128-byte line around them (a K or V row of one head is 256
-     * contiguous bytes, copied as 16 chunks by 16 lanes; the first miss
-     * of a line brings all of it).  Both faster at batch 64 (rounds
-     * 23-24). */
-    const uint64_t kv_pol = kv_hint ? tc_policy_evict_first() : 0;
+    /* The K/V copies' L2 policy: evict first (K/V are read once a step,
+     * so their lines leave L2 first and what is read again stays) with a
+     * 128-byte prefetch size (a K or V row of one head is 256 contiguous
+     * bytes, copied as 16 chunks by 16 lanes; the first miss of a line
+     * brings all of it).  Both faster at batch 64 than plain copies or
+     * either alone (rounds 23-24); the losing settings were deleted. */
+    const uint64_t kv_pol = tc_policy_evict_first();
     auto load_tile = [&](int stage, int kt, auto hole_t) {
         constexpr bool HOLE = decltype(hole_t)::value;
         const int k = start + kt * TC_TK + warp * 16 + (lane & 15);
@@ -255,30 +253,15 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             off = ((long long)bid * bs + (k - blk * bs)) *
                   (long long)slot_stride;
         }
-        if constexpr (KV8) {
-            uint8_t *dk = sk8 + (size_t)stage * TC_TK * HD + warp * 16 * HD;
-            uint8_t *dv = sv8 + (size_t)stage * TC_TK * HD + warp * 16 * HD;
-            if (kv_hint == 128)
-                tc_copy_rows16_kv8<HD, true, true>(dk, dv, kbase8, vbase8,
-                                                   off, lane, kv_pol);
-            else if (kv_hint)
-                tc_copy_rows16_kv8<HD, true>(dk, dv, kbase8, vbase8, off,
-                                             lane, kv_pol);
-            else
-                tc_copy_rows16_kv8<HD>(dk, dv, kbase8, vbase8, off, lane);
-        } else if (kv_hint == 128)
-            tc_copy_rows16<HD, HOLE, true, true>(
-                sk + stage * TILE + warp * WPART,
-                sv + stage * TILE + warp * WPART, kbase, vbase, off, lane,
-                kv_pol);
-        else if (kv_hint)
-            tc_copy_rows16<HD, HOLE, true>(sk + stage * TILE + warp * WPART,
-                                           sv + stage * TILE + warp * WPART,
-                                           kbase, vbase, off, lane, kv_pol);
+        if constexpr (KV8)
+            tc_copy_rows16_kv8<HD>(
+                sk8 + (size_t)stage * TC_TK * HD + warp * 16 * HD,
+                sv8 + (size_t)stage * TC_TK * HD + warp * 16 * HD, kbase8,
+                vbase8, off, lane, kv_pol);
         else
             tc_copy_rows16<HD, HOLE>(sk + stage * TILE + warp * WPART,
                                      sv + stage * TILE + warp * WPART, kbase,
-                                     vbase, off, lane);
+                                     vbase, off, lane, kv_pol);
     };
     const std::true_type with_hole;
     const std::false_type no_hole;
@@ -286,14 +269,13 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * (with programmatic dependent launch they stream during the previous
      * kernels); the others, and Q, after it. */
     int pre = 0;
-    if (early)
-        while (pre < TC_STAGES - 1 && pre < n_tiles &&
-               (min(end, start + (pre + 1) * TC_TK) <= ctx ||
-                (fill_new && pre == kt_new))) {
-            load_tile(pre, pre, with_hole);
-            tc_cp_commit();
-            pre++;
-        }
+    while (pre < TC_STAGES - 1 && pre < n_tiles &&
+           (min(end, start + (pre + 1) * TC_TK) <= ctx ||
+            (fill_new && pre == kt_new))) {
+        load_tile(pre, pre, with_hole);
+        tc_cp_commit();
+        pre++;
+    }
     kern_pdl_wait();
     KPROF(0, 1);
 
@@ -325,7 +307,15 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const float sl2 = (KV8 ? a.scale * a.d_kv_scale[kvh] : a.scale) *
                       1.4426950408889634f;
 
-#pragma unroll
+    /* Not unrolled: CUDA 13.0's ptxas (V13.0.88) compiled the unrolled
+     * loop's second copy in the FP8-KV instances with its shared-memory
+     * base and memory descriptor in uniform registers it never wrote
+     * (UR0, UR1), and Hopper raised "an illegal instruction" there under
+     * serving shapes (a cold burst of 256 x 2048-token prompts; test_attn
+     * --kv8-stress).  tests/gpu/sass_check.py, run by the device scripts,
+     * catches such code; at most two iterations, so the loop costs
+     * nothing. */
+#pragma unroll 1
     for (int s = 0; s < TC_STAGES - 1; s++) {
         if (s < pre)
             continue; /* issued before the wait */
@@ -481,18 +471,10 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         if (dev >= 0 && dev < 64)
             attr_set[dev] = true;
     }
-    /* Early copies before the PDL wait, and the K/V copies' L2 policy:
-     * evict first with a 128-byte L2 prefetch size (faster at batch 64
-     * and 128 than either alone: rounds 23-24 of docs/PERFORMANCE.md).
-     * The kernel's other settings (late copies, plain or evict-first-only
-     * copies) lost their A/B and are never selected; their branches stay
-     * until a device session measures the kernel without them. */
-    const bool early = true;
-    const int kv_hint = 128;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, KV8>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
-                n_splits, ws, early, kv_hint);
+                n_splits, ws);
     return cudaSuccess;
 }
 

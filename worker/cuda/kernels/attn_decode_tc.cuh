@@ -45,14 +45,14 @@ static __device__ __forceinline__ const bf16_t *tc_at(const bf16_t *t,
 /* Copies 16 K and V rows into dk / dv (16 rows of ROW).  Lane r < 16
  * holds `off`, the element offset of row r in the layer cache (-1: past
  * the keys, zero-filled; HOLE: -2, not copied at all, the caller writes
- * the row itself); the copying lanes take it by shuffle.  HINT: the
- * copies carry the L2 policy pol (PF128: and a 128-byte prefetch size).  Round 11:
- * computing each row's offset once (instead of per 16-byte chunk) cut
- * the kernel's instructions by 28%. */
-template <int HD, bool HOLE = false, bool HINT = false, bool PF128 = false>
+ * the row itself); the copying lanes take it by shuffle.  The copies
+ * carry the L2 policy pol and a 128-byte prefetch size (tc_cp16_l2).
+ * Round 11: computing each row's offset once (instead of per 16-byte
+ * chunk) cut the kernel's instructions by 28%. */
+template <int HD, bool HOLE = false>
 static __device__ __forceinline__ void tc_copy_rows16(
     bf16_t *dk, bf16_t *dv, const bf16_t *kbase, const bf16_t *vbase,
-    long long off, int lane, uint64_t pol = 0)
+    long long off, int lane, uint64_t pol)
 {
     constexpr int ROW = tc_rows<HD>::ROW;
     constexpr int CPR = HD / 8;   /* 16-byte chunks per row */
@@ -65,25 +65,20 @@ static __device__ __forceinline__ void tc_copy_rows16(
         const bool ok = o >= 0;
         if (HOLE && o == -2)
             continue;
-        if constexpr (HINT) {
-            tc_cp16_hint<PF128>(dk + r * ROW + c * 8,
-                             ok ? kbase + o + c * 8 : kbase, ok, pol);
-            tc_cp16_hint<PF128>(dv + r * ROW + c * 8,
-                             ok ? vbase + o + c * 8 : vbase, ok, pol);
-        } else {
-            tc_cp16(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok);
-            tc_cp16(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase, ok);
-        }
+        tc_cp16_l2(dk + r * ROW + c * 8, ok ? kbase + o + c * 8 : kbase, ok,
+                   pol);
+        tc_cp16_l2(dv + r * ROW + c * 8, ok ? vbase + o + c * 8 : vbase, ok,
+                   pol);
     }
 }
 
 /* FP8 KV: copies 16 rows of E4M3 codes (HD bytes each, unpadded) of K
  * and V into dk / dv, as tc_copy_rows16 (off: the row's element, so byte,
  * offset; -1 zero-filled). */
-template <int HD, bool HINT = false, bool PF128 = false>
+template <int HD>
 static __device__ __forceinline__ void tc_copy_rows16_kv8(
     uint8_t *dk, uint8_t *dv, const uint8_t *kbase, const uint8_t *vbase,
-    long long off, int lane, uint64_t pol = 0)
+    long long off, int lane, uint64_t pol)
 {
     constexpr int CPR = HD / 16;  /* 16-byte chunks per row */
     constexpr int RPI = 32 / CPR; /* rows per copy instruction */
@@ -93,17 +88,10 @@ static __device__ __forceinline__ void tc_copy_rows16_kv8(
         const int r = i * RPI + lane / CPR;
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0;
-        if constexpr (HINT) {
-            tc_cp16_hint<PF128>(dk + r * HD + c * 16,
-                                ok ? kbase + o + c * 16 : kbase, ok, pol);
-            tc_cp16_hint<PF128>(dv + r * HD + c * 16,
-                                ok ? vbase + o + c * 16 : vbase, ok, pol);
-        } else {
-            tc_cp16(dk + r * HD + c * 16, ok ? kbase + o + c * 16 : kbase,
-                    ok);
-            tc_cp16(dv + r * HD + c * 16, ok ? vbase + o + c * 16 : vbase,
-                    ok);
-        }
+        tc_cp16_l2(dk + r * HD + c * 16, ok ? kbase + o + c * 16 : kbase, ok,
+                   pol);
+        tc_cp16_l2(dv + r * HD + c * 16, ok ? vbase + o + c * 16 : vbase, ok,
+                   pol);
     }
 }
 

@@ -26,27 +26,21 @@ static __device__ __forceinline__ void tc_cp16(void *smem, const void *gmem,
                  :: "r"(s), "l"(gmem), "r"(n) : "memory");
 }
 
-/* tc_cp16 with an L2 cache policy (tc_policy_evict_first): data read
+/* tc_cp16 with an L2 cache policy (tc_policy_evict_first: data read
  * once, such as a decode step's K/V, need not push out of L2 what is
- * read again.  PF128: the copy also asks L2 to fetch the whole 128-byte
- * line around its chunk from DRAM on a miss (round 23: 256 bytes gained
- * nothing). */
-template <bool PF128 = false>
-static __device__ __forceinline__ void tc_cp16_hint(void *smem,
-                                                    const void *gmem,
-                                                    bool valid, uint64_t pol)
+ * read again) and a 128-byte L2 prefetch size: the copy also asks L2 to
+ * fetch the whole 128-byte line around its chunk from DRAM on a miss
+ * (round 23: 256 bytes gained nothing). */
+static __device__ __forceinline__ void tc_cp16_l2(void *smem,
+                                                  const void *gmem,
+                                                  bool valid, uint64_t pol)
 {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     int n = valid ? 16 : 0;
 
-    if constexpr (PF128)
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B "
-                     "[%0], [%1], 16, %2, %3;\n"
-                     :: "r"(s), "l"(gmem), "r"(n), "l"(pol) : "memory");
-    else
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], "
-                     "16, %2, %3;\n"
-                     :: "r"(s), "l"(gmem), "r"(n), "l"(pol) : "memory");
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B "
+                 "[%0], [%1], 16, %2, %3;\n"
+                 :: "r"(s), "l"(gmem), "r"(n), "l"(pol) : "memory");
 }
 
 /* An L2 policy that evicts the lines it covers first. */
