@@ -28,6 +28,14 @@
  *      cuda_fp8_norm_quant the same as cuda_rmsnorm then
  *      cuda_fp8_quant_act up to the norm's sum order (dequantized
  *      relative difference < 1e-2, the differing codes counted).
+ *   5. the conversion helpers (kernels/fp8_cvt.cuh, the hardware cvt the
+ *      quantization and the FP8 KV writes use) give bt_f32_to_e4m3's
+ *      codes bit for bit, and bt_e4m3_to_f32's values as bf16: every
+ *      code's value, the midpoints between codes (ties) and +-1-3 ulps
+ *      around them, the saturation range (448, 464, 480, inf), NaNs of
+ *      both signs, zeros, the subnormal boundaries, every bf16 value, and
+ *      random floats ([-1000, 1000], tiny magnitudes, raw bit patterns)
+ *      ("fp8 cvt" line).
  * INFO lines time the 8B shapes (L2 flushed before each run): GB/s of
  * weights for the GEMV, TFLOP/s for the GEMM; gemm_paths checks both
  * cuBLASLt paths on the 8B shapes and prints one row per shape at 2048
@@ -69,6 +77,152 @@ static float frand(void)
     g_rng ^= g_rng >> 7;
     g_rng ^= g_rng << 17;
     return (float)((g_rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float f32_of_bits(uint32_t u)
+{
+    float f;
+
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* f and its neighbours: +-1..3 ulps (and its negative), into v. */
+static size_t cvt_push_near(float *v, size_t n, float f)
+{
+    const uint32_t u = bits_of(f);
+
+    for (int d = -3; d <= 3; d++) {
+        const uint32_t w = (uint32_t)((int64_t)u + d);
+        v[n++] = f32_of_bits(w);
+        v[n++] = f32_of_bits(w ^ 0x80000000u);
+    }
+    return n;
+}
+
+/* Check 5: cuda_fp8_cvt_check's codes (the four- and the one-value
+ * helper) against bt_f32_to_e4m3, its bf16 values against
+ * bt_e4m3_to_f32's (a NaN code: any bf16 NaN). */
+static void cvt_check(void)
+{
+    const size_t cap = (size_t)4 << 20;
+    float *v = malloc(sizeof(float) * cap);
+    uint8_t *q, *q1, *d_q, *d_q1;
+    uint16_t *xv, *d_xv;
+    float *d_x;
+    size_t n = 0;
+    long bad4 = 0, bad1 = 0, badv = 0;
+    static const uint32_t specials[] = {
+        0x00000000u, 0x00000001u, 0x007FFFFFu, 0x00800000u, /* 0, denormals */
+        0x7F800000u, 0x7F7FFFFFu,                           /* inf, FLT_MAX */
+        0x7FC00000u, 0x7F800001u, 0x7FA00000u, 0x7FFFFFFFu, /* NaNs */
+        0x7FC00001u, 0x7FBFFFFFu,
+    };
+    static const float edges[] = {
+        448.0f, 456.0f, 460.0f, 463.0f, 464.0f, 465.0f, 472.0f, 480.0f,
+        496.0f, 500.0f, 512.0f, 1000.0f, 1.0e4f, 65504.0f, 1.0e30f,
+        0.0009765625f,   /* 2^-10: half the smallest subnormal (tie) */
+        0.001953125f,    /* 2^-9: the smallest subnormal */
+        0.00048828125f,  /* 2^-11 */
+        0.013671875f,    /* 7 * 2^-9: the largest subnormal */
+        0.0146484375f,   /* between it and 2^-6 (tie, to even 2^-6) */
+        0.015625f,       /* 2^-6: the smallest normal */
+        1.0f, 1.0625f, 1.125f, 1.1875f, 240.0f, 416.0f, 432.0f, 440.0f,
+    };
+
+    if (v == NULL)
+        exit(1);
+    for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); i++)
+        n = cvt_push_near(v, n, f32_of_bits(specials[i]));
+    for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++)
+        n = cvt_push_near(v, n, edges[i]);
+    for (int c = 0; c < 256; c++) { /* every code's value (NaNs too) */
+        n = cvt_push_near(v, n, bt_e4m3_to_f32((uint8_t)c));
+        if (c < 0x7E) { /* the tie between c and c + 1 */
+            const float m = 0.5f * (bt_e4m3_to_f32((uint8_t)c) +
+                                    bt_e4m3_to_f32((uint8_t)(c + 1)));
+            n = cvt_push_near(v, n, m);
+        }
+    }
+    for (uint32_t h = 0; h < 65536; h++) { /* every bf16, low bits 0/rand */
+        v[n++] = f32_of_bits(h << 16);
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        v[n++] = f32_of_bits(h << 16 | (uint32_t)(g_rng & 0xFFFF));
+    }
+    for (int i = 0; i < (1 << 20); i++) /* [-1000, 1000] */
+        v[n++] = frand() * 1000.0f;
+    for (int i = 0; i < (1 << 19); i++) { /* 2^-20 .. 2^10, any sign */
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        const uint32_t e = 107u + (uint32_t)((g_rng >> 32) % 31u);
+        v[n++] = f32_of_bits((uint32_t)(g_rng >> 63) << 31 | e << 23 |
+                             (uint32_t)(g_rng & 0x7FFFFFu));
+    }
+    for (int i = 0; i < (1 << 19); i++) { /* raw bit patterns */
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        v[n++] = f32_of_bits((uint32_t)(g_rng >> 16));
+    }
+    n += 3; /* a last partial group of the four-value helper */
+    for (size_t i = n - 3; i < n; i++)
+        v[i] = f32_of_bits(0xFFC00000u + (uint32_t)(n - i)); /* -NaNs */
+    if (n > cap) {
+        printf("FAIL fp8 cvt: %zu inputs > %zu\n", n, cap);
+        exit(1);
+    }
+    q = malloc(n);
+    q1 = malloc(n);
+    xv = malloc(2 * n);
+    CK(cudaMalloc((void **)&d_x, sizeof(float) * n));
+    CK(cudaMalloc((void **)&d_q, n));
+    CK(cudaMalloc((void **)&d_q1, n));
+    CK(cudaMalloc((void **)&d_xv, 2 * n));
+    CK(cudaMemcpy(d_x, v, sizeof(float) * n, cudaMemcpyHostToDevice));
+    BT_ASSERT_OK(cuda_fp8_cvt_check(d_x, (int)n, d_q, d_q1, d_xv, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(q, d_q, n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(q1, d_q1, n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(xv, d_xv, 2 * n, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t want = bt_f32_to_e4m3(v[i]);
+        const float val = bt_e4m3_to_f32(q[i]);
+        const bool vok = val != val ? (xv[i] & 0x7FFFu) > 0x7F80u
+                                    : xv[i] == bf16_of(val);
+
+        if (q[i] != want && bad4++ < 8)
+            printf("INFO fp8 cvt x4: %08x (%g) -> %02x, bt %02x\n",
+                   bits_of(v[i]), (double)v[i], q[i], want);
+        if (q1[i] != want && bad1++ < 8)
+            printf("INFO fp8 cvt x1: %08x (%g) -> %02x, bt %02x\n",
+                   bits_of(v[i]), (double)v[i], q1[i], want);
+        if (!vok && badv++ < 8)
+            printf("INFO fp8 cvt bf16: code %02x -> %04x, want %04x\n",
+                   q[i], xv[i], bf16_of(val));
+    }
+    printf("%s fp8 cvt (hardware e4m3x2 vs bt_f32_to_e4m3): %zu inputs, "
+           "%ld / %ld codes (x4 / x1) and %ld bf16 values differ\n",
+           bad4 || bad1 || badv ? "FAIL" : "PASS", n, bad4, bad1, badv);
+    g_fail += bad4 || bad1 || badv;
+    cudaFree(d_xv);
+    cudaFree(d_q1);
+    cudaFree(d_q);
+    cudaFree(d_x);
+    free(xv);
+    free(q1);
+    free(q);
+    free(v);
 }
 
 /* One weight shape on the device, quantized one way. */
@@ -778,6 +932,7 @@ int main(void)
     CK(cudaMemset(b.ws.d_cnt, 0, sizeof(int) * b.ws.n_cnt));
     CK(cudaMemset(b.d_flush, 0, FLUSH_BYTES));
 
+    cvt_check();
     {
         static const int fk[][2] = { {1, 4096}, {8, 4096}, {64, 4096},
                                      {512, 4096}, {3, 64}, {37, 64} };

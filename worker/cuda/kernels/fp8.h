@@ -76,6 +76,17 @@ bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
                                float in_scale, uint8_t *d_q, void *d_xv,
                                float *d_xs, cudaStream_t stream);
 
+/* The conversions of the kernels above (kernels/fp8_cvt.cuh: Hopper's
+ * cvt instructions, bit for bit bt_f32_to_e4m3 / bt_e4m3_to_f32) on n raw
+ * floats d_x, for tests: d_q[i] the code of d_x[i] four at a time (the
+ * quantization's helper; a last partial group one at a time), d_q1[i]
+ * (when not NULL) through the one-value helper (the KV cache's), d_xv[i]
+ * (when not NULL) d_q[i]'s value as bf16 bits through the codes -> bf16
+ * helper.  Any n >= 0. */
+bt_status_t cuda_fp8_cvt_check(const float *d_x, int n, uint8_t *d_q,
+                               uint8_t *d_q1, uint16_t *d_xv,
+                               cudaStream_t stream);
+
 /* The epilogue of the cuBLASLt FP8 GEMM where cuBLASLt cannot apply the
  * scale vectors itself (gemm.c's fallback): y[t, n] (=, or += when
  * accumulate) acc[t, n] * xs[t] * ws[n] for t < n_tok, n < n_out; acc
