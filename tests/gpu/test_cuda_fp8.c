@@ -349,6 +349,21 @@ typedef struct {
     cuda_gemv_ws_t ws; /* split-K scratch of the skinny GEMM timed alone */
 } bufs_t;
 
+/* Llama-3-8B's four linears (o and down accumulate into the residual). */
+typedef struct {
+    const char *name;
+    int n_out, n_in;
+    bool acc;
+} lin8b_t;
+
+#define N_LIN8B 4
+static const lin8b_t g_lin8b[N_LIN8B] = {
+    { "8b qkv", 6144, 4096, false },
+    { "8b o", 4096, 4096, true },
+    { "8b gate_up", 28672, 4096, false },
+    { "8b down", 4096, 14336, true },
+};
+
 /* What time_op times: worker_gemm_fp8 (whichever path it takes), or on
  * b's current inputs the FP8 GEMV or the skinny GEMM (wgmma, split K
  * through b->ws as the engine's context does) directly. */
@@ -658,23 +673,13 @@ static void fused_one(bufs_t *b, bool glu, int n_tok, int k, bool st)
  * and static input scales are checked on both paths too. */
 static void gemm_paths(bufs_t *b)
 {
-    static const struct {
-        const char *name;
-        int n_out, n_in;
-        bool acc;
-    } sh[] = {
-        { "8b qkv", 6144, 4096, false },
-        { "8b o", 4096, 4096, true },
-        { "8b gate_up", 28672, 4096, false },
-        { "8b down", 4096, 14336, true },
-    };
-    /* (2053, 4100, 8191: an aggregated worker's mixed steps; FP8
-     * serving failed on such a step while 1000 passed) */
+    const lin8b_t *sh = g_lin8b;
+    /* (2053, 4100, 8191: an aggregated worker's mixed steps) */
     static const int toks[] = { 9, 100, 1000, 2053, 4100, 8191 };
-    float t_new[4], t_old[4];
-    bool vec[4];
+    float t_new[N_LIN8B], t_old[N_LIN8B];
+    bool vec[N_LIN8B];
 
-    for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+    for (int i = 0; i < N_LIN8B; i++) {
         wt_t q;
 
         wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
@@ -697,7 +702,7 @@ static void gemm_paths(bufs_t *b)
     }
     printf("INFO fp8 cuBLASLt GEMM, 2048 tokens, old path (f32 sums + "
            "cuda_fp8_scale_out) vs new (scales in the GEMM, tuned):\n");
-    for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+    for (int i = 0; i < N_LIN8B; i++) {
         const double fl = 2.0 * 2048 * (double)sh[i].n_out * sh[i].n_in;
 
         printf("INFO fp8 gemm 2048 x %d x %d %s: old %.1f us %.0f TFLOP/s, "
@@ -751,17 +756,10 @@ static void skinny_fallback(bufs_t *b, const wt_t *q, const char *name,
  * Both on the same quantized inputs (run() leaves them in b), bf16 out. */
 static void skinny_small(bufs_t *b)
 {
-    static const struct {
-        const char *name;
-        int n_out, n_in;
-    } sh[] = {
-        { "8b qkv", 6144, 4096 },
-        { "8b gate_up", 28672, 4096 },
-        { "8b down", 4096, 14336 },
-    };
+    const lin8b_t *sh = g_lin8b;
     static const int toks[] = { 1, 4, 8 };
 
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < N_LIN8B; i++) {
         wt_t q;
 
         wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
@@ -790,19 +788,10 @@ static void skinny_small(bufs_t *b)
  * GEMM's mma fallback at 9, 33 and 64 tokens. */
 static void skinny_paths(bufs_t *b)
 {
-    static const struct {
-        const char *name;
-        int n_out, n_in;
-        bool acc;
-    } sh[] = {
-        { "8b qkv", 6144, 4096, false },
-        { "8b o", 4096, 4096, true },
-        { "8b gate_up", 28672, 4096, false },
-        { "8b down", 4096, 14336, true },
-    };
+    const lin8b_t *sh = g_lin8b;
     static const int toks[] = { 16, 32, 64 };
     static const int fb_toks[] = { 9, 33, 64 };
-    enum { NS = 4, NT = 3 };
+    enum { NS = N_LIN8B, NT = 3 };
     float t_sk[NS][NT], t_lt[NS][NT];
 
     for (int i = 0; i < NS; i++) {

@@ -105,28 +105,6 @@ static __device__ __forceinline__ void sk_mma(float (&c)[4],
                    "r"(b1));
 }
 
-/* y[tok][row0 + e] = v[e] * xs_t * ws[row0 + e] (+ the old value when
- * accumulate) for the rows row0 + e < n_out, e < 4. */
-template <typename OUT>
-static __device__ __forceinline__ void sk_put_rows4(OUT *y, int n_out,
-                                                    int tok, int row0,
-                                                    const float (&v)[4],
-                                                    float xs_t,
-                                                    const float *ws,
-                                                    bool accumulate)
-{
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        if (row0 + e >= n_out)
-            break;
-        OUT *d = y + (size_t)tok * n_out + row0 + e;
-        float o = v[e] * xs_t * ws[row0 + e];
-        if (accumulate)
-            o += kern_to_f(*d);
-        *d = kern_from_f<OUT>(o);
-    }
-}
-
 /* WG: the products run as wgmma (both operands straight from the
  * swizzled stages, no ldmatrix), else ldmatrix + mma.m16n8k32. */
 template <int NT, typename OUT, bool WG>
@@ -258,64 +236,9 @@ gemm_fp8_skinny_kernel(int n_tok, int n_out, int ld, int kt_split,
         }
     }
 
-    /* C fragment: rows 16 warp + g (+8), tokens 8 nt + 2 q (+1) */
-    const int g = lane >> 2, q = lane & 3;
-    if (S == 1) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row0 + warp * 16 + g + (e & 2 ? 8 : 0);
-                const int tok = nt * 8 + 2 * q + (e & 1);
-                if (row < n_out && tok < n_tok) {
-                    OUT *d = y + (size_t)tok * n_out + row;
-                    float v = c[nt][e] * xs[tok] * ws[row];
-                    if (accumulate)
-                        v += kern_to_f(*d);
-                    *d = kern_from_f<OUT>(v);
-                }
-            }
-        return;
-    }
-
-    /* split K: partial tile (N x SK_BM f32) of this split */
-    float *pt = part + (size_t)blockIdx.x * S * N * SK_BM;
-    float *pb = pt + (size_t)split * N * SK_BM;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = warp * 16 + g + (e & 2 ? 8 : 0);
-            const int tok = nt * 8 + 2 * q + (e & 1);
-            if (tok < n_tok)
-                pb[tok * SK_BM + r] = c[nt][e];
-        }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0)
-        last = atomicAdd(&cnt[blockIdx.x], 1) == S - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    /* four rows of one token a thread, the S partials' loads unrolled
-     * (one block reduces the whole tile: keep loads in flight) */
-    for (int i = 4 * tid; i < n_tok * SK_BM; i += 4 * SK_THREADS) {
-        const int tok = i / SK_BM, r = i - tok * SK_BM;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-        for (int s = 0; s < S; s++) {
-            const float4 p = __ldcg(reinterpret_cast<const float4 *>(
-                pt + (size_t)s * N * SK_BM + i));
-            v[0] += p.x;
-            v[1] += p.y;
-            v[2] += p.z;
-            v[3] += p.w;
-        }
-        sk_put_rows4(y, n_out, tok, row0 + r, v, xs[tok], ws, accumulate);
-    }
-    if (tid == 0)
-        cnt[blockIdx.x] = 0;
+    tc_splitk_store<NT, SK_BM, SK_THREADS>(c, y, n_out, n_tok, row0, S,
+                                           split, part, cnt, accumulate,
+                                           xs, ws, &last);
 }
 
 // ---------------------------------------------------------------------
