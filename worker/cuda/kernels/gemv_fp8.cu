@@ -30,13 +30,14 @@
  *   GEMVs (quant_fp8.cu: RMSNorm / SwiGLU / the bf16 row, quantized),
  *   ~30 us a layer on the critical path (the SwiGLU's 14,336-wide row
  *   16 us): ~1 ms of a 4.6 ms step.  As gemv.cu's fused norm does for
- *   bf16, every block (16 warps = 16 rows, 512 threads) computes the row
- *   after the PDL wait into shared memory (2 ld bytes), quantizes it
- *   there with its scale (static, or a block max) and runs the rows
- *   kernel's loop on it: the two kernels' arithmetic step by step, the
- *   norm's sum of squares in qf8_vec_kernel's order (quant_fp8.cuh), so
- *   the outputs are bit for bit the two-kernel path's wherever that path
- *   takes qf8_vec_kernel (inputs of at most 16,384 columns).
+ *   bf16, every block (16 warps, 512 threads, one wave of blocks)
+ *   computes the row after the PDL wait into shared memory (2 ld bytes),
+ *   quantizes it there with its scale (static, or a block max) and runs
+ *   the rows kernel's loop on it, a warp a row, grid-stride: the two
+ *   kernels' arithmetic step by step, the norm's sum of squares in
+ *   qf8_vec_kernel's order (quant_fp8.cuh), so the outputs are bit for
+ *   bit the two-kernel path's wherever that path takes qf8_vec_kernel
+ *   (inputs of at most 16,384 columns).  Not measured yet.
  * Every product of two E4M3 values is exact in either kernel and the
  * sums are f32, as in the cpu reference.  Lost in the workbench: gemv.cu's
  * persistent shared-memory ring on the tensor cores (4.8-5.0 ms a 1-token
@@ -392,11 +393,15 @@ bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
  * QF8_VEC_THREADS threads compute the row (RMSNorm, SwiGLU or the bf16
  * row itself), its scale (a block max) and the bf16 values of its codes
  * into shared memory (2 ld bytes: 8 KB for dim 4096, 28 KB for hid
- * 14336), then each warp runs gf8_rows_loop over it.  The row is made
- * once per block, n_out / 16 times in all: its inputs (8-56 KB) come
- * from L2, and the one-block producer (4-16 us a linear, on the critical
- * path between GEMVs) disappears. */
+ * 14336), then each warp runs gf8_rows_loop over it, row after row.  One
+ * wave of blocks (GF8_FUSED_BLOCKS a multiprocessor, the rows kernel's
+ * 32 warps), so the row is made once per block, 264 times on an H100
+ * rather than n_out / 16 (1,792 for gate|up), from L2 (8-56 KB of
+ * inputs), while the first 32 KB of the block's weights load; the
+ * one-block producer (4-16 us a linear, on the critical path between
+ * GEMVs) is gone. */
 #define GF8_FUSED_WARPS (QF8_VEC_THREADS / 32) /* warps (= rows) a block */
+#define GF8_FUSED_BLOCKS 2 /* blocks a multiprocessor holds (64 registers) */
 #define GF8_FUSED_SMEM_MAX (64 << 10) /* the row's bytes at most */
 
 /* Values i..i+7 of the input row as `in` makes them (zeros past k, the
@@ -472,8 +477,23 @@ static __device__ __forceinline__ void gf8_quant_row(bf16_t *xr, int ld,
     }
 }
 
+/* Row `row` of the weights w (ld bytes a row) as chunks, and their count
+ * (0 past n_out: the row is read as row 0's first chunks, never used). */
+static __device__ __forceinline__ const uint4 *gf8_row(const uint8_t *w,
+                                                      int row, int n_out,
+                                                      int ld, int &n_tot)
+{
+    n_tot = row < n_out ? ld / 16 : 0;
+    return reinterpret_cast<const uint4 *>(
+        w + (size_t)(row < n_out ? row : 0) * ld);
+}
+
+/* Grid-stride over the rows: warp j of the grid takes rows j, j + the
+ * grid's warps, ..., so the row is made once per block, not once per 16
+ * rows; the next row's first chunks are loaded before the sum and store
+ * of the current one. */
 template <int IN, typename OUT>
-static __global__ void __launch_bounds__(QF8_VEC_THREADS, 2)
+static __global__ void __launch_bounds__(QF8_VEC_THREADS, GF8_FUSED_BLOCKS)
 gf8_fused_kernel(int n_out, int k, int ld, const void *x, const bf16_t *g,
                  float eps, float in_scale, const uint8_t *w,
                  const float *ws, OUT *y, bool accumulate)
@@ -482,18 +502,19 @@ gf8_fused_kernel(int n_out, int k, int ld, const void *x, const bf16_t *g,
     __shared__ float red[32];
     bf16_t *xr = reinterpret_cast<bf16_t *>(gf8_row_sh);
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GF8_FUSED_WARPS + (threadIdx.x >> 5);
-    const uint4 *wr = reinterpret_cast<const uint4 *>(
-        w + (size_t)(row < n_out ? row : 0) * ld);
-    const int n_tot = row < n_out ? ld / 16 : 0;
+    int row = blockIdx.x * GF8_FUSED_WARPS + (threadIdx.x >> 5), n_tot;
+    const uint4 *wr = gf8_row(w, row, n_out, ld, n_tot);
     uint4 cur[GF8_ROWS_UNROLL];
-    float acc[1] = {0.0f}, ninv = 0.0f, amax = 0.0f, s = in_scale;
+    float ninv = 0.0f, amax = 0.0f, s = in_scale;
 
     gf8_rows_first(wr, n_tot, lane, cur);
     kern_pdl_wait();
     kern_pdl_trigger();
     if (IN == CUDA_FP8_IN_NORM)
         ninv = gf8_norm_inv(static_cast<const float *>(x), k, eps, red);
+    /* 1-4 chunks a thread (dim to hid): their loads in flight together,
+     * but the bf16 row's unrolled loop spills at 64 registers */
+#pragma unroll(IN == CUDA_FP8_IN_ROWS ? 1 : 4)
     for (int i = 8 * threadIdx.x; i < ld; i += 8 * QF8_VEC_THREADS) {
         float v[8];
         uint4 u;
@@ -511,17 +532,21 @@ gf8_fused_kernel(int n_out, int k, int ld, const void *x, const bf16_t *g,
         s = bt_fp8_scale(qf8_block_max(amax, red));
     gf8_quant_row(xr, ld, 1.0f / s);
     __syncthreads();
-    /* rows past n_out made the input with the others; now they stop */
-    if (row >= n_out)
-        return;
-    gf8_rows_loop<1, true>(wr, n_tot, lane, cur, xr, ld, acc);
-    acc[0] = kern_warp_sum(acc[0]);
-    if (lane == 0) { /* gf8_rows_kernel's epilogue, xs[0] = s */
-        float v = acc[0] * s * ws[row];
-        OUT *d = y + row;
-        if (accumulate)
-            v += kern_to_f(*d);
-        *d = kern_from_f<OUT>(v);
+    for (; row < n_out; row += gridDim.x * GF8_FUSED_WARPS) {
+        float acc[1] = {0.0f};
+
+        gf8_rows_loop<1, true>(wr, n_tot, lane, cur, xr, ld, acc);
+        wr = gf8_row(w, row + gridDim.x * GF8_FUSED_WARPS, n_out, ld,
+                     n_tot);
+        gf8_rows_first(wr, n_tot, lane, cur);
+        acc[0] = kern_warp_sum(acc[0]);
+        if (lane == 0) { /* gf8_rows_kernel's epilogue, xs[0] = s */
+            float v = acc[0] * s * ws[row];
+            OUT *d = y + row;
+            if (accumulate)
+                v += kern_to_f(*d);
+            *d = kern_from_f<OUT>(v);
+        }
     }
 }
 
@@ -544,11 +569,16 @@ static cudaError_t gf8_fused_launch(int n_out, int k, int ld, const void *x,
                                     cudaStream_t stream)
 {
     const cudaError_t err = gf8_fused_attr<IN, OUT>();
+    const int n_sm = kern_sm_count();
 
     if (err != cudaSuccess)
         return err;
-    kern_launch(gf8_fused_kernel<IN, OUT>,
-                dim3((n_out + GF8_FUSED_WARPS - 1) / GF8_FUSED_WARPS),
+    if (n_sm <= 0)
+        return cudaErrorInvalidValue;
+    /* one wave of blocks at most: each makes the row once */
+    const int blocks = BT_MIN((n_out + GF8_FUSED_WARPS - 1) / GF8_FUSED_WARPS,
+                              GF8_FUSED_BLOCKS * n_sm);
+    kern_launch(gf8_fused_kernel<IN, OUT>, dim3(blocks),
                 dim3(QF8_VEC_THREADS), (size_t)ld * sizeof(bf16_t), stream,
                 n_out, k, ld, x, g, eps, in_scale, w, ws, y, accumulate);
     return cudaSuccess;
