@@ -36,6 +36,12 @@
  *      both signs, zeros, the subnormal boundaries, every bf16 value, and
  *      random floats ([-1000, 1000], tiny magnitudes, raw bit patterns)
  *      ("fp8 cvt" line).
+ *   6. the fused 1-token GEMV (cuda_gemv_fp8_fused: RMSNorm, SwiGLU or
+ *      the bf16 row, quantized and multiplied in one kernel) gives the
+ *      two kernels' outputs (the producer, then cuda_gemv_fp8) bit for
+ *      bit on the 8B linears, dynamic and static input scales, bf16 out
+ *      and f32 += (the norm: relative difference < 1e-2 required, the
+ *      differing outputs counted); INFO lines time both per linear.
  * INFO lines time the 8B shapes (L2 flushed before each run): GB/s of
  * weights for the GEMV, TFLOP/s for the GEMM; gemm_paths checks both
  * cuBLASLt paths on the 8B shapes and prints one row per shape at 2048
@@ -347,27 +353,74 @@ typedef struct {
     size_t acc_floats;
     void *d_flush;
     cuda_gemv_ws_t ws; /* split-K scratch of the skinny GEMM timed alone */
+    const struct fused_in_s *fin; /* OP_FUSED / OP_TWO's input */
 } bufs_t;
 
-/* Llama-3-8B's four linears (o and down accumulate into the residual). */
+/* Llama-3-8B's four linears (o and down accumulate into the residual)
+ * and what feeds each in a layer (the engine's cuda_fp8_linear). */
 typedef struct {
     const char *name;
     int n_out, n_in;
     bool acc;
+    cuda_fp8_in_t in;
 } lin8b_t;
 
 #define N_LIN8B 4
 static const lin8b_t g_lin8b[N_LIN8B] = {
-    { "8b qkv", 6144, 4096, false },
-    { "8b o", 4096, 4096, true },
-    { "8b gate_up", 28672, 4096, false },
-    { "8b down", 4096, 14336, true },
+    { "8b qkv", 6144, 4096, false, CUDA_FP8_IN_NORM },
+    { "8b o", 4096, 4096, true, CUDA_FP8_IN_ROWS },
+    { "8b gate_up", 28672, 4096, false, CUDA_FP8_IN_NORM },
+    { "8b down", 4096, 14336, true, CUDA_FP8_IN_GLU },
 };
+
+/* The input of a 1-token product made inside it (fused_gemv): the
+ * device row d_in (f32 for the norm, bf16 else; the gate|up row for
+ * the SwiGLU), the norm's weights d_g. */
+typedef struct fused_in_s {
+    cuda_fp8_in_t in;
+    const void *d_in, *d_g;
+    float in_scale;
+} fused_in_t;
+
+#define FUSED_EPS 1e-5f
 
 /* What time_op times: worker_gemm_fp8 (whichever path it takes), or on
  * b's current inputs the FP8 GEMV or the skinny GEMM (wgmma, split K
- * through b->ws as the engine's context does) directly. */
-typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY } op_t;
+ * through b->ws as the engine's context does) directly, or a 1-token
+ * product from fused_in_t's input: the fused GEMV, or the two kernels
+ * it replaces (fused_enqueue). */
+typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY, OP_FUSED, OP_TWO } op_t;
+
+/* One token's product from f's input into b->d_y: cuda_gemv_fp8_fused,
+ * or (!fused) the producer of f->in writing bf16 values and the scale
+ * then cuda_gemv_fp8's rows kernel (the engine's path before the fused
+ * kernel, still its path where cuda_gemv_fp8_fused_ok is false). */
+static bt_status_t fused_enqueue(bufs_t *b, const wt_t *q,
+                                 const fused_in_t *f, bool fused,
+                                 cuda_dtype_t out_dt, bool acc)
+{
+    bt_status_t st;
+
+    if (fused)
+        return cuda_gemv_fp8_fused(f->in, f->d_in, f->d_g, FUSED_EPS,
+                                   q->n_in, q->ld, f->in_scale, q->d_q,
+                                   q->d_ws, q->n_out, b->d_y, out_dt, acc,
+                                   NULL);
+    if (f->in == CUDA_FP8_IN_NORM)
+        st = cuda_fp8_norm_quant(f->d_in, f->d_g, FUSED_EPS, 1, q->n_in,
+                                 q->ld, f->in_scale, NULL, b->d_xv, b->d_xs,
+                                 NULL);
+    else if (f->in == CUDA_FP8_IN_GLU)
+        st = cuda_fp8_glu_quant(f->d_in, 1, q->n_in, q->ld, f->in_scale,
+                                NULL, b->d_xv, b->d_xs, NULL);
+    else
+        st = cuda_fp8_quant_act(f->d_in, CUDA_DT_BF16, 1, q->n_in, q->ld,
+                                f->in_scale, NULL, b->d_xv, b->d_xs, NULL);
+    if (st != BT_OK)
+        return st;
+    return cuda_gemv_fp8(1, q->n_out, q->ld, NULL, b->d_xv, b->d_xs, q->d_q,
+                         q->d_ws, b->d_y, out_dt, acc, NULL);
+}
 
 /* Median time (us) of 9 runs of op, L2 flushed before each. */
 static float time_op(bufs_t *b, const wt_t *q, int n_tok,
@@ -386,6 +439,9 @@ static float time_op(bufs_t *b, const wt_t *q, int n_tok,
         if (op == OP_GEMM)
             BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, q->n_out, q->ld, a,
                                          b->d_y, out_dt, acc, NULL));
+        else if (op == OP_FUSED || op == OP_TWO)
+            BT_ASSERT_OK(fused_enqueue(b, q, b->fin, op == OP_FUSED, out_dt,
+                                       acc));
         else if (op == OP_SKINNY)
             BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
                                               b->d_xq, b->d_xs, q->d_q,
@@ -662,6 +718,148 @@ static void fused_one(bufs_t *b, bool glu, int n_tok, int k, bool st)
     free(qb);
     free(sa);
     free(sb);
+}
+
+static const char *fused_in_name(cuda_fp8_in_t in)
+{
+    return in == CUDA_FP8_IN_NORM  ? "RMSNorm"
+           : in == CUDA_FP8_IN_GLU ? "SwiGLU"
+                                   : "bf16 row";
+}
+
+/* Check 5 on one linear, one input scale and output kind: the fused
+ * 1-token GEMV against the two kernels (fused_enqueue) from the same
+ * y (random for +=).  The same outputs bit for bit: the same arithmetic
+ * step by step, and for the norm qf8_vec_kernel's order of the sum of
+ * squares (gemv_fp8.cu), though only a relative difference < 1e-2 is
+ * required there (the order is the fused kernel's one documented
+ * freedom); the differing outputs are counted.  Timed when `timed`. */
+static void fused_gemv_one(bufs_t *b, const wt_t *q, const lin8b_t *sh,
+                           const fused_in_t *f, bool acc, bool timed)
+{
+    const cuda_dtype_t out_dt = acc ? CUDA_DT_F32 : CUDA_DT_BF16;
+    const size_t oes = acc ? 4 : 2, ny = (size_t)q->n_out;
+    float *h0 = malloc(sizeof(float) * ny);
+    unsigned char *ya = malloc(ny * oes), *yb = malloc(ny * oes);
+    double num = 0.0, den = 0.0, rel;
+    long diff = 0;
+    bool ok;
+
+    for (size_t i = 0; i < ny; i++)
+        h0[i] = frand();
+    for (int fused = 0; fused < 2; fused++) {
+        if (acc)
+            CK(cudaMemcpy(b->d_y, h0, sizeof(float) * ny,
+                          cudaMemcpyHostToDevice));
+        else
+            CK(cudaMemset(b->d_y, 0xFF, ny * oes));
+        BT_ASSERT_OK(fused_enqueue(b, q, f, fused == 1, out_dt, acc));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(fused ? yb : ya, b->d_y, ny * oes,
+                      cudaMemcpyDeviceToHost));
+    }
+    for (size_t i = 0; i < ny; i++) {
+        double va, vb;
+
+        if (acc) {
+            float fa, fb;
+            memcpy(&fa, ya + 4 * i, 4);
+            memcpy(&fb, yb + 4 * i, 4);
+            va = fa;
+            vb = fb;
+        } else {
+            uint16_t ha, hb;
+            memcpy(&ha, ya + 2 * i, 2);
+            memcpy(&hb, yb + 2 * i, 2);
+            va = f32_of_bf16(ha);
+            vb = f32_of_bf16(hb);
+        }
+        diff += memcmp(ya + oes * i, yb + oes * i, oes) != 0;
+        num += (va - vb) * (va - vb);
+        den += va * va;
+    }
+    rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+    ok = f->in == CUDA_FP8_IN_NORM ? rel < 1e-2 && isfinite(rel)
+                                   : diff == 0;
+    printf("%s fp8 fused gemv %s %d x %d, %s input, %s, %s: %ld of %zu "
+           "outputs differ from the two kernels, relative %.2e\n",
+           ok ? "PASS" : "FAIL", sh->name, q->n_out, q->n_in,
+           fused_in_name(f->in), f->in_scale > 0.0f ? "static" : "dynamic",
+           acc ? "f32 +=" : "bf16 out", diff, ny, rel);
+    g_fail += !ok;
+    if (timed) {
+        float us_f, us_t;
+
+        b->fin = f;
+        us_f = time_op(b, q, 1, NULL, out_dt, acc, OP_FUSED);
+        us_t = time_op(b, q, 1, NULL, out_dt, acc, OP_TWO);
+        b->fin = NULL;
+        printf("INFO fp8 fused gemv %s %d x %d (%s, %s, %s): fused %.1f us, "
+               "two kernels %.1f us (%.2fx)\n", sh->name, q->n_out, q->n_in,
+               fused_in_name(f->in),
+               f->in_scale > 0.0f ? "static" : "dynamic",
+               acc ? "f32 +=" : "bf16 out", us_f, us_t, us_t / us_f);
+    }
+    free(h0);
+    free(ya);
+    free(yb);
+}
+
+/* Check 5: the fused 1-token GEMV (cuda_gemv_fp8_fused) against the two
+ * kernels it replaces on the 8B linears, each fed as in a layer (q|k|v
+ * and gate|up: the RMSNorm of an f32 residual row; o: a bf16 row; down:
+ * the SwiGLU of a gate|up row), dynamic and static input scales, bf16
+ * out and f32 +=; the linear's own output kind timed (L2 flushed). */
+static void fused_gemv(bufs_t *b)
+{
+    void *d_in, *d_g;
+
+    CK(cudaMalloc(&d_in, (size_t)2 * 14336 * 2));
+    CK(cudaMalloc(&d_g, (size_t)4096 * 2));
+    for (int i = 0; i < N_LIN8B; i++) {
+        const lin8b_t *sh = &g_lin8b[i];
+        const int n = sh->n_in;
+        wt_t q;
+
+        wt_make(&q, sh->n_out, n, false, sh->name);
+        if (sh->in == CUDA_FP8_IN_NORM) {
+            float *h = malloc(sizeof(float) * n);
+            uint16_t *g = malloc((size_t)n * 2);
+
+            for (int j = 0; j < n; j++) {
+                h[j] = 2.0f * frand() * (j % 61 == 7 ? 10.0f : 1.0f);
+                g[j] = bf16_of(1.0f + 0.5f * frand());
+            }
+            CK(cudaMemcpy(d_in, h, sizeof(float) * n,
+                          cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(d_g, g, (size_t)n * 2, cudaMemcpyHostToDevice));
+            free(h);
+            free(g);
+        } else {
+            const int m = sh->in == CUDA_FP8_IN_GLU ? 2 * n : n;
+            uint16_t *h = malloc((size_t)m * 2);
+
+            for (int j = 0; j < m; j++)
+                h[j] = bf16_of(sh->in == CUDA_FP8_IN_GLU
+                                   ? 3.0f * frand()
+                                   : frand() * (j % 97 == 3 ? 8.0f : 1.0f));
+            CK(cudaMemcpy(d_in, h, (size_t)m * 2, cudaMemcpyHostToDevice));
+            free(h);
+        }
+        for (int st = 0; st < 2; st++) {
+            /* static: a calibrated-like scale, some values saturating */
+            const fused_in_t f = { sh->in, d_in,
+                                   sh->in == CUDA_FP8_IN_NORM ? d_g : NULL,
+                                   st ? 0.02f : 0.0f };
+
+            for (int acc = 0; acc < 2; acc++)
+                fused_gemv_one(b, &q, sh, &f, acc == 1,
+                               (acc == 1) == sh->acc);
+        }
+        wt_free(&q);
+    }
+    cudaFree(d_in);
+    cudaFree(d_g);
 }
 
 /* The cuBLASLt FP8 GEMM's two paths on the 8B prefill shapes (issue 37):
@@ -970,6 +1168,7 @@ int main(void)
             wt_free(&q);
         }
     }
+    fused_gemv(&b);
     gemm_paths(&b);
     skinny_paths(&b);
     skinny_small(&b);

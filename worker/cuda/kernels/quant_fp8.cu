@@ -22,39 +22,14 @@
 #include "bt_util.h"
 #include "fp8_cvt.cuh"
 #include "kern_common.cuh"
+#include "quant_fp8.cuh"
 
 #define QF8_THREADS 256
-
-static __device__ __forceinline__ float qf8_block_max(float v, float *sh)
-{
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-
-    v = kern_warp_max(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
-    return kern_warp_max(v);
-}
 
 /* Where the values of a quantized row come from. */
 #define QF8_PLAIN 0 /* x itself */
 #define QF8_NORM 1  /* bf16(g * (inv * x)), x the f32 residual row */
 #define QF8_GLU 2   /* bf16(silu(x[i]) * x[k + i]), x a gate|up row */
-
-/* The values the bf16 kernels store (rmsnorm.cu, swiglu.cu), as floats:
- * both quantization kernels make their rows through these. */
-static __device__ __forceinline__ float qf8_norm_val(float g, float ninv,
-                                                     float x)
-{
-    return __bfloat162float(__float2bfloat16_rn(g * (ninv * x)));
-}
-static __device__ __forceinline__ float qf8_glu_val(float gate, float up)
-{
-    return __bfloat162float(__float2bfloat16_rn(kern_swiglu_f(gate, up)));
-}
 
 /* Row blockIdx.x of x (stride ldx) -> codes / bf16 values (ld, zero
  * padded) and its scale: in_scale when > 0, else absmax / 448 of the k
@@ -118,8 +93,8 @@ qf8_rows_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
  * row, QF8_VEC_NV chunks of 8 values a thread at most: k % 8 == 0, k <=
  * 8 QF8_VEC_NV QF8_VEC_THREADS, 16-byte aligned rows (qf8_vec_nv).  The
  * values are qf8_rows_kernel's own; only the RMSNorm's sum of squares
- * is added in another order. */
-#define QF8_VEC_THREADS 512
+ * is added in another order (QF8_VEC_THREADS: quant_fp8.cuh, whose order
+ * the fused 1-token GEMV repeats). */
 #define QF8_VEC_NV 4
 
 /* 8 consecutive elements of a row as floats. */
