@@ -52,6 +52,7 @@
 #include <cuda_fp8.h>
 
 #include "fp8.h"
+#include "fp8_cvt.cuh"
 
 #include "bt_fp8.h"
 #include "bt_util.h"
@@ -460,7 +461,7 @@ static __device__ __forceinline__ float gf8_norm_inv(const float *x, int k,
 /* The row in shared memory (ld values, each thread its chunks of 8 as
  * gf8_fused_kernel made them) -> the bf16 values of its E4M3 codes
  * bt_f32_to_e4m3(v * inv), qf8_vec_kernel's xv (the padding's zeros stay
- * zeros). */
+ * zeros), through the same hardware conversions. */
 static __device__ __forceinline__ void gf8_quant_row(bf16_t *xr, int ld,
                                                      float inv)
 {
@@ -469,11 +470,17 @@ static __device__ __forceinline__ void gf8_quant_row(bf16_t *xr, int ld,
         uint4 u = *p;
         bf16_t *e = reinterpret_cast<bf16_t *>(&u);
 
+        float f[8];
+
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            e[j] = __float2bfloat16_rn(bt_e4m3_to_f32(
-                bt_f32_to_e4m3(__bfloat162float(e[j]) * inv)));
-        *p = u;
+            f[j] = __bfloat162float(e[j]) * inv;
+        /* Hopper's cvt (fp8_cvt.cuh: bt's codes and values bit for bit) */
+        const uint2 lo = fp8_e4m3x4_to_bf16x4(
+                        fp8_e4m3x4(f[0], f[1], f[2], f[3])),
+                    hi = fp8_e4m3x4_to_bf16x4(
+                        fp8_e4m3x4(f[4], f[5], f[6], f[7]));
+        *p = make_uint4(lo.x, lo.y, hi.x, hi.y);
     }
 }
 
