@@ -56,6 +56,32 @@ typedef struct {
     int *d_tiles, *d_gen, *d_all;
 } batch_t;
 
+/* a's shape and per-token metadata (block tables, mask bytes, kv
+ * lengths, table offsets, context lengths, mask offsets of nt tokens)
+ * uploaded; q, the caches and the output are the caller's. */
+static void args_upload_meta(cuda_attn_args_t *a, int nh, int nkv, int hd,
+                             int bs, long long kv_slots,
+                             const std::vector<int> &bt,
+                             const uint8_t *masks, size_t n_masks,
+                             const int *kv_len, const int *bt_off,
+                             const int *ctx, const int *mask_off, int nt)
+{
+    memset(a, 0, sizeof(*a));
+    a->n_heads = nh;
+    a->n_kv_heads = nkv;
+    a->head_dim = hd;
+    a->block_size = bs;
+    a->scale = 1.0f / sqrtf((float)hd);
+    a->kv_slots = kv_slots;
+    a->d_block_tables = (const int *)kt_upload_raw(bt.data(),
+                                                   sizeof(int) * bt.size());
+    a->d_masks = (const uint8_t *)kt_upload_raw(masks, n_masks);
+    a->d_kv_len = (const int *)kt_upload_raw(kv_len, sizeof(int) * nt);
+    a->d_bt_off = (const int *)kt_upload_raw(bt_off, sizeof(int) * nt);
+    a->d_ctx_len = (const int *)kt_upload_raw(ctx, sizeof(int) * nt);
+    a->d_mask_off = (const int *)kt_upload_raw(mask_off, sizeof(int) * nt);
+}
+
 static void batch_build(const attn_case_t *c, cuda_dtype_t dt, batch_t *b)
 {
     int used_blocks = 0;
@@ -120,24 +146,13 @@ static void batch_build(const attn_case_t *c, cuda_dtype_t dt, batch_t *b)
     b->v = kt_rand_vec(cache_n, -1, 1, dt);
 
     cuda_attn_args_t *a = &b->a;
-    memset(a, 0, sizeof(*a));
-    a->n_heads = c->nh;
-    a->n_kv_heads = c->nkv;
-    a->head_dim = c->hd;
-    a->block_size = c->bs;
-    a->scale = 1.0f / sqrtf((float)c->hd);
+    args_upload_meta(a, c->nh, c->nkv, c->hd, c->bs,
+                     (long long)b->n_blocks * c->bs, b->bt, b->masks.data(),
+                     b->masks.size(), b->kv_len.data(), b->bt_off.data(),
+                     b->ctx.data(), b->mask_off.data(), b->nt);
     a->d_q = kt_upload(b->q, (size_t)b->nt * c->nh * c->hd, dt);
     a->d_k_cache = kt_upload(b->k, cache_n, dt);
     a->d_v_cache = kt_upload(b->v, cache_n, dt);
-    a->kv_slots = (long long)b->n_blocks * c->bs;
-    a->d_block_tables = (int *)kt_upload_raw(b->bt.data(),
-                                             sizeof(int) * b->bt.size());
-    a->d_masks = (uint8_t *)kt_upload_raw(b->masks.data(), b->masks.size());
-    a->d_kv_len = (int *)kt_upload_raw(b->kv_len.data(), sizeof(int) * b->nt);
-    a->d_bt_off = (int *)kt_upload_raw(b->bt_off.data(), sizeof(int) * b->nt);
-    a->d_ctx_len = (int *)kt_upload_raw(b->ctx.data(), sizeof(int) * b->nt);
-    a->d_mask_off = (int *)kt_upload_raw(b->mask_off.data(),
-                                         sizeof(int) * b->nt);
     a->d_out = kt_poisoned((size_t)b->nt * c->nh * c->hd, dt);
     b->d_tiles = (int *)kt_upload_raw(b->tiles.data(),
                                       sizeof(int) * b->tiles.size());
@@ -818,26 +833,14 @@ static void run_kv8_decode_stress(int nh, int nkv, int hd, int bs,
     std::vector<int> mask_off(nt, -1);
     uint8_t mask0 = 0;
     cuda_attn_args_t a;
-    memset(&a, 0, sizeof(a));
-    a.n_heads = nh;
-    a.n_kv_heads = nkv;
-    a.head_dim = hd;
-    a.block_size = bs;
-    a.scale = scl;
+    args_upload_meta(&a, nh, nkv, hd, bs, (long long)pool_blocks * bs, bt,
+                     &mask0, 1, kv_len.data(), bt_off.data(), ctxv.data(),
+                     mask_off.data(), nt);
     a.d_q = kt_upload(q, (size_t)nt * row, dt);
     a.d_k_cache = d_k;
     a.d_v_cache = d_v;
-    a.kv_slots = (long long)pool_blocks * bs;
     a.d_kv_scale = (const float *)kt_upload_raw(scale.data(),
                                                 sizeof(float) * scale.size());
-    a.d_block_tables = (const int *)kt_upload_raw(bt.data(),
-                                                  sizeof(int) * bt.size());
-    a.d_masks = (const uint8_t *)kt_upload_raw(&mask0, 1);
-    a.d_kv_len = (const int *)kt_upload_raw(kv_len.data(), sizeof(int) * nt);
-    a.d_bt_off = (const int *)kt_upload_raw(bt_off.data(), sizeof(int) * nt);
-    a.d_ctx_len = (const int *)kt_upload_raw(ctxv.data(), sizeof(int) * nt);
-    a.d_mask_off = (const int *)kt_upload_raw(mask_off.data(),
-                                              sizeof(int) * nt);
     a.d_out = kt_poisoned((size_t)nt * row, dt);
     int *d_gen = (int *)kt_upload_raw(gen.data(), sizeof(int) * ng);
 
