@@ -28,6 +28,20 @@
  *      cuda_fp8_norm_quant the same as cuda_rmsnorm then
  *      cuda_fp8_quant_act up to the norm's sum order (dequantized
  *      relative difference < 1e-2, the differing codes counted).
+ *   5. the conversion helpers (kernels/fp8_cvt.cuh, the hardware cvt the
+ *      quantization and the FP8 KV writes use) give bt_f32_to_e4m3's
+ *      codes bit for bit, and bt_e4m3_to_f32's values as bf16: every
+ *      code's value, the midpoints between codes (ties) and +-1-3 ulps
+ *      around them, the saturation range (448, 464, 480, inf), NaNs of
+ *      both signs, zeros, the subnormal boundaries, every bf16 value, and
+ *      random floats ([-1000, 1000], tiny magnitudes, raw bit patterns)
+ *      ("fp8 cvt" line).
+ *   6. the fused 1-token GEMV (cuda_gemv_fp8_fused: RMSNorm, SwiGLU or
+ *      the bf16 row, quantized and multiplied in one kernel) gives the
+ *      two kernels' outputs (the producer, then cuda_gemv_fp8) bit for
+ *      bit on the 8B linears, dynamic and static input scales, bf16 out
+ *      and f32 += (the norm: relative difference < 1e-2 required, the
+ *      differing outputs counted); INFO lines time both per linear.
  * INFO lines time the 8B shapes (L2 flushed before each run): GB/s of
  * weights for the GEMV, TFLOP/s for the GEMM; gemm_paths checks both
  * cuBLASLt paths on the 8B shapes and prints one row per shape at 2048
@@ -69,6 +83,152 @@ static float frand(void)
     g_rng ^= g_rng >> 7;
     g_rng ^= g_rng << 17;
     return (float)((g_rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float f32_of_bits(uint32_t u)
+{
+    float f;
+
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* f and its neighbours: +-1..3 ulps (and its negative), into v. */
+static size_t cvt_push_near(float *v, size_t n, float f)
+{
+    const uint32_t u = bits_of(f);
+
+    for (int d = -3; d <= 3; d++) {
+        const uint32_t w = (uint32_t)((int64_t)u + d);
+        v[n++] = f32_of_bits(w);
+        v[n++] = f32_of_bits(w ^ 0x80000000u);
+    }
+    return n;
+}
+
+/* Check 5: cuda_fp8_cvt_check's codes (the four- and the one-value
+ * helper) against bt_f32_to_e4m3, its bf16 values against
+ * bt_e4m3_to_f32's (a NaN code: any bf16 NaN). */
+static void cvt_check(void)
+{
+    const size_t cap = (size_t)4 << 20;
+    float *v = malloc(sizeof(float) * cap);
+    uint8_t *q, *q1, *d_q, *d_q1;
+    uint16_t *xv, *d_xv;
+    float *d_x;
+    size_t n = 0;
+    long bad4 = 0, bad1 = 0, badv = 0;
+    static const uint32_t specials[] = {
+        0x00000000u, 0x00000001u, 0x007FFFFFu, 0x00800000u, /* 0, denormals */
+        0x7F800000u, 0x7F7FFFFFu,                           /* inf, FLT_MAX */
+        0x7FC00000u, 0x7F800001u, 0x7FA00000u, 0x7FFFFFFFu, /* NaNs */
+        0x7FC00001u, 0x7FBFFFFFu,
+    };
+    static const float edges[] = {
+        448.0f, 456.0f, 460.0f, 463.0f, 464.0f, 465.0f, 472.0f, 480.0f,
+        496.0f, 500.0f, 512.0f, 1000.0f, 1.0e4f, 65504.0f, 1.0e30f,
+        0.0009765625f,   /* 2^-10: half the smallest subnormal (tie) */
+        0.001953125f,    /* 2^-9: the smallest subnormal */
+        0.00048828125f,  /* 2^-11 */
+        0.013671875f,    /* 7 * 2^-9: the largest subnormal */
+        0.0146484375f,   /* between it and 2^-6 (tie, to even 2^-6) */
+        0.015625f,       /* 2^-6: the smallest normal */
+        1.0f, 1.0625f, 1.125f, 1.1875f, 240.0f, 416.0f, 432.0f, 440.0f,
+    };
+
+    if (v == NULL)
+        exit(1);
+    for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); i++)
+        n = cvt_push_near(v, n, f32_of_bits(specials[i]));
+    for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++)
+        n = cvt_push_near(v, n, edges[i]);
+    for (int c = 0; c < 256; c++) { /* every code's value (NaNs too) */
+        n = cvt_push_near(v, n, bt_e4m3_to_f32((uint8_t)c));
+        if (c < 0x7E) { /* the tie between c and c + 1 */
+            const float m = 0.5f * (bt_e4m3_to_f32((uint8_t)c) +
+                                    bt_e4m3_to_f32((uint8_t)(c + 1)));
+            n = cvt_push_near(v, n, m);
+        }
+    }
+    for (uint32_t h = 0; h < 65536; h++) { /* every bf16, low bits 0/rand */
+        v[n++] = f32_of_bits(h << 16);
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        v[n++] = f32_of_bits(h << 16 | (uint32_t)(g_rng & 0xFFFF));
+    }
+    for (int i = 0; i < (1 << 20); i++) /* [-1000, 1000] */
+        v[n++] = frand() * 1000.0f;
+    for (int i = 0; i < (1 << 19); i++) { /* 2^-20 .. 2^10, any sign */
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        const uint32_t e = 107u + (uint32_t)((g_rng >> 32) % 31u);
+        v[n++] = f32_of_bits((uint32_t)(g_rng >> 63) << 31 | e << 23 |
+                             (uint32_t)(g_rng & 0x7FFFFFu));
+    }
+    for (int i = 0; i < (1 << 19); i++) { /* raw bit patterns */
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        v[n++] = f32_of_bits((uint32_t)(g_rng >> 16));
+    }
+    n += 3; /* a last partial group of the four-value helper */
+    for (size_t i = n - 3; i < n; i++)
+        v[i] = f32_of_bits(0xFFC00000u + (uint32_t)(n - i)); /* -NaNs */
+    if (n > cap) {
+        printf("FAIL fp8 cvt: %zu inputs > %zu\n", n, cap);
+        exit(1);
+    }
+    q = malloc(n);
+    q1 = malloc(n);
+    xv = malloc(2 * n);
+    CK(cudaMalloc((void **)&d_x, sizeof(float) * n));
+    CK(cudaMalloc((void **)&d_q, n));
+    CK(cudaMalloc((void **)&d_q1, n));
+    CK(cudaMalloc((void **)&d_xv, 2 * n));
+    CK(cudaMemcpy(d_x, v, sizeof(float) * n, cudaMemcpyHostToDevice));
+    BT_ASSERT_OK(cuda_fp8_cvt_check(d_x, (int)n, d_q, d_q1, d_xv, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(q, d_q, n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(q1, d_q1, n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(xv, d_xv, 2 * n, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t want = bt_f32_to_e4m3(v[i]);
+        const float val = bt_e4m3_to_f32(q[i]);
+        const bool vok = val != val ? (xv[i] & 0x7FFFu) > 0x7F80u
+                                    : xv[i] == bf16_of(val);
+
+        if (q[i] != want && bad4++ < 8)
+            printf("INFO fp8 cvt x4: %08x (%g) -> %02x, bt %02x\n",
+                   bits_of(v[i]), (double)v[i], q[i], want);
+        if (q1[i] != want && bad1++ < 8)
+            printf("INFO fp8 cvt x1: %08x (%g) -> %02x, bt %02x\n",
+                   bits_of(v[i]), (double)v[i], q1[i], want);
+        if (!vok && badv++ < 8)
+            printf("INFO fp8 cvt bf16: code %02x -> %04x, want %04x\n",
+                   q[i], xv[i], bf16_of(val));
+    }
+    printf("%s fp8 cvt (hardware e4m3x2 vs bt_f32_to_e4m3): %zu inputs, "
+           "%ld / %ld codes (x4 / x1) and %ld bf16 values differ\n",
+           bad4 || bad1 || badv ? "FAIL" : "PASS", n, bad4, bad1, badv);
+    g_fail += bad4 || bad1 || badv;
+    cudaFree(d_xv);
+    cudaFree(d_q1);
+    cudaFree(d_q);
+    cudaFree(d_x);
+    free(xv);
+    free(q1);
+    free(q);
+    free(v);
 }
 
 /* One weight shape on the device, quantized one way. */
@@ -193,27 +353,74 @@ typedef struct {
     size_t acc_floats;
     void *d_flush;
     cuda_gemv_ws_t ws; /* split-K scratch of the skinny GEMM timed alone */
+    const struct fused_in_s *fin; /* OP_FUSED / OP_TWO's input */
 } bufs_t;
 
-/* Llama-3-8B's four linears (o and down accumulate into the residual). */
+/* Llama-3-8B's four linears (o and down accumulate into the residual)
+ * and what feeds each in a layer (the engine's cuda_fp8_linear). */
 typedef struct {
     const char *name;
     int n_out, n_in;
     bool acc;
+    cuda_fp8_in_t in;
 } lin8b_t;
 
 #define N_LIN8B 4
 static const lin8b_t g_lin8b[N_LIN8B] = {
-    { "8b qkv", 6144, 4096, false },
-    { "8b o", 4096, 4096, true },
-    { "8b gate_up", 28672, 4096, false },
-    { "8b down", 4096, 14336, true },
+    { "8b qkv", 6144, 4096, false, CUDA_FP8_IN_NORM },
+    { "8b o", 4096, 4096, true, CUDA_FP8_IN_ROWS },
+    { "8b gate_up", 28672, 4096, false, CUDA_FP8_IN_NORM },
+    { "8b down", 4096, 14336, true, CUDA_FP8_IN_GLU },
 };
+
+/* The input of a 1-token product made inside it (fused_gemv): the
+ * device row d_in (f32 for the norm, bf16 else; the gate|up row for
+ * the SwiGLU), the norm's weights d_g. */
+typedef struct fused_in_s {
+    cuda_fp8_in_t in;
+    const void *d_in, *d_g;
+    float in_scale;
+} fused_in_t;
+
+#define FUSED_EPS 1e-5f
 
 /* What time_op times: worker_gemm_fp8 (whichever path it takes), or on
  * b's current inputs the FP8 GEMV or the skinny GEMM (wgmma, split K
- * through b->ws as the engine's context does) directly. */
-typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY } op_t;
+ * through b->ws as the engine's context does) directly, or a 1-token
+ * product from fused_in_t's input: the fused GEMV, or the two kernels
+ * it replaces (fused_enqueue). */
+typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY, OP_FUSED, OP_TWO } op_t;
+
+/* One token's product from f's input into b->d_y: cuda_gemv_fp8_fused,
+ * or (!fused) the producer of f->in writing bf16 values and the scale
+ * then cuda_gemv_fp8's rows kernel (the engine's path before the fused
+ * kernel, still its path where cuda_gemv_fp8_fused_ok is false). */
+static bt_status_t fused_enqueue(bufs_t *b, const wt_t *q,
+                                 const fused_in_t *f, bool fused,
+                                 cuda_dtype_t out_dt, bool acc)
+{
+    bt_status_t st;
+
+    if (fused)
+        return cuda_gemv_fp8_fused(f->in, f->d_in, f->d_g, FUSED_EPS,
+                                   q->n_in, q->ld, f->in_scale, q->d_q,
+                                   q->d_ws, q->n_out, b->d_y, out_dt, acc,
+                                   NULL);
+    if (f->in == CUDA_FP8_IN_NORM)
+        st = cuda_fp8_norm_quant(f->d_in, f->d_g, FUSED_EPS, 1, q->n_in,
+                                 q->ld, f->in_scale, NULL, b->d_xv, b->d_xs,
+                                 NULL);
+    else if (f->in == CUDA_FP8_IN_GLU)
+        st = cuda_fp8_glu_quant(f->d_in, 1, q->n_in, q->ld, f->in_scale,
+                                NULL, b->d_xv, b->d_xs, NULL);
+    else
+        st = cuda_fp8_quant_act(f->d_in, CUDA_DT_BF16, 1, q->n_in, q->ld,
+                                f->in_scale, NULL, b->d_xv, b->d_xs, NULL);
+    if (st != BT_OK)
+        return st;
+    return cuda_gemv_fp8(1, q->n_out, q->ld, NULL, b->d_xv, b->d_xs, q->d_q,
+                         q->d_ws, b->d_y, out_dt, acc, NULL);
+}
 
 /* Median time (us) of 9 runs of op, L2 flushed before each. */
 static float time_op(bufs_t *b, const wt_t *q, int n_tok,
@@ -232,6 +439,9 @@ static float time_op(bufs_t *b, const wt_t *q, int n_tok,
         if (op == OP_GEMM)
             BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, q->n_out, q->ld, a,
                                          b->d_y, out_dt, acc, NULL));
+        else if (op == OP_FUSED || op == OP_TWO)
+            BT_ASSERT_OK(fused_enqueue(b, q, b->fin, op == OP_FUSED, out_dt,
+                                       acc));
         else if (op == OP_SKINNY)
             BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
                                               b->d_xq, b->d_xs, q->d_q,
@@ -510,6 +720,148 @@ static void fused_one(bufs_t *b, bool glu, int n_tok, int k, bool st)
     free(sb);
 }
 
+static const char *fused_in_name(cuda_fp8_in_t in)
+{
+    return in == CUDA_FP8_IN_NORM  ? "RMSNorm"
+           : in == CUDA_FP8_IN_GLU ? "SwiGLU"
+                                   : "bf16 row";
+}
+
+/* Check 5 on one linear, one input scale and output kind: the fused
+ * 1-token GEMV against the two kernels (fused_enqueue) from the same
+ * y (random for +=).  The same outputs bit for bit: the same arithmetic
+ * step by step, and for the norm qf8_vec_kernel's order of the sum of
+ * squares (gemv_fp8.cu), though only a relative difference < 1e-2 is
+ * required there (the order is the fused kernel's one documented
+ * freedom); the differing outputs are counted.  Timed when `timed`. */
+static void fused_gemv_one(bufs_t *b, const wt_t *q, const lin8b_t *sh,
+                           const fused_in_t *f, bool acc, bool timed)
+{
+    const cuda_dtype_t out_dt = acc ? CUDA_DT_F32 : CUDA_DT_BF16;
+    const size_t oes = acc ? 4 : 2, ny = (size_t)q->n_out;
+    float *h0 = malloc(sizeof(float) * ny);
+    unsigned char *ya = malloc(ny * oes), *yb = malloc(ny * oes);
+    double num = 0.0, den = 0.0, rel;
+    long diff = 0;
+    bool ok;
+
+    for (size_t i = 0; i < ny; i++)
+        h0[i] = frand();
+    for (int fused = 0; fused < 2; fused++) {
+        if (acc)
+            CK(cudaMemcpy(b->d_y, h0, sizeof(float) * ny,
+                          cudaMemcpyHostToDevice));
+        else
+            CK(cudaMemset(b->d_y, 0xFF, ny * oes));
+        BT_ASSERT_OK(fused_enqueue(b, q, f, fused == 1, out_dt, acc));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(fused ? yb : ya, b->d_y, ny * oes,
+                      cudaMemcpyDeviceToHost));
+    }
+    for (size_t i = 0; i < ny; i++) {
+        double va, vb;
+
+        if (acc) {
+            float fa, fb;
+            memcpy(&fa, ya + 4 * i, 4);
+            memcpy(&fb, yb + 4 * i, 4);
+            va = fa;
+            vb = fb;
+        } else {
+            uint16_t ha, hb;
+            memcpy(&ha, ya + 2 * i, 2);
+            memcpy(&hb, yb + 2 * i, 2);
+            va = f32_of_bf16(ha);
+            vb = f32_of_bf16(hb);
+        }
+        diff += memcmp(ya + oes * i, yb + oes * i, oes) != 0;
+        num += (va - vb) * (va - vb);
+        den += va * va;
+    }
+    rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+    ok = f->in == CUDA_FP8_IN_NORM ? rel < 1e-2 && isfinite(rel)
+                                   : diff == 0;
+    printf("%s fp8 fused gemv %s %d x %d, %s input, %s, %s: %ld of %zu "
+           "outputs differ from the two kernels, relative %.2e\n",
+           ok ? "PASS" : "FAIL", sh->name, q->n_out, q->n_in,
+           fused_in_name(f->in), f->in_scale > 0.0f ? "static" : "dynamic",
+           acc ? "f32 +=" : "bf16 out", diff, ny, rel);
+    g_fail += !ok;
+    if (timed) {
+        float us_f, us_t;
+
+        b->fin = f;
+        us_f = time_op(b, q, 1, NULL, out_dt, acc, OP_FUSED);
+        us_t = time_op(b, q, 1, NULL, out_dt, acc, OP_TWO);
+        b->fin = NULL;
+        printf("INFO fp8 fused gemv %s %d x %d (%s, %s, %s): fused %.1f us, "
+               "two kernels %.1f us (%.2fx)\n", sh->name, q->n_out, q->n_in,
+               fused_in_name(f->in),
+               f->in_scale > 0.0f ? "static" : "dynamic",
+               acc ? "f32 +=" : "bf16 out", us_f, us_t, us_t / us_f);
+    }
+    free(h0);
+    free(ya);
+    free(yb);
+}
+
+/* Check 5: the fused 1-token GEMV (cuda_gemv_fp8_fused) against the two
+ * kernels it replaces on the 8B linears, each fed as in a layer (q|k|v
+ * and gate|up: the RMSNorm of an f32 residual row; o: a bf16 row; down:
+ * the SwiGLU of a gate|up row), dynamic and static input scales, bf16
+ * out and f32 +=; the linear's own output kind timed (L2 flushed). */
+static void fused_gemv(bufs_t *b)
+{
+    void *d_in, *d_g;
+
+    CK(cudaMalloc(&d_in, (size_t)2 * 14336 * 2));
+    CK(cudaMalloc(&d_g, (size_t)4096 * 2));
+    for (int i = 0; i < N_LIN8B; i++) {
+        const lin8b_t *sh = &g_lin8b[i];
+        const int n = sh->n_in;
+        wt_t q;
+
+        wt_make(&q, sh->n_out, n, false, sh->name);
+        if (sh->in == CUDA_FP8_IN_NORM) {
+            float *h = malloc(sizeof(float) * n);
+            uint16_t *g = malloc((size_t)n * 2);
+
+            for (int j = 0; j < n; j++) {
+                h[j] = 2.0f * frand() * (j % 61 == 7 ? 10.0f : 1.0f);
+                g[j] = bf16_of(1.0f + 0.5f * frand());
+            }
+            CK(cudaMemcpy(d_in, h, sizeof(float) * n,
+                          cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(d_g, g, (size_t)n * 2, cudaMemcpyHostToDevice));
+            free(h);
+            free(g);
+        } else {
+            const int m = sh->in == CUDA_FP8_IN_GLU ? 2 * n : n;
+            uint16_t *h = malloc((size_t)m * 2);
+
+            for (int j = 0; j < m; j++)
+                h[j] = bf16_of(sh->in == CUDA_FP8_IN_GLU
+                                   ? 3.0f * frand()
+                                   : frand() * (j % 97 == 3 ? 8.0f : 1.0f));
+            CK(cudaMemcpy(d_in, h, (size_t)m * 2, cudaMemcpyHostToDevice));
+            free(h);
+        }
+        for (int st = 0; st < 2; st++) {
+            /* static: a calibrated-like scale, some values saturating */
+            const fused_in_t f = { sh->in, d_in,
+                                   sh->in == CUDA_FP8_IN_NORM ? d_g : NULL,
+                                   st ? 0.02f : 0.0f };
+
+            for (int acc = 0; acc < 2; acc++)
+                fused_gemv_one(b, &q, sh, &f, acc == 1,
+                               (acc == 1) == sh->acc);
+        }
+        wt_free(&q);
+    }
+    cudaFree(d_in);
+    cudaFree(d_g);
+}
+
 /* The cuBLASLt FP8 GEMM's two paths on the 8B prefill shapes (issue 37):
  * the scales inside the GEMM (cublaslt-vec, the default where cuBLASLt
  * runs it) and the f32 sums + scaling epilogue it falls back to (forced
@@ -767,6 +1119,7 @@ int main(void)
     CK(cudaMemset(b.ws.d_cnt, 0, sizeof(int) * b.ws.n_cnt));
     CK(cudaMemset(b.d_flush, 0, FLUSH_BYTES));
 
+    cvt_check();
     {
         static const int fk[][2] = { {1, 4096}, {8, 4096}, {64, 4096},
                                      {512, 4096}, {3, 64}, {37, 64} };
@@ -815,6 +1168,7 @@ int main(void)
             wt_free(&q);
         }
     }
+    fused_gemv(&b);
     gemm_paths(&b);
     skinny_paths(&b);
     skinny_small(&b);

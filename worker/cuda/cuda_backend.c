@@ -878,6 +878,8 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (status != BT_OK)
         return status;
     status = worker_gemm_ctx_create(CUDA_GEMM_WS, &r->gemm);
+    if (status == BT_OK && b->fp8) /* before any graph capture */
+        status = cuda_gemv_fp8_fused_prepare();
     if (status != BT_OK)
         return status;
 
@@ -1727,19 +1729,14 @@ static bt_status_t cuda_layer_wait_all(cuda_rank_t *r, int l)
     return BT_OK;
 }
 
-/* What feeds an fp8 linear: the bf16 rows d_in themselves, the RMSNorm
- * of the f32 rows d_in with weights g, or the SwiGLU of the gate|up rows
- * d_in (kernels/fp8.h: made and quantized in one kernel). */
-typedef enum {
-    CUDA_F8_IN_ROWS = 0,
-    CUDA_F8_IN_NORM,
-    CUDA_F8_IN_GLU
-} cuda_f8_in_t;
-
 /* Precision fp8: out (nt, n_out) [+]= in (nt, n_in) . f^T, the input
- * made and quantized (into the form the product reads) then
- * worker_gemm_fp8. */
-static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_f8_in_t in,
+ * (kernels/fp8.h cuda_fp8_in_t: the bf16 rows d_in, the RMSNorm of the
+ * f32 rows d_in with weights d_g, or the SwiGLU of the gate|up rows
+ * d_in) made and quantized into the form the product reads, then
+ * worker_gemm_fp8; a 1-token GEMV makes its input itself (one kernel,
+ * the same numbers: cuda_gemv_fp8_fused; the two-kernel form stays for
+ * the shapes it does not take and for test_cuda_fp8's A/B). */
+static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_fp8_in_t in,
                                    const void *d_in, const void *d_g,
                                    int n_in, const cuda_fp8_lin_t *f,
                                    int n_out, void *d_out,
@@ -1755,11 +1752,15 @@ static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_f8_in_t in,
                                   r->d_acc, r->acc_floats, gemv };
     bt_status_t status;
 
-    if (in == CUDA_F8_IN_NORM)
+    if (d_v != NULL && cuda_gemv_fp8_fused_ok(in, d_in, d_g, n_in, ld))
+        return cuda_gemv_fp8_fused(in, d_in, d_g, r->b->mc.rms_eps, n_in,
+                                   ld, f->in_scale, f->d_w, f->d_ws, n_out,
+                                   d_out, out_dt, accumulate, r->stream);
+    if (in == CUDA_FP8_IN_NORM)
         status = cuda_fp8_norm_quant(d_in, d_g, r->b->mc.rms_eps, nt, n_in,
                                      ld, f->in_scale, d_q, d_v, r->d_xs,
                                      r->stream);
-    else if (in == CUDA_F8_IN_GLU)
+    else if (in == CUDA_FP8_IN_GLU)
         status = cuda_fp8_glu_quant(d_in, nt, n_in, ld, f->in_scale, d_q,
                                     d_v, r->d_xs, r->stream);
     else
@@ -1789,8 +1790,8 @@ static bt_status_t cuda_enqueue_norm_gemm(cuda_rank_t *r, int nt,
     bt_status_t status;
 
     if (b->fp8) /* the norm inside the input quantization */
-        return cuda_fp8_linear(r, nt, CUDA_F8_IN_NORM, r->d_x, d_g, mc->dim,
-                               f8, n_out, d_out, b->dt, false);
+        return cuda_fp8_linear(r, nt, CUDA_FP8_IN_NORM, r->d_x, d_g,
+                               mc->dim, f8, n_out, d_out, b->dt, false);
     if (fuse_norm && norm)
         return cuda_gemv_norm(nt, n_out, mc->dim, r->d_x, d_g, mc->rms_eps,
                               d_w, d_out, b->dt, r->stream);
@@ -1814,7 +1815,7 @@ static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
                                               const void *d_in, int n_in,
                                               const void *d_w,
                                               const cuda_fp8_lin_t *f8,
-                                              cuda_f8_in_t f8_in, bool skip)
+                                              cuda_fp8_in_t f8_in, bool skip)
 {
     const cuda_backend_t *b = r->b;
     const int dim = b->mc.dim;
@@ -1958,7 +1959,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
         status = cuda_enqueue_residual_gemm(r, nt, r->d_att, b->q_dim,
                                             w->d_wo, &w->f8[CUDA_F8_O],
-                                            CUDA_F8_IN_ROWS,
+                                            CUDA_FP8_IN_ROWS,
                                             b->skip & CUDA_SKIP_O);
         if (status != BT_OK)
             return status;
@@ -1984,7 +1985,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         status = cuda_enqueue_residual_gemm(r, nt, b->fp8 ? r->d_gu : r->d_h,
                                             b->hid, w->d_wdown,
                                             &w->f8[CUDA_F8_DOWN],
-                                            CUDA_F8_IN_GLU,
+                                            CUDA_FP8_IN_GLU,
                                             b->skip & CUDA_SKIP_DOWN);
         if (status != BT_OK)
             return status;

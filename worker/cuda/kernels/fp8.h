@@ -3,7 +3,8 @@
  * backend's precision fp8: quantizing weights and GEMM inputs
  * (quant_fp8.cu), the scaled epilogue of the cuBLASLt FP8 GEMM
  * (quant_fp8.cu), the FP8 GEMV of decode steps of 1-8 tokens
- * (gemv_fp8.cu) and the skinny FP8 GEMM of 9-64 (gemm_fp8_skinny.cu).
+ * (gemv_fp8.cu; a 1-token form makes its own input) and the skinny
+ * FP8 GEMM of 9-64 (gemm_fp8_skinny.cu).
  *
  * The GEMM they compute is the cpu reference's (worker/cpu/cpu_fp8.c,
  * cpu__fp8_gemm_ref): y[t, n] = (sum_j xq[t, j] * wq[n, j]) * xs[t] * ws[n],
@@ -76,6 +77,17 @@ bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
                                float in_scale, uint8_t *d_q, void *d_xv,
                                float *d_xs, cudaStream_t stream);
 
+/* The conversions of the kernels above (kernels/fp8_cvt.cuh: Hopper's
+ * cvt instructions, bit for bit bt_f32_to_e4m3 / bt_e4m3_to_f32) on n raw
+ * floats d_x, for tests: d_q[i] the code of d_x[i] four at a time (the
+ * quantization's helper; a last partial group one at a time), d_q1[i]
+ * (when not NULL) through the one-value helper (the KV cache's), d_xv[i]
+ * (when not NULL) d_q[i]'s value as bf16 bits through the codes -> bf16
+ * helper.  Any n >= 0. */
+bt_status_t cuda_fp8_cvt_check(const float *d_x, int n, uint8_t *d_q,
+                               uint8_t *d_q1, uint16_t *d_xv,
+                               cudaStream_t stream);
+
 /* The epilogue of the cuBLASLt FP8 GEMM where cuBLASLt cannot apply the
  * scale vectors itself (gemm.c's fallback): y[t, n] (=, or += when
  * accumulate) acc[t, n] * xs[t] * ws[n] for t < n_tok, n < n_out; acc
@@ -101,6 +113,42 @@ bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
                           const uint8_t *d_wq, const float *d_ws, void *d_y,
                           cuda_dtype_t out_dt, bool accumulate,
                           cudaStream_t stream);
+
+/* What feeds an fp8 linear: the bf16 row itself (cuda_fp8_quant_act),
+ * the RMSNorm of the f32 residual row with bf16 weights
+ * (cuda_fp8_norm_quant) or the SwiGLU of the bf16 gate|up row
+ * (cuda_fp8_glu_quant). */
+typedef enum {
+    CUDA_FP8_IN_ROWS = 0,
+    CUDA_FP8_IN_NORM,
+    CUDA_FP8_IN_GLU
+} cuda_fp8_in_t;
+
+/* True when cuda_gemv_fp8_fused takes the input: n_in a multiple of 8,
+ * ld = cuda_fp8_ld(n_in), n_in <= 32768 (the row in shared memory),
+ * d_in (and d_g for the norm) 16-byte aligned. */
+bool cuda_gemv_fp8_fused_ok(cuda_fp8_in_t in, const void *d_in,
+                            const void *d_g, int n_in, int ld);
+
+/* The 1-token FP8 GEMV with its input made inside: y (1, n_out) [+]=
+ * (xq . wq^T) * xs * ws[n] where xq, xs are what the producer of `in`
+ * (cuda_fp8_norm_quant with d_g, eps / cuda_fp8_glu_quant /
+ * cuda_fp8_quant_act of bf16, on the row d_in of n_in columns, in_scale)
+ * would give cuda_gemv_fp8's 1-token kernel: one kernel instead of two,
+ * the same outputs bit for bit where the producer takes its vector
+ * kernel (n_in <= 16384; gemv_fp8.cu).  Writes no codes nor scale.
+ * The first launch of each kind raises its shared-memory limit
+ * (cuda_gemv_fp8_fused_prepare does it ahead, outside any capture). */
+bt_status_t cuda_gemv_fp8_fused(cuda_fp8_in_t in, const void *d_in,
+                                const void *d_g, float eps, int n_in, int ld,
+                                float in_scale, const uint8_t *d_wq,
+                                const float *d_ws, int n_out, void *d_y,
+                                cuda_dtype_t out_dt, bool accumulate,
+                                cudaStream_t stream);
+
+/* Raises the fused GEMV's shared-memory limits (host code, outside any
+ * capture; once per device, before the first launch). */
+bt_status_t cuda_gemv_fp8_fused_prepare(void);
 
 /* True when cuda_gemm_fp8_skinny takes the shape: 1 <= n_tok <=
  * CUDA_GEMM_FP8_SKINNY_MAX_TOK, n_out >= 1, ld a positive multiple of

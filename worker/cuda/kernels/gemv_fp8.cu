@@ -3,7 +3,8 @@
  * weights times E4M3 inputs, f32 sums, times the token's scale and the
  * row's scale.  Memory-bound (the weights are read once) but with work
  * per byte to turn codes into numbers; two kernels, by token count
- * (workbench of 2026-12-05 on the H200, PERFORMANCE.md "FP8 on the GPU"):
+ * (workbench of 2026-12-05 on the H200, PERFORMANCE.md "FP8 on the GPU"),
+ * and the 1-token one with its input made inside:
  *
  * - rows (1 token): gemv.cu's rows kernel.  One warp per output row,
  *   lanes walking the row in 16-byte chunks (16 codes), U chunks per
@@ -23,6 +24,20 @@
  *   mma.m16n8k16 (f16 in, f32 sums).  A sum is permutation-free, so each
  *   lane's bytes are the k-slots of its own fragment registers and the
  *   input codes take the same permutation: nothing is shuffled.
+ * - fused (1 token, cuda_gemv_fp8_fused): the rows kernel making its own
+ *   input.  A 1-token step in precision fp8 (CUPTI, H100, llama3-8b,
+ *   119 us a layer) had a one-block producer in front of each of the 4
+ *   GEMVs (quant_fp8.cu: RMSNorm / SwiGLU / the bf16 row, quantized),
+ *   ~30 us a layer on the critical path (the SwiGLU's 14,336-wide row
+ *   16 us): ~1 ms of a 4.6 ms step.  As gemv.cu's fused norm does for
+ *   bf16, every block (16 warps, 512 threads, one wave of blocks)
+ *   computes the row after the PDL wait into shared memory (2 ld bytes),
+ *   quantizes it there with its scale (static, or a block max) and runs
+ *   the rows kernel's loop on it, a warp a row, grid-stride: the two
+ *   kernels' arithmetic step by step, the norm's sum of squares in
+ *   qf8_vec_kernel's order (quant_fp8.cuh), so the outputs are bit for
+ *   bit the two-kernel path's wherever that path takes qf8_vec_kernel
+ *   (inputs of at most 16,384 columns).  Not measured yet.
  * Every product of two E4M3 values is exact in either kernel and the
  * sums are f32, as in the cpu reference.  Lost in the workbench: gemv.cu's
  * persistent shared-memory ring on the tensor cores (4.8-5.0 ms a 1-token
@@ -30,15 +45,19 @@
  * bounds it), the conversion unit instead of bit moves inside the mma
  * kernel (no gain).
  *
- * Test: build-DIR/gpu/test_cuda_fp8 (against cpu__fp8_gemm_ref).
+ * Test: build-DIR/gpu/test_cuda_fp8 (against cpu__fp8_gemm_ref; fused
+ * against the two kernels, "fp8 fused gemv").
  */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "fp8.h"
+#include "fp8_cvt.cuh"
 
+#include "bt_fp8.h"
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "quant_fp8.cuh"
 
 #define GF8_ROWS_WARPS 8  /* rows: warps (= rows) of a block */
 #define GF8_ROWS_UNROLL 4 /* rows: chunks a lane has in flight, twice */
@@ -67,8 +86,9 @@ static __device__ __forceinline__ void gf8_codes(const uint4 &wv,
     }
 }
 
-/* Multiply-adds chunk c (16 columns) of the row into the T sums. */
-template <int T>
+/* Multiply-adds chunk c (16 columns) of the row into the T sums; the
+ * input x in shared memory (SH: the fused kernel's) or global. */
+template <int T, bool SH>
 static __device__ __forceinline__ void gf8_rows_chunk(const uint4 &wv,
                                                  const bf16_t *x, int ld,
                                                  int c, float *acc)
@@ -80,7 +100,8 @@ static __device__ __forceinline__ void gf8_rows_chunk(const uint4 &wv,
     for (int t = 0; t < T; t++) {
         const uint4 *xp =
             reinterpret_cast<const uint4 *>(x + (size_t)t * ld + 16 * c);
-        const uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+        const uint4 x0 = SH ? xp[0] : __ldg(xp);
+        const uint4 x1 = SH ? xp[1] : __ldg(xp + 1);
         const bf16_t *e0 = reinterpret_cast<const bf16_t *>(&x0);
         const bf16_t *e1 = reinterpret_cast<const bf16_t *>(&x1);
 #pragma unroll
@@ -92,32 +113,26 @@ static __device__ __forceinline__ void gf8_rows_chunk(const uint4 &wv,
     }
 }
 
-template <int T, typename OUT>
-static __global__ void __launch_bounds__(GF8_ROWS_WARPS * 32, 4)
-gf8_rows_kernel(int n_out, int ld, const bf16_t *x, const float *xs,
-           const uint8_t *w, const float *ws, OUT *y, bool accumulate)
+/* The rows kernels' first loads: the lane's first GF8_ROWS_UNROLL chunks
+ * lane, lane + 32, ... of the row wr (n_tot chunks; none past it). */
+static __device__ __forceinline__ void gf8_rows_first(
+    const uint4 *wr, int n_tot, int lane, uint4 (&cur)[GF8_ROWS_UNROLL])
 {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GF8_ROWS_WARPS + (threadIdx.x >> 5);
-    const int n_ch = ld / 16;
-    const uint4 *wr = reinterpret_cast<const uint4 *>(
-        w + (size_t)(row < n_out ? row : 0) * ld);
-    const int n_tot = row < n_out ? n_ch : 0;
-    uint4 cur[GF8_ROWS_UNROLL];
-    float acc[T];
-
 #pragma unroll
     for (int u = 0; u < GF8_ROWS_UNROLL; u++) {
         const int c = lane + 32 * u;
         cur[u] = c < n_tot ? __ldcs(wr + c) : make_uint4(0, 0, 0, 0);
     }
-    kern_pdl_wait();
-    kern_pdl_trigger();
-    if (row >= n_out)
-        return;
-#pragma unroll
-    for (int t = 0; t < T; t++)
-        acc[t] = 0.0f;
+}
+
+/* The rows kernels' loop: the lane's chunks of the row wr times the T
+ * input rows x into acc, chunk by chunk in the same order in both
+ * kernels (cur: gf8_rows_first's loads). */
+template <int T, bool SH>
+static __device__ __forceinline__ void gf8_rows_loop(
+    const uint4 *wr, int n_tot, int lane, uint4 (&cur)[GF8_ROWS_UNROLL],
+    const bf16_t *x, int ld, float *acc)
+{
     for (int c0 = lane; c0 < n_tot; c0 += 32 * GF8_ROWS_UNROLL) {
         uint4 nxt[GF8_ROWS_UNROLL];
         const int c1 = c0 + 32 * GF8_ROWS_UNROLL;
@@ -128,11 +143,35 @@ gf8_rows_kernel(int n_out, int ld, const bf16_t *x, const float *xs,
 #pragma unroll
         for (int u = 0; u < GF8_ROWS_UNROLL; u++)
             if (c0 + 32 * u < n_tot)
-                gf8_rows_chunk<T>(cur[u], x, ld, c0 + 32 * u, acc);
+                gf8_rows_chunk<T, SH>(cur[u], x, ld, c0 + 32 * u, acc);
 #pragma unroll
         for (int u = 0; u < GF8_ROWS_UNROLL; u++)
             cur[u] = nxt[u];
     }
+}
+
+template <int T, typename OUT>
+static __global__ void __launch_bounds__(GF8_ROWS_WARPS * 32, 4)
+gf8_rows_kernel(int n_out, int ld, const bf16_t *x, const float *xs,
+           const uint8_t *w, const float *ws, OUT *y, bool accumulate)
+{
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GF8_ROWS_WARPS + (threadIdx.x >> 5);
+    const uint4 *wr = reinterpret_cast<const uint4 *>(
+        w + (size_t)(row < n_out ? row : 0) * ld);
+    const int n_tot = row < n_out ? ld / 16 : 0;
+    uint4 cur[GF8_ROWS_UNROLL];
+    float acc[T];
+
+    gf8_rows_first(wr, n_tot, lane, cur);
+    kern_pdl_wait();
+    kern_pdl_trigger();
+    if (row >= n_out)
+        return;
+#pragma unroll
+    for (int t = 0; t < T; t++)
+        acc[t] = 0.0f;
+    gf8_rows_loop<T, false>(wr, n_tot, lane, cur, x, ld, acc);
 #pragma unroll
     for (int t = 0; t < T; t++)
         acc[t] = kern_warp_sum(acc[t]);
@@ -347,4 +386,265 @@ bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
                                      (const bf16_t *)d_xv, d_xs, d_wq, d_ws,
                                      (OUT *)d_y, accumulate, stream));
     return BT_CUDA_LAUNCH_STATUS();
+}
+
+/* ---- The fused 1-token GEMV (cuda_gemv_fp8_fused) ----
+ * The rows kernel with its input made in the block: after the PDL wait
+ * (the weights' first chunks are already in flight) the block's
+ * QF8_VEC_THREADS threads compute the row (RMSNorm, SwiGLU or the bf16
+ * row itself), its scale (a block max) and the bf16 values of its codes
+ * into shared memory (2 ld bytes: 8 KB for dim 4096, 28 KB for hid
+ * 14336), then each warp runs gf8_rows_loop over it, row after row.  One
+ * wave of blocks (GF8_FUSED_BLOCKS a multiprocessor, the rows kernel's
+ * 32 warps), so the row is made once per block, 264 times on an H100
+ * rather than n_out / 16 (1,792 for gate|up), from L2 (8-56 KB of
+ * inputs), while the first 32 KB of the block's weights load; the
+ * one-block producer (4-16 us a linear, on the critical path between
+ * GEMVs) is gone. */
+#define GF8_FUSED_WARPS (QF8_VEC_THREADS / 32) /* warps (= rows) a block */
+#define GF8_FUSED_BLOCKS 2 /* blocks a multiprocessor holds (64 registers) */
+#define GF8_FUSED_SMEM_MAX (64 << 10) /* the row's bytes at most */
+
+/* Values i..i+7 of the input row as `in` makes them (zeros past k, the
+ * padding): the producers' own arithmetic (quant_fp8.cuh). */
+template <int IN>
+static __device__ __forceinline__ void gf8_in8(const void *x,
+                                               const bf16_t *g, float ninv,
+                                               int k, int i, float (&v)[8])
+{
+    if (i >= k) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = 0.0f;
+    } else if (IN == CUDA_FP8_IN_NORM) {
+        float gv[8];
+
+        kern_load_vec<float, 8>(static_cast<const float *>(x) + i, v);
+        kern_load_vec<bf16_t, 8>(g + i, gv);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = qf8_norm_val(gv[e], ninv, v[e]);
+    } else if (IN == CUDA_FP8_IN_GLU) {
+        const bf16_t *gu = static_cast<const bf16_t *>(x);
+        float u[8];
+
+        kern_load_vec<bf16_t, 8>(gu + i, v);
+        kern_load_vec<bf16_t, 8>(gu + k + i, u);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = qf8_glu_val(v[e], u[e]);
+    } else {
+        kern_load_vec<bf16_t, 8>(static_cast<const bf16_t *>(x) + i, v);
+    }
+}
+
+/* 1 / rms of the f32 row x (k) in qf8_vec_kernel's order: thread t adds
+ * chunks t, t + QF8_VEC_THREADS, ... of 8 squares, then the block sum
+ * (so the norm is bit for bit the two-kernel path's). */
+static __device__ __forceinline__ float gf8_norm_inv(const float *x, int k,
+                                                     float eps, float *red)
+{
+    float ss = 0.0f;
+
+    for (int i = 8 * threadIdx.x; i < k; i += 8 * QF8_VEC_THREADS) {
+        float v[8];
+
+        kern_load_vec<float, 8>(x + i, v);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            ss += v[e] * v[e];
+    }
+    ss = kern_block_sum(ss, red);
+    return 1.0f / sqrtf(ss / (float)k + eps);
+}
+
+/* The row in shared memory (ld values, each thread its chunks of 8 as
+ * gf8_fused_kernel made them) -> the bf16 values of its E4M3 codes
+ * bt_f32_to_e4m3(v * inv), qf8_vec_kernel's xv (the padding's zeros stay
+ * zeros), through the same hardware conversions. */
+static __device__ __forceinline__ void gf8_quant_row(bf16_t *xr, int ld,
+                                                     float inv)
+{
+    for (int i = 8 * threadIdx.x; i < ld; i += 8 * QF8_VEC_THREADS) {
+        uint4 *p = reinterpret_cast<uint4 *>(xr + i);
+        uint4 u = *p;
+        bf16_t *e = reinterpret_cast<bf16_t *>(&u);
+
+        float f[8];
+
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            f[j] = __bfloat162float(e[j]) * inv;
+        /* Hopper's cvt (fp8_cvt.cuh: bt's codes and values bit for bit) */
+        const uint2 lo = fp8_e4m3x4_to_bf16x4(
+                        fp8_e4m3x4(f[0], f[1], f[2], f[3])),
+                    hi = fp8_e4m3x4_to_bf16x4(
+                        fp8_e4m3x4(f[4], f[5], f[6], f[7]));
+        *p = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
+}
+
+/* Row `row` of the weights w (ld bytes a row) as chunks, and their count
+ * (0 past n_out: the row is read as row 0's first chunks, never used). */
+static __device__ __forceinline__ const uint4 *gf8_row(const uint8_t *w,
+                                                      int row, int n_out,
+                                                      int ld, int &n_tot)
+{
+    n_tot = row < n_out ? ld / 16 : 0;
+    return reinterpret_cast<const uint4 *>(
+        w + (size_t)(row < n_out ? row : 0) * ld);
+}
+
+/* Grid-stride over the rows: warp j of the grid takes rows j, j + the
+ * grid's warps, ..., so the row is made once per block, not once per 16
+ * rows; the next row's first chunks are loaded before the sum and store
+ * of the current one. */
+template <int IN, typename OUT>
+static __global__ void __launch_bounds__(QF8_VEC_THREADS, GF8_FUSED_BLOCKS)
+gf8_fused_kernel(int n_out, int k, int ld, const void *x, const bf16_t *g,
+                 float eps, float in_scale, const uint8_t *w,
+                 const float *ws, OUT *y, bool accumulate)
+{
+    extern __shared__ uint4 gf8_row_sh[]; /* the input row, ld values */
+    __shared__ float red[32];
+    bf16_t *xr = reinterpret_cast<bf16_t *>(gf8_row_sh);
+    const int lane = threadIdx.x & 31;
+    int row = blockIdx.x * GF8_FUSED_WARPS + (threadIdx.x >> 5), n_tot;
+    const uint4 *wr = gf8_row(w, row, n_out, ld, n_tot);
+    uint4 cur[GF8_ROWS_UNROLL];
+    float ninv = 0.0f, amax = 0.0f, s = in_scale;
+
+    gf8_rows_first(wr, n_tot, lane, cur);
+    kern_pdl_wait();
+    kern_pdl_trigger();
+    if (IN == CUDA_FP8_IN_NORM)
+        ninv = gf8_norm_inv(static_cast<const float *>(x), k, eps, red);
+    /* 1-4 chunks a thread (dim to hid): their loads in flight together,
+     * but the bf16 row's unrolled loop spills at 64 registers */
+#pragma unroll(IN == CUDA_FP8_IN_ROWS ? 1 : 4)
+    for (int i = 8 * threadIdx.x; i < ld; i += 8 * QF8_VEC_THREADS) {
+        float v[8];
+        uint4 u;
+        bf16_t *e = reinterpret_cast<bf16_t *>(&u);
+
+        gf8_in8<IN>(x, g, ninv, k, i, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            amax = fmaxf(amax, fabsf(v[j]));
+            e[j] = __float2bfloat16_rn(v[j]); /* exact: v is a bf16 */
+        }
+        *reinterpret_cast<uint4 *>(xr + i) = u;
+    }
+    if (!(s > 0.0f))
+        s = bt_fp8_scale(qf8_block_max(amax, red));
+    gf8_quant_row(xr, ld, 1.0f / s);
+    __syncthreads();
+    for (; row < n_out; row += gridDim.x * GF8_FUSED_WARPS) {
+        float acc[1] = {0.0f};
+
+        gf8_rows_loop<1, true>(wr, n_tot, lane, cur, xr, ld, acc);
+        wr = gf8_row(w, row + gridDim.x * GF8_FUSED_WARPS, n_out, ld,
+                     n_tot);
+        gf8_rows_first(wr, n_tot, lane, cur);
+        acc[0] = kern_warp_sum(acc[0]);
+        if (lane == 0) { /* gf8_rows_kernel's epilogue, xs[0] = s */
+            float v = acc[0] * s * ws[row];
+            OUT *d = y + row;
+            if (accumulate)
+                v += kern_to_f(*d);
+            *d = kern_from_f<OUT>(v);
+        }
+    }
+}
+
+/* Raises gf8_fused_kernel<IN, OUT>'s shared-memory limit to
+ * GF8_FUSED_SMEM_MAX, once per device. */
+template <int IN, typename OUT>
+static cudaError_t gf8_fused_attr(void)
+{
+    static uint64_t attr_done; /* bit per device */
+
+    return kern_smem_limit_once(gf8_fused_kernel<IN, OUT>,
+                                GF8_FUSED_SMEM_MAX, &attr_done);
+}
+
+template <int IN, typename OUT>
+static cudaError_t gf8_fused_launch(int n_out, int k, int ld, const void *x,
+                                    const bf16_t *g, float eps,
+                                    float in_scale, const uint8_t *w,
+                                    const float *ws, OUT *y, bool accumulate,
+                                    cudaStream_t stream)
+{
+    const cudaError_t err = gf8_fused_attr<IN, OUT>();
+    const int n_sm = kern_sm_count();
+
+    if (err != cudaSuccess)
+        return err;
+    if (n_sm <= 0)
+        return cudaErrorInvalidValue;
+    /* one wave of blocks at most: each makes the row once */
+    const int blocks = BT_MIN((n_out + GF8_FUSED_WARPS - 1) / GF8_FUSED_WARPS,
+                              GF8_FUSED_BLOCKS * n_sm);
+    kern_launch(gf8_fused_kernel<IN, OUT>, dim3(blocks),
+                dim3(QF8_VEC_THREADS), (size_t)ld * sizeof(bf16_t), stream,
+                n_out, k, ld, x, g, eps, in_scale, w, ws, y, accumulate);
+    return cudaSuccess;
+}
+
+bool cuda_gemv_fp8_fused_ok(cuda_fp8_in_t in, const void *d_in,
+                            const void *d_g, int n_in, int ld)
+{
+    return n_in > 0 && n_in % 8 == 0 && ld == cuda_fp8_ld(n_in) &&
+           (size_t)ld * sizeof(bf16_t) <= GF8_FUSED_SMEM_MAX &&
+           (uintptr_t)d_in % 16 == 0 &&
+           (in != CUDA_FP8_IN_NORM || (uintptr_t)d_g % 16 == 0);
+}
+
+bt_status_t cuda_gemv_fp8_fused(cuda_fp8_in_t in, const void *d_in,
+                                const void *d_g, float eps, int n_in, int ld,
+                                float in_scale, const uint8_t *d_wq,
+                                const float *d_ws, int n_out, void *d_y,
+                                cuda_dtype_t out_dt, bool accumulate,
+                                cudaStream_t stream)
+{
+    const bf16_t *g = static_cast<const bf16_t *>(d_g);
+    cudaError_t err = cudaSuccess;
+
+    if (!cuda_gemv_fp8_fused_ok(in, d_in, d_g, n_in, ld) || n_out <= 0 ||
+        in_scale < 0.0f || d_in == NULL ||
+        (in == CUDA_FP8_IN_NORM && d_g == NULL))
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
+                        "fused fp8 GEMV of %d rows (input %d, %d columns, "
+                        "ld %d)", n_out, (int)in, n_in, ld);
+#define GF8_FUSED_CASE(IN)                                                   \
+    KERN_DISPATCH_DT(out_dt, OUT,                                            \
+                     (err = gf8_fused_launch<IN, OUT>(                       \
+                          n_out, n_in, ld, d_in, g, eps, in_scale, d_wq,     \
+                          d_ws, (OUT *)d_y, accumulate, stream)))
+    if (in == CUDA_FP8_IN_NORM)
+        GF8_FUSED_CASE(CUDA_FP8_IN_NORM);
+    else if (in == CUDA_FP8_IN_GLU)
+        GF8_FUSED_CASE(CUDA_FP8_IN_GLU);
+    else
+        GF8_FUSED_CASE(CUDA_FP8_IN_ROWS);
+#undef GF8_FUSED_CASE
+    if (err != cudaSuccess)
+        return BT_CUDA_STATUS(err);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+bt_status_t cuda_gemv_fp8_fused_prepare(void)
+{
+    cudaError_t err = cudaSuccess;
+
+#define GF8_FUSED_ATTR(IN)                                                   \
+    if (err == cudaSuccess)                                                  \
+        err = gf8_fused_attr<IN, float>();                                   \
+    if (err == cudaSuccess)                                                  \
+        err = gf8_fused_attr<IN, bf16_t>()
+    GF8_FUSED_ATTR(CUDA_FP8_IN_ROWS);
+    GF8_FUSED_ATTR(CUDA_FP8_IN_NORM);
+    GF8_FUSED_ATTR(CUDA_FP8_IN_GLU);
+#undef GF8_FUSED_ATTR
+    return BT_CUDA_STATUS(err);
 }

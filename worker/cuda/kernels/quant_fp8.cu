@@ -10,46 +10,26 @@
  * for the codes), so a layer in precision fp8 has one small kernel in
  * front of each GEMM, as the bf16 path has one unfused norm or SwiGLU;
  * the bf16 kernels themselves are untouched.
+ * The conversions run on Hopper's cvt instructions (fp8_cvt.cuh: the
+ * software routine was the cost of the SwiGLU / norm + quantize kernels
+ * on an H100 trace, ~16 us for one 14,336-wide row at batch 1), bit for
+ * bit bt_f32_to_e4m3 / bt_e4m3_to_f32.
  * Test: build-DIR/gpu/test_cuda_fp8.
  */
 #include "fp8.h"
 
 #include "bt_fp8.h"
 #include "bt_util.h"
+#include "fp8_cvt.cuh"
 #include "kern_common.cuh"
+#include "quant_fp8.cuh"
 
 #define QF8_THREADS 256
-
-static __device__ __forceinline__ float qf8_block_max(float v, float *sh)
-{
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-
-    v = kern_warp_max(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
-    return kern_warp_max(v);
-}
 
 /* Where the values of a quantized row come from. */
 #define QF8_PLAIN 0 /* x itself */
 #define QF8_NORM 1  /* bf16(g * (inv * x)), x the f32 residual row */
 #define QF8_GLU 2   /* bf16(silu(x[i]) * x[k + i]), x a gate|up row */
-
-/* The values the bf16 kernels store (rmsnorm.cu, swiglu.cu), as floats:
- * both quantization kernels make their rows through these. */
-static __device__ __forceinline__ float qf8_norm_val(float g, float ninv,
-                                                     float x)
-{
-    return __bfloat162float(__float2bfloat16_rn(g * (ninv * x)));
-}
-static __device__ __forceinline__ float qf8_glu_val(float gate, float up)
-{
-    return __bfloat162float(__float2bfloat16_rn(kern_swiglu_f(gate, up)));
-}
 
 /* Row blockIdx.x of x (stride ldx) -> codes / bf16 values (ld, zero
  * padded) and its scale: in_scale when > 0, else absmax / 448 of the k
@@ -95,8 +75,7 @@ qf8_rows_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
     }
     const float inv = 1.0f / s;
     for (int i = threadIdx.x; i < ld; i += blockDim.x) {
-        const uint8_t c =
-            i < k ? bt_f32_to_e4m3(val(i) * inv) : (uint8_t)0;
+        const uint8_t c = i < k ? fp8_e4m3(val(i) * inv) : (uint8_t)0;
         if (q != NULL)
             q[(size_t)blockIdx.x * ld + i] = c;
         if (xv != NULL)
@@ -114,8 +93,8 @@ qf8_rows_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
  * row, QF8_VEC_NV chunks of 8 values a thread at most: k % 8 == 0, k <=
  * 8 QF8_VEC_NV QF8_VEC_THREADS, 16-byte aligned rows (qf8_vec_nv).  The
  * values are qf8_rows_kernel's own; only the RMSNorm's sum of squares
- * is added in another order. */
-#define QF8_VEC_THREADS 512
+ * is added in another order (QF8_VEC_THREADS: quant_fp8.cuh, whose order
+ * the fused 1-token GEMV repeats). */
 #define QF8_VEC_NV 4
 
 /* 8 consecutive elements of a row as floats. */
@@ -202,24 +181,28 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
     for (int j = 0; j < NV; j++) {
         const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
         if (i < ld) { /* codes past k (up to ld) are the zero padding */
+            /* k % 8 == 0: a chunk is all in the row or all padding.  The
+             * hardware conversions (fp8_cvt.cuh, bt's codes bit for bit):
+             * the software ones were ~25 branchy instructions an element
+             * and, with xv, the software conversion back again, in a
+             * kernel on the critical path (~16 us for one 14,336 row at
+             * batch 1 on the H100 trace). */
             uint32_t c[2] = {0, 0};
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                if (i + e < k)
-                    c[e / 4] |= (uint32_t)bt_f32_to_e4m3(v[j][e] * inv)
-                                << (8 * (e % 4));
+            if (i < k) {
+                c[0] = fp8_e4m3x4(v[j][0] * inv, v[j][1] * inv,
+                                  v[j][2] * inv, v[j][3] * inv);
+                c[1] = fp8_e4m3x4(v[j][4] * inv, v[j][5] * inv,
+                                  v[j][6] * inv, v[j][7] * inv);
+            }
             if (q != NULL)
                 *reinterpret_cast<uint2 *>(q + (size_t)blockIdx.x * ld + i) =
                     make_uint2(c[0], c[1]);
             if (xv != NULL) {
-                uint4 o;
-                bf16_t *oe = reinterpret_cast<bf16_t *>(&o);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    oe[e] = __float2bfloat16_rn(bt_e4m3_to_f32(
-                        (uint8_t)(c[e / 4] >> (8 * (e % 4)))));
+                const uint2 lo = fp8_e4m3x4_to_bf16x4(c[0]);
+                const uint2 hi = fp8_e4m3x4_to_bf16x4(c[1]);
                 *reinterpret_cast<uint4 *>(xv + (size_t)blockIdx.x * ld +
-                                           i) = o;
+                                           i) =
+                    make_uint4(lo.x, lo.y, hi.x, hi.y);
             }
         }
     }
@@ -336,6 +319,49 @@ bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
                                      (size_t)2 * k, k, ld, in_scale, d_q,
                                      (bf16_t *)d_xv, d_xs,
                                      (const bf16_t *)NULL, 0.0f, stream);
+    return BT_CUDA_LAUNCH_STATUS();
+}
+
+/* Four values a thread through fp8_cvt.cuh's helpers (the test's). */
+static __global__ void __launch_bounds__(QF8_THREADS)
+qf8_cvt_check_kernel(const float *x, int n, uint8_t *q, uint8_t *q1,
+                     uint16_t *xv)
+{
+    const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+
+    if (i >= n)
+        return;
+    uint32_t w = 0;
+    if (i + 4 <= n) {
+        w = fp8_e4m3x4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+    } else {
+        for (int e = 0; i + e < n; e++)
+            w |= (uint32_t)fp8_e4m3(x[i + e]) << (8 * e);
+    }
+    const uint2 b = fp8_e4m3x4_to_bf16x4(w);
+    const uint16_t bv[4] = {(uint16_t)b.x, (uint16_t)(b.x >> 16),
+                            (uint16_t)b.y, (uint16_t)(b.y >> 16)};
+    for (int e = 0; e < 4 && i + e < n; e++) {
+        q[i + e] = (uint8_t)(w >> (8 * e));
+        if (q1 != NULL)
+            q1[i + e] = fp8_e4m3(x[i + e]);
+        if (xv != NULL)
+            xv[i + e] = bv[e];
+    }
+}
+
+bt_status_t cuda_fp8_cvt_check(const float *d_x, int n, uint8_t *d_q,
+                               uint8_t *d_q1, uint16_t *d_xv,
+                               cudaStream_t stream)
+{
+    if (n < 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA", "fp8 cvt check of %d",
+                        n);
+    if (n == 0)
+        return BT_OK;
+    const int blocks = (int)BT_DIV_UP(BT_DIV_UP(n, 4), QF8_THREADS);
+    qf8_cvt_check_kernel<<<blocks, QF8_THREADS, 0, stream>>>(d_x, n, d_q,
+                                                            d_q1, d_xv);
     return BT_CUDA_LAUNCH_STATUS();
 }
 
