@@ -1409,9 +1409,9 @@ bt_status_t kv_cipc_window_open(kv_cipc_peer_t *peer, const uint8_t *grant,
     status = kv_cipc_window_grant_parse(grant, len, token, &n);
     if (status != BT_OK)
         return status;
-    /* the window's shape is the decode worker's: a range of another
-     * length would land K and V at the wrong offsets */
-    if (n != n_blocks || n > peer->desc.layout.n_blocks)
+    /* the window's shape is the decode worker's (K and V offsets follow
+     * its n): a longer range does not fit it */
+    if (n_blocks < 1 || n_blocks > n || n > peer->desc.layout.n_blocks)
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC window of %d "
                         "blocks for a range of %d", n, n_blocks);
     if (!cipc_driver_load())

@@ -443,12 +443,12 @@ bool kv_cipc_peer_is_windowed(const kv_cipc_peer_t *peer);
 /* Opens the window of a grant (KvGrant.cipc_window, `len` bytes) of the
  * windowed pool `peer`: fetches its FD from the pool's channel (1 s
  * deadline), imports and maps it for the context's device and returns it
- * as a peer of one rank whose blocks are 0..n_blocks-1 and whose one
- * arrival slot (0) is the window's epoch word: kv_cipc_put_layer*,
- * kv_cipc_commit(win, 0, epoch) and kv_cipc_commit_query work on it.
- * n_blocks must be the window's (BT_ERR_INVALID_ARG otherwise: K and V
- * would land at other offsets).  BT_ERR_NOT_FOUND when refused (the
- * reservation ended), BT_ERR_TIMEOUT, BT_ERR_CUDA. */
+ * as a peer of one rank whose blocks are 0..n-1 (n: the window's, from
+ * the grant) and whose one arrival slot (0) is the window's epoch word:
+ * kv_cipc_put_layer*, kv_cipc_commit(win, 0, epoch) and
+ * kv_cipc_commit_query work on it.  n_blocks, the range to be written,
+ * must fit (1..n; BT_ERR_INVALID_ARG otherwise).  BT_ERR_NOT_FOUND when
+ * refused (the reservation ended), BT_ERR_TIMEOUT, BT_ERR_CUDA. */
 bt_status_t kv_cipc_window_open(kv_cipc_peer_t *peer, const uint8_t *grant,
                                 size_t len, int n_blocks,
                                 kv_cipc_peer_t **win_p);
