@@ -210,6 +210,8 @@ struct decode_s {
     decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
     uint64_t steps;
     uint64_t tokens_out;
+    uint64_t windows_mapped;    /* receive windows mapped for grants
+                                 * (only the announced link maps one) */
     uint64_t windows_revoked;   /* UCX receive windows unmapped while
                                  * their writer may still hold the key */
     uint64_t writes_refused;    /* KV messages the UCX link refused, as

@@ -205,9 +205,15 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
             .request_id = m->request_id, .slot = (int)(r - dec->resv),
             .epoch = dec->next_epoch + 1, .blocks = blocks + held,
             .n = need - held,
-            .want_recv_area = m->has_kv_stage && m->kv_stage,
+            .has_want_link = m->has_kv_transport,
+            .want_link = (int)m->kv_transport,
         };
         bt_status_t st = BT_OK;
+        /* The announced link implies the receive area; an older router
+         * only says kv_stage. */
+        lg.want_recv_area = lg.has_want_link
+                                ? kv_link_wants_recv_area(lg.want_link)
+                                : m->has_kv_stage && m->kv_stage;
         if (lg.want_recv_area) {
             recv_ids = bt_malloc((size_t)lg.n * sizeof(int), "decode_resv");
             lg.recv_ids = recv_ids;
@@ -221,6 +227,10 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
             bt_free(blocks);
             g.error = "KV stage receive area full";
             goto reply;
+        }
+        if (lg.ucx_window != NULL) {
+            dec->windows_mapped++;
+            workerproc_metrics_kv_window_mapped(dec->cfg.metrics);
         }
         /* valid until the slot is reset: the reply below is sent first */
         g.has_ucx_window = lg.ucx_window != NULL;

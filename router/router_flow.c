@@ -255,11 +255,15 @@ void router__dispatch(router_t *r)
         res.max_total_tokens = (uint32_t)BT_MIN(
             (int64_t)n_tokens + req->max_tokens - req->n_generated,
             (int64_t)UINT32_MAX);
-        /* A link writing through a receive area (staged UCX): the
-         * decode worker reserves its blocks with the pool's (only then:
-         * they are scarce). */
-        if (kv_link_wants_recv_area(
-                (int)router__choose_transport(p, d, r->kv_mode))) {
+        /* The link the hand-off will take (local when d prefills it):
+         * the decode worker arms only that one, so a prompt prefilled
+         * there or sent inline maps no receive window.  A link writing
+         * through a receive area (staged UCX) also says kv_stage, for
+         * decode workers that predate kv_transport. */
+        req->announced = router__choose_transport(p, d, r->kv_mode);
+        res.has_kv_transport = 1;
+        res.kv_transport = req->announced;
+        if (kv_link_wants_recv_area((int)req->announced)) {
             res.has_kv_stage = 1;
             res.kv_stage = 1;
         }
@@ -486,6 +490,18 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         p, w, r->kv_mode,
         g->n_stage_block_ids > 0 &&
             g->n_stage_block_ids == g->n_block_ids - g->cached_blocks);
+    /* Only the announced link was armed: another (the prefill worker
+     * was re-picked, the receive area was not granted) would write
+     * where nothing waits for it, so the KV goes inline. */
+    if (kv_link_endpoint_id((int)req->transport) !=
+            kv_link_endpoint_id((int)req->announced) &&
+        req->transport != BATON__KV_TRANSPORT__KV_TRANSPORT_LOCAL) {
+        BT_LOG_DEBUG("ROUTER", "request %llu: %s was armed, not %s: KV "
+                     "inline", (unsigned long long)req->id,
+                     router__transport_name(req->announced),
+                     router__transport_name(req->transport));
+        req->transport = BATON__KV_TRANSPORT__KV_TRANSPORT_INLINE;
+    }
     task.has_transport = 1;
     task.transport = req->transport;
     /* The route: the decode worker's endpoint for that link, opaque

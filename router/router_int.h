@@ -227,6 +227,8 @@ struct router_req_s {
     size_t grant_len;
     uint64_t epoch;            /* of the current grant */
     Baton__KvTransport transport; /* of the current prefill -> decode */
+    Baton__KvTransport announced; /* the link KvReserve.kv_transport named:
+                                     the only one the decode worker armed */
     int retries;
     uint64_t failed_uid;       /* the worker the last counted failure was
                                   put on (0 = none): its death, noticed

@@ -5,8 +5,15 @@ free_ports() {
   python3 - "$1" <<'PY'
 import random, socket, sys
 n = int(sys.argv[1])
+# below the kernel's ephemeral range: a neighbour test's outgoing
+# connection cannot take the port before our process binds it
+try:
+    eph_lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    eph_lo = 32768
+lo, hi = (10000, eph_lo - n - 1) if eph_lo >= 12000 else (20000, 50000 - n)
 for _ in range(200):
-    base = random.randint(20000, 60000 - n)
+    base = random.randint(lo, hi)
     socks = []
     try:
         for p in range(base, base + n):

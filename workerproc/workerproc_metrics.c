@@ -47,6 +47,7 @@ typedef struct {
     uint64_t handoffs;          /* KV hand-offs sent */
     uint64_t handoff_bytes;     /* their KV bytes */
     uint64_t kv_cap_rejected;   /* KV commits dropped: wrong capability */
+    uint64_t kv_windows;        /* receive windows mapped for grants */
     uint64_t kv_windows_revoked;/* receive windows unmapped with a writer */
     uint64_t kv_writes_refused; /* KV messages refused (stale, forged) */
     uint64_t kv_blocks_sent;    /* hand-off blocks put to decode workers */
@@ -249,6 +250,10 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
            "KV commits (KvReady, local prefill) dropped: the capability "
            "is not the live reservation's", "%llu",
            (unsigned long long)st->kv_cap_rejected);
+    FAMILY("baton_worker_kv_windows_total", "counter",
+           "Receive windows (UCX or staged) mapped for KV grants: only for "
+           "the link the router announced, none for a local or inline "
+           "hand-off", "%llu", (unsigned long long)st->kv_windows);
     FAMILY("baton_worker_kv_windows_revoked_total", "counter",
            "UCX receive windows unmapped while their writer may still hold "
            "the key (the reservation ended before its KV arrived)", "%llu",
@@ -539,6 +544,15 @@ void workerproc_metrics_kv_rejected(workerproc_metrics_t *m)
         return;
     pthread_mutex_lock(&m->mu);
     m->st.kv_cap_rejected++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void workerproc_metrics_kv_window_mapped(workerproc_metrics_t *m)
+{
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->st.kv_windows++;
     pthread_mutex_unlock(&m->mu);
 }
 

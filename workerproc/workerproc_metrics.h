@@ -96,6 +96,10 @@ void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
  * not its live reservation's (issue 42). */
 void workerproc_metrics_kv_rejected(workerproc_metrics_t *m);
 
+/* Counts one receive window (UCX or staged) mapped for a grant: only
+ * for the link the router announced (issue 36).  NULL-safe. */
+void workerproc_metrics_kv_window_mapped(workerproc_metrics_t *m);
+
 /* Counts one UCX receive window unmapped while its writer may still hold
  * the key (issue 42).  NULL-safe. */
 void workerproc_metrics_kv_window_revoked(workerproc_metrics_t *m);

@@ -27,6 +27,7 @@ import atexit
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -92,18 +93,24 @@ def on_signal(sig, frame):
 
 
 def free_port_pair():
-    """A TCP port p such that p and p+1 were free a moment ago."""
+    """A TCP port p such that p and p+1 were free a moment ago, below the
+    kernel's ephemeral range (there an outgoing connection of a test
+    running beside this one could take it before our process binds it)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            eph_lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        eph_lo = 32768
+    lo, hi = (10000, eph_lo - 2) if eph_lo >= 12000 else (20000, 50000)
     for _ in range(200):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        if port > 60000:
-            continue
+        port = random.randint(lo, hi)
         try:
-            t = socket.socket()
-            t.bind(("127.0.0.1", port + 1))
-            t.close()
+            for p in (port, port + 1):
+                t = socket.socket()
+                try:
+                    t.bind(("127.0.0.1", p))
+                finally:
+                    t.close()
             return port
         except OSError:
             continue

@@ -10,7 +10,7 @@ set -u
 B=${1:-${BATON_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/build/bin}}
 N=${N:-30000}
 REPS=${REPS:-4}
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000))
 echo "cores: $(nproc); $N requests per run, 64 in flight, prompt 32, output 8"
 for rep in $(seq 1 "$REPS"); do
   for mode in plain curve; do

@@ -52,12 +52,41 @@ static void cu_init(void)
     signal(SIGPIPE, SIG_IGN);
 }
 
+/* Where test ports are picked: below the kernel's ephemeral range, so an
+ * outgoing connection of a test running beside this one (ZeroMQ, UCX over
+ * tcp) cannot take a port between the check here and the worker's bind. */
+static void cu_port_span(int *lo_p, int *n_p)
+{
+    int eph_lo = 32768, eph_hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+
+    if (f != NULL) {
+        if (fscanf(f, "%d %d", &eph_lo, &eph_hi) != 2)
+            eph_lo = 32768;
+        fclose(f);
+    }
+    if (eph_lo >= 12000) { /* [10000, ephemeral low) */
+        *lo_p = 10000;
+        *n_p = eph_lo - 10000 - 2;
+    } else { /* an unusual range: above it */
+        *lo_p = eph_hi + 1;
+        *n_p = 65535 - eph_hi - 2;
+    }
+    if (*n_p < 1000) { /* no room outside it: the old span */
+        *lo_p = 20000;
+        *n_p = 30000;
+    }
+}
+
 /* A TCP port that was free a moment ago (and the next one too). */
 static int cu_free_port(void)
 {
+    int lo, n;
+
+    cu_port_span(&lo, &n);
     for (int tries = 0; tries < 100; tries++) {
-        int port = 20000 + (int)((getpid() * 7919u + (unsigned)tries * 104729u +
-                                  (unsigned)bt_time_ns()) % 30000u);
+        int port = lo + (int)((getpid() * 7919u + (unsigned)tries * 104729u +
+                               (unsigned)bt_time_ns()) % (unsigned)n);
         int ok = 1;
         for (int k = 0; k < 2 && ok; k++) {
             struct sockaddr_in a;

@@ -1,7 +1,7 @@
 /*
  * kv_raw_writer.h - a raw UCX writer outside this project's library, for
- * the stale-writer tests over tcp (kv_stale_writer.h,
- * kv_stale_writer_stage.h): what a compromised prefill worker holds.
+ * the stale-writer tests over tcp (kv_stale_writer.h, both links): what
+ * a compromised prefill worker holds.
  */
 #ifndef BT_TESTS_CLUSTER_KV_RAW_WRITER_H
 #define BT_TESTS_CLUSTER_KV_RAW_WRITER_H

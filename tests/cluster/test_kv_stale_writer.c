@@ -9,5 +9,5 @@
 
 int main(void)
 {
-    return stale_writer_main(false);
+    return stale_writer_main(&stale_link_ucx, false);
 }

@@ -12,5 +12,5 @@
 
 int main(void)
 {
-    return stale_writer_main(true);
+    return stale_writer_main(&stale_link_ucx, true);
 }

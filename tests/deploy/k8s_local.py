@@ -25,6 +25,7 @@ import json
 import shutil
 import os
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -36,9 +37,23 @@ import urllib.request
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free a moment ago, below the kernel's ephemeral range
+    (there a neighbour's outgoing connection could take it first)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            eph_lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        eph_lo = 32768
+    lo, hi = (10000, eph_lo - 1) if eph_lo >= 12000 else (20000, 50000)
+    for _ in range(200):
+        port = random.randint(lo, hi)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port")
 
 
 def http_get(url, timeout=2.0):

@@ -9,6 +9,8 @@
 # .carry/NAME.tar.xz next to .carry/call.sh, which unpacks it and runs
 # SCRIPT on it.  Then:
 #   run(carry=[".carry"], command="bash .carry/call.sh")
+# tests/X -> tests/X: a CTest program of the CUDA build (e.g.
+# tests/worker_test_serve_shapes), run there with device arguments.
 # A/B inside one call (machines differ by up to 3% on the same binary):
 # AB_FROM=DIR adds DIR/gpu/X as gpu/X_b for every gpu/X listed, e.g. the
 # build-OLDNAME/ folder of an earlier call.  .carry/ is git-ignored; the
@@ -23,6 +25,7 @@ for b in "$@"; do
            if [ -n "${AB_FROM:-}" ] && [ -f "$AB_FROM/$b" ]; then
              cp "$AB_FROM/$b" "$d/${b}_b"; fi;;
     bin/*) cp "build-cuda/$b" "$d/bin/";;
+    tests/*) mkdir -p "$d/tests"; cp "build-cuda/$b" "$d/tests/";;
     obj/*) mkdir -p "$d/obj"   # a kernel object, to disassemble there
            cp "$(find build-cuda -name "${b#obj/}" | head -1)" "$d/obj/";;
     shared) mkdir -p "$d/shared"
@@ -33,8 +36,9 @@ for b in "$@"; do
     *) echo "pack_carry.sh: unknown item $b" >&2; exit 2;;
   esac
 done
-strip "$d"/bin/* "$d"/gpu/* 2>/dev/null || true
-../shared/tools/devlibs "$d/lib" "$d"/bin/* "$d"/gpu/* >/dev/null 2>&1
+strip "$d"/bin/* "$d"/gpu/* "$d"/tests/* 2>/dev/null || true
+../shared/tools/devlibs "$d/lib" "$d"/bin/* "$d"/gpu/* "$d"/tests/* \
+  >/dev/null 2>&1
 # the CUPTI tracer's libcupti (devlibs leaves it out)
 if [ -f "$d/gpu/libbt_kernel_trace.so" ]; then
   cupti=$(ldd "build-cuda/gpu/libbt_kernel_trace.so" | awk '/libcupti/ {print $3}')

@@ -50,8 +50,8 @@
 #include "bt_test.h"
 #include "bt_util.h"
 #include "kv/kv_transport_stage.h"
+#include "ucx_window_util.h"
 
-#define WAIT_MS 10000
 #define SENTINEL 0xEEu
 #define RECV_BLOCKS 16
 
@@ -65,7 +65,6 @@ static const kv_layout_t src_layout = {
     .head_dim = 8, .elem_size = 4,
 };
 
-static kv_ucx_t *dctx, *pctx;
 static uint8_t *dev_k[4], *dev_v[4]; /* (n_blocks * bb) per layer */
 static uint8_t *src_k[4], *src_v[4];
 static size_t bb;
@@ -146,10 +145,29 @@ static void receive(kv_stage_recv_t *recv, int slot)
         if (bt_time_ns() > until)
             BT_TEST_FAIL("slot %d: %d layers after %d ms", slot,
                          kv_stage_recv_layers_arrived(recv, slot), WAIT_MS);
-        kv_ucx_progress(dctx);
-        kv_ucx_progress(pctx);
+        uw_progress_both();
     }
     BT_ASSERT_OK(st);
+}
+
+/* What check_refused begins a hand-off with. */
+typedef struct {
+    kv_stage_send_t *send;
+    kv_stage_peer_t *peer;
+    const int *src;
+    int n;
+} begin_args_t;
+
+static bt_status_t begin_window(void *arg, const uint8_t *desc, size_t len)
+{
+    const begin_args_t *a = arg;
+    kv_stage_xfer_t *x = NULL;
+    bt_status_t status = kv_stage_xfer_begin_window(a->send, a->peer, 3, 77,
+                                                    a->src, a->n, desc, len,
+                                                    &x);
+
+    kv_stage_xfer_destroy(&x);
+    return status;
 }
 
 /* Every corrupted form of a window descriptor is refused. */
@@ -157,19 +175,10 @@ static void check_refused(kv_stage_send_t *send, kv_stage_peer_t *peer,
                           const uint8_t *desc, size_t len, int n,
                           const int *src)
 {
-    uint8_t *bad = bt_malloc(len, "test");
+    begin_args_t a = { send, peer, src, n };
     kv_stage_xfer_t *x = NULL;
 
-    BT_CHECK(bad != NULL);
-    for (size_t i = 0; i < len; i++) {
-        memcpy(bad, desc, len);
-        bad[i] ^= 0x01;
-        if (kv_stage_xfer_begin_window(send, peer, 3, 77, src, n, bad, len,
-                                       &x) == BT_OK)
-            BT_TEST_FAIL("a window descriptor with byte %zu changed was "
-                         "accepted", i);
-        bt_error_clear();
-    }
+    uw_check_each_byte(desc, len, begin_window, &a);
     BT_CHECK(kv_stage_xfer_begin_window(send, peer, 3, 77, src, n, desc,
                                         len - 1, &x) != BT_OK);
     BT_CHECK(kv_stage_xfer_begin_window(send, peer, 3, 77, src, n, NULL, 0,
@@ -180,38 +189,6 @@ static void check_refused(kv_stage_send_t *send, kv_stage_peer_t *peer,
                  BT_ERR_FORMAT);
     BT_CHECK(x == NULL);
     bt_error_clear();
-    bt_free(bad);
-}
-
-static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t st)
-{
-    (void)slot;
-    (void)epoch;
-    *(bt_status_t *)arg = st;
-}
-
-static void set_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void set_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-/* Recomputes a window descriptor's FNV-1a trailer after a forgery: the
- * writer cannot tell it from a real one. */
-static void reseal(uint8_t *d, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len - 8; i++) {
-        h ^= d[i];
-        h *= 0x100000001b3ull;
-    }
-    set_u64(d + len - 8, h);
 }
 
 /* Commits layer `layer` through `rw` and progresses both sides until
@@ -219,18 +196,13 @@ static void reseal(uint8_t *d, size_t len)
 static bt_status_t commit_layer(kv_ucx_peer_t *up, kv_ucx_rwindow_t *rw,
                                 int layer)
 {
-    uint64_t until = bt_time_ns() + (uint64_t)WAIT_MS * 1000000ull;
     bt_status_t st = BT_IN_PROGRESS;
+    char what[32];
 
-    BT_ASSERT_OK(kv_ucx_commit_window_layer(up, rw, layer, commit_cb, &st));
-    while (st == BT_IN_PROGRESS) {
-        if (bt_time_ns() > until)
-            BT_TEST_FAIL("a commit of layer %d got no answer", layer);
-        kv_ucx_progress(pctx);
-        kv_ucx_progress(dctx);
-    }
-    bt_error_clear();
-    return st;
+    snprintf(what, sizeof(what), "a commit of layer %d", layer);
+    BT_ASSERT_OK(kv_ucx_commit_window_layer(up, rw, layer, uw_commit_cb,
+                                            &st));
+    return uw_wait_answer(&st, what);
 }
 
 /* Progresses both sides for 50 ms: messages of a hand-off that already
@@ -239,10 +211,8 @@ static void drain(void)
 {
     uint64_t until = bt_time_ns() + 50000000ull;
 
-    while (bt_time_ns() < until) {
-        kv_ucx_progress(pctx);
-        kv_ucx_progress(dctx);
-    }
+    while (bt_time_ns() < until)
+        uw_progress_both();
 }
 
 /* A forged commit of every layer of `slot`'s live window (descriptor
@@ -261,12 +231,12 @@ static void forged_commit(kv_stage_recv_t *recv, kv_ucx_peer_t *up, int slot,
     BT_CHECK(len <= sizeof(d));
     memcpy(d, wd, len);
     if (bytes == 4)
-        set_u32(d + at, (uint32_t)value);
+        uw_set_u32(d + at, (uint32_t)value);
     else if (bytes == 8)
-        set_u64(d + at, value);
+        uw_set_u64(d + at, value);
     else
         d[at] ^= (uint8_t)value;
-    reseal(d, len);
+    uw_reseal(d, len);
     BT_ASSERT_OK(kv_ucx_window_open(up, d, len, &rw));
     for (int l = 0; l < dev_layout.n_layers; l++)
         BT_ASSERT_EQ(commit_layer(up, rw, l), BT_ERR_REMOTE);

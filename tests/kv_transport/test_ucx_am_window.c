@@ -40,143 +40,28 @@
 #include "bt_test.h"
 #include "bt_util.h"
 #include "kv/kv_transport.h"
+#include "ucx_window_util.h"
 
-#define WAIT_MS 10000
+/* over tcp the decode side handles what the writer's sends delivered in
+ * this many more progress rounds after they completed */
+#define DRAIN 200
 
 static const kv_layout_t layout = {
     .n_layers = 3, .n_blocks = 64, .block_size = 16, .n_kv_heads = 2,
     .head_dim = 8, .elem_size = 4,
 };
 
-static kv_ucx_t *dctx, *pctx;
-
-static void progress_both(void)
-{
-    kv_ucx_progress(dctx);
-    kv_ucx_progress(pctx);
-}
-
-/* Progresses both sides until the peer has nothing in flight. */
-static void settle(kv_ucx_peer_t *peer)
-{
-    uint64_t until = bt_time_ns() + (uint64_t)WAIT_MS * 1000000ull;
-
-    while (kv_ucx_peer_pending(peer) > 0) {
-        if (bt_time_ns() > until)
-            BT_TEST_FAIL("UCX operations did not complete");
-        progress_both();
-    }
-    /* the decode side handles what the writer's sends delivered */
-    for (int i = 0; i < 200; i++)
-        progress_both();
-    BT_ASSERT_OK(kv_ucx_peer_status(peer));
-}
-
-static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t st)
-{
-    (void)slot;
-    (void)epoch;
-    *(bt_status_t *)arg = st;
-}
-
 /* Commits rw and waits for the decode side's answer. */
 static bt_status_t commit(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw)
 {
-    uint64_t until = bt_time_ns() + (uint64_t)WAIT_MS * 1000000ull;
     bt_status_t done = BT_IN_PROGRESS;
 
-    BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, commit_cb, &done));
-    while (done == BT_IN_PROGRESS) {
-        if (bt_time_ns() > until)
-            BT_TEST_FAIL("the commit was not answered");
-        progress_both();
-    }
-    bt_error_clear();
-    return done;
-}
-
-/* Writes `n` blocks of every layer (block i: seed + layer + i). */
-static void write_all(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw, uint8_t *src,
-                      int n, int seed)
-{
-    size_t bb = kv_layout_block_bytes(&layout);
-    int ids[64];
-
-    for (int i = 0; i < n; i++)
-        ids[i] = n - 1 - i; /* a permutation: one message per block */
-    for (int l = 0; l < layout.n_layers; l++) {
-        for (int i = 0; i < n; i++)
-            memset(src + (size_t)ids[i] * bb, seed + l + i, bb);
-        BT_ASSERT_OK(kv_ucx_put_layer_window(peer, rw, l, src, src, &layout,
-                                             KV_UCX_MEM_HOST, ids, n));
-        settle(peer); /* src is reused for the next layer */
-    }
-}
-
-static void check_window(const kv_ucx_window_t *w, int n, int seed)
-{
-    size_t bb = kv_layout_block_bytes(&layout);
-
-    for (int l = 0; l < layout.n_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int i = 0; i < n; i++) {
-                const uint8_t *p =
-                    (const uint8_t *)kv_ucx_window_data(w, l, kv) + i * bb;
-                for (size_t j = 0; j < bb; j++)
-                    if (p[j] != (uint8_t)(seed + l + i))
-                        BT_TEST_FAIL("layer %d %c block %d byte %zu: %u, "
-                                     "want %u", l, kv ? 'V' : 'K', i, j,
-                                     p[j], (uint8_t)(seed + l + i));
-            }
-}
-
-static bool window_zero(const kv_ucx_window_t *w)
-{
-    size_t bytes = (size_t)kv_ucx_window_blocks(w) *
-                   kv_layout_block_bytes(&layout);
-
-    for (int l = 0; l < layout.n_layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
-            const uint8_t *p = kv_ucx_window_data(w, l, kv);
-            for (size_t j = 0; j < bytes; j++)
-                if (p[j] != 0)
-                    return false;
-        }
-    return true;
+    BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, uw_commit_cb, &done));
+    return uw_wait_answer(&done, "the commit");
 }
 
 // ---------------------------------------------------------------------------
 // Forging descriptors
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static void set_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void set_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void reseal(uint8_t *d, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len - 8; i++) {
-        h ^= d[i];
-        h *= 0x100000001b3ull;
-    }
-    set_u64(d + len - 8, h);
-}
 
 typedef enum { FORGE_TOKEN, FORGE_EPOCH, FORGE_SLOT, FORGE_BLOCKS } forge_t;
 
@@ -198,18 +83,18 @@ static kv_ucx_rwindow_t *forge_open(kv_ucx_peer_t *peer,
         d[72 + value % 16] ^= 0x40;
         break;
     case FORGE_EPOCH:
-        set_u64(d + 64, value);
+        uw_set_u64(d + 64, value);
         break;
     case FORGE_SLOT:
-        set_u32(d + 56, value);
+        uw_set_u32(d + 56, value);
         break;
     case FORGE_BLOCKS:
-        set_u32(d + 20, value);
-        set_u64(d + 40, 2 * (uint64_t)layout.n_layers * value *
-                            kv_layout_block_bytes(&layout));
+        uw_set_u32(d + 20, value);
+        uw_set_u64(d + 40, 2 * (uint64_t)layout.n_layers * value *
+                               kv_layout_block_bytes(&layout));
         break;
     }
-    reseal(d, len);
+    uw_reseal(d, len);
     BT_ASSERT_OK(kv_ucx_window_open(peer, d, len, &rw));
     BT_CHECK(kv_ucx_rwindow_by_message(rw));
     return rw;
@@ -229,8 +114,8 @@ static void forged_write(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
     memset(src, 0x5a, (size_t)n * kv_layout_block_bytes(&layout));
     BT_ASSERT_OK(kv_ucx_put_layer_window(peer, rw, 0, src, src, &layout,
                                          KV_UCX_MEM_HOST, ids, n));
-    settle(peer);
-    if (!window_zero(w))
+    uw_settle(peer, DRAIN);
+    if (!uw_window_zero(w, &layout))
         BT_TEST_FAIL("a forged write (%s) changed the window", what);
     BT_ASSERT_EQ(kv_ucx_writes_refused(dctx) - before, 2);
     fprintf(stderr, "forged write (%s): refused, counted\n", what);
@@ -243,8 +128,9 @@ static void forged_write(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw,
  * a fresh raw context, with the arrival slots' key of the pool
  * descriptor every prefill worker holds (region 0: its rkey length at 88,
  * its bytes at 92) and the window's address: what a compromised prefill
- * worker could do without this library (software RMA checks no key).  Returns when the put and its
- * flush completed or after 1 s (a target without RMA never answers). */
+ * worker could do without this library (software RMA checks no key).
+ * Returns when the put and its flush completed or after 1 s (a target
+ * without RMA never answers). */
 static void raw_put(kv_ucx_t *target, const kv_ucx_pool_t *pool,
                     const kv_ucx_window_t *w)
 {
@@ -281,7 +167,7 @@ static void raw_put(kv_ucx_t *target, const kv_ucx_pool_t *pool,
     BT_CHECK(ucp_ep_create(worker, &ep_params, &ep) == UCS_OK);
     BT_CHECK(ucp_ep_rkey_unpack(ep, pd + 92, &rkey) == UCS_OK);
     memset(&prm, 0, sizeof(prm));
-    put = ucp_put_nbx(ep, junk, sizeof(junk), get_u64(wd + 32), rkey, &prm);
+    put = ucp_put_nbx(ep, junk, sizeof(junk), uw_get_u64(wd + 32), rkey, &prm);
     flush = ucp_ep_flush_nbx(ep, &prm);
     until = bt_time_ns() + 1000000000ull;
     while (bt_time_ns() < until &&
@@ -377,9 +263,9 @@ static double bench_one(const kv_layout_t *lay, const uint8_t *src,
         kv_ucx_progress(bctx);
     }
     if (by_message)
-        BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, commit_cb, &done));
+        BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, uw_commit_cb, &done));
     else
-        BT_ASSERT_OK(kv_ucx_commit(peer, 0, 1, commit_cb, &done));
+        BT_ASSERT_OK(kv_ucx_commit(peer, 0, 1, uw_commit_cb, &done));
     until = bt_time_ns() + 60ull * 1000000000ull;
     while (done == BT_IN_PROGRESS || !kv_ucx_pool_has_arrived(bp, 0, 1)) {
         if (bt_time_ns() > until)
@@ -451,17 +337,17 @@ int main(int argc, char **argv)
     wdesc = kv_ucx_window_desc(w1, &wlen);
     BT_ASSERT_OK(kv_ucx_window_open(peer, wdesc, wlen, &rw));
     BT_CHECK(kv_ucx_rwindow_by_message(rw)); /* tcp: no RMA lanes */
-    write_all(peer, rw, src, 5, 40);
+    uw_put_layers(peer, rw, &layout, src, 5, 40, DRAIN);
     BT_CHECK(!kv_ucx_pool_has_arrived(pool, 1, 901)); /* not committed */
     BT_ASSERT_OK(commit(peer, rw));
     BT_CHECK(kv_ucx_pool_has_arrived(pool, 1, 901));
-    check_window(w1, 5, 40);
+    uw_check_window(w1, &layout, 5, 40);
     BT_ASSERT_EQ(kv_ucx_writes_refused(dctx), 0);
     fprintf(stderr, "hand-off by message over tcp: exact, committed\n");
 
     /* 2. forged writes into a live window */
     BT_ASSERT_OK(kv_ucx_window_create(pool, 2, 902, 4, &w2));
-    BT_CHECK(window_zero(w2));
+    BT_CHECK(uw_window_zero(w2, &layout));
     bad = forge_open(peer, w2, FORGE_TOKEN, 5);
     forged_write(peer, bad, w2, src, 4, "wrong token");
     before = kv_ucx_writes_refused(dctx);
@@ -486,17 +372,17 @@ int main(int argc, char **argv)
         BT_ASSERT_OK(kv_ucx_put_layer_window(peer, rw, 0, src, src, &layout,
                                              KV_UCX_MEM_HOST, ids, 4));
     }
-    settle(peer);
+    uw_settle(peer, DRAIN);
     BT_ASSERT_EQ(kv_ucx_writes_refused(dctx) - before, 2);
-    check_window(w1, 5, 40);
+    uw_check_window(w1, &layout, 5, 40);
     fprintf(stderr, "write after the commit: refused\n");
     /* the honest writer of w2 still lands exactly */
     wdesc = kv_ucx_window_desc(w2, &wlen);
     BT_ASSERT_OK(kv_ucx_window_open(peer, wdesc, wlen, &rw2));
-    write_all(peer, rw2, src, 4, 70);
+    uw_put_layers(peer, rw2, &layout, src, 4, 70, DRAIN);
     BT_ASSERT_OK(commit(peer, rw2));
     BT_CHECK(kv_ucx_pool_has_arrived(pool, 2, 902));
-    check_window(w2, 4, 70);
+    uw_check_window(w2, &layout, 4, 70);
     fprintf(stderr, "after the forgeries the honest hand-off is exact\n");
 
     /* 3. a stale writer: w2 ends, slot 2 is granted again */
@@ -510,19 +396,19 @@ int main(int argc, char **argv)
         BT_ASSERT_OK(kv_ucx_put_layer_window(peer, rw2, l, src, src,
                                              &layout, KV_UCX_MEM_HOST, ids,
                                              4));
-        settle(peer);
+        uw_settle(peer, DRAIN);
     }
     BT_ASSERT_EQ(kv_ucx_writes_refused(dctx) - before,
                  2 * (uint64_t)layout.n_layers);
     BT_ASSERT_EQ(commit(peer, rw2), BT_ERR_REMOTE);
-    BT_CHECK(window_zero(w3));
+    BT_CHECK(uw_window_zero(w3, &layout));
     BT_CHECK(!kv_ucx_pool_has_arrived(pool, 2, 904));
     fprintf(stderr, "stale writer: refused, the next grant's window "
             "untouched\n");
 
     /* 4. a raw put over tcp: dropped by a decode side without RMA */
     raw_put(dctx, pool, w3);
-    BT_CHECK(window_zero(w3));
+    BT_CHECK(uw_window_zero(w3, &layout));
     fprintf(stderr, "raw put over tcp into a live window: dropped (no RMA "
             "on the decode side)\n");
     {
@@ -536,7 +422,7 @@ int main(int argc, char **argv)
         BT_ASSERT_OK(kv_ucx_pool_register_windowed(rctx, &layout, 4, &rpool));
         BT_ASSERT_OK(kv_ucx_window_create(rpool, 0, 1, 4, &rw_ctl));
         raw_put(rctx, rpool, rw_ctl);
-        if (window_zero(rw_ctl))
+        if (uw_window_zero(rw_ctl, &layout))
             BT_TEST_FAIL("control: a raw put over tcp into a context with "
                          "RMA did not land (the test would not see the "
                          "attack)");
@@ -552,14 +438,7 @@ int main(int argc, char **argv)
         lay.n_blocks = 2048 / lay.block_size;
         bench(&lay);
         if (big_mib > 0) {
-            /* a 2048-token hand-off of big_mib MiB: 32 layers */
-            lay.n_layers = 32;
-            lay.n_kv_heads = 8;
-            lay.head_dim = 128;
-            lay.elem_size = (size_t)big_mib * (1u << 20) /
-                            (2u * 32 * 2048 * 8 * 128);
-            if (lay.elem_size < 1)
-                lay.elem_size = 1;
+            lay = uw_big_layout(lay, big_mib);
             bench(&lay);
         }
     }

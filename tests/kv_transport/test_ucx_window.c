@@ -30,57 +30,23 @@
 #include "bt_test.h"
 #include "bt_util.h"
 #include "kv/kv_transport.h"
-
-#define WAIT_MS 10000
+#include "ucx_window_util.h"
 
 static const kv_layout_t layout = {
     .n_layers = 3, .n_blocks = 64, .block_size = 16, .n_kv_heads = 2,
     .head_dim = 8, .elem_size = 4,
 };
 
-static kv_ucx_t *dctx, *pctx;
-
-/* Progresses both sides until the peer has nothing in flight. */
-static void settle(kv_ucx_peer_t *peer)
-{
-    uint64_t until = bt_time_ns() + (uint64_t)WAIT_MS * 1000000ull;
-
-    while (kv_ucx_peer_pending(peer) > 0) {
-        if (bt_time_ns() > until)
-            BT_TEST_FAIL("UCX operations did not complete");
-        kv_ucx_progress(dctx);
-        kv_ucx_progress(pctx);
-    }
-    BT_ASSERT_OK(kv_ucx_peer_status(peer));
-}
-
-static void commit_cb(void *arg, int slot, uint64_t epoch, bt_status_t st)
-{
-    (void)slot;
-    (void)epoch;
-    *(bt_status_t *)arg = st;
-}
-
 /* Puts `n` blocks of every layer (block i filled with `seed` + layer + i)
  * into window rw and commits it (its grant's slot and epoch). */
 static void put_all(kv_ucx_peer_t *peer, kv_ucx_rwindow_t *rw, uint8_t *src,
                     int n, int seed)
 {
-    size_t bb = kv_layout_block_bytes(&layout);
-    int ids[64];
     bt_status_t done = BT_IN_PROGRESS;
 
-    for (int i = 0; i < n; i++)
-        ids[i] = n - 1 - i; /* a permutation: one put per block */
-    for (int l = 0; l < layout.n_layers; l++) {
-        for (int i = 0; i < n; i++)
-            memset(src + (size_t)ids[i] * bb, seed + l + i, bb);
-        BT_ASSERT_OK(kv_ucx_put_layer_window(peer, rw, l, src, src, &layout,
-                                             KV_UCX_MEM_HOST, ids, n));
-        settle(peer); /* src is reused for the next layer */
-    }
-    BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, commit_cb, &done));
-    settle(peer);
+    uw_put_layers(peer, rw, &layout, src, n, seed, 0);
+    BT_ASSERT_OK(kv_ucx_commit_window(peer, rw, uw_commit_cb, &done));
+    uw_settle(peer, 0);
     BT_ASSERT_OK(done);
 }
 
@@ -98,65 +64,31 @@ static void wait_arrived(const kv_ucx_pool_t *pool, int slot, uint64_t epoch)
                          (unsigned long long)kv_ucx_pool_slot_value(pool,
                                                                     slot),
                          (unsigned long long)kv_ucx_writes_refused(dctx));
-        kv_ucx_progress(dctx);
-        kv_ucx_progress(pctx);
+        uw_progress_both();
     }
 }
 
-/* Window block i of every layer (K and V) holds seed + layer + i. */
-static void check_window(const kv_ucx_window_t *w, int n, int seed)
+static bt_status_t open_window(void *peer, const uint8_t *desc, size_t len)
 {
-    size_t bb = kv_layout_block_bytes(&layout);
+    kv_ucx_rwindow_t *rw = NULL;
+    bt_status_t status = kv_ucx_window_open(peer, desc, len, &rw);
 
-    for (int l = 0; l < layout.n_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int i = 0; i < n; i++) {
-                const uint8_t *p =
-                    (const uint8_t *)kv_ucx_window_data(w, l, kv) + i * bb;
-                for (size_t j = 0; j < bb; j++)
-                    if (p[j] != (uint8_t)(seed + l + i))
-                        BT_TEST_FAIL("layer %d %c block %d byte %zu: %u, "
-                                     "want %u", l, kv ? 'V' : 'K', i, j,
-                                     p[j], (uint8_t)(seed + l + i));
-            }
+    kv_ucx_window_close(&rw);
+    return status;
 }
 
-static bool window_zero(const kv_ucx_window_t *w)
-{
-    size_t bytes = (size_t)kv_ucx_window_blocks(w) *
-                   kv_layout_block_bytes(&layout);
-
-    for (int l = 0; l < layout.n_layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
-            const uint8_t *p = kv_ucx_window_data(w, l, kv);
-            for (size_t j = 0; j < bytes; j++)
-                if (p[j] != 0)
-                    return false;
-        }
-    return true;
-}
-
+/* Every corrupted form of window descriptor `desc` is refused. */
 static void check_refused(kv_ucx_peer_t *peer, const uint8_t *desc,
                           size_t len)
 {
-    uint8_t *bad = bt_malloc(len, "test");
     kv_ucx_rwindow_t *rw = NULL;
 
-    BT_CHECK(bad != NULL);
-    for (size_t i = 0; i < len; i++) {
-        memcpy(bad, desc, len);
-        bad[i] ^= 0x01;
-        if (kv_ucx_window_open(peer, bad, len, &rw) == BT_OK)
-            BT_TEST_FAIL("a window descriptor with byte %zu changed was "
-                         "accepted", i);
-        bt_error_clear();
-    }
+    uw_check_each_byte(desc, len, open_window, peer);
     BT_CHECK(kv_ucx_window_open(peer, desc, len - 1, &rw) != BT_OK);
     BT_CHECK(kv_ucx_window_open(peer, desc, 12, &rw) != BT_OK);
     BT_CHECK(kv_ucx_window_open(peer, NULL, 0, &rw) != BT_OK);
     BT_CHECK(rw == NULL);
     bt_error_clear();
-    bt_free(bad);
 }
 
 /* Maps a window of `tokens` tokens of `lay`, fills it as a writer's puts
@@ -237,14 +169,14 @@ int main(int argc, char **argv)
     /* 2. a hand-off through a window */
     BT_ASSERT_OK(kv_ucx_window_create(pool, 1, 901, 5, &w));
     BT_ASSERT_EQ(kv_ucx_window_blocks(w), 5);
-    BT_CHECK(window_zero(w));
+    BT_CHECK(uw_window_zero(w, &layout));
     wdesc = kv_ucx_window_desc(w, &wlen);
     BT_ASSERT_OK(kv_ucx_window_open(peer, wdesc, wlen, &rw));
     BT_ASSERT_EQ(kv_ucx_rwindow_blocks(rw), 5);
     kv_ucx_pool_slot_reset(pool, 1);
     put_all(peer, rw, src, 5, 40);
     wait_arrived(pool, 1, 901);
-    check_window(w, 5, 40);
+    uw_check_window(w, &layout, 5, 40);
     /* more blocks than the window holds: refused, nothing put */
     BT_ASSERT_EQ(kv_ucx_put_layer_window(peer, rw, 0, src, src, &layout,
                                          KV_UCX_MEM_HOST, ids, 6),
@@ -300,7 +232,7 @@ int main(int argc, char **argv)
             bt_error_clear();
         kv_ucx_progress(dctx);
     }
-    BT_CHECK(window_zero(w2));
+    BT_CHECK(uw_window_zero(w2, &layout));
     fprintf(stderr, "stale key after the unmap: the next window is "
             "untouched\n");
     kv_ucx_window_close(&rw);
@@ -337,14 +269,7 @@ int main(int argc, char **argv)
         bench(bp, &lay, 2048);
         kv_ucx_pool_deregister(&bp);
         if (big_mib > 0) {
-            /* a 2048-token hand-off of big_mib MiB: 32 layers */
-            lay.n_layers = 32;
-            lay.n_kv_heads = 8;
-            lay.head_dim = 128;
-            lay.elem_size = (size_t)big_mib * (1u << 20) /
-                            (2u * 32 * 2048 * 8 * 128);
-            if (lay.elem_size < 1)
-                lay.elem_size = 1;
+            lay = uw_big_layout(lay, big_mib);
             BT_ASSERT_OK(kv_ucx_pool_register_windowed(dctx, &lay, 1, &bp));
             bench(bp, &lay, 2048);
             kv_ucx_pool_deregister(&bp);

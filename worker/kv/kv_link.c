@@ -661,11 +661,25 @@ bool kv_link_receiver_pool_exposed(const kv_link_receiver_t *r)
 
 bt_status_t kv_link_receiver_arm(kv_link_receiver_t *r, kv_link_grant_t *g)
 {
+    /* An unknown link (a newer router's) arms none: its KV comes inline. */
+    int want = g->has_want_link ? link_index(g->want_link) : -1;
+
     g->has_recv_ids = false;
+    g->ucx_window = NULL;
+    g->ucx_window_len = 0;
     for (size_t i = 0; i < KV_LINK_N; i++) {
         bt_status_t status;
         if (!r->running[i] || kv_links[i]->recv_arm == NULL)
             continue;
+        if (g->has_want_link && (int)i != want) {
+            /* Not the announced link: no window (~34 us of mapping a
+             * request on UCX, a device allocation on CUDA IPC), only a
+             * slot that carries no old arrival; a writer that uses it
+             * anyway finds nothing to write into. */
+            if (kv_links[i]->recv_reset != NULL)
+                kv_links[i]->recv_reset(r->state[i], g->slot, false);
+            continue;
+        }
         status = kv_links[i]->recv_arm(r->state[i], g);
         if (status != BT_OK) {
             /* undo the links armed before: nothing was granted */

@@ -218,8 +218,13 @@ typedef struct {
     uint64_t epoch;       /* the epoch it is stamped with */
     const int *blocks;    /* (n) the reserved blocks */
     int n;
+    bool has_want_link;   /* the router named its link (a zeroed grant,
+                             an older router: every link is armed) */
+    int want_link;        /* KV_LINK_* the router means to use
+                             (KvReserve.kv_transport): only it is armed */
     bool want_recv_area;  /* the router means to use a link that writes
-                             through a receive area (KvReserve.kv_stage) */
+                             through a receive area (KvReserve.kv_stage,
+                             or want_link is staged UCX) */
     int *recv_ids;        /* (n) out: the receive-area ids */
     bool has_recv_ids;    /* out: recv_ids were filled */
     const uint8_t *ucx_window; /* out: the receive window's descriptor
@@ -281,9 +286,13 @@ bool kv_link_receiver_is_remote(const kv_link_receiver_t *recv);
  * links guard themselves: freed blocks need no quarantine then. */
 bool kv_link_receiver_pool_exposed(const kv_link_receiver_t *recv);
 
-/* A reservation is granted: every link clears its arrival slot; one
- * with a receive area reserves it (g->recv_ids).  BT_ERR_NO_RESOURCE:
- * the receive area is full, refuse the grant for now. */
+/* A reservation is granted: the link the router means to use
+ * (g->want_link; every link without has_want_link) arms the slot: it
+ * clears its arrival slot, maps a receive window or reserves its receive
+ * area (g->recv_ids).  The other links only clear the slot and map
+ * nothing: a prompt prefilled here (local) or sent inline has no window.
+ * BT_ERR_NO_RESOURCE: the receive area is full, refuse the grant for
+ * now. */
 bt_status_t kv_link_receiver_arm(kv_link_receiver_t *recv,
                                  kv_link_grant_t *g);
 
