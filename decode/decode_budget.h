@@ -7,8 +7,10 @@
  * The cost model is learned from the worker's own steps: the time of a
  * step with only decode rows (moving average), and the extra time one
  * prefill token adds (moving average of (step - decode step) / prefill
- * tokens).  A step may then prefill (target - decode step) / per-token
- * tokens, at least a floor (prompts always move) and at most the step's
+ * tokens).  A step may then prefill (target - decode step - margin) /
+ * per-token tokens, where the margin is the model's mean absolute miss
+ * on mixed steps (so noisy steps stay under the target, not around it),
+ * at least a floor (prompts always move) and at most the step's
  * budget.  With no decode rows, or no target, prefill takes the budget:
  * only time to first token is at stake then.
  */
@@ -24,8 +26,10 @@ extern "C" {
 typedef struct {
     double decode_ms;    /* a step with decode rows only */
     double token_ms;     /* what one prefill token adds to a step */
+    double miss_ms;      /* mean |step - model| of mixed steps: the margin */
     bool have_decode;
     bool have_token;
+    bool have_miss;
 } decode_budget_t;
 
 void decode_budget_init(decode_budget_t *b);

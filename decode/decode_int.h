@@ -45,6 +45,13 @@
 /* Prefix cache events go to the router at most this often (batched). */
 #define DECODE_KV_EVENTS_MS 20
 
+/* A local prompt waiting for prefill, by arrival (a step's scratch). */
+typedef struct {
+    uint64_t t_start;
+    uint64_t epoch;
+    int slot;
+} decode_arrival_t;
+
 typedef struct {
     bool used;
     uint64_t id;        /* request id */
@@ -208,6 +215,8 @@ struct decode_s {
     backend_seq_t *bseqs;       /* (max_seqs) */
     decode_seq_t **bmap;        /* (max_seqs) */
     decode_resv_t **pmap;       /* (max_seqs) local prefill rows */
+    decode_arrival_t *porder;   /* (max_reservations) a step's local
+                                   prompts, oldest first */
     uint64_t steps;
     uint64_t tokens_out;
     uint64_t windows_mapped;    /* receive windows mapped for grants

@@ -27,7 +27,6 @@ import atexit
 import http.client
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -36,6 +35,10 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                ".."))
+from free_ports import free_ports  # noqa: E402  (tests/free_ports.py)
 
 # ---------------------------------------------------------------- processes
 
@@ -93,28 +96,8 @@ def on_signal(sig, frame):
 
 
 def free_port_pair():
-    """A TCP port p such that p and p+1 were free a moment ago, below the
-    kernel's ephemeral range (there an outgoing connection of a test
-    running beside this one could take it before our process binds it)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            eph_lo = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        eph_lo = 32768
-    lo, hi = (10000, eph_lo - 2) if eph_lo >= 12000 else (20000, 50000)
-    for _ in range(200):
-        port = random.randint(lo, hi)
-        try:
-            for p in (port, port + 1):
-                t = socket.socket()
-                try:
-                    t.bind(("127.0.0.1", p))
-                finally:
-                    t.close()
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
+    """A TCP port p such that p and p+1 were free a moment ago."""
+    return free_ports(2)
 
 
 def rss_kib(pid):

@@ -559,6 +559,22 @@ __attribute__((unused)) static bool cu_file_has(const char *path,
     return has;
 }
 
+/* Lines of the file at `path` holding `needle` (0 without the file). */
+__attribute__((unused)) static int cu_count_lines(const char *path,
+                                                  const char *needle)
+{
+    char line[2048];
+    int n = 0;
+    FILE *f = fopen(path, "r");
+
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
 /* Runs the shell command `cmd` (a `baton run ... --ids`, the reference a
  * test compares with) and reads the ids it prints into out (at most cap);
  * fails the test when it does not exit 0.  Returns how many. */

@@ -70,19 +70,4 @@ static pid_t scu_spawn_logged(const char *log, const char *exe, ...)
     return pid;
 }
 
-/* Lines of file `log` that contain `needle`. */
-static int scu_count(const char *log, const char *needle)
-{
-    char line[2048];
-    int n = 0;
-    FILE *f = fopen(log, "r");
-
-    if (f == NULL)
-        return 0;
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, needle) != NULL;
-    fclose(f);
-    return n;
-}
-
 #endif /* BT_TESTS_SPEC_CLUSTER_UTIL_H */

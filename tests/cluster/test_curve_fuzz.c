@@ -545,20 +545,6 @@ static int fuzz_one(void *s, const seeds_t *ss,
 
 // ---------------------------------------------------------------------------
 
-/* Lines of the file `path` containing `needle`. */
-static int count_lines(const char *path, const char *needle)
-{
-    char line[1024];
-    FILE *f = fopen(path, "r");
-    int n = 0;
-
-    BT_CHECK(f != NULL);
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, needle) != NULL;
-    fclose(f);
-    return n;
-}
-
 static void submit_golden(client_t *c, cu_result_t *res, const cu_golden_t *g,
                           int n_golden)
 {
@@ -677,7 +663,8 @@ int main(void)
     for (int i = 0; i < 4; i++)
         w_replies += fuzz_one(ws[i], &wseeds,
                               &baton__control_message__descriptor);
-    w_dropped = count_lines(rlog, "control message");
+    BT_CHECK(access(rlog, R_OK) == 0);
+    w_dropped = cu_count_lines(rlog, "control message");
     fprintf(stderr, "   the router answered %d client and %d control "
                     "messages, and logged %d control messages dropped\n",
             c_replies, w_replies, w_dropped);

@@ -29,21 +29,6 @@ static const char *const windows_metric = "baton_worker_kv_windows_total";
 static const char *const received_metric =
     "baton_worker_kv_blocks_received_total";
 
-/* Lines of the file at `path` holding `needle` (0 without the file). */
-static int count_lines(const char *path, const char *needle)
-{
-    char line[1024];
-    int n = 0;
-    FILE *f = fopen(path, "r");
-
-    if (f == NULL)
-        return 0;
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, needle) != NULL;
-    fclose(f);
-    return n;
-}
-
 /* One cluster: a router (with `router_mode` as --kv-transport, or the
  * automatic choice when NULL), a decode worker with a metrics port
  * (--role both when `agg`, else beside a prefill worker), N_REQ golden
@@ -106,8 +91,18 @@ static double run_cluster(const cu_golden_t *golden, int n_golden, bool agg,
         retries += res[i].retries;
     }
     cu_wait_kv_idle(ctl, 5000);
-    windows = prom_scrape(mport, windows_metric);
-    *received_p = prom_scrape(mport, received_metric);
+    /* the worker publishes its counters once a turn: read them settled
+     * (two reads 100 ms apart agree) */
+    windows = -2;
+    for (int t = 0; t < 30; t++) {
+        double w = prom_scrape(mport, windows_metric);
+        double rcv = prom_scrape(mport, received_metric);
+        if (w == windows && rcv == *received_p)
+            break;
+        windows = w;
+        *received_p = rcv;
+        usleep(100000);
+    }
     fprintf(stderr, "%s%s: %.0f windows, %.0f KV blocks received, %d "
             "retries\n", agg ? "aggregated" : "1P+1D ",
             agg ? "" : router_mode ? router_mode : "auto", windows,
@@ -118,8 +113,10 @@ static double run_cluster(const cu_golden_t *golden, int n_golden, bool agg,
     if (p0 != 0)
         cu_kill(p0, SIGKILL);
     cu_kill(d0, SIGKILL);
-    cu_kill(router, SIGKILL);
-    *downgraded_p = count_lines(router_log, "was armed, not ");
+    /* a clean stop: every log line written before they are counted */
+    cu_kill(router, SIGTERM);
+    BT_ASSERT_EQ(cu_wait_exit(router, 10000), 0);
+    *downgraded_p = cu_count_lines(router_log, "was armed, not ");
     unlink(router_log);
     return windows - retries;
 }

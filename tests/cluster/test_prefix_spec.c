@@ -118,7 +118,7 @@ int main(void)
             cu_kill(pf, SIGTERM);
             BT_ASSERT_EQ(cu_wait_exit(pf, 10000), 0);
         }
-        BT_CHECK(scu_count(log, "leak") == 0);
+        BT_CHECK(cu_count_lines(log, "leak") == 0);
         if (pass >= 1) { /* the cache was on, and hit */
             char *text = NULL;
             const char *p;
@@ -136,7 +136,7 @@ int main(void)
             BT_CHECK(hits >= 2 * 4 + 3 * 40);
             bt_free(text);
         } else {
-            BT_CHECK(scu_count(log, "prefix cache: lookups:") == 0);
+            BT_CHECK(cu_count_lines(log, "prefix cache: lookups:") == 0);
         }
         for (int t = 0; t < 100; t++) {
             cu_status_t st;

@@ -93,9 +93,9 @@ int main(void)
 
     /* 1 + 3: golden, concurrently; every first step drafted */
     run_golden(c, golden, n_golden, 2);
-    drafted = scu_count(log, "first decode step: drafted ") -
-              scu_count(log, "first decode step: drafted 0 ");
-    plain = scu_count(log, "first decode step: drafted 0 ");
+    drafted = cu_count_lines(log, "first decode step: drafted ") -
+              cu_count_lines(log, "first decode step: drafted 0 ");
+    plain = cu_count_lines(log, "first decode step: drafted 0 ");
     fprintf(stderr, "with features: %d first steps drafted, %d plain\n",
             drafted, plain);
     BT_ASSERT_EQ(plain, 0);
@@ -116,7 +116,7 @@ int main(void)
                   "--threads", "1", "--name", "p1", NULL);
     cu_wait_workers(c, 1, 1, 20000);
     run_golden(c, golden, n_golden, 1);
-    plain = scu_count(log, "first decode step: drafted 0 ");
+    plain = cu_count_lines(log, "first decode step: drafted 0 ");
     fprintf(stderr, "without features: %d first steps plain\n", plain);
     BT_ASSERT_EQ(plain, n_golden);
     cu_wait_kv_idle(c, 5000);

@@ -71,7 +71,7 @@ int main(void)
         BT_CHECK(res[i].n_ids + 30 < golden[i % n_golden].n_expect);
     cu_kill(d0, SIGKILL);
     cu_wait_workers(ctl, 1, 1, 20000); /* d1 (the router drops d0) */
-    BT_CHECK(scu_count(log, "first decode step: drafted ") > 0);
+    BT_CHECK(cu_count_lines(log, "first decode step: drafted ") > 0);
     cu_collect(c, res, N_REQ, 50000);
     for (int i = 0; i < N_REQ; i++)
         fprintf(stderr, "phase 1 request %d: %d ids, %d retries\n", i,

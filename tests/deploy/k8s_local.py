@@ -25,7 +25,6 @@ import json
 import shutil
 import os
 import signal
-import random
 import socket
 import subprocess
 import sys
@@ -35,25 +34,13 @@ import time
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                ".."))
+from free_ports import free_ports  # noqa: E402  (tests/free_ports.py)
+
 
 def free_port():
-    """A TCP port free a moment ago, below the kernel's ephemeral range
-    (there a neighbour's outgoing connection could take it first)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            eph_lo = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        eph_lo = 32768
-    lo, hi = (10000, eph_lo - 1) if eph_lo >= 12000 else (20000, 50000)
-    for _ in range(200):
-        port = random.randint(lo, hi)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port")
+    return free_ports(1)
 
 
 def http_get(url, timeout=2.0):

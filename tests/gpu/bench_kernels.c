@@ -20,7 +20,10 @@
  *   (32 heads, 8 KV heads, head 128, blocks of 16): TFLOP/s of the causal
  *   FLOPs (4 x heads x hd x P(P+1)/2) against 790; the default kernel
  *   (fa2pp128 at head 128), then fa2pp and fa2wqv (cuda_attn_prefill_fa2
- *   called directly).  --attn-hd 64: the same at head 64 (Llama-3.2-1B's shape).
+ *   called directly); then over an FP8 (E4M3) KV cache (--kv-dtype fp8:
+ *   d_kv_scale): the default ("kv8 default", fa2wqv on sm_90a) and fa2
+ *   on mma.sync ("kv8 fa2").  --attn-hd 64: the same at head 64
+ *   (Llama-3.2-1B's shape).
  *   The cache blocks are in reverse order (no two pages adjacent, as in
  *   a used pool); --attn-runs: in order, as a fresh pool hands them out
  *   (the ping-pong kernels then copy whole tiles as one box).
@@ -312,7 +315,8 @@ static void print_prefill_prof(unsigned long long p[3][F2_PROF_N])
 
 
 /* One prefill attention launch: cuda_attn_prefill (wgmma < 0) or
- * attn_prefill_fa2.cu's kernel for that wgmma (cuda_attn_prefill_fa2). */
+ * attn_prefill_fa2.cu's kernel for that wgmma (cuda_attn_prefill_fa2);
+ * FP8 KV when a->d_kv_scale is set. */
 static void prefill_run(const cuda_attn_args_t *a, const int *d_tiles,
                         int n_tiles, int wgmma)
 {
@@ -341,9 +345,10 @@ static void bench_attn(void)
                             (size_t)5 * P, sizeof(int));
         int *tiles = h, *bt = h + (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
         int *kvl = bt + nb, *bto = kvl + P, *ctxa = bto + P, *mo = ctxa + P;
-        void *q, *kc, *vc, *out;
+        void *q, *kc, *vc, *out, *kc8, *vc8;
+        float *d_kv_scale;
         int *d_meta;
-        cuda_attn_args_t a;
+        cuda_attn_args_t a, a8;
 
         for (int t = 0; t < n_tiles; t++) {
             int *tp = tiles + (size_t)t * CUDA_PREFILL_TILE_INTS;
@@ -376,6 +381,38 @@ static void bench_attn(void)
         OK(cuda_gemv_fill(q, (size_t)P * nh * hd, 1, 0));
         OK(cuda_gemv_fill(kc, kv, 2, 0));
         OK(cuda_gemv_fill(vc, kv, 3, 0));
+        /* FP8 KV: codes of magnitude <= 2^4 x 1.875 (exponent field
+         * <= 11; never NaN), scale 1 / 64 for every head */
+        {
+            unsigned char *c8 = malloc(kv);
+            float sc[2 * 8]; /* 2 x nkv */
+            uint32_t r = 777;
+
+            if (c8 == NULL) {
+                fprintf(stderr, "FAIL out of host memory\n");
+                exit(1);
+            }
+            for (size_t i = 0; i < kv; i++) {
+                r = r * 1664525u + 1013904223u;
+                c8[i] = (unsigned char)(((r >> 24) & 0x80) |
+                                        ((r >> 8) % 0x60));
+            }
+            for (int i = 0; i < 2 * nkv; i++)
+                sc[i] = 1.0f / 64.0f;
+            CK(cudaMalloc(&kc8, kv));
+            CK(cudaMalloc(&vc8, kv));
+            CK(cudaMalloc((void **)&d_kv_scale, sizeof(sc)));
+            CK(cudaMemcpy(kc8, c8, kv, cudaMemcpyHostToDevice));
+            for (size_t i = 0; i < kv / 2; i++) { /* V: the codes reversed */
+                unsigned char t = c8[i];
+                c8[i] = c8[kv - 1 - i];
+                c8[kv - 1 - i] = t;
+            }
+            CK(cudaMemcpy(vc8, c8, kv, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(d_kv_scale, sc, sizeof(sc),
+                          cudaMemcpyHostToDevice));
+            free(c8);
+        }
         memset(&a, 0, sizeof(a));
         a.n_heads = nh;
         a.n_kv_heads = nkv;
@@ -392,21 +429,28 @@ static void bench_attn(void)
         a.d_ctx_len = a.d_bt_off + P;
         a.d_mask_off = a.d_ctx_len + P;
         a.d_out = out;
+        a8 = a;
+        a8.d_k_cache = kc8;
+        a8.d_v_cache = vc8;
+        a8.d_kv_scale = d_kv_scale;
         /* The default kernel (fa2pp128 at head 128), then the ones it
          * falls back to (fa2pp, fa2wqv: cuda_attn_prefill_fa2's wgmma 3
-         * and 2) as more rows. */
-        static const char *const alt[] = {"default", "fa2pp", "fa2wqv"};
-        static const int alt_wgmma[] = {-1, 3, 2};
-        for (int var = 0; var < 3; var++) {
+         * and 2) as more rows; then FP8 KV: the default (fa2wqv) and
+         * fa2 on mma.sync. */
+        static const char *const alt[] = {"default", "fa2pp", "fa2wqv",
+                                          "kv8 default", "kv8 fa2"};
+        static const int alt_wgmma[] = {-1, 3, 2, -1, 0};
+        for (int var = 0; var < 5; var++) {
         float ms[64];
         int n = g_reps < 64 ? g_reps : 64;
-        prefill_run(&a, d_meta, n_tiles, alt_wgmma[var]);
+        const cuda_attn_args_t *ap = var >= 3 ? &a8 : &a;
+        prefill_run(ap, d_meta, n_tiles, alt_wgmma[var]);
         unsigned long long prof[3][F2_PROF_N];
         const bool profiled = cuda_attn_prefill_prof_take(prof); /* reset */
         for (int r = 0; r < n; r++) {
             flush_l2();
             CK(cudaEventRecord(g_e0, 0));
-            prefill_run(&a, d_meta, n_tiles, alt_wgmma[var]);
+            prefill_run(ap, d_meta, n_tiles, alt_wgmma[var]);
             CK(cudaEventRecord(g_e1, 0));
             CK(cudaEventSynchronize(g_e1));
             CK(cudaEventElapsedTime(&ms[r], g_e0, g_e1));
@@ -423,6 +467,7 @@ static void bench_attn(void)
         fflush(stdout);
         }
         cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
+        cudaFree(kc8); cudaFree(vc8); cudaFree(d_kv_scale);
         cudaFree(d_meta);
         free(h);
     }

@@ -11,6 +11,8 @@
 #   run(carry=[".carry"], command="bash .carry/call.sh")
 # tests/X -> tests/X: a CTest program of the CUDA build (e.g.
 # tests/worker_test_serve_shapes), run there with device arguments.
+# pylib: the git-ignored .pylib/ of the repository root (pure-Python
+# packages the device lacks, e.g. compressed-tensors) -> pylib/.
 # A/B inside one call (machines differ by up to 3% on the same binary):
 # AB_FROM=DIR adds DIR/gpu/X as gpu/X_b for every gpu/X listed, e.g. the
 # build-OLDNAME/ folder of an earlier call.  .carry/ is git-ignored; the
@@ -33,6 +35,9 @@ for b in "$@"; do
             chmod -R u+w "$d/shared"
             if [ -d build-spec-carry/shared/heads ]; then
               cp -r build-spec-carry/shared/heads "$d/shared/"; fi;;
+    pylib) [ -d .pylib ] || { echo "pack_carry.sh: no .pylib/" >&2; exit 2; }
+           cp -r .pylib "$d/pylib"
+           find "$d/pylib" -name __pycache__ -prune -exec rm -rf {} +;;
     *) echo "pack_carry.sh: unknown item $b" >&2; exit 2;;
   esac
 done

@@ -40,9 +40,11 @@ failed anywhere.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 import cluster_harness
 
@@ -86,8 +88,10 @@ KV_DTYPE = (["--kv-dtype", os.environ["BT_SERVE_KV_DTYPE"]]
             if os.environ.get("BT_SERVE_KV_DTYPE") else [])
 VOCAB = int(os.environ.get("BT_SERVE_VOCAB", "32000"))
 PEER = {(2048, 128): "3,538", (2048, 2048): "12,194"}  # TRT-LLM FP8, H200
+METRICS_PORT = 19180  # d0's --metrics-port (the device machine is ours)
 T0 = time.time()
 rows = []
+phase_notes = []  # per run: where d0's decode steps spent their time
 failed = 0
 
 
@@ -104,13 +108,20 @@ def write_table():
                 "| ---: |\n")
         for r in rows:
             f.write("| %s |\n" % " | ".join(str(x) for x in r))
+        if phase_notes:
+            f.write("\nd0's decode steps by phase (ms a step; build and "
+                    "post: serial host work, emit overlaps the device, "
+                    "enqueue and wait: the device's):\n\n")
+            for n in phase_notes:
+                f.write("- %s\n" % n)
 
 
 def worker_cmds(mode, ctl):
     common = ["--router", ctl, "--model", MODEL, "--device", DEVICE,
               "--precision", PRECISION] + KV_DTYPE
     dec = ["baton-decode"] + common + [
-        "--name", "d0", "--max-seqs", "256",
+        "--name", "d0", "--metrics-port", str(METRICS_PORT), "--max-seqs",
+        "256",
         "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
     if mode.startswith(("prefix", "rand")):
         return [("d0", dec + ["--role", "both", "--prefix-cache",
@@ -153,8 +164,45 @@ def hit_rate(cl):
     return "%.1f%%" % (100.0 * sum(h * s for h, s in ws) / n) if n else ""
 
 
+def scrape():
+    """d0's counters from its /metrics: {name or name{labels}: value}."""
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" %
+                                      METRICS_PORT, timeout=5).read()
+    except OSError:
+        return {}
+    out = {}
+    for ln in text.decode().splitlines():
+        m = re.match(r"^(baton_worker_(?:steps_total|prefill_tokens_total|"
+                     r"generated_tokens_total|step_phase_seconds_total"
+                     r"|step_host_seconds_sum|step_seconds_sum)"
+                     r"(?:\{[^}]*\})?) ([0-9.eE+-]+)$", ln)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def phase_note(before, after, what):
+    """One line: d0's steps during a run, split by phase."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    steps = d.get("baton_worker_steps_total", 0)
+    if steps <= 0:
+        return
+    ph = ", ".join("%s %.2f" % (p, 1e3 * d.get(
+        'baton_worker_step_phase_seconds_total{phase="%s"}' % p, 0) / steps)
+        for p in ("build", "enqueue", "emit", "wait", "post"))
+    phase_notes.append(
+        "%s: %d steps, %.2f ms a step (%s); %.0f prompt and %.0f generated "
+        "tokens a step" % (
+            what, steps, 1e3 * d.get("baton_worker_step_seconds_sum", 0) /
+            steps, ph, d.get("baton_worker_prefill_tokens_total", 0) / steps,
+            d.get("baton_worker_generated_tokens_total", 0) / steps))
+    log("phases " + phase_notes[-1])
+
+
 def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
     global failed
+    before = scrape()
     path = os.path.join(cl.dir, "bench_%s_%sx%d_c%d.json" %
                         (label, plen, olen, conc))
     if args is not None:  # a whole baton bench argument list (chat)
@@ -212,6 +260,9 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
                  hit_rate(cl) if mode.startswith(("prefix", "rand", "chat"))
                  else ""))
     log("%s %s %sx%d c%d: %s" % (mode, label, plen, olen, conc, rows[-1]))
+    if before:
+        phase_note(before, scrape(), "%s %s %s/%d c%s" % (
+            mode, label, plen, olen, conc))
     write_table()
 
 

@@ -20,8 +20,8 @@
  *      (many splits + combine), a prompt chunk after a cached prefix
  *      (causal) and a masked tree; head sizes 64 and 128, GQA groups 1,
  *      4 and 7;
- *   3. cuda_attn_prefill (the tiled prefill, the shared-memory kernel with
- *      FP8 KV) on the same prompt chunk (two 64-query tiles) after the
+ *   3. cuda_attn_prefill (the tiled prefill: fa2wqv with FP8 KV at head
+ *      64/128, the shared-memory kernel at other sizes) on the same prompt chunk (two 64-query tiles) after the
  *      cached prefix and the masked tree, same reference and bound;
  *   4. the FP8 pool through the backend (stories260K, bf16 + --kv-dtype
  *      fp8): the layout says one byte an element, the host tier's block

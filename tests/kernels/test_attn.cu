@@ -13,6 +13,9 @@
  *     on mma.sync with the warp count it picks and with 4 and 8 warps,
  *     fa2wqv = the default at head 64, fa2pp, fa2pp128 = the default at
  *     head 128),
+ *   - the prefill tiles over an FP8 (E4M3) KV cache with per-KV-head
+ *     scales (run_kv8_case: "attn prefill kv8 (<variant>)" lines, the
+ *     default and each FA2 variant at head 64/128),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
@@ -23,6 +26,7 @@
  */
 #include <vector>
 
+#include "bt_fp8.h"
 #include "kernels/attn_decode.h"
 #include "kernels/attn_prefill.h"
 #include "kernels_ref.h"
@@ -241,7 +245,7 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     } pkinds[] = {{"default", 0, -1}, {"fa2", 0, 0},     {"fa2w4", 4, 0},
                   {"fa2w8", 8, 0},    {"fa2wqv", 0, 2},  {"fa2pp", 0, 3},
                   {"fa2pp128", 0, 4}};
-    const bool two = cuda_attn_prefill_fa2_ok(c->hd, dt);
+    const bool two = cuda_attn_prefill_fa2_ok(c->hd, dt, false);
     /* KT_ATTN_FA2=0: without the fa2 passes (round 5 re-ran
      * the test so after a crash in them) */
     const char *f2env = getenv("KT_ATTN_FA2");
@@ -268,6 +272,135 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
         free(out);
     }
     free(ref);
+    batch_free(&b);
+}
+
+/* Turns batch b (built bf16 for case c) into an FP8 KV one: K (times 3)
+ * and V quantized to E4M3 codes at a random scale per KV head and
+ * direction (1 to 3 times amax / 448), the device caches replaced by the
+ * codes, b->k and b->v by what the codes mean (code x scale), and
+ * b->a.d_kv_scale set.  Returns the device scales (the caller frees). */
+static float *batch_make_kv8(const attn_case_t *c, batch_t *b)
+{
+    const size_t cache_n = (size_t)b->n_blocks * c->bs * c->nkv * c->hd;
+    std::vector<float> scale(2 * c->nkv);
+    for (int h = 0; h < c->nkv; h++) {
+        scale[h] = 3.0f / 448.0f * kt_uniform(1.0f, 3.0f);
+        scale[c->nkv + h] = 1.0f / 448.0f * kt_uniform(1.0f, 3.0f);
+    }
+    std::vector<uint8_t> kc(cache_n), vc(cache_n);
+    for (size_t i = 0; i < cache_n; i++) {
+        const int kvh = (int)((i / c->hd) % c->nkv);
+        const float ks = scale[kvh], vs = scale[c->nkv + kvh];
+        kc[i] = bt_f32_to_e4m3(3.0f * b->k[i] / ks);
+        vc[i] = bt_f32_to_e4m3(b->v[i] / vs);
+        b->k[i] = bt_e4m3_to_f32(kc[i]) * ks; /* what the codes mean */
+        b->v[i] = bt_e4m3_to_f32(vc[i]) * vs;
+    }
+    cudaFree((void *)b->a.d_k_cache);
+    cudaFree((void *)b->a.d_v_cache);
+    b->a.d_k_cache = kt_upload_raw(kc.data(), cache_n);
+    b->a.d_v_cache = kt_upload_raw(vc.data(), cache_n);
+    float *d_scale = (float *)kt_upload_raw(scale.data(),
+                                            sizeof(float) * scale.size());
+    b->a.d_kv_scale = d_scale;
+    return d_scale;
+}
+
+/* FP8 KV (cuda_attn_args_t.d_kv_scale): the prefill tiles of case c over
+ * a cache of E4M3 codes with a K and a V scale per KV head, against
+ * attn_ref on the dequantized values (code x scale, what the cache
+ * means), through cuda_attn_prefill (pass "default": the FA2 kernels at
+ * head 64/128, the shared-memory one elsewhere) and, at head 64/128,
+ * each FA2 variant called directly: fa2 (mma.sync) with the warp count
+ * it picks and with 4 and 8 warps, fa2wqv the same, and wgmma 3 / 4,
+ * which with FP8 KV fall back to fa2wqv.  K values span +-3 (peakier
+ * softmax than +-1, so a K scale applied wrong moves the weights) and
+ * the scales differ by up to 3x between heads (a wrong head's scale
+ * shows).  Only the tiles' tokens are compared (the others stay
+ * poisoned); tolerance: the bf16 kernels' (relative L2 1e-2, as
+ * tests/gpu/test_cuda_kv8.c's FP8-KV prefill).  One line per case and
+ * variant: PASS/FAIL, rel_err and the largest absolute error. */
+static void run_kv8_case(const attn_case_t *c)
+{
+    const cuda_dtype_t dt = CUDA_DT_BF16;
+    batch_t b;
+    batch_build(c, dt, &b);
+    if (b.tiles.empty()) {
+        batch_free(&b);
+        return;
+    }
+    const size_t n_out = (size_t)b.nt * c->nh * c->hd;
+    const size_t row = (size_t)c->nh * c->hd;
+    float *d_scale = batch_make_kv8(c, &b);
+
+    float *ref = (float *)malloc(sizeof(float) * n_out);
+    attn_ref(c->nh, c->nkv, c->hd, c->bs, b.a.scale, b.q, b.k, b.v,
+             b.bt.data(), b.masks.data(), b.kv_len.data(), b.bt_off.data(),
+             b.ctx.data(), b.mask_off.data(), b.nt, ref);
+    /* the rows of the tiles' tokens (sequences of >= 16 new tokens) */
+    std::vector<int> rows;
+    {
+        int tok = 0;
+        for (const seq_t &s : c->seqs)
+            for (int i = 0; i < s.n; i++, tok++)
+                if (s.n >= 16)
+                    rows.push_back(tok);
+    }
+    const size_t n_cmp = rows.size() * row;
+    float *ref_c = (float *)malloc(sizeof(float) * n_cmp);
+    float *out_c = (float *)malloc(sizeof(float) * n_cmp);
+    for (size_t r = 0; r < rows.size(); r++)
+        memcpy(ref_c + r * row, ref + (size_t)rows[r] * row,
+               sizeof(float) * row);
+
+    char desc[96], what[200];
+    int pos = snprintf(desc, sizeof(desc), "h=%d/%d hd=%d bs=%d seqs",
+                       c->nh, c->nkv, c->hd, c->bs);
+    for (const seq_t &s : c->seqs)
+        if (pos < (int)sizeof(desc) - 16)
+            pos += snprintf(desc + pos, sizeof(desc) - pos, " %d+%d%s",
+                            s.ctx, s.n, s.masked ? "m" : "");
+    static const struct {
+        const char *name;
+        int warps; /* cuda_attn_prefill_fa2's n_warps */
+        int wgmma; /* ... and wgmma (-1: cuda_attn_prefill) */
+    } kinds[] = {{"default", 0, -1},     {"fa2", 0, 0},
+                 {"fa2w4", 4, 0},        {"fa2w8", 8, 0},
+                 {"fa2wqv", 0, 2},       {"fa2wqv-w4", 4, 2},
+                 {"fa2wqv-w8", 8, 2},    {"fa2pp>fa2wqv", 0, 3},
+                 {"fa2pp128>fa2wqv", 0, 4}};
+    const bool fa2 = cuda_attn_prefill_fa2_ok(c->hd, dt, true);
+    const int n_kinds = fa2 ? (int)(sizeof(kinds) / sizeof(kinds[0])) : 1;
+    const int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
+    for (int k = 0; k < n_kinds; k++) {
+        kt_poison(b.a.d_out, n_out, dt);
+        if (kinds[k].wgmma < 0)
+            KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, dt, 0));
+        else
+            KT_CUDA(cuda_attn_prefill_fa2(&b.a, b.d_tiles, n_tiles,
+                                          kinds[k].warps, kinds[k].wgmma,
+                                          0));
+        KT_CUDA(cudaGetLastError());
+        float *out = kt_download(b.a.d_out, n_out, dt);
+        double max_err = 0.0;
+        for (size_t r = 0; r < rows.size(); r++)
+            for (size_t e = 0; e < row; e++) {
+                const float o = out[(size_t)rows[r] * row + e];
+                const double d = fabs((double)o - ref_c[r * row + e]);
+                out_c[r * row + e] = o;
+                if (!(d <= max_err)) /* NaN counts as the largest */
+                    max_err = isfinite(d) ? d : INFINITY;
+            }
+        snprintf(what, sizeof(what), "attn prefill kv8 (%s) %s max_err=%.2e",
+                 kinds[k].name, desc, max_err);
+        kt_compare(what, out_c, ref_c, n_cmp, kt_tol(dt));
+        free(out);
+    }
+    free(out_c);
+    free(ref_c);
+    free(ref);
+    cudaFree(d_scale);
     batch_free(&b);
 }
 
@@ -452,14 +585,19 @@ static void bench(void)
         cudaEventCreate(&e1);
         int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
         /* the default (fa2pp128 at head 128), then the kernels it falls
-         * back to (cuda_attn_prefill_fa2's wgmma 3, 2, 0) */
+         * back to (cuda_attn_prefill_fa2's wgmma 3, 2, 0); then over FP8
+         * KV codes (batch_make_kv8): the default (fa2wqv) and fa2 */
         static const char *const bnames[] = {"default", "fa2pp", "fa2wqv",
-                                             "fa2"};
-        static const int bwgmma[] = {-1, 3, 2, 0};
+                                             "fa2", "kv8 default",
+                                             "kv8 fa2"};
+        static const int bwgmma[] = {-1, 3, 2, 0, -1, 0};
         const char *f2env = getenv("KT_ATTN_FA2");
-        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 1 : 4;
+        const int n_pass = f2env && strcmp(f2env, "0") == 0 ? 1 : 6;
+        float *d_scale = NULL;
         for (int pass = 0; pass < n_pass; pass++) {
         float ms[10];
+        if (pass == 4)
+            d_scale = batch_make_kv8(&c, &b);
         for (int it = 0; it < 12; it++) {
             cudaEventRecord(e0);
             if (bwgmma[pass] < 0)
@@ -475,11 +613,12 @@ static void bench(void)
         }
         float med = kt_median(ms, 10);
         double flops = 4.0 * nh * hd * (double)pre[i] * (pre[i] + 1) / 2;
-        printf("prefill attn %-8s %5d tokens: %8.1f us  %6.1f TFLOP/s (causal "
-               "FLOPs)\n", bnames[pass], pre[i],
+        printf("prefill attn %-11s %5d tokens: %8.1f us  %6.1f TFLOP/s "
+               "(causal FLOPs)\n", bnames[pass], pre[i],
                med * 1e3,
                flops / (med * 1e-3) / 1e12);
         }
+        cudaFree(d_scale);
         batch_free(&b);
     }
 }
@@ -542,6 +681,28 @@ int main(int argc, char **argv)
     for (int dti = 0; dti < 2; dti++)
         for (const attn_case_t &c : cases)
             run_case(&c, dti ? CUDA_DT_BF16 : CUDA_DT_F32);
+    /* FP8 KV prefill (run_kv8_case): GQA 1, 4, 7 and 8 at head 128 and
+     * 1, 3, 4 and 8 at head 64; chunks after cached prefixes that are
+     * not multiples of 16 or 64 (a chunk starting mid-tile and
+     * mid-block), masked chunks, lengths of 17 (one sub-tile + 1 row),
+     * 65, 95, 131 ...; blocks of 8, 16 and 64 (in order or scattered as
+     * batch_build draws); head 32 and 256 through the shared-memory
+     * kernel */
+    const attn_case_t kv8_cases[] = {
+        {32, 8, 128, 16, {{0, 333, 0}, {1500, 131, 0}, {30, 100, 1},
+                          {0, 17, 0}, {5, 1, 0}}},
+        {32, 4, 128, 8, {{0, 200, 0}, {700, 77, 0}, {64, 65, 1}}},
+        {8, 8, 128, 64, {{0, 257, 0}, {100, 150, 0}, {3, 40, 1}}},
+        {28, 4, 128, 16, {{0, 95, 0}, {257, 64, 1}, {1, 300, 0}}},
+        {8, 8, 64, 64, {{0, 257, 0}, {100, 200, 0}, {64, 65, 1}}},
+        {16, 4, 64, 16, {{129, 190, 0}, {0, 17, 0}, {45, 40, 1}}},
+        {12, 4, 64, 8, {{0, 150, 0}, {300, 99, 0}, {2, 1, 0}}},
+        {16, 2, 64, 8, {{0, 449, 0}, {1000, 80, 0}, {3, 31, 1}}},
+        {8, 2, 32, 16, {{0, 70, 0}, {20, 33, 1}}},
+        {16, 1, 256, 16, {{0, 40, 0}, {33, 20, 1}}},
+    };
+    for (const attn_case_t &c : kv8_cases)
+        run_kv8_case(&c);
     /* fused RoPE: GQA 4 / 4 / 16 / 1, both layouts, bias or not, a first
      * token (ctx 0), tile and block edges, long contexts (splits) */
     run_rope_case(32, 8, 128, 16, 1, true, {0, 1, 63, 64, 2000, 17});

@@ -23,7 +23,8 @@
  * be finite and within --tol relative L2 of its reference (another batch
  * shape may take another GEMM algorithm; garbage is ~1).  Prints one line
  * per step (status, error, worst row); exits 1 on the first failed step
- * after printing why.  With no arguments (CTest): stories260K on the cpu
+ * after printing why (--keep-going: checks every step, then exits 1 if
+ * any failed).  With no arguments (CTest): stories260K on the cpu
  * in fp8 with FP8 KV.  On the GPU (tests/gpu/run_gpu_fp8_diag.sh):
  *   test_serve_shapes --device cuda --model synth:llama3-8b \
  *     --precision fp8 --kv-dtype fp8 --kv-blocks 0 --max-seqs 256 \
@@ -62,6 +63,7 @@ typedef struct {
     int n_mixed;
     double tol;
     bool warmup;
+    bool keep_going; /* --keep-going: every step checked, exit 1 at the end */
 } opts_t;
 
 typedef struct {
@@ -74,6 +76,8 @@ typedef struct {
     int bottom;       /* next free block counting up from 0 */
     float *logits;    /* (K + 1, vocab) one step's rows */
     double worst;     /* worst relative error of the current step */
+    int step_fails;   /* rows of the current step that failed */
+    int fails;        /* failed steps (--keep-going) */
 } run_t;
 
 static int tok_prompt(const run_t *r, int seq, int j)
@@ -150,11 +154,14 @@ static void check_row(run_t *r, const opts_t *o, const char *what, int row,
     }
     rel = sqrt(d2 / (n2 > 0 ? n2 : 1.0));
     if (bad > 0 || !(rel <= o->tol)) {
-        printf("FAIL %s: %d non-finite logits, relative L2 %.3g (tol %g), "
-               "argmax %d vs %d; first values %g %g %g vs %g %g %g\n",
-               what, bad, rel, o->tol, am_x, am_r, x[0], x[1], x[2],
-               ref[0], ref[1], ref[2]);
-        exit(1);
+        printf("FAIL %s row %d: %d non-finite logits, relative L2 %.3g "
+               "(tol %g), argmax %d vs %d; first values %g %g %g vs %g %g "
+               "%g\n", what, row, bad, rel, o->tol, am_x, am_r, x[0], x[1],
+               x[2], ref[0], ref[1], ref[2]);
+        if (!o->keep_going)
+            exit(1);
+        r->step_fails++;
+        return;
     }
     if (rel > r->worst)
         r->worst = rel;
@@ -173,7 +180,10 @@ static void mem_line(run_t *r, const char *when)
 
 static void step_done(run_t *r, const char *name)
 {
-    printf("PASS %s: worst relative L2 %.3g\n", name, r->worst);
+    printf("%s %s: worst relative L2 of the rows within tolerance %.3g\n",
+           r->step_fails ? "FAIL" : "PASS", name, r->worst);
+    r->fails += r->step_fails > 0;
+    r->step_fails = 0;
     r->worst = 0.0;
 }
 
@@ -206,10 +216,12 @@ static void parse(int argc, char **argv, opts_t *o)
         { "mixed", required_argument, NULL, 'x' },
         { "tol", required_argument, NULL, 'o' },
         { "no-warmup", no_argument, NULL, 'n' },
+        { "keep-going", no_argument, NULL, 'g' },
         { NULL, 0, NULL, 0 }
     };
     int c;
 
+    memset(o, 0, sizeof(*o));
     o->device = "cpu";
     o->model = BT_SHARED_DIR "/models/stories260K.bin";
     o->precision = BACKEND_PRECISION_FP8;
@@ -247,6 +259,7 @@ static void parse(int argc, char **argv, opts_t *o)
         case 'x': parse_list(optarg, o); break;
         case 'o': o->tol = atof(optarg); break;
         case 'n': o->warmup = false; break;
+        case 'g': o->keep_going = true; break;
         default: BT_TEST_FAIL("unknown option");
         }
     }
@@ -476,6 +489,10 @@ int main(int argc, char **argv)
     bt_free(late_bt);
     bt_free(late_toks);
     engine_destroy(&r.e);
+    if (r.fails > 0) {
+        printf("FAIL serve_shapes: %d steps failed\n", r.fails);
+        return 1;
+    }
     BT_TEST_PASS("serve_shapes");
     return 0;
 }

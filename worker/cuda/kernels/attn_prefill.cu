@@ -7,9 +7,11 @@
  * rule or the sequence's mask, then O += P V with WMMA; O lives in
  * accumulator fragments and is rescaled through shared memory.
  * q (tokens, nh, hd) bf16, K/V cache (slots, nkv, hd) bf16, out like q.
- * FP8 KV (d_kv_scale, kv8.cuh): this kernel at every head size, the
- * codes widened to bf16 (exact) as the tile is staged, the KV head's K
- * scale folded into the score scale and its V scale into the output.
+ * FP8 KV (d_kv_scale, kv8.cuh): the FA2 kernels at head 64/128
+ * (attn_prefill_fa2.cu, fa2wqv / fa2), this file's shared-memory kernel
+ * at 16, 32 and 256: the codes widened to bf16 (exact) as the tile is
+ * staged, the KV head's K scale folded into the score scale and its V
+ * scale into the output.
  * Test: build-cuda/tests/kernels/test_attn (make gpu-test runs it).
  */
 #include "attn_prefill.h"
@@ -481,7 +483,9 @@ bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt)
  * 256.  At head 64 fa2wqv beats the ping-pong: its two 64-row
  * warpgroups, one block an SM, hide too little of the softmax when a
  * tile's products are half as long as at head 128, and fa2wqv runs more
- * warps an SM (docs/PERFORMANCE.md has the figures of each kernel). */
+ * warps an SM (docs/PERFORMANCE.md has the figures of each kernel).
+ * FP8 KV: fa2wqv at head 64 and 128 (fa2 without wgmma), the
+ * shared-memory kernel at 16, 32 and 256. */
 /* The shared-memory kernel (KV8: over FP8 codes). */
 template <int HD, bool KV8>
 static cudaError_t attn_prefill_plain_launch(const cuda_attn_args_t *a,
@@ -532,9 +536,19 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         return BT_OK;
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
+    if (args->d_kv_scale != NULL &&
+        cuda_attn_prefill_fa2_ok(args->head_dim, dt, true)) {
+        /* FP8 KV at head 64/128: fa2wqv (fa2 without sm_90a wgmma); the
+         * ping-pong kernels are bf16 only (TMA lands the codes as they
+         * are), so 2 at both head sizes */
+        err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, 0, 2, stream);
+        if (err != cudaSuccess)
+            return BT_CUDA_STATUS(err);
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     if (args->d_kv_scale != NULL) {
-        /* FP8 KV: the shared-memory kernel, which widens the codes as it
-         * stages a tile (the FA2 kernels copy bf16 rows as they are) */
+        /* FP8 KV at the other head sizes: the shared-memory kernel, which
+         * widens the codes as it stages a tile */
         switch (args->head_dim) {
         case 16:
             err = attn_prefill_plain_launch<16, true>(args, d_tiles, n_tiles,
@@ -543,14 +557,6 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         case 32:
             err = attn_prefill_plain_launch<32, true>(args, d_tiles, n_tiles,
                                                       stream);
-            break;
-        case 64:
-            err = attn_prefill_plain_launch<64, true>(args, d_tiles, n_tiles,
-                                                      stream);
-            break;
-        case 128:
-            err = attn_prefill_plain_launch<128, true>(args, d_tiles,
-                                                       n_tiles, stream);
             break;
         default:
             err = attn_prefill_plain_launch<256, true>(args, d_tiles,
@@ -561,7 +567,7 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
             return BT_CUDA_STATUS(err);
         return BT_CUDA_LAUNCH_STATUS();
     }
-    if (cuda_attn_prefill_fa2_ok(args->head_dim, dt)) {
+    if (cuda_attn_prefill_fa2_ok(args->head_dim, dt, false)) {
         err = cuda_attn_prefill_fa2(args, d_tiles, n_tiles, 0,
                                     args->head_dim == 128 ? 4 : 2, stream);
         if (err != cudaSuccess)

@@ -1,8 +1,8 @@
 /*
  * attn_prefill.h - tiled paged attention for prompt chunks (flash
- * attention on tensor cores, bf16): 64 queries of one sequence and one
- * head per block, causal or masked, attending to the cached prefix too
- * (chunked prefill).
+ * attention on tensor cores, bf16 activations, bf16 or FP8 E4M3 KV):
+ * 64 queries of one sequence and one head per block, causal or masked,
+ * attending to the cached prefix too (chunked prefill).
  */
 #ifndef BT_WORKER_CUDA_KERNELS_ATTN_PREFILL_H
 #define BT_WORKER_CUDA_KERNELS_ATTN_PREFILL_H
@@ -30,7 +30,8 @@ enum {
 
 /* True when the tiled kernel supports this head size and dtype (bf16,
  * head_dim 16, 32, 64, 128 or 256).  FP8 KV (args->d_kv_scale) runs the
- * shared-memory kernel at every one of those sizes. */
+ * FA2 kernels at head 64 and 128 (fa2wqv, or fa2 without sm_90a wgmma;
+ * not the ping-pong ones) and the shared-memory kernel at the others. */
 bool cuda_attn_prefill_ok(int head_dim, cuda_dtype_t dt);
 
 /* Runs the n_tiles tiles of d_tiles (n_tiles, CUDA_PREFILL_TILE_INTS);
@@ -40,8 +41,11 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
                               cuda_dtype_t dt, cudaStream_t stream);
 
 /* The FlashAttention-2 class kernel (attn_prefill_fa2.cu; what
- * cuda_attn_prefill runs at head 64/128): bf16, head_dim 64 or 128. */
-bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt);
+ * cuda_attn_prefill runs at head 64/128): bf16, head_dim 64 or 128, KV
+ * of bf16 or (kv8) FP8 E4M3 codes with args->d_kv_scale.  With kv8 only
+ * the cp.async-ring variants exist (fa2, fa2wqv): a wgmma of 3 or 4 runs
+ * as fa2wqv. */
+bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt, bool kv8);
 
 /* Same tiles and semantics as cuda_attn_prefill; the query heads of one
  * KV head share a block.  n_warps: 4 or 8 per block, anything else =
@@ -50,8 +54,9 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt);
  * ping-pong fed by a TMA producer warp (fa2pp), 4 that on 128-key tiles
  * (fa2pp128), each falling back to the one before where it cannot run;
  * 0 (or no wgmma, cuda_wgmma_available in kernels/wgmma.cuh) mma.sync
- * only.  cuda_attn_prefill passes 4 at head 128 and 2 at head 64; tests
- * name the others to check the fallbacks. */
+ * only.  FP8 KV (args->d_kv_scale != NULL): 2, 3 and 4 all run fa2wqv.
+ * cuda_attn_prefill passes 4 at head 128 and 2 at head 64; tests name
+ * the others to check the fallbacks. */
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                                   const int *d_tiles, int n_tiles,
                                   int n_warps, int wgmma,

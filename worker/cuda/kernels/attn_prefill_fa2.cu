@@ -1,9 +1,10 @@
 /*
- * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16,
- * head 64/128) over the paged KV cache, the default prefill kernel: as
- * fa2pp128 below on sm_90a at head 128 (fa2pp, then fa2wqv, where it
- * does not apply), fa2wqv at head 64, as fa2 elsewhere
- * (cuda_attn_prefill_fa2's wgmma argument names each, for tests).
+ * attn_prefill_fa2.cu - FlashAttention-2 class prefill attention (bf16
+ * activations, head 64/128) over the paged KV cache of bf16 or FP8
+ * codes, the default prefill kernel: as fa2pp128 below on sm_90a at
+ * head 128 (fa2pp, then fa2wqv, where it does not apply), fa2wqv at
+ * head 64 and with FP8 KV, as fa2 elsewhere (cuda_attn_prefill_fa2's
+ * wgmma argument names each, for tests).
  *
  * Work split: a block takes NW warps (4 or 8) of 16 query rows each, and
  * its warps are (query sub-tile, head) pairs of ONE KV head: a backend
@@ -89,6 +90,20 @@
  * "fa3").  Blocks of 8..128 slots dividing 128 or multiples of 128; else
  * fa2pp.  test_attn pass "fa2pp128".
  *
+ * FP8 KV (KV8, d_kv_scale; fa2 and fa2wqv, not the ping-pong kernels,
+ * whose TMA boxes land in the wgmma slabs as they are): the ring holds
+ * E4M3 code tiles (a key row of HD bytes, 16-byte copies of 16 codes),
+ * and before the loop's barrier each thread widens the chunks it copied
+ * itself (its own cp.async wait makes them visible to it) to bf16 in
+ * one of two K / V tiles of the bf16 layout above (exact: every E4M3
+ * value is a bf16), so the products are bf16's, one barrier a tile as
+ * before.  Shared memory: codes at half the bytes + two bf16 tiles, as
+ * much as the bf16 ring of 4 stages (8 warps); 16 KB more at 3 stages
+ * (4 warps), which at head 128 leaves one block an SM instead of two
+ * (not measured).  Scales as attn_decode_tc.cu: the KV head's
+ * K scale joins the score scale, its V scale multiplies O at the end (O
+ * is a convex combination of V rows).  test_attn: "kv8" cases.
+ *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
  * end of the keys, draft-tree masks), and blocks run heaviest first
@@ -106,6 +121,7 @@
 #include <string.h>
 
 #include "kern_common.cuh"
+#include "kv8.cuh"
 #include "tc_common.cuh"
 #include "wgmma.cuh"
 
@@ -116,17 +132,23 @@
 /* WQ: S = Q K^T on wgmma (sm_90a): each warpgroup's 64 query rows are
  * staged once in shared memory and K tiles are laid out as wgmma's
  * K-major 128-byte-swizzle slabs of 64 dims (f2_slab). */
-template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
+template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK,
+          bool KV8 = false>
+struct f2_cfg {
     /* PP: a producer warp refills a stage once both warpgroups released
      * it; 5 stages keep up to 4 tiles ahead (128-key tiles at head 128:
      * 3, all that fits in 227 KB beside Q) */
     static constexpr int STAGES =
         PP ? (BK * HD > 64 * 128 ? 3 : 5) : NW == 8 ? 4 : 3;
-    static constexpr int CH = HD / 8;                  /* chunks per row */
+    /* bf16 K and V tiles: the ring itself; KV8: two, the ring holding
+     * the codes (STAGES x 2 x TILE bytes after Q) */
+    static constexpr int NBUF = KV8 ? 2 : STAGES;
+    static constexpr int CH = HD / 8;       /* bf16 chunks (16 B) per row */
+    static constexpr int CCH = KV8 ? HD / 16 : CH; /* copied chunks */
     static constexpr int TILE = BK * HD;               /* elements */
     static constexpr int THREADS = NW * 32; /* the consumers (the copies) */
-    static constexpr int RSTEP = THREADS / CH;         /* row step */
-    static constexpr int RPT = F2_BK * CH / THREADS;   /* rows per thread */
+    static constexpr int RSTEP = THREADS / CCH;        /* row step */
+    static constexpr int RPT = F2_BK * CCH / THREADS;  /* rows per thread */
     static constexpr int QTILE = 64 * HD;              /* per warpgroup */
     /* PP's producer: a warp; on 128-key tiles a whole warpgroup, so the
      * consumers can take its registers with setmaxnreg (9 warps give
@@ -137,13 +159,15 @@ template <int HD, int NW, bool WQ, bool PP, int BK = F2_BK> struct f2_cfg {
     static constexpr int BLOCK =
         THREADS + (PRODUCER_WG ? 128 : PP ? 32 : 0); /* all threads */
     static constexpr size_t BYTES =
-        (size_t)STAGES * 2 * TILE * 2 +
+        (size_t)NBUF * 2 * TILE * 2 +
         (WQ ? (size_t)(NW / 4) * QTILE * 2 + 1024 : 0) +
+        (KV8 ? (size_t)STAGES * 2 * TILE : 0) +
         (PP ? (size_t)4 * STAGES * sizeof(uint64_t) : 0);
-    static_assert(THREADS % CH == 0, "thread count");
-    static_assert(PP || (BK == F2_BK && RPT * THREADS == F2_BK * CH),
+    static_assert(THREADS % CCH == 0, "thread count");
+    static_assert(PP || (BK == F2_BK && RPT * THREADS == F2_BK * CCH),
                   "tile split");
     static_assert(BK == 64 || BK == 128, "key tile");
+    static_assert(!KV8 || !PP, "FP8 KV: the cp.async ring only");
 };
 
 /* 2^x (MUFU; -inf -> +0). */
@@ -222,17 +246,19 @@ __device__ unsigned long long f2_prof[3][F2_PROF_N];
 #define F2_MARK(i) ((void)0)
 #endif
 
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
-static __global__ void __launch_bounds__(f2_cfg<HD, NW, WQ, PP, BK>::BLOCK,
-                                         1)
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
+          bool KV8 = false>
+static __global__ void __launch_bounds__(
+    f2_cfg<HD, NW, WQ, PP, BK, KV8>::BLOCK, 1)
 attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
                         int parts, const __grid_constant__ f2_maps maps)
 {
     static_assert(!WV || WQ, "P V on wgmma needs the wgmma S");
     static_assert(!PP || (WV && NW == 8), "ping-pong: two wgmma warpgroups");
     static_assert(PP || BK == F2_BK, "128-key tiles: the ping-pong only");
-    typedef f2_cfg<HD, NW, WQ, PP, BK> C;
+    typedef f2_cfg<HD, NW, WQ, PP, BK, KV8> C;
     constexpr int STAGES = C::STAGES;
+    constexpr int NBUF = C::NBUF;
     constexpr int TILE = C::TILE;
     constexpr int CH = C::CH;
     constexpr int RPT = C::RPT;
@@ -246,10 +272,15 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     /* wgmma operands need 1024-byte aligned tiles */
     const unsigned sm0 = (unsigned)__cvta_generic_to_shared(smem);
     bf16_t *sk = (bf16_t *)(smem + (WQ ? (1024 - (sm0 & 1023)) & 1023 : 0));
-    /* [STAGES][BK][HD] swizzled (WQ: [STAGES][HD / 64][BK][64] slabs) */
-    bf16_t *sv = sk + STAGES * TILE; /* [STAGES][BK][HD] swizzled (WV:
-                                        slabs as K's) */
-    bf16_t *sq = sv + STAGES * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
+    /* [NBUF][BK][HD] swizzled (WQ: [NBUF][HD / 64][BK][64] slabs) */
+    bf16_t *sv = sk + NBUF * TILE; /* [NBUF][BK][HD] swizzled (WV: slabs
+                                      as K's) */
+    bf16_t *sq = sv + NBUF * TILE; /* WQ: [NW / 4][HD / 64][64][64] */
+    /* KV8: the copy ring of codes, [STAGES][BK][HD] bytes of K, then of
+     * V, rows unswizzled (each thread reads back only its own chunks) */
+    uint8_t *ck8 =
+        reinterpret_cast<uint8_t *>(WQ ? sq + (NW / 4) * C::QTILE : sq);
+    uint8_t *cv8 = ck8 + STAGES * TILE;
     /* PP: per stage, "full" (the producer's copies landed) and "empty"
      * (both warpgroups' wgmmas on it done) */
     uint64_t *bar_full =
@@ -305,12 +336,18 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     const int bs = a.block_size;
     const int bs_sh = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
     const size_t slot_stride = (size_t)n_kv * HD;
-    const int col = threadIdx.x % CH;      /* this thread's 16-byte chunk */
-    const int rbase = threadIdx.x / CH;    /* and its first row */
+    /* this thread's 16-byte chunk (KV8: of 16 codes) and first row */
+    const int col = threadIdx.x % C::CCH;
+    const int rbase = threadIdx.x / C::CCH;
     const bf16_t *kbase =
         (const bf16_t *)a.d_k_cache + (size_t)kvh * HD + col * 8;
     const bf16_t *vbase =
         (const bf16_t *)a.d_v_cache + (size_t)kvh * HD + col * 8;
+    /* KV8: one byte an element */
+    const uint8_t *kbase8 =
+        (const uint8_t *)a.d_k_cache + (size_t)kvh * HD + col * 16;
+    const uint8_t *vbase8 =
+        (const uint8_t *)a.d_v_cache + (size_t)kvh * HD + col * 16;
 
     /* Cache slot of each of this thread's rows of tile kt (-1: past the
      * keys, zero-filled). */
@@ -327,6 +364,19 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         }
     };
     auto issue = [&](int stage, const int *slot) {
+        if constexpr (KV8) {
+            /* the codes as they are; widen() makes the bf16 tile */
+            uint8_t *dk = ck8 + stage * TILE + rbase * HD + col * 16;
+            uint8_t *dv = cv8 + stage * TILE + rbase * HD + col * 16;
+#pragma unroll
+            for (int j = 0; j < RPT; j++) {
+                const bool ok = slot[j] >= 0;
+                const size_t off = ok ? (size_t)slot[j] * slot_stride : 0;
+                tc_cp16(dk + j * C::RSTEP * HD, kbase8 + off, ok);
+                tc_cp16(dv + j * C::RSTEP * HD, vbase8 + off, ok);
+            }
+            return;
+        }
         bf16_t *dk = sk + stage * TILE;
         bf16_t *dv = sv + stage * TILE;
 #pragma unroll
@@ -338,6 +388,45 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             tc_cp16(dk + (WQ ? f2_slab(F2_BK, r, col) : so), kbase + off, ok);
             tc_cp16(dv + (WV ? f2_slab(F2_BK, r, col) : so), vbase + off,
                     ok);
+        }
+    };
+    /* KV8: this thread's code chunks of ring stage `stage` (its own
+     * copies: complete and visible to it after its cp.async wait, no
+     * barrier needed) widened to bf16 into K / V buffer buf, in the
+     * layout the bf16 copies land in: 16 codes are the bf16 chunks
+     * 2 col and 2 col + 1 of the row.  Exact (every E4M3 value is a
+     * bf16); zero-filled codes (past the keys) are +0.  Threads 4..7 of
+     * each 8 store their odd chunk first, so the 8 stores of an access
+     * phase hit 8 different 16-byte bank groups under the XOR swizzle. */
+    auto widen = [&](int stage, int buf) {
+        const bool odd_first = (col >> 2) & 1;
+        const int c0 = 2 * col + (odd_first ? 1 : 0);
+        const int c1 = c0 ^ 1;
+#pragma unroll
+        for (int j = 0; j < RPT; j++) {
+            const int r = rbase + j * C::RSTEP;
+            const uint4 kc = *reinterpret_cast<const uint4 *>(
+                ck8 + stage * TILE + r * HD + col * 16);
+            const uint4 vc = *reinterpret_cast<const uint4 *>(
+                cv8 + stage * TILE + r * HD + col * 16);
+            const uint4 klo = kv8_to_bf16x8(make_uint2(kc.x, kc.y));
+            const uint4 khi = kv8_to_bf16x8(make_uint2(kc.z, kc.w));
+            const uint4 vlo = kv8_to_bf16x8(make_uint2(vc.x, vc.y));
+            const uint4 vhi = kv8_to_bf16x8(make_uint2(vc.z, vc.w));
+            bf16_t *dk = sk + buf * TILE;
+            bf16_t *dv = sv + buf * TILE;
+            *reinterpret_cast<uint4 *>(
+                dk + (WQ ? f2_slab(F2_BK, r, c0) : f2_swz<HD>(r, c0))) =
+                odd_first ? khi : klo;
+            *reinterpret_cast<uint4 *>(
+                dk + (WQ ? f2_slab(F2_BK, r, c1) : f2_swz<HD>(r, c1))) =
+                odd_first ? klo : khi;
+            *reinterpret_cast<uint4 *>(
+                dv + (WV ? f2_slab(F2_BK, r, c0) : f2_swz<HD>(r, c0))) =
+                odd_first ? vhi : vlo;
+            *reinterpret_cast<uint4 *>(
+                dv + (WV ? f2_slab(F2_BK, r, c1) : f2_swz<HD>(r, c1))) =
+                odd_first ? vlo : vhi;
         }
     };
 
@@ -542,7 +631,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     for (int nt = 0; nt < NT; nt++)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    const float sl2 = a.scale * 1.4426950408889634f;
+    /* KV8: the KV head's K scale joins the score scale (> 0: the max
+     * of the unscaled scores is the max of the scaled ones) */
+    const float sl2 =
+        (KV8 ? a.scale * a.d_kv_scale[kvh] : a.scale) * 1.4426950408889634f;
     const int sw = lane & 7; /* row & 7 of every ldmatrix row address */
 
     /* One key tile's scores s (this lane's rows, keys kb0 ..): masked
@@ -645,7 +737,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         l0 += ls0[0];
         l1 += ls1[0];
     };
-    /* WQ: S = Q K^T of the key tile in stage st on wgmma, committed (64
+    /* WQ: S = Q K^T of the key tile in buffer st on wgmma, committed (64
      * x BK per warpgroup; this warp's 16 rows in the m16n8 C layout),
      * k16 steps over the HD / 64 slabs; s holds its start (zeros) */
     auto wgmma_s = [&](int st, float (&s)[KB][4]) {
@@ -664,7 +756,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         }
         wg_commit();
     };
-    /* WV: O += P V of the tile in stage st on wgmma, committed: m64n(HD)k16
+    /* WV: O += P V of the tile in buffer st on wgmma, committed: m64n(HD)k16
      * per 16 keys, A = P from registers, B = the V slabs N-major (16 key
      * rows from row 16 kk, 128 bytes each; the next 64 dims one slab =
      * BK rows on) */
@@ -702,6 +794,10 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             F2_MARK(F2_PROF_FULL);
         } else {
             tc_cp_wait<STAGES - 2>();
+            /* KV8: tile kt's codes, the thread's own, into buffer kt & 1,
+             * last read by tile kt - 2 (before the previous barrier) */
+            if constexpr (KV8)
+                widen(kt % STAGES, kt & 1);
             if (WQ)
                 wg_fence_proxy(); /* the copies, before wgmma reads them */
             __syncthreads(); /* tile kt landed; stage (kt-1) % STAGES free */
@@ -724,8 +820,9 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         }
         if (WQ ? kb0 > wg_last : !warp_live || kb0 > warp_last)
             continue; /* every key of the tile is hidden from the warp(s) */
-        const bf16_t *tk = sk + (kt % STAGES) * TILE;
-        const bf16_t *tv = sv + (kt % STAGES) * TILE;
+        const int buf = KV8 ? kt & 1 : kt % STAGES; /* tile kt's K / V */
+        const bf16_t *tk = sk + buf * TILE;
+        const bf16_t *tv = sv + buf * TILE;
 
         float s[KB][4];
 #pragma unroll
@@ -735,7 +832,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             if (PP)
                 bar_sync_n(1 + wg, 256); /* this warpgroup's turn */
             F2_MARK(F2_PROF_TURN);
-            wgmma_s(kt % STAGES, s);
+            wgmma_s(buf, s);
             if (PP)
                 bar_arrive_n(2 - wg, 256); /* the other's turn */
             wg_wait<0>();
@@ -775,7 +872,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
             for (int kk = 0; kk < BK / 16; kk++)
                 make_p(s, kk, pa[kk]);
             F2_MARK(F2_PROF_SOFTMAX);
-            wgmma_pv(kt % STAGES, pa);
+            wgmma_pv(buf, pa);
             add_l(BK / 16); /* under the products */
             wg_wait<0>();
             F2_MARK(F2_PROF_PV);
@@ -819,8 +916,14 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
         l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
-    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+    float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    if constexpr (KV8) {
+        /* O is a convex combination of code rows: times the V scale */
+        const float vsc = a.d_kv_scale[n_kv + kvh];
+        inv0 *= vsc;
+        inv1 *= vsc;
+    }
     bf16_t *out0 = (bf16_t *)a.d_out +
                    ((size_t)(tok0 + qi0) * a.n_heads + h) * HD + 2 * tq;
     bf16_t *out1 = out0 + (size_t)8 * a.n_heads * HD;
@@ -843,8 +946,9 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
 #endif
 }
 
-bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt)
+bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt, bool kv8)
 {
+    (void)kv8; /* both KV types at both head sizes (kv8: no ping-pong) */
     return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
 }
 
@@ -876,14 +980,15 @@ static bool f2_pp_maps(const cuda_attn_args_t *a, int bk, f2_maps *maps)
 }
 
 /* maps: PP's (f2_pp_maps), unused by the others. */
-template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK>
+template <int HD, int NW, bool WQ, bool WV, bool PP, int BK = F2_BK,
+          bool KV8 = false>
 static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
                              int n_tiles, const f2_maps &maps,
                              cudaStream_t stream)
 {
     const int G = a->n_heads / a->n_kv_heads;
     const int parts = (F2_SUBS * G + NW - 1) / NW;
-    typedef f2_cfg<HD, NW, WQ, PP, BK> C;
+    typedef f2_cfg<HD, NW, WQ, PP, BK, KV8> C;
     const size_t bytes = C::BYTES;
     const long long blocks = (long long)n_tiles * parts * a->n_kv_heads;
     cudaError_t err;
@@ -891,17 +996,19 @@ static cudaError_t f2_launch(const cuda_attn_args_t *a, const int *tiles,
     if (blocks > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
     err = cudaFuncSetAttribute(
-        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>,
+        attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, KV8>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess)
         return err;
-    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK>
+    attn_prefill_fa2_kernel<HD, NW, WQ, WV, PP, BK, KV8>
         <<<(unsigned)blocks, C::BLOCK, bytes, stream>>>(
             *a, tiles, n_tiles, parts, maps);
     return cudaGetLastError();
 }
 
-template <bool WQ, bool WV>
+/* The cp.async-ring kernels (fa2, fa2wqv) at a's head size, bf16 or FP8
+ * KV (KV8). */
+template <bool WQ, bool WV, bool KV8>
 static cudaError_t f2_launch_hd(const cuda_attn_args_t *a, const int *tiles,
                                 int n_tiles, int n_warps, cudaStream_t st)
 {
@@ -909,12 +1016,14 @@ static cudaError_t f2_launch_hd(const cuda_attn_args_t *a, const int *tiles,
 
     memset(&none, 0, sizeof(none));
     if (a->head_dim == 64)
-        return n_warps == 8
-            ? f2_launch<64, 8, WQ, WV, false>(a, tiles, n_tiles, none, st)
-            : f2_launch<64, 4, WQ, WV, false>(a, tiles, n_tiles, none, st);
-    return n_warps == 8
-        ? f2_launch<128, 8, WQ, WV, false>(a, tiles, n_tiles, none, st)
-        : f2_launch<128, 4, WQ, WV, false>(a, tiles, n_tiles, none, st);
+        return n_warps == 8 ? f2_launch<64, 8, WQ, WV, false, F2_BK, KV8>(
+                                  a, tiles, n_tiles, none, st)
+                            : f2_launch<64, 4, WQ, WV, false, F2_BK, KV8>(
+                                  a, tiles, n_tiles, none, st);
+    return n_warps == 8 ? f2_launch<128, 8, WQ, WV, false, F2_BK, KV8>(
+                              a, tiles, n_tiles, none, st)
+                        : f2_launch<128, 4, WQ, WV, false, F2_BK, KV8>(
+                              a, tiles, n_tiles, none, st);
 }
 
 cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
@@ -931,6 +1040,16 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
      * (G even), else 4 (every unit count is a multiple of 4). */
     if (n_warps != 4 && n_warps != 8)
         n_warps = G % 2 == 0 ? 8 : 4;
+    /* FP8 KV: the cp.async-ring kernels only (the ping-pong's TMA boxes
+     * land as they are, nobody to widen them): wgmma 3 and 4 run as
+     * fa2wqv */
+    if (args->d_kv_scale != NULL) {
+        if (wgmma >= 2 && cuda_wgmma_available())
+            return f2_launch_hd<true, true, true>(args, d_tiles, n_tiles,
+                                                  n_warps, stream);
+        return f2_launch_hd<false, false, true>(args, d_tiles, n_tiles,
+                                                n_warps, stream);
+    }
     /* wgmma 4 (fa2pp128): the ping-pong on 128-key tiles; wgmma 3
      * (fa2pp): on 64-key tiles.  The ping-pong needs two warpgroups a
      * block and its tensor maps; without them it runs as fa2wqv */
@@ -949,10 +1068,10 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
                    : f2_launch<128, 8, true, true, true>(
                          args, d_tiles, n_tiles, maps, stream);
     if (wgmma >= 2 && cuda_wgmma_available())
-        return f2_launch_hd<true, true>(args, d_tiles, n_tiles, n_warps,
-                                        stream);
-    return f2_launch_hd<false, false>(args, d_tiles, n_tiles, n_warps,
-                                      stream);
+        return f2_launch_hd<true, true, false>(args, d_tiles, n_tiles,
+                                               n_warps, stream);
+    return f2_launch_hd<false, false, false>(args, d_tiles, n_tiles,
+                                             n_warps, stream);
 }
 
 bool cuda_attn_prefill_prof_take(unsigned long long out[3][F2_PROF_N])
