@@ -23,8 +23,21 @@
  *      (32 layers, 8 KV heads, head_dim 128, bf16: 256 MiB) created
  *      (cuMemCreate + map + export + offer) and destroyed, and a 256 MiB
  *      device-to-device copy out of it in 128-block runs.
- * Prints PASS/FAIL lines; exits non-zero on any failure.  Unmeasured until
- * the next device session: written and compiled, never run yet.
+ * Prints PASS/FAIL lines; exits non-zero on any failure.
+ *
+ * First run (H100, plain and under MPS): steps 1 and 2 up to A2 passed;
+ * B's step and the plain control failed with the writer answering "ERR "
+ * and no text.  Cause: the writer's commit poll stopped at the first
+ * BT_IN_PROGRESS (its loop required st == BT_OK to go on), so a commit
+ * still in flight at the first cudaEventQuery was answered ERR without
+ * any message -- timing-dependent, hence MPS passing the control.  The
+ * copies did land (kv_cipc_commit_destroy waits), but the test's chained
+ * && skipped B's copy-in and the control's corruption check.  Now the
+ * writer polls to completion (5 s, then a TIMEOUT with text), syncs the
+ * device before it answers, every failing path records its text (the
+ * answer is "ERR <status>: <text>", CUDA calls named with their
+ * cudaError / CUresult name), and each step of B and the control is a
+ * check of its own.
  *
  * Build here and pack (repository root, after building build-cuda):
  *   cmake --build build-cuda -j2 --target gpu_test_cuda_ipc_window
@@ -108,6 +121,11 @@ static size_t hex_get(const char *s, uint8_t *out, size_t cap)
 //   POOL DESCHEX SEED SLOT EPOCH n ID...   the whole pool (control)
 //   CLOSE k                     drop window k's mapping
 //   QUIT
+// The answer is "OK" or "ERR <status>: <what failed>"; every failing path
+// records its text (writer_fail or the library's BT_ERROR), and an answer
+// comes only after the command's copies have completed on the device (the
+// commit's event, then cudaDeviceSynchronize), so the decode side checks
+// memory the writer is done with.
 
 typedef struct {
     kv_cipc_t *cipc;
@@ -117,32 +135,89 @@ typedef struct {
     char *d_k, *d_v;            /* (n_layers, MAX_WIN, block) each */
 } writer_t;
 
+/* Records why a writer command failed (the answer's text) and returns
+ * `st`. */
+static bt_status_t writer_fail(bt_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static bt_status_t writer_fail(bt_status_t st, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return BT_ERROR(st, "TEST", "writer: %s", msg);
+}
+
+/* A CUDA runtime result as a writer status (named). */
+static bt_status_t writer_cuda(cudaError_t err, const char *what)
+{
+    if (err == cudaSuccess)
+        return BT_OK;
+    (void)cudaGetLastError();
+    return writer_fail(BT_ERR_CUDA, "%s failed: %s (%s)", what,
+                       cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+/* The source pool, shaped after the first descriptor's layout (once). */
+static bt_status_t writer_source(writer_t *w, kv_cipc_peer_t *pool)
+{
+    size_t bytes;
+    bt_status_t st;
+
+    if (w->d_k != NULL)
+        return BT_OK;
+    w->src_lay = kv_cipc_peer_desc(pool)->layout;
+    w->src_lay.n_blocks = MAX_WIN;
+    bytes = kv_layout_layer_bytes(&w->src_lay) * w->src_lay.n_layers;
+    st = writer_cuda(cudaMalloc((void **)&w->d_k, bytes),
+                     "cudaMalloc(source K)");
+    if (st == BT_OK)
+        st = writer_cuda(cudaMalloc((void **)&w->d_v, bytes),
+                         "cudaMalloc(source V)");
+    if (st != BT_OK) {
+        cudaFree(w->d_k);
+        cudaFree(w->d_v);
+        w->d_k = w->d_v = NULL;
+    }
+    return st;
+}
+
 /* Fills the source with seed's pattern for blocks 0..n-1. */
-static bool writer_fill(writer_t *w, int seed, int n)
+static bt_status_t writer_fill(writer_t *w, int seed, int n)
 {
     size_t bb = kv_layout_block_bytes(&w->src_lay);
-    uint8_t *h = malloc(bb * (size_t)n);
+    uint8_t *h;
+    bt_status_t st = BT_OK;
 
-    for (int l = 0; l < (int)w->src_lay.n_layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
+    if (w->d_k == NULL || n < 1 || n > MAX_WIN)
+        return writer_fail(BT_ERR_INVALID_ARG, "fill of %d blocks without "
+                           "a source pool", n);
+    h = malloc(bb * (size_t)n);
+    if (h == NULL)
+        return writer_fail(BT_ERR_NO_MEMORY, "fill: no host memory");
+    for (int l = 0; l < (int)w->src_lay.n_layers && st == BT_OK; l++)
+        for (int kv = 0; kv < 2 && st == BT_OK; kv++) {
             for (int i = 0; i < n; i++)
                 for (size_t b = 0; b < bb; b++)
                     h[(size_t)i * bb + b] = pattern(seed, l, kv, i, b);
-            if (cudaMemcpy((kv ? w->d_v : w->d_k) +
+            st = writer_cuda(
+                cudaMemcpy((kv ? w->d_v : w->d_k) +
                                (size_t)l * kv_layout_layer_bytes(&w->src_lay),
-                           h, bb * (size_t)n,
-                           cudaMemcpyHostToDevice) != cudaSuccess) {
-                free(h);
-                return false;
-            }
+                           h, bb * (size_t)n, cudaMemcpyHostToDevice),
+                "fill: cudaMemcpy(host to source)");
         }
     free(h);
-    return true;
+    return st;
 }
 
-/* Puts blocks 0..n-1 of the source into `dst` ids of `peer`, commits. */
-static bool writer_put(writer_t *w, kv_cipc_peer_t *peer, const int *dst,
-                       int n, int slot, uint64_t epoch)
+/* Puts blocks 0..n-1 of the source into `dst` ids of `peer`, commits and
+ * waits for the commit (then for the whole device: the stale writer's
+ * garbage is in memory before the decode side looks). */
+static bt_status_t writer_put(writer_t *w, kv_cipc_peer_t *peer,
+                              const int *dst, int n, int slot,
+                              uint64_t epoch)
 {
     int src[MAX_WIN];
     kv_cipc_commit_t *c = NULL;
@@ -158,11 +233,111 @@ static bool writer_put(writer_t *w, kv_cipc_peer_t *peer, const int *dst,
     }
     if (st == BT_OK)
         st = kv_cipc_commit(peer, slot, epoch, &c);
-    while (st == BT_OK && (st = kv_cipc_commit_query(c)) == BT_IN_PROGRESS &&
-           bt_time_ns() < until)
+    /* BT_IN_PROGRESS until the event completes: poll it (an earlier
+     * version stopped at the first BT_IN_PROGRESS and answered ERR with
+     * no text whenever the copies were still in flight) */
+    while (st == BT_OK) {
+        st = kv_cipc_commit_query(c);
+        if (st != BT_IN_PROGRESS)
+            break;
+        if (bt_time_ns() >= until) {
+            st = writer_fail(BT_ERR_TIMEOUT, "commit of epoch %llu not "
+                             "complete after 5 s",
+                             (unsigned long long)epoch);
+            break;
+        }
         usleep(100);
+        st = BT_OK;
+    }
     kv_cipc_commit_destroy(&c);
-    return st == BT_OK;
+    if (st == BT_OK)
+        st = writer_cuda(cudaDeviceSynchronize(),
+                         "cudaDeviceSynchronize after the commit");
+    return st;
+}
+
+/* One command; BT_OK or a failure whose text is recorded. */
+static bt_status_t writer_cmd(writer_t *w, const char *line)
+{
+    static char a[LINE_MAX_BYTES / 2];
+    char cmd[16], b[128];
+    uint8_t desc[1024], grant[64];
+    int k = 0, n = 0, seed = 0, slot = 0, off = 0;
+    unsigned long long epoch = 0;
+    bt_status_t st;
+
+    if (sscanf(line, "%15s", cmd) != 1)
+        return writer_fail(BT_ERR_INVALID_ARG, "empty command");
+    if (strcmp(cmd, "OPEN") == 0) {
+        kv_cipc_peer_t *pool = NULL;
+        size_t dl, gl;
+
+        if (sscanf(line, "%*s %d %4095s %127s %d", &k, a, b, &n) != 4 ||
+            k < 0 || k >= 8)
+            return writer_fail(BT_ERR_INVALID_ARG, "bad OPEN command");
+        if (w->win[k] != NULL)
+            return writer_fail(BT_ERR_INVALID_ARG, "OPEN %d: window %d is "
+                               "open", k, k);
+        dl = hex_get(a, desc, sizeof(desc));
+        gl = hex_get(b, grant, sizeof(grant));
+        st = kv_cipc_connect(w->cipc, desc, dl, &pool);
+        if (st == BT_OK)
+            st = writer_source(w, pool);
+        if (st == BT_OK)
+            st = kv_cipc_window_open(pool, grant, gl, n, &w->win[k]);
+        if (st == BT_OK)
+            w->win_n[k] = n;
+        kv_cipc_release(&pool);
+        return st;
+    }
+    if (strcmp(cmd, "PUT") == 0) {
+        int ids[MAX_WIN];
+
+        if (sscanf(line, "%*s %d %d %llu", &k, &seed, &epoch) != 3 ||
+            k < 0 || k >= 8)
+            return writer_fail(BT_ERR_INVALID_ARG, "bad PUT command");
+        if (w->win[k] == NULL)
+            return writer_fail(BT_ERR_INVALID_ARG, "PUT %d: window %d is "
+                               "not open", k, k);
+        for (int i = 0; i < w->win_n[k]; i++)
+            ids[i] = i;
+        st = writer_fill(w, seed, w->win_n[k]);
+        if (st == BT_OK)
+            st = writer_put(w, w->win[k], ids, w->win_n[k], 0, epoch);
+        return st;
+    }
+    if (strcmp(cmd, "POOL") == 0) {
+        int ids[MAX_WIN], used = 0, pos;
+        kv_cipc_peer_t *pool = NULL;
+        size_t dl;
+
+        if (sscanf(line, "%*s %4095s %d %d %llu %d%n", a, &seed, &slot,
+                   &epoch, &n, &off) != 5 ||
+            n < 1 || n > MAX_WIN)
+            return writer_fail(BT_ERR_INVALID_ARG, "bad POOL command");
+        pos = off;
+        for (int i = 0; i < n; i++, pos += used)
+            if (sscanf(line + pos, "%d%n", &ids[i], &used) != 1)
+                return writer_fail(BT_ERR_INVALID_ARG, "POOL: %d block "
+                                   "ids expected", n);
+        dl = hex_get(a, desc, sizeof(desc));
+        st = kv_cipc_connect(w->cipc, desc, dl, &pool);
+        if (st == BT_OK)
+            st = writer_source(w, pool);
+        if (st == BT_OK)
+            st = writer_fill(w, seed, n);
+        if (st == BT_OK)
+            st = writer_put(w, pool, ids, n, slot, epoch);
+        kv_cipc_release(&pool);
+        return st;
+    }
+    if (strcmp(cmd, "CLOSE") == 0) {
+        if (sscanf(line, "%*s %d", &k) != 1 || k < 0 || k >= 8)
+            return writer_fail(BT_ERR_INVALID_ARG, "bad CLOSE command");
+        kv_cipc_window_close(&w->win[k]);
+        return BT_OK;
+    }
+    return writer_fail(BT_ERR_INVALID_ARG, "unknown command %s", cmd);
 }
 
 static int writer_main(void)
@@ -175,79 +350,28 @@ static int writer_main(void)
     if (kv_cipc_create_on(gpu != NULL ? atoi(gpu) : 0, &w.cipc) != BT_OK)
         return 2;
     while (fgets(line, sizeof(line), stdin) != NULL) {
-        char cmd[16], a[LINE_MAX_BYTES / 2], b[128];
-        uint8_t desc[1024], grant[64];
-        int k = 0, n = 0, seed = 0, slot = 0, off = 0;
-        unsigned long long epoch = 0;
-        bool ok = false;
+        char cmd[16];
+        bt_status_t st;
 
-        if (sscanf(line, "%15s", cmd) != 1)
-            break;
-        if (strcmp(cmd, "QUIT") == 0)
-            break;
-        if (strcmp(cmd, "OPEN") == 0 &&
-            sscanf(line, "%*s %d %4095s %127s %d", &k, a, b, &n) == 4 &&
-            k >= 0 && k < 8 && w.win[k] == NULL) {
-            size_t dl = hex_get(a, desc, sizeof(desc));
-            size_t gl = hex_get(b, grant, sizeof(grant));
-            kv_cipc_peer_t *pool = NULL;
-            if (kv_cipc_connect(w.cipc, desc, dl, &pool) == BT_OK) {
-                if (w.d_k == NULL) { /* the source pool, once */
-                    w.src_lay = kv_cipc_peer_desc(pool)->layout;
-                    w.src_lay.n_blocks = MAX_WIN;
-                    ok = cudaMalloc((void **)&w.d_k,
-                                    kv_layout_layer_bytes(&w.src_lay) *
-                                        w.src_lay.n_layers) == cudaSuccess &&
-                         cudaMalloc((void **)&w.d_v,
-                                    kv_layout_layer_bytes(&w.src_lay) *
-                                        w.src_lay.n_layers) == cudaSuccess;
-                }
-                ok = kv_cipc_window_open(pool, grant, gl, n, &w.win[k]) ==
-                     BT_OK;
-                w.win_n[k] = n;
-                kv_cipc_release(&pool);
-            }
-        } else if (strcmp(cmd, "PUT") == 0 &&
-                   sscanf(line, "%*s %d %d %llu", &k, &seed, &epoch) == 3 &&
-                   k >= 0 && k < 8 && w.win[k] != NULL) {
-            int ids[MAX_WIN];
-            for (int i = 0; i < w.win_n[k]; i++)
-                ids[i] = i;
-            ok = writer_fill(&w, seed, w.win_n[k]) &&
-                 writer_put(&w, w.win[k], ids, w.win_n[k], 0, epoch);
-        } else if (strcmp(cmd, "POOL") == 0 &&
-                   sscanf(line, "%*s %4095s %d %d %llu %d%n", a, &seed, &slot,
-                          &epoch, &n, &off) == 5 &&
-                   n > 0 && n <= MAX_WIN) {
-            int ids[MAX_WIN], used = 0, pos = off;
-            size_t dl = hex_get(a, desc, sizeof(desc));
-            kv_cipc_peer_t *pool = NULL;
-            for (int i = 0; i < n; i++, pos += used)
-                if (sscanf(line + pos, "%d%n", &ids[i], &used) != 1)
-                    n = 0;
-            if (n > 0 && kv_cipc_connect(w.cipc, desc, dl, &pool) == BT_OK) {
-                if (w.d_k == NULL) {
-                    w.src_lay = kv_cipc_peer_desc(pool)->layout;
-                    w.src_lay.n_blocks = MAX_WIN;
-                    (void)!cudaMalloc((void **)&w.d_k,
-                                      kv_layout_layer_bytes(&w.src_lay) *
-                                          w.src_lay.n_layers);
-                    (void)!cudaMalloc((void **)&w.d_v,
-                                      kv_layout_layer_bytes(&w.src_lay) *
-                                          w.src_lay.n_layers);
-                }
-                ok = writer_fill(&w, seed, n) &&
-                     writer_put(&w, pool, ids, n, slot, epoch);
-                kv_cipc_release(&pool);
-            }
-        } else if (strcmp(cmd, "CLOSE") == 0 &&
-                   sscanf(line, "%*s %d", &k) == 1 && k >= 0 && k < 8) {
-            kv_cipc_window_close(&w.win[k]);
-            ok = true;
+        if (strchr(line, '\n') == NULL && !feof(stdin)) {
+            printf("ERR %s: command longer than %d bytes\n",
+                   bt_status_str(BT_ERR_INVALID_ARG), LINE_MAX_BYTES - 1);
+            fflush(stdout);
+            break; /* the rest of the line would read as a command */
         }
-        printf("%s %s\n", ok ? "OK" : "ERR", ok ? "" : bt_error_last());
-        fflush(stdout);
+        if (sscanf(line, "%15s", cmd) == 1 && strcmp(cmd, "QUIT") == 0)
+            break;
         bt_error_clear();
+        st = writer_cmd(&w, line);
+        if (st == BT_OK)
+            printf("OK\n");
+        else
+            printf("ERR %s: %s\n", bt_status_str(st),
+                   bt_error_last()[0] != '\0'
+                       ? bt_error_last()
+                       : "(no text recorded: a failure path without "
+                         "BT_ERROR)");
+        fflush(stdout);
     }
     for (int k = 0; k < 8; k++)
         kv_cipc_window_close(&w.win[k]);
@@ -287,12 +411,14 @@ static void child_start(child_t *c, const char *self)
     c->from = out[0];
 }
 
-/* Sends one command; true when the writer answered OK within 20 s. */
+/* Sends one command; true when the writer answered OK within 20 s (it
+ * answers after its copies completed).  Anything else is printed with
+ * the command: the writer's "ERR <status>: <text>", no answer, or EOF. */
 static bool child_cmd(child_t *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static bool child_cmd(child_t *c, const char *fmt, ...)
 {
-    char line[512];
+    char line[2048], cmd[48];
     size_t got = 0;
     uint64_t until = bt_time_ns() + 20000000000ull;
     va_list ap;
@@ -302,23 +428,34 @@ static bool child_cmd(child_t *c, const char *fmt, ...)
     va_end(ap);
     fputc('\n', c->to);
     fflush(c->to);
-    while (got + 1 < sizeof(line)) {
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap); /* its head, for the report */
+    va_end(ap);
+    for (;;) {
         struct pollfd p = { .fd = c->from, .events = POLLIN };
         uint64_t now = bt_time_ns();
         ssize_t n;
-        if (now >= until || poll(&p, 1, (int)((until - now) / 1000000)) <= 0)
+        char ch;
+        if (now >= until ||
+            poll(&p, 1, (int)((until - now) / 1000000)) <= 0) {
+            fprintf(stderr, "writer: no answer to \"%s...\" in 20 s\n", cmd);
             return false;
-        n = read(c->from, line + got, 1);
-        if (n <= 0)
+        }
+        n = read(c->from, &ch, 1);
+        if (n <= 0) {
+            fprintf(stderr, "writer: gone (EOF) during \"%s...\"\n", cmd);
             return false;
-        if (line[got] == '\n')
+        }
+        if (ch == '\n')
             break;
-        got++;
+        if (got + 1 < sizeof(line)) /* a longer answer is cut, read whole */
+            line[got++] = ch;
     }
     line[got] = '\0';
-    if (strncmp(line, "OK", 2) != 0)
-        fprintf(stderr, "writer: %s\n", line);
-    return strncmp(line, "OK", 2) == 0;
+    if (strcmp(line, "OK") != 0)
+        fprintf(stderr, "writer: \"%s...\": %s\n", cmd,
+                line[0] != '\0' ? line : "(empty answer)");
+    return strcmp(line, "OK") == 0;
 }
 
 static void child_stop(child_t *c)
@@ -429,9 +566,14 @@ static bool grant(kv_link_receiver_t *rcv, int slot, uint64_t epoch,
 static bool arrived(kv_link_receiver_t *rcv, int slot, uint64_t epoch)
 {
     const char *why = NULL;
+    bt_status_t st = kv_link_receiver_arrived(rcv, KV_LINK_CUDA_IPC, slot,
+                                              epoch, &why);
 
-    return kv_link_receiver_arrived(rcv, KV_LINK_CUDA_IPC, slot, epoch,
-                                    &why) == BT_OK;
+    if (st != BT_OK)
+        fprintf(stderr, "receiver: slot %d epoch %llu not arrived: %s (%s)\n",
+                slot, (unsigned long long)epoch, bt_status_str(st),
+                why != NULL ? why : "");
+    return st == BT_OK;
 }
 
 static void test_windows(backend_t *be, const char *self)
@@ -446,6 +588,7 @@ static void test_windows(backend_t *be, const char *self)
     int revoked = 0;
     uint8_t *before;
     child_t c;
+    bool ok;
 
     report(desc != NULL && kv_link_receiver_pool_exposed(rcv) == false,
            "windowed receiver starts, pool not exposed");
@@ -479,11 +622,18 @@ static void test_windows(backend_t *be, const char *self)
            "an ended reservation's token gets no FD");
     report(!child_cmd(&c, "OPEN 2 %s %s 4", dhex, ga),
            "A's token gets no second FD");
-    report(grant(rcv, 1, 22, ab_blocks, 4, gb) &&
-               child_cmd(&c, "OPEN 3 %s %s 4", dhex, gb) &&
-               child_cmd(&c, "PUT 3 3 22") &&
-               child_cmd(&c, "PUT 1 99 21") && /* stale: garbage */
-               child_cmd(&c, "CLOSE 3") && arrived(rcv, 1, 22),
+    /* one check per step: a failure names its step (and the writer's
+     * answer its call), not the first link of a chain */
+    ok = grant(rcv, 1, 22, ab_blocks, 4, gb);
+    report(ok, "B granted A's blocks");
+    ok = ok && child_cmd(&c, "OPEN 3 %s %s 4", dhex, gb);
+    report(ok, "B's window opened while the stale writer maps A's");
+    ok = ok && child_cmd(&c, "PUT 3 3 22");
+    report(ok, "B's window written and committed");
+    report(child_cmd(&c, "PUT 1 99 21"), /* stale: garbage, synchronized */
+           "stale writer wrote A's window before B's copy-in");
+    report(child_cmd(&c, "CLOSE 3"), "B's window closed by its writer");
+    report(ok && arrived(rcv, 1, 22),
            "B landed while the stale writer wrote A's window");
     report(child_cmd(&c, "PUT 1 98 21"), "stale writer wrote again after B");
     report(pool_holds(be, 3, ab_blocks, 4, before),
@@ -522,8 +672,11 @@ static void test_control(backend_t *be, const char *self)
            "control: B lands through the exported pool");
     kv_link_receiver_reset(rcv, 1, false);
     /* A's writer, long ended, still maps the pool */
-    report(child_cmd(&c, "POOL %s 99 2 5 4 40 41 42 43", dhex) &&
-               !pool_holds(be, 3, ab_blocks, 4, NULL),
+    /* the writer answers after its copies completed: the check below
+     * sees them, whatever the timing */
+    report(child_cmd(&c, "POOL %s 99 2 5 4 40 41 42 43", dhex),
+           "control: the stale writer wrote through its pool mapping");
+    report(!pool_holds(be, 3, ab_blocks, 4, NULL),
            "control (--kv-direct-writes): the stale writer corrupts B");
     child_stop(&c);
     kv_link_receiver_destroy(&rcv);

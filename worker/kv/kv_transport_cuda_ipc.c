@@ -548,6 +548,7 @@ typedef CUresult (*cipc_cuMemGetAllocationGranularity_t)(
     size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
 typedef CUresult (*cipc_cuMemGetAllocationPropertiesFromHandle_t)(
     CUmemAllocationProp *, CUmemGenericAllocationHandle);
+typedef CUresult (*cipc_cuGetErrorName_t)(CUresult, const char **);
 
 static struct {
     bool tried, ok;
@@ -564,6 +565,7 @@ static struct {
     cipc_cuMemImportFromShareableHandle_t MemImport;
     cipc_cuMemGetAllocationGranularity_t MemGranularity;
     cipc_cuMemGetAllocationPropertiesFromHandle_t MemGetProps;
+    cipc_cuGetErrorName_t GetErrorName; /* optional: names in messages */
 } cipc_drv;
 
 static bool cipc_sym(const char *name, void **fn_p)
@@ -586,6 +588,8 @@ static bool cipc_driver_load(void)
     if (cipc_drv.tried)
         return cipc_drv.ok;
     cipc_drv.tried = true;
+    if (!cipc_sym("cuGetErrorName", (void **)&cipc_drv.GetErrorName))
+        cipc_drv.GetErrorName = NULL;
     cipc_drv.ok =
         cipc_sym("cuDeviceGet", (void **)&cipc_drv.DeviceGet) &&
         cipc_sym("cuDeviceGetAttribute",
@@ -615,10 +619,15 @@ static bool cipc_driver_load(void)
 static bt_status_t cipc_cu_check(CUresult res, const char *expr,
                                  const char *func)
 {
+    const char *name = NULL;
+
     if (res == CUDA_SUCCESS)
         return BT_OK;
-    return BT_ERROR(BT_ERR_CUDA, "KV", "%s: %s failed: CUresult %d", func,
-                    expr, (int)res);
+    if (cipc_drv.GetErrorName == NULL ||
+        cipc_drv.GetErrorName(res, &name) != CUDA_SUCCESS || name == NULL)
+        name = "unnamed";
+    return BT_ERROR(BT_ERR_CUDA, "KV", "%s: %s failed: %s (CUresult %d)",
+                    func, expr, name, (int)res);
 }
 
 /* The allocation properties of a window on `device` (an ordinal of this
@@ -1152,7 +1161,8 @@ bt_status_t kv_cipc_create_on(int device, kv_cipc_t **ctx_p)
         return BT_ERROR(BT_ERR_CUDA, "KV", "CUDA IPC: no CUDA device");
     ctx = bt_calloc(1, sizeof(*ctx), "kv_cipc");
     if (ctx == NULL)
-        return BT_ERR_NO_MEMORY;
+        return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC context: no "
+                        "memory");
     ctx->device = device;
     status = CIPC_CUDA(cudaSetDevice(device));
     if (status == BT_OK)
@@ -1299,7 +1309,8 @@ bt_status_t kv_cipc_connect(kv_cipc_t *ctx, const void *buf, size_t len,
                         "mapped");
     peer = bt_calloc(1, sizeof(*peer), "kv_cipc_peer");
     if (peer == NULL)
-        return BT_ERR_NO_MEMORY;
+        return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC connect: no "
+                        "memory");
     peer->ctx = ctx;
     peer->desc = d;
     peer->n_ranks = kv_cipc_desc_n_ranks(&d);
@@ -1436,7 +1447,8 @@ bt_status_t kv_cipc_window_open(kv_cipc_peer_t *peer, const uint8_t *grant,
         goto err_release;
     w = bt_calloc(1, sizeof(*w), "kv_cipc_peer");
     if (w == NULL) {
-        status = BT_ERR_NO_MEMORY;
+        status = BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC window open: "
+                          "no memory");
         goto err_release;
     }
     size = cipc_window_size(&peer->desc.layout, n, gran, &epoch_off);
@@ -1523,7 +1535,8 @@ static bt_status_t put_rank(kv_cipc_peer_t *peer, int rank, int layer,
         kv_copy2d_t *p = bt_realloc(ctx->plan, (size_t)cap * sizeof(*p),
                                     "kv_cipc_plan");
         if (p == NULL)
-            return BT_ERR_NO_MEMORY;
+            return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC put: no "
+                            "memory for a plan of %d copies", cap);
         ctx->plan = p;
         ctx->plan_cap = cap;
     }
@@ -1608,7 +1621,8 @@ bt_status_t kv_cipc_commit(kv_cipc_peer_t *peer, int slot, uint64_t epoch,
                         slot);
     c = bt_calloc(1, sizeof(*c), "kv_cipc_commit");
     if (c == NULL)
-        return BT_ERR_NO_MEMORY;
+        return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC commit: no "
+                        "memory");
     c->epoch = epoch;
     status = CIPC_CUDA(cudaSetDevice(ctx->device));
     if (status == BT_OK)
