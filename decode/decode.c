@@ -412,17 +412,6 @@ void decode__step_split_observe(decode_t *dec)
 
 static void cache_new_blocks(decode_t *dec);
 
-/* One plain step (spec_step handles the decode batch with a draft
- * head).  Overlapped with the GPU: the batch is built from every running
- * sequence, the forward and the device sampling are enqueued
- * (backend_forward_sample_begin), the previous step's tokens go out
- * (detokenize, stop conditions, TokenOut) and newly full blocks enter
- * the prefix cache while the device works, then the step's ids are
- * collected.  The token a sequence was just given is
- * fed before it is emitted, so a sequence that the emission ends (stop
- * string, stop id, length) rides one step for nothing: its row is
- * dropped and it is removed after the wait (its KV blocks are its own
- * until then).  What clients see is unchanged. */
 static int arrival_cmp(const void *a, const void *b)
 {
     const decode_arrival_t *x = a, *y = b;
@@ -452,6 +441,17 @@ static int local_prompts_by_arrival(decode_t *dec)
     return n;
 }
 
+/* One plain step (spec_step handles the decode batch with a draft
+ * head).  Overlapped with the GPU: the batch is built from every running
+ * sequence, the forward and the device sampling are enqueued
+ * (backend_forward_sample_begin), the previous step's tokens go out
+ * (detokenize, stop conditions, TokenOut) and newly full blocks enter
+ * the prefix cache while the device works, then the step's ids are
+ * collected.  The token a sequence was just given is
+ * fed before it is emitted, so a sequence that the emission ends (stop
+ * string, stop id, length) rides one step for nothing: its row is
+ * dropped and it is removed after the wait (its KV blocks are its own
+ * until then).  What clients see is unchanged. */
 static void step(decode_t *dec)
 {
     int n = 0, n_decode, n_rows, n_fed = 0; /* n_fed: prompt tokens */

@@ -538,41 +538,35 @@ void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
     pthread_mutex_unlock(&m->mu);
 }
 
-void workerproc_metrics_kv_rejected(workerproc_metrics_t *m)
+/* Adds n to the counter at offset `off` of the state (NULL-safe). */
+static void count_add(workerproc_metrics_t *m, size_t off, uint64_t n)
 {
     if (m == NULL)
         return;
     pthread_mutex_lock(&m->mu);
-    m->st.kv_cap_rejected++;
+    *(uint64_t *)((char *)&m->st + off) += n;
     pthread_mutex_unlock(&m->mu);
+}
+
+void workerproc_metrics_kv_rejected(workerproc_metrics_t *m)
+{
+    count_add(m, offsetof(metrics_state_t, kv_cap_rejected), 1);
 }
 
 void workerproc_metrics_kv_window_mapped(workerproc_metrics_t *m)
 {
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&m->mu);
-    m->st.kv_windows++;
-    pthread_mutex_unlock(&m->mu);
+    count_add(m, offsetof(metrics_state_t, kv_windows), 1);
 }
 
 void workerproc_metrics_kv_window_revoked(workerproc_metrics_t *m)
 {
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&m->mu);
-    m->st.kv_windows_revoked++;
-    pthread_mutex_unlock(&m->mu);
+    count_add(m, offsetof(metrics_state_t, kv_windows_revoked), 1);
 }
 
 void workerproc_metrics_kv_writes_refused(workerproc_metrics_t *m,
                                           uint64_t n)
 {
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&m->mu);
-    m->st.kv_writes_refused += n;
-    pthread_mutex_unlock(&m->mu);
+    count_add(m, offsetof(metrics_state_t, kv_writes_refused), n);
 }
 
 void workerproc_metrics_kv_blocks(workerproc_metrics_t *m, bool sent,

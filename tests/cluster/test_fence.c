@@ -107,7 +107,10 @@ static void test_pause(void)
     cu_stream_until(f.c, res, N_REQ, 3, N_REQ / 2,
                     "no tokens before the pause");
     kill(f.d0, SIGSTOP);
-    usleep(1000000); /* > 300 ms: the router drops d0, re-queues all */
+    /* stopped until the router has dropped d0 (its liveness limit is
+     * 300 ms; on a loaded machine the router may take longer to see it)
+     * and re-queued what it streamed */
+    cu_wait_workers(f.ctl, 1, 0, 20000);
     kill(f.d0, SIGCONT);
     cu_collect(f.c, res, N_REQ, 60000);
     check_all(res, N_REQ, "pause");

@@ -7,7 +7,8 @@
  *      the cpu's codes and scales bit for bit;
  *   2. GEMM-input quantization (static per-tensor scale or dynamic per
  *      token) gives cpu__fp8_quant_rows' codes and scales bit for bit;
- *   3. the product (FP8 GEMV up to 8 tokens, cuBLASLt's FP8 GEMM beyond:
+ *   3. the product (FP8 GEMV up to 8 tokens, the skinny FP8 GEMM of
+ *      9-64, "skinny", cuBLASLt's FP8 GEMM beyond and, forced, at 9-64:
  *      the scales inside the GEMM where cuBLASLt runs that, "cublaslt-vec",
  *      else and when forced f32 sums + the scaling epilogue,
  *      "cublaslt-epilogue") against cpu__fp8_gemm_ref on the same codes:
@@ -17,8 +18,11 @@
  *      output and the f32 residual's +=, on Llama-3-8B's shapes (q|k|v
  *      6144 x 4096, o 4096 x 4096, gate|up 28672 x 4096, down 4096 x
  *      14336) and the tiny models' (dim 64, hidden 172: padded rows), 1-8
- *      tokens (GEMV) and 9-2048 (GEMM).  The reference is computed on a
- *      sample of up to 32 tokens x 256 rows of each product.
+ *      tokens (GEMV), 9-64 (skinny: 9, 16, 17, 24, 33, 37, 40, 57, 64, odd
+ *      and padded K on the tiny shapes) and beyond (GEMM).  The reference
+ *      is computed on a sample of up to 32 tokens x 256 rows of each
+ *      product.  The skinny GEMM's mma.m16n8k32 fallback (no split K) is
+ *      compared with its wgmma form (split K where the rows are few).
  *   4. the fused producers: cuda_fp8_glu_quant gives exactly cuda_swiglu
  *      then cuda_fp8_quant_act (same elementwise arithmetic);
  *      cuda_fp8_norm_quant the same as cuda_rmsnorm then
@@ -27,7 +31,9 @@
  * INFO lines time the 8B shapes (L2 flushed before each run): GB/s of
  * weights for the GEMV, TFLOP/s for the GEMM; gemm_paths checks both
  * cuBLASLt paths on the 8B shapes and prints one row per shape at 2048
- * tokens, old path (epilogue) vs new (vec), in TFLOP/s.
+ * tokens, old path (epilogue) vs new (vec), in TFLOP/s; skinny_paths
+ * the skinny GEMM against the forced cuBLASLt at 16/32/64 tokens, us and
+ * GB/s of weights.
  * Prints one PASS/FAIL line per check; exits non-zero on any failure.
  */
 #include <math.h>
@@ -186,13 +192,33 @@ typedef struct {
     float *d_acc;
     size_t acc_floats;
     void *d_flush;
+    cuda_gemv_ws_t ws; /* split-K scratch of the skinny GEMM timed alone */
 } bufs_t;
 
-/* Median time (us) of reps runs of worker_gemm_fp8, L2 flushed before
- * each. */
-static float time_gemm(bufs_t *b, const wt_t *q, int n_tok,
-                       const worker_gemm_fp8_t *a, cuda_dtype_t out_dt,
-                       bool acc)
+/* Llama-3-8B's four linears (o and down accumulate into the residual). */
+typedef struct {
+    const char *name;
+    int n_out, n_in;
+    bool acc;
+} lin8b_t;
+
+#define N_LIN8B 4
+static const lin8b_t g_lin8b[N_LIN8B] = {
+    { "8b qkv", 6144, 4096, false },
+    { "8b o", 4096, 4096, true },
+    { "8b gate_up", 28672, 4096, false },
+    { "8b down", 4096, 14336, true },
+};
+
+/* What time_op times: worker_gemm_fp8 (whichever path it takes), or on
+ * b's current inputs the FP8 GEMV or the skinny GEMM (wgmma, split K
+ * through b->ws as the engine's context does) directly. */
+typedef enum { OP_GEMM, OP_GEMV, OP_SKINNY } op_t;
+
+/* Median time (us) of 9 runs of op, L2 flushed before each. */
+static float time_op(bufs_t *b, const wt_t *q, int n_tok,
+                     const worker_gemm_fp8_t *a, cuda_dtype_t out_dt,
+                     bool acc, op_t op)
 {
     enum { REPS = 9 };
     float t[REPS];
@@ -203,8 +229,19 @@ static float time_gemm(bufs_t *b, const wt_t *q, int n_tok,
     for (int i = 0; i < REPS; i++) {
         BT_ASSERT_OK(cuda_l2_flush(b->d_flush, FLUSH_BYTES, NULL));
         CK(cudaEventRecord(e0, NULL));
-        BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, q->n_out, q->ld, a,
-                                     b->d_y, out_dt, acc, NULL));
+        if (op == OP_GEMM)
+            BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, q->n_out, q->ld, a,
+                                         b->d_y, out_dt, acc, NULL));
+        else if (op == OP_SKINNY)
+            BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld,
+                                              b->d_xq, b->d_xs, q->d_q,
+                                              q->d_ws, b->d_y, out_dt, acc,
+                                              true, &b->ws, NULL));
+        else
+            BT_ASSERT_OK(cuda_gemv_fp8(n_tok, q->n_out, q->ld, b->d_xq,
+                                       n_tok == 1 ? b->d_xv : NULL, b->d_xs,
+                                       q->d_q, q->d_ws, b->d_y, out_dt, acc,
+                                       NULL));
         CK(cudaEventRecord(e1, NULL));
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&t[i], e0, e1));
@@ -305,7 +342,8 @@ static float run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
     BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, n_out, ld, &a, b->d_y,
                                  out_dt, acc, NULL));
     /* (asked after the call: a shape cuBLASLt refused at it is known) */
-    path = gemv ? "gemv"
+    path = gemv ? (worker_gemm_fp8_uses_skinny(b->ctx, n_tok, &a)
+                       ? "skinny" : "gemv")
            : worker_gemm_fp8_uses_vec(b->ctx, n_tok, n_out, ld, &a, out_dt,
                                       acc, NULL)
                ? "cublaslt-vec"
@@ -374,7 +412,7 @@ static float run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
         double bytes = (double)n_out * ld + (double)n_tok * ld * 2.0;
         double flops = 2.0 * n_tok * (double)n_out * n_in;
 
-        us = time_gemm(b, q, n_tok, &a, out_dt, acc);
+        us = time_op(b, q, n_tok, &a, out_dt, acc, OP_GEMM);
         printf("INFO fp8 time %s %s: %.1f us, %.0f GB/s of weights and "
                "inputs, %.1f TFLOP/s\n", path, what, us, bytes / us * 1e-3,
                flops / us * 1e-6);
@@ -481,23 +519,13 @@ static void fused_one(bufs_t *b, bool glu, int n_tok, int k, bool st)
  * and static input scales are checked on both paths too. */
 static void gemm_paths(bufs_t *b)
 {
-    static const struct {
-        const char *name;
-        int n_out, n_in;
-        bool acc;
-    } sh[] = {
-        { "8b qkv", 6144, 4096, false },
-        { "8b o", 4096, 4096, true },
-        { "8b gate_up", 28672, 4096, false },
-        { "8b down", 4096, 14336, true },
-    };
-    /* (2053, 4100, 8191: an aggregated worker's mixed steps; FP8
-     * serving failed on such a step while 1000 passed) */
+    const lin8b_t *sh = g_lin8b;
+    /* (2053, 4100, 8191: an aggregated worker's mixed steps) */
     static const int toks[] = { 9, 100, 1000, 2053, 4100, 8191 };
-    float t_new[4], t_old[4];
-    bool vec[4];
+    float t_new[N_LIN8B], t_old[N_LIN8B];
+    bool vec[N_LIN8B];
 
-    for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+    for (int i = 0; i < N_LIN8B; i++) {
         wt_t q;
 
         wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
@@ -520,7 +548,7 @@ static void gemm_paths(bufs_t *b)
     }
     printf("INFO fp8 cuBLASLt GEMM, 2048 tokens, old path (f32 sums + "
            "cuda_fp8_scale_out) vs new (scales in the GEMM, tuned):\n");
-    for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+    for (int i = 0; i < N_LIN8B; i++) {
         const double fl = 2.0 * 2048 * (double)sh[i].n_out * sh[i].n_in;
 
         printf("INFO fp8 gemm 2048 x %d x %d %s: old %.1f us %.0f TFLOP/s, "
@@ -531,6 +559,120 @@ static void gemm_paths(bufs_t *b)
                                          "vectors in this cuBLASLt",
                t_old[i] / t_new[i]);
     }
+}
+
+/* The skinny GEMM's mma.m16n8k32 fallback (cuda_gemm_fp8_skinny with
+ * wgmma off, no workspace: no split K) against worker_gemm_fp8's product
+ * that run() left in b->d_y (bf16 out, the inputs of its n_tok tokens in
+ * b->d_xq): relative difference < REL_MAX (the two sum in different
+ * orders and precisions). */
+static void skinny_fallback(bufs_t *b, const wt_t *q, const char *name,
+                            int n_tok)
+{
+    const size_t ny = (size_t)n_tok * q->n_out;
+    uint16_t *ya = malloc(2 * ny), *yb = malloc(2 * ny);
+    double num = 0.0, den = 0.0, rel;
+    bool ok;
+
+    CK(cudaMemcpy(ya, b->d_y, 2 * ny, cudaMemcpyDeviceToHost));
+    BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld, b->d_xq,
+                                      b->d_xs, q->d_q, q->d_ws, b->d_y,
+                                      CUDA_DT_BF16, false, false, NULL,
+                                      NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(yb, b->d_y, 2 * ny, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < ny; i++) {
+        double va = f32_of_bf16(ya[i]), vb = f32_of_bf16(yb[i]);
+
+        num += (va - vb) * (va - vb);
+        den += va * va;
+    }
+    rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+    ok = rel < REL_MAX && isfinite(rel);
+    printf("%s fp8 skinny mma.m16n8k32 fallback %s %d x %d, %d tokens: "
+           "relative difference %.2e from worker_gemm_fp8\n",
+           ok ? "PASS" : "FAIL", name, q->n_out, q->n_in, n_tok, rel);
+    g_fail += !ok;
+    free(ya);
+    free(yb);
+}
+
+/* Timing only (the products are checked elsewhere): could the skinny
+ * GEMM's native E4M3 MMAs also take 1-8 tokens from the FP8 GEMV?
+ * Both on the same quantized inputs (run() leaves them in b), bf16 out. */
+static void skinny_small(bufs_t *b)
+{
+    const lin8b_t *sh = g_lin8b;
+    static const int toks[] = { 1, 4, 8 };
+
+    for (int i = 0; i < N_LIN8B; i++) {
+        wt_t q;
+
+        wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
+        for (int k = 0; k < 3; k++) {
+            const double wb = (double)q.n_out * q.ld;
+            float us_g, us_s;
+
+            run(b, &q, sh[i].name, toks[k], false, false, false);
+            us_g = time_op(b, &q, toks[k], NULL, CUDA_DT_BF16, false,
+                           OP_GEMV);
+            us_s = time_op(b, &q, toks[k], NULL, CUDA_DT_BF16, false,
+                           OP_SKINNY);
+            printf("INFO fp8 small %d x %d x %d: gemv %.1f us %.0f GB/s, "
+                   "skinny %.1f us %.0f GB/s\n", toks[k], q.n_out, q.n_in,
+                   us_g, wb / us_g * 1e-3, us_s, wb / us_s * 1e-3);
+        }
+        wt_free(&q);
+    }
+}
+
+/* The skinny FP8 GEMM against cuBLASLt's FP8 GEMM (forced with
+ * worker_gemm_fp8_force_cublaslt, checked against the reference) on the
+ * 8B decode shapes at 16, 32 and 64 tokens, both timed on the same
+ * inputs, then one INFO row per shape and token count (us and GB/s of
+ * weights): where gemm.c's routing bound should be; and the skinny
+ * GEMM's mma fallback at 9, 33 and 64 tokens. */
+static void skinny_paths(bufs_t *b)
+{
+    const lin8b_t *sh = g_lin8b;
+    static const int toks[] = { 16, 32, 64 };
+    static const int fb_toks[] = { 9, 33, 64 };
+    enum { NS = N_LIN8B, NT = 3 };
+    float t_sk[NS][NT], t_lt[NS][NT];
+
+    for (int i = 0; i < NS; i++) {
+        wt_t q;
+
+        wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
+        for (int k = 0; k < NT; k++) {
+            const cuda_dtype_t dt = sh[i].acc ? CUDA_DT_F32 : CUDA_DT_BF16;
+
+            worker_gemm_fp8_force_cublaslt(b->ctx, true);
+            t_lt[i][k] =
+                run(b, &q, sh[i].name, toks[k], false, sh[i].acc, true);
+            t_sk[i][k] = time_op(b, &q, toks[k], NULL, dt, sh[i].acc,
+                                 OP_SKINNY);
+        }
+        worker_gemm_fp8_force_cublaslt(b->ctx, false);
+        for (int k = 0; k < (int)(sizeof(fb_toks) / sizeof(int)); k++) {
+            run(b, &q, sh[i].name, fb_toks[k], false, false, false);
+            skinny_fallback(b, &q, sh[i].name, fb_toks[k]);
+        }
+        wt_free(&q);
+    }
+    printf("INFO fp8 decode shapes, skinny FP8 GEMM vs cuBLASLt's FP8 GEMM "
+           "(L2 flushed; GB/s of weights):\n");
+    for (int i = 0; i < NS; i++)
+        for (int k = 0; k < NT; k++) {
+            const double wb = (double)sh[i].n_out * cuda_fp8_ld(sh[i].n_in);
+
+            printf("INFO fp8 skinny %d x %d x %d %s: skinny %.1f us %.0f "
+                   "GB/s, cublaslt %.1f us %.0f GB/s, x%.2f\n", toks[k],
+                   sh[i].n_out, sh[i].n_in,
+                   sh[i].acc ? "f32 +=" : "bf16 out", t_sk[i][k],
+                   wb / t_sk[i][k] * 1e-3, t_lt[i][k],
+                   wb / t_lt[i][k] * 1e-3, t_lt[i][k] / t_sk[i][k]);
+        }
 }
 
 /* The tuned FP8 picks through the tuner's file (BT_GEMM_CACHE, set by
@@ -587,9 +729,11 @@ int main(void)
         { "tiny gate_up", 344, 64, false, false },
         { "tiny down", 64, 172, true, false },
     };
-    static const int toks_all[] = { 1, 2, 3, 4, 5, 8, 9, 16, 64, 512, 2048 };
-    static const int toks_modes[] = { 1, 8, 2048 };
-    static const int toks_tiny[] = { 1, 2, 5, 8, 9, 37, 128 };
+    static const int toks_all[] = { 1,  2,  3,  4,  5,  8,   9,    16,
+                                    17, 24, 33, 40, 57, 64, 512, 2048 };
+    static const int toks_modes[] = { 1, 8, 33, 2048 };
+    static const int toks_tiny[] = { 1,  2,  5,  8,  9,  17, 24,
+                                     33, 37, 40, 57, 64, 128 };
     const int max_tok = 8192, max_ld = 14336, max_out = 28672;
     bufs_t b;
     int dev_n = 0;
@@ -616,6 +760,11 @@ int main(void)
     b.acc_floats = (size_t)1024 * max_out;
     CK(cudaMalloc((void **)&b.d_acc, sizeof(float) * b.acc_floats));
     CK(cudaMalloc(&b.d_flush, FLUSH_BYTES));
+    b.ws.part_bytes = (size_t)32 << 20;
+    b.ws.n_cnt = 4096;
+    CK(cudaMalloc((void **)&b.ws.d_part, b.ws.part_bytes));
+    CK(cudaMalloc((void **)&b.ws.d_cnt, sizeof(int) * b.ws.n_cnt));
+    CK(cudaMemset(b.ws.d_cnt, 0, sizeof(int) * b.ws.n_cnt));
     CK(cudaMemset(b.d_flush, 0, FLUSH_BYTES));
 
     {
@@ -656,12 +805,19 @@ int main(void)
             /* the other output kind once: bf16 out for the residual
              * shapes, f32 += for the others */
             run(&b, &q, sh->name, 4, false, !sh->acc, false);
+            run(&b, &q, sh->name, 24, false, !sh->acc, false);
             run(&b, &q, sh->name, sh->big ? 512 : 37, false, !sh->acc,
                 false);
+            if (!sh->big) { /* odd and padded K: the mma fallback too */
+                run(&b, &q, sh->name, 33, false, false, false);
+                skinny_fallback(&b, &q, sh->name, 33);
+            }
             wt_free(&q);
         }
     }
     gemm_paths(&b);
+    skinny_paths(&b);
+    skinny_small(&b);
     gemm_cache_fp8(&b);
     unlink(cache);
     cudaFree(b.d_flush);

@@ -16,12 +16,17 @@
  *   - the prefill tiles over an FP8 (E4M3) KV cache with per-KV-head
  *     scales (run_kv8_case: "attn prefill kv8 (<variant>)" lines, the
  *     default and each FA2 variant at head 64/128),
+ *   - the decode kernels over an FP8 KV cache at serving shapes
+ *     (run_kv8_decode_stress: "attn decode kv8 stress" lines; hundreds
+ *     of rows, kv lengths 0 .. 2200, 1 .. 64 splits, a 100K-block pool;
+ *     `--kv8-stress` runs only those, with more seeds),
  * over mixed batches: decode tokens at several context lengths, a fresh
  * prompt, a chunk after a cached prefix, a masked draft tree; GQA groups
  * 1, 2, 4, 7 and 16; head sizes 8..256; KV block sizes 8/16/64 with
  * shuffled block ids (a third of the batches in order); f32 and bf16.
  * Output poisoned before each run.
- * Run: build-cuda/gpu/test_attn [--bench]   (make gpu-test; gpu-bench
+ * Run: build-cuda/gpu/test_attn [--bench | --kv8-stress [rows [pool
+ * [reps]]]]   (make gpu-test; gpu-bench
  * runs --bench: KV read bandwidth of decode, TFLOP/s of prefill)
  */
 #include <vector>
@@ -50,6 +55,32 @@ typedef struct {
     cuda_attn_args_t a;
     int *d_tiles, *d_gen, *d_all;
 } batch_t;
+
+/* a's shape and per-token metadata (block tables, mask bytes, kv
+ * lengths, table offsets, context lengths, mask offsets of nt tokens)
+ * uploaded; q, the caches and the output are the caller's. */
+static void args_upload_meta(cuda_attn_args_t *a, int nh, int nkv, int hd,
+                             int bs, long long kv_slots,
+                             const std::vector<int> &bt,
+                             const uint8_t *masks, size_t n_masks,
+                             const int *kv_len, const int *bt_off,
+                             const int *ctx, const int *mask_off, int nt)
+{
+    memset(a, 0, sizeof(*a));
+    a->n_heads = nh;
+    a->n_kv_heads = nkv;
+    a->head_dim = hd;
+    a->block_size = bs;
+    a->scale = 1.0f / sqrtf((float)hd);
+    a->kv_slots = kv_slots;
+    a->d_block_tables = (const int *)kt_upload_raw(bt.data(),
+                                                   sizeof(int) * bt.size());
+    a->d_masks = (const uint8_t *)kt_upload_raw(masks, n_masks);
+    a->d_kv_len = (const int *)kt_upload_raw(kv_len, sizeof(int) * nt);
+    a->d_bt_off = (const int *)kt_upload_raw(bt_off, sizeof(int) * nt);
+    a->d_ctx_len = (const int *)kt_upload_raw(ctx, sizeof(int) * nt);
+    a->d_mask_off = (const int *)kt_upload_raw(mask_off, sizeof(int) * nt);
+}
 
 static void batch_build(const attn_case_t *c, cuda_dtype_t dt, batch_t *b)
 {
@@ -115,24 +146,13 @@ static void batch_build(const attn_case_t *c, cuda_dtype_t dt, batch_t *b)
     b->v = kt_rand_vec(cache_n, -1, 1, dt);
 
     cuda_attn_args_t *a = &b->a;
-    memset(a, 0, sizeof(*a));
-    a->n_heads = c->nh;
-    a->n_kv_heads = c->nkv;
-    a->head_dim = c->hd;
-    a->block_size = c->bs;
-    a->scale = 1.0f / sqrtf((float)c->hd);
+    args_upload_meta(a, c->nh, c->nkv, c->hd, c->bs,
+                     (long long)b->n_blocks * c->bs, b->bt, b->masks.data(),
+                     b->masks.size(), b->kv_len.data(), b->bt_off.data(),
+                     b->ctx.data(), b->mask_off.data(), b->nt);
     a->d_q = kt_upload(b->q, (size_t)b->nt * c->nh * c->hd, dt);
     a->d_k_cache = kt_upload(b->k, cache_n, dt);
     a->d_v_cache = kt_upload(b->v, cache_n, dt);
-    a->kv_slots = (long long)b->n_blocks * c->bs;
-    a->d_block_tables = (int *)kt_upload_raw(b->bt.data(),
-                                             sizeof(int) * b->bt.size());
-    a->d_masks = (uint8_t *)kt_upload_raw(b->masks.data(), b->masks.size());
-    a->d_kv_len = (int *)kt_upload_raw(b->kv_len.data(), sizeof(int) * b->nt);
-    a->d_bt_off = (int *)kt_upload_raw(b->bt_off.data(), sizeof(int) * b->nt);
-    a->d_ctx_len = (int *)kt_upload_raw(b->ctx.data(), sizeof(int) * b->nt);
-    a->d_mask_off = (int *)kt_upload_raw(b->mask_off.data(),
-                                         sizeof(int) * b->nt);
     a->d_out = kt_poisoned((size_t)b->nt * c->nh * c->hd, dt);
     b->d_tiles = (int *)kt_upload_raw(b->tiles.data(),
                                       sizeof(int) * b->tiles.size());
@@ -623,10 +643,311 @@ static void bench(void)
     }
 }
 
+/* FP8 KV decode at serving shapes (the mixed steps of an aggregated
+ * worker under a cold burst: hundreds of per-token rows, decode rows and
+ * the short prompt pieces the tiled prefill does not take, padding rows
+ * with kv_len 0, kv lengths 0 .. max_kv that are mostly not multiples of
+ * 64, 1 .. 64 splits, a pool of ~100K blocks with the block tables
+ * pointing at its top): cuda_attn_decode through the tensor-core KV8
+ * kernel (attn_decode_tc_kernel<HD, false, true>) and once through the
+ * general kernel, against a double-precision reference over the
+ * dequantized codes.  Every block of the pool that no table names holds
+ * NaN codes (0x7F), so a row read from a wrong block shows as a
+ * non-finite output; the last block of the pool is always named (a
+ * copy past the pool's end faults).  Each configuration is launched
+ * `reps` times back to back on the stream (PDL: the next launch's early
+ * copies overlap the previous one's tail, as layers do in the engine)
+ * and its name printed before the launch, so a crash names it.  Not in
+ * the bf16 batch_build path: its host copy of the whole pool would not
+ * fit; the sequences draw their blocks (with repeats) from n_phys
+ * distinct blocks. */
+static void run_kv8_decode_stress(int nh, int nkv, int hd, int bs,
+                                  int n_tok, int max_kv, long pool_blocks,
+                                  int n_phys, int reps, uint64_t seed)
+{
+    const cuda_dtype_t dt = CUDA_DT_BF16;
+    const int G = nh / nkv;
+    const size_t blk_elems = (size_t)bs * nkv * hd; /* = bytes (codes) */
+    kt_seed(seed);
+
+    /* the physical blocks: distinct ids at the top of the pool, the last
+     * one included */
+    std::vector<int> phys;
+    {
+        long lo = pool_blocks - 3L * n_phys;
+        if (lo < 0)
+            lo = 0;
+        std::vector<int> all;
+        for (long i = lo; i < pool_blocks - 1; i++)
+            all.push_back((int)i);
+        for (int i = (int)all.size() - 1; i > 0; i--) {
+            int j = (int)(kt_u32() % (uint32_t)(i + 1));
+            int t = all[i]; all[i] = all[j]; all[j] = t;
+        }
+        phys.push_back((int)(pool_blocks - 1));
+        for (int i = 0; i < n_phys - 1 && i < (int)all.size(); i++)
+            phys.push_back(all[i]);
+        n_phys = (int)phys.size();
+    }
+
+    /* scales and codes of the physical blocks; kf / vf: what they mean */
+    std::vector<float> scale(2 * nkv);
+    for (int h = 0; h < nkv; h++) {
+        scale[h] = 3.0f / 448.0f * kt_uniform(1.0f, 3.0f);
+        scale[nkv + h] = 1.0f / 448.0f * kt_uniform(1.0f, 3.0f);
+    }
+    std::vector<uint8_t> kc((size_t)n_phys * blk_elems),
+        vc((size_t)n_phys * blk_elems);
+    std::vector<float> kf(kc.size()), vf(vc.size());
+    for (size_t i = 0; i < kc.size(); i++) {
+        const int kvh = (int)((i / hd) % nkv);
+        kc[i] = bt_f32_to_e4m3(kt_uniform(-3.0f, 3.0f) / scale[kvh]);
+        vc[i] = bt_f32_to_e4m3(kt_uniform(-1.0f, 1.0f) / scale[nkv + kvh]);
+        kf[i] = bt_e4m3_to_f32(kc[i]) * scale[kvh];
+        vf[i] = bt_e4m3_to_f32(vc[i]) * scale[nkv + kvh];
+    }
+
+    /* the step's tokens: decode rows (among them every tile and block
+     * edge), short prompt pieces (2..15 tokens, causal), tiled prompt
+     * chunks (>= 16 tokens: in the batch, not in the decode kernel's
+     * list), then padding rows (kv_len 0, table offset 0) */
+    std::vector<int> kv_len, ctxv, bt_off, bt, gen;
+    std::vector<int> bt_phys; /* table entry -> index into phys */
+    static const int edges[] = {1,   2,   15,  16,  17,   63,   64,  65,
+                                127, 128, 129, 255, 256,  257,  511, 512,
+                                513, 1000, 2047, 2048, 2049};
+    int n_edges = (int)(sizeof(edges) / sizeof(edges[0]));
+    int t = 0, si = 0;
+    const int n_pad = 13;
+    while (t < n_tok - n_pad) {
+        int n, ctx;
+        bool in_gen = true;
+        uint32_t kind = kt_u32() % 10;
+        if (si < n_edges && edges[si] <= max_kv) {
+            n = 1;
+            ctx = edges[si] - 1;
+        } else if (kind < 6) {
+            n = 1;
+            ctx = (int)(kt_u32() % (uint32_t)max_kv);
+        } else if (kind < 9) {
+            n = 2 + (int)(kt_u32() % 14);
+            ctx = (int)(kt_u32() % (uint32_t)(max_kv - n + 1));
+        } else {
+            n = 16 + (int)(kt_u32() % 49);
+            ctx = (int)(kt_u32() % (uint32_t)(max_kv - n + 1));
+            in_gen = false;
+        }
+        si++;
+        if (t + n > n_tok - n_pad)
+            n = n_tok - n_pad - t;
+        const int nb = (ctx + n + bs - 1) / bs;
+        const int off = (int)bt.size();
+        for (int i = 0; i < nb; i++) {
+            int p = (int)(kt_u32() % (uint32_t)n_phys);
+            if (i == nb - 1 && (kt_u32() & 3) == 0)
+                p = 0; /* the pool's last block */
+            bt_phys.push_back(p);
+            bt.push_back(phys[p]);
+        }
+        for (int i = 0; i < n; i++, t++) {
+            kv_len.push_back(ctx + i + 1);
+            ctxv.push_back(ctx);
+            bt_off.push_back(off);
+            if (in_gen)
+                gen.push_back(t);
+        }
+    }
+    for (; t < n_tok; t++) {
+        kv_len.push_back(0);
+        ctxv.push_back(0);
+        bt_off.push_back(0);
+        gen.push_back(t);
+    }
+    if (bt.empty()) {
+        bt.push_back(phys[0]);
+        bt_phys.push_back(0);
+    }
+    const int nt = n_tok, ng = (int)gen.size();
+    int mkv = 1;
+    for (int i = 0; i < ng; i++)
+        mkv = kv_len[gen[i]] > mkv ? kv_len[gen[i]] : mkv;
+
+    /* q and the reference (double, the gen rows only) */
+    float *q = kt_rand_vec((size_t)nt * nh * hd, -1, 1, dt);
+    const float scl = 1.0f / sqrtf((float)hd);
+    const size_t row = (size_t)nh * hd;
+    std::vector<float> ref((size_t)ng * row, 0.0f);
+    {
+        std::vector<double> s, acc(hd);
+        for (int gi = 0; gi < ng; gi++) {
+            const int tk = gen[gi], L = kv_len[tk];
+            s.resize(L > 0 ? L : 1);
+            for (int h = 0; h < nh; h++) {
+                const int kvh = h / G;
+                const float *qh = q + ((size_t)tk * nh + h) * hd;
+                double mx = -INFINITY;
+                for (int k = 0; k < L; k++) {
+                    const int p = bt_phys[bt_off[tk] + k / bs];
+                    const float *kr = kf.data() + (size_t)p * blk_elems +
+                                      ((size_t)(k % bs) * nkv + kvh) * hd;
+                    double d = 0.0;
+                    for (int e = 0; e < hd; e++)
+                        d += (double)qh[e] * kr[e];
+                    s[k] = d * scl;
+                    mx = s[k] > mx ? s[k] : mx;
+                }
+                double sum = 0.0;
+                for (int e = 0; e < hd; e++)
+                    acc[e] = 0.0;
+                for (int k = 0; k < L; k++) {
+                    const int p = bt_phys[bt_off[tk] + k / bs];
+                    const float *vr = vf.data() + (size_t)p * blk_elems +
+                                      ((size_t)(k % bs) * nkv + kvh) * hd;
+                    const double w = exp(s[k] - mx);
+                    sum += w;
+                    for (int e = 0; e < hd; e++)
+                        acc[e] += w * vr[e];
+                }
+                for (int e = 0; e < hd; e++)
+                    ref[(size_t)gi * row + (size_t)h * hd + e] =
+                        L > 0 ? (float)(acc[e] / sum) : 0.0f;
+            }
+        }
+    }
+
+    /* device: the whole pool (NaN codes), the physical blocks, metadata */
+    const size_t pool_bytes = (size_t)pool_blocks * blk_elems;
+    void *d_k = NULL, *d_v = NULL;
+    KT_CUDA(cudaMalloc(&d_k, pool_bytes));
+    KT_CUDA(cudaMalloc(&d_v, pool_bytes));
+    KT_CUDA(cudaMemset(d_k, 0x7F, pool_bytes));
+    KT_CUDA(cudaMemset(d_v, 0x7F, pool_bytes));
+    for (int p = 0; p < n_phys; p++) {
+        KT_CUDA(cudaMemcpy((uint8_t *)d_k + (size_t)phys[p] * blk_elems,
+                           kc.data() + (size_t)p * blk_elems, blk_elems,
+                           cudaMemcpyHostToDevice));
+        KT_CUDA(cudaMemcpy((uint8_t *)d_v + (size_t)phys[p] * blk_elems,
+                           vc.data() + (size_t)p * blk_elems, blk_elems,
+                           cudaMemcpyHostToDevice));
+    }
+    std::vector<int> mask_off(nt, -1);
+    uint8_t mask0 = 0;
+    cuda_attn_args_t a;
+    args_upload_meta(&a, nh, nkv, hd, bs, (long long)pool_blocks * bs, bt,
+                     &mask0, 1, kv_len.data(), bt_off.data(), ctxv.data(),
+                     mask_off.data(), nt);
+    a.d_q = kt_upload(q, (size_t)nt * row, dt);
+    a.d_k_cache = d_k;
+    a.d_v_cache = d_v;
+    a.d_kv_scale = (const float *)kt_upload_raw(scale.data(),
+                                                sizeof(float) * scale.size());
+    a.d_out = kt_poisoned((size_t)nt * row, dt);
+    int *d_gen = (int *)kt_upload_raw(gen.data(), sizeof(int) * ng);
+
+    /* split configurations: the planner's (as cuda_forward_ex: at most
+     * CUDA_MAX_SPLITS = 64 and what a 256-row workspace holds), that
+     * rounded up to a power of two (graph steps: extra splits find no
+     * keys), and forced lengths 64 .. 4096 */
+    struct { int ns, sl; const char *name; } cfg[10];
+    int n_cfg = 0;
+    {
+        int ms = (int)((size_t)256 * 64 / (size_t)(ng > 0 ? ng : 1));
+        ms = ms < 1 ? 1 : ms > 64 ? 64 : ms;
+        int ns, sl;
+        cuda_attn_decode_plan(ng, mkv, nh, nkv, 132, ms, &ns, &sl);
+        cfg[n_cfg++] = {ns, sl, "planned"};
+        int p2 = 1;
+        while (p2 < ns)
+            p2 *= 2;
+        if (p2 != ns)
+            cfg[n_cfg++] = {p2, sl, "planned pow2"};
+        static const int lens[] = {64, 128, 256, 1024, 4096};
+        for (int len : lens) {
+            int n2 = (mkv + len - 1) / len;
+            if (n2 <= 64)
+                cfg[n_cfg++] = {n2, len, "forced"};
+        }
+        cfg[n_cfg++] = {1, 1 << 30, "one split"};
+    }
+    std::vector<float> out_c((size_t)ng * row);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass)
+            kt_switch("BT_ATTN_TC", "0");
+        for (int c = 0; c < n_cfg; c++) {
+            if (pass && c > 0)
+                break; /* the general kernel: the planner's split only */
+            const int ns = cfg[c].ns, sl = cfg[c].sl;
+            float *d_ws = NULL;
+            KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(
+                                              ng, nh, hd, ns) + 4));
+            char what[200];
+            snprintf(what, sizeof(what),
+                     "attn decode kv8 stress%s h=%d/%d hd=%d bs=%d "
+                     "rows=%d/%d max_kv=%d pool=%ld %s %dx%d",
+                     pass ? " (general)" : " (tensor cores)", nh, nkv, hd,
+                     bs, ng, nt, mkv, pool_blocks, cfg[c].name, ns, sl);
+            printf("RUN  %s x%d\n", what, reps);
+            fflush(stdout);
+            kt_poison(a.d_out, (size_t)nt * row, dt);
+            for (int r = 0; r < reps; r++)
+                KT_OK(cuda_attn_decode(&a, d_gen, ng, ns, sl, d_ws, dt, 0));
+            cudaError_t e = cudaDeviceSynchronize();
+            if (e != cudaSuccess) {
+                printf("FAIL %s: %s\n", what, cudaGetErrorString(e));
+                fflush(stdout);
+                exit(1);
+            }
+            float *out = kt_download(a.d_out, (size_t)nt * row, dt);
+            for (int gi = 0; gi < ng; gi++)
+                memcpy(out_c.data() + (size_t)gi * row,
+                       out + (size_t)gen[gi] * row, sizeof(float) * row);
+            kt_compare(what, out_c.data(), ref.data(), out_c.size(),
+                       kt_tol(dt));
+            free(out);
+            cudaFree(d_ws);
+        }
+        if (pass)
+            kt_switch("BT_ATTN_TC", NULL);
+    }
+    free(q);
+    cudaFree((void *)a.d_q);
+    cudaFree(d_k);
+    cudaFree(d_v);
+    cudaFree((void *)a.d_kv_scale);
+    cudaFree((void *)a.d_block_tables);
+    cudaFree((void *)a.d_masks);
+    cudaFree((void *)a.d_kv_len);
+    cudaFree((void *)a.d_bt_off);
+    cudaFree((void *)a.d_ctx_len);
+    cudaFree((void *)a.d_mask_off);
+    cudaFree(a.d_out);
+    cudaFree(d_gen);
+}
+
 int main(int argc, char **argv)
 {
     /* line-buffered: a bench killed by its timeout keeps its rows */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* --kv8-stress [rows [pool_blocks [reps]]]: only the FP8 KV decode
+     * at serving shapes (run_kv8_decode_stress), more seeds and
+     * repetitions than the default run */
+    if (argc > 1 && strcmp(argv[1], "--kv8-stress") == 0) {
+        const int rows = argc > 2 ? atoi(argv[2]) : 640;
+        const long pool = argc > 3 ? atol(argv[3]) : 100000;
+        const int reps = argc > 4 ? atoi(argv[4]) : 8;
+        for (uint64_t s = 1; s <= 3; s++)
+            run_kv8_decode_stress(32, 8, 128, 16, rows, 2200, pool, 1024,
+                                  reps, s);
+        /* the failing steps' decode share: tens of rows, many splits */
+        for (uint64_t s = 4; s <= 6; s++)
+            run_kv8_decode_stress(32, 8, 128, 16, 24 + 16 * (int)s, 2200,
+                                  pool, 1024, reps, s);
+        run_kv8_decode_stress(32, 8, 64, 16, rows, 2200, pool, 1024, reps,
+                              7);
+        run_kv8_decode_stress(32, 4, 128, 64, rows, 4100, pool / 4, 256,
+                              reps, 8);
+        return kt_finish("test_attn");
+    }
     std::vector<attn_case_t> cases = {
         /* aidreams / stories shapes: tiny heads */
         {4, 4, 16, 8, {{0, 1, 0}, {5, 1, 0}, {0, 20, 0}, {3, 17, 0}}},
@@ -703,6 +1024,11 @@ int main(int argc, char **argv)
     };
     for (const attn_case_t &c : kv8_cases)
         run_kv8_case(&c);
+    /* FP8 KV decode at serving shapes (llama3-8b: GQA 4, head 128,
+     * block 16): 640 rows, then 40 rows (many splits), a pool of 100K
+     * blocks */
+    run_kv8_decode_stress(32, 8, 128, 16, 640, 2200, 100000, 1024, 2, 1);
+    run_kv8_decode_stress(32, 8, 128, 16, 40, 2200, 100000, 1024, 2, 2);
     /* fused RoPE: GQA 4 / 4 / 16 / 1, both layouts, bias or not, a first
      * token (ctx 0), tile and block edges, long contexts (splits) */
     run_rope_case(32, 8, 128, 16, 1, true, {0, 1, 63, 64, 2000, 17});

@@ -21,7 +21,8 @@
  *   decode  the K decode rows alone once more (a captured graph on cuda).
  * Every logits row (device sampling path, rows without a sampler) must
  * be finite and within --tol relative L2 of its reference (another batch
- * shape may take another GEMM algorithm; garbage is ~1).  Prints one line
+ * shape may take another GEMM algorithm; unrelated rows are ~1.4 apart;
+ * cuda fp8 0.7: main() says why).  Prints one line
  * per step (status, error, worst row); exits 1 on the first failed step
  * after printing why (--keep-going: checks every step, then exits 1 if
  * any failed).  With no arguments (CTest): stories260K on the cpu
@@ -265,9 +266,19 @@ static void parse(int argc, char **argv, opts_t *o)
     }
     /* the cpu backend is batch-invariant (every row's sums in one order
      * whatever the batch); cuda's GEMMs may pick another algorithm for
-     * another token count */
+     * another token count.  cuda fp8: a last-bit difference flips an
+     * E4M3 code (a step of 6-12%) somewhere in ~100 quantizations a
+     * token, and a random synth model amplifies that layer after layer:
+     * on the H100 (2026-12-05) the decode rows of a batched step against
+     * the same rows run alone differed by 0.20-0.25 relative L2 with
+     * exact f32 sums everywhere (the GEMV forced for every product) and
+     * 0.25-0.38 with cuBLASLt in mixed steps, argmax often unchanged;
+     * unrelated logits are ~1.4 apart.  So fp8 here checks finite,
+     * correlated rows; exactness is checked op by op (test_cuda_fp8) */
     if (o->tol < 0)
-        o->tol = strcmp(o->device, "cpu") == 0 ? 1e-6 : 5e-2;
+        o->tol = strcmp(o->device, "cpu") == 0 ? 1e-6
+                 : o->precision == BACKEND_PRECISION_FP8 ? 0.7
+                                                         : 5e-2;
     if (o->k < 1 || o->k > MAX_SEQS_T || o->prompt < 1 ||
         o->prompt > o->chunk || o->k * o->prompt > o->max_batch_tokens)
         BT_TEST_FAIL("need 1 <= K <= %d, P <= chunk, K x P <= batch "

@@ -98,6 +98,11 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_FP8_BAD_MAX 64
 #define GEMM_FP8_TOK_ALIGN 16   /* FP8 plans' token counts: multiples */
 #define GEMM_FP8_CANDS 16       /* cuBLASLt FP8 algorithms timed */
+/* FP8 token counts the skinny GEMM takes from cuBLASLt (above the GEMV's
+ * 8): H100, 2026-12-05, bench_cuda fp8 + FP8 KV @2k: batch 16 6.665 ->
+ * 5.482 ms with it, batch 64 9.307 -> 9.878 (cuBLASLt's split-free tiles
+ * beat its split K at 64 tokens); 17-63 unmeasured */
+#define GEMM_FP8_SKINNY_ROUTE_MAX 16
 
 /* One planned shape. */
 typedef struct {
@@ -161,6 +166,9 @@ struct worker_gemm_ctx_s {
      * library does not run it (f32 sums + cuda_fp8_scale_out), 1 it does */
     int fp8_vec;
     bool fp8_force_epilogue;       /* worker_gemm_fp8_force_epilogue */
+    bool fp8_skinny;               /* the skinny FP8 GEMM is usable (its
+                                      shared-memory limits are set) */
+    bool fp8_force_cublaslt;       /* worker_gemm_fp8_force_cublaslt */
     /* (n_tok, n_out, ld, out_dt, accumulate) without such an algorithm */
     int fp8_vec_bad[GEMM_FP8_BAD_MAX][5];
     int n_fp8_vec_bad;
@@ -236,6 +244,14 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     if (ctx->tune)
         gemm_cache_open(ctx);
     ctx->fp8_vec = -1;
+    /* (a failure only costs the kernel: 9-64 tokens stay on cuBLASLt) */
+    ctx->fp8_skinny = cuda_gemm_fp8_skinny_prepare() == BT_OK;
+    if (!ctx->fp8_skinny) {
+        BT_LOG_WARN("CUDA", "skinny FP8 GEMM unavailable: 9-%d FP8 tokens "
+                    "take cuBLASLt", CUDA_GEMM_FP8_SKINNY_MAX_TOK);
+        bt_error_clear();
+        (void)cudaGetLastError();
+    }
     *ctx_p = ctx;
     return BT_OK;
 
@@ -1649,7 +1665,12 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 // FP8 (precision fp8, kernels/fp8.h)
 //
 // Up to CUDA_GEMV_FP8_MAX_TOK tokens: the FP8 GEMV (the weights read once
-// at the bandwidth limit).  More: cuBLASLt's FP8 GEMM (E4M3 A and B in
+// at the bandwidth limit).  Up to GEMM_FP8_SKINNY_ROUTE_MAX: the skinny
+// FP8 GEMM (kernels/gemm_fp8_skinny.cu: the weights read once on the
+// tensor cores; cuBLASLt's kernels, tiled for prefill, read these shapes
+// well below bandwidth), unless worker_gemm_fp8_force_cublaslt.  Both go
+// under worker_gemm_fp8_t.gemv ("the codes, no cuBLASLt").  More:
+// cuBLASLt's FP8 GEMM (E4M3 A and B in
 // the "TN" layout Hopper's FP8 kernels require -- A = w transposed, as
 // every plan here -- f32 compute, no fast accumulation), in one of two
 // ways, decided once per context (gemm_fp8_vec_probe, logged once):
@@ -1674,7 +1695,8 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 //     product depends on its own input row only).  Heuristic algorithm,
 //     not tuned.
 // A shape cuBLASLt has no epilogue algorithm for (odd sizes of the tiny
-// models) takes the GEMV in groups of CUDA_GEMV_FP8_MAX_TOK tokens, with
+// models) takes the skinny GEMM in groups of CUDA_GEMM_FP8_SKINNY_MAX_TOK
+// tokens (the GEMV in groups of CUDA_GEMV_FP8_MAX_TOK without it), with
 // one WARN.
 
 /* Tokens per cuBLASLt call: what the scratch holds in whole groups of
@@ -1721,12 +1743,25 @@ static gemm_plan_t *gemm_fp8_plan(worker_gemm_ctx_t *ctx, int n_tok,
     return p;
 }
 
+/* True when the skinny FP8 GEMM takes a product of n_tok tokens that
+ * the GEMV does not (in pieces of CUDA_GEMM_FP8_SKINNY_MAX_TOK when
+ * cuBLASLt cannot: worker_gemm_fp8_gemv). */
+static bool gemm_fp8_skinny_takes(const worker_gemm_ctx_t *ctx, int n_tok,
+                                  int n_out, int ld)
+{
+    return ctx->fp8_skinny && !ctx->fp8_force_cublaslt &&
+           n_tok > CUDA_GEMV_FP8_MAX_TOK &&
+           n_tok <= GEMM_FP8_SKINNY_ROUTE_MAX &&
+           cuda_gemm_fp8_skinny_ok(n_tok, n_out, ld);
+}
+
 bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                           int ld, size_t acc_floats)
 {
     int chunk = gemm_fp8_chunk(n_tok, n_out, acc_floats);
 
-    if (n_tok <= CUDA_GEMV_FP8_MAX_TOK || chunk < 1)
+    if (n_tok <= CUDA_GEMV_FP8_MAX_TOK || chunk < 1 ||
+        gemm_fp8_skinny_takes(ctx, n_tok, n_out, ld))
         return true;
     if (gemm_fp8_plan(ctx, gemm_fp8_plan_tok(chunk), n_out, ld) == NULL ||
         (n_tok % chunk != 0 &&
@@ -1736,8 +1771,8 @@ bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 
         if (!warned)
             BT_LOG_WARN("CUDA", "cuBLASLt has no FP8 algorithm for %d x %d "
-                        "x %d: the FP8 GEMV takes it (slower)", n_tok, n_out,
-                        ld);
+                        "x %d: the skinny FP8 GEMM takes it in pieces "
+                        "(slower)", n_tok, n_out, ld);
         warned = true;
         return true;
     }
@@ -2186,6 +2221,51 @@ void worker_gemm_fp8_force_epilogue(worker_gemm_ctx_t *ctx, bool on)
     ctx->fp8_force_epilogue = on;
 }
 
+void worker_gemm_fp8_force_cublaslt(worker_gemm_ctx_t *ctx, bool on)
+{
+    ctx->fp8_force_cublaslt = on;
+}
+
+bool worker_gemm_fp8_uses_skinny(const worker_gemm_ctx_t *ctx, int n_tok,
+                                 const worker_gemm_fp8_t *a)
+{
+    return a->gemv && n_tok > CUDA_GEMV_FP8_MAX_TOK && ctx->fp8_skinny;
+}
+
+/* The gemv form of worker_gemm_fp8 (a->gemv): the skinny GEMM in pieces
+ * of CUDA_GEMM_FP8_SKINNY_MAX_TOK tokens beyond CUDA_GEMV_FP8_MAX_TOK
+ * (where usable), else the GEMV in pieces of CUDA_GEMV_FP8_MAX_TOK. */
+static bt_status_t gemm_fp8_codes_run(worker_gemm_ctx_t *ctx, int n_tok,
+                                      int n_out, int ld,
+                                      const worker_gemm_fp8_t *a, void *d_y,
+                                      cuda_dtype_t out_dt, bool accumulate,
+                                      cudaStream_t stream)
+{
+    const size_t es = cuda_dtype_size(out_dt);
+    const bool skinny = worker_gemm_fp8_uses_skinny(ctx, n_tok, a);
+    const int piece = skinny ? CUDA_GEMM_FP8_SKINNY_MAX_TOK
+                             : CUDA_GEMV_FP8_MAX_TOK;
+    bt_status_t status = BT_OK;
+
+    for (int t0 = 0; t0 < n_tok && status == BT_OK; t0 += piece) {
+        const int n = BT_MIN(piece, n_tok - t0);
+        void *y = (char *)d_y + (size_t)t0 * n_out * es;
+
+        if (skinny)
+            status = cuda_gemm_fp8_skinny(
+                n, n_out, ld, a->d_xq + (size_t)t0 * ld, a->d_xs + t0,
+                a->d_wq, a->d_ws, y, out_dt, accumulate, true,
+                &ctx->gemv_ws, stream);
+        else
+            status = cuda_gemv_fp8(
+                n, n_out, ld,
+                a->d_xq != NULL ? a->d_xq + (size_t)t0 * ld : NULL,
+                n_tok == 1 ? a->d_xv : NULL, a->d_xs + t0, a->d_wq, a->d_ws,
+                y, out_dt, accumulate, stream);
+    }
+    return status;
+}
+
 bool worker_gemm_fp8_uses_vec(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                               int ld, const worker_gemm_fp8_t *a,
                               cuda_dtype_t out_dt, bool accumulate,
@@ -2213,20 +2293,9 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     BT_ASSERT(n_tok >= 0 && n_out > 0 && ld > 0 && ld % 16 == 0);
     if (n_tok == 0)
         return BT_OK;
-    if (a->gemv) {
-        for (int t0 = 0; t0 < n_tok && status == BT_OK;
-             t0 += CUDA_GEMV_FP8_MAX_TOK) {
-            int n = BT_MIN(CUDA_GEMV_FP8_MAX_TOK, n_tok - t0);
-
-            status = cuda_gemv_fp8(
-                n, n_out, ld,
-                a->d_xq != NULL ? a->d_xq + (size_t)t0 * ld : NULL,
-                n_tok == 1 ? a->d_xv : NULL, a->d_xs + t0, a->d_wq, a->d_ws,
-                (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
-                stream);
-        }
-        return status;
-    }
+    if (a->gemv)
+        return gemm_fp8_codes_run(ctx, n_tok, n_out, ld, a, d_y, out_dt,
+                                  accumulate, stream);
     {
         gemm_plan_t *p;
         const cublasLtMatmulAlgo_t *algo;

@@ -69,7 +69,10 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
  * weights with rows of ld bytes (cuda_fp8_ld of n_in), f32 sums, y in
  * out_dt.  1..CUDA_GEMV_FP8_MAX_TOK tokens take the FP8 GEMV, which
  * reads the codes (d_xq), or the bf16 values (d_xv) of a 1-token input
- * when they are given; more take cuBLASLt's FP8 GEMM, which reads the
+ * when they are given; up to CUDA_GEMM_FP8_SKINNY_MAX_TOK the skinny FP8
+ * GEMM (kernels/fp8.h), which reads the codes of the n_tok rows and
+ * splits K through the context's own scratch; more take cuBLASLt's FP8
+ * GEMM, which reads the
  * codes (d_xq: n_tok rounded up to 16 rows must be there, the extra ones
  * may be read and their products dropped).  Where cuBLASLt applies xs
  * and ws as scale vectors itself (probed once per context at the first
@@ -94,8 +97,8 @@ typedef struct {
                               rather than asking again */
 } worker_gemm_fp8_t;
 
-/* True when the FP8 GEMV must take this shape (false: cuBLASLt); the
- * caller passes the answer to
+/* True when the FP8 GEMV or the skinny FP8 GEMM must take this shape
+ * (false: cuBLASLt); the caller passes the answer to
  * worker_gemm_fp8 in worker_gemm_fp8_t.gemv.  Plans the cuBLASLt shape on
  * first use. */
 bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
@@ -117,6 +120,17 @@ bool worker_gemm_fp8_uses_vec(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 /* Tests: on, worker_gemm_fp8 takes the f32 sums + scaling epilogue path
  * even where cuBLASLt applies the scale vectors (the fallback's check). */
 void worker_gemm_fp8_force_epilogue(worker_gemm_ctx_t *ctx, bool on);
+
+/* Tests (A/B timing): on, 9..CUDA_GEMM_FP8_SKINNY_MAX_TOK tokens take
+ * cuBLASLt's FP8 GEMM, as before the skinny GEMM, wherever cuBLASLt has
+ * an algorithm for the shape.  Read by worker_gemm_fp8_gemv: ask it
+ * again after a change. */
+void worker_gemm_fp8_force_cublaslt(worker_gemm_ctx_t *ctx, bool on);
+
+/* True when worker_gemm_fp8 with n_tok tokens and these arguments takes
+ * the skinny FP8 GEMM (for tests and logs). */
+bool worker_gemm_fp8_uses_skinny(const worker_gemm_ctx_t *ctx, int n_tok,
+                                 const worker_gemm_fp8_t *a);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,8 @@
  * fp8.h - the FP8 (OCP E4M3, common/bt_fp8.h) kernels of the cuda
  * backend's precision fp8: quantizing weights and GEMM inputs
  * (quant_fp8.cu), the scaled epilogue of the cuBLASLt FP8 GEMM
- * (quant_fp8.cu) and the skinny FP8 GEMV of decode steps (gemv_fp8.cu).
+ * (quant_fp8.cu), the FP8 GEMV of decode steps of 1-8 tokens
+ * (gemv_fp8.cu) and the skinny FP8 GEMM of 9-64 (gemm_fp8_skinny.cu).
  *
  * The GEMM they compute is the cpu reference's (worker/cpu/cpu_fp8.c,
  * cpu__fp8_gemm_ref): y[t, n] = (sum_j xq[t, j] * wq[n, j]) * xs[t] * ws[n],
@@ -23,6 +24,7 @@
 #include <stdint.h>
 
 #include "../cuda_int.h"
+#include "gemv.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +32,10 @@ extern "C" {
 
 /* Tokens the FP8 GEMV takes in one launch (decode steps of 1-8). */
 #define CUDA_GEMV_FP8_MAX_TOK 8
+
+/* Tokens the skinny FP8 GEMM takes in one launch (decode steps of 9-64;
+ * it takes 1-8 as well). */
+#define CUDA_GEMM_FP8_SKINNY_MAX_TOK 64
 
 /* Row stride in bytes (= codes) of an E4M3 matrix of k columns. */
 static inline int cuda_fp8_ld(int k)
@@ -95,6 +101,31 @@ bt_status_t cuda_gemv_fp8(int n_tok, int n_out, int ld, const uint8_t *d_xq,
                           const uint8_t *d_wq, const float *d_ws, void *d_y,
                           cuda_dtype_t out_dt, bool accumulate,
                           cudaStream_t stream);
+
+/* True when cuda_gemm_fp8_skinny takes the shape: 1 <= n_tok <=
+ * CUDA_GEMM_FP8_SKINNY_MAX_TOK, n_out >= 1, ld a positive multiple of
+ * 16. */
+bool cuda_gemm_fp8_skinny_ok(int n_tok, int n_out, int ld);
+
+/* The skinny FP8 GEMM: y (n_tok, n_out) [+]= (xq . wq^T) * xs[t] *
+ * ws[n], cuda_gemv_fp8's contract with d_xq (n_tok, ld) the input codes
+ * (only n_tok rows read), on the tensor cores' E4M3 MMAs: 128 weight
+ * rows a block, read once; split K through ws (the tc GEMV's scratch,
+ * kernels/gemv.h; NULL: no split) when the rows cannot fill the GPU
+ * (gemm_fp8_skinny.cu says how).  wgmma: the products on wgmma where
+ * cuda_wgmma_available() (sm_90a), else (and false: tests) on
+ * mma.m16n8k32.  Capturable: no allocation, no sync. */
+bt_status_t cuda_gemm_fp8_skinny(int n_tok, int n_out, int ld,
+                                 const uint8_t *d_xq, const float *d_xs,
+                                 const uint8_t *d_wq, const float *d_ws,
+                                 void *d_y, cuda_dtype_t out_dt,
+                                 bool accumulate, bool wgmma,
+                                 const cuda_gemv_ws_t *ws,
+                                 cudaStream_t stream);
+
+/* Raises the skinny FP8 GEMM's shared-memory limits (host code, outside
+ * any capture; once per device, before the first launch). */
+bt_status_t cuda_gemm_fp8_skinny_prepare(void);
 
 #ifdef __cplusplus
 }

@@ -197,64 +197,9 @@ gemv_tc_kernel(int n_tok, int n_out, int n_in, int kt_split,
         }
     }
 
-    /* C fragment: rows 16 warp + g (+8), tokens 8 nt + 2 q (+1) */
-    const int g = lane >> 2, q = lane & 3;
-    if (S == 1) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row0 + warp * 16 + g + (e & 2 ? 8 : 0);
-                const int tok = nt * 8 + 2 * q + (e & 1);
-                if (row < n_out && tok < n_tok) {
-                    OUT *d = y + (size_t)tok * n_out + row;
-                    float v = c[nt][e];
-                    if (accumulate)
-                        v += kern_to_f(*d);
-                    *d = kern_from_f<OUT>(v);
-                }
-            }
-        return;
-    }
-
-    /* split K: partial tile (N x BM f32) of this split */
-    float *pt = part + (size_t)blockIdx.x * S * N * BM;
-    float *pb = pt + (size_t)split * N * BM;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = warp * 16 + g + (e & 2 ? 8 : 0);
-            const int tok = nt * 8 + 2 * q + (e & 1);
-            if (tok < n_tok)
-                pb[tok * BM + r] = c[nt][e];
-        }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0)
-        last = atomicAdd(&cnt[blockIdx.x], 1) == S - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    /* four rows of one token a thread, the S partials' loads unrolled
-     * (one block reduces the whole tile: keep loads in flight) */
-    for (int i = 4 * tid; i < n_tok * BM; i += 4 * TC_THREADS) {
-        const int tok = i / BM, r = i - tok * BM;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-        for (int s = 0; s < S; s++) {
-            const float4 p = __ldcg(reinterpret_cast<const float4 *>(
-                pt + (size_t)s * N * BM + i));
-            v[0] += p.x;
-            v[1] += p.y;
-            v[2] += p.z;
-            v[3] += p.w;
-        }
-        kern_put_rows4(y, n_out, tok, row0 + r, v, accumulate);
-    }
-    if (tid == 0)
-        cnt[blockIdx.x] = 0;
+    tc_splitk_store<NT, BM, TC_THREADS>(c, y, n_out, n_tok, row0, S, split,
+                                        part, cnt, accumulate, NULL, NULL,
+                                        &last);
 }
 
 // ---------------------------------------------------------------------

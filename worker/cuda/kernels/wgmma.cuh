@@ -4,7 +4,9 @@
  * swizzle the cp.async rings of tc_common.cuh already write (16-byte
  * chunk c of 128-byte row r at chunk c ^ (r & 7), tile base 1024-byte
  * aligned), the fences, commit and wait, and m64nNk16 bf16 -> f32 for
- * N = 8 NT, NT in {1, 2, 4, 8, 16}; and the register-A form with an
+ * N = 8 NT, NT in {1, 2, 4, 8, 16}; m64nNk32 E4M3 -> f32 for NT in {1,
+ * 2, 4, 8} (the same tiles: a k32 step of E4M3 codes is the 32 bytes of
+ * a bf16 k16 step); and the register-A form with an
  * N-major B (wg_mma_rs, wg_desc_mn) for P V in attention.
  *
  * Operands: A is 64 rows x 16 K (rows 128 bytes apart, 8-row groups
@@ -306,6 +308,18 @@ template <int NT> struct wg_mma {
     }
 };
 
+/* c (64 x 8 NT f32, per warpgroup) += A (64 x 32 E4M3) . B (8 NT x 32
+ * E4M3)^T, both K-major in shared memory (wg_desc; FP8 has no
+ * transposed forms). */
+template <int NT> struct wg_mma_e4m3 {
+    static __device__ __forceinline__ void run(float (&c)[NT][4],
+                                               uint64_t da, uint64_t db)
+    {
+        (void)c; (void)da; (void)db;
+        __trap();
+    }
+};
+
 /* c (64 x 8 NT f32, per warpgroup) += A (64 x 16, registers) . B
  * (16 x 8 NT, shared memory, N-major: K rows of contiguous N values,
  * wg_desc_mn), NT in {8, 16}.  A per warp w: its rows 16 w .. 16 w + 15
@@ -351,60 +365,71 @@ static __device__ __forceinline__ uint64_t wg_desc_add(uint64_t d,
 }
 
 #if WG_ENABLED
-/* One specialisation per NT: the asm text and operand lists differ only
- * in the accumulator count (4 NT registers, then the two descriptors and
- * the scale-d predicate's source). */
+/* One specialisation per NT and operand type: the asm text and operand
+ * lists differ only in the accumulator count (4 NT registers, then the
+ * two descriptors and the scale-d predicate's source: WG_NT<NT>) and in
+ * the instruction's shape and types (SHAPE) and trailing immediates
+ * (TAIL: scale-a, scale-b, and for bf16 the two transposes FP8 has not).
+ * WG_MMA expands its arguments once more so a WG_NT list can be one. */
 #define WG_C(j) "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
-#define WG_MMA(NT, N, REGS, DA, DB, ONE, ...)                              \
-    template <> struct wg_mma<NT> {                                        \
+#define WG_MMA_DEF(STRUCT, SHAPE, TAIL, NT, N, REGS, DA, DB, ONE, ...)     \
+    template <> struct STRUCT<NT> {                                        \
         static __device__ __forceinline__ void run(float (&c)[NT][4],      \
                                                    uint64_t da,            \
                                                    uint64_t db)            \
         {                                                                  \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n" \
-                         "wgmma.mma_async.sync.aligned.m64n" N             \
-                         "k16.f32.bf16.bf16 {" REGS "}, %" DA ", %" DB     \
-                         ", p, 1, 1, 0, 0;\n}\n"                           \
+                         "wgmma.mma_async.sync.aligned.m64n" N SHAPE       \
+                         " {" REGS "}, %" DA ", %" DB ", p" TAIL ";\n}\n"  \
                          : __VA_ARGS__                                     \
                          : "l"(da), "l"(db), "r"(1));                      \
         }                                                                  \
     }
+#define WG_MMA(...) WG_MMA_DEF(__VA_ARGS__)
+#define WG_BF16 wg_mma, "k16.f32.bf16.bf16", ", 1, 1, 0, 0"
+#define WG_E4M3 wg_mma_e4m3, "k32.f32.e4m3.e4m3", ", 1, 1"
 
-WG_MMA(1, "8",
-       "%0,%1,%2,%3",
-       "4", "5", "6",
-       WG_C(0));
+#define WG_NT1 1, "8", "%0,%1,%2,%3", "4", "5", "6", WG_C(0)
+#define WG_NT2 2, "16", "%0,%1,%2,%3,%4,%5,%6,%7", "8", "9", "10",         \
+               WG_C(0), WG_C(1)
+#define WG_NT4 4, "32",                                                    \
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15",    \
+               "16", "17", "18", WG_C(0), WG_C(1), WG_C(2), WG_C(3)
+#define WG_NT8 8, "64",                                                    \
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"    \
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"  \
+               "%30,%31",                                                  \
+               "32", "33", "34", WG_C(0), WG_C(1), WG_C(2), WG_C(3),       \
+               WG_C(4), WG_C(5), WG_C(6), WG_C(7)
+#define WG_NT16 16, "128",                                                 \
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"    \
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"  \
+               "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,"  \
+               "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,"  \
+               "%58,%59,%60,%61,%62,%63",                                  \
+               "64", "65", "66", WG_C(0), WG_C(1), WG_C(2), WG_C(3),       \
+               WG_C(4), WG_C(5), WG_C(6), WG_C(7), WG_C(8), WG_C(9),       \
+               WG_C(10), WG_C(11), WG_C(12), WG_C(13), WG_C(14), WG_C(15)
 
-WG_MMA(2, "16",
-       "%0,%1,%2,%3,%4,%5,%6,%7",
-       "8", "9", "10",
-       WG_C(0), WG_C(1));
+WG_MMA(WG_BF16, WG_NT1);
+WG_MMA(WG_BF16, WG_NT2);
+WG_MMA(WG_BF16, WG_NT4);
+WG_MMA(WG_BF16, WG_NT8);
+WG_MMA(WG_BF16, WG_NT16);
+WG_MMA(WG_E4M3, WG_NT1);
+WG_MMA(WG_E4M3, WG_NT2);
+WG_MMA(WG_E4M3, WG_NT4);
+WG_MMA(WG_E4M3, WG_NT8);
 
-WG_MMA(4, "32",
-       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15",
-       "16", "17", "18",
-       WG_C(0), WG_C(1), WG_C(2), WG_C(3));
-
-WG_MMA(8, "64",
-       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"
-       "%30,%31",
-       "32", "33", "34",
-       WG_C(0), WG_C(1), WG_C(2), WG_C(3), WG_C(4), WG_C(5), WG_C(6),
-       WG_C(7));
-
-WG_MMA(16, "128",
-       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,"
-       "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,"
-       "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,"
-       "%58,%59,%60,%61,%62,%63",
-       "64", "65", "66",
-       WG_C(0), WG_C(1), WG_C(2), WG_C(3), WG_C(4), WG_C(5), WG_C(6),
-       WG_C(7), WG_C(8), WG_C(9), WG_C(10), WG_C(11), WG_C(12),
-       WG_C(13), WG_C(14), WG_C(15));
-
+#undef WG_NT16
+#undef WG_NT8
+#undef WG_NT4
+#undef WG_NT2
+#undef WG_NT1
+#undef WG_E4M3
+#undef WG_BF16
 #undef WG_MMA
+#undef WG_MMA_DEF
 
 #define WG_MMA_RS(NT, N, REGS, AREGS, DB, ONE, ...)                        \
     template <> struct wg_mma_rs<NT> {                                     \
