@@ -236,6 +236,9 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.has_ucx_window = lg.ucx_window != NULL;
         g.ucx_window.data = (uint8_t *)lg.ucx_window;
         g.ucx_window.len = lg.ucx_window_len;
+        g.has_cipc_window = lg.cipc_window != NULL;
+        g.cipc_window.data = (uint8_t *)lg.cipc_window;
+        g.cipc_window.len = lg.cipc_window_len;
         if (!lg.has_recv_ids) { /* the grant goes without: another link */
             bt_free(recv_ids);
             recv_ids = NULL;

@@ -491,6 +491,24 @@ bt_status_t backend_kv_load(backend_t *backend, int n, const int *blocks,
     return kv_host_copy(backend, n, blocks, host, false);
 }
 
+bt_status_t backend_kv_copy_in(backend_t *backend, const void *src, int n,
+                               const int *blocks)
+{
+    if (backend_tp_size(backend) > 1 || backend->ops->kv_copy_in == NULL)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "BACKEND", "%s backend%s: no "
+                        "KV window copy-in", backend->ops->name,
+                        backend_tp_size(backend) > 1 ? " with tp > 1" : "");
+    if (src == NULL || blocks == NULL || n < 1)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "BACKEND", "window copy-in of "
+                        "%d blocks without arrays", n);
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= backend->cfg.n_kv_blocks)
+            return BT_ERROR(BT_ERR_INVALID_ARG, "BACKEND", "window copy-in "
+                            "into block %d outside the pool of %d",
+                            blocks[i], backend->cfg.n_kv_blocks);
+    return backend->ops->kv_copy_in(backend->impl, src, n, blocks);
+}
+
 bt_status_t backend_host_pin(backend_t *backend, void *ptr, size_t bytes,
                              bool pin)
 {

@@ -249,6 +249,10 @@ typedef struct {
     /* Page-locks (pin) or releases host memory the copies go through;
      * optional (NULL: nothing to do). */
     bt_status_t (*host_pin)(void *impl, void *ptr, size_t bytes, bool pin);
+    /* Window copy-in (see backend_kv_copy_in); arguments checked, one
+     * rank.  Complete on return.  Optional (NULL: BT_ERR_UNSUPPORTED). */
+    bt_status_t (*kv_copy_in)(void *impl, const void *src, int n,
+                              const int *blocks);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -379,6 +383,18 @@ bt_status_t backend_kv_load(backend_t *backend, int n, const int *blocks,
  * at PCIe speed; cpu: nothing); pin false undoes it. */
 bt_status_t backend_host_pin(backend_t *backend, void *ptr, size_t bytes,
                              bool pin);
+
+/* Copies a KV window into the pool: `src` (device memory for cuda, host
+ * for cpu) holds n blocks per layer and K|V, laid out (n_layers, K|V, n)
+ * of kv_layout_block_bytes each, and window block i goes to pool block
+ * blocks[i] (the CUDA IPC link's per-reservation windows).  Runs of
+ * consecutive blocks are one copy per layer and K|V (cuda: on the copy
+ * stream, after the work queued on the compute stream, which then waits
+ * for it).  Complete on return: the caller frees the window next.
+ * BT_ERR_INVALID_ARG (nothing copied) for n < 1 or a block outside the
+ * pool; BT_ERR_UNSUPPORTED with tp > 1 or a backend without it. */
+bt_status_t backend_kv_copy_in(backend_t *backend, const void *src, int n,
+                               const int *blocks);
 
 /* Shared batch check used by every implementation. */
 bt_status_t backend_batch_validate(const backend_batch_t *batch,

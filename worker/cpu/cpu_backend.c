@@ -1508,6 +1508,30 @@ static bt_status_t cpu_kv_copy_slots(void *impl, int n,
 
 /* Host tier copies: the pool is host memory, so plain copies, each
  * layer's K then V of a block next to each other in host[i]. */
+/* Window block i of layer l's K (V) at src + ((2*l + kv) * n + i) *
+ * block bytes into pool block blocks[i] (backend_kv_copy_in). */
+static bt_status_t cpu_kv_copy_in(void *impl, const void *src, int n,
+                                  const int *blocks)
+{
+    cpu_backend_t *be = impl;
+    size_t bytes = kv_layout_block_bytes(&be->kv_layout);
+    size_t es = be->kv_layout.elem_size;
+
+    for (int l = 0; l < be->cfg.n_layers; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            const char *s = (const char *)src + (2 * (size_t)l + kv) *
+                                                    (size_t)n * bytes;
+            char *pool = (char *)(kv == 0 ? (void *)be->k_cache
+                                          : (void *)be->v_cache);
+            for (int i = 0; i < n; i++)
+                memcpy(pool + kv_layout_offset(&be->kv_layout, l, blocks[i],
+                                               0) * es,
+                       s + (size_t)i * bytes, bytes);
+        }
+    }
+    return BT_OK;
+}
+
 static bt_status_t cpu_kv_host_copy(void *impl, int n, const int *blocks,
                                     void *const *host, bool to_host)
 {
@@ -1560,4 +1584,5 @@ const backend_ops_t cpu_backend_ops = {
     .kv_layout = cpu_kv_layout,
     .kv_copy_slots = cpu_kv_copy_slots,
     .kv_host_copy = cpu_kv_host_copy,
+    .kv_copy_in = cpu_kv_copy_in,
 };

@@ -2727,6 +2727,55 @@ static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
     return BT_OK;
 }
 
+/* backend_kv_copy_in: a CUDA IPC window (device memory of this GPU) into
+ * the pool, one device-to-device copy per layer and K|V per run of
+ * consecutive blocks, on the copy stream after the work already queued
+ * (the blocks' last owner may still be read: as a host-tier load), the
+ * compute stream waiting for it; complete on return (the window is
+ * released next).  tp == 1 (backend.c refuses more). */
+static bt_status_t cuda_kv_copy_in(void *impl, const void *src, int n,
+                                   const int *blocks)
+{
+    cuda_backend_t *b = impl;
+    cuda_rank_t *r = &b->ranks[0];
+    size_t blk = (size_t)b->kv.block_size * b->kv_dim * b->kv.elem_size;
+    bt_status_t status = cuda_rank_enter(r);
+
+    if (status == BT_OK)
+        status = cuda_host_tier_init(b);
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_queued, r->stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(
+            cudaStreamWaitEvent(b->copy_stream, b->ev_queued, 0));
+    for (int i = 0, run; i < n && status == BT_OK; i += run) {
+        for (run = 1; i + run < n && blocks[i + run] == blocks[i] + run; run++)
+            ;
+        for (int l = 0; l < b->kv.n_layers && status == BT_OK; l++)
+            for (int kv = 0; kv < 2 && status == BT_OK; kv++)
+                status = BT_CUDA_STATUS(cudaMemcpyAsync(
+                    (char *)cuda_kv_data_rank(b, 0, l, kv) +
+                        (size_t)blocks[i] * blk,
+                    (const char *)src + ((2 * (size_t)l + kv) * (size_t)n +
+                                         (size_t)i) * blk,
+                    (size_t)run * blk, cudaMemcpyDeviceToDevice,
+                    b->copy_stream));
+    }
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_copied,
+                                                b->copy_stream));
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->stream, b->ev_copied,
+                                                    0));
+    /* complete either way: nothing reads the window after this */
+    if (b->copy_stream != NULL) {
+        bt_status_t st = BT_CUDA_STATUS(cudaStreamSynchronize(b->copy_stream));
+        if (status == BT_OK)
+            status = st;
+    }
+    return status;
+}
+
 /* Page-locks the host tier (cudaHostRegister) so its copies are DMA at
  * PCIe speed instead of staged through a driver buffer. */
 static bt_status_t cuda_host_pin(void *impl, void *ptr, size_t bytes,
@@ -2999,4 +3048,5 @@ const backend_ops_t cuda_backend_ops = {
     .mem_info = cuda_mem_info,
     .kv_host_copy = cuda_kv_host_copy,
     .host_pin = cuda_host_pin,
+    .kv_copy_in = cuda_kv_copy_in,
 };

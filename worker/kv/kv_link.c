@@ -689,6 +689,8 @@ bt_status_t kv_link_receiver_arm(kv_link_receiver_t *r, kv_link_grant_t *g)
             g->has_recv_ids = false;
             g->ucx_window = NULL; /* unmapped by the reset */
             g->ucx_window_len = 0;
+            g->cipc_window = NULL;
+            g->cipc_window_len = 0;
             return status;
         }
     }
@@ -810,6 +812,11 @@ bt_status_t kv_link__remote_xfer_create(const kv_link_route_t *r,
         }
         memcpy(rt->window, r->ucx_window, r->ucx_window_len);
         rt->window_len = r->ucx_window_len;
+    }
+    /* the CUDA IPC window's token and block count: fixed size */
+    if (r->cipc_window_len == sizeof(rt->cipc_window)) {
+        memcpy(rt->cipc_window, r->cipc_window, sizeof(rt->cipc_window));
+        rt->has_cipc_window = true;
     }
     rt->slot = r->slot;
     rt->epoch = r->epoch;

@@ -82,6 +82,10 @@ typedef struct {
                                UCX and staged links put there, not into
                                the pool or receive area */
     size_t ucx_window_len;
+    const uint8_t *cipc_window; /* (cipc_window_len) KvGrant.cipc_window:
+                               the CUDA IPC link copies into that window,
+                               not into the pool */
+    size_t cipc_window_len;
     int dst_block_size;     /* the decode pool's block size (0: unknown) */
     int n_tokens;           /* prompt tokens whose KV the decode needs */
     int first_block;        /* the range moved: dst blocks [first_block,
@@ -199,8 +203,9 @@ typedef struct {
     int quarantine_ms;   /* receive blocks of a cancelled staged slot */
     bool kv_direct_writes;/* register shared areas (the weaker
                             --kv-direct-writes: UCX the pool itself,
-                            staged one receive area or the device pool)
-                            instead of a receive window per reservation */
+                            staged one receive area or the device pool,
+                            CUDA IPC the whole device pool) instead of a
+                            receive window per reservation */
     int device_index;    /* CUDA ordinal of rank 0 (device KV) */
 } kv_link_recv_config_t;
 
@@ -228,6 +233,11 @@ typedef struct {
                                   valid until the slot is reset; NULL
                                   without */
     size_t ucx_window_len;
+    const uint8_t *cipc_window; /* out: the CUDA IPC window's token and
+                                   block count (KvGrant.cipc_window),
+                                   valid until the slot is reset; NULL
+                                   without */
+    size_t cipc_window_len;
 } kv_link_grant_t;
 
 /* Before the engine: the UCX context, so the backend can place its KV

@@ -1,9 +1,17 @@
 /*
  * kv_link_cuda_ipc.c - KV as device-to-device copies into a decode
- * worker's GPU pool mapped over CUDA IPC (kv_transport_cuda_ipc.h): same
+ * worker's GPU memory mapped over CUDA IPC (kv_transport_cuda_ipc.h): same
  * host, GPUs that can reach each other.  Each computed layer's blocks are
  * copied on a stream of their own (re-sharded when prefill and decode
  * TP differ), and the commit writes the grant's epoch after them.
+ *
+ * By default the decode worker exports no pool: each grant gets its own
+ * window (a device allocation handed as an FD for the grant's token,
+ * KvGrant.cipc_window), the prefill worker copies into it, and on KvReady
+ * the decode worker copies it into the reservation's blocks and frees it;
+ * a reservation that ends otherwise frees it at once (revoked, counted).
+ * --kv-direct-writes exports the whole pool once instead (the old mode:
+ * freed blocks then wait in quarantine).
  */
 #include "kv/kv_link_int.h"
 
@@ -30,6 +38,9 @@ typedef struct {
     cipc_send_t *s;
     kv_link_remote_t rt;       /* endpoint, slot, epoch, where to */
     kv_cipc_peer_t *peer;       /* mapped decode pool (one reference) */
+    kv_cipc_peer_t *win;        /* windowed: this grant's window, where the
+                                   copies and the commit go; else NULL */
+    int *win_ids;               /* (n) 0..n-1: the window's blocks */
     kv_cipc_commit_t *commit;   /* in flight after the commit */
     const int *src;             /* (n) */
     int n;
@@ -121,6 +132,29 @@ static bt_status_t cipc_xfer_start(kv_link_xfer_base_t *b, const int *src,
                     "CUDA IPC; KV goes inline",
                     (unsigned long long)b->request_id);
         bt_error_clear();
+        return status;
+    }
+    if (!kv_cipc_peer_is_windowed(x->peer))
+        return BT_OK;
+    /* windowed: only this grant's window takes the copies; a grant
+     * without one (the budget was spent) goes inline */
+    if (!x->rt.has_cipc_window || n < 1) {
+        BT_LOG_WARN("KV", "request %llu: no CUDA IPC window in the grant; "
+                    "KV goes inline", (unsigned long long)b->request_id);
+        return BT_ERR_UNSUPPORTED;
+    }
+    x->win_ids = bt_malloc((size_t)n * sizeof(int), "kv_link_cipc");
+    if (x->win_ids == NULL)
+        return BT_ERR_NO_MEMORY;
+    for (int i = 0; i < n; i++)
+        x->win_ids[i] = i;
+    status = kv_cipc_window_open(x->peer, x->rt.cipc_window,
+                                 sizeof(x->rt.cipc_window), n, &x->win);
+    if (status != BT_OK) {
+        BT_LOG_WARN("KV", "request %llu: cannot open the CUDA IPC window "
+                    "(%s); KV goes inline", (unsigned long long)b->request_id,
+                    bt_error_last());
+        bt_error_clear();
     }
     return status;
 }
@@ -138,9 +172,10 @@ static bt_status_t cipc_xfer_layer(kv_link_xfer_base_t *b, int layer)
         kv_reshard_side_t src = kv_reshard_side_rank(backend_kv_layout(be),
                                                      tp, r);
         status = kv_cipc_put_layer_ranks(
-            x->peer, layer, backend_kv_data_rank(be, r, layer, 0),
-            backend_kv_data_rank(be, r, layer, 1), &src, x->src, x->rt.dst,
-            x->n);
+            x->win != NULL ? x->win : x->peer, layer,
+            backend_kv_data_rank(be, r, layer, 0),
+            backend_kv_data_rank(be, r, layer, 1), &src, x->src,
+            x->win != NULL ? x->win_ids : x->rt.dst, x->n);
     }
     if (status != BT_OK)
         BT_LOG_WARN("KV", "CUDA IPC copy of request %llu failed; falling "
@@ -152,7 +187,10 @@ static bt_status_t cipc_xfer_commit(kv_link_xfer_base_t *b)
 {
     cipc_xfer_t *x = (cipc_xfer_t *)b;
 
-    if (kv_cipc_commit(x->peer, x->rt.slot, x->rt.epoch, &x->commit) == BT_OK)
+    /* a window's epoch word is its slot 0 */
+    if (kv_cipc_commit(x->win != NULL ? x->win : x->peer,
+                       x->win != NULL ? 0 : x->rt.slot, x->rt.epoch,
+                       &x->commit) == BT_OK)
         return BT_IN_PROGRESS;
     b->error = "KV commit over CUDA IPC failed";
     return BT_ERR_CUDA;
@@ -173,31 +211,49 @@ static void cipc_xfer_destroy(kv_link_xfer_base_t *b)
     cipc_xfer_t *x = (cipc_xfer_t *)b;
 
     kv_cipc_commit_destroy(&x->commit);
+    kv_cipc_window_close(&x->win); /* after its copies: our reference */
+    bt_free(x->win_ids);
     kv_cipc_release(&x->peer);
     kv_link__remote_cleanup(&x->rt);
     bt_free(x);
 }
 
 // ---------------------------------------------------------------------------
-// Receiver: the exported device pool
+// Receiver: a window per grant, or (--kv-direct-writes) the exported pool
 
-/* One pool per TP rank (descriptor version 2 when tp > 1):
- * k_layers[r * n_layers + l], then the V bases alike. */
-static bt_status_t cipc_recv_create(kv_link_shared_t *sh, void **state_p)
+/* Windows may take this many full-context prompts' worth of device
+ * memory at once (capped at half the device memory free at start). */
+#define CIPC_WINDOW_PROMPTS 4
+
+typedef struct {
+    kv_cipc_window_t *win;     /* the grant's window; NULL: none */
+    int *blocks;               /* (n) the reservation's blocks it fills */
+    int n;
+    uint64_t epoch;            /* the grant's */
+    uint64_t copied;           /* epoch whose window is in the pool */
+} cipc_slot_t;
+
+typedef struct {
+    kv_link_shared_t *sh;
+    kv_cipc_pool_t *pool;
+    bool windowed;
+    cipc_slot_t *slots;        /* (n_slots) windowed only */
+    int n_slots;
+    bool warned;               /* a grant went without a window: said once */
+} cipc_recv_t;
+
+/* The whole-pool export (--kv-direct-writes): one pool per TP rank
+ * (descriptor version 2 when tp > 1): k_layers[r * n_layers + l], then
+ * the V bases alike. */
+static bt_status_t export_pool(kv_link_shared_t *sh, kv_cipc_pool_t **pool_p)
 {
     backend_t *be = sh->backend;
-    const kv_layout_t *lay;
-    kv_cipc_pool_t *pool = NULL;
+    const kv_layout_t *lay = backend_kv_layout(be);
     int devices[KV_CIPC_MAX_RANKS];
-    int tp, nl;
+    int tp = backend_tp_size(be), nl = (int)lay->n_layers;
     void **k_layers;
     bt_status_t status = BT_ERR_UNSUPPORTED;
 
-    if (be == NULL || !sh->kv_on_device || !sh->rcfg->use_cuda_ipc)
-        return BT_ERR_UNSUPPORTED;
-    lay = backend_kv_layout(be);
-    tp = backend_tp_size(be);
-    nl = (int)lay->n_layers;
     k_layers = bt_calloc((size_t)nl * (size_t)tp, 2 * sizeof(void *),
                          "decode_layers");
     if (k_layers == NULL)
@@ -214,59 +270,212 @@ static bt_status_t cipc_recv_create(kv_link_shared_t *sh, void **state_p)
     if (tp <= KV_CIPC_MAX_RANKS &&
         kv_cipc_pool_export_ranks(lay, tp, k_layers,
                                   k_layers + (size_t)tp * nl, devices,
-                                  sh->rcfg->n_slots, &pool) == BT_OK)
+                                  sh->rcfg->n_slots, pool_p) == BT_OK)
         status = BT_OK;
     else
         BT_LOG_WARN("KV", "CUDA IPC export failed; KV arrives inline");
     bt_free(k_layers);
-    if (status == BT_OK)
-        *state_p = pool;
     return status;
+}
+
+/* Windows: the FD channel and a descriptor naming it; fails closed (one
+ * line) where the driver cannot export FDs or TP > 1. */
+static bt_status_t export_windowed(kv_link_shared_t *sh,
+                                   kv_cipc_pool_t **pool_p)
+{
+    backend_t *be = sh->backend;
+    const kv_layout_t *lay = backend_kv_layout(be);
+    int dev = sh->rcfg->device_index;
+    size_t prompt = kv_cipc_window_data_bytes(
+        lay, BT_MAX(BT_DIV_UP(sh->max_context, (int)lay->block_size), 1));
+    bt_status_t status;
+
+    if (backend_tp_size(be) != 1) {
+        BT_LOG_WARN("KV", "CUDA IPC windows need one GPU per decode worker "
+                    "(tp %d): the cuda-ipc link is off, KV goes over UCX or "
+                    "inline (--kv-direct-writes exports the whole pool)",
+                    backend_tp_size(be));
+        return BT_ERR_UNSUPPORTED;
+    }
+    status = kv_cipc_pool_export_windowed(lay, dev,
+                                          CIPC_WINDOW_PROMPTS * prompt,
+                                          pool_p);
+    if (status == BT_ERR_UNSUPPORTED)
+        BT_LOG_WARN("KV", "CUDA IPC windows need the driver's POSIX file "
+                    "descriptor handles, which device %d does not offer: "
+                    "the cuda-ipc link is off, KV goes over UCX or inline "
+                    "(--kv-direct-writes exports the whole pool)", dev);
+    else if (status != BT_OK)
+        BT_LOG_WARN("KV", "CUDA IPC windowed export failed; KV arrives "
+                    "inline");
+    return status;
+}
+
+static bt_status_t cipc_recv_create(kv_link_shared_t *sh, void **state_p)
+{
+    cipc_recv_t *r;
+    bt_status_t status;
+
+    if (sh->backend == NULL || !sh->kv_on_device || !sh->rcfg->use_cuda_ipc)
+        return BT_ERR_UNSUPPORTED;
+    r = bt_calloc(1, sizeof(*r), "kv_link_cipc");
+    if (r == NULL)
+        return BT_ERR_NO_MEMORY;
+    r->sh = sh;
+    r->windowed = !sh->rcfg->kv_direct_writes;
+    if (r->windowed) {
+        r->n_slots = sh->rcfg->n_slots;
+        r->slots = bt_calloc((size_t)BT_MAX(r->n_slots, 1),
+                             sizeof(*r->slots), "kv_link_cipc");
+        if (r->slots == NULL) {
+            bt_free(r);
+            return BT_ERR_NO_MEMORY;
+        }
+        status = export_windowed(sh, &r->pool);
+    } else {
+        status = export_pool(sh, &r->pool);
+    }
+    if (status != BT_OK) {
+        bt_free(r->slots);
+        bt_free(r);
+        return status == BT_ERR_NO_MEMORY ? status : BT_ERR_UNSUPPORTED;
+    }
+    *state_p = r;
+    return BT_OK;
+}
+
+/* Frees slot s's window.  True when it was still live: its writer (if
+ * any) loses the token's FD and writes only into an orphaned
+ * allocation. */
+static bool slot_unmap(cipc_slot_t *sl)
+{
+    bool revoked = sl->win != NULL;
+
+    kv_cipc_window_destroy(&sl->win);
+    bt_free(sl->blocks);
+    sl->blocks = NULL;
+    sl->n = 0;
+    return revoked;
 }
 
 static void cipc_recv_destroy(void **state_p)
 {
-    kv_cipc_pool_t *pool = *state_p;
+    cipc_recv_t *r = *state_p;
 
-    kv_cipc_pool_destroy(&pool);
+    for (int i = 0; r->slots != NULL && i < r->n_slots; i++)
+        slot_unmap(&r->slots[i]);
+    bt_free(r->slots);
+    kv_cipc_pool_destroy(&r->pool);
+    bt_free(r);
     *state_p = NULL;
 }
 
 static const uint8_t *cipc_recv_desc(void *state, size_t *len_p)
 {
-    return kv_cipc_pool_desc(state, len_p);
+    return kv_cipc_pool_desc(((cipc_recv_t *)state)->pool, len_p);
 }
 
+/* A reused slot never carries an old arrival.  Windowed: makes the
+ * grant's window (a grant that cannot get one goes without: its KV then
+ * comes another way, never into the pool). */
 static bt_status_t cipc_recv_arm(void *state, kv_link_grant_t *g)
 {
-    kv_cipc_pool_slot_reset(state, g->slot);
+    cipc_recv_t *r = state;
+    cipc_slot_t *sl;
+
+    g->cipc_window = NULL;
+    g->cipc_window_len = 0;
+    if (!r->windowed) {
+        kv_cipc_pool_slot_reset(r->pool, g->slot);
+        return BT_OK;
+    }
+    if (g->slot < 0 || g->slot >= r->n_slots)
+        return BT_OK;
+    sl = &r->slots[g->slot];
+    slot_unmap(sl); /* a slot is reset before it is granted again */
+    sl->copied = 0;
+    /* a grant for the staged link carries that link's window instead */
+    if (g->n <= 0 || g->want_recv_area)
+        return BT_OK;
+    sl->blocks = bt_malloc((size_t)g->n * sizeof(int), "kv_link_cipc");
+    if (sl->blocks == NULL)
+        return BT_OK;
+    if (kv_cipc_window_create(r->pool, g->n, &sl->win) != BT_OK) {
+        if (!r->warned) /* once: it would repeat for every grant */
+            BT_LOG_WARN("KV", "request %llu: no CUDA IPC window (%s); its "
+                        "KV comes another way",
+                        (unsigned long long)g->request_id, bt_error_last());
+        r->warned = true;
+        bt_error_clear();
+        slot_unmap(sl);
+        return BT_OK;
+    }
+    memcpy(sl->blocks, g->blocks, (size_t)g->n * sizeof(int));
+    sl->n = g->n;
+    sl->epoch = g->epoch;
+    g->cipc_window = kv_cipc_window_grant(sl->win, &g->cipc_window_len);
     return BT_OK;
 }
 
 static bool cipc_recv_reset(void *state, int slot, bool writer)
 {
-    (void)writer;
-    kv_cipc_pool_slot_reset(state, slot);
-    return false; /* the pool's one IPC handle: nothing to revoke */
+    cipc_recv_t *r = state;
+    bool revoked = false;
+
+    if (!r->windowed) {
+        kv_cipc_pool_slot_reset(r->pool, slot);
+        return false; /* the pool's one IPC handle: nothing to revoke */
+    }
+    if (slot >= 0 && slot < r->n_slots) {
+        revoked = slot_unmap(&r->slots[slot]) && writer;
+        r->slots[slot].copied = 0;
+    }
+    return revoked;
 }
 
 /* The prefill worker wrote the epoch after its copies and waited for
  * them before PrefillDone, so the flag is normally set at once; a
- * bounded wait covers a reordered control message. */
+ * bounded wait covers a reordered control message.  Windowed: then the
+ * window goes into the reservation's blocks and is freed. */
 static bt_status_t cipc_recv_arrived(void *state, int slot, uint64_t epoch)
 {
+    cipc_recv_t *r = state;
     uint64_t until = bt_time_ns() + 2000000000ull;
+    cipc_slot_t *sl = r->windowed && slot >= 0 && slot < r->n_slots
+                          ? &r->slots[slot] : NULL;
 
+    if (sl != NULL && epoch != 0 && sl->copied == epoch)
+        return BT_OK; /* asked again: already in the pool */
+    if (r->windowed && (sl == NULL || sl->win == NULL || sl->epoch != epoch))
+        return BT_ERR_INVALID_ARG; /* no window of this grant */
     for (;;) {
         bool arrived = false;
-        if (kv_cipc_pool_has_arrived(state, slot, epoch, &arrived) != BT_OK)
+        bt_status_t status =
+            sl != NULL ? kv_cipc_window_has_arrived(sl->win, epoch, &arrived)
+                       : kv_cipc_pool_has_arrived(r->pool, slot, epoch,
+                                                  &arrived);
+        if (status != BT_OK)
             return BT_ERR_CUDA;
         if (arrived)
-            return BT_OK;
+            break;
         if (bt_time_ns() > until)
             return BT_ERR_TIMEOUT;
         usleep(200);
     }
+    if (sl != NULL) {
+        bt_status_t status = backend_kv_copy_in(
+            r->sh->backend, kv_cipc_window_data(sl->win), sl->n, sl->blocks);
+        slot_unmap(sl); /* its writer is done: nothing revoked */
+        if (status != BT_OK)
+            return BT_ERR_CUDA;
+        sl->copied = epoch;
+    }
+    return BT_OK;
+}
+
+static bool cipc_recv_pool_exposed(void *state)
+{
+    return !((cipc_recv_t *)state)->windowed;
 }
 
 const kv_link_ops_t kv_link_cuda_ipc_ops = {
@@ -289,4 +498,5 @@ const kv_link_ops_t kv_link_cuda_ipc_ops = {
     .recv_arm = cipc_recv_arm,
     .recv_arrived = cipc_recv_arrived,
     .recv_reset = cipc_recv_reset,
+    .recv_pool_exposed = cipc_recv_pool_exposed,
 };

@@ -43,6 +43,8 @@ typedef struct {
     uint8_t *window;             /* (window_len) the grant's UCX receive
                                     window, owned; NULL without */
     size_t window_len;
+    uint8_t cipc_window[20];     /* KvGrant.cipc_window: token, u32 n */
+    bool has_cipc_window;
 } kv_link_remote_t;
 
 /* Creates a remote link's xfer: `size` zeroed bytes that start with the

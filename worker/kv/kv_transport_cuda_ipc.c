@@ -17,7 +17,10 @@
 #include "kv/kv_reshard.h"
 
 #ifdef BATON_HAVE_CUDA
+#include <cuda.h>
 #include <cuda_runtime.h>
+
+#include "kv/kv_fd_channel.h"
 #endif
 
 // ---------------------------------------------------------------------------
@@ -33,6 +36,11 @@
 //   n_ranks x { i32 device, char bus_id[32], u32 head0, u8 k_handle[64],
 //               u8 v_handle[64] },
 //   u64 checksum
+// Version 3 (windowed, fixed size: no handle; windows come per grant as
+// FDs from the decode worker's FD channel):
+//   u32 magic, u32 version 3, u32 size, u32 pid, u64 pool_id,
+//   i32 device, char bus_id[32], u32 layout[6], u32 n_slots,
+//   char fd_socket[48], u64 checksum
 
 #define CIPC_MAGIC 0x49435442u /* "BTCI" */
 #define CIPC_DESC_SIZE (4 * 4 + 8 + 4 + KV_CIPC_BUS_ID_LEN + 6 * 4 + 4 + \
@@ -41,6 +49,8 @@
 #define CIPC_V2_RANK (4 + KV_CIPC_BUS_ID_LEN + 4 + 2 * KV_CIPC_HANDLE_BYTES)
 #define CIPC_V2_SIZE(n) ((size_t)CIPC_V2_HEAD + (size_t)(n) * CIPC_V2_RANK + 8)
 #define CIPC_DESC_MAX CIPC_V2_SIZE(KV_CIPC_MAX_RANKS)
+#define CIPC_V3_SIZE (4 * 4 + 8 + 4 + KV_CIPC_BUS_ID_LEN + 6 * 4 + 4 + \
+                      KV_CIPC_SOCKET_LEN + 8)
 
 static uint64_t cipc_fnv1a(const uint8_t *p, size_t n)
 {
@@ -117,6 +127,8 @@ size_t kv_cipc_desc_size(void)
 
 size_t kv_cipc_desc_encoded_size(const kv_cipc_desc_t *desc)
 {
+    if (desc->windowed)
+        return CIPC_V3_SIZE;
     return desc->n_ranks <= 1 ? CIPC_DESC_SIZE : CIPC_V2_SIZE(desc->n_ranks);
 }
 
@@ -154,7 +166,24 @@ bt_status_t kv_cipc_desc_encode(const kv_cipc_desc_t *d, uint8_t *buf,
 
     if (cap < size)
         return BT_ERR_INVALID_ARG;
-    if (d->n_ranks <= 1) {
+    if (d->windowed) {
+        if (d->n_ranks > 1 ||
+            memchr(d->fd_socket, '\0', KV_CIPC_SOCKET_LEN) == NULL ||
+            d->fd_socket[0] == '\0')
+            return BT_ERR_INVALID_ARG;
+        put_u32(&p, CIPC_MAGIC);
+        put_u32(&p, KV_CIPC_DESC_VERSION_WIN);
+        put_u32(&p, CIPC_V3_SIZE);
+        put_u32(&p, d->pid);
+        put_u64(&p, d->pool_id);
+        put_u32(&p, (uint32_t)d->device);
+        put_bus_id(&p, d->bus_id);
+        put_layout(&p, &d->layout);
+        put_u32(&p, (uint32_t)d->n_slots);
+        memset(p, 0, KV_CIPC_SOCKET_LEN);
+        memcpy(p, d->fd_socket, strlen(d->fd_socket));
+        p += KV_CIPC_SOCKET_LEN;
+    } else if (d->n_ranks <= 1) {
         put_u32(&p, CIPC_MAGIC);
         put_u32(&p, KV_CIPC_DESC_VERSION);
         put_u32(&p, CIPC_DESC_SIZE);
@@ -307,8 +336,10 @@ bt_status_t kv_cipc_desc_parse(const void *buf, size_t len,
     version = get_u32(&p);
     size = get_u32(&p);
     if ((version != KV_CIPC_DESC_VERSION &&
-         version != KV_CIPC_DESC_VERSION_TP) || size != len ||
-        (version == KV_CIPC_DESC_VERSION && len != CIPC_DESC_SIZE))
+         version != KV_CIPC_DESC_VERSION_TP &&
+         version != KV_CIPC_DESC_VERSION_WIN) || size != len ||
+        (version == KV_CIPC_DESC_VERSION && len != CIPC_DESC_SIZE) ||
+        (version == KV_CIPC_DESC_VERSION_WIN && len != CIPC_V3_SIZE))
         return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor version "
                         "%u of %u bytes", version, size);
     d.pid = get_u32(&p);
@@ -332,12 +363,61 @@ bt_status_t kv_cipc_desc_parse(const void *buf, size_t len,
     status = cipc_check_layout(v, get_u32(&p), &d);
     if (status != BT_OK)
         return status;
+    if (version == KV_CIPC_DESC_VERSION_WIN) {
+        /* a name of printable characters, NUL-terminated, not empty */
+        size_t n = strnlen((const char *)p, KV_CIPC_SOCKET_LEN);
+        if (n == 0 || n == KV_CIPC_SOCKET_LEN)
+            return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor: bad "
+                            "FD channel name");
+        for (size_t i = 0; i < n; i++)
+            if (p[i] < 0x21 || p[i] > 0x7e)
+                return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor: "
+                                "bad FD channel name");
+        memcpy(d.fd_socket, p, n);
+        d.windowed = true;
+        *out = d;
+        return BT_OK;
+    }
     memcpy(d.k_handle, p, KV_CIPC_HANDLE_BYTES);
     p += KV_CIPC_HANDLE_BYTES;
     memcpy(d.v_handle, p, KV_CIPC_HANDLE_BYTES);
     p += KV_CIPC_HANDLE_BYTES;
     memcpy(d.arrival_handle, p, KV_CIPC_HANDLE_BYTES);
     *out = d;
+    return BT_OK;
+}
+
+size_t kv_cipc_window_data_bytes(const kv_layout_t *layout, int n_blocks)
+{
+    return 2 * (size_t)layout->n_layers * (size_t)n_blocks *
+           kv_layout_block_bytes(layout);
+}
+
+void kv_cipc_window_grant_encode(const uint8_t *token, int n_blocks,
+                                 uint8_t *out)
+{
+    uint8_t *p = out + KV_CIPC_TOKEN_BYTES;
+
+    memcpy(out, token, KV_CIPC_TOKEN_BYTES);
+    put_u32(&p, (uint32_t)n_blocks);
+}
+
+bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
+                                       uint8_t *token, int *n_blocks_p)
+{
+    const uint8_t *p;
+    uint32_t n;
+
+    if (buf == NULL || len != KV_CIPC_GRANT_BYTES)
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC window grant of %zu "
+                        "bytes", len);
+    p = buf + KV_CIPC_TOKEN_BYTES;
+    n = get_u32(&p);
+    if (n < 1 || n > (1u << 24))
+        return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC window of %u blocks",
+                        n);
+    memcpy(token, buf, KV_CIPC_TOKEN_BYTES);
+    *n_blocks_p = (int)n;
     return BT_OK;
 }
 
@@ -423,12 +503,227 @@ bt_status_t kv_cipc_memcpy2d(void *dst, size_t dpitch, const void *src,
 }
 
 struct kv_cipc_pool_s {
-    uint64_t *d_arrival;          /* (n_slots) epochs, on device */
+    uint64_t *d_arrival;          /* (n_slots) epochs, on device; NULL
+                                     when windowed (the epoch is in each
+                                     window) */
     int n_slots;
     int device;                   /* rank 0's */
     uint8_t desc[CIPC_DESC_MAX];  /* encoded descriptor */
     size_t desc_len;
+    /* windowed (kv_cipc_pool_export_windowed) */
+    bool windowed;
+    kv_layout_t layout;
+    kv_fdch_t *fdch;              /* hands each window's FD by token */
+    size_t window_budget;         /* bytes all live windows may take */
+    size_t window_live;           /* bytes they take now */
 };
+
+// ---------------------------------------------------------------------------
+// The driver's virtual memory API (cuMemCreate & co.), reached through the
+// runtime's entry point: the build links cudart only, never libcuda.
+
+typedef CUresult (*cipc_cuDeviceGet_t)(CUdevice *, int);
+typedef CUresult (*cipc_cuDeviceGetAttribute_t)(int *, CUdevice_attribute,
+                                                CUdevice);
+typedef CUresult (*cipc_cuMemCreate_t)(CUmemGenericAllocationHandle *, size_t,
+                                       const CUmemAllocationProp *,
+                                       unsigned long long);
+typedef CUresult (*cipc_cuMemRelease_t)(CUmemGenericAllocationHandle);
+typedef CUresult (*cipc_cuMemAddressReserve_t)(CUdeviceptr *, size_t, size_t,
+                                               CUdeviceptr,
+                                               unsigned long long);
+typedef CUresult (*cipc_cuMemAddressFree_t)(CUdeviceptr, size_t);
+typedef CUresult (*cipc_cuMemMap_t)(CUdeviceptr, size_t, size_t,
+                                    CUmemGenericAllocationHandle,
+                                    unsigned long long);
+typedef CUresult (*cipc_cuMemUnmap_t)(CUdeviceptr, size_t);
+typedef CUresult (*cipc_cuMemSetAccess_t)(CUdeviceptr, size_t,
+                                          const CUmemAccessDesc *, size_t);
+typedef CUresult (*cipc_cuMemExportToShareableHandle_t)(
+    void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+    unsigned long long);
+typedef CUresult (*cipc_cuMemImportFromShareableHandle_t)(
+    CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+typedef CUresult (*cipc_cuMemGetAllocationGranularity_t)(
+    size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+typedef CUresult (*cipc_cuMemGetAllocationPropertiesFromHandle_t)(
+    CUmemAllocationProp *, CUmemGenericAllocationHandle);
+typedef CUresult (*cipc_cuGetErrorName_t)(CUresult, const char **);
+
+static struct {
+    bool tried, ok;
+    cipc_cuDeviceGet_t DeviceGet;
+    cipc_cuDeviceGetAttribute_t DeviceGetAttribute;
+    cipc_cuMemCreate_t MemCreate;
+    cipc_cuMemRelease_t MemRelease;
+    cipc_cuMemAddressReserve_t MemAddressReserve;
+    cipc_cuMemAddressFree_t MemAddressFree;
+    cipc_cuMemMap_t MemMap;
+    cipc_cuMemUnmap_t MemUnmap;
+    cipc_cuMemSetAccess_t MemSetAccess;
+    cipc_cuMemExportToShareableHandle_t MemExport;
+    cipc_cuMemImportFromShareableHandle_t MemImport;
+    cipc_cuMemGetAllocationGranularity_t MemGranularity;
+    cipc_cuMemGetAllocationPropertiesFromHandle_t MemGetProps;
+    cipc_cuGetErrorName_t GetErrorName; /* optional: names in messages */
+} cipc_drv;
+
+static bool cipc_sym(const char *name, void **fn_p)
+{
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSuccess;
+
+    /* 12000: the ABI of these symbols since CUDA 12 (they date from 10.2) */
+    if (cudaGetDriverEntryPointByVersion(name, fn_p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || *fn_p == NULL) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+/* Resolves the driver symbols once (main thread: the workers' loops). */
+static bool cipc_driver_load(void)
+{
+    if (cipc_drv.tried)
+        return cipc_drv.ok;
+    cipc_drv.tried = true;
+    if (!cipc_sym("cuGetErrorName", (void **)&cipc_drv.GetErrorName))
+        cipc_drv.GetErrorName = NULL;
+    cipc_drv.ok =
+        cipc_sym("cuDeviceGet", (void **)&cipc_drv.DeviceGet) &&
+        cipc_sym("cuDeviceGetAttribute",
+                 (void **)&cipc_drv.DeviceGetAttribute) &&
+        cipc_sym("cuMemCreate", (void **)&cipc_drv.MemCreate) &&
+        cipc_sym("cuMemRelease", (void **)&cipc_drv.MemRelease) &&
+        cipc_sym("cuMemAddressReserve",
+                 (void **)&cipc_drv.MemAddressReserve) &&
+        cipc_sym("cuMemAddressFree", (void **)&cipc_drv.MemAddressFree) &&
+        cipc_sym("cuMemMap", (void **)&cipc_drv.MemMap) &&
+        cipc_sym("cuMemUnmap", (void **)&cipc_drv.MemUnmap) &&
+        cipc_sym("cuMemSetAccess", (void **)&cipc_drv.MemSetAccess) &&
+        cipc_sym("cuMemExportToShareableHandle",
+                 (void **)&cipc_drv.MemExport) &&
+        cipc_sym("cuMemImportFromShareableHandle",
+                 (void **)&cipc_drv.MemImport) &&
+        cipc_sym("cuMemGetAllocationGranularity",
+                 (void **)&cipc_drv.MemGranularity) &&
+        cipc_sym("cuMemGetAllocationPropertiesFromHandle",
+                 (void **)&cipc_drv.MemGetProps);
+    return cipc_drv.ok;
+}
+
+/* Converts a driver result at the boundary; logs once. */
+#define CIPC_CU(_expr) cipc_cu_check((_expr), #_expr, __func__)
+
+static bt_status_t cipc_cu_check(CUresult res, const char *expr,
+                                 const char *func)
+{
+    const char *name = NULL;
+
+    if (res == CUDA_SUCCESS)
+        return BT_OK;
+    if (cipc_drv.GetErrorName == NULL ||
+        cipc_drv.GetErrorName(res, &name) != CUDA_SUCCESS || name == NULL)
+        name = "unnamed";
+    return BT_ERROR(BT_ERR_CUDA, "KV", "%s: %s failed: %s (CUresult %d)",
+                    func, expr, name, (int)res);
+}
+
+/* The allocation properties of a window on `device` (an ordinal of this
+ * process): device memory, exportable as a POSIX FD. */
+static bt_status_t cipc_window_prop(int device, CUmemAllocationProp *prop,
+                                    size_t *gran_p)
+{
+    CUdevice dev;
+    bt_status_t status = CIPC_CU(cipc_drv.DeviceGet(&dev, device));
+
+    if (status != BT_OK)
+        return status;
+    memset(prop, 0, sizeof(*prop));
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = dev;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return CIPC_CU(cipc_drv.MemGranularity(gran_p, prop,
+                                           CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+}
+
+/* Bytes of a window of n blocks: the K|V data of every layer, then the
+ * 8-byte epoch word at a 256-byte boundary, rounded to `gran`. */
+static size_t cipc_window_size(const kv_layout_t *layout, int n_blocks,
+                               size_t gran, size_t *epoch_off_p)
+{
+    size_t off = (kv_cipc_window_data_bytes(layout, n_blocks) + 255) &
+                 ~(size_t)255;
+
+    *epoch_off_p = off;
+    return (off + sizeof(uint64_t) + gran - 1) / gran * gran;
+}
+
+/* Maps allocation `h` of `size` bytes at a fresh address, read-write for
+ * device `device` (an ordinal of this process). */
+static bt_status_t cipc_map(CUmemGenericAllocationHandle h, size_t size,
+                            size_t gran, int device, CUdeviceptr *base_p)
+{
+    CUmemAccessDesc acc;
+    CUdeviceptr base = 0;
+    CUdevice dev;
+    bt_status_t status = CIPC_CU(cipc_drv.DeviceGet(&dev, device));
+
+    if (status != BT_OK)
+        return status;
+    status = CIPC_CU(cipc_drv.MemAddressReserve(&base, size, gran, 0, 0));
+    if (status != BT_OK)
+        return status;
+    status = CIPC_CU(cipc_drv.MemMap(base, size, 0, h, 0));
+    if (status != BT_OK)
+        goto err_free;
+    memset(&acc, 0, sizeof(acc));
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = dev;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    status = CIPC_CU(cipc_drv.MemSetAccess(base, size, &acc, 1));
+    if (status != BT_OK)
+        goto err_unmap;
+    *base_p = base;
+    return BT_OK;
+
+err_unmap:
+    (void)cipc_drv.MemUnmap(base, size);
+err_free:
+    (void)cipc_drv.MemAddressFree(base, size);
+    return status;
+}
+
+static void cipc_unmap(CUdeviceptr base, size_t size,
+                       CUmemGenericAllocationHandle h)
+{
+    if (base != 0) {
+        (void)cipc_drv.MemUnmap(base, size);
+        (void)cipc_drv.MemAddressFree(base, size);
+    }
+    if (h != 0)
+        (void)cipc_drv.MemRelease(h);
+}
+
+bool kv_cipc_windows_supported(int device)
+{
+    int vmm = 0, fd = 0;
+    CUdevice dev;
+
+    if (!cipc_driver_load() || cipc_drv.DeviceGet(&dev, device) !=
+                                   CUDA_SUCCESS)
+        return false;
+    if (cipc_drv.DeviceGetAttribute(
+            &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            dev) != CUDA_SUCCESS ||
+        cipc_drv.DeviceGetAttribute(
+            &fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            dev) != CUDA_SUCCESS)
+        return false;
+    return vmm != 0 && fd != 0;
+}
 
 bt_status_t kv_cipc_pool_export(const kv_layout_t *layout,
                                 void *const *k_layers, void *const *v_layers,
@@ -551,6 +846,9 @@ void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p)
 
     if (pool == NULL)
         return;
+    /* windows must be gone (their owner destroys them first) */
+    BT_ASSERT(pool->window_live == 0);
+    kv_fdch_destroy(&pool->fdch);
     cudaFree(pool->d_arrival);
     bt_free(pool);
     *pool_p = NULL;
@@ -602,6 +900,208 @@ bt_status_t kv_cipc_pool_slot_reset(kv_cipc_pool_t *pool, int slot)
     return CIPC_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
+// ---------------------------------------------------------------------------
+// Decode side: windows, one per grant
+
+struct kv_cipc_window_s {
+    kv_cipc_pool_t *pool;
+    CUmemGenericAllocationHandle handle; /* the physical allocation */
+    CUdeviceptr base;             /* our mapping: (n_layers, K|V, n_blocks)
+                                     blocks, then the epoch word */
+    size_t size;                  /* allocation and mapping bytes */
+    size_t epoch_off;             /* the epoch word's offset */
+    int n_blocks;
+    uint8_t grant[KV_CIPC_GRANT_BYTES]; /* token, n_blocks */
+};
+
+bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
+                                         int device, size_t window_budget,
+                                         kv_cipc_pool_t **pool_p)
+{
+    kv_cipc_pool_t *pool;
+    kv_cipc_desc_t d;
+    bt_status_t status;
+
+    if (layout->n_layers < 1 || window_budget == 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "bad CUDA IPC window pool");
+    /* fail closed: no FD handles, no windows (the caller logs the line) */
+    if (!kv_cipc_windows_supported(device))
+        return BT_ERR_UNSUPPORTED;
+    pool = bt_calloc(1, sizeof(*pool), "kv_cipc_pool");
+    if (pool == NULL)
+        return BT_ERR_NO_MEMORY;
+    pool->windowed = true;
+    pool->layout = *layout;
+    pool->device = device;
+    pool->n_slots = 1;
+    /* at most half of what the device has free now (after the pool):
+     * the rest stays for graphs, tuning and other processes */
+    {
+        size_t free_b = 0, total_b = 0;
+        status = CIPC_CUDA(cudaSetDevice(device));
+        if (status == BT_OK)
+            status = CIPC_CUDA(cudaMemGetInfo(&free_b, &total_b));
+        if (status != BT_OK)
+            goto err_free;
+        pool->window_budget = BT_MIN(window_budget, free_b / 2);
+    }
+    memset(&d, 0, sizeof(d));
+    d.windowed = true;
+    d.pid = (uint32_t)getpid();
+    d.pool_id = bt_time_ns() ^ ((uint64_t)getpid() << 40) ^
+                (uint64_t)(uintptr_t)pool;
+    d.device = device;
+    d.layout = *layout;
+    d.n_slots = 1;
+    status = CIPC_CUDA(cudaDeviceGetPCIBusId(d.bus_id, KV_CIPC_BUS_ID_LEN,
+                                             device));
+    if (status != BT_OK)
+        goto err_free;
+    status = kv_fdch_create(&pool->fdch);
+    if (status != BT_OK)
+        goto err_free;
+    snprintf(d.fd_socket, sizeof(d.fd_socket), "%s",
+             kv_fdch_name(pool->fdch));
+    pool->desc_len = kv_cipc_desc_encoded_size(&d);
+    status = kv_cipc_desc_encode(&d, pool->desc, sizeof(pool->desc));
+    if (status != BT_OK)
+        goto err_fdch;
+    BT_LOG_INFO("KV", "CUDA IPC pool %016llx windowed on device %d (%s): "
+                "a window per grant, FDs on @%s, %zu MiB for windows",
+                (unsigned long long)d.pool_id, device, d.bus_id, d.fd_socket,
+                pool->window_budget >> 20);
+    *pool_p = pool;
+    return BT_OK;
+
+err_fdch:
+    kv_fdch_destroy(&pool->fdch);
+err_free:
+    bt_free(pool);
+    return status;
+}
+
+bool kv_cipc_pool_is_windowed(const kv_cipc_pool_t *pool)
+{
+    return pool->windowed;
+}
+
+bt_status_t kv_cipc_window_create(kv_cipc_pool_t *pool, int n_blocks,
+                                  kv_cipc_window_t **win_p)
+{
+    static const uint64_t zero = 0;
+    CUmemAllocationProp prop;
+    uint8_t token[KV_CIPC_TOKEN_BYTES];
+    kv_cipc_window_t *w;
+    size_t gran = 0;
+    int fd = -1;
+    bt_status_t status;
+
+    if (!pool->windowed || n_blocks < 1 ||
+        n_blocks > pool->layout.n_blocks)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC window of %d "
+                        "blocks", n_blocks);
+    status = CIPC_CUDA(cudaSetDevice(pool->device));
+    if (status == BT_OK)
+        status = cipc_window_prop(pool->device, &prop, &gran);
+    if (status != BT_OK)
+        return status;
+    w = bt_calloc(1, sizeof(*w), "kv_cipc_window");
+    if (w == NULL)
+        return BT_ERR_NO_MEMORY;
+    w->pool = pool;
+    w->n_blocks = n_blocks;
+    w->size = cipc_window_size(&pool->layout, n_blocks, gran, &w->epoch_off);
+    /* the budget first: nothing to undo when the grant goes without */
+    if (pool->window_live + w->size > pool->window_budget) {
+        bt_free(w);
+        return BT_ERROR(BT_ERR_NO_RESOURCE, "KV", "CUDA IPC windows: %zu of "
+                        "%zu MiB taken", pool->window_live >> 20,
+                        pool->window_budget >> 20);
+    }
+    status = bt_random_secret(token, sizeof(token));
+    if (status != BT_OK)
+        goto err_free;
+    status = CIPC_CU(cipc_drv.MemCreate(&w->handle, w->size, &prop, 0));
+    if (status != BT_OK)
+        goto err_free;
+    status = cipc_map(w->handle, w->size, gran, pool->device, &w->base);
+    if (status != BT_OK)
+        goto err_release;
+    /* a fresh allocation holds anything: the epoch word starts at 0 */
+    status = CIPC_CUDA(cudaMemcpy((void *)(uintptr_t)(w->base + w->epoch_off),
+                                  &zero, sizeof(zero),
+                                  cudaMemcpyHostToDevice));
+    if (status == BT_OK)
+        status = CIPC_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    if (status != BT_OK)
+        goto err_unmap;
+    status = CIPC_CU(cipc_drv.MemExport(
+        &fd, w->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    if (status != BT_OK)
+        goto err_unmap;
+    status = kv_fdch_offer(pool->fdch, token, fd, 0);
+    close(fd); /* the channel keeps its own copy until handed or revoked */
+    if (status != BT_OK)
+        goto err_unmap;
+    kv_cipc_window_grant_encode(token, n_blocks, w->grant);
+    pool->window_live += w->size;
+    *win_p = w;
+    return BT_OK;
+
+err_unmap:
+    cipc_unmap(w->base, w->size, 0);
+err_release:
+    (void)cipc_drv.MemRelease(w->handle);
+err_free:
+    bt_free(w);
+    return status;
+}
+
+const uint8_t *kv_cipc_window_grant(const kv_cipc_window_t *win,
+                                    size_t *len_p)
+{
+    *len_p = KV_CIPC_GRANT_BYTES;
+    return win->grant;
+}
+
+const void *kv_cipc_window_data(const kv_cipc_window_t *win)
+{
+    return (const void *)(uintptr_t)win->base;
+}
+
+bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,
+                                       bool *arrived_p)
+{
+    uint64_t v = 0;
+    bt_status_t status = CIPC_CUDA(cudaSetDevice(win->pool->device));
+
+    if (status == BT_OK)
+        status = CIPC_CUDA(cudaMemcpy(
+            &v, (const void *)(uintptr_t)(win->base + win->epoch_off),
+            sizeof(v), cudaMemcpyDeviceToHost));
+    if (status != BT_OK)
+        return status;
+    *arrived_p = epoch != 0 && v == epoch;
+    return BT_OK;
+}
+
+void kv_cipc_window_destroy(kv_cipc_window_t **win_p)
+{
+    kv_cipc_window_t *w = *win_p;
+
+    if (w == NULL)
+        return;
+    /* No FD for this token any more; a writer that has one keeps only
+     * its own reference to the physical memory, which nobody reads once
+     * ours is gone.  Our reads of the window were synchronous. */
+    (void)kv_fdch_revoke(w->pool->fdch, w->grant);
+    (void)cudaSetDevice(w->pool->device);
+    cipc_unmap(w->base, w->size, w->handle);
+    w->pool->window_live -= w->size;
+    bt_free(w);
+    *win_p = NULL;
+}
+
 #define CIPC_MAX_PEERS 64
 
 struct kv_cipc_peer_s {
@@ -611,7 +1111,13 @@ struct kv_cipc_peer_s {
     char *d_k[KV_CIPC_MAX_RANKS]; /* mapped K array of rank r (all layers) */
     char *d_v[KV_CIPC_MAX_RANKS]; /* mapped V array of rank r */
     uint64_t *d_arrival;   /* mapped (n_slots) arrival epochs */
+    size_t layer_stride;   /* bytes from layer l's K to layer l+1's */
     bool p2p;              /* a pool is on another GPU than ctx's */
+    /* a window (kv_cipc_window_open): its own mapping, never cached */
+    bool is_window;
+    CUmemGenericAllocationHandle win_handle;
+    CUdeviceptr win_base;
+    size_t win_size;
     int peer_device[KV_CIPC_MAX_RANKS]; /* ordinals here; -1: not visible */
     int refs;
 };
@@ -655,7 +1161,8 @@ bt_status_t kv_cipc_create_on(int device, kv_cipc_t **ctx_p)
         return BT_ERROR(BT_ERR_CUDA, "KV", "CUDA IPC: no CUDA device");
     ctx = bt_calloc(1, sizeof(*ctx), "kv_cipc");
     if (ctx == NULL)
-        return BT_ERR_NO_MEMORY;
+        return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC context: no "
+                        "memory");
     ctx->device = device;
     status = CIPC_CUDA(cudaSetDevice(device));
     if (status == BT_OK)
@@ -708,6 +1215,11 @@ bt_status_t kv_cipc_add_source(kv_cipc_t *ctx, int device)
 
 static void peer_unmap(kv_cipc_peer_t *peer)
 {
+    if (peer->is_window) {
+        cipc_unmap(peer->win_base, peer->win_size, peer->win_handle);
+        bt_free(peer);
+        return;
+    }
     for (int r = 0; r < KV_CIPC_MAX_RANKS; r++) {
         if (peer->d_k[r])
             cudaIpcCloseMemHandle(peer->d_k[r]);
@@ -797,13 +1309,19 @@ bt_status_t kv_cipc_connect(kv_cipc_t *ctx, const void *buf, size_t len,
                         "mapped");
     peer = bt_calloc(1, sizeof(*peer), "kv_cipc_peer");
     if (peer == NULL)
-        return BT_ERR_NO_MEMORY;
+        return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC connect: no "
+                        "memory");
     peer->ctx = ctx;
     peer->desc = d;
     peer->n_ranks = kv_cipc_desc_n_ranks(&d);
+    peer->layer_stride = kv_layout_layer_bytes(&d.layout);
     /* Map into ctx's device (the backend may have switched meanwhile). */
     status = CIPC_CUDA(cudaSetDevice(ctx->device));
-    for (int r = 0; r < peer->n_ranks && status == BT_OK; r++) {
+    /* windowed: nothing to map now, each grant's window comes by FD */
+    if (status == BT_OK && d.windowed)
+        status = peer_setup(ctx, peer, 0);
+    for (int r = 0; r < peer->n_ranks && status == BT_OK && !d.windowed;
+         r++) {
         kv_cipc_rank_desc_t rk = kv_cipc_desc_rank(&d, r);
 
         status = peer_setup(ctx, peer, r);
@@ -812,7 +1330,7 @@ bt_status_t kv_cipc_connect(kv_cipc_t *ctx, const void *buf, size_t len,
         if (status == BT_OK)
             status = open_handle(rk.v_handle, (void **)&peer->d_v[r]);
     }
-    if (status == BT_OK)
+    if (status == BT_OK && !d.windowed)
         status = open_handle(d.arrival_handle, (void **)&peer->d_arrival);
     if (status != BT_OK) {
         peer_unmap(peer);
@@ -877,6 +1395,107 @@ const char *kv_cipc_peer_transport(const kv_cipc_peer_t *peer)
     return peer->p2p ? "cuda-ipc(p2p)" : "cuda-ipc";
 }
 
+bool kv_cipc_peer_is_windowed(const kv_cipc_peer_t *peer)
+{
+    return peer->desc.windowed;
+}
+
+bt_status_t kv_cipc_window_open(kv_cipc_peer_t *peer, const uint8_t *grant,
+                                size_t len, int n_blocks,
+                                kv_cipc_peer_t **win_p)
+{
+    kv_cipc_t *ctx = peer->ctx;
+    uint8_t token[KV_CIPC_TOKEN_BYTES];
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop;
+    kv_cipc_peer_t *w;
+    size_t gran = 0, size, epoch_off, bb;
+    int n = 0, fd = -1;
+    bt_status_t status;
+
+    if (!peer->desc.windowed)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC pool %016llx "
+                        "has no windows", (unsigned long long)
+                        peer->desc.pool_id);
+    status = kv_cipc_window_grant_parse(grant, len, token, &n);
+    if (status != BT_OK)
+        return status;
+    /* the window's shape is the decode worker's (K and V offsets follow
+     * its n): a longer range does not fit it */
+    if (n_blocks < 1 || n_blocks > n || n > peer->desc.layout.n_blocks)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC window of %d "
+                        "blocks for a range of %d", n, n_blocks);
+    if (!cipc_driver_load())
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "KV", "CUDA IPC windows: no "
+                        "driver virtual memory API");
+    status = kv_fdch_fetch(peer->desc.fd_socket, token, 1000, &fd, NULL);
+    if (status != BT_OK)
+        return status;
+    status = CIPC_CUDA(cudaSetDevice(ctx->device));
+    if (status == BT_OK)
+        status = CIPC_CU(cipc_drv.MemImport(
+            &h, (void *)(uintptr_t)fd,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    close(fd); /* the handle holds the allocation now */
+    if (status != BT_OK)
+        return status;
+    status = CIPC_CU(cipc_drv.MemGetProps(&prop, h));
+    if (status == BT_OK)
+        status = CIPC_CU(cipc_drv.MemGranularity(
+            &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    if (status != BT_OK)
+        goto err_release;
+    w = bt_calloc(1, sizeof(*w), "kv_cipc_peer");
+    if (w == NULL) {
+        status = BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC window open: "
+                          "no memory");
+        goto err_release;
+    }
+    size = cipc_window_size(&peer->desc.layout, n, gran, &epoch_off);
+    /* mapped for the copy stream's device: peer access over NVLink when
+     * the decode GPU is another one */
+    status = cipc_map(h, size, gran, ctx->device, &w->win_base);
+    if (status != BT_OK) {
+        bt_free(w);
+        goto err_release;
+    }
+    bb = kv_layout_block_bytes(&peer->desc.layout);
+    w->ctx = ctx;
+    w->desc = peer->desc;
+    w->desc.layout.n_blocks = n;
+    w->desc.n_slots = 1;
+    w->n_ranks = 1;
+    w->is_window = true;
+    w->win_handle = h;
+    w->win_size = size;
+    w->d_k[0] = (char *)(uintptr_t)w->win_base;
+    w->d_v[0] = w->d_k[0] + (size_t)n * bb;
+    w->d_arrival = (uint64_t *)(uintptr_t)(w->win_base + epoch_off);
+    w->layer_stride = 2 * (size_t)n * bb;
+    w->p2p = peer->p2p;
+    w->peer_device[0] = peer->peer_device[0];
+    w->refs = 1;
+    *win_p = w;
+    return BT_OK;
+
+err_release:
+    (void)cipc_drv.MemRelease(h);
+    return status;
+}
+
+void kv_cipc_window_close(kv_cipc_peer_t **win_p)
+{
+    kv_cipc_peer_t *w = *win_p;
+
+    if (w == NULL)
+        return;
+    BT_ASSERT(w->is_window);
+    /* the copies into it finish before the mapping goes */
+    (void)cudaStreamSynchronize(w->ctx->stream);
+    peer_unmap(w);
+    *win_p = NULL;
+}
+
 bt_status_t kv_cipc_put_layer(kv_cipc_peer_t *peer, int layer,
                               const void *src_k, const void *src_v,
                               const kv_layout_t *src_layout,
@@ -905,6 +1524,9 @@ static bt_status_t put_rank(kv_cipc_peer_t *peer, int rank, int layer,
     if (layer < 0 || layer >= dl->n_layers)
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC put: layer %d of "
                         "%d", layer, dl->n_layers);
+    if (peer->d_k[rank] == NULL || peer->d_v[rank] == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC put into a "
+                        "windowed pool: only into a grant's window");
     dst.n_heads_total = src->n_heads_total;
     dst.head0 = dst_head0;
     dst.layout = *dl;
@@ -913,7 +1535,8 @@ static bt_status_t put_rank(kv_cipc_peer_t *peer, int rank, int layer,
         kv_copy2d_t *p = bt_realloc(ctx->plan, (size_t)cap * sizeof(*p),
                                     "kv_cipc_plan");
         if (p == NULL)
-            return BT_ERR_NO_MEMORY;
+            return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC put: no "
+                            "memory for a plan of %d copies", cap);
         ctx->plan = p;
         ctx->plan_cap = cap;
     }
@@ -928,7 +1551,7 @@ static bt_status_t put_rank(kv_cipc_peer_t *peer, int rank, int layer,
         if (status != BT_OK)
             return status;
     }
-    layer_off = (size_t)layer * kv_layout_layer_bytes(dl);
+    layer_off = (size_t)layer * peer->layer_stride;
     for (int i = 0; i < n_copies; i++) {
         const kv_copy2d_t *c = &ctx->plan[i];
         for (int kv = 0; kv < 2; kv++) {
@@ -992,12 +1615,14 @@ bt_status_t kv_cipc_commit(kv_cipc_peer_t *peer, int slot, uint64_t epoch,
     kv_cipc_commit_t *c;
     bt_status_t status;
 
-    if (slot < 0 || slot >= peer->desc.n_slots || epoch == 0)
+    if (slot < 0 || slot >= peer->desc.n_slots || epoch == 0 ||
+        peer->d_arrival == NULL)
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC commit: slot %d",
                         slot);
     c = bt_calloc(1, sizeof(*c), "kv_cipc_commit");
     if (c == NULL)
-        return BT_ERR_NO_MEMORY;
+        return BT_ERROR(BT_ERR_NO_MEMORY, "KV", "CUDA IPC commit: no "
+                        "memory");
     c->epoch = epoch;
     status = CIPC_CUDA(cudaSetDevice(ctx->device));
     if (status == BT_OK)
@@ -1077,6 +1702,91 @@ struct kv_cipc_peer_s {
 struct kv_cipc_commit_s {
     int unused;
 };
+struct kv_cipc_window_s {
+    int unused;
+};
+
+bool kv_cipc_windows_supported(int device)
+{
+    (void)device;
+    return false;
+}
+
+bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
+                                         int device, size_t window_budget,
+                                         kv_cipc_pool_t **pool_p)
+{
+    (void)layout;
+    (void)device;
+    (void)window_budget;
+    (void)pool_p;
+    return CIPC_NO_CUDA();
+}
+
+bool kv_cipc_pool_is_windowed(const kv_cipc_pool_t *pool)
+{
+    (void)pool;
+    return false;
+}
+
+bt_status_t kv_cipc_window_create(kv_cipc_pool_t *pool, int n_blocks,
+                                  kv_cipc_window_t **win_p)
+{
+    (void)pool;
+    (void)n_blocks;
+    (void)win_p;
+    return CIPC_NO_CUDA();
+}
+
+const uint8_t *kv_cipc_window_grant(const kv_cipc_window_t *win,
+                                    size_t *len_p)
+{
+    (void)win;
+    *len_p = 0;
+    return NULL;
+}
+
+const void *kv_cipc_window_data(const kv_cipc_window_t *win)
+{
+    (void)win;
+    return NULL;
+}
+
+bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,
+                                       bool *arrived_p)
+{
+    (void)win;
+    (void)epoch;
+    *arrived_p = false;
+    return CIPC_NO_CUDA();
+}
+
+void kv_cipc_window_destroy(kv_cipc_window_t **win_p)
+{
+    *win_p = NULL;
+}
+
+bool kv_cipc_peer_is_windowed(const kv_cipc_peer_t *peer)
+{
+    return peer->desc.windowed;
+}
+
+bt_status_t kv_cipc_window_open(kv_cipc_peer_t *peer, const uint8_t *grant,
+                                size_t len, int n_blocks,
+                                kv_cipc_peer_t **win_p)
+{
+    (void)peer;
+    (void)grant;
+    (void)len;
+    (void)n_blocks;
+    (void)win_p;
+    return CIPC_NO_CUDA();
+}
+
+void kv_cipc_window_close(kv_cipc_peer_t **win_p)
+{
+    *win_p = NULL;
+}
 
 bool kv_cipc_is_available(void)
 {

@@ -119,10 +119,14 @@ extern "C" {
 
 #define KV_CIPC_DESC_VERSION 1   /* one pool (TP 1) */
 #define KV_CIPC_DESC_VERSION_TP 2 /* one pool per tensor-parallel rank */
+#define KV_CIPC_DESC_VERSION_WIN 3 /* windowed: no handle, an FD channel */
 #define KV_CIPC_HANDLE_BYTES 64 /* sizeof(cudaIpcMemHandle_t) */
 #define KV_CIPC_BUS_ID_LEN 32   /* "0000:19:00.0" and NUL */
 #define KV_CIPC_MAX_SLOTS (1 << 20)
 #define KV_CIPC_MAX_RANKS 8     /* ranks of one exported TP pool */
+#define KV_CIPC_SOCKET_LEN 48   /* FD channel name and NUL (KV_FDCH_NAME_MAX) */
+#define KV_CIPC_TOKEN_BYTES 16  /* a window's token */
+#define KV_CIPC_GRANT_BYTES 20  /* KvGrant.cipc_window: token, u32 n_blocks */
 
 /* One rank's pool of a TP decode worker (descriptor version 2). */
 typedef struct {
@@ -153,6 +157,9 @@ typedef struct {
     int n_ranks;                        /* 0: version 1; else 2..MAX */
     int n_heads_total;                  /* version 2: KV heads of the model */
     kv_cipc_rank_desc_t ranks[KV_CIPC_MAX_RANKS]; /* (n_ranks) */
+    bool windowed;                      /* version 3: no handles; windows
+                                           per grant from fd_socket */
+    char fd_socket[KV_CIPC_SOCKET_LEN]; /* version 3: the FD channel */
 } kv_cipc_desc_t;
 
 /* Encoded size of a version-1 descriptor (fixed). */
@@ -248,6 +255,78 @@ void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p);
 
 /* The encoded descriptor, valid while the pool lives. */
 const uint8_t *kv_cipc_pool_desc(const kv_cipc_pool_t *pool, size_t *len_p);
+
+/* ---- Windows (issue 42): a device allocation per grant ----
+ *
+ * A windowed pool (kv_cipc_pool_export_windowed; the default, and
+ * --kv-direct-writes keeps the whole-pool export above) exports no
+ * handle at all: its descriptor (version 3) names the decode worker's FD
+ * channel (kv_fd_channel.h).  Per grant, kv_cipc_window_create makes a
+ * physical allocation of the reservation's n blocks x layers x K|V plus
+ * an 8-byte epoch word (cuMemCreate, POSIX-FD shareable, rounded to the
+ * allocation granularity), maps it here, zeroes the epoch word, exports
+ * its FD and offers it on the channel under a fresh random 128-bit token;
+ * the token and n travel in KvGrant.cipc_window (kv_cipc_window_grant,
+ * 20 bytes) over the control plane only.  The prefill worker fetches the
+ * FD for that token (kv_cipc_window_open: import, map for its copy
+ * stream's device, close the FD), copies the layers into window blocks
+ * 0..n-1 (coalesced runs as into a pool: layer l's K at
+ * window + 2*l*n*block_bytes, V n blocks after it) and commits the epoch
+ * into the window's own word; then closes its mapping.  On KvReady the
+ * decode worker waits for the epoch (kv_cipc_window_has_arrived), copies
+ * the window into the reservation's pool blocks on the backend's copy
+ * stream (backend_kv_copy_in) and destroys the window.  A reservation
+ * that ends otherwise destroys it at once: the token is revoked and our
+ * handle and mapping released; a stale writer keeps only its own
+ * reference to memory nobody reads any more.  The pool is never
+ * exported, so its freed blocks need no quarantine.  The bytes of live
+ * windows are bounded by the pool's window budget: past it
+ * kv_cipc_window_create says BT_ERR_NO_RESOURCE and the grant goes
+ * without a window (its KV comes inline).  One rank only (TP 1 decode).
+ * The driver API is reached through cudaGetDriverEntryPointByVersion (the
+ * build links cudart, not libcuda). */
+
+typedef struct kv_cipc_window_s kv_cipc_window_t;
+
+/* True when device `device` can make windows: the driver's virtual
+ * memory management and POSIX file descriptor handles. */
+bool kv_cipc_windows_supported(int device);
+
+/* Data bytes of a window of n blocks (without the epoch word and the
+ * granularity rounding). */
+size_t kv_cipc_window_data_bytes(const kv_layout_t *layout, int n_blocks);
+
+/* KvGrant.cipc_window: `token` (KV_CIPC_TOKEN_BYTES) and n_blocks (u32
+ * LE), KV_CIPC_GRANT_BYTES into `out`; the parser checks the size and
+ * 1 <= n <= 2^24 (BT_ERR_FORMAT), writing its outputs only on success. */
+void kv_cipc_window_grant_encode(const uint8_t *token, int n_blocks,
+                                 uint8_t *out);
+bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
+                                       uint8_t *token, int *n_blocks_p);
+
+/* The windowed pool of a TP-1 decode worker on `device`: an FD channel
+ * and a descriptor naming it; live windows may take `window_budget`
+ * bytes in all.  BT_ERR_UNSUPPORTED (not logged: the caller says it once)
+ * when the device cannot make windows. */
+bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
+                                         int device, size_t window_budget,
+                                         kv_cipc_pool_t **pool_p);
+bool kv_cipc_pool_is_windowed(const kv_cipc_pool_t *pool);
+
+/* A window of n_blocks for one grant (see above).  BT_ERR_NO_RESOURCE
+ * over the budget, BT_ERR_CUDA, BT_ERR_IO (the channel). */
+bt_status_t kv_cipc_window_create(kv_cipc_pool_t *pool, int n_blocks,
+                                  kv_cipc_window_t **win_p);
+/* KvGrant.cipc_window's bytes (KV_CIPC_GRANT_BYTES), while it lives. */
+const uint8_t *kv_cipc_window_grant(const kv_cipc_window_t *win,
+                                    size_t *len_p);
+/* Its device memory here: (n_layers, K|V, n_blocks) blocks. */
+const void *kv_cipc_window_data(const kv_cipc_window_t *win);
+/* Reads its epoch word (synchronous): *arrived_p = (value == epoch). */
+bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,
+                                       bool *arrived_p);
+/* Revokes its token and releases our handle and mapping.  NULL-safe. */
+void kv_cipc_window_destroy(kv_cipc_window_t **win_p);
 
 /* Reads arrival[slot] from the device: *arrived_p = (value == epoch).
  * Synchronous (an 8-byte device-to-host copy). */
@@ -356,6 +435,27 @@ bt_status_t kv_cipc_commit_query(kv_cipc_commit_t *commit);
 
 /* Frees a commit (waits for it if still in flight).  NULL-safe. */
 void kv_cipc_commit_destroy(kv_cipc_commit_t **commit_p);
+
+/* Prefill side of the windows: true when the mapped pool is windowed
+ * (puts and commits into it are refused; they go into a window). */
+bool kv_cipc_peer_is_windowed(const kv_cipc_peer_t *peer);
+
+/* Opens the window of a grant (KvGrant.cipc_window, `len` bytes) of the
+ * windowed pool `peer`: fetches its FD from the pool's channel (1 s
+ * deadline), imports and maps it for the context's device and returns it
+ * as a peer of one rank whose blocks are 0..n-1 (n: the window's, from
+ * the grant) and whose one arrival slot (0) is the window's epoch word:
+ * kv_cipc_put_layer*, kv_cipc_commit(win, 0, epoch) and
+ * kv_cipc_commit_query work on it.  n_blocks, the range to be written,
+ * must fit (1..n; BT_ERR_INVALID_ARG otherwise).  BT_ERR_NOT_FOUND when
+ * refused (the reservation ended), BT_ERR_TIMEOUT, BT_ERR_CUDA. */
+bt_status_t kv_cipc_window_open(kv_cipc_peer_t *peer, const uint8_t *grant,
+                                size_t len, int n_blocks,
+                                kv_cipc_peer_t **win_p);
+
+/* Waits for the copy stream, unmaps and releases the window (the
+ * decode worker's memory is freed once both sides let go).  NULL-safe. */
+void kv_cipc_window_close(kv_cipc_peer_t **win_p);
 
 /* Copies enqueued and bytes copied since the context was created. */
 uint64_t kv_cipc_copies(const kv_cipc_t *ctx);
