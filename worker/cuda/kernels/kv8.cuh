@@ -73,6 +73,16 @@ static __device__ __forceinline__ uint4 kv8_to_bf16x8(uint2 c)
     return r;
 }
 
+/* The two codes in the low 16 bits of w (first code in the low byte) as
+ * an f16 pair (first in the low half): exact, one cvt.rn.f16x2.e4m3x2
+ * (NaN codes stay NaN). */
+static __device__ __forceinline__ uint32_t kv8_f16x2(uint32_t w)
+{
+    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(
+        (__nv_fp8x2_storage_t)(w & 0xFFFFu), __NV_E4M3));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
 /* A register word of B bytes (B = 1, 2, 4, 8 or 16), for rows of cache
  * elements loaded raw and converted later. */
 template <int B> struct kv_word;

@@ -3,8 +3,8 @@
  * kernels (attn_decode_tc.cu, attn_prefill.cu) and the skinny GEMMs
  * (gemv_tc.cu, gemm_fp8_skinny.cu): 16-byte cp.async copies into shared
  * memory with zero fill, ldmatrix (plain and transposed), mma.m16n8k16
- * bf16 -> f32, bf16 pair packing, and the skinny GEMMs' split-K
- * epilogue (tc_splitk_store).  Fragment layout of
+ * bf16 (or f16) -> f32, bf16 (or f16) pair packing, and the skinny GEMMs'
+ * split-K epilogue (tc_splitk_store).  Fragment layout of
  * mma.m16n8k16 (lane = 4 g + t): A regs {row g, cols 2t..2t+1}, {row g+8},
  * {row g, cols 2t+8..}, {row g+8, cols 2t+8..}; B regs {rows 2t..2t+1,
  * col g}, {rows 2t+8..}; C {row g, cols 2t, 2t+1}, {row g+8, same}.
@@ -13,6 +13,8 @@
 #define BT_WORKER_CUDA_KERNELS_TC_COMMON_CUH
 
 #include <stdint.h>
+
+#include <cuda_fp16.h>
 
 #include "kern_common.cuh"
 
@@ -93,9 +95,29 @@ static __device__ __forceinline__ void tc_mma(float *c, const uint32_t *a,
                    "r"(b1));
 }
 
+/* c (16x8 f32) += a (16x16 f16, row) . b (16x8 f16, col): same
+ * fragments as tc_mma, f16 halves (the FP8-KV attention: every E4M3
+ * code is exact in f16). */
+static __device__ __forceinline__ void tc_mma_f16(float *c, const uint32_t *a,
+                                                  uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+}
+
 static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ uint32_t tc_pack_f16(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
