@@ -21,10 +21,15 @@
  * tile step are in attn_decode_tc.cuh.  Selected by cuda_attn_decode();
  * tested by tests/kernels/test_attn.cu against the CPU reference.
  * FP8 KV (KV8, d_kv_scale): the stages hold E4M3 codes (half the bytes
- * copied), each warp widens its 16 rows of a tile to bf16 rows of its
- * own (exact) before the products; the KV head's K scale joins the score
- * scale and its V scale the output.  No fused RoPE with it.  Tested by
- * tests/gpu/test_cuda_kv8.c.
+ * copied, rows swizzled by tc_kv8_at) and the products run on f16 MMAs
+ * whose K and V fragments are converted from the codes in registers
+ * (exact: every E4M3 value is an f16), with Q as f16 fragments
+ * prescaled by the score scale x the KV head's K scale (tc_load_q8); the
+ * fragments' dim permutation puts O's accumulators at other dims than
+ * the bf16 kernel's, written out through tc_o8_at; the V scale joins the
+ * output.  Under half the shared memory of the bf16 instances.  No fused
+ * RoPE with it.  Tested by tests/gpu/test_cuda_kv8.c and test_attn.cu's
+ * "kv8 stress" lines; tests/gpu/kv8_frag_sim.py models its fragments.
  */
 #include "attn_decode.h"
 
@@ -47,13 +52,30 @@ template <int HD> struct tc_smem {
     static constexpr size_t MERGE =
         (size_t)TC_WARPS * TC_MAX_GROUP * (HD + 2) * sizeof(float);
     static constexpr size_t BYTES = PIPE > MERGE ? PIPE : MERGE;
-    /* FP8 KV: the code stages (K then V), then each warp's widened K and
-     * V rows; inside BYTES */
+    /* FP8 KV: the code stages (K then V), later the merge rows of
+     * tc_o8_at (O8_ROW floats a row: 8 column groups of O8_COL) */
     static constexpr size_t STAGE8 = (size_t)TC_STAGES * TC_TK * HD;
-    static constexpr size_t KV8_BYTES = 2 * STAGE8 +
-                                  (size_t)TC_WARPS * 2 * 16 * ROW * 2;
-    static_assert(KV8_BYTES <= BYTES, "FP8 KV stages exceed the smem");
+    static constexpr int O8_COL = HD / 8 + 4;
+    static constexpr int O8_ROW = 8 * O8_COL + 1;
+    static constexpr size_t MERGE8 =
+        (size_t)TC_WARPS * TC_MAX_GROUP * (O8_ROW + 2) * sizeof(float);
+    static constexpr size_t BYTES8 =
+        2 * STAGE8 > MERGE8 ? 2 * STAGE8 : MERGE8;
 };
+
+/* FP8 KV: float offset of (row, output dim d) in a warp's merge rows.
+ * tc_attend16_kv8 leaves dim (HD / 8) c + nt in accumulator o[nt][c & 1]
+ * of the lanes with 2 tq + (c & 1) = c; it goes to c * O8_COL + nt of
+ * its row.  O8_COL = 4 (mod 8) puts the 4 tq of a store 8 banks apart
+ * and the odd O8_ROW the 8 rows (gr) on distinct banks: the 32 lanes'
+ * stores of one accumulator hit 32 banks (rows of HD floats would put
+ * them all in one). */
+template <int HD>
+static __device__ __forceinline__ int tc_o8_at(int row, int d)
+{
+    return row * tc_smem<HD>::O8_ROW + d / (HD / 8) * tc_smem<HD>::O8_COL +
+           d % (HD / 8);
+}
 
 /* The fused RoPE's rotation table of token tok (cos, sin of pos x
  * inv_freq into sh_c / sh_s, HD / 2 each): it reads only what the host
@@ -162,8 +184,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     unsigned char *tc_sm = tc_sm_raw;
     bf16_t *sk = reinterpret_cast<bf16_t *>(tc_sm); /* [STAGES][TK][ROW] */
     bf16_t *sv = sk + TC_STAGES * TILE;
-    /* KV8: code stages [STAGES][TK][HD] bytes of K, then of V, then the
-     * warps' widened rows (16 of K, 16 of V each) */
+    /* KV8: code stages [STAGES][TK][HD] bytes of K, then of V */
     constexpr size_t STAGE8 = tc_smem<HD>::STAGE8;
     uint8_t *sk8 = tc_sm;
     uint8_t *sv8 = sk8 + STAGE8;
@@ -177,9 +198,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     const int warp = threadIdx.x >> 5;
     const int gr = lane >> 2; /* accumulator row (and row + 8) */
     const int tq = lane & 3;  /* accumulator column pair */
-    bf16_t *skw = reinterpret_cast<bf16_t *>(sk8 + 2 * STAGE8) +
-                  warp * 2 * WPART;
-    bf16_t *svw = skw + WPART;
     KPROF(0, 0);
 
     /* Everything up to kern_pdl_wait() reads only what the host wrote
@@ -280,9 +298,10 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     KPROF(0, 1);
 
     /* Q as the A operand: rows = the group's heads (zero beyond G), from
-     * d_q, or rotated here from the QKV row (the fused RoPE). */
+     * d_q, or rotated here from the QKV row (the fused RoPE); KV8's below,
+     * once sl2 is known. */
     uint32_t qa[KS][4];
-    if (a.d_qkv) {
+    if (!KV8 && a.d_qkv) {
         const int rn = ctx - start - kt_new * TC_TK; /* the hole's row */
         tc_rope_prologue<HD>(a, tok, kvh, G, start, end, ctx, sh_c, sh_s,
                              sh_q, fill_new ? sk + kt_new * TILE + rn * ROW
@@ -290,7 +309,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                              fill_new ? sv + kt_new * TILE + rn * ROW
                                       : NULL);
         tc_load_q<HD>(qa, sh_q, G, lane);
-    } else {
+    } else if constexpr (!KV8) {
         tc_load_q<HD>(qa,
                       (const bf16_t *)a.d_q + ((size_t)tok * a.n_heads + h0) *
                                                   HD,
@@ -306,6 +325,11 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     /* scores in log2 (KV8: times the KV head's K scale) */
     const float sl2 = (KV8 ? a.scale * a.d_kv_scale[kvh] : a.scale) *
                       1.4426950408889634f;
+    if constexpr (KV8) /* f16, times sl2, in tc_attend16_kv8's dim order */
+        tc_load_q8<HD>(qa,
+                       (const bf16_t *)a.d_q +
+                           ((size_t)tok * a.n_heads + h0) * HD,
+                       G, sl2, lane);
 
     /* Not unrolled: CUDA 13.0's ptxas (V13.0.88) compiled the unrolled
      * loop's second copy in the FP8-KV instances with its shared-memory
@@ -340,18 +364,17 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         if (kb >= end)
             continue; /* this warp's 16 keys are all past the split */
         if constexpr (KV8) {
-            /* (the __syncwarp above: the last tile's reads of skw / svw
-             * are done) */
             const size_t so = (size_t)(kt % TC_STAGES) * TC_TK * HD +
                               warp * 16 * HD;
-            tc_widen16<HD>(skw, sk8 + so, lane);
-            tc_widen16<HD>(svw, sv8 + so, lane);
-            __syncwarp();
-            tk = skw;
-            tv = svw;
-        }
-
-        if (mrow)
+            if (mrow)
+                tc_attend16_kv8<HD, true>(qa, sk8 + so, sv8 + so, kb, end,
+                                          ctx, mrow, o, m0, m1, l0, l1,
+                                          lane);
+            else
+                tc_attend16_kv8<HD, false>(qa, sk8 + so, sv8 + so, kb, end,
+                                           ctx, mrow, o, m0, m1, l0, l1,
+                                           lane);
+        } else if (mrow)
             tc_attend16<HD, true>(qa, tk, tv, kb, end, ctx, mrow, sl2, o,
                                   m0, m1, l0, l1, lane);
         else
@@ -368,20 +391,34 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
     KPROF(0, 3);
-    float *sm_o = reinterpret_cast<float *>(tc_sm); /* [W][16][HD] */
-    float *sm_m = sm_o + TC_WARPS * TC_MAX_GROUP * HD;
+    /* [W][16][OROW]: rows of HD floats, KV8 tc_o8_at's */
+    constexpr int OROW = KV8 ? tc_smem<HD>::O8_ROW : HD;
+    float *sm_o = reinterpret_cast<float *>(tc_sm);
+    float *sm_m = sm_o + TC_WARPS * TC_MAX_GROUP * OROW;
     float *sm_l = sm_m + TC_WARPS * TC_MAX_GROUP;
-    float *ow = sm_o + warp * TC_MAX_GROUP * HD;
+    float *ow = sm_o + warp * TC_MAX_GROUP * OROW;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        int d = nt * 8 + 2 * tq;
-        if (gr < G) {
-            ow[gr * HD + d] = o[nt][0];
-            ow[gr * HD + d + 1] = o[nt][1];
-        }
-        if (gr + 8 < G) {
-            ow[(gr + 8) * HD + d] = o[nt][2];
-            ow[(gr + 8) * HD + d + 1] = o[nt][3];
+        if constexpr (KV8) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                /* the accumulators' dims (tc_attend16_kv8) */
+                const int d = (HD / 8) * (2 * tq + j) + nt;
+                if (gr < G)
+                    ow[tc_o8_at<HD>(gr, d)] = o[nt][j];
+                if (gr + 8 < G)
+                    ow[tc_o8_at<HD>(gr + 8, d)] = o[nt][2 + j];
+            }
+        } else {
+            int d = nt * 8 + 2 * tq;
+            if (gr < G) {
+                ow[gr * HD + d] = o[nt][0];
+                ow[gr * HD + d + 1] = o[nt][1];
+            }
+            if (gr + 8 < G) {
+                ow[(gr + 8) * HD + d] = o[nt][2];
+                ow[(gr + 8) * HD + d + 1] = o[nt][3];
+            }
         }
     }
     if (tq == 0) {
@@ -404,7 +441,9 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             float mw = sm_m[w * TC_MAX_GROUP + g];
             float sc = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
             ls += sm_l[w * TC_MAX_GROUP + g] * sc;
-            as += sm_o[(w * TC_MAX_GROUP + g) * HD + d] * sc;
+            as += (KV8 ? sm_o[w * TC_MAX_GROUP * OROW + tc_o8_at<HD>(g, d)]
+                       : sm_o[(w * TC_MAX_GROUP + g) * HD + d]) *
+                  sc;
         }
         int h = h0 + g;
         if constexpr (KV8) /* the KV head's V scale */
@@ -453,7 +492,7 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
                              cudaStream_t stream)
 {
-    const size_t bytes = tc_smem<HD>::BYTES;
+    const size_t bytes = KV8 ? tc_smem<HD>::BYTES8 : tc_smem<HD>::BYTES;
     /* The shared-memory opt-in is a per-device attribute: tensor-parallel
      * ranks (one thread per GPU) each need it on their own device. */
     static bool attr_set[64];

@@ -5,13 +5,17 @@
  *   - tc_copy_rows16: one warp's 16 K and V rows of a 64-key tile into its
  *     rows of a pipeline stage (cp.async, zero fill past the keys);
  *   - tc_attend16: those 16 keys against the group's heads: S = Q K^T on
- *     mma.m16n8k16, the mask, an online softmax in base 2, O += P V with
- *     P re-packed from the accumulators (no shared-memory round trip);
+ *     mma.m16n8k16, the mask, an online softmax in base 2 (tc_softmax16),
+ *     O += P V with P re-packed from the accumulators (no shared-memory
+ *     round trip);
  *   - tc_load_q: Q of the group's heads as the A operand;
- *   - FP8 KV: tc_copy_rows16_kv8 copies rows of codes, tc_widen16 turns a
- *     warp's 16 of them into the bf16 rows tc_attend16 reads.
+ *   - FP8 KV: tc_copy_rows16_kv8 copies rows of E4M3 codes (swizzled,
+ *     tc_kv8_at), tc_load_q8 holds Q as f16 fragments in the dim order the
+ *     codes are read in, and tc_attend16_kv8 builds the f16 B fragments
+ *     straight from the codes in shared memory (no bf16 copy, no
+ *     ldmatrix).
  * Row layout in shared memory: HD bf16 + TC_PAD of padding (2 x 16 B,
- * which keeps ldmatrix free of bank conflicts).
+ * which keeps ldmatrix free of bank conflicts); FP8 KV: HD bytes.
  */
 #ifndef BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH
 #define BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH
@@ -72,9 +76,33 @@ static __device__ __forceinline__ void tc_copy_rows16(
     }
 }
 
-/* FP8 KV: copies 16 rows of E4M3 codes (HD bytes each, unpadded) of K
- * and V into dk / dv, as tc_copy_rows16 (off: the row's element, so byte,
- * offset; -1 zero-filled). */
+/* FP8 KV: where byte `byte` of row r (0..15) of a warp's K or V codes
+ * lies (rows of HD bytes from t): the 16-byte chunks of a row are
+ * permuted by an XOR of the row so that tc_attend16_kv8's fragment loads
+ * are free of bank conflicts (16-byte loads: 8 lanes a phase, 8 distinct
+ * 16-byte bank groups needed; HD = 64's 8-byte V loads: 16 lanes a phase,
+ * 16 distinct 8-byte groups):
+ *   HD = 128, XOR ((r & 1) << 2) ^ (r & 6): K, lanes gr = 2p, 2p + 1 read
+ *     chunks tq (+ 4) of rows of both parities, the two halves of the
+ *     row's 8 chunks; V, lanes tq = 0..3 read chunk gr of rows
+ *     {0, 3, 4, 7} or {1, 2, 5, 6} (+ 8), whose XORs differ in bits 1-2;
+ *   HD = 64 (two rows a 128-byte bank line), XOR (r >> 1) & 2: K is free
+ *     of conflicts either way; V's rows {0, 4} and {3, 7} (the even and
+ *     odd halves of the line) get distinct chunk pairs.
+ * One function for the copy and the readers, so they agree;
+ * tests/gpu/kv8_frag_sim.py models both and counts the conflicts. */
+template <int HD>
+static __device__ __forceinline__ const uint8_t *tc_kv8_at(const uint8_t *t,
+                                                          int r, int byte)
+{
+    static_assert(HD == 64 || HD == 128, "tc_kv8_at: head size 64 or 128");
+    const int x = HD == 128 ? ((r & 1) << 2) ^ (r & 6) : (r >> 1) & 2;
+    return t + r * HD + 16 * ((byte >> 4) ^ x) + (byte & 15);
+}
+
+/* FP8 KV: copies 16 rows of E4M3 codes (HD bytes each, unpadded,
+ * tc_kv8_at's layout) of K and V into dk / dv, as tc_copy_rows16 (off:
+ * the row's element, so byte, offset; -1 zero-filled). */
 template <int HD>
 static __device__ __forceinline__ void tc_copy_rows16_kv8(
     uint8_t *dk, uint8_t *dv, const uint8_t *kbase, const uint8_t *vbase,
@@ -88,31 +116,9 @@ static __device__ __forceinline__ void tc_copy_rows16_kv8(
         const int r = i * RPI + lane / CPR;
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0;
-        tc_cp16_l2(dk + r * HD + c * 16, ok ? kbase + o + c * 16 : kbase, ok,
-                   pol);
-        tc_cp16_l2(dv + r * HD + c * 16, ok ? vbase + o + c * 16 : vbase, ok,
-                   pol);
-    }
-}
-
-/* FP8 KV: a warp's 16 rows of codes (src, HD bytes apart) widened to
- * bf16 rows of ROW (dst), exactly (kv8_to_bf16x8); the caller syncs the
- * warp before and after. */
-template <int HD>
-static __device__ __forceinline__ void tc_widen16(bf16_t *dst,
-                                                  const uint8_t *src,
-                                                  int lane)
-{
-    constexpr int ROW = tc_rows<HD>::ROW;
-    constexpr int C8 = HD / 8; /* 8-code chunks per row */
-#pragma unroll
-    for (int i = 0; i < 16 * C8 / 32; i++) {
-        const int ci = lane + 32 * i;
-        const int r = ci / C8, c = ci - r * C8;
-        const uint2 codes = *reinterpret_cast<const uint2 *>(src + r * HD +
-                                                             c * 8);
-        *reinterpret_cast<uint4 *>(dst + r * ROW + c * 8) =
-            kv8_to_bf16x8(codes);
+        const int at = (int)(tc_kv8_at<HD>(dk, r, 16 * c) - dk);
+        tc_cp16_l2(dk + at, ok ? kbase + o + c * 16 : kbase, ok, pol);
+        tc_cp16_l2(dv + at, ok ? vbase + o + c * 16 : vbase, ok, pol);
     }
 }
 
@@ -134,37 +140,62 @@ static __device__ __forceinline__ void tc_load_q(uint32_t (&qa)[HD / 16][4],
     }
 }
 
-/* Keys kb .. kb+15 (rows tk / tv) into the warp's running (m, l, O) of
- * accumulator rows gr and gr + 8.  Keys >= end, and (MASKED) draft-tree
- * keys (>= ctx) that mrow hides, are -inf.  sl2: scale x log2(e).
- * Callers branch once on mrow and call the MASKED or the plain instance:
- * the kernels' own loops had that split made by the compiler, which it no
- * longer made once the step was a function (a mask test per key cost
- * 4% at batch 64: round 12). */
+/* FP8 KV: G rows of Q (HD apart from qp) as f16 A fragments, each times
+ * sl2 (the softmax scale x the KV head's K scale x log2(e): the S
+ * accumulators come out in log2 units, ready for exp2), in the dim order
+ * of tc_attend16_kv8's K fragments: lane (gr, tq) holds rows gr and gr + 8
+ * (zero beyond G), dims 16 tq .. 16 tq + 15 (and 64 + those at HD = 128);
+ * k-step 4 ci + m takes dims d = 64 ci + 16 tq + 4 m: d, d + 1 as the
+ * fragment's columns 2 tq, 2 tq + 1 and d + 2, d + 3 as 2 tq + 8, + 9 --
+ * the B fragment's rows take the same dims of the key, so each k-step
+ * sums 16 whole dims and the product is Q K^T (a dot product does not
+ * care about the order of its dims).
+ * Range: q' = q x sl2 is rounded once from f32 to f16.  q' x 448 (the
+ * largest code) is the most a dim can add to a score in log2 units, and
+ * a score of 2^7 is already beyond f32's exp2; |q'| reaching f16's 65504
+ * would need one dim alone to move a score by 2.9e7: no real Q and K
+ * scale do that (the K scale maps the cache's largest |k| to 448, and
+ * scale = 1/sqrt(HD)).  Small |q'| lose only absolute precision in f16's
+ * subnormals: at most 2^-25 x 448 x HD = 1.7e-3 in log2 units (HD = 128)
+ * over a whole score, against bf16 Q's relative 2^-9 before. */
+template <int HD>
+static __device__ __forceinline__ void tc_load_q8(uint32_t (&qa)[HD / 16][4],
+                                                  const bf16_t *qp, int G,
+                                                  float sl2, int lane)
+{
+    const int gr = lane >> 2, tq = lane & 3;
+    auto q2 = [&](int row, int d) -> uint32_t {
+        if (row >= G)
+            return 0u;
+        const uint32_t w = tc_ld32(qp + row * HD + d);
+        const float2 f = __bfloat1622float2(
+            *reinterpret_cast<const __nv_bfloat162 *>(&w));
+        return tc_pack_f16(f.x * sl2, f.y * sl2);
+    };
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+        const int d = 64 * (ks / 4) + 16 * tq + 4 * (ks % 4);
+        qa[ks][0] = q2(gr, d);
+        qa[ks][1] = q2(gr + 8, d);
+        qa[ks][2] = q2(gr, d + 2);
+        qa[ks][3] = q2(gr + 8, d + 2);
+    }
+}
+
+/* The online softmax of 16 keys kb .. kb+15 on the S accumulators s
+ * (accumulator rows gr and gr + 8, keys nt * 8 + 2 tq + 0/1) of the
+ * warp's running (m, l, O): s times sl2 (to log2 units), keys >= end and
+ * (MASKED) draft-tree keys (>= ctx) that mrow hides -inf, the running max
+ * and sum updated, O rescaled, and s left holding the probabilities
+ * exp2(s - max), unnormalized. */
 template <int HD, bool MASKED>
-static __device__ __forceinline__ void tc_attend16(
-    const uint32_t (&qa)[HD / 16][4], const bf16_t *tk, const bf16_t *tv,
-    int kb, int end, int ctx, const uint8_t *mrow, float sl2,
-    float (&o)[HD / 8][4], float &m0, float &m1, float &l0, float &l1,
-    int lane)
+static __device__ __forceinline__ void tc_softmax16(
+    float (&s)[2][4], int kb, int end, int ctx, const uint8_t *mrow,
+    float sl2, float (&o)[HD / 8][4], float &m0, float &m1, float &l0,
+    float &l1, int lane)
 {
     constexpr int NT = HD / 8; /* 8-wide column tiles of O */
     const int tq = lane & 3;
-    float s[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-    for (int k2 = 0; k2 < HD / 32; k2++) {
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            uint32_t b[4];
-            tc_ldm(b, tc_at<HD>(tk, nt * 8 + (lane & 7),
-                                     k2 * 32 + (lane >> 3) * 8));
-            tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
-            tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
-        }
-    }
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
@@ -208,6 +239,40 @@ static __device__ __forceinline__ void tc_attend16(
         o[nt][2] *= c1;
         o[nt][3] *= c1;
     }
+}
+
+/* Keys kb .. kb+15 (rows tk / tv) into the warp's running (m, l, O) of
+ * accumulator rows gr and gr + 8 (tc_softmax16: keys >= end, and
+ * (MASKED) draft-tree keys that mrow hides, are -inf).  sl2: scale x
+ * log2(e).
+ * Callers branch once on mrow and call the MASKED or the plain instance:
+ * the kernels' own loops had that split made by the compiler, which it no
+ * longer made once the step was a function (a mask test per key cost
+ * 4% at batch 64: round 12). */
+template <int HD, bool MASKED>
+static __device__ __forceinline__ void tc_attend16(
+    const uint32_t (&qa)[HD / 16][4], const bf16_t *tk, const bf16_t *tv,
+    int kb, int end, int ctx, const uint8_t *mrow, float sl2,
+    float (&o)[HD / 8][4], float &m0, float &m1, float &l0, float &l1,
+    int lane)
+{
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int k2 = 0; k2 < HD / 32; k2++) {
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            uint32_t b[4];
+            tc_ldm(b, tc_at<HD>(tk, nt * 8 + (lane & 7),
+                                     k2 * 32 + (lane >> 3) * 8));
+            tc_mma(s[nt], qa[2 * k2], b[0], b[1]);
+            tc_mma(s[nt], qa[2 * k2 + 1], b[2], b[3]);
+        }
+    }
+    tc_softmax16<HD, MASKED>(s, kb, end, ctx, mrow, sl2, o, m0, m1, l0, l1,
+                             lane);
     uint32_t pa[4] = {tc_pack(s[0][0], s[0][1]), tc_pack(s[0][2], s[0][3]),
                       tc_pack(s[1][0], s[1][1]), tc_pack(s[1][2], s[1][3])};
 #pragma unroll
@@ -218,6 +283,96 @@ static __device__ __forceinline__ void tc_attend16(
         tc_mma(o[2 * dn], pa, b[0], b[1]);
         tc_mma(o[2 * dn + 1], pa, b[2], b[3]);
     }
+}
+
+/* FP8 KV: keys kb .. kb+15 (codes in tc_kv8_at's layout at tk / tv) into
+ * the warp's running (m, l, O), as tc_attend16, on f16 MMAs with B
+ * fragments converted from codes in registers (cvt.rn.f16x2.e4m3x2, two
+ * codes an instruction, exact).  qa: tc_load_q8's (already in log2
+ * units).  Lane (gr, tq):
+ *   S: key nt * 8 + gr of n-tile nt, its chunks tq (+ 4) of 16 dims; the
+ *     4-byte word m of a chunk is k-step 4 ci + m, its low code pair the
+ *     fragment's rows 2 tq, 2 tq + 1 and its high pair rows 2 tq + 8, + 9
+ *     (tc_load_q8 puts the same dims in Q's columns).
+ *   O: the n index of n-tile nt, column gr of the B fragment, is output
+ *     dim (HD / 8) gr + nt, so a lane reads one contiguous HD / 8 bytes
+ *     of each of its keys 2 tq, 2 tq + 1, 2 tq + 8, 2 tq + 9 (the rows
+ *     of P's columns it holds); byte nt of keys 2 tq and 2 tq + 1 make
+ *     one code pair by a byte permute.  The accumulators o[nt][j] (C
+ *     columns 2 tq + (j & 1)) are therefore dims (HD / 8)(2 tq + (j & 1))
+ *     + nt, not the bf16 kernel's 8 nt + 2 tq + (j & 1): tc_o8_at in
+ *     attn_decode_tc.cu writes them out.
+ *   Lanes of odd tq load key 2 tq + 1 before 2 tq (the permute's selector
+ *     swaps them back), so each V load reads rows of both parities: with
+ *     tc_kv8_at's swizzle no load conflicts. */
+template <int HD, bool MASKED>
+static __device__ __forceinline__ void tc_attend16_kv8(
+    const uint32_t (&qa)[HD / 16][4], const uint8_t *tk, const uint8_t *tv,
+    int kb, int end, int ctx, const uint8_t *mrow, float (&o)[HD / 8][4],
+    float &m0, float &m1, float &l0, float &l1, int lane)
+{
+    constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
+    constexpr int NC = HD / 64; /* 16-byte K chunks a lane reads per key */
+    constexpr int VW = HD / 32; /* 4-byte words of a lane's V piece */
+    typedef typename kv_word<HD / 8>::type vpiece_t;
+    const int gr = lane >> 2, tq = lane & 3;
+
+    uint32_t kw[2][NC][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int ci = 0; ci < NC; ci++) {
+            const uint4 c = *reinterpret_cast<const uint4 *>(
+                tc_kv8_at<HD>(tk, nt * 8 + gr, 16 * (tq + 4 * ci)));
+            kw[nt][ci][0] = c.x;
+            kw[nt][ci][1] = c.y;
+            kw[nt][ci][2] = c.z;
+            kw[nt][ci][3] = c.w;
+        }
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const uint32_t w = kw[nt][ks / 4][ks % 4];
+            tc_mma_f16(s[nt], qa[ks], kv8_f16x2(w), kv8_f16x2(w >> 16));
+        }
+    tc_softmax16<HD, MASKED>(s, kb, end, ctx, mrow, 1.0f, o, m0, m1, l0, l1,
+                             lane);
+    const uint32_t pa[4] = {
+        tc_pack_f16(s[0][0], s[0][1]), tc_pack_f16(s[0][2], s[0][3]),
+        tc_pack_f16(s[1][0], s[1][1]), tc_pack_f16(s[1][2], s[1][3])};
+
+    /* vb[h][nt]: the code pair (key 2 tq + 8 h, key 2 tq + 8 h + 1) at
+     * dim (HD / 8) gr + nt, as f16 */
+    const int ka = 2 * tq + (tq & 1); /* the key loaded first */
+    const uint32_t sel_lo = tq & 1 ? 0x1504u : 0x5140u; /* bytes 0, 1 */
+    const uint32_t sel_hi = tq & 1 ? 0x3726u : 0x7362u; /* bytes 2, 3 */
+    uint32_t vb[2][NT];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const vpiece_t va = *reinterpret_cast<const vpiece_t *>(
+            tc_kv8_at<HD>(tv, ka + 8 * h, gr * (HD / 8)));
+        const vpiece_t vc = *reinterpret_cast<const vpiece_t *>(
+            tc_kv8_at<HD>(tv, (ka ^ 1) + 8 * h, gr * (HD / 8)));
+        const uint32_t *wa = reinterpret_cast<const uint32_t *>(&va);
+        const uint32_t *wc = reinterpret_cast<const uint32_t *>(&vc);
+#pragma unroll
+        for (int w = 0; w < VW; w++) {
+            const uint32_t lo = __byte_perm(wa[w], wc[w], sel_lo);
+            const uint32_t hi = __byte_perm(wa[w], wc[w], sel_hi);
+            vb[h][4 * w] = kv8_f16x2(lo);
+            vb[h][4 * w + 1] = kv8_f16x2(lo >> 16);
+            vb[h][4 * w + 2] = kv8_f16x2(hi);
+            vb[h][4 * w + 3] = kv8_f16x2(hi >> 16);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        tc_mma_f16(o[nt], pa, vb[0][nt], vb[1][nt]);
 }
 
 #endif /* BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH */
