@@ -76,8 +76,8 @@ static __device__ __forceinline__ void tc_copy_rows16(
     }
 }
 
-/* FP8 KV: where byte `byte` of row r (0..15) of a warp's K or V codes
- * lies (rows of HD bytes from t): the 16-byte chunks of a row are
+/* FP8 KV: the offset of byte `byte` of row r (0..15) in a warp's K or V
+ * codes (16 rows of HD bytes): the 16-byte chunks of a row are
  * permuted by an XOR of the row so that tc_attend16_kv8's fragment loads
  * are free of bank conflicts (16-byte loads: 8 lanes a phase, 8 distinct
  * 16-byte bank groups needed; HD = 64's 8-byte V loads: 16 lanes a phase,
@@ -92,12 +92,11 @@ static __device__ __forceinline__ void tc_copy_rows16(
  * One function for the copy and the readers, so they agree;
  * tests/gpu/kv8_frag_sim.py models both and counts the conflicts. */
 template <int HD>
-static __device__ __forceinline__ const uint8_t *tc_kv8_at(const uint8_t *t,
-                                                          int r, int byte)
+static __device__ __forceinline__ int tc_kv8_at(int r, int byte)
 {
     static_assert(HD == 64 || HD == 128, "tc_kv8_at: head size 64 or 128");
     const int x = HD == 128 ? ((r & 1) << 2) ^ (r & 6) : (r >> 1) & 2;
-    return t + r * HD + 16 * ((byte >> 4) ^ x) + (byte & 15);
+    return r * HD + 16 * ((byte >> 4) ^ x) + (byte & 15);
 }
 
 /* FP8 KV: copies 16 rows of E4M3 codes (HD bytes each, unpadded,
@@ -116,7 +115,7 @@ static __device__ __forceinline__ void tc_copy_rows16_kv8(
         const int r = i * RPI + lane / CPR;
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const bool ok = o >= 0;
-        const int at = (int)(tc_kv8_at<HD>(dk, r, 16 * c) - dk);
+        const int at = tc_kv8_at<HD>(r, 16 * c);
         tc_cp16_l2(dk + at, ok ? kbase + o + c * 16 : kbase, ok, pol);
         tc_cp16_l2(dv + at, ok ? vbase + o + c * 16 : vbase, ok, pol);
     }
@@ -150,14 +149,17 @@ static __device__ __forceinline__ void tc_load_q(uint32_t (&qa)[HD / 16][4],
  * the B fragment's rows take the same dims of the key, so each k-step
  * sums 16 whole dims and the product is Q K^T (a dot product does not
  * care about the order of its dims).
- * Range: q' = q x sl2 is rounded once from f32 to f16.  q' x 448 (the
- * largest code) is the most a dim can add to a score in log2 units, and
- * a score of 2^7 is already beyond f32's exp2; |q'| reaching f16's 65504
- * would need one dim alone to move a score by 2.9e7: no real Q and K
- * scale do that (the K scale maps the cache's largest |k| to 448, and
- * scale = 1/sqrt(HD)).  Small |q'| lose only absolute precision in f16's
- * subnormals: at most 2^-25 x 448 x HD = 1.7e-3 in log2 units (HD = 128)
- * over a whole score, against bf16 Q's relative 2^-9 before. */
+ * Range: q' = q x sl2 is computed in f32 and rounded once to f16.
+ * q'_d x code is dim d's share of a score in log2 units and codes reach
+ * +-448, so |q'_d| at f16's 65504 would mean one dim able to move a
+ * score by 2.9e7 (2^24.8) log2 units -- q_d x scale x the largest |k_d|
+ * the cache can hold (448 x the K scale); real attention logits are
+ * tens (test_attn's q in [-1, 1], |k| <= 9: |q'| < 4e-3, a real model's
+ * q ~ 50, |k| ~ 20: |q'| ~ 0.3).  The rounding costs a relative 2^-11
+ * per element (the bf16 kernel's Q is exact, but its P is rounded to
+ * bf16, 2^-8, where this one's f16 P gets 2^-11); tiny q' lose only
+ * absolute precision in f16's subnormals, at most 2^-25 x 448 x HD =
+ * 1.7e-3 log2 units on a whole score (HD = 128). */
 template <int HD>
 static __device__ __forceinline__ void tc_load_q8(uint32_t (&qa)[HD / 16][4],
                                                   const bf16_t *qp, int G,
@@ -323,7 +325,7 @@ static __device__ __forceinline__ void tc_attend16_kv8(
 #pragma unroll
         for (int ci = 0; ci < NC; ci++) {
             const uint4 c = *reinterpret_cast<const uint4 *>(
-                tc_kv8_at<HD>(tk, nt * 8 + gr, 16 * (tq + 4 * ci)));
+                tk + tc_kv8_at<HD>(nt * 8 + gr, 16 * (tq + 4 * ci)));
             kw[nt][ci][0] = c.x;
             kw[nt][ci][1] = c.y;
             kw[nt][ci][2] = c.z;
@@ -355,9 +357,9 @@ static __device__ __forceinline__ void tc_attend16_kv8(
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const vpiece_t va = *reinterpret_cast<const vpiece_t *>(
-            tc_kv8_at<HD>(tv, ka + 8 * h, gr * (HD / 8)));
+            tv + tc_kv8_at<HD>(ka + 8 * h, gr * (HD / 8)));
         const vpiece_t vc = *reinterpret_cast<const vpiece_t *>(
-            tc_kv8_at<HD>(tv, (ka ^ 1) + 8 * h, gr * (HD / 8)));
+            tv + tc_kv8_at<HD>((ka ^ 1) + 8 * h, gr * (HD / 8)));
         const uint32_t *wa = reinterpret_cast<const uint32_t *>(&va);
         const uint32_t *wc = reinterpret_cast<const uint32_t *>(&vc);
 #pragma unroll
