@@ -2649,6 +2649,31 @@ static void cuda_host_tier_free(cuda_backend_t *b)
     b->ev_queued = NULL;
 }
 
+/* The copy stream's work after what the compute stream has queued
+ * (ev_queued), and the compute stream's next work after the copies
+ * (ev_copied): the two fences of cuda_kv_host_copy and cuda_kv_copy_in. */
+static bt_status_t copy_after_compute(cuda_backend_t *b, cuda_rank_t *r)
+{
+    bt_status_t status =
+        BT_CUDA_STATUS(cudaEventRecord(b->ev_queued, r->stream));
+
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(
+            cudaStreamWaitEvent(b->copy_stream, b->ev_queued, 0));
+    return status;
+}
+
+static bt_status_t compute_after_copy(cuda_backend_t *b, cuda_rank_t *r)
+{
+    bt_status_t status =
+        BT_CUDA_STATUS(cudaEventRecord(b->ev_copied, b->copy_stream));
+
+    if (status == BT_OK)
+        status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->stream, b->ev_copied,
+                                                    0));
+    return status;
+}
+
 /* One copy per layer, K and V, per run of blocks whose ids and host
  * slots are both consecutive (a 2D copy: device rows of one block, host
  * rows a slot apart), on the copy stream, so that neither waits for the
@@ -2682,12 +2707,8 @@ static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
         status = cuda_host_tier_init(b);
     if (status != BT_OK)
         return status;
-    if (!to_host) {
-        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_queued, r->stream));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(
-                cudaStreamWaitEvent(b->copy_stream, b->ev_queued, 0));
-    }
+    if (!to_host)
+        status = copy_after_compute(b, r);
     for (int i = 0, run; i < n && status == BT_OK; i += run) {
         for (run = 1; i + run < n && blocks[i + run] == blocks[i] + run &&
                       (char *)host[i + run] == (char *)host[i] + run * slot;
@@ -2712,11 +2733,7 @@ static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
         }
     }
     if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_copied,
-                                                b->copy_stream));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->stream, b->ev_copied,
-                                                    0));
+        status = compute_after_copy(b, r);
     if (status != BT_OK) {
         /* nothing half-done left behind: the caller drops the entry */
         (void)cudaStreamSynchronize(b->copy_stream);
@@ -2744,10 +2761,7 @@ static bt_status_t cuda_kv_copy_in(void *impl, const void *src, int n,
     if (status == BT_OK)
         status = cuda_host_tier_init(b);
     if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_queued, r->stream));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(
-            cudaStreamWaitEvent(b->copy_stream, b->ev_queued, 0));
+        status = copy_after_compute(b, r);
     for (int i = 0, run; i < n && status == BT_OK; i += run) {
         for (run = 1; i + run < n && blocks[i + run] == blocks[i] + run; run++)
             ;
@@ -2762,11 +2776,7 @@ static bt_status_t cuda_kv_copy_in(void *impl, const void *src, int n,
                     b->copy_stream));
     }
     if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaEventRecord(b->ev_copied,
-                                                b->copy_stream));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaStreamWaitEvent(r->stream, b->ev_copied,
-                                                    0));
+        status = compute_after_copy(b, r);
     /* complete either way: nothing reads the window after this */
     if (b->copy_stream != NULL) {
         bt_status_t st = BT_CUDA_STATUS(cudaStreamSynchronize(b->copy_stream));
