@@ -403,6 +403,9 @@ void kv_cipc_window_grant_encode(const uint8_t *token, int n_blocks,
     put_u32(&p, (uint32_t)n_blocks);
 }
 
+/* The most blocks a grant's window may have. */
+#define CIPC_WINDOW_MAX_BLOCKS (1 << 24)
+
 bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
                                        uint8_t *token, int *n_blocks_p)
 {
@@ -414,7 +417,7 @@ bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
                         "bytes", len);
     p = buf + KV_CIPC_TOKEN_BYTES;
     n = get_u32(&p);
-    if (n < 1 || n > (1u << 24))
+    if (n < 1 || n > (uint32_t)CIPC_WINDOW_MAX_BLOCKS)
         return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC window of %u blocks",
                         n);
     memcpy(token, buf, KV_CIPC_TOKEN_BYTES);
@@ -1036,7 +1039,7 @@ bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
             .make = cipc_alloc_make,
             .release = cipc_alloc_release,
             .bytes = cipc_alloc_bytes,
-            .max_blocks = BT_MIN(layout->n_blocks, 1 << 24),
+            .max_blocks = BT_MIN(layout->n_blocks, CIPC_WINDOW_MAX_BLOCKS),
             .budget = pool->window_budget,
             .ready_budget = pool->window_budget / CIPC_WINDOWS_READY_SHARE,
             .ready_per_class = CIPC_WINDOWS_READY_PER_CLASS,
