@@ -854,6 +854,18 @@ void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p)
 
     if (pool == NULL)
         return;
+    if (pool->winpool != NULL) {
+        kv_winpool_stats_t st;
+
+        /* how often a grant found its window made ahead: the loop's
+         * share of the window cost */
+        kv_winpool_stats(pool->winpool, &st);
+        BT_LOG_INFO("KV", "CUDA IPC windows: %llu made ahead, %llu made on "
+                    "the loop; %llu allocations released",
+                    (unsigned long long)st.taken_ready,
+                    (unsigned long long)st.taken_made,
+                    (unsigned long long)st.released);
+    }
     /* windows must be gone (their owner destroys them first); the pool
      * releases what it made ahead or was given back */
     kv_winpool_destroy(&pool->winpool);
