@@ -18,7 +18,7 @@
 
 #define WINPOOL_MAX_CLASSES 26   /* up to 2^25 blocks */
 #define WINPOOL_IDLE_MS 1000     /* the thread's nap; work wakes it */
-#define WINPOOL_TAKE_WAIT_MS 100 /* a take past the budget waits this long
+#define WINPOOL_TAKE_WAIT_MS 20  /* a take past the budget waits this long
                                     for the thread's make or release */
 
 struct kv_winpool_s {
