@@ -14,7 +14,8 @@
  *     plus its own fit, as without the pool (ready and pending ones make
  *     room); past that, BT_ERR_NO_RESOURCE;
  *   - the ready bytes follow the traffic: a class asked for lately
- *     takes the room of one asked for earlier;
+ *     takes the room of one asked for earlier; a class too big for the
+ *     ready budget is never made ahead and pushes nothing out;
  *   - a failing make fails the take and leaks nothing;
  *   - destroy releases the ready and pending ones;
  *   - a hammer: this thread takes and puts while the pool's thread makes
@@ -327,11 +328,19 @@ static void test_ready_follows_traffic(void)
     BT_ASSERT_OK(kv_winpool_create(&c, &p));
     a = take(f, p, 8);
     wait_ready(p, 2 * fake_bytes(f, 8));
+    /* 32 blocks never fit the ready budget: made here, nothing moves */
+    b = take(f, p, 32);
+    BT_CHECK(!b->made_ahead);
+    kv_winpool_put(p, &b);
+    wait_released(f, 1);
+    usleep(20000);
+    BT_ASSERT_EQ(stats(p).ready, 2 * fake_bytes(f, 8));
+    BT_ASSERT_EQ(released(f), 1);
     b = take(f, p, 2);
     BT_CHECK(!b->made_ahead);
     /* the 2s are asked for now: an 8 gives its room up */
     wait_ready(p, fake_bytes(f, 8) + 2 * fake_bytes(f, 2));
-    wait_released(f, 1);
+    wait_released(f, 2);
     kv_winpool_put(p, &a);
     kv_winpool_put(p, &b);
     kv_winpool_destroy(&p);

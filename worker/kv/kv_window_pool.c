@@ -31,6 +31,7 @@ struct kv_winpool_s {
     kv_winpool_item_t *ready[WINPOOL_MAX_CLASSES]; /* LIFO per class */
     int n_ready[WINPOOL_MAX_CLASSES];
     uint64_t asked[WINPOOL_MAX_CLASSES]; /* tick of its last take; 0 never */
+    bool too_big[WINPOOL_MAX_CLASSES];   /* one exceeds the ready budget */
     uint64_t tick;
     bool refill_failed;         /* a make failed: none until the next take */
     kv_winpool_item_t *pending, *pending_tail; /* put back: release, FIFO */
@@ -120,7 +121,8 @@ static int stalest_ready(const kv_winpool_t *p, int keep, uint64_t before)
     return best;
 }
 
-/* The class asked for last that is short of ready allocations. */
+/* The class asked for last that is short of ready allocations (and
+ * could have one). */
 static int class_to_refill(const kv_winpool_t *p)
 {
     int best = -1;
@@ -128,7 +130,8 @@ static int class_to_refill(const kv_winpool_t *p)
     if (p->refill_failed)
         return -1;
     for (int c = 0; c < p->n_classes; c++)
-        if (p->asked[c] != 0 && p->n_ready[c] < p->cfg.ready_per_class &&
+        if (p->asked[c] != 0 && !p->too_big[c] &&
+            p->n_ready[c] < p->cfg.ready_per_class &&
             (best < 0 || p->asked[c] > p->asked[best]))
             best = c;
     return best;
@@ -238,6 +241,10 @@ bt_status_t kv_winpool_create(const kv_winpool_config_t *cfg,
         return BT_ERR_NO_MEMORY;
     p->cfg = *cfg;
     p->n_classes = class_of(cfg->max_blocks) + 1;
+    /* made ahead it would only push the others out */
+    for (int c = 0; c < p->n_classes; c++)
+        p->too_big[c] = cfg->bytes(cfg->ctx, class_blocks(p, c)) >
+                        cfg->ready_budget;
     pthread_mutex_init(&p->lock, NULL);
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
