@@ -12,7 +12,8 @@
  *   - the budget bounds every allocation in any state (the fake's peak
  *     never passes it), yet a take succeeds whenever the taken bytes
  *     plus its own fit, as without the pool (ready and pending ones make
- *     room); past that, BT_ERR_NO_RESOURCE;
+ *     room); past that, BT_ERR_NO_RESOURCE; the thread leaves room for
+ *     the largest take yet, so such a take releases nothing first;
  *   - the ready bytes follow the traffic: a class asked for lately
  *     takes the room of one asked for earlier; a class too big for the
  *     ready budget is never made ahead and pushes nothing out;
@@ -274,20 +275,25 @@ static void test_made_then_ready(void)
 static void test_budget(void)
 {
     fake_t *f = fake_new();
-    size_t budget = 2 * fake_bytes(f, 8);
+    size_t budget = 3 * fake_bytes(f, 8);
     kv_winpool_config_t c = config(f, budget, budget, 2);
     kv_winpool_t *p = NULL;
-    kv_winpool_item_t *a, *b, *x = NULL;
+    kv_winpool_item_t *a, *b, *d, *x = NULL;
+    uint64_t by_take;
 
     BT_ASSERT_OK(kv_winpool_create(&c, &p));
     a = take(f, p, 8);
-    /* one ready fits beside the taken one, a second does not */
+    /* one ready fits beside the taken one and room for another take of
+     * the largest size yet; a second does not */
     wait_ready(p, fake_bytes(f, 8));
     usleep(20000);
     BT_ASSERT_EQ(stats(p).ready, fake_bytes(f, 8));
-    BT_CHECK(stats(p).held <= budget);
     b = take(f, p, 8);
     BT_CHECK(b->made_ahead);
+    /* the headroom: this one is made at once, nothing released for it */
+    d = take(f, p, 8);
+    BT_CHECK(!d->made_ahead);
+    BT_ASSERT_EQ(stats(p).released_by_take, 0);
     /* full: a take of even one block is refused and changes nothing */
     BT_ASSERT_EQ(kv_winpool_take(p, 1, &x), BT_ERR_NO_RESOURCE);
     bt_error_clear();
@@ -299,16 +305,20 @@ static void test_budget(void)
     a = take(f, p, 8);
     kv_winpool_put(p, &a);
     kv_winpool_put(p, &b);
-    /* ready ones of a class asked before make room for a take of
-     * another: 1 + 4 + 8 blocks in a budget of 16, with ready 8s */
+    kv_winpool_put(p, &d);
+    /* released, then two ready again: 8 live beside them is the budget */
+    wait_released(f, 4);
+    wait_ready(p, 2 * fake_bytes(f, 8));
     a = take(f, p, 8);
-    wait_ready(p, fake_bytes(f, 8));
-    b = take(f, p, 4);
-    x = take(f, p, 1);
-    BT_CHECK(stats(p).held <= budget);
+    BT_CHECK(a->made_ahead);
+    /* a take larger than any yet releases a ready one to fit, here */
+    by_take = stats(p).released_by_take;
+    b = take(f, p, 16);
+    BT_CHECK(!b->made_ahead);
+    BT_ASSERT_EQ(stats(p).released_by_take, by_take + 1);
+    BT_ASSERT_EQ(stats(p).held, budget);
     kv_winpool_put(p, &a);
     kv_winpool_put(p, &b);
-    kv_winpool_put(p, &x);
     kv_winpool_destroy(&p);
     BT_ASSERT_EQ(f->released, f->made);
     BT_CHECK(f->peak <= budget);
@@ -429,10 +439,11 @@ static void test_hammer(void)
     s = stats(p);
     kv_winpool_destroy(&p);
     fprintf(stderr, "hammer: %d takes (%llu ready, %llu made), %d refused, "
-            "%llu made ahead, %d released, peak %zu of %zu bytes\n", takes,
-            (unsigned long long)s.taken_ready,
+            "%llu made ahead, %d released (%llu by takes), peak %zu of %zu "
+            "bytes\n", takes, (unsigned long long)s.taken_ready,
             (unsigned long long)s.taken_made, refused,
-            (unsigned long long)s.made_ahead, f->released, f->peak, budget);
+            (unsigned long long)s.made_ahead, f->released,
+            (unsigned long long)s.released_by_take, f->peak, budget);
     BT_CHECK(takes > 100);
     BT_CHECK(s.taken_ready > 0); /* the thread did make some ahead */
     BT_ASSERT_EQ(f->released, f->made);

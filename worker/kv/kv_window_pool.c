@@ -40,6 +40,9 @@ struct kv_winpool_s {
     size_t live;
     size_t held;
     size_t claimed;             /* a take's room while it waits or makes */
+    size_t headroom;            /* the largest take yet: what the thread
+                                   leaves free so that a take made here
+                                   need not release ready ones first */
     int thread_busy;            /* an allocation in the thread's hands */
     kv_winpool_stats_t counts;
 };
@@ -176,7 +179,7 @@ static bool thread_step(kv_winpool_t *p)
         pending_push(p, ready_pop(p, v));
         return true;
     }
-    if (p->held + p->claimed + b > p->cfg.budget)
+    if (p->held + p->claimed + p->headroom + b > p->cfg.budget)
         return false;
     it = bt_calloc(1, sizeof(*it), "kv_winpool_item");
     if (it == NULL) {
@@ -305,6 +308,7 @@ bt_status_t kv_winpool_take(kv_winpool_t *p, int n_blocks,
     pthread_mutex_lock(&p->lock);
     p->asked[c] = ++p->tick;
     p->refill_failed = false;
+    p->headroom = BT_MAX(p->headroom, need);
     for (;;) {
         it = ready_pop(p, c);
         if (it != NULL) {
@@ -348,6 +352,7 @@ bt_status_t kv_winpool_take(kv_winpool_t *p, int n_blocks,
     while ((it = victims) != NULL) {
         victims = it->next;
         release_unlocked(p, it);
+        p->counts.released_by_take++;
     }
     pthread_mutex_unlock(&p->lock);
     it = bt_calloc(1, sizeof(*it), "kv_winpool_item");

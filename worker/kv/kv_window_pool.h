@@ -26,10 +26,11 @@
  * way the thread then refills
  * n's class up to ready_per_class, the ready bytes staying within
  * ready_budget (a class not asked for lately gives its ready ones up
- * first).  Past the budget, the take first releases ready and pending
- * allocations itself, then waits a little for the thread's own work in
- * flight, and only then says BT_ERR_NO_RESOURCE: as many bytes can be
- * taken as without the pool.
+ * first) and leaving room for the largest take yet beside them.  Past
+ * the budget, the take first releases ready and pending allocations
+ * itself, then waits a little for the thread's own work in flight, and
+ * only then says BT_ERR_NO_RESOURCE: as many bytes can be taken as
+ * without the pool.
  *
  * Threading: take, put and stats from any one thread at a time (the
  * loop); make and release run on the pool's thread, or on the caller's
@@ -79,6 +80,7 @@ typedef struct {
     uint64_t taken_made;      /* takes that made theirs */
     uint64_t made_ahead;      /* allocations the thread made */
     uint64_t released;        /* allocations released (either thread) */
+    uint64_t released_by_take; /* of which by a take, to make room */
 } kv_winpool_stats_t;
 
 typedef struct kv_winpool_s kv_winpool_t;
