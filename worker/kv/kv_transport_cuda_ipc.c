@@ -861,10 +861,11 @@ void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p)
          * share of the window cost */
         kv_winpool_stats(pool->winpool, &st);
         BT_LOG_INFO("KV", "CUDA IPC windows: %llu made ahead, %llu made on "
-                    "the loop; %llu allocations released",
-                    (unsigned long long)st.taken_ready,
+                    "the loop; %llu allocations released, %llu of them on "
+                    "the loop to make room", (unsigned long long)st.taken_ready,
                     (unsigned long long)st.taken_made,
-                    (unsigned long long)st.released);
+                    (unsigned long long)st.released,
+                    (unsigned long long)st.released_by_take);
     }
     /* windows must be gone (their owner destroys them first); the pool
      * releases what it made ahead or was given back */
