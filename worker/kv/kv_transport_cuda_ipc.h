@@ -311,8 +311,9 @@ bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
 
 /* The windowed pool of a TP-1 decode worker on `device`: an FD channel
  * and a descriptor naming it; windows' allocations (live, ready, pending
- * release) may take `window_budget` bytes in all.  BT_ERR_UNSUPPORTED (not logged: the caller says it once)
- * when the device cannot make windows. */
+ * release) may take `window_budget` bytes in all.  BT_ERR_UNSUPPORTED
+ * (not logged: the caller says it once) when the device cannot make
+ * windows. */
 bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
                                          int device, size_t window_budget,
                                          kv_cipc_pool_t **pool_p);
