@@ -17,6 +17,8 @@
  *   - the ready bytes follow the traffic: a class asked for lately
  *     takes the room of one asked for earlier; a class too big for the
  *     ready budget is never made ahead and pushes nothing out;
+ *   - without takes for ready_idle_ms the ready ones are released, and
+ *     nothing is made ahead again until a take asks;
  *   - a failing make fails the take and leaks nothing;
  *   - destroy releases the ready and pending ones;
  *   - a hammer: this thread takes and puts while the pool's thread makes
@@ -359,6 +361,34 @@ static void test_ready_follows_traffic(void)
     BT_TEST_PASS("ready_follows_traffic");
 }
 
+static void test_idle_release(void)
+{
+    fake_t *f = fake_new();
+    kv_winpool_config_t c = config(f, 100 * 64 * UNIT, 100 * 64 * UNIT, 2);
+    kv_winpool_t *p = NULL;
+    kv_winpool_item_t *a;
+
+    c.ready_idle_ms = 100;
+    BT_ASSERT_OK(kv_winpool_create(&c, &p));
+    a = take(f, p, 4);
+    kv_winpool_put(p, &a);
+    wait_ready(p, 2 * fake_bytes(f, 4));
+    /* idle: all three released, nothing made again */
+    wait_released(f, 3);
+    usleep(250000);
+    BT_ASSERT_EQ(stats(p).ready, 0);
+    BT_ASSERT_EQ(counted(f, &f->made), 3);
+    /* asked again: made here, then ahead again */
+    a = take(f, p, 4);
+    BT_CHECK(!a->made_ahead);
+    wait_ready(p, 2 * fake_bytes(f, 4));
+    kv_winpool_put(p, &a);
+    kv_winpool_destroy(&p);
+    BT_ASSERT_EQ(f->released, f->made);
+    fake_free(f);
+    BT_TEST_PASS("idle_release");
+}
+
 static void test_make_fails(void)
 {
     fake_t *f = fake_new();
@@ -461,6 +491,9 @@ static void test_bad_args(void)
     kv_winpool_item_t *it = NULL;
 
     BT_ASSERT_EQ(kv_winpool_create(&c, &p), BT_ERR_INVALID_ARG);
+    c = config(f, 1000 * UNIT, 0, 0);
+    c.ready_idle_ms = -1;
+    BT_ASSERT_EQ(kv_winpool_create(&c, &p), BT_ERR_INVALID_ARG);
     bt_error_clear();
     c = config(f, 1000 * UNIT, 0, 0);
     BT_ASSERT_OK(kv_winpool_create(&c, &p));
@@ -487,6 +520,7 @@ int main(void)
     test_made_then_ready();
     test_budget();
     test_ready_follows_traffic();
+    test_idle_release();
     test_make_fails();
     test_hammer();
     return 0;

@@ -931,6 +931,7 @@ bt_status_t kv_cipc_pool_slot_reset(kv_cipc_pool_t *pool, int slot)
 #define CIPC_WINDOWS_READY_PER_CLASS 2
 #define CIPC_WINDOWS_READY_SHARE 3 /* a third: one full-context window
                                       (the link's budget holds four) */
+#define CIPC_WINDOWS_READY_IDLE_MS 30000 /* an idle worker gives them back */
 
 /* A window's physical allocation and our mapping of it, for up to its
  * class's blocks: made and released on the window pool's thread
@@ -1056,6 +1057,7 @@ bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
             .budget = pool->window_budget,
             .ready_budget = pool->window_budget / CIPC_WINDOWS_READY_SHARE,
             .ready_per_class = CIPC_WINDOWS_READY_PER_CLASS,
+            .ready_idle_ms = CIPC_WINDOWS_READY_IDLE_MS,
         };
         status = kv_winpool_create(&wc, &pool->winpool);
     }

@@ -33,6 +33,7 @@ struct kv_winpool_s {
     uint64_t asked[WINPOOL_MAX_CLASSES]; /* tick of its last take; 0 never */
     bool too_big[WINPOOL_MAX_CLASSES];   /* one exceeds the ready budget */
     uint64_t tick;
+    uint64_t last_take_ns;      /* when the last take came */
     bool refill_failed;         /* a make failed: none until the next take */
     kv_winpool_item_t *pending, *pending_tail; /* put back: release, FIFO */
     size_t pending_bytes;
@@ -151,6 +152,24 @@ static void release_unlocked(kv_winpool_t *p, kv_winpool_item_t *it)
     bt_free(it);
 }
 
+/* No take for ready_idle_ms: the device memory of the ready ones goes
+ * back (to the rest of the process, or a process beside it on the GPU)
+ * and the classes are forgotten until asked for again. */
+static bool trim_idle(kv_winpool_t *p)
+{
+    if (p->cfg.ready_idle_ms <= 0 || p->ready_bytes == 0 ||
+        bt_time_ns() - p->last_take_ns <
+            (uint64_t)p->cfg.ready_idle_ms * 1000000ull)
+        return false;
+    for (int c = 0; c < p->n_classes; c++) {
+        kv_winpool_item_t *it;
+        while ((it = ready_pop(p, c)) != NULL)
+            pending_push(p, it);
+        p->asked[c] = 0;
+    }
+    return true;
+}
+
 /* One step of the thread's work (the lock held).  False: nothing to do. */
 static bool thread_step(kv_winpool_t *p)
 {
@@ -166,6 +185,8 @@ static bool thread_step(kv_winpool_t *p)
         p->thread_busy--;
         return true;
     }
+    if (trim_idle(p))
+        return true;
     c = class_to_refill(p);
     if (c < 0)
         return false;
@@ -222,7 +243,10 @@ static void *winpool_thread(void *arg)
             pthread_cond_broadcast(&p->cond);
             continue;
         }
-        struct timespec ts = deadline_in(WINPOOL_IDLE_MS);
+        struct timespec ts = deadline_in(
+            p->cfg.ready_idle_ms > 0
+                ? BT_MIN(WINPOOL_IDLE_MS, p->cfg.ready_idle_ms)
+                : WINPOOL_IDLE_MS);
         pthread_cond_timedwait(&p->cond, &p->lock, &ts);
     }
     pthread_mutex_unlock(&p->lock);
@@ -237,6 +261,7 @@ bt_status_t kv_winpool_create(const kv_winpool_config_t *cfg,
 
     if (cfg->make == NULL || cfg->release == NULL || cfg->bytes == NULL ||
         cfg->budget == 0 || cfg->max_blocks < 1 || cfg->ready_per_class < 0 ||
+        cfg->ready_idle_ms < 0 ||
         class_of(cfg->max_blocks) >= WINPOOL_MAX_CLASSES - 1)
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "bad window pool config");
     p = bt_calloc(1, sizeof(*p), "kv_winpool");
@@ -307,6 +332,7 @@ bt_status_t kv_winpool_take(kv_winpool_t *p, int n_blocks,
     need = p->cfg.bytes(p->cfg.ctx, n_blocks);
     pthread_mutex_lock(&p->lock);
     p->asked[c] = ++p->tick;
+    p->last_take_ns = bt_time_ns();
     p->refill_failed = false;
     p->headroom = BT_MAX(p->headroom, need);
     for (;;) {

@@ -26,7 +26,8 @@
  * way the thread then refills
  * n's class up to ready_per_class, the ready bytes staying within
  * ready_budget (a class not asked for lately gives its ready ones up
- * first) and leaving room for the largest take yet beside them.  Past
+ * first) and leaving room for the largest take yet beside them; after
+ * ready_idle_ms without a take they are released.  Past
  * the budget, the take first releases ready and pending allocations
  * itself, then waits a little for the thread's own work in flight, and
  * only then says BT_ERR_NO_RESOURCE: as many bytes can be taken as
@@ -61,6 +62,8 @@ typedef struct {
     size_t budget;            /* every allocation the pool knows of */
     size_t ready_budget;      /* the ready ones (made ahead) */
     int ready_per_class;      /* 0: nothing made ahead */
+    int ready_idle_ms;        /* no take this long: the ready ones are
+                                 released (0: kept) */
 } kv_winpool_config_t;
 
 /* A taken allocation.  Read-only for its taker, who puts it back. */
