@@ -494,6 +494,12 @@ static void test_bad_args(void)
     c = config(f, 1000 * UNIT, 0, 0);
     c.ready_idle_ms = -1;
     BT_ASSERT_EQ(kv_winpool_create(&c, &p), BT_ERR_INVALID_ARG);
+    c = config(f, 1000 * UNIT, 0, 0);
+    c.max_blocks = (1 << 24) + 1;
+    BT_ASSERT_EQ(kv_winpool_create(&c, &p), BT_ERR_INVALID_ARG);
+    c.max_blocks = 1 << 24; /* the largest: a grant's limit */
+    BT_ASSERT_OK(kv_winpool_create(&c, &p));
+    kv_winpool_destroy(&p);
     bt_error_clear();
     c = config(f, 1000 * UNIT, 0, 0);
     BT_ASSERT_OK(kv_winpool_create(&c, &p));

@@ -16,7 +16,7 @@
 #include "bt_error.h"
 #include "bt_util.h"
 
-#define WINPOOL_MAX_CLASSES 26   /* up to 2^25 blocks */
+#define WINPOOL_MAX_CLASSES 25   /* takes of up to 2^24 blocks */
 #define WINPOOL_IDLE_MS 1000     /* the thread's nap; work wakes it */
 #define WINPOOL_TAKE_WAIT_MS 20  /* a take past the budget waits this long
                                     for the thread's make or release */
@@ -167,6 +167,7 @@ static bool trim_idle(kv_winpool_t *p)
             pending_push(p, it);
         p->asked[c] = 0;
     }
+    p->headroom = 0;
     return true;
 }
 
@@ -262,7 +263,7 @@ bt_status_t kv_winpool_create(const kv_winpool_config_t *cfg,
     if (cfg->make == NULL || cfg->release == NULL || cfg->bytes == NULL ||
         cfg->budget == 0 || cfg->max_blocks < 1 || cfg->ready_per_class < 0 ||
         cfg->ready_idle_ms < 0 ||
-        class_of(cfg->max_blocks) >= WINPOOL_MAX_CLASSES - 1)
+        cfg->max_blocks > (1 << (WINPOOL_MAX_CLASSES - 1)))
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "bad window pool config");
     p = bt_calloc(1, sizeof(*p), "kv_winpool");
     if (p == NULL)

@@ -89,7 +89,8 @@ typedef struct {
 typedef struct kv_winpool_s kv_winpool_t;
 
 /* Starts the pool's thread (it makes nothing until a take asks).
- * BT_ERR_INVALID_ARG for a config without callbacks, budget or blocks. */
+ * BT_ERR_INVALID_ARG for a config without callbacks or budget, or with
+ * max_blocks outside 1..2^24. */
 bt_status_t kv_winpool_create(const kv_winpool_config_t *cfg,
                               kv_winpool_t **pool_p);
 
