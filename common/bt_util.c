@@ -287,3 +287,25 @@ bt_status_t bt_write_file(const char *path, const void *data, size_t len)
     }
     return BT_OK;
 }
+
+uint64_t bt_fnv1a64(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+void bt_fnv1a64_seal(uint8_t *buf, size_t len)
+{
+    uint64_t h;
+
+    BT_ASSERT(len >= 8);
+    h = bt_fnv1a64(buf, len - 8);
+    for (int i = 0; i < 8; i++)
+        buf[len - 8 + i] = (uint8_t)(h >> (8 * i));
+}

@@ -45,6 +45,16 @@ uint64_t bt_random_u64(void);
  * fallback, a predictable secret is worse than a refused request. */
 bt_status_t bt_random_secret(void *buf, size_t len);
 
+/* FNV-1a (64 bits) of p[0..n): the checksum that ends every KV pool and
+ * window descriptor.  It catches corruption and authenticates nothing
+ * (the capability and CURVE do that: docs/SECURITY.md). */
+uint64_t bt_fnv1a64(const void *p, size_t n);
+
+/* Writes bt_fnv1a64 of buf[0..len - 8) into buf's last 8 bytes, little
+ * endian: a descriptor's trailer (the tests and fuzzers that forge one
+ * reseal it so the parser's checks behind the checksum are reached). */
+void bt_fnv1a64_seal(uint8_t *buf, size_t len);
+
 /* Whether a[0..len) equals b[0..len), in time that depends on len only
  * (for comparing secrets: API keys, capabilities). */
 bool bt_ct_equal(const void *a, const void *b, size_t len);

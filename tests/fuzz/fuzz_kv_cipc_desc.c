@@ -10,17 +10,8 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_util.h"
 #include "kv/kv_transport_cuda_ipc.h"
-
-static uint64_t fuzz_fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
 
 static void fuzz_parse(const uint8_t *data, size_t size)
 {
@@ -45,7 +36,6 @@ static void fuzz_parse(const uint8_t *data, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     uint8_t *copy;
-    uint64_t h;
 
     fuzz_parse(data, size);
     if (size < 8 || size > 4096)
@@ -54,9 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (copy == NULL)
         return 0;
     memcpy(copy, data, size);
-    h = fuzz_fnv1a(copy, size - 8);
-    for (int i = 0; i < 8; i++)
-        copy[size - 8 + i] = (uint8_t)(h >> (8 * i));
+    bt_fnv1a64_seal(copy, size);
     fuzz_parse(copy, size);
     bt_free(copy);
     return 0;

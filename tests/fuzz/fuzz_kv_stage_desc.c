@@ -11,19 +11,10 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_util.h"
 #include "kv/kv_transport_stage.h"
 
 #define HDR 28
-
-static uint64_t fuzz_fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
 
 static void fuzz_put(uint8_t *p, uint64_t v, int bytes)
 {
@@ -57,12 +48,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     inner = size - HDR - 8;
     /* Inner kv_ucx descriptor: length at 8, checksum at its end. */
     fuzz_put(copy + HDR + 8, inner, 4);
-    fuzz_put(copy + HDR + inner - 8,
-             fuzz_fnv1a(copy + HDR, inner - 8), 8);
+    bt_fnv1a64_seal(copy + HDR, inner);
     /* Outer header: total length, inner length, checksum. */
     fuzz_put(copy + 8, size, 4);
     fuzz_put(copy + 24, inner, 4);
-    fuzz_put(copy + size - 8, fuzz_fnv1a(copy, size - 8), 8);
+    bt_fnv1a64_seal(copy, size);
     fuzz_parse(copy, size);
     bt_free(copy);
     return 0;

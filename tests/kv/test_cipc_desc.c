@@ -32,26 +32,6 @@
 #define LAYERS 2
 #define POOL_BLOCKS 16
 
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-/* Rewrites the trailing checksum of an edited descriptor. */
-static void reseal(uint8_t *buf, size_t len)
-{
-    uint64_t h = fnv1a(buf, len - 8);
-
-    for (int i = 0; i < 8; i++)
-        buf[len - 8 + i] = (uint8_t)(h >> (8 * i));
-}
-
 static kv_cipc_desc_t make_desc(int n_ranks, int heads_per_rank)
 {
     kv_cipc_desc_t d;
@@ -175,31 +155,31 @@ static void test_v2_rejects(void)
     /* rank 1 claiming heads from 0 */
     memcpy(bad, buf, n);
     bad[o_head0_r1] = 0;
-    reseal(bad, n);
+    bt_fnv1a64_seal(bad, n);
     BT_CHECK(kv_cipc_desc_parse(bad, n, &back) == BT_ERR_FORMAT);
     /* heads total not ranks x heads */
     memcpy(bad, buf, n);
     bad[o_total] = 9;
-    reseal(bad, n);
+    bt_fnv1a64_seal(bad, n);
     BT_CHECK(kv_cipc_desc_parse(bad, n, &back) == BT_ERR_FORMAT);
     /* one rank in a version-2 record; more ranks than the size holds */
     memcpy(bad, buf, n);
     bad[o_nranks] = 1;
-    reseal(bad, n);
+    bt_fnv1a64_seal(bad, n);
     BT_CHECK(kv_cipc_desc_parse(bad, n, &back) == BT_ERR_FORMAT);
     memcpy(bad, buf, n);
     bad[o_nranks] = 3;
-    reseal(bad, n);
+    bt_fnv1a64_seal(bad, n);
     BT_CHECK(kv_cipc_desc_parse(bad, n, &back) == BT_ERR_FORMAT);
     /* unterminated bus id of rank 0 */
     memcpy(bad, buf, n);
     memset(bad + o_rank0 + 4, 'x', KV_CIPC_BUS_ID_LEN);
-    reseal(bad, n);
+    bt_fnv1a64_seal(bad, n);
     BT_CHECK(kv_cipc_desc_parse(bad, n, &back) == BT_ERR_FORMAT);
     /* a version-2 record said to be version 1 */
     memcpy(bad, buf, n);
     bad[4] = 1;
-    reseal(bad, n);
+    bt_fnv1a64_seal(bad, n);
     BT_CHECK(kv_cipc_desc_parse(bad, n, &back) == BT_ERR_FORMAT);
     /* encode refuses inconsistent input */
     d.n_heads_total = 7;

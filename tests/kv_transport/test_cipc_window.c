@@ -31,26 +31,6 @@
 #include "kv/kv_transport_cuda_ipc.h"
 #include "model/model.h"
 
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-/* Rewrites the trailing checksum after an edit (a forged descriptor). */
-static void reseal(uint8_t *buf, size_t len)
-{
-    uint64_t h = fnv1a(buf, len - 8);
-
-    for (int i = 0; i < 8; i++)
-        buf[len - 8 + i] = (uint8_t)(h >> (8 * i));
-}
-
 static void test_desc(void)
 {
     kv_cipc_desc_t d, out;
@@ -89,18 +69,18 @@ static void test_desc(void)
     name_off = len - 8 - KV_CIPC_SOCKET_LEN;
     memcpy(bad, buf, len);
     memset(bad + name_off, 0, KV_CIPC_SOCKET_LEN);
-    reseal(bad, len);
+    bt_fnv1a64_seal(bad, len);
     BT_ASSERT_EQ(kv_cipc_desc_parse(bad, len, &out), BT_ERR_FORMAT);
     memcpy(bad, buf, len);
     memset(bad + name_off, 'a', KV_CIPC_SOCKET_LEN);
-    reseal(bad, len);
+    bt_fnv1a64_seal(bad, len);
     BT_ASSERT_EQ(kv_cipc_desc_parse(bad, len, &out), BT_ERR_FORMAT);
     memcpy(bad, buf, len);
     bad[name_off + 2] = '/' - 0x10; /* unprintable */
-    reseal(bad, len);
+    bt_fnv1a64_seal(bad, len);
     BT_ASSERT_EQ(kv_cipc_desc_parse(bad, len, &out), BT_ERR_FORMAT);
     memcpy(bad, buf, len);
-    reseal(bad, len);
+    bt_fnv1a64_seal(bad, len);
     BT_ASSERT_OK(kv_cipc_desc_parse(bad, len, &out)); /* reseal is sound */
     /* a TP pool has no windowed form */
     d.n_ranks = 2;

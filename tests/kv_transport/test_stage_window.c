@@ -236,7 +236,7 @@ static void forged_commit(kv_stage_recv_t *recv, kv_ucx_peer_t *up, int slot,
         uw_set_u64(d + at, value);
     else
         d[at] ^= (uint8_t)value;
-    uw_reseal(d, len);
+    bt_fnv1a64_seal(d, len);
     BT_ASSERT_OK(kv_ucx_window_open(up, d, len, &rw));
     for (int l = 0; l < dev_layout.n_layers; l++)
         BT_ASSERT_EQ(commit_layer(up, rw, l), BT_ERR_REMOTE);

@@ -94,7 +94,7 @@ static kv_ucx_rwindow_t *forge_open(kv_ucx_peer_t *peer,
                                kv_layout_block_bytes(&layout));
         break;
     }
-    uw_reseal(d, len);
+    bt_fnv1a64_seal(d, len);
     BT_ASSERT_OK(kv_ucx_window_open(peer, d, len, &rw));
     BT_CHECK(kv_ucx_rwindow_by_message(rw));
     return rw;

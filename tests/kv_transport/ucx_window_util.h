@@ -198,17 +198,4 @@ __attribute__((unused)) static void uw_set_u64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Recomputes a window descriptor's FNV-1a 64 trailer (its last 8 bytes)
- * after a forgery: the writer cannot tell it from a real one. */
-__attribute__((unused)) static void uw_reseal(uint8_t *d, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-
-    for (size_t i = 0; i < len - 8; i++) {
-        h ^= d[i];
-        h *= 0x100000001b3ull;
-    }
-    uw_set_u64(d + len - 8, h);
-}
-
 #endif /* BT_TESTS_KV_TRANSPORT_UCX_WINDOW_UTIL_H */

@@ -53,17 +53,6 @@
 #define CIPC_V3_SIZE (4 * 4 + 8 + 4 + KV_CIPC_BUS_ID_LEN + 6 * 4 + 4 + \
                       KV_CIPC_SOCKET_LEN + 8)
 
-static uint64_t cipc_fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 static void put_u32(uint8_t **p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
@@ -220,7 +209,7 @@ bt_status_t kv_cipc_desc_encode(const kv_cipc_desc_t *d, uint8_t *buf,
             put_bytes(&p, rk->v_handle, KV_CIPC_HANDLE_BYTES);
         }
     }
-    put_u64(&p, cipc_fnv1a(buf, (size_t)(p - buf)));
+    put_u64(&p, bt_fnv1a64(buf, (size_t)(p - buf)));
     BT_ASSERT((size_t)(p - buf) == size);
     return BT_OK;
 }
@@ -327,7 +316,7 @@ bt_status_t kv_cipc_desc_parse(const void *buf, size_t len,
                         "bytes", len);
     {
         const uint8_t *c = p + len - 8;
-        if (get_u64(&c) != cipc_fnv1a(p, len - 8))
+        if (get_u64(&c) != bt_fnv1a64(p, len - 8))
             return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC descriptor "
                             "checksum mismatch");
     }

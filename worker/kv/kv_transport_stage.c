@@ -37,16 +37,6 @@
 // ----------------------------------------------------------------------------
 // Little helpers
 
-static uint64_t kv_stage_fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 static void kv_stage_put_u32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
@@ -137,7 +127,7 @@ bt_status_t kv_stage_desc_parse(const void *buf, size_t len,
         return BT_ERROR(BT_ERR_FORMAT, KV_STAGE_SUBSYS,
                         "stage descriptor: length fields %u/%u vs %zu",
                         total, ucx_len, len);
-    if (kv_stage_fnv1a(b, len - KV_STAGE_TRAILER) !=
+    if (bt_fnv1a64(b, len - KV_STAGE_TRAILER) !=
         kv_stage_get_u64(b + len - KV_STAGE_TRAILER))
         return BT_ERROR(BT_ERR_FORMAT, KV_STAGE_SUBSYS,
                         "stage descriptor: bad checksum");
@@ -193,7 +183,7 @@ static bt_status_t kv_stage_desc_build(bool direct, int n_layers,
     kv_stage_put_u32(b + 24, (uint32_t)ucx_len);
     memcpy(b + KV_STAGE_HDR_BYTES, ucx, ucx_len);
     kv_stage_put_u64(b + len - KV_STAGE_TRAILER,
-                     kv_stage_fnv1a(b, len - KV_STAGE_TRAILER));
+                     bt_fnv1a64(b, len - KV_STAGE_TRAILER));
     *buf_p = b;
     *len_p = len;
     return BT_OK;

@@ -300,16 +300,6 @@ static ucs_memory_type_t kv_ucx_mem_type(kv_ucx_mem_type_t t)
     return t == KV_UCX_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
 }
 
-static uint64_t kv_ucx_fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 static uint64_t kv_ucx_random_id(void)
 {
     static uint64_t counter;
@@ -942,7 +932,7 @@ static bt_status_t kv_ucx_pool_map(kv_ucx_t *ctx, const kv_layout_t *layout,
     }
     memcpy(p, addr, addr_len);
     p += addr_len;
-    kv_ucx_put_u64(&p, kv_ucx_fnv1a(pool->desc, len - 8));
+    kv_ucx_put_u64(&p, bt_fnv1a64(pool->desc, len - 8));
     BT_ASSERT((size_t)(p - pool->desc) == len);
 
     pool->windowed = windowed;
@@ -1236,7 +1226,7 @@ bt_status_t kv_ucx_desc_parse(const void *buf, size_t len,
     d->addr = b + off;
     d->addr_len = addr_len;
     off += addr_len;
-    if (kv_ucx_get_u64(b + off) != kv_ucx_fnv1a(b, off)) {
+    if (kv_ucx_get_u64(b + off) != bt_fnv1a64(b, off)) {
         status = KV_UCX_BAD("checksum mismatch");
         goto err_free_arrays;
     }
@@ -2043,7 +2033,7 @@ static bt_status_t kv_ucx_window_map(kv_ucx_pool_t *pool, int slot,
     if (rkey_len > 0)
         memcpy(p, rkey, rkey_len);
     p += rkey_len;
-    kv_ucx_put_u64(&p, kv_ucx_fnv1a(w->desc, w->desc_len - 8));
+    kv_ucx_put_u64(&p, bt_fnv1a64(w->desc, w->desc_len - 8));
     BT_ASSERT((size_t)(p - w->desc) == w->desc_len);
     if (rkey != NULL)
         ucp_rkey_buffer_release(rkey);
@@ -2134,7 +2124,7 @@ bt_status_t kv_ucx_window_open(kv_ucx_peer_t *peer, const void *desc,
     rkey_len = kv_ucx_get_u32(b + 88); /* 0: by message only */
     if (rkey_len > KV_UCX_MAX_RKEY ||
         len != KV_UCX_WIN_HDR + (size_t)rkey_len + 8 ||
-        kv_ucx_get_u64(b + len - 8) != kv_ucx_fnv1a(b, len - 8))
+        kv_ucx_get_u64(b + len - 8) != bt_fnv1a64(b, len - 8))
         return KV_UCX_BAD("receive window: rkey length %u, %zu bytes",
                           rkey_len, len);
     n_layers = kv_ucx_get_u32(b + 16);
