@@ -56,7 +56,7 @@
  * with BT_SHARED_DIR=BUILD/shared and the carried libraries; by hand:
  *   BT_SHARED_DIR=build-cipcwin/shared LD_LIBRARY_PATH=build-cipcwin/lib \
  *       build-cipcwin/gpu/test_cuda_ipc_window
- * BT_TEST_WRITER_GPU=1 puts the writer on a second GPU: cuda-ipc(p2p).)
+ * --writer-gpu 1 puts the writer on a second GPU: cuda-ipc(p2p).)
  */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -347,14 +347,13 @@ static bt_status_t writer_cmd(writer_t *w, const char *line)
     return writer_fail(BT_ERR_INVALID_ARG, "unknown command %s", cmd);
 }
 
-static int writer_main(void)
+static int writer_main(int gpu)
 {
     static char line[LINE_MAX_BYTES];
-    const char *gpu = getenv("BT_TEST_WRITER_GPU");
     writer_t w;
 
     memset(&w, 0, sizeof(w));
-    if (kv_cipc_create_on(gpu != NULL ? atoi(gpu) : 0, &w.cipc) != BT_OK)
+    if (kv_cipc_create_on(gpu, &w.cipc) != BT_OK)
         return 2;
     while (fgets(line, sizeof(line), stdin) != NULL) {
         char cmd[16];
@@ -397,9 +396,15 @@ typedef struct {
     int from;     /* its stdout */
 } child_t;
 
+/* The writer's GPU (--writer-gpu; 0: the decode side's). */
+static int writer_gpu;
+
 static void child_start(child_t *c, const char *self)
 {
+    char gpu[16];
     int in[2], out[2];
+
+    snprintf(gpu, sizeof(gpu), "%d", writer_gpu);
 
     BT_CHECK(pipe(in) == 0 && pipe(out) == 0);
     c->pid = fork();
@@ -409,7 +414,7 @@ static void child_start(child_t *c, const char *self)
         dup2(out[1], 1);
         close(in[1]);
         close(out[0]);
-        execl(self, self, "writer", (char *)NULL);
+        execl(self, self, "writer", gpu, (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -815,10 +820,12 @@ int main(int argc, char **argv)
     backend_t *be = NULL;
     ssize_t n;
 
-    if (argc > 1 && strcmp(argv[1], "writer") == 0) {
+    if (argc > 2 && strcmp(argv[1], "writer") == 0) {
         bt_log_set_level(BT_LOG_LEVEL_ERROR);
-        return writer_main();
+        return writer_main(atoi(argv[2]));
     }
+    if (argc > 2 && strcmp(argv[1], "--writer-gpu") == 0)
+        writer_gpu = atoi(argv[2]);
     bt_log_set_level(BT_LOG_LEVEL_WARN);
     signal(SIGPIPE, SIG_IGN);
     n = readlink("/proc/self/exe", self, sizeof(self) - 1);

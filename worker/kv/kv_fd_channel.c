@@ -363,26 +363,26 @@ bool kv_fdch_revoke(kv_fdch_t *ch, const uint8_t *token)
     return fd >= 0;
 }
 
-uint64_t kv_fdch_refused(const kv_fdch_t *ch)
+/* One of the channel's counters, read under its lock (its thread adds). */
+static uint64_t fdch_counter(const kv_fdch_t *ch, const uint64_t *counter)
 {
     kv_fdch_t *c = (kv_fdch_t *)ch;
     uint64_t n;
 
     pthread_mutex_lock(&c->lock);
-    n = c->refused;
+    n = *counter;
     pthread_mutex_unlock(&c->lock);
     return n;
 }
 
+uint64_t kv_fdch_refused(const kv_fdch_t *ch)
+{
+    return fdch_counter(ch, &ch->refused);
+}
+
 uint64_t kv_fdch_handed(const kv_fdch_t *ch)
 {
-    kv_fdch_t *c = (kv_fdch_t *)ch;
-    uint64_t n;
-
-    pthread_mutex_lock(&c->lock);
-    n = c->handed;
-    pthread_mutex_unlock(&c->lock);
-    return n;
+    return fdch_counter(ch, &ch->handed);
 }
 
 // ---------------------------------------------------------------------------

@@ -111,6 +111,20 @@ static __device__ __forceinline__ uint8_t fp8_e4m3(float x)
     return (uint8_t)w;
 }
 
+/* Two codes (the low 16 bits of p, first code low) -> their values as
+ * two bf16 (first in the low half), through the hardware's e4m3x2 ->
+ * f16x2 (exact: every E4M3 value is an f16 and a bf16).  A NaN code
+ * gives a NaN of the hardware's choosing: fp8_e4m3x4_to_bf16x4 checks
+ * first where bt's bits matter. */
+static __device__ __forceinline__ uint32_t fp8_e4m3x2_to_bf16x2(uint32_t p)
+{
+    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(
+        (__nv_fp8x2_storage_t)(p & 0xFFFFu), __NV_E4M3));
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+
+    return *reinterpret_cast<const uint32_t *>(&b);
+}
+
 /* Four codes (low byte first) -> their four values as bf16 (two words,
  * the first code in the low half of .x): __float2bfloat16_rn(
  * bt_e4m3_to_f32(code)) bit for bit. */
@@ -120,16 +134,8 @@ static __device__ __forceinline__ uint2 fp8_e4m3x4_to_bf16x4(uint32_t w)
 
 #if FP8_CVT_HW
     if (fp8_nan_bytes(w) == 0u) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(
-                (__nv_fp8x2_storage_t)((w >> (16 * i)) & 0xFFFFu),
-                __NV_E4M3));
-            const __nv_bfloat162 b =
-                __float22bfloat162_rn(__half22float2(h));
-            o[i] = *reinterpret_cast<const uint32_t *>(&b);
-        }
-        return make_uint2(o[0], o[1]);
+        return make_uint2(fp8_e4m3x2_to_bf16x2(w),
+                          fp8_e4m3x2_to_bf16x2(w >> 16));
     }
 #endif
 #pragma unroll

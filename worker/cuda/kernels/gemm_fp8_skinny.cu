@@ -81,30 +81,6 @@ static __device__ __forceinline__ int sk_swz(int r, int ch)
     return r * SK_BK + ((ch ^ (r & 7)) << 4);
 }
 
-static __device__ __forceinline__ void sk_ldm(uint32_t (&r)[4],
-                                              const uint8_t *p)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
-                 "{%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-/* c (16x8 f32) += a (16x32 E4M3, row) . b (32x8 E4M3, col). */
-static __device__ __forceinline__ void sk_mma(float (&c)[4],
-                                              const uint32_t (&a)[4],
-                                              uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                   "r"(b1));
-}
-
 /* WG: the products run as wgmma (both operands straight from the
  * swizzled stages, no ldmatrix), else ldmatrix + mma.m16n8k32. */
 template <int NT, typename OUT, bool WG>
@@ -220,17 +196,17 @@ gemm_fp8_skinny_kernel(int n_tok, int n_out, int ld, int kt_split,
                  * the four matrices are a0..a3 of m16n8k32 */
                 uint32_t a0[4], a1[4];
                 const int ar = lane & 15;
-                sk_ldm(a0, wsm + sk_swz(ar, 4 * kp + (lane >> 4)));
-                sk_ldm(a1, wsm + sk_swz(ar, 4 * kp + 2 + (lane >> 4)));
+                tc_ldm(a0, wsm + sk_swz(ar, 4 * kp + (lane >> 4)));
+                tc_ldm(a1, wsm + sk_swz(ar, 4 * kp + 2 + (lane >> 4)));
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     /* B: tokens 8 nt..8 nt+7, chunks 4 kp..4 kp+3 =
                      * (b0, b1) of both k32 steps */
                     uint32_t b[4];
                     const int br = nt * 8 + (lane & 7);
-                    sk_ldm(b, xsm + sk_swz(br, 4 * kp + (lane >> 3)));
-                    sk_mma(c[nt], a0, b[0], b[1]);
-                    sk_mma(c[nt], a1, b[2], b[3]);
+                    tc_ldm(b, xsm + sk_swz(br, 4 * kp + (lane >> 3)));
+                    tc_mma_e4m3(c[nt], a0, b[0], b[1]);
+                    tc_mma_e4m3(c[nt], a1, b[2], b[3]);
                 }
             }
         }

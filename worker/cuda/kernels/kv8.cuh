@@ -54,8 +54,7 @@ static __device__ __forceinline__ KT kv_store(float x, float inv)
 }
 
 /* Eight codes (a uint2, first code in the low byte) as eight bf16 (a
- * uint4, same order): exact, every E4M3 value is a bf16 (through f16,
- * the hardware's conversion). */
+ * uint4, same order): fp8_e4m3x2_to_bf16x2 four times. */
 static __device__ __forceinline__ uint4 kv8_to_bf16x8(uint2 c)
 {
     uint4 r;
@@ -63,13 +62,8 @@ static __device__ __forceinline__ uint4 kv8_to_bf16x8(uint2 c)
     const uint32_t w[2] = {c.x, c.y};
 
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const __nv_fp8x2_storage_t p =
-            (__nv_fp8x2_storage_t)((w[i / 2] >> (16 * (i % 2))) & 0xFFFFu);
-        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(p, __NV_E4M3));
-        const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-        o[i] = *reinterpret_cast<const uint32_t *>(&b);
-    }
+    for (int i = 0; i < 4; i++)
+        o[i] = fp8_e4m3x2_to_bf16x2(w[i / 2] >> (16 * (i % 2)));
     return r;
 }
 

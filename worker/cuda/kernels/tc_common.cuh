@@ -63,7 +63,9 @@ template <int N> static __device__ __forceinline__ void tc_cp_wait(void)
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
-static __device__ __forceinline__ void tc_ldm(uint32_t *r, const bf16_t *p)
+/* Four 8x8 matrices of 16-bit elements (or 16 bytes a row of E4M3
+ * codes) from shared memory at p. */
+static __device__ __forceinline__ void tc_ldm(uint32_t *r, const void *p)
 {
     unsigned s = (unsigned)__cvta_generic_to_shared(p);
 
@@ -86,6 +88,19 @@ static __device__ __forceinline__ void tc_mma(float *c, const uint32_t *a,
                                               uint32_t b0, uint32_t b1)
 {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+}
+
+/* c (16x8 f32) += a (16x32 E4M3, row) . b (32x8 E4M3, col). */
+static __device__ __forceinline__ void tc_mma_e4m3(float *c,
+                                                   const uint32_t *a,
+                                                   uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
