@@ -19,10 +19,17 @@
  *      same stale writer, holding the pool mapping, overwrites B's blocks
  *      after B landed: B is corrupted (the test sees the attack windows
  *      guard against).
+ *   1b. a window made ahead (kv_window_pool.h) for a larger class than
+ *      its grant: 3 blocks in a 4-block allocation, the epoch word where
+ *      3 blocks put it and the writer mapping only that much: byte-exact.
  *   4. cost (printed, not checked): a 2048-token Llama-3-8B-shaped window
- *      (32 layers, 8 KV heads, head_dim 128, bf16: 256 MiB) created
- *      (cuMemCreate + map + export + offer) and destroyed, and a 256 MiB
- *      device-to-device copy out of it in 128-block runs.
+ *      (32 layers, 8 KV heads, head_dim 128, bf16: 256 MiB) created and
+ *      destroyed on the caller's (the decode loop's) thread: the first of
+ *      its class made there (cuMemCreate + map + export + offer), the
+ *      next ones made ahead by the window pool's thread (checked: they
+ *      are), so the loop only arms them (token, epoch word, export,
+ *      offer); destroy revokes and leaves the release to that thread.
+ *      And a 256 MiB device-to-device copy out of it in 128-block runs.
  * Prints PASS/FAIL lines; exits non-zero on any failure.
  *
  * First run (H100, plain and under MPS): steps 1 and 2 up to A2 passed;
@@ -651,6 +658,60 @@ static void test_windows(backend_t *be, const char *self)
     kv_link_receiver_destroy(&rcv);
 }
 
+/* 1b. A window made ahead for a larger class than its grant, through the
+ * transport as the link uses it (the link's budget for this tiny model
+ * is about one 2 MiB granule: nothing would be made ahead there). */
+static void test_made_ahead(backend_t *be, const char *self)
+{
+    const int blocks[3] = { 10, 11, 20 };
+    static char dhex[4096];
+    char gh[64];
+    kv_cipc_pool_t *pool = NULL;
+    kv_cipc_window_t *w = NULL;
+    const uint8_t *desc, *g;
+    size_t dlen = 0, glen = 0;
+    bool arrived = false, ok;
+    child_t c;
+
+    if (kv_cipc_pool_export_windowed(backend_kv_layout(be), 0,
+                                     (size_t)64 << 20, &pool) != BT_OK) {
+        report(false, "made ahead: windowed pool");
+        return;
+    }
+    desc = kv_cipc_pool_desc(pool, &dlen);
+    hex_put(desc, dlen, dhex);
+    /* the first of the class of 4 is made here; the pool's thread then
+     * makes the class's ready ones */
+    ok = kv_cipc_window_create(pool, 4, &w) == BT_OK;
+    kv_cipc_window_destroy(&w);
+    usleep(100000);
+    ok = ok && kv_cipc_window_create(pool, 3, &w) == BT_OK;
+    report(ok && kv_cipc_window_made_ahead(w),
+           "made ahead: a 3-block grant takes a 4-block window made ahead");
+    if (!ok) {
+        kv_cipc_pool_destroy(&pool);
+        return;
+    }
+    g = kv_cipc_window_grant(w, &glen);
+    hex_put(g, glen, gh);
+    child_start(&c, self);
+    ok = child_cmd(&c, "OPEN 0 %s %s 3", dhex, gh) &&
+         child_cmd(&c, "PUT 0 5 12") && child_cmd(&c, "CLOSE 0");
+    report(ok, "made ahead: the writer maps 3 blocks' worth and commits");
+    ok = ok && kv_cipc_window_has_arrived(w, 12, &arrived) == BT_OK &&
+         arrived;
+    report(ok, "made ahead: the epoch lands where 3 blocks put it");
+    ok = ok && backend_kv_copy_in(be, kv_cipc_window_data(w), 3, blocks) ==
+                   BT_OK &&
+         pool_holds(be, 5, blocks, 3, NULL);
+    report(ok, "made ahead: byte-exact in the reservation's blocks");
+    kv_cipc_window_destroy(&w);
+    report(!child_cmd(&c, "OPEN 1 %s %s 3", dhex, gh),
+           "made ahead: a destroyed window's token gets no FD");
+    child_stop(&c);
+    kv_cipc_pool_destroy(&pool);
+}
+
 /* 3. --kv-direct-writes: the stale writer reaches B's blocks. */
 static void test_control(backend_t *be, const char *self)
 {
@@ -710,10 +771,19 @@ static void bench(void)
         return;
     }
     (void)cudaSetDevice(0);
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 4; rep++) {
+        bool ahead;
+
+        /* time for the pool's thread: the previous window's release
+         * (~1 ms) and the next one's make (~1 ms) */
+        usleep(50000);
         t0 = bt_time_ns();
         BT_ASSERT_OK(kv_cipc_window_create(pool, n, &w));
         t1 = bt_time_ns();
+        ahead = kv_cipc_window_made_ahead(w);
+        if (rep > 0)
+            report(ahead, "bench: a window of a class asked before is made "
+                          "ahead");
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
         cudaEventRecord(e0, 0);
@@ -727,9 +797,12 @@ static void bench(void)
         cudaEventElapsedTime(&ms, e0, e1);
         t2 = bt_time_ns();
         kv_cipc_window_destroy(&w);
-        printf("INFO window of %zu MiB: create+map+export+offer %.3f ms, "
-               "D2D copy-out %.3f ms (%.0f GB/s), destroy %.3f ms\n",
-               bytes >> 20, (double)(t1 - t0) / 1e6, (double)ms,
+        printf("INFO window of %zu MiB: create (%s) %.3f ms, "
+               "D2D copy-out %.3f ms (%.0f GB/s), destroy (revoke; release "
+               "on the pool's thread) %.3f ms\n", bytes >> 20,
+               ahead ? "made ahead: arm, export, offer"
+                     : "made here: cuMemCreate, map, export, offer",
+               (double)(t1 - t0) / 1e6, (double)ms,
                (double)bytes / ((double)ms * 1e6),
                (double)(bt_time_ns() - t2) / 1e6);
         cudaEventDestroy(e0);
@@ -773,6 +846,7 @@ int main(int argc, char **argv)
     cfg.precision = BACKEND_PRECISION_F32;
     BT_ASSERT_OK(backend_create("cuda", m, &cfg, &be));
     test_windows(be, self);
+    test_made_ahead(be, self);
     test_control(be, self);
     bench();
     backend_destroy(&be);

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "kv/kv_fd_channel.h"
+#include "kv/kv_window_pool.h"
 #endif
 
 // ---------------------------------------------------------------------------
@@ -391,6 +392,9 @@ void kv_cipc_window_grant_encode(const uint8_t *token, int n_blocks,
     put_u32(&p, (uint32_t)n_blocks);
 }
 
+/* The most blocks a grant's window may have. */
+#define CIPC_WINDOW_MAX_BLOCKS (1 << 24)
+
 bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
                                        uint8_t *token, int *n_blocks_p)
 {
@@ -402,7 +406,7 @@ bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
                         "bytes", len);
     p = buf + KV_CIPC_TOKEN_BYTES;
     n = get_u32(&p);
-    if (n < 1 || n > (1u << 24))
+    if (n < 1 || n > (uint32_t)CIPC_WINDOW_MAX_BLOCKS)
         return BT_ERROR(BT_ERR_FORMAT, "KV", "CUDA IPC window of %u blocks",
                         n);
     memcpy(token, buf, KV_CIPC_TOKEN_BYTES);
@@ -503,8 +507,12 @@ struct kv_cipc_pool_s {
     bool windowed;
     kv_layout_t layout;
     kv_fdch_t *fdch;              /* hands each window's FD by token */
-    size_t window_budget;         /* bytes all live windows may take */
-    size_t window_live;           /* bytes they take now */
+    size_t window_budget;         /* bytes all windows' allocations may
+                                     take, made ahead and pending release
+                                     included */
+    kv_winpool_t *winpool;        /* makes them ahead, releases them later */
+    CUmemAllocationProp win_prop; /* a window allocation's properties */
+    size_t win_gran;              /* and their granularity */
 };
 
 // ---------------------------------------------------------------------------
@@ -835,8 +843,22 @@ void kv_cipc_pool_destroy(kv_cipc_pool_t **pool_p)
 
     if (pool == NULL)
         return;
-    /* windows must be gone (their owner destroys them first) */
-    BT_ASSERT(pool->window_live == 0);
+    if (pool->winpool != NULL) {
+        kv_winpool_stats_t st;
+
+        /* how often a grant found its window made ahead: the loop's
+         * share of the window cost */
+        kv_winpool_stats(pool->winpool, &st);
+        BT_LOG_INFO("KV", "CUDA IPC windows: %llu made ahead, %llu made on "
+                    "the loop; %llu allocations released, %llu of them on "
+                    "the loop to make room", (unsigned long long)st.taken_ready,
+                    (unsigned long long)st.taken_made,
+                    (unsigned long long)st.released,
+                    (unsigned long long)st.released_by_take);
+    }
+    /* windows must be gone (their owner destroys them first); the pool
+     * releases what it made ahead or was given back */
+    kv_winpool_destroy(&pool->winpool);
     kv_fdch_destroy(&pool->fdch);
     cudaFree(pool->d_arrival);
     bt_free(pool);
@@ -892,16 +914,81 @@ bt_status_t kv_cipc_pool_slot_reset(kv_cipc_pool_t *pool, int slot)
 // ---------------------------------------------------------------------------
 // Decode side: windows, one per grant
 
+/* Ready windows per size class, and the share of the window budget
+ * they may take: the pool's thread makes them ahead so that a grant
+ * takes one instead of making it on the decode loop. */
+#define CIPC_WINDOWS_READY_PER_CLASS 2
+#define CIPC_WINDOWS_READY_SHARE 3 /* a third: one full-context window
+                                      (the link's budget holds four) */
+#define CIPC_WINDOWS_READY_IDLE_MS 30000 /* an idle worker gives them back */
+
+/* A window's physical allocation and our mapping of it, for up to its
+ * class's blocks: made and released on the window pool's thread
+ * (kv_window_pool.h), or made on the loop when none is ready. */
+typedef struct {
+    CUmemGenericAllocationHandle handle;
+    CUdeviceptr base;
+    size_t size;
+} cipc_alloc_t;
+
 struct kv_cipc_window_s {
     kv_cipc_pool_t *pool;
-    CUmemGenericAllocationHandle handle; /* the physical allocation */
+    kv_winpool_item_t *item;      /* its cipc_alloc_t, never to be reused */
     CUdeviceptr base;             /* our mapping: (n_layers, K|V, n_blocks)
                                      blocks, then the epoch word */
-    size_t size;                  /* allocation and mapping bytes */
-    size_t epoch_off;             /* the epoch word's offset */
+    size_t epoch_off;             /* the epoch word's offset for n_blocks
+                                     (the allocation may be larger) */
     int n_blocks;
     uint8_t grant[KV_CIPC_GRANT_BYTES]; /* token, n_blocks */
 };
+
+static size_t cipc_alloc_bytes(void *ctx, int n_blocks)
+{
+    kv_cipc_pool_t *pool = ctx;
+    size_t epoch_off;
+
+    return cipc_window_size(&pool->layout, n_blocks, pool->win_gran,
+                            &epoch_off);
+}
+
+static bt_status_t cipc_alloc_make(void *ctx, int n_blocks, void **alloc_p)
+{
+    kv_cipc_pool_t *pool = ctx;
+    cipc_alloc_t *a;
+    /* the pool's thread has no current device of its own */
+    bt_status_t status = CIPC_CUDA(cudaSetDevice(pool->device));
+
+    if (status != BT_OK)
+        return status;
+    a = bt_calloc(1, sizeof(*a), "kv_cipc_alloc");
+    if (a == NULL)
+        return BT_ERR_NO_MEMORY;
+    a->size = cipc_alloc_bytes(pool, n_blocks);
+    status = CIPC_CU(cipc_drv.MemCreate(&a->handle, a->size, &pool->win_prop,
+                                        0));
+    if (status == BT_OK) {
+        status = cipc_map(a->handle, a->size, pool->win_gran, pool->device,
+                          &a->base);
+        if (status != BT_OK)
+            (void)cipc_drv.MemRelease(a->handle);
+    }
+    if (status != BT_OK) {
+        bt_free(a);
+        return status;
+    }
+    *alloc_p = a;
+    return BT_OK;
+}
+
+static void cipc_alloc_release(void *ctx, void *alloc)
+{
+    kv_cipc_pool_t *pool = ctx;
+    cipc_alloc_t *a = alloc;
+
+    (void)cudaSetDevice(pool->device);
+    cipc_unmap(a->base, a->size, a->handle);
+    bt_free(a);
+}
 
 bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
                                          int device, size_t window_budget,
@@ -934,6 +1021,9 @@ bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
             goto err_free;
         pool->window_budget = BT_MIN(window_budget, free_b / 2);
     }
+    status = cipc_window_prop(device, &pool->win_prop, &pool->win_gran);
+    if (status != BT_OK)
+        goto err_free;
     memset(&d, 0, sizeof(d));
     d.windowed = true;
     d.pid = (uint32_t)getpid();
@@ -946,9 +1036,25 @@ bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
                                              device));
     if (status != BT_OK)
         goto err_free;
-    status = kv_fdch_create(&pool->fdch);
+    {
+        kv_winpool_config_t wc = {
+            .ctx = pool,
+            .make = cipc_alloc_make,
+            .release = cipc_alloc_release,
+            .bytes = cipc_alloc_bytes,
+            .max_blocks = BT_MIN(layout->n_blocks, CIPC_WINDOW_MAX_BLOCKS),
+            .budget = pool->window_budget,
+            .ready_budget = pool->window_budget / CIPC_WINDOWS_READY_SHARE,
+            .ready_per_class = CIPC_WINDOWS_READY_PER_CLASS,
+            .ready_idle_ms = CIPC_WINDOWS_READY_IDLE_MS,
+        };
+        status = kv_winpool_create(&wc, &pool->winpool);
+    }
     if (status != BT_OK)
         goto err_free;
+    status = kv_fdch_create(&pool->fdch);
+    if (status != BT_OK)
+        goto err_winpool;
     snprintf(d.fd_socket, sizeof(d.fd_socket), "%s",
              kv_fdch_name(pool->fdch));
     pool->desc_len = kv_cipc_desc_encoded_size(&d);
@@ -964,6 +1070,8 @@ bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
 
 err_fdch:
     kv_fdch_destroy(&pool->fdch);
+err_winpool:
+    kv_winpool_destroy(&pool->winpool);
 err_free:
     bt_free(pool);
     return status;
@@ -974,14 +1082,18 @@ bool kv_cipc_pool_is_windowed(const kv_cipc_pool_t *pool)
     return pool->windowed;
 }
 
+/* The allocation comes from the window pool: made ahead on its thread
+ * when one of the class is ready (never given to anyone before: a fresh
+ * cuMemCreate, no FD exported), else made here as it always was.  What
+ * is cheap and binds it to this grant happens here, at grant time: the
+ * token, the epoch word zeroed where this grant's n puts it, the FD
+ * exported and offered. */
 bt_status_t kv_cipc_window_create(kv_cipc_pool_t *pool, int n_blocks,
                                   kv_cipc_window_t **win_p)
 {
     static const uint64_t zero = 0;
-    CUmemAllocationProp prop;
     uint8_t token[KV_CIPC_TOKEN_BYTES];
     kv_cipc_window_t *w;
-    size_t gran = 0;
     int fd = -1;
     bt_status_t status;
 
@@ -989,61 +1101,53 @@ bt_status_t kv_cipc_window_create(kv_cipc_pool_t *pool, int n_blocks,
         n_blocks > pool->layout.n_blocks)
         return BT_ERROR(BT_ERR_INVALID_ARG, "KV", "CUDA IPC window of %d "
                         "blocks", n_blocks);
-    status = CIPC_CUDA(cudaSetDevice(pool->device));
-    if (status == BT_OK)
-        status = cipc_window_prop(pool->device, &prop, &gran);
-    if (status != BT_OK)
-        return status;
     w = bt_calloc(1, sizeof(*w), "kv_cipc_window");
     if (w == NULL)
         return BT_ERR_NO_MEMORY;
+    /* over the budget: nothing to undo, the grant goes without */
+    status = kv_winpool_take(pool->winpool, n_blocks, &w->item);
+    if (status != BT_OK) {
+        bt_free(w);
+        return status;
+    }
     w->pool = pool;
     w->n_blocks = n_blocks;
-    w->size = cipc_window_size(&pool->layout, n_blocks, gran, &w->epoch_off);
-    /* the budget first: nothing to undo when the grant goes without */
-    if (pool->window_live + w->size > pool->window_budget) {
-        bt_free(w);
-        return BT_ERROR(BT_ERR_NO_RESOURCE, "KV", "CUDA IPC windows: %zu of "
-                        "%zu MiB taken", pool->window_live >> 20,
-                        pool->window_budget >> 20);
-    }
+    w->base = ((const cipc_alloc_t *)w->item->alloc)->base;
+    (void)cipc_window_size(&pool->layout, n_blocks, pool->win_gran,
+                           &w->epoch_off);
     status = bt_random_secret(token, sizeof(token));
-    if (status != BT_OK)
-        goto err_free;
-    status = CIPC_CU(cipc_drv.MemCreate(&w->handle, w->size, &prop, 0));
-    if (status != BT_OK)
-        goto err_free;
-    status = cipc_map(w->handle, w->size, gran, pool->device, &w->base);
-    if (status != BT_OK)
-        goto err_release;
+    if (status == BT_OK)
+        status = CIPC_CUDA(cudaSetDevice(pool->device));
     /* a fresh allocation holds anything: the epoch word starts at 0 */
-    status = CIPC_CUDA(cudaMemcpy((void *)(uintptr_t)(w->base + w->epoch_off),
-                                  &zero, sizeof(zero),
-                                  cudaMemcpyHostToDevice));
+    if (status == BT_OK)
+        status = CIPC_CUDA(cudaMemcpy(
+            (void *)(uintptr_t)(w->base + w->epoch_off), &zero, sizeof(zero),
+            cudaMemcpyHostToDevice));
     if (status == BT_OK)
         status = CIPC_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
-    if (status != BT_OK)
-        goto err_unmap;
-    status = CIPC_CU(cipc_drv.MemExport(
-        &fd, w->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-    if (status != BT_OK)
-        goto err_unmap;
-    status = kv_fdch_offer(pool->fdch, token, fd, 0);
-    close(fd); /* the channel keeps its own copy until handed or revoked */
-    if (status != BT_OK)
-        goto err_unmap;
+    if (status == BT_OK)
+        status = CIPC_CU(cipc_drv.MemExport(
+            &fd, ((const cipc_alloc_t *)w->item->alloc)->handle,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    if (status == BT_OK) {
+        status = kv_fdch_offer(pool->fdch, token, fd, 0);
+        close(fd); /* the channel keeps its own copy until handed or
+                      revoked */
+    }
+    if (status != BT_OK) {
+        /* released, never offered again */
+        kv_winpool_put(pool->winpool, &w->item);
+        bt_free(w);
+        return status;
+    }
     kv_cipc_window_grant_encode(token, n_blocks, w->grant);
-    pool->window_live += w->size;
     *win_p = w;
     return BT_OK;
+}
 
-err_unmap:
-    cipc_unmap(w->base, w->size, 0);
-err_release:
-    (void)cipc_drv.MemRelease(w->handle);
-err_free:
-    bt_free(w);
-    return status;
+bool kv_cipc_window_made_ahead(const kv_cipc_window_t *win)
+{
+    return win->item->made_ahead;
 }
 
 const uint8_t *kv_cipc_window_grant(const kv_cipc_window_t *win,
@@ -1080,13 +1184,13 @@ void kv_cipc_window_destroy(kv_cipc_window_t **win_p)
 
     if (w == NULL)
         return;
-    /* No FD for this token any more; a writer that has one keeps only
-     * its own reference to the physical memory, which nobody reads once
-     * ours is gone.  Our reads of the window were synchronous. */
+    /* No FD for this token any more, at once; a writer that has one
+     * keeps only its own reference to the physical memory, which nobody
+     * reads once ours is gone.  Our reads of the window were synchronous,
+     * so the unmap and release (~1 ms) wait for the pool's thread; the
+     * allocation is never handed out again. */
     (void)kv_fdch_revoke(w->pool->fdch, w->grant);
-    (void)cudaSetDevice(w->pool->device);
-    cipc_unmap(w->base, w->size, w->handle);
-    w->pool->window_live -= w->size;
+    kv_winpool_put(w->pool->winpool, &w->item);
     bt_free(w);
     *win_p = NULL;
 }
@@ -1748,6 +1852,12 @@ bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,
     (void)epoch;
     *arrived_p = false;
     return CIPC_NO_CUDA();
+}
+
+bool kv_cipc_window_made_ahead(const kv_cipc_window_t *win)
+{
+    (void)win;
+    return false;
 }
 
 void kv_cipc_window_destroy(kv_cipc_window_t **win_p)

@@ -261,10 +261,10 @@ const uint8_t *kv_cipc_pool_desc(const kv_cipc_pool_t *pool, size_t *len_p);
  * A windowed pool (kv_cipc_pool_export_windowed; the default, and
  * --kv-direct-writes keeps the whole-pool export above) exports no
  * handle at all: its descriptor (version 3) names the decode worker's FD
- * channel (kv_fd_channel.h).  Per grant, kv_cipc_window_create makes a
+ * channel (kv_fd_channel.h).  Per grant, kv_cipc_window_create takes a
  * physical allocation of the reservation's n blocks x layers x K|V plus
  * an 8-byte epoch word (cuMemCreate, POSIX-FD shareable, rounded to the
- * allocation granularity), maps it here, zeroes the epoch word, exports
+ * allocation granularity) mapped here, zeroes the epoch word, exports
  * its FD and offers it on the channel under a fresh random 128-bit token;
  * the token and n travel in KvGrant.cipc_window (kv_cipc_window_grant,
  * 20 bytes) over the control plane only.  The prefill worker fetches the
@@ -276,12 +276,17 @@ const uint8_t *kv_cipc_pool_desc(const kv_cipc_pool_t *pool, size_t *len_p);
  * decode worker waits for the epoch (kv_cipc_window_has_arrived), copies
  * the window into the reservation's pool blocks on the backend's copy
  * stream (backend_kv_copy_in) and destroys the window.  A reservation
- * that ends otherwise destroys it at once: the token is revoked and our
- * handle and mapping released; a stale writer keeps only its own
- * reference to memory nobody reads any more.  The pool is never
- * exported, so its freed blocks need no quarantine.  The bytes of live
- * windows are bounded by the pool's window budget: past it
- * kv_cipc_window_create says BT_ERR_NO_RESOURCE and the grant goes
+ * that ends otherwise destroys it at once: the token is revoked; our
+ * handle and mapping are released soon after; a stale writer keeps only
+ * its own reference to memory nobody reads any more.  The pool is never
+ * exported, so its freed blocks need no quarantine.
+ * Off the loop (kv_window_pool.h): allocations are made ahead on a
+ * thread of the pool's own, for n rounded up to a power of two, and
+ * released there after destroy; one is taken by one grant only, never
+ * again, and no FD of it exists before its grant.  A grant whose class
+ * has none ready makes its own here, as before.  Every allocation, ready
+ * or pending release too, counts against the pool's window budget: past
+ * it kv_cipc_window_create says BT_ERR_NO_RESOURCE and the grant goes
  * without a window (its KV comes inline).  One rank only (TP 1 decode).
  * The driver API is reached through cudaGetDriverEntryPointByVersion (the
  * build links cudart, not libcuda). */
@@ -305,9 +310,10 @@ bt_status_t kv_cipc_window_grant_parse(const uint8_t *buf, size_t len,
                                        uint8_t *token, int *n_blocks_p);
 
 /* The windowed pool of a TP-1 decode worker on `device`: an FD channel
- * and a descriptor naming it; live windows may take `window_budget`
- * bytes in all.  BT_ERR_UNSUPPORTED (not logged: the caller says it once)
- * when the device cannot make windows. */
+ * and a descriptor naming it; windows' allocations (live, ready, pending
+ * release) may take `window_budget` bytes in all.  BT_ERR_UNSUPPORTED
+ * (not logged: the caller says it once) when the device cannot make
+ * windows. */
 bt_status_t kv_cipc_pool_export_windowed(const kv_layout_t *layout,
                                          int device, size_t window_budget,
                                          kv_cipc_pool_t **pool_p);
@@ -317,6 +323,8 @@ bool kv_cipc_pool_is_windowed(const kv_cipc_pool_t *pool);
  * over the budget, BT_ERR_CUDA, BT_ERR_IO (the channel). */
 bt_status_t kv_cipc_window_create(kv_cipc_pool_t *pool, int n_blocks,
                                   kv_cipc_window_t **win_p);
+/* True when its allocation was made ahead (off the caller's thread). */
+bool kv_cipc_window_made_ahead(const kv_cipc_window_t *win);
 /* KvGrant.cipc_window's bytes (KV_CIPC_GRANT_BYTES), while it lives. */
 const uint8_t *kv_cipc_window_grant(const kv_cipc_window_t *win,
                                     size_t *len_p);
@@ -325,7 +333,8 @@ const void *kv_cipc_window_data(const kv_cipc_window_t *win);
 /* Reads its epoch word (synchronous): *arrived_p = (value == epoch). */
 bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,
                                        bool *arrived_p);
-/* Revokes its token and releases our handle and mapping.  NULL-safe. */
+/* Revokes its token at once; our handle and mapping go to the window
+ * pool's thread for release.  NULL-safe. */
 void kv_cipc_window_destroy(kv_cipc_window_t **win_p);
 
 /* Reads arrival[slot] from the device: *arrived_p = (value == epoch).
