@@ -551,7 +551,9 @@ static void bench_dec(void)
         {
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
-            cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm, 64, &ns, &sl);
+            cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm,
+                                  cuda_attn_decode_blocks_per_sm(hd, false),
+                                  64, &ns, &sl);
             OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
             for (int rr = 0; rr < n; rr++) {
                 flush_l2();

@@ -416,8 +416,9 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
         split_len = force_split;
         n_splits = (max_kv + split_len - 1) / split_len;
     } else {
-        cuda_attn_decode_plan(n, max_kv, nh, nkv, n_sm, 256, &n_splits,
-                              &split_len);
+        cuda_attn_decode_plan(n, max_kv, nh, nkv, n_sm,
+                              cuda_attn_decode_blocks_per_sm(hd, true), 256,
+                              &n_splits, &split_len);
     }
     size_t ws_n = cuda_attn_decode_ws_floats(n, nh, hd, n_splits);
 

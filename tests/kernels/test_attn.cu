@@ -235,7 +235,8 @@ static void run_case(const attn_case_t *c, cuda_dtype_t dt)
     /* 2. Split-K: the planner's choice, then a forced 64-key split. */
     for (int pi = 0; pi < 2; pi++) {
         int ns, sl;
-        cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 64, &ns, &sl);
+        cuda_attn_decode_plan(b.nt, max_kv, c->nh, c->nkv, 132, 2, 64, &ns,
+                              &sl);
         if (pi == 1) {
             sl = 64;
             ns = (max_kv + 63) / 64;
@@ -493,7 +494,8 @@ static void run_rope_case(int nh, int nkv, int hd, int bs, int rope_half,
     for (int plan = 0; plan < 3; plan++) {
         int ns = 1, sl = 1 << 30;
         if (plan == 1)
-            cuda_attn_decode_plan(b.nt, max_kv, nh, nkv, 132, 64, &ns, &sl);
+            cuda_attn_decode_plan(b.nt, max_kv, nh, nkv, 132, 2, 64, &ns,
+                                  &sl);
         if (plan == 2) {
             sl = 64;
             ns = (max_kv + 63) / 64;
@@ -560,7 +562,8 @@ static void bench(void)
         batch_t b;
         batch_build(&c, CUDA_DT_BF16, &b);
         int ns, sl;
-        cuda_attn_decode_plan(b.nt, dec[i][1], nh, nkv, 132, 64, &ns, &sl);
+        cuda_attn_decode_plan(b.nt, dec[i][1], nh, nkv, 132, 2, 64, &ns,
+                              &sl);
         float *d_ws = NULL;
         KT_CUDA(cudaMalloc(&d_ws, 4 * cuda_attn_decode_ws_floats(b.nt, nh,
                                                                  hd, ns) + 4));
@@ -854,7 +857,9 @@ static void run_kv8_decode_stress(int nh, int nkv, int hd, int bs,
         int ms = (int)((size_t)256 * 64 / (size_t)(ng > 0 ? ng : 1));
         ms = ms < 1 ? 1 : ms > 64 ? 64 : ms;
         int ns, sl;
-        cuda_attn_decode_plan(ng, mkv, nh, nkv, 132, ms, &ns, &sl);
+        cuda_attn_decode_plan(ng, mkv, nh, nkv, 132,
+                              cuda_attn_decode_blocks_per_sm(hd, true), ms,
+                              &ns, &sl);
         cfg[n_cfg++] = {ns, sl, "planned"};
         int p2 = 1;
         while (p2 < ns)

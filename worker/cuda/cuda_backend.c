@@ -198,6 +198,7 @@ typedef struct {
     int rank;
     int device;               /* CUDA ordinal */
     int n_sm;
+    int attn_bps;             /* decode attention blocks an SM at once */
     model_shard_t sh;         /* this rank's heads / rows */
     cudaStream_t stream;
     worker_gemm_ctx_t *gemm;
@@ -270,6 +271,7 @@ struct cuda_backend_s {
     int kv_dim;               /* nkv * hd */
     int qkv_dim;              /* q_dim + 2 kv_dim */
     int n_sm;                 /* rank 0's, for planning */
+    int attn_bps;             /* rank 0's decode attention blocks an SM */
     bool use_graphs;
     /* BT_PROFILE_SKIP (timing experiments only: results are garbage):
      * CUDA_SKIP_* bits of the per-layer ops cuda_enqueue leaves out */
@@ -873,6 +875,7 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         &r->n_sm, cudaDevAttrMultiProcessorCount, r->device));
     if (status != BT_OK)
         return status;
+    r->attn_bps = cuda_attn_decode_blocks_per_sm(hd, b->kv8);
     status = BT_CUDA_STATUS(cudaStreamCreateWithFlags(&r->stream,
                                                       cudaStreamNonBlocking));
     if (status != BT_OK)
@@ -1486,6 +1489,7 @@ static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
     if (status != BT_OK)
         goto err;
     b->n_sm = b->ranks[0].n_sm;
+    b->attn_bps = b->ranks[0].attn_bps;
     if (b->tp > 1) {
         BT_LOG_INFO("CUDA", "weights, KV and activations of %d ranks: %zu "
                     "MiB on %d GPUs (%s)", b->tp,
@@ -2366,8 +2370,8 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
         if (max_splits < 1)
             max_splits = 1;
         cuda_attn_decode_plan(BT_MAX(n_gen, 1), max_kv, b->nh, b->nkv,
-                              b->n_sm, max_splits, &st.n_splits,
-                              &st.split_len);
+                              b->n_sm, b->attn_bps, max_splits,
+                              &st.n_splits, &st.split_len);
         if (graph && st.n_splits > 1) {
             /* Round splits up to a power of two so few graphs cover every
              * context length (the extra splits find no keys). */

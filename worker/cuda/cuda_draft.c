@@ -98,6 +98,7 @@ struct cuda_draft_s {
     int q_dim, kv_dim, qkv_dim;
     float eps;
     int n_sm;
+    int attn_bps;             /* decode attention blocks an SM at once */
     int nb_per;               /* head KV blocks per state */
     cudaStream_t stream;
     worker_gemm_ctx_t *gemm;
@@ -369,6 +370,7 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
     BT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(
                            &d->n_sm, cudaDevAttrMultiProcessorCount,
                            cfg->device_index), status, err);
+    d->attn_bps = cuda_attn_decode_blocks_per_sm(d->hd, false);
     BT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&d->stream,
                                                  cudaStreamNonBlocking),
                        status, err);
@@ -957,8 +959,8 @@ static bt_status_t draft_pass(cuda_draft_t *d, int n,
                              d->ws_floats / ((size_t)np * d->nh *
                                              (d->hd + 2)));
     max_splits = BT_MAX(max_splits, 1);
-    cuda_attn_decode_plan(np, max_kv, d->nh, d->nkv, d->n_sm, max_splits,
-                          &key.n_splits, &key.split_len);
+    cuda_attn_decode_plan(np, max_kv, d->nh, d->nkv, d->n_sm, d->attn_bps,
+                          max_splits, &key.n_splits, &key.split_len);
     status = BT_CUDA_STATUS(cudaEventRecord(d->ev_pass[0], d->stream));
     if (status != BT_OK)
         return status;
@@ -1486,8 +1488,8 @@ bt_status_t cuda_draft_tree(cuda_draft_t *d, int n,
     max_splits = BT_MAX(max_splits, 1);
     for (int lv = 1; lv < depth; lv++)
         cuda_attn_decode_plan(nr, BT_MAX(max_dl + lv * k, 1), d->nh, d->nkv,
-                              d->n_sm, max_splits, &key.n_splits[lv],
-                              &key.split_len[lv]);
+                              d->n_sm, d->attn_bps, max_splits,
+                              &key.n_splits[lv], &key.split_len[lv]);
     if (d->use_graphs) {
         status = draft_tree_graph_run(d, &key, &done);
         if (status != BT_OK)

@@ -421,11 +421,10 @@ static int attn_maxg(int group)
  * pipeline fill and drain, merge) and the combine pass of a split run. */
 #define ATTN_PLAN_RAMP 64
 #define ATTN_PLAN_COMBINE 128
-#define ATTN_PLAN_SLOTS_PER_SM 2 /* tensor-core blocks resident per SM */
 
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
-                           int n_sm, int max_splits, int *n_splits_p,
-                           int *split_len_p)
+                           int n_sm, int blocks_per_sm, int max_splits,
+                           int *n_splits_p, int *split_len_p)
 {
     int group = n_heads / n_kv_heads;
     int maxg = attn_maxg(group);
@@ -439,13 +438,17 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
         max_splits = 1;
     if (n_sm < 1)
         n_sm = 1;
+    if (blocks_per_sm < 1)
+        blocks_per_sm = 1;
     {
         /* Every block of a wave streams about the same keys, so a step
          * costs waves x (ramp + keys per block) (+ the combine pass when
          * split): the fewest splits whose waves stay full win (batch 64 at
-         * 2k: one split of 2048, two waves of long streams, no combine),
-         * many short splits only when one wave is not full (batch 1). */
-        const long slots = (long)ATTN_PLAN_SLOTS_PER_SM * n_sm;
+         * 2k, bf16 K/V at two blocks an SM: one split of 2048, two waves
+         * of long streams, no combine; FP8 K/V at three an SM: two splits
+         * of 1024, three full waves instead of one and a third), many
+         * short splits only when one wave is not full (batch 1). */
+        const long slots = (long)blocks_per_sm * n_sm;
         long best_cost = -1;
         int best_len = 0;
         for (int len = 64; len <= 4096; len *= 2) {

@@ -75,12 +75,20 @@ bool cuda_attn_head_dim_ok(int head_dim);
  * key range is `max_kv`: split_len is a power of two (64 .. 4096, more
  * only when max_splits forces it), n_splits * split_len >= max_kv,
  * n_splits <= max_splits; the split that minimises waves x (fixed cost +
- * keys per block) + a combine cost when split, with two blocks per SM on
- * `n_sm` multiprocessors (one block per token and KV head when the batch
- * fills the GPU; short splits when one wave is not full). */
+ * keys per block) + a combine cost when split, a wave being
+ * `blocks_per_sm` blocks on each of `n_sm` multiprocessors (one block per
+ * token and KV head when the batch fills the GPU; short splits when one
+ * wave is not full). */
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
-                           int n_sm, int max_splits, int *n_splits_p,
-                           int *split_len_p);
+                           int n_sm, int blocks_per_sm, int max_splits,
+                           int *n_splits_p, int *split_len_p);
+
+/* Blocks of the decode attention resident on one SM at once for this head
+ * size and KV dtype (the tensor-core kernel's occupancy on the current
+ * device: 2 for bf16 K/V at head size 128, more for FP8 K/V, whose tiles
+ * take half the shared memory); 2 for head sizes it does not take or when
+ * the query fails.  cuda_attn_decode_plan's blocks_per_sm. */
+int cuda_attn_decode_blocks_per_sm(int head_dim, bool kv8);
 
 /* Floats of workspace cuda_attn_decode needs (0 when n_splits == 1). */
 size_t cuda_attn_decode_ws_floats(int n, int n_heads, int head_dim,

@@ -487,18 +487,18 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
  * of docs/PERFORMANCE.md). */
 #define TC_NEWROW_MAX_TOK 2
 
+/* The instance's shared memory, opted in on the current device (a
+ * per-device attribute: tensor-parallel ranks, one thread per GPU, each
+ * need it on their own). */
 template <int HD, bool NEWROW, bool KV8>
-static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
-                             int n, int n_splits, int split_len, float *ws,
-                             cudaStream_t stream)
+static cudaError_t tc_smem_opt_in(size_t *bytes_p)
 {
     const size_t bytes = KV8 ? tc_smem<HD>::BYTES8 : tc_smem<HD>::BYTES;
-    /* The shared-memory opt-in is a per-device attribute: tensor-parallel
-     * ranks (one thread per GPU) each need it on their own device. */
     static bool attr_set[64];
     int dev = 0;
     cudaError_t derr = cudaGetDevice(&dev);
 
+    *bytes_p = bytes;
     if (derr != cudaSuccess)
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
@@ -510,6 +510,45 @@ static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
         if (dev >= 0 && dev < 64)
             attr_set[dev] = true;
     }
+    return cudaSuccess;
+}
+
+template <int HD, bool KV8> static int tc_blocks_per_sm(void)
+{
+    size_t bytes = 0;
+    int n = 0;
+
+    if (tc_smem_opt_in<HD, false, KV8>(&bytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, attn_decode_tc_kernel<HD, false, KV8>, TC_WARPS * 32,
+            bytes) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        return 2;
+    }
+    return n;
+}
+
+int cuda_attn_decode_blocks_per_sm(int head_dim, bool kv8)
+{
+    if (head_dim == 64)
+        return kv8 ? tc_blocks_per_sm<64, true>()
+                   : tc_blocks_per_sm<64, false>();
+    if (head_dim == 128)
+        return kv8 ? tc_blocks_per_sm<128, true>()
+                   : tc_blocks_per_sm<128, false>();
+    return 2;
+}
+
+template <int HD, bool NEWROW, bool KV8>
+static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
+                             int n, int n_splits, int split_len, float *ws,
+                             cudaStream_t stream)
+{
+    size_t bytes = 0;
+    cudaError_t err = tc_smem_opt_in<HD, NEWROW, KV8>(&bytes);
+
+    if (err != cudaSuccess)
+        return err;
     kern_launch(attn_decode_tc_kernel<HD, NEWROW, KV8>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
