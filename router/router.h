@@ -55,7 +55,8 @@ typedef struct {
     int heartbeat_ms;       /* interval workers are told to use (250) */
     int heartbeat_miss;     /* silent intervals before a drop (4) */
     int max_queue;          /* admission bound (1024) */
-    int queue_timeout_ms;   /* longest wait for a worker (30000) */
+    int queue_timeout_ms;   /* longest queued wait for a worker or for
+                               capacity to come free (30000) */
     int drain_timeout_ms;   /* longest drain on SIGTERM (30000) */
     int max_retries;        /* re-prefills after worker failures (3) */
     int max_inflight;       /* requests past the queue (0 = no limit) */

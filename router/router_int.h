@@ -37,6 +37,9 @@
 #define ROUTER_MAX_ENDPOINTS 8 /* KV endpoints kept per decode worker */
 #define ROUTER_HOST_MAX 128
 #define ROUTER_KV_DTYPE_MAX 8 /* "bf16", "fp8", "f32" */
+#define ROUTER_QUEUE_WAIT_MAX 10 /* queue timeouts a queued request may
+                                   wait in all while capacity keeps
+                                   coming free (router_request.c) */
 #define ROUTER_PHASE_EXTENSIONS 3 /* re-estimates of a phase deadline
                                      while its worker makes progress */
 #define ROUTER_STOP_HELD_MAX 256 /* held-back stop text (STOP_MAX_STRING_LEN) */
@@ -239,7 +242,8 @@ struct router_req_s {
                                   earlier attempt is released) */
     uint64_t t_queued;         /* entered the queue last (arrival or
                                   re-queue): the queue timeout counts
-                                  from here */
+                                  from here or router.t_capacity_ns,
+                                  whichever is later */
     uint64_t phase_deadline_ns; /* reserving/prefilling/decoding: the
                                   current phase must move by then, or the
                                   attempt is abandoned and re-queued */
@@ -490,6 +494,11 @@ struct router_s {
                                   dispatched so far */
     uint64_t completed;
     uint64_t failed;
+    uint64_t t_capacity_ns;    /* capacity last came free: a dispatched
+                                  request ended or let go of its workers,
+                                  or a worker registered (the queue
+                                  timeout of a request waiting for
+                                  capacity counts from here too) */
     uint64_t last_liveness_ns;
     router_metrics_t metrics;  /* for GET /metrics */
     router_http_t *http;       /* metrics listener, NULL without one */

@@ -378,6 +378,7 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     w->rid_len = id_len;
     w->session = reg->session;
     w->registered_ns = now;
+    r->t_capacity_ns = now; /* new capacity: the queue waits afresh */
     w->role = reg->role;
     w->last_seen_ns = bt_time_ns();
     w->vocab_size = reg->vocab_size;

@@ -10,7 +10,16 @@
  *      once (ERROR_TOO_LONG, well before the 30 s queue timeout) and
  *      holds no reservation (free KV returns to total); requests that
  *      fit the pool but not all at once wait at the router and all
- *      finish equal to golden.jsonl.
+ *      finish equal to golden.jsonl; so do requests that fit only one at
+ *      a time (a worker of 4 blocks of 8; prompts of 25-32 tokens, the
+ *      golden prompt and the first 20 golden ids, so the router sees no
+ *      free block for the next and sends none), the last ones after
+ *      waiting longer than the router's --queue-timeout-ms (1500 here):
+ *      the timeout counts from the last time capacity came free (a
+ *      request ended), so a full cluster that keeps finishing requests
+ *      serves its queue in turn instead of failing it (the worker
+ *      slowed, --step-delay-ms 150: one request takes ~1 s, the fourth
+ *      waits ~3 s).
  *   3. A cold start loses nothing: 64 requests at once against a freshly
  *      started aggregated worker (default, memory-sized pool; warm-up on;
  *      slowed with --step-delay-ms 10 and a 32-token step budget with
@@ -24,6 +33,9 @@
 #define N_WAIT 6
 #define N_BURST 64
 #define SHORT_MAX 16 /* max tokens of the requests that fit */
+#define N_SERIAL 4
+#define SERIAL_FED 20 /* golden ids appended to a 2c prompt */
+#define SERIAL_MAX 32 /* 4 blocks of 8: one request at a time */
 
 /* Submits golden line g greedily with at most max_tokens tokens. */
 static uint64_t submit_max(client_t *c, const cu_golden_t *g, int max_tokens)
@@ -32,6 +44,23 @@ static uint64_t submit_max(client_t *c, const cu_golden_t *g, int max_tokens)
 
     s.max_tokens = max_tokens;
     return cu_submit_golden(c, &s);
+}
+
+/* Golden line g with its first `fed` expected ids moved into the prompt
+ * (greedy decoding goes on from there with the rest) and max_tokens so
+ * that prompt + output is `total` tokens. */
+static cu_golden_t golden_fed(const cu_golden_t *g, int fed, int total)
+{
+    cu_golden_t s = *g;
+
+    BT_CHECK(g->n_prompt + fed < total && total <= g->n_prompt + g->n_expect);
+    memcpy(s.prompt + s.n_prompt, g->expect, sizeof(int) * (size_t)fed);
+    s.n_prompt += fed;
+    memmove(s.expect, g->expect + fed, sizeof(int) * (size_t)(g->n_expect -
+                                                              fed));
+    s.n_expect -= fed;
+    s.max_tokens = total - s.n_prompt;
+    return s;
 }
 
 /* The first n ids of r equal golden line g's. */
@@ -61,7 +90,7 @@ static bool log_has(const char *path, const char *needle)
 
 int main(void)
 {
-    static cu_golden_t golden[32];
+    static cu_golden_t golden[32], fed[N_SERIAL];
     static cu_result_t res[N_BURST];
     char listen[64], control[64], model[512], log[256], line[128];
     client_t *c = NULL, *ctl = NULL;
@@ -79,7 +108,8 @@ int main(void)
     snprintf(log, sizeof(log), "/tmp/bt_test_admission_%d.log",
              (int)getpid());
     cu_spawn("baton-router", "--listen", listen, "--control", control,
-             "--heartbeat-ms", "100", "--heartbeat-miss", "5", NULL);
+             "--heartbeat-ms", "100", "--heartbeat-miss", "5",
+             "--queue-timeout-ms", "1500", NULL);
 
     /* 1. 0.0001 GiB = 107374 bytes / (2048 B x 8 tokens) = 6 blocks. */
     setenv("BT_LOG", "info", 1);
@@ -120,6 +150,29 @@ int main(void)
     for (int i = 0; i < N_WAIT; i++)
         check_prefix(&res[i], &golden[i % n_golden],
                      SHORT_MAX - golden[i % n_golden].n_prompt, i);
+    cu_wait_kv_idle(ctl, 5000);
+
+    /* 2c. One at a time, the queue outliving the queue timeout. */
+    cu_kill(d0, SIGKILL);
+    cu_wait_workers(ctl, 0, 0, 20000);
+    d0 = cu_spawn("baton-decode", "--router", control, "--model", model,
+                  "--threads", "1", "--name", "four", "--role", "both",
+                  "--block-size", "8", "--kv-blocks", "4",
+                  "--step-delay-ms", "150", NULL);
+    cu_wait_workers(ctl, 0, 1, 20000);
+    memset(res, 0, sizeof(res));
+    t0 = bt_time_ns();
+    for (int i = 0; i < N_SERIAL; i++) {
+        fed[i] = golden_fed(&golden[i % n_golden], SERIAL_FED, SERIAL_MAX);
+        res[i].rid = cu_submit_golden(c, &fed[i]);
+    }
+    cu_collect(c, res, N_SERIAL, 60000);
+    fprintf(stderr, "%d one-at-a-time requests took %.0f ms (queue timeout "
+            "1500 ms)\n", N_SERIAL, (double)(bt_time_ns() - t0) * 1e-6);
+    for (int i = 0; i < N_SERIAL; i++)
+        check_prefix(&res[i], &fed[i], fed[i].max_tokens, i);
+    /* else the last one never waited past the timeout */
+    BT_CHECK(bt_time_ns() - t0 > 2500000000ull);
     cu_wait_kv_idle(ctl, 5000);
 
     /* 3. A fresh aggregated worker, memory-sized pool, warmed, slowed; a
