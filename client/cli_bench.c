@@ -67,6 +67,8 @@ typedef struct {
     uint64_t rid;       /* ZeroMQ request id */
     int slot;           /* HTTP connection slot (-1: none) */
     bool retried;       /* HTTP: re-sent once after a stale keep-alive */
+    uint64_t prompt_fnv; /* bt_fnv1a64 of the prompt ids (the JSON's
+                            prompt_fnv: which runs repeated a prompt) */
 } bench_req_t;
 
 typedef struct {
@@ -170,13 +172,18 @@ typedef struct bench_s {
     char *body;             /* scratch HTTP body */
     size_t body_cap;
     uint64_t rng_len, rng_arrival, rng_prompt;
+    /* runs begun (the warm-up, then each rate): a run's prompts are its
+     * own, or a later run would find an earlier one's in the workers'
+     * prefix caches and skip their prefill (a sweep read TTFT 17 ms for
+     * 2048-token prompts that take 48 ms to prefill) */
+    uint64_t run;
     uint64_t t_progress;
     bool oom;
 } bench_t;
 
 // ---------------------------------------------------------------------------
 // Random numbers (xorshift64; per-purpose streams so that a sweep's rates
-// see the same lengths and prompts)
+// see the same lengths and arrival pattern; prompts are each run's own)
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -407,10 +414,11 @@ static void req_lengths(bench_t *b, int i, int *plen_p, int *olen_p)
                                   (uint64_t)(b->olen_max - b->olen_min + 1));
 }
 
-/* A prompt id that depends only on the seed, the stream (a session, or
- * the shared prefix) and the position: so one session's prompts are
- * prefixes of each other's, and every prompt's first shared_len ids are
- * equal. */
+/* A prompt id that depends only on the seed, the stream (a session of a
+ * run, or the shared prefix) and the position: so one session's prompts
+ * are prefixes of each other's, and every prompt's first shared_len ids
+ * are equal (in every run: one system prompt or document for the whole
+ * bench; sessions are new each run). */
 static int prompt_id_at(const bench_t *b, uint64_t stream, int k)
 {
     uint64_t x = (uint64_t)b->seed * 0x9e3779b97f4a7c15ull ^
@@ -432,11 +440,13 @@ static void make_prompt(bench_t *b, int i, int plen)
         if (k < b->shared_len)
             b->prompt[k] = prompt_id_at(b, UINT64_MAX - 1, k);
         else if (b->sessions > 0)
-            b->prompt[k] = prompt_id_at(b, (uint64_t)(i % b->sessions), k);
+            b->prompt[k] = prompt_id_at(
+                b, (uint64_t)(i % b->sessions) + (b->run << 32), k);
         else
             b->prompt[k] = 3 + (int)(rng_next(&b->rng_prompt) %
                                      (uint64_t)(b->vocab - 3));
     }
+    b->reqs[i].prompt_fnv = bt_fnv1a64(b->prompt, sizeof(int) * (size_t)plen);
 }
 
 /* The prompt length of request i whose own part is plen tokens: the
@@ -894,7 +904,9 @@ static bool bench_run(bench_t *b, int n, double rate, int conc)
     b->n_codes = b->n_first = 0;
     memset(b->codes, 0, sizeof(b->codes));
     b->rng_len = (uint64_t)b->seed * 0x9e3779b97f4a7c15ull + 1;
-    b->rng_prompt = (uint64_t)b->seed * 0xbf58476d1ce4e5b9ull + 7;
+    b->rng_prompt = (uint64_t)b->seed * 0xbf58476d1ce4e5b9ull + 7 +
+                    b->run * 0x2545f4914f6cdd1dull;
+    b->run++;
     b->rng_arrival = (uint64_t)b->seed * 0x94d049bb133111ebull + 13;
     for (int i = 0; i < n; i++) {
         req_lengths(b, i, &b->reqs[i].plen, &b->reqs[i].olen);
@@ -1159,9 +1171,11 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
         bool ok = q->state == BR_DONE;
         double tp = ok ? req_tpot(q) : -1;
         fprintf(f, "%s\n{\"i\":%d,\"sched_ms\":%.4f,\"send_ms\":%.4f,"
-                "\"prompt_tokens\":%d,\"max_tokens\":%d,\"ok\":%s",
+                "\"prompt_tokens\":%d,\"prompt_fnv\":\"%016llx\","
+                "\"max_tokens\":%d,\"ok\":%s",
                 i ? "," : "", i, ms(b->t0, q->t_sched), ms(b->t0, q->t_sent),
-                q->plen, q->olen, ok ? "true" : "false");
+                q->plen, (unsigned long long)q->prompt_fnv, q->olen,
+                ok ? "true" : "false");
         if (ok) {
             fprintf(f, ",\"output_tokens\":%d,\"ttft_ms\":%.4f,"
                     "\"e2e_ms\":%.4f", q->n_out, ms(q->t_sent, q->t_first),
@@ -1369,7 +1383,10 @@ static void bench_usage(FILE *out)
 "                       its prompt the previous turn's plus --prompt-len\n"
 "                       tokens (histories grow; a turn's prompt is a\n"
 "                       prefix of the next)\n"
-"  --seed S             lengths, prompts and arrivals (default 1)\n"
+"  --seed S             lengths, prompts and arrivals (default 1); each\n"
+"                       run (the warm-up, every rate) sends prompts of\n"
+"                       its own (a prefix cache would serve repeats),\n"
+"                       the same lengths\n"
 "  --precision CLASS    every request asks for workers of f32, bf16 or\n"
 "                       fp8 (the \"precision\" field over HTTP; default:\n"
 "                       any)\n"

@@ -179,6 +179,11 @@ assert [x["rate_label"] for x in j] == ["40", "200", "inf"], j
 assert j[0]["rate"] == 40 and j[2]["rate"] is None
 for x in j:
     assert x["completed"] == 40 and x["output_tokens"] == 320
+# every run's prompts are its own (a prefix cache would serve repeats)
+fnv = [set(r["prompt_fnv"] for r in x["per_request"]) for x in j]
+assert all(len(f) == 40 for f in fnv), [len(f) for f in fnv]
+assert not (fnv[0] & fnv[1]) and not (fnv[1] & fnv[2]) and \
+    not (fnv[0] & fnv[2]), "a rate re-sent another rate's prompts"
 # inf: all sent at once
 assert max(r["send_ms"] for r in j[2]["per_request"]) < 50
 ns = "{http://www.w3.org/2000/svg}"
@@ -194,6 +199,21 @@ texts = "".join(t.text or "" for t in root.iter(ns + "text"))
 for s in ("TPOT p50", "TPOT p99", "TTFT p99", "output tokens/s"):
     assert s in texts, s
 print("sweep + svg ok")
+EOF
+
+# --- one seed, the same prompts in every invocation ---------------------
+for k in 1 2; do
+  timeout 60 "$B" bench --router "$EP" --requests 12 --concurrency 4 \
+    --prompt-len 8:24 --output-len 2 --seed 3 --json "$tmp/seed$k.json" \
+    --no-progress >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "seed $k"; }
+done
+check seed "$tmp/seed1.json" "$tmp/seed2.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(f))["per_request"] for f in sys.argv[1:3])
+fa = [r["prompt_fnv"] for r in a]
+assert fa == [r["prompt_fnv"] for r in b], "a seed's prompts changed"
+assert len(set(fa)) == 12, fa
+print("seed ok")
 EOF
 
 # --- failures: reported by code, bounded, exit 1 ------------------------
