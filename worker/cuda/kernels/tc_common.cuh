@@ -85,44 +85,27 @@ static __device__ __forceinline__ void tc_ldm_t(uint32_t *r, const bf16_t *p)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
 
+/* One mma.sync of shape `shape` (m16n8kK) with f32 accumulators,
+ * c += a . b, a and b of PTX type `ab`: the fragments of tc_ldm. */
+#define TC_MMA_F32(name, shape, ab)                                         \
+    static __device__ __forceinline__ void name(float *c, const uint32_t *a, \
+                                                uint32_t b0, uint32_t b1)   \
+    {                                                                       \
+        asm volatile("mma.sync.aligned." shape ".row.col.f32." ab "." ab   \
+                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "         \
+                     "{%0,%1,%2,%3};\n"                                     \
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])       \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), \
+                       "r"(b1));                                            \
+    }
+
 /* c (16x8 f32) += a (16x16 bf16, row) . b (16x8 bf16, col). */
-static __device__ __forceinline__ void tc_mma(float *c, const uint32_t *a,
-                                              uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                   "r"(b1));
-}
-
-/* c (16x8 f32) += a (16x16 f16, row) . b (16x8 f16, col): same
- * fragments as tc_mma, f16 halves (the FP8-KV attention: every E4M3
- * code is exact in f16). */
-static __device__ __forceinline__ void tc_mma_f16(float *c, const uint32_t *a,
-                                                  uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                   "r"(b1));
-}
-
+TC_MMA_F32(tc_mma, "m16n8k16", "bf16")
+/* The same fragments in f16 halves (the FP8-KV attention: every E4M3 code
+ * is exact in f16). */
+TC_MMA_F32(tc_mma_f16, "m16n8k16", "f16")
 /* c (16x8 f32) += a (16x32 E4M3, row) . b (32x8 E4M3, col). */
-static __device__ __forceinline__ void tc_mma_e4m3(float *c,
-                                                   const uint32_t *a,
-                                                   uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                   "r"(b1));
-}
+TC_MMA_F32(tc_mma_e4m3, "m16n8k32", "e4m3")
 
 static __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
 {
