@@ -5,7 +5,7 @@
  *   bench_cuda [--model synth:llama3-8b] [--batch 1,8,32,64,128]
  *              [--ctx 512,2048,8192] [--prefill 512,2048,8192]
  *              [--steps 20] [--table FILE] [--precision bf16|fp8]
- *              [--kv-dtype bf16|fp8]
+ *              [--kv-dtype bf16|fp8] [--mixed B:C:N:L:K,...]
  *
  * Decode rows: B sequences each at context C (the KV pool is filled with
  * non-zero values; contexts are not computed, only read), one token per
@@ -20,6 +20,13 @@
  *   with this device's own read ceiling (a read-only pass over 4 GiB,
  *   measured first), which says how fast a machine this one is; the
  *   last decode column is floor / step with the floor at that ceiling.
+ * Mixed rows (--mixed, an aggregated worker's serving step): B decode
+ *   rows at context C plus N prompt chunks of L tokens, each chunk at
+ *   context K (0: a prompt's first chunk; K > 0: a later chunk that
+ *   attends to K earlier tokens), one forward; the same call times the
+ *   decode rows alone and the chunks alone, so "extra" is what mixing
+ *   costs over running them apart, and "prompt tok/s" the chunks' rate
+ *   inside the mixed step with the decode rows' own time taken out.
  * Prefill rows: one prompt of P tokens, logits of its last token.
  *   floor = (2 x per-token params x P + causal attention FLOPs) /
  *           790 TFLOP/s (per-token params: every layer matrix; the
@@ -110,11 +117,112 @@ static double read_ceiling(size_t bytes)
     return best > 0.0f ? (double)bytes / (best * 1e-3) : 0.0;
 }
 
+/* Median ms of `reps` forwards of `batch` (after two untimed). */
+static double forward_ms(backend_t *be, backend_batch_t *batch, int reps)
+{
+    double t[16];
+
+    reps = BT_MIN(reps, 16);
+    for (int it = -2; it < reps; it++) {
+        double a = bt_time_s();
+        if (backend_forward(be, batch, NULL, NULL) != BT_OK)
+            return -1.0;
+        if (it >= 0)
+            t[it] = bt_time_s() - a;
+    }
+    return median(t, reps) * 1e3;
+}
+
+/* The --mixed rows (see the header): entries B:C:N:L:K, comma
+ * separated.  Decode rows take blocks from 0, prompt chunks after them. */
+static int bench_mixed(backend_t *be, const model_config_t *mc,
+                       const backend_config_t *cfg, const char *spec,
+                       int n_blocks, const char *tag, FILE *tf)
+{
+    const int block_size = cfg->block_size;
+    char *copy = strdup(spec), *save = NULL;
+    char line[256];
+    int rc = 0;
+
+    snprintf(line, sizeof(line), "\n| mixed%s | decode rows @ctx | prompt "
+             "chunks | step ms | decode alone ms | chunks alone ms | extra "
+             "ms | prompt tok/s | |\n| --- | --- | --- | ---: | ---: | ---: "
+             "| ---: | ---: | |\n", tag);
+    fputs(line, stdout);
+    if (tf)
+        fputs(line, tf);
+    for (char *e = strtok_r(copy, ",", &save); e != NULL && rc == 0;
+         e = strtok_r(NULL, ",", &save)) {
+        int B, C, N, L, K;
+        if (sscanf(e, "%d:%d:%d:%d:%d", &B, &C, &N, &L, &K) != 5 || B < 0 ||
+            C < 1 || N < 1 || L < 1 || K < 0 || B + N > cfg->max_seqs ||
+            B + (long)N * L > cfg->max_batch_tokens) {
+            fprintf(stderr, "bench_cuda: --mixed entry \"%s\": want "
+                    "B:C:N:L:K, B + N <= %d sequences, B + N x L <= %d "
+                    "tokens\n", e, cfg->max_seqs, cfg->max_batch_tokens);
+            rc = 2;
+            break;
+        }
+        int per_d = (int)BT_DIV_UP(C + 1, block_size);
+        int per_p = (int)BT_DIV_UP(K + L, block_size);
+        long need = (long)B * per_d + (long)N * per_p;
+        if (need > n_blocks) {
+            printf("| mixed%s | %d @%d | %d x %d @%d | skipped: %ld blocks "
+                   "of %d | | | | | |\n", tag, B, C, N, L, K, need, n_blocks);
+            continue;
+        }
+        backend_seq_t *seqs = calloc((size_t)(B + N), sizeof(*seqs));
+        int *tables = malloc(sizeof(int) * (size_t)need);
+        int *toks = malloc(sizeof(int) * (size_t)(B + (long)N * L));
+        int next_block = 0, *tok = toks;
+        for (int s = 0; s < B + N; s++) {
+            bool dec = s < B;
+            int n_tok = dec ? 1 : L, per = dec ? per_d : per_p;
+            for (int i = 0; i < per; i++)
+                tables[next_block + i] = next_block + i;
+            for (int i = 0; i < n_tok; i++)
+                tok[i] = (int)(((long)s * 7919 + i * 104729L + 11) %
+                               mc->vocab_size);
+            seqs[s].n_tokens = n_tok;
+            seqs[s].ctx_len = dec ? C - 1 : K;
+            seqs[s].tokens = tok;
+            seqs[s].block_table = &tables[next_block];
+            seqs[s].n_logits = 1;
+            next_block += per;
+            tok += n_tok;
+        }
+        backend_batch_t all = { .n_seqs = B + N, .seqs = seqs };
+        backend_batch_t dec = { .n_seqs = B, .seqs = seqs };
+        backend_batch_t pre = { .n_seqs = N, .seqs = seqs + B };
+        double m = forward_ms(be, &all, 7);
+        double d = B > 0 ? forward_ms(be, &dec, 7) : 0.0;
+        double p = forward_ms(be, &pre, 7);
+        if (m < 0 || d < 0 || p < 0) {
+            fprintf(stderr, "bench_cuda: mixed forward failed\n");
+            rc = 1;
+        } else {
+            snprintf(line, sizeof(line), "| mixed%s | %d @%d | %d x %d @%d | "
+                     "%.2f | %.2f | %.2f | %.2f | %.0f | |\n", tag, B, C, N,
+                     L, K, m, d, p, m - d - p,
+                     (double)N * L / ((m - d) * 1e-3));
+            fputs(line, stdout);
+            if (tf)
+                fputs(line, tf);
+        }
+        free(seqs);
+        free(tables);
+        free(toks);
+    }
+    free(copy);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = "synth:llama3-8b";
     const char *batch_s = "1,8,32,64,128", *ctx_s = "512,2048,8192";
     const char *pre_s = "512,2048,8192", *table_path = NULL;
+    const char *mixed_s = NULL;
     bool fp8 = false, kv8 = false;
     int *batches, *ctxs, *pres, nb, nc, np, steps = 20;
     int block_size = 16, n_blocks;
@@ -131,6 +239,7 @@ int main(int argc, char **argv)
         {"table", required_argument, NULL, 't'},
         {"precision", required_argument, NULL, 'P'},
         {"kv-dtype", required_argument, NULL, 'K'},
+        {"mixed", required_argument, NULL, 'x'},
         {NULL, 0, NULL, 0}};
     int opt;
 
@@ -144,6 +253,7 @@ int main(int argc, char **argv)
         case 'p': pre_s = optarg; break;
         case 's': steps = atoi(optarg); break;
         case 't': table_path = optarg; break;
+        case 'x': mixed_s = optarg; break;
         case 'P':
             if (strcmp(optarg, "fp8") != 0 && strcmp(optarg, "bf16") != 0) {
                 fprintf(stderr, "bench_cuda: --precision bf16 or fp8\n");
@@ -161,7 +271,8 @@ int main(int argc, char **argv)
         default:
             fprintf(stderr, "usage: bench_cuda [--model M] [--batch L] "
                     "[--ctx L] [--prefill L] [--steps N] [--table F] "
-                    "[--precision bf16|fp8] [--kv-dtype bf16|fp8]\n");
+                    "[--precision bf16|fp8] [--kv-dtype bf16|fp8] "
+                    "[--mixed B:C:N:L:K,...]\n");
             return 2;
         }
     }
@@ -371,6 +482,10 @@ int main(int argc, char **argv)
             free(seqs); free(tables); free(toks); free(dev); free(host);
         }
     }
+
+    if (mixed_s != NULL &&
+        bench_mixed(be, mc, &cfg, mixed_s, n_blocks, tag, tf) != 0)
+        return 1;
 
     EMIT("\n| prefill%s | tokens | | TTFT ms | | | | | floor ms | floor/TTFT | "
          "tok/s | |\n", tag);
