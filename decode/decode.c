@@ -460,6 +460,10 @@ static void step(decode_t *dec)
     decode_seq_t *s, *next;
     bt_status_t status = BT_OK;
 
+    if (dec->busy_end_ns != 0 && now > dec->busy_end_ns)
+        decode_budget_observe_between(
+            &dec->cost, (double)(now - dec->busy_end_ns) * 1e-6);
+    dec->busy_end_ns = 0;
     if (dec->spec != NULL)
         decode__step_spec(dec); /* the decode batch; local prefill below */
     for (s = dec->spec != NULL ? NULL : dec->seqs;
@@ -656,6 +660,8 @@ static void step(decode_t *dec)
     }
     decode_budget_observe(&dec->cost, n_decode, n_fed,
                           (double)(bt_time_ns() - t0) * 1e-6);
+    if (dec->seqs != NULL)
+        dec->busy_end_ns = bt_time_ns();
     if (dec->cfg.step_delay_ms > 0)
         usleep((useconds_t)dec->cfg.step_delay_ms * 1000u);
     if (dec->cfg.metrics != NULL) { /* metrics hook */

@@ -48,6 +48,14 @@ void decode_budget_observe(decode_budget_t *b, int n_decode, int n_prefill,
     b->have_token = true;
 }
 
+void decode_budget_observe_between(decode_budget_t *b, double gap_ms)
+{
+    if (gap_ms < 0)
+        return;
+    b->between_ms = ewma(b->between_ms, gap_ms, b->have_between);
+    b->have_between = true;
+}
+
 int decode_budget_prefill_tokens(const decode_budget_t *b, int n_decode,
                                  double target_ms, int max_tokens,
                                  int min_tokens)
@@ -63,7 +71,8 @@ int decode_budget_prefill_tokens(const decode_budget_t *b, int n_decode,
      * above it (H200, 2048/128 at 256 streams: TPOT p99 50.8 ms under a
      * 50 ms target); aiming one mean miss below keeps most under it. */
     room = target_ms - (b->have_decode ? b->decode_ms : 0) -
-           (b->have_miss ? b->miss_ms : 0);
+           (b->have_miss ? b->miss_ms : 0) -
+           (b->have_between ? b->between_ms : 0);
     if (room <= 0)
         return min_tokens;
     n = room / b->token_ms;

@@ -11,7 +11,10 @@
  * per-token tokens, where the margin is the model's mean absolute miss
  * on mixed steps (so noisy steps stay under the target, not around it),
  * at least a floor (prompts always move) and at most the step's
- * budget.  With no decode rows, or no target, prefill takes the budget:
+ * budget.  A stream's time per token is the step plus the loop's work
+ * between two busy steps (poll, control messages, KV links, emission:
+ * ~0.5 ms on the H200 at 256 streams, where TPOT p50 sat 0.6 ms above a
+ * 50 ms target), so that is learned too and kept out of the room.  With no decode rows, or no target, prefill takes the budget:
  * only time to first token is at stake then.
  */
 #ifndef BT_DECODE_DECODE_BUDGET_H
@@ -27,9 +30,11 @@ typedef struct {
     double decode_ms;    /* a step with decode rows only */
     double token_ms;     /* what one prefill token adds to a step */
     double miss_ms;      /* mean |step - model| of mixed steps: the margin */
+    double between_ms;   /* the loop's time from one busy step to the next */
     bool have_decode;
     bool have_token;
     bool have_miss;
+    bool have_between;
 } decode_budget_t;
 
 void decode_budget_init(decode_budget_t *b);
@@ -38,6 +43,10 @@ void decode_budget_init(decode_budget_t *b);
  * tokens, step_ms of wall time. */
 void decode_budget_observe(decode_budget_t *b, int n_decode, int n_prefill,
                            double step_ms);
+
+/* Learns the loop's time between the end of a step that left streams
+ * running and the start of the next one. */
+void decode_budget_observe_between(decode_budget_t *b, double gap_ms);
 
 /* Prompt tokens the next step may take with n_decode decode rows:
  * `max_tokens` when target_ms <= 0 or n_decode == 0, else the model's

@@ -209,6 +209,11 @@ struct decode_s {
     uint64_t turn_t0;           /* this turn's start (ns) */
     uint64_t step_ended_ns;     /* the step's ids came back (ns); 0: no
                                    plain step this turn */
+    uint64_t busy_end_ns;       /* a step ended with streams running (ns;
+                                   0: none since the last step began): the
+                                   next step's start minus it is the
+                                   loop's time between steps, which every
+                                   stream's TPOT pays (decode_budget.h) */
     workerproc_step_split_t split; /* this turn's step (seconds) */
     workerproc_step_split_t split_sum; /* summed over n_timed steps */
     uint64_t n_timed;

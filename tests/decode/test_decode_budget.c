@@ -3,7 +3,8 @@
  * under a TPOT target (decode/decode_budget.h): learned from synthetic
  * steps whose cost is a known line, it must give the token count that
  * keeps a step at the target, never below the floor nor above the
- * budget, and the whole budget when nothing decodes or no target is set.
+ * budget, and the whole budget when nothing decodes or no target is set;
+ * the loop's time between busy steps comes out of the room.
  */
 #include "bt_test.h"
 #include "decode_budget.h"
@@ -51,6 +52,30 @@ static void check_noisy_machine(void)
     BT_CHECK(sum / steps < 49.0 && sum / steps > 47.0);
 }
 
+/* The loop's time between busy steps is part of every stream's TPOT:
+ * 5 ms of it leaves (50 - 20 - 5) / 0.01 = 2500 tokens, not 3000. */
+static void check_between(void)
+{
+    decode_budget_t b;
+    int n;
+
+    decode_budget_init(&b);
+    for (int i = 0; i < 50; i++) {
+        decode_budget_observe(&b, 64, 0, machine(64, 0));
+        decode_budget_observe(&b, 64, 2048, machine(64, 2048));
+    }
+    n = decode_budget_prefill_tokens(&b, 64, 50.0, 8192, 128);
+    BT_CHECK(n >= 2900 && n <= 3100);
+    for (int i = 0; i < 50; i++)
+        decode_budget_observe_between(&b, 5.0);
+    n = decode_budget_prefill_tokens(&b, 64, 50.0, 8192, 128);
+    BT_CHECK(n >= 2400 && n <= 2600);
+    /* a step plus the time between stays within the target */
+    BT_CHECK(machine(64, n) + 5.0 <= 51.0);
+    decode_budget_observe_between(&b, -1.0); /* ignored */
+    BT_ASSERT_EQ(decode_budget_prefill_tokens(&b, 64, 50.0, 8192, 128), n);
+}
+
 int main(void)
 {
     decode_budget_t b;
@@ -86,6 +111,7 @@ int main(void)
     n = decode_budget_prefill_tokens(&b, 64, 50.0, 8192, 128);
     BT_CHECK(n >= 900 && n <= 1100);
     check_noisy_machine();
+    check_between();
     BT_TEST_PASS("decode/budget: prefill tokens per step under a TPOT target");
     return 0;
 }
