@@ -14,7 +14,8 @@
  *   3. the same pair with the router forcing --kv-transport inline: exact
  *      outputs, the KV arrived, 0 windows.
  *   4. the router forcing ucx-stage, both workers --kv-stage-host, but a
- *      1-block receive area on the decode worker: every grant comes
+ *      1-block receive area on the decode worker (its prefix cache off,
+ *      so every hand-off needs a prompt's 2 blocks): every grant comes
  *      without receive blocks (the armed link failed), the router sends
  *      the task inline rather than over the UCX link nothing was armed
  *      for (its debug line, once a request): exact outputs, the KV
@@ -67,7 +68,11 @@ static double run_cluster(const cu_golden_t *golden, int n_golden, bool agg,
         d0 = cu_spawn("baton-decode", "--router", control, "--model",
                       model, "--tokenizer", tok, "--threads", "1", "--name",
                       "d0", "--metrics-port", mport_s, "--block-size", "4",
-                      "--kv-stage-host", "--kv-stage-blocks", "1", NULL);
+                      "--kv-stage-host", "--kv-stage-blocks", "1",
+                      /* request 5 repeats request 0's prompt: a cached
+                       * first block would leave one block to receive,
+                       * which fits, whenever request 0 ended first */
+                      "--prefix-cache", "off", NULL);
     else
         d0 = cu_spawn("baton-decode", "--router", control, "--model",
                       model, "--tokenizer", tok, "--threads", "1", "--name",
