@@ -133,6 +133,17 @@ static void fake_free(fake_t *f)
     free(f);
 }
 
+/* Destroys the pool and checks it released every allocation the fake
+ * made (none left held), then frees the fake. */
+static void destroy_all_released(fake_t *f, kv_winpool_t **p)
+{
+    kv_winpool_destroy(p);
+    BT_CHECK(*p == NULL);
+    BT_ASSERT_EQ(f->released, f->made);
+    BT_ASSERT_EQ(f->held, 0);
+    fake_free(f);
+}
+
 static kv_winpool_config_t config(fake_t *f, size_t budget,
                                   size_t ready_budget, int per_class)
 {
@@ -266,11 +277,7 @@ static void test_made_then_ready(void)
     BT_ASSERT_EQ(stats(p).taken_made, 2);
     BT_ASSERT_EQ(stats(p).taken_ready, 2);
     /* destroy releases the ready ones too */
-    kv_winpool_destroy(&p);
-    BT_CHECK(p == NULL);
-    BT_ASSERT_EQ(f->released, f->made);
-    BT_ASSERT_EQ(f->held, 0);
-    fake_free(f);
+    destroy_all_released(f, &p);
     BT_TEST_PASS("made_then_ready");
 }
 
@@ -355,9 +362,7 @@ static void test_ready_follows_traffic(void)
     wait_released(f, 2);
     kv_winpool_put(p, &a);
     kv_winpool_put(p, &b);
-    kv_winpool_destroy(&p);
-    BT_ASSERT_EQ(f->released, f->made);
-    fake_free(f);
+    destroy_all_released(f, &p);
     BT_TEST_PASS("ready_follows_traffic");
 }
 
@@ -383,9 +388,7 @@ static void test_idle_release(void)
     BT_CHECK(!a->made_ahead);
     wait_ready(p, 2 * fake_bytes(f, 4));
     kv_winpool_put(p, &a);
-    kv_winpool_destroy(&p);
-    BT_ASSERT_EQ(f->released, f->made);
-    fake_free(f);
+    destroy_all_released(f, &p);
     BT_TEST_PASS("idle_release");
 }
 
@@ -410,10 +413,7 @@ static void test_make_fails(void)
     BT_CHECK(a->made_ahead);
     kv_winpool_put(p, &a);
     /* destroy at once: the pending one and the ready ones go too */
-    kv_winpool_destroy(&p);
-    BT_ASSERT_EQ(f->released, f->made);
-    BT_ASSERT_EQ(f->held, 0);
-    fake_free(f);
+    destroy_all_released(f, &p);
     BT_TEST_PASS("make_fails");
 }
 
