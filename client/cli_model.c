@@ -180,7 +180,9 @@ static int cli_inspect(int argc, char **argv)
         fprintf(stderr, "usage: baton model inspect PATH [--tensors]\n");
         return 2;
     }
-    if (model_load(path, &model) != BT_OK)
+    /* shapes only: a synth model's weights are never generated here
+     * (synth:llama3-70b would need 140 GB of host memory) */
+    if (model_load_ex(path, MODEL_LOAD_SYNTH_LAZY, &model) != BT_OK)
         return cli_fail("inspect", path);
     params = model_param_count(model);
     bytes = model_weight_bytes(model);

@@ -62,6 +62,12 @@ has "architecture   LlamaForCausalLM"; has "rope_layout                half"
 has "eos_ids                    2"
 expect 0 "$BATON" model inspect synth:tiny-qwen2:5
 has "format         synth"; has "q_proj.bias"; has "qkv_bias                   true"
+# shapes only: a 70B synth is never generated (140 GB of host memory;
+# tests/gpu/serve_floor.py reads 8B shapes this way), so it answers at once
+start=$(date +%s)
+expect 0 timeout 10 "$BATON" model inspect synth:llama3-70b
+has "params         70553706496"; has "n_layers                   80"
+[ $(($(date +%s) - start)) -le 5 ] || fail "inspect of synth:llama3-70b took over 5 s"
 
 # --- synth: shapes, dtypes, seeds, --config reproduces --shape
 expect 0 "$BATON" model synth --shape tiny --out "$T/tiny"

@@ -35,6 +35,9 @@ BT_SERVE_PREFIX_RUNS ("SHARED+UNIQUExOUTPUT@CONCURRENCY:REQUESTS;...",
 2048x128@64:256), BT_SERVE_CHAT (baton bench arguments: 14 sessions of a
 2048-token system prompt growing 256 tokens a turn, 10 turns),
 BT_SERVE_CHAT_KV (4096 blocks a chat worker).
+Each row's floor column is serve_floor.py's (the physical floor of that
+run on one GPU: what out tok/s reads against, as a kernel row reads
+against its floor).
 Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
 failed anywhere.
 """
@@ -47,6 +50,7 @@ import time
 import urllib.request
 
 import cluster_harness
+import serve_floor
 
 BIN, WORK, TABLE = sys.argv[1], sys.argv[2], sys.argv[3]
 MODES = os.environ.get("BT_SERVE_MODES", "agg,disagg,agg-nobound").split(",")
@@ -88,6 +92,7 @@ KV_DTYPE = (["--kv-dtype", os.environ["BT_SERVE_KV_DTYPE"]]
             if os.environ.get("BT_SERVE_KV_DTYPE") else [])
 VOCAB = int(os.environ.get("BT_SERVE_VOCAB", "32000"))
 PEER = {(2048, 128): "3,538", (2048, 2048): "12,194"}  # TRT-LLM FP8, H200
+FLOOR = []  # serve_floor.Floor of this model and precision, made once
 METRICS_PORT = 19180  # d0's --metrics-port (the device machine is ours)
 T0 = time.time()
 rows = []
@@ -99,13 +104,29 @@ def log(msg):
     print("[%6.1fs] %s" % (time.time() - T0, msg), flush=True)
 
 
+def of_floor(plen, olen, conc, tok_s):
+    """'floor tok/s (out / floor)' of a run (serve_floor.py), or ''."""
+    if not isinstance(plen, int) or olen < 1 or conc < 1:
+        return ""  # chat / shared-prefix rows: the floor assumes no reuse
+    try:
+        if not FLOOR:
+            FLOOR.append(serve_floor.Floor(serve_floor.model_config(
+                BIN + "/baton", MODEL), PRECISION,
+                os.environ.get("BT_SERVE_KV_DTYPE") or "bf16"))
+        fl = FLOOR[0].tok_per_s(plen, olen, conc)
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        log("no floor: %s" % e)
+        return ""
+    return "{:,.0f} ({:.2f})".format(fl, tok_s / fl)
+
+
 def write_table():
     with open(TABLE, "w") as f:
         f.write("| mode | in/out | conc | requests | failed | out tok/s | "
-                "TTFT p50 / p99 ms | TPOT p50 / p99 ms | TensorRT-LLM FP8 | "
-                "prefix hit |\n"
-                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                "| ---: |\n")
+                "floor tok/s (out / floor) | TTFT p50 / p99 ms | "
+                "TPOT p50 / p99 ms | TensorRT-LLM FP8 | prefix hit |\n"
+                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | "
+                "---: | ---: | ---: |\n")
         for r in rows:
             f.write("| %s |\n" % " | ".join(str(x) for x in r))
         if phase_notes:
@@ -231,7 +252,7 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
         log("%s %dx%d c%d: timed out" % (mode, plen, olen, conc))
         rows.append((mode + " " + label,
                  "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc, n,
-                     "timeout", "", "", "", "", ""))
+                     "timeout", "", "", "", "", "", ""))
         failed += 1
         return
     try:
@@ -241,7 +262,7 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
                                          r.stderr.strip()[-400:]))
         rows.append((mode + " " + label,
                  "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc, n,
-                     "no result", "", "", "", "", ""))
+                     "no result", "", "", "", "", "", ""))
         failed += 1
         return
     errs = j.get("errors", j.get("failed", 0))
@@ -257,11 +278,11 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
             for ln in bad:
                 log("  %s: %s" % (name, ln[:300]))
     ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
+    tok_s = j.get("tok_per_s", j.get("output_tok_per_s", 0))
     rows.append((mode + " " + label,
                  "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc,
-                 j.get("requests", n), errs,
-                 "{:,.0f}".format(j.get("tok_per_s", j.get(
-                     "output_tok_per_s", 0))),
+                 j.get("requests", n), errs, "{:,.0f}".format(tok_s),
+                 "" if shared else of_floor(plen, olen, conc, tok_s),
                  "%.0f / %.0f" % (ttft.get("p50", 0), ttft.get("p99", 0)),
                  "%.1f / %.1f" % (tpot.get("p50", 0), tpot.get("p99", 0)),
                  PEER.get((plen, olen), ""),
@@ -309,7 +330,8 @@ def run_mode(mode):
     t0 = time.time()
     if not cl.wait_registered(180):
         log("%s: workers did not register; %s" % (mode, cl.dead()))
-        rows.append((mode, "", "", "", "no workers", "", "", "", ""))
+        rows.append((mode, "", "", "", "no workers", "", "", "", "", "",
+                     ""))
         cl.stop()
         cluster_harness.mps_stop(mps, log, 2)
         return
