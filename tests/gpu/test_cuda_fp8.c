@@ -48,6 +48,10 @@
  * tokens, old path (epilogue) vs new (vec), in TFLOP/s; skinny_paths
  * the skinny GEMM against the forced cuBLASLt at 16/32/64 tokens, us and
  * GB/s of weights.
+ *   7. BT_FP8_FAST_ACCUM's A/B (gemm_fast_accum): the 8B linears in
+ *      cuBLASLt's fast accumulation, checked as in 3 and timed against
+ *      the exact mode at 2048 tokens.
+ * --paths runs only gemm_paths and 7.
  * Prints one PASS/FAIL line per check; exits non-zero on any failure.
  */
 #include <math.h>
@@ -62,6 +66,7 @@
 #include "bt_fp8.h"
 #include "bt_test.h"
 #include "cpu/cpu_int.h"
+#include "cuda/cuda_switches.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels/fp8.h"
 #include "cuda/kernels/gemv.h"
@@ -1062,6 +1067,56 @@ static void gemm_cache_fp8(bufs_t *b)
     worker_gemm_ctx_destroy(&second);
 }
 
+/* The A/B of BT_FP8_FAST_ACCUM (gemm.c): the 8B linears through a
+ * context in fast accumulation (no periodic f32 promotion inside
+ * cuBLASLt's FP8 kernels), the same checks as every product (relative
+ * error < REL_MAX against cpu__fp8_gemm_ref, printed: the figure the
+ * switch is judged by, beside the exact mode's), at the prefill and
+ * mixed-step token counts, and timed at 2048 tokens against b->ctx's
+ * exact mode.  The context tunes without the test's cache file (its
+ * picks would replace the exact mode's, which gemm_cache_fp8 reads). */
+static void gemm_fast_accum(bufs_t *b)
+{
+    static const int toks[] = { 100, 1000, 2053, 8191 };
+    worker_gemm_ctx_t *exact = b->ctx, *fast = NULL;
+    const char *cache = getenv("BT_GEMM_CACHE");
+    char *saved = cache ? strdup(cache) : NULL;
+
+    setenv("BT_FP8_FAST_ACCUM", "1", 1);
+    setenv("BT_GEMM_CACHE", "off", 1);
+    cuda_switches_reload();
+    BT_ASSERT_OK(worker_gemm_ctx_create(32u << 20, &fast));
+    unsetenv("BT_FP8_FAST_ACCUM");
+    if (saved != NULL)
+        setenv("BT_GEMM_CACHE", saved, 1);
+    free(saved);
+    cuda_switches_reload();
+    for (int i = 0; i < N_LIN8B; i++) {
+        const lin8b_t *sh = &g_lin8b[i];
+        const double fl = 2.0 * 2048 * (double)sh->n_out * sh->n_in;
+        char name[96];
+        float t_exact, t_fast;
+        wt_t q;
+
+        snprintf(name, sizeof(name), "%s fast-accum", sh->name);
+        wt_make(&q, sh->n_out, sh->n_in, false, sh->name);
+        b->ctx = exact;
+        t_exact = run(b, &q, sh->name, 2048, false, sh->acc, true);
+        b->ctx = fast;
+        t_fast = run(b, &q, name, 2048, false, sh->acc, true);
+        for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++)
+            run(b, &q, name, toks[k], k == 1, sh->acc, false);
+        printf("INFO fp8 gemm 2048 x %d x %d %s: exact %.1f us %.0f TFLOP/s, "
+               "fast accumulation %.1f us %.0f TFLOP/s, x%.2f\n", sh->n_out,
+               sh->n_in, sh->acc ? "f32 +=" : "bf16 out", t_exact,
+               fl / t_exact * 1e-6, t_fast, fl / t_fast * 1e-6,
+               t_exact / t_fast);
+        wt_free(&q);
+    }
+    b->ctx = exact;
+    worker_gemm_ctx_destroy(&fast);
+}
+
 typedef struct {
     const char *name;
     int n_out, n_in;
@@ -1069,7 +1124,7 @@ typedef struct {
     bool big;            /* 8B shapes: timed, fewer mode combinations */
 } shape_t;
 
-int main(void)
+int main(int argc, char **argv)
 {
     static const shape_t shapes[] = {
         { "8b qkv", 6144, 4096, false, true },
@@ -1087,9 +1142,17 @@ int main(void)
     static const int toks_tiny[] = { 1,  2,  5,  8,  9,  17, 24,
                                      33, 37, 40, 57, 64, 128 };
     const int max_tok = 8192, max_ld = 14336, max_out = 28672;
+    /* --paths: only the cuBLASLt paths' A/Bs (gemm_paths, gemm_fast_accum:
+     * ~1 min instead of ~3) */
+    const bool paths_only = argc > 1 && strcmp(argv[1], "--paths") == 0;
     bufs_t b;
     int dev_n = 0;
     char cache[64];
+
+    if (argc > 2 || (argc == 2 && !paths_only)) {
+        fprintf(stderr, "usage: test_cuda_fp8 [--paths]\n");
+        return 2;
+    }
 
     if (cudaGetDeviceCount(&dev_n) != cudaSuccess || dev_n == 0) {
         printf("FAIL no CUDA device\n");
@@ -1119,6 +1182,11 @@ int main(void)
     CK(cudaMemset(b.ws.d_cnt, 0, sizeof(int) * b.ws.n_cnt));
     CK(cudaMemset(b.d_flush, 0, FLUSH_BYTES));
 
+    if (paths_only) {
+        gemm_paths(&b);
+        gemm_fast_accum(&b);
+        goto done;
+    }
     cvt_check();
     {
         static const int fk[][2] = { {1, 4096}, {8, 4096}, {64, 4096},
@@ -1173,6 +1241,8 @@ int main(void)
     skinny_paths(&b);
     skinny_small(&b);
     gemm_cache_fp8(&b);
+    gemm_fast_accum(&b);
+done:
     unlink(cache);
     cudaFree(b.d_flush);
     cudaFree(b.d_acc);

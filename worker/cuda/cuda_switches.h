@@ -36,6 +36,8 @@ extern "C" {
       "rows; RMSNorm fused into the 1-token GEMV: 0 off, ring/1 ring")      \
     X(gemv_glu, "BT_GEMV_GLU",                                              \
       "pair at 1 token, warp at 2; SwiGLU fused into gate/up: 0 off")      \
+    X(fp8_fast_accum, "BT_FP8_FAST_ACCUM",                                  \
+      "0; 1: cuBLASLt's FP8 GEMMs without periodic f32 promotion (A/B)")    \
     X(attn_tc, "BT_ATTN_TC",                                                \
       "1; 0: the general decode attention, not the tensor-core one")        \
     X(cuda_graphs, "BT_CUDA_GRAPHS", "1; 0: decode steps eager")            \

@@ -169,6 +169,8 @@ struct worker_gemm_ctx_s {
     bool fp8_skinny;               /* the skinny FP8 GEMM is usable (its
                                       shared-memory limits are set) */
     bool fp8_force_cublaslt;       /* worker_gemm_fp8_force_cublaslt */
+    bool fp8_fast_accum;           /* BT_FP8_FAST_ACCUM: every E4M3 plan
+                                      in fast accumulation */
     /* (n_tok, n_out, ld, out_dt, accumulate) without such an algorithm */
     int fp8_vec_bad[GEMM_FP8_BAD_MAX][5];
     int n_fp8_vec_bad;
@@ -231,6 +233,11 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         ctx->use_gemv = env == NULL || strcmp(env, "0") != 0;
         env = cuda_switches()->gemm_tune; /* 0: static defaults */
         ctx->tune = ctx->use_gemv && (env == NULL || strcmp(env, "0") != 0);
+        env = cuda_switches()->fp8_fast_accum;
+        ctx->fp8_fast_accum = env != NULL && strcmp(env, "1") == 0;
+        if (ctx->fp8_fast_accum)
+            BT_LOG_INFO("CUDA", "FP8 GEMMs in fast accumulation "
+                        "(BT_FP8_FAST_ACCUM=1)");
     }
     /* Shared-memory limits of the ring kernels, outside any capture.  A
      * failure only costs those kernels (their launches fail the tuner's
@@ -388,6 +395,18 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
             status = gemm_check(cublasLtMatmulDescSetAttribute(
                 p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ctx->d_ws,
                 sizeof(ctx->d_ws)), "B scale pointer");
+        if (status != BT_OK)
+            goto err;
+    }
+    if (p->in_dt == GEMM_DT_E4M3 && ctx->fp8_fast_accum) {
+        /* the tensor cores' own accumulator for the whole K, never
+         * promoted to f32 registers on the way (XLA's and PyTorch's
+         * use_fast_accum): faster, less exact over long K */
+        const int8_t on = 1;
+
+        status = gemm_check(cublasLtMatmulDescSetAttribute(
+            p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)),
+            "fast accumulation");
         if (status != BT_OK)
             goto err;
     }
@@ -1259,7 +1278,7 @@ static uint32_t gemm_fnv(uint32_t h, const char *s)
 /* The file's key: the device (name, compute capability, SMs, L2), the
  * cuBLASLt and runtime versions, the GEMV variants and tuner constants
  * of this build, and the variables that change what the tuner times. */
-static bool gemm_cache_key(char *key, size_t size)
+static bool gemm_cache_key(char *key, size_t size, bool fast_accum)
 {
     struct cudaDeviceProp prop;
     char num[64];
@@ -1289,6 +1308,9 @@ static bool gemm_cache_key(char *key, size_t size)
                    cuda_switches()->gemv_disable
                        ? cuda_switches()->gemv_disable
                        : "");
+    /* FP8 picks timed in fast accumulation are not the exact mode's */
+    if (fast_accum)
+        env = gemm_fnv(env, "BT_FP8_FAST_ACCUM=1");
     n = snprintf(key, size, "%s/sm%d%d/%dsm/%dMB-L2/cublasLt-%zu/cudart-%d/"
                  "build-%08x/env-%08x", prop.name, prop.major, prop.minor,
                  prop.multiProcessorCount, prop.l2CacheSize >> 20,
@@ -1382,7 +1404,8 @@ static void gemm_cache_open(worker_gemm_ctx_t *ctx)
     }
     if (*path == '\0' || strcmp(path, "off") == 0)
         return;
-    if (!gemm_cache_key(ctx->cache_key, sizeof(ctx->cache_key))) {
+    if (!gemm_cache_key(ctx->cache_key, sizeof(ctx->cache_key),
+                        ctx->fp8_fast_accum)) {
         BT_LOG_WARN("CUDA", "gemm cache %s: no device key, not used", path);
         return;
     }
@@ -1672,7 +1695,8 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 // under worker_gemm_fp8_t.gemv ("the codes, no cuBLASLt").  More:
 // cuBLASLt's FP8 GEMM (E4M3 A and B in
 // the "TN" layout Hopper's FP8 kernels require -- A = w transposed, as
-// every plan here -- f32 compute, no fast accumulation), in one of two
+// every plan here -- f32 compute, no fast accumulation unless
+// BT_FP8_FAST_ACCUM=1, an A/B not yet measured), in one of two
 // ways, decided once per context (gemm_fp8_vec_probe, logged once):
 //   vec: the weight scales (one per output row, cuBLASLt's m) and the
 //     input scales (one per token, its n) as CUBLASLT_MATMUL_MATRIX_SCALE_
