@@ -21,7 +21,13 @@ Each mode is a fresh cluster of real processes (baton-router + workers,
 The first `baton bench` of every mode is a cold start: a burst of
 BT_SERVE_COLD requests sent the moment the workers registered (no
 warm-up request before it); it must lose nothing.  Then the closed-loop
-runs of BT_SERVE_RUNS ("PROMPTxOUTPUT@CONCURRENCY:REQUESTS;...").
+runs of BT_SERVE_RUNS ("PROMPTxOUTPUT@CONCURRENCY:REQUESTS;..."), then
+the open-loop sweeps of BT_SERVE_SWEEPS ("PROMPTxOUTPUT@R1,R2,...:
+REQUESTS;...", default none: one `baton bench --rates` each, Poisson
+arrivals, at most 256 in flight, REQUESTS a rate on fresh prompts; a
+row a rate with its goodput at TTFT p99 <= 1 s and TPOT p99 <= 50 ms,
+and the latency-vs-throughput plot sweep_MODE_PxO.svg beside TABLE_MD):
+issue 36's goodput of each mode, and where agg and disagg cross.
 
 Environment: BT_SERVE_MODES (agg,disagg,agg-nobound), BT_SERVE_RUNS,
 BT_SERVE_COLD (256 requests at once; 0: none) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
@@ -64,6 +70,14 @@ def parse_runs(text):
 
 RUNS = parse_runs(os.environ.get(
     "BT_SERVE_RUNS", "2048x128@256:512;512x512@256:512;2048x2048@160:160"))
+# open-loop sweeps: ((P, O), ([rates], requests a rate))
+SWEEPS = [(tuple(int(v) for v in shape.split("x")),
+           ([float(r) for r in load.split(":")[0].split(",")],
+            int(load.split(":")[1])))
+          for shape, load in (r.split("@") for r in os.environ.get(
+              "BT_SERVE_SWEEPS", "").split(";") if r)]
+SWEEP_CONC = 256  # in flight at most during a sweep (the workers' seqs)
+sweep_rows = []
 # agg-nobound is an A/B of the prefill budget: the prefill-heavy shape only
 TPOT_RUNS = parse_runs(os.environ.get("BT_SERVE_TPOT_RUNS",
                                       "2048x128@256:512"))
@@ -129,6 +143,16 @@ def write_table():
                 "---: | ---: | ---: |\n")
         for r in rows:
             f.write("| %s |\n" % " | ".join(str(x) for x in r))
+        if sweep_rows:
+            f.write("\nOpen-loop sweeps (Poisson arrivals, at most %d in "
+                    "flight; goodput: requests meeting TTFT <= 1 s and TPOT "
+                    "<= 50 ms, a second):\n\n| mode | in/out | rate req/s | "
+                    "requests | failed | out tok/s | floor tok/s (out / "
+                    "floor) | goodput req/s | TTFT p50 / p99 ms | TPOT p50 "
+                    "/ p99 ms |\n| --- | --- | ---: | ---: | ---: | ---: | "
+                    "---: | ---: | ---: | ---: |\n" % SWEEP_CONC)
+            for r in sweep_rows:
+                f.write("| %s |\n" % " | ".join(str(x) for x in r))
         if phase_notes:
             f.write("\nd0's decode steps by phase (ms a step; build and "
                     "post: serial host work, emit overlaps the device, "
@@ -295,6 +319,49 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
     write_table()
 
 
+def sweep(cl, mode, plen, olen, rates, n):
+    """One `baton bench --rates` (each rate its own prompts): a row a
+    rate into sweep_rows, the plot beside TABLE."""
+    global failed
+    tag = "%s_%dx%d" % (mode, plen, olen)
+    path = os.path.join(cl.dir, "sweep_%s.json" % tag)
+    svg = os.path.join(os.path.dirname(os.path.abspath(TABLE)),
+                       "sweep_%s.svg" % tag)
+    cmd = cluster_harness.bench_cmd(BIN, cl.ep, n, plen, olen, VOCAB, 1000,
+                                    50, path, conc=SWEEP_CONC,
+                                    seed=next(RUN_SEEDS))
+    cmd += ["--rates", ",".join("%g" % r for r in rates), "--plot", svg]
+    left = DEADLINE - time.time()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True,
+                           timeout=max(30, left))
+        runs = json.load(open(path))
+    except (subprocess.TimeoutExpired, OSError, ValueError) as e:
+        log("%s sweep %dx%d: no result (%s)" % (mode, plen, olen, e))
+        sweep_rows.append((mode, "%d/%d" % (plen, olen), "", "", "no result",
+                           "", "", "", "", ""))
+        failed += 1
+        write_table()
+        return
+    for j in runs if isinstance(runs, list) else [runs]:
+        errs = j.get("failed", j.get("errors", 0))
+        failed += errs
+        tok_s = j.get("tok_per_s", 0)
+        ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
+        sweep_rows.append((
+            mode, "%d/%d" % (plen, olen), j.get("rate_label", j.get("rate")),
+            j.get("requests", n), errs, "{:,.0f}".format(tok_s),
+            of_floor(plen, olen, SWEEP_CONC, tok_s),
+            "%.2f" % j.get("goodput_req_per_s", 0),
+            "%.0f / %.0f" % (ttft.get("p50", 0), ttft.get("p99", 0)),
+            "%.1f / %.1f" % (tpot.get("p50", 0), tpot.get("p99", 0))))
+        log("%s sweep %s" % (mode, sweep_rows[-1]))
+    if r.returncode != 0:
+        log("%s sweep %dx%d: rc %d %s" % (mode, plen, olen, r.returncode,
+                                          r.stderr.strip()[-300:]))
+    write_table()
+
+
 class Cluster(cluster_harness.Cluster):
     def __init__(self, mode, env):
         super().__init__(BIN, WORK, mode, env, "DECODE", log)
@@ -358,6 +425,12 @@ def run_mode(mode):
             log("%s: no time left for %dx%d" % (mode, plen, olen))
             break
         bench(cl, mode, plen, olen, conc, n, "warm")
+    for (plen, olen), (rates, n) in ([] if mode == "agg-nobound"
+                                     else SWEEPS):
+        if DEADLINE - time.time() < 60:
+            log("%s: no time left for the %dx%d sweep" % (mode, plen, olen))
+            break
+        sweep(cl, mode, plen, olen, rates, n)
     cl.stop()
     cluster_harness.mps_stop(mps, log, 2)
 
