@@ -33,7 +33,8 @@ Environment: BT_SERVE_MODES (agg,disagg,agg-nobound), BT_SERVE_RUNS,
 BT_SERVE_COLD (256 requests at once; 0: none) of BT_SERVE_COLD_SHAPE (2048x128), BT_SERVE_DEADLINE_S (540),
 BT_SERVE_KV_BLOCKS (44000: disagg's decode; its prefill 4096),
 BT_SERVE_AGG_KV (auto: the aggregated worker sizes KV from memory),
-BT_SERVE_TPOT_MS (50: agg's --tpot-target-ms),
+BT_SERVE_TPOT_MS (50: agg's --tpot-target-ms), BT_SERVE_MAX_SEQS (256:
+the decode worker's --max-seqs; the cuda default would be 512),
 BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda),
 BT_SERVE_PRECISION (bf16; fp8), BT_SERVE_KV_DTYPE (unset: the default),
 BT_SERVE_PREFIX_RUNS ("SHARED+UNIQUExOUTPUT@CONCURRENCY:REQUESTS;...",
@@ -76,7 +77,7 @@ SWEEPS = [(tuple(int(v) for v in shape.split("x")),
             int(load.split(":")[1])))
           for shape, load in (r.split("@") for r in os.environ.get(
               "BT_SERVE_SWEEPS", "").split(";") if r)]
-SWEEP_CONC = 256  # in flight at most during a sweep (the workers' seqs)
+SWEEP_CONC = int(MAX_SEQS)  # in flight at most during a sweep
 sweep_rows = []
 # agg-nobound is an A/B of the prefill budget: the prefill-heavy shape only
 TPOT_RUNS = parse_runs(os.environ.get("BT_SERVE_TPOT_RUNS",
@@ -99,6 +100,7 @@ DEADLINE = time.time() + float(os.environ.get("BT_SERVE_DEADLINE_S", "540"))
 KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")  # disagg's decode pool
 AGG_KV = os.environ.get("BT_SERVE_AGG_KV", "auto")  # auto: from memory
 TPOT_MS = os.environ.get("BT_SERVE_TPOT_MS", "50")
+MAX_SEQS = os.environ.get("BT_SERVE_MAX_SEQS", "256")
 MODEL = os.environ.get("BT_SERVE_MODEL", "synth:llama3-8b")
 DEVICE = os.environ.get("BT_SERVE_DEVICE", "cuda")
 PRECISION = os.environ.get("BT_SERVE_PRECISION", "bf16")
@@ -166,7 +168,7 @@ def worker_cmds(mode, ctl):
               "--precision", PRECISION] + KV_DTYPE
     dec = ["baton-decode"] + common + [
         "--name", "d0", "--metrics-port", str(METRICS_PORT), "--max-seqs",
-        "256",
+        MAX_SEQS,
         "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
     if mode.startswith(("prefix", "rand")):
         return [("d0", dec + ["--role", "both", "--prefix-cache",
