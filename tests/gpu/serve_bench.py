@@ -77,7 +77,6 @@ SWEEPS = [(tuple(int(v) for v in shape.split("x")),
             int(load.split(":")[1])))
           for shape, load in (r.split("@") for r in os.environ.get(
               "BT_SERVE_SWEEPS", "").split(";") if r)]
-SWEEP_CONC = int(MAX_SEQS)  # in flight at most during a sweep
 sweep_rows = []
 # agg-nobound is an A/B of the prefill budget: the prefill-heavy shape only
 TPOT_RUNS = parse_runs(os.environ.get("BT_SERVE_TPOT_RUNS",
@@ -101,6 +100,7 @@ KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")  # disagg's decode pool
 AGG_KV = os.environ.get("BT_SERVE_AGG_KV", "auto")  # auto: from memory
 TPOT_MS = os.environ.get("BT_SERVE_TPOT_MS", "50")
 MAX_SEQS = os.environ.get("BT_SERVE_MAX_SEQS", "256")
+SWEEP_CONC = int(MAX_SEQS)  # in flight at most during a sweep
 MODEL = os.environ.get("BT_SERVE_MODEL", "synth:llama3-8b")
 DEVICE = os.environ.get("BT_SERVE_DEVICE", "cuda")
 PRECISION = os.environ.get("BT_SERVE_PRECISION", "bf16")
