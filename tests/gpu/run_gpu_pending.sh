@@ -4,11 +4,15 @@
 # MACHINE from a folder packed here (~6 minutes; delete this script once
 # its figures are in docs/PERFORMANCE.md):
 #   cmake --build build-cuda -j2 --target test_cuda_fp8 test_cuda_model \
-#     bench_cuda bt_kernel_trace
+#     bench_cuda bt_kernel_trace test_cuda_ipc_window
 #   bash tests/gpu/pack_carry.sh pending tests/gpu/run_gpu_pending.sh \
 #     gpu/test_cuda_fp8 gpu/test_cuda_model gpu/bench_cuda \
-#     gpu/libbt_kernel_trace.so shared
+#     gpu/libbt_kernel_trace.so gpu/test_cuda_ipc_window shared
 #   then run(carry=[".carry"], command="bash .carry/call.sh")
+#   0. test_cuda_ipc_window: the CUDA IPC link's receive windows, now
+#      through kv_link.c's shared slot table (kv_link__win_slots, merged
+#      from s11-winslots without a GPU): hand-off byte-exact, stale
+#      writers revoked, the made-ahead window (all checks must PASS).
 #   1. BT_FP8_FAST_ACCUM's A/B (gemm.c): test_cuda_fp8 --paths (the 8B
 #      linears' relative error vs the cpu and TFLOP/s, exact vs fast
 #      accumulation); bench_cuda fp8 + FP8 KV, batch 1 / 64 @2k and
@@ -33,6 +37,8 @@ CF="BT_GEMM_CACHE=$tmp/cache_fast"
 FP8="--precision fp8 --kv-dtype fp8 --batch 1,64 --ctx 2048 --prefill 2053"
 MIX=85:2048:1:1365:0,85:2048:2:683:1024,0:2048:1:1365:0
 
+# 0. the CUDA IPC receive windows
+run cipc_window 300 "$c/gpu/test_cuda_ipc_window"
 # 1. fast accumulation
 run fp8_paths 200 "$c/gpu/test_cuda_fp8" --paths
 bc ex1 $EX "$CE" -- $FP8
@@ -50,6 +56,10 @@ trace_step mix bench_cuda "$CE" -- --steps 4 --batch 1 --ctx 512 \
 {
   echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)"
   echo; cat "$tmp/rcs"; echo
+  echo "### test_cuda_ipc_window"
+  pass_fail cipc_window
+  grep -E "^INFO" "$tmp/cipc_window" | head -8
+  echo
   echo "### test_cuda_fp8 --paths"
   pass_fail fp8_paths
   grep -E "^(PASS|FAIL) fp8 cublaslt.* 2048 tokens|^INFO fp8 gemm 2048" \
