@@ -1,7 +1,9 @@
 /*
  * kv_link.c - the KV link registry and the generic half of a hand-off
  * (see kv_link.h): which link a route names, inline fallback, stall
- * detection.  Transport code lives in the kv_link_<name>.c files.
+ * detection; and the receive windows per reservation slot that the UCX
+ * and CUDA IPC receivers share (kv_link_int.h).  Transport code lives in
+ * the kv_link_<name>.c files.
  */
 #include "kv/kv_link_int.h"
 
