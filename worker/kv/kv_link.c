@@ -953,6 +953,7 @@ bt_status_t kv_link__win_slots_arrived(kv_link_win_slots_t *ws, int slot,
     win_slot_t *sl;
     bt_status_t status;
 
+    BT_ASSERT(ws != NULL);
     if (slot < 0 || slot >= ws->n_slots)
         return BT_ERR_INVALID_ARG; /* no window of this grant */
     sl = &ws->slots[slot];

@@ -115,12 +115,13 @@ void *kv_link__win_slots_arm(kv_link_win_slots_t *ws,
 bool kv_link__win_slots_reset(kv_link_win_slots_t *ws, int slot,
                               bool writer);
 
-/* KvReady for (slot, epoch): BT_OK at once when that epoch's window is
- * already in the pool (asked again); BT_ERR_INVALID_ARG when the slot
- * holds no window of that grant; else waits for the epoch (ops->wait),
- * copies the window into the reservation's blocks and frees it (its
- * writer is done: nothing revoked), returning wait's or copy_in's
- * error as it is. */
+/* KvReady for (slot, epoch), on a table (not NULL): BT_OK at once when
+ * that epoch's window is already in the pool (asked again);
+ * BT_ERR_INVALID_ARG when the slot holds no window of that grant; else
+ * waits for the epoch (ops->wait: its error returned, the window kept),
+ * then copies the window into the reservation's blocks and frees it
+ * (its writer is done: nothing revoked), returning copy_in's error as it
+ * is. */
 bt_status_t kv_link__win_slots_arrived(kv_link_win_slots_t *ws, int slot,
                                        uint64_t epoch);
 
