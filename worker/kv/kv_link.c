@@ -1,7 +1,9 @@
 /*
  * kv_link.c - the KV link registry and the generic half of a hand-off
  * (see kv_link.h): which link a route names, inline fallback, stall
- * detection.  Transport code lives in the kv_link_<name>.c files.
+ * detection; and the receive windows per reservation slot that the UCX
+ * and CUDA IPC receivers share (kv_link_int.h).  Transport code lives in
+ * the kv_link_<name>.c files.
  */
 #include "kv/kv_link_int.h"
 
@@ -831,4 +833,141 @@ void kv_link__remote_cleanup(kv_link_remote_t *rt)
     rt->desc = NULL;
     bt_free(rt->window);
     rt->window = NULL;
+}
+
+// ---------------------------------------------------------------------------
+// Receive windows per reservation slot (kv_link_int.h)
+
+/* One reservation slot's receive window. */
+typedef struct {
+    void *win;            /* the live grant's window, else NULL */
+    int *blocks;          /* (n) the pool blocks it is copied into */
+    int n;
+    uint64_t epoch;       /* the grant's */
+    uint64_t copied;      /* the epoch whose window was copied in (0) */
+} win_slot_t;
+
+struct kv_link_win_slots_s {
+    const kv_link_win_ops_t *ops;
+    void *ctx;            /* the link's receiver state, for ops */
+    win_slot_t *slots;    /* (n_slots) */
+    int n_slots;
+    bool warned;          /* a grant went without a window: said once */
+};
+
+bt_status_t kv_link__win_slots_create(const kv_link_win_ops_t *ops,
+                                      void *ctx, int n_slots,
+                                      kv_link_win_slots_t **slots_p)
+{
+    kv_link_win_slots_t *ws = bt_calloc(1, sizeof(*ws), ops->name);
+
+    if (ws == NULL)
+        return BT_ERR_NO_MEMORY;
+    ws->slots = bt_calloc((size_t)BT_MAX(n_slots, 1), sizeof(*ws->slots),
+                          ops->name);
+    if (ws->slots == NULL) {
+        bt_free(ws);
+        return BT_ERR_NO_MEMORY;
+    }
+    ws->ops = ops;
+    ws->ctx = ctx;
+    ws->n_slots = n_slots;
+    *slots_p = ws;
+    return BT_OK;
+}
+
+/* Frees slot sl's window.  True when it was still live: its writer (if
+ * any) loses its key or FD, and writes nothing the pool holds. */
+static bool win_slot_unmap(kv_link_win_slots_t *ws, win_slot_t *sl)
+{
+    bool revoked = sl->win != NULL;
+
+    if (sl->win != NULL)
+        ws->ops->destroy(sl->win);
+    sl->win = NULL;
+    bt_free(sl->blocks);
+    sl->blocks = NULL;
+    sl->n = 0;
+    return revoked;
+}
+
+void kv_link__win_slots_destroy(kv_link_win_slots_t **slots_p)
+{
+    kv_link_win_slots_t *ws = *slots_p;
+
+    if (ws == NULL)
+        return;
+    for (int i = 0; i < ws->n_slots; i++)
+        win_slot_unmap(ws, &ws->slots[i]);
+    bt_free(ws->slots);
+    bt_free(ws);
+    *slots_p = NULL;
+}
+
+void *kv_link__win_slots_arm(kv_link_win_slots_t *ws,
+                             const kv_link_grant_t *g)
+{
+    win_slot_t *sl;
+
+    if (ws == NULL || g->slot < 0 || g->slot >= ws->n_slots)
+        return NULL;
+    sl = &ws->slots[g->slot];
+    win_slot_unmap(ws, sl); /* a slot is reset before it is granted again */
+    /* a grant for the staged link carries that link's window instead */
+    if (g->n <= 0 || g->want_recv_area)
+        return NULL;
+    sl->blocks = bt_malloc((size_t)g->n * sizeof(int), ws->ops->name);
+    if (sl->blocks == NULL)
+        return NULL;
+    sl->win = ws->ops->create(ws->ctx, g);
+    if (sl->win == NULL) {
+        if (!ws->warned) /* once: it would repeat for every grant */
+            ws->ops->warn(ws->ctx, g);
+        ws->warned = true;
+        bt_error_clear();
+        win_slot_unmap(ws, sl);
+        return NULL;
+    }
+    memcpy(sl->blocks, g->blocks, (size_t)g->n * sizeof(int));
+    sl->n = g->n;
+    sl->epoch = g->epoch;
+    sl->copied = 0;
+    return sl->win;
+}
+
+bool kv_link__win_slots_reset(kv_link_win_slots_t *ws, int slot,
+                              bool writer)
+{
+    bool revoked;
+
+    if (ws == NULL || slot < 0 || slot >= ws->n_slots)
+        return false;
+    revoked = win_slot_unmap(ws, &ws->slots[slot]) && writer;
+    ws->slots[slot].copied = 0;
+    return revoked;
+}
+
+bt_status_t kv_link__win_slots_arrived(kv_link_win_slots_t *ws, int slot,
+                                       uint64_t epoch)
+{
+    win_slot_t *sl;
+    bt_status_t status;
+
+    BT_ASSERT(ws != NULL);
+    if (slot < 0 || slot >= ws->n_slots)
+        return BT_ERR_INVALID_ARG; /* no window of this grant */
+    sl = &ws->slots[slot];
+    if (epoch != 0 && sl->copied == epoch)
+        return BT_OK; /* asked again: already in the pool */
+    if (sl->win == NULL || sl->epoch != epoch)
+        return BT_ERR_INVALID_ARG; /* no window of this grant */
+    status = ws->ops->wait(ws->ctx, sl->win, slot, epoch);
+    if (status != BT_OK)
+        return status;
+    status = ws->ops->copy_in(ws->ctx, sl->win, sl->blocks, sl->n);
+    win_slot_unmap(ws, sl); /* its writer is done: nothing revoked */
+    if (status != BT_OK)
+        return status;
+    sl->copied = epoch;
+    return BT_OK;
 }

@@ -16,7 +16,6 @@
 #include "kv/kv_link_int.h"
 
 #include <stddef.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "bt_alloc.h"
@@ -226,20 +225,10 @@ static void cipc_xfer_destroy(kv_link_xfer_base_t *b)
 #define CIPC_WINDOW_PROMPTS 4
 
 typedef struct {
-    kv_cipc_window_t *win;     /* the grant's window; NULL: none */
-    int *blocks;               /* (n) the reservation's blocks it fills */
-    int n;
-    uint64_t epoch;            /* the grant's */
-    uint64_t copied;           /* epoch whose window is in the pool */
-} cipc_slot_t;
-
-typedef struct {
     kv_link_shared_t *sh;
     kv_cipc_pool_t *pool;
     bool windowed;
-    cipc_slot_t *slots;        /* (n_slots) windowed only */
-    int n_slots;
-    bool warned;               /* a grant went without a window: said once */
+    kv_link_win_slots_t *slots; /* a window per slot; windowed only */
 } cipc_recv_t;
 
 /* The whole-pool export (--kv-direct-writes): one pool per TP rank
@@ -311,6 +300,78 @@ static bt_status_t export_windowed(kv_link_shared_t *sh,
     return status;
 }
 
+/* A device allocation of the window budget, handed as an FD for the
+ * grant's token. */
+static void *cipc_win_create(void *ctx, const kv_link_grant_t *g)
+{
+    kv_cipc_window_t *win = NULL;
+
+    kv_cipc_window_create(((cipc_recv_t *)ctx)->pool, g->n, &win);
+    return win;
+}
+
+/* A live window's writer loses the token's FD and writes only into an
+ * orphaned allocation. */
+static void cipc_win_destroy(void *win)
+{
+    kv_cipc_window_t *w = win;
+
+    kv_cipc_window_destroy(&w);
+}
+
+/* The prefill worker wrote the epoch after its copies and waited for
+ * them before PrefillDone, so the flag is normally set at once; a
+ * bounded wait covers a reordered control message. */
+static bt_status_t cipc_wait(void *ctx, void *win, int slot, uint64_t epoch)
+{
+    cipc_recv_t *r = ctx;
+    uint64_t until = bt_time_ns() + 2000000000ull;
+
+    for (;;) {
+        bool arrived = false;
+        bt_status_t status =
+            win != NULL ? kv_cipc_window_has_arrived(win, epoch, &arrived)
+                        : kv_cipc_pool_has_arrived(r->pool, slot, epoch,
+                                                   &arrived);
+        if (status != BT_OK)
+            return BT_ERR_CUDA;
+        if (arrived)
+            return BT_OK;
+        if (bt_time_ns() > until)
+            return BT_ERR_TIMEOUT;
+        usleep(200);
+    }
+}
+
+/* The window into the reservation's blocks: a device copy on the
+ * backend's stream. */
+static bt_status_t cipc_win_copy_in(void *ctx, void *win, const int *blocks,
+                                    int n)
+{
+    cipc_recv_t *r = ctx;
+
+    if (backend_kv_copy_in(r->sh->backend, kv_cipc_window_data(win), n,
+                           blocks) != BT_OK)
+        return BT_ERR_CUDA;
+    return BT_OK;
+}
+
+static void cipc_win_warn(void *ctx, const kv_link_grant_t *g)
+{
+    BT_LOG_WARN("KV", "request %llu: no CUDA IPC window (%s); its "
+                "KV comes another way",
+                (unsigned long long)g->request_id, bt_error_last());
+}
+
+static const kv_link_win_ops_t cipc_win_ops = {
+    .name = "kv_link_cipc",
+    .create = cipc_win_create,
+    .destroy = cipc_win_destroy,
+    .wait = cipc_wait,
+    .copy_in = cipc_win_copy_in,
+    .warn = cipc_win_warn,
+};
+
 static bt_status_t cipc_recv_create(kv_link_shared_t *sh, void **state_p)
 {
     cipc_recv_t *r;
@@ -324,10 +385,8 @@ static bt_status_t cipc_recv_create(kv_link_shared_t *sh, void **state_p)
     r->sh = sh;
     r->windowed = !sh->rcfg->kv_direct_writes;
     if (r->windowed) {
-        r->n_slots = sh->rcfg->n_slots;
-        r->slots = bt_calloc((size_t)BT_MAX(r->n_slots, 1),
-                             sizeof(*r->slots), "kv_link_cipc");
-        if (r->slots == NULL) {
+        if (kv_link__win_slots_create(&cipc_win_ops, r, sh->rcfg->n_slots,
+                                      &r->slots) != BT_OK) {
             bt_free(r);
             return BT_ERR_NO_MEMORY;
         }
@@ -336,7 +395,7 @@ static bt_status_t cipc_recv_create(kv_link_shared_t *sh, void **state_p)
         status = export_pool(sh, &r->pool);
     }
     if (status != BT_OK) {
-        bt_free(r->slots);
+        kv_link__win_slots_destroy(&r->slots);
         bt_free(r);
         return status == BT_ERR_NO_MEMORY ? status : BT_ERR_UNSUPPORTED;
     }
@@ -344,27 +403,11 @@ static bt_status_t cipc_recv_create(kv_link_shared_t *sh, void **state_p)
     return BT_OK;
 }
 
-/* Frees slot s's window.  True when it was still live: its writer (if
- * any) loses the token's FD and writes only into an orphaned
- * allocation. */
-static bool slot_unmap(cipc_slot_t *sl)
-{
-    bool revoked = sl->win != NULL;
-
-    kv_cipc_window_destroy(&sl->win);
-    bt_free(sl->blocks);
-    sl->blocks = NULL;
-    sl->n = 0;
-    return revoked;
-}
-
 static void cipc_recv_destroy(void **state_p)
 {
     cipc_recv_t *r = *state_p;
 
-    for (int i = 0; r->slots != NULL && i < r->n_slots; i++)
-        slot_unmap(&r->slots[i]);
-    bt_free(r->slots);
+    kv_link__win_slots_destroy(&r->slots);
     kv_cipc_pool_destroy(&r->pool);
     bt_free(r);
     *state_p = NULL;
@@ -381,7 +424,7 @@ static const uint8_t *cipc_recv_desc(void *state, size_t *len_p)
 static bt_status_t cipc_recv_arm(void *state, kv_link_grant_t *g)
 {
     cipc_recv_t *r = state;
-    cipc_slot_t *sl;
+    kv_cipc_window_t *win;
 
     g->cipc_window = NULL;
     g->cipc_window_len = 0;
@@ -389,88 +432,34 @@ static bt_status_t cipc_recv_arm(void *state, kv_link_grant_t *g)
         kv_cipc_pool_slot_reset(r->pool, g->slot);
         return BT_OK;
     }
-    if (g->slot < 0 || g->slot >= r->n_slots)
-        return BT_OK;
-    sl = &r->slots[g->slot];
-    slot_unmap(sl); /* a slot is reset before it is granted again */
-    sl->copied = 0;
-    /* a grant for the staged link carries that link's window instead */
-    if (g->n <= 0 || g->want_recv_area)
-        return BT_OK;
-    sl->blocks = bt_malloc((size_t)g->n * sizeof(int), "kv_link_cipc");
-    if (sl->blocks == NULL)
-        return BT_OK;
-    if (kv_cipc_window_create(r->pool, g->n, &sl->win) != BT_OK) {
-        if (!r->warned) /* once: it would repeat for every grant */
-            BT_LOG_WARN("KV", "request %llu: no CUDA IPC window (%s); its "
-                        "KV comes another way",
-                        (unsigned long long)g->request_id, bt_error_last());
-        r->warned = true;
-        bt_error_clear();
-        slot_unmap(sl);
-        return BT_OK;
-    }
-    memcpy(sl->blocks, g->blocks, (size_t)g->n * sizeof(int));
-    sl->n = g->n;
-    sl->epoch = g->epoch;
-    g->cipc_window = kv_cipc_window_grant(sl->win, &g->cipc_window_len);
+    /* forgets what was copied in even when the grant gets no window */
+    kv_link__win_slots_reset(r->slots, g->slot, false);
+    win = kv_link__win_slots_arm(r->slots, g);
+    if (win != NULL)
+        g->cipc_window = kv_cipc_window_grant(win, &g->cipc_window_len);
     return BT_OK;
 }
 
 static bool cipc_recv_reset(void *state, int slot, bool writer)
 {
     cipc_recv_t *r = state;
-    bool revoked = false;
 
     if (!r->windowed) {
         kv_cipc_pool_slot_reset(r->pool, slot);
         return false; /* the pool's one IPC handle: nothing to revoke */
     }
-    if (slot >= 0 && slot < r->n_slots) {
-        revoked = slot_unmap(&r->slots[slot]) && writer;
-        r->slots[slot].copied = 0;
-    }
-    return revoked;
+    return kv_link__win_slots_reset(r->slots, slot, writer);
 }
 
-/* The prefill worker wrote the epoch after its copies and waited for
- * them before PrefillDone, so the flag is normally set at once; a
- * bounded wait covers a reordered control message.  Windowed: then the
- * window goes into the reservation's blocks and is freed. */
+/* Windowed: the window goes into the reservation's blocks once its
+ * epoch arrived (cipc_wait), and is freed. */
 static bt_status_t cipc_recv_arrived(void *state, int slot, uint64_t epoch)
 {
     cipc_recv_t *r = state;
-    uint64_t until = bt_time_ns() + 2000000000ull;
-    cipc_slot_t *sl = r->windowed && slot >= 0 && slot < r->n_slots
-                          ? &r->slots[slot] : NULL;
 
-    if (sl != NULL && epoch != 0 && sl->copied == epoch)
-        return BT_OK; /* asked again: already in the pool */
-    if (r->windowed && (sl == NULL || sl->win == NULL || sl->epoch != epoch))
-        return BT_ERR_INVALID_ARG; /* no window of this grant */
-    for (;;) {
-        bool arrived = false;
-        bt_status_t status =
-            sl != NULL ? kv_cipc_window_has_arrived(sl->win, epoch, &arrived)
-                       : kv_cipc_pool_has_arrived(r->pool, slot, epoch,
-                                                  &arrived);
-        if (status != BT_OK)
-            return BT_ERR_CUDA;
-        if (arrived)
-            break;
-        if (bt_time_ns() > until)
-            return BT_ERR_TIMEOUT;
-        usleep(200);
-    }
-    if (sl != NULL) {
-        bt_status_t status = backend_kv_copy_in(
-            r->sh->backend, kv_cipc_window_data(sl->win), sl->n, sl->blocks);
-        slot_unmap(sl); /* its writer is done: nothing revoked */
-        if (status != BT_OK)
-            return BT_ERR_CUDA;
-        sl->copied = epoch;
-    }
-    return BT_OK;
+    if (r->windowed)
+        return kv_link__win_slots_arrived(r->slots, slot, epoch);
+    return cipc_wait(r, NULL, slot, epoch);
 }
 
 static bool cipc_recv_pool_exposed(void *state)

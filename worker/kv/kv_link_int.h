@@ -61,6 +61,70 @@ bt_status_t kv_link__remote_xfer_create(const kv_link_route_t *r,
 /* Frees what kv_link__remote_xfer_create copied (not the xfer). */
 void kv_link__remote_cleanup(kv_link_remote_t *rt);
 
+/* What a receiving link's windows are (UCX: kv_ucx_window_t; CUDA IPC:
+ * kv_cipc_window_t, behind void *).  ctx is the link's receiver state,
+ * handed back to every call. */
+typedef struct {
+    const char *name;            /* bt_malloc's name for the slots */
+    /* Grant g's window of g->n blocks; NULL when it cannot be made
+     * (bt_error_last() says why). */
+    void *(*create)(void *ctx, const kv_link_grant_t *g);
+    /* Frees a window: a writer's key or FD reaches nothing after. */
+    void (*destroy)(void *win);
+    /* Waits (bounded) until the grant's epoch arrived, in window win or
+     * (win NULL: no windows) in the pool's slot.  BT_OK, BT_ERR_TIMEOUT,
+     * or another error. */
+    bt_status_t (*wait)(void *ctx, void *win, int slot, uint64_t epoch);
+    /* Copies the window's n blocks into the pool's `blocks`, once its
+     * epoch arrived.  An error: the KV is not in the pool. */
+    bt_status_t (*copy_in)(void *ctx, void *win, const int *blocks, int n);
+    /* Says that grant g goes without a window (bt_error_last() says
+     * why); called for the table's first such grant only. */
+    void (*warn)(void *ctx, const kv_link_grant_t *g);
+} kv_link_win_ops_t;
+
+/* A receiving link's window per reservation slot (the UCX and CUDA IPC
+ * links without --kv-direct-writes): a grant gets a window the writer
+ * fills, KvReady copies it into the reservation's blocks, and a
+ * reservation that ends otherwise frees it, so no writer ever holds a key
+ * to the pool.  A NULL table (the link exposes its pool instead) arms no
+ * window and revokes none.  Not thread-safe: the decode loop's. */
+typedef struct kv_link_win_slots_s kv_link_win_slots_t;
+
+/* A table of n_slots empty slots; ops (static) and ctx are kept.
+ * BT_ERR_NO_MEMORY only. */
+bt_status_t kv_link__win_slots_create(const kv_link_win_ops_t *ops,
+                                      void *ctx, int n_slots,
+                                      kv_link_win_slots_t **slots_p);
+
+/* Frees every live window, then the table; NULL-safe. */
+void kv_link__win_slots_destroy(kv_link_win_slots_t **slots_p);
+
+/* Grant g's window: frees the slot's old one, then makes one for g's
+ * blocks and epoch.  NULL when g gets none (a slot out of range, no
+ * blocks, a grant for the staged link's area, or the window could not
+ * be made: warned once, the grant goes without).  The window stays the
+ * table's, live until the slot's next arm or reset, its arrival, or the
+ * table's destroy. */
+void *kv_link__win_slots_arm(kv_link_win_slots_t *ws,
+                             const kv_link_grant_t *g);
+
+/* The slot's reservation ended (or is granted again): frees its window
+ * and forgets what was copied in.  True when a window was still live
+ * and `writer` says a writer held it: its key is revoked. */
+bool kv_link__win_slots_reset(kv_link_win_slots_t *ws, int slot,
+                              bool writer);
+
+/* KvReady for (slot, epoch), on a table (not NULL): BT_OK at once when
+ * that epoch's window is already in the pool (asked again);
+ * BT_ERR_INVALID_ARG when the slot holds no window of that grant; else
+ * waits for the epoch (ops->wait: its error returned, the window kept),
+ * then copies the window into the reservation's blocks and frees it
+ * (its writer is done: nothing revoked), returning copy_in's error as it
+ * is. */
+bt_status_t kv_link__win_slots_arrived(kv_link_win_slots_t *ws, int slot,
+                                       uint64_t epoch);
+
 typedef struct kv_link_ops_s {
     const char *name;
     int id;                      /* KV_LINK_* (proto KvTransport) */

@@ -423,22 +423,13 @@ static void ucx_xfer_destroy(kv_link_xfer_base_t *b)
 // ---------------------------------------------------------------------------
 // Receiver: the arrival slots, and a window per reservation or the pool
 
-/* One reservation slot's receive window. */
-typedef struct {
-    kv_ucx_window_t *win; /* mapped for the live grant, else NULL */
-    int *blocks;          /* (n) the pool blocks it is copied into */
-    int n;
-    uint64_t epoch;       /* the grant's */
-    uint64_t copied;      /* the epoch whose window was copied in (0) */
-} ucx_slot_t;
-
 typedef struct {
     kv_link_shared_t *sh;
     kv_ucx_pool_t *pool;
     bool windowed;        /* receive windows (not --kv-direct-writes) */
-    ucx_slot_t *slots;    /* (n_slots) when windowed */
+    kv_link_win_slots_t *slots; /* a window per slot; NULL unless
+                                   windowed */
     int n_slots;
-    bool warned;          /* a window could not be mapped (logged once) */
 } ucx_recv_t;
 
 #define UCX_MAX_LAYERS 1024
@@ -462,6 +453,80 @@ static bt_status_t ucx_register(ucx_recv_t *r, backend_t *be)
                                 KV_UCX_MEM_HOST, r->n_slots, &r->pool);
 }
 
+/* Maps grant g's window; it takes the grant's commit for its slot. */
+static void *ucx_win_create(void *ctx, const kv_link_grant_t *g)
+{
+    kv_ucx_window_t *win = NULL;
+
+    kv_ucx_window_create(((ucx_recv_t *)ctx)->pool, g->slot, g->epoch, g->n,
+                         &win);
+    return win;
+}
+
+/* Unmaps a window: a stale key reaches nothing a sequence reads. */
+static void ucx_win_destroy(void *win)
+{
+    kv_ucx_window_t *w = win;
+
+    kv_ucx_window_destroy(&w);
+}
+
+/* The prefill worker committed before PrefillDone, so the epoch is
+ * normally there; over software RMA this process copies the bytes in
+ * during its own progress, hence the bounded progress loop.  A window's
+ * commit lands in its slot too. */
+static bt_status_t ucx_wait(void *ctx, void *win, int slot, uint64_t epoch)
+{
+    ucx_recv_t *r = ctx;
+    uint64_t until = bt_time_ns() + 2000000000ull;
+
+    while (bt_time_ns() < until) {
+        kv_ucx_progress(r->sh->ucx);
+        if (kv_ucx_pool_has_arrived(r->pool, slot, epoch))
+            return BT_OK;
+        kv_ucx_wait(r->sh->ucx, 1);
+    }
+    return BT_ERR_TIMEOUT;
+}
+
+/* The window's blocks into the pool's (host memory: memcpy), after the
+ * epoch arrived (acquire) and KvReady's capability was checked. */
+static bt_status_t ucx_win_copy_in(void *ctx, void *win, const int *blocks,
+                                   int n)
+{
+    ucx_recv_t *r = ctx;
+    backend_t *be = r->sh->backend;
+    size_t bb = kv_layout_block_bytes(backend_kv_layout(be));
+    int n_layers = (int)backend_kv_layout(be)->n_layers;
+
+    for (int l = 0; l < n_layers; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            const uint8_t *src = kv_ucx_window_data(win, l, kv);
+            uint8_t *dst = backend_kv_data(be, l, kv);
+            for (int i = 0; i < n; i++)
+                memcpy(dst + (size_t)blocks[i] * bb, src + (size_t)i * bb,
+                       bb);
+        }
+    }
+    return BT_OK;
+}
+
+static void ucx_win_warn(void *ctx, const kv_link_grant_t *g)
+{
+    BT_LOG_WARN("KV", "request %llu: no UCX receive window (%s); "
+                "KV comes inline", (unsigned long long)g->request_id,
+                bt_error_last());
+}
+
+static const kv_link_win_ops_t ucx_win_ops = {
+    .name = "kv_link_ucx",
+    .create = ucx_win_create,
+    .destroy = ucx_win_destroy,
+    .wait = ucx_wait,
+    .copy_in = ucx_win_copy_in,
+    .warn = ucx_win_warn,
+};
+
 /* Host pools only (device pools go over CUDA IPC or staged). */
 static bt_status_t ucx_recv_create(kv_link_shared_t *sh, void **state_p)
 {
@@ -476,23 +541,20 @@ static bt_status_t ucx_recv_create(kv_link_shared_t *sh, void **state_p)
     r->sh = sh;
     r->windowed = !sh->rcfg->kv_direct_writes;
     r->n_slots = sh->rcfg->n_slots;
-    if (r->windowed) {
-        r->slots = bt_calloc((size_t)r->n_slots, sizeof(*r->slots),
-                             "kv_link_ucx");
-        if (r->slots == NULL) {
-            bt_free(r);
-            return BT_ERR_NO_MEMORY;
-        }
+    if (r->windowed && kv_link__win_slots_create(&ucx_win_ops, r, r->n_slots,
+                                                 &r->slots) != BT_OK) {
+        bt_free(r);
+        return BT_ERR_NO_MEMORY;
     }
     if (kv_link__ucx_acquire(sh) == NULL) {
-        bt_free(r->slots);
+        kv_link__win_slots_destroy(&r->slots);
         bt_free(r);
         return BT_ERR_UNSUPPORTED; /* logged */
     }
     if (ucx_register(r, be) != BT_OK) {
         BT_LOG_WARN("KV", "UCX pool registration failed; KV arrives inline");
         kv_link__ucx_release(sh);
-        bt_free(r->slots);
+        kv_link__win_slots_destroy(&r->slots);
         bt_free(r);
         return BT_ERR_UNSUPPORTED;
     }
@@ -500,26 +562,11 @@ static bt_status_t ucx_recv_create(kv_link_shared_t *sh, void **state_p)
     return BT_OK;
 }
 
-/* Unmaps slot s's window.  Returns true when it was still mapped for a
- * reservation whose KV never arrived: its writer's key is revoked. */
-static bool slot_unmap(ucx_slot_t *sl)
-{
-    bool revoked = sl->win != NULL;
-
-    kv_ucx_window_destroy(&sl->win);
-    bt_free(sl->blocks);
-    sl->blocks = NULL;
-    sl->n = 0;
-    return revoked;
-}
-
 static void ucx_recv_destroy(void **state_p)
 {
     ucx_recv_t *r = *state_p;
 
-    for (int i = 0; r->slots != NULL && i < r->n_slots; i++)
-        slot_unmap(&r->slots[i]);
-    bt_free(r->slots);
+    kv_link__win_slots_destroy(&r->slots);
     kv_ucx_pool_deregister(&r->pool);
     kv_link__ucx_release(r->sh);
     bt_free(r);
@@ -537,99 +584,34 @@ static const uint8_t *ucx_recv_desc(void *state, size_t *len_p)
 static bt_status_t ucx_recv_arm(void *state, kv_link_grant_t *g)
 {
     ucx_recv_t *r = state;
-    ucx_slot_t *sl;
+    kv_ucx_window_t *win;
 
     kv_ucx_pool_slot_reset(r->pool, g->slot);
     g->ucx_window = NULL;
     g->ucx_window_len = 0;
-    if (!r->windowed || g->slot < 0 || g->slot >= r->n_slots)
-        return BT_OK;
-    sl = &r->slots[g->slot];
-    slot_unmap(sl); /* a slot is reset before it is granted again */
-    /* a grant for the staged link carries that link's window instead */
-    if (g->n <= 0 || g->want_recv_area)
-        return BT_OK;
-    sl->blocks = bt_malloc((size_t)g->n * sizeof(int), "kv_link_ucx");
-    if (sl->blocks == NULL)
-        return BT_OK;
-    if (kv_ucx_window_create(r->pool, g->slot, g->epoch, g->n, &sl->win) !=
-        BT_OK) {
-        if (!r->warned) /* once: it would repeat for every grant */
-            BT_LOG_WARN("KV", "request %llu: no UCX receive window (%s); "
-                        "KV comes inline", (unsigned long long)g->request_id,
-                        bt_error_last());
-        r->warned = true;
-        bt_error_clear();
-        slot_unmap(sl);
-        return BT_OK;
-    }
-    memcpy(sl->blocks, g->blocks, (size_t)g->n * sizeof(int));
-    sl->n = g->n;
-    sl->epoch = g->epoch;
-    sl->copied = 0;
-    g->ucx_window = kv_ucx_window_desc(sl->win, &g->ucx_window_len);
+    win = kv_link__win_slots_arm(r->slots, g);
+    if (win != NULL)
+        g->ucx_window = kv_ucx_window_desc(win, &g->ucx_window_len);
     return BT_OK;
 }
 
 static bool ucx_recv_reset(void *state, int slot, bool writer)
 {
     ucx_recv_t *r = state;
-    bool revoked = false;
 
     kv_ucx_pool_slot_reset(r->pool, slot);
-    if (r->windowed && slot >= 0 && slot < r->n_slots) {
-        revoked = slot_unmap(&r->slots[slot]) && writer;
-        r->slots[slot].copied = 0;
-    }
-    return revoked;
+    return kv_link__win_slots_reset(r->slots, slot, writer);
 }
 
-/* The window's blocks into the pool's (host memory: memcpy), after the
- * epoch arrived (acquire) and KvReady's capability was checked. */
-static void copy_in(ucx_recv_t *r, const ucx_slot_t *sl)
-{
-    backend_t *be = r->sh->backend;
-    size_t bb = kv_layout_block_bytes(backend_kv_layout(be));
-    int n_layers = (int)backend_kv_layout(be)->n_layers;
-
-    for (int l = 0; l < n_layers; l++) {
-        for (int kv = 0; kv < 2; kv++) {
-            const uint8_t *src = kv_ucx_window_data(sl->win, l, kv);
-            uint8_t *dst = backend_kv_data(be, l, kv);
-            for (int i = 0; i < sl->n; i++)
-                memcpy(dst + (size_t)sl->blocks[i] * bb, src + (size_t)i * bb,
-                       bb);
-        }
-    }
-}
-
-/* The prefill worker committed before PrefillDone, so the epoch is
- * normally there; over software RMA this process copies the bytes in
- * during its own progress, hence the bounded progress loop. */
+/* Windowed: the window goes into the reservation's blocks once its
+ * epoch arrived (ucx_wait). */
 static bt_status_t ucx_recv_arrived(void *state, int slot, uint64_t epoch)
 {
     ucx_recv_t *r = state;
-    uint64_t until = bt_time_ns() + 2000000000ull;
-    ucx_slot_t *sl = r->windowed && slot >= 0 && slot < r->n_slots
-                         ? &r->slots[slot] : NULL;
 
-    if (sl != NULL && epoch != 0 && sl->copied == epoch)
-        return BT_OK; /* asked again: already in the pool */
-    if (r->windowed && (sl == NULL || sl->win == NULL || sl->epoch != epoch))
-        return BT_ERR_INVALID_ARG; /* no window of this grant */
-    while (bt_time_ns() < until) {
-        kv_ucx_progress(r->sh->ucx);
-        if (kv_ucx_pool_has_arrived(r->pool, slot, epoch)) {
-            if (sl != NULL) {
-                copy_in(r, sl);
-                slot_unmap(sl); /* its writer is done: nothing revoked */
-                sl->copied = epoch;
-            }
-            return BT_OK;
-        }
-        kv_ucx_wait(r->sh->ucx, 1);
-    }
-    return BT_ERR_TIMEOUT;
+    if (r->slots != NULL)
+        return kv_link__win_slots_arrived(r->slots, slot, epoch);
+    return ucx_wait(r, NULL, slot, epoch);
 }
 
 static bool ucx_recv_pool_exposed(void *state)
