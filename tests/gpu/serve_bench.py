@@ -42,7 +42,11 @@ BT_SERVE_PREFIX_RUNS ("SHARED+UNIQUExOUTPUT@CONCURRENCY:REQUESTS;...",
 2048x128@64:256), BT_SERVE_CHAT (baton bench arguments: 14 sessions of a
 2048-token system prompt growing 256 tokens a turn, 10 turns),
 BT_SERVE_CHAT_KV (4096 blocks a chat worker).
-Each row's floor column is serve_floor.py's (the physical floor of that
+A closed-loop row's out tok/s is over the whole run (first send to last
+end: the first prefill burst and the last stragglers included), then in
+brackets over its middle half (baton bench's tok_per_s_mid: the steady
+state a run of one or two rounds, 2048/2048 at 220 streams, hardly
+reaches).  Each row's floor column is serve_floor.py's (the physical floor of that
 run on one GPU: what out tok/s reads against, as a kernel row reads
 against its floor).
 Writes TABLE_MD as rows fill; prints it last.  Exit 1 when a request
@@ -138,8 +142,8 @@ def of_floor(plen, olen, conc, tok_s):
 
 def write_table():
     with open(TABLE, "w") as f:
-        f.write("| mode | in/out | conc | requests | failed | out tok/s | "
-                "floor tok/s (out / floor) | TTFT p50 / p99 ms | "
+        f.write("| mode | in/out | conc | requests | failed | out tok/s "
+                "(middle half) | floor tok/s (out / floor) | TTFT p50 / p99 ms | "
                 "TPOT p50 / p99 ms | TensorRT-LLM FP8 | prefix hit |\n"
                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | "
                 "---: | ---: | ---: |\n")
@@ -307,7 +311,8 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
     tok_s = j.get("tok_per_s", j.get("output_tok_per_s", 0))
     rows.append((mode + " " + label,
                  "%s/%d" % (plen, olen) if plen != "chat" else "chat", conc,
-                 j.get("requests", n), errs, "{:,.0f}".format(tok_s),
+                 j.get("requests", n), errs, "{:,.0f} ({:,.0f})".format(
+                     tok_s, j.get("tok_per_s_mid", 0)),
                  "" if shared else of_floor(plen, olen, conc, tok_s),
                  "%.0f / %.0f" % (ttft.get("p50", 0), ttft.get("p99", 0)),
                  "%.1f / %.1f" % (tpot.get("p50", 0), tpot.get("p99", 0)),
