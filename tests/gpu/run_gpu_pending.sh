@@ -21,6 +21,10 @@
 #      against the cpu's fp8 mode, held to the test's bounds).
 #      Predicted: cuBLASLt's FP8 prefill GEMMs ~1,000 -> ~1,150-1,250
 #      TFLOP/s (prefill 37.3 -> ~33 ms), error 1.6e-3 -> a few 1e-3.
+#   1b. FP8 2048/2048's decode step at serving shape: fp8 + FP8 KV,
+#      batch 128 and 224 at context 3072 (a 2048/2048 stream's mean),
+#      exact and fast accumulation (the rows 12,500 tok/s needs: 224
+#      rows in <= ~15 ms with the prefills between).
 #   2. The mixed serving step (issue 36): bench_cuda --mixed in bf16 and
 #      fp8 + FP8 KV (85 decode rows @2k + one 1,365-token chunk, two
 #      683-token chunks @1024, the chunk alone), then the bf16 one under
@@ -46,6 +50,9 @@ bc fa1 $FA "$CF" -- $FP8
 bc fa2 $FA "$CF" -- $FP8
 bc ex2 $EX "$CE" -- $FP8
 run model_fa 200 env $FA "$c/gpu/test_cuda_model" --fp8
+SERVE8="--precision fp8 --kv-dtype fp8 --batch 128,224 --ctx 3072 --prefill 0"
+bc s8ex $EX "$CE" -- $SERVE8
+bc s8fa $FA "$CF" -- $SERVE8
 # 2. the mixed step
 bc mix_bf16 "$CE" -- --batch 1 --ctx 512 --prefill 0 --mixed $MIX
 bc mix_fp8 $EX "$CE" -- --precision fp8 --kv-dtype fp8 --batch 1 \
@@ -69,6 +76,8 @@ trace_step mix bench_cuda "$CE" -- --steps 4 --batch 1 --ctx 512 \
   grep -E "top-1" "$tmp/model_fa" | head -12
   echo; echo "### bench_cuda fp8 + FP8 KV, A B B A (exact, fast, fast, exact)"
   bc_rows ex1 fa1 fa2 ex2
+  echo "### fp8 + FP8 KV decode at 3072 (exact, fast)"
+  bc_rows s8ex s8fa
   echo "### mixed steps"
   for t in mix_bf16 mix_fp8; do grep -E "^\| mixed" "$tmp/t_$t"; done
   echo; echo "### the bf16 mixed step's kernels (CUPTI)"
