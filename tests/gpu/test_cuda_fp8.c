@@ -48,9 +48,10 @@
  * tokens, old path (epilogue) vs new (vec), in TFLOP/s; skinny_paths
  * the skinny GEMM against the forced cuBLASLt at 16/32/64 tokens, us and
  * GB/s of weights.
- *   7. BT_FP8_FAST_ACCUM's A/B (gemm_fast_accum): the 8B linears in
- *      cuBLASLt's fast accumulation, checked as in 3 and timed against
- *      the exact mode at 2048 tokens.
+ *   7. BT_FP8_FAST_ACCUM's two modes (gemm_accum_modes): everything
+ *      above runs the default, cuBLASLt's fast accumulation; the 8B
+ *      linears again in exact accumulation, checked as in 3 and timed
+ *      against the default at 2048 tokens.
  * --paths runs only gemm_paths and 7.
  * Prints one PASS/FAIL line per check; exits non-zero on any failure.
  */
@@ -1067,25 +1068,26 @@ static void gemm_cache_fp8(bufs_t *b)
     worker_gemm_ctx_destroy(&second);
 }
 
-/* The A/B of BT_FP8_FAST_ACCUM (gemm.c): the 8B linears through a
- * context in fast accumulation (no periodic f32 promotion inside
- * cuBLASLt's FP8 kernels), the same checks as every product (relative
- * error < REL_MAX against cpu__fp8_gemm_ref, printed: the figure the
- * switch is judged by, beside the exact mode's), at the prefill and
- * mixed-step token counts, and timed at 2048 tokens against b->ctx's
- * exact mode.  The context tunes without the test's cache file (its
- * picks would replace the exact mode's, which gemm_cache_fp8 reads). */
-static void gemm_fast_accum(bufs_t *b)
+/* BT_FP8_FAST_ACCUM's two modes (gemm.c): b->ctx runs the default,
+ * fast accumulation (no periodic f32 promotion inside cuBLASLt's FP8
+ * kernels); a context in exact accumulation (BT_FP8_FAST_ACCUM=0) runs
+ * the 8B linears too, the same checks as every product (relative error
+ * < REL_MAX against cpu__fp8_gemm_ref, printed for both: what the
+ * default costs), at the prefill and mixed-step token counts, both
+ * timed at 2048 tokens.  The exact context tunes without the test's
+ * cache file (its picks would replace the default's, which
+ * gemm_cache_fp8 reads). */
+static void gemm_accum_modes(bufs_t *b)
 {
     static const int toks[] = { 100, 1000, 2053, 8191 };
-    worker_gemm_ctx_t *exact = b->ctx, *fast = NULL;
+    worker_gemm_ctx_t *fast = b->ctx, *exact = NULL;
     const char *cache = getenv("BT_GEMM_CACHE");
     char *saved = cache ? strdup(cache) : NULL;
 
-    setenv("BT_FP8_FAST_ACCUM", "1", 1);
+    setenv("BT_FP8_FAST_ACCUM", "0", 1);
     setenv("BT_GEMM_CACHE", "off", 1);
     cuda_switches_reload();
-    BT_ASSERT_OK(worker_gemm_ctx_create(32u << 20, &fast));
+    BT_ASSERT_OK(worker_gemm_ctx_create(32u << 20, &exact));
     unsetenv("BT_FP8_FAST_ACCUM");
     if (saved != NULL)
         setenv("BT_GEMM_CACHE", saved, 1);
@@ -1098,12 +1100,12 @@ static void gemm_fast_accum(bufs_t *b)
         float t_exact, t_fast;
         wt_t q;
 
-        snprintf(name, sizeof(name), "%s fast-accum", sh->name);
+        snprintf(name, sizeof(name), "%s exact-accum", sh->name);
         wt_make(&q, sh->n_out, sh->n_in, false, sh->name);
-        b->ctx = exact;
-        t_exact = run(b, &q, sh->name, 2048, false, sh->acc, true);
         b->ctx = fast;
-        t_fast = run(b, &q, name, 2048, false, sh->acc, true);
+        t_fast = run(b, &q, sh->name, 2048, false, sh->acc, true);
+        b->ctx = exact;
+        t_exact = run(b, &q, name, 2048, false, sh->acc, true);
         for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++)
             run(b, &q, name, toks[k], k == 1, sh->acc, false);
         printf("INFO fp8 gemm 2048 x %d x %d %s: exact %.1f us %.0f TFLOP/s, "
@@ -1113,8 +1115,8 @@ static void gemm_fast_accum(bufs_t *b)
                t_exact / t_fast);
         wt_free(&q);
     }
-    b->ctx = exact;
-    worker_gemm_ctx_destroy(&fast);
+    b->ctx = fast;
+    worker_gemm_ctx_destroy(&exact);
 }
 
 typedef struct {
@@ -1142,7 +1144,7 @@ int main(int argc, char **argv)
     static const int toks_tiny[] = { 1,  2,  5,  8,  9,  17, 24,
                                      33, 37, 40, 57, 64, 128 };
     const int max_tok = 8192, max_ld = 14336, max_out = 28672;
-    /* --paths: only the cuBLASLt paths' A/Bs (gemm_paths, gemm_fast_accum:
+    /* --paths: only the cuBLASLt paths' A/Bs (gemm_paths, gemm_accum_modes:
      * ~1 min instead of ~3) */
     const bool paths_only = argc > 1 && strcmp(argv[1], "--paths") == 0;
     bufs_t b;
@@ -1184,7 +1186,7 @@ int main(int argc, char **argv)
 
     if (paths_only) {
         gemm_paths(&b);
-        gemm_fast_accum(&b);
+        gemm_accum_modes(&b);
         goto done;
     }
     cvt_check();
@@ -1241,7 +1243,7 @@ int main(int argc, char **argv)
     skinny_paths(&b);
     skinny_small(&b);
     gemm_cache_fp8(&b);
-    gemm_fast_accum(&b);
+    gemm_accum_modes(&b);
 done:
     unlink(cache);
     cudaFree(b.d_flush);

@@ -566,8 +566,13 @@ static void test_mixed(void)
  * (2026-12-05): one prompt 97.50-97.66% (aidreams260K) and 77.1-78.2%
  * (stories260K, which parts from its own bf16 mode at 35% of positions
  * on the cpu, test_cpu_fp8); the GEMV paths (chunks of 5, decode)
- * 98.5-100% on both. */
-static const double fp8_agree_min[2][3] = { { 97.0, 98.0, 98.0 },
+ * 98.5-100% on both.  cuBLASLt's fast accumulation (the default since
+ * 2026-12-05, BT_FP8_FAST_ACCUM) sums the long K less exactly still:
+ * one prompt 97.04% against 97.50 exact (aidreams260K, H100, same
+ * call: 3 more of 641 positions) and 76.58 against 77.65 (stories260K);
+ * chunks and decode unchanged.  A wrong scale or code costs tens of
+ * percent: one prompt is held at 96. */
+static const double fp8_agree_min[2][3] = { { 96.0, 98.0, 98.0 },
                                             { 70.0, 98.0, 98.0 } };
 
 /* Teacher-forced top-1 agreement of cuda fp8 with cpu fp8 on model m
@@ -788,7 +793,9 @@ static void test_kv8(const bt_golden_t *g, int n_lines)
      * misread code costs tens of percent on both models. */
     static const double bf16_min[2][3] = { { 99.0, 99.0, 99.0 },
                                            { 97.0, 97.0, 97.0 } };
-    static const double fp8_min[2][3] = { { 97.0, 98.0, 98.0 },
+    /* (one prompt at 96 for aidreams260K: fast accumulation, see
+     * fp8_agree_min) */
+    static const double fp8_min[2][3] = { { 96.0, 98.0, 98.0 },
                                           { 70.0, 92.0, 92.0 } };
     long agree_b[2][3] = {{0}}, agree_f[2][3] = {{0}}, agree_s[2][3] = {{0}};
     long total[2] = {0};
