@@ -19,8 +19,9 @@
 #      prefill 2053, A B B A (each variant its own BT_GEMM_CACHE, tuned by
 #      its first run); test_cuda_model --fp8 with the switch on (top-1
 #      against the cpu's fp8 mode, held to the test's bounds).
-#      Predicted: cuBLASLt's FP8 prefill GEMMs ~1,000 -> ~1,150-1,250
-#      TFLOP/s (prefill 37.3 -> ~33 ms), error 1.6e-3 -> a few 1e-3.
+#      Measured on an H100 (2026-12-05, PERFORMANCE.md): prefill 2053
+#      40.0 -> 35.2 ms, so fast accumulation is now the default; this
+#      step wants the H200's figures (EX = exact, FA = the default).
 #   1b. FP8 2048/2048's decode step at serving shape: fp8 + FP8 KV,
 #      batch 128 and 224 at context 3072 (a 2048/2048 stream's mean),
 #      exact and fast accumulation (the rows 12,500 tok/s needs: 224
