@@ -70,7 +70,7 @@ MODES = os.environ.get("BT_SERVE_MODES", "agg,disagg,agg-nobound").split(",")
 def parse_runs(text):
     return [(tuple(int(v) for v in shape.split("x")),
              tuple(int(v) for v in load.split(":")))
-            for shape, load in (r.split("@") for r in text.split(";"))]
+            for shape, load in (r.split("@") for r in text.split(";") if r)]
 
 
 RUNS = parse_runs(os.environ.get(
