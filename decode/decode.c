@@ -1062,11 +1062,13 @@ bt_status_t decode_run(decode_t *dec)
         kv_link_receiver_stats(dec->links, stats, sizeof(stats));
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, KV "
                 "hand-offs by link: %s kv_cap_rejected:%llu "
+                "kv_grants_waited:%llu "
                 "kv_windows:%llu kv_windows_revoked:%llu "
                 "kv_writes_refused:%llu",
                 dec->name, (unsigned long long)dec->steps,
                 (unsigned long long)dec->tokens_out, stats,
                 (unsigned long long)dec->cap_rejected,
+                (unsigned long long)dec->grants_waited,
                 (unsigned long long)dec->windows_mapped,
                 (unsigned long long)dec->windows_revoked,
                 (unsigned long long)dec->writes_refused);

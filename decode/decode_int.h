@@ -224,6 +224,9 @@ struct decode_s {
                                    prompts, oldest first */
     uint64_t steps;
     uint64_t tokens_out;
+    uint64_t grants_waited;     /* grants refused: the receive area or
+                                   windows were full (the router asks
+                                   again) */
     uint64_t windows_mapped;    /* receive windows mapped for grants
                                  * (only the announced link maps one) */
     uint64_t windows_revoked;   /* UCX receive windows unmapped while

@@ -222,10 +222,12 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
         }
         st = kv_link_receiver_arm(dec->links, &lg);
         if (st == BT_ERR_NO_RESOURCE) {
-            /* The area holds the hand-offs in flight: wait for one. */
+            /* The staged link's area or the windows' budget holds the
+             * hand-offs in flight: the router asks again when one ends. */
             kv_allocator_release(dec->kv, need, blocks);
             bt_free(blocks);
-            g.error = "KV stage receive area full";
+            dec->grants_waited++;
+            g.error = "KV receive area full";
             goto reply;
         }
         if (lg.ucx_window != NULL) {

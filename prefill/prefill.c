@@ -424,8 +424,14 @@ static void on_task(prefill_t *pf, const Baton__PrefillTask *m)
                                   pf->prefix, m->has_cache_salt,
                                   &m->cache_salt));
     if (pf->engine != NULL) {
-        if (task_route(pf, t, m, dst_block_size) != BT_OK) {
-            snprintf(err, sizeof(err), "out of memory");
+        bt_status_t rs = task_route(pf, t, m, dst_block_size);
+        if (rs != BT_OK) {
+            /* too much KV for inline with no other link, or memory */
+            code = BATON__ERROR_CODE__ERROR_WORKER;
+            snprintf(err, sizeof(err), "%s",
+                     rs == BT_ERR_NO_RESOURCE ? bt_error_last()
+                                              : "out of memory");
+            bt_error_clear();
             goto fail;
         }
         t->blocks = bt_malloc((size_t)BT_DIV_UP(t->p.n_tokens, pf->block_size) *
@@ -698,6 +704,13 @@ static void run_batch(prefill_t *pf)
             t->n_blocks = need;
             task_match(pf, t);
             kv_link_xfer_start(t->xfer, t->blocks, need);
+            if (kv_link_xfer_failed(t->xfer)) { /* before any compute */
+                send_failure(pf, t->id, t->epoch,
+                             BATON__ERROR_CODE__ERROR_WORKER,
+                             kv_link_xfer_error(t->xfer));
+                t->state = PREFILL_TASK_DONE;
+                continue;
+            }
             t->state = PREFILL_TASK_RUNNING;
         }
         if (t->state != PREFILL_TASK_RUNNING)

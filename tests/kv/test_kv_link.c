@@ -14,6 +14,12 @@
  *   4. the router's chooser (kv_link_choose) on the host cases and names.
  *   5. a block range (kv_link_route_t.first_block): only the blocks the
  *      decode pool lacks move, over ucx and inline.
+ *   6. inline's bound (kv_link_config_t.inline_max_bytes, the control
+ *      message's size in production): KV of exactly the bound goes
+ *      inline; one byte less and a route to a link the sender lacks
+ *      fails at create, one whose endpoint is corrupt fails at start
+ *      (kv_link_xfer_failed), both saying why -- never a PrefillDone too
+ *      big for the router, which would drop it and the request hang.
  */
 #include <string.h>
 
@@ -283,6 +289,51 @@ int main(void)
         bt_error_clear();
     }
 
+    /* 6. inline's bound */
+    {
+        const kv_layout_t *lay = backend_kv_layout(pbe);
+        size_t bytes = 2 * lay->n_layers * (kv_layout_block_bytes(lay) / BS) *
+                       (size_t)n_tokens;
+        kv_link_config_t sc2 = sc;
+        kv_link_sender_t *snd2 = NULL;
+        kv_link_route_t r6 = route;
+
+        sc2.inline_max_bytes = bytes;
+        BT_ASSERT_OK(kv_link_sender_create(&sc2, &snd2));
+        kv_link_sender_sync(snd2, eps, 1);
+        r6.transport = KV_LINK_CUDA_IPC; /* not run here: inline */
+        x = ship(snd2, NULL, pbe, &r6, src, 3);
+        BT_CHECK(!kv_link_xfer_is_remote(x));
+        BT_CHECK(!kv_link_xfer_failed(x));
+        BT_ASSERT_EQ(kv_link_xfer_payload(x, &parts, &part_len),
+                     2 * (int)lay->n_layers);
+        kv_link_xfer_destroy(&x);
+        kv_link_sender_destroy(&snd2);
+
+        sc2.inline_max_bytes = bytes - 1;
+        BT_ASSERT_OK(kv_link_sender_create(&sc2, &snd2));
+        kv_link_sender_sync(snd2, eps, 1);
+        BT_ASSERT_EQ(kv_link_xfer_create(snd2, &r6, &x), BT_ERR_NO_RESOURCE);
+        BT_CHECK(x == NULL);
+        BT_CHECK(strstr(bt_error_last(), "cannot go inline") != NULL);
+        bt_error_clear();
+
+        r6.transport = KV_LINK_UCX_SHM; /* a corrupt endpoint: at start */
+        r6.desc = bad;
+        r6.desc_len = sizeof(bad);
+        BT_ASSERT_OK(kv_link_xfer_create(snd2, &r6, &x));
+        kv_link_xfer_start(x, src, 3);
+        BT_CHECK(kv_link_xfer_failed(x));
+        BT_CHECK(strstr(kv_link_xfer_error(x), "cannot go inline") != NULL);
+        for (int l = 0; l < (int)lay->n_layers; l++)
+            kv_link_xfer_layer(x, l); /* nothing to ship: no crash */
+        BT_CHECK(kv_link_xfer_commit(x) != BT_OK);
+        BT_CHECK(strstr(kv_link_xfer_error(x), "cannot go inline") != NULL);
+        kv_link_xfer_destroy(&x);
+        kv_link_sender_destroy(&snd2);
+        BT_ASSERT_STREQ(bt_error_last(), "");
+    }
+
     kv_link_sender_destroy(&snd);
     kv_link_receiver_detach(rcv);
     backend_destroy(&dbe); /* its memory is the receiver's UCX's */
@@ -312,6 +363,7 @@ int main(void)
         BT_ASSERT_STREQ(kv_link_name(99), "unknown");
     }
     BT_TEST_PASS("kv/kv_link: ucx route exact, corrupt endpoint and "
-                 "foreign link go inline, block ranges, chooser");
+                 "foreign link go inline, block ranges, inline's bound, "
+                 "chooser");
     return 0;
 }

@@ -9,7 +9,9 @@
  *      one; reset revokes a live window only with a writer, and forgets
  *      what was copied in.
  *   3. a window that cannot be made: warned for the first grant only,
- *      the grant goes without, the error is cleared.
+ *      the grant goes without, the error is cleared; a spent budget
+ *      (BT_ERR_NO_RESOURCE) is no warning but the arm's answer, the slot
+ *      left empty (the grant is refused and asked again).
  *   4. no window for a slot out of range, no blocks, or a staged-link
  *      grant; a NULL table arms and revokes nothing.
  *   5. a failed wait leaves the window live; a failed copy-in frees it
@@ -39,7 +41,7 @@ typedef struct {
     char calls[64];
     int n_calls;
     int next_id;
-    bool fail_create;
+    bt_status_t fail_create; /* create's answer when not BT_OK */
     bt_status_t wait_status;
     bt_status_t copy_status;
     int copied_blocks[8];
@@ -59,21 +61,30 @@ static void forget(fake_t *f)
     f->calls[0] = '\0';
 }
 
-static void *fake_create(void *ctx, const kv_link_grant_t *g)
+static bt_status_t fake_create(void *ctx, const kv_link_grant_t *g,
+                               void **win_p)
 {
     fake_t *f = ctx;
     fake_win_t *w;
 
     note(f, 'c');
-    if (f->fail_create) {
-        BT_ERROR(BT_ERR_NO_RESOURCE, "TEST", "window budget spent");
-        return NULL;
-    }
+    if (f->fail_create != BT_OK)
+        return BT_ERROR(f->fail_create, "TEST", "window budget spent");
     w = bt_malloc(sizeof(*w), "test_win");
     BT_CHECK(w != NULL);
     w->id = ++f->next_id;
     w->n = g->n;
-    return w;
+    *win_p = w;
+    return BT_OK;
+}
+
+/* kv_link__win_slots_arm's window, its status BT_OK. */
+static void *arm(kv_link_win_slots_t *ws, const kv_link_grant_t *g)
+{
+    void *win = (void *)1;
+
+    BT_ASSERT_OK(kv_link__win_slots_arm(ws, g, &win));
+    return win;
 }
 
 static fake_t *the_fake; /* destroy has no ctx: its note goes here */
@@ -155,7 +166,7 @@ int main(void)
 
     /* 1 */
     g = grant(1, 11, blocks_a, 3);
-    win = kv_link__win_slots_arm(ws, &g);
+    win = arm(ws, &g);
     BT_CHECK(win != NULL);
     BT_ASSERT_STREQ(f.calls, "c");
     BT_ASSERT_EQ(kv_link__win_slots_arrived(ws, 1, 12), BT_ERR_INVALID_ARG);
@@ -178,15 +189,15 @@ int main(void)
     /* 2 */
     forget(&f);
     g = grant(2, 21, blocks_a, 3);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) != NULL);
+    BT_CHECK(arm(ws, &g) != NULL);
     g = grant(2, 22, blocks_b, 2);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) != NULL);
+    BT_CHECK(arm(ws, &g) != NULL);
     BT_ASSERT_STREQ(f.calls, "cdc"); /* the old one goes first */
     BT_ASSERT_EQ(kv_link__win_slots_arrived(ws, 2, 21), BT_ERR_INVALID_ARG);
     BT_CHECK(!kv_link__win_slots_reset(ws, 2, false)); /* no writer */
     BT_CHECK(!kv_link__win_slots_reset(ws, 2, true)); /* none live */
     g = grant(2, 23, blocks_b, 2);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) != NULL);
+    BT_CHECK(arm(ws, &g) != NULL);
     forget(&f);
     BT_CHECK(kv_link__win_slots_reset(ws, 2, true)); /* revoked */
     BT_ASSERT_STREQ(f.calls, "d");
@@ -195,31 +206,50 @@ int main(void)
 
     /* 3 */
     forget(&f);
-    f.fail_create = true;
+    f.fail_create = BT_ERR_CUDA;
     g = grant(0, 31, blocks_a, 3);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) == NULL);
+    BT_CHECK(arm(ws, &g) == NULL);
     BT_ASSERT_STREQ(bt_error_last(), "");
     g = grant(3, 32, blocks_b, 2);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) == NULL);
+    BT_CHECK(arm(ws, &g) == NULL);
     BT_ASSERT_STREQ(f.calls, "cWc"); /* warned once */
     BT_ASSERT_STREQ(bt_error_last(), "");
     BT_ASSERT_EQ(kv_link__win_slots_arrived(ws, 0, 31), BT_ERR_INVALID_ARG);
     BT_CHECK(!kv_link__win_slots_reset(ws, 0, true));
-    f.fail_create = false;
-    BT_TEST_PASS("win_slots: no window, warned once");
+    {   /* the budget spent for now: refused, not warned */
+        void *win = (void *)1;
+
+        forget(&f);
+        f.fail_create = BT_ERR_NO_RESOURCE;
+        g = grant(1, 33, blocks_a, 3);
+        BT_ASSERT_EQ(kv_link__win_slots_arm(ws, &g, &win),
+                     BT_ERR_NO_RESOURCE);
+        BT_CHECK(win == NULL);
+        BT_ASSERT_STREQ(f.calls, "c");
+        BT_ASSERT_STREQ(bt_error_last(), "");
+        BT_ASSERT_EQ(kv_link__win_slots_arrived(ws, 1, 33),
+                     BT_ERR_INVALID_ARG);
+        BT_CHECK(!kv_link__win_slots_reset(ws, 1, true)); /* none live */
+        f.fail_create = BT_OK;
+        BT_CHECK(arm(ws, &g) != NULL); /* asked again: made */
+        BT_CHECK(kv_link__win_slots_reset(ws, 1, true));
+    }
+    f.fail_create = BT_OK;
+    BT_TEST_PASS("win_slots: no window, warned once; a spent budget "
+                 "refuses");
 
     /* 4 */
     forget(&f);
     g = grant(-1, 41, blocks_a, 3);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) == NULL);
+    BT_CHECK(arm(ws, &g) == NULL);
     g = grant(N_SLOTS, 42, blocks_a, 3);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) == NULL);
+    BT_CHECK(arm(ws, &g) == NULL);
     g = grant(0, 43, blocks_a, 0);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) == NULL);
+    BT_CHECK(arm(ws, &g) == NULL);
     g = grant(0, 44, blocks_a, 3);
     g.want_recv_area = true;
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) == NULL);
-    BT_CHECK(kv_link__win_slots_arm(NULL, &g) == NULL);
+    BT_CHECK(arm(ws, &g) == NULL);
+    BT_CHECK(arm(NULL, &g) == NULL);
     BT_CHECK(!kv_link__win_slots_reset(NULL, 0, true));
     BT_CHECK(!kv_link__win_slots_reset(ws, -1, true));
     BT_ASSERT_STREQ(f.calls, "");
@@ -228,7 +258,7 @@ int main(void)
     /* 5 */
     f.wait_status = BT_ERR_TIMEOUT;
     g = grant(3, 51, blocks_a, 3);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) != NULL);
+    BT_CHECK(arm(ws, &g) != NULL);
     forget(&f);
     BT_ASSERT_EQ(kv_link__win_slots_arrived(ws, 3, 51), BT_ERR_TIMEOUT);
     BT_ASSERT_STREQ(f.calls, "w"); /* still live: a later ask may see it */
@@ -242,9 +272,9 @@ int main(void)
 
     /* 6 */
     g = grant(0, 61, blocks_a, 3);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) != NULL);
+    BT_CHECK(arm(ws, &g) != NULL);
     g = grant(3, 62, blocks_b, 2);
-    BT_CHECK(kv_link__win_slots_arm(ws, &g) != NULL);
+    BT_CHECK(arm(ws, &g) != NULL);
     forget(&f);
     kv_link__win_slots_destroy(&ws);
     BT_CHECK(ws == NULL);

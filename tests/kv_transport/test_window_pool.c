@@ -19,6 +19,9 @@
  *     ready budget is never made ahead and pushes nothing out;
  *   - without takes for ready_idle_ms the ready ones are released, and
  *     nothing is made ahead again until a take asks;
+ *   - a take that the taken ones alone leave no room for is refused at
+ *     once, even while the thread releases something (that could not
+ *     make room; the decode loop asks again, it must not wait);
  *   - a failing make fails the take and leaks nothing;
  *   - destroy releases the ready and pending ones;
  *   - a hammer: this thread takes and puts while the pool's thread makes
@@ -57,7 +60,8 @@ typedef struct {
     int made, released;
     bool fail_here;           /* makes on fail_thread fail */
     pthread_t fail_thread;
-    int make_delay_us, release_delay_us;
+    int make_delay_us, release_delay_us; /* random, up to */
+    int release_fixed_us;                /* exactly (when > 0) */
 } fake_t;
 
 static size_t fake_bytes(void *ctx, int n_blocks)
@@ -101,7 +105,9 @@ static void fake_release(void *ctx, void *alloc)
     fake_t *f = ctx;
     fake_alloc_t *a = alloc;
 
-    if (f->release_delay_us > 0)
+    if (f->release_fixed_us > 0)
+        usleep((useconds_t)f->release_fixed_us);
+    else if (f->release_delay_us > 0)
         usleep((useconds_t)(rand() % (f->release_delay_us + 1)));
     pthread_mutex_lock(&f->lock);
     if (f->state[a->gen] != GEN_LIVE && f->state[a->gen] != GEN_TAKEN)
@@ -335,6 +341,42 @@ static void test_budget(void)
     BT_TEST_PASS("budget");
 }
 
+static void test_full_refuses_at_once(void)
+{
+    fake_t *f = fake_new();
+    size_t budget = 3 * fake_bytes(f, 8);
+    kv_winpool_config_t c = config(f, budget, budget, 2);
+    kv_winpool_t *p = NULL;
+    kv_winpool_item_t *a, *b, *d, *x = NULL;
+    uint64_t t0, took;
+
+    BT_ASSERT_OK(kv_winpool_create(&c, &p));
+    a = take(f, p, 8);
+    wait_ready(p, fake_bytes(f, 8));
+    b = take(f, p, 8);
+    d = take(f, p, 8); /* the budget, all taken */
+    f->release_fixed_us = 200000;
+    kv_winpool_put(p, &d); /* its release holds the thread 200 ms */
+    usleep(20000);
+    /* 16 + 9 blocks taken would pass 24 whatever the thread frees */
+    t0 = bt_time_ns();
+    BT_ASSERT_EQ(kv_winpool_take(p, 9, &x), BT_ERR_NO_RESOURCE);
+    took = bt_time_ns() - t0;
+    bt_error_clear();
+    BT_CHECK(x == NULL);
+    if (took >= 10000000ull) /* the old wait was 20 ms */
+        BT_TEST_FAIL("refused after %.1f ms, not at once", took / 1e6);
+    /* once the release ended, one that fits beside the taken ones */
+    wait_released(f, 1);
+    f->release_fixed_us = 0;
+    x = take(f, p, 8);
+    kv_winpool_put(p, &x);
+    kv_winpool_put(p, &a);
+    kv_winpool_put(p, &b);
+    destroy_all_released(f, &p);
+    BT_TEST_PASS("full_refuses_at_once");
+}
+
 static void test_ready_follows_traffic(void)
 {
     fake_t *f = fake_new();
@@ -525,6 +567,7 @@ int main(void)
     test_bad_args();
     test_made_then_ready();
     test_budget();
+    test_full_refuses_at_once();
     test_ready_follows_traffic();
     test_idle_release();
     test_make_fails();

@@ -53,6 +53,7 @@ struct kv_link_xfer_s {
     uint64_t t_moved;         /* when the hand-off last moved */
     uint64_t n_moved;         /* xfer_moved then */
     const char *error;        /* set when it failed outside the link */
+    char why[200];            /* error's text when it is this xfer's own */
 };
 
 // ---------------------------------------------------------------------------
@@ -245,25 +246,34 @@ static int link_index(int id)
 }
 
 /* Replaces the hand-off by an inline one that packs every layer shipped
- * so far (the link's own hand-off is cancelled). */
-static void fall_back(kv_link_xfer_t *xf)
+ * so far (the link's own hand-off is cancelled).  When inline cannot
+ * take it either, xf->x stays NULL and xf->error says why. */
+static bt_status_t fall_back(kv_link_xfer_t *xf)
 {
     int inl = link_index(KV_LINK_INLINE);
     kv_link_xfer_base_t *x = NULL;
+    bt_status_t status;
 
     if (xf->x != NULL)
         kv_links[xf->link]->xfer_destroy(xf->x);
     xf->x = NULL;
     xf->link = inl;
-    if (kv_link__inline_create(&xf->sender->sh, &xf->route, &x) != BT_OK) {
-        xf->error = "out of memory"; /* the range was checked at create */
-        return;
+    status = kv_link__inline_create(&xf->sender->sh, &xf->route, &x);
+    if (status != BT_OK) {
+        /* the range was checked at create: too big, or out of memory */
+        snprintf(xf->why, sizeof(xf->why), "%s",
+                 status == BT_ERR_NO_RESOURCE ? bt_error_last()
+                                              : "out of memory");
+        bt_error_clear(); /* logged where it was raised */
+        xf->error = xf->why;
+        return status;
     }
     xf->x = x;
     if (xf->src != NULL)
         kv_link_inline_ops.xfer_start(x, xf->src, xf->n_src);
     for (int l = 0; l < xf->layers; l++)
         kv_link_inline_ops.xfer_layer(x, l);
+    return BT_OK;
 }
 
 bt_status_t kv_link_xfer_create(kv_link_sender_t *s,
@@ -331,9 +341,10 @@ bt_status_t kv_link_xfer_create(kv_link_sender_t *s,
                         "inline", (unsigned long long)route->request_id,
                         kv_links[i]->name);
         bt_error_clear();
-        fall_back(xf);
-        if (xf->x == NULL) {
-            status = BT_ERR_NO_MEMORY;
+        status = fall_back(xf);
+        if (status != BT_OK) {
+            if (status == BT_ERR_NO_RESOURCE) /* the caller says why */
+                BT_ERROR(status, "KV", "%s", xf->why);
             goto err_free;
         }
     }
@@ -343,7 +354,9 @@ bt_status_t kv_link_xfer_create(kv_link_sender_t *s,
 
 err_free:
     kv_link_xfer_destroy(&xf);
-    return status == BT_ERR_INVALID_ARG ? status : BT_ERR_NO_MEMORY;
+    return status == BT_ERR_INVALID_ARG || status == BT_ERR_NO_RESOURCE
+               ? status
+               : BT_ERR_NO_MEMORY;
 }
 
 void kv_link_xfer_start(kv_link_xfer_t *xf, const int *src, int n)
@@ -430,6 +443,11 @@ bt_status_t kv_link_xfer_poll(kv_link_xfer_t *xf, uint64_t stall_ns)
     xf->x->error = "KV hand-off to the decode worker timed out";
     xf->finished = true;
     return BT_ERR_TIMEOUT;
+}
+
+bool kv_link_xfer_failed(const kv_link_xfer_t *xf)
+{
+    return xf->error != NULL || xf->x == NULL;
 }
 
 const char *kv_link_xfer_error(const kv_link_xfer_t *xf)
@@ -904,35 +922,42 @@ void kv_link__win_slots_destroy(kv_link_win_slots_t **slots_p)
     *slots_p = NULL;
 }
 
-void *kv_link__win_slots_arm(kv_link_win_slots_t *ws,
-                             const kv_link_grant_t *g)
+bt_status_t kv_link__win_slots_arm(kv_link_win_slots_t *ws,
+                                   const kv_link_grant_t *g, void **win_p)
 {
     win_slot_t *sl;
+    bt_status_t status;
 
+    *win_p = NULL;
     if (ws == NULL || g->slot < 0 || g->slot >= ws->n_slots)
-        return NULL;
+        return BT_OK;
     sl = &ws->slots[g->slot];
     win_slot_unmap(ws, sl); /* a slot is reset before it is granted again */
     /* a grant for the staged link carries that link's window instead */
     if (g->n <= 0 || g->want_recv_area)
-        return NULL;
+        return BT_OK;
     sl->blocks = bt_malloc((size_t)g->n * sizeof(int), ws->ops->name);
     if (sl->blocks == NULL)
-        return NULL;
-    sl->win = ws->ops->create(ws->ctx, g);
-    if (sl->win == NULL) {
+        return BT_OK;
+    status = ws->ops->create(ws->ctx, g, &sl->win);
+    if (status != BT_OK || sl->win == NULL) {
+        win_slot_unmap(ws, sl);
+        if (status == BT_ERR_NO_RESOURCE) { /* for now: wait for one */
+            bt_error_clear();
+            return status;
+        }
         if (!ws->warned) /* once: it would repeat for every grant */
             ws->ops->warn(ws->ctx, g);
         ws->warned = true;
         bt_error_clear();
-        win_slot_unmap(ws, sl);
-        return NULL;
+        return BT_OK;
     }
     memcpy(sl->blocks, g->blocks, (size_t)g->n * sizeof(int));
     sl->n = g->n;
     sl->epoch = g->epoch;
     sl->copied = 0;
-    return sl->win;
+    *win_p = sl->win;
+    return BT_OK;
 }
 
 bool kv_link__win_slots_reset(kv_link_win_slots_t *ws, int slot,

@@ -63,7 +63,17 @@ typedef struct {
     bool kv_stage_direct;/* staged: put straight from device memory */
     bool kv_stage_host;  /* staged UCX over the CPU pool too */
     int kv_stage_blocks; /* staging area in blocks (0: 2048 tokens) */
+    size_t inline_max_bytes; /* inline KV at most (0: KV_LINK_INLINE_MAX_
+                                BYTES; tests set less) */
 } kv_link_config_t;
+
+/* Inline KV a hand-off may carry at most: it travels in one PrefillDone
+ * and one KvReady, and a control message is at most PROTO_CONTROL_MAX_
+ * BYTES (256 MiB; the router drops a bigger one and disconnects its
+ * sender), less room for the rest of the message (logprobs, text).  A
+ * hand-off past it fails at once with a clear error instead of vanishing
+ * (2,048 tokens of Llama-3-8B in bf16 are 256 MiB). */
+#define KV_LINK_INLINE_MAX_BYTES ((size_t)248 << 20)
 
 /* Where one task's KV goes: the router's route plus the grant. */
 typedef struct {
@@ -141,15 +151,24 @@ bt_status_t kv_link_sender_arm(kv_link_sender_t *sender, int *fd_p);
 
 /* Makes the hand-off of one task.  The route's link is used when this
  * worker runs it and the route fits (endpoint, slot, block sizes); else
- * the KV goes inline (a warning).  `route`'s arrays are copied. */
+ * the KV goes inline (a warning), or, past KV_LINK_INLINE_MAX_BYTES,
+ * BT_ERR_NO_RESOURCE (bt_error_last() says why).  `route`'s arrays are
+ * copied. */
 bt_status_t kv_link_xfer_create(kv_link_sender_t *sender,
                                 const kv_link_route_t *route,
                                 kv_link_xfer_t **xfer_p);
 
 /* The task's local blocks exist (`src_blocks`, the prompt's whole table,
  * borrowed until destroy): connects, begins the transfer of the route's
- * range.  Falls back to inline on failure. */
+ * range.  Falls back to inline on failure (a grant without a window on
+ * a windowed CUDA IPC pool, an endpoint it cannot map), unless inline
+ * cannot take it either: then kv_link_xfer_failed says so at once, and
+ * the task fails before its prompt is computed. */
 void kv_link_xfer_start(kv_link_xfer_t *xfer, const int *src_blocks, int n);
+
+/* True when the hand-off has already failed (kv_link_xfer_error says
+ * why): nothing it could still do would deliver the KV. */
+bool kv_link_xfer_failed(const kv_link_xfer_t *xfer);
 
 /* Layer `layer` of the prompt is computed: ships it (or packs it inline)
  * while later layers compute.  A failed put falls back to inline,

@@ -301,13 +301,16 @@ static bt_status_t export_windowed(kv_link_shared_t *sh,
 }
 
 /* A device allocation of the window budget, handed as an FD for the
- * grant's token. */
-static void *cipc_win_create(void *ctx, const kv_link_grant_t *g)
+ * grant's token (BT_ERR_NO_RESOURCE: the budget is spent for now). */
+static bt_status_t cipc_win_create(void *ctx, const kv_link_grant_t *g,
+                                   void **win_p)
 {
     kv_cipc_window_t *win = NULL;
+    bt_status_t status =
+        kv_cipc_window_create(((cipc_recv_t *)ctx)->pool, g->n, &win);
 
-    kv_cipc_window_create(((cipc_recv_t *)ctx)->pool, g->n, &win);
-    return win;
+    *win_p = win;
+    return status;
 }
 
 /* A live window's writer loses the token's FD and writes only into an
@@ -424,7 +427,8 @@ static const uint8_t *cipc_recv_desc(void *state, size_t *len_p)
 static bt_status_t cipc_recv_arm(void *state, kv_link_grant_t *g)
 {
     cipc_recv_t *r = state;
-    kv_cipc_window_t *win;
+    void *win;
+    bt_status_t status;
 
     g->cipc_window = NULL;
     g->cipc_window_len = 0;
@@ -434,10 +438,10 @@ static bt_status_t cipc_recv_arm(void *state, kv_link_grant_t *g)
     }
     /* forgets what was copied in even when the grant gets no window */
     kv_link__win_slots_reset(r->slots, g->slot, false);
-    win = kv_link__win_slots_arm(r->slots, g);
+    status = kv_link__win_slots_arm(r->slots, g, &win);
     if (win != NULL)
         g->cipc_window = kv_cipc_window_grant(win, &g->cipc_window_len);
-    return BT_OK;
+    return status; /* BT_ERR_NO_RESOURCE: the grant waits for a window */
 }
 
 static bool cipc_recv_reset(void *state, int slot, bool writer)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bt_alloc.h"
+#include "bt_error.h"
 #include "bt_log.h"
 #include "bt_util.h"
 #include "kv/kv_transport_cuda_ipc.h"
@@ -46,6 +47,29 @@ bt_status_t kv_link__inline_create(const kv_link_shared_t *sh,
     if (x->first < 0 || x->first >= x->n_tokens) {
         bt_free(x);
         return BT_ERR_INVALID_ARG;
+    }
+    if (sh->cfg != NULL && sh->cfg->backend != NULL) {
+        /* what pack_layer will pack: every layer's K and V of every KV
+         * head (all ranks) of the tokens that move */
+        const kv_layout_t *lay = backend_kv_layout(sh->cfg->backend);
+        size_t max = sh->cfg->inline_max_bytes > 0
+                         ? sh->cfg->inline_max_bytes
+                         : KV_LINK_INLINE_MAX_BYTES;
+        double bytes = 2.0 * (double)lay->n_layers *
+                       (double)lay->n_kv_heads * (double)lay->head_dim *
+                       (double)lay->elem_size *
+                       (double)backend_tp_size(sh->cfg->backend) *
+                       (double)(x->n_tokens - x->first);
+        if (bytes > (double)max) {
+            bt_free(x);
+            return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
+                            "request %llu: %d tokens of KV (%.1f MiB) cannot "
+                            "go inline (at most %.1f MiB in a control "
+                            "message) and no other KV link took them",
+                            (unsigned long long)route->request_id,
+                            x->n_tokens - x->first, bytes / 1048576.0,
+                            (double)max / 1048576.0);
+        }
     }
     x->base.request_id = route->request_id;
     *xfer_p = &x->base;

@@ -66,9 +66,11 @@ void kv_link__remote_cleanup(kv_link_remote_t *rt);
  * handed back to every call. */
 typedef struct {
     const char *name;            /* bt_malloc's name for the slots */
-    /* Grant g's window of g->n blocks; NULL when it cannot be made
-     * (bt_error_last() says why). */
-    void *(*create)(void *ctx, const kv_link_grant_t *g);
+    /* Grant g's window of g->n blocks into *win_p; an error when it
+     * cannot be made (bt_error_last() says why): BT_ERR_NO_RESOURCE
+     * when the windows' budget is spent for now. */
+    bt_status_t (*create)(void *ctx, const kv_link_grant_t *g,
+                          void **win_p);
     /* Frees a window: a writer's key or FD reaches nothing after. */
     void (*destroy)(void *win);
     /* Waits (bounded) until the grant's epoch arrived, in window win or
@@ -101,13 +103,17 @@ bt_status_t kv_link__win_slots_create(const kv_link_win_ops_t *ops,
 void kv_link__win_slots_destroy(kv_link_win_slots_t **slots_p);
 
 /* Grant g's window: frees the slot's old one, then makes one for g's
- * blocks and epoch.  NULL when g gets none (a slot out of range, no
- * blocks, a grant for the staged link's area, or the window could not
- * be made: warned once, the grant goes without).  The window stays the
- * table's, live until the slot's next arm or reset, its arrival, or the
- * table's destroy. */
-void *kv_link__win_slots_arm(kv_link_win_slots_t *ws,
-                             const kv_link_grant_t *g);
+ * blocks and epoch into *win_p.  *win_p NULL when g gets none (a slot
+ * out of range, no blocks, a grant for the staged link's area, or the
+ * window could not be made: warned once, the grant goes without and its
+ * KV comes inline).  BT_ERR_NO_RESOURCE (no window, no warning) when the
+ * windows' budget is spent for now: the caller refuses the grant, so the
+ * request waits for a window at the router instead of sending KV inline
+ * (a 2,048-token prompt of an 8B model is 256 MiB of bf16 KV, past what
+ * a control message carries).  The window stays the table's, live until
+ * the slot's next arm or reset, its arrival, or the table's destroy. */
+bt_status_t kv_link__win_slots_arm(kv_link_win_slots_t *ws,
+                                   const kv_link_grant_t *g, void **win_p);
 
 /* The slot's reservation ended (or is granted again): frees its window
  * and forgets what was copied in.  True when a window was still live
@@ -200,7 +206,9 @@ bt_status_t kv_link__inline_unpack(const kv_link_shared_t *sh,
                                    const int *blocks, int n_blocks,
                                    int n_tokens);
 
-/* Inline hand-off of a route (the fallback every link ends in). */
+/* Inline hand-off of a route (the fallback every link ends in).
+ * BT_ERR_NO_RESOURCE (bt_error_last() says why) when its KV would be
+ * more than the config's inline_max_bytes (KV_LINK_INLINE_MAX_BYTES). */
 bt_status_t kv_link__inline_create(const kv_link_shared_t *sh,
                                    const kv_link_route_t *route,
                                    kv_link_xfer_base_t **xfer_p);

@@ -454,13 +454,15 @@ static bt_status_t ucx_register(ucx_recv_t *r, backend_t *be)
 }
 
 /* Maps grant g's window; it takes the grant's commit for its slot. */
-static void *ucx_win_create(void *ctx, const kv_link_grant_t *g)
+static bt_status_t ucx_win_create(void *ctx, const kv_link_grant_t *g,
+                                  void **win_p)
 {
     kv_ucx_window_t *win = NULL;
+    bt_status_t status = kv_ucx_window_create(((ucx_recv_t *)ctx)->pool,
+                                              g->slot, g->epoch, g->n, &win);
 
-    kv_ucx_window_create(((ucx_recv_t *)ctx)->pool, g->slot, g->epoch, g->n,
-                         &win);
-    return win;
+    *win_p = win;
+    return status;
 }
 
 /* Unmaps a window: a stale key reaches nothing a sequence reads. */
@@ -580,19 +582,21 @@ static const uint8_t *ucx_recv_desc(void *state, size_t *len_p)
 
 /* A reused slot never carries an old arrival.  Windowed: maps the
  * grant's window (a grant that cannot get one goes without: its KV then
- * comes inline, never into the pool). */
+ * comes inline, never into the pool; BT_ERR_NO_RESOURCE: refused, it
+ * waits for one). */
 static bt_status_t ucx_recv_arm(void *state, kv_link_grant_t *g)
 {
     ucx_recv_t *r = state;
-    kv_ucx_window_t *win;
+    void *win;
+    bt_status_t status;
 
     kv_ucx_pool_slot_reset(r->pool, g->slot);
     g->ucx_window = NULL;
     g->ucx_window_len = 0;
-    win = kv_link__win_slots_arm(r->slots, g);
+    status = kv_link__win_slots_arm(r->slots, g, &win);
     if (win != NULL)
         g->ucx_window = kv_ucx_window_desc(win, &g->ucx_window_len);
-    return BT_OK;
+    return status;
 }
 
 static bool ucx_recv_reset(void *state, int slot, bool writer)

@@ -352,9 +352,13 @@ bt_status_t kv_winpool_take(kv_winpool_t *p, int n_blocks,
             p->cfg.budget)
             break;
         /* the thread's make or release in flight may give room; it
-         * starts no other make meanwhile (the claim) */
+         * starts no other make meanwhile (the claim).  Not when the
+         * taken ones alone leave none: only the loop's own puts free
+         * those, and a grant refused here is asked for again (every
+         * 20 ms while the windows are full: waiting would stall the
+         * decode loop that often) */
         p->claimed = need;
-        if (p->thread_busy == 0 ||
+        if (p->thread_busy == 0 || p->live + need > p->cfg.budget ||
             pthread_cond_timedwait(&p->cond, &p->lock, &until) != 0) {
             p->claimed = 0;
             status = BT_ERROR(BT_ERR_NO_RESOURCE, "KV", "windows: %zu of "

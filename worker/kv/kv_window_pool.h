@@ -31,7 +31,8 @@
  * the budget, the take first releases ready and pending allocations
  * itself, then waits a little for the thread's own work in flight, and
  * only then says BT_ERR_NO_RESOURCE: as many bytes can be taken as
- * without the pool.
+ * without the pool (at once when the taken ones alone leave no room:
+ * the thread cannot free those, and the loop must not wait).
  *
  * Threading: take, put and stats from any one thread at a time (the
  * loop); make and release run on the pool's thread, or on the caller's
