@@ -227,6 +227,7 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
             kv_allocator_release(dec->kv, need, blocks);
             bt_free(blocks);
             dec->grants_waited++;
+            workerproc_metrics_kv_grant_waited(dec->cfg.metrics);
             g.error = "KV receive area full";
             goto reply;
         }

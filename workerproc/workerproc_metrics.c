@@ -47,6 +47,7 @@ typedef struct {
     uint64_t handoffs;          /* KV hand-offs sent */
     uint64_t handoff_bytes;     /* their KV bytes */
     uint64_t kv_cap_rejected;   /* KV commits dropped: wrong capability */
+    uint64_t kv_grants_waited;  /* grants refused: receive room full */
     uint64_t kv_windows;        /* receive windows mapped for grants */
     uint64_t kv_windows_revoked;/* receive windows unmapped with a writer */
     uint64_t kv_writes_refused; /* KV messages refused (stale, forged) */
@@ -250,6 +251,11 @@ static bt_status_t render(const metrics_state_t *st, const char *role,
            "KV commits (KvReady, local prefill) dropped: the capability "
            "is not the live reservation's", "%llu",
            (unsigned long long)st->kv_cap_rejected);
+    FAMILY("baton_worker_kv_grants_waited_total", "counter",
+           "KV reservations refused because the hand-offs in flight fill "
+           "the receive room (the staged link's area, the CUDA IPC "
+           "windows' budget); the router asks again 20 ms later", "%llu",
+           (unsigned long long)st->kv_grants_waited);
     FAMILY("baton_worker_kv_windows_total", "counter",
            "Receive windows (UCX or staged) mapped for KV grants: only for "
            "the link the router announced, none for a local or inline "
@@ -551,6 +557,11 @@ static void count_add(workerproc_metrics_t *m, size_t off, uint64_t n)
 void workerproc_metrics_kv_rejected(workerproc_metrics_t *m)
 {
     count_add(m, offsetof(metrics_state_t, kv_cap_rejected), 1);
+}
+
+void workerproc_metrics_kv_grant_waited(workerproc_metrics_t *m)
+{
+    count_add(m, offsetof(metrics_state_t, kv_grants_waited), 1);
 }
 
 void workerproc_metrics_kv_window_mapped(workerproc_metrics_t *m)

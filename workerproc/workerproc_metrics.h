@@ -96,6 +96,11 @@ void workerproc_metrics_handoff(workerproc_metrics_t *m, uint64_t bytes,
  * not its live reservation's (issue 42). */
 void workerproc_metrics_kv_rejected(workerproc_metrics_t *m);
 
+/* Counts one KV grant refused because the hand-offs in flight fill the
+ * receive room (the staged area, the CUDA IPC windows' budget): the
+ * router asks again.  NULL-safe. */
+void workerproc_metrics_kv_grant_waited(workerproc_metrics_t *m);
+
 /* Counts one receive window (UCX or staged) mapped for a grant: only
  * for the link the router announced (issue 36).  NULL-safe. */
 void workerproc_metrics_kv_window_mapped(workerproc_metrics_t *m);

@@ -162,6 +162,12 @@ int main(void)
     BT_CHECK(staged != NULL);
     fprintf(stderr, "d1 %.*s\n", 24, staged);
     BT_CHECK(atoi(staged + strlen("ucx-stage:")) >= 2 * N_KILL + 4);
+    /* its area of two prompts refused grants while hand-offs were in
+     * flight (the router asked again) */
+    staged = strstr(text, "kv_grants_waited:");
+    BT_CHECK(staged != NULL);
+    fprintf(stderr, "d1 %.*s\n", 22, staged);
+    BT_CHECK(atoi(staged + strlen("kv_grants_waited:")) >= 1);
     BT_CHECK(strstr(text, "no staged receive blocks") == NULL);
     BT_CHECK(strstr(text, "did not arrive") == NULL);
     bt_free(text);

@@ -1104,7 +1104,8 @@ bt_status_t kv_cipc_window_create(kv_cipc_pool_t *pool, int n_blocks,
     w = bt_calloc(1, sizeof(*w), "kv_cipc_window");
     if (w == NULL)
         return BT_ERR_NO_MEMORY;
-    /* over the budget: nothing to undo, the grant goes without */
+    /* over the budget (BT_ERR_NO_RESOURCE): nothing to undo; the grant
+     * is refused and asked for again (kv_link__win_slots_arm) */
     status = kv_winpool_take(pool->winpool, n_blocks, &w->item);
     if (status != BT_OK) {
         bt_free(w);
