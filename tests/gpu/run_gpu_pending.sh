@@ -1,87 +1,69 @@
 #!/bin/bash
-# run_gpu_pending.sh [CARRY] - the measurements a session without a GPU
-# (2026-12-05 evening) left for the next device call, ON THE DEVICE
-# MACHINE from a folder packed here (~6 minutes; delete this script once
-# its figures are in docs/PERFORMANCE.md):
-#   cmake --build build-cuda -j2 --target test_cuda_fp8 test_cuda_model \
-#     bench_cuda bt_kernel_trace test_cuda_ipc_window
+# run_gpu_pending.sh [CARRY] - the measurements the session of 2026-12-06
+# left for the next device call, ON THE DEVICE MACHINE from a folder
+# packed here (one call of <= ~9 minutes; delete this script once its
+# figures are in docs/PERFORMANCE.md):
+#   cmake --build build-cuda -j2 --target baton baton-router \
+#     baton-prefill baton-decode gpu_test_cuda_ipc_window
 #   bash tests/gpu/pack_carry.sh pending tests/gpu/run_gpu_pending.sh \
-#     gpu/test_cuda_fp8 gpu/test_cuda_model gpu/bench_cuda \
-#     gpu/libbt_kernel_trace.so gpu/test_cuda_ipc_window shared
-#   then run(carry=[".carry"], command="bash .carry/call.sh")
-#   0. test_cuda_ipc_window: the CUDA IPC link's receive windows, now
-#      through kv_link.c's shared slot table (kv_link__win_slots, merged
-#      from s11-winslots without a GPU): hand-off byte-exact, stale
-#      writers revoked, the made-ahead window (all checks must PASS).
-#   1. BT_FP8_FAST_ACCUM's A/B (gemm.c): test_cuda_fp8 --paths (the 8B
-#      linears' relative error vs the cpu and TFLOP/s, exact vs fast
-#      accumulation); bench_cuda fp8 + FP8 KV, batch 1 / 64 @2k and
-#      prefill 2053, A B B A (each variant its own BT_GEMM_CACHE, tuned by
-#      its first run); test_cuda_model --fp8 with the switch on (top-1
-#      against the cpu's fp8 mode, held to the test's bounds).
-#      Measured on an H100 (2026-12-05, PERFORMANCE.md): prefill 2053
-#      40.0 -> 35.2 ms, so fast accumulation is now the default; this
-#      step wants the H200's figures (EX = exact, FA = the default).
-#   1b. FP8 2048/2048's decode step at serving shape: fp8 + FP8 KV,
-#      batch 128 and 224 at context 3072 (a 2048/2048 stream's mean),
-#      exact and fast accumulation (the rows 12,500 tok/s needs: 224
-#      rows in <= ~15 ms with the prefills between).
-#   2. The mixed serving step (issue 36): bench_cuda --mixed in bf16 and
-#      fp8 + FP8 KV (85 decode rows @2k + one 1,365-token chunk, two
-#      683-token chunks @1024, the chunk alone), then the bf16 one under
-#      the CUPTI tracer (step_timeline.py: where a mixed step's time goes).
-# Writes pending.log and pending_table.md under $OUT; prints the table.
+#     bin/baton bin/baton-router bin/baton-prefill bin/baton-decode \
+#     gpu/test_cuda_ipc_window
+#   then run(carry=[".carry"], command="bash .carry/call.sh",
+#            timeout_s=600)
+#   0. test_cuda_ipc_window on the window-budget fix (a57c908: a grant
+#      that finds the windows' budget spent is refused, not sent inline;
+#      kv_link__win_slots_arm's new status): every check must PASS.
+#   1. issue 36's goodput sweep, 2048/128 at 4-20 req/s, aggregated and
+#      1P+1D under MPS (the 1P+1D rows at 16 and 20 req/s of 2026-12-06
+#      waited 30-45 s for expired reservations: the bug a57c908 fixed;
+#      predicted now: TTFT p99 ~1 s or less, 1,600-1,800 tok/s, and the
+#      decode log's kv_grants_waited > 0 instead of "expired"), which
+#      answers where the modes cross on one GPU.
+#   2. issue 37's serving rows with fast accumulation on the H200: fp8 +
+#      FP8 KV 2048/128 @256 (2,809 tok/s with exact accumulation; an
+#      H100 gained 9%: predicted ~3,050) and 2048/2048 @384 streams
+#      (BT_SERVE_MAX_SEQS=384; 9,101 at 224 streams; the pool holds 1.8M
+#      tokens).
+# Writes pending.md (the tables) under $OUT with each step's serve.md and
+# the decode / prefill logs' lines that tell (grants waited, expired
+# reservations, inline refusals).
 set -u
-. "$(dirname "$0")/gpu_steps.sh"
-gpu_steps_init pending "${1:-build-pending}"
-[ -d "$c/shared/models" ] && export BT_SHARED_DIR=$PWD/$c/shared
-FA=BT_FP8_FAST_ACCUM=1
-EX=BT_FP8_FAST_ACCUM=0
-CE="BT_GEMM_CACHE=$tmp/cache_exact"
-CF="BT_GEMM_CACHE=$tmp/cache_fast"
-FP8="--precision fp8 --kv-dtype fp8 --batch 1,64 --ctx 2048 --prefill 2053"
-MIX=85:2048:1:1365:0,85:2048:2:683:1024,0:2048:1:1365:0
+c=${1:-build-pending}
+out=${OUT:-/tmp/baton-pending}
+mkdir -p "$out"
+t0=$(date +%s)
+left() { echo $(( $1 - ($(date +%s) - t0) )); }
+export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
+work=/tmp/baton-gpu-serve-work
+md=$out/pending.md
+echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)" > "$md"
 
-# 0. the CUDA IPC receive windows
-run cipc_window 300 "$c/gpu/test_cuda_ipc_window"
-# 1. fast accumulation
-run fp8_paths 200 "$c/gpu/test_cuda_fp8" --paths
-bc ex1 $EX "$CE" -- $FP8
-bc fa1 $FA "$CF" -- $FP8
-bc fa2 $FA "$CF" -- $FP8
-bc ex2 $EX "$CE" -- $FP8
-run model_fa 200 env $FA "$c/gpu/test_cuda_model" --fp8
-SERVE8="--precision fp8 --kv-dtype fp8 --batch 128,224 --ctx 3072 --prefill 0"
-bc s8ex $EX "$CE" -- $SERVE8
-bc s8fa $FA "$CF" -- $SERVE8
-# 2. the mixed step
-bc mix_bf16 "$CE" -- --batch 1 --ctx 512 --prefill 0 --mixed $MIX
-bc mix_fp8 $EX "$CE" -- --precision fp8 --kv-dtype fp8 --batch 1 \
-  --ctx 512 --prefill 0 --mixed $MIX
-trace_step mix bench_cuda "$CE" -- --steps 4 --batch 1 --ctx 512 \
-  --prefill 0 --mixed 85:2048:1:1365:0
+timeout -k 5 60 "$c/gpu/test_cuda_ipc_window" > "$out/cipc.txt" 2>&1
+{ echo; echo "### test_cuda_ipc_window: rc $?," \
+    "$(grep -c '^PASS' "$out/cipc.txt") PASS," \
+    "$(grep -c '^FAIL' "$out/cipc.txt") FAIL"
+  grep '^FAIL' "$out/cipc.txt" | head -5; } >> "$md"
 
-{
-  echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)"
-  echo; cat "$tmp/rcs"; echo
-  echo "### test_cuda_ipc_window"
-  pass_fail cipc_window
-  grep -E "^INFO" "$tmp/cipc_window" | head -8
-  echo
-  echo "### test_cuda_fp8 --paths"
-  pass_fail fp8_paths
-  grep -E "^(PASS|FAIL) fp8 cublaslt.* 2048 tokens|^INFO fp8 gemm 2048" \
-    "$tmp/fp8_paths"
-  echo; echo "### test_cuda_model --fp8, BT_FP8_FAST_ACCUM=1"
-  pass_fail model_fa
-  grep -E "top-1" "$tmp/model_fa" | head -12
-  echo; echo "### bench_cuda fp8 + FP8 KV, A B B A (exact, fast, fast, exact)"
-  bc_rows ex1 fa1 fa2 ex2
-  echo "### fp8 + FP8 KV decode at 3072 (exact, fast)"
-  bc_rows s8ex s8fa
-  echo "### mixed steps"
-  for t in mix_bf16 mix_fp8; do grep -E "^\| mixed" "$tmp/t_$t"; done
-  echo; echo "### the bf16 mixed step's kernels (CUPTI)"
-  head -40 "$tmp/tl_mix"
-} > "$table"
-cat "$table"
+# serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its table and
+# the worker logs' tell-tale lines into pending.md
+serve() {
+  local name=$1 lim=$2
+  shift 2
+  env OUT="$out/$name" BT_SERVE_TIMEOUT="$lim" \
+    BT_SERVE_DEADLINE_S=$(( lim - 10 )) "$@" \
+    bash tests/gpu/run_gpu_serve.sh "$c" > /dev/null 2>&1
+  local rc=$?
+  { echo; echo "### $name: rc $rc, at $(( $(date +%s) - t0 )) s"
+    cat "$out/$name/serve.md" 2>/dev/null
+    echo; echo '```'
+    grep -h "kv_grants_waited\|expired\|cannot go inline\|no progress" \
+      "$work"/*/*.log 2>/dev/null | cut -c1-200 | tail -6
+    echo '```'; } >> "$md"
+  rm -f "$out/$name/serve_logs.tgz"
+}
+serve sweep $(left 330) BT_SERVE_MODES=agg,disagg BT_SERVE_COLD=0 \
+  BT_SERVE_RUNS= BT_SERVE_SWEEPS="2048x128@4,8,12,16,20:128"
+serve fp8 $(left 570) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+  BT_SERVE_MODES=agg BT_SERVE_COLD=0 BT_SERVE_MAX_SEQS=384 \
+  BT_SERVE_RUNS="2048x128@256:512;2048x2048@384:768"
+cat "$md"
