@@ -78,9 +78,15 @@ static void cu_port_span(int *lo_p, int *n_p)
     }
 }
 
-/* A TCP port that was free a moment ago (and the next one too). */
+/* A TCP port that was free a moment ago (and the next one too), and
+ * neither was handed out before in this process: a test picks all its
+ * ports before its processes bind them, so a repeat would make two of
+ * them fight for one (a worker that cannot bind never registers, and
+ * the test fails after its 30 s wait for it). */
 static int cu_free_port(void)
 {
+    static int given[64];
+    static int n_given;
     int lo, n;
 
     cu_port_span(&lo, &n);
@@ -88,6 +94,9 @@ static int cu_free_port(void)
         int port = lo + (int)((getpid() * 7919u + (unsigned)tries * 104729u +
                                (unsigned)bt_time_ns()) % (unsigned)n);
         int ok = 1;
+        for (int i = 0; i < n_given && ok; i++)
+            if (port >= given[i] - 1 && port <= given[i] + 1)
+                ok = 0;
         for (int k = 0; k < 2 && ok; k++) {
             struct sockaddr_in a;
             int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -99,8 +108,11 @@ static int cu_free_port(void)
                 ok = 0;
             close(fd);
         }
-        if (ok)
+        if (ok) {
+            if (n_given < (int)(sizeof(given) / sizeof(given[0])))
+                given[n_given++] = port;
             return port;
+        }
     }
     BT_TEST_FAIL("no free port");
     return -1;
