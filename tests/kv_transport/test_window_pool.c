@@ -548,6 +548,16 @@ static void test_bad_args(void)
     BT_ASSERT_EQ(kv_winpool_take(p, 0, &it), BT_ERR_INVALID_ARG);
     BT_ASSERT_EQ(kv_winpool_take(p, 65, &it), BT_ERR_INVALID_ARG);
     bt_error_clear();
+    kv_winpool_destroy(&p);
+    /* past the whole budget: never, so not "no resource" (a wait) */
+    c = config(f, 10 * UNIT, 0, 0);
+    BT_ASSERT_OK(kv_winpool_create(&c, &p));
+    BT_ASSERT_EQ(kv_winpool_take(p, 11, &it), BT_ERR_UNSUPPORTED);
+    BT_CHECK(it == NULL);
+    bt_error_clear();
+    kv_winpool_destroy(&p);
+    c = config(f, 1000 * UNIT, 0, 0);
+    BT_ASSERT_OK(kv_winpool_create(&c, &p));
     /* nothing is made ahead with no ready allocations per class */
     it = take(f, p, 2);
     usleep(20000);

@@ -331,6 +331,10 @@ bt_status_t kv_winpool_take(kv_winpool_t *p, int n_blocks,
                         n_blocks);
     c = class_of(n_blocks);
     need = p->cfg.bytes(p->cfg.ctx, n_blocks);
+    if (need > p->cfg.budget) /* never: not a wait (BT_ERR_NO_RESOURCE) */
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "KV", "a window of %d blocks "
+                        "(%zu MiB) is past the whole budget (%zu MiB)",
+                        n_blocks, need >> 20, p->cfg.budget >> 20);
     pthread_mutex_lock(&p->lock);
     p->asked[c] = ++p->tick;
     p->last_take_ns = bt_time_ns();

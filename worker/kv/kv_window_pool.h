@@ -32,7 +32,9 @@
  * itself, then waits a little for the thread's own work in flight, and
  * only then says BT_ERR_NO_RESOURCE: as many bytes can be taken as
  * without the pool (at once when the taken ones alone leave no room:
- * the thread cannot free those, and the loop must not wait).
+ * the thread cannot free those, and the loop must not wait).  A take
+ * past the whole budget can never be served: BT_ERR_UNSUPPORTED, not
+ * BT_ERR_NO_RESOURCE (which the decode worker answers with "wait").
  *
  * Threading: take, put and stats from any one thread at a time (the
  * loop); make and release run on the pool's thread, or on the caller's
