@@ -61,14 +61,15 @@ bt_status_t kv_link__inline_create(const kv_link_shared_t *sh,
                        (double)backend_tp_size(sh->cfg->backend) *
                        (double)(x->n_tokens - x->first);
         if (bytes > (double)max) {
+            const int n = x->n_tokens - x->first;
+
             bt_free(x);
             return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
                             "request %llu: %d tokens of KV (%.1f MiB) cannot "
                             "go inline (at most %.1f MiB in a control "
                             "message) and no other KV link took them",
-                            (unsigned long long)route->request_id,
-                            x->n_tokens - x->first, bytes / 1048576.0,
-                            (double)max / 1048576.0);
+                            (unsigned long long)route->request_id, n,
+                            bytes / 1048576.0, (double)max / 1048576.0);
         }
     }
     x->base.request_id = route->request_id;
