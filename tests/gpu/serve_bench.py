@@ -339,9 +339,13 @@ def sweep(cl, mode, plen, olen, rates, n):
                                     seed=next(RUN_SEEDS))
     cmd += ["--rates", ",".join("%g" % r for r in rates), "--plot", svg]
     left = DEADLINE - time.time()
+    before = scrape()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True,
                            timeout=max(30, left))
+        if before:  # the whole sweep's steps (1P+1D: the hand-offs' cost)
+            phase_note(before, scrape(), "%s sweep %d/%d at %s req/s" % (
+                mode, plen, olen, ",".join("%g" % x for x in rates)))
         runs = json.load(open(path))
     except (subprocess.TimeoutExpired, OSError, ValueError) as e:
         log("%s sweep %dx%d: no result (%s)" % (mode, plen, olen, e))
