@@ -247,7 +247,8 @@ static int link_index(int id)
 
 /* Replaces the hand-off by an inline one that packs every layer shipped
  * so far (the link's own hand-off is cancelled).  When inline cannot
- * take it either, xf->x stays NULL and xf->error says why. */
+ * take it either, xf->x stays NULL, xf->error says why and so does
+ * bt_error_last() (the caller clears it or passes it on). */
 static bt_status_t fall_back(kv_link_xfer_t *xf)
 {
     int inl = link_index(KV_LINK_INLINE);
@@ -264,7 +265,6 @@ static bt_status_t fall_back(kv_link_xfer_t *xf)
         snprintf(xf->why, sizeof(xf->why), "%s",
                  status == BT_ERR_NO_RESOURCE ? bt_error_last()
                                               : "out of memory");
-        bt_error_clear(); /* logged where it was raised */
         xf->error = xf->why;
         return status;
     }
@@ -342,11 +342,8 @@ bt_status_t kv_link_xfer_create(kv_link_sender_t *s,
                         kv_links[i]->name);
         bt_error_clear();
         status = fall_back(xf);
-        if (status != BT_OK) {
-            if (status == BT_ERR_NO_RESOURCE) /* the caller says why */
-                BT_ERROR(status, "KV", "%s", xf->why);
-            goto err_free;
-        }
+        if (status != BT_OK)
+            goto err_free; /* bt_error_last() says why */
     }
     xf->x->request_id = route->request_id;
     *xfer_p = xf;
@@ -372,8 +369,9 @@ void kv_link_xfer_start(kv_link_xfer_t *xf, const int *src, int n)
         return;
     }
     if (ops->xfer_start != NULL &&
-        ops->xfer_start(xf->x, src + skip, n - skip) != BT_OK)
-        fall_back(xf);
+        ops->xfer_start(xf->x, src + skip, n - skip) != BT_OK &&
+        fall_back(xf) != BT_OK)
+        bt_error_clear(); /* xf->error keeps why */
 }
 
 void kv_link_xfer_layer(kv_link_xfer_t *xf, int layer)
@@ -382,8 +380,9 @@ void kv_link_xfer_layer(kv_link_xfer_t *xf, int layer)
 
     xf->layers = BT_MAX(xf->layers, layer + 1);
     if (xf->x != NULL && ops->xfer_layer != NULL &&
-        ops->xfer_layer(xf->x, layer) != BT_OK && ops->id != KV_LINK_INLINE)
-        fall_back(xf); /* repacks layers 0..layer */
+        ops->xfer_layer(xf->x, layer) != BT_OK && ops->id != KV_LINK_INLINE &&
+        fall_back(xf) != BT_OK) /* repacks layers 0..layer */
+        bt_error_clear(); /* xf->error keeps why */
 }
 
 bt_status_t kv_link_xfer_commit(kv_link_xfer_t *xf)

@@ -33,45 +33,47 @@ static bt_status_t inline_send_create(kv_link_shared_t *sh, void **state_p)
     return BT_OK;
 }
 
+/* One token's K (or V) of one layer on one rank: an inline row holds
+ * every rank's, whatever either side's TP. */
+static size_t inline_rank_row(const kv_layout_t *lay)
+{
+    return (size_t)lay->n_kv_heads * (size_t)lay->head_dim * lay->elem_size;
+}
+
 bt_status_t kv_link__inline_create(const kv_link_shared_t *sh,
                                    const kv_link_route_t *route,
                                    kv_link_xfer_base_t **xfer_p)
 {
-    inline_xfer_t *x = bt_calloc(1, sizeof(*x), "kv_link_xfer");
+    const int first = route->first_block * route->dst_block_size;
+    const int n = route->n_tokens - first; /* tokens that move */
+    inline_xfer_t *x;
 
-    if (x == NULL)
-        return BT_ERR_NO_MEMORY;
-    x->cfg = sh->cfg;
-    x->first = route->first_block * route->dst_block_size;
-    x->n_tokens = route->n_tokens;
-    if (x->first < 0 || x->first >= x->n_tokens) {
-        bt_free(x);
+    if (first < 0 || n <= 0)
         return BT_ERR_INVALID_ARG;
-    }
     if (sh->cfg != NULL && sh->cfg->backend != NULL) {
-        /* what pack_layer will pack: every layer's K and V of every KV
-         * head (all ranks) of the tokens that move */
-        const kv_layout_t *lay = backend_kv_layout(sh->cfg->backend);
+        /* what pack_layer will pack: every layer's K and V rows */
+        backend_t *be = sh->cfg->backend;
+        const kv_layout_t *lay = backend_kv_layout(be);
         size_t max = sh->cfg->inline_max_bytes > 0
                          ? sh->cfg->inline_max_bytes
                          : KV_LINK_INLINE_MAX_BYTES;
         double bytes = 2.0 * (double)lay->n_layers *
-                       (double)lay->n_kv_heads * (double)lay->head_dim *
-                       (double)lay->elem_size *
-                       (double)backend_tp_size(sh->cfg->backend) *
-                       (double)(x->n_tokens - x->first);
-        if (bytes > (double)max) {
-            const int n = x->n_tokens - x->first;
-
-            bt_free(x);
+                       (double)inline_rank_row(lay) *
+                       (double)backend_tp_size(be) * (double)n;
+        if (bytes > (double)max)
             return BT_ERROR(BT_ERR_NO_RESOURCE, "KV",
                             "request %llu: %d tokens of KV (%.1f MiB) cannot "
                             "go inline (at most %.1f MiB in a control "
                             "message) and no other KV link took them",
                             (unsigned long long)route->request_id, n,
                             bytes / 1048576.0, (double)max / 1048576.0);
-        }
     }
+    x = bt_calloc(1, sizeof(*x), "kv_link_xfer");
+    if (x == NULL)
+        return BT_ERR_NO_MEMORY;
+    x->cfg = sh->cfg;
+    x->first = first;
+    x->n_tokens = route->n_tokens;
     x->base.request_id = route->request_id;
     *xfer_p = &x->base;
     return BT_OK;
@@ -98,11 +100,9 @@ static bt_status_t pack_layer(inline_xfer_t *x, int layer)
 {
     backend_t *be = x->cfg->backend;
     const kv_layout_t *lay = backend_kv_layout(be);
-    /* inline rows hold every KV head of a token (whatever either side's
-     * TP): rank r's `row` bytes go to columns [r row, (r + 1) row) */
+    /* rank r's `row` bytes go to columns [r row, (r + 1) row) */
     const int tp = backend_tp_size(be);
-    size_t row = (size_t)lay->n_kv_heads * (size_t)lay->head_dim *
-                 lay->elem_size;
+    size_t row = inline_rank_row(lay);
     size_t full = row * (size_t)tp;
 
     if (x->parts == NULL) {
@@ -211,7 +211,7 @@ bt_status_t kv_link__inline_unpack(const kv_link_shared_t *sh,
     tp = backend_tp_size(be);
     bs = (int)lay->block_size;
     n_layers = (int)lay->n_layers;
-    row = (size_t)lay->n_kv_heads * (size_t)lay->head_dim * lay->elem_size;
+    row = inline_rank_row(lay);
     full = row * (size_t)tp;
     if (n_parts != 2 * n_layers || BT_DIV_UP(n, bs) > n_blocks)
         return BT_ERR_FORMAT;
