@@ -492,13 +492,14 @@ bt_status_t backend_kv_load(backend_t *backend, int n, const int *blocks,
 }
 
 bt_status_t backend_kv_copy_in(backend_t *backend, const void *src, int n,
-                               const int *blocks)
+                               const int *blocks, backend_done_fn_t done,
+                               void *done_arg)
 {
     if (backend_tp_size(backend) > 1 || backend->ops->kv_copy_in == NULL)
         return BT_ERROR(BT_ERR_UNSUPPORTED, "BACKEND", "%s backend%s: no "
                         "KV window copy-in", backend->ops->name,
                         backend_tp_size(backend) > 1 ? " with tp > 1" : "");
-    if (src == NULL || blocks == NULL || n < 1)
+    if (src == NULL || blocks == NULL || n < 1 || done == NULL)
         return BT_ERROR(BT_ERR_INVALID_ARG, "BACKEND", "window copy-in of "
                         "%d blocks without arrays", n);
     for (int i = 0; i < n; i++)
@@ -506,7 +507,8 @@ bt_status_t backend_kv_copy_in(backend_t *backend, const void *src, int n,
             return BT_ERROR(BT_ERR_INVALID_ARG, "BACKEND", "window copy-in "
                             "into block %d outside the pool of %d",
                             blocks[i], backend->cfg.n_kv_blocks);
-    return backend->ops->kv_copy_in(backend->impl, src, n, blocks);
+    return backend->ops->kv_copy_in(backend->impl, src, n, blocks, done,
+                                    done_arg);
 }
 
 bt_status_t backend_host_pin(backend_t *backend, void *ptr, size_t bytes,

@@ -205,6 +205,10 @@ void backend_config_init(backend_config_t *cfg);
 
 typedef struct backend_s backend_t;
 
+/* Said once when an asynchronous operation no longer needs its input
+ * (backend_kv_copy_in). */
+typedef void (*backend_done_fn_t)(void *arg);
+
 /* The function table an implementation provides (see cpu/cpu_backend.c).
  * `impl` is the implementation's own state. */
 typedef struct {
@@ -250,9 +254,10 @@ typedef struct {
      * optional (NULL: nothing to do). */
     bt_status_t (*host_pin)(void *impl, void *ptr, size_t bytes, bool pin);
     /* Window copy-in (see backend_kv_copy_in); arguments checked, one
-     * rank.  Complete on return.  Optional (NULL: BT_ERR_UNSUPPORTED). */
+     * rank.  Optional (NULL: BT_ERR_UNSUPPORTED). */
     bt_status_t (*kv_copy_in)(void *impl, const void *src, int n,
-                              const int *blocks);
+                              const int *blocks, backend_done_fn_t done,
+                              void *done_arg);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -388,13 +393,20 @@ bt_status_t backend_host_pin(backend_t *backend, void *ptr, size_t bytes,
  * for cpu) holds n blocks per layer and K|V, laid out (n_layers, K|V, n)
  * of kv_layout_block_bytes each, and window block i goes to pool block
  * blocks[i] (the CUDA IPC link's per-reservation windows).  Runs of
- * consecutive blocks are one copy per layer and K|V (cuda: on the copy
- * stream, after the work queued on the compute stream, which then waits
- * for it).  Complete on return: the caller frees the window next.
- * BT_ERR_INVALID_ARG (nothing copied) for n < 1 or a block outside the
- * pool; BT_ERR_UNSUPPORTED with tp > 1 or a backend without it. */
+ * consecutive blocks are one copy per layer and K|V.  cuda: queued on
+ * the copy stream behind the work already queued on the compute stream
+ * (a block's last owner may still be read), the compute stream's next
+ * work waiting for it; the caller's thread never waits for the step in
+ * flight.  BT_OK: done(done_arg) is called exactly once when nothing
+ * reads src any more (cpu: before return; cuda: from a thread of the
+ * CUDA runtime, so it must not call CUDA): the window may be freed then,
+ * not before.  An error: done is not called and nothing reads src after
+ * return.  BT_ERR_INVALID_ARG (nothing copied) for n < 1 or a block
+ * outside the pool; BT_ERR_UNSUPPORTED with tp > 1 or a backend without
+ * it. */
 bt_status_t backend_kv_copy_in(backend_t *backend, const void *src, int n,
-                               const int *blocks);
+                               const int *blocks, backend_done_fn_t done,
+                               void *done_arg);
 
 /* Shared batch check used by every implementation. */
 bt_status_t backend_batch_validate(const backend_batch_t *batch,

@@ -21,7 +21,8 @@
  *      guard against).
  *   1b. a window made ahead (kv_window_pool.h) for a larger class than
  *      its grant: 3 blocks in a 4-block allocation, the epoch word where
- *      3 blocks put it and the writer mapping only that much: byte-exact.
+ *      3 blocks put it and the writer mapping only that much: byte-exact;
+ *      backend_kv_copy_in, left in flight, says done exactly once.
  *   4. cost (printed, not checked): a 2048-token Llama-3-8B-shaped window
  *      (32 layers, 8 KV heads, head_dim 128, bf16: 256 MiB) created and
  *      destroyed on the caller's (the decode loop's) thread: the first of
@@ -63,6 +64,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,6 +660,20 @@ static void test_windows(backend_t *be, const char *self)
     kv_link_receiver_destroy(&rcv);
 }
 
+/* backend_kv_copy_in's done for a window: counted, then passed on. */
+typedef struct {
+    void *reader;  /* kv_cipc_window_read_begin's */
+    atomic_int n;
+} copy_done_t;
+
+static void copy_done(void *arg)
+{
+    copy_done_t *cd = arg;
+
+    kv_cipc_window_read_done(cd->reader);
+    atomic_fetch_add(&cd->n, 1);
+}
+
 /* 1b. A window made ahead for a larger class than its grant, through the
  * transport as the link uses it (the link's budget for this tiny model
  * is about one 2 MiB granule: nothing would be made ahead there). */
@@ -701,9 +717,21 @@ static void test_made_ahead(backend_t *be, const char *self)
     ok = ok && kv_cipc_window_has_arrived(w, 12, &arrived) == BT_OK &&
          arrived;
     report(ok, "made ahead: the epoch lands where 3 blocks put it");
-    ok = ok && backend_kv_copy_in(be, kv_cipc_window_data(w), 3, blocks) ==
-                   BT_OK &&
-         pool_holds(be, 5, blocks, 3, NULL);
+    if (ok) { /* the copy is left in flight; its done is counted */
+        copy_done_t cd = { kv_cipc_window_read_begin(w), 0 };
+        uint64_t until = bt_time_ns() + 5000000000ull;
+
+        if (backend_kv_copy_in(be, kv_cipc_window_data(w), 3, blocks,
+                               copy_done, &cd) != BT_OK) {
+            kv_cipc_window_read_done(cd.reader);
+            ok = false;
+        }
+        ok = ok && pool_holds(be, 5, blocks, 3, NULL);
+        while (atomic_load(&cd.n) == 0 && bt_time_ns() < until)
+            usleep(100);
+        report(atomic_load(&cd.n) == 1,
+               "made ahead: the copy in flight said done once");
+    }
     report(ok, "made ahead: byte-exact in the reservation's blocks");
     kv_cipc_window_destroy(&w);
     report(!child_cmd(&c, "OPEN 1 %s %s 3", dhex, gh),

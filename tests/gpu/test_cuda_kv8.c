@@ -10,7 +10,8 @@
  *      random rows (with bias, large values that saturate, both RoPE
  *      layouts) at position 0, where the rotation is exact; K at random
  *      positions within one code of the host's rotation (the device's
- *      sincosf and FMA contraction may move the f32 value by an ulp).
+ *      sincosf and FMA contraction may move the f32 value by an ulp);
+ *      the vector kernel (head sizes 64, 128) and the scalar one (24).
  *   2. cuda_attn_decode on FP8 codes, both kernels it picks (the tensor-
  *      core one, then the general one under BT_ATTN_TC=0), against a
  *      double-precision reference
@@ -324,6 +325,8 @@ static void test_rope(void)
         { 64, 32, 8, 128, 0, false, "hd 128 interleaved" },
         { 48, 8, 2, 64, 1, false, "hd 64 half" },
         { 40, 4, 1, 64, 0, true, "hd 64 interleaved, bias" },
+        /* half of 24 is no whole 16-byte chunk: the scalar kernel */
+        { 32, 4, 2, 24, 1, true, "hd 24 half, bias (scalar kernel)" },
     };
 
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {

@@ -13,7 +13,8 @@
  *   3. backend_kv_copy_in on the cpu backend (the interface's host
  *      implementation): a window laid out (layers, K|V, n) lands in the
  *      reservation's scattered blocks byte for byte, no other block
- *      changes; bad arguments are refused and change nothing;
+ *      changes, its done callback said once; bad arguments (a missing
+ *      callback too) are refused, change nothing and say no done;
  *   4. a binary without CUDA fails closed: no windows supported, the
  *      windowed export says BT_ERR_UNSUPPORTED.
  */
@@ -131,8 +132,14 @@ static uint8_t pattern(int l, int kv, int i, size_t b)
     return (uint8_t)(l * 37 + kv * 101 + i * 13 + (int)(b * 7 % 251) + 1);
 }
 
+static void count_done(void *arg)
+{
+    (*(int *)arg)++;
+}
+
 static void test_copy_in(void)
 {
+    int dones = 0;
     model_t *model = NULL;
     backend_config_t cfg;
     backend_t *be = NULL;
@@ -172,22 +179,30 @@ static void test_copy_in(void)
     {
         const int out_of_pool[4] = { 9, 10, 3, 32 };
         const int negative[1] = { -1 };
-        BT_ASSERT_EQ(backend_kv_copy_in(be, win, n, out_of_pool),
+        BT_ASSERT_EQ(backend_kv_copy_in(be, win, n, out_of_pool, count_done,
+                                        &dones),
                      BT_ERR_INVALID_ARG);
-        BT_ASSERT_EQ(backend_kv_copy_in(be, win, 1, negative),
+        BT_ASSERT_EQ(backend_kv_copy_in(be, win, 1, negative, count_done,
+                                        &dones),
                      BT_ERR_INVALID_ARG);
-        BT_ASSERT_EQ(backend_kv_copy_in(be, win, 0, blocks),
+        BT_ASSERT_EQ(backend_kv_copy_in(be, win, 0, blocks, count_done,
+                                        &dones),
                      BT_ERR_INVALID_ARG);
-        BT_ASSERT_EQ(backend_kv_copy_in(be, NULL, n, blocks),
+        BT_ASSERT_EQ(backend_kv_copy_in(be, NULL, n, blocks, count_done,
+                                        &dones),
+                     BT_ERR_INVALID_ARG);
+        BT_ASSERT_EQ(backend_kv_copy_in(be, win, n, blocks, NULL, NULL),
                      BT_ERR_INVALID_ARG);
         bt_error_clear();
+        BT_ASSERT_EQ(dones, 0);
         BT_CHECK(memcmp(before_k, backend_kv_data(be, 0, 0), pool_bytes) ==
                  0);
         BT_CHECK(memcmp(before_v, backend_kv_data(be, 0, 1), pool_bytes) ==
                  0);
     }
 
-    BT_ASSERT_OK(backend_kv_copy_in(be, win, n, blocks));
+    BT_ASSERT_OK(backend_kv_copy_in(be, win, n, blocks, count_done, &dones));
+    BT_ASSERT_EQ(dones, 1);
     for (int l = 0; l < n_layers; l++) {
         for (int kv = 0; kv < 2; kv++) {
             const uint8_t *pool = backend_kv_data(be, l, kv);

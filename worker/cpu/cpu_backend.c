@@ -1509,9 +1509,11 @@ static bt_status_t cpu_kv_copy_slots(void *impl, int n,
 /* Host tier copies: the pool is host memory, so plain copies, each
  * layer's K then V of a block next to each other in host[i]. */
 /* Window block i of layer l's K (V) at src + ((2*l + kv) * n + i) *
- * block bytes into pool block blocks[i] (backend_kv_copy_in). */
+ * block bytes into pool block blocks[i] (backend_kv_copy_in): plain
+ * copies, done before return. */
 static bt_status_t cpu_kv_copy_in(void *impl, const void *src, int n,
-                                  const int *blocks)
+                                  const int *blocks, backend_done_fn_t done,
+                                  void *done_arg)
 {
     cpu_backend_t *be = impl;
     size_t bytes = kv_layout_block_bytes(&be->kv_layout);
@@ -1529,6 +1531,7 @@ static bt_status_t cpu_kv_copy_in(void *impl, const void *src, int n,
                        s + (size_t)i * bytes, bytes);
         }
     }
+    done(done_arg);
     return BT_OK;
 }
 

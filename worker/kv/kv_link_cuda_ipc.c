@@ -346,16 +346,20 @@ static bt_status_t cipc_wait(void *ctx, void *win, int slot, uint64_t epoch)
     }
 }
 
-/* The window into the reservation's blocks: a device copy on the
- * backend's stream. */
+/* The window into the reservation's blocks: a device copy queued on
+ * the backend's copy stream; the window's release waits for it. */
 static bt_status_t cipc_win_copy_in(void *ctx, void *win, const int *blocks,
                                     int n)
 {
     cipc_recv_t *r = ctx;
+    void *reader = kv_cipc_window_read_begin(win);
 
     if (backend_kv_copy_in(r->sh->backend, kv_cipc_window_data(win), n,
-                           blocks) != BT_OK)
+                           blocks, kv_cipc_window_read_done,
+                           reader) != BT_OK) {
+        kv_cipc_window_read_done(reader); /* nothing reads it now */
         return BT_ERR_CUDA;
+    }
     return BT_OK;
 }
 

@@ -78,7 +78,9 @@ typedef struct {
      * or another error. */
     bt_status_t (*wait)(void *ctx, void *win, int slot, uint64_t epoch);
     /* Copies the window's n blocks into the pool's `blocks`, once its
-     * epoch arrived.  An error: the KV is not in the pool. */
+     * epoch arrived (or queues the copy where the pool's next readers
+     * are ordered after it: CUDA IPC; destroy's release then waits for
+     * it).  An error: the KV is not in the pool. */
     bt_status_t (*copy_in)(void *ctx, void *win, const int *blocks, int n);
     /* Says that grant g goes without a window (bt_error_last() says
      * why); called for the table's first such grant only. */

@@ -6,6 +6,7 @@
  */
 #include "kv/kv_transport_cuda_ipc.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -929,7 +930,13 @@ typedef struct {
     CUmemGenericAllocationHandle handle;
     CUdeviceptr base;
     size_t size;
+    atomic_int readers;  /* copies out of it still in flight
+                            (kv_cipc_window_read_begin) */
 } cipc_alloc_t;
+
+/* How long a release waits for a copy out of the window: the copy waits
+ * only for the step in flight, so anything near this is a hung GPU. */
+#define CIPC_READ_WAIT_NS (60ull * 1000000000ull)
 
 struct kv_cipc_window_s {
     kv_cipc_pool_t *pool;
@@ -963,6 +970,7 @@ static bt_status_t cipc_alloc_make(void *ctx, int n_blocks, void **alloc_p)
     a = bt_calloc(1, sizeof(*a), "kv_cipc_alloc");
     if (a == NULL)
         return BT_ERR_NO_MEMORY;
+    atomic_init(&a->readers, 0);
     a->size = cipc_alloc_bytes(pool, n_blocks);
     status = CIPC_CU(cipc_drv.MemCreate(&a->handle, a->size, &pool->win_prop,
                                         0));
@@ -984,7 +992,19 @@ static void cipc_alloc_release(void *ctx, void *alloc)
 {
     kv_cipc_pool_t *pool = ctx;
     cipc_alloc_t *a = alloc;
+    uint64_t t0 = bt_time_ns();
 
+    /* unmapping under a copy in flight would fault it: wait (on the
+     * window pool's thread: the loop is not held) */
+    while (atomic_load_explicit(&a->readers, memory_order_acquire) != 0) {
+        if (bt_time_ns() - t0 > CIPC_READ_WAIT_NS) {
+            BT_LOG_ERROR("KV", "a CUDA IPC window is still read by a copy "
+                         "after %llu s: its %zu bytes are left mapped",
+                         CIPC_READ_WAIT_NS / 1000000000ull, a->size);
+            return;
+        }
+        usleep(100);
+    }
     (void)cudaSetDevice(pool->device);
     cipc_unmap(a->base, a->size, a->handle);
     bt_free(a);
@@ -1163,6 +1183,21 @@ const void *kv_cipc_window_data(const kv_cipc_window_t *win)
     return (const void *)(uintptr_t)win->base;
 }
 
+void *kv_cipc_window_read_begin(kv_cipc_window_t *win)
+{
+    cipc_alloc_t *a = win->item->alloc;
+
+    atomic_fetch_add_explicit(&a->readers, 1, memory_order_relaxed);
+    return a;
+}
+
+void kv_cipc_window_read_done(void *reader)
+{
+    cipc_alloc_t *a = reader;
+
+    atomic_fetch_sub_explicit(&a->readers, 1, memory_order_release);
+}
+
 bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,
                                        bool *arrived_p)
 {
@@ -1187,9 +1222,10 @@ void kv_cipc_window_destroy(kv_cipc_window_t **win_p)
         return;
     /* No FD for this token any more, at once; a writer that has one
      * keeps only its own reference to the physical memory, which nobody
-     * reads once ours is gone.  Our reads of the window were synchronous,
-     * so the unmap and release (~1 ms) wait for the pool's thread; the
-     * allocation is never handed out again. */
+     * reads once ours is gone.  The unmap and release (~1 ms) wait for
+     * the pool's thread, which waits for a copy out of it still in
+     * flight (kv_cipc_window_read_begin); the allocation is never handed
+     * out again. */
     (void)kv_fdch_revoke(w->pool->fdch, w->grant);
     kv_winpool_put(w->pool->winpool, &w->item);
     bt_free(w);
@@ -1844,6 +1880,16 @@ const void *kv_cipc_window_data(const kv_cipc_window_t *win)
 {
     (void)win;
     return NULL;
+}
+
+void *kv_cipc_window_read_begin(kv_cipc_window_t *win)
+{
+    return win;
+}
+
+void kv_cipc_window_read_done(void *reader)
+{
+    (void)reader;
 }
 
 bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,

@@ -273,9 +273,10 @@ const uint8_t *kv_cipc_pool_desc(const kv_cipc_pool_t *pool, size_t *len_p);
  * 0..n-1 (coalesced runs as into a pool: layer l's K at
  * window + 2*l*n*block_bytes, V n blocks after it) and commits the epoch
  * into the window's own word; then closes its mapping.  On KvReady the
- * decode worker waits for the epoch (kv_cipc_window_has_arrived), copies
- * the window into the reservation's pool blocks on the backend's copy
- * stream (backend_kv_copy_in) and destroys the window.  A reservation
+ * decode worker waits for the epoch (kv_cipc_window_has_arrived), queues
+ * the copy of the window into the reservation's pool blocks on the
+ * backend's copy stream (backend_kv_copy_in) and destroys the window,
+ * whose release waits for that copy.  A reservation
  * that ends otherwise destroys it at once: the token is revoked; our
  * handle and mapping are released soon after; a stale writer keeps only
  * its own reference to memory nobody reads any more.  The pool is never
@@ -330,6 +331,13 @@ const uint8_t *kv_cipc_window_grant(const kv_cipc_window_t *win,
                                     size_t *len_p);
 /* Its device memory here: (n_layers, K|V, n_blocks) blocks. */
 const void *kv_cipc_window_data(const kv_cipc_window_t *win);
+/* Before an asynchronous copy out of it (backend_kv_copy_in): its
+ * release, after destroy, waits (on the window pool's thread, up to 60 s,
+ * then leaves it mapped with an error) until kv_cipc_window_read_done is
+ * called with what this returned (a backend_done_fn_t: it calls no
+ * CUDA).  Each begin wants one done. */
+void *kv_cipc_window_read_begin(kv_cipc_window_t *win);
+void kv_cipc_window_read_done(void *reader);
 /* Reads its epoch word (synchronous): *arrived_p = (value == epoch). */
 bt_status_t kv_cipc_window_has_arrived(kv_cipc_window_t *win, uint64_t epoch,
                                        bool *arrived_p);

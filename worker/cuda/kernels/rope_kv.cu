@@ -6,8 +6,8 @@
  * accurate sincosf (matching the CPU reference within an ulp).  Head
  * sizes with 16-byte chunks (every model): the vector kernel, (cos, sin)
  * once per token, 16-byte loads and stores; the scalar one otherwise.
- * FP8 KV (d_kv_scale set): the scalar kernel writes E4M3 codes
- * (kv8.cuh: the cpu's rounding, bit for bit).
+ * FP8 KV (d_kv_scale set): either kernel writes E4M3 codes (kv8.cuh: the
+ * cpu's rounding, bit for bit), the vector one 8 codes a store.
  * Test: build-cuda/tests/kernels/test_rope_kv (make gpu-test runs it);
  * FP8: tests/gpu/test_cuda_kv8.c.
  */
@@ -101,6 +101,27 @@ static __device__ __forceinline__ uint4 rope_pack(const float *f)
     return u;
 }
 
+/* E values of a chunk into the cache at dst: T's 16 bytes (KT == T), or
+ * E codes in 8 bytes (KT == kv8_t, bf16 T: E == 8), each value rounded
+ * as kv_store does (inv: 1 / the KV head's scale). */
+template <typename T, typename KT, int E>
+static __device__ __forceinline__ void rope_store_kv(KT *dst, const float *x,
+                                                     float inv)
+{
+    if constexpr (std::is_same<KT, kv8_t>::value) {
+        static_assert(E == 8, "FP8 KV: bf16 chunks of 8");
+        uint2 u;
+        uint8_t *b = reinterpret_cast<uint8_t *>(&u);
+#pragma unroll
+        for (int i = 0; i < E; i++)
+            b[i] = kv8_encode<T>(x[i], inv).__x;
+        *reinterpret_cast<uint2 *>(dst) = u;
+    } else {
+        (void)inv;
+        *reinterpret_cast<uint4 *>(dst) = rope_pack<T, E>(x);
+    }
+}
+
 /* Vectorised rope_kv_kernel: one block per token; the token's hd/2
  * (cos, sin) pairs are computed once into shared memory (sincosf of the
  * same angles: identical results), then every q/k head is rotated in
@@ -110,9 +131,10 @@ static __device__ __forceinline__ uint4 rope_pack(const float *f)
  * chunks.  Needs (hd/2) % E == 0 (half) or hd % E == 0 (interleaved) and
  * 16-byte aligned rows (rope_kv_vec_ok). */
 #define ROPE_MAX_HALF 256
-template <typename T>
+template <typename T, typename KT>
 static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
 {
+    constexpr bool KV8 = std::is_same<KT, kv8_t>::value;
     constexpr int E = 16 / (int)sizeof(T);
     __shared__ float sh_c[ROPE_MAX_HALF], sh_s[ROPE_MAX_HALF];
     if (!a.pdl_late)
@@ -139,10 +161,26 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
     }
     if (slot >= 0) {
         const int v_off = n_rot * hd;
-        T *v = (T *)a.d_v_cache + (size_t)slot * a.n_kv_heads * hd;
+        KT *v = (KT *)a.d_v_cache + (size_t)slot * a.n_kv_heads * hd;
         for (int e = threadIdx.x * E; e < a.n_kv_heads * hd;
              e += blockDim.x * E) {
             uint4 u = *reinterpret_cast<const uint4 *>(row + v_off + e);
+            if (KV8) { /* a chunk lies in one head: hd % E == 0 */
+                float x[E];
+                rope_unpack<T, E>(u, x);
+                if (bias) {
+                    float b[E];
+                    rope_unpack<T, E>(
+                        *reinterpret_cast<const uint4 *>(bias + v_off + e),
+                        b);
+#pragma unroll
+                    for (int i = 0; i < E; i++)
+                        x[i] += b[i];
+                }
+                rope_store_kv<T, KT, E>(
+                    v + e, x, __frcp_rn(a.d_kv_scale[a.n_kv_heads + e / hd]));
+                continue;
+            }
             if (bias) {
                 float x[E], b[E];
                 rope_unpack<T, E>(u, x);
@@ -153,7 +191,7 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
                     x[i] += b[i];
                 u = rope_pack<T, E>(x);
             }
-            *reinterpret_cast<uint4 *>(v + e) = u;
+            *reinterpret_cast<uint4 *>((T *)v + e) = u;
         }
     }
 
@@ -199,17 +237,19 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
                 y0[e] = x0[e] * c - x1[e] * s;
                 y1[e] = x0[e] * s + x1[e] * c;
             }
-            T *dst;
             if (head < a.n_heads) {
-                dst = (T *)a.d_q + (size_t)t * a.n_heads * hd + head * hd;
+                T *dst = (T *)a.d_q + (size_t)t * a.n_heads * hd + head * hd;
+                *reinterpret_cast<uint4 *>(dst + i0) = rope_pack<T, E>(y0);
+                *reinterpret_cast<uint4 *>(dst + i0 + half) =
+                    rope_pack<T, E>(y1);
             } else if (slot >= 0) {
-                dst = (T *)a.d_k_cache +
-                      ((size_t)slot * a.n_kv_heads + (head - a.n_heads)) * hd;
-            } else {
-                continue;
+                const int kh = head - a.n_heads;
+                KT *dst = (KT *)a.d_k_cache +
+                          ((size_t)slot * a.n_kv_heads + kh) * hd;
+                const float inv = KV8 ? __frcp_rn(a.d_kv_scale[kh]) : 1.0f;
+                rope_store_kv<T, KT, E>(dst + i0, y0, inv);
+                rope_store_kv<T, KT, E>(dst + i0 + half, y1, inv);
             }
-            *reinterpret_cast<uint4 *>(dst + i0) = rope_pack<T, E>(y0);
-            *reinterpret_cast<uint4 *>(dst + i0 + half) = rope_pack<T, E>(y1);
         }
     } else {
         const int cph = hd / E; /* chunks per head, E/2 pairs each */
@@ -234,16 +274,16 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
                 y[e] = x[e] * c - x[e + 1] * s;
                 y[e + 1] = x[e] * s + x[e + 1] * c;
             }
-            T *dst;
             if (head < a.n_heads) {
-                dst = (T *)a.d_q + (size_t)t * a.n_heads * hd + head * hd;
+                T *dst = (T *)a.d_q + (size_t)t * a.n_heads * hd + head * hd;
+                *reinterpret_cast<uint4 *>(dst + e0) = rope_pack<T, E>(y);
             } else if (slot >= 0) {
-                dst = (T *)a.d_k_cache +
-                      ((size_t)slot * a.n_kv_heads + (head - a.n_heads)) * hd;
-            } else {
-                continue;
+                const int kh = head - a.n_heads;
+                KT *dst = (KT *)a.d_k_cache +
+                          ((size_t)slot * a.n_kv_heads + kh) * hd;
+                rope_store_kv<T, KT, E>(
+                    dst + e0, y, KV8 ? __frcp_rn(a.d_kv_scale[kh]) : 1.0f);
             }
-            *reinterpret_cast<uint4 *>(dst + e0) = rope_pack<T, E>(y);
         }
     }
 }
@@ -273,18 +313,24 @@ bt_status_t cuda_rope_kv(const cuda_rope_kv_args_t *args, cuda_dtype_t dt,
     cuda_rope_kv_args_t al = *args;
     al.pdl_late = cuda__pdl_late;
     args = &al;
+    /* Threads of the vector kernel: one 16-byte chunk pair each for the
+     * q/k heads. */
+    const int th = args->n_heads * args->head_dim >= 4096 ? 256 : 128;
+    const bool vec = rope_kv_vec_ok(args, cuda_dtype_size(dt));
     if (args->d_kv_scale != NULL) {
         /* FP8 KV: bf16 activations only (cuda_backend.c refuses f32) */
         BT_ASSERT(dt == CUDA_DT_BF16);
-        kern_launch(rope_kv_kernel<bf16_t, kv8_t>, args->n_tokens, 256, 0,
-                    stream, *args);
+        if (vec)
+            kern_launch(rope_kv_vec_kernel<bf16_t, kv8_t>, args->n_tokens,
+                        th, 0, stream, *args);
+        else
+            kern_launch(rope_kv_kernel<bf16_t, kv8_t>, args->n_tokens, 256,
+                        0, stream, *args);
         return BT_CUDA_LAUNCH_STATUS();
     }
-    if (rope_kv_vec_ok(args, cuda_dtype_size(dt))) {
-        /* Threads: one 16-byte chunk pair each for the q/k heads. */
-        int th = args->n_heads * args->head_dim >= 4096 ? 256 : 128;
+    if (vec) {
         KERN_DISPATCH_DT(dt, T,
-                         kern_launch(rope_kv_vec_kernel<T>, args->n_tokens,
+                         kern_launch(rope_kv_vec_kernel<T, T>, args->n_tokens,
                                      th, 0, stream, *args));
         return BT_CUDA_LAUNCH_STATUS();
     }
