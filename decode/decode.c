@@ -301,7 +301,35 @@ static void drop_all(decode_t *dec)
 }
 
 /* workerproc_handlers_t.on_msg: the decode role's message kinds. */
+/* Adds [t0, now) to the host work of `kind`. */
+static void host_add(decode_t *dec, int kind, uint64_t t0)
+{
+    uint64_t ns = bt_time_ns() - t0;
+
+    dec->host_ns[kind] += ns;
+    dec->host_n[kind]++;
+    if (ns > dec->host_max_ns[kind])
+        dec->host_max_ns[kind] = ns;
+}
+
+static workerproc_msg_t on_msg_timed(void *arg, Baton__ControlMessage *msg);
+
 static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
+{
+    decode_t *dec = arg;
+    int kind = msg->body_case == BATON__CONTROL_MESSAGE__BODY_KV_RESERVE
+                   ? DECODE_HOST_RESERVE
+               : msg->body_case == BATON__CONTROL_MESSAGE__BODY_KV_READY
+                   ? DECODE_HOST_READY
+                   : DECODE_HOST_OTHER_MSG;
+    uint64_t t0 = bt_time_ns();
+    workerproc_msg_t r = on_msg_timed(arg, msg);
+
+    host_add(dec, kind, t0);
+    return r;
+}
+
+static workerproc_msg_t on_msg_timed(void *arg, Baton__ControlMessage *msg)
 {
     decode_t *dec = arg;
 
@@ -385,6 +413,27 @@ static void log_step_times(decode_t *dec, bool final)
               (unsigned long long)dec->n_timed, (t->build + t->post) * us,
               t->build * us, t->post * us, t->enqueue * us, t->emit * us,
               t->wait * us);
+}
+
+/* The loop's host work by kind, at shutdown: count, total and longest. */
+static void log_host_work(const decode_t *dec)
+{
+    static const char *const names[DECODE_HOST_KINDS] = {
+        "KvReserve", "KvReady", "other messages", "KV links' progress",
+        "KvReady retried",
+    };
+    char line[512];
+    size_t n = 0;
+
+    line[0] = '\0';
+    for (int k = 0; k < DECODE_HOST_KINDS && n < sizeof(line); k++)
+        n += (size_t)snprintf(line + n, sizeof(line) - n,
+                              "%s%s %llu in %.1f ms (longest %.2f)",
+                              k ? ", " : "", names[k],
+                              (unsigned long long)dec->host_n[k],
+                              (double)dec->host_ns[k] * 1e-6,
+                              (double)dec->host_max_ns[k] * 1e-6);
+    BT_LOG_INFO("DECODE", "%s host work: %s", dec->name, line);
 }
 
 /* Counts the step of this turn, if one ran: its post phase ends now.
@@ -1023,15 +1072,20 @@ bt_status_t decode_run(decode_t *dec)
             dec->turn_t0 = bt_time_ns();
         workerproc_link_turn_begin(dec->link);
         if (dec->links != NULL) {
-            uint64_t refused;
+            uint64_t refused, t0 = bt_time_ns();
             kv_link_receiver_progress(dec->links);
+            host_add(dec, DECODE_HOST_LINKS, t0);
             refused = kv_link_receiver_writes_refused(dec->links);
             if (refused != dec->writes_refused) /* stale or forged */
                 workerproc_metrics_kv_writes_refused(
                     dec->cfg.metrics, refused - dec->writes_refused);
             dec->writes_refused = refused;
         }
-        decode__arrivals_pending(dec);
+        if (decode__has_arrivals_pending(dec)) {
+            uint64_t t0 = bt_time_ns();
+            decode__arrivals_pending(dec);
+            host_add(dec, DECODE_HOST_PENDING, t0);
+        }
         handle_messages(dec);
         decode__send_outbox(dec); /* the grants, before the step */
         switch (workerproc_link_check(dec->link)) {
@@ -1073,6 +1127,7 @@ bt_status_t decode_run(decode_t *dec)
                 (unsigned long long)dec->windows_revoked,
                 (unsigned long long)dec->writes_refused);
     log_step_times(dec, true);
+    log_host_work(dec);
     if (dec->prefix != NULL) {
         kv_prefix_stats_t st;
 

@@ -32,6 +32,11 @@
 #      kv_grants_waited > 0 and no "expired"; with the copy-in no longer
 #      waiting on the loop, d0's build column ~0.1 ms, not 0.69), which
 #      answers where the modes cross on one GPU.
+# PART 3 (the same pack, rebuilt with the decode's host-work ledger):
+#   1P+1D at 16 and 20 req/s, the decode's stop line saying which
+#   message its 0.65 ms a step of serial host time goes to; bf16
+#   2048/128 at 256 streams (issue 36's TPOT p99 <= 50 ms, unmeasured
+#   since the between-steps term left the budget's room).
 # PART 2:
 #   3. issue 37's serving rows with fast accumulation on the H200: fp8 +
 #      FP8 KV 2048/128 @256 (2,809 tok/s with exact accumulation; an
@@ -92,6 +97,8 @@ serve() {
     echo; echo '```'
     grep -h "kv_grants_waited\|expired\|cannot go inline\|no progress" \
       "$work"/*/*.log 2>/dev/null | cut -c1-200 | tail -6
+    grep -h "host work\|host us per step" "$work"/*/*.log 2>/dev/null |
+      cut -c1-500 | tail -4
     echo '```'; } >> "$md"
   rm -f "$out/$name/serve_logs.tgz"
 }
@@ -105,6 +112,11 @@ if [ "$part" = 1 ]; then
   done
   serve sweep $(left 560) BT_SERVE_MODES=agg,disagg BT_SERVE_COLD=0 \
     BT_SERVE_RUNS= BT_SERVE_SWEEPS="2048x128@4,8,12,16,20:128"
+elif [ "$part" = 3 ]; then
+  serve disagg $(left 250) BT_SERVE_MODES=disagg BT_SERVE_COLD=0 \
+    BT_SERVE_RUNS= BT_SERVE_SWEEPS="2048x128@16,20:128"
+  serve bf16 $(left 560) BT_SERVE_MODES=agg BT_SERVE_COLD=0 \
+    BT_SERVE_RUNS="2048x128@256:512"
 else
   serve fp8 $(left 560) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MODES=agg BT_SERVE_COLD=0 BT_SERVE_MAX_SEQS=384 \
