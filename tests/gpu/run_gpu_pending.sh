@@ -1,54 +1,44 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY PART - what the sessions of 2026-12-06 left
-# for the device, ON THE DEVICE MACHINE from a folder packed here, in two
-# calls of <= ~9 minutes each (delete this script once its figures are
-# in docs/PERFORMANCE.md):
+# run_gpu_pending.sh CARRY - what the session of 2026-12-06 02:47 left for
+# the device (its other measurements are in docs/PERFORMANCE.md), ON THE
+# DEVICE MACHINE from a folder packed here, one call of ~7 minutes;
+# delete this script once its figures are in docs/PERFORMANCE.md.
+# Pack (repository root):
+#   git checkout 86dba2d -- worker/cuda/cuda_backend.c
+#   cmake --build build-cuda -j2 --target baton-decode
+#   cp build-cuda/bin/baton-decode /tmp/baton-decode_old
+#   git checkout HEAD -- worker/cuda/cuda_backend.c
 #   cmake --build build-cuda -j2 --target baton baton-router \
-#     baton-prefill baton-decode gpu_test_cuda_ipc_window \
-#     gpu_test_cuda_kv8 test_rope_kv gpu_bench_cuda
-#   AB_FROM=build-ropeold bash tests/gpu/pack_carry.sh pending \
-#     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
-#     bin/baton-prefill bin/baton-decode gpu/test_cuda_ipc_window \
-#     gpu/test_cuda_kv8 gpu/test_rope_kv gpu/bench_cuda shared
-#   (build-ropeold/gpu/bench_cuda: bench_cuda built with the scalar FP8
-#   rope_kv, the A/B's other side), then
+#     baton-prefill baton-decode test_kv_copy gpu_test_cuda_ipc_window
+#   bash tests/gpu/pack_carry.sh pending tests/gpu/run_gpu_pending.sh \
+#     bin/baton bin/baton-router bin/baton-prefill bin/baton-decode \
+#     gpu/test_kv_copy gpu/test_cuda_ipc_window shared
+#   cp /tmp/baton-decode_old build-pending/bin/ &&
+#   strip build-pending/bin/baton-decode_old &&
+#   tar cf - build-pending | xz -T2 -6 > .carry/pending.tar.xz
+#   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
+#   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
-#       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending 1")   and the same with 2.
-# PART 1:
-#   0. test_cuda_ipc_window (the window budget's refusal, a57c908; the
-#      copy-in left in flight, its done said once), test_cuda_kv8 (the
-#      vector rope_kv writes the cpu's E4M3 codes, head sizes 64 / 128;
-#      the scalar one at 24), test_rope_kv (bf16, unchanged): every check
-#      must PASS.
-#   1. A/B of the vector rope_kv for FP8 KV, fp8 + FP8 KV, batch 1 @2k
-#      and prefill 2048, A B B A (predicted: prefill 31.6 -> ~30.6 ms,
-#      batch 1 3.12 -> ~2.96 ms: the scalar kernel's 1.4 ms / 7 us a
-#      layer at ~1 TB/s become ~0.3 ms / ~2 us).
-#   2. issue 36's goodput sweep, 2048/128 at 4-20 req/s, aggregated and
-#      1P+1D under MPS (the 1P+1D rows at 16 and 20 req/s of 2026-12-06
-#      waited 30-45 s for expired reservations: the bug a57c908 fixed;
-#      predicted now: TTFT p99 ~1 s or less, 1,600-1,800 tok/s,
-#      kv_grants_waited > 0 and no "expired"; with the copy-in no longer
-#      waiting on the loop, d0's build column ~0.1 ms, not 0.69), which
-#      answers where the modes cross on one GPU.
-# PART 3 (the same pack, rebuilt with the decode's host-work ledger):
-#   1P+1D at 16 and 20 req/s, the decode's stop line saying which
-#   message its 0.65 ms a step of serial host time goes to; bf16
-#   2048/128 at 256 streams (issue 36's TPOT p99 <= 50 ms, unmeasured
-#   since the between-steps term left the budget's room).
-# PART 2:
-#   3. issue 37's serving rows with fast accumulation on the H200: fp8 +
-#      FP8 KV 2048/128 @256 (2,809 tok/s with exact accumulation; an
-#      H100 gained 9%: predicted ~3,050) and 2048/2048 @384 streams
-#      (BT_SERVE_MAX_SEQS=384; 9,101 at 224 streams; the pool holds 1.8M
-#      tokens).
-# Writes pending.md (the tables) under $OUT with each step's serve.md and
-# the decode / prefill logs' lines that tell (grants waited, expired
-# reservations, inline refusals).
+#       .carry/pending/pending.tar.xz && BT_PENDING_AB=1
+#       BT_PENDING_BF16=1 bash tests/gpu/run_gpu_pending.sh build-pending")
+# What it runs:
+#   - test_kv_copy (cuda_kv_window_to_pool against a host loop) and
+#     test_cuda_ipc_window (the copy-in through it): NOT YET RUN ON A GPU,
+#     so first; every check must PASS;
+#   - 1P+1D (MPS) at 16 and 20 req/s with either decode (BT_PENDING_AB:
+#     86dba2d's, whose copy-in is a cudaMemcpyAsync per run of blocks,
+#     layer and K|V, then today's one kernel), the decode's stop line
+#     saying where its serial host time goes (0.65 ms a step over
+#     2026-12-06's sweep; predicted: KvReady, up to 64 cudaMemcpyAsync a
+#     block of a fragmented pool) and that the kernel takes it away;
+#   - bf16 2048/128 at 256 streams (BT_PENDING_BF16, an H200: issue 36's
+#     TPOT p99 <= 50 ms, unmeasured since the between-steps term left the
+#     budget's room).
+# An 80 GB card gets a 12,000-block decode pool (two 8B workers share
+# it). Writes pending.md (the tables) under $OUT with each step's
+# serve.md and the worker logs' lines that tell.
 set -u
 c=${1:-build-pending}
-part=${2:-1}
 out=${OUT:-/tmp/baton-pending}
 mkdir -p "$out"
 t0=$(date +%s)
@@ -56,7 +46,7 @@ left() { echo $(( $1 - ($(date +%s) - t0) )); }
 export LD_LIBRARY_PATH=$PWD/$c/lib:${LD_LIBRARY_PATH:-}
 work=/tmp/baton-gpu-serve-work
 md=$out/pending.md
-echo "## pending measurements, part $part ($(date -u +%F\ %H:%M) UTC)" > "$md"
+echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)" > "$md"
 nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader >> "$md"
 export BT_SHARED_DIR=$PWD/$c/shared
 
@@ -71,18 +61,6 @@ check() {
       "$(grep -c '^FAIL' "$out/$name.txt") FAIL"
     grep '^FAIL' "$out/$name.txt" | head -5; } >> "$md"
 }
-# ab NAME BIN ARGS...: one bench_cuda run (fp8 + FP8 KV), its rows
-ab() {
-  local name=$1 bin=$2
-  shift 2
-  timeout -k 5 120 "$c/gpu/$bin" --model synth:llama3-8b --steps 20 \
-    --precision fp8 --kv-dtype fp8 --table "$out/t_$name.md" "$@" \
-    > "$out/$name.txt" 2>&1
-  local rc=$?
-  { echo; echo "### $name ($bin): rc $rc"
-    grep -E "^\| (decode|prefill) " "$out/t_$name.md" | cut -d'|' -f2-6; } >> "$md"
-}
-
 # serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its table and
 # the worker logs' tell-tale lines into pending.md
 serve() {
@@ -102,24 +80,25 @@ serve() {
     echo '```'; } >> "$md"
   rm -f "$out/$name/serve_logs.tgz"
 }
-if [ "$part" = 1 ]; then
-  check cipc 60 "$c/gpu/test_cuda_ipc_window"
-  check kv8 150 "$c/gpu/test_cuda_kv8"
-  check rope 60 "$c/gpu/test_rope_kv"
-  for v in A B B A; do
-    bin=bench_cuda; [ $v = B ] && bin=bench_cuda_b
-    ab "rope_$v$(date +%s)" $bin --batch 1 --ctx 2048 --prefill 2048
-  done
-  serve sweep $(left 560) BT_SERVE_MODES=agg,disagg BT_SERVE_COLD=0 \
-    BT_SERVE_RUNS= BT_SERVE_SWEEPS="2048x128@4,8,12,16,20:128"
-elif [ "$part" = 3 ]; then
-  serve disagg $(left 250) BT_SERVE_MODES=disagg BT_SERVE_COLD=0 \
+# an 80 GB card holds two 8B workers with a 12,000-block decode pool
+mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits |
+      head -1)
+[ "${mib:-0}" -lt 100000 ] && export BT_SERVE_KV_BLOCKS=12000
+check kvcopy 60 "$c/gpu/test_kv_copy"
+check cipc 60 "$c/gpu/test_cuda_ipc_window"
+# A: the decode whose copy-in is a cudaMemcpyAsync per run (its
+# $c/bin/baton-decode_old), B: one kernel (cuda_kv_window_to_pool)
+if [ -f "$c/bin/baton-decode_old" ] && [ -n "${BT_PENDING_AB:-}" ]; then
+  rm -rf "$c-old"; cp -r "$c" "$c-old"
+  mv "$c-old/bin/baton-decode_old" "$c-old/bin/baton-decode"
+  c_new=$c; c=$c-old
+  serve disagg_memcpy $(left 200) BT_SERVE_MODES=disagg BT_SERVE_COLD=0 \
     BT_SERVE_RUNS= BT_SERVE_SWEEPS="2048x128@16,20:128"
+  c=$c_new
+fi
+serve disagg_kernel $(left 330) BT_SERVE_MODES=disagg BT_SERVE_COLD=0 \
+  BT_SERVE_RUNS= BT_SERVE_SWEEPS="2048x128@16,20:128"
+[ "${mib:-0}" -ge 100000 ] && [ -n "${BT_PENDING_BF16:-}" ] &&
   serve bf16 $(left 560) BT_SERVE_MODES=agg BT_SERVE_COLD=0 \
     BT_SERVE_RUNS="2048x128@256:512"
-else
-  serve fp8 $(left 560) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
-    BT_SERVE_MODES=agg BT_SERVE_COLD=0 BT_SERVE_MAX_SEQS=384 \
-    BT_SERVE_RUNS="2048x128@256:512;2048x2048@384:768"
-fi
 cat "$md"

@@ -3,6 +3,10 @@
  * pools: disjoint copies, chains (a -> b, b -> c: the old b must land in
  * c), swaps and rotations, src == dst, every copy unit (16/4/2-byte rows)
  * and the largest n.  Bytes must match exactly.
+ * cuda_kv_window_to_pool() against a host loop: a window of n blocks
+ * into shuffled pool blocks (runs and singles), every layer's K and V,
+ * n past one launch's CUDA_KV_WINDOW_LAUNCH_BLOCKS; every other pool
+ * byte unchanged; unaligned sizes refused.
  * Run: build-cuda/gpu/test_kv_copy   (make gpu-test runs every kernel test)
  */
 #include "kernels/kv_copy.h"
@@ -52,6 +56,77 @@ static int make_pairs(int pattern, int n, int slots, int *src, int *dst)
     return n;
 }
 
+/* The device array d (bytes) equals `want`, read through `out`. */
+static int dev_equal(unsigned char *out, const void *d,
+                     const unsigned char *want, size_t bytes)
+{
+    KT_CUDA(cudaMemcpy(out, d, bytes, cudaMemcpyDeviceToHost));
+    return memcmp(out, want, bytes) == 0;
+}
+
+/* A window of n blocks into shuffled blocks of a pool of `slots`. */
+static int window_case(int layers, int slots, size_t blk, int n)
+{
+    size_t layer_bytes = blk * slots, bytes = layer_bytes * layers;
+    size_t wbytes = 2 * (size_t)layers * n * blk;
+    int *perm = (int *)malloc(sizeof(int) * slots), fails = 0;
+    unsigned char *k = (unsigned char *)malloc(bytes);
+    unsigned char *v = (unsigned char *)malloc(bytes);
+    unsigned char *w = (unsigned char *)malloc(wbytes);
+    unsigned char *out = (unsigned char *)malloc(bytes);
+
+    /* a run of four (as a fresh pool hands out), then shuffled singles */
+    int base = (int)(kt_u32() % (uint32_t)(slots - 4)), m = 0, r = 0;
+    int *rest = (int *)malloc(sizeof(int) * slots);
+
+    for (int id = 0; id < slots; id++)
+        if (n <= 4 || id < base || id >= base + 4)
+            rest[r++] = id;
+    for (int i = r - 1; i > 0; i--) {
+        int j = (int)(kt_u32() % (uint32_t)(i + 1)), t = rest[i];
+        rest[i] = rest[j];
+        rest[j] = t;
+    }
+    if (n > 4)
+        for (; m < 4; m++)
+            perm[m] = base + m;
+    for (int i = 0; m < n; i++)
+        perm[m++] = rest[i];
+    free(rest);
+    for (size_t i = 0; i < bytes; i++) {
+        k[i] = (unsigned char)kt_u32();
+        v[i] = (unsigned char)kt_u32();
+    }
+    for (size_t i = 0; i < wbytes; i++)
+        w[i] = (unsigned char)kt_u32();
+    void *d_k = kt_upload_raw(k, bytes), *d_v = kt_upload_raw(v, bytes);
+    void *d_w = kt_upload_raw(w, wbytes);
+    KT_OK(cuda_kv_window_to_pool(d_k, d_v, layers, layer_bytes, blk, d_w,
+                                 perm, n, 0));
+    for (int l = 0; l < layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < n; i++)
+                memcpy((kv ? v : k) + l * layer_bytes + perm[i] * blk,
+                       w + ((2 * (size_t)l + kv) * n + i) * blk, blk);
+    KT_CUDA(cudaDeviceSynchronize());
+    for (int a = 0; a < 2; a++) {
+        int ok = dev_equal(out, a ? d_v : d_k, a ? v : k, bytes);
+        printf("%s kv_window_to_pool %s layers=%d slots=%d block=%zuB "
+               "n=%d\n", ok ? "PASS" : "FAIL", a ? "V" : "K", layers,
+               slots, blk, n);
+        fails += !ok;
+    }
+    cudaFree(d_k);
+    cudaFree(d_v);
+    cudaFree(d_w);
+    free(perm);
+    free(k);
+    free(v);
+    free(w);
+    free(out);
+    return fails;
+}
+
 int main(void)
 {
     /* layers, slots in pool, row bytes, n */
@@ -97,11 +172,7 @@ int main(void)
             kv_copy_ref(k, v, layers, layer_bytes, row, src, dst, n);
             KT_CUDA(cudaDeviceSynchronize());
             for (int a = 0; a < 2; a++) {
-                int ok;
-
-                KT_CUDA(cudaMemcpy(out, a ? d_v : d_k, bytes,
-                                   cudaMemcpyDeviceToHost));
-                ok = memcmp(out, a ? v : k, bytes) == 0;
+                int ok = dev_equal(out, a ? d_v : d_k, a ? v : k, bytes);
                 printf("%s kv_copy %s layers=%d slots=%d row=%zuB n=%d "
                        "pattern=%d\n", ok ? "PASS" : "FAIL", a ? "V" : "K",
                        layers, slots, row, n, pattern);
@@ -117,6 +188,14 @@ int main(void)
             free(v);
             free(out);
         }
+    }
+    fails += window_case(2, 64, 256, 1);
+    fails += window_case(3, 300, 4096, 37);
+    fails += window_case(2, 3000, 1024, 2 * CUDA_KV_WINDOW_LAUNCH_BLOCKS + 5);
+    if (cuda_kv_window_to_pool(NULL, NULL, 1, 24, 24, NULL, NULL, 1, 0) ==
+        BT_OK) {
+        printf("FAIL kv_window_to_pool accepted 24-byte blocks\n");
+        fails++;
     }
     /* n above the limit is refused */
     if (cuda_kv_copy_slots(NULL, NULL, 1, 16, 16, NULL, NULL,

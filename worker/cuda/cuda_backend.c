@@ -2749,8 +2749,10 @@ static bt_status_t cuda_kv_host_copy(void *impl, int n, const int *blocks,
 }
 
 /* backend_kv_copy_in: a CUDA IPC window (device memory of this GPU) into
- * the pool, one device-to-device copy per layer and K|V per run of
- * consecutive blocks, on the copy stream after the work already queued
+ * the pool, one kernel for all of it (cuda_kv_window_to_pool: a
+ * cudaMemcpyAsync per run of consecutive blocks, layer and K|V was up to
+ * 64 calls a block of a fragmented pool on the loop), on the copy stream
+ * after the work already queued
  * (the blocks' last owner may still be read: as a host-tier load), the
  * compute stream waiting for it.  Left in flight: waiting here would
  * hold the decode loop for the step in flight (~5 ms a hand-off at 16
@@ -2771,19 +2773,11 @@ static bt_status_t cuda_kv_copy_in(void *impl, const void *src, int n,
         status = cuda_host_tier_init(b);
     if (status == BT_OK)
         status = copy_after_compute(b, r);
-    for (int i = 0, run; i < n && status == BT_OK; i += run) {
-        for (run = 1; i + run < n && blocks[i + run] == blocks[i] + run; run++)
-            ;
-        for (int l = 0; l < b->kv.n_layers && status == BT_OK; l++)
-            for (int kv = 0; kv < 2 && status == BT_OK; kv++)
-                status = BT_CUDA_STATUS(cudaMemcpyAsync(
-                    (char *)cuda_kv_data_rank(b, 0, l, kv) +
-                        (size_t)blocks[i] * blk,
-                    (const char *)src + ((2 * (size_t)l + kv) * (size_t)n +
-                                         (size_t)i) * blk,
-                    (size_t)run * blk, cudaMemcpyDeviceToDevice,
-                    b->copy_stream));
-    }
+    if (status == BT_OK)
+        status = cuda_kv_window_to_pool(
+            r->d_k, r->d_v, b->kv.n_layers,
+            cuda_layer_kv_elems(b) * b->kv.elem_size, blk, src, blocks, n,
+            b->copy_stream);
     if (status == BT_OK)
         status = compute_after_copy(b, r);
     if (status == BT_OK)

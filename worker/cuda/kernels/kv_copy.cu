@@ -11,6 +11,8 @@
  */
 #include "kv_copy.h"
 
+#include <string.h>
+
 #include "bt_util.h"
 #include "kern_common.cuh"
 
@@ -88,4 +90,63 @@ bt_status_t cuda_kv_copy_slots(void *d_k, void *d_v, int n_layers,
                                         row_bytes, d_src, d_dst, n, stream);
     return kv_copy_launch<uint16_t>(d_k, d_v, n_layers, layer_bytes,
                                     row_bytes, d_src, d_dst, n, stream);
+}
+
+/* cuda_kv_window_to_pool's launch: its blocks ride in the parameters. */
+typedef struct {
+    char *k, *v;
+    const char *win;
+    size_t layer_bytes, block_bytes;
+    int n_win;  /* the window's blocks (its row stride) */
+    int i0;     /* this launch's first window block */
+    int blocks[CUDA_KV_WINDOW_LAUNCH_BLOCKS];
+} kv_window_args_t;
+
+/* Grid (blocks of this launch, 2 * n_layers): one pool block of one
+ * layer's K or V. */
+static __global__ void __launch_bounds__(KV_COPY_THREADS)
+kv_window_kernel(const kv_window_args_t a)
+{
+    const int i = blockIdx.x, l = blockIdx.y >> 1, kv = blockIdx.y & 1;
+    const uint4 *src = reinterpret_cast<const uint4 *>(
+        a.win + ((2 * (size_t)l + kv) * a.n_win + a.i0 + i) * a.block_bytes);
+    uint4 *dst = reinterpret_cast<uint4 *>(
+        (kv ? a.v : a.k) + (size_t)l * a.layer_bytes +
+        (size_t)a.blocks[i] * a.block_bytes);
+    const int units = (int)(a.block_bytes / 16);
+
+    for (int e = threadIdx.x; e < units; e += blockDim.x)
+        dst[e] = src[e];
+}
+
+bt_status_t cuda_kv_window_to_pool(void *d_k, void *d_v, int n_layers,
+                                   size_t layer_bytes, size_t block_bytes,
+                                   const void *d_window, const int *blocks,
+                                   int n, cudaStream_t stream)
+{
+    static_assert(sizeof(kv_window_args_t) <= 4096,
+                  "kernel parameters of at most 4 KB");
+    kv_window_args_t a;
+
+    BT_ASSERT(n >= 1 && n_layers > 0);
+    if ((((uintptr_t)d_k | (uintptr_t)d_v | (uintptr_t)d_window |
+          layer_bytes | block_bytes) & 15) != 0 || block_bytes == 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA", "KV window copy of "
+                        "%zu-byte blocks: not 16-byte aligned", block_bytes);
+    a.k = (char *)d_k;
+    a.v = (char *)d_v;
+    a.win = (const char *)d_window;
+    a.layer_bytes = layer_bytes;
+    a.block_bytes = block_bytes;
+    a.n_win = n;
+    for (a.i0 = 0; a.i0 < n; a.i0 += CUDA_KV_WINDOW_LAUNCH_BLOCKS) {
+        const int m = BT_MIN(n - a.i0, CUDA_KV_WINDOW_LAUNCH_BLOCKS);
+        memcpy(a.blocks, blocks + a.i0, (size_t)m * sizeof(int));
+        kv_window_kernel<<<dim3((unsigned)m, 2u * (unsigned)n_layers),
+                           KV_COPY_THREADS, 0, stream>>>(a);
+        bt_status_t status = BT_CUDA_LAUNCH_STATUS();
+        if (status != BT_OK)
+            return status;
+    }
+    return BT_OK;
 }

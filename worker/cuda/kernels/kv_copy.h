@@ -28,6 +28,27 @@ bt_status_t cuda_kv_copy_slots(void *d_k, void *d_v, int n_layers,
                                const int *d_src, const int *d_dst, int n,
                                cudaStream_t stream);
 
+/* Blocks one cuda_kv_window_to_pool launch carries in its parameters
+ * (4 KB of them); longer windows take several launches. */
+#define CUDA_KV_WINDOW_LAUNCH_BLOCKS 960
+
+/* A KV window (backend_kv_copy_in's layout: n_layers x K|V x n blocks of
+ * block_bytes) into pool blocks blocks[0..n) of the K and V arrays
+ * d_k / d_v (n_layers layers of layer_bytes each; block b of a layer at
+ * b * block_bytes): one kernel launch per CUDA_KV_WINDOW_LAUNCH_BLOCKS,
+ * a thread block per (block, layer, K|V), 16-byte copies, with the block
+ * ids in the launch's parameters (nothing on the host to keep alive
+ * while it runs).  Replaces a cudaMemcpyAsync per run of consecutive
+ * blocks per layer and K|V: a fragmented pool made that thousands of
+ * calls on the decode loop per hand-off.  Plain launches (no
+ * programmatic dependent launch: the copy stream orders them).
+ * blocks trusted (in range, distinct).  BT_ERR_INVALID_ARG when
+ * block_bytes, layer_bytes or a base is not a multiple of 16. */
+bt_status_t cuda_kv_window_to_pool(void *d_k, void *d_v, int n_layers,
+                                   size_t layer_bytes, size_t block_bytes,
+                                   const void *d_window, const int *blocks,
+                                   int n, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
