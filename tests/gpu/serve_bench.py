@@ -386,13 +386,21 @@ class Cluster(cluster_harness.Cluster):
             self.names.append(name)
 
     def wait_registered(self, limit):
-        """Until `baton status --wait-workers` says the cluster serves."""
+        """Until `baton status --wait-workers` says the cluster serves;
+        False at once when a worker exited (a device call's minutes are
+        not spent waiting on a process that died at start)."""
         n = len(self.names)
         want = "%d,%d" % (n, n) if self.label.startswith("chat") else "1,1"
-        r = subprocess.run([BIN + "/baton", "status", "--router", self.ep,
-                            "--wait-workers", want, "--timeout",
-                            str(int(limit))], capture_output=True, text=True)
-        return r.returncode == 0
+        until = time.time() + limit
+        while time.time() < until and not self.dead():
+            step = int(max(1, min(5, until - time.time())))
+            r = subprocess.run([BIN + "/baton", "status", "--router",
+                                self.ep, "--wait-workers", want,
+                                "--timeout", str(step)],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                return True
+        return False
 
 
 def run_mode(mode):
@@ -407,7 +415,9 @@ def run_mode(mode):
     cl = Cluster(mode, env)
     t0 = time.time()
     if not cl.wait_registered(180):
-        log("%s: workers did not register; %s" % (mode, cl.dead()))
+        log("%s: workers did not register; exited: %s" % (mode, cl.dead()))
+        for name in cl.dead():
+            log("%s's log ends: %s" % (name, cl.logtext(name)[-600:]))
         rows.append((mode, "", "", "", "no workers", "", "", "", "", "",
                      ""))
         cl.stop()
