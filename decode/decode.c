@@ -300,7 +300,6 @@ static void drop_all(decode_t *dec)
                     dec->name, n_seqs, n_resv);
 }
 
-/* workerproc_handlers_t.on_msg: the decode role's message kinds. */
 /* Adds [t0, now) to the host work of `kind`. */
 static void host_add(decode_t *dec, int kind, uint64_t t0)
 {
@@ -312,27 +311,10 @@ static void host_add(decode_t *dec, int kind, uint64_t t0)
         dec->host_max_ns[kind] = ns;
 }
 
-static workerproc_msg_t on_msg_timed(void *arg, Baton__ControlMessage *msg);
-
-static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
+/* The decode role's message kinds. */
+static workerproc_msg_t dispatch_msg(decode_t *dec,
+                                     Baton__ControlMessage *msg)
 {
-    decode_t *dec = arg;
-    int kind = msg->body_case == BATON__CONTROL_MESSAGE__BODY_KV_RESERVE
-                   ? DECODE_HOST_RESERVE
-               : msg->body_case == BATON__CONTROL_MESSAGE__BODY_KV_READY
-                   ? DECODE_HOST_READY
-                   : DECODE_HOST_OTHER_MSG;
-    uint64_t t0 = bt_time_ns();
-    workerproc_msg_t r = on_msg_timed(arg, msg);
-
-    host_add(dec, kind, t0);
-    return r;
-}
-
-static workerproc_msg_t on_msg_timed(void *arg, Baton__ControlMessage *msg)
-{
-    decode_t *dec = arg;
-
     switch (msg->body_case) {
     case BATON__CONTROL_MESSAGE__BODY_KV_RESERVE:
         decode__on_reserve(dec, msg->kv_reserve);
@@ -357,6 +339,22 @@ static workerproc_msg_t on_msg_timed(void *arg, Baton__ControlMessage *msg)
     default:
         return WORKERPROC_MSG_UNKNOWN;
     }
+}
+
+/* workerproc_handlers_t.on_msg: dispatch_msg, timed by kind. */
+static workerproc_msg_t on_msg(void *arg, Baton__ControlMessage *msg)
+{
+    decode_t *dec = arg;
+    int kind = msg->body_case == BATON__CONTROL_MESSAGE__BODY_KV_RESERVE
+                   ? DECODE_HOST_RESERVE
+               : msg->body_case == BATON__CONTROL_MESSAGE__BODY_KV_READY
+                   ? DECODE_HOST_READY
+                   : DECODE_HOST_OTHER_MSG;
+    uint64_t t0 = bt_time_ns();
+    workerproc_msg_t r = dispatch_msg(dec, msg);
+
+    host_add(dec, kind, t0);
+    return r;
 }
 
 static void handle_messages(decode_t *dec)

@@ -165,7 +165,7 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
         for (int e = threadIdx.x * E; e < a.n_kv_heads * hd;
              e += blockDim.x * E) {
             uint4 u = *reinterpret_cast<const uint4 *>(row + v_off + e);
-            if (KV8) { /* a chunk lies in one head: hd % E == 0 */
+            if (KV8 || bias) {
                 float x[E];
                 rope_unpack<T, E>(u, x);
                 if (bias) {
@@ -177,21 +177,14 @@ static __global__ void rope_kv_vec_kernel(cuda_rope_kv_args_t a)
                     for (int i = 0; i < E; i++)
                         x[i] += b[i];
                 }
+                /* a chunk lies in one head: hd % E == 0 */
                 rope_store_kv<T, KT, E>(
-                    v + e, x, __frcp_rn(a.d_kv_scale[a.n_kv_heads + e / hd]));
-                continue;
+                    v + e, x,
+                    KV8 ? __frcp_rn(a.d_kv_scale[a.n_kv_heads + e / hd])
+                        : 1.0f);
+            } else if constexpr (!KV8) {
+                *reinterpret_cast<uint4 *>(v + e) = u; /* as it came */
             }
-            if (bias) {
-                float x[E], b[E];
-                rope_unpack<T, E>(u, x);
-                rope_unpack<T, E>(
-                    *reinterpret_cast<const uint4 *>(bias + v_off + e), b);
-#pragma unroll
-                for (int i = 0; i < E; i++)
-                    x[i] += b[i];
-                u = rope_pack<T, E>(x);
-            }
-            *reinterpret_cast<uint4 *>((T *)v + e) = u;
         }
     }
 
