@@ -9,10 +9,11 @@
 #   cp build-cuda/bin/baton-decode /tmp/baton-decode_old
 #   git checkout HEAD -- worker/cuda/cuda_backend.c
 #   cmake --build build-cuda -j2 --target baton baton-router \
-#     baton-prefill baton-decode test_kv_copy gpu_test_cuda_ipc_window
+#     baton-prefill baton-decode test_kv_copy gpu_test_cuda_ipc_window \
+#     gpu_test_cuda_kv8
 #   bash tests/gpu/pack_carry.sh pending tests/gpu/run_gpu_pending.sh \
 #     bin/baton bin/baton-router bin/baton-prefill bin/baton-decode \
-#     gpu/test_kv_copy gpu/test_cuda_ipc_window shared
+#     gpu/test_kv_copy gpu/test_cuda_ipc_window gpu/test_cuda_kv8 shared
 #   cp /tmp/baton-decode_old build-pending/bin/ &&
 #   strip build-pending/bin/baton-decode_old &&
 #   tar cf - build-pending | xz -T2 -6 > .carry/pending.tar.xz
@@ -22,8 +23,9 @@
 #       .carry/pending/pending.tar.xz && BT_PENDING_AB=1
 #       BT_PENDING_BF16=1 bash tests/gpu/run_gpu_pending.sh build-pending")
 # What it runs:
-#   - test_kv_copy (cuda_kv_window_to_pool against a host loop) and
-#     test_cuda_ipc_window (the copy-in through it): NOT YET RUN ON A GPU,
+#   - test_kv_copy (cuda_kv_window_to_pool against a host loop),
+#     test_cuda_ipc_window (the copy-in through it) and test_cuda_kv8
+#     (rope_kv's V store, refactored in deeb4ac): NOT YET RUN ON A GPU,
 #     so first; every check must PASS;
 #   - 1P+1D (MPS) at 16 and 20 req/s with either decode (BT_PENDING_AB:
 #     86dba2d's, whose copy-in is a cudaMemcpyAsync per run of blocks,
@@ -86,6 +88,7 @@ mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits |
 [ "${mib:-0}" -lt 100000 ] && export BT_SERVE_KV_BLOCKS=12000
 check kvcopy 60 "$c/gpu/test_kv_copy"
 check cipc 60 "$c/gpu/test_cuda_ipc_window"
+check kv8 150 "$c/gpu/test_cuda_kv8"
 # A: the decode whose copy-in is a cudaMemcpyAsync per run (its
 # $c/bin/baton-decode_old), B: one kernel (cuda_kv_window_to_pool)
 if [ -f "$c/bin/baton-decode_old" ] && [ -n "${BT_PENDING_AB:-}" ]; then
