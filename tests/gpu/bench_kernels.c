@@ -3,7 +3,7 @@
  * DEVICE MACHINE (tests/gpu/run_gpu_tc.sh and round scripts run it):
  *
  *   bench_kernels [--gemv] [--attn] [--attn-hd 64|128] [--attn-runs]
- *                 [--small] [--dec]
+ *                 [--small] [--dec] [--dec-kv8]
  *                 [--dec-only B:CTX]
  *                 [--toks L] [--reps N]
  *   (default: all)
@@ -28,7 +28,10 @@
  *   a used pool); --attn-runs: in order, as a fresh pool hands them out
  *   (the ping-pong kernels then copy whole tiles as one box).
  * --dec: decode attention at batch x context (KV TB/s), with the split
- *   planner's splits ("split").
+ *   planner's splits ("split"); the last two cases are serving steps at
+ *   2048/2048 (bf16: 199 rows, FP8 KV: 342, at ~3K context).
+ * --dec-kv8: the same over an FP8 (E4M3) KV cache (d_kv_scale; the
+ *   bytes read are half).
  * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s).
  * --toks LIST: only these token counts in --gemv.
  * --dec-only B:CTX: --dec's case of batch B at context CTX only (the
@@ -70,6 +73,7 @@
 
 static int g_reps = 10;
 static int g_dec_b, g_dec_ctx; /* --dec-only B:CTX (0: every case) */
+static int g_dec_kv8;          /* --dec-kv8 */
 static char g_toks[256];   /* --toks: comma list of token counts, "" all */
 
 /* True when t is selected by --toks. */
@@ -486,7 +490,10 @@ static void bench_dec(void)
     const int cases[][4] = {{1, 2048, 32, 8},    {1, 8192, 32, 8},
                             {64, 512, 32, 8},    {64, 2048, 32, 8},
                             {128, 512, 32, 8},   {8, 8192, 32, 8},
-                            {64, 8192, 32, 8},   {512, 2048, 4, 1}};
+                            {64, 8192, 32, 8},   {512, 2048, 4, 1},
+                            {199, 3072, 32, 8},  {342, 3072, 32, 8}};
+    const int kvb = g_dec_kv8 ? 1 : 2; /* bytes a K or V element */
+    const char *tag = g_dec_kv8 ? " kv8" : "";
     int n_sm = 132, dev = 0;
 
     CK(cudaGetDevice(&dev));
@@ -504,7 +511,7 @@ static void bench_dec(void)
             *mo = ctxa + B;
         int *d_meta;
         void *q, *kc, *vc, *out;
-        float *ws = NULL;
+        float *ws = NULL, *d_scale = NULL;
         cuda_attn_args_t a;
         uint32_t r = 12345;
 
@@ -526,13 +533,24 @@ static void bench_dec(void)
         CK(cudaMemcpy(d_meta, h, ints * sizeof(int), cudaMemcpyHostToDevice));
         CK(cudaMalloc(&q, (size_t)B * nh * hd * 2));
         CK(cudaMalloc(&out, (size_t)B * nh * hd * 2));
-        CK(cudaMalloc(&kc, kv * 2));
-        CK(cudaMalloc(&vc, kv * 2));
+        CK(cudaMalloc(&kc, kv * kvb));
+        CK(cudaMalloc(&vc, kv * kvb));
         CK(cudaMalloc((void **)&ws, 4 * cuda_attn_decode_ws_floats(
                                             B, nh, hd, 64) + 4));
         OK(cuda_gemv_fill(q, (size_t)B * nh * hd, 1, 0));
-        OK(cuda_gemv_fill(kc, kv, 2, 0));
-        OK(cuda_gemv_fill(vc, kv, 3, 0));
+        if (g_dec_kv8) { /* codes of 1.0 and 0.5; a scale per KV head */
+            float sc[64];
+            CK(cudaMemset(kc, 0x38, kv));
+            CK(cudaMemset(vc, 0x30, kv));
+            CK(cudaMalloc((void **)&d_scale, 2 * nkv * sizeof(float)));
+            for (int i = 0; i < 2 * nkv && i < 64; i++)
+                sc[i] = 0.01f;
+            CK(cudaMemcpy(d_scale, sc, 2 * nkv * sizeof(float),
+                          cudaMemcpyHostToDevice));
+        } else {
+            OK(cuda_gemv_fill(kc, kv, 2, 0));
+            OK(cuda_gemv_fill(vc, kv, 3, 0));
+        }
         memset(&a, 0, sizeof(a));
         a.n_heads = nh;
         a.n_kv_heads = nkv;
@@ -548,11 +566,13 @@ static void bench_dec(void)
         a.d_ctx_len = a.d_bt_off + B;
         a.d_mask_off = a.d_ctx_len + B;
         a.d_out = out;
+        a.d_kv_scale = d_scale;
         {
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
             cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm,
-                                  cuda_attn_decode_blocks_per_sm(hd, false),
+                                  cuda_attn_decode_blocks_per_sm(hd,
+                                                                 g_dec_kv8),
                                   64, &ns, &sl);
             OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
             for (int rr = 0; rr < n; rr++) {
@@ -566,18 +586,18 @@ static void bench_dec(void)
             }
             CK(cudaGetLastError());
             qsort(ms, n, sizeof(float), cmp_f);
-            double bytes = 2.0 * B * (double)ctx * nkv * hd * 2;
+            double bytes = 2.0 * B * (double)ctx * nkv * hd * kvb;
             double us = ms[n / 2] * 1e3;
-            printf("attn decode B=%3d ctx=%5d plan=%-7s %3d x %4d%s: %8.1f "
+            printf("attn decode%s B=%3d ctx=%5d plan=%-7s %3d x %4d%s: %8.1f "
                    "us/layer %5.2f TB/s KV (%.0f%% of 4.5); x32 = %.2f ms\n",
-                   B, ctx, "split", ns, sl,
+                   tag, B, ctx, "split", ns, sl,
                    nkv == 1 ? " (HND probe)" : "", us,
                    bytes / (us * 1e-6) / 1e12,
                    100.0 * bytes / (us * 1e-6) / 4.5e12, us * 32e-3);
             fflush(stdout);
         }
         cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc);
-        cudaFree(ws); cudaFree(d_meta);
+        cudaFree(ws); cudaFree(d_meta); cudaFree(d_scale);
         free(h);
     }
 }
@@ -699,6 +719,8 @@ int main(int argc, char **argv)
             do_small = 1;
         else if (strcmp(argv[a], "--dec") == 0)
             do_dec = 1;
+        else if (strcmp(argv[a], "--dec-kv8") == 0)
+            do_dec = g_dec_kv8 = 1;
         else if (strcmp(argv[a], "--toks") == 0 && a + 1 < argc)
             snprintf(g_toks, sizeof(g_toks), "%s", argv[++a]);
         else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc)
@@ -709,6 +731,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: bench_kernels [--gemv] [--attn] "
                     "[--attn-hd 64|128] [--attn-runs] [--small] [--dec] "
+                    "[--dec-kv8] "
                     "[--dec-only "
                     "B:CTX] [--toks 1,2,..] [--reps N]\n");
             return 2;
