@@ -14,8 +14,11 @@
  * budget.  A stream's time per token is the step plus the loop's work
  * between two busy steps (poll, control messages, KV links, emission:
  * ~0.5 ms on the H200 at 256 streams, where TPOT p50 sat 0.6 ms above a
- * 50 ms target), so that is learned too and kept out of the room.  With no decode rows, or no target, prefill takes the budget:
- * only time to first token is at stake then.
+ * 50 ms target), so that is learned too and kept out of the room.  Under
+ * load no step is decode-only (prompts always wait): the decode step is
+ * then never learned, the per-token cost carries the decode rows too,
+ * and the margin still applies.  With no decode rows, or no target,
+ * prefill takes the budget: only time to first token is at stake then.
  */
 #ifndef BT_DECODE_DECODE_BUDGET_H
 #define BT_DECODE_DECODE_BUDGET_H
