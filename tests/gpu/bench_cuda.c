@@ -317,6 +317,18 @@ int main(int argc, char **argv)
         cfg.kv_dtype = BACKEND_KV_DTYPE_FP8;
     for (int i = 0; i < np; i++)
         cfg.max_batch_tokens = BT_MAX(cfg.max_batch_tokens, pres[i]);
+    /* --mixed entries of more sequences (a serving step of 342 rows) */
+    for (const char *e = mixed_s; e != NULL && *e != '\0';) {
+        int B = 0, C = 0, N = 0, L = 0, K = 0;
+        if (sscanf(e, "%d:%d:%d:%d:%d", &B, &C, &N, &L, &K) == 5 && B >= 0 &&
+            N >= 1 && L >= 1) {
+            cfg.max_seqs = BT_MAX(cfg.max_seqs, B + N);
+            cfg.max_batch_tokens =
+                BT_MAX(cfg.max_batch_tokens, B + N * L);
+        }
+        e = strchr(e, ',');
+        e = e != NULL ? e + 1 : NULL;
+    }
     if (backend_create("cuda", m, &cfg, &be) != BT_OK) {
         fprintf(stderr, "bench_cuda: backend_create failed\n");
         return 1;

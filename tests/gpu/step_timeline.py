@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""step_timeline.py CSV [STEP_FIRST_KERNEL] - one decode step's kernels
-from tests/gpu/trace/kernel_trace.c's CSV (or an `nsys stats -r
+"""step_timeline.py CSV [STEP_FIRST_KERNEL [K]] - one decode step's
+kernels from tests/gpu/trace/kernel_trace.c's CSV (or an `nsys stats -r
 cuda_gpu_trace -f csv` export): the last complete
 step (from the last-but-one kernel named like STEP_FIRST_KERNEL, default
 'embed_kernel', to the kernel before the last one), grouped by kernel
 name: launches, summed duration, summed gap before each launch (start
-minus the previous kernel's end; negative = overlap under PDL)."""
+minus the previous kernel's end; negative = overlap under PDL).  K
+(default 2): the step K - 1 steps before the last complete one, e.g. 19
+for bench_cuda --mixed's mixed forward (9 forwards each of the mixed
+step, the decode rows, the chunks: the mixed ones are 27..19 from the
+end)."""
 import csv, re, sys, collections
 
 
@@ -35,7 +39,10 @@ first = sys.argv[2] if len(sys.argv) > 2 else 'embed_kernel'
 idx = [i for i, r in enumerate(rows) if first in r[2]]
 if len(idx) < 3:
     print('fewer than 3 steps found'); sys.exit(1)
-a, b = idx[-3], idx[-2]
+k = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+if len(idx) < k + 1:
+    print('fewer than %d steps found' % (k + 1)); sys.exit(1)
+a, b = idx[-k - 1], idx[-k]
 step = rows[a:b]
 t0, t1 = step[0][0], step[-1][0] + step[-1][1]
 agg = collections.OrderedDict()
