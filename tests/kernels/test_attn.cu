@@ -34,6 +34,7 @@
 #include "bt_fp8.h"
 #include "kernels/attn_decode.h"
 #include "kernels/attn_prefill.h"
+#include "kernels/kv_copy.h"
 #include "kernels_ref.h"
 #include "kt_common.h"
 
@@ -335,7 +336,11 @@ static float *batch_make_kv8(const attn_case_t *c, batch_t *b)
  * head 64/128, the shared-memory one elsewhere) and, at head 64/128,
  * each FA2 variant called directly: fa2 (mma.sync) with the warp count
  * it picks and with 4 and 8 warps, fa2wqv the same, and wgmma 3 / 4,
- * which with FP8 KV fall back to fa2wqv.  K values span +-3 (peakier
+ * which with FP8 KV fall back to fa2wqv; then the codes widened to bf16
+ * (cuda_kv8_widen_pages, every block as its own page) and read by the
+ * bf16 kernels with the scales (kv_widened: "widened" through
+ * cuda_attn_prefill, "widened fa2pp128" / "widened fa2pp" directly,
+ * which run the TMA ping-pong where it applies).  K values span +-3 (peakier
  * softmax than +-1, so a K scale applied wrong moves the weights) and
  * the scales differ by up to 3x between heads (a wrong head's scale
  * shows).  Only the tiles' tokens are compared (the others stay
@@ -394,14 +399,42 @@ static void run_kv8_case(const attn_case_t *c)
     const bool fa2 = cuda_attn_prefill_fa2_ok(c->hd, dt, true);
     const int n_kinds = fa2 ? (int)(sizeof(kinds) / sizeof(kinds[0])) : 1;
     const int n_tiles = (int)b.tiles.size() / CUDA_PREFILL_TILE_INTS;
-    for (int k = 0; k < n_kinds; k++) {
+    /* the widened caches: block i as page i (the block tables as they
+     * are) */
+    const size_t blk = (size_t)c->bs * c->nkv * c->hd;
+    cuda_attn_args_t wa = b.a;
+    void *d_wk = NULL, *d_wv = NULL;
+    int *d_pages = NULL;
+    if (fa2) {
+        std::vector<int> pages(b.n_blocks);
+        for (int i = 0; i < b.n_blocks; i++)
+            pages[i] = i;
+        d_pages = (int *)kt_upload_raw(pages.data(),
+                                       sizeof(int) * pages.size());
+        KT_CUDA(cudaMalloc(&d_wk, blk * b.n_blocks * 2));
+        KT_CUDA(cudaMalloc(&d_wv, blk * b.n_blocks * 2));
+        KT_OK(cuda_kv8_widen_pages(b.a.d_k_cache, b.a.d_v_cache, blk,
+                                   d_pages, b.n_blocks, d_wk, d_wv, 0));
+        wa.d_k_cache = d_wk;
+        wa.d_v_cache = d_wv;
+        wa.kv_widened = true;
+    }
+    static const struct {
+        const char *name;
+        int wgmma; /* -1: cuda_attn_prefill */
+    } wkinds[] = {{"widened", -1}, {"widened fa2pp128", 4},
+                  {"widened fa2pp", 3}};
+    const int n_all = n_kinds + (fa2 ? 3 : 0);
+    for (int k = 0; k < n_all; k++) {
+        const bool wide = k >= n_kinds;
+        const int wg = wide ? wkinds[k - n_kinds].wgmma : kinds[k].wgmma;
+        const cuda_attn_args_t *a = wide ? &wa : &b.a;
         kt_poison(b.a.d_out, n_out, dt);
-        if (kinds[k].wgmma < 0)
-            KT_OK(cuda_attn_prefill(&b.a, b.d_tiles, n_tiles, dt, 0));
+        if (wg < 0)
+            KT_OK(cuda_attn_prefill(a, b.d_tiles, n_tiles, dt, 0));
         else
-            KT_CUDA(cuda_attn_prefill_fa2(&b.a, b.d_tiles, n_tiles,
-                                          kinds[k].warps, kinds[k].wgmma,
-                                          0));
+            KT_CUDA(cuda_attn_prefill_fa2(a, b.d_tiles, n_tiles,
+                                          wide ? 0 : kinds[k].warps, wg, 0));
         KT_CUDA(cudaGetLastError());
         float *out = kt_download(b.a.d_out, n_out, dt);
         double max_err = 0.0;
@@ -414,10 +447,14 @@ static void run_kv8_case(const attn_case_t *c)
                     max_err = isfinite(d) ? d : INFINITY;
             }
         snprintf(what, sizeof(what), "attn prefill kv8 (%s) %s max_err=%.2e",
-                 kinds[k].name, desc, max_err);
+                 wide ? wkinds[k - n_kinds].name : kinds[k].name, desc,
+                 max_err);
         kt_compare(what, out_c, ref_c, n_cmp, kt_tol(dt));
         free(out);
     }
+    cudaFree(d_wk);
+    cudaFree(d_wv);
+    cudaFree(d_pages);
     free(out_c);
     free(ref_c);
     free(ref);

@@ -7,8 +7,12 @@
  * into shuffled pool blocks (runs and singles), every layer's K and V,
  * n past one launch's CUDA_KV_WINDOW_LAUNCH_BLOCKS; every other pool
  * byte unchanged; unaligned sizes refused.
+ * cuda_kv8_widen_pages() against bt_e4m3_to_f32 rounded to bf16 (exact
+ * for every E4M3 value): pages from shuffled pool blocks, NaN codes
+ * left out (their bf16 bits are the hardware's), misaligned refused.
  * Run: build-cuda/gpu/test_kv_copy   (make gpu-test runs every kernel test)
  */
+#include "bt_fp8.h"
 #include "kernels/kv_copy.h"
 #include "kernels_ref.h"
 #include "kt_common.h"
@@ -127,6 +131,76 @@ static int window_case(int layers, int slots, size_t blk, int n)
     return fails;
 }
 
+/* n_pages of `elems` codes widened from shuffled blocks of a pool of
+ * `blocks`: bf16 bits equal to the host's. */
+static int widen_case(int blocks, size_t elems, int n_pages)
+{
+    size_t bytes = (size_t)blocks * elems;
+    unsigned char *k = (unsigned char *)malloc(bytes);
+    unsigned char *v = (unsigned char *)malloc(bytes);
+    /* K then V pages, bf16 */
+    uint16_t *want = (uint16_t *)malloc(4 * (size_t)n_pages * elems);
+    uint16_t *out = (uint16_t *)malloc(4 * (size_t)n_pages * elems);
+    int *pages = (int *)malloc(sizeof(int) * blocks), fails = 0;
+
+    for (int i = 0; i < blocks; i++)
+        pages[i] = i;
+    for (int i = blocks - 1; i > 0; i--) {
+        int j = (int)(kt_u32() % (uint32_t)(i + 1)), t = pages[i];
+        pages[i] = pages[j];
+        pages[j] = t;
+    }
+    for (size_t i = 0; i < bytes; i++) {
+        do
+            k[i] = (unsigned char)kt_u32();
+        while ((k[i] & 0x7f) == 0x7f); /* NaN */
+        do
+            v[i] = (unsigned char)kt_u32();
+        while ((v[i] & 0x7f) == 0x7f);
+    }
+    for (int a = 0; a < 2; a++)
+        for (int p = 0; p < n_pages; p++)
+            for (size_t e = 0; e < elems; e++) {
+                const unsigned char c =
+                    (a ? v : k)[(size_t)pages[p] * elems + e];
+                const float f = bt_e4m3_to_f32(c);
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                want[((size_t)a * n_pages + p) * elems + e] =
+                    (uint16_t)(u >> 16); /* exact: no rounding */
+            }
+    void *d_k = kt_upload_raw(k, bytes), *d_v = kt_upload_raw(v, bytes);
+    int *d_pages = (int *)kt_upload_raw(pages, sizeof(int) * n_pages);
+    void *d_w = NULL;
+    KT_CUDA(cudaMalloc(&d_w, 4 * (size_t)n_pages * elems));
+    KT_OK(cuda_kv8_widen_pages(d_k, d_v, elems, d_pages, n_pages, d_w,
+                               (char *)d_w + 2 * (size_t)n_pages * elems,
+                               0));
+    KT_CUDA(cudaDeviceSynchronize());
+    int ok = dev_equal((unsigned char *)out, d_w,
+                       (const unsigned char *)want,
+                       4 * (size_t)n_pages * elems);
+    printf("%s kv8_widen_pages blocks=%d elems=%zu pages=%d\n",
+           ok ? "PASS" : "FAIL", blocks, elems, n_pages);
+    fails += !ok;
+    if (cuda_kv8_widen_pages(d_k, d_v, elems + 4, d_pages, n_pages, d_w,
+                             d_w, 0) == BT_OK) {
+        printf("FAIL kv8_widen_pages accepted %zu-element blocks\n",
+               elems + 4);
+        fails++;
+    }
+    cudaFree(d_k);
+    cudaFree(d_v);
+    cudaFree(d_pages);
+    cudaFree(d_w);
+    free(k);
+    free(v);
+    free(want);
+    free(out);
+    free(pages);
+    return fails;
+}
+
 int main(void)
 {
     /* layers, slots in pool, row bytes, n */
@@ -189,6 +263,8 @@ int main(void)
             free(out);
         }
     }
+    fails += widen_case(40, 16 * 8 * 128, 17);
+    fails += widen_case(300, 8 * 2 * 64, 300);
     fails += window_case(2, 64, 256, 1);
     fails += window_case(3, 300, 4096, 37);
     fails += window_case(2, 3000, 1024, 2 * CUDA_KV_WINDOW_LAUNCH_BLOCKS + 5);

@@ -89,6 +89,7 @@
 #define CUDA_FUSE_NORM_MAX_TOK 1
 #define CUDA_MAX_GRAPHS 64        /* captured decode graphs kept */
 #define CUDA_PREFILL_MIN 16       /* chunk length that takes tiled attn */
+#define CUDA_WIDE_TOKENS 2        /* kv8: widened pages, x max_tok tokens */
 #define CUDA_GEMM_WS (32u << 20)  /* cuBLASLt workspace */
 #define CUDA_FP8_ACC_TOK 2048     /* fp8: tokens of one cuBLASLt FP8 call */
 
@@ -143,8 +144,9 @@ typedef struct {
                                its sequence: RoPE may be fused into the
                                decode attention */
     bool graph;             /* replay a decode graph */
+    int n_pages;            /* kv8: pages the prefill widens (0: none) */
     size_t o_tokens, o_pos, o_slot, o_kv_len, o_bt_off, o_ctx, o_mask_off,
-        o_gen, o_rows, o_tiles, o_bt;
+        o_gen, o_rows, o_tiles, o_bt, o_pages, o_bt_wide;
     size_t meta_ints;       /* ints of h_meta to copy up */
     size_t mask_bytes;      /* bytes of h_mask to copy up */
     const backend_batch_t *batch;
@@ -176,6 +178,10 @@ typedef struct {
     const int *d_rows;      /* (n_rows) */
     const int *d_tiles;     /* (n_tiles, CUDA_PREFILL_TILE_INTS) */
     const int *d_bt;        /* block tables */
+    int n_pages;            /* cuda_step_t.n_pages */
+    const int *d_pages;     /* (n_pages) pool block of each widened page */
+    const int *d_bt_wide;   /* block tables into the widened pages (the
+                               prefill sequences' entries) */
     const backend_batch_t *batch; /* for on_layer_done, NULL in graphs */
     float *h_logits;        /* host destination when copied in-line */
     float *h_hidden;
@@ -225,6 +231,8 @@ typedef struct {
     float *d_logits;          /* (row_cap, n_vocab) this rank's columns */
     float *d_hidden;          /* (hid_cap, dim), rank 0 only */
     float *d_ws;              /* split-K partials */
+    void *d_wide;             /* kv8: b->wide_pages bf16 pages of K, then
+                                 of V (cuda_kv8_widen_pages) */
     /* precision fp8: a GEMM input quantized (kernels/fp8.h) and the f32
      * sums of the cuBLASLt FP8 GEMM */
     uint8_t *d_xq;            /* (max_tok, ld max) codes */
@@ -286,6 +294,9 @@ struct cuda_backend_s {
     int row_cap;              /* logits rows per classifier chunk */
     int hid_cap;              /* rows of d_hidden: every row of a step */
     size_t ws_floats;
+    int wide_pages;           /* kv8: pages the prefill attention may widen
+                                 to bf16 a step (0: it reads the codes;
+                                 cuda_attn_prefill_widen_ok) */
 
     int *h_meta;              /* pinned (portable), meta_cap ints */
     size_t meta_cap;
@@ -941,6 +952,19 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
     if (rank == 0)
         CUDA_ACT(r->d_hidden, (size_t)b->hid_cap * b->mc.dim * 4, "hidden");
     CUDA_ACT(r->d_ws, b->ws_floats * 4, "attn_splits");
+    /* kv8 (one rank): the prefill attention's widened pages, room for
+     * CUDA_WIDE_TOKENS x max_tok tokens of context (a step that reads
+     * more reads the codes) */
+    if (b->kv8 && b->tp == 1 &&
+        cuda_attn_prefill_widen_ok(b->mc.head_dim, b->nh, b->nkv,
+                                   b->kv.block_size))
+        b->wide_pages = (int)BT_DIV_UP((size_t)CUDA_WIDE_TOKENS * b->max_tok,
+                                       b->kv.block_size);
+    if (b->wide_pages > 0)
+        CUDA_ACT(r->d_wide,
+                 (size_t)b->wide_pages * b->kv.block_size * b->kv_dim * 2 *
+                     2,
+                 "kv8_widened");
     if (b->fp8) {
         /* a GEMM input of up to max_tok rows of the widest K, and f32
          * sums of up to CUDA_FP8_ACC_TOK rows of the widest product (a
@@ -1565,6 +1589,7 @@ static bt_status_t cuda_rank_free(void *arg, int rank)
     cuda__dev_free((void **)&r->d_logits);
     cuda__dev_free((void **)&r->d_hidden);
     cuda__dev_free((void **)&r->d_ws);
+    cuda__dev_free(&r->d_wide);
     cuda__dev_free((void **)&r->d_xq);
     cuda__dev_free(&r->d_xv);
     cuda__dev_free((void **)&r->d_xs);
@@ -1836,6 +1861,32 @@ static bt_status_t cuda_enqueue_residual_gemm(cuda_rank_t *r, int nt,
     return status;
 }
 
+/* FP8 KV prefill attention through the bf16 ping-pong kernel
+ * (cuda_attn_prefill_widen_ok): this layer's pages of the prefill
+ * sequences (p->d_pages) widened to bf16 (exact) in r->d_wide, read
+ * through the block tables into them with the codes' scales. */
+static bt_status_t cuda_prefill_widened(cuda_rank_t *r, const cuda_plan_t *p,
+                                        const cuda_attn_args_t *aa,
+                                        const void *d_kl, const void *d_vl)
+{
+    cuda_backend_t *b = r->b;
+    const size_t page = (size_t)b->kv.block_size * b->kv_dim; /* elements */
+    cuda_attn_args_t wa = *aa;
+    bt_status_t status;
+
+    wa.d_k_cache = r->d_wide;
+    wa.d_v_cache = (char *)r->d_wide + (size_t)b->wide_pages * page * 2;
+    wa.d_block_tables = p->d_bt_wide;
+    wa.kv_slots = (long long)p->n_pages * b->kv.block_size;
+    wa.kv_widened = true;
+    status = cuda_kv8_widen_pages(d_kl, d_vl, page, p->d_pages, p->n_pages,
+                                  (void *)wa.d_k_cache, (void *)wa.d_v_cache,
+                                  r->stream);
+    if (status != BT_OK)
+        return status;
+    return cuda_attn_prefill(&wa, p->d_tiles, p->n_tiles, b->dt, r->stream);
+}
+
 /* Enqueues the whole forward described by `p` on the rank's stream
  * (graph capture records exactly this).  With p->h_logits set (no graph)
  * the logits rows are copied to the host chunk by chunk as they are
@@ -1956,8 +2007,10 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
                                       r->stream);
             if (status != BT_OK)
                 return status;
-            status = cuda_attn_prefill(&aa, p->d_tiles, p->n_tiles, b->dt,
-                                       r->stream);
+            status = p->n_pages > 0
+                         ? cuda_prefill_widened(r, p, &aa, d_kl, d_vl)
+                         : cuda_attn_prefill(&aa, p->d_tiles, p->n_tiles,
+                                             b->dt, r->stream);
             if (status != BT_OK)
                 return status;
         }
@@ -2132,6 +2185,9 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
     p.d_rows = d + st->o_rows;
     p.d_tiles = d + st->o_tiles;
     p.d_bt = d + st->o_bt;
+    p.n_pages = st->n_pages;
+    p.d_pages = d + st->o_pages;
+    p.d_bt_wide = d + st->o_bt_wide;
     p.batch = st->graph ? NULL : batch;
 
     if (r->rank == 0)
@@ -2230,6 +2286,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     const bool bf16_tiles = cuda_attn_prefill_ok(b->mc.head_dim, b->dt);
     int nt = 0, n_rows = 0, n_gen = 0, n_tiles = 0, max_kv = 1, nt_pad;
     size_t bt_total = 0, mask_total = 0, ints, off;
+    size_t n_pages = 0; /* kv8: blocks the prefill tiles read, widened */
     bool graph = b->use_graphs && batch->on_layer_done == NULL;
     bool tree = false; /* a speculative verification step (masked) */
     bool single = true; /* one new unmasked token per sequence */
@@ -2257,8 +2314,10 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
             else
                 graph = false;
         }
-        if (bf16_tiles && sq->n_tokens >= CUDA_PREFILL_MIN)
+        if (bf16_tiles && sq->n_tokens >= CUDA_PREFILL_MIN) {
             n_tiles += (int)BT_DIV_UP(sq->n_tokens, CUDA_PREFILL_BQ);
+            n_pages += BT_DIV_UP(sq->ctx_len + sq->n_tokens, bs);
+        }
     }
     if (nt > b->max_tok)
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
@@ -2272,10 +2331,13 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
         graph = false, nt_pad = nt;
     if (graph)
         n_tiles = 0;
+    if (n_tiles == 0 || n_pages > (size_t)b->wide_pages)
+        n_pages = 0; /* the codes are read (or there is no prefill) */
     /* Graph steps compute a logits row for every (padded) token. */
     int rows_c = graph ? nt_pad : n_rows;
     ints = (size_t)7 * nt_pad + nt_pad + rows_c +
-           (size_t)n_tiles * CUDA_PREFILL_TILE_INTS + bt_total;
+           (size_t)n_tiles * CUDA_PREFILL_TILE_INTS + bt_total +
+           (n_pages > 0 ? n_pages + bt_total : 0);
     status = cuda_meta_reserve(b, ints, BT_MAX(mask_total, (size_t)1));
     if (status != BT_OK)
         return status;
@@ -2295,6 +2357,12 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     st.o_tiles = off, tiles = h + off;
     off += (size_t)n_tiles * CUDA_PREFILL_TILE_INTS;
     st.o_bt = off, bt = h + off;
+    /* kv8 widened: the pages' pool blocks, then block tables into them */
+    int *pages = h + off + bt_total, *bt_wide = pages + n_pages;
+    int pg = 0;
+    st.o_pages = off + bt_total;
+    st.o_bt_wide = st.o_pages + n_pages;
+    st.n_pages = (int)n_pages;
 
     int t = 0, r = 0, ti = 0;
     for (int s = 0; s < batch->n_seqs; s++) {
@@ -2305,6 +2373,12 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
         int moff = -1;
 
         memcpy(bt + bt_at, sq->block_table, sizeof(int) * nb);
+        if (n_pages > 0) /* a prefill's blocks as pages, others unread */
+            for (int j = 0; j < nb; j++) {
+                bt_wide[bt_at + j] = tiled ? pg : 0;
+                if (tiled)
+                    pages[pg++] = sq->block_table[j];
+            }
         if (sq->mask) {
             memcpy(b->h_mask + mask_at, sq->mask, (size_t)n * n);
             moff = (int)mask_at;
@@ -2380,7 +2454,8 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
                 st.n_splits = ns;
         }
     }
-    st.meta_ints = off + bt_total;
+    BT_ASSERT((size_t)pg == n_pages);
+    st.meta_ints = off + bt_total + (n_pages > 0 ? n_pages + bt_total : 0);
     st.mask_bytes = mask_total;
     st.batch = batch;
     st.h_logits = logits;

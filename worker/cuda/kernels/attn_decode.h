@@ -31,9 +31,14 @@ typedef struct {
                                    FP8 KV (bf16 only): E4M3 codes, value =
                                    code * scale, (2, nkv) K then V scales
                                    of this layer (rope_kv.h).  Read by
-                                   both decode kernels and the shared-
-                                   memory prefill kernel; not with the
-                                   fused RoPE (d_qkv) nor by FA2 */
+                                   both decode kernels and the prefill
+                                   kernels (FA2: fa2 / fa2wqv); not with
+                                   the fused RoPE (d_qkv) */
+    bool kv_widened;            /* with d_kv_scale: K/V are bf16 copies of
+                                   the E4M3 codes (cuda_kv8_widen_pages:
+                                   exact), read by the bf16 prefill
+                                   kernels with the scales applied as
+                                   for the codes (prefill only) */
     long long kv_slots;         /* n_blocks * block_size of those caches, or
                                    0 (unknown: the TMA prefill kernel,
                                    which maps them, is then not used) */

@@ -536,7 +536,11 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
         return BT_OK;
     BT_ASSERT(cuda_attn_prefill_ok(args->head_dim, dt));
     BT_ASSERT(args->n_heads % args->n_kv_heads == 0);
-    if (args->d_kv_scale != NULL &&
+    /* FP8 KV widened to bf16 (kv_widened): the bf16 kernels below read
+     * it and apply the scales (FA2 head sizes only) */
+    BT_ASSERT(!args->kv_widened ||
+              cuda_attn_prefill_fa2_ok(args->head_dim, dt, false));
+    if (args->d_kv_scale != NULL && !args->kv_widened &&
         cuda_attn_prefill_fa2_ok(args->head_dim, dt, true)) {
         /* FP8 KV at head 64/128: fa2wqv (fa2 without sm_90a wgmma); the
          * ping-pong kernels are bf16 only (TMA lands the codes as they
@@ -546,7 +550,7 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
             return BT_CUDA_STATUS(err);
         return BT_CUDA_LAUNCH_STATUS();
     }
-    if (args->d_kv_scale != NULL) {
+    if (args->d_kv_scale != NULL && !args->kv_widened) {
         /* FP8 KV at the other head sizes: the shared-memory kernel, which
          * widens the codes as it stages a tile */
         switch (args->head_dim) {

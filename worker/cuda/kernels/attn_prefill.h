@@ -47,6 +47,19 @@ bt_status_t cuda_attn_prefill(const cuda_attn_args_t *args,
  * as fa2wqv. */
 bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt, bool kv8);
 
+/* True when an FP8 KV cache's prefill attention gains by widening: the
+ * bf16 cache would take the TMA ping-pong kernel on 128-key tiles
+ * (fa2pp128: head 128, sm_90a, an even query group, blocks of 8..128
+ * slots dividing 128 or multiples of 128), which the codes cannot (their
+ * TMA boxes would land unwidened).  Then the caller widens the pages the
+ * prefill reads (cuda_kv8_widen_pages) and passes them as bf16 with
+ * args->kv_widened (H100, llama3-8b fp8 + FP8 KV: a 1,990-token chunk's
+ * attention 151 -> 106 us a layer, the widening under PDL behind the
+ * decode attention; prefill 2048 / 8192 tokens -4% / -12%,
+ * docs/PERFORMANCE.md). */
+bool cuda_attn_prefill_widen_ok(int head_dim, int n_heads, int n_kv_heads,
+                                int block_size);
+
 /* Same tiles and semantics as cuda_attn_prefill; the query heads of one
  * KV head share a block.  n_warps: 4 or 8 per block, anything else =
  * 8 when n_heads / n_kv_heads is even, else 4.  wgmma: 2 runs S = Q K^T

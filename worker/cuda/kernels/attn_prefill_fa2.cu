@@ -103,6 +103,11 @@
  * (not measured).  Scales as attn_decode_tc.cu: the KV head's
  * K scale joins the score scale, its V scale multiplies O at the end (O
  * is a convex combination of V rows).  test_attn: "kv8" cases.
+ * Where the ping-pong would run for bf16 (cuda_attn_prefill_widen_ok),
+ * the backend widens the pages a prefill reads to bf16 first
+ * (cuda_kv8_widen_pages, exact) and passes them with kv_widened: every
+ * kernel here then reads bf16 and applies the scales as for the codes
+ * (`scaled`), the ping-pong included.  test_attn: "widened" cases.
  *
  * Causal: warps skip key tiles wholly above their diagonal, masks are
  * evaluated only on tiles that are not fully visible (the diagonal, the
@@ -631,10 +636,12 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     for (int nt = 0; nt < NT; nt++)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    /* KV8: the KV head's K scale joins the score scale (> 0: the max
-     * of the unscaled scores is the max of the scaled ones) */
-    const float sl2 =
-        (KV8 ? a.scale * a.d_kv_scale[kvh] : a.scale) * 1.4426950408889634f;
+    /* KV8 (or widened codes): the KV head's K scale joins the score
+     * scale (> 0: the max of the unscaled scores is the max of the
+     * scaled ones) */
+    const bool scaled = KV8 || a.d_kv_scale != NULL;
+    const float sl2 = (scaled ? a.scale * a.d_kv_scale[kvh] : a.scale) *
+                      1.4426950408889634f;
     const int sw = lane & 7; /* row & 7 of every ldmatrix row address */
 
     /* One key tile's scores s (this lane's rows, keys kb0 ..): masked
@@ -918,7 +925,7 @@ attn_prefill_fa2_kernel(cuda_attn_args_t a, const int *tiles, int n_tiles,
     }
     float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
     float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    if constexpr (KV8) {
+    if (scaled) {
         /* O is a convex combination of code rows: times the V scale */
         const float vsc = a.d_kv_scale[n_kv + kvh];
         inv0 *= vsc;
@@ -950,6 +957,16 @@ bool cuda_attn_prefill_fa2_ok(int head_dim, cuda_dtype_t dt, bool kv8)
 {
     (void)kv8; /* both KV types at both head sizes (kv8: no ping-pong) */
     return dt == CUDA_DT_BF16 && (head_dim == 64 || head_dim == 128);
+}
+
+bool cuda_attn_prefill_widen_ok(int head_dim, int n_heads, int n_kv_heads,
+                                int block_size)
+{
+    const int bs = block_size;
+
+    return head_dim == 128 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+           (n_heads / n_kv_heads) % 2 == 0 && cuda_wgmma_available() &&
+           bs >= 8 && (bs <= 128 ? 128 % bs == 0 : bs % 128 == 0);
 }
 
 /* PP's map of one layer cache (see f2_maps), boxes of min(block, bk)
@@ -1043,7 +1060,7 @@ cudaError_t cuda_attn_prefill_fa2(const cuda_attn_args_t *args,
     /* FP8 KV: the cp.async-ring kernels only (the ping-pong's TMA boxes
      * land as they are, nobody to widen them): wgmma 3 and 4 run as
      * fa2wqv */
-    if (args->d_kv_scale != NULL) {
+    if (args->d_kv_scale != NULL && !args->kv_widened) {
         if (wgmma >= 2 && cuda_wgmma_available())
             return f2_launch_hd<true, true, true>(args, d_tiles, n_tiles,
                                                   n_warps, stream);

@@ -1,6 +1,8 @@
 /*
- * kv_copy.cu - KV slot copy (see kv_copy.h).
+ * kv_copy.cu - KV copies on the device (kv_copy.h): slots within the
+ * pool, a CUDA IPC window into pool blocks, FP8 pages widened to bf16.
  *
+ * Slot copy:
  * Grid (column chunks, 2 * n_layers): one block owns one column range of
  * one layer's K or V for ALL n slot pairs.  It loads the n source pieces
  * into shared memory, syncs, then stores them to the destinations, so
@@ -15,6 +17,7 @@
 
 #include "bt_util.h"
 #include "kern_common.cuh"
+#include "kv8.cuh"
 
 #define KV_COPY_SMEM (32 * 1024) /* shared bytes per block, at most */
 #define KV_COPY_THREADS 256
@@ -149,4 +152,42 @@ bt_status_t cuda_kv_window_to_pool(void *d_k, void *d_v, int n_layers,
             return status;
     }
     return BT_OK;
+}
+
+/* Grid (n_pages, 2): page blockIdx.x of K (y 0) or V (y 1). */
+static __global__ void __launch_bounds__(KV_COPY_THREADS)
+kv8_widen_kernel(const uint8_t *k8, const uint8_t *v8, size_t block_elems,
+                 const int *pages, bf16_t *wk, bf16_t *wv)
+{
+    const uint8_t *src = blockIdx.y ? v8 : k8;
+    bf16_t *dst = blockIdx.y ? wv : wk;
+    const size_t pg = blockIdx.x;
+
+    kern_pdl_trigger();
+    kern_pdl_wait(); /* the codes of the new keys: the RoPE/KV kernel's */
+    src += (size_t)pages[pg] * block_elems;
+    dst += pg * block_elems;
+    for (size_t e = (size_t)threadIdx.x * 8; e < block_elems;
+         e += (size_t)KV_COPY_THREADS * 8)
+        *reinterpret_cast<uint4 *>(dst + e) =
+            kv8_to_bf16x8(*reinterpret_cast<const uint2 *>(src + e));
+}
+
+bt_status_t cuda_kv8_widen_pages(const void *d_k8, const void *d_v8,
+                                 size_t block_elems, const int *d_pages,
+                                 int n_pages, void *d_wk, void *d_wv,
+                                 cudaStream_t stream)
+{
+    if (n_pages <= 0)
+        return BT_OK;
+    if (block_elems % 8 != 0 ||
+        (((uintptr_t)d_k8 | (uintptr_t)d_v8 | (uintptr_t)d_wk |
+          (uintptr_t)d_wv) & 15) != 0)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA", "FP8 KV widening of "
+                        "%zu-element blocks: not aligned", block_elems);
+    kern_launch(kv8_widen_kernel, dim3((unsigned)n_pages, 2u),
+                dim3(KV_COPY_THREADS), 0, stream, (const uint8_t *)d_k8,
+                (const uint8_t *)d_v8, block_elems, d_pages, (bf16_t *)d_wk,
+                (bf16_t *)d_wv);
+    return BT_CUDA_LAUNCH_STATUS();
 }

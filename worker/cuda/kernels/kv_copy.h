@@ -49,6 +49,20 @@ bt_status_t cuda_kv_window_to_pool(void *d_k, void *d_v, int n_layers,
                                    const void *d_window, const int *blocks,
                                    int n, cudaStream_t stream);
 
+/* FP8 KV widened for the bf16 prefill kernels: page p (0..n_pages) of
+ * d_wk / d_wv (bf16, block_elems elements a page) gets the E4M3 codes of
+ * pool block d_pages[p] of one layer's d_k8 / d_v8 (block_elems codes a
+ * block) as bf16 values -- exact (every E4M3 value is a bf16), so the
+ * scales stay outside, as with the codes (attn_decode.h kv_widened).  A
+ * thread block per (page, K|V), 8 codes a step; programmatic dependent
+ * launch (the pages are written by the RoPE/KV kernel just before).
+ * BT_ERR_INVALID_ARG when block_elems is not a multiple of 8 or a base
+ * is not 16-byte aligned. */
+bt_status_t cuda_kv8_widen_pages(const void *d_k8, const void *d_v8,
+                                 size_t block_elems, const int *d_pages,
+                                 int n_pages, void *d_wk, void *d_wv,
+                                 cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
