@@ -1,30 +1,41 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY - what the session of 2026-12-06 05:08 left
-# for an H200 (its H100 figures are in docs/PERFORMANCE.md), ON THE
-# DEVICE MACHINE from a folder packed here, one call of ~7 minutes;
+# run_gpu_pending.sh CARRY [engine|serve] - what the session of
+# 2026-12-06 05:08 left for an H200 (its H100 figures are in
+# docs/PERFORMANCE.md), ON THE DEVICE MACHINE from a folder packed here,
+# two calls of ~5 minutes (engine, then serve, on the warm machine);
 # delete this script once its figures are in docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
-#     baton-prefill baton-decode gpu_bench_cuda
+#     baton-prefill baton-decode gpu_bench_cuda gpu_test_cuda_fp8
 #   bash tests/gpu/pack_carry.sh pending tests/gpu/run_gpu_pending.sh \
 #     bin/baton bin/baton-router bin/baton-prefill bin/baton-decode \
-#     gpu/bench_cuda shared
+#     gpu/bench_cuda gpu/test_cuda_fp8 obj/quant_fp8.cu.o shared
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending")
-# What it measures (each row's earlier H200 figure in brackets):
-#   - bench_cuda fp8 + FP8 KV: batch 1 / 64 @2k, prefill 2048 / 8192
-#     with the widened prefill (f1cc4a0; H100: -4.1% / -12.0%; H200
-#     before: b1 2.98, b64 7.05, prefill 2048 30.97 ms);
-#   - serving, aggregated, closed loop: fp8 + FP8 KV 2048/128 @256
-#     [3,106 tok/s, TPOT p99 50.8], fp8 + FP8 KV 2048/2048 @384 streams
-#     [10,103], bf16 2048/128 @256 [2,043, TPOT p99 51.0: the budget's
-#     margin under load, fad941f, should bring it under 50].
+#       build-pending engine"), then the same with `serve`
+# engine (each row's earlier H200 figure in brackets):
+#   - BT_QF8_PIPE (a workbench switch: the FP8 input quantization as a
+#     pipelined persistent grid, quant_fp8.cu): test_cuda_fp8 with it on
+#     (checks 2, 4 and 6 hold its codes to the cpu's and the two-kernel
+#     path's bit for bit; 8191 rows exercise the grid's row loop), then
+#     bench_cuda fp8 + FP8 KV A B B A (off, on, on, off): prefill 2048 /
+#     8192, 2048/128's mixed step (H100 trace: the quantization kernels
+#     4.0 ms of 40, at 2.0-2.5 TB/s; predicted -1 ms a step).  Keep it
+#     (default on, switch deleted, old kernel deleted) if it wins, else
+#     delete it;
+#   - bench_cuda fp8 + FP8 KV batch 1 / 64 @2k with the widened prefill
+#     (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
+#     prefill 2048 30.97 ms].
+# serve (aggregated, closed loop): fp8 + FP8 KV 2048/128 @256 [3,106
+#   tok/s, TPOT p99 50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0: the
+#   budget's margin under load, fad941f, should bring it under 50], fp8 +
+#   FP8 KV 2048/2048 @384 streams [10,103].
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
+phase=${2:-engine}
 out=${OUT:-/tmp/baton-pending}
 mkdir -p "$out"
 t0=$(date +%s)
@@ -35,11 +46,25 @@ export BT_GEMM_CACHE=/tmp/baton-pending-gemm.cache
 md=$out/pending.md
 echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)" > "$md"
 nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader >> "$md"
-timeout -k 5 150 "$c/gpu/bench_cuda" --model synth:llama3-8b \
-  --precision fp8 --kv-dtype fp8 --batch 1,64 --ctx 2048 \
-  --prefill 2048,8192 --steps 20 > "$out/bench_fp8.txt" 2>&1
-{ echo; echo "### bench_cuda fp8 + FP8 KV: rc $?"
-  grep -E "^\| (decode|prefill)" "$out/bench_fp8.txt"; } >> "$md"
+if [ "$phase" = engine ]; then
+  cob=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+  "$cob" -sass "$c/obj/quant_fp8.cu.o" > /tmp/q.sass 2>&1
+  python3 tests/gpu/sass_check.py /tmp/q.sass > "$out/sass.txt" 2>&1
+  echo "sass_check quant_fp8: rc $?" >> "$md"
+  BT_QF8_PIPE=1 timeout -k 5 240 "$c/gpu/test_cuda_fp8" > "$out/fp8_pipe.txt" 2>&1
+  { echo; echo "### test_cuda_fp8, BT_QF8_PIPE=1: rc $?," \
+      "$(grep -c '^PASS' "$out/fp8_pipe.txt") PASS," \
+      "$(grep -c '^FAIL' "$out/fp8_pipe.txt") FAIL"
+    grep '^FAIL' "$out/fp8_pipe.txt" | head -5; } >> "$md"
+  for v in 0 1 1 0; do
+    BT_QF8_PIPE=$v timeout -k 5 150 "$c/gpu/bench_cuda" \
+      --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,64 \
+      --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0 \
+      --steps 20 > "$out/bench_$v.txt" 2>&1
+    { echo; echo "### bench_cuda fp8 + FP8 KV, BT_QF8_PIPE=$v: rc $?"
+      grep -E "^\| (decode|prefill|mixed)" "$out/bench_$v.txt"; } >> "$md"
+  done
+fi
 # serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its rows
 serve() {
   local name=$1 lim=$2
@@ -54,9 +79,11 @@ serve() {
     grep -h "a step (" "$out/$name/serve.md" | cut -c1-300; } >> "$md"
   rm -f "$out/$name/serve_logs.tgz"
 }
-serve fp8_short 150 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
-  BT_SERVE_RUNS="2048x128@256:512"
-serve bf16_short 150 BT_SERVE_RUNS="2048x128@256:512"
-serve fp8_long $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
-  BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
+if [ "$phase" = serve ]; then
+  serve fp8_short 150 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+    BT_SERVE_RUNS="2048x128@256:512"
+  serve bf16_short 150 BT_SERVE_RUNS="2048x128@256:512"
+  serve fp8_long $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+    BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
+fi
 cat "$md"

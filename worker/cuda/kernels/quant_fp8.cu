@@ -18,8 +18,11 @@
  */
 #include "fp8.h"
 
+#include <string.h>
+
 #include "bt_fp8.h"
 #include "bt_util.h"
+#include "../cuda_switches.h"
 #include "fp8_cvt.cuh"
 #include "kern_common.cuh"
 #include "quant_fp8.cuh"
@@ -210,6 +213,185 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
         xs[blockIdx.x] = s;
 }
 
+/* WORKBENCH (BT_QF8_PIPE=1, an A/B waiting for a GPU; the loser goes
+ * with its switch): qf8_vec_kernel as a persistent grid whose blocks
+ * walk rows blockIdx.x, + gridDim.x, ..., the next row's 16-byte loads
+ * issued before the current row's reductions and stores.  A trace of
+ * 2048/128's FP8 serving step (H100, docs/PERFORMANCE.md) had these
+ * kernels at 2.0-2.5 TB/s, 4.0 ms of a 40 ms step: a block of
+ * qf8_vec_kernel loads its row, then waits through two or three block
+ * barriers and its stores with nothing in flight.  Every value, sum and
+ * code is qf8_vec_kernel's, in the same order (the same chunks a
+ * thread, the same reductions), so the outputs are bit for bit its
+ * own. */
+template <typename T> struct qf8_raw {
+    static constexpr int U = sizeof(T) / 2; /* 16-byte words, 8 values */
+    uint4 w[U];
+};
+
+template <typename T>
+static __device__ __forceinline__ void qf8_raw_ld(const T *p, qf8_raw<T> &r)
+{
+#pragma unroll
+    for (int u = 0; u < qf8_raw<T>::U; u++)
+        r.w[u] = reinterpret_cast<const uint4 *>(p)[u];
+}
+
+template <typename T>
+static __device__ __forceinline__ void qf8_raw_f(const qf8_raw<T> &r,
+                                                 float (&v)[8])
+{
+    const T *e = reinterpret_cast<const T *>(r.w);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        v[j] = kern_to_f(e[j]);
+}
+
+template <typename T, int MODE, int NV>
+static __global__ void __launch_bounds__(QF8_VEC_THREADS)
+qf8_pipe_kernel(const T *x, size_t ldx, int n_rows, int k, int ld,
+                float in_scale, uint8_t *q, bf16_t *xv, float *xs,
+                const bf16_t *g, float eps)
+{
+    __shared__ float sh[32];
+    qf8_raw<T> ra[NV], rb[MODE == QF8_GLU ? NV : 1];
+
+    auto fetch = [&](int row) {
+        const T *xr = x + (size_t)row * ldx;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+            if (i < k) {
+                qf8_raw_ld(xr + i, ra[j]);
+                if (MODE == QF8_GLU)
+                    qf8_raw_ld(xr + k + i, rb[MODE == QF8_GLU ? j : 0]);
+            }
+        }
+    };
+    kern_pdl_wait();
+    kern_pdl_trigger();
+    int row = blockIdx.x;
+    if (row < n_rows)
+        fetch(row);
+    for (; row < n_rows; row += gridDim.x) {
+        float v[NV][8];
+        float s = in_scale, amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+            if (i < k) {
+                qf8_raw_f(ra[j], v[j]);
+                if (MODE == QF8_GLU) {
+                    float u[8];
+                    qf8_raw_f(rb[MODE == QF8_GLU ? j : 0], u);
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        v[j][e] = qf8_glu_val(v[j][e], u[e]);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[j][e] = 0.0f;
+            }
+        }
+        if (row + (int)gridDim.x < n_rows)
+            fetch(row + gridDim.x); /* in flight through what follows */
+        if (MODE == QF8_NORM) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NV; j++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    ss += v[j][e] * v[j][e];
+            ss = kern_block_sum(ss, sh);
+            const float ninv = 1.0f / sqrtf(ss / (float)k + eps);
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+                const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+                if (i < k) {
+                    float gv[8];
+                    qf8_ld8(g + i, gv);
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        v[j][e] = qf8_norm_val(gv[e], ninv, v[j][e]);
+                }
+            }
+        }
+        if (!(s > 0.0f)) {
+#pragma unroll
+            for (int j = 0; j < NV; j++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    amax = fmaxf(amax, fabsf(v[j][e]));
+            s = bt_fp8_scale(qf8_block_max(amax, sh));
+        }
+        const float inv = 1.0f / s;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+            if (i < ld) {
+                uint32_t c[2] = {0, 0};
+                if (i < k) {
+                    c[0] = fp8_e4m3x4(v[j][0] * inv, v[j][1] * inv,
+                                      v[j][2] * inv, v[j][3] * inv);
+                    c[1] = fp8_e4m3x4(v[j][4] * inv, v[j][5] * inv,
+                                      v[j][6] * inv, v[j][7] * inv);
+                }
+                if (q != NULL)
+                    *reinterpret_cast<uint2 *>(q + (size_t)row * ld + i) =
+                        make_uint2(c[0], c[1]);
+                if (xv != NULL) {
+                    const uint2 lo = fp8_e4m3x4_to_bf16x4(c[0]);
+                    const uint2 hi = fp8_e4m3x4_to_bf16x4(c[1]);
+                    *reinterpret_cast<uint4 *>(xv + (size_t)row * ld + i) =
+                        make_uint4(lo.x, lo.y, hi.x, hi.y);
+                }
+            }
+        }
+        if (threadIdx.x == 0 && xs != NULL)
+            xs[row] = s;
+    }
+}
+
+/* BT_QF8_PIPE, read once (cuda_switches). */
+static bool qf8_pipe_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = cuda_switches()->qf8_pipe;
+        on = e != NULL && strcmp(e, "1") == 0;
+    }
+    return on == 1;
+}
+
+/* qf8_pipe_kernel's grid: every block it can keep resident, at most a
+ * block a row. */
+template <typename T, int MODE, int NV>
+static void qf8_pipe_launch(int n, const T *x, size_t ldx, int k, int ld,
+                            float in_scale, uint8_t *q, bf16_t *xv,
+                            float *xs, const bf16_t *g, float eps,
+                            cudaStream_t stream)
+{
+    static int per_sm = 0, n_sm = 0;
+    if (per_sm == 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount,
+                                   dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per_sm, qf8_pipe_kernel<T, MODE, NV>, QF8_VEC_THREADS,
+                0) != cudaSuccess || per_sm < 1 || n_sm < 1) {
+            (void)cudaGetLastError();
+            per_sm = 1;
+            n_sm = 132;
+        }
+    }
+    const int grid = BT_MIN(n, per_sm * n_sm);
+    kern_launch(qf8_pipe_kernel<T, MODE, NV>, dim3(grid),
+                dim3(QF8_VEC_THREADS), 0, stream, x, ldx, n, k, ld,
+                in_scale, q, xv, xs, g, eps);
+}
+
 /* Chunks a thread of qf8_vec_kernel holds for rows of k (0: the row
  * kernel must take them).  ld (a multiple of 16) is at most k rounded up
  * to 16, so the padding codes are written by the chunk threads too. */
@@ -233,7 +415,20 @@ static void qf8_rows_launch(int n, const T *x, size_t ldx, int k, int ld,
                             float *xs, const bf16_t *g, float eps,
                             cudaStream_t stream)
 {
-    switch (qf8_vec_nv(k, ld, ldx, sizeof(T), x, q, xv, g)) {
+    const int nv = qf8_vec_nv(k, ld, ldx, sizeof(T), x, q, xv, g);
+    if (nv > 0 && qf8_pipe_on()) {
+        if (nv == 1)
+            qf8_pipe_launch<T, MODE, 1>(n, x, ldx, k, ld, in_scale, q, xv,
+                                        xs, g, eps, stream);
+        else if (nv == 2)
+            qf8_pipe_launch<T, MODE, 2>(n, x, ldx, k, ld, in_scale, q, xv,
+                                        xs, g, eps, stream);
+        else
+            qf8_pipe_launch<T, MODE, QF8_VEC_NV>(n, x, ldx, k, ld, in_scale,
+                                                 q, xv, xs, g, eps, stream);
+        return;
+    }
+    switch (nv) {
     case 1:
         kern_launch(qf8_vec_kernel<T, MODE, 1>, dim3(n),
                     dim3(QF8_VEC_THREADS), 0, stream, x, ldx, k, ld,
