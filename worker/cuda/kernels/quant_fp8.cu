@@ -118,37 +118,19 @@ static __device__ __forceinline__ void qf8_ld8(const bf16_t *p,
         v[j] = __bfloat162float(e[j]);
 }
 
-template <typename T, int MODE, int NV>
-static __global__ void __launch_bounds__(QF8_VEC_THREADS)
-qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
+/* The rest of a row once its values are in v: the RMSNorm (MODE
+ * QF8_NORM: the sum of squares in this thread-chunk order, then
+ * kern_block_sum), the scale (in_scale, or the block's absmax / 448),
+ * the codes and their bf16 values of row `row` -- one function for
+ * qf8_vec_kernel and qf8_pipe_kernel, so the two give the same bits. */
+template <int MODE, int NV>
+static __device__ __forceinline__ void
+qf8_vec_finish(float (&v)[NV][8], int row, int k, int ld, float in_scale,
                uint8_t *q, bf16_t *xv, float *xs, const bf16_t *g,
-               float eps)
+               float eps, float *sh)
 {
-    __shared__ float sh[32];
-    const T *xr = x + (size_t)blockIdx.x * ldx;
-    float v[NV][8];
     float s = in_scale, amax = 0.0f;
 
-    kern_pdl_wait();
-    kern_pdl_trigger();
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
-        if (i < k) {
-            qf8_ld8(xr + i, v[j]);
-            if (MODE == QF8_GLU) {
-                float u[8];
-                qf8_ld8(xr + k + i, u);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    v[j][e] = qf8_glu_val(v[j][e], u[e]);
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                v[j][e] = 0.0f;
-        }
-    }
     if (MODE == QF8_NORM) {
         /* rmsnorm.cu's arithmetic: 1 / sqrtf(mean(x^2) + eps) */
         float ss = 0.0f;
@@ -198,19 +180,53 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
                                   v[j][6] * inv, v[j][7] * inv);
             }
             if (q != NULL)
-                *reinterpret_cast<uint2 *>(q + (size_t)blockIdx.x * ld + i) =
+                *reinterpret_cast<uint2 *>(q + (size_t)row * ld + i) =
                     make_uint2(c[0], c[1]);
             if (xv != NULL) {
                 const uint2 lo = fp8_e4m3x4_to_bf16x4(c[0]);
                 const uint2 hi = fp8_e4m3x4_to_bf16x4(c[1]);
-                *reinterpret_cast<uint4 *>(xv + (size_t)blockIdx.x * ld +
+                *reinterpret_cast<uint4 *>(xv + (size_t)row * ld +
                                            i) =
                     make_uint4(lo.x, lo.y, hi.x, hi.y);
             }
         }
     }
     if (threadIdx.x == 0 && xs != NULL)
-        xs[blockIdx.x] = s;
+        xs[row] = s;
+}
+
+template <typename T, int MODE, int NV>
+static __global__ void __launch_bounds__(QF8_VEC_THREADS)
+qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
+               uint8_t *q, bf16_t *xv, float *xs, const bf16_t *g,
+               float eps)
+{
+    __shared__ float sh[32];
+    const T *xr = x + (size_t)blockIdx.x * ldx;
+    float v[NV][8];
+
+    kern_pdl_wait();
+    kern_pdl_trigger();
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+        if (i < k) {
+            qf8_ld8(xr + i, v[j]);
+            if (MODE == QF8_GLU) {
+                float u[8];
+                qf8_ld8(xr + k + i, u);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[j][e] = qf8_glu_val(v[j][e], u[e]);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[j][e] = 0.0f;
+        }
+    }
+    qf8_vec_finish<MODE, NV>(v, blockIdx.x, k, ld, in_scale, q, xv, xs, g,
+                             eps, sh);
 }
 
 /* WORKBENCH (BT_QF8_PIPE=1, an A/B waiting for a GPU; the loser goes
@@ -275,7 +291,6 @@ qf8_pipe_kernel(const T *x, size_t ldx, int n_rows, int k, int ld,
         fetch(row);
     for (; row < n_rows; row += gridDim.x) {
         float v[NV][8];
-        float s = in_scale, amax = 0.0f;
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
@@ -296,60 +311,8 @@ qf8_pipe_kernel(const T *x, size_t ldx, int n_rows, int k, int ld,
         }
         if (row + (int)gridDim.x < n_rows)
             fetch(row + gridDim.x); /* in flight through what follows */
-        if (MODE == QF8_NORM) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NV; j++)
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    ss += v[j][e] * v[j][e];
-            ss = kern_block_sum(ss, sh);
-            const float ninv = 1.0f / sqrtf(ss / (float)k + eps);
-#pragma unroll
-            for (int j = 0; j < NV; j++) {
-                const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
-                if (i < k) {
-                    float gv[8];
-                    qf8_ld8(g + i, gv);
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        v[j][e] = qf8_norm_val(gv[e], ninv, v[j][e]);
-                }
-            }
-        }
-        if (!(s > 0.0f)) {
-#pragma unroll
-            for (int j = 0; j < NV; j++)
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    amax = fmaxf(amax, fabsf(v[j][e]));
-            s = bt_fp8_scale(qf8_block_max(amax, sh));
-        }
-        const float inv = 1.0f / s;
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
-            if (i < ld) {
-                uint32_t c[2] = {0, 0};
-                if (i < k) {
-                    c[0] = fp8_e4m3x4(v[j][0] * inv, v[j][1] * inv,
-                                      v[j][2] * inv, v[j][3] * inv);
-                    c[1] = fp8_e4m3x4(v[j][4] * inv, v[j][5] * inv,
-                                      v[j][6] * inv, v[j][7] * inv);
-                }
-                if (q != NULL)
-                    *reinterpret_cast<uint2 *>(q + (size_t)row * ld + i) =
-                        make_uint2(c[0], c[1]);
-                if (xv != NULL) {
-                    const uint2 lo = fp8_e4m3x4_to_bf16x4(c[0]);
-                    const uint2 hi = fp8_e4m3x4_to_bf16x4(c[1]);
-                    *reinterpret_cast<uint4 *>(xv + (size_t)row * ld + i) =
-                        make_uint4(lo.x, lo.y, hi.x, hi.y);
-                }
-            }
-        }
-        if (threadIdx.x == 0 && xs != NULL)
-            xs[row] = s;
+        qf8_vec_finish<MODE, NV>(v, row, k, ld, in_scale, q, xv, xs, g,
+                                 eps, sh);
     }
 }
 
