@@ -56,7 +56,7 @@ static const synth_shape_t synth_shapes[] = {
       "vocab 512, tied, f32", false, 128, 344, 3, 8, 2, 512, 256, 10000.0f,
       1e-5f, true, false, 1, { 2, 0 }, 1, 0.0f },
     { "tiny-h128", "LlamaForCausalLM", "dim 512, 2 layers, 4 heads / 2 kv "
-      "of 128 dims (Llama 3's head size), vocab 512, untied, f32", false,
+      "of 128 dims, vocab 512, untied, f32", false,
       512, 1376, 2, 4, 2, 512, 1024, 500000.0f, 1e-5f, false, false, 1,
       { 2, 0 }, 1, 0.0f },
     { "tiny-qwen2", "Qwen2ForCausalLM", "dim 64, 2 layers, 4 heads / 2 kv, "
