@@ -392,12 +392,11 @@ bt_status_t backend_host_pin(backend_t *backend, void *ptr, size_t bytes,
 /* Copies a KV window into the pool: `src` (device memory for cuda, host
  * for cpu) holds n blocks per layer and K|V, laid out (n_layers, K|V, n)
  * of kv_layout_block_bytes each, and window block i goes to pool block
- * blocks[i] (the CUDA IPC link's per-reservation windows).  Runs of
- * consecutive blocks are one copy per layer and K|V.  cuda: queued on
- * the copy stream behind the work already queued on the compute stream
- * (a block's last owner may still be read), the compute stream's next
- * work waiting for it; the caller's thread never waits for the step in
- * flight.  BT_OK: done(done_arg) is called exactly once when nothing
+ * blocks[i] (the CUDA IPC link's per-reservation windows).  cuda: one
+ * kernel (cuda_kv_window_to_pool) on the copy stream, behind the work
+ * already queued on the compute stream (a block's last owner may still
+ * be read), the compute stream's next work waiting for it; the caller's
+ * thread never waits for the step in flight.  BT_OK: done(done_arg) is called exactly once when nothing
  * reads src any more (cpu: before return; cuda: from a thread of the
  * CUDA runtime, so it must not call CUDA): the window may be freed then,
  * not before.  An error: done is not called and nothing reads src after

@@ -100,14 +100,7 @@ qf8_rows_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
  * the fused 1-token GEMV repeats). */
 #define QF8_VEC_NV 4
 
-/* 8 consecutive elements of a row as floats. */
-static __device__ __forceinline__ void qf8_ld8(const float *p, float (&v)[8])
-{
-    const float4 a = *reinterpret_cast<const float4 *>(p);
-    const float4 b = *reinterpret_cast<const float4 *>(p + 4);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
+/* 8 consecutive bf16 values as floats (the norm's weights). */
 static __device__ __forceinline__ void qf8_ld8(const bf16_t *p,
                                                float (&v)[8])
 {
@@ -116,6 +109,76 @@ static __device__ __forceinline__ void qf8_ld8(const bf16_t *p,
 #pragma unroll
     for (int j = 0; j < 8; j++)
         v[j] = __bfloat162float(e[j]);
+}
+
+template <typename T> struct qf8_raw {
+    static constexpr int U = sizeof(T) / 2; /* 16-byte words, 8 values */
+    uint4 w[U];
+};
+
+template <typename T>
+static __device__ __forceinline__ void qf8_raw_ld(const T *p, qf8_raw<T> &r)
+{
+#pragma unroll
+    for (int u = 0; u < qf8_raw<T>::U; u++)
+        r.w[u] = reinterpret_cast<const uint4 *>(p)[u];
+}
+
+template <typename T>
+static __device__ __forceinline__ void qf8_raw_f(const qf8_raw<T> &r,
+                                                 float (&v)[8])
+{
+    const T *e = reinterpret_cast<const T *>(r.w);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        v[j] = kern_to_f(e[j]);
+}
+
+/* A row's chunks as this thread holds them before any arithmetic
+ * (GLU: the up half in b), QF8_VEC_THREADS threads a row, chunk j of
+ * thread t at column 8 (t + j QF8_VEC_THREADS). */
+template <typename T, int MODE, int NV> struct qf8_row_raw {
+    qf8_raw<T> a[NV], b[MODE == QF8_GLU ? NV : 1];
+};
+
+template <typename T, int MODE, int NV>
+static __device__ __forceinline__ void
+qf8_fetch(const T *xr, int k, qf8_row_raw<T, MODE, NV> &r)
+{
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+        if (i < k) {
+            qf8_raw_ld(xr + i, r.a[j]);
+            if (MODE == QF8_GLU)
+                qf8_raw_ld(xr + k + i, r.b[MODE == QF8_GLU ? j : 0]);
+        }
+    }
+}
+
+/* The row's values from its chunks (0 past k; GLU: SwiGLU's bf16). */
+template <typename T, int MODE, int NV>
+static __device__ __forceinline__ void
+qf8_values(const qf8_row_raw<T, MODE, NV> &r, int k, float (&v)[NV][8])
+{
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
+        if (i < k) {
+            qf8_raw_f(r.a[j], v[j]);
+            if (MODE == QF8_GLU) {
+                float u[8];
+                qf8_raw_f(r.b[MODE == QF8_GLU ? j : 0], u);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[j][e] = qf8_glu_val(v[j][e], u[e]);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[j][e] = 0.0f;
+        }
+    }
 }
 
 /* The rest of a row once its values are in v: the RMSNorm (MODE
@@ -202,29 +265,13 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
                float eps)
 {
     __shared__ float sh[32];
-    const T *xr = x + (size_t)blockIdx.x * ldx;
+    qf8_row_raw<T, MODE, NV> r;
     float v[NV][8];
 
     kern_pdl_wait();
     kern_pdl_trigger();
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
-        if (i < k) {
-            qf8_ld8(xr + i, v[j]);
-            if (MODE == QF8_GLU) {
-                float u[8];
-                qf8_ld8(xr + k + i, u);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    v[j][e] = qf8_glu_val(v[j][e], u[e]);
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                v[j][e] = 0.0f;
-        }
-    }
+    qf8_fetch(x + (size_t)blockIdx.x * ldx, k, r);
+    qf8_values(r, k, v);
     qf8_vec_finish<MODE, NV>(v, blockIdx.x, k, ld, in_scale, q, xv, xs, g,
                              eps, sh);
 }
@@ -240,29 +287,6 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
  * code is qf8_vec_kernel's, in the same order (the same chunks a
  * thread, the same reductions), so the outputs are bit for bit its
  * own. */
-template <typename T> struct qf8_raw {
-    static constexpr int U = sizeof(T) / 2; /* 16-byte words, 8 values */
-    uint4 w[U];
-};
-
-template <typename T>
-static __device__ __forceinline__ void qf8_raw_ld(const T *p, qf8_raw<T> &r)
-{
-#pragma unroll
-    for (int u = 0; u < qf8_raw<T>::U; u++)
-        r.w[u] = reinterpret_cast<const uint4 *>(p)[u];
-}
-
-template <typename T>
-static __device__ __forceinline__ void qf8_raw_f(const qf8_raw<T> &r,
-                                                 float (&v)[8])
-{
-    const T *e = reinterpret_cast<const T *>(r.w);
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        v[j] = kern_to_f(e[j]);
-}
-
 template <typename T, int MODE, int NV>
 static __global__ void __launch_bounds__(QF8_VEC_THREADS)
 qf8_pipe_kernel(const T *x, size_t ldx, int n_rows, int k, int ld,
@@ -270,47 +294,20 @@ qf8_pipe_kernel(const T *x, size_t ldx, int n_rows, int k, int ld,
                 const bf16_t *g, float eps)
 {
     __shared__ float sh[32];
-    qf8_raw<T> ra[NV], rb[MODE == QF8_GLU ? NV : 1];
+    qf8_row_raw<T, MODE, NV> r;
 
-    auto fetch = [&](int row) {
-        const T *xr = x + (size_t)row * ldx;
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
-            if (i < k) {
-                qf8_raw_ld(xr + i, ra[j]);
-                if (MODE == QF8_GLU)
-                    qf8_raw_ld(xr + k + i, rb[MODE == QF8_GLU ? j : 0]);
-            }
-        }
-    };
     kern_pdl_wait();
     kern_pdl_trigger();
     int row = blockIdx.x;
     if (row < n_rows)
-        fetch(row);
+        qf8_fetch(x + (size_t)row * ldx, k, r);
     for (; row < n_rows; row += gridDim.x) {
         float v[NV][8];
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            const int i = (threadIdx.x + j * QF8_VEC_THREADS) * 8;
-            if (i < k) {
-                qf8_raw_f(ra[j], v[j]);
-                if (MODE == QF8_GLU) {
-                    float u[8];
-                    qf8_raw_f(rb[MODE == QF8_GLU ? j : 0], u);
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        v[j][e] = qf8_glu_val(v[j][e], u[e]);
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    v[j][e] = 0.0f;
-            }
-        }
-        if (row + (int)gridDim.x < n_rows)
-            fetch(row + gridDim.x); /* in flight through what follows */
+        const int next = row + (int)gridDim.x;
+
+        qf8_values(r, k, v);
+        if (next < n_rows) /* in flight through what follows */
+            qf8_fetch(x + (size_t)next * ldx, k, r);
         qf8_vec_finish<MODE, NV>(v, row, k, ld, in_scale, q, xv, xs, g,
                                  eps, sh);
     }
