@@ -15,21 +15,12 @@
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
 #       build-pending engine"), then the same with `serve`
-# engine (each row's earlier H200 figure in brackets):
-#   - BT_QF8_PIPE (a workbench switch: the FP8 input quantization as a
-#     pipelined persistent grid, quant_fp8.cu): test_cuda_fp8 with it off
-#     (qf8_vec_kernel's tail became qf8_vec_finish, shared by both: not
-#     yet run on a GPU) and on (checks 2, 4 and 6 hold the codes to the
-#     cpu's and the two-kernel path's bit for bit; 8191 rows exercise the
-#     grid's row loop), then
-#     bench_cuda fp8 + FP8 KV A B B A (off, on, on, off): prefill 2048 /
-#     8192, 2048/128's mixed step (H100 trace: the quantization kernels
-#     4.0 ms of 40, at 2.0-2.5 TB/s; predicted -1 ms a step).  Keep it
-#     (default on, switch deleted, old kernel deleted) if it wins, else
-#     delete it;
-#   - bench_cuda fp8 + FP8 KV batch 1 / 64 @2k with the widened prefill
-#     (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
-#     prefill 2048 30.97 ms].
+# engine (each row's earlier H200 figure in brackets): sass_check and
+#   test_cuda_fp8 (the row quantization's kernel refactored: 651/651 on
+#   an H100), bench_cuda fp8 + FP8 KV batch 1 / 64 @2k, prefill 2048 /
+#   8192 and 2048/128's mixed step with the widened prefill (f1cc4a0;
+#   H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05, prefill 2048
+#   30.97 ms].
 # serve (aggregated, closed loop): fp8 + FP8 KV 2048/128 @256 [3,106
 #   tok/s, TPOT p99 50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0: the
 #   budget's margin under load, fad941f, should bring it under 50], fp8 +
@@ -53,21 +44,17 @@ if [ "$phase" = engine ]; then
   "$cob" -sass "$c/obj/quant_fp8.cu.o" > /tmp/q.sass 2>&1
   python3 tests/gpu/sass_check.py /tmp/q.sass > "$out/sass.txt" 2>&1
   echo "sass_check quant_fp8: rc $?" >> "$md"
-  for v in 0 1; do
-    BT_QF8_PIPE=$v timeout -k 5 200 "$c/gpu/test_cuda_fp8" > "$out/fp8_$v.txt" 2>&1
-    { echo; echo "### test_cuda_fp8, BT_QF8_PIPE=$v: rc $?," \
-        "$(grep -c '^PASS' "$out/fp8_$v.txt") PASS," \
-        "$(grep -c '^FAIL' "$out/fp8_$v.txt") FAIL"
-      grep '^FAIL' "$out/fp8_$v.txt" | head -5; } >> "$md"
-  done
-  for v in 0 1 1 0; do
-    BT_QF8_PIPE=$v timeout -k 5 150 "$c/gpu/bench_cuda" \
-      --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,64 \
-      --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0 \
-      --steps 20 > "$out/bench_$v.txt" 2>&1
-    { echo; echo "### bench_cuda fp8 + FP8 KV, BT_QF8_PIPE=$v: rc $?"
-      grep -E "^\| (decode|prefill|mixed)" "$out/bench_$v.txt"; } >> "$md"
-  done
+  timeout -k 5 200 "$c/gpu/test_cuda_fp8" > "$out/fp8.txt" 2>&1
+  { echo; echo "### test_cuda_fp8: rc $?," \
+      "$(grep -c '^PASS' "$out/fp8.txt") PASS," \
+      "$(grep -c '^FAIL' "$out/fp8.txt") FAIL"
+    grep '^FAIL' "$out/fp8.txt" | head -5; } >> "$md"
+  timeout -k 5 150 "$c/gpu/bench_cuda" \
+    --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,64 \
+    --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0 \
+    --steps 20 > "$out/bench.txt" 2>&1
+  { echo; echo "### bench_cuda fp8 + FP8 KV: rc $?"
+    grep -E "^\| (decode|prefill|mixed)" "$out/bench.txt"; } >> "$md"
 fi
 # serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its rows
 serve() {

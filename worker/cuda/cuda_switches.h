@@ -38,8 +38,6 @@ extern "C" {
       "pair at 1 token, warp at 2; SwiGLU fused into gate/up: 0 off")      \
     X(fp8_fast_accum, "BT_FP8_FAST_ACCUM",                                  \
       "1; 0: cuBLASLt's FP8 GEMMs promote their sums to f32 (exact mode)")  \
-    X(qf8_pipe, "BT_QF8_PIPE",                                              \
-      "0; 1: FP8 input quantization as a pipelined persistent grid (A/B)")  \
     X(attn_tc, "BT_ATTN_TC",                                                \
       "1; 0: the general decode attention, not the tensor-core one")        \
     X(cuda_graphs, "BT_CUDA_GRAPHS", "1; 0: decode steps eager")            \

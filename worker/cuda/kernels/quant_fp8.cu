@@ -18,11 +18,8 @@
  */
 #include "fp8.h"
 
-#include <string.h>
-
 #include "bt_fp8.h"
 #include "bt_util.h"
-#include "../cuda_switches.h"
 #include "fp8_cvt.cuh"
 #include "kern_common.cuh"
 #include "quant_fp8.cuh"
@@ -184,8 +181,7 @@ qf8_values(const qf8_row_raw<T, MODE, NV> &r, int k, float (&v)[NV][8])
 /* The rest of a row once its values are in v: the RMSNorm (MODE
  * QF8_NORM: the sum of squares in this thread-chunk order, then
  * kern_block_sum), the scale (in_scale, or the block's absmax / 448),
- * the codes and their bf16 values of row `row` -- one function for
- * qf8_vec_kernel and qf8_pipe_kernel, so the two give the same bits. */
+ * the codes and their bf16 values of row `row`. */
 template <int MODE, int NV>
 static __device__ __forceinline__ void
 qf8_vec_finish(float (&v)[NV][8], int row, int k, int ld, float in_scale,
@@ -276,82 +272,6 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
                              eps, sh);
 }
 
-/* WORKBENCH (BT_QF8_PIPE=1, an A/B waiting for a GPU; the loser goes
- * with its switch): qf8_vec_kernel as a persistent grid whose blocks
- * walk rows blockIdx.x, + gridDim.x, ..., the next row's 16-byte loads
- * issued before the current row's reductions and stores.  A trace of
- * 2048/128's FP8 serving step (H100, docs/PERFORMANCE.md) had these
- * kernels at 2.0-2.5 TB/s, 4.0 ms of a 40 ms step: a block of
- * qf8_vec_kernel loads its row, then waits through two or three block
- * barriers and its stores with nothing in flight.  Every value, sum and
- * code is qf8_vec_kernel's, in the same order (the same chunks a
- * thread, the same reductions), so the outputs are bit for bit its
- * own. */
-template <typename T, int MODE, int NV>
-static __global__ void __launch_bounds__(QF8_VEC_THREADS)
-qf8_pipe_kernel(const T *x, size_t ldx, int n_rows, int k, int ld,
-                float in_scale, uint8_t *q, bf16_t *xv, float *xs,
-                const bf16_t *g, float eps)
-{
-    __shared__ float sh[32];
-    qf8_row_raw<T, MODE, NV> r;
-
-    kern_pdl_wait();
-    kern_pdl_trigger();
-    int row = blockIdx.x;
-    if (row < n_rows)
-        qf8_fetch(x + (size_t)row * ldx, k, r);
-    for (; row < n_rows; row += gridDim.x) {
-        float v[NV][8];
-        const int next = row + (int)gridDim.x;
-
-        qf8_values(r, k, v);
-        if (next < n_rows) /* in flight through what follows */
-            qf8_fetch(x + (size_t)next * ldx, k, r);
-        qf8_vec_finish<MODE, NV>(v, row, k, ld, in_scale, q, xv, xs, g,
-                                 eps, sh);
-    }
-}
-
-/* BT_QF8_PIPE, read once (cuda_switches). */
-static bool qf8_pipe_on(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *e = cuda_switches()->qf8_pipe;
-        on = e != NULL && strcmp(e, "1") == 0;
-    }
-    return on == 1;
-}
-
-/* qf8_pipe_kernel's grid: every block it can keep resident, at most a
- * block a row. */
-template <typename T, int MODE, int NV>
-static void qf8_pipe_launch(int n, const T *x, size_t ldx, int k, int ld,
-                            float in_scale, uint8_t *q, bf16_t *xv,
-                            float *xs, const bf16_t *g, float eps,
-                            cudaStream_t stream)
-{
-    static int per_sm = 0, n_sm = 0;
-    if (per_sm == 0) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount,
-                                   dev) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm, qf8_pipe_kernel<T, MODE, NV>, QF8_VEC_THREADS,
-                0) != cudaSuccess || per_sm < 1 || n_sm < 1) {
-            (void)cudaGetLastError();
-            per_sm = 1;
-            n_sm = 132;
-        }
-    }
-    const int grid = BT_MIN(n, per_sm * n_sm);
-    kern_launch(qf8_pipe_kernel<T, MODE, NV>, dim3(grid),
-                dim3(QF8_VEC_THREADS), 0, stream, x, ldx, n, k, ld,
-                in_scale, q, xv, xs, g, eps);
-}
-
 /* Chunks a thread of qf8_vec_kernel holds for rows of k (0: the row
  * kernel must take them).  ld (a multiple of 16) is at most k rounded up
  * to 16, so the padding codes are written by the chunk threads too. */
@@ -376,18 +296,6 @@ static void qf8_rows_launch(int n, const T *x, size_t ldx, int k, int ld,
                             cudaStream_t stream)
 {
     const int nv = qf8_vec_nv(k, ld, ldx, sizeof(T), x, q, xv, g);
-    if (nv > 0 && qf8_pipe_on()) {
-        if (nv == 1)
-            qf8_pipe_launch<T, MODE, 1>(n, x, ldx, k, ld, in_scale, q, xv,
-                                        xs, g, eps, stream);
-        else if (nv == 2)
-            qf8_pipe_launch<T, MODE, 2>(n, x, ldx, k, ld, in_scale, q, xv,
-                                        xs, g, eps, stream);
-        else
-            qf8_pipe_launch<T, MODE, QF8_VEC_NV>(n, x, ldx, k, ld, in_scale,
-                                                 q, xv, xs, g, eps, stream);
-        return;
-    }
     switch (nv) {
     case 1:
         kern_launch(qf8_vec_kernel<T, MODE, 1>, dim3(n),
