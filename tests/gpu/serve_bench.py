@@ -226,11 +226,30 @@ def scrape():
     for ln in text.decode().splitlines():
         m = re.match(r"^(baton_worker_(?:steps_total|prefill_tokens_total|"
                      r"generated_tokens_total|step_phase_seconds_total"
-                     r"|step_host_seconds_sum|step_seconds_sum)"
+                     r"|step_host_seconds_sum|step_seconds_sum"
+                     r"|step_seconds_bucket|batch_size_bucket)"
                      r"(?:\{[^}]*\})?) ([0-9.eE+-]+)$", ln)
         if m:
             out[m.group(1)] = float(m.group(2))
     return out
+
+
+def hist_note(d, name):
+    """A histogram's steps a bucket over a run ("<=0.05: 12, ..."), from
+    the cumulative bucket counters' differences."""
+    rows = []
+    for k, v in d.items():
+        m = re.match(r'^baton_worker_%s_bucket\{le="([^"]+)"\}$' % name, k)
+        if m:
+            rows.append((float("inf") if m.group(1) == "+Inf"
+                         else float(m.group(1)), m.group(1), v))
+    rows.sort()
+    out, prev = [], 0.0
+    for _, le, v in rows:
+        if v - prev > 0:
+            out.append("<=%s: %d" % (le, v - prev))
+        prev = v
+    return "[" + ", ".join(out) + "]"
 
 
 def phase_note(before, after, what):
@@ -244,10 +263,11 @@ def phase_note(before, after, what):
         for p in ("build", "enqueue", "emit", "wait", "post"))
     phase_notes.append(
         "%s: %d steps, %.2f ms a step (%s); %.0f prompt and %.0f generated "
-        "tokens a step" % (
+        "tokens a step; steps by duration (s) %s, by sequences %s" % (
             what, steps, 1e3 * d.get("baton_worker_step_seconds_sum", 0) /
             steps, ph, d.get("baton_worker_prefill_tokens_total", 0) / steps,
-            d.get("baton_worker_generated_tokens_total", 0) / steps))
+            d.get("baton_worker_generated_tokens_total", 0) / steps,
+            hist_note(d, "step_seconds"), hist_note(d, "batch_size")))
     log("phases " + phase_notes[-1])
 
 
