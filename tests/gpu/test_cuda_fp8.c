@@ -1138,8 +1138,11 @@ int main(int argc, char **argv)
         { "tiny gate_up", 344, 64, false, false },
         { "tiny down", 64, 172, true, false },
     };
-    static const int toks_all[] = { 1,  2,  3,  4,  5,  8,   9,    16,
-                                    17, 24, 33, 40, 57, 64, 512, 2048 };
+    /* 32 ... 256: the decode graphs' buckets above the skinny GEMM's
+     * 16 tokens (cuBLASLt) */
+    static const int toks_all[] = { 1,  2,  3,  4,  5,  8,   9,   16,
+                                    17, 24, 33, 40, 57, 64,  32,  128,
+                                    256, 512, 2048 };
     static const int toks_modes[] = { 1, 8, 33, 2048 };
     static const int toks_tiny[] = { 1,  2,  5,  8,  9,  17, 24,
                                      33, 37, 40, 57, 64, 128 };

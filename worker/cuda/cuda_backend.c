@@ -1407,10 +1407,6 @@ static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
                         b->dt == CUDA_DT_F32 ? "f32" : "bf16/fp8",
                         b->tp > 1 ? b->tp : 1);
     }
-    if (b->fp8) /* say so rather than let a user find it in the figures */
-        BT_LOG_WARN("CUDA", "precision fp8: correct against the cpu "
-                    "reference but not yet faster than bf16 on this "
-                    "backend (docs/PERFORMANCE.md \"FP8 on the GPU\")");
     if (!cuda_attn_head_dim_ok(hd) ||
         b->mc.n_heads % b->mc.n_kv_heads != 0) {
         bt_free(b);
