@@ -1,30 +1,35 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY [engine|serve] - what the session of
-# 2026-12-06 05:08 left for an H200 (its H100 figures are in
-# docs/PERFORMANCE.md), ON THE DEVICE MACHINE from a folder packed here,
-# two calls of ~5 minutes (engine, then serve, on the warm machine);
-# delete this script once its figures are in docs/PERFORMANCE.md.
+# run_gpu_pending.sh CARRY [engine|serve|long] - what the sessions of
+# 2026-12-06 left for an H200 (their H100 figures are in
+# docs/PERFORMANCE.md; every later call landed on an H100), ON THE
+# DEVICE MACHINE from a folder packed here, three calls of ~3 / ~4 / ~7
+# minutes on the warm machine; delete this script once its figures are
+# in docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
-#     baton-prefill baton-decode gpu_bench_cuda gpu_test_cuda_fp8
+#     baton-prefill baton-decode gpu_bench_cuda
 #   bash tests/gpu/pack_carry.sh pending tests/gpu/run_gpu_pending.sh \
 #     bin/baton bin/baton-router bin/baton-prefill bin/baton-decode \
-#     gpu/bench_cuda gpu/test_cuda_fp8 obj/quant_fp8.cu.o shared
+#     gpu/bench_cuda
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending engine"), then the same with `serve`
-# engine (each row's earlier H200 figure in brackets): sass_check and
-#   test_cuda_fp8 (the row quantization's kernel refactored: 651/651 on
-#   an H100), bench_cuda fp8 + FP8 KV batch 1 / 64 @2k, prefill 2048 /
-#   8192 and 2048/128's mixed step with the widened prefill (f1cc4a0;
-#   H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05, prefill 2048
-#   30.97 ms].
-# serve (aggregated, closed loop): fp8 + FP8 KV 2048/128 @256 [3,106
-#   tok/s, TPOT p99 50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0: the
-#   budget's margin under load, fad941f, should bring it under 50], fp8 +
-#   FP8 KV 2048/2048 @384 streams [10,103].
+#       build-pending engine"), then `serve`, then `long`
+# engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
+#   FP8 KV batch 1 / 64 @2k, prefill 2048 / 8192 with the widened
+#   prefill (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
+#   prefill 2048 30.97 ms], and 2048/2048's mixed step at 342 / 448 /
+#   512 rows @3072 with as many prompt tokens: rows / step is the
+#   throughput more streams would give (342: the 384-stream run's step,
+#   33.8 ms [10,103 tok/s]; 448 and 512 do not fit an H100's KV).
+# serve (aggregated, closed loop; the phase lines carry the steps by
+#   duration): fp8 + FP8 KV 2048/128 @256, 1,024 requests, with and
+#   without the TPOT bound (H100: 3,080 / 3,278) [3,106 at 512
+#   requests, TPOT p99 50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0:
+#   the budget's margin under load, fad941f, should bring it under 50].
+# long: fp8 + FP8 KV 2048/2048 @384 streams [10,103] and @512 (the
+#   cuda default --max-seqs) if the engine rows say it gains.
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
@@ -40,18 +45,10 @@ md=$out/pending.md
 echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)" > "$md"
 nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader >> "$md"
 if [ "$phase" = engine ]; then
-  cob=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
-  "$cob" -sass "$c/obj/quant_fp8.cu.o" > /tmp/q.sass 2>&1
-  python3 tests/gpu/sass_check.py /tmp/q.sass > "$out/sass.txt" 2>&1
-  echo "sass_check quant_fp8: rc $?" >> "$md"
-  timeout -k 5 200 "$c/gpu/test_cuda_fp8" > "$out/fp8.txt" 2>&1
-  { echo; echo "### test_cuda_fp8: rc $?," \
-      "$(grep -c '^PASS' "$out/fp8.txt") PASS," \
-      "$(grep -c '^FAIL' "$out/fp8.txt") FAIL"
-    grep '^FAIL' "$out/fp8.txt" | head -5; } >> "$md"
-  timeout -k 5 150 "$c/gpu/bench_cuda" \
+  timeout -k 5 280 "$c/gpu/bench_cuda" \
     --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,64 \
-    --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0 \
+    --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0,\
+342:3072:1:342:1024,448:3072:1:448:1024,512:3072:1:512:1024 \
     --steps 20 > "$out/bench.txt" 2>&1
   { echo; echo "### bench_cuda fp8 + FP8 KV: rc $?"
     grep -E "^\| (decode|prefill|mixed)" "$out/bench.txt"; } >> "$md"
@@ -67,14 +64,18 @@ serve() {
   local rc=$?
   { echo; echo "### $name: rc $rc, at $(( $(date +%s) - t0 )) s"
     grep "^| agg" "$out/$name/serve.md"
-    grep -h "a step (" "$out/$name/serve.md" | cut -c1-300; } >> "$md"
+    grep -h "a step (" "$out/$name/serve.md" | cut -c1-700; } >> "$md"
   rm -f "$out/$name/serve_logs.tgz"
 }
 if [ "$phase" = serve ]; then
-  serve fp8_short 150 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
-    BT_SERVE_RUNS="2048x128@256:512"
-  serve bf16_short 150 BT_SERVE_RUNS="2048x128@256:512"
-  serve fp8_long $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+  serve fp8_short 200 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+    BT_SERVE_MODES=agg,agg-nobound BT_SERVE_RUNS="2048x128@256:1024"
+  serve bf16_short $(left 560) BT_SERVE_RUNS="2048x128@256:512"
+fi
+if [ "$phase" = long ]; then
+  serve fp8_384 250 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
+  serve fp8_512 $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+    BT_SERVE_MAX_SEQS=512 BT_SERVE_RUNS="2048x2048@512:1024"
 fi
 cat "$md"
