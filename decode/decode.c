@@ -131,10 +131,21 @@ static int promised_blocks(const decode_t *dec)
     return n;
 }
 
+/* Blocks --kv-overcommit keeps from admission for the running streams'
+ * growth (0 without it: every stream's growth is promised instead). */
+static int overcommit_watermark(const decode_t *dec)
+{
+    if (!dec->cfg.kv_overcommit)
+        return 0;
+    return BT_MAX(BT_MAX(1, dec->n_seqs), kv_allocator_total(dec->kv) /
+                                              DECODE_OVERCOMMIT_WATERMARK_DIV);
+}
+
 /* Free blocks not promised to anyone: what new requests may take. */
 int decode__available_blocks(const decode_t *dec)
 {
-    return BT_MAX(0, kv_allocator_free_count(dec->kv) - promised_blocks(dec));
+    return BT_MAX(0, kv_allocator_free_count(dec->kv) - promised_blocks(dec) -
+                         overcommit_watermark(dec));
 }
 
 /* Publishes what the heartbeats and the metrics say (the link's thread
@@ -182,8 +193,10 @@ static void publish_beat(decode_t *dec)
         dec->last_hb_ns = now;
 }
 
-void decode__send_task_error(decode_t *dec, uint64_t id, uint64_t epoch,
-                             Baton__ErrorCode code, const char *text)
+/* TaskError; retry: not a failure, the attempt given back (seq_preempt) */
+static void send_task_error(decode_t *dec, uint64_t id, uint64_t epoch,
+                            Baton__ErrorCode code, const char *text,
+                            bool retry)
 {
     Baton__ControlMessage msg = BATON__CONTROL_MESSAGE__INIT;
     Baton__TaskError te = BATON__TASK_ERROR__INIT;
@@ -195,9 +208,17 @@ void decode__send_task_error(decode_t *dec, uint64_t id, uint64_t epoch,
     te.has_code = 1;
     te.code = code;
     te.message = (char *)text;
+    te.has_retry = retry;
+    te.retry = retry;
     msg.body_case = BATON__CONTROL_MESSAGE__BODY_TASK_ERROR;
     msg.task_error = &te;
     decode__send_msg(dec, &msg);
+}
+
+void decode__send_task_error(decode_t *dec, uint64_t id, uint64_t epoch,
+                             Baton__ErrorCode code, const char *text)
+{
+    send_task_error(dec, id, epoch, code, text, false);
 }
 
 // ---------------------------------------------------------------------------
@@ -250,6 +271,50 @@ void decode__seq_fail(decode_t *dec, decode_seq_t *s, Baton__ErrorCode code,
 {
     decode__send_task_error(dec, s->id, s->epoch, code, why);
     decode__seq_remove(dec, s);
+}
+
+/* --kv-overcommit: gives s back to the router (TaskError with retry),
+ * which re-queues it; the next attempt recomputes the KV of its prompt
+ * and of the tokens streamed so far (the full blocks stay in the prefix
+ * cache until reclaimed, so often it finds them) and goes on from
+ * there.  A sampled token not yet emitted is dropped with s: the next
+ * attempt samples it again at the same place of the random stream. */
+static void seq_preempt(decode_t *dec, decode_seq_t *s)
+{
+    send_task_error(dec, s->id, s->epoch, BATON__ERROR_CODE__ERROR_WORKER,
+                    "preempted: the overcommitted KV pool ran short", true);
+    BT_LOG_DEBUG("DECODE", "request %llu preempted at %d tokens",
+                 (unsigned long long)s->id, s->n_tokens);
+    dec->preempted++;
+    decode__seq_remove(dec, s);
+}
+
+/* True when the step feeds s (one past the context is not fed) a token
+ * that starts a new block. */
+static bool seq_needs_block(const decode_t *dec, const decode_seq_t *s)
+{
+    return !(s->pend && s->n_tokens > dec->max_context) &&
+           BT_DIV_UP(s->n_cached + 1, dec->block_size) > s->n_blocks;
+}
+
+/* --kv-overcommit, before a step is built: the blocks its rows need
+ * beyond their own against what the pool can give; while short, the
+ * newest sequence (the list's head) goes back to the router (vLLM's
+ * recompute preemption: the oldest streams keep going).  Without it
+ * every stream's growth was promised at admission and this never
+ * happens. */
+static void preempt_for_room(decode_t *dec)
+{
+    int need = 0;
+
+    if (!dec->cfg.kv_overcommit || dec->spec != NULL)
+        return;
+    for (const decode_seq_t *s = dec->seqs; s; s = s->next)
+        need += seq_needs_block(dec, s);
+    while (need > kv_allocator_free_count(dec->kv) && dec->seqs != NULL) {
+        need -= seq_needs_block(dec, dec->seqs);
+        seq_preempt(dec, dec->seqs); /* the newest */
+    }
 }
 
 /* s has no room for its next token this step: it waits for blocks, and
@@ -513,6 +578,7 @@ static void step(decode_t *dec)
     dec->busy_end_ns = 0;
     if (dec->spec != NULL)
         decode__step_spec(dec); /* the decode batch; local prefill below */
+    preempt_for_room(dec);
     for (s = dec->spec != NULL ? NULL : dec->seqs;
          s && n < dec->max_seqs && n < dec->budget; s = next) {
         next = s->next;
@@ -845,6 +911,14 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
                           "and seqs not negative");
         goto err_free;
     }
+    if (cfg->kv_overcommit && cfg->spec_head != NULL) {
+        /* a drafting stream's KV lives in its engine sequence, which
+         * preempt_for_room does not give back */
+        status = BT_ERROR(BT_ERR_UNSUPPORTED, "DECODE",
+                          "--kv-overcommit does not combine with "
+                          "speculative decoding (--spec-head) yet");
+        goto err_free;
+    }
     dec->budget = cfg->step_tokens > 0
                       ? BT_MIN(cfg->step_tokens, b->max_batch_tokens)
                       : b->max_batch_tokens;
@@ -1114,13 +1188,14 @@ bt_status_t decode_run(decode_t *dec)
         kv_link_receiver_stats(dec->links, stats, sizeof(stats));
     BT_LOG_INFO("DECODE", "%s stopped: %llu steps, %llu tokens, KV "
                 "hand-offs by link: %s kv_cap_rejected:%llu "
-                "kv_grants_waited:%llu "
+                "kv_grants_waited:%llu kv_preempted:%llu "
                 "kv_windows:%llu kv_windows_revoked:%llu "
                 "kv_writes_refused:%llu",
                 dec->name, (unsigned long long)dec->steps,
                 (unsigned long long)dec->tokens_out, stats,
                 (unsigned long long)dec->cap_rejected,
                 (unsigned long long)dec->grants_waited,
+                (unsigned long long)dec->preempted,
                 (unsigned long long)dec->windows_mapped,
                 (unsigned long long)dec->windows_revoked,
                 (unsigned long long)dec->writes_refused);

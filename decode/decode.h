@@ -80,6 +80,11 @@ typedef struct {
                               * blocks); default off: a receive window per
                               * reservation, copied in (SECURITY.md 5) */
     int step_delay_ms;       /* tests: sleep after each step (slow streams) */
+    bool kv_overcommit;      /* --kv-overcommit: admit on the prompt's
+                              * blocks (and a watermark) instead of prompt
+                              * + max tokens; a step short of blocks gives
+                              * the newest sequences back to the router,
+                              * which recomputes them later (off) */
     bool can_prefill;        /* --role both: also prefill prompts locally
                               * (aggregated mode), chunked inside the
                               * step's token budget, written in place into

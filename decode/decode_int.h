@@ -37,6 +37,11 @@
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
 #define DECODE_PREFILL_FLOOR 128 /* prompt tokens a step always may take */
+/* --kv-overcommit: admission leaves 1/64 of the pool, and at least a
+ * block a running stream (its next block_size tokens), free for the
+ * streams' growth, as vLLM's watermark does: a stream given back is not
+ * admitted again straight into the shortage that preempted it */
+#define DECODE_OVERCOMMIT_WATERMARK_DIV 64
 /* A KvReady whose link still copies (staged: every layer's commit
  * landed, only the last host-to-device copies may still run) waits at
  * most this long; longer means something broke: fail it (the router
@@ -243,6 +248,8 @@ struct decode_s {
     uint64_t grants_waited;     /* grants refused: the receive area or
                                    windows were full (the router asks
                                    again) */
+    uint64_t preempted;         /* --kv-overcommit: sequences given back
+                                   to the router for want of blocks */
     uint64_t windows_mapped;    /* receive windows mapped for grants
                                  * (only the announced link maps one) */
     uint64_t windows_revoked;   /* UCX receive windows unmapped while

@@ -42,6 +42,11 @@ static void usage(FILE *out)
         "                         stay under T ms (learned step cost; at\n"
         "                         least 128 tokens; default 50, 0 = no bound)\n"
         "  --kv-timeout-ms N      free a reservation whose KV never came (30000)\n"
+        "  --kv-overcommit        admit a request on its prompt's KV blocks,\n"
+        "                         not prompt + max tokens (more streams in\n"
+        "                         the pool); a step short of blocks gives\n"
+        "                         the newest streams back to the router,\n"
+        "                         which recomputes them (their tokens kept)\n"
         "  --no-ucx               do not register the pool with UCX\n"
         "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"
         "                         (puts then need this process's CPU;\n"
@@ -96,6 +101,7 @@ int main(int argc, char **argv)
         { "tpot-target-ms", required_argument, 0, 1100 },
         { "max-seqs", required_argument, 0, 'S' },
         { "kv-timeout-ms", required_argument, 0, 'K' },
+        { "kv-overcommit", no_argument, 0, 1103 },
         { "kv-pool-malloc", no_argument, 0, 'M' },
         { "kv-direct-writes", no_argument, 0, 1102 },
         { "role", required_argument, 0, 'R' },
@@ -137,6 +143,7 @@ int main(int argc, char **argv)
                 break;
             case 'M': cfg.ucx_shm_pool = false; break;
             case 1102: cfg.kv_direct_writes = true; break;
+            case 1103: cfg.kv_overcommit = true; break;
             case 'R':
                 bad = strcmp(optarg, "both") != 0 &&
                       strcmp(optarg, "decode") != 0;

@@ -185,7 +185,9 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = "no random capability";
         goto reply;
     }
-    limit = BT_MAX(limit, need);
+    /* Overcommitted, a request is admitted on its prompt's blocks: its
+     * growth comes from the pool as it goes (preempt_for_room). */
+    limit = dec->cfg.kv_overcommit ? need : BT_MAX(limit, need);
     if (decode__available_blocks(dec) < limit) {
         g.error = "KV pool full";
         goto reply;

@@ -852,6 +852,27 @@ void router__on_task_error(router_t *r, router_worker_t *w,
         r->stale_msgs++; /* about an attempt that was given up */
         return;
     }
+    if (te->has_retry && te->retry && req->state == ROUTER_REQ_DECODING &&
+        req->decode_uid == w->uid) {
+        /* Given back (--kv-overcommit): the decode worker dropped it and
+         * its KV; the next attempt recomputes the prompt and the tokens
+         * streamed so far, as after a worker failure, but this is no
+         * failure.  Bounded: a pool that never holds it fails it. */
+        if (++req->preemptions <= ROUTER_MAX_PREEMPTIONS) {
+            r->metrics.preemptions++;
+            BT_LOG_DEBUG("ROUTER", "request %llu given back by %s after %d "
+                         "tokens: re-queued", (unsigned long long)req->id,
+                         w->name, req->n_generated);
+            router__req_requeue(r, req, false, 0);
+            return;
+        }
+        req->state = ROUTER_REQ_QUEUED;
+        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
+                         "preempted too often: the decode workers' KV "
+                         "pools are too small for this request at this "
+                         "load");
+        return;
+    }
     if (req->state == ROUTER_REQ_DECODING && req->decode_uid == w->uid)
         req->state = ROUTER_REQ_QUEUED; /* the decode already dropped it */
     router__req_fail(r, req,

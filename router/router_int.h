@@ -22,6 +22,9 @@
 #define ROUTER_NAME_MAX 64
 #define ROUTER_RID_MAX 128 /* a worker's ZeroMQ routing id */
 #define ROUTER_MAX_EOS 8
+/* A request a decode worker gave back (TaskError.retry: its overcommitted
+ * KV pool ran short) is re-queued this many times, then fails */
+#define ROUTER_MAX_PREEMPTIONS 16
 #define ROUTER_HASH_BUCKETS 4096
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
 #define ROUTER_MAX_TENANTS 256 /* tenants with live requests tracked apart;
@@ -233,6 +236,7 @@ struct router_req_s {
     Baton__KvTransport announced; /* the link KvReserve.kv_transport named:
                                      the only one the decode worker armed */
     int retries;
+    int preemptions;           /* given back by decode workers (retry) */
     uint64_t failed_uid;       /* the worker the last counted failure was
                                   put on (0 = none): its death, noticed
                                   later, is the same failure */
@@ -292,6 +296,8 @@ typedef struct {
     uint64_t admitted;                        /* into the queue */
     uint64_t retries;                         /* re-queued after a worker
                                                  failure */
+    uint64_t preemptions;                     /* re-queued: a decode worker
+                                                 gave them back (retry) */
     uint64_t handoffs[ROUTER_METRICS_TRANSPORTS]; /* KvReady sent, by
                                                      KvTransport */
     uint64_t worker_drops;                    /* workers dropped (dead,

@@ -1,8 +1,8 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY [engine|serve|long] - what the sessions of
+# run_gpu_pending.sh CARRY [engine|serve|long|over] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
 # docs/PERFORMANCE.md; every later call landed on an H100), ON THE
-# DEVICE MACHINE from a folder packed here, three calls of ~3 / ~4 / ~7
+# DEVICE MACHINE from a folder packed here, four calls of ~3 / 4 / 7 / 7
 # minutes on the warm machine; delete this script once its figures are
 # in docs/PERFORMANCE.md.
 # Pack (repository root):
@@ -15,7 +15,7 @@
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending engine"), then `serve`, then `long`
+#       build-pending engine"), then `serve`, `long`, `over`
 # engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
 #   FP8 KV batch 1 / 64 @2k, prefill 2048 / 8192 with the widened
 #   prefill (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
@@ -30,6 +30,11 @@
 #   the budget's margin under load, fad941f, should bring it under 50].
 # long: fp8 + FP8 KV 2048/2048 @384 streams [10,103] and @512 (the
 #   cuda default --max-seqs) if the engine rows say it gains.
+# over: bf16 2048/2048 @220 streams as admitted today (the whole growth
+#   promised; 224 overfill the H200's pool) [6,128] against @256 with
+#   `--kv-overcommit` (admitted on the prompt, the newest streams given
+#   back and recomputed when the pool runs short; the phase line's
+#   steps by sequences and the router's preemptions say what it cost).
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
@@ -77,5 +82,10 @@ if [ "$phase" = long ]; then
     BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
   serve fp8_512 $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MAX_SEQS=512 BT_SERVE_RUNS="2048x2048@512:1024"
+fi
+if [ "$phase" = over ]; then
+  serve bf16_220 260 BT_SERVE_RUNS="2048x2048@220:440"
+  serve bf16_256_over $(left 580) BT_SERVE_DECODE_ARGS=--kv-overcommit \
+    BT_SERVE_RUNS="2048x2048@256:512"
 fi
 cat "$md"

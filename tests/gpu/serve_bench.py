@@ -35,6 +35,7 @@ BT_SERVE_KV_BLOCKS (44000: disagg's decode; its prefill 4096),
 BT_SERVE_AGG_KV (auto: the aggregated worker sizes KV from memory),
 BT_SERVE_TPOT_MS (50: agg's --tpot-target-ms), BT_SERVE_MAX_SEQS (256:
 the decode worker's --max-seqs; the cuda default would be 512),
+BT_SERVE_DECODE_ARGS (more options of d0, e.g. --kv-overcommit),
 BT_SERVE_MODEL (synth:llama3-8b), BT_SERVE_DEVICE (cuda),
 BT_SERVE_PRECISION (bf16; fp8), BT_SERVE_KV_DTYPE (unset: the default),
 BT_SERVE_PREFIX_RUNS ("SHARED+UNIQUExOUTPUT@CONCURRENCY:REQUESTS;...",
@@ -104,6 +105,8 @@ KV = os.environ.get("BT_SERVE_KV_BLOCKS", "44000")  # disagg's decode pool
 AGG_KV = os.environ.get("BT_SERVE_AGG_KV", "auto")  # auto: from memory
 TPOT_MS = os.environ.get("BT_SERVE_TPOT_MS", "50")
 MAX_SEQS = os.environ.get("BT_SERVE_MAX_SEQS", "256")
+# more baton-decode options, e.g. "--kv-overcommit"
+DECODE_ARGS = os.environ.get("BT_SERVE_DECODE_ARGS", "").split()
 SWEEP_CONC = int(MAX_SEQS)  # in flight at most during a sweep
 MODEL = os.environ.get("BT_SERVE_MODEL", "synth:llama3-8b")
 DEVICE = os.environ.get("BT_SERVE_DEVICE", "cuda")
@@ -173,7 +176,7 @@ def worker_cmds(mode, ctl):
     dec = ["baton-decode"] + common + [
         "--name", "d0", "--metrics-port", str(METRICS_PORT), "--max-seqs",
         MAX_SEQS,
-        "--max-batch-tokens", "8192", "--chunk-tokens", "2048"]
+        "--max-batch-tokens", "8192", "--chunk-tokens", "2048"] + DECODE_ARGS
     if mode.startswith(("prefix", "rand")):
         return [("d0", dec + ["--role", "both", "--prefix-cache",
                               "off" if mode.endswith("-off") else "on",
