@@ -1,6 +1,6 @@
 /*
- * test_kv_overcommit.c - --kv-overcommit in a real cluster (router + an
- * aggregated --role both decode worker, aidreams260K, cpu).
+ * test_kv_overcommit.c - --kv-overcommit in a real cluster (router +
+ * decode worker, aidreams260K, cpu).
  *
  * A worker of 64 blocks of 8 tokens; N_REQ requests of the golden
  * prompts with 122 new tokens each (16 blocks apiece, 8 x 16 = 128 at
@@ -10,7 +10,9 @@
  * pool, so the pool runs short mid-stream: the worker gives its newest
  * streams back to the router (TaskError.retry), which re-queues them;
  * their next attempt recomputes the prompt and the tokens streamed so
- * far and goes on.  Checked:
+ * far and goes on.  Checked, with the worker prefilling itself
+ * (--role both) and again with a prefill worker beside it (the
+ * recomputation of prompt + streamed tokens is then a hand-off):
  *   - every request finishes equal to golden.jsonl (greedy): a stream
  *     given back and recomputed, perhaps several times, loses no token
  *     and repeats none;
@@ -38,15 +40,65 @@ static long stop_count(const char *path, const char *key)
     return n;
 }
 
+/* One round against a fresh decode worker (role both, or decode beside
+ * the prefill worker already up): N_REQ golden requests at once, exact;
+ * then the worker stopped: streams given back, no leak. */
+static void round_of(const char *listen, const char *control,
+                     const char *model, const char *role,
+                     const cu_golden_t *golden, int n_golden)
+{
+    static cu_result_t res[N_REQ];
+    client_t *c = NULL;
+    char log[256];
+    long preempted;
+    uint64_t t0;
+    pid_t d0;
+
+    snprintf(log, sizeof(log), "/tmp/bt_test_kv_overcommit_%d_%s.log",
+             (int)getpid(), role);
+    setenv("BT_LOG", "info", 1);
+    d0 = cu_spawn_log(log, "baton-decode", "--router", control, "--model",
+                      model, "--threads", "1", "--name", role, "--role",
+                      role, "--block-size", "8", "--kv-blocks", "64",
+                      "--kv-overcommit", NULL);
+    unsetenv("BT_LOG");
+    BT_ASSERT_OK(client_create(listen, &c));
+    cu_wait_workers(c, strcmp(role, "both") != 0, 1, 20000);
+
+    memset(res, 0, sizeof(res));
+    t0 = bt_time_ns();
+    for (int i = 0; i < N_REQ; i++) {
+        const cu_golden_t *g = &golden[i % n_golden];
+
+        /* more than the pool's share of each, so it must run short */
+        BT_CHECK((g->n_prompt + g->max_tokens + 7) / 8 > 64 / (N_REQ / 2));
+        res[i].rid = cu_submit_golden(c, g);
+    }
+    cu_collect(c, res, N_REQ, 120000);
+    fprintf(stderr, "%s: %d requests, twice the pool at their end, took "
+            "%.0f ms\n", role, N_REQ, (double)(bt_time_ns() - t0) * 1e-6);
+    for (int i = 0; i < N_REQ; i++)
+        cu_check_golden(&res[i], &golden[i % n_golden], i);
+    client_destroy(&c);
+
+    cu_kill(d0, SIGTERM);
+    BT_ASSERT_EQ(cu_wait_exit(d0, 10000), 0);
+    preempted = stop_count(log, "kv_preempted:");
+    fprintf(stderr, "%s: the worker gave back %ld streams\n", role,
+            preempted);
+    if (preempted < 1)
+        BT_TEST_FAIL("%s: no stream was given back (kv_preempted %ld): the "
+                     "pool never ran short, nothing was tested", role,
+                     preempted);
+    if (cu_file_has(log, "leak"))
+        BT_TEST_FAIL("%s: the worker reports a leak (see %s)", role, log);
+    remove(log);
+}
+
 int main(void)
 {
     static cu_golden_t golden[32];
-    static cu_result_t res[N_REQ];
-    char listen[64], control[64], model[512], log[256];
-    client_t *c = NULL, *ctl = NULL;
-    pid_t d0;
-    long preempted;
-    uint64_t t0;
+    char listen[64], control[64], model[512];
     int n_golden;
 
     cu_init();
@@ -55,45 +107,13 @@ int main(void)
     cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
              BT_SHARED_DIR);
-    snprintf(log, sizeof(log), "/tmp/bt_test_kv_overcommit_%d.log",
-             (int)getpid());
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "5", NULL);
-    setenv("BT_LOG", "info", 1);
-    d0 = cu_spawn_log(log, "baton-decode", "--router", control, "--model",
-                      model, "--threads", "1", "--name", "over", "--role",
-                      "both", "--block-size", "8", "--kv-blocks", "64",
-                      "--kv-overcommit", NULL);
-    unsetenv("BT_LOG");
-    BT_ASSERT_OK(client_create(listen, &c));
-    BT_ASSERT_OK(client_create(listen, &ctl));
-    cu_wait_workers(ctl, 0, 1, 20000);
-
-    t0 = bt_time_ns();
-    for (int i = 0; i < N_REQ; i++) {
-        BT_CHECK(golden[i % n_golden].n_prompt + golden[i % n_golden].max_tokens
-                 > 64);
-        res[i].rid = cu_submit_golden(c, &golden[i % n_golden]);
-    }
-    cu_collect(c, res, N_REQ, 120000);
-    fprintf(stderr, "%d requests, twice the pool at their end, took %.0f "
-            "ms\n", N_REQ, (double)(bt_time_ns() - t0) * 1e-6);
-    for (int i = 0; i < N_REQ; i++)
-        cu_check_golden(&res[i], &golden[i % n_golden], i);
-
-    client_destroy(&c);
-    client_destroy(&ctl);
-    cu_kill(d0, SIGTERM);
-    BT_ASSERT_EQ(cu_wait_exit(d0, 10000), 0);
-    preempted = stop_count(log, "kv_preempted:");
-    fprintf(stderr, "the worker gave back %ld streams\n", preempted);
-    if (preempted < 1)
-        BT_TEST_FAIL("no stream was given back (kv_preempted %ld): the "
-                     "pool never ran short, nothing was tested", preempted);
-    if (cu_file_has(log, "leak"))
-        BT_TEST_FAIL("the worker reports a leak (see %s)", log);
-    remove(log);
+    round_of(listen, control, model, "both", golden, n_golden);
+    cu_spawn("baton-prefill", "--router", control, "--model", model,
+             "--threads", "1", "--name", "p0", "--block-size", "8", NULL);
+    round_of(listen, control, model, "decode", golden, n_golden);
     BT_TEST_PASS("cluster/kv_overcommit: streams past the pool given back, "
-                 "recomputed and exact");
+                 "recomputed (aggregated and by a prefill worker), exact");
     return 0;
 }
