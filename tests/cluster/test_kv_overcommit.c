@@ -11,11 +11,13 @@
  * streams back to the router (TaskError.retry), which re-queues them;
  * their next attempt recomputes the prompt and the tokens streamed so
  * far and goes on.  Checked, with the worker prefilling itself
- * (--role both) and again with a prefill worker beside it (the
- * recomputation of prompt + streamed tokens is then a hand-off):
- *   - every request finishes equal to golden.jsonl (greedy): a stream
- *     given back and recomputed, perhaps several times, loses no token
- *     and repeats none;
+ * (--role both), again with a prefill worker beside it (the
+ * recomputation of prompt + streamed tokens is then a hand-off), and
+ * with seeded sampling:
+ *   - every request finishes equal to golden.jsonl (greedy), or to
+ *     `baton run --seed` (sampled: each attempt continues the request's
+ *     random stream): a stream given back and recomputed, perhaps
+ *     several times, loses no token and repeats none;
  *   - the worker did give streams back (its stop line's kv_preempted);
  *   - it exits 0 with every KV block back (no "leak" in its log).
  */
@@ -23,6 +25,25 @@
 #include "cluster_util.h"
 
 #define N_REQ 8
+#define SAMPLED_MAX 122 /* 128 tokens at most: 16 blocks of 8 */
+
+/* The ids `baton run` samples for prompt g with seed `seed`
+ * (test_sampled.c's reference). */
+static int run_reference(const cu_golden_t *g, uint64_t seed, int *ids)
+{
+    char cmd[8192], *p = cmd;
+
+    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s/models/"
+                  "aidreams260K.bin --threads 1 --temperature 0.9 "
+                  "--top-p 0.95 --seed %llu --max-tokens %d --ids "
+                  "--prompt-ids '", BT_BIN_DIR, BT_SHARED_DIR,
+                  (unsigned long long)seed, SAMPLED_MAX);
+    for (int i = 0; i < g->n_prompt; i++)
+        p += snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "%d ",
+                      g->prompt[i]);
+    snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "'");
+    return cu_popen_ids(cmd, ids, CU_MAX_IDS);
+}
 
 /* The count after `key` on the worker's stop line, or -1. */
 static long stop_count(const char *path, const char *key)
@@ -41,11 +62,14 @@ static long stop_count(const char *path, const char *key)
 }
 
 /* One round against a fresh decode worker (role both, or decode beside
- * the prefill worker already up): N_REQ golden requests at once, exact;
- * then the worker stopped: streams given back, no leak. */
+ * the prefill worker already up): N_REQ golden requests at once, greedy
+ * (want NULL) or sampled with seed 1000 + i (want[i], n_want[i]: the
+ * reference), exact; then the worker stopped: streams given back, no
+ * leak. */
 static void round_of(const char *listen, const char *control,
                      const char *model, const char *role,
-                     const cu_golden_t *golden, int n_golden)
+                     const cu_golden_t *golden, int n_golden,
+                     int (*want)[CU_MAX_IDS], const int *n_want)
 {
     static cu_result_t res[N_REQ];
     client_t *c = NULL;
@@ -72,13 +96,37 @@ static void round_of(const char *listen, const char *control,
 
         /* more than the pool's share of each, so it must run short */
         BT_CHECK((g->n_prompt + g->max_tokens + 7) / 8 > 64 / (N_REQ / 2));
-        res[i].rid = cu_submit_golden(c, g);
+        if (want == NULL) {
+            res[i].rid = cu_submit_golden(c, g);
+        } else {
+            client_request_t req;
+
+            client_request_init(&req);
+            req.prompt_ids = g->prompt;
+            req.n_prompt_ids = g->n_prompt;
+            req.temperature = 0.9f;
+            req.top_p = 0.95f;
+            req.seed = 1000 + (uint64_t)i;
+            req.max_tokens = SAMPLED_MAX;
+            req.want_text = false;
+            BT_ASSERT_OK(client_submit(c, &req, &res[i].rid));
+        }
     }
     cu_collect(c, res, N_REQ, 120000);
     fprintf(stderr, "%s: %d requests, twice the pool at their end, took "
             "%.0f ms\n", role, N_REQ, (double)(bt_time_ns() - t0) * 1e-6);
-    for (int i = 0; i < N_REQ; i++)
-        cu_check_golden(&res[i], &golden[i % n_golden], i);
+    for (int i = 0; i < N_REQ; i++) {
+        if (want == NULL) {
+            cu_check_golden(&res[i], &golden[i % n_golden], i);
+            continue;
+        }
+        BT_ASSERT_EQ(res[i].finished, 1);
+        if (res[i].n_ids != n_want[i] ||
+            memcmp(res[i].ids, want[i], sizeof(int) * (size_t)n_want[i]))
+            BT_TEST_FAIL("%s: request %d (seed %d): %d ids differ from "
+                         "baton run's %d", role, i, 1000 + i, res[i].n_ids,
+                         n_want[i]);
+    }
     client_destroy(&c);
 
     cu_kill(d0, SIGTERM);
@@ -98,22 +146,30 @@ static void round_of(const char *listen, const char *control,
 int main(void)
 {
     static cu_golden_t golden[32];
+    static int want[N_REQ][CU_MAX_IDS];
+    int n_want[N_REQ];
     char listen[64], control[64], model[512];
     int n_golden;
 
     cu_init();
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
+    for (int i = 0; i < N_REQ; i++)
+        n_want[i] = run_reference(&golden[i % n_golden], 1000 + (uint64_t)i,
+                                  want[i]);
     cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
              BT_SHARED_DIR);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "5", NULL);
-    round_of(listen, control, model, "both", golden, n_golden);
+    round_of(listen, control, model, "both", golden, n_golden, NULL, NULL);
+    round_of(listen, control, model, "both", golden, n_golden, want,
+             n_want);
     cu_spawn("baton-prefill", "--router", control, "--model", model,
              "--threads", "1", "--name", "p0", "--block-size", "8", NULL);
-    round_of(listen, control, model, "decode", golden, n_golden);
+    round_of(listen, control, model, "decode", golden, n_golden, NULL, NULL);
     BT_TEST_PASS("cluster/kv_overcommit: streams past the pool given back, "
-                 "recomputed (aggregated and by a prefill worker), exact");
+                 "recomputed (aggregated and by a prefill worker), greedy "
+                 "and seeded sampling exact");
     return 0;
 }
