@@ -290,9 +290,18 @@ static void seq_preempt(decode_t *dec, decode_seq_t *s)
 }
 
 /* True when the step feeds s (one past the context is not fed) a token
- * that starts a new block. */
+ * that starts a new block.  A drafting sequence's blocks are its engine
+ * sequence's; its draft tree takes slots only where the pool has them
+ * (decode__step_spec), so only the plain token counts. */
 static bool seq_needs_block(const decode_t *dec, const decode_seq_t *s)
 {
+    int held;
+
+    if (s->eseq != NULL) {
+        engine_seq_blocks(s->eseq, &held);
+        return BT_DIV_UP(engine_seq_cached(s->eseq) + 1, dec->block_size) >
+               held;
+    }
     return !(s->pend && s->n_tokens > dec->max_context) &&
            BT_DIV_UP(s->n_cached + 1, dec->block_size) > s->n_blocks;
 }
@@ -307,7 +316,7 @@ static void preempt_for_room(decode_t *dec)
 {
     int need = 0;
 
-    if (!dec->cfg.kv_overcommit || dec->spec != NULL)
+    if (!dec->cfg.kv_overcommit)
         return;
     for (const decode_seq_t *s = dec->seqs; s; s = s->next)
         need += seq_needs_block(dec, s);
@@ -576,9 +585,9 @@ static void step(decode_t *dec)
         decode_budget_observe_between(
             &dec->cost, (double)(now - dec->busy_end_ns) * 1e-6);
     dec->busy_end_ns = 0;
+    preempt_for_room(dec);
     if (dec->spec != NULL)
         decode__step_spec(dec); /* the decode batch; local prefill below */
-    preempt_for_room(dec);
     for (s = dec->spec != NULL ? NULL : dec->seqs;
          s && n < dec->max_seqs && n < dec->budget; s = next) {
         next = s->next;
@@ -909,14 +918,6 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         status = BT_ERROR(BT_ERR_INVALID_ARG, "DECODE",
                           "max reservations must be positive, KV blocks "
                           "and seqs not negative");
-        goto err_free;
-    }
-    if (cfg->kv_overcommit && cfg->spec_head != NULL) {
-        /* a drafting stream's KV lives in its engine sequence, which
-         * preempt_for_room does not give back */
-        status = BT_ERROR(BT_ERR_UNSUPPORTED, "DECODE",
-                          "--kv-overcommit does not combine with "
-                          "speculative decoding (--spec-head) yet");
         goto err_free;
     }
     dec->budget = cfg->step_tokens > 0

@@ -75,7 +75,9 @@ typedef struct {
                            grant (issue 42): a KvReady must present it */
     int *blocks;        /* (n_blocks) */
     int n_blocks;
-    int limit_blocks;   /* blocks the request may grow to */
+    int limit_blocks;   /* blocks promised to it at admission: all it may
+                           grow to, or (--kv-overcommit) its prompt's */
+    int growth_blocks;  /* blocks it may grow to (prompt + max tokens) */
     uint64_t expires_ns;
     /* Aggregated mode: a PrefillTask for this reservation runs here. */
     bool local;         /* prompt being prefilled locally */

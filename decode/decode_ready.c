@@ -325,7 +325,7 @@ bool decode__on_ready(decode_t *dec, Baton__ControlMessage *msg)
         r->n_blocks -= keep;
         if (spec_seq_create(dec->spec, s->eseq, &s->sseq) != BT_OK)
             goto fail;
-        spec_seq_set_max_slots(s->sseq, r->limit_blocks * dec->block_size);
+        spec_seq_set_max_slots(s->sseq, r->growth_blocks * dec->block_size);
         decode__spec_import_feature(dec, s, r, m);
     } else {
         memcpy(s->blocks, r->blocks, (size_t)keep * sizeof(int));

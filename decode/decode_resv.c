@@ -147,7 +147,7 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
                           dec->block_size);
     int *blocks = NULL;
     int *recv_ids = NULL;
-    int held = 0, slot;
+    int held = 0, slot, growth;
     bt_blockhash_t held_hash = { 0, 0 };
     uint8_t cap[PROTO_CAPABILITY_BYTES];
 
@@ -187,7 +187,8 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
     }
     /* Overcommitted, a request is admitted on its prompt's blocks: its
      * growth comes from the pool as it goes (preempt_for_room). */
-    limit = dec->cfg.kv_overcommit ? need : BT_MAX(limit, need);
+    growth = BT_MAX(limit, need);
+    limit = dec->cfg.kv_overcommit ? need : growth;
     if (decode__available_blocks(dec) < limit) {
         g.error = "KV pool full";
         goto reply;
@@ -260,6 +261,7 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
     r->held = held;
     r->held_hash = held_hash;
     r->limit_blocks = limit;
+    r->growth_blocks = growth;
     r->expires_ns = bt_time_ns() + (uint64_t)dec->cfg.kv_timeout_ms * 1000000ull;
     g.ok = 1;
     g.n_block_ids = (size_t)need;

@@ -12,7 +12,7 @@
 #include "spec/spec_train.h"
 
 /* Trains a small aidreams260K head and writes it to path. */
-static void scu_train_head(const char *model, const char *path)
+__attribute__((unused)) static void scu_train_head(const char *model, const char *path)
 {
     engine_config_t ecfg;
     engine_t *engine = NULL;
@@ -39,7 +39,7 @@ static void scu_train_head(const char *model, const char *path)
 }
 
 /* Like cu_spawn, with the child's stderr (at INFO) appended to `log`. */
-static pid_t scu_spawn_logged(const char *log, const char *exe, ...)
+__attribute__((unused)) static pid_t scu_spawn_logged(const char *log, const char *exe, ...)
 {
     char path[512];
     char *args[64];

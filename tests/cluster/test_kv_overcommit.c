@@ -12,8 +12,9 @@
  * their next attempt recomputes the prompt and the tokens streamed so
  * far and goes on.  Checked, with the worker prefilling itself
  * (--role both), again with a prefill worker beside it (the
- * recomputation of prompt + streamed tokens is then a hand-off), and
- * with seeded sampling:
+ * recomputation of prompt + streamed tokens is then a hand-off), with
+ * seeded sampling, and drafting with an EAGLE head (trained here in
+ * seconds; a drafting stream's blocks are its engine sequence's):
  *   - every request finishes equal to golden.jsonl (greedy), or to
  *     `baton run --seed` (sampled: each attempt continues the request's
  *     random stream): a stream given back and recomputed, perhaps
@@ -22,7 +23,7 @@
  *   - it exits 0 with every KV block back (no "leak" in its log).
  */
 #include "bt_error.h"
-#include "cluster_util.h"
+#include "spec_cluster_util.h"
 
 #define N_REQ 8
 #define SAMPLED_MAX 122 /* 128 tokens at most: 16 blocks of 8 */
@@ -64,12 +65,12 @@ static long stop_count(const char *path, const char *key)
 /* One round against a fresh decode worker (role both, or decode beside
  * the prefill worker already up): N_REQ golden requests at once, greedy
  * (want NULL) or sampled with seed 1000 + i (want[i], n_want[i]: the
- * reference), exact; then the worker stopped: streams given back, no
- * leak. */
+ * reference), exact, drafting with spec_head unless NULL; then the
+ * worker stopped: streams given back, no leak. */
 static void round_of(const char *listen, const char *control,
                      const char *model, const char *role,
-                     const cu_golden_t *golden, int n_golden,
-                     int (*want)[CU_MAX_IDS], const int *n_want)
+                     const char *spec_head, const cu_golden_t *golden,
+                     int n_golden, int (*want)[CU_MAX_IDS], const int *n_want)
 {
     static cu_result_t res[N_REQ];
     client_t *c = NULL;
@@ -84,7 +85,8 @@ static void round_of(const char *listen, const char *control,
     d0 = cu_spawn_log(log, "baton-decode", "--router", control, "--model",
                       model, "--threads", "1", "--name", role, "--role",
                       role, "--block-size", "8", "--kv-blocks", "64",
-                      "--kv-overcommit", NULL);
+                      "--kv-overcommit",
+                      spec_head ? "--spec-head" : NULL, spec_head, NULL);
     unsetenv("BT_LOG");
     BT_ASSERT_OK(client_create(listen, &c));
     cu_wait_workers(c, strcmp(role, "both") != 0, 1, 20000);
@@ -148,7 +150,7 @@ int main(void)
     static cu_golden_t golden[32];
     static int want[N_REQ][CU_MAX_IDS];
     int n_want[N_REQ];
-    char listen[64], control[64], model[512];
+    char listen[64], control[64], model[512], head[256];
     int n_golden;
 
     cu_init();
@@ -162,14 +164,22 @@ int main(void)
              BT_SHARED_DIR);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
              "--heartbeat-ms", "100", "--heartbeat-miss", "5", NULL);
-    round_of(listen, control, model, "both", golden, n_golden, NULL, NULL);
-    round_of(listen, control, model, "both", golden, n_golden, want,
+    snprintf(head, sizeof(head), "/tmp/bt_test_kv_overcommit_%d.head",
+             (int)getpid());
+    scu_train_head(model, head);
+    round_of(listen, control, model, "both", NULL, golden, n_golden, NULL,
+             NULL);
+    round_of(listen, control, model, "both", NULL, golden, n_golden, want,
              n_want);
+    round_of(listen, control, model, "both", head, golden, n_golden, NULL,
+             NULL);
     cu_spawn("baton-prefill", "--router", control, "--model", model,
              "--threads", "1", "--name", "p0", "--block-size", "8", NULL);
-    round_of(listen, control, model, "decode", golden, n_golden, NULL, NULL);
+    round_of(listen, control, model, "decode", NULL, golden, n_golden, NULL,
+             NULL);
+    remove(head);
     BT_TEST_PASS("cluster/kv_overcommit: streams past the pool given back, "
-                 "recomputed (aggregated and by a prefill worker), greedy "
-                 "and seeded sampling exact");
+                 "recomputed (aggregated and by a prefill worker), greedy, "
+                 "seeded sampling and drafting exact");
     return 0;
 }
