@@ -625,6 +625,28 @@ __attribute__((unused)) static int cu_baton_run_golden(const char *model,
     return cu_popen_ids(cmd, out, cap);
 }
 
+/* The ids `baton run` samples for golden prompt g of aidreams260K at
+ * temperature 0.9, top-p 0.95, seed `seed`, at most max_tokens: the
+ * reference of a seeded request in the cluster.  Returns how many. */
+__attribute__((unused)) static int cu_baton_run_sampled(const cu_golden_t *g,
+                                                        uint64_t seed,
+                                                        int max_tokens,
+                                                        int *ids)
+{
+    char cmd[8192], *p = cmd;
+
+    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s/models/"
+                  "aidreams260K.bin --threads 1 --temperature 0.9 "
+                  "--top-p 0.95 --seed %llu --max-tokens %d --ids "
+                  "--prompt-ids '", BT_BIN_DIR, BT_SHARED_DIR,
+                  (unsigned long long)seed, max_tokens);
+    for (int i = 0; i < g->n_prompt; i++)
+        p += snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "%d ",
+                      g->prompt[i]);
+    snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "'");
+    return cu_popen_ids(cmd, ids, CU_MAX_IDS);
+}
+
 /* Submits golden line g as a greedy request (stop at id 1 only). */
 __attribute__((unused)) static uint64_t cu_submit_golden(client_t *c, const cu_golden_t *g)
 {

@@ -28,24 +28,6 @@
 #define N_REQ 8
 #define SAMPLED_MAX 122 /* 128 tokens at most: 16 blocks of 8 */
 
-/* The ids `baton run` samples for prompt g with seed `seed`
- * (test_sampled.c's reference). */
-static int run_reference(const cu_golden_t *g, uint64_t seed, int *ids)
-{
-    char cmd[8192], *p = cmd;
-
-    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s/models/"
-                  "aidreams260K.bin --threads 1 --temperature 0.9 "
-                  "--top-p 0.95 --seed %llu --max-tokens %d --ids "
-                  "--prompt-ids '", BT_BIN_DIR, BT_SHARED_DIR,
-                  (unsigned long long)seed, SAMPLED_MAX);
-    for (int i = 0; i < g->n_prompt; i++)
-        p += snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "%d ",
-                      g->prompt[i]);
-    snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "'");
-    return cu_popen_ids(cmd, ids, CU_MAX_IDS);
-}
-
 /* The count after `key` on the worker's stop line, or -1. */
 static long stop_count(const char *path, const char *key)
 {
@@ -157,8 +139,9 @@ int main(void)
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
     for (int i = 0; i < N_REQ; i++)
-        n_want[i] = run_reference(&golden[i % n_golden], 1000 + (uint64_t)i,
-                                  want[i]);
+        n_want[i] = cu_baton_run_sampled(&golden[i % n_golden],
+                                         1000 + (uint64_t)i, SAMPLED_MAX,
+                                         want[i]);
     cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin",
              BT_SHARED_DIR);

@@ -10,24 +10,6 @@
 
 #define N_REQ 8
 
-/* The ids `baton run` generates for prompt g with seed `seed`. */
-static int run_reference(const cu_golden_t *g, uint64_t seed, int max_tokens,
-                         int *ids)
-{
-    char cmd[8192], *p = cmd;
-
-    p += snprintf(p, sizeof(cmd), "%s/baton run --model %s/models/"
-                  "aidreams260K.bin --threads 1 --temperature 0.9 "
-                  "--top-p 0.95 --seed %llu --max-tokens %d --ids "
-                  "--prompt-ids '", BT_BIN_DIR, BT_SHARED_DIR,
-                  (unsigned long long)seed, max_tokens);
-    for (int i = 0; i < g->n_prompt; i++)
-        p += snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "%d ",
-                      g->prompt[i]);
-    snprintf(p, (size_t)(cmd + sizeof(cmd) - p), "'");
-    return cu_popen_ids(cmd, ids, CU_MAX_IDS);
-}
-
 int main(void)
 {
     static cu_golden_t golden[32];
@@ -44,8 +26,9 @@ int main(void)
     n_golden = cu_golden_load("aidreams260K.bin", golden, 32);
     BT_CHECK(n_golden > 0);
     for (int i = 0; i < N_REQ; i++)
-        n_want[i] = run_reference(&golden[i % n_golden], 1000 + (uint64_t)i,
-                                  max_tokens, want[i]);
+        n_want[i] = cu_baton_run_sampled(&golden[i % n_golden],
+                                         1000 + (uint64_t)i, max_tokens,
+                                         want[i]);
     cu_router_addrs(listen, control);
     snprintf(model, sizeof(model), "%s/models/aidreams260K.bin", BT_SHARED_DIR);
     cu_spawn("baton-router", "--listen", listen, "--control", control,
