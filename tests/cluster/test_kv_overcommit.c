@@ -13,8 +13,11 @@
  * far and goes on.  Checked, with the worker prefilling itself
  * (--role both), again with a prefill worker beside it (the
  * recomputation of prompt + streamed tokens is then a hand-off), with
- * seeded sampling, and drafting with an EAGLE head (trained here in
- * seconds; a drafting stream's blocks are its engine sequence's):
+ * seeded sampling, drafting with an EAGLE head (trained here in
+ * seconds; a drafting stream's blocks are its engine sequence's), and
+ * with a host tier (--kv-host-gb: the given-back blocks the pool
+ * reclaims go there, and the next attempt loads them back, a swap
+ * instead of a recomputation: its prefix hits must show it):
  *   - every request finishes equal to golden.jsonl (greedy), or to
  *     `baton run --seed` (sampled: each attempt continues the request's
  *     random stream): a stream given back and recomputed, perhaps
@@ -47,11 +50,11 @@ static long stop_count(const char *path, const char *key)
 /* One round against a fresh decode worker (role both, or decode beside
  * the prefill worker already up): N_REQ golden requests at once, greedy
  * (want NULL) or sampled with seed 1000 + i (want[i], n_want[i]: the
- * reference), exact, drafting with spec_head unless NULL; then the
- * worker stopped: streams given back, no leak. */
+ * reference), exact, the worker given option opt (with its value val)
+ * unless NULL; then the worker stopped: streams given back, no leak. */
 static void round_of(const char *listen, const char *control,
-                     const char *model, const char *role,
-                     const char *spec_head, const cu_golden_t *golden,
+                     const char *model, const char *role, const char *opt,
+                     const char *val, const cu_golden_t *golden,
                      int n_golden, int (*want)[CU_MAX_IDS], const int *n_want)
 {
     static cu_result_t res[N_REQ];
@@ -67,8 +70,7 @@ static void round_of(const char *listen, const char *control,
     d0 = cu_spawn_log(log, "baton-decode", "--router", control, "--model",
                       model, "--threads", "1", "--name", role, "--role",
                       role, "--block-size", "8", "--kv-blocks", "64",
-                      "--kv-overcommit",
-                      spec_head ? "--spec-head" : NULL, spec_head, NULL);
+                      "--kv-overcommit", opt, val, NULL);
     unsetenv("BT_LOG");
     BT_ASSERT_OK(client_create(listen, &c));
     cu_wait_workers(c, strcmp(role, "both") != 0, 1, 20000);
@@ -122,6 +124,11 @@ static void round_of(const char *listen, const char *control,
         BT_TEST_FAIL("%s: no stream was given back (kv_preempted %ld): the "
                      "pool never ran short, nothing was tested", role,
                      preempted);
+    if (opt != NULL && strcmp(opt, "--kv-host-gb") == 0 &&
+        stop_count(log, " hit_tokens:") < 1)
+        BT_TEST_FAIL("%s: no given-back stream found its blocks again in "
+                     "the host tier (hit_tokens %ld)", role,
+                     stop_count(log, " hit_tokens:"));
     if (cu_file_has(log, "leak"))
         BT_TEST_FAIL("%s: the worker reports a leak (see %s)", role, log);
     remove(log);
@@ -150,19 +157,22 @@ int main(void)
     snprintf(head, sizeof(head), "/tmp/bt_test_kv_overcommit_%d.head",
              (int)getpid());
     scu_train_head(model, head);
-    round_of(listen, control, model, "both", NULL, golden, n_golden, NULL,
-             NULL);
-    round_of(listen, control, model, "both", NULL, golden, n_golden, want,
-             n_want);
-    round_of(listen, control, model, "both", head, golden, n_golden, NULL,
-             NULL);
+    round_of(listen, control, model, "both", NULL, NULL, golden, n_golden,
+             NULL, NULL);
+    round_of(listen, control, model, "both", NULL, NULL, golden, n_golden,
+             want, n_want);
+    round_of(listen, control, model, "both", "--spec-head", head, golden,
+             n_golden, NULL, NULL);
+    round_of(listen, control, model, "both", "--kv-host-gb", "0.05", golden,
+             n_golden, NULL, NULL);
     cu_spawn("baton-prefill", "--router", control, "--model", model,
              "--threads", "1", "--name", "p0", "--block-size", "8", NULL);
-    round_of(listen, control, model, "decode", NULL, golden, n_golden, NULL,
-             NULL);
+    round_of(listen, control, model, "decode", NULL, NULL, golden, n_golden,
+             NULL, NULL);
     remove(head);
     BT_TEST_PASS("cluster/kv_overcommit: streams past the pool given back, "
-                 "recomputed (aggregated and by a prefill worker), greedy, "
-                 "seeded sampling and drafting exact");
+                 "recomputed (aggregated and by a prefill worker) or "
+                 "loaded back from the host tier; greedy, seeded sampling "
+                 "and drafting exact");
     return 0;
 }
