@@ -275,9 +275,9 @@ void decode__seq_fail(decode_t *dec, decode_seq_t *s, Baton__ErrorCode code,
 
 /* --kv-overcommit: gives s back to the router (TaskError with retry),
  * which re-queues it; the next attempt recomputes the KV of its prompt
- * and of the tokens streamed so far (the full blocks stay in the prefix
- * cache until reclaimed, so often it finds them) and goes on from
- * there.  A sampled token not yet emitted is dropped with s: the next
+ * and of the tokens streamed so far and goes on from there (its full
+ * blocks enter the prefix cache, and the shortage reclaims them at once
+ * unless a host tier keeps them: then they are loaded back).  A sampled token not yet emitted is dropped with s: the next
  * attempt samples it again at the same place of the random stream. */
 static void seq_preempt(decode_t *dec, decode_seq_t *s)
 {
