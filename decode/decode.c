@@ -308,10 +308,12 @@ static bool seq_needs_block(const decode_t *dec, const decode_seq_t *s)
 
 /* --kv-overcommit, before a step is built: the blocks its rows need
  * beyond their own against what the pool can give; while short, the
- * newest sequence (the list's head) goes back to the router (vLLM's
- * recompute preemption: the oldest streams keep going).  Without it
- * every stream's growth was promised at admission and this never
- * happens. */
+ * latest request to arrive goes back to the router (vLLM's recompute
+ * preemption: the earliest keep going).  The router numbers requests as
+ * they arrive, so the largest id is the latest: not the list's head,
+ * the latest admitted, which may be a stream given back and taken again
+ * (its recomputation would be lost again).  Without overcommit every
+ * stream's growth was promised at admission and this never happens. */
 static void preempt_for_room(decode_t *dec)
 {
     int need = 0;
@@ -321,8 +323,13 @@ static void preempt_for_room(decode_t *dec)
     for (const decode_seq_t *s = dec->seqs; s; s = s->next)
         need += seq_needs_block(dec, s);
     while (need > kv_allocator_free_count(dec->kv) && dec->seqs != NULL) {
-        need -= seq_needs_block(dec, dec->seqs);
-        seq_preempt(dec, dec->seqs); /* the newest */
+        decode_seq_t *v = dec->seqs;
+
+        for (decode_seq_t *s = dec->seqs->next; s; s = s->next)
+            if (s->id > v->id)
+                v = s;
+        need -= seq_needs_block(dec, v);
+        seq_preempt(dec, v);
     }
 }
 
