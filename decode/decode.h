@@ -83,7 +83,7 @@ typedef struct {
     bool kv_overcommit;      /* --kv-overcommit: admit on the prompt's
                               * blocks (and a watermark) instead of prompt
                               * + max tokens; a step short of blocks gives
-                              * the newest sequences back to the router,
+                              * the latest-arrived streams back to the router,
                               * which recomputes them later (off) */
     bool can_prefill;        /* --role both: also prefill prompts locally
                               * (aggregated mode), chunked inside the

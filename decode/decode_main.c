@@ -45,7 +45,7 @@ static void usage(FILE *out)
         "  --kv-overcommit        admit a request on its prompt's KV blocks,\n"
         "                         not prompt + max tokens (more streams in\n"
         "                         the pool); a step short of blocks gives\n"
-        "                         the newest streams back to the router,\n"
+        "                         the latest-arrived streams back to the router,\n"
         "                         which recomputes them (their tokens kept)\n"
         "  --no-ucx               do not register the pool with UCX\n"
         "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"
