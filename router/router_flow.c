@@ -845,6 +845,7 @@ void router__on_task_error(router_t *r, router_worker_t *w,
                            const Baton__TaskError *te)
 {
     router_req_t *req = router__req_find(r, te->request_id);
+    const char *why = te->message ? te->message : "worker error";
 
     if (req == NULL ||
         (req->prefill_uid != w->uid && req->decode_uid != w->uid) ||
@@ -866,16 +867,12 @@ void router__on_task_error(router_t *r, router_worker_t *w,
             router__req_requeue(r, req, false, 0);
             return;
         }
-        req->state = ROUTER_REQ_QUEUED;
-        router__req_fail(r, req, BATON__ERROR_CODE__ERROR_WORKER,
-                         "preempted too often: the decode workers' KV "
-                         "pools are too small for this request at this "
-                         "load");
-        return;
+        why = "preempted too often: the decode workers' KV pools are too "
+              "small for this request at this load";
     }
     if (req->state == ROUTER_REQ_DECODING && req->decode_uid == w->uid)
         req->state = ROUTER_REQ_QUEUED; /* the decode already dropped it */
     router__req_fail(r, req,
                      te->has_code ? te->code : BATON__ERROR_CODE__ERROR_WORKER,
-                     te->message ? te->message : "worker error");
+                     why);
 }
