@@ -1138,8 +1138,8 @@ int main(int argc, char **argv)
         { "tiny gate_up", 344, 64, false, false },
         { "tiny down", 64, 172, true, false },
     };
-    /* 32 ... 256: the decode graphs' buckets above the skinny GEMM's
-     * 16 tokens (cuBLASLt) */
+    /* 32: the decode graphs' largest bucket on the skinny GEMM; 64 ...
+     * 256: the buckets above it (cuBLASLt) */
     static const int toks_all[] = { 1,  2,  3,  4,  5,  8,   9,   16,
                                     17, 24, 33, 40, 57, 64,  32,  128,
                                     256, 512, 2048 };

@@ -99,10 +99,14 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
 #define GEMM_FP8_TOK_ALIGN 16   /* FP8 plans' token counts: multiples */
 #define GEMM_FP8_CANDS 16       /* cuBLASLt FP8 algorithms timed */
 /* FP8 token counts the skinny GEMM takes from cuBLASLt (above the GEMV's
- * 8): H100, 2026-12-05, bench_cuda fp8 + FP8 KV @2k: batch 16 6.665 ->
- * 5.482 ms with it, batch 64 9.307 -> 9.878 (cuBLASLt's split-free tiles
- * beat its split K at 64 tokens); 17-63 unmeasured */
-#define GEMM_FP8_SKINNY_ROUTE_MAX 16
+ * 8; decode graphs pad to powers of two): H100, 2026-12-06, bench_cuda
+ * fp8 + FP8 KV @2k, every shape to it against cuBLASLt from 9 tokens,
+ * A B A B: batch 16 4.94 / 4.92 against 5.69 / 5.72 ms, batch 32 6.01 /
+ * 6.01 against 6.48 / 6.49, batch 64 8.58 / 8.57 against 8.14 / 8.14
+ * (its split-K partials weigh half the o projection's weights there;
+ * reducing them through a thread-block cluster lost at 16 and 32 and
+ * stayed behind cuBLASLt at 64: 8.31 ms). */
+#define GEMM_FP8_SKINNY_ROUTE_MAX 32
 
 /* One planned shape. */
 typedef struct {

@@ -3,10 +3,10 @@
  * y (t, n) [+]= (xq . wq^T) * xs[t] * ws[n], E4M3 input codes xq (n_tok,
  * ld) and weight codes wq (n_out, ld), f32 sums, y bf16 or f32 (+= the
  * residual), 1-64 tokens.  gemv_tc.cu's design with FP8 operands.  gemm.c
- * routes 9-16 tokens here (GEMM_FP8_SKINNY_ROUTE_MAX: measured) and, in
+ * routes 9-32 tokens here (GEMM_FP8_SKINNY_ROUTE_MAX: measured) and, in
  * pieces of 64, the shapes cuBLASLt has no algorithm for.
  *
- * Why: at 9-16 tokens cuBLASLt's FP8 GEMM reads the Llama-3-8B weights
+ * Why: at 9-32 tokens cuBLASLt's FP8 GEMM reads the Llama-3-8B weights
  * well below the bandwidth limit (its kernels are tiled for prefill),
  * and the FP8 GEMV (gemv_fp8.cu) converts codes on the integer pipe and
  * stops at 8 tokens.  Here a block owns 128 weight rows and streams
