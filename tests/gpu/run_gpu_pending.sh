@@ -1,8 +1,8 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY [engine|serve|long|over] - what the sessions of
+# run_gpu_pending.sh CARRY [engine|serve|long] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
 # docs/PERFORMANCE.md; every later call landed on an H100), ON THE
-# DEVICE MACHINE from a folder packed here, four calls of ~3 / 4 / 7 / 7
+# DEVICE MACHINE from a folder packed here, three calls of ~3 / 4 / 7
 # minutes on the warm machine; delete this script once its figures are
 # in docs/PERFORMANCE.md.
 # Pack (repository root):
@@ -15,9 +15,10 @@
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending engine"), then `serve`, `long`, `over`
+#       build-pending engine"), then `serve`, `long`
 # engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
-#   FP8 KV batch 1 / 64 @2k, prefill 2048 / 8192 with the widened
+#   FP8 KV batch 1 / 32 / 64 @2k (32: the skinny GEMM's since 9dff9e5;
+#   H100 6.48 -> 6.01 ms), prefill 2048 / 8192 with the widened
 #   prefill (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
 #   prefill 2048 30.97 ms], and 2048/2048's mixed step at 342 / 448 /
 #   512 rows @3072 with as many prompt tokens: rows / step is the
@@ -30,11 +31,6 @@
 #   the budget's margin under load, fad941f, should bring it under 50].
 # long: fp8 + FP8 KV 2048/2048 @384 streams [10,103] and @512 (the
 #   cuda default --max-seqs) if the engine rows say it gains.
-# over: bf16 2048/2048 @220 streams as admitted today (the whole growth
-#   promised; 224 overfill the H200's pool) [6,128] against @256 with
-#   `--kv-overcommit` (admitted on the prompt, the newest streams given
-#   back and recomputed when the pool runs short; the phase line's
-#   steps by sequences and the router's preemptions say what it cost).
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
@@ -51,7 +47,7 @@ echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)" > "$md"
 nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader >> "$md"
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
-    --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,64 \
+    --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,32,64 \
     --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0,\
 342:3072:1:342:1024,448:3072:1:448:1024,512:3072:1:512:1024 \
     --steps 20 > "$out/bench.txt" 2>&1
@@ -82,10 +78,5 @@ if [ "$phase" = long ]; then
     BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
   serve fp8_512 $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MAX_SEQS=512 BT_SERVE_RUNS="2048x2048@512:1024"
-fi
-if [ "$phase" = over ]; then
-  serve bf16_220 260 BT_SERVE_RUNS="2048x2048@220:440"
-  serve bf16_256_over $(left 580) BT_SERVE_DECODE_ARGS=--kv-overcommit \
-    BT_SERVE_RUNS="2048x2048@256:512"
 fi
 cat "$md"
