@@ -171,14 +171,15 @@ int cli_generate_main(int argc, char **argv)
                         "prompt_tokens:%u generated:%u finish:%s "
                         "ttft_ms:%.3f queue_ms:%.3f prefill_ms:%.3f "
                         "transfer_ms:%.3f decode_ms:%.3f total_ms:%.3f "
-                        "retries:%u\n",
+                        "retries:%u preemptions:%u\n",
                         f->usage->prompt_tokens, f->usage->completion_tokens,
                         client_finish_name(f->reason),
                         f->timings->ttft_us / 1e3, f->timings->queue_us / 1e3,
                         f->timings->prefill_us / 1e3,
                         f->timings->transfer_us / 1e3,
                         f->timings->decode_us / 1e3,
-                        f->timings->total_us / 1e3, f->timings->retries);
+                        f->timings->total_us / 1e3, f->timings->retries,
+                        f->timings->preemptions);
             proto_client_free(&msg);
             ret = 0;
             break;

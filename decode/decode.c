@@ -37,6 +37,7 @@ void decode_config_init(decode_config_t *cfg)
      * fewer tokens/s (docs/PERFORMANCE.md "Serving"). */
     cfg->tpot_target_ms = 50;
     cfg->prefix_cache = true;
+    cfg->kv_unbounded_promise = DECODE_UNBOUNDED_PROMISE;
 }
 
 // ---------------------------------------------------------------------------
@@ -116,18 +117,24 @@ static void send_register(decode_t *dec)
     workerproc_send_register(dec->sock, reg);
 }
 
+/* The blocks s holds (a drafting stream's: its engine sequence's). */
+static int seq_held(const decode_seq_t *s)
+{
+    int held = s->n_blocks;
+
+    if (s->eseq != NULL)
+        engine_seq_blocks(s->eseq, &held);
+    return held;
+}
+
 /* Blocks promised to admitted requests beyond what they hold now. */
 static int promised_blocks(const decode_t *dec)
 {
     int n = 0;
     DECODE_RESV_FOREACH(dec, i)
         n += BT_MAX(0, dec->resv[i].limit_blocks - dec->resv[i].n_blocks);
-    for (const decode_seq_t *s = dec->seqs; s; s = s->next) {
-        int held = s->n_blocks;
-        if (s->eseq != NULL)
-            engine_seq_blocks(s->eseq, &held);
-        n += BT_MAX(0, s->limit_blocks - held);
-    }
+    for (const decode_seq_t *s = dec->seqs; s; s = s->next)
+        n += BT_MAX(0, s->limit_blocks - seq_held(s));
     return n;
 }
 
@@ -273,16 +280,19 @@ void decode__seq_fail(decode_t *dec, decode_seq_t *s, Baton__ErrorCode code,
     decode__seq_remove(dec, s);
 }
 
-/* --kv-overcommit: gives s back to the router (TaskError with retry),
- * which re-queues it; the next attempt recomputes the KV of its prompt
- * and of the tokens streamed so far and goes on from there (its full
- * blocks enter the prefix cache, and the shortage reclaims them at once
- * unless a host tier keeps them: then they are loaded back).  A sampled token not yet emitted is dropped with s: the next
- * attempt samples it again at the same place of the random stream. */
+/* A stream at or past its promise when the pool runs short: gives s
+ * back to the router (TaskError with retry), which re-queues it; the
+ * next attempt recomputes the KV of its prompt and of the tokens
+ * streamed so far and goes on from there (its full blocks enter the
+ * prefix cache, and the shortage reclaims them at once unless a host
+ * tier keeps them: then they are loaded back).  A sampled token not yet
+ * emitted is dropped with s: the next attempt samples it again at the
+ * same place of the random stream. */
 static void seq_preempt(decode_t *dec, decode_seq_t *s)
 {
     send_task_error(dec, s->id, s->epoch, BATON__ERROR_CODE__ERROR_WORKER,
-                    "preempted: the overcommitted KV pool ran short", true);
+                    "preempted: the KV pool ran short of blocks past its "
+                    "promise", true);
     BT_LOG_DEBUG("DECODE", "request %llu preempted at %d tokens",
                  (unsigned long long)s->id, s->n_tokens);
     dec->preempted++;
@@ -306,28 +316,36 @@ static bool seq_needs_block(const decode_t *dec, const decode_seq_t *s)
            BT_DIV_UP(s->n_cached + 1, dec->block_size) > s->n_blocks;
 }
 
-/* --kv-overcommit, before a step is built: the blocks its rows need
- * beyond their own against what the pool can give; while short, the
- * latest request to arrive goes back to the router (vLLM's recompute
- * preemption: the earliest keep going).  The router numbers requests as
- * they arrive, so the largest id is the latest: not the list's head,
- * the latest admitted, which may be a stream given back and taken again
- * (its recomputation would be lost again).  Without overcommit every
- * stream's growth was promised at admission and this never happens. */
+/* Before a step is built: the blocks its rows need beyond their own
+ * against what the pool can give.  Only a stream promised less than its
+ * growth (--kv-overcommit, or --kv-unbounded-promise for a request
+ * without max_tokens) runs the pool short, by growing past its promise
+ * into blocks nobody was promised; while short, the latest request to
+ * arrive among the streams at or past their promise goes back to the
+ * router (vLLM's recompute preemption: the earliest keep going), so no
+ * stream inside its promise is ever given back.  The router numbers
+ * requests as they arrive, so the largest id is the latest: not the
+ * list's head, the latest admitted, which may be a stream given back and
+ * taken again (its recomputation would be lost again).  With every
+ * stream's growth promised this never happens. */
 static void preempt_for_room(decode_t *dec)
 {
+    bool borrowing = false;
     int need = 0;
 
-    if (!dec->cfg.kv_overcommit)
-        return;
-    for (const decode_seq_t *s = dec->seqs; s; s = s->next)
+    for (const decode_seq_t *s = dec->seqs; s; s = s->next) {
         need += seq_needs_block(dec, s);
-    while (need > kv_allocator_free_count(dec->kv) && dec->seqs != NULL) {
-        decode_seq_t *v = dec->seqs;
+        borrowing |= s->borrows;
+    }
+    while (borrowing && need > kv_allocator_free_count(dec->kv)) {
+        decode_seq_t *v = NULL;
 
-        for (decode_seq_t *s = dec->seqs->next; s; s = s->next)
-            if (s->id > v->id)
+        for (decode_seq_t *s = dec->seqs; s; s = s->next)
+            if (s->borrows && seq_held(s) >= s->limit_blocks &&
+                (v == NULL || s->id > v->id))
                 v = s;
+        if (v == NULL)
+            break; /* the promises hold the rest (decode__seq_no_room) */
         need -= seq_needs_block(dec, v);
         seq_preempt(dec, v);
     }

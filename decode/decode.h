@@ -57,6 +57,12 @@
 extern "C" {
 #endif
 
+/* What a request without max_tokens is promised past its prompt, by
+ * default: a long answer.  Promising the whole context instead (what
+ * max_tokens asks, when given, and gets) would let a 128K-context
+ * model's pool admit a handful of chat requests. */
+#define DECODE_UNBOUNDED_PROMISE 2048
+
 typedef struct {
     const char *router;      /* control endpoint of the router */
     const char *name;        /* unique worker name (default decode-PID) */
@@ -85,6 +91,13 @@ typedef struct {
                               * + max tokens; a step short of blocks gives
                               * the latest-arrived streams back to the router,
                               * which recomputes them later (off) */
+    int kv_unbounded_promise; /* --kv-unbounded-promise: tokens of growth
+                              * past its prompt promised at admission to a
+                              * request whose max tokens reach past the
+                              * context (none given: chat's default); it
+                              * grows on from unpromised blocks and is
+                              * given back when they run out (-1: all of
+                              * it; default DECODE_UNBOUNDED_PROMISE) */
     bool can_prefill;        /* --role both: also prefill prompts locally
                               * (aggregated mode), chunked inside the
                               * step's token budget, written in place into

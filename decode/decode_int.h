@@ -131,6 +131,8 @@ struct decode_seq_s {
     int n_blocks;
     int max_blocks;
     int limit_blocks;   /* blocks promised to it at admission */
+    bool borrows;       /* promised less than its growth: past its promise
+                           it takes unpromised blocks (preempt_for_room) */
     sampler_t *sampler; /* NULL for the null model */
     /* Structured output (KvReady.grammar): the sampler is masked with
      * gmask, written from gstate when the step is built; gstate follows

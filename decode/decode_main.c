@@ -47,6 +47,12 @@ static void usage(FILE *out)
         "                         the pool); a step short of blocks gives\n"
         "                         the latest-arrived streams back to the router,\n"
         "                         which recomputes them (their tokens kept)\n"
+        "  --kv-unbounded-promise N|all  growth past the prompt promised\n"
+        "                         at admission to a request without max\n"
+        "                         tokens (or asking past the context); it\n"
+        "                         grows on from unpromised blocks and is\n"
+        "                         given back (recomputed) when they run out\n"
+        "                         (default 2048 tokens; all: the context)\n"
         "  --no-ucx               do not register the pool with UCX\n"
         "  --kv-pool-malloc       KV pool from malloc, not UCX shared memory\n"
         "                         (puts then need this process's CPU;\n"
@@ -102,6 +108,7 @@ int main(int argc, char **argv)
         { "max-seqs", required_argument, 0, 'S' },
         { "kv-timeout-ms", required_argument, 0, 'K' },
         { "kv-overcommit", no_argument, 0, 1103 },
+        { "kv-unbounded-promise", required_argument, 0, 1104 },
         { "kv-pool-malloc", no_argument, 0, 'M' },
         { "kv-direct-writes", no_argument, 0, 1102 },
         { "role", required_argument, 0, 'R' },
@@ -144,6 +151,14 @@ int main(int argc, char **argv)
             case 'M': cfg.ucx_shm_pool = false; break;
             case 1102: cfg.kv_direct_writes = true; break;
             case 1103: cfg.kv_overcommit = true; break;
+            case 1104:
+                if (strcmp(optarg, "all") == 0)
+                    cfg.kv_unbounded_promise = -1;
+                else
+                    bad = bt_parse_int(optarg, &cfg.kv_unbounded_promise) !=
+                              BT_OK ||
+                          cfg.kv_unbounded_promise < 0;
+                break;
             case 'R':
                 bad = strcmp(optarg, "both") != 0 &&
                       strcmp(optarg, "decode") != 0;

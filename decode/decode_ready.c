@@ -335,6 +335,7 @@ bool decode__on_ready(decode_t *dec, Baton__ControlMessage *msg)
                                                  sizeof(int));
     }
     s->limit_blocks = r->limit_blocks;
+    s->borrows = r->limit_blocks < r->growth_blocks;
     if (dec->prefix != NULL) {
         /* Its KV is here and verified (prefilled here, or arrived): its
          * full blocks may serve later prompts. */

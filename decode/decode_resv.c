@@ -185,10 +185,19 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = "no random capability";
         goto reply;
     }
-    /* Overcommitted, a request is admitted on its prompt's blocks: its
-     * growth comes from the pool as it goes (preempt_for_room). */
+    /* The promise: its whole growth, which max_tokens bounds; with no
+     * bound (asked past the context) its prompt and
+     * --kv-unbounded-promise tokens; overcommitted, its prompt.  Past
+     * its promise a stream grows from unpromised blocks, and goes back
+     * to the router when they run out (preempt_for_room). */
     growth = BT_MAX(limit, need);
-    limit = dec->cfg.kv_overcommit ? need : growth;
+    limit = growth;
+    if (dec->cfg.kv_overcommit)
+        limit = need;
+    else if (total > (uint32_t)dec->max_context &&
+             dec->cfg.kv_unbounded_promise >= 0)
+        limit = BT_MIN(growth, need + BT_DIV_UP(dec->cfg.kv_unbounded_promise,
+                                                dec->block_size));
     if (decode__available_blocks(dec) < limit) {
         g.error = "KV pool full";
         goto reply;

@@ -184,6 +184,8 @@ void router__send_finished(router_t *r, router_req_t *req,
     t.total_us = us_between(req->t_arrival, now);
     t.has_retries = 1;
     t.retries = (uint32_t)req->retries;
+    t.has_preemptions = 1;
+    t.preemptions = (uint32_t)req->preemptions;
     f.usage = &u;
     f.timings = &t;
     msg.body_case = BATON__CLIENT_MESSAGE__BODY_FINISHED;

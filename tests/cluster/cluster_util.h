@@ -387,6 +387,7 @@ typedef struct {
     int finish_reason;
     int error_code;
     int retries;
+    int preemptions;
     uint64_t ttft_us;
 } cu_result_t;
 
@@ -417,6 +418,7 @@ __attribute__((unused)) static int cu_apply(cu_result_t *res, int n,
         r->finish_reason = m->finished->reason;
         if (m->finished->timings) {
             r->retries = (int)m->finished->timings->retries;
+            r->preemptions = (int)m->finished->timings->preemptions;
             r->ttft_us = m->finished->timings->ttft_us;
         }
         return 1;

@@ -1,6 +1,6 @@
 /*
- * test_kv_overcommit.c - --kv-overcommit in a real cluster (router +
- * decode worker, aidreams260K, cpu).
+ * test_kv_overcommit.c - --kv-overcommit and --kv-unbounded-promise in a
+ * real cluster (router + decode worker, aidreams260K, cpu).
  *
  * A worker of 64 blocks of 8 tokens; N_REQ requests of the golden
  * prompts with 122 new tokens each (16 blocks apiece, 8 x 16 = 128 at
@@ -24,11 +24,21 @@
  *     several times, loses no token and repeats none;
  *   - the worker did give streams back (its stop line's kv_preempted);
  *   - it exits 0 with every KV block back (no "leak" in its log).
+ * Then without --kv-overcommit: with --kv-unbounded-promise 16, four
+ * requests without max_tokens (a chat client's default: until the
+ * context), each admitted on its prompt and 16 tokens of growth, then
+ * four whose max_tokens ends at the context, each promised all of it:
+ * the pool runs short as the first four grow past their promise, and
+ * only they are given back (Finished.timings.preemptions), though the
+ * other four arrived later; with `--kv-unbounded-promise all` eight
+ * requests without max_tokens are each promised the whole context, four
+ * run at a time and none is given back.
  */
 #include "bt_error.h"
 #include "spec_cluster_util.h"
 
 #define N_REQ 8
+#define CONTEXT 128 /* aidreams260K's */
 #define SAMPLED_MAX 122 /* 128 tokens at most: 16 blocks of 8 */
 
 /* The count after `key` on the worker's stop line, or -1. */
@@ -47,15 +57,35 @@ static long stop_count(const char *path, const char *key)
     return n;
 }
 
+/* What a round's requests ask for. */
+enum { ASK_GOLDEN, ASK_UNBOUNDED, ASK_HALF };
+
+/* How a round's worker admits and what its requests ask. */
+typedef struct {
+    const char *admit;     /* "--kv-overcommit", or "--kv-unbounded-promise"
+                              with promise as its value */
+    const char *promise;
+    int ask;               /* ASK_GOLDEN: golden.jsonl's max_tokens (one
+                              past the context); ASK_UNBOUNDED: none;
+                              ASK_HALF: none for the first half, to the
+                              context's end for the rest (promised all) */
+    bool preempts;         /* streams must be given back (else: none may) */
+} admit_t;
+
+static const admit_t OVERCOMMIT = { "--kv-overcommit", NULL, ASK_GOLDEN,
+                                    true };
+
 /* One round against a fresh decode worker (role both, or decode beside
  * the prefill worker already up): N_REQ golden requests at once, greedy
  * (want NULL) or sampled with seed 1000 + i (want[i], n_want[i]: the
- * reference), exact, the worker given option opt (with its value val)
- * unless NULL; then the worker stopped: streams given back, no leak. */
+ * reference), exact, the worker admitting as `ad` says and given option
+ * opt (with its value val) unless NULL; then the worker stopped: streams
+ * given back (or none, as ad says), no leak. */
 static void round_of(const char *listen, const char *control,
-                     const char *model, const char *role, const char *opt,
-                     const char *val, const cu_golden_t *golden,
-                     int n_golden, int (*want)[CU_MAX_IDS], const int *n_want)
+                     const char *model, const char *role, const admit_t *ad,
+                     const char *opt, const char *val,
+                     const cu_golden_t *golden, int n_golden,
+                     int (*want)[CU_MAX_IDS], const int *n_want)
 {
     static cu_result_t res[N_REQ];
     client_t *c = NULL;
@@ -70,7 +100,9 @@ static void round_of(const char *listen, const char *control,
     d0 = cu_spawn_log(log, "baton-decode", "--router", control, "--model",
                       model, "--threads", "1", "--name", role, "--role",
                       role, "--block-size", "8", "--kv-blocks", "64",
-                      "--kv-overcommit", opt, val, NULL);
+                      ad->admit, ad->promise != NULL ? ad->promise : opt,
+                      ad->promise != NULL ? opt : val,
+                      ad->promise != NULL ? val : NULL, NULL);
     unsetenv("BT_LOG");
     BT_ASSERT_OK(client_create(listen, &c));
     cu_wait_workers(c, strcmp(role, "both") != 0, 1, 20000);
@@ -83,7 +115,15 @@ static void round_of(const char *listen, const char *control,
         /* more than the pool's share of each, so it must run short */
         BT_CHECK((g->n_prompt + g->max_tokens + 7) / 8 > 64 / (N_REQ / 2));
         if (want == NULL) {
-            res[i].rid = cu_submit_golden(c, g);
+            client_request_t req;
+
+            cu_golden_request(&req, g);
+            if (ad->ask == ASK_UNBOUNDED ||
+                (ad->ask == ASK_HALF && i < N_REQ / 2))
+                req.max_tokens = 0; /* until the context */
+            else if (ad->ask == ASK_HALF)
+                req.max_tokens = CONTEXT - g->n_prompt;
+            BT_ASSERT_OK(client_submit(c, &req, &res[i].rid));
         } else {
             client_request_t req;
 
@@ -102,8 +142,25 @@ static void round_of(const char *listen, const char *control,
     fprintf(stderr, "%s: %d requests, twice the pool at their end, took "
             "%.0f ms\n", role, N_REQ, (double)(bt_time_ns() - t0) * 1e-6);
     for (int i = 0; i < N_REQ; i++) {
+        const cu_golden_t *g = &golden[i % n_golden];
+
+        if (want == NULL && ad->ask == ASK_HALF && i >= N_REQ / 2) {
+            /* golden's ids up to the context's end, never given back */
+            const int n = BT_MIN(g->n_expect, CONTEXT - g->n_prompt);
+
+            BT_ASSERT_EQ(res[i].finished, 1);
+            if (res[i].n_ids != n ||
+                memcmp(res[i].ids, g->expect, sizeof(int) * (size_t)n))
+                BT_TEST_FAIL("%s: request %d: %d ids, not golden's first "
+                             "%d", role, i, res[i].n_ids, n);
+            if (res[i].preemptions != 0)
+                BT_TEST_FAIL("%s: request %d, promised its whole growth, "
+                             "was given back %d times", role, i,
+                             res[i].preemptions);
+            continue;
+        }
         if (want == NULL) {
-            cu_check_golden(&res[i], &golden[i % n_golden], i);
+            cu_check_golden(&res[i], g, i);
             continue;
         }
         BT_ASSERT_EQ(res[i].finished, 1);
@@ -120,10 +177,13 @@ static void round_of(const char *listen, const char *control,
     preempted = stop_count(log, "kv_preempted:");
     fprintf(stderr, "%s: the worker gave back %ld streams\n", role,
             preempted);
-    if (preempted < 1)
+    if (ad->preempts && preempted < 1)
         BT_TEST_FAIL("%s: no stream was given back (kv_preempted %ld): the "
                      "pool never ran short, nothing was tested", role,
                      preempted);
+    if (!ad->preempts && preempted != 0)
+        BT_TEST_FAIL("%s: %ld streams given back, though every stream's "
+                     "growth was promised", role, preempted);
     if (opt != NULL && strcmp(opt, "--kv-host-gb") == 0 &&
         stop_count(log, " hit_tokens:") < 1)
         BT_TEST_FAIL("%s: no given-back stream found its blocks again in "
@@ -157,22 +217,35 @@ int main(void)
     snprintf(head, sizeof(head), "/tmp/bt_test_kv_overcommit_%d.head",
              (int)getpid());
     scu_train_head(model, head);
-    round_of(listen, control, model, "both", NULL, NULL, golden, n_golden,
-             NULL, NULL);
-    round_of(listen, control, model, "both", NULL, NULL, golden, n_golden,
-             want, n_want);
-    round_of(listen, control, model, "both", "--spec-head", head, golden,
-             n_golden, NULL, NULL);
-    round_of(listen, control, model, "both", "--kv-host-gb", "0.05", golden,
-             n_golden, NULL, NULL);
+    round_of(listen, control, model, "both", &OVERCOMMIT, NULL, NULL,
+             golden, n_golden, NULL, NULL);
+    round_of(listen, control, model, "both", &OVERCOMMIT, NULL, NULL,
+             golden, n_golden, want, n_want);
+    round_of(listen, control, model, "both", &OVERCOMMIT, "--spec-head",
+             head, golden, n_golden, NULL, NULL);
+    round_of(listen, control, model, "both", &OVERCOMMIT, "--kv-host-gb",
+             "0.05", golden, n_golden, NULL, NULL);
+    {
+        static const admit_t bounded = { "--kv-unbounded-promise", "16",
+                                         ASK_HALF, true };
+        static const admit_t whole = { "--kv-unbounded-promise", "all",
+                                       ASK_UNBOUNDED, false };
+
+        round_of(listen, control, model, "both", &bounded, NULL, NULL,
+                 golden, n_golden, NULL, NULL);
+        round_of(listen, control, model, "both", &whole, NULL, NULL,
+                 golden, n_golden, NULL, NULL);
+    }
     cu_spawn("baton-prefill", "--router", control, "--model", model,
              "--threads", "1", "--name", "p0", "--block-size", "8", NULL);
-    round_of(listen, control, model, "decode", NULL, NULL, golden, n_golden,
-             NULL, NULL);
+    round_of(listen, control, model, "decode", &OVERCOMMIT, NULL, NULL,
+             golden, n_golden, NULL, NULL);
     remove(head);
     BT_TEST_PASS("cluster/kv_overcommit: streams past the pool given back, "
                  "recomputed (aggregated and by a prefill worker) or "
                  "loaded back from the host tier; greedy, seeded sampling "
-                 "and drafting exact");
+                 "and drafting exact; requests without max_tokens promised "
+                 "16 tokens given back past it, those promised their "
+                 "whole growth never");
     return 0;
 }
