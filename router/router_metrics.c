@@ -10,7 +10,8 @@
  *   baton_router_rejected_total{reason}    refused at admission (error name)
  *   baton_router_retries_total             re-queues after worker failures
  *   baton_router_preemptions_total         re-queues of requests decode
- *                                          workers gave back (--kv-overcommit)
+ *                                          workers gave back (KV short past
+ *                                          their promise)
  *   baton_router_prompt_tokens_total       prompt tokens of finished requests
  *   baton_router_generated_tokens_total    tokens streamed to clients
  *   baton_router_kv_handoffs_total{transport}  KvReady sent, by transport
@@ -241,7 +242,8 @@ bt_status_t router__metrics_render(router_t *r, uint64_t now,
       "baton_router_retries_total %llu\n",
       (unsigned long long)m->retries);
     P("# HELP baton_router_preemptions_total Requests re-queued because a "
-      "decode worker gave them back (overcommitted KV ran short)\n"
+      "decode worker gave them back (its KV ran short past their "
+      "promise)\n"
       "# TYPE baton_router_preemptions_total counter\n"
       "baton_router_preemptions_total %llu\n",
       (unsigned long long)m->preemptions);
