@@ -113,6 +113,11 @@ static void send_register(decode_t *dec)
     reg->kv_layout = &lay;
     reg->has_can_prefill = 1;
     reg->can_prefill = dec->cfg.can_prefill;
+    reg->has_unbounded_promise = dec->cfg.kv_overcommit ||
+                                 dec->cfg.kv_unbounded_promise >= 0;
+    reg->unbounded_promise = dec->cfg.kv_overcommit
+                                 ? 0
+                                 : (uint32_t)dec->cfg.kv_unbounded_promise;
     decode__send_outbox(dec); /* the old session's last words go first */
     workerproc_send_register(dec->sock, reg);
 }
@@ -347,6 +352,18 @@ static void preempt_for_room(decode_t *dec)
         if (v == NULL)
             break; /* the promises hold the rest (decode__seq_no_room) */
         need -= seq_needs_block(dec, v);
+        if (dec->n_seqs == 1 && dec->n_resv == 0) {
+            /* alone, it holds the whole pool: given back, it would only
+             * outgrow it again at the same token */
+            char why[160];
+
+            snprintf(why, sizeof(why), "the request outgrew the whole KV "
+                     "pool (%d tokens) running alone: give it max_tokens, "
+                     "or a larger pool", kv_allocator_total(dec->kv) *
+                                             dec->block_size);
+            decode__seq_fail(dec, v, BATON__ERROR_CODE__ERROR_TOO_LONG, why);
+            continue;
+        }
         seq_preempt(dec, v);
     }
 }

@@ -81,6 +81,8 @@ typedef struct {
                                  dead; it is dropped after heartbeat_miss) */
     uint32_t vocab_size;
     uint32_t max_context;
+    int64_t unbounded_promise; /* decode: growth promised to a request
+                                 without max_tokens (-1: its context) */
     uint32_t block_size;      /* decode: KV block size */
     uint32_t total_kv;        /* decode: pool blocks */
     int64_t est_free_kv;      /* decode: free blocks, heartbeat minus

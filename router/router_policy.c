@@ -40,7 +40,7 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
     int candidates = 0;
     int64_t best_blocks = 0;
     uint32_t best_ctx = 0;
-    int64_t need_on_best = 0;
+    int64_t need_on_best = 0, growth_on_best = 0;
 
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         const router_worker_t *w = &r->workers[i];
@@ -63,6 +63,10 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
         if (req->prompt_ids != NULL && ctx > 0 && (uint32_t)n_tokens >= ctx)
             continue;
         growth = (int64_t)n_tokens + req->max_tokens - req->n_generated;
+        /* without max_tokens: what the worker promises such a request
+         * at admission (it may grow past it later, or stop first) */
+        if (req->max_tokens >= ROUTER_MAX_TOKENS && w->unbounded_promise >= 0)
+            growth = (int64_t)n_tokens + w->unbounded_promise;
         if (ctx > 0)
             growth = BT_MIN(growth, (int64_t)ctx);
         need = BT_DIV_UP(BT_MAX(growth, (int64_t)n_tokens),
@@ -73,6 +77,7 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
             best_blocks = w->total_kv;
             best_ctx = ctx;
             need_on_best = need;
+            growth_on_best = BT_MAX(growth, (int64_t)n_tokens);
         }
     }
     if (candidates == 0)
@@ -82,11 +87,14 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
                  "context of any decode worker", n_tokens);
     else
         snprintf(why, why_size, "request needs %lld KV blocks (prompt %d "
-                 "+ max tokens %d, context %u) but the largest decode "
-                 "worker's whole pool has %lld: it can never fit",
+                 "+ %lld tokens of growth: %s, context %u) but the largest "
+                 "decode worker's whole pool has %lld: it can never fit",
                  (long long)need_on_best, n_tokens,
-                 req->max_tokens - req->n_generated, best_ctx,
-                 (long long)best_blocks);
+                 (long long)(growth_on_best - n_tokens),
+                 req->max_tokens >= ROUTER_MAX_TOKENS
+                     ? "no max_tokens, what the worker promises"
+                     : "max tokens",
+                 best_ctx, (long long)best_blocks);
     return true;
 }
 

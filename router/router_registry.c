@@ -383,6 +383,8 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     w->last_seen_ns = bt_time_ns();
     w->vocab_size = reg->vocab_size;
     w->max_context = reg->max_context;
+    w->unbounded_promise =
+        reg->has_unbounded_promise ? (int64_t)reg->unbounded_promise : -1;
     w->draining = false;
     if (reg->kv_layout != NULL) {
         w->block_size = reg->kv_layout->block_size;

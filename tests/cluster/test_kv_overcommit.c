@@ -32,7 +32,11 @@
  * only they are given back (Finished.timings.preemptions), though the
  * other four arrived later; with `--kv-unbounded-promise all` eight
  * requests without max_tokens are each promised the whole context, four
- * run at a time and none is given back.
+ * run at a time and none is given back.  Last, a pool smaller than the
+ * context (8 blocks of 8): a request without max_tokens is admitted on
+ * its promise and, outgrowing the whole pool alone, fails with
+ * ERROR_TOO_LONG after streaming golden's ids (no give-back loop); with
+ * `all` the router fails it at once (it could never be admitted).
  */
 #include "bt_error.h"
 #include "spec_cluster_util.h"
@@ -194,6 +198,62 @@ static void round_of(const char *listen, const char *control,
     remove(log);
 }
 
+/* One request without max_tokens against a fresh worker of 8 blocks of
+ * 8 (64 tokens, half the context) promising `promise`: it fails with
+ * ERROR_TOO_LONG, having streamed golden's first ids (promise "16": it
+ * ran until it held the whole pool) or none ("all": never admitted). */
+static void lone_round(const char *listen, const char *control,
+                       const char *model, const char *promise,
+                       const cu_golden_t *g)
+{
+    cu_result_t res[1];
+    client_request_t req;
+    client_t *c = NULL;
+    char log[256];
+    pid_t d0;
+
+    snprintf(log, sizeof(log), "/tmp/bt_test_kv_overcommit_%d_lone.log",
+             (int)getpid());
+    setenv("BT_LOG", "info", 1);
+    d0 = cu_spawn_log(log, "baton-decode", "--router", control, "--model",
+                      model, "--threads", "1", "--name", "lone", "--role",
+                      "both", "--block-size", "8", "--kv-blocks", "8",
+                      "--kv-unbounded-promise", promise, NULL);
+    unsetenv("BT_LOG");
+    BT_ASSERT_OK(client_create(listen, &c));
+    cu_wait_workers(c, false, 1, 20000);
+    memset(res, 0, sizeof(res));
+    cu_golden_request(&req, g);
+    req.max_tokens = 0; /* until the context, which the pool cannot hold */
+    BT_ASSERT_OK(client_submit(c, &req, &res[0].rid));
+    cu_collect(c, res, 1, 30000);
+    BT_ASSERT_EQ(res[0].finished, 2);
+    BT_ASSERT_EQ(res[0].error_code, BATON__ERROR_CODE__ERROR_TOO_LONG);
+    if (strcmp(promise, "all") == 0) {
+        BT_ASSERT_EQ(res[0].n_ids, 0);
+    } else {
+        /* every token the pool held but the last block's first */
+        if (res[0].n_ids < 64 - 8 - g->n_prompt ||
+            res[0].n_ids > 64 - g->n_prompt + 1 ||
+            memcmp(res[0].ids, g->expect, sizeof(int) * (size_t)res[0].n_ids))
+            BT_TEST_FAIL("lone %s: %d ids streamed, not golden's first "
+                         "~%d", promise, res[0].n_ids, 64 - g->n_prompt);
+    }
+    fprintf(stderr, "lone, promise %s: ERROR_TOO_LONG after %d ids\n",
+            promise, res[0].n_ids);
+    client_destroy(&c);
+    cu_kill(d0, SIGTERM);
+    BT_ASSERT_EQ(cu_wait_exit(d0, 10000), 0);
+    if (stop_count(log, "kv_preempted:") != 0)
+        BT_TEST_FAIL("lone %s: given back %ld times: giving back a request "
+                     "that holds the whole pool cannot help", promise,
+                     stop_count(log, "kv_preempted:"));
+    if (cu_file_has(log, "leak"))
+        BT_TEST_FAIL("lone %s: the worker reports a leak (see %s)", promise,
+                     log);
+    remove(log);
+}
+
 int main(void)
 {
     static cu_golden_t golden[32];
@@ -236,6 +296,8 @@ int main(void)
         round_of(listen, control, model, "both", &whole, NULL, NULL,
                  golden, n_golden, NULL, NULL);
     }
+    lone_round(listen, control, model, "16", &golden[0]);
+    lone_round(listen, control, model, "all", &golden[0]);
     cu_spawn("baton-prefill", "--router", control, "--model", model,
              "--threads", "1", "--name", "p0", "--block-size", "8", NULL);
     round_of(listen, control, model, "decode", &OVERCOMMIT, NULL, NULL,
@@ -246,6 +308,7 @@ int main(void)
                  "loaded back from the host tier; greedy, seeded sampling "
                  "and drafting exact; requests without max_tokens promised "
                  "16 tokens given back past it, those promised their "
-                 "whole growth never");
+                 "whole growth never; one outgrowing the pool alone fails "
+                 "with ERROR_TOO_LONG, at once when never admissible");
     return 0;
 }
