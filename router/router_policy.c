@@ -41,11 +41,13 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
     int64_t best_blocks = 0;
     uint32_t best_ctx = 0;
     int64_t need_on_best = 0, growth_on_best = 0;
+    bool best_unbounded = false;
 
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         const router_worker_t *w = &r->workers[i];
         int64_t growth, need;
         uint32_t ctx;
+        bool unbounded;
 
         /* silent workers count: they may speak again; workers of
          * another precision class never take it */
@@ -63,9 +65,13 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
         if (req->prompt_ids != NULL && ctx > 0 && (uint32_t)n_tokens >= ctx)
             continue;
         growth = (int64_t)n_tokens + req->max_tokens - req->n_generated;
-        /* without max_tokens: what the worker promises such a request
-         * at admission (it may grow past it later, or stop first) */
-        if (req->max_tokens >= ROUTER_MAX_TOKENS && w->unbounded_promise >= 0)
+        /* asking past the context (no max_tokens: until it): what the
+         * worker promises such a request at admission, as it judges it
+         * (it may grow past that later, or stop first) */
+        unbounded = (ctx > 0 ? growth > (int64_t)ctx
+                             : req->max_tokens >= ROUTER_MAX_TOKENS) &&
+                    w->unbounded_promise >= 0;
+        if (unbounded)
             growth = (int64_t)n_tokens + w->unbounded_promise;
         if (ctx > 0)
             growth = BT_MIN(growth, (int64_t)ctx);
@@ -78,6 +84,7 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
             best_ctx = ctx;
             need_on_best = need;
             growth_on_best = BT_MAX(growth, (int64_t)n_tokens);
+            best_unbounded = unbounded;
         }
     }
     if (candidates == 0)
@@ -91,9 +98,9 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
                  "decode worker's whole pool has %lld: it can never fit",
                  (long long)need_on_best, n_tokens,
                  (long long)(growth_on_best - n_tokens),
-                 req->max_tokens >= ROUTER_MAX_TOKENS
-                     ? "no max_tokens, what the worker promises"
-                     : "max tokens",
+                 best_unbounded ? "past the context, what the worker "
+                                  "promises such a request"
+                                : "max tokens",
                  best_ctx, (long long)best_blocks);
     return true;
 }
