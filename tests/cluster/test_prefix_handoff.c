@@ -135,7 +135,7 @@ static pid_t start_decode_slow(const char *control, const char *name,
 /* Counter deltas of one request on the prefill (pm) and decode (dm)
  * workers. */
 typedef struct {
-    double sent, pf_held, received, held, pf_hit, pf_tokens;
+    double sent, pf_held, received, held, pf_hit, pf_tokens, pf_lookups;
 } ph_counts_t;
 
 static void counts(int pm, int dm, ph_counts_t *c)
@@ -143,6 +143,7 @@ static void counts(int pm, int dm, ph_counts_t *c)
     c->sent = prom_scrape(pm, "baton_worker_kv_blocks_sent_total");
     c->pf_held = prom_scrape(pm, "baton_worker_kv_blocks_held_total");
     c->pf_hit = prom_scrape(pm, "baton_worker_prefix_hit_tokens_total");
+    c->pf_lookups = prom_scrape(pm, "baton_worker_prefix_lookups_total");
     c->pf_tokens = prom_scrape(pm, "baton_worker_prefill_tokens_total");
     c->received = prom_scrape(dm, "baton_worker_kv_blocks_received_total");
     c->held = prom_scrape(dm, "baton_worker_kv_blocks_held_total");
@@ -167,6 +168,13 @@ static void run_on(client_t *c, ph_req_t *reqs, cu_result_t *off,
                     a.received + 1, 1e9, 5000);
         prom_wait(pm, "baton_worker_kv_blocks_sent_total", a.sent + 1, 1e9,
                     5000);
+        /* the prefix cache's counters come with the worker's published
+         * state, not at once as the hand-off's: read them once it shows
+         * this prompt's lookup (a loaded machine once read the hits of
+         * the request before) */
+        if (a.pf_lookups >= 0)
+            prom_wait(pm, "baton_worker_prefix_lookups_total",
+                      a.pf_lookups + 1, 1e9, 5000);
         counts(pm, dm, &b);
         held = b.held - a.held;
         fprintf(stderr, "%s request %d: prompt %d (%d blocks), decode held "
