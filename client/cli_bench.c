@@ -62,6 +62,9 @@ typedef struct {
     int n_counted;      /* tokens counted from chunks (ZMQ ids, HTTP events) */
     int n_out;          /* output tokens: the server's usage, else counted */
     int n_prompt_usage; /* prompt tokens the server reported (-1: none) */
+    int retries;        /* ZeroMQ: re-prefills after worker failures */
+    int preemptions;    /* ZeroMQ: times a decode worker gave it back
+                           (KV short past its promise); -1: not told */
     int state;          /* BR_* */
     int code;           /* index into the error codes when failed */
     uint64_t rid;       /* ZeroMQ request id */
@@ -105,6 +108,9 @@ typedef struct {
     long in_tokens;     /* prompt tokens of completed requests */
     long out_tokens;    /* output tokens of completed requests */
     long out_asked;     /* max_tokens of completed requests */
+    long retries;       /* over completed requests (-1: not told, HTTP) */
+    long preemptions;
+    int preempted;      /* completed requests given back at least once */
     double tok_s_mid;
     bench_dist_t ttft, tpot, itl, e2e;
 } bench_result_t;
@@ -545,6 +551,11 @@ static void zmq_handle(bench_t *b, Baton__ClientMessage *m)
             req_fail(b, i, "cancelled", "the server cancelled it");
             return;
         }
+        const Baton__Timings *t = m->finished->timings;
+        if (t != NULL && t->has_preemptions) {
+            r->preemptions = (int)t->preemptions;
+            r->retries = t->has_retries ? (int)t->retries : 0;
+        }
         req_done(b, i,
                  u && u->has_completion_tokens ? (int)u->completion_tokens
                                                : -1,
@@ -913,6 +924,7 @@ static bool bench_run(bench_t *b, int n, double rate, int conc)
         b->reqs[i].plen = workload_plen(b, i, b->reqs[i].plen);
         b->reqs[i].slot = -1;
         b->reqs[i].n_prompt_usage = -1;
+        b->reqs[i].preemptions = -1;
     }
     b->t0 = bt_time_ns();
     b->t_progress = 0;
@@ -987,6 +999,7 @@ static bool bench_summarise(bench_t *b, bench_result_t *res)
     }
     res->rate = b->rate;
     res->n = b->n;
+    res->retries = res->preemptions = -1;
     for (int i = 0; i < b->n; i++) {
         bench_req_t *r = &b->reqs[i];
         double tp;
@@ -1006,6 +1019,11 @@ static bool bench_summarise(bench_t *b, bench_result_t *res)
         res->in_tokens += r->plen;
         res->out_tokens += r->n_out;
         res->out_asked += r->olen;
+        if (r->preemptions >= 0) {
+            res->retries = BT_MAX(res->retries, 0) + r->retries;
+            res->preemptions = BT_MAX(res->preemptions, 0) + r->preemptions;
+            res->preempted += r->preemptions > 0;
+        }
         n_ok++;
     }
     b->t_end = t_end;
@@ -1062,6 +1080,9 @@ static void print_text(const bench_t *b, const bench_result_t *r)
            r->good / r->duration_s);
     printf("prompt_tokens:%ld output_tokens:%ld output_tokens_asked:%ld\n",
            r->in_tokens, r->out_tokens, r->out_asked);
+    if (r->preemptions > 0 || r->retries > 0)
+        printf("given_back:%ld (%d requests) retries:%ld\n",
+               r->preemptions, r->preempted, r->retries);
     for (int k = 0; k < 4; k++)
         printf("%s mean:%.3f p50:%.3f p90:%.3f p99:%.3f\n", names[k],
                d[k]->mean, d[k]->p50, d[k]->p90, d[k]->p99);
@@ -1131,6 +1152,14 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
             r->in_tokens, r->out_tokens, r->out_asked,
             b->ignore_eos ? "true" : "false", b->shared_len, b->sessions,
             b->precision != NULL ? b->precision : "");
+    /* ZeroMQ: what Finished.timings says; HTTP does not tell: null */
+    if (r->preemptions >= 0)
+        fprintf(f, "\"retries\":%ld,\"preemptions\":%ld,"
+                "\"preempted_requests\":%d,", r->retries, r->preemptions,
+                r->preempted);
+    else
+        fprintf(f, "\"retries\":null,\"preemptions\":null,"
+                "\"preempted_requests\":null,");
     if (b->n_file > 0)
         fprintf(f, "\"lengths\":\"file\",");
     else if (b->plen_min == b->plen_max && b->olen_min == b->olen_max)
@@ -1184,6 +1213,9 @@ static void print_json(FILE *f, const bench_t *b, const bench_result_t *r)
                 fprintf(f, ",\"tpot_ms\":%.4f", tp);
             if (q->n_prompt_usage >= 0)
                 fprintf(f, ",\"prompt_tokens_usage\":%d", q->n_prompt_usage);
+            if (q->preemptions >= 0)
+                fprintf(f, ",\"retries\":%d,\"preemptions\":%d",
+                        q->retries, q->preemptions);
         } else if (q->state == BR_FAILED) {
             fprintf(f, ",\"error\":");
             json_str(f, b->codes[q->code].code);

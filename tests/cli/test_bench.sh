@@ -6,7 +6,10 @@
 # their consistency, length ranges and --lengths-file, a --rates sweep
 # with its SVG plot (parsed with xml.etree), failed requests reported by
 # code (dead router, dead HTTP port, a 404 from baton-http) within
-# --timeout-ms, and usage errors.  Every step is bounded by `timeout`.
+# --timeout-ms, streams a decode worker gave back counted from
+# Finished.timings (--kv-overcommit on a pool of 8 blocks; null over
+# HTTP, which does not tell), and usage errors.  Every step is bounded by
+# `timeout`.
 set -u
 B="$BATON_BIN/baton"
 tmp=$(mktemp -d)
@@ -63,6 +66,10 @@ assert lo <= cv <= hi, cv
 # CI machine may deschedule it now and then)
 late = sorted(x["send_ms"] - x["sched_ms"] for x in r)
 assert late[50] < 2 and late[-1] < 250, late[-5:]
+if j["transport"] == "zmq":
+    assert j["preemptions"] == 0 and j["retries"] == 0, j["preemptions"]
+else:
+    assert j["preemptions"] is None and j["retries"] is None, j["retries"]
 EOF
 done
 # gamma: burstiness 0.25 -> cv ~ 2, burstiness 4 -> cv ~ 0.5
@@ -252,6 +259,41 @@ print("errors ok")
 EOF
 timeout 30 "$B" bench --http "$URL" --model nullm --requests 3 \
   --concurrency 2 --no-progress >/dev/null || fail "--model nullm"
+
+# --- streams given back (Finished.timings), a cluster of its own ---------
+OPORT=$((PORT + 4))
+"$BATON_BIN/baton-router" --max-queue-wait-ms 0 \
+  --listen "tcp://127.0.0.1:$OPORT" --control "tcp://127.0.0.1:$((OPORT + 1))" \
+  >"$tmp/orouter.log" 2>&1 &
+OR=$!
+"$BATON_BIN/baton-decode" --router "tcp://127.0.0.1:$((OPORT + 1))" \
+  --null-model --role both --kv-blocks 8 --block-size 4 --kv-overcommit \
+  --step-delay-ms 5 >"$tmp/odecode.log" 2>&1 &
+OD=$!
+trap 'kill -TERM $HTTP $UP $OR $OD 2>/dev/null;
+      wait $HTTP $UP $OR $OD 2>/dev/null; rm -rf "$tmp"' EXIT
+for try in $(seq 1 50); do
+  timeout 10 "$B" bench --router "tcp://127.0.0.1:$OPORT" --requests 1 \
+    --concurrency 1 --timeout-ms 2000 --no-progress >/dev/null 2>&1 && break
+  sleep 0.2
+done
+# 8 streams of 8 + 24 tokens (8 blocks of 4 each) on 8 blocks
+timeout 60 "$B" bench --router "tcp://127.0.0.1:$OPORT" --requests 8 \
+  --concurrency 8 --prompt-len 8 --output-len 24 --json "$tmp/over.json" \
+  --no-progress >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "overcommit"; }
+grep -q "^given_back:" "$tmp/out" || { cat "$tmp/out"; fail "no given_back"; }
+check given_back "$tmp/over.json" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+r = j["per_request"]
+assert j["completed"] == 8 and j["output_tokens"] == 8 * 24, j["completed"]
+assert j["preemptions"] >= 1, j["preemptions"]
+assert j["preemptions"] == sum(x["preemptions"] for x in r), r
+assert j["preempted_requests"] == sum(x["preemptions"] > 0 for x in r)
+assert j["retries"] == 0
+print("given back %d times, %d requests" % (j["preemptions"],
+                                            j["preempted_requests"]))
+EOF
 
 # --- usage ---------------------------------------------------------------
 "$B" bench --help >"$tmp/help" || fail "--help rc"
