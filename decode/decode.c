@@ -310,13 +310,9 @@ static void seq_preempt(decode_t *dec, decode_seq_t *s)
  * (decode__step_spec), so only the plain token counts. */
 static bool seq_needs_block(const decode_t *dec, const decode_seq_t *s)
 {
-    int held;
-
-    if (s->eseq != NULL) {
-        engine_seq_blocks(s->eseq, &held);
+    if (s->eseq != NULL)
         return BT_DIV_UP(engine_seq_cached(s->eseq) + 1, dec->block_size) >
-               held;
-    }
+               seq_held(s);
     return !(s->pend && s->n_tokens > dec->max_context) &&
            BT_DIV_UP(s->n_cached + 1, dec->block_size) > s->n_blocks;
 }
@@ -335,14 +331,16 @@ static bool seq_needs_block(const decode_t *dec, const decode_seq_t *s)
  * stream's growth promised this never happens. */
 static void preempt_for_room(decode_t *dec)
 {
-    bool borrowing = false;
+    const decode_seq_t *b = dec->seqs;
     int need = 0;
 
-    for (const decode_seq_t *s = dec->seqs; s; s = s->next) {
+    while (b != NULL && !b->borrows) /* every step: the common case */
+        b = b->next;
+    if (b == NULL)
+        return;
+    for (const decode_seq_t *s = dec->seqs; s; s = s->next)
         need += seq_needs_block(dec, s);
-        borrowing |= s->borrows;
-    }
-    while (borrowing && need > kv_allocator_free_count(dec->kv)) {
+    while (need > kv_allocator_free_count(dec->kv)) {
         decode_seq_t *v = NULL;
 
         for (decode_seq_t *s = dec->seqs; s; s = s->next)

@@ -76,7 +76,8 @@ typedef struct {
     int *blocks;        /* (n_blocks) */
     int n_blocks;
     int limit_blocks;   /* blocks promised to it at admission: all it may
-                           grow to, or (--kv-overcommit) its prompt's */
+                           grow to, or less (decode_resv.c: without
+                           max_tokens, or --kv-overcommit) */
     int growth_blocks;  /* blocks it may grow to (prompt + max tokens) */
     uint64_t expires_ns;
     /* Aggregated mode: a PrefillTask for this reservation runs here. */
@@ -252,8 +253,8 @@ struct decode_s {
     uint64_t grants_waited;     /* grants refused: the receive area or
                                    windows were full (the router asks
                                    again) */
-    uint64_t preempted;         /* --kv-overcommit: sequences given back
-                                   to the router for want of blocks */
+    uint64_t preempted;         /* sequences past their promise given
+                                   back to the router for want of blocks */
     uint64_t windows_mapped;    /* receive windows mapped for grants
                                  * (only the announced link maps one) */
     uint64_t windows_revoked;   /* UCX receive windows unmapped while

@@ -22,8 +22,9 @@
 #define ROUTER_NAME_MAX 64
 #define ROUTER_RID_MAX 128 /* a worker's ZeroMQ routing id */
 #define ROUTER_MAX_EOS 8
-/* A request a decode worker gave back (TaskError.retry: its overcommitted
- * KV pool ran short) is re-queued this many times, then fails */
+/* A request a decode worker gave back (TaskError.retry: its KV pool ran
+ * short past the request's promise) is re-queued this many times, then
+ * fails */
 #define ROUTER_MAX_PREEMPTIONS 16
 #define ROUTER_HASH_BUCKETS 4096
 #define ROUTER_MAX_TOKENS (1 << 30) /* max_tokens 0: until the context */
