@@ -118,6 +118,8 @@ static void send_register(decode_t *dec)
     reg->unbounded_promise = dec->cfg.kv_overcommit
                                  ? 0
                                  : (uint32_t)dec->cfg.kv_unbounded_promise;
+    reg->has_admits_on_promise = 1;
+    reg->admits_on_promise = !dec->cfg.kv_overcommit;
     decode__send_outbox(dec); /* the old session's last words go first */
     workerproc_send_register(dec->sock, reg);
 }
@@ -197,12 +199,18 @@ static void publish_beat(decode_t *dec)
         b.spec_verify_tokens = st.verify_tokens;
         b.spec_accept_length = spec_accept_length(dec->spec);
     }
-    urgent = (int)b.free_kv != dec->last_hb_free &&
-             now - dec->last_hb_ns >= 10000000ull;
-    dec->last_hb_free = (int)b.free_kv;
+    /* The count the router last heard at once: a change inside the
+     * 10 ms goes out at a later turn's publish, not with the next
+     * scheduled beat (the router admits on these counts: a request
+     * waiting for a promise's room waited a whole heartbeat period) */
+    dec->hb_owed = (int)b.free_kv != dec->last_hb_free;
+    urgent = dec->hb_owed && now - dec->last_hb_ns >= DECODE_HB_URGENT_NS;
     workerproc_link_publish(dec->link, &b, urgent);
-    if (urgent)
+    if (urgent) {
+        dec->last_hb_free = (int)b.free_kv;
         dec->last_hb_ns = now;
+        dec->hb_owed = false;
+    }
 }
 
 /* TaskError; retry: not a failure, the attempt given back (seq_preempt) */
@@ -1173,6 +1181,13 @@ bt_status_t decode_run(decode_t *dec)
             break;
         timeout = dec->seqs != NULL || decode__has_local_prefill(dec) ||
                   decode__has_arrivals_pending(dec) ? 0 : 50;
+        if (timeout > 0 && dec->hb_owed) /* the owed beat's turn */
+            timeout = (int)BT_MIN((uint64_t)timeout,
+                                  1 + (DECODE_HB_URGENT_NS -
+                                       BT_MIN(DECODE_HB_URGENT_NS,
+                                              bt_time_ns() -
+                                                  dec->last_hb_ns)) /
+                                          1000000ull);
         if (timeout > 0 && dec->links != NULL &&
             kv_link_receiver_arm_fd(dec->links, &fd) == BT_IN_PROGRESS)
             timeout = 0; /* events pending: progress first */

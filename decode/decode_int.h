@@ -37,6 +37,9 @@
 #define DECODE_NAME_MAX 64
 #define DECODE_BLOCK_WAIT_NS (30ull * 1000000000ull)
 #define DECODE_PREFILL_FLOOR 128 /* prompt tokens a step always may take */
+/* A heartbeat goes out at once, at most this often, when the free block
+ * count moved (the router admits on it). */
+#define DECODE_HB_URGENT_NS 10000000ull
 /* --kv-overcommit: admission leaves 1/64 of the pool, and at least a
  * block a running stream (its next block_size tokens), free for the
  * streams' growth, as vLLM's watermark does: a stream given back is not
@@ -196,7 +199,10 @@ struct decode_s {
     bool draining;
     workerproc_link_t *link;    /* sessions, acks, the heartbeat thread */
     uint64_t last_hb_ns;        /* last urgent heartbeat */
-    int last_hb_free;           /* free blocks the last heartbeat said */
+    int last_hb_free;           /* free blocks the last urgent one said */
+    bool hb_owed;               /* the count moved inside the 10 ms: an
+                                   urgent beat is owed (the idle poll
+                                   waits no longer than that) */
     uint64_t next_epoch;        /* random start: never reused, even by a
                                    restarted process */
     decode_resv_t *resv;        /* (max_reservations) */

@@ -221,7 +221,10 @@ void router__dispatch(router_t *r)
             if (d->max_context > 0)
                 n_tokens = BT_MIN(n_tokens, (int)d->max_context);
         }
-        blocks = router__blocks_needed(d, n_tokens);
+        /* counted as d counts it: the estimate of its free blocks then
+         * holds back the next requests of this pass as d will */
+        blocks = (int)BT_MIN(router__blocks_to_admit(d, req, n_tokens),
+                             (int64_t)INT_MAX);
         router__queue_remove(r, req); /* shifts queue[i+1..] down */
         router__queue_dispatched(r, req);
         req->prefill_uid = p->uid;
@@ -400,6 +403,7 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         /* Pool full: wait for blocks (bounded by the queue timeout). */
         if (!g->has_free_blocks)
             w->est_free_kv = 0;
+        r->metrics.kv_refusals++;
         req->reserved_blocks = 0;
         router__req_requeue(r, req, false, 20 * 1000000ull);
         return;

@@ -84,6 +84,8 @@ typedef struct {
     uint32_t max_context;
     int64_t unbounded_promise; /* decode: growth promised to a request
                                  without max_tokens (-1: its context) */
+    bool admits_on_promise;   /* decode: admits only with the request's
+                                 promise free (router__blocks_to_admit) */
     uint32_t block_size;      /* decode: KV block size */
     uint32_t total_kv;        /* decode: pool blocks */
     int64_t est_free_kv;      /* decode: free blocks, heartbeat minus
@@ -301,6 +303,8 @@ typedef struct {
                                                  failure */
     uint64_t preemptions;                     /* re-queued: a decode worker
                                                  gave them back (retry) */
+    uint64_t kv_refusals;                     /* KvGrant not ok: asked
+                                                 again 20 ms later */
     uint64_t handoffs[ROUTER_METRICS_TRANSPORTS]; /* KvReady sent, by
                                                      KvTransport */
     uint64_t worker_drops;                    /* workers dropped (dead,
@@ -434,6 +438,19 @@ const router_policy_t *router__policy_find(const char *name);
 
 /* Number of KV blocks a request of n_tokens needs on worker w. */
 int router__blocks_needed(const router_worker_t *w, int n_tokens);
+/* The KV blocks decode worker w promises req (n_tokens of prompt) at
+ * admission, as decode_resv.c counts them: the prompt and its growth
+ * (max_tokens), or, asking past the context, the prompt and w's
+ * unbounded promise; at most the context.  *unbounded_p (NULL: not
+ * wanted): it asked past the context and w promises less. */
+int64_t router__promise_blocks(const router_worker_t *w,
+                               const router_req_t *req, int n_tokens,
+                               bool *unbounded_p);
+/* The free blocks w must have to admit req: its promise, or its prompt
+ * when w admits on the prompt alone (--kv-overcommit, or a worker that
+ * does not say). */
+int64_t router__blocks_to_admit(const router_worker_t *w,
+                                const router_req_t *req, int n_tokens);
 
 /* True when w may take new work of its role. */
 bool router__worker_is_usable(const router_worker_t *w);

@@ -12,6 +12,9 @@
  *   baton_router_preemptions_total         re-queues of requests decode
  *                                          workers gave back (KV short past
  *                                          their promise)
+ *   baton_router_kv_refusals_total         reservations decode workers
+ *                                          refused (pool or hand-off
+ *                                          windows full): asked again
  *   baton_router_prompt_tokens_total       prompt tokens of finished requests
  *   baton_router_generated_tokens_total    tokens streamed to clients
  *   baton_router_kv_handoffs_total{transport}  KvReady sent, by transport
@@ -247,6 +250,12 @@ bt_status_t router__metrics_render(router_t *r, uint64_t now,
       "# TYPE baton_router_preemptions_total counter\n"
       "baton_router_preemptions_total %llu\n",
       (unsigned long long)m->preemptions);
+    P("# HELP baton_router_kv_refusals_total KV reservations decode "
+      "workers refused (pool or hand-off windows full); the request "
+      "asked again\n"
+      "# TYPE baton_router_kv_refusals_total counter\n"
+      "baton_router_kv_refusals_total %llu\n",
+      (unsigned long long)m->kv_refusals);
     P("# HELP baton_router_kv_handoffs_total KV hand-offs to decode "
       "workers, by transport\n"
       "# TYPE baton_router_kv_handoffs_total counter\n");

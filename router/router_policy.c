@@ -34,18 +34,53 @@ bool router__worker_is_usable(const router_worker_t *w)
     return w->used && !w->draining;
 }
 
+int64_t router__promise_blocks(const router_worker_t *w,
+                               const router_req_t *req, int n_tokens,
+                               bool *unbounded_p)
+{
+    const int64_t bs = w->block_size > 0 ? (int64_t)w->block_size : 16;
+    const int64_t ctx = (int64_t)w->max_context;
+    const int64_t total = (int64_t)n_tokens + req->max_tokens -
+                          req->n_generated;
+    const int64_t need =
+        BT_MAX(1, BT_DIV_UP(ctx > 0 ? BT_MIN((int64_t)n_tokens, ctx)
+                                    : (int64_t)n_tokens, bs));
+    int64_t growth = BT_MAX(need, BT_DIV_UP(ctx > 0 ? BT_MIN(total, ctx)
+                                                    : total, bs));
+    /* asking past the context (no max_tokens: until it): what w
+     * promises such a request (it may grow past that later, or stop
+     * first) */
+    const bool unbounded = (ctx > 0 ? total > ctx
+                                    : req->max_tokens >= ROUTER_MAX_TOKENS) &&
+                           w->unbounded_promise >= 0;
+
+    if (unbounded)
+        growth = BT_MIN(growth, need + BT_DIV_UP(w->unbounded_promise, bs));
+    if (unbounded_p != NULL)
+        *unbounded_p = unbounded;
+    return growth;
+}
+
+int64_t router__blocks_to_admit(const router_worker_t *w,
+                                const router_req_t *req, int n_tokens)
+{
+    return w->admits_on_promise ? router__promise_blocks(w, req, n_tokens,
+                                                         NULL)
+                                : router__blocks_needed(w, n_tokens);
+}
+
 bool router__req_never_fits(const router_t *r, const router_req_t *req,
                             int n_tokens, char *why, size_t why_size)
 {
     int candidates = 0;
     int64_t best_blocks = 0;
     uint32_t best_ctx = 0;
-    int64_t need_on_best = 0, growth_on_best = 0;
+    int64_t need_on_best = 0;
     bool best_unbounded = false;
 
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         const router_worker_t *w = &r->workers[i];
-        int64_t growth, need;
+        int64_t need;
         uint32_t ctx;
         bool unbounded;
 
@@ -64,26 +99,15 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
          * judged by its growth alone */
         if (req->prompt_ids != NULL && ctx > 0 && (uint32_t)n_tokens >= ctx)
             continue;
-        growth = (int64_t)n_tokens + req->max_tokens - req->n_generated;
-        /* asking past the context (no max_tokens: until it): what the
-         * worker promises such a request at admission, as it judges it
-         * (it may grow past that later, or stop first) */
-        unbounded = (ctx > 0 ? growth > (int64_t)ctx
-                             : req->max_tokens >= ROUTER_MAX_TOKENS) &&
-                    w->unbounded_promise >= 0;
-        if (unbounded)
-            growth = (int64_t)n_tokens + w->unbounded_promise;
-        if (ctx > 0)
-            growth = BT_MIN(growth, (int64_t)ctx);
-        need = BT_DIV_UP(BT_MAX(growth, (int64_t)n_tokens),
-                         (int64_t)(w->block_size > 0 ? w->block_size : 16));
+        /* its growth promised, even where w admits on the prompt alone:
+         * growing alone past the whole pool it could never finish */
+        need = router__promise_blocks(w, req, n_tokens, &unbounded);
         if (need <= (int64_t)w->total_kv)
             return false;
         if ((int64_t)w->total_kv > best_blocks) {
             best_blocks = w->total_kv;
             best_ctx = ctx;
             need_on_best = need;
-            growth_on_best = BT_MAX(growth, (int64_t)n_tokens);
             best_unbounded = unbounded;
         }
     }
@@ -94,10 +118,9 @@ bool router__req_never_fits(const router_t *r, const router_req_t *req,
                  "context of any decode worker", n_tokens);
     else
         snprintf(why, why_size, "request needs %lld KV blocks (prompt %d "
-                 "+ %lld tokens of growth: %s, context %u) but the largest "
+                 "tokens and its growth: %s, context %u) but the largest "
                  "decode worker's whole pool has %lld: it can never fit",
                  (long long)need_on_best, n_tokens,
-                 (long long)(growth_on_best - n_tokens),
                  best_unbounded ? "past the context, what the worker "
                                   "promises such a request"
                                 : "max tokens",
@@ -113,7 +136,8 @@ static bool policy_takes_work(const router_worker_t *w)
     return router__worker_is_usable(w) && !w->silent;
 }
 
-static bool policy_decode_fits(const router_worker_t *w, int n_tokens,
+static bool policy_decode_fits(const router_worker_t *w,
+                               const router_req_t *req, int n_tokens,
                                bool need_prefill, const router_class_t *cls)
 {
     if (!policy_takes_work(w) || w->role != BATON__ROLE__ROLE_DECODE ||
@@ -123,7 +147,9 @@ static bool policy_decode_fits(const router_worker_t *w, int n_tokens,
         return false;
     if (w->max_context > 0 && (uint32_t)n_tokens > w->max_context)
         return false;
-    return w->est_free_kv >= router__blocks_needed(w, n_tokens);
+    /* by w's own admission rule: a worker that would refuse it is not
+     * asked while another has room */
+    return w->est_free_kv >= router__blocks_to_admit(w, req, n_tokens);
 }
 
 static router_worker_t *least_pick_prefill(router_t *router,
@@ -156,11 +182,10 @@ static router_worker_t *least_pick_decode(router_t *router,
 {
     router_worker_t *best = NULL;
 
-    (void)req;
     *cached_p = 0;
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
         router_worker_t *w = &router->workers[i];
-        if (!policy_decode_fits(w, n_tokens, need_prefill, cls))
+        if (!policy_decode_fits(w, req, n_tokens, need_prefill, cls))
             continue;
         if (best == NULL || w->est_free_kv > best->est_free_kv ||
             (w->est_free_kv == best->est_free_kv &&
@@ -171,7 +196,8 @@ static router_worker_t *least_pick_decode(router_t *router,
 }
 
 static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
-                                Baton__Role role, int n_tokens,
+                                Baton__Role role, const router_req_t *req,
+                                int n_tokens,
                                 bool need_prefill, const router_class_t *cls)
 {
     for (int k = 0; k < ROUTER_MAX_WORKERS; k++) {
@@ -181,7 +207,7 @@ static router_worker_t *rr_pick(router_t *router, unsigned *cursor,
             !router__worker_in_class(w, cls))
             continue;
         if (role == BATON__ROLE__ROLE_DECODE &&
-            !policy_decode_fits(w, n_tokens, need_prefill, cls))
+            !policy_decode_fits(w, req, n_tokens, need_prefill, cls))
             continue;
         *cursor = i + 1;
         return w;
@@ -194,10 +220,9 @@ static router_worker_t *rr_pick_prefill(router_t *router,
                                         const router_class_t *cls,
                                         int *cached_p)
 {
-    (void)req;
     *cached_p = 0;
-    return rr_pick(router, &router->rr_prefill, BATON__ROLE__ROLE_PREFILL, 0,
-                   false, cls);
+    return rr_pick(router, &router->rr_prefill, BATON__ROLE__ROLE_PREFILL,
+                   req, 0, false, cls);
 }
 
 static router_worker_t *rr_pick_decode(router_t *router,
@@ -206,10 +231,9 @@ static router_worker_t *rr_pick_decode(router_t *router,
                                        const router_class_t *cls,
                                        int *cached_p)
 {
-    (void)req;
     *cached_p = 0;
     return rr_pick(router, &router->rr_decode, BATON__ROLE__ROLE_DECODE,
-                   n_tokens, need_prefill, cls);
+                   req, n_tokens, need_prefill, cls);
 }
 
 /* The candidate of cands[0..n) the kv-aware score prefers for req's
@@ -253,8 +277,8 @@ static router_worker_t *kv_pick_decode(router_t *router,
         return least_pick_decode(router, req, n_tokens, need_prefill, cls,
                                  cached_p);
     for (int i = 0; i < ROUTER_MAX_WORKERS; i++) {
-        if (!policy_decode_fits(&router->workers[i], n_tokens, need_prefill,
-                                cls))
+        if (!policy_decode_fits(&router->workers[i], req, n_tokens,
+                                need_prefill, cls))
             continue;
         cands[n].worker = i;
         cands[n].load = (double)router->workers[i].outstanding;

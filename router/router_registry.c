@@ -385,6 +385,8 @@ void router__on_register(router_t *r, const uint8_t *id, size_t id_len,
     w->max_context = reg->max_context;
     w->unbounded_promise =
         reg->has_unbounded_promise ? (int64_t)reg->unbounded_promise : -1;
+    w->admits_on_promise =
+        reg->has_admits_on_promise && reg->admits_on_promise;
     w->draining = false;
     if (reg->kv_layout != NULL) {
         w->block_size = reg->kv_layout->block_size;
