@@ -677,6 +677,8 @@ static void step(decode_t *dec)
             BT_MIN(dec->budget - n_decode, DECODE_PREFILL_FLOOR));
         int n_wait = local_prompts_by_arrival(dec);
 
+        budget = decode_budget_round_step(n_decode, budget, dec->step_quantum,
+                                          DECODE_PREFILL_FLOOR);
         for (int k = 0; k < n_wait; k++) {
             decode_resv_t *r = &dec->resv[dec->porder[k].slot];
             backend_seq_t *bs = &dec->bseqs[n];
@@ -1017,6 +1019,7 @@ bt_status_t decode_create(const decode_config_t *cfg, decode_t **dec_p)
         dec->layout = *backend_kv_layout(engine_backend(dec->engine));
         dec->kv_on_device =
             strcmp(backend_name(engine_backend(dec->engine)), "cuda") == 0;
+        dec->step_quantum = backend_step_quantum(engine_backend(dec->engine));
         if (cfg->prefix_cache) {
             status = workerproc_prefix_create(dec->engine, &ecfg,
                                               &dec->prefix);

@@ -87,3 +87,14 @@ int decode_budget_prefill_tokens(const decode_budget_t *b, int n_decode,
         return max_tokens;
     return (int)n;
 }
+
+int decode_budget_round_step(int n_decode, int prefill_tokens, int quantum,
+                             int min_tokens)
+{
+    int cut;
+
+    if (quantum <= 1)
+        return prefill_tokens;
+    cut = (n_decode + prefill_tokens) / quantum * quantum - n_decode;
+    return cut >= min_tokens && cut < prefill_tokens ? cut : prefill_tokens;
+}

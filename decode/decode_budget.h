@@ -58,6 +58,14 @@ int decode_budget_prefill_tokens(const decode_budget_t *b, int n_decode,
                                  double target_ms, int max_tokens,
                                  int min_tokens);
 
+/* The prompt budget cut so that the step (n_decode rows + the prompt
+ * tokens) ends at a multiple of the backend's quantum
+ * (backend_step_quantum: its GEMMs' token tiles; a step just past a
+ * multiple pays a whole tile, and at 4,096-row outputs a wave, for a few
+ * tokens), unless that takes it below min_tokens; quantum <= 1: as is. */
+int decode_budget_round_step(int n_decode, int prefill_tokens, int quantum,
+                             int min_tokens);
+
 #ifdef __cplusplus
 }
 #endif

@@ -190,6 +190,7 @@ struct decode_s {
     void *sock;
     kv_link_receiver_t *links;  /* the KV links it receives on */
     bool kv_on_device;          /* backend KV in GPU memory (cuda) */
+    int step_quantum;           /* backend_step_quantum (1: none) */
     double tps;                 /* local prefill tokens/s, moving average */
     decode_budget_t cost;       /* step cost model: prefill tokens a step
                                    may take under --tpot-target-ms */

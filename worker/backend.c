@@ -297,6 +297,13 @@ size_t backend_kv_token_bytes(const backend_t *backend)
            (size_t)lay->head_dim * (size_t)lay->elem_size;
 }
 
+int backend_step_quantum(const backend_t *backend)
+{
+    return backend->ops->step_quantum != NULL
+               ? backend->ops->step_quantum(backend->impl)
+               : 1;
+}
+
 void *backend__impl(const backend_t *backend)
 {
     return backend->impl;

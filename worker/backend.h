@@ -258,6 +258,8 @@ typedef struct {
     bt_status_t (*kv_copy_in)(void *impl, const void *src, int n,
                               const int *blocks, backend_done_fn_t done,
                               void *done_arg);
+    /* See backend_step_quantum; optional (NULL: 1). */
+    int (*step_quantum)(void *impl);
 } backend_ops_t;
 
 /* Creates a backend by name: "cpu", "cuda" or "auto" (cuda when a GPU is
@@ -280,6 +282,12 @@ bt_status_t backend_mem_info(const backend_t *backend, size_t *free_p,
 /* Bytes one token takes in the KV pool (K and V, every layer, one
  * rank's heads). */
 size_t backend_kv_token_bytes(const backend_t *backend);
+
+/* The token count a forward's large GEMMs tile by: a step of a multiple
+ * of it leaves no tile partly empty (cuda: cuBLASLt's; 1: no such
+ * granularity).  A scheduler that may choose a step's size rounds to
+ * it. */
+int backend_step_quantum(const backend_t *backend);
 
 /* Runs one forward pass.  `logits` receives (sum of n_logits, vocab)
  * float32 rows; `hidden`, when not NULL, the matching (rows, dim) final

@@ -146,6 +146,16 @@ int main(void)
     }
     n = decode_budget_prefill_tokens(&b, 64, 50.0, 8192, 128);
     BT_CHECK(n >= 900 && n <= 1100);
+    /* The step ends at the quantum's multiple below (124 rows + 1,956
+     * prompt tokens = 2,080 -> 2,048), never under the floor, never up,
+     * unchanged on a multiple or without a quantum. */
+    BT_ASSERT_EQ(decode_budget_round_step(124, 1956, 128, 128), 1924);
+    BT_ASSERT_EQ(decode_budget_round_step(124, 1924, 128, 128), 1924);
+    BT_ASSERT_EQ(decode_budget_round_step(124, 1956, 1, 128), 1956);
+    BT_ASSERT_EQ(decode_budget_round_step(124, 200, 128, 128), 132);
+    BT_ASSERT_EQ(decode_budget_round_step(124, 130, 128, 128), 130);
+    BT_ASSERT_EQ(decode_budget_round_step(0, 8192, 128, 128), 8192);
+    BT_ASSERT_EQ(decode_budget_round_step(5, 8000, 128, 128), 7931);
     check_noisy_machine();
     check_mixed_only();
     check_between();

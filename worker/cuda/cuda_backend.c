@@ -3116,6 +3116,16 @@ static const kv_layout_t *cuda_kv_layout(void *impl)
     return &((cuda_backend_t *)impl)->kv;
 }
 
+/* cuBLASLt's tiles cut a step's tokens in 128s: on an H100 (2026-12-06,
+ * bench_cuda --mixed, synth:llama3-8b) 124 decode rows + a 1,924-token
+ * chunk (2,048 tokens) ran 36.0 ms in fp8, 58.1 in bf16, and 32 tokens
+ * more 39.6 / 63.4 ms, what 2,176 cost (39.7 / 67.0). */
+static int cuda_step_quantum(void *impl)
+{
+    (void)impl;
+    return 128;
+}
+
 const backend_ops_t cuda_backend_ops = {
     .name = "cuda",
     .is_available = cuda_is_available,
@@ -3133,4 +3143,5 @@ const backend_ops_t cuda_backend_ops = {
     .kv_host_copy = cuda_kv_host_copy,
     .host_pin = cuda_host_pin,
     .kv_copy_in = cuda_kv_copy_in,
+    .step_quantum = cuda_step_quantum,
 };
