@@ -3,7 +3,7 @@
  * DEVICE MACHINE (tests/gpu/run_gpu_tc.sh and round scripts run it):
  *
  *   bench_kernels [--gemv] [--attn] [--attn-hd 64|128] [--attn-runs]
- *                 [--small] [--dec] [--dec-kv8]
+ *                 [--small] [--dec] [--dec-kv8] [--dec-splits]
  *                 [--dec-only B:CTX]
  *                 [--toks L] [--reps N]
  *   (default: all)
@@ -32,6 +32,9 @@
  *   2048/2048 (bf16: 199 rows, FP8 KV: 342, at ~3K context).
  * --dec-kv8: the same over an FP8 (E4M3) KV cache (d_kv_scale; the
  *   bytes read are half).
+ * --dec-splits: with --dec / --dec-kv8, each case again at every split
+ *   length 64..4096 the planner may pick ("sweep" rows): how far its
+ *   cost model's pick is from the fastest.
  * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s).
  * --toks LIST: only these token counts in --gemv.
  * --dec-only B:CTX: --dec's case of batch B at context CTX only (the
@@ -74,6 +77,7 @@
 static int g_reps = 10;
 static int g_dec_b, g_dec_ctx; /* --dec-only B:CTX (0: every case) */
 static int g_dec_kv8;          /* --dec-kv8 */
+static int g_dec_splits;       /* --dec-splits */
 static char g_toks[256];   /* --toks: comma list of token counts, "" all */
 
 /* True when t is selected by --toks. */
@@ -491,7 +495,8 @@ static void bench_dec(void)
                             {64, 512, 32, 8},    {64, 2048, 32, 8},
                             {128, 512, 32, 8},   {8, 8192, 32, 8},
                             {64, 8192, 32, 8},   {512, 2048, 4, 1},
-                            {199, 3072, 32, 8},  {342, 3072, 32, 8}};
+                            {199, 3072, 32, 8},  {342, 3072, 32, 8},
+                            {124, 2048, 32, 8},  {124, 2176, 32, 8}};
     const int kvb = g_dec_kv8 ? 1 : 2; /* bytes a K or V element */
     const char *tag = g_dec_kv8 ? " kv8" : "";
     int n_sm = 132, dev = 0;
@@ -567,13 +572,19 @@ static void bench_dec(void)
         a.d_mask_off = a.d_ctx_len + B;
         a.d_out = out;
         a.d_kv_scale = d_scale;
-        {
+        for (int sweep = 0; sweep <= (g_dec_splits ? 7 : 0); sweep++) {
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
             cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm,
                                   cuda_attn_decode_blocks_per_sm(hd,
                                                                  g_dec_kv8),
                                   64, &ns, &sl);
+            if (sweep > 0) { /* split length 64 << (sweep - 1) */
+                sl = 64 << (sweep - 1);
+                ns = (ctx + sl - 1) / sl;
+                if (ns > 64 || (sl > ctx && sl / 2 >= ctx))
+                    continue;
+            }
             OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
             for (int rr = 0; rr < n; rr++) {
                 flush_l2();
@@ -590,7 +601,7 @@ static void bench_dec(void)
             double us = ms[n / 2] * 1e3;
             printf("attn decode%s B=%3d ctx=%5d plan=%-7s %3d x %4d%s: %8.1f "
                    "us/layer %5.2f TB/s KV (%.0f%% of 4.5); x32 = %.2f ms\n",
-                   tag, B, ctx, "split", ns, sl,
+                   tag, B, ctx, sweep ? "sweep" : "split", ns, sl,
                    nkv == 1 ? " (HND probe)" : "", us,
                    bytes / (us * 1e-6) / 1e12,
                    100.0 * bytes / (us * 1e-6) / 4.5e12, us * 32e-3);
@@ -721,6 +732,8 @@ int main(int argc, char **argv)
             do_dec = 1;
         else if (strcmp(argv[a], "--dec-kv8") == 0)
             do_dec = g_dec_kv8 = 1;
+        else if (strcmp(argv[a], "--dec-splits") == 0)
+            g_dec_splits = 1;
         else if (strcmp(argv[a], "--toks") == 0 && a + 1 < argc)
             snprintf(g_toks, sizeof(g_toks), "%s", argv[++a]);
         else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc)
@@ -731,7 +744,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: bench_kernels [--gemv] [--attn] "
                     "[--attn-hd 64|128] [--attn-runs] [--small] [--dec] "
-                    "[--dec-kv8] "
+                    "[--dec-kv8] [--dec-splits] "
                     "[--dec-only "
                     "B:CTX] [--toks 1,2,..] [--reps N]\n");
             return 2;
