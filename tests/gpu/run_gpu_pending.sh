@@ -26,7 +26,8 @@
 #   33.8 ms [10,103 tok/s]; 448 and 512 do not fit an H100's KV).
 # serve (aggregated, closed loop; the phase lines carry the steps by
 #   duration): fp8 + FP8 KV 2048/128 @256, 1,024 requests, with and
-#   without the TPOT bound (H100: 3,080 / 3,278) [3,106 at 512
+#   without the TPOT bound (H100: 3,080 / 3,278; steps at multiples of
+#   128 tokens since f29a2c7: +2.6% with the bound) [3,106 at 512
 #   requests, TPOT p99 50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0:
 #   the budget's margin under load, fad941f, should bring it under 50].
 # long: fp8 + FP8 KV 2048/2048 @384 streams [10,103] and @512 (the
