@@ -7,6 +7,8 @@
 
 #include <string.h>
 
+#include "bt_kv_promise.h"
+
 static void quarantine(decode_t *dec, int *blocks, int n)
 {
     int i = decode__bit_first_clear(dec->quar_bits,
@@ -191,13 +193,12 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
      * its promise a stream grows from unpromised blocks, and goes back
      * to the router when they run out (preempt_for_room). */
     growth = BT_MAX(limit, need);
-    limit = growth;
-    if (dec->cfg.kv_overcommit)
-        limit = need;
-    else if (total > (uint32_t)dec->max_context &&
-             dec->cfg.kv_unbounded_promise >= 0)
-        limit = BT_MIN(growth, need + BT_DIV_UP(dec->cfg.kv_unbounded_promise,
-                                                dec->block_size));
+    limit = dec->cfg.kv_overcommit
+                ? need
+                : (int)bt_kv_promise_blocks(
+                      m->n_tokens, total, dec->max_context, dec->block_size,
+                      total > (uint32_t)dec->max_context,
+                      dec->cfg.kv_unbounded_promise);
     if (decode__available_blocks(dec) < limit) {
         g.error = "KV pool full";
         goto reply;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bt_kv_promise.h"
 #include "bt_util.h"
 #include "kv/kv_link_choose.h"
 #include "router_int.h"
@@ -42,23 +43,15 @@ int64_t router__promise_blocks(const router_worker_t *w,
     const int64_t ctx = (int64_t)w->max_context;
     const int64_t total = (int64_t)n_tokens + req->max_tokens -
                           req->n_generated;
-    const int64_t need =
-        BT_MAX(1, BT_DIV_UP(ctx > 0 ? BT_MIN((int64_t)n_tokens, ctx)
-                                    : (int64_t)n_tokens, bs));
-    int64_t growth = BT_MAX(need, BT_DIV_UP(ctx > 0 ? BT_MIN(total, ctx)
-                                                    : total, bs));
-    /* asking past the context (no max_tokens: until it): what w
-     * promises such a request (it may grow past that later, or stop
-     * first) */
-    const bool unbounded = (ctx > 0 ? total > ctx
-                                    : req->max_tokens >= ROUTER_MAX_TOKENS) &&
-                           w->unbounded_promise >= 0;
+    /* asking past the context (no max_tokens: until it); a worker that
+     * says no context is judged by the missing max_tokens */
+    const bool past = ctx > 0 ? total > ctx
+                              : req->max_tokens >= ROUTER_MAX_TOKENS;
 
-    if (unbounded)
-        growth = BT_MIN(growth, need + BT_DIV_UP(w->unbounded_promise, bs));
     if (unbounded_p != NULL)
-        *unbounded_p = unbounded;
-    return growth;
+        *unbounded_p = past && w->unbounded_promise >= 0;
+    return bt_kv_promise_blocks(n_tokens, total, ctx, bs, past,
+                                w->unbounded_promise);
 }
 
 int64_t router__blocks_to_admit(const router_worker_t *w,

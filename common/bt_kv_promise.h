@@ -1,0 +1,54 @@
+/*
+ * bt_kv_promise.h - the KV blocks a decode worker promises a request at
+ * admission (issue 36), one rule for the worker that admits by it
+ * (decode_resv.c) and the router that picks workers by it
+ * (router_policy.c), so that the router never sends a request the worker
+ * must refuse.
+ *
+ * A request of n_tokens prompt tokens that may grow to `total` tokens
+ * (prompt + max tokens) is promised blocks for min(total, ctx) tokens,
+ * its prompt at least; one that asks past the context (past_ctx: no
+ * max_tokens, "until the context") is promised its prompt and
+ * `unbounded` tokens (--kv-unbounded-promise) instead when unbounded >= 0
+ * (< 0: the whole context).  ctx <= 0: no context known, no clamp.
+ * Overcommitting workers admit on the prompt alone: the caller's case.
+ */
+#ifndef BT_COMMON_BT_KV_PROMISE_H
+#define BT_COMMON_BT_KV_PROMISE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+static inline int64_t bt_kv_div_up(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/* Blocks for the prompt alone (at least one). */
+static inline int64_t bt_kv_prompt_blocks(int64_t n_tokens, int64_t ctx,
+                                          int64_t block_size)
+{
+    const int64_t n = ctx > 0 && n_tokens > ctx ? ctx : n_tokens;
+    const int64_t b = bt_kv_div_up(n, block_size);
+
+    return b < 1 ? 1 : b;
+}
+
+/* Blocks of the promise (see the header). */
+static inline int64_t bt_kv_promise_blocks(int64_t n_tokens, int64_t total,
+                                           int64_t ctx, int64_t block_size,
+                                           bool past_ctx, int64_t unbounded)
+{
+    const int64_t need = bt_kv_prompt_blocks(n_tokens, ctx, block_size);
+    int64_t growth = bt_kv_div_up(ctx > 0 && total > ctx ? ctx : total,
+                                  block_size);
+
+    if (growth < need)
+        growth = need;
+    if (past_ctx && unbounded >= 0 &&
+        need + bt_kv_div_up(unbounded, block_size) < growth)
+        growth = need + bt_kv_div_up(unbounded, block_size);
+    return growth;
+}
+
+#endif /* BT_COMMON_BT_KV_PROMISE_H */
