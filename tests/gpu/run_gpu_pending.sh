@@ -31,7 +31,9 @@
 #   requests, TPOT p99 50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0:
 #   the budget's margin under load, fad941f, should bring it under 50].
 # long: fp8 + FP8 KV 2048/2048 @384 streams [10,103] and @512 (the
-#   cuda default --max-seqs) if the engine rows say it gains.
+#   cuda default --max-seqs) if the engine rows say it gains (an H200's
+#   FP8 KV holds ~470 streams of 4,096 tokens: at 512 the router's 1 s
+#   queue bound sheds some as OVERLOADED).
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
