@@ -19,19 +19,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-static inline int64_t bt_kv_div_up(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
+#include "bt_util.h"
 
 /* Blocks for the prompt alone (at least one). */
 static inline int64_t bt_kv_prompt_blocks(int64_t n_tokens, int64_t ctx,
                                           int64_t block_size)
 {
-    const int64_t n = ctx > 0 && n_tokens > ctx ? ctx : n_tokens;
-    const int64_t b = bt_kv_div_up(n, block_size);
+    const int64_t n = ctx > 0 ? BT_MIN(n_tokens, ctx) : n_tokens;
 
-    return b < 1 ? 1 : b;
+    return BT_MAX(1, BT_DIV_UP(n, block_size));
 }
 
 /* Blocks of the promise (see the header). */
@@ -40,14 +36,11 @@ static inline int64_t bt_kv_promise_blocks(int64_t n_tokens, int64_t total,
                                            bool past_ctx, int64_t unbounded)
 {
     const int64_t need = bt_kv_prompt_blocks(n_tokens, ctx, block_size);
-    int64_t growth = bt_kv_div_up(ctx > 0 && total > ctx ? ctx : total,
-                                  block_size);
+    const int64_t growth = BT_MAX(
+        need, BT_DIV_UP(ctx > 0 ? BT_MIN(total, ctx) : total, block_size));
 
-    if (growth < need)
-        growth = need;
-    if (past_ctx && unbounded >= 0 &&
-        need + bt_kv_div_up(unbounded, block_size) < growth)
-        growth = need + bt_kv_div_up(unbounded, block_size);
+    if (past_ctx && unbounded >= 0)
+        return BT_MIN(growth, need + BT_DIV_UP(unbounded, block_size));
     return growth;
 }
 

@@ -1184,13 +1184,15 @@ bt_status_t decode_run(decode_t *dec)
             break;
         timeout = dec->seqs != NULL || decode__has_local_prefill(dec) ||
                   decode__has_arrivals_pending(dec) ? 0 : 50;
-        if (timeout > 0 && dec->hb_owed) /* the owed beat's turn */
-            timeout = (int)BT_MIN((uint64_t)timeout,
-                                  1 + (DECODE_HB_URGENT_NS -
-                                       BT_MIN(DECODE_HB_URGENT_NS,
-                                              bt_time_ns() -
-                                                  dec->last_hb_ns)) /
-                                          1000000ull);
+        if (timeout > 0 && dec->hb_owed) { /* the owed beat's turn */
+            const uint64_t since = bt_time_ns() - dec->last_hb_ns;
+            const int owed_ms =
+                since >= DECODE_HB_URGENT_NS
+                    ? 0
+                    : (int)((DECODE_HB_URGENT_NS - since) / 1000000ull);
+
+            timeout = BT_MIN(timeout, owed_ms + 1);
+        }
         if (timeout > 0 && dec->links != NULL &&
             kv_link_receiver_arm_fd(dec->links, &fd) == BT_IN_PROGRESS)
             timeout = 0; /* events pending: progress first */

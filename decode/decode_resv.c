@@ -141,23 +141,34 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
     Baton__KvGrant g = BATON__KV_GRANT__INIT;
     Baton__KvLayout lay = BATON__KV_LAYOUT__INIT;
     decode_resv_t *r = NULL;
-    int need = BT_DIV_UP((int)BT_MIN(m->n_tokens, (uint32_t)dec->max_context),
-                         dec->block_size);
-    uint32_t total = m->has_max_total_tokens ? m->max_total_tokens
-                                             : (uint32_t)dec->max_context;
-    int limit = BT_DIV_UP((int)BT_MIN(total, (uint32_t)dec->max_context),
-                          dec->block_size);
+    const int64_t total = m->has_max_total_tokens
+                              ? (int64_t)m->max_total_tokens
+                              : (int64_t)dec->max_context;
+    const bool past_ctx = total > dec->max_context;
+    const int need = (int)bt_kv_prompt_blocks(m->n_tokens, dec->max_context,
+                                              dec->block_size);
+    /* what max_tokens allows (to the context), and the promise: all of
+     * it; with no bound (asked past the context) the prompt and
+     * --kv-unbounded-promise tokens; overcommitted, the prompt.  Past its
+     * promise a stream grows from unpromised blocks, and goes back to
+     * the router when they run out (preempt_for_room). */
+    const int growth = (int)bt_kv_promise_blocks(
+        m->n_tokens, total, dec->max_context, dec->block_size, past_ctx, -1);
+    const int limit =
+        dec->cfg.kv_overcommit
+            ? need
+            : (int)bt_kv_promise_blocks(m->n_tokens, total, dec->max_context,
+                                        dec->block_size, past_ctx,
+                                        dec->cfg.kv_unbounded_promise);
     int *blocks = NULL;
     int *recv_ids = NULL;
-    int held = 0, slot, growth;
+    int held = 0, slot;
     bt_blockhash_t held_hash = { 0, 0 };
     uint8_t cap[PROTO_CAPABILITY_BYTES];
 
     g.has_request_id = 1;
     g.request_id = m->request_id;
     g.has_ok = 1;
-    if (need <= 0)
-        need = 1;
     if (decode__resv_find(dec, m->request_id) != NULL) {
         g.error = "duplicate reservation";
         goto reply;
@@ -187,18 +198,6 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
         g.error = "no random capability";
         goto reply;
     }
-    /* The promise: its whole growth, which max_tokens bounds; with no
-     * bound (asked past the context) its prompt and
-     * --kv-unbounded-promise tokens; overcommitted, its prompt.  Past
-     * its promise a stream grows from unpromised blocks, and goes back
-     * to the router when they run out (preempt_for_room). */
-    growth = BT_MAX(limit, need);
-    limit = dec->cfg.kv_overcommit
-                ? need
-                : (int)bt_kv_promise_blocks(
-                      m->n_tokens, total, dec->max_context, dec->block_size,
-                      total > (uint32_t)dec->max_context,
-                      dec->cfg.kv_unbounded_promise);
     if (decode__available_blocks(dec) < limit) {
         g.error = "KV pool full";
         goto reply;

@@ -860,9 +860,10 @@ void router__on_task_error(router_t *r, router_worker_t *w,
     if (te->has_retry && te->retry && req->state == ROUTER_REQ_DECODING &&
         req->decode_uid == w->uid) {
         /* Given back (its decode worker's pool ran short past its
-         * promise): the worker dropped it and its KV; the next attempt recomputes the prompt and the tokens
-         * streamed so far, as after a worker failure, but this is no
-         * failure.  Bounded: a pool that never holds it fails it. */
+         * promise): the worker dropped it and its KV; the next attempt
+         * recomputes the prompt and the tokens streamed so far, as after
+         * a worker failure, but this is no failure.  Bounded: a pool
+         * that never holds it fails it. */
         if (++req->preemptions <= ROUTER_MAX_PREEMPTIONS) {
             r->metrics.preemptions++;
             BT_LOG_DEBUG("ROUTER", "request %llu given back by %s after %d "

@@ -436,8 +436,6 @@ typedef struct {
 
 const router_policy_t *router__policy_find(const char *name);
 
-/* Number of KV blocks a request of n_tokens needs on worker w. */
-int router__blocks_needed(const router_worker_t *w, int n_tokens);
 /* The KV blocks decode worker w promises req (n_tokens of prompt) at
  * admission, as decode_resv.c counts them: the prompt and its growth
  * (max_tokens), or, asking past the context, the prompt and w's

@@ -22,12 +22,10 @@
 #include "kv/kv_link_choose.h"
 #include "router_int.h"
 
-int router__blocks_needed(const router_worker_t *w, int n_tokens)
+/* w's KV block size (16 until it says) */
+static int64_t worker_block_size(const router_worker_t *w)
 {
-    /* 64-bit: n_tokens may be near INT_MAX (max_tokens 0 means "until
-     * the context", and a worker need not declare one) */
-    int64_t bs = w->block_size > 0 ? (int64_t)w->block_size : 16;
-    return (int)BT_MIN(BT_DIV_UP((int64_t)n_tokens, bs), (int64_t)INT_MAX);
+    return w->block_size > 0 ? (int64_t)w->block_size : 16;
 }
 
 bool router__worker_is_usable(const router_worker_t *w)
@@ -39,7 +37,6 @@ int64_t router__promise_blocks(const router_worker_t *w,
                                const router_req_t *req, int n_tokens,
                                bool *unbounded_p)
 {
-    const int64_t bs = w->block_size > 0 ? (int64_t)w->block_size : 16;
     const int64_t ctx = (int64_t)w->max_context;
     const int64_t total = (int64_t)n_tokens + req->max_tokens -
                           req->n_generated;
@@ -50,16 +47,16 @@ int64_t router__promise_blocks(const router_worker_t *w,
 
     if (unbounded_p != NULL)
         *unbounded_p = past && w->unbounded_promise >= 0;
-    return bt_kv_promise_blocks(n_tokens, total, ctx, bs, past,
-                                w->unbounded_promise);
+    return bt_kv_promise_blocks(n_tokens, total, ctx, worker_block_size(w),
+                                past, w->unbounded_promise);
 }
 
 int64_t router__blocks_to_admit(const router_worker_t *w,
                                 const router_req_t *req, int n_tokens)
 {
-    return w->admits_on_promise ? router__promise_blocks(w, req, n_tokens,
-                                                         NULL)
-                                : router__blocks_needed(w, n_tokens);
+    return w->admits_on_promise
+               ? router__promise_blocks(w, req, n_tokens, NULL)
+               : bt_kv_prompt_blocks(n_tokens, 0, worker_block_size(w));
 }
 
 bool router__req_never_fits(const router_t *r, const router_req_t *req,
