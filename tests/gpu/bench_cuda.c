@@ -6,6 +6,7 @@
  *              [--ctx 512,2048,8192] [--prefill 512,2048,8192]
  *              [--steps 20] [--table FILE] [--precision bf16|fp8]
  *              [--kv-dtype bf16|fp8] [--mixed B:C:N:L:K,...]
+ *              [--kv-scatter]
  *
  * Decode rows: B sequences each at context C (the KV pool is filled with
  * non-zero values; contexts are not computed, only read), one token per
@@ -27,6 +28,9 @@
  *   decode rows alone and the chunks alone, so "extra" is what mixing
  *   costs over running them apart, and "prompt tok/s" the chunks' rate
  *   inside the mixed step with the decode rows' own time taken out.
+ * --kv-scatter: every table's blocks scattered over the whole pool (a
+ *   fixed random permutation), as a serving worker's are, instead of
+ *   one contiguous run a sequence.
  * Prefill rows: one prompt of P tokens, logits of its last token.
  *   floor = (2 x per-token params x P + causal attention FLOPs) /
  *           790 TFLOP/s (per-token params: every layer matrix; the
@@ -42,6 +46,7 @@
  * so the decode floor reads half the KV bytes.
  */
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +91,37 @@ void cuda_kprof_dump_combine(FILE *f);
  * differ by ~2-3% in decode speed (PERFORMANCE.md round 22); the floor
  * keeps the issue's 4.5 TB/s, and this line says which kind of machine
  * a table came from. */
+/* --kv-scatter: block id i of every table below is bench_blocks[i], a
+ * fixed random permutation of the pool, as a serving worker's tables
+ * are (its allocator hands a growing sequence one block at a time, the
+ * lowest id free, among hundreds of other sequences); NULL: ids in
+ * order, every sequence one contiguous run. */
+static int *bench_blocks;
+
+static int bench_block(int i)
+{
+    return bench_blocks != NULL ? bench_blocks[i] : i;
+}
+
+static void bench_scatter(int n_blocks)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+
+    bench_blocks = malloc(sizeof(int) * (size_t)n_blocks);
+    if (bench_blocks == NULL)
+        return;
+    for (int i = 0; i < n_blocks; i++)
+        bench_blocks[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { /* Fisher-Yates, xorshift */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int j = (int)(x % (uint64_t)(i + 1)), t = bench_blocks[i];
+        bench_blocks[i] = bench_blocks[j];
+        bench_blocks[j] = t;
+    }
+}
+
 static double read_ceiling(size_t bytes)
 {
     void *d = NULL;
@@ -179,7 +215,7 @@ static int bench_mixed(backend_t *be, const model_config_t *mc,
             bool dec = s < B;
             int n_tok = dec ? 1 : L, per = dec ? per_d : per_p;
             for (int i = 0; i < per; i++)
-                tables[next_block + i] = next_block + i;
+                tables[next_block + i] = bench_block(next_block + i);
             for (int i = 0; i < n_tok; i++)
                 tok[i] = (int)(((long)s * 7919 + i * 104729L + 11) %
                                mc->vocab_size);
@@ -223,7 +259,7 @@ int main(int argc, char **argv)
     const char *batch_s = "1,8,32,64,128", *ctx_s = "512,2048,8192";
     const char *pre_s = "512,2048,8192", *table_path = NULL;
     const char *mixed_s = NULL;
-    bool fp8 = false, kv8 = false;
+    bool fp8 = false, kv8 = false, scatter = false;
     int *batches, *ctxs, *pres, nb, nc, np, steps = 20;
     int block_size = 16, n_blocks;
     model_t *m = NULL;
@@ -240,6 +276,7 @@ int main(int argc, char **argv)
         {"precision", required_argument, NULL, 'P'},
         {"kv-dtype", required_argument, NULL, 'K'},
         {"mixed", required_argument, NULL, 'x'},
+        {"kv-scatter", no_argument, NULL, 'S'},
         {NULL, 0, NULL, 0}};
     int opt;
 
@@ -254,6 +291,7 @@ int main(int argc, char **argv)
         case 's': steps = atoi(optarg); break;
         case 't': table_path = optarg; break;
         case 'x': mixed_s = optarg; break;
+        case 'S': scatter = true; break;
         case 'P':
             if (strcmp(optarg, "fp8") != 0 && strcmp(optarg, "bf16") != 0) {
                 fprintf(stderr, "bench_cuda: --precision bf16 or fp8\n");
@@ -272,7 +310,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: bench_cuda [--model M] [--batch L] "
                     "[--ctx L] [--prefill L] [--steps N] [--table F] "
                     "[--precision bf16|fp8] [--kv-dtype bf16|fp8] "
-                    "[--mixed B:C:N:L:K,...]\n");
+                    "[--mixed B:C:N:L:K,...] [--kv-scatter]\n");
             return 2;
         }
     }
@@ -305,6 +343,13 @@ int main(int argc, char **argv)
         n_blocks = (int)(avail / blk);
         if (n_blocks > 60000)
             n_blocks = 60000;
+    }
+    if (scatter) {
+        bench_scatter(n_blocks);
+        if (bench_blocks == NULL) {
+            fprintf(stderr, "bench_cuda: out of memory\n");
+            return 1;
+        }
     }
     backend_config_init(&cfg);
     cfg.block_size = block_size;
@@ -416,7 +461,7 @@ int main(int argc, char **argv)
             int *toks = malloc(sizeof(int) * B);
             for (int s = 0; s < B; s++) {
                 for (int i = 0; i < per; i++)
-                    tables[(size_t)s * per + i] = s * per + i;
+                    tables[(size_t)s * per + i] = bench_block(s * per + i);
                 toks[s] = (s * 7919 + 11) % mc->vocab_size;
                 seqs[s].n_tokens = 1;
                 seqs[s].ctx_len = C - 1;
@@ -511,7 +556,7 @@ int main(int argc, char **argv)
         int *toks = malloc(sizeof(int) * P);
         double t[5];
         for (int i = 0; i < per; i++)
-            tables[i] = i;
+            tables[i] = bench_block(i);
         for (int i = 0; i < P; i++)
             toks[i] = (i * 7919 + 11) % mc->vocab_size;
         backend_seq_t seq = { .n_tokens = P, .ctx_len = 0, .tokens = toks,
@@ -551,5 +596,6 @@ int main(int argc, char **argv)
     bt_free(batches);
     bt_free(ctxs);
     bt_free(pres);
+    free(bench_blocks);
     return 0;
 }
