@@ -7,10 +7,10 @@
 # in docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
-#     baton-prefill baton-decode gpu_bench_cuda
+#     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace
 #   bash tests/gpu/pack_carry.sh pending tests/gpu/run_gpu_pending.sh \
 #     bin/baton bin/baton-router bin/baton-prefill bin/baton-decode \
-#     gpu/bench_cuda
+#     gpu/bench_cuda gpu/libbt_kernel_trace.so
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
@@ -56,6 +56,15 @@ if [ "$phase" = engine ]; then
     --steps 20 > "$out/bench.txt" 2>&1
   { echo; echo "### bench_cuda fp8 + FP8 KV: rc $?"
     grep -E "^\| (decode|prefill|mixed)" "$out/bench.txt"; } >> "$md"
+  # 2048/2048's step by kernel (the H100's: PERFORMANCE.md "Where an FP8
+  # serving step goes"); the carry's gpu/libbt_kernel_trace.so
+  timeout -k 5 150 env CUDA_INJECTION64_PATH="$PWD/$c/gpu/libbt_kernel_trace.so" \
+    BT_TRACE_OUT=/tmp/tp.csv "$c/gpu/bench_cuda" --model synth:llama3-8b \
+    --precision fp8 --kv-dtype fp8 --batch 1 --ctx 2048 --prefill 0 \
+    --mixed 342:3072:1:342:1024 --steps 5 > "$out/trace.txt" 2>&1
+  { echo; echo "### the 342-row mix under the tracer: rc $?"
+    grep "^| mixed" "$out/trace.txt"
+    python3 tests/gpu/step_timeline.py /tmp/tp.csv embed_kernel 19 | head -24; } >> "$md"
 fi
 # serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its rows
 serve() {
