@@ -1,5 +1,5 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY [engine|serve|long|wide] - what the sessions of
+# run_gpu_pending.sh CARRY [engine|serve|long] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
 # docs/PERFORMANCE.md; every later call landed on an H100), ON THE
 # DEVICE MACHINE from a folder packed here, three calls of ~3 / 4 / 7
@@ -15,7 +15,7 @@
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending engine"), then `serve`, `long`, `wide`
+#       build-pending engine"), then `serve`, `long`
 # engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
 #   FP8 KV batch 1 / 32 / 64 @2k (32: the skinny GEMM's since 9dff9e5;
 #   H100 6.48 -> 6.01 ms), prefill 2048 / 8192 with the widened
@@ -34,9 +34,6 @@
 #   H200's FP8 KV, 1.81M tokens, holds 441 promises of 4,096 tokens;
 #   more streams would wait at the router and its 1 s queue bound would
 #   shed them as OVERLOADED).
-# wide: bf16 512/512 at 384 and 512 streams [12,031 at 256: an 18.7 ms
-#   step of ~227 rows; its KV holds ~880 streams of 1,024 tokens, so
-#   more streams put more rows in a step whose GEMMs are compute-bound].
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
@@ -93,11 +90,5 @@ if [ "$phase" = long ]; then
     BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
   serve fp8_440 $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MAX_SEQS=440 BT_SERVE_RUNS="2048x2048@440:880"
-fi
-if [ "$phase" = wide ]; then
-  serve bf16_512_384 240 BT_SERVE_MAX_SEQS=384 \
-    BT_SERVE_RUNS="512x512@384:1152"
-  serve bf16_512_512 $(left 560) BT_SERVE_MAX_SEQS=512 \
-    BT_SERVE_RUNS="512x512@512:1536"
 fi
 cat "$md"
