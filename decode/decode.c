@@ -164,8 +164,10 @@ int decode__available_blocks(const decode_t *dec)
 
 /* Publishes what the heartbeats and the metrics say (the link's thread
  * sends the heartbeats on schedule); one goes out at once, at most every
- * 10 ms, when the free block count moved, so the router's view stays
- * fresh.  Called once a turn: one pass over the reservations. */
+ * 10 ms, when the free block count moved or, after a grant refused for
+ * receive room, when a reservation holding some ended, so the router's
+ * view stays fresh.  Called once a turn: one pass over the
+ * reservations. */
 static void publish_beat(decode_t *dec)
 {
     workerproc_beat_t b;
@@ -203,11 +205,18 @@ static void publish_beat(decode_t *dec)
      * 10 ms goes out at a later turn's publish, not with the next
      * scheduled beat (the router admits on these counts: a request
      * waiting for a promise's room waited a whole heartbeat period) */
-    dec->hb_owed = (int)b.free_kv != dec->last_hb_free;
+    b.has_recv_frees = dec->links != NULL;
+    b.recv_frees = dec->recv_frees;
+    dec->hb_owed = (int)b.free_kv != dec->last_hb_free ||
+                   (dec->recv_refused &&
+                    dec->recv_frees != dec->last_hb_recv_frees);
     urgent = dec->hb_owed && now - dec->last_hb_ns >= DECODE_HB_URGENT_NS;
     workerproc_link_publish(dec->link, &b, urgent);
     if (urgent) {
         dec->last_hb_free = (int)b.free_kv;
+        if (dec->recv_frees != dec->last_hb_recv_frees)
+            dec->recv_refused = false; /* the router hears of room */
+        dec->last_hb_recv_frees = dec->recv_frees;
         dec->last_hb_ns = now;
         dec->hb_owed = false;
     }

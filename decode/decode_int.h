@@ -204,6 +204,12 @@ struct decode_s {
     bool hb_owed;               /* the count moved inside the 10 ms: an
                                    urgent beat is owed (the idle poll
                                    waits no longer than that) */
+    uint64_t recv_frees;        /* reservations with receive room ended
+                                   (Heartbeat.recv_frees) */
+    uint64_t last_hb_recv_frees; /* ... as the last urgent beat said */
+    bool recv_refused;          /* a grant was refused for receive room
+                                   since: a change of recv_frees is owed
+                                   to the router at once */
     uint64_t next_epoch;        /* random start: never reused, even by a
                                    restarted process */
     decode_resv_t *resv;        /* (max_reservations) */

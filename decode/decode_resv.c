@@ -38,6 +38,8 @@ void decode__resv_free(decode_t *dec, decode_resv_t *r, bool safe)
 
     if (r->local || r->local_done)
         safe = true; /* prefilled here: no remote writer */
+    else if (r->used && dec->links != NULL)
+        dec->recv_frees++; /* its receive room, if any, comes free */
     if (dec->links != NULL &&
         kv_link_receiver_reset(dec->links, (int)(r - dec->resv), !safe)) {
         dec->windows_revoked++;
@@ -241,6 +243,11 @@ void decode__on_reserve(decode_t *dec, const Baton__KvReserve *m)
             dec->grants_waited++;
             workerproc_metrics_kv_grant_waited(dec->cfg.metrics);
             g.error = "KV receive area full";
+            g.has_recv_full = 1;
+            g.recv_full = 1;
+            g.has_recv_frees = 1;
+            g.recv_frees = dec->recv_frees;
+            dec->recv_refused = true;
             goto reply;
         }
         if (lg.ucx_window != NULL) {

@@ -250,6 +250,9 @@ void router__dispatch(router_t *r)
         d->served++;
         d->pending_reserve += blocks;
         d->est_free_kv -= blocks;
+        /* a hand-off to a worker whose receive room was full probes it */
+        req->recv_probe = p != d && d->recv_probing;
+        d->recv_probe_out |= req->recv_probe;
         res.has_request_id = 1;
         res.request_id = req->id;
         res.has_n_tokens = 1;
@@ -397,6 +400,12 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         return;
     }
     w->pending_reserve -= req->reserved_blocks;
+    if (req->recv_probe) { /* the probe is answered */
+        req->recv_probe = false;
+        w->recv_probe_out = false;
+    }
+    if (g->ok)
+        w->recv_probing = false; /* room again: no more probes */
     if (g->has_free_blocks)
         w->est_free_kv = (int64_t)g->free_blocks - w->pending_reserve;
     if (!g->ok) {
@@ -405,7 +414,22 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
             w->est_free_kv = 0;
         r->metrics.kv_refusals++;
         req->reserved_blocks = 0;
-        router__req_requeue(r, req, false, 20 * 1000000ull);
+        if (g->has_recv_full && g->recv_full) {
+            /* The receive area is full, not the pool: the worker is
+             * closed to hand-offs until one to it ends (or the wait
+             * passes), so the requests behind this one are not all
+             * refused in turn, and this one may go to another decode
+             * worker now. */
+            /* unless a heartbeat already told of room freed since */
+            w->recv_probing = true;
+            w->recv_full_until =
+                g->has_recv_frees && g->recv_frees < w->recv_frees
+                    ? 0
+                    : bt_time_ns() + ROUTER_RECV_FULL_WAIT_NS;
+            router__req_requeue(r, req, false, 0);
+            return;
+        }
+        router__req_requeue(r, req, false, ROUTER_KV_RETRY_NS);
         return;
     }
     req->state = ROUTER_REQ_PREFILLING; /* reserve counted no more */
@@ -443,7 +467,7 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         if (p == NULL) {
             router__send_kv_release(r, w, req->id, req->epoch);
             req->state = ROUTER_REQ_RESERVING;
-            router__req_requeue(r, req, false, 20 * 1000000ull);
+            router__req_requeue(r, req, false, ROUTER_KV_RETRY_NS);
             return;
         }
         req->prefill_uid = p->uid;

@@ -44,6 +44,12 @@
 #define ROUTER_QUEUE_WAIT_MAX 10 /* queue timeouts a queued request may
                                    wait in all while capacity keeps
                                    coming free (router_request.c) */
+#define ROUTER_KV_RETRY_NS (20 * 1000000ull) /* a request refused KV
+                                 (pool full) asks again after this */
+#define ROUTER_RECV_FULL_WAIT_NS (50 * 1000000ull) /* a decode worker whose
+                                 receive area was full is probed again
+                                 after this without news of room freed
+                                 (Heartbeat.recv_frees) */
 #define ROUTER_PHASE_EXTENSIONS 3 /* re-estimates of a phase deadline
                                      while its worker makes progress */
 #define ROUTER_STOP_HELD_MAX 256 /* held-back stop text (STOP_MAX_STRING_LEN) */
@@ -91,6 +97,15 @@ typedef struct {
     int64_t est_free_kv;      /* decode: free blocks, heartbeat minus
                                  reservations sent since */
     int64_t pending_reserve;  /* decode: blocks asked, grant not back */
+    /* decode: a grant refused for a full receive area closes the worker
+     * to hand-offs until recv_full_until (ns) or a hand-off to it ends;
+     * then one reservation at a time probes it (recv_probing) until a
+     * grant comes back ok, so an opening does not send every queued
+     * request at once to be refused in turn. */
+    uint64_t recv_full_until;
+    uint64_t recv_frees;      /* Heartbeat.recv_frees last heard */
+    bool recv_probing;        /* closed since the last ok grant */
+    bool recv_probe_out;      /* the probe's reservation is in flight */
     uint32_t hb_free_kv;      /* decode: last heartbeat's free blocks */
     uint32_t hb_running;      /* last heartbeat's running count */
     uint64_t outstanding;     /* tokens assigned and not done */
@@ -197,6 +212,8 @@ struct router_req_s {
                                   confirmed by a worker (PrefillDone) */
     bool reserved_by_ids;      /* ... and the KV reservation was sized by
                                   them (its prefill worker takes ids) */
+    bool recv_probe;           /* this reservation probes its decode
+                                  worker's receive room (recv_probing) */
     bool add_bos;
     Baton__SamplingParams sampling;
     int max_tokens;

@@ -135,6 +135,11 @@ static bool policy_decode_fits(const router_worker_t *w,
         return false;
     if (need_prefill && !w->can_prefill)
         return false;
+    /* a hand-off to it needs receive room it said it lacks */
+    if (!need_prefill && (w->recv_probe_out ||
+                          (w->recv_probing &&
+                           w->recv_full_until > bt_time_ns())))
+        return false;
     if (w->max_context > 0 && (uint32_t)n_tokens > w->max_context)
         return false;
     /* by w's own admission rule: a worker that would refuse it is not

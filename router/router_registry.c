@@ -510,6 +510,10 @@ void router__on_heartbeat(router_t *r, router_worker_t *w,
         w->hb_free_kv = hb->free_kv_blocks;
         w->total_kv = hb->total_kv_blocks;
         w->est_free_kv = (int64_t)hb->free_kv_blocks - w->pending_reserve;
+        if (hb->has_recv_frees && hb->recv_frees != w->recv_frees) {
+            w->recv_frees = hb->recv_frees;
+            w->recv_full_until = 0; /* receive room came free: probe */
+        }
     }
     w->hb_running = hb->running;
     w->has_prefix = hb->has_prefix_cached_blocks;

@@ -181,7 +181,10 @@ static void req_unassign_decode(router_t *r, router_req_t *req)
             d->pending_reserve -= req->reserved_blocks;
         if (d->assigned > 0)
             d->assigned--;
+        if (req->recv_probe) /* a probe that ends unanswered */
+            d->recv_probe_out = false;
     }
+    req->recv_probe = false;
     req->decode_uid = 0;
     req->reserved_blocks = 0;
 }

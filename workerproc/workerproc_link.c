@@ -112,6 +112,8 @@ static void send_beat(workerproc_link_t *link)
         hb.has_reserved_blocks = 1;
         hb.reserved_blocks = b.reserved;
     }
+    hb.has_recv_frees = b.has_recv_frees;
+    hb.recv_frees = b.recv_frees;
     if (b.has_spec) {
         hb.has_spec_verify_steps = 1;
         hb.spec_verify_steps = b.spec_verify_steps;

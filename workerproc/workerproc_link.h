@@ -53,6 +53,8 @@ typedef struct {
     uint32_t total_kv;
     bool has_reserved;
     uint32_t reserved;           /* decode: granted, KV not yet arrived */
+    bool has_recv_frees;         /* decode with remote links */
+    uint64_t recv_frees;         /* Heartbeat.recv_frees */
     bool has_spec;               /* decode --spec-head */
     uint64_t spec_verify_steps;
     uint64_t spec_verify_tokens;
