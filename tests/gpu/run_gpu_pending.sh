@@ -1,5 +1,5 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY [engine|serve|long] - what the sessions of
+# run_gpu_pending.sh CARRY [engine|serve|long|disagg] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
 # docs/PERFORMANCE.md; every later call landed on an H100), ON THE
 # DEVICE MACHINE from a folder packed here, three calls of ~3 / 4 / 7
@@ -15,7 +15,7 @@
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending engine"), then `serve`, `long`
+#       build-pending engine"), then `serve`, `long`, `disagg`
 # engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
 #   FP8 KV batch 1 / 32 / 64 @2k (32: the skinny GEMM's since 9dff9e5;
 #   H100 6.48 -> 6.01 ms), prefill 2048 / 8192 with the widened
@@ -34,6 +34,10 @@
 #   H200's FP8 KV, 1.81M tokens, holds 441 promises of 4,096 tokens;
 #   more streams would wait at the router and its 1 s queue bound would
 #   shed them as OVERLOADED), then @384 [10,103] in the time left.
+# disagg: 1P+1D (MPS) bf16 2048x128 at 16 and 20 req/s with the receive
+#   room told by heartbeat (d1873fe; ba74f6f: goodput 12.69 / 10.67 req/s
+#   [TTFT p99 727 / 968 ms], 248 grants refused for a full window budget,
+#   each asked again 20 ms later).
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
@@ -90,5 +94,10 @@ if [ "$phase" = long ]; then
     BT_SERVE_MAX_SEQS=440 BT_SERVE_RUNS="2048x2048@440:880"
   serve fp8_384 $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
+fi
+if [ "$phase" = disagg ]; then
+  serve disagg $(left 560) BT_SERVE_MODES=disagg BT_SERVE_RUNS= \
+    BT_SERVE_SWEEPS="2048x128@16,20:128"
+  grep -E "^\| [0-9]" "$out/disagg/serve.md" >> "$md" # the sweep's rows
 fi
 cat "$md"
