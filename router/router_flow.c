@@ -416,11 +416,11 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         req->reserved_blocks = 0;
         if (g->has_recv_full && g->recv_full) {
             /* The receive area is full, not the pool: the worker is
-             * closed to hand-offs until one to it ends (or the wait
-             * passes), so the requests behind this one are not all
-             * refused in turn, and this one may go to another decode
-             * worker now. */
-            /* unless a heartbeat already told of room freed since */
+             * closed to hand-offs until its heartbeat tells of room
+             * freed since this refusal (maybe already heard) or the
+             * wait passes, so the requests behind this one are not all
+             * refused in turn; this one may take another decode worker
+             * now. */
             w->recv_probing = true;
             w->recv_full_until =
                 g->has_recv_frees && g->recv_frees < w->recv_frees

@@ -98,10 +98,10 @@ typedef struct {
                                  reservations sent since */
     int64_t pending_reserve;  /* decode: blocks asked, grant not back */
     /* decode: a grant refused for a full receive area closes the worker
-     * to hand-offs until recv_full_until (ns) or a hand-off to it ends;
-     * then one reservation at a time probes it (recv_probing) until a
-     * grant comes back ok, so an opening does not send every queued
-     * request at once to be refused in turn. */
+     * to hand-offs until recv_full_until (ns) or until its heartbeat's
+     * recv_frees moves; then one reservation at a time probes it
+     * (recv_probing) until a grant comes back ok, so an opening does not
+     * send every queued request at once to be refused in turn. */
     uint64_t recv_full_until;
     uint64_t recv_frees;      /* Heartbeat.recv_frees last heard */
     bool recv_probing;        /* closed since the last ok grant */
