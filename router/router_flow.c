@@ -404,8 +404,11 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
         req->recv_probe = false;
         w->recv_probe_out = false;
     }
-    if (g->ok)
-        w->recv_probing = false; /* room again: no more probes */
+    /* room again: no more probes once no refusal came for a while
+     * (until then reservations go one at a time, each on the last's
+     * answer: opening at the first ok sent every queued request) */
+    if (g->ok && bt_time_ns() - w->recv_refused_ns > ROUTER_RECV_FULL_WAIT_NS)
+        w->recv_probing = false;
     if (g->has_free_blocks)
         w->est_free_kv = (int64_t)g->free_blocks - w->pending_reserve;
     if (!g->ok) {
@@ -422,6 +425,7 @@ void router__on_kv_grant(router_t *r, router_worker_t *w, Baton__KvGrant *g)
              * refused in turn; this one may take another decode worker
              * now. */
             w->recv_probing = true;
+            w->recv_refused_ns = bt_time_ns();
             w->recv_full_until =
                 g->has_recv_frees && g->recv_frees < w->recv_frees
                     ? 0

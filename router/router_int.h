@@ -100,11 +100,13 @@ typedef struct {
     /* decode: a grant refused for a full receive area closes the worker
      * to hand-offs until recv_full_until (ns) or until its heartbeat's
      * recv_frees moves; then one reservation at a time probes it
-     * (recv_probing) until a grant comes back ok, so an opening does not
-     * send every queued request at once to be refused in turn. */
+     * (recv_probing), each sent on the last's answer, until an ok grant
+     * comes ROUTER_RECV_FULL_WAIT_NS after the last refusal, so an
+     * opening does not send every queued request to be refused in turn. */
     uint64_t recv_full_until;
+    uint64_t recv_refused_ns; /* the last such refusal */
     uint64_t recv_frees;      /* Heartbeat.recv_frees last heard */
-    bool recv_probing;        /* closed since the last ok grant */
+    bool recv_probing;        /* one at a time: refused lately */
     bool recv_probe_out;      /* the probe's reservation is in flight */
     uint32_t hb_free_kv;      /* decode: last heartbeat's free blocks */
     uint32_t hb_running;      /* last heartbeat's running count */
