@@ -107,6 +107,19 @@ _Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
  * reducing them through a thread-block cluster lost at 16 and 32 and
  * stayed behind cuBLASLt at 64: 8.31 ms). */
 #define GEMM_FP8_SKINNY_ROUTE_MAX 32
+/* FP8 token counts whose tuning also times the plain plan (f32 sums and
+ * the scaling pass) and the skinny GEMM: decode's, where cuBLASLt's one
+ * vec algorithm reads o / down at 0.9-1.3 TB/s (H100, 2026-12-06,
+ * tests/gpu/bench_fp8_lt.cu).  Above it the vec plan alone (prefill;
+ * a serving step's first use of a count stays cheap to tune). */
+#define GEMM_FP8_DECODE_TOK_MAX 512
+
+/* How a tuned FP8 product runs (workbench of gemm_fp8_tune). */
+typedef enum {
+    GEMM_FP8_VEC = 0,  /* cuBLASLt, the scale vectors inside */
+    GEMM_FP8_PLAIN,    /* cuBLASLt f32 sums, then the scaling pass */
+    GEMM_FP8_SKINNY    /* the skinny GEMM in pieces of 64 tokens */
+} gemm_fp8_path_t;
 
 /* One planned shape. */
 typedef struct {
@@ -136,6 +149,8 @@ typedef struct {
     int choice;                    /* cuda_gemv_kernel_t, or GEMM_CHOICE_LT + i */
     cublasLtMatmulAlgo_t algo;     /* the cuBLASLt winner's algorithm */
     float us;                      /* its median time */
+    int fp8_path;                  /* FP8: gemm_fp8_path_t; only the vec
+                                      plan's picks are saved */
 } gemm_tuned_t;
 
 struct worker_gemm_ctx_s {
@@ -1308,11 +1323,12 @@ static bool gemm_cache_key(char *key, size_t size, bool fast_accum)
     for (int k = 0; k < CUDA_GEMV_N_KERNELS; k++)
         build = gemm_fnv(build,
                          cuda_gemv_kernel_name((cuda_gemv_kernel_t)k));
-    snprintf(num, sizeof(num), "%d/%d/%d/%d/%d/%d/%d/%d/%d/%g/fp8v%d",
+    snprintf(num, sizeof(num), "%d/%d/%d/%d/%d/%d/%d/%d/%d/%g/fp8v%d/p%d",
              GEMM_TUNE_MAX_TOK, GEMM_LT_CANDS, GEMM_LT_CANDS_BIG,
              GEMM_LT_SPLIT_BASES, GEMM_BIG_STEP, GEMM_TUNE_REPS,
              GEMM_LEAD_DEFAULT, GEMM_FINAL_MAX, GEMM_FINAL_REPS,
-             (double)GEMM_FINAL_MARGIN, GEMM_FP8_CANDS);
+             (double)GEMM_FINAL_MARGIN, GEMM_FP8_CANDS,
+             GEMM_FP8_DECODE_TOK_MAX);
     build = gemm_fnv(build, num);
     env = gemm_fnv(gemm_fnv(env, "BT_GEMV_DISABLE"),
                    cuda_switches()->gemv_disable
@@ -1533,7 +1549,11 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
     }
     for (int i = 0; i < ctx->n_tuned; i++) {
         const gemm_tuned_t *t = &ctx->tuned[i];
-        gemm_cache_entry_t *e = &all[n++];
+        gemm_cache_entry_t *e;
+
+        if (t->fp8_path != GEMM_FP8_VEC)
+            continue;
+        e = &all[n++];
 
         e->bucket = t->bucket;
         e->n_out = t->n_out;
@@ -1979,24 +1999,96 @@ static void gemm_fp8_vec_probe(worker_gemm_ctx_t *ctx, cudaStream_t stream)
     }
 }
 
-/* Median time in us of one run of plan p with algo into d_y, over
+/* The plain FP8 GEMM of n_tok tokens with algorithm algo of plan p
+ * (gemm_fp8_plan: f32 sums into a->d_acc), then the scaling pass into
+ * d_y; the caller checked that the sums fit a->d_acc. */
+static bt_status_t gemm_fp8_plain_run(worker_gemm_ctx_t *ctx,
+                                      const gemm_plan_t *p,
+                                      const cublasLtMatmulAlgo_t *algo,
+                                      const worker_gemm_fp8_t *a, int n_tok,
+                                      void *d_y, cuda_dtype_t out_dt,
+                                      bool accumulate, cudaStream_t stream)
+{
+    const float one = 1.0f, zero = 0.0f;
+    bt_status_t status;
+
+    status = gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
+                                       p->a, a->d_xq, p->b, &zero, a->d_acc,
+                                       p->d, a->d_acc, p->d, algo, ctx->d_ws,
+                                       ctx->ws_bytes, stream),
+                        "fp8 matmul");
+    if (status == BT_OK)
+        status = cuda_fp8_scale_out(a->d_acc, cuda_fp8_ld(p->n_out),
+                                    a->d_xs, a->d_ws, n_tok, p->n_out, d_y,
+                                    out_dt, accumulate, stream);
+    return status;
+}
+
+/* The skinny FP8 GEMM over n_tok tokens in pieces of
+ * CUDA_GEMM_FP8_SKINNY_MAX_TOK. */
+static bt_status_t gemm_fp8_skinny_run(worker_gemm_ctx_t *ctx, int n_tok,
+                                       int n_out, int ld,
+                                       const worker_gemm_fp8_t *a, void *d_y,
+                                       cuda_dtype_t out_dt, bool accumulate,
+                                       cudaStream_t stream)
+{
+    const size_t es = cuda_dtype_size(out_dt);
+    bt_status_t status = BT_OK;
+
+    for (int t0 = 0; t0 < n_tok && status == BT_OK;
+         t0 += CUDA_GEMM_FP8_SKINNY_MAX_TOK) {
+        const int n = BT_MIN(CUDA_GEMM_FP8_SKINNY_MAX_TOK, n_tok - t0);
+
+        status = cuda_gemm_fp8_skinny(
+            n, n_out, ld, a->d_xq + (size_t)t0 * ld, a->d_xs + t0, a->d_wq,
+            a->d_ws, (char *)d_y + (size_t)t0 * n_out * es, out_dt,
+            accumulate, true, &ctx->gemv_ws, stream);
+    }
+    return status;
+}
+
+/* One FP8 candidate: the vec plan's algorithm, the plain plan's, or the
+ * skinny GEMM (p and algo unused). */
+static bt_status_t gemm_fp8_cand_run(worker_gemm_ctx_t *ctx,
+                                     const gemm_plan_t *p,
+                                     const cublasLtMatmulAlgo_t *algo,
+                                     const worker_gemm_fp8_t *a, int n_tok,
+                                     int n_out, int ld, void *d_y,
+                                     cuda_dtype_t out_dt, bool acc,
+                                     gemm_fp8_path_t path,
+                                     cudaStream_t stream)
+{
+    if (path == GEMM_FP8_SKINNY)
+        return gemm_fp8_skinny_run(ctx, n_tok, n_out, ld, a, d_y, out_dt,
+                                   acc, stream);
+    return path == GEMM_FP8_PLAIN
+               ? gemm_fp8_plain_run(ctx, p, algo, a, n_tok, d_y, out_dt, acc,
+                                    stream)
+               : gemm_fp8_vec_run(ctx, p, algo, a, d_y, acc, stream);
+}
+
+/* Median time in us of one candidate's run into d_y, over
  * GEMM_TUNE_REPS runs after an L2 flush each (one untimed run first). */
 static bt_status_t gemm_fp8_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
                                  const cublasLtMatmulAlgo_t *algo,
-                                 const worker_gemm_fp8_t *a, void *d_y,
-                                 bool acc, gemm_scratch_t *sc,
+                                 const worker_gemm_fp8_t *a, int n_tok,
+                                 int n_out, int ld, void *d_y,
+                                 cuda_dtype_t out_dt, bool acc,
+                                 gemm_fp8_path_t path, gemm_scratch_t *sc,
                                  cudaStream_t stream, float *us_p)
 {
     float t[GEMM_TUNE_REPS];
     bt_status_t status;
 
-    status = gemm_fp8_vec_run(ctx, p, algo, a, d_y, acc, stream);
+    status = gemm_fp8_cand_run(ctx, p, algo, a, n_tok, n_out, ld, d_y,
+                               out_dt, acc, path, stream);
     for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++) {
         status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, stream);
         if (status == BT_OK)
             status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
         if (status == BT_OK)
-            status = gemm_fp8_vec_run(ctx, p, algo, a, d_y, acc, stream);
+            status = gemm_fp8_cand_run(ctx, p, algo, a, n_tok, n_out, ld,
+                                       d_y, out_dt, acc, path, stream);
         if (status == BT_OK)
             status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[1], stream));
         if (status == BT_OK)
@@ -2033,35 +2125,74 @@ static bt_status_t gemm_fp8_rel(const void *d_y, gemm_scratch_t *sc,
     return BT_OK;
 }
 
+/* The tuner's plan of a candidate, found again for each use: building
+ * one may recycle another's slot (gemm_plan_find_kind). */
+static gemm_plan_t *gemm_fp8_tune_plan(worker_gemm_ctx_t *ctx, int n_tok,
+                                       int n_out, int ld,
+                                       cuda_dtype_t out_dt, bool acc,
+                                       bool plain)
+{
+    gemm_plan_t *p = NULL;
+
+    if (plain)
+        return gemm_fp8_plan(ctx, n_tok, n_out, ld);
+    return gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
+                               acc, true, &p) == BT_OK
+               ? p
+               : NULL;
+}
+
 /* Times the heuristic's first GEMM_FP8_CANDS algorithms for the vec plan
  * of (n_tok, n_out, ld, out_dt, acc) on the caller's inputs (read only;
  * the outputs go to scratch), each checked against the first, and adds
- * the fastest to ctx->tuned (then the cache file).  A failure keeps the
- * heuristic's first algorithm (WARN). */
+ * the fastest to ctx->tuned (then the cache file).  Where the f32 sums
+ * fit a->d_acc, the plain plan's algorithms and their K splits run too,
+ * each with the scaling pass (workbench: cuBLASLt offers the vec plan
+ * one algorithm and no split, and o / down at 64 tokens read their
+ * weights at 1.0-1.6 TB/s).  A failure keeps the heuristic's first
+ * algorithm (WARN). */
 static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                           int ld, cuda_dtype_t out_dt, bool acc,
                           const worker_gemm_fp8_t *a, cudaStream_t stream)
 {
     cublasLtMatmulHeuristicResult_t res[GEMM_FP8_CANDS];
+    cublasLtMatmulAlgo_t algos[GEMM_FP8_CANDS + GEMM_LT_ALGOS_MAX];
     const size_t ny = (size_t)n_tok * n_out;
     const size_t y_bytes = ny * cuda_dtype_size(out_dt);
     const double flop = 2.0 * n_tok * (double)n_out * ld;
     gemm_scratch_t sc;
-    gemm_plan_t *p = NULL;
+    gemm_plan_t *p = NULL, *pp;
     gemm_tuned_t *t;
-    char line[1024];
+    char line[2048], best_name[32] = "";
     size_t len = 0;
-    int n_res = 0, best = -1;
+    int n_res = 0, n_vec = 0, n_plain = 0, n_pheur = 0, n_skinny, best = -1;
+    gemm_fp8_path_t best_path = GEMM_FP8_VEC;
     float best_us = 0.0f;
     bt_status_t status;
     double t0 = bt_time_s();
 
     ctx->setups++;
     memset(&sc, 0, sizeof(sc));
+    if (n_tok <= GEMM_FP8_DECODE_TOK_MAX &&
+        (size_t)n_tok * cuda_fp8_ld(n_out) <= a->acc_floats &&
+        n_tok % GEMM_FP8_TOK_ALIGN == 0 &&
+        (pp = gemm_fp8_plan(ctx, n_tok, n_out, ld)) != NULL &&
+        gemm_lt_heuristic(ctx, pp, GEMM_FP8_CANDS, res, &n_pheur) == BT_OK) {
+        cublasLtMatmulAlgo_t *pa = algos + GEMM_FP8_CANDS;
+
+        for (int i = 0; i < n_pheur; i++)
+            pa[i] = res[i].algo;
+        n_plain = n_pheur;
+        gemm_lt_add_splits(ctx, pp, pa, &n_plain);
+    }
+    bt_error_clear();
     status = gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
                                  acc, true, &p);
     if (status == BT_OK)
         status = gemm_lt_heuristic(ctx, p, GEMM_FP8_CANDS, res, &n_res);
+    for (int i = 0; i < n_res; i++)
+        algos[i] = res[i].algo;
+    n_vec = n_res;
     if (status == BT_OK)
         status = gemm_scratch_alloc(&sc, y_bytes);
     if (status == BT_OK)
@@ -2071,48 +2202,86 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (status == BT_OK && n_res > 0)
         status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_ref, 0, y_bytes,
                                                 stream));
+    if (status == BT_OK && n_res > 0 &&
+        (p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc,
+                                false)) == NULL)
+        status = BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 vec plan lost");
     if (status == BT_OK && n_res > 0)
-        status = gemm_fp8_vec_run(ctx, p, &res[0].algo, a, sc.d_ref, acc,
+        status = gemm_fp8_vec_run(ctx, p, &algos[0], a, sc.d_ref, acc,
                                   stream);
-    for (int i = 0; i < n_res && status == BT_OK; i++) {
+    n_skinny = ctx->fp8_skinny && n_tok <= GEMM_TUNE_MAX_TOK &&
+               cuda_gemm_fp8_skinny_ok(BT_MIN(n_tok,
+                                              CUDA_GEMM_FP8_SKINNY_MAX_TOK),
+                                       n_out, ld);
+    for (int c = 0;
+         c < n_vec + n_plain + n_skinny && status == BT_OK && n_res > 0;
+         c++) {
+        const gemm_fp8_path_t path = c < n_vec             ? GEMM_FP8_VEC
+                                     : c < n_vec + n_plain ? GEMM_FP8_PLAIN
+                                                           : GEMM_FP8_SKINNY;
+        const bool plain = path == GEMM_FP8_PLAIN;
+        const int i = plain ? GEMM_FP8_CANDS + (c - n_vec) : c;
+        const gemm_plan_t *cp =
+            path == GEMM_FP8_SKINNY
+                ? NULL
+                : gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc,
+                                     plain);
+        char name[32];
         double rel = 0.0;
         float us = 0.0f;
 
+        if (cp == NULL && path != GEMM_FP8_SKINNY) {
+            bt_error_clear();
+            continue;
+        }
+        if (path == GEMM_FP8_SKINNY) {
+            snprintf(name, sizeof(name), "skinny");
+        } else if (plain) {
+            gemm_lt_name(algos + GEMM_FP8_CANDS, c - n_vec, n_pheur, name,
+                         sizeof(name));
+            name[0] = 'p'; /* "pt3", "pt3/k4c": the plain plan's */
+        } else {
+            snprintf(name, sizeof(name), "lt%d", c);
+        }
         /* each candidate must write every value (NaN bytes first), and
          * agree with the first */
         if (BT_CUDA_STATUS(cudaMemsetAsync(sc.d_y, acc ? 0 : 0xFF, y_bytes,
                                            stream)) != BT_OK ||
-            gemm_fp8_vec_run(ctx, p, &res[i].algo, a, sc.d_y, acc, stream) !=
-                BT_OK ||
+            gemm_fp8_cand_run(ctx, cp, &algos[i], a, n_tok, n_out, ld,
+                              sc.d_y, out_dt, acc, path, stream) != BT_OK ||
             gemm_fp8_rel(sc.d_y, &sc, ny, out_dt, stream, &rel) != BT_OK) {
             bt_error_clear();
             (void)cudaGetLastError();
             continue; /* an algorithm that does not run */
         }
         if (!(rel <= 2e-2)) {
-            BT_LOG_WARN("CUDA", "gemm tune fp8: lt%d disagrees with lt0 at "
-                        "t=%d o=%d ld=%d (rel err %.3g): dropped", i, n_tok,
-                        n_out, ld, rel);
+            BT_LOG_WARN("CUDA", "gemm tune fp8: %s disagrees with lt0 at "
+                        "t=%d o=%d ld=%d (rel err %.3g): dropped", name,
+                        n_tok, n_out, ld, rel);
             continue;
         }
-        if (gemm_fp8_time(ctx, p, &res[i].algo, a, sc.d_y, acc, &sc, stream,
-                          &us) != BT_OK) {
+        if (gemm_fp8_time(ctx, cp, &algos[i], a, n_tok, n_out, ld, sc.d_y,
+                          out_dt, acc, path, &sc, stream, &us) != BT_OK) {
             bt_error_clear();
             (void)cudaGetLastError();
             continue;
         }
         if (len < sizeof(line))
             len += (size_t)snprintf(line + len, sizeof(line) - len,
-                                    "%slt%d %.1f", len ? ", " : "", i, us);
+                                    "%s%s %.1f", len ? ", " : "", name, us);
         if (best < 0 || us < best_us) {
             best = i;
+            best_path = path;
             best_us = us;
+            snprintf(best_name, sizeof(best_name), "%s", name);
         }
     }
     (void)cudaStreamSynchronize(stream);
     (void)cudaGetLastError();
     /* an entry even on failure (the heuristic's pick): a shape is tried
      * once, not at every call */
+    if (p != NULL)
+        p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc, false);
     if (p != NULL && ctx->n_tuned < GEMM_MAX_TUNED) {
         t = &ctx->tuned[ctx->n_tuned++];
         memset(t, 0, sizeof(*t));
@@ -2122,8 +2291,9 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         t->out_dt = out_dt;
         t->kind = GEMM_CACHE_KIND_FP8_VEC;
         t->accumulate = acc;
+        t->fp8_path = best < 0 ? GEMM_FP8_VEC : best_path;
         t->choice = GEMM_CHOICE_LT + (best < 0 ? 0 : best);
-        t->algo = best < 0 ? p->algo : res[best].algo;
+        t->algo = best < 0 ? p->algo : algos[best];
         t->us = best < 0 ? -1.0f : best_us;
     }
     if (status != BT_OK || best < 0) {
@@ -2131,10 +2301,10 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                     "heuristic's algorithm", n_tok, n_out, ld);
         bt_error_clear();
     } else {
-        BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d out=%s%s: lt%d "
+        BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d out=%s%s: %s "
                     "%.1f us (%.0f TFLOP/s) [%s us] in %.0f ms", n_tok,
-                    n_out, ld, gemm_dt_name(out_dt), acc ? " +=" : "", best,
-                    best_us, flop / (best_us * 1e-6) / 1e12, line,
+                    n_out, ld, gemm_dt_name(out_dt), acc ? " +=" : "",
+                    best_name, best_us, flop / (best_us * 1e-6) / 1e12, line,
                     (bt_time_s() - t0) * 1e3);
         if (ctx->cache_path != NULL)
             gemm_cache_save(ctx);
@@ -2182,6 +2352,70 @@ static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
     return true;
 }
 
+/* Decode graphs' FP8 token counts past the skinny GEMM's route: a graph
+ * is captured without an uncaptured run of its own, so these are tuned
+ * together at a weight shape's first uncaptured use (a 16-token warm-up
+ * prompt), on inputs of the tuner's own (E4M3 1.0, unit scales). */
+static const int gemm_fp8_decode_toks[] = {64, 128, 256,
+                                           GEMM_FP8_DECODE_TOK_MAX};
+
+static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
+                                 cuda_dtype_t out_dt, bool acc,
+                                 const worker_gemm_fp8_t *a,
+                                 cudaStream_t stream)
+{
+    float ones[GEMM_FP8_DECODE_TOK_MAX];
+    worker_gemm_fp8_t in = *a;
+    uint8_t *d_x = NULL;
+    float *d_s = NULL;
+
+    if (!ctx->tune || ctx->fp8_force_epilogue ||
+        gemm_tuned_find_kind(ctx, gemm_fp8_decode_toks[0], n_out, ld, out_dt,
+                             GEMM_CACHE_KIND_FP8_VEC, acc) != NULL ||
+        ctx->n_tuned + (int)BT_ARRAY_SIZE(gemm_fp8_decode_toks) >
+            GEMM_MAX_TUNED ||
+        gemm_capturing(stream))
+        return;
+    if (ctx->fp8_vec < 0)
+        gemm_fp8_vec_probe(ctx, stream);
+    if (ctx->fp8_vec == 0)
+        return;
+    for (int i = 0; i < GEMM_FP8_DECODE_TOK_MAX; i++)
+        ones[i] = 1.0f;
+    if (cudaMalloc((void **)&d_x, (size_t)GEMM_FP8_DECODE_TOK_MAX * ld) !=
+            cudaSuccess ||
+        cudaMalloc((void **)&d_s, sizeof(ones)) != cudaSuccess ||
+        cudaMemsetAsync(d_x, 0x38, (size_t)GEMM_FP8_DECODE_TOK_MAX * ld,
+                        stream) != cudaSuccess ||
+        cudaMemcpyAsync(d_s, ones, sizeof(ones), cudaMemcpyHostToDevice,
+                        stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        BT_LOG_WARN("CUDA", "FP8 decode shapes %d x %d not tuned: no scratch "
+                    "inputs", n_out, ld);
+        cudaFree(d_x);
+        cudaFree(d_s);
+        return;
+    }
+    in.d_xq = d_x;
+    in.d_xs = d_s;
+    in.gemv = false;
+    for (size_t i = 0; i < BT_ARRAY_SIZE(gemm_fp8_decode_toks); i++) {
+        const int n_tok = gemm_fp8_decode_toks[i];
+        gemm_plan_t *p = NULL;
+
+        if (gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                 GEMM_CACHE_KIND_FP8_VEC, acc) == NULL &&
+            gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
+                                acc, true, &p) == BT_OK &&
+            !gemm_fp8_cache_install(ctx, p))
+            gemm_fp8_tune(ctx, n_tok, n_out, ld, out_dt, acc, &in, stream);
+        bt_error_clear();
+    }
+    (void)cudaStreamSynchronize(stream);
+    cudaFree(d_x);
+    cudaFree(d_s);
+}
+
 /* Sends a shape to the epilogue path for good: cuBLASLt has no vec
  * algorithm for it, or refused the call (logged once per shape, with
  * the library's reason; the error is cleared). */
@@ -2200,15 +2434,29 @@ static void gemm_fp8_vec_drop(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         memcpy(ctx->fp8_vec_bad[ctx->n_fp8_vec_bad++], key, sizeof(key));
 }
 
+/* Token counts whose FP8 products are timed: prefill's multiples of
+ * GEMM_BIG_STEP, and decode graphs' powers of two past the skinny GEMM's
+ * (other counts take the heuristic's first algorithm). */
+static bool gemm_fp8_tuned_tok(int n_tok)
+{
+    if (n_tok % GEMM_BIG_STEP == 0)
+        return n_tok <= GEMM_BIG_MAX;
+    return n_tok > GEMM_FP8_SKINNY_ROUTE_MAX && n_tok <= GEMM_TUNE_MAX_TOK &&
+           (n_tok & (n_tok - 1)) == 0;
+}
+
 /* The vec plan for this call and its algorithm (*p_p, *algo_p), or false
  * when the call takes the epilogue path: forced, the library without vec
  * (probed here at the first uncaptured call; a captured call before that
- * takes the epilogue), or no vec algorithm for the shape (logged once). */
+ * takes the epilogue), or no vec algorithm for the shape (logged once).
+ * *path_p: how it runs (the tuner's pick; the plain plan's algorithm
+ * with the scaling pass, or the skinny GEMM without a plan). */
 static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                               int ld, cuda_dtype_t out_dt, bool acc,
                               const worker_gemm_fp8_t *a, cudaStream_t stream,
                               gemm_plan_t **p_p,
-                              const cublasLtMatmulAlgo_t **algo_p)
+                              const cublasLtMatmulAlgo_t **algo_p,
+                              gemm_fp8_path_t *path_p)
 {
     const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
     gemm_tuned_t *t = NULL;
@@ -2226,7 +2474,8 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     for (int i = 0; i < ctx->n_fp8_vec_bad; i++)
         if (memcmp(ctx->fp8_vec_bad[i], key, sizeof(key)) == 0)
             return false;
-    if (ctx->tune && n_tok % GEMM_BIG_STEP == 0 && n_tok <= GEMM_BIG_MAX) {
+    *path_p = GEMM_FP8_VEC;
+    if (ctx->tune && gemm_fp8_tuned_tok(n_tok)) {
         t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
                                  GEMM_CACHE_KIND_FP8_VEC, acc);
         if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
@@ -2239,6 +2488,19 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
                                      GEMM_CACHE_KIND_FP8_VEC, acc);
         }
+    }
+    if (t != NULL && t->fp8_path == GEMM_FP8_SKINNY) {
+        *p_p = NULL;
+        *algo_p = NULL;
+        *path_p = GEMM_FP8_SKINNY;
+        return true;
+    }
+    if (t != NULL && t->fp8_path == GEMM_FP8_PLAIN &&
+        (p = gemm_fp8_plan(ctx, n_tok, n_out, ld)) != NULL) {
+        *p_p = p;
+        *algo_p = &t->algo;
+        *path_p = GEMM_FP8_PLAIN;
+        return true;
     }
     if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt, acc,
                             true, &p) != BT_OK) {
@@ -2307,10 +2569,12 @@ bool worker_gemm_fp8_uses_vec(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 {
     gemm_plan_t *p;
     const cublasLtMatmulAlgo_t *algo;
+    gemm_fp8_path_t path;
 
     return !a->gemv && n_tok > 0 &&
            gemm_fp8_vec_pick(ctx, n_tok, n_out, ld, out_dt, accumulate, a,
-                             stream, &p, &algo);
+                             stream, &p, &algo, &path) &&
+           path == GEMM_FP8_VEC;
 }
 
 bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
@@ -2327,17 +2591,20 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     BT_ASSERT(n_tok >= 0 && n_out > 0 && ld > 0 && ld % 16 == 0);
     if (n_tok == 0)
         return BT_OK;
+    gemm_fp8_tune_decode(ctx, n_out, ld, out_dt, accumulate, a, stream);
     if (a->gemv)
         return gemm_fp8_codes_run(ctx, n_tok, n_out, ld, a, d_y, out_dt,
                                   accumulate, stream);
     {
         gemm_plan_t *p;
         const cublasLtMatmulAlgo_t *algo;
+        gemm_fp8_path_t path;
 
         if (gemm_fp8_vec_pick(ctx, n_tok, n_out, ld, out_dt, accumulate, a,
-                              stream, &p, &algo)) {
-            status = gemm_fp8_vec_run(ctx, p, algo, a, d_y, accumulate,
-                                      stream);
+                              stream, &p, &algo, &path)) {
+            status = gemm_fp8_cand_run(ctx, p, algo, a, n_tok, n_out, ld,
+                                       d_y, out_dt, accumulate, path,
+                                       stream);
             if (status == BT_OK)
                 return BT_OK;
             /* refused at the call (cuBLASLt checks its arguments before
