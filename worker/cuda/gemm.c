@@ -2220,7 +2220,10 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                                      : c < n_vec + n_plain ? GEMM_FP8_PLAIN
                                                            : GEMM_FP8_SKINNY;
         const bool plain = path == GEMM_FP8_PLAIN;
-        const int i = plain ? GEMM_FP8_CANDS + (c - n_vec) : c;
+        /* the candidate's algorithm (the skinny GEMM has none) */
+        const int i = plain                    ? GEMM_FP8_CANDS + (c - n_vec)
+                      : path == GEMM_FP8_VEC ? c
+                                             : 0;
         const gemm_plan_t *cp =
             path == GEMM_FP8_SKINNY
                 ? NULL
@@ -2293,7 +2296,8 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         t->accumulate = acc;
         t->fp8_path = best < 0 ? GEMM_FP8_VEC : best_path;
         t->choice = GEMM_CHOICE_LT + (best < 0 ? 0 : best);
-        t->algo = best < 0 ? p->algo : algos[best];
+        t->algo = best < 0 || best_path == GEMM_FP8_SKINNY ? p->algo
+                                                            : algos[best];
         t->us = best < 0 ? -1.0f : best_us;
     }
     if (status != BT_OK || best < 0) {
