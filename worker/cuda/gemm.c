@@ -2542,26 +2542,20 @@ static bt_status_t gemm_fp8_codes_run(worker_gemm_ctx_t *ctx, int n_tok,
                                       cudaStream_t stream)
 {
     const size_t es = cuda_dtype_size(out_dt);
-    const bool skinny = worker_gemm_fp8_uses_skinny(ctx, n_tok, a);
-    const int piece = skinny ? CUDA_GEMM_FP8_SKINNY_MAX_TOK
-                             : CUDA_GEMV_FP8_MAX_TOK;
     bt_status_t status = BT_OK;
 
-    for (int t0 = 0; t0 < n_tok && status == BT_OK; t0 += piece) {
-        const int n = BT_MIN(piece, n_tok - t0);
-        void *y = (char *)d_y + (size_t)t0 * n_out * es;
+    if (worker_gemm_fp8_uses_skinny(ctx, n_tok, a))
+        return gemm_fp8_skinny_run(ctx, n_tok, n_out, ld, a, d_y, out_dt,
+                                   accumulate, stream);
+    for (int t0 = 0; t0 < n_tok && status == BT_OK;
+         t0 += CUDA_GEMV_FP8_MAX_TOK) {
+        const int n = BT_MIN(CUDA_GEMV_FP8_MAX_TOK, n_tok - t0);
 
-        if (skinny)
-            status = cuda_gemm_fp8_skinny(
-                n, n_out, ld, a->d_xq + (size_t)t0 * ld, a->d_xs + t0,
-                a->d_wq, a->d_ws, y, out_dt, accumulate, true,
-                &ctx->gemv_ws, stream);
-        else
-            status = cuda_gemv_fp8(
-                n, n_out, ld,
-                a->d_xq != NULL ? a->d_xq + (size_t)t0 * ld : NULL,
-                n_tok == 1 ? a->d_xv : NULL, a->d_xs + t0, a->d_wq, a->d_ws,
-                y, out_dt, accumulate, stream);
+        status = cuda_gemv_fp8(
+            n, n_out, ld, a->d_xq != NULL ? a->d_xq + (size_t)t0 * ld : NULL,
+            n_tok == 1 ? a->d_xv : NULL, a->d_xs + t0, a->d_wq, a->d_ws,
+            (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
+            stream);
     }
     return status;
 }
