@@ -28,7 +28,7 @@ static gemm_cache_entry_t entry(int bucket, int n_out, int n_in, int f32,
     e.out_f32 = f32;
     snprintf(e.choice, sizeof(e.choice), "%s", choice);
     e.us = us;
-    e.lt = choice[0] == 'l' && choice[1] == 't';
+    e.lt = (choice[0] == 'l' || choice[0] == 'p') && choice[1] == 't';
     for (int w = 0; e.lt && w < GEMM_CACHE_ALGO_WORDS; w++)
         e.algo[w] = 0x0123456789abcdefull * (uint64_t)(w + 1) + (uint64_t)n_out;
     return e;
@@ -44,7 +44,7 @@ static int parse(const char *text, const char *key, gemm_cache_entry_t *out,
 
 static void test_round_trip(void)
 {
-    enum { N_IN = 8 };
+    enum { N_IN = 10 };
     gemm_cache_entry_t in[N_IN], out[N_IN + 4];
     char *text;
     size_t len;
@@ -64,11 +64,19 @@ static void test_round_trip(void)
     in[6] = entry(2048, 4096, 14336, 1, "lt2", 61.0f);
     in[6].kind = GEMM_CACHE_KIND_FP8_VEC;
     in[7] = entry(2048, 6144, 4096, 0, "lt0", 80.0f); /* in[4]'s bf16 twin */
+    /* decode's FP8 picks: the plain plan's algorithm, the skinny GEMM */
+    in[8] = entry(64, 4096, 14336, 1, "pt1", 27.2f);
+    in[8].kind = GEMM_CACHE_KIND_FP8_VEC;
+    in[8].accumulate = 1;
+    in[9] = entry(64, 28672, 4096, 0, "skinny", 49.2f);
+    in[9].kind = GEMM_CACHE_KIND_FP8_VEC;
     BT_ASSERT_OK(gemm_cache_format(KEY, in, N_IN, &text, &len));
     BT_ASSERT_EQ(strlen(text), len);
     BT_CHECK(strstr(text, " fp8v-bf16 lt5 ") != NULL);
     BT_CHECK(strstr(text, " fp8v-f32+ lt1 ") != NULL);
     BT_CHECK(strstr(text, " fp8v-f32 lt2 ") != NULL);
+    BT_CHECK(strstr(text, " fp8v-f32+ pt1 27.2") != NULL);
+    BT_CHECK(strstr(text, " fp8v-bf16 skinny 49.2") != NULL);
     BT_ASSERT_OK(gemm_cache_parse(text, len, KEY, out, N_IN + 4, &n));
     BT_ASSERT_EQ(n, N_IN);
     for (int i = 0; i < N_IN; i++) {
@@ -130,6 +138,9 @@ static void test_malformed(void)
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 rows\n",     /* count */
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 rows 1.0 7\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 lt0 1.0\n",  /* no algo */
+        "baton-gemm-cache 1 " KEY "\n64 4096 14336 fp8v-f32+ pt1 27.2\n",
+        "baton-gemm-cache 1 " KEY
+        "\n64 28672 4096 fp8v-bf16 skinny 49.2 1 2 3 4 5 6 7 8\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 lt0 1 1 2 3 4 5 6 7\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 rows 1 1 2 3 4 5 6 7 8\n",
         "baton-gemm-cache 1 " KEY "\n1 6144 4096 bf16 lt0 1 1 2 3 4 5 6 7 g\n",

@@ -149,8 +149,7 @@ typedef struct {
     int choice;                    /* cuda_gemv_kernel_t, or GEMM_CHOICE_LT + i */
     cublasLtMatmulAlgo_t algo;     /* the cuBLASLt winner's algorithm */
     float us;                      /* its median time */
-    int fp8_path;                  /* FP8: gemm_fp8_path_t; only the vec
-                                      plan's picks are saved */
+    int fp8_path;                  /* FP8: gemm_fp8_path_t */
 } gemm_tuned_t;
 
 struct worker_gemm_ctx_s {
@@ -1549,11 +1548,7 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
     }
     for (int i = 0; i < ctx->n_tuned; i++) {
         const gemm_tuned_t *t = &ctx->tuned[i];
-        gemm_cache_entry_t *e;
-
-        if (t->fp8_path != GEMM_FP8_VEC)
-            continue;
-        e = &all[n++];
+        gemm_cache_entry_t *e = &all[n++];
 
         e->bucket = t->bucket;
         e->n_out = t->n_out;
@@ -1562,9 +1557,12 @@ static void gemm_cache_save(worker_gemm_ctx_t *ctx)
         e->kind = t->kind;
         e->accumulate = t->accumulate;
         e->us = t->us;
-        if (t->choice >= GEMM_CHOICE_LT) {
+        if (t->fp8_path == GEMM_FP8_SKINNY) {
+            snprintf(e->choice, sizeof(e->choice), "skinny");
+        } else if (t->choice >= GEMM_CHOICE_LT) {
             e->lt = 1;
-            snprintf(e->choice, sizeof(e->choice), "lt%d",
+            snprintf(e->choice, sizeof(e->choice), "%ct%d",
+                     t->fp8_path == GEMM_FP8_PLAIN ? 'p' : 'l',
                      t->choice - GEMM_CHOICE_LT);
             memcpy(e->algo, &t->algo, sizeof(e->algo));
         } else {
@@ -2317,42 +2315,70 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 }
 
 /* Installs the cache file's pick for the vec plan p, when it is there
- * and cublasLtMatmulAlgoCheck still accepts it within the workspace. */
+ * and can run: the vec or the plain plan's algorithm still accepted by
+ * cublasLtMatmulAlgoCheck within the workspace (the plain one's f32 sums
+ * within a->d_acc), or the skinny GEMM where it is built. */
 static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
-                                   const gemm_plan_t *p)
+                                   const gemm_plan_t *p,
+                                   const worker_gemm_fp8_t *a)
 {
+    const int n_tok = p->n_tok, n_out = p->n_out, n_in = p->n_in;
+    const cuda_dtype_t out_dt = p->out_dt;
+    const bool acc = p->accumulate;
     const gemm_cache_entry_t *e;
+    const gemm_plan_t *ap = p;
     cublasLtMatmulHeuristicResult_t chk;
     gemm_tuned_t *t;
+    int path = GEMM_FP8_VEC;
 
     if (ctx->n_cached == 0 || ctx->n_tuned == GEMM_MAX_TUNED)
         return false;
-    e = gemm_cache_find(ctx->cached, ctx->n_cached, p->n_tok, p->n_out,
-                        p->n_in, p->out_dt, GEMM_CACHE_KIND_FP8_VEC,
-                        p->accumulate);
-    if (e == NULL || !e->lt)
+    e = gemm_cache_find(ctx->cached, ctx->n_cached, n_tok, n_out, n_in,
+                        out_dt, GEMM_CACHE_KIND_FP8_VEC, acc);
+    if (e == NULL)
         return false;
+    if (strcmp(e->choice, "skinny") == 0)
+        path = GEMM_FP8_SKINNY;
+    else if (e->choice[0] == 'p')
+        path = GEMM_FP8_PLAIN;
+    if ((path == GEMM_FP8_SKINNY) == (e->lt != 0))
+        return false; /* an algorithm for the skinny GEMM, or none */
+    if (path == GEMM_FP8_SKINNY &&
+        (!ctx->fp8_skinny || n_tok > GEMM_TUNE_MAX_TOK ||
+         !cuda_gemm_fp8_skinny_ok(
+             BT_MIN(n_tok, CUDA_GEMM_FP8_SKINNY_MAX_TOK), n_out, n_in)))
+        return false;
+    if (path == GEMM_FP8_PLAIN &&
+        ((size_t)n_tok * cuda_fp8_ld(n_out) > a->acc_floats ||
+         (ap = gemm_fp8_plan(ctx, n_tok, n_out, n_in)) == NULL)) {
+        bt_error_clear();
+        return false;
+    }
     t = &ctx->tuned[ctx->n_tuned];
     memset(t, 0, sizeof(*t));
     memcpy(&t->algo, e->algo, sizeof(t->algo));
     memset(&chk, 0, sizeof(chk));
-    if (cublasLtMatmulAlgoCheck(ctx->handle, p->op, p->a, p->b, p->d, p->d,
-                                &t->algo, &chk) != CUBLAS_STATUS_SUCCESS ||
-        chk.workspaceSize > ctx->ws_bytes)
+    if (path != GEMM_FP8_SKINNY &&
+        (cublasLtMatmulAlgoCheck(ctx->handle, ap->op, ap->a, ap->b, ap->d,
+                                 ap->d, &t->algo,
+                                 &chk) != CUBLAS_STATUS_SUCCESS ||
+         chk.workspaceSize > ctx->ws_bytes))
         return false;
-    t->bucket = p->n_tok;
-    t->n_out = p->n_out;
-    t->n_in = p->n_in;
-    t->out_dt = p->out_dt;
+    t->bucket = n_tok;
+    t->n_out = n_out;
+    t->n_in = n_in;
+    t->out_dt = out_dt;
     t->kind = GEMM_CACHE_KIND_FP8_VEC;
-    t->accumulate = p->accumulate;
-    t->choice = GEMM_CHOICE_LT + atoi(e->choice + 2);
+    t->accumulate = acc;
+    t->fp8_path = path;
+    t->choice = GEMM_CHOICE_LT +
+                (path == GEMM_FP8_SKINNY ? 0 : atoi(e->choice + 2));
     t->us = e->us;
     ctx->n_tuned++;
     ctx->setups++;
     ctx->cache_hits++;
-    BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d: %s from %s",
-                p->n_tok, p->n_out, p->n_in, e->choice, ctx->cache_path);
+    BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d: %s from %s", n_tok,
+                n_out, n_in, e->choice, ctx->cache_path);
     return true;
 }
 
@@ -2411,7 +2437,7 @@ static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
                                  GEMM_CACHE_KIND_FP8_VEC, acc) == NULL &&
             gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
                                 acc, true, &p) == BT_OK &&
-            !gemm_fp8_cache_install(ctx, p))
+            !gemm_fp8_cache_install(ctx, p, a))
             gemm_fp8_tune(ctx, n_tok, n_out, ld, out_dt, acc, &in, stream);
         bt_error_clear();
     }
@@ -2486,7 +2512,7 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             !gemm_capturing(stream)) {
             if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
                                     out_dt, acc, true, &p) == BT_OK &&
-                !gemm_fp8_cache_install(ctx, p))
+                !gemm_fp8_cache_install(ctx, p, a))
                 gemm_fp8_tune(ctx, n_tok, n_out, ld, out_dt, acc, a, stream);
             bt_error_clear();
             t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,

@@ -105,12 +105,14 @@ static bool gc_choice_ok(const char *s)
     return true;
 }
 
-/* "lt" followed by a candidate index. */
+/* A choice with an algorithm: "lt" (cuBLASLt) or "pt" (cuBLASLt's plain
+ * FP8 plan) followed by a candidate index. */
 static bool gc_choice_is_lt(const char *s)
 {
     int idx;
 
-    return s[0] == 'l' && s[1] == 't' && gc_int(s + 2, 0, 999, &idx);
+    return (s[0] == 'l' || s[0] == 'p') && s[1] == 't' &&
+           gc_int(s + 2, 0, 999, &idx);
 }
 
 /* A key: printable ASCII without blanks, 1 .. GEMM_CACHE_KEY_MAX - 1. */

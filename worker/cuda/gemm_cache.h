@@ -22,7 +22,9 @@
  * "fp8v-f32", with "+" appended when it accumulates into the output (I
  * is then the codes' row stride); CHOICE a GEMV variant name
  * (kernels/gemv.h) or "ltN" (cuBLASLt, N the candidate's index, kept for
- * the log), US its median time, A0..A7 (ltN only) the 8 words of
+ * the log), for an FP8 product also "ptN" (cuBLASLt's plain FP8 plan:
+ * f32 sums, then the scaling pass) or "skinny" (the skinny FP8 GEMM), US
+ * its median time, A0..A7 (ltN and ptN only) the 8 words of
  * cublasLtMatmulAlgo_t in hex.
  */
 #ifndef BT_WORKER_CUDA_GEMM_CACHE_H
@@ -59,7 +61,8 @@ typedef struct {
     int accumulate;                     /* FP8_VEC only: 1 when y += */
     char choice[GEMM_CACHE_CHOICE_MAX]; /* "rows", "lt3", ... */
     float us;                           /* median time when tuned */
-    int lt;                             /* choice is "ltN": algo is set */
+    int lt;                             /* choice is "ltN" or "ptN": algo
+                                         * is set */
     uint64_t algo[GEMM_CACHE_ALGO_WORDS];
 } gemm_cache_entry_t;
 
