@@ -2127,6 +2127,26 @@ static bt_status_t gemm_fp8_rel(const void *d_y, gemm_scratch_t *sc,
     return BT_OK;
 }
 
+/* Where a decode count's FP8 product may take the plain plan (its f32
+ * sums fit a->d_acc) and the skinny GEMM (in pieces of 64): the tuner's
+ * candidates, and what a cached pick must still meet. */
+static bool gemm_fp8_plain_can(int n_tok, int n_out,
+                               const worker_gemm_fp8_t *a)
+{
+    return n_tok <= GEMM_FP8_DECODE_TOK_MAX &&
+           n_tok % GEMM_FP8_TOK_ALIGN == 0 &&
+           (size_t)n_tok * cuda_fp8_ld(n_out) <= a->acc_floats;
+}
+
+static bool gemm_fp8_skinny_can(const worker_gemm_ctx_t *ctx, int n_tok,
+                                int n_out, int ld)
+{
+    return ctx->fp8_skinny && n_tok <= GEMM_TUNE_MAX_TOK &&
+           cuda_gemm_fp8_skinny_ok(BT_MIN(n_tok,
+                                          CUDA_GEMM_FP8_SKINNY_MAX_TOK),
+                                   n_out, ld);
+}
+
 /* The tuner's plan of a candidate, found again for each use: building
  * one may recycle another's slot (gemm_plan_find_kind). */
 static gemm_plan_t *gemm_fp8_tune_plan(worker_gemm_ctx_t *ctx, int n_tok,
@@ -2175,9 +2195,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 
     ctx->setups++;
     memset(&sc, 0, sizeof(sc));
-    if (n_tok <= GEMM_FP8_DECODE_TOK_MAX &&
-        (size_t)n_tok * cuda_fp8_ld(n_out) <= a->acc_floats &&
-        n_tok % GEMM_FP8_TOK_ALIGN == 0 &&
+    if (gemm_fp8_plain_can(n_tok, n_out, a) &&
         (pp = gemm_fp8_plan(ctx, n_tok, n_out, ld)) != NULL &&
         gemm_lt_heuristic(ctx, pp, GEMM_FP8_CANDS, res, &n_pheur) == BT_OK) {
         cublasLtMatmulAlgo_t *pa = algos + GEMM_FP8_CANDS;
@@ -2211,10 +2229,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (status == BT_OK && n_res > 0)
         status = gemm_fp8_vec_run(ctx, p, &algos[0], a, sc.d_ref, acc,
                                   stream);
-    n_skinny = ctx->fp8_skinny && n_tok <= GEMM_TUNE_MAX_TOK &&
-               cuda_gemm_fp8_skinny_ok(BT_MIN(n_tok,
-                                              CUDA_GEMM_FP8_SKINNY_MAX_TOK),
-                                       n_out, ld);
+    n_skinny = gemm_fp8_skinny_can(ctx, n_tok, n_out, ld);
     for (int c = 0;
          c < n_vec + n_plain + n_skinny && status == BT_OK && n_res > 0;
          c++) {
@@ -2348,12 +2363,10 @@ static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
     if ((path == GEMM_FP8_SKINNY) == (e->lt != 0))
         return false; /* an algorithm for the skinny GEMM, or none */
     if (path == GEMM_FP8_SKINNY &&
-        (!ctx->fp8_skinny || n_tok > GEMM_TUNE_MAX_TOK ||
-         !cuda_gemm_fp8_skinny_ok(
-             BT_MIN(n_tok, CUDA_GEMM_FP8_SKINNY_MAX_TOK), n_out, n_in)))
+        !gemm_fp8_skinny_can(ctx, n_tok, n_out, n_in))
         return false;
     if (path == GEMM_FP8_PLAIN &&
-        ((size_t)n_tok * cuda_fp8_ld(n_out) > a->acc_floats ||
+        (!gemm_fp8_plain_can(n_tok, n_out, a) ||
          (ap = gemm_fp8_plan(ctx, n_tok, n_out, n_in)) == NULL)) {
         bt_error_clear();
         return false;
