@@ -20,6 +20,8 @@
 set -eu
 name=$1; script=$2; shift 2
 d=build-$name
+if [ -n "${AB_FROM:-}" ] && [ "$(realpath "$AB_FROM")" = "$(realpath -m "$d")" ]; then
+  echo "pack_carry.sh: AB_FROM=$AB_FROM is the folder being packed" >&2; exit 2; fi
 rm -rf "$d"; mkdir -p "$d/bin" "$d/gpu" "$d/lib" .carry
 for b in "$@"; do
   case $b in
