@@ -21,6 +21,10 @@
  *      (many splits + combine), a prompt chunk after a cached prefix
  *      (causal) and a masked tree; head sizes 64 and 128, GQA groups 1,
  *      4 and 7;
+ *   2b. the fused RoPE (the decode kernel rotating q and writing the new
+ *      K / V codes itself) against cuda_rope_kv + the decode kernel:
+ *      codes within one step in at most 1 of 1,000 (FMA contraction),
+ *      nothing else written, outputs within 1e-3, d_q never read;
  *   3. cuda_attn_prefill (the tiled prefill: fa2wqv with FP8 KV at head
  *      64/128, the shared-memory kernel at other sizes) on the same prompt chunk (two 64-query tiles) after the
  *      cached prefix and the masked tree, same reference and bound;
@@ -660,6 +664,266 @@ static void test_attn(bool tc)
     }
 }
 
+/* The fused RoPE over FP8 KV (cuda_attn_args_t.d_qkv with d_kv_scale:
+ * single-token decode steps of up to 16 tokens, cuda_backend.c
+ * fuse_rope) against the two-kernel path (cuda_rope_kv, then the decode
+ * kernel reading d_q), same inputs: the new rows' codes equal but for
+ * FMA contraction (a code at most one step away, in at most 1 of 1,000),
+ * every other byte of the caches untouched, the outputs within 1e-3
+ * (relative L2) and finite; d_q is poisoned in the fused run (it must not
+ * be read) and the new slots are poisoned with NaN codes (they must be
+ * written). */
+static uint8_t *dev_down(const void *d, size_t bytes)
+{
+    uint8_t *h = malloc(bytes);
+
+    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static void fused_rope_run(const attn_case_t *ac, int rope_half, bool bias,
+                           int force_split)
+{
+    static const int ctxs[] = { 0, 6, 63, 64, 299, 1499, 4099 };
+    const int n = (int)(sizeof(ctxs) / sizeof(ctxs[0]));
+    const int hd = ac->hd, nh = ac->nh, nkv = ac->nkv, kv_dim = nkv * hd;
+    const int qkv_dim = (nh + 2 * nkv) * hd;
+    int kv_len[16], ctx[16], bt_off[16], pos[16], slot[16], mo[16];
+    int n_blocks = 0, max_kv = 1;
+
+    for (int t = 0; t < n; t++) {
+        ctx[t] = ctxs[t];
+        kv_len[t] = ctx[t] + 1;
+        bt_off[t] = n_blocks;
+        n_blocks += (kv_len[t] + BS - 1) / BS;
+        pos[t] = (int)(urand() % 8192);
+        mo[t] = -1;
+        max_kv = kv_len[t] > max_kv ? kv_len[t] : max_kv;
+    }
+    const int pool_blocks = n_blocks + 3;
+    int *perm = malloc(sizeof(int) * pool_blocks);
+    for (int i = 0; i < pool_blocks; i++)
+        perm[i] = i;
+    for (int i = pool_blocks - 1; i > 0; i--) {
+        int j = (int)(urand() % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    for (int t = 0; t < n; t++)
+        slot[t] = perm[bt_off[t] + ctx[t] / BS] * BS + ctx[t] % BS;
+    const size_t cache_n = (size_t)pool_blocks * BS * kv_dim;
+    uint8_t *kc = malloc(cache_n), *vc = malloc(cache_n);
+    for (size_t i = 0; i < cache_n; i++) {
+        uint8_t k = (uint8_t)urand(), v = (uint8_t)urand();
+        kc[i] = e4m3_nan(k) ? (uint8_t)(k & 0xF7) : k;
+        vc[i] = e4m3_nan(v) ? (uint8_t)(v & 0xF7) : v;
+        if ((kc[i] & 0x78) > 0x48)
+            kc[i] = (uint8_t)(kc[i] & 0xC7);
+    }
+    for (int t = 0; t < n; t++) /* the fused run must write these */
+        for (int e = 0; e < kv_dim; e++) {
+            kc[(size_t)slot[t] * kv_dim + e] = 0x7F;
+            vc[(size_t)slot[t] * kv_dim + e] = 0x7F;
+        }
+    uint16_t *qkv = malloc(sizeof(uint16_t) * (size_t)n * qkv_dim);
+    uint16_t *bvec = malloc(sizeof(uint16_t) * qkv_dim);
+    for (size_t i = 0; i < (size_t)n * qkv_dim; i++)
+        qkv[i] = bf16_of(frand() * ((i / hd) % 5 == 2 ? 300.0f : 3.0f));
+    for (int i = 0; i < qkv_dim; i++)
+        bvec[i] = bf16_of(frand() * 0.5f);
+    float scale[2 * 8], inv_freq[128];
+    for (int h = 0; h < 2 * nkv; h++)
+        scale[h] = 0.005f + 1.5f * (float)(urand() % 1000) / 1000.0f;
+    for (int i = 0; i < hd / 2; i++)
+        inv_freq[i] = powf(500000.0f, -2.0f * (float)i / (float)hd);
+
+    int n_sm = 0, dev = 0, n_splits = 1, split_len = 64;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    if (force_split > 0) {
+        split_len = force_split;
+        n_splits = (max_kv + split_len - 1) / split_len;
+    } else {
+        cuda_attn_decode_plan(n, max_kv, nh, nkv, n_sm,
+                              cuda_attn_decode_blocks_per_sm(hd, true), 64,
+                              &n_splits, &split_len);
+    }
+    const size_t q_bytes = sizeof(uint16_t) * (size_t)n * nh * hd;
+    void *d_qkv = dev_up(qkv, sizeof(uint16_t) * (size_t)n * qkv_dim);
+    void *d_bias = bias ? dev_up(bvec, sizeof(uint16_t) * qkv_dim) : NULL;
+    float *d_inv = dev_up(inv_freq, sizeof(float) * (hd / 2));
+    float *d_scale = dev_up(scale, sizeof(float) * 2 * nkv);
+    int *d_pos = dev_up(pos, sizeof(int) * n);
+    int *d_slot = dev_up(slot, sizeof(int) * n);
+    int *d_bt = dev_up(perm, sizeof(int) * pool_blocks);
+    int *d_kvl = dev_up(kv_len, sizeof(int) * n);
+    int *d_bto = dev_up(bt_off, sizeof(int) * n);
+    int *d_ctx = dev_up(ctx, sizeof(int) * n);
+    int *d_mo = dev_up(mo, sizeof(int) * n);
+    uint8_t mask1 = 0;
+    uint8_t *d_masks = dev_up(&mask1, 1);
+    size_t ws_n = cuda_attn_decode_ws_floats(n, nh, hd, n_splits);
+    float *d_ws = NULL;
+    if (ws_n)
+        CK(cudaMalloc((void **)&d_ws, sizeof(float) * ws_n));
+    void *d_k[2], *d_v[2], *d_out[2], *d_q = NULL;
+    CK(cudaMalloc(&d_q, q_bytes));
+    for (int r = 0; r < 2; r++) {
+        d_k[r] = dev_up(kc, cache_n);
+        d_v[r] = dev_up(vc, cache_n);
+        CK(cudaMalloc(&d_out[r], q_bytes));
+        CK(cudaMemset(d_out[r], 0xFF, q_bytes));
+    }
+
+    cuda_rope_kv_args_t ra;
+    memset(&ra, 0, sizeof(ra));
+    ra.n_tokens = n;
+    ra.n_heads = nh;
+    ra.n_kv_heads = nkv;
+    ra.head_dim = hd;
+    ra.rope_half = rope_half;
+    ra.d_qkv = d_qkv;
+    ra.d_bias = d_bias;
+    ra.d_inv_freq = d_inv;
+    ra.d_pos = d_pos;
+    ra.d_slot = d_slot;
+    ra.d_q = d_q;
+    ra.d_k_cache = d_k[0];
+    ra.d_v_cache = d_v[0];
+    ra.d_kv_scale = d_scale;
+    cuda_attn_args_t a;
+    memset(&a, 0, sizeof(a));
+    a.n_heads = nh;
+    a.n_kv_heads = nkv;
+    a.head_dim = hd;
+    a.block_size = BS;
+    a.scale = 1.0f / sqrtf((float)hd);
+    a.kv_slots = (long long)pool_blocks * BS;
+    a.d_kv_scale = d_scale;
+    a.d_block_tables = d_bt;
+    a.d_masks = d_masks;
+    a.d_kv_len = d_kvl;
+    a.d_bt_off = d_bto;
+    a.d_ctx_len = d_ctx;
+    a.d_mask_off = d_mo;
+    /* 0: the two kernels; 1: fused, d_q poisoned */
+    OK(cuda_rope_kv(&ra, CUDA_DT_BF16, 0));
+    a.d_q = d_q;
+    a.d_k_cache = d_k[0];
+    a.d_v_cache = d_v[0];
+    a.d_out = d_out[0];
+    OK(cuda_attn_decode(&a, NULL, n, n_splits, split_len, d_ws,
+                        CUDA_DT_BF16, 0));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemset(d_q, 0xFF, q_bytes));
+    const bool ok_fuse = cuda_attn_decode_rope_ok(&a, n, CUDA_DT_BF16);
+    a.d_qkv = d_qkv;
+    a.d_qkv_bias = d_bias;
+    a.d_inv_freq = d_inv;
+    a.d_pos = d_pos;
+    a.d_slot = d_slot;
+    a.rope_half = rope_half;
+    a.d_k_cache = d_k[1];
+    a.d_v_cache = d_v[1];
+    a.d_out = d_out[1];
+    if (ok_fuse)
+        OK(cuda_attn_decode(&a, NULL, n, n_splits, split_len, d_ws,
+                            CUDA_DT_BF16, 0));
+    CK(cudaDeviceSynchronize());
+
+    uint8_t *k0 = dev_down(d_k[0], cache_n), *k1 = dev_down(d_k[1], cache_n);
+    uint8_t *v0 = dev_down(d_v[0], cache_n), *v1 = dev_down(d_v[1], cache_n);
+    uint16_t *o0 = (uint16_t *)dev_down(d_out[0], q_bytes);
+    uint16_t *o1 = (uint16_t *)dev_down(d_out[1], q_bytes);
+    long diff = 0, far = 0, outside = 0;
+    for (size_t i = 0; i < cache_n; i++)
+        for (int kv = 0; kv < 2; kv++) {
+            uint8_t x = kv ? v0[i] : k0[i], y = kv ? v1[i] : k1[i];
+            if (x == y)
+                continue;
+            diff++;
+            bool is_new = false;
+            for (int t = 0; t < n; t++)
+                is_new |= i / kv_dim == (size_t)slot[t];
+            /* one step: magnitudes one apart with one sign, or +-0
+             * and the smallest code of either sign */
+            const int mx = x & 0x7F, my = y & 0x7F;
+            const bool step = (x ^ y) & 0x80 ? mx + my <= 1
+                                             : abs(mx - my) <= 1;
+            if (!is_new)
+                outside++;
+            else if (!step || e4m3_nan(x) || e4m3_nan(y))
+                far++;
+        }
+    const long n_new = 2L * n * kv_dim;
+    char what[160];
+    snprintf(what, sizeof(what), "%s %s%s, %d split(s) of %d", ac->name,
+             rope_half ? "half" : "pairs", bias ? "+bias" : "", n_splits,
+             split_len);
+    printf("%s attn_decode+rope fp8 KV %s: codes of the new rows %ld of "
+           "%ld differ from rope_kv's (%ld beyond one step), %ld bytes "
+           "outside them\n",
+           ok_fuse && far == 0 && outside == 0 && diff * 1000 <= n_new
+               ? "PASS" : "FAIL",
+           what, diff, n_new, far, outside);
+    g_fail += !(ok_fuse && far == 0 && outside == 0 && diff * 1000 <= n_new);
+    double num = 0, den = 0;
+    long nonfinite = 0;
+    for (size_t i = 0; i < (size_t)n * nh * hd; i++) {
+        float x = f32_of_bf16(o0[i]), y = f32_of_bf16(o1[i]);
+        if (!isfinite(x) || !isfinite(y)) {
+            nonfinite++;
+            continue;
+        }
+        num += (double)(y - x) * (y - x);
+        den += (double)x * x;
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    const bool ok_out = ok_fuse && nonfinite == 0 && rel < 1e-3;
+    printf("%s attn_decode+rope fp8 KV %s: output against the two kernels "
+           "rel_err %.3e (tol 1e-3)%s\n", ok_out ? "PASS" : "FAIL", what,
+           rel, nonfinite ? ", NON-FINITE outputs" : "");
+    g_fail += !ok_out;
+
+    free(k0);
+    free(k1);
+    free(v0);
+    free(v1);
+    free(o0);
+    free(o1);
+    for (int r = 0; r < 2; r++) {
+        cudaFree(d_k[r]);
+        cudaFree(d_v[r]);
+        cudaFree(d_out[r]);
+    }
+    void *dev_bufs[] = { d_q, d_qkv, d_bias, d_inv, d_scale, d_pos, d_slot,
+                         d_bt, d_kvl, d_bto, d_ctx, d_mo, d_masks, d_ws };
+    for (size_t i = 0; i < sizeof(dev_bufs) / sizeof(dev_bufs[0]); i++)
+        cudaFree(dev_bufs[i]);
+    free(perm);
+    free(kc);
+    free(vc);
+    free(qkv);
+    free(bvec);
+}
+
+static void test_fused_rope(void)
+{
+    static const attn_case_t cases[] = {
+        { 32, 8, 128, "hd 128 group 4" },
+        { 8, 8, 64, "hd 64 group 1" },
+        { 28, 4, 128, "hd 128 group 7" },
+    };
+
+    setenv("BT_ATTN_TC", "1", 1);
+    cuda_switches_reload();
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        fused_rope_run(&cases[c], 1, c == 0, 0);
+        fused_rope_run(&cases[c], c != 1, c == 2, 64);
+        fused_rope_run(&cases[c], 1, c == 1, 256);
+    }
+}
+
 // ---------------------------------------------------------------------
 // 4. the FP8 pool through the backend
 
@@ -929,6 +1193,7 @@ int main(void)
     test_rope();
     test_attn(true);
     test_attn(false);
+    test_fused_rope();
     test_pool();
     test_widened();
     printf("test_cuda_kv8: %s\n", g_fail ? "FAILED" : "all passed");

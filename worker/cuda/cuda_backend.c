@@ -1934,8 +1934,9 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     /* Single-token unmasked steps of up to CUDA_ROPE_FUSE_MAX_TOK tokens:
      * RoPE and the new keys' K/V write run inside the decode attention
      * kernel (one kernel a layer less; the per-layer events of
-     * on_layer_done are never wanted then). */
-    const bool fuse_rope = !b->kv8 && p->single &&
+     * on_layer_done are never wanted then).  FP8 KV too: its codes bit for
+     * bit rope_kv's (test_cuda_kv8), batch 1 -2% (H100, PERFORMANCE.md). */
+    const bool fuse_rope = p->single &&
                            p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
                            !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
                            cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);

@@ -566,7 +566,7 @@ bool cuda_attn_decode_rope_ok(const cuda_attn_args_t *args, int n,
                               cuda_dtype_t dt)
 {
     (void)n;
-    return args->d_kv_scale == NULL && cuda_attn_decode_tc_ok(args, dt);
+    return cuda_attn_decode_tc_ok(args, dt);
 }
 
 bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,

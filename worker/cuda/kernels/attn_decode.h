@@ -32,8 +32,8 @@ typedef struct {
                                    code * scale, (2, nkv) K then V scales
                                    of this layer (rope_kv.h).  Read by
                                    both decode kernels and the prefill
-                                   kernels (FA2: fa2 / fa2wqv); not with
-                                   the fused RoPE (d_qkv) */
+                                   kernels (FA2: fa2 / fa2wqv); the fused
+                                   RoPE (d_qkv) writes codes with them */
     bool kv_widened;            /* with d_kv_scale: K/V are bf16 copies of
                                    the E4M3 codes (cuda_kv8_widen_pages:
                                    exact), read by the bf16 prefill

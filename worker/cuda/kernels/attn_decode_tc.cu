@@ -27,9 +27,12 @@
  * prescaled by the score scale x the KV head's K scale (tc_load_q8); the
  * fragments' dim permutation puts O's accumulators at other dims than
  * the bf16 kernel's, written out through tc_o8_at; the V scale joins the
- * output.  Under half the shared memory of the bf16 instances.  No fused
- * RoPE with it.  Tested by tests/gpu/test_cuda_kv8.c and test_attn.cu's
- * "kv8 stress" lines; tests/gpu/kv8_frag_sim.py models its fragments.
+ * output.  Under half the shared memory of the bf16 instances.  The
+ * fused RoPE writes its new K / V as codes (never into an early tile:
+ * the writer's tile is copied after the wait and a fence).  Tested by
+ * tests/gpu/test_cuda_kv8.c (the fused RoPE against rope_kv.cu too) and
+ * test_attn.cu's "kv8 stress" lines; tests/gpu/kv8_frag_sim.py models
+ * its fragments.
  */
 #include "attn_decode.h"
 
@@ -105,8 +108,10 @@ static __device__ __forceinline__ void tc_rope_table(
  * fence: nothing in this kernel reads them back from the cache.  Same
  * arithmetic as rope_kv.cu (bias added in f32, sincosf of pos x
  * inv_freq, bf16 rounding of the result): the same bits as the unfused
- * path.  Ends with a block barrier. */
-template <int HD>
+ * path.  KV8: K and V are written as rope_kv.cu writes them, E4M3 codes
+ * of the bf16-rounded values at 1 / the KV head's scale (kv8_encode;
+ * never into shared memory: no fill_new).  Ends with a block barrier. */
+template <int HD, bool KV8>
 static __device__ __forceinline__ void tc_rope_prologue(
     const cuda_attn_args_t &a, int tok, int kvh, int G, int start, int end,
     int ctx, const float *sh_c, const float *sh_s, bf16_t *sh_q,
@@ -119,6 +124,8 @@ static __device__ __forceinline__ void tc_rope_prologue(
     const int slot = a.d_slot[tok];
     const bool writer = slot >= 0 && start <= ctx && ctx < end;
     const int n_rot = (G + (writer ? 1 : 0)) * HALF; /* q heads, then k */
+    const size_t kv_at = ((size_t)(slot < 0 ? 0 : slot) * a.n_kv_heads +
+                          kvh) * HD; /* the new row's first element */
     for (int p = threadIdx.x; p < n_rot; p += blockDim.x) {
         const int hh = p / HALF, i = p - hh * HALF;
         const int e0 = a.rope_half ? i : 2 * i;
@@ -131,11 +138,18 @@ static __device__ __forceinline__ void tc_rope_prologue(
             x1 += __bfloat162float(bias[col + e1]);
         }
         const float c = sh_c[i], sn = sh_s[i];
-        const bf16_t y0 = __float2bfloat16_rn(x0 * c - x1 * sn);
-        const bf16_t y1 = __float2bfloat16_rn(x0 * sn + x1 * c);
+        const float f0 = x0 * c - x1 * sn, f1 = x0 * sn + x1 * c;
+        const bf16_t y0 = __float2bfloat16_rn(f0);
+        const bf16_t y1 = __float2bfloat16_rn(f1);
+        if (KV8 && hh == G) {
+            const float inv = __frcp_rn(a.d_kv_scale[kvh]);
+            kv8_t *k8 = (kv8_t *)a.d_k_cache + kv_at;
+            k8[e0] = kv8_encode<bf16_t>(f0, inv);
+            k8[e1] = kv8_encode<bf16_t>(f1, inv);
+            continue;
+        }
         bf16_t *dst = hh < G ? sh_q + hh * HD
-                             : (bf16_t *)a.d_k_cache +
-                                   ((size_t)slot * a.n_kv_heads + kvh) * HD;
+                             : (bf16_t *)a.d_k_cache + kv_at;
         dst[e0] = y0;
         dst[e1] = y1;
         if (hh == G && sk_new) {
@@ -145,12 +159,18 @@ static __device__ __forceinline__ void tc_rope_prologue(
     }
     if (writer) {
         const int voff = (a.n_heads + a.n_kv_heads + kvh) * HD;
-        bf16_t *v = (bf16_t *)a.d_v_cache +
-                    ((size_t)slot * a.n_kv_heads + kvh) * HD;
+        bf16_t *v = (bf16_t *)a.d_v_cache + kv_at;
+        const float vinv =
+            KV8 ? __frcp_rn(a.d_kv_scale[a.n_kv_heads + kvh]) : 1.0f;
         for (int e = threadIdx.x; e < HD; e += blockDim.x) {
             float x = __bfloat162float(row[voff + e]);
             if (bias)
                 x += __bfloat162float(bias[voff + e]);
+            if (KV8) {
+                ((kv8_t *)a.d_v_cache + kv_at)[e] =
+                    kv8_encode<bf16_t>(x, vinv);
+                continue;
+            }
             v[e] = __float2bfloat16_rn(x);
             if (sv_new)
                 sv_new[e] = __float2bfloat16_rn(x);
@@ -301,15 +321,20 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
      * d_q, or rotated here from the QKV row (the fused RoPE); KV8's below,
      * once sl2 is known. */
     uint32_t qa[KS][4];
-    if (!KV8 && a.d_qkv) {
+    if constexpr (KV8) {
+        if (a.d_qkv)
+            tc_rope_prologue<HD, true>(a, tok, kvh, G, start, end, ctx, sh_c,
+                                       sh_s, sh_q, NULL, NULL);
+    } else if (a.d_qkv) {
         const int rn = ctx - start - kt_new * TC_TK; /* the hole's row */
-        tc_rope_prologue<HD>(a, tok, kvh, G, start, end, ctx, sh_c, sh_s,
-                             sh_q, fill_new ? sk + kt_new * TILE + rn * ROW
-                                            : NULL,
-                             fill_new ? sv + kt_new * TILE + rn * ROW
-                                      : NULL);
+        tc_rope_prologue<HD, false>(a, tok, kvh, G, start, end, ctx, sh_c,
+                                    sh_s, sh_q,
+                                    fill_new ? sk + kt_new * TILE + rn * ROW
+                                             : NULL,
+                                    fill_new ? sv + kt_new * TILE + rn * ROW
+                                             : NULL);
         tc_load_q<HD>(qa, sh_q, G, lane);
-    } else if constexpr (!KV8) {
+    } else {
         tc_load_q<HD>(qa,
                       (const bf16_t *)a.d_q + ((size_t)tok * a.n_heads + h0) *
                                                   HD,
@@ -327,8 +352,9 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                       1.4426950408889634f;
     if constexpr (KV8) /* f16, times sl2, in tc_attend16_kv8's dim order */
         tc_load_q8<HD>(qa,
-                       (const bf16_t *)a.d_q +
-                           ((size_t)tok * a.n_heads + h0) * HD,
+                       a.d_qkv ? sh_q
+                               : (const bf16_t *)a.d_q +
+                                     ((size_t)tok * a.n_heads + h0) * HD,
                        G, sl2, lane);
 
     /* Not unrolled: CUDA 13.0's ptxas (V13.0.88) compiled the unrolled
