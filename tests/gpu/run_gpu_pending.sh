@@ -1,5 +1,5 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY [engine|serve|long|disagg|fp8tune] - what the sessions of
+# run_gpu_pending.sh CARRY [engine|serve|long|disagg] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
 # docs/PERFORMANCE.md; every later call landed on an H100), ON THE
 # DEVICE MACHINE from a folder packed here, three calls of ~3 / 4 / 7
@@ -8,11 +8,10 @@
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
 #     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace
-#   AB_FROM=build-OLD bash tests/gpu/pack_carry.sh pending \
+#   bash tests/gpu/pack_carry.sh pending \
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
-#     gpu/libbt_kernel_trace.so gpu/test_cuda_fp8
-#   (AB_FROM: a build before the FP8 decode tuning, for fp8tune's A/B)
+#     gpu/libbt_kernel_trace.so
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
@@ -36,13 +35,6 @@
 #   H200's FP8 KV, 1.81M tokens, holds 441 promises of 4,096 tokens;
 #   more streams would wait at the router and its 1 s queue bound would
 #   shed them as OVERLOADED), then @384 [10,103] in the time left.
-# fp8tune (any Hopper; ~4 min): the FP8 tuner's decode counts (64 / 128
-#   / 256 / 512 tokens, tuned together at a shape's first use, the plain
-#   plan with the scaling pass and the skinny GEMM among the candidates):
-#   test_cuda_fp8 (663 checks), then bench_cuda fp8 + FP8 KV batch 64 /
-#   128 / 256 @2k, new against gpu/bench_cuda_b (AB_FROM), A B A B.
-#   H100 of 2026-12-06 with only 64 tuned: batch 64 8.02 -> 7.46 ms;
-#   predicted from bench_fp8_lt: 128 and 256 -4-6% (o, down).
 # disagg: 1P+1D (MPS) bf16 2048x128 at 16 and 20 req/s with the receive
 #   room told by heartbeat (d1873fe; ba74f6f: goodput 12.69 / 10.67 req/s
 #   [TTFT p99 727 / 968 ms], 248 grants refused for a full window budget,
@@ -103,25 +95,6 @@ if [ "$phase" = long ]; then
     BT_SERVE_MAX_SEQS=440 BT_SERVE_RUNS="2048x2048@440:880"
   serve fp8_384 $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
-fi
-if [ "$phase" = fp8tune ]; then
-  BT_LOG=WARN timeout -k 5 240 "$c/gpu/test_cuda_fp8" > "$out/test_fp8.txt" 2>&1
-  { echo; echo "### test_cuda_fp8: rc $?, $(grep -c ^PASS "$out/test_fp8.txt") PASS, $(grep -c ^FAIL "$out/test_fp8.txt") FAIL"
-    grep ^FAIL "$out/test_fp8.txt" | head -5 | cut -c1-300; } >> "$md"
-  for r in 1 2; do
-    for v in new old; do
-      b=$c/gpu/bench_cuda; [ $v = old ] && b=$c/gpu/bench_cuda_b
-      [ -x "$b" ] || continue
-      BT_LOG=INFO BT_GEMM_CACHE=/tmp/pending-$v.cache timeout -k 5 90 "$b" \
-        --model synth:llama3-8b --precision fp8 --kv-dtype fp8 \
-        --batch 64,128,256 --ctx 2048 --prefill 0 --steps 20 \
-        > "$out/fp8tune_$v$r.txt" 2>&1
-      { echo; echo "### bench_cuda $v, run $r: rc $?"
-        grep -E "^\| decode" "$out/fp8tune_$v$r.txt" | grep -v "batch |"; } >> "$md"
-    done
-  done
-  grep -h "gemm tune fp8" "$out/fp8tune_new1.txt" | sed 's/.*gemm tune/gemm tune/' |
-    cut -c1-120 >> "$md"
 fi
 if [ "$phase" = disagg ]; then
   serve disagg $(left 560) BT_SERVE_MODES=disagg BT_SERVE_RUNS= \
