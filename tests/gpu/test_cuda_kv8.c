@@ -371,6 +371,61 @@ typedef struct {
     int kv_len[160], ctx[160], mask_off[160], seq[160];
 } batch_t;
 
+/* A shuffled block table: blocks 0..n-1 in random order. */
+static int *shuffled_blocks(int n)
+{
+    int *perm = malloc(sizeof(int) * n);
+
+    for (int i = 0; i < n; i++)
+        perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(urand() % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    return perm;
+}
+
+/* n random K and V codes: no NaN, magnitudes up to 448 in places, most
+ * keys moderate so that the softmax is not one-hot. */
+static void random_kv_codes(uint8_t *kc, uint8_t *vc, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t k = (uint8_t)urand(), v = (uint8_t)urand();
+        kc[i] = e4m3_nan(k) ? (uint8_t)(k & 0xF7) : k;
+        vc[i] = e4m3_nan(v) ? (uint8_t)(v & 0xF7) : v;
+        if ((kc[i] & 0x78) > 0x48)
+            kc[i] = (uint8_t)(kc[i] & 0xC7);
+    }
+}
+
+/* The decode kernel's arguments over FP8 caches of pool_blocks blocks
+ * (per-token arrays on the device; d_q, d_k_cache, d_v_cache and d_out
+ * left for the caller). */
+static cuda_attn_args_t kv8_attn_args(const attn_case_t *ac, int pool_blocks,
+                                      float *d_scale, int *d_bt,
+                                      uint8_t *d_masks, int *d_kvl,
+                                      int *d_bto, int *d_ctx, int *d_mo)
+{
+    cuda_attn_args_t a;
+
+    memset(&a, 0, sizeof(a));
+    a.n_heads = ac->nh;
+    a.n_kv_heads = ac->nkv;
+    a.head_dim = ac->hd;
+    a.block_size = BS;
+    a.scale = 1.0f / sqrtf((float)ac->hd);
+    a.kv_slots = (long long)pool_blocks * BS;
+    a.d_kv_scale = d_scale;
+    a.d_block_tables = d_bt;
+    a.d_masks = d_masks;
+    a.d_kv_len = d_kvl;
+    a.d_bt_off = d_bto;
+    a.d_ctx_len = d_ctx;
+    a.d_mask_off = d_mo;
+    return a;
+}
+
 /* force_split: > 0 the decode kernel with splits of that many keys, 0
  * with the planner's split, < 0 the tiled prefill kernel (the tokens of
  * a sequence contiguous in the batch). */
@@ -389,25 +444,10 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
     }
     /* a shuffled block table over a pool with spare blocks */
     int pool_blocks = n_blocks + 5;
-    int *perm = malloc(sizeof(int) * pool_blocks);
-    for (int i = 0; i < pool_blocks; i++)
-        perm[i] = i;
-    for (int i = pool_blocks - 1; i > 0; i--) {
-        int j = (int)(urand() % (uint32_t)(i + 1)), x = perm[i];
-        perm[i] = perm[j];
-        perm[j] = x;
-    }
+    int *perm = shuffled_blocks(pool_blocks);
     size_t cache_n = (size_t)pool_blocks * BS * kv_dim;
     uint8_t *kc = malloc(cache_n), *vc = malloc(cache_n);
-    for (size_t i = 0; i < cache_n; i++) {
-        uint8_t k = (uint8_t)urand(), v = (uint8_t)urand();
-        /* no NaN codes; magnitudes up to 448 in places */
-        kc[i] = e4m3_nan(k) ? (uint8_t)(k & 0xF7) : k;
-        vc[i] = e4m3_nan(v) ? (uint8_t)(v & 0xF7) : v;
-        /* keep most keys moderate so the softmax is not one-hot */
-        if ((kc[i] & 0x78) > 0x48)
-            kc[i] = (uint8_t)(kc[i] & 0xC7);
-    }
+    random_kv_codes(kc, vc, cache_n);
     float scale[2 * 8 + 2 * 8];
     for (int h = 0; h < 2 * nkv; h++)
         scale[h] = 0.01f + 0.2f * (float)(urand() % 1000) / 1000.0f;
@@ -453,24 +493,11 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
     CK(cudaMalloc(&d_out, sizeof(uint16_t) * (size_t)n * nh * hd));
     CK(cudaMemset(d_out, 0xFF, sizeof(uint16_t) * (size_t)n * nh * hd));
 
-    cuda_attn_args_t a;
-    memset(&a, 0, sizeof(a));
-    a.n_heads = nh;
-    a.n_kv_heads = nkv;
-    a.head_dim = hd;
-    a.block_size = BS;
-    a.scale = 1.0f / sqrtf((float)hd);
+    cuda_attn_args_t a = kv8_attn_args(ac, pool_blocks, d_scale, d_bt,
+                                       d_masks, d_kvl, d_bto, d_ctx, d_mo);
     a.d_q = d_q;
     a.d_k_cache = d_k;
     a.d_v_cache = d_v;
-    a.kv_slots = (long long)pool_blocks * BS;
-    a.d_kv_scale = d_scale;
-    a.d_block_tables = d_bt;
-    a.d_masks = d_masks;
-    a.d_kv_len = d_kvl;
-    a.d_bt_off = d_bto;
-    a.d_ctx_len = d_ctx;
-    a.d_mask_off = d_mo;
     a.d_out = d_out;
     if (force_split < 0) {
         int tiles[64][CUDA_PREFILL_TILE_INTS], n_tiles = 0;
@@ -701,25 +728,12 @@ static void fused_rope_run(const attn_case_t *ac, int rope_half, bool bias,
         max_kv = kv_len[t] > max_kv ? kv_len[t] : max_kv;
     }
     const int pool_blocks = n_blocks + 3;
-    int *perm = malloc(sizeof(int) * pool_blocks);
-    for (int i = 0; i < pool_blocks; i++)
-        perm[i] = i;
-    for (int i = pool_blocks - 1; i > 0; i--) {
-        int j = (int)(urand() % (uint32_t)(i + 1)), x = perm[i];
-        perm[i] = perm[j];
-        perm[j] = x;
-    }
+    int *perm = shuffled_blocks(pool_blocks);
     for (int t = 0; t < n; t++)
         slot[t] = perm[bt_off[t] + ctx[t] / BS] * BS + ctx[t] % BS;
     const size_t cache_n = (size_t)pool_blocks * BS * kv_dim;
     uint8_t *kc = malloc(cache_n), *vc = malloc(cache_n);
-    for (size_t i = 0; i < cache_n; i++) {
-        uint8_t k = (uint8_t)urand(), v = (uint8_t)urand();
-        kc[i] = e4m3_nan(k) ? (uint8_t)(k & 0xF7) : k;
-        vc[i] = e4m3_nan(v) ? (uint8_t)(v & 0xF7) : v;
-        if ((kc[i] & 0x78) > 0x48)
-            kc[i] = (uint8_t)(kc[i] & 0xC7);
-    }
+    random_kv_codes(kc, vc, cache_n);
     for (int t = 0; t < n; t++) /* the fused run must write these */
         for (int e = 0; e < kv_dim; e++) {
             kc[(size_t)slot[t] * kv_dim + e] = 0x7F;
@@ -791,21 +805,8 @@ static void fused_rope_run(const attn_case_t *ac, int rope_half, bool bias,
     ra.d_k_cache = d_k[0];
     ra.d_v_cache = d_v[0];
     ra.d_kv_scale = d_scale;
-    cuda_attn_args_t a;
-    memset(&a, 0, sizeof(a));
-    a.n_heads = nh;
-    a.n_kv_heads = nkv;
-    a.head_dim = hd;
-    a.block_size = BS;
-    a.scale = 1.0f / sqrtf((float)hd);
-    a.kv_slots = (long long)pool_blocks * BS;
-    a.d_kv_scale = d_scale;
-    a.d_block_tables = d_bt;
-    a.d_masks = d_masks;
-    a.d_kv_len = d_kvl;
-    a.d_bt_off = d_bto;
-    a.d_ctx_len = d_ctx;
-    a.d_mask_off = d_mo;
+    cuda_attn_args_t a = kv8_attn_args(ac, pool_blocks, d_scale, d_bt,
+                                       d_masks, d_kvl, d_bto, d_ctx, d_mo);
     /* 0: the two kernels; 1: fused, d_q poisoned */
     OK(cuda_rope_kv(&ra, CUDA_DT_BF16, 0));
     a.d_q = d_q;
