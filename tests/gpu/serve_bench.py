@@ -320,16 +320,8 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
         return
     errs = j.get("errors", j.get("failed", 0))
     failed += errs
-    if errs:  # why, in the log that comes back (worker logs may not)
-        first = j.get("first_errors") or [{}]
-        log("%s: %d failed %s, first: %s" % (
-            mode, errs, json.dumps(j.get("errors_by_code", {})),
-            first[0].get("message", r.stderr.strip()[-300:])))
-        for name, _ in cl.procs:
-            bad = [ln for ln in cl.logtext(name).splitlines()
-                   if " ERROR " in ln or " WARN " in ln][:5]
-            for ln in bad:
-                log("  %s: %s" % (name, ln[:300]))
+    if errs:
+        log_failures(cl, mode, j, errs, r.stderr.strip()[-300:])
     ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
     tok_s = j.get("tok_per_s", j.get("output_tok_per_s", 0))
     rows.append((mode + " " + label,
@@ -347,6 +339,21 @@ def bench(cl, mode, plen, olen, conc, n, label, shared=0, args=None):
         phase_note(before, scrape(), "%s %s %s/%d c%s" % (
             mode, label, plen, olen, conc))
     write_table()
+
+
+def log_failures(cl, what, j, errs, stderr=""):
+    """Why a run's requests failed, in the log that comes back (worker
+    logs may not): the bench's error codes and first message, then each
+    worker's first ERROR / WARN lines."""
+    first = j.get("first_errors") or [{}]
+    log("%s: %d failed %s, first: %s" % (
+        what, errs, json.dumps(j.get("errors_by_code", {})),
+        first[0].get("message", stderr)))
+    for name, _ in cl.procs:
+        bad = [ln for ln in cl.logtext(name).splitlines()
+               if " ERROR " in ln or " WARN " in ln][:5]
+        for ln in bad:
+            log("  %s: %s" % (name, ln[:300]))
 
 
 def sweep(cl, mode, plen, olen, rates, n):
@@ -380,6 +387,9 @@ def sweep(cl, mode, plen, olen, rates, n):
     for j in runs if isinstance(runs, list) else [runs]:
         errs = j.get("failed", j.get("errors", 0))
         failed += errs
+        if errs:
+            log_failures(cl, "%s sweep at %s req/s" % (
+                mode, j.get("rate_label", j.get("rate"))), j, errs)
         tok_s = j.get("tok_per_s", 0)
         ttft, tpot = j.get("ttft_ms", {}), j.get("tpot_ms", {})
         sweep_rows.append((

@@ -365,11 +365,12 @@ bt_status_t kv_winpool_take(kv_winpool_t *p, int n_blocks,
         if (p->thread_busy == 0 || p->live + need > p->cfg.budget ||
             pthread_cond_timedwait(&p->cond, &p->lock, &until) != 0) {
             p->claimed = 0;
-            status = BT_ERROR(BT_ERR_NO_RESOURCE, "KV", "windows: %zu of "
-                              "%zu MiB taken", p->live >> 20,
-                              p->cfg.budget >> 20);
+            /* back-pressure, not a failure: the caller asks again (no
+             * ERROR line every 20 ms while a loaded receiver is full) */
+            BT_LOG_DEBUG("KV", "windows: %zu of %zu MiB taken",
+                         p->live >> 20, p->cfg.budget >> 20);
             pthread_mutex_unlock(&p->lock);
-            return status;
+            return BT_ERR_NO_RESOURCE;
         }
     }
     /* room first: releasing what is pending, then what is ready asked
