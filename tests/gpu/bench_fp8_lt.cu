@@ -5,7 +5,7 @@
  * per-token and per-row scale vectors inside the GEMM (vec, as
  * worker_gemm_fp8 runs it) and with plain f32 sums (the scaling pass
  * not counted), each timed alone after an L2 flush (median of 7).  Why
- * gemm.c's FP8 tuner times the plain plan at decode counts: H100,
+ * gemm_fp8.c's tuner times the plain plan at decode counts: H100,
  * 2026-12-06, the vec plan has one algorithm and no split, o at 64
  * tokens 18.5 us (0.91 TB/s of weights) against the plain plan's 13.8,
  * down 45.7 against 32.1; splits never won.  Prints a BEST line a shape.

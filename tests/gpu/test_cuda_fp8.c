@@ -988,7 +988,7 @@ static void skinny_small(bufs_t *b)
  * worker_gemm_fp8_force_cublaslt, checked against the reference) on the
  * 8B decode shapes at 16, 32 and 64 tokens, both timed on the same
  * inputs, then one INFO row per shape and token count (us and GB/s of
- * weights): where gemm.c's routing bound should be; and the skinny
+ * weights): where gemm_fp8.c's routing bound should be; and the skinny
  * GEMM's mma fallback at 9, 33 and 64 tokens. */
 static void skinny_paths(bufs_t *b)
 {

@@ -46,6 +46,8 @@
  * family, which the next start re-tunes).  The file's key names the device, the
  * libraries, the GEMV variants and the tuning variables above, so a
  * file from another combination is ignored and rewritten.
+ * The FP8 products and their tuner are gemm_fp8.c; what the two files
+ * share (the context, plans, picks, scratch) is gemm_int.h.
  */
 #include "gemm.h"
 
@@ -60,146 +62,16 @@
 #include <string.h>
 
 #include "bt_alloc.h"
-#include "bt_fp8.h"
 #include "bt_log.h"
 #include "bt_util.h"
 #include "cuda_switches.h"
 #include "gemm_cache.h"
+#include "gemm_int.h"
 #include "kernels/fp8.h"
 #include "kernels/gemv.h"
 
-#define GEMM_MAX_PLANS 256
-#define GEMM_MAX_TUNED 1024
-#define GEMM_TUNE_MAX_TOK 128   /* largest tuned token bucket */
-#define GEMM_TUNE_BUCKETS 8     /* 1, 2, 4, ..., GEMM_TUNE_MAX_TOK */
-_Static_assert(1 << (GEMM_TUNE_BUCKETS - 1) == GEMM_TUNE_MAX_TOK,
-               "one bucket a power of two up to GEMM_TUNE_MAX_TOK");
-#define GEMM_TC_COUNTERS 4096   /* split-K tile counters of the tc GEMV */
-/* its partials: at most 2 blocks per SM x 128 tokens x 128 rows of f32
- * (kernels/gemv_tc.cu splits only up to 2 blocks per SM), 132 SMs */
-#define GEMM_TC_PART_BYTES ((size_t)2 * 132 * 128 * 128 * 4)
-#define GEMM_LT_CANDS 4         /* cuBLASLt heuristic algorithms timed */
-#define GEMM_LT_CANDS_BIG 8     /* ... for prefill shapes */
-#define GEMM_LT_SPLIT_BASES 2   /* heuristic picks given split-K variants */
-#define GEMM_LT_ALGOS_MAX 80    /* heuristic picks + their split-K variants */
-#define GEMM_TUNE_CANDS_MAX (CUDA_GEMV_N_KERNELS + GEMM_LT_ALGOS_MAX)
-#define GEMM_BIG_STEP 256       /* prefill n_tok tuned: multiples of this */
-#define GEMM_BIG_MAX 8192       /* ... up to this */
-#define GEMM_TUNE_REPS 5
-#define GEMM_FINAL_MAX 6        /* skinny candidates timed again at most */
-#define GEMM_FINAL_REPS 12      /* ... interleaved runs each */
-#define GEMM_FINAL_MARGIN 0.04f /* ... when within 4% (+0.2 us) of the best */
-#define GEMM_FLUSH_BYTES (128u << 20) /* > L2 (50 MB on H100/H200) */
-#define GEMM_CHOICE_LT 100      /* choice >= this: cuBLASLt algo (c - 100) */
-#define GEMM_LEAD_DEFAULT 1     /* skinny candidates timed behind a lead */
-/* The input dtype of an FP8 plan (worker_gemm_fp8): E4M3 A and B, f32 D
- * with rows padded to 16 floats; never a cuda_dtype_t of the kernels. */
-#define GEMM_DT_E4M3 ((cuda_dtype_t)0x38)
-#define GEMM_FP8_BAD_MAX 64
-#define GEMM_FP8_TOK_ALIGN 16   /* FP8 plans' token counts: multiples */
-#define GEMM_FP8_CANDS 16       /* cuBLASLt FP8 algorithms timed */
-/* FP8 token counts the skinny GEMM takes from cuBLASLt (above the GEMV's
- * 8; decode graphs pad to powers of two): H100, 2026-12-06, bench_cuda
- * fp8 + FP8 KV @2k, every shape to it against cuBLASLt from 9 tokens,
- * A B A B: batch 16 4.94 / 4.92 against 5.69 / 5.72 ms, batch 32 6.01 /
- * 6.01 against 6.48 / 6.49, batch 64 8.58 / 8.57 against 8.14 / 8.14
- * (its split-K partials weigh half the o projection's weights there;
- * reducing them through a thread-block cluster lost at 16 and 32 and
- * stayed behind cuBLASLt at 64: 8.31 ms). */
-#define GEMM_FP8_SKINNY_ROUTE_MAX 32
-/* FP8 token counts whose tuning also times the plain plan (f32 sums and
- * the scaling pass) and the skinny GEMM: decode's, where cuBLASLt's one
- * vec algorithm reads o / down at 0.9-1.3 TB/s (H100, 2026-12-06,
- * tests/gpu/bench_fp8_lt.cu).  Above it the vec plan alone (prefill;
- * a serving step's first use of a count stays cheap to tune). */
-#define GEMM_FP8_DECODE_TOK_MAX 512
 
-/* How a tuned FP8 product runs (workbench of gemm_fp8_tune). */
-typedef enum {
-    GEMM_FP8_VEC = 0,  /* cuBLASLt, the scale vectors inside */
-    GEMM_FP8_PLAIN,    /* cuBLASLt f32 sums, then the scaling pass */
-    GEMM_FP8_SKINNY    /* the skinny GEMM in pieces of 64 tokens */
-} gemm_fp8_path_t;
-
-/* One planned shape. */
-typedef struct {
-    int n_tok;
-    int n_out;
-    int n_in;
-    cuda_dtype_t in_dt;
-    cuda_dtype_t out_dt;
-    bool accumulate;
-    bool fp8_vec;                  /* E4M3, the scale vectors applied in
-                                    * the GEMM, D = y itself (rows n_out) */
-    cublasLtMatmulDesc_t op;       /* compute type, transposes */
-    cublasLtMatrixLayout_t a;      /* w */
-    cublasLtMatrixLayout_t b;      /* x */
-    cublasLtMatrixLayout_t d;      /* y */
-    cublasLtMatmulAlgo_t algo;     /* the heuristic's first choice */
-} gemm_plan_t;
-
-/* One tuned (bucket, weight shape): the winner and its time. */
-typedef struct {
-    int bucket;                    /* token count tuned (power of two) */
-    int n_out;
-    int n_in;
-    cuda_dtype_t out_dt;
-    int kind;                      /* gemm_cache_kind_t: bf16 or FP8 */
-    bool accumulate;               /* FP8 only: y += */
-    int choice;                    /* cuda_gemv_kernel_t, or GEMM_CHOICE_LT + i */
-    cublasLtMatmulAlgo_t algo;     /* the cuBLASLt winner's algorithm */
-    float us;                      /* its median time */
-    int fp8_path;                  /* FP8: gemm_fp8_path_t */
-} gemm_tuned_t;
-
-struct worker_gemm_ctx_s {
-    cublasLtHandle_t handle;
-    void *d_ws;                    /* workspace, ws_bytes */
-    size_t ws_bytes;
-    /* split-K scratch of the tc GEMV (kernels/gemv_tc.cu): its own
-     * partials buffer (not d_ws: a cuBLASLt kernel that launched early
-     * behind a programmatic trigger must never share memory with a tc
-     * reduction still running) and tile counters (zeroed once) */
-    float *d_part;
-    int *d_cnt;
-    cuda_gemv_ws_t gemv_ws;
-    gemm_plan_t *plans;            /* (GEMM_MAX_PLANS) */
-    int n_plans;
-    bool use_gemv;                 /* skinny shapes to cuda_gemv (BT_GEMV) */
-    bool tune;                     /* autotune skinny shapes (BT_GEMM_TUNE) */
-    gemm_tuned_t *tuned;           /* (GEMM_MAX_TUNED) */
-    int n_tuned;
-    uint64_t setups;               /* plans built + families tuned */
-    /* The tuner's file (BT_GEMM_CACHE; cache_path NULL: none) and the
-     * entries it held for this key when the context was created. */
-    char *cache_path;
-    char cache_key[GEMM_CACHE_KEY_MAX];
-    gemm_cache_entry_t *cached;    /* (GEMM_MAX_TUNED) */
-    int n_cached;
-    int cache_hits;                /* families installed from the file */
-    /* FP8 shapes cuBLASLt has no algorithm for (asked once each) */
-    int fp8_bad[GEMM_FP8_BAD_MAX][3];
-    int n_fp8_bad;
-    /* FP8 with the scale vectors in the GEMM: -1 not probed yet, 0 the
-     * library does not run it (f32 sums + cuda_fp8_scale_out), 1 it does */
-    int fp8_vec;
-    bool fp8_force_epilogue;       /* worker_gemm_fp8_force_epilogue */
-    bool fp8_skinny;               /* the skinny FP8 GEMM is usable (its
-                                      shared-memory limits are set) */
-    bool fp8_force_cublaslt;       /* worker_gemm_fp8_force_cublaslt */
-    bool fp8_fast_accum;           /* every E4M3 plan in fast
-                                      accumulation (BT_FP8_FAST_ACCUM=0:
-                                      none) */
-    /* (n_tok, n_out, ld, out_dt, accumulate) without such an algorithm */
-    int fp8_vec_bad[GEMM_FP8_BAD_MAX][5];
-    int n_fp8_vec_bad;
-    /* FP8 shapes (n_out, ld, out_dt, acc) whose decode counts were tuned
-     * (gemm_fp8_tune_decode: once each, whatever came of it) */
-    int fp8_dec_done[GEMM_FP8_BAD_MAX][4];
-    int n_fp8_dec_done;
-};
-
-static bt_status_t gemm_check(cublasStatus_t st, const char *what)
+bt_status_t gemm_check(cublasStatus_t st, const char *what)
 {
     if (st == CUBLAS_STATUS_SUCCESS)
         return BT_OK;
@@ -208,7 +80,6 @@ static bt_status_t gemm_check(cublasStatus_t st, const char *what)
 }
 
 static void gemm_cache_open(worker_gemm_ctx_t *ctx);
-static void gemm_cache_save(worker_gemm_ctx_t *ctx);
 
 bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
                                    worker_gemm_ctx_t **ctx_p)
@@ -339,7 +210,7 @@ static cudaDataType_t gemm_cuda_type(cuda_dtype_t dt)
     return dt == CUDA_DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
 }
 
-static const char *gemm_dt_name(cuda_dtype_t dt)
+const char *gemm_dt_name(cuda_dtype_t dt)
 {
     return dt == GEMM_DT_E4M3 ? "e4m3" : dt == CUDA_DT_F32 ? "f32" : "bf16";
 }
@@ -354,10 +225,10 @@ static int gemm_ldd(const gemm_plan_t *p)
 
 /* The heuristic's first n_req algorithms for plan p's descriptors (at
  * most the workspace) into res, their count into *n_p (0: none). */
-static bt_status_t gemm_lt_heuristic(worker_gemm_ctx_t *ctx,
-                                     const gemm_plan_t *p, int n_req,
-                                     cublasLtMatmulHeuristicResult_t *res,
-                                     int *n_p)
+bt_status_t gemm_lt_heuristic(worker_gemm_ctx_t *ctx,
+                              const gemm_plan_t *p, int n_req,
+                              cublasLtMatmulHeuristicResult_t *res,
+                              int *n_p)
 {
     cublasLtMatmulPreference_t pref = NULL;
     bt_status_t status;
@@ -476,11 +347,11 @@ err:
 /* The plan of a shape (fp8_vec: an E4M3 plan with the scale vectors in
  * the GEMM), built on first use.  The pointer stays valid until the next
  * plan is built (the oldest is recycled past GEMM_MAX_PLANS). */
-static bt_status_t gemm_plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
-                                       int n_out, int n_in,
-                                       cuda_dtype_t in_dt,
-                                       cuda_dtype_t out_dt, bool accumulate,
-                                       bool fp8_vec, gemm_plan_t **plan_p)
+bt_status_t gemm_plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
+                                int n_out, int n_in,
+                                cuda_dtype_t in_dt,
+                                cuda_dtype_t out_dt, bool accumulate,
+                                bool fp8_vec, gemm_plan_t **plan_p)
 {
     gemm_plan_t *p;
     bt_status_t status;
@@ -519,10 +390,10 @@ static bt_status_t gemm_plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
     return BT_OK;
 }
 
-static bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
-                                  int n_out, int n_in, cuda_dtype_t in_dt,
-                                  cuda_dtype_t out_dt, bool accumulate,
-                                  gemm_plan_t **plan_p)
+bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
+                           int n_out, int n_in, cuda_dtype_t in_dt,
+                           cuda_dtype_t out_dt, bool accumulate,
+                           gemm_plan_t **plan_p)
 {
     return gemm_plan_find_kind(ctx, n_tok, n_out, n_in, in_dt, out_dt,
                                accumulate, false, plan_p);
@@ -569,10 +440,10 @@ static int gemm_bucket(int n_tok)
     return b;
 }
 
-static gemm_tuned_t *gemm_tuned_find_kind(worker_gemm_ctx_t *ctx,
-                                          int bucket, int n_out, int n_in,
-                                          cuda_dtype_t out_dt, int kind,
-                                          bool accumulate)
+gemm_tuned_t *gemm_tuned_find_kind(worker_gemm_ctx_t *ctx,
+                                   int bucket, int n_out, int n_in,
+                                   cuda_dtype_t out_dt, int kind,
+                                   bool accumulate)
 {
     for (int i = 0; i < ctx->n_tuned; i++) {
         gemm_tuned_t *t = &ctx->tuned[i];
@@ -609,44 +480,12 @@ static bool gemm_gemv_disabled(int k)
     return false;
 }
 
-/* How a skinny candidate is timed.  In a decode step
- * every skinny product runs inside a CUDA graph behind a small kernel (an
- * RMSNorm, SwiGLU, the attention).  Timed alone on the stream after the
- * L2 flush, a candidate also pays the stream's launch latency, and a
- * split-K pick its second launch, neither of which the graph has, and a
- * pick that wins on the stream can start late behind its RMSNorm in the
- * graph (round 21 of docs/PERFORMANCE.md).  So
- * by default each candidate of a bucket <= GEMM_TUNE_MAX_TOK is captured
- * as a graph behind a lead (cuda_gemv_tune_lead: an RMSNorm's traffic for
- * the candidate's input shape) and timed as the
- * graph's time minus the lead's alone.  The lead never triggers early
- * (gemv.h says why).  Where capture fails (the legacy default stream) the
- * two are launched on the stream. */
-typedef enum {
-    GEMM_LEAD_NONE = 0,
-    GEMM_LEAD_STREAM,    /* lead + candidate launched on the stream */
-    GEMM_LEAD_GRAPH      /* lead + candidate captured as one graph */
-} gemm_lead_t;
-
-/* Scratch of one family's tuning. */
-typedef struct {
-    void *d_x;           /* (GEMM_TUNE_MAX_TOK, n_in) bf16, pseudo-random */
-    void *d_y;           /* (GEMM_TUNE_MAX_TOK, n_out) out_dt */
-    void *d_ref;         /* same: cuBLASLt's result */
-    void *d_flush;       /* GEMM_FLUSH_BYTES; its head also holds the
-                          * lead's zeroed f32 input and its output */
-    double *d_err;       /* 3 doubles */
-    cudaEvent_t ev[2];
-    gemm_lead_t lead_mode; /* of the family */
-    gemm_lead_t lead;    /* of the bucket being tuned */
-    float lead_us;       /* the lead's own median time in that bucket */
-} gemm_scratch_t;
 
 /* The tuners' scratch after the caller zeroed it: outputs y and ref of
  * y_bytes, the flush buffer, the error sums, two events.  The bf16 tuner
  * adds its inputs (d_x); gemm_scratch_free undoes either, also after a
  * failure part way. */
-static bt_status_t gemm_scratch_alloc(gemm_scratch_t *sc, size_t y_bytes)
+bt_status_t gemm_scratch_alloc(gemm_scratch_t *sc, size_t y_bytes)
 {
     bt_status_t status;
 
@@ -666,7 +505,7 @@ static bt_status_t gemm_scratch_alloc(gemm_scratch_t *sc, size_t y_bytes)
     return status;
 }
 
-static void gemm_scratch_free(gemm_scratch_t *sc)
+void gemm_scratch_free(gemm_scratch_t *sc)
 {
     if (sc->ev[1])
         cudaEventDestroy(sc->ev[1]);
@@ -803,8 +642,8 @@ static bt_status_t gemm_cand_once(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 
 /* The median of t[0 .. n) in microseconds (t in ms; sorts t), less the
  * lead's time behind a lead when `less_lead`. */
-static float gemm_median_us(float *t, int n, const gemm_scratch_t *sc,
-                            bool less_lead)
+float gemm_median_us(float *t, int n, const gemm_scratch_t *sc,
+                     bool less_lead)
 {
     float us;
 
@@ -984,8 +823,8 @@ static const uint32_t gemm_lt_reductions[] = {
 /* Appends to algos (n_algos of at most GEMM_LT_ALGOS_MAX) the split-K
  * variants of algos[0 .. GEMM_LT_SPLIT_BASES) that cuBLASLt accepts for
  * plan p within the workspace and that are not listed yet. */
-static void gemm_lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
-                               cublasLtMatmulAlgo_t *algos, int *n_algos)
+void gemm_lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                        cublasLtMatmulAlgo_t *algos, int *n_algos)
 {
     const int n_base = BT_MIN(*n_algos, GEMM_LT_SPLIT_BASES);
 
@@ -1043,8 +882,8 @@ static void gemm_lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 
 /* "ltI", or for a split-K variant (I >= n_heur) "ltI/kS" + the reduction
  * scheme's letter (i in place, c compute type, o output type). */
-static void gemm_lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
-                         char *buf, size_t size)
+void gemm_lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
+                  char *buf, size_t size)
 {
     int32_t split = 1;
     uint32_t red = 0;
@@ -1453,7 +1292,7 @@ static void gemm_cache_open(worker_gemm_ctx_t *ctx)
                 ctx->n_cached, ctx->cache_key);
 }
 
-static const gemm_cache_entry_t *gemm_cache_find(
+const gemm_cache_entry_t *gemm_cache_find(
     const gemm_cache_entry_t *e, int n, int bucket, int n_out, int n_in,
     cuda_dtype_t out_dt, int kind, bool accumulate)
 {
@@ -1538,7 +1377,7 @@ static bool gemm_cache_install(worker_gemm_ctx_t *ctx, int n_out, int n_in,
 
 /* Merges this context's picks into the file: its own entries, then
  * those the file holds now (another process's) for other shapes. */
-static void gemm_cache_save(worker_gemm_ctx_t *ctx)
+void gemm_cache_save(worker_gemm_ctx_t *ctx)
 {
     gemm_cache_entry_t *all, *disk;
     char *text = NULL;
@@ -1609,7 +1448,7 @@ static int gemm_forced(void)
     return cuda_gemv_kernel_by_name(env);
 }
 
-static bool gemm_capturing(cudaStream_t stream)
+bool gemm_capturing(cudaStream_t stream)
 {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 
@@ -1714,980 +1553,4 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (status != BT_OK)
         return status;
     return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_y, accumulate, stream);
-}
-
-// ---------------------------------------------------------------------
-// FP8 (precision fp8, kernels/fp8.h)
-//
-// Up to CUDA_GEMV_FP8_MAX_TOK tokens: the FP8 GEMV (the weights read once
-// at the bandwidth limit).  Up to GEMM_FP8_SKINNY_ROUTE_MAX: the skinny
-// FP8 GEMM (kernels/gemm_fp8_skinny.cu: the weights read once on the
-// tensor cores; cuBLASLt's kernels, tiled for prefill, read these shapes
-// well below bandwidth), unless worker_gemm_fp8_force_cublaslt.  Both go
-// under worker_gemm_fp8_t.gemv ("the codes, no cuBLASLt").  More:
-// cuBLASLt's FP8 GEMM (E4M3 A and B in
-// the "TN" layout Hopper's FP8 kernels require -- A = w transposed, as
-// every plan here -- f32 compute, fast accumulation unless
-// BT_FP8_FAST_ACCUM=0), in one of two
-// ways, decided once per context (gemm_fp8_vec_probe, logged once):
-//   vec: the weight scales (one per output row, cuBLASLt's m) and the
-//     input scales (one per token, its n) as CUBLASLT_MATMUL_MATRIX_SCALE_
-//     OUTER_VEC_32F vectors, so the GEMM's own epilogue scales and writes
-//     y directly: bf16, or the f32 residual with beta = 1 (C = D = y).
-//     One plan per exact token count; prefill counts (multiples of
-//     GEMM_BIG_STEP up to GEMM_BIG_MAX) timed among GEMM_FP8_CANDS of the
-//     heuristic's algorithms at their first uncaptured use (the warm-up's
-//     prompts), each checked against the first, the fastest kept and
-//     cached in the tuner's file (gemm_cache.h kind FP8_VEC).  Per-tensor
-//     scales are the same call: the input kernels write a scale per token
-//     either way and a checkpoint's tensor scale is repeated per row.
-//   epilogue (the library does not run vec, a shape it has no vec
-//     algorithm for, or worker_gemm_fp8_force_epilogue): f32 sums into the
-//     caller's scratch, then cuda_fp8_scale_out multiplies by the token's
-//     and the row's scale and writes y.  Tokens go through in chunks of as
-//     many rows as the scratch holds, each planned with its token count
-//     rounded up to 16 (the extra input rows are whatever d_xq holds
-//     there, and their output columns are never read: a column of the
-//     product depends on its own input row only).  Heuristic algorithm,
-//     not tuned.
-// A shape cuBLASLt has no epilogue algorithm for (odd sizes of the tiny
-// models) takes the skinny GEMM in groups of CUDA_GEMM_FP8_SKINNY_MAX_TOK
-// tokens (the GEMV in groups of CUDA_GEMV_FP8_MAX_TOK without it), with
-// one WARN.
-
-/* Tokens per cuBLASLt call: what the scratch holds in whole groups of
- * GEMM_FP8_TOK_ALIGN, at most n_tok (0: not even one group). */
-static int gemm_fp8_chunk(int n_tok, int n_out, size_t acc_floats)
-{
-    size_t rows = acc_floats / (size_t)cuda_fp8_ld(n_out) /
-                  GEMM_FP8_TOK_ALIGN * GEMM_FP8_TOK_ALIGN;
-
-    return (int)BT_MIN(rows, (size_t)n_tok);
-}
-
-/* The token count a chunk of n tokens is planned with. */
-static int gemm_fp8_plan_tok(int n)
-{
-    return (n + GEMM_FP8_TOK_ALIGN - 1) / GEMM_FP8_TOK_ALIGN *
-           GEMM_FP8_TOK_ALIGN;
-}
-
-/* The cuBLASLt FP8 plan of n_tok x n_out x ld, or NULL when cuBLASLt
- * has none (logged once per shape, then remembered; the error is
- * cleared: the caller falls back). */
-static gemm_plan_t *gemm_fp8_plan(worker_gemm_ctx_t *ctx, int n_tok,
-                                  int n_out, int ld)
-{
-    gemm_plan_t *p = NULL;
-
-    for (int i = 0; i < ctx->n_fp8_bad; i++)
-        if (ctx->fp8_bad[i][0] == n_tok && ctx->fp8_bad[i][1] == n_out &&
-            ctx->fp8_bad[i][2] == ld)
-            return NULL;
-    if (gemm_plan_find(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, CUDA_DT_F32,
-                       false, &p) != BT_OK) {
-        bt_error_clear();
-        (void)cudaGetLastError();
-        if (ctx->n_fp8_bad < GEMM_FP8_BAD_MAX) {
-            ctx->fp8_bad[ctx->n_fp8_bad][0] = n_tok;
-            ctx->fp8_bad[ctx->n_fp8_bad][1] = n_out;
-            ctx->fp8_bad[ctx->n_fp8_bad][2] = ld;
-            ctx->n_fp8_bad++;
-        }
-        return NULL;
-    }
-    return p;
-}
-
-/* True when the skinny FP8 GEMM takes a product of n_tok tokens that
- * the GEMV does not (in pieces of CUDA_GEMM_FP8_SKINNY_MAX_TOK when
- * cuBLASLt cannot: worker_gemm_fp8_gemv). */
-static bool gemm_fp8_skinny_takes(const worker_gemm_ctx_t *ctx, int n_tok,
-                                  int n_out, int ld)
-{
-    return ctx->fp8_skinny && !ctx->fp8_force_cublaslt &&
-           n_tok > CUDA_GEMV_FP8_MAX_TOK &&
-           n_tok <= GEMM_FP8_SKINNY_ROUTE_MAX &&
-           cuda_gemm_fp8_skinny_ok(n_tok, n_out, ld);
-}
-
-bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                          int ld, size_t acc_floats)
-{
-    int chunk = gemm_fp8_chunk(n_tok, n_out, acc_floats);
-
-    if (n_tok <= CUDA_GEMV_FP8_MAX_TOK || chunk < 1 ||
-        gemm_fp8_skinny_takes(ctx, n_tok, n_out, ld))
-        return true;
-    if (gemm_fp8_plan(ctx, gemm_fp8_plan_tok(chunk), n_out, ld) == NULL ||
-        (n_tok % chunk != 0 &&
-         gemm_fp8_plan(ctx, gemm_fp8_plan_tok(n_tok % chunk), n_out,
-                       ld) == NULL)) {
-        static bool warned;
-
-        if (!warned)
-            BT_LOG_WARN("CUDA", "cuBLASLt has no FP8 algorithm for %d x %d "
-                        "x %d: the skinny FP8 GEMM takes it in pieces "
-                        "(slower)", n_tok, n_out, ld);
-        warned = true;
-        return true;
-    }
-    return false;
-}
-
-/* Enqueues plan p (fp8_vec) with algorithm algo: y [+]= (xq . wq^T) *
- * xs[t] * ws[n], written by the GEMM itself. */
-static bt_status_t gemm_fp8_vec_run(worker_gemm_ctx_t *ctx,
-                                    const gemm_plan_t *p,
-                                    const cublasLtMatmulAlgo_t *algo,
-                                    const worker_gemm_fp8_t *a, void *d_y,
-                                    bool accumulate, cudaStream_t stream)
-{
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    bt_status_t status;
-
-    status = gemm_check(cublasLtMatmulDescSetAttribute(
-        p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a->d_ws,
-        sizeof(a->d_ws)), "A scale pointer");
-    if (status == BT_OK)
-        status = gemm_check(cublasLtMatmulDescSetAttribute(
-            p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a->d_xs,
-            sizeof(a->d_xs)), "B scale pointer");
-    if (status != BT_OK)
-        return status;
-    return gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq, p->a,
-                                     a->d_xq, p->b, &beta, d_y, p->d, d_y,
-                                     p->d, algo, ctx->d_ws, ctx->ws_bytes,
-                                     stream),
-                      "fp8 matmul (scale vectors)");
-}
-
-/* The probe's product: PT tokens, PO rows, PK columns of small integers
- * (exact in E4M3, exact sums), scales that differ per token and row. */
-enum { GEMM_PROBE_T = 32, GEMM_PROBE_O = 64, GEMM_PROBE_K = 64 };
-
-static float gemm_probe_x(int t, int k)
-{
-    return (float)((t * 3 + k * 5) % 7 - 3);
-}
-
-static float gemm_probe_w(int n, int k)
-{
-    return (float)((n * 5 + k * 3) % 5 - 2);
-}
-
-static float gemm_probe_xs(int t)
-{
-    return 0.25f * (float)(1 + t % 5);
-}
-
-static float gemm_probe_ws(int n)
-{
-    return 0.5f + 0.125f * (float)(n % 9);
-}
-
-/* One probe product on the device (bufs d, layout as gemm_fp8_vec_probe
- * makes it): bf16 out, or f32 += onto ones; true when every value is the
- * exact product within the output's rounding. */
-static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, bool acc,
-                               cudaStream_t stream)
-{
-    const size_t xq_off = 0, wq_off = 4096, xs_off = 8192, ws_off = 8448;
-    const size_t y_off = 8704, ny = (size_t)GEMM_PROBE_T * GEMM_PROBE_O;
-    const cuda_dtype_t out_dt = acc ? CUDA_DT_F32 : CUDA_DT_BF16;
-    const worker_gemm_fp8_t a = {
-        (const uint8_t *)(d + xq_off), NULL, (const float *)(d + xs_off),
-        (const uint8_t *)(d + wq_off), (const float *)(d + ws_off), NULL, 0,
-        false };
-    float h_y[GEMM_PROBE_T * GEMM_PROBE_O];
-    uint16_t h_b[GEMM_PROBE_T * GEMM_PROBE_O];
-    gemm_plan_t *p;
-
-    for (size_t i = 0; i < ny; i++)
-        h_y[i] = 1.0f;
-    if (gemm_plan_find_kind(ctx, GEMM_PROBE_T, GEMM_PROBE_O, GEMM_PROBE_K,
-                            GEMM_DT_E4M3, out_dt, acc, true, &p) != BT_OK ||
-        BT_CUDA_STATUS(cudaMemcpyAsync(d + y_off, h_y, sizeof(h_y),
-                                       cudaMemcpyHostToDevice, stream)) !=
-            BT_OK ||
-        gemm_fp8_vec_run(ctx, p, &p->algo, &a, d + y_off, acc, stream) !=
-            BT_OK ||
-        BT_CUDA_STATUS(cudaMemcpyAsync(acc ? (void *)h_y : (void *)h_b,
-                                       d + y_off,
-                                       ny * cuda_dtype_size(out_dt),
-                                       cudaMemcpyDeviceToHost, stream)) !=
-            BT_OK ||
-        BT_CUDA_STATUS(cudaStreamSynchronize(stream)) != BT_OK)
-        return false;
-    for (int t = 0; t < GEMM_PROBE_T; t++)
-        for (int n = 0; n < GEMM_PROBE_O; n++) {
-            const size_t i = (size_t)t * GEMM_PROBE_O + n;
-            float sum = 0.0f, want, got;
-            uint32_t u;
-
-            for (int k = 0; k < GEMM_PROBE_K; k++)
-                sum += gemm_probe_x(t, k) * gemm_probe_w(n, k);
-            want = sum * gemm_probe_xs(t) * gemm_probe_ws(n) +
-                   (acc ? 1.0f : 0.0f);
-            if (acc) {
-                got = h_y[i];
-            } else {
-                u = (uint32_t)h_b[i] << 16;
-                memcpy(&got, &u, sizeof(got));
-            }
-            if (!(fabsf(got - want) <= (acc ? 1e-5f : 8e-3f) * fabsf(want) +
-                                           1e-6f))
-                return false;
-        }
-    return true;
-}
-
-/* Decides ctx->fp8_vec once: does cuBLASLt run the FP8 GEMM with the
- * scale vectors inside it, and get it right (a library can accept the
- * mode at plan time and refuse it at the call, and a result that ignored
- * a vector would be a wrong token, so the probe multiplies and checks)?
- * Not during capture (it synchronizes the stream). */
-static void gemm_fp8_vec_probe(worker_gemm_ctx_t *ctx, cudaStream_t stream)
-{
-    enum { BYTES = 8704 + GEMM_PROBE_T * GEMM_PROBE_O * 4 };
-    uint8_t h_q[8192];          /* x codes at 0, w codes at 4096 */
-    float h_s[GEMM_PROBE_T + GEMM_PROBE_O]; /* xs at 8192, ws at 8448 */
-    char *d = NULL;
-    bool ok;
-
-    bt_error_clear(); /* what is logged below is the probe's */
-    memset(h_q, 0, sizeof(h_q));
-    for (int t = 0; t < GEMM_PROBE_T; t++)
-        for (int k = 0; k < GEMM_PROBE_K; k++)
-            h_q[t * GEMM_PROBE_K + k] = bt_f32_to_e4m3(gemm_probe_x(t, k));
-    for (int n = 0; n < GEMM_PROBE_O; n++)
-        for (int k = 0; k < GEMM_PROBE_K; k++)
-            h_q[4096 + n * GEMM_PROBE_K + k] =
-                bt_f32_to_e4m3(gemm_probe_w(n, k));
-    ok = cuda__dev_malloc((void **)&d, BYTES, "gemm_fp8_probe") == BT_OK;
-    if (ok) {
-        for (int t = 0; t < GEMM_PROBE_T; t++)
-            h_s[t] = gemm_probe_xs(t);
-        for (int n = 0; n < GEMM_PROBE_O; n++)
-            h_s[GEMM_PROBE_T + n] = gemm_probe_ws(n);
-        ok = BT_CUDA_STATUS(cudaMemcpyAsync(d, h_q, sizeof(h_q),
-                                            cudaMemcpyHostToDevice,
-                                            stream)) == BT_OK &&
-             BT_CUDA_STATUS(cudaMemcpyAsync(d + 8192, h_s,
-                                            GEMM_PROBE_T * sizeof(float),
-                                            cudaMemcpyHostToDevice,
-                                            stream)) == BT_OK &&
-             BT_CUDA_STATUS(cudaMemcpyAsync(d + 8448, h_s + GEMM_PROBE_T,
-                                            GEMM_PROBE_O * sizeof(float),
-                                            cudaMemcpyHostToDevice,
-                                            stream)) == BT_OK &&
-             gemm_fp8_probe_one(ctx, d, false, stream) &&
-             gemm_fp8_probe_one(ctx, d, true, stream);
-    }
-    (void)cudaStreamSynchronize(stream);
-    cuda__dev_free((void **)&d);
-    ctx->fp8_vec = ok ? 1 : 0;
-    if (ok) {
-        BT_LOG_INFO("CUDA", "FP8 GEMM: cuBLASLt applies the per-token and "
-                    "per-row scales inside the GEMM and writes the output "
-                    "directly");
-    } else {
-        BT_LOG_WARN("CUDA", "FP8 GEMM: cuBLASLt does not run the FP8 GEMM "
-                    "with per-token and per-row scale vectors here (%s): "
-                    "f32 sums and a scaling pass instead (slower)",
-                    *bt_error_last() ? bt_error_last() : "wrong result");
-        bt_error_clear();
-        (void)cudaGetLastError();
-    }
-}
-
-/* The plain FP8 GEMM of n_tok tokens with algorithm algo of plan p
- * (gemm_fp8_plan: f32 sums into a->d_acc), then the scaling pass into
- * d_y; the caller checked that the sums fit a->d_acc. */
-static bt_status_t gemm_fp8_plain_run(worker_gemm_ctx_t *ctx,
-                                      const gemm_plan_t *p,
-                                      const cublasLtMatmulAlgo_t *algo,
-                                      const worker_gemm_fp8_t *a, int n_tok,
-                                      void *d_y, cuda_dtype_t out_dt,
-                                      bool accumulate, cudaStream_t stream)
-{
-    const float one = 1.0f, zero = 0.0f;
-    bt_status_t status;
-
-    status = gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
-                                       p->a, a->d_xq, p->b, &zero, a->d_acc,
-                                       p->d, a->d_acc, p->d, algo, ctx->d_ws,
-                                       ctx->ws_bytes, stream),
-                        "fp8 matmul");
-    if (status == BT_OK)
-        status = cuda_fp8_scale_out(a->d_acc, cuda_fp8_ld(p->n_out),
-                                    a->d_xs, a->d_ws, n_tok, p->n_out, d_y,
-                                    out_dt, accumulate, stream);
-    return status;
-}
-
-/* The skinny FP8 GEMM over n_tok tokens in pieces of
- * CUDA_GEMM_FP8_SKINNY_MAX_TOK. */
-static bt_status_t gemm_fp8_skinny_run(worker_gemm_ctx_t *ctx, int n_tok,
-                                       int n_out, int ld,
-                                       const worker_gemm_fp8_t *a, void *d_y,
-                                       cuda_dtype_t out_dt, bool accumulate,
-                                       cudaStream_t stream)
-{
-    const size_t es = cuda_dtype_size(out_dt);
-    bt_status_t status = BT_OK;
-
-    for (int t0 = 0; t0 < n_tok && status == BT_OK;
-         t0 += CUDA_GEMM_FP8_SKINNY_MAX_TOK) {
-        const int n = BT_MIN(CUDA_GEMM_FP8_SKINNY_MAX_TOK, n_tok - t0);
-
-        status = cuda_gemm_fp8_skinny(
-            n, n_out, ld, a->d_xq + (size_t)t0 * ld, a->d_xs + t0, a->d_wq,
-            a->d_ws, (char *)d_y + (size_t)t0 * n_out * es, out_dt,
-            accumulate, true, &ctx->gemv_ws, stream);
-    }
-    return status;
-}
-
-/* One FP8 candidate: the vec plan's algorithm, the plain plan's, or the
- * skinny GEMM (p and algo unused). */
-static bt_status_t gemm_fp8_cand_run(worker_gemm_ctx_t *ctx,
-                                     const gemm_plan_t *p,
-                                     const cublasLtMatmulAlgo_t *algo,
-                                     const worker_gemm_fp8_t *a, int n_tok,
-                                     int n_out, int ld, void *d_y,
-                                     cuda_dtype_t out_dt, bool acc,
-                                     gemm_fp8_path_t path,
-                                     cudaStream_t stream)
-{
-    if (path == GEMM_FP8_SKINNY)
-        return gemm_fp8_skinny_run(ctx, n_tok, n_out, ld, a, d_y, out_dt,
-                                   acc, stream);
-    return path == GEMM_FP8_PLAIN
-               ? gemm_fp8_plain_run(ctx, p, algo, a, n_tok, d_y, out_dt, acc,
-                                    stream)
-               : gemm_fp8_vec_run(ctx, p, algo, a, d_y, acc, stream);
-}
-
-/* Median time in us of one candidate's run into d_y, over
- * GEMM_TUNE_REPS runs after an L2 flush each (one untimed run first). */
-static bt_status_t gemm_fp8_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
-                                 const cublasLtMatmulAlgo_t *algo,
-                                 const worker_gemm_fp8_t *a, int n_tok,
-                                 int n_out, int ld, void *d_y,
-                                 cuda_dtype_t out_dt, bool acc,
-                                 gemm_fp8_path_t path, gemm_scratch_t *sc,
-                                 cudaStream_t stream, float *us_p)
-{
-    float t[GEMM_TUNE_REPS];
-    bt_status_t status;
-
-    status = gemm_fp8_cand_run(ctx, p, algo, a, n_tok, n_out, ld, d_y,
-                               out_dt, acc, path, stream);
-    for (int r = 0; r < GEMM_TUNE_REPS && status == BT_OK; r++) {
-        status = cuda_l2_flush(sc->d_flush, GEMM_FLUSH_BYTES, stream);
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[0], stream));
-        if (status == BT_OK)
-            status = gemm_fp8_cand_run(ctx, p, algo, a, n_tok, n_out, ld,
-                                       d_y, out_dt, acc, path, stream);
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventRecord(sc->ev[1], stream));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventSynchronize(sc->ev[1]));
-        if (status == BT_OK)
-            status = BT_CUDA_STATUS(cudaEventElapsedTime(&t[r], sc->ev[0],
-                                                         sc->ev[1]));
-    }
-    if (status != BT_OK)
-        return status;
-    *us_p = gemm_median_us(t, GEMM_TUNE_REPS, sc, false);
-    return BT_OK;
-}
-
-/* Relative difference of d_y from sc->d_ref (n values of dt); > 1 when
- * anything is not finite. */
-static bt_status_t gemm_fp8_rel(const void *d_y, gemm_scratch_t *sc,
-                                size_t n, cuda_dtype_t dt,
-                                cudaStream_t stream, double *rel_p)
-{
-    double h[3];
-    bt_status_t status;
-
-    status = cuda_gemv_rel_err(d_y, sc->d_ref, n, dt, sc->d_err, stream);
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaMemcpyAsync(h, sc->d_err, sizeof(h),
-                                                cudaMemcpyDeviceToHost,
-                                                stream));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
-    if (status != BT_OK)
-        return status;
-    *rel_p = h[2] > 0 ? 2.0 : sqrt(h[0] / (h[1] > 0 ? h[1] : 1.0));
-    return BT_OK;
-}
-
-/* Where a decode count's FP8 product may take the plain plan (its f32
- * sums fit a->d_acc) and the skinny GEMM (in pieces of 64): the tuner's
- * candidates, and what a cached pick must still meet. */
-static bool gemm_fp8_plain_can(int n_tok, int n_out,
-                               const worker_gemm_fp8_t *a)
-{
-    return n_tok <= GEMM_FP8_DECODE_TOK_MAX &&
-           n_tok % GEMM_FP8_TOK_ALIGN == 0 &&
-           (size_t)n_tok * cuda_fp8_ld(n_out) <= a->acc_floats;
-}
-
-static bool gemm_fp8_skinny_can(const worker_gemm_ctx_t *ctx, int n_tok,
-                                int n_out, int ld)
-{
-    return ctx->fp8_skinny && n_tok <= GEMM_TUNE_MAX_TOK &&
-           cuda_gemm_fp8_skinny_ok(BT_MIN(n_tok,
-                                          CUDA_GEMM_FP8_SKINNY_MAX_TOK),
-                                   n_out, ld);
-}
-
-/* The tuner's plan of a candidate, found again for each use: building
- * one may recycle another's slot (gemm_plan_find_kind). */
-static gemm_plan_t *gemm_fp8_tune_plan(worker_gemm_ctx_t *ctx, int n_tok,
-                                       int n_out, int ld,
-                                       cuda_dtype_t out_dt, bool acc,
-                                       bool plain)
-{
-    gemm_plan_t *p = NULL;
-
-    if (plain)
-        return gemm_fp8_plan(ctx, n_tok, n_out, ld);
-    return gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
-                               acc, true, &p) == BT_OK
-               ? p
-               : NULL;
-}
-
-/* Times the heuristic's first GEMM_FP8_CANDS algorithms for the vec plan
- * of (n_tok, n_out, ld, out_dt, acc) on the caller's inputs (read only;
- * the outputs go to scratch), each checked against the first, and adds
- * the fastest to ctx->tuned (then the cache file).  Where the f32 sums
- * fit a->d_acc, the plain plan's algorithms and their K splits run too,
- * each with the scaling pass (workbench: cuBLASLt offers the vec plan
- * one algorithm and no split, and o / down at 64 tokens read their
- * weights at 1.0-1.6 TB/s).  A failure keeps the heuristic's first
- * algorithm (WARN). */
-static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                          int ld, cuda_dtype_t out_dt, bool acc,
-                          const worker_gemm_fp8_t *a, cudaStream_t stream)
-{
-    cublasLtMatmulHeuristicResult_t res[GEMM_FP8_CANDS];
-    cublasLtMatmulAlgo_t algos[GEMM_FP8_CANDS + GEMM_LT_ALGOS_MAX];
-    const size_t ny = (size_t)n_tok * n_out;
-    const size_t y_bytes = ny * cuda_dtype_size(out_dt);
-    const double flop = 2.0 * n_tok * (double)n_out * ld;
-    gemm_scratch_t sc;
-    gemm_plan_t *p = NULL, *pp;
-    gemm_tuned_t *t;
-    char line[2048], best_name[32] = "";
-    size_t len = 0;
-    int n_res = 0, n_vec = 0, n_plain = 0, n_pheur = 0, n_skinny, best = -1;
-    gemm_fp8_path_t best_path = GEMM_FP8_VEC;
-    float best_us = 0.0f;
-    bt_status_t status;
-    double t0 = bt_time_s();
-
-    ctx->setups++;
-    memset(&sc, 0, sizeof(sc));
-    if (gemm_fp8_plain_can(n_tok, n_out, a) &&
-        (pp = gemm_fp8_plan(ctx, n_tok, n_out, ld)) != NULL &&
-        gemm_lt_heuristic(ctx, pp, GEMM_FP8_CANDS, res, &n_pheur) == BT_OK) {
-        cublasLtMatmulAlgo_t *pa = algos + GEMM_FP8_CANDS;
-
-        for (int i = 0; i < n_pheur; i++)
-            pa[i] = res[i].algo;
-        n_plain = n_pheur;
-        gemm_lt_add_splits(ctx, pp, pa, &n_plain);
-    }
-    bt_error_clear();
-    status = gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
-                                 acc, true, &p);
-    if (status == BT_OK)
-        status = gemm_lt_heuristic(ctx, p, GEMM_FP8_CANDS, res, &n_res);
-    for (int i = 0; i < n_res; i++)
-        algos[i] = res[i].algo;
-    n_vec = n_res;
-    if (status == BT_OK)
-        status = gemm_scratch_alloc(&sc, y_bytes);
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_flush, 0,
-                                                GEMM_FLUSH_BYTES, stream));
-    /* the reference: the heuristic's first algorithm (onto zeros) */
-    if (status == BT_OK && n_res > 0)
-        status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_ref, 0, y_bytes,
-                                                stream));
-    if (status == BT_OK && n_res > 0 &&
-        (p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc,
-                                false)) == NULL)
-        status = BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 vec plan lost");
-    if (status == BT_OK && n_res > 0)
-        status = gemm_fp8_vec_run(ctx, p, &algos[0], a, sc.d_ref, acc,
-                                  stream);
-    n_skinny = gemm_fp8_skinny_can(ctx, n_tok, n_out, ld);
-    for (int c = 0;
-         c < n_vec + n_plain + n_skinny && status == BT_OK && n_res > 0;
-         c++) {
-        const gemm_fp8_path_t path = c < n_vec             ? GEMM_FP8_VEC
-                                     : c < n_vec + n_plain ? GEMM_FP8_PLAIN
-                                                           : GEMM_FP8_SKINNY;
-        const bool plain = path == GEMM_FP8_PLAIN;
-        /* the candidate's algorithm (the skinny GEMM has none) */
-        const int i = plain                    ? GEMM_FP8_CANDS + (c - n_vec)
-                      : path == GEMM_FP8_VEC ? c
-                                             : 0;
-        const gemm_plan_t *cp =
-            path == GEMM_FP8_SKINNY
-                ? NULL
-                : gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc,
-                                     plain);
-        char name[32];
-        double rel = 0.0;
-        float us = 0.0f;
-
-        if (cp == NULL && path != GEMM_FP8_SKINNY) {
-            bt_error_clear();
-            continue;
-        }
-        if (path == GEMM_FP8_SKINNY) {
-            snprintf(name, sizeof(name), "skinny");
-        } else if (plain) {
-            gemm_lt_name(algos + GEMM_FP8_CANDS, c - n_vec, n_pheur, name,
-                         sizeof(name));
-            name[0] = 'p'; /* "pt3", "pt3/k4c": the plain plan's */
-        } else {
-            snprintf(name, sizeof(name), "lt%d", c);
-        }
-        /* each candidate must write every value (NaN bytes first), and
-         * agree with the first */
-        if (BT_CUDA_STATUS(cudaMemsetAsync(sc.d_y, acc ? 0 : 0xFF, y_bytes,
-                                           stream)) != BT_OK ||
-            gemm_fp8_cand_run(ctx, cp, &algos[i], a, n_tok, n_out, ld,
-                              sc.d_y, out_dt, acc, path, stream) != BT_OK ||
-            gemm_fp8_rel(sc.d_y, &sc, ny, out_dt, stream, &rel) != BT_OK) {
-            bt_error_clear();
-            (void)cudaGetLastError();
-            continue; /* an algorithm that does not run */
-        }
-        if (!(rel <= 2e-2)) {
-            BT_LOG_WARN("CUDA", "gemm tune fp8: %s disagrees with lt0 at "
-                        "t=%d o=%d ld=%d (rel err %.3g): dropped", name,
-                        n_tok, n_out, ld, rel);
-            continue;
-        }
-        if (gemm_fp8_time(ctx, cp, &algos[i], a, n_tok, n_out, ld, sc.d_y,
-                          out_dt, acc, path, &sc, stream, &us) != BT_OK) {
-            bt_error_clear();
-            (void)cudaGetLastError();
-            continue;
-        }
-        if (len < sizeof(line))
-            len += (size_t)snprintf(line + len, sizeof(line) - len,
-                                    "%s%s %.1f", len ? ", " : "", name, us);
-        if (best < 0 || us < best_us) {
-            best = i;
-            best_path = path;
-            best_us = us;
-            snprintf(best_name, sizeof(best_name), "%s", name);
-        }
-    }
-    (void)cudaStreamSynchronize(stream);
-    (void)cudaGetLastError();
-    /* an entry even on failure (the heuristic's pick): a shape is tried
-     * once, not at every call */
-    if (p != NULL)
-        p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc, false);
-    if (p != NULL && ctx->n_tuned < GEMM_MAX_TUNED) {
-        t = &ctx->tuned[ctx->n_tuned++];
-        memset(t, 0, sizeof(*t));
-        t->bucket = n_tok;
-        t->n_out = n_out;
-        t->n_in = ld;
-        t->out_dt = out_dt;
-        t->kind = GEMM_CACHE_KIND_FP8_VEC;
-        t->accumulate = acc;
-        t->fp8_path = best < 0 ? GEMM_FP8_VEC : best_path;
-        t->choice = GEMM_CHOICE_LT + (best < 0 ? 0 : best);
-        t->algo = best < 0 || best_path == GEMM_FP8_SKINNY ? p->algo
-                                                            : algos[best];
-        t->us = best < 0 ? -1.0f : best_us;
-    }
-    if (status != BT_OK || best < 0) {
-        BT_LOG_WARN("CUDA", "gemm tune fp8 t=%d o=%d ld=%d failed: the "
-                    "heuristic's algorithm", n_tok, n_out, ld);
-        bt_error_clear();
-    } else {
-        BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d out=%s%s: %s "
-                    "%.1f us (%.0f TFLOP/s) [%s us] in %.0f ms", n_tok,
-                    n_out, ld, gemm_dt_name(out_dt), acc ? " +=" : "",
-                    best_name, best_us, flop / (best_us * 1e-6) / 1e12, line,
-                    (bt_time_s() - t0) * 1e3);
-        if (ctx->cache_path != NULL)
-            gemm_cache_save(ctx);
-    }
-    gemm_scratch_free(&sc);
-}
-
-/* Installs the cache file's pick for the vec plan p, when it is there
- * and can run: the vec or the plain plan's algorithm still accepted by
- * cublasLtMatmulAlgoCheck within the workspace (the plain one's f32 sums
- * within a->d_acc), or the skinny GEMM where it is built. */
-static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
-                                   const gemm_plan_t *p,
-                                   const worker_gemm_fp8_t *a)
-{
-    const int n_tok = p->n_tok, n_out = p->n_out, n_in = p->n_in;
-    const cuda_dtype_t out_dt = p->out_dt;
-    const bool acc = p->accumulate;
-    const gemm_cache_entry_t *e;
-    const gemm_plan_t *ap = p;
-    cublasLtMatmulHeuristicResult_t chk;
-    gemm_tuned_t *t;
-    int path = GEMM_FP8_VEC;
-
-    if (ctx->n_cached == 0 || ctx->n_tuned == GEMM_MAX_TUNED)
-        return false;
-    e = gemm_cache_find(ctx->cached, ctx->n_cached, n_tok, n_out, n_in,
-                        out_dt, GEMM_CACHE_KIND_FP8_VEC, acc);
-    if (e == NULL)
-        return false;
-    if (strcmp(e->choice, "skinny") == 0)
-        path = GEMM_FP8_SKINNY;
-    else if (e->choice[0] == 'p')
-        path = GEMM_FP8_PLAIN;
-    if ((path == GEMM_FP8_SKINNY) == (e->lt != 0))
-        return false; /* an algorithm for the skinny GEMM, or none */
-    if (path == GEMM_FP8_SKINNY &&
-        !gemm_fp8_skinny_can(ctx, n_tok, n_out, n_in))
-        return false;
-    if (path == GEMM_FP8_PLAIN &&
-        (!gemm_fp8_plain_can(n_tok, n_out, a) ||
-         (ap = gemm_fp8_plan(ctx, n_tok, n_out, n_in)) == NULL)) {
-        bt_error_clear();
-        return false;
-    }
-    t = &ctx->tuned[ctx->n_tuned];
-    memset(t, 0, sizeof(*t));
-    memcpy(&t->algo, e->algo, sizeof(t->algo));
-    memset(&chk, 0, sizeof(chk));
-    if (path != GEMM_FP8_SKINNY &&
-        (cublasLtMatmulAlgoCheck(ctx->handle, ap->op, ap->a, ap->b, ap->d,
-                                 ap->d, &t->algo,
-                                 &chk) != CUBLAS_STATUS_SUCCESS ||
-         chk.workspaceSize > ctx->ws_bytes))
-        return false;
-    t->bucket = n_tok;
-    t->n_out = n_out;
-    t->n_in = n_in;
-    t->out_dt = out_dt;
-    t->kind = GEMM_CACHE_KIND_FP8_VEC;
-    t->accumulate = acc;
-    t->fp8_path = path;
-    t->choice = GEMM_CHOICE_LT +
-                (path == GEMM_FP8_SKINNY ? 0 : atoi(e->choice + 2));
-    t->us = e->us;
-    ctx->n_tuned++;
-    ctx->setups++;
-    ctx->cache_hits++;
-    BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d: %s from %s", n_tok,
-                n_out, n_in, e->choice, ctx->cache_path);
-    return true;
-}
-
-/* Decode graphs' FP8 token counts past the skinny GEMM's route: a graph
- * is captured without an uncaptured run of its own, so these are tuned
- * together at a weight shape's first uncaptured use (a 16-token warm-up
- * prompt), on inputs of the tuner's own (E4M3 1.0, unit scales). */
-static const int gemm_fp8_decode_toks[] = {64, 128, 256,
-                                           GEMM_FP8_DECODE_TOK_MAX};
-
-static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
-                                 cuda_dtype_t out_dt, bool acc,
-                                 const worker_gemm_fp8_t *a,
-                                 cudaStream_t stream)
-{
-    const int key[4] = { n_out, ld, (int)out_dt, acc };
-    const int n_dec = (int)BT_ARRAY_SIZE(gemm_fp8_decode_toks);
-    float ones[GEMM_FP8_DECODE_TOK_MAX];
-    worker_gemm_fp8_t in = *a;
-    bool todo[BT_ARRAY_SIZE(gemm_fp8_decode_toks)], any = false;
-    uint8_t *d_x = NULL;
-    float *d_s = NULL;
-
-    if (!ctx->tune || ctx->fp8_force_epilogue)
-        return;
-    for (int i = 0; i < ctx->n_fp8_dec_done; i++)
-        if (memcmp(ctx->fp8_dec_done[i], key, sizeof(key)) == 0)
-            return;
-    if (ctx->n_fp8_dec_done == GEMM_FP8_BAD_MAX ||
-        ctx->n_tuned + n_dec > GEMM_MAX_TUNED || gemm_capturing(stream))
-        return;
-    memcpy(ctx->fp8_dec_done[ctx->n_fp8_dec_done++], key, sizeof(key));
-    if (ctx->fp8_vec < 0)
-        gemm_fp8_vec_probe(ctx, stream);
-    if (ctx->fp8_vec == 0)
-        return;
-    /* the cache file's picks first: timing needs inputs of our own */
-    for (int i = 0; i < n_dec; i++) {
-        const int n_tok = gemm_fp8_decode_toks[i];
-        gemm_plan_t *p = NULL;
-
-        todo[i] = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
-                                       GEMM_CACHE_KIND_FP8_VEC, acc) == NULL &&
-                  gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
-                                      out_dt, acc, true, &p) == BT_OK &&
-                  !gemm_fp8_cache_install(ctx, p, a);
-        any |= todo[i];
-        bt_error_clear();
-    }
-    if (!any)
-        return;
-    for (int i = 0; i < GEMM_FP8_DECODE_TOK_MAX; i++)
-        ones[i] = 1.0f;
-    if (cudaMalloc((void **)&d_x, (size_t)GEMM_FP8_DECODE_TOK_MAX * ld) !=
-            cudaSuccess ||
-        cudaMalloc((void **)&d_s, sizeof(ones)) != cudaSuccess ||
-        cudaMemsetAsync(d_x, 0x38, (size_t)GEMM_FP8_DECODE_TOK_MAX * ld,
-                        stream) != cudaSuccess ||
-        cudaMemcpyAsync(d_s, ones, sizeof(ones), cudaMemcpyHostToDevice,
-                        stream) != cudaSuccess) {
-        (void)cudaGetLastError();
-        BT_LOG_WARN("CUDA", "FP8 decode shapes %d x %d not tuned: no scratch "
-                    "inputs", n_out, ld);
-        cudaFree(d_x);
-        cudaFree(d_s);
-        return;
-    }
-    in.d_xq = d_x;
-    in.d_xs = d_s;
-    in.gemv = false;
-    for (int i = 0; i < n_dec; i++)
-        if (todo[i])
-            gemm_fp8_tune(ctx, gemm_fp8_decode_toks[i], n_out, ld, out_dt,
-                          acc, &in, stream);
-    bt_error_clear();
-    (void)cudaStreamSynchronize(stream);
-    cudaFree(d_x);
-    cudaFree(d_s);
-}
-
-/* Sends a shape to the epilogue path for good: cuBLASLt has no vec
- * algorithm for it, or refused the call (logged once per shape, with
- * the library's reason; the error is cleared). */
-static void gemm_fp8_vec_drop(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                              int ld, cuda_dtype_t out_dt, bool acc)
-{
-    const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
-
-    BT_LOG_INFO("CUDA", "FP8 GEMM %d x %d x %d (out %s%s): cuBLASLt does "
-                "not run it with scale vectors (%s); f32 sums and a scaling "
-                "pass", n_tok, n_out, ld, gemm_dt_name(out_dt),
-                acc ? " +=" : "", bt_error_last());
-    bt_error_clear();
-    (void)cudaGetLastError();
-    if (ctx->n_fp8_vec_bad < GEMM_FP8_BAD_MAX)
-        memcpy(ctx->fp8_vec_bad[ctx->n_fp8_vec_bad++], key, sizeof(key));
-}
-
-/* Token counts whose FP8 products are timed: prefill's multiples of
- * GEMM_BIG_STEP, and decode graphs' powers of two past the skinny GEMM's
- * (other counts take the heuristic's first algorithm). */
-static bool gemm_fp8_tuned_tok(int n_tok)
-{
-    if (n_tok % GEMM_BIG_STEP == 0)
-        return n_tok <= GEMM_BIG_MAX;
-    return n_tok > GEMM_FP8_SKINNY_ROUTE_MAX && n_tok <= GEMM_TUNE_MAX_TOK &&
-           (n_tok & (n_tok - 1)) == 0;
-}
-
-/* The vec plan for this call and its algorithm (*p_p, *algo_p), or false
- * when the call takes the epilogue path: forced, the library without vec
- * (probed here at the first uncaptured call; a captured call before that
- * takes the epilogue), or no vec algorithm for the shape (logged once).
- * *path_p: how it runs (the tuner's pick; the plain plan's algorithm
- * with the scaling pass, or the skinny GEMM without a plan). */
-static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                              int ld, cuda_dtype_t out_dt, bool acc,
-                              const worker_gemm_fp8_t *a, cudaStream_t stream,
-                              gemm_plan_t **p_p,
-                              const cublasLtMatmulAlgo_t **algo_p,
-                              gemm_fp8_path_t *path_p)
-{
-    const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
-    gemm_tuned_t *t = NULL;
-    gemm_plan_t *p = NULL;
-
-    if (ctx->fp8_force_epilogue)
-        return false;
-    if (ctx->fp8_vec < 0) {
-        if (gemm_capturing(stream))
-            return false;
-        gemm_fp8_vec_probe(ctx, stream);
-    }
-    if (ctx->fp8_vec == 0)
-        return false;
-    for (int i = 0; i < ctx->n_fp8_vec_bad; i++)
-        if (memcmp(ctx->fp8_vec_bad[i], key, sizeof(key)) == 0)
-            return false;
-    *path_p = GEMM_FP8_VEC;
-    if (ctx->tune && gemm_fp8_tuned_tok(n_tok)) {
-        t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
-                                 GEMM_CACHE_KIND_FP8_VEC, acc);
-        if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
-            !gemm_capturing(stream)) {
-            if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
-                                    out_dt, acc, true, &p) == BT_OK &&
-                !gemm_fp8_cache_install(ctx, p, a))
-                gemm_fp8_tune(ctx, n_tok, n_out, ld, out_dt, acc, a, stream);
-            bt_error_clear();
-            t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
-                                     GEMM_CACHE_KIND_FP8_VEC, acc);
-        }
-    }
-    if (t != NULL && t->fp8_path == GEMM_FP8_SKINNY) {
-        *p_p = NULL;
-        *algo_p = NULL;
-        *path_p = GEMM_FP8_SKINNY;
-        return true;
-    }
-    if (t != NULL && t->fp8_path == GEMM_FP8_PLAIN &&
-        (p = gemm_fp8_plan(ctx, n_tok, n_out, ld)) != NULL) {
-        *p_p = p;
-        *algo_p = &t->algo;
-        *path_p = GEMM_FP8_PLAIN;
-        return true;
-    }
-    if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt, acc,
-                            true, &p) != BT_OK) {
-        gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, acc);
-        return false;
-    }
-    *p_p = p;
-    *algo_p = t != NULL ? &t->algo : &p->algo;
-    return true;
-}
-
-void worker_gemm_fp8_force_epilogue(worker_gemm_ctx_t *ctx, bool on)
-{
-    ctx->fp8_force_epilogue = on;
-}
-
-void worker_gemm_fp8_force_cublaslt(worker_gemm_ctx_t *ctx, bool on)
-{
-    ctx->fp8_force_cublaslt = on;
-}
-
-bool worker_gemm_fp8_uses_skinny(const worker_gemm_ctx_t *ctx, int n_tok,
-                                 const worker_gemm_fp8_t *a)
-{
-    return a->gemv && n_tok > CUDA_GEMV_FP8_MAX_TOK && ctx->fp8_skinny;
-}
-
-/* The gemv form of worker_gemm_fp8 (a->gemv): the skinny GEMM in pieces
- * of CUDA_GEMM_FP8_SKINNY_MAX_TOK tokens beyond CUDA_GEMV_FP8_MAX_TOK
- * (where usable), else the GEMV in pieces of CUDA_GEMV_FP8_MAX_TOK. */
-static bt_status_t gemm_fp8_codes_run(worker_gemm_ctx_t *ctx, int n_tok,
-                                      int n_out, int ld,
-                                      const worker_gemm_fp8_t *a, void *d_y,
-                                      cuda_dtype_t out_dt, bool accumulate,
-                                      cudaStream_t stream)
-{
-    const size_t es = cuda_dtype_size(out_dt);
-    bt_status_t status = BT_OK;
-
-    if (worker_gemm_fp8_uses_skinny(ctx, n_tok, a))
-        return gemm_fp8_skinny_run(ctx, n_tok, n_out, ld, a, d_y, out_dt,
-                                   accumulate, stream);
-    for (int t0 = 0; t0 < n_tok && status == BT_OK;
-         t0 += CUDA_GEMV_FP8_MAX_TOK) {
-        const int n = BT_MIN(CUDA_GEMV_FP8_MAX_TOK, n_tok - t0);
-
-        status = cuda_gemv_fp8(
-            n, n_out, ld, a->d_xq != NULL ? a->d_xq + (size_t)t0 * ld : NULL,
-            n_tok == 1 ? a->d_xv : NULL, a->d_xs + t0, a->d_wq, a->d_ws,
-            (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
-            stream);
-    }
-    return status;
-}
-
-bool worker_gemm_fp8_uses_vec(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                              int ld, const worker_gemm_fp8_t *a,
-                              cuda_dtype_t out_dt, bool accumulate,
-                              cudaStream_t stream)
-{
-    gemm_plan_t *p;
-    const cublasLtMatmulAlgo_t *algo;
-    gemm_fp8_path_t path;
-
-    return !a->gemv && n_tok > 0 &&
-           gemm_fp8_vec_pick(ctx, n_tok, n_out, ld, out_dt, accumulate, a,
-                             stream, &p, &algo, &path) &&
-           path == GEMM_FP8_VEC;
-}
-
-bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                            int ld, const worker_gemm_fp8_t *a, void *d_y,
-                            cuda_dtype_t out_dt, bool accumulate,
-                            cudaStream_t stream)
-{
-    const size_t es = cuda_dtype_size(out_dt);
-    const int ldd = cuda_fp8_ld(n_out);
-    const float one = 1.0f, zero = 0.0f;
-    bt_status_t status = BT_OK;
-    int chunk;
-
-    BT_ASSERT(n_tok >= 0 && n_out > 0 && ld > 0 && ld % 16 == 0);
-    if (n_tok == 0)
-        return BT_OK;
-    gemm_fp8_tune_decode(ctx, n_out, ld, out_dt, accumulate, a, stream);
-    if (a->gemv)
-        return gemm_fp8_codes_run(ctx, n_tok, n_out, ld, a, d_y, out_dt,
-                                  accumulate, stream);
-    {
-        gemm_plan_t *p;
-        const cublasLtMatmulAlgo_t *algo;
-        gemm_fp8_path_t path;
-
-        if (gemm_fp8_vec_pick(ctx, n_tok, n_out, ld, out_dt, accumulate, a,
-                              stream, &p, &algo, &path)) {
-            status = gemm_fp8_cand_run(ctx, p, algo, a, n_tok, n_out, ld,
-                                       d_y, out_dt, accumulate, path,
-                                       stream);
-            if (status == BT_OK)
-                return BT_OK;
-            /* refused at the call (cuBLASLt checks its arguments before
-             * it enqueues anything): this shape takes the epilogue from
-             * now on; a device fault fails the epilogue's call as well */
-            gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, accumulate);
-            status = BT_OK;
-        }
-    }
-    chunk = gemm_fp8_chunk(n_tok, n_out, a->acc_floats);
-    for (int t0 = 0; t0 < n_tok && status == BT_OK; t0 += chunk) {
-        int n = BT_MIN(chunk, n_tok - t0);
-        gemm_plan_t *p = gemm_fp8_plan(ctx, gemm_fp8_plan_tok(n), n_out, ld);
-
-        if (p == NULL)  /* planned by worker_gemm_fp8_gemv above */
-            return BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 plan %d x %d x %d "
-                            "lost", n, n_out, ld);
-        status = gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
-                                           p->a,
-                                           a->d_xq + (size_t)t0 * ld, p->b,
-                                           &zero, a->d_acc, p->d, a->d_acc,
-                                           p->d, &p->algo, ctx->d_ws,
-                                           ctx->ws_bytes, stream),
-                            "fp8 matmul");
-        if (status == BT_OK)
-            status = cuda_fp8_scale_out(
-                a->d_acc, ldd, a->d_xs + t0, a->d_ws, n, n_out,
-                (char *)d_y + (size_t)t0 * n_out * es, out_dt, accumulate,
-                stream);
-    }
-    return status;
 }

@@ -77,7 +77,7 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
  * may be read and their products dropped).  Where cuBLASLt applies xs
  * and ws as scale vectors itself (probed once per context at the first
  * uncaptured call, logged once) the GEMM writes y directly, its
- * algorithm tuned per prefill shape (gemm.c); else it writes f32 sums
+ * algorithm tuned per prefill shape (gemm_fp8.c); else it writes f32 sums
  * into the scratch d_acc (acc_floats: at least 16 x cuda_fp8_ld(n_out),
  * more makes fewer calls; else the GEMV takes every shape) and a scaling
  * epilogue writes y.  Safe inside graph capture once the shape was seen

@@ -18,7 +18,7 @@
  * entries for this process (it is rewritten on the next tune).  T tokens
  * (bucket), O x I weight, OUT the kind of product: "bf16" or "f32" (bf16
  * inputs, that output), or for the FP8 GEMM with its scale vectors
- * applied inside cuBLASLt (gemm.c, worker_gemm_fp8) "fp8v-bf16",
+ * applied inside cuBLASLt (gemm_fp8.c, worker_gemm_fp8) "fp8v-bf16",
  * "fp8v-f32", with "+" appended when it accumulates into the output (I
  * is then the codes' row stride); CHOICE a GEMV variant name
  * (kernels/gemv.h) or "ltN" (cuBLASLt, N the candidate's index, kept for
