@@ -31,7 +31,7 @@
  * GEMM_BIG_MAX) are tuned too, exactly, among GEMM_LT_CANDS_BIG cuBLASLt
  * algorithms, at their first uncaptured use.
  * Split-K variants of cuBLASLt's first picks are timed too
- * (gemm_lt_add_splits).  Each candidate is timed after a read-only L2
+ * (gemm__lt_add_splits).  Each candidate is timed after a read-only L2
  * flush (cuda_l2_flush).
  * Switches (cuda_switches.h, read once): BT_GEMM_TUNE=0 turns tuning off;
  * BT_GEMV_FORCE=NAME forces a GEMV variant wherever it supports the shape
@@ -71,7 +71,7 @@
 #include "kernels/gemv.h"
 
 
-bt_status_t gemm_check(cublasStatus_t st, const char *what)
+bt_status_t gemm__check(cublasStatus_t st, const char *what)
 {
     if (st == CUBLAS_STATUS_SUCCESS)
         return BT_OK;
@@ -100,7 +100,7 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
         status = BT_ERR_NO_MEMORY;
         goto err_free_plans;
     }
-    status = gemm_check(cublasLtCreate(&ctx->handle), "create");
+    status = gemm__check(cublasLtCreate(&ctx->handle), "create");
     if (status != BT_OK)
         goto err_free_plans;
     status = cuda__dev_malloc(&ctx->d_ws, ws_bytes, "gemm_workspace");
@@ -210,7 +210,7 @@ static cudaDataType_t gemm_cuda_type(cuda_dtype_t dt)
     return dt == CUDA_DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
 }
 
-const char *gemm_dt_name(cuda_dtype_t dt)
+const char *gemm__dt_name(cuda_dtype_t dt)
 {
     return dt == GEMM_DT_E4M3 ? "e4m3" : dt == CUDA_DT_F32 ? "f32" : "bf16";
 }
@@ -225,22 +225,22 @@ static int gemm_ldd(const gemm_plan_t *p)
 
 /* The heuristic's first n_req algorithms for plan p's descriptors (at
  * most the workspace) into res, their count into *n_p (0: none). */
-bt_status_t gemm_lt_heuristic(worker_gemm_ctx_t *ctx,
-                              const gemm_plan_t *p, int n_req,
-                              cublasLtMatmulHeuristicResult_t *res,
-                              int *n_p)
+bt_status_t gemm__lt_heuristic(worker_gemm_ctx_t *ctx,
+                               const gemm_plan_t *p, int n_req,
+                               cublasLtMatmulHeuristicResult_t *res,
+                               int *n_p)
 {
     cublasLtMatmulPreference_t pref = NULL;
     bt_status_t status;
 
     *n_p = 0;
-    status = gemm_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+    status = gemm__check(cublasLtMatmulPreferenceCreate(&pref), "pref");
     if (status == BT_OK)
-        status = gemm_check(cublasLtMatmulPreferenceSetAttribute(
+        status = gemm__check(cublasLtMatmulPreferenceSetAttribute(
             pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
             sizeof(ctx->ws_bytes)), "pref workspace");
     if (status == BT_OK)
-        status = gemm_check(cublasLtMatmulAlgoGetHeuristic(
+        status = gemm__check(cublasLtMatmulAlgoGetHeuristic(
             ctx->handle, p->op, p->a, p->b, p->d, p->d, pref, n_req, res,
             n_p), "heuristic");
     if (pref)
@@ -256,15 +256,15 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
     int n_res = 0;
     bt_status_t status;
 
-    status = gemm_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F,
-                                                 CUDA_R_32F), "desc");
+    status = gemm__check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F,
+                                                  CUDA_R_32F), "desc");
     if (status != BT_OK)
         goto err;
-    status = gemm_check(cublasLtMatmulDescSetAttribute(
+    status = gemm__check(cublasLtMatmulDescSetAttribute(
         p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
     if (status != BT_OK)
         goto err;
-    status = gemm_check(cublasLtMatmulDescSetAttribute(
+    status = gemm__check(cublasLtMatmulDescSetAttribute(
         p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
     if (status != BT_OK)
         goto err;
@@ -274,19 +274,19 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
          * until then any device address stands in. */
         const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
 
-        status = gemm_check(cublasLtMatmulDescSetAttribute(
+        status = gemm__check(cublasLtMatmulDescSetAttribute(
             p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)),
             "A scale mode");
         if (status == BT_OK)
-            status = gemm_check(cublasLtMatmulDescSetAttribute(
+            status = gemm__check(cublasLtMatmulDescSetAttribute(
                 p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                 sizeof(mode)), "B scale mode");
         if (status == BT_OK)
-            status = gemm_check(cublasLtMatmulDescSetAttribute(
+            status = gemm__check(cublasLtMatmulDescSetAttribute(
                 p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ctx->d_ws,
                 sizeof(ctx->d_ws)), "A scale pointer");
         if (status == BT_OK)
-            status = gemm_check(cublasLtMatmulDescSetAttribute(
+            status = gemm__check(cublasLtMatmulDescSetAttribute(
                 p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ctx->d_ws,
                 sizeof(ctx->d_ws)), "B scale pointer");
         if (status != BT_OK)
@@ -303,37 +303,37 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
          * 2048 37.3 -> 31.6 ms (PERFORMANCE.md). */
         const int8_t on = 1;
 
-        status = gemm_check(cublasLtMatmulDescSetAttribute(
+        status = gemm__check(cublasLtMatmulDescSetAttribute(
             p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)),
             "fast accumulation");
         if (status != BT_OK)
             goto err;
     }
-    status = gemm_check(cublasLtMatrixLayoutCreate(
+    status = gemm__check(cublasLtMatrixLayoutCreate(
         &p->a, gemm_cuda_type(p->in_dt), p->n_in, p->n_out, p->n_in),
         "layout A");
     if (status != BT_OK)
         goto err;
-    status = gemm_check(cublasLtMatrixLayoutCreate(
+    status = gemm__check(cublasLtMatrixLayoutCreate(
         &p->b, gemm_cuda_type(p->in_dt), p->n_in, p->n_tok, p->n_in),
         "layout B");
     if (status != BT_OK)
         goto err;
-    status = gemm_check(cublasLtMatrixLayoutCreate(
+    status = gemm__check(cublasLtMatrixLayoutCreate(
         &p->d, gemm_cuda_type(p->out_dt), p->n_out, p->n_tok, gemm_ldd(p)),
         "layout D");
     if (status != BT_OK)
         goto err;
-    status = gemm_lt_heuristic(ctx, p, 1, &res, &n_res);
+    status = gemm__lt_heuristic(ctx, p, 1, &res, &n_res);
     if (status != BT_OK)
         goto err;
     if (n_res == 0) {
         status = BT_ERROR(BT_ERR_CUDA, "CUDA",
                           "cuBLASLt has no algorithm for %d x %d x %d "
                           "(in %s%s, out %s)", p->n_tok, p->n_out, p->n_in,
-                          gemm_dt_name(p->in_dt),
+                          gemm__dt_name(p->in_dt),
                           p->fp8_vec ? " with scale vectors" : "",
-                          gemm_dt_name(p->out_dt));
+                          gemm__dt_name(p->out_dt));
         goto err;
     }
     p->algo = res.algo;
@@ -347,11 +347,11 @@ err:
 /* The plan of a shape (fp8_vec: an E4M3 plan with the scale vectors in
  * the GEMM), built on first use.  The pointer stays valid until the next
  * plan is built (the oldest is recycled past GEMM_MAX_PLANS). */
-bt_status_t gemm_plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
-                                int n_out, int n_in,
-                                cuda_dtype_t in_dt,
-                                cuda_dtype_t out_dt, bool accumulate,
-                                bool fp8_vec, gemm_plan_t **plan_p)
+bt_status_t gemm__plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
+                                 int n_out, int n_in,
+                                 cuda_dtype_t in_dt,
+                                 cuda_dtype_t out_dt, bool accumulate,
+                                 bool fp8_vec, gemm_plan_t **plan_p)
 {
     gemm_plan_t *p;
     bt_status_t status;
@@ -390,13 +390,13 @@ bt_status_t gemm_plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
     return BT_OK;
 }
 
-bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
-                           int n_out, int n_in, cuda_dtype_t in_dt,
-                           cuda_dtype_t out_dt, bool accumulate,
-                           gemm_plan_t **plan_p)
+bt_status_t gemm__plan_find(worker_gemm_ctx_t *ctx, int n_tok,
+                            int n_out, int n_in, cuda_dtype_t in_dt,
+                            cuda_dtype_t out_dt, bool accumulate,
+                            gemm_plan_t **plan_p)
 {
-    return gemm_plan_find_kind(ctx, n_tok, n_out, n_in, in_dt, out_dt,
-                               accumulate, false, plan_p);
+    return gemm__plan_find_kind(ctx, n_tok, n_out, n_in, in_dt, out_dt,
+                                accumulate, false, plan_p);
 }
 
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx)
@@ -422,10 +422,10 @@ static bt_status_t gemm_lt_run(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
     const float alpha = 1.0f;
     const float beta = accumulate ? 1.0f : 0.0f;
 
-    return gemm_check(cublasLtMatmul(ctx->handle, p->op, &alpha, d_w, p->a,
-                                     d_x, p->b, &beta, d_y, p->d, d_y, p->d,
-                                     algo, ctx->d_ws, ctx->ws_bytes, stream),
-                      "matmul");
+    return gemm__check(cublasLtMatmul(ctx->handle, p->op, &alpha, d_w, p->a,
+                                      d_x, p->b, &beta, d_y, p->d, d_y, p->d,
+                                      algo, ctx->d_ws, ctx->ws_bytes, stream),
+                       "matmul");
 }
 
 // ---------------------------------------------------------------------
@@ -440,10 +440,10 @@ static int gemm_bucket(int n_tok)
     return b;
 }
 
-gemm_tuned_t *gemm_tuned_find_kind(worker_gemm_ctx_t *ctx,
-                                   int bucket, int n_out, int n_in,
-                                   cuda_dtype_t out_dt, int kind,
-                                   bool accumulate)
+gemm_tuned_t *gemm__tuned_find_kind(worker_gemm_ctx_t *ctx,
+                                    int bucket, int n_out, int n_in,
+                                    cuda_dtype_t out_dt, int kind,
+                                    bool accumulate)
 {
     for (int i = 0; i < ctx->n_tuned; i++) {
         gemm_tuned_t *t = &ctx->tuned[i];
@@ -459,8 +459,8 @@ gemm_tuned_t *gemm_tuned_find_kind(worker_gemm_ctx_t *ctx,
 static gemm_tuned_t *gemm_tuned_find(worker_gemm_ctx_t *ctx, int bucket,
                                      int n_out, int n_in, cuda_dtype_t out_dt)
 {
-    return gemm_tuned_find_kind(ctx, bucket, n_out, n_in, out_dt,
-                                GEMM_CACHE_KIND_DENSE, false);
+    return gemm__tuned_find_kind(ctx, bucket, n_out, n_in, out_dt,
+                                 GEMM_CACHE_KIND_DENSE, false);
 }
 
 /* True when variant k is listed in BT_GEMV_DISABLE (comma-separated). */
@@ -483,9 +483,9 @@ static bool gemm_gemv_disabled(int k)
 
 /* The tuners' scratch after the caller zeroed it: outputs y and ref of
  * y_bytes, the flush buffer, the error sums, two events.  The bf16 tuner
- * adds its inputs (d_x); gemm_scratch_free undoes either, also after a
+ * adds its inputs (d_x); gemm__scratch_free undoes either, also after a
  * failure part way. */
-bt_status_t gemm_scratch_alloc(gemm_scratch_t *sc, size_t y_bytes)
+bt_status_t gemm__scratch_alloc(gemm_scratch_t *sc, size_t y_bytes)
 {
     bt_status_t status;
 
@@ -505,7 +505,7 @@ bt_status_t gemm_scratch_alloc(gemm_scratch_t *sc, size_t y_bytes)
     return status;
 }
 
-void gemm_scratch_free(gemm_scratch_t *sc)
+void gemm__scratch_free(gemm_scratch_t *sc)
 {
     if (sc->ev[1])
         cudaEventDestroy(sc->ev[1]);
@@ -642,8 +642,8 @@ static bt_status_t gemm_cand_once(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 
 /* The median of t[0 .. n) in microseconds (t in ms; sorts t), less the
  * lead's time behind a lead when `less_lead`. */
-float gemm_median_us(float *t, int n, const gemm_scratch_t *sc,
-                     bool less_lead)
+float gemm__median_us(float *t, int n, const gemm_scratch_t *sc,
+                      bool less_lead)
 {
     float us;
 
@@ -679,7 +679,7 @@ static bt_status_t gemm_cand_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
         cudaGraphExecDestroy(ge);
     if (status != BT_OK)
         return status;
-    *us_p = gemm_median_us(t, GEMM_TUNE_REPS, sc, c >= 0);
+    *us_p = gemm__median_us(t, GEMM_TUNE_REPS, sc, c >= 0);
     return BT_OK;
 }
 
@@ -738,7 +738,7 @@ static bt_status_t gemm_tune_final(worker_gemm_ctx_t *ctx,
     if (status != BT_OK || n_fin < 2)
         return status;
     for (int f = 0; f < n_fin; f++) {
-        const float m = gemm_median_us(t[f], GEMM_FINAL_REPS, sc, true);
+        const float m = gemm__median_us(t[f], GEMM_FINAL_REPS, sc, true);
         fin_p[f] = fin[f];
         fin_us_p[f] = m;
         if (f == 0 || m < *best_us_p) {
@@ -823,8 +823,8 @@ static const uint32_t gemm_lt_reductions[] = {
 /* Appends to algos (n_algos of at most GEMM_LT_ALGOS_MAX) the split-K
  * variants of algos[0 .. GEMM_LT_SPLIT_BASES) that cuBLASLt accepts for
  * plan p within the workspace and that are not listed yet. */
-void gemm_lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
-                        cublasLtMatmulAlgo_t *algos, int *n_algos)
+void gemm__lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                         cublasLtMatmulAlgo_t *algos, int *n_algos)
 {
     const int n_base = BT_MIN(*n_algos, GEMM_LT_SPLIT_BASES);
 
@@ -882,8 +882,8 @@ void gemm_lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
 
 /* "ltI", or for a split-K variant (I >= n_heur) "ltI/kS" + the reduction
  * scheme's letter (i in place, c compute type, o output type). */
-void gemm_lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
-                  char *buf, size_t size)
+void gemm__lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
+                   char *buf, size_t size)
 {
     int32_t split = 1;
     uint32_t red = 0;
@@ -906,12 +906,12 @@ void gemm_lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
                                                              : "");
 }
 
-/* Candidate cand's name: a GEMV variant's, or gemm_lt_name's. */
+/* Candidate cand's name: a GEMV variant's, or gemm__lt_name's. */
 static void gemm_cand_name(const cublasLtMatmulAlgo_t *algos, int cand,
                            int n_heur, char *buf, size_t size)
 {
     if (cand >= GEMM_CHOICE_LT)
-        gemm_lt_name(algos, cand - GEMM_CHOICE_LT, n_heur, buf, size);
+        gemm__lt_name(algos, cand - GEMM_CHOICE_LT, n_heur, buf, size);
     else
         snprintf(buf, size, "%s",
                  cuda_gemv_kernel_name((cuda_gemv_kernel_t)cand));
@@ -941,7 +941,7 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
     if (p == NULL)
         return BT_ERR_CUDA;
     /* cuBLASLt's candidates: the heuristic's first GEMM_LT_CANDS. */
-    status = gemm_lt_heuristic(ctx, p, n_req, res, &n_algos);
+    status = gemm__lt_heuristic(ctx, p, n_req, res, &n_algos);
     if (status != BT_OK)
         return status;
     for (int i = 0; i < n_algos; i++)
@@ -950,7 +950,7 @@ static bt_status_t gemm_tune_bucket(worker_gemm_ctx_t *ctx, int bucket,
         algos[n_algos++] = p->algo;
     n_heur = n_algos;
     if (bucket >= 3 && bucket <= GEMM_TUNE_MAX_TOK)
-        gemm_lt_add_splits(ctx, p, algos, &n_algos);
+        gemm__lt_add_splits(ctx, p, algos, &n_algos);
     /* The reference output: the heuristic's first algorithm. */
     status = gemm_lt_run(ctx, p, &algos[0], sc->d_x, d_w, sc->d_ref, false,
                          stream);
@@ -1082,7 +1082,7 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
     status = cuda__dev_malloc(&sc.d_x, (size_t)rows * n_in * 2,
                               "gemm_tune_x");
     if (status == BT_OK)
-        status = gemm_scratch_alloc(&sc, ny * es);
+        status = gemm__scratch_alloc(&sc, ny * es);
     if (status == BT_OK)
         status = cuda_gemv_fill(sc.d_x, (size_t)rows * n_in,
                                 0x5eed1234u ^ (uint32_t)n_out, stream);
@@ -1112,9 +1112,9 @@ static void gemm_tune_family(worker_gemm_ctx_t *ctx, int n_out, int n_in,
         BT_LOG_INFO("CUDA", "gemm tune o=%d i=%d%s: %.0f ms", n_out, n_in,
                     big > 0 ? " (prefill)" : "", (bt_time_s() - t0) * 1e3);
         if (ctx->cache_path != NULL)
-            gemm_cache_save(ctx);
+            gemm__cache_save(ctx);
     }
-    gemm_scratch_free(&sc);
+    gemm__scratch_free(&sc);
 }
 
 static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
@@ -1124,7 +1124,7 @@ static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,
 {
     gemm_plan_t *p = NULL;
 
-    if (gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt, false, &p) !=
+    if (gemm__plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt, false, &p) !=
         BT_OK)
         return NULL;
     return p;
@@ -1292,7 +1292,7 @@ static void gemm_cache_open(worker_gemm_ctx_t *ctx)
                 ctx->n_cached, ctx->cache_key);
 }
 
-const gemm_cache_entry_t *gemm_cache_find(
+const gemm_cache_entry_t *gemm__cache_find(
     const gemm_cache_entry_t *e, int n, int bucket, int n_out, int n_in,
     cuda_dtype_t out_dt, int kind, bool accumulate)
 {
@@ -1322,8 +1322,8 @@ static bool gemm_cache_install(worker_gemm_ctx_t *ctx, int n_out, int n_in,
         return false;
     for (int b = first; b <= last; b *= 2) {
         const gemm_cache_entry_t *e =
-            gemm_cache_find(ctx->cached, ctx->n_cached, b, n_out, n_in,
-                            out_dt, GEMM_CACHE_KIND_DENSE, false);
+            gemm__cache_find(ctx->cached, ctx->n_cached, b, n_out, n_in,
+                             out_dt, GEMM_CACHE_KIND_DENSE, false);
         gemm_tuned_t *t = &add[n_add];
 
         if (e == NULL)
@@ -1377,14 +1377,14 @@ static bool gemm_cache_install(worker_gemm_ctx_t *ctx, int n_out, int n_in,
 
 /* Merges this context's picks into the file: its own entries, then
  * those the file holds now (another process's) for other shapes. */
-void gemm_cache_save(worker_gemm_ctx_t *ctx)
+void gemm__cache_save(worker_gemm_ctx_t *ctx)
 {
     gemm_cache_entry_t *all, *disk;
     char *text = NULL;
     size_t len = 0;
     int n = 0, n_disk;
 
-    all = bt_calloc(2 * GEMM_MAX_TUNED, sizeof(*all), "gemm_cache_save");
+    all = bt_calloc(2 * GEMM_MAX_TUNED, sizeof(*all), "gemm__cache_save");
     if (all == NULL) {
         bt_error_clear();
         return;
@@ -1419,10 +1419,10 @@ void gemm_cache_save(worker_gemm_ctx_t *ctx)
     disk = all + n;
     n_disk = gemm_cache_read(ctx, disk);
     for (int i = 0; i < n_disk; i++)
-        if (gemm_cache_find(all, n, disk[i].bucket, disk[i].n_out,
-                            disk[i].n_in,
-                            disk[i].out_f32 ? CUDA_DT_F32 : CUDA_DT_BF16,
-                            disk[i].kind, disk[i].accumulate) == NULL)
+        if (gemm__cache_find(all, n, disk[i].bucket, disk[i].n_out,
+                             disk[i].n_in,
+                             disk[i].out_f32 ? CUDA_DT_F32 : CUDA_DT_BF16,
+                             disk[i].kind, disk[i].accumulate) == NULL)
             all[n++] = disk[i];
     if (gemm_cache_format(ctx->cache_key, all, BT_MIN(n, GEMM_MAX_TUNED),
                           &text, &len) != BT_OK ||
@@ -1448,7 +1448,7 @@ static int gemm_forced(void)
     return cuda_gemv_kernel_by_name(env);
 }
 
-bool gemm_capturing(cudaStream_t stream)
+bool gemm__capturing(cudaStream_t stream)
 {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 
@@ -1509,7 +1509,7 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             if (ctx->tune && t == NULL &&
                 ctx->n_tuned + GEMM_TUNE_BUCKETS <= GEMM_MAX_TUNED &&
                 gemm_tuned_find(ctx, 1, n_out, n_in, out_dt) == NULL &&
-                !gemm_capturing(stream)) {
+                !gemm__capturing(stream)) {
                 if (!gemm_cache_install(ctx, n_out, n_in, out_dt, 0))
                     gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, 0,
                                      stream);
@@ -1531,7 +1531,7 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                 n_tok % GEMM_BIG_STEP == 0 && n_tok <= GEMM_BIG_MAX) {
                 t = gemm_tuned_find(ctx, n_tok, n_out, n_in, out_dt);
                 if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
-                    !gemm_capturing(stream)) {
+                    !gemm__capturing(stream)) {
                     if (!gemm_cache_install(ctx, n_out, n_in, out_dt, n_tok))
                         gemm_tune_family(ctx, n_out, n_in, out_dt, d_w, n_tok,
                                          stream);
@@ -1540,16 +1540,16 @@ bt_status_t worker_gemm(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             }
         }
         if (t != NULL && t->choice >= GEMM_CHOICE_LT && n_tok == t->bucket) {
-            status = gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,
-                                    accumulate, &p);
+            status = gemm__plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,
+                                     accumulate, &p);
             if (status != BT_OK)
                 return status;
             return gemm_lt_run(ctx, p, &t->algo, d_x, d_w, d_y, accumulate,
                                stream);
         }
     }
-    status = gemm_plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,
-                            accumulate, &p);
+    status = gemm__plan_find(ctx, n_tok, n_out, n_in, in_dt, out_dt,
+                             accumulate, &p);
     if (status != BT_OK)
         return status;
     return gemm_lt_run(ctx, p, &p->algo, d_x, d_w, d_y, accumulate, stream);

@@ -87,8 +87,8 @@ static gemm_plan_t *gemm_fp8_plan(worker_gemm_ctx_t *ctx, int n_tok,
         if (ctx->fp8_bad[i][0] == n_tok && ctx->fp8_bad[i][1] == n_out &&
             ctx->fp8_bad[i][2] == ld)
             return NULL;
-    if (gemm_plan_find(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, CUDA_DT_F32,
-                       false, &p) != BT_OK) {
+    if (gemm__plan_find(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, CUDA_DT_F32,
+                        false, &p) != BT_OK) {
         bt_error_clear();
         (void)cudaGetLastError();
         if (ctx->n_fp8_bad < GEMM_FP8_BAD_MAX) {
@@ -149,20 +149,20 @@ static bt_status_t gemm_fp8_vec_run(worker_gemm_ctx_t *ctx,
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     bt_status_t status;
 
-    status = gemm_check(cublasLtMatmulDescSetAttribute(
+    status = gemm__check(cublasLtMatmulDescSetAttribute(
         p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a->d_ws,
         sizeof(a->d_ws)), "A scale pointer");
     if (status == BT_OK)
-        status = gemm_check(cublasLtMatmulDescSetAttribute(
+        status = gemm__check(cublasLtMatmulDescSetAttribute(
             p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a->d_xs,
             sizeof(a->d_xs)), "B scale pointer");
     if (status != BT_OK)
         return status;
-    return gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq, p->a,
-                                     a->d_xq, p->b, &beta, d_y, p->d, d_y,
-                                     p->d, algo, ctx->d_ws, ctx->ws_bytes,
-                                     stream),
-                      "fp8 matmul (scale vectors)");
+    return gemm__check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq, p->a,
+                                      a->d_xq, p->b, &beta, d_y, p->d, d_y,
+                                      p->d, algo, ctx->d_ws, ctx->ws_bytes,
+                                      stream),
+                       "fp8 matmul (scale vectors)");
 }
 
 /* The probe's product: PT tokens, PO rows, PK columns of small integers
@@ -208,8 +208,8 @@ static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, bool acc,
 
     for (size_t i = 0; i < ny; i++)
         h_y[i] = 1.0f;
-    if (gemm_plan_find_kind(ctx, GEMM_PROBE_T, GEMM_PROBE_O, GEMM_PROBE_K,
-                            GEMM_DT_E4M3, out_dt, acc, true, &p) != BT_OK ||
+    if (gemm__plan_find_kind(ctx, GEMM_PROBE_T, GEMM_PROBE_O, GEMM_PROBE_K,
+                             GEMM_DT_E4M3, out_dt, acc, true, &p) != BT_OK ||
         BT_CUDA_STATUS(cudaMemcpyAsync(d + y_off, h_y, sizeof(h_y),
                                        cudaMemcpyHostToDevice, stream)) !=
             BT_OK ||
@@ -317,11 +317,11 @@ static bt_status_t gemm_fp8_plain_run(worker_gemm_ctx_t *ctx,
     const float one = 1.0f, zero = 0.0f;
     bt_status_t status;
 
-    status = gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
-                                       p->a, a->d_xq, p->b, &zero, a->d_acc,
-                                       p->d, a->d_acc, p->d, algo, ctx->d_ws,
-                                       ctx->ws_bytes, stream),
-                        "fp8 matmul");
+    status = gemm__check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
+                                        p->a, a->d_xq, p->b, &zero, a->d_acc,
+                                        p->d, a->d_acc, p->d, algo, ctx->d_ws,
+                                        ctx->ws_bytes, stream),
+                         "fp8 matmul");
     if (status == BT_OK)
         status = cuda_fp8_scale_out(a->d_acc, cuda_fp8_ld(p->n_out),
                                     a->d_xs, a->d_ws, n_tok, p->n_out, d_y,
@@ -404,7 +404,7 @@ static bt_status_t gemm_fp8_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
     }
     if (status != BT_OK)
         return status;
-    *us_p = gemm_median_us(t, GEMM_TUNE_REPS, sc, false);
+    *us_p = gemm__median_us(t, GEMM_TUNE_REPS, sc, false);
     return BT_OK;
 }
 
@@ -451,7 +451,7 @@ static bool gemm_fp8_skinny_can(const worker_gemm_ctx_t *ctx, int n_tok,
 }
 
 /* The tuner's plan of a candidate, found again for each use: building
- * one may recycle another's slot (gemm_plan_find_kind). */
+ * one may recycle another's slot (gemm__plan_find_kind). */
 static gemm_plan_t *gemm_fp8_tune_plan(worker_gemm_ctx_t *ctx, int n_tok,
                                        int n_out, int ld,
                                        cuda_dtype_t out_dt, bool acc,
@@ -461,8 +461,8 @@ static gemm_plan_t *gemm_fp8_tune_plan(worker_gemm_ctx_t *ctx, int n_tok,
 
     if (plain)
         return gemm_fp8_plan(ctx, n_tok, n_out, ld);
-    return gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
-                               acc, true, &p) == BT_OK
+    return gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
+                                acc, true, &p) == BT_OK
                ? p
                : NULL;
 }
@@ -500,24 +500,24 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     memset(&sc, 0, sizeof(sc));
     if (gemm_fp8_plain_can(n_tok, n_out, a) &&
         (pp = gemm_fp8_plan(ctx, n_tok, n_out, ld)) != NULL &&
-        gemm_lt_heuristic(ctx, pp, GEMM_FP8_CANDS, res, &n_pheur) == BT_OK) {
+        gemm__lt_heuristic(ctx, pp, GEMM_FP8_CANDS, res, &n_pheur) == BT_OK) {
         cublasLtMatmulAlgo_t *pa = algos + GEMM_FP8_CANDS;
 
         for (int i = 0; i < n_pheur; i++)
             pa[i] = res[i].algo;
         n_plain = n_pheur;
-        gemm_lt_add_splits(ctx, pp, pa, &n_plain);
+        gemm__lt_add_splits(ctx, pp, pa, &n_plain);
     }
     bt_error_clear();
-    status = gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
-                                 acc, true, &p);
+    status = gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
+                                  acc, true, &p);
     if (status == BT_OK)
-        status = gemm_lt_heuristic(ctx, p, GEMM_FP8_CANDS, res, &n_res);
+        status = gemm__lt_heuristic(ctx, p, GEMM_FP8_CANDS, res, &n_res);
     for (int i = 0; i < n_res; i++)
         algos[i] = res[i].algo;
     n_vec = n_res;
     if (status == BT_OK)
-        status = gemm_scratch_alloc(&sc, y_bytes);
+        status = gemm__scratch_alloc(&sc, y_bytes);
     if (status == BT_OK)
         status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_flush, 0,
                                                 GEMM_FLUSH_BYTES, stream));
@@ -560,8 +560,8 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         if (path == GEMM_FP8_SKINNY) {
             snprintf(name, sizeof(name), "skinny");
         } else if (plain) {
-            gemm_lt_name(algos + GEMM_FP8_CANDS, c - n_vec, n_pheur, name,
-                         sizeof(name));
+            gemm__lt_name(algos + GEMM_FP8_CANDS, c - n_vec, n_pheur, name,
+                          sizeof(name));
             name[0] = 'p'; /* "pt3", "pt3/k4c": the plain plan's */
         } else {
             snprintf(name, sizeof(name), "lt%d", c);
@@ -627,13 +627,13 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     } else {
         BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d out=%s%s: %s "
                     "%.1f us (%.0f TFLOP/s) [%s us] in %.0f ms", n_tok,
-                    n_out, ld, gemm_dt_name(out_dt), acc ? " +=" : "",
+                    n_out, ld, gemm__dt_name(out_dt), acc ? " +=" : "",
                     best_name, best_us, flop / (best_us * 1e-6) / 1e12, line,
                     (bt_time_s() - t0) * 1e3);
         if (ctx->cache_path != NULL)
-            gemm_cache_save(ctx);
+            gemm__cache_save(ctx);
     }
-    gemm_scratch_free(&sc);
+    gemm__scratch_free(&sc);
 }
 
 /* Installs the cache file's pick for the vec plan p, when it is there
@@ -655,8 +655,8 @@ static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
 
     if (ctx->n_cached == 0 || ctx->n_tuned == GEMM_MAX_TUNED)
         return false;
-    e = gemm_cache_find(ctx->cached, ctx->n_cached, n_tok, n_out, n_in,
-                        out_dt, GEMM_CACHE_KIND_FP8_VEC, acc);
+    e = gemm__cache_find(ctx->cached, ctx->n_cached, n_tok, n_out, n_in,
+                         out_dt, GEMM_CACHE_KIND_FP8_VEC, acc);
     if (e == NULL)
         return false;
     if (strcmp(e->choice, "skinny") == 0)
@@ -728,7 +728,7 @@ static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
         if (memcmp(ctx->fp8_dec_done[i], key, sizeof(key)) == 0)
             return;
     if (ctx->n_fp8_dec_done == GEMM_FP8_BAD_MAX ||
-        ctx->n_tuned + n_dec > GEMM_MAX_TUNED || gemm_capturing(stream))
+        ctx->n_tuned + n_dec > GEMM_MAX_TUNED || gemm__capturing(stream))
         return;
     memcpy(ctx->fp8_dec_done[ctx->n_fp8_dec_done++], key, sizeof(key));
     if (ctx->fp8_vec < 0)
@@ -740,10 +740,11 @@ static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
         const int n_tok = gemm_fp8_decode_toks[i];
         gemm_plan_t *p = NULL;
 
-        todo[i] = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
-                                       GEMM_CACHE_KIND_FP8_VEC, acc) == NULL &&
-                  gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
-                                      out_dt, acc, true, &p) == BT_OK &&
+        todo[i] = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                        GEMM_CACHE_KIND_FP8_VEC,
+                                        acc) == NULL &&
+                  gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
+                                       out_dt, acc, true, &p) == BT_OK &&
                   !gemm_fp8_cache_install(ctx, p, a);
         any |= todo[i];
         bt_error_clear();
@@ -789,7 +790,7 @@ static void gemm_fp8_vec_drop(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
 
     BT_LOG_INFO("CUDA", "FP8 GEMM %d x %d x %d (out %s%s): cuBLASLt does "
                 "not run it with scale vectors (%s); f32 sums and a scaling "
-                "pass", n_tok, n_out, ld, gemm_dt_name(out_dt),
+                "pass", n_tok, n_out, ld, gemm__dt_name(out_dt),
                 acc ? " +=" : "", bt_error_last());
     bt_error_clear();
     (void)cudaGetLastError();
@@ -828,7 +829,7 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     if (ctx->fp8_force_epilogue)
         return false;
     if (ctx->fp8_vec < 0) {
-        if (gemm_capturing(stream))
+        if (gemm__capturing(stream))
             return false;
         gemm_fp8_vec_probe(ctx, stream);
     }
@@ -839,17 +840,17 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             return false;
     *path_p = GEMM_FP8_VEC;
     if (ctx->tune && gemm_fp8_tuned_tok(n_tok)) {
-        t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
-                                 GEMM_CACHE_KIND_FP8_VEC, acc);
+        t = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                  GEMM_CACHE_KIND_FP8_VEC, acc);
         if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
-            !gemm_capturing(stream)) {
-            if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
-                                    out_dt, acc, true, &p) == BT_OK &&
+            !gemm__capturing(stream)) {
+            if (gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
+                                     out_dt, acc, true, &p) == BT_OK &&
                 !gemm_fp8_cache_install(ctx, p, a))
                 gemm_fp8_tune(ctx, n_tok, n_out, ld, out_dt, acc, a, stream);
             bt_error_clear();
-            t = gemm_tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
-                                     GEMM_CACHE_KIND_FP8_VEC, acc);
+            t = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                      GEMM_CACHE_KIND_FP8_VEC, acc);
         }
     }
     if (t != NULL && t->fp8_path == GEMM_FP8_SKINNY) {
@@ -865,8 +866,8 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         *path_p = GEMM_FP8_PLAIN;
         return true;
     }
-    if (gemm_plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt, acc,
-                            true, &p) != BT_OK) {
+    if (gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt, acc,
+                             true, &p) != BT_OK) {
         gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, acc);
         return false;
     }
@@ -979,13 +980,13 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         if (p == NULL)  /* planned by worker_gemm_fp8_gemv above */
             return BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 plan %d x %d x %d "
                             "lost", n, n_out, ld);
-        status = gemm_check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
-                                           p->a,
-                                           a->d_xq + (size_t)t0 * ld, p->b,
-                                           &zero, a->d_acc, p->d, a->d_acc,
-                                           p->d, &p->algo, ctx->d_ws,
-                                           ctx->ws_bytes, stream),
-                            "fp8 matmul");
+        status = gemm__check(cublasLtMatmul(ctx->handle, p->op, &one, a->d_wq,
+                                            p->a,
+                                            a->d_xq + (size_t)t0 * ld, p->b,
+                                            &zero, a->d_acc, p->d, a->d_acc,
+                                            p->d, &p->algo, ctx->d_ws,
+                                            ctx->ws_bytes, stream),
+                             "fp8 matmul");
         if (status == BT_OK)
             status = cuda_fp8_scale_out(
                 a->d_acc, ldd, a->d_xs + t0, a->d_ws, n, n_out,

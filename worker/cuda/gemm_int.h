@@ -179,62 +179,62 @@ typedef struct {
 } gemm_scratch_t;
 
 /* A cuBLASLt status as a bt_status_t (logged with `what`). */
-bt_status_t gemm_check(cublasStatus_t st, const char *what);
+bt_status_t gemm__check(cublasStatus_t st, const char *what);
 
 /* "bf16", "f32", ... for logs. */
-const char *gemm_dt_name(cuda_dtype_t dt);
+const char *gemm__dt_name(cuda_dtype_t dt);
 
 /* True while `stream` is capturing a graph (nothing may be timed). */
-bool gemm_capturing(cudaStream_t stream);
+bool gemm__capturing(cudaStream_t stream);
 
 /* The plan of a shape, built on first use; _kind with fp8_vec: an E4M3
  * plan with the scale vectors in the GEMM.  The pointer stays valid
  * until the next plan is built (plans recycle past GEMM_MAX_PLANS). */
-bt_status_t gemm_plan_find(worker_gemm_ctx_t *ctx, int n_tok,
-                           int n_out, int n_in, cuda_dtype_t in_dt,
-                           cuda_dtype_t out_dt, bool accumulate,
-                           gemm_plan_t **plan_p);
-bt_status_t gemm_plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
-                                int n_out, int n_in,
-                                cuda_dtype_t in_dt,
-                                cuda_dtype_t out_dt, bool accumulate,
-                                bool fp8_vec, gemm_plan_t **plan_p);
+bt_status_t gemm__plan_find(worker_gemm_ctx_t *ctx, int n_tok,
+                            int n_out, int n_in, cuda_dtype_t in_dt,
+                            cuda_dtype_t out_dt, bool accumulate,
+                            gemm_plan_t **plan_p);
+bt_status_t gemm__plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
+                                 int n_out, int n_in,
+                                 cuda_dtype_t in_dt,
+                                 cuda_dtype_t out_dt, bool accumulate,
+                                 bool fp8_vec, gemm_plan_t **plan_p);
 
 /* Up to n_req of cuBLASLt's algorithms for plan p, best first (*n_p). */
-bt_status_t gemm_lt_heuristic(worker_gemm_ctx_t *ctx,
-                              const gemm_plan_t *p, int n_req,
-                              cublasLtMatmulHeuristicResult_t *res,
-                              int *n_p);
+bt_status_t gemm__lt_heuristic(worker_gemm_ctx_t *ctx,
+                               const gemm_plan_t *p, int n_req,
+                               cublasLtMatmulHeuristicResult_t *res,
+                               int *n_p);
 
 /* Appends the split-K variants of the first picks algos[] accepts. */
-void gemm_lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
-                        cublasLtMatmulAlgo_t *algos, int *n_algos);
+void gemm__lt_add_splits(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
+                         cublasLtMatmulAlgo_t *algos, int *n_algos);
 
 /* "ltI" or "ltI/kS..." for the tuner's log line. */
-void gemm_lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
-                  char *buf, size_t size);
+void gemm__lt_name(const cublasLtMatmulAlgo_t *algos, int i, int n_heur,
+                   char *buf, size_t size);
 
 /* The tuned winner of (bucket, shape, kind, accumulate), or NULL. */
-gemm_tuned_t *gemm_tuned_find_kind(worker_gemm_ctx_t *ctx,
-                                   int bucket, int n_out, int n_in,
-                                   cuda_dtype_t out_dt, int kind,
-                                   bool accumulate);
+gemm_tuned_t *gemm__tuned_find_kind(worker_gemm_ctx_t *ctx,
+                                    int bucket, int n_out, int n_in,
+                                    cuda_dtype_t out_dt, int kind,
+                                    bool accumulate);
 
 /* The tuners' scratch (zeroed by the caller) and its release, also
  * after a failure part way. */
-bt_status_t gemm_scratch_alloc(gemm_scratch_t *sc, size_t y_bytes);
-void gemm_scratch_free(gemm_scratch_t *sc);
+bt_status_t gemm__scratch_alloc(gemm_scratch_t *sc, size_t y_bytes);
+void gemm__scratch_free(gemm_scratch_t *sc);
 
 /* The median of t[0 .. n) in microseconds (sorts t), less the lead's
  * time when less_lead. */
-float gemm_median_us(float *t, int n, const gemm_scratch_t *sc,
-                     bool less_lead);
+float gemm__median_us(float *t, int n, const gemm_scratch_t *sc,
+                      bool less_lead);
 
 /* The tuner's file: an entry read at start, or NULL; and the merge of
  * this context's families back into the file. */
-const gemm_cache_entry_t *gemm_cache_find(
+const gemm_cache_entry_t *gemm__cache_find(
     const gemm_cache_entry_t *e, int n, int bucket, int n_out, int n_in,
     cuda_dtype_t out_dt, int kind, bool accumulate);
-void gemm_cache_save(worker_gemm_ctx_t *ctx);
+void gemm__cache_save(worker_gemm_ctx_t *ctx);
 
 #endif /* BT_WORKER_CUDA_GEMM_INT_H */
