@@ -39,7 +39,7 @@
  *      --kv-dtype fp8 are refused.
  *   5. the widened prefill (cuda_attn_prefill_widen_ok: head 128, an
  *      even query group; the pages a prefill reads widened to bf16 and
- *      read by the TMA ping-pong kernel, cuda_backend.c
+ *      read by the TMA ping-pong kernel, cuda_forward.c
  *      cuda_prefill_widened) through the backend on synth:tiny-h128:
  *      the last token's logits of a prompt prefilled as one chunk and
  *      as a cached prefix plus a chunk, against the same prompt fed a
@@ -692,7 +692,7 @@ static void test_attn(bool tc)
 }
 
 /* The fused RoPE over FP8 KV (cuda_attn_args_t.d_qkv with d_kv_scale:
- * single-token decode steps of up to 16 tokens, cuda_backend.c
+ * single-token decode steps of up to 16 tokens, cuda_forward.c
  * fuse_rope) against the two-kernel path (cuda_rope_kv, then the decode
  * kernel reading d_q), same inputs: the new rows' codes equal but for
  * FMA contraction (a code at most one step away, in at most 1 of 1,000),

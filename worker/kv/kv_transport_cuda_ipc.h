@@ -24,7 +24,7 @@
  * cudaMemcpyAsync (device to device; peer GPUs go over NVLink) per run,
  * per K and per V, on the context's own non-blocking copy stream.  The
  * CUDA backend calls on_layer_done only after cudaEventSynchronize on the
- * layer's K/V-written event (cuda_backend.c), so layer l is complete in
+ * layer's K/V-written event (cuda_forward.c), so layer l is complete in
  * memory when its copies are enqueued: the copy stream needs no device-side
  * wait on the compute stream, and copies of layer l overlap the compute of
  * layers l+1.. .  (A backend that called back earlier would have to export
