@@ -3,39 +3,6 @@
  * check (cuda_backend.h): every path of the reduction timed or checked
  * on the ranks of a created backend.
  */
-#include <limits.h>
-#include <math.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "backend_int.h"
-#include "backend_tp.h"
-#include "bt_alloc.h"
-#include "bt_log.h"
-#include "bt_util.h"
-#include "cuda_backend.h"
-#include "cuda_int.h"
-#include "cuda_sample.h"
-#include "gemm.h"
-#include "kernels/allreduce.h"
-#include "kernels/attn_decode.h"
-#include "kernels/attn_prefill.h"
-#include "kernels/convert.h"
-#include "kernels/embed.h"
-#include "kernels/fp8.h"
-#include "kernels/gemv.h"
-#include "kernels/kv_copy.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/rope_kv.h"
-#include "kernels/swiglu.h"
-#include "kernels/synth_fill.h"
-#include "model/model_shard.h"
-#include "model/model_synth.h"
-#include "cuda_switches.h"
-#include "nccl_dl.h"
 #include "cuda_backend_int.h"
 
 // ---------------------------------------------------------------------
