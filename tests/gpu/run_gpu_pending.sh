@@ -1,10 +1,11 @@
 #!/bin/bash
-# run_gpu_pending.sh CARRY [engine|serve|long|disagg] - what the sessions of
+# run_gpu_pending.sh CARRY PHASE[,PHASE...] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
 # docs/PERFORMANCE.md; every later call landed on an H100), ON THE
-# DEVICE MACHINE from a folder packed here, three calls of ~3 / 4 / 7
-# minutes on the warm machine; delete this script once its figures are
-# in docs/PERFORMANCE.md.
+# DEVICE MACHINE from a folder packed here.  Phases engine, serve, long,
+# disagg: three calls of ~5 (engine,serve) / 9 / 4 minutes on the warm
+# machine; delete this script once its figures are in
+# docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
 #     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace
@@ -16,10 +17,11 @@
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending engine"), then `serve`, `long`, `disagg`
+#       build-pending engine,serve"), then `long`, `disagg`
 # engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
 #   FP8 KV batch 1 / 32 / 64 @2k (32: the skinny GEMM's since 9dff9e5;
-#   H100 6.48 -> 6.01 ms), prefill 2048 / 8192 with the widened
+#   H100 6.48 -> 6.01 ms; b1 / b64 with the fused RoPE and the FP8
+#   decode tuner: H100 -2% / -6.5%), prefill 2048 / 8192 with the widened
 #   prefill (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
 #   prefill 2048 30.97 ms], and 2048/2048's mixed step at 342 / 448 /
 #   512 rows @3072 with as many prompt tokens: rows / step is the
@@ -27,22 +29,25 @@
 #   33.8 ms [10,103 tok/s]; 448 and 512 do not fit an H100's KV).
 # serve (aggregated, closed loop; the phase lines carry the steps by
 #   duration): fp8 + FP8 KV 2048/128 @256, 1,024 requests, with and
-#   without the TPOT bound (H100: 3,080 / 3,278; steps at multiples of
-#   128 tokens since f29a2c7: +2.6% with the bound) [3,106 at 512
-#   requests, TPOT p99 50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0:
-#   the budget's margin under load, fad941f, should bring it under 50].
+#   without the TPOT bound (H100 of 20:29 with the FP8 decode tuner and
+#   the fused RoPE: 3,165 / 3,312) [3,106 at 512 requests, TPOT p99
+#   50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0: the budget's margin
+#   under load, fad941f, should bring it under 50; an H100's KV holds
+#   too few of its streams].
 # long: fp8 + FP8 KV 2048/2048 @440 streams (an
 #   H200's FP8 KV, 1.81M tokens, holds 441 promises of 4,096 tokens;
 #   more streams would wait at the router and its 1 s queue bound would
 #   shed them as OVERLOADED), then @384 [10,103] in the time left.
-# disagg: 1P+1D (MPS) bf16 2048x128 at 16 and 20 req/s with the receive
+# disagg (an H100 needs BT_SERVE_KV_BLOCKS=14000 in the environment: the
+#   decode pool's default is sized for an H200): 1P+1D (MPS) bf16
+#   2048x128 at 16 and 20 req/s with the receive
 #   room told by heartbeat (d1873fe; ba74f6f: goodput 12.69 / 10.67 req/s
 #   [TTFT p99 727 / 968 ms], 248 grants refused for a full window budget,
 #   each asked again 20 ms later).
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
-phase=${2:-engine}
+phases=${2:-engine}
 out=${OUT:-/tmp/baton-pending}
 mkdir -p "$out"
 t0=$(date +%s)
@@ -53,6 +58,21 @@ export BT_GEMM_CACHE=/tmp/baton-pending-gemm.cache
 md=$out/pending.md
 echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)" > "$md"
 nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader >> "$md"
+# serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its rows
+serve() {
+  local name=$1 lim=$2
+  shift 2
+  [ "$lim" -lt 60 ] && { echo "$name: skipped ($lim s left)" >> "$md"; return; }
+  env OUT="$out/$name" BT_SERVE_TIMEOUT="$lim" \
+    BT_SERVE_DEADLINE_S=$(( lim - 10 )) BT_SERVE_MODES=agg \
+    BT_SERVE_COLD=0 "$@" bash tests/gpu/run_gpu_serve.sh "$c" > /dev/null 2>&1
+  local rc=$?
+  { echo; echo "### $name: rc $rc, at $(( $(date +%s) - t0 )) s"
+    grep "^| agg" "$out/$name/serve.md"
+    grep -h "a step (" "$out/$name/serve.md" | cut -c1-700; } >> "$md"
+  rm -f "$out/$name/serve_logs.tgz"
+}
+for phase in ${phases//,/ }; do
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
     --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,32,64 \
@@ -71,20 +91,6 @@ if [ "$phase" = engine ]; then
     grep "^| mixed" "$out/trace.txt"
     python3 tests/gpu/step_timeline.py /tmp/tp.csv embed_kernel 19 | head -24; } >> "$md"
 fi
-# serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its rows
-serve() {
-  local name=$1 lim=$2
-  shift 2
-  [ "$lim" -lt 60 ] && { echo "$name: skipped ($lim s left)" >> "$md"; return; }
-  env OUT="$out/$name" BT_SERVE_TIMEOUT="$lim" \
-    BT_SERVE_DEADLINE_S=$(( lim - 10 )) BT_SERVE_MODES=agg \
-    BT_SERVE_COLD=0 "$@" bash tests/gpu/run_gpu_serve.sh "$c" > /dev/null 2>&1
-  local rc=$?
-  { echo; echo "### $name: rc $rc, at $(( $(date +%s) - t0 )) s"
-    grep "^| agg" "$out/$name/serve.md"
-    grep -h "a step (" "$out/$name/serve.md" | cut -c1-700; } >> "$md"
-  rm -f "$out/$name/serve_logs.tgz"
-}
 if [ "$phase" = serve ]; then
   serve fp8_short 200 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MODES=agg,agg-nobound BT_SERVE_RUNS="2048x128@256:1024"
@@ -101,4 +107,5 @@ if [ "$phase" = disagg ]; then
     BT_SERVE_SWEEPS="2048x128@16,20:128"
   grep -E "^\| [0-9]" "$out/disagg/serve.md" >> "$md" # the sweep's rows
 fi
+done
 cat "$md"
