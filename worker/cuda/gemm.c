@@ -772,26 +772,16 @@ static bt_status_t gemm_lead_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
     return status;
 }
 
-/* Relative L2 difference of variant c's output from cuBLASLt's (d_ref);
- * > 1 when anything is not finite. */
-static bt_status_t gemm_cand_check(worker_gemm_ctx_t *ctx,
-                                   const gemm_plan_t *p,
-                                   const cublasLtMatmulAlgo_t *algos, int c,
-                                   const void *d_w, gemm_scratch_t *sc,
-                                   cudaStream_t stream, double *rel_p)
+/* Relative difference of d_y from sc->d_ref (n values of dt); > 1 when
+ * anything is not finite. */
+bt_status_t gemm__rel_err(const void *d_y, gemm_scratch_t *sc, size_t n,
+                          cuda_dtype_t dt, cudaStream_t stream,
+                          double *rel_p)
 {
-    size_t n = (size_t)p->n_tok * p->n_out;
     double h[3];
     bt_status_t status;
 
-    status = BT_CUDA_STATUS(cudaMemsetAsync(
-        sc->d_y, 0xFF, n * cuda_dtype_size(p->out_dt), stream));
-    if (status == BT_OK)
-        status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y,
-                               stream);
-    if (status == BT_OK)
-        status = cuda_gemv_rel_err(sc->d_y, sc->d_ref, n, p->out_dt,
-                                   sc->d_err, stream);
+    status = cuda_gemv_rel_err(d_y, sc->d_ref, n, dt, sc->d_err, stream);
     if (status == BT_OK)
         status = BT_CUDA_STATUS(cudaMemcpyAsync(h, sc->d_err, sizeof(h),
                                                 cudaMemcpyDeviceToHost,
@@ -802,6 +792,27 @@ static bt_status_t gemm_cand_check(worker_gemm_ctx_t *ctx,
         return status;
     *rel_p = h[2] > 0 ? 2.0 : sqrt(h[0] / (h[1] > 0 ? h[1] : 1.0));
     return BT_OK;
+}
+
+/* Relative L2 difference of variant c's output from cuBLASLt's (d_ref);
+ * > 1 when anything is not finite. */
+static bt_status_t gemm_cand_check(worker_gemm_ctx_t *ctx,
+                                   const gemm_plan_t *p,
+                                   const cublasLtMatmulAlgo_t *algos, int c,
+                                   const void *d_w, gemm_scratch_t *sc,
+                                   cudaStream_t stream, double *rel_p)
+{
+    size_t n = (size_t)p->n_tok * p->n_out;
+    bt_status_t status;
+
+    status = BT_CUDA_STATUS(cudaMemsetAsync(
+        sc->d_y, 0xFF, n * cuda_dtype_size(p->out_dt), stream));
+    if (status == BT_OK)
+        status = gemm_cand_run(ctx, p, algos, c, sc->d_x, d_w, sc->d_y,
+                               stream);
+    if (status != BT_OK)
+        return status;
+    return gemm__rel_err(sc->d_y, sc, n, p->out_dt, stream, rel_p);
 }
 
 static gemm_plan_t *gemm_plan_find_or_null(worker_gemm_ctx_t *ctx, int n_tok,

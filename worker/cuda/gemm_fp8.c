@@ -408,28 +408,6 @@ static bt_status_t gemm_fp8_time(worker_gemm_ctx_t *ctx, const gemm_plan_t *p,
     return BT_OK;
 }
 
-/* Relative difference of d_y from sc->d_ref (n values of dt); > 1 when
- * anything is not finite. */
-static bt_status_t gemm_fp8_rel(const void *d_y, gemm_scratch_t *sc,
-                                size_t n, cuda_dtype_t dt,
-                                cudaStream_t stream, double *rel_p)
-{
-    double h[3];
-    bt_status_t status;
-
-    status = cuda_gemv_rel_err(d_y, sc->d_ref, n, dt, sc->d_err, stream);
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaMemcpyAsync(h, sc->d_err, sizeof(h),
-                                                cudaMemcpyDeviceToHost,
-                                                stream));
-    if (status == BT_OK)
-        status = BT_CUDA_STATUS(cudaStreamSynchronize(stream));
-    if (status != BT_OK)
-        return status;
-    *rel_p = h[2] > 0 ? 2.0 : sqrt(h[0] / (h[1] > 0 ? h[1] : 1.0));
-    return BT_OK;
-}
-
 /* Where a decode count's FP8 product may take the plain plan (its f32
  * sums fit a->d_acc) and the skinny GEMM (in pieces of 64): the tuner's
  * candidates, and what a cached pick must still meet. */
@@ -572,7 +550,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                                            stream)) != BT_OK ||
             gemm_fp8_cand_run(ctx, cp, &algos[i], a, n_tok, n_out, ld,
                               sc.d_y, out_dt, acc, path, stream) != BT_OK ||
-            gemm_fp8_rel(sc.d_y, &sc, ny, out_dt, stream, &rel) != BT_OK) {
+            gemm__rel_err(sc.d_y, &sc, ny, out_dt, stream, &rel) != BT_OK) {
             bt_error_clear();
             (void)cudaGetLastError();
             continue; /* an algorithm that does not run */

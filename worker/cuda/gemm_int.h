@@ -225,6 +225,12 @@ gemm_tuned_t *gemm__tuned_find_kind(worker_gemm_ctx_t *ctx,
 bt_status_t gemm__scratch_alloc(gemm_scratch_t *sc, size_t y_bytes);
 void gemm__scratch_free(gemm_scratch_t *sc);
 
+/* Relative L2 difference of d_y from sc->d_ref (n values of dt); > 1
+ * when anything is not finite. */
+bt_status_t gemm__rel_err(const void *d_y, gemm_scratch_t *sc, size_t n,
+                          cuda_dtype_t dt, cudaStream_t stream,
+                          double *rel_p);
+
 /* The median of t[0 .. n) in microseconds (sorts t), less the lead's
  * time when less_lead. */
 float gemm__median_us(float *t, int n, const gemm_scratch_t *sc,
