@@ -48,15 +48,18 @@ test: build build-asan
 demo: build
 	bash deploy/demo.sh $(BUILD)/bin $(SHARED)/models
 
-# libFuzzer for FUZZ_SECONDS per target (clang).
+# libFuzzer for FUZZ_SECONDS per target (clang), from the seeds in
+# tests/fuzz/corpus/NAME; what it finds goes to build-fuzz/corpus/NAME
+# (keep it: build-fuzz/fuzz/NAME -merge=1 tests/fuzz/corpus/NAME
+# build-fuzz/corpus/NAME adds the inputs that reach new code).
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	CC=clang cmake -S . -B build-fuzz -DBT_FUZZ=ON -DBATON_CUDA=OFF
 	cmake --build build-fuzz -j$(JOBS)
-	for f in build-fuzz/fuzz/fuzz_*; do \
-	  mkdir -p tests/fuzz/artifacts; \
+	for f in build-fuzz/fuzz/fuzz_*; do n=$$(basename $$f); \
+	  mkdir -p tests/fuzz/artifacts build-fuzz/corpus/$$n; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=tests/fuzz/artifacts/ \
-	    tests/fuzz/corpus/$$(basename $$f) || exit 1; done
+	    build-fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # The fault suite (issue 35, tests/chaos/README.md): real clusters on
 # 127.0.0.1, one fault per row, one table (also $(BUILD)/chaos/

@@ -17,6 +17,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* A seed corpus holds at most this many files (`make fuzz` grows the
+ * directories; merge them with -merge=1 before committing). */
+#define FUZZ_MAX_SEEDS 1024
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint32_t rng_next(void)
@@ -27,11 +31,31 @@ static uint32_t rng_next(void)
     return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
 }
 
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Runs the target on a copy of exactly len bytes, so ASan sees any read
+ * past the input (a file's buffer may carry a terminator). */
+static void run_exact(const uint8_t *data, size_t len)
+{
+    uint8_t *exact = malloc(len ? len : 1);
+
+    if (exact == NULL)
+        abort();
+    memcpy(exact, data, len);
+    LLVMFuzzerTestOneInput(exact, len);
+    free(exact);
+}
+
 int main(int argc, char **argv)
 {
-    char *seeds[256];
-    size_t seed_len[256];
-    int n_seeds = 0;
+    /* The seeds in name order, so the mutations are the same on every
+     * file system (readdir's order is not). */
+    char *names[FUZZ_MAX_SEEDS], *seeds[FUZZ_MAX_SEEDS];
+    size_t seed_len[FUZZ_MAX_SEEDS];
+    int n_names = 0, n_seeds = 0;
     long iterations = argc > 2 ? atol(argv[2]) : 3000;
     uint8_t *buf;
     DIR *dir;
@@ -48,28 +72,44 @@ int main(int argc, char **argv)
         fprintf(stderr, "cannot open corpus %s\n", argv[1]);
         return 1;
     }
-    while ((de = readdir(dir)) != NULL && n_seeds < 256) {
-        char path[4096];
+    while ((de = readdir(dir)) != NULL) {
         if (de->d_name[0] == '.')
             continue;
-        snprintf(path, sizeof(path), "%s/%s", argv[1], de->d_name);
+        if (n_names == FUZZ_MAX_SEEDS) {
+            fprintf(stderr, "corpus %s holds more than %d files\n", argv[1],
+                    FUZZ_MAX_SEEDS);
+            return 1;
+        }
+        names[n_names] = strdup(de->d_name);
+        if (names[n_names] == NULL)
+            abort();
+        n_names++;
+    }
+    closedir(dir);
+    qsort(names, (size_t)n_names, sizeof(names[0]), name_cmp);
+    for (int i = 0; i < n_names; i++) {
+        char path[4096];
+
+        snprintf(path, sizeof(path), "%s/%s", argv[1], names[i]);
         if (bt_read_file(path, 1 << 24, &seeds[n_seeds],
                          &seed_len[n_seeds]) == BT_OK)
             n_seeds++;
+        free(names[i]);
     }
-    closedir(dir);
     if (n_seeds == 0) {
         fprintf(stderr, "empty corpus %s\n", argv[1]);
         return 1;
     }
     for (int i = 0; i < n_seeds; i++)
-        LLVMFuzzerTestOneInput((const uint8_t *)seeds[i], seed_len[i]);
+        run_exact((const uint8_t *)seeds[i], seed_len[i]);
     for (long it = 0; it < iterations; it++) {
         int s = (int)(rng_next() % (uint32_t)n_seeds);
         size_t len = seed_len[s], cap = len + 64;
         int n_mut = 1 + (int)(rng_next() % 8);
 
         buf = malloc(cap);
+        if (buf == NULL)
+            abort();
         memcpy(buf, seeds[s], len);
         for (int m = 0; m < n_mut; m++) {
             uint32_t kind = rng_next() % 4;
@@ -86,11 +126,7 @@ int main(int argc, char **argv)
                 len++;
             }
         }
-        /* Copy into an exact-size buffer so ASan sees overreads. */
-        uint8_t *exact = malloc(len ? len : 1);
-        memcpy(exact, buf, len);
-        LLVMFuzzerTestOneInput(exact, len);
-        free(exact);
+        run_exact(buf, len);
         free(buf);
     }
     for (int i = 0; i < n_seeds; i++)
