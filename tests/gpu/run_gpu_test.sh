@@ -17,10 +17,14 @@ mkdir -p "$out"
 log=$out/gpu_test.log
 table=$out/gpu_test_table.md
 : > "$log"
+# a folder pack_carry.sh packed holds its own models and the libraries
+# the device lacks (without them the CUDA backend's tests exit 127)
 if [ -z "${BT_SHARED_DIR:-}" ]; then
-  if [ -d .gpushared/models ]; then export BT_SHARED_DIR=$PWD/.gpushared
+  if [ -d "$build/shared/models" ]; then export BT_SHARED_DIR=$(cd "$build/shared" && pwd)
+  elif [ -d .gpushared/models ]; then export BT_SHARED_DIR=$PWD/.gpushared
   else export BT_SHARED_DIR=$(cd .. && pwd)/shared; fi
 fi
+[ -d "$build/lib" ] && export LD_LIBRARY_PATH=$(cd "$build/lib" && pwd):${LD_LIBRARY_PATH:-}
 [ -d .devlibs ] && export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   >> "$log" 2>&1
