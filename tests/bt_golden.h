@@ -137,4 +137,51 @@ static inline void bt_golden_teacher_argmax(backend_t *be, int vocab,
     free(table);
 }
 
+/* Greedy generation as llama2.c's run.c does it: tokens[0..n) fed as one
+ * chunk after the first ctx (their KV already in table), then one token
+ * a step until `steps` positions or EOS (id 1).  Writes the generated
+ * ids to out and returns how many; first_logits (or NULL) gets the
+ * logits of the chunk's last token. */
+static inline int bt_golden_greedy(backend_t *be, int vocab,
+                                   const int *tokens, int n, int ctx,
+                                   int steps, const int *table, int *out,
+                                   float *first_logits)
+{
+    float *logits = malloc(sizeof(float) * (size_t)vocab);
+    backend_seq_t seq = { .n_tokens = n - ctx, .ctx_len = ctx,
+                          .tokens = tokens + ctx, .block_table = table,
+                          .n_logits = 1 };
+    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
+    int pos = n - 1, n_out = 0;
+
+    BT_CHECK(logits != NULL);
+    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+    if (first_logits != NULL)
+        memcpy(first_logits, logits, sizeof(float) * (size_t)vocab);
+    for (;;) {
+        int next = bt_argmax(logits, vocab);
+
+        pos++;
+        if (next == 1)
+            break;
+        out[n_out++] = next;
+        if (pos >= steps)
+            break;
+        seq = (backend_seq_t){ .n_tokens = 1, .ctx_len = pos,
+                               .tokens = &out[n_out - 1],
+                               .block_table = table, .n_logits = 1 };
+        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
+    }
+    free(logits);
+    return n_out;
+}
+
+/* Block i of a table holding n_blocks in reverse order (any block order
+ * must do). */
+static inline void bt_golden_reversed(int *table, int n_blocks)
+{
+    for (int i = 0; i < n_blocks; i++)
+        table[i] = n_blocks - 1 - i;
+}
+
 #endif /* BT_TESTS_BT_GOLDEN_H */

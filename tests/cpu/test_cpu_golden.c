@@ -16,38 +16,6 @@
 #include "bt_test.h"
 #include "bt_util.h"
 
-/* Generates greedily; returns the number of ids written to out. */
-static int greedy(backend_t *be, int vocab, int bs, const int *prompt,
-                  int n_prompt, int steps, int *out)
-{
-    int table[64], n_out = 0, pos = n_prompt - 1, next;
-    float *logits = malloc(sizeof(float) * vocab);
-    backend_seq_t seq = { .n_tokens = n_prompt, .ctx_len = 0,
-                          .tokens = prompt, .block_table = table,
-                          .n_logits = 1 };
-    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
-
-    for (int i = 0; i < 64; i++)
-        table[i] = 63 - i; /* any block order must do */
-    BT_CHECK(steps <= 64 * bs);
-    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    for (;;) {
-        next = bt_argmax(logits, vocab);
-        pos++;
-        if (next == 1)
-            break;
-        out[n_out++] = next;
-        if (pos >= steps)
-            break;
-        seq = (backend_seq_t){ .n_tokens = 1, .ctx_len = pos,
-                               .tokens = &out[n_out - 1],
-                               .block_table = table, .n_logits = 1 };
-        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    }
-    free(logits);
-    return n_out;
-}
-
 int main(void)
 {
     bt_golden_t *g;
@@ -64,7 +32,7 @@ int main(void)
             backend_t *be = NULL;
             backend_config_t cfg;
             int *got = malloc(sizeof(int) * (size_t)(g[l].steps + 1));
-            int n_got;
+            int table[64], n_got;
 
             /* "x.bin" or its Hugging Face conversion "x-hf" */
             snprintf(path, sizeof(path), "%s/models/%.*s%s",
@@ -78,8 +46,11 @@ int main(void)
             cfg.max_batch_tokens = 512;
             cfg.n_threads = 1 + (l + variant) % 2;
             BT_ASSERT_OK(backend_create("cpu", m, &cfg, &be));
-            n_got = greedy(be, model_config(m)->vocab_size, cfg.block_size,
-                           g[l].prompt, g[l].n_prompt, g[l].steps, got);
+            bt_golden_reversed(table, 64);
+            BT_CHECK(g[l].steps <= 64 * cfg.block_size);
+            n_got = bt_golden_greedy(be, model_config(m)->vocab_size,
+                                     g[l].prompt, g[l].n_prompt, 0,
+                                     g[l].steps, table, got, NULL);
             for (int i = 0; i < g[l].n_want && i < n_got; i++)
                 if (got[i] != g[l].want[i])
                     BT_TEST_FAIL("%s line %d: id %d is %d, golden %d", path,

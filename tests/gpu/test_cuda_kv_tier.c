@@ -222,37 +222,6 @@ static bt_status_t hook_load(void *arg, int n, const int *blocks,
     return backend_kv_load(arg, n, blocks, host);
 }
 
-/* Greedy from tokens[0..n) whose first ctx tokens' KV are in table
- * already, until `steps` positions or EOS; writes generated ids to out. */
-static int decode(backend_t *be, int vocab, const int *tokens, int n,
-                  int ctx, int steps, const int *table, int *out)
-{
-    float *logits = malloc(sizeof(float) * (size_t)vocab);
-    backend_seq_t seq = { .n_tokens = n - ctx, .ctx_len = ctx,
-                          .tokens = tokens + ctx, .block_table = table,
-                          .n_logits = 1 };
-    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
-    int pos = n - 1, n_out = 0;
-
-    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    for (;;) {
-        int next = bt_argmax(logits, vocab);
-
-        pos++;
-        if (next == 1)
-            break;
-        out[n_out++] = next;
-        if (pos >= steps)
-            break;
-        seq = (backend_seq_t){ .n_tokens = 1, .ctx_len = pos,
-                               .tokens = &out[n_out - 1],
-                               .block_table = table, .n_logits = 1 };
-        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    }
-    free(logits);
-    return n_out;
-}
-
 static void round_trip(model_t *m, const bt_golden_t *g, int line)
 {
     backend_t *be = NULL;
@@ -290,8 +259,8 @@ static void round_trip(model_t *m, const bt_golden_t *g, int line)
     /* cold: the golden decode, its blocks cached */
     need = BT_DIV_UP(g->steps, BS);
     BT_ASSERT_OK(kv_prefix_alloc(prefix, need, table));
-    n_out = decode(be, vocab, g->prompt, g->n_prompt, 0, g->steps, table,
-                   out);
+    n_out = bt_golden_greedy(be, vocab, g->prompt, g->n_prompt, 0, g->steps,
+                             table, out, NULL);
     memcpy(seq, g->prompt, sizeof(int) * (size_t)g->n_prompt);
     memcpy(seq + g->n_prompt, out, sizeof(int) * (size_t)n_out);
     n_seq = g->n_prompt + n_out;
@@ -308,7 +277,8 @@ static void round_trip(model_t *m, const bt_golden_t *g, int line)
     half = g->n_prompt + BT_MIN(n_out, g->n_want) / 2;
     hit = kv_prefix_match(prefix, root, seq, half, (half - 1) / BS, table);
     BT_ASSERT_OK(kv_prefix_alloc(prefix, need - hit, table + hit));
-    n_out = decode(be, vocab, seq, half, hit * BS, g->steps, table, out);
+    n_out = bt_golden_greedy(be, vocab, seq, half, hit * BS, g->steps,
+                             table, out, NULL);
     kv_prefix_release(prefix, need, table);
     kv_prefix_stats(prefix, &st);
     for (int i = 0; i < n_out && half - g->n_prompt + i < g->n_want; i++)

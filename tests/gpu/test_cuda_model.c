@@ -84,36 +84,6 @@ static void cfg_small(backend_config_t *cfg, backend_precision_t prec)
 // ---------------------------------------------------------------------
 // 1. golden, float32
 
-static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
-                  int steps, int *out)
-{
-    int table[128], n_out = 0, pos = n_prompt - 1, next;
-    float *logits = malloc(sizeof(float) * vocab);
-    backend_seq_t seq = { .n_tokens = n_prompt, .ctx_len = 0,
-                          .tokens = prompt, .block_table = table,
-                          .n_logits = 1 };
-    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
-
-    for (int i = 0; i < 128; i++)
-        table[i] = 127 - i;
-    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    for (;;) {
-        next = bt_argmax(logits, vocab);
-        pos++;
-        if (next == 1)
-            break;
-        out[n_out++] = next;
-        if (pos >= steps)
-            break;
-        seq = (backend_seq_t){ .n_tokens = 1, .ctx_len = pos,
-                               .tokens = &out[n_out - 1],
-                               .block_table = table, .n_logits = 1 };
-        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    }
-    free(logits);
-    return n_out;
-}
-
 static void test_golden(const bt_golden_t *g, int n_lines)
 {
     int runs = 0, bad = 0;
@@ -125,7 +95,7 @@ static void test_golden(const bt_golden_t *g, int n_lines)
             backend_t *be = NULL;
             backend_config_t cfg;
             int *got = malloc(sizeof(int) * (size_t)(g[li].steps + 1));
-            int n_got, first_bad = -1;
+            int table[128], n_got, first_bad = -1;
 
             snprintf(path, sizeof(path), "%s/models/%.*s%s", shared_dir(),
                      (int)strlen(g[li].model) - (variant ? 4 : 0),
@@ -133,8 +103,10 @@ static void test_golden(const bt_golden_t *g, int n_lines)
             BT_ASSERT_OK(model_load(path, &m));
             cfg_small(&cfg, BACKEND_PRECISION_F32);
             BT_ASSERT_OK(backend_create("cuda", m, &cfg, &be));
-            n_got = greedy(be, model_config(m)->vocab_size, g[li].prompt,
-                           g[li].n_prompt, g[li].steps, got);
+            bt_golden_reversed(table, 128);
+            n_got = bt_golden_greedy(be, model_config(m)->vocab_size,
+                                     g[li].prompt, g[li].n_prompt, 0,
+                                     g[li].steps, table, got, NULL);
             for (int i = 0; i < g[li].n_want && i < n_got; i++)
                 if (got[i] != g[li].want[i]) {
                     first_bad = i;

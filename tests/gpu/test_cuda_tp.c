@@ -103,39 +103,6 @@ static backend_t *make_backend(const model_t *m, int tp,
 // ---------------------------------------------------------------------
 // 1. golden, float32
 
-/* Greedy generation as run.c does; prompt logits (last row) to
- * first_logits. */
-static int greedy(backend_t *be, int vocab, const int *prompt, int n_prompt,
-                  int steps, int *out, float *first_logits)
-{
-    int table[128], n_out = 0, pos = n_prompt - 1, next;
-    float *logits = malloc(sizeof(float) * vocab);
-    backend_seq_t seq = { .n_tokens = n_prompt, .ctx_len = 0,
-                          .tokens = prompt, .block_table = table,
-                          .n_logits = 1 };
-    backend_batch_t batch = { .n_seqs = 1, .seqs = &seq };
-
-    for (int i = 0; i < 128; i++)
-        table[i] = 127 - i;
-    BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    memcpy(first_logits, logits, sizeof(float) * vocab);
-    for (;;) {
-        next = bt_argmax(logits, vocab);
-        pos++;
-        if (next == 1)
-            break;
-        out[n_out++] = next;
-        if (pos >= steps)
-            break;
-        seq = (backend_seq_t){ .n_tokens = 1, .ctx_len = pos,
-                               .tokens = &out[n_out - 1],
-                               .block_table = table, .n_logits = 1 };
-        BT_ASSERT_OK(backend_forward(be, &batch, logits, NULL));
-    }
-    free(logits);
-    return n_out;
-}
-
 static void test_golden(int tp)
 {
     bt_golden_t *g;
@@ -162,16 +129,19 @@ static void test_golden(int tp)
             l1 = malloc(sizeof(float) * vocab);
             lt = malloc(sizeof(float) * vocab);
             for (int li = 0; li < n_lines; li++) {
-                int *o1, *ot, n1, nt;
+                int *o1, *ot, n1, nt, table[128];
 
                 if (strcmp(g[li].model, files[f]) != 0)
                     continue;
                 o1 = malloc(sizeof(int) * (size_t)(g[li].steps + 1));
                 ot = malloc(sizeof(int) * (size_t)(g[li].steps + 1));
-                n1 = greedy(b1, vocab, g[li].prompt, g[li].n_prompt,
-                            g[li].steps, o1, l1);
-                nt = greedy(bt, vocab, g[li].prompt, g[li].n_prompt,
-                            g[li].steps, ot, lt);
+                bt_golden_reversed(table, 128);
+                n1 = bt_golden_greedy(b1, vocab, g[li].prompt,
+                                      g[li].n_prompt, 0, g[li].steps, table,
+                                      o1, l1);
+                nt = bt_golden_greedy(bt, vocab, g[li].prompt,
+                                      g[li].n_prompt, 0, g[li].steps, table,
+                                      ot, lt);
                 worst = fmax(worst, max_rel_rows(lt, l1, 1, vocab));
                 if (nt != n1 || memcmp(o1, ot, sizeof(int) * nt) != 0) {
                     printf("FAIL f32 tp=%d vs tp=1 %s line %d: %d vs %d ids\n",
