@@ -94,8 +94,8 @@ typedef struct {
     cudaGraphExec_t exec;
 } cuda_graph_t;
 
-/* One forward as the host planned it, shared by every rank: sizes and
- * where each index array lies in h_meta (ints). */
+/* One forward's sizes, as the host planned them (cuda_step_t) and each
+ * rank enqueues them (cuda_plan_t). */
 typedef struct {
     int nt;                 /* tokens computed (bucket when padded) */
     int n_rows;             /* logits rows computed */
@@ -103,12 +103,18 @@ typedef struct {
     int n_tiles;            /* prefill tiles */
     int n_splits;
     int split_len;
+    int n_pages;            /* kv8: pages the prefill widens (0: none) */
     bool want_hidden;
     bool single;            /* every token is one new, unmasked token of
                                its sequence: RoPE may be fused into the
                                decode attention */
+} cuda_fwd_size_t;
+
+/* One forward as the host planned it, shared by every rank: sizes and
+ * where each index array lies in h_meta (ints). */
+typedef struct {
+    cuda_fwd_size_t sz;
     bool graph;             /* replay a decode graph */
-    int n_pages;            /* kv8: pages the prefill widens (0: none) */
     size_t o_tokens, o_pos, o_slot, o_kv_len, o_bt_off, o_ctx, o_mask_off,
         o_gen, o_rows, o_tiles, o_bt, o_pages, o_bt_wide;
     size_t meta_ints;       /* ints of h_meta to copy up */
@@ -123,14 +129,7 @@ typedef struct {
 /* Where one forward's device-side indices are (all inside a rank's
  * d_meta). */
 typedef struct {
-    int nt;                 /* tokens computed (bucket when padded) */
-    int n_rows;             /* logits rows computed */
-    int n_gen;              /* tokens for the per-token attention kernel */
-    int n_tiles;            /* prefill tiles */
-    int n_splits;
-    int split_len;
-    bool want_hidden;
-    bool single;            /* cuda_step_t.single */
+    cuda_fwd_size_t sz;     /* cuda_step_t.sz */
     const int *d_tokens;    /* (nt) */
     const int *d_pos;       /* (nt) */
     const int *d_slot;      /* (nt) */
@@ -142,7 +141,6 @@ typedef struct {
     const int *d_rows;      /* (n_rows) */
     const int *d_tiles;     /* (n_tiles, CUDA_PREFILL_TILE_INTS) */
     const int *d_bt;        /* block tables */
-    int n_pages;            /* cuda_step_t.n_pages */
     const int *d_pages;     /* (n_pages) pool block of each widened page */
     const int *d_bt_wide;   /* block tables into the widened pages (the
                                prefill sequences' entries) */

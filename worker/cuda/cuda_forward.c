@@ -99,7 +99,7 @@ static bt_status_t cuda_enqueue_rows(cuda_rank_t *r, const cuda_plan_t *p,
                          r->stream);
     if (status != BT_OK)
         return status;
-    if (p->want_hidden && r->rank == 0)
+    if (p->sz.want_hidden && r->rank == 0)
         status = cuda_embed(r->d_x, CUDA_DT_F32, p->d_rows + r0, n,
                             b->mc.dim, r->d_hidden + (size_t)r0 * b->mc.dim,
                             r->stream);
@@ -244,14 +244,14 @@ static bt_status_t cuda_prefill_widened(cuda_rank_t *r, const cuda_plan_t *p,
     wa.d_k_cache = r->d_wide;
     wa.d_v_cache = (char *)r->d_wide + (size_t)b->wide_pages * page * 2;
     wa.d_block_tables = p->d_bt_wide;
-    wa.kv_slots = (long long)p->n_pages * b->kv.block_size;
+    wa.kv_slots = (long long)p->sz.n_pages * b->kv.block_size;
     wa.kv_widened = true;
-    status = cuda_kv8_widen_pages(d_kl, d_vl, page, p->d_pages, p->n_pages,
+    status = cuda_kv8_widen_pages(d_kl, d_vl, page, p->d_pages, p->sz.n_pages,
                                   (void *)wa.d_k_cache, (void *)wa.d_v_cache,
                                   r->stream);
     if (status != BT_OK)
         return status;
-    return cuda_attn_prefill(&wa, p->d_tiles, p->n_tiles, b->dt, r->stream);
+    return cuda_attn_prefill(&wa, p->d_tiles, p->sz.n_tiles, b->dt, r->stream);
 }
 
 /* Enqueues the whole forward described by `p` on the rank's stream
@@ -264,7 +264,7 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
     cuda_backend_t *b = r->b;
     const model_config_t *mc = &b->mc;
     size_t layer_kv_bytes = cuda__layer_kv_elems(b) * b->kv.elem_size;
-    int nt = p->nt;
+    int nt = p->sz.nt;
     const bool tp = b->tp > 1;
     bt_status_t status;
     cuda_rope_kv_args_t ra;
@@ -307,10 +307,10 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
      * kernel (one kernel a layer less; the per-layer events of
      * on_layer_done are never wanted then).  FP8 KV too: its codes bit for
      * bit rope_kv's (test_cuda_kv8), batch 1 -2% (H100, PERFORMANCE.md). */
-    const bool fuse_rope = p->single &&
-                           p->n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
+    const bool fuse_rope = p->sz.single &&
+                           p->sz.n_gen <= CUDA_ROPE_FUSE_MAX_TOK &&
                            !(b->skip & (CUDA_SKIP_ROPE | CUDA_SKIP_ATTN)) &&
-                           cuda_attn_decode_rope_ok(&aa, p->n_gen, b->dt);
+                           cuda_attn_decode_rope_ok(&aa, p->sz.n_gen, b->dt);
     if (fuse_rope) {
         aa.d_qkv = r->d_qkv;
         aa.d_inv_freq = r->d_inv_freq;
@@ -370,14 +370,14 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         if (fuse_rope)
             aa.d_qkv_bias = w->d_bqkv;
         if (!(b->skip & CUDA_SKIP_ATTN)) {
-            status = cuda_attn_decode(&aa, p->d_gen, p->n_gen, p->n_splits,
-                                      p->split_len, r->d_ws, b->dt,
-                                      r->stream);
+            status = cuda_attn_decode(&aa, p->d_gen, p->sz.n_gen,
+                                      p->sz.n_splits, p->sz.split_len,
+                                      r->d_ws, b->dt, r->stream);
             if (status != BT_OK)
                 return status;
-            status = p->n_pages > 0
+            status = p->sz.n_pages > 0
                          ? cuda_prefill_widened(r, p, &aa, d_kl, d_vl)
-                         : cuda_attn_prefill(&aa, p->d_tiles, p->n_tiles,
+                         : cuda_attn_prefill(&aa, p->d_tiles, p->sz.n_tiles,
                                              b->dt, r->stream);
             if (status != BT_OK)
                 return status;
@@ -427,8 +427,8 @@ static bt_status_t cuda_enqueue_forward(cuda_rank_t *r,
         }
     }
 
-    for (int r0 = 0; r0 < p->n_rows; r0 += b->row_cap) {
-        int n = BT_MIN(b->row_cap, p->n_rows - r0);
+    for (int r0 = 0; r0 < p->sz.n_rows; r0 += b->row_cap) {
+        int n = BT_MIN(b->row_cap, p->sz.n_rows - r0);
 
         status = cuda_enqueue_rows(r, p, r0, n);
         if (status != BT_OK)
@@ -460,7 +460,7 @@ static bt_status_t cuda_enqueue(cuda_rank_t *r, const cuda_plan_t *p)
     const int saved_late = cuda__pdl_late;
     bt_status_t status;
 
-    if (p->nt <= 2)
+    if (p->sz.nt <= 2)
         cuda__pdl_late = 1;
     status = cuda_enqueue_forward(r, p);
     cuda__pdl_late = saved_late;
@@ -477,9 +477,9 @@ static bt_status_t cuda_graph_get(cuda_rank_t *r, const cuda_plan_t *p,
 
     for (int i = 0; i < r->n_graphs; i++) {
         g = &r->graphs[i];
-        if (g->bucket == p->nt && g->n_splits == p->n_splits &&
-            g->split_len == p->split_len && g->hidden == p->want_hidden &&
-            g->single == p->single) {
+        if (g->bucket == p->sz.nt && g->n_splits == p->sz.n_splits &&
+            g->split_len == p->sz.split_len &&
+            g->hidden == p->sz.want_hidden && g->single == p->sz.single) {
             *exec_p = g->exec;
             return BT_OK;
         }
@@ -505,14 +505,14 @@ static bt_status_t cuda_graph_get(cuda_rank_t *r, const cuda_plan_t *p,
     status = BT_CUDA_STATUS(cudaGraphInstantiate(&g->exec, graph, 0));
     if (status != BT_OK)
         goto out;
-    g->bucket = p->nt;
-    g->n_splits = p->n_splits;
-    g->split_len = p->split_len;
-    g->hidden = p->want_hidden;
-    g->single = p->single;
+    g->bucket = p->sz.nt;
+    g->n_splits = p->sz.n_splits;
+    g->split_len = p->sz.split_len;
+    g->hidden = p->sz.want_hidden;
+    g->single = p->sz.single;
     r->n_graphs++;
     BT_LOG_DEBUG("CUDA", "captured decode graph: bucket %d, %d splits of %d",
-                 p->nt, p->n_splits, p->split_len);
+                 p->sz.nt, p->sz.n_splits, p->sz.split_len);
     *exec_p = g->exec;
 out:
     if (graph)
@@ -534,14 +534,7 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
     if (status != BT_OK)
         return status;
     memset(&p, 0, sizeof(p));
-    p.nt = st->nt;
-    p.n_rows = st->n_rows;
-    p.n_gen = st->n_gen;
-    p.n_tiles = st->n_tiles;
-    p.n_splits = st->n_splits;
-    p.split_len = st->split_len;
-    p.want_hidden = st->want_hidden;
-    p.single = st->single;
+    p.sz = st->sz;
     p.d_tokens = d + st->o_tokens;
     p.d_pos = d + st->o_pos;
     p.d_slot = d + st->o_slot;
@@ -553,7 +546,6 @@ static bt_status_t cuda_rank_step(cuda_rank_t *r, const cuda_step_t *st)
     p.d_rows = d + st->o_rows;
     p.d_tiles = d + st->o_tiles;
     p.d_bt = d + st->o_bt;
-    p.n_pages = st->n_pages;
     p.d_pages = d + st->o_pages;
     p.d_bt_wide = d + st->o_bt_wide;
     p.batch = st->graph ? NULL : batch;
@@ -730,7 +722,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     int pg = 0;
     st.o_pages = off + bt_total;
     st.o_bt_wide = st.o_pages + n_pages;
-    st.n_pages = (int)n_pages;
+    st.sz.n_pages = (int)n_pages;
 
     int t = 0, r = 0, ti = 0;
     for (int s = 0; s < batch->n_seqs; s++) {
@@ -797,12 +789,12 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
         for (r = 0; r < nt_pad; r++)
             rows[r] = r;
 
-    st.nt = nt_pad;
-    st.n_rows = rows_c;
-    st.n_gen = n_gen;
-    st.n_tiles = n_tiles;
-    st.want_hidden = hidden != NULL || batch->keep_hidden;
-    st.single = single && batch->on_layer_done == NULL;
+    st.sz.nt = nt_pad;
+    st.sz.n_rows = rows_c;
+    st.sz.n_gen = n_gen;
+    st.sz.n_tiles = n_tiles;
+    st.sz.want_hidden = hidden != NULL || batch->keep_hidden;
+    st.sz.single = single && batch->on_layer_done == NULL;
     st.graph = graph;
     {
         int max_splits = (int)BT_MIN(
@@ -813,13 +805,13 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
             max_splits = 1;
         cuda_attn_decode_plan(BT_MAX(n_gen, 1), max_kv, b->nh, b->nkv,
                               b->n_sm, b->attn_bps, max_splits,
-                              &st.n_splits, &st.split_len);
-        if (graph && st.n_splits > 1) {
+                              &st.sz.n_splits, &st.sz.split_len);
+        if (graph && st.sz.n_splits > 1) {
             /* Round splits up to a power of two so few graphs cover every
              * context length (the extra splits find no keys). */
-            int ns = cuda__pow2_ceil(st.n_splits);
+            int ns = cuda__pow2_ceil(st.sz.n_splits);
             if (ns <= max_splits)
-                st.n_splits = ns;
+                st.sz.n_splits = ns;
         }
     }
     BT_ASSERT((size_t)pg == n_pages);
@@ -829,7 +821,7 @@ static bt_status_t cuda_forward_ex(void *impl, const backend_batch_t *batch,
     st.h_logits = logits;
     st.h_hidden = hidden;
     st.no_sync = no_sync && b->tp == 1;
-    b->hid_kept = st.want_hidden;
+    b->hid_kept = st.sz.want_hidden;
     b->n_rows = 0;
     for (int s = 0, t2 = 0; s < batch->n_seqs; s++) {
         const backend_seq_t *sq = &batch->seqs[s];
