@@ -8,17 +8,6 @@
 // ---------------------------------------------------------------------
 // All-reduce benchmark (cuda_backend.h)
 
-/* One all-reduce of r->d_x's first n floats on the path the benchmark
- * or check selected (b->op_custom, cuda_ar_select). */
-static bt_status_t cuda_ar_op(const cuda_backend_t *b, cuda_rank_t *r,
-                              size_t n)
-{
-    return b->op_custom
-               ? cuda_allreduce_custom(&r->ar, n, r->stream)
-               : cuda_nccl_allreduce_f32(b->nccl, r->comm, r->d_x, n,
-                                         r->stream);
-}
-
 /* Rank op: a graph of op_i0 all-reduces, replayed; rank 0 times it. */
 static bt_status_t cuda_rank_bench_ar(void *arg, int rank)
 {
@@ -43,7 +32,7 @@ static bt_status_t cuda_rank_bench_ar(void *arg, int rank)
     if (status != BT_OK)
         return status;
     for (int i = 0; i < b->op_i0 && status == BT_OK; i++)
-        status = cuda_ar_op(b, r, b->op_n);
+        status = cuda__allreduce_via(r, b->op_n, b->op_custom);
     st2 = BT_CUDA_STATUS(cudaStreamEndCapture(r->stream, &graph));
     if (status == BT_OK)
         status = st2;
@@ -175,7 +164,7 @@ static bt_status_t cuda_rank_check_ar(void *arg, int rank)
             r->d_x, d_pat + (size_t)k * n, sizes[k] * sizeof(float),
             cudaMemcpyDeviceToDevice, r->stream));
         if (status == BT_OK)
-            status = cuda_ar_op(b, r, sizes[k]);
+            status = cuda__allreduce_via(r, sizes[k], b->op_custom);
         if (status == BT_OK)
             status = BT_CUDA_STATUS(cudaMemcpyAsync(
                 d_res + (size_t)k * n, r->d_x, sizes[k] * sizeof(float),

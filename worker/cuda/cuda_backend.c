@@ -542,11 +542,7 @@ static bt_status_t cuda_rank_comm_check(void *arg, int rank)
                                                 r->stream));
         if (status != BT_OK)
             break;
-        status = path == 0 ? cuda_nccl_allreduce_f32(b->nccl, r->comm,
-                                                     r->d_x, (size_t)n,
-                                                     r->stream)
-                           : cuda_allreduce_custom(&r->ar, (size_t)n,
-                                                   r->stream);
+        status = cuda__allreduce_via(r, (size_t)n, path == 1);
         if (status == BT_OK)
             status = BT_CUDA_STATUS(cudaMemcpyAsync(
                 h, r->d_x, n * sizeof(float), cudaMemcpyDeviceToHost,

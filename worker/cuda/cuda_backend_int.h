@@ -339,6 +339,11 @@ void cuda__layer_free(cuda_layer_t *cl);
 
 /* cuda_forward.c: elements of one layer's K (or V) pool on a rank. */
 size_t cuda__layer_kv_elems(const cuda_backend_t *b);
+/* One in-place all-reduce of r->d_x's first n floats on the rank's
+ * stream: the peer-memory kernel (custom; n % 4 == 0) or NCCL (an error
+ * without it).  The forward picks the path; the start-up self-check and
+ * cuda_allreduce_bench.c name it. */
+bt_status_t cuda__allreduce_via(cuda_rank_t *r, size_t n, bool custom);
 
 /* cuda_kv.c: the host tier's stream and events freed (waits for copies
  * in flight; NULL-safe). */

@@ -14,6 +14,18 @@ size_t cuda__layer_kv_elems(const cuda_backend_t *b)
     return (size_t)b->kv.n_blocks * b->kv.block_size * b->kv_dim;
 }
 
+bt_status_t cuda__allreduce_via(cuda_rank_t *r, size_t n, bool custom)
+{
+    cuda_backend_t *b = r->b;
+
+    if (custom)
+        return cuda_allreduce_custom(&r->ar, n, r->stream);
+    if (b->nccl == NULL)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
+                        "all-reduce of %zu floats needs NCCL", n);
+    return cuda_nccl_allreduce_f32(b->nccl, r->comm, r->d_x, n, r->stream);
+}
+
 /* In-place sum of x (n floats) over the ranks. */
 static bt_status_t cuda_tp_allreduce(cuda_rank_t *r, size_t n)
 {
@@ -33,12 +45,7 @@ static bt_status_t cuda_tp_allreduce(cuda_rank_t *r, size_t n)
         custom = b->ar_custom_ok && n * sizeof(float) <= b->ar_custom_max;
         break;
     }
-    if (custom && n % 4 == 0)
-        return cuda_allreduce_custom(&r->ar, n, r->stream);
-    if (b->nccl == NULL)
-        return BT_ERROR(BT_ERR_UNSUPPORTED, "CUDA",
-                        "all-reduce of %zu floats needs NCCL", n);
-    return cuda_nccl_allreduce_f32(b->nccl, r->comm, r->d_x, n, r->stream);
+    return cuda__allreduce_via(r, n, custom && n % 4 == 0);
 }
 
 /* Copies n logits rows of this rank (its vocab columns, row stride
