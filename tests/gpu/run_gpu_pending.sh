@@ -19,7 +19,7 @@
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
 #       build-pending engine,serve"), then `long`, `disagg`
 # engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
-#   FP8 KV batch 1 / 32 / 64 @2k (32: the skinny GEMM's since 9dff9e5;
+#   FP8 KV batch 1 / 8 / 32 / 64 @2k (8 and 32: the skinny GEMM;
 #   H100 6.48 -> 6.01 ms; b1 / b64 with the fused RoPE and the FP8
 #   decode tuner: H100 -2% / -6.5%), prefill 2048 / 8192 with the widened
 #   prefill (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
@@ -75,7 +75,7 @@ serve() {
 for phase in ${phases//,/ }; do
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
-    --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,32,64 \
+    --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,8,32,64 \
     --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0,\
 342:3072:1:342:1024,448:3072:1:448:1024,512:3072:1:512:1024 \
     --steps 20 > "$out/bench.txt" 2>&1

@@ -920,14 +920,30 @@ static void gemm_paths(bufs_t *b)
     }
 }
 
-/* The skinny GEMM against worker_gemm_fp8's product that run() left in
- * b->d_y (bf16 out, the inputs of its n_tok tokens in b->d_xq): relative
- * difference < REL_MAX (the two sum in different orders and
- * precisions).  wgmma false: its mma.m16n8k32 fallback (no workspace: no
- * split K); true: the wgmma form with the split-K workspace, as gemm.c
- * runs it (at 1-8 tokens, against the GEMV: could it take them?). */
-static void skinny_check(bufs_t *b, const wt_t *q, const char *name,
-                         int n_tok, bool wgmma)
+/* A product kernel called directly, for agree_check. */
+typedef enum {
+    K_GEMV,        /* the FP8 GEMV on the codes (its mma kernel) */
+    K_SKINNY_WG,   /* the skinny GEMM on wgmma, split K through b->ws
+                      as gemm.c runs it */
+    K_SKINNY_MMA   /* its mma.m16n8k32 fallback (no workspace: no split) */
+} kernel_t;
+
+static const char *kernel_name(kernel_t k)
+{
+    return k == K_GEMV        ? "gemv (codes)"
+           : k == K_SKINNY_WG ? "skinny wgmma"
+                              : "skinny mma.m16n8k32 fallback";
+}
+
+/* One kernel against worker_gemm_fp8's product that run() left in
+ * b->d_y (bf16 out, the inputs of its n_tok tokens in b->d_xq, the
+ * routed product checked against the reference there): relative
+ * difference < REL_MAX (they sum in different orders and precisions).
+ * The kernels gemm_fp8.c does not route to on this device are checked
+ * this way: the skinny GEMM's fallback, and the GEMV at 2-8 tokens, the
+ * fallback of devices without wgmma. */
+static void agree_check(bufs_t *b, const wt_t *q, const char *name,
+                        int n_tok, kernel_t k)
 {
     const size_t ny = (size_t)n_tok * q->n_out;
     uint16_t *ya = malloc(2 * ny), *yb = malloc(2 * ny);
@@ -935,10 +951,15 @@ static void skinny_check(bufs_t *b, const wt_t *q, const char *name,
     bool ok;
 
     CK(cudaMemcpy(ya, b->d_y, 2 * ny, cudaMemcpyDeviceToHost));
-    BT_ASSERT_OK(cuda_gemm_fp8_skinny(n_tok, q->n_out, q->ld, b->d_xq,
-                                      b->d_xs, q->d_q, q->d_ws, b->d_y,
-                                      CUDA_DT_BF16, false, wgmma,
-                                      wgmma ? &b->ws : NULL, NULL));
+    if (k == K_GEMV)
+        BT_ASSERT_OK(cuda_gemv_fp8(n_tok, q->n_out, q->ld, b->d_xq, NULL,
+                                   b->d_xs, q->d_q, q->d_ws, b->d_y,
+                                   CUDA_DT_BF16, false, NULL));
+    else
+        BT_ASSERT_OK(cuda_gemm_fp8_skinny(
+            n_tok, q->n_out, q->ld, b->d_xq, b->d_xs, q->d_q, q->d_ws,
+            b->d_y, CUDA_DT_BF16, false, k == K_SKINNY_WG,
+            k == K_SKINNY_WG ? &b->ws : NULL, NULL));
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(yb, b->d_y, 2 * ny, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < ny; i++) {
@@ -949,35 +970,39 @@ static void skinny_check(bufs_t *b, const wt_t *q, const char *name,
     }
     rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
     ok = rel < REL_MAX && isfinite(rel);
-    printf("%s fp8 skinny %s %s %d x %d, %d tokens: relative difference "
-           "%.2e from worker_gemm_fp8\n", ok ? "PASS" : "FAIL",
-           wgmma ? "wgmma" : "mma.m16n8k32 fallback", name, q->n_out,
-           q->n_in, n_tok, rel);
+    printf("%s fp8 %s %s %d x %d, %d tokens: relative difference %.2e "
+           "from worker_gemm_fp8\n", ok ? "PASS" : "FAIL", kernel_name(k),
+           name, q->n_out, q->n_in, n_tok, rel);
     g_fail += !ok;
     free(ya);
     free(yb);
 }
 
-/* Could the skinny GEMM's native E4M3 MMAs also take 1-8 tokens from the
- * FP8 GEMV?  Its product checked against the GEMV's (run() checks that
- * one against the reference and leaves it and its quantized inputs in
- * b), then both timed, bf16 out.  (H100, 2026-12-06: the skinny 22-45%
- * faster at 4 and 8 tokens on every 8B shape, equal at 1.) */
+/* 1-8 tokens, the skinny GEMM against the FP8 GEMV: each checked (run()
+ * checks the routed one against the reference, agree_check the other
+ * against it), then both timed, bf16 out.  (H100, 2026-12-06: the
+ * skinny 22-45% faster at 4 and 8 tokens on every 8B shape, equal at 1:
+ * gemm_fp8.c routes 2-8 to it.) */
 static void skinny_small(bufs_t *b)
 {
     const lin8b_t *sh = g_lin8b;
-    static const int toks[] = { 1, 4, 8 };
+    static const int toks[] = { 1, 2, 4, 8 };
+    enum { NT = sizeof(toks) / sizeof(toks[0]) };
 
     for (int i = 0; i < N_LIN8B; i++) {
         wt_t q;
 
         wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < NT; k++) {
             const double wb = (double)q.n_out * q.ld;
+            const worker_gemm_fp8_t a = { b->d_xq, NULL, b->d_xs, NULL,
+                                          NULL, NULL, 0, true };
             float us_g, us_s;
 
             run(b, &q, sh[i].name, toks[k], false, false, false);
-            skinny_check(b, &q, sh[i].name, toks[k], true);
+            agree_check(b, &q, sh[i].name, toks[k],
+                        worker_gemm_fp8_uses_skinny(b->ctx, toks[k], &a)
+                            ? K_GEMV : K_SKINNY_WG);
             us_g = time_op(b, &q, toks[k], NULL, CUDA_DT_BF16, false,
                            OP_GEMV);
             us_s = time_op(b, &q, toks[k], NULL, CUDA_DT_BF16, false,
@@ -1020,7 +1045,7 @@ static void skinny_paths(bufs_t *b)
         worker_gemm_fp8_force_cublaslt(b->ctx, false);
         for (int k = 0; k < (int)(sizeof(fb_toks) / sizeof(int)); k++) {
             run(b, &q, sh[i].name, fb_toks[k], false, false, false);
-            skinny_check(b, &q, sh[i].name, fb_toks[k], false);
+            agree_check(b, &q, sh[i].name, fb_toks[k], K_SKINNY_MMA);
         }
         wt_free(&q);
     }
@@ -1240,9 +1265,11 @@ int main(int argc, char **argv)
             run(&b, &q, sh->name, 24, false, !sh->acc, false);
             run(&b, &q, sh->name, sh->big ? 512 : 37, false, !sh->acc,
                 false);
-            if (!sh->big) { /* odd and padded K: the mma fallback too */
+            if (!sh->big) { /* odd and padded K: the fallbacks too */
                 run(&b, &q, sh->name, 33, false, false, false);
-                skinny_check(&b, &q, sh->name, 33, false);
+                agree_check(&b, &q, sh->name, 33, K_SKINNY_MMA);
+                run(&b, &q, sh->name, 5, false, false, false);
+                agree_check(&b, &q, sh->name, 5, K_GEMV);
             }
             wt_free(&q);
         }

@@ -67,13 +67,12 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
 /* ---- FP8 (precision fp8; kernels/fp8.h says the layout) ----
  * y (n_tok, n_out) [+]= (xq . wq^T) * xs[t] * ws[n]: E4M3 inputs and
  * weights with rows of ld bytes (cuda_fp8_ld of n_in), f32 sums, y in
- * out_dt.  1..CUDA_GEMV_FP8_MAX_TOK tokens take the FP8 GEMV, which
- * reads the codes (d_xq), or the bf16 values (d_xv) of a 1-token input
- * when they are given; up to CUDA_GEMM_FP8_SKINNY_MAX_TOK the skinny FP8
- * GEMM (kernels/fp8.h), which reads the codes of the n_tok rows and
- * splits K through the context's own scratch; more take cuBLASLt's FP8
- * GEMM, which reads the
- * codes (d_xq: n_tok rounded up to 16 rows must be there, the extra ones
+ * out_dt.  One token takes the FP8 GEMV, which reads the bf16 values
+ * (d_xv) of its input when they are given, else the codes (d_xq); 2 up
+ * to GEMM_FP8_SKINNY_ROUTE_MAX the skinny FP8 GEMM (kernels/fp8.h; the
+ * GEMV up to CUDA_GEMV_FP8_MAX_TOK where wgmma does not run), which
+ * reads the codes of the n_tok rows and splits K through the context's
+ * own scratch; more take cuBLASLt's FP8 GEMM, which reads the codes (d_xq: n_tok rounded up to 16 rows must be there, the extra ones
  * may be read and their products dropped).  Where cuBLASLt applies xs
  * and ws as scale vectors itself (probed once per context at the first
  * uncaptured call, logged once) the GEMM writes y directly, its

@@ -1,12 +1,16 @@
 /*
  * gemm_fp8.c - worker_gemm_fp8(): FP8 products (precision fp8, kernels/fp8.h).
  *
- * Up to CUDA_GEMV_FP8_MAX_TOK tokens: the FP8 GEMV (the weights read once
- * at the bandwidth limit).  Up to GEMM_FP8_SKINNY_ROUTE_MAX: the skinny
- * FP8 GEMM (kernels/gemm_fp8_skinny.cu: the weights read once on the
- * tensor cores; cuBLASLt's kernels, tiled for prefill, read these shapes
- * well below bandwidth), unless worker_gemm_fp8_force_cublaslt.  Both go
- * under worker_gemm_fp8_t.gemv ("the codes, no cuBLASLt").  More:
+ * One token: the FP8 GEMV (the weights read once at the bandwidth limit;
+ * cuda_forward.c's fused form makes its input inside).  2 to
+ * GEMM_FP8_SKINNY_ROUTE_MAX: the skinny FP8 GEMM (kernels/
+ * gemm_fp8_skinny.cu: the weights read once on the tensor cores' native
+ * E4M3 MMAs; the GEMV converts codes and cuBLASLt's kernels, tiled for
+ * prefill, read these shapes well below bandwidth), unless
+ * worker_gemm_fp8_force_cublaslt (9 and up).  Without wgmma the skinny
+ * GEMM's fallback loses to the GEMV, which then keeps 2 to
+ * CUDA_GEMV_FP8_MAX_TOK.  Both go under worker_gemm_fp8_t.gemv ("the
+ * codes, no cuBLASLt").  More:
  * cuBLASLt's FP8 GEMM (E4M3 A and B in
  * the "TN" layout Hopper's FP8 kernels require -- A = w transposed, as
  * every plan here -- f32 compute, fast accumulation unless
@@ -864,15 +868,21 @@ void worker_gemm_fp8_force_cublaslt(worker_gemm_ctx_t *ctx, bool on)
     ctx->fp8_force_cublaslt = on;
 }
 
+/* 2-8 tokens: the skinny GEMM only on wgmma (H100, L2 flushed, an 8B
+ * layer's four products at 8 tokens: GEMV 144 us, skinny 102; at 4: 138
+ * / 101; test_cuda_fp8 "fp8 small").  One token stays on the GEMV (105 /
+ * 102, and the GEMV's fused form saves the input kernel). */
 bool worker_gemm_fp8_uses_skinny(const worker_gemm_ctx_t *ctx, int n_tok,
                                  const worker_gemm_fp8_t *a)
 {
-    return a->gemv && n_tok > CUDA_GEMV_FP8_MAX_TOK && ctx->fp8_skinny;
+    return a->gemv && ctx->fp8_skinny && a->d_xq != NULL &&
+           (n_tok > CUDA_GEMV_FP8_MAX_TOK ||
+            (n_tok >= 2 && cuda_gemm_fp8_skinny_native()));
 }
 
 /* The gemv form of worker_gemm_fp8 (a->gemv): the skinny GEMM in pieces
- * of CUDA_GEMM_FP8_SKINNY_MAX_TOK tokens beyond CUDA_GEMV_FP8_MAX_TOK
- * (where usable), else the GEMV in pieces of CUDA_GEMV_FP8_MAX_TOK. */
+ * of CUDA_GEMM_FP8_SKINNY_MAX_TOK tokens where worker_gemm_fp8_uses_skinny,
+ * else the GEMV in pieces of CUDA_GEMV_FP8_MAX_TOK. */
 static bt_status_t gemm_fp8_codes_run(worker_gemm_ctx_t *ctx, int n_tok,
                                       int n_out, int ld,
                                       const worker_gemm_fp8_t *a, void *d_y,

@@ -4,7 +4,8 @@
  * (quant_fp8.cu), the scaled epilogue of the cuBLASLt FP8 GEMM
  * (quant_fp8.cu), the FP8 GEMV of decode steps of 1-8 tokens
  * (gemv_fp8.cu; a 1-token form makes its own input) and the skinny
- * FP8 GEMM of 9-64 (gemm_fp8_skinny.cu).
+ * FP8 GEMM of 1-64 (gemm_fp8_skinny.cu; gemm_fp8.c routes 2-32 tokens
+ * to it where wgmma runs, the GEMV being the fallback).
  *
  * The GEMM they compute is the cpu reference's (worker/cpu/cpu_fp8.c,
  * cpu__fp8_gemm_ref): y[t, n] = (sum_j xq[t, j] * wq[n, j]) * xs[t] * ws[n],
@@ -174,6 +175,12 @@ bt_status_t cuda_gemm_fp8_skinny(int n_tok, int n_out, int ld,
 /* Raises the skinny FP8 GEMM's shared-memory limits (host code, outside
  * any capture; once per device, before the first launch). */
 bt_status_t cuda_gemm_fp8_skinny_prepare(void);
+
+/* True when cuda_gemm_fp8_skinny(..., wgmma = true, ...) runs on wgmma's
+ * native E4M3 MMAs here (an sm_90a build on a compute-capability-9
+ * device); false: its mma.m16n8k32 fallback, slower than the FP8 GEMV at
+ * 1-8 tokens. */
+bool cuda_gemm_fp8_skinny_native(void);
 
 #ifdef __cplusplus
 }

@@ -2,14 +2,17 @@
  * gemm_fp8_skinny.cu - the skinny FP8 GEMM of decode steps (fp8.h):
  * y (t, n) [+]= (xq . wq^T) * xs[t] * ws[n], E4M3 input codes xq (n_tok,
  * ld) and weight codes wq (n_out, ld), f32 sums, y bf16 or f32 (+= the
- * residual), 1-64 tokens.  gemv_tc.cu's design with FP8 operands.  gemm.c
- * routes 9-32 tokens here (GEMM_FP8_SKINNY_ROUTE_MAX: measured) and, in
- * pieces of 64, the shapes cuBLASLt has no algorithm for.
+ * residual), 1-64 tokens.  gemv_tc.cu's design with FP8 operands.
+ * gemm_fp8.c routes 2-32 tokens here (GEMM_FP8_SKINNY_ROUTE_MAX:
+ * measured; 2-8 only where wgmma runs) and, in pieces of 64, the shapes
+ * cuBLASLt has no algorithm for.
  *
  * Why: at 9-32 tokens cuBLASLt's FP8 GEMM reads the Llama-3-8B weights
  * well below the bandwidth limit (its kernels are tiled for prefill),
- * and the FP8 GEMV (gemv_fp8.cu) converts codes on the integer pipe and
- * stops at 8 tokens.  Here a block owns 128 weight rows and streams
+ * and the FP8 GEMV (gemv_fp8.cu) converts codes to f16 by moving bits
+ * and stops at 8 tokens; at 2-8 its 16-row blocks and the conversions
+ * leave it 22-45% behind this kernel (H100, test_cuda_fp8's "fp8 small"
+ * rows), at 1 token they are even and the fused GEMV keeps it.  Here a block owns 128 weight rows and streams
  * them through shared memory once, with x's K slice beside them (read
  * n_out / 128 times in all, from L2), and the tensor cores multiply the
  * codes as they are, no conversion: wgmma m64nNk32 E4M3 (sm_90a).  (The
@@ -322,6 +325,11 @@ bt_status_t cuda_gemm_fp8_skinny(int n_tok, int n_out, int ld,
     if (err != cudaSuccess)
         return BT_CUDA_STATUS(err);
     return BT_CUDA_LAUNCH_STATUS();
+}
+
+bool cuda_gemm_fp8_skinny_native(void)
+{
+    return cuda_wgmma_available();
 }
 
 bt_status_t cuda_gemm_fp8_skinny_prepare(void)
