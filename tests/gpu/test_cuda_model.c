@@ -27,9 +27,10 @@
  *      after backend_kv_copy_block;
  *   4. precision fp8 (E4M3 linears, kernels/fp8.h): teacher-forced top-1
  *      agreement with the cpu's fp8 mode on the golden sequences (one
- *      prompt, chunks of 5, decode steps): >= 98% (bf16 holds 99; an
- *      E4M3 input code flips where the two backends' bf16 activations
- *      differ by an ulp, a coarser step than bf16's); and FP8
+ *      prompt, chunks of 5, decode steps): >= 98% on the GEMV's f32 sums
+ *      (bf16 holds 99; an E4M3 input code flips where the two backends'
+ *      bf16 activations differ by an ulp, a coarser step than bf16's),
+ *      lower on the tensor cores' FP8 sums (fp8_agree_min); and FP8
  *      checkpoints written as `baton model quantize --fp8` writes them
  *      (model_write_hf_fp8: per channel with dynamic inputs, per tensor
  *      with static input scales) load and hold the same agreement, the
@@ -58,6 +59,7 @@
 #include "bt_golden.h"
 #include "bt_test.h"
 #include "bt_util.h"
+#include "cuda/kernels/fp8.h"
 #include "model/model_synth.h"
 #include "model/model_write.h"
 
@@ -543,9 +545,21 @@ static void test_mixed(void)
  * one prompt 97.04% against 97.50 exact (aidreams260K, H100, same
  * call: 3 more of 641 positions) and 76.58 against 77.65 (stories260K);
  * chunks and decode unchanged.  A wrong scale or code costs tens of
- * percent: one prompt is held at 96. */
+ * percent: one prompt is held at 96.  Where wgmma runs, chunks of 5
+ * take the skinny FP8 GEMM (gemm_fp8.c: 2-8 tokens) and its tensor-core
+ * sums: measured on the H100 (2026-12-07) exactly one prompt's levels
+ * (76.58 / 76.36% stories260K, 97.19-97.50 aidreams260K), so they are
+ * held at one prompt's (fp8_chunk_min); decode steps keep the GEMV's
+ * f32 sums at 98. */
 static const double fp8_agree_min[2][3] = { { 96.0, 98.0, 98.0 },
                                             { 70.0, 98.0, 98.0 } };
+
+/* The level held in feeding mode c of a row of levels: chunks of 5
+ * hold one prompt's where they take the tensor cores' FP8 sums. */
+static double fp8_chunk_min(const double min[3], int c)
+{
+    return c == 1 && cuda_gemm_fp8_skinny_native() ? min[0] : min[c];
+}
 
 /* Teacher-forced top-1 agreement of cuda fp8 with cpu fp8 on model m
  * over ids (n), per feeding mode, added into agree[0..2]; agree[3] gets
@@ -592,12 +606,13 @@ static void fp8_report(const char *what, long agree[2][4],
             const char *mode = c == 0 ? "one prompt"
                                : c == 1 ? "chunks of 5" : "decode";
             double pct = 100.0 * agree[k][c] / (double)total[k];
-            bool ok = total[k] > 0 && pct >= fp8_agree_min[k][c];
+            double min = fp8_chunk_min(fp8_agree_min[k], c);
+            bool ok = total[k] > 0 && pct >= min;
 
             printf("%s fp8 top-1 agreement with the cpu's fp8 mode, %s, %s "
                    "(%s): %.2f%% of %ld positions (>= %.0f held)\n",
                    ok ? "PASS" : "FAIL", model, what, mode, pct, total[k],
-                   fp8_agree_min[k][c]);
+                   min);
             g_fail += !ok;
         }
         printf("INFO fp8 cpu one prompt vs cpu decode steps, %s, %s: "
@@ -733,7 +748,7 @@ static void kv8_agree(model_t *m, backend_precision_t prec, const int *ids,
     free(got);
 }
 
-static void kv8_report(const char *what, long agree[2][3],
+static void kv8_report(const char *what, bool fp8, long agree[2][3],
                        const long total[2], const double min[2][3])
 {
     for (int k = 0; k < 2; k++) {
@@ -741,13 +756,14 @@ static void kv8_report(const char *what, long agree[2][3],
             const char *mode = c == 0 ? "one prompt"
                                : c == 1 ? "chunks of 5" : "decode";
             double pct = 100.0 * agree[k][c] / (double)total[k];
-            bool ok = total[k] > 0 && pct >= min[k][c];
+            double lv = fp8 ? fp8_chunk_min(min[k], c) : min[k][c];
+            bool ok = total[k] > 0 && pct >= lv;
 
             printf("%s kv fp8 top-1 agreement with the cpu's --kv-dtype "
                    "fp8, %s, %s (%s): %.2f%% of %ld positions (>= %.0f "
                    "held)\n", ok ? "PASS" : "FAIL",
                    k ? "stories260K" : "aidreams260K", what, mode, pct,
-                   total[k], min[k][c]);
+                   total[k], lv);
             g_fail += !ok;
         }
     }
@@ -765,8 +781,8 @@ static void test_kv8(const bt_golden_t *g, int n_lines)
      * misread code costs tens of percent on both models. */
     static const double bf16_min[2][3] = { { 99.0, 99.0, 99.0 },
                                            { 97.0, 97.0, 97.0 } };
-    /* (one prompt at 96 for aidreams260K: fast accumulation, see
-     * fp8_agree_min) */
+    /* (one prompt at 96 for aidreams260K: fast accumulation, and chunks
+     * of 5 at one prompt's levels where wgmma runs: see fp8_agree_min) */
     static const double fp8_min[2][3] = { { 96.0, 98.0, 98.0 },
                                           { 70.0, 92.0, 92.0 } };
     long agree_b[2][3] = {{0}}, agree_f[2][3] = {{0}}, agree_s[2][3] = {{0}};
@@ -821,9 +837,9 @@ static void test_kv8(const bt_golden_t *g, int n_lines)
         model_destroy(&m);
         free(ids);
     }
-    kv8_report("precision bf16", agree_b, total, bf16_min);
-    kv8_report("precision fp8", agree_f, total, fp8_min);
-    kv8_report("precision fp8, checkpoint k_scale/v_scale per head",
+    kv8_report("precision bf16", false, agree_b, total, bf16_min);
+    kv8_report("precision fp8", true, agree_f, total, fp8_min);
+    kv8_report("precision fp8, checkpoint k_scale/v_scale per head", true,
                agree_s, total, fp8_min);
 }
 
