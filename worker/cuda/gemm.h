@@ -72,8 +72,9 @@ bool worker_gemm_gemv_enabled(const worker_gemm_ctx_t *ctx);
  * to GEMM_FP8_SKINNY_ROUTE_MAX the skinny FP8 GEMM (kernels/fp8.h; the
  * GEMV up to CUDA_GEMV_FP8_MAX_TOK where wgmma does not run), which
  * reads the codes of the n_tok rows and splits K through the context's
- * own scratch; more take cuBLASLt's FP8 GEMM, which reads the codes (d_xq: n_tok rounded up to 16 rows must be there, the extra ones
- * may be read and their products dropped).  Where cuBLASLt applies xs
+ * own scratch; more take cuBLASLt's FP8 GEMM, which reads the codes
+ * (d_xq: n_tok rounded up to 16 rows must be there, the extra ones may
+ * be read and their products dropped).  Where cuBLASLt applies xs
  * and ws as scale vectors itself (probed once per context at the first
  * uncaptured call, logged once) the GEMM writes y directly, its
  * algorithm tuned per prefill shape (gemm_fp8.c); else it writes f32 sums

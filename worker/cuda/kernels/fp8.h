@@ -12,7 +12,10 @@
  * xq and wq E4M3 values, the sum in float32, xs the input scale (static
  * per tensor, or absmax / 448 of the row), ws the weight scale of output
  * row n.  Quantization rounds exactly as the cpu does (bt_f32_to_e4m3 of
- * x * (1 / s)), so the codes are the same bytes.
+ * x * (1 / s)), so the codes are the same bytes.  The GEMV's sums are
+ * f32 (exact products, f32 adds); the tensor cores' FP8 MMAs (the skinny
+ * GEMM's wgmma, cuBLASLt) add in less precision (~1e-4 relative, below
+ * the bf16 rounding of y: PERFORMANCE.md "FP8 on the GPU").
  *
  * E4M3 matrices are stored row-major with rows padded with zero codes to
  * cuda_fp8_ld(k) bytes (a multiple of 16): every row starts 16-byte

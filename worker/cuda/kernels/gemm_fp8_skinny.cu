@@ -1,8 +1,8 @@
 /*
  * gemm_fp8_skinny.cu - the skinny FP8 GEMM of decode steps (fp8.h):
  * y (t, n) [+]= (xq . wq^T) * xs[t] * ws[n], E4M3 input codes xq (n_tok,
- * ld) and weight codes wq (n_out, ld), f32 sums, y bf16 or f32 (+= the
- * residual), 1-64 tokens.  gemv_tc.cu's design with FP8 operands.
+ * ld) and weight codes wq (n_out, ld), f32 accumulators (the FP8 MMA's
+ * adds: fp8.h), y bf16 or f32 (+= the residual), 1-64 tokens.  gemv_tc.cu's design with FP8 operands.
  * gemm_fp8.c routes 2-32 tokens here (GEMM_FP8_SKINNY_ROUTE_MAX:
  * measured; 2-8 only where wgmma runs) and, in pieces of 64, the shapes
  * cuBLASLt has no algorithm for.
@@ -12,10 +12,11 @@
  * and the FP8 GEMV (gemv_fp8.cu) converts codes to f16 by moving bits
  * and stops at 8 tokens; at 2-8 its 16-row blocks and the conversions
  * leave it 22-45% behind this kernel (H100, test_cuda_fp8's "fp8 small"
- * rows), at 1 token they are even and the fused GEMV keeps it.  Here a block owns 128 weight rows and streams
- * them through shared memory once, with x's K slice beside them (read
- * n_out / 128 times in all, from L2), and the tensor cores multiply the
- * codes as they are, no conversion: wgmma m64nNk32 E4M3 (sm_90a).  (The
+ * rows), at 1 token they are even and the fused GEMV keeps it.  Here a
+ * block owns 128 weight rows and streams them through shared memory
+ * once, with x's K slice beside them (read n_out / 128 times in all,
+ * from L2), and the tensor cores multiply the codes as they are, no
+ * conversion: wgmma m64nNk32 E4M3 (sm_90a).  (The
  * warp-level mma.m16n8k32 E4M3 is native on sm_89 only: on sm_90 ptxas
  * converts the codes to f16 and runs HMMA -- cutlass issue 1986 -- so it
  * is the fallback of builds and devices without wgmma.)
