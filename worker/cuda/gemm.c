@@ -145,11 +145,13 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     if (ctx->tune)
         gemm_cache_open(ctx);
     ctx->fp8_vec = -1;
-    /* (a failure only costs the kernel: 9-64 tokens stay on cuBLASLt) */
+    /* (a failure only costs the kernel: 2-8 tokens stay on the GEMV,
+     * more on cuBLASLt) */
     ctx->fp8_skinny = cuda_gemm_fp8_skinny_prepare() == BT_OK;
     if (!ctx->fp8_skinny) {
-        BT_LOG_WARN("CUDA", "skinny FP8 GEMM unavailable: 9-%d FP8 tokens "
-                    "take cuBLASLt", CUDA_GEMM_FP8_SKINNY_MAX_TOK);
+        BT_LOG_WARN("CUDA", "skinny FP8 GEMM unavailable: 2-8 FP8 tokens "
+                    "take the GEMV, 9-%d cuBLASLt",
+                    CUDA_GEMM_FP8_SKINNY_MAX_TOK);
         bt_error_clear();
         (void)cudaGetLastError();
     }
