@@ -13,7 +13,8 @@
 set -u
 B="$BATON_BIN/baton"
 tmp=$(mktemp -d)
-PORT=$((20000 + RANDOM % 12000))
+. "$(dirname "$0")/../ports.sh" # free_ports
+PORT=$(free_ports 6) # +2 http, +4/+5 a second cluster, +5 a dead one
 HPORT=$((PORT + 2))
 EP="tcp://127.0.0.1:$PORT"
 URL="http://127.0.0.1:$HPORT"

@@ -11,7 +11,8 @@ B="$BATON_BIN/baton"
 M="$BT_SHARED_DIR/models"
 [ -f "$M/aidreams260K.bin" ] || { echo "SKIP: no aidreams260K"; exit 0; }
 tmp=$(mktemp -d)
-PORT=$((20000 + RANDOM % 12000))
+. "$(dirname "$0")/../ports.sh" # free_ports
+PORT=$(free_ports 3) # +2 http
 HPORT=$((PORT + 2))
 EP="tcp://127.0.0.1:$PORT"
 "$B" up --no-curve --model "$M/aidreams260K.bin" --tokenizer "$M/aidreams-tok512.bin" \

@@ -5,7 +5,8 @@
 set -u
 B="$BATON_BIN/baton"
 tmp=$(mktemp -d)
-PORT=$((20000 + RANDOM % 12000))
+. "$(dirname "$0")/../ports.sh" # free_ports
+PORT=$(free_ports 2)
 "$B" up --no-curve --null-model --prefill 1 --decode 1 --port "$PORT" \
   --log-dir "$tmp" >"$tmp/up.out" 2>&1 &
 UP=$!

@@ -33,7 +33,8 @@ fail() {
 }
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
-PORT=$((20000 + RANDOM % 12000))
+. "$(dirname "$0")/../ports.sh" # free_ports
+PORT=$(free_ports 2)
 CLIENT=tcp://127.0.0.1:$PORT
 CONTROL=tcp://127.0.0.1:$((PORT + 1))
 W=(--model "$M" --threads 1)

@@ -8,6 +8,7 @@
 # The transports are read from what `baton up` prints (the router's
 # cluster status).
 set -u
+. "$(dirname "$0")/../ports.sh" # free_ports
 B="$BATON_BIN/baton"
 M="$BT_SHARED_DIR/models/aidreams260K.bin"
 tmp=$(mktemp -d)
@@ -25,7 +26,8 @@ want=$(timeout 30 "$B" run --model "$M" --prompt-ids "$PROMPT" --ids \
 # up_check NAME EXPECT_TRANSPORT UP_ARGS...
 up_check() {
   local name=$1 expect=$2; shift 2
-  local port=$((20000 + RANDOM % 12000)) got="" ok=0
+  local port got="" ok=0
+  port=$(free_ports 2)
   "$B" up --no-curve --model "$M" --port "$port" --log-dir "$tmp" "$@" \
     >"$tmp/$name.out" 2>&1 &
   UP=$!
