@@ -1078,12 +1078,14 @@ bt_status_t prefill_run(prefill_t *pf)
         reap(pf);
         if (pf->links != NULL)
             kv_link_sender_reap(pf->links);
+        /* The beat first: a client that got its answer and then scrapes
+         * this worker's metrics finds its prompt counted (prefix hits). */
+        publish_beat(pf);
         send_outbox(pf); /* this turn's PrefillDones, in one message */
         if (pf->prefix != NULL && workerproc_link_registered(pf->link))
             workerproc_prefix_publish(pf->prefix, pf->sock,
                                       PREFILL_KV_EVENTS_MS);
         workerproc_link_turn_end(pf->link);
-        publish_beat(pf);
     }
     workerproc_send_shutdown(pf->sock, pf->name);
     BT_LOG_INFO("PREFILL", "%s stopped after %llu prompts", pf->name,
