@@ -53,7 +53,8 @@
  *      above runs the default, cuBLASLt's fast accumulation; the 8B
  *      linears again in exact accumulation, checked as in 3 and timed
  *      against the default at 2048 tokens.
- * --paths runs only gemm_paths and 7.
+ * --paths runs only gemm_paths and 7; --skinny only skinny_paths and
+ * skinny_small (the skinny GEMM checked and timed, ~20 s).
  * Prints one PASS/FAIL line per check; exits non-zero on any failure.
  */
 #include <math.h>
@@ -1181,12 +1182,15 @@ int main(int argc, char **argv)
     /* --paths: only the cuBLASLt paths' A/Bs (gemm_paths, gemm_accum_modes:
      * ~1 min instead of ~3) */
     const bool paths_only = argc > 1 && strcmp(argv[1], "--paths") == 0;
+    /* --skinny: only the skinny GEMM's checks and timings (skinny_paths,
+     * skinny_small) */
+    const bool skinny_only = argc > 1 && strcmp(argv[1], "--skinny") == 0;
     bufs_t b;
     int dev_n = 0;
     char cache[64];
 
-    if (argc > 2 || (argc == 2 && !paths_only)) {
-        fprintf(stderr, "usage: test_cuda_fp8 [--paths]\n");
+    if (argc > 2 || (argc == 2 && !paths_only && !skinny_only)) {
+        fprintf(stderr, "usage: test_cuda_fp8 [--paths | --skinny]\n");
         return 2;
     }
 
@@ -1221,6 +1225,11 @@ int main(int argc, char **argv)
     if (paths_only) {
         gemm_paths(&b);
         gemm_accum_modes(&b);
+        goto done;
+    }
+    if (skinny_only) {
+        skinny_paths(&b);
+        skinny_small(&b);
         goto done;
     }
     cvt_check();

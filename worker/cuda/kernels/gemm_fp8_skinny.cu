@@ -51,7 +51,13 @@
  * counters are zero again for the next launch and CUDA-graph replays)
  * adds the S partials in split order -- the result does not depend on
  * the order in which blocks finish -- and scales and writes y.  Without
- * a workspace (or too small a one) S = 1.
+ * a workspace (or too small a one) S = 1.  Lost (2026-12-07, H100,
+ * `test_cuda_fp8 --skinny`, bench_cuda A B B A): the S blocks as one
+ * cluster adding the partials through distributed shared memory.  It
+ * flattened the growth with tokens (o at 16 / 32 / 64 tokens 15.8 /
+ * 19.5 / 26.5 -> 17.9 / 18.9 / 22.7 us) but slowed the small counts
+ * (down at 16 29.8 -> 37.0: the cluster's co-residency and barriers):
+ * batch 16 @2k 4.93 -> 5.35 ms, 32 6.03 -> 6.29, 64 equal.
  *
  * Test: build-DIR/gpu/test_cuda_fp8 (against cpu__fp8_gemm_ref, the path
  * "skinny", timed against cuBLASLt at 16/32/64 tokens).
