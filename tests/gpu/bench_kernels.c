@@ -32,9 +32,9 @@
  *   2048/2048 (bf16: 199 rows, FP8 KV: 342, at ~3K context).
  * --dec-kv8: the same over an FP8 (E4M3) KV cache (d_kv_scale; the
  *   bytes read are half).
- * --dec-splits: with --dec / --dec-kv8, each case again at every split
- *   length 64..4096 the planner may pick ("sweep" rows): how far its
- *   cost model's pick is from the fastest.
+ * --dec-splits: with --dec / --dec-kv8, each case again at 1..32
+ *   splits (each a multiple of 64 keys; "sweep" rows): how far the
+ *   planner's pick is from the fastest.
  * --small: RMSNorm, SwiGLU and RoPE+KV write at 2048 tokens (GB/s).
  * --toks LIST: only these token counts in --gemv.
  * --dec-only B:CTX: --dec's case of batch B at context CTX only (the
@@ -572,18 +572,19 @@ static void bench_dec(void)
         a.d_mask_off = a.d_ctx_len + B;
         a.d_out = out;
         a.d_kv_scale = d_scale;
-        for (int sweep = 0; sweep <= (g_dec_splits ? 7 : 0); sweep++) {
+        for (int sweep = 0; sweep <= (g_dec_splits ? 32 : 0); sweep++) {
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
             cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm,
                                   cuda_attn_decode_blocks_per_sm(hd,
                                                                  g_dec_kv8),
                                   64, &ns, &sl);
-            if (sweep > 0) { /* split length 64 << (sweep - 1) */
-                sl = 64 << (sweep - 1);
+            if (sweep > 0) { /* `sweep` splits, a multiple of 64 keys */
+                sl = (ctx + sweep - 1) / sweep;
+                sl = (sl + 63) / 64 * 64;
                 ns = (ctx + sl - 1) / sl;
-                if (ns > 64 || (sl > ctx && sl / 2 >= ctx))
-                    continue;
+                if (ns != sweep)
+                    continue; /* the same split as a smaller count */
             }
             OK(cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0));
             for (int rr = 0; rr < n; rr++) {
