@@ -1,7 +1,8 @@
 #!/bin/bash
 # run_gpu_pending.sh CARRY PHASE[,PHASE...] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
-# docs/PERFORMANCE.md; every later call landed on an H100), ON THE
+# docs/PERFORMANCE.md; every later call, 2026-12-07's five included,
+# landed on an H100), ON THE
 # DEVICE MACHINE from a folder packed here.  Phases engine, serve, long,
 # disagg: three calls of ~5 (engine,serve) / 9 / 4 minutes on the warm
 # machine; delete this script once its figures are in
@@ -38,12 +39,15 @@
 #   H200's FP8 KV, 1.81M tokens, holds 441 promises of 4,096 tokens;
 #   more streams would wait at the router and its 1 s queue bound would
 #   shed them as OVERLOADED), then @384 [10,103] in the time left.
-# disagg (an H100 needs BT_SERVE_KV_BLOCKS=14000 in the environment: the
-#   decode pool's default is sized for an H200): 1P+1D (MPS) bf16
+# disagg: 1P+1D (MPS) bf16
 #   2048x128 at 16 and 20 req/s with the receive
 #   room told by heartbeat (d1873fe; ba74f6f: goodput 12.69 / 10.67 req/s
 #   [TTFT p99 727 / 968 ms], 248 grants refused for a full window budget,
 #   each asked again 20 ms later).
+# On an H100 (the kind lent when no H200 comes) every phase runs at the
+# shapes its 80 GB holds: the mixes and the trace at 256 rows, 2048/2048
+# at 224 streams, bf16 2048/128 at 176, the disagg pool at 14,000
+# blocks; its rows are H100 rows (PERFORMANCE.md says which card).
 # Writes pending.md (the rows) under $OUT with each run's serve.md.
 set -u
 c=${1:-build-pending}
@@ -58,6 +62,16 @@ export BT_GEMM_CACHE=/tmp/baton-pending-gemm.cache
 md=$out/pending.md
 echo "## pending measurements ($(date -u +%F\ %H:%M) UTC)" > "$md"
 nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader >> "$md"
+h200=0
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
+if [ $h200 = 1 ]; then
+  mixes=342:3072:1:342:1024,448:3072:1:448:1024,512:3072:1:512:1024
+  tmix=342:3072:1:342:1024 long_a=440 long_b=384 bf16_c=256
+else
+  mixes=199:3072:1:199:1024,256:3072:1:256:1024
+  tmix=256:3072:1:256:1024 long_a=224 long_b=0 bf16_c=176
+  export BT_SERVE_KV_BLOCKS=14000 # disagg: the decode pool an H100 holds
+fi
 # serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its rows
 serve() {
   local name=$1 lim=$2
@@ -76,8 +90,7 @@ for phase in ${phases//,/ }; do
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
     --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,8,32,64 \
-    --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0,\
-342:3072:1:342:1024,448:3072:1:448:1024,512:3072:1:512:1024 \
+    --ctx 2048 --prefill 2048,8192 --mixed 124:2048:1:1990:0,$mixes \
     --steps 20 > "$out/bench.txt" 2>&1
   { echo; echo "### bench_cuda fp8 + FP8 KV: rc $?"
     grep -E "^\| (decode|prefill|mixed)" "$out/bench.txt"; } >> "$md"
@@ -86,21 +99,24 @@ if [ "$phase" = engine ]; then
   timeout -k 5 150 env CUDA_INJECTION64_PATH="$PWD/$c/gpu/libbt_kernel_trace.so" \
     BT_TRACE_OUT=/tmp/tp.csv "$c/gpu/bench_cuda" --model synth:llama3-8b \
     --precision fp8 --kv-dtype fp8 --batch 1 --ctx 2048 --prefill 0 \
-    --mixed 342:3072:1:342:1024 --steps 5 > "$out/trace.txt" 2>&1
-  { echo; echo "### the 342-row mix under the tracer: rc $?"
+    --mixed $tmix --steps 5 > "$out/trace.txt" 2>&1
+  { echo; echo "### the ${tmix%%:*}-row mix under the tracer: rc $?"
     grep "^| mixed" "$out/trace.txt"
     python3 tests/gpu/step_timeline.py /tmp/tp.csv embed_kernel 19 | head -24; } >> "$md"
 fi
 if [ "$phase" = serve ]; then
   serve fp8_short 200 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
     BT_SERVE_MODES=agg,agg-nobound BT_SERVE_RUNS="2048x128@256:1024"
-  serve bf16_short $(left 560) BT_SERVE_RUNS="2048x128@256:512"
+  serve bf16_short $(left 560) BT_SERVE_MAX_SEQS=$bf16_c \
+    BT_SERVE_RUNS="2048x128@$bf16_c:$(( 2 * bf16_c ))"
 fi
 if [ "$phase" = long ]; then
-  serve fp8_440 330 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
-    BT_SERVE_MAX_SEQS=440 BT_SERVE_RUNS="2048x2048@440:880"
-  serve fp8_384 $(left 580) BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
-    BT_SERVE_MAX_SEQS=384 BT_SERVE_RUNS="2048x2048@384:768"
+  serve fp8_$long_a 330 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+    BT_SERVE_MAX_SEQS=$long_a \
+    BT_SERVE_RUNS="2048x2048@$long_a:$(( 2 * long_a ))"
+  [ $long_b -gt 0 ] && serve fp8_$long_b $(left 580) BT_SERVE_PRECISION=fp8 \
+    BT_SERVE_KV_DTYPE=fp8 BT_SERVE_MAX_SEQS=$long_b \
+    BT_SERVE_RUNS="2048x2048@$long_b:$(( 2 * long_b ))"
 fi
 if [ "$phase" = disagg ]; then
   serve disagg $(left 560) BT_SERVE_MODES=disagg BT_SERVE_RUNS= \

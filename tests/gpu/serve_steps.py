@@ -9,7 +9,10 @@ template arguments, every grid together).  Compare a bin with
 step_timeline.py's table of bench_cuda --mixed's step of the same
 tokens: what serving adds is in the idle column and the kernels the
 bench has not."""
-import collections, csv, re, sys
+import collections, csv, re, signal, sys
+
+# piped into head: stop quietly when it closes the pipe
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def short(name):

@@ -10,7 +10,10 @@ minus the previous kernel's end; negative = overlap under PDL).  K
 for bench_cuda --mixed's mixed forward (9 forwards each of the mixed
 step, the decode rows, the chunks: the mixed ones are 27..19 from the
 end)."""
-import csv, re, sys, collections
+import csv, re, signal, sys, collections
+
+# piped into head: stop quietly when it closes the pipe
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def short(name, grid):
