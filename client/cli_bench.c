@@ -1094,6 +1094,16 @@ static void print_text(const bench_t *b, const bench_result_t *r)
         for (int k = 0; k < b->n_first; k++)
             printf("  request %d: %s: %s\n", b->first[k].req,
                    b->codes[b->first[k].code].code, b->first[k].msg);
+        for (int c = 0; c < b->n_codes; c++)
+            if (strcmp(b->codes[c].code, "overloaded") == 0 ||
+                strncmp(b->codes[c].code, "http_429", 8) == 0) {
+                printf("  note: the router refused or shed these as "
+                       "overloaded (its --max-queue, --max-inflight or "
+                       "--max-queue-wait-ms bound): more in flight than "
+                       "the cluster holds; lower --concurrency or --rate, "
+                       "or see docs/BENCH.md\n");
+                break;
+            }
     }
     fflush(stdout);
 }

@@ -5,16 +5,17 @@
 # send times; Poisson and gamma --burstiness), the JSON's fields and
 # their consistency, length ranges and --lengths-file, a --rates sweep
 # with its SVG plot (parsed with xml.etree), failed requests reported by
-# code (dead router, dead HTTP port, a 404 from baton-http) within
-# --timeout-ms, streams a decode worker gave back counted from
-# Finished.timings (--kv-overcommit on a pool of 8 blocks; null over
-# HTTP, which does not tell), and usage errors.  Every step is bounded by
-# `timeout`.
+# code (dead router, dead HTTP port, a 404 from baton-http, requests the
+# router refused as overloaded, with a note) within --timeout-ms, streams
+# a decode worker gave back counted from Finished.timings
+# (--kv-overcommit on a pool of 8 blocks; null over HTTP, which does not
+# tell), and usage errors.  Every step is bounded by `timeout`.
 set -u
 B="$BATON_BIN/baton"
 tmp=$(mktemp -d)
 . "$(dirname "$0")/../ports.sh" # free_ports
-PORT=$(free_ports 6) # +2 http, +4/+5 a second cluster, +5 a dead one
+PORT=$(free_ports 8) # +2 http, +4/+5 a second cluster, +5 a dead one,
+                     # +6/+7 a third
 HPORT=$((PORT + 2))
 EP="tcp://127.0.0.1:$PORT"
 URL="http://127.0.0.1:$HPORT"
@@ -295,6 +296,30 @@ assert j["retries"] == 0
 print("given back %d times, %d requests" % (j["preemptions"],
                                             j["preempted_requests"]))
 EOF
+
+# --- refused as overloaded: reported with a note, a cluster of its own --
+QPORT=$((PORT + 6))
+"$BATON_BIN/baton-router" --max-inflight 1 \
+  --listen "tcp://127.0.0.1:$QPORT" --control "tcp://127.0.0.1:$((QPORT + 1))" \
+  >"$tmp/qrouter.log" 2>&1 &
+QR=$!
+"$BATON_BIN/baton-decode" --router "tcp://127.0.0.1:$((QPORT + 1))" \
+  --null-model --role both --step-delay-ms 20 >"$tmp/qdecode.log" 2>&1 &
+QD=$!
+trap 'kill -TERM $HTTP $UP $OR $OD $QR $QD 2>/dev/null;
+      wait $HTTP $UP $OR $OD $QR $QD 2>/dev/null; rm -rf "$tmp"' EXIT
+for try in $(seq 1 50); do
+  timeout 10 "$B" bench --router "tcp://127.0.0.1:$QPORT" --requests 1 \
+    --concurrency 1 --timeout-ms 2000 --no-progress >/dev/null 2>&1 && break
+  sleep 0.2
+done
+# four at once past --max-inflight 1, each ~8 steps of 20 ms: three refused
+timeout 30 "$B" bench --router "tcp://127.0.0.1:$QPORT" --requests 4 \
+  --concurrency 4 --output-len 8 --no-progress >"$tmp/out" 2>&1
+[ $? = 1 ] || { cat "$tmp/out"; fail "overloaded: rc"; }
+grep -q 'failed:3 by code: overloaded=3' "$tmp/out" &&
+  grep -q 'note: the router refused or shed these as overloaded' "$tmp/out" ||
+  { cat "$tmp/out"; fail "overloaded report"; }
 
 # --- usage ---------------------------------------------------------------
 "$B" bench --help >"$tmp/help" || fail "--help rc"
