@@ -1091,9 +1091,15 @@ static void print_text(const bench_t *b, const bench_result_t *r)
         for (int c = 0; c < b->n_codes; c++)
             printf(" %s=%d", b->codes[c].code, b->codes[c].count);
         printf("\n");
-        for (int k = 0; k < b->n_first; k++)
-            printf("  request %d: %s: %s\n", b->first[k].req,
-                   b->codes[b->first[k].code].code, b->first[k].msg);
+        for (int k = 0; k < b->n_first; k++) {
+            const char *code = b->codes[b->first[k].code].code;
+            const char *msg = b->first[k].msg;
+            size_t n = strlen(code);
+
+            if (strncmp(msg, code, n) == 0 && strncmp(msg + n, ": ", 2) == 0)
+                msg += n + 2; /* the router's text names its code too */
+            printf("  request %d: %s: %s\n", b->first[k].req, code, msg);
+        }
         for (int c = 0; c < b->n_codes; c++)
             if (strcmp(b->codes[c].code, "overloaded") == 0 ||
                 strncmp(b->codes[c].code, "http_429", 8) == 0) {
