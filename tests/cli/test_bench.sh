@@ -262,23 +262,37 @@ EOF
 timeout 30 "$B" bench --http "$URL" --model nullm --requests 3 \
   --concurrency 2 --no-progress >/dev/null || fail "--model nullm"
 
+# own_cluster PORT NAME ROUTER_ARGS DECODE_ARGS...: a router on PORT and
+# PORT + 1 with ROUTER_ARGS (one word list), one null-model decode worker
+# with DECODE_ARGS; both stopped at exit; returns once a short request
+# passes (4 + 4 tokens: o's pool holds 8 blocks of 4)
+OWN=""
+own_cluster() {
+  local port=$1 name=$2 rargs=$3
+  shift 3
+  # shellcheck disable=SC2086 # rargs: a word list
+  "$BATON_BIN/baton-router" $rargs --listen "tcp://127.0.0.1:$port" \
+    --control "tcp://127.0.0.1:$((port + 1))" >"$tmp/${name}router.log" 2>&1 &
+  OWN="$OWN $!"
+  "$BATON_BIN/baton-decode" --router "tcp://127.0.0.1:$((port + 1))" \
+    --null-model --role both "$@" >"$tmp/${name}decode.log" 2>&1 &
+  OWN="$OWN $!"
+  trap 'kill -TERM $HTTP $UP $OWN 2>/dev/null;
+        wait $HTTP $UP $OWN 2>/dev/null; rm -rf "$tmp"' EXIT
+  for try in $(seq 1 50); do
+    timeout 10 "$B" bench --router "tcp://127.0.0.1:$port" --requests 1 \
+      --concurrency 1 --prompt-len 4 --output-len 4 --timeout-ms 2000 \
+      --no-progress >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  cat "$tmp/${name}router.log" "$tmp/${name}decode.log"
+  fail "cluster $name not up"
+}
+
 # --- streams given back (Finished.timings), a cluster of its own ---------
 OPORT=$((PORT + 4))
-"$BATON_BIN/baton-router" --max-queue-wait-ms 0 \
-  --listen "tcp://127.0.0.1:$OPORT" --control "tcp://127.0.0.1:$((OPORT + 1))" \
-  >"$tmp/orouter.log" 2>&1 &
-OR=$!
-"$BATON_BIN/baton-decode" --router "tcp://127.0.0.1:$((OPORT + 1))" \
-  --null-model --role both --kv-blocks 8 --block-size 4 --kv-overcommit \
-  --step-delay-ms 5 >"$tmp/odecode.log" 2>&1 &
-OD=$!
-trap 'kill -TERM $HTTP $UP $OR $OD 2>/dev/null;
-      wait $HTTP $UP $OR $OD 2>/dev/null; rm -rf "$tmp"' EXIT
-for try in $(seq 1 50); do
-  timeout 10 "$B" bench --router "tcp://127.0.0.1:$OPORT" --requests 1 \
-    --concurrency 1 --timeout-ms 2000 --no-progress >/dev/null 2>&1 && break
-  sleep 0.2
-done
+own_cluster "$OPORT" o "--max-queue-wait-ms 0" --kv-blocks 8 --block-size 4 \
+  --kv-overcommit --step-delay-ms 5
 # 8 streams of 8 + 24 tokens (8 blocks of 4 each) on 8 blocks
 timeout 60 "$B" bench --router "tcp://127.0.0.1:$OPORT" --requests 8 \
   --concurrency 8 --prompt-len 8 --output-len 24 --json "$tmp/over.json" \
@@ -299,20 +313,7 @@ EOF
 
 # --- refused as overloaded: reported with a note, a cluster of its own --
 QPORT=$((PORT + 6))
-"$BATON_BIN/baton-router" --max-inflight 1 \
-  --listen "tcp://127.0.0.1:$QPORT" --control "tcp://127.0.0.1:$((QPORT + 1))" \
-  >"$tmp/qrouter.log" 2>&1 &
-QR=$!
-"$BATON_BIN/baton-decode" --router "tcp://127.0.0.1:$((QPORT + 1))" \
-  --null-model --role both --step-delay-ms 20 >"$tmp/qdecode.log" 2>&1 &
-QD=$!
-trap 'kill -TERM $HTTP $UP $OR $OD $QR $QD 2>/dev/null;
-      wait $HTTP $UP $OR $OD $QR $QD 2>/dev/null; rm -rf "$tmp"' EXIT
-for try in $(seq 1 50); do
-  timeout 10 "$B" bench --router "tcp://127.0.0.1:$QPORT" --requests 1 \
-    --concurrency 1 --timeout-ms 2000 --no-progress >/dev/null 2>&1 && break
-  sleep 0.2
-done
+own_cluster "$QPORT" q "--max-inflight 1" --step-delay-ms 20
 # four at once past --max-inflight 1, the first ~32 steps of 20 ms (the
 # others arrive well inside them): three refused
 timeout 30 "$B" bench --router "tcp://127.0.0.1:$QPORT" --requests 4 \
