@@ -121,6 +121,7 @@ struct mega_args {
     float *h;             /* FF f32 */
     unsigned *amax;       /* h's absmax bits, a layer */
     unsigned *bar;        /* grid barrier counter */
+    unsigned long long *stamps; /* block 0's clock at start, each barrier */
 };
 
 static __host__ __device__ int ph_rows(int p)
@@ -167,8 +168,17 @@ static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
     return v;
 }
 
-/* Every block arrives, then waits for `target` arrivals in all. */
-static __device__ void grid_sync(unsigned *bar, unsigned target)
+static __device__ __forceinline__ unsigned long long global_ns(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Every block arrives, then waits for `target` arrivals in all; block 0
+ * stamps the time it left at *stamp (when not NULL). */
+static __device__ void grid_sync(unsigned *bar, unsigned target,
+                                 unsigned long long *stamp)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -178,6 +188,8 @@ static __device__ void grid_sync(unsigned *bar, unsigned target)
         while (ld_acquire(bar) < target)
             if (clock64() - t0 > (1LL << 33))
                 __trap(); /* a lost block: an error, not a hang */
+        if (stamp != NULL && blockIdx.x == 0)
+            *stamp = global_ns();
     }
     __syncthreads();
 }
@@ -452,6 +464,11 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
     cursor ld{a.gp_begin, 0, 0}, cu{a.gp_begin, 0, 0};
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     unsigned n_bar = 0;
+    auto stamp = [&](unsigned i) {
+        return a.stamps != NULL ? a.stamps + i : nullptr;
+    };
+    if (threadIdx.x == 0 && blockIdx.x == 0 && a.stamps != NULL)
+        a.stamps[0] = global_ns();
 
     cur_settle(ld, a.gp_end);
     cur_settle(cu, a.gp_end);
@@ -531,12 +548,15 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
                         atomicMax(a.amax + l, __float_as_uint(hmax));
                 }
                 if (cu.gp < a.gp_end) {
-                    grid_sync(a.bar, ++n_bar * gridDim.x);
+                    ++n_bar;
+                    grid_sync(a.bar, n_bar * gridDim.x, stamp(n_bar));
                     if (p == P_QKV) { /* o's weights are in flight */
                         att_item(a, l, att_sh);
-                        grid_sync(a.bar, ++n_bar * gridDim.x);
+                        ++n_bar;
+                        grid_sync(a.bar, n_bar * gridDim.x, stamp(n_bar));
                         comb_item(a);
-                        grid_sync(a.bar, ++n_bar * gridDim.x);
+                        ++n_bar;
+                        grid_sync(a.bar, n_bar * gridDim.x, stamp(n_bar));
                     }
                     xs = make_input(a, cu.gp / N_PHASE, cu.gp % N_PHASE, xq,
                                     sh);
@@ -545,6 +565,8 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
             __syncthreads();
         }
     }
+    if (threadIdx.x == 0 && blockIdx.x == 0 && a.stamps != NULL)
+        a.stamps[n_bar + 1] = global_ns();
 }
 
 /* Read ceiling: every byte of the weights once, 16 bytes a load. */
@@ -664,13 +686,15 @@ struct model {
 struct bufs {
     float *x, *qkv, *part, *att, *h;
     unsigned *amax, *bar;
+    unsigned long long *stamps; /* 6 a layer + 2 */
 };
 
 static void run(const model &m, const bufs &b, int mode, int layers,
                 int grid, cudaStream_t st)
 {
     mega_args a{m.d_layers, m.d_kv, m.d_pages, m.ctx, 0, 4 * layers, -1, 0,
-                mode, b.x, b.qkv, b.part, b.att, b.h, b.amax, b.bar};
+                mode, b.x, b.qkv, b.part, b.att, b.h, b.amax, b.bar,
+                mode == M_PERSISTENT ? b.stamps : nullptr};
     CK(cudaMemsetAsync(b.amax, 0, sizeof(unsigned) * layers, st));
     CK(cudaMemsetAsync(b.bar, 0, sizeof(unsigned), st));
     if (mode == M_LAUNCH) {
@@ -794,6 +818,7 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&bf.h, sizeof(float) * FF));
     CK(cudaMalloc(&bf.amax, sizeof(unsigned) * L));
     CK(cudaMalloc(&bf.bar, sizeof(unsigned)));
+    CK(cudaMalloc(&bf.stamps, sizeof(unsigned long long) * (6 * L + 2)));
     CK(cudaMalloc(&d_sink, sizeof(unsigned)));
     std::vector<float> x0(DIM);
     for (int i = 0; i < DIM; i++)
@@ -929,6 +954,21 @@ int main(int argc, char **argv)
                med, bytes / L / best / 1e6, read_us / best);
     }
     CK(cudaDeviceSynchronize());
+    /* the last persistent run's phases, block 0's clock at each barrier
+     * (a phase's time includes making its input and the barrier after) */
+    std::vector<unsigned long long> ts(6 * L + 1);
+    CK(cudaMemcpy(ts.data(), bf.stamps, sizeof(unsigned long long) * ts.size(),
+                  cudaMemcpyDeviceToHost));
+    static const char *ph[6] = {"qkv", "attention", "combine", "o",
+                                "gate/up", "down"};
+    printf("persistent, us a layer by phase (layers 1..%d):", L - 1);
+    for (int k = 0; k < 6; k++) {
+        double sum = 0;
+        for (int l = 1; l < L; l++)
+            sum += (double)(ts[6 * l + k + 1] - ts[6 * l + k]) / 1e3;
+        printf(" %s %.1f", ph[k], L > 1 ? sum / (L - 1) : 0.0);
+    }
+    printf("\n");
     printf("%s: %d check(s) failed\n", fails ? "FAIL" : "PASS", fails);
     return fails ? 1 : 0;
 }
