@@ -292,8 +292,14 @@ static __device__ __forceinline__ float e4m3_to_f(uint32_t c)
     return __half2float(__half(h));
 }
 
-/* ATT item blockIdx.x of layer l: scores of the group's 4 heads over the
- * split's keys (a warp's keys, a lane's 4 dims), their softmax, o. */
+/* ATT item blockIdx.x of layer l: the group's 4 heads over the split's
+ * keys in rounds of 8 NW keys (8 a warp, a lane's 4 dims of each: all
+ * of a round's K and V loads in flight at once), an online softmax
+ * across rounds, o summed over the warps in shared memory.  (The first
+ * version loaded a key at a time behind its page-table read: 28 us a
+ * layer on an H100.) */
+#define ATT_RK (8 * NW) /* keys a round */
+#define ATT_SMEM (2 * GRP * HD + GRP * ATT_RK + 3 * GRP + 16)
 static __device__ void att_item(const mega_args &a, int l, float *smem)
 {
     if ((int)blockIdx.x >= ATT_ITEMS)
@@ -302,75 +308,120 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
     const int nk = a.ctx / SPLITS, k0 = sp * nk;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const layer_kv kv = a.kv[l];
-    float *qs = smem;                 /* GRP x HD */
-    float *ps = smem + GRP * HD;      /* GRP x nk (<= 256) */
+    float *qs = smem;               /* GRP x HD, prescaled */
+    float *os = qs + GRP * HD;      /* GRP x HD, the warps' sum */
+    float *ps = os + GRP * HD;      /* GRP x ATT_RK, scores then p */
+    float *mst = ps + GRP * ATT_RK; /* max, sum, this round's rescale */
+    int *pg = reinterpret_cast<int *>(mst + 3 * GRP); /* the item's pages */
     const float ks = kv.ks[hk] * rsqrtf((float)HD), vs = kv.vs[hk];
+    const uint32_t *k32 = reinterpret_cast<const uint32_t *>(kv.k);
+    const uint32_t *v32 = reinterpret_cast<const uint32_t *>(kv.v);
 
-    for (int i = threadIdx.x; i < GRP * HD; i += NT)
-        qs[i] = __ldcg(a.qkv + hk * GRP * HD + i) * ks;
-    __syncthreads();
-#pragma unroll 1
-    for (int key = warp; key < nk; key += NW) {
-        const int pos = k0 + key;
-        const size_t slot = (size_t)a.pages[pos / PAGE] * PAGE + pos % PAGE;
-        const uint32_t c = __ldg(reinterpret_cast<const uint32_t *>(
-            kv.k + (slot * NKV + hk) * HD) + lane);
-        float d[GRP] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float kf = e4m3_to_f((c >> (8 * e)) & 0xFF);
-#pragma unroll
-            for (int j = 0; j < GRP; j++)
-                d[j] += kf * qs[j * HD + 4 * lane + e];
-        }
-#pragma unroll
-        for (int j = 0; j < GRP; j++) {
-            for (int o = 16; o > 0; o >>= 1)
-                d[j] += __shfl_xor_sync(0xffffffffu, d[j], o);
-            if (lane == 0)
-                ps[j * nk + key] = d[j];
-        }
-    }
-    __syncthreads();
-    /* warp j < GRP: head j's max and sum over the split; p in place */
-    float *ms = smem + GRP * HD + GRP * 256; /* GRP x 2 */
-    if (warp < GRP) {
-        float m = -INFINITY, sum = 0.0f;
-        for (int i = lane; i < nk; i += 32)
-            m = fmaxf(m, ps[warp * nk + i]);
-        for (int o = 16; o > 0; o >>= 1)
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        for (int i = lane; i < nk; i += 32) {
-            const float e = expf(ps[warp * nk + i] - m);
-            ps[warp * nk + i] = e;
-            sum += e;
-        }
-        for (int o = 16; o > 0; o >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) {
-            ms[2 * warp] = m;
-            ms[2 * warp + 1] = sum;
-        }
-    }
-    __syncthreads();
-    /* o: thread (j, d) over the keys; a warp reads 32 bytes of a row */
-    float *out = a.part + (size_t)blockIdx.x * PART;
     for (int i = threadIdx.x; i < GRP * HD; i += NT) {
-        const int j = i / HD, dd = i % HD;
-        float o = 0.0f;
-#pragma unroll 4
-        for (int key = 0; key < nk; key++) {
-            const int pos = k0 + key;
-            const size_t slot =
-                (size_t)a.pages[pos / PAGE] * PAGE + pos % PAGE;
-            o += ps[j * nk + key] *
-                 e4m3_to_f(__ldg(kv.v + (slot * NKV + hk) * HD + dd));
-        }
-        __stcg(out + j * (HD + 2) + dd, o * vs);
+        qs[i] = __ldcg(a.qkv + hk * GRP * HD + i) * ks;
+        os[i] = 0.0f;
     }
     if (threadIdx.x < GRP) {
-        __stcg(out + threadIdx.x * (HD + 2) + HD, ms[2 * threadIdx.x]);
-        __stcg(out + threadIdx.x * (HD + 2) + HD + 1, ms[2 * threadIdx.x + 1]);
+        mst[threadIdx.x] = -INFINITY;
+        mst[GRP + threadIdx.x] = 0.0f;
+    }
+    if (threadIdx.x < nk / PAGE)
+        pg[threadIdx.x] = a.pages[k0 / PAGE + threadIdx.x];
+    __syncthreads();
+    float o[GRP][4];
+#pragma unroll
+    for (int j = 0; j < GRP; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            o[j][e] = 0.0f;
+#pragma unroll 1
+    for (int r0 = 0; r0 < nk; r0 += ATT_RK) {
+        uint32_t kw[8], vw[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int key = r0 + warp + e * NW;
+            const size_t slot =
+                (size_t)pg[key / PAGE] * PAGE + (k0 + key) % PAGE;
+            kw[e] = __ldg(k32 + (slot * NKV + hk) * (HD / 4) + lane);
+            vw[e] = __ldg(v32 + (slot * NKV + hk) * (HD / 4) + lane);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float d[GRP] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float kf = e4m3_to_f((kw[e] >> (8 * c)) & 0xFF);
+#pragma unroll
+                for (int j = 0; j < GRP; j++)
+                    d[j] += kf * qs[j * HD + 4 * lane + c];
+            }
+#pragma unroll
+            for (int j = 0; j < GRP; j++) {
+                for (int off = 16; off > 0; off >>= 1)
+                    d[j] += __shfl_xor_sync(0xffffffffu, d[j], off);
+                if (lane == 0)
+                    ps[j * ATT_RK + warp + e * NW] = d[j];
+            }
+        }
+        __syncthreads();
+        if (warp < GRP) { /* head `warp`: the online softmax's round */
+            float m = mst[warp];
+            for (int i = lane; i < ATT_RK; i += 32)
+                m = fmaxf(m, ps[warp * ATT_RK + i]);
+            for (int off = 16; off > 0; off >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+            float sum = 0.0f;
+            for (int i = lane; i < ATT_RK; i += 32) {
+                const float pe = expf(ps[warp * ATT_RK + i] - m);
+                ps[warp * ATT_RK + i] = pe;
+                sum += pe;
+            }
+            for (int off = 16; off > 0; off >>= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            __syncwarp();
+            if (lane == 0) {
+                const float rs = expf(mst[warp] - m); /* 0 at the start */
+                mst[2 * GRP + warp] = rs;
+                mst[GRP + warp] = mst[GRP + warp] * rs + sum;
+                mst[warp] = m;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < GRP; j++) {
+            const float rs = mst[2 * GRP + j];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                o[j][c] *= rs;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float vf[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                vf[c] = e4m3_to_f((vw[e] >> (8 * c)) & 0xFF);
+#pragma unroll
+            for (int j = 0; j < GRP; j++) {
+                const float pe = ps[j * ATT_RK + warp + e * NW];
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    o[j][c] += pe * vf[c];
+            }
+        }
+        __syncthreads(); /* ps is the next round's */
+    }
+#pragma unroll
+    for (int j = 0; j < GRP; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            atomicAdd(os + j * HD + 4 * lane + c, o[j][c]);
+    __syncthreads();
+    float *out = a.part + (size_t)blockIdx.x * PART;
+    for (int i = threadIdx.x; i < GRP * HD; i += NT)
+        __stcg(out + i / HD * (HD + 2) + i % HD, os[i] * vs);
+    if (threadIdx.x < GRP) {
+        __stcg(out + threadIdx.x * (HD + 2) + HD, mst[threadIdx.x]);
+        __stcg(out + threadIdx.x * (HD + 2) + HD + 1, mst[GRP + threadIdx.x]);
     }
 }
 
@@ -396,10 +447,18 @@ static __device__ void comb_item(const mega_args &a)
     __stcg(a.att + qh * HD + threadIdx.x, o / sum);
 }
 
-/* A warp's position in its chunk sequence: global phase, item slot,
- * chunk slot (chunk warp + j NW of item blockIdx.x + ii gridDim.x). */
+/* A warp's position in its chunk sequence: global phase gp, item slot
+ * ii (item blockIdx.x + ii gridDim.x), chunk slot j (chunk warp + j NW
+ * of the item; gate/up: the first J / 2 slots are the gate tile's, the
+ * rest the up tile's), with the phase's constants cached so a chunk
+ * costs a few integer operations (2026-12-07, H100: the first version
+ * recomputed them a chunk, with a dependent load of the weight pointer,
+ * and streamed at 0.56 of the read rate). row: lane (g, t)'s bytes of
+ * row g of the item's first tile, column 16 t. */
 struct cursor {
     int gp, ii, j;
+    int J, Jh, ni, K; /* chunk slots an item, a tile; items; columns */
+    const uint8_t *row;
 };
 
 static __device__ __forceinline__ int n_items(int p)
@@ -408,48 +467,59 @@ static __device__ __forceinline__ int n_items(int p)
     return n <= 0 ? 0 : (n + gridDim.x - 1) / gridDim.x;
 }
 
-/* Skips phases where the block owns nothing. */
-static __device__ __forceinline__ void cur_settle(cursor &c, int gp_end)
+/* Loads phase c.gp's constants and its first item's row pointer (every
+ * block owns items of every phase: main() checks). */
+static __device__ __forceinline__ void cur_phase(cursor &c,
+                                                 const mega_args &a)
 {
-    while (c.gp < gp_end && n_items(c.gp % N_PHASE) == 0)
-        c.gp++;
+    const int p = c.gp % N_PHASE, l = c.gp / N_PHASE;
+    const int lane = threadIdx.x % 32;
+    c.ii = c.j = 0;
+    c.K = ph_k(p);
+    c.J = ph_chunks(p) / NW;
+    c.Jh = p == P_GU ? c.J / 2 : c.J;
+    c.ni = n_items(p);
+    c.row = a.layers[l].w[p] +
+            (size_t)(blockIdx.x * 16 + lane / 4) * c.K + (lane % 4) * 16;
 }
 
-static __device__ __forceinline__ void cur_next(cursor &c, int gp_end)
+/* Advances to the next chunk slot; true when it ended the phase. */
+static __device__ __forceinline__ bool cur_next(cursor &c,
+                                                const mega_args &a)
 {
-    const int p = c.gp % N_PHASE;
-    if (++c.j == ph_chunks(p) / NW) {
-        c.j = 0;
-        if (++c.ii == n_items(p)) {
-            c.ii = 0;
-            c.gp++;
-            cur_settle(c, gp_end);
-        }
+    if (++c.j < c.J)
+        return false;
+    c.j = 0;
+    if (++c.ii < c.ni) {
+        c.row += (size_t)gridDim.x * 16 * c.K;
+        return false;
     }
+    if (++c.gp < a.gp_end)
+        cur_phase(c, a);
+    return true;
+}
+
+/* The chunk's column (its first byte) and tile of slot j. */
+static __device__ __forceinline__ int cur_col(const cursor &c)
+{
+    const int warp = threadIdx.x / 32;
+    return (warp + (c.j < c.Jh ? c.j : c.j - c.Jh) * NW) * CHUNK;
 }
 
 /* The two 16-byte loads of lane (g, t) for the chunk at c. */
-static __device__ __forceinline__ void chunk_load(const mega_args &a,
-                                                  const cursor &c, uint4 &r0,
+static __device__ __forceinline__ void chunk_load(const cursor &c, uint4 &r0,
                                                   uint4 &r1)
 {
-    const int p = c.gp % N_PHASE, l = c.gp / N_PHASE;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int item = blockIdx.x + c.ii * gridDim.x;
-    const int ch = threadIdx.x / 32 + c.j * NW;
-    const int kc = ph_k(p) / CHUNK;
-    const int tile = ch / kc, col = (ch % kc) * CHUNK + (lane % 4) * 16;
-    const int row = item * 16 + tile * FF + lane / 4; /* tile 1: up rows */
-    const uint8_t *w = a.layers[l].w[p] + (size_t)row * ph_k(p) + col;
-    (void)warp;
+    const uint8_t *w =
+        c.row + (c.j < c.Jh ? 0 : (size_t)FF * c.K) + cur_col(c);
     r0 = ld_w(w);
-    r1 = ld_w(w + (size_t)8 * ph_k(p));
+    r1 = ld_w(w + (size_t)8 * c.K);
 }
 
 __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
 {
     __shared__ __align__(16) uint8_t xq[FF];
-    __shared__ float att_sh[GRP * HD + GRP * 256 + 2 * GRP];
+    __shared__ __align__(16) float att_sh[ATT_SMEM];
     __shared__ float red[MAX_ITEMS][2][NW][16];
     __shared__ float sh[32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -461,7 +531,7 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
             comb_item(a);
         return;
     }
-    cursor ld{a.gp_begin, 0, 0}, cu{a.gp_begin, 0, 0};
+    cursor ld, cu;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     unsigned n_bar = 0;
     auto stamp = [&](unsigned i) {
@@ -470,16 +540,17 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
     if (threadIdx.x == 0 && blockIdx.x == 0 && a.stamps != NULL)
         a.stamps[0] = global_ns();
 
-    cur_settle(ld, a.gp_end);
-    cur_settle(cu, a.gp_end);
+    ld.gp = cu.gp = a.gp_begin;
+    cur_phase(ld, a);
+    cur_phase(cu, a);
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (ld.gp < a.gp_end) {
-            chunk_load(a, ld, r0[u], r1[u]);
-            cur_next(ld, a.gp_end);
+            chunk_load(ld, r0[u], r1[u]);
+            cur_next(ld, a);
         }
     float xs = 1.0f;
-    if (a.mode != M_STREAM && cu.gp < a.gp_end)
+    if (a.mode != M_STREAM)
         xs = make_input(a, cu.gp / N_PHASE, cu.gp % N_PHASE, xq, sh);
 
     while (cu.gp < a.gp_end) {
@@ -488,58 +559,55 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
             if (cu.gp >= a.gp_end)
                 break;
             const int p = cu.gp % N_PHASE, l = cu.gp / N_PHASE;
-            const int kc = ph_k(p) / CHUNK;
-            const int ch = warp + cu.j * NW;
             /* the input codes of this lane's 16 columns (column 0 of B:
              * lanes 0-3 only) */
             uint4 xb = make_uint4(0, 0, 0, 0);
             if (lane < 4)
-                xb = *reinterpret_cast<const uint4 *>(
-                    xq + (ch % kc) * CHUNK + lane * 16);
+                xb = *reinterpret_cast<const uint4 *>(xq + cur_col(cu) +
+                                                      lane * 16);
             mma_e4m3(acc, r0[u].x, r1[u].x, r0[u].y, r1[u].y, xb.x, xb.y);
             mma_e4m3(acc, r0[u].z, r1[u].z, r0[u].w, r1[u].w, xb.z, xb.w);
             if (ld.gp < a.gp_end) {
-                chunk_load(a, ld, r0[u], r1[u]);
-                cur_next(ld, a.gp_end);
+                chunk_load(ld, r0[u], r1[u]);
+                cur_next(ld, a);
             }
             /* the item's tile ends with this chunk: its partial sums */
-            const bool last_j = cu.j + 1 == ph_chunks(p) / NW;
-            if (last_j || (warp + (cu.j + 1) * NW) / kc != ch / kc) {
+            if (cu.j + 1 == cu.Jh || cu.j + 1 == cu.J) {
                 if (lane % 4 == 0) {
-                    red[cu.ii][ch / kc][warp][lane / 4] = acc[0];
-                    red[cu.ii][ch / kc][warp][lane / 4 + 8] = acc[2];
+                    const int t = cu.j >= cu.Jh;
+                    red[cu.ii][t][warp][lane / 4] = acc[0];
+                    red[cu.ii][t][warp][lane / 4 + 8] = acc[2];
                 }
                 acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
             }
-            const int ni = n_items(p);
-            cur_next(cu, a.gp_end);
-            if (!(last_j && cu.ii == 0))
+            const int ni = cu.ni;
+            if (!cur_next(cu, a))
                 continue;
             /* phase p of layer l done: reduce, epilogue, barrier, input */
             __syncthreads();
             if (a.mode != M_STREAM) {
                 const int tiles = p == P_GU ? 2 : 1;
+                const float *ws = a.layers[l].ws[p];
                 float hmax = 0.0f;
                 for (int i = threadIdx.x; i < ni * 16; i += NT) {
                     const int ii = i / 16, r = i % 16;
                     const int item = blockIdx.x + ii * gridDim.x;
-                    float s[2] = {0.0f, 0.0f};
+                    float sum[2] = {0.0f, 0.0f};
                     for (int t = 0; t < tiles; t++)
                         for (int w = 0; w < NW; w++)
-                            s[t] += red[ii][t][w][r];
+                            sum[t] += red[ii][t][w][r];
                     const int row = item * 16 + r;
-                    const float *ws = a.layers[l].ws[p];
                     if (p == P_QKV) {
-                        __stcg(a.qkv + row, s[0] * xs * ws[row]);
+                        __stcg(a.qkv + row, sum[0] * xs * ws[row]);
                     } else if (p == P_GU) {
-                        const float g = s[0] * xs * ws[row];
-                        const float u2 = s[1] * xs * ws[row + FF];
+                        const float g = sum[0] * xs * ws[row];
+                        const float u2 = sum[1] * xs * ws[row + FF];
                         const float hv = g / (1.0f + expf(-g)) * u2;
                         __stcg(a.h + row, hv);
                         hmax = fmaxf(hmax, fabsf(hv));
                     } else {
                         __stcg(a.x + row,
-                               __ldcg(a.x + row) + s[0] * xs * ws[row]);
+                               __ldcg(a.x + row) + sum[0] * xs * ws[row]);
                     }
                 }
                 if (p == P_GU) {
@@ -734,9 +802,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (ctx % (SPLITS * PAGE) != 0 || ctx / SPLITS > 256 || L < 1) {
+    if (ctx % (SPLITS * ATT_RK) != 0 || ctx / SPLITS > 16 * PAGE || L < 1) {
         fprintf(stderr, "FAIL: --ctx a multiple of %d up to %d\n",
-                SPLITS * PAGE, SPLITS * 256);
+                SPLITS * ATT_RK, SPLITS * 16 * PAGE);
         return 2;
     }
     cudaDeviceProp prop;
