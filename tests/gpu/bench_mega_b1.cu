@@ -54,15 +54,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#define CK(_e)                                                              \
-    do {                                                                    \
-        cudaError_t _r = (_e);                                              \
-        if (_r != cudaSuccess) {                                            \
-            fprintf(stderr, "FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #_e, \
-                    cudaGetErrorString(_r));                                \
-            exit(1);                                                        \
-        }                                                                   \
-    } while (0)
+#include "gpu_test_util.h" /* CK */
 
 #define DIM 4096
 #define QKV 6144
