@@ -38,9 +38,18 @@
  *               removes
  *   stream      one launch, no barriers or input making: the streaming
  *               rate of this loop alone
- * plus `read`, a flat read of the same bytes (the ceiling).  --check
- * runs one layer of persistent and launch against a host reference.
- *   bench_mega_b1 [--layers 32] [--iters 10] [--check]
+ * plus `read`, a flat read of the same bytes.  --check runs one layer
+ * of persistent and launch against a host reference.
+ *   bench_mega_b1 [--layers 32] [--ctx 2048] [--iters 10] [--check]
+ *
+ * Measured (2026-12-07, H100, docs/PERFORMANCE.md "A persistent batch-1
+ * FP8 layer kernel"): persistent 101.4 us a layer against the engine's
+ * 99.5 on that kind of board -- parity, not a gain: streaming alone runs
+ * at 3.19 TB/s (68.4 us), so the ~33 us over it are the six phase
+ * boundaries (barrier, input, refill: 3-5 us each) and the attention,
+ * which the 64 KB a SM in flight do not hide.  Deeper rings lost: 8
+ * chunks a warp in registers spill (137 us); a cp.async shared-memory
+ * ring of 8-24 chunks streamed at 0.64 of this loop (155-170 us).
  */
 #include <math.h>
 #include <stdint.h>
@@ -63,14 +72,9 @@
 #define MEGA_NW 16 /* warps a block (variants: -DMEGA_NW=) */
 #endif
 #ifndef MEGA_U
-#define MEGA_U 8   /* chunks in flight a warp (-DMEGA_U=) */
-#endif
-#ifndef MEGA_SMEM
-#define MEGA_SMEM 0 /* 1: the chunks in flight land in a shared-memory
-                     * ring by cp.async (U deep, no registers held) */
+#define MEGA_U 4   /* chunks in flight a warp (-DMEGA_U=; 8 spills) */
 #endif
 #define NW MEGA_NW
-#define RING_BYTES (MEGA_SMEM ? (size_t)NW * MEGA_U * 1024 : (size_t)0)
 #define NT (NW * 32)
 #define U MEGA_U
 #define MAX_ITEMS 8        /* items of a phase a block may own */
@@ -509,7 +513,6 @@ static __device__ __forceinline__ const uint8_t *chunk_at(const cursor &c)
     return c.row + (c.j < c.Jh ? 0 : (size_t)FF * c.K) + cur_col(c);
 }
 
-#if !MEGA_SMEM
 static __device__ __forceinline__ void chunk_load(const cursor &c, uint4 &r0,
                                                   uint4 &r1)
 {
@@ -517,29 +520,6 @@ static __device__ __forceinline__ void chunk_load(const cursor &c, uint4 &r0,
     r0 = ld_w(w);
     r1 = ld_w(w + (size_t)8 * c.K);
 }
-#else
-/* The same two 16-byte pieces into the lane's slot of the smem ring. */
-static __device__ __forceinline__ void chunk_copy(const cursor &c,
-                                                  uint4 *slot)
-{
-    const uint8_t *w = chunk_at(c);
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(slot);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;"
-                 :: "r"(d), "l"(w) : "memory");
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;"
-                 :: "r"(d + 16), "l"(w + (size_t)8 * c.K) : "memory");
-}
-
-static __device__ __forceinline__ void cp_commit(void)
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N> static __device__ __forceinline__ void cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
-#endif
 
 __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
 {
@@ -548,12 +528,7 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
     __shared__ float red[MAX_ITEMS][2][NW][16];
     __shared__ float sh[32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#if MEGA_SMEM
-    extern __shared__ uint4 ring[]; /* warp, slot u, lane: 2 x 16 bytes */
-    uint4 *my = ring + ((size_t)warp * U * 32 + lane) * 2;
-#else
     uint4 r0[U], r1[U];
-#endif
     if (a.att_only >= 0) { /* launch mode: one attention phase */
         if (a.att_only == 0)
             att_item(a, a.att_layer, att_sh);
@@ -576,16 +551,9 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
 #pragma unroll
     for (int u = 0; u < U; u++) {
         if (ld.gp < a.gp_end) {
-#if MEGA_SMEM
-            chunk_copy(ld, my + u * 64);
-#else
             chunk_load(ld, r0[u], r1[u]);
-#endif
             cur_next(ld, a);
         }
-#if MEGA_SMEM
-        cp_commit(); /* a group a slot, empty or not */
-#endif
     }
     float xs = 1.0f;
     if (a.mode != M_STREAM)
@@ -603,24 +571,12 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
             if (lane < 4)
                 xb = *reinterpret_cast<const uint4 *>(xq + cur_col(cu) +
                                                       lane * 16);
-#if MEGA_SMEM
-            cp_wait<U - 1>(); /* slot u's group (the oldest) landed */
-            const uint4 w0 = my[u * 64], w1 = my[u * 64 + 1];
-            mma_e4m3(acc, w0.x, w1.x, w0.y, w1.y, xb.x, xb.y);
-            mma_e4m3(acc, w0.z, w1.z, w0.w, w1.w, xb.z, xb.w);
-            if (ld.gp < a.gp_end) {
-                chunk_copy(ld, my + u * 64);
-                cur_next(ld, a);
-            }
-            cp_commit();
-#else
             mma_e4m3(acc, r0[u].x, r1[u].x, r0[u].y, r1[u].y, xb.x, xb.y);
             mma_e4m3(acc, r0[u].z, r1[u].z, r0[u].w, r1[u].w, xb.z, xb.w);
             if (ld.gp < a.gp_end) {
                 chunk_load(ld, r0[u], r1[u]);
                 cur_next(ld, a);
             }
-#endif
             /* the item's tile ends with this chunk: its partial sums */
             if (cu.j + 1 == cu.Jh || cu.j + 1 == cu.J) {
                 if (lane % 4 == 0) {
@@ -819,17 +775,17 @@ static void run(const model &m, const bufs &b, int mode, int layers,
         for (int gp = 0; gp < 4 * layers; gp++) {
             a.gp_begin = gp;
             a.gp_end = gp + 1;
-            mega_kernel<<<grid, NT, RING_BYTES, st>>>(a);
+            mega_kernel<<<grid, NT, 0, st>>>(a);
             if (gp % N_PHASE == P_QKV)
                 for (int ph = 0; ph < 2; ph++) {
                     mega_args t = a;
                     t.att_only = ph;
                     t.att_layer = gp / N_PHASE;
-                    mega_kernel<<<grid, NT, RING_BYTES, st>>>(t);
+                    mega_kernel<<<grid, NT, 0, st>>>(t);
                 }
         }
     } else {
-        mega_kernel<<<grid, NT, RING_BYTES, st>>>(a);
+        mega_kernel<<<grid, NT, 0, st>>>(a);
     }
     CK(cudaGetLastError());
 }
@@ -860,15 +816,11 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     int occ = 0;
-    CK(cudaFuncSetAttribute(mega_kernel,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)RING_BYTES));
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mega_kernel, NT,
-                                                     RING_BYTES));
+                                                     0));
     const int grid = prop.multiProcessorCount;
-    printf("# %s, %d SMs, NW %d warps, U %d chunks in flight (%s), %d "
-           "block(s) an SM resident\n", prop.name, grid, NW, U,
-           MEGA_SMEM ? "shared-memory ring" : "registers", occ);
+    printf("# %s, %d SMs, NW %d warps, U %d chunks in flight, %d block(s) "
+           "an SM resident\n", prop.name, grid, NW, U, occ);
     /* every block must own items of every phase: a block that skipped
      * one would skip its grid barrier too */
     if (occ < 1 || grid > ph_items(P_O)) {
