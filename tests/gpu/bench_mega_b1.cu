@@ -74,6 +74,13 @@
 #ifndef MEGA_U
 #define MEGA_U 4   /* chunks in flight a warp (-DMEGA_U=; 8 spills) */
 #endif
+#ifndef MEGA_KR
+#define MEGA_KR 8 /* attention: keys a warp a round (-DMEGA_KR=) */
+#endif
+#ifndef MEGA_MERGE
+#define MEGA_MERGE 0 /* 1: a KV head's last split merges the head's
+                      * splits (no combine phase, one barrier less) */
+#endif
 #define NW MEGA_NW
 #define NT (NW * 32)
 #define U MEGA_U
@@ -99,6 +106,7 @@ struct layer_w {
 #define PAGE 16
 #define SPLITS 16
 #define ATT_ITEMS (NKV * SPLITS)
+#define NPL (MEGA_MERGE ? 5 : 6) /* phases (barriers) a layer */
 #define PART (GRP * (HD + 2)) /* a split's floats: o, max, sum a head */
 
 struct layer_kv {
@@ -123,6 +131,7 @@ struct mega_args {
     unsigned *amax;       /* h's absmax bits, a layer */
     unsigned *bar;        /* grid barrier counter */
     unsigned long long *stamps; /* block 0's clock at start, each barrier */
+    unsigned *done;       /* MEGA_MERGE: splits finished, a layer a KV head */
 };
 
 static __host__ __device__ int ph_rows(int p)
@@ -299,7 +308,7 @@ static __device__ __forceinline__ float e4m3_to_f(uint32_t c)
  * across rounds, o summed over the warps in shared memory.  (The first
  * version loaded a key at a time behind its page-table read: 28 us a
  * layer on an H100.) */
-#define ATT_RK (8 * NW) /* keys a round */
+#define ATT_RK (MEGA_KR * NW) /* keys a round */
 #define ATT_SMEM (2 * GRP * HD + GRP * ATT_RK + 3 * GRP + 16)
 static __device__ void att_item(const mega_args &a, int l, float *smem)
 {
@@ -337,9 +346,9 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
             o[j][e] = 0.0f;
 #pragma unroll 1
     for (int r0 = 0; r0 < nk; r0 += ATT_RK) {
-        uint32_t kw[8], vw[8];
+        uint32_t kw[MEGA_KR], vw[MEGA_KR];
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
+        for (int e = 0; e < MEGA_KR; e++) {
             const int key = r0 + warp + e * NW;
             const size_t slot =
                 (size_t)pg[key / PAGE] * PAGE + (k0 + key) % PAGE;
@@ -347,7 +356,7 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
             vw[e] = __ldg(v32 + (slot * NKV + hk) * (HD / 4) + lane);
         }
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
+        for (int e = 0; e < MEGA_KR; e++) {
             float d[GRP] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int c = 0; c < 4; c++) {
@@ -396,7 +405,7 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
                 o[j][c] *= rs;
         }
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
+        for (int e = 0; e < MEGA_KR; e++) {
             float vf[4];
 #pragma unroll
             for (int c = 0; c < 4; c++)
@@ -424,8 +433,35 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
         __stcg(out + threadIdx.x * (HD + 2) + HD, mst[threadIdx.x]);
         __stcg(out + threadIdx.x * (HD + 2) + HD + 1, mst[GRP + threadIdx.x]);
     }
+#if MEGA_MERGE
+    /* the head's last split to finish merges the head's splits */
+    __shared__ unsigned last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(a.done + l * NKV + hk, 1u) == SPLITS - 1;
+        __threadfence();
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= GRP * HD)
+        return;
+    const int j = threadIdx.x / HD, dd = threadIdx.x % HD;
+    float m = -INFINITY, acc = 0.0f, sum = 0.0f;
+    for (int q = 0; q < SPLITS; q++)
+        m = fmaxf(m, __ldcg(a.part + (size_t)(hk * SPLITS + q) * PART +
+                            j * (HD + 2) + HD));
+    for (int q = 0; q < SPLITS; q++) {
+        const float *pp =
+            a.part + (size_t)(hk * SPLITS + q) * PART + j * (HD + 2);
+        const float w = expf(__ldcg(pp + HD) - m);
+        acc += w * __ldcg(pp + dd);
+        sum += w * __ldcg(pp + HD + 1);
+    }
+    __stcg(a.att + (hk * GRP + j) * HD + dd, acc / sum);
+#endif
 }
 
+#if !MEGA_MERGE
 /* COMB item blockIdx.x < 32: query head blockIdx.x's splits merged. */
 static __device__ void comb_item(const mega_args &a)
 {
@@ -447,6 +483,7 @@ static __device__ void comb_item(const mega_args &a)
     }
     __stcg(a.att + qh * HD + threadIdx.x, o / sum);
 }
+#endif
 
 /* A warp's position in its chunk sequence: global phase gp, item slot
  * ii (item blockIdx.x + ii gridDim.x), chunk slot j (chunk warp + j NW
@@ -532,8 +569,10 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
     if (a.att_only >= 0) { /* launch mode: one attention phase */
         if (a.att_only == 0)
             att_item(a, a.att_layer, att_sh);
+#if !MEGA_MERGE
         else
             comb_item(a);
+#endif
         return;
     }
     cursor ld, cu;
@@ -628,9 +667,11 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
                         att_item(a, l, att_sh);
                         ++n_bar;
                         grid_sync(a.bar, n_bar * gridDim.x, stamp(n_bar));
+#if !MEGA_MERGE
                         comb_item(a);
                         ++n_bar;
                         grid_sync(a.bar, n_bar * gridDim.x, stamp(n_bar));
+#endif
                     }
                     xs = make_input(a, cu.gp / N_PHASE, cu.gp % N_PHASE, xq,
                                     sh);
@@ -760,7 +801,8 @@ struct model {
 struct bufs {
     float *x, *qkv, *part, *att, *h;
     unsigned *amax, *bar;
-    unsigned long long *stamps; /* 6 a layer + 2 */
+    unsigned long long *stamps; /* NPL a layer + 2 */
+    unsigned *done;             /* L x NKV */
 };
 
 static void run(const model &m, const bufs &b, int mode, int layers,
@@ -768,7 +810,8 @@ static void run(const model &m, const bufs &b, int mode, int layers,
 {
     mega_args a{m.d_layers, m.d_kv, m.d_pages, m.ctx, 0, 4 * layers, -1, 0,
                 mode, b.x, b.qkv, b.part, b.att, b.h, b.amax, b.bar,
-                mode == M_PERSISTENT ? b.stamps : nullptr};
+                mode == M_PERSISTENT ? b.stamps : nullptr, b.done};
+    CK(cudaMemsetAsync(b.done, 0, sizeof(unsigned) * layers * NKV, st));
     CK(cudaMemsetAsync(b.amax, 0, sizeof(unsigned) * layers, st));
     CK(cudaMemsetAsync(b.bar, 0, sizeof(unsigned), st));
     if (mode == M_LAUNCH) {
@@ -777,7 +820,7 @@ static void run(const model &m, const bufs &b, int mode, int layers,
             a.gp_end = gp + 1;
             mega_kernel<<<grid, NT, 0, st>>>(a);
             if (gp % N_PHASE == P_QKV)
-                for (int ph = 0; ph < 2; ph++) {
+                for (int ph = 0; ph < 2 - MEGA_MERGE; ph++) {
                     mega_args t = a;
                     t.att_only = ph;
                     t.att_layer = gp / N_PHASE;
@@ -819,8 +862,10 @@ int main(int argc, char **argv)
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mega_kernel, NT,
                                                      0));
     const int grid = prop.multiProcessorCount;
-    printf("# %s, %d SMs, NW %d warps, U %d chunks in flight, %d block(s) "
-           "an SM resident\n", prop.name, grid, NW, U, occ);
+    printf("# %s, %d SMs, NW %d warps, U %d chunks in flight, attention "
+           "%d keys a warp a round, %s, %d block(s) an SM resident\n",
+           prop.name, grid, NW, U, MEGA_KR,
+           MEGA_MERGE ? "last split merges" : "combine phase", occ);
     /* every block must own items of every phase: a block that skipped
      * one would skip its grid barrier too */
     if (occ < 1 || grid > ph_items(P_O)) {
@@ -892,7 +937,8 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&bf.h, sizeof(float) * FF));
     CK(cudaMalloc(&bf.amax, sizeof(unsigned) * L));
     CK(cudaMalloc(&bf.bar, sizeof(unsigned)));
-    CK(cudaMalloc(&bf.stamps, sizeof(unsigned long long) * (6 * L + 2)));
+    CK(cudaMalloc(&bf.stamps, sizeof(unsigned long long) * (NPL * L + 2)));
+    CK(cudaMalloc(&bf.done, sizeof(unsigned) * L * NKV));
     CK(cudaMalloc(&d_sink, sizeof(unsigned)));
     std::vector<float> x0(DIM);
     for (int i = 0; i < DIM; i++)
@@ -1030,16 +1076,19 @@ int main(int argc, char **argv)
     CK(cudaDeviceSynchronize());
     /* the last persistent run's phases, block 0's clock at each barrier
      * (a phase's time includes making its input and the barrier after) */
-    std::vector<unsigned long long> ts(6 * L + 1);
+    std::vector<unsigned long long> ts(NPL * L + 1);
     CK(cudaMemcpy(ts.data(), bf.stamps, sizeof(unsigned long long) * ts.size(),
                   cudaMemcpyDeviceToHost));
-    static const char *ph[6] = {"qkv", "attention", "combine", "o",
-                                "gate/up", "down"};
+    static const char *ph6[6] = {"qkv", "attention", "combine", "o",
+                                 "gate/up", "down"};
+    static const char *ph5[5] = {"qkv", "attention+merge", "o", "gate/up",
+                                 "down"};
+    const char *const *ph = NPL == 6 ? ph6 : ph5;
     printf("persistent, us a layer by phase (layers 1..%d):", L - 1);
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < NPL; k++) {
         double sum = 0;
         for (int l = 1; l < L; l++)
-            sum += (double)(ts[6 * l + k + 1] - ts[6 * l + k]) / 1e3;
+            sum += (double)(ts[NPL * l + k + 1] - ts[NPL * l + k]) / 1e3;
         printf(" %s %.1f", ph[k], L > 1 ? sum / (L - 1) : 0.0);
     }
     printf("\n");
