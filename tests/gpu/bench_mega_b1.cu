@@ -50,6 +50,12 @@
  * which the 64 KB a SM in flight do not hide.  Deeper rings lost: 8
  * chunks a warp in registers spill (137 us); a cp.async shared-memory
  * ring of 8-24 chunks streamed at 0.64 of this loop (155-170 us).
+ * Built, not measured yet (the session's device time ran out):
+ * -DMEGA_MERGE=1 (a KV head's last split merges the head: one barrier a
+ * layer less), -DMEGA_KR=4, and -DMEGA_NW=8 -DMEGA_U=8 or 12 (twice the
+ * bytes in flight without spilling: 204 / 255 registers).  Build a
+ * variant by hand: nvcc -O3 -std=c++17 -arch=sm_90a -DMEGA_...=
+ * tests/gpu/bench_mega_b1.cu.
  */
 #include <math.h>
 #include <stdint.h>
