@@ -442,28 +442,30 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
 #if MEGA_MERGE
     /* the head's last split to finish merges the head's splits */
     __shared__ unsigned last;
+    __threadfence(); /* every thread's partial stores, then the count */
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
         last = atomicAdd(a.done + l * NKV + hk, 1u) == SPLITS - 1;
         __threadfence();
     }
     __syncthreads();
-    if (!last || threadIdx.x >= GRP * HD)
+    if (!last)
         return;
-    const int j = threadIdx.x / HD, dd = threadIdx.x % HD;
-    float m = -INFINITY, acc = 0.0f, sum = 0.0f;
-    for (int q = 0; q < SPLITS; q++)
-        m = fmaxf(m, __ldcg(a.part + (size_t)(hk * SPLITS + q) * PART +
-                            j * (HD + 2) + HD));
-    for (int q = 0; q < SPLITS; q++) {
-        const float *pp =
-            a.part + (size_t)(hk * SPLITS + q) * PART + j * (HD + 2);
-        const float w = expf(__ldcg(pp + HD) - m);
-        acc += w * __ldcg(pp + dd);
-        sum += w * __ldcg(pp + HD + 1);
+    for (int i = threadIdx.x; i < GRP * HD; i += NT) {
+        const int j = i / HD, dd = i % HD;
+        float m = -INFINITY, acc = 0.0f, sum = 0.0f;
+        for (int q = 0; q < SPLITS; q++)
+            m = fmaxf(m, __ldcg(a.part + (size_t)(hk * SPLITS + q) * PART +
+                                j * (HD + 2) + HD));
+        for (int q = 0; q < SPLITS; q++) {
+            const float *pp =
+                a.part + (size_t)(hk * SPLITS + q) * PART + j * (HD + 2);
+            const float w = expf(__ldcg(pp + HD) - m);
+            acc += w * __ldcg(pp + dd);
+            sum += w * __ldcg(pp + HD + 1);
+        }
+        __stcg(a.att + (hk * GRP + j) * HD + dd, acc / sum);
     }
-    __stcg(a.att + (hk * GRP + j) * HD + dd, acc / sum);
 #endif
 }
 
