@@ -69,7 +69,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include "gpu_test_util.h" /* CK */
+#include "../../common/bt_fp8.h" /* host E4M3, the scale */
+#include "gpu_test_util.h"          /* CK */
 
 #define DIM 4096
 #define QKV 6144
@@ -221,7 +222,7 @@ static __device__ float block_reduce(float v, bool is_max, float *sh)
     if (lane == 0)
         sh[warp] = v;
     __syncthreads();
-    v = lane < NW ? sh[lane] : (is_max ? 0.0f : 0.0f);
+    v = lane < NW ? sh[lane] : 0.0f;
     for (int o = 16; o > 0; o >>= 1) {
         const float w = __shfl_xor_sync(0xffffffffu, v, o);
         v = is_max ? fmaxf(v, w) : v + w;
@@ -276,7 +277,7 @@ static __device__ float make_input(const mega_args &a, int l, int p,
             amax = fmaxf(amax, fabsf(v[e]));
         amax = block_reduce(amax, true, sh);
     }
-    const float s = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / s;
+    const float s = bt_fp8_scale(amax), inv = 1.0f / s;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         const int i = (threadIdx.x + c * NT) * 8;
@@ -721,32 +722,13 @@ __global__ void fill_kernel(uint8_t *w, size_t n, uint32_t seed)
 }
 
 /* ---- host reference (one layer) ---- */
-static float e4m3_f(uint8_t c)
+/* v through E4M3 at its absmax's scale (bt_fp8.h: the device's rounding) */
+static std::vector<float> host_q(const std::vector<float> &v, float amax)
 {
-    const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
-    const float v = e == 0 ? ldexpf((float)m / 8.0f, -6)
-                           : ldexpf(1.0f + (float)m / 8.0f, e - 7);
-    return s ? -v : v;
-}
-
-static std::vector<float> host_q(const std::vector<float> &v, float amax,
-                                 float *scale)
-{
-    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float sc = bt_fp8_scale(amax);
     std::vector<float> out(v.size());
-    static std::vector<float> tab;
-    if (tab.empty())
-        for (int c = 0; c < 127; c++)
-            tab.push_back(e4m3_f((uint8_t)c));
-    for (size_t i = 0; i < v.size(); i++) {
-        const float x = fminf(fabsf(v[i] / s), 448.0f);
-        int best = 0;
-        for (int c = 1; c < 127; c++)
-            if (fabsf(tab[c] - x) < fabsf(tab[best] - x))
-                best = c;
-        out[i] = (v[i] < 0 ? -tab[best] : tab[best]) * s;
-    }
-    *scale = s;
+    for (size_t i = 0; i < v.size(); i++)
+        out[i] = bt_fp8_round(v[i] / sc) * sc;
     return out;
 }
 
@@ -775,9 +757,9 @@ static std::vector<float> host_mv(const std::vector<uint8_t> &w,
                                   const std::vector<float> &ws, int rows,
                                   int k, const std::vector<float> &xin)
 {
-    static float tab[256];
+    float tab[256];
     for (int c = 0; c < 256; c++)
-        tab[c] = e4m3_f((uint8_t)c);
+        tab[c] = bt_e4m3_to_f32((uint8_t)c);
     std::vector<float> y(rows);
     for (int r = 0; r < rows; r++) {
         double s = 0;
@@ -973,10 +955,9 @@ int main(int argc, char **argv)
         CK(cudaMemcpy(kc.data(), hk[0].k, kv_n, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(vc.data(), hk[0].v, kv_n, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(hsc, hk[0].ks, sizeof(hsc), cudaMemcpyDeviceToHost));
-        float s;
         std::vector<float> n0 = host_norm(x0);
         const std::vector<float> qkv_ref =
-            host_mv(w[P_QKV], ws[P_QKV], QKV, DIM, host_q(n0, absmax(n0), &s));
+            host_mv(w[P_QKV], ws[P_QKV], QKV, DIM, host_q(n0, absmax(n0)));
         for (int mode : {M_PERSISTENT, M_LAUNCH}) {
             CK(cudaMemcpy(bf.x, x0.data(), 4 * DIM, cudaMemcpyHostToDevice));
             run(m, bf, mode, 1, grid, st);
@@ -1000,7 +981,7 @@ int main(int argc, char **argv)
                     double d = 0;
                     for (int e = 0; e < HD; e++)
                         d += (double)qkv[qh * HD + e] *
-                             e4m3_f(kc[(slot * NKV + kh) * HD + e]);
+                             bt_e4m3_to_f32(kc[(slot * NKV + kh) * HD + e]);
                     sc[pos] = d * hsc[kh] / sqrt((double)HD);
                     mx = std::max(mx, sc[pos]);
                 }
@@ -1011,23 +992,23 @@ int main(int argc, char **argv)
                     const double pw = exp(sc[pos] - mx);
                     sum += pw;
                     for (int e = 0; e < HD; e++)
-                        o[e] += pw * e4m3_f(vc[(slot * NKV + kh) * HD + e]);
+                        o[e] += pw * bt_e4m3_to_f32(vc[(slot * NKV + kh) * HD + e]);
                 }
                 for (int e = 0; e < HD; e++)
                     att_ref[qh * HD + e] = (float)(o[e] / sum * hsc[NKV + kh]);
             }
             std::vector<float> xo = host_mv(w[P_O], ws[P_O], DIM, DIM,
-                                            host_q(att, absmax(att), &s));
+                                            host_q(att, absmax(att)));
             for (int i = 0; i < DIM; i++)
                 xo[i] += x0[i];
             std::vector<float> n1 = host_norm(xo);
             std::vector<float> gu = host_mv(w[P_GU], ws[P_GU], 2 * FF, DIM,
-                                            host_q(n1, absmax(n1), &s));
+                                            host_q(n1, absmax(n1)));
             std::vector<float> h_ref(FF);
             for (int i = 0; i < FF; i++)
                 h_ref[i] = gu[i] / (1.0f + expf(-gu[i])) * gu[FF + i];
             std::vector<float> x_ref = host_mv(w[P_DOWN], ws[P_DOWN], DIM, FF,
-                                               host_q(h, absmax(h), &s));
+                                               host_q(h, absmax(h)));
             for (int i = 0; i < DIM; i++)
                 x_ref[i] += xo[i];
             const double e[4] = {rel_l2(qkv, qkv_ref), rel_l2(att, att_ref),
