@@ -39,6 +39,10 @@
 #   H200's FP8 KV, 1.81M tokens, holds 441 promises of 4,096 tokens;
 #   more streams would wait at the router and its 1 s queue bound would
 #   shed them as OVERLOADED), then @384 [10,103] in the time left.
+# kv8: bf16 weights over an FP8 KV cache (`--kv-dtype fp8`, what vLLM
+#   calls --kv-cache-dtype fp8): 512/512 @256 [bf16 KV 12,031: its K/V
+#   read is ~5 of the 18.9 ms step] and 2048/2048 @384 [bf16 KV 6,128
+#   at 220 streams, all its KV holds]; then `long` in the time left.
 # disagg: 1P+1D (MPS) bf16
 #   2048x128 at 16 and 20 req/s with the receive
 #   room told by heartbeat (d1873fe; ba74f6f: goodput 12.69 / 10.67 req/s
@@ -66,10 +70,10 @@ h200=0
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
 if [ $h200 = 1 ]; then
   mixes=342:3072:1:342:1024,448:3072:1:448:1024,512:3072:1:512:1024
-  tmix=342:3072:1:342:1024 long_a=440 long_b=384 bf16_c=256
+  tmix=342:3072:1:342:1024 long_a=440 long_b=384 bf16_c=256 kv8_c=384
 else
   mixes=199:3072:1:199:1024,256:3072:1:256:1024
-  tmix=256:3072:1:256:1024 long_a=224 long_b=0 bf16_c=176
+  tmix=256:3072:1:256:1024 long_a=224 long_b=0 bf16_c=176 kv8_c=224
   export BT_SERVE_KV_BLOCKS=14000 # disagg: the decode pool an H100 holds
 fi
 # serve NAME SECONDS VAR=VALUE...: one serve_bench.py run, its rows
@@ -117,6 +121,12 @@ if [ "$phase" = long ]; then
   [ $long_b -gt 0 ] && serve fp8_$long_b $(left 580) BT_SERVE_PRECISION=fp8 \
     BT_SERVE_KV_DTYPE=fp8 BT_SERVE_MAX_SEQS=$long_b \
     BT_SERVE_RUNS="2048x2048@$long_b:$(( 2 * long_b ))"
+fi
+if [ "$phase" = kv8 ]; then # bf16 weights over an FP8 KV cache
+  serve kv8_512 $(( $(left 580) < 110 ? $(left 580) : 110 )) \
+    BT_SERVE_KV_DTYPE=fp8 BT_SERVE_RUNS="512x512@256:768"
+  serve kv8_2048 $(left 580) BT_SERVE_KV_DTYPE=fp8 \
+    BT_SERVE_MAX_SEQS=$kv8_c BT_SERVE_RUNS="2048x2048@$kv8_c:$(( 2 * kv8_c ))"
 fi
 if [ "$phase" = disagg ]; then
   serve disagg $(left 560) BT_SERVE_MODES=disagg BT_SERVE_RUNS= \
