@@ -50,12 +50,11 @@
  * which the 64 KB a SM in flight do not hide.  Deeper rings lost: 8
  * chunks a warp in registers spill (137 us); a cp.async shared-memory
  * ring of 8-24 chunks streamed at 0.64 of this loop (155-170 us).
- * Built, not measured yet (the session's device time ran out):
- * -DMEGA_MERGE=1 (a KV head's last split merges the head: one barrier a
- * layer less), -DMEGA_KR=4, and -DMEGA_NW=8 -DMEGA_U=8 or 12 (twice the
- * bytes in flight without spilling: 204 / 255 registers).  Build a
- * variant by hand: nvcc -O3 -std=c++17 -arch=sm_90a -DMEGA_...=
- * tests/gpu/bench_mega_b1.cu.
+ * Lost too (2026-12-07 15:14, H100, built and deleted): the last split
+ * of a KV head merging the head instead of a combine phase (one barrier
+ * a layer less: 104.7 vs 104.1 us), 4 attention keys a warp a round
+ * instead of 8 (104.8), 8 warps a block with 8 or 12 chunks in flight
+ * (twice the bytes without spilling: 112.2 / 113.7).
  */
 #include <math.h>
 #include <stdint.h>
@@ -75,22 +74,10 @@
 #define DIM 4096
 #define QKV 6144
 #define FF 14336
-#ifndef MEGA_NW
-#define MEGA_NW 16 /* warps a block (variants: -DMEGA_NW=) */
-#endif
-#ifndef MEGA_U
-#define MEGA_U 4   /* chunks in flight a warp (-DMEGA_U=; 8 spills) */
-#endif
-#ifndef MEGA_KR
-#define MEGA_KR 8 /* attention: keys a warp a round (-DMEGA_KR=) */
-#endif
-#ifndef MEGA_MERGE
-#define MEGA_MERGE 0 /* 1: a KV head's last split merges the head's
-                      * splits (no combine phase, one barrier less) */
-#endif
-#define NW MEGA_NW
+#define NW 16    /* warps a block */
 #define NT (NW * 32)
-#define U MEGA_U
+#define U 4      /* chunks in flight a warp (8 spill at 16 warps) */
+#define ATT_KR 8 /* attention: keys a warp a round */
 #define MAX_ITEMS 8        /* items of a phase a block may own */
 #define CHUNK 64           /* columns a chunk */
 
@@ -113,7 +100,7 @@ struct layer_w {
 #define PAGE 16
 #define SPLITS 16
 #define ATT_ITEMS (NKV * SPLITS)
-#define NPL (MEGA_MERGE ? 5 : 6) /* phases (barriers) a layer */
+#define NPL 6 /* phases (barriers) a layer */
 #define PART (GRP * (HD + 2)) /* a split's floats: o, max, sum a head */
 
 struct layer_kv {
@@ -138,7 +125,6 @@ struct mega_args {
     unsigned *amax;       /* h's absmax bits, a layer */
     unsigned *bar;        /* grid barrier counter */
     unsigned long long *stamps; /* block 0's clock at start, each barrier */
-    unsigned *done;       /* MEGA_MERGE: splits finished, a layer a KV head */
 };
 
 static __host__ __device__ int ph_rows(int p)
@@ -315,7 +301,7 @@ static __device__ __forceinline__ float e4m3_to_f(uint32_t c)
  * across rounds, o summed over the warps in shared memory.  (The first
  * version loaded a key at a time behind its page-table read: 28 us a
  * layer on an H100.) */
-#define ATT_RK (MEGA_KR * NW) /* keys a round */
+#define ATT_RK (ATT_KR * NW) /* keys a round */
 #define ATT_SMEM (2 * GRP * HD + GRP * ATT_RK + 3 * GRP + 16)
 static __device__ void att_item(const mega_args &a, int l, float *smem)
 {
@@ -353,9 +339,9 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
             o[j][e] = 0.0f;
 #pragma unroll 1
     for (int r0 = 0; r0 < nk; r0 += ATT_RK) {
-        uint32_t kw[MEGA_KR], vw[MEGA_KR];
+        uint32_t kw[ATT_KR], vw[ATT_KR];
 #pragma unroll
-        for (int e = 0; e < MEGA_KR; e++) {
+        for (int e = 0; e < ATT_KR; e++) {
             const int key = r0 + warp + e * NW;
             const size_t slot =
                 (size_t)pg[key / PAGE] * PAGE + (k0 + key) % PAGE;
@@ -363,7 +349,7 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
             vw[e] = __ldg(v32 + (slot * NKV + hk) * (HD / 4) + lane);
         }
 #pragma unroll
-        for (int e = 0; e < MEGA_KR; e++) {
+        for (int e = 0; e < ATT_KR; e++) {
             float d[GRP] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int c = 0; c < 4; c++) {
@@ -412,7 +398,7 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
                 o[j][c] *= rs;
         }
 #pragma unroll
-        for (int e = 0; e < MEGA_KR; e++) {
+        for (int e = 0; e < ATT_KR; e++) {
             float vf[4];
 #pragma unroll
             for (int c = 0; c < 4; c++)
@@ -440,37 +426,8 @@ static __device__ void att_item(const mega_args &a, int l, float *smem)
         __stcg(out + threadIdx.x * (HD + 2) + HD, mst[threadIdx.x]);
         __stcg(out + threadIdx.x * (HD + 2) + HD + 1, mst[GRP + threadIdx.x]);
     }
-#if MEGA_MERGE
-    /* the head's last split to finish merges the head's splits */
-    __shared__ unsigned last;
-    __threadfence(); /* every thread's partial stores, then the count */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(a.done + l * NKV + hk, 1u) == SPLITS - 1;
-        __threadfence();
-    }
-    __syncthreads();
-    if (!last)
-        return;
-    for (int i = threadIdx.x; i < GRP * HD; i += NT) {
-        const int j = i / HD, dd = i % HD;
-        float m = -INFINITY, acc = 0.0f, sum = 0.0f;
-        for (int q = 0; q < SPLITS; q++)
-            m = fmaxf(m, __ldcg(a.part + (size_t)(hk * SPLITS + q) * PART +
-                                j * (HD + 2) + HD));
-        for (int q = 0; q < SPLITS; q++) {
-            const float *pp =
-                a.part + (size_t)(hk * SPLITS + q) * PART + j * (HD + 2);
-            const float w = expf(__ldcg(pp + HD) - m);
-            acc += w * __ldcg(pp + dd);
-            sum += w * __ldcg(pp + HD + 1);
-        }
-        __stcg(a.att + (hk * GRP + j) * HD + dd, acc / sum);
-    }
-#endif
 }
 
-#if !MEGA_MERGE
 /* COMB item blockIdx.x < 32: query head blockIdx.x's splits merged. */
 static __device__ void comb_item(const mega_args &a)
 {
@@ -492,7 +449,6 @@ static __device__ void comb_item(const mega_args &a)
     }
     __stcg(a.att + qh * HD + threadIdx.x, o / sum);
 }
-#endif
 
 /* A warp's position in its chunk sequence: global phase gp, item slot
  * ii (item blockIdx.x + ii gridDim.x), chunk slot j (chunk warp + j NW
@@ -578,10 +534,8 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
     if (a.att_only >= 0) { /* launch mode: one attention phase */
         if (a.att_only == 0)
             att_item(a, a.att_layer, att_sh);
-#if !MEGA_MERGE
         else
             comb_item(a);
-#endif
         return;
     }
     cursor ld, cu;
@@ -676,11 +630,9 @@ __global__ void __launch_bounds__(NT, 1) mega_kernel(mega_args a)
                         att_item(a, l, att_sh);
                         ++n_bar;
                         grid_sync(a.bar, n_bar * gridDim.x, stamp(n_bar));
-#if !MEGA_MERGE
                         comb_item(a);
                         ++n_bar;
                         grid_sync(a.bar, n_bar * gridDim.x, stamp(n_bar));
-#endif
                     }
                     xs = make_input(a, cu.gp / N_PHASE, cu.gp % N_PHASE, xq,
                                     sh);
@@ -792,7 +744,6 @@ struct bufs {
     float *x, *qkv, *part, *att, *h;
     unsigned *amax, *bar;
     unsigned long long *stamps; /* NPL a layer + 2 */
-    unsigned *done;             /* L x NKV */
 };
 
 static void run(const model &m, const bufs &b, int mode, int layers,
@@ -800,8 +751,7 @@ static void run(const model &m, const bufs &b, int mode, int layers,
 {
     mega_args a{m.d_layers, m.d_kv, m.d_pages, m.ctx, 0, 4 * layers, -1, 0,
                 mode, b.x, b.qkv, b.part, b.att, b.h, b.amax, b.bar,
-                mode == M_PERSISTENT ? b.stamps : nullptr, b.done};
-    CK(cudaMemsetAsync(b.done, 0, sizeof(unsigned) * layers * NKV, st));
+                mode == M_PERSISTENT ? b.stamps : nullptr};
     CK(cudaMemsetAsync(b.amax, 0, sizeof(unsigned) * layers, st));
     CK(cudaMemsetAsync(b.bar, 0, sizeof(unsigned), st));
     if (mode == M_LAUNCH) {
@@ -810,7 +760,7 @@ static void run(const model &m, const bufs &b, int mode, int layers,
             a.gp_end = gp + 1;
             mega_kernel<<<grid, NT, 0, st>>>(a);
             if (gp % N_PHASE == P_QKV)
-                for (int ph = 0; ph < 2 - MEGA_MERGE; ph++) {
+                for (int ph = 0; ph < 2; ph++) {
                     mega_args t = a;
                     t.att_only = ph;
                     t.att_layer = gp / N_PHASE;
@@ -853,9 +803,8 @@ int main(int argc, char **argv)
                                                      0));
     const int grid = prop.multiProcessorCount;
     printf("# %s, %d SMs, NW %d warps, U %d chunks in flight, attention "
-           "%d keys a warp a round, %s, %d block(s) an SM resident\n",
-           prop.name, grid, NW, U, MEGA_KR,
-           MEGA_MERGE ? "last split merges" : "combine phase", occ);
+           "%d keys a warp a round, %d block(s) an SM resident\n",
+           prop.name, grid, NW, U, ATT_KR, occ);
     /* every block must own items of every phase: a block that skipped
      * one would skip its grid barrier too */
     if (occ < 1 || grid > ph_items(P_O)) {
@@ -928,7 +877,6 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&bf.amax, sizeof(unsigned) * L));
     CK(cudaMalloc(&bf.bar, sizeof(unsigned)));
     CK(cudaMalloc(&bf.stamps, sizeof(unsigned long long) * (NPL * L + 2)));
-    CK(cudaMalloc(&bf.done, sizeof(unsigned) * L * NKV));
     CK(cudaMalloc(&d_sink, sizeof(unsigned)));
     std::vector<float> x0(DIM);
     for (int i = 0; i < DIM; i++)
@@ -1068,11 +1016,8 @@ int main(int argc, char **argv)
     std::vector<unsigned long long> ts(NPL * L + 1);
     CK(cudaMemcpy(ts.data(), bf.stamps, sizeof(unsigned long long) * ts.size(),
                   cudaMemcpyDeviceToHost));
-    static const char *ph6[6] = {"qkv", "attention", "combine", "o",
-                                 "gate/up", "down"};
-    static const char *ph5[5] = {"qkv", "attention+merge", "o", "gate/up",
-                                 "down"};
-    const char *const *ph = NPL == 6 ? ph6 : ph5;
+    static const char *ph[NPL] = {"qkv", "attention", "combine", "o",
+                                  "gate/up", "down"};
     printf("persistent, us a layer by phase (layers 1..%d):", L - 1);
     for (int k = 0; k < NPL; k++) {
         double sum = 0;
