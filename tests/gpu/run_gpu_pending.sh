@@ -1,8 +1,9 @@
 #!/bin/bash
 # run_gpu_pending.sh CARRY PHASE[,PHASE...] - what the sessions of
 # 2026-12-06 left for an H200 (their H100 figures are in
-# docs/PERFORMANCE.md; every later call landed on an H100, and on the
-# afternoon of 2026-12-07 no H200 started in six tries), ON THE
+# docs/PERFORMANCE.md; every later call landed on an H100: on
+# 2026-12-07 15:14 engine,serve and kv8 ran on one, no H200 started in
+# ~20 tries that day), ON THE
 # DEVICE MACHINE from a folder packed here.  Phases engine, serve, long,
 # disagg: three calls of ~5 (engine,serve) / 9 / 4 minutes on the warm
 # machine; delete this script once its figures are in
