@@ -1,7 +1,8 @@
 /*
  * cli_quantize.c - `baton model quantize --fp8`: turns a model (HF dir,
  * llama2.c .bin or synth:NAME) into a compressed-tensors FP8 checkpoint
- * (model_write_hf_fp8).
+ * (model_write_hf_fp8); with --kv-only, a dense checkpoint (weights as
+ * they are) carrying only the FP8 KV-cache scales.
  *
  * Calibration (--calib FILE) runs the cpu backend in bf16 precision over
  * the tokenized text, in windows of up to CLI_CALIB_WINDOW tokens that
@@ -57,7 +58,13 @@ static void quantize_usage(FILE *out)
             "calibration, per KV\n"
             "                         head (default) or per layer\n"
             "  --keep-f32             embeddings, norms and the classifier "
-            "in f32 (default bf16)\n",
+            "in f32 (default bf16)\n"
+            "  --kv-only              leave every weight as it is (bf16, "
+            "f32 with --keep-f32)\n"
+            "                         and write only the KV scales (needs "
+            "--calib): a dense\n"
+            "                         checkpoint for --kv-dtype fp8 under "
+            "bf16 weights\n",
             CLI_CALIB_TOKENS);
 }
 
@@ -197,7 +204,7 @@ int cli_model_quantize(int argc, char **argv)
     const char *out = NULL, *calib_path = NULL, *tok_path = NULL;
     const char *model_path = NULL;
     bool fp8 = false, per_tensor = false, kv = false, kv_head = true;
-    bool keep_f32 = false;
+    bool keep_f32 = false, kv_only = false;
     double pct = 100.0;
     int max_tokens = CLI_CALIB_TOKENS;
     model_t *m = NULL;
@@ -219,6 +226,8 @@ int cli_model_quantize(int argc, char **argv)
             per_tensor = true;
         } else if (strcmp(a, "--keep-f32") == 0) {
             keep_f32 = true;
+        } else if (strcmp(a, "--kv-only") == 0) {
+            kv_only = kv = true;
         } else if (strcmp(a, "--kv-scales") == 0 ||
                    strcmp(a, "--kv-scales=head") == 0) {
             kv = true;
@@ -261,7 +270,13 @@ int cli_model_quantize(int argc, char **argv)
         return 2;
     }
     if (kv && calib_path == NULL) {
-        fprintf(stderr, "baton model quantize: --kv-scales needs --calib\n");
+        fprintf(stderr, "baton model quantize: %s needs --calib\n",
+                kv_only ? "--kv-only" : "--kv-scales");
+        return 2;
+    }
+    if (kv_only && per_tensor) {
+        fprintf(stderr, "baton model quantize: --per-tensor quantizes "
+                        "weights, --kv-only none\n");
         return 2;
     }
     if (model_load(model_path, &m) != BT_OK) {
@@ -269,7 +284,8 @@ int cli_model_quantize(int argc, char **argv)
                 bt_error_last());
         return 1;
     }
-    wq = (model_fp8_write_t){ per_tensor, NULL, NULL, kv_head, keep_f32 };
+    wq = (model_fp8_write_t){ per_tensor, NULL, NULL, kv_head, keep_f32,
+                              kv_only };
     if (calib_path != NULL) {
         const model_config_t *c = model_config(m);
         int per = BACKEND_CALIB_PER_LAYER(c->n_kv_heads);
@@ -305,7 +321,7 @@ int cli_model_quantize(int argc, char **argv)
                     (float)backend_calib_percentile(
                         &st[BACKEND_CALIB_GEMMS + h], pct));
         }
-        wq.input_scale = in_scale;
+        wq.input_scale = kv_only ? NULL : in_scale;
         wq.kv_scale = kv ? kv_scale : NULL;
     }
     if (model_write_hf_fp8(m, out, &wq) != BT_OK ||
@@ -314,11 +330,17 @@ int cli_model_quantize(int argc, char **argv)
                 bt_error_last());
         goto out;
     }
-    printf("wrote %s (compressed-tensors fp8, weights per %s, activations "
-           "%s%s)\n", out, per_tensor ? "tensor" : "channel",
-           calib_path ? "static" : "dynamic per token",
-           kv ? (kv_head ? ", kv scales per head" : ", kv scales per layer")
-              : "");
+    if (kv_only)
+        printf("wrote %s (compressed-tensors dense, weights %s, fp8 kv "
+               "scales per %s)\n", out, keep_f32 ? "f32" : "bf16",
+               kv_head ? "head" : "layer");
+    else
+        printf("wrote %s (compressed-tensors fp8, weights per %s, "
+               "activations %s%s)\n", out, per_tensor ? "tensor" : "channel",
+               calib_path ? "static" : "dynamic per token",
+               kv ? (kv_head ? ", kv scales per head"
+                             : ", kv scales per layer")
+                  : "");
     rc = 0;
 
 out:

@@ -94,12 +94,35 @@ static void test_config(void)
                                       "\"kv_cache_quant_algo\": null}}",
                                       70, &q));
     BT_CHECK(q.fp8 && !q.kv_scales);
+    /* the KV cache alone (llm-compressor's KV-only recipe, --kv-only) */
+    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
+             "\"compressed-tensors\", \"format\": \"dense\", "
+             "\"config_groups\": {}, \"kv_cache_scheme\": %s}}",
+             tensor_static);
+    BT_ASSERT_OK(model_hf_quant_parse(j, strlen(j), NULL, 0, &q));
+    BT_CHECK(!q.fp8 && q.kv_scales);
+    BT_ASSERT_STREQ(q.scheme, "compressed-tensors");
 
     /* refused, by name */
+    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
+             "\"compressed-tensors\", \"format\": \"dense\", "
+             "\"config_groups\": {}, \"kv_cache_scheme\": null}}");
+    expect_refused(j, NULL, "format 'dense'");
+    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
+             "\"compressed-tensors\", \"format\": \"pack-quantized\", "
+             "\"config_groups\": {}, \"kv_cache_scheme\": %s}}",
+             tensor_static);
+    expect_refused(j, NULL, "format 'pack-quantized'");
+    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
+             "\"compressed-tensors\", \"format\": \"dense\", "
+             "\"config_groups\": {}, \"kv_cache_scheme\": %s}}",
+             token_dynamic);
+    expect_refused(j, NULL, "kv_cache_scheme strategy 'token'");
     expect_refused("{\"quantization_config\": {\"quant_method\": \"awq\", "
                    "\"bits\": 4}}", NULL, "quant_method 'awq' is not "
                    "supported (supported: compressed-tensors "
-                   "float-quantized FP8, modelopt FP8)");
+                   "float-quantized FP8 (or a dense model with an FP8 "
+                   "kv_cache_scheme), modelopt FP8)");
     expect_refused("{\"quantization_config\": {\"quant_method\": \"gptq\"}}",
                    NULL, "'gptq'");
     expect_refused("{\"quantization_config\": {\"quant_method\": \"fp8\", "
@@ -239,7 +262,7 @@ static void test_roundtrip(const char *spec, bool per_tensor, bool modelopt,
         kv_scale[i] = 0.02f + 0.003f * (float)i;
     /* the ModelOpt case also keeps the unquantized tensors in f32 */
     wq = (model_fp8_write_t){ per_tensor, modelopt ? in_scale : NULL,
-                              kv_scale, !modelopt, modelopt };
+                              kv_scale, !modelopt, modelopt, false };
     BT_ASSERT_OK(model_write_hf_fp8(o, dir, &wq));
     if (modelopt)
         relabel_modelopt(dir);

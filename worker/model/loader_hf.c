@@ -604,7 +604,8 @@ static bt_status_t hf_resolve_all(hf_loader_t *ld)
         HF_L(MODEL_LIN_GATE, &ly->w_gate, hid, dim, "mlp", "gate_proj");
         HF_L(MODEL_LIN_UP, &ly->w_up, hid, dim, "mlp", "up_proj");
         HF_L(MODEL_LIN_DOWN, &ly->w_down, dim, hid, "mlp", "down_proj");
-        if (m->quant.fp8) {
+        if (m->quant.fp8 || m->quant.kv_scales) { /* kv_scales alone:
+                                                     a dense model */
             if ((status = hf_kv_scale(ld, l, 'k', &ly->k_scale)) ||
                 (status = hf_kv_scale(ld, l, 'v', &ly->v_scale)))
                 return status;

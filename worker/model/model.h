@@ -252,7 +252,9 @@ bt_status_t model_hf_config_parse(const char *json, size_t len,
  * hf_quant_config.json (hfq, hfq_len; may be NULL).  Accepted:
  * compressed-tensors "float-quantized" FP8 (8-bit float weights, strategy
  * channel or tensor, static per-tensor or dynamic per-token input
- * activations, optional kv_cache_scheme) and ModelOpt quant_algo FP8.
+ * activations, optional kv_cache_scheme), a compressed-tensors model
+ * with no config group and an FP8 kv_cache_scheme (weights as stored,
+ * kv_scales only: fp8 false) and ModelOpt quant_algo FP8.
  * No quantization: *q_p zeroed, BT_OK.  Anything else: BT_ERR_UNSUPPORTED
  * naming what was found and what is supported; BT_ERR_FORMAT for
  * malformed JSON. */

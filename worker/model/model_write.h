@@ -48,6 +48,9 @@ typedef struct {
                                  heads (strategy tensor, shape [1]) */
     bool keep_f32;            /* embeddings, norms, biases and the
                                  classifier in F32 (default BF16) */
+    bool kv_only;             /* the linear weights stay plain too (BF16,
+                                 F32 with keep_f32): only kv_scale is
+                                 written (needed), a dense checkpoint */
 } model_fp8_write_t;
 
 /* Writes `model` as a compressed-tensors "float-quantized" FP8 Hugging
@@ -57,8 +60,11 @@ typedef struct {
  * attention's k_scale / v_scale when given; embeddings, norms and the
  * classifier in BF16 (F32 with keep_f32).  config.json carries the quantization_config
  * (quant_method compressed-tensors, format float-quantized, config_groups
- * targets Linear, ignore lm_head, kv_cache_scheme).  BT_ERR_IO names the
- * file on failure. */
+ * targets Linear, ignore lm_head, kv_cache_scheme).  kv_only: the
+ * weights plain and a quantization_config of format dense, no config
+ * group, the kv_cache_scheme alone (what llm-compressor's KV-cache-only
+ * recipe writes).  BT_ERR_INVALID_ARG for kv_only without kv_scale;
+ * BT_ERR_IO names the file on failure. */
 bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
                                const model_fp8_write_t *q);
 

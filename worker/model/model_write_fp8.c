@@ -308,6 +308,17 @@ static void fp8_quant_json(const model_fp8_write_t *q, char *out, size_t len)
                  q->kv_per_head ? "attn_head" : "tensor");
     else
         snprintf(kv, sizeof(kv), "null");
+    if (q->kv_only) {
+        snprintf(out, len,
+                 "\"quantization_config\": {\"quant_method\": "
+                 "\"compressed-tensors\", \"format\": \"dense\", "
+                 "\"quantization_status\": \"compressed\", "
+                 "\"global_compression_ratio\": null, "
+                 "\"config_groups\": {}, \"ignore\": [], "
+                 "\"kv_cache_scheme\": %s, \"sparsity_config\": {}}",
+                 kv);
+        return;
+    }
     snprintf(out, len,
              "\"quantization_config\": {\"quant_method\": "
              "\"compressed-tensors\", \"format\": \"float-quantized\", "
@@ -335,6 +346,9 @@ bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
     char name[192], path[PATH_MAX + 64], qjson[3072];
     bt_status_t status;
 
+    if (q->kv_only && q->kv_scale == NULL)
+        return BT_ERROR(BT_ERR_INVALID_ARG, "MODEL", "a KV-only checkpoint "
+                        "needs KV scales");
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return BT_ERROR(BT_ERR_IO, "MODEL", "cannot create directory %s: %s",
                         dir, strerror(errno));
@@ -365,11 +379,19 @@ bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
             float in = q->input_scale ? q->input_scale[i * MODEL_N_LINEAR + k]
                                       : 0.0f;
 
+            const model_tensor_t *w =
+                model_layer_linear(ly, (model_linear_t)k);
+            bool qk = k == MODEL_LIN_Q || k == MODEL_LIN_K;
+
+            if (q->kv_only) {
+                snprintf(name, sizeof(name), "model.layers.%d.%s.weight", i,
+                         lin[k]);
+                status = fp8_add_plain(&l, model, name, w, qk, q->keep_f32);
+                continue;
+            }
             snprintf(name, sizeof(name), "model.layers.%d.%s", i, lin[k]);
-            status = fp8_add_linear(&l, model, name,
-                                    model_layer_linear(ly, (model_linear_t)k),
-                                    k == MODEL_LIN_Q || k == MODEL_LIN_K,
-                                    q->per_tensor, in);
+            status = fp8_add_linear(&l, model, name, w, qk, q->per_tensor,
+                                    in);
         }
         for (int k = 0; k < 3 && status == BT_OK; k++) {
             if (!c->qkv_bias || bias[k]->data == NULL)

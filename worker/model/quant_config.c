@@ -1,6 +1,7 @@
 /*
  * quant_config.c - which quantized Hugging Face checkpoints baton loads:
- * compressed-tensors (llm-compressor) "float-quantized" FP8 and NVIDIA
+ * compressed-tensors (llm-compressor) "float-quantized" FP8, a dense
+ * compressed-tensors model with only FP8 KV-cache scales, and NVIDIA
  * ModelOpt FP8 (see model_hf_quant_parse in model.h).
  *
  * Everything else is refused here, by name, before a tensor is read: a
@@ -16,7 +17,8 @@
 
 #include "bt_error.h"
 
-#define QUANT_SUPPORTED "supported: compressed-tensors float-quantized FP8, " \
+#define QUANT_SUPPORTED "supported: compressed-tensors float-quantized FP8 " \
+                        "(or a dense model with an FP8 kv_cache_scheme), " \
                         "modelopt FP8"
 
 /* A string field of obj, or NULL when absent or not a string. */
@@ -79,7 +81,31 @@ static bt_status_t quant_args(const cJSON *args, const char *what,
     return BT_OK;
 }
 
-/* compressed-tensors: every config group must be the same FP8 scheme. */
+/* compressed-tensors' kv_cache_scheme: static FP8 scales per layer
+ * ("tensor") or per KV head ("attn_head"); null or absent: none. */
+static bt_status_t quant_kv_scheme(const cJSON *kv, model_quant_t *q)
+{
+    char ks[16];
+    bool kdyn;
+    bt_status_t status;
+
+    if (kv == NULL || cJSON_IsNull(kv))
+        return BT_OK;
+    status = quant_args(kv, "kv_cache_scheme", "tensor|attn_head", &kdyn, ks,
+                        sizeof(ks));
+    if (status != BT_OK)
+        return status;
+    if (kdyn)
+        return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL", "quantization_config:"
+                        " dynamic kv_cache_scheme is not supported");
+    q->kv_scales = true;
+    return BT_OK;
+}
+
+/* compressed-tensors: every config group must be the same FP8 scheme; no
+ * group at all is a checkpoint whose weights stay as they are and whose
+ * kv_cache_scheme alone is quantized (llm-compressor's KV-cache-only
+ * recipe, `baton model quantize --fp8 --kv-only`), format "dense". */
 static bt_status_t quant_compressed_tensors(const cJSON *qc,
                                             model_quant_t *q)
 {
@@ -91,13 +117,24 @@ static bt_status_t quant_compressed_tensors(const cJSON *qc,
     int n = 0;
     bt_status_t status;
 
+    if (!cJSON_IsObject(groups))
+        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "quantization_config: "
+                        "missing object config_groups");
+    if (groups->child == NULL && kv != NULL && !cJSON_IsNull(kv)) {
+        if (format != NULL && strcmp(format, "dense") != 0 &&
+            strcmp(format, "float-quantized") != 0)
+            return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL", "quantization_config:"
+                            " compressed-tensors format '%s' is not "
+                            "supported (%s)", format, QUANT_SUPPORTED);
+        status = quant_kv_scheme(kv, q);
+        if (status == BT_OK)
+            snprintf(q->scheme, sizeof(q->scheme), "compressed-tensors");
+        return status;
+    }
     if (format == NULL || strcmp(format, "float-quantized") != 0)
         return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL", "quantization_config: "
                         "compressed-tensors format '%s' is not supported (%s)",
                         format ? format : "(none)", QUANT_SUPPORTED);
-    if (!cJSON_IsObject(groups))
-        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "quantization_config: "
-                        "missing object config_groups");
     cJSON_ArrayForEach(g, groups) {
         const cJSON *w = cJSON_GetObjectItemCaseSensitive(g, "weights");
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(g,
@@ -148,19 +185,9 @@ static bt_status_t quant_compressed_tensors(const cJSON *qc,
     if (n == 0)
         return BT_ERROR(BT_ERR_FORMAT, "MODEL", "quantization_config: "
                         "config_groups is empty");
-    if (kv != NULL && !cJSON_IsNull(kv)) {
-        char ks[16];
-        bool kdyn;
-
-        status = quant_args(kv, "kv_cache_scheme", "tensor|attn_head", &kdyn,
-                            ks, sizeof(ks));
-        if (status != BT_OK)
-            return status;
-        if (kdyn)
-            return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL", "quantization_config:"
-                            " dynamic kv_cache_scheme is not supported");
-        q->kv_scales = true;
-    }
+    status = quant_kv_scheme(kv, q);
+    if (status != BT_OK)
+        return status;
     q->fp8 = true;
     snprintf(q->scheme, sizeof(q->scheme), "compressed-tensors");
     return BT_OK;
