@@ -152,6 +152,26 @@ static void cli_print_config(const model_config_t *c)
     printf("%s\n", c->n_eos == 0 ? "(none)" : "");
 }
 
+/* What the checkpoint's quantization_config declared (model/quant_config.c):
+ * FP8 weights with their scale layout, or the KV-cache scales alone. */
+static void cli_print_quant(const model_quant_t *q)
+{
+    if (!q->fp8 && !q->kv_scales) {
+        printf("quantization   none\n");
+        return;
+    }
+    if (!q->fp8) {
+        printf("quantization   %s: weights as stored, fp8 KV scales\n",
+               q->scheme);
+        return;
+    }
+    printf("quantization   %s fp8 e4m3: weight scales per %s, %s "
+           "activation scales%s\n", q->scheme,
+           q->per_channel ? "channel" : "tensor",
+           q->static_act ? "static" : "dynamic per-token",
+           q->kv_scales ? ", fp8 KV scales" : "");
+}
+
 static int cli_inspect(int argc, char **argv)
 {
     const char *path = NULL;
@@ -162,9 +182,9 @@ static int cli_inspect(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             printf("usage: baton model inspect PATH [--tensors]\n"
-                   "Prints the format, architecture, every config field, "
-                   "the tensors (layer 0\nonly unless --tensors or the model "
-                   "is small), parameter count and bytes.\n");
+                   "Prints the format, architecture, quantization, every "
+                   "config field, the\ntensors (layer 0 only unless --tensors "
+                   "or the model is small), parameter\ncount and bytes.\n");
             return 0;
         } else if (strcmp(argv[i], "--tensors") == 0) {
             ins.all = true;
@@ -189,6 +209,7 @@ static int cli_inspect(int argc, char **argv)
     printf("path           %s\n", path);
     printf("format         %s\n", model_format_name(model_format(model)));
     printf("architecture   %s\n", model_architecture(model));
+    cli_print_quant(model_quant(model));
     printf("config:\n");
     cli_print_config(model_config(model));
     ins.layers = model_config(model)->n_layers;

@@ -55,6 +55,7 @@ has "bias"
 # --- inspect
 expect 0 "$BATON" model inspect "$MODELS/stories260K.bin"
 has "format         llama2c"; has "n_kv_heads                 4"
+has "quantization   none"
 has "rope_layout                adjacent"; has "params         "
 has "model.layers.4.mlp.up_proj.weight"
 expect 0 "$BATON" model inspect "$MODELS/aidreams260K-hf"
@@ -62,6 +63,16 @@ has "architecture   LlamaForCausalLM"; has "rope_layout                half"
 has "eos_ids                    2"
 expect 0 "$BATON" model inspect synth:tiny-qwen2:5
 has "format         synth"; has "q_proj.bias"; has "qkv_bias                   true"
+# what a quantized checkpoint declared: FP8 weights, or the KV scales alone
+expect 0 "$BATON" model quantize --fp8 --out "$T/q8" "$MODELS/aidreams260K-hf"
+expect 0 "$BATON" model inspect "$T/q8"
+has "quantization   compressed-tensors fp8 e4m3: weight scales per channel, dynamic per-token activation scales"
+expect 0 "$BATON" model quantize --fp8 --kv-only --calib \
+    "$BT_SHARED_DIR/docs/STYLE.md" --calib-tokens 512 --tokenizer \
+    "$MODELS/aidreams-tok512.bin" --out "$T/kv8" "$MODELS/aidreams260K-hf"
+expect 0 "$BATON" model inspect "$T/kv8"
+has "quantization   compressed-tensors: weights as stored, fp8 KV scales"
+has "layers.0.self_attn.q_proj.weight  *BF16"
 # shapes only: a 70B synth is never generated (140 GB of host memory;
 # tests/gpu/serve_floor.py reads 8B shapes this way), so it answers at once
 start=$(date +%s)
