@@ -378,12 +378,11 @@ bt_status_t model_write_hf_fp8(const model_t *model, const char *dir,
         for (int k = 0; k < MODEL_N_LINEAR && status == BT_OK; k++) {
             float in = q->input_scale ? q->input_scale[i * MODEL_N_LINEAR + k]
                                       : 0.0f;
-
             const model_tensor_t *w =
                 model_layer_linear(ly, (model_linear_t)k);
             bool qk = k == MODEL_LIN_Q || k == MODEL_LIN_K;
 
-            if (q->kv_only) {
+            if (q->kv_only) { /* as the other plain tensors */
                 snprintf(name, sizeof(name), "model.layers.%d.%s.weight", i,
                          lin[k]);
                 status = fp8_add_plain(&l, model, name, w, qk, q->keep_f32);
