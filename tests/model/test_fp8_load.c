@@ -102,6 +102,11 @@ static void test_config(void)
     BT_ASSERT_OK(model_hf_quant_parse(j, strlen(j), NULL, 0, &q));
     BT_CHECK(!q.fp8 && q.kv_scales);
     BT_ASSERT_STREQ(q.scheme, "compressed-tensors");
+    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
+             "\"compressed-tensors\", \"config_groups\": null, "
+             "\"kv_cache_scheme\": %s}}", tensor_static);
+    BT_ASSERT_OK(model_hf_quant_parse(j, strlen(j), NULL, 0, &q));
+    BT_CHECK(!q.fp8 && q.kv_scales);
 
     /* refused, by name */
     snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "

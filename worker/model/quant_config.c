@@ -117,10 +117,9 @@ static bt_status_t quant_compressed_tensors(const cJSON *qc,
     int n = 0;
     bt_status_t status;
 
-    if (!cJSON_IsObject(groups))
-        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "quantization_config: "
-                        "missing object config_groups");
-    if (groups->child == NULL && kv != NULL && !cJSON_IsNull(kv)) {
+    if ((groups == NULL || cJSON_IsNull(groups) ||
+         (cJSON_IsObject(groups) && groups->child == NULL)) &&
+        kv != NULL && !cJSON_IsNull(kv)) {
         if (format != NULL && strcmp(format, "dense") != 0 &&
             strcmp(format, "float-quantized") != 0)
             return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL", "quantization_config:"
@@ -131,6 +130,9 @@ static bt_status_t quant_compressed_tensors(const cJSON *qc,
             snprintf(q->scheme, sizeof(q->scheme), "compressed-tensors");
         return status;
     }
+    if (!cJSON_IsObject(groups))
+        return BT_ERROR(BT_ERR_FORMAT, "MODEL", "quantization_config: "
+                        "missing object config_groups");
     if (format == NULL || strcmp(format, "float-quantized") != 0)
         return BT_ERROR(BT_ERR_UNSUPPORTED, "MODEL", "quantization_config: "
                         "compressed-tensors format '%s' is not supported (%s)",
