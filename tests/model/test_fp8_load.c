@@ -42,6 +42,18 @@ static void ct_config(char *out, size_t len, const char *method,
              "\"kv_cache_scheme\": %s}}", method, format, w, act, kv);
 }
 
+/* A config.json with a compressed-tensors quantization_config of no
+ * weight scheme: `format` ("dense", ...), `groups` ("{}", "null") and
+ * the kv_cache_scheme `kv` (a JSON value). */
+static void ct_kv_only(char *out, size_t len, const char *format,
+                       const char *groups, const char *kv)
+{
+    snprintf(out, len, "{\"quantization_config\": {\"quant_method\": "
+             "\"compressed-tensors\", \"format\": \"%s\", "
+             "\"config_groups\": %s, \"kv_cache_scheme\": %s}}", format,
+             groups, kv);
+}
+
 static void expect_refused(const char *json, const char *hfq,
                            const char *needle)
 {
@@ -95,33 +107,20 @@ static void test_config(void)
                                       70, &q));
     BT_CHECK(q.fp8 && !q.kv_scales);
     /* the KV cache alone (llm-compressor's KV-only recipe, --kv-only) */
-    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
-             "\"compressed-tensors\", \"format\": \"dense\", "
-             "\"config_groups\": {}, \"kv_cache_scheme\": %s}}",
-             tensor_static);
+    ct_kv_only(j, sizeof(j), "dense", "{}", tensor_static);
     BT_ASSERT_OK(model_hf_quant_parse(j, strlen(j), NULL, 0, &q));
     BT_CHECK(!q.fp8 && q.kv_scales);
     BT_ASSERT_STREQ(q.scheme, "compressed-tensors");
-    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
-             "\"compressed-tensors\", \"config_groups\": null, "
-             "\"kv_cache_scheme\": %s}}", tensor_static);
+    ct_kv_only(j, sizeof(j), "dense", "null", tensor_static);
     BT_ASSERT_OK(model_hf_quant_parse(j, strlen(j), NULL, 0, &q));
     BT_CHECK(!q.fp8 && q.kv_scales);
 
     /* refused, by name */
-    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
-             "\"compressed-tensors\", \"format\": \"dense\", "
-             "\"config_groups\": {}, \"kv_cache_scheme\": null}}");
+    ct_kv_only(j, sizeof(j), "dense", "{}", "null");
     expect_refused(j, NULL, "format 'dense'");
-    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
-             "\"compressed-tensors\", \"format\": \"pack-quantized\", "
-             "\"config_groups\": {}, \"kv_cache_scheme\": %s}}",
-             tensor_static);
+    ct_kv_only(j, sizeof(j), "pack-quantized", "{}", tensor_static);
     expect_refused(j, NULL, "format 'pack-quantized'");
-    snprintf(j, sizeof(j), "{\"quantization_config\": {\"quant_method\": "
-             "\"compressed-tensors\", \"format\": \"dense\", "
-             "\"config_groups\": {}, \"kv_cache_scheme\": %s}}",
-             token_dynamic);
+    ct_kv_only(j, sizeof(j), "dense", "{}", token_dynamic);
     expect_refused(j, NULL, "kv_cache_scheme strategy 'token'");
     expect_refused("{\"quantization_config\": {\"quant_method\": \"awq\", "
                    "\"bits\": 4}}", NULL, "quant_method 'awq' is not "
