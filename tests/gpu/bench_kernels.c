@@ -39,7 +39,8 @@
  * --toks LIST: only these token counts in --gemv.
  * --dec-only B:CTX: --dec's case of batch B at context CTX only (the
  *   kernels of one case under a profiler: each pass launches its kernel
- *   once, then --reps times).
+ *   once, then --reps times); a B:CTX not in the list runs with the
+ *   8B's heads (32 query, 8 KV).
  * Lines start with "gemv ", "gemvsum ", "attn ", "small " for grepping.
  */
 #include <stdio.h>
@@ -491,19 +492,28 @@ static void bench_attn(void)
 static void bench_dec(void)
 {
     const int hd = 128, bs = 16;
-    const int cases[][4] = {{1, 2048, 32, 8},    {1, 8192, 32, 8},
-                            {64, 512, 32, 8},    {64, 2048, 32, 8},
-                            {128, 512, 32, 8},   {8, 8192, 32, 8},
-                            {64, 8192, 32, 8},   {512, 2048, 4, 1},
-                            {199, 3072, 32, 8},  {342, 3072, 32, 8},
-                            {124, 2048, 32, 8},  {124, 2176, 32, 8}};
+    static const int all[][4] = {{1, 2048, 32, 8},    {1, 8192, 32, 8},
+                                 {64, 512, 32, 8},    {64, 2048, 32, 8},
+                                 {128, 512, 32, 8},   {8, 8192, 32, 8},
+                                 {64, 8192, 32, 8},   {512, 2048, 4, 1},
+                                 {199, 3072, 32, 8},  {342, 3072, 32, 8},
+                                 {124, 2048, 32, 8},  {124, 2176, 32, 8}};
+    /* --dec-only B:CTX: that case, the 8B's heads when it is not listed */
+    const int one[1][4] = {{g_dec_b, g_dec_ctx, 32, 8}};
+    int listed = 0;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        listed |= all[i][0] == g_dec_b && all[i][1] == g_dec_ctx;
+    const int(*cases)[4] = g_dec_b > 0 && !listed ? one : all;
+    const size_t n_cases = g_dec_b > 0 && !listed
+                               ? 1
+                               : sizeof(all) / sizeof(all[0]);
     const int kvb = g_dec_kv8 ? 1 : 2; /* bytes a K or V element */
     const char *tag = g_dec_kv8 ? " kv8" : "";
     int n_sm = 132, dev = 0;
 
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+    for (size_t ci = 0; ci < n_cases; ci++) {
         const int B = cases[ci][0], ctx = cases[ci][1];
         const int nh = cases[ci][2], nkv = cases[ci][3];
         if (g_dec_b > 0 && (B != g_dec_b || ctx != g_dec_ctx))
