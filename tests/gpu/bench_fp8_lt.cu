@@ -9,7 +9,11 @@
  * 2026-12-06, the vec plan has one algorithm and no split, o at 64
  * tokens 18.5 us (0.91 TB/s of weights) against the plain plan's 13.8,
  * down 45.7 against 32.1; splits never won.  Prints a BEST line a shape.
- *   bench_fp8_lt
+ * --prefill: 2048 and 512 tokens (a prompt chunk, a mixed step), every
+ * way of passing the scales (mode_name below), writing bf16 and, for o
+ * and down, adding into an f32 residual as the engine does (no K
+ * splits); the BEST lines give TFLOP/s too.
+ *   bench_fp8_lt [--prefill]
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -23,21 +27,23 @@
 static cublasLtHandle_t lt;
 static void *ws; static size_t ws_bytes = 64u << 20;
 static void *flush;
+static int g_no_split; /* --prefill: split 1 only (prompt shapes) */
 
 static float time_one(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
                       cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
                       const cublasLtMatmulAlgo_t *algo, void *w, void *x,
-                      void *y, float beta)
+                      void *y, float beta, const float *alpha)
 {
-    cudaEvent_t e0, e1; float t[7]; const float one = 1.0f;
+    cudaEvent_t e0, e1; float t[7]; const float one_h = 1.0f;
+    const float *one = alpha != NULL ? alpha : &one_h;
     cudaEventCreate(&e0); cudaEventCreate(&e1);
-    if (cublasLtMatmul(lt, op, &one, w, la, x, lb, &beta, y, ld, y, ld, algo,
+    if (cublasLtMatmul(lt, op, one, w, la, x, lb, &beta, y, ld, y, ld, algo,
                        ws, ws_bytes, 0) != CUBLAS_STATUS_SUCCESS)
         return -1.0f;
     for (int r = 0; r < 7; r++) {
         cudaMemsetAsync(flush, r, 128u << 20, 0);
         cudaEventRecord(e0, 0);
-        cublasLtMatmul(lt, op, &one, w, la, x, lb, &beta, y, ld, y, ld, algo,
+        cublasLtMatmul(lt, op, one, w, la, x, lb, &beta, y, ld, y, ld, algo,
                        ws, ws_bytes, 0);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
@@ -50,7 +56,14 @@ static float time_one(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
     return t[3] * 1000.0f;
 }
 
-/* vec: 1 scale vectors, 2 scalar scales (bf16 out), 0 plain f32 sums */
+/* vec: 1 scale vectors, 2 scalar scales (bf16 out, or f32 += with
+ * acc), 3 a vector for the weights (per channel) and a scalar for the
+ * inputs (static), 4 a scalar for the weights (per tensor) and a vector
+ * for the inputs (per token), 5 scalar scales and a per-row alpha vector
+ * (the weights' channel scales as alpha; beta 0, or 1 with acc), 0 plain
+ * f32 sums */
+static const char *const mode_name[] = {"plain", "vec", "scalar", "wvec+xscalar",
+                                        "wscalar+xvec", "scalar+alphavec"};
 static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
 {
     cublasLtMatmulDesc_t op; cublasLtMatrixLayout_t la, lb, ld;
@@ -60,6 +73,7 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
     int n_res = 0; const int8_t on = 1;
     void *w, *x, *y; float *sw, *sx;
     cudaDataType_t out = vec && !acc ? CUDA_R_16BF : CUDA_R_32F;
+    float *alpha = NULL;
     size_t es = out == CUDA_R_32F ? 4 : 2;
     int ldd = vec ? n_out : (n_out + 15) / 16 * 16;
 
@@ -72,7 +86,19 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on));
-    if (vec == 2) {
+    if (vec >= 2) {
+        const int32_t mv = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        if (vec == 3)
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mv, sizeof(mv));
+        if (vec == 4)
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mv, sizeof(mv));
+        if (vec == 5) {
+            const int32_t pm = acc ? CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST
+                                   : CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO;
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm));
+            CK(cudaMalloc((void **)&alpha, n_out * 4));
+            cudaMemset(alpha, 0, n_out * 4);
+        }
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof(sw));
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof(sx));
     } else if (vec) {
@@ -90,7 +116,7 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
     cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 32, res, &n_res);
     float best = 1e9f; char bname[64] = "";
     printf("t=%d o=%d k=%d %s%s: %d heuristic algos\n", n_tok, n_out, n_in,
-           vec == 2 ? "scalar" : vec ? "vec" : "plain", acc ? " +=" : "", n_res);
+           mode_name[vec], acc ? " +=" : "", n_res);
     for (int i = 0; i < n_res; i++) {
         static const int splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
         int32_t split_ok = 0, algo_id = 0, tile = 0, stages = 0; size_t wr;
@@ -106,6 +132,7 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
                 cublasLtMatmulHeuristicResult_t chk;
                 int32_t sp = splits[s]; uint32_t rr = sp == 1 ? 0 : red;
                 if (sp == 1 && red != 1) break;
+                if (sp > 1 && g_no_split) break;
                 if (sp > 1 && (!split_ok || !(red_mask & red))) continue;
                 if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sp, sizeof(sp)) ||
                     cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &rr, sizeof(rr)))
@@ -113,7 +140,7 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
                 memset(&chk, 0, sizeof(chk));
                 if (cublasLtMatmulAlgoCheck(lt, op, la, lb, ld, ld, &a, &chk) != CUBLAS_STATUS_SUCCESS ||
                     chk.workspaceSize > ws_bytes) continue;
-                float us = time_one(op, la, lb, ld, &a, w, x, y, acc ? 1.0f : 0.0f);
+                float us = time_one(op, la, lb, ld, &a, w, x, y, acc ? 1.0f : 0.0f, alpha);
                 if (us < 0) { cudaGetLastError(); continue; }
                 printf("  algo %d id %d tile %d stages %d split %d red %u: %.1f us\n",
                        i, algo_id, tile, stages, sp, rr, us);
@@ -123,10 +150,9 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
     }
     printf("BEST t=%d o=%d k=%d %s%s: %s %.1f us (%.2f TB/s of weights, "
            "%.0f TFLOP/s)\n", n_tok, n_out, n_in,
-           vec == 2 ? "scalar" : vec ? "vec" : "plain", acc ? " +=" : "",
-           bname, best, (double)n_out * n_in / (best * 1e-6) / 1e12,
+           mode_name[vec], acc ? " +=" : "", bname, best, (double)n_out * n_in / (best * 1e-6) / 1e12,
            2.0 * n_tok * n_out * n_in / (best * 1e-6) / 1e12);
-    cudaFree(w); cudaFree(x); cudaFree(y); cudaFree(sw); cudaFree(sx);
+    cudaFree(w); cudaFree(x); cudaFree(y); cudaFree(sw); cudaFree(sx); cudaFree(alpha);
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
     cublasLtMatmulDescDestroy(op);
@@ -135,17 +161,18 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
 int main(int argc, char **argv)
 {
     static const int shapes[4][3] = {{6144, 4096, 0}, {4096, 4096, 1}, {28672, 4096, 0}, {4096, 14336, 1}};
-    static const int toks[] = {64, 128, 256}, ptoks[] = {2048, 4096};
+    static const int toks[] = {64, 128, 256}, ptoks[] = {2048, 512};
     cublasLtCreate(&lt);
     CK(cudaMalloc(&ws, ws_bytes)); CK(cudaMalloc(&flush, 128u << 20));
     if (argc > 1 && strcmp(argv[1], "--prefill") == 0) {
+        g_no_split = 1;
         for (int t = 0; t < 2; t++)
-            for (int s = 0; s < 4; s++) {
-                if (shapes[s][2]) /* o, down: f32 += as the engine */
-                    probe(ptoks[t], shapes[s][0], shapes[s][1], 1, 1);
-                probe(ptoks[t], shapes[s][0], shapes[s][1], 1, 0);
-                probe(ptoks[t], shapes[s][0], shapes[s][1], 2, 0);
-            }
+            for (int s = 0; s < 4; s++)
+                for (int m = 1; m <= 5; m++) {
+                    if (shapes[s][2]) /* o, down: f32 += as the engine */
+                        probe(ptoks[t], shapes[s][0], shapes[s][1], m, 1);
+                    probe(ptoks[t], shapes[s][0], shapes[s][1], m, 0);
+                }
         return 0;
     }
     for (int t = 0; t < 3; t++)
