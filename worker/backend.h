@@ -161,12 +161,6 @@ typedef struct {
     backend_kv_dtype_t kv_dtype; /* KV storage (see backend_kv_dtype_t) */
     backend_calib_t *calib;      /* cpu: record calibration statistics
                                     (model quantize); NULL = off */
-    /* Precision fp8 (cuda): > 0, every linear's input takes this static
-     * scale, whatever the model says (0: the model's, model_fp8_in_scale).
-     * For timing synthetic weights, which have no calibrated scales
-     * (bench_cuda --fp8-static): a checkpoint's own scales are what a
-     * worker serves. */
-    float fp8_input_scale;
     /* Optional allocator for the KV arrays (K and V, each
      * (n_layers, n_blocks, block_size, n_kv_heads, head_dim)), so a decode
      * worker can place its pool in memory a transport maps, e.g.

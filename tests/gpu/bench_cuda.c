@@ -6,7 +6,7 @@
  *              [--ctx 512,2048,8192] [--prefill 512,2048,8192]
  *              [--steps 20] [--table FILE] [--precision bf16|fp8]
  *              [--kv-dtype bf16|fp8] [--mixed B:C:N:L:K,...]
- *              [--kv-scatter] [--fp8-static S]
+ *              [--kv-scatter]
  *
  * Decode rows: B sequences each at context C (the KV pool is filled with
  * non-zero values; contexts are not computed, only read), one token per
@@ -31,12 +31,12 @@
  * --kv-scatter: every table's blocks scattered over the whole pool (a
  *   fixed random permutation), as a serving worker's are, instead of
  *   one contiguous run a sequence.
- * --fp8-static S: with --precision fp8, every linear's input quantized
- *   with the static scale S (backend_config_t.fp8_input_scale), as a
- *   calibrated checkpoint's are, instead of a scale per token: the
- *   GEMMs then take cuBLASLt's scalar input scale (gemm_int.h).  The
- *   synthetic weights have no calibration; ~1/64 keeps their inputs
- *   (absmax ~5) inside E4M3's range.  Rows tagged "static".
+ * BT_FP8_INPUT_SCALE=S (cuda_switches.h) with --precision fp8: every
+ *   linear's input quantized with the static scale S, as a calibrated
+ *   checkpoint's are, instead of a scale per token: the GEMMs then take
+ *   cuBLASLt's scalar input scale (gemm_int.h).  The synthetic weights
+ *   have no calibration; ~1/64 keeps their inputs (absmax ~5) inside
+ *   E4M3's range.  Rows tagged "static".
  * Prefill rows: one prompt of P tokens, logits of its last token.
  *   floor = (2 x per-token params x P + causal attention FLOPs) /
  *           790 TFLOP/s (per-token params: every layer matrix; the
@@ -63,6 +63,7 @@
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
+#include "cuda_switches.h"
 #include "kernels/gemv.h"
 #include "model/model.h"
 #include "sampler.h"
@@ -266,7 +267,6 @@ int main(int argc, char **argv)
     const char *pre_s = "512,2048,8192", *table_path = NULL;
     const char *mixed_s = NULL;
     bool fp8 = false, kv8 = false, scatter = false;
-    float fp8_static = 0.0f;
     int *batches, *ctxs, *pres, nb, nc, np, steps = 20;
     int block_size = 16, n_blocks;
     model_t *m = NULL;
@@ -284,7 +284,6 @@ int main(int argc, char **argv)
         {"kv-dtype", required_argument, NULL, 'K'},
         {"mixed", required_argument, NULL, 'x'},
         {"kv-scatter", no_argument, NULL, 'S'},
-        {"fp8-static", required_argument, NULL, 'F'},
         {NULL, 0, NULL, 0}};
     int opt;
 
@@ -300,13 +299,6 @@ int main(int argc, char **argv)
         case 't': table_path = optarg; break;
         case 'x': mixed_s = optarg; break;
         case 'S': scatter = true; break;
-        case 'F':
-            fp8_static = strtof(optarg, NULL);
-            if (!(fp8_static > 0.0f)) {
-                fprintf(stderr, "bench_cuda: --fp8-static S > 0\n");
-                return 2;
-            }
-            break;
         case 'P':
             if (strcmp(optarg, "fp8") != 0 && strcmp(optarg, "bf16") != 0) {
                 fprintf(stderr, "bench_cuda: --precision bf16 or fp8\n");
@@ -325,8 +317,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: bench_cuda [--model M] [--batch L] "
                     "[--ctx L] [--prefill L] [--steps N] [--table F] "
                     "[--precision bf16|fp8] [--kv-dtype bf16|fp8] "
-                    "[--mixed B:C:N:L:K,...] [--kv-scatter] "
-                    "[--fp8-static S]\n");
+                    "[--mixed B:C:N:L:K,...] [--kv-scatter]\n");
             return 2;
         }
     }
@@ -376,7 +367,6 @@ int main(int argc, char **argv)
         cfg.precision = BACKEND_PRECISION_FP8;
     if (kv8)
         cfg.kv_dtype = BACKEND_KV_DTYPE_FP8;
-    cfg.fp8_input_scale = fp8_static;
     for (int i = 0; i < np; i++)
         cfg.max_batch_tokens = BT_MAX(cfg.max_batch_tokens, pres[i]);
     /* --mixed entries of more sequences (a serving step of 342 rows) */
@@ -421,10 +411,10 @@ int main(int argc, char **argv)
     double w_bytes = fp8 ? lin_params + 2.0 * (layer_params - lin_params +
                                                cls_params)
                          : 2.0 * (layer_params + cls_params);
-    const char *tag = fp8 ? (kv8 ? (fp8_static > 0.0f ? " fp8 static kv8"
-                                                      : " fp8 kv8")
-                                 : (fp8_static > 0.0f ? " fp8 static"
-                                                      : " fp8"))
+    const bool fp8_static = cuda_switches()->fp8_input_scale != NULL;
+    const char *tag = fp8 ? (kv8 ? (fp8_static ? " fp8 static kv8"
+                                               : " fp8 kv8")
+                                 : (fp8_static ? " fp8 static" : " fp8"))
                           : (kv8 ? " kv8" : "");
     double kv_tok_bytes = 2.0 * mc->n_layers * mc->n_kv_heads *
                           mc->head_dim * (double)kl->elem_size;

@@ -9,7 +9,7 @@
  * 2026-12-06, the vec plan has one algorithm and no split, o at 64
  * tokens 18.5 us (0.91 TB/s of weights) against the plain plan's 13.8,
  * down 45.7 against 32.1; splits never won.  Prints a BEST line a shape.
- * --prefill: 2048 and 512 tokens (a prompt chunk, a mixed step), every
+ * --prefill: 2048 tokens (a prompt chunk), every
  * way of passing the scales (mode_name below), writing bf16 and, for o
  * and down, adding into an f32 residual as the engine does (no K
  * splits); the BEST lines give TFLOP/s too.
@@ -161,12 +161,12 @@ static void probe(int n_tok, int n_out, int n_in, int vec, int acc)
 int main(int argc, char **argv)
 {
     static const int shapes[4][3] = {{6144, 4096, 0}, {4096, 4096, 1}, {28672, 4096, 0}, {4096, 14336, 1}};
-    static const int toks[] = {64, 128, 256}, ptoks[] = {2048, 512};
+    static const int toks[] = {64, 128, 256}, ptoks[] = {2048};
     cublasLtCreate(&lt);
     CK(cudaMalloc(&ws, ws_bytes)); CK(cudaMalloc(&flush, 128u << 20));
     if (argc > 1 && strcmp(argv[1], "--prefill") == 0) {
         g_no_split = 1;
-        for (int t = 0; t < 2; t++)
+        for (size_t t = 0; t < sizeof(ptoks) / sizeof(ptoks[0]); t++)
             for (int s = 0; s < 4; s++)
                 for (int m = 1; m <= 5; m++) {
                     if (shapes[s][2]) /* o, down: f32 += as the engine */
