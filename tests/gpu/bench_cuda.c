@@ -31,12 +31,6 @@
  * --kv-scatter: every table's blocks scattered over the whole pool (a
  *   fixed random permutation), as a serving worker's are, instead of
  *   one contiguous run a sequence.
- * BT_FP8_INPUT_SCALE=S (cuda_switches.h) with --precision fp8: every
- *   linear's input quantized with the static scale S, as a calibrated
- *   checkpoint's are, instead of a scale per token: the GEMMs then take
- *   cuBLASLt's scalar input scale (gemm_int.h).  The synthetic weights
- *   have no calibration; ~1/64 keeps their inputs (absmax ~5) inside
- *   E4M3's range.  Rows tagged "static".
  * Prefill rows: one prompt of P tokens, logits of its last token.
  *   floor = (2 x per-token params x P + causal attention FLOPs) /
  *           790 TFLOP/s (per-token params: every layer matrix; the
@@ -63,7 +57,6 @@
 #include "bt_alloc.h"
 #include "bt_log.h"
 #include "bt_util.h"
-#include "cuda_switches.h"
 #include "kernels/gemv.h"
 #include "model/model.h"
 #include "sampler.h"
@@ -411,10 +404,7 @@ int main(int argc, char **argv)
     double w_bytes = fp8 ? lin_params + 2.0 * (layer_params - lin_params +
                                                cls_params)
                          : 2.0 * (layer_params + cls_params);
-    const bool fp8_static = cuda_switches()->fp8_input_scale != NULL;
-    const char *tag = fp8 ? (kv8 ? (fp8_static ? " fp8 static kv8"
-                                               : " fp8 kv8")
-                                 : (fp8_static ? " fp8 static" : " fp8"))
+    const char *tag = fp8 ? (kv8 ? " fp8 kv8" : " fp8")
                           : (kv8 ? " kv8" : "");
     double kv_tok_bytes = 2.0 * mc->n_layers * mc->n_kv_heads *
                           mc->head_dim * (double)kl->elem_size;

@@ -556,7 +556,7 @@ static float run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
     }
     gemv = worker_gemm_fp8_gemv(b->ctx, n_tok, n_out, ld, b->acc_floats);
     a = (worker_gemm_fp8_t){ b->d_xq, b->d_xv, b->d_xs, q->d_q, q->d_ws,
-                             b->d_acc, b->acc_floats, gemv, static_act };
+                             b->d_acc, b->acc_floats, gemv };
     BT_ASSERT_OK(worker_gemm_fp8(b->ctx, n_tok, n_out, ld, &a, b->d_y,
                                  out_dt, acc, NULL));
     /* (asked after the call: a shape cuBLASLt refused at it is known) */
@@ -564,7 +564,7 @@ static float run(bufs_t *b, const wt_t *q, const char *name, int n_tok,
                        ? "skinny" : "gemv")
            : worker_gemm_fp8_uses_vec(b->ctx, n_tok, n_out, ld, &a, out_dt,
                                       acc, NULL)
-               ? (static_act ? "cublaslt-static" : "cublaslt-vec")
+               ? "cublaslt-vec"
                : "cublaslt-epilogue";
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(y, b->d_y, (size_t)n_tok * n_out * oes,
@@ -882,8 +882,8 @@ static void gemm_paths(bufs_t *b)
     const lin8b_t *sh = g_lin8b;
     /* (2053, 4100, 8191: an aggregated worker's mixed steps) */
     static const int toks[] = { 9, 100, 1000, 2053, 4100, 8191 };
-    float t_new[N_LIN8B], t_old[N_LIN8B], t_static[N_LIN8B];
-    bool vec[N_LIN8B], vec_static[N_LIN8B];
+    float t_new[N_LIN8B], t_old[N_LIN8B];
+    bool vec[N_LIN8B];
 
     for (int i = 0; i < N_LIN8B; i++) {
         wt_t q;
@@ -891,24 +891,15 @@ static void gemm_paths(bufs_t *b)
         wt_make(&q, sh[i].n_out, sh[i].n_in, false, sh[i].name);
         for (int forced = 0; forced < 2; forced++) {
             worker_gemm_fp8_t a = { b->d_xq, b->d_xv, b->d_xs, q.d_q,
-                                    q.d_ws, b->d_acc, b->acc_floats, false,
-                                    false };
-            const cuda_dtype_t odt = sh[i].acc ? CUDA_DT_F32 : CUDA_DT_BF16;
+                                    q.d_ws, b->d_acc, b->acc_floats, false };
             float *t = forced ? &t_old[i] : &t_new[i];
 
             worker_gemm_fp8_force_epilogue(b->ctx, forced == 1);
             *t = run(b, &q, sh[i].name, 2048, false, sh[i].acc, true);
-            if (!forced) {
-                vec[i] = worker_gemm_fp8_uses_vec(b->ctx, 2048, q.n_out,
-                                                  q.ld, &a, odt, sh[i].acc,
-                                                  NULL);
-                /* a static input scale: the scalar plan */
-                t_static[i] = run(b, &q, sh[i].name, 2048, true, sh[i].acc,
-                                  true);
-                a.x_static = true;
-                vec_static[i] = worker_gemm_fp8_uses_vec(
-                    b->ctx, 2048, q.n_out, q.ld, &a, odt, sh[i].acc, NULL);
-            }
+            if (!forced)
+                vec[i] = worker_gemm_fp8_uses_vec(
+                    b->ctx, 2048, q.n_out, q.ld, &a,
+                    sh[i].acc ? CUDA_DT_F32 : CUDA_DT_BF16, sh[i].acc, NULL);
             for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++)
                 run(b, &q, sh[i].name, toks[k], k == 1, sh[i].acc, false);
         }
@@ -921,15 +912,12 @@ static void gemm_paths(bufs_t *b)
         const double fl = 2.0 * 2048 * (double)sh[i].n_out * sh[i].n_in;
 
         printf("INFO fp8 gemm 2048 x %d x %d %s: old %.1f us %.0f TFLOP/s, "
-               "new %.1f us %.0f TFLOP/s (%s), x%.2f; a static input "
-               "scale %.1f us %.0f TFLOP/s (%s)\n", sh[i].n_out,
+               "new %.1f us %.0f TFLOP/s (%s), x%.2f\n", sh[i].n_out,
                sh[i].n_in, sh[i].acc ? "f32 +=" : "bf16 out", t_old[i],
                fl / t_old[i] * 1e-6, t_new[i], fl / t_new[i] * 1e-6,
                vec[i] ? "cublaslt-vec" : "cublaslt-epilogue: no scale "
                                          "vectors in this cuBLASLt",
-               t_old[i] / t_new[i], t_static[i],
-               fl / t_static[i] * 1e-6,
-               vec_static[i] ? "cublaslt-static" : "cublaslt-epilogue");
+               t_old[i] / t_new[i]);
     }
 }
 
@@ -1009,7 +997,7 @@ static void skinny_small(bufs_t *b)
         for (int k = 0; k < NT; k++) {
             const double wb = (double)q.n_out * q.ld;
             const worker_gemm_fp8_t a = { b->d_xq, NULL, b->d_xs, NULL,
-                                          NULL, NULL, 0, true, false };
+                                          NULL, NULL, 0, true };
             float us_g, us_s;
 
             run(b, &q, sh[i].name, toks[k], false, false, false);
@@ -1092,7 +1080,7 @@ static void gemm_cache_fp8(bufs_t *b)
     b->ctx = second;
     wt_make(&q, 4096, 4096, false, "8b o");
     a = (worker_gemm_fp8_t){ b->d_xq, b->d_xv, b->d_xs, q.d_q, q.d_ws,
-                             b->d_acc, b->acc_floats, false, false };
+                             b->d_acc, b->acc_floats, false };
     run(b, &q, "8b o (cached pick)", 2048, false, true, false);
     vec = worker_gemm_fp8_uses_vec(second, 2048, q.n_out, q.ld, &a,
                                    CUDA_DT_F32, true, NULL);

@@ -714,18 +714,6 @@ static bt_status_t cuda_create(const model_t *model, backend_config_t *cfg,
                                                      : CUDA_DT_BF16;
     b->fp8 = cfg->precision == BACKEND_PRECISION_FP8;
     b->kv8 = cfg->kv_dtype == BACKEND_KV_DTYPE_FP8;
-    if (b->fp8 && sw->fp8_input_scale != NULL) {
-        b->fp8_input_scale = strtof(sw->fp8_input_scale, NULL);
-        if (!(b->fp8_input_scale > 0.0f) || !isfinite(b->fp8_input_scale)) {
-            bt_free(b);
-            return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
-                            "BT_FP8_INPUT_SCALE=%s: a scale > 0",
-                            sw->fp8_input_scale);
-        }
-        BT_LOG_WARN("CUDA", "BT_FP8_INPUT_SCALE=%g: every fp8 input at this "
-                    "static scale, whatever the model's (timing only)",
-                    (double)b->fp8_input_scale);
-    }
     hd = b->mc.head_dim;
     if (b->fp8 && b->tp > 1) {
         bt_free(b);

@@ -229,8 +229,6 @@ struct cuda_backend_s {
     backend_config_t cfg;
     cuda_dtype_t dt;          /* activations, weights, KV */
     bool fp8;                 /* precision fp8: E4M3 linears (dt bf16) */
-    float fp8_input_scale;    /* BT_FP8_INPUT_SCALE (timing only): > 0,
-                                 every fp8 linear's static input scale */
     bool kv8;                 /* --kv-dtype fp8: K/V cached as E4M3 codes
                                  of value / scale (kv.elem_size 1) */
     int tp;                   /* ranks (1 without TP) */

@@ -151,11 +151,8 @@ static bt_status_t cuda_fp8_linear(cuda_rank_t *r, int nt, cuda_fp8_in_t in,
     /* the 1-token GEMV reads the bf16 values, every other product codes */
     void *d_v = gemv && nt == 1 ? r->d_xv : NULL;
     uint8_t *d_q = d_v != NULL ? NULL : r->d_xq;
-    /* a static input scale: every token's scale is in_scale, which the
-     * GEMM takes as one scalar (worker_gemm_fp8_t.x_static) */
     const worker_gemm_fp8_t a = { d_q, d_v, r->d_xs, f->d_w, f->d_ws,
-                                  r->d_acc, r->acc_floats, gemv,
-                                  f->in_scale > 0.0f };
+                                  r->d_acc, r->acc_floats, gemv };
     bt_status_t status;
 
     if (d_v != NULL && cuda_gemv_fp8_fused_ok(in, d_in, d_g, n_in, ld))

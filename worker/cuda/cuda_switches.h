@@ -55,8 +55,6 @@ extern "C" {
       "by rows; blocks a row in the whole-row sampler's cluster, at most")  \
     X(profile_skip, "BT_PROFILE_SKIP",                                      \
       "unset; comma list of per-layer ops left out (timing only)")          \
-    X(fp8_input_scale, "BT_FP8_INPUT_SCALE",                                \
-      "unset; S > 0: every fp8 input at static scale S (timing only)")      \
     X(tp_allreduce, "BT_TP_ALLREDUCE",                                      \
       "auto; nccl, custom (peer kernel) or none (timing only)")             \
     X(tp_ar_custom_max, "BT_TP_AR_CUSTOM_MAX",                              \

@@ -166,9 +166,7 @@ static bt_status_t cuda_layer_load_fp8(cuda_rank_t *r, const model_t *model,
                               d_stage, d_f32, f, row, ld);
         row += (int)t->rows;
     }
-    f->in_scale = r->b->fp8_input_scale > 0.0f
-                      ? r->b->fp8_input_scale
-                      : model_fp8_in_scale(ml, first, n_parts);
+    f->in_scale = model_fp8_in_scale(ml, first, n_parts);
     return status;
 }
 

@@ -144,7 +144,7 @@ bt_status_t worker_gemm_ctx_create(size_t ws_bytes,
     }
     if (ctx->tune)
         gemm_cache_open(ctx);
-    ctx->fp8_scaled[GEMM_FP8_SC_VEC] = ctx->fp8_scaled[GEMM_FP8_SC_STATIC] = -1;
+    ctx->fp8_vec = -1;
     /* (a failure only costs the kernel: 2-8 tokens stay on the GEMV,
      * more on cuBLASLt) */
     ctx->fp8_skinny = cuda_gemm_fp8_skinny_prepare() == BT_OK;
@@ -221,8 +221,7 @@ const char *gemm__dt_name(cuda_dtype_t dt)
  * of whole 16-byte groups (cuBLASLt's FP8 kernels want aligned ones). */
 static int gemm_ldd(const gemm_plan_t *p)
 {
-    return p->in_dt == GEMM_DT_E4M3 && p->fp8_scales == GEMM_FP8_SC_NONE
-               ? cuda_fp8_ld(p->n_out)
+    return p->in_dt == GEMM_DT_E4M3 && !p->fp8_vec ? cuda_fp8_ld(p->n_out)
                                                    : p->n_out;
 }
 
@@ -271,17 +270,16 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
         p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
     if (status != BT_OK)
         goto err;
-    if (p->fp8_scales != GEMM_FP8_SC_NONE) {
+    if (p->fp8_vec) {
         /* A = w: one scale per output row (cuBLASLt's m); B = x: one per
-         * token (its n), or one scalar (STATIC).  The pointers are set
-         * per call (gemm_fp8_vec_run); until then any device address
-         * stands in. */
+         * token (its n).  The pointers are set per call (gemm_fp8_vec_run);
+         * until then any device address stands in. */
         const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
 
         status = gemm__check(cublasLtMatmulDescSetAttribute(
             p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)),
             "A scale mode");
-        if (status == BT_OK && p->fp8_scales == GEMM_FP8_SC_VEC)
+        if (status == BT_OK)
             status = gemm__check(cublasLtMatmulDescSetAttribute(
                 p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                 sizeof(mode)), "B scale mode");
@@ -336,11 +334,7 @@ static bt_status_t gemm_plan_build(worker_gemm_ctx_t *ctx, gemm_plan_t *p)
                           "cuBLASLt has no algorithm for %d x %d x %d "
                           "(in %s%s, out %s)", p->n_tok, p->n_out, p->n_in,
                           gemm__dt_name(p->in_dt),
-                          p->fp8_scales == GEMM_FP8_SC_VEC
-                              ? " with scale vectors"
-                          : p->fp8_scales == GEMM_FP8_SC_STATIC
-                              ? " with row scales and a static input scale"
-                              : "",
+                          p->fp8_vec ? " with scale vectors" : "",
                           gemm__dt_name(p->out_dt));
         goto err;
     }
@@ -352,14 +346,14 @@ err:
     return status;
 }
 
-/* The plan of a shape (fp8_scales: an E4M3 plan with the scales in the
- * GEMM, gemm_fp8_scales_t), built on first use.  The pointer stays valid until the next
+/* The plan of a shape (fp8_vec: an E4M3 plan with the scale vectors in
+ * the GEMM), built on first use.  The pointer stays valid until the next
  * plan is built (the oldest is recycled past GEMM_MAX_PLANS). */
 bt_status_t gemm__plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
                                  int n_out, int n_in,
                                  cuda_dtype_t in_dt,
                                  cuda_dtype_t out_dt, bool accumulate,
-                                 int fp8_scales, gemm_plan_t **plan_p)
+                                 bool fp8_vec, gemm_plan_t **plan_p)
 {
     gemm_plan_t *p;
     bt_status_t status;
@@ -368,7 +362,7 @@ bt_status_t gemm__plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
         p = &ctx->plans[i];
         if (p->n_tok == n_tok && p->n_out == n_out && p->n_in == n_in &&
             p->in_dt == in_dt && p->out_dt == out_dt &&
-            p->accumulate == accumulate && p->fp8_scales == fp8_scales) {
+            p->accumulate == accumulate && p->fp8_vec == fp8_vec) {
             *plan_p = p;
             return BT_OK;
         }
@@ -388,7 +382,7 @@ bt_status_t gemm__plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
     p->in_dt = in_dt;
     p->out_dt = out_dt;
     p->accumulate = accumulate;
-    p->fp8_scales = fp8_scales;
+    p->fp8_vec = fp8_vec;
     status = gemm_plan_build(ctx, p);
     if (status != BT_OK)
         return status;
@@ -404,7 +398,7 @@ bt_status_t gemm__plan_find(worker_gemm_ctx_t *ctx, int n_tok,
                             gemm_plan_t **plan_p)
 {
     return gemm__plan_find_kind(ctx, n_tok, n_out, n_in, in_dt, out_dt,
-                                accumulate, GEMM_FP8_SC_NONE, plan_p);
+                                accumulate, false, plan_p);
 }
 
 uint64_t worker_gemm_setups(const worker_gemm_ctx_t *ctx)

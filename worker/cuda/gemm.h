@@ -95,9 +95,6 @@ typedef struct {
                               shape: the caller asked it to know which
                               input form to make, so the GEMM takes it
                               rather than asking again */
-    bool x_static;         /* every token's scale is d_xs[0] (a static
-                              input scale): cuBLASLt takes it as one
-                              scalar, a faster plan than the vector */
 } worker_gemm_fp8_t;
 
 /* True when the FP8 GEMV or the skinny FP8 GEMM must take this shape

@@ -127,17 +127,15 @@ static bool gc_key_ok(const char *s, size_t n)
 }
 
 /* The OUT field's spellings (gemm_cache.h), indexed by kind, accumulate
- * (FP8 kinds only) and out_f32. */
-#define GC_KINDS 3
-static const char *const gc_outs[GC_KINDS][2][2] = {
+ * (FP8_VEC only) and out_f32. */
+static const char *const gc_outs[2][2][2] = {
     { { "bf16", "f32" }, { NULL, NULL } },
     { { "fp8v-bf16", "fp8v-f32" }, { "fp8v-bf16+", "fp8v-f32+" } },
-    { { "fp8s-bf16", "fp8s-f32" }, { "fp8s-bf16+", "fp8s-f32+" } },
 };
 
 static const char *gc_out_name(const gemm_cache_entry_t *e)
 {
-    if (e->kind < 0 || e->kind >= GC_KINDS || e->accumulate < 0 ||
+    if (e->kind < 0 || e->kind > 1 || e->accumulate < 0 ||
         e->accumulate > 1 || e->out_f32 < 0 || e->out_f32 > 1)
         return NULL;
     return gc_outs[e->kind][e->accumulate][e->out_f32];
@@ -145,7 +143,7 @@ static const char *gc_out_name(const gemm_cache_entry_t *e)
 
 static bool gc_out_parse(const char *s, gemm_cache_entry_t *e)
 {
-    for (int k = 0; k < GC_KINDS; k++)
+    for (int k = 0; k < 2; k++)
         for (int a = 0; a < 2; a++)
             for (int f = 0; f < 2; f++)
                 if (gc_outs[k][a][f] != NULL &&

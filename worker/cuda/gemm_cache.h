@@ -48,10 +48,8 @@ extern "C" {
 /* What an entry's product is: its inputs and how they are scaled. */
 typedef enum {
     GEMM_CACHE_KIND_DENSE = 0,  /* bf16 inputs (worker_gemm) */
-    GEMM_CACHE_KIND_FP8_VEC = 1, /* E4M3 inputs, per-token and per-row f32
-                                    scales inside the GEMM (worker_gemm_fp8) */
-    GEMM_CACHE_KIND_FP8_STATIC = 2 /* E4M3 inputs, per-row f32 scales and
-                                      one static input scale */
+    GEMM_CACHE_KIND_FP8_VEC = 1 /* E4M3 inputs, per-token and per-row f32
+                                   scales inside the GEMM (worker_gemm_fp8) */
 } gemm_cache_kind_t;
 
 typedef struct {
@@ -60,7 +58,7 @@ typedef struct {
     int n_in;
     int out_f32;                        /* 1: f32 output, 0: bf16 */
     int kind;                           /* gemm_cache_kind_t */
-    int accumulate;                     /* FP8 kinds only: 1 when y += */
+    int accumulate;                     /* FP8_VEC only: 1 when y += */
     char choice[GEMM_CACHE_CHOICE_MAX]; /* "rows", "lt3", ... */
     float us;                           /* median time when tuned */
     int lt;                             /* choice is "ltN" or "ptN": algo

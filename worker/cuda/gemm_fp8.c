@@ -24,13 +24,9 @@
  *     GEMM_BIG_STEP up to GEMM_BIG_MAX) timed among GEMM_FP8_CANDS of the
  *     heuristic's algorithms at their first uncaptured use (the warm-up's
  *     prompts), each checked against the first, the fastest kept and
- *     cached in the tuner's file (gemm_cache.h kind FP8_VEC).  A static
- *     input scale (worker_gemm_fp8_t.x_static: the input kernels write
- *     it for every token) goes in as one scalar instead, the rows'
- *     vector kept (plan GEMM_FP8_SC_STATIC, kind FP8_STATIC, probed and
- *     tuned on its own): cuBLASLt's kernels with a vector of tokens are
- *     its slow ones (gemm_int.h).  A checkpoint's tensor scale is
- *     repeated per row.
+ *     cached in the tuner's file (gemm_cache.h kind FP8_VEC).  Per-tensor
+ *     scales are the same call: the input kernels write a scale per token
+ *     either way and a checkpoint's tensor scale is repeated per row.
  *   epilogue (the library does not run vec, a shape it has no vec
  *     algorithm for, or worker_gemm_fp8_force_epilogue): f32 sums into the
  *     caller's scratch, then cuda_fp8_scale_out multiplies by the token's
@@ -81,19 +77,6 @@ static int gemm_fp8_plan_tok(int n)
 {
     return (n + GEMM_FP8_TOK_ALIGN - 1) / GEMM_FP8_TOK_ALIGN *
            GEMM_FP8_TOK_ALIGN;
-}
-
-/* How the scales of a's product go into the GEMM, and the tuner's file
- * kind of its picks. */
-static int gemm_fp8_sc(const worker_gemm_fp8_t *a)
-{
-    return a->x_static ? GEMM_FP8_SC_STATIC : GEMM_FP8_SC_VEC;
-}
-
-static int gemm_fp8_kind(int sc)
-{
-    return sc == GEMM_FP8_SC_STATIC ? GEMM_CACHE_KIND_FP8_STATIC
-                                    : GEMM_CACHE_KIND_FP8_VEC;
 }
 
 /* The cuBLASLt FP8 plan of n_tok x n_out x ld, or NULL when cuBLASLt
@@ -159,9 +142,8 @@ bool worker_gemm_fp8_gemv(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     return false;
 }
 
-/* Enqueues plan p (scales inside) with algorithm algo: y [+]= (xq .
- * wq^T) * xs[t] * ws[n] (STATIC: xs[0] for every t), written by the GEMM
- * itself. */
+/* Enqueues plan p (fp8_vec) with algorithm algo: y [+]= (xq . wq^T) *
+ * xs[t] * ws[n], written by the GEMM itself. */
 static bt_status_t gemm_fp8_vec_run(worker_gemm_ctx_t *ctx,
                                     const gemm_plan_t *p,
                                     const cublasLtMatmulAlgo_t *algo,
@@ -211,12 +193,11 @@ static float gemm_probe_ws(int n)
     return 0.5f + 0.125f * (float)(n % 9);
 }
 
-/* One probe product on the device (bufs d, layout as
- * gemm_fp8_scaled_probe makes it) with the scales as sc says (STATIC:
- * the first token's scale for all): bf16 out, or f32 += onto ones; true
- * when every value is the exact product within the output's rounding. */
-static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, int sc,
-                               bool acc, cudaStream_t stream)
+/* One probe product on the device (bufs d, layout as gemm_fp8_vec_probe
+ * makes it): bf16 out, or f32 += onto ones; true when every value is the
+ * exact product within the output's rounding. */
+static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, bool acc,
+                               cudaStream_t stream)
 {
     const size_t xq_off = 0, wq_off = 4096, xs_off = 8192, ws_off = 8448;
     const size_t y_off = 8704, ny = (size_t)GEMM_PROBE_T * GEMM_PROBE_O;
@@ -224,7 +205,7 @@ static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, int sc,
     const worker_gemm_fp8_t a = {
         (const uint8_t *)(d + xq_off), NULL, (const float *)(d + xs_off),
         (const uint8_t *)(d + wq_off), (const float *)(d + ws_off), NULL, 0,
-        false, sc == GEMM_FP8_SC_STATIC };
+        false };
     float h_y[GEMM_PROBE_T * GEMM_PROBE_O];
     uint16_t h_b[GEMM_PROBE_T * GEMM_PROBE_O];
     gemm_plan_t *p;
@@ -232,7 +213,7 @@ static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, int sc,
     for (size_t i = 0; i < ny; i++)
         h_y[i] = 1.0f;
     if (gemm__plan_find_kind(ctx, GEMM_PROBE_T, GEMM_PROBE_O, GEMM_PROBE_K,
-                             GEMM_DT_E4M3, out_dt, acc, sc, &p) != BT_OK ||
+                             GEMM_DT_E4M3, out_dt, acc, true, &p) != BT_OK ||
         BT_CUDA_STATUS(cudaMemcpyAsync(d + y_off, h_y, sizeof(h_y),
                                        cudaMemcpyHostToDevice, stream)) !=
             BT_OK ||
@@ -253,8 +234,7 @@ static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, int sc,
 
             for (int k = 0; k < GEMM_PROBE_K; k++)
                 sum += gemm_probe_x(t, k) * gemm_probe_w(n, k);
-            want = sum * gemm_probe_xs(sc == GEMM_FP8_SC_STATIC ? 0 : t) *
-                       gemm_probe_ws(n) +
+            want = sum * gemm_probe_xs(t) * gemm_probe_ws(n) +
                    (acc ? 1.0f : 0.0f);
             if (acc) {
                 got = h_y[i];
@@ -269,17 +249,13 @@ static bool gemm_fp8_probe_one(worker_gemm_ctx_t *ctx, char *d, int sc,
     return true;
 }
 
-/* Decides ctx->fp8_scaled[sc] once: does cuBLASLt run the FP8 GEMM with
- * the scales inside it as sc says, and get it right (a library can accept
- * the mode at plan time and refuse it at the call, and a result that
- * ignored a scale would be a wrong token, so the probe multiplies and
- * checks)?  Not during capture (it synchronizes the stream). */
-static void gemm_fp8_scaled_probe(worker_gemm_ctx_t *ctx, int sc,
-                                  cudaStream_t stream)
+/* Decides ctx->fp8_vec once: does cuBLASLt run the FP8 GEMM with the
+ * scale vectors inside it, and get it right (a library can accept the
+ * mode at plan time and refuse it at the call, and a result that ignored
+ * a vector would be a wrong token, so the probe multiplies and checks)?
+ * Not during capture (it synchronizes the stream). */
+static void gemm_fp8_vec_probe(worker_gemm_ctx_t *ctx, cudaStream_t stream)
 {
-    static const char *const form[] = {
-        NULL, "the per-token and per-row scales",
-        "the per-row scales and a static input scale"};
     enum { BYTES = 8704 + GEMM_PROBE_T * GEMM_PROBE_O * 4 };
     uint8_t h_q[8192];          /* x codes at 0, w codes at 4096 */
     float h_s[GEMM_PROBE_T + GEMM_PROBE_O]; /* xs at 8192, ws at 8448 */
@@ -312,19 +288,20 @@ static void gemm_fp8_scaled_probe(worker_gemm_ctx_t *ctx, int sc,
                                             GEMM_PROBE_O * sizeof(float),
                                             cudaMemcpyHostToDevice,
                                             stream)) == BT_OK &&
-             gemm_fp8_probe_one(ctx, d, sc, false, stream) &&
-             gemm_fp8_probe_one(ctx, d, sc, true, stream);
+             gemm_fp8_probe_one(ctx, d, false, stream) &&
+             gemm_fp8_probe_one(ctx, d, true, stream);
     }
     (void)cudaStreamSynchronize(stream);
     cuda__dev_free((void **)&d);
-    ctx->fp8_scaled[sc] = ok ? 1 : 0;
+    ctx->fp8_vec = ok ? 1 : 0;
     if (ok) {
-        BT_LOG_INFO("CUDA", "FP8 GEMM: cuBLASLt applies %s inside the GEMM "
-                    "and writes the output directly", form[sc]);
+        BT_LOG_INFO("CUDA", "FP8 GEMM: cuBLASLt applies the per-token and "
+                    "per-row scales inside the GEMM and writes the output "
+                    "directly");
     } else {
         BT_LOG_WARN("CUDA", "FP8 GEMM: cuBLASLt does not run the FP8 GEMM "
-                    "with %s inside here (%s): f32 sums and a scaling pass "
-                    "instead (slower)", form[sc],
+                    "with per-token and per-row scale vectors here (%s): "
+                    "f32 sums and a scaling pass instead (slower)",
                     *bt_error_last() ? bt_error_last() : "wrong result");
         bt_error_clear();
         (void)cudaGetLastError();
@@ -460,21 +437,20 @@ static bool gemm_fp8_skinny_can(const worker_gemm_ctx_t *ctx, int n_tok,
 static gemm_plan_t *gemm_fp8_tune_plan(worker_gemm_ctx_t *ctx, int n_tok,
                                        int n_out, int ld,
                                        cuda_dtype_t out_dt, bool acc,
-                                       int sc, bool plain)
+                                       bool plain)
 {
     gemm_plan_t *p = NULL;
 
     if (plain)
         return gemm_fp8_plan(ctx, n_tok, n_out, ld);
     return gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
-                                acc, sc, &p) == BT_OK
+                                acc, true, &p) == BT_OK
                ? p
                : NULL;
 }
 
-/* Times the heuristic's first GEMM_FP8_CANDS algorithms for the scaled
- * plan (vec, or STATIC with a's x_static) of (n_tok, n_out, ld, out_dt,
- * acc) on the caller's inputs (read only;
+/* Times the heuristic's first GEMM_FP8_CANDS algorithms for the vec plan
+ * of (n_tok, n_out, ld, out_dt, acc) on the caller's inputs (read only;
  * the outputs go to scratch), each checked against the first, and adds
  * the fastest to ctx->tuned (then the cache file).  Where the f32 sums
  * fit a->d_acc, the plain plan's algorithms and their K splits run too,
@@ -501,7 +477,6 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     float best_us = 0.0f;
     bt_status_t status;
     double t0 = bt_time_s();
-    const int fsc = gemm_fp8_sc(a);
 
     ctx->setups++;
     memset(&sc, 0, sizeof(sc));
@@ -517,7 +492,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     }
     bt_error_clear();
     status = gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt,
-                                  acc, fsc, &p);
+                                  acc, true, &p);
     if (status == BT_OK)
         status = gemm__lt_heuristic(ctx, p, GEMM_FP8_CANDS, res, &n_res);
     for (int i = 0; i < n_res; i++)
@@ -533,9 +508,9 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         status = BT_CUDA_STATUS(cudaMemsetAsync(sc.d_ref, 0, y_bytes,
                                                 stream));
     if (status == BT_OK && n_res > 0 &&
-        (p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc, fsc,
+        (p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc,
                                 false)) == NULL)
-        status = BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 scaled plan lost");
+        status = BT_ERROR(BT_ERR_CUDA, "CUDA", "FP8 vec plan lost");
     if (status == BT_OK && n_res > 0)
         status = gemm_fp8_vec_run(ctx, p, &algos[0], a, sc.d_ref, acc,
                                   stream);
@@ -555,7 +530,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             path == GEMM_FP8_SKINNY
                 ? NULL
                 : gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc,
-                                     fsc, plain);
+                                     plain);
         char name[32];
         double rel = 0.0;
         float us = 0.0f;
@@ -611,8 +586,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     /* an entry even on failure (the heuristic's pick): a shape is tried
      * once, not at every call */
     if (p != NULL)
-        p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc, fsc,
-                               false);
+        p = gemm_fp8_tune_plan(ctx, n_tok, n_out, ld, out_dt, acc, false);
     if (p != NULL && ctx->n_tuned < GEMM_MAX_TUNED) {
         t = &ctx->tuned[ctx->n_tuned++];
         memset(t, 0, sizeof(*t));
@@ -620,7 +594,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         t->n_out = n_out;
         t->n_in = ld;
         t->out_dt = out_dt;
-        t->kind = gemm_fp8_kind(fsc);
+        t->kind = GEMM_CACHE_KIND_FP8_VEC;
         t->accumulate = acc;
         t->fp8_path = best < 0 ? GEMM_FP8_VEC : best_path;
         t->choice = GEMM_CHOICE_LT + (best < 0 ? 0 : best);
@@ -633,9 +607,8 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                     "heuristic's algorithm", n_tok, n_out, ld);
         bt_error_clear();
     } else {
-        BT_LOG_INFO("CUDA", "gemm tune fp8%s t=%d o=%d ld=%d out=%s%s: %s "
-                    "%.1f us (%.0f TFLOP/s) [%s us] in %.0f ms",
-                    fsc == GEMM_FP8_SC_STATIC ? " static" : "", n_tok,
+        BT_LOG_INFO("CUDA", "gemm tune fp8 t=%d o=%d ld=%d out=%s%s: %s "
+                    "%.1f us (%.0f TFLOP/s) [%s us] in %.0f ms", n_tok,
                     n_out, ld, gemm__dt_name(out_dt), acc ? " +=" : "",
                     best_name, best_us, flop / (best_us * 1e-6) / 1e12, line,
                     (bt_time_s() - t0) * 1e3);
@@ -645,8 +618,7 @@ static void gemm_fp8_tune(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
     gemm__scratch_free(&sc);
 }
 
-/* Installs the cache file's pick for the scaled plan p (its kind's
- * entry: vec or STATIC), when it is there
+/* Installs the cache file's pick for the vec plan p, when it is there
  * and can run: the vec or the plain plan's algorithm still accepted by
  * cublasLtMatmulAlgoCheck within the workspace (the plain one's f32 sums
  * within a->d_acc), or the skinny GEMM where it is built. */
@@ -666,7 +638,7 @@ static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
     if (ctx->n_cached == 0 || ctx->n_tuned == GEMM_MAX_TUNED)
         return false;
     e = gemm__cache_find(ctx->cached, ctx->n_cached, n_tok, n_out, n_in,
-                         out_dt, gemm_fp8_kind(p->fp8_scales), acc);
+                         out_dt, GEMM_CACHE_KIND_FP8_VEC, acc);
     if (e == NULL)
         return false;
     if (strcmp(e->choice, "skinny") == 0)
@@ -698,7 +670,7 @@ static bool gemm_fp8_cache_install(worker_gemm_ctx_t *ctx,
     t->n_out = n_out;
     t->n_in = n_in;
     t->out_dt = out_dt;
-    t->kind = gemm_fp8_kind(p->fp8_scales);
+    t->kind = GEMM_CACHE_KIND_FP8_VEC;
     t->accumulate = acc;
     t->fp8_path = path;
     t->choice = GEMM_CHOICE_LT +
@@ -724,8 +696,7 @@ static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
                                  const worker_gemm_fp8_t *a,
                                  cudaStream_t stream)
 {
-    const int sc = gemm_fp8_sc(a);
-    const int key[5] = { n_out, ld, (int)out_dt, acc, sc };
+    const int key[4] = { n_out, ld, (int)out_dt, acc };
     const int n_dec = (int)BT_ARRAY_SIZE(gemm_fp8_decode_toks);
     float ones[GEMM_FP8_DECODE_TOK_MAX];
     worker_gemm_fp8_t in = *a;
@@ -742,9 +713,9 @@ static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
         ctx->n_tuned + n_dec > GEMM_MAX_TUNED || gemm__capturing(stream))
         return;
     memcpy(ctx->fp8_dec_done[ctx->n_fp8_dec_done++], key, sizeof(key));
-    if (ctx->fp8_scaled[sc] < 0)
-        gemm_fp8_scaled_probe(ctx, sc, stream);
-    if (ctx->fp8_scaled[sc] == 0)
+    if (ctx->fp8_vec < 0)
+        gemm_fp8_vec_probe(ctx, stream);
+    if (ctx->fp8_vec == 0)
         return;
     /* the cache file's picks first: timing needs inputs of our own */
     for (int i = 0; i < n_dec; i++) {
@@ -752,9 +723,10 @@ static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
         gemm_plan_t *p = NULL;
 
         todo[i] = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
-                                        gemm_fp8_kind(sc), acc) == NULL &&
+                                        GEMM_CACHE_KIND_FP8_VEC,
+                                        acc) == NULL &&
                   gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
-                                       out_dt, acc, sc, &p) == BT_OK &&
+                                       out_dt, acc, true, &p) == BT_OK &&
                   !gemm_fp8_cache_install(ctx, p, a);
         any |= todo[i];
         bt_error_clear();
@@ -790,21 +762,18 @@ static void gemm_fp8_tune_decode(worker_gemm_ctx_t *ctx, int n_out, int ld,
     cudaFree(d_s);
 }
 
-/* Sends a shape to the epilogue path for good: cuBLASLt has no scaled
- * (sc) algorithm for it, or refused the call (logged once per shape, with
+/* Sends a shape to the epilogue path for good: cuBLASLt has no vec
+ * algorithm for it, or refused the call (logged once per shape, with
  * the library's reason; the error is cleared). */
 static void gemm_fp8_vec_drop(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
-                              int ld, cuda_dtype_t out_dt, bool acc, int sc)
+                              int ld, cuda_dtype_t out_dt, bool acc)
 {
-    const int key[6] = { n_tok, n_out, ld, (int)out_dt, acc, sc };
+    const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
 
     BT_LOG_INFO("CUDA", "FP8 GEMM %d x %d x %d (out %s%s): cuBLASLt does "
-                "not run it with %s (%s); f32 sums and a scaling pass", n_tok,
-                n_out, ld, gemm__dt_name(out_dt), acc ? " +=" : "",
-                sc == GEMM_FP8_SC_STATIC ? "row scales and a static input "
-                                           "scale"
-                                         : "scale vectors",
-                bt_error_last());
+                "not run it with scale vectors (%s); f32 sums and a scaling "
+                "pass", n_tok, n_out, ld, gemm__dt_name(out_dt),
+                acc ? " +=" : "", bt_error_last());
     bt_error_clear();
     (void)cudaGetLastError();
     if (ctx->n_fp8_vec_bad < GEMM_FP8_BAD_MAX)
@@ -822,11 +791,10 @@ static bool gemm_fp8_tuned_tok(int n_tok)
            (n_tok & (n_tok - 1)) == 0;
 }
 
-/* The scaled plan for this call (vec, or STATIC with a->x_static) and its
- * algorithm (*p_p, *algo_p), or false when the call takes the epilogue
- * path: forced, the library without that form (probed here at the first
- * uncaptured call; a captured call before that takes the epilogue), or
- * no such algorithm for the shape (logged once).
+/* The vec plan for this call and its algorithm (*p_p, *algo_p), or false
+ * when the call takes the epilogue path: forced, the library without vec
+ * (probed here at the first uncaptured call; a captured call before that
+ * takes the epilogue), or no vec algorithm for the shape (logged once).
  * *path_p: how it runs (the tuner's pick; the plain plan's algorithm
  * with the scaling pass, or the skinny GEMM without a plan). */
 static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
@@ -836,35 +804,35 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
                               const cublasLtMatmulAlgo_t **algo_p,
                               gemm_fp8_path_t *path_p)
 {
-    const int sc = gemm_fp8_sc(a), kind = gemm_fp8_kind(sc);
-    const int key[6] = { n_tok, n_out, ld, (int)out_dt, acc, sc };
+    const int key[5] = { n_tok, n_out, ld, (int)out_dt, acc };
     gemm_tuned_t *t = NULL;
     gemm_plan_t *p = NULL;
 
     if (ctx->fp8_force_epilogue)
         return false;
-    if (ctx->fp8_scaled[sc] < 0) {
+    if (ctx->fp8_vec < 0) {
         if (gemm__capturing(stream))
             return false;
-        gemm_fp8_scaled_probe(ctx, sc, stream);
+        gemm_fp8_vec_probe(ctx, stream);
     }
-    if (ctx->fp8_scaled[sc] == 0)
+    if (ctx->fp8_vec == 0)
         return false;
     for (int i = 0; i < ctx->n_fp8_vec_bad; i++)
         if (memcmp(ctx->fp8_vec_bad[i], key, sizeof(key)) == 0)
             return false;
     *path_p = GEMM_FP8_VEC;
     if (ctx->tune && gemm_fp8_tuned_tok(n_tok)) {
-        t = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt, kind, acc);
+        t = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                  GEMM_CACHE_KIND_FP8_VEC, acc);
         if (t == NULL && ctx->n_tuned < GEMM_MAX_TUNED &&
             !gemm__capturing(stream)) {
             if (gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3,
-                                     out_dt, acc, sc, &p) == BT_OK &&
+                                     out_dt, acc, true, &p) == BT_OK &&
                 !gemm_fp8_cache_install(ctx, p, a))
                 gemm_fp8_tune(ctx, n_tok, n_out, ld, out_dt, acc, a, stream);
             bt_error_clear();
-            t = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt, kind,
-                                      acc);
+            t = gemm__tuned_find_kind(ctx, n_tok, n_out, ld, out_dt,
+                                      GEMM_CACHE_KIND_FP8_VEC, acc);
         }
     }
     if (t != NULL && t->fp8_path == GEMM_FP8_SKINNY) {
@@ -881,8 +849,8 @@ static bool gemm_fp8_vec_pick(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
         return true;
     }
     if (gemm__plan_find_kind(ctx, n_tok, n_out, ld, GEMM_DT_E4M3, out_dt, acc,
-                             sc, &p) != BT_OK) {
-        gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, acc, sc);
+                             true, &p) != BT_OK) {
+        gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, acc);
         return false;
     }
     *p_p = p;
@@ -988,8 +956,7 @@ bt_status_t worker_gemm_fp8(worker_gemm_ctx_t *ctx, int n_tok, int n_out,
             /* refused at the call (cuBLASLt checks its arguments before
              * it enqueues anything): this shape takes the epilogue from
              * now on; a device fault fails the epilogue's call as well */
-            gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, accumulate,
-                              gemm_fp8_sc(a));
+            gemm_fp8_vec_drop(ctx, n_tok, n_out, ld, out_dt, accumulate);
             status = BT_OK;
         }
     }

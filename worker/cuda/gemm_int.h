@@ -67,19 +67,6 @@ typedef enum {
     GEMM_FP8_SKINNY    /* the skinny GEMM in pieces of 64 tokens */
 } gemm_fp8_path_t;
 
-/* How an E4M3 plan applies the scales (gemm_plan_t.fp8_scales). */
-typedef enum {
-    GEMM_FP8_SC_NONE = 0, /* none: f32 sums, rows padded to 16 floats */
-    GEMM_FP8_SC_VEC,      /* a scale per output row (cuBLASLt's m) and one
-                             per token (its n) as vectors; D = y */
-    GEMM_FP8_SC_STATIC    /* the rows' vector and one scale for every
-                             token (a static input scale: d_xs[0]); D = y.
-                             H100, 2026-12-07, bench_fp8_lt --prefill at
-                             2048 tokens: the vector of tokens costs
-                             cuBLASLt's fast kernels (per-tensor scales:
-                             gate|up 337 -> 279 us, down 173 -> 137) */
-} gemm_fp8_scales_t;
-
 /* One planned shape. */
 typedef struct {
     int n_tok;
@@ -88,7 +75,8 @@ typedef struct {
     cuda_dtype_t in_dt;
     cuda_dtype_t out_dt;
     bool accumulate;
-    int fp8_scales;                /* E4M3: gemm_fp8_scales_t */
+    bool fp8_vec;                  /* E4M3, the scale vectors applied in
+                                    * the GEMM, D = y itself (rows n_out) */
     cublasLtMatmulDesc_t op;       /* compute type, transposes */
     cublasLtMatrixLayout_t a;      /* w */
     cublasLtMatrixLayout_t b;      /* x */
@@ -138,10 +126,9 @@ struct worker_gemm_ctx_s {
     /* FP8 shapes cuBLASLt has no algorithm for (asked once each) */
     int fp8_bad[GEMM_FP8_BAD_MAX][3];
     int n_fp8_bad;
-    /* FP8 with the scales in the GEMM, [gemm_fp8_scales_t] (VEC and
-     * STATIC): -1 not probed yet, 0 the library does not run it (f32
-     * sums + cuda_fp8_scale_out), 1 it does */
-    int fp8_scaled[3];
+    /* FP8 with the scale vectors in the GEMM: -1 not probed yet, 0 the
+     * library does not run it (f32 sums + cuda_fp8_scale_out), 1 it does */
+    int fp8_vec;
     bool fp8_force_epilogue;       /* worker_gemm_fp8_force_epilogue */
     bool fp8_skinny;               /* the skinny FP8 GEMM is usable (its
                                       shared-memory limits are set) */
@@ -149,13 +136,12 @@ struct worker_gemm_ctx_s {
     bool fp8_fast_accum;           /* every E4M3 plan in fast
                                       accumulation (BT_FP8_FAST_ACCUM=0:
                                       none) */
-    /* (n_tok, n_out, ld, out_dt, accumulate, scales) without such an
-     * algorithm */
-    int fp8_vec_bad[GEMM_FP8_BAD_MAX][6];
+    /* (n_tok, n_out, ld, out_dt, accumulate) without such an algorithm */
+    int fp8_vec_bad[GEMM_FP8_BAD_MAX][5];
     int n_fp8_vec_bad;
-    /* FP8 shapes (n_out, ld, out_dt, acc, scales) whose decode counts
-     * were tuned (gemm_fp8_tune_decode: once each, whatever came of it) */
-    int fp8_dec_done[GEMM_FP8_BAD_MAX][5];
+    /* FP8 shapes (n_out, ld, out_dt, acc) whose decode counts were tuned
+     * (gemm_fp8_tune_decode: once each, whatever came of it) */
+    int fp8_dec_done[GEMM_FP8_BAD_MAX][4];
     int n_fp8_dec_done;
 };
 
@@ -201,10 +187,9 @@ const char *gemm__dt_name(cuda_dtype_t dt);
 /* True while `stream` is capturing a graph (nothing may be timed). */
 bool gemm__capturing(cudaStream_t stream);
 
-/* The plan of a shape, built on first use; _kind with fp8_scales: an
- * E4M3 plan with the scales in the GEMM (gemm_fp8_scales_t).  The pointer
- * stays valid until the next plan is built (plans recycle past
- * GEMM_MAX_PLANS). */
+/* The plan of a shape, built on first use; _kind with fp8_vec: an E4M3
+ * plan with the scale vectors in the GEMM.  The pointer stays valid
+ * until the next plan is built (plans recycle past GEMM_MAX_PLANS). */
 bt_status_t gemm__plan_find(worker_gemm_ctx_t *ctx, int n_tok,
                             int n_out, int n_in, cuda_dtype_t in_dt,
                             cuda_dtype_t out_dt, bool accumulate,
@@ -213,7 +198,7 @@ bt_status_t gemm__plan_find_kind(worker_gemm_ctx_t *ctx, int n_tok,
                                  int n_out, int n_in,
                                  cuda_dtype_t in_dt,
                                  cuda_dtype_t out_dt, bool accumulate,
-                                 int fp8_scales, gemm_plan_t **plan_p);
+                                 bool fp8_vec, gemm_plan_t **plan_p);
 
 /* Up to n_req of cuBLASLt's algorithms for plan p, best first (*n_p). */
 bt_status_t gemm__lt_heuristic(worker_gemm_ctx_t *ctx,
