@@ -1,13 +1,12 @@
 #!/bin/bash
 # run_gpu_pending.sh CARRY PHASE[,PHASE...] - what the sessions of
-# 2026-12-06 left for an H200 (their H100 figures are in
-# docs/PERFORMANCE.md; every later call landed on an H100: on
-# 2026-12-07 15:14 engine,serve and kv8 ran on one, no H200 started in
-# ~20 tries that day), ON THE
-# DEVICE MACHINE from a folder packed here.  Phases engine, serve, long,
-# disagg: three calls of ~5 (engine,serve) / 9 / 4 minutes on the warm
-# machine; delete this script once its figures are in
-# docs/PERFORMANCE.md.
+# 2026-12-06/07 left for an H200, ON THE DEVICE MACHINE from a folder
+# packed here.  2026-12-07 18:13-18:24 an H200 ran fp8 2048/128 and
+# 2048/2048 @440, bf16 + FP8 KV 512/512 and 2048/2048 @384, the engine's
+# b1 / b64 / prefill 2048 and a 300-row mix (docs/PERFORMANCE.md); left
+# for it: bf16 2048/128 @256 (`serve`'s second run), the engine's b8 /
+# b32 / prefill 8192 and the disagg sweep.  Delete this script once
+# those are in docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
 #     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace
@@ -20,30 +19,20 @@
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
 #       build-pending engine,serve"), then `long`, `disagg`
-# engine (each row's earlier H200 figure in brackets): bench_cuda fp8 +
-#   FP8 KV batch 1 / 8 / 32 / 64 @2k (8 and 32: the skinny GEMM;
-#   H100 6.48 -> 6.01 ms; b1 / b64 with the fused RoPE and the FP8
-#   decode tuner: H100 -2% / -6.5%), prefill 2048 / 8192 with the widened
-#   prefill (f1cc4a0; H100: prefill -4.1% / -12.0%) [b1 2.98, b64 7.05,
-#   prefill 2048 30.97 ms], and 2048/2048's mixed step at 342 / 448 /
-#   512 rows @3072 with as many prompt tokens: rows / step is the
-#   throughput more streams would give (342: the 384-stream run's step,
-#   33.8 ms [10,103 tok/s]; 448 and 512 do not fit an H100's KV).
+# engine (each row's H200 figure of 2026-12-07 in brackets): bench_cuda
+#   fp8 + FP8 KV batch 1 / 8 / 32 / 64 @2k [b1 2.893, b64 5.988 ms],
+#   prefill 2048 / 8192 [30.08 ms], 2048/128's mix (124 rows + 1,990)
+#   [36.68] and 2048/2048's at the most rows bench_cuda's pool holds
+#   (300 @3072 + 300 [27.54]; the trace's too).
 # serve (aggregated, closed loop; the phase lines carry the steps by
 #   duration): fp8 + FP8 KV 2048/128 @256, 1,024 requests, with and
-#   without the TPOT bound (H100 of 20:29 with the FP8 decode tuner and
-#   the fused RoPE: 3,165 / 3,312) [3,106 at 512 requests, TPOT p99
-#   50.8], bf16 2048/128 @256 [2,043, TPOT p99 51.0: the budget's margin
-#   under load, fad941f, should bring it under 50; an H100's KV holds
-#   too few of its streams].
-# long: fp8 + FP8 KV 2048/2048 @440 streams (an
-#   H200's FP8 KV, 1.81M tokens, holds 441 promises of 4,096 tokens;
-#   more streams would wait at the router and its 1 s queue bound would
-#   shed them as OVERLOADED), then @384 [10,103] in the time left.
-# kv8: bf16 weights over an FP8 KV cache (`--kv-dtype fp8`, what vLLM
-#   calls --kv-cache-dtype fp8): 512/512 @256 [bf16 KV 12,031: its K/V
-#   read is ~5 of the 18.9 ms step] and 2048/2048 @384 [bf16 KV 6,128
-#   at 220 streams, all its KV holds]; then `long` in the time left.
+#   without the TPOT bound [3,224 bound at 512 requests], bf16 2048/128
+#   @256 [2,043 on 2026-12-06, TPOT p99 51.0: the budget's margin under
+#   load, fad941f, should bring it under 50].
+# long: fp8 + FP8 KV 2048/2048 @440 streams [10,687] (an H200's FP8 KV,
+#   1.81M tokens, holds 441 promises of 4,096 tokens), then @384.
+# kv8: bf16 weights over an FP8 KV cache: 512/512 @256 [13,566] and
+#   2048/2048 @384 [8,398].
 # disagg: 1P+1D (MPS) bf16
 #   2048x128 at 16 and 20 req/s with the receive
 #   room told by heartbeat (d1873fe; ba74f6f: goodput 12.69 / 10.67 req/s
@@ -70,8 +59,9 @@ nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader 
 h200=0
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
 if [ $h200 = 1 ]; then
-  mixes=342:3072:1:342:1024,448:3072:1:448:1024,512:3072:1:512:1024
-  tmix=342:3072:1:342:1024 long_a=440 long_b=384 bf16_c=256 kv8_c=384
+  # bench_cuda's pool holds 60,000 blocks: 300 rows @3072 at most
+  mixes=300:3072:1:300:1024
+  tmix=300:3072:1:300:1024 long_a=440 long_b=384 bf16_c=256 kv8_c=384
 else
   mixes=199:3072:1:199:1024,256:3072:1:256:1024
   tmix=256:3072:1:256:1024 long_a=224 long_b=0 bf16_c=176 kv8_c=224
