@@ -341,8 +341,11 @@ int main(int argc, char **argv)
         cudaMemGetInfo(&free_b, &total_b);
         double avail = (double)free_b - weights - 6e9;
         n_blocks = (int)(avail / blk);
-        if (n_blocks > 60000)
-            n_blocks = 60000;
+        /* at most what a serving worker's pool holds on an H200 (bf16
+         * KV ~56K blocks of 16, FP8 ~113K): the mixes of 2048/2048's
+         * serving steps (342-512 rows @3072) need 66-99K FP8 blocks */
+        if (n_blocks > (kv8 ? 120000 : 60000))
+            n_blocks = kv8 ? 120000 : 60000;
     }
     if (scatter) {
         bench_scatter(n_blocks);

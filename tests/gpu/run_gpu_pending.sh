@@ -22,8 +22,8 @@
 # engine (each row's H200 figure of 2026-12-07 in brackets): bench_cuda
 #   fp8 + FP8 KV batch 1 / 8 / 32 / 64 @2k [b1 2.893, b64 5.988 ms],
 #   prefill 2048 / 8192 [30.08 ms], 2048/128's mix (124 rows + 1,990)
-#   [36.68] and 2048/2048's at the most rows bench_cuda's pool holds
-#   (300 @3072 + 300 [27.54]; the trace's too).
+#   [36.68] and 2048/2048's at 300 rows @3072 + 300 [27.54; the trace's
+#   too] and at the 440-stream run's 386 + 386 [its step 35.93 ms].
 # serve (aggregated, closed loop; the phase lines carry the steps by
 #   duration): fp8 + FP8 KV 2048/128 @256, 1,024 requests, with and
 #   without the TPOT bound [3,224 bound at 512 requests], bf16 2048/128
@@ -59,8 +59,9 @@ nvidia-smi --query-gpu=name,clocks.max.memory,power.limit --format=csv,noheader 
 h200=0
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
 if [ $h200 = 1 ]; then
-  # bench_cuda's pool holds 60,000 blocks: 300 rows @3072 at most
-  mixes=300:3072:1:300:1024
+  # 386: the 440-stream run's step (35.93 ms); bench_cuda of 294cacb
+  # (the packed one) holds 300 rows @3072 at most, later builds 512
+  mixes=300:3072:1:300:1024,386:3072:1:386:1024
   tmix=300:3072:1:300:1024 long_a=440 long_b=384 bf16_c=256 kv8_c=384
 else
   mixes=199:3072:1:199:1024,256:3072:1:256:1024
