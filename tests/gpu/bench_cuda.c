@@ -340,12 +340,12 @@ int main(int argc, char **argv)
                      mc->head_dim * (kv8 ? 1 : 2);
         cudaMemGetInfo(&free_b, &total_b);
         double avail = (double)free_b - weights - 6e9;
-        n_blocks = (int)(avail / blk);
         /* at most what a serving worker's pool holds on an H200 (bf16
          * KV ~56K blocks of 16, FP8 ~113K): the mixes of 2048/2048's
          * serving steps (342-512 rows @3072) need 66-99K FP8 blocks */
-        if (n_blocks > (kv8 ? 120000 : 60000))
-            n_blocks = kv8 ? 120000 : 60000;
+        const int cap = kv8 ? 120000 : 60000;
+
+        n_blocks = BT_MIN((int)(avail / blk), cap);
     }
     if (scatter) {
         bench_scatter(n_blocks);

@@ -503,10 +503,9 @@ static void bench_dec(void)
     int listed = 0;
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         listed |= all[i][0] == g_dec_b && all[i][1] == g_dec_ctx;
-    const int(*cases)[4] = g_dec_b > 0 && !listed ? one : all;
-    const size_t n_cases = g_dec_b > 0 && !listed
-                               ? 1
-                               : sizeof(all) / sizeof(all[0]);
+    const bool alone = g_dec_b > 0 && !listed;
+    const int(*cases)[4] = alone ? one : all;
+    const size_t n_cases = alone ? 1 : sizeof(all) / sizeof(all[0]);
     const int kvb = g_dec_kv8 ? 1 : 2; /* bytes a K or V element */
     const char *tag = g_dec_kv8 ? " kv8" : "";
     int n_sm = 132, dev = 0;
