@@ -10,6 +10,13 @@
  *               block per (head, sequence) reads 256-byte rows 2 KB apart
  *   head-major  the same pages as (block, head, 16 tokens, dim): each
  *               (head, page) 4 KB contiguous
+ *   whole-token baton's pages, but one block per (sequence, eighth of its
+ *               keys) reading every head of a key: whole 2 KB (1 KB)
+ *               token rows, the same bytes and number of blocks
+ *
+ * --kv8: E4M3 K and V (rows of 128 bytes, 8 lanes a row; the FP8-KV
+ * attention's 4 blocks of 128 threads an SM), the H200's question
+ * (2026-12-07: its FP8-KV decode attention reads 0.84 of the board).
  *
  * each with the pages of a sequence in order or shuffled, each at two
  * occupancies: many threads a SM (the pattern's ceiling) and the
@@ -17,7 +24,7 @@
  * lane in flight).  Prints GB/s and the fraction of the flat ceiling.
  * A pattern far below flat says the cache layout costs bandwidth; a
  * pattern at flat says the attention's gap is its own latency.
- *   bench_kvread [--seqs N] [--ctx N] [--reps N]
+ *   bench_kvread [--seqs N] [--ctx N] [--reps N] [--kv8]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +32,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -42,7 +50,6 @@
 #define NKV 8
 #define HD 128
 #define BS 16
-#define ROW16 (HD * 2 / 16) /* uint4 a row: 16 */
 
 static __device__ __forceinline__ uint4 ld_nc(const uint4 *p)
 {
@@ -84,31 +91,41 @@ __global__ void read_flat(const uint4 *p, size_t n16, unsigned int *sink)
     sink_xor(acc, sink);
 }
 
-/* One block per (head, sequence): every key's K and V row of its head.
- * Each group of 16 lanes reads one row (16 B a lane); U rows a group in
- * flight, K and V.  HEAD_MAJOR picks the page layout. */
-template <int U, bool HEAD_MAJOR>
+/* One block per (head, sequence): every key's K and V row of its head
+ * (RC 16-byte chunks a row: 16 bf16, 8 E4M3).  Each group of RC lanes
+ * reads one row (16 B a lane); U rows a group in flight, K and V.
+ * HEAD_MAJOR picks the page layout.  WHOLE: one block per (sequence,
+ * eighth of its keys), a group reading row (key, head) for every head of
+ * each of its keys in turn (token-major pages: whole token rows). */
+template <int U, bool HEAD_MAJOR, int RC, bool WHOLE = false>
 __global__ void read_paged(const uint4 *k, const uint4 *v, const int *bt,
                            int ctx, int max_blocks, unsigned int *sink)
 {
-    const int kvh = blockIdx.x, seq = blockIdx.y;
-    const int groups = blockDim.x / 16;
-    const int g = threadIdx.x / 16, c = threadIdx.x % 16;
+    const int seq = blockIdx.y;
+    const int groups = blockDim.x / RC;
+    const int g = threadIdx.x / RC, c = threadIdx.x % RC;
     const int *tab = bt + (size_t)seq * max_blocks;
+    /* WHOLE: item i = (key - k0) * NKV + head over the block's keys */
+    const int k0 = WHOLE ? (int)((long long)ctx * blockIdx.x / NKV) : 0;
+    const int k1 = WHOLE ? (int)((long long)ctx * (blockIdx.x + 1) / NKV)
+                         : ctx;
+    const int n_items = WHOLE ? (k1 - k0) * NKV : ctx;
     uint32_t acc = 0;
 
-    for (int key0 = g; key0 < ctx; key0 += U * groups) {
+    for (int i0 = g; i0 < n_items; i0 += U * groups) {
         uint4 kv[U], vv[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int key = key0 + u * groups;
-            if (key < ctx) {
+            const int i = i0 + u * groups;
+            if (i < n_items) {
+                const int key = WHOLE ? k0 + i / NKV : i;
+                const int kvh = WHOLE ? i % NKV : blockIdx.x;
                 const int bid = tab[key / BS], t = key % BS;
                 const size_t row =
                     HEAD_MAJOR ? ((size_t)bid * NKV + kvh) * BS + t
                                : ((size_t)bid * BS + t) * NKV + kvh;
-                kv[u] = ld_nc(k + row * ROW16 + c);
-                vv[u] = ld_nc(v + row * ROW16 + c);
+                kv[u] = ld_nc(k + row * RC + c);
+                vv[u] = ld_nc(v + row * RC + c);
             } else {
                 kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
             }
@@ -153,16 +170,19 @@ static double median_ms(int reps, F launch)
 
 int main(int argc, char **argv)
 {
-    int seqs = 64, ctx = 2048, reps = 20;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seqs")) seqs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--ctx")) ctx = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+    int seqs = 64, ctx = 2048, reps = 20, kv8 = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--kv8")) kv8 = 1;
+        else if (i + 1 >= argc) break;
+        else if (!strcmp(argv[i], "--seqs")) seqs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ctx")) ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
     }
+    const int eb = kv8 ? 1 : 2; /* bytes an element */
     const int max_blocks = (ctx + BS - 1) / BS;
     const size_t n_blocks = (size_t)seqs * max_blocks;
-    const size_t half = n_blocks * BS * NKV * HD * 2; /* K (or V) bytes */
-    const double bytes = (double)seqs * ctx * NKV * HD * 2 * 2;
+    const size_t half = n_blocks * BS * NKV * HD * eb; /* K (or V) bytes */
+    const double bytes = (double)seqs * ctx * NKV * HD * 2 * eb;
     uint4 *d_k, *d_v, *d_flat;
     int *d_bt;
     unsigned int *d_sink;
@@ -183,8 +203,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < n_blocks; i++)
         order[i] = (int)i;
 
-    printf("kvread %d seqs x %d keys x %d heads x %d dims: %.0f MB of K+V, "
-           "%d SMs\n", seqs, ctx, NKV, HD, bytes / 1e6, sms);
+    printf("kvread %d seqs x %d keys x %d heads x %d dims, %s: %.0f MB of "
+           "K+V, %d SMs\n", seqs, ctx, NKV, HD, kv8 ? "E4M3" : "bf16",
+           bytes / 1e6, sms);
     printf("| pattern | pages | occupancy | ms | GB/s | of flat |\n");
     printf("| --- | --- | --- | ---: | ---: | ---: |\n");
     double flat_gbs = 0.0;
@@ -205,14 +226,16 @@ int main(int argc, char **argv)
         }
         CK(cudaMemcpy(d_bt, order.data(), n_blocks * sizeof(int),
                       cudaMemcpyHostToDevice));
-        for (int hm = 0; hm < 2; hm++) {
+        /* hm 0 tok-major, 1 head-major, 2 whole-token */
+        for (int hm = 0; hm < 3; hm++) {
             for (int occ = 0; occ < 3; occ++) {
                 /* occ 0: 512 threads, U4, as many blocks a SM as fit;
-                 * occ 1: the attention's 128 threads, 2 blocks a SM
-                 * (dynamic shared memory holds the rest), U4;
-                 * occ 2: same, U8 */
+                 * occ 1: the attention's 128 threads, its blocks a SM
+                 * (dynamic shared memory holds the rest: bf16 2, E4M3
+                 * 4), U4; occ 2: same, U8 */
                 const int thr = occ == 0 ? 512 : 128;
-                const size_t smem = occ == 0 ? 0 : 100 * 1024;
+                const size_t smem = occ == 0 ? 0 : kv8 ? 54 * 1024
+                                                       : 100 * 1024;
                 const dim3 grid(NKV, seqs);
                 double ms;
                 auto go = [&](auto kern) {
@@ -225,19 +248,34 @@ int main(int argc, char **argv)
                                                   max_blocks, d_sink);
                     });
                 };
-                if (hm)
-                    ms = occ == 2 ? go(read_paged<8, true>)
-                                  : go(read_paged<4, true>);
+                auto pick = [&](auto u8, auto hm_t, auto whole_t) {
+                    constexpr bool HM = decltype(hm_t)::value;
+                    constexpr bool WH = decltype(whole_t)::value;
+                    if (kv8)
+                        return decltype(u8)::value
+                                   ? go(read_paged<8, HM, 8, WH>)
+                                   : go(read_paged<4, HM, 8, WH>);
+                    return decltype(u8)::value ? go(read_paged<8, HM, 16, WH>)
+                                               : go(read_paged<4, HM, 16, WH>);
+                };
+                const std::true_type T;
+                const std::false_type F;
+                if (hm == 2)
+                    ms = occ == 2 ? pick(T, F, T) : pick(F, F, T);
+                else if (hm == 1)
+                    ms = occ == 2 ? pick(T, T, F) : pick(F, T, F);
                 else
-                    ms = occ == 2 ? go(read_paged<8, false>)
-                                  : go(read_paged<4, false>);
+                    ms = occ == 2 ? pick(T, F, F) : pick(F, F, F);
                 const double gbs = bytes / ms / 1e6;
                 printf("| %s | %s | %s | %.3f | %.0f | %.2f |\n",
-                       hm ? "head-major" : "tok-major",
+                       hm == 2 ? "whole-token" : hm ? "head-major"
+                                                    : "tok-major",
                        shuffled ? "shuffled" : "in order",
                        occ == 0 ? "512 thr, U4"
-                                : occ == 1 ? "2 x 128 thr/SM, U4"
-                                           : "2 x 128 thr/SM, U8",
+                       : occ == 1 ? (kv8 ? "4 x 128 thr/SM, U4"
+                                         : "2 x 128 thr/SM, U4")
+                                  : (kv8 ? "4 x 128 thr/SM, U8"
+                                         : "2 x 128 thr/SM, U8"),
                        ms, gbs, gbs / flat_gbs);
             }
         }

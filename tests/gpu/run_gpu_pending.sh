@@ -9,16 +9,24 @@
 # those are in docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
-#     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace
+#     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace \
+#     gpu_bench_attn_kv8t gpu_bench_kvread
 #   bash tests/gpu/pack_carry.sh pending \
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
-#     gpu/libbt_kernel_trace.so
+#     gpu/libbt_kernel_trace.so gpu/bench_attn_kv8t gpu/bench_kvread
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending engine,serve"), then `long`, `disagg`
+#       build-pending attn,engine,serve"), then `long`, `disagg`
+# attn (first: ~1 min, the open question of the FP8-KV decode attention
+#   on the H200, 0.84 of its read): bench_attn_kv8t (the engine's kernel
+#   against the keys-as-rows step, +lazy, +alu; each checked against the
+#   engine) at 2048/2048's 300 rows @3072, 2048/128's 124 @2048, batch 64
+#   and 1 @2k; bench_kvread --kv8: what the token-major FP8 pages read
+#   with no arithmetic at the attention's occupancy (against flat and
+#   whole-token reads): a page layout short of the board, or the kernel.
 # engine (each row's H200 figure of 2026-12-07 in brackets): bench_cuda
 #   fp8 + FP8 KV batch 1 / 8 / 32 / 64 @2k [b1 2.893, b64 5.988 ms],
 #   prefill 2048 / 8192 [30.08 ms], 2048/128's mix (124 rows + 1,990)
@@ -83,6 +91,15 @@ serve() {
   rm -f "$out/$name/serve_logs.tgz"
 }
 for phase in ${phases//,/ }; do
+if [ "$phase" = attn ]; then
+  timeout -k 5 240 "$c/gpu/bench_attn_kv8t" --reps 20 > "$out/attn_kv8t.txt" 2>&1
+  { echo; echo "### bench_attn_kv8t: rc $?"
+    grep -E "^\||check|FAIL|blocks an SM" "$out/attn_kv8t.txt"; } >> "$md"
+  timeout -k 5 120 "$c/gpu/bench_kvread" --kv8 --seqs 300 --ctx 3072 \
+    --reps 10 > "$out/kvread.txt" 2>&1
+  { echo; echo "### bench_kvread --kv8, 300 x 3072: rc $?"
+    grep -E "^\||kvread" "$out/kvread.txt"; } >> "$md"
+fi
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
     --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,8,32,64 \
