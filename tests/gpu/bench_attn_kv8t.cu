@@ -14,8 +14,9 @@
  * a warp runs 32 MMAs, its online softmax works on 8 values a lane of
  * which 4 are empty rows, and it rescales 64 accumulators.
  *
- * The step here (kv8t_step) turns the products around (the GQA packing of
- * decode kernels that put the query group in the MMA's n):
+ * The step tc_attend16_kv8t (attn_decode_tc.cuh; the engine runs it under
+ * BT_ATTN_KV8T=1) turns the products around (the GQA packing of decode
+ * kernels that put the query group in the MMA's n):
  *   S^T = K Q^T     m16 = 16 keys, n8 = the group's heads (<= 8), k16 =
  *                   dims: K's codes are the A fragment, converted in
  *                   registers exactly as the engine converts them (the
@@ -28,14 +29,16 @@
  *   O^T = V^T P^T   m16 = 16 dims (of each lane's 16 contiguous V bytes:
  *                   the engine's V loads and byte permutes), k16 = keys.
  * 16 MMAs per 16 keys instead of 32, 32 accumulators instead of 64.
- * Options on top (template flags, all exact):
+ * Variants: engine (cuda_attn_decode as it runs), engine+kt (the same
+ * under BT_ATTN_KV8T=1), and this file's kernel (the engine's skeleton
+ * without the fused RoPE, PDL and masks) around the step with options
+ * the engine does not run (template flags, all exact):
  *   lazy  O rescaled only when a running max of the warp moved (else the
  *         factor is 1.0);
- *   alu   codes to f16 by bits instead of cvt.rn.f16x2.e4m3x2: byte b as
- *         f16 bits ((b & 0x80) << 8) | ((b & 0x7F) << 7) is b's value x
- *         2^-8 (subnormals too), so the 2^8 goes into Q (K) or the V scale
- *         (V); integer pipes instead of the conversion pipe (alu1: K
- *         only, alu2: K and V).
+ *   alu   codes to f16 by bits instead of cvt.rn.f16x2.e4m3x2
+ *         (tc_kv8_f16x2_alu: x 2^-8, taken back in Q's and V's scales):
+ *         integer pipes instead of the conversion pipe (alu1: K only,
+ *         alu2: K and V).
  * Split runs merge through a combine kernel as the engine's do.
  *
  * Check: each variant's output against the engine's (max |diff| over max
@@ -58,6 +61,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_switches.h"
 #include "gpu_test_util.h" /* CK */
 #include "kernels/attn_decode.h"
 #include "kernels/attn_decode_tc.cuh"
@@ -73,128 +77,6 @@
 /* the code stages: [STAGES][TK][HD] bytes of K, then of V */
 #define KT_STAGE ((size_t)KT_STAGES * KT_TK * KT_HD)
 #define KT_SMEM (2 * KT_STAGE)
-
-/* Two codes (bytes 2 hi, 2 hi + 1 of w) as an f16 pair: ALU, by bits, x
- * 2^-8; else cvt, exact. */
-template <bool ALU>
-static __device__ __forceinline__ uint32_t kt_cvt(uint32_t w, int hi)
-{
-    if (ALU) {
-        const uint32_t x = __byte_perm(w, 0u, hi ? 0x3424u : 0x1404u);
-        return (x & 0x80008000u) | ((x >> 1) & 0x3F803F80u);
-    }
-    return kv8_f16x2(hi ? w >> 16 : w);
-}
-
-/* The 8x8 b16 matrix of a warp (lane (r, c): row r = lane / 4, columns
- * 2 c, 2 c + 1) transposed. */
-static __device__ __forceinline__ uint32_t kt_trans(uint32_t x)
-{
-    uint32_t y;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;"
-                 : "=r"(y)
-                 : "r"(x));
-    return y;
-}
-
-/* Keys kb .. kb + 15 (codes at tk / tv, tc_kv8_at's layout) into the
- * warp's running state: per lane, heads 2 tq (A) and 2 tq + 1 (B): max in
- * log2 units (the same in the 8 lanes of a column), the lane's part of the
- * sum, O^T accumulators o[mt] = dims 16 gr + mt (0, 1) and 16 gr + 8 + mt
- * (2, 3) of heads A (0, 2) and B (1, 3).  qb: Q^T's B fragments (x sl2). */
-template <bool LAZY, int ALU>
-static __device__ __forceinline__ void kv8t_step(
-    const uint32_t (&qb)[KT_HD / 16][2], const uint8_t *tk, const uint8_t *tv,
-    int kb, int end, float (&o)[KT_HD / 16][4], float &mA, float &mB,
-    float &lA, float &lB, int lane)
-{
-    const int gr = lane >> 2, tq = lane & 3;
-    uint32_t kw[2][2][4]; /* [key gr, gr + 8][chunk tq, tq + 4][word] */
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int ci = 0; ci < 2; ci++) {
-            const uint4 c = *reinterpret_cast<const uint4 *>(
-                tk + tc_kv8_at<KT_HD>(8 * h + gr, 16 * (tq + 4 * ci)));
-            kw[h][ci][0] = c.x;
-            kw[h][ci][1] = c.y;
-            kw[h][ci][2] = c.z;
-            kw[h][ci][3] = c.w;
-        }
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int ks = 0; ks < KT_HD / 16; ks++) {
-        const uint32_t w0 = kw[0][ks / 4][ks % 4], w1 = kw[1][ks / 4][ks % 4];
-        const uint32_t a[4] = {kt_cvt<ALU >= 1>(w0, 0), kt_cvt<ALU >= 1>(w1, 0),
-                               kt_cvt<ALU >= 1>(w0, 1),
-                               kt_cvt<ALU >= 1>(w1, 1)};
-        tc_mma_f16(s, a, qb[ks][0], qb[ks][1]);
-    }
-    /* s: (key gr: A, B), (key gr + 8: A, B) */
-    const bool ok0 = kb + gr < end, ok1 = kb + gr + 8 < end;
-    const float s0 = ok0 ? s[0] : -INFINITY, s1 = ok0 ? s[1] : -INFINITY;
-    const float s2 = ok1 ? s[2] : -INFINITY, s3 = ok1 ? s[3] : -INFINITY;
-    float xA = fmaxf(s0, s2), xB = fmaxf(s1, s3);
-#pragma unroll
-    for (int o2 = 4; o2 <= 16; o2 <<= 1) {
-        xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
-        xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
-    }
-    const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
-    const float bA = nA == -INFINITY ? 0.0f : nA;
-    const float bB = nB == -INFINITY ? 0.0f : nB;
-    const float cA = exp2f(mA - bA), cB = exp2f(mB - bB);
-    mA = nA;
-    mB = nB;
-    const float p0 = exp2f(s0 - bA), p2 = exp2f(s2 - bA);
-    const float p1 = exp2f(s1 - bB), p3 = exp2f(s3 - bB);
-    lA = lA * cA + (p0 + p2);
-    lB = lB * cB + (p1 + p3);
-    if (!LAZY || __any_sync(0xffffffffu, cA != 1.0f || cB != 1.0f)) {
-#pragma unroll
-        for (int mt = 0; mt < KT_HD / 16; mt++) {
-            o[mt][0] *= cA;
-            o[mt][2] *= cA;
-            o[mt][1] *= cB;
-            o[mt][3] *= cB;
-        }
-    }
-    /* P^T's B fragments: keys 2 tq, 2 tq + 1 (+ 8) of head gr */
-    const uint32_t pb0 = kt_trans(tc_pack_f16(p0, p1));
-    const uint32_t pb1 = kt_trans(tc_pack_f16(p2, p3));
-
-    /* V: the engine's loads -- 16 contiguous bytes (dims 16 gr ..) of keys
-     * 2 tq, 2 tq + 1, 2 tq + 8, 2 tq + 9, the odd key first on odd tq --
-     * and code pairs (key 2 tq + 8 h, + 1) at dim 16 gr + j in vb[h][j] */
-    const int ka = 2 * tq + (tq & 1);
-    const uint32_t sel_lo = tq & 1 ? 0x1504u : 0x5140u;
-    const uint32_t sel_hi = tq & 1 ? 0x3726u : 0x7362u;
-    uint32_t vb[2][16];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const uint4 va = *reinterpret_cast<const uint4 *>(
-            tv + tc_kv8_at<KT_HD>(ka + 8 * h, 16 * gr));
-        const uint4 vc = *reinterpret_cast<const uint4 *>(
-            tv + tc_kv8_at<KT_HD>((ka ^ 1) + 8 * h, 16 * gr));
-        const uint32_t wa[4] = {va.x, va.y, va.z, va.w};
-        const uint32_t wc[4] = {vc.x, vc.y, vc.z, vc.w};
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const uint32_t lo = __byte_perm(wa[w], wc[w], sel_lo);
-            const uint32_t hi = __byte_perm(wa[w], wc[w], sel_hi);
-            vb[h][4 * w] = kt_cvt<ALU >= 2>(lo, 0);
-            vb[h][4 * w + 1] = kt_cvt<ALU >= 2>(lo, 1);
-            vb[h][4 * w + 2] = kt_cvt<ALU >= 2>(hi, 0);
-            vb[h][4 * w + 3] = kt_cvt<ALU >= 2>(hi, 1);
-        }
-    }
-#pragma unroll
-    for (int mt = 0; mt < KT_HD / 16; mt++) {
-        const uint32_t a[4] = {vb[0][mt], vb[0][8 + mt], vb[1][mt],
-                               vb[1][8 + mt]};
-        tc_mma_f16(o[mt], a, pb0, pb1);
-    }
-}
 
 /* One block per (KV head, token, key split), as attn_decode_tc_kernel:
  * 4 warps, each the 16 keys of its own in every 64-key tile, a 3-stage
@@ -251,34 +133,18 @@ kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
         tc_cp_commit();
     }
 
-    /* Q^T as B fragments, x sl2 (log2 units; alu: x 2^8 for K's 2^-8):
-     * k-step ks, lane (gr, tq): head gr, dims d, d + 1 and d + 2, d + 3,
-     * d = 64 (ks / 4) + 16 tq + 4 (ks % 4) -- the dims of K's A fragment
-     * columns 2 tq, 2 tq + 1 and 2 tq + 8, 2 tq + 9 (the engine's order) */
+    /* Q as tc_load_q8's fragments, x sl2 (alu: x 2^8 for K's 2^-8) */
     const float sl2 = a.scale * a.d_kv_scale[kvh] * 1.4426950408889634f *
                       (ALU >= 1 ? 256.0f : 1.0f);
-    const bf16_t *qp =
-        (const bf16_t *)a.d_q + ((size_t)ti * a.n_heads + kvh * G) * KT_HD;
-    uint32_t qb[KT_HD / 16][2];
+    uint32_t qa[KT_HD / 16][4];
+    tc_load_q8<KT_HD>(qa,
+                      (const bf16_t *)a.d_q +
+                          ((size_t)ti * a.n_heads + kvh * G) * KT_HD,
+                      G, sl2, lane);
+    float o[KT_HD / 8][4];
 #pragma unroll
-    for (int ks = 0; ks < KT_HD / 16; ks++) {
-        const int d = 64 * (ks / 4) + 16 * tq + 4 * (ks % 4);
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            uint32_t v = 0u;
-            if (gr < G) {
-                const uint32_t w = tc_ld32(qp + gr * KT_HD + d + 2 * j);
-                const float2 f = __bfloat1622float2(
-                    *reinterpret_cast<const __nv_bfloat162 *>(&w));
-                v = tc_pack_f16(f.x * sl2, f.y * sl2);
-            }
-            qb[ks][j] = v;
-        }
-    }
-    float o[KT_HD / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < KT_HD / 16; mt++)
-        o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+    for (int nt = 0; nt < KT_HD / 8; nt++)
+        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
 
 #pragma unroll 1
@@ -296,8 +162,9 @@ kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
             continue;
         const size_t so =
             (size_t)(kt % KT_STAGES) * KT_TK * KT_HD + warp * 16 * KT_HD;
-        kv8t_step<LAZY, ALU>(qb, sk8 + so, sv8 + so, kb, end, o, mA, mB, lA,
-                             lB, lane);
+        tc_attend16_kv8t<KT_HD, false, LAZY, ALU>(qa, sk8 + so, sv8 + so,
+                                                  kb, end, end, NULL, o, mA,
+                                                  mB, lA, lB, lane);
     }
     tc_cp_wait<0>();
     __syncthreads(); /* the stages become the merge rows */
@@ -421,6 +288,7 @@ struct kt_variant {
 
 static const kt_variant kt_variants[] = {
     {"engine", NULL},
+    {"engine+kt", NULL},
     {"t", kv8t_kernel<false, 0>},
     {"t+lazy", kv8t_kernel<true, 0>},
     {"t+alu1", kv8t_kernel<false, 1>},
@@ -429,10 +297,25 @@ static const kt_variant kt_variants[] = {
 };
 #define KT_NV ((int)(sizeof(kt_variants) / sizeof(kt_variants[0])))
 
+/* BT_ATTN_KV8T for the engine's variants (read again only on a change) */
+static void kt_switch(bool on)
+{
+    static int cur = -1;
+    if (cur == (int)on)
+        return;
+    if (on)
+        setenv("BT_ATTN_KV8T", "1", 1);
+    else
+        unsetenv("BT_ATTN_KV8T");
+    cuda_switches_reload();
+    cur = on;
+}
+
 static void kt_run(const kt_variant &v, const cuda_attn_args_t &a, int B,
                    int ns, int sl, float *ws)
 {
     if (v.kern == NULL) {
+        kt_switch(strcmp(v.name, "engine+kt") == 0);
         if (cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0) !=
             BT_OK) {
             fprintf(stderr, "bench_attn_kv8t: cuda_attn_decode failed\n");
@@ -462,13 +345,14 @@ int main(int argc, char **argv)
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     n_sm = prop.multiProcessorCount;
-    for (int v = 1; v < KT_NV; v++)
-        CK(cudaFuncSetAttribute(kt_variants[v].kern,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)KT_SMEM));
+    for (int v = 0; v < KT_NV; v++)
+        if (kt_variants[v].kern != NULL)
+            CK(cudaFuncSetAttribute(
+                kt_variants[v].kern,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KT_SMEM));
     int occ_t = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ_t, kt_variants[1].kern, KT_WARPS * 32, KT_SMEM));
+        &occ_t, kv8t_kernel<false, 0>, KT_WARPS * 32, KT_SMEM));
     const int occ_e = cuda_attn_decode_blocks_per_sm(KT_HD, true);
     void *flush = NULL;
     CK(cudaMalloc(&flush, 256u << 20));

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""kv8t_frag_sim.py - host model of one warp of the workbench step
-kv8t_step (tests/gpu/bench_attn_kv8t.cu: the FP8-KV decode attention with
-the keys as the MMA's rows), lane by lane and register by register with
-PTX's mma.m16n8k16 A / B / C fragment layouts and movmatrix.trans, on
-integer "codes" (exact):
+"""kv8t_frag_sim.py - host model of one warp of the FP8-KV decode
+attention's step with the keys as the MMA's rows (tc_attend16_kv8t of
+worker/cuda/kernels/attn_decode_tc.cuh, BT_ATTN_KV8T=1; kv8t_step of the
+workbench tests/gpu/bench_attn_kv8t.cu at head size 128), lane by lane
+and register by register with PTX's mma.m16n8k16 A / B / C fragment
+layouts and movmatrix.trans, on integer "codes" (exact):
 
   - S^T = K Q^T from K's A fragments (the engine's loads through
     tc_kv8_at) and Q^T's B fragments equals the plain product, every
@@ -11,7 +12,8 @@ integer "codes" (exact):
   - P^T moved into B fragments by two 8x8 transposes, and V^T's A
     fragments (the engine's V loads and byte pairs), give O^T = V^T P^T
     with every accumulator at the dims the merge writes it to
-    (16 gr + mt, 16 gr + 8 + mt);
+    ((HD / 8) gr + mt, (HD / 8) gr + HD / 16 + mt), at head sizes 128
+    and 64;
   - the ALU conversion: byte b as the f16 bits ((b & 0x80) << 8) |
     ((b & 0x7F) << 7) is b's E4M3 value x 2^-8, for every non-NaN code.
 The shared-memory loads are the engine's, whose bank conflicts
@@ -23,11 +25,7 @@ import random
 import struct
 import sys
 
-HD = 128
 rnd = random.Random(1)
-K = [[rnd.randint(-99, 99) for _ in range(HD)] for _ in range(16)]
-V = [[rnd.randint(-99, 99) for _ in range(HD)] for _ in range(16)]
-Q = [[rnd.randint(-99, 99) for _ in range(HD)] for _ in range(8)]
 bad = 0
 
 
@@ -37,23 +35,6 @@ def check(ok, what):
         bad += 1
         if bad <= 10:
             print("MISMATCH", what)
-
-
-def kv8_at(r, byte):
-    """tc_kv8_at<128>: byte `byte` of row r in a warp's 16 rows."""
-    x = ((r & 1) << 2) ^ (r & 6)
-    return r * HD + 16 * ((byte >> 4) ^ x) + (byte & 15)
-
-
-smK, smV = {}, {}
-for r in range(16):
-    for d in range(HD):
-        smK[kv8_at(r, d)] = K[r][d]
-        smV[kv8_at(r, d)] = V[r][d]
-
-
-def ld16(sm, at):
-    return [sm[at + i] for i in range(16)]
 
 
 def mma(A, B):
@@ -86,60 +67,86 @@ def trans(X):
             for l in range(32)]
 
 
-# S^T = K Q^T: 8 k-steps
-S = [[0] * 4 for _ in range(32)]
-for ks in range(8):
-    A, B = [], []
-    ci, m = ks // 4, ks % 4
-    for lane in range(32):
-        gr, tq = lane >> 2, lane & 3
-        kw = [[ld16(smK, kv8_at(8 * h + gr, 16 * (tq + 4 * c)))
-               for c in range(2)] for h in range(2)]
-        w0, w1 = kw[0][ci][4 * m:4 * m + 4], kw[1][ci][4 * m:4 * m + 4]
-        A.append([w0[0:2], w1[0:2], w0[2:4], w1[2:4]])
-        d = 64 * ci + 16 * tq + 4 * m
-        B.append([Q[gr][d:d + 2], Q[gr][d + 2:d + 4]])
-    C = mma(A, B)
-    S = [[S[l][i] + C[l][i] for i in range(4)] for l in range(32)]
-ST = [[sum(K[k][d] * Q[h][d] for d in range(HD)) for h in range(8)]
-      for k in range(16)]
-for l in range(32):
-    gr, tq = l >> 2, l & 3
-    want = [ST[gr][2 * tq], ST[gr][2 * tq + 1], ST[gr + 8][2 * tq],
-            ST[gr + 8][2 * tq + 1]]
-    check(S[l] == want, f"S^T lane {l}: {S[l]} != {want}")
+def warp_step(HD):
+    """One step of 16 keys at head size HD (64 or 128)."""
+    MT = HD // 16
+    K = [[rnd.randint(-99, 99) for _ in range(HD)] for _ in range(16)]
+    V = [[rnd.randint(-99, 99) for _ in range(HD)] for _ in range(16)]
+    Q = [[rnd.randint(-99, 99) for _ in range(HD)] for _ in range(8)]
 
-# O^T = V^T P^T, P an arbitrary (key, head) matrix: S^T itself
-P = ST
-pb0 = trans([(P[l >> 2][2 * (l & 3)], P[l >> 2][2 * (l & 3) + 1])
-             for l in range(32)])
-pb1 = trans([(P[(l >> 2) + 8][2 * (l & 3)], P[(l >> 2) + 8][2 * (l & 3) + 1])
-             for l in range(32)])
-OT = [[sum(V[k][d] * P[k][h] for k in range(16)) for h in range(8)]
-      for d in range(HD)]
-vbs = []
-for lane in range(32):
-    gr, tq = lane >> 2, lane & 3
-    ka = 2 * tq + (tq & 1)  # the key loaded first
-    vb = [[None] * 16 for _ in range(2)]
-    for h in range(2):
-        va = ld16(smV, kv8_at(ka + 8 * h, 16 * gr))
-        vc = ld16(smV, kv8_at((ka ^ 1) + 8 * h, 16 * gr))
-        first, second = (va, vc) if ka == 2 * tq else (vc, va)
-        for j in range(16):  # the byte permutes' pairs
-            vb[h][j] = (first[j], second[j])
-    vbs.append(vb)
-for mt in range(8):
-    A = [[vbs[l][0][mt], vbs[l][0][8 + mt], vbs[l][1][mt], vbs[l][1][8 + mt]]
-         for l in range(32)]
-    B = [[pb0[l], pb1[l]] for l in range(32)]
-    O = mma(A, B)
+    def kv8_at(r, byte):
+        """tc_kv8_at<HD>: byte `byte` of row r in a warp's 16 rows."""
+        x = ((r & 1) << 2) ^ (r & 6) if HD == 128 else (r >> 1) & 2
+        return r * HD + 16 * ((byte >> 4) ^ x) + (byte & 15)
+
+    smK, smV = {}, {}
+    for r in range(16):
+        for d in range(HD):
+            smK[kv8_at(r, d)] = K[r][d]
+            smV[kv8_at(r, d)] = V[r][d]
+
+    def ld(sm, at, n):
+        return [sm[at + i] for i in range(n)]
+
+    # S^T = K Q^T: HD / 16 k-steps
+    S = [[0] * 4 for _ in range(32)]
+    for ks in range(HD // 16):
+        A, B = [], []
+        ci, m = ks // 4, ks % 4
+        for lane in range(32):
+            gr, tq = lane >> 2, lane & 3
+            kw = [[ld(smK, kv8_at(8 * h + gr, 16 * (tq + 4 * c)), 16)
+                   for c in range(HD // 64)] for h in range(2)]
+            w0, w1 = kw[0][ci][4 * m:4 * m + 4], kw[1][ci][4 * m:4 * m + 4]
+            A.append([w0[0:2], w1[0:2], w0[2:4], w1[2:4]])
+            d = 64 * ci + 16 * tq + 4 * m
+            B.append([Q[gr][d:d + 2], Q[gr][d + 2:d + 4]])
+        C = mma(A, B)
+        S = [[S[l][i] + C[l][i] for i in range(4)] for l in range(32)]
+    ST = [[sum(K[k][d] * Q[h][d] for d in range(HD)) for h in range(8)]
+          for k in range(16)]
     for l in range(32):
         gr, tq = l >> 2, l & 3
-        d0, d1 = 16 * gr + mt, 16 * gr + 8 + mt
-        want = [OT[d0][2 * tq], OT[d0][2 * tq + 1], OT[d1][2 * tq],
-                OT[d1][2 * tq + 1]]
-        check(O[l] == want, f"O^T m-tile {mt} lane {l}")
+        want = [ST[gr][2 * tq], ST[gr][2 * tq + 1], ST[gr + 8][2 * tq],
+                ST[gr + 8][2 * tq + 1]]
+        check(S[l] == want, f"HD {HD} S^T lane {l}: {S[l]} != {want}")
+
+    # O^T = V^T P^T, P an arbitrary (key, head) matrix: S^T itself
+    P = ST
+    pb0 = trans([(P[l >> 2][2 * (l & 3)], P[l >> 2][2 * (l & 3) + 1])
+                 for l in range(32)])
+    pb1 = trans([(P[(l >> 2) + 8][2 * (l & 3)],
+                  P[(l >> 2) + 8][2 * (l & 3) + 1]) for l in range(32)])
+    OT = [[sum(V[k][d] * P[k][h] for k in range(16)) for h in range(8)]
+          for d in range(HD)]
+    vbs = []
+    for lane in range(32):
+        gr, tq = lane >> 2, lane & 3
+        ka = 2 * tq + (tq & 1)  # the key loaded first
+        vb = [[None] * (HD // 8) for _ in range(2)]
+        for h in range(2):
+            va = ld(smV, kv8_at(ka + 8 * h, (HD // 8) * gr), HD // 8)
+            vc = ld(smV, kv8_at((ka ^ 1) + 8 * h, (HD // 8) * gr), HD // 8)
+            first, second = (va, vc) if ka == 2 * tq else (vc, va)
+            for j in range(HD // 8):  # the byte permutes' pairs
+                vb[h][j] = (first[j], second[j])
+        vbs.append(vb)
+    for mt in range(MT):
+        A = [[vbs[l][0][mt], vbs[l][0][MT + mt], vbs[l][1][mt],
+              vbs[l][1][MT + mt]] for l in range(32)]
+        B = [[pb0[l], pb1[l]] for l in range(32)]
+        O = mma(A, B)
+        for l in range(32):
+            gr, tq = l >> 2, l & 3
+            d0 = (HD // 8) * gr + mt
+            d1 = d0 + MT
+            want = [OT[d0][2 * tq], OT[d0][2 * tq + 1], OT[d1][2 * tq],
+                    OT[d1][2 * tq + 1]]
+            check(O[l] == want, f"HD {HD} O^T m-tile {mt} lane {l}")
+
+
+warp_step(128)
+warp_step(64)
 
 
 def e4m3(b):

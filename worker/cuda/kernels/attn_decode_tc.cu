@@ -186,11 +186,13 @@ static __device__ __forceinline__ void tc_rope_prologue(
  * equal in the engine (rounds 19 and 21 of docs/PERFORMANCE.md): the
  * kernel is bound by DRAM and its block waves, no longer by the copy's
  * instructions; it was deleted with its switch. */
-template <int HD, bool NEWROW, bool KV8>
+template <int HD, bool NEWROW, bool KV8, bool KT = false>
 static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                       int n_splits, float *ws)
 {
+    /* KT: FP8 KV through tc_attend16_kv8t (groups of <= 8 heads) */
+    static_assert(!KT || KV8, "the keys-as-rows step reads FP8 KV");
     constexpr int ROW = tc_smem<HD>::ROW;
     /* a stage's K (or V) rows, and a warp's 16 of them, in elements */
     constexpr int TILE = tc_smem<HD>::TILE;
@@ -389,7 +391,18 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         const int kb = start + kt * TC_TK + warp * 16;
         if (kb >= end)
             continue; /* this warp's 16 keys are all past the split */
-        if constexpr (KV8) {
+        if constexpr (KT) {
+            const size_t so = (size_t)(kt % TC_STAGES) * TC_TK * HD +
+                              warp * 16 * HD;
+            if (mrow)
+                tc_attend16_kv8t<HD, true>(qa, sk8 + so, sv8 + so, kb, end,
+                                           ctx, mrow, o, m0, m1, l0, l1,
+                                           lane);
+            else
+                tc_attend16_kv8t<HD, false>(qa, sk8 + so, sv8 + so, kb, end,
+                                            ctx, mrow, o, m0, m1, l0, l1,
+                                            lane);
+        } else if constexpr (KV8) {
             const size_t so = (size_t)(kt % TC_STAGES) * TC_TK * HD +
                               warp * 16 * HD;
             if (mrow)
@@ -410,11 +423,20 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     tc_cp_wait<0>();
     __syncthreads(); /* the pipeline's shared memory is reused below */
 
-    /* Row sums over the 4 lanes of a row; warps' results to shared. */
+    /* Row sums over the 4 lanes of a row (KT: a head's over the 8 lanes
+     * of its column); warps' results to shared. */
+    if constexpr (KT) {
 #pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+        for (int o2 = 4; o2 <= 16; o2 <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+        }
+    } else {
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+        }
     }
     KPROF(0, 3);
     /* [W][16][OROW]: rows of HD floats, KV8 tc_o8_at's */
@@ -423,8 +445,26 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     float *sm_m = sm_o + TC_WARPS * TC_MAX_GROUP * OROW;
     float *sm_l = sm_m + TC_WARPS * TC_MAX_GROUP;
     float *ow = sm_o + warp * TC_MAX_GROUP * OROW;
+    if constexpr (KT) {
+        /* o[mt]: dims (HD / 8) gr + mt (+ HD / 16) of heads 2 tq, + 1 */
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
+        for (int mt = 0; mt < HD / 16; mt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int g = 2 * tq + (j & 1);
+                const int d = (HD / 8) * gr + mt + (j >> 1) * (HD / 16);
+                if (g < G)
+                    ow[tc_o8_at<HD>(g, d)] = o[mt][j];
+            }
+        if (gr == 0) {
+            sm_m[warp * TC_MAX_GROUP + 2 * tq] = m0;
+            sm_m[warp * TC_MAX_GROUP + 2 * tq + 1] = m1;
+            sm_l[warp * TC_MAX_GROUP + 2 * tq] = l0;
+            sm_l[warp * TC_MAX_GROUP + 2 * tq + 1] = l1;
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < (KT ? 0 : NT); nt++) {
         if constexpr (KV8) {
 #pragma unroll
             for (int j = 0; j < 2; j++) {
@@ -447,7 +487,7 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             }
         }
     }
-    if (tq == 0) {
+    if (!KT && tq == 0) {
         sm_m[warp * TC_MAX_GROUP + gr] = m0;
         sm_m[warp * TC_MAX_GROUP + gr + 8] = m1;
         sm_l[warp * TC_MAX_GROUP + gr] = l0;
@@ -516,7 +556,7 @@ bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)
 /* The instance's shared memory, opted in on the current device (a
  * per-device attribute: tensor-parallel ranks, one thread per GPU, each
  * need it on their own). */
-template <int HD, bool NEWROW, bool KV8>
+template <int HD, bool NEWROW, bool KV8, bool KT = false>
 static cudaError_t tc_smem_opt_in(size_t *bytes_p)
 {
     const size_t bytes = KV8 ? tc_smem<HD>::BYTES8 : tc_smem<HD>::BYTES;
@@ -529,7 +569,7 @@ static cudaError_t tc_smem_opt_in(size_t *bytes_p)
         return derr;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
         cudaError_t err = cudaFuncSetAttribute(
-            attn_decode_tc_kernel<HD, NEWROW, KV8>,
+            attn_decode_tc_kernel<HD, NEWROW, KV8, KT>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (err != cudaSuccess)
             return err;
@@ -539,14 +579,14 @@ static cudaError_t tc_smem_opt_in(size_t *bytes_p)
     return cudaSuccess;
 }
 
-template <int HD, bool KV8> static int tc_blocks_per_sm(void)
+template <int HD, bool KV8, bool KT = false> static int tc_blocks_per_sm(void)
 {
     size_t bytes = 0;
     int n = 0;
 
-    if (tc_smem_opt_in<HD, false, KV8>(&bytes) != cudaSuccess ||
+    if (tc_smem_opt_in<HD, false, KV8, KT>(&bytes) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, attn_decode_tc_kernel<HD, false, KV8>, TC_WARPS * 32,
+            &n, attn_decode_tc_kernel<HD, false, KV8, KT>, TC_WARPS * 32,
             bytes) != cudaSuccess || n < 1) {
         (void)cudaGetLastError();
         return 2;
@@ -554,28 +594,42 @@ template <int HD, bool KV8> static int tc_blocks_per_sm(void)
     return n;
 }
 
+/* BT_ATTN_KV8T=1: FP8-KV steps of groups of <= 8 heads through
+ * tc_attend16_kv8t (120 registers at head 128 against 154: four blocks
+ * an SM, not three). */
+static bool tc_kv8t_on(void)
+{
+    const char *kt = cuda_switches()->attn_kv8t;
+    return kt != NULL && strcmp(kt, "1") == 0;
+}
+
+/* (Under BT_ATTN_KV8T=1 the FP8-KV count is the keys-as-rows kernel's,
+ * which groups of more than 8 heads do not run.) */
 int cuda_attn_decode_blocks_per_sm(int head_dim, bool kv8)
 {
+    const bool kt = kv8 && tc_kv8t_on();
     if (head_dim == 64)
-        return kv8 ? tc_blocks_per_sm<64, true>()
-                   : tc_blocks_per_sm<64, false>();
+        return kt    ? tc_blocks_per_sm<64, true, true>()
+               : kv8 ? tc_blocks_per_sm<64, true>()
+                     : tc_blocks_per_sm<64, false>();
     if (head_dim == 128)
-        return kv8 ? tc_blocks_per_sm<128, true>()
-                   : tc_blocks_per_sm<128, false>();
+        return kt    ? tc_blocks_per_sm<128, true, true>()
+               : kv8 ? tc_blocks_per_sm<128, true>()
+                     : tc_blocks_per_sm<128, false>();
     return 2;
 }
 
-template <int HD, bool NEWROW, bool KV8>
+template <int HD, bool NEWROW, bool KV8, bool KT = false>
 static cudaError_t tc_launch(const cuda_attn_args_t *a, const int *tok_idx,
                              int n, int n_splits, int split_len, float *ws,
                              cudaStream_t stream)
 {
     size_t bytes = 0;
-    cudaError_t err = tc_smem_opt_in<HD, NEWROW, KV8>(&bytes);
+    cudaError_t err = tc_smem_opt_in<HD, NEWROW, KV8, KT>(&bytes);
 
     if (err != cudaSuccess)
         return err;
-    kern_launch(attn_decode_tc_kernel<HD, NEWROW, KV8>,
+    kern_launch(attn_decode_tc_kernel<HD, NEWROW, KV8, KT>,
                 dim3(a->n_kv_heads, n, n_splits),
                 dim3(TC_WARPS * 32), bytes, stream, *a, tok_idx, split_len,
                 n_splits, ws);
@@ -588,9 +642,13 @@ static cudaError_t tc_launch_hd(bool nr, const cuda_attn_args_t *a,
                                 const int *tok_idx, int n, int n_splits,
                                 int split_len, float *ws, cudaStream_t stream)
 {
-    if (a->d_kv_scale != NULL)
+    if (a->d_kv_scale != NULL) {
+        if (tc_kv8t_on() && a->n_heads / a->n_kv_heads <= 8)
+            return tc_launch<HD, false, true, true>(a, tok_idx, n, n_splits,
+                                                    split_len, ws, stream);
         return tc_launch<HD, false, true>(a, tok_idx, n, n_splits, split_len,
                                           ws, stream);
+    }
     if (nr)
         return tc_launch<HD, true, false>(a, tok_idx, n, n_splits, split_len,
                                           ws, stream);

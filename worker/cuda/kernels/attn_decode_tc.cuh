@@ -13,7 +13,9 @@
  *     tc_kv8_at), tc_load_q8 holds Q as f16 fragments in the dim order the
  *     codes are read in, and tc_attend16_kv8 builds the f16 B fragments
  *     straight from the codes in shared memory (no bf16 copy, no
- *     ldmatrix).
+ *     ldmatrix); tc_attend16_kv8t, under BT_ATTN_KV8T=1 (measurement
+ *     pending: tests/gpu/bench_attn_kv8t.cu), the same keys with the
+ *     products turned around, the keys as the MMA's rows.
  * Row layout in shared memory: HD bf16 + TC_PAD of padding (2 x 16 B,
  * which keeps ldmatrix free of bank conflicts); FP8 KV: HD bytes.
  */
@@ -375,6 +377,159 @@ static __device__ __forceinline__ void tc_attend16_kv8(
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
         tc_mma_f16(o[nt], pa, vb[0][nt], vb[1][nt]);
+}
+
+/* Two codes (bytes 2 hi, 2 hi + 1 of w) as an f16 pair times 2^-8, by
+ * bits: code b is the f16 ((b & 0x80) << 8) | ((b & 0x7F) << 7), E4M3's
+ * exponent (bias 7) and mantissa in f16's fields (bias 15), subnormals
+ * included (tests/gpu/kv8t_frag_sim.py checks every code).  The
+ * workbench's alternative to cvt (integer pipes, not the conversion
+ * pipe). */
+static __device__ __forceinline__ uint32_t tc_kv8_f16x2_alu(uint32_t w,
+                                                            int hi)
+{
+    const uint32_t x = __byte_perm(w, 0u, hi ? 0x3424u : 0x1404u);
+    return (x & 0x80008000u) | ((x >> 1) & 0x3F803F80u);
+}
+
+/* The 8x8 b16 matrix of a warp (lane (r, c): row r = lane / 4, columns
+ * 2 c, 2 c + 1) transposed. */
+static __device__ __forceinline__ uint32_t tc_trans8(uint32_t x)
+{
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;"
+                 : "=r"(y)
+                 : "r"(x));
+    return y;
+}
+
+/* FP8 KV, groups of at most 8 heads (BT_ATTN_KV8T=1): keys kb .. kb+15
+ * as tc_attend16_kv8, the products turned around so that the keys are
+ * the MMA's rows and the group's heads its columns (a group of 4 heads
+ * fills 4 of tc_attend16_kv8's 16 rows, here 4 of 8 columns):
+ *   S^T = K Q^T: m16 = the 16 keys (A: K's codes, tc_attend16_kv8's
+ *     loads and conversions: key gr's word m of chunk tq + 4 ci is k-step
+ *     4 ci + m, low pair columns 2 tq, 2 tq + 1, high pair 2 tq + 8, + 9),
+ *     n8 = heads (B: Q^T, tc_load_q8's qa[ks][0] and qa[ks][2], row gr),
+ *     HD / 16 MMAs;
+ *   softmax per head over the keys: lane (gr, tq) holds keys gr, gr + 8
+ *     of heads 2 tq (running max m0, its part of the sum l0) and 2 tq + 1
+ *     (m1, l1); the max is taken over the 8 lanes of a column, the sums
+ *     stay per lane (the caller adds them once, over lanes 4 apart);
+ *   P^T into B fragments by two movmatrix.trans (keys 2 tq, 2 tq + 1
+ *     (+ 8) of head gr);
+ *   O^T = V^T P^T: m16 = 16 dims of the lane's HD / 8 contiguous V bytes
+ *     (tc_attend16_kv8's loads and byte pairs: vb[h][j], dim (HD / 8) gr +
+ *     j), HD / 16 MMAs; accumulator o[mt] holds dims (HD / 8) gr + mt (0,
+ *     1) and (HD / 8) gr + HD / 16 + mt (2, 3) of heads 2 tq (0, 2) and
+ *     2 tq + 1 (1, 3); o[HD / 16 ..] are not used.
+ * tests/gpu/kv8t_frag_sim.py checks the fragments lane by lane.
+ * LAZY and ALU are the workbench's (tests/gpu/bench_attn_kv8t.cu; the
+ * engine runs neither): LAZY rescales O only when a running max of the
+ * warp moved (the factor is 1.0 otherwise: exact); ALU >= 1 converts K's
+ * codes, ALU >= 2 also V's, by bits (tc_kv8_f16x2_alu: x 2^-8, which the
+ * caller takes back in Q's and V's scales: exact). */
+template <int HD, bool MASKED, bool LAZY = false, int ALU = 0>
+static __device__ __forceinline__ void tc_attend16_kv8t(
+    const uint32_t (&qa)[HD / 16][4], const uint8_t *tk, const uint8_t *tv,
+    int kb, int end, int ctx, const uint8_t *mrow, float (&o)[HD / 8][4],
+    float &m0, float &m1, float &l0, float &l1, int lane)
+{
+    constexpr int MT = HD / 16; /* m-tiles of O^T */
+    constexpr int NC = HD / 64; /* 16-byte K chunks a lane reads per key */
+    constexpr int VW = HD / 32; /* 4-byte words of a lane's V piece */
+    typedef typename kv_word<HD / 8>::type vpiece_t;
+    const int gr = lane >> 2, tq = lane & 3;
+
+    uint32_t kw[2][NC][4]; /* keys gr, gr + 8 */
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ci = 0; ci < NC; ci++) {
+            const uint4 c = *reinterpret_cast<const uint4 *>(
+                tk + tc_kv8_at<HD>(h * 8 + gr, 16 * (tq + 4 * ci)));
+            kw[h][ci][0] = c.x;
+            kw[h][ci][1] = c.y;
+            kw[h][ci][2] = c.z;
+            kw[h][ci][3] = c.w;
+        }
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+        const uint32_t w0 = kw[0][ks / 4][ks % 4], w1 = kw[1][ks / 4][ks % 4];
+        const uint32_t a[4] = {
+            ALU >= 1 ? tc_kv8_f16x2_alu(w0, 0) : kv8_f16x2(w0),
+            ALU >= 1 ? tc_kv8_f16x2_alu(w1, 0) : kv8_f16x2(w1),
+            ALU >= 1 ? tc_kv8_f16x2_alu(w0, 1) : kv8_f16x2(w0 >> 16),
+            ALU >= 1 ? tc_kv8_f16x2_alu(w1, 1) : kv8_f16x2(w1 >> 16)};
+        tc_mma_f16(s, a, qa[ks][0], qa[ks][2]);
+    }
+    /* s: key gr (heads 2 tq, 2 tq + 1), key gr + 8 (the same) */
+    const int k0 = kb + gr, k1 = kb + gr + 8;
+    const bool ok0 = k0 < end && (!MASKED || k0 < ctx || mrow[k0 - ctx]);
+    const bool ok1 = k1 < end && (!MASKED || k1 < ctx || mrow[k1 - ctx]);
+    const float s0 = ok0 ? s[0] : -INFINITY, s1 = ok0 ? s[1] : -INFINITY;
+    const float s2 = ok1 ? s[2] : -INFINITY, s3 = ok1 ? s[3] : -INFINITY;
+    float x0 = fmaxf(s0, s2), x1 = fmaxf(s1, s3);
+#pragma unroll
+    for (int o2 = 4; o2 <= 16; o2 <<= 1) {
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o2));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o2));
+    }
+    const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+    const float b0 = n0 == -INFINITY ? 0.0f : n0;
+    const float b1 = n1 == -INFINITY ? 0.0f : n1;
+    const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+    m0 = n0;
+    m1 = n1;
+    const float p0 = exp2f(s0 - b0), p2 = exp2f(s2 - b0);
+    const float p1 = exp2f(s1 - b1), p3 = exp2f(s3 - b1);
+    l0 = l0 * c0 + (p0 + p2);
+    l1 = l1 * c1 + (p1 + p3);
+    if (!LAZY || __any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            o[mt][0] *= c0;
+            o[mt][2] *= c0;
+            o[mt][1] *= c1;
+            o[mt][3] *= c1;
+        }
+    }
+    const uint32_t pb0 = tc_trans8(tc_pack_f16(p0, p1));
+    const uint32_t pb1 = tc_trans8(tc_pack_f16(p2, p3));
+
+    const int ka = 2 * tq + (tq & 1); /* the key loaded first */
+    const uint32_t sel_lo = tq & 1 ? 0x1504u : 0x5140u;
+    const uint32_t sel_hi = tq & 1 ? 0x3726u : 0x7362u;
+    uint32_t vb[2][HD / 8];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const vpiece_t va = *reinterpret_cast<const vpiece_t *>(
+            tv + tc_kv8_at<HD>(ka + 8 * h, gr * (HD / 8)));
+        const vpiece_t vc = *reinterpret_cast<const vpiece_t *>(
+            tv + tc_kv8_at<HD>((ka ^ 1) + 8 * h, gr * (HD / 8)));
+        const uint32_t *wa = reinterpret_cast<const uint32_t *>(&va);
+        const uint32_t *wc = reinterpret_cast<const uint32_t *>(&vc);
+#pragma unroll
+        for (int w = 0; w < VW; w++) {
+            const uint32_t lo = __byte_perm(wa[w], wc[w], sel_lo);
+            const uint32_t hi = __byte_perm(wa[w], wc[w], sel_hi);
+            vb[h][4 * w] = ALU >= 2 ? tc_kv8_f16x2_alu(lo, 0)
+                                    : kv8_f16x2(lo);
+            vb[h][4 * w + 1] = ALU >= 2 ? tc_kv8_f16x2_alu(lo, 1)
+                                        : kv8_f16x2(lo >> 16);
+            vb[h][4 * w + 2] = ALU >= 2 ? tc_kv8_f16x2_alu(hi, 0)
+                                        : kv8_f16x2(hi);
+            vb[h][4 * w + 3] = ALU >= 2 ? tc_kv8_f16x2_alu(hi, 1)
+                                        : kv8_f16x2(hi >> 16);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const uint32_t a[4] = {vb[0][mt], vb[0][MT + mt], vb[1][mt],
+                               vb[1][MT + mt]};
+        tc_mma_f16(o[mt], a, pb0, pb1);
+    }
 }
 
 #endif /* BT_WORKER_CUDA_KERNELS_ATTN_DECODE_TC_CUH */
