@@ -30,7 +30,9 @@
  *                   the engine's V loads and byte permutes), k16 = keys.
  * 16 MMAs per 16 keys instead of 32, 32 accumulators instead of 64.
  * Variants: engine (cuda_attn_decode as it runs), engine+kt (the same
- * under BT_ATTN_KV8T=1), and this file's kernel (the engine's skeleton
+ * under BT_ATTN_KV8T=1; "its plan": split by the planner at that
+ * kernel's blocks an SM, where every other row takes the engine's
+ * split), and this file's kernel (the engine's skeleton
  * without the fused RoPE, PDL and masks) around the step with options
  * the engine does not run (template flags, all exact):
  *   lazy  O rescaled only when a running max of the warp moved (else the
@@ -284,16 +286,20 @@ typedef void (*kt_kernel_t)(cuda_attn_args_t, int, int, float *);
 struct kt_variant {
     const char *name;
     kt_kernel_t kern; /* NULL: the engine's cuda_attn_decode */
+    bool kt;          /* the engine under BT_ATTN_KV8T=1 */
+    bool own_plan;    /* split by the planner at that kernel's blocks an SM
+                         (else every variant takes the engine's split) */
 };
 
 static const kt_variant kt_variants[] = {
-    {"engine", NULL},
-    {"engine+kt", NULL},
-    {"t", kv8t_kernel<false, 0>},
-    {"t+lazy", kv8t_kernel<true, 0>},
-    {"t+alu1", kv8t_kernel<false, 1>},
-    {"t+alu2", kv8t_kernel<false, 2>},
-    {"t+lazy+alu2", kv8t_kernel<true, 2>},
+    {"engine", NULL, false, false},
+    {"engine+kt", NULL, true, false},
+    {"engine+kt, its plan", NULL, true, true},
+    {"t", kv8t_kernel<false, 0>, false, false},
+    {"t+lazy", kv8t_kernel<true, 0>, false, false},
+    {"t+alu1", kv8t_kernel<false, 1>, false, false},
+    {"t+alu2", kv8t_kernel<false, 2>, false, false},
+    {"t+lazy+alu2", kv8t_kernel<true, 2>, false, false},
 };
 #define KT_NV ((int)(sizeof(kt_variants) / sizeof(kt_variants[0])))
 
@@ -315,7 +321,7 @@ static void kt_run(const kt_variant &v, const cuda_attn_args_t &a, int B,
                    int ns, int sl, float *ws)
 {
     if (v.kern == NULL) {
-        kt_switch(strcmp(v.name, "engine+kt") == 0);
+        kt_switch(v.kt);
         if (cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0) !=
             BT_OK) {
             fprintf(stderr, "bench_attn_kv8t: cuda_attn_decode failed\n");
@@ -431,8 +437,19 @@ int main(int argc, char **argv)
         a.d_bt_off = a.d_kv_len + B;
         a.d_ctx_len = a.d_bt_off + B;
         a.d_mask_off = a.d_ctx_len + B;
-        int ns, sl;
+        int ns, sl, ns_v[KT_NV], sl_v[KT_NV];
         cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm, occ_e, 64, &ns, &sl);
+        for (int v = 0; v < KT_NV; v++) {
+            ns_v[v] = ns;
+            sl_v[v] = sl;
+            if (kt_variants[v].own_plan) {
+                kt_switch(true);
+                cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm,
+                                      cuda_attn_decode_blocks_per_sm(KT_HD,
+                                                                     true),
+                                      64, &ns_v[v], &sl_v[v]);
+            }
+        }
 
         /* the check: every variant against the engine */
         const size_t n_out = (size_t)B * nh * KT_HD;
@@ -454,7 +471,7 @@ int main(int argc, char **argv)
         a.d_out = out;
         for (int v = 1; v < KT_NV; v++) {
             CK(cudaMemset(out, 0xFF, n_out * 2)); /* NaN until written */
-            kt_run(kt_variants[v], a, B, ns, sl, ws);
+            kt_run(kt_variants[v], a, B, ns_v[v], sl_v[v], ws);
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(ho.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
             double m = 0.0;
@@ -478,7 +495,7 @@ int main(int argc, char **argv)
                         return 1;
                     }
                     CK(cudaEventRecord(e0, 0));
-                    kt_run(kt_variants[v], a, B, ns, sl, ws);
+                    kt_run(kt_variants[v], a, B, ns_v[v], sl_v[v], ws);
                     CK(cudaEventRecord(e1, 0));
                     CK(cudaEventSynchronize(e1));
                     float ms = 0.0f;
@@ -498,7 +515,7 @@ int main(int argc, char **argv)
             if (v > 0)
                 snprintf(e, sizeof(e), "%.1e", err[v]);
             printf("| %d | %d | %d x %d | %s | %.1f | %.2f | %.3f | %s |\n", B,
-                   ctx, ns, sl, kt_variants[v].name, us,
+                   ctx, ns_v[v], sl_v[v], kt_variants[v].name, us,
                    bytes / (us * 1e-6) / 1e12, us / us_e, e);
         }
         fflush(stdout);
