@@ -40,7 +40,8 @@
  *   alu   codes to f16 by bits instead of cvt.rn.f16x2.e4m3x2
  *         (tc_kv8_f16x2_alu: x 2^-8, taken back in Q's and V's scales):
  *         integer pipes instead of the conversion pipe (alu1: K only,
- *         alu2: K and V).
+ *         alu2: K and V);
+ *   4 stages  a 4-deep cp.async ring instead of 3 (three blocks an SM).
  * Split runs merge through a combine kernel as the engine's do.
  *
  * Check: each variant's output against the engine's (max |diff| over max
@@ -72,26 +73,26 @@
 #define KT_HD 128
 #define KT_WARPS 4
 #define KT_TK 64 /* keys a tile: 16 a warp */
-#define KT_STAGES 3
+#define KT_STAGES 3 /* the engine's; a variant runs 4 */
 #define KT_BT 512
 #define KT_MAXG 8
 #define KT_OROW (KT_HD + 4) /* floats a head's row in the merge */
-/* the code stages: [STAGES][TK][HD] bytes of K, then of V */
-#define KT_STAGE ((size_t)KT_STAGES * KT_TK * KT_HD)
-#define KT_SMEM (2 * KT_STAGE)
+/* the code stages of S stages: [S][TK][HD] bytes of K, then of V */
+#define KT_STAGE(S) ((size_t)(S) * KT_TK * KT_HD)
+#define KT_SMEM(S) (2 * KT_STAGE(S))
 
 /* One block per (KV head, token, key split), as attn_decode_tc_kernel:
  * 4 warps, each the 16 keys of its own in every 64-key tile, a 3-stage
  * cp.async ring of codes per warp (the engine's copy), then the warps'
  * states merged in shared memory; out (one split) or the engine's split
  * partials (ws: natural-log max, sum, unnormalized O). */
-template <bool LAZY, int ALU>
+template <bool LAZY, int ALU, int S = KT_STAGES>
 static __global__ void __launch_bounds__(KT_WARPS * 32)
 kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
 {
     extern __shared__ __align__(16) unsigned char kt_sm[];
     __shared__ int sh_bt[KT_BT];
-    uint8_t *sk8 = kt_sm, *sv8 = kt_sm + KT_STAGE;
+    uint8_t *sk8 = kt_sm, *sv8 = kt_sm + KT_STAGE(S);
     const int G = a.n_heads / a.n_kv_heads;
     const int kvh = blockIdx.x, ti = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -129,7 +130,7 @@ kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
             vbase, off, lane, pol);
     };
 #pragma unroll 1
-    for (int s = 0; s < KT_STAGES - 1; s++) {
+    for (int s = 0; s < S - 1; s++) {
         if (s < n_tiles)
             load_tile(s, s);
         tc_cp_commit();
@@ -151,19 +152,19 @@ kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
 
 #pragma unroll 1
     for (int kt = 0; kt < n_tiles; kt++) {
-        tc_cp_wait<KT_STAGES - 2>();
+        tc_cp_wait<S - 2>();
         __syncwarp();
         {
-            const int nk = kt + KT_STAGES - 1;
+            const int nk = kt + S - 1;
             if (nk < n_tiles)
-                load_tile(nk % KT_STAGES, nk);
+                load_tile(nk % S, nk);
             tc_cp_commit();
         }
         const int kb = start + kt * KT_TK + warp * 16;
         if (kb >= end)
             continue;
         const size_t so =
-            (size_t)(kt % KT_STAGES) * KT_TK * KT_HD + warp * 16 * KT_HD;
+            (size_t)(kt % S) * KT_TK * KT_HD + warp * 16 * KT_HD;
         tc_attend16_kv8t<KT_HD, false, LAZY, ALU>(qa, sk8 + so, sv8 + so,
                                                   kb, end, end, NULL, o, mA,
                                                   mB, lA, lB, lane);
@@ -289,17 +290,19 @@ struct kt_variant {
     bool kt;          /* the engine under BT_ATTN_KV8T=1 */
     bool own_plan;    /* split by the planner at that kernel's blocks an SM
                          (else every variant takes the engine's split) */
+    int stages;       /* cp.async stages of kern */
 };
 
 static const kt_variant kt_variants[] = {
-    {"engine", NULL, false, false},
-    {"engine+kt", NULL, true, false},
-    {"engine+kt, its plan", NULL, true, true},
-    {"t", kv8t_kernel<false, 0>, false, false},
-    {"t+lazy", kv8t_kernel<true, 0>, false, false},
-    {"t+alu1", kv8t_kernel<false, 1>, false, false},
-    {"t+alu2", kv8t_kernel<false, 2>, false, false},
-    {"t+lazy+alu2", kv8t_kernel<true, 2>, false, false},
+    {"engine", NULL, false, false, KT_STAGES},
+    {"engine+kt", NULL, true, false, KT_STAGES},
+    {"engine+kt, its plan", NULL, true, true, KT_STAGES},
+    {"t", kv8t_kernel<false, 0>, false, false, KT_STAGES},
+    {"t+lazy", kv8t_kernel<true, 0>, false, false, KT_STAGES},
+    {"t+alu1", kv8t_kernel<false, 1>, false, false, KT_STAGES},
+    {"t+alu2", kv8t_kernel<false, 2>, false, false, KT_STAGES},
+    {"t+lazy+alu2", kv8t_kernel<true, 2>, false, false, KT_STAGES},
+    {"t, 4 stages", kv8t_kernel<false, 0, 4>, false, false, 4},
 };
 #define KT_NV ((int)(sizeof(kt_variants) / sizeof(kt_variants[0])))
 
@@ -329,8 +332,8 @@ static void kt_run(const kt_variant &v, const cuda_attn_args_t &a, int B,
         }
         return;
     }
-    v.kern<<<dim3(a.n_kv_heads, B, ns), KT_WARPS * 32, KT_SMEM>>>(a, sl, ns,
-                                                                 ws);
+    v.kern<<<dim3(a.n_kv_heads, B, ns), KT_WARPS * 32,
+             KT_SMEM(v.stages)>>>(a, sl, ns, ws);
     if (ns > 1)
         kt_combine<<<dim3(B, a.n_heads), KT_HD>>>(a, ns, ws);
 }
@@ -355,10 +358,11 @@ int main(int argc, char **argv)
         if (kt_variants[v].kern != NULL)
             CK(cudaFuncSetAttribute(
                 kt_variants[v].kern,
-                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KT_SMEM));
+                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                (int)KT_SMEM(kt_variants[v].stages)));
     int occ_t = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ_t, kv8t_kernel<false, 0>, KT_WARPS * 32, KT_SMEM));
+        &occ_t, kv8t_kernel<false, 0>, KT_WARPS * 32, KT_SMEM(KT_STAGES)));
     const int occ_e = cuda_attn_decode_blocks_per_sm(KT_HD, true);
     void *flush = NULL;
     CK(cudaMalloc(&flush, 256u << 20));
