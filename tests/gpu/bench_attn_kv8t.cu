@@ -82,10 +82,11 @@
 #define KT_SMEM(S) (2 * KT_STAGE(S))
 
 /* One block per (KV head, token, key split), as attn_decode_tc_kernel:
- * 4 warps, each the 16 keys of its own in every 64-key tile, a 3-stage
- * cp.async ring of codes per warp (the engine's copy), then the warps'
- * states merged in shared memory; out (one split) or the engine's split
- * partials (ws: natural-log max, sum, unnormalized O). */
+ * 4 warps, each the 16 keys of its own in every 64-key tile, an S-stage
+ * cp.async ring of codes per warp (the engine's copy; the engine runs 3
+ * stages), then the warps' states merged in shared memory; out (one
+ * split) or the engine's split partials (ws: natural-log max, sum,
+ * unnormalized O). */
 template <bool LAZY, int ALU, int S = KT_STAGES>
 static __global__ void __launch_bounds__(KT_WARPS * 32)
 kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
