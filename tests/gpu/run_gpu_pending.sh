@@ -4,8 +4,10 @@
 # packed here.  2026-12-07 18:13-18:24 an H200 ran fp8 2048/128 and
 # 2048/2048 @440, bf16 + FP8 KV 512/512 and 2048/2048 @384, the engine's
 # b1 / b64 / prefill 2048 and a 300-row mix (docs/PERFORMANCE.md); left
-# for it: bf16 2048/128 @256 (`serve`'s second run), the engine's b8 /
-# b32 / prefill 8192 and the disagg sweep.  Delete this script once
+# for it: the FP8-KV decode attention's keys-as-rows step (`attn`,
+# built the evening of 2026-12-07 with no device, never run), bf16
+# 2048/128 @256 (`serve`'s second run), the engine's b8 / b32 / prefill
+# 8192, the 386-row mix and the disagg sweep.  Delete this script once
 # those are in docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
