@@ -12,18 +12,19 @@
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
 #     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace \
-#     gpu_bench_attn_kv8t gpu_bench_kvread test_attn gpu_test_cuda_kv8
+#     gpu_bench_attn_kv8t gpu_bench_kvread gpu_bench_quant_glu \
+#     test_attn gpu_test_cuda_kv8
 #   bash tests/gpu/pack_carry.sh pending \
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
 #     gpu/libbt_kernel_trace.so gpu/bench_attn_kv8t gpu/bench_kvread \
-#     gpu/test_attn gpu/test_cuda_kv8 shared
+#     gpu/bench_quant_glu gpu/test_attn gpu/test_cuda_kv8 shared
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
 #       build-pending attn,engine,serve"), then `long`, `disagg`
-# attn (first: ~3 min, the open question of the FP8-KV decode attention
+# attn (first: ~4 min, the open question of the FP8-KV decode attention
 #   on the H200, 0.84 of its read): BT_ATTN_KV8T=1 (the keys-as-rows
 #   step) through test_attn and test_cuda_kv8 and sass_check.py over
 #   test_attn's SASS; bench_attn_kv8t (the engine's kernel against the
@@ -33,7 +34,10 @@
 #   bench_kvread --kv8: what the token-major FP8 pages read with no
 #   arithmetic at the attention's occupancy (against flat and
 #   whole-token reads): a page layout short of the board, or the kernel.
-#   Whichever step loses goes, with BT_ATTN_KV8T.
+#   Whichever step loses goes, with BT_ATTN_KV8T.  Then bench_quant_glu:
+#   the SwiGLU + E4M3 input quantization (10% of 2048/128's step at ~2.2
+#   TB/s) against a two-pass form through shared memory, codes checked
+#   byte for byte.
 # engine (each row's H200 figure of 2026-12-07 in brackets): bench_cuda
 #   fp8 + FP8 KV batch 1 / 8 / 32 / 64 @2k [b1 2.893, b64 5.988 ms],
 #   prefill 2048 / 8192 [30.08 ms], 2048/128's mix (124 rows + 1,990)
@@ -123,6 +127,9 @@ if [ "$phase" = attn ]; then
     --reps 10 > "$out/kvread.txt" 2>&1
   { echo; echo "### bench_kvread --kv8, 300 x 3072: rc $?"
     grep -E "^\||kvread" "$out/kvread.txt"; } >> "$md"
+  timeout -k 5 120 "$c/gpu/bench_quant_glu" --reps 20 > "$out/quant_glu.txt" 2>&1
+  { echo; echo "### bench_quant_glu: rc $?"
+    grep -E "^\||check|FAIL" "$out/quant_glu.txt"; } >> "$md"
 fi
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
