@@ -17,8 +17,8 @@
  * loads of gate and of up in flight a thread, makes the bf16 SwiGLU values
  * (qf8_glu_val, the engine's arithmetic) into shared memory (2 k bytes:
  * 28 KB at Llama-3-8B's 14,336) and takes their absmax; pass 2 turns the
- * shared values into codes.  Few registers and 28 KB a row: up to 2048 /
- * THREADS rows an SM in flight.
+ * shared values into codes.  46-71 registers and 28 KB a row: 2-7 rows
+ * an SM in flight against the engine's two (the table's "blocks an SM").
  *
  * Check: every variant's codes and scales equal the engine's, byte for
  * byte (the same values, the same max, the same conversion).  Times: the
