@@ -64,11 +64,11 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_ab.cuh"
 #include "cuda_switches.h"
 #include "gpu_test_util.h" /* CK */
 #include "kernels/attn_decode.h"
 #include "kernels/attn_decode_tc.cuh"
-#include "kernels/gemv.h"
 
 #define KT_HD 128
 #define KT_WARPS 4
@@ -365,11 +365,6 @@ int main(int argc, char **argv)
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &occ_t, kv8t_kernel<false, 0>, KT_WARPS * 32, KT_SMEM(KT_STAGES)));
     const int occ_e = cuda_attn_decode_blocks_per_sm(KT_HD, true);
-    void *flush = NULL;
-    CK(cudaMalloc(&flush, 256u << 20));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
 
     printf("bench_attn_kv8t on %s (%d SMs): blocks an SM engine %d, t %d\n",
            prop.name, n_sm, occ_e, occ_t);
@@ -464,15 +459,9 @@ int main(int argc, char **argv)
         kt_run(kt_variants[0], a, B, ns, sl, ws);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(hr.data(), ref, n_out * 2, cudaMemcpyDeviceToHost));
-        auto bf = [](uint16_t u) {
-            uint32_t x = (uint32_t)u << 16;
-            float f;
-            memcpy(&f, &x, 4);
-            return f;
-        };
         double rmax = 0.0;
         for (size_t i = 0; i < n_out; i++)
-            rmax = std::max(rmax, (double)fabsf(bf(hr[i])));
+            rmax = std::max(rmax, (double)fabsf(f32_of_bf16(hr[i])));
         a.d_out = out;
         for (int v = 1; v < KT_NV; v++) {
             CK(cudaMemset(out, 0xFF, n_out * 2)); /* NaN until written */
@@ -481,7 +470,8 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(ho.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
             double m = 0.0;
             for (size_t i = 0; i < n_out; i++) {
-                const double d = fabs((double)bf(ho[i]) - bf(hr[i]));
+                const double d =
+                    fabs((double)f32_of_bf16(ho[i]) - f32_of_bf16(hr[i]));
                 m = d == d ? std::max(m, d) : INFINITY;
             }
             err[v] = rmax > 0.0 ? m / rmax : m;
@@ -490,38 +480,19 @@ int main(int argc, char **argv)
         }
 
         /* times: A B .. B A, the median of each variant's runs */
-        std::vector<float> t[KT_NV];
-        for (int round = 0; round < 2; round++)
-            for (int i = 0; i < KT_NV; i++) {
-                const int v = round ? KT_NV - 1 - i : i;
-                for (int rr = 0; rr < reps; rr++) {
-                    if (cuda_l2_flush(flush, 256u << 20, 0) != BT_OK) {
-                        fprintf(stderr, "bench_attn_kv8t: L2 flush failed\n");
-                        return 1;
-                    }
-                    CK(cudaEventRecord(e0, 0));
-                    kt_run(kt_variants[v], a, B, ns_v[v], sl_v[v], ws);
-                    CK(cudaEventRecord(e1, 0));
-                    CK(cudaEventSynchronize(e1));
-                    float ms = 0.0f;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    t[v].push_back(ms);
-                }
-            }
-        CK(cudaGetLastError());
+        const std::vector<double> t = bench_ab_medians_us(
+            KT_NV, reps, [&](int v) {
+                kt_run(kt_variants[v], a, B, ns_v[v], sl_v[v], ws);
+            });
         const double bytes = 2.0 * B * (double)ctx * nkv * KT_HD;
-        double us_e = 0.0;
         for (int v = 0; v < KT_NV; v++) {
-            std::sort(t[v].begin(), t[v].end());
-            const double us = t[v][t[v].size() / 2] * 1e3;
-            if (v == 0)
-                us_e = us;
+            const double us = t[v];
             char e[32] = "-";
             if (v > 0)
                 snprintf(e, sizeof(e), "%.1e", err[v]);
             printf("| %d | %d | %d x %d | %s | %.1f | %.2f | %.3f | %s |\n", B,
                    ctx, ns_v[v], sl_v[v], kt_variants[v].name, us,
-                   bytes / (us * 1e-6) / 1e12, us / us_e, e);
+                   bytes / (us * 1e-6) / 1e12, us / t[0], e);
         }
         fflush(stdout);
         cudaFree(d_meta);

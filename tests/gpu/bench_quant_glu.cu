@@ -39,10 +39,10 @@
 #include <cuda_runtime.h>
 
 #include "bt_fp8.h"
+#include "bench_ab.cuh"
 #include "gpu_test_util.h" /* CK */
 #include "kernels/fp8.h"
 #include "kernels/fp8_cvt.cuh"
-#include "kernels/gemv.h"
 #include "kernels/quant_fp8.cuh"
 
 static __device__ __forceinline__ uint4 qg_ld_nc(const void *p)
@@ -188,11 +188,6 @@ int main(int argc, char **argv)
             CK(cudaFuncSetAttribute(
                 qg_variants[v].kern,
                 cudaFuncAttributeMaxDynamicSharedMemorySize, k * 2));
-    void *flush = NULL;
-    CK(cudaMalloc(&flush, 256u << 20));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     printf("bench_quant_glu on %s (%d SMs), k %d\n", prop.name,
            prop.multiProcessorCount, k);
     printf("| rows | variant | blocks an SM | us | GB/s | / engine | "
@@ -238,32 +233,13 @@ int main(int argc, char **argv)
                       memcmp(hs.data(), hs_ref.data(), (size_t)n * 4) == 0;
             bad |= !same[v];
         }
-        std::vector<float> t[QG_NV];
-        for (int round = 0; round < 2; round++)
-            for (int i = 0; i < QG_NV; i++) {
-                const int v = round ? QG_NV - 1 - i : i;
-                for (int r = 0; r < reps; r++) {
-                    if (cuda_l2_flush(flush, 256u << 20, 0) != BT_OK) {
-                        fprintf(stderr, "bench_quant_glu: L2 flush failed\n");
-                        return 1;
-                    }
-                    CK(cudaEventRecord(e0, 0));
-                    qg_run(qg_variants[v], gu, n, k, ld, q, xs);
-                    CK(cudaEventRecord(e1, 0));
-                    CK(cudaEventSynchronize(e1));
-                    float ms = 0.0f;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    t[v].push_back(ms);
-                }
-            }
-        CK(cudaGetLastError());
+        const std::vector<double> t = bench_ab_medians_us(
+            QG_NV, reps, [&](int v) {
+                qg_run(qg_variants[v], gu, n, k, ld, q, xs);
+            });
         const double bytes = (double)n * (4.0 * k + ld + 4);
-        double us_e = 0.0;
         for (int v = 0; v < QG_NV; v++) {
-            std::sort(t[v].begin(), t[v].end());
-            const double us = t[v][t[v].size() / 2] * 1e3;
-            if (v == 0)
-                us_e = us;
+            const double us = t[v];
             char occ_s[16] = "-";
             if (qg_variants[v].kern != NULL) {
                 int occ = 0;
@@ -274,7 +250,7 @@ int main(int argc, char **argv)
             }
             printf("| %d | %s | %s | %.1f | %.0f | %.3f | %s |\n", n,
                    qg_variants[v].name, occ_s, us,
-                   bytes / (us * 1e-6) / 1e9, us / us_e,
+                   bytes / (us * 1e-6) / 1e9, us / t[0],
                    v == 0 ? "-" : same[v] ? "equal" : "DIFFER");
         }
         fflush(stdout);

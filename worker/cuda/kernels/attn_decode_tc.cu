@@ -462,36 +462,37 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             sm_l[warp * TC_MAX_GROUP + 2 * tq] = l0;
             sm_l[warp * TC_MAX_GROUP + 2 * tq + 1] = l1;
         }
-    }
+    } else {
 #pragma unroll
-    for (int nt = 0; nt < (KT ? 0 : NT); nt++) {
-        if constexpr (KV8) {
+        for (int nt = 0; nt < NT; nt++) {
+            if constexpr (KV8) {
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                /* the accumulators' dims (tc_attend16_kv8) */
-                const int d = (HD / 8) * (2 * tq + j) + nt;
-                if (gr < G)
-                    ow[tc_o8_at<HD>(gr, d)] = o[nt][j];
-                if (gr + 8 < G)
-                    ow[tc_o8_at<HD>(gr + 8, d)] = o[nt][2 + j];
-            }
-        } else {
-            int d = nt * 8 + 2 * tq;
-            if (gr < G) {
-                ow[gr * HD + d] = o[nt][0];
-                ow[gr * HD + d + 1] = o[nt][1];
-            }
-            if (gr + 8 < G) {
-                ow[(gr + 8) * HD + d] = o[nt][2];
-                ow[(gr + 8) * HD + d + 1] = o[nt][3];
+                for (int j = 0; j < 2; j++) {
+                    /* the accumulators' dims (tc_attend16_kv8) */
+                    const int d = (HD / 8) * (2 * tq + j) + nt;
+                    if (gr < G)
+                        ow[tc_o8_at<HD>(gr, d)] = o[nt][j];
+                    if (gr + 8 < G)
+                        ow[tc_o8_at<HD>(gr + 8, d)] = o[nt][2 + j];
+                }
+            } else {
+                int d = nt * 8 + 2 * tq;
+                if (gr < G) {
+                    ow[gr * HD + d] = o[nt][0];
+                    ow[gr * HD + d + 1] = o[nt][1];
+                }
+                if (gr + 8 < G) {
+                    ow[(gr + 8) * HD + d] = o[nt][2];
+                    ow[(gr + 8) * HD + d + 1] = o[nt][3];
+                }
             }
         }
-    }
-    if (!KT && tq == 0) {
-        sm_m[warp * TC_MAX_GROUP + gr] = m0;
-        sm_m[warp * TC_MAX_GROUP + gr + 8] = m1;
-        sm_l[warp * TC_MAX_GROUP + gr] = l0;
-        sm_l[warp * TC_MAX_GROUP + gr + 8] = l1;
+        if (tq == 0) {
+            sm_m[warp * TC_MAX_GROUP + gr] = m0;
+            sm_m[warp * TC_MAX_GROUP + gr + 8] = m1;
+            sm_l[warp * TC_MAX_GROUP + gr] = l0;
+            sm_l[warp * TC_MAX_GROUP + gr + 8] = l1;
+        }
     }
     __syncthreads();
 
