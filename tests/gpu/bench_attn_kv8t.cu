@@ -1,7 +1,8 @@
 /*
  * bench_attn_kv8t.cu - workbench: the FP8-KV decode attention's step with
- * the keys as the MMA's rows, against the engine's kernel on the same
- * cache.  ON THE DEVICE MACHINE.
+ * the keys as the MMA's rows (the engine's for groups of <= 8 heads since
+ * 2026-12-07) with options the engine does not run, against the engine's
+ * kernel on the same cache.  ON THE DEVICE MACHINE.
  *
  * Why: on the H200 the engine's FP8-KV decode attention (attn_decode_tc.cu)
  * reads K/V at 0.84 of the board (3.68 TB/s inside 2048/2048's step,
@@ -14,8 +15,7 @@
  * a warp runs 32 MMAs, its online softmax works on 8 values a lane of
  * which 4 are empty rows, and it rescales 64 accumulators.
  *
- * The step tc_attend16_kv8t (attn_decode_tc.cuh; the engine runs it under
- * BT_ATTN_KV8T=1) turns the products around (the GQA packing of decode
+ * The step tc_attend16_kv8t (attn_decode_tc.cuh) turns the products around (the GQA packing of decode
  * kernels that put the query group in the MMA's n):
  *   S^T = K Q^T     m16 = 16 keys, n8 = the group's heads (<= 8), k16 =
  *                   dims: K's codes are the A fragment, converted in
@@ -29,19 +29,23 @@
  *   O^T = V^T P^T   m16 = 16 dims (of each lane's 16 contiguous V bytes:
  *                   the engine's V loads and byte permutes), k16 = keys.
  * 16 MMAs per 16 keys instead of 32, 32 accumulators instead of 64.
- * Variants: engine (cuda_attn_decode as it runs), engine+kt (the same
- * under BT_ATTN_KV8T=1; "its plan": split by the planner at that
- * kernel's blocks an SM, where every other row takes the engine's
- * split), and this file's kernel (the engine's skeleton
- * without the fused RoPE, PDL and masks) around the step with options
- * the engine does not run (template flags, all exact):
+ * It won in the engine (H100, 2026-12-07, bench_cuda: batch 64 @2k's step
+ * -4.3%, the mixed steps' decode -4 to -5%; docs/PERFORMANCE.md), and the
+ * heads-as-rows step stays for groups of more than 8 heads.
+ * Variants: engine (cuda_attn_decode as it runs) and this file's kernel
+ * (the engine's skeleton without the fused RoPE, PDL and masks) around
+ * the step with options the engine does not run (template flags, all
+ * exact):
  *   lazy  O rescaled only when a running max of the warp moved (else the
  *         factor is 1.0);
  *   alu   codes to f16 by bits instead of cvt.rn.f16x2.e4m3x2
  *         (tc_kv8_f16x2_alu: x 2^-8, taken back in Q's and V's scales):
  *         integer pipes instead of the conversion pipe (alu1: K only,
  *         alu2: K and V);
- *   4 stages  a 4-deep cp.async ring instead of 3 (three blocks an SM).
+ * (A 4-deep cp.async ring was dropped unmeasured: ptxas 13.0 compiled
+ * its prologue with uniform registers it never wrote, "an illegal
+ * instruction" on the H100 (sass_check.py and compute-sanitizer named
+ * it), and it holds three blocks an SM where the step holds four.)
  * Split runs merge through a combine kernel as the engine's do.
  *
  * Check: each variant's output against the engine's (max |diff| over max
@@ -65,7 +69,6 @@
 #include <cuda_runtime.h>
 
 #include "bench_ab.cuh"
-#include "cuda_switches.h"
 #include "gpu_test_util.h" /* CK */
 #include "kernels/attn_decode.h"
 #include "kernels/attn_decode_tc.cuh"
@@ -73,27 +76,26 @@
 #define KT_HD 128
 #define KT_WARPS 4
 #define KT_TK 64 /* keys a tile: 16 a warp */
-#define KT_STAGES 3 /* the engine's; a variant runs 4 */
+#define KT_STAGES 3 /* the engine's */
 #define KT_BT 512
 #define KT_MAXG 8
 #define KT_OROW (KT_HD + 4) /* floats a head's row in the merge */
-/* the code stages of S stages: [S][TK][HD] bytes of K, then of V */
-#define KT_STAGE(S) ((size_t)(S) * KT_TK * KT_HD)
-#define KT_SMEM(S) (2 * KT_STAGE(S))
+/* the code stages: [STAGES][TK][HD] bytes of K, then of V */
+#define KT_STAGE ((size_t)KT_STAGES * KT_TK * KT_HD)
+#define KT_SMEM (2 * KT_STAGE)
 
 /* One block per (KV head, token, key split), as attn_decode_tc_kernel:
- * 4 warps, each the 16 keys of its own in every 64-key tile, an S-stage
- * cp.async ring of codes per warp (the engine's copy; the engine runs 3
- * stages), then the warps' states merged in shared memory; out (one
+ * 4 warps, each the 16 keys of its own in every 64-key tile, the
+ * engine's 3-stage cp.async ring of codes per warp, then the warps' states merged in shared memory; out (one
  * split) or the engine's split partials (ws: natural-log max, sum,
  * unnormalized O). */
-template <bool LAZY, int ALU, int S = KT_STAGES>
+template <bool LAZY, int ALU>
 static __global__ void __launch_bounds__(KT_WARPS * 32)
 kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
 {
     extern __shared__ __align__(16) unsigned char kt_sm[];
     __shared__ int sh_bt[KT_BT];
-    uint8_t *sk8 = kt_sm, *sv8 = kt_sm + KT_STAGE(S);
+    uint8_t *sk8 = kt_sm, *sv8 = kt_sm + KT_STAGE;
     const int G = a.n_heads / a.n_kv_heads;
     const int kvh = blockIdx.x, ti = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -131,7 +133,7 @@ kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
             vbase, off, lane, pol);
     };
 #pragma unroll 1
-    for (int s = 0; s < S - 1; s++) {
+    for (int s = 0; s < KT_STAGES - 1; s++) {
         if (s < n_tiles)
             load_tile(s, s);
         tc_cp_commit();
@@ -153,19 +155,19 @@ kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
 
 #pragma unroll 1
     for (int kt = 0; kt < n_tiles; kt++) {
-        tc_cp_wait<S - 2>();
+        tc_cp_wait<KT_STAGES - 2>();
         __syncwarp();
         {
-            const int nk = kt + S - 1;
+            const int nk = kt + KT_STAGES - 1;
             if (nk < n_tiles)
-                load_tile(nk % S, nk);
+                load_tile(nk % KT_STAGES, nk);
             tc_cp_commit();
         }
         const int kb = start + kt * KT_TK + warp * 16;
         if (kb >= end)
             continue;
         const size_t so =
-            (size_t)(kt % S) * KT_TK * KT_HD + warp * 16 * KT_HD;
+            (size_t)(kt % KT_STAGES) * KT_TK * KT_HD + warp * 16 * KT_HD;
         tc_attend16_kv8t<KT_HD, false, LAZY, ALU>(qa, sk8 + so, sv8 + so,
                                                   kb, end, end, NULL, o, mA,
                                                   mB, lA, lB, lane);
@@ -288,44 +290,22 @@ typedef void (*kt_kernel_t)(cuda_attn_args_t, int, int, float *);
 struct kt_variant {
     const char *name;
     kt_kernel_t kern; /* NULL: the engine's cuda_attn_decode */
-    bool kt;          /* the engine under BT_ATTN_KV8T=1 */
-    bool own_plan;    /* split by the planner at that kernel's blocks an SM
-                         (else every variant takes the engine's split) */
-    int stages;       /* cp.async stages of kern */
 };
 
 static const kt_variant kt_variants[] = {
-    {"engine", NULL, false, false, KT_STAGES},
-    {"engine+kt", NULL, true, false, KT_STAGES},
-    {"engine+kt, its plan", NULL, true, true, KT_STAGES},
-    {"t", kv8t_kernel<false, 0>, false, false, KT_STAGES},
-    {"t+lazy", kv8t_kernel<true, 0>, false, false, KT_STAGES},
-    {"t+alu1", kv8t_kernel<false, 1>, false, false, KT_STAGES},
-    {"t+alu2", kv8t_kernel<false, 2>, false, false, KT_STAGES},
-    {"t+lazy+alu2", kv8t_kernel<true, 2>, false, false, KT_STAGES},
-    {"t, 4 stages", kv8t_kernel<false, 0, 4>, false, false, 4},
+    {"engine", NULL},
+    {"t", kv8t_kernel<false, 0>},
+    {"t+lazy", kv8t_kernel<true, 0>},
+    {"t+alu1", kv8t_kernel<false, 1>},
+    {"t+alu2", kv8t_kernel<false, 2>},
+    {"t+lazy+alu2", kv8t_kernel<true, 2>},
 };
 #define KT_NV ((int)(sizeof(kt_variants) / sizeof(kt_variants[0])))
-
-/* BT_ATTN_KV8T for the engine's variants (read again only on a change) */
-static void kt_switch(bool on)
-{
-    static int cur = -1;
-    if (cur == (int)on)
-        return;
-    if (on)
-        setenv("BT_ATTN_KV8T", "1", 1);
-    else
-        unsetenv("BT_ATTN_KV8T");
-    cuda_switches_reload();
-    cur = on;
-}
 
 static void kt_run(const kt_variant &v, const cuda_attn_args_t &a, int B,
                    int ns, int sl, float *ws)
 {
     if (v.kern == NULL) {
-        kt_switch(v.kt);
         if (cuda_attn_decode(&a, NULL, B, ns, sl, ws, CUDA_DT_BF16, 0) !=
             BT_OK) {
             fprintf(stderr, "bench_attn_kv8t: cuda_attn_decode failed\n");
@@ -334,7 +314,7 @@ static void kt_run(const kt_variant &v, const cuda_attn_args_t &a, int B,
         return;
     }
     v.kern<<<dim3(a.n_kv_heads, B, ns), KT_WARPS * 32,
-             KT_SMEM(v.stages)>>>(a, sl, ns, ws);
+             KT_SMEM>>>(a, sl, ns, ws);
     if (ns > 1)
         kt_combine<<<dim3(B, a.n_heads), KT_HD>>>(a, ns, ws);
 }
@@ -360,11 +340,11 @@ int main(int argc, char **argv)
             CK(cudaFuncSetAttribute(
                 kt_variants[v].kern,
                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                (int)KT_SMEM(kt_variants[v].stages)));
+                (int)KT_SMEM));
     int occ_t = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ_t, kv8t_kernel<false, 0>, KT_WARPS * 32, KT_SMEM(KT_STAGES)));
-    const int occ_e = cuda_attn_decode_blocks_per_sm(KT_HD, true);
+        &occ_t, kv8t_kernel<false, 0>, KT_WARPS * 32, KT_SMEM));
+    const int occ_e = cuda_attn_decode_blocks_per_sm(KT_HD, true, nh / nkv);
 
     printf("bench_attn_kv8t on %s (%d SMs): blocks an SM engine %d, t %d\n",
            prop.name, n_sm, occ_e, occ_t);
@@ -437,19 +417,8 @@ int main(int argc, char **argv)
         a.d_bt_off = a.d_kv_len + B;
         a.d_ctx_len = a.d_bt_off + B;
         a.d_mask_off = a.d_ctx_len + B;
-        int ns, sl, ns_v[KT_NV], sl_v[KT_NV];
+        int ns, sl;
         cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm, occ_e, 64, &ns, &sl);
-        for (int v = 0; v < KT_NV; v++) {
-            ns_v[v] = ns;
-            sl_v[v] = sl;
-            if (kt_variants[v].own_plan) {
-                kt_switch(true);
-                cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm,
-                                      cuda_attn_decode_blocks_per_sm(KT_HD,
-                                                                     true),
-                                      64, &ns_v[v], &sl_v[v]);
-            }
-        }
 
         /* the check: every variant against the engine */
         const size_t n_out = (size_t)B * nh * KT_HD;
@@ -465,7 +434,7 @@ int main(int argc, char **argv)
         a.d_out = out;
         for (int v = 1; v < KT_NV; v++) {
             CK(cudaMemset(out, 0xFF, n_out * 2)); /* NaN until written */
-            kt_run(kt_variants[v], a, B, ns_v[v], sl_v[v], ws);
+            kt_run(kt_variants[v], a, B, ns, sl, ws);
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(ho.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
             double m = 0.0;
@@ -482,7 +451,7 @@ int main(int argc, char **argv)
         /* times: A B .. B A, the median of each variant's runs */
         const std::vector<double> t = bench_ab_medians_us(
             KT_NV, reps, [&](int v) {
-                kt_run(kt_variants[v], a, B, ns_v[v], sl_v[v], ws);
+                kt_run(kt_variants[v], a, B, ns, sl, ws);
             });
         const double bytes = 2.0 * B * (double)ctx * nkv * KT_HD;
         for (int v = 0; v < KT_NV; v++) {
@@ -491,7 +460,7 @@ int main(int argc, char **argv)
             if (v > 0)
                 snprintf(e, sizeof(e), "%.1e", err[v]);
             printf("| %d | %d | %d x %d | %s | %.1f | %.2f | %.3f | %s |\n", B,
-                   ctx, ns_v[v], sl_v[v], kt_variants[v].name, us,
+                   ctx, ns, sl, kt_variants[v].name, us,
                    bytes / (us * 1e-6) / 1e12, us / t[0], e);
         }
         fflush(stdout);

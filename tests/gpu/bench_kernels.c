@@ -585,8 +585,8 @@ static void bench_dec(void)
             float ms[64];
             int n = g_reps < 64 ? g_reps : 64, ns, sl;
             cuda_attn_decode_plan(B, ctx, nh, nkv, n_sm,
-                                  cuda_attn_decode_blocks_per_sm(hd,
-                                                                 g_dec_kv8),
+                                  cuda_attn_decode_blocks_per_sm(
+                                      hd, g_dec_kv8, nh / nkv),
                                   64, &ns, &sl);
             if (sweep > 0) { /* `sweep` splits, a multiple of 64 keys */
                 sl = (ctx + sweep - 1) / sweep;

@@ -231,7 +231,8 @@ static bt_status_t cuda_rank_init(void *arg, int rank)
         &r->n_sm, cudaDevAttrMultiProcessorCount, r->device));
     if (status != BT_OK)
         return status;
-    r->attn_bps = cuda_attn_decode_blocks_per_sm(hd, b->kv8);
+    r->attn_bps = cuda_attn_decode_blocks_per_sm(
+        hd, b->kv8, b->mc.n_heads / b->mc.n_kv_heads);
     status = BT_CUDA_STATUS(cudaStreamCreateWithFlags(&r->stream,
                                                       cudaStreamNonBlocking));
     if (status != BT_OK)

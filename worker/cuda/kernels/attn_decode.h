@@ -89,11 +89,12 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int *n_splits_p, int *split_len_p);
 
 /* Blocks of the decode attention resident on one SM at once for this head
- * size and KV dtype (the tensor-core kernel's occupancy on the current
- * device: 2 for bf16 K/V at head size 128, more for FP8 K/V, whose tiles
- * take half the shared memory); 2 for head sizes it does not take or when
- * the query fails.  cuda_attn_decode_plan's blocks_per_sm. */
-int cuda_attn_decode_blocks_per_sm(int head_dim, bool kv8);
+ * size, KV dtype and query group (heads a KV head; the tensor-core
+ * kernel's occupancy on the current device: 2 for bf16 K/V at head size
+ * 128, more for FP8 K/V, whose tiles take half the shared memory, and
+ * most for FP8 groups of <= 8 heads); 2 for head sizes it does not take
+ * or when the query fails.  cuda_attn_decode_plan's blocks_per_sm. */
+int cuda_attn_decode_blocks_per_sm(int head_dim, bool kv8, int group);
 
 /* Floats of workspace cuda_attn_decode needs (0 when n_splits == 1). */
 size_t cuda_attn_decode_ws_floats(int n, int n_heads, int head_dim,

@@ -27,12 +27,15 @@
  * prescaled by the score scale x the KV head's K scale (tc_load_q8); the
  * fragments' dim permutation puts O's accumulators at other dims than
  * the bf16 kernel's, written out through tc_o8_at; the V scale joins the
- * output.  Under half the shared memory of the bf16 instances.  The
+ * output.  Under half the shared memory of the bf16 instances.  Groups
+ * of <= 8 heads turn the products around (tc_attend16_kv8t: the keys are
+ * the MMA's rows, the heads its columns; half the MMAs, four blocks an
+ * SM).  The
  * fused RoPE writes its new K / V as codes (never into an early tile:
  * the writer's tile is copied after the wait and a fence).  Tested by
  * tests/gpu/test_cuda_kv8.c (the fused RoPE against rope_kv.cu too) and
  * test_attn.cu's "kv8 stress" lines; tests/gpu/kv8_frag_sim.py models
- * its fragments.
+ * its fragments, kv8t_frag_sim.py the keys-as-rows step's.
  */
 #include "attn_decode.h"
 
@@ -47,6 +50,7 @@
 
 #define TC_BT_SMEM 512
 #define TC_MAX_GROUP 16
+#define TC_KT_MAX_GROUP 8 /* FP8 KV: the keys-as-rows step's (below) */
 
 template <int HD> struct tc_smem {
     static constexpr int ROW = tc_rows<HD>::ROW;
@@ -191,7 +195,7 @@ static __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                       int n_splits, float *ws)
 {
-    /* KT: FP8 KV through tc_attend16_kv8t (groups of <= 8 heads) */
+    /* KT: FP8 KV through tc_attend16_kv8t (groups of <= TC_KT_MAX_GROUP) */
     static_assert(!KT || KV8, "the keys-as-rows step reads FP8 KV");
     constexpr int ROW = tc_smem<HD>::ROW;
     /* a stage's K (or V) rows, and a warp's 16 of them, in elements */
@@ -595,20 +599,15 @@ template <int HD, bool KV8, bool KT = false> static int tc_blocks_per_sm(void)
     return n;
 }
 
-/* BT_ATTN_KV8T=1: FP8-KV steps of groups of <= 8 heads through
- * tc_attend16_kv8t (120 registers at head 128 against 154: four blocks
- * an SM, not three). */
-static bool tc_kv8t_on(void)
+/* FP8 KV in groups of <= 8 heads (Llama-3's 4, Llama-2-70B's 8) runs
+ * tc_attend16_kv8t, the keys as the MMA's rows: half the MMAs of
+ * tc_attend16_kv8 and 120 registers at head 128 against 154, so four
+ * blocks an SM, not three (H100, 2026-12-07: the decode attention of
+ * batch 64 @2k and of 2048/128's and 2048/2048's mixed steps 4-5%
+ * faster, docs/PERFORMANCE.md); larger groups run tc_attend16_kv8. */
+int cuda_attn_decode_blocks_per_sm(int head_dim, bool kv8, int group)
 {
-    const char *kt = cuda_switches()->attn_kv8t;
-    return kt != NULL && strcmp(kt, "1") == 0;
-}
-
-/* (Under BT_ATTN_KV8T=1 the FP8-KV count is the keys-as-rows kernel's,
- * which groups of more than 8 heads do not run.) */
-int cuda_attn_decode_blocks_per_sm(int head_dim, bool kv8)
-{
-    const bool kt = kv8 && tc_kv8t_on();
+    const bool kt = kv8 && group <= TC_KT_MAX_GROUP;
     if (head_dim == 64)
         return kt    ? tc_blocks_per_sm<64, true, true>()
                : kv8 ? tc_blocks_per_sm<64, true>()
@@ -644,7 +643,7 @@ static cudaError_t tc_launch_hd(bool nr, const cuda_attn_args_t *a,
                                 int split_len, float *ws, cudaStream_t stream)
 {
     if (a->d_kv_scale != NULL) {
-        if (tc_kv8t_on() && a->n_heads / a->n_kv_heads <= 8)
+        if (a->n_heads / a->n_kv_heads <= TC_KT_MAX_GROUP)
             return tc_launch<HD, false, true, true>(a, tok_idx, n, n_splits,
                                                     split_len, ws, stream);
         return tc_launch<HD, false, true>(a, tok_idx, n, n_splits, split_len,

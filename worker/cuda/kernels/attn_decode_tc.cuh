@@ -13,9 +13,9 @@
  *     tc_kv8_at), tc_load_q8 holds Q as f16 fragments in the dim order the
  *     codes are read in, and tc_attend16_kv8 builds the f16 B fragments
  *     straight from the codes in shared memory (no bf16 copy, no
- *     ldmatrix); tc_attend16_kv8t, under BT_ATTN_KV8T=1 (measurement
- *     pending: tests/gpu/bench_attn_kv8t.cu), the same keys with the
- *     products turned around, the keys as the MMA's rows.
+ *     ldmatrix) for groups of more than 8 heads; tc_attend16_kv8t, for
+ *     the others, the same keys with the products turned around, the
+ *     keys as the MMA's rows.
  * Row layout in shared memory: HD bf16 + TC_PAD of padding (2 x 16 B,
  * which keeps ldmatrix free of bank conflicts); FP8 KV: HD bytes.
  */
@@ -403,7 +403,7 @@ static __device__ __forceinline__ uint32_t tc_trans8(uint32_t x)
     return y;
 }
 
-/* FP8 KV, groups of at most 8 heads (BT_ATTN_KV8T=1): keys kb .. kb+15
+/* FP8 KV, groups of at most 8 heads (the engine's step for them): keys kb .. kb+15
  * as tc_attend16_kv8, the products turned around so that the keys are
  * the MMA's rows and the group's heads its columns (a group of 4 heads
  * fills 4 of tc_attend16_kv8's 16 rows, here 4 of 8 columns):
