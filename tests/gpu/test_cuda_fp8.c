@@ -1236,8 +1236,10 @@ int main(int argc, char **argv)
     {
         static const int fk[][2] = { {1, 4096}, {8, 4096}, {64, 4096},
                                      {512, 4096}, {3, 64}, {37, 64} };
+        /* 512 and 300 rows: the two-pass kernel (qf8_glu2_kernel, from
+         * 256 rows; 1,000 leaves padding codes past k) */
         static const int gk[][2] = { {1, 14336}, {8, 14336}, {512, 14336},
-                                     {3, 172}, {37, 172} };
+                                     {300, 1000}, {3, 172}, {37, 172} };
 
         for (size_t i = 0; i < sizeof(fk) / sizeof(fk[0]); i++)
             for (int st = 0; st < 2; st++)

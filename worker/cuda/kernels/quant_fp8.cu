@@ -272,6 +272,99 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
                              eps, sh);
 }
 
+/* The SwiGLU rows of a step of many tokens (2026-12-07, H100, the
+ * workbench tests/gpu/bench_quant_glu.cu of 1022b14: 0.91 of
+ * qf8_vec_kernel's time at 512 to 2,114 rows of 14,336, codes
+ * byte-equal; 1.29x its time at 64 rows).
+ * qf8_vec_kernel holds a row in the registers of 512 threads (two rows
+ * an SM), so between a row's loads and its codes the SM's DRAM traffic
+ * rests on one other row; here 256 threads take a row in two passes:
+ * pass 1 streams gate|up, QF8_GLU2_U 16-byte loads of each in flight a
+ * thread, and keeps the bf16 SwiGLU values (qf8_glu_val, exactly) in
+ * shared memory (2 k bytes) with their absmax; pass 2 writes the codes.
+ * Five rows an SM at Llama-3-8B's 14,336.  Dynamic or static scale,
+ * codes only (xv: qf8_vec_kernel). */
+#define QF8_GLU2_THREADS 256
+#define QF8_GLU2_U 2
+#define QF8_GLU2_MIN_ROWS 256       /* below: qf8_vec_kernel (faster) */
+#define QF8_GLU2_MAX_K (48 * 1024 / 2) /* no shared-memory opt-in */
+
+static __device__ __forceinline__ uint4 qf8_ld_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+static __global__ void __launch_bounds__(QF8_GLU2_THREADS)
+qf8_glu2_kernel(const bf16_t *gu, int k, int ld, float in_scale,
+                uint8_t *q, float *xs)
+{
+    extern __shared__ __align__(16) unsigned char qf8_glu2_sm[];
+    __shared__ float sh[32];
+    uint4 *sv = reinterpret_cast<uint4 *>(qf8_glu2_sm); /* k / 8 chunks */
+    const bf16_t *g = gu + (size_t)blockIdx.x * 2 * k, *u = g + k;
+    const int n8 = k / 8;
+    float s = in_scale, amax = 0.0f;
+
+    kern_pdl_wait();
+    kern_pdl_trigger();
+    for (int c0 = threadIdx.x; c0 < n8; c0 += QF8_GLU2_THREADS * QF8_GLU2_U) {
+        uint4 gv[QF8_GLU2_U], uv[QF8_GLU2_U];
+#pragma unroll
+        for (int j = 0; j < QF8_GLU2_U; j++) {
+            const int c = c0 + j * QF8_GLU2_THREADS;
+            if (c < n8) {
+                gv[j] = qf8_ld_stream(g + 8 * (size_t)c);
+                uv[j] = qf8_ld_stream(u + 8 * (size_t)c);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < QF8_GLU2_U; j++) {
+            const int c = c0 + j * QF8_GLU2_THREADS;
+            if (c < n8) {
+                const bf16_t *ge = reinterpret_cast<const bf16_t *>(&gv[j]);
+                const bf16_t *ue = reinterpret_cast<const bf16_t *>(&uv[j]);
+                uint4 o;
+                bf16_t *oe = reinterpret_cast<bf16_t *>(&o);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float v = qf8_glu_val(__bfloat162float(ge[e]),
+                                                __bfloat162float(ue[e]));
+                    amax = fmaxf(amax, fabsf(v));
+                    oe[e] = __float2bfloat16_rn(v); /* exact: v is bf16 */
+                }
+                sv[c] = o;
+            }
+        }
+    }
+    /* (qf8_block_max's barriers also publish sv) */
+    if (!(s > 0.0f))
+        s = bt_fp8_scale(qf8_block_max(amax, sh));
+    else
+        __syncthreads();
+    const float inv = 1.0f / s;
+    for (int c = threadIdx.x; c < ld / 8; c += QF8_GLU2_THREADS) {
+        uint32_t w[2] = {0u, 0u}; /* past k: the zero padding */
+        if (c < n8) {
+            const uint4 o = sv[c];
+            const bf16_t *oe = reinterpret_cast<const bf16_t *>(&o);
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[e] = __bfloat162float(oe[e]) * inv;
+            w[0] = fp8_e4m3x4(v[0], v[1], v[2], v[3]);
+            w[1] = fp8_e4m3x4(v[4], v[5], v[6], v[7]);
+        }
+        *reinterpret_cast<uint2 *>(q + (size_t)blockIdx.x * ld + 8 * c) =
+            make_uint2(w[0], w[1]);
+    }
+    if (threadIdx.x == 0 && xs != NULL)
+        xs[blockIdx.x] = s;
+}
+
 /* Chunks a thread of qf8_vec_kernel holds for rows of k (0: the row
  * kernel must take them).  ld (a multiple of 16) is at most k rounded up
  * to 16, so the padding codes are written by the chunk threads too. */
@@ -378,6 +471,14 @@ bt_status_t cuda_fp8_glu_quant(const void *d_gu, int n_tok, int k, int ld,
         return BT_ERROR(BT_ERR_INVALID_ARG, "CUDA",
                         "fp8 SwiGLU + quantization of %d x %d (ld %d)",
                         n_tok, k, ld);
+    if (n_tok >= QF8_GLU2_MIN_ROWS && d_q != NULL && d_xv == NULL &&
+        k % 8 == 0 && k <= QF8_GLU2_MAX_K && ld % 8 == 0 &&
+        (uintptr_t)d_gu % 16 == 0 && (uintptr_t)d_q % 8 == 0) {
+        kern_launch(qf8_glu2_kernel, dim3(n_tok), dim3(QF8_GLU2_THREADS),
+                    (size_t)2 * k, stream, (const bf16_t *)d_gu, k, ld,
+                    in_scale, d_q, d_xs);
+        return BT_CUDA_LAUNCH_STATUS();
+    }
     qf8_rows_launch<bf16_t, QF8_GLU>(n_tok, (const bf16_t *)d_gu,
                                      (size_t)2 * k, k, ld, in_scale, d_q,
                                      (bf16_t *)d_xv, d_xs,
