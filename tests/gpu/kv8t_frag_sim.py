@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """kv8t_frag_sim.py - host model of one warp of the FP8-KV decode
 attention's step with the keys as the MMA's rows (tc_attend16_kv8t of
-worker/cuda/kernels/attn_decode_tc.cuh, the engine's step for groups of <= 8
-heads; kv8t_step of the
-workbench tests/gpu/bench_attn_kv8t.cu at head size 128), lane by lane
+worker/cuda/kernels/attn_decode_tc.cuh, the engine's step for groups of
+<= 8 heads; kv8t_step of the workbench tests/gpu/bench_attn_kv8t.cu at
+head size 128), lane by lane
 and register by register with PTX's mma.m16n8k16 A / B / C fragment
 layouts and movmatrix.trans, on integer "codes" (exact):
 
