@@ -43,6 +43,7 @@
 #   without the TPOT bound [3,224 bound at 512 requests], bf16 2048/128
 #   @256 [2,043 on 2026-12-06, TPOT p99 51.0: the budget's margin under
 #   load, fad941f, should bring it under 50].
+# fp8short: serve's fp8 run with the TPOT bound only [H100 3,155].
 # long: fp8 + FP8 KV 2048/2048 @440 streams [10,687] (an H200's FP8 KV,
 #   1.81M tokens, holds 441 promises of 4,096 tokens), then @384.
 # kv8: bf16 weights over an FP8 KV cache: 512/512 @256 [13,566] and
@@ -146,6 +147,10 @@ if [ "$phase" = serve ]; then
     BT_SERVE_MODES=agg,agg-nobound BT_SERVE_RUNS="2048x128@256:1024"
   serve bf16_short $(left 560) BT_SERVE_MAX_SEQS=$bf16_c \
     BT_SERVE_RUNS="2048x128@$bf16_c:$(( 2 * bf16_c ))"
+fi
+if [ "$phase" = fp8short ]; then # serve's first half, the bound only
+  serve fp8_short 220 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
+    BT_SERVE_RUNS="2048x128@256:1024"
 fi
 if [ "$phase" = long ]; then
   serve fp8_$long_a 330 BT_SERVE_PRECISION=fp8 BT_SERVE_KV_DTYPE=fp8 \
