@@ -370,7 +370,8 @@ bt_status_t cuda_draft_create(const spec_head_t *head,
     BT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(
                            &d->n_sm, cudaDevAttrMultiProcessorCount,
                            cfg->device_index), status, err);
-    d->attn_bps = cuda_attn_decode_blocks_per_sm(d->hd, false, d->nh / d->nkv);
+    d->attn_bps =
+        cuda_attn_decode_blocks_per_sm(d->hd, false, d->nh / d->nkv);
     BT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&d->stream,
                                                  cudaStreamNonBlocking),
                        status, err);
