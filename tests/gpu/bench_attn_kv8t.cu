@@ -15,8 +15,9 @@
  * a warp runs 32 MMAs, its online softmax works on 8 values a lane of
  * which 4 are empty rows, and it rescales 64 accumulators.
  *
- * The step tc_attend16_kv8t (attn_decode_tc.cuh) turns the products around (the GQA packing of decode
- * kernels that put the query group in the MMA's n):
+ * The step tc_attend16_kv8t (attn_decode_tc.cuh) turns the products
+ * around (the GQA packing of decode kernels that put the query group in
+ * the MMA's n):
  *   S^T = K Q^T     m16 = 16 keys, n8 = the group's heads (<= 8), k16 =
  *                   dims: K's codes are the A fragment, converted in
  *                   registers exactly as the engine converts them (the
@@ -86,8 +87,8 @@
 
 /* One block per (KV head, token, key split), as attn_decode_tc_kernel:
  * 4 warps, each the 16 keys of its own in every 64-key tile, the
- * engine's 3-stage cp.async ring of codes per warp, then the warps' states merged in shared memory; out (one
- * split) or the engine's split partials (ws: natural-log max, sum,
+ * engine's 3-stage cp.async ring of codes per warp, then the warps'
+ * states merged in shared memory; out (one split) or the engine's split partials (ws: natural-log max, sum,
  * unnormalized O). */
 template <bool LAZY, int ALU>
 static __global__ void __launch_bounds__(KT_WARPS * 32)
