@@ -88,8 +88,8 @@
 /* One block per (KV head, token, key split), as attn_decode_tc_kernel:
  * 4 warps, each the 16 keys of its own in every 64-key tile, the
  * engine's 3-stage cp.async ring of codes per warp, then the warps'
- * states merged in shared memory; out (one split) or the engine's split partials (ws: natural-log max, sum,
- * unnormalized O). */
+ * states merged in shared memory; out (one split) or the engine's split
+ * partials (ws: natural-log max, sum, unnormalized O). */
 template <bool LAZY, int ALU>
 static __global__ void __launch_bounds__(KT_WARPS * 32)
 kv8t_kernel(cuda_attn_args_t a, int split_len, int n_splits, float *ws)
