@@ -121,8 +121,8 @@ if [ "$phase" = attn ]; then
   [ $rc != 0 ] && [ -n "$san" ] && { echo "### compute-sanitizer bench_attn_kv8t 64:2048"
     timeout -k 5 120 "$san" --print-limit 3 "$c/gpu/bench_attn_kv8t" \
       --shapes 64:2048 --reps 1 2>&1 | head -40; } >> "$md"
-  timeout -k 5 240 "$c/gpu/test_cuda_fp8" > "$out/test_cuda_fp8.txt" 2>&1
-  { echo "### test_cuda_fp8: rc $?, $(grep -c '^PASS' "$out/test_cuda_fp8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_fp8.txt") FAIL"
+  timeout -k 5 120 "$c/gpu/test_cuda_fp8" --fused > "$out/test_cuda_fp8.txt" 2>&1
+  { echo "### test_cuda_fp8 --fused: rc $?, $(grep -c '^PASS' "$out/test_cuda_fp8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_fp8.txt") FAIL"
     grep -E '^FAIL|SwiGLU' "$out/test_cuda_fp8.txt" | head -16; } >> "$md"
 fi
 if [ "$phase" = engine ]; then

@@ -1185,12 +1185,17 @@ int main(int argc, char **argv)
     /* --skinny: only the skinny GEMM's checks and timings (skinny_paths,
      * skinny_small) */
     const bool skinny_only = argc > 1 && strcmp(argv[1], "--skinny") == 0;
+    /* --fused: only the conversions and the fused producers (check 4,
+     * seconds: cvt_check, fused_one) */
+    const bool fused_only = argc > 1 && strcmp(argv[1], "--fused") == 0;
     bufs_t b;
     int dev_n = 0;
     char cache[64];
 
-    if (argc > 2 || (argc == 2 && !paths_only && !skinny_only)) {
-        fprintf(stderr, "usage: test_cuda_fp8 [--paths | --skinny]\n");
+    if (argc > 2 ||
+        (argc == 2 && !paths_only && !skinny_only && !fused_only)) {
+        fprintf(stderr,
+                "usage: test_cuda_fp8 [--paths | --skinny | --fused]\n");
         return 2;
     }
 
@@ -1248,6 +1253,8 @@ int main(int argc, char **argv)
             for (int st = 0; st < 2; st++)
                 fused_one(&b, true, gk[i][0], gk[i][1], st == 1);
     }
+    if (fused_only)
+        goto done;
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         const shape_t *sh = &shapes[s];
 
