@@ -287,7 +287,8 @@ qf8_vec_kernel(const T *x, size_t ldx, int k, int ld, float in_scale,
 #define QF8_GLU2_THREADS 256
 #define QF8_GLU2_U 2
 #define QF8_GLU2_MIN_ROWS 256       /* below: qf8_vec_kernel (faster) */
-#define QF8_GLU2_MAX_K (48 * 1024 / 2) /* no shared-memory opt-in */
+/* k at most: 2 k bytes and sh within 48 KB (no shared-memory opt-in) */
+#define QF8_GLU2_MAX_K ((48 * 1024 - 1024) / 2)
 
 static __device__ __forceinline__ uint4 qf8_ld_stream(const void *p)
 {
