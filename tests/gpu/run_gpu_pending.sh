@@ -3,36 +3,28 @@
 # 2026-12-06/07 left for an H200, ON THE DEVICE MACHINE from a folder
 # packed here.  2026-12-07 18:13-18:24 an H200 ran fp8 2048/128 and
 # 2048/2048 @440, bf16 + FP8 KV 512/512 and 2048/2048 @384, the engine's
-# b1 / b64 / prefill 2048 and a 300-row mix (docs/PERFORMANCE.md); left
-# for it: the FP8-KV decode attention's keys-as-rows step (`attn`,
-# built the evening of 2026-12-07 with no device, never run), bf16
-# 2048/128 @256 (`serve`'s second run), the engine's b8 / b32 / prefill
-# 8192, the 386-row mix and the disagg sweep.  Delete this script once
-# those are in docs/PERFORMANCE.md.
+# b1 / b64 / prefill 2048 and a 300-row mix (docs/PERFORMANCE.md); since
+# then (H100 rows only, 22:19-23:13) the FP8-KV decode attention's step
+# with the keys as the MMA's rows and the two-pass SwiGLU quantization.
+# Left for an H200: `check`, then every row again with those two, bf16
+# 2048/128 @256, the 386-row mix and the disagg sweep.  Delete this
+# script once those are in docs/PERFORMANCE.md.
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
 #     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace \
-#     gpu_bench_attn_kv8t gpu_test_cuda_fp8 \
-#     test_attn gpu_test_cuda_kv8
+#     gpu_test_cuda_fp8 gpu_test_cuda_kv8
 #   bash tests/gpu/pack_carry.sh pending \
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
-#     gpu/libbt_kernel_trace.so gpu/bench_attn_kv8t \
-#     gpu/test_cuda_fp8 gpu/test_attn gpu/test_cuda_kv8 shared
+#     gpu/libbt_kernel_trace.so gpu/test_cuda_fp8 gpu/test_cuda_kv8 shared
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
 #       .carry/pending/pending.tar.xz && bash tests/gpu/run_gpu_pending.sh
-#       build-pending attn,engine,serve"), then `long`, `disagg`
-# attn (~2 min): the FP8-KV decode attention's keys-as-rows step (the
-#   engine's since 2026-12-07: H100 -4 to -5% of the decode attention)
-#   through test_attn and test_cuda_kv8, sass_check.py over test_attn's
-#   and bench_attn_kv8t's SASS; bench_attn_kv8t (the engine against the
-#   step's lazy / alu / 4-stage options; on an H100 it stopped at "an
-#   illegal instruction": compute-sanitizer names the kernel when it
-#   does again); test_cuda_fp8 (the SwiGLU + E4M3 input quantization's
-#   two-pass kernel from 256 rows, byte for byte against the unfused
-#   kernels; H100 workbench: -9% at 2,114 rows).
+#       build-pending check,engine,long"), then `serve`, `kv8`, `disagg`
+# check (~1 min): test_cuda_kv8 (the keys-as-rows step, groups 1 / 4 / 7
+#   / 8 / 16) and test_cuda_fp8 --fused (the two-pass SwiGLU
+#   quantization byte for byte), never run on an H200 yet.
 # engine (each row's H200 figure of 2026-12-07 in brackets): bench_cuda
 #   fp8 + FP8 KV batch 1 / 8 / 32 / 64 @2k [b1 2.893, b64 5.988 ms],
 #   prefill 2048 / 8192 [30.08 ms], 2048/128's mix (124 rows + 1,990)
@@ -98,32 +90,12 @@ serve() {
   rm -f "$out/$name/serve_logs.tgz"
 }
 for phase in ${phases//,/ }; do
-if [ "$phase" = attn ]; then
-  for t in test_cuda_kv8; do # (test_attn: 449/449 on an H100, 22:28)
-    timeout -k 5 240 "$c/gpu/$t" > "$out/$t.txt" 2>&1
-    echo "### $t: rc $?, $(grep -c '^PASS' "$out/$t.txt") PASS, $(grep -c '^FAIL' "$out/$t.txt") FAIL" >> "$md"
-    grep '^FAIL' "$out/$t.txt" | head -5 >> "$md"
-  done
-  cob=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
-  [ -n "$cob" ] && for b in test_attn bench_attn_kv8t; do
-    "$cob" -sass "$c/gpu/$b" > /tmp/$b.sass
-    python3 tests/gpu/sass_check.py /tmp/$b.sass > /tmp/sass_$b.txt 2>&1
-    echo "### sass_check over $b: rc $?" >> "$md"
-    head -8 /tmp/sass_$b.txt >> "$md"
-  done
-  timeout -k 5 240 "$c/gpu/bench_attn_kv8t" --reps 20 > "$out/attn_kv8t.txt" 2>&1
-  rc=$?
-  { echo; echo "### bench_attn_kv8t: rc $rc"
-    grep -E "^\||check|FAIL|blocks an SM" "$out/attn_kv8t.txt"; } >> "$md"
-  # (2026-12-07 on an H100 it stopped at "an illegal instruction": which
-  # kernel, and where)
-  san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  [ $rc != 0 ] && [ -n "$san" ] && { echo "### compute-sanitizer bench_attn_kv8t 64:2048"
-    timeout -k 5 120 "$san" --print-limit 3 "$c/gpu/bench_attn_kv8t" \
-      --shapes 64:2048 --reps 1 2>&1 | head -40; } >> "$md"
+if [ "$phase" = check ]; then
+  timeout -k 5 120 "$c/gpu/test_cuda_kv8" > "$out/test_cuda_kv8.txt" 2>&1
+  echo "### test_cuda_kv8: rc $?, $(grep -c '^PASS' "$out/test_cuda_kv8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_kv8.txt") FAIL" >> "$md"
   timeout -k 5 120 "$c/gpu/test_cuda_fp8" --fused > "$out/test_cuda_fp8.txt" 2>&1
-  { echo "### test_cuda_fp8 --fused: rc $?, $(grep -c '^PASS' "$out/test_cuda_fp8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_fp8.txt") FAIL"
-    grep -E '^FAIL|SwiGLU' "$out/test_cuda_fp8.txt" | head -16; } >> "$md"
+  echo "### test_cuda_fp8 --fused: rc $?, $(grep -c '^PASS' "$out/test_cuda_fp8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_fp8.txt") FAIL" >> "$md"
+  grep -h '^FAIL' "$out"/test_cuda_*.txt | head -8 >> "$md"
 fi
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \

@@ -379,19 +379,6 @@ static __device__ __forceinline__ void tc_attend16_kv8(
         tc_mma_f16(o[nt], pa, vb[0][nt], vb[1][nt]);
 }
 
-/* Two codes (bytes 2 hi, 2 hi + 1 of w) as an f16 pair times 2^-8, by
- * bits: code b is the f16 ((b & 0x80) << 8) | ((b & 0x7F) << 7), E4M3's
- * exponent (bias 7) and mantissa in f16's fields (bias 15), subnormals
- * included (tests/gpu/kv8t_frag_sim.py checks every code).  The
- * workbench's alternative to cvt (integer pipes, not the conversion
- * pipe). */
-static __device__ __forceinline__ uint32_t tc_kv8_f16x2_alu(uint32_t w,
-                                                            int hi)
-{
-    const uint32_t x = __byte_perm(w, 0u, hi ? 0x3424u : 0x1404u);
-    return (x & 0x80008000u) | ((x >> 1) & 0x3F803F80u);
-}
-
 /* The 8x8 b16 matrix of a warp (lane (r, c): row r = lane / 4, columns
  * 2 c, 2 c + 1) transposed. */
 static __device__ __forceinline__ uint32_t tc_trans8(uint32_t x)
@@ -423,13 +410,11 @@ static __device__ __forceinline__ uint32_t tc_trans8(uint32_t x)
  *     j), HD / 16 MMAs; accumulator o[mt] holds dims (HD / 8) gr + mt (0,
  *     1) and (HD / 8) gr + HD / 16 + mt (2, 3) of heads 2 tq (0, 2) and
  *     2 tq + 1 (1, 3); o[HD / 16 ..] are not used.
- * tests/gpu/kv8t_frag_sim.py checks the fragments lane by lane.
- * LAZY and ALU are the workbench's (tests/gpu/bench_attn_kv8t.cu; the
- * engine runs neither): LAZY rescales O only when a running max of the
- * warp moved (the factor is 1.0 otherwise: exact); ALU >= 1 converts K's
- * codes, ALU >= 2 also V's, by bits (tc_kv8_f16x2_alu: x 2^-8, which the
- * caller takes back in Q's and V's scales: exact). */
-template <int HD, bool MASKED, bool LAZY = false, int ALU = 0>
+ * tests/gpu/kv8t_frag_sim.py checks the fragments lane by lane.  (Lost,
+ * H100 2026-12-07, the workbench tests/gpu/bench_attn_kv8t.cu of 68c252b: O
+ * rescaled only when a running max moved, +0.1 to +1.5%; codes to f16 by
+ * bits on the integer pipes instead of cvt, +0.6 to +5.6%.) */
+template <int HD, bool MASKED>
 static __device__ __forceinline__ void tc_attend16_kv8t(
     const uint32_t (&qa)[HD / 16][4], const uint8_t *tk, const uint8_t *tv,
     int kb, int end, int ctx, const uint8_t *mrow, float (&o)[HD / 8][4],
@@ -457,11 +442,8 @@ static __device__ __forceinline__ void tc_attend16_kv8t(
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ks++) {
         const uint32_t w0 = kw[0][ks / 4][ks % 4], w1 = kw[1][ks / 4][ks % 4];
-        const uint32_t a[4] = {
-            ALU >= 1 ? tc_kv8_f16x2_alu(w0, 0) : kv8_f16x2(w0),
-            ALU >= 1 ? tc_kv8_f16x2_alu(w1, 0) : kv8_f16x2(w1),
-            ALU >= 1 ? tc_kv8_f16x2_alu(w0, 1) : kv8_f16x2(w0 >> 16),
-            ALU >= 1 ? tc_kv8_f16x2_alu(w1, 1) : kv8_f16x2(w1 >> 16)};
+        const uint32_t a[4] = {kv8_f16x2(w0), kv8_f16x2(w1),
+                               kv8_f16x2(w0 >> 16), kv8_f16x2(w1 >> 16)};
         tc_mma_f16(s, a, qa[ks][0], qa[ks][2]);
     }
     /* s: key gr (heads 2 tq, 2 tq + 1), key gr + 8 (the same) */
@@ -486,14 +468,12 @@ static __device__ __forceinline__ void tc_attend16_kv8t(
     const float p1 = exp2f(s1 - b1), p3 = exp2f(s3 - b1);
     l0 = l0 * c0 + (p0 + p2);
     l1 = l1 * c1 + (p1 + p3);
-    if (!LAZY || __any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            o[mt][0] *= c0;
-            o[mt][2] *= c0;
-            o[mt][1] *= c1;
-            o[mt][3] *= c1;
-        }
+    for (int mt = 0; mt < MT; mt++) {
+        o[mt][0] *= c0;
+        o[mt][2] *= c0;
+        o[mt][1] *= c1;
+        o[mt][3] *= c1;
     }
     const uint32_t pb0 = tc_trans8(tc_pack_f16(p0, p1));
     const uint32_t pb1 = tc_trans8(tc_pack_f16(p2, p3));
@@ -514,14 +494,10 @@ static __device__ __forceinline__ void tc_attend16_kv8t(
         for (int w = 0; w < VW; w++) {
             const uint32_t lo = __byte_perm(wa[w], wc[w], sel_lo);
             const uint32_t hi = __byte_perm(wa[w], wc[w], sel_hi);
-            vb[h][4 * w] = ALU >= 2 ? tc_kv8_f16x2_alu(lo, 0)
-                                    : kv8_f16x2(lo);
-            vb[h][4 * w + 1] = ALU >= 2 ? tc_kv8_f16x2_alu(lo, 1)
-                                        : kv8_f16x2(lo >> 16);
-            vb[h][4 * w + 2] = ALU >= 2 ? tc_kv8_f16x2_alu(hi, 0)
-                                        : kv8_f16x2(hi);
-            vb[h][4 * w + 3] = ALU >= 2 ? tc_kv8_f16x2_alu(hi, 1)
-                                        : kv8_f16x2(hi >> 16);
+            vb[h][4 * w] = kv8_f16x2(lo);
+            vb[h][4 * w + 1] = kv8_f16x2(lo >> 16);
+            vb[h][4 * w + 2] = kv8_f16x2(hi);
+            vb[h][4 * w + 3] = kv8_f16x2(hi >> 16);
         }
     }
 #pragma unroll
