@@ -12,11 +12,12 @@
 # Pack (repository root):
 #   cmake --build build-cuda -j2 --target baton baton-router \
 #     baton-prefill baton-decode gpu_bench_cuda bt_kernel_trace \
-#     gpu_test_cuda_fp8 gpu_test_cuda_kv8
+#     gpu_test_cuda_fp8 gpu_test_cuda_kv8 gpu_bench_kernels
 #   bash tests/gpu/pack_carry.sh pending \
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
-#     gpu/libbt_kernel_trace.so gpu/test_cuda_fp8 gpu/test_cuda_kv8 shared
+#     gpu/libbt_kernel_trace.so gpu/test_cuda_fp8 gpu/test_cuda_kv8 \
+#     gpu/bench_kernels shared
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
@@ -24,7 +25,10 @@
 #       build-pending check,engine,long"), then `serve`, `kv8`, `disagg`
 # check (~1 min): test_cuda_kv8 (the keys-as-rows step, groups 1 / 4 / 7
 #   / 8 / 16) and test_cuda_fp8 --fused (the two-pass SwiGLU
-#   quantization byte for byte), never run on an H200 yet.
+#   quantization byte for byte), never run on an H200 yet; the FP8-KV
+#   attention alone at batch 1 / 8 / 32 @2k at 1..32 splits against the
+#   planner's (at four blocks an SM it takes 32 x 64 at batch 8, where
+#   three took 4 x 512; b8 moved 4.123 -> 4.248 ms on the H100).
 # engine (each row's H200 figure of 2026-12-07 in brackets): bench_cuda
 #   fp8 + FP8 KV batch 1 / 8 / 32 / 64 @2k [b1 2.893, b64 5.988 ms],
 #   prefill 2048 / 8192 [30.08 ms], 2048/128's mix (124 rows + 1,990)
@@ -96,6 +100,12 @@ if [ "$phase" = check ]; then
   timeout -k 5 120 "$c/gpu/test_cuda_fp8" --fused > "$out/test_cuda_fp8.txt" 2>&1
   echo "### test_cuda_fp8 --fused: rc $?, $(grep -c '^PASS' "$out/test_cuda_fp8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_fp8.txt") FAIL" >> "$md"
   grep -h '^FAIL' "$out"/test_cuda_*.txt | head -8 >> "$md"
+  for bc in 1:2048 8:2048 32:2048; do
+    echo "### bench_kernels --dec-kv8 --dec-only $bc --dec-splits" >> "$md"
+    timeout -k 5 60 "$c/gpu/bench_kernels" --dec-kv8 --dec-only $bc \
+      --dec-splits --reps 20 2>&1 | grep "attn decode" | \
+      sed 's/ (.*of 4.5); x32.*//' >> "$md"
+  done
 fi
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
