@@ -472,7 +472,9 @@ static void attn_run(const attn_case_t *ac, const batch_t *bt_,
         n_splits = (max_kv + split_len - 1) / split_len;
     } else {
         cuda_attn_decode_plan(n, max_kv, nh, nkv, n_sm,
-                              cuda_attn_decode_blocks_per_sm(hd, true, nh / nkv), 256,
+                              cuda_attn_decode_blocks_per_sm(hd, true,
+                                                             nh / nkv),
+                              256,
                               &n_splits, &split_len);
     }
     size_t ws_n = cuda_attn_decode_ws_floats(n, nh, hd, n_splits);
@@ -624,7 +626,8 @@ static void test_attn(bool tc)
         { 32, 8, 128, "hd 128 group 4" },
         { 8, 8, 64, "hd 64 group 1" },
         { 28, 4, 128, "hd 128 group 7" },
-        /* groups of > 8 heads take the heads-as-rows step */
+        /* groups of > 8 heads take the heads-as-rows step, 8 the
+         * keys-as-rows one's widest */
         { 32, 2, 128, "hd 128 group 16" },
         { 32, 4, 64, "hd 64 group 8" },
     };
@@ -762,7 +765,9 @@ static void fused_rope_run(const attn_case_t *ac, int rope_half, bool bias,
         n_splits = (max_kv + split_len - 1) / split_len;
     } else {
         cuda_attn_decode_plan(n, max_kv, nh, nkv, n_sm,
-                              cuda_attn_decode_blocks_per_sm(hd, true, nh / nkv), 64,
+                              cuda_attn_decode_blocks_per_sm(hd, true,
+                                                             nh / nkv),
+                              64,
                               &n_splits, &split_len);
     }
     const size_t q_bytes = sizeof(uint16_t) * (size_t)n * nh * hd;
