@@ -895,7 +895,9 @@ static void run_kv8_decode_stress(int nh, int nkv, int hd, int bs,
         ms = ms < 1 ? 1 : ms > 64 ? 64 : ms;
         int ns, sl;
         cuda_attn_decode_plan(ng, mkv, nh, nkv, 132,
-                              cuda_attn_decode_blocks_per_sm(hd, true, nh / nkv), ms,
+                              cuda_attn_decode_blocks_per_sm(hd, true,
+                                                             nh / nkv),
+                              ms,
                               &ns, &sl);
         cfg[n_cfg++] = {ns, sl, "planned"};
         int p2 = 1;

@@ -391,9 +391,9 @@ static __device__ __forceinline__ uint32_t tc_trans8(uint32_t x)
 }
 
 /* FP8 KV, groups of at most 8 heads (the engine's step for them): keys
- * kb .. kb+15 as tc_attend16_kv8, the products turned around so that the keys are
- * the MMA's rows and the group's heads its columns (a group of 4 heads
- * fills 4 of tc_attend16_kv8's 16 rows, here 4 of 8 columns):
+ * kb .. kb+15 as tc_attend16_kv8, the products turned around so that the
+ * keys are the MMA's rows and the group's heads its columns (a group of
+ * 4 heads fills 4 of tc_attend16_kv8's 16 rows, here 4 of 8 columns):
  *   S^T = K Q^T: m16 = the 16 keys (A: K's codes, tc_attend16_kv8's
  *     loads and conversions: key gr's word m of chunk tq + 4 ci is k-step
  *     4 ci + m, low pair columns 2 tq, 2 tq + 1, high pair 2 tq + 8, + 9),
