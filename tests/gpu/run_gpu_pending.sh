@@ -27,7 +27,7 @@
 #   / 8 / 16) and test_cuda_fp8 --fused (the two-pass SwiGLU
 #   quantization byte for byte), never run on an H200 yet; the FP8-KV
 #   attention alone at batch 1 / 8 / 32 @2k at 1..32 splits against the
-#   planner's (at four blocks an SM it takes 32 x 64 at batch 8, where
+#   planner's (at four blocks an SM it takes 8 x 256 at batch 8, where
 #   three took 4 x 512; b8 moved 4.123 -> 4.248 ms on the H100).
 # engine (each row's H200 figure of 2026-12-07 in brackets): bench_cuda
 #   fp8 + FP8 KV batch 1 / 8 / 32 / 64 @2k [b1 2.893, b64 5.988 ms],
