@@ -395,28 +395,24 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         const int kb = start + kt * TC_TK + warp * 16;
         if (kb >= end)
             continue; /* this warp's 16 keys are all past the split */
-        if constexpr (KT) {
+        if constexpr (KV8) {
             const size_t so = (size_t)(kt % TC_STAGES) * TC_TK * HD +
                               warp * 16 * HD;
-            if (mrow)
-                tc_attend16_kv8t<HD, true>(qa, sk8 + so, sv8 + so, kb, end,
-                                           ctx, mrow, o, m0, m1, l0, l1,
-                                           lane);
+            const uint8_t *k8 = sk8 + so, *v8 = sv8 + so;
+            if constexpr (KT) {
+                if (mrow)
+                    tc_attend16_kv8t<HD, true>(qa, k8, v8, kb, end, ctx,
+                                               mrow, o, m0, m1, l0, l1, lane);
+                else
+                    tc_attend16_kv8t<HD, false>(qa, k8, v8, kb, end, ctx,
+                                                mrow, o, m0, m1, l0, l1,
+                                                lane);
+            } else if (mrow)
+                tc_attend16_kv8<HD, true>(qa, k8, v8, kb, end, ctx, mrow, o,
+                                          m0, m1, l0, l1, lane);
             else
-                tc_attend16_kv8t<HD, false>(qa, sk8 + so, sv8 + so, kb, end,
-                                            ctx, mrow, o, m0, m1, l0, l1,
-                                            lane);
-        } else if constexpr (KV8) {
-            const size_t so = (size_t)(kt % TC_STAGES) * TC_TK * HD +
-                              warp * 16 * HD;
-            if (mrow)
-                tc_attend16_kv8<HD, true>(qa, sk8 + so, sv8 + so, kb, end,
-                                          ctx, mrow, o, m0, m1, l0, l1,
-                                          lane);
-            else
-                tc_attend16_kv8<HD, false>(qa, sk8 + so, sv8 + so, kb, end,
-                                           ctx, mrow, o, m0, m1, l0, l1,
-                                           lane);
+                tc_attend16_kv8<HD, false>(qa, k8, v8, kb, end, ctx, mrow, o,
+                                           m0, m1, l0, l1, lane);
         } else if (mrow)
             tc_attend16<HD, true>(qa, tk, tv, kb, end, ctx, mrow, sl2, o,
                                   m0, m1, l0, l1, lane);

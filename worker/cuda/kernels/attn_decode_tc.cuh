@@ -186,6 +186,20 @@ static __device__ __forceinline__ void tc_load_q8(uint32_t (&qa)[HD / 16][4],
     }
 }
 
+/* An online softmax's running max m (log2 units) moved to max(m, x),
+ * x the max of this step's scores: returns the base the step's
+ * exponentials subtract (0 while every score so far is -inf) and sets c,
+ * the factor that rescales what was summed under the old max. */
+static __device__ __forceinline__ float tc_max_step(float &m, float x,
+                                                    float &c)
+{
+    const float n = fmaxf(m, x);
+    const float b = n == -INFINITY ? 0.0f : n;
+    c = exp2f(m - b);
+    m = n;
+    return b;
+}
+
 /* The online softmax of 16 keys kb .. kb+15 on the S accumulators s
  * (accumulator rows gr and gr + 8, keys nt * 8 + 2 tq + 0/1) of the
  * warp's running (m, l, O): s times sl2 (to log2 units), keys >= end and
@@ -218,12 +232,8 @@ static __device__ __forceinline__ void tc_softmax16(
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
     }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float b0 = mn0 == -INFINITY ? 0.0f : mn0;
-    const float b1 = mn1 == -INFINITY ? 0.0f : mn1;
-    const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-    m0 = mn0;
-    m1 = mn1;
+    float c0, c1;
+    const float b0 = tc_max_step(m0, mx0, c0), b1 = tc_max_step(m1, mx1, c1);
     float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
@@ -289,6 +299,60 @@ static __device__ __forceinline__ void tc_attend16(
     }
 }
 
+/* FP8 KV, both steps' operands of keys kb .. kb+15 (the tile's 16 rows
+ * of this warp), as tc_attend16_kv8's comment below lays them out:
+ *   tc_kv8_k_words: the 16-byte K chunks tq + 4 ci of keys gr (kw[0])
+ *     and gr + 8 (kw[1]), as 4-byte words (two code pairs each);
+ *   tc_kv8_v_pairs: vb[h][j], the code pair (key 2 tq + 8 h, key 2 tq +
+ *     8 h + 1) at dim (HD / 8) gr + j as f16 (lanes of odd tq load key
+ *     2 tq + 1 first; the byte permute puts the pair back in order). */
+template <int HD>
+static __device__ __forceinline__ void
+tc_kv8_k_words(const uint8_t *tk, int lane, uint32_t (&kw)[2][HD / 64][4])
+{
+    const int gr = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ci = 0; ci < HD / 64; ci++) {
+            const uint4 c = *reinterpret_cast<const uint4 *>(
+                tk + tc_kv8_at<HD>(h * 8 + gr, 16 * (tq + 4 * ci)));
+            kw[h][ci][0] = c.x;
+            kw[h][ci][1] = c.y;
+            kw[h][ci][2] = c.z;
+            kw[h][ci][3] = c.w;
+        }
+}
+
+template <int HD>
+static __device__ __forceinline__ void
+tc_kv8_v_pairs(const uint8_t *tv, int lane, uint32_t (&vb)[2][HD / 8])
+{
+    typedef typename kv_word<HD / 8>::type vpiece_t;
+    const int gr = lane >> 2, tq = lane & 3;
+    const int ka = 2 * tq + (tq & 1); /* the key loaded first */
+    const uint32_t sel_lo = tq & 1 ? 0x1504u : 0x5140u; /* bytes 0, 1 */
+    const uint32_t sel_hi = tq & 1 ? 0x3726u : 0x7362u; /* bytes 2, 3 */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const vpiece_t va = *reinterpret_cast<const vpiece_t *>(
+            tv + tc_kv8_at<HD>(ka + 8 * h, gr * (HD / 8)));
+        const vpiece_t vc = *reinterpret_cast<const vpiece_t *>(
+            tv + tc_kv8_at<HD>((ka ^ 1) + 8 * h, gr * (HD / 8)));
+        const uint32_t *wa = reinterpret_cast<const uint32_t *>(&va);
+        const uint32_t *wc = reinterpret_cast<const uint32_t *>(&vc);
+#pragma unroll
+        for (int w = 0; w < HD / 32; w++) {
+            const uint32_t lo = __byte_perm(wa[w], wc[w], sel_lo);
+            const uint32_t hi = __byte_perm(wa[w], wc[w], sel_hi);
+            vb[h][4 * w] = kv8_f16x2(lo);
+            vb[h][4 * w + 1] = kv8_f16x2(lo >> 16);
+            vb[h][4 * w + 2] = kv8_f16x2(hi);
+            vb[h][4 * w + 3] = kv8_f16x2(hi >> 16);
+        }
+    }
+}
+
 /* FP8 KV: keys kb .. kb+15 (codes in tc_kv8_at's layout at tk / tv) into
  * the warp's running (m, l, O), as tc_attend16, on f16 MMAs with B
  * fragments converted from codes in registers (cvt.rn.f16x2.e4m3x2, two
@@ -315,24 +379,10 @@ static __device__ __forceinline__ void tc_attend16_kv8(
     int kb, int end, int ctx, const uint8_t *mrow, float (&o)[HD / 8][4],
     float &m0, float &m1, float &l0, float &l1, int lane)
 {
-    constexpr int NT = HD / 8;  /* 8-wide column tiles of O */
-    constexpr int NC = HD / 64; /* 16-byte K chunks a lane reads per key */
-    constexpr int VW = HD / 32; /* 4-byte words of a lane's V piece */
-    typedef typename kv_word<HD / 8>::type vpiece_t;
-    const int gr = lane >> 2, tq = lane & 3;
+    constexpr int NT = HD / 8; /* 8-wide column tiles of O */
 
-    uint32_t kw[2][NC][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int ci = 0; ci < NC; ci++) {
-            const uint4 c = *reinterpret_cast<const uint4 *>(
-                tk + tc_kv8_at<HD>(nt * 8 + gr, 16 * (tq + 4 * ci)));
-            kw[nt][ci][0] = c.x;
-            kw[nt][ci][1] = c.y;
-            kw[nt][ci][2] = c.z;
-            kw[nt][ci][3] = c.w;
-        }
+    uint32_t kw[2][HD / 64][4];
+    tc_kv8_k_words<HD>(tk, lane, kw);
     float s[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
@@ -352,28 +402,8 @@ static __device__ __forceinline__ void tc_attend16_kv8(
 
     /* vb[h][nt]: the code pair (key 2 tq + 8 h, key 2 tq + 8 h + 1) at
      * dim (HD / 8) gr + nt, as f16 */
-    const int ka = 2 * tq + (tq & 1); /* the key loaded first */
-    const uint32_t sel_lo = tq & 1 ? 0x1504u : 0x5140u; /* bytes 0, 1 */
-    const uint32_t sel_hi = tq & 1 ? 0x3726u : 0x7362u; /* bytes 2, 3 */
     uint32_t vb[2][NT];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const vpiece_t va = *reinterpret_cast<const vpiece_t *>(
-            tv + tc_kv8_at<HD>(ka + 8 * h, gr * (HD / 8)));
-        const vpiece_t vc = *reinterpret_cast<const vpiece_t *>(
-            tv + tc_kv8_at<HD>((ka ^ 1) + 8 * h, gr * (HD / 8)));
-        const uint32_t *wa = reinterpret_cast<const uint32_t *>(&va);
-        const uint32_t *wc = reinterpret_cast<const uint32_t *>(&vc);
-#pragma unroll
-        for (int w = 0; w < VW; w++) {
-            const uint32_t lo = __byte_perm(wa[w], wc[w], sel_lo);
-            const uint32_t hi = __byte_perm(wa[w], wc[w], sel_hi);
-            vb[h][4 * w] = kv8_f16x2(lo);
-            vb[h][4 * w + 1] = kv8_f16x2(lo >> 16);
-            vb[h][4 * w + 2] = kv8_f16x2(hi);
-            vb[h][4 * w + 3] = kv8_f16x2(hi >> 16);
-        }
-    }
+    tc_kv8_v_pairs<HD>(tv, lane, vb);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
         tc_mma_f16(o[nt], pa, vb[0][nt], vb[1][nt]);
@@ -421,23 +451,10 @@ static __device__ __forceinline__ void tc_attend16_kv8t(
     float &m0, float &m1, float &l0, float &l1, int lane)
 {
     constexpr int MT = HD / 16; /* m-tiles of O^T */
-    constexpr int NC = HD / 64; /* 16-byte K chunks a lane reads per key */
-    constexpr int VW = HD / 32; /* 4-byte words of a lane's V piece */
-    typedef typename kv_word<HD / 8>::type vpiece_t;
-    const int gr = lane >> 2, tq = lane & 3;
+    const int gr = lane >> 2;
 
-    uint32_t kw[2][NC][4]; /* keys gr, gr + 8 */
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int ci = 0; ci < NC; ci++) {
-            const uint4 c = *reinterpret_cast<const uint4 *>(
-                tk + tc_kv8_at<HD>(h * 8 + gr, 16 * (tq + 4 * ci)));
-            kw[h][ci][0] = c.x;
-            kw[h][ci][1] = c.y;
-            kw[h][ci][2] = c.z;
-            kw[h][ci][3] = c.w;
-        }
+    uint32_t kw[2][HD / 64][4]; /* keys gr, gr + 8 */
+    tc_kv8_k_words<HD>(tk, lane, kw);
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ks++) {
@@ -458,12 +475,8 @@ static __device__ __forceinline__ void tc_attend16_kv8t(
         x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o2));
         x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o2));
     }
-    const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-    const float b0 = n0 == -INFINITY ? 0.0f : n0;
-    const float b1 = n1 == -INFINITY ? 0.0f : n1;
-    const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-    m0 = n0;
-    m1 = n1;
+    float c0, c1;
+    const float b0 = tc_max_step(m0, x0, c0), b1 = tc_max_step(m1, x1, c1);
     const float p0 = exp2f(s0 - b0), p2 = exp2f(s2 - b0);
     const float p1 = exp2f(s1 - b1), p3 = exp2f(s3 - b1);
     l0 = l0 * c0 + (p0 + p2);
@@ -478,28 +491,8 @@ static __device__ __forceinline__ void tc_attend16_kv8t(
     const uint32_t pb0 = tc_trans8(tc_pack_f16(p0, p1));
     const uint32_t pb1 = tc_trans8(tc_pack_f16(p2, p3));
 
-    const int ka = 2 * tq + (tq & 1); /* the key loaded first */
-    const uint32_t sel_lo = tq & 1 ? 0x1504u : 0x5140u;
-    const uint32_t sel_hi = tq & 1 ? 0x3726u : 0x7362u;
     uint32_t vb[2][HD / 8];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const vpiece_t va = *reinterpret_cast<const vpiece_t *>(
-            tv + tc_kv8_at<HD>(ka + 8 * h, gr * (HD / 8)));
-        const vpiece_t vc = *reinterpret_cast<const vpiece_t *>(
-            tv + tc_kv8_at<HD>((ka ^ 1) + 8 * h, gr * (HD / 8)));
-        const uint32_t *wa = reinterpret_cast<const uint32_t *>(&va);
-        const uint32_t *wc = reinterpret_cast<const uint32_t *>(&vc);
-#pragma unroll
-        for (int w = 0; w < VW; w++) {
-            const uint32_t lo = __byte_perm(wa[w], wc[w], sel_lo);
-            const uint32_t hi = __byte_perm(wa[w], wc[w], sel_hi);
-            vb[h][4 * w] = kv8_f16x2(lo);
-            vb[h][4 * w + 1] = kv8_f16x2(lo >> 16);
-            vb[h][4 * w + 2] = kv8_f16x2(hi);
-            vb[h][4 * w + 3] = kv8_f16x2(hi >> 16);
-        }
-    }
+    tc_kv8_v_pairs<HD>(tv, lane, vb);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         const uint32_t a[4] = {vb[0][mt], vb[0][MT + mt], vb[1][mt],
