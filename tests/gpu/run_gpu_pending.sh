@@ -107,30 +107,6 @@ if [ "$phase" = check ]; then
       sed 's/ (.*of 4.5); x32.*//' >> "$md"
   done
 fi
-if [ "$phase" = pf ]; then # BT_ATTN_PREFETCH: K/V asked of L2 ahead
-  cob=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
-  if [ -n "$cob" ]; then
-    "$cob" -sass "$c/gpu/bench_kernels" > /tmp/bk.sass 2>/dev/null
-    echo "### sass_check bench_kernels: $(python3 tests/gpu/sass_check.py /tmp/bk.sass 2>&1 | tail -1)" >> "$md"
-  fi
-  BT_ATTN_PREFETCH=4 timeout -k 5 120 "$c/gpu/test_cuda_kv8" > "$out/kv8_pf4.txt" 2>&1
-  echo "### test_cuda_kv8 BT_ATTN_PREFETCH=4: rc $?, $(grep -c '^PASS' "$out/kv8_pf4.txt") PASS, $(grep -c '^FAIL' "$out/kv8_pf4.txt") FAIL" >> "$md"
-  for bc in ${tmix%%:*}:3072 64:2048 1:2048; do
-    echo "### bench_kernels --dec-kv8 --dec-only $bc, BT_ATTN_PREFETCH 0 2 4 1 0 2 4 1" >> "$md"
-    for pf in 0 2 4 1 0 2 4 1; do
-      BT_ATTN_PREFETCH=$pf timeout -k 5 60 "$c/gpu/bench_kernels" \
-        --dec-kv8 --dec-only $bc --reps 20 2>&1 | grep "attn decode" | \
-        sed "s/ (.*of 4.5); x32.*//; s/^/pf $pf: /" >> "$md"
-    done
-  done
-  for pf in 0 2 4 0; do
-    BT_ATTN_PREFETCH=$pf timeout -k 5 150 "$c/gpu/bench_cuda" \
-      --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,64 \
-      --ctx 2048 --prefill 0 --mixed $tmix --steps 20 > "$out/pf$pf.txt" 2>&1
-    { echo "### bench_cuda fp8 + FP8 KV, BT_ATTN_PREFETCH=$pf: rc $?"
-      grep -E "^\| (decode|mixed)" "$out/pf$pf.txt"; } >> "$md"
-  done
-fi
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
     --model synth:llama3-8b --precision fp8 --kv-dtype fp8 --batch 1,8,32,64 \

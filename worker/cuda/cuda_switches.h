@@ -40,8 +40,6 @@ extern "C" {
       "1; 0: cuBLASLt's FP8 GEMMs promote their sums to f32 (exact mode)")  \
     X(attn_tc, "BT_ATTN_TC",                                                \
       "1; 0: the general decode attention, not the tensor-core one")        \
-    X(attn_prefetch, "BT_ATTN_PREFETCH",                                    \
-      "0; N: decode attention asks L2 for K/V N tiles past its copies")     \
     X(cuda_graphs, "BT_CUDA_GRAPHS", "1; 0: decode steps eager")            \
     X(tree_graphs, "BT_TREE_GRAPHS",                                        \
       "1; 0: tree-verification steps eager")                                \

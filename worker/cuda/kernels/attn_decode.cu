@@ -582,7 +582,6 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
         return BT_OK;
     cuda_attn_args_t al = *args;
     al.pdl_late = cuda__pdl_late;
-    al.pf_tiles = cuda_attn_prefetch_tiles();
     args = &al;
     BT_ASSERT(args->d_qkv == NULL || cuda_attn_decode_rope_ok(args, n, dt));
     if (cuda_attn_decode_tc_ok(args, dt)) {

@@ -54,9 +54,6 @@ typedef struct {
     void *d_out;                /* (tokens, nh, hd) attention output */
     int pdl_late;               /* set by cuda_attn_decode from
                                    cuda__pdl_late (cuda_int.h) */
-    int pf_tiles;               /* tensor-core kernel: tiles past its
-                                   copy ring whose K / V rows it asks L2
-                                   for (BT_ATTN_PREFETCH; 0: none) */
     /* Optional: RoPE and the new key's K/V write fused into the decode
      * kernel (cuda_attn_decode_rope_ok), for steps whose every token is
      * one new token of its sequence, unmasked (kv_len = ctx_len + 1: no
@@ -114,8 +111,6 @@ bt_status_t cuda_attn_decode(const cuda_attn_args_t *args,
  * picks for bf16, head size 64/128 and up to 16 heads per KV head, unless
  * BT_ATTN_TC=0 is set (cuda_switches.h; tests of the general kernel). */
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *args, cuda_dtype_t dt);
-/* BT_ATTN_PREFETCH, read once (0..8): cuda_attn_args_t.pf_tiles. */
-int cuda_attn_prefetch_tiles(void);
 bt_status_t cuda_attn_decode_tc(const cuda_attn_args_t *args,
                                 const int *d_tok_idx, int n, int n_splits,
                                 int split_len, float *d_ws,

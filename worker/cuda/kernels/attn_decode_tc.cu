@@ -40,7 +40,6 @@
 #include "attn_decode.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 #include <type_traits>
 
@@ -308,23 +307,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
                                      sv + stage * TILE + warp * WPART, kbase,
                                      vbase, off, lane, kv_pol);
     };
-    /* Tile kt's K (lanes 0-15) and V (16-31) rows of this warp asked of
-     * L2 ahead of their copy (pf_tiles): more bytes in flight an SM
-     * than the copy ring's shared memory holds. */
-    auto prefetch_tile = [&](int kt) {
-        const int k = start + kt * TC_TK + warp * 16 + (lane & 15);
-        if (kt >= n_tiles || k >= end)
-            return;
-        const int blk = bs_sh >= 0 ? k >> bs_sh : k / bs;
-        const int bid = bt_sm ? sh_bt[blk - blk0] : bt[blk];
-        const long long off =
-            ((long long)bid * bs + (k - blk * bs)) * (long long)slot_stride;
-        constexpr unsigned RB = KV8 ? HD : HD * 2; /* bytes a row */
-        const uint8_t *base = lane < 16 ? (const uint8_t *)a.d_k_cache
-                                        : (const uint8_t *)a.d_v_cache;
-        tc_prefetch_l2(base + (off + (long long)kvh * HD) * (KV8 ? 1 : 2),
-                       RB);
-    };
     const std::true_type with_hole;
     const std::false_type no_hole;
     /* The first stages whose keys are all cached start before the wait
@@ -338,8 +320,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
         tc_cp_commit();
         pre++;
     }
-    for (int p = 0; p < a.pf_tiles; p++) /* cached keys or not: L2 */
-        prefetch_tile(TC_STAGES - 1 + p);
     kern_pdl_wait();
     KPROF(0, 1);
 
@@ -409,8 +389,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
             if (nk < n_tiles)
                 load_tile(nk % TC_STAGES, nk, no_hole);
             tc_cp_commit();
-            if (a.pf_tiles > 0)
-                prefetch_tile(nk + a.pf_tiles);
         }
         const bf16_t *tk = sk + (kt % TC_STAGES) * TILE + warp * WPART;
         const bf16_t *tv = sv + (kt % TC_STAGES) * TILE + warp * WPART;
@@ -555,14 +533,6 @@ attn_decode_tc_kernel(cuda_attn_args_t a, const int *tok_idx, int split_len,
     __syncthreads();
 #endif
     KPROF(0, 4);
-}
-
-int cuda_attn_prefetch_tiles(void)
-{
-    const char *env = cuda_switches()->attn_prefetch;
-    const int n = env ? atoi(env) : 0;
-
-    return n < 0 ? 0 : n > 8 ? 8 : n;
 }
 
 bool cuda_attn_decode_tc_ok(const cuda_attn_args_t *a, cuda_dtype_t dt)

@@ -45,15 +45,6 @@ static __device__ __forceinline__ void tc_cp16_l2(void *smem,
                  :: "r"(s), "l"(gmem), "r"(n), "l"(pol) : "memory");
 }
 
-/* Asks L2 for `bytes` (a multiple of 16) at gmem, 16-byte aligned, with
- * no destination: the line is in L2 when a later copy reads it. */
-static __device__ __forceinline__ void tc_prefetch_l2(const void *gmem,
-                                                      unsigned bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
-                 :: "l"(gmem), "r"(bytes) : "memory");
-}
-
 /* An L2 policy that evicts the lines it covers first. */
 static __device__ __forceinline__ uint64_t tc_policy_evict_first(void)
 {
