@@ -95,12 +95,12 @@ serve() {
 }
 for phase in ${phases//,/ }; do
 if [ "$phase" = check ]; then
-  timeout -k 5 120 "$c/gpu/test_cuda_kv8" > "$out/test_cuda_kv8.txt" 2>&1
+  timeout -k 5 400 "$c/gpu/test_cuda_kv8" > "$out/test_cuda_kv8.txt" 2>&1
   echo "### test_cuda_kv8: rc $?, $(grep -c '^PASS' "$out/test_cuda_kv8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_kv8.txt") FAIL" >> "$md"
   timeout -k 5 120 "$c/gpu/test_cuda_fp8" --fused > "$out/test_cuda_fp8.txt" 2>&1
   echo "### test_cuda_fp8 --fused: rc $?, $(grep -c '^PASS' "$out/test_cuda_fp8.txt") PASS, $(grep -c '^FAIL' "$out/test_cuda_fp8.txt") FAIL" >> "$md"
   grep -h '^FAIL' "$out"/test_cuda_*.txt | head -8 >> "$md"
-  for bc in 1:2048 8:2048 32:2048; do
+  for bc in 1:2048 8:2048 16:2048 32:2048 ${tmix%%:*}:3072; do
     echo "### bench_kernels --dec-kv8 --dec-only $bc --dec-splits" >> "$md"
     timeout -k 5 60 "$c/gpu/bench_kernels" --dec-kv8 --dec-only $bc \
       --dec-splits --reps 20 2>&1 | grep "attn decode" | \

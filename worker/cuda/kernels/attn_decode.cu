@@ -418,9 +418,15 @@ static int attn_maxg(int group)
 }
 
 /* Cost-model constants, in keys: a block's fixed cost (block table, Q,
- * pipeline fill and drain, merge) and the combine pass of a split run. */
+ * pipeline fill and drain, merge) and the combine pass of a split run.
+ * ATTN_PLAN_STREAMS: blocks whose streams together take an SM's share of
+ * DRAM bandwidth (H100, FP8 KV: a block alone streams 23.7 GB/s, an SM's
+ * share of the 2.97 TB/s a full wave reads is 22.5), so a step never
+ * costs less than its keys over n_sm x that many streams, however it is
+ * split. */
 #define ATTN_PLAN_RAMP 64
 #define ATTN_PLAN_COMBINE 128
+#define ATTN_PLAN_STREAMS 1
 
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int n_sm, int blocks_per_sm, int max_splits,
@@ -442,13 +448,18 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
         blocks_per_sm = 1;
     {
         /* Every block of a wave streams about the same keys, so a step
-         * costs waves x (ramp + keys per block) (+ the combine pass when
-         * split): the fewest splits whose waves stay full win (batch 64 at
-         * 2k, bf16 K/V at two blocks an SM: one split of 2048, two waves
-         * of long streams, no combine; FP8 K/V at three an SM: two splits
-         * of 1024, three full waves instead of one and a third), many
-         * short splits only when one wave is not full (batch 1). */
+         * costs waves x (ramp + keys per block), but never less than
+         * its keys at the bandwidth (ATTN_PLAN_STREAMS), plus the
+         * combine pass when split: the fewest splits whose waves stay
+         * full win (batch 64 at 2k: one split of 2048, no combine), many
+         * short splits only when one wave is not full (batch 1), none
+         * once the bandwidth bounds the step anyway (H100, FP8 KV at four
+         * blocks an SM, `bench_kernels --dec-kv8 --dec-splits`: batch 32
+         * @2k 51.8 us a layer in one split, 54.7 in two; batch 8 20.7 in
+         * four, 21.4 in eight). */
         const long slots = (long)blocks_per_sm * n_sm;
+        const long stream =
+            BT_DIV_UP(base * (long)max_kv, (long)n_sm * ATTN_PLAN_STREAMS);
         long best_cost = -1;
         int best_len = 0;
         for (int len = 64; len <= 4096; len *= 2) {
@@ -457,7 +468,7 @@ void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                 continue;
             long waves = BT_DIV_UP(base * ns, slots);
             long keys = BT_MIN((long)len, (long)max_kv);
-            long cost = waves * (ATTN_PLAN_RAMP + keys) +
+            long cost = BT_MAX(waves * (ATTN_PLAN_RAMP + keys), stream) +
                         (ns > 1 ? ATTN_PLAN_COMBINE : 0);
             if (best_cost < 0 || cost <= best_cost) {
                 best_cost = cost;

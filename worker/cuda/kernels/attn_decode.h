@@ -79,11 +79,12 @@ bool cuda_attn_head_dim_ok(int head_dim);
 /* Chooses the split of the key range for `n` query tokens whose longest
  * key range is `max_kv`: split_len is a power of two (64 .. 4096, more
  * only when max_splits forces it), n_splits * split_len >= max_kv,
- * n_splits <= max_splits; the split that minimises waves x (fixed cost +
- * keys per block) + a combine cost when split, a wave being
- * `blocks_per_sm` blocks on each of `n_sm` multiprocessors (one block per
- * token and KV head when the batch fills the GPU; short splits when one
- * wave is not full). */
+ * n_splits <= max_splits; the split that minimises the larger of waves
+ * x (fixed cost + keys per block) and the keys over the bandwidth, + a
+ * combine cost when split, a wave being `blocks_per_sm` blocks on each
+ * of `n_sm` multiprocessors (one block per token and KV head when the
+ * batch fills the GPU; short splits when one wave is not full and the
+ * bandwidth does not bound the step). */
 void cuda_attn_decode_plan(int n, int max_kv, int n_heads, int n_kv_heads,
                            int n_sm, int blocks_per_sm, int max_splits,
                            int *n_splits_p, int *split_len_p);
