@@ -17,7 +17,8 @@
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
 #     gpu/libbt_kernel_trace.so gpu/test_cuda_fp8 gpu/test_cuda_kv8 \
-#     gpu/bench_kernels shared
+#     gpu/bench_kernels [gpu/bench_kernels_pf gpu/bench_kernels_l2b256]
+#     shared
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
@@ -110,6 +111,32 @@ if [ "$phase" = check ]; then
     timeout -k 5 60 "$c/gpu/bench_kernels" --dec-kv8 --dec-only $bc \
       --dec-splits --reps 20 2>&1 | grep "attn decode" | \
       sed 's/ (.*of 4.5); x32.*//' >> "$md"
+  done
+fi
+if [ "$phase" = pf ]; then # the L2 prefetch of d749c76 on this card
+  # (gpu/bench_kernels_pf, built from d749c76 when packed: lost on an
+  # H100, 2026-12-08; an H200 needs ~1.4x the bytes in flight an SM)
+  for bc in ${tmix%%:*}:3072 64:2048; do
+    echo "### bench_kernels_pf --dec-kv8 --dec-only $bc, BT_ATTN_PREFETCH 0 2 4 0 2 4" >> "$md"
+    for pf in 0 2 4 0 2 4; do
+      [ -x "$c/gpu/bench_kernels_pf" ] || break
+      BT_ATTN_PREFETCH=$pf timeout -k 5 60 "$c/gpu/bench_kernels_pf" \
+        --dec-kv8 --dec-only $bc --reps 20 2>&1 | grep "attn decode" | \
+        sed "s/ (.*of 4.5); x32.*//; s/^/pf $pf: /" >> "$md"
+    done
+  done
+fi
+if [ "$phase" = l2 ]; then # the copies' L2 prefetch size, 128 B / 256 B
+  # (gpu/bench_kernels_l2b256: tc_cp16_l2 with .L2::256B, built when
+  # packed; an FP8 K or V row is 128 B, its neighbour another head's)
+  for bc in ${tmix%%:*}:3072 64:2048; do
+    echo "### --dec-kv8 --dec-only $bc: L2 prefetch 128 256 128 256" >> "$md"
+    for v in 128 256 128 256; do
+      b=$c/gpu/bench_kernels; [ $v = 256 ] && b=$c/gpu/bench_kernels_l2b256
+      [ -x "$b" ] || continue
+      timeout -k 5 60 "$b" --dec-kv8 --dec-only $bc --reps 20 2>&1 | \
+        grep "attn decode" | sed "s/ (.*of 4.5); x32.*//; s/^/$v B: /" >> "$md"
+    done
   done
 fi
 if [ "$phase" = engine ]; then
