@@ -17,8 +17,8 @@
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
 #     gpu/libbt_kernel_trace.so gpu/test_cuda_fp8 gpu/test_cuda_kv8 \
-#     gpu/bench_kernels [gpu/bench_kernels_pf gpu/bench_kernels_l2b256]
-#     shared
+#     gpu/bench_kernels [gpu/bench_kernels_pf gpu/bench_kernels_l2b256
+#     gpu/bench_kernels_alu1 gpu/bench_kernels_alu2] shared
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
@@ -136,6 +136,21 @@ if [ "$phase" = l2 ]; then # the copies' L2 prefetch size, 128 B / 256 B
       [ -x "$b" ] || continue
       timeout -k 5 60 "$b" --dec-kv8 --dec-only $bc --reps 20 2>&1 | \
         grep "attn decode" | sed "s/ (.*of 4.5); x32.*//; s/^/$v B: /" >> "$md"
+    done
+  done
+fi
+if [ "$phase" = alu ]; then # FP8-KV codes to f16: cvt or by bits
+  # (gpu/bench_kernels_alu1 / _alu2: the keys-as-rows step converting K,
+  # resp. K and V, on the integer pipes (dc34c9a's tc_kv8_f16x2_alu), x
+  # 2^-8 taken back in Q's and V's scales; built when packed.  Lost on
+  # an H100 (+0.6 to +5.6%); the H200 may be bound by its conversions.)
+  for bc in ${tmix%%:*}:3072 64:2048; do
+    echo "### --dec-kv8 --dec-only $bc: cvt alu1 alu2 cvt alu1 alu2" >> "$md"
+    for v in cvt alu1 alu2 cvt alu1 alu2; do
+      b=$c/gpu/bench_kernels; [ $v != cvt ] && b=$c/gpu/bench_kernels_$v
+      [ -x "$b" ] || continue
+      timeout -k 5 60 "$b" --dec-kv8 --dec-only $bc --reps 20 2>&1 | \
+        grep "attn decode" | sed "s/ (.*of 4.5); x32.*//; s/^/$v: /" >> "$md"
     done
   done
 fi
