@@ -17,8 +17,10 @@
 #     tests/gpu/run_gpu_pending.sh bin/baton bin/baton-router \
 #     bin/baton-prefill bin/baton-decode gpu/bench_cuda \
 #     gpu/libbt_kernel_trace.so gpu/test_cuda_fp8 gpu/test_cuda_kv8 \
-#     gpu/bench_kernels [gpu/bench_kernels_pf gpu/bench_kernels_l2b256
-#     gpu/bench_kernels_alu1 gpu/bench_kernels_alu2] shared
+#     gpu/bench_kernels [gpu/bench_kernels_alu1 gpu/bench_kernels_alu2
+#     gpu/bench_kernels_l2b256 | gpu/bench_kernels_pf] shared
+#   (the bracketed A/B binaries of the alu / l2 / pf phases: bash
+#   tests/gpu/pending_variants.sh first; three fit the 64 MiB carry)
 #   mkdir -p .carry/pending && mv .carry/pending.tar.xz .carry/pending/
 #   rm .carry/call.sh
 #   run(carry=[".carry/pending"], command="tar xJf
