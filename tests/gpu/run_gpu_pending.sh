@@ -98,6 +98,27 @@ serve() {
     grep -h "a step (" "$out/$name/serve.md" | cut -c1-700; } >> "$md"
   rm -f "$out/$name/serve_logs.tgz"
 }
+# dec_row LABEL BINARY B:CTX [VAR=VALUE...]: one FP8-KV decode
+# attention row of gpu/BINARY at batch B, context CTX, into pending.md
+dec_row() {
+  local label=$1 name=$2 bc=$3
+  shift 3
+  [ -x "$c/gpu/$name" ] || { echo "$label: $name not packed" >> "$md"; return; }
+  env "$@" timeout -k 5 60 "$c/gpu/$name" --dec-kv8 --dec-only $bc --reps 20 2>&1 | \
+    grep "attn decode" | sed "s/ (.*of 4.5); x32.*//; s/^/$label: /" >> "$md"
+}
+# dec_ab SUFFIX...: the rows of bench_kernels_SUFFIX ("": the plain
+# bench_kernels) in that order, at the mix's rows @3072 and batch 64 @2k
+dec_ab() {
+  local bc v labels=""
+  for v in "$@"; do labels="$labels ${v:-plain}"; done
+  for bc in ${tmix%%:*}:3072 64:2048; do
+    echo "### --dec-kv8 --dec-only $bc:$labels" >> "$md"
+    for v in "$@"; do
+      dec_row "${v:-plain}" "bench_kernels${v:+_$v}" $bc
+    done
+  done
+}
 for phase in ${phases//,/ }; do
 if [ "$phase" = kv8test ]; then # ~3-5 min: the host references
   timeout -k 5 400 "$c/gpu/test_cuda_kv8" > "$out/test_cuda_kv8.txt" 2>&1
@@ -116,45 +137,26 @@ if [ "$phase" = check ]; then
   done
 fi
 if [ "$phase" = pf ]; then # the L2 prefetch of d749c76 on this card
-  # (gpu/bench_kernels_pf, built from d749c76 when packed: lost on an
-  # H100, 2026-12-08; an H200 needs ~1.4x the bytes in flight an SM)
+  # (gpu/bench_kernels_pf: lost on an H100, 2026-12-08; an H200 needs
+  # ~1.4x the bytes in flight an SM)
   for bc in ${tmix%%:*}:3072 64:2048; do
-    echo "### bench_kernels_pf --dec-kv8 --dec-only $bc, BT_ATTN_PREFETCH 0 2 4 0 2 4" >> "$md"
+    echo "### --dec-kv8 --dec-only $bc: BT_ATTN_PREFETCH 0 2 4 0 2 4" >> "$md"
     for pf in 0 2 4 0 2 4; do
-      [ -x "$c/gpu/bench_kernels_pf" ] || break
-      BT_ATTN_PREFETCH=$pf timeout -k 5 60 "$c/gpu/bench_kernels_pf" \
-        --dec-kv8 --dec-only $bc --reps 20 2>&1 | grep "attn decode" | \
-        sed "s/ (.*of 4.5); x32.*//; s/^/pf $pf: /" >> "$md"
+      dec_row "pf $pf" bench_kernels_pf $bc BT_ATTN_PREFETCH=$pf
     done
   done
 fi
 if [ "$phase" = l2 ]; then # the copies' L2 prefetch size, 128 B / 256 B
-  # (gpu/bench_kernels_l2b256: tc_cp16_l2 with .L2::256B, built when
-  # packed; an FP8 K or V row is 128 B, its neighbour another head's)
-  for bc in ${tmix%%:*}:3072 64:2048; do
-    echo "### --dec-kv8 --dec-only $bc: L2 prefetch 128 256 128 256" >> "$md"
-    for v in 128 256 128 256; do
-      b=$c/gpu/bench_kernels; [ $v = 256 ] && b=$c/gpu/bench_kernels_l2b256
-      [ -x "$b" ] || continue
-      timeout -k 5 60 "$b" --dec-kv8 --dec-only $bc --reps 20 2>&1 | \
-        grep "attn decode" | sed "s/ (.*of 4.5); x32.*//; s/^/$v B: /" >> "$md"
-    done
-  done
+  # (gpu/bench_kernels_l2b256: tc_cp16_l2 with .L2::256B; an FP8 K or
+  # V row is 128 B, its neighbour another head's)
+  dec_ab "" l2b256 "" l2b256
 fi
 if [ "$phase" = alu ]; then # FP8-KV codes to f16: cvt or by bits
   # (gpu/bench_kernels_alu1 / _alu2: the keys-as-rows step converting K,
   # resp. K and V, on the integer pipes (dc34c9a's tc_kv8_f16x2_alu), x
-  # 2^-8 taken back in Q's and V's scales; built when packed.  Lost on
-  # an H100 (+0.6 to +5.6%); the H200 may be bound by its conversions.)
-  for bc in ${tmix%%:*}:3072 64:2048; do
-    echo "### --dec-kv8 --dec-only $bc: cvt alu1 alu2 cvt alu1 alu2" >> "$md"
-    for v in cvt alu1 alu2 cvt alu1 alu2; do
-      b=$c/gpu/bench_kernels; [ $v != cvt ] && b=$c/gpu/bench_kernels_$v
-      [ -x "$b" ] || continue
-      timeout -k 5 60 "$b" --dec-kv8 --dec-only $bc --reps 20 2>&1 | \
-        grep "attn decode" | sed "s/ (.*of 4.5); x32.*//; s/^/$v: /" >> "$md"
-    done
-  done
+  # 2^-8 taken back in Q's and V's scales.  Lost on an H100 (+0.6 to
+  # +5.6%); the H200 may be bound by its conversions.)
+  dec_ab "" alu1 alu2 "" alu1 alu2
 fi
 if [ "$phase" = engine ]; then
   timeout -k 5 280 "$c/gpu/bench_cuda" \
